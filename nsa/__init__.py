@@ -1,0 +1,1 @@
+"""Native Sparse Attention: attention module, oracle, kernels, model and trainer."""

@@ -1,0 +1,108 @@
+"""Per-branch backend registry and routing.
+
+Each NSA stage has named implementations: 'cmp' (compressed attention, returns o and lse),
+'select' (importance scores and top-n; follows the cmp branch's backend), 'sel' (selected
+attention) and 'win' (sliding window). The PyTorch implementations are registered here; faster
+ones (Triton, FlexAttention, SDPA, flash-attn) register themselves from nsa.kernels.
+
+``resolve_route`` turns a requested backend ('auto' or a name) into a Route with the reason
+it was chosen. A backend that is asked for by name but cannot run is an error
+(BackendUnavailable), never a silent fallback; 'auto' takes the highest-priority available
+implementation and says why.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from . import torch_branches as tb
+
+STAGES = ("cmp", "select", "sel", "win")
+#: which config key picks the backend of each stage
+STAGE_CONFIG_KEY = {"cmp": "backend_cmp", "select": "backend_cmp", "sel": "backend_sel", "win": "backend_win"}
+
+
+class BackendUnavailable(RuntimeError):
+    """A backend was requested by name but cannot run here; the message says why."""
+
+
+@dataclass(frozen=True)
+class Impl:
+    name: str
+    fn: Callable
+    available: Callable[[torch.device, torch.dtype], tuple[bool, str]]
+    """(device, dtype) -> (usable, reason); reason says why not when unusable."""
+    priority: int
+    """Higher wins under 'auto'."""
+
+
+@dataclass(frozen=True)
+class Route:
+    stage: str
+    backend: str
+    reason: str
+
+
+_REGISTRY: dict[str, dict[str, Impl]] = {s: {} for s in STAGES}
+
+
+def register(stage: str, name: str, fn: Callable, available, priority: int) -> None:
+    if stage not in _REGISTRY:
+        raise ValueError(f"unknown NSA stage {stage!r}; stages: {STAGES}")
+    _REGISTRY[stage][name] = Impl(name, fn, available, priority)
+
+
+def registered(stage: str) -> list[str]:
+    _load_optional_backends()
+    return sorted(_REGISTRY[stage])
+
+
+def _always(device, dtype):
+    return True, "portable PyTorch path"
+
+
+register("cmp", "torch", tb.torch_cmp_attention, _always, 0)
+register("select", "torch", tb.torch_select_blocks, _always, 0)
+register("sel", "torch", tb.torch_sel_attention, _always, 0)
+register("win", "torch", tb.torch_win_attention, _always, 0)
+
+_optional_loaded = False
+
+
+def _load_optional_backends() -> None:
+    """Import nsa.kernels once; it registers whatever its dependencies allow."""
+    global _optional_loaded
+    if not _optional_loaded:
+        _optional_loaded = True
+        from .. import kernels  # noqa: F401  (registers on import)
+
+
+def resolve_route(stage: str, requested: str, device: torch.device, dtype: torch.dtype) -> Route:
+    _load_optional_backends()
+    impls = _REGISTRY[stage]
+    if requested != "auto":
+        if requested not in impls:
+            raise BackendUnavailable(
+                f"attn.{STAGE_CONFIG_KEY[stage]}={requested!r} is not a backend of the {stage} "
+                f"stage; registered: {', '.join(sorted(impls))}"
+            )
+        ok, why = impls[requested].available(device, dtype)
+        if not ok:
+            raise BackendUnavailable(
+                f"attn.{STAGE_CONFIG_KEY[stage]}={requested!r} cannot run on {device.type}/{dtype}: {why}"
+            )
+        return Route(stage, requested, f"requested by config ({why})")
+    skipped = []
+    for impl in sorted(impls.values(), key=lambda i: -i.priority):
+        ok, why = impl.available(device, dtype)
+        if ok:
+            note = f"; skipped {', '.join(skipped)}" if skipped else ""
+            return Route(stage, impl.name, f"auto: {why}{note}")
+        skipped.append(f"{impl.name} ({why})")
+    raise BackendUnavailable(f"no backend can run the {stage} stage on {device.type}/{dtype}")
+
+
+def implementation(route: Route) -> Callable:
+    return _REGISTRY[route.stage][route.backend].fn

@@ -1,0 +1,55 @@
+"""The NSA attention hyper-parameters (paper arXiv 2502.11089 names in brackets)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BRANCHES = ("cmp", "sel", "win")
+PHI_KINDS = ("mlp", "mean")
+
+
+@dataclass
+class NSAConfig:
+    cmp_block: int = 32
+    """l: tokens summarised by one compressed token."""
+    cmp_stride: int = 16
+    """d: stride between compressed tokens; must divide cmp_block and sel_block."""
+    sel_block: int = 64
+    """l': tokens per selection block."""
+    n_selected: int = 16
+    """n: selected blocks per query, counting the forced ones (block 0 and the two most recent)."""
+    window: int = 512
+    """w: sliding window; query t sees keys (t - w, t]."""
+    phi: str = "mlp"
+    """Compression function: 'mlp' (MLP over the block with intra-block position embedding) or 'mean'."""
+    backend_cmp: str = "auto"
+    """Backend of the compressed branch ('auto', 'torch', 'triton')."""
+    backend_sel: str = "auto"
+    """Backend of the selected branch ('auto', 'torch', 'triton')."""
+    backend_win: str = "auto"
+    """Backend of the window branch ('auto', 'torch', 'sdpa', 'flex', 'flash_attn', 'triton')."""
+    query_chunk: int = 1024
+    """Queries processed at once by the PyTorch path; bounds its memory (linear in S)."""
+
+    def __post_init__(self) -> None:
+        for name in ("cmp_block", "cmp_stride", "sel_block", "n_selected", "window", "query_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"attn.{name} must be >= 1, got {getattr(self, name)}")
+        if self.cmp_block % self.cmp_stride:
+            raise ValueError(
+                f"attn.cmp_stride={self.cmp_stride} must divide attn.cmp_block={self.cmp_block}"
+            )
+        if self.sel_block % self.cmp_stride:
+            raise ValueError(
+                f"attn.cmp_stride={self.cmp_stride} must divide attn.sel_block={self.sel_block}"
+            )
+        if self.cmp_block > self.sel_block:
+            raise ValueError(
+                f"attn.cmp_block={self.cmp_block} must be <= attn.sel_block={self.sel_block}"
+            )
+        if self.n_selected < 3:
+            raise ValueError(
+                f"attn.n_selected={self.n_selected} must be >= 3 (block 0 and the two most recent "
+                "blocks are always selected)"
+            )
+        if self.phi not in PHI_KINDS:
+            raise ValueError(f"attn.phi must be one of {PHI_KINDS}, got {self.phi!r}")

@@ -1,0 +1,37 @@
+"""The NSA core: three branches on projected q/k/v, combined by the gates.
+
+    o_t = g_cmp * Attn(q_t, compressed) + g_sel * Attn(q_t, selected) + g_win * Attn(q_t, window)
+
+Which implementation runs each stage is decided by nsa.attention.backends; this function only
+wires the stages together, so every backend is judged by the same oracle tests.
+"""
+from __future__ import annotations
+
+import torch
+
+from .backends import Route, implementation
+from .config import NSAConfig
+
+
+def nsa_core(
+    q: torch.Tensor,
+    kc: torch.Tensor,
+    vc: torch.Tensor,
+    k_sel: torch.Tensor,
+    v_sel: torch.Tensor,
+    k_win: torch.Tensor,
+    v_win: torch.Tensor,
+    gates: torch.Tensor,
+    cfg: NSAConfig,
+    routes: dict[str, Route],
+    q_start: int = 0,
+) -> torch.Tensor:
+    """q [B, Tq, HQ, K] at positions q_start..; kc/vc [B, Nc, H, K] compressed tokens;
+    k_*/v_* [B, Tk, H, K] per-token keys of positions 0..Tk-1; gates [B, Tq, HQ, 3] in
+    (cmp, sel, win) order. Returns o [B, Tq, HQ, K]."""
+    o_cmp, lse = implementation(routes["cmp"])(q, kc, vc, cfg, q_start)
+    idx = implementation(routes["select"])(q, kc, lse, cfg, q_start)
+    o_sel = implementation(routes["sel"])(q, k_sel, v_sel, idx, cfg, q_start)
+    o_win = implementation(routes["win"])(q, k_win, v_win, cfg, q_start)
+    g = gates.to(o_cmp.dtype)
+    return g[..., 0:1] * o_cmp + g[..., 1:2] * o_sel + g[..., 2:3] * o_win

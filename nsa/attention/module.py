@@ -1,0 +1,101 @@
+"""NSAAttention: projections, gates, RoPE, compression, backend routing and the decode cache.
+
+Each branch has its own key/value projection (the paper's guard against shortcut learning);
+they are stored as one fused Linear whose output is split six ways, which is the same function
+with fewer kernel launches. Gates are per query head and per branch: sigmoid(W_g x).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from .backends import STAGE_CONFIG_KEY, STAGES, Route, resolve_route
+from .compress import Compressor
+from .config import NSAConfig
+from .core import nsa_core
+from .rope import apply_rope, rope_angles
+
+
+@dataclass
+class NSACache:
+    """Per-layer decode cache: every branch's per-token keys/values (rotated) and the
+    compressed tokens made so far. ``length`` is the number of positions cached."""
+
+    tokens: dict[str, torch.Tensor] = field(default_factory=dict)
+    kc: torch.Tensor | None = None
+    vc: torch.Tensor | None = None
+    length: int = 0
+
+    def append(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        old = self.tokens.get(name)
+        self.tokens[name] = x if old is None else torch.cat([old, x], dim=1)
+        return self.tokens[name]
+
+
+class NSAAttention(nn.Module):
+    def __init__(self, dim: int, n_heads: int, n_kv_groups: int, head_dim: int,
+                 cfg: NSAConfig, rope_theta: float = 10000.0):
+        super().__init__()
+        if n_heads % n_kv_groups:
+            raise ValueError(f"n_heads={n_heads} must be divisible by n_kv_groups={n_kv_groups}")
+        self.cfg = cfg
+        self.n_heads, self.n_kv, self.head_dim = n_heads, n_kv_groups, head_dim
+        self.rope_theta = rope_theta
+        self.q_proj = nn.Linear(dim, n_heads * head_dim, bias=False)
+        # k and v for each of cmp, sel, win: six separate projections fused into one matrix
+        self.kv_proj = nn.Linear(dim, 6 * n_kv_groups * head_dim, bias=False)
+        self.gate_proj = nn.Linear(dim, n_heads * 3)
+        nn.init.zeros_(self.gate_proj.bias)
+        self.o_proj = nn.Linear(n_heads * head_dim, dim, bias=False)
+        self.compress_k = Compressor(head_dim, cfg)
+        self.compress_v = Compressor(head_dim, cfg)
+        self.routes: dict[str, Route] = {}
+        self.route_calls: dict[str, int] = {s: 0 for s in STAGES}
+        # detached mean gate per branch from the last forward, for telemetry (no sync here)
+        self.last_gate_mean: torch.Tensor | None = None
+
+    def resolve_routes(self, device: torch.device, dtype: torch.dtype) -> dict[str, Route]:
+        key = (device.type, dtype)
+        if getattr(self, "_routes_key", None) != key:
+            self.routes = {s: resolve_route(s, getattr(self.cfg, STAGE_CONFIG_KEY[s]), device, dtype)
+                           for s in STAGES}
+            self._routes_key = key
+        return self.routes
+
+    def project(self, x: torch.Tensor, start: int):
+        """Rotated q [B,T,HQ,K], the six per-branch k/v [B,T,H,K] and gates [B,T,HQ,3]."""
+        B, T, _ = x.shape
+        HQ, H, K = self.n_heads, self.n_kv, self.head_dim
+        cos, sin = rope_angles(torch.arange(start, start + T, device=x.device), K, self.rope_theta)
+        q = apply_rope(self.q_proj(x).view(B, T, HQ, K), cos, sin)
+        k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = self.kv_proj(x).view(B, T, 6, H, K).unbind(2)
+        k_cmp, k_sel, k_win = (apply_rope(k, cos, sin) for k in (k_cmp, k_sel, k_win))
+        gates = torch.sigmoid(self.gate_proj(x)).view(B, T, HQ, 3)
+        return q, (k_cmp, v_cmp, k_sel, v_sel, k_win, v_win), gates
+
+    def forward(self, x: torch.Tensor, cache: NSACache | None = None) -> torch.Tensor:
+        """x [B, T, dim] -> [B, T, dim]. With a cache, x holds the positions after the cached
+        ones (one token for decode) and the cache is extended in place."""
+        B, T, _ = x.shape
+        start = cache.length if cache is not None else 0
+        q, kv, gates = self.project(x, start)
+        k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = kv
+        if cache is None:
+            kc, vc = self.compress_k(k_cmp), self.compress_v(v_cmp)
+        else:
+            names = ("k_cmp", "v_cmp", "k_sel", "v_sel", "k_win", "v_win")
+            k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = (cache.append(n, t) for n, t in zip(names, kv))
+            first = 0 if cache.kc is None else cache.kc.shape[1]
+            new_k, new_v = self.compress_k(k_cmp, first), self.compress_v(v_cmp, first)
+            cache.kc = new_k if cache.kc is None else torch.cat([cache.kc, new_k], dim=1)
+            cache.vc = new_v if cache.vc is None else torch.cat([cache.vc, new_v], dim=1)
+            cache.length += T
+            kc, vc = cache.kc, cache.vc
+        routes = self.resolve_routes(x.device, q.dtype)
+        for s in STAGES:
+            self.route_calls[s] += 1
+        o = nsa_core(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, self.cfg, routes, q_start=start)
+        self.last_gate_mean = gates.detach().float().mean(dim=(0, 1, 2))
+        return self.o_proj(o.reshape(B, T, -1))

@@ -1,0 +1,28 @@
+"""Rotary position embedding, one implementation for q and every branch's k.
+
+Pairs (x[2m], x[2m+1]) rotate by angle pos * theta^(-2m/K). The frequencies depend on the head
+dim K only, so q and k always agree (a public NSA port once rotated them differently).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape [T, K/2] in float32 for the given absolute positions [T]."""
+    if head_dim % 2:
+        raise ValueError(f"RoPE needs an even head dim, got {head_dim}")
+    freqs = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
+    ang = positions.to(torch.float64)[:, None] * freqs[None, :]
+    return torch.cos(ang).float(), torch.sin(ang).float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, T, H, K]; cos/sin [T, K/2]. Computed in x's dtype (float64 stays float64)."""
+    dtype = x.dtype if x.dtype == torch.float64 else torch.float32
+    cos = cos.to(dtype)[None, :, None, :]
+    sin = sin.to(dtype)[None, :, None, :]
+    xf = x.to(dtype)
+    x1, x2 = xf[..., 0::2], xf[..., 1::2]
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    return out.to(x.dtype)

@@ -1,0 +1,169 @@
+"""Vectorised PyTorch implementation of the three NSA branches (the portable backend).
+
+Every function takes a run of queries at absolute positions q_start .. q_start + Tq - 1 and the
+keys of positions 0 .. Tk - 1 (Tk >= q_start + Tq; later keys are ignored), so prefill
+(q_start = 0) and decode (Tq = 1) share one code path. There is no Python loop over positions
+or heads: queries are processed in chunks so that memory stays linear in S for the selected and
+window branches (no S x S mask is ever built); the compressed branch is S x S/d by design.
+
+Shapes: q [B, Tq, HQ, K]; per-token k/v [B, Tk, H, K]; compressed kc/vc [B, Nc, H, K];
+selected block indices idx [B, Tq, H, n] (ascending, -1 padded); G = HQ // H.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .config import NSAConfig
+
+# Elements of the gathered selected keys held at once; bounds the selected branch's memory.
+_SEL_GATHER_BUDGET = 1 << 25
+
+
+def visible_compressed(positions: torch.Tensor, cfg: NSAConfig) -> torch.Tensor:
+    """How many compressed tokens each query position sees: i visible iff i*d + l - 1 <= t."""
+    return torch.where(
+        positions + 1 >= cfg.cmp_block,
+        torch.div(positions + 1 - cfg.cmp_block, cfg.cmp_stride, rounding_mode="floor") + 1,
+        torch.zeros_like(positions),
+    )
+
+
+def overlap_kernel(cfg: NSAConfig, device=None, dtype=torch.float32) -> torch.Tensor:
+    """Weights w[m] = overlap / d of compressed block i = j*r + m - (l/d - 1) with selection
+    block j, r = l'/d. For l=32, d=16, l'=64 this is [1, 2, 2, 2, 1]."""
+    l, d, ls = cfg.cmp_block, cfg.cmp_stride, cfg.sel_block
+    offsets = range(-(l // d - 1), ls // d)
+    w = [max(0, min(o * d + l, ls) - max(o * d, 0)) // d for o in offsets]
+    return torch.tensor(w, device=device, dtype=dtype)
+
+
+def _grouped(q: torch.Tensor, H: int) -> torch.Tensor:
+    B, Tq, HQ, K = q.shape
+    return q.view(B, Tq, H, HQ // H, K)
+
+
+def _chunks(Tq: int, size: int):
+    for s in range(0, Tq, size):
+        yield s, min(Tq, s + size)
+
+
+def _cmp_scores(q: torch.Tensor, kc: torch.Tensor, q_start: int, cfg: NSAConfig):
+    """Scaled scores [B, Tq, H, G, Nc] and the visibility mask [Tq, Nc]."""
+    B, Tq, HQ, K = q.shape
+    H = kc.shape[2]
+    pos = torch.arange(q_start, q_start + Tq, device=q.device)
+    nvis = visible_compressed(pos, cfg)
+    visible = torch.arange(kc.shape[1], device=q.device)[None, :] < nvis[:, None]
+    s = torch.einsum("bthgk,bnhk->bthgn", _grouped(q, H), kc) / math.sqrt(K)
+    return s, visible
+
+
+def torch_cmp_attention(q, kc, vc, cfg: NSAConfig, q_start: int = 0, chunk: int | None = None):
+    """Compressed branch. Returns o [B, Tq, HQ, K] and lse [B, Tq, HQ] (float32, -inf where a
+    query sees no compressed token; its output is zero, not NaN)."""
+    B, Tq, HQ, K = q.shape
+    acc = torch.promote_types(q.dtype, torch.float32)  # lse keeps float64 in the oracle tests
+    outs, lses = [], []
+    for a, b in _chunks(Tq, chunk or cfg.query_chunk):
+        s, visible = _cmp_scores(q[:, a:b], kc, q_start + a, cfg)
+        s = s.masked_fill(~visible[None, :, None, None, :], float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)  # -inf rows: no visible token
+        p = torch.exp(s - lse.unsqueeze(-1).clamp_min(torch.finfo(s.dtype).min))
+        p = p.masked_fill(~visible[None, :, None, None, :], 0.0)
+        o = torch.einsum("bthgn,bnhk->bthgk", p, vc)
+        outs.append(o.reshape(B, b - a, HQ, K))
+        lses.append(lse.reshape(B, b - a, HQ).to(acc))
+    return torch.cat(outs, dim=1), torch.cat(lses, dim=1)
+
+
+@torch.no_grad()
+def torch_select_blocks(q, kc, lse, cfg: NSAConfig, q_start: int = 0, chunk: int | None = None):
+    """Importance scores -> selected block indices [B, Tq, H, n] (int64, ascending, -1 padded).
+
+    p_cmp over visible compressed tokens (from lse), summed over the G heads of each KV group,
+    mapped onto selection blocks by overlap weight; block 0 and the two most recent blocks are
+    forced; ties go to the lower block index. Selection is discrete: no gradient flows here."""
+    B, Tq, HQ, K = q.shape
+    H = kc.shape[2]
+    n = cfg.n_selected
+    l, d, ls = cfg.cmp_block, cfg.cmp_stride, cfg.sel_block
+    r, left = ls // d, l // d - 1
+    acc = torch.promote_types(q.dtype, torch.float32)
+    w = overlap_kernel(cfg, q.device, acc)
+    n_blocks = (q_start + Tq + ls - 1) // ls
+    out = []
+    for a, b in _chunks(Tq, chunk or cfg.query_chunk):
+        s, visible = _cmp_scores(q[:, a:b].to(acc), kc.to(acc), q_start + a, cfg)
+        lse_c = lse[:, a:b].reshape(B, b - a, H, HQ // H).to(acc)
+        p = torch.exp(s - lse_c.unsqueeze(-1).clamp_min(-1e30))
+        p = p.masked_fill(~visible[None, :, None, None, :], 0.0).sum(dim=3)  # [B, t, H, Nc]
+        need = (n_blocks - 1) * r + len(w)
+        p = F.pad(p, (left, max(0, need - left - p.shape[-1])))[..., :need]
+        scores = p.unfold(-1, len(w), r) @ w  # [B, t, H, n_blocks]
+        pos = torch.arange(q_start + a, q_start + b, device=q.device)
+        jt = torch.div(pos, ls, rounding_mode="floor")[:, None]
+        j = torch.arange(n_blocks, device=q.device)[None, :]
+        forced = (j == 0) | (j == jt) | (j == jt - 1)
+        scores = scores.masked_fill(forced[None, :, None, :], float("inf"))
+        scores = scores.masked_fill((j > jt)[None, :, None, :], float("-inf"))
+        order = torch.sort(scores, dim=-1, descending=True, stable=True)
+        take = min(n, n_blocks)
+        idx = order.indices[..., :take]
+        idx = idx.masked_fill(order.values[..., :take] == float("-inf"), n_blocks)
+        idx = torch.sort(idx, dim=-1).values
+        idx = idx.masked_fill(idx == n_blocks, -1)
+        if take < n:
+            idx = F.pad(idx, (0, n - take), value=-1)
+        out.append(idx)
+    return torch.cat(out, dim=1)
+
+
+def torch_sel_attention(q, k, v, idx, cfg: NSAConfig, q_start: int = 0, chunk: int | None = None):
+    """Selected branch: each query attends to the tokens of its KV group's selected blocks,
+    causally inside the block that holds it. Keys are gathered chunk by chunk."""
+    B, Tq, HQ, K = q.shape
+    Tk, H = k.shape[1], k.shape[2]
+    G, n, ls = HQ // H, idx.shape[-1], cfg.sel_block
+    per_query = B * H * n * ls * K
+    chunk = max(1, min(chunk or cfg.query_chunk, _SEL_GATHER_BUDGET // per_query))
+    kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # [B, H, Tk, K]
+    offs = torch.arange(ls, device=q.device)
+    outs = []
+    for a, b in _chunks(Tq, chunk):
+        c = b - a
+        blk = idx[:, a:b].transpose(1, 2)  # [B, H, c, n]
+        tok = (blk[..., None] * ls + offs).flatten(-2)  # [B, H, c, n*ls]
+        pos = torch.arange(q_start + a, q_start + b, device=q.device)[None, None, :, None]
+        valid = (blk[..., None] >= 0).expand(-1, -1, -1, -1, ls).flatten(-2) & (tok <= pos)
+        gather = tok.clamp(0, Tk - 1).reshape(B, H, c * n * ls, 1).expand(-1, -1, -1, K)
+        ks = torch.gather(kt, 2, gather).view(B, H, c, n * ls, K)
+        vs = torch.gather(vt, 2, gather).view(B, H, c, n * ls, K)
+        qg = q[:, a:b].view(B, c, H, G, K).transpose(1, 2)  # [B, H, c, G, K]
+        s = torch.einsum("bhcgk,bhcsk->bhcgs", qg, ks) / math.sqrt(K)
+        s = s.masked_fill(~valid[:, :, :, None, :], float("-inf"))
+        o = torch.einsum("bhcgs,bhcsk->bhcgk", torch.softmax(s, dim=-1), vs)
+        outs.append(o.transpose(1, 2).reshape(B, c, HQ, K))
+    return torch.cat(outs, dim=1)
+
+
+def torch_win_attention(q, k, v, cfg: NSAConfig, q_start: int = 0, chunk: int | None = None):
+    """Window branch: query t attends to keys (t - w, t]. Each chunk of queries sees only the
+    keys its window can reach, so memory is O(S * (chunk + w))."""
+    B, Tq, HQ, K = q.shape
+    H, w = k.shape[2], cfg.window
+    outs = []
+    for a, b in _chunks(Tq, chunk or max(cfg.query_chunk, 1)):
+        p0, p1 = q_start + a, q_start + b
+        k0 = max(0, p0 - w + 1)
+        qpos = torch.arange(p0, p1, device=q.device)[:, None]
+        kpos = torch.arange(k0, p1, device=q.device)[None, :]
+        mask = (kpos <= qpos) & (kpos > qpos - w)
+        qg = q[:, a:b].view(B, b - a, H, HQ // H, K)
+        s = torch.einsum("bthgk,bshk->bthgs", qg, k[:, k0:p1]) / math.sqrt(K)
+        s = s.masked_fill(~mask[None, :, None, None, :], float("-inf"))
+        o = torch.einsum("bthgs,bshk->bthgk", torch.softmax(s, dim=-1), v[:, k0:p1])
+        outs.append(o.reshape(B, b - a, HQ, K))
+    return torch.cat(outs, dim=1)

@@ -1,0 +1,198 @@
+"""Typed configuration: YAML -> nested dataclasses, with dotted overrides.
+
+Every config section is a dataclass whose fields carry defaults and whose ``__post_init__``
+rejects bad values with a ``ValueError`` naming the key. This module only knows how to move
+plain data (dicts from YAML, ``key.sub=value`` strings) into such dataclasses:
+
+* unknown keys are rejected, naming the full dotted key and the keys that are allowed;
+* values are coerced to the field's declared type (``"512"`` -> 512 for an ``int`` field,
+  ``"true"``/``"1"`` -> True for a ``bool``), and a value that cannot be coerced is an error;
+* YAML is always read with ``yaml.safe_load``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any, Mapping, TypeVar
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config file, key or value is wrong; the message names the key (and file when known)."""
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _coerce(value: Any, typ: Any, key: str) -> Any:
+    origin = typing.get_origin(typ)
+    if origin is typing.Union:  # Optional[X]
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        return _coerce(value, args[0], key)
+    if origin in (list, tuple):
+        (inner, *_rest) = typing.get_args(typ) or (Any,)
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(v, inner, key) for v in value]
+    if origin is dict or typ is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if typ is Any:
+        return value
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise ConfigError(f"{key}: expected a boolean, got {value!r}")
+    if typ is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if typ is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if typ is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    if dataclasses.is_dataclass(typ):
+        return from_dict(typ, value, prefix=key)
+    return value
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any] | None, prefix: str = "") -> T:
+    """Build dataclass ``cls`` from a mapping, recursing into nested dataclass fields."""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{prefix or cls.__name__}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ConfigError(
+            f"unknown config key {where}{unknown[0]!s}; allowed keys under "
+            f"{prefix or 'the top level'}: {', '.join(sorted(fields))}"
+        )
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else name
+        kwargs[name] = _coerce(value, hints[name], key)
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{prefix + ': ' if prefix else ''}{exc}") from exc
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """The plain-data form of a config dataclass (for env.json, checkpoints, YAML)."""
+    return dataclasses.asdict(obj)
+
+
+def parse_overrides(items: list[str] | str | None) -> dict[str, Any]:
+    """Turn ``["train.seq_len=512", "model.n_layers=2"]`` (or one space-separated string, as the
+    seed runbooks pass to ``--override``) into a nested dict of raw string values."""
+    if items is None:
+        return {}
+    if isinstance(items, str):
+        items = items.split()
+    nested: dict[str, Any] = {}
+    for item in items:
+        for part in item.split() if " " in item else [item]:
+            if "=" not in part:
+                raise ConfigError(f"override {part!r}: expected key.path=value")
+            key, value = part.split("=", 1)
+            if not key or any(not k for k in key.split(".")):
+                raise ConfigError(f"override {part!r}: empty key")
+            node = nested
+            *parents, leaf = key.split(".")
+            for p in parents:
+                node = node.setdefault(p, {})
+                if not isinstance(node, dict):
+                    raise ConfigError(f"override {part!r}: {p} is already a value")
+            node[leaf] = value
+    return nested
+
+
+def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``update`` into a copy of ``base`` (update wins)."""
+    out = dict(base)
+    for k, v in update.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping with ``safe_load``; errors name the file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+PRESET_DIR = Path(__file__).parent / "configs"
+
+
+def resolve_config_path(name_or_path: str | Path) -> Path:
+    """A preset name (``m7c_125m``) or a path to a YAML file."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        return p
+    preset = PRESET_DIR / f"{p.stem}.yaml"
+    if preset.exists():
+        return preset
+    if p.suffix in (".yaml", ".yml"):
+        raise ConfigError(f"{p}: config file not found (presets: {', '.join(list_presets())})")
+    raise ConfigError(f"unknown config preset {str(name_or_path)!r}; presets: {', '.join(list_presets())}")
+
+
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))

@@ -1,0 +1,90 @@
+"""NSATransformer: a LLaMA-style decoder (RMSNorm, RoPE, SwiGLU) with NSA attention.
+
+Single-device code only: parallelism and activation checkpointing are applied by the trainer
+(nsa/train), which wraps the blocks in ``model.layers``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..attention import NSAAttention, NSACache
+from .config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float() if x.dtype != torch.float64 else x
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate_up = nn.Linear(dim, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attn = NSAAttention(cfg.dim, cfg.n_heads, cfg.n_kv_groups, cfg.head_dim, cfg.attn, cfg.rope_theta)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.ffn = SwiGLU(cfg.dim, cfg.ffn_hidden)
+
+    def forward(self, x: torch.Tensor, cache: NSACache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cache)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class NSATransformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.reset_parameters()
+        if cfg.tie_embeddings:
+            self.head.weight = self.embed.weight
+
+    def reset_parameters(self) -> None:
+        std = self.cfg.init_std
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                continue
+            if p.dim() >= 2 and "compress" not in name:
+                nn.init.normal_(p, mean=0.0, std=std)
+        # scale residual outputs by depth (GPT-2 style) so the residual stream starts small
+        for block in self.layers:
+            for lin in (block.attn.o_proj, block.ffn.down):
+                nn.init.normal_(lin.weight, mean=0.0, std=std / (2 * self.cfg.n_layers) ** 0.5)
+
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= self.embed.weight.numel()
+        return n
+
+    def forward(self, idx: torch.Tensor, caches: list[NSACache] | None = None) -> torch.Tensor:
+        """idx [B, T] token ids -> logits [B, T, vocab]. With ``caches`` (one per layer, from
+        ``new_caches``), idx holds the positions after the cached ones."""
+        x = self.embed(idx)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, None if caches is None else caches[i])
+        return self.head(self.norm(x))
+
+    def new_caches(self) -> list[NSACache]:
+        return [NSACache() for _ in self.layers]

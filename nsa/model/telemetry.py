@@ -1,0 +1,37 @@
+"""Gate statistics and backend routes, read by walking the modules.
+
+Walking ``model.modules()`` works through DDP, FSDP2 and checkpoint wrappers alike; a method on
+the top-level model would not (the seeds' FSDP run died on a missing ``get_gate_stats``).
+"""
+from __future__ import annotations
+
+import torch.nn as nn
+
+from ..attention import NSAAttention
+from ..attention.config import BRANCHES
+
+
+def attention_modules(model: nn.Module) -> list[NSAAttention]:
+    return [m for m in model.modules() if isinstance(m, NSAAttention)]
+
+
+def gate_stats(model: nn.Module) -> dict[str, float]:
+    """Mean gate value per branch over all layers from the last forward ({} before any).
+    Reading it synchronises with the device: call it on logging steps only."""
+    means = [m.last_gate_mean for m in attention_modules(model) if m.last_gate_mean is not None]
+    if not means:
+        return {}
+    total = sum(means) / len(means)
+    return {b: float(v) for b, v in zip(BRANCHES, total.tolist())}
+
+
+def backend_report(model: nn.Module) -> dict[str, dict]:
+    """Per stage: the backend chosen, why, and how many layer-calls ran it."""
+    report: dict[str, dict] = {}
+    for m in attention_modules(model):
+        for stage, route in m.routes.items():
+            entry = report.setdefault(stage, {"backend": route.backend, "reason": route.reason, "calls": 0})
+            if entry["backend"] != route.backend:
+                entry["backend"] = "mixed"
+            entry["calls"] += m.route_calls[stage]
+    return report

@@ -42,16 +42,17 @@ def overlap_weight(i: int, j: int, cfg: NSAConfig) -> int:
 
 
 def reference_rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate pairs (x[2m], x[2m+1]) by positions * theta^(-2m/K). x: [..., T, K] with T
+    """Rotate pairs (x[2m], x[2m+1]) by positions * theta^(-2m/K). x: [B, T, H, K] with T
     matching positions; frequencies depend on the head dim K only."""
     K = x.shape[-1]
-    freqs = theta ** (-torch.arange(0, K, 2, dtype=torch.float64) / K)
-    ang = positions.to(torch.float64)[:, None] * freqs[None, :]
-    cos, sin = torch.cos(ang).to(x.dtype), torch.sin(ang).to(x.dtype)
-    x1, x2 = x[..., 0::2], x[..., 1::2]
     out = torch.empty_like(x)
-    out[..., 0::2] = x1 * cos - x2 * sin
-    out[..., 1::2] = x1 * sin + x2 * cos
+    for t, pos in enumerate(positions.tolist()):
+        for m in range(K // 2):
+            ang = pos * theta ** (-2 * m / K)
+            c, s = math.cos(ang), math.sin(ang)
+            x1, x2 = x[:, t, :, 2 * m], x[:, t, :, 2 * m + 1]
+            out[:, t, :, 2 * m] = x1 * c - x2 * s
+            out[:, t, :, 2 * m + 1] = x1 * s + x2 * c
     return out
 
 

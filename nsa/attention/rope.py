@@ -9,12 +9,13 @@ import torch
 
 
 def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape [T, K/2] in float32 for the given absolute positions [T]."""
+    """cos, sin of shape [T, K/2] in float64 for the given absolute positions [T]; apply_rope
+    casts them to the compute dtype (float32, or float64 for float64 inputs)."""
     if head_dim % 2:
         raise ValueError(f"RoPE needs an even head dim, got {head_dim}")
     freqs = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
     ang = positions.to(torch.float64)[:, None] * freqs[None, :]
-    return torch.cos(ang).float(), torch.sin(ang).float()
+    return torch.cos(ang), torch.sin(ang)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,180 @@
+"""Automatic findings: what a person would otherwise dig out of logs, CSVs and stack dumps.
+
+Each detector reads stored records only (plain dicts), so findings can be recomputed for any
+results directory without re-running anything. A finding is a dict: severity (critical,
+warning, info), phase, title and detail lines.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+#: a sweep point is a cliff when its tokens/s falls below this fraction of the best earlier point
+CLIFF_FRACTION = 0.25
+#: slowest / fastest rank median step time above which ranks are called imbalanced
+IMBALANCE_RATIO = 1.5
+_ERROR_LINE = re.compile(r"^\s*(\w+(\.\w+)*(Error|Exception|Interrupt)|RuntimeError|AssertionError)\b.*")
+
+
+def _point(rec: dict[str, Any]) -> str:
+    params = rec["key"].get("params") or {}
+    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in params.items()) or "default"
+
+
+def _f(severity: str, rec_or_phase: Any, title: str, detail: list[str] | None = None) -> dict[str, Any]:
+    phase = rec_or_phase["key"]["phase"] if isinstance(rec_or_phase, dict) else rec_or_phase
+    return {"severity": severity, "phase": phase, "title": title, "detail": detail or []}
+
+
+def crashes(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for r in records:
+        if r["status"] == "FAIL" and r.get("exit_code") not in (0, None) and not r["evidence"].get("halt") \
+                and r["kind"] == "train":
+            tail = r["evidence"].get("stderr_tail", "")
+            last_err = next((ln.strip() for ln in reversed(tail.splitlines()) if _ERROR_LINE.match(ln)), None)
+            title = f"crash in {r['key']['phase']} [{_point(r)}]: exit code {r['exit_code']}"
+            if last_err:
+                title += f": {last_err}"
+            out.append(_f("critical", r, title, [f"stderr: {r['out_dir']}/{r['evidence'].get('stderr_log')}"]))
+    return out
+
+
+def stalls(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Watchdog .HALT or harness timeout: where each rank was (heartbeat) and what it was doing
+    (the innermost frames of its stack dump)."""
+    out = []
+    for r in records:
+        ev = r["evidence"]
+        if not (ev.get("halt") or r.get("timed_out")):
+            continue
+        how = "watchdog .HALT" if ev.get("halt") else f"killed at the {r.get('timeout_s'):g}s timeout"
+        detail = []
+        ranks = sorted(set(ev.get("last_heartbeat", {})) | set(ev.get("stackdumps", {})), key=int)
+        stuck = []
+        for rank in ranks:
+            hb = ev.get("last_heartbeat", {}).get(rank, {})
+            line = f"rank {rank}: last heartbeat step {hb.get('step', '?')}, stage {hb.get('stage', '?')}"
+            dump = ev.get("stackdumps", {}).get(rank)
+            if dump and dump["frames"]:
+                top = dump["frames"][0]
+                line += f"; stack ({dump['path']}): " + " <- ".join(
+                    f"{fr['func']} ({_short(fr['file'])}:{fr['line']})" for fr in dump["frames"][:4])
+                stuck.append(f"rank {rank} in {top['func']}")
+            else:
+                line += "; no stack dump"
+            detail.append(line)
+        if not ranks:
+            detail.append("no heartbeats and no stack dumps were written")
+        where = f": {'; '.join(stuck)}" if stuck else ""
+        out.append(_f("critical", r, f"stall in {r['key']['phase']} [{_point(r)}] ({how}){where}", detail))
+    return out
+
+
+def _short(path: str) -> str:
+    parts = path.replace("\\", "/").split("/")
+    return "/".join(parts[-2:])
+
+
+def cliffs(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """In each swept phase, in sweep order: the first point whose tokens/s drops below
+    CLIFF_FRACTION of the best earlier point (the seeds' 165 -> 6 tokens/s at batch 2)."""
+    out = []
+    for phase, recs in _by_phase(records).items():
+        recs = [r for r in recs if r["key"].get("params") and r["metrics"].get("toks_per_s_mean") is not None]
+        best: dict[str, Any] | None = None
+        for r in sorted(recs, key=lambda r: r.get("sweep_index", 0)):
+            v = r["metrics"]["toks_per_s_mean"]
+            if best is not None and v < CLIFF_FRACTION * best["metrics"]["toks_per_s_mean"]:
+                b = best["metrics"]["toks_per_s_mean"]
+                out.append(_f("critical", r, (
+                    f"throughput cliff in {phase} at [{_point(r)}]: {v:.1f} toks/s after {b:.1f} toks/s at "
+                    f"[{_point(best)}] ({b / max(v, 1e-9):.1f}x drop)"),
+                    [f"CSV: {r['out_dir']}/training.csv ({r.get('window', 'all steps')})"]))
+                break
+            if best is None or v > best["metrics"]["toks_per_s_mean"]:
+                best = r
+    return out
+
+
+def imbalance(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for r in records:
+        ev, m = r["evidence"], r["metrics"]
+        times = {int(k): v for k, v in ev.get("rank_step_time_s", {}).items()}
+        beats = ev.get("last_heartbeat", {})
+        world = r.get("world_size") or 1
+        if m.get("idle_ranks"):
+            detail = []
+            for rank in range(world):
+                hb = beats.get(str(rank))
+                if hb is None:
+                    detail.append(f"rank {rank}: no heartbeat file")
+                else:
+                    util = hb.get("gpu_util")
+                    detail.append(f"rank {rank}: last step {hb.get('step', '?')}, stage {hb.get('stage', '?')}"
+                                  + (f", GPU util {util:g}%" if isinstance(util, (int, float)) else "")
+                                  + (f", median step time {times[rank]:.3g}s" if rank in times else ""))
+            out.append(_f("critical", r, f"idle rank in {r['key']['phase']} [{_point(r)}]: "
+                                         f"{int(m['idle_ranks'])} of {world} rank(s) did no work", detail))
+        elif len(times) >= 2 and min(times.values()) > 0 and max(times.values()) / min(times.values()) > IMBALANCE_RATIO:
+            slow = max(times, key=times.get)
+            fast = min(times, key=times.get)
+            out.append(_f("warning", r, (
+                f"rank imbalance in {r['key']['phase']} [{_point(r)}]: rank {slow} takes "
+                f"{times[slow] / times[fast]:.1f}x as long per step as rank {fast}"),
+                [f"rank {k}: median step time {v:.3g}s" for k, v in sorted(times.items())]))
+    return out
+
+
+def fallbacks(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for r in records:
+        counters = {k: v for k, v in (r["evidence"].get("fallbacks") or {}).items() if v}
+        routed = {stage: b for stage, b in (r.get("backends") or {}).items()
+                  if isinstance(b, dict) and ("fallback" in str(b.get("reason", "")).lower() or b.get("backend") == "mixed")}
+        if counters or routed:
+            detail = [f"{k}: {v:g}" for k, v in sorted(counters.items())]
+            detail += [f"{stage}: backend {b.get('backend')} ({b.get('reason')})" for stage, b in sorted(routed.items())]
+            out.append(_f("warning", r, f"fallbacks in {r['key']['phase']} [{_point(r)}]", detail))
+    return out
+
+
+def artifact_errors(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [_f("critical", r, f"{r['key']['phase']} [{_point(r)}]: {r['reason']}", r["evidence"]["errors"][1:])
+            for r in records if r["status"] == "ERROR"]
+
+
+def bucket_choice(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runbook's rule for a sweep of one parameter: highest mean wins, a tie (within 1%)
+    goes to the lower stdev."""
+    out = []
+    for phase, recs in _by_phase(records).items():
+        recs = [r for r in recs if len(r["key"].get("params") or {}) == 1 and r["status"] in ("PASS", "UNMEASURED")
+                and r["metrics"].get("toks_per_s_mean") is not None]
+        if len(recs) < 2:
+            continue
+        top = max(r["metrics"]["toks_per_s_mean"] for r in recs)
+        tied = [r for r in recs if r["metrics"]["toks_per_s_mean"] >= 0.99 * top]
+        best = min(tied, key=lambda r: r["metrics"].get("toks_per_s_stdev") or 0.0)
+        m = best["metrics"]
+        out.append(_f("info", best, f"best setting in {phase}: {_point(best)} "
+                                    f"(mean {m['toks_per_s_mean']:.1f} toks/s, stdev {m.get('toks_per_s_stdev') or 0:.1f}, "
+                                    f"{best.get('window', 'all steps')})"))
+    return out
+
+
+def _by_phase(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        out.setdefault(r["key"]["phase"], []).append(r)
+    return out
+
+
+DETECTORS = (crashes, stalls, cliffs, imbalance, fallbacks, artifact_errors, bucket_choice)
+_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+def find(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = [f for detect in DETECTORS for f in detect(records)]
+    return sorted(out, key=lambda f: _ORDER[f["severity"]])

@@ -1,0 +1,131 @@
+"""Launch one subprocess from an argument list, with a hard timeout that never hangs the caller.
+
+The child runs in its own session (process group). On timeout the whole group first gets
+SIGUSR1 (the trainer's faulthandler writes stackdump_rank*.txt on it), then, after a short grace,
+SIGKILL; torchrun's workers are in the same group, so none is left behind. No shell is involved:
+every argv element is passed to exec as is.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from . import REPO_ROOT
+
+#: seconds between SIGUSR1 (stack dumps) and SIGKILL on timeout
+DUMP_GRACE_S = 3.0
+STDERR_TAIL_LINES = 40
+
+
+@dataclass(frozen=True)
+class ProcResult:
+    argv: list[str]
+    exit_code: int | None
+    """None when the process was killed at the timeout."""
+    timed_out: bool
+    wall_s: float
+    stdout_path: Path
+    stderr_path: Path
+
+    def stderr_tail(self, lines: int = STDERR_TAIL_LINES) -> str:
+        return tail(self.stderr_path, lines)
+
+
+def tail(path: Path, lines: int) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            text = fh.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def child_env(extra: Mapping[str, str]) -> dict[str, str]:
+    """The parent's environment without inherited NSA_*/CONFIG (the runbook is the source of
+    truth for those), plus the runbook's variables and what the harness needs."""
+    env = {k: v for k, v in os.environ.items() if not (k.startswith("NSA_") or k == "CONFIG")}
+    env.update(extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"  # a fatal signal leaves a Python traceback in stderr
+    return env
+
+
+def run(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout_s: float, log_dir: Path,
+        log_name: str = "trainer", on_poll: Callable[[float], None] | None = None,
+        poll_s: float = 0.25) -> ProcResult:
+    """Run ``argv`` to completion or until ``timeout_s``; stdout/stderr go to log_dir."""
+    argv = [str(a) for a in argv]
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out_path, err_path = log_dir / f"{log_name}.stdout.log", log_dir / f"{log_name}.stderr.log"
+    start = time.monotonic()
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        try:
+            proc = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdout=out, stderr=err,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            err.write(f"cannot start {argv[0]}: {exc}\n".encode())
+            return ProcResult(argv, 127, False, time.monotonic() - start, out_path, err_path)
+        timed_out = False
+        while True:
+            try:
+                proc.wait(timeout=poll_s)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            elapsed = time.monotonic() - start
+            if on_poll is not None:
+                on_poll(elapsed)
+            if elapsed >= timeout_s:
+                timed_out = True
+                kill_group(proc)
+                break
+        _reap_group(proc.pid)
+    code = None if timed_out else proc.returncode
+    if timed_out:
+        with open(err_path, "ab") as err:
+            err.write(f"\n[nsa-validate] killed after {timeout_s:.0f}s timeout (process group {proc.pid})\n".encode())
+    return ProcResult(argv, code, timed_out, time.monotonic() - start, out_path, err_path)
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGUSR1 (stack dumps), a grace period, then SIGKILL to the whole process group."""
+    _signal_group(proc.pid, signal.SIGUSR1)
+    try:
+        proc.wait(timeout=DUMP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _reap_group(pgid: int) -> None:
+    """Whatever the leader left running in its group (orphaned workers) is killed too."""
+    _signal_group(pgid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def python_argv(module: str, args: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def torchrun_argv(module: str, nproc: int, args: Sequence[str], torchrun_args: Sequence[str] = ()) -> list[str]:
+    """torchrun, invoked as ``python -m torch.distributed.run`` (the same program, no PATH lookup).
+    Rendezvous options from the runbook replace --standalone, so a phase scales to several nodes."""
+    rdzv = list(torchrun_args) or ["--standalone"]
+    return [sys.executable, "-m", "torch.distributed.run", *rdzv, f"--nproc_per_node={nproc}", "-m", module, *args]

@@ -126,7 +126,11 @@ def torch_sel_attention(q, k, v, idx, cfg: NSAConfig, q_start: int = 0, chunk: i
     causally inside the block that holds it. Keys are gathered chunk by chunk."""
     B, Tq, HQ, K = q.shape
     Tk, H = k.shape[1], k.shape[2]
-    G, n, ls = HQ // H, idx.shape[-1], cfg.sel_block
+    ls = cfg.sel_block
+    # indices are ascending with -1 padding last: with few blocks in the sequence, most of
+    # the n slots are padding and need not be gathered at all
+    idx = idx[..., : min(idx.shape[-1], -(-(q_start + Tq) // ls))]
+    G, n = HQ // H, idx.shape[-1]
     per_query = B * H * n * ls * K
     chunk = max(1, min(chunk or cfg.query_chunk, _SEL_GATHER_BUDGET // per_query))
     kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # [B, H, Tk, K]

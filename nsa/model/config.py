@@ -20,7 +20,7 @@ class ModelConfig:
     """d_k = d_v."""
     vocab_size: int = 256
     """256 for the byte tokenizer."""
-    ffn_hidden: int = 2048
+    ffn_hidden: int = 3072
     """SwiGLU hidden width."""
     rope_theta: float = 10000.0
     """RoPE base; q and every branch's k use the same frequencies."""

@@ -1,0 +1,309 @@
+"""Triton band attention: softmax attention where query position p sees the keys of one
+interval [lo(p), hi(p)]. It is the kernel behind two NSA branches:
+
+* compressed attention: keys are compressed tokens, i visible iff i*D + L - 1 <= p, i.e.
+  hi(p) = floor((p + 1 - L) / D), lo = 0 (L = l, D = d);
+* sliding window: hi(p) = p, lo(p) = p - W + 1 (L = D = 1, WINDOW = True).
+
+GQA: one program owns a run of rows of one KV group, rows being (token, head) pairs flattened
+as row = t * G + g, so every group size G works with no padding and each key tile is loaded
+once for the G heads that share it. Forward and backward are FlashAttention-2 style with
+fp32 accumulation (bf16/fp16/fp32 in); the backward recomputes probabilities from the saved
+log-sum-exp: one kernel for dq (it also writes delta = rowsum(do * o)), one for dk/dv.
+
+Shapes: q, o [B, Tq, HQ, K]; k, v [B, Tk, H, K]; lse [B, Tq, HQ] (float32, natural log,
+-inf where a row sees no key; its output is zero). Query rows are at absolute positions
+q_start .. q_start + Tq - 1.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _hi_lo(pos, Tk, L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr):
+    """Visible key interval [lo, hi] of query position pos (hi < lo when none)."""
+    hi = tl.where(pos + 1 >= L, (pos + 1 - L) // D, -1)
+    hi = tl.minimum(hi, Tk - 1)
+    if WINDOW:
+        lo = tl.maximum(pos - W + 1, 0)
+    else:
+        lo = pos * 0
+    return lo, hi
+
+
+@triton.jit
+def _band_fwd_kernel(
+    q, k, v, o, lse, Tq, Tk, q_start, sm_scale,
+    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
+    L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    HQ: tl.constexpr = H * G
+    rows = pid_m * BM + tl.arange(0, BM)
+    rmask = rows < Tq * G
+    t = rows // G
+    g = rows % G
+    pos = q_start + t
+    offk = tl.arange(0, BK)
+    kmask = offk < K
+    q_base = q + (b.to(tl.int64) * Tq * HQ + h * G) * K
+    row_off = (t * HQ + g).to(tl.int64) * K
+    qt = tl.load(q_base + row_off[:, None] + offk[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
+    k_base = k + (b.to(tl.int64) * Tk * H + h) * K
+    v_base = v + (b.to(tl.int64) * Tk * H + h) * K
+
+    lo, hi = _hi_lo(pos, Tk, L, D, W, WINDOW)
+    t_first = (pid_m * BM) // G
+    t_last = tl.minimum((pid_m * BM + BM - 1) // G, Tq - 1)
+    lo_first, hi_first = _hi_lo(q_start + t_first, Tk, L, D, W, WINDOW)
+    lo_last, hi_last = _hi_lo(q_start + t_last, Tk, L, D, W, WINDOW)
+    start = (lo_first // BN) * BN
+    end = hi_last + 1
+
+    qk_scale = sm_scale * 1.4426950408889634
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, BK], tl.float32)
+    for n0 in range(start, end, BN):
+        cols = n0 + tl.arange(0, BN)
+        cmask = cols < end
+        kv_off = cols.to(tl.int64)[:, None] * (H * K) + offk[None, :]
+        kt = tl.load(k_base + kv_off, mask=cmask[:, None] & kmask[None, :], other=0.0)
+        vt = tl.load(v_base + kv_off, mask=cmask[:, None] & kmask[None, :], other=0.0)
+        s = tl.dot(qt, tl.trans(kt)) * qk_scale
+        vis = (cols[None, :] <= hi[:, None]) & (cols[None, :] >= lo[:, None])
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+        m_i = m_new
+    has = l_i > 0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse_row = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    o_base = o + (b.to(tl.int64) * Tq * HQ + h * G) * K
+    tl.store(o_base + row_off[:, None] + offk[None, :], out.to(o.dtype.element_ty), mask=rmask[:, None] & kmask[None, :])
+    lse_base = lse + b.to(tl.int64) * Tq * HQ + h * G
+    tl.store(lse_base + t * HQ + g, lse_row, mask=rmask)
+
+
+@triton.jit
+def _band_bwd_dq_kernel(
+    q, k, v, o, do, lse, delta, dq, Tq, Tk, q_start, sm_scale,
+    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
+    L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    HQ: tl.constexpr = H * G
+    rows = pid_m * BM + tl.arange(0, BM)
+    rmask = rows < Tq * G
+    t = rows // G
+    g = rows % G
+    pos = q_start + t
+    offk = tl.arange(0, BK)
+    kmask = offk < K
+    qbase = (b.to(tl.int64) * Tq * HQ + h * G) * K
+    row_off = (t * HQ + g).to(tl.int64) * K
+    m2 = rmask[:, None] & kmask[None, :]
+    ptrs = qbase + row_off[:, None] + offk[None, :]
+    qt = tl.load(q + ptrs, mask=m2, other=0.0)
+    dot_ = tl.load(do + ptrs, mask=m2, other=0.0)
+    ot = tl.load(o + ptrs, mask=m2, other=0.0)
+    dl = tl.sum(dot_.to(tl.float32) * ot.to(tl.float32), 1)
+    lbase = b.to(tl.int64) * Tq * HQ + h * G + t * HQ + g
+    tl.store(delta + lbase, dl, mask=rmask)
+    lse2 = tl.load(lse + lbase, mask=rmask, other=0.0) * 1.4426950408889634
+    lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)
+    k_base = k + (b.to(tl.int64) * Tk * H + h) * K
+    v_base = v + (b.to(tl.int64) * Tk * H + h) * K
+
+    lo, hi = _hi_lo(pos, Tk, L, D, W, WINDOW)
+    t_first = (pid_m * BM) // G
+    t_last = tl.minimum((pid_m * BM + BM - 1) // G, Tq - 1)
+    lo_first, hi_first = _hi_lo(q_start + t_first, Tk, L, D, W, WINDOW)
+    lo_last, hi_last = _hi_lo(q_start + t_last, Tk, L, D, W, WINDOW)
+    start = (lo_first // BN) * BN
+    end = hi_last + 1
+    qk_scale = sm_scale * 1.4426950408889634
+    acc = tl.zeros([BM, BK], tl.float32)
+    for n0 in range(start, end, BN):
+        cols = n0 + tl.arange(0, BN)
+        cmask = cols < end
+        kv_off = cols.to(tl.int64)[:, None] * (H * K) + offk[None, :]
+        kt = tl.load(k_base + kv_off, mask=cmask[:, None] & kmask[None, :], other=0.0)
+        vt = tl.load(v_base + kv_off, mask=cmask[:, None] & kmask[None, :], other=0.0)
+        s = tl.dot(qt, tl.trans(kt)) * qk_scale
+        vis = (cols[None, :] <= hi[:, None]) & (cols[None, :] >= lo[:, None]) & rmask[:, None]
+        p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
+        dp = tl.dot(dot_, tl.trans(vt))
+        ds = p * (dp - dl[:, None])
+        acc += tl.dot(ds.to(kt.dtype), kt)
+    tl.store(dq + ptrs, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
+
+
+@triton.jit
+def _band_bwd_dkv_kernel(
+    q, k, v, do, lse, delta, dk, dv, Tq, Tk, q_start, sm_scale,
+    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
+    L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    HQ: tl.constexpr = H * G
+    n0 = pid_n * BN
+    cols = n0 + tl.arange(0, BN)
+    cmask = cols < Tk
+    offk = tl.arange(0, BK)
+    kmask = offk < K
+    kv_base = (b.to(tl.int64) * Tk * H + h) * K
+    kv_off = kv_base + cols.to(tl.int64)[:, None] * (H * K) + offk[None, :]
+    kvm = cmask[:, None] & kmask[None, :]
+    kt = tl.load(k + kv_off, mask=kvm, other=0.0)
+    vt = tl.load(v + kv_off, mask=kvm, other=0.0)
+    # first query position that sees key n0: n0*D + L - 1; the last that sees the tile's
+    # last key in a window: n0 + BN - 1 + W - 1
+    p_first = n0 * D + L - 1
+    t_lo = tl.maximum(p_first - q_start, 0)
+    t_hi = Tq
+    if WINDOW:
+        t_hi = tl.minimum(n0 + BN - 1 + W - q_start, Tq)
+    r_start = ((t_lo * G) // BM) * BM
+    r_end = t_hi * G
+    qbase = (b.to(tl.int64) * Tq * HQ + h * G) * K
+    lbase0 = b.to(tl.int64) * Tq * HQ + h * G
+    qk_scale = sm_scale * 1.4426950408889634
+    dk_acc = tl.zeros([BN, BK], tl.float32)
+    dv_acc = tl.zeros([BN, BK], tl.float32)
+    for r0 in range(r_start, r_end, BM):
+        rows = r0 + tl.arange(0, BM)
+        rmask = rows < r_end
+        t = rows // G
+        g = rows % G
+        pos = q_start + t
+        row_off = (t * HQ + g).to(tl.int64) * K
+        m2 = rmask[:, None] & kmask[None, :]
+        ptrs = qbase + row_off[:, None] + offk[None, :]
+        qt = tl.load(q + ptrs, mask=m2, other=0.0)
+        dot_ = tl.load(do + ptrs, mask=m2, other=0.0)
+        lidx = lbase0 + t * HQ + g
+        lse2 = tl.load(lse + lidx, mask=rmask, other=0.0) * 1.4426950408889634
+        lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)
+        dl = tl.load(delta + lidx, mask=rmask, other=0.0)
+        lo, hi = _hi_lo(pos, Tk, L, D, W, WINDOW)
+        vis = (cols[None, :] <= hi[:, None]) & (cols[None, :] >= lo[:, None]) & rmask[:, None]
+        s = tl.dot(qt, tl.trans(kt)) * qk_scale
+        p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
+        dv_acc += tl.dot(tl.trans(p.to(dot_.dtype)), dot_)
+        dp = tl.dot(dot_, tl.trans(vt))
+        ds = p * (dp - dl[:, None])
+        dk_acc += tl.dot(tl.trans(ds.to(qt.dtype)), qt)
+    tl.store(dk + kv_off, (dk_acc * sm_scale).to(dk.dtype.element_ty), mask=kvm)
+    tl.store(dv + kv_off, dv_acc.to(dv.dtype.element_ty), mask=kvm)
+
+
+def _configs(K: int, interpret: bool):
+    """Tile sizes and warps per kernel: (fwd BM, BN, warps), (dq ...), (dkv ...)."""
+    if interpret:
+        return (32, 16, 4, 1), (32, 16, 4, 1), (16, 32, 4, 1)
+    if K <= 64:
+        return (128, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 2)
+    return (128, 64, 8, 3), (64, 64, 4, 2), (64, 64, 8, 2)
+
+
+def _is_interpret(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu"
+
+
+def _band_fwd(q, k, v, q_start, L, D, W, window):
+    B, Tq, HQ, K = q.shape
+    Tk, H = k.shape[1], k.shape[2]
+    G = HQ // H
+    o = torch.empty_like(q)
+    lse = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
+    if Tq == 0:
+        return o, lse
+    if Tk == 0:
+        o.zero_()
+        lse.fill_(float("-inf"))
+        return o, lse
+    (BM, BN, nw, ns), _, _ = _configs(K, _is_interpret(q))
+    BK = max(16, triton.next_power_of_2(K))
+    grid = (triton.cdiv(Tq * G, BM), B * H)
+    _band_fwd_kernel[grid](
+        q, k, v, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K),
+        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM, BN=BN, BK=BK,
+        num_warps=nw, num_stages=ns,
+    )
+    return o, lse
+
+
+def _band_bwd(q, k, v, o, lse, do, q_start, L, D, W, window):
+    B, Tq, HQ, K = q.shape
+    Tk, H = k.shape[1], k.shape[2]
+    G = HQ // H
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    if Tq == 0 or Tk == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    delta = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
+    _, (BM, BN, nw, ns), (BM2, BN2, nw2, ns2) = _configs(K, _is_interpret(q))
+    BK = max(16, triton.next_power_of_2(K))
+    sm = 1.0 / math.sqrt(K)
+    _band_bwd_dq_kernel[(triton.cdiv(Tq * G, BM), B * H)](
+        q, k, v, o, do, lse, delta, dq, Tq, Tk, q_start, sm,
+        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM, BN=BN, BK=BK,
+        num_warps=nw, num_stages=ns,
+    )
+    _band_bwd_dkv_kernel[(triton.cdiv(Tk, BN2), B * H)](
+        q, k, v, do, lse, delta, dk, dv, Tq, Tk, q_start, sm,
+        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM2, BN=BN2, BK=BK,
+        num_warps=nw2, num_stages=ns2,
+    )
+    return dq, dk, dv
+
+
+class BandAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, q_start, L, D, W, window):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        o, lse = _band_fwd(q, k, v, q_start, L, D, W, window)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.args = (q_start, L, D, W, window)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _band_bwd(q, k, v, o, lse, do.contiguous(), *ctx.args)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def band_attention(q, k, v, q_start: int, L: int, D: int, W: int, window: bool):
+    """Band attention (see the module docstring). q [B, Tq, HQ, K]; k, v [B, Tk, H, K].
+    Returns o [B, Tq, HQ, K] (q's dtype) and lse [B, Tq, HQ] (float32, natural log)."""
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"query heads {q.shape[2]} must be a multiple of KV heads {k.shape[2]}")
+    return BandAttentionFunction.apply(q, k, v, int(q_start), int(L), int(D), int(W), bool(window))

@@ -1,0 +1,79 @@
+"""Config validation: every bad key or combination fails at load time naming the key."""
+from __future__ import annotations
+
+import pytest
+
+from nsa.config import ConfigError, parse_overrides
+from nsa.model.config import ModelConfig, load_model_config
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.n_heads=12", "model.n_kv_groups=5"], "model.n_heads=12 must be divisible by model.n_kv_groups=5"),
+        (["model.attn.cmp_stride=5"], "attn.cmp_stride=5 must divide attn.cmp_block=32"),
+        (["model.attn.cmp_stride=32", "model.attn.sel_block=48"], "attn.cmp_stride=32 must divide attn.sel_block=48"),
+        (["model.attn.cmp_block=128", "model.attn.cmp_stride=16"], "attn.cmp_block=128 must be <= attn.sel_block=64"),
+        (["model.attn.n_selected=2"], "attn.n_selected=2 must be >= 3"),
+        (["model.attn.phi=max"], "attn.phi must be one of"),
+        (["model.head_dim=63"], "model.head_dim=63 must be even"),
+        (["model.n_layers=0"], "model.n_layers must be >= 1"),
+        (["model.attn.window=0"], "attn.window must be >= 1"),
+        (["model.n_layer=2"], "unknown config key model.n_layer"),
+        (["model.attn.windw=2"], "unknown config key model.attn.windw"),
+        (["model.dim=big"], "model.dim: expected an integer, got 'big'"),
+        (["model.tie_embeddings=maybe"], "model.tie_embeddings: expected a boolean"),
+        (["train.seq_len=2"], "only model.* keys apply"),
+        (["model.dim"], "expected key.path=value"),
+    ],
+)
+def test_bad_override_names_the_key(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_model_config("m7c_125m", overrides)
+    assert message in str(err.value)
+
+
+def test_bad_yaml_files_name_the_file(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match="nope.yaml: config file not found"):
+        load_model_config(str(missing))
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match="broken.yaml: not valid YAML"):
+        load_model_config(str(broken))
+    listy = tmp_path / "list.yaml"
+    listy.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="list.yaml: expected a mapping"):
+        load_model_config(str(listy))
+    bad_key = tmp_path / "bad_key.yaml"
+    bad_key.write_text("model:\n  dim: 64\n  attn:\n    stride: 4\n")
+    with pytest.raises(ConfigError, match=r"bad_key.yaml: unknown config key model.attn.stride"):
+        load_model_config(str(bad_key))
+
+
+def test_hostile_yaml_is_refused_without_executing(tmp_path):
+    marker = tmp_path / "pwned"
+    hostile = tmp_path / "hostile.yaml"
+    hostile.write_text(f"model: !!python/object/apply:os.system ['touch {marker}']\n")
+    with pytest.raises(ConfigError, match="hostile.yaml: not valid YAML"):
+        load_model_config(str(hostile))
+    assert not marker.exists()
+
+
+def test_unknown_preset_lists_presets():
+    with pytest.raises(ConfigError, match="unknown config preset 'm9'.*m7c_125m"):
+        load_model_config("m9")
+
+
+def test_overrides_apply_and_coerce():
+    cfg = load_model_config("m7c_125m", "model.n_layers=2 model.attn.window=64 model.tie_embeddings=false")
+    assert (cfg.n_layers, cfg.attn.window, cfg.tie_embeddings) == (2, 64, False)
+    assert parse_overrides(["a.b=1", "a.c=x=y"]) == {"a": {"b": "1", "c": "x=y"}}
+
+
+def test_m7c_preset_is_the_seed_production_shape():
+    cfg = load_model_config("m7c_125m")
+    assert (cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_groups, cfg.head_dim, cfg.vocab_size) == (768, 12, 12, 2, 64, 256)
+    a = cfg.attn
+    assert (a.cmp_block, a.cmp_stride, a.sel_block, a.n_selected, a.window) == (32, 16, 64, 16, 512)
+    assert ModelConfig() == cfg

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+pytest_plugins = ["validation.pytest_plugin"]
+
 _GPU_MARKERS = ("gpu", "a100", "h100", "h200")
 
 

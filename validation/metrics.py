@@ -104,6 +104,8 @@ def rank_step_times(heartbeats: dict[int, list[dict[str, Any]]]) -> dict[int, fl
 
 
 def _rank_ratio(run: RunData, last: int | None) -> float | None:
+    if not run.heartbeats:
+        return None
     if run.world_size < 2:
         return 1.0
     times = rank_step_times(run.heartbeats)
@@ -120,6 +122,8 @@ def ranks_progressing(heartbeats: dict[int, list[dict[str, Any]]]) -> set[int]:
 def _idle_ranks(run: RunData, last: int | None) -> float | None:
     """Ranks of the world that made no step progress, or report ~0% GPU utilisation while
     another rank is busy (the seeds' FSDP run: GPU 0 at 99%, GPU 1 at 0%)."""
+    if not run.heartbeats:
+        return None
     idle = set(range(run.world_size)) - ranks_progressing(run.heartbeats)
     util = {r: _last_util(recs) for r, recs in run.heartbeats.items()}
     known = {r: u for r, u in util.items() if u is not None}

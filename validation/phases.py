@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 from . import REPO_ROOT, runner
 from .artifacts import (halted, main_thread_frames, parse_stackdump, read_env_json, read_heartbeats,
-                        read_training_csv, stackdumps, tail)
+                        read_training_csv, stackdumps)
+from .runner import tail
 from .errors import ArtifactError, StoreError
 from .gates import FAIL, NO_DATA, PASS, UNMEASURED, GateResult, check
 from .metrics import RunData, compute, fallback_counters, rank_step_times
@@ -241,7 +242,7 @@ def verdict(kind: str, run: RunData, errors: list[str], gates: list[GateResult])
     if any(g.verdict == UNMEASURED for g in gates):
         return "UNMEASURED", "threshold(s) to be measured for this profile: " + ", ".join(
             g.threshold_ref or g.metric for g in gates if g.verdict == UNMEASURED)
-    return PASSED, f"{sum(g.verdict == PASS for g in gates)} gate(s) passed"
+    return PASSED, f"{len(gates)} gate(s) passed" if gates else "completed (no gates)"
 
 
 def _gate_text(g: GateResult) -> str:
@@ -276,3 +277,18 @@ def _summary_metrics(run: RunData, window: int | None) -> dict[str, float | None
              "loss_mean", "rank_step_time_ratio", "idle_ranks", "fallbacks_total", "tests_failed", "tests_passed",
              "profiled_steps", "nsa_ranges_found", "python_overhead_frac")
     return {n: compute(n, run, window) for n in names}
+
+
+def skip_record(point: PhasePoint, reason: str, hw: dict[str, Any]) -> dict[str, Any]:
+    """A point that did not run here (hardware short of the profile): stored so the report can
+    say INCOMPLETE and why, never silently dropped."""
+    return {
+        "key": point.key(), "test_id": point.test_id, "kind": point.phase.kind, "sweep_index": point.index,
+        "status": SKIPPED, "reason": reason, "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": 0.0, "command": [], "env": point.env, "overrides": point.overrides, "steps": None,
+        "timeout_s": point.phase.timeout_s, "out_dir": "", "exit_code": None, "timed_out": False,
+        "world_size": point.nproc, "gates": [], "window": "all steps", "metrics": {},
+        "evidence": {"errors": [], "stderr_tail": "", "stderr_log": None, "halt": False, "stackdumps": {},
+                     "last_heartbeat": {}, "rank_step_time_s": {}, "fallbacks": {}, "files": []},
+        "hardware": hw, "git_sha": None, "backends": None, "env_seen": {},
+    }

@@ -1,0 +1,161 @@
+"""``nsa-validate`` (also ``python -m validation``): run runbook phases, render reports, list phases.
+
+    nsa-validate run                      # the CPU smoke runbook, cpu profile, into ./results
+    nsa-validate run --runbook nsa_ddp_a100 --profile a100 --phase bucket_sweep
+    nsa-validate report [--runbook R --profile P] [--results-dir DIR]
+    nsa-validate phases [--runbook R] [--profile P]
+
+Exit status of ``run``/``report``: 0 GO, 1 NO-GO, 3 INCOMPLETE; 2 for a bad runbook or usage.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from . import DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, hardware, report
+from .errors import HarnessError
+from .orchestrate import MISMATCH_POLICIES, run_point
+from .plan import expand
+from .runbook import load_profile, load_runbook
+from .store import ResultStore
+
+EXIT = {report.GO: 0, report.NO_GO: 1, report.INCOMPLETE: 3}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nsa-validate", description="NSA acceptance harness: runbook phases -> GO/NO-GO report")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser, runbook_default: str | None) -> None:
+        sp.add_argument("--runbook", default=runbook_default, help=f"runbook name under runbooks/ or a YAML path (default: {runbook_default or 'all stored'})")
+        sp.add_argument("--profile", default=None, help="hardware profile name or YAML path (default: the runbook's first)")
+        sp.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR, help="result store and run artifacts (default: %(default)s)")
+
+    r = sub.add_parser("run", help="run phases, store results, render the report")
+    common(r, DEFAULT_RUNBOOK)
+    r.add_argument("--phase", action="append", default=None, help="run only this phase (repeatable)")
+    r.add_argument("--hardware-mismatch", choices=MISMATCH_POLICIES, default="run",
+                   help="what to do when the GPUs differ from the profile's (default: run and report)")
+    r.add_argument("--no-report", action="store_true", help="store results without rendering the report")
+    r.add_argument("--no-plots", action="store_true", help="render the report without PNG plots")
+
+    rep = sub.add_parser("report", help="render the report from stored results")
+    common(rep, None)
+    rep.add_argument("--no-plots", action="store_true")
+
+    ph = sub.add_parser("phases", help="list a runbook's phases and sweep points")
+    common(ph, DEFAULT_RUNBOOK)
+    return p
+
+
+def _load(runbook_arg: str, profile_arg: str | None):
+    rb = load_runbook(runbook_arg)
+    prof = load_profile(profile_arg or rb.profiles[0])
+    return rb, prof
+
+
+class _Progress:
+    """One line per point; while a point runs, a status line every few seconds (in place on a tty)."""
+
+    def __init__(self, stream=sys.stderr, every_s: float = 5.0):
+        self.stream, self.every_s, self.last = stream, every_s, 0.0
+        self.tty = stream.isatty()
+
+    def __call__(self, line: str) -> None:
+        now = time.monotonic()
+        if now - self.last < (0.5 if self.tty else self.every_s):
+            return
+        self.last = now
+        self.stream.write(("\r" + line.ljust(79)) if self.tty else f"  ... {line}\n")
+        self.stream.flush()
+
+    def done(self, line: str) -> None:
+        self.stream.write(("\r" if self.tty else "") + line.ljust(79 if self.tty else 0) + "\n")
+        self.stream.flush()
+        self.last = 0.0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    rb, prof = _load(args.runbook, args.profile)
+    points = expand(rb, prof, args.phase)
+    hw = hardware.detect()
+    progress = _Progress()
+    print(f"nsa-validate: runbook {rb.name}, profile {prof.name}, {len(points)} point(s) on {hardware.describe(hw)}",
+          file=sys.stderr)
+    for diff in hardware.mismatches(prof, hw):
+        print(f"nsa-validate: note: {diff}", file=sys.stderr)
+    for i, point in enumerate(points, 1):
+        progress.done(f"[{i}/{len(points)}] {point.test_id} ...")
+        rec = run_point(point, args.results_dir, mismatch=args.hardware_mismatch, progress=progress)
+        progress.done(f"[{i}/{len(points)}] {point.test_id}: {rec['status']} ({rec['wall_s']:.1f}s) {rec['reason']}")
+    if args.no_report:
+        return 0
+    return _render(args.results_dir, rb.name, prof.name, rb, prof, not args.no_plots)
+
+
+def _render(results_dir: Path, rb_name: str, prof_name: str, rb, prof, plots: bool) -> int:
+    path = report.render(results_dir, rb_name, prof_name, runbook=rb, profile=prof, plots=plots)
+    status = _status_line(path)
+    print(f"nsa-validate: {status} -> {path}")
+    return EXIT[status]
+
+
+def _status_line(path: Path) -> str:
+    for line in path.read_text().splitlines():
+        if line.startswith("**Status: "):
+            return line.split("**Status: ", 1)[1].split("**", 1)[0]
+    raise HarnessError(f"{path}: rendered report has no status line")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    store = ResultStore(args.results_dir)
+    pairs = store.pairs()
+    if args.runbook:
+        rb, prof = _load(args.runbook, args.profile)
+        pairs = [(rb.name, prof.name)]
+    if not pairs:
+        print(f"nsa-validate: no results in {store.path}", file=sys.stderr)
+        return EXIT[report.INCOMPLETE]
+    worst = 0
+    for rb_name, prof_name in pairs:
+        try:
+            rb, prof = _load(rb_name, prof_name)
+        except HarnessError as exc:  # the runbook changed or moved: render what is stored
+            print(f"nsa-validate: note: {exc}; rendering stored records only", file=sys.stderr)
+            rb = prof = None
+        code = _render(args.results_dir, rb_name, prof_name, rb, prof, not args.no_plots)
+        worst = code if code == 1 or worst == 0 else worst
+    return worst
+
+
+def cmd_phases(args: argparse.Namespace) -> int:
+    rb, prof = _load(args.runbook, args.profile)
+    print(f"runbook {rb.name} ({rb.path}); profiles: {', '.join(rb.profiles)}; showing {prof.name}")
+    for phase in rb.phases:
+        pts = [p for p in expand(rb, prof, [phase.name])]
+        launch = phase.launcher.kind + (f" x{phase.launcher.nproc}" if phase.launcher.kind == "torchrun" else "")
+        what = {"train": f"{launch}, config {phase.config}, {phase.steps} steps", "pytest": " ".join(phase.tests),
+                "preflight": "git SHA, collect_env, nvidia-smi", "profile": f"torch.profiler, {phase.steps} steps"}[phase.kind]
+        print(f"  {phase.name:18s} {phase.kind:9s} {len(pts)} point(s)  timeout {phase.timeout_s:g}s  {what}")
+        for g in pts[0].gates():
+            thr = "to be measured" if g.threshold is None else f"{g.threshold:g}"
+            print(f"      gate: {g.metric} {g.op} {thr} ({g.window.describe()})")
+        if len(pts) > 1:
+            print(f"      sweep: {', '.join(p.slug for p in pts)}")
+        print(f"      markers: {' '.join(pts[0].markers)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"run": cmd_run, "report": cmd_report, "phases": cmd_phases}[args.command](args)
+    except HarnessError as exc:
+        print(f"nsa-validate: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,163 @@
+"""pytest integration: each runbook phase point is one parametrized test carrying its phase,
+profile and hardware markers, so ``pytest -m a100``, ``pytest -m bucket_sweep`` and ``-k`` reruns
+select what runs; results go to the store; the report is rendered once at session end.
+
+Enable from the root conftest.py: ``pytest_plugins = ["validation.pytest_plugin"]``.
+
+Options: --runbook (repeatable; default every runbook in runbooks/), --profile (repeatable;
+default each runbook's profiles), --results-dir (default ./results), --hardware-mismatch
+run|skip (skip turns a GPU-model mismatch into a skip), --no-acceptance-report.
+Tests that request the ``acceptance_point`` fixture are parametrized; ``acceptance_report``
+tests get one (runbook, profile) pair each and check the session's cross-point findings.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from . import DEFAULT_RESULTS_DIR, report
+from .errors import HarnessError
+from .findings import find
+from .orchestrate import MISMATCH_POLICIES, module_missing, run_point, why_not
+from .plan import PhasePoint, expand
+from .runbook import available, load_profile, load_runbook
+
+_POINTS_KEY = pytest.StashKey[list]()
+_RAN_KEY = pytest.StashKey[dict]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("nsa-validate", "NSA acceptance harness")
+    g.addoption("--runbook", action="append", default=None, help="runbook name or YAML path (repeatable; default: all)")
+    g.addoption("--profile", action="append", default=None, help="hardware profile (repeatable; default: the runbook's)")
+    g.addoption("--results-dir", default=None, help=f"result store directory (default: {DEFAULT_RESULTS_DIR})")
+    g.addoption("--hardware-mismatch", choices=MISMATCH_POLICIES, default="run",
+                help="run (and report) or skip when the GPUs differ from the profile's")
+    g.addoption("--no-acceptance-report", action="store_true", help="do not render the report at session end")
+
+
+def _results_dir(config: pytest.Config) -> Path:
+    opt = config.getoption("--results-dir")
+    return Path(opt).resolve() if opt else DEFAULT_RESULTS_DIR
+
+
+def _known_markers(config: pytest.Config) -> set[str]:
+    return {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
+
+
+def _points(config: pytest.Config) -> list[PhasePoint]:
+    """Every (runbook, profile, phase, sweep point) selected by the options, loaded once."""
+    if _POINTS_KEY in config.stash:
+        return config.stash[_POINTS_KEY]
+    names = config.getoption("--runbook") or available()
+    profiles = config.getoption("--profile")
+    points: list[PhasePoint] = []
+    try:
+        for name in names:
+            rb = load_runbook(name, known_markers=_known_markers(config))
+            for prof_name in rb.profiles:
+                prof = load_profile(prof_name)
+                if profiles and prof.name not in profiles and prof_name not in profiles:
+                    continue
+                points += expand(rb, prof)
+    except HarnessError as exc:
+        raise pytest.UsageError(f"nsa-validate: {exc}") from None
+    config.stash[_POINTS_KEY] = points
+    return points
+
+
+def _marks(names: tuple[str, ...]) -> list[Any]:
+    return [getattr(pytest.mark, m) for m in names]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "acceptance_point" in metafunc.fixturenames:
+        points = _points(metafunc.config)
+        metafunc.parametrize("acceptance_point", [pytest.param(p, id=p.test_id, marks=_marks(p.markers)) for p in points])
+    if "acceptance_pair" in metafunc.fixturenames:
+        pairs: dict[tuple[str, str], PhasePoint] = {}
+        for p in _points(metafunc.config):
+            pairs.setdefault((p.runbook.name, p.profile.name), p)
+        params = []
+        for (rb, prof), p in pairs.items():
+            ms = [p.profile.marker] + (["gpu"] if p.profile.hardware.accelerator == "cuda" else [])
+            params.append(pytest.param((rb, prof), id=f"{rb}/{prof}", marks=_marks(tuple(ms))))
+        metafunc.parametrize("acceptance_pair", params)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Report checks run after every phase point of the session."""
+    last = [i for i in items if "acceptance_pair" in getattr(i, "fixturenames", ())]
+    items[:] = [i for i in items if i not in last] + last
+
+
+class Harness:
+    """What an acceptance test needs: run a point, know the results directory."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self.results_dir = _results_dir(config)
+        self.mismatch = config.getoption("--hardware-mismatch")
+
+    def run(self, point: PhasePoint) -> dict[str, Any]:
+        from . import hardware
+        reason = why_not(point, hardware.detect(), self.mismatch)
+        if reason is None:
+            reason = module_missing(point)
+            if reason:
+                pytest.skip(f"{reason} (the trainer is not runnable here yet)")
+        record = run_point(point, self.results_dir, mismatch=self.mismatch)
+        self.config.stash.setdefault(_RAN_KEY, {})[point.test_id] = record
+        if reason:
+            pytest.skip(reason)
+        return record
+
+
+@pytest.fixture(scope="session")
+def harness(request: pytest.FixtureRequest) -> Harness:
+    return Harness(request.config)
+
+
+class _Session:
+    """Per-session bookkeeping: which (runbook, profile) pairs ran (from test reports, so it
+    works under xdist too), and rendering the reports once, on the controller."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+        self.pairs: set[tuple[str, str]] = set()
+        self.reports: list[Any] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" and "[" in report.nodeid and not report.skipped:
+            name, param = report.nodeid.split("[", 1)
+            parts = param.rstrip("]").split("/")
+            if name.endswith("test_phase") and len(parts) == 4:
+                self.pairs.add((parts[0], parts[1]))
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if hasattr(self.config, "workerinput") or self.config.getoption("--no-acceptance-report"):
+            return  # xdist workers store records; the controller renders
+        for rb_name, prof_name in sorted(self.pairs):
+            try:
+                rb, prof = load_runbook(rb_name), load_profile(prof_name)
+                self.reports.append(report.render(_results_dir(self.config), rb_name, prof_name, runbook=rb, profile=prof))
+            except HarnessError as exc:
+                self.reports.append(f"report for {rb_name}/{prof_name} not rendered: {exc}")
+
+    def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+        for p in self.reports:
+            terminalreporter.write_line(f"nsa-validate report: {p}" if isinstance(p, Path) else f"nsa-validate: {p}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_Session(config), "nsa-validate-session")
+
+
+def session_findings(config: pytest.Config, pair: tuple[str, str]) -> tuple[list[str], int]:
+    """Critical findings across the points of ``pair`` run in this process (a cliff only shows
+    across sweep points, which no single point's test can see), and how many points ran."""
+    records = [r for r in config.stash.get(_RAN_KEY, {}).values()
+               if (r["key"]["runbook"], r["key"]["profile"]) == pair and r["status"] != "SKIP"]
+    return [f["title"] for f in find(records) if f["severity"] == "critical"], len(records)

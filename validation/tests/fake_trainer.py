@@ -1,0 +1,122 @@
+"""A stand-in trainer that writes the trainer's output contract (DESIGN.md, "Trainer outputs")
+quickly and without torch, with faults injected through ``NSA_FAULT``. It tests the harness's
+logic, not the model: runbooks in these tests point ``launcher.module`` here.
+
+    NSA_FAULT=                   healthy run (toks/s ~200, memory flat)
+    NSA_FAULT=crash:step=3       raises RuntimeError at step 3 (non-zero exit, traceback in stderr)
+    NSA_FAULT=stall:rank=1:step=3  rank 1 stops in backward; watchdog: stack dumps, .HALT, exit 3
+    NSA_FAULT=hang               never finishes; dumps stacks on SIGUSR1; leaves a child process
+    NSA_FAULT=missing_csv        writes everything but training.csv
+    NSA_FAULT=corrupt_csv        writes a training.csv with a bad header or a non-number
+    NSA_FAULT=cliff              toks/s collapses when train.batch_size >= 2 (the seeds' 165 -> 6)
+    NSA_FAULT=idle:rank=1        rank 1 never steps and reports 0% GPU utilisation
+    NSA_FAULT=slow:rank=1        rank 1 takes 3x as long per step
+    NSA_FAULT=fallback           reports fallback counters and a fallback route
+NSA_FAKE_WORLD=N simulates N ranks from one process.
+"""
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HEADER = "step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb"
+
+
+def parse_fault(spec: str) -> tuple[str, dict[str, int]]:
+    if not spec:
+        return "", {}
+    name, *kv = spec.split(":")
+    return name, {k: int(v) for k, v in (x.split("=") for x in kv)}
+
+
+def allreduce_wait(seconds: float) -> None:
+    """Where the stalled rank 'hangs' (a name the stall finding should report)."""
+    time.sleep(seconds)
+
+
+def backward_stuck(out: Path, rank: int) -> None:
+    with open(out / f"stackdump_rank{rank}.txt", "w") as fh:
+        faulthandler.dump_traceback(fh, all_threads=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--config", required=True)
+    p.add_argument("--override", default="")
+    p.add_argument("--out-dir", required=True, type=Path)
+    p.add_argument("--steps", type=int, default=10)
+    a = p.parse_args()
+    out: Path = a.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    fault, opts = parse_fault(os.environ.get("NSA_FAULT", ""))
+    world = int(os.environ.get("NSA_FAKE_WORLD", os.environ.get("WORLD_SIZE", "1")))
+    overrides = dict(x.split("=", 1) for x in a.override.split())
+    batch = int(overrides.get("train.batch_size", 1))
+    env = {k: v for k, v in os.environ.items() if k.startswith(("NSA_", "NCCL_")) or k == "CONFIG"}
+    backends = {"cmp": {"backend": "torch", "reason": "portable PyTorch path", "calls": a.steps},
+                "win": {"backend": "torch", "reason": "portable PyTorch path", "calls": a.steps}}
+    if fault == "fallback":
+        backends["sel"] = {"backend": "torch", "reason": "fallback: triton unavailable", "calls": a.steps}
+    (out / "env.json").write_text(json.dumps({"world_size": world, "env": env, "attention_backends": backends,
+                                              "git_sha": "0" * 40, "config": {"name": a.config, "overrides": overrides}}))
+    if fault == "hang":
+        faulthandler.register(signal.SIGUSR1, file=open(out / "stackdump_rank0.txt", "w"), all_threads=True)
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        (out / "child.pid").write_text(str(child.pid))
+        allreduce_wait(600)
+    csv = None if fault == "missing_csv" else open(out / "training.csv", "w")
+    if csv:
+        csv.write(("step,loss,toks\n" if fault == "corrupt_csv" and opts.get("header") else HEADER + "\n"))
+    beats = {r: open(out / f"heartbeat_rank{r}.jsonl", "w") for r in range(world)}
+    t0 = 1_000_000.0
+    for step in range(1, a.steps + 1):
+        if fault == "crash" and step == opts.get("step", 1):
+            csv and csv.flush()
+            raise RuntimeError("Expected to mark a variable ready only once (injected crash)")
+        toks = 200.0 + (step % 3)
+        if fault == "cliff" and batch >= 2:
+            toks = 6.0 + (step % 2)
+        for r, fh in beats.items():
+            slow = 3.0 if fault == "slow" and r == opts.get("rank") else 1.0
+            if fault == "idle" and r == opts.get("rank"):
+                if step == 1:
+                    fh.write(json.dumps({"time": t0, "rank": r, "step": 0, "stage": "data", "gpu_util": 0}) + "\n")
+                continue
+            rec = {"time": t0 + step * 0.5 * slow, "rank": r, "step": step, "stage": "optimizer",
+                   "toks_per_s": toks, "mem": 1.0, "gpu_util": 99, "gates": {"cmp": 0.5, "sel": 0.5, "win": 0.5}}
+            if fault == "fallback":
+                rec["fallbacks"] = {"sel_triton_fail": step}
+            if fault == "stall" and r == opts.get("rank") and step >= opts.get("step", 1):
+                rec.update(stage="backward", step=step)
+            fh.write(json.dumps(rec) + "\n")
+        if fault == "stall" and step >= opts.get("step", 1):
+            for fh in beats.values():
+                fh.flush()
+            backward_stuck(out, opts.get("rank", 0))
+            for r in range(world):
+                if r != opts.get("rank", 0):
+                    (out / f"stackdump_rank{r}.txt").write_text(
+                        'Current thread 0x00007f0000000001 (most recent call first):\n'
+                        '  File "/x/torch/distributed/distributed_c10d.py", line 2501 in all_reduce\n'
+                        '  File "/x/nsa/train/loop.py", line 88 in train_step\n'
+                        '  File "/x/nsa/train/__main__.py", line 20 in <module>\n')
+            (out / ".HALT").write_text(f"watchdog: no progress since step {step}\n")
+            print(f"[watchdog] no rank progressed; stack dumps written; halting at step {step}", file=sys.stderr)
+            return 3
+        if csv:
+            if fault == "corrupt_csv" and not opts.get("header") and step == 2:
+                csv.write(f"{step},2.0,1e-4,fast,0.1,1.0,0.5,1.0\n")
+            else:
+                csv.write(f"{step},{3.0 - step * 0.01:.4f},1e-4,{toks},{0.5},{1.0},{0.5},{1.0}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,35 @@
+"""The runbook phases as tests: one test per phase point, parametrized by validation.pytest_plugin
+from the runbooks (ids runbook/profile/phase/point), carrying phase, profile and hardware markers.
+
+    pytest -m cpu_profile validation/tests/test_acceptance.py     # the CPU smoke runbook
+    pytest -m a100                                                 # the seed runbook, a100 profile
+    pytest -m bucket_sweep --profile a100                          # re-run one phase; merges into the store
+"""
+from __future__ import annotations
+
+import pytest
+
+from validation.pytest_plugin import session_findings
+
+
+def test_phase(acceptance_point, harness, record_property):
+    rec = harness.run(acceptance_point)
+    for name, value in rec["metrics"].items():
+        if value is not None:
+            record_property(name, value)
+    if rec["status"] == "UNMEASURED":
+        pytest.skip(f"ran and stored; {rec['reason']}")
+    if rec["status"] != "PASS":
+        tail = "\n".join(rec["evidence"]["stderr_tail"].splitlines()[-10:])
+        pytest.fail(f"{rec['status']}: {rec['reason']}\nartifacts: {harness.results_dir / rec['out_dir']}\n{tail}",
+                    pytrace=False)
+
+
+def test_report(acceptance_pair, request):
+    """After the phase points: no critical finding across them (cliffs, stalls, idle ranks)."""
+    if hasattr(request.config, "workerinput"):
+        pytest.skip("cross-point findings are checked without -n; the report is still rendered at session end")
+    critical, n = session_findings(request.config, acceptance_pair)
+    if n == 0:
+        pytest.skip(f"no phase of {acceptance_pair[0]}/{acceptance_pair[1]} ran in this session")
+    assert not critical, "critical findings:\n" + "\n".join(critical)

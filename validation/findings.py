@@ -16,9 +16,18 @@ IMBALANCE_RATIO = 1.5
 _ERROR_LINE = re.compile(r"^\s*(\w+(\.\w+)*(Error|Exception|Interrupt)|RuntimeError|AssertionError)\b.*")
 
 
-def _point(rec: dict[str, Any]) -> str:
+def point_params(rec: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The record's sweep parameters in the runbook's sweep order (the store sorts keys)."""
     params = rec["key"].get("params") or {}
-    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in params.items()) or "default"
+    order = rec.get("params_order") or sorted(params)
+    return [(k, params[k]) for k in order if k in params]
+
+
+def point_label(rec: dict[str, Any]) -> str:
+    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in point_params(rec)) or "default"
+
+
+_point = point_label
 
 
 def _f(severity: str, rec_or_phase: Any, title: str, detail: list[str] | None = None) -> dict[str, Any]:

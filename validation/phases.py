@@ -59,6 +59,7 @@ def execute(point: PhasePoint, results_dir: Path, hw: dict[str, Any], progress: 
         "test_id": point.test_id,
         "kind": kind,
         "sweep_index": point.index,
+        "params_order": list(point.params),
         "status": status,
         "reason": reason,
         "started": started,
@@ -284,6 +285,7 @@ def skip_record(point: PhasePoint, reason: str, hw: dict[str, Any]) -> dict[str,
     say INCOMPLETE and why, never silently dropped."""
     return {
         "key": point.key(), "test_id": point.test_id, "kind": point.phase.kind, "sweep_index": point.index,
+        "params_order": list(point.params),
         "status": SKIPPED, "reason": reason, "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": 0.0, "command": [], "env": point.env, "overrides": point.overrides, "steps": None,
         "timeout_s": point.phase.timeout_s, "out_dir": "", "exit_code": None, "timed_out": False,

@@ -15,7 +15,7 @@ import jinja2
 
 from . import TEMPLATE_DIR
 from .errors import ArtifactError
-from .findings import find
+from .findings import find, point_label, point_params
 from .plan import expand
 from .runbook import Profile, Runbook
 from .store import ResultStore
@@ -42,13 +42,15 @@ def _env() -> jinja2.Environment:
     return env
 
 
-def _point(rec: dict[str, Any]) -> str:
-    params = rec["key"].get("params") or {}
-    return ", ".join(f"{k.split('.')[-1]}={v}" for k, v in params.items()) or "default"
+_point = point_label
 
 
-def status_of(records: list[dict[str, Any]], missing: list[str]) -> tuple[str, str]:
+def status_of(records: list[dict[str, Any]], missing: list[str],
+              findings: list[dict[str, Any]] | None = None) -> tuple[str, str]:
     failed = [r for r in records if r["status"] in ("FAIL", "ERROR")]
+    critical = [f for f in findings or [] if f["severity"] == "critical"]
+    if critical and not failed:
+        return NO_GO, f"{len(critical)} critical finding(s) across phase points: {critical[0]['title']}"
     if failed:
         return NO_GO, f"{len(failed)} of {len(records) + len(missing)} phase point(s) failed: " + ", ".join(
             f"{r['key']['phase']} [{_point(r)}]" for r in failed[:6]) + (" ..." if len(failed) > 6 else "")
@@ -81,7 +83,8 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         missing = [p.test_id for p in points if p.test_id not in have]
     else:
         records = sorted(records, key=lambda r: (r["key"]["phase"], r.get("sweep_index", 0)))
-    status, why = status_of(records, missing)
+    findings = find(records)
+    status, why = status_of(records, missing, findings)
     hw = next((r["hardware"] for r in records if r.get("hardware")), {})
     sha = next((r["git_sha"] for r in records if r.get("git_sha")), None)
     return {
@@ -104,7 +107,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "hostname": hw.get("hostname"),
         "git_sha": sha,
         "counts": _counts(records, missing),
-        "findings": find(records),
+        "findings": findings,
         "gates": _gate_rows(records),
         "phases": _phase_tables(records),
         "failures": _failures(records),
@@ -168,7 +171,7 @@ def _phase_tables(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     phases: dict[str, dict[str, Any]] = {}
     for r in records:
         ph = phases.setdefault(r["key"]["phase"], {"name": r["key"]["phase"], "kind": r["kind"], "rows": [],
-                                                  "sweep_keys": list((r["key"].get("params") or {}))})
+                                                  "sweep_keys": [k for k, _ in point_params(r)]})
         m = r["metrics"]
         ph["rows"].append({
             "point": _point(r), "params": [(r["key"].get("params") or {}).get(k) for k in ph["sweep_keys"]],

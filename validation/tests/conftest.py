@@ -1,0 +1,61 @@
+"""Fixtures for the harness's own tests: runbooks in tmp_path that launch the fake trainer."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from validation.orchestrate import run_point
+from validation.plan import expand
+from validation.report import build_context, render_text
+from validation.runbook import load_profile, load_runbook
+
+FAKE = "validation.tests.fake_trainer"
+
+
+def write_runbook(path: Path, phases: list[dict[str, Any]], **top: Any) -> Path:
+    data = {"name": top.pop("name", "fake"), "profiles": ["cpu"],
+            "defaults": {"launcher": {"kind": "python", "module": FAKE}, "config": "tiny", "steps": 8,
+                         "timeout_s": 30, **top.pop("defaults", {})},
+            "phases": phases, **top}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def train_phase(name: str = "baseline_ddp", fault: str = "", gates: list | None = None, **extra: Any) -> dict[str, Any]:
+    phase = {"name": name, "kind": "train", "env": {"NSA_FAULT": fault} if fault else {},
+             "gates": gates if gates is not None else [
+                 {"metric": "toks_per_s_mean", "op": ">=", "threshold": {"profile": "min_toks_per_s"}, "window": "last 5 steps"},
+                 {"metric": "loss_finite", "op": "==", "threshold": 1}]}
+    phase["env"].update(extra.pop("env", {}))
+    phase.update(extra)
+    return phase
+
+
+class FakeRun:
+    """Runs every point of a tmp runbook on the fake trainer; keeps records and the report."""
+
+    def __init__(self, tmp_path: Path, phases: list[dict[str, Any]], **top: Any):
+        self.results = tmp_path / "results"
+        self.runbook = load_runbook(write_runbook(tmp_path / "runbook.yaml", phases, **top))
+        self.profile = load_profile("cpu")
+        self.records = [run_point(p, self.results) for p in expand(self.runbook, self.profile)]
+        self.context = build_context(self.results, self.runbook.name, "cpu", runbook=self.runbook,
+                                     profile=self.profile, now="2026-01-01 00:00 UTC")
+        self.report = render_text({**self.context, "results_prefix": ".."})
+
+    @property
+    def record(self) -> dict[str, Any]:
+        assert len(self.records) == 1
+        return self.records[0]
+
+    def findings(self, severity: str | None = None) -> list[str]:
+        return [f["title"] + "\n" + "\n".join(f["detail"]) for f in self.context["findings"]
+                if severity is None or f["severity"] == severity]
+
+
+@pytest.fixture
+def fake_run(tmp_path):
+    return lambda phases, **top: FakeRun(tmp_path, phases, **top)

@@ -59,9 +59,9 @@ def _load(runbook_arg: str, profile_arg: str | None):
 class _Progress:
     """One line per point; while a point runs, a status line every few seconds (in place on a tty)."""
 
-    def __init__(self, stream=sys.stderr, every_s: float = 5.0):
-        self.stream, self.every_s, self.last = stream, every_s, 0.0
-        self.tty = stream.isatty()
+    def __init__(self, stream=None, every_s: float = 5.0):
+        self.stream, self.every_s, self.last = stream or sys.stderr, every_s, 0.0
+        self.tty = self.stream.isatty()
 
     def __call__(self, line: str) -> None:
         now = time.monotonic()

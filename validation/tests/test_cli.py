@@ -1,0 +1,45 @@
+"""The CLI: exit codes per status, clear errors for bad runbooks, report from stored results,
+phase listing, and python -m validation."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from validation import REPO_ROOT
+from validation.cli import main
+from validation.tests.conftest import train_phase, write_runbook
+
+
+def test_run_nogo_exit_code_and_report_with_plots(tmp_path, capsys):
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase(), train_phase("long_run", fault="crash:step=2")])
+    results = tmp_path / "res"
+    assert main(["run", "--runbook", str(rb), "--profile", "cpu", "--results-dir", str(results)]) == 1
+    out = capsys.readouterr()
+    assert "[2/2] fake/cpu/long_run/default: FAIL" in out.err and "NO-GO" in out.out
+    report = (results / "reports" / "fake__cpu.md").read_text()
+    assert "![baseline_ddp: tokens/s (global)](plots/fake__cpu__baseline_ddp_toks.png)" in report
+    assert (results / "reports" / "plots" / "fake__cpu__baseline_ddp_mem.png").stat().st_size > 1000
+    # report from the store alone, without the runbook on disk
+    rb.unlink()
+    assert main(["report", "--results-dir", str(results), "--no-plots"]) == 1
+
+
+def test_bad_runbook_exit_2_names_key(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nprofiles: [cpu]\nphases:\n  - {name: p, kind: train, steps: -1}\n")
+    assert main(["run", "--runbook", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.yaml: phases[0].steps: expected an integer >= 1, got -1" in err
+
+
+def test_phases_lists_gates_and_sweeps(capsys):
+    assert main(["phases", "--runbook", "nsa_ddp_a100", "--profile", "a100"]) == 0
+    out = capsys.readouterr().out
+    assert "gate: toks_per_s_mean >= 39 (last 50 steps)" in out
+    assert "sweep: NSA_DDP_BUCKET_MB=25, NSA_DDP_BUCKET_MB=50, NSA_DDP_BUCKET_MB=100" in out
+
+
+def test_python_dash_m_validation_default_is_cpu_smoke():
+    out = subprocess.run([sys.executable, "-m", "validation", "phases"], cwd=REPO_ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.startswith("runbook cpu_smoke")

@@ -1,0 +1,111 @@
+"""Runbooks and profiles validate, and every bad input is refused with the file and key named."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from validation.errors import RunbookError
+from validation.plan import expand
+from validation.runbook import available, load_profile, load_runbook
+
+
+@pytest.mark.parametrize("name", available())
+def test_shipped_runbooks_expand_for_each_profile(name):
+    rb = load_runbook(name)
+    for prof in rb.profiles:
+        points = expand(rb, load_profile(prof))
+        assert points and all(p.phase.name in p.markers for p in points)
+
+
+def test_seed_runbook_has_every_phase_and_a100_numbers():
+    rb = load_runbook("nsa_ddp_a100")
+    names = [p.name for p in rb.phases]
+    assert names == ["preflight", "sanity", "baseline_ddp", "bucket_sweep", "sdpa_audit", "selection_parity", "nvtx",
+                     "single_gpu", "fused_adamw", "long_run", "scaling_sweep", "fsdp", "real_data"]
+    base = [p for p in expand(rb, load_profile("a100")) if p.phase.name == "baseline_ddp"][0]
+    [tput] = [g for g in base.gates() if g.metric == "toks_per_s_mean"]
+    assert (tput.op, tput.threshold, tput.window.last) == (">=", 39.0, 50)
+    assert "multi_gpu" in base.markers and "a100" in base.markers
+    sweep = [p.slug for p in expand(rb, load_profile("a100"), ["bucket_sweep"])]
+    assert sweep == ["NSA_DDP_BUCKET_MB=25", "NSA_DDP_BUCKET_MB=50", "NSA_DDP_BUCKET_MB=100"]
+    assert len(expand(rb, load_profile("a100"), ["scaling_sweep"])) == 6
+
+
+def test_h100_thresholds_are_to_be_measured_not_invented():
+    prof = load_profile("h100")
+    assert prof.thresholds["min_toks_per_s"] is None
+    base = expand(load_runbook("nsa_ddp_a100"), prof, ["baseline_ddp"])[0]
+    assert [g.threshold for g in base.gates() if g.metric == "toks_per_s_mean"] == [None]
+
+
+def _write(tmp_path, data):
+    p = tmp_path / "rb.yaml"
+    p.write_text(yaml.safe_dump(data) if not isinstance(data, str) else data)
+    return p
+
+
+def _rb(**phase):
+    return {"name": "t", "profiles": ["cpu"], "phases": [{"name": "p", "kind": "train", **phase}]}
+
+
+@pytest.mark.parametrize("data, key, words", [
+    ({**_rb(), "extra": 1}, "extra", "unknown key"),
+    (_rb(stepz=3), "phases[0].stepz", "unknown key"),
+    (_rb(gates=[{"metric": "toks", "op": ">=", "threshold": 1}]), "phases[0].gates[0].metric", "unknown metric"),
+    (_rb(gates=[{"metric": "toks_per_s_mean", "op": "__import__('os')", "threshold": 1}]), "phases[0].gates[0].op", "unknown comparison"),
+    (_rb(gates=[{"metric": "toks_per_s_mean", "op": ">=", "threshold": "39"}]), "phases[0].gates[0].threshold", "expected a number"),
+    (_rb(gates=[{"metric": "toks_per_s_mean", "op": ">=", "threshold": 1, "window": "first 5"}]), "phases[0].gates[0].window", "not understood"),
+    (_rb(env={"LD_PRELOAD": "/tmp/x.so"}), "phases[0].env.LD_PRELOAD", "may not be set"),
+    (_rb(env={"NSA_X": "1; rm -rf /"}), "phases[0].env.NSA_X", "shell characters"),
+    (_rb(overrides={"train.seq_len": "512 model.n_layers=99"}), "phases[0].overrides.train.seq_len", "without spaces"),
+    (_rb(overrides={"data.path": "../../etc/passwd"}), "phases[0].overrides.data.path", "inside the repository"),
+    (_rb(launcher={"kind": "python", "nproc": 2}), "phases[0].launcher.nproc", "torchrun"),
+    (_rb(launcher={"kind": "torchrun", "module": "os; id"}), "phases[0].launcher.module", "not allowed"),
+    (_rb(launcher={"kind": "torchrun", "torchrun_args": ["--rdzv-endpoint=h:1 --x"]}), "phases[0].launcher.torchrun_args", "--option=value"),
+    ({"name": "t", "profiles": ["cpu"], "phases": [{"name": "../evil", "kind": "train"}]}, "phases[0].name", "not allowed"),
+    ({"name": "t", "profiles": ["cpu"], "phases": [{"name": "p", "kind": "pytest", "tests": ["../outside.py"]}]}, "phases[0].tests[0]", "inside the repository"),
+    ({"name": "t", "profiles": ["cpu"], "phases": [{"name": "p", "kind": "pytest", "tests": ["t.py"], "pytest_args": ["--rootdir=/"]}]}, "phases[0].pytest_args[0]", "not an allowed"),
+    (_rb(sweep={"train.seq_len": []}), "phases[0].sweep.train.seq_len", "non-empty list"),
+    ({"name": "t", "profiles": ["cpu"], "phases": [{"name": "p", "kind": "train"}, {"name": "p", "kind": "train"}]}, "phases[1].name", "duplicate"),
+    ({"name": "t", "profiles": ["cpu"]}, "phases", "required key is missing"),
+    (_rb(kind="shell"), "phases[0].kind", "not one of"),
+])
+def test_bad_runbook_names_file_and_key(tmp_path, data, key, words):
+    path = _write(tmp_path, data)
+    with pytest.raises(RunbookError) as exc:
+        load_runbook(path)
+    msg = str(exc.value)
+    assert str(path) in msg and f": {key}:" in msg and words in msg
+
+
+def test_unsafe_yaml_tags_are_refused(tmp_path):
+    path = _write(tmp_path, "name: !!python/object/apply:os.system ['echo pwned']\nprofiles: [cpu]\nphases: []\n")
+    with pytest.raises(RunbookError, match="not valid YAML"):
+        load_runbook(path)
+
+
+def test_unregistered_marker_is_refused(tmp_path):
+    path = _write(tmp_path, _rb(markers=["nosuchmarker"]))
+    with pytest.raises(RunbookError, match=r"phases\[0\]\.markers\[0\]: marker 'nosuchmarker' is not registered"):
+        load_runbook(path, known_markers={"gpu"})
+
+
+def test_gate_threshold_missing_from_profile_names_both_files(tmp_path):
+    path = _write(tmp_path, _rb(gates=[{"metric": "toks_per_s_mean", "op": ">=", "threshold": {"profile": "nope"}}]))
+    with pytest.raises(RunbookError, match=r"threshold 'nope'.*cpu\.yaml does not define"):
+        expand(load_runbook(path), load_profile("cpu"))
+
+
+def test_profile_not_in_runbook_is_refused():
+    with pytest.raises(RunbookError, match="profile 'a100' is not one of"):
+        expand(load_runbook("cpu_smoke"), load_profile("a100"))
+
+
+def test_bad_profile_names_key(tmp_path):
+    p = tmp_path / "prof.yaml"
+    p.write_text(yaml.safe_dump({"name": "x", "marker": "x", "hardware": {"accelerator": "tpu"}, "thresholds": {}}))
+    with pytest.raises(RunbookError, match=r"prof\.yaml: hardware\.accelerator: 'tpu' is not one of"):
+        load_profile(p)
+    p.write_text(yaml.safe_dump({"name": "x", "marker": "x", "hardware": {"accelerator": "cpu"}, "thresholds": {"t": "fast"}}))
+    with pytest.raises(RunbookError, match=r"thresholds\.t: expected a number or null"):
+        load_profile(p)

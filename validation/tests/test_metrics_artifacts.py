@@ -1,0 +1,128 @@
+"""Metric extraction (pandas, windows), gate comparison by table, artifact readers, stack-dump
+parsing, and the subprocess runner's argv and timeout."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pytest
+
+from validation import runner
+from validation.artifacts import CSV_COLUMNS, main_thread_frames, parse_stackdump, read_heartbeats, read_training_csv
+from validation.errors import ArtifactError
+from validation.gates import FAIL, NO_DATA, OPS, PASS, UNMEASURED, check
+from validation.metrics import METRICS, RunData, compute
+
+
+def _csv(tmp_path, rows, header=",".join(CSV_COLUMNS)):
+    (tmp_path / "training.csv").write_text(header + "\n" + "\n".join(",".join(map(str, r)) for r in rows) + "\n")
+    return read_training_csv(tmp_path)
+
+
+def _row(step, toks, mem=1.0, loss=2.0):
+    return [step, loss, 1e-4, toks, 0.5, 1.0, mem / 2, mem]
+
+
+def test_window_last_n_steps_mean_and_pstdev(tmp_path):
+    df = _csv(tmp_path, [_row(s, 10.0 if s <= 50 else 100.0 + (s % 2) * 2) for s in range(1, 101)])
+    run = RunData(tmp_path, csv=df)
+    assert compute("toks_per_s_mean", run, 50) == pytest.approx(101.0)
+    assert compute("toks_per_s_stdev", run, 50) == pytest.approx(1.0)  # population stdev, like the runbook
+    assert compute("toks_per_s_mean", run, None) == pytest.approx(55.5)
+    assert compute("toks_per_s_mean", run, 1000) == pytest.approx(55.5)  # fewer rows than the window: all
+
+
+def test_memory_plateau_and_loss_finite(tmp_path):
+    df = _csv(tmp_path, [_row(s, 100, mem=1.0 + 0.1 * s, loss="nan" if s == 3 else 2.0) for s in range(1, 11)])
+    run = RunData(tmp_path, csv=df)
+    assert compute("mem_growth_gb", run, 5) == pytest.approx(0.4)
+    assert compute("loss_finite", run, None) == 0.0
+
+
+def test_csv_rows_sorted_by_step(tmp_path):
+    df = _csv(tmp_path, [_row(2, 20), _row(1, 10)])
+    assert df["step"].tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("content, words", [
+    ("", "empty file"),
+    (",".join(CSV_COLUMNS) + "\n", "header only"),
+    ("step,loss\n1,2\n", "header is step,loss"),
+    (",".join(CSV_COLUMNS) + "\n1,2,3,four,5,6,7,8\n", "row 2, column toks_per_s: 'four' is not a number"),
+    (",".join(CSV_COLUMNS) + '\n1,2,3,"4\n', "not a readable CSV"),
+])
+def test_bad_csv_is_named(tmp_path, content, words):
+    (tmp_path / "training.csv").write_text(content)
+    with pytest.raises(ArtifactError, match=words.replace("(", r"\(")):
+        read_training_csv(tmp_path)
+
+
+def test_gates_use_the_operator_table_only():
+    assert set(OPS) == {">=", ">", "<=", "<", "==", "!="}
+    assert check(39.0, ">=", 39.0) == PASS and check(38.9, ">=", 39.0) == FAIL
+    assert check(None, ">=", 39.0) == NO_DATA and check(50.0, ">=", None) == UNMEASURED
+    with pytest.raises(KeyError):
+        check(1.0, "__import__('os').system('id')", 0.0)
+
+
+def test_every_metric_returns_none_not_a_guess_without_data(tmp_path):
+    run = RunData(tmp_path)
+    for name in METRICS:
+        if name not in ("timed_out", "halt"):
+            assert compute(name, run, None) is None, name
+
+
+def test_heartbeats_skip_torn_last_line_but_not_middle(tmp_path):
+    good = json.dumps({"time": 1.0, "rank": 0, "step": 1})
+    (tmp_path / "heartbeat_rank0.jsonl").write_text(good + "\n" + '{"time": 2.0, "ra')
+    assert read_heartbeats(tmp_path) == {0: [{"time": 1.0, "rank": 0, "step": 1}]}
+    (tmp_path / "heartbeat_rank1.jsonl").write_text("garbage\n" + good + "\n")
+    with pytest.raises(ArtifactError, match=r"heartbeat_rank1\.jsonl: line 1 is not JSON"):
+        read_heartbeats(tmp_path)
+
+
+DUMP = """Thread 0x00007f01 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+  File "/w/nsa/train/watchdog.py", line 70 in _run
+
+Current thread 0x00007f02 (most recent call first):
+  File "/w/torch/autograd/graph.py", line 825 in _engine_run_backward
+  File "/w/nsa/train/loop.py", line 91 in train_step
+  File "<frozen runpy>", line 88 in _run_code
+  File "/w/nsa/train/__main__.py", line 5 in <module>
+"""
+
+
+def test_stackdump_main_thread_is_the_training_loop():
+    threads = parse_stackdump(DUMP)
+    assert len(threads) == 2 and threads[1]["current"]
+    frames = main_thread_frames(threads)
+    assert frames[0]["func"] == "_engine_run_backward" and frames[1] == {"file": "/w/nsa/train/loop.py", "line": 91, "func": "train_step"}
+
+
+def test_torchrun_argv_is_a_list_with_standalone_and_nproc():
+    argv = runner.torchrun_argv("nsa.train", 2, ["--override", "train.seq_len=64 model.n_layers=2"])
+    assert argv[:4] == [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    assert "--nproc_per_node=2" in argv and argv[-1] == "train.seq_len=64 model.n_layers=2"
+    multi = runner.torchrun_argv("nsa.train", 8, [], ["--nnodes=2", "--rdzv-endpoint=host:29400"])
+    assert "--standalone" not in multi and "--nnodes=2" in multi
+
+
+def test_child_env_drops_inherited_nsa_vars(monkeypatch):
+    monkeypatch.setenv("NSA_FAULT", "crash")
+    env = runner.child_env({"NSA_NVTX": "1"})
+    assert "NSA_FAULT" not in env and env["NSA_NVTX"] == "1"
+
+
+def test_run_timeout_kills_and_reports(tmp_path):
+    start = time.monotonic()
+    res = runner.run([sys.executable, "-c", "import time; time.sleep(60)"], env=runner.child_env({}), cwd=tmp_path,
+                     timeout_s=1, log_dir=tmp_path)
+    assert res.timed_out and res.exit_code is None and time.monotonic() - start < 10
+    assert "killed after 1s timeout" in res.stderr_tail()
+
+
+def test_missing_executable_is_exit_127(tmp_path):
+    res = runner.run(["/nonexistent/binary"], env={}, cwd=tmp_path, timeout_s=5, log_dir=tmp_path)
+    assert res.exit_code == 127 and "cannot start" in res.stderr_tail()

@@ -34,8 +34,12 @@ class Impl:
     fn: Callable
     available: Callable[[torch.device, torch.dtype], tuple[bool, str]]
     """(device, dtype) -> (usable, reason); reason says why not when unusable."""
-    priority: int
-    """Higher wins under 'auto'."""
+    priority: int | Callable[[torch.device], int]
+    """Higher wins under 'auto'; a callable gives it per device (a GPU kernel that can also
+    run interpreted on CPU should rank below torch there)."""
+
+    def rank(self, device: torch.device) -> int:
+        return self.priority(device) if callable(self.priority) else self.priority
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,7 @@ class Route:
 _REGISTRY: dict[str, dict[str, Impl]] = {s: {} for s in STAGES}
 
 
-def register(stage: str, name: str, fn: Callable, available, priority: int) -> None:
+def register(stage: str, name: str, fn: Callable, available, priority) -> None:
     if stage not in _REGISTRY:
         raise ValueError(f"unknown NSA stage {stage!r}; stages: {STAGES}")
     _REGISTRY[stage][name] = Impl(name, fn, available, priority)
@@ -95,7 +99,7 @@ def resolve_route(stage: str, requested: str, device: torch.device, dtype: torch
             )
         return Route(stage, requested, f"requested by config ({why})")
     skipped = []
-    for impl in sorted(impls.values(), key=lambda i: -i.priority):
+    for impl in sorted(impls.values(), key=lambda i: -i.rank(device)):
         ok, why = impl.available(device, dtype)
         if ok:
             note = f"; skipped {', '.join(skipped)}" if skipped else ""

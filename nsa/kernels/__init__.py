@@ -1,2 +1,88 @@
 """Fast NSA backends (Triton kernels and library attention), registered with
-nsa.attention.backends on import when their dependencies are present."""
+nsa.attention.backends on import when their dependencies are present.
+
+Stage  name        implementation
+cmp    triton      nsa.kernels.compressed.triton_cmp_attention (band attention + lse)
+select triton      nsa.kernels.topk.triton_select_blocks (fused scores + top-n)
+sel    triton      nsa.kernels.selection.triton_sel_attention (group-centric)
+win    triton      nsa.kernels.window.triton_win_attention (band attention)
+win    flex        FlexAttention with a sliding-window block mask (CUDA)
+win    flash_attn  flash-attn local attention (CUDA, when importable)
+
+The kernel modules are imported on first call, not here: whether Triton interprets a kernel
+(TRITON_INTERPRET=1, CPU) is fixed when its @triton.jit runs, and importing nsa.kernels must
+stay cheap. On CUDA these backends outrank the PyTorch path; on CPU the Triton ones report
+themselves unusable unless TRITON_INTERPRET=1 is set, and even then rank below PyTorch, so
+'auto' keeps choosing torch on CPU (the interpreter is for tests, by name).
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+
+import torch
+
+from nsa.attention.backends import register
+
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _triton_available(device: torch.device, dtype: torch.dtype) -> tuple[bool, str]:
+    if importlib.util.find_spec("triton") is None:
+        return False, "triton is not installed"
+    if dtype not in _KERNEL_DTYPES:
+        return False, f"the Triton kernels take float16/bfloat16/float32, not {dtype}"
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return False, "CUDA is not available"
+        return True, "Triton kernels on CUDA"
+    if device.type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            return False, "Triton kernels need CUDA (or TRITON_INTERPRET=1 on CPU)"
+        if dtype == torch.bfloat16:
+            return False, "the Triton interpreter computes bfloat16 wrongly; use float32 on CPU"
+        return True, "Triton interpreter (TRITON_INTERPRET=1)"
+    return False, f"Triton kernels do not run on {device.type}"
+
+
+def _flex_available(device: torch.device, dtype: torch.dtype) -> tuple[bool, str]:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False, "FlexAttention backend is registered for CUDA only"
+    if importlib.util.find_spec("torch.nn.attention.flex_attention") is None:
+        return False, "this torch has no torch.nn.attention.flex_attention"
+    if dtype not in _KERNEL_DTYPES:
+        return False, f"FlexAttention takes float16/bfloat16/float32, not {dtype}"
+    return True, "FlexAttention sliding-window block mask"
+
+
+def _flash_available(device: torch.device, dtype: torch.dtype) -> tuple[bool, str]:
+    if importlib.util.find_spec("flash_attn") is None:
+        return False, "flash_attn is not installed"
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False, "flash-attn needs CUDA"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return False, f"flash-attn takes float16/bfloat16, not {dtype}"
+    return True, "flash-attn local attention"
+
+
+def _cuda_first(device: torch.device) -> int:
+    """Priority of a fast backend: above torch (0) on CUDA, below it elsewhere."""
+    return 10 if device.type == "cuda" else -1
+
+
+def _lazy(module: str, name: str):
+    def call(*args, **kwargs):
+        return getattr(importlib.import_module(f"nsa.kernels.{module}"), name)(*args, **kwargs)
+
+    call.__name__ = name
+    call.__qualname__ = name
+    return call
+
+
+register("cmp", "triton", _lazy("compressed", "triton_cmp_attention"), _triton_available, _cuda_first)
+register("select", "triton", _lazy("topk", "triton_select_blocks"), _triton_available, _cuda_first)
+register("sel", "triton", _lazy("selection", "triton_sel_attention"), _triton_available, _cuda_first)
+register("win", "triton", _lazy("window", "triton_win_attention"), _triton_available, _cuda_first)
+register("win", "flex", _lazy("window", "flex_win_attention"), _flex_available, 5)
+register("win", "flash_attn", _lazy("window", "flash_attn_win_attention"), _flash_available, 8)

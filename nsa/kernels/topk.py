@@ -1,0 +1,155 @@
+"""Triton importance scores and top-n block selection, fused: the [S, S/d] probability matrix
+and the [S, S/l'] block scores never reach device memory.
+
+One program owns BT consecutive query tokens of one KV group, with all G query heads of the
+group as rows (padded to GP, a power of two). It streams the compressed keys in chunks of BJ
+selection blocks (BJ * R compressed tokens, R = l'/d), recomputes
+p_cmp = exp(q . kc / sqrt(K) - lse) over the visible compressed tokens, sums it over the
+group's heads, maps it onto selection blocks by overlap weight (the compressed tokens that
+straddle the chunk boundary are carried to the next chunk) and merges the chunk's block scores
+into a running top-n held in registers (each candidate replaces the running minimum when
+larger; no sort, so it is cheap both compiled and under the interpreter).
+
+Each candidate is one int64 key: (float bits of the score + 1) << 32 | (2^31 - 1 - block).
+Scores are >= 0, so the bits order like the floats; a tie goes to the lower block index;
+forced blocks (0, the block holding t and the one before) get the bits of +inf; blocks after
+the query's own get 0 and are never chosen over a visible block.
+
+Shapes: q [B, Tq, HQ, K]; kc [B, Nc, H, K]; lse [B, Tq, HQ]; output idx [B, Tq, H, n] int64,
+ascending, -1 padded (the contract of nsa.attention.torch_branches.torch_select_blocks).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from nsa.attention.config import NSAConfig
+
+
+@triton.jit
+def _overlap_weight(o, L: tl.constexpr, D: tl.constexpr, LS: tl.constexpr):
+    """Overlap / d of compressed token (j*R + o) with selection block j."""
+    ov = tl.minimum(o * D + L, LS) - tl.maximum(o * D, 0)
+    return tl.maximum(ov, 0) // D
+
+
+@triton.jit
+def _topk_kernel(
+    q, kc, lse, idx, Tq, Nc, q_start, sm_scale,
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+    L: tl.constexpr, D: tl.constexpr, LS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
+    BT: tl.constexpr,
+):
+    pid_t = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    HQ: tl.constexpr = H * G
+    R: tl.constexpr = LS // D
+    BJ: tl.constexpr = NP
+    BC: tl.constexpr = NP * R
+    ROWS: tl.constexpr = BT * GP
+
+    rows = tl.arange(0, ROWS)
+    tt = pid_t * BT + rows // GP
+    g = rows % GP
+    rmask = (tt < Tq) & (g < G)
+    pos_r = q_start + tt
+    offk = tl.arange(0, BK)
+    kmask = offk < K
+    q_base = q + (b.to(tl.int64) * Tq * HQ + h * G) * K
+    qt = tl.load(q_base + (tt * HQ + g).to(tl.int64)[:, None] * K + offk[None, :],
+                 mask=rmask[:, None] & kmask[None, :], other=0.0)
+    lse2 = tl.load(lse + b.to(tl.int64) * Tq * HQ + h * G + tt * HQ + g, mask=rmask, other=0.0)
+    lse2 = lse2 * 1.4426950408889634
+    lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)
+    # compressed token i is visible to position p iff i*D + L - 1 <= p
+    hi_r = tl.where(pos_r + 1 >= L, (pos_r + 1 - L) // D, -1)
+    hi_r = tl.where(rmask, hi_r, -1)
+    kc_base = kc + (b.to(tl.int64) * Nc * H + h) * K
+
+    tok = pid_t * BT + tl.arange(0, BT)
+    pos_t = q_start + tok
+    jt = pos_t // LS
+    t_last = tl.minimum(pid_t * BT + BT - 1, Tq - 1)
+    n_chunks = tl.cdiv((q_start + t_last) // LS + 1, BJ)
+
+    # overlap maps: in-chunk tokens -> chunk blocks, and the chunk's tail -> the next block 0
+    cc = tl.arange(0, BC)
+    jj = tl.arange(0, BJ)
+    wmap = _overlap_weight(cc[:, None] - jj[None, :] * R, L, D, LS).to(tl.float32)  # [BC, BJ]
+    wtail = _overlap_weight(cc - BC, L, D, LS).to(tl.float32)  # [BC]
+
+    qk_scale = sm_scale * 1.4426950408889634
+    col = tl.arange(0, NP)
+    # N live slots with distinct negative placeholders (below every real key); the padding
+    # slots hold huge values so the running minimum is always one of the N live slots
+    c64 = col.to(tl.int64)
+    top = tl.full([NP], 9223372036854775807, tl.int64)
+    best = tl.where(col < N, -(c64 + 1), top - c64)[None, :] + tl.zeros([BT, NP], tl.int64)
+    carry = tl.zeros([BT], tl.float32)
+    for c in range(0, n_chunks):
+        ci = c * BC + cc
+        kt = tl.load(kc_base + ci.to(tl.int64)[:, None] * (H * K) + offk[None, :],
+                     mask=(ci < Nc)[:, None] & kmask[None, :], other=0.0)
+        s = tl.dot(qt, tl.trans(kt)) * qk_scale
+        vis = ci[None, :] <= hi_r[:, None]
+        p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
+        ps = tl.sum(tl.reshape(p, [BT, GP, BC]), 1)  # [BT, BC], summed over the group's heads
+        sc = tl.sum(ps[:, :, None] * wmap[None, :, :], 1)  # [BT, BJ]
+        sc = sc + tl.where(jj[None, :] == 0, carry[:, None], 0.0)
+        carry = tl.sum(ps * wtail[None, :], 1)
+        j = c * BJ + jj
+        forced = (j[None, :] == 0) | (j[None, :] == jt[:, None]) | (j[None, :] == jt[:, None] - 1)
+        bits = sc.to(tl.int32, bitcast=True).to(tl.int64) + 1
+        bits = tl.where(forced, 0x7F800001, bits)
+        bits = tl.where(j[None, :] <= jt[:, None], bits, 0)
+        key = (bits << 32) | (2147483647 - j[None, :]).to(tl.int64)
+        # insert each candidate in place of the running minimum when larger (keys are
+        # distinct, so exactly one slot holds the minimum)
+        for u in tl.static_range(BJ):
+            x = tl.sum(tl.where(jj[None, :] == u, key, 0), 1)
+            mn = tl.min(best, 1)
+            best = tl.where((best == mn[:, None]) & (x > mn)[:, None], x[:, None], best)
+
+    valid = ((best >> 32) > 0) & (col[None, :] < N)
+    blk = (2147483647 - (best & 2147483647)).to(tl.int32)
+    # ascending order by rank (valid blocks first, ascending; then the -1 padding)
+    v = tl.where(valid, blk, 2147483647 - col[None, :])
+    rank = tl.sum((v[:, None, :] < v[:, :, None]).to(tl.int32), 2)
+    out = idx + ((b.to(tl.int64) * Tq + tok[:, None]) * H + h) * N + rank
+    tl.store(out, tl.where(valid, blk, -1).to(tl.int64), mask=(tok[:, None] < Tq) & (rank < N))
+
+
+def _launch(q, kc, lse, cfg: NSAConfig, q_start: int):
+    B, Tq, HQ, K = q.shape
+    Nc, H = kc.shape[1], kc.shape[2]
+    G = HQ // H
+    n = cfg.n_selected
+    idx = torch.empty(B, Tq, H, n, device=q.device, dtype=torch.int64)
+    if Tq == 0:
+        return idx
+    GP = triton.next_power_of_2(G)
+    NP = max(16, triton.next_power_of_2(n))
+    interpret = q.device.type == "cpu"
+    rows = 128
+    BT = max(1, rows // GP)
+    BK = max(16, triton.next_power_of_2(K))
+    q, kc, lse = q.contiguous(), kc.contiguous(), lse.contiguous()
+    grid = (triton.cdiv(Tq, BT), B * H)
+    _topk_kernel[grid](
+        q, kc, lse, idx, Tq, Nc, q_start, 1.0 / math.sqrt(K),
+        H=H, G=G, GP=GP, K=K, BK=BK, L=cfg.cmp_block, D=cfg.cmp_stride, LS=cfg.sel_block,
+        N=n, NP=NP, BT=BT, num_warps=4 if interpret else 8, num_stages=1 if interpret else 2,
+    )
+    return idx
+
+
+@torch.no_grad()
+def triton_select_blocks(q, kc, lse, cfg: NSAConfig, q_start: int = 0, chunk: int | None = None):
+    """Selected block indices [B, Tq, H, n] (int64, ascending, -1 padded); see the module
+    docstring. Same signature and semantics as torch_select_blocks; `chunk` is unused."""
+    return _launch(q, kc, lse, cfg, int(q_start))

@@ -1,0 +1,118 @@
+"""Checkpoints: model, optimizer, data position, every rank's RNG and the resolved config, in one
+file written by rank 0 (``checkpoints/step_{N:07d}.pt`` plus a ``latest`` pointer), loaded on
+every rank with ``torch.load(weights_only=True)``.
+
+Model and optimizer go through torch.distributed.checkpoint.state_dict, so the same file loads
+into a single-GPU, DDP or FSDP2 model, with or without activation checkpointing or compile
+wrappers (their prefixes are stripped from parameter names).
+"""
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from .distributed import DistInfo, barrier
+
+FORMAT = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, unreadable or does not fit this run; the message names the file."""
+
+
+def ckpt_dir(out_dir: Path) -> Path:
+    return Path(out_dir) / "checkpoints"
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": _py_state_to_list(random.getstate())}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((state["python"][0], tuple(state["python"][1]), state["python"][2]))
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _py_state_to_list(s: tuple) -> list:
+    return [s[0], list(s[1]), s[2]]
+
+
+def save(out_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo,
+         step: int, data_position: int, config: dict[str, Any]) -> Path:
+    """Collective: every rank must call it. Returns the checkpoint path."""
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd = get_model_state_dict(model, options=opts)
+    optim_sd = get_optimizer_state_dict(model, optimizer, options=opts)
+    rng = rng_state(info.device)
+    if info.distributed:
+        rngs: list[Any] = [None] * info.world_size
+        dist.all_gather_object(rngs, rng)
+    else:
+        rngs = [rng]
+    path = ckpt_dir(out_dir) / f"step_{step:07d}.pt"
+    if info.is_master:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "format": FORMAT, "step": step, "data_position": data_position, "world_size": info.world_size,
+            "model": model_sd, "optimizer": optim_sd, "rng": rngs, "config": config,
+        }
+        tmp = path.with_suffix(".tmp")
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+        (path.parent / "latest").write_text(path.name + "\n")
+    barrier(info)
+    return path
+
+
+def find_resume(out_dir: Path, resume: str) -> Path | None:
+    """'' -> None; 'auto' -> the latest checkpoint in out_dir or None; else that path."""
+    if not resume:
+        return None
+    if resume == "auto":
+        pointer = ckpt_dir(out_dir) / "latest"
+        if not pointer.exists():
+            return None
+        path = ckpt_dir(out_dir) / pointer.read_text().strip()
+        if not path.exists():
+            raise CheckpointError(f"{pointer} names {path.name}, which does not exist")
+        return path
+    path = Path(resume)
+    if not path.exists():
+        raise CheckpointError(f"train.resume={resume!r}: checkpoint file not found")
+    return path
+
+
+def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo) -> dict[str, Any]:
+    """Restore model, optimizer and this rank's RNG; returns {step, data_position, config}."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError) as exc:
+        raise CheckpointError(f"{path}: cannot load checkpoint ({exc})") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a checkpoint of format {FORMAT}")
+    opts = StateDictOptions(full_state_dict=True)
+    try:
+        set_model_state_dict(model, payload["model"], options=opts)
+    except RuntimeError as exc:
+        raise CheckpointError(f"{path}: model state does not fit this model ({exc})") from None
+    set_optimizer_state_dict(model, optimizer, payload["optimizer"], options=opts)
+    rngs = payload["rng"]
+    set_rng_state(rngs[info.rank % len(rngs)], info.device)
+    return {"step": payload["step"], "data_position": payload["data_position"], "config": payload["config"]}

@@ -1,0 +1,71 @@
+"""Command line of the trainer: ``python -m nsa.train`` (alone or under torchrun)."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..attention import BackendUnavailable
+from ..config import ConfigError, list_presets
+from .checkpoint import CheckpointError
+from .config import ENV_TOGGLES, NOOP_TOGGLES, load_run_config
+from .data import DataError
+from .loop import Trainer
+
+EXIT_INPUT = 2
+"""Bad config, data, checkpoint or backend request: a one-line error, no traceback."""
+
+ENV_HELP = "environment toggles (each overrides its config key and is recorded in env.json):\n" + "\n".join(
+    f"  {var:<22} -> {key}" + ("  [no-op here]" if var in NOOP_TOGGLES else "")
+    for var, key in ENV_TOGGLES.items()
+) + "\n  CONFIG                 -> the config file, when --config is not given"
+
+EXIT_HELP = """exit status: 0 done (or stopped by an operator .HALT), 1 unexpected error, 2 bad config /
+data / checkpoint, 3 watchdog stall (stack dumps in stackdump_rank*.txt), 4 NaN/inf loss.
+Distributed runs are detected from torchrun's RANK / WORLD_SIZE / LOCAL_RANK only."""
+
+
+def run(config: str | None, overrides: list[str], env=None) -> int:
+    """Load the config, build the trainer, train. Returns the exit status."""
+    env = os.environ if env is None else env
+    rank = env.get("RANK", "0")
+    try:
+        cfg, resolved = load_run_config(config, overrides, env)
+        trainer = Trainer(cfg, resolved)
+    except (ConfigError, DataError, CheckpointError, BackendUnavailable) as exc:
+        print(f"[rank {rank}] error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_INPUT
+    try:
+        return trainer.train()
+    except (DataError, BackendUnavailable) as exc:
+        print(f"[rank {rank}] error at step {trainer.step + 1}: {exc}", file=sys.stderr, flush=True)
+        return EXIT_INPUT
+    finally:
+        trainer.close()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m nsa.train",
+        description="Train an NSA model from a config (single process, or DDP / FSDP2 under torchrun).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=ENV_HELP + "\n\n" + EXIT_HELP,
+    )
+    p.add_argument("--config", default=None,
+                   help=f"preset name ({', '.join(list_presets())}) or YAML path; default $CONFIG, else m7c_125m")
+    p.add_argument("--override", action="append", default=[], metavar="'KEY=VALUE ...'",
+                   help="dotted config overrides, space separated, repeatable, e.g. "
+                        "'train.seq_len=512 model.n_layers=2'")
+    p.add_argument("--out-dir", default=None, help="output directory (train.out_dir)")
+    p.add_argument("--steps", type=int, default=None, help="optimizer steps (train.steps)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    overrides = list(args.override)
+    if args.out_dir is not None:
+        overrides.append(f"train.out_dir={args.out_dir}")
+    if args.steps is not None:
+        overrides.append(f"train.steps={args.steps}")
+    return run(args.config, overrides)

@@ -1,0 +1,340 @@
+"""The run config: one YAML with sections model/train/data/dist/telemetry/sdpa/compat/watchdog/
+fault, loaded into dataclasses with nsa.config, then dotted overrides, then environment toggles.
+
+Precedence (later wins): dataclass defaults < YAML file < ``--override key=value`` < environment
+variable. ``ENV_TOGGLES`` below is the ONLY place the trainer reads environment toggles; every
+variable maps to one config key, and the ones that mean nothing for this implementation are
+accepted, recorded in env.json and reported as no-ops (``NOOP_TOGGLES``).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..config import ConfigError, from_dict, merge, parse_overrides, read_yaml, resolve_config_path, to_dict
+from ..model.config import ModelConfig
+
+DATASETS = ("synthetic", "pattern", "text", "parquet", "jsonl", "fineweb_edu")
+DIST_MODES = ("auto", "single", "ddp", "fsdp")
+DTYPES = ("float32", "bfloat16")
+COMPRESS = ("none", "bf16", "fp16")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 100
+    """Optimizer steps to run (a resumed run stops at the same total)."""
+    seq_len: int = 2048
+    """Tokens per row (the model sees seq_len inputs and predicts seq_len targets)."""
+    batch_size: int = 2
+    """Rows per micro-batch PER RANK. Global batch = batch_size * grad_accum * world_size."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step; gradients sync only on the last one."""
+    lr: float = 2e-4
+    """Peak learning rate (reached at the end of warm-up)."""
+    min_lr_ratio: float = 0.1
+    """Cosine decays to lr * min_lr_ratio at the last step."""
+    warmup_steps: int = 100
+    """Linear warm-up steps (clamped to the run length)."""
+    weight_decay: float = 0.1
+    """AdamW weight decay on matrices (norms, biases and gains are not decayed)."""
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    """Max global grad norm; 0 disables clipping (the norm is still logged)."""
+    dtype: str = "bfloat16"
+    """Compute dtype: bfloat16 (autocast, or the FSDP2 mixed-precision policy) or float32."""
+    activation_checkpointing: bool = False
+    """Non-reentrant checkpointing of every block (works under DDP and FSDP2)."""
+    compile: bool = False
+    """torch.compile each block."""
+    fused_adamw: bool = False
+    """Fused AdamW kernel (env NSA_OPT_FUSED)."""
+    seed: int = 1337
+    """Seeds model init, RNG and the synthetic data."""
+    device: str = "auto"
+    """auto (cuda when available), cuda or cpu."""
+    out_dir: str = "artifacts/run"
+    """Where training.csv, heartbeats, env.json, checkpoints and stack dumps go."""
+    log_every: int = 1
+    """Write training.csv / step heartbeats every N steps."""
+    print_every: int = 10
+    """Print a progress line on rank 0 every N steps."""
+    ckpt_every: int = 0
+    """Save a checkpoint every N steps (0: only the final one, if save_final)."""
+    save_final: bool = True
+    """Save a checkpoint when the run ends (also on an operator .HALT)."""
+    resume: str = ""
+    """'' (fresh run), 'auto' (latest checkpoint in out_dir, fresh if none) or a checkpoint path."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "seq_len", "batch_size", "grad_accum", "log_every", "print_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "ckpt_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"train.lr must be > 0, got {self.lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.grad_clip < 0:
+            raise ValueError(f"train.grad_clip must be >= 0 (0 disables), got {self.grad_clip}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"train.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise ValueError(f"train.device must be auto, cuda or cpu, got {self.device!r}")
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "synthetic"
+    """synthetic (uniform random bytes), pattern (learnable repeating ramps), text (plain text
+    files), parquet / jsonl (a text column), fineweb_edu (parquet or jsonl by file suffix)."""
+    path: str = ""
+    """Local file, directory or glob for text/parquet/jsonl/fineweb_edu. Never downloaded."""
+    text_column: str = "text"
+    """Column (parquet) or key (jsonl) holding the document text."""
+    tokenizer: str = "byte"
+    """Only 'byte' (UTF-8 bytes, vocab 256) exists."""
+    loader_timeout_s: float = 120.0
+    """Fail with a clear error when no batch arrives within this many seconds."""
+    prefetch: int = 4
+    """Batches the background loader keeps ready."""
+    pattern_period: int = 7
+    """Period of the ramps of the 'pattern' dataset."""
+
+    def __post_init__(self) -> None:
+        if self.dataset not in DATASETS:
+            raise ValueError(f"data.dataset must be one of {DATASETS}, got {self.dataset!r}")
+        if self.tokenizer != "byte":
+            raise ValueError(f"data.tokenizer must be 'byte' (the only tokenizer), got {self.tokenizer!r}")
+        if self.loader_timeout_s <= 0:
+            raise ValueError(f"data.loader_timeout_s must be > 0, got {self.loader_timeout_s}")
+        if self.prefetch < 1:
+            raise ValueError(f"data.prefetch must be >= 1, got {self.prefetch}")
+        if self.pattern_period < 2:
+            raise ValueError(f"data.pattern_period must be >= 2, got {self.pattern_period}")
+        if self.dataset in ("text", "parquet", "jsonl", "fineweb_edu") and not self.path:
+            raise ValueError(
+                f"data.path is required for data.dataset={self.dataset!r} (local files only, no "
+                "downloads); e.g. --override data.path=/data/fineweb-edu/*.parquet"
+            )
+
+
+@dataclass
+class DistConfig:
+    mode: str = "auto"
+    """auto (ddp under torchrun with WORLD_SIZE > 1, else single), single, ddp or fsdp (FSDP2)."""
+    backend: str = "auto"
+    """Process-group backend: auto (nccl on CUDA, gloo on CPU), nccl or gloo."""
+    timeout_s: float = 1800.0
+    """Process-group collective timeout."""
+    ddp_bucket_mb: int = 25
+    """DDP gradient bucket size in MiB (env NSA_DDP_BUCKET_MB)."""
+    ddp_compress: str = "none"
+    """DDP gradient compression hook: none, bf16 or fp16; needs NCCL (env NSA_DDP_COMPRESS)."""
+    ddp_static_graph: bool = False
+    """DDP static_graph (env NSA_DDP_STATIC_GRAPH)."""
+    ddp_find_unused: bool = False
+    """DDP find_unused_parameters (env NSA_DDP_FIND_UNUSED)."""
+    ddp_grad_as_bucket_view: bool = True
+    """DDP gradient_as_bucket_view (saves one gradient copy)."""
+    fsdp_reshard_after_forward: bool = True
+    """FSDP2: free gathered parameters after forward (ZeRO-3) or keep them (ZeRO-2)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in DIST_MODES:
+            raise ValueError(f"dist.mode must be one of {DIST_MODES}, got {self.mode!r}")
+        if self.backend not in ("auto", "nccl", "gloo"):
+            raise ValueError(f"dist.backend must be auto, nccl or gloo, got {self.backend!r}")
+        if self.ddp_compress in ("0", "off", "false", ""):
+            self.ddp_compress = "none"
+        if self.ddp_compress not in COMPRESS:
+            raise ValueError(f"dist.ddp_compress must be one of {COMPRESS}, got {self.ddp_compress!r}")
+        if self.ddp_bucket_mb < 1:
+            raise ValueError(f"dist.ddp_bucket_mb must be >= 1, got {self.ddp_bucket_mb}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"dist.timeout_s must be > 0, got {self.timeout_s}")
+
+
+@dataclass
+class TelemetryConfig:
+    heartbeat: bool = True
+    """Write heartbeat_rank{R}.jsonl (per logged step and per stage change)."""
+    nvtx: bool = False
+    """Emit torch.cuda.nvtx ranges per stage (env NSA_NVTX); needs CUDA."""
+    disable_aux_stats: bool = False
+    """Skip gate statistics and route counters in heartbeats, avoiding their device sync
+    (env NSA_DISABLE_AUX_STATS)."""
+    tb_disable: bool = True
+    """Accepted for the runbook (env NSA_TB_DISABLE); no-op: this trainer has no TensorBoard writer."""
+
+
+@dataclass
+class SdpaConfig:
+    audit: bool = False
+    """Print and record the attention backend of every branch and the SDPA kernel flags after the
+    first step (env NSA_SDPA_AUDIT)."""
+    flash_only: bool = False
+    """Allow only the flash SDPA kernel (env NSA_SDPA_FLASH_ONLY); affects branches routed to SDPA."""
+    no_flash: bool = False
+    """Disable the flash SDPA kernel (env NSA_SDPA_NO_FLASH); affects branches routed to SDPA."""
+
+    def __post_init__(self) -> None:
+        if self.flash_only and self.no_flash:
+            raise ValueError("sdpa.flash_only and sdpa.no_flash contradict each other; set one")
+
+
+@dataclass
+class CompatConfig:
+    """Toggles of the seed trainer that mean nothing here; accepted, recorded and reported."""
+
+    prefill_batched: bool = True
+    """No-op (env NSA_PREFILL_BATCHED): prefill is always vectorised in this implementation."""
+    sel_ranges_v2: bool = True
+    """No-op (env NSA_SEL_RANGES_V2): selection has one implementation per backend here."""
+
+
+@dataclass
+class WatchdogConfig:
+    enabled: bool = True
+    timeout_s: float = 600.0
+    """No progress (stage change) on a rank for this long: dump stacks, write .HALT, exit 3."""
+    poll_s: float = 1.0
+    """How often the watchdog thread checks progress and a peer's .HALT."""
+    grace_s: float = 5.0
+    """After firing, how long to wait for every rank's stack dump before exiting."""
+
+    def __post_init__(self) -> None:
+        if self.timeout_s <= 0 or self.poll_s <= 0 or self.grace_s < 0:
+            raise ValueError("watchdog.timeout_s and watchdog.poll_s must be > 0, watchdog.grace_s >= 0")
+
+
+@dataclass
+class FaultConfig:
+    spec: str = ""
+    """Fault injection for tests (env NSA_FAULT), e.g. 'stall:rank=1:step=3'. Grammar in
+    nsa/train/faults.py. Empty: off."""
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    sdpa: SdpaConfig = field(default_factory=SdpaConfig)
+    compat: CompatConfig = field(default_factory=CompatConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    fault: FaultConfig = field(default_factory=FaultConfig)
+
+    def __post_init__(self) -> None:
+        if self.data.tokenizer == "byte" and self.model.vocab_size < 256:
+            raise ValueError(
+                f"model.vocab_size={self.model.vocab_size} is too small for the byte tokenizer (256)"
+            )
+
+
+# --- environment toggles: the one place the trainer reads them ------------------------------
+
+#: env var -> dotted config key. Nothing else in nsa/train reads NSA_* variables.
+ENV_TOGGLES: dict[str, str] = {
+    "NSA_DDP_BUCKET_MB": "dist.ddp_bucket_mb",
+    "NSA_DDP_COMPRESS": "dist.ddp_compress",
+    "NSA_DDP_STATIC_GRAPH": "dist.ddp_static_graph",
+    "NSA_DDP_FIND_UNUSED": "dist.ddp_find_unused",
+    "NSA_PREFILL_BATCHED": "compat.prefill_batched",
+    "NSA_SEL_RANGES_V2": "compat.sel_ranges_v2",
+    "NSA_SDPA_AUDIT": "sdpa.audit",
+    "NSA_SDPA_FLASH_ONLY": "sdpa.flash_only",
+    "NSA_SDPA_NO_FLASH": "sdpa.no_flash",
+    "NSA_NVTX": "telemetry.nvtx",
+    "NSA_OPT_FUSED": "train.fused_adamw",
+    "NSA_TB_DISABLE": "telemetry.tb_disable",
+    "NSA_DISABLE_AUX_STATS": "telemetry.disable_aux_stats",
+    "NSA_FAULT": "fault.spec",
+}
+#: the env var that names the config file (the CLI's --config)
+CONFIG_ENV = "CONFIG"
+
+#: toggles accepted for the runbook's sake that change nothing, and why
+NOOP_TOGGLES: dict[str, str] = {
+    "NSA_PREFILL_BATCHED": "prefill is always vectorised (no sequential prefill path exists)",
+    "NSA_SEL_RANGES_V2": "selection has a single implementation per backend (no v1/v2 split)",
+    "NSA_TB_DISABLE": "this trainer has no TensorBoard writer",
+}
+
+
+@dataclass
+class Resolved:
+    """How the config was arrived at; recorded in env.json."""
+
+    config_path: str
+    overrides: dict[str, Any]
+    env_applied: dict[str, dict[str, str]]
+    """var -> {key, value} for every toggle that was set."""
+    noop_toggles: dict[str, str]
+    """var -> why it does nothing, for no-op toggles that were set."""
+    env_seen: dict[str, str]
+    """Every NSA_* and NCCL_* variable (and CONFIG) present."""
+
+
+def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    node = tree
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[leaf] = value
+
+
+def choose_config(cli_config: str | None, env: Mapping[str, str]) -> str:
+    """--config, else $CONFIG, else the m7c_125m preset. Both given and different: an error."""
+    env_config = env.get(CONFIG_ENV) or None
+    if cli_config and env_config and cli_config != env_config:
+        raise ConfigError(
+            f"--config {cli_config!r} and {CONFIG_ENV}={env_config!r} disagree; give one of them"
+        )
+    return cli_config or env_config or "m7c_125m"
+
+
+def load_run_config(
+    config: str | None = None,
+    overrides: list[str] | str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[RunConfig, Resolved]:
+    """Build the RunConfig from a preset name or YAML path, dotted overrides and the environment.
+    Errors are ConfigError naming the file, the dotted key and, for toggles, the variable."""
+    env = os.environ if env is None else env
+    path = resolve_config_path(choose_config(config, env))
+    data = read_yaml(path)
+    extra = parse_overrides(overrides)
+    env_tree: dict[str, Any] = {}
+    applied, noops = {}, {}
+    for var, key in ENV_TOGGLES.items():
+        if var in env:
+            _set_dotted(env_tree, key, env[var])
+            applied[var] = {"key": key, "value": env[var]}
+            if var in NOOP_TOGGLES:
+                noops[var] = NOOP_TOGGLES[var]
+    try:
+        cfg = from_dict(RunConfig, merge(merge(data, extra), env_tree))
+    except ConfigError as exc:
+        msg = str(exc)
+        for var, entry in applied.items():
+            if entry["key"] in msg:
+                msg += f" (set by environment variable {var}={entry['value']!r})"
+        raise ConfigError(f"{path}: {msg}") from None
+    seen = {k: v for k, v in sorted(env.items()) if k.startswith(("NSA_", "NCCL_")) or k == CONFIG_ENV}
+    return cfg, Resolved(str(path), extra, applied, noops, seen)
+
+
+def config_dict(cfg: RunConfig) -> dict[str, Any]:
+    return to_dict(cfg)
+
+
+def out_dir(cfg: RunConfig) -> Path:
+    return Path(cfg.train.out_dir)

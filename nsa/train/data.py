@@ -1,0 +1,267 @@
+"""Training data: row sources, the byte tokenizer, rank sharding and a prefetching loader with
+a timeout. Nothing is ever downloaded.
+
+A source is a deterministic sequence of rows (LongTensor [seq_len + 1]). Global micro-batch g
+holds rows [g*B*W, (g+1)*B*W); rank r takes rows g*B*W + r*B + [0, B). So the union over ranks
+of one micro-batch is the same rows a single process with batch B*W reads, which is what makes
+DDP/FSDP losses match one process, and the data position of a checkpoint is one integer (the
+micro-batches consumed) that resumes under any world size.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import queue
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from .config import DataConfig
+
+SEPARATOR = 0
+"""Byte inserted between documents (NUL never occurs in text)."""
+
+
+class DataError(RuntimeError):
+    """Missing, unreadable or unusable data; the message names the file (and key)."""
+
+
+class DataTimeout(DataError):
+    """The loader produced no batch within data.loader_timeout_s."""
+
+
+def byte_encode(text: str) -> torch.Tensor:
+    """The byte tokenizer: UTF-8 bytes as token ids in [0, 256)."""
+    return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()
+
+
+# --- sources -------------------------------------------------------------------------------
+
+
+class RandomSource:
+    """Uniform random bytes: loss stays at ln(vocab); for throughput runs."""
+
+    def __init__(self, seq_len: int, vocab: int, seed: int):
+        self.seq_len, self.vocab, self.seed = seq_len, vocab, seed
+
+    def describe(self) -> str:
+        return "synthetic random bytes"
+
+    def row(self, j: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + j)
+        return torch.randint(0, self.vocab, (self.seq_len + 1,), generator=g)
+
+
+class PatternSource:
+    """Repeating ramps with a random phase and offset per row: predictable after one period,
+    so the loss must fall well below ln(256)."""
+
+    def __init__(self, seq_len: int, period: int, seed: int):
+        self.seq_len, self.period, self.seed = seq_len, period, seed
+
+    def describe(self) -> str:
+        return f"synthetic pattern (period {self.period})"
+
+    def row(self, j: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + j)
+        phase = int(torch.randint(0, self.period, (1,), generator=g))
+        base = int(torch.randint(32, 200, (1,), generator=g))
+        return (phase + torch.arange(self.seq_len + 1)) % self.period + base
+
+
+def expand_paths(spec: str) -> list[Path]:
+    """A file, a directory (its files, sorted) or a glob; an error when nothing matches."""
+    p = Path(spec).expanduser()
+    if p.is_dir():
+        files = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith("."))
+    elif any(c in spec for c in "*?["):
+        files = sorted(Path(f) for f in glob.glob(str(p), recursive=True) if Path(f).is_file())
+    elif p.is_file():
+        files = [p]
+    else:
+        raise DataError(f"data.path={spec!r}: no such file or directory")
+    if not files:
+        raise DataError(f"data.path={spec!r}: matched no files")
+    return files
+
+
+def _kind_of(path: Path, dataset: str) -> str:
+    if dataset in ("text", "parquet", "jsonl"):
+        return dataset
+    suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
+    if suffix == ".parquet":
+        return "parquet"
+    if suffix in (".jsonl", ".json"):
+        return "jsonl"
+    raise DataError(f"{path}: data.dataset={dataset} expects .parquet or .jsonl files")
+
+
+class DocumentStream:
+    """Documents from local text / jsonl / parquet files, byte-tokenised, separated by NUL and
+    cut into rows of seq_len + 1; loops over the files forever (epochs)."""
+
+    def __init__(self, cfg: DataConfig, seq_len: int):
+        self.cfg, self.seq_len = cfg, seq_len
+        self.files = expand_paths(cfg.path)
+        self.kinds = [_kind_of(f, cfg.dataset) for f in self.files]
+        for f, kind in zip(self.files, self.kinds):
+            self._check(f, kind)
+
+    def describe(self) -> str:
+        more = f" (+{len(self.files) - 1} more)" if len(self.files) > 1 else ""
+        return f"{self.cfg.dataset} files {self.files[0]}{more}"
+
+    def _check(self, path: Path, kind: str) -> None:
+        """Fail at start-up, in the main thread, on unreadable files or a missing column."""
+        col = self.cfg.text_column
+        if kind == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            try:
+                schema = pq.ParquetFile(path).schema_arrow
+            except (pa.ArrowException, OSError) as exc:
+                raise DataError(f"{path}: cannot read as parquet ({exc})") from None
+            if col not in schema.names:
+                raise DataError(
+                    f"{path}: no column {col!r} (data.text_column); columns: {', '.join(schema.names)}"
+                )
+        else:
+            try:
+                with open(path, "rb") as fh:
+                    fh.read(1)
+            except OSError as exc:
+                raise DataError(f"{path}: cannot read ({exc.strerror})") from None
+
+    def _documents(self, path: Path, kind: str) -> Iterator[str]:
+        col = self.cfg.text_column
+        if kind == "text":
+            yield path.read_text(encoding="utf-8", errors="replace")
+        elif kind == "jsonl":
+            with open(path, encoding="utf-8") as fh:
+                for lineno, line in enumerate(fh, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+                    if not isinstance(rec, dict) or col not in rec:
+                        raise DataError(f"{path}:{lineno}: no key {col!r} (data.text_column)")
+                    yield str(rec[col])
+        else:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            try:
+                for batch in pq.ParquetFile(path).iter_batches(columns=[col], batch_size=1024):
+                    for text in batch.column(0).to_pylist():
+                        if text:
+                            yield text
+            except (pa.ArrowException, OSError) as exc:
+                raise DataError(f"{path}: cannot read as parquet ({exc})") from None
+
+    def rows(self) -> Iterator[torch.Tensor]:
+        n = self.seq_len + 1
+        buf = torch.empty(0, dtype=torch.long)
+        while True:
+            produced = False
+            for path, kind in zip(self.files, self.kinds):
+                for doc in self._documents(path, kind):
+                    buf = torch.cat([buf, byte_encode(doc), torch.tensor([SEPARATOR])])
+                    while buf.numel() >= n:
+                        produced = True
+                        yield buf[:n].clone()
+                        buf = buf[n:]
+            if not produced and buf.numel() < n:
+                raise DataError(
+                    f"{self.describe()}: fewer than seq_len+1={n} tokens in all files together"
+                )
+
+
+def build_source(cfg: DataConfig, seq_len: int, vocab: int, seed: int):
+    if cfg.dataset == "synthetic":
+        return RandomSource(seq_len, vocab, seed)
+    if cfg.dataset == "pattern":
+        return PatternSource(seq_len, cfg.pattern_period, seed)
+    return DocumentStream(cfg, seq_len)
+
+
+def rank_rows(source, start_micro: int, batch: int, rank: int, world: int) -> Iterator[torch.Tensor]:
+    """This rank's micro-batches [B, seq_len + 1], from global micro-batch start_micro on."""
+    per_micro = batch * world
+    if hasattr(source, "row"):
+        g = start_micro
+        while True:
+            first = g * per_micro + rank * batch
+            yield torch.stack([source.row(j) for j in range(first, first + batch)])
+            g += 1
+    # a stream: read every row, keep ours (skipping the rows before start_micro)
+    lo, hi = rank * batch, (rank + 1) * batch
+    skip = start_micro * per_micro
+    pending: list[torch.Tensor] = []
+    for i, row in enumerate(source.rows()):
+        if i < skip:
+            continue
+        if lo <= (i - skip) % per_micro < hi:
+            pending.append(row)
+            if len(pending) == batch:
+                yield torch.stack(pending)
+                pending = []
+
+
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+class Loader:
+    """Prefetches this rank's micro-batches in a daemon thread. ``next()`` returns (x, y) as
+    [B, seq_len] LongTensors on the device, or raises DataTimeout / the producer's error.
+    ``position`` is the number of global micro-batches consumed (the checkpointed data state)."""
+
+    def __init__(self, source, cfg: DataConfig, batch: int, rank: int, world: int,
+                 device: torch.device, start_micro: int = 0):
+        self.source, self.cfg, self.device = source, cfg, device
+        self.position = start_micro
+        self._q: queue.Queue = queue.Queue(maxsize=cfg.prefetch)
+        self._stop = threading.Event()
+        self._rows = rank_rows(source, start_micro, batch, rank, world)
+        self._thread = threading.Thread(target=self._produce, name="nsa-data-loader", daemon=True)
+        self._thread.start()
+
+    def _produce(self) -> None:
+        try:
+            for rows in self._rows:
+                while not self._stop.is_set():
+                    try:
+                        self._q.put(rows, timeout=0.2)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+        except BaseException as exc:  # handed to the consumer, which re-raises it
+            self._q.put(_Failure(exc))
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+        try:
+            item = self._q.get(timeout=self.cfg.loader_timeout_s)
+        except queue.Empty:
+            raise DataTimeout(
+                f"data loader produced no batch within data.loader_timeout_s="
+                f"{self.cfg.loader_timeout_s:g}s from {self.source.describe()} "
+                f"(at micro-batch {self.position}); the files may be on a slow or hung filesystem"
+            ) from None
+        if isinstance(item, _Failure):
+            if isinstance(item.exc, DataError):
+                raise DataError(str(item.exc)) from item.exc
+            raise DataError(f"data loader failed reading {self.source.describe()}: {item.exc!r}") from item.exc
+        self.position += 1
+        rows = item.to(self.device, non_blocking=True)
+        return rows[:, :-1], rows[:, 1:]
+
+    def close(self) -> None:
+        self._stop.set()

@@ -1,0 +1,130 @@
+"""Process-group setup and teardown. Distributed is detected only from torchrun's environment
+(RANK, WORLD_SIZE, LOCAL_RANK); gloo on CPU, nccl on CUDA; torch.cuda.set_device(local_rank)
+always on CUDA, before anything touches the GPU."""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+import torch.distributed as dist
+
+from ..config import ConfigError
+from .config import DistConfig, TrainConfig
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    mode: str
+    """single, ddp or fsdp (never auto)."""
+    backend: str | None
+    """gloo or nccl; None for a single process without a process group."""
+    device: torch.device
+
+    @property
+    def is_master(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+
+def torchrun_env(env: Mapping[str, str] | None = None) -> tuple[int, int, int] | None:
+    """(rank, local_rank, world_size) when launched by torchrun, else None."""
+    env = os.environ if env is None else env
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        return None
+    try:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+        local = int(env.get("LOCAL_RANK", rank))
+    except ValueError:
+        raise ConfigError(
+            f"RANK={env.get('RANK')!r} WORLD_SIZE={env.get('WORLD_SIZE')!r} "
+            f"LOCAL_RANK={env.get('LOCAL_RANK')!r}: not integers (set by torchrun)"
+        ) from None
+    return rank, local, world
+
+
+def resolve_mode(mode: str, world_size: int) -> str:
+    if mode == "auto":
+        return "ddp" if world_size > 1 else "single"
+    if mode == "single" and world_size > 1:
+        raise ConfigError(
+            f"dist.mode=single under torchrun with WORLD_SIZE={world_size}: every rank would train "
+            "alone and overwrite the same outputs; use dist.mode=ddp or fsdp, or --nproc_per_node=1"
+        )
+    return mode
+
+
+def pick_device(train: TrainConfig, local_rank: int) -> torch.device:
+    want = train.device
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("train.device=cuda but torch.cuda.is_available() is False")
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(
+                f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} CUDA devices are visible"
+            )
+        torch.cuda.set_device(local_rank)  # before any CUDA allocation or NCCL init
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_distributed(dcfg: DistConfig, train: TrainConfig) -> DistInfo:
+    launched = torchrun_env()
+    rank, local_rank, world = launched or (0, 0, 1)
+    mode = resolve_mode(dcfg.mode, world)
+    device = pick_device(train, local_rank)
+    backend = None
+    if launched is not None:
+        backend = dcfg.backend if dcfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+        if backend == "nccl" and device.type != "cuda":
+            raise ConfigError("dist.backend=nccl needs CUDA; use gloo (or auto) on CPU")
+        dist.init_process_group(
+            backend=backend,
+            timeout=datetime.timedelta(seconds=dcfg.timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
+    elif mode in ("ddp", "fsdp"):
+        # one process: DDP/FSDP over a world of 1 still exercises the wrappers
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(
+            backend=backend,
+            init_method="tcp://127.0.0.1:0",
+            rank=0,
+            world_size=1,
+            timeout=datetime.timedelta(seconds=dcfg.timeout_s),
+        )
+    return DistInfo(rank, local_rank, world, mode, backend, device)
+
+
+def barrier(info: DistInfo) -> None:
+    if info.distributed:
+        if info.backend == "nccl":
+            dist.barrier(device_ids=[info.local_rank])
+        else:
+            dist.barrier()
+
+
+def all_gather_stats(info: DistInfo, values: torch.Tensor) -> list[list[float]]:
+    """Every rank's copy of a short 1-D float tensor. One collective and one host sync point
+    (the .tolist()) per call: the trainer calls it once per step."""
+    t = values.detach().to(torch.float64)
+    if not info.distributed:
+        return [t.tolist()]
+    out = [torch.empty_like(t) for _ in range(info.world_size)]
+    dist.all_gather(out, t)
+    return torch.stack(out).tolist()
+
+
+def teardown(info: DistInfo) -> None:
+    if info.distributed and dist.is_initialized():
+        dist.destroy_process_group()

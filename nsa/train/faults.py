@@ -1,0 +1,120 @@
+"""Fault injection, for testing the trainer's safety paths. OFF unless ``fault.spec`` (env
+``NSA_FAULT``) is set; when on it is recorded in env.json and announced on stderr.
+
+Spec: one or more faults separated by commas, each ``KIND[:key=value]...``::
+
+    NSA_FAULT="stall:rank=1:step=3"            rank 1 sleeps forever at step 3 -> watchdog path
+    NSA_FAULT="crash:step=2:stage=backward"    every rank raises InjectedFault -> error exit
+    NSA_FAULT="nan:rank=0:step=4"              rank 0's loss becomes NaN -> non-finite halt
+    NSA_FAULT="oom:step=2"                     out of memory -> OOM report and exit
+    NSA_FAULT="kill:rank=1:step=3"             rank 1 SIGKILLs itself -> dead-peer path
+    NSA_FAULT="stall:rank=0:step=2:seconds=30" a finite stall (slow rank, no watchdog if short)
+
+Keys: ``rank`` (default: every rank), ``step`` (1-based optimizer step, default 1), ``stage``
+(data, forward, backward or optimizer; default forward, except nan which always acts on the
+loss after forward), ``seconds`` (stall only; default: forever).
+
+Each fault drives a real code path: stall really blocks the main thread (peers block in their
+next collective, and the watchdog must notice); crash raises in the loop; nan poisons the
+loss tensor, so backward and the non-finite guard see it; oom on CUDA really allocates more
+than the device holds (on CPU it raises torch.OutOfMemoryError, as allocating would invite the
+kernel's OOM killer instead); kill sends SIGKILL to its own process, as a dead node would.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..config import ConfigError
+
+KINDS = ("stall", "crash", "nan", "oom", "kill")
+STAGES = ("data", "forward", "backward", "optimizer")
+
+
+class InjectedFault(RuntimeError):
+    """Raised by the 'crash' fault."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    rank: int | None = None
+    step: int = 1
+    stage: str = "forward"
+    seconds: float | None = None
+
+    def applies(self, rank: int, step: int, stage: str) -> bool:
+        return (self.rank is None or self.rank == rank) and self.step == step and self.stage == stage
+
+
+def parse_faults(spec: str) -> list[Fault]:
+    """Parse a fault spec; errors name fault.spec / NSA_FAULT and the bad part."""
+    faults = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        kind, *params = item.split(":")
+        if kind not in KINDS:
+            raise ConfigError(f"fault.spec (NSA_FAULT) {item!r}: unknown fault {kind!r}; kinds: {', '.join(KINDS)}")
+        kw: dict = {"kind": kind, "stage": "forward"}
+        for p in params:
+            key, eq, value = p.partition("=")
+            if not eq:
+                raise ConfigError(f"fault.spec (NSA_FAULT) {item!r}: expected key=value, got {p!r}")
+            if key in ("rank", "step", "seconds"):
+                try:
+                    kw[key] = float(value) if key == "seconds" else int(value)
+                except ValueError:
+                    raise ConfigError(f"fault.spec (NSA_FAULT) {item!r}: {key}={value!r} is not a number") from None
+            elif key == "stage":
+                if value not in STAGES:
+                    raise ConfigError(f"fault.spec (NSA_FAULT) {item!r}: stage must be one of {STAGES}")
+                kw[key] = value
+            else:
+                raise ConfigError(
+                    f"fault.spec (NSA_FAULT) {item!r}: unknown key {key!r}; keys: rank, step, stage, seconds"
+                )
+        if kind == "nan":
+            kw["stage"] = "forward"
+        faults.append(Fault(**kw))
+    return faults
+
+
+class FaultInjector:
+    def __init__(self, spec: str, rank: int, device: torch.device, log):
+        self.faults = parse_faults(spec) if spec else []
+        self.rank, self.device = rank, device
+        if self.faults:
+            log(f"[fault] FAULT INJECTION ACTIVE: {spec}")
+
+    def __bool__(self) -> bool:
+        return bool(self.faults)
+
+    def at(self, step: int, stage: str) -> None:
+        """Called at every stage boundary; triggers the matching non-loss faults."""
+        for f in self.faults:
+            if f.kind == "nan" or not f.applies(self.rank, step, stage):
+                continue
+            if f.kind == "stall":
+                end = None if f.seconds is None else time.monotonic() + f.seconds
+                while end is None or time.monotonic() < end:
+                    time.sleep(0.05)  # really blocked: no beats, no collectives
+            elif f.kind == "crash":
+                raise InjectedFault(f"injected crash on rank {self.rank} at step {step} stage {stage}")
+            elif f.kind == "oom":
+                self._oom(step)
+            elif f.kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    def corrupt_loss(self, loss: torch.Tensor, step: int) -> torch.Tensor:
+        if any(f.kind == "nan" and f.applies(self.rank, step, "forward") for f in self.faults):
+            return loss * float("nan")
+        return loss
+
+    def _oom(self, step: int) -> None:
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            torch.empty(int(total) * 2, dtype=torch.uint8, device=self.device)  # raises OutOfMemoryError
+        raise torch.OutOfMemoryError(f"injected out-of-memory on rank {self.rank} at step {step} (CPU run)")

@@ -1,0 +1,303 @@
+"""The Trainer: setup (distributed, model, wrap, optimizer, resume, data, telemetry, watchdog),
+then one loop whose body has a fixed order: LR, micro-batch accumulation (data, forward,
+backward; grads sync on the last micro-batch only), clip, stats exchange with the non-finite
+guard, optimizer step, zero grads, log, checkpoint, stop."""
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..model import NSATransformer, backend_report, gate_stats
+from . import checkpoint as ckpt
+from .config import Resolved, RunConfig, config_dict
+from .data import Loader, build_source
+from .distributed import all_gather_stats, barrier, init_distributed, teardown
+from .faults import FaultInjector
+from .optim import build_optimizer, lr_at, set_lr
+from .parallelize import parallelize, set_grad_sync
+from .telemetry import Telemetry, environment, memory_gb, sdpa_flags, write_json_atomic
+from .watchdog import Watchdog, halt_path, read_halt, write_halt
+
+EXIT_NONFINITE = 4
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss or gradient norm became NaN/inf; the message has the step and the values."""
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, resolved: Resolved):
+        self.cfg, self.resolved = cfg, resolved
+        # validate the data files before anything starts (a bad path fails fast and clearly)
+        source = build_source(cfg.data, cfg.train.seq_len, cfg.model.vocab_size, cfg.train.seed)
+        with contextlib.ExitStack() as stack:  # on a setup error, undo what was started
+            self.info = info = init_distributed(cfg.dist, cfg.train)
+            stack.callback(teardown, info)
+            self.device = info.device
+            self.out = Path(cfg.train.out_dir)
+            self.out.mkdir(parents=True, exist_ok=True)
+            self.stop_reason = "starting"
+            self._clear_stale_halt()
+            self.watchdog = Watchdog(cfg.watchdog, self.out, info.rank, info.world_size)
+            stack.callback(self.watchdog.close)
+            self.watchdog.start()
+            self.faults = FaultInjector(cfg.fault.spec, info.rank, self.device, self.log_all)
+            self._apply_sdpa_flags()
+
+            # model: identical init on every rank (DDP also broadcasts; FSDP2 shards this copy)
+            self.watchdog.beat(0, "setup")
+            torch.manual_seed(cfg.train.seed)
+            self.model = NSATransformer(cfg.model).to(self.device)
+            self.log(f"[model] {self.model.num_params():,} parameters; dist mode {info.mode}, "
+                     f"world {info.world_size}, device {self.device}, backend {info.backend}")
+            self.wrapped = parallelize(self.model, cfg, info, self.log)
+            self.optimizer = build_optimizer(self.wrapped, cfg.train)
+
+            self.step, data_position, self.resumed_from = 0, 0, None
+            path = ckpt.find_resume(self.out, cfg.train.resume)
+            if path is not None:
+                state = ckpt.load(path, self.wrapped, self.optimizer, info)
+                self.step, data_position, self.resumed_from = state["step"], state["data_position"], str(path)
+                self.log(f"[ckpt] resumed from {path} at step {self.step} (data position {data_position})")
+
+            self.telemetry = Telemetry(self.out, info.rank, info.is_master, self.device,
+                                       cfg.telemetry.heartbeat, cfg.telemetry.nvtx, resume_step=self.step)
+            stack.callback(self.telemetry.close)
+            self.loader = Loader(source, cfg.data, cfg.train.batch_size, info.rank, info.world_size,
+                                 self.device, start_micro=data_position)
+            stack.callback(self.loader.close)
+            self.log(f"[data] {source.describe()}")
+            self.tokens_per_step = (cfg.train.batch_size * cfg.train.seq_len * cfg.train.grad_accum
+                                    * info.world_size)
+            self.system = environment()
+            self.write_env()
+            self._closers = stack.pop_all()
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def log(self, msg: str) -> None:
+        if self.info.is_master:
+            print(msg, flush=True)
+
+    def log_all(self, msg: str) -> None:
+        print(f"[rank {self.info.rank}] {msg}", file=sys.stderr, flush=True)
+
+    def _clear_stale_halt(self) -> None:
+        # a .HALT left by an earlier run would stop this one at once; it is recorded instead
+        self.previous_halt = read_halt(self.out)
+        barrier(self.info)
+        if self.info.is_master and self.previous_halt is not None:
+            halt_path(self.out).unlink(missing_ok=True)
+            self.log(f"[halt] removed a stale .HALT from an earlier run: {self.previous_halt}")
+        barrier(self.info)
+
+    def _apply_sdpa_flags(self) -> None:
+        s = self.cfg.sdpa
+        if s.flash_only:
+            torch.backends.cuda.enable_mem_efficient_sdp(False)
+            torch.backends.cuda.enable_math_sdp(False)
+            torch.backends.cuda.enable_cudnn_sdp(False)
+        if s.no_flash:
+            torch.backends.cuda.enable_flash_sdp(False)
+
+    def autocast(self):
+        if self.cfg.train.dtype == "bfloat16" and self.info.mode != "fsdp":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()  # float32, or FSDP2's mixed-precision policy casts
+
+    @contextlib.contextmanager
+    def stage(self, step: int, name: str):
+        self.watchdog.beat(step, name)
+        with self.telemetry.stage(step, name):
+            self.faults.at(step, name)
+            yield
+
+    def operator_halt(self) -> bool:
+        rec = read_halt(self.out)
+        return rec is not None and rec.get("source") != "watchdog"
+
+    # --- env.json -------------------------------------------------------------------------
+
+    def write_env(self) -> None:
+        if not self.info.is_master:
+            return
+        cfg, r = self.cfg, self.resolved
+        backends = backend_report(self.model)
+        sdpa_routed = sorted(s for s, b in backends.items() if "sdpa" in b["backend"] or "flash" in b["backend"])
+        nvtx = "off"
+        if cfg.telemetry.nvtx:
+            nvtx = "on" if self.device.type == "cuda" else "requested, but CUDA is unavailable: no ranges emitted"
+        write_json_atomic(self.out / "env.json", {
+            "status": self.stop_reason,
+            "config_path": r.config_path,
+            "config": config_dict(cfg),
+            "overrides": r.overrides,
+            "env_toggles": r.env_applied,
+            "noop_toggles": r.noop_toggles,
+            "env": r.env_seen,
+            "world_size": self.info.world_size,
+            "rank0_device": str(self.device),
+            "dist": {"mode": self.info.mode, "backend": self.info.backend},
+            **self.system,
+            "attention_backends": backends,
+            "sdpa": {"flags": sdpa_flags(), "audit": cfg.sdpa.audit, "branches_on_sdpa": sdpa_routed,
+                     "note": "" if sdpa_routed else "no NSA stage is routed to SDPA/flash: the sdpa.* "
+                     "kernel toggles do not change attention in this run"},
+            "nvtx": nvtx,
+            "memory_source": "torch.cuda allocator" if self.device.type == "cuda" else "none (CPU run: zeros)",
+            "gpu_util_note": self.telemetry.util_reason,
+            "fault_injection": cfg.fault.spec or None,
+            "tokens_per_step": self.tokens_per_step,
+            "resumed_from": self.resumed_from,
+            "previous_halt": self.previous_halt,
+        })
+
+    # --- one optimizer step ---------------------------------------------------------------
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """Runs optimizer step ``step`` (1-based) and returns its logged values."""
+        tc = self.cfg.train
+        # LR
+        lr = lr_at(step - 1, tc)
+        set_lr(self.optimizer, lr)
+        # micro-batch accumulation: gradients sync on the last micro-batch only. DDP's
+        # static_graph must see one fully synced iteration first (its reducer asserts otherwise),
+        # so the first step of a static-graph run syncs every micro-batch: same gradients.
+        first_static = step == self.step_first and self.cfg.dist.ddp_static_graph
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(tc.grad_accum):
+            set_grad_sync(self.wrapped, self.info, micro == tc.grad_accum - 1 or first_static)
+            with self.stage(step, "data"):
+                x, y = self.loader.next()
+            with self.stage(step, "forward"), self.autocast():
+                logits = self.wrapped(x)
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+                loss = self.faults.corrupt_loss(loss, step)
+            with self.stage(step, "backward"):
+                (loss / tc.grad_accum).backward()
+            loss_sum += loss.detach()
+        with self.stage(step, "optimizer"):
+            # clip (the norm is computed even when clipping is off, for the log)
+            max_norm = tc.grad_clip if tc.grad_clip > 0 else float("inf")
+            norm = torch.nn.utils.clip_grad_norm_(self.wrapped.parameters(), max_norm)
+            if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
+                norm = norm.full_tensor()
+            halt = float(self.operator_halt())
+            stats = torch.stack([loss_sum / tc.grad_accum, norm.float(),
+                                 torch.tensor(halt, device=self.device)])
+            gathered = all_gather_stats(self.info, stats)  # the step's one host sync point
+            losses = [g[0] for g in gathered]
+            grad_norm = gathered[0][1]
+            if not all(map(_finite, losses + [grad_norm])):
+                self.nonfinite(step, losses, grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.halt_requested = any(g[2] > 0 for g in gathered)
+        return {"loss": sum(losses) / len(losses), "lr": lr, "grad_norm": grad_norm,
+                "loss_rank": losses[self.info.rank]}
+
+    def nonfinite(self, step: int, losses: list[float], grad_norm: float) -> None:
+        msg = (f"non-finite loss at step {step}: loss per rank {losses}, grad_norm {grad_norm}; "
+               "halting before the optimizer step")
+        if self.info.is_master:
+            write_halt(self.out, {"source": "nonfinite", "step": step, "losses": losses,
+                                  "grad_norm": grad_norm, "time": time.time()})
+        self.telemetry.heartbeat({"step": step, "stage": "halt", "reason": msg})
+        raise NonFiniteLoss(msg)
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def train(self) -> int:
+        tc = self.cfg.train
+        self.step_first = self.step + 1
+        self.halt_requested = False
+        self.stop_reason = "running"
+        last_saved = self.step
+        t_prev = time.perf_counter()
+        try:
+            for step in range(self.step + 1, tc.steps + 1):
+                out = self.train_step(step)
+                now = time.perf_counter()
+                dt, t_prev = now - t_prev, now
+                self.step = step
+                # log
+                if step % tc.log_every == 0 or step == tc.steps or self.halt_requested:
+                    self.log_step(step, out, dt)
+                if step == self.step_first:
+                    self.after_first_step()
+                if step % tc.print_every == 0 or step == self.step_first:
+                    self.log(f"step {step}/{tc.steps} | loss {out['loss']:.4f} | lr {out['lr']:.3g} | "
+                             f"toks/s {self.tokens_per_step / dt:,.0f} | step {dt:.3f}s | grad_norm {out['grad_norm']:.3f}")
+                # checkpoint
+                if tc.ckpt_every and step % tc.ckpt_every == 0:
+                    self.save(step)
+                    last_saved = step
+                # stop
+                if self.halt_requested:
+                    self.stop_reason = f"stopped by operator .HALT after step {step}"
+                    break
+            else:
+                self.stop_reason = f"completed {tc.steps} steps"
+            if tc.save_final and self.step != last_saved:
+                self.save(self.step)
+            self.log(f"[done] {self.stop_reason}")
+            return 0
+        except NonFiniteLoss as exc:
+            self.stop_reason = str(exc)
+            self.log_all(f"[halt] {exc}")
+            return EXIT_NONFINITE
+        except torch.OutOfMemoryError as exc:
+            self.stop_reason = f"out of memory at step {self.step + 1}: {exc}"
+            self.oom_report(exc)
+            raise
+        finally:
+            self.write_env()
+
+    def log_step(self, step: int, out: dict[str, float], dt: float) -> None:
+        mem = memory_gb(self.device)
+        row = {"step": step, "loss": out["loss"], "lr": out["lr"], "toks_per_s": self.tokens_per_step / dt,
+               "step_time_s": dt, "grad_norm": out["grad_norm"],
+               "mem_alloc_gb": mem["mem_alloc_gb"], "mem_reserved_gb": mem["mem_reserved_gb"]}
+        extra = {"loss_rank": out["loss_rank"], "mem_peak_gb": mem["mem_peak_gb"],
+                 "toks_per_s_rank": self.tokens_per_step / self.info.world_size / dt}
+        if not self.cfg.telemetry.disable_aux_stats:
+            routes = backend_report(self.model)
+            extra["gates"] = gate_stats(self.model)  # a device sync: logged steps only
+            extra["routes"] = {s: {"backend": b["backend"], "calls": b["calls"]} for s, b in routes.items()}
+            # a fallback: 'auto' had to skip a higher-priority backend for this stage
+            extra["fallbacks"] = {s: (b["calls"] if "skipped" in b["reason"] else 0) for s, b in routes.items()}
+        self.telemetry.log_step(row, extra)
+
+    def after_first_step(self) -> None:
+        self.write_env()  # now with the attention backends each branch actually used
+        if self.cfg.sdpa.audit:
+            for stage, b in backend_report(self.model).items():
+                self.log(f"[sdpa-audit] {stage}: {b['backend']} ({b['reason']}), {b['calls']} layer-calls")
+            self.log(f"[sdpa-audit] torch SDPA kernels enabled: {sdpa_flags()}")
+
+    def save(self, step: int) -> None:
+        with self.stage(step, "checkpoint"):
+            path = ckpt.save(self.out, self.wrapped, self.optimizer, self.info, step,
+                             self.loader.position, config_dict(self.cfg))
+        self.log(f"[ckpt] saved {path}")
+
+    def oom_report(self, exc: BaseException) -> None:
+        path = self.out / f"oom_rank{self.info.rank}.txt"
+        text = f"{exc}\n"
+        if self.device.type == "cuda":
+            text += torch.cuda.memory_summary(self.device)
+        path.write_text(text)
+        self.log_all(f"[oom] out of memory at step {self.step + 1}; memory report in {path}")
+
+    def close(self) -> None:
+        """Stop the loader, close the files, stop the watchdog, destroy the process group."""
+        self._closers.close()
+
+
+def _finite(v: float) -> bool:
+    return v == v and v not in (float("inf"), float("-inf"))

@@ -1,0 +1,100 @@
+"""Apply activation checkpointing, compile, then DDP or FSDP2 to an NSATransformer, in that
+order (torchtitan's order). The model itself never imports DDP or FSDP.
+
+Notes on the seeds' failures:
+* "mark a variable ready only once" came from reentrant checkpointing under DDP; blocks here
+  are wrapped with NON-reentrant checkpointing, which DDP supports with or without static_graph.
+* FSDP "leaving one GPU idle" came from a wrap policy that did not shard; here every block is its
+  own fully_shard unit and the root holds embeddings/head, so every rank owns 1/world of each.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+from ..config import ConfigError
+from .config import RunConfig
+from .distributed import DistInfo
+
+
+def apply_activation_checkpointing(model: nn.Module) -> None:
+    for i, block in enumerate(model.layers):
+        model.layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+
+
+def apply_compile(model: nn.Module) -> None:
+    # compile in place per block: parameter names (and so checkpoints) do not change
+    for block in model.layers:
+        block.compile()
+
+
+def apply_fsdp(model: nn.Module, cfg: RunConfig, info: DistInfo) -> nn.Module:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(info.device.type, (info.world_size,))
+    mp = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16 if cfg.train.dtype == "bfloat16" else torch.float32,
+        reduce_dtype=torch.float32,
+    )
+    reshard = cfg.dist.fsdp_reshard_after_forward
+    for i, block in enumerate(model.layers):
+        # the last block's parameters are needed again at once by backward: keep them gathered
+        last = i == len(model.layers) - 1
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard and not last)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+    return model
+
+
+def apply_ddp(model: nn.Module, cfg: RunConfig, info: DistInfo, log) -> nn.Module:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    d = cfg.dist
+    if d.ddp_compress != "none" and info.backend != "nccl":
+        raise ConfigError(
+            f"dist.ddp_compress={d.ddp_compress} needs the NCCL backend (CUDA); the {info.backend} "
+            "backend cannot all-reduce compressed buckets. Set dist.ddp_compress=none "
+            "(or unset NSA_DDP_COMPRESS)"
+        )
+    ddp = DDP(
+        model,
+        device_ids=[info.local_rank] if info.device.type == "cuda" else None,
+        bucket_cap_mb=d.ddp_bucket_mb,
+        static_graph=d.ddp_static_graph,
+        find_unused_parameters=d.ddp_find_unused,
+        gradient_as_bucket_view=d.ddp_grad_as_bucket_view,
+    )
+    if d.ddp_compress != "none":
+        hook = default_hooks.bf16_compress_hook if d.ddp_compress == "bf16" else default_hooks.fp16_compress_hook
+        ddp.register_comm_hook(None, hook)
+        log(f"[ddp] gradient compression enabled: {d.ddp_compress}")
+    log(
+        f"[ddp] bucket_cap_mb={d.ddp_bucket_mb} static_graph={d.ddp_static_graph} "
+        f"find_unused_parameters={d.ddp_find_unused} gradient_as_bucket_view={d.ddp_grad_as_bucket_view}"
+    )
+    return ddp
+
+
+def parallelize(model: nn.Module, cfg: RunConfig, info: DistInfo, log) -> nn.Module:
+    """Returns the module to call (DDP wrapper, or the model itself, sharded in place for FSDP2)."""
+    if cfg.train.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    if cfg.train.compile:
+        apply_compile(model)
+    if info.mode == "fsdp":
+        log(f"[fsdp] fully_shard per block over {info.world_size} ranks, param dtype {cfg.train.dtype}")
+        return apply_fsdp(model, cfg, info)
+    if info.mode == "ddp":
+        return apply_ddp(model, cfg, info, log)
+    return model
+
+
+def set_grad_sync(wrapped: nn.Module, info: DistInfo, sync: bool) -> None:
+    """Sync gradients only on the last micro-batch. Toggled directly (as nanoGPT does) rather
+    than with the no_sync() context, so forward and backward see the same setting."""
+    if info.mode == "ddp":
+        wrapped.require_backward_grad_sync = sync
+    elif info.mode == "fsdp":
+        wrapped.set_requires_gradient_sync(sync)

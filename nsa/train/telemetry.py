@@ -1,0 +1,164 @@
+"""The trainer's outputs read by the harness: training.csv (rank 0), heartbeat_rank{R}.jsonl
+(every rank) and env.json (rank 0), plus per-stage profiler/NVTX ranges."""
+from __future__ import annotations
+
+import contextlib
+import csv
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CSV_HEADER = ["step", "loss", "lr", "toks_per_s", "step_time_s", "grad_norm", "mem_alloc_gb", "mem_reserved_gb"]
+REPO_ROOT = Path(__file__).resolve().parents[2]
+GB = 1024**3
+
+
+def memory_gb(device: torch.device) -> dict[str, float]:
+    """Allocated / reserved / peak-allocated CUDA memory in GiB (zeros on CPU: no allocator stats)."""
+    if device.type != "cuda":
+        return {"mem_alloc_gb": 0.0, "mem_reserved_gb": 0.0, "mem_peak_gb": 0.0}
+    return {
+        "mem_alloc_gb": torch.cuda.memory_allocated(device) / GB,
+        "mem_reserved_gb": torch.cuda.memory_reserved(device) / GB,
+        "mem_peak_gb": torch.cuda.max_memory_allocated(device) / GB,
+    }
+
+
+def gpu_util(device: torch.device) -> tuple[float | None, str]:
+    """(utilisation %, '') or (None, why not)."""
+    if device.type != "cuda":
+        return None, "CPU run"
+    try:
+        return float(torch.cuda.utilization(device)), ""
+    except (ModuleNotFoundError, RuntimeError) as exc:  # pynvml absent or NVML unusable
+        return None, f"torch.cuda.utilization unavailable: {exc}"
+
+
+def truncate_csv(path: Path, keep_through_step: int) -> None:
+    """On resume: drop rows after the checkpoint's step (a crashed run may have logged more)."""
+    if not path.exists():
+        return
+    with open(path, newline="") as fh:
+        rows = list(csv.reader(fh))
+    if not rows or rows[0] != CSV_HEADER:
+        raise ValueError(f"{path}: unexpected header {rows[:1]}, cannot resume into it")
+    kept = [rows[0]] + [r for r in rows[1:] if r and int(r[0]) <= keep_through_step]
+    with open(path, "w", newline="") as fh:
+        csv.writer(fh).writerows(kept)
+
+
+class Telemetry:
+    def __init__(self, out_dir: Path, rank: int, is_master: bool, device: torch.device,
+                 heartbeat: bool, nvtx: bool, resume_step: int = 0):
+        self.out_dir, self.rank, self.is_master, self.device = Path(out_dir), rank, is_master, device
+        self.nvtx = nvtx and device.type == "cuda"
+        self._csv = None
+        if is_master:
+            path = self.out_dir / "training.csv"
+            if resume_step > 0:
+                truncate_csv(path, resume_step)
+            else:
+                path.unlink(missing_ok=True)
+            new = not path.exists()
+            self._csv_fh = open(path, "a", newline="", buffering=1)
+            self._csv = csv.writer(self._csv_fh)
+            if new:
+                self._csv.writerow(CSV_HEADER)
+        self._hb = None
+        if heartbeat:
+            hb_path = self.out_dir / f"heartbeat_rank{rank}.jsonl"
+            if resume_step == 0:
+                hb_path.unlink(missing_ok=True)
+            self._hb = open(hb_path, "a", buffering=1)
+        self.util_reason = ""
+
+    def heartbeat(self, record: dict[str, Any]) -> None:
+        if self._hb is not None:
+            rec = {"time": time.time(), "rank": self.rank, "pid": os.getpid(), **record}
+            self._hb.write(json.dumps(rec) + "\n")
+
+    @contextlib.contextmanager
+    def stage(self, step: int, name: str):
+        """A training stage: heartbeat on entry, a torch.profiler range, an NVTX range if on."""
+        self.heartbeat({"step": step, "stage": name, "mem_alloc_gb": memory_gb(self.device)["mem_alloc_gb"]})
+        if self.nvtx:
+            torch.cuda.nvtx.range_push(f"train.{name}")
+        try:
+            with torch.profiler.record_function(f"train.{name}"):
+                yield
+        finally:
+            if self.nvtx:
+                torch.cuda.nvtx.range_pop()
+
+    def log_step(self, row: dict[str, float], extra: dict[str, Any]) -> None:
+        """One logged step: a training.csv row (rank 0) and a step heartbeat (every rank)."""
+        if self._csv is not None:
+            self._csv.writerow([row["step"]] + [f"{row[k]:.6g}" for k in CSV_HEADER[1:]])
+        util, why = gpu_util(self.device)
+        self.util_reason = why
+        self.heartbeat({"stage": "step", **row, **extra, "gpu_util": util})
+
+    def close(self) -> None:
+        if self._csv is not None:
+            self._csv_fh.close()
+        if self._hb is not None:
+            self._hb.close()
+
+
+# --- env.json ---------------------------------------------------------------------------------
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _version(dist_name: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist_name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """Versions, devices and source revision (collected once at start-up)."""
+    cuda = torch.cuda.is_available()
+    sha = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "git_sha": sha or "unknown (git unavailable or not a repository)",
+        "git_dirty": None if status is None else bool(status),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "hostname": socket.gethostname(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+        "triton": _version("triton"),
+        "gpu_names": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+def sdpa_flags() -> dict[str, bool]:
+    b = torch.backends.cuda
+    return {"flash": b.flash_sdp_enabled(), "mem_efficient": b.mem_efficient_sdp_enabled(), "math": b.math_sdp_enabled()}
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)

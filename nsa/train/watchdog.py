@@ -1,0 +1,142 @@
+"""The stall watchdog, stack dumps and the .HALT file.
+
+Every rank runs one Watchdog. The loop calls ``beat()`` at each stage change. When a rank sees
+no beat for ``timeout_s`` (a stalled rank stops beating; its peers stop too, blocked in the
+next collective), or sees a .HALT written by another rank's watchdog, it:
+
+1. writes all its threads' stacks to ``stackdump_rank{R}.txt`` (faulthandler),
+2. writes ``.HALT`` (JSON with source "watchdog", rank, step, stage, idle seconds) if absent,
+3. waits up to ``grace_s`` for every rank's stack dump to appear, then
+4. exits the process with EXIT_WATCHDOG (os._exit: a hung collective cannot be unwound);
+   torchrun then ends any rank still alive, so no process is orphaned.
+
+A C-level backstop (faulthandler.dump_traceback_later with exit=True) fires a little later in
+case the Python thread cannot run (the GIL held by a hung extension). SIGUSR1 dumps stacks to
+the same file at any time without stopping the run (the runbook's "send SIGUSR1").
+"""
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .config import WatchdogConfig
+
+EXIT_WATCHDOG = 3
+HALT_NAME = ".HALT"
+
+
+def halt_path(out_dir: Path) -> Path:
+    return Path(out_dir) / HALT_NAME
+
+
+def stackdump_path(out_dir: Path, rank: int) -> Path:
+    return Path(out_dir) / f"stackdump_rank{rank}.txt"
+
+
+def write_halt(out_dir: Path, record: dict) -> bool:
+    """Create .HALT atomically with a JSON record; False when it already exists."""
+    try:
+        fd = os.open(halt_path(out_dir), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as fh:
+        json.dump(record, fh)
+        fh.write("\n")
+    return True
+
+
+def read_halt(out_dir: Path) -> dict | None:
+    """The .HALT record: None when absent; {"source": "operator"} for a file that is not a
+    trainer-written JSON record (an operator's ``touch .HALT``)."""
+    path = halt_path(out_dir)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        rec = json.loads(text)
+    except json.JSONDecodeError:
+        return {"source": "operator", "text": text[:200]}
+    return rec if isinstance(rec, dict) and "source" in rec else {"source": "operator", "text": text[:200]}
+
+
+class Watchdog:
+    def __init__(self, cfg: WatchdogConfig, out_dir: Path, rank: int, world_size: int):
+        self.cfg, self.out_dir, self.rank, self.world = cfg, Path(out_dir), rank, world_size
+        self._dump = open(stackdump_path(out_dir, rank), "a", buffering=1)
+        self._last = time.monotonic()
+        self.step, self.stage = 0, "setup"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sigusr1 = hasattr(signal, "SIGUSR1")
+        if self._sigusr1:
+            faulthandler.register(signal.SIGUSR1, file=self._dump, all_threads=True, chain=False)
+
+    def start(self) -> None:
+        if not self.cfg.enabled:
+            return
+        self._thread = threading.Thread(target=self._run, name="nsa-watchdog", daemon=True)
+        self._thread.start()
+        self._arm_backstop()
+
+    def _arm_backstop(self) -> None:
+        if self.cfg.enabled:
+            delay = self.cfg.timeout_s + self.cfg.grace_s + max(10.0, 4 * self.cfg.poll_s)
+            faulthandler.dump_traceback_later(delay, exit=True, file=self._dump)
+
+    def beat(self, step: int, stage: str) -> None:
+        """Progress: called at every stage change."""
+        self._last = time.monotonic()
+        self.step, self.stage = step, stage
+        self._arm_backstop()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.cfg.poll_s):
+            idle = time.monotonic() - self._last
+            if idle > self.cfg.timeout_s:
+                self.fire(f"no progress for {idle:.1f}s (watchdog.timeout_s={self.cfg.timeout_s:g})")
+            halt = read_halt(self.out_dir)
+            if halt and halt.get("source") == "watchdog" and halt.get("rank") != self.rank:
+                self.fire(f"rank {halt.get('rank')}'s watchdog fired: {halt.get('reason')}")
+
+    def fire(self, reason: str) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%S")
+        self._dump.write(
+            f"=== watchdog rank {self.rank} at {now}: {reason}; last progress: step {self.step}, "
+            f"stage {self.stage} ===\n"
+        )
+        faulthandler.dump_traceback(file=self._dump, all_threads=True)
+        self._dump.flush()
+        write_halt(self.out_dir, {
+            "source": "watchdog", "rank": self.rank, "step": self.step, "stage": self.stage,
+            "reason": reason, "time": time.time(),
+        })
+        print(f"[watchdog] rank {self.rank}: {reason} at step {self.step} stage {self.stage}; "
+              f"stacks in {stackdump_path(self.out_dir, self.rank)}; exiting {EXIT_WATCHDOG}",
+              file=sys.stderr, flush=True)
+        deadline = time.monotonic() + self.cfg.grace_s
+        while time.monotonic() < deadline and not all(
+            stackdump_path(self.out_dir, r).exists() and stackdump_path(self.out_dir, r).stat().st_size > 0
+            for r in range(self.world)
+        ):
+            time.sleep(0.1)
+        os._exit(EXIT_WATCHDOG)
+
+    def close(self) -> None:
+        self._stop.set()
+        faulthandler.cancel_dump_traceback_later()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self.cfg.poll_s + 1)
+        if self._sigusr1:
+            faulthandler.unregister(signal.SIGUSR1)
+        self._dump.close()
+        # an empty dump file is noise, not evidence
+        path = stackdump_path(self.out_dir, self.rank)
+        if path.exists() and path.stat().st_size == 0:
+            path.unlink()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import shutil
+import uuid
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -57,6 +58,7 @@ def execute(point: PhasePoint, results_dir: Path, hw: dict[str, Any], progress: 
     return {
         "key": point.key(),
         "test_id": point.test_id,
+        "run_id": uuid.uuid4().hex,
         "kind": kind,
         "sweep_index": point.index,
         "params_order": list(point.params),
@@ -284,8 +286,8 @@ def skip_record(point: PhasePoint, reason: str, hw: dict[str, Any]) -> dict[str,
     """A point that did not run here (hardware short of the profile): stored so the report can
     say INCOMPLETE and why, never silently dropped."""
     return {
-        "key": point.key(), "test_id": point.test_id, "kind": point.phase.kind, "sweep_index": point.index,
-        "params_order": list(point.params),
+        "key": point.key(), "test_id": point.test_id, "run_id": uuid.uuid4().hex, "kind": point.phase.kind,
+        "sweep_index": point.index, "params_order": list(point.params),
         "status": SKIPPED, "reason": reason, "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "wall_s": 0.0, "command": [], "env": point.env, "overrides": point.overrides, "steps": None,
         "timeout_s": point.phase.timeout_s, "out_dir": "", "exit_code": None, "timed_out": False,

@@ -25,7 +25,10 @@ COMPRESS = ("none", "bf16", "fp16")
 @dataclass
 class TrainConfig:
     steps: int = 100
-    """Optimizer steps to run (a resumed run stops at the same total)."""
+    """Total optimizer steps of the run; the LR schedule spans them (a resumed run ends here too)."""
+    run_steps: int = 0
+    """Stop this invocation after this many steps (checkpointing), e.g. for a preemptible slot;
+    resume later with train.resume=auto. 0: run to train.steps."""
     seq_len: int = 2048
     """Tokens per row (the model sees seq_len inputs and predicts seq_len targets)."""
     batch_size: int = 2
@@ -73,7 +76,7 @@ class TrainConfig:
         for name in ("steps", "seq_len", "batch_size", "grad_accum", "log_every", "print_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "ckpt_every"):
+        for name in ("warmup_steps", "ckpt_every", "run_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:

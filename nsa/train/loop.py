@@ -220,13 +220,14 @@ class Trainer:
         last_saved = self.step
         t_prev = time.perf_counter()
         try:
-            for step in range(self.step + 1, tc.steps + 1):
+            last = tc.steps if not tc.run_steps else min(tc.steps, self.step + tc.run_steps)
+            for step in range(self.step + 1, last + 1):
                 out = self.train_step(step)
                 now = time.perf_counter()
                 dt, t_prev = now - t_prev, now
                 self.step = step
                 # log
-                if step % tc.log_every == 0 or step == tc.steps or self.halt_requested:
+                if step % tc.log_every == 0 or step == last or self.halt_requested:
                     self.log_step(step, out, dt)
                 if step == self.step_first:
                     self.after_first_step()
@@ -242,7 +243,8 @@ class Trainer:
                     self.stop_reason = f"stopped by operator .HALT after step {step}"
                     break
             else:
-                self.stop_reason = f"completed {tc.steps} steps"
+                self.stop_reason = (f"completed {tc.steps} steps" if self.step == tc.steps else
+                                    f"stopped after train.run_steps={tc.run_steps} at step {self.step} of {tc.steps}")
             if tc.save_final and self.step != last_saved:
                 self.save(self.step)
             self.log(f"[done] {self.stop_reason}")

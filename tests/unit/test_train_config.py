@@ -1,0 +1,117 @@
+"""RunConfig: presets, overrides, the env-toggle table, the CLI surface."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from nsa.config import ConfigError
+from nsa.train.cli import build_parser
+from nsa.train.config import ENV_TOGGLES, NOOP_TOGGLES, RunConfig, load_run_config
+
+RUNBOOK_TOGGLES = [
+    "NSA_DDP_BUCKET_MB", "NSA_DDP_COMPRESS", "NSA_DDP_STATIC_GRAPH", "NSA_DDP_FIND_UNUSED",
+    "NSA_PREFILL_BATCHED", "NSA_SEL_RANGES_V2", "NSA_SDPA_AUDIT", "NSA_SDPA_FLASH_ONLY",
+    "NSA_SDPA_NO_FLASH", "NSA_NVTX", "NSA_OPT_FUSED", "NSA_TB_DISABLE", "NSA_DISABLE_AUX_STATS",
+]
+
+
+def test_m7c_125m_preset_matches_the_design():
+    cfg, _ = load_run_config("m7c_125m", env={})
+    m, t = cfg.model, cfg.train
+    assert (m.dim, m.n_layers, m.n_heads, m.n_kv_groups, m.head_dim, m.vocab_size) == (768, 12, 12, 2, 64, 256)
+    assert (m.attn.cmp_block, m.attn.cmp_stride, m.attn.sel_block, m.attn.n_selected, m.attn.window) == (32, 16, 64, 16, 512)
+    assert (t.seq_len, t.batch_size, t.grad_accum, t.dtype, t.lr, t.grad_clip) == (2048, 2, 2, "bfloat16", 2e-4, 1.0)
+    assert t.warmup_steps > 0
+
+
+def test_tiny_preset_is_cpu_sized():
+    cfg, _ = load_run_config("tiny", env={})
+    assert cfg.train.seq_len == 64 and cfg.model.dim == 64 and cfg.train.dtype == "float32"
+
+
+def test_overrides_apply_and_unknown_keys_name_the_dotted_key():
+    cfg, _ = load_run_config("tiny", "train.seq_len=32 model.n_layers=1 dist.ddp_bucket_mb=7", env={})
+    assert (cfg.train.seq_len, cfg.model.n_layers, cfg.dist.ddp_bucket_mb) == (32, 1, 7)
+    with pytest.raises(ConfigError, match=r"train\.seq_lenn"):
+        load_run_config("tiny", "train.seq_lenn=32", env={})
+    with pytest.raises(ConfigError, match=r"train\.batch_size"):
+        load_run_config("tiny", "train.batch_size=two", env={})
+    with pytest.raises(ConfigError, match=r"data\.dataset"):
+        load_run_config("tiny", "data.dataset=imagenet", env={})
+
+
+def test_bad_yaml_file_is_named(tmp_path: Path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  steps: [1,\n")
+    with pytest.raises(ConfigError, match="bad.yaml"):
+        load_run_config(str(bad), env={})
+    with pytest.raises(ConfigError, match="not found"):
+        load_run_config(str(tmp_path / "missing.yaml"), env={})
+    with pytest.raises(ConfigError, match="unknown config preset"):
+        load_run_config("no_such_preset", env={})
+
+
+def test_file_datasets_need_a_local_path():
+    with pytest.raises(ConfigError, match=r"data\.path is required.*no downloads"):
+        load_run_config("tiny", "data.dataset=fineweb_edu", env={})
+
+
+@pytest.mark.parametrize("var", RUNBOOK_TOGGLES + ["NSA_FAULT"])
+def test_every_toggle_maps_to_an_existing_config_key(var):
+    key = ENV_TOGGLES[var]
+    section, *rest = key.split(".")
+    node = getattr(RunConfig(), section)
+    for part in rest:
+        node = getattr(node, part)  # AttributeError if the key does not exist
+
+
+def test_env_toggle_overrides_config_and_is_recorded():
+    env = {"NSA_DDP_BUCKET_MB": "50", "NSA_OPT_FUSED": "1", "NSA_PREFILL_BATCHED": "1",
+           "NCCL_ALGO": "Ring", "HOME": "/root"}
+    cfg, res = load_run_config("tiny", "dist.ddp_bucket_mb=25", env=env)
+    assert cfg.dist.ddp_bucket_mb == 50 and cfg.train.fused_adamw is True
+    assert res.env_applied["NSA_DDP_BUCKET_MB"] == {"key": "dist.ddp_bucket_mb", "value": "50"}
+    assert set(res.noop_toggles) == {"NSA_PREFILL_BATCHED"}
+    assert res.env_seen == {"NSA_DDP_BUCKET_MB": "50", "NSA_OPT_FUSED": "1",
+                            "NSA_PREFILL_BATCHED": "1", "NCCL_ALGO": "Ring"}
+
+
+def test_bad_env_value_names_the_variable():
+    with pytest.raises(ConfigError, match="NSA_DDP_BUCKET_MB"):
+        load_run_config("tiny", env={"NSA_DDP_BUCKET_MB": "fifty"})
+    with pytest.raises(ConfigError, match="NSA_DDP_COMPRESS"):
+        load_run_config("tiny", env={"NSA_DDP_COMPRESS": "int4"})
+    with pytest.raises(ConfigError, match="contradict"):
+        load_run_config("tiny", env={"NSA_SDPA_FLASH_ONLY": "1", "NSA_SDPA_NO_FLASH": "1"})
+
+
+def test_noop_toggles_are_a_subset_of_the_table():
+    assert set(NOOP_TOGGLES) <= set(ENV_TOGGLES)
+    assert {"NSA_PREFILL_BATCHED", "NSA_SEL_RANGES_V2", "NSA_TB_DISABLE"} <= set(NOOP_TOGGLES)
+
+
+def test_config_env_var_picks_the_file_and_conflicts_are_errors():
+    _, res = load_run_config(None, env={"CONFIG": "tiny"})
+    assert res.config_path.endswith("tiny.yaml")
+    _, res = load_run_config("tiny", env={"CONFIG": "tiny"})
+    with pytest.raises(ConfigError, match="disagree"):
+        load_run_config("tiny", env={"CONFIG": "m7c_125m"})
+
+
+def test_env_toggles_are_read_in_one_place_only():
+    """No module of nsa/train but config.py reads an NSA_* variable or CONFIG."""
+    root = Path(__file__).resolve().parents[2] / "nsa" / "train"
+    pattern = re.compile(r"(environ|getenv)[^\n]*(NSA_|CONFIG)")
+    offenders = [p.name for p in root.glob("*.py") if p.name != "config.py" and pattern.search(p.read_text())]
+    assert offenders == []
+
+
+def test_cli_surface_is_frozen_and_help_lists_the_toggles():
+    parser = build_parser()
+    opts = {o for a in parser._actions for o in a.option_strings}
+    assert opts == {"-h", "--help", "--config", "--override", "--out-dir", "--steps"}
+    text = parser.format_help()
+    for var in ENV_TOGGLES:
+        assert var in text

@@ -1,0 +1,145 @@
+"""Data: byte tokenizer, rank sharding, file sources, clear errors, the loader timeout."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from nsa.train.config import DataConfig
+from nsa.train.data import (
+    DataError,
+    DataTimeout,
+    DocumentStream,
+    Loader,
+    PatternSource,
+    RandomSource,
+    build_source,
+    byte_encode,
+    rank_rows,
+)
+
+T = 16
+
+
+def take(it, n):
+    return [next(it) for _ in range(n)]
+
+
+def test_byte_tokenizer_is_utf8_bytes():
+    ids = byte_encode("hé!")
+    assert ids.tolist() == list("hé!".encode()) and ids.dtype == torch.long
+
+
+@pytest.mark.parametrize("source", [RandomSource(T, 256, 3), PatternSource(T, 7, 3)], ids=["random", "pattern"])
+def test_ranks_together_read_what_one_process_reads(source):
+    one = torch.cat(take(rank_rows(source, 0, batch=4, rank=0, world=1), 3))
+    r0 = take(rank_rows(source, 0, batch=2, rank=0, world=2), 3)
+    r1 = take(rank_rows(source, 0, batch=2, rank=1, world=2), 3)
+    both = torch.cat([torch.cat([a, b]) for a, b in zip(r0, r1)])
+    assert torch.equal(one, both)
+    assert not torch.equal(r0[0], r1[0])
+
+
+def test_stream_sharding_and_resume_position(tmp_path: Path):
+    (tmp_path / "a.txt").write_text("abcdefghijklmnopqrstuvwxyz" * 40)
+    cfg = DataConfig(dataset="text", path=str(tmp_path))
+    src = DocumentStream(cfg, T)
+    one = torch.cat(take(rank_rows(src, 0, batch=4, rank=0, world=1), 4))
+    r0 = take(rank_rows(src, 0, batch=2, rank=0, world=2), 4)
+    r1 = take(rank_rows(src, 0, batch=2, rank=1, world=2), 4)
+    assert torch.equal(one, torch.cat([torch.cat([a, b]) for a, b in zip(r0, r1)]))
+    # resuming at micro-batch 2 continues exactly where an uninterrupted reader is
+    assert torch.equal(torch.cat(take(rank_rows(src, 2, 2, 1, 2), 2)), torch.cat(r1[2:]))
+    assert torch.equal(torch.cat(take(rank_rows(PatternSource(T, 5, 0), 3, 2, 0, 1), 1)),
+                       take(rank_rows(PatternSource(T, 5, 0), 0, 2, 0, 1), 4)[3])
+
+
+def test_pattern_rows_are_deterministic_ramps():
+    row = PatternSource(T, 7, 0).row(5)
+    assert torch.equal(row, PatternSource(T, 7, 0).row(5))
+    assert all(((b - a) % 7 in (1, -6 % 7)) for a, b in zip(row.tolist(), row[1:].tolist()))
+
+
+def test_jsonl_and_parquet_text_column(tmp_path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs = ["first document " * 5, "second one " * 5]
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps({"text": d, "id": i}) for i, d in enumerate(docs)))
+    pq.write_table(pa.table({"text": docs, "id": [0, 1]}), tmp_path / "d.parquet")
+    expected = torch.cat([torch.cat([byte_encode(d), torch.tensor([0])]) for d in docs])
+    for name in ("d.jsonl", "d.parquet"):
+        src = build_source(DataConfig(dataset="fineweb_edu", path=str(tmp_path / name)), T, 256, 0)
+        rows = take(src.rows(), 3)
+        assert torch.equal(torch.cat(rows), expected[: 3 * (T + 1)])
+
+
+def test_missing_and_unreadable_files_name_the_file(tmp_path: Path):
+    with pytest.raises(DataError, match="nope.parquet.*no such file"):
+        DocumentStream(DataConfig(dataset="parquet", path=str(tmp_path / "nope.parquet")), T)
+    with pytest.raises(DataError, match="matched no files"):
+        DocumentStream(DataConfig(dataset="parquet", path=str(tmp_path / "*.parquet")), T)
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"this is not parquet at all")
+    with pytest.raises(DataError, match="bad.parquet: cannot read as parquet"):
+        DocumentStream(DataConfig(dataset="parquet", path=str(bad)), T)
+
+
+def test_missing_column_and_bad_json_line_are_named(tmp_path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"content": ["x"]}), tmp_path / "c.parquet")
+    with pytest.raises(DataError, match="no column 'text'.*content"):
+        DocumentStream(DataConfig(dataset="parquet", path=str(tmp_path / "c.parquet")), T)
+    (tmp_path / "e.jsonl").write_text('{"text": "ok"}\n{broken\n')
+    src = DocumentStream(DataConfig(dataset="jsonl", path=str(tmp_path / "e.jsonl")), T)
+    with pytest.raises(DataError, match=r"e\.jsonl:2: not valid JSON"):
+        take(src.rows(), 1)
+
+
+def test_too_little_data_is_an_error_not_a_hang(tmp_path: Path):
+    (tmp_path / "s.txt").write_text("short")
+    src = DocumentStream(DataConfig(dataset="text", path=str(tmp_path / "s.txt")), T)
+    with pytest.raises(DataError, match="fewer than seq_len"):
+        take(src.rows(), 1)
+
+
+class _SlowSource:
+    def describe(self):
+        return "a slow test source"
+
+    def row(self, j):
+        time.sleep(5)
+        return torch.zeros(T + 1, dtype=torch.long)
+
+
+class _BrokenSource:
+    def describe(self):
+        return "a broken test source"
+
+    def row(self, j):
+        raise OSError("disk on fire")
+
+
+def test_loader_times_out_with_a_clear_error():
+    loader = Loader(_SlowSource(), DataConfig(loader_timeout_s=0.3), 1, 0, 1, torch.device("cpu"))
+    t0 = time.monotonic()
+    with pytest.raises(DataTimeout, match=r"no batch within data.loader_timeout_s=0.3s from a slow test source"):
+        loader.next()
+    assert time.monotonic() - t0 < 3
+    loader.close()
+
+
+def test_loader_reraises_producer_errors_and_tracks_position():
+    loader = Loader(_BrokenSource(), DataConfig(), 1, 0, 1, torch.device("cpu"))
+    with pytest.raises(DataError, match="disk on fire"):
+        loader.next()
+    loader.close()
+    ok = Loader(PatternSource(T, 7, 0), DataConfig(), 2, 0, 1, torch.device("cpu"), start_micro=5)
+    x, y = ok.next()
+    assert x.shape == (2, T) and torch.equal(x[:, 1:], y[:, :-1]) and ok.position == 6
+    ok.close()

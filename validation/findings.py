@@ -110,6 +110,8 @@ def imbalance(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in records:
         ev, m = r["evidence"], r["metrics"]
+        if r.get("timed_out") or r.get("exit_code") not in (0, None):
+            continue  # a crash or stall has its own finding; its ranks are not 'idle'
         times = {int(k): v for k, v in ev.get("rank_step_time_s", {}).items()}
         beats = ev.get("last_heartbeat", {})
         world = r.get("world_size") or 1
@@ -137,16 +139,23 @@ def imbalance(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def fallbacks(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
+    """One finding for all runs that reported fallbacks (heartbeat counters, or a route whose
+    reason says fallback), one detail line per run: on CPU every run falls back somewhere, and
+    one line per run reads better than one finding per run."""
+    lines, names = [], set()
     for r in records:
         counters = {k: v for k, v in (r["evidence"].get("fallbacks") or {}).items() if v}
         routed = {stage: b for stage, b in (r.get("backends") or {}).items()
                   if isinstance(b, dict) and ("fallback" in str(b.get("reason", "")).lower() or b.get("backend") == "mixed")}
         if counters or routed:
-            detail = [f"{k}: {v:g}" for k, v in sorted(counters.items())]
-            detail += [f"{stage}: backend {b.get('backend')} ({b.get('reason')})" for stage, b in sorted(routed.items())]
-            out.append(_f("warning", r, f"fallbacks in {r['key']['phase']} [{_point(r)}]", detail))
-    return out
+            names |= set(counters) | {f"{s} route" for s in routed}
+            parts = [f"{k}: {v:g}" for k, v in sorted(counters.items())]
+            parts += [f"{stage}: backend {b.get('backend')} ({b.get('reason')})" for stage, b in sorted(routed.items())]
+            lines.append(f"{r['key']['phase']} [{_point(r)}]: " + "; ".join(parts))
+    if not lines:
+        return []
+    return [_f("warning", "several" if len({ln.split(' [')[0] for ln in lines}) > 1 else lines[0].split(" [")[0],
+               f"fallbacks in {len(lines)} of {len(records)} run(s): {', '.join(sorted(names))}", lines)]
 
 
 def artifact_errors(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

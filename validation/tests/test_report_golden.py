@@ -100,7 +100,7 @@ def test_nogo_report_with_findings(tmp_path):
                    "stall in long_run [default] (watchdog .HALT): rank 0 in _engine_run_backward",
                    "idle rank in fsdp [default]: 1 of 2 rank(s) did no work",
                    "crash in baseline_ddp [default]: exit code 1: RuntimeError: Expected to mark a variable ready only once",
-                   "fb_sel_triton: 3", "### Not run", "**Scaling breakdown**"):
+                   "fallbacks in 1 of 9 run(s): fb_sel_triton", "sdpa_audit [default]: fb_sel_triton: 3", "### Not run", "**Scaling breakdown**"):
         assert needle in text
     _check("report_nogo.md", text)
 

@@ -1,0 +1,66 @@
+"""Watchdog pieces that run in-process: SIGUSR1 stack dumps, the .HALT record, fault specs.
+(The full stall -> dump -> .HALT -> exit path is tests/integration/test_train_distributed.py.)"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from nsa.config import ConfigError
+from nsa.train.config import WatchdogConfig
+from nsa.train.faults import Fault, parse_faults
+from nsa.train.watchdog import Watchdog, read_halt, stackdump_path, write_halt
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="no SIGUSR1 on this platform")
+def test_sigusr1_dumps_every_thread_without_stopping(tmp_path: Path):
+    wd = Watchdog(WatchdogConfig(enabled=False), tmp_path, rank=3, world_size=4)
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(0.2)
+        text = stackdump_path(tmp_path, 3).read_text()
+        assert "most recent call first" in text and "test_sigusr1_dumps_every_thread" in text
+    finally:
+        wd.close()
+    assert stackdump_path(tmp_path, 3).exists()  # not empty, so kept
+
+
+def test_unused_empty_dump_files_are_removed(tmp_path: Path):
+    wd = Watchdog(WatchdogConfig(timeout_s=60), tmp_path, rank=0, world_size=1)
+    wd.start()
+    wd.beat(1, "forward")
+    wd.close()
+    assert not stackdump_path(tmp_path, 0).exists()
+
+
+def test_halt_records(tmp_path: Path):
+    assert read_halt(tmp_path) is None
+    (tmp_path / ".HALT").touch()
+    assert read_halt(tmp_path)["source"] == "operator"
+    assert write_halt(tmp_path, {"source": "watchdog"}) is False  # never overwrites
+    (tmp_path / ".HALT").unlink()
+    assert write_halt(tmp_path, {"source": "watchdog", "rank": 1}) is True
+    assert json.loads((tmp_path / ".HALT").read_text())["rank"] == 1 and read_halt(tmp_path)["source"] == "watchdog"
+
+
+def test_fault_specs_parse():
+    assert parse_faults("stall:rank=1:step=3") == [Fault("stall", rank=1, step=3)]
+    assert parse_faults("crash:step=2:stage=backward,kill:rank=0:step=5") == [
+        Fault("crash", step=2, stage="backward"), Fault("kill", rank=0, step=5)]
+    assert parse_faults("nan:stage=data")[0].stage == "forward"  # nan acts on the loss
+    assert parse_faults("stall:seconds=1.5")[0].seconds == 1.5
+    assert Fault("stall", rank=1, step=3).applies(1, 3, "forward")
+    assert not Fault("stall", rank=1, step=3).applies(0, 3, "forward")
+
+
+@pytest.mark.parametrize("spec, msg", [
+    ("boom", "unknown fault"), ("stall:rank", "expected key=value"), ("stall:step=x", "not a number"),
+    ("stall:stage=lunch", "stage must be one of"), ("stall:when=3", "unknown key"),
+])
+def test_bad_fault_specs_name_the_problem(spec, msg):
+    with pytest.raises(ConfigError, match=msg):
+        parse_faults(spec)

@@ -41,12 +41,25 @@ def crashes(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r["status"] == "FAIL" and r.get("exit_code") not in (0, None) and not r["evidence"].get("halt") \
                 and r["kind"] == "train":
             tail = r["evidence"].get("stderr_tail", "")
-            last_err = next((ln.strip() for ln in reversed(tail.splitlines()) if _ERROR_LINE.match(ln)), None)
+            last_err = exception_line(tail)
             title = f"crash in {r['key']['phase']} [{_point(r)}]: exit code {r['exit_code']}"
             if last_err:
                 title += f": {last_err}"
             out.append(_f("critical", r, title, [f"stderr: {r['out_dir']}/{r['evidence'].get('stderr_log')}"]))
     return out
+
+
+def exception_line(text: str) -> str | None:
+    """The exception of the last Python traceback in ``text`` ('pkg.Error: message'), else the
+    last line that looks like an error."""
+    lines = text.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("Traceback (most recent call last):"):
+            for ln in lines[i + 1:]:
+                if ln and not ln[0].isspace():
+                    return ln.strip()
+            break
+    return next((ln.strip() for ln in reversed(lines) if _ERROR_LINE.match(ln)), None)
 
 
 def stalls(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

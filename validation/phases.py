@@ -82,7 +82,8 @@ def execute(point: PhasePoint, results_dir: Path, hw: dict[str, Any], progress: 
         "hardware": hw,
         "git_sha": run.info.get("git_sha") or (run.env or {}).get("git_sha"),
         "backends": (run.env or {}).get("attention_backends"),
-        "env_seen": {k: v for k, v in ((run.env or {}).get("env") or {}).items()},
+        "env_seen": dict((run.env or {}).get("env") or {}),
+        "noop_toggles": dict((run.env or {}).get("noop_toggles") or {}),
     }
 
 
@@ -294,5 +295,5 @@ def skip_record(point: PhasePoint, reason: str, hw: dict[str, Any]) -> dict[str,
         "world_size": point.nproc, "gates": [], "window": "all steps", "metrics": {},
         "evidence": {"errors": [], "stderr_tail": "", "stderr_log": None, "halt": False, "stackdumps": {},
                      "last_heartbeat": {}, "rank_step_time_s": {}, "fallbacks": {}, "files": []},
-        "hardware": hw, "git_sha": None, "backends": None, "env_seen": {},
+        "hardware": hw, "git_sha": None, "backends": None, "env_seen": {}, "noop_toggles": {},
     }

@@ -107,6 +107,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "hostname": hw.get("hostname"),
         "git_sha": sha,
         "counts": _counts(records, missing),
+        "toggles": _toggles(records),
         "findings": findings,
         "gates": _gate_rows(records),
         "phases": _phase_tables(records),
@@ -144,6 +145,19 @@ def _hw_text(hw: dict[str, Any]) -> str:
     if hw.get("gpu_count"):
         return f"{hw['gpu_count']}x {', '.join(sorted(set(hw['gpu_names'])))} ({min(hw['gpu_mem_gb'])} GiB) on {hw.get('hostname')}"
     return f"CPU only, {hw.get('cpu_count')} cores, on {hw.get('hostname')}"
+
+
+def _toggles(records: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """NSA_*/NCCL_* variables the trainer recorded (env.json), and the ones it reports as no-ops."""
+    seen: dict[str, set[str]] = {}
+    noop: dict[str, str] = {}
+    for r in records:
+        for k, v in (r.get("env_seen") or {}).items():
+            seen.setdefault(k, set()).add(str(v))
+        for k, v in (r.get("noop_toggles") or {}).items():
+            noop[k] = str(v)
+    return {"seen": [f"{k}={'/'.join(sorted(v))}" for k, v in sorted(seen.items())],
+            "noop": [f"{k} ({v})" for k, v in sorted(noop.items())]}
 
 
 def _counts(records: list[dict[str, Any]], missing: list[str]) -> dict[str, int]:

@@ -41,7 +41,7 @@ def _topk_kernel(
     q, kc, lse, idx, Tq, Nc, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, LS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
-    BT: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -50,7 +50,7 @@ def _topk_kernel(
     HQ: tl.constexpr = H * G
     R: tl.constexpr = LS // D
     BJ: tl.constexpr = NP
-    BC: tl.constexpr = NP * R
+    BCR: tl.constexpr = NP * R  # compressed tokens per chunk; BC is its next power of two
     ROWS: tl.constexpr = BT * GP
 
     rows = tl.arange(0, ROWS)
@@ -80,8 +80,10 @@ def _topk_kernel(
     # overlap maps: in-chunk tokens -> chunk blocks, and the chunk's tail -> the next block 0
     cc = tl.arange(0, BC)
     jj = tl.arange(0, BJ)
+    ccv = cc < BCR
     wmap = _overlap_weight(cc[:, None] - jj[None, :] * R, L, D, LS).to(tl.float32)  # [BC, BJ]
-    wtail = _overlap_weight(cc - BC, L, D, LS).to(tl.float32)  # [BC]
+    wmap = tl.where(ccv[:, None], wmap, 0.0)
+    wtail = tl.where(ccv, _overlap_weight(cc - BCR, L, D, LS), 0).to(tl.float32)  # [BC]
 
     qk_scale = sm_scale * 1.4426950408889634
     col = tl.arange(0, NP)
@@ -92,11 +94,11 @@ def _topk_kernel(
     best = tl.where(col < N, -(c64 + 1), top - c64)[None, :] + tl.zeros([BT, NP], tl.int64)
     carry = tl.zeros([BT], tl.float32)
     for c in range(0, n_chunks):
-        ci = c * BC + cc
+        ci = c * BCR + cc
         kt = tl.load(kc_base + ci.to(tl.int64)[:, None] * (H * K) + offk[None, :],
-                     mask=(ci < Nc)[:, None] & kmask[None, :], other=0.0)
+                     mask=((ci < Nc) & ccv)[:, None] & kmask[None, :], other=0.0)
         s = tl.dot(qt, tl.trans(kt)) * qk_scale
-        vis = ci[None, :] <= hi_r[:, None]
+        vis = (ci[None, :] <= hi_r[:, None]) & ccv[None, :]
         p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
         ps = tl.sum(tl.reshape(p, [BT, GP, BC]), 1)  # [BT, BC], summed over the group's heads
         sc = tl.sum(ps[:, :, None] * wmap[None, :, :], 1)  # [BT, BJ]
@@ -132,6 +134,8 @@ def _launch(q, kc, lse, cfg: NSAConfig, q_start: int):
     idx = torch.empty(B, Tq, H, n, device=q.device, dtype=torch.int64)
     if Tq == 0:
         return idx
+    if Nc == 0:  # nothing to score; a valid pointer for the (fully masked) loads
+        kc = q.new_zeros(B, 1, H, K)
     GP = triton.next_power_of_2(G)
     NP = max(16, triton.next_power_of_2(n))
     interpret = q.device.type == "cpu"
@@ -143,7 +147,8 @@ def _launch(q, kc, lse, cfg: NSAConfig, q_start: int):
     _topk_kernel[grid](
         q, kc, lse, idx, Tq, Nc, q_start, 1.0 / math.sqrt(K),
         H=H, G=G, GP=GP, K=K, BK=BK, L=cfg.cmp_block, D=cfg.cmp_stride, LS=cfg.sel_block,
-        N=n, NP=NP, BT=BT, num_warps=4 if interpret else 8, num_stages=1 if interpret else 2,
+        N=n, NP=NP, BT=BT, BC=triton.next_power_of_2(NP * (cfg.sel_block // cfg.cmp_stride)),
+        num_warps=4 if interpret else 8, num_stages=1 if interpret else 2,
     )
     return idx
 

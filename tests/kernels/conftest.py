@@ -1,0 +1,81 @@
+"""Fixtures for the Triton kernel tests.
+
+``kdev`` gives the device the kernels run on: CUDA when present, else the CPU under Triton's
+interpreter. Whether Triton interprets is fixed when each @triton.jit decorator runs, Triton's
+own standard library included, so on a machine without CUDA this conftest imports triton and
+the kernel modules with TRITON_INTERPRET=1 as soon as it is loaded (before any test imports
+triton), then restores the variable. ``kdev`` sets it again only while a kernel test module
+runs: other tests in the same pytest process keep seeing the Triton backends as unavailable on
+CPU, and 'auto' routing never depends on test order.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+KERNEL_MODULES = ("band_attention", "compressed", "topk", "selection", "window")
+
+
+def _prepare_interpreter() -> str | None:
+    """Import triton and the kernels interpreted; None when ready, else why not."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    if "triton" in sys.modules:
+        return ("triton was imported before tests/kernels/conftest.py could select its interpreter; "
+                "run with TRITON_INTERPRET=1")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import triton.language  # noqa: F401
+        for name in KERNEL_MODULES:
+            importlib.import_module(f"nsa.kernels.{name}")
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        return f"triton is not importable: {e}"
+    finally:
+        del os.environ["TRITON_INTERPRET"]
+    return None
+
+
+_INTERP_PROBLEM = None if torch.cuda.is_available() else _prepare_interpreter()
+
+
+@pytest.fixture(scope="module")
+def kdev():
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        pytest.skip(f"triton is not importable: {e}")
+    if torch.cuda.is_available():
+        yield torch.device("cuda")
+        return
+    if _INTERP_PROBLEM:
+        pytest.skip(_INTERP_PROBLEM)
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield torch.device("cpu")
+    finally:
+        if old is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+@pytest.fixture(autouse=True)
+def _nan_poisoned_empty(monkeypatch):
+    """torch.empty/empty_like return NaN-filled float tensors during kernel tests, so a tile
+    a kernel never wrote shows up as NaN instead of leftover memory."""
+    real_empty, real_like = torch.empty, torch.empty_like
+
+    def poison(t):
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        elif t.dtype in (torch.int32, torch.int64):
+            t.fill_(-7)
+        return t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: poison(real_empty(*a, **k)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(real_like(*a, **k)))

@@ -1,0 +1,197 @@
+#!/usr/bin/env python
+"""Training throughput and peak memory of an NSA config over micro-batch sizes x sequence
+lengths, on one GPU, optionally beside a dense-attention (SDPA, causal) GPT of the same shape.
+
+    python bench/train_throughput.py                                  # m7c_125m, B in 1 2 4, T in 1024 2048 4096
+    python bench/train_throughput.py --batch-sizes 1 2 --seq-lens 2048 --baseline --json out.json
+    python bench/train_throughput.py --config tiny --device cpu --batch-sizes 1 --seq-lens 64 --steps 2 --warmup 1
+
+Each cell builds a fresh model, runs ``--warmup`` untimed optimizer steps, then ``--steps``
+timed ones (forward, backward, clip, AdamW step; bf16 autocast by default; gradient
+accumulation as configured) with a device synchronisation around the timed region. Tokens/s =
+batch x seq_len x grad_accum x steps / seconds. A cell that runs out of memory is reported as
+OOM and the sweep goes on. Which backend each NSA stage used is printed once per cell.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from nsa.model import NSATransformer, backend_report  # noqa: E402
+from nsa.model.config import ModelConfig  # noqa: E402
+from nsa.train.config import load_run_config  # noqa: E402
+from nsa.train.optim import build_optimizer  # noqa: E402
+from nsa.train.parallelize import apply_activation_checkpointing, apply_compile  # noqa: E402
+
+GB = 1024**3
+
+
+class DenseAttention(nn.Module):
+    """Causal GQA attention through F.scaled_dot_product_attention: the dense baseline."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.h, self.kv, self.d = cfg.n_heads, cfg.n_kv_groups, cfg.head_dim
+        self.q = nn.Linear(cfg.dim, self.h * self.d, bias=False)
+        self.kv_proj = nn.Linear(cfg.dim, 2 * self.kv * self.d, bias=False)
+        self.o = nn.Linear(self.h * self.d, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q(x).view(B, T, self.h, self.d).transpose(1, 2)
+        k, v = self.kv_proj(x).view(B, T, 2, self.kv, self.d).unbind(2)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o(o.transpose(1, 2).reshape(B, T, -1))
+
+
+class DenseBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n1, self.n2 = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps), nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.attn = DenseAttention(cfg)
+        self.up = nn.Linear(cfg.dim, 2 * cfg.ffn_hidden, bias=False)
+        self.down = nn.Linear(cfg.ffn_hidden, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.n1(x))
+        g, u = self.up(self.n2(x)).chunk(2, dim=-1)
+        return x + self.down(F.silu(g) * u)
+
+
+class DenseGPT(nn.Module):
+    """Same width, depth, heads and FFN as the NSA model; attention is dense causal SDPA
+    (no RoPE: it does not change the cost materially)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(DenseBlock(cfg) for _ in range(cfg.n_layers))
+        self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.norm(x))
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_cell(kind: str, cfg, batch: int, seq_len: int, args, device: torch.device) -> dict:
+    tc = cfg.train
+    torch.manual_seed(0)
+    model = (NSATransformer(cfg.model) if kind == "nsa" else DenseGPT(cfg.model)).to(device)
+    if tc.activation_checkpointing:
+        apply_activation_checkpointing(model)
+    if tc.compile:
+        apply_compile(model)
+    opt = build_optimizer(model, tc)
+    dtype = torch.bfloat16 if tc.dtype == "bfloat16" else None
+    x = torch.randint(0, cfg.model.vocab_size, (batch, seq_len + 1), device=device)
+    inp, tgt = x[:, :-1], x[:, 1:]
+
+    def step() -> None:
+        for _ in range(tc.grad_accum):
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                logits = model(inp)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten()) / tc.grad_accum
+            loss.backward()
+        if tc.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(args.warmup):
+        step()
+    sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    sync(device)
+    secs = time.perf_counter() - t0
+    out = {
+        "model": kind, "batch": batch, "seq_len": seq_len, "grad_accum": tc.grad_accum,
+        "toks_per_s": batch * seq_len * tc.grad_accum * args.steps / secs,
+        "step_ms": 1000 * secs / args.steps,
+        "peak_alloc_gb": torch.cuda.max_memory_allocated(device) / GB if device.type == "cuda" else None,
+        "peak_reserved_gb": torch.cuda.max_memory_reserved(device) / GB if device.type == "cuda" else None,
+        "status": "ok",
+    }
+    if kind == "nsa":
+        out["backends"] = {s: b["backend"] for s, b in backend_report(model).items()}
+    return out
+
+
+def fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default="m7c_125m", help="preset or YAML (model + train sections are used)")
+    p.add_argument("--override", action="append", default=[], help="dotted overrides, e.g. 'train.grad_accum=1'")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4], help="micro-batch sizes")
+    p.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 2048, 4096], help="sequence lengths")
+    p.add_argument("--steps", type=int, default=10, help="timed optimizer steps per cell")
+    p.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps per cell (compile, autotune)")
+    p.add_argument("--baseline", action="store_true", help="also time a dense-SDPA GPT of the same shape")
+    p.add_argument("--device", default="cuda", help="cuda (default) or cpu (smoke test only)")
+    p.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    args = p.parse_args(argv)
+
+    cfg, _ = load_run_config(args.config, args.override, env={})
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            p.error("--device cuda but CUDA is not available (use --device cpu for a smoke test)")
+        torch.cuda.set_device(device.index or 0)
+        print(f"# {torch.cuda.get_device_name(device)}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    tc = cfg.train
+    print(f"# config {args.config}: dim {cfg.model.dim}, {cfg.model.n_layers} layers, dtype {tc.dtype}, "
+          f"grad_accum {tc.grad_accum}, activation_checkpointing {tc.activation_checkpointing}, "
+          f"compile {tc.compile}, fused_adamw {tc.fused_adamw}; {args.warmup} warm-up + {args.steps} timed steps")
+    kinds = ["nsa"] + (["dense"] if args.baseline else [])
+    rows = []
+    print("| model | batch | seq_len | toks/s | step ms | peak alloc GB | peak reserved GB | status |")
+    print("|---|---|---|---|---|---|---|---|")
+    for seq_len in args.seq_lens:
+        for batch in args.batch_sizes:
+            for kind in kinds:
+                try:
+                    row = run_cell(kind, cfg, batch, seq_len, args, device)
+                except torch.OutOfMemoryError:
+                    row = {"model": kind, "batch": batch, "seq_len": seq_len, "toks_per_s": None,
+                           "step_ms": None, "peak_alloc_gb": None, "peak_reserved_gb": None, "status": "OOM"}
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                rows.append(row)
+                print(f"| {kind} | {batch} | {seq_len} | {fmt(row['toks_per_s'], ',.0f')} | "
+                      f"{fmt(row['step_ms'], '.1f')} | {fmt(row['peak_alloc_gb'], '.2f')} | "
+                      f"{fmt(row['peak_reserved_gb'], '.2f')} | {row['status']} |", flush=True)
+    backends = next((r["backends"] for r in rows if "backends" in r), None)
+    if backends:
+        print(f"# NSA backends: {backends}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

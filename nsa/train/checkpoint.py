@@ -9,6 +9,7 @@ wrappers (their prefixes are stripped from parameter names).
 from __future__ import annotations
 
 import os
+import pickle
 import random
 from pathlib import Path
 from typing import Any
@@ -103,8 +104,9 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, i
     """Restore model, optimizer and this rank's RNG; returns {step, data_position, config}."""
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError) as exc:
-        raise CheckpointError(f"{path}: cannot load checkpoint ({exc})") from None
+    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
+        # UnpicklingError: garbage bytes, or a pickle that weights_only refuses to execute
+        raise CheckpointError(f"{path}: cannot load checkpoint ({str(exc).splitlines()[0]})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a checkpoint of format {FORMAT}")
     opts = StateDictOptions(full_state_dict=True)

@@ -56,6 +56,16 @@ def truncate_csv(path: Path, keep_through_step: int) -> None:
         csv.writer(fh).writerows(kept)
 
 
+def drop_torn_tail(path: Path) -> None:
+    """Cut a half-written last line (a writer killed mid-line) so appends start on a new line."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with open(path, "r+b") as fh:
+            fh.truncate(data.rfind(b"\n") + 1)
+
+
 class Telemetry:
     def __init__(self, out_dir: Path, rank: int, is_master: bool, device: torch.device,
                  heartbeat: bool, nvtx: bool, resume_step: int = 0):
@@ -78,6 +88,8 @@ class Telemetry:
             hb_path = self.out_dir / f"heartbeat_rank{rank}.jsonl"
             if resume_step == 0:
                 hb_path.unlink(missing_ok=True)
+            else:
+                drop_torn_tail(hb_path)  # appending after half a line would corrupt both
             self._hb = open(hb_path, "a", buffering=1)
         self.util_reason = ""
 

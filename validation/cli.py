@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from . import DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, hardware, report
@@ -38,6 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--phase", action="append", default=None, help="run only this phase (repeatable)")
     r.add_argument("--hardware-mismatch", choices=MISMATCH_POLICIES, default="run",
                    help="what to do when the GPUs differ from the profile's (default: run and report)")
+    r.add_argument("--jobs", type=int, default=None,
+                   help="single-process points to run at once (default: the runbook's max_parallel)")
     r.add_argument("--no-report", action="store_true", help="store results without rendering the report")
     r.add_argument("--no-plots", action="store_true", help="render the report without PNG plots")
 
@@ -86,13 +89,41 @@ def cmd_run(args: argparse.Namespace) -> int:
           file=sys.stderr)
     for diff in hardware.mismatches(prof, hw):
         print(f"nsa-validate: note: {diff}", file=sys.stderr)
-    for i, point in enumerate(points, 1):
-        progress.done(f"[{i}/{len(points)}] {point.test_id} ...")
-        rec = run_point(point, args.results_dir, mismatch=args.hardware_mismatch, progress=progress)
-        progress.done(f"[{i}/{len(points)}] {point.test_id}: {rec['status']} ({rec['wall_s']:.1f}s) {rec['reason']}")
+    jobs = args.jobs or rb.max_parallel
+    n = len(points)
+    for batch in _batches(points, jobs):
+        for point in batch:
+            progress.done(f"[{points.index(point) + 1}/{n}] {point.test_id} ...")
+        live = progress if len(batch) == 1 else None
+        with ThreadPoolExecutor(max_workers=len(batch)) as pool:
+            futures = {pool.submit(run_point, p, args.results_dir, mismatch=args.hardware_mismatch, progress=live): p
+                       for p in batch}
+            for fut in as_completed(futures):
+                point, rec = futures[fut], fut.result()
+                progress.done(f"[{points.index(point) + 1}/{n}] {point.test_id}: {rec['status']} "
+                              f"({rec['wall_s']:.1f}s) {rec['reason']}")
     if args.no_report:
         return 0
     return _render(args.results_dir, rb.name, prof.name, rb, prof, not args.no_plots)
+
+
+def _batches(points, jobs: int):
+    """Runbook order, with up to ``jobs`` consecutive single-process points run together;
+    a multi-process (torchrun) point always runs alone."""
+    batch = []
+    for p in points:
+        if p.nproc > 1 or jobs <= 1:
+            if batch:
+                yield batch
+                batch = []
+            yield [p]
+            continue
+        batch.append(p)
+        if len(batch) == jobs:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _render(results_dir: Path, rb_name: str, prof_name: str, rb, prof, plots: bool) -> int:

@@ -111,6 +111,9 @@ class Runbook:
     source: str
     profiles: tuple[str, ...]
     phases: tuple[Phase, ...]
+    max_parallel: int = 1
+    """How many single-process points the CLI may run at once (torchrun points always run
+    alone). 1 for GPU runbooks, whose throughput numbers must not share the machine."""
 
     def phase(self, name: str) -> Phase:
         for p in self.phases:
@@ -378,7 +381,7 @@ def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None
     """Load and validate a runbook (a path, or a name under runbooks/)."""
     path = _resolve(path_or_name, RUNBOOK_DIR)
     data = _read_yaml(path)
-    r = _Reader(path, data, "", ("name", "description", "source", "profiles", "defaults", "phases"),
+    r = _Reader(path, data, "", ("name", "description", "source", "profiles", "max_parallel", "defaults", "phases"),
                 ("name", "profiles", "phases"))
     d = _Reader(path, r.get("defaults", {}), "defaults", _DEFAULT_KEYS)
     defaults = {
@@ -404,7 +407,7 @@ def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None
             r.fail(f"phases[{i}].name", f"duplicate phase name {p.name!r}")
         seen.add(p.name)
     return Runbook(r.str_("name", pattern=_NAME), path, r.str_("description", "") or "",
-                   r.str_("source", "") or "", tuple(profiles), phases)
+                   r.str_("source", "") or "", tuple(profiles), phases, r.int_("max_parallel", 1, minimum=1))
 
 
 def load_profile(path_or_name: str | Path) -> Profile:

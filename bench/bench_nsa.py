@@ -1,0 +1,180 @@
+"""Benchmark of the NSA core (Triton kernels: compressed + selection + window branches and the
+gates) against full causal attention (PyTorch SDPA, flash and cuDNN backends), FlexAttention
+with a 512-token sliding window, and fla-core's parallel_nsa (compression + selection, its
+defaults) when importable. Forward and forward+backward, one set of random inputs per shape,
+triton.testing.do_bench medians, peak memory of one forward+backward.
+
+    python bench/bench_nsa.py                       # all shapes
+    python bench/bench_nsa.py --shapes 2k m7c_125m   # some of them
+    python bench/bench_nsa.py --json out.json       # also write the rows as JSON
+
+Shapes: B=1, HQ=64, H=4, K=128, bf16, S in 2k/8k/32k/64k; and m7c_125m (B=8, HQ=12, H=2,
+K=64, S=2048). NSA hyper-parameters are the paper defaults (l=32, d=16, l'=64, n=16, w=512).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from nsa.attention.backends import Route  # noqa: E402
+from nsa.attention.config import NSAConfig  # noqa: E402
+from nsa.attention.core import nsa_core  # noqa: E402
+from nsa.attention.torch_branches import visible_compressed  # noqa: E402
+
+SHAPES = {  # name: (B, S, HQ, H, K)
+    "2k": (1, 2048, 64, 4, 128),
+    "8k": (1, 8192, 64, 4, 128),
+    "32k": (1, 32768, 64, 4, 128),
+    "64k": (1, 65536, 64, 4, 128),
+    "m7c_125m": (8, 2048, 12, 2, 64),
+}
+
+
+def _bench(fn) -> float:
+    """Median ms; warm-up and repetitions scaled to the op's own duration."""
+    import triton
+
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    est = (time.perf_counter() - t0) * 1e3
+    return triton.testing.do_bench(fn, warmup=max(25, 2 * est), rep=max(100, 8 * est), return_mode="median")
+
+
+def _peak_gib(fn) -> float:
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**30
+
+
+def _inputs(B, S, HQ, H, K, cfg, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dev, dt = "cuda", torch.bfloat16
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, device=dev, dtype=torch.float32).to(dt).requires_grad_()
+
+    Nc = int(visible_compressed(torch.tensor([S - 1]), cfg).item())
+    x = dict(q=rnd(B, S, HQ, K), kc=rnd(B, Nc, H, K), vc=rnd(B, Nc, H, K),
+             k_sel=rnd(B, S, H, K), v_sel=rnd(B, S, H, K), k_win=rnd(B, S, H, K), v_win=rnd(B, S, H, K))
+    x["gates"] = torch.sigmoid(torch.randn(B, S, HQ, 3, generator=g, device=dev)).to(dt).requires_grad_()
+    x["do"] = torch.randn(B, S, HQ, K, generator=g, device=dev, dtype=torch.float32).to(dt)
+    return x
+
+
+def _fwd_bwd(fwd, leaves, do):
+    def run():
+        o = fwd()
+        torch.autograd.grad(o, leaves, do)
+    return run
+
+
+def _no_grad(fwd):
+    def run():
+        with torch.no_grad():
+            fwd()
+    return run
+
+
+def _methods(x, cfg, win_backend):
+    """name -> (forward closure, leaves) for every method that can run here."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    routes = {s: Route(s, "triton", "bench") for s in ("cmp", "select", "sel")}
+    routes["win"] = Route("win", win_backend, "bench")
+    q, gates = x["q"], x["gates"]
+    core_leaves = [x[n] for n in ("q", "kc", "vc", "k_sel", "v_sel", "k_win", "v_win", "gates")]
+    out = {"NSA core (triton)": (lambda: nsa_core(*core_leaves[:7], gates, cfg, routes), core_leaves)}
+
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, x["k_sel"], x["v_sel"]))
+    gqa = q.shape[2] != x["k_sel"].shape[2]
+    for name, backend in (("SDPA flash (full causal)", SDPBackend.FLASH_ATTENTION),
+                          ("SDPA cuDNN (full causal)", SDPBackend.CUDNN_ATTENTION)):
+        def sdpa(backend=backend):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
+        out[name] = (sdpa, [q, x["k_sel"], x["v_sel"]])
+
+    from nsa.kernels.window import flex_win_attention
+    wcfg = NSAConfig(window=512)
+    out["FlexAttention (window 512)"] = (
+        lambda: flex_win_attention(q, x["k_win"], x["v_win"], wcfg), [q, x["k_win"], x["v_win"]])
+
+    try:
+        from fla.ops.nsa import parallel_nsa
+    except ImportError as e:
+        print(f"# fla-core not importable ({e}); its rows are skipped")
+    else:
+        g_cmp, g_slc = gates[..., 0].detach().clone().requires_grad_(), gates[..., 1].detach().clone().requires_grad_()
+        out["fla parallel_nsa (cmp+sel)"] = (
+            lambda: parallel_nsa(q, x["k_sel"], x["v_sel"], g_cmp=g_cmp, g_slc=g_slc,
+                                 block_counts=cfg.n_selected, block_size=cfg.sel_block, window_size=0),
+            [q, x["k_sel"], x["v_sel"], g_cmp, g_slc])
+    return out
+
+
+def run(shapes, win_backend="triton", json_path=None, skip=()):
+    cfg = NSAConfig()
+    rows = []
+    dev = torch.cuda.get_device_name()
+    print(f"# {dev}; torch {torch.__version__}; python {platform.python_version()}; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    hdr = f"| {'shape':9} | {'method':28} | {'fwd ms':>8} | {'fwd+bwd ms':>10} | {'peak GiB':>8} |"
+    print(hdr)
+    print("|" + "|".join("-" * (len(c)) for c in hdr.split("|")[1:-1]) + "|")
+    for name in shapes:
+        B, S, HQ, H, K = SHAPES[name]
+        x = _inputs(B, S, HQ, H, K, cfg)
+        for meth, (fwd, leaves) in _methods(x, cfg, win_backend).items():
+            if any(s in meth for s in skip):
+                continue
+            try:
+                t_f = _bench(_no_grad(fwd))
+                fb = _fwd_bwd(fwd, leaves, x["do"])
+                t_fb = _bench(fb)
+                mem = _peak_gib(fb)
+            except Exception as e:  # a baseline that cannot run here is reported, not fatal
+                msg = f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
+                print(f"| {name:9} | {meth:28} | {'n/a':>8} | {'n/a':>10} | {'n/a':>8} | {msg}")
+                rows.append(dict(shape=name, method=meth, error=msg))
+                torch.cuda.empty_cache()
+                continue
+            print(f"| {name:9} | {meth:28} | {t_f:8.2f} | {t_fb:10.2f} | {mem:8.2f} |", flush=True)
+            rows.append(dict(shape=name, B=B, S=S, HQ=HQ, H=H, K=K, method=meth,
+                             fwd_ms=t_f, fwd_bwd_ms=t_fb, peak_gib=mem))
+        del x
+        torch.cuda.empty_cache()
+    if json_path:
+        Path(json_path).write_text(json.dumps(dict(device=dev, torch=torch.__version__, rows=rows), indent=1))
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--win", default="triton", choices=["triton", "flex", "flash_attn"],
+                    help="window backend inside the NSA core")
+    ap.add_argument("--skip", nargs="*", default=[], help="skip methods whose name contains this")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("bench_nsa.py needs a CUDA GPU")
+    run(a.shapes, a.win, a.json, a.skip)
+
+
+if __name__ == "__main__":
+    main()

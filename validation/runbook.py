@@ -281,9 +281,14 @@ def _overrides(r: _Reader, key: str, data: Any) -> dict[str, Scalar]:
         if not isinstance(k, str) or not _OVERRIDE_KEY.match(k):
             r.fail(f"{key}.{k}", "override keys are dotted lower-case names like train.seq_len")
         out[k] = _scalar(r, f"{key}.{k}", v)
-        if k.endswith((".path", ".out_dir", "_dir", "_path")) and isinstance(v, str) and not _inside(v):
-            r.fail(f"{key}.{k}", f"path {v!r} must be relative and stay inside the repository (no '..')")
+        _check_path(r, f"{key}.{k}", k, v)
     return out
+
+
+def _check_path(r: _Reader, key: str, k: str, v: Any) -> None:
+    """A value of a path-like key (data.path, train.out_dir, train.resume, ...) stays inside."""
+    if k.endswith((".path", ".out_dir", "_dir", "_path", ".resume")) and isinstance(v, str) and not _inside(v):
+        r.fail(key, f"path {v!r} must be relative and stay inside the repository (no '..')")
 
 
 def _inside(v: str) -> bool:
@@ -326,6 +331,8 @@ def _sweep(r: _Reader, key: str, data: Any) -> dict[str, tuple[Scalar, ...]]:
         if not isinstance(values, list) or not values:
             r.fail(kk, f"expected a non-empty list of values, got {values!r}")
         out[k] = tuple(_scalar(r, kk, v) for v in values)
+        for v in out[k]:
+            _check_path(r, kk, k, v)
     return out
 
 

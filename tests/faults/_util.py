@@ -1,0 +1,177 @@
+"""Helpers of the fault-injection suite: run the REAL trainer (``python -m nsa.train``, alone or
+under torchrun) and the REAL harness CLI (``python -m validation``) as subprocesses with hard
+timeouts, write tmp runbooks, and check that nothing is left running or lost afterwards.
+
+Every launch here starts its own session (process group) and, on timeout, the whole group is
+SIGKILLed and the test fails: pytest itself never hangs on a fault.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+PY = sys.executable
+
+#: watchdog settings of every faulted run (short: CPU CI), and the bound the issue sets on the
+#: stall and kill paths: watchdog limit + 30 s
+WATCHDOG_S = 10.0
+STALL_BOUND_S = WATCHDOG_S + 30.0
+#: the trainer's model/data overrides for every run: tiny preset, seq_len 64, synthetic data
+TINY = {"data.dataset": "synthetic", "train.seq_len": 64, "train.batch_size": 2,
+        "watchdog.timeout_s": WATCHDOG_S, "watchdog.poll_s": 0.5, "watchdog.grace_s": 3}
+
+
+def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without NSA_*/CONFIG (a stray NSA_FAULT must not leak into a
+    run), single-threaded BLAS (2-core CI), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not (k.startswith("NSA_") or k == "CONFIG")}
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class Proc:
+    argv: list[str]
+    rc: int | None
+    stdout: str
+    stderr: str
+    elapsed: float
+    pid: int
+
+
+def launch(argv: Sequence[str], *, timeout: float, env: dict[str, str] | None = None,
+           cwd: Path = REPO) -> subprocess.Popen:
+    return subprocess.Popen([str(a) for a in argv], cwd=cwd, env=env or clean_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, *, timeout: float, started: float) -> Proc:
+    """Wait for ``proc``; past ``timeout`` kill its whole group and fail the test."""
+    try:
+        out, err = proc.communicate(timeout=max(0.1, timeout - (time.monotonic() - started)))
+    except subprocess.TimeoutExpired:
+        kill_group(proc.pid)
+        out, err = proc.communicate()
+        raise AssertionError(f"{' '.join(proc.args)} did not finish in {timeout:g}s (killed);\n"
+                             f"stderr tail:\n{err[-3000:]}") from None
+    return Proc(list(proc.args), proc.returncode, out, err, time.monotonic() - started, proc.pid)
+
+
+def run(argv: Sequence[str], *, timeout: float, env: dict[str, str] | None = None) -> Proc:
+    started = time.monotonic()
+    return finish(launch(argv, timeout=timeout, env=env), timeout=timeout, started=started)
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def trainer_argv(out_dir: Path, steps: int, overrides: dict[str, Any] | None = None, nproc: int = 1,
+                 config: str = "tiny") -> list[str]:
+    ov = {**TINY, "dist.mode": "ddp" if nproc > 1 else "single", **(overrides or {})}
+    args = ["-m", "nsa.train", "--config", config, "--out-dir", str(out_dir), "--steps", str(steps),
+            "--override", " ".join(f"{k}={v}" for k, v in ov.items())]
+    if nproc > 1:
+        return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    return [PY, *args]
+
+
+def harness(*args: str, timeout: float = 240, env: dict[str, str] | None = None) -> Proc:
+    """``python -m validation ARGS`` (the nsa-validate CLI)."""
+    return run([PY, "-m", "validation", *args], timeout=timeout, env=env)
+
+
+# ------------------------------------------------------------------------------- runbooks
+def write_runbook(path: Path, phases: list[dict[str, Any]], name: str = "faults") -> Path:
+    data = {"name": name, "description": "fault-injection suite (tests/faults)", "profiles": ["cpu"],
+            "defaults": {"launcher": {"kind": "python"}, "config": "tiny",
+                         "overrides": {**TINY, "dist.mode": "single"}, "env": {"OMP_NUM_THREADS": 1},
+                         "steps": 6, "timeout_s": 120},
+            "phases": phases}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def fault_phase(name: str, fault: str = "", nproc: int = 1, steps: int = 6, **extra: Any) -> dict[str, Any]:
+    phase: dict[str, Any] = {"name": name, "kind": "train", "steps": steps,
+                             "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1},
+                                       {"metric": "steps_completed", "op": ">=", "threshold": steps}]}
+    if nproc > 1:
+        phase["launcher"] = {"kind": "torchrun", "nproc": nproc}
+        phase["overrides"] = {"dist.mode": "ddp"}
+    if fault:
+        phase["env"] = {"NSA_FAULT": fault}
+    phase.update(extra)
+    return phase
+
+
+def load_store(results: Path) -> dict[str, Any]:
+    return json.loads((results / "results.json").read_text())
+
+
+def record(results: Path, phase: str) -> dict[str, Any]:
+    recs = [r for r in load_store(results)["records"].values() if r["key"]["phase"] == phase]
+    assert len(recs) == 1, f"expected one record of phase {phase}, store has {len(recs)}"
+    return recs[0]
+
+
+def findings_of(results: Path, phase: str) -> list[dict[str, Any]]:
+    from validation.findings import find
+    return [f for f in find(list(load_store(results)["records"].values())) if f["phase"] == phase]
+
+
+# ---------------------------------------------------------------------------- nothing lost
+def tree_digest(root: Path) -> dict[str, str]:
+    """sha256 of every file under root (relative path -> digest)."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def assert_no_orphans(marker: str, within_s: float = 10.0) -> None:
+    """No live process has ``marker`` (a test's unique tmp dir) in its command line. Zombies
+    (already dead, awaiting their reaper) have an empty cmdline and do not count."""
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = processes_with(marker)
+        if not alive:
+            return
+        if time.monotonic() > deadline:
+            for pid in alive:  # leave nothing behind for the next test, then fail this one
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            raise AssertionError(f"orphaned processes still running {within_s:g}s after the run: {alive}")
+        time.sleep(0.2)
+
+
+def processes_with(marker: str) -> dict[int, str]:
+    me = os.getpid()
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == me:
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+            continue
+        if marker in cmd and state != "Z":
+            out[int(d.name)] = cmd[:200]
+    return out

@@ -1,0 +1,132 @@
+"""Rank faults through the real harness and the real trainer: a stalled rank, a SIGKILLed rank,
+an exception on one rank, NaN/inf loss and out of memory. Each must end with the right verdict
+and finding (cause, rank, step, evidence files) within its bound, leave no process behind, and
+leave the earlier run's record, artifacts and the store intact."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.faults import _util as U
+
+pytestmark = pytest.mark.faults
+
+
+def _finding(seeded, phase: str, prefix: str) -> dict:
+    found = [f for f in U.findings_of(seeded.results, phase) if f["title"].startswith(prefix)]
+    assert found, f"no '{prefix}' finding for {phase}: {[f['title'] for f in U.findings_of(seeded.results, phase)]}"
+    return found[0]
+
+
+def _report(seeded) -> str:
+    return (seeded.results / "reports" / "faults__cpu.md").read_text()
+
+
+def _common_after(seeded, rec: dict, p: U.Proc) -> None:
+    """Harness exit 1 (NO-GO), the report names both runs, nothing orphaned or lost."""
+    assert p.rc == 1, f"harness exit {p.rc}, expected 1 (NO-GO):\n{p.stderr[-2000:]}"
+    report = _report(seeded)
+    assert "**Status: NO-GO**" in report
+    assert "| healthy | default |" in report, "the earlier run is missing from the report"
+    env = json.loads((seeded.results / rec["out_dir"] / "env.json").read_text())
+    assert env["fault_injection"] == rec["env"]["NSA_FAULT"], "env.json must record the active fault"
+    U.assert_no_orphans(str(seeded.root))
+    seeded.intact()
+
+
+@pytest.mark.distributed
+def test_stalled_rank_is_halted_by_the_watchdog(seeded, matrix):
+    matrix.start("stalled rank", "`NSA_FAULT=stall:rank=1:step=3`, torchrun x2 (DDP, gloo)",
+                 "watchdog fires on every rank: stack dumps, .HALT, exit 3; FAIL naming rank 1 stuck at step 3")
+    rb = seeded.runbook(U.fault_phase("stall", "stall:rank=1:step=3", nproc=2))
+    p = seeded.run(rb, "stall")
+    rec = U.record(seeded.results, "stall")
+    assert rec["status"] == "FAIL" and "watchdog" in rec["reason"], rec["reason"]
+    assert not rec["timed_out"], "the harness timeout fired: the watchdog did not end the run"
+    assert rec["wall_s"] <= U.STALL_BOUND_S, f"stall took {rec['wall_s']}s > {U.STALL_BOUND_S}s"
+    ev = rec["evidence"]
+    assert set(ev["stackdumps"]) == {"0", "1"}, "every rank must leave a stack dump"
+    assert {"stackdump_rank0.txt", "stackdump_rank1.txt", ".HALT"} <= set(ev["files"]) | {".HALT"}
+    assert ev["halt"]
+    # the stalled rank is named with where it is stuck (the injected sleep) and its step
+    f = _finding(seeded, "stall", "stall in stall")
+    text = f["title"] + "\n" + "\n".join(f["detail"])
+    assert "rank 1 in at" in f["title"], text
+    assert "rank 1: last heartbeat step 3, stage forward" in text and "faults.py" in text, text
+    assert "rank 0: last heartbeat step 3" in text, text
+    _common_after(seeded, rec, p)
+    matrix.done(rec["status"], rec["reason"] + " | " + f["title"], rec["wall_s"], U.STALL_BOUND_S)
+
+
+@pytest.mark.distributed
+def test_sigkilled_rank_ends_the_run(seeded, matrix):
+    matrix.start("SIGKILLed rank", "`NSA_FAULT=kill:rank=1:step=3` (SIGKILL to itself), torchrun x2",
+                 "torchrun ends the survivors; FAIL naming rank 1, its signal and its last step")
+    rb = seeded.runbook(U.fault_phase("kill", "kill:rank=1:step=3", nproc=2))
+    p = seeded.run(rb, "kill")
+    rec = U.record(seeded.results, "kill")
+    assert rec["status"] == "FAIL" and "crashed" in rec["reason"], rec["reason"]
+    assert not rec["timed_out"]
+    assert rec["wall_s"] <= U.STALL_BOUND_S, f"kill took {rec['wall_s']}s > {U.STALL_BOUND_S}s"
+    f = _finding(seeded, "kill", "crash in kill")
+    text = f["title"] + "\n" + "\n".join(f["detail"])
+    assert "rank 1" in f["title"] and "SIGKILL" in f["title"], text
+    assert "rank 1: last heartbeat step 3" in text, text
+    assert "trainer.stderr.log" in text
+    _common_after(seeded, rec, p)
+    matrix.done(rec["status"], rec["reason"] + " | " + f["title"], rec["wall_s"], U.STALL_BOUND_S)
+
+
+@pytest.mark.distributed
+def test_exception_on_one_rank(seeded, matrix):
+    matrix.start("exception on one rank", "`NSA_FAULT=crash:rank=1:step=2:stage=backward`, torchrun x2",
+                 "FAIL with the exception, rank 1, step 2, stderr log")
+    rb = seeded.runbook(U.fault_phase("crash", "crash:rank=1:step=2:stage=backward", nproc=2))
+    p = seeded.run(rb, "crash")
+    rec = U.record(seeded.results, "crash")
+    assert rec["status"] == "FAIL" and "crashed" in rec["reason"], rec["reason"]
+    assert rec["wall_s"] <= U.STALL_BOUND_S
+    f = _finding(seeded, "crash", "crash in crash")
+    text = f["title"] + "\n" + "\n".join(f["detail"])
+    assert "rank 1" in f["title"], text
+    assert "InjectedFault: injected crash on rank 1 at step 2 stage backward" in f["title"], text
+    assert "rank 1: last heartbeat step 2, stage backward" in text, text
+    _common_after(seeded, rec, p)
+    matrix.done(rec["status"], rec["reason"] + " | " + f["title"], rec["wall_s"], U.STALL_BOUND_S)
+
+
+@pytest.mark.distributed
+def test_nan_loss_halts_with_the_rank_and_step(seeded, matrix):
+    matrix.start("NaN loss", "`NSA_FAULT=nan:rank=0:step=3`, torchrun x2",
+                 "halt before the optimizer step, exit 4; FAIL 'non-finite loss at step 3' naming rank 0; not a stall")
+    rb = seeded.runbook(U.fault_phase("nan", "nan:rank=0:step=3", nproc=2))
+    p = seeded.run(rb, "nan")
+    rec = U.record(seeded.results, "nan")
+    assert rec["status"] == "FAIL", rec
+    assert "non-finite loss at step 3" in rec["reason"], rec["reason"]
+    assert "watchdog" not in rec["reason"], "a NaN halt is not a watchdog stall"
+    assert rec["wall_s"] <= U.STALL_BOUND_S
+    titles = [f["title"] for f in U.findings_of(seeded.results, "nan")]
+    assert not any(t.startswith("stall") for t in titles), titles
+    f = _finding(seeded, "nan", "non-finite loss in nan")
+    assert "step 3" in f["title"] and "rank 0" in f["title"], f["title"]
+    # the halt happened before the optimizer step: the CSV stops at step 2, no NaN row logged
+    assert rec["metrics"]["steps_completed"] == 2
+    _common_after(seeded, rec, p)
+    matrix.done(rec["status"], rec["reason"] + " | " + f["title"], rec["wall_s"], U.STALL_BOUND_S)
+
+
+def test_out_of_memory_on_cpu(seeded, matrix):
+    matrix.start("out of memory (CPU)", "`NSA_FAULT=oom:step=2` (torch.OutOfMemoryError at the forward allocation)",
+                 "oom_rank0.txt written, FAIL naming OutOfMemoryError, rank 0, step 2")
+    rb = seeded.runbook(U.fault_phase("oom", "oom:step=2"))
+    p = seeded.run(rb, "oom")
+    rec = U.record(seeded.results, "oom")
+    assert rec["status"] == "FAIL" and "crashed" in rec["reason"], rec["reason"]
+    assert "oom_rank0.txt" in rec["evidence"]["files"]
+    assert "step 2" in (seeded.results / rec["out_dir"] / "oom_rank0.txt").read_text()
+    f = _finding(seeded, "oom", "crash in oom")
+    assert "OutOfMemoryError" in f["title"] and "rank 0" in f["title"] and "step 2" in f["title"], f["title"]
+    _common_after(seeded, rec, p)
+    matrix.done(rec["status"], rec["reason"] + " | " + f["title"], rec["wall_s"], 60.0)

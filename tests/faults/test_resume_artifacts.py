@@ -1,0 +1,201 @@
+"""Checkpoints and artifacts on disk, damaged: a clean stop resumes exactly; a truncated, corrupt
+or hostile checkpoint is refused with one line naming the file and nothing already written is
+lost; a torn training.csv row or heartbeat line (a writer killed mid-line) does not poison the
+resumed run; a truncated or corrupt training.csv is an ERROR naming file, row and column."""
+from __future__ import annotations
+
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.faults import _util as U
+from validation.artifacts import read_heartbeats, read_training_csv
+from validation.metrics import RunData
+from validation.phases import ERROR, _collect_train, verdict
+
+pytestmark = pytest.mark.faults
+
+STEPS, STOP = 8, 4
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """A reference run of STEPS steps, and a run stopped cleanly after STOP steps
+    (train.run_steps: checkpoint, exit 0), both on the real trainer."""
+    root = tmp_path_factory.mktemp("resume")
+    ref, stopped = root / "ref", root / "stopped"
+    procs = [(d, U.launch(U.trainer_argv(d, STEPS, ov), timeout=90)) for d, ov in
+             ((ref, {}), (stopped, {"train.run_steps": STOP}))]
+    import time
+    t0 = time.monotonic()
+    for d, proc in procs:
+        p = U.finish(proc, timeout=90, started=t0)
+        assert p.rc == 0, f"{d.name}: exit {p.rc}\n{p.stderr[-2000:]}"
+    assert (stopped / "checkpoints" / "latest").read_text().strip() == f"step_{STOP:07d}.pt"
+    return {"ref": ref, "stopped": stopped}
+
+
+def _copy(runs, tmp_path: Path) -> Path:
+    d = tmp_path / "run"
+    shutil.copytree(runs["stopped"], d)
+    return d
+
+
+def _resume(d: Path) -> U.Proc:
+    return U.run(U.trainer_argv(d, STEPS, {"train.resume": "auto"}), timeout=90)
+
+
+def _losses(d: Path) -> list[tuple[int, float]]:
+    df = read_training_csv(d)
+    return list(zip(df["step"].tolist(), df["loss"].tolist()))
+
+
+def test_clean_stop_then_resume_continues_exactly(runs, tmp_path, matrix):
+    matrix.start("clean stop + resume", "`train.run_steps=4` (clean stop, checkpoint), then `train.resume=auto`",
+                 "resumed loss curve equals an uninterrupted run's, step for step")
+    d = _copy(runs, tmp_path)
+    p = _resume(d)
+    assert p.rc == 0, p.stderr[-2000:]
+    assert _losses(d) == _losses(runs["ref"]), "the resumed run does not continue the loss curve exactly"
+    beats = read_heartbeats(d)[0]
+    assert [b["step"] for b in beats if b.get("stage") == "step"] == list(range(1, STEPS + 1))
+    U.assert_no_orphans(str(tmp_path))
+    matrix.done("exit 0", f"steps 1-{STEPS} identical to the reference run (loss to 6 significant digits)",
+                p.elapsed, 90.0)
+
+
+def _refused(d: Path, needle: str, marker: Path | None = None) -> tuple[U.Proc, str]:
+    """Resume must fail with exit 2 and ONE error line naming ``needle``; the earlier run's
+    artifacts are untouched."""
+    keep = {k: v for k, v in U.tree_digest(d).items() if not k.startswith("checkpoints")}
+    p = _resume(d)
+    errs = [ln for ln in p.stderr.splitlines() if "error" in ln.lower()]
+    assert p.rc == 2, f"exit {p.rc}, expected 2 (bad input):\n{p.stderr[-3000:]}"
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert len(errs) == 1 and needle in errs[0], p.stderr[-3000:]
+    after = {k: v for k, v in U.tree_digest(d).items() if not k.startswith("checkpoints")}
+    assert after == keep, "a refused resume changed the earlier run's training.csv / heartbeats / env.json"
+    if marker is not None:
+        assert not marker.exists(), "the hostile checkpoint executed code"
+    U.assert_no_orphans(str(d))
+    return p, errs[0]
+
+
+def test_truncated_checkpoint_is_refused(runs, tmp_path, matrix):
+    matrix.start("truncated checkpoint", "checkpoint cut to half its size, then `train.resume=auto`",
+                 "exit 2, one line naming the checkpoint file; earlier artifacts intact")
+    d = _copy(runs, tmp_path)
+    ck = d / "checkpoints" / f"step_{STOP:07d}.pt"
+    ck.write_bytes(ck.read_bytes()[: ck.stat().st_size // 2])
+    p, line = _refused(d, str(ck))
+    matrix.done("exit 2", line, p.elapsed, 90.0)
+
+
+def test_corrupt_checkpoint_is_refused(runs, tmp_path, matrix):
+    matrix.start("corrupt checkpoint", "checkpoint overwritten with random bytes, then `train.resume=auto`",
+                 "exit 2, one line naming the checkpoint file; earlier artifacts intact")
+    d = _copy(runs, tmp_path)
+    ck = d / "checkpoints" / f"step_{STOP:07d}.pt"
+    ck.write_bytes(bytes(range(256)) * 64)
+    p, line = _refused(d, str(ck))
+    matrix.done("exit 2", line, p.elapsed, 90.0)
+
+
+class _Evil:
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_hostile_checkpoint_executes_nothing(runs, tmp_path, matrix):
+    matrix.start("hostile checkpoint (pickle)", "a pickle whose load would run `os.system`, as the checkpoint",
+                 "refused by weights_only loading: exit 2 naming the file; nothing executed")
+    d = _copy(runs, tmp_path)
+    ck = d / "checkpoints" / f"step_{STOP:07d}.pt"
+    marker = tmp_path / "PWNED"
+    ck.write_bytes(pickle.dumps({"format": 1, "x": _Evil(str(marker))}))
+    p, line = _refused(d, str(ck), marker)
+    matrix.done("exit 2", line, p.elapsed, 90.0)
+
+
+def test_latest_pointer_to_missing_file(runs, tmp_path, matrix):
+    matrix.start("checkpoint pointer to a missing file", "`checkpoints/latest` names a deleted file",
+                 "exit 2, one line naming the pointer and the file")
+    d = _copy(runs, tmp_path)
+    (d / "checkpoints" / f"step_{STOP:07d}.pt").unlink()
+    p, line = _refused(d, "latest")
+    assert f"step_{STOP:07d}.pt" in line
+    matrix.done("exit 2", line, p.elapsed, 90.0)
+
+
+def test_torn_csv_row_does_not_survive_resume(runs, tmp_path, matrix):
+    matrix.start("torn training.csv row on resume", "half a row appended to training.csv (a writer killed "
+                 "mid-line), then `train.resume=auto`", "resume drops the torn row; the CSV reads cleanly and "
+                 "equals the reference run")
+    d = _copy(runs, tmp_path)
+    with open(d / "training.csv", "a") as fh:
+        fh.write(f"{STOP + 1},5.5")
+    p = _resume(d)
+    assert p.rc == 0, p.stderr[-2000:]
+    assert _losses(d) == _losses(runs["ref"])
+    matrix.done("exit 0; harness reads the CSV", f"steps 1-{STEPS} identical to the reference", p.elapsed, 90.0)
+
+
+def test_torn_heartbeat_line(runs, tmp_path, matrix):
+    matrix.start("torn heartbeat line", "half a JSON object appended to heartbeat_rank0.jsonl, read by the "
+                 "harness, then `train.resume=auto`", "harness skips the torn last line; after the resume "
+                 "every line is JSON and steps continue")
+    d = _copy(runs, tmp_path)
+    hb = d / "heartbeat_rank0.jsonl"
+    before = read_heartbeats(d)[0]
+    with open(hb, "a") as fh:
+        fh.write('{"time": 1795000000.0, "rank": 0, "st')
+    assert read_heartbeats(d)[0] == before, "the harness must skip a torn last line, keeping the rest"
+    p = _resume(d)
+    assert p.rc == 0, p.stderr[-2000:]
+    beats = read_heartbeats(d)[0]  # raises ArtifactError on a torn line in the middle
+    assert [b["step"] for b in beats if b.get("stage") == "step"] == list(range(1, STEPS + 1))
+    matrix.done("harness reads all records", "torn line skipped before; no torn line after resume",
+                p.elapsed, 90.0)
+
+
+def _harness_verdict(d: Path) -> tuple[str, str]:
+    run = RunData(out_dir=d, world_size=1)
+    run.exit_code, run.timed_out = 0, False
+    errors: list[str] = []
+    _collect_train(run, errors)
+    return verdict("train", run, errors, [])
+
+
+def test_truncated_training_csv_is_error_naming_row(runs, tmp_path, matrix):
+    matrix.start("truncated training.csv (harness)", "a real run's training.csv cut mid-row",
+                 "ERROR naming training.csv, the row and the column")
+    d = tmp_path / "ref"
+    shutil.copytree(runs["ref"], d)
+    text = (d / "training.csv").read_text()
+    (d / "training.csv").write_text(text[: len(text) - 30])
+    status, reason = _harness_verdict(d)
+    assert status == ERROR, (status, reason)
+    assert str(d / "training.csv") in reason and "row" in reason and "column" in reason, reason
+    matrix.done(status, reason.replace(str(tmp_path), "<tmp>"), None, None)
+
+
+def test_corrupt_training_csv_is_error(runs, tmp_path, matrix):
+    matrix.start("corrupt training.csv (harness)", "a real run's training.csv with a garbage value and, "
+                 "separately, binary junk", "ERROR naming the file (and row/column when it parses as CSV)")
+    d = tmp_path / "ref"
+    shutil.copytree(runs["ref"], d)
+    lines = (d / "training.csv").read_text().splitlines()
+    lines[3] = lines[3].replace(lines[3].split(",")[3], "fast", 1)
+    (d / "training.csv").write_text("\n".join(lines) + "\n")
+    status, reason = _harness_verdict(d)
+    assert status == ERROR and "row 4, column toks_per_s: 'fast' is not a number" in reason, reason
+    (d / "training.csv").write_bytes(b"\x00\xff\xfe junk \x00" * 50)
+    status2, reason2 = _harness_verdict(d)
+    assert status2 == ERROR and str(d / "training.csv") in reason2, reason2
+    matrix.done(status, reason.replace(str(tmp_path), "<tmp>"), None, None)

@@ -34,11 +34,12 @@ class Impl:
     fn: Callable
     available: Callable[[torch.device, torch.dtype], tuple[bool, str]]
     """(device, dtype) -> (usable, reason); reason says why not when unusable."""
-    priority: int | Callable[[torch.device], int]
+    priority: int | Callable[[torch.device], int | None]
     """Higher wins under 'auto'; a callable gives it per device (a GPU kernel that can also
-    run interpreted on CPU should rank below torch there)."""
+    run interpreted on CPU should rank below torch there). None: not meant for this device,
+    so 'auto' does not consider it and skipping it is no fallback."""
 
-    def rank(self, device: torch.device) -> int:
+    def rank(self, device: torch.device) -> int | None:
         return self.priority(device) if callable(self.priority) else self.priority
 
 
@@ -47,6 +48,9 @@ class Route:
     stage: str
     backend: str
     reason: str
+    fallback: bool = False
+    """'auto' had to pass over a higher-ranked backend meant for this device (the reason
+    names it and why): the run is slower than it should be."""
 
 
 _REGISTRY: dict[str, dict[str, Impl]] = {s: {} for s in STAGES}
@@ -99,11 +103,12 @@ def resolve_route(stage: str, requested: str, device: torch.device, dtype: torch
             )
         return Route(stage, requested, f"requested by config ({why})")
     skipped = []
-    for impl in sorted(impls.values(), key=lambda i: -i.rank(device)):
+    candidates = [i for i in impls.values() if i.rank(device) is not None]
+    for impl in sorted(candidates, key=lambda i: -i.rank(device)):
         ok, why = impl.available(device, dtype)
         if ok:
             note = f"; skipped {', '.join(skipped)}" if skipped else ""
-            return Route(stage, impl.name, f"auto: {why}{note}")
+            return Route(stage, impl.name, f"auto: {why}{note}", fallback=bool(skipped))
         skipped.append(f"{impl.name} ({why})")
     raise BackendUnavailable(f"no backend can run the {stage} stage on {device.type}/{dtype}")
 

@@ -71,6 +71,11 @@ def _cuda_first(device: torch.device) -> int:
     return 10 if device.type == "cuda" else -1
 
 
+def _cuda_only(rank: int):
+    """Priority of a CUDA-only library backend: not a candidate at all elsewhere."""
+    return lambda device: rank if device.type == "cuda" else None
+
+
 def _lazy(module: str, name: str):
     def call(*args, **kwargs):
         return getattr(importlib.import_module(f"nsa.kernels.{module}"), name)(*args, **kwargs)
@@ -84,5 +89,5 @@ register("cmp", "triton", _lazy("compressed", "triton_cmp_attention"), _triton_a
 register("select", "triton", _lazy("topk", "triton_select_blocks"), _triton_available, _cuda_first)
 register("sel", "triton", _lazy("selection", "triton_sel_attention"), _triton_available, _cuda_first)
 register("win", "triton", _lazy("window", "triton_win_attention"), _triton_available, _cuda_first)
-register("win", "flex", _lazy("window", "flex_win_attention"), _flex_available, 5)
-register("win", "flash_attn", _lazy("window", "flash_attn_win_attention"), _flash_available, 8)
+register("win", "flex", _lazy("window", "flex_win_attention"), _flex_available, _cuda_only(5))
+register("win", "flash_attn", _lazy("window", "flash_attn_win_attention"), _flash_available, _cuda_only(8))

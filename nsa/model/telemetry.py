@@ -26,11 +26,13 @@ def gate_stats(model: nn.Module) -> dict[str, float]:
 
 
 def backend_report(model: nn.Module) -> dict[str, dict]:
-    """Per stage: the backend chosen, why, and how many layer-calls ran it."""
+    """Per stage: the backend chosen, why, whether 'auto' fell back past a backend meant for
+    this device, and how many layer-calls ran it."""
     report: dict[str, dict] = {}
     for m in attention_modules(model):
         for stage, route in m.routes.items():
-            entry = report.setdefault(stage, {"backend": route.backend, "reason": route.reason, "calls": 0})
+            entry = report.setdefault(stage, {"backend": route.backend, "reason": route.reason,
+                                              "fallback": route.fallback, "calls": 0})
             if entry["backend"] != route.backend:
                 entry["backend"] = "mixed"
             entry["calls"] += m.route_calls[stage]

@@ -271,8 +271,8 @@ class Trainer:
             routes = backend_report(self.model)
             extra["gates"] = gate_stats(self.model)  # a device sync: logged steps only
             extra["routes"] = {s: {"backend": b["backend"], "calls": b["calls"]} for s, b in routes.items()}
-            # a fallback: 'auto' had to skip a higher-priority backend for this stage
-            extra["fallbacks"] = {s: (b["calls"] if "skipped" in b["reason"] else 0) for s, b in routes.items()}
+            # a fallback: 'auto' had to skip a higher-priority backend meant for this device
+            extra["fallbacks"] = {s: (b["calls"] if b["fallback"] else 0) for s, b in routes.items()}
         self.telemetry.log_step(row, extra)
 
     def after_first_step(self) -> None:
@@ -290,7 +290,8 @@ class Trainer:
 
     def oom_report(self, exc: BaseException) -> None:
         path = self.out / f"oom_rank{self.info.rank}.txt"
-        text = f"{exc}\n"
+        text = (f"out of memory on rank {self.info.rank} ({self.device}) at step {self.step + 1}, "
+                f"stage {self.watchdog.stage}: {exc}\n")
         if self.device.type == "cuda":
             text += torch.cuda.memory_summary(self.device)
         path.write_text(text)

@@ -77,3 +77,17 @@ def test_m7c_preset_is_the_seed_production_shape():
     a = cfg.attn
     assert (a.cmp_block, a.cmp_stride, a.sel_block, a.n_selected, a.window) == (32, 16, 64, 16, 512)
     assert ModelConfig() == cfg
+
+
+def test_backend_routing_on_cpu_is_torch_without_fallback_and_forced_unavailable_is_an_error():
+    import torch
+
+    from nsa.attention.backends import BackendUnavailable, resolve_route
+
+    for stage in ("cmp", "select", "sel", "win"):
+        route = resolve_route(stage, "auto", torch.device("cpu"), torch.float32)
+        assert route.backend == "torch" and not route.fallback, route
+    with pytest.raises(BackendUnavailable, match="attn.backend_win='flex' cannot run on cpu"):
+        resolve_route("win", "flex", torch.device("cpu"), torch.float32)
+    with pytest.raises(BackendUnavailable, match="not a backend of the sel stage"):
+        resolve_route("sel", "cudnn", torch.device("cpu"), torch.float32)

@@ -90,4 +90,7 @@ register("select", "triton", _lazy("topk", "triton_select_blocks"), _triton_avai
 register("sel", "triton", _lazy("selection", "triton_sel_attention"), _triton_available, _cuda_first)
 register("win", "triton", _lazy("window", "triton_win_attention"), _triton_available, _cuda_first)
 register("win", "flex", _lazy("window", "flex_win_attention"), _flex_available, _cuda_only(5))
-register("win", "flash_attn", _lazy("window", "flash_attn_win_attention"), _flash_available, _cuda_only(8))
+# flash-attn is an optional extra: when it is not installed it is no candidate, so its absence
+# is not reported as a fallback
+_FLASH_RANK = _cuda_only(8) if importlib.util.find_spec("flash_attn") is not None else (lambda device: None)
+register("win", "flash_attn", _lazy("window", "flash_attn_win_attention"), _flash_available, _FLASH_RANK)

@@ -20,9 +20,11 @@ ENV_HELP = "environment toggles (each overrides its config key and is recorded i
     for var, key in ENV_TOGGLES.items()
 ) + "\n  CONFIG                 -> the config file, when --config is not given"
 
-EXIT_HELP = """exit status: 0 done (or stopped by an operator .HALT), 1 unexpected error, 2 bad config /
-data / checkpoint, 3 watchdog stall (stack dumps in stackdump_rank*.txt), 4 NaN/inf loss.
-Distributed runs are detected from torchrun's RANK / WORLD_SIZE / LOCAL_RANK only."""
+EXIT_HELP = """exit status: 0 done (or stopped by an operator .HALT), 1 unexpected error (a traceback; out of
+memory also writes oom_rank*.txt), 2 bad config / data / checkpoint, 3 watchdog stall (stack
+dumps in stackdump_rank*.txt), 4 NaN/inf loss. Under torchrun these are the per-rank codes in
+torchrun's failure summary; torchrun itself exits 1 when any rank fails. Distributed runs are
+detected from torchrun's RANK / WORLD_SIZE / LOCAL_RANK only."""
 
 
 def run(config: str | None, overrides: list[str], env=None) -> int:

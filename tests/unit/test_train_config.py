@@ -115,3 +115,12 @@ def test_cli_surface_is_frozen_and_help_lists_the_toggles():
     text = parser.format_help()
     for var in ENV_TOGGLES:
         assert var in text
+
+
+def test_the_runbooks_config_path_resolves_to_the_production_preset():
+    """CONFIG=configs/m7c_125m_2xa100_production.yaml, as the seed runbook writes it."""
+    cfg, res = load_run_config(None, env={"CONFIG": "configs/m7c_125m_2xa100_production.yaml"})
+    base, _ = load_run_config("m7c_125m", env={})
+    assert res.config_path.endswith("nsa/configs/m7c_125m_2xa100_production.yaml")
+    assert cfg.model == base.model and cfg.train.seq_len == base.train.seq_len
+    assert cfg.train.out_dir == "artifacts/m7c_125m_2xa100_prod"

@@ -10,12 +10,14 @@ Exit status of ``run``/``report``: 0 GO, 1 NO-GO, 3 INCOMPLETE; 2 for a bad runb
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from . import DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, hardware, report
+from . import DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, hardware, report, runner
 from .errors import HarnessError
 from .orchestrate import MISMATCH_POLICIES, run_point
 from .plan import expand
@@ -179,13 +181,24 @@ def cmd_phases(args: argparse.Namespace) -> int:
     return 0
 
 
+def _on_sigint(signum, frame) -> None:
+    runner.ABORT.set()  # worker threads running trainers kill their process groups
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _on_sigint)
     try:
         return {"run": cmd_run, "report": cmd_report, "phases": cmd_phases}[args.command](args)
     except HarnessError as exc:
         print(f"nsa-validate: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("nsa-validate: interrupted: running trainers killed; the interrupted point and report were "
+              "not written (earlier records and the previous report are kept)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -139,9 +139,10 @@ class _Session:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if hasattr(self.config, "workerinput") or self.config.getoption("--no-acceptance-report"):
             return  # xdist workers store records; the controller renders
+        loaded = {(p.runbook.name, p.profile.name): (p.runbook, p.profile) for p in _points(self.config)}
         for rb_name, prof_name in sorted(self.pairs):
             try:
-                rb, prof = load_runbook(rb_name), load_profile(prof_name)
+                rb, prof = loaded.get((rb_name, prof_name)) or (load_runbook(rb_name), load_profile(prof_name))
                 self.reports.append(report.render(_results_dir(self.config), rb_name, prof_name, runbook=rb, profile=prof))
             except HarnessError as exc:
                 self.reports.append(f"report for {rb_name}/{prof_name} not rendered: {exc}")

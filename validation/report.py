@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -274,9 +275,16 @@ def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, run
     text = render_text(ctx, template)
     report_dir.mkdir(parents=True, exist_ok=True)
     path = report_dir / f"{stem}.md"
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    # a unique temp file: two harness runs rendering the same report must not share one
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=report_dir)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; a report is for everyone
+        os.replace(tmp, path)
+    except BaseException:  # an interrupt leaves the previous report, and no temp file
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,9 @@ from . import REPO_ROOT
 
 #: seconds between SIGUSR1 (stack dumps) and SIGKILL on timeout
 DUMP_GRACE_S = 3.0
+#: set on an interrupt (the CLI's SIGINT handler): every running ``run`` kills its process
+#: group and raises KeyboardInterrupt, also in worker threads, which never see the signal
+ABORT = threading.Event()
 STDERR_TAIL_LINES = 40
 
 
@@ -76,20 +80,27 @@ def run(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout_s: fl
             err.write(f"cannot start {argv[0]}: {exc}\n".encode())
             return ProcResult(argv, 127, False, time.monotonic() - start, out_path, err_path)
         timed_out = False
-        while True:
-            try:
-                proc.wait(timeout=poll_s)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            elapsed = time.monotonic() - start
-            if on_poll is not None:
-                on_poll(elapsed)
-            if elapsed >= timeout_s:
-                timed_out = True
-                kill_group(proc)
-                break
-        _reap_group(proc.pid)
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=poll_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                if ABORT.is_set():  # Ctrl-C in the CLI while this runs in a worker thread
+                    raise KeyboardInterrupt
+                elapsed = time.monotonic() - start
+                if on_poll is not None:
+                    on_poll(elapsed)
+                if elapsed >= timeout_s:
+                    timed_out = True
+                    kill_group(proc)
+                    break
+        except BaseException:  # interrupted: the child's group must not outlive the harness
+            kill_group(proc)
+            raise
+        finally:
+            _reap_group(proc.pid)
     code = None if timed_out else proc.returncode
     if timed_out:
         with open(err_path, "ab") as err:
@@ -98,19 +109,60 @@ def run(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout_s: fl
 
 
 def kill_group(proc: subprocess.Popen) -> None:
-    """SIGUSR1 (stack dumps), a grace period, then SIGKILL to the whole process group."""
-    _signal_group(proc.pid, signal.SIGUSR1)
+    """SIGUSR1 (stack dumps) to the processes at the leaves of the child's tree, a grace period,
+    then SIGKILL to the whole tree. The tree, not just the process group: torchrun starts each
+    worker in a session of its own, so killing torchrun's group alone would orphan the ranks;
+    and torchrun itself has no SIGUSR1 handler (the signal would kill it before its workers)."""
+    tree = _descendants(proc.pid)
+    parents = {pp for _, pp in tree}
+    for pid in [proc.pid, *(pid for pid, _ in tree)]:
+        if pid not in parents:
+            _signal(pid, signal.SIGUSR1)
     try:
         proc.wait(timeout=DUMP_GRACE_S)
     except subprocess.TimeoutExpired:
         pass
-    _signal_group(proc.pid, signal.SIGKILL)
+    _kill_tree(proc.pid, tree)
     proc.wait()
 
 
 def _reap_group(pgid: int) -> None:
-    """Whatever the leader left running in its group (orphaned workers) is killed too."""
-    _signal_group(pgid, signal.SIGKILL)
+    """Whatever the leader left running (orphaned workers, in its group or its tree) is killed."""
+    _kill_tree(pgid, _descendants(pgid))
+
+
+def _kill_tree(root: int, tree: list[tuple[int, int]]) -> None:
+    _signal_group(root, signal.SIGKILL)
+    for pid, _ in tree:
+        _signal_group(pid, signal.SIGKILL)  # a worker leading its own session takes its group along
+        _signal(pid, signal.SIGKILL)
+
+
+def _descendants(root: int) -> list[tuple[int, int]]:
+    """(pid, parent pid) of every live process below ``root``, read from /proc (no psutil)."""
+    children: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [root]
+    while todo:
+        parent = todo.pop()
+        for pid in children.get(parent, []):
+            out.append((pid, parent))
+            todo.append(pid)
+    return out
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _signal_group(pgid: int, sig: int) -> None:

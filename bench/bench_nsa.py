@@ -106,7 +106,7 @@ def _methods(x, cfg, win_backend):
                           ("SDPA cuDNN (full causal)", SDPBackend.CUDNN_ATTENTION)):
         def sdpa(backend=backend):
             with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
+                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa).transpose(1, 2)
         out[name] = (sdpa, [q, x["k_sel"], x["v_sel"]])
 
     from nsa.kernels.window import flex_win_attention
@@ -125,6 +125,34 @@ def _methods(x, cfg, win_backend):
                                  block_counts=cfg.n_selected, block_size=cfg.sel_block, window_size=0),
             [q, x["k_sel"], x["v_sel"], g_cmp, g_slc])
     return out
+
+
+def breakdown(shapes):
+    """Per-stage medians (ms) of the Triton NSA core: where the time goes."""
+    from nsa.kernels.compressed import triton_cmp_attention
+    from nsa.kernels.selection import triton_sel_attention
+    from nsa.kernels.topk import triton_select_blocks
+    from nsa.kernels.window import triton_win_attention
+
+    cfg = NSAConfig()
+    for name in shapes:
+        B, S, HQ, H, K = SHAPES[name]
+        x = _inputs(B, S, HQ, H, K, cfg)
+        q, do = x["q"], x["do"]
+        with torch.no_grad():
+            _, lse = triton_cmp_attention(q, x["kc"], x["vc"], cfg)
+            idx = triton_select_blocks(q, x["kc"], lse, cfg)
+        stages = {
+            "cmp": (lambda: triton_cmp_attention(q, x["kc"], x["vc"], cfg)[0], [q, x["kc"], x["vc"]]),
+            "sel": (lambda: triton_sel_attention(q, x["k_sel"], x["v_sel"], idx, cfg), [q, x["k_sel"], x["v_sel"]]),
+            "win": (lambda: triton_win_attention(q, x["k_win"], x["v_win"], cfg), [q, x["k_win"], x["v_win"]]),
+        }
+        parts = [f"topk {_bench(lambda: triton_select_blocks(q, x['kc'], lse, cfg)):.2f}"]
+        for st, (fwd, leaves) in stages.items():
+            parts.append(f"{st} fwd {_bench(_no_grad(fwd)):.2f} fwd+bwd {_bench(_fwd_bwd(fwd, leaves, do)):.2f}")
+        print(f"# breakdown {name}: " + " | ".join(parts), flush=True)
+        del x
+        torch.cuda.empty_cache()
 
 
 def run(shapes, win_backend="triton", json_path=None, skip=()):
@@ -170,9 +198,12 @@ def main(argv=None):
                     help="window backend inside the NSA core")
     ap.add_argument("--skip", nargs="*", default=[], help="skip methods whose name contains this")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--breakdown", action="store_true", help="also time each Triton stage alone")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench_nsa.py needs a CUDA GPU")
+    if a.breakdown:
+        breakdown(a.shapes)
     run(a.shapes, a.win, a.json, a.skip)
 
 

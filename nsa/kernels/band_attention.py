@@ -17,6 +17,7 @@ q_start .. q_start + Tq - 1.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -161,13 +162,14 @@ def _band_bwd_dq_kernel(
 
 @triton.jit
 def _band_bwd_dkv_kernel(
-    q, k, v, do, lse, delta, dk, dv, Tq, Tk, q_start, sm_scale,
+    q, k, v, do, lse, delta, dk, dv, Tq, Tk, q_start, sm_scale, rows_per_split,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ATOMIC: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_s = tl.program_id(1)
+    pid_bh = tl.program_id(2)
     b = pid_bh // H
     h = pid_bh % H
     HQ: tl.constexpr = H * G
@@ -190,6 +192,10 @@ def _band_bwd_dkv_kernel(
         t_hi = tl.minimum(n0 + BN - 1 + W - q_start, Tq)
     r_start = ((t_lo * G) // BM) * BM
     r_end = t_hi * G
+    # the rows are split over several programs when few key tiles would leave SMs idle
+    # (compressed keys are S/d); partial dk/dv are then added atomically in float32
+    r_start = tl.maximum(r_start, pid_s * rows_per_split)
+    r_end = tl.minimum(r_end, (pid_s + 1) * rows_per_split)
     qbase = (b.to(tl.int64) * Tq * HQ + h * G) * K
     lbase0 = b.to(tl.int64) * Tq * HQ + h * G
     qk_scale = sm_scale * 1.4426950408889634
@@ -218,8 +224,13 @@ def _band_bwd_dkv_kernel(
         dp = tl.dot(dot_, tl.trans(vt))
         ds = p * (dp - dl[:, None])
         dk_acc += tl.dot(tl.trans(ds.to(qt.dtype)), qt)
-    tl.store(dk + kv_off, (dk_acc * sm_scale).to(dk.dtype.element_ty), mask=kvm)
-    tl.store(dv + kv_off, dv_acc.to(dv.dtype.element_ty), mask=kvm)
+    if ATOMIC:
+        if r_start < r_end:
+            tl.atomic_add(dk + kv_off, dk_acc * sm_scale, mask=kvm)
+            tl.atomic_add(dv + kv_off, dv_acc, mask=kvm)
+    else:
+        tl.store(dk + kv_off, (dk_acc * sm_scale).to(dk.dtype.element_ty), mask=kvm)
+        tl.store(dv + kv_off, dv_acc.to(dv.dtype.element_ty), mask=kvm)
 
 
 def _configs(K: int, interpret: bool):
@@ -229,6 +240,13 @@ def _configs(K: int, interpret: bool):
     if K <= 64:
         return (128, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 2)
     return (128, 64, 8, 3), (64, 64, 4, 2), (64, 64, 8, 2)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: still exercise the row split
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _is_interpret(t: torch.Tensor) -> bool:
@@ -276,11 +294,18 @@ def _band_bwd(q, k, v, o, lse, do, q_start, L, D, W, window):
         H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM, BN=BN, BK=BK,
         num_warps=nw, num_stages=ns,
     )
-    _band_bwd_dkv_kernel[(triton.cdiv(Tk, BN2), B * H)](
-        q, k, v, do, lse, delta, dk, dv, Tq, Tk, q_start, sm,
-        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM2, BN=BN2, BK=BK,
+    tiles = triton.cdiv(Tk, BN2) * B * H
+    n_split = 1 if window else min(64, triton.cdiv(4 * _sm_count(q.device), tiles), triton.cdiv(Tq * G, BM2))
+    rows_per_split = triton.cdiv(triton.cdiv(Tq * G, n_split), BM2) * BM2
+    atomic = n_split > 1
+    dk_, dv_ = (torch.zeros(k.shape, device=k.device, dtype=torch.float32) for _ in range(2)) if atomic else (dk, dv)
+    _band_bwd_dkv_kernel[(triton.cdiv(Tk, BN2), n_split, B * H)](
+        q, k, v, do, lse, delta, dk_, dv_, Tq, Tk, q_start, sm, rows_per_split,
+        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM2, BN=BN2, BK=BK, ATOMIC=atomic,
         num_warps=nw2, num_stages=ns2,
     )
+    if atomic:
+        dk, dv = dk_.to(k.dtype), dv_.to(v.dtype)
     return dq, dk, dv
 
 

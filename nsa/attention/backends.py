@@ -76,6 +76,26 @@ register("select", "torch", tb.torch_select_blocks, _always, 0)
 register("sel", "torch", tb.torch_sel_attention, _always, 0)
 register("win", "torch", tb.torch_win_attention, _always, 0)
 
+
+def torch_gate_combine(gates, o_cmp, o_sel, o_win):
+    """o = g_cmp * o_cmp + g_sel * o_sel + g_win * o_win (gates [..., 3], per query head)."""
+    g = gates.to(o_cmp.dtype)
+    return g[..., 0:1] * o_cmp + g[..., 1:2] * o_sel + g[..., 2:3] * o_win
+
+
+#: fused gated sums, keyed by the backend of the sel stage (the torch sum otherwise)
+_COMBINE: dict[str, Callable] = {}
+
+
+def register_combine(name: str, fn: Callable) -> None:
+    _COMBINE[name] = fn
+
+
+def gate_combine(route: Route) -> Callable:
+    """The gated sum that goes with the selected branch's backend."""
+    return _COMBINE.get(route.backend, torch_gate_combine)
+
+
 _optional_loaded = False
 
 

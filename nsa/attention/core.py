@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .backends import Route, implementation
+from .backends import Route, gate_combine, implementation
 from .config import NSAConfig
 
 
@@ -33,5 +33,4 @@ def nsa_core(
     idx = implementation(routes["select"])(q, kc, lse, cfg, q_start)
     o_sel = implementation(routes["sel"])(q, k_sel, v_sel, idx, cfg, q_start)
     o_win = implementation(routes["win"])(q, k_win, v_win, cfg, q_start)
-    g = gates.to(o_cmp.dtype)
-    return g[..., 0:1] * o_cmp + g[..., 1:2] * o_sel + g[..., 2:3] * o_win
+    return gate_combine(routes["sel"])(gates, o_cmp, o_sel, o_win)

@@ -8,6 +8,7 @@ sel    triton      nsa.kernels.selection.triton_sel_attention (group-centric)
 win    triton      nsa.kernels.window.triton_win_attention (band attention)
 win    flex        FlexAttention with a sliding-window block mask (CUDA)
 win    flash_attn  flash-attn local attention (CUDA, when importable)
+(gated sum, with sel=triton)  nsa.kernels.combine.triton_gate_combine
 
 The kernel modules are imported on first call, not here: whether Triton interprets a kernel
 (TRITON_INTERPRET=1, CPU) is fixed when its @triton.jit runs, and importing nsa.kernels must
@@ -23,7 +24,7 @@ import os
 
 import torch
 
-from nsa.attention.backends import register
+from nsa.attention.backends import register, register_combine
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -89,6 +90,8 @@ register("cmp", "triton", _lazy("compressed", "triton_cmp_attention"), _triton_a
 register("select", "triton", _lazy("topk", "triton_select_blocks"), _triton_available, _cuda_first)
 register("sel", "triton", _lazy("selection", "triton_sel_attention"), _triton_available, _cuda_first)
 register("win", "triton", _lazy("window", "triton_win_attention"), _triton_available, _cuda_first)
+# the gated sum of the branches, fused, whenever the selected branch runs on Triton
+register_combine("triton", _lazy("combine", "triton_gate_combine"))
 register("win", "flex", _lazy("window", "flex_win_attention"), _flex_available, _cuda_only(5))
 # flash-attn is an optional extra: when it is not installed it is no candidate, so its absence
 # is not reported as a fallback

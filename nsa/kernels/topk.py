@@ -7,8 +7,8 @@ selection blocks (BJ * R compressed tokens, R = l'/d), recomputes
 p_cmp = exp(q . kc / sqrt(K) - lse) over the visible compressed tokens, sums it over the
 group's heads, maps it onto selection blocks by overlap weight (the compressed tokens that
 straddle the chunk boundary are carried to the next chunk) and merges the chunk's block scores
-into a running top-n held in registers (each candidate replaces the running minimum when
-larger; no sort, so it is cheap both compiled and under the interpreter).
+into a running top-n held in registers (the chunk's candidates that beat the running minimum
+replace it, largest first; no sort, so it is cheap both compiled and under the interpreter).
 
 Each candidate is one int64 key: (float bits of the score + 1) << 32 | (2^31 - 1 - block).
 Scores are >= 0, so the bits order like the floats; a tie goes to the lower block index;
@@ -110,12 +110,17 @@ def _topk_kernel(
         bits = tl.where(forced, 0x7F800001, bits)
         bits = tl.where(j[None, :] <= jt[:, None], bits, 0)
         key = (bits << 32) | (2147483647 - j[None, :]).to(tl.int64)
-        # insert each candidate in place of the running minimum when larger (keys are
-        # distinct, so exactly one slot holds the minimum)
-        for u in tl.static_range(BJ):
-            x = tl.sum(tl.where(jj[None, :] == u, key, 0), 1)
+        # insert the chunk's candidates that beat the running minimum, largest first, each in
+        # place of the current minimum (keys are distinct, so exactly one slot holds it); only
+        # as many steps as the row with the most such candidates needs
+        mn0 = tl.min(best, 1)
+        cand = tl.where(key > mn0[:, None], key, -4611686018427387904)
+        n_ins = tl.max(tl.sum((key > mn0[:, None]).to(tl.int32), 1), 0)
+        for _ in range(0, n_ins):
+            x = tl.max(cand, 1)
             mn = tl.min(best, 1)
             best = tl.where((best == mn[:, None]) & (x > mn)[:, None], x[:, None], best)
+            cand = tl.where(cand == x[:, None], -4611686018427387904, cand)
 
     valid = ((best >> 32) > 0) & (col[None, :] < N)
     blk = (2147483647 - (best & 2147483647)).to(tl.int32)

@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-KERNEL_MODULES = ("band_attention", "compressed", "topk", "selection", "window")
+KERNEL_MODULES = ("band_attention", "compressed", "topk", "selection", "window", "combine")
 
 
 def _prepare_interpreter() -> str | None:

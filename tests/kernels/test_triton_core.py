@@ -62,3 +62,22 @@ def test_named_triton_without_interpreter_is_an_error(monkeypatch):
     with pytest.raises(BackendUnavailable, match="TRITON_INTERPRET"):
         resolve_route("sel", "triton", torch.device("cpu"), torch.float32)
     assert resolve_route("sel", "auto", torch.device("cpu"), torch.float32).backend == "torch"
+
+
+def test_gate_combine_matches_torch(kdev):
+    from nsa.attention.backends import torch_gate_combine
+    from nsa.kernels.combine import triton_gate_combine
+
+    gen = torch.Generator().manual_seed(0)
+    shape = (2, 7, 6, 24)
+    xs = [rnd(gen, *shape, device=kdev).requires_grad_() for _ in range(3)]
+    gates = torch.rand(*shape[:3], 3, generator=gen).to(kdev).requires_grad_()
+    do = rnd(gen, *shape, device=kdev)
+    o = triton_gate_combine(gates, *xs)
+    refs = [t.detach().double().cpu().requires_grad_() for t in (gates, *xs)]
+    o_ref = torch_gate_combine(*refs)
+    assert_close(o, o_ref, 1e-6, "o")
+    for name, a, b in zip(("dgates", "do_cmp", "do_sel", "do_win"),
+                          torch.autograd.grad(o, (gates, *xs), do),
+                          torch.autograd.grad(o_ref, refs, do.double().cpu())):
+        assert_close(a, b, 1e-6, name)

@@ -1,0 +1,91 @@
+"""Triton gated sum of the three NSA branches, forward and backward in one pass each:
+
+    o = g_cmp * o_cmp + g_sel * o_sel + g_win * o_win      (gates per query head)
+
+PyTorch autograd runs this as about a dozen elementwise kernels over [B, T, HQ, K] tensors
+(five forward, the rest backward, plus gate-slice scatters); at long sequence lengths that
+traffic is a noticeable share of the NSA core, so it is fused here.
+
+Shapes: gates [B, T, HQ, 3] (cmp, sel, win); o_* and o [B, T, HQ, K]; rows are (b, t, hq).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _combine_fwd_kernel(g, oc, os_, ow, o, n_rows, K: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    rm = rows < n_rows
+    cols = tl.arange(0, BK)
+    m = rm[:, None] & (cols < K)[None, :]
+    off = rows.to(tl.int64)[:, None] * K + cols[None, :]
+    g0 = tl.load(g + rows.to(tl.int64) * 3, mask=rm, other=0.0).to(tl.float32)
+    g1 = tl.load(g + rows.to(tl.int64) * 3 + 1, mask=rm, other=0.0).to(tl.float32)
+    g2 = tl.load(g + rows.to(tl.int64) * 3 + 2, mask=rm, other=0.0).to(tl.float32)
+    acc = g0[:, None] * tl.load(oc + off, mask=m, other=0.0).to(tl.float32)
+    acc += g1[:, None] * tl.load(os_ + off, mask=m, other=0.0).to(tl.float32)
+    acc += g2[:, None] * tl.load(ow + off, mask=m, other=0.0).to(tl.float32)
+    tl.store(o + off, acc.to(o.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _combine_bwd_kernel(g, oc, os_, ow, do, dg, doc, dos, dow, n_rows,
+                        K: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+    rows = tl.program_id(0) * BR + tl.arange(0, BR)
+    rm = rows < n_rows
+    cols = tl.arange(0, BK)
+    m = rm[:, None] & (cols < K)[None, :]
+    off = rows.to(tl.int64)[:, None] * K + cols[None, :]
+    r3 = rows.to(tl.int64) * 3
+    dout = tl.load(do + off, mask=m, other=0.0).to(tl.float32)
+    g0 = tl.load(g + r3, mask=rm, other=0.0).to(tl.float32)
+    g1 = tl.load(g + r3 + 1, mask=rm, other=0.0).to(tl.float32)
+    g2 = tl.load(g + r3 + 2, mask=rm, other=0.0).to(tl.float32)
+    tl.store(doc + off, (g0[:, None] * dout).to(doc.dtype.element_ty), mask=m)
+    tl.store(dos + off, (g1[:, None] * dout).to(dos.dtype.element_ty), mask=m)
+    tl.store(dow + off, (g2[:, None] * dout).to(dow.dtype.element_ty), mask=m)
+    d0 = tl.sum(dout * tl.load(oc + off, mask=m, other=0.0).to(tl.float32), 1)
+    d1 = tl.sum(dout * tl.load(os_ + off, mask=m, other=0.0).to(tl.float32), 1)
+    d2 = tl.sum(dout * tl.load(ow + off, mask=m, other=0.0).to(tl.float32), 1)
+    tl.store(dg + r3, d0.to(dg.dtype.element_ty), mask=rm)
+    tl.store(dg + r3 + 1, d1.to(dg.dtype.element_ty), mask=rm)
+    tl.store(dg + r3 + 2, d2.to(dg.dtype.element_ty), mask=rm)
+
+
+def _launch_meta(K: int):
+    BK = triton.next_power_of_2(K)
+    return dict(K=K, BK=BK, BR=max(1, 4096 // BK))
+
+
+class GateCombineFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gates, oc, os_, ow):
+        gates, oc, os_, ow = (t.contiguous() for t in (gates, oc, os_, ow))
+        o = torch.empty_like(oc)
+        n_rows, K = oc.numel() // oc.shape[-1], oc.shape[-1]
+        meta = _launch_meta(K)
+        if n_rows:
+            _combine_fwd_kernel[(triton.cdiv(n_rows, meta["BR"]),)](gates, oc, os_, ow, o, n_rows, **meta)
+        ctx.save_for_backward(gates, oc, os_, ow)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        gates, oc, os_, ow = ctx.saved_tensors
+        do = do.contiguous()
+        dg = torch.empty_like(gates)
+        doc, dos, dow = torch.empty_like(oc), torch.empty_like(os_), torch.empty_like(ow)
+        n_rows, K = oc.numel() // oc.shape[-1], oc.shape[-1]
+        meta = _launch_meta(K)
+        if n_rows:
+            _combine_bwd_kernel[(triton.cdiv(n_rows, meta["BR"]),)](
+                gates, oc, os_, ow, do, dg, doc, dos, dow, n_rows, **meta)
+        return dg, doc, dos, dow
+
+
+def triton_gate_combine(gates, o_cmp, o_sel, o_win):
+    """gates [B, T, HQ, 3]; o_* [B, T, HQ, K] (one dtype) -> o [B, T, HQ, K] in o_cmp's dtype."""
+    return GateCombineFunction.apply(gates, o_cmp, o_sel.to(o_cmp.dtype), o_win.to(o_cmp.dtype))

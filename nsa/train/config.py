@@ -68,7 +68,8 @@ class TrainConfig:
     ckpt_every: int = 0
     """Save a checkpoint every N steps (0: only the final one, if save_final)."""
     save_final: bool = True
-    """Save a checkpoint when the run ends (also on an operator .HALT)."""
+    """Save a checkpoint when the run completes train.steps. A run stopped early (train.run_steps,
+    operator .HALT) always saves, so that it can resume."""
     resume: str = ""
     """'' (fresh run), 'auto' (latest checkpoint in out_dir, fresh if none) or a checkpoint path."""
 

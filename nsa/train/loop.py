@@ -57,6 +57,7 @@ class Trainer:
                      f"world {info.world_size}, device {self.device}, backend {info.backend}")
             self.wrapped = parallelize(self.model, cfg, info, self.log)
             self.optimizer = build_optimizer(self.wrapped, cfg.train)
+            self.watchdog.beat(0, "setup")
 
             self.step, data_position, self.resumed_from = 0, 0, None
             path = ckpt.find_resume(self.out, cfg.train.resume)
@@ -245,7 +246,8 @@ class Trainer:
             else:
                 self.stop_reason = (f"completed {tc.steps} steps" if self.step == tc.steps else
                                     f"stopped after train.run_steps={tc.run_steps} at step {self.step} of {tc.steps}")
-            if tc.save_final and self.step != last_saved:
+            # a run stopped early (run_steps, operator .HALT) always saves, or it could not resume
+            if self.step != last_saved and (tc.save_final or self.step < tc.steps):
                 self.save(self.step)
             self.log(f"[done] {self.stop_reason}")
             return 0

@@ -1,5 +1,19 @@
 """The trainer's outputs read by the harness: training.csv (rank 0), heartbeat_rank{R}.jsonl
-(every rank) and env.json (rank 0), plus per-stage profiler/NVTX ranges."""
+(every rank) and env.json (rank 0), plus per-stage profiler/NVTX ranges.
+
+training.csv: ``step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb``;
+loss is the mean over ranks and micro-batches, toks_per_s is global (batch x seq_len x
+grad_accum x world_size / step time), memory is CUDA allocator GiB (0 on CPU).
+
+heartbeat_rank{R}.jsonl, one JSON object per line, every record with time, rank, pid, step,
+stage, mem_alloc_gb and the last logged toks_per_s and gpu_util:
+* stage records on entering data / forward / backward / optimizer / checkpoint;
+* a ``"stage": "step"`` record per logged step adding loss (global), loss_rank, lr,
+  step_time_s, grad_norm, mem_reserved_gb, mem_peak_gb, toks_per_s_rank and, unless
+  telemetry.disable_aux_stats, gates {cmp, sel, win} (mean gate per branch), routes
+  {stage: {backend, calls}} and fallbacks {stage: calls routed after skipping a better backend};
+* a ``"stage": "halt"`` record when the non-finite guard stops the run.
+"""
 from __future__ import annotations
 
 import contextlib
@@ -92,6 +106,8 @@ class Telemetry:
                 drop_torn_tail(hb_path)  # appending after half a line would corrupt both
             self._hb = open(hb_path, "a", buffering=1)
         self.util_reason = ""
+        # last logged values, repeated in every stage record so each heartbeat line is complete
+        self.last: dict[str, Any] = {"toks_per_s": None, "gpu_util": None}
 
     def heartbeat(self, record: dict[str, Any]) -> None:
         if self._hb is not None:
@@ -101,7 +117,8 @@ class Telemetry:
     @contextlib.contextmanager
     def stage(self, step: int, name: str):
         """A training stage: heartbeat on entry, a torch.profiler range, an NVTX range if on."""
-        self.heartbeat({"step": step, "stage": name, "mem_alloc_gb": memory_gb(self.device)["mem_alloc_gb"]})
+        self.heartbeat({"step": step, "stage": name, "mem_alloc_gb": memory_gb(self.device)["mem_alloc_gb"],
+                        **self.last})
         if self.nvtx:
             torch.cuda.nvtx.range_push(f"train.{name}")
         try:
@@ -117,6 +134,7 @@ class Telemetry:
             self._csv.writerow([row["step"]] + [f"{row[k]:.6g}" for k in CSV_HEADER[1:]])
         util, why = gpu_util(self.device)
         self.util_reason = why
+        self.last = {"toks_per_s": row["toks_per_s"], "gpu_util": util}
         self.heartbeat({"stage": "step", **row, **extra, "gpu_util": util})
 
     def close(self) -> None:

@@ -78,10 +78,14 @@ def test_ddp_with_checkpointing_and_accumulation_matches_one_process(tmp_path: P
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_fsdp2_matches_one_process(tmp_path: Path, reference):
-    p = launch(["-m", "nsa.train", "--config", "tiny", "--out-dir", str(tmp_path),
-                "--override", f"{COMMON} train.batch_size=2 dist.mode=fsdp"], {})
-    assert p.returncode == 0, p.stderr[-3000:]
+def test_fsdp2_interrupted_and_resumed_matches_one_process(tmp_path: Path, reference):
+    """FSDP2 stops after 2 steps (sharded checkpoint gathered to one file), resumes with
+    train.resume=auto and must still reproduce the one-process curve."""
+    for extra in ("train.run_steps=2", "train.resume=auto"):
+        p = launch(["-m", "nsa.train", "--config", "tiny", "--out-dir", str(tmp_path),
+                    "--override", f"{COMMON} train.batch_size=2 dist.mode=fsdp {extra}"], {})
+        assert p.returncode == 0, p.stderr[-3000:]
+    assert "resumed from" in p.stdout
     assert_same_curve(steps(tmp_path), reference)
     assert_same_curve(steps(tmp_path, rank=1), reference)
     assert json.loads((tmp_path / "env.json").read_text())["dist"]["mode"] == "fsdp"

@@ -109,14 +109,13 @@ def run(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout_s: fl
 
 
 def kill_group(proc: subprocess.Popen) -> None:
-    """SIGUSR1 (stack dumps) to the processes at the leaves of the child's tree, a grace period,
+    """SIGUSR1 (stack dumps) to the processes of the child's tree that handle it, a grace period,
     then SIGKILL to the whole tree. The tree, not just the process group: torchrun starts each
     worker in a session of its own, so killing torchrun's group alone would orphan the ranks;
     and torchrun itself has no SIGUSR1 handler (the signal would kill it before its workers)."""
     tree = _descendants(proc.pid)
-    parents = {pp for _, pp in tree}
     for pid in [proc.pid, *(pid for pid, _ in tree)]:
-        if pid not in parents:
+        if _catches(pid, signal.SIGUSR1):
             _signal(pid, signal.SIGUSR1)
     try:
         proc.wait(timeout=DUMP_GRACE_S)
@@ -156,6 +155,18 @@ def _descendants(root: int) -> list[tuple[int, int]]:
             out.append((pid, parent))
             todo.append(pid)
     return out
+
+
+def _catches(pid: int, sig: int) -> bool:
+    """Whether ``pid`` has a handler for ``sig`` (SigCgt in /proc/PID/status); a process without
+    one would be killed by SIGUSR1 rather than dump its stacks."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 def _signal(pid: int, sig: int) -> None:

@@ -38,15 +38,64 @@ def _f(severity: str, rec_or_phase: Any, title: str, detail: list[str] | None = 
 def crashes(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in records:
-        if r["status"] == "FAIL" and r.get("exit_code") not in (0, None) and not r["evidence"].get("halt") \
+        ev = r["evidence"]
+        halt = ev.get("halt_record") or {}
+        if r["kind"] == "train" and ev.get("halt") and halt.get("source") == "nonfinite":
+            losses = halt.get("losses") or []
+            bad = [i for i, v in enumerate(losses) if not (isinstance(v, (int, float)) and abs(v) < float("inf"))]
+            title = (f"non-finite loss in {r['key']['phase']} [{_point(r)}] at step {halt.get('step')}: "
+                     f"rank(s) {', '.join(map(str, bad)) or '?'} (loss per rank {losses}, grad_norm "
+                     f"{halt.get('grad_norm')}); halted before the optimizer step")
+            out.append(_f("critical", r, title, [f".HALT: {r['out_dir']}/.HALT"] + _rank_lines(r)))
+            continue
+        if r["status"] == "FAIL" and r.get("exit_code") not in (0, None) and not ev.get("halt") \
                 and r["kind"] == "train":
-            tail = r["evidence"].get("stderr_tail", "")
+            tail = ev.get("stderr_tail", "")
             last_err = exception_line(tail)
             title = f"crash in {r['key']['phase']} [{_point(r)}]: exit code {r['exit_code']}"
-            if last_err:
+            root = _root_rank(ev.get("rank_failures") or {})
+            if root is not None:
+                fail = ev["rank_failures"][root]
+                cause = (f"killed by {fail['signal']}" if fail.get("signal") and not fail.get("exception")
+                         else fail.get("exception") or f"exit code {fail.get('exit_code')}")
+                title += f": rank {root}: {cause}"
+            elif last_err:
                 title += f": {last_err}"
-            out.append(_f("critical", r, title, [f"stderr: {r['out_dir']}/{r['evidence'].get('stderr_log')}"]))
+            out.append(_f("critical", r, title, [f"stderr: {r['out_dir']}/{ev.get('stderr_log')}"] + _rank_lines(r)))
     return out
+
+
+_VICTIM = re.compile(r"Connection closed by peer|remote worker|Connection reset|DistBackendError|NCCL|"
+                     r"ProcessGroup|Broken pipe", re.IGNORECASE)
+
+
+def _root_rank(failures: dict[str, dict[str, Any]]) -> str | None:
+    """The rank that failed first in its own right: killed by a signal other than torchrun's
+    SIGTERM, or an exception that is not a peer's collective breaking under it."""
+    def own(f: dict[str, Any]) -> bool:
+        if f.get("exception"):
+            return not _VICTIM.search(f["exception"])
+        return bool(f.get("signal")) and f["signal"] != "SIGTERM"
+    roots = [rank for rank, f in sorted(failures.items(), key=lambda kv: int(kv[0])) if own(f)]
+    return roots[0] if roots else None
+
+
+def _rank_lines(r: dict[str, Any]) -> list[str]:
+    """Where each rank was (last heartbeat) and how it ended (torchrun's log)."""
+    ev = r["evidence"]
+    beats, fails = ev.get("last_heartbeat") or {}, ev.get("rank_failures") or {}
+    lines = []
+    for rank in sorted(set(beats) | set(fails), key=int):
+        hb, f = beats.get(rank) or {}, fails.get(rank) or {}
+        line = f"rank {rank}: last heartbeat step {hb.get('step', '?')}, stage {hb.get('stage', '?')}"
+        if f.get("exception"):
+            line += f"; {f['exception']}"
+        elif f.get("signal"):
+            line += f"; killed by {f['signal']}"
+        elif "exit_code" in f:
+            line += f"; exit code {f['exit_code']}"
+        lines.append(line)
+    return lines
 
 
 def exception_line(text: str) -> str | None:
@@ -70,6 +119,8 @@ def stalls(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ev = r["evidence"]
         if not (ev.get("halt") or r.get("timed_out")):
             continue
+        if not r.get("timed_out") and (ev.get("halt_record") or {}).get("source") not in (None, "watchdog"):
+            continue  # a NaN guard's or an operator's .HALT is no stall
         how = "watchdog .HALT" if ev.get("halt") else f"killed at the {r.get('timeout_s'):g}s timeout"
         detail = []
         ranks = sorted(set(ev.get("last_heartbeat", {})) | set(ev.get("stackdumps", {})), key=int)
@@ -85,6 +136,8 @@ def stalls(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 stuck.append(f"rank {rank} in {top['func']}")
             else:
                 line += "; no stack dump"
+            if dump and dump.get("header"):
+                line += f" [{dump['header']}]"
             detail.append(line)
         if not ranks:
             detail.append("no heartbeats and no stack dumps were written")

@@ -9,7 +9,10 @@ subprocess with the phase's hard timeout.
 from __future__ import annotations
 
 import datetime as _dt
+import json
+import re
 import shutil
+import signal
 import uuid
 import sys
 import xml.etree.ElementTree as ET
@@ -234,6 +237,12 @@ def verdict(kind: str, run: RunData, errors: list[str], gates: list[GateResult])
     if run.timed_out:
         return FAILED, "timed out: killed by the harness at the phase timeout"
     if run.halted:
+        rec = halt_record(run.out_dir)
+        if rec.get("source") == "nonfinite":  # the trainer's NaN/inf guard, not a stall
+            return FAILED, (f"non-finite loss at step {rec.get('step')}: loss per rank {rec.get('losses')}, "
+                            f"grad_norm {rec.get('grad_norm')} (trainer .HALT)")
+        if rec.get("source") not in (None, "watchdog"):
+            return FAILED, f"stopped by a .HALT from {rec.get('source')}: {rec}"
         return FAILED, "watchdog wrote .HALT: no rank made progress"
     if run.exit_code not in (0, None):
         what = {"pytest": "tests failed", "preflight": "preflight incomplete"}.get(kind, "trainer crashed")
@@ -258,20 +267,72 @@ def evidence(run: RunData, proc: runner.ProcResult, errors: list[str]) -> dict[s
     """What a person would otherwise dig for: stderr tail, last heartbeat and stack per rank."""
     dumps = {}
     for rank, path in stackdumps(run.out_dir).items():
-        frames = main_thread_frames(parse_stackdump(path.read_text(errors="replace")))
-        dumps[str(rank)] = {"path": path.name, "frames": frames[:MAX_FRAMES]}
+        text = path.read_text(errors="replace")
+        frames = main_thread_frames(parse_stackdump(text))
+        header = next((ln.strip("= ").strip() for ln in text.splitlines() if ln.startswith("===")), None)
+        dumps[str(rank)] = {"path": path.name, "frames": frames[:MAX_FRAMES], "header": header}
     last_beat = {str(r): recs[-1] for r, recs in run.heartbeats.items() if recs}
     return {
         "errors": errors,
         "stderr_tail": proc.stderr_tail(),
         "stderr_log": proc.stderr_path.name,
         "halt": run.halted,
+        "halt_record": halt_record(run.out_dir) if run.halted else None,
+        "rank_failures": rank_failures(proc.stderr_path),
         "stackdumps": dumps,
         "last_heartbeat": last_beat,
         "rank_step_time_s": {str(r): round(t, 6) for r, t in rank_step_times(run.heartbeats).items()},
         "fallbacks": fallback_counters(run),
         "files": sorted(p.name for p in run.out_dir.iterdir() if p.is_file()),
     }
+
+
+def halt_record(out_dir: Path) -> dict[str, Any]:
+    """The .HALT file's JSON record ({} for an operator's empty or free-text .HALT)."""
+    try:
+        rec = json.loads((Path(out_dir) / ".HALT").read_text())
+    except (OSError, ValueError):
+        return {}
+    return rec if isinstance(rec, dict) else {}
+
+
+_RANK_LINE = re.compile(r"^\[rank(\d+)\]: (.*)$")
+_TR_RANK = re.compile(r"^\s*rank\s*: (\d+) \(local_rank")
+_EXC = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Fault|Interrupt|Failure)\b")
+_TR_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+)")
+
+
+def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[str, dict[str, Any]]:
+    """Per rank, from a torchrun log: the exception its traceback ended with (torchrun prefixes
+    each worker's lines with ``[rankN]:``; they are often far above the tail) and the exit code
+    torchrun reported for it (negative: killed by that signal)."""
+    try:
+        with open(stderr_path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - max_bytes))
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    rank = None
+    for ln in text.splitlines():
+        m = _RANK_LINE.match(ln)
+        if m and _EXC.match(m.group(2)):
+            out.setdefault(m.group(1), {})["exception"] = m.group(2).strip()
+        t = _TR_RANK.match(ln)
+        if t:
+            rank = t.group(1)
+        e = _TR_EXIT.match(ln)
+        if e and rank is not None:
+            code = int(e.group(1))
+            entry = out.setdefault(rank, {})
+            entry["exit_code"] = code
+            if code < 0:
+                try:
+                    entry["signal"] = signal.Signals(-code).name
+                except ValueError:
+                    entry["signal"] = f"signal {-code}"
+            rank = None
+    return out
 
 
 def _summary_metrics(run: RunData, window: int | None) -> dict[str, float | None]:

@@ -40,14 +40,14 @@ def test_stalled_rank_reports_where_each_rank_was(fake_run):
 
 def test_hang_is_killed_at_timeout_with_process_group(fake_run):
     start = time.monotonic()
-    run = fake_run([train_phase(fault="hang", timeout_s=3)])
-    assert time.monotonic() - start < 20
+    run = fake_run([train_phase(fault="hang", timeout_s=8)])  # long enough to start under a loaded CI box
+    assert time.monotonic() - start < 30
     rec = run.record
     assert rec["status"] == "FAIL" and rec["timed_out"] and "timed out" in rec["reason"]
     child = int((run.results / rec["out_dir"] / "child.pid").read_text())
     _assert_dead(child)
     [stall] = [f for f in run.findings("critical") if f.startswith("stall")]
-    assert "killed at the 3s timeout" in stall and "allreduce_wait" in stall  # SIGUSR1 stack dump
+    assert "killed at the 8s timeout" in stall and "allreduce_wait" in stall  # SIGUSR1 stack dump
 
 
 def _assert_dead(pid: int) -> None:

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("nsa.train") is None,
                                 reason="the trainer nsa.train is not in this checkout yet")
 
 TINY = {"data.dataset": "synthetic", "train.seq_len": 64, "train.batch_size": 1, "train.save_final": False,
-        "watchdog.timeout_s": 4, "watchdog.poll_s": 0.5, "watchdog.grace_s": 2}
+        "watchdog.timeout_s": 60, "watchdog.poll_s": 0.5, "watchdog.grace_s": 2}
 
 
 def _phase(name, **kw):
@@ -48,7 +48,9 @@ def test_injected_crash_is_nogo_with_the_exception(fake_run):
 
 @pytest.mark.distributed
 def test_injected_stall_under_torchrun_shows_each_rank(fake_run):
-    run = fake_run([_phase("long_run", launcher={"kind": "torchrun", "nproc": 2}, overrides={"dist.mode": "ddp"},
+    # watchdog 15s: long enough that a loaded CI box finishes DDP setup before it can fire
+    run = fake_run([_phase("long_run", launcher={"kind": "torchrun", "nproc": 2},
+                           overrides={"dist.mode": "ddp", "watchdog.timeout_s": 15},
                            env={"NSA_FAULT": "stall:rank=1:step=3"}, steps=6,
                            gates=[{"metric": "halt", "op": "==", "threshold": 0}])], **_top())
     rec = run.record

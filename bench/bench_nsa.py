@@ -155,6 +155,68 @@ def breakdown(shapes):
         torch.cuda.empty_cache()
 
 
+def sweep(shapes):
+    """Launch-parameter sweep of the Triton stages, one knob group at a time from the
+    defaults; prints each variant's median. The winners become the defaults in the kernels'
+    TILES / TUNE tables."""
+    from nsa.kernels import band_attention, selection, topk
+    from nsa.kernels.compressed import triton_cmp_attention
+    from nsa.kernels.selection import triton_sel_attention
+    from nsa.kernels.topk import triton_select_blocks
+    from nsa.kernels.window import triton_win_attention
+
+    cfg = NSAConfig()
+    for name in shapes:
+        B, S, HQ, H, K = SHAPES[name]
+        x = _inputs(B, S, HQ, H, K, cfg)
+        q, do = x["q"], x["do"]
+        with torch.no_grad():
+            _, lse = triton_cmp_attention(q, x["kc"], x["vc"], cfg)
+            idx = triton_select_blocks(q, x["kc"], lse, cfg)
+        cmp_fb = _fwd_bwd(lambda: triton_cmp_attention(q, x["kc"], x["vc"], cfg)[0], [q, x["kc"], x["vc"]], do)
+        win_fb = _fwd_bwd(lambda: triton_win_attention(q, x["k_win"], x["v_win"], cfg), [q, x["k_win"], x["v_win"]], do)
+        sel_f = _no_grad(lambda: triton_sel_attention(q, x["k_sel"], x["v_sel"], idx, cfg))
+        sel_fb = _fwd_bwd(lambda: triton_sel_attention(q, x["k_sel"], x["v_sel"], idx, cfg), [q, x["k_sel"], x["v_sel"]], do)
+        tk = lambda: triton_select_blocks(q, x["kc"], lse, cfg)  # noqa: E731
+        i = 0 if K <= 64 else 1
+        groups = [
+            ("band fwd", band_attention.TILES, "fwd", [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 3)], [cmp_fb, win_fb]),
+            ("band dq", band_attention.TILES, "dq", [(64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 32, 4, 3)], [cmp_fb, win_fb]),
+            ("band dkv", band_attention.TILES, "dkv", [(64, 64, 8, 2), (32, 128, 8, 2), (64, 128, 8, 2), (128, 64, 8, 2)], [cmp_fb, win_fb]),
+        ]
+        for label, table, key, variants, fns in groups:
+            base = table[key]
+            for v in variants:
+                table[key] = tuple(v if j == i else c for j, c in enumerate(base))
+                try:
+                    ts = [f"{_bench(f):.2f}" for f in fns]
+                except Exception as e:
+                    ts = [f"failed: {type(e).__name__}"]
+                print(f"# sweep {name} {label} {v}: cmp fwd+bwd, win fwd+bwd = {', '.join(ts)}", flush=True)
+            table[key] = base
+        for label, tune, variants, fn in [
+            ("sel bwd", selection.TUNE, [dict(qc=256, rows=64, dkv_warps=8), dict(qc=64, rows=64, dkv_warps=4),
+                                         dict(qc=128, rows=128, dkv_warps=8), dict(qc=512, rows=128, dkv_warps=8),
+                                         dict(qc=64, rows=128, dkv_warps=8)], sel_fb),
+            ("sel fwd", selection.TUNE, [dict(fwd_warps=4, fwd_stages=3), dict(fwd_warps=2, fwd_stages=3),
+                                         dict(fwd_warps=4, fwd_stages=2), dict(fwd_warps=8, fwd_stages=3)], sel_f),
+            ("topk", topk.TUNE, [dict(rows=128, warps=8), dict(rows=256, warps=8), dict(rows=64, warps=4),
+                                 dict(rows=128, warps=4)], tk),
+        ]:
+            base = dict(tune)
+            for v in variants:
+                tune.update(v)
+                try:
+                    t = f"{_bench(fn):.2f}"
+                except Exception as e:
+                    t = f"failed: {type(e).__name__}"
+                print(f"# sweep {name} {label} {v}: {t}", flush=True)
+                tune.clear()
+                tune.update(base)
+        del x
+        torch.cuda.empty_cache()
+
+
 def run(shapes, win_backend="triton", json_path=None, skip=()):
     cfg = NSAConfig()
     rows = []
@@ -199,6 +261,7 @@ def main(argv=None):
     ap.add_argument("--skip", nargs="*", default=[], help="skip methods whose name contains this")
     ap.add_argument("--json", default=None)
     ap.add_argument("--breakdown", action="store_true", help="also time each Triton stage alone")
+    ap.add_argument("--sweep", action="store_true", help="only sweep the kernels' launch parameters")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench_nsa.py needs a CUDA GPU")
@@ -206,6 +269,9 @@ def main(argv=None):
     # baseline to its unfused fallback part-way through the table
     torch._dynamo.config.recompile_limit = 64
     torch._dynamo.config.cache_size_limit = 64
+    if a.sweep:
+        sweep(a.shapes)
+        return
     if a.breakdown:
         breakdown(a.shapes)
     run(a.shapes, a.win, a.json, a.skip)

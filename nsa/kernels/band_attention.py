@@ -233,13 +233,21 @@ def _band_bwd_dkv_kernel(
         tl.store(dv + kv_off, dv_acc.to(dv.dtype.element_ty), mask=kvm)
 
 
+#: (BM, BN, num_warps, num_stages) of the fwd, dq and dk/dv kernels on CUDA, by head dim
+#: (<= 64, larger); chosen by measurement on H100 (bench/bench_nsa.py --sweep)
+TILES = {
+    "fwd": ((128, 64, 4, 3), (128, 64, 8, 3)),
+    "dq": ((64, 64, 4, 2), (64, 64, 4, 2)),
+    "dkv": ((128, 64, 8, 2), (128, 64, 8, 2)),  # H100, K=128: 51 ms vs 74 ms (cmp, 64k)
+}
+
+
 def _configs(K: int, interpret: bool):
-    """Tile sizes and warps per kernel: (fwd BM, BN, warps), (dq ...), (dkv ...)."""
+    """Tile sizes and warps per kernel: (fwd BM, BN, warps, stages), (dq ...), (dkv ...)."""
     if interpret:
         return (32, 16, 4, 1), (32, 16, 4, 1), (16, 32, 4, 1)
-    if K <= 64:
-        return (128, 64, 4, 3), (64, 64, 4, 2), (64, 64, 4, 2)
-    return (128, 64, 8, 3), (64, 64, 4, 2), (64, 64, 8, 2)
+    i = 0 if K <= 64 else 1
+    return TILES["fwd"][i], TILES["dq"][i], TILES["dkv"][i]
 
 
 @functools.lru_cache(maxsize=None)

@@ -178,6 +178,11 @@ def _sel_bwd_dkv_kernel(
         tl.atomic_add(dv + kv_ptr, dv_acc, mask=kvm)
 
 
+#: launch parameters on CUDA (bench/bench_nsa.py --sweep): forward/dq warps and stages;
+#: dk/dv pass: tokens per work item (qc), query rows per step (rows), warps
+TUNE = dict(fwd_warps=4, fwd_stages=3, qc=512, rows=128, dkv_warps=8)
+
+
 def _meta(q, k, idx, cfg: NSAConfig):
     B, Tq, HQ, K = q.shape
     H = k.shape[2]
@@ -202,7 +207,7 @@ def _sel_fwd(q, k, v, idx, cfg, q_start):
     _sel_fwd_kernel[(Tq, B * H)](
         q, k, v, idx, o, lse2, Tq, Tk, q_start, 1.0 / math.sqrt(K), GP=GP,
         N=n, NP=triton.next_power_of_2(n), **meta,
-        num_warps=4, num_stages=1 if interpret else 3,
+        num_warps=4 if interpret else TUNE["fwd_warps"], num_stages=1 if interpret else TUNE["fwd_stages"],
     )
     return o, lse2
 
@@ -253,19 +258,19 @@ def _sel_bwd(q, k, v, idx, o, lse2, do, cfg, q_start):
     _sel_bwd_dq_kernel[(Tq, B * H)](
         q, k, v, idx, o, do, lse2, delta, dq, Tq, Tk, q_start, sm, GP=GP16,
         N=n, NP=triton.next_power_of_2(n), **meta,
-        num_warps=4, num_stages=1 if interpret else 3,
+        num_warps=4 if interpret else TUNE["fwd_warps"], num_stages=1 if interpret else TUNE["fwd_stages"],
     )
-    qc = 64 if interpret else 256
+    qc = 64 if interpret else TUNE["qc"]
     tok_sorted, seg, start, end, NB = _inverse_selection(idx, Tk, cfg.sel_block, qc)
     dk = torch.zeros(k.shape, device=k.device, dtype=torch.float32)
     dv = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
     GP = triton.next_power_of_2(G)
-    rows = 64
+    rows = 64 if interpret else TUNE["rows"]
     BQ = max(1, rows // GP)
     _sel_bwd_dkv_kernel[(seg.numel(),)](
         q, k, v, do, lse2, delta, tok_sorted, seg, start, end, dk, dv,
         Tq, Tk, NB, q_start, sm, GP=GP, BQ=BQ, **meta,
-        num_warps=4 if interpret or K <= 64 else 8, num_stages=1 if interpret else 2,
+        num_warps=4 if interpret else TUNE["dkv_warps"], num_stages=1 if interpret else 2,
     )
     return dq, dk.to(k.dtype), dv.to(v.dtype)
 

@@ -131,6 +131,10 @@ def _topk_kernel(
     tl.store(out, tl.where(valid, blk, -1).to(tl.int64), mask=(tok[:, None] < Tq) & (rank < N))
 
 
+#: query rows (tokens x padded group) per program and warps on CUDA (bench_nsa.py --sweep)
+TUNE = dict(rows=64, warps=4)
+
+
 def _launch(q, kc, lse, cfg: NSAConfig, q_start: int):
     B, Tq, HQ, K = q.shape
     Nc, H = kc.shape[1], kc.shape[2]
@@ -144,7 +148,7 @@ def _launch(q, kc, lse, cfg: NSAConfig, q_start: int):
     GP = triton.next_power_of_2(G)
     NP = max(16, triton.next_power_of_2(n))
     interpret = q.device.type == "cpu"
-    rows = 128
+    rows = 128 if interpret else TUNE["rows"]
     BT = max(1, rows // GP)
     BK = max(16, triton.next_power_of_2(K))
     q, kc, lse = q.contiguous(), kc.contiguous(), lse.contiguous()
@@ -153,7 +157,7 @@ def _launch(q, kc, lse, cfg: NSAConfig, q_start: int):
         q, kc, lse, idx, Tq, Nc, q_start, 1.0 / math.sqrt(K),
         H=H, G=G, GP=GP, K=K, BK=BK, L=cfg.cmp_block, D=cfg.cmp_stride, LS=cfg.sel_block,
         N=n, NP=NP, BT=BT, BC=triton.next_power_of_2(NP * (cfg.sel_block // cfg.cmp_stride)),
-        num_warps=4 if interpret else 8, num_stages=1 if interpret else 2,
+        num_warps=4 if interpret else TUNE["warps"], num_stages=1 if interpret else 2,
     )
     return idx
 

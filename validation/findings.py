@@ -44,7 +44,7 @@ def crashes(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             losses = halt.get("losses") or []
             bad = [i for i, v in enumerate(losses) if not (isinstance(v, (int, float)) and abs(v) < float("inf"))]
             title = (f"non-finite loss in {r['key']['phase']} [{_point(r)}] at step {halt.get('step')}: "
-                     f"rank(s) {', '.join(map(str, bad)) or '?'} (loss per rank {losses}, grad_norm "
+                     f"{'rank' if len(bad) == 1 else 'ranks'} {', '.join(map(str, bad)) or '?'} (loss per rank {losses}, grad_norm "
                      f"{halt.get('grad_norm')}); halted before the optimizer step")
             out.append(_f("critical", r, title, [f".HALT: {r['out_dir']}/.HALT"] + _rank_lines(r)))
             continue

@@ -130,3 +130,29 @@ def test_out_of_memory_on_cpu(seeded, matrix):
     assert "OutOfMemoryError" in f["title"] and "rank 0" in f["title"] and "step 2" in f["title"], f["title"]
     _common_after(seeded, rec, p)
     matrix.done(rec["status"], rec["reason"] + " | " + f["title"], rec["wall_s"], 60.0)
+
+
+@pytest.mark.distributed
+def test_stalled_rank_without_watchdog_is_killed_at_the_phase_timeout(seeded, matrix):
+    """The harness's own backstop: the watchdog is off, so only the phase timeout ends the run.
+    torchrun starts each rank in a session of its own: the harness must still reach (SIGUSR1
+    stack dumps) and kill every rank, not just torchrun's process group."""
+    timeout = 45.0
+    matrix.start("stalled rank, watchdog off", "`NSA_FAULT=stall:rank=1:step=3`, `watchdog.enabled=false`, "
+                 f"phase timeout {timeout:g} s, torchrun x2", "harness timeout: SIGUSR1 stack dumps from both "
+                 "ranks, then the whole tree killed; FAIL 'timed out' naming rank 1 in the injected stall")
+    phase = U.fault_phase("hang", "stall:rank=1:step=3", nproc=2, timeout_s=timeout)
+    phase["overrides"]["watchdog.enabled"] = False
+    rb = seeded.runbook(phase)
+    p = seeded.run(rb, "hang")
+    rec = U.record(seeded.results, "hang")
+    assert rec["status"] == "FAIL" and rec["timed_out"] and "timed out" in rec["reason"], rec["reason"]
+    bound = timeout + 30
+    assert rec["wall_s"] <= bound
+    assert set(rec["evidence"]["stackdumps"]) == {"0", "1"}, "SIGUSR1 must reach both ranks"
+    f = _finding(seeded, "hang", "stall in hang")
+    text = f["title"] + "\n" + "\n".join(f["detail"])
+    assert f"killed at the {timeout:g}s timeout" in f["title"] and "rank 1 in at" in f["title"], text
+    assert "rank 1: last heartbeat step 3, stage forward" in text, text
+    _common_after(seeded, rec, p)
+    matrix.done(rec["status"], rec["reason"] + " | " + f["title"], rec["wall_s"], bound)

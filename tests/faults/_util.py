@@ -175,3 +175,21 @@ def processes_with(marker: str) -> dict[int, str]:
         if marker in cmd and state != "Z":
             out[int(d.name)] = cmd[:200]
     return out
+
+
+def fault_to_end_s(out_dir: Path, rank: int, step: int, stage: str) -> float:
+    """Seconds from the fault (the faulted rank's first heartbeat at that step and stage) to the
+    last write in the run's directory (torchrun's summary, or the harness's kill note): the
+    fault's resolution time, without the start-up that a loaded CI box stretches."""
+    t_fault = None
+    for line in (out_dir / f"heartbeat_rank{rank}.jsonl").read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("step") == step and rec.get("stage") == stage:
+            t_fault = rec["time"]
+            break
+    assert t_fault is not None, f"rank {rank} never reached step {step} stage {stage}"
+    t_end = max(p.stat().st_mtime for p in out_dir.rglob("*") if p.is_file())
+    return t_end - t_fault

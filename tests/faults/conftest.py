@@ -117,8 +117,9 @@ def write_matrix(path: Path, rows: dict[str, dict[str, Any]], wall_s: float, wor
         "`torchrun --standalone` on gloo) and/or the **real** harness (`python -m validation`), injected "
         "through the trainer's test hook (`NSA_FAULT`, see `nsa/train/faults.py`; off by default, recorded "
         "in env.json when on) or by damaging a real artifact or input. *Seconds* is the time the suite "
-        "measured for the fault to resolve (the faulted trainer run's wall time for trainer faults, the "
-        "whole command otherwise); *bound* is the limit the test asserts. Every test also asserts that no "
+        "measured for the fault to resolve (rank faults: from the faulted rank's heartbeat at the injected "
+        "step to the run's last write, start-up excluded; watchdog-off stall and OOM: the whole trainer run; "
+        "otherwise the whole command); *bound* is the limit the test asserts. Every test also asserts that no "
         "process of the run survives (a /proc scan for the test's unique directory) and that the records, "
         "artifacts and report of the earlier runs are byte-for-byte intact.",
         "",

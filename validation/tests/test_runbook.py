@@ -1,9 +1,12 @@
 """Runbooks and profiles validate, and every bad input is refused with the file and key named."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
+from validation import RUNBOOK_DIR
 from validation.errors import RunbookError
 from validation.plan import expand
 from validation.runbook import available, load_profile, load_runbook
@@ -31,8 +34,11 @@ def test_seed_runbook_has_every_phase_and_a100_numbers():
     assert len(expand(rb, load_profile("a100"), ["scaling_sweep"])) == 6
 
 
-def test_h100_thresholds_are_to_be_measured_not_invented():
-    prof = load_profile("h100")
+def test_a_threshold_not_yet_measured_stays_unmeasured_not_invented(tmp_path):
+    text = (RUNBOOK_DIR / "profiles" / "h200.yaml").read_text()
+    unmeasured = tmp_path / "unmeasured.yaml"
+    unmeasured.write_text(re.sub(r"(?m)^  min_toks_per_s: .*$", "  min_toks_per_s: null", text))
+    prof = load_profile(str(unmeasured))
     assert prof.thresholds["min_toks_per_s"] is None
     base = expand(load_runbook("nsa_ddp_a100"), prof, ["baseline_ddp"])[0]
     assert [g.threshold for g in base.gates() if g.metric == "toks_per_s_mean"] == [None]

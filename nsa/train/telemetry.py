@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from .checkpoint import CheckpointError
+
 CSV_HEADER = ["step", "loss", "lr", "toks_per_s", "step_time_s", "grad_norm", "mem_alloc_gb", "mem_reserved_gb"]
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GB = 1024**3
@@ -64,10 +66,14 @@ def truncate_csv(path: Path, keep_through_step: int) -> None:
     with open(path, newline="") as fh:
         rows = list(csv.reader(fh))
     if not rows or rows[0] != CSV_HEADER:
-        raise ValueError(f"{path}: unexpected header {rows[:1]}, cannot resume into it")
-    kept = [rows[0]] + [r for r in rows[1:] if r and int(r[0]) <= keep_through_step]
-    with open(path, "w", newline="") as fh:
+        raise CheckpointError(f"{path}: unexpected header {rows[:1]}, cannot resume into it "
+                              f"(expected {','.join(CSV_HEADER)})")
+    kept = [rows[0]] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= keep_through_step]
+    # write beside it and swap in: a crash mid-rewrite must not lose the earlier rows
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", newline="") as fh:
         csv.writer(fh).writerows(kept)
+    os.replace(tmp, path)
 
 
 def drop_torn_tail(path: Path) -> None:

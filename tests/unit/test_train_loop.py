@@ -151,3 +151,18 @@ def test_bf16_autocast_and_fused_adamw_toggle(tmp_path: Path):
     envj = json.loads((tmp_path / "env.json").read_text())
     assert envj["config"]["train"]["fused_adamw"] is True and envj["env_toggles"]["NSA_OPT_FUSED"]
     assert all(math.isfinite(float(r["loss"])) for r in csv_rows(tmp_path))
+
+
+def test_resume_csv_rewrite_is_atomic_and_a_bad_header_is_a_checkpoint_error(tmp_path):
+    from nsa.train.checkpoint import CheckpointError
+    from nsa.train.telemetry import CSV_HEADER, truncate_csv
+
+    csv_path = tmp_path / "training.csv"
+    csv_path.write_text(",".join(CSV_HEADER) + "\n" + "".join(f"{s},1,1,1,1,1,0,0\n" for s in range(1, 6)))
+    truncate_csv(csv_path, 3)
+    assert [line.split(",")[0] for line in csv_path.read_text().splitlines()[1:]] == ["1", "2", "3"]
+    assert [p.name for p in tmp_path.iterdir()] == ["training.csv"]  # no temp file left behind
+    csv_path.write_text("when,what\n1,2\n")
+    with pytest.raises(CheckpointError, match="training.csv: unexpected header"):
+        truncate_csv(csv_path, 3)
+    assert csv_path.read_text() == "when,what\n1,2\n"

@@ -3,12 +3,15 @@ pytest plugin share. Hardware that cannot run a point gives a SKIP record; a pro
 mismatch (an H100 running the a100 profile) runs and is reported, or skips under policy 'skip'."""
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
+import os
 from pathlib import Path
 from typing import Any, Callable
 
 from . import hardware
-from .phases import execute, skip_record
+from .phases import execute, run_dir, skip_record
 from .plan import PhasePoint
 from .store import ResultStore
 
@@ -43,6 +46,39 @@ def run_point(point: PhasePoint, results_dir: Path, *, mismatch: str = "run",
               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     hw = hardware.detect()
     reason = why_not(point, hw, mismatch)
-    record = skip_record(point, reason, hw) if reason else execute(point, results_dir, hw, progress)
+    if reason:
+        record = skip_record(point, reason, hw)
+    else:
+        with _point_lock(point, results_dir) as holder:
+            if holder is not None:
+                # another harness process is running this very point in this results directory:
+                # running it too would delete that run's artifacts mid-run, so leave it alone and
+                # keep the store as it is (that run stores its own record)
+                return skip_record(point, f"this point is being run by another harness process ({holder})", hw)
+            record = execute(point, results_dir, hw, progress)
     ResultStore(results_dir).put(record)
     return record
+
+
+@contextlib.contextmanager
+def _point_lock(point: PhasePoint, results_dir: Path):
+    """Hold an exclusive lock on the point's run directory; yields None when acquired, or a
+    description of the holder when another process has it."""
+    out_dir = run_dir(results_dir, point)
+    lock_path = out_dir.with_name(out_dir.name + ".lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            yield f"pid {fh.read().strip() or '?'}"
+            return
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        try:
+            yield None
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

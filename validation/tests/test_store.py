@@ -64,3 +64,28 @@ def test_selective_rerun_changes_only_its_phase(tmp_path):
         assert after[tid]["run_id"] != before[tid]["run_id"]
     # the baseline's artifacts survive the bucket sweep's re-run
     assert (results / after["fake/cpu/baseline_ddp/default"]["out_dir"] / "training.csv").exists()
+
+
+def test_a_point_another_process_is_running_is_left_alone(tmp_path):
+    """Two harness runs on one results directory reaching the same point: the second must not
+    delete the first's artifacts mid-run nor overwrite its record."""
+    import fcntl
+
+    from validation.orchestrate import run_point
+    from validation.phases import run_dir
+    from validation.plan import expand
+    from validation.runbook import load_profile, load_runbook
+
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("baseline_ddp")])
+    results = tmp_path / "results"
+    assert main(["run", "--runbook", str(rb), "--profile", "cpu", "--results-dir", str(results), "--no-plots"]) == 0
+    before = ResultStore(results).records()
+    (point,) = expand(load_runbook(str(rb)), load_profile("cpu"), ["baseline_ddp"])
+    out_dir = run_dir(results, point)
+    with open(out_dir.with_name(out_dir.name + ".lock"), "a+") as held:  # the "first run"
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        record = run_point(point, results)
+    assert record["status"] == "SKIP"
+    assert "being run by another harness process" in record["reason"]
+    assert ResultStore(results).records() == before
+    assert (out_dir / "training.csv").exists()

@@ -3,17 +3,18 @@
 #   bash bench/gpu/h100_acceptance.sh        (OUT=<dir> for what comes back)
 # Runs `pytest -m h100` (runbooks/h100_single.yaml, profile h100) against the real trainer, then
 # re-renders the report from the store (so a run cut short still leaves a report) and packs the
-# evidence (CSVs, heartbeats, env.json, logs) into one archive.
+# evidence (CSVs, heartbeats, env.json, logs; no checkpoints) into one archive. Carry .git so
+# that preflight can record the SHA (the device copy has no repository otherwise).
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/.device_out}
 RES=${RES:-/tmp/nsa_results}
 mkdir -p "$OUT"
 start=$(date +%s)
-timeout 500 python3 -m pytest -m h100 -p no:cacheprovider -q --results-dir "$RES" 2>&1 | tee "$OUT/pytest.log"
+timeout 540 python3 -m pytest -m h100 -p no:cacheprovider -q --results-dir "$RES" 2>&1 | tee "$OUT/pytest.log"
 echo "pytest -m h100 took $(( $(date +%s) - start )) s" | tee -a "$OUT/pytest.log"
 python3 -m validation report --runbook h100_single --profile h100 --results-dir "$RES" 2>&1 | tail -3
 cp "$RES"/reports/*.md "$OUT"/ 2>/dev/null
 cp "$RES"/reports/*.png "$OUT"/ 2>/dev/null
-tar czf "$OUT/evidence.tgz" -C "$RES" . 2>/dev/null
+tar czf "$OUT/evidence.tgz" --exclude='*.pt' -C "$RES" . 2>/dev/null
 ls -la "$OUT"

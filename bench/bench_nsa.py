@@ -127,6 +127,18 @@ def _methods(x, cfg, win_backend):
     return out
 
 
+def _stage_inputs(name, cfg):
+    """Random inputs of shape `name` plus the lse and selected blocks the later stages take."""
+    from nsa.kernels.compressed import triton_cmp_attention
+    from nsa.kernels.topk import triton_select_blocks
+
+    x = _inputs(*SHAPES[name], cfg)
+    with torch.no_grad():
+        _, lse = triton_cmp_attention(x["q"], x["kc"], x["vc"], cfg)
+        idx = triton_select_blocks(x["q"], x["kc"], lse, cfg)
+    return x, x["q"], x["do"], lse, idx
+
+
 def breakdown(shapes):
     """Per-stage medians (ms) of the Triton NSA core: where the time goes."""
     from nsa.kernels.compressed import triton_cmp_attention
@@ -136,12 +148,7 @@ def breakdown(shapes):
 
     cfg = NSAConfig()
     for name in shapes:
-        B, S, HQ, H, K = SHAPES[name]
-        x = _inputs(B, S, HQ, H, K, cfg)
-        q, do = x["q"], x["do"]
-        with torch.no_grad():
-            _, lse = triton_cmp_attention(q, x["kc"], x["vc"], cfg)
-            idx = triton_select_blocks(q, x["kc"], lse, cfg)
+        x, q, do, lse, idx = _stage_inputs(name, cfg)
         stages = {
             "cmp": (lambda: triton_cmp_attention(q, x["kc"], x["vc"], cfg)[0], [q, x["kc"], x["vc"]]),
             "sel": (lambda: triton_sel_attention(q, x["k_sel"], x["v_sel"], idx, cfg), [q, x["k_sel"], x["v_sel"]]),
@@ -167,18 +174,13 @@ def sweep(shapes):
 
     cfg = NSAConfig()
     for name in shapes:
-        B, S, HQ, H, K = SHAPES[name]
-        x = _inputs(B, S, HQ, H, K, cfg)
-        q, do = x["q"], x["do"]
-        with torch.no_grad():
-            _, lse = triton_cmp_attention(q, x["kc"], x["vc"], cfg)
-            idx = triton_select_blocks(q, x["kc"], lse, cfg)
+        x, q, do, lse, idx = _stage_inputs(name, cfg)
         cmp_fb = _fwd_bwd(lambda: triton_cmp_attention(q, x["kc"], x["vc"], cfg)[0], [q, x["kc"], x["vc"]], do)
         win_fb = _fwd_bwd(lambda: triton_win_attention(q, x["k_win"], x["v_win"], cfg), [q, x["k_win"], x["v_win"]], do)
         sel_f = _no_grad(lambda: triton_sel_attention(q, x["k_sel"], x["v_sel"], idx, cfg))
         sel_fb = _fwd_bwd(lambda: triton_sel_attention(q, x["k_sel"], x["v_sel"], idx, cfg), [q, x["k_sel"], x["v_sel"]], do)
         tk = lambda: triton_select_blocks(q, x["kc"], lse, cfg)  # noqa: E731
-        i = 0 if K <= 64 else 1
+        i = 0 if SHAPES[name][4] <= 64 else 1  # head dim
         groups = [
             ("band fwd", band_attention.TILES, "fwd", [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 3)], [cmp_fb, win_fb]),
             ("band dq", band_attention.TILES, "dq", [(64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 32, 4, 3)], [cmp_fb, win_fb]),

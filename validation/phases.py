@@ -24,7 +24,7 @@ from .artifacts import (halted, main_thread_frames, parse_stackdump, read_env_js
                         read_training_csv, stackdumps)
 from .runner import tail
 from .errors import ArtifactError, StoreError
-from .gates import FAIL, NO_DATA, PASS, UNMEASURED, GateResult, check
+from .gates import FAIL, NO_DATA, UNMEASURED, GateResult, check
 from .metrics import RunData, compute, fallback_counters, rank_step_times
 from .plan import PhasePoint
 

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.faults import _util as U
 from validation.errors import RunbookError

@@ -2,8 +2,6 @@
 routing rules: 'auto' keeps torch on CPU, a named Triton backend that cannot run is an error."""
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from hypothesis import given
@@ -12,7 +10,7 @@ from nsa.attention.backends import BackendUnavailable, Route, resolve_route
 from nsa.attention.config import NSAConfig
 from nsa.attention.core import nsa_core
 from nsa.attention.reference import reference_compress, reference_nsa
-from tests.kernels._util import INTERP_SETTINGS, KCase, assert_close, kcases, rnd
+from tests.kernels._util import INTERP_SETTINGS, assert_close, kcases, rnd
 
 pytestmark = pytest.mark.triton_interp
 

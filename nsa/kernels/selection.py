@@ -183,21 +183,21 @@ def _sel_bwd_dkv_kernel(
 TUNE = dict(fwd_warps=4, fwd_stages=3, qc=512, rows=128, dkv_warps=8)
 
 
-def _meta(q, k, idx, cfg: NSAConfig):
+def _meta(q, k, idx, sel_block: int):
     B, Tq, HQ, K = q.shape
     H = k.shape[2]
     G = HQ // H
     n = idx.shape[-1]
     return dict(
         H=H, G=G, K=K, BK=max(16, triton.next_power_of_2(K)),
-        LS=cfg.sel_block, BS=max(16, triton.next_power_of_2(cfg.sel_block)),
+        LS=sel_block, BS=max(16, triton.next_power_of_2(sel_block)),
     ), n
 
 
-def _sel_fwd(q, k, v, idx, cfg, q_start):
+def _sel_fwd(q, k, v, idx, sel_block: int, q_start: int):
     B, Tq, HQ, K = q.shape
     Tk, H = k.shape[1], k.shape[2]
-    meta, n = _meta(q, k, idx, cfg)
+    meta, n = _meta(q, k, idx, sel_block)
     GP = max(16, triton.next_power_of_2(meta["G"]))
     o = torch.empty_like(q)
     lse2 = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
@@ -243,10 +243,10 @@ def _inverse_selection(idx, Tk, ls, qc):
     return tok_sorted, seg.to(torch.int32), start.to(torch.int32), end.to(torch.int32), NB
 
 
-def _sel_bwd(q, k, v, idx, o, lse2, do, cfg, q_start):
+def _sel_bwd(q, k, v, idx, o, lse2, do, sel_block: int, q_start: int):
     B, Tq, HQ, K = q.shape
     Tk, H = k.shape[1], k.shape[2]
-    meta, n = _meta(q, k, idx, cfg)
+    meta, n = _meta(q, k, idx, sel_block)
     G = meta["G"]
     interpret = q.device.type == "cpu"
     dq = torch.empty_like(q)
@@ -261,7 +261,7 @@ def _sel_bwd(q, k, v, idx, o, lse2, do, cfg, q_start):
         num_warps=4 if interpret else TUNE["fwd_warps"], num_stages=1 if interpret else TUNE["fwd_stages"],
     )
     qc = 64 if interpret else TUNE["qc"]
-    tok_sorted, seg, start, end, NB = _inverse_selection(idx, Tk, cfg.sel_block, qc)
+    tok_sorted, seg, start, end, NB = _inverse_selection(idx, Tk, sel_block, qc)
     dk = torch.zeros(k.shape, device=k.device, dtype=torch.float32)
     dv = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
     GP = triton.next_power_of_2(G)
@@ -279,7 +279,7 @@ class SelAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, idx, cfg, q_start):
         q, k, v, idx = q.contiguous(), k.contiguous(), v.contiguous(), idx.contiguous()
-        o, lse2 = _sel_fwd(q, k, v, idx, cfg, q_start)
+        o, lse2 = _sel_fwd(q, k, v, idx, cfg.sel_block, q_start)
         ctx.save_for_backward(q, k, v, idx, o, lse2)
         ctx.cfg, ctx.q_start = cfg, q_start
         return o
@@ -287,7 +287,7 @@ class SelAttentionFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, idx, o, lse2 = ctx.saved_tensors
-        dq, dk, dv = _sel_bwd(q, k, v, idx, o, lse2, do.contiguous(), ctx.cfg, ctx.q_start)
+        dq, dk, dv = _sel_bwd(q, k, v, idx, o, lse2, do.contiguous(), ctx.cfg.sel_block, ctx.q_start)
         return dq, dk, dv, None, None, None
 
 

@@ -99,7 +99,7 @@ def run_cell(kind: str, cfg, batch: int, seq_len: int, args, device: torch.devic
     if tc.activation_checkpointing:
         apply_activation_checkpointing(model)
     if tc.compile:
-        apply_compile(model)
+        apply_compile(model, device, torch.bfloat16 if tc.dtype == "bfloat16" else torch.float32)
     opt = build_optimizer(model, tc)
     dtype = torch.bfloat16 if tc.dtype == "bfloat16" else None
     x = torch.randint(0, cfg.model.vocab_size, (batch, seq_len + 1), device=device)

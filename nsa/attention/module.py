@@ -52,7 +52,9 @@ class NSAAttention(nn.Module):
         self.compress_k = Compressor(head_dim, cfg)
         self.compress_v = Compressor(head_dim, cfg)
         self.routes: dict[str, Route] = {}
-        self.route_calls: dict[str, int] = {s: 0 for s in STAGES}
+        # forward calls so far (each runs every stage once on its route), for the backend audit;
+        # a tensor, so that torch.compile neither guards on it nor recompiles as it grows
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64), persistent=False)
         # detached mean gate per branch from the last forward, for telemetry (no sync here)
         self.last_gate_mean: torch.Tensor | None = None
 
@@ -94,8 +96,7 @@ class NSAAttention(nn.Module):
             cache.length += T
             kc, vc = cache.kc, cache.vc
         routes = self.resolve_routes(x.device, q.dtype)
-        for s in STAGES:
-            self.route_calls[s] += 1
+        self.calls += 1
         o = nsa_core(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, self.cfg, routes, q_start=start)
         self.last_gate_mean = gates.detach().float().mean(dim=(0, 1, 2))
         return self.o_proj(o.reshape(B, T, -1))

@@ -78,8 +78,14 @@ def _cuda_only(rank: int):
 
 
 def _lazy(module: str, name: str):
+    target = None
+
     def call(*args, **kwargs):
-        return getattr(importlib.import_module(f"nsa.kernels.{module}"), name)(*args, **kwargs)
+        # imported once, then cached: torch.compile traces this call and cannot trace an import
+        nonlocal target
+        if target is None:
+            target = getattr(importlib.import_module(f"nsa.kernels.{module}"), name)
+        return target(*args, **kwargs)
 
     call.__name__ = name
     call.__qualname__ = name

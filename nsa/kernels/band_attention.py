@@ -317,26 +317,50 @@ def _band_bwd(q, k, v, o, lse, do, q_start, L, D, W, window):
     return dq, dk, dv
 
 
-class BandAttentionFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, q_start, L, D, W, window):
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        o, lse = _band_fwd(q, k, v, q_start, L, D, W, window)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.args = (q_start, L, D, W, window)
-        ctx.mark_non_differentiable(lse)
-        return o, lse
+@torch.library.custom_op("nsa::band_fwd", mutates_args=())
+def band_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, L: int, D: int, W: int,
+             window: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _band_fwd(q, k, v, q_start, L, D, W, window)
 
-    @staticmethod
-    def backward(ctx, do, dlse):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _band_bwd(q, k, v, o, lse, do.contiguous(), *ctx.args)
-        return dq, dk, dv, None, None, None, None, None
+
+@band_fwd.register_fake
+def _(q, k, v, q_start, L, D, W, window):
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("nsa::band_bwd", mutates_args=())
+def band_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+             do: torch.Tensor, q_start: int, L: int, D: int, W: int,
+             window: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _band_bwd(q, k, v, o, lse, do.contiguous(), q_start, L, D, W, window)
+
+
+@band_bwd.register_fake
+def _(q, k, v, o, lse, do, q_start, L, D, W, window):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _band_setup(ctx, inputs, output):
+    q, k, v, *args = inputs
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.args = args
+    ctx.mark_non_differentiable(output[1])
+
+
+def _band_backward(ctx, do, dlse):
+    dq, dk, dv = band_bwd(*ctx.saved_tensors, do, *ctx.args)
+    return dq, dk, dv, None, None, None, None, None
+
+
+band_fwd.register_autograd(_band_backward, setup_context=_band_setup)
 
 
 def band_attention(q, k, v, q_start: int, L: int, D: int, W: int, window: bool):
     """Band attention (see the module docstring). q [B, Tq, HQ, K]; k, v [B, Tk, H, K].
-    Returns o [B, Tq, HQ, K] (q's dtype) and lse [B, Tq, HQ] (float32, natural log)."""
+    Returns o [B, Tq, HQ, K] (q's dtype) and lse [B, Tq, HQ] (float32, natural log).
+    The kernels run inside the custom ops nsa::band_fwd / nsa::band_bwd, which torch.compile
+    treats as opaque calls (it cannot trace into a Triton launch)."""
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"query heads {q.shape[2]} must be a multiple of KV heads {k.shape[2]}")
-    return BandAttentionFunction.apply(q, k, v, int(q_start), int(L), int(D), int(W), bool(window))
+    return band_fwd(q.contiguous(), k.contiguous(), v.contiguous(),
+                    int(q_start), int(L), int(D), int(W), bool(window))

@@ -60,32 +60,52 @@ def _launch_meta(K: int):
     return dict(K=K, BK=BK, BR=max(1, 4096 // BK))
 
 
-class GateCombineFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, gates, oc, os_, ow):
-        gates, oc, os_, ow = (t.contiguous() for t in (gates, oc, os_, ow))
-        o = torch.empty_like(oc)
-        n_rows, K = oc.numel() // oc.shape[-1], oc.shape[-1]
-        meta = _launch_meta(K)
-        if n_rows:
-            _combine_fwd_kernel[(triton.cdiv(n_rows, meta["BR"]),)](gates, oc, os_, ow, o, n_rows, **meta)
-        ctx.save_for_backward(gates, oc, os_, ow)
-        return o
+@torch.library.custom_op("nsa::gate_combine_fwd", mutates_args=())
+def gate_combine_fwd(gates: torch.Tensor, oc: torch.Tensor, os_: torch.Tensor, ow: torch.Tensor) -> torch.Tensor:
+    o = torch.empty_like(oc)
+    n_rows, K = oc.numel() // oc.shape[-1], oc.shape[-1]
+    meta = _launch_meta(K)
+    if n_rows:
+        _combine_fwd_kernel[(triton.cdiv(n_rows, meta["BR"]),)](gates, oc, os_, ow, o, n_rows, **meta)
+    return o
 
-    @staticmethod
-    def backward(ctx, do):
-        gates, oc, os_, ow = ctx.saved_tensors
-        do = do.contiguous()
-        dg = torch.empty_like(gates)
-        doc, dos, dow = torch.empty_like(oc), torch.empty_like(os_), torch.empty_like(ow)
-        n_rows, K = oc.numel() // oc.shape[-1], oc.shape[-1]
-        meta = _launch_meta(K)
-        if n_rows:
-            _combine_bwd_kernel[(triton.cdiv(n_rows, meta["BR"]),)](
-                gates, oc, os_, ow, do, dg, doc, dos, dow, n_rows, **meta)
-        return dg, doc, dos, dow
+
+@gate_combine_fwd.register_fake
+def _(gates, oc, os_, ow):
+    return torch.empty_like(oc)
+
+
+@torch.library.custom_op("nsa::gate_combine_bwd", mutates_args=())
+def gate_combine_bwd(gates: torch.Tensor, oc: torch.Tensor, os_: torch.Tensor, ow: torch.Tensor,
+                     do: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    do = do.contiguous()
+    dg = torch.empty_like(gates)
+    doc, dos, dow = torch.empty_like(oc), torch.empty_like(os_), torch.empty_like(ow)
+    n_rows, K = oc.numel() // oc.shape[-1], oc.shape[-1]
+    meta = _launch_meta(K)
+    if n_rows:
+        _combine_bwd_kernel[(triton.cdiv(n_rows, meta["BR"]),)](
+            gates, oc, os_, ow, do, dg, doc, dos, dow, n_rows, **meta)
+    return dg, doc, dos, dow
+
+
+@gate_combine_bwd.register_fake
+def _(gates, oc, os_, ow, do):
+    return torch.empty_like(gates), torch.empty_like(oc), torch.empty_like(os_), torch.empty_like(ow)
+
+
+def _combine_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _combine_backward(ctx, do):
+    return gate_combine_bwd(*ctx.saved_tensors, do)
+
+
+gate_combine_fwd.register_autograd(_combine_backward, setup_context=_combine_setup)
 
 
 def triton_gate_combine(gates, o_cmp, o_sel, o_win):
-    """gates [B, T, HQ, 3]; o_* [B, T, HQ, K] (one dtype) -> o [B, T, HQ, K] in o_cmp's dtype."""
-    return GateCombineFunction.apply(gates, o_cmp, o_sel.to(o_cmp.dtype), o_win.to(o_cmp.dtype))
+    """gates [B, T, HQ, 3]; o_* [B, T, HQ, K] (one dtype) -> o [B, T, HQ, K] in o_cmp's dtype.
+    Runs as the custom op nsa::gate_combine_fwd (opaque to torch.compile)."""
+    return gate_combine_fwd(*(t.contiguous() for t in (gates, o_cmp, o_sel.to(o_cmp.dtype), o_win.to(o_cmp.dtype))))

@@ -275,27 +275,52 @@ def _sel_bwd(q, k, v, idx, o, lse2, do, sel_block: int, q_start: int):
     return dq, dk.to(k.dtype), dv.to(v.dtype)
 
 
-class SelAttentionFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, idx, cfg, q_start):
-        q, k, v, idx = q.contiguous(), k.contiguous(), v.contiguous(), idx.contiguous()
-        o, lse2 = _sel_fwd(q, k, v, idx, cfg.sel_block, q_start)
-        ctx.save_for_backward(q, k, v, idx, o, lse2)
-        ctx.cfg, ctx.q_start = cfg, q_start
-        return o
+@torch.library.custom_op("nsa::sel_fwd", mutates_args=())
+def sel_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, sel_block: int,
+            q_start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _sel_fwd(q, k, v, idx, sel_block, q_start)
 
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, idx, o, lse2 = ctx.saved_tensors
-        dq, dk, dv = _sel_bwd(q, k, v, idx, o, lse2, do.contiguous(), ctx.cfg.sel_block, ctx.q_start)
-        return dq, dk, dv, None, None, None
+
+@sel_fwd.register_fake
+def _(q, k, v, idx, sel_block, q_start):
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+@torch.library.custom_op("nsa::sel_bwd", mutates_args=())
+def sel_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
+            lse2: torch.Tensor, do: torch.Tensor, sel_block: int,
+            q_start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _sel_bwd(q, k, v, idx, o, lse2, do.contiguous(), sel_block, q_start)
+
+
+@sel_bwd.register_fake
+def _(q, k, v, idx, o, lse2, do, sel_block, q_start):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _sel_setup(ctx, inputs, output):
+    q, k, v, idx, sel_block, q_start = inputs
+    ctx.save_for_backward(q, k, v, idx, *output)
+    ctx.args = (sel_block, q_start)
+    ctx.mark_non_differentiable(output[1])
+
+
+def _sel_backward(ctx, do, dlse2):
+    q, k, v, idx, o, lse2 = ctx.saved_tensors
+    dq, dk, dv = sel_bwd(q, k, v, idx, o, lse2, do, *ctx.args)
+    return dq, dk, dv, None, None, None
+
+
+sel_fwd.register_autograd(_sel_backward, setup_context=_sel_setup)
 
 
 def triton_sel_attention(q, k, v, idx, cfg: NSAConfig, q_start: int = 0, chunk: int | None = None):
     """Selected branch: q [B, Tq, HQ, K] attends, per KV group, to the tokens of the blocks in
     idx [B, Tq, H, n] (ascending, -1 padded), causally inside the block holding the query.
     Same signature and semantics as torch_sel_attention; `chunk` is unused. Returns
-    o [B, Tq, HQ, K]."""
+    o [B, Tq, HQ, K]. Runs as the custom ops nsa::sel_fwd / nsa::sel_bwd (opaque to
+    torch.compile)."""
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"query heads {q.shape[2]} must be a multiple of KV heads {k.shape[2]}")
-    return SelAttentionFunction.apply(q, k, v, idx, cfg, int(q_start))
+    q, k, v, idx = (t.contiguous() for t in (q, k, v, idx))
+    return sel_fwd(q, k, v, idx, cfg.sel_block, int(q_start))[0]

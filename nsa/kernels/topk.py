@@ -135,11 +135,12 @@ def _topk_kernel(
 TUNE = dict(rows=64, warps=4)
 
 
-def _launch(q, kc, lse, cfg: NSAConfig, q_start: int):
+@torch.library.custom_op("nsa::select_blocks", mutates_args=())
+def select_blocks(q: torch.Tensor, kc: torch.Tensor, lse: torch.Tensor, q_start: int, L: int, D: int,
+                  LS: int, n: int) -> torch.Tensor:
     B, Tq, HQ, K = q.shape
     Nc, H = kc.shape[1], kc.shape[2]
     G = HQ // H
-    n = cfg.n_selected
     idx = torch.empty(B, Tq, H, n, device=q.device, dtype=torch.int64)
     if Tq == 0:
         return idx
@@ -151,19 +152,25 @@ def _launch(q, kc, lse, cfg: NSAConfig, q_start: int):
     rows = 128 if interpret else TUNE["rows"]
     BT = max(1, rows // GP)
     BK = max(16, triton.next_power_of_2(K))
-    q, kc, lse = q.contiguous(), kc.contiguous(), lse.contiguous()
     grid = (triton.cdiv(Tq, BT), B * H)
     _topk_kernel[grid](
         q, kc, lse, idx, Tq, Nc, q_start, 1.0 / math.sqrt(K),
-        H=H, G=G, GP=GP, K=K, BK=BK, L=cfg.cmp_block, D=cfg.cmp_stride, LS=cfg.sel_block,
-        N=n, NP=NP, BT=BT, BC=triton.next_power_of_2(NP * (cfg.sel_block // cfg.cmp_stride)),
+        H=H, G=G, GP=GP, K=K, BK=BK, L=L, D=D, LS=LS,
+        N=n, NP=NP, BT=BT, BC=triton.next_power_of_2(NP * (LS // D)),
         num_warps=4 if interpret else TUNE["warps"], num_stages=1 if interpret else 2,
     )
     return idx
 
 
-@torch.no_grad()
+@select_blocks.register_fake
+def _(q, kc, lse, q_start, L, D, LS, n):
+    return q.new_empty((q.shape[0], q.shape[1], kc.shape[2], n), dtype=torch.int64)
+
+
 def triton_select_blocks(q, kc, lse, cfg: NSAConfig, q_start: int = 0, chunk: int | None = None):
     """Selected block indices [B, Tq, H, n] (int64, ascending, -1 padded); see the module
-    docstring. Same signature and semantics as torch_select_blocks; `chunk` is unused."""
-    return _launch(q, kc, lse, cfg, int(q_start))
+    docstring. Same signature and semantics as torch_select_blocks; `chunk` is unused.
+    Runs as the custom op nsa::select_blocks (opaque to torch.compile; no gradient)."""
+    q, kc, lse = (t.detach().contiguous() for t in (q, kc, lse))
+    return select_blocks(q, kc, lse, int(q_start), cfg.cmp_block, cfg.cmp_stride, cfg.sel_block,
+                         cfg.n_selected)

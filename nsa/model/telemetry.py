@@ -5,6 +5,7 @@ the top-level model would not (the seeds' FSDP run died on a missing ``get_gate_
 """
 from __future__ import annotations
 
+import torch
 import torch.nn as nn
 
 from ..attention import NSAAttention
@@ -27,13 +28,16 @@ def gate_stats(model: nn.Module) -> dict[str, float]:
 
 def backend_report(model: nn.Module) -> dict[str, dict]:
     """Per stage: the backend chosen, why, whether 'auto' fell back past a backend meant for
-    this device, and how many layer-calls ran it."""
+    this device, and how many layer-calls ran it. Reading the call counts synchronises with the
+    device: call it on logging steps only."""
     report: dict[str, dict] = {}
-    for m in attention_modules(model):
+    modules = attention_modules(model)
+    calls = torch.stack([m.calls for m in modules]).tolist() if modules else []
+    for m, n in zip(modules, calls):
         for stage, route in m.routes.items():
             entry = report.setdefault(stage, {"backend": route.backend, "reason": route.reason,
                                               "fallback": route.fallback, "calls": 0})
             if entry["backend"] != route.backend:
                 entry["backend"] = "mixed"
-            entry["calls"] += m.route_calls[stage]
+            entry["calls"] += n
     return report

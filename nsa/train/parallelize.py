@@ -23,10 +23,17 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
         model.layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
 
 
-def apply_compile(model: nn.Module) -> None:
-    # compile in place per block: parameter names (and so checkpoints) do not change
+def apply_compile(model: nn.Module, device: torch.device, compute_dtype: torch.dtype, backend: str = "inductor") -> None:
+    """torch.compile each block in place (parameter names, and so checkpoints, do not change).
+    The Triton NSA kernels are custom ops (nsa::*), opaque to the compiler; everything around
+    them (projections, RoPE, compression, norms, MLP) is compiled. Backend routes are resolved
+    first, eagerly, so the compiled graphs do not trace the routing code."""
+    from ..model.telemetry import attention_modules
+
+    for attn in attention_modules(model):
+        attn.resolve_routes(device, compute_dtype)
     for block in model.layers:
-        block.compile()
+        block.compile(backend=backend)
 
 
 def apply_fsdp(model: nn.Module, cfg: RunConfig, info: DistInfo) -> nn.Module:
@@ -65,6 +72,8 @@ def apply_ddp(model: nn.Module, cfg: RunConfig, info: DistInfo, log) -> nn.Modul
         static_graph=d.ddp_static_graph,
         find_unused_parameters=d.ddp_find_unused,
         gradient_as_bucket_view=d.ddp_grad_as_bucket_view,
+        # the model's only buffers are per-rank call counters: nothing to broadcast each forward
+        broadcast_buffers=False,
     )
     if d.ddp_compress != "none":
         hook = default_hooks.bf16_compress_hook if d.ddp_compress == "bf16" else default_hooks.fp16_compress_hook
@@ -82,7 +91,8 @@ def parallelize(model: nn.Module, cfg: RunConfig, info: DistInfo, log) -> nn.Mod
     if cfg.train.activation_checkpointing:
         apply_activation_checkpointing(model)
     if cfg.train.compile:
-        apply_compile(model)
+        compute_dtype = torch.bfloat16 if cfg.train.dtype == "bfloat16" else torch.float32
+        apply_compile(model, info.device, compute_dtype)
     if info.mode == "fsdp":
         log(f"[fsdp] fully_shard per block over {info.world_size} ranks, param dtype {cfg.train.dtype}")
         return apply_fsdp(model, cfg, info)

@@ -136,7 +136,32 @@ def run_cell(kind: str, cfg, batch: int, seq_len: int, args, device: torch.devic
     }
     if kind == "nsa":
         out["backends"] = {s: b["backend"] for s, b in backend_report(model).items()}
+    if args.profile:
+        out["gpu_busy_frac"] = profile_steps(step, args.profile, device, f"{kind} B={batch} S={seq_len}")
     return out
+
+
+def profile_steps(step, n_steps: int, device: torch.device, label: str) -> float | None:
+    """Profile ``n_steps`` more steps: print the kernels with the most device time and return
+    the fraction of the wall time the device spent in kernels (low: the step is launch-bound)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        for _ in range(n_steps):
+            step()
+        sync(device)
+    wall_us = (time.perf_counter() - t0) * 1e6
+    events = prof.key_averages()
+    print(f"# profile of {n_steps} steps, {label}: top kernels by device time")
+    print(events.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=70))
+    if device.type != "cuda":
+        return None
+    kernel_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    print(f"# device busy {kernel_us / 1e3:.1f} ms of {wall_us / 1e3:.1f} ms wall ({kernel_us / wall_us:.0%})")
+    return kernel_us / wall_us
 
 
 def fmt(v, spec: str) -> str:
@@ -154,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", action="store_true", help="also time a dense-SDPA GPT of the same shape")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (smoke test only)")
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after timing, profile N more steps per cell: top kernels and device-busy fraction")
     args = p.parse_args(argv)
 
     cfg, _ = load_run_config(args.config, args.override, env={})

@@ -226,10 +226,12 @@ def _inverse_selection(idx, Tk, ls, qc):
     bh = torch.arange(B * H, device=dev).view(B, H, 1, 1)
     sel = idx.permute(0, 2, 1, 3)  # [B, H, Tq, n]
     key = torch.where(sel >= 0, bh * NB + sel, nseg).flatten()
-    order = torch.argsort(key, stable=True)
+    key_sorted, order = torch.sort(key, stable=True)
     tok_sorted = torch.div(order, n, rounding_mode="floor").remainder(Tq).to(torch.int32)
-    counts = torch.bincount(key, minlength=nseg + 1)[:nseg]
-    offs = torch.cumsum(counts, 0) - counts
+    # segment bounds by binary search (torch.bincount would sync with the host for its length)
+    bounds = torch.searchsorted(key_sorted, torch.arange(nseg + 1, device=dev))
+    offs = bounds[:-1]
+    counts = bounds[1:] - offs
     chunks = torch.div(counts + qc - 1, qc, rounding_mode="floor")
     cum = torch.cumsum(chunks, 0)
     n_items = (B * H * Tq * n) // qc + nseg

@@ -105,3 +105,27 @@ def test_bf16_parity_vs_float32(shape, record_property):
     # selection sanity regardless of near-tie flips: shape, forced blocks present
     jt = torch.arange(S, device="cuda") // cfg.sel_block
     assert (idx_tr == 0).any(-1).all() and (idx_tr == jt.view(1, S, 1, 1)).any(-1).all()
+
+
+def test_core_forward_backward_never_syncs_with_the_host():
+    """A host sync in the attention (a .item(), a bincount, a boolean mask) stalls the CPU that
+    queues the kernels: with many small launches per layer, the step becomes launch-bound. CUDA's
+    sync debug mode turns any synchronising call in the fused Triton core into an error."""
+    from nsa.attention.backends import Route
+    from nsa.attention.core import nsa_core
+
+    cfg = NSAConfig()
+    B, S, HQ, H, K = 2, 1024, 12, 2, 64
+    Nc = int(visible_compressed(torch.tensor([S - 1]), cfg).item())
+    routes = {s: Route(s, "triton", "test") for s in ("cmp", "select", "sel", "win")}
+    leaves = [torch.randn(*shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+              for shape in [(B, S, HQ, K), (B, Nc, H, K), (B, Nc, H, K)] + [(B, S, H, K)] * 4]
+    gates = torch.rand(B, S, HQ, 3, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    nsa_core(*leaves, gates, cfg, routes).sum().backward()  # warm-up: compile the kernels
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        o = nsa_core(*leaves, gates, cfg, routes)
+        torch.autograd.grad(o, leaves + [gates], torch.ones_like(o))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -66,23 +66,32 @@ class NSAAttention(nn.Module):
             self._routes_key = key
         return self.routes
 
-    def project(self, x: torch.Tensor, start: int):
-        """Rotated q [B,T,HQ,K], the six per-branch k/v [B,T,H,K] and gates [B,T,HQ,3]."""
+    def rope(self, start: int, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, K/2] of positions start..start+T-1 (float64)."""
+        return rope_angles(torch.arange(start, start + T, device=device), self.head_dim, self.rope_theta)
+
+    def project(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """Rotated q [B,T,HQ,K], the six per-branch k/v [B,T,H,K] and gates [B,T,HQ,3].
+        ``rope``: precomputed (cos, sin) of positions start..start+T-1 (see forward)."""
         B, T, _ = x.shape
         HQ, H, K = self.n_heads, self.n_kv, self.head_dim
-        cos, sin = rope_angles(torch.arange(start, start + T, device=x.device), K, self.rope_theta)
+        cos, sin = rope if rope is not None else self.rope(start, T, x.device)
         q = apply_rope(self.q_proj(x).view(B, T, HQ, K), cos, sin)
         k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = self.kv_proj(x).view(B, T, 6, H, K).unbind(2)
         k_cmp, k_sel, k_win = (apply_rope(k, cos, sin) for k in (k_cmp, k_sel, k_win))
         gates = torch.sigmoid(self.gate_proj(x)).view(B, T, HQ, 3)
         return q, (k_cmp, v_cmp, k_sel, v_sel, k_win, v_win), gates
 
-    def forward(self, x: torch.Tensor, cache: NSACache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: NSACache | None = None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """x [B, T, dim] -> [B, T, dim]. With a cache, x holds the positions after the cached
-        ones (one token for decode) and the cache is extended in place."""
+        ones (one token for decode) and the cache is extended in place. ``rope``: the (cos, sin)
+        tables of these positions, from ``self.rope``. A model computes them once for all its
+        layers (inductor otherwise recomputes the float64 angles per element of q and k in
+        every layer); they are computed here when not given."""
         B, T, _ = x.shape
         start = cache.length if cache is not None else 0
-        q, kv, gates = self.project(x, start)
+        q, kv, gates = self.project(x, start, rope)
         k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = kv
         if cache is None:
             kc, vc = self.compress_k(k_cmp), self.compress_v(v_cmp)

@@ -43,8 +43,9 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn = SwiGLU(cfg.dim, cfg.ffn_hidden)
 
-    def forward(self, x: torch.Tensor, cache: NSACache | None = None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cache)
+    def forward(self, x: torch.Tensor, cache: NSACache | None = None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cache, rope)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -82,8 +83,15 @@ class NSATransformer(nn.Module):
         """idx [B, T] token ids -> logits [B, T, vocab]. With ``caches`` (one per layer, from
         ``new_caches``), idx holds the positions after the cached ones."""
         x = self.embed(idx)
+        # RoPE tables once for all layers, in the dtype apply_rope computes in
+        start = caches[0].length if caches else 0
+        attn = self.layers[0].attn if len(self.layers) else None
+        rope = None
+        if attn is not None:
+            dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+            rope = tuple(t.to(dtype) for t in attn.rope(start, idx.shape[1], idx.device))
         for i, layer in enumerate(self.layers):
-            x = layer(x, None if caches is None else caches[i])
+            x = layer(x, None if caches is None else caches[i], rope)
         return self.head(self.norm(x))
 
     def new_caches(self) -> list[NSACache]:

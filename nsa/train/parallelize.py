@@ -72,8 +72,6 @@ def apply_ddp(model: nn.Module, cfg: RunConfig, info: DistInfo, log) -> nn.Modul
         static_graph=d.ddp_static_graph,
         find_unused_parameters=d.ddp_find_unused,
         gradient_as_bucket_view=d.ddp_grad_as_bucket_view,
-        # the model's only buffers are per-rank call counters: nothing to broadcast each forward
-        broadcast_buffers=False,
     )
     if d.ddp_compress != "none":
         hook = default_hooks.bf16_compress_hook if d.ddp_compress == "bf16" else default_hooks.fp16_compress_hook

@@ -156,8 +156,14 @@ def junit_counts(path: Path, errors: list[str]) -> dict[str, float]:
             "tests_passed": float(n["tests"] - n["failures"] - n["errors"] - n["skipped"])}
 
 
+#: written by ``git describe --always --dirty --abbrev=40 > SOURCE_SHA`` before a tree is copied
+#: without its .git; preflight reads it when ``git rev-parse`` cannot run
+SOURCE_STAMP = "SOURCE_SHA"
+
+
 def _preflight(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress) -> runner.ProcResult:
-    """git SHA, collect_env and nvidia-smi, each a fixed command with its own timeout."""
+    """git SHA (or the SOURCE_SHA stamp), collect_env and nvidia-smi, each a fixed command with
+    its own timeout."""
     env = runner.child_env(point.env)
     budget = max(point.phase.timeout_s / 3, 5.0)
     wanted = [("git_sha.txt", ["git", "rev-parse", "HEAD"], True),
@@ -174,6 +180,11 @@ def _preflight(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str]
         wall += last.wall_s
         if last.exit_code == 0 and last.stdout_path.stat().st_size:
             shutil.copyfile(last.stdout_path, out_dir / name)
+        elif name == "git_sha.txt" and (REPO_ROOT / SOURCE_STAMP).is_file():
+            # a copy of the tree without its .git (as shipped to a GPU box): the commit stamped
+            # into it when it was made, so the report still names the code it judged
+            shutil.copyfile(REPO_ROOT / SOURCE_STAMP, out_dir / name)
+            run.info["git_sha_source"] = f"{SOURCE_STAMP} (no git repository here)"
         elif required:
             missing += 1
             errors.append(f"{' '.join(argv[:3])} failed (exit {last.exit_code}): {last.stderr_tail(3)}")

@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
 # Scaling of the trainer on two H200s, in one device call: m7c_125m, synthetic data, one GPU vs
 # DDP vs FSDP2 variants at the same per-GPU batch, each with torch.compile (the inductor cache
-# makes the later runs compile fast). Prints global tokens/s (mean of the last 20 of 40 steps)
-# and per-rank median step times from the heartbeats.
-#   bash bench/gpu/h200_scaling.sh                 (OUT=<dir>; SHAPE="train.batch_size=2 train.grad_accum=2")
+# makes the later runs compile fast) and fused AdamW (with FSDP2's sharded DTensor parameters the
+# unfused step costs tens of ms of CPU: FSDP2 went from 1.07x to 1.34x one GPU at 2x2x2048 with
+# it, docs/performance.md). Prints global tokens/s (mean of the last 20 of 40 steps) and
+# per-rank median step times from the heartbeats.
+#   bash bench/gpu/h200_scaling.sh     (OUT=<dir>; SHAPE="train.batch_size=2 train.grad_accum=2";
+#                                       TAG=<prefix> for the run names)
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/.device_out}
 SHAPE=${SHAPE:-"train.batch_size=2 train.grad_accum=2"}
+TAG=${TAG:-}
 mkdir -p "$OUT"
-nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/scaling.log"
+nvidia-smi --query-gpu=name,memory.total --format=csv | tee -a "$OUT/scaling.log"
 echo "per-GPU shape: $SHAPE, S=2048" | tee -a "$OUT/scaling.log"
 run() {  # name nproc overrides...
   local name=$1 nproc=$2; shift 2
   local launch="python3 -m nsa.train"
   [ "$nproc" -gt 1 ] && launch="torchrun --standalone --nproc_per_node=$nproc -m nsa.train"
-  timeout "${LIMIT:-100}" $launch --config m7c_125m --steps 40 --out-dir "/tmp/scaling/$name" \
+  timeout "${LIMIT:-100}" $launch --config m7c_125m --steps 40 --out-dir "/tmp/scaling/$TAG$name" \
     --override "data.dataset=synthetic train.save_final=false train.compile=true $SHAPE $*" \
-    > "$OUT/$name.log" 2>&1
-  python3 - "/tmp/scaling/$name" "$name" "$*" <<'PY' 2>&1 | tee -a "$OUT/scaling.log"
+    > "$OUT/$TAG$name.log" 2>&1
+  python3 - "/tmp/scaling/$TAG$name" "$TAG$name" "$*" <<'PY' 2>&1 | tee -a "$OUT/scaling.log"
 import json, pathlib, statistics, sys
 import pandas as pd
 run, name, args = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -34,9 +38,8 @@ print(f"| {name} | {args} | {rate:,.0f} | {ranks} |")
 PY
 }
 echo "| run | overrides | global toks/s | per-rank median step s |" | tee -a "$OUT/scaling.log"
-LIMIT=150 run single 1 "dist.mode=single"
-run ddp 2 "dist.mode=ddp dist.ddp_bucket_mb=50 dist.ddp_compress=bf16"
-run fsdp 2 "dist.mode=fsdp"
-run fsdp_noreshard 2 "dist.mode=fsdp dist.fsdp_reshard_after_forward=false"
-run fsdp_noreshard_fused 2 "dist.mode=fsdp dist.fsdp_reshard_after_forward=false train.fused_adamw=true"
-
+F="train.fused_adamw=true"
+LIMIT=150 run single 1 "dist.mode=single $F"
+run ddp 2 "dist.mode=ddp dist.ddp_bucket_mb=50 dist.ddp_compress=bf16 $F"
+run fsdp 2 "dist.mode=fsdp $F"
+run fsdp_noreshard 2 "dist.mode=fsdp dist.fsdp_reshard_after_forward=false $F"

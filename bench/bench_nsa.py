@@ -7,6 +7,8 @@ triton.testing.do_bench medians, peak memory of one forward+backward.
     python bench/bench_nsa.py                       # all shapes
     python bench/bench_nsa.py --shapes 2k m7c_125m   # some of them
     python bench/bench_nsa.py --json out.json       # also write the rows as JSON
+    python bench/bench_nsa.py --sweep --sweep-only "sel tt" --shapes 2k m7c_125m 8k
+                                                    # selection token tiles (TUNE tt*)
 
 Shapes: B=1, HQ=64, H=4, K=128, bf16, S in 2k/8k/32k/64k; and m7c_125m (B=8, HQ=12, H=2,
 K=64, S=2048). NSA hyper-parameters are the paper defaults (l=32, d=16, l'=64, n=16, w=512).
@@ -139,6 +141,30 @@ def _stage_inputs(name, cfg):
     return x, x["q"], x["do"], lse, idx
 
 
+def _sel_split(x, q, do, idx, cfg):
+    """Medians (ms) of the selected branch's pieces at the current selection.TUNE: forward
+    kernel; backward as dq kernel, _inverse_selection (torch ops) and dk/dv kernel. The forward
+    and the dq launch each first build the token-tile block lists ('union', torch ops, nothing
+    when TT = 1); their times include it."""
+    from nsa.kernels import selection as S
+
+    ls = cfg.sel_block
+    q, k, v = (t.detach() for t in (q, x["k_sel"], x["v_sel"]))
+    (Tq, HQ), (Tk, H), n = q.shape[1:3], k.shape[1:3], idx.shape[-1]
+    NB = -(-Tk // ls)
+    TT = S._tokens_per_tile(HQ // H, n, NB, Tq)
+    o, lse2 = S._sel_fwd(q, k, v, idx, ls, 0)
+    dq, delta = S._sel_bwd_dq(q, k, v, idx, o, lse2, do, ls, 0)
+    qc = S._dkv_qc(q.device)
+    work = S._inverse_selection(idx, Tk, ls, qc)
+    t = dict(union=_bench(lambda: S._tile_union(idx, TT, NB)),
+             fwd=_bench(lambda: S._sel_fwd(q, k, v, idx, ls, 0)),
+             dq=_bench(lambda: S._sel_bwd_dq(q, k, v, idx, o, lse2, do, ls, 0)),
+             inverse=_bench(lambda: S._inverse_selection(idx, Tk, ls, qc)),
+             dkv=_bench(lambda: S._sel_bwd_dkv(q, k, v, do, lse2, delta, work, ls, 0)))
+    return f"TT={TT} " + " ".join(f"{a} {b:.3f}" for a, b in t.items())
+
+
 def breakdown(shapes):
     """Per-stage medians (ms) of the Triton NSA core: where the time goes."""
     from nsa.kernels.compressed import triton_cmp_attention
@@ -158,14 +184,15 @@ def breakdown(shapes):
         for st, (fwd, leaves) in stages.items():
             parts.append(f"{st} fwd {_bench(_no_grad(fwd)):.2f} fwd+bwd {_bench(_fwd_bwd(fwd, leaves, do)):.2f}")
         print(f"# breakdown {name}: " + " | ".join(parts), flush=True)
-        del x
+        print(f"# breakdown {name} sel split (ms): {_sel_split(x, q, do, idx, cfg)}", flush=True)
+        x = q = do = lse = idx = None  # free this shape's tensors before the next one
         torch.cuda.empty_cache()
 
 
-def sweep(shapes):
+def sweep(shapes, only=()):
     """Launch-parameter sweep of the Triton stages, one knob group at a time from the
     defaults; prints each variant's median. The winners become the defaults in the kernels'
-    TILES / TUNE tables."""
+    TILES / TUNE tables. `only`: sweep just the groups whose label contains one of these."""
     from nsa.kernels import band_attention, selection, topk
     from nsa.kernels.compressed import triton_cmp_attention
     from nsa.kernels.selection import triton_sel_attention
@@ -187,6 +214,8 @@ def sweep(shapes):
             ("band dkv", band_attention.TILES, "dkv", [(64, 64, 8, 2), (32, 128, 8, 2), (64, 128, 8, 2), (128, 64, 8, 2)], [cmp_fb, win_fb]),
         ]
         for label, table, key, variants, fns in groups:
+            if only and not any(o in label for o in only):
+                continue
             base = table[key]
             for v in variants:
                 table[key] = tuple(v if j == i else c for j, c in enumerate(base))
@@ -196,26 +225,38 @@ def sweep(shapes):
                     ts = [f"failed: {type(e).__name__}"]
                 print(f"# sweep {name} {label} {v}: cmp fwd+bwd, win fwd+bwd = {', '.join(ts)}", flush=True)
             table[key] = base
-        for label, tune, variants, fn in [
+        # token tiles of the selection forward/dq: forced TT (tt > 0), then the rule (tt = 0) at
+        # several rows per program; tt_nb only moves the short/long-context boundary (the rule
+        # tiles when NB <= tt_nb * n): raise it if a forced TT > 1 wins on a long shape
+        sel_tt = [dict(tt=1), dict(tt=2), dict(tt=4), dict(tt=8), dict(tt=16),
+                  dict(tt=1, fwd_stages=2), dict(tt=4, fwd_stages=2), dict(tt=8, fwd_stages=2),
+                  dict(tt=0, tt_rows=32), dict(tt=0, tt_rows=64), dict(tt=0, tt_rows=128, tt_max=16),
+                  dict(tt=0, tt_nb=8.0)]
+        for label, tune, variants, fns in [
+            ("sel tt (fwd, fwd+bwd)", selection.TUNE, sel_tt, [sel_f, sel_fb]),
             ("sel bwd", selection.TUNE, [dict(qc=256, rows=64, dkv_warps=8), dict(qc=64, rows=64, dkv_warps=4),
                                          dict(qc=128, rows=128, dkv_warps=8), dict(qc=512, rows=128, dkv_warps=8),
-                                         dict(qc=64, rows=128, dkv_warps=8)], sel_fb),
+                                         dict(qc=64, rows=128, dkv_warps=8)], [sel_fb]),
             ("sel fwd", selection.TUNE, [dict(fwd_warps=4, fwd_stages=3), dict(fwd_warps=2, fwd_stages=3),
-                                         dict(fwd_warps=4, fwd_stages=2), dict(fwd_warps=8, fwd_stages=3)], sel_f),
+                                         dict(fwd_warps=4, fwd_stages=2), dict(fwd_warps=8, fwd_stages=3)], [sel_f]),
             ("topk", topk.TUNE, [dict(rows=128, warps=8), dict(rows=256, warps=8), dict(rows=64, warps=4),
-                                 dict(rows=128, warps=4)], tk),
+                                 dict(rows=128, warps=4)], [tk]),
         ]:
+            if only and not any(o in label for o in only):
+                continue
             base = dict(tune)
             for v in variants:
                 tune.update(v)
                 try:
-                    t = f"{_bench(fn):.2f}"
+                    t = ", ".join(f"{_bench(fn):.2f}" for fn in fns)
+                    if label.startswith("sel tt"):
+                        t += f" | split (ms): {_sel_split(x, q, do, idx, cfg)}"
                 except Exception as e:
-                    t = f"failed: {type(e).__name__}"
+                    t = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
                 print(f"# sweep {name} {label} {v}: {t}", flush=True)
                 tune.clear()
                 tune.update(base)
-        del x
+        x = q = do = lse = idx = None  # free this shape's tensors before the next one
         torch.cuda.empty_cache()
 
 
@@ -248,7 +289,7 @@ def run(shapes, win_backend="triton", json_path=None, skip=()):
             print(f"| {name:9} | {meth:28} | {t_f:8.2f} | {t_fb:10.2f} | {mem:8.2f} |", flush=True)
             rows.append(dict(shape=name, B=B, S=S, HQ=HQ, H=H, K=K, method=meth,
                              fwd_ms=t_f, fwd_bwd_ms=t_fb, peak_gib=mem))
-        del x
+        x = q = do = lse = idx = None  # free this shape's tensors before the next one
         torch.cuda.empty_cache()
     if json_path:
         Path(json_path).write_text(json.dumps(dict(device=dev, torch=torch.__version__, rows=rows), indent=1))
@@ -264,6 +305,8 @@ def main(argv=None):
     ap.add_argument("--json", default=None)
     ap.add_argument("--breakdown", action="store_true", help="also time each Triton stage alone")
     ap.add_argument("--sweep", action="store_true", help="only sweep the kernels' launch parameters")
+    ap.add_argument("--sweep-only", nargs="*", default=[],
+                    help="sweep only the groups whose label contains one of these (e.g. 'sel tt')")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("bench_nsa.py needs a CUDA GPU")
@@ -272,7 +315,7 @@ def main(argv=None):
     torch._dynamo.config.recompile_limit = 64
     torch._dynamo.config.cache_size_limit = 64
     if a.sweep:
-        sweep(a.shapes)
+        sweep(a.shapes, a.sweep_only)
         return
     if a.breakdown:
         breakdown(a.shapes)

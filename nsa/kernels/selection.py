@@ -1,10 +1,14 @@
-"""Triton selected-block attention, group-centric: one program owns one query token and all G
-query heads of one KV group (rows padded to GP >= 16 for the tensor cores), and streams the
-group's selected blocks of l' keys, causal inside the block holding the token. Any G works.
+"""Triton selected-block attention, group-centric: one program owns a tile of TT consecutive
+query tokens and all G query heads of one KV group (rows = TT * next_pow2(G), at least 16 for
+the tensor cores), and streams the union of the tokens' selected blocks of l' keys (listed per
+tile by a small kernel before the launch, see _tile_union), each block loaded once. A row
+counts a block only if its own token selected it, causally inside the block holding the
+token. TT = 1 (one token per program) unless the context is short, where neighbouring tokens
+select nearly the same blocks (see _tokens_per_tile). Any G works.
 
 Backward:
-* dq: the same grid; recomputes probabilities from the saved log-sum-exp and also writes
-  delta = rowsum(do * o) for the dk/dv pass;
+* dq: the same grid and tiles; recomputes probabilities from the saved log-sum-exp and also
+  writes delta = rowsum(do * o) for the dk/dv pass;
 * dk/dv: key-block-centric, from the inverse of the selection (for each (b, h, block), the
   tokens that chose it, built with one stable sort, no host sync). Each work item takes up to
   QC of those tokens, loads the block's keys once, streams the tokens' G query rows and adds
@@ -26,42 +30,98 @@ from nsa.attention.config import NSAConfig
 
 
 @triton.jit
-def _sel_fwd_kernel(
-    q, k, v, idx, o, lse2_out, Tq, Tk, q_start, sm_scale,
-    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-    LS: tl.constexpr, BS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
-):
-    t = tl.program_id(0)
+def _tile_union_kernel(idx, blocks, Tq, H: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
+                       TT: tl.constexpr, NU: tl.constexpr):
+    """One tile's block list: the TT * n candidates, each block kept at its first occurrence
+    (pairwise test), sorted descending so the -1s go last; the first NU are stored."""
+    tile = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    HQ: tl.constexpr = H * G
-    pos = q_start + t
-    g = tl.arange(0, GP)
-    gmask = g < G
+    c = tl.arange(0, TT * NP)
+    tok = tile * TT + c // NP
+    slot = c % NP
+    cand = tl.load(idx + ((b.to(tl.int64) * Tq + tok) * H + h) * N + slot, mask=(tok < Tq) & (slot < N), other=-1)
+    seen = tl.sum(((cand[:, None] == cand[None, :]) & (c[None, :] < c[:, None])).to(tl.int32), 1) > 0
+    u = tl.sort(tl.where(seen, -1, cand), descending=True)
+    tl.store(blocks + ((b.to(tl.int64) * tl.cdiv(Tq, TT) + tile) * H + h) * NU + c, u, mask=c < NU)
+
+
+@triton.jit
+def _tile_rows(tile, b, h, Tq, q_start, H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+               TT: tl.constexpr, ROWS: tl.constexpr):
+    """The query rows of one program: row r is head slot r % GP (G of them real) of token
+    tile * TT + r // GP; rows past TT tokens (when TT * GP < 16) or past Tq are masked."""
+    r = tl.arange(0, ROWS)
+    tt = r // GP
+    g = r % GP
+    tok = tile * TT + tt
+    rmask = (g < G) & (tt < TT) & (tok < Tq)
+    row = (b.to(tl.int64) * Tq + tok) * (H * G) + h * G + g
+    return tok, q_start + tok, row, rmask
+
+
+@triton.jit
+def _tile_blocks(idx, blocks, tile, b, h, tok, rmask, Tq, H: tl.constexpr, N: tl.constexpr,
+                 NP: tl.constexpr, TT: tl.constexpr, NU: tl.constexpr, NUP: tl.constexpr):
+    """The tile's block list (its row of `blocks`), its length, and, for TT > 1, each row's
+    own selection [ROWS, NP] (-1 padded) for the membership test."""
+    ubase = blocks + ((b.to(tl.int64) * tl.cdiv(Tq, TT) + tile) * H + h) * NU
+    ulist = tl.load(ubase + tl.arange(0, NUP), mask=tl.arange(0, NUP) < NU, other=-1)
+    n_valid = tl.sum((ulist >= 0).to(tl.int32), 0)
+    if TT > 1:
+        offn = tl.arange(0, NP)
+        mine = tl.load(idx + ((b.to(tl.int64) * Tq + tok) * H + h)[:, None] * N + offn[None, :],
+                       mask=rmask[:, None] & (offn[None, :] < N), other=-1)
+    else:  # the tile's list is the token's own selection
+        mine = n_valid
+    return ubase, n_valid, mine
+
+
+@triton.jit
+def _block_vis(j, offs, pos, pos_last, mine, Tk, LS: tl.constexpr, TT: tl.constexpr):
+    """Block j's key positions, which of them to load (up to the tile's last query), and the
+    [ROWS, BS] visibility: causal for the row and, for TT > 1, selected by the row's token."""
+    kpos = j * LS + offs
+    kload = (offs < LS) & (kpos < Tk) & (kpos <= pos_last)
+    vis = kload[None, :] & (kpos[None, :] <= pos[:, None])
+    if TT > 1:
+        vis = vis & (tl.sum((mine == j).to(tl.int32), 1) > 0)[:, None]
+    return kpos, kload, vis
+
+
+@triton.jit
+def _sel_fwd_kernel(
+    q, k, v, idx, blocks, o, lse2_out, Tq, Tk, q_start, sm_scale,
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+    LS: tl.constexpr, BS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
+    TT: tl.constexpr, ROWS: tl.constexpr, NU: tl.constexpr, NUP: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    tok, pos, row, rmask = _tile_rows(tile, b, h, Tq, q_start, H, G, GP, TT, ROWS)
+    pos_last = q_start + tl.minimum(tile * TT + TT, Tq) - 1
     offk = tl.arange(0, BK)
     kmask = offk < K
-    row_base = (b.to(tl.int64) * Tq + t) * HQ + h * G
-    m2 = gmask[:, None] & kmask[None, :]
-    qt = tl.load(q + (row_base + g)[:, None] * K + offk[None, :], mask=m2, other=0.0)
-    ibase = idx + ((b.to(tl.int64) * Tq + t) * H + h) * N
-    sel = tl.load(ibase + tl.arange(0, NP), mask=tl.arange(0, NP) < N, other=-1)
-    n_valid = tl.sum((sel >= 0).to(tl.int32), 0)
+    m2 = rmask[:, None] & kmask[None, :]
+    qt = tl.load(q + row[:, None] * K + offk[None, :], mask=m2, other=0.0)
+    ubase, n_valid, mine = _tile_blocks(idx, blocks, tile, b, h, tok, rmask, Tq, H, N, NP, TT, NU, NUP)
     kv_base = (b.to(tl.int64) * Tk * H + h) * K
     qk_scale = sm_scale * 1.4426950408889634
-    m_i = tl.full([GP], float("-inf"), tl.float32)
-    l_i = tl.zeros([GP], tl.float32)
-    acc = tl.zeros([GP, BK], tl.float32)
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BK], tl.float32)
     offs = tl.arange(0, BS)
     for i in range(0, n_valid):
-        j = tl.load(ibase + i)
-        kpos = j * LS + offs
-        kvis = (offs < LS) & (kpos <= pos) & (kpos < Tk)
+        j = tl.load(ubase + i)
+        kpos, kload, vis = _block_vis(j, offs, pos, pos_last, mine, Tk, LS, TT)
         ptr = kv_base + kpos.to(tl.int64)[:, None] * (H * K) + offk[None, :]
-        kt = tl.load(k + ptr, mask=kvis[:, None] & kmask[None, :], other=0.0)
-        vt = tl.load(v + ptr, mask=kvis[:, None] & kmask[None, :], other=0.0)
+        kt = tl.load(k + ptr, mask=kload[:, None] & kmask[None, :], other=0.0)
+        vt = tl.load(v + ptr, mask=kload[:, None] & kmask[None, :], other=0.0)
         s = tl.dot(qt, tl.trans(kt)) * qk_scale
-        s = tl.where(kvis[None, :], s, float("-inf"))
+        s = tl.where(vis, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(s - m_safe[:, None])
@@ -71,52 +131,47 @@ def _sel_fwd_kernel(
         m_i = m_new
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
-    tl.store(o + (row_base + g)[:, None] * K + offk[None, :], out.to(o.dtype.element_ty), mask=m2)
+    tl.store(o + row[:, None] * K + offk[None, :], out.to(o.dtype.element_ty), mask=m2)
     lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), 0.0)
-    tl.store(lse2_out + row_base + g, lse2, mask=gmask)
+    tl.store(lse2_out + row, lse2, mask=rmask)
 
 
 @triton.jit
 def _sel_bwd_dq_kernel(
-    q, k, v, idx, o, do, lse2_in, delta, dq, Tq, Tk, q_start, sm_scale,
+    q, k, v, idx, blocks, o, do, lse2_in, delta, dq, Tq, Tk, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
+    TT: tl.constexpr, ROWS: tl.constexpr, NU: tl.constexpr, NUP: tl.constexpr,
 ):
-    t = tl.program_id(0)
+    tile = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
-    HQ: tl.constexpr = H * G
-    pos = q_start + t
-    g = tl.arange(0, GP)
-    gmask = g < G
+    tok, pos, row, rmask = _tile_rows(tile, b, h, Tq, q_start, H, G, GP, TT, ROWS)
+    pos_last = q_start + tl.minimum(tile * TT + TT, Tq) - 1
     offk = tl.arange(0, BK)
     kmask = offk < K
-    row_base = (b.to(tl.int64) * Tq + t) * HQ + h * G
-    m2 = gmask[:, None] & kmask[None, :]
-    ptrs = (row_base + g)[:, None] * K + offk[None, :]
+    m2 = rmask[:, None] & kmask[None, :]
+    ptrs = row[:, None] * K + offk[None, :]
     qt = tl.load(q + ptrs, mask=m2, other=0.0)
     dot_ = tl.load(do + ptrs, mask=m2, other=0.0)
     ot = tl.load(o + ptrs, mask=m2, other=0.0)
     dl = tl.sum(dot_.to(tl.float32) * ot.to(tl.float32), 1)
-    tl.store(delta + row_base + g, dl, mask=gmask)
-    lse2 = tl.load(lse2_in + row_base + g, mask=gmask, other=0.0)
-    ibase = idx + ((b.to(tl.int64) * Tq + t) * H + h) * N
-    sel = tl.load(ibase + tl.arange(0, NP), mask=tl.arange(0, NP) < N, other=-1)
-    n_valid = tl.sum((sel >= 0).to(tl.int32), 0)
+    tl.store(delta + row, dl, mask=rmask)
+    lse2 = tl.load(lse2_in + row, mask=rmask, other=0.0)
+    ubase, n_valid, mine = _tile_blocks(idx, blocks, tile, b, h, tok, rmask, Tq, H, N, NP, TT, NU, NUP)
     kv_base = (b.to(tl.int64) * Tk * H + h) * K
     qk_scale = sm_scale * 1.4426950408889634
-    acc = tl.zeros([GP, BK], tl.float32)
+    acc = tl.zeros([ROWS, BK], tl.float32)
     offs = tl.arange(0, BS)
     for i in range(0, n_valid):
-        j = tl.load(ibase + i)
-        kpos = j * LS + offs
-        kvis = (offs < LS) & (kpos <= pos) & (kpos < Tk)
+        j = tl.load(ubase + i)
+        kpos, kload, vis = _block_vis(j, offs, pos, pos_last, mine, Tk, LS, TT)
         ptr = kv_base + kpos.to(tl.int64)[:, None] * (H * K) + offk[None, :]
-        kt = tl.load(k + ptr, mask=kvis[:, None] & kmask[None, :], other=0.0)
-        vt = tl.load(v + ptr, mask=kvis[:, None] & kmask[None, :], other=0.0)
+        kt = tl.load(k + ptr, mask=kload[:, None] & kmask[None, :], other=0.0)
+        vt = tl.load(v + ptr, mask=kload[:, None] & kmask[None, :], other=0.0)
         s = tl.dot(qt, tl.trans(kt)) * qk_scale
-        p = tl.where(kvis[None, :] & gmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
+        p = tl.where(vis & rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
         dp = tl.dot(dot_, tl.trans(vt))
         ds = p * (dp - dl[:, None])
         acc += tl.dot(ds.to(kt.dtype), kt)
@@ -179,36 +234,80 @@ def _sel_bwd_dkv_kernel(
 
 
 #: launch parameters on CUDA (bench/bench_nsa.py --sweep): forward/dq warps and stages;
-#: dk/dv pass: tokens per work item (qc), query rows per step (rows), warps
-TUNE = dict(fwd_warps=4, fwd_stages=3, qc=512, rows=128, dkv_warps=8)
+#: dk/dv pass: tokens per work item (qc), query rows per step (rows), warps;
+#: token tiles of the forward/dq (see _tokens_per_tile): tt > 0 forces TT, else TT =
+#: tt_rows // next_pow2(G) (at most tt_max) when the keys hold at most tt_nb * n blocks, else 1
+TUNE = dict(fwd_warps=4, fwd_stages=2, qc=512, rows=128, dkv_warps=8,
+            tt=0, tt_rows=64, tt_max=8, tt_nb=2.0)
 
 
-def _meta(q, k, idx, sel_block: int):
+def _meta(q, k, sel_block: int):
     B, Tq, HQ, K = q.shape
     H = k.shape[2]
-    G = HQ // H
-    n = idx.shape[-1]
     return dict(
-        H=H, G=G, K=K, BK=max(16, triton.next_power_of_2(K)),
+        H=H, G=HQ // H, K=K, BK=max(16, triton.next_power_of_2(K)),
         LS=sel_block, BS=max(16, triton.next_power_of_2(sel_block)),
-    ), n
+    )
+
+
+def _tokens_per_tile(G: int, n: int, NB: int, Tq: int) -> int:
+    """TT, the consecutive query tokens one forward/dq program owns (a power of 2).
+
+    A tile loads each block of the union of its tokens' selections once, so it pays off when
+    neighbouring tokens select nearly the same blocks: short contexts, NB = ceil(Tk / l') at
+    most TUNE['tt_nb'] * n (at S=2048, l'=64, n=16 every token below 1024 selects all its
+    causal blocks). There TT = TUNE['tt_rows'] // next_pow2(G), at most TUNE['tt_max'] (the
+    block-list kernel compares the TT * n candidates pairwise), so small groups also fill the
+    16-row minimum of tl.dot with real rows. At longer contexts the union of TT random
+    selections nears TT * n blocks, each costing TT times the rows: TT = 1, one token per
+    program. TUNE['tt'] > 0 forces TT (rounded up to a power of 2), for sweeps and tests."""
+    tt = TUNE["tt"]
+    if tt <= 0:
+        tt = TUNE["tt_rows"] // triton.next_power_of_2(G) if NB <= TUNE["tt_nb"] * n else 1
+        tt = max(1, min(tt, TUNE["tt_max"]))
+    return min(triton.next_power_of_2(tt), triton.next_power_of_2(max(Tq, 1)))
+
+
+def _tile_union(idx, TT: int, NB: int):
+    """The blocks of each tile of TT consecutive tokens, [B, ceil(Tq/TT), H, NU] with
+    NU = min(TT * n, NB): the union of the tokens' selections, each block once, descending,
+    -1 padded; one small kernel (no host sync). TT = 1: idx itself."""
+    if TT == 1:
+        return idx
+    B, Tq, H, n = idx.shape
+    NU = max(1, min(TT * n, NB))
+    blocks = torch.empty(B, triton.cdiv(Tq, TT), H, NU, device=idx.device, dtype=idx.dtype)
+    _tile_union_kernel[(blocks.shape[1], B * H)](idx, blocks, Tq, H=H, N=n, NP=triton.next_power_of_2(n),
+                                                 TT=TT, NU=NU, num_warps=4)
+    return blocks
+
+
+def _tile_launch(q, k, idx, sel_block: int):
+    """Grid, block lists and constexprs shared by the forward and the dq kernel."""
+    meta, n = _meta(q, k, sel_block), idx.shape[-1]
+    B, Tq = q.shape[:2]
+    NB = triton.cdiv(k.shape[1], sel_block)
+    TT = _tokens_per_tile(meta["G"], n, NB, Tq)
+    blocks = _tile_union(idx, TT, NB)
+    GP = triton.next_power_of_2(meta["G"])
+    NU = blocks.shape[-1]
+    meta.update(GP=GP, TT=TT, ROWS=max(16, TT * GP), N=n, NP=triton.next_power_of_2(n),
+                NU=NU, NUP=triton.next_power_of_2(NU))
+    interpret = q.device.type == "cpu"
+    launch = dict(num_warps=4 if interpret else TUNE["fwd_warps"],
+                  num_stages=1 if interpret else TUNE["fwd_stages"])
+    return (triton.cdiv(Tq, TT), B * meta["H"]), blocks, meta, launch
 
 
 def _sel_fwd(q, k, v, idx, sel_block: int, q_start: int):
     B, Tq, HQ, K = q.shape
-    Tk, H = k.shape[1], k.shape[2]
-    meta, n = _meta(q, k, idx, sel_block)
-    GP = max(16, triton.next_power_of_2(meta["G"]))
+    Tk = k.shape[1]
     o = torch.empty_like(q)
     lse2 = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
     if Tq == 0:
         return o, lse2
-    interpret = q.device.type == "cpu"
-    _sel_fwd_kernel[(Tq, B * H)](
-        q, k, v, idx, o, lse2, Tq, Tk, q_start, 1.0 / math.sqrt(K), GP=GP,
-        N=n, NP=triton.next_power_of_2(n), **meta,
-        num_warps=4 if interpret else TUNE["fwd_warps"], num_stages=1 if interpret else TUNE["fwd_stages"],
-    )
+    grid, blocks, meta, launch = _tile_launch(q, k, idx, sel_block)
+    _sel_fwd_kernel[grid](q, k, v, idx, blocks, o, lse2, Tq, Tk, q_start, 1.0 / math.sqrt(K), **meta, **launch)
     return o, lse2
 
 
@@ -245,25 +344,27 @@ def _inverse_selection(idx, Tk, ls, qc):
     return tok_sorted, seg.to(torch.int32), start.to(torch.int32), end.to(torch.int32), NB
 
 
-def _sel_bwd(q, k, v, idx, o, lse2, do, sel_block: int, q_start: int):
+def _sel_bwd_dq(q, k, v, idx, o, lse2, do, sel_block: int, q_start: int):
+    """dq, and delta = rowsum(do * o) [B, Tq, HQ] float32 for the dk/dv pass."""
     B, Tq, HQ, K = q.shape
-    Tk, H = k.shape[1], k.shape[2]
-    meta, n = _meta(q, k, idx, sel_block)
+    dq = torch.empty_like(q)
+    delta = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
+    grid, blocks, meta, launch = _tile_launch(q, k, idx, sel_block)
+    _sel_bwd_dq_kernel[grid](q, k, v, idx, blocks, o, do, lse2, delta, dq, Tq, k.shape[1], q_start,
+                             1.0 / math.sqrt(K), **meta, **launch)
+    return dq, delta
+
+
+def _dkv_qc(device) -> int:
+    return 64 if device.type == "cpu" else TUNE["qc"]
+
+
+def _sel_bwd_dkv(q, k, v, do, lse2, delta, work, sel_block: int, q_start: int):
+    """dk, dv from the work items of _inverse_selection(idx, Tk, sel_block, _dkv_qc(...))."""
+    tok_sorted, seg, start, end, NB = work
+    meta = _meta(q, k, sel_block)
     G = meta["G"]
     interpret = q.device.type == "cpu"
-    dq = torch.empty_like(q)
-    if Tq == 0 or Tk == 0:
-        return dq.zero_(), torch.zeros_like(k), torch.zeros_like(v)
-    delta = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
-    GP16 = max(16, triton.next_power_of_2(G))
-    sm = 1.0 / math.sqrt(K)
-    _sel_bwd_dq_kernel[(Tq, B * H)](
-        q, k, v, idx, o, do, lse2, delta, dq, Tq, Tk, q_start, sm, GP=GP16,
-        N=n, NP=triton.next_power_of_2(n), **meta,
-        num_warps=4 if interpret else TUNE["fwd_warps"], num_stages=1 if interpret else TUNE["fwd_stages"],
-    )
-    qc = 64 if interpret else TUNE["qc"]
-    tok_sorted, seg, start, end, NB = _inverse_selection(idx, Tk, sel_block, qc)
     dk = torch.zeros(k.shape, device=k.device, dtype=torch.float32)
     dv = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
     GP = triton.next_power_of_2(G)
@@ -271,10 +372,20 @@ def _sel_bwd(q, k, v, idx, o, lse2, do, sel_block: int, q_start: int):
     BQ = max(1, rows // GP)
     _sel_bwd_dkv_kernel[(seg.numel(),)](
         q, k, v, do, lse2, delta, tok_sorted, seg, start, end, dk, dv,
-        Tq, Tk, NB, q_start, sm, GP=GP, BQ=BQ, **meta,
+        q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3]), GP=GP, BQ=BQ, **meta,
         num_warps=4 if interpret else TUNE["dkv_warps"], num_stages=1 if interpret else 2,
     )
-    return dq, dk.to(k.dtype), dv.to(v.dtype)
+    return dk.to(k.dtype), dv.to(v.dtype)
+
+
+def _sel_bwd(q, k, v, idx, o, lse2, do, sel_block: int, q_start: int):
+    Tq, Tk = q.shape[1], k.shape[1]
+    if Tq == 0 or Tk == 0:
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse2, do, sel_block, q_start)
+    work = _inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device))
+    dk, dv = _sel_bwd_dkv(q, k, v, do, lse2, delta, work, sel_block, q_start)
+    return dq, dk, dv
 
 
 @torch.library.custom_op("nsa::sel_fwd", mutates_args=())

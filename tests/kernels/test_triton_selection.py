@@ -48,3 +48,89 @@ def test_selection_group_sizes_and_popular_block(kdev, G):
     """Block 0 is chosen by every query: its dk/dv is split over several work items."""
     cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=3, window=8)
     _check(kdev, KCase(cfg, B=1, T=70 if G == 6 else 30, H=1, G=G, K=16, q_start=0, seed=G))
+
+
+def _random_idx(gen, B, Tq, H, n, ls, q_start):
+    """Per (token, head): its own block plus a random number of random earlier blocks,
+    ascending, -1 padded, so neighbouring tokens select different blocks and many rows have
+    fewer than n valid entries."""
+    idx = torch.full((B, Tq, H, n), -1, dtype=torch.int64)
+    for b in range(B):
+        for t in range(Tq):
+            for h in range(H):
+                own = (q_start + t) // ls
+                extra = int(torch.randint(0, n, (1,), generator=gen))
+                sel = sorted([own] + torch.randperm(own, generator=gen)[:extra].tolist())
+                idx[b, t, h, : len(sel)] = torch.tensor(sel)
+    return idx
+
+
+def _check_tiles(kdev, monkeypatch, TT, G, T, q_start, H, B=1, seed=0):
+    from nsa.kernels import selection
+
+    monkeypatch.setitem(selection.TUNE, "tt", TT)
+    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=4, window=8)
+    gen = torch.Generator().manual_seed(seed)
+    K, Tk = 16, q_start + T
+    assert selection._tokens_per_tile(G, cfg.n_selected, -(-Tk // cfg.sel_block), T) == min(TT, 1 << (T - 1).bit_length())
+    q = rnd(gen, B, T, H * G, K, device=kdev).requires_grad_()
+    k = rnd(gen, B, Tk, H, K, device=kdev).requires_grad_()
+    v = rnd(gen, B, Tk, H, K, device=kdev).requires_grad_()
+    do = rnd(gen, B, T, H * G, K, device=kdev)
+    idx = _random_idx(gen, B, T, H, cfg.n_selected, cfg.sel_block, q_start)
+    o = selection.triton_sel_attention(q, k, v, idx.to(kdev), cfg, q_start)
+    refs = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
+    o_ref = torch_sel_attention(*refs, idx, cfg, q_start)
+    tol = 2e-5 if kdev.type == "cpu" else 5e-3
+    assert_close(o, o_ref, tol, "o")
+    grads = torch.autograd.grad(o, (q, k, v), do)
+    grads_ref = torch.autograd.grad(o_ref, refs, do.double().cpu())
+    for name, g, gr in zip(("dq", "dk", "dv"), grads, grads_ref):
+        assert_close(g, gr, tol, name)
+
+
+@pytest.mark.parametrize("G,q_start", [(1, 0), (3, 7), (6, 0), (16, 5)], ids=["G1", "G3", "G6", "G16"])
+@pytest.mark.parametrize("TT", [1, 2, 4], ids=["TT1", "TT2", "TT4"])
+def test_selection_token_tiles(kdev, monkeypatch, TT, G, q_start):
+    """Forced token tiles: 23 tokens (no multiple of the tile or of l' = 4), random per-token
+    selections with -1 padding, prefill (q_start = 0) and continuation (q_start > 0)."""
+    _check_tiles(kdev, monkeypatch, TT, G, T=23, q_start=q_start, H=2 if G < 16 else 1,
+                 B=2 if G < 6 else 1, seed=10 * TT + G)
+
+
+@pytest.mark.parametrize("TT", [1, 4], ids=["TT1", "TT4"])
+def test_selection_token_tiles_decode(kdev, monkeypatch, TT):
+    """One query token after 29 cached keys (the tile is capped at one token)."""
+    _check_tiles(kdev, monkeypatch, TT, G=6, T=1, q_start=29, H=2, B=2, seed=TT)
+
+
+def test_selection_tile_rule(monkeypatch):
+    from nsa.kernels import selection
+
+    for key, val in (("tt", 0), ("tt_rows", 64), ("tt_max", 8), ("tt_nb", 2.0)):
+        monkeypatch.setitem(selection.TUNE, key, val)
+    rule = selection._tokens_per_tile
+    assert rule(G=6, n=16, NB=32, Tq=2048) == 8  # m7c_125m at 2k: 8 rows per token
+    assert rule(G=16, n=16, NB=32, Tq=2048) == 4  # HQ=64, H=4 at 2k
+    assert rule(G=16, n=16, NB=128, Tq=8192) == 1  # long context: one token per program
+    assert rule(G=1, n=16, NB=32, Tq=2048) == 8  # tt_max
+    assert rule(G=1, n=16, NB=32, Tq=3) == 4  # capped by the (rounded up) token count
+    assert rule(G=128, n=16, NB=32, Tq=2048) == 1
+
+
+@pytest.mark.parametrize("TT", [2, 4], ids=["TT2", "TT4"])
+def test_selection_tile_union(kdev, TT):
+    """The block list of each tile: its tokens' selected blocks, each once, descending, -1 padded."""
+    from nsa.kernels import selection
+
+    gen = torch.Generator().manual_seed(TT)
+    B, Tq, H, n, ls = 2, 23, 2, 4, 4
+    idx = _random_idx(gen, B, Tq, H, n, ls, q_start=9)
+    NB = -(-(9 + Tq) // ls)
+    got = selection._tile_union(idx.to(kdev), TT, NB).cpu()
+    assert got.shape == (B, -(-Tq // TT), H, min(TT * n, NB))
+    for b in range(B):
+        for i in range(got.shape[1]):
+            for h in range(H):
+                want = sorted({j for row in idx[b, i * TT:(i + 1) * TT, h].tolist() for j in row if j >= 0}, reverse=True)
+                assert got[b, i, h].tolist() == want + [-1] * (got.shape[-1] - len(want))

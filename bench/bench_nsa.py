@@ -289,7 +289,7 @@ def run(shapes, win_backend="triton", json_path=None, skip=()):
             print(f"| {name:9} | {meth:28} | {t_f:8.2f} | {t_fb:10.2f} | {mem:8.2f} |", flush=True)
             rows.append(dict(shape=name, B=B, S=S, HQ=HQ, H=H, K=K, method=meth,
                              fwd_ms=t_f, fwd_bwd_ms=t_fb, peak_gib=mem))
-        x = q = do = lse = idx = None  # free this shape's tensors before the next one
+        x = None  # free this shape's tensors before the next one
         torch.cuda.empty_cache()
     if json_path:
         Path(json_path).write_text(json.dumps(dict(device=dev, torch=torch.__version__, rows=rows), indent=1))

@@ -10,7 +10,7 @@ triton.testing.do_bench medians, peak memory of one forward+backward.
     python bench/bench_nsa.py --sweep --sweep-only "sel tt" --shapes 2k m7c_125m 8k
                                                     # selection token tiles (TUNE tt*)
 
-Shapes: B=1, HQ=64, H=4, K=128, bf16, S in 2k/8k/32k/64k; and m7c_125m (B=8, HQ=12, H=2,
+Shapes: B=1, HQ=64, H=4, K=128, bf16, S in 2k/8k/16k/32k/64k; and m7c_125m (B=8, HQ=12, H=2,
 K=64, S=2048). NSA hyper-parameters are the paper defaults (l=32, d=16, l'=64, n=16, w=512).
 """
 from __future__ import annotations
@@ -35,6 +35,7 @@ from nsa.attention.torch_branches import visible_compressed  # noqa: E402
 SHAPES = {  # name: (B, S, HQ, H, K)
     "2k": (1, 2048, 64, 4, 128),
     "8k": (1, 8192, 64, 4, 128),
+    "16k": (1, 16384, 64, 4, 128),
     "32k": (1, 32768, 64, 4, 128),
     "64k": (1, 65536, 64, 4, 128),
     "m7c_125m": (8, 2048, 12, 2, 64),

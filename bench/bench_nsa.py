@@ -2,7 +2,8 @@
 gates) against full causal attention (PyTorch SDPA, flash and cuDNN backends), FlexAttention
 with a 512-token sliding window, and fla-core's parallel_nsa (compression + selection, its
 defaults) when importable. Forward and forward+backward, one set of random inputs per shape,
-triton.testing.do_bench medians, peak memory of one forward+backward.
+triton.testing.do_bench medians, peak memory of one forward+backward, and the host time to
+enqueue one forward+backward (close to the measured time: launch-bound).
 
     python bench/bench_nsa.py                       # all shapes
     python bench/bench_nsa.py --shapes 2k m7c_125m   # some of them
@@ -53,6 +54,20 @@ def _bench(fn) -> float:
     torch.cuda.synchronize()
     est = (time.perf_counter() - t0) * 1e3
     return triton.testing.do_bench(fn, warmup=max(25, 2 * est), rep=max(100, 8 * est), return_mode="median")
+
+
+def _host_ms(fn, n: int = 20) -> float:
+    """Median host time (ms) to enqueue one call, the device left to run behind: when it is
+    close to the measured time, the call is bound by its launches, not by the GPU."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return sorted(times)[n // 2]
 
 
 def _peak_gib(fn) -> float:
@@ -267,7 +282,8 @@ def run(shapes, win_backend="triton", json_path=None, skip=()):
     dev = torch.cuda.get_device_name()
     print(f"# {dev}; torch {torch.__version__}; python {platform.python_version()}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    hdr = f"| {'shape':9} | {'method':28} | {'fwd ms':>8} | {'fwd+bwd ms':>10} | {'peak GiB':>8} |"
+    hdr = (f"| {'shape':9} | {'method':28} | {'fwd ms':>8} | {'fwd+bwd ms':>10} | {'peak GiB':>8} "
+           f"| {'host ms':>7} |")
     print(hdr)
     print("|" + "|".join("-" * (len(c)) for c in hdr.split("|")[1:-1]) + "|")
     for name in shapes:
@@ -281,15 +297,16 @@ def run(shapes, win_backend="triton", json_path=None, skip=()):
                 fb = _fwd_bwd(fwd, leaves, x["do"])
                 t_fb = _bench(fb)
                 mem = _peak_gib(fb)
+                host = _host_ms(fb)
             except Exception as e:  # a baseline that cannot run here is reported, not fatal
                 msg = f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
-                print(f"| {name:9} | {meth:28} | {'n/a':>8} | {'n/a':>10} | {'n/a':>8} | {msg}")
+                print(f"| {name:9} | {meth:28} | {'n/a':>8} | {'n/a':>10} | {'n/a':>8} | {'n/a':>7} | {msg}")
                 rows.append(dict(shape=name, method=meth, error=msg))
                 torch.cuda.empty_cache()
                 continue
-            print(f"| {name:9} | {meth:28} | {t_f:8.2f} | {t_fb:10.2f} | {mem:8.2f} |", flush=True)
+            print(f"| {name:9} | {meth:28} | {t_f:8.2f} | {t_fb:10.2f} | {mem:8.2f} | {host:7.2f} |", flush=True)
             rows.append(dict(shape=name, B=B, S=S, HQ=HQ, H=H, K=K, method=meth,
-                             fwd_ms=t_f, fwd_bwd_ms=t_fb, peak_gib=mem))
+                             fwd_ms=t_f, fwd_bwd_ms=t_fb, peak_gib=mem, host_fwd_bwd_ms=host))
         x = None  # free this shape's tensors before the next one
         torch.cuda.empty_cache()
     if json_path:

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._autograd import dispatch, eager_function
+
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
 
@@ -353,14 +355,15 @@ def _band_backward(ctx, do, dlse):
 
 
 band_fwd.register_autograd(_band_backward, setup_context=_band_setup)
+_BandAttention = eager_function("BandAttention", _band_fwd, _band_setup, _band_backward)
 
 
 def band_attention(q, k, v, q_start: int, L: int, D: int, W: int, window: bool):
     """Band attention (see the module docstring). q [B, Tq, HQ, K]; k, v [B, Tk, H, K].
     Returns o [B, Tq, HQ, K] (q's dtype) and lse [B, Tq, HQ] (float32, natural log).
-    The kernels run inside the custom ops nsa::band_fwd / nsa::band_bwd, which torch.compile
-    treats as opaque calls (it cannot trace into a Triton launch)."""
+    Under torch.compile the kernels run as the custom ops nsa::band_fwd / nsa::band_bwd
+    (see nsa.kernels._autograd)."""
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"query heads {q.shape[2]} must be a multiple of KV heads {k.shape[2]}")
-    return band_fwd(q.contiguous(), k.contiguous(), v.contiguous(),
+    return dispatch(band_fwd, _BandAttention, q.contiguous(), k.contiguous(), v.contiguous(),
                     int(q_start), int(L), int(D), int(W), bool(window))

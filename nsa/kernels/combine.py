@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._autograd import dispatch, eager_function
+
 
 @triton.jit
 def _combine_fwd_kernel(g, oc, os_, ow, o, n_rows, K: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
@@ -60,14 +62,18 @@ def _launch_meta(K: int):
     return dict(K=K, BK=BK, BR=max(1, 4096 // BK))
 
 
-@torch.library.custom_op("nsa::gate_combine_fwd", mutates_args=())
-def gate_combine_fwd(gates: torch.Tensor, oc: torch.Tensor, os_: torch.Tensor, ow: torch.Tensor) -> torch.Tensor:
+def _combine_fwd(gates: torch.Tensor, oc: torch.Tensor, os_: torch.Tensor, ow: torch.Tensor) -> torch.Tensor:
     o = torch.empty_like(oc)
     n_rows, K = oc.numel() // oc.shape[-1], oc.shape[-1]
     meta = _launch_meta(K)
     if n_rows:
         _combine_fwd_kernel[(triton.cdiv(n_rows, meta["BR"]),)](gates, oc, os_, ow, o, n_rows, **meta)
     return o
+
+
+@torch.library.custom_op("nsa::gate_combine_fwd", mutates_args=())
+def gate_combine_fwd(gates: torch.Tensor, oc: torch.Tensor, os_: torch.Tensor, ow: torch.Tensor) -> torch.Tensor:
+    return _combine_fwd(gates, oc, os_, ow)
 
 
 @gate_combine_fwd.register_fake
@@ -103,9 +109,11 @@ def _combine_backward(ctx, do):
 
 
 gate_combine_fwd.register_autograd(_combine_backward, setup_context=_combine_setup)
+_GateCombine = eager_function("GateCombine", _combine_fwd, _combine_setup, _combine_backward)
 
 
 def triton_gate_combine(gates, o_cmp, o_sel, o_win):
     """gates [B, T, HQ, 3]; o_* [B, T, HQ, K] (one dtype) -> o [B, T, HQ, K] in o_cmp's dtype.
-    Runs as the custom op nsa::gate_combine_fwd (opaque to torch.compile)."""
-    return gate_combine_fwd(*(t.contiguous() for t in (gates, o_cmp, o_sel.to(o_cmp.dtype), o_win.to(o_cmp.dtype))))
+    Under torch.compile it runs as the custom op nsa::gate_combine_fwd (see nsa.kernels._autograd)."""
+    args = (t.contiguous() for t in (gates, o_cmp, o_sel.to(o_cmp.dtype), o_win.to(o_cmp.dtype)))
+    return dispatch(gate_combine_fwd, _GateCombine, *args)

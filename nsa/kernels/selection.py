@@ -28,6 +28,8 @@ import triton.language as tl
 
 from nsa.attention.config import NSAConfig
 
+from ._autograd import dispatch, eager_function
+
 
 @triton.jit
 def _tile_union_kernel(idx, blocks, Tq, H: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
@@ -425,15 +427,16 @@ def _sel_backward(ctx, do, dlse2):
 
 
 sel_fwd.register_autograd(_sel_backward, setup_context=_sel_setup)
+_SelAttention = eager_function("SelAttention", _sel_fwd, _sel_setup, _sel_backward)
 
 
 def triton_sel_attention(q, k, v, idx, cfg: NSAConfig, q_start: int = 0, chunk: int | None = None):
     """Selected branch: q [B, Tq, HQ, K] attends, per KV group, to the tokens of the blocks in
     idx [B, Tq, H, n] (ascending, -1 padded), causally inside the block holding the query.
     Same signature and semantics as torch_sel_attention; `chunk` is unused. Returns
-    o [B, Tq, HQ, K]. Runs as the custom ops nsa::sel_fwd / nsa::sel_bwd (opaque to
-    torch.compile)."""
+    o [B, Tq, HQ, K]. Under torch.compile the kernels run as the custom ops nsa::sel_fwd /
+    nsa::sel_bwd (see nsa.kernels._autograd)."""
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"query heads {q.shape[2]} must be a multiple of KV heads {k.shape[2]}")
     q, k, v, idx = (t.contiguous() for t in (q, k, v, idx))
-    return sel_fwd(q, k, v, idx, cfg.sel_block, int(q_start))[0]
+    return dispatch(sel_fwd, _SelAttention, q, k, v, idx, cfg.sel_block, int(q_start))[0]

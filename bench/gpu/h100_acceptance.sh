@@ -3,8 +3,9 @@
 #   bash bench/gpu/h100_acceptance.sh        (OUT=<dir> for what comes back)
 # Runs `pytest -m h100` (runbooks/h100_single.yaml, profile h100) against the real trainer, then
 # re-renders the report from the store (so a run cut short still leaves a report) and packs the
-# evidence (CSVs, heartbeats, env.json, logs; no checkpoints) into one archive. Carry .git so
-# that preflight can record the SHA (the device copy has no repository otherwise).
+# evidence (CSVs, heartbeats, env.json, logs; no checkpoints) into one archive. The device copy
+# has no .git: before the call run `git describe --always --dirty --abbrev=40 > SOURCE_SHA` here
+# and carry SOURCE_SHA, so that preflight can record the commit.
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/.device_out}

@@ -9,6 +9,8 @@ Notes on the seeds' failures:
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn as nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
@@ -65,6 +67,10 @@ def apply_ddp(model: nn.Module, cfg: RunConfig, info: DistInfo, log) -> nn.Modul
             "backend cannot all-reduce compressed buckets. Set dist.ddp_compress=none "
             "(or unset NSA_DDP_COMPRESS)"
         )
+    # the model's only buffers are per-rank call counters: no broadcast before every forward
+    # (an extra collective per step); newer torch names this switch forward_sync_buffers
+    no_buffer_sync = {"forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters
+                      else "broadcast_buffers": False}
     ddp = DDP(
         model,
         device_ids=[info.local_rank] if info.device.type == "cuda" else None,
@@ -72,6 +78,7 @@ def apply_ddp(model: nn.Module, cfg: RunConfig, info: DistInfo, log) -> nn.Modul
         static_graph=d.ddp_static_graph,
         find_unused_parameters=d.ddp_find_unused,
         gradient_as_bucket_view=d.ddp_grad_as_bucket_view,
+        **no_buffer_sync,
     )
     if d.ddp_compress != "none":
         hook = default_hooks.bf16_compress_hook if d.ddp_compress == "bf16" else default_hooks.fp16_compress_hook

@@ -8,7 +8,7 @@ from hypothesis import given
 
 from nsa.attention.config import NSAConfig
 from nsa.attention.torch_branches import torch_cmp_attention, torch_sel_attention, torch_select_blocks
-from tests.kernels._util import INTERP_SETTINGS, KCase, assert_close, kcases, rnd
+from tests.kernels._util import INTERP_SETTINGS, KCase, check_against_reference, kcases, rnd
 
 pytestmark = pytest.mark.triton_interp
 
@@ -26,15 +26,8 @@ def _check(kdev, case: KCase):
     q64 = q.detach().double().cpu()
     _, lse = torch_cmp_attention(q64, kc, kc, case.cfg, case.q_start)
     idx = torch_select_blocks(q64, kc, lse, case.cfg, case.q_start)
-    o = triton_sel_attention(q, k, v, idx.to(kdev), case.cfg, case.q_start)
-    refs = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
-    o_ref = torch_sel_attention(*refs, idx, case.cfg, case.q_start)
-    tol = 2e-5 if kdev.type == "cpu" else 5e-3
-    assert_close(o, o_ref, tol, "o")
-    grads = torch.autograd.grad(o, (q, k, v), do)
-    grads_ref = torch.autograd.grad(o_ref, refs, do.double().cpu())
-    for name, g, gr in zip(("dq", "dk", "dv"), grads, grads_ref):
-        assert_close(g, gr, tol, name)
+    check_against_reference(lambda *x: triton_sel_attention(*x, idx.to(kdev), case.cfg, case.q_start),
+                            lambda *x: torch_sel_attention(*x, idx, case.cfg, case.q_start), [q, k, v], do)
 
 
 @INTERP_SETTINGS
@@ -78,15 +71,8 @@ def _check_tiles(kdev, monkeypatch, TT, G, T, q_start, H, B=1, seed=0):
     v = rnd(gen, B, Tk, H, K, device=kdev).requires_grad_()
     do = rnd(gen, B, T, H * G, K, device=kdev)
     idx = _random_idx(gen, B, T, H, cfg.n_selected, cfg.sel_block, q_start)
-    o = selection.triton_sel_attention(q, k, v, idx.to(kdev), cfg, q_start)
-    refs = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
-    o_ref = torch_sel_attention(*refs, idx, cfg, q_start)
-    tol = 2e-5 if kdev.type == "cpu" else 5e-3
-    assert_close(o, o_ref, tol, "o")
-    grads = torch.autograd.grad(o, (q, k, v), do)
-    grads_ref = torch.autograd.grad(o_ref, refs, do.double().cpu())
-    for name, g, gr in zip(("dq", "dk", "dv"), grads, grads_ref):
-        assert_close(g, gr, tol, name)
+    check_against_reference(lambda *x: selection.triton_sel_attention(*x, idx.to(kdev), cfg, q_start),
+                            lambda *x: torch_sel_attention(*x, idx, cfg, q_start), [q, k, v], do)
 
 
 @pytest.mark.parametrize("G,q_start", [(1, 0), (3, 7), (6, 0), (16, 5)], ids=["G1", "G3", "G6", "G16"])

@@ -8,7 +8,7 @@ from hypothesis import given
 
 from nsa.attention.config import NSAConfig
 from nsa.attention.torch_branches import torch_win_attention
-from tests.kernels._util import INTERP_SETTINGS, KCase, assert_close, kcases, rnd
+from tests.kernels._util import INTERP_SETTINGS, KCase, check_against_reference, kcases, rnd
 
 pytestmark = pytest.mark.triton_interp
 
@@ -22,15 +22,8 @@ def _check(kdev, case: KCase):
     k = rnd(gen, B, Tk, H, K, device=kdev).requires_grad_()
     v = rnd(gen, B, Tk, H, K, device=kdev).requires_grad_()
     do = rnd(gen, B, T, H * G, K, device=kdev)
-    o = triton_win_attention(q, k, v, case.cfg, case.q_start)
-    refs = [t.detach().double().cpu().requires_grad_() for t in (q, k, v)]
-    o_ref = torch_win_attention(*refs, case.cfg, case.q_start)
-    tol = 2e-5 if kdev.type == "cpu" else 5e-3
-    assert_close(o, o_ref, tol, "o")
-    grads = torch.autograd.grad(o, (q, k, v), do)
-    grads_ref = torch.autograd.grad(o_ref, refs, do.double().cpu())
-    for name, g, gr in zip(("dq", "dk", "dv"), grads, grads_ref):
-        assert_close(g, gr, tol, name)
+    check_against_reference(lambda *x: triton_win_attention(*x, case.cfg, case.q_start),
+                            lambda *x: torch_win_attention(*x, case.cfg, case.q_start), [q, k, v], do)
 
 
 @INTERP_SETTINGS

@@ -159,9 +159,9 @@ def _stage_inputs(name, cfg):
 
 def _sel_split(x, q, do, idx, cfg):
     """Medians (ms) of the selected branch's pieces at the current selection.TUNE: forward
-    kernel; backward as dq kernel, _inverse_selection (torch ops) and dk/dv kernel. The forward
-    and the dq launch each first build the token-tile block lists ('union', torch ops, nothing
-    when TT = 1); their times include it."""
+    kernel; backward as dq kernel, _inverse_selection (keys kernel, sort, work-item kernel)
+    and dk/dv kernel. The forward and the dq launch each first build the token-tile block
+    lists ('union', one small kernel, nothing when TT = 1); their times include it."""
     from nsa.kernels import selection as S
 
     ls = cfg.sel_block

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._autograd import dispatch, eager_function
+from ._autograd import dispatch, eager_function, run_op
 
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
@@ -290,6 +290,7 @@ def _band_bwd(q, k, v, o, lse, do, q_start, L, D, W, window):
     B, Tq, HQ, K = q.shape
     Tk, H = k.shape[1], k.shape[2]
     G = HQ // H
+    do = do.contiguous()
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
@@ -308,14 +309,15 @@ def _band_bwd(q, k, v, o, lse, do, q_start, L, D, W, window):
     n_split = 1 if window else min(64, triton.cdiv(4 * _sm_count(q.device), tiles), triton.cdiv(Tq * G, BM2))
     rows_per_split = triton.cdiv(triton.cdiv(Tq * G, n_split), BM2) * BM2
     atomic = n_split > 1
-    dk_, dv_ = (torch.zeros(k.shape, device=k.device, dtype=torch.float32) for _ in range(2)) if atomic else (dk, dv)
+    # float32 partial sums when atomic, one buffer for both (one fill)
+    dk_, dv_ = torch.zeros(2, *k.shape, device=k.device, dtype=torch.float32).unbind(0) if atomic else (dk, dv)
     _band_bwd_dkv_kernel[(triton.cdiv(Tk, BN2), n_split, B * H)](
         q, k, v, do, lse, delta, dk_, dv_, Tq, Tk, q_start, sm, rows_per_split,
         H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM2, BN=BN2, BK=BK, ATOMIC=atomic,
         num_warps=nw2, num_stages=ns2,
     )
-    if atomic:
-        dk, dv = dk_.to(k.dtype), dv_.to(v.dtype)
+    if atomic:  # separate tensors: a custom op's outputs may not share storage
+        dk, dv = dk_.to(k.dtype, copy=True), dv_.to(v.dtype, copy=True)
     return dq, dk, dv
 
 
@@ -334,7 +336,7 @@ def _(q, k, v, q_start, L, D, W, window):
 def band_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
              do: torch.Tensor, q_start: int, L: int, D: int, W: int,
              window: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _band_bwd(q, k, v, o, lse, do.contiguous(), q_start, L, D, W, window)
+    return _band_bwd(q, k, v, o, lse, do, q_start, L, D, W, window)
 
 
 @band_bwd.register_fake
@@ -350,7 +352,7 @@ def _band_setup(ctx, inputs, output):
 
 
 def _band_backward(ctx, do, dlse):
-    dq, dk, dv = band_bwd(*ctx.saved_tensors, do, *ctx.args)
+    dq, dk, dv = run_op(band_bwd, _band_bwd, *ctx.saved_tensors, do, *ctx.args)
     return dq, dk, dv, None, None, None, None, None
 
 

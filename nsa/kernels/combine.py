@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._autograd import dispatch, eager_function
+from ._autograd import dispatch, eager_function, run_op
 
 
 @triton.jit
@@ -81,9 +81,7 @@ def _(gates, oc, os_, ow):
     return torch.empty_like(oc)
 
 
-@torch.library.custom_op("nsa::gate_combine_bwd", mutates_args=())
-def gate_combine_bwd(gates: torch.Tensor, oc: torch.Tensor, os_: torch.Tensor, ow: torch.Tensor,
-                     do: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _combine_bwd(gates, oc, os_, ow, do):
     do = do.contiguous()
     dg = torch.empty_like(gates)
     doc, dos, dow = torch.empty_like(oc), torch.empty_like(os_), torch.empty_like(ow)
@@ -93,6 +91,12 @@ def gate_combine_bwd(gates: torch.Tensor, oc: torch.Tensor, os_: torch.Tensor, o
         _combine_bwd_kernel[(triton.cdiv(n_rows, meta["BR"]),)](
             gates, oc, os_, ow, do, dg, doc, dos, dow, n_rows, **meta)
     return dg, doc, dos, dow
+
+
+@torch.library.custom_op("nsa::gate_combine_bwd", mutates_args=())
+def gate_combine_bwd(gates: torch.Tensor, oc: torch.Tensor, os_: torch.Tensor, ow: torch.Tensor,
+                     do: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _combine_bwd(gates, oc, os_, ow, do)
 
 
 @gate_combine_bwd.register_fake
@@ -105,7 +109,7 @@ def _combine_setup(ctx, inputs, output):
 
 
 def _combine_backward(ctx, do):
-    return gate_combine_bwd(*ctx.saved_tensors, do)
+    return run_op(gate_combine_bwd, _combine_bwd, *ctx.saved_tensors, do)
 
 
 gate_combine_fwd.register_autograd(_combine_backward, setup_context=_combine_setup)

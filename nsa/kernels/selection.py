@@ -28,7 +28,7 @@ import triton.language as tl
 
 from nsa.attention.config import NSAConfig
 
-from ._autograd import dispatch, eager_function
+from ._autograd import dispatch, eager_function, run_op
 
 
 @triton.jit
@@ -182,7 +182,7 @@ def _sel_bwd_dq_kernel(
 
 @triton.jit
 def _sel_bwd_dkv_kernel(
-    q, k, v, do, lse2_in, delta, tok_sorted, item_seg, item_start, item_end, dk, dv,
+    q, k, v, do, lse2_in, delta, keys_sorted, item_seg, item_start, item_end, dk, dv,
     Tq, Tk, NB, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, BQ: tl.constexpr,
@@ -215,7 +215,8 @@ def _sel_bwd_dkv_kernel(
         dv_acc = tl.zeros([BS, BK], tl.float32)
         for u in range(s0, s1, BQ):
             tmask = (u + rq < s1) & (g < G)
-            t = tl.load(tok_sorted + u + rq, mask=tmask, other=0)
+            # a key is seg * Tq + token (see _selection_keys_kernel)
+            t = (tl.load(keys_sorted + u + rq, mask=tmask, other=0) - seg.to(tl.int64) * Tq).to(tl.int32)
             pos = q_start + t
             row = (b.to(tl.int64) * Tq + t) * HQ + h * G + g
             m2 = tmask[:, None] & kmask[None, :]
@@ -233,6 +234,69 @@ def _sel_bwd_dkv_kernel(
             dk_acc += tl.dot(tl.trans(ds.to(qt.dtype)), qt)
         tl.atomic_add(dk + kv_ptr, dk_acc * sm_scale, mask=kvm)
         tl.atomic_add(dv + kv_ptr, dv_acc, mask=kvm)
+
+
+@triton.jit
+def _selection_keys_kernel(idx, keys, Tq, total, NB, NSEG, H: tl.constexpr, N: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """keys[e] = ((b*H + h)*NB + block) * Tq + t for entry e = ((b*Tq + t)*H + h)*N + slot of
+    idx; padding (-1) gets NSEG * Tq (NSEG = B*H*NB), above every real key. Sorted, the keys list each
+    (b, h, block) segment's tokens in ascending order."""
+    e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = e < total
+    blk = tl.load(idx + e, mask=m, other=-1)
+    h = (e // N) % H
+    bt = e // (N * H)  # b * Tq + t
+    b = bt // Tq
+    t = bt % Tq
+    seg = (b * H + h).to(tl.int64) * NB + blk
+    key = tl.where(blk >= 0, seg * Tq + t, (t * 0 + NSEG).to(tl.int64) * Tq)
+    tl.store(keys + e, key.to(keys.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _lower_bound(keys, n_keys, target, STEPS: tl.constexpr):
+    """First index i of the ascending keys[0:n_keys] with keys[i] >= target (per lane)."""
+    lo = target * 0
+    hi = lo + n_keys
+    for _ in range(STEPS):
+        active = lo < hi
+        mid = (lo + hi) // 2
+        kv = tl.load(keys + mid, mask=active & (mid < n_keys), other=0)
+        right = active & (kv < target)
+        lo = tl.where(right, mid + 1, lo)
+        hi = tl.where(active & ~right, mid, hi)
+    return lo
+
+
+@triton.jit
+def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, NB, IPB,
+                       QC: tl.constexpr, NBP: tl.constexpr, STEPS: tl.constexpr, BW: tl.constexpr):
+    """One program per (b, h): its NB segments' bounds in the sorted keys (binary search), cut
+    into work items of at most QC tokens, written to the program's IPB item slots
+    [bh * IPB, (bh + 1) * IPB) in segment order; the slots left over get empty items."""
+    bh = tl.program_id(0)
+    j = tl.arange(0, NBP)
+    jm = j < NB
+    seg = bh * NB + j
+    start = _lower_bound(keys_sorted, n_keys, seg.to(tl.int64) * Tq, STEPS)
+    end = _lower_bound(keys_sorted, n_keys, (seg + 1).to(tl.int64) * Tq, STEPS)
+    chunks = tl.where(jm, (end - start + QC - 1) // QC, 0)
+    first = tl.cumsum(chunks, 0) - chunks  # the segment's first item within the program
+    base = bh.to(tl.int64) * IPB
+    for c in range(0, tl.max(chunks, 0)):
+        m = c < chunks
+        w = base + first + c
+        s0 = start + c * QC
+        tl.store(item_seg + w, seg, mask=m)
+        tl.store(item_start + w, s0.to(tl.int32), mask=m)
+        tl.store(item_end + w, tl.minimum(s0 + QC, end).to(tl.int32), mask=m)
+    for w0 in range(tl.sum(chunks, 0), IPB, BW):
+        w = w0 + tl.arange(0, BW)
+        m = w < IPB
+        tl.store(item_seg + base + w, 0, mask=m)
+        tl.store(item_start + base + w, 0, mask=m)
+        tl.store(item_end + base + w, 0, mask=m)
 
 
 #: launch parameters on CUDA (bench/bench_nsa.py --sweep): forward/dq warps and stages;
@@ -316,34 +380,27 @@ def _sel_fwd(q, k, v, idx, sel_block: int, q_start: int):
 def _inverse_selection(idx, Tk, ls, qc):
     """Work items for the dk/dv pass: tokens grouped by the (b, h, block) they selected.
 
-    Returns tok_sorted [B*H*Tq*n] int32 (tokens, ascending within each block), and per work
-    item its segment (b*H + h)*NB + block, and the [start, end) range of tok_sorted it owns.
-    The item count is an upper bound known without a device-to-host sync; items past the
-    real ones are empty."""
+    One kernel writes a key per idx entry, seg * Tq + token with seg = (b*H + h)*NB + block;
+    one sort puts each segment's tokens together in ascending order; one kernel per (b, h)
+    finds the segments' bounds and cuts them into items of at most qc tokens. Three launches,
+    no host sync. Returns the sorted keys, and per work item its segment and the
+    [start, end) range of the sorted keys it owns (int32), and NB. The item count,
+    B*H * (Tq*n // qc + NB), is an upper bound known on the host; items past a (b, h)'s real
+    ones are empty."""
     B, Tq, H, n = idx.shape
     NB = triton.cdiv(Tk, ls)
-    nseg = B * H * NB
-    dev = idx.device
-    bh = torch.arange(B * H, device=dev).view(B, H, 1, 1)
-    sel = idx.permute(0, 2, 1, 3)  # [B, H, Tq, n]
-    key = torch.where(sel >= 0, bh * NB + sel, nseg).flatten()
-    key_sorted, order = torch.sort(key, stable=True)
-    tok_sorted = torch.div(order, n, rounding_mode="floor").remainder(Tq).to(torch.int32)
-    # segment bounds by binary search (torch.bincount would sync with the host for its length)
-    bounds = torch.searchsorted(key_sorted, torch.arange(nseg + 1, device=dev))
-    offs = bounds[:-1]
-    counts = bounds[1:] - offs
-    chunks = torch.div(counts + qc - 1, qc, rounding_mode="floor")
-    cum = torch.cumsum(chunks, 0)
-    n_items = (B * H * Tq * n) // qc + nseg
-    wi = torch.arange(n_items, device=dev)
-    seg = torch.searchsorted(cum, wi, right=True)
-    real = seg < nseg
-    seg = seg.clamp(max=nseg - 1)
-    start = offs[seg] + (wi - (cum[seg] - chunks[seg])) * qc
-    end = torch.minimum(start + qc, offs[seg] + counts[seg])
-    end = torch.where(real, end, start)
-    return tok_sorted, seg.to(torch.int32), start.to(torch.int32), end.to(torch.int32), NB
+    total = idx.numel()
+    key_dtype = torch.int32 if (B * H * NB + 1) * Tq < 2**31 else torch.int64
+    keys = torch.empty(total, device=idx.device, dtype=key_dtype)
+    block = 1024
+    _selection_keys_kernel[(triton.cdiv(total, block),)](idx, keys, Tq, total, NB, B * H * NB, H=H, N=n,
+                                                           BLOCK=block)
+    keys_sorted = torch.sort(keys).values
+    ipb = Tq * n // qc + NB  # the most items one (b, h) can need: sum of ceil(count / qc)
+    seg, start, end = (torch.empty(B * H * ipb, device=idx.device, dtype=torch.int32) for _ in range(3))
+    _work_items_kernel[(B * H,)](keys_sorted, total, seg, start, end, Tq, NB, ipb,
+                                 QC=qc, NBP=triton.next_power_of_2(NB), STEPS=total.bit_length(), BW=256)
+    return keys_sorted, seg, start, end, NB
 
 
 def _sel_bwd_dq(q, k, v, idx, o, lse2, do, sel_block: int, q_start: int):
@@ -363,27 +420,28 @@ def _dkv_qc(device) -> int:
 
 def _sel_bwd_dkv(q, k, v, do, lse2, delta, work, sel_block: int, q_start: int):
     """dk, dv from the work items of _inverse_selection(idx, Tk, sel_block, _dkv_qc(...))."""
-    tok_sorted, seg, start, end, NB = work
+    keys_sorted, seg, start, end, NB = work
     meta = _meta(q, k, sel_block)
     G = meta["G"]
     interpret = q.device.type == "cpu"
-    dk = torch.zeros(k.shape, device=k.device, dtype=torch.float32)
-    dv = torch.zeros(v.shape, device=v.device, dtype=torch.float32)
+    dk, dv = torch.zeros(2, *k.shape, device=k.device, dtype=torch.float32).unbind(0)  # one fill
     GP = triton.next_power_of_2(G)
     rows = 64 if interpret else TUNE["rows"]
     BQ = max(1, rows // GP)
     _sel_bwd_dkv_kernel[(seg.numel(),)](
-        q, k, v, do, lse2, delta, tok_sorted, seg, start, end, dk, dv,
+        q, k, v, do, lse2, delta, keys_sorted, seg, start, end, dk, dv,
         q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3]), GP=GP, BQ=BQ, **meta,
         num_warps=4 if interpret else TUNE["dkv_warps"], num_stages=1 if interpret else 2,
     )
-    return dk.to(k.dtype), dv.to(v.dtype)
+    # separate tensors: a custom op's outputs may not share storage
+    return dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)
 
 
 def _sel_bwd(q, k, v, idx, o, lse2, do, sel_block: int, q_start: int):
     Tq, Tk = q.shape[1], k.shape[1]
     if Tq == 0 or Tk == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    do = do.contiguous()
     dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse2, do, sel_block, q_start)
     work = _inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device))
     dk, dv = _sel_bwd_dkv(q, k, v, do, lse2, delta, work, sel_block, q_start)
@@ -405,7 +463,7 @@ def _(q, k, v, idx, sel_block, q_start):
 def sel_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
             lse2: torch.Tensor, do: torch.Tensor, sel_block: int,
             q_start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _sel_bwd(q, k, v, idx, o, lse2, do.contiguous(), sel_block, q_start)
+    return _sel_bwd(q, k, v, idx, o, lse2, do, sel_block, q_start)
 
 
 @sel_bwd.register_fake
@@ -422,7 +480,7 @@ def _sel_setup(ctx, inputs, output):
 
 def _sel_backward(ctx, do, dlse2):
     q, k, v, idx, o, lse2 = ctx.saved_tensors
-    dq, dk, dv = sel_bwd(q, k, v, idx, o, lse2, do, *ctx.args)
+    dq, dk, dv = run_op(sel_bwd, _sel_bwd, q, k, v, idx, o, lse2, do, *ctx.args)
     return dq, dk, dv, None, None, None
 
 

@@ -28,6 +28,8 @@ import triton.language as tl
 
 from nsa.attention.config import NSAConfig
 
+from ._autograd import run_op
+
 
 @triton.jit
 def _overlap_weight(o, L: tl.constexpr, D: tl.constexpr, LS: tl.constexpr):
@@ -135,9 +137,7 @@ def _topk_kernel(
 TUNE = dict(rows=64, warps=4)
 
 
-@torch.library.custom_op("nsa::select_blocks", mutates_args=())
-def select_blocks(q: torch.Tensor, kc: torch.Tensor, lse: torch.Tensor, q_start: int, L: int, D: int,
-                  LS: int, n: int) -> torch.Tensor:
+def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
     B, Tq, HQ, K = q.shape
     Nc, H = kc.shape[1], kc.shape[2]
     G = HQ // H
@@ -162,6 +162,12 @@ def select_blocks(q: torch.Tensor, kc: torch.Tensor, lse: torch.Tensor, q_start:
     return idx
 
 
+@torch.library.custom_op("nsa::select_blocks", mutates_args=())
+def select_blocks(q: torch.Tensor, kc: torch.Tensor, lse: torch.Tensor, q_start: int, L: int, D: int,
+                  LS: int, n: int) -> torch.Tensor:
+    return _select_blocks(q, kc, lse, q_start, L, D, LS, n)
+
+
 @select_blocks.register_fake
 def _(q, kc, lse, q_start, L, D, LS, n):
     return q.new_empty((q.shape[0], q.shape[1], kc.shape[2], n), dtype=torch.int64)
@@ -170,7 +176,7 @@ def _(q, kc, lse, q_start, L, D, LS, n):
 def triton_select_blocks(q, kc, lse, cfg: NSAConfig, q_start: int = 0, chunk: int | None = None):
     """Selected block indices [B, Tq, H, n] (int64, ascending, -1 padded); see the module
     docstring. Same signature and semantics as torch_select_blocks; `chunk` is unused.
-    Runs as the custom op nsa::select_blocks (opaque to torch.compile; no gradient)."""
+    Under torch.compile it runs as the custom op nsa::select_blocks (opaque, no gradient)."""
     q, kc, lse = (t.detach().contiguous() for t in (q, kc, lse))
-    return select_blocks(q, kc, lse, int(q_start), cfg.cmp_block, cfg.cmp_stride, cfg.sel_block,
-                         cfg.n_selected)
+    return run_op(select_blocks, _select_blocks, q, kc, lse, int(q_start), cfg.cmp_block, cfg.cmp_stride,
+                  cfg.sel_block, cfg.n_selected)

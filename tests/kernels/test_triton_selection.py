@@ -120,3 +120,32 @@ def test_selection_tile_union(kdev, TT):
             for h in range(H):
                 want = sorted({j for row in idx[b, i * TT:(i + 1) * TT, h].tolist() for j in row if j >= 0}, reverse=True)
                 assert got[b, i, h].tolist() == want + [-1] * (got.shape[-1] - len(want))
+
+
+@pytest.mark.parametrize("qc", [3, 64], ids=["qc3", "qc64"])
+def test_inverse_selection_work_items(kdev, qc):
+    """The dk/dv pass's work items: each (b, h, block)'s tokens exactly once, ascending, cut
+    into items of at most qc tokens in segment order; the slots past a (b, h)'s items are empty."""
+    from nsa.kernels import selection
+
+    gen = torch.Generator().manual_seed(qc)
+    B, Tq, H, n, ls, Tk = 2, 37, 3, 4, 4, 40
+    idx = _random_idx(gen, B, Tq, H, n, ls, q_start=3)
+    keys, seg, start, end, NB = (x.cpu() if torch.is_tensor(x) else x
+                                 for x in selection._inverse_selection(idx.to(kdev), Tk, ls, qc))
+    assert NB == Tk // ls and seg.numel() == B * H * (Tq * n // qc + NB)
+    got: dict[int, list[int]] = {}
+    for w in range(seg.numel()):
+        s, a, e = int(seg[w]), int(start[w]), int(end[w])
+        if a == e:
+            continue
+        assert 0 < e - a <= qc and w // (seg.numel() // (B * H)) == s // NB  # in its (b, h)'s slots
+        got.setdefault(s, []).extend((keys[a:e] - s * Tq).tolist())
+    want: dict[int, list[int]] = {}
+    for b in range(B):
+        for t in range(Tq):
+            for h in range(H):
+                for j in idx[b, t, h].tolist():
+                    if j >= 0:
+                        want.setdefault((b * H + h) * NB + j, []).append(t)
+    assert got == want  # dicts of lists: same segments, same tokens in the same (ascending) order

@@ -1,0 +1,122 @@
+"""Where the host time of one NSA core forward+backward goes, for the launch-bound shapes.
+
+For each shape: the median host time to enqueue one fwd+bwd, its measured time (do_bench),
+the time of the same fwd+bwd replayed as one CUDA graph (the GPU's own time, no launch cost),
+and torch.profiler's table of host time per op (self CPU time, top rows) of 20 fwd+bwd calls.
+
+    python bench/host_profile.py                       # 2k and m7c_125m
+    python bench/host_profile.py --shapes 2k --rows 40
+    python bench/host_profile.py --shapes 2k --cprofile   # also Python functions (cProfile)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.bench_nsa import SHAPES, _bench, _fwd_bwd, _host_ms, _inputs, _methods  # noqa: E402
+from nsa.attention.config import NSAConfig  # noqa: E402
+
+
+def graph_ms(fn) -> float:
+    """Median time of fn replayed as a CUDA graph (captured after a warm-up on a side stream)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return _bench(g.replay)
+
+
+def op_overhead(x, cfg, n: int = 200):
+    """Host us per call of each backward/selection custom op against its plain implementation
+    (same arguments): the price of the custom-op dispatcher path."""
+    import time
+
+    from nsa.kernels import band_attention as BA
+    from nsa.kernels import selection as SE
+    from nsa.kernels import topk as TK
+
+    q, kc, vc, do = (x[n_].detach() for n_ in ("q", "kc", "vc", "do"))
+    o, lse = BA._band_fwd(q, kc, vc, 0, cfg.cmp_block, cfg.cmp_stride, 0, False)
+    args_tk = (q, kc, lse, 0, cfg.cmp_block, cfg.cmp_stride, cfg.sel_block, cfg.n_selected)
+    idx = TK.select_blocks(*args_tk)
+    ks, vs = x["k_sel"].detach(), x["v_sel"].detach()
+    so, slse = SE._sel_fwd(q, ks, vs, idx, cfg.sel_block, 0)
+    cases = {
+        "band_bwd": (BA.band_bwd, BA._band_bwd, (q, kc, vc, o, lse, do, 0, cfg.cmp_block, cfg.cmp_stride, 0, False)),
+        "sel_bwd": (SE.sel_bwd, SE._sel_bwd, (q, ks, vs, idx, so, slse, do, cfg.sel_block, 0)),
+        "select_blocks": (TK.select_blocks, getattr(TK, "_select_blocks", None), args_tk),
+    }
+    for name, (op, impl, args) in cases.items():
+        row = []
+        for label, fn in (("op", op), ("direct", impl)):
+            if fn is None:
+                continue
+            fn(*args)
+            torch.cuda.synchronize()
+            t = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                fn(*args)
+                t.append(time.perf_counter() - t0)
+                if len(t) % 20 == 0:
+                    torch.cuda.synchronize()  # keep the launch queue short
+            row.append(f"{label} {sorted(t)[n // 2] * 1e6:.0f} us")
+        print(f"# host per call, {name}: " + ", ".join(row))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", nargs="+", default=["2k", "m7c_125m"], choices=list(SHAPES))
+    ap.add_argument("--rows", type=int, default=30, help="profiler table rows")
+    ap.add_argument("--op-overhead", action="store_true",
+                    help="also time each custom op against its plain implementation (host us per call)")
+    ap.add_argument("--cprofile", action="store_true",
+                    help="also print cProfile's Python functions by own time (Triton's launcher included)")
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("host_profile.py needs a CUDA GPU")
+    cfg = NSAConfig()
+    for name in a.shapes:
+        x = _inputs(*SHAPES[name], cfg)
+        fwd, leaves = _methods(x, cfg, "triton")["NSA core (triton)"]
+        fb = _fwd_bwd(fwd, leaves, x["do"])
+        host, dev = _host_ms(fb, n=50), _bench(fb)
+        try:
+            graph = f"{graph_ms(fb):.3f}"
+        except Exception as e:  # a capture failure is a finding, not a crash
+            graph = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
+        if a.op_overhead:
+            op_overhead(x, cfg)
+        print(f"# {name}: host {host:.3f} ms | do_bench {dev:.3f} ms | CUDA graph replay {graph} ms")
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(20):
+                fb()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.rows))
+        if a.cprofile:
+            import cProfile
+            import pstats
+            pr = cProfile.Profile()
+            pr.enable()
+            for _ in range(20):
+                fb()
+            torch.cuda.synchronize()
+            pr.disable()
+            pstats.Stats(pr).sort_stats("tottime").print_stats(a.rows)
+        x = None
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -7,6 +7,7 @@ and torch.profiler's table of host time per op (self CPU time, top rows) of 20 f
     python bench/host_profile.py                       # 2k and m7c_125m
     python bench/host_profile.py --shapes 2k --rows 40
     python bench/host_profile.py --shapes 2k --cprofile   # also Python functions (cProfile)
+    python bench/host_profile.py --shapes m7c_125m --batch 32 --cuda   # GPU time per kernel
 """
 from __future__ import annotations
 
@@ -74,10 +75,26 @@ def op_overhead(x, cfg, n: int = 200):
         print(f"# host per call, {name}: " + ", ".join(row))
 
 
+def print_kernels(prof, calls: int, rows: int):
+    """GPU kernels by their own device time, per fwd+bwd call."""
+    def dev_us(e):
+        return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+
+    kernels = [e for e in prof.key_averages() if dev_us(e) > 0 and e.device_type.name == "CUDA"]
+    total = sum(dev_us(e) for e in kernels)
+    print("| kernel | ms per fwd+bwd | share | launches per fwd+bwd |\n|---|---:|---:|---:|")
+    for e in sorted(kernels, key=dev_us, reverse=True)[:rows]:
+        print(f"| {e.key[:70]} | {dev_us(e) / calls / 1e3:.3f} | {dev_us(e) / total:.1%} | {e.count / calls:g} |")
+    print(f"| total | {total / calls / 1e3:.3f} | | |")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["2k", "m7c_125m"], choices=list(SHAPES))
     ap.add_argument("--rows", type=int, default=30, help="profiler table rows")
+    ap.add_argument("--batch", type=int, default=None, help="batch size instead of the shape's own")
+    ap.add_argument("--cuda", action="store_true",
+                    help="profile the GPU kernels instead of the host ops (table by CUDA time)")
     ap.add_argument("--op-overhead", action="store_true",
                     help="also time each custom op against its plain implementation (host us per call)")
     ap.add_argument("--cprofile", action="store_true",
@@ -87,7 +104,8 @@ def main(argv=None):
         sys.exit("host_profile.py needs a CUDA GPU")
     cfg = NSAConfig()
     for name in a.shapes:
-        x = _inputs(*SHAPES[name], cfg)
+        B, S, HQ, H, K = SHAPES[name]
+        x = _inputs(a.batch or B, S, HQ, H, K, cfg)
         fwd, leaves = _methods(x, cfg, "triton")["NSA core (triton)"]
         fb = _fwd_bwd(fwd, leaves, x["do"])
         host, dev = _host_ms(fb, n=50), _bench(fb)
@@ -97,13 +115,17 @@ def main(argv=None):
             graph = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
         if a.op_overhead:
             op_overhead(x, cfg)
-        print(f"# {name}: host {host:.3f} ms | do_bench {dev:.3f} ms | CUDA graph replay {graph} ms")
+        print(f"# {name} (B={a.batch or B}): host {host:.3f} ms | do_bench {dev:.3f} ms | CUDA graph replay {graph} ms")
         from torch.profiler import ProfilerActivity, profile
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.cuda else [])
+        with profile(activities=acts) as prof:
             for _ in range(20):
                 fb()
             torch.cuda.synchronize()
-        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.rows))
+        if a.cuda:
+            print_kernels(prof, calls=20, rows=a.rows)
+        else:
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.rows))
         if a.cprofile:
             import cProfile
             import pstats

@@ -43,6 +43,52 @@ def _hi_lo(pos, Tk, L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: t
 
 
 @triton.jit
+def _row_block_segments(pid_m, Tq, Tk, q_start, G: tl.constexpr, L: tl.constexpr, D: tl.constexpr,
+                        W: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """The key range [start, end) a block of BM query rows loops over, in BN-key tiles, and
+    [whole_lo, whole_hi) inside it: the tiles every row of the block sees whole (no visibility
+    mask needed). lo and hi do not decrease along the rows, so the first and last rows bound
+    them."""
+    t_first = (pid_m * BM) // G
+    t_last = tl.minimum((pid_m * BM + BM - 1) // G, Tq - 1)
+    lo_first, hi_first = _hi_lo(q_start + t_first, Tk, L, D, W, WINDOW)
+    lo_last, hi_last = _hi_lo(q_start + t_last, Tk, L, D, W, WINDOW)
+    start = (lo_first // BN) * BN
+    end = hi_last + 1
+    whole_lo = tl.minimum(tl.maximum(tl.cdiv(lo_last, BN) * BN, start), end)
+    whole_hi = tl.maximum(tl.minimum(((hi_first + 1) // BN) * BN, end), whole_lo)
+    return start, whole_lo, whole_hi, end
+
+
+@triton.jit
+def _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+              H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr):
+    """One key tile of the forward's online softmax; MASK: apply the rows' visibility."""
+    cols = n0 + tl.arange(0, BN)
+    kv_off = cols.to(tl.int64)[:, None] * (H * K) + offk[None, :]
+    if MASK:
+        vis = (cols[None, :] <= hi[:, None]) & (cols[None, :] >= lo[:, None])
+        lm = (cols < end)[:, None] & kmask[None, :]
+    else:
+        lm = kmask[None, :]
+    kt = tl.load(k_base + kv_off, mask=lm, other=0.0)
+    vt = tl.load(v_base + kv_off, mask=lm, other=0.0)
+    s = tl.dot(qt, tl.trans(kt)) * qk_scale
+    if MASK:
+        s = tl.where(vis, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if MASK:  # a row may see none of this tile's keys, nor any before
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_safe = m_new
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _band_fwd_kernel(
     q, k, v, o, lse, Tq, Tk, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
@@ -68,33 +114,22 @@ def _band_fwd_kernel(
     v_base = v + (b.to(tl.int64) * Tk * H + h) * K
 
     lo, hi = _hi_lo(pos, Tk, L, D, W, WINDOW)
-    t_first = (pid_m * BM) // G
-    t_last = tl.minimum((pid_m * BM + BM - 1) // G, Tq - 1)
-    lo_first, hi_first = _hi_lo(q_start + t_first, Tk, L, D, W, WINDOW)
-    lo_last, hi_last = _hi_lo(q_start + t_last, Tk, L, D, W, WINDOW)
-    start = (lo_first // BN) * BN
-    end = hi_last + 1
+    start, whole_lo, whole_hi, end = _row_block_segments(pid_m, Tq, Tk, q_start, G, L, D, W, WINDOW, BM, BN)
 
     qk_scale = sm_scale * 1.4426950408889634
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BK], tl.float32)
-    for n0 in range(start, end, BN):
-        cols = n0 + tl.arange(0, BN)
-        cmask = cols < end
-        kv_off = cols.to(tl.int64)[:, None] * (H * K) + offk[None, :]
-        kt = tl.load(k_base + kv_off, mask=cmask[:, None] & kmask[None, :], other=0.0)
-        vt = tl.load(v_base + kv_off, mask=cmask[:, None] & kmask[None, :], other=0.0)
-        s = tl.dot(qt, tl.trans(kt)) * qk_scale
-        vis = (cols[None, :] <= hi[:, None]) & (cols[None, :] >= lo[:, None])
-        s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-        m_i = m_new
+    # unmasked tiles first: every row then has a finite maximum before the masked edges
+    for n0 in range(whole_lo, whole_hi, BN):
+        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+                                  H, K, BN, False)
+    for n0 in range(start, whole_lo, BN):
+        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+                                  H, K, BN, True)
+    for n0 in range(whole_hi, end, BN):
+        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+                                  H, K, BN, True)
     has = l_i > 0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
     lse_row = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
@@ -102,6 +137,27 @@ def _band_fwd_kernel(
     tl.store(o_base + row_off[:, None] + offk[None, :], out.to(o.dtype.element_ty), mask=rmask[:, None] & kmask[None, :])
     lse_base = lse + b.to(tl.int64) * Tq * HQ + h * G
     tl.store(lse_base + t * HQ + g, lse_row, mask=rmask)
+
+
+@triton.jit
+def _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+             H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr):
+    """One key tile of dq; MASK: apply the rows' visibility. Unmasked, the rows past Tq (zero
+    do and delta) add nothing."""
+    cols = n0 + tl.arange(0, BN)
+    kv_off = cols.to(tl.int64)[:, None] * (H * K) + offk[None, :]
+    lm = ((cols < end)[:, None] & kmask[None, :]) if MASK else kmask[None, :]
+    kt = tl.load(k_base + kv_off, mask=lm, other=0.0)
+    vt = tl.load(v_base + kv_off, mask=lm, other=0.0)
+    s = tl.dot(qt, tl.trans(kt)) * qk_scale
+    if MASK:
+        vis = (cols[None, :] <= hi[:, None]) & (cols[None, :] >= lo[:, None]) & rmask[:, None]
+        p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
+    else:
+        p = tl.exp2(s - lse2[:, None])
+    dp = tl.dot(dot_, tl.trans(vt))
+    ds = p * (dp - dl[:, None])
+    return acc + tl.dot(ds.to(kt.dtype), kt)
 
 
 @triton.jit
@@ -139,27 +195,58 @@ def _band_bwd_dq_kernel(
     v_base = v + (b.to(tl.int64) * Tk * H + h) * K
 
     lo, hi = _hi_lo(pos, Tk, L, D, W, WINDOW)
-    t_first = (pid_m * BM) // G
-    t_last = tl.minimum((pid_m * BM + BM - 1) // G, Tq - 1)
-    lo_first, hi_first = _hi_lo(q_start + t_first, Tk, L, D, W, WINDOW)
-    lo_last, hi_last = _hi_lo(q_start + t_last, Tk, L, D, W, WINDOW)
-    start = (lo_first // BN) * BN
-    end = hi_last + 1
+    start, whole_lo, whole_hi, end = _row_block_segments(pid_m, Tq, Tk, q_start, G, L, D, W, WINDOW, BM, BN)
     qk_scale = sm_scale * 1.4426950408889634
     acc = tl.zeros([BM, BK], tl.float32)
-    for n0 in range(start, end, BN):
-        cols = n0 + tl.arange(0, BN)
-        cmask = cols < end
-        kv_off = cols.to(tl.int64)[:, None] * (H * K) + offk[None, :]
-        kt = tl.load(k_base + kv_off, mask=cmask[:, None] & kmask[None, :], other=0.0)
-        vt = tl.load(v_base + kv_off, mask=cmask[:, None] & kmask[None, :], other=0.0)
-        s = tl.dot(qt, tl.trans(kt)) * qk_scale
+    for n0 in range(whole_lo, whole_hi, BN):
+        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+                       H, K, BN, False)
+    for n0 in range(start, whole_lo, BN):
+        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+                       H, K, BN, True)
+    for n0 in range(whole_hi, end, BN):
+        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+                       H, K, BN, True)
+    tl.store(dq + ptrs, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
+
+
+@triton.jit
+def _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, r0, r_end, cols, qbase, lbase0, q_start, Tk, qk_scale,
+              offk, kmask, HQ: tl.constexpr, G: tl.constexpr, K: tl.constexpr, L: tl.constexpr,
+              D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr, MASK: tl.constexpr):
+    """One block of BM query rows against the program's key tile; MASK: apply the rows'
+    visibility and the end of the rows (unmasked, all BM rows see every key of the tile)."""
+    rows = r0 + tl.arange(0, BM)
+    t = rows // G
+    g = rows % G
+    row_off = (t * HQ + g).to(tl.int64) * K
+    ptrs = qbase + row_off[:, None] + offk[None, :]
+    lidx = lbase0 + t * HQ + g
+    if MASK:
+        rmask = rows < r_end
+        m2 = rmask[:, None] & kmask[None, :]
+        qt = tl.load(q + ptrs, mask=m2, other=0.0)
+        dot_ = tl.load(do + ptrs, mask=m2, other=0.0)
+        lse2 = tl.load(lse + lidx, mask=rmask, other=0.0) * 1.4426950408889634
+        lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)
+        dl = tl.load(delta + lidx, mask=rmask, other=0.0)
+    else:
+        qt = tl.load(q + ptrs, mask=kmask[None, :], other=0.0)
+        dot_ = tl.load(do + ptrs, mask=kmask[None, :], other=0.0)
+        lse2 = tl.load(lse + lidx) * 1.4426950408889634
+        dl = tl.load(delta + lidx)
+    s = tl.dot(qt, tl.trans(kt)) * qk_scale
+    if MASK:
+        lo, hi = _hi_lo(q_start + t, Tk, L, D, W, WINDOW)
         vis = (cols[None, :] <= hi[:, None]) & (cols[None, :] >= lo[:, None]) & rmask[:, None]
         p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
-        dp = tl.dot(dot_, tl.trans(vt))
-        ds = p * (dp - dl[:, None])
-        acc += tl.dot(ds.to(kt.dtype), kt)
-    tl.store(dq + ptrs, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
+    else:
+        p = tl.exp2(s - lse2[:, None])
+    dv_acc += tl.dot(tl.trans(p.to(dot_.dtype)), dot_)
+    dp = tl.dot(dot_, tl.trans(vt))
+    ds = p * (dp - dl[:, None])
+    dk_acc += tl.dot(tl.trans(ds.to(qt.dtype)), qt)
+    return dk_acc, dv_acc
 
 
 @triton.jit
@@ -198,34 +285,29 @@ def _band_bwd_dkv_kernel(
     # (compressed keys are S/d); partial dk/dv are then added atomically in float32
     r_start = tl.maximum(r_start, pid_s * rows_per_split)
     r_end = tl.minimum(r_end, (pid_s + 1) * rows_per_split)
+    # [ra, rb): whole row blocks that see every key of the tile (the tile inside Tk, each
+    # row's hi >= the tile's last key and, in a window, its lo <= the tile's first key)
+    t_full = (n0 + BN - 1) * D + L - 1 - q_start
+    ra = r_start + tl.cdiv(tl.maximum(t_full * G - r_start, 0), BM) * BM
+    row_hi = r_end
+    if WINDOW:
+        row_hi = tl.minimum((n0 + W - q_start) * G, r_end)
+    ra = tl.where(n0 + BN <= Tk, tl.minimum(ra, r_end), r_end)
+    rb = ra + (tl.maximum(row_hi - ra, 0) // BM) * BM
     qbase = (b.to(tl.int64) * Tq * HQ + h * G) * K
     lbase0 = b.to(tl.int64) * Tq * HQ + h * G
     qk_scale = sm_scale * 1.4426950408889634
     dk_acc = tl.zeros([BN, BK], tl.float32)
     dv_acc = tl.zeros([BN, BK], tl.float32)
-    for r0 in range(r_start, r_end, BM):
-        rows = r0 + tl.arange(0, BM)
-        rmask = rows < r_end
-        t = rows // G
-        g = rows % G
-        pos = q_start + t
-        row_off = (t * HQ + g).to(tl.int64) * K
-        m2 = rmask[:, None] & kmask[None, :]
-        ptrs = qbase + row_off[:, None] + offk[None, :]
-        qt = tl.load(q + ptrs, mask=m2, other=0.0)
-        dot_ = tl.load(do + ptrs, mask=m2, other=0.0)
-        lidx = lbase0 + t * HQ + g
-        lse2 = tl.load(lse + lidx, mask=rmask, other=0.0) * 1.4426950408889634
-        lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)
-        dl = tl.load(delta + lidx, mask=rmask, other=0.0)
-        lo, hi = _hi_lo(pos, Tk, L, D, W, WINDOW)
-        vis = (cols[None, :] <= hi[:, None]) & (cols[None, :] >= lo[:, None]) & rmask[:, None]
-        s = tl.dot(qt, tl.trans(kt)) * qk_scale
-        p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
-        dv_acc += tl.dot(tl.trans(p.to(dot_.dtype)), dot_)
-        dp = tl.dot(dot_, tl.trans(vt))
-        ds = p * (dp - dl[:, None])
-        dk_acc += tl.dot(tl.trans(ds.to(qt.dtype)), qt)
+    for r0 in range(ra, rb, BM):
+        dk_acc, dv_acc = _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, r0, r_end, cols, qbase, lbase0,
+                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, False)
+    for r0 in range(r_start, ra, BM):
+        dk_acc, dv_acc = _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, r0, r_end, cols, qbase, lbase0,
+                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, True)
+    for r0 in range(rb, r_end, BM):
+        dk_acc, dv_acc = _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, r0, r_end, cols, qbase, lbase0,
+                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, True)
     if ATOMIC:
         if r_start < r_end:
             tl.atomic_add(dk + kv_off, dk_acc * sm_scale, mask=kvm)

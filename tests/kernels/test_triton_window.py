@@ -36,3 +36,10 @@ def test_window_longer_than_sequence_and_width_one(kdev):
     for w in (1, 100):
         cfg = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, n_selected=4, window=w)
         _check(kdev, KCase(cfg, B=1, T=40, H=2, G=3, K=16, q_start=3, seed=w))
+
+
+def test_window_with_whole_tiles(kdev):
+    """Long enough that the kernels skip the visibility mask on the tiles every row of a block
+    sees whole (interpreter tiles: 16 keys, and 16 rows in dk/dv), next to masked edge tiles."""
+    cfg = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, n_selected=4, window=100)
+    _check(kdev, KCase(cfg, B=1, T=260, H=2, G=3, K=16, q_start=5, seed=7))

@@ -135,3 +135,13 @@ def resolve_route(stage: str, requested: str, device: torch.device, dtype: torch
 
 def implementation(route: Route) -> Callable:
     return _REGISTRY[route.stage][route.backend].fn
+
+
+def preload(route: Route) -> None:
+    """Import the route's implementation (and its gated sum) now: the fast backends import
+    their kernels on first call, and that first call must not happen while torch.compile
+    traces (a graph break at every NSA stage; seen as recompile-limit warnings)."""
+    for fn in (implementation(route), gate_combine(route)):
+        load = getattr(fn, "load", None)
+        if load is not None:
+            load()

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from .backends import STAGE_CONFIG_KEY, STAGES, Route, resolve_route
+from .backends import STAGE_CONFIG_KEY, STAGES, Route, preload, resolve_route
 from .compress import Compressor
 from .config import NSAConfig
 from .core import nsa_core
@@ -63,6 +63,8 @@ class NSAAttention(nn.Module):
         if getattr(self, "_routes_key", None) != key:
             self.routes = {s: resolve_route(s, getattr(self.cfg, STAGE_CONFIG_KEY[s]), device, dtype)
                            for s in STAGES}
+            for route in self.routes.values():
+                preload(route)
             self._routes_key = key
         return self.routes
 

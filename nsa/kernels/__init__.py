@@ -77,29 +77,32 @@ def _cuda_only(rank: int):
     return lambda device: rank if device.type == "cuda" else None
 
 
-def _lazy(module: str, name: str):
-    target = None
+class _Lazy:
+    """A stand-in for nsa.kernels.<module>.<name>, imported on its first call or by
+    ``load()``. Routes load their implementations when resolved (backends.preload), so
+    torch.compile never traces the import: that would break the graph at every NSA call."""
 
-    def call(*args, **kwargs):
-        # imported once, then cached: torch.compile traces this call and cannot trace an import
-        nonlocal target
-        if target is None:
-            target = getattr(importlib.import_module(f"nsa.kernels.{module}"), name)
-        return target(*args, **kwargs)
+    def __init__(self, module: str, name: str):
+        self.module, self.__name__, self.target = module, name, None
 
-    call.__name__ = name
-    call.__qualname__ = name
-    return call
+    def load(self):
+        if self.target is None:
+            self.target = getattr(importlib.import_module(f"nsa.kernels.{self.module}"), self.__name__)
+        return self.target
+
+    def __call__(self, *args, **kwargs):
+        return (self.target or self.load())(*args, **kwargs)
 
 
-register("cmp", "triton", _lazy("compressed", "triton_cmp_attention"), _triton_available, _cuda_first)
-register("select", "triton", _lazy("topk", "triton_select_blocks"), _triton_available, _cuda_first)
-register("sel", "triton", _lazy("selection", "triton_sel_attention"), _triton_available, _cuda_first)
-register("win", "triton", _lazy("window", "triton_win_attention"), _triton_available, _cuda_first)
+
+register("cmp", "triton", _Lazy("compressed", "triton_cmp_attention"), _triton_available, _cuda_first)
+register("select", "triton", _Lazy("topk", "triton_select_blocks"), _triton_available, _cuda_first)
+register("sel", "triton", _Lazy("selection", "triton_sel_attention"), _triton_available, _cuda_first)
+register("win", "triton", _Lazy("window", "triton_win_attention"), _triton_available, _cuda_first)
 # the gated sum of the branches, fused, whenever the selected branch runs on Triton
-register_combine("triton", _lazy("combine", "triton_gate_combine"))
-register("win", "flex", _lazy("window", "flex_win_attention"), _flex_available, _cuda_only(5))
+register_combine("triton", _Lazy("combine", "triton_gate_combine"))
+register("win", "flex", _Lazy("window", "flex_win_attention"), _flex_available, _cuda_only(5))
 # flash-attn is an optional extra: when it is not installed it is no candidate, so its absence
 # is not reported as a fallback
 _FLASH_RANK = _cuda_only(8) if importlib.util.find_spec("flash_attn") is not None else (lambda device: None)
-register("win", "flash_attn", _lazy("window", "flash_attn_win_attention"), _flash_available, _FLASH_RANK)
+register("win", "flash_attn", _Lazy("window", "flash_attn_win_attention"), _flash_available, _FLASH_RANK)

@@ -240,8 +240,8 @@ def _sel_bwd_dkv_kernel(
 def _selection_keys_kernel(idx, keys, Tq, total, NB, NSEG, H: tl.constexpr, N: tl.constexpr,
                            BLOCK: tl.constexpr):
     """keys[e] = ((b*H + h)*NB + block) * Tq + t for entry e = ((b*Tq + t)*H + h)*N + slot of
-    idx; padding (-1) gets NSEG * Tq (NSEG = B*H*NB), above every real key. Sorted, the keys list each
-    (b, h, block) segment's tokens in ascending order."""
+    idx; padding (-1) gets NSEG * Tq (NSEG = B*H*NB), above every real key. Sorted, the keys
+    list each (b, h, block) segment's tokens in ascending order."""
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = e < total
     blk = tl.load(idx + e, mask=m, other=-1)

@@ -91,8 +91,7 @@ class _Lazy:
         return self.target
 
     def __call__(self, *args, **kwargs):
-        return (self.target or self.load())(*args, **kwargs)
-
+        return self.load()(*args, **kwargs)
 
 
 register("cmp", "triton", _Lazy("compressed", "triton_cmp_attention"), _triton_available, _cuda_first)

@@ -3,9 +3,9 @@
 Each kernel pair is a torch custom op (``nsa::*_fwd`` with its autograd formula, calling the
 ``nsa::*_bwd`` op), so torch.compile treats it as one opaque call: it cannot trace a Triton
 launch. In eager mode, where small NSA calls are bound by their launches, the dispatcher's
-custom-op path is skipped: the forward runs through a plain autograd.Function that shares the
-op's setup_context and backward, and the backward formulas and the block selection call the
-ops' plain implementations (``run_op``). On the H100 box the op path cost 271 against 211 us
+custom-op path is skipped (``run_op``): the forward runs through a plain autograd.Function that
+shares the op's setup_context and backward, and the backward formulas and the block selection
+call the ops' plain implementations. On the H100 box the op path cost 271 against 211 us
 host time per band_bwd call, 93 against 54 us per select_blocks call
 (`python bench/host_profile.py --op-overhead`).
 """
@@ -41,11 +41,6 @@ def _traced(args) -> bool:
     if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
         return True
     return any(isinstance(a, torch.Tensor) and type(a) is not torch.Tensor for a in args)
-
-
-def dispatch(op, function, *args):
-    """The custom op while a graph is traced, the autograd.Function otherwise."""
-    return op(*args) if _traced(args) else function.apply(*args)
 
 
 def run_op(op, implementation: Callable, *args):

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._autograd import dispatch, eager_function, run_op
+from ._autograd import eager_function, run_op
 
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
@@ -449,5 +449,5 @@ def band_attention(q, k, v, q_start: int, L: int, D: int, W: int, window: bool):
     (see nsa.kernels._autograd)."""
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"query heads {q.shape[2]} must be a multiple of KV heads {k.shape[2]}")
-    return dispatch(band_fwd, _BandAttention, q.contiguous(), k.contiguous(), v.contiguous(),
+    return run_op(band_fwd, _BandAttention.apply, q.contiguous(), k.contiguous(), v.contiguous(),
                     int(q_start), int(L), int(D), int(W), bool(window))

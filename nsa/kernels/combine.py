@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._autograd import dispatch, eager_function, run_op
+from ._autograd import eager_function, run_op
 
 
 @triton.jit
@@ -120,4 +120,4 @@ def triton_gate_combine(gates, o_cmp, o_sel, o_win):
     """gates [B, T, HQ, 3]; o_* [B, T, HQ, K] (one dtype) -> o [B, T, HQ, K] in o_cmp's dtype.
     Under torch.compile it runs as the custom op nsa::gate_combine_fwd (see nsa.kernels._autograd)."""
     args = (t.contiguous() for t in (gates, o_cmp, o_sel.to(o_cmp.dtype), o_win.to(o_cmp.dtype)))
-    return dispatch(gate_combine_fwd, _GateCombine, *args)
+    return run_op(gate_combine_fwd, _GateCombine.apply, *args)

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from nsa.attention.config import NSAConfig
 
-from ._autograd import dispatch, eager_function, run_op
+from ._autograd import eager_function, run_op
 
 
 @triton.jit
@@ -497,4 +497,4 @@ def triton_sel_attention(q, k, v, idx, cfg: NSAConfig, q_start: int = 0, chunk: 
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"query heads {q.shape[2]} must be a multiple of KV heads {k.shape[2]}")
     q, k, v, idx = (t.contiguous() for t in (q, k, v, idx))
-    return dispatch(sel_fwd, _SelAttention, q, k, v, idx, cfg.sel_block, int(q_start))[0]
+    return run_op(sel_fwd, _SelAttention.apply, q, k, v, idx, cfg.sel_block, int(q_start))[0]

@@ -125,6 +125,19 @@ def all_gather_stats(info: DistInfo, values: torch.Tensor) -> list[list[float]]:
     return torch.stack(out).tolist()
 
 
-def teardown(info: DistInfo) -> None:
-    if info.distributed and dist.is_initialized():
-        dist.destroy_process_group()
+def teardown(info: DistInfo, synchronize: bool = False, timeout_s: float = 60.0) -> None:
+    """Destroy the process group. With synchronize (a clean finish on every rank), first wait for
+    all ranks: a gloo rank that destroyed its group while its peer still had traffic in flight
+    aborted at exit ("terminate called without an active exception", seen once in CI). The wait
+    is bounded on gloo (monitored_barrier); after an error it is skipped, as a peer may be gone."""
+    if not (info.distributed and dist.is_initialized()):
+        return
+    if synchronize:
+        try:
+            if info.backend == "gloo":
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s), wait_all_ranks=True)
+            else:
+                barrier(info)
+        except RuntimeError as exc:  # a peer that never arrives must not keep this rank alive
+            print(f"[rank {info.rank}] teardown: ranks did not meet before exit: {exc}", flush=True)
+    dist.destroy_process_group()

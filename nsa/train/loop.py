@@ -37,7 +37,8 @@ class Trainer:
         source = build_source(cfg.data, cfg.train.seq_len, cfg.model.vocab_size, cfg.train.seed)
         with contextlib.ExitStack() as stack:  # on a setup error, undo what was started
             self.info = info = init_distributed(cfg.dist, cfg.train)
-            stack.callback(teardown, info)
+            self.finished_cleanly = False  # set when train() returns 0; teardown then waits for peers
+            stack.callback(lambda: teardown(info, synchronize=self.finished_cleanly))
             self.device = info.device
             self.out = Path(cfg.train.out_dir)
             self.out.mkdir(parents=True, exist_ok=True)
@@ -250,6 +251,7 @@ class Trainer:
             if self.step != last_saved and (tc.save_final or self.step < tc.steps):
                 self.save(self.step)
             self.log(f"[done] {self.stop_reason}")
+            self.finished_cleanly = True
             return 0
         except NonFiniteLoss as exc:
             self.stop_reason = str(exc)

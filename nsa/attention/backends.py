@@ -34,13 +34,13 @@ class Impl:
     fn: Callable
     available: Callable[[torch.device, torch.dtype], tuple[bool, str]]
     """(device, dtype) -> (usable, reason); reason says why not when unusable."""
-    priority: int | Callable[[torch.device], int | None]
-    """Higher wins under 'auto'; a callable gives it per device (a GPU kernel that can also
-    run interpreted on CPU should rank below torch there). None: not meant for this device,
-    so 'auto' does not consider it and skipping it is no fallback."""
+    priority: int | Callable[[torch.device, torch.dtype], int | None]
+    """Higher wins under 'auto'; a callable gives it per device and dtype (a GPU kernel that
+    can also run interpreted on CPU should rank below torch there). None: not meant for this
+    device and dtype, so 'auto' does not consider it and skipping it is no fallback."""
 
-    def rank(self, device: torch.device) -> int | None:
-        return self.priority(device) if callable(self.priority) else self.priority
+    def rank(self, device: torch.device, dtype: torch.dtype) -> int | None:
+        return self.priority(device, dtype) if callable(self.priority) else self.priority
 
 
 @dataclass(frozen=True)
@@ -123,8 +123,8 @@ def resolve_route(stage: str, requested: str, device: torch.device, dtype: torch
             )
         return Route(stage, requested, f"requested by config ({why})")
     skipped = []
-    candidates = [i for i in impls.values() if i.rank(device) is not None]
-    for impl in sorted(candidates, key=lambda i: -i.rank(device)):
+    candidates = [i for i in impls.values() if i.rank(device, dtype) is not None]
+    for impl in sorted(candidates, key=lambda i: -i.rank(device, dtype)):
         ok, why = impl.available(device, dtype)
         if ok:
             note = f"; skipped {', '.join(skipped)}" if skipped else ""

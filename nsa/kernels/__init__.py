@@ -3,7 +3,10 @@ nsa.attention.backends on import when their dependencies are present.
 
 Stage  name        implementation
 cmp    triton      nsa.kernels.compressed.triton_cmp_attention (band attention + lse)
+cmp    cudnn       nsa.kernels.cudnn_compressed.cudnn_cmp_attention (cuDNN fused attention over
+                   folded query runs for long bf16/fp16 prefill; the band kernel otherwise)
 select triton      nsa.kernels.topk.triton_select_blocks (fused scores + top-n)
+select cudnn       the same Triton scores + top-n (the select stage follows attn.backend_cmp)
 sel    triton      nsa.kernels.selection.triton_sel_attention (group-centric)
 win    triton      nsa.kernels.window.triton_win_attention (band attention)
 win    flex        FlexAttention with a sliding-window block mask (CUDA)
@@ -25,6 +28,10 @@ import os
 import torch
 
 from nsa.attention.backends import register, register_combine
+
+#: the cuDNN compressed branch hands sequences shorter than this to the Triton band kernel, which
+#: is faster there (measured on an H100, docs/performance.md)
+CUDNN_MIN_QUERIES = 8192
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -67,14 +74,30 @@ def _flash_available(device: torch.device, dtype: torch.dtype) -> tuple[bool, st
     return True, "flash-attn local attention"
 
 
-def _cuda_first(device: torch.device) -> int:
+def _cudnn_available(device: torch.device, dtype: torch.dtype) -> tuple[bool, str]:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False, "cuDNN fused attention is registered for CUDA only"
+    if not torch.backends.cudnn.is_available() or (torch.backends.cudnn.version() or 0) < 90000:
+        return False, f"cuDNN fused attention needs cuDNN >= 9 (found {torch.backends.cudnn.version()})"
+    if torch.cuda.get_device_capability(device) < (8, 0):
+        return False, "cuDNN fused attention needs compute capability >= 8.0"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return False, f"cuDNN fused attention takes float16/bfloat16, not {dtype}"
+    ok, why = _triton_available(device, dtype)  # short sequences, the tail, decode: band kernel
+    if not ok:
+        return False, f"the cuDNN compressed branch needs the Triton band kernel too: {why}"
+    return True, (f"cuDNN fused attention over folded query runs for prefill of >= "
+                  f"{CUDNN_MIN_QUERIES} queries, Triton band kernel otherwise")
+
+
+def _cuda_first(device: torch.device, dtype: torch.dtype) -> int:
     """Priority of a fast backend: above torch (0) on CUDA, below it elsewhere."""
     return 10 if device.type == "cuda" else -1
 
 
-def _cuda_only(rank: int):
-    """Priority of a CUDA-only library backend: not a candidate at all elsewhere."""
-    return lambda device: rank if device.type == "cuda" else None
+def _cuda_only(rank: int, dtypes=_KERNEL_DTYPES):
+    """Priority of a CUDA-only library backend: not a candidate elsewhere or for other dtypes."""
+    return lambda device, dtype: rank if device.type == "cuda" and dtype in dtypes else None
 
 
 class _Lazy:
@@ -96,6 +119,10 @@ class _Lazy:
 
 register("cmp", "triton", _Lazy("compressed", "triton_cmp_attention"), _triton_available, _cuda_first)
 register("select", "triton", _Lazy("topk", "triton_select_blocks"), _triton_available, _cuda_first)
+# cuDNN runs the compressed branch of long bf16/fp16 prefill; its scores and top-n stay Triton
+_HALF = (torch.float16, torch.bfloat16)
+register("cmp", "cudnn", _Lazy("cudnn_compressed", "cudnn_cmp_attention"), _cudnn_available, _cuda_only(11, _HALF))
+register("select", "cudnn", _Lazy("topk", "triton_select_blocks"), _cudnn_available, _cuda_only(11, _HALF))
 register("sel", "triton", _Lazy("selection", "triton_sel_attention"), _triton_available, _cuda_first)
 register("win", "triton", _Lazy("window", "triton_win_attention"), _triton_available, _cuda_first)
 # the gated sum of the branches, fused, whenever the selected branch runs on Triton
@@ -103,5 +130,5 @@ register_combine("triton", _Lazy("combine", "triton_gate_combine"))
 register("win", "flex", _Lazy("window", "flex_win_attention"), _flex_available, _cuda_only(5))
 # flash-attn is an optional extra: when it is not installed it is no candidate, so its absence
 # is not reported as a fallback
-_FLASH_RANK = _cuda_only(8) if importlib.util.find_spec("flash_attn") is not None else (lambda device: None)
+_FLASH_RANK = _cuda_only(8) if importlib.util.find_spec("flash_attn") is not None else (lambda device, dtype: None)
 register("win", "flash_attn", _Lazy("window", "flash_attn_win_attention"), _flash_available, _FLASH_RANK)

@@ -1,0 +1,91 @@
+"""The compressed branch through cuDNN's fused attention (the kernel behind torch SDPA's cuDNN
+backend), for long prefill.
+
+Query t sees the compressed tokens i < nvis(t) = floor((t + 1 - l) / d) + 1 (none before
+t = l - 1). nvis is constant on runs of d consecutive queries: run r = 0, 1, ... holds queries
+l-1 + r*d .. l-2 + (r+1)*d and sees tokens 0..r. Folding the d queries of a run into the batch
+dimension turns the branch into ordinary top-left causal attention of R runs over R compressed
+tokens, which cuDNN runs at full speed. For one sequence the fold is a strided view of q (no
+copy); the compressed keys and values are shared by the d folded queries through a zero stride
+(and by the G query heads of a KV group through a copy, G times the size of kc).
+
+What cuDNN does not cover goes through the Triton band kernel (nsa.kernels.compressed): the
+partial run at the end (< d queries), decode and chunked prefill (q_start > 0), runs shorter
+than CUDNN_MIN_QUERIES, and head dims above 128. Queries before l - 1 get o = 0 and lse = -inf.
+"""
+from __future__ import annotations
+
+import torch
+
+from nsa.attention.config import NSAConfig
+
+from . import CUDNN_MIN_QUERIES
+from .band_attention import band_attention
+
+#: head dims cuDNN's fused attention takes
+MAX_HEAD_DIM = 128
+
+
+#: share the folded keys/values across the d batch entries through a zero batch stride (True)
+#: or materialize d copies (False); bench/gpu/cudnn_fold_probe.py checks that both agree
+SHARE_KV_BY_STRIDE = True
+
+
+def _fold_kv(x: torch.Tensor, G: int, d: int) -> torch.Tensor:
+    """x [R, H, K] (one sequence) -> [d, H*G, R, K]: each KV head repeated for its G query
+    heads (a copy), then shared by the d folded queries."""
+    R, H, K = x.shape
+    per_head = x.permute(1, 0, 2).unsqueeze(1).expand(H, G, R, K).reshape(H * G, R, K)
+    folded = per_head.unsqueeze(0).expand(d, H * G, R, K)
+    return folded if SHARE_KV_BY_STRIDE else folded.contiguous()
+
+
+def _fused_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    """Top-left causal attention, [batch, heads, R, K] each: cuDNN's fused kernel through torch's
+    private op, the only public route that also returns the log-sum-exp (the selection scores
+    need it). Differentiable: autograd runs cuDNN's fused backward."""
+    out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True, False, scale=scale)
+    return out[0], out[1]
+
+
+def _causal_runs(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, d: int):
+    """One sequence: q [R*d, HQ, K] (R whole runs), kc/vc [R, H, K]. Returns o [R*d, HQ, K]
+    and lse [R*d, HQ]."""
+    T, HQ, K = q.shape
+    R, H = kc.shape[0], kc.shape[1]
+    # [R, d, HQ, K] -> [d, HQ, R, K]: the d queries of a run become the batch (a view)
+    qf = q.reshape(R, d, HQ, K).permute(1, 2, 0, 3)
+    kf, vf = _fold_kv(kc, HQ // H, d), _fold_kv(vc, HQ // H, d)
+    o, lse = _fused_causal(qf, kf, vf, K ** -0.5)
+    o = o.permute(2, 0, 1, 3).reshape(T, HQ, K)  # a view when cuDNN kept q's layout
+    lse = lse.reshape(d, HQ, R).permute(2, 0, 1).reshape(T, HQ)
+    return o, lse.float()
+
+
+def cudnn_cmp_attention(q, kc, vc, cfg: NSAConfig, q_start: int = 0, chunk: int | None = None):
+    """q [B, Tq, HQ, K]; kc, vc [B, Nc, H, K]. Returns o [B, Tq, HQ, K] and lse [B, Tq, HQ]
+    (float32; lse carries no gradient). Same signature and semantics as
+    nsa.attention.torch_branches.torch_cmp_attention; `chunk` is unused."""
+    l, d = cfg.cmp_block, cfg.cmp_stride
+    B, Tq, HQ, K = q.shape
+    first = l - 1  # the first query that sees a compressed token
+    runs = max(0, (Tq - first) // d)
+    if q_start != 0 or Tq < CUDNN_MIN_QUERIES or K > MAX_HEAD_DIM or runs == 0:
+        return band_attention(q, kc, vc, q_start, l, d, 0, False)
+    end = first + runs * d
+    if end < Tq:  # the partial last run: fewer than d queries, through the band kernel
+        o_tail, lse_tail = band_attention(q[:, end:], kc, vc, end, l, d, 0, False)
+    o_head = q.new_zeros(first, HQ, K)
+    lse_head = torch.full((first, HQ), float("-inf"), device=q.device, dtype=torch.float32)
+    outs, lses = [], []
+    for b in range(B):
+        o_runs, lse_runs = _causal_runs(q[b, first:end], kc[b, :runs], vc[b, :runs], d)
+        o_parts, lse_parts = [o_head, o_runs], [lse_head, lse_runs]
+        if end < Tq:
+            o_parts.append(o_tail[b])
+            lse_parts.append(lse_tail[b])
+        outs.append(torch.cat(o_parts))
+        lses.append(torch.cat(lse_parts))
+    if B == 1:  # no second copy for the long single sequences this backend is for
+        return outs[0].unsqueeze(0), lses[0].unsqueeze(0).detach()
+    return torch.stack(outs), torch.stack(lses).detach()

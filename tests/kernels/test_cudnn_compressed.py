@@ -1,0 +1,114 @@
+"""The cuDNN compressed branch (nsa.kernels.cudnn_compressed) against the PyTorch branch: the fold
+of d-query runs into a batch of causal attentions, the zero head, the band-kernel tail and
+the hand-off below CUDNN_MIN_QUERIES. On a GPU the real cuDNN kernel runs in bf16; on the CPU
+(Triton interpreter for the band tail) a float32 math stand-in replaces only the fused call, so
+the index arithmetic around it is tested in CI."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nsa.attention.config import NSAConfig
+from nsa.attention.torch_branches import torch_cmp_attention, visible_compressed
+from tests.kernels._util import assert_close, rnd
+
+pytestmark = pytest.mark.triton_interp
+
+
+def _math_causal(q, k, v, scale):
+    """What cuDNN computes, in plain torch: top-left causal attention with its lse."""
+    s = torch.einsum("bhqk,bhnk->bhqn", q, k) * scale
+    R = s.shape[-1]
+    mask = torch.ones(R, R, dtype=torch.bool, device=q.device).tril()
+    s = s.masked_fill(~mask, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    return torch.einsum("bhqn,bhnk->bhqk", torch.softmax(s, -1), v), lse
+
+
+@pytest.fixture
+def cudnn_cmp(kdev, monkeypatch):
+    from nsa.kernels import cudnn_compressed
+
+    monkeypatch.setattr(cudnn_compressed, "CUDNN_MIN_QUERIES", 1)  # fold even tiny sequences
+    if kdev.type == "cpu":
+        monkeypatch.setattr(cudnn_compressed, "_fused_causal", _math_causal)
+    return cudnn_compressed.cudnn_cmp_attention
+
+
+CASES = {  # id: (cfg, B, T, HQ, H, K, q_start)
+    "paper-cfg-tail1": (NSAConfig(), 1, 2 * 16 + 32, 4, 2, 16, 0),
+    "whole-runs": (NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, n_selected=4), 1, 7 + 4 * 9, 6, 2, 16, 0),
+    "B2-G3-tail": (NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, n_selected=4), 2, 61, 6, 2, 16, 0),
+    "l-equals-d": (NSAConfig(cmp_block=4, cmp_stride=4, sel_block=8, n_selected=4), 1, 30, 2, 1, 8, 0),
+    "too-short": (NSAConfig(), 1, 20, 4, 2, 16, 0),
+    "decode": (NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, n_selected=4), 1, 3, 6, 2, 16, 41),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
+def test_cudnn_cmp_matches_torch(kdev, cudnn_cmp, case):
+    cfg, B, T, HQ, H, K, q_start = case
+    gpu = kdev.type == "cuda"
+    if gpu and not torch.backends.cudnn.is_available():
+        pytest.skip("cuDNN is not available")
+    dtype = torch.bfloat16 if gpu else torch.float32
+    Nc = int(visible_compressed(torch.tensor([q_start + T - 1]), cfg).item())
+    gen = torch.Generator().manual_seed(T * 31 + HQ)
+    q = rnd(gen, B, T, HQ, K, device=kdev, dtype=dtype).requires_grad_()
+    kc = rnd(gen, B, max(Nc, 1), H, K, device=kdev, dtype=dtype).requires_grad_()
+    vc = rnd(gen, B, max(Nc, 1), H, K, device=kdev, dtype=dtype).requires_grad_()
+    do = rnd(gen, B, T, HQ, K, device=kdev, dtype=dtype)
+    o, lse = cudnn_cmp(q, kc, vc, cfg, q_start)
+    refs = [t.detach().double().cpu().requires_grad_() for t in (q, kc, vc)]
+    o_ref, lse_ref = torch_cmp_attention(*refs, cfg, q_start)
+    assert o.shape == o_ref.shape and lse.shape == lse_ref.shape
+    assert lse.dtype == torch.float32 and not lse.requires_grad
+    none = torch.isinf(lse_ref)
+    assert torch.equal(torch.isinf(lse).cpu(), none), "rows with no visible compressed token differ"
+    assert (o.detach().cpu()[none.unsqueeze(-1).expand_as(o)] == 0).all(), "empty rows must be zero"
+    tol = 5e-3 if gpu else 2e-5
+    assert_close(o, o_ref, tol, "o")
+    assert_close(lse[~none.to(lse.device)], lse_ref[~none], tol, "lse")
+    grads = torch.autograd.grad(o, (q, kc, vc), do)
+    grads_ref = torch.autograd.grad(o_ref, refs, do.double().cpu())
+    for name, g, gr in zip(("dq", "dkc", "dvc"), grads, grads_ref):
+        assert_close(g, gr, tol, name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("S", [8192, 32768 + 5])
+def test_cudnn_cmp_long_bf16_parity(S):
+    """The real fold at the sizes 'auto' sends to cuDNN (64 query heads, 4 KV heads, head dim
+    128), bf16 against the float32 PyTorch path: relative RMS error <= 5e-3 on o, lse and the
+    gradients. The float32 reference runs in query chunks (its memory stays linear in S)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from nsa.kernels.cudnn_compressed import cudnn_cmp_attention
+
+    cfg = NSAConfig()
+    B, HQ, H, K = 1, 64, 4, 128
+    Nc = int(visible_compressed(torch.tensor([S - 1]), cfg).item())
+    gen = torch.Generator(device="cuda").manual_seed(S)
+    x = {n: torch.randn(*shape, generator=gen, device="cuda").bfloat16()
+         for n, shape in dict(q=(B, S, HQ, K), kc=(B, Nc, H, K), vc=(B, Nc, H, K), do=(B, S, HQ, K)).items()}
+    leaves = [x[n].clone().requires_grad_() for n in ("q", "kc", "vc")]
+    o, lse = cudnn_cmp_attention(*leaves, cfg)
+    grads = torch.autograd.grad(o, leaves, x["do"])
+    refs = [x[n].float().requires_grad_() for n in ("q", "kc", "vc")]
+    chunk = 4096
+    o_ref, lse_ref = [], []
+    for a in range(0, S, chunk):
+        oc, lc = torch_cmp_attention(refs[0][:, a:a + chunk], refs[1], refs[2], cfg, a)
+        oc.backward(x["do"][:, a:a + chunk].float())
+        o_ref.append(oc.detach())
+        lse_ref.append(lc)
+    o_ref, lse_ref = torch.cat(o_ref, 1), torch.cat(lse_ref, 1)
+    finite = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), finite)
+    assert_close(o, o_ref, 5e-3, "o")
+    assert_close(lse[finite], lse_ref[finite], 5e-3, "lse")
+    for name, g, ref in zip(("dq", "dkc", "dvc"), grads, refs):
+        assert_close(g, ref.grad, 5e-3, name)
+    assert math.isfinite(o.float().abs().max().item())

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nsa.attention.backends import Route  # noqa: E402
+from nsa.attention.backends import Route, resolve_route  # noqa: E402
 from nsa.attention.config import NSAConfig  # noqa: E402
 from nsa.attention.core import nsa_core  # noqa: E402
 from nsa.attention.torch_branches import visible_compressed  # noqa: E402
@@ -112,11 +112,15 @@ def _methods(x, cfg, win_backend):
     """name -> (forward closure, leaves) for every method that can run here."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    routes = {s: Route(s, "triton", "bench") for s in ("cmp", "select", "sel")}
-    routes["win"] = Route("win", win_backend, "bench")
     q, gates = x["q"], x["gates"]
     core_leaves = [x[n] for n in ("q", "kc", "vc", "k_sel", "v_sel", "k_win", "v_win", "gates")]
-    out = {"NSA core (triton)": (lambda: nsa_core(*core_leaves[:7], gates, cfg, routes), core_leaves)}
+    out = {}
+    # the routes 'auto' picks (cmp and select: cudnn on a GPU), then every stage on Triton
+    for label, cmp in (("auto", resolve_route("cmp", "auto", q.device, q.dtype).backend), ("triton", "triton")):
+        routes = {s: Route(s, cmp if s in ("cmp", "select") else "triton", "bench") for s in ("cmp", "select", "sel")}
+        routes["win"] = Route("win", win_backend, "bench")
+        out[f"NSA core ({label}: cmp={cmp})"] = (
+            lambda routes=routes: nsa_core(*core_leaves[:7], gates, cfg, routes), core_leaves)
 
     qt, kt, vt = (t.transpose(1, 2) for t in (q, x["k_sel"], x["v_sel"]))
     gqa = q.shape[2] != x["k_sel"].shape[2]
@@ -184,6 +188,7 @@ def _sel_split(x, q, do, idx, cfg):
 def breakdown(shapes):
     """Per-stage medians (ms) of the Triton NSA core: where the time goes."""
     from nsa.kernels.compressed import triton_cmp_attention
+    from nsa.kernels.cudnn_compressed import cudnn_cmp_attention
     from nsa.kernels.selection import triton_sel_attention
     from nsa.kernels.topk import triton_select_blocks
     from nsa.kernels.window import triton_win_attention
@@ -193,6 +198,7 @@ def breakdown(shapes):
         x, q, do, lse, idx = _stage_inputs(name, cfg)
         stages = {
             "cmp": (lambda: triton_cmp_attention(q, x["kc"], x["vc"], cfg)[0], [q, x["kc"], x["vc"]]),
+            "cmp-cudnn": (lambda: cudnn_cmp_attention(q, x["kc"], x["vc"], cfg)[0], [q, x["kc"], x["vc"]]),
             "sel": (lambda: triton_sel_attention(q, x["k_sel"], x["v_sel"], idx, cfg), [q, x["k_sel"], x["v_sel"]]),
             "win": (lambda: triton_win_attention(q, x["k_win"], x["v_win"], cfg), [q, x["k_win"], x["v_win"]]),
         }
@@ -211,6 +217,7 @@ def sweep(shapes, only=()):
     TILES / TUNE tables. `only`: sweep just the groups whose label contains one of these."""
     from nsa.kernels import band_attention, selection, topk
     from nsa.kernels.compressed import triton_cmp_attention
+    from nsa.kernels.cudnn_compressed import cudnn_cmp_attention
     from nsa.kernels.selection import triton_sel_attention
     from nsa.kernels.topk import triton_select_blocks
     from nsa.kernels.window import triton_win_attention

@@ -106,7 +106,7 @@ def main(argv=None):
     for name in a.shapes:
         B, S, HQ, H, K = SHAPES[name]
         x = _inputs(a.batch or B, S, HQ, H, K, cfg)
-        fwd, leaves = _methods(x, cfg, "triton")["NSA core (triton)"]
+        fwd, leaves = next(m for name, m in _methods(x, cfg, "triton").items() if name.startswith("NSA core (auto"))
         fb = _fwd_bwd(fwd, leaves, x["do"])
         host, dev = _host_ms(fb, n=50), _bench(fb)
         try:

@@ -15,7 +15,7 @@ done
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/kernels.log"
 if [ "${TESTS:-1}" != 0 ]; then
   echo "## kernel tests on the GPU" | tee -a "$OUT/kernels.log"
-  timeout 240 python3 -m pytest -q tests/kernels -s -p no:cacheprovider 2>&1 \
+  timeout 330 python3 -m pytest -q tests/kernels -s -p no:cacheprovider 2>&1 \
     | grep -E "^\[parity\]|passed|failed|Error|^FAILED" | tee -a "$OUT/kernels.log"
 fi
 echo "## benchmark (python bench/bench_nsa.py --breakdown ${SHAPES:+--shapes $SHAPES})" | tee -a "$OUT/kernels.log"

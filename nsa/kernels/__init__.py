@@ -30,8 +30,10 @@ import torch
 from nsa.attention.backends import register, register_combine
 
 #: the cuDNN compressed branch hands sequences shorter than this to the Triton band kernel, which
-#: is faster there (measured on an H100, docs/performance.md)
-CUDNN_MIN_QUERIES = 8192
+#: is faster there. H100, 64 query / 4 KV heads, head dim 128, bf16, cmp branch fwd+bwd
+#: (python bench/gpu/cudnn_fold_probe.py): 16k 4.32 ms cuDNN vs 3.81 band, 32k 11.79 vs 12.76,
+#: 64k 37.39 vs 52.04
+CUDNN_MIN_QUERIES = 32768
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

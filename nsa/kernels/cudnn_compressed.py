@@ -72,6 +72,16 @@ def cudnn_cmp_attention(q, kc, vc, cfg: NSAConfig, q_start: int = 0, chunk: int 
     runs = max(0, (Tq - first) // d)
     if q_start != 0 or Tq < CUDNN_MIN_QUERIES or K > MAX_HEAD_DIM or runs == 0:
         return band_attention(q, kc, vc, q_start, l, d, 0, False)
+    return _folded_prefill(q, kc, vc, l, d, runs)
+
+
+# Inductor fails to lower this function's views around the cuDNN op (InductorError CantSplit,
+# torch 2.11, trainer at S=32768 on an H100), so torch.compile runs it eagerly: one graph
+# break per layer at the lengths where cuDNN pays (autograd still runs cuDNN's backward)
+@torch.compiler.disable
+def _folded_prefill(q, kc, vc, l: int, d: int, runs: int):
+    B, Tq, HQ, K = q.shape
+    first = l - 1
     end = first + runs * d
     if end < Tq:  # the partial last run: fewer than d queries, through the band kernel
         o_tail, lse_tail = band_attention(q[:, end:], kc, vc, end, l, d, 0, False)

@@ -112,3 +112,24 @@ def test_cudnn_cmp_long_bf16_parity(S):
     for name, g, ref in zip(("dq", "dkc", "dvc"), grads, refs):
         assert_close(g, ref.grad, 5e-3, name)
     assert math.isfinite(o.float().abs().max().item())
+
+
+def test_cudnn_cmp_under_torch_compile(kdev, cudnn_cmp):
+    """torch.compile runs the folded cuDNN path eagerly (inductor could not lower its views:
+    CantSplit on the H100) and traces the band-kernel path: both give the eager results."""
+    import torch._dynamo
+
+    cfg = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, n_selected=4)
+    gen = torch.Generator().manual_seed(5)
+    dtype = torch.bfloat16 if kdev.type == "cuda" else torch.float32
+    q, kc, vc = (rnd(gen, 1, n, h, 16, device=kdev, dtype=dtype) for n, h in ((61, 6), (14, 2), (14, 2)))
+    backend = "inductor" if kdev.type == "cuda" else "aot_eager"
+    for q_start, qq in ((0, q), (45, q[:, 45:])):  # folded prefill, then decode (band kernel)
+        leaves = [t.clone().requires_grad_() for t in (qq, kc, vc)]
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda a, b, c: cudnn_cmp(a, b, c, cfg, q_start)[0], backend=backend)
+        o = compiled(*leaves)
+        o_eager = cudnn_cmp(*[t.detach() for t in leaves], cfg, q_start)[0]
+        assert torch.equal(o.detach(), o_eager)
+        grads = torch.autograd.grad(o.float().square().sum(), leaves)
+        assert all(torch.isfinite(g).all() for g in grads)

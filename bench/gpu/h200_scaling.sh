@@ -6,7 +6,8 @@
 # it, docs/performance.md). Prints global tokens/s (mean of the last 20 of 40 steps) and
 # per-rank median step times from the heartbeats.
 #   bash bench/gpu/h200_scaling.sh     (OUT=<dir>; SHAPE="train.batch_size=2 train.grad_accum=2";
-#                                       TAG=<prefix> for the run names)
+#                                       TAG=<prefix> for the run names; RUNS="single ddp ddp_fp32
+#                                       fsdp fsdp_noreshard" picks the runs)
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/.device_out}
@@ -39,7 +40,13 @@ PY
 }
 echo "| run | overrides | global toks/s | per-rank median step s |" | tee -a "$OUT/scaling.log"
 F="train.fused_adamw=true"
-LIMIT=150 run single 1 "dist.mode=single $F"
-run ddp 2 "dist.mode=ddp dist.ddp_bucket_mb=50 dist.ddp_compress=bf16 $F"
-run fsdp 2 "dist.mode=fsdp $F"
-run fsdp_noreshard 2 "dist.mode=fsdp dist.fsdp_reshard_after_forward=false $F"
+for r in ${RUNS:-single ddp fsdp fsdp_noreshard}; do
+  case $r in
+    single) LIMIT=150 run single 1 "dist.mode=single $F" ;;
+    ddp) run ddp 2 "dist.mode=ddp dist.ddp_bucket_mb=50 dist.ddp_compress=bf16 $F" ;;
+    ddp_fp32) run ddp_fp32 2 "dist.mode=ddp dist.ddp_bucket_mb=100 dist.ddp_compress=none dist.ddp_static_graph=true $F" ;;
+    fsdp) run fsdp 2 "dist.mode=fsdp $F" ;;
+    fsdp_noreshard) run fsdp_noreshard 2 "dist.mode=fsdp dist.fsdp_reshard_after_forward=false $F" ;;
+    *) echo "unknown run $r (single ddp ddp_fp32 fsdp fsdp_noreshard)" ;;
+  esac
+done

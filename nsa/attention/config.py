@@ -22,7 +22,8 @@ class NSAConfig:
     phi: str = "mlp"
     """Compression function: 'mlp' (MLP over the block with intra-block position embedding) or 'mean'."""
     backend_cmp: str = "auto"
-    """Backend of the compressed branch ('auto', 'torch', 'triton')."""
+    """Backend of the compressed branch and its top-n ('auto', 'torch', 'triton', 'cudnn': cuDNN fused
+    attention for bf16/fp16 prefill of >= 32768 queries, the Triton band kernel otherwise)."""
     backend_sel: str = "auto"
     """Backend of the selected branch ('auto', 'torch', 'triton')."""
     backend_win: str = "auto"

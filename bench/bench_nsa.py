@@ -217,7 +217,6 @@ def sweep(shapes, only=()):
     TILES / TUNE tables. `only`: sweep just the groups whose label contains one of these."""
     from nsa.kernels import band_attention, selection, topk
     from nsa.kernels.compressed import triton_cmp_attention
-    from nsa.kernels.cudnn_compressed import cudnn_cmp_attention
     from nsa.kernels.selection import triton_sel_attention
     from nsa.kernels.topk import triton_select_blocks
     from nsa.kernels.window import triton_win_attention

@@ -36,6 +36,7 @@ from nsa.attention.backends import register, register_combine
 CUDNN_MIN_QUERIES = 32768
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_HALF = (torch.float16, torch.bfloat16)  # what cuDNN's fused attention takes
 
 
 def _triton_available(device: torch.device, dtype: torch.dtype) -> tuple[bool, str]:
@@ -83,7 +84,7 @@ def _cudnn_available(device: torch.device, dtype: torch.dtype) -> tuple[bool, st
         return False, f"cuDNN fused attention needs cuDNN >= 9 (found {torch.backends.cudnn.version()})"
     if torch.cuda.get_device_capability(device) < (8, 0):
         return False, "cuDNN fused attention needs compute capability >= 8.0"
-    if dtype not in (torch.float16, torch.bfloat16):
+    if dtype not in _HALF:
         return False, f"cuDNN fused attention takes float16/bfloat16, not {dtype}"
     ok, why = _triton_available(device, dtype)  # short sequences, the tail, decode: band kernel
     if not ok:
@@ -122,7 +123,6 @@ class _Lazy:
 register("cmp", "triton", _Lazy("compressed", "triton_cmp_attention"), _triton_available, _cuda_first)
 register("select", "triton", _Lazy("topk", "triton_select_blocks"), _triton_available, _cuda_first)
 # cuDNN runs the compressed branch of long bf16/fp16 prefill; its scores and top-n stay Triton
-_HALF = (torch.float16, torch.bfloat16)
 register("cmp", "cudnn", _Lazy("cudnn_compressed", "cudnn_cmp_attention"), _cudnn_available, _cuda_only(11, _HALF))
 register("select", "cudnn", _Lazy("topk", "triton_select_blocks"), _cudnn_available, _cuda_only(11, _HALF))
 register("sel", "triton", _Lazy("selection", "triton_sel_attention"), _triton_available, _cuda_first)

@@ -5,8 +5,6 @@ the hand-off below CUDNN_MIN_QUERIES. On a GPU the real cuDNN kernel runs in bf1
 the index arithmetic around it is tested in CI."""
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -111,7 +109,6 @@ def test_cudnn_cmp_long_bf16_parity(S):
     assert_close(lse[finite], lse_ref[finite], 5e-3, "lse")
     for name, g, ref in zip(("dq", "dkc", "dvc"), grads, refs):
         assert_close(g, ref.grad, 5e-3, name)
-    assert math.isfinite(o.float().abs().max().item())
 
 
 def test_cudnn_cmp_under_torch_compile(kdev, cudnn_cmp):

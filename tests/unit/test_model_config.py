@@ -91,3 +91,24 @@ def test_backend_routing_on_cpu_is_torch_without_fallback_and_forced_unavailable
         resolve_route("win", "flex", torch.device("cpu"), torch.float32)
     with pytest.raises(BackendUnavailable, match="not a backend of the sel stage"):
         resolve_route("sel", "cudnn", torch.device("cpu"), torch.float32)
+    with pytest.raises(BackendUnavailable, match="attn.backend_cmp='cudnn' cannot run on cpu"):
+        resolve_route("cmp", "cudnn", torch.device("cpu"), torch.bfloat16)
+
+
+def test_cudnn_compressed_backend_is_a_candidate_for_half_precision_only():
+    """'auto' ranks the cuDNN compressed branch first on CUDA for bf16/fp16 and does not consider
+    it for float32 (cuDNN's fused attention has no float32), so float32 reports no cuDNN skip."""
+    import torch
+
+    from nsa.attention.backends import resolve_route
+
+    cuda = torch.device("cuda")
+    half = resolve_route("cmp", "auto", cuda, torch.bfloat16)
+    full = resolve_route("cmp", "auto", cuda, torch.float32)
+    if torch.cuda.is_available():
+        assert full.backend == "triton" and "cudnn" not in full.reason
+        assert half.backend == "cudnn" or "skipped cudnn (" in half.reason, half
+        return
+    # no GPU here: every CUDA backend is skipped, and the reason lists the ones 'auto' tried
+    assert half.reason.index("cudnn (") < half.reason.index("triton (")
+    assert "cudnn" not in full.reason and "triton (" in full.reason

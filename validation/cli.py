@@ -196,9 +196,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nsa-validate: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("nsa-validate: interrupted: running trainers killed; the interrupted point and report were "
-              "not written (earlier records and the previous report are kept)", file=sys.stderr)
-        return 130
+        return _interrupted()
+    except Exception:
+        # A Ctrl-C that lands inside C code can surface as another error: during a C extension's
+        # first import (matplotlib's Agg backend, while plots are drawn) it becomes
+        # "ImportError: initialization failed". It is still the user's interrupt.
+        if runner.ABORT.is_set():
+            return _interrupted()
+        raise
+
+
+def _interrupted() -> int:
+    print("nsa-validate: interrupted: running trainers killed; the interrupted point and report were "
+          "not written (earlier records and the previous report are kept)", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

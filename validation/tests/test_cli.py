@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from validation import REPO_ROOT
 from validation.cli import main
 from validation.tests.conftest import train_phase, write_runbook
@@ -43,3 +45,28 @@ def test_python_dash_m_validation_default_is_cpu_smoke():
     out = subprocess.run([sys.executable, "-m", "validation", "phases"], cwd=REPO_ROOT, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.startswith("runbook cpu_smoke")
+
+
+def test_an_interrupt_that_surfaces_as_another_error_still_exits_130(monkeypatch, capsys):
+    """Ctrl-C during a C extension's first import (matplotlib's Agg backend while plots are drawn)
+    reaches Python as "ImportError: initialization failed"; CI saw exit 1 for it. With the interrupt
+    flag set it is an interrupt; without it the error is not swallowed."""
+    from validation import cli, runner
+
+    def interrupted_import(args):
+        runner.ABORT.set()  # what the SIGINT handler does first
+        raise ImportError("initialization failed")
+
+    monkeypatch.setattr(cli, "cmd_phases", interrupted_import)
+    try:
+        assert main(["phases", "--runbook", "nsa_ddp_a100"]) == 130
+        assert "interrupted" in capsys.readouterr().err
+    finally:
+        runner.ABORT.clear()
+
+    def broken_import(args):
+        raise ImportError("initialization failed")
+
+    monkeypatch.setattr(cli, "cmd_phases", broken_import)
+    with pytest.raises(ImportError):
+        main(["phases", "--runbook", "nsa_ddp_a100"])

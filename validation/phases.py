@@ -84,6 +84,7 @@ def execute(point: PhasePoint, results_dir: Path, hw: dict[str, Any], progress: 
         "evidence": evidence(run, proc, errors),
         "hardware": hw,
         "git_sha": run.info.get("git_sha") or (run.env or {}).get("git_sha"),
+        "git_sha_source": run.info.get("git_sha_source"),
         "backends": (run.env or {}).get("attention_backends"),
         "env_seen": dict((run.env or {}).get("env") or {}),
         "noop_toggles": dict((run.env or {}).get("noop_toggles") or {}),
@@ -157,19 +158,54 @@ def junit_counts(path: Path, errors: list[str]) -> dict[str, float]:
 
 
 #: written by ``git describe --always --dirty --abbrev=40 > SOURCE_SHA`` before a tree is copied
-#: without its .git; preflight reads it when ``git rev-parse`` cannot run
+#: to a GPU box; preflight reads it when git cannot name the tree's commit (see _source_sha)
 SOURCE_STAMP = "SOURCE_SHA"
 
 
+def _source_sha(env: dict[str, str], budget: float, out_dir: Path) -> tuple[str | None, str, runner.ProcResult]:
+    """The commit of the code under test and where that answer came from.
+
+    git (``describe --always --dirty``) answers unless the SOURCE_SHA stamp names a commit that
+    git's HEAD does not contain: then the .git beside the tree is older than the tree (a box that
+    kept an earlier copy's repository once answered an old commit over a fresh stamp) and the
+    stamp wins. A stamp whose commit HEAD does contain is left over from an earlier copy; git wins."""
+    def git(*args: str, log_name: str) -> tuple[runner.ProcResult, str]:
+        proc = runner.run(["git", *args], env=env, cwd=REPO_ROOT, timeout_s=budget, log_dir=out_dir,
+                          log_name=log_name)
+        return proc, proc.stdout_path.read_text().strip() if proc.exit_code == 0 else ""
+
+    described_proc, described = git("describe", "--always", "--dirty", "--abbrev=40", log_name="git_sha")
+    stamp_file = REPO_ROOT / SOURCE_STAMP
+    stamp = stamp_file.read_text().strip() if stamp_file.is_file() else ""
+    if not stamp or stamp == described:
+        return described or None, "git describe" + (f" (= {SOURCE_STAMP})" if stamp else ""), described_proc
+    if not described:
+        return stamp, f"{SOURCE_STAMP} (git cannot answer here)", described_proc
+    commit = re.search(r"[0-9a-f]{40}", stamp)
+    contained, _ = git("merge-base", "--is-ancestor", commit.group(0) if commit else stamp, "HEAD",
+                       log_name="git_stamp_check")
+    if contained.exit_code == 0:
+        return described, f"git describe ({SOURCE_STAMP} {stamp} is an older commit of this history)", described_proc
+    return stamp, (f"{SOURCE_STAMP} (git here says {described}, whose history lacks the stamp's commit: "
+                   "a stale repository beside a newer tree)"), described_proc
+
+
 def _preflight(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress) -> runner.ProcResult:
-    """git SHA (or the SOURCE_SHA stamp), collect_env and nvidia-smi, each a fixed command with
-    its own timeout."""
+    """The code's commit (git or the SOURCE_SHA stamp), collect_env and nvidia-smi, each a fixed
+    command with its own timeout."""
     env = runner.child_env(point.env)
     budget = max(point.phase.timeout_s / 3, 5.0)
-    wanted = [("git_sha.txt", ["git", "rev-parse", "HEAD"], True),
-              ("collect_env.txt", [sys.executable, "-m", "torch.utils.collect_env"], True),
+    missing = 0
+    sha, source, last = _source_sha(env, budget, out_dir)
+    wall = last.wall_s
+    if sha:
+        (out_dir / "git_sha.txt").write_text(sha + "\n")
+    else:
+        missing += 1
+        errors.append(f"git describe failed (exit {last.exit_code}: {last.stderr_tail(3)}) and there is no "
+                      f"{SOURCE_STAMP} stamp naming the commit")
+    wanted = [("collect_env.txt", [sys.executable, "-m", "torch.utils.collect_env"], True),
               ("nvidia_smi.xml", ["nvidia-smi", "-q", "-x"], point.profile.hardware.accelerator == "cuda")]
-    missing, last, wall = 0, None, 0.0
     for name, argv, required in wanted:
         if argv[0] == "nvidia-smi" and shutil.which("nvidia-smi") is None:
             if required:
@@ -180,18 +216,12 @@ def _preflight(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str]
         wall += last.wall_s
         if last.exit_code == 0 and last.stdout_path.stat().st_size:
             shutil.copyfile(last.stdout_path, out_dir / name)
-        elif name == "git_sha.txt" and (REPO_ROOT / SOURCE_STAMP).is_file():
-            # a copy of the tree without its .git (as shipped to a GPU box): the commit stamped
-            # into it when it was made, so the report still names the code it judged
-            shutil.copyfile(REPO_ROOT / SOURCE_STAMP, out_dir / name)
-            run.info["git_sha_source"] = f"{SOURCE_STAMP} (no git repository here)"
         elif required:
             missing += 1
             errors.append(f"{' '.join(argv[:3])} failed (exit {last.exit_code}): {last.stderr_tail(3)}")
-    sha = (out_dir / "git_sha.txt").read_text().strip() if (out_dir / "git_sha.txt").exists() else None
     run.counts["preflight_missing"] = float(missing)
     run.info["git_sha"] = sha
-    assert last is not None
+    run.info["git_sha_source"] = source
     return runner.ProcResult(last.argv, 0 if not missing else 1, False, wall, last.stdout_path, last.stderr_path)
 
 
@@ -202,7 +232,6 @@ def _profile(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], 
     proc = runner.run(runner.python_argv("validation.profile_phase", args), env=runner.child_env(point.env),
                       cwd=REPO_ROOT, timeout_s=point.phase.timeout_s, log_dir=out_dir, log_name="profile",
                       on_poll=_progress_cb(point, out_dir, progress))
-    import json
     path = out_dir / "profile.json"
     if path.is_file():
         try:

@@ -87,7 +87,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
     findings = find(records)
     status, why = status_of(records, missing, findings)
     hw = next((r["hardware"] for r in records if r.get("hardware")), {})
-    sha = next((r["git_sha"] for r in records if r.get("git_sha")), None)
+    sha_record = next((r for r in records if r.get("git_sha")), {})
     return {
         "title": f"NSA Acceptance Report: {runbook_name} on {profile_name}",
         "status": status,
@@ -106,7 +106,8 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "cuda": hw.get("cuda"),
         "python": hw.get("python"),
         "hostname": hw.get("hostname"),
-        "git_sha": sha,
+        "git_sha": sha_record.get("git_sha"),
+        "git_sha_source": sha_record.get("git_sha_source"),
         "counts": _counts(records, missing),
         "toggles": _toggles(records),
         "findings": findings,

@@ -44,7 +44,7 @@ def record(point, status="PASS", toks=200.0, gate_values=None, **over):
                     "steps_completed": float(point.phase.steps), "tests_passed": 3.0, "tests_failed": 0.0, "idle_ranks": 0.0},
         "evidence": {"errors": [], "stderr_tail": "", "stderr_log": "trainer.stderr.log", "halt": False, "stackdumps": {},
                      "last_heartbeat": {}, "rank_step_time_s": {}, "fallbacks": {}, "files": ["env.json", "training.csv"]},
-        "hardware": HW, "git_sha": "abc123", "backends": {"cmp": {"backend": "torch", "reason": "portable", "calls": 4}},
+        "hardware": HW, "git_sha": "abc123", "git_sha_source": "git describe", "backends": {"cmp": {"backend": "torch", "reason": "portable", "calls": 4}},
     }
     for k, v in over.items():
         (rec["evidence"] if k in rec["evidence"] else rec["metrics"] if k in rec["metrics"] else rec)[k] = v

@@ -66,6 +66,7 @@ class Trainer:
                 state = ckpt.load(path, self.wrapped, self.optimizer, info)
                 self.step, data_position, self.resumed_from = state["step"], state["data_position"], str(path)
                 self.log(f"[ckpt] resumed from {path} at step {self.step} (data position {data_position})")
+            self.step_first = self.step + 1  # the first step this process runs
 
             self.telemetry = Telemetry(self.out, info.rank, info.is_master, self.device,
                                        cfg.telemetry.heartbeat, cfg.telemetry.nvtx, resume_step=self.step)

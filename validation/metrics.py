@@ -203,7 +203,7 @@ METRICS: dict[str, tuple[Callable[[RunData, int | None], float | None], str]] = 
     "tests_passed": (_count("tests_passed"), "pytest passes in a pytest phase"),
     "preflight_missing": (_count("preflight_missing"), "preflight artifacts that could not be recorded"),
     "profiled_steps": (_count("profiled_steps"), "steps measured under torch.profiler"),
-    "nsa_ranges_found": (_count("nsa_ranges_found"), "NSA record_function ranges seen by the profiler"),
+    "nsa_ranges_found": (_count("nsa_ranges_found"), "NSA ranges (eager) and NSA kernel ops (nsa::*, compiled) seen by the profiler"),
     "python_overhead_frac": (_count("python_overhead_frac"), "share of profiled CPU time outside aten ops"),
 }
 

@@ -26,3 +26,9 @@ def test_profiles_the_configs_own_shape_through_the_trainer(tmp_path):
     assert 0.0 <= got["counts"]["python_overhead_frac"] <= 1.0
     assert (out / "trainer" / "env.json").is_file()  # the real trainer ran, writing where it was told
     assert "Self CPU" in (out / "profile_top_ops.txt").read_text()
+
+
+def test_compiled_steps_are_attributed_through_the_kernel_ops():
+    # torch.compile drops record_function ranges; the Triton kernels' custom ops stay in the graph
+    keys = ["aten::mm", "nsa.sel", "nsa::sel_fwd", "nsa::band_bwd", "nsa_other", "validation.step", "nsa::sel_fwd"]
+    assert profile_phase.nsa_attribution(keys) == ["nsa.sel", "nsa::band_bwd", "nsa::sel_fwd"]

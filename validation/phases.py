@@ -19,6 +19,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Callable
 
+from nsa.provenance import SOURCE_STAMP, source_revision
+
 from . import REPO_ROOT, runner
 from .artifacts import (halted, main_thread_frames, parse_stackdump, read_env_json, read_heartbeats,
                         read_training_csv, stackdumps)
@@ -157,47 +159,23 @@ def junit_counts(path: Path, errors: list[str]) -> dict[str, float]:
             "tests_passed": float(n["tests"] - n["failures"] - n["errors"] - n["skipped"])}
 
 
-#: written by ``git describe --always --dirty --abbrev=40 > SOURCE_SHA`` before a tree is copied
-#: to a GPU box; preflight reads it when git cannot name the tree's commit (see _source_sha)
-SOURCE_STAMP = "SOURCE_SHA"
-
-
-def _source_sha(env: dict[str, str], budget: float, out_dir: Path) -> tuple[str | None, str, runner.ProcResult]:
-    """The commit of the code under test and where that answer came from.
-
-    git (``describe --always --dirty``) answers unless the SOURCE_SHA stamp names a commit that
-    git's HEAD does not contain: then the .git beside the tree is older than the tree (a box that
-    kept an earlier copy's repository once answered an old commit over a fresh stamp) and the
-    stamp wins. A stamp whose commit HEAD does contain is left over from an earlier copy; git wins."""
-    def git(*args: str, log_name: str) -> tuple[runner.ProcResult, str]:
-        proc = runner.run(["git", *args], env=env, cwd=REPO_ROOT, timeout_s=budget, log_dir=out_dir,
-                          log_name=log_name)
-        return proc, proc.stdout_path.read_text().strip() if proc.exit_code == 0 else ""
-
-    described_proc, described = git("describe", "--always", "--dirty", "--abbrev=40", log_name="git_sha")
-    stamp_file = REPO_ROOT / SOURCE_STAMP
-    stamp = stamp_file.read_text().strip() if stamp_file.is_file() else ""
-    if not stamp or stamp == described:
-        return described or None, "git describe" + (f" (= {SOURCE_STAMP})" if stamp else ""), described_proc
-    if not described:
-        return stamp, f"{SOURCE_STAMP} (git cannot answer here)", described_proc
-    commit = re.search(r"[0-9a-f]{40}", stamp)
-    contained, _ = git("merge-base", "--is-ancestor", commit.group(0) if commit else stamp, "HEAD",
-                       log_name="git_stamp_check")
-    if contained.exit_code == 0:
-        return described, f"git describe ({SOURCE_STAMP} {stamp} is an older commit of this history)", described_proc
-    return stamp, (f"{SOURCE_STAMP} (git here says {described}, whose history lacks the stamp's commit: "
-                   "a stale repository beside a newer tree)"), described_proc
-
-
 def _preflight(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress) -> runner.ProcResult:
     """The code's commit (git or the SOURCE_SHA stamp), collect_env and nvidia-smi, each a fixed
     command with its own timeout."""
     env = runner.child_env(point.env)
     budget = max(point.phase.timeout_s / 3, 5.0)
     missing = 0
-    sha, source, last = _source_sha(env, budget, out_dir)
-    wall = last.wall_s
+    git_runs: list[runner.ProcResult] = []
+
+    def git(*args: str) -> str | None:
+        proc = runner.run(["git", *args], env=env, cwd=REPO_ROOT, timeout_s=budget, log_dir=out_dir,
+                          log_name="git_" + args[0].replace("-", "_"))
+        git_runs.append(proc)
+        return proc.stdout_path.read_text().strip() if proc.exit_code == 0 else None
+
+    sha, source = source_revision(REPO_ROOT, git)
+    last = git_runs[0]  # git describe
+    wall = sum(p.wall_s for p in git_runs)
     if sha:
         (out_dir / "git_sha.txt").write_text(sha + "\n")
     else:

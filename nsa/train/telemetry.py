@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from ..provenance import SOURCE_STAMP, source_revision
 from .checkpoint import CheckpointError
 
 CSV_HEADER = ["step", "loss", "lr", "toks_per_s", "step_time_s", "grad_norm", "mem_alloc_gb", "mem_reserved_gb"]
@@ -171,11 +172,11 @@ def _version(dist_name: str) -> str | None:
 def environment() -> dict[str, Any]:
     """Versions, devices and source revision (collected once at start-up)."""
     cuda = torch.cuda.is_available()
-    sha = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    sha, sha_source = source_revision(REPO_ROOT, _git)
     return {
-        "git_sha": sha or "unknown (git unavailable or not a repository)",
-        "git_dirty": None if status is None else bool(status),
+        "git_sha": sha or f"unknown (git unavailable or not a repository, and no {SOURCE_STAMP} stamp)",
+        "git_sha_source": sha_source,
+        "git_dirty": None if sha is None else sha.endswith("-dirty"),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "hostname": socket.gethostname(),

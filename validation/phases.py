@@ -86,7 +86,7 @@ def execute(point: PhasePoint, results_dir: Path, hw: dict[str, Any], progress: 
         "evidence": evidence(run, proc, errors),
         "hardware": hw,
         "git_sha": run.info.get("git_sha") or (run.env or {}).get("git_sha"),
-        "git_sha_source": run.info.get("git_sha_source"),
+        "git_sha_source": run.info.get("git_sha_source") or (run.env or {}).get("git_sha_source"),
         "backends": (run.env or {}).get("attention_backends"),
         "env_seen": dict((run.env or {}).get("env") or {}),
         "noop_toggles": dict((run.env or {}).get("noop_toggles") or {}),

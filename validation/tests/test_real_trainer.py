@@ -32,6 +32,7 @@ def test_healthy_run_reads_the_contract(fake_run):
     rec = run.record
     assert rec["status"] == "PASS", rec["reason"] + rec["evidence"]["stderr_tail"]
     assert set(rec["backends"]) >= {"cmp", "sel", "win"}
+    assert rec["git_sha"] and rec["git_sha_source"], "the trainer's env.json names the commit and its source"
     assert rec["env_seen"].get("NSA_SDPA_AUDIT") == "1"
     assert "NSA_PREFILL_BATCHED" in rec["noop_toggles"]
     assert "No-op toggles" in run.report and "NSA_PREFILL_BATCHED" in run.report

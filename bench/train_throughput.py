@@ -15,6 +15,8 @@ OOM and the sweep goes on. Which backend each NSA stage used is printed once per
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import sys
 import time
@@ -30,7 +32,9 @@ from nsa.model import NSATransformer, backend_report  # noqa: E402
 from nsa.model.config import ModelConfig  # noqa: E402
 from nsa.train.config import load_run_config  # noqa: E402
 from nsa.train.optim import build_optimizer  # noqa: E402
+from nsa.train.graphs import StepGraph  # noqa: E402
 from nsa.train.parallelize import apply_activation_checkpointing, apply_compile  # noqa: E402
+from validation.pace import busy_fraction, device_intervals  # noqa: E402
 
 GB = 1024**3
 
@@ -93,6 +97,15 @@ def sync(device: torch.device) -> None:
 
 
 def run_cell(kind: str, cfg, batch: int, seq_len: int, args, device: torch.device) -> dict:
+    """One cell. With --cuda-graphs the forward and backward of the step's micro-batches run
+    as one CUDA graph through the trainer's own StepGraph (nsa/train/graphs.py), on its side
+    stream, captured after the warm-up steps; clip and optimizer stay eager, as in the trainer."""
+    stream = torch.cuda.Stream(device) if args.cuda_graphs else None
+    with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        return _run_cell(kind, cfg, batch, seq_len, args, device, stream)
+
+
+def _run_cell(kind, cfg, batch, seq_len, args, device, stream) -> dict:
     tc = cfg.train
     torch.manual_seed(0)
     model = (NSATransformer(cfg.model) if kind == "nsa" else DenseGPT(cfg.model)).to(device)
@@ -103,27 +116,38 @@ def run_cell(kind: str, cfg, batch: int, seq_len: int, args, device: torch.devic
     opt = build_optimizer(model, tc)
     dtype = torch.bfloat16 if tc.dtype == "bfloat16" else None
     x = torch.randint(0, cfg.model.vocab_size, (batch, seq_len + 1), device=device)
-    inp, tgt = x[:, :-1], x[:, 1:]
+    batches = [(x[:, :-1], x[:, 1:])] * tc.grad_accum
+    graph = StepGraph(stream) if stream is not None else None
 
-    def step() -> None:
-        for _ in range(tc.grad_accum):
+    def forward_backward(micro_batches) -> None:
+        for inp, tgt in micro_batches:
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                 logits = model(inp)
             loss = F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten()) / tc.grad_accum
             loss.backward()
+
+    def step(graphed: bool) -> None:
+        if graphed:
+            graph.run(batches, forward_backward)
+        else:
+            forward_backward(batches)
         if tc.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        if graph is None or not graph.owns_grads:  # a captured backward writes the gradients in place
+            opt.zero_grad(set_to_none=True)
 
     for _ in range(args.warmup):
-        step()
+        step(graphed=False)
+    timed = functools.partial(step, graphed=graph is not None)
+    if graph is not None:
+        timed()  # the capture step
     sync(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
     for _ in range(args.steps):
-        step()
+        timed()
     sync(device)
     secs = time.perf_counter() - t0
     out = {
@@ -133,35 +157,37 @@ def run_cell(kind: str, cfg, batch: int, seq_len: int, args, device: torch.devic
         "peak_alloc_gb": torch.cuda.max_memory_allocated(device) / GB if device.type == "cuda" else None,
         "peak_reserved_gb": torch.cuda.max_memory_reserved(device) / GB if device.type == "cuda" else None,
         "status": "ok",
+        "cuda_graphs": graph is not None and graph.owns_grads,
     }
     if kind == "nsa":
         out["backends"] = {s: b["backend"] for s, b in backend_report(model).items()}
     if args.profile:
-        out["gpu_busy_frac"] = profile_steps(step, args.profile, device, f"{kind} B={batch} S={seq_len}")
+        out["gpu_busy_frac"] = profile_steps(timed, args.profile, device, f"{kind} B={batch} S={seq_len}")
     return out
 
 
 def profile_steps(step, n_steps: int, device: torch.device, label: str) -> float | None:
     """Profile ``n_steps`` more steps: print the kernels with the most device time and return
-    the fraction of the wall time the device spent in kernels (low: the step is launch-bound)."""
-    from torch.profiler import ProfilerActivity, profile
+    the share of the profiled wall time the device was busy (validation.pace.busy_fraction;
+    low: the step is launch-bound)."""
+    from torch.profiler import ProfilerActivity, profile, record_function
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     sync(device)
-    t0 = time.perf_counter()
     with profile(activities=acts) as prof:
-        for _ in range(n_steps):
-            step()
-        sync(device)
-    wall_us = (time.perf_counter() - t0) * 1e6
-    events = prof.key_averages()
+        with record_function("bench.steps"):
+            for _ in range(n_steps):
+                step()
+            sync(device)
     print(f"# profile of {n_steps} steps, {label}: top kernels by device time")
-    print(events.table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=70))
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=70))
     if device.type != "cuda":
         return None
-    kernel_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
-    print(f"# device busy {kernel_us / 1e3:.1f} ms of {wall_us / 1e3:.1f} ms wall ({kernel_us / wall_us:.0%})")
-    return kernel_us / wall_us
+    events = prof.events()
+    window = next(e for e in events if e.name == "bench.steps").time_range
+    busy = busy_fraction(device_intervals(events), (window.start, window.end))
+    print(f"# device busy {busy:.1%} of {(window.end - window.start) / 1e3:.1f} ms wall")
+    return busy
 
 
 def fmt(v, spec: str) -> str:
@@ -177,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=10, help="timed optimizer steps per cell")
     p.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps per cell (compile, autotune)")
     p.add_argument("--baseline", action="store_true", help="also time a dense-SDPA GPT of the same shape")
+    p.add_argument("--cuda-graphs", action="store_true",
+                   help="replay each step's forward and backward as one CUDA graph (both models; CUDA only)")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (smoke test only)")
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
     p.add_argument("--profile", type=int, default=0, metavar="N",
@@ -185,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg, _ = load_run_config(args.config, args.override, env={})
     device = torch.device(args.device)
+    if args.cuda_graphs and device.type != "cuda":
+        p.error("--cuda-graphs needs --device cuda")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             p.error("--device cuda but CUDA is not available (use --device cpu for a smoke test)")
@@ -193,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     tc = cfg.train
     print(f"# config {args.config}: dim {cfg.model.dim}, {cfg.model.n_layers} layers, dtype {tc.dtype}, "
           f"grad_accum {tc.grad_accum}, activation_checkpointing {tc.activation_checkpointing}, "
-          f"compile {tc.compile}, fused_adamw {tc.fused_adamw}; {args.warmup} warm-up + {args.steps} timed steps")
+          f"compile {tc.compile}, fused_adamw {tc.fused_adamw}, cuda_graphs {args.cuda_graphs}; "
+          f"{args.warmup} warm-up + {args.steps} timed steps")
     kinds = ["nsa"] + (["dense"] if args.baseline else [])
     rows = []
     print("| model | batch | seq_len | toks/s | step ms | peak alloc GB | peak reserved GB | status |")

@@ -82,7 +82,9 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
                 pass
         raise ConfigError(f"{key}: expected a number, got {value!r}")
     if typ is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        if isinstance(value, bool):  # YAML reads on/off/yes/no as booleans; the field's check judges
+            return "true" if value else "false"
+        if isinstance(value, (str, int, float)):
             return str(value)
         raise ConfigError(f"{key}: expected a string, got {value!r}")
     if dataclasses.is_dataclass(typ):

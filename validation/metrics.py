@@ -176,6 +176,11 @@ def _backends_recorded(run: RunData, last: int | None) -> float | None:
     return float(bool(run.env.get("attention_backends")))
 
 
+def _tokens_per_step(run: RunData, last: int | None) -> float | None:
+    value = (run.env or {}).get("tokens_per_step")
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def _count(name: str) -> Callable[[RunData, int | None], float | None]:
     return lambda run, last: run.counts.get(name)
 
@@ -203,8 +208,11 @@ METRICS: dict[str, tuple[Callable[[RunData, int | None], float | None], str]] = 
     "tests_passed": (_count("tests_passed"), "pytest passes in a pytest phase"),
     "preflight_missing": (_count("preflight_missing"), "preflight artifacts that could not be recorded"),
     "profiled_steps": (_count("profiled_steps"), "steps measured under torch.profiler"),
-    "nsa_ranges_found": (_count("nsa_ranges_found"), "NSA ranges (eager) and NSA kernel ops (nsa::*, compiled) seen by the profiler"),
+    "nsa_ranges_found": (_count("nsa_ranges_found"), "NSA ranges (eager), kernel ops (nsa::*, compiled) and Triton kernels (graph replays) seen by the profiler"),
     "python_overhead_frac": (_count("python_overhead_frac"), "share of profiled CPU time outside aten ops"),
+    "gpu_busy_frac": (_count("gpu_busy_frac"), "share of the profiled wall time the GPU ran work (validation/pace.py)"),
+    "cuda_graphs": (_count("cuda_graphs"), "1 when the profiled steps were CUDA-graph replays"),
+    "tokens_per_step": (_tokens_per_step, "global tokens per optimizer step (env.json)"),
 }
 
 

@@ -358,7 +358,8 @@ def _summary_metrics(run: RunData, window: int | None) -> dict[str, float | None
     names one: 'last 50 steps' for the bucket sweep); gates keep their own windowed values."""
     names = ("toks_per_s_mean", "toks_per_s_stdev", "step_time_s_mean", "mem_reserved_gb_max", "steps_completed",
              "loss_mean", "rank_step_time_ratio", "idle_ranks", "fallbacks_total", "tests_failed", "tests_passed",
-             "profiled_steps", "nsa_ranges_found", "python_overhead_frac")
+             "profiled_steps", "nsa_ranges_found", "python_overhead_frac", "gpu_busy_frac", "cuda_graphs",
+             "tokens_per_step")
     return {n: compute(n, run, window) for n in names}
 
 

@@ -195,6 +195,9 @@ def _phase_tables(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "stdev": m.get("toks_per_s_stdev"), "step_time": m.get("step_time_s_mean"),
             "mem": m.get("mem_reserved_gb_max"), "steps": m.get("steps_completed"), "wall_s": r["wall_s"],
             "window": r.get("window", "all steps"), "passed": m.get("tests_passed"), "failed": m.get("tests_failed"),
+            "gpu_busy": m.get("gpu_busy_frac"), "python_overhead": m.get("python_overhead_frac"),
+            "profiled": m.get("profiled_steps"), "nsa_ranges": m.get("nsa_ranges_found"),
+            "graphed": m.get("cuda_graphs"),
         })
     for ph in phases.values():
         ph["title"] = ("Scaling breakdown" if len(ph["sweep_keys"]) > 1 else "Sweep") if ph["sweep_keys"] else None

@@ -134,3 +134,20 @@ register("win", "flex", _Lazy("window", "flex_win_attention"), _flex_available, 
 # is not reported as a fallback
 _FLASH_RANK = _cuda_only(8) if importlib.util.find_spec("flash_attn") is not None else (lambda device, dtype: None)
 register("win", "flash_attn", _Lazy("window", "flash_attn_win_attention"), _flash_available, _FLASH_RANK)
+
+#: the modules that define this package's Triton kernels
+_TRITON_MODULES = ("band_attention", "combine", "selection", "topk")
+
+
+def triton_kernel_names() -> set[str]:
+    """The names of this package's Triton kernels as a profiler reports their launches (imports
+    Triton and the kernel modules). Jitted helpers are inlined into the kernels, which are the
+    ``*_kernel`` functions."""
+    from triton.runtime.jit import JITFunction
+
+    names = set()
+    for module in _TRITON_MODULES:
+        for obj in vars(importlib.import_module(f"nsa.kernels.{module}")).values():
+            if isinstance(obj, JITFunction) and obj.fn.__name__.endswith("_kernel"):
+                names.add(obj.fn.__name__)
+    return names

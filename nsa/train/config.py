@@ -20,6 +20,8 @@ DATASETS = ("synthetic", "pattern", "text", "parquet", "jsonl", "fineweb_edu")
 DIST_MODES = ("auto", "single", "ddp", "fsdp")
 DTYPES = ("float32", "bfloat16")
 COMPRESS = ("none", "bf16", "fp16")
+GRAPH_SETTINGS = ("auto", "on", "off")
+_BOOL_SPELLINGS = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}
 
 
 @dataclass
@@ -55,6 +57,11 @@ class TrainConfig:
     """torch.compile each block."""
     fused_adamw: bool = False
     """Fused AdamW kernel (env NSA_OPT_FUSED)."""
+    cuda_graphs: str = "auto"
+    """Replay each step's forward and backward as one CUDA graph (env NSA_CUDA_GRAPHS): auto (on
+    where it works, eager with the reason recorded in env.json elsewhere: CPU, FSDP2, fault
+    injection), on (refuse to start where it cannot work), off. 1/0 mean on/off. See
+    nsa/train/graphs.py."""
     seed: int = 1337
     """Seeds model init, RNG and the synthetic data."""
     device: str = "auto"
@@ -88,6 +95,10 @@ class TrainConfig:
             raise ValueError(f"train.grad_clip must be >= 0 (0 disables), got {self.grad_clip}")
         if self.dtype not in DTYPES:
             raise ValueError(f"train.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        spelled = str(self.cuda_graphs).strip().lower()
+        self.cuda_graphs = _BOOL_SPELLINGS.get(spelled, spelled)
+        if self.cuda_graphs not in GRAPH_SETTINGS:
+            raise ValueError(f"train.cuda_graphs must be one of {GRAPH_SETTINGS} (or 1/0), got {self.cuda_graphs!r}")
         if self.device not in ("auto", "cuda", "cpu"):
             raise ValueError(f"train.device must be auto, cuda or cpu, got {self.device!r}")
 
@@ -258,6 +269,7 @@ ENV_TOGGLES: dict[str, str] = {
     "NSA_SDPA_NO_FLASH": "sdpa.no_flash",
     "NSA_NVTX": "telemetry.nvtx",
     "NSA_OPT_FUSED": "train.fused_adamw",
+    "NSA_CUDA_GRAPHS": "train.cuda_graphs",
     "NSA_TB_DISABLE": "telemetry.tb_disable",
     "NSA_DISABLE_AUX_STATS": "telemetry.disable_aux_stats",
     "NSA_FAULT": "fault.spec",

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from ..model import NSATransformer, backend_report, gate_stats
 from . import checkpoint as ckpt
+from . import graphs
 from .config import Resolved, RunConfig, config_dict
 from .data import Loader, build_source
 from .distributed import all_gather_stats, barrier, init_distributed, teardown
@@ -40,6 +41,14 @@ class Trainer:
             self.finished_cleanly = False  # set when train() returns 0; teardown then waits for peers
             stack.callback(lambda: teardown(info, synchronize=self.finished_cleanly))
             self.device = info.device
+            self.graph_plan = graphs.plan(cfg.train.cuda_graphs, self.device.type, info.mode, cfg.fault.spec)
+            self.step_graph = None
+            if self.graph_plan.enabled:
+                # from here on all work runs on the graph's stream (see nsa/train/graphs.py)
+                stream = torch.cuda.Stream(self.device)
+                stream.wait_stream(torch.cuda.current_stream(self.device))
+                stack.enter_context(torch.cuda.stream(stream))
+                self.step_graph = graphs.StepGraph(stream)
             self.out = Path(cfg.train.out_dir)
             self.out.mkdir(parents=True, exist_ok=True)
             self.stop_reason = "starting"
@@ -67,6 +76,7 @@ class Trainer:
                 self.step, data_position, self.resumed_from = state["step"], state["data_position"], str(path)
                 self.log(f"[ckpt] resumed from {path} at step {self.step} (data position {data_position})")
             self.step_first = self.step + 1  # the first step this process runs
+            self.graph_note = ""  # how graph capture went, for env.json
 
             self.telemetry = Telemetry(self.out, info.rank, info.is_master, self.device,
                                        cfg.telemetry.heartbeat, cfg.telemetry.nvtx, resume_step=self.step)
@@ -154,6 +164,9 @@ class Trainer:
             "nvtx": nvtx,
             "memory_source": "torch.cuda allocator" if self.device.type == "cuda" else "none (CPU run: zeros)",
             "gpu_util_note": self.telemetry.util_reason,
+            "cuda_graphs": {"setting": self.graph_plan.setting, "enabled": self.graph_plan.enabled,
+                            "reason": self.graph_plan.reason, "warmup_steps": self.graph_plan.warmup_steps,
+                            "captured": self.graphed, "note": self.graph_note},
             "fault_injection": cfg.fault.spec or None,
             "tokens_per_step": self.tokens_per_step,
             "resumed_from": self.resumed_from,
@@ -162,21 +175,36 @@ class Trainer:
 
     # --- one optimizer step ---------------------------------------------------------------
 
-    def train_step(self, step: int) -> dict[str, float]:
-        """Runs optimizer step ``step`` (1-based) and returns its logged values."""
+    @property
+    def graphed(self) -> bool:
+        """True once the step is a captured CUDA graph."""
+        return self.step_graph is not None and self.step_graph.owns_grads
+
+    @property
+    def steady_step(self) -> int:
+        """The first step of this process that runs as it will for the rest of the run (the
+        capture step's successor under graphs); profiling and benchmarks start here."""
+        if self.step_graph is None:
+            return self.step_first + 1
+        return self.step_first + self.graph_plan.warmup_steps + 1
+
+    def micro_batches(self, step: int):
+        """This step's micro-batches from the loader, each load a 'data' stage."""
+        for _ in range(self.cfg.train.grad_accum):
+            with self.stage(step, "data"):
+                batch = self.loader.next()
+            yield batch
+
+    def forward_backward(self, step: int, batches) -> torch.Tensor:
+        """Forward and backward of each micro-batch; gradients sync on the last one only. DDP's
+        static_graph must see one fully synced iteration first (its reducer asserts otherwise),
+        so the first step of a static-graph run syncs every micro-batch: same gradients.
+        Returns the mean loss over the micro-batches (a device tensor: no host sync)."""
         tc = self.cfg.train
-        # LR
-        lr = lr_at(step - 1, tc)
-        set_lr(self.optimizer, lr)
-        # micro-batch accumulation: gradients sync on the last micro-batch only. DDP's
-        # static_graph must see one fully synced iteration first (its reducer asserts otherwise),
-        # so the first step of a static-graph run syncs every micro-batch: same gradients.
         first_static = step == self.step_first and self.cfg.dist.ddp_static_graph
         loss_sum = torch.zeros((), device=self.device)
-        for micro in range(tc.grad_accum):
+        for micro, (x, y) in enumerate(batches):
             set_grad_sync(self.wrapped, self.info, micro == tc.grad_accum - 1 or first_static)
-            with self.stage(step, "data"):
-                x, y = self.loader.next()
             with self.stage(step, "forward"), self.autocast():
                 logits = self.wrapped(x)
                 loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
@@ -184,6 +212,40 @@ class Trainer:
             with self.stage(step, "backward"):
                 (loss / tc.grad_accum).backward()
             loss_sum += loss.detach()
+        return loss_sum / tc.grad_accum
+
+    def graphed_forward_backward(self, step: int) -> torch.Tensor:
+        """forward_backward as a CUDA graph: eager for the warm-up steps, captured at the next,
+        replayed after. A failed capture ends the run with an error naming the way out: the
+        process is not fit to go on eagerly (a capture that fails part-way leaves torch's CUDA
+        RNG in capture mode, and under DDP the ranks' collectives out of step)."""
+        if step < self.step_first + self.graph_plan.warmup_steps:
+            return self.forward_backward(step, self.micro_batches(step))
+        with self.stage(step, "data"):
+            batches = [self.loader.next() for _ in range(self.cfg.train.grad_accum)]
+        with self.stage(step, "graph"):  # one replay: every micro-batch's forward and backward
+            if self.graphed:
+                return self.step_graph.run(batches, None)
+            try:
+                loss = self.step_graph.run(batches, lambda static: self.forward_backward(step, static))
+            except Exception as exc:
+                self.graph_note = f"capture failed at step {step}: {exc!r}"
+                raise RuntimeError(f"CUDA graph capture failed at step {step}: {exc!r}. Train without graphs "
+                                   "with train.cuda_graphs=off (env NSA_CUDA_GRAPHS=0)") from exc
+            self.graph_note = f"captured at step {step}"
+            self.log(f"[graphs] step captured as a CUDA graph at step {step}; replayed from now on")
+            self.write_env()
+            return loss
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """Runs optimizer step ``step`` (1-based) and returns its logged values."""
+        tc = self.cfg.train
+        lr = lr_at(step - 1, tc)
+        set_lr(self.optimizer, lr)
+        if self.step_graph is not None:
+            loss_mean = self.graphed_forward_backward(step)
+        else:
+            loss_mean = self.forward_backward(step, self.micro_batches(step))
         with self.stage(step, "optimizer"):
             # clip (the norm is computed even when clipping is off, for the log)
             max_norm = tc.grad_clip if tc.grad_clip > 0 else float("inf")
@@ -191,15 +253,15 @@ class Trainer:
             if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
                 norm = norm.full_tensor()
             halt = float(self.operator_halt())
-            stats = torch.stack([loss_sum / tc.grad_accum, norm.float(),
-                                 torch.tensor(halt, device=self.device)])
+            stats = torch.stack([loss_mean, norm.float(), torch.tensor(halt, device=self.device)])
             gathered = all_gather_stats(self.info, stats)  # the step's one host sync point
             losses = [g[0] for g in gathered]
             grad_norm = gathered[0][1]
             if not all(map(_finite, losses + [grad_norm])):
                 self.nonfinite(step, losses, grad_norm)
             self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            if not self.graphed:  # a captured backward writes the gradients in place
+                self.optimizer.zero_grad(set_to_none=True)
         self.halt_requested = any(g[2] > 0 for g in gathered)
         return {"loss": sum(losses) / len(losses), "lr": lr, "grad_norm": grad_norm,
                 "loss_rank": losses[self.info.rank]}

@@ -1,0 +1,91 @@
+"""Who sets the pace of a training step: the GPU, or the host launching its work.
+
+Two measurements, both plain functions over numbers so that they can be checked on recorded
+data without a GPU:
+
+* ``busy_fraction``: the share of a wall-clock window during which the GPU ran anything (the
+  union of the device activity intervals, so work overlapping on several streams counts once).
+  A step bound by the GPU keeps it near 1; a step bound by kernel launches leaves gaps.
+* ``fit_step_time``: step time against tokens per step across sweep points, fitted as
+  ``fixed + per_token * tokens``. When the fixed part is most of the step even at the largest
+  point, step time barely grows with work: the host, not the GPU, sets the pace.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+
+#: a sweep is host-bound when the fitted fixed cost is at least this share of the step time at
+#: its largest point
+HOST_BOUND_FIXED_SHARE = 0.5
+#: and its points span at least this ratio of tokens per step (a flat fit over a narrow range
+#: says nothing)
+MIN_TOKEN_RANGE = 2.0
+
+
+def busy_fraction(intervals: Iterable[tuple[float, float]], window: tuple[float, float]) -> float:
+    """Length of the union of ``intervals`` clipped to ``window``, over the window's length."""
+    lo, hi = window
+    if hi <= lo:
+        raise ValueError(f"empty window {window}")
+    clipped = sorted((max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi and e > s)
+    busy, cur_s, cur_e = 0.0, None, None
+    for s, e in clipped:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        busy += cur_e - cur_s
+    return busy / (hi - lo)
+
+
+def device_intervals(events) -> list[tuple[float, float]]:
+    """(start, end) in microseconds of every device-side event (kernels, copies, fills) of a
+    ``torch.profiler`` run's ``events()``, on the clock of its CPU events."""
+    import torch
+
+    cuda = torch.autograd.DeviceType.CUDA
+    return [(e.time_range.start, e.time_range.end) for e in events if e.device_type == cuda]
+
+
+@dataclass(frozen=True)
+class StepTimeFit:
+    """step_s ~= fixed_s + per_token_s * tokens, least squares over the sweep's points."""
+
+    fixed_s: float
+    per_token_s: float
+    tokens: tuple[float, ...]
+    step_s: tuple[float, ...]
+
+    @property
+    def token_range(self) -> float:
+        return max(self.tokens) / min(self.tokens)
+
+    @property
+    def fixed_share(self) -> float:
+        """The fixed cost's share of the fitted step time at the largest point (0 to 1)."""
+        if self.per_token_s <= 0:
+            return 1.0 if self.fixed_s > 0 else 0.0
+        if self.fixed_s <= 0:
+            return 0.0
+        return self.fixed_s / (self.fixed_s + self.per_token_s * max(self.tokens))
+
+    @property
+    def host_bound(self) -> bool:
+        return self.token_range >= MIN_TOKEN_RANGE and self.fixed_share >= HOST_BOUND_FIXED_SHARE
+
+
+def fit_step_time(points: Sequence[tuple[float, float]]) -> StepTimeFit | None:
+    """Fit (tokens per step, step seconds) points; None with fewer than 3 points or fewer than
+    2 distinct token counts."""
+    pts = [(float(t), float(s)) for t, s in points if t > 0 and s > 0]
+    if len(pts) < 3 or len({t for t, _ in pts}) < 2:
+        return None
+    tokens, steps = np.array([t for t, _ in pts]), np.array([s for _, s in pts])
+    per_token, fixed = np.polyfit(tokens, steps, 1)
+    return StepTimeFit(float(fixed), float(per_token), tuple(tokens.tolist()), tuple(steps.tolist()))

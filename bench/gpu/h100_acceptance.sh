@@ -16,7 +16,7 @@ OUT=${OUT:-$PWD/.device_out}
 RES=${RES:-/tmp/nsa_results}
 mkdir -p "$OUT"
 start=$(date +%s)
-timeout "${LIMIT:-540}" python3 -m pytest -m h100 -p no:cacheprovider -q --results-dir "$RES" ${K:+-k "$K"} 2>&1 \
+timeout "${LIMIT:-540}" python3 -m pytest -m h100 -p no:cacheprovider -q --results-dir="$RES" ${K:+-k "$K"} 2>&1 \
     | tee "$OUT/pytest.log"
 echo "pytest -m h100 took $(( $(date +%s) - start )) s" | tee -a "$OUT/pytest.log"
 python3 -m validation report --runbook h100_single --profile h100 --results-dir "$RES" 2>&1 | tail -3

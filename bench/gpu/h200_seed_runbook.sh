@@ -30,7 +30,7 @@ if [ "${TESTS:-1}" = 1 ]; then
   echo "two-GPU graph tests took $(( $(date +%s) - start )) s" | tee -a "$OUT/pytest.log"
 fi
 start=$(date +%s)
-timeout "${LIMIT:-540}" python3 -m pytest -m a100 -p no:cacheprovider -q --results-dir "$RES" ${K:+-k "$K"} 2>&1 \
+timeout "${LIMIT:-540}" python3 -m pytest -m a100 -p no:cacheprovider -q --results-dir="$RES" ${K:+-k "$K"} 2>&1 \
     | tee -a "$OUT/pytest.log"
 echo "pytest -m a100 took $(( $(date +%s) - start )) s" | tee -a "$OUT/pytest.log"
 python3 -m validation report --runbook nsa_ddp_a100 --profile a100 --results-dir "$RES" 2>&1 | tail -3

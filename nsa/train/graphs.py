@@ -99,6 +99,15 @@ class StepGraph:
         """After capture the gradients live in the graph: never set them to None."""
         return self.graph is not None
 
+    def release(self) -> None:
+        """Free the graph once the device is done with it. Before the process group goes: a
+        graph holding NCCL kernels keeps its communicator busy, and destroying the group with
+        the graph alive hung at exit (two H200s, DDP)."""
+        if self.graph is not None:
+            torch.cuda.synchronize()
+            self.graph.reset()
+            self.graph, self.inputs, self.outputs = None, [], None
+
     def run(self, batches: Sequence[Batch], body: Callable[[list[Batch]], object]):
         if self.graph is None:
             self.inputs = [(x.clone(), y.clone()) for x, y in batches]

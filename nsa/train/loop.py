@@ -49,6 +49,7 @@ class Trainer:
                 stream.wait_stream(torch.cuda.current_stream(self.device))
                 stack.enter_context(torch.cuda.stream(stream))
                 self.step_graph = graphs.StepGraph(stream)
+                stack.callback(self.step_graph.release)  # before the process group is destroyed
             self.out = Path(cfg.train.out_dir)
             self.out.mkdir(parents=True, exist_ok=True)
             self.stop_reason = "starting"

@@ -146,6 +146,25 @@ def test_a_failed_capture_ends_the_run_with_the_way_out(tmp_path: Path):
     assert env["cuda_graphs"]["note"].startswith(f"capture failed at step {graphs.WARMUP_STEPS + 1}")
 
 
+@pytest.mark.gpu
+def test_one_process_ddp_graphed_steps_match_eager(tmp_path: Path):
+    """DDP over a world of one (NCCL, in this process's GPU): the reducer's bucket views, the bf16
+    compression hook and the NCCL all-reduce are captured; the curve equals eager DDP's. The
+    two-GPU test below is the full check; this one runs on a one-GPU box."""
+    n = graphs.DDP_WARMUP_STEPS + 4
+    curves = {}
+    for setting in ("0", "1"):
+        out = tmp_path / setting
+        p = launch(["-m", "nsa.train", "--config", "tiny", "--steps", str(n), "--out-dir", str(out),
+                    "--override", f"{GPU_COMMON} train.dtype=bfloat16 dist.mode=ddp"],
+                   {"NSA_DDP_COMPRESS": "bf16", "NSA_DDP_BUCKET_MB": "1", "NSA_CUDA_GRAPHS": setting}, nproc=None)
+        assert p.returncode == 0, p.stderr[-3000:]
+        curves[setting] = steps(out)
+        env = json.loads((out / "env.json").read_text())
+        assert env["dist"]["mode"] == "ddp" and env["cuda_graphs"]["captured"] is (setting == "1")
+    _assert_same_curve(curves["1"], curves["0"], loss_rel=1e-3, norm_rel=1e-2)
+
+
 @pytest.mark.multi_gpu
 @pytest.mark.parametrize("toggles", [
     {"NSA_DDP_COMPRESS": "bf16", "NSA_DDP_BUCKET_MB": "1", "NSA_DDP_STATIC_GRAPH": "1"},

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .pace import fit_step_time
+
 #: a sweep point is a cliff when its tokens/s falls below this fraction of the best earlier point
 CLIFF_FRACTION = 0.25
 #: slowest / fastest rank median step time above which ranks are called imbalanced
@@ -204,6 +206,41 @@ def imbalance(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _tokens_per_step(rec: dict[str, Any]) -> float | None:
+    """The point's global tokens per optimizer step: recorded from env.json, else tokens/s x
+    step time (records written before the metric existed)."""
+    m = rec["metrics"]
+    if m.get("tokens_per_step"):
+        return float(m["tokens_per_step"])
+    if m.get("toks_per_s_mean") and m.get("step_time_s_mean"):
+        return float(m["toks_per_s_mean"]) * float(m["step_time_s_mean"])
+    return None
+
+
+def host_bound(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """In each swept phase whose points differ in tokens per step: when the step time barely
+    grows with the tokens (a fitted fixed cost per step of at least half the step at the largest
+    point, validation/pace.py), a finding with the fit, so a reader knows why tokens/s is low."""
+    out = []
+    for phase, recs in _by_phase(records).items():
+        done = [r for r in recs if r["kind"] == "train" and r.get("exit_code") == 0 and not r.get("timed_out")
+                and r["metrics"].get("step_time_s_mean")]
+        points = [(_tokens_per_step(r), r["metrics"]["step_time_s_mean"]) for r in done]
+        fit = fit_step_time([(t, s) for t, s in points if t])
+        if fit is None or not fit.host_bound:
+            continue
+        lo, hi = min(fit.tokens), max(fit.tokens)
+        out.append(_f("warning", phase, (
+            f"host-bound steps in {phase}: step time {min(fit.step_s):.3g}-{max(fit.step_s):.3g} s while tokens "
+            f"per step grow {fit.token_range:.1f}x ({lo:,.0f} -> {hi:,.0f})"), [
+            f"fitted step time = {fit.fixed_s * 1e3:.1f} ms fixed + {fit.per_token_s * 1e9:.1f} ms per million "
+            f"tokens (least squares over {len(fit.tokens)} points)",
+            f"the fixed cost is {fit.fixed_share:.0%} of the step at the largest point: work that does not grow "
+            "with the batch (the host launching kernels, the optimizer, the gradient all-reduce) sets the pace, "
+            "so tokens/s grows only with tokens per step; CUDA graphs (train.cuda_graphs) remove the launch cost"]))
+    return out
+
+
 def fallbacks(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One finding for all runs that reported fallbacks (heartbeat counters, or a route whose
     reason says fallback), one detail line per run: on CPU every run falls back somewhere, and
@@ -255,7 +292,7 @@ def _by_phase(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-DETECTORS = (crashes, stalls, cliffs, imbalance, fallbacks, artifact_errors, bucket_choice)
+DETECTORS = (crashes, stalls, cliffs, host_bound, imbalance, fallbacks, artifact_errors, bucket_choice)
 _ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 

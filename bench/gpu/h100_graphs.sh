@@ -7,7 +7,7 @@
 #   prod   bench/train_throughput.py at the seed's production shape (m7c_125m, 2 rows x 2 micro-batches,
 #          S=2048) with the dense-SDPA GPT of the same shape measured in the same run: eager, eager +
 #          CUDA graphs, compiled + fused AdamW + CUDA graphs; each with 3 profiled steps (GPU busy)
-#   mb32   the same at micro-batch 32, no accumulation, compiled + fused AdamW, with and without graphs
+#   mb32   micro-batch 32, no accumulation, compiled + fused AdamW + CUDA graphs, beside the dense GPT
 #   nvtx   the nvtx phase of the h100 runbook (profile of the real trainer, gpu_busy_frac gate)
 # Each part has its own time limit so one failure cannot eat the call. $OUT gets graphs.log and
 # graphs_evidence.tgz (the JSON rows, profiler tables, nvtx records and GPU timelines).
@@ -36,10 +36,8 @@ for part in $PARTS; do
         --override "train.compile=true" --override "train.fused_adamw=true" 2>&1 \
         | tee "$EV/prod_compiled_graphs_profile.txt" | grep '^| \(nsa\|dense\)\|^# \(device\|config\|NSA\)' ;;
     mb32)
-      for g in "" "--cuda-graphs"; do
-        timeout 240 $TP --batch-sizes 32 $g --json "$EV/mb32${g:+_graphs}.json" --override "train.grad_accum=1" \
-          --override "train.compile=true" --override "train.fused_adamw=true" 2>&1 | grep '^| \(nsa\|dense\)\|^# config'
-      done ;;
+      timeout 240 $TP --batch-sizes 32 --cuda-graphs --json "$EV/mb32_graphs.json" --override "train.grad_accum=1" \
+        --override "train.compile=true" --override "train.fused_adamw=true" 2>&1 | grep '^| \(nsa\|dense\)\|^# config' ;;
     nvtx)
       timeout 300 python3 -m pytest -m h100 -k nvtx -p no:cacheprovider -q --results-dir "$RES" 2>&1 | tail -8
       python3 -m validation report --runbook h100_single --profile h100 --results-dir "$RES" 2>&1 | tail -2

@@ -41,7 +41,8 @@ def record(point, status="PASS", toks=200.0, gate_values=None, **over):
         "out_dir": f"runs/{point.runbook.name}/cpu/{point.phase.name}/{point.slug}", "exit_code": 0, "timed_out": False,
         "world_size": point.nproc, "gates": gates, "window": "last 5 steps",
         "metrics": {"toks_per_s_mean": toks, "toks_per_s_stdev": 1.5, "step_time_s_mean": 0.25, "mem_reserved_gb_max": 0.0,
-                    "steps_completed": float(point.phase.steps), "tests_passed": 3.0, "tests_failed": 0.0, "idle_ranks": 0.0},
+                    "steps_completed": float(point.phase.steps), "tests_passed": 3.0, "tests_failed": 0.0, "idle_ranks": 0.0,
+                    "tokens_per_step": None},
         "evidence": {"errors": [], "stderr_tail": "", "stderr_log": "trainer.stderr.log", "halt": False, "stackdumps": {},
                      "last_heartbeat": {}, "rank_step_time_s": {}, "fallbacks": {}, "files": ["env.json", "training.csv"]},
         "hardware": HW, "git_sha": "abc123", "git_sha_source": "git describe", "backends": {"cmp": {"backend": "torch", "reason": "portable", "calls": 4}},
@@ -90,9 +91,10 @@ def test_nogo_report_with_findings(tmp_path):
                last_heartbeat={"0": {"step": 6, "stage": "optimizer", "gpu_util": 99}, "1": {"step": 0, "stage": "data", "gpu_util": 0}},
                rank_step_time_s={"0": 0.5}),
     ]
-    for slug, toks in (("seq_len=32,batch_size=1", 260.0), ("seq_len=32,batch_size=2", 165.0),
-                       ("seq_len=64,batch_size=1", 102.0), ("seq_len=64,batch_size=2", 6.0)):
-        recs.append(record(pts[f"scaling_sweep/{slug}"], toks=toks))
+    for slug, tokens, toks in (("seq_len=32,batch_size=1", 32, 260.0), ("seq_len=32,batch_size=2", 64, 165.0),
+                               ("seq_len=64,batch_size=1", 64, 102.0), ("seq_len=64,batch_size=2", 128, 6.0)):
+        recs.append(record(pts[f"scaling_sweep/{slug}"], toks=toks, step_time_s_mean=tokens / toks,
+                           tokens_per_step=float(tokens)))
     recs.append(record(pts["sdpa_audit/default"], fallbacks={"fb_sel_triton": 3.0}))
     text = _render(tmp_path, recs)
     assert "**Status: NO-GO**" in text

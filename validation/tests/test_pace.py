@@ -1,0 +1,107 @@
+"""Who sets the pace (validation/pace.py): the GPU-busy fraction of a profiled window, on made-up
+intervals and on a timeline recorded by the nvtx phase on an H100; the step-time fit and the
+host-bound finding it drives, on synthetic sweep records."""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from validation import findings
+from validation.pace import HOST_BOUND_FIXED_SHARE, busy_fraction, fit_step_time
+
+#: written by `pytest -m h100` (nvtx [compile=True], 10 CUDA-graph steps of m7c_125m at 2 rows x 2
+#: micro-batches x S=2048) on an H100 on 2026-11-23: docs/measurements/2026-11-23-a
+RECORDED = Path(__file__).parent / "data" / "gpu_timeline_h100_compiled.json.gz"
+
+
+def test_busy_fraction_counts_overlaps_once_and_clips_to_the_window():
+    assert busy_fraction([(0, 10)], (0, 10)) == 1.0
+    assert busy_fraction([(0, 4), (2, 6), (8, 9)], (0, 10)) == pytest.approx(0.7)  # [0,6] + [8,9]
+    assert busy_fraction([(-5, 2), (9, 20)], (0, 10)) == pytest.approx(0.3)        # clipped at both ends
+    assert busy_fraction([(3, 3), (12, 15)], (0, 10)) == 0.0                       # empty, outside
+    assert busy_fraction([(5, 6), (1, 2), (1.5, 5.5)], (0, 10)) == pytest.approx(0.5)  # unsorted input
+    with pytest.raises(ValueError, match="empty window"):
+        busy_fraction([], (3, 3))
+
+
+def _sweep_union(intervals, lo, hi) -> float:
+    """An independent computation: +1/-1 events along the time line, busy where the count > 0."""
+    pts = sorted([(max(s, lo), 1) for s, e in intervals if e > lo and s < hi] +
+                 [(min(e, hi), -1) for s, e in intervals if e > lo and s < hi])
+    busy, depth, last = 0.0, 0, lo
+    for t, d in pts:
+        if depth > 0:
+            busy += t - last
+        depth, last = depth + d, t
+    return busy / (hi - lo)
+
+
+def test_busy_fraction_on_a_recorded_h100_timeline():
+    rec = json.loads(gzip.open(RECORDED, "rt").read())
+    lo, hi = rec["window_us"]
+    intervals = [tuple(iv) for iv in rec["device_intervals_us"]]
+    got = busy_fraction(intervals, (lo, hi))
+    assert got == pytest.approx(rec["gpu_busy_frac"], abs=1e-12)  # what the phase reported on the GPU
+    assert got == pytest.approx(_sweep_union(intervals, lo, hi), abs=1e-9)
+    # kernels overlap (their summed durations exceed the window), so a plain sum would be wrong
+    assert sum(e - s for s, e in intervals) > hi - lo
+    assert 0.85 < got < 1.0
+
+
+def _rec(phase, tokens, step_s, i, exit_code=0):
+    return {"key": {"phase": phase, "params": {"train.batch_size": i}}, "kind": "train", "exit_code": exit_code,
+            "timed_out": False, "sweep_index": i, "params_order": ["train.batch_size"], "status": "PASS",
+            "metrics": {"tokens_per_step": tokens, "step_time_s_mean": step_s, "toks_per_s_mean": tokens / step_s},
+            "evidence": {}, "out_dir": f"runs/{phase}/{i}"}
+
+
+#: the seed runbook's scaling sweep on two H200s before CUDA graphs (issue 12): 0.21-0.24 s per
+#: step from 1,024 to 8,192 tokens per rank
+FLAT = [(2048, 0.210), (4096, 0.214), (4096, 0.218), (8192, 0.226), (8192, 0.229), (16384, 0.240)]
+#: the same sweep with CUDA graphs (docs/examples/2026-11-23_nsa_ddp_a100__a100.md)
+GRAPHED = [(2048, 0.03515), (4096, 0.03762), (4096, 0.03901), (8192, 0.04641), (8192, 0.04987), (16384, 0.06627)]
+LINEAR = [(t, 2e-6 * t + 0.001) for t in (2048, 4096, 8192, 16384)]
+
+
+def test_fit_recovers_fixed_cost_and_slope():
+    fit = fit_step_time([(t, 0.2 + 1e-6 * t) for t in (1000, 2000, 4000, 8000)])
+    assert fit.fixed_s == pytest.approx(0.2) and fit.per_token_s == pytest.approx(1e-6)
+    assert fit.token_range == 8.0 and fit.fixed_share == pytest.approx(0.2 / 0.208)
+    assert fit_step_time([(1000, 0.1), (2000, 0.2)]) is None          # too few points
+    assert fit_step_time([(1000, 0.1)] * 3) is None                    # one token count
+    flat = fit_step_time([(1000, 0.2), (2000, 0.19), (4000, 0.18)])  # falling: all fixed
+    assert flat.fixed_share == 1.0 and flat.host_bound
+
+
+@pytest.mark.parametrize("points, fires", [(FLAT, True), (GRAPHED, False), (LINEAR, False)])
+def test_host_bound_finding(points, fires):
+    recs = [_rec("scaling_sweep", t, s, i) for i, (t, s) in enumerate(points)]
+    out = findings.host_bound(recs)
+    assert bool(out) is fires
+    fit = fit_step_time(points)
+    assert (fit.fixed_share >= HOST_BOUND_FIXED_SHARE) is fires
+    if fires:
+        (f,) = out
+        assert f["severity"] == "warning" and f["phase"] == "scaling_sweep"
+        assert "step time 0.21-0.24 s while tokens per step grow 8.0x (2,048 -> 16,384)" in f["title"]
+        assert f"{fit.fixed_s * 1e3:.1f} ms fixed" in f["detail"][0] and "least squares over 6 points" in f["detail"][0]
+        assert "train.cuda_graphs" in f["detail"][1]
+
+
+def test_host_bound_ignores_crashed_points_and_one_token_count():
+    recs = [_rec("bucket_sweep", 8192, s, i) for i, s in enumerate((0.2, 0.21, 0.22))]  # same tokens
+    assert findings.host_bound(recs) == []
+    recs = [_rec("scaling_sweep", t, s, i, exit_code=1 if i < 4 else 0) for i, (t, s) in enumerate(FLAT)]
+    assert findings.host_bound(recs) == []  # two finished points are no sweep
+
+
+def test_old_records_without_tokens_per_step_use_toks_times_step_time():
+    recs = [_rec("scaling_sweep", t, s, i) for i, (t, s) in enumerate(FLAT)]
+    for r in recs:
+        del r["metrics"]["tokens_per_step"]
+    assert findings.host_bound(recs)
+    assert np.isclose(findings._tokens_per_step(recs[0]), FLAT[0][0])

@@ -119,6 +119,20 @@ def from_dict(cls: type[T], data: Mapping[str, Any] | None, prefix: str = "") ->
         raise ConfigError(f"{prefix + ': ' if prefix else ''}{exc}") from exc
 
 
+def field_paths(cls: type) -> set[str]:
+    """Every settable dotted key of a (nested) config dataclass: {'train.seq_len', ...}."""
+    hints = typing.get_type_hints(cls)
+    out = set()
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        if dataclasses.is_dataclass(hints[f.name]):
+            out |= {f"{f.name}.{sub}" for sub in field_paths(hints[f.name])}
+        else:
+            out.add(f.name)
+    return out
+
+
 def to_dict(obj: Any) -> dict[str, Any]:
     """The plain-data form of a config dataclass (for env.json, checkpoints, YAML)."""
     return dataclasses.asdict(obj)

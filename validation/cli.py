@@ -24,7 +24,18 @@ from .plan import expand
 from .runbook import load_profile, load_runbook
 from .store import ResultStore
 
-EXIT = {report.GO: 0, report.NO_GO: 1, report.INCOMPLETE: 3}
+EXIT = {report.Verdict.GO: 0, report.Verdict.NO_GO: 1, report.Verdict.INCOMPLETE: 3}
+EXIT_USAGE = 2
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {n}")
+    return n
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,10 +49,11 @@ def _parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run phases, store results, render the report")
     common(r, DEFAULT_RUNBOOK)
-    r.add_argument("--phase", action="append", default=None, help="run only this phase (repeatable)")
+    r.add_argument("--phase", action="append", default=None,
+                   help="run only this phase (repeatable; each phase runs once, in runbook order)")
     r.add_argument("--hardware-mismatch", choices=MISMATCH_POLICIES, default="run",
                    help="what to do when the GPUs differ from the profile's (default: run and report)")
-    r.add_argument("--jobs", type=int, default=None,
+    r.add_argument("--jobs", type=_positive, default=None,
                    help="single-process points to run at once (default: the runbook's max_parallel)")
     r.add_argument("--no-report", action="store_true", help="store results without rendering the report")
     r.add_argument("--no-plots", action="store_true", help="render the report without PNG plots")
@@ -62,48 +74,65 @@ def _load(runbook_arg: str, profile_arg: str | None):
 
 
 class _Progress:
-    """One line per point; while a point runs, a status line every few seconds (in place on a tty)."""
+    """Progress of the running points: each point's latest line (step N/total, tokens/s, ETA),
+    shown every few seconds; on a terminal in place, one line, the points side by side."""
 
     def __init__(self, stream=None, every_s: float = 5.0):
         self.stream, self.every_s, self.last = stream or sys.stderr, every_s, 0.0
         self.tty = self.stream.isatty()
+        self.lines: dict[str, str] = {}
+        self.lock = threading.Lock()
 
-    def __call__(self, line: str) -> None:
-        now = time.monotonic()
-        if now - self.last < (0.5 if self.tty else self.every_s):
-            return
-        self.last = now
-        self.stream.write(("\r" + line.ljust(79)) if self.tty else f"  ... {line}\n")
-        self.stream.flush()
+    def for_point(self, test_id: str):
+        return lambda line: self.update(test_id, line)
 
-    def done(self, line: str) -> None:
-        self.stream.write(("\r" if self.tty else "") + line.ljust(79 if self.tty else 0) + "\n")
-        self.stream.flush()
-        self.last = 0.0
+    def update(self, test_id: str, line: str) -> None:
+        with self.lock:
+            self.lines[test_id] = line
+            now = time.monotonic()
+            if now - self.last < (0.5 if self.tty else self.every_s):
+                return
+            self.last = now
+            if self.tty:
+                self.stream.write("\r" + " | ".join(self.lines.values())[:159].ljust(79))
+            else:
+                self.stream.writelines(f"  ... {ln}\n" for ln in self.lines.values())
+            self.stream.flush()
+
+    def done(self, test_id: str | None, line: str) -> None:
+        with self.lock:
+            self.lines.pop(test_id, None)
+            self.stream.write(("\r" if self.tty else "") + line.ljust(79 if self.tty else 0) + "\n")
+            self.stream.flush()
+            self.last = 0.0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     rb, prof = _load(args.runbook, args.profile)
-    points = expand(rb, prof, args.phase)
+    points = expand(rb, prof, list(dict.fromkeys(args.phase)) if args.phase else None)
+    ResultStore(args.results_dir).check()  # a broken store stops the run before anything runs
     hw = hardware.detect()
     progress = _Progress()
     print(f"nsa-validate: runbook {rb.name}, profile {prof.name}, {len(points)} point(s) on {hardware.describe(hw)}",
           file=sys.stderr)
     for diff in hardware.mismatches(prof, hw):
         print(f"nsa-validate: note: {diff}", file=sys.stderr)
-    jobs = args.jobs or rb.max_parallel
     n = len(points)
-    for batch in _batches(points, jobs):
-        for point in batch:
-            progress.done(f"[{points.index(point) + 1}/{n}] {point.test_id} ...")
-        live = progress if len(batch) == 1 else None
-        with ThreadPoolExecutor(max_workers=len(batch)) as pool:
-            futures = {pool.submit(run_point, p, args.results_dir, mismatch=args.hardware_mismatch, progress=live): p
-                       for p in batch}
-            for fut in as_completed(futures):
-                point, rec = futures[fut], fut.result()
-                progress.done(f"[{points.index(point) + 1}/{n}] {point.test_id}: {rec['status']} "
-                              f"({rec['wall_s']:.1f}s) {rec['reason']}")
+    try:
+        for batch in _batches(points, args.jobs or rb.max_parallel):
+            for point in batch:
+                progress.done(None, f"[{points.index(point) + 1}/{n}] {point.test_id} ...")
+            with ThreadPoolExecutor(max_workers=len(batch)) as pool:
+                futures = {pool.submit(run_point, p, args.results_dir, mismatch=args.hardware_mismatch,
+                                       progress=progress.for_point(p.test_id)): p for p in batch}
+                for fut in as_completed(futures):
+                    point, rec = futures[fut], fut.result()
+                    progress.done(point.test_id, f"[{points.index(point) + 1}/{n}] {point.test_id}: {rec.status} "
+                                                 f"({rec.wall_s:.1f}s) {rec.reason}")
+    except KeyboardInterrupt:
+        if not args.no_report:  # the points finished before the interrupt, in a report
+            _render(args.results_dir, rb.name, prof.name, rb, prof, not args.no_plots)
+        raise
     if args.no_report:
         return 0
     return _render(args.results_dir, rb.name, prof.name, rb, prof, not args.no_plots)
@@ -129,20 +158,16 @@ def _batches(points, jobs: int):
 
 
 def _render(results_dir: Path, rb_name: str, prof_name: str, rb, prof, plots: bool) -> int:
-    path = report.render(results_dir, rb_name, prof_name, runbook=rb, profile=prof, plots=plots)
-    status = _status_line(path)
-    print(f"nsa-validate: {status} -> {path}")
-    return EXIT[status]
-
-
-def _status_line(path: Path) -> str:
-    for line in path.read_text().splitlines():
-        if line.startswith("**Status: "):
-            return line.split("**Status: ", 1)[1].split("**", 1)[0]
-    raise HarnessError(f"{path}: rendered report has no status line")
+    out = report.render(results_dir, rb_name, prof_name, runbook=rb, profile=prof, plots=plots)
+    print(f"nsa-validate: {out.verdict} -> {out.path}")
+    return EXIT[out.verdict]
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    if not args.results_dir.is_dir():
+        print(f"nsa-validate: error: results directory {args.results_dir} does not exist "
+              "(give the --results-dir a run wrote into)", file=sys.stderr)
+        return EXIT_USAGE
     store = ResultStore(args.results_dir)
     pairs = store.pairs()
     if args.runbook:
@@ -150,7 +175,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         pairs = [(rb.name, prof.name)]
     if not pairs:
         print(f"nsa-validate: no results in {store.path}", file=sys.stderr)
-        return EXIT[report.INCOMPLETE]
+        return EXIT[report.Verdict.INCOMPLETE]
     worst = 0
     for rb_name, prof_name in pairs:
         try:
@@ -194,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         return {"run": cmd_run, "report": cmd_report, "phases": cmd_phases}[args.command](args)
     except HarnessError as exc:
         print(f"nsa-validate: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return _interrupted()
     except Exception:
@@ -207,8 +232,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _interrupted() -> int:
-    print("nsa-validate: interrupted: running trainers killed; the interrupted point and report were "
-          "not written (earlier records and the previous report are kept)", file=sys.stderr)
+    print("nsa-validate: interrupted: running trainers killed; the interrupted point was not recorded "
+          "(its earlier record and artifacts are kept), and the report shows the points finished before",
+          file=sys.stderr)
     return 130
 
 

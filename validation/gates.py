@@ -5,10 +5,11 @@ runbook loader refuses any symbol that is not a key of OPS.
 """
 from __future__ import annotations
 
+import enum
 import math
 import operator
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge,
@@ -19,7 +20,17 @@ OPS: dict[str, Callable[[float, float], bool]] = {
     "!=": operator.ne,
 }
 
-PASS, FAIL, NO_DATA, UNMEASURED = "PASS", "FAIL", "NO_DATA", "UNMEASURED"
+
+class GateVerdict(str, enum.Enum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    NO_DATA = "NO_DATA"
+    """The metric could not be computed."""
+    UNMEASURED = "UNMEASURED"
+    """The profile's threshold is still 'to be measured'."""
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -29,16 +40,24 @@ class GateResult:
     threshold: float | None
     window: str
     value: float | None
-    verdict: str
-    """PASS, FAIL, NO_DATA (the metric could not be computed) or UNMEASURED (the profile's
-    threshold is still 'to be measured')."""
+    verdict: GateVerdict
     threshold_ref: str | None = None
     description: str = ""
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GateResult:
+        return cls(data["metric"], data["op"], data["threshold"], data["window"], data["value"],
+                   GateVerdict(data["verdict"]), data.get("threshold_ref"), data.get("description") or "")
 
-def check(value: float | None, op: str, threshold: float | None) -> str:
+    def text(self) -> str:
+        """'metric = value, needs op threshold (window)'."""
+        val = "no data" if self.value is None else f"{self.value:.4g}"
+        return f"{self.metric} = {val}, needs {self.op} {self.threshold:g} ({self.window})"
+
+
+def check(value: float | None, op: str, threshold: float | None) -> GateVerdict:
     if threshold is None:
-        return UNMEASURED
+        return GateVerdict.UNMEASURED
     if value is None or (isinstance(value, float) and math.isnan(value)):
-        return NO_DATA
-    return PASS if OPS[op](value, threshold) else FAIL
+        return GateVerdict.NO_DATA
+    return GateVerdict.PASS if OPS[op](value, threshold) else GateVerdict.FAIL

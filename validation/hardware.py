@@ -7,7 +7,7 @@ import socket
 from functools import lru_cache
 from typing import Any
 
-from .runbook import Profile
+from .runbook_types import Profile
 
 
 @lru_cache(maxsize=1)

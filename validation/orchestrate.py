@@ -1,6 +1,11 @@
 """Run phase points against this machine and store their records: the one loop the CLI and the
 pytest plugin share. Hardware that cannot run a point gives a SKIP record; a profile/hardware
-mismatch (an H100 running the a100 profile) runs and is reported, or skips under policy 'skip'."""
+mismatch (an H100 running the a100 profile) runs and is reported, or skips under policy 'skip'.
+
+Order of a point: the store is checked readable (a corrupt results.json stops the run before
+anything runs), the point runs into a directory of its own, its record is stored, and only then
+are the point's older run directories removed; after an interrupt at any moment the stored
+record and the artifacts it names agree."""
 from __future__ import annotations
 
 import contextlib
@@ -11,8 +16,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import hardware
-from .phases import execute, run_dir, skip_record
+from .phases import execute, point_dir, prune
 from .plan import PhasePoint
+from .record import PhaseRecord, Status
 from .store import ResultStore
 
 MISMATCH_POLICIES = ("run", "skip")
@@ -43,20 +49,23 @@ def module_missing(point: PhasePoint) -> str | None:
 
 
 def run_point(point: PhasePoint, results_dir: Path, *, mismatch: str = "run",
-              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+              progress: Callable[[str], None] | None = None) -> PhaseRecord:
+    store = ResultStore(results_dir)
+    store.check()
     hw = hardware.detect()
     reason = why_not(point, hw, mismatch)
-    if reason:
-        record = skip_record(point, reason, hw)
-    else:
-        with _point_lock(point, results_dir) as holder:
-            if holder is not None:
-                # another harness process is running this very point in this results directory:
-                # running it too would delete that run's artifacts mid-run, so leave it alone and
-                # keep the store as it is (that run stores its own record)
-                return skip_record(point, f"this point is being run by another harness process ({holder})", hw)
+    with _point_lock(point, results_dir) as holder:
+        if holder is not None:
+            # another harness process is running this very point in this results directory:
+            # leave it alone and keep the store as it is (that run stores its own record)
+            return PhaseRecord.for_point(point, Status.SKIP,
+                                         f"this point is being run by another harness process ({holder})", hardware=hw)
+        if reason:
+            record = PhaseRecord.for_point(point, Status.SKIP, reason, hardware=hw)
+        else:
             record = execute(point, results_dir, hw, progress)
-    ResultStore(results_dir).put(record)
+        store.put(record)
+        prune(results_dir, point, keep=record.out_dir)
     return record
 
 
@@ -64,7 +73,7 @@ def run_point(point: PhasePoint, results_dir: Path, *, mismatch: str = "run",
 def _point_lock(point: PhasePoint, results_dir: Path):
     """Hold an exclusive lock on the point's run directory; yields None when acquired, or a
     description of the holder when another process has it."""
-    out_dir = run_dir(results_dir, point)
+    out_dir = point_dir(results_dir, point)
     lock_path = out_dir.with_name(out_dir.name + ".lock")
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "a+") as fh:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import RunbookError
-from .runbook import Gate, Phase, Profile, Runbook, Scalar
+from .runbook_types import Gate, Phase, Profile, Runbook, Scalar
 
 #: pytest markers implied by what a phase needs (added to the phase's own markers)
 PROFILE_GPU_MARKERS = ("gpu",)

@@ -5,13 +5,24 @@ select what runs; results go to the store; the report is rendered once at sessio
 Enable from the root conftest.py: ``pytest_plugins = ["validation.pytest_plugin"]``.
 
 Options: --runbook (repeatable; default every runbook in runbooks/), --profile (repeatable;
-default each runbook's profiles), --results-dir (default ./results), --hardware-mismatch
-run|skip (skip turns a GPU-model mismatch into a skip), --no-acceptance-report.
+default each runbook's profiles), --results-dir (default: ./results for an acceptance run, a
+temporary directory for a plain test run, see ``results_dir_for``), --hardware-mismatch
+run|skip (skip turns a GPU-model mismatch into a skip), --progress-every SECONDS,
+--no-acceptance-report.
+
+The plugin is also a pytest11 entry point (pyproject.toml), so that its options are known before
+any conftest is read: pytest otherwise takes the value of ``--results-dir DIR`` for a test path
+when DIR exists, makes its directory the rootdir and never reads this repository's conftest.
 Tests that request the ``acceptance_point`` fixture are parametrized; ``acceptance_report``
 tests get one (runbook, profile) pair each and check the session's cross-point findings.
 """
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +30,16 @@ import pytest
 
 from . import DEFAULT_RESULTS_DIR, report
 from .errors import HarnessError
-from .findings import find
+from .finding import Severity
+from .findings import CROSS_POINT, find
 from .orchestrate import MISMATCH_POLICIES, module_missing, run_point, why_not
 from .plan import PhasePoint, expand
+from .record import PhaseRecord, Status
 from .runbook import available, load_profile, load_runbook
 
 _POINTS_KEY = pytest.StashKey[list]()
 _RAN_KEY = pytest.StashKey[dict]()
+_DIR_KEY = pytest.StashKey[Path]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -36,11 +50,35 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--hardware-mismatch", choices=MISMATCH_POLICIES, default="run",
                 help="run (and report) or skip when the GPUs differ from the profile's")
     g.addoption("--no-acceptance-report", action="store_true", help="do not render the report at session end")
+    g.addoption("--progress-every", type=float, default=15.0, metavar="SECONDS",
+                help="a running point's progress line (step, tokens/s, ETA) every SECONDS (default 15)")
+
+
+def results_dir_for(option: str | None, markexpr: str, runbook_opts: list[str] | None,
+                    profile_opts: list[str] | None, acceptance_markers: set[str], temp: Path) -> Path:
+    """Where phase points store their records: --results-dir when given; ./results for an
+    acceptance run (a marker expression naming a profile or phase marker, or --runbook /
+    --profile); otherwise, in a plain test run such as the README's test command, ``temp``, so
+    that tests never overwrite the user's results."""
+    if option:
+        return Path(option).resolve()
+    words = set(markexpr.replace("(", " ").replace(")", " ").split())
+    if runbook_opts or profile_opts or words & acceptance_markers:
+        return DEFAULT_RESULTS_DIR
+    return temp
+
+
+#: a plain test run's results directory, made by the controller and inherited by xdist workers
+_SESSION_DIR_ENV = "VALIDATION_TEST_RESULTS_DIR"
 
 
 def _results_dir(config: pytest.Config) -> Path:
-    opt = config.getoption("--results-dir")
-    return Path(opt).resolve() if opt else DEFAULT_RESULTS_DIR
+    if _DIR_KEY not in config.stash:
+        markers = {p.profile.marker for p in _points(config)} | {p.phase.name for p in _points(config)}
+        config.stash[_DIR_KEY] = results_dir_for(
+            config.getoption("--results-dir"), config.getoption("-m") or "", config.getoption("--runbook"),
+            config.getoption("--profile"), markers, Path(os.environ[_SESSION_DIR_ENV]))
+    return config.stash[_DIR_KEY]
 
 
 def _known_markers(config: pytest.Config) -> set[str]:
@@ -52,16 +90,25 @@ def _points(config: pytest.Config) -> list[PhasePoint]:
     if _POINTS_KEY in config.stash:
         return config.stash[_POINTS_KEY]
     names = config.getoption("--runbook") or available()
-    profiles = config.getoption("--profile")
+    wanted = config.getoption("--profile") or []
     points: list[PhasePoint] = []
     try:
+        for name in wanted:
+            load_profile(name)  # an unknown profile is an error, not a silent empty selection
+        used: set[str] = set()
         for name in names:
             rb = load_runbook(name, known_markers=_known_markers(config))
             for prof_name in rb.profiles:
                 prof = load_profile(prof_name)
-                if profiles and prof.name not in profiles and prof_name not in profiles:
+                if wanted and prof.name not in wanted and prof_name not in wanted:
                     continue
+                used.add(prof.name)
                 points += expand(rb, prof)
+        unused = [w for w in wanted if load_profile(w).name not in used]
+        if unused:
+            raise HarnessError(f"--profile {', '.join(unused)}: no selected runbook uses it (runbooks: "
+                               f"{', '.join(names)}; their profiles: "
+                               f"{', '.join(sorted({p for n in names for p in load_runbook(n).profiles}))})")
     except HarnessError as exc:
         raise pytest.UsageError(f"nsa-validate: {exc}") from None
     config.stash[_POINTS_KEY] = points
@@ -93,6 +140,22 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     items[:] = [i for i in items if i not in last] + last
 
 
+class _TerminalProgress:
+    """A running point's progress on the real stderr (pytest's capture and xdist workers'
+    stdout would swallow it): the first line at once, then one every ``every_s`` seconds."""
+
+    def __init__(self, every_s: float):
+        self.every_s, self.last, self.lock = every_s, 0.0, threading.Lock()
+
+    def __call__(self, line: str) -> None:
+        with self.lock:
+            now = time.monotonic()
+            if self.last and now - self.last < self.every_s:
+                return
+            self.last = now
+        print(f"nsa-validate: {line}", file=sys.__stderr__, flush=True)
+
+
 class Harness:
     """What an acceptance test needs: run a point, know the results directory."""
 
@@ -101,14 +164,15 @@ class Harness:
         self.results_dir = _results_dir(config)
         self.mismatch = config.getoption("--hardware-mismatch")
 
-    def run(self, point: PhasePoint) -> dict[str, Any]:
+    def run(self, point: PhasePoint) -> PhaseRecord:
         from . import hardware
         reason = why_not(point, hardware.detect(), self.mismatch)
         if reason is None:
             reason = module_missing(point)
             if reason:
                 pytest.skip(f"{reason} (the trainer is not runnable here yet)")
-        record = run_point(point, self.results_dir, mismatch=self.mismatch)
+        record = run_point(point, self.results_dir, mismatch=self.mismatch,
+                           progress=_TerminalProgress(self.config.getoption("--progress-every")))
         self.config.stash.setdefault(_RAN_KEY, {})[point.test_id] = record
         if reason:
             pytest.skip(reason)
@@ -143,16 +207,19 @@ class _Session:
         for rb_name, prof_name in sorted(self.pairs):
             try:
                 rb, prof = loaded.get((rb_name, prof_name)) or (load_runbook(rb_name), load_profile(prof_name))
-                self.reports.append(report.render(_results_dir(self.config), rb_name, prof_name, runbook=rb, profile=prof))
+                out = report.render(_results_dir(self.config), rb_name, prof_name, runbook=rb, profile=prof)
+                self.reports.append(f"{out.verdict} -> {out.path}")
             except HarnessError as exc:
                 self.reports.append(f"report for {rb_name}/{prof_name} not rendered: {exc}")
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-        for p in self.reports:
-            terminalreporter.write_line(f"nsa-validate report: {p}" if isinstance(p, Path) else f"nsa-validate: {p}")
+        for line in self.reports:
+            terminalreporter.write_line(f"nsa-validate report: {line}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and _SESSION_DIR_ENV not in os.environ:
+        os.environ[_SESSION_DIR_ENV] = tempfile.mkdtemp(prefix="nsa-validate-tests-")
     config.pluginmanager.register(_Session(config), "nsa-validate-session")
 
 
@@ -160,5 +227,5 @@ def session_findings(config: pytest.Config, pair: tuple[str, str]) -> tuple[list
     """Critical findings across the points of ``pair`` run in this process (a cliff only shows
     across sweep points, which no single point's test can see), and how many points ran."""
     records = [r for r in config.stash.get(_RAN_KEY, {}).values()
-               if (r["key"]["runbook"], r["key"]["profile"]) == pair and r["status"] != "SKIP"]
-    return [f["title"] for f in find(records) if f["severity"] == "critical"], len(records)
+               if (r.key.runbook, r.key.profile) == pair and r.status != Status.SKIP]
+    return [f.title for f in find(records) if f.severity == Severity.CRITICAL and f.kind in CROSS_POINT], len(records)

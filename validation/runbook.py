@@ -11,432 +11,94 @@ directory or smuggle a second argument into the trainer's command line.
 """
 from __future__ import annotations
 
-import itertools
-import re
-from dataclasses import dataclass, field
+import difflib
 from pathlib import Path
-from typing import Any, Mapping
-
-import yaml
+from typing import Mapping
 
 from . import PROFILE_DIR, RUNBOOK_DIR
 from .errors import RunbookError
-from .gates import OPS
-from .metrics import METRICS
+from .runbook_types import Hardware, Launcher, Profile, Runbook
+from .yaml_fields import DEFAULT_KEYS, MODULE, NAME, Reader, parse_env, parse_launcher, parse_overrides, parse_phase, read_yaml
 
-PHASE_KINDS = ("train", "preflight", "pytest", "profile")
-LAUNCHER_KINDS = ("python", "torchrun")
 ACCELERATORS = ("cuda", "cpu")
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_OVERRIDE_KEY = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
-_ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
-#: environment variables a runbook may set; anything else (LD_PRELOAD, PATH, PYTHONPATH...) is
-#: refused because it would change what runs rather than how the trainer is configured.
-_ENV_PREFIXES = ("NSA_", "NCCL_", "TORCH_", "PYTORCH_", "CUDA_", "OMP_", "MKL_", "TRITON_")
-_ENV_EXACT = ("CONFIG",)
-_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.:,+/@=-]*$")
-_TORCHRUN_ARG = re.compile(r"^--[a-z][a-z0-9_-]*(=[A-Za-z0-9_.:,/@-]+)?$")
-_WINDOW = re.compile(r"^\s*last\s+(\d+)\s+steps?\s*$", re.IGNORECASE)
-
-Scalar = str | int | float | bool
-
-
-# --------------------------------------------------------------------------------------- types
-@dataclass(frozen=True)
-class Window:
-    """Which rows of training.csv a metric reads: the last ``last`` steps, or all (None)."""
-
-    last: int | None = None
-
-    def describe(self) -> str:
-        return f"last {self.last} steps" if self.last else "all steps"
-
-
-@dataclass(frozen=True)
-class Gate:
-    """``metric <op> threshold`` over ``window``. ``threshold_ref`` names a profile key."""
-
-    metric: str
-    op: str
-    threshold: float | None
-    window: Window = Window()
-    threshold_ref: str | None = None
-    description: str = ""
-
-
-@dataclass(frozen=True)
-class Launcher:
-    """``python -m <module>`` or ``torchrun --standalone --nproc_per_node=N -m <module>``.
-    ``torchrun_args`` pass rendezvous options through (multi-node) and replace --standalone."""
-
-    kind: str = "python"
-    nproc: int = 1
-    module: str = "nsa.train"
-    torchrun_args: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Phase:
-    name: str
-    kind: str
-    description: str = ""
-    markers: tuple[str, ...] = ()
-    launcher: Launcher = Launcher()
-    config: str = "tiny"
-    overrides: Mapping[str, Scalar] = field(default_factory=dict)
-    env: Mapping[str, str] = field(default_factory=dict)
-    steps: int = 20
-    timeout_s: float = 600.0
-    sweep: Mapping[str, tuple[Scalar, ...]] = field(default_factory=dict)
-    gates: tuple[Gate, ...] = ()
-    tests: tuple[str, ...] = ()
-    pytest_args: tuple[str, ...] = ()
-    min_gpus: int = 0
-
-    def points(self) -> list[dict[str, Scalar]]:
-        """The sweep's cartesian product in YAML order ([{}] without a sweep)."""
-        if not self.sweep:
-            return [{}]
-        keys = list(self.sweep)
-        return [dict(zip(keys, combo)) for combo in itertools.product(*(self.sweep[k] for k in keys))]
-
-
-@dataclass(frozen=True)
-class Runbook:
-    name: str
-    path: Path
-    description: str
-    source: str
-    profiles: tuple[str, ...]
-    phases: tuple[Phase, ...]
-    max_parallel: int = 1
-    """How many single-process points the CLI may run at once (torchrun points always run
-    alone). 1 for GPU runbooks, whose throughput numbers must not share the machine."""
-
-    def phase(self, name: str) -> Phase:
-        for p in self.phases:
-            if p.name == name:
-                return p
-        raise RunbookError(f"{self.path}: no phase {name!r}; phases: {', '.join(p.name for p in self.phases)}")
-
-
-@dataclass(frozen=True)
-class Hardware:
-    accelerator: str = "cpu"
-    min_gpus: int = 0
-    min_gpu_mem_gb: float = 0.0
-    gpu_name: str | None = None
-    """Substring expected in the GPU name (e.g. 'A100'); a mismatch is reported, or skipped
-    with --hardware-mismatch=skip."""
-
-
-@dataclass(frozen=True)
-class Profile:
-    name: str
-    path: Path
-    marker: str
-    description: str
-    hardware: Hardware
-    thresholds: Mapping[str, float | None]
-    notes: str = ""
-
-
-# ----------------------------------------------------------------------------- strict reading
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise RunbookError(f"{path}: file not found") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise RunbookError(f"{path}: not valid YAML ({exc})") from None
-    if not isinstance(data, dict):
-        raise RunbookError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return data
-
-
-class _Reader:
-    """Reads one mapping strictly; every error names the file and the dotted key."""
-
-    def __init__(self, path: Path, data: Any, where: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()):
-        self.path, self.where = path, where
-        if not isinstance(data, Mapping):
-            self.fail(where or "top level", f"expected a mapping, got {type(data).__name__}")
-        unknown = [k for k in data if k not in allowed]
-        if unknown:
-            self.fail(self.key(str(unknown[0])), f"unknown key; allowed here: {', '.join(allowed)}")
-        for k in required:
-            if k not in data:
-                self.fail(self.key(k), "required key is missing")
-        self.data = data
-
-    def key(self, k: str) -> str:
-        return f"{self.where}.{k}" if self.where else k
-
-    def fail(self, key: str, msg: str):
-        raise RunbookError(f"{self.path}: {key}: {msg}")
-
-    def get(self, k: str, default: Any = None) -> Any:
-        return self.data.get(k, default)
-
-    def str_(self, k: str, default: str | None = None, pattern: re.Pattern | None = None, choices=None) -> Any:
-        v = self.data.get(k, default)
-        if v is None:
-            return None
-        if not isinstance(v, str):
-            self.fail(self.key(k), f"expected a string, got {v!r}")
-        if pattern is not None and not pattern.match(v):
-            self.fail(self.key(k), f"{v!r} is not allowed here (must match {pattern.pattern})")
-        if choices is not None and v not in choices:
-            self.fail(self.key(k), f"{v!r} is not one of {', '.join(choices)}")
-        return v
-
-    def int_(self, k: str, default: int | None = None, minimum: int = 0) -> Any:
-        v = self.data.get(k, default)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            self.fail(self.key(k), f"expected an integer >= {minimum}, got {v!r}")
-        return v
-
-    def num(self, k: str, default: float | None = None, minimum: float = 0.0) -> Any:
-        v = self.data.get(k, default)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < minimum:
-            self.fail(self.key(k), f"expected a number >= {minimum}, got {v!r}")
-        return float(v)
-
-    def list_(self, k: str) -> list:
-        v = self.data.get(k, [])
-        if not isinstance(v, list):
-            self.fail(self.key(k), f"expected a list, got {type(v).__name__}")
-        return v
-
-
-def _scalar(r: _Reader, key: str, v: Any) -> Scalar:
-    if isinstance(v, bool) or isinstance(v, (int, float)):
-        return v
-    if isinstance(v, str) and _SAFE_VALUE.match(v):
-        return v
-    r.fail(key, f"value {v!r} must be a number, a boolean or a string without spaces or shell characters")
-
-
-# ------------------------------------------------------------------------------- phase pieces
-def parse_window(r: _Reader, key: str, v: Any) -> Window:
-    if v is None or v == "all":
-        return Window()
-    if isinstance(v, str):
-        m = _WINDOW.match(v)
-        if m and int(m.group(1)) > 0:
-            return Window(int(m.group(1)))
-    if isinstance(v, Mapping) and set(v) == {"last"} and isinstance(v["last"], int) and v["last"] > 0:
-        return Window(v["last"])
-    r.fail(key, f"window {v!r} not understood; write 'last N steps', {{last: N}} or 'all'")
-
-
-def _gate(path: Path, data: Any, where: str) -> Gate:
-    r = _Reader(path, data, where, ("metric", "op", "threshold", "window", "description"), ("metric", "op", "threshold"))
-    metric = r.str_("metric")
-    if metric not in METRICS:
-        r.fail(r.key("metric"), f"unknown metric {metric!r}; metrics: {', '.join(sorted(METRICS))}")
-    op = r.get("op")
-    if op not in OPS:
-        r.fail(r.key("op"), f"unknown comparison {op!r}; allowed: {', '.join(OPS)}")
-    thr, ref = r.get("threshold"), None
-    if isinstance(thr, Mapping):
-        tr = _Reader(path, thr, r.key("threshold"), ("profile",), ("profile",))
-        ref, thr = tr.str_("profile", pattern=_NAME), None
-    elif isinstance(thr, bool) or not isinstance(thr, (int, float)):
-        r.fail(r.key("threshold"), f"expected a number or {{profile: KEY}}, got {thr!r}")
-    else:
-        thr = float(thr)
-    window = parse_window(r, r.key("window"), r.get("window"))
-    return Gate(metric, op, thr, window, ref, r.str_("description", "") or "")
-
-
-def _launcher(path: Path, data: Any, where: str, base: Launcher) -> Launcher:
-    r = _Reader(path, data, where, ("kind", "nproc", "module", "torchrun_args"))
-    kind = r.str_("kind", base.kind, choices=LAUNCHER_KINDS)
-    nproc = r.int_("nproc", base.nproc if kind == base.kind else 1, minimum=1)
-    if kind == "python" and nproc != 1:
-        r.fail(r.key("nproc"), "the python launcher runs one process; use kind: torchrun for nproc > 1")
-    module = r.str_("module", base.module, pattern=_MODULE)
-    args = r.get("torchrun_args", list(base.torchrun_args))
-    if not isinstance(args, list) or not all(isinstance(a, str) and _TORCHRUN_ARG.match(a) for a in args):
-        r.fail(r.key("torchrun_args"), f"expected a list of --option=value strings, got {args!r}")
-    return Launcher(kind, nproc, module, tuple(args))
-
-
-def _overrides(r: _Reader, key: str, data: Any) -> dict[str, Scalar]:
-    if data is None:
-        return {}
-    if not isinstance(data, Mapping):
-        r.fail(key, f"expected a mapping of dotted.key: value, got {type(data).__name__}")
-    out = {}
-    for k, v in data.items():
-        if not isinstance(k, str) or not _OVERRIDE_KEY.match(k):
-            r.fail(f"{key}.{k}", "override keys are dotted lower-case names like train.seq_len")
-        out[k] = _scalar(r, f"{key}.{k}", v)
-        _check_path(r, f"{key}.{k}", k, v)
-    return out
-
-
-def _check_path(r: _Reader, key: str, k: str, v: Any) -> None:
-    """A value of a path-like key (data.path, train.out_dir, train.resume, ...) stays inside."""
-    if k.endswith((".path", ".out_dir", "_dir", "_path", ".resume")) and isinstance(v, str) and not _inside(v):
-        r.fail(key, f"path {v!r} must be relative and stay inside the repository (no '..')")
-
-
-def _inside(v: str) -> bool:
-    return not v.startswith(("/", "~")) and ".." not in Path(v).parts
-
-
-def _check_env_key(r: _Reader, key: str, k: Any) -> None:
-    if not isinstance(k, str) or not _ENV_KEY.match(k) or not (k in _ENV_EXACT or k.startswith(_ENV_PREFIXES)):
-        r.fail(key, f"environment variable {k!r} may not be set by a runbook "
-                    f"(allowed: {', '.join(_ENV_EXACT)} and names starting {', '.join(_ENV_PREFIXES)})")
-
-
-def _env(r: _Reader, key: str, data: Any) -> dict[str, str]:
-    if data is None:
-        return {}
-    if not isinstance(data, Mapping):
-        r.fail(key, f"expected a mapping NAME: value, got {type(data).__name__}")
-    out = {}
-    for k, v in data.items():
-        _check_env_key(r, f"{key}.{k}", k)
-        v = _scalar(r, f"{key}.{k}", v)
-        out[k] = ("1" if v else "0") if isinstance(v, bool) else str(v)
-    return out
-
-
-def _sweep(r: _Reader, key: str, data: Any) -> dict[str, tuple[Scalar, ...]]:
-    """``{train.seq_len: [512, 1024], env.NSA_DDP_BUCKET_MB: [25, 50]}``: override keys, or
-    environment variables prefixed ``env.``."""
-    if data is None:
-        return {}
-    if not isinstance(data, Mapping) or not data:
-        r.fail(key, "expected a non-empty mapping of parameter: [values]")
-    out = {}
-    for k, values in data.items():
-        kk = f"{key}.{k}"
-        if isinstance(k, str) and k.startswith("env."):
-            _check_env_key(r, kk, k[4:])
-        elif not isinstance(k, str) or not _OVERRIDE_KEY.match(k):
-            r.fail(kk, "sweep parameters are override keys (train.seq_len) or env.NAME")
-        if not isinstance(values, list) or not values:
-            r.fail(kk, f"expected a non-empty list of values, got {values!r}")
-        out[k] = tuple(_scalar(r, kk, v) for v in values)
-        for v in out[k]:
-            _check_path(r, kk, k, v)
-    return out
-
-
-def _test_path(r: _Reader, key: str, v: Any) -> str:
-    """pytest targets stay inside the repository: relative, no '..', no option injection."""
-    if not isinstance(v, str) or not v or v.startswith(("-", "/")) or ".." in Path(v.split("::")[0]).parts:
-        r.fail(key, f"{v!r} must be a relative path inside the repository (no '..', not an option)")
-    if not re.match(r"^[A-Za-z0-9_./\[\]:-]+$", v):
-        r.fail(key, f"{v!r} contains characters not allowed in a test path")
-    return v
-
-
-_PYTEST_ARG = re.compile(r"^(-k|-m|-x|-q|-v|--maxfail=\d+|--hypothesis-seed=\d+|[A-Za-z0-9_ ().\[\]-]+)$")
-
-_PHASE_KEYS = ("name", "kind", "description", "markers", "launcher", "config", "overrides", "env", "steps",
-               "timeout_s", "sweep", "gates", "tests", "pytest_args", "min_gpus")
-_DEFAULT_KEYS = ("launcher", "config", "overrides", "env", "steps", "timeout_s", "min_gpus")
-
-
-def _phase(path: Path, data: Any, where: str, defaults: dict[str, Any], known_markers: set[str] | None) -> Phase:
-    r = _Reader(path, data, where, _PHASE_KEYS, ("name", "kind"))
-    name = r.str_("name", pattern=_NAME)
-    kind = r.str_("kind", choices=PHASE_KINDS)
-    markers = r.list_("markers")
-    for i, m in enumerate(markers):
-        if not isinstance(m, str) or not _NAME.match(m):
-            r.fail(r.key(f"markers[{i}]"), f"bad marker {m!r}")
-        if known_markers is not None and m not in known_markers:
-            r.fail(r.key(f"markers[{i}]"), f"marker {m!r} is not registered in pytest.ini")
-    launcher = _launcher(path, r.get("launcher", {}), r.key("launcher"), defaults["launcher"])
-    overrides = {**defaults["overrides"], **_overrides(r, r.key("overrides"), r.get("overrides"))}
-    env = {**defaults["env"], **_env(r, r.key("env"), r.get("env"))}
-    gates = tuple(_gate(path, g, r.key(f"gates[{i}]")) for i, g in enumerate(r.list_("gates")))
-    tests = tuple(_test_path(r, r.key(f"tests[{i}]"), t) for i, t in enumerate(r.list_("tests")))
-    pargs = r.list_("pytest_args")
-    for i, a in enumerate(pargs):
-        if not isinstance(a, str) or not _PYTEST_ARG.match(a):
-            r.fail(r.key(f"pytest_args[{i}]"), f"{a!r} is not an allowed pytest argument")
-    if kind == "pytest" and not tests:
-        r.fail(r.key("tests"), "a pytest phase needs at least one test path")
-    config = r.str_("config", defaults["config"], pattern=_MODULE)
-    return Phase(
-        name=name, kind=kind, description=r.str_("description", "") or "", markers=tuple(markers),
-        launcher=launcher, config=config, overrides=overrides, env=env,
-        steps=r.int_("steps", defaults["steps"], minimum=1),
-        timeout_s=r.num("timeout_s", defaults["timeout_s"], minimum=1.0),
-        sweep=_sweep(r, r.key("sweep"), r.get("sweep")), gates=gates, tests=tests, pytest_args=tuple(pargs),
-        min_gpus=r.int_("min_gpus", defaults["min_gpus"]),
-    )
 
 
 def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None) -> Runbook:
     """Load and validate a runbook (a path, or a name under runbooks/)."""
     path = _resolve(path_or_name, RUNBOOK_DIR)
-    data = _read_yaml(path)
-    r = _Reader(path, data, "", ("name", "description", "source", "profiles", "max_parallel", "defaults", "phases"),
+    data = read_yaml(path)
+    r = Reader(path, data, "", ("name", "description", "source", "profiles", "max_parallel", "defaults", "phases"),
                 ("name", "profiles", "phases"))
-    d = _Reader(path, r.get("defaults", {}), "defaults", _DEFAULT_KEYS)
+    d = Reader(path, r.get("defaults", {}), "defaults", DEFAULT_KEYS)
     defaults = {
-        "launcher": _launcher(path, d.get("launcher", {}), "defaults.launcher", Launcher()),
-        "config": d.str_("config", "tiny", pattern=_MODULE),
-        "overrides": _overrides(d, "defaults.overrides", d.get("overrides")),
-        "env": _env(d, "defaults.env", d.get("env")),
+        "launcher": parse_launcher(path, d.get("launcher", {}), "defaults.launcher", Launcher()),
+        "config": d.str_("config", "tiny", pattern=MODULE),
+        "overrides": parse_overrides(d, "defaults.overrides", d.get("overrides")),
+        "env": parse_env(d, "defaults.env", d.get("env")),
         "steps": d.int_("steps", 20, minimum=1),
         "timeout_s": d.num("timeout_s", 600.0, minimum=1.0),
         "min_gpus": d.int_("min_gpus", 0),
     }
     profiles = r.list_("profiles")
     for i, p in enumerate(profiles):
-        if not isinstance(p, str) or not _NAME.match(p):
+        if not isinstance(p, str) or not NAME.match(p):
             r.fail(f"profiles[{i}]", f"bad profile name {p!r}")
     raw = r.list_("phases")
     if not raw:
         r.fail("phases", "a runbook needs at least one phase")
-    phases = tuple(_phase(path, p, f"phases[{i}]", defaults, known_markers) for i, p in enumerate(raw))
+    phases = tuple(parse_phase(path, p, f"phases[{i}]", defaults, known_markers) for i, p in enumerate(raw))
     seen: set[str] = set()
     for i, p in enumerate(phases):
         if p.name in seen:
             r.fail(f"phases[{i}].name", f"duplicate phase name {p.name!r}")
         seen.add(p.name)
-    return Runbook(r.str_("name", pattern=_NAME), path, r.str_("description", "") or "",
+        _check_trainer_keys(r, f"phases[{i}]", p)
+    return Runbook(r.str_("name", pattern=NAME), path, r.str_("description", "") or "",
                    r.str_("source", "") or "", tuple(profiles), phases, r.int_("max_parallel", 1, minimum=1))
+
+
+#: the trainer whose config schema the harness knows (its own); other modules are not checked
+_OWN_TRAINER = "nsa.train"
+
+
+def _check_trainer_keys(r: Reader, where: str, phase) -> None:
+    """Override and sweep keys must be keys of the trainer's config: a typo is found when the
+    runbook loads, not point by point as crashes."""
+    if phase.kind not in ("train", "profile") or phase.launcher.module != _OWN_TRAINER:
+        return
+    from nsa.train.config import config_keys  # the schema of the trainer this runbook launches
+
+    known = config_keys()
+    for key in [*phase.overrides, *(k for k in phase.sweep if not k.startswith("env."))]:
+        if key not in known:
+            section = key.split(".", 1)[0]
+            near = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            keys = sorted(k for k in known if k.startswith(section + "."))
+            r.fail(f"{where} (override {key})", f"{key!r} is not a key of the trainer's config; {hint}keys under "
+                                                f"{section}: {', '.join(keys) or 'none (no such section)'}")
 
 
 def load_profile(path_or_name: str | Path) -> Profile:
     path = _resolve(path_or_name, PROFILE_DIR)
-    data = _read_yaml(path)
-    r = _Reader(path, data, "", ("name", "marker", "description", "hardware", "thresholds", "notes"),
+    data = read_yaml(path)
+    r = Reader(path, data, "", ("name", "marker", "description", "hardware", "thresholds", "notes"),
                 ("name", "marker", "hardware", "thresholds"))
-    h = _Reader(path, r.get("hardware"), "hardware", ("accelerator", "min_gpus", "min_gpu_mem_gb", "gpu_name"),
+    h = Reader(path, r.get("hardware"), "hardware", ("accelerator", "min_gpus", "min_gpu_mem_gb", "gpu_name"),
                 ("accelerator",))
     hw = Hardware(h.str_("accelerator", choices=ACCELERATORS), h.int_("min_gpus", 0),
-                  h.num("min_gpu_mem_gb", 0.0), h.str_("gpu_name", None, pattern=_NAME))
+                  h.num("min_gpu_mem_gb", 0.0), h.str_("gpu_name", None, pattern=NAME))
     thr = r.get("thresholds")
     if not isinstance(thr, Mapping):
         r.fail("thresholds", "expected a mapping of name: number (or null = to be measured)")
     thresholds: dict[str, float | None] = {}
     for k, v in thr.items():
-        if not isinstance(k, str) or not _NAME.match(k):
+        if not isinstance(k, str) or not NAME.match(k):
             r.fail(f"thresholds.{k}", "bad threshold name")
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
             r.fail(f"thresholds.{k}", f"expected a number or null (to be measured), got {v!r}")
         thresholds[k] = None if v is None else float(v)
-    return Profile(r.str_("name", pattern=_NAME), path, r.str_("marker", pattern=_NAME),
+    return Profile(r.str_("name", pattern=NAME), path, r.str_("marker", pattern=NAME),
                    r.str_("description", "") or "", hw, thresholds, r.str_("notes", "") or "")
 
 
@@ -444,7 +106,7 @@ def _resolve(path_or_name: str | Path, directory: Path) -> Path:
     p = Path(path_or_name)
     if p.suffix in (".yaml", ".yml"):
         return p
-    if not _NAME.match(str(path_or_name)):
+    if not NAME.match(str(path_or_name)):
         raise RunbookError(f"{path_or_name!r}: not a YAML path or a name under {directory}")
     return directory / f"{p}.yaml"
 

@@ -1,5 +1,7 @@
 """The result store: one JSON file (results.json) in the results directory holding one record
-per (runbook, profile, phase, parameters).
+per (runbook, profile, phase, parameters). Records are validation.record.PhaseRecord; JSON lives
+only here. The file says its schema: 2 is written, 1 (the same fields, some missing) is still
+read, anything else (or a file that is no store at all) is an error naming the file.
 
 Writes are read-modify-write under an exclusive ``fcntl`` lock on ``results.json.lock`` (so two
 harness runs, or pytest-xdist workers, on the same directory cannot lose each other's records),
@@ -18,14 +20,16 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import StoreError
+from .record import PhaseRecord, PointKey
 
 STORE_NAME = "results.json"
-SCHEMA = 1
+SCHEMA = 2
+READABLE_SCHEMAS = (1, 2)
 
 
-def record_key(key: dict[str, Any]) -> str:
+def record_key(key: PointKey) -> str:
     """Canonical string of a record's key: runbook/profile/phase/params (params sorted)."""
-    return json.dumps([key["runbook"], key["profile"], key["phase"], key.get("params", {})], sort_keys=True)
+    return json.dumps([key.runbook, key.profile, key.phase, key.params], sort_keys=True)
 
 
 class ResultStore:
@@ -51,10 +55,20 @@ class ResultStore:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise StoreError(f"{self.path}: not valid JSON ({exc}); move it aside to start a new store") from None
         if not isinstance(data, dict) or not isinstance(data.get("records"), dict):
-            raise StoreError(f"{self.path}: key 'records' missing or not an object")
-        if data.get("schema") != SCHEMA:
-            raise StoreError(f"{self.path}: schema {data.get('schema')!r}, this harness reads schema {SCHEMA}")
+            raise StoreError(f"{self.path}: not an nsa-validate result store (no 'records' object); "
+                             "move it aside or choose another --results-dir")
+        if data.get("schema") not in READABLE_SCHEMAS:
+            raise StoreError(f"{self.path}: schema {data.get('schema')!r}; this harness reads schemas "
+                             f"{', '.join(map(str, READABLE_SCHEMAS))} (a newer harness wrote it?)")
         return data
+
+    def check(self) -> None:
+        """Raise StoreError now if the store cannot be read (before any point runs)."""
+        with self._locked():
+            self._typed(self._read())
+
+    def _typed(self, data: dict[str, Any]) -> list[PhaseRecord]:
+        return [PhaseRecord.from_json(r, f"{self.path}: record {k}") for k, r in data["records"].items()]
 
     def _write(self, data: dict[str, Any]) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".results.", suffix=".tmp", dir=self.dir)
@@ -69,27 +83,24 @@ class ResultStore:
                 os.unlink(tmp)
             raise
 
-    def put(self, record: dict[str, Any]) -> None:
+    def put(self, record: PhaseRecord) -> None:
         """Insert or replace the one record with this record's key."""
-        with self._locked():
-            data = self._read()
-            data["records"][record_key(record["key"])] = record
-            self._write(data)
+        self.put_many([record])
 
-    def put_many(self, records: list[dict[str, Any]]) -> None:
+    def put_many(self, records: list[PhaseRecord]) -> None:
         with self._locked():
-            data = self._read()
-            for r in records:
-                data["records"][record_key(r["key"])] = r
-            self._write(data)
+            # every stored record is read (a malformed store is never silently rewritten) and
+            # written back in the current schema
+            kept = {record_key(r.key): r.to_json() for r in self._typed(self._read())}
+            kept.update({record_key(r.key): r.to_json() for r in records})
+            self._write({"schema": SCHEMA, "records": kept})
 
-    def records(self, runbook: str | None = None, profile: str | None = None) -> list[dict[str, Any]]:
+    def records(self, runbook: str | None = None, profile: str | None = None) -> list[PhaseRecord]:
         with self._locked():
-            recs = list(self._read()["records"].values())
-        return [r for r in recs
-                if (runbook is None or r["key"]["runbook"] == runbook)
-                and (profile is None or r["key"]["profile"] == profile)]
+            recs = self._typed(self._read())
+        return [r for r in recs if (runbook is None or r.key.runbook == runbook)
+                and (profile is None or r.key.profile == profile)]
 
     def pairs(self) -> list[tuple[str, str]]:
         """(runbook, profile) pairs that have records, sorted."""
-        return sorted({(r["key"]["runbook"], r["key"]["profile"]) for r in self.records()})
+        return sorted({(r.key.runbook, r.key.profile) for r in self.records()})

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..config import ConfigError, from_dict, merge, parse_overrides, read_yaml, resolve_config_path, to_dict
+from ..config import (ConfigError, field_paths, from_dict, merge, parse_overrides, read_yaml, resolve_config_path,
+                      to_dict)
 from ..model.config import ModelConfig
 
 DATASETS = ("synthetic", "pattern", "text", "parquet", "jsonl", "fineweb_edu")
@@ -350,6 +351,11 @@ def load_run_config(
 
 def config_dict(cfg: RunConfig) -> dict[str, Any]:
     return to_dict(cfg)
+
+
+def config_keys() -> set[str]:
+    """The dotted keys an override may set ('train.seq_len', 'model.attn.window', ...)."""
+    return field_paths(RunConfig)
 
 
 def out_dir(cfg: RunConfig) -> Path:

@@ -20,6 +20,11 @@ from typing import Any, Sequence
 
 import yaml
 
+from validation.finding import Finding
+from validation.findings import find
+from validation.record import PhaseRecord
+from validation.store import ResultStore
+
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
 
@@ -125,15 +130,14 @@ def load_store(results: Path) -> dict[str, Any]:
     return json.loads((results / "results.json").read_text())
 
 
-def record(results: Path, phase: str) -> dict[str, Any]:
-    recs = [r for r in load_store(results)["records"].values() if r["key"]["phase"] == phase]
+def record(results: Path, phase: str) -> PhaseRecord:
+    recs = [r for r in ResultStore(results).records() if r.key.phase == phase]
     assert len(recs) == 1, f"expected one record of phase {phase}, store has {len(recs)}"
     return recs[0]
 
 
-def findings_of(results: Path, phase: str) -> list[dict[str, Any]]:
-    from validation.findings import find
-    return [f for f in find(list(load_store(results)["records"].values())) if f["phase"] == phase]
+def findings_of(results: Path, phase: str) -> list[Finding]:
+    return [f for f in find(ResultStore(results).records()) if f.phase == phase]
 
 
 # ---------------------------------------------------------------------------- nothing lost

@@ -199,7 +199,7 @@ class Seeded:
         self.results = tmp_path / "results"
         shutil.copytree(baseline, self.results)
         self.healthy = U.record(self.results, "healthy")
-        self.healthy_dir = self.results / self.healthy["out_dir"]
+        self.healthy_dir = self.results / self.healthy.out_dir
         self.digest = U.tree_digest(self.healthy_dir)
 
     def runbook(self, *phases: dict[str, Any]) -> Path:
@@ -215,7 +215,7 @@ class Seeded:
         store = U.load_store(self.results)  # parses: never half-written
         assert U.record(self.results, "healthy") == self.healthy, "the earlier run's record changed"
         assert U.tree_digest(self.healthy_dir) == self.digest, "the earlier run's artifacts changed"
-        assert store["schema"] == 1
+        assert store["schema"] == 2
         assert not list(self.results.glob(".results.*.tmp")), "a temp file of the store was left behind"
 
 

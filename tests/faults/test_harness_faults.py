@@ -10,6 +10,7 @@ import time
 import pytest
 
 from tests.faults import _util as U
+from validation.store import ResultStore
 
 pytestmark = pytest.mark.faults
 
@@ -33,9 +34,9 @@ def test_two_harness_runs_share_a_results_dir(seeded, matrix):
     elapsed = time.monotonic() - t0
     for d in done:
         assert d.rc in (0, 3), f"exit {d.rc}:\n{d.stderr[-3000:]}"  # GO, or INCOMPLETE before the other lands
-    keys = sorted(r["key"]["phase"] for r in U.load_store(seeded.results)["records"].values())
+    keys = sorted(r.key.phase for r in ResultStore(seeded.results).records())
     assert keys == ["a", "b", "healthy"], keys
-    assert all(U.record(seeded.results, ph)["status"] == "PASS" for ph in ("a", "b"))
+    assert all(U.record(seeded.results, ph).status == "PASS" for ph in ("a", "b"))
     report = (seeded.results / "reports" / "faults__cpu.md").read_text()
     assert _complete_report(report), report[-500:]
     assert not list((seeded.results / "reports").glob("*.tmp")), "a report temp file was left behind"
@@ -59,16 +60,19 @@ def _wait_for(pred, timeout: float, what: str) -> None:
 def test_sigint_during_a_phase(seeded, matrix):
     matrix.start("SIGINT during a phase", "SIGINT to `nsa-validate run` while the trainer of a 2-rank "
                  "phase is at step >= 2", "harness exits promptly (130); the trainer's process group is "
-                 "killed; store, earlier record and report intact")
+                 "killed; store and earlier record intact; the report shows the points finished before")
     rb = seeded.runbook(U.fault_phase("long", steps=400, nproc=2))
     report = seeded.results / "reports" / "faults__cpu.md"
     before = report.read_bytes()
     t0 = time.monotonic()
     proc = U.launch([U.PY, "-m", "validation", "run", "--runbook", str(rb), "--profile", "cpu",
                      "--results-dir", str(seeded.results), "--phase", "long", "--no-plots"], timeout=120)
-    csv = seeded.results / "runs" / "faults" / "cpu" / "long" / "default" / "training.csv"
+    runs = seeded.results / "runs" / "faults" / "cpu" / "long" / "default"
+
+    def at_step_2() -> bool:
+        return any(len(csv.read_text().splitlines()) >= 3 for csv in runs.glob("*/training.csv"))
     try:
-        _wait_for(lambda: csv.exists() and len(csv.read_text().splitlines()) >= 3, 90, "step 2 of the phase")
+        _wait_for(at_step_2, 90, "step 2 of the phase")
         assert U.processes_with(str(seeded.root)), "no trainer running to interrupt"
         t_int = time.monotonic()
         os.kill(proc.pid, signal.SIGINT)  # the harness process only, as a shell's Ctrl-C reaches it
@@ -79,9 +83,14 @@ def test_sigint_during_a_phase(seeded, matrix):
     assert done.rc == 130, f"exit {done.rc}, expected 130 (interrupted):\n{done.stderr[-3000:]}"
     assert took <= 15, f"the harness took {took:.1f}s to stop after SIGINT"
     U.assert_no_orphans(str(seeded.root))  # the torchrun group was killed with the harness
-    assert report.read_bytes() == before, "an interrupted run changed (or half-wrote) the report"
+    text = report.read_text()
+    assert report.read_bytes() != before and _complete_report(text), "no whole report of the points finished"
+    assert "| healthy | default |" in text and "`faults/cpu/long/default`" in text  # the interrupted one: not run
+    assert U.record(seeded.results, "healthy") == seeded.healthy
+    assert not any(r.key.phase == "long" for r in ResultStore(seeded.results).records()), "a partial run was stored"
     seeded.intact()
-    matrix.done(f"exit {done.rc}", "interrupted; trainer group killed; no record half-written", took, 15.0)
+    matrix.done(f"exit {done.rc}", "interrupted; trainer group killed; no record half-written; report of the "
+                "points finished", took, 15.0)
 
 
 def test_sigint_during_report_rendering(seeded, matrix):

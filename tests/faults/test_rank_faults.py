@@ -14,7 +14,7 @@ pytestmark = pytest.mark.faults
 
 
 def _finding(seeded, phase: str, prefix: str) -> dict:
-    found = [f for f in U.findings_of(seeded.results, phase) if f["title"].startswith(prefix)]
+    found = [f for f in U.findings_of(seeded.results, phase) if f.title.startswith(prefix)]
     assert found, f"no '{prefix}' finding for {phase}: {[f['title'] for f in U.findings_of(seeded.results, phase)]}"
     return found[0]
 
@@ -23,14 +23,14 @@ def _report(seeded) -> str:
     return (seeded.results / "reports" / "faults__cpu.md").read_text()
 
 
-def _common_after(seeded, rec: dict, p: U.Proc) -> None:
+def _common_after(seeded, rec, p: U.Proc) -> None:
     """Harness exit 1 (NO-GO), the report names both runs, nothing orphaned or lost."""
     assert p.rc == 1, f"harness exit {p.rc}, expected 1 (NO-GO):\n{p.stderr[-2000:]}"
     report = _report(seeded)
     assert "**Status: NO-GO**" in report
     assert "| healthy | default |" in report, "the earlier run is missing from the report"
-    env = json.loads((seeded.results / rec["out_dir"] / "env.json").read_text())
-    assert env["fault_injection"] == rec["env"]["NSA_FAULT"], "env.json must record the active fault"
+    env = json.loads((seeded.results / rec.out_dir / "env.json").read_text())
+    assert env["fault_injection"] == rec.env["NSA_FAULT"], "env.json must record the active fault"
     U.assert_no_orphans(str(seeded.root))
     seeded.intact()
 
@@ -42,22 +42,22 @@ def test_stalled_rank_is_halted_by_the_watchdog(seeded, matrix):
     rb = seeded.runbook(U.fault_phase("stall", "stall:rank=1:step=3", nproc=2))
     p = seeded.run(rb, "stall")
     rec = U.record(seeded.results, "stall")
-    assert rec["status"] == "FAIL" and "watchdog" in rec["reason"], rec["reason"]
-    assert not rec["timed_out"], "the harness timeout fired: the watchdog did not end the run"
-    took = U.fault_to_end_s(seeded.results / rec["out_dir"], 1, 3, "forward")
+    assert rec.status == "FAIL" and "watchdog" in rec.reason, rec.reason
+    assert not rec.timed_out, "the harness timeout fired: the watchdog did not end the run"
+    took = U.fault_to_end_s(seeded.results / rec.out_dir, 1, 3, "forward")
     assert took <= U.STALL_BOUND_S, f"stall took {took:.1f}s from the fault to the end > {U.STALL_BOUND_S}s"
-    ev = rec["evidence"]
-    assert set(ev["stackdumps"]) == {"0", "1"}, "every rank must leave a stack dump"
-    assert {"stackdump_rank0.txt", "stackdump_rank1.txt", ".HALT"} <= set(ev["files"]) | {".HALT"}
-    assert ev["halt"]
+    ev = rec.evidence
+    assert set(ev.stackdumps) == {0, 1}, "every rank must leave a stack dump"
+    assert {"stackdump_rank0.txt", "stackdump_rank1.txt", ".HALT"} <= set(ev.files) | {".HALT"}
+    assert ev.halt
     # the stalled rank is named with where it is stuck (the injected sleep) and its step
     f = _finding(seeded, "stall", "stall in stall")
-    text = f["title"] + "\n" + "\n".join(f["detail"])
-    assert "rank 1 in at" in f["title"], text
+    text = f.title + "\n" + "\n".join(f.detail)
+    assert "rank 1 in at" in f.title, text
     assert "rank 1: last heartbeat step 3, stage forward" in text and "faults.py" in text, text
     assert "rank 0: last heartbeat step 3" in text, text
     _common_after(seeded, rec, p)
-    matrix.done(rec["status"], rec["reason"] + " | " + f["title"], took, U.STALL_BOUND_S)
+    matrix.done(rec.status, rec.reason + " | " + f.title, took, U.STALL_BOUND_S)
 
 
 @pytest.mark.distributed
@@ -67,17 +67,17 @@ def test_sigkilled_rank_ends_the_run(seeded, matrix):
     rb = seeded.runbook(U.fault_phase("kill", "kill:rank=1:step=3", nproc=2))
     p = seeded.run(rb, "kill")
     rec = U.record(seeded.results, "kill")
-    assert rec["status"] == "FAIL" and "crashed" in rec["reason"], rec["reason"]
-    assert not rec["timed_out"]
-    took = U.fault_to_end_s(seeded.results / rec["out_dir"], 1, 3, "forward")
+    assert rec.status == "FAIL" and "crashed" in rec.reason, rec.reason
+    assert not rec.timed_out
+    took = U.fault_to_end_s(seeded.results / rec.out_dir, 1, 3, "forward")
     assert took <= U.STALL_BOUND_S, f"kill took {took:.1f}s from the fault to the end > {U.STALL_BOUND_S}s"
     f = _finding(seeded, "kill", "crash in kill")
-    text = f["title"] + "\n" + "\n".join(f["detail"])
-    assert "rank 1" in f["title"] and "SIGKILL" in f["title"], text
+    text = f.title + "\n" + "\n".join(f.detail)
+    assert "rank 1" in f.title and "SIGKILL" in f.title, text
     assert "rank 1: last heartbeat step 3" in text, text
     assert "trainer.stderr.log" in text
     _common_after(seeded, rec, p)
-    matrix.done(rec["status"], rec["reason"] + " | " + f["title"], took, U.STALL_BOUND_S)
+    matrix.done(rec.status, rec.reason + " | " + f.title, took, U.STALL_BOUND_S)
 
 
 @pytest.mark.distributed
@@ -87,16 +87,16 @@ def test_exception_on_one_rank(seeded, matrix):
     rb = seeded.runbook(U.fault_phase("crash", "crash:rank=1:step=2:stage=backward", nproc=2))
     p = seeded.run(rb, "crash")
     rec = U.record(seeded.results, "crash")
-    assert rec["status"] == "FAIL" and "crashed" in rec["reason"], rec["reason"]
-    took = U.fault_to_end_s(seeded.results / rec["out_dir"], 1, 2, "backward")
+    assert rec.status == "FAIL" and "crashed" in rec.reason, rec.reason
+    took = U.fault_to_end_s(seeded.results / rec.out_dir, 1, 2, "backward")
     assert took <= U.STALL_BOUND_S, f"{took:.1f}s from the fault to the end"
     f = _finding(seeded, "crash", "crash in crash")
-    text = f["title"] + "\n" + "\n".join(f["detail"])
-    assert "rank 1" in f["title"], text
-    assert "InjectedFault: injected crash on rank 1 at step 2 stage backward" in f["title"], text
+    text = f.title + "\n" + "\n".join(f.detail)
+    assert "rank 1" in f.title, text
+    assert "InjectedFault: injected crash on rank 1 at step 2 stage backward" in f.title, text
     assert "rank 1: last heartbeat step 2, stage backward" in text, text
     _common_after(seeded, rec, p)
-    matrix.done(rec["status"], rec["reason"] + " | " + f["title"], took, U.STALL_BOUND_S)
+    matrix.done(rec.status, rec.reason + " | " + f.title, took, U.STALL_BOUND_S)
 
 
 @pytest.mark.distributed
@@ -106,19 +106,19 @@ def test_nan_loss_halts_with_the_rank_and_step(seeded, matrix):
     rb = seeded.runbook(U.fault_phase("nan", "nan:rank=0:step=3", nproc=2))
     p = seeded.run(rb, "nan")
     rec = U.record(seeded.results, "nan")
-    assert rec["status"] == "FAIL", rec
-    assert "non-finite loss at step 3" in rec["reason"], rec["reason"]
-    assert "watchdog" not in rec["reason"], "a NaN halt is not a watchdog stall"
-    took = U.fault_to_end_s(seeded.results / rec["out_dir"], 0, 3, "forward")
+    assert rec.status == "FAIL", rec
+    assert "non-finite loss at step 3" in rec.reason, rec.reason
+    assert "watchdog" not in rec.reason, "a NaN halt is not a watchdog stall"
+    took = U.fault_to_end_s(seeded.results / rec.out_dir, 0, 3, "forward")
     assert took <= U.STALL_BOUND_S, f"{took:.1f}s from the fault to the end"
-    titles = [f["title"] for f in U.findings_of(seeded.results, "nan")]
+    titles = [f.title for f in U.findings_of(seeded.results, "nan")]
     assert not any(t.startswith("stall") for t in titles), titles
     f = _finding(seeded, "nan", "non-finite loss in nan")
-    assert "step 3" in f["title"] and "rank 0" in f["title"], f["title"]
+    assert "step 3" in f.title and "rank 0" in f.title, f.title
     # the halt happened before the optimizer step: the CSV stops at step 2, no NaN row logged
-    assert rec["metrics"]["steps_completed"] == 2
+    assert rec.metrics["steps_completed"] == 2
     _common_after(seeded, rec, p)
-    matrix.done(rec["status"], rec["reason"] + " | " + f["title"], took, U.STALL_BOUND_S)
+    matrix.done(rec.status, rec.reason + " | " + f.title, took, U.STALL_BOUND_S)
 
 
 def test_out_of_memory_on_cpu(seeded, matrix):
@@ -127,14 +127,14 @@ def test_out_of_memory_on_cpu(seeded, matrix):
     rb = seeded.runbook(U.fault_phase("oom", "oom:step=2"))
     p = seeded.run(rb, "oom")
     rec = U.record(seeded.results, "oom")
-    assert rec["status"] == "FAIL" and "crashed" in rec["reason"], rec["reason"]
-    assert rec["wall_s"] <= 120.0
-    assert "oom_rank0.txt" in rec["evidence"]["files"]
-    assert "step 2" in (seeded.results / rec["out_dir"] / "oom_rank0.txt").read_text()
+    assert rec.status == "FAIL" and "crashed" in rec.reason, rec.reason
+    assert rec.wall_s <= 120.0
+    assert "oom_rank0.txt" in rec.evidence.files
+    assert "step 2" in (seeded.results / rec.out_dir / "oom_rank0.txt").read_text()
     f = _finding(seeded, "oom", "crash in oom")
-    assert "OutOfMemoryError" in f["title"] and "rank 0" in f["title"] and "step 2" in f["title"], f["title"]
+    assert "OutOfMemoryError" in f.title and "rank 0" in f.title and "step 2" in f.title, f.title
     _common_after(seeded, rec, p)
-    matrix.done(rec["status"], rec["reason"] + " | " + f["title"], rec["wall_s"], 120.0)
+    matrix.done(rec.status, rec.reason + " | " + f.title, rec.wall_s, 120.0)
 
 
 @pytest.mark.distributed
@@ -151,16 +151,16 @@ def test_stalled_rank_without_watchdog_is_killed_at_the_phase_timeout(seeded, ma
     rb = seeded.runbook(phase)
     p = seeded.run(rb, "hang")
     rec = U.record(seeded.results, "hang")
-    assert rec["status"] == "FAIL" and rec["timed_out"] and "timed out" in rec["reason"], rec["reason"]
+    assert rec.status == "FAIL" and rec.timed_out and "timed out" in rec.reason, rec.reason
     bound = timeout + 30
-    assert rec["wall_s"] <= bound  # the harness's own clock: the phase timeout covers start-up too
-    assert set(rec["evidence"]["stackdumps"]) == {"0", "1"}, "SIGUSR1 must reach both ranks"
+    assert rec.wall_s <= bound  # the harness's own clock: the phase timeout covers start-up too
+    assert set(rec.evidence.stackdumps) == {0, 1}, "SIGUSR1 must reach both ranks"
     f = _finding(seeded, "hang", "stall in hang")
-    text = f["title"] + "\n" + "\n".join(f["detail"])
-    assert f"killed at the {timeout:g}s timeout" in f["title"] and "rank 1 in at" in f["title"], text
+    text = f.title + "\n" + "\n".join(f.detail)
+    assert f"killed at the {timeout:g}s timeout" in f.title and "rank 1 in at" in f.title, text
     assert "rank 1: last heartbeat step 3, stage forward" in text, text
     _common_after(seeded, rec, p)
-    matrix.done(rec["status"], rec["reason"] + " | " + f["title"], rec["wall_s"], bound)
+    matrix.done(rec.status, rec.reason + " | " + f.title, rec.wall_s, bound)
 
 
 @pytest.mark.gpu
@@ -172,11 +172,11 @@ def test_out_of_memory_on_cuda(seeded, matrix):
     rb = seeded.runbook(U.fault_phase("oom_cuda", "oom:step=2", overrides={"train.device": "cuda"}))
     p = seeded.run(rb, "oom_cuda")
     rec = U.record(seeded.results, "oom_cuda")
-    assert rec["status"] == "FAIL" and "crashed" in rec["reason"], rec["reason"]
-    text = (seeded.results / rec["out_dir"] / "oom_rank0.txt").read_text()
+    assert rec.status == "FAIL" and "crashed" in rec.reason, rec.reason
+    text = (seeded.results / rec.out_dir / "oom_rank0.txt").read_text()
     assert "CUDA out of memory" in text or "out of memory" in text.lower()
     assert "memory summary" in text.lower() or "PyTorch CUDA memory summary" in text
     f = _finding(seeded, "oom_cuda", "crash in oom_cuda")
-    assert "OutOfMemoryError" in f["title"], f["title"]
+    assert "OutOfMemoryError" in f.title, f.title
     _common_after(seeded, rec, p)
-    matrix.done(rec["status"], f["title"], rec["wall_s"], 120.0)
+    matrix.done(rec.status, f.title, rec.wall_s, 120.0)

@@ -13,7 +13,9 @@ import pytest
 from tests.faults import _util as U
 from validation.artifacts import read_heartbeats, read_training_csv
 from validation.metrics import RunData
-from validation.phases import ERROR, _collect_train, verdict
+from validation.evidence import collect_train
+from validation.record import Status
+from validation.verdict import verdict
 
 pytestmark = pytest.mark.faults
 
@@ -168,8 +170,8 @@ def _harness_verdict(d: Path) -> tuple[str, str]:
     run = RunData(out_dir=d, world_size=1)
     run.exit_code, run.timed_out = 0, False
     errors: list[str] = []
-    _collect_train(run, errors)
-    return verdict("train", run, errors, [])
+    collect_train(run, errors)
+    return verdict("train", run, None, errors, [])
 
 
 def test_truncated_training_csv_is_error_naming_row(runs, tmp_path, matrix):
@@ -180,7 +182,7 @@ def test_truncated_training_csv_is_error_naming_row(runs, tmp_path, matrix):
     text = (d / "training.csv").read_text()
     (d / "training.csv").write_text(text[: len(text) - 30])
     status, reason = _harness_verdict(d)
-    assert status == ERROR, (status, reason)
+    assert status == Status.ERROR, (status, reason)
     assert str(d / "training.csv") in reason and "row" in reason and "column" in reason, reason
     matrix.done(status, reason.replace(str(tmp_path), "<tmp>"), None, None)
 
@@ -194,8 +196,8 @@ def test_corrupt_training_csv_is_error(runs, tmp_path, matrix):
     lines[3] = lines[3].replace(lines[3].split(",")[3], "fast", 1)
     (d / "training.csv").write_text("\n".join(lines) + "\n")
     status, reason = _harness_verdict(d)
-    assert status == ERROR and "row 4, column toks_per_s: 'fast' is not a number" in reason, reason
+    assert status == Status.ERROR and "row 4, column toks_per_s: 'fast' is not a number" in reason, reason
     (d / "training.csv").write_bytes(b"\x00\xff\xfe junk \x00" * 50)
     status2, reason2 = _harness_verdict(d)
-    assert status2 == ERROR and str(d / "training.csv") in reason2, reason2
+    assert status2 == Status.ERROR and str(d / "training.csv") in reason2, reason2
     matrix.done(status, reason.replace(str(tmp_path), "<tmp>"), None, None)

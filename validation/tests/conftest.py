@@ -52,8 +52,8 @@ class FakeRun:
         return self.records[0]
 
     def findings(self, severity: str | None = None) -> list[str]:
-        return [f["title"] + "\n" + "\n".join(f["detail"]) for f in self.context["findings"]
-                if severity is None or f["severity"] == severity]
+        return [f.title + "\n" + "\n".join(f.detail) for f in self.context["findings"]
+                if severity is None or f.severity == severity]
 
 
 @pytest.fixture

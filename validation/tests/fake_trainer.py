@@ -12,7 +12,7 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
     NSA_FAULT=idle:rank=1        rank 1 never steps and reports 0% GPU utilisation
     NSA_FAULT=slow:rank=1        rank 1 takes 3x as long per step
     NSA_FAULT=fallback           reports fallback counters and a fallback route
-NSA_FAKE_WORLD=N simulates N ranks from one process.
+NSA_FAKE_WORLD=N simulates N ranks from one process; NSA_FAKE_STEP_S=S sleeps S seconds a step.
 """
 from __future__ import annotations
 
@@ -71,7 +71,8 @@ def main() -> int:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         (out / "child.pid").write_text(str(child.pid))
         allreduce_wait(600)
-    csv = None if fault == "missing_csv" else open(out / "training.csv", "w")
+    step_s = float(os.environ.get("NSA_FAKE_STEP_S", "0"))
+    csv = None if fault == "missing_csv" else open(out / "training.csv", "w", buffering=1)
     if csv:
         csv.write(("step,loss,toks\n" if fault == "corrupt_csv" and opts.get("header") else HEADER + "\n"))
     beats = {r: open(out / f"heartbeat_rank{r}.jsonl", "w") for r in range(world)}
@@ -107,7 +108,7 @@ def main() -> int:
                         '  File "/x/torch/distributed/distributed_c10d.py", line 2501 in all_reduce\n'
                         '  File "/x/nsa/train/loop.py", line 88 in train_step\n'
                         '  File "/x/nsa/train/__main__.py", line 20 in <module>\n')
-            (out / ".HALT").write_text(f"watchdog: no progress since step {step}\n")
+            (out / ".HALT").write_text(json.dumps({"source": "watchdog", "step": step, "stage": "backward"}))
             print(f"[watchdog] no rank progressed; stack dumps written; halting at step {step}", file=sys.stderr)
             return 3
         if csv:
@@ -115,6 +116,7 @@ def main() -> int:
                 csv.write(f"{step},2.0,1e-4,fast,0.1,1.0,0.5,1.0\n")
             else:
                 csv.write(f"{step},{3.0 - step * 0.01:.4f},1e-4,{toks},{0.5},{1.0},{0.5},{1.0}\n")
+        time.sleep(step_s)
     return 0
 
 

@@ -10,18 +10,18 @@ from validation.tests.conftest import train_phase
 
 def test_healthy_run_is_go(fake_run):
     run = fake_run([train_phase()])
-    assert run.record["status"] == "PASS", run.record["reason"]
+    assert run.record.status == "PASS", run.record.reason
     assert run.context["status"] == "GO"
     assert "**Status: GO**" in run.report
-    gate = run.record["gates"][0]
-    assert gate["window"] == "last 5 steps" and gate["value"] > 199
+    gate = run.record.gates[0]
+    assert gate.window == "last 5 steps" and gate.value > 199
 
 
 def test_crash_is_nogo_with_stderr_tail(fake_run):
     run = fake_run([train_phase(fault="crash:step=3")])
     rec = run.record
-    assert rec["status"] == "FAIL" and rec["exit_code"] == 1
-    assert "trainer crashed" in rec["reason"]
+    assert rec.status == "FAIL" and rec.exit_code == 1
+    assert "trainer crashed" in rec.reason
     [crash] = run.findings("critical")
     assert "mark a variable ready only once" in crash
     assert run.context["status"] == "NO-GO"
@@ -31,7 +31,7 @@ def test_crash_is_nogo_with_stderr_tail(fake_run):
 def test_stalled_rank_reports_where_each_rank_was(fake_run):
     run = fake_run([train_phase(fault="stall:rank=1:step=3", env={"NSA_FAKE_WORLD": "2"})])
     rec = run.record
-    assert rec["status"] == "FAIL" and ".HALT" in rec["reason"]
+    assert rec.status == "FAIL" and ".HALT" in rec.reason
     [stall] = [f for f in run.findings("critical") if f.startswith("stall")]
     assert "rank 1 in backward_stuck" in stall and "rank 0 in all_reduce" in stall
     assert "rank 1: last heartbeat step 3, stage backward" in stall
@@ -43,8 +43,8 @@ def test_hang_is_killed_at_timeout_with_process_group(fake_run):
     run = fake_run([train_phase(fault="hang", timeout_s=8)])  # long enough to start under a loaded CI box
     assert time.monotonic() - start < 30
     rec = run.record
-    assert rec["status"] == "FAIL" and rec["timed_out"] and "timed out" in rec["reason"]
-    child = int((run.results / rec["out_dir"] / "child.pid").read_text())
+    assert rec.status == "FAIL" and rec.timed_out and "timed out" in rec.reason
+    child = int((run.results / rec.out_dir / "child.pid").read_text())
     _assert_dead(child)
     [stall] = [f for f in run.findings("critical") if f.startswith("stall")]
     assert "killed at the 8s timeout" in stall and "allreduce_wait" in stall  # SIGUSR1 stack dump
@@ -65,25 +65,25 @@ def _assert_dead(pid: int) -> None:
 
 def test_missing_csv_is_error_naming_the_file(fake_run):
     run = fake_run([train_phase(fault="missing_csv")])
-    assert run.record["status"] == "ERROR"
-    assert "training.csv: missing" in run.record["reason"]
+    assert run.record.status == "ERROR"
+    assert "training.csv: missing" in run.record.reason
     assert run.context["status"] == "NO-GO"
 
 
 def test_corrupt_csv_names_row_and_column(fake_run):
     run = fake_run([train_phase(fault="corrupt_csv")])
-    assert run.record["status"] == "ERROR"
-    assert "row 3, column toks_per_s: 'fast' is not a number" in run.record["reason"]
+    assert run.record.status == "ERROR"
+    assert "row 3, column toks_per_s: 'fast' is not a number" in run.record.reason
 
 
 def test_wrong_csv_header_is_error(fake_run):
     run = fake_run([train_phase(fault="corrupt_csv:header=1")])
-    assert run.record["status"] == "ERROR" and "header is step,loss,toks" in run.record["reason"]
+    assert run.record.status == "ERROR" and "header is step,loss,toks" in run.record.reason
 
 
 def test_throughput_cliff_names_the_sweep_step(fake_run):
     run = fake_run([train_phase("scaling_sweep", fault="cliff", sweep={"train.seq_len": [32, 64], "train.batch_size": [1, 2]})])
-    assert [r["status"] for r in run.records] == ["PASS"] * 4  # each point clears the 1 toks/s floor
+    assert [r.status for r in run.records] == ["PASS"] * 4  # each point clears the 1 toks/s floor
     [cliff] = run.findings("critical")
     assert "throughput cliff in scaling_sweep at [seq_len=32, batch_size=2]" in cliff
     assert "toks/s after 201.2 toks/s at [seq_len=32, batch_size=1] (31.4x drop)" in cliff
@@ -94,7 +94,7 @@ def test_throughput_cliff_names_the_sweep_step(fake_run):
 def test_idle_rank_is_found(fake_run):
     run = fake_run([train_phase("fsdp", fault="idle:rank=1", env={"NSA_FAKE_WORLD": "2"},
                                 gates=[{"metric": "idle_ranks", "op": "==", "threshold": 0}])])
-    assert run.record["status"] == "FAIL" and "idle_ranks = 1" in run.record["reason"]
+    assert run.record.status == "FAIL" and "idle_ranks = 1" in run.record.reason
     [idle] = run.findings("critical")
     assert "1 of 2 rank(s) did no work" in idle and "rank 1: last step 0, stage data, GPU util 0%" in idle
 
@@ -102,7 +102,7 @@ def test_idle_rank_is_found(fake_run):
 def test_slow_rank_is_imbalance_with_per_rank_step_times(fake_run):
     run = fake_run([train_phase(fault="slow:rank=1", env={"NSA_FAKE_WORLD": "2"},
                                 gates=[{"metric": "rank_step_time_ratio", "op": "<=", "threshold": 1.5}])])
-    assert run.record["status"] == "FAIL"
+    assert run.record.status == "FAIL"
     [warn] = run.findings("warning")
     assert "rank 1 takes 3.0x as long per step as rank 0" in warn
 
@@ -111,7 +111,7 @@ def test_fallbacks_are_reported(fake_run):
     run = fake_run([train_phase("sdpa_audit", fault="fallback",
                                 gates=[{"metric": "fallbacks_total", "op": "<=", "threshold": 0},
                                        {"metric": "backends_recorded", "op": "==", "threshold": 1}])])
-    assert run.record["status"] == "FAIL"
+    assert run.record.status == "FAIL"
     [fb] = run.findings("warning")
     assert fb.startswith("fallbacks in 1 of 1 run(s): sel route, sel_triton_fail")
     assert "sdpa_audit [default]: sel_triton_fail: 8; sel: backend torch (fallback: triton unavailable)" in fb
@@ -123,4 +123,20 @@ def test_bucket_sweep_table_and_choice(fake_run):
     [choice] = run.findings("info")
     assert choice.startswith("best setting in bucket_sweep: NSA_DDP_BUCKET_MB=")
     assert "| NSA_DDP_BUCKET_MB | Mean toks/s | Stdev |" in run.report
-    assert run.records[0]["env"]["NSA_DDP_BUCKET_MB"] == "25"
+    assert run.records[0].env["NSA_DDP_BUCKET_MB"] == "25"
+
+
+def test_every_failed_gate_is_a_finding_and_the_best_setting_still_shows(fake_run):
+    """A NO-GO of failed throughput gates once said 'No automatic findings', and the best-setting
+    finding vanished as soon as a sweep point failed."""
+    slow = [{"metric": "toks_per_s_mean", "op": ">=", "threshold": 1000, "window": "last 5 steps",
+             "description": "Throughput >= 1000 toks/s"}]
+    run = fake_run([train_phase("bucket_sweep", gates=slow, sweep={"env.NSA_DDP_BUCKET_MB": [25, 50, 100]})])
+    assert run.context["status"] == "NO-GO"
+    failed = [f for f in run.findings("critical") if f.startswith("gate failed")]
+    assert len(failed) == 3
+    assert "gate failed in bucket_sweep [NSA_DDP_BUCKET_MB=25]: toks_per_s_mean = 20" in failed[0]
+    assert "needs >= 1000 (last 5 steps)" in failed[0] and "Throughput >= 1000 toks/s" in failed[0]
+    [best] = run.findings("info")
+    assert best.startswith("best setting in bucket_sweep: NSA_DDP_BUCKET_MB=") and "its gates: FAIL" in best
+    assert "No automatic findings" not in run.report and "## Recommendations" in run.report

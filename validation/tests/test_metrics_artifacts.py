@@ -11,7 +11,7 @@ import pytest
 from validation import runner
 from validation.artifacts import CSV_COLUMNS, main_thread_frames, parse_stackdump, read_heartbeats, read_training_csv
 from validation.errors import ArtifactError
-from validation.gates import FAIL, NO_DATA, OPS, PASS, UNMEASURED, check
+from validation.gates import OPS, GateVerdict, check
 from validation.metrics import METRICS, RunData, compute
 
 
@@ -60,8 +60,8 @@ def test_bad_csv_is_named(tmp_path, content, words):
 
 def test_gates_use_the_operator_table_only():
     assert set(OPS) == {">=", ">", "<=", "<", "==", "!="}
-    assert check(39.0, ">=", 39.0) == PASS and check(38.9, ">=", 39.0) == FAIL
-    assert check(None, ">=", 39.0) == NO_DATA and check(50.0, ">=", None) == UNMEASURED
+    assert check(39.0, ">=", 39.0) == GateVerdict.PASS and check(38.9, ">=", 39.0) == GateVerdict.FAIL
+    assert check(None, ">=", 39.0) == GateVerdict.NO_DATA and check(50.0, ">=", None) == GateVerdict.UNMEASURED
     with pytest.raises(KeyError):
         check(1.0, "__import__('os').system('id')", 0.0)
 

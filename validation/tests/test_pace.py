@@ -12,6 +12,7 @@ import pytest
 
 from validation import findings
 from validation.pace import HOST_BOUND_FIXED_SHARE, busy_fraction, fit_step_time
+from validation.record import PhaseRecord, PointKey, Status
 
 #: written by `pytest -m h100` (nvtx [compile=True], 10 CUDA-graph steps of m7c_125m at 2 rows x 2
 #: micro-batches x S=2048) on an H100 on 2026-11-23: docs/measurements/2026-11-23-a
@@ -53,10 +54,10 @@ def test_busy_fraction_on_a_recorded_h100_timeline():
 
 
 def _rec(phase, tokens, step_s, i, exit_code=0):
-    return {"key": {"phase": phase, "params": {"train.batch_size": i}}, "kind": "train", "exit_code": exit_code,
-            "timed_out": False, "sweep_index": i, "params_order": ["train.batch_size"], "status": "PASS",
-            "metrics": {"tokens_per_step": tokens, "step_time_s_mean": step_s, "toks_per_s_mean": tokens / step_s},
-            "evidence": {}, "out_dir": f"runs/{phase}/{i}"}
+    return PhaseRecord(PointKey("rb", "cpu", phase, {"train.batch_size": i}), f"rb/cpu/{phase}/{i}", "train",
+                       Status.PASS, "", sweep_index=i, params_order=["train.batch_size"], exit_code=exit_code,
+                       metrics={"tokens_per_step": tokens, "step_time_s_mean": step_s, "toks_per_s_mean": tokens / step_s},
+                       out_dir=f"runs/{phase}/{i}")
 
 
 #: the seed runbook's scaling sweep on two H200s before CUDA graphs (issue 12): 0.21-0.24 s per
@@ -86,10 +87,10 @@ def test_host_bound_finding(points, fires):
     assert (fit.fixed_share >= HOST_BOUND_FIXED_SHARE) is fires
     if fires:
         (f,) = out
-        assert f["severity"] == "warning" and f["phase"] == "scaling_sweep"
-        assert "step time 0.21-0.24 s while tokens per step grow 8.0x (2,048 -> 16,384)" in f["title"]
-        assert f"{fit.fixed_s * 1e3:.1f} ms fixed" in f["detail"][0] and "least squares over 6 points" in f["detail"][0]
-        assert "train.cuda_graphs" in f["detail"][1]
+        assert f.severity == "warning" and f.phase == "scaling_sweep"
+        assert "step time 0.21-0.24 s while tokens per step grow 8.0x (2,048 -> 16,384)" in f.title
+        assert f"{fit.fixed_s * 1e3:.1f} ms fixed" in f.detail[0] and "least squares over 6 points" in f.detail[0]
+        assert "train.cuda_graphs" in f.detail[1]
 
 
 def test_host_bound_ignores_crashed_points_and_one_token_count():
@@ -102,6 +103,6 @@ def test_host_bound_ignores_crashed_points_and_one_token_count():
 def test_old_records_without_tokens_per_step_use_toks_times_step_time():
     recs = [_rec("scaling_sweep", t, s, i) for i, (t, s) in enumerate(FLAT)]
     for r in recs:
-        del r["metrics"]["tokens_per_step"]
+        del r.metrics["tokens_per_step"]
     assert findings.host_bound(recs)
     assert np.isclose(findings._tokens_per_step(recs[0]), FLAT[0][0])

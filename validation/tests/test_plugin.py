@@ -38,8 +38,8 @@ def test_run_stores_records_and_renders_report(tmp_path):
                   "-k", "bucket_sweep or test_report")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "3 passed" in out.stdout  # two sweep points + the cross-point report check
-    assert {r["key"]["phase"] for r in ResultStore(res).records()} == {"bucket_sweep"}
-    assert f"nsa-validate report: {res}/reports/fake__cpu.md" in out.stdout
+    assert {r.key.phase for r in ResultStore(res).records()} == {"bucket_sweep"}
+    assert f"nsa-validate report: INCOMPLETE -> {res}/reports/fake__cpu.md" in out.stdout
     text = (res / "reports" / "fake__cpu.md").read_text()
     assert "**Status: INCOMPLETE**" in text and "`fake/cpu/baseline_ddp/default`" in text  # not run this time
 

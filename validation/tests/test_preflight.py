@@ -6,19 +6,19 @@ from __future__ import annotations
 
 import subprocess
 
-from validation import phases
+from validation import kinds
 from validation.metrics import RunData
 from validation.plan import expand
 from validation.runbook import load_profile, load_runbook
 
 
 def _preflight_in(tree, tmp_path, monkeypatch):
-    monkeypatch.setattr(phases, "REPO_ROOT", tree)
+    monkeypatch.setattr(kinds, "REPO_ROOT", tree)
     point = expand(load_runbook("cpu_smoke"), load_profile("cpu"), ["preflight"])[0]
     out = tmp_path / "out"
     out.mkdir()
     run, errors = RunData(out_dir=out), []
-    phases._preflight(point, out, run, errors, None)
+    kinds.preflight(point, out, run, errors, None)
     return run, errors
 
 

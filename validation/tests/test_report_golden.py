@@ -10,6 +10,7 @@ import pytest
 
 from validation.gates import check
 from validation.plan import expand
+from validation.record import PhaseRecord
 from validation.report import build_context, render_text
 from validation.runbook import load_profile, load_runbook
 from validation.store import ResultStore
@@ -43,13 +44,13 @@ def record(point, status="PASS", toks=200.0, gate_values=None, **over):
         "metrics": {"toks_per_s_mean": toks, "toks_per_s_stdev": 1.5, "step_time_s_mean": 0.25, "mem_reserved_gb_max": 0.0,
                     "steps_completed": float(point.phase.steps), "tests_passed": 3.0, "tests_failed": 0.0, "idle_ranks": 0.0,
                     "tokens_per_step": None},
-        "evidence": {"errors": [], "stderr_tail": "", "stderr_log": "trainer.stderr.log", "halt": False, "stackdumps": {},
+        "evidence": {"errors": [], "stderr_tail": "", "stderr_log": "trainer.stderr.log", "halt": None, "stackdumps": {},
                      "last_heartbeat": {}, "rank_step_time_s": {}, "fallbacks": {}, "files": ["env.json", "training.csv"]},
         "hardware": HW, "git_sha": "abc123", "git_sha_source": "git describe", "backends": {"cmp": {"backend": "torch", "reason": "portable", "calls": 4}},
     }
     for k, v in over.items():
         (rec["evidence"] if k in rec["evidence"] else rec["metrics"] if k in rec["metrics"] else rec)[k] = v
-    return rec
+    return PhaseRecord.from_json(rec, point.test_id)
 
 
 def _render(tmp_path, records):
@@ -85,7 +86,7 @@ def test_nogo_report_with_findings(tmp_path):
         record(pts["baseline_ddp/default"], status="FAIL", exit_code=1, reason="trainer crashed (exit code 1)",
                stderr_tail="Traceback (most recent call last):\n  File \"loop.py\", line 3\nRuntimeError: Expected to mark a variable ready only once"),
         record(pts["long_run/default"], status="FAIL", exit_code=3, reason="watchdog wrote .HALT: no rank made progress",
-               halt=True, world_size=2, gate_values={"halt": 1.0}, stackdumps={"0": {"path": "stackdump_rank0.txt", "frames": FRAMES}},
+               halt={"source": "watchdog", "step": 17}, world_size=2, gate_values={"halt": 1.0}, stackdumps={"0": {"path": "stackdump_rank0.txt", "frames": FRAMES}},
                last_heartbeat={"0": {"step": 17, "stage": "backward"}, "1": {"step": 18, "stage": "optimizer"}}),
         record(pts["fsdp/default"], status="FAIL", idle_ranks=1.0, gate_values={"idle_ranks": 1.0}, world_size=2, reason="idle_ranks = 1, needs == 0",
                last_heartbeat={"0": {"step": 6, "stage": "optimizer", "gpu_util": 99}, "1": {"step": 0, "stage": "data", "gpu_util": 0}},

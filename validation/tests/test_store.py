@@ -1,30 +1,49 @@
 """The result store: atomic writes, a re-run replaces only its own records, concurrent writers
-on one directory lose nothing, and a corrupt store is an error naming the file."""
+on one directory lose nothing, a corrupt, foreign or future store is an error naming the file
+(found before any point runs), an old (schema 1) store still reads, and a point's artifacts are
+replaced only together with its record."""
 from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from validation.cli import main
 from validation.errors import StoreError
+from validation.record import PhaseRecord, PointKey, Status
 from validation.store import ResultStore
 from validation.tests.conftest import train_phase, write_runbook
 
+REPO = Path(__file__).resolve().parents[2]
 
-def _rec(phase, params=None, value=1.0, runbook="rb", profile="cpu"):
-    return {"key": {"runbook": runbook, "profile": profile, "phase": phase, "params": params or {}}, "value": value}
+
+def _rec(phase, params=None, reason="r", runbook="rb", profile="cpu"):
+    return PhaseRecord(PointKey(runbook, profile, phase, params or {}), f"{runbook}/{profile}/{phase}", "train",
+                       Status.PASS, reason)
 
 
 def test_put_replaces_only_same_key(tmp_path):
     store = ResultStore(tmp_path)
     store.put_many([_rec("a"), _rec("b", {"x": 1}), _rec("b", {"x": 2}), _rec("a", profile="a100")])
-    store.put(_rec("b", {"x": 1}, value=9.0))
-    got = {(r["key"]["phase"], json.dumps(r["key"]["params"]), r["key"]["profile"]): r["value"] for r in store.records()}
-    assert got == {("a", "{}", "cpu"): 1.0, ("b", '{"x": 1}', "cpu"): 9.0, ("b", '{"x": 2}', "cpu"): 1.0,
-                   ("a", "{}", "a100"): 1.0}
+    store.put(_rec("b", {"x": 1}, reason="again"))
+    got = {(r.key.phase, json.dumps(r.key.params), r.key.profile): r.reason for r in store.records()}
+    assert got == {("a", "{}", "cpu"): "r", ("b", '{"x": 1}', "cpu"): "again", ("b", '{"x": 2}', "cpu"): "r",
+                   ("a", "{}", "a100"): "r"}
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_records_round_trip_through_json(tmp_path):
+    rec = _rec("a", {"train.seq_len": 512})
+    rec.metrics = {"toks_per_s_mean": 12.5, "idle_ranks": None}
+    ResultStore(tmp_path).put(rec)
+    (back,) = ResultStore(tmp_path).records()
+    assert back == rec and back.status is Status.PASS
 
 
 def _writer(path, tag, n):
@@ -44,26 +63,68 @@ def test_two_concurrent_writers_lose_nothing(tmp_path):
     assert len(ResultStore(tmp_path).records()) == 50
 
 
-def test_corrupt_store_is_an_error_naming_the_file(tmp_path):
-    (tmp_path / "results.json").write_text("{not json")
-    with pytest.raises(StoreError, match=r"results\.json: not valid JSON"):
+@pytest.mark.parametrize("text, message", [
+    ("{not json", r"results\.json: not valid JSON"),
+    ('{"name": "something else"}', r"results\.json: not an nsa-validate result store"),
+    ('{"schema": 7, "records": {}}', r"results\.json: schema 7; this harness reads schemas 1, 2"),
+    ('{"schema": 2, "records": {"k": {"no": "key"}}}', r"results\.json: record k: not a phase record"),
+])
+def test_bad_store_is_an_error_naming_the_file(tmp_path, text, message):
+    (tmp_path / "results.json").write_text(text)
+    with pytest.raises(StoreError, match=message):
         ResultStore(tmp_path).records()
+
+
+def test_a_corrupt_store_stops_a_run_before_any_point_runs(tmp_path, capsys):
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("baseline_ddp")])
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "results.json").write_text("{not json")
+    assert main(["run", "--runbook", str(rb), "--profile", "cpu", "--results-dir", str(results), "--no-plots"]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+    assert not (results / "runs").exists()  # nothing ran
+
+
+def test_a_schema_1_store_still_reads(tmp_path):
+    """What harness versions before the typed record wrote (docs/examples came from such stores)."""
+    old = {"key": {"runbook": "rb", "profile": "cpu", "phase": "long_run", "params": {}}, "test_id": "rb/cpu/long_run/default",
+           "kind": "train", "status": "FAIL", "reason": "watchdog wrote .HALT", "run_id": "x", "sweep_index": 0,
+           "params_order": [], "started": "2026-11-22T00:00:00+00:00", "wall_s": 3.0, "command": ["python"], "env": {},
+           "overrides": {}, "steps": 8, "timeout_s": 30, "out_dir": "runs/rb/cpu/long_run/default", "exit_code": 3,
+           "timed_out": False, "world_size": 2, "window": "all steps", "metrics": {"toks_per_s_mean": 5.0},
+           "gates": [{"metric": "halt", "op": "==", "threshold": 0, "window": "all steps", "value": 1.0, "verdict": "FAIL",
+                      "threshold_ref": None, "description": ""}],
+           "evidence": {"errors": [], "stderr_tail": "", "halt": True, "halt_record": {"source": "watchdog", "step": 3},
+                        "stackdumps": {"1": {"path": "stackdump_rank1.txt", "frames": [{"file": "a.py", "line": 3, "func": "f"}],
+                                             "header": None}},
+                        "last_heartbeat": {"1": {"step": 3, "stage": "backward", "time": 1.0}},
+                        "rank_step_time_s": {"0": 0.5}, "fallbacks": {}, "files": ["training.csv"]},
+           "hardware": {}, "git_sha": "abc", "backends": {"sel": {"backend": "torch", "reason": "portable", "calls": 4}}}
+    (tmp_path / "results.json").write_text(json.dumps({"schema": 1, "records": {"k": old}}))
+    (rec,) = ResultStore(tmp_path).records()
+    assert rec.status == Status.FAIL and rec.evidence.halt.source == "watchdog" and rec.evidence.halt.step == 3
+    assert rec.evidence.stackdumps[1].frames[0].func == "f" and rec.evidence.last_heartbeat[1].stage == "backward"
+    assert rec.backends["sel"].backend == "torch" and rec.gates[0].verdict == "FAIL"
+    ResultStore(tmp_path).put(_rec("other"))  # written back in schema 2, the old record kept
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["schema"] == 2 and len(data["records"]) == 2
 
 
 def test_selective_rerun_changes_only_its_phase(tmp_path):
     rb = write_runbook(tmp_path / "rb.yaml", [train_phase("baseline_ddp"), train_phase("bucket_sweep", sweep={"env.NSA_DDP_BUCKET_MB": [1, 2]})])
     results = tmp_path / "results"
     assert main(["run", "--runbook", str(rb), "--profile", "cpu", "--results-dir", str(results), "--no-plots"]) == 0
-    before = {r["test_id"]: r for r in ResultStore(results).records()}
+    before = {r.test_id: r for r in ResultStore(results).records()}
     assert len(before) == 3
     assert main(["run", "--runbook", str(rb), "--profile", "cpu", "--results-dir", str(results), "--phase", "bucket_sweep", "--no-plots"]) == 0
-    after = {r["test_id"]: r for r in ResultStore(results).records()}
+    after = {r.test_id: r for r in ResultStore(results).records()}
     assert after.keys() == before.keys()
     assert after["fake/cpu/baseline_ddp/default"] == before["fake/cpu/baseline_ddp/default"]
     for tid in ("fake/cpu/bucket_sweep/NSA_DDP_BUCKET_MB=1", "fake/cpu/bucket_sweep/NSA_DDP_BUCKET_MB=2"):
-        assert after[tid]["run_id"] != before[tid]["run_id"]
+        assert after[tid].run_id != before[tid].run_id
+        assert not (results / before[tid].out_dir).exists()  # the earlier run's artifacts went with its record
     # the baseline's artifacts survive the bucket sweep's re-run
-    assert (results / after["fake/cpu/baseline_ddp/default"]["out_dir"] / "training.csv").exists()
+    assert (results / after["fake/cpu/baseline_ddp/default"].out_dir / "training.csv").exists()
 
 
 def test_a_point_another_process_is_running_is_left_alone(tmp_path):
@@ -72,7 +133,7 @@ def test_a_point_another_process_is_running_is_left_alone(tmp_path):
     import fcntl
 
     from validation.orchestrate import run_point
-    from validation.phases import run_dir
+    from validation.phases import point_dir
     from validation.plan import expand
     from validation.runbook import load_profile, load_runbook
 
@@ -81,11 +142,38 @@ def test_a_point_another_process_is_running_is_left_alone(tmp_path):
     assert main(["run", "--runbook", str(rb), "--profile", "cpu", "--results-dir", str(results), "--no-plots"]) == 0
     before = ResultStore(results).records()
     (point,) = expand(load_runbook(str(rb)), load_profile("cpu"), ["baseline_ddp"])
-    out_dir = run_dir(results, point)
-    with open(out_dir.with_name(out_dir.name + ".lock"), "a+") as held:  # the "first run"
+    base = point_dir(results, point)
+    with open(base.with_name(base.name + ".lock"), "a+") as held:  # the "first run"
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         record = run_point(point, results)
-    assert record["status"] == "SKIP"
-    assert "being run by another harness process" in record["reason"]
+    assert record.status == "SKIP"
+    assert "being run by another harness process" in record.reason
     assert ResultStore(results).records() == before
-    assert (out_dir / "training.csv").exists()
+    assert (results / before[0].out_dir / "training.csv").exists()
+
+
+def test_interrupt_mid_point_keeps_store_artifacts_and_report_in_step(tmp_path):
+    """Ctrl-C while a point re-runs: its earlier record still names artifacts that are its own
+    (the partial run's files are not mixed in), and the report renders the points finished."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("first"),
+                                              train_phase("second", steps=100, env={"NSA_FAKE_STEP_S": "0.05"})],
+                       defaults={"timeout_s": 120})
+    results = tmp_path / "results"
+    base = ["run", "--runbook", str(rb), "--profile", "cpu", "--results-dir", str(results), "--no-plots"]
+    assert main(base) == 0  # 100 steps of 50 ms: about 5 s
+    old = {r.phase: r for r in ResultStore(results).records()}
+    proc = subprocess.Popen([sys.executable, "-m", "validation", *base], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    second_runs = results / "runs" / "fake" / "cpu" / "second" / "default"
+    deadline = time.monotonic() + 60
+    while not any((d / "training.csv").exists() for d in second_runs.iterdir() if d.name != Path(old["second"].out_dir).name):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read() if proc.poll() is not None else ""
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(30) == 130
+    now = {r.phase: r for r in ResultStore(results).records()}
+    assert now["second"] == old["second"]  # the interrupted point's record is the earlier run's
+    csv = (results / old["second"].out_dir / "training.csv").read_text().splitlines()
+    assert int(csv[-1].split(",")[0]) == old["second"].metrics["steps_completed"]  # its own CSV, untouched
+    assert now["first"].run_id != old["first"].run_id  # the point finished before the interrupt is stored
+    report = (results / "reports" / "fake__cpu.md").read_text()
+    assert now["first"].out_dir in report and old["second"].out_dir in report

@@ -1,0 +1,177 @@
+"""The phase kinds, each run in a subprocess with the phase's hard timeout:
+
+``train`` (the trainer, python or torchrun), ``preflight`` (git SHA, collect_env, nvidia-smi:
+fixed commands, nothing from the runbook), ``pytest`` (the project's own tests) and ``profile``
+(a bounded torch.profiler run of the trainer, validation/profile_phase.py).
+
+Each runner fills the point's RunData (what the metrics read) and returns the process result.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any, Callable
+
+from nsa.provenance import SOURCE_STAMP, source_revision
+
+from . import REPO_ROOT, runner
+from .metrics import RunData
+from .plan import PhasePoint
+from .runner import tail
+
+Progress = Callable[[str], None]
+
+
+class StepProgress:
+    """A train point's progress line from its training.csv: step N/total, tokens/s, ETA."""
+
+    def __init__(self, point: PhasePoint, out_dir: Path, progress: Progress):
+        self.point, self.csv, self.progress = point, out_dir / "training.csv", progress
+        self.total = point.phase.steps if point.phase.kind in ("train", "profile") else None
+        self.first: tuple[float, int] | None = None  # (elapsed, step) when a step was first seen
+
+    def __call__(self, elapsed: float) -> None:
+        row = tail(self.csv, 1).split(",")
+        line = f"{self.point.test_id}: {elapsed:5.0f}s"
+        if row[0].isdigit() and len(row) > 3:
+            step = int(row[0])
+            line += f" step {step}/{self.total}, {_number(row[3])} tok/s"
+            if self.first is None:
+                self.first = (elapsed, step)
+            t0, s0 = self.first
+            if self.total and step > s0 and elapsed > t0:
+                line += f", ETA {(self.total - step) * (elapsed - t0) / (step - s0):.0f}s"
+        self.progress(line)
+
+
+def _number(text: str) -> str:
+    try:
+        return f"{float(text):,.0f}"
+    except ValueError:
+        return "?"
+
+
+def _poll(point: PhasePoint, out_dir: Path, progress: Progress | None):
+    return None if progress is None else StepProgress(point, out_dir, progress)
+
+
+def _fmt(v: Any) -> str:
+    return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
+
+def override_args(point: PhasePoint) -> list[str]:
+    """The trainer's --config/--steps/--override arguments for this point."""
+    args = ["--config", point.phase.config, "--steps", str(point.phase.steps)]
+    if point.overrides:
+        args += ["--override", " ".join(f"{k}={_fmt(v)}" for k, v in point.overrides.items())]
+    return args
+
+
+def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress) -> runner.ProcResult:
+    args = override_args(point) + ["--out-dir", str(out_dir)]
+    launcher = point.phase.launcher
+    if launcher.kind == "torchrun":
+        argv = runner.torchrun_argv(launcher.module, launcher.nproc, args, launcher.torchrun_args)
+    else:
+        argv = runner.python_argv(launcher.module, args)
+    return runner.run(argv, env=runner.child_env(point.env), cwd=REPO_ROOT, timeout_s=point.phase.timeout_s,
+                      log_dir=out_dir, on_poll=_poll(point, out_dir, progress))
+
+
+def pytest_(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress) -> runner.ProcResult:
+    missing = [t for t in point.phase.tests if not (REPO_ROOT / t.split("::")[0]).exists()]
+    if missing:
+        errors.append(f"test path(s) not found under {REPO_ROOT}: {', '.join(missing)}")
+    junit = out_dir / "junit.xml"
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+            f"--junitxml={junit}", *point.phase.tests, *point.phase.pytest_args]
+    proc = runner.run(argv, env=runner.child_env(point.env), cwd=REPO_ROOT, timeout_s=point.phase.timeout_s,
+                      log_dir=out_dir, log_name="pytest", on_poll=_poll(point, out_dir, progress))
+    run.counts.update(junit_counts(junit, errors))
+    return proc
+
+
+def junit_counts(path: Path, errors: list[str]) -> dict[str, float]:
+    if not path.is_file():
+        errors.append(f"{path}: pytest wrote no JUnit XML")
+        return {}
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as exc:
+        errors.append(f"{path}: unreadable JUnit XML ({exc})")
+        return {}
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    if suite is None:
+        errors.append(f"{path}: no <testsuite> element")
+        return {}
+    n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    return {"tests_failed": float(n["failures"] + n["errors"]),
+            "tests_passed": float(n["tests"] - n["failures"] - n["errors"] - n["skipped"])}
+
+
+def preflight(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress) -> runner.ProcResult:
+    """The code's commit (git or the SOURCE_SHA stamp), collect_env and nvidia-smi, each a fixed
+    command with its own timeout."""
+    env = runner.child_env(point.env)
+    budget = max(point.phase.timeout_s / 3, 5.0)
+    missing = 0
+    git_runs: list[runner.ProcResult] = []
+
+    def git(*args: str) -> str | None:
+        proc = runner.run(["git", *args], env=env, cwd=REPO_ROOT, timeout_s=budget, log_dir=out_dir,
+                          log_name="git_" + args[0].replace("-", "_"))
+        git_runs.append(proc)
+        return proc.stdout_path.read_text().strip() if proc.exit_code == 0 else None
+
+    sha, source = source_revision(REPO_ROOT, git)
+    last = git_runs[0]  # git describe
+    wall = sum(p.wall_s for p in git_runs)
+    if sha:
+        (out_dir / "git_sha.txt").write_text(sha + "\n")
+    else:
+        missing += 1
+        errors.append(f"git describe failed (exit {last.exit_code}: {last.stderr_tail(3)}) and there is no "
+                      f"{SOURCE_STAMP} stamp naming the commit")
+    wanted = [("collect_env.txt", [sys.executable, "-m", "torch.utils.collect_env"], True),
+              ("nvidia_smi.xml", ["nvidia-smi", "-q", "-x"], point.profile.hardware.accelerator == "cuda")]
+    for name, argv, required in wanted:
+        if argv[0] == "nvidia-smi" and shutil.which("nvidia-smi") is None:
+            if required:
+                missing += 1
+                errors.append("nvidia-smi is not installed on this machine")
+            continue
+        last = runner.run(argv, env=env, cwd=REPO_ROOT, timeout_s=budget, log_dir=out_dir, log_name=Path(name).stem)
+        wall += last.wall_s
+        if last.exit_code == 0 and last.stdout_path.stat().st_size:
+            shutil.copyfile(last.stdout_path, out_dir / name)
+        elif required:
+            missing += 1
+            errors.append(f"{' '.join(argv[:3])} failed (exit {last.exit_code}): {last.stderr_tail(3)}")
+    run.counts["preflight_missing"] = float(missing)
+    run.info["git_sha"] = sha
+    run.info["git_sha_source"] = source
+    return runner.ProcResult(last.argv, 0 if not missing else 1, False, wall, last.stdout_path, last.stderr_path)
+
+
+def profile(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress) -> runner.ProcResult:
+    args = override_args(point) + ["--out-dir", str(out_dir)]
+    proc = runner.run(runner.python_argv("validation.profile_phase", args), env=runner.child_env(point.env),
+                      cwd=REPO_ROOT, timeout_s=point.phase.timeout_s, log_dir=out_dir, log_name="profile",
+                      on_poll=_poll(point, out_dir, progress))
+    path = out_dir / "profile.json"
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            run.counts.update({k: float(v) for k, v in data.get("counts", {}).items()})
+            run.info["top_ops"] = [str(op) for op in data.get("top_ops", [])]
+        except (json.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
+            errors.append(f"{path}: unreadable ({exc})")
+    elif not proc.timed_out:
+        errors.append(f"{path}: the profiler wrote no results")
+    return proc
+
+
+KINDS = {"train": train, "pytest": pytest_, "preflight": preflight, "profile": profile}

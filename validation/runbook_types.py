@@ -1,0 +1,110 @@
+"""Runbook and hardware-profile types: what validation/runbook.py reads from YAML."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from .errors import RunbookError
+
+Scalar = str | int | float | bool
+
+
+@dataclass(frozen=True)
+class Window:
+    """Which rows of training.csv a metric reads: the last ``last`` steps, or all (None)."""
+
+    last: int | None = None
+
+    def describe(self) -> str:
+        return f"last {self.last} steps" if self.last else "all steps"
+
+
+@dataclass(frozen=True)
+class Gate:
+    """``metric <op> threshold`` over ``window``. ``threshold_ref`` names a profile key."""
+
+    metric: str
+    op: str
+    threshold: float | None
+    window: Window = Window()
+    threshold_ref: str | None = None
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """``python -m <module>`` or ``torchrun --standalone --nproc_per_node=N -m <module>``.
+    ``torchrun_args`` pass rendezvous options through (multi-node) and replace --standalone."""
+
+    kind: str = "python"
+    nproc: int = 1
+    module: str = "nsa.train"
+    torchrun_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    kind: str
+    description: str = ""
+    markers: tuple[str, ...] = ()
+    launcher: Launcher = Launcher()
+    config: str = "tiny"
+    overrides: Mapping[str, Scalar] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    steps: int = 20
+    timeout_s: float = 600.0
+    sweep: Mapping[str, tuple[Scalar, ...]] = field(default_factory=dict)
+    gates: tuple[Gate, ...] = ()
+    tests: tuple[str, ...] = ()
+    pytest_args: tuple[str, ...] = ()
+    min_gpus: int = 0
+
+    def points(self) -> list[dict[str, Scalar]]:
+        """The sweep's cartesian product in YAML order ([{}] without a sweep)."""
+        if not self.sweep:
+            return [{}]
+        keys = list(self.sweep)
+        return [dict(zip(keys, combo)) for combo in itertools.product(*(self.sweep[k] for k in keys))]
+
+
+@dataclass(frozen=True)
+class Runbook:
+    name: str
+    path: Path
+    description: str
+    source: str
+    profiles: tuple[str, ...]
+    phases: tuple[Phase, ...]
+    max_parallel: int = 1
+    """How many single-process points the CLI may run at once (torchrun points always run
+    alone). 1 for GPU runbooks, whose throughput numbers must not share the machine."""
+
+    def phase(self, name: str) -> Phase:
+        for p in self.phases:
+            if p.name == name:
+                return p
+        raise RunbookError(f"{self.path}: no phase {name!r}; phases: {', '.join(p.name for p in self.phases)}")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    accelerator: str = "cpu"
+    min_gpus: int = 0
+    min_gpu_mem_gb: float = 0.0
+    gpu_name: str | None = None
+    """Substring expected in the GPU name (e.g. 'A100'); a mismatch is reported, or skipped
+    with --hardware-mismatch=skip."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    path: Path
+    marker: str
+    description: str
+    hardware: Hardware
+    thresholds: Mapping[str, float | None]
+    notes: str = ""

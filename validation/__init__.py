@@ -13,3 +13,15 @@ PROFILE_DIR = RUNBOOK_DIR / "profiles"
 TEMPLATE_DIR = REPO_ROOT / "reports"
 DEFAULT_RUNBOOK = "cpu_smoke"
 DEFAULT_RESULTS_DIR = REPO_ROOT / "results"
+
+
+def checkout_problem() -> str | None:
+    """Why the harness cannot run from where it is installed, or None. It reads runbooks/,
+    reports/ and (for test phases) tests/ from a checkout of the repository; a plain
+    ``pip install .`` copies only the packages into site-packages."""
+    missing = [str(d) for d in (RUNBOOK_DIR, TEMPLATE_DIR) if not d.is_dir()]
+    if not missing:
+        return None
+    return (f"{' and '.join(missing)} not found: nsa-validate runs from a checkout of the repository "
+            "(runbooks/, reports/ and tests/ are not installed into site-packages). From a clone, install it "
+            "with `pip install -e .` (the README's command) or run `python -m validation` there")

@@ -17,7 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from . import DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, hardware, report, runner
+from . import DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, checkout_problem, hardware, report, runner
 from .errors import HarnessError
 from .orchestrate import MISMATCH_POLICIES, run_point
 from .plan import expand
@@ -215,6 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _on_sigint)
+    problem = checkout_problem()
+    if problem:
+        print(f"nsa-validate: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         return {"run": cmd_run, "report": cmd_report, "phases": cmd_phases}[args.command](args)
     except HarnessError as exc:

@@ -7,13 +7,10 @@ from dataclasses import dataclass, field
 from .record import PhaseRecord
 
 
-class Severity(str, enum.Enum):
+class Severity(enum.StrEnum):
     CRITICAL = "critical"
     WARNING = "warning"
     INFO = "info"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

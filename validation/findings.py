@@ -63,11 +63,11 @@ def host_bound(records: list[PhaseRecord]) -> list[Finding]:
         out.append(Finding(Severity.WARNING, phase, (
             f"host-bound steps in {phase}: step time {min(fit.step_s):.3g}-{max(fit.step_s):.3g} s while tokens "
             f"per step grow {fit.token_range:.1f}x ({min(fit.tokens):,.0f} -> {max(fit.tokens):,.0f})"), [
-            f"fitted step time = {fit.fixed_s * 1e3:.1f} ms fixed + {fit.per_token_s * 1e9:.1f} ms per million "
-            f"tokens (least squares over {len(fit.tokens)} points)",
+            f"fitted step time = {fit.fixed_s * 1e3:.1f} ms fixed + {fit.per_token_s * 1e6:.3g} ms per 1k tokens "
+            f"(least squares over {len(fit.tokens)} points)",
             f"the fixed cost is {fit.fixed_share:.0%} of the step at the largest point: work that does not grow "
             "with the batch (the host launching kernels, the optimizer, the gradient all-reduce) sets the pace, "
-            "so tokens/s grows only with tokens per step; CUDA graphs (train.cuda_graphs) remove the launch cost"],
+            "so tokens/s grows only with tokens per step; on CUDA, graphs (train.cuda_graphs) remove the launch cost"],
             "host_bound"))
     return out
 

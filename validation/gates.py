@@ -21,16 +21,13 @@ OPS: dict[str, Callable[[float, float], bool]] = {
 }
 
 
-class GateVerdict(str, enum.Enum):
+class GateVerdict(enum.StrEnum):
     PASS = "PASS"
     FAIL = "FAIL"
     NO_DATA = "NO_DATA"
     """The metric could not be computed."""
     UNMEASURED = "UNMEASURED"
     """The profile's threshold is still 'to be measured'."""
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

@@ -41,11 +41,16 @@ def _col(run: RunData, col: str, last: int | None) -> pd.Series | None:
     return window_rows(run.csv, last)[col]
 
 
-def _mean(col: str) -> Callable[[RunData, int | None], float | None]:
+def _series(col: str, reduce: str) -> Callable[[RunData, int | None], float | None]:
+    """The window's ``reduce`` ('mean', 'max') of a training.csv column."""
     def f(run: RunData, last: int | None) -> float | None:
         s = _col(run, col, last)
-        return None if s is None else float(s.mean())
+        return None if s is None else float(getattr(s, reduce)())
     return f
+
+
+def _mean(col: str) -> Callable[[RunData, int | None], float | None]:
+    return _series(col, "mean")
 
 
 def _stdev(run: RunData, last: int | None) -> float | None:
@@ -62,10 +67,7 @@ def _cv(run: RunData, last: int | None) -> float | None:
 
 
 def _max(col: str) -> Callable[[RunData, int | None], float | None]:
-    def f(run: RunData, last: int | None) -> float | None:
-        s = _col(run, col, last)
-        return None if s is None else float(s.max())
-    return f
+    return _series(col, "max")
 
 
 def _per_gpu(run: RunData, last: int | None) -> float | None:

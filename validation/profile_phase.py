@@ -98,10 +98,14 @@ def main(argv: list[str] | None = None) -> int:
             json.dump({"window_us": [window.start, window.end], "device_intervals_us": intervals,
                        "gpu_busy_frac": counts["gpu_busy_frac"]}, fh)
     tc = cfg.train
+    # the ops with the most time of their own, for the report (the full table is in profile_top_ops.txt)
+    own = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    top = sorted((e for e in events if own(e) > 0 and not e.key.startswith(("validation.", "train."))), key=own, reverse=True)
+    top_ops = [f"{e.key[:60]} {own(e) / 1e3 / args.steps:.2f} ms/step" for e in top[:5]]
     (args.out_dir / "profile_top_ops.txt").write_text(
         events.table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=25))
     (args.out_dir / "profile.json").write_text(json.dumps(
-        {"counts": {k: v for k, v in counts.items() if v is not None}, "nsa_ranges": nsa_ranges,
+        {"counts": {k: v for k, v in counts.items() if v is not None}, "nsa_ranges": nsa_ranges, "top_ops": top_ops,
          "device": trainer.device.type, "seq_len": tc.seq_len, "batch_size": tc.batch_size,
          "grad_accum": tc.grad_accum, "dtype": tc.dtype, "compile": tc.compile,
          "cuda_graphs": trainer.graph_plan.reason, "first_profiled_step": first}, indent=1))

@@ -18,6 +18,7 @@ tests get one (runbook, profile) pair each and check the session's cross-point f
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -28,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from . import DEFAULT_RESULTS_DIR, report
+from . import DEFAULT_RESULTS_DIR, REPO_ROOT, checkout_problem, report
 from .errors import HarnessError
 from .finding import Severity
 from .findings import CROSS_POINT, find
@@ -77,7 +78,8 @@ def _results_dir(config: pytest.Config) -> Path:
         markers = {p.profile.marker for p in _points(config)} | {p.phase.name for p in _points(config)}
         config.stash[_DIR_KEY] = results_dir_for(
             config.getoption("--results-dir"), config.getoption("-m") or "", config.getoption("--runbook"),
-            config.getoption("--profile"), markers, Path(os.environ[_SESSION_DIR_ENV]))
+            config.getoption("--profile"), markers,
+            Path(os.environ.get(_SESSION_DIR_ENV) or tempfile.mkdtemp(prefix="nsa-validate-tests-")))
     return config.stash[_DIR_KEY]
 
 
@@ -89,6 +91,9 @@ def _points(config: pytest.Config) -> list[PhasePoint]:
     """Every (runbook, profile, phase, sweep point) selected by the options, loaded once."""
     if _POINTS_KEY in config.stash:
         return config.stash[_POINTS_KEY]
+    problem = checkout_problem()
+    if problem:
+        raise pytest.UsageError(f"nsa-validate: {problem}")
     names = config.getoption("--runbook") or available()
     wanted = config.getoption("--profile") or []
     points: list[PhasePoint] = []
@@ -141,11 +146,13 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 
 class _TerminalProgress:
-    """A running point's progress on the real stderr (pytest's capture and xdist workers'
-    stdout would swallow it): the first line at once, then one every ``every_s`` seconds."""
+    """A running point's progress on the terminal's stderr, past pytest's output capture (as
+    live logging does); xdist workers share the controller's stderr. The first line at once,
+    then one every ``every_s`` seconds."""
 
-    def __init__(self, every_s: float):
-        self.every_s, self.last, self.lock = every_s, 0.0, threading.Lock()
+    def __init__(self, config: pytest.Config):
+        self.every_s, self.last, self.lock = config.getoption("--progress-every"), 0.0, threading.Lock()
+        self.capman = config.pluginmanager.getplugin("capturemanager")
 
     def __call__(self, line: str) -> None:
         with self.lock:
@@ -153,7 +160,8 @@ class _TerminalProgress:
             if self.last and now - self.last < self.every_s:
                 return
             self.last = now
-        print(f"nsa-validate: {line}", file=sys.__stderr__, flush=True)
+        with self.capman.global_and_fixture_disabled() if self.capman else contextlib.nullcontext():
+            print(f"nsa-validate: {line}", file=sys.stderr, flush=True)
 
 
 class Harness:
@@ -172,7 +180,7 @@ class Harness:
             if reason:
                 pytest.skip(f"{reason} (the trainer is not runnable here yet)")
         record = run_point(point, self.results_dir, mismatch=self.mismatch,
-                           progress=_TerminalProgress(self.config.getoption("--progress-every")))
+                           progress=_TerminalProgress(self.config))
         self.config.stash.setdefault(_RAN_KEY, {})[point.test_id] = record
         if reason:
             pytest.skip(reason)
@@ -201,8 +209,13 @@ class _Session:
                 self.pairs.add((parts[0], parts[1]))
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if hasattr(self.config, "workerinput") or self.config.getoption("--no-acceptance-report"):
+        if hasattr(self.config, "workerinput"):
             return  # xdist workers store records; the controller renders
+        temp = os.environ.get(_SESSION_DIR_ENV)
+        if temp and Path(temp).is_dir() and not any(Path(temp).iterdir()):
+            os.rmdir(temp)  # no point ran: leave no empty directory behind
+        if self.config.getoption("--no-acceptance-report"):
+            return
         loaded = {(p.runbook.name, p.profile.name): (p.runbook, p.profile) for p in _points(self.config)}
         for rb_name, prof_name in sorted(self.pairs):
             try:
@@ -218,7 +231,10 @@ class _Session:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if not hasattr(config, "workerinput") and _SESSION_DIR_ENV not in os.environ:
+    # a controller (or lone) session of this repository's tests gets a results directory of its
+    # own, whatever it inherited; its xdist workers inherit it (other projects' sessions in this
+    # environment, which load the plugin too, get none)
+    if not hasattr(config, "workerinput") and config.rootpath == REPO_ROOT:
         os.environ[_SESSION_DIR_ENV] = tempfile.mkdtemp(prefix="nsa-validate-tests-")
     config.pluginmanager.register(_Session(config), "nsa-validate-session")
 

@@ -20,7 +20,7 @@ from .gates import GateResult, GateVerdict
 Scalar = str | int | float | bool
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     """A point's verdict. PASS/FAIL/ERROR decide GO and NO-GO; SKIP (the hardware cannot run it)
     and UNMEASURED (a threshold still to be measured) make a report INCOMPLETE."""
 
@@ -29,9 +29,6 @@ class Status(str, enum.Enum):
     ERROR = "ERROR"
     SKIP = "SKIP"
     UNMEASURED = "UNMEASURED"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

@@ -30,13 +30,10 @@ from .runbook_types import Profile, Runbook
 from .store import ResultStore
 
 
-class Verdict(str, enum.Enum):
+class Verdict(enum.StrEnum):
     GO = "GO"
     NO_GO = "NO-GO"
     INCOMPLETE = "INCOMPLETE"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 _BADGE = {Verdict.GO: "✅", Verdict.NO_GO: "❌", Verdict.INCOMPLETE: "⏳"}

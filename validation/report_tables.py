@@ -54,7 +54,18 @@ def phase_tables(records: list[PhaseRecord]) -> list[dict[str, Any]]:
     for ph in phases.values():
         ph["title"] = ("Scaling breakdown" if len(ph["sweep_keys"]) > 1 else "Sweep") if ph["sweep_keys"] else None
         ph["sweep_heads"] = [k.split(".")[-1] for k in ph["sweep_keys"]]
+        ph["backends"] = _backend_line(ph["rows"])
     return list(phases.values())
+
+
+def _backend_line(rows: list[dict[str, Any]]) -> str | None:
+    """One line naming each branch's backend: once when every point used the same, else per point."""
+    used = [(r["point"], r["backends"]) for r in rows if r["backends"]]
+    if not used:
+        return None
+    if len({b for _, b in used}) == 1:
+        return used[0][1] + (" (every point)" if len(rows) > 1 else "")
+    return "; ".join(f"{p}: {b}" for p, b in used)
 
 
 def failure_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:

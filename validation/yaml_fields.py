@@ -81,20 +81,17 @@ class Reader:
         return v
 
     def int_(self, k: str, default: int | None = None, minimum: int = 0) -> Any:
-        v = self.data.get(k, default)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            self.fail(self.key(k), f"expected an integer >= {minimum}, got {v!r}")
-        return v
+        return self._number(k, default, minimum, (int,), "an integer")
 
     def num(self, k: str, default: float | None = None, minimum: float = 0.0) -> Any:
+        v = self._number(k, default, minimum, (int, float), "a number")
+        return None if v is None else float(v)
+
+    def _number(self, k: str, default, minimum, types: tuple[type, ...], what: str) -> Any:
         v = self.data.get(k, default)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < minimum:
-            self.fail(self.key(k), f"expected a number >= {minimum}, got {v!r}")
-        return float(v)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, types) or v < minimum):
+            self.fail(self.key(k), f"expected {what} >= {minimum}, got {v!r}")
+        return v
 
     def list_(self, k: str) -> list:
         v = self.data.get(k, [])
@@ -157,13 +154,18 @@ def parse_launcher(path: Path, data: Any, where: str, base: Launcher) -> Launche
     return Launcher(kind, nproc, module, tuple(args))
 
 
-def parse_overrides(r: Reader, key: str, data: Any) -> dict[str, Scalar]:
+def _items(r: Reader, key: str, data: Any, what: str) -> list[tuple[Any, Any]]:
+    """A mapping's items (none for a missing one); anything else is an error naming ``what``."""
     if data is None:
-        return {}
+        return []
     if not isinstance(data, Mapping):
-        r.fail(key, f"expected a mapping of dotted.key: value, got {type(data).__name__}")
+        r.fail(key, f"expected a mapping {what}, got {type(data).__name__}")
+    return list(data.items())
+
+
+def parse_overrides(r: Reader, key: str, data: Any) -> dict[str, Scalar]:
     out = {}
-    for k, v in data.items():
+    for k, v in _items(r, key, data, "of dotted.key: value"):
         if not isinstance(k, str) or not _OVERRIDE_KEY.match(k):
             r.fail(f"{key}.{k}", "override keys are dotted lower-case names like train.seq_len")
         out[k] = _scalar(r, f"{key}.{k}", v)
@@ -188,12 +190,8 @@ def _check_env_key(r: Reader, key: str, k: Any) -> None:
 
 
 def parse_env(r: Reader, key: str, data: Any) -> dict[str, str]:
-    if data is None:
-        return {}
-    if not isinstance(data, Mapping):
-        r.fail(key, f"expected a mapping NAME: value, got {type(data).__name__}")
     out = {}
-    for k, v in data.items():
+    for k, v in _items(r, key, data, "NAME: value"):
         _check_env_key(r, f"{key}.{k}", k)
         v = _scalar(r, f"{key}.{k}", v)
         out[k] = ("1" if v else "0") if isinstance(v, bool) else str(v)

@@ -21,7 +21,7 @@ from .distributed import all_gather_stats, barrier, init_distributed, teardown
 from .faults import FaultInjector
 from .optim import build_optimizer, lr_at, set_lr
 from .parallelize import parallelize, set_grad_sync
-from .telemetry import Telemetry, environment, memory_gb, sdpa_flags, write_json_atomic
+from .telemetry import Telemetry, environment, memory_gb, memory_source, sdpa_flags, write_json_atomic
 from .watchdog import Watchdog, halt_path, read_halt, write_halt
 
 EXIT_NONFINITE = 4
@@ -163,7 +163,7 @@ class Trainer:
                      "note": "" if sdpa_routed else "no NSA stage is routed to SDPA/flash: the sdpa.* "
                      "kernel toggles do not change attention in this run"},
             "nvtx": nvtx,
-            "memory_source": "torch.cuda allocator" if self.device.type == "cuda" else "none (CPU run: zeros)",
+            "memory_source": memory_source(self.device),
             "gpu_util_note": self.telemetry.util_reason,
             "cuda_graphs": {"setting": self.graph_plan.setting, "enabled": self.graph_plan.enabled,
                             "reason": self.graph_plan.reason, "warmup_steps": self.graph_plan.warmup_steps,

@@ -3,7 +3,8 @@
 
 training.csv: ``step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb``;
 loss is the mean over ranks and micro-batches, toks_per_s is global (batch x seq_len x
-grad_accum x world_size / step time), memory is CUDA allocator GiB (0 on CPU).
+grad_accum x world_size / step time), memory is CUDA allocator GiB (the process's resident set
+size on CPU; env.json's memory_source says which).
 
 heartbeat_rank{R}.jsonl, one JSON object per line, every record with time, rank, pid, step,
 stage, mem_alloc_gb and the last logged toks_per_s and gpu_util:
@@ -22,6 +23,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import resource
 import socket
 import subprocess
 import sys
@@ -39,10 +41,28 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 GB = 1024**3
 
 
+def memory_source(device: torch.device) -> str:
+    """What the memory columns measure on this device (recorded in env.json)."""
+    return "torch.cuda allocator" if device.type == "cuda" else "process resident set size (CPU run)"
+
+
+def _rss_bytes() -> tuple[float, float]:
+    """This process's resident set size now and at its peak (Linux /proc; getrusage elsewhere)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE"), float(peak)
+    except (OSError, ValueError, IndexError):
+        return float(peak), float(peak)
+
+
 def memory_gb(device: torch.device) -> dict[str, float]:
-    """Allocated / reserved / peak-allocated CUDA memory in GiB (zeros on CPU: no allocator stats)."""
+    """Allocated / reserved / peak-allocated CUDA memory in GiB; on CPU the process's resident set
+    (allocated = reserved = RSS now, peak = peak RSS), so the memory gates measure something there
+    too (they once passed on constant zeros)."""
     if device.type != "cuda":
-        return {"mem_alloc_gb": 0.0, "mem_reserved_gb": 0.0, "mem_peak_gb": 0.0}
+        rss, peak = _rss_bytes()
+        return {"mem_alloc_gb": rss / GB, "mem_reserved_gb": rss / GB, "mem_peak_gb": peak / GB}
     return {
         "mem_alloc_gb": torch.cuda.memory_allocated(device) / GB,
         "mem_reserved_gb": torch.cuda.memory_reserved(device) / GB,

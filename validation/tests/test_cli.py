@@ -70,3 +70,42 @@ def test_an_interrupt_that_surfaces_as_another_error_still_exits_130(monkeypatch
     monkeypatch.setattr(cli, "cmd_phases", broken_import)
     with pytest.raises(ImportError):
         main(["phases", "--runbook", "nsa_ddp_a100"])
+
+
+def test_report_of_a_missing_results_dir_is_a_usage_error_and_creates_nothing(tmp_path, capsys):
+    missing = tmp_path / "nope"
+    assert main(["report", "--results-dir", str(missing)]) == 2
+    assert "results directory" in capsys.readouterr().err and not missing.exists()
+
+
+@pytest.mark.parametrize("jobs", ["0", "-1", "two"])
+def test_jobs_must_be_a_positive_number(jobs, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--jobs", jobs])
+    assert exc.value.code == 2 and "--jobs" in capsys.readouterr().err
+
+
+def test_a_repeated_phase_runs_once(tmp_path, capsys):
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase(), train_phase("long_run")])
+    args = ["run", "--runbook", str(rb), "--profile", "cpu", "--results-dir", str(tmp_path / "r"), "--no-report"]
+    assert main(args + ["--phase", "long_run", "--phase", "long_run"]) == 0
+    err = capsys.readouterr().err
+    assert "1 point(s)" in err and err.count("fake/cpu/long_run/default: PASS") == 1
+
+
+def test_numbers_in_the_report_have_thousands_separators():
+    from validation.report_tables import cell
+
+    assert cell(34512.4) == "34,512" and cell(245600.0) == "245,600" and cell(0.06673) == "0.06673"
+    assert cell(None) == "—" and cell("a|b") == "a\\|b"
+
+
+def test_an_install_without_the_checkout_says_what_to_do(tmp_path, monkeypatch, capsys):
+    """`pip install .` (not -e) copies only the packages: runbooks/ and reports/ stay behind, and
+    the CLI once failed with a bare 'file not found'."""
+    import validation
+
+    monkeypatch.setattr(validation, "RUNBOOK_DIR", tmp_path / "site-packages" / "runbooks")
+    assert main(["phases"]) == 2
+    err = capsys.readouterr().err
+    assert "runbooks not found" in err and "pip install -e ." in err

@@ -3,12 +3,16 @@ work; records land in the store and the report is rendered at session end; a bad
 usage error naming the key; hardware checks skip or run as the profile and option say."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
-from validation import REPO_ROOT
+import pytest
+
+from validation import DEFAULT_RESULTS_DIR, REPO_ROOT
 from validation.orchestrate import why_not
 from validation.plan import expand
+from validation.pytest_plugin import results_dir_for
 from validation.runbook import load_profile, load_runbook
 from validation.store import ResultStore
 from validation.tests.conftest import train_phase, write_runbook
@@ -76,3 +80,88 @@ def test_h100_box_runs_a100_profile_unless_mismatch_is_skip():
     assert "needs 2 CUDA GPU(s); this machine has 1" in why_not(base, one_gpu, "run")
     h200 = expand(load_runbook("nsa_ddp_a100"), load_profile("h200"), ["baseline_ddp"])[0]
     assert "needs 139.0 GiB per GPU; smallest here is 79.1 GiB" in why_not(h200, H100_BOX, "run")
+
+
+def _pytest_in(cwd, *args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("spelling", ["separate", "equals"])
+@pytest.mark.parametrize("where", ["repo", "elsewhere"])
+def test_rerun_into_an_existing_results_dir_and_runbook_path(tmp_path, spelling, where):
+    """The documented re-run, twice into the same directory: once the directory (or a runbook
+    path) exists, pytest once took it for a test path, made /tmp the rootdir, never read this
+    repository's conftest and failed with 'unrecognized arguments: --results-dir'. From outside
+    the repository, its path is the test path."""
+    rb, res = _runbook(tmp_path), tmp_path / "res"
+    opts = ([f"--results-dir={res}", f"--runbook={rb}"] if spelling == "equals"
+            else ["--results-dir", str(res), "--runbook", str(rb)])
+    cwd, paths = (REPO_ROOT, []) if where == "repo" else (tmp_path, [str(REPO_ROOT)])
+    for attempt in (1, 2):
+        out = _pytest_in(cwd, *paths, *opts, "-m", "baseline_ddp", "-p", "no:randomly")
+        assert out.returncode == 0, f"attempt {attempt}: {out.stdout[-2000:]}{out.stderr[-2000:]}"
+        assert "1 passed" in out.stdout and res.is_dir()
+    assert {r.key.phase for r in ResultStore(res).records()} == {"baseline_ddp"}
+
+
+def test_results_dir_for_a_plain_test_run_is_not_the_users(tmp_path):
+    """The README's test command once replaced every record of the user's ./results."""
+    temp, markers = tmp_path / "t", {"cpu_profile", "a100", "bucket_sweep"}
+    assert results_dir_for(None, "", None, None, markers, temp) == temp
+    assert results_dir_for(None, "not slow", None, None, markers, temp) == temp
+    assert results_dir_for(None, "cpu_profile", None, None, markers, temp) == DEFAULT_RESULTS_DIR
+    assert results_dir_for(None, "a100 and not (bucket_sweep)", None, None, markers, temp) == DEFAULT_RESULTS_DIR
+    assert results_dir_for(None, "", ["rb.yaml"], None, markers, temp) == DEFAULT_RESULTS_DIR
+    assert results_dir_for(str(tmp_path / "x"), "", None, None, markers, temp) == (tmp_path / "x").resolve()
+
+
+def test_a_plain_run_of_the_acceptance_tests_leaves_results_alone(tmp_path):
+    before = {p: p.stat().st_mtime_ns for p in DEFAULT_RESULTS_DIR.rglob("*")} if DEFAULT_RESULTS_DIR.exists() else {}
+    out = _pytest("validation/tests/test_acceptance.py", "-k", "preflight")
+    assert out.returncode == 0, out.stdout[-2000:]
+    after = {p: p.stat().st_mtime_ns for p in DEFAULT_RESULTS_DIR.rglob("*")} if DEFAULT_RESULTS_DIR.exists() else {}
+    assert after == before
+    assert "nsa-validate report: INCOMPLETE -> " in out.stdout and str(DEFAULT_RESULTS_DIR) not in out.stdout
+
+
+def test_progress_of_a_running_point_is_shown(tmp_path):
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("baseline_ddp", steps=40, env={"NSA_FAKE_STEP_S": "0.05"})])
+    out = _pytest("validation/tests/test_acceptance.py", "--runbook", str(rb), "--results-dir", str(tmp_path / "r"),
+                  "--progress-every", "0.5", "-k", "test_phase")
+    assert out.returncode == 0, out.stdout[-2000:]
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("nsa-validate: fake/cpu/baseline_ddp/default:")]
+    assert len(lines) >= 2, out.stderr[-2000:]
+    assert any(re.search(r"step \d+/40, 20\d tok/s, ETA \d+s", ln) for ln in lines), lines
+
+
+def test_progress_under_xdist_workers(tmp_path):
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("bucket_sweep", steps=40, env={"NSA_FAKE_STEP_S": "0.05"},
+                                                          sweep={"env.NSA_DDP_BUCKET_MB": [1, 2]})])
+    out = _pytest("validation/tests/test_acceptance.py", "--runbook", str(rb), "--results-dir", str(tmp_path / "r"),
+                  "--progress-every", "0.5", "-k", "test_phase", "-n", "2")
+    assert out.returncode == 0, out.stdout[-2000:]
+    shown = {ln.split(":")[1].strip() for ln in out.stderr.splitlines() if ln.startswith("nsa-validate: fake/")}
+    assert shown == {"fake/cpu/bucket_sweep/NSA_DDP_BUCKET_MB=1", "fake/cpu/bucket_sweep/NSA_DDP_BUCKET_MB=2"}, \
+        out.stderr[-2000:]
+
+
+def test_unknown_profile_is_a_usage_error_naming_it():
+    out = _pytest("validation/tests/test_acceptance.py", "-m", "cpu_profile", "--profile", "a1000")
+    assert out.returncode == 4, out.stdout + out.stderr  # pytest's usage error, not 5 (nothing collected)
+    assert "a1000" in out.stderr and "file not found" in out.stderr
+
+
+def test_profile_no_selected_runbook_uses_is_a_usage_error(tmp_path):
+    out = _pytest("validation/tests/test_acceptance.py", "--runbook", str(_runbook(tmp_path)), "--profile", "a100")
+    assert out.returncode == 4
+    assert "--profile a100: no selected runbook uses it" in out.stderr
+
+
+def test_bad_override_key_is_found_when_the_runbook_loads(tmp_path):
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("baseline_ddp", overrides={"train.seq_lenn": 64})],
+                       defaults={"launcher": {"kind": "python", "module": "nsa.train"}})
+    out = _pytest("validation/tests/test_acceptance.py", "--collect-only", "--runbook", str(rb))
+    assert out.returncode == 4
+    assert "rb.yaml: phases[0] (override train.seq_lenn): 'train.seq_lenn' is not a key of the trainer's config; " \
+           "did you mean 'train.seq_len'?" in out.stderr

@@ -26,6 +26,7 @@ def test_profiles_the_configs_own_shape_through_the_trainer(tmp_path):
     assert 0.0 <= got["counts"]["python_overhead_frac"] <= 1.0
     assert (out / "trainer" / "env.json").is_file()  # the real trainer ran, writing where it was told
     assert "Self CPU" in (out / "profile_top_ops.txt").read_text()
+    assert 1 <= len(got["top_ops"]) <= 5 and all(op.endswith("ms/step") for op in got["top_ops"])
 
 
 def test_compiled_steps_are_attributed_through_the_kernel_ops():

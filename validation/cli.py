@@ -113,7 +113,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     ResultStore(args.results_dir).check()  # a broken store stops the run before anything runs
     hw = hardware.detect()
     progress = _Progress()
-    print(f"nsa-validate: runbook {rb.name}, profile {prof.name}, {len(points)} point(s) on {hardware.describe(hw)}",
+    print(f"nsa-validate: runbook {rb.name}, profile {prof.name}, {len(points)} point(s) on {hw.describe()}",
           file=sys.stderr)
     for diff in hardware.mismatches(prof, hw):
         print(f"nsa-validate: note: {diff}", file=sys.stderr)

@@ -13,7 +13,7 @@ import fcntl
 import importlib.util
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from . import hardware
 from .phases import execute, point_dir, prune
@@ -24,7 +24,7 @@ from .store import ResultStore
 MISMATCH_POLICIES = ("run", "skip")
 
 
-def why_not(point: PhasePoint, hw: dict[str, Any], mismatch: str = "run") -> str | None:
+def why_not(point: PhasePoint, hw: hardware.Machine, mismatch: str = "run") -> str | None:
     """The reason this machine does not run the point, or None when it does."""
     short = hardware.shortfalls(point.profile, hw, point.min_gpus)
     if short:

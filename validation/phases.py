@@ -10,11 +10,12 @@ from __future__ import annotations
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from . import kinds
 from .errors import StoreError
 from .evidence import collect, collect_train, read_halt
+from .hardware import Machine
 from .metrics import RunData, compute
 from .plan import PhasePoint
 from .record import PhaseRecord, routes
@@ -32,7 +33,7 @@ def point_dir(results_dir: Path, point: PhasePoint) -> Path:
     return d
 
 
-def execute(point: PhasePoint, results_dir: Path, hw: dict[str, Any], progress: Progress | None = None) -> PhaseRecord:
+def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progress | None = None) -> PhaseRecord:
     run_id = uuid.uuid4().hex
     out_dir = point_dir(results_dir, point) / run_id[:12]
     out_dir.mkdir(parents=True)

@@ -16,6 +16,7 @@ from typing import Any
 
 from .errors import StoreError
 from .gates import GateResult, GateVerdict
+from .hardware import Machine
 
 Scalar = str | int | float | bool
 
@@ -151,7 +152,8 @@ class PhaseRecord:
     metrics: dict[str, float | None] = field(default_factory=dict)
     """Summary numbers by metric name (validation/metrics.py), over the phase's gate window."""
     evidence: Evidence = field(default_factory=Evidence)
-    hardware: dict[str, Any] = field(default_factory=dict)
+    hardware: Machine | None = None
+    """The machine that ran (or skipped) the point."""
     git_sha: str | None = None
     git_sha_source: str | None = None
     backends: dict[str, Route] = field(default_factory=dict)
@@ -212,10 +214,11 @@ class PhaseRecord:
                 files=list(ev.get("files") or []))
             known = {f.name for f in dataclasses.fields(cls)}
             plain = {k: v for k, v in data.items() if k in known and k not in ("key", "evidence", "gates", "backends",
-                                                                               "status")}
+                                                                               "status", "hardware")}
             return cls(key=PointKey(**data["key"]), status=Status(data["status"]), evidence=evidence,
                        gates=[GateResult.from_json(g) for g in data.get("gates") or []],
                        backends=routes(data.get("backends")),
+                       hardware=Machine.from_json(data["hardware"]) if data.get("hardware") else None,
                        **plain)
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(f"{where}: malformed phase record ({exc!r})") from None

@@ -20,6 +20,7 @@ import jinja2
 
 from . import REPO_ROOT, TEMPLATE_DIR
 from .finding import Finding, Severity, where
+from .hardware import Machine
 from .findings import find, recommendations
 from .plan import expand
 from .plots import make_plots
@@ -91,7 +92,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
     records, missing, stale = _select(ResultStore(results_dir).records(runbook_name, profile_name), runbook, profile)
     findings = find(records)
     status, why = status_of(records, missing, findings)
-    hw = next((r.hardware for r in records if r.hardware), {})
+    hw = next((r.hardware for r in records if r.hardware), None)
     sha = next((r for r in records if r.git_sha), None)
     return {
         "title": f"NSA Acceptance Report: {runbook_name} on {profile_name}",
@@ -107,9 +108,9 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "profile_hardware": _hw_need(profile) if profile else None,
         "profile_notes": profile.notes if profile else None,
         "hardware": _hw_text(hw),
-        "torch": hw.get("torch"),
-        "cuda": hw.get("cuda"),
-        "python": hw.get("python"),
+        "torch": hw and hw.torch,
+        "cuda": hw and hw.cuda,
+        "python": hw and hw.python,
         "git_sha": sha.git_sha if sha else None,
         "git_sha_source": sha.git_sha_source if sha else None,
         "counts": counts(records, missing),
@@ -143,12 +144,10 @@ def _hw_need(p: Profile) -> str:
     return need + (f", >= {h.min_gpu_mem_gb:g} GiB each" if h.min_gpu_mem_gb else "")
 
 
-def _hw_text(hw: dict[str, Any]) -> str:
-    if not hw:
+def _hw_text(hw: Machine | None) -> str:
+    if hw is None:
         return "unknown (no records)"
-    if hw.get("gpu_count"):
-        return f"{hw['gpu_count']}x {', '.join(sorted(set(hw['gpu_names'])))} ({min(hw['gpu_mem_gb'])} GiB) on {hw.get('hostname')}"
-    return f"CPU only, {hw.get('cpu_count')} cores, on {hw.get('hostname')}"
+    return f"{hw.describe()} on {hw.hostname}"
 
 
 def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, runbook: Runbook | None = None,

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from validation import DEFAULT_RESULTS_DIR, REPO_ROOT
+from validation.hardware import Machine
 from validation.orchestrate import why_not
 from validation.plan import expand
 from validation.pytest_plugin import results_dir_for
@@ -69,14 +70,14 @@ def test_gpu_profiles_skip_on_cpu_with_a_reason():
     assert "needs a CUDA GPU" in out.stdout
 
 
-H100_BOX = {"gpu_count": 2, "gpu_names": ["NVIDIA H100 80GB HBM3"] * 2, "gpu_mem_gb": [79.1, 79.1]}
+H100_BOX = Machine(gpu_names=("NVIDIA H100 80GB HBM3",) * 2, gpu_mem_gb=(79.1, 79.1))
 
 
 def test_h100_box_runs_a100_profile_unless_mismatch_is_skip():
     base = expand(load_runbook("nsa_ddp_a100"), load_profile("a100"), ["baseline_ddp"])[0]
     assert why_not(base, H100_BOX, "run") is None
     assert "is for A100 GPUs; this machine has NVIDIA H100" in why_not(base, H100_BOX, "skip")
-    one_gpu = {**H100_BOX, "gpu_count": 1, "gpu_names": H100_BOX["gpu_names"][:1], "gpu_mem_gb": [79.1]}
+    one_gpu = Machine(gpu_names=H100_BOX.gpu_names[:1], gpu_mem_gb=(79.1,))
     assert "needs 2 CUDA GPU(s); this machine has 1" in why_not(base, one_gpu, "run")
     h200 = expand(load_runbook("nsa_ddp_a100"), load_profile("h200"), ["baseline_ddp"])[0]
     assert "needs 139.0 GiB per GPU; smallest here is 79.1 GiB" in why_not(h200, H100_BOX, "run")

@@ -16,8 +16,8 @@ from validation.runbook import load_profile, load_runbook
 from validation.store import ResultStore
 
 GOLDEN = Path(__file__).parent / "golden"
-HW = {"hostname": "ci", "python": "3.11.7", "torch": "2.13.0+cpu", "cuda": None, "cpu_count": 2, "gpu_count": 0,
-      "gpu_names": [], "gpu_mem_gb": [], "accelerator": "cpu"}
+HW = {"hostname": "ci", "python": "3.11.7", "torch": "2.13.0+cpu", "cuda": None, "cpu_count": 2, "gpu_names": [],
+      "gpu_mem_gb": []}
 FRAMES = [{"file": "/x/torch/autograd/graph.py", "line": 825, "func": "_engine_run_backward"},
           {"file": "/x/nsa/train/loop.py", "line": 91, "func": "train_step"},
           {"file": "/x/nsa/train/__main__.py", "line": 12, "func": "<module>"}]

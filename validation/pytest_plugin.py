@@ -147,17 +147,17 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 class _TerminalProgress:
     """A running point's progress on the terminal's stderr, past pytest's output capture (as
-    live logging does); xdist workers share the controller's stderr. The first line at once,
-    then one every ``every_s`` seconds."""
+    live logging does); xdist workers share the controller's stderr. A line every ``every_s``
+    seconds, the first after ``every_s`` (a point shorter than that prints none)."""
 
     def __init__(self, config: pytest.Config):
-        self.every_s, self.last, self.lock = config.getoption("--progress-every"), 0.0, threading.Lock()
+        self.every_s, self.last, self.lock = config.getoption("--progress-every"), time.monotonic(), threading.Lock()
         self.capman = config.pluginmanager.getplugin("capturemanager")
 
     def __call__(self, line: str) -> None:
         with self.lock:
             now = time.monotonic()
-            if self.last and now - self.last < self.every_s:
+            if now - self.last < self.every_s:
                 return
             self.last = now
         with self.capman.global_and_fixture_disabled() if self.capman else contextlib.nullcontext():

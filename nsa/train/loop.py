@@ -1,7 +1,9 @@
 """The Trainer: setup (distributed, model, wrap, optimizer, resume, data, telemetry, watchdog),
 then one loop whose body has a fixed order: LR, micro-batch accumulation (data, forward,
 backward; grads sync on the last micro-batch only), clip, stats exchange with the non-finite
-guard, optimizer step, zero grads, log, checkpoint, stop."""
+guard, optimizer step, zero grads, log, checkpoint, stop. With CUDA graphs (train.cuda_graphs,
+nsa/train/graphs.py) the accumulation of every step after the warm-up is one graph replay, and
+its gradients are overwritten in place by the next replay instead of being zeroed."""
 from __future__ import annotations
 
 import contextlib

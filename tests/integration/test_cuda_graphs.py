@@ -146,22 +146,30 @@ def test_a_failed_capture_ends_the_run_with_the_way_out(tmp_path: Path):
     assert env["cuda_graphs"]["note"].startswith(f"capture failed at step {graphs.WARMUP_STEPS + 1}")
 
 
+def _ddp_curves(tmp_path: Path, toggles: dict[str, str], nproc: int | None) -> dict[str, dict[int, dict]]:
+    """DDP runs of the tiny model with graphs off ("0") and on ("1"): each one's step records,
+    after checking every rank logged the same steps and env.json says whether it captured."""
+    curves = {}
+    for setting in ("0", "1"):
+        out = tmp_path / setting
+        p = launch(["-m", "nsa.train", "--config", "tiny", "--steps", str(graphs.DDP_WARMUP_STEPS + 4),
+                    "--out-dir", str(out), "--override", f"{GPU_COMMON} train.dtype=bfloat16 dist.mode=ddp"],
+                   {**toggles, "NSA_CUDA_GRAPHS": setting}, nproc=nproc, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        curves[setting] = steps(out)
+        for rank in range(1, nproc or 1):
+            assert steps(out, rank).keys() == curves[setting].keys()
+        env = json.loads((out / "env.json").read_text())
+        assert env["dist"]["mode"] == "ddp" and env["cuda_graphs"]["captured"] is (setting == "1"), env["cuda_graphs"]
+    return curves
+
+
 @pytest.mark.gpu
 def test_one_process_ddp_graphed_steps_match_eager(tmp_path: Path):
     """DDP over a world of one (NCCL, in this process's GPU): the reducer's bucket views, the bf16
     compression hook and the NCCL all-reduce are captured; the curve equals eager DDP's. The
     two-GPU test below is the full check; this one runs on a one-GPU box."""
-    n = graphs.DDP_WARMUP_STEPS + 4
-    curves = {}
-    for setting in ("0", "1"):
-        out = tmp_path / setting
-        p = launch(["-m", "nsa.train", "--config", "tiny", "--steps", str(n), "--out-dir", str(out),
-                    "--override", f"{GPU_COMMON} train.dtype=bfloat16 dist.mode=ddp"],
-                   {"NSA_DDP_COMPRESS": "bf16", "NSA_DDP_BUCKET_MB": "1", "NSA_CUDA_GRAPHS": setting}, nproc=None)
-        assert p.returncode == 0, p.stderr[-3000:]
-        curves[setting] = steps(out)
-        env = json.loads((out / "env.json").read_text())
-        assert env["dist"]["mode"] == "ddp" and env["cuda_graphs"]["captured"] is (setting == "1")
+    curves = _ddp_curves(tmp_path, {"NSA_DDP_COMPRESS": "bf16", "NSA_DDP_BUCKET_MB": "1"}, nproc=None)
     _assert_same_curve(curves["1"], curves["0"], loss_rel=1e-3, norm_rel=1e-2)
 
 
@@ -173,19 +181,7 @@ def test_one_process_ddp_graphed_steps_match_eager(tmp_path: Path):
 def test_ddp_graphed_steps_match_eager(tmp_path: Path, toggles: dict[str, str]):
     """Two GPUs, DDP with the seed runbook's toggles: the graph holds the bucketed (compressed)
     all-reduce of the last micro-batch and none on the first."""
-    n = graphs.DDP_WARMUP_STEPS + 4
-    curves = {}
-    for setting in ("0", "1"):
-        out = tmp_path / setting
-        p = launch(["-m", "nsa.train", "--config", "tiny", "--steps", str(n), "--out-dir", str(out),
-                    "--override", f"{GPU_COMMON} train.dtype=bfloat16 dist.mode=ddp"],
-                   {**toggles, "NSA_CUDA_GRAPHS": setting}, timeout=600)
-        assert p.returncode == 0, p.stderr[-3000:]
-        curves[setting] = steps(out)
-        for rank in (0, 1):
-            assert steps(out, rank).keys() == curves[setting].keys()
-        env = json.loads((out / "env.json").read_text())
-        assert env["cuda_graphs"]["captured"] is (setting == "1"), env["cuda_graphs"]
+    curves = _ddp_curves(tmp_path, toggles, nproc=2)
     _assert_same_curve(curves["1"], curves["0"], loss_rel=1e-3, norm_rel=1e-2)
 
 

@@ -98,18 +98,18 @@ def _points(config: pytest.Config) -> list[PhasePoint]:
     wanted = config.getoption("--profile") or []
     points: list[PhasePoint] = []
     try:
-        for name in wanted:
-            load_profile(name)  # an unknown profile is an error, not a silent empty selection
+        # an unknown profile is an error, not a silent empty selection
+        wanted_names = {w: load_profile(w).name for w in wanted}
         used: set[str] = set()
         for name in names:
             rb = load_runbook(name, known_markers=_known_markers(config))
             for prof_name in rb.profiles:
                 prof = load_profile(prof_name)
-                if wanted and prof.name not in wanted and prof_name not in wanted:
+                if wanted and prof.name not in wanted_names.values():
                     continue
                 used.add(prof.name)
                 points += expand(rb, prof)
-        unused = [w for w in wanted if load_profile(w).name not in used]
+        unused = [w for w, n in wanted_names.items() if n not in used]
         if unused:
             raise HarnessError(f"--profile {', '.join(unused)}: no selected runbook uses it (runbooks: "
                                f"{', '.join(names)}; their profiles: "

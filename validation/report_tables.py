@@ -8,6 +8,9 @@ from typing import Any
 from .finding import point_label
 from .record import PhaseRecord, Status
 
+#: the pytest test that runs one phase point (validation/tests/test_acceptance.py)
+ACCEPTANCE_TEST = "validation/tests/test_acceptance.py::test_phase"
+
 
 def gate_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
     rows = []
@@ -88,9 +91,10 @@ def reproduce_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
         if r.status == Status.SKIP or not r.command:
             continue
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(r.env.items()))
+        # a sweep point by its test id: -k cannot take the '=' of its parameters
+        select = f'"{ACCEPTANCE_TEST}[{r.test_id}]"' if r.key.params else f"-m {r.phase}"
         rows.append({"phase": r.phase, "point": point_label(r),
-                     "rerun": f"pytest -m {r.phase} --runbook {r.key.runbook} --profile {r.key.profile}"
-                              + (f' -k "{r.test_id.rsplit("/", 1)[1]}"' if r.key.params else ""),
+                     "rerun": f"pytest {select} --runbook {r.key.runbook} --profile {r.key.profile}",
                      "process": (env + " " if env else "") + shlex.join(r.command)})
     return rows
 

@@ -166,3 +166,23 @@ def test_bad_override_key_is_found_when_the_runbook_loads(tmp_path):
     assert out.returncode == 4
     assert "rb.yaml: phases[0] (override train.seq_lenn): 'train.seq_lenn' is not a key of the trainer's config; " \
            "did you mean 'train.seq_len'?" in out.stderr
+
+
+@pytest.mark.parametrize("params", [{}, {"env.NSA_DDP_BUCKET_MB": 25}])
+def test_the_reports_rerun_command_selects_its_point(params):
+    """The report's 'Reproduce' line once said -k "NSA_DDP_BUCKET_MB=25", which pytest refuses
+    ('=' is no -k expression)."""
+    import shlex
+
+    from validation.record import PhaseRecord, PointKey, Status
+    from validation.report_tables import reproduce_rows
+
+    phase = "bucket_sweep" if params else "baseline_ddp"
+    slug = "NSA_DDP_BUCKET_MB=25" if params else "default"
+    test_id = f"nsa_ddp_a100/a100/{phase}/{slug}"
+    rec = PhaseRecord(PointKey("nsa_ddp_a100", "a100", phase, params), test_id, "train", Status.PASS, "",
+                      command=["python", "-m", "nsa.train"])
+    (row,) = reproduce_rows([rec])
+    out = _pytest(*shlex.split(row["rerun"])[1:], "--collect-only")
+    assert f"test_phase[{test_id}]" in out.stdout and re.search(r"\b1(/\d+)? tests? collected", out.stdout), \
+        out.stdout + out.stderr

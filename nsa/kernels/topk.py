@@ -1,19 +1,26 @@
-"""Triton importance scores and top-n block selection, fused: the [S, S/d] probability matrix
-and the [S, S/l'] block scores never reach device memory.
+"""Triton importance scores and top-n block selection, in two kernels.
 
-One program owns BT consecutive query tokens of one KV group, with all G query heads of the
-group as rows (padded to GP, a power of two). It streams the compressed keys in chunks of BJ
+Scores: one program owns BT consecutive query tokens of one KV group, with all G query heads of
+the group as rows (padded to GP, a power of two). It streams the compressed keys in chunks of BJ
 selection blocks (BJ * R compressed tokens, R = l'/d), recomputes
 p_cmp = exp(q . kc / sqrt(K) - lse) over the visible compressed tokens, sums it over the
-group's heads, maps it onto selection blocks by overlap weight (the compressed tokens that
-straddle the chunk boundary are carried to the next chunk) and merges the chunk's block scores
-into a running top-n held in registers (the chunk's candidates that beat the running minimum
-replace it, largest first; no sort, so it is cheap both compiled and under the interpreter).
+group's heads and maps it onto selection blocks by overlap weight (the compressed tokens that
+straddle the chunk boundary are carried to the next chunk). It writes one float32 score per
+(token, group, block): forced blocks (0, the block holding t and the one before) get +inf,
+blocks after the query's own get -1 (never chosen over a visible block). The [S, S/d]
+probability matrix never reaches device memory; the [S, H, S/l'] scores do, a query chunk at a
+time (SCORE_BUDGET bounds them, so memory stays linear in S).
 
-Each candidate is one int64 key: (float bits of the score + 1) << 32 | (2^31 - 1 - block).
-Scores are >= 0, so the bits order like the floats; a tie goes to the lower block index;
-forced blocks (0, the block holding t and the one before) get the bits of +inf; blocks after
-the query's own get 0 and are never chosen over a visible block.
+Select: one program owns BR rows of scores, whole rows in registers. Non-negative float32 scores
+order like their bit patterns, so a binary search on the bits (31 steps) finds the n-th largest
+score x; the blocks above x are taken, then the blocks equal to x by ascending index until n are
+taken (a tie goes to the lower block index), and a running count (cumsum) writes them in
+ascending order, -1 padded when fewer than n blocks are visible.
+
+Two kernels instead of one fused kernel with a running top-n in registers: on one H100 the
+fused kernel took 13.41 ms at S=65536 (HQ=64, H=4, K=128) and 0.168 ms at the m7c_125m shape;
+scores + select took 7.24 + 2.84 and 0.041 + 0.027 ms, with the same indices
+(`python3 bench/gpu/topk_probe.py`, docs/performance.md, seventh set).
 
 Shapes: q [B, Tq, HQ, K]; kc [B, Nc, H, K]; lse [B, Tq, HQ]; output idx [B, Tq, H, n] int64,
 ascending, -1 padded (the contract of nsa.attention.torch_branches.torch_select_blocks).
@@ -30,6 +37,9 @@ from nsa.attention.config import NSAConfig
 
 from ._autograd import run_op
 
+LOG2E = 1.4426950408889634
+FLOAT32_INF_BITS = 0x7F800000  # +inf as int32 bits: the largest non-NaN float32 bit pattern
+
 
 @triton.jit
 def _overlap_weight(o, L: tl.constexpr, D: tl.constexpr, LS: tl.constexpr):
@@ -39,11 +49,11 @@ def _overlap_weight(o, L: tl.constexpr, D: tl.constexpr, LS: tl.constexpr):
 
 
 @triton.jit
-def _topk_kernel(
-    q, kc, lse, idx, Tq, Nc, q_start, sm_scale,
+def _score_kernel(
+    q, kc, lse, scores, Tq, Nc, NB, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-    L: tl.constexpr, D: tl.constexpr, LS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr,
+    L: tl.constexpr, D: tl.constexpr, LS: tl.constexpr, BJ: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, LOG2E: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -51,8 +61,7 @@ def _topk_kernel(
     h = pid_bh % H
     HQ: tl.constexpr = H * G
     R: tl.constexpr = LS // D
-    BJ: tl.constexpr = NP
-    BCR: tl.constexpr = NP * R  # compressed tokens per chunk; BC is its next power of two
+    BCR: tl.constexpr = BJ * R  # compressed tokens per chunk; BC is its next power of two
     ROWS: tl.constexpr = BT * GP
 
     rows = tl.arange(0, ROWS)
@@ -65,8 +74,7 @@ def _topk_kernel(
     q_base = q + (b.to(tl.int64) * Tq * HQ + h * G) * K
     qt = tl.load(q_base + (tt * HQ + g).to(tl.int64)[:, None] * K + offk[None, :],
                  mask=rmask[:, None] & kmask[None, :], other=0.0)
-    lse2 = tl.load(lse + b.to(tl.int64) * Tq * HQ + h * G + tt * HQ + g, mask=rmask, other=0.0)
-    lse2 = lse2 * 1.4426950408889634
+    lse2 = tl.load(lse + b.to(tl.int64) * Tq * HQ + h * G + tt * HQ + g, mask=rmask, other=0.0) * LOG2E
     lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)
     # compressed token i is visible to position p iff i*D + L - 1 <= p
     hi_r = tl.where(pos_r + 1 >= L, (pos_r + 1 - L) // D, -1)
@@ -74,8 +82,7 @@ def _topk_kernel(
     kc_base = kc + (b.to(tl.int64) * Nc * H + h) * K
 
     tok = pid_t * BT + tl.arange(0, BT)
-    pos_t = q_start + tok
-    jt = pos_t // LS
+    jt = (q_start + tok) // LS
     t_last = tl.minimum(pid_t * BT + BT - 1, Tq - 1)
     n_chunks = tl.cdiv((q_start + t_last) // LS + 1, BJ)
 
@@ -87,13 +94,9 @@ def _topk_kernel(
     wmap = tl.where(ccv[:, None], wmap, 0.0)
     wtail = tl.where(ccv, _overlap_weight(cc - BCR, L, D, LS), 0).to(tl.float32)  # [BC]
 
-    qk_scale = sm_scale * 1.4426950408889634
-    col = tl.arange(0, NP)
-    # N live slots with distinct negative placeholders (below every real key); the padding
-    # slots hold huge values so the running minimum is always one of the N live slots
-    c64 = col.to(tl.int64)
-    top = tl.full([NP], 9223372036854775807, tl.int64)
-    best = tl.where(col < N, -(c64 + 1), top - c64)[None, :] + tl.zeros([BT, NP], tl.int64)
+    qk_scale = sm_scale * LOG2E
+    out_rows = scores + ((b.to(tl.int64) * Tq + tok) * H + h) * NB
+    tok_ok = tok[:, None] < Tq
     carry = tl.zeros([BT], tl.float32)
     for c in range(0, n_chunks):
         ci = c * BCR + cc
@@ -108,33 +111,55 @@ def _topk_kernel(
         carry = tl.sum(ps * wtail[None, :], 1)
         j = c * BJ + jj
         forced = (j[None, :] == 0) | (j[None, :] == jt[:, None]) | (j[None, :] == jt[:, None] - 1)
-        bits = sc.to(tl.int32, bitcast=True).to(tl.int64) + 1
-        bits = tl.where(forced, 0x7F800001, bits)
-        bits = tl.where(j[None, :] <= jt[:, None], bits, 0)
-        key = (bits << 32) | (2147483647 - j[None, :]).to(tl.int64)
-        # insert the chunk's candidates that beat the running minimum, largest first, each in
-        # place of the current minimum (keys are distinct, so exactly one slot holds it); only
-        # as many steps as the row with the most such candidates needs
-        mn0 = tl.min(best, 1)
-        cand = tl.where(key > mn0[:, None], key, -4611686018427387904)
-        n_ins = tl.max(tl.sum((key > mn0[:, None]).to(tl.int32), 1), 0)
-        for _ in range(0, n_ins):
-            x = tl.max(cand, 1)
-            mn = tl.min(best, 1)
-            best = tl.where((best == mn[:, None]) & (x > mn)[:, None], x[:, None], best)
-            cand = tl.where(cand == x[:, None], -4611686018427387904, cand)
-
-    valid = ((best >> 32) > 0) & (col[None, :] < N)
-    blk = (2147483647 - (best & 2147483647)).to(tl.int32)
-    # ascending order by rank (valid blocks first, ascending; then the -1 padding)
-    v = tl.where(valid, blk, 2147483647 - col[None, :])
-    rank = tl.sum((v[:, None, :] < v[:, :, None]).to(tl.int32), 2)
-    out = idx + ((b.to(tl.int64) * Tq + tok[:, None]) * H + h) * N + rank
-    tl.store(out, tl.where(valid, blk, -1).to(tl.int64), mask=(tok[:, None] < Tq) & (rank < N))
+        sc = tl.where(forced, float("inf"), sc)
+        sc = tl.where(j[None, :] <= jt[:, None], sc, -1.0)
+        tl.store(out_rows[:, None] + j[None, :], sc, mask=tok_ok & (j[None, :] < NB))
+    for c in range(n_chunks, tl.cdiv(NB, BJ)):  # blocks after the tile's last query's own
+        j = c * BJ + jj
+        tl.store(out_rows[:, None] + j[None, :], tl.full([BT, BJ], -1.0, tl.float32),
+                 mask=tok_ok & (j[None, :] < NB))
 
 
-#: query rows (tokens x padded group) per program and warps on CUDA (bench_nsa.py --sweep)
-TUNE = dict(rows=64, warps=4)
+@triton.jit
+def _select_kernel(scores, idx, NROWS, NB, N: tl.constexpr, NP: tl.constexpr, NBP: tl.constexpr,
+                   BR: tl.constexpr, INF_BITS: tl.constexpr):
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    rm = r < NROWS
+    j = tl.arange(0, NBP)
+    s = tl.load(scores + r.to(tl.int64)[:, None] * NB + j[None, :], mask=rm[:, None] & (j[None, :] < NB),
+                other=-1.0)
+    bits = s.to(tl.int32, bitcast=True)  # scores >= 0 order like their bits; -1.0 is negative
+    # the largest x in [0, +inf] with at least N scores >= x (0 when fewer than N are visible)
+    lo = tl.zeros([BR], tl.int32)
+    hi = tl.full([BR], INF_BITS, tl.int32)
+    for _ in range(0, 31):
+        mid = lo + (hi - lo + 1) // 2
+        ok = tl.sum((bits >= mid[:, None]).to(tl.int32), 1) >= N
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid - 1)
+    above = bits > lo[:, None]
+    tied = bits == lo[:, None]
+    room = N - tl.sum(above.to(tl.int32), 1)
+    take = above | (tied & (tl.cumsum(tied.to(tl.int32), 1) <= room[:, None]))
+    slot = tl.cumsum(take.to(tl.int32), 1) - 1
+    out = idx + r.to(tl.int64)[:, None] * N
+    tl.store(out + slot, j[None, :].to(tl.int64) + tl.zeros([BR, NBP], tl.int64), mask=take & rm[:, None])
+    n_taken = tl.sum(take.to(tl.int32), 1)
+    col = tl.arange(0, NP)
+    tl.store(out + col[None, :], tl.full([BR, NP], -1, tl.int64),
+             mask=rm[:, None] & (col[None, :] >= n_taken[:, None]) & (col[None, :] < N))
+
+
+#: score kernel: query rows (tokens x padded group) per program, warps, pipeline stages on CUDA
+#: (bench/gpu/topk_probe.py: rows 128 / 4 warps / 2 stages best at 2k, 16k, 64k and m7c_125m)
+TUNE = dict(rows=128, warps=4, stages=2)
+#: bytes of float32 block scores held at once; longer inputs are scored a query chunk at a time
+SCORE_BUDGET = 1 << 28
+
+
+def _select_rows_per_program(nbp: int) -> int:
+    """Score rows per select program: about 1024 scores in registers (1 row at S=64k, 4 at 16k)."""
+    return max(1, min(8, 1024 // nbp))
 
 
 def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
@@ -146,19 +171,35 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
         return idx
     if Nc == 0:  # nothing to score; a valid pointer for the (fully masked) loads
         kc = q.new_zeros(B, 1, H, K)
-    GP = triton.next_power_of_2(G)
-    NP = max(16, triton.next_power_of_2(n))
     interpret = q.device.type == "cpu"
-    rows = 128 if interpret else TUNE["rows"]
-    BT = max(1, rows // GP)
+    GP = triton.next_power_of_2(G)
+    BT = max(1, (64 if interpret else TUNE["rows"]) // GP)
     BK = max(16, triton.next_power_of_2(K))
-    grid = (triton.cdiv(Tq, BT), B * H)
-    _topk_kernel[grid](
-        q, kc, lse, idx, Tq, Nc, q_start, 1.0 / math.sqrt(K),
-        H=H, G=G, GP=GP, K=K, BK=BK, L=L, D=D, LS=LS,
-        N=n, NP=NP, BT=BT, BC=triton.next_power_of_2(NP * (LS // D)),
-        num_warps=4 if interpret else TUNE["warps"], num_stages=1 if interpret else 2,
-    )
+    BJ = 16
+    NB = triton.cdiv(q_start + Tq, LS)
+    NBP = triton.next_power_of_2(NB)
+    BR = _select_rows_per_program(NBP)
+    chunk = max(BT, SCORE_BUDGET // (B * H * NB * 4) // BT * BT)
+    buffer = torch.empty(B * min(chunk, Tq) * H * NB, device=q.device, dtype=torch.float32)
+    for a in range(0, Tq, chunk):
+        t = min(chunk, Tq - a)
+        qa, lsea, sc = q[:, a:a + t], lse[:, a:a + t], buffer[:B * t * H * NB].view(B, t, H, NB)
+        if t < Tq:
+            qa, lsea = qa.contiguous(), lsea.contiguous()
+        _score_kernel[(triton.cdiv(t, BT), B * H)](
+            qa, kc, lsea, sc, t, Nc, NB, q_start + a, 1.0 / math.sqrt(K),
+            H=H, G=G, GP=GP, K=K, BK=BK, L=L, D=D, LS=LS, BJ=BJ, BT=BT,
+            BC=triton.next_power_of_2(BJ * (LS // D)), LOG2E=LOG2E,
+            num_warps=4 if interpret else TUNE["warps"], num_stages=1 if interpret else TUNE["stages"],
+        )
+        rows = B * t * H
+        out = idx[:, a:a + t] if t == Tq else torch.empty(B, t, H, n, device=q.device, dtype=torch.int64)
+        _select_kernel[(triton.cdiv(rows, BR),)](
+            sc, out, rows, NB, N=n, NP=triton.next_power_of_2(n), NBP=NBP, BR=BR,
+            INF_BITS=FLOAT32_INF_BITS, num_warps=4 if NBP <= 1024 else 8,
+        )
+        if t < Tq:
+            idx[:, a:a + t] = out
     return idx
 
 

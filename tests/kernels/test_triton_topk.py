@@ -76,3 +76,14 @@ def test_topk_defaults_shape_long_prefix(kdev):
     cfg = NSAConfig()
     agree = _check(kdev, KCase(cfg, B=1, T=96, H=1, G=2, K=16, q_start=2000, seed=3))
     assert agree >= 0.99
+
+
+def test_topk_scores_a_query_chunk_at_a_time(kdev, monkeypatch):
+    """A score budget smaller than one query tile's scores: the queries are scored and
+    selected a tile at a time (two chunks here, the last one short), batch of two."""
+    from nsa.kernels import topk
+
+    monkeypatch.setattr(topk, "SCORE_BUDGET", 1)
+    cfg = NSAConfig()
+    agree = _check(kdev, KCase(cfg, B=2, T=40, H=2, G=2, K=16, q_start=700, seed=5))
+    assert agree >= 0.99

@@ -158,8 +158,9 @@ SCORE_BUDGET = 1 << 28
 
 
 def _select_rows_per_program(nbp: int) -> int:
-    """Score rows per select program: about 1024 scores in registers (1 row at S=64k, 4 at 16k)."""
-    return max(1, min(8, 1024 // nbp))
+    """Score rows per select program (4 warps): one row of 1024 scores at S=64k, four rows up to
+    S=16k, the best of the settings timed (bench/gpu/topk_probe.py, first run)."""
+    return max(1, min(4, 1024 // nbp))
 
 
 def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
@@ -196,7 +197,7 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
         out = idx[:, a:a + t] if t == Tq else torch.empty(B, t, H, n, device=q.device, dtype=torch.int64)
         _select_kernel[(triton.cdiv(rows, BR),)](
             sc, out, rows, NB, N=n, NP=triton.next_power_of_2(n), NBP=NBP, BR=BR,
-            INF_BITS=FLOAT32_INF_BITS, num_warps=4 if NBP <= 1024 else 8,
+            INF_BITS=FLOAT32_INF_BITS, num_warps=4 if NBP <= 1024 else 8,  # 8 past S=64k: not timed
         )
         if t < Tq:
             idx[:, a:a + t] = out

@@ -131,7 +131,7 @@ def _methods(x, cfg, win_backend):
                 return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa).transpose(1, 2)
         out[name] = (sdpa, [q, x["k_sel"], x["v_sel"]])
 
-    from nsa.kernels.window import flex_win_attention
+    from nsa.attention.kernel_branches import flex_win_attention
     wcfg = NSAConfig(window=512)
     out["FlexAttention (window 512)"] = (
         lambda: flex_win_attention(q, x["k_win"], x["v_win"], wcfg), [q, x["k_win"], x["v_win"]])
@@ -151,8 +151,8 @@ def _methods(x, cfg, win_backend):
 
 def _stage_inputs(name, cfg):
     """Random inputs of shape `name` plus the lse and selected blocks the later stages take."""
-    from nsa.kernels.compressed import triton_cmp_attention
-    from nsa.kernels.topk import triton_select_blocks
+    from nsa.attention.kernel_branches import triton_cmp_attention
+    from nsa.attention.kernel_branches import triton_select_blocks
 
     x = _inputs(*SHAPES[name], cfg)
     with torch.no_grad():
@@ -187,11 +187,11 @@ def _sel_split(x, q, do, idx, cfg):
 
 def breakdown(shapes):
     """Per-stage medians (ms) of the Triton NSA core: where the time goes."""
-    from nsa.kernels.compressed import triton_cmp_attention
-    from nsa.kernels.cudnn_compressed import cudnn_cmp_attention
-    from nsa.kernels.selection import triton_sel_attention
-    from nsa.kernels.topk import triton_select_blocks
-    from nsa.kernels.window import triton_win_attention
+    from nsa.attention.kernel_branches import triton_cmp_attention
+    from nsa.attention.kernel_branches import cudnn_cmp_attention
+    from nsa.attention.kernel_branches import triton_sel_attention
+    from nsa.attention.kernel_branches import triton_select_blocks
+    from nsa.attention.kernel_branches import triton_win_attention
 
     cfg = NSAConfig()
     for name in shapes:
@@ -216,10 +216,10 @@ def sweep(shapes, only=()):
     defaults; prints each variant's median. The winners become the defaults in the kernels'
     TILES / TUNE tables. `only`: sweep just the groups whose label contains one of these."""
     from nsa.kernels import band_attention, selection, topk
-    from nsa.kernels.compressed import triton_cmp_attention
-    from nsa.kernels.selection import triton_sel_attention
-    from nsa.kernels.topk import triton_select_blocks
-    from nsa.kernels.window import triton_win_attention
+    from nsa.attention.kernel_branches import triton_cmp_attention
+    from nsa.attention.kernel_branches import triton_sel_attention
+    from nsa.attention.kernel_branches import triton_select_blocks
+    from nsa.attention.kernel_branches import triton_win_attention
 
     cfg = NSAConfig()
     for name in shapes:

@@ -116,7 +116,7 @@ gate_combine_fwd.register_autograd(_combine_backward, setup_context=_combine_set
 _GateCombine = eager_function("GateCombine", _combine_fwd, _combine_setup, _combine_backward)
 
 
-def triton_gate_combine(gates, o_cmp, o_sel, o_win):
+def gate_combine(gates, o_cmp, o_sel, o_win):
     """gates [B, T, HQ, 3]; o_* [B, T, HQ, K] (one dtype) -> o [B, T, HQ, K] in o_cmp's dtype.
     Under torch.compile it runs as the custom op nsa::gate_combine_fwd (see nsa.kernels._autograd)."""
     args = (t.contiguous() for t in (gates, o_cmp, o_sel.to(o_cmp.dtype), o_win.to(o_cmp.dtype)))

@@ -26,8 +26,6 @@ import torch
 import triton
 import triton.language as tl
 
-from nsa.attention.config import NSAConfig
-
 from ._autograd import eager_function, run_op
 
 
@@ -488,13 +486,13 @@ sel_fwd.register_autograd(_sel_backward, setup_context=_sel_setup)
 _SelAttention = eager_function("SelAttention", _sel_fwd, _sel_setup, _sel_backward)
 
 
-def triton_sel_attention(q, k, v, idx, cfg: NSAConfig, q_start: int = 0, chunk: int | None = None):
-    """Selected branch: q [B, Tq, HQ, K] attends, per KV group, to the tokens of the blocks in
-    idx [B, Tq, H, n] (ascending, -1 padded), causally inside the block holding the query.
-    Same signature and semantics as torch_sel_attention; `chunk` is unused. Returns
-    o [B, Tq, HQ, K]. Under torch.compile the kernels run as the custom ops nsa::sel_fwd /
-    nsa::sel_bwd (see nsa.kernels._autograd)."""
+def selected_attention(q, k, v, idx, q_start: int, LS: int):
+    """Selected branch: q [B, Tq, HQ, K] at positions q_start.. attends, per KV group, to the
+    tokens of the blocks of LS keys listed in idx [B, Tq, H, n] (ascending, -1 padded), causally
+    inside the block holding the query; k, v [B, Tk, H, K]. Returns o [B, Tq, HQ, K]. Under
+    torch.compile the kernels run as the custom ops nsa::sel_fwd / nsa::sel_bwd (see
+    nsa.kernels._autograd)."""
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"query heads {q.shape[2]} must be a multiple of KV heads {k.shape[2]}")
     q, k, v, idx = (t.contiguous() for t in (q, k, v, idx))
-    return run_op(sel_fwd, _SelAttention.apply, q, k, v, idx, cfg.sel_block, int(q_start))[0]
+    return run_op(sel_fwd, _SelAttention.apply, q, k, v, idx, int(LS), int(q_start))[0]

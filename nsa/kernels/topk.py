@@ -26,8 +26,6 @@ import torch
 import triton
 import triton.language as tl
 
-from nsa.attention.config import NSAConfig
-
 from ._autograd import run_op
 
 
@@ -163,20 +161,21 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
 
 
 @torch.library.custom_op("nsa::select_blocks", mutates_args=())
-def select_blocks(q: torch.Tensor, kc: torch.Tensor, lse: torch.Tensor, q_start: int, L: int, D: int,
+def select_blocks_op(q: torch.Tensor, kc: torch.Tensor, lse: torch.Tensor, q_start: int, L: int, D: int,
                   LS: int, n: int) -> torch.Tensor:
     return _select_blocks(q, kc, lse, q_start, L, D, LS, n)
 
 
-@select_blocks.register_fake
+@select_blocks_op.register_fake
 def _(q, kc, lse, q_start, L, D, LS, n):
     return q.new_empty((q.shape[0], q.shape[1], kc.shape[2], n), dtype=torch.int64)
 
 
-def triton_select_blocks(q, kc, lse, cfg: NSAConfig, q_start: int = 0, chunk: int | None = None):
-    """Selected block indices [B, Tq, H, n] (int64, ascending, -1 padded); see the module
-    docstring. Same signature and semantics as torch_select_blocks; `chunk` is unused.
-    Under torch.compile it runs as the custom op nsa::select_blocks (opaque, no gradient)."""
+def select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
+    """Selected block indices [B, Tq, H, n] (int64, ascending, -1 padded) of q [B, Tq, HQ, K]
+    at positions q_start.., from the compressed keys kc [B, Nc, H, K] (compressed token i
+    covers [i*D, i*D + L)) and the compressed branch's lse [B, Tq, HQ] (natural log): blocks of
+    LS tokens, the n best of each KV group (see the module docstring). Under torch.compile it
+    runs as the custom op nsa::select_blocks (opaque, no gradient)."""
     q, kc, lse = (t.detach().contiguous() for t in (q, kc, lse))
-    return run_op(select_blocks, _select_blocks, q, kc, lse, int(q_start), cfg.cmp_block, cfg.cmp_stride,
-                  cfg.sel_block, cfg.n_selected)
+    return run_op(select_blocks_op, _select_blocks, q, kc, lse, int(q_start), int(L), int(D), int(LS), int(n))

@@ -53,8 +53,8 @@ def op_overhead(x, cfg, n: int = 200):
     ks, vs = x["k_sel"].detach(), x["v_sel"].detach()
     so, slse = SE._sel_fwd(q, ks, vs, idx, cfg.sel_block, 0)
     cases = {
-        "band_bwd": (BA.band_bwd, BA._band_bwd, (q, kc, vc, o, lse, do, 0, cfg.cmp_block, cfg.cmp_stride, 0, False)),
-        "sel_bwd": (SE.sel_bwd, SE._sel_bwd, (q, ks, vs, idx, so, slse, do, cfg.sel_block, 0)),
+        "band_bwd": (BA.band_op.bwd, BA._band_bwd, (q, kc, vc, o, lse, do, 0, cfg.cmp_block, cfg.cmp_stride, 0, False)),
+        "sel_bwd": (SE.sel_op.bwd, SE._sel_bwd, (q, ks, vs, idx, so, slse, do, cfg.sel_block, 0)),
         "select_blocks": (TK.select_blocks_op, TK._select_blocks, args_tk),
     }
     for name, (op, impl, args) in cases.items():

@@ -13,6 +13,10 @@ cudnn_compressed  cudnn_cmp_attention             the compressed branch on cuDNN
 window            flex_window_attention,          the window branch on FlexAttention / flash-attn
                   flash_attn_window_attention
 
+Shared by the Triton files: _softmax.py (log2(e), the log-sum-exp convention: natural log in
+memory, base 2 in registers; the online-softmax step, its finish and its gradient) and
+_autograd.py (the custom-op / fake / autograd wiring of a forward/backward pair).
+
 Importing this package is cheap and imports no Triton: whether Triton interprets a kernel
 (TRITON_INTERPRET=1, CPU) is fixed when its @triton.jit runs, so the kernel modules are imported
 when a route needs them (nsa.attention.backends.preload). The Triton kernel pairs are torch custom

@@ -27,6 +27,25 @@ import triton
 import triton.language as tl
 
 from ._autograd import run_op
+from ._softmax import LOG2E, lse_log2
+
+# A candidate block is one int64 key: (score bits + 1) << 32 | (BLOCK_MASK - block); see the
+# module docstring
+BLOCK_MASK: tl.constexpr = tl.constexpr(2**31 - 1)
+"""The low 32 bits hold BLOCK_MASK - block, so a tie in score goes to the lower block."""
+FORCED_BITS: tl.constexpr = tl.constexpr(0x7F800000 + 1)
+"""The bits of +inf, plus the 1 every score's bits get: a forced block beats every score."""
+NOT_CANDIDATE: tl.constexpr = tl.constexpr(-(2**62))
+"""Below every key and every placeholder: a chunk's candidate already inserted or too small."""
+INT64_MAX: tl.constexpr = tl.constexpr(2**63 - 1)
+"""The padding slots past n hold INT64_MAX - slot, above every key, so never the minimum."""
+
+
+@triton.jit
+def _flip(x):
+    """BLOCK_MASK - x: the low half of a block's key, and back (written tensor first: Triton's
+    interpreter keeps a constexpr minus a tensor a constexpr)."""
+    return -(x - BLOCK_MASK)
 
 
 @triton.jit
@@ -63,9 +82,7 @@ def _topk_kernel(
     q_base = q + (b.to(tl.int64) * Tq * HQ + h * G) * K
     qt = tl.load(q_base + (tt * HQ + g).to(tl.int64)[:, None] * K + offk[None, :],
                  mask=rmask[:, None] & kmask[None, :], other=0.0)
-    lse2 = tl.load(lse + b.to(tl.int64) * Tq * HQ + h * G + tt * HQ + g, mask=rmask, other=0.0)
-    lse2 = lse2 * 1.4426950408889634
-    lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)
+    lse2 = lse_log2(tl.load(lse + b.to(tl.int64) * Tq * HQ + h * G + tt * HQ + g, mask=rmask, other=0.0))
     # compressed token i is visible to position p iff i*D + L - 1 <= p
     hi_r = tl.where(pos_r + 1 >= L, (pos_r + 1 - L) // D, -1)
     hi_r = tl.where(rmask, hi_r, -1)
@@ -85,12 +102,12 @@ def _topk_kernel(
     wmap = tl.where(ccv[:, None], wmap, 0.0)
     wtail = tl.where(ccv, _overlap_weight(cc - BCR, L, D, LS), 0).to(tl.float32)  # [BC]
 
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * LOG2E
     col = tl.arange(0, NP)
     # N live slots with distinct negative placeholders (below every real key); the padding
     # slots hold huge values so the running minimum is always one of the N live slots
     c64 = col.to(tl.int64)
-    top = tl.full([NP], 9223372036854775807, tl.int64)
+    top = tl.full([NP], INT64_MAX, tl.int64)
     best = tl.where(col < N, -(c64 + 1), top - c64)[None, :] + tl.zeros([BT, NP], tl.int64)
     carry = tl.zeros([BT], tl.float32)
     for c in range(0, n_chunks):
@@ -107,25 +124,25 @@ def _topk_kernel(
         j = c * BJ + jj
         forced = (j[None, :] == 0) | (j[None, :] == jt[:, None]) | (j[None, :] == jt[:, None] - 1)
         bits = sc.to(tl.int32, bitcast=True).to(tl.int64) + 1
-        bits = tl.where(forced, 0x7F800001, bits)
+        bits = tl.where(forced, FORCED_BITS, bits)
         bits = tl.where(j[None, :] <= jt[:, None], bits, 0)
-        key = (bits << 32) | (2147483647 - j[None, :]).to(tl.int64)
+        key = (bits << 32) | _flip(j[None, :]).to(tl.int64)
         # insert the chunk's candidates that beat the running minimum, largest first, each in
         # place of the current minimum (keys are distinct, so exactly one slot holds it); only
         # as many steps as the row with the most such candidates needs
         mn0 = tl.min(best, 1)
-        cand = tl.where(key > mn0[:, None], key, -4611686018427387904)
+        cand = tl.where(key > mn0[:, None], key, NOT_CANDIDATE)
         n_ins = tl.max(tl.sum((key > mn0[:, None]).to(tl.int32), 1), 0)
         for _ in range(0, n_ins):
             x = tl.max(cand, 1)
             mn = tl.min(best, 1)
             best = tl.where((best == mn[:, None]) & (x > mn)[:, None], x[:, None], best)
-            cand = tl.where(cand == x[:, None], -4611686018427387904, cand)
+            cand = tl.where(cand == x[:, None], NOT_CANDIDATE, cand)
 
     valid = ((best >> 32) > 0) & (col[None, :] < N)
-    blk = (2147483647 - (best & 2147483647)).to(tl.int32)
+    blk = _flip(best & BLOCK_MASK).to(tl.int32)
     # ascending order by rank (valid blocks first, ascending; then the -1 padding)
-    v = tl.where(valid, blk, 2147483647 - col[None, :])
+    v = tl.where(valid, blk, _flip(col[None, :]))
     rank = tl.sum((v[:, None, :] < v[:, :, None]).to(tl.int32), 2)
     out = idx + ((b.to(tl.int64) * Tq + tok[:, None]) * H + h) * N + rank
     tl.store(out, tl.where(valid, blk, -1).to(tl.int64), mask=(tok[:, None] < Tq) & (rank < N))

@@ -320,7 +320,7 @@ def _is_interpret(t: torch.Tensor) -> bool:
 
 
 def _band_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, L: int, D: int, W: int,
-              window: bool) -> tuple[torch.Tensor, torch.Tensor]:
+              window: bool, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     B, Tq, HQ, K = q.shape
     Tk, H = k.shape[1], k.shape[2]
     G = HQ // H
@@ -343,9 +343,20 @@ def _band_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, L
     return o, lse
 
 
+def _dkv_splits(key_tiles: int, row_blocks: int, device: torch.device, window: bool, deterministic: bool) -> int:
+    """How many programs share the query rows of one key tile in the dk/dv pass. Compressed
+    keys are few (S/d), so their key tiles alone would leave SMs idle: the rows are split and
+    the partial dk/dv added with float32 atomics, whose order varies from run to run. A window
+    has S keys (enough tiles), and a deterministic run takes the fixed order of one program per
+    key tile (slower where the split paid: the compressed branch at long S)."""
+    if window or deterministic:
+        return 1
+    return min(64, triton.cdiv(4 * _sm_count(device), key_tiles), row_blocks)
+
+
 def _band_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
               do: torch.Tensor, q_start: int, L: int, D: int, W: int,
-              window: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              window: bool, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     B, Tq, HQ, K = q.shape
     Tk, H = k.shape[1], k.shape[2]
     G = HQ // H
@@ -365,7 +376,7 @@ def _band_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor
         num_warps=nw, num_stages=ns,
     )
     tiles = triton.cdiv(Tk, BN2) * B * H
-    n_split = 1 if window else min(64, triton.cdiv(4 * _sm_count(q.device), tiles), triton.cdiv(Tq * G, BM2))
+    n_split = _dkv_splits(tiles, triton.cdiv(Tq * G, BM2), q.device, window, deterministic)
     rows_per_split = triton.cdiv(triton.cdiv(Tq * G, n_split), BM2) * BM2
     atomic = n_split > 1
     # float32 partial sums when atomic, one buffer for both (one fill)
@@ -380,7 +391,7 @@ def _band_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor
     return dq, dk, dv
 
 
-def _band_fake(q, k, v, q_start, L, D, W, window):
+def _band_fake(q, k, v, *args):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
@@ -388,12 +399,14 @@ def _band_fake(q, k, v, q_start, L, D, W, window):
 band_op = kernel_op("band", _band_fwd, _band_bwd, _band_fake, tensors=3, grads=3)
 
 
-def band_attention(q, k, v, q_start: int, L: int, D: int, W: int, window: bool):
+def band_attention(q, k, v, q_start: int, L: int, D: int, W: int, window: bool, deterministic: bool = False):
     """Band attention (see the module docstring). q [B, Tq, HQ, K]; k, v [B, Tk, H, K].
     Returns o [B, Tq, HQ, K] (q's dtype) and lse [B, Tq, HQ] (float32, natural log).
+    deterministic: the backward adds no partial sums atomically (see _dkv_splits), so it gives
+    the same bits on every run.
     Under torch.compile the kernels run as the custom ops nsa::band_fwd / nsa::band_bwd
     (see nsa.kernels._autograd)."""
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"query heads {q.shape[2]} must be a multiple of KV heads {k.shape[2]}")
     return band_op(q.contiguous(), k.contiguous(), v.contiguous(), int(q_start), int(L), int(D), int(W),
-                   bool(window))
+                   bool(window), bool(deterministic))

@@ -358,7 +358,7 @@ def _tile_launch(q, k, idx, sel_block: int):
 
 
 def _sel_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, sel_block: int,
-             q_start: int) -> tuple[torch.Tensor, torch.Tensor]:
+             q_start: int, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     B, Tq, HQ, K = q.shape
     Tk = k.shape[1]
     o = torch.empty_like(q)
@@ -407,7 +407,13 @@ def _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block: int, q_start: int):
     return dq, delta
 
 
-def _dkv_qc(device) -> int:
+def _dkv_qc(device: torch.device, Tq: int, deterministic: bool) -> int:
+    """Most tokens per work item of the dk/dv pass. Deterministic: Tq, so each (b, h, block) is
+    one work item and each dk/dv row has one writer; its atomic adds into the zeroed buffer then
+    run in the fixed order of the sorted tokens (slower: the program of a block every token
+    selects, such as block 0, walks the whole sequence)."""
+    if deterministic:
+        return max(Tq, 1)
     return 64 if device.type == "cpu" else TUNE["qc"]
 
 
@@ -432,18 +438,18 @@ def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int):
 
 def _sel_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
              lse: torch.Tensor, do: torch.Tensor, sel_block: int,
-             q_start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             q_start: int, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     Tq, Tk = q.shape[1], k.shape[1]
     if Tq == 0 or Tk == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     do = do.contiguous()
     dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block, q_start)
-    work = _inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device))
+    work = _inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device, Tq, deterministic))
     dk, dv = _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block, q_start)
     return dq, dk, dv
 
 
-def _sel_fake(q, k, v, idx, sel_block, q_start):
+def _sel_fake(q, k, v, idx, *args):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
@@ -451,13 +457,14 @@ def _sel_fake(q, k, v, idx, sel_block, q_start):
 sel_op = kernel_op("sel", _sel_fwd, _sel_bwd, _sel_fake, tensors=4, grads=3)
 
 
-def selected_attention(q, k, v, idx, q_start: int, LS: int):
+def selected_attention(q, k, v, idx, q_start: int, LS: int, deterministic: bool = False):
     """Selected branch: q [B, Tq, HQ, K] at positions q_start.. attends, per KV group, to the
     tokens of the blocks of LS keys listed in idx [B, Tq, H, n] (ascending, -1 padded), causally
-    inside the block holding the query; k, v [B, Tk, H, K]. Returns o [B, Tq, HQ, K]. Under
+    inside the block holding the query; k, v [B, Tk, H, K]. Returns o [B, Tq, HQ, K].
+    deterministic: the dk/dv pass sums in a fixed order (see _dkv_qc). Under
     torch.compile the kernels run as the custom ops nsa::sel_fwd / nsa::sel_bwd (see
     nsa.kernels._autograd)."""
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"query heads {q.shape[2]} must be a multiple of KV heads {k.shape[2]}")
     q, k, v, idx = (t.contiguous() for t in (q, k, v, idx))
-    return sel_op(q, k, v, idx, int(LS), int(q_start))[0]
+    return sel_op(q, k, v, idx, int(LS), int(q_start), bool(deterministic))[0]

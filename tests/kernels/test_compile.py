@@ -37,13 +37,13 @@ def test_custom_ops_pass_opcheck(kdev):
 
     cfg, q, k, v, kc, vc = _opcheck_inputs(kdev)
     grad = [t.clone().requires_grad_() for t in (q, kc, vc)]
-    torch.library.opcheck(band_attention.band_op.fwd, (*grad, 0, cfg.cmp_block, cfg.cmp_stride, 0, False))
-    o, lse = band_attention.band_op.fwd(q, kc, vc, 0, cfg.cmp_block, cfg.cmp_stride, 0, False)
+    torch.library.opcheck(band_attention.band_op.fwd, (*grad, 0, cfg.cmp_block, cfg.cmp_stride, 0, False, False))
+    o, lse = band_attention.band_op.fwd(q, kc, vc, 0, cfg.cmp_block, cfg.cmp_stride, 0, False, False)
     sel_args = (q, kc, lse, 0, cfg.cmp_block, cfg.cmp_stride, cfg.sel_block, cfg.n_selected)
     torch.library.opcheck(topk.select_blocks_op, sel_args)
     idx = topk.select_blocks_op(*sel_args)
     torch.library.opcheck(selection.sel_op.fwd, (q.clone().requires_grad_(), k.clone().requires_grad_(),
-                                              v.clone().requires_grad_(), idx, cfg.sel_block, 0))
+                                              v.clone().requires_grad_(), idx, cfg.sel_block, 0, False))
     gates = torch.rand(*q.shape[:3], 3, device=kdev, requires_grad=True)
     parts = [torch.randn_like(q).requires_grad_() for _ in range(3)]
     torch.library.opcheck(combine.gate_combine_op.fwd, (gates, *parts))

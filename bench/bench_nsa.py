@@ -2,11 +2,15 @@
 gates) against full causal attention (PyTorch SDPA, flash and cuDNN backends), FlexAttention
 with a 512-token sliding window, and fla-core's parallel_nsa (compression + selection, its
 defaults) when importable. Forward and forward+backward, one set of random inputs per shape,
-triton.testing.do_bench medians, peak memory of one forward+backward, and the host time to
-enqueue one forward+backward (close to the measured time: launch-bound).
+triton.testing.do_bench medians, achieved TFLOP/s and GB/s, peak memory of one forward+backward,
+and the host time to enqueue one forward+backward (close to the measured time: launch-bound).
+--breakdown adds a table per kernel (top-n, compressed, selected fwd / dq / dk-dv, window): time,
+TFLOP/s and GB/s. FLOPs and bytes come from the shape (bench/kernel_work.py: the matrix products
+over the visible pairs, and every tensor read or written once), so they are lower bounds.
 
     python bench/bench_nsa.py                       # all shapes
     python bench/bench_nsa.py --shapes 2k m7c_125m   # some of them
+    python bench/bench_nsa.py --breakdown           # also the per-kernel table
     python bench/bench_nsa.py --json out.json       # also write the rows as JSON
     python bench/bench_nsa.py --sweep --sweep-only "sel tt" --shapes 2k m7c_125m 8k
                                                     # selection token tiles (TUNE tt*)
@@ -28,9 +32,18 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import kernel_work as kw  # noqa: E402
 from nsa.attention.backends import Route, resolve_route  # noqa: E402
 from nsa.attention.config import NSAConfig  # noqa: E402
 from nsa.attention.core import nsa_core  # noqa: E402
+from nsa.attention.kernel_branches import (  # noqa: E402
+    cudnn_cmp_attention,
+    flex_win_attention,
+    triton_cmp_attention,
+    triton_sel_attention,
+    triton_select_blocks,
+    triton_win_attention,
+)
 from nsa.attention.torch_branches import visible_compressed  # noqa: E402
 
 SHAPES = {  # name: (B, S, HQ, H, K)
@@ -109,10 +122,13 @@ def _no_grad(fwd):
 
 
 def _methods(x, cfg, win_backend):
-    """name -> (forward closure, leaves) for every method that can run here."""
+    """name -> (forward closure, leaves, (forward work, backward work) or None) for every
+    method that can run here."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     q, gates = x["q"], x["gates"]
+    B, S, HQ, K = q.shape
+    shape = kw.Shape(B, S, HQ, x["k_sel"].shape[2], K)
     core_leaves = [x[n] for n in ("q", "kc", "vc", "k_sel", "v_sel", "k_win", "v_win", "gates")]
     out = {}
     # the routes 'auto' picks (cmp and select: cudnn on a GPU), then every stage on Triton
@@ -120,7 +136,8 @@ def _methods(x, cfg, win_backend):
         routes = {s: Route(s, cmp if s in ("cmp", "select") else "triton", "bench") for s in ("cmp", "select", "sel")}
         routes["win"] = Route("win", win_backend, "bench")
         out[f"NSA core ({label}: cmp={cmp})"] = (
-            lambda routes=routes: nsa_core(*core_leaves[:7], gates, cfg, routes), core_leaves)
+            lambda routes=routes: nsa_core(*core_leaves[:7], gates, cfg, routes), core_leaves,
+            (kw.core_fwd(shape, cfg), kw.core_bwd(shape, cfg)))
 
     qt, kt, vt = (t.transpose(1, 2) for t in (q, x["k_sel"], x["v_sel"]))
     gqa = q.shape[2] != x["k_sel"].shape[2]
@@ -129,12 +146,12 @@ def _methods(x, cfg, win_backend):
         def sdpa(backend=backend):
             with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa).transpose(1, 2)
-        out[name] = (sdpa, [q, x["k_sel"], x["v_sel"]])
+        out[name] = (sdpa, [q, x["k_sel"], x["v_sel"]], (kw.causal_fwd(shape), kw.causal_bwd(shape)))
 
-    from nsa.kernels.window import flex_win_attention
     wcfg = NSAConfig(window=512)
     out["FlexAttention (window 512)"] = (
-        lambda: flex_win_attention(q, x["k_win"], x["v_win"], wcfg), [q, x["k_win"], x["v_win"]])
+        lambda: flex_win_attention(q, x["k_win"], x["v_win"], wcfg), [q, x["k_win"], x["v_win"]],
+        (kw.win_fwd(shape, wcfg), kw.win_bwd(shape, wcfg)))
 
     try:
         from fla.ops.nsa import parallel_nsa
@@ -145,15 +162,12 @@ def _methods(x, cfg, win_backend):
         out["fla parallel_nsa (cmp+sel)"] = (
             lambda: parallel_nsa(q, x["k_sel"], x["v_sel"], g_cmp=g_cmp, g_slc=g_slc,
                                  block_counts=cfg.n_selected, block_size=cfg.sel_block, window_size=0),
-            [q, x["k_sel"], x["v_sel"], g_cmp, g_slc])
+            [q, x["k_sel"], x["v_sel"], g_cmp, g_slc], None)
     return out
 
 
 def _stage_inputs(name, cfg):
     """Random inputs of shape `name` plus the lse and selected blocks the later stages take."""
-    from nsa.kernels.compressed import triton_cmp_attention
-    from nsa.kernels.topk import triton_select_blocks
-
     x = _inputs(*SHAPES[name], cfg)
     with torch.no_grad():
         _, lse = triton_cmp_attention(x["q"], x["kc"], x["vc"], cfg)
@@ -161,11 +175,12 @@ def _stage_inputs(name, cfg):
     return x, x["q"], x["do"], lse, idx
 
 
-def _sel_split(x, q, do, idx, cfg):
+def _sel_split(x, q, do, idx, cfg) -> tuple[int, dict[str, float]]:
     """Medians (ms) of the selected branch's pieces at the current selection.TUNE: forward
     kernel; backward as dq kernel, _inverse_selection (keys kernel, sort, work-item kernel)
     and dk/dv kernel. The forward and the dq launch each first build the token-tile block
-    lists ('union', one small kernel, nothing when TT = 1); their times include it."""
+    lists ('union', one small kernel, nothing when TT = 1); their times include it. Returns
+    TT and the times."""
     from nsa.kernels import selection as S
 
     ls = cfg.sel_block
@@ -173,42 +188,74 @@ def _sel_split(x, q, do, idx, cfg):
     (Tq, HQ), (Tk, H), n = q.shape[1:3], k.shape[1:3], idx.shape[-1]
     NB = -(-Tk // ls)
     TT = S._tokens_per_tile(HQ // H, n, NB, Tq)
-    o, lse2 = S._sel_fwd(q, k, v, idx, ls, 0)
-    dq, delta = S._sel_bwd_dq(q, k, v, idx, o, lse2, do, ls, 0)
-    qc = S._dkv_qc(q.device)
+    o, lse = S._sel_fwd(q, k, v, idx, ls, 0, False)
+    dq, delta = S._sel_bwd_dq(q, k, v, idx, o, lse, do, ls, 0)
+    qc = S._dkv_qc(q.device, Tq, False)
     work = S._inverse_selection(idx, Tk, ls, qc)
-    t = dict(union=_bench(lambda: S._tile_union(idx, TT, NB)),
-             fwd=_bench(lambda: S._sel_fwd(q, k, v, idx, ls, 0)),
-             dq=_bench(lambda: S._sel_bwd_dq(q, k, v, idx, o, lse2, do, ls, 0)),
-             inverse=_bench(lambda: S._inverse_selection(idx, Tk, ls, qc)),
-             dkv=_bench(lambda: S._sel_bwd_dkv(q, k, v, do, lse2, delta, work, ls, 0)))
-    return f"TT={TT} " + " ".join(f"{a} {b:.3f}" for a, b in t.items())
+    return TT, dict(union=_bench(lambda: S._tile_union(idx, TT, NB)),
+                    fwd=_bench(lambda: S._sel_fwd(q, k, v, idx, ls, 0, False)),
+                    dq=_bench(lambda: S._sel_bwd_dq(q, k, v, idx, o, lse, do, ls, 0)),
+                    inverse=_bench(lambda: S._inverse_selection(idx, Tk, ls, qc)),
+                    dkv=_bench(lambda: S._sel_bwd_dkv(q, k, v, do, lse, delta, work, ls, 0)))
 
 
-def breakdown(shapes):
-    """Per-stage medians (ms) of the Triton NSA core: where the time goes."""
-    from nsa.kernels.compressed import triton_cmp_attention
-    from nsa.kernels.cudnn_compressed import cudnn_cmp_attention
-    from nsa.kernels.selection import triton_sel_attention
-    from nsa.kernels.topk import triton_select_blocks
-    from nsa.kernels.window import triton_win_attention
+def _rates(ms: float, work: kw.Work | None) -> tuple[str, str]:
+    """Achieved TFLOP/s and GB/s as table cells ('-' where the work is not counted)."""
+    if work is None:
+        return "-", "-"
+    return f"{work.tflops(ms):.1f}", f"{work.gbps(ms):.0f}"
 
+
+def breakdown(shapes) -> list[dict]:
+    """Per-kernel medians (ms) of the NSA stages with achieved TFLOP/s and GB/s: where the time
+    goes and how far each kernel is from the GPU's limits. Returns the rows."""
     cfg = NSAConfig()
+    rows = []
+    print("| shape     | kernel                   |       ms | TFLOP/s |    GB/s |")
+    print("|-----------|--------------------------|----------|---------|---------|")
     for name in shapes:
         x, q, do, lse, idx = _stage_inputs(name, cfg)
-        stages = {
-            "cmp": (lambda: triton_cmp_attention(q, x["kc"], x["vc"], cfg)[0], [q, x["kc"], x["vc"]]),
-            "cmp-cudnn": (lambda: cudnn_cmp_attention(q, x["kc"], x["vc"], cfg)[0], [q, x["kc"], x["vc"]]),
-            "sel": (lambda: triton_sel_attention(q, x["k_sel"], x["v_sel"], idx, cfg), [q, x["k_sel"], x["v_sel"]]),
-            "win": (lambda: triton_win_attention(q, x["k_win"], x["v_win"], cfg), [q, x["k_win"], x["v_win"]]),
-        }
-        parts = [f"topk {_bench(lambda: triton_select_blocks(q, x['kc'], lse, cfg)):.2f}"]
-        for st, (fwd, leaves) in stages.items():
-            parts.append(f"{st} fwd {_bench(_no_grad(fwd)):.2f} fwd+bwd {_bench(_fwd_bwd(fwd, leaves, do)):.2f}")
-        print(f"# breakdown {name}: " + " | ".join(parts), flush=True)
-        print(f"# breakdown {name} sel split (ms): {_sel_split(x, q, do, idx, cfg)}", flush=True)
+        B, S, HQ, H, K = SHAPES[name]
+        shape = kw.Shape(B, S, HQ, H, K)
+        cmp_leaves, win_leaves, sel_leaves = ([q, x[a], x[b]] for a, b in (("kc", "vc"), ("k_win", "v_win"),
+                                                                        ("k_sel", "v_sel")))
+
+        def cmp():
+            return triton_cmp_attention(q, x["kc"], x["vc"], cfg)[0]
+
+        def cmp_cudnn():
+            return cudnn_cmp_attention(q, x["kc"], x["vc"], cfg)[0]
+
+        def sel():
+            return triton_sel_attention(q, x["k_sel"], x["v_sel"], idx, cfg)
+
+        def win():
+            return triton_win_attention(q, x["k_win"], x["v_win"], cfg)
+
+        TT, split = _sel_split(x, q, do, idx, cfg)
+        timed = [  # (kernel, ms, work)
+            ("top-n", _bench(lambda: triton_select_blocks(q, x["kc"], lse, cfg)), kw.topn(shape, cfg)),
+            ("cmp fwd", _bench(_no_grad(cmp)), kw.cmp_fwd(shape, cfg)),
+            ("cmp fwd+bwd", _bench(_fwd_bwd(cmp, cmp_leaves, do)), kw.cmp_fwd(shape, cfg) + kw.cmp_bwd(shape, cfg)),
+            ("cmp-cudnn fwd", _bench(_no_grad(cmp_cudnn)), kw.cmp_fwd(shape, cfg)),
+            ("cmp-cudnn fwd+bwd", _bench(_fwd_bwd(cmp_cudnn, cmp_leaves, do)),
+             kw.cmp_fwd(shape, cfg) + kw.cmp_bwd(shape, cfg)),
+            (f"sel fwd (TT={TT})", split["fwd"], kw.sel_fwd(shape, cfg)),
+            ("sel dq", split["dq"], kw.sel_dq(shape, cfg)),
+            ("sel dkv", split["dkv"], kw.sel_dkv(shape, cfg)),
+            ("sel union", split["union"], None),
+            ("sel inverse", split["inverse"], None),
+            ("sel fwd+bwd", _bench(_fwd_bwd(sel, sel_leaves, do)), kw.sel_fwd(shape, cfg) + kw.sel_bwd(shape, cfg)),
+            ("win fwd", _bench(_no_grad(win)), kw.win_fwd(shape, cfg)),
+            ("win fwd+bwd", _bench(_fwd_bwd(win, win_leaves, do)), kw.win_fwd(shape, cfg) + kw.win_bwd(shape, cfg)),
+        ]
+        for kernel, ms, work in timed:
+            tf, gb = _rates(ms, work)
+            print(f"| {name:9} | {kernel:24} | {ms:8.3f} | {tf:>7} | {gb:>7} |", flush=True)
+            rows.append(dict(shape=name, kernel=kernel, ms=ms, flops=work and work.flops, bytes=work and work.bytes))
         x = q = do = lse = idx = None  # free this shape's tensors before the next one
         torch.cuda.empty_cache()
+    return rows
 
 
 def sweep(shapes, only=()):
@@ -216,10 +263,6 @@ def sweep(shapes, only=()):
     defaults; prints each variant's median. The winners become the defaults in the kernels'
     TILES / TUNE tables. `only`: sweep just the groups whose label contains one of these."""
     from nsa.kernels import band_attention, selection, topk
-    from nsa.kernels.compressed import triton_cmp_attention
-    from nsa.kernels.selection import triton_sel_attention
-    from nsa.kernels.topk import triton_select_blocks
-    from nsa.kernels.window import triton_win_attention
 
     cfg = NSAConfig()
     for name in shapes:
@@ -272,7 +315,8 @@ def sweep(shapes, only=()):
                 try:
                     t = ", ".join(f"{_bench(fn):.2f}" for fn in fns)
                     if label.startswith("sel tt"):
-                        t += f" | split (ms): {_sel_split(x, q, do, idx, cfg)}"
+                        TT, split = _sel_split(x, q, do, idx, cfg)
+                        t += f" | split (ms): TT={TT} " + " ".join(f"{a} {b:.3f}" for a, b in split.items())
                 except Exception as e:
                     t = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
                 print(f"# sweep {name} {label} {v}: {t}", flush=True)
@@ -282,20 +326,18 @@ def sweep(shapes, only=()):
         torch.cuda.empty_cache()
 
 
-def run(shapes, win_backend="triton", json_path=None, skip=()):
+def run(shapes, win_backend="triton", skip=()):
+    """The table of the whole NSA core against the baselines; returns its rows."""
     cfg = NSAConfig()
     rows = []
-    dev = torch.cuda.get_device_name()
-    print(f"# {dev}; torch {torch.__version__}; python {platform.python_version()}; "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    hdr = (f"| {'shape':9} | {'method':28} | {'fwd ms':>8} | {'fwd+bwd ms':>10} | {'peak GiB':>8} "
-           f"| {'host ms':>7} |")
+    hdr = (f"| {'shape':9} | {'method':28} | {'fwd ms':>8} | {'TFLOP/s':>7} | {'GB/s':>5} | {'fwd+bwd ms':>10} "
+           f"| {'TFLOP/s':>7} | {'GB/s':>5} | {'peak GiB':>8} | {'host ms':>7} |")
     print(hdr)
     print("|" + "|".join("-" * (len(c)) for c in hdr.split("|")[1:-1]) + "|")
     for name in shapes:
         B, S, HQ, H, K = SHAPES[name]
         x = _inputs(B, S, HQ, H, K, cfg)
-        for meth, (fwd, leaves) in _methods(x, cfg, win_backend).items():
+        for meth, (fwd, leaves, work) in _methods(x, cfg, win_backend).items():
             if any(s in meth for s in skip):
                 continue
             try:
@@ -306,17 +348,19 @@ def run(shapes, win_backend="triton", json_path=None, skip=()):
                 host = _host_ms(fb)
             except Exception as e:  # a baseline that cannot run here is reported, not fatal
                 msg = f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
-                print(f"| {name:9} | {meth:28} | {'n/a':>8} | {'n/a':>10} | {'n/a':>8} | {'n/a':>7} | {msg}")
+                print(f"| {name:9} | {meth:28} | {'n/a':>8} | {'-':>7} | {'-':>5} | {'n/a':>10} | {'-':>7} | {'-':>5} "
+                      f"| {'n/a':>8} | {'n/a':>7} | {msg}")
                 rows.append(dict(shape=name, method=meth, error=msg))
                 torch.cuda.empty_cache()
                 continue
-            print(f"| {name:9} | {meth:28} | {t_f:8.2f} | {t_fb:10.2f} | {mem:8.2f} | {host:7.2f} |", flush=True)
+            (tf_f, gb_f), (tf_fb, gb_fb) = _rates(t_f, work and work[0]), _rates(t_fb, work and work[0] + work[1])
+            print(f"| {name:9} | {meth:28} | {t_f:8.2f} | {tf_f:>7} | {gb_f:>5} | {t_fb:10.2f} | {tf_fb:>7} | {gb_fb:>5} "
+                  f"| {mem:8.2f} | {host:7.2f} |", flush=True)
             rows.append(dict(shape=name, B=B, S=S, HQ=HQ, H=H, K=K, method=meth,
-                             fwd_ms=t_f, fwd_bwd_ms=t_fb, peak_gib=mem, host_fwd_bwd_ms=host))
+                             fwd_ms=t_f, fwd_bwd_ms=t_fb, peak_gib=mem, host_fwd_bwd_ms=host,
+                             fwd_flops=work and work[0].flops, bwd_flops=work and work[1].flops))
         x = None  # free this shape's tensors before the next one
         torch.cuda.empty_cache()
-    if json_path:
-        Path(json_path).write_text(json.dumps(dict(device=dev, torch=torch.__version__, rows=rows), indent=1))
     return rows
 
 
@@ -341,9 +385,20 @@ def main(argv=None):
     if a.sweep:
         sweep(a.shapes, a.sweep_only)
         return
-    if a.breakdown:
-        breakdown(a.shapes)
-    run(a.shapes, a.win, a.json, a.skip)
+    dev = torch.cuda.get_device_name()
+    print(f"# {dev}; torch {torch.__version__}; python {platform.python_version()}; "
+          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    kernels = breakdown(a.shapes) if a.breakdown else []
+    rows = run(a.shapes, a.win, a.skip)
+    if a.json:
+        _write_json(Path(a.json), dict(device=dev, torch=torch.__version__, rows=rows, kernels=kernels))
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """Write atomically: a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from nsa.attention.config import NSAConfig  # noqa: E402
 from nsa.attention.torch_branches import visible_compressed  # noqa: E402
 from nsa.kernels import cudnn_compressed as cc  # noqa: E402
-from nsa.kernels.compressed import triton_cmp_attention  # noqa: E402
+from nsa.attention.kernel_branches import cudnn_cmp_attention, triton_cmp_attention  # noqa: E402
 
 SHAPES = {"2k": (1, 2048, 64, 4, 128), "m7c_125m": (8, 2048, 12, 2, 64), "8k": (1, 8192, 64, 4, 128),
           "16k": (1, 16384, 64, 4, 128), "32k": (1, 32768, 64, 4, 128), "64k": (1, 65536, 64, 4, 128)}
@@ -45,7 +45,7 @@ def main():
     res = {}
     for share in (True, False):
         cc.SHARE_KV_BY_STRIDE = share
-        o, lse = cc.cudnn_cmp_attention(*leaves, cfg)
+        o, lse = cudnn_cmp_attention(*leaves, cfg)
         res[share] = (o, lse, *torch.autograd.grad(o, leaves, do))
     diffs = [(a.float() - b.float()).abs().max().item() for a, b in zip(res[True], res[False])]
     print("# zero-stride vs materialized max |diff| (o, lse, dq, dk, dv):", " ".join(f"{x:.3e}" for x in diffs))
@@ -55,7 +55,7 @@ def main():
     for name, shape in SHAPES.items():
         leaves, do = inputs(*shape, cfg)
         tri = lambda q, k, v: triton_cmp_attention(q, k, v, cfg)  # noqa: E731
-        cud = lambda q, k, v: cc.cudnn_cmp_attention(q, k, v, cfg)  # noqa: E731
+        cud = lambda q, k, v: cudnn_cmp_attention(q, k, v, cfg)  # noqa: E731
         with torch.no_grad():
             tf = do_bench(lambda: tri(*leaves))
             cf = do_bench(lambda: cud(*leaves))

@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from nsa.attention.config import NSAConfig  # noqa: E402
 from nsa.kernels import topk as T  # noqa: E402
-from nsa.kernels.compressed import triton_cmp_attention  # noqa: E402
+from nsa.attention.kernel_branches import triton_cmp_attention  # noqa: E402
+from nsa.kernels._softmax import LOG2E  # noqa: E402
 
 SHAPES = {"2k": (1, 2048, 64, 4, 128), "16k": (1, 16384, 64, 4, 128), "32k": (1, 32768, 64, 4, 128),
           "64k": (1, 65536, 64, 4, 128), "m7c_125m": (8, 2048, 12, 2, 64)}
@@ -59,7 +60,7 @@ def _ablated_scores(
     q_base = q + (b.to(tl.int64) * Tq * HQ + h * G) * K
     qt = tl.load(q_base + (tt * HQ + g).to(tl.int64)[:, None] * K + offk[None, :],
                  mask=rmask[:, None] & kmask[None, :], other=0.0)
-    lse2 = tl.load(lse + b.to(tl.int64) * Tq * HQ + h * G + tt * HQ + g, mask=rmask, other=0.0) * 1.4426950408889634
+    lse2 = tl.load(lse + b.to(tl.int64) * Tq * HQ + h * G + tt * HQ + g, mask=rmask, other=0.0) * LOG2E
     hi_r = tl.where(tt + 1 >= L, (tt + 1 - L) // D, -1)
     hi_r = tl.where(rmask, hi_r, -1)
     kc_base = kc + (b.to(tl.int64) * Nc * H + h) * K
@@ -73,7 +74,7 @@ def _ablated_scores(
     wmap = T._overlap_weight(cc[:, None] - jj[None, :] * R, L, D, LS).to(tl.float32)
     wmap = tl.where(ccv[:, None], wmap, 0.0)
     wtail = tl.where(ccv, T._overlap_weight(cc - BCR, L, D, LS), 0).to(tl.float32)
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * LOG2E
     out_rows = scores + ((b.to(tl.int64) * Tq + tok) * H + h) * NB
     carry = tl.zeros([BT], tl.float32)
     acc = tl.zeros([ROWS, BC], tl.float32)

@@ -1,46 +1,52 @@
-"""Per-branch backend registry and routing.
+"""Per-stage backends and the rule that routes each NSA stage to one.
 
-Each NSA stage has named implementations: 'cmp' (compressed attention, returns o and lse),
-'select' (importance scores and top-n; follows the cmp branch's backend), 'sel' (selected
-attention) and 'win' (sliding window). The PyTorch implementations are registered here; faster
-ones (Triton, FlexAttention, SDPA, flash-attn) register themselves from nsa.kernels.
+Stages: 'cmp' (compressed attention, returns o and lse), 'select' (importance scores and top-n;
+its backend follows attn.backend_cmp), 'sel' (selected attention) and 'win' (sliding window).
+``BACKENDS`` lists every implementation of every stage by name, as importable functions (the
+PyTorch path of torch_branches, the kernels through kernel_branches), each with the test that
+says whether it can run on a device and dtype.
 
-``resolve_route`` turns a requested backend ('auto' or a name) into a Route with the reason
-it was chosen. A backend that is asked for by name but cannot run is an error
-(BackendUnavailable), never a silent fallback; 'auto' takes the highest-priority available
-implementation and says why.
+``resolve_route`` turns a requested backend ('auto' or a name) into a Route with the reason it
+was chosen. A backend asked for by name that cannot run is an error (BackendUnavailable), never
+a silent fallback. 'auto' tries the backends of ``auto_order`` in turn and takes the first that
+can run; passing over one is a fallback and the reason names it and why.
 """
 from __future__ import annotations
 
+import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+from nsa.kernels import CUDNN_MIN_QUERIES
+
+from . import kernel_branches as kb
 from . import torch_branches as tb
 
 STAGES = ("cmp", "select", "sel", "win")
 #: which config key picks the backend of each stage
 STAGE_CONFIG_KEY = {"cmp": "backend_cmp", "select": "backend_cmp", "sel": "backend_sel", "win": "backend_win"}
 
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_HALF = (torch.float16, torch.bfloat16)  # what cuDNN's fused attention and flash-attn take
+
 
 class BackendUnavailable(RuntimeError):
     """A backend was requested by name but cannot run here; the message says why."""
 
 
-@dataclass(frozen=True)
-class Impl:
-    name: str
-    fn: Callable
-    available: Callable[[torch.device, torch.dtype], tuple[bool, str]]
-    """(device, dtype) -> (usable, reason); reason says why not when unusable."""
-    priority: int | Callable[[torch.device, torch.dtype], int | None]
-    """Higher wins under 'auto'; a callable gives it per device and dtype (a GPU kernel that
-    can also run interpreted on CPU should rank below torch there). None: not meant for this
-    device and dtype, so 'auto' does not consider it and skipping it is no fallback."""
+Availability = Callable[[torch.device, torch.dtype], "tuple[bool, str]"]
 
-    def rank(self, device: torch.device, dtype: torch.dtype) -> int | None:
-        return self.priority(device, dtype) if callable(self.priority) else self.priority
+
+@dataclass(frozen=True)
+class Backend:
+    fn: Callable
+    available: Availability
+    """(device, dtype) -> (usable, reason); the reason says why not when unusable."""
+    kernels: bool = True
+    """Runs nsa.kernels code, which routing imports ahead of the first call (see preload)."""
 
 
 @dataclass(frozen=True)
@@ -49,32 +55,95 @@ class Route:
     backend: str
     reason: str
     fallback: bool = False
-    """'auto' had to pass over a higher-ranked backend meant for this device (the reason
-    names it and why): the run is slower than it should be."""
-
-
-_REGISTRY: dict[str, dict[str, Impl]] = {s: {} for s in STAGES}
-
-
-def register(stage: str, name: str, fn: Callable, available, priority) -> None:
-    if stage not in _REGISTRY:
-        raise ValueError(f"unknown NSA stage {stage!r}; stages: {STAGES}")
-    _REGISTRY[stage][name] = Impl(name, fn, available, priority)
-
-
-def registered(stage: str) -> list[str]:
-    _load_optional_backends()
-    return sorted(_REGISTRY[stage])
+    """'auto' had to pass over a faster backend meant for this device (the reason names it and
+    why): the run is slower than it should be."""
 
 
 def _always(device, dtype):
     return True, "portable PyTorch path"
 
 
-register("cmp", "torch", tb.torch_cmp_attention, _always, 0)
-register("select", "torch", tb.torch_select_blocks, _always, 0)
-register("sel", "torch", tb.torch_sel_attention, _always, 0)
-register("win", "torch", tb.torch_win_attention, _always, 0)
+def _triton_available(device: torch.device, dtype: torch.dtype) -> tuple[bool, str]:
+    if importlib.util.find_spec("triton") is None:
+        return False, "triton is not installed"
+    if dtype not in _KERNEL_DTYPES:
+        return False, f"the Triton kernels take float16/bfloat16/float32, not {dtype}"
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            return False, "CUDA is not available"
+        return True, "Triton kernels on CUDA"
+    if device.type == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            return False, "Triton kernels need CUDA (or TRITON_INTERPRET=1 on CPU)"
+        if dtype == torch.bfloat16:
+            return False, "the Triton interpreter computes bfloat16 wrongly; use float32 on CPU"
+        return True, "Triton interpreter (TRITON_INTERPRET=1)"
+    return False, f"Triton kernels do not run on {device.type}"
+
+
+def _cudnn_available(device: torch.device, dtype: torch.dtype) -> tuple[bool, str]:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False, "cuDNN fused attention is a backend for CUDA only"
+    if not torch.backends.cudnn.is_available() or (torch.backends.cudnn.version() or 0) < 90000:
+        return False, f"cuDNN fused attention needs cuDNN >= 9 (found {torch.backends.cudnn.version()})"
+    if torch.cuda.get_device_capability(device) < (8, 0):
+        return False, "cuDNN fused attention needs compute capability >= 8.0"
+    if dtype not in _HALF:
+        return False, f"cuDNN fused attention takes float16/bfloat16, not {dtype}"
+    ok, why = _triton_available(device, dtype)  # short sequences, the tail, decode: band kernel
+    if not ok:
+        return False, f"the cuDNN compressed branch needs the Triton band kernel too: {why}"
+    return True, (f"cuDNN fused attention over folded query runs for prefill of >= "
+                  f"{CUDNN_MIN_QUERIES} queries, Triton band kernel otherwise")
+
+
+def _flex_available(device: torch.device, dtype: torch.dtype) -> tuple[bool, str]:
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False, "FlexAttention is a backend for CUDA only"
+    if importlib.util.find_spec("torch.nn.attention.flex_attention") is None:
+        return False, "this torch has no torch.nn.attention.flex_attention"
+    if dtype not in _KERNEL_DTYPES:
+        return False, f"FlexAttention takes float16/bfloat16/float32, not {dtype}"
+    return True, "FlexAttention sliding-window block mask"
+
+
+def _flash_installed() -> bool:
+    return importlib.util.find_spec("flash_attn") is not None
+
+
+def _flash_available(device: torch.device, dtype: torch.dtype) -> tuple[bool, str]:
+    if not _flash_installed():
+        return False, "flash_attn is not installed"
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False, "flash-attn needs CUDA"
+    if dtype not in _HALF:
+        return False, f"flash-attn takes float16/bfloat16, not {dtype}"
+    return True, "flash-attn local attention"
+
+
+#: every implementation of every stage, by the name attn.backend_* uses
+BACKENDS: dict[str, dict[str, Backend]] = {
+    "cmp": {
+        "torch": Backend(tb.torch_cmp_attention, _always, kernels=False),
+        "triton": Backend(kb.triton_cmp_attention, _triton_available),
+        "cudnn": Backend(kb.cudnn_cmp_attention, _cudnn_available),
+    },
+    "select": {  # follows backend_cmp: cuDNN's compressed branch feeds the Triton top-n
+        "torch": Backend(tb.torch_select_blocks, _always, kernels=False),
+        "triton": Backend(kb.triton_select_blocks, _triton_available),
+        "cudnn": Backend(kb.triton_select_blocks, _cudnn_available),
+    },
+    "sel": {
+        "torch": Backend(tb.torch_sel_attention, _always, kernels=False),
+        "triton": Backend(kb.triton_sel_attention, _triton_available),
+    },
+    "win": {
+        "torch": Backend(tb.torch_win_attention, _always, kernels=False),
+        "triton": Backend(kb.triton_win_attention, _triton_available),
+        "flex": Backend(kb.flex_win_attention, _flex_available),
+        "flash_attn": Backend(kb.flash_attn_win_attention, _flash_available),
+    },
+}
 
 
 def torch_gate_combine(gates, o_cmp, o_sel, o_win):
@@ -83,38 +152,32 @@ def torch_gate_combine(gates, o_cmp, o_sel, o_win):
     return g[..., 0:1] * o_cmp + g[..., 1:2] * o_sel + g[..., 2:3] * o_win
 
 
-#: fused gated sums, keyed by the backend of the sel stage (the torch sum otherwise)
-_COMBINE: dict[str, Callable] = {}
+def auto_order(stage: str, device: torch.device, dtype: torch.dtype) -> tuple[str, ...]:
+    """The backends 'auto' tries for a stage, fastest first (measured on H100,
+    docs/performance.md); the PyTorch path last, so it always ends the list.
 
-
-def register_combine(name: str, fn: Callable) -> None:
-    _COMBINE[name] = fn
-
-
-def gate_combine(route: Route) -> Callable:
-    """The gated sum that goes with the selected branch's backend."""
-    return _COMBINE.get(route.backend, torch_gate_combine)
-
-
-_optional_loaded = False
-
-
-def _load_optional_backends() -> None:
-    """Import nsa.kernels once; it registers whatever its dependencies allow."""
-    global _optional_loaded
-    if not _optional_loaded:
-        _optional_loaded = True
-        from .. import kernels  # noqa: F401  (registers on import)
+    Off CUDA that is the PyTorch path alone: the Triton interpreter runs on CPU, but only when a
+    test asks for it by name. Backends not meant for this dtype (cuDNN without bf16/fp16) or not
+    installed (flash-attn, an optional extra) are left out, so passing over them is no fallback."""
+    if device.type != "cuda":
+        return ("torch",)
+    half = dtype in _HALF
+    order = {
+        "cmp": ("cudnn",) * half + ("triton",),
+        "select": ("cudnn",) * half + ("triton",),
+        "sel": ("triton",),
+        "win": ("triton",) + ("flash_attn",) * _flash_installed() + ("flex",),
+    }[stage]
+    return order + ("torch",)
 
 
 def resolve_route(stage: str, requested: str, device: torch.device, dtype: torch.dtype) -> Route:
-    _load_optional_backends()
-    impls = _REGISTRY[stage]
+    impls = BACKENDS[stage]
     if requested != "auto":
         if requested not in impls:
             raise BackendUnavailable(
                 f"attn.{STAGE_CONFIG_KEY[stage]}={requested!r} is not a backend of the {stage} "
-                f"stage; registered: {', '.join(sorted(impls))}"
+                f"stage; backends: {', '.join(sorted(impls))}"
             )
         ok, why = impls[requested].available(device, dtype)
         if not ok:
@@ -123,25 +186,27 @@ def resolve_route(stage: str, requested: str, device: torch.device, dtype: torch
             )
         return Route(stage, requested, f"requested by config ({why})")
     skipped = []
-    candidates = [i for i in impls.values() if i.rank(device, dtype) is not None]
-    for impl in sorted(candidates, key=lambda i: -i.rank(device, dtype)):
-        ok, why = impl.available(device, dtype)
+    for name in auto_order(stage, device, dtype):
+        ok, why = impls[name].available(device, dtype)
         if ok:
             note = f"; skipped {', '.join(skipped)}" if skipped else ""
-            return Route(stage, impl.name, f"auto: {why}{note}", fallback=bool(skipped))
-        skipped.append(f"{impl.name} ({why})")
+            return Route(stage, name, f"auto: {why}{note}", fallback=bool(skipped))
+        skipped.append(f"{name} ({why})")
     raise BackendUnavailable(f"no backend can run the {stage} stage on {device.type}/{dtype}")
 
 
 def implementation(route: Route) -> Callable:
-    return _REGISTRY[route.stage][route.backend].fn
+    return BACKENDS[route.stage][route.backend].fn
+
+
+def gate_combine(route: Route) -> Callable:
+    """The gated sum that goes with the selected branch's route: fused when it runs on Triton."""
+    return kb.triton_gate_combine if route.backend == "triton" else torch_gate_combine
 
 
 def preload(route: Route) -> None:
-    """Import the route's implementation (and its gated sum) now: the fast backends import
-    their kernels on first call, and that first call must not happen while torch.compile
-    traces (a graph break at every NSA stage; seen as recompile-limit warnings)."""
-    for fn in (implementation(route), gate_combine(route)):
-        load = getattr(fn, "load", None)
-        if load is not None:
-            load()
+    """Import the route's kernels now: the kernel functions import their modules on first call,
+    and that first call must not happen while torch.compile traces (a graph break at every NSA
+    stage; seen as recompile-limit warnings)."""
+    if BACKENDS[route.stage][route.backend].kernels:
+        kb.import_kernels()

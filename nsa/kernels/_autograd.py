@@ -1,23 +1,29 @@
-"""How the Triton kernels meet autograd and torch.compile.
+"""How the Triton kernels meet autograd and torch.compile, written once for every kernel pair.
 
-Each kernel pair is a torch custom op (``nsa::*_fwd`` with its autograd formula, calling the
-``nsa::*_bwd`` op), so torch.compile treats it as one opaque call: it cannot trace a Triton
+``kernel_op`` turns a forward and a backward implementation into two torch custom ops,
+``nsa::<name>_fwd`` (with its autograd formula, calling ``nsa::<name>_bwd``) and
+``nsa::<name>_bwd``, so torch.compile treats each as one opaque call: it cannot trace a Triton
 launch. In eager mode, where small NSA calls are bound by their launches, the dispatcher's
 custom-op path is skipped (``run_op``): the forward runs through a plain autograd.Function that
-shares the op's setup_context and backward, and the backward formulas and the block selection
-call the ops' plain implementations. On the H100 box the op path cost 271 against 211 us
-host time per band_bwd call, 93 against 54 us per select_blocks call
-(`python bench/host_profile.py --op-overhead`).
+shares the op's setup_context and backward, and the backward formula calls the plain backward
+implementation. On the H100 box the op path cost 271 against 211 us host time per band_bwd
+call, 93 against 54 us per select_blocks call (`python bench/host_profile.py --op-overhead`).
+
+The contract of a pair: forward(*tensors, *args) returns one tensor or a tuple whose first
+element is the differentiable output (the rest, such as a log-sum-exp, carry no gradient);
+backward(*tensors, *saved outputs, grad of the first output, *args) returns the gradients of
+the first ``grads`` tensors. ``args`` are ints and bools.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 
-def eager_function(name: str, forward: Callable, setup_context: Callable, backward: Callable):
+def _eager_function(name: str, forward: Callable, setup_context: Callable, backward: Callable):
     """An autograd.Function running ``forward`` (the kernels, directly) with the custom op's
     ``setup_context`` and ``backward``. It is an old-style Function (the context set up inside
     forward): with a separate setup_context, Function.apply binds its arguments through
@@ -46,3 +52,39 @@ def _traced(args) -> bool:
 def run_op(op, implementation: Callable, *args):
     """The custom op while a graph is traced, the op's plain implementation otherwise."""
     return op(*args) if _traced(args) else implementation(*args)
+
+
+@dataclass(frozen=True)
+class KernelOp:
+    """A differentiable kernel pair; call it with the forward's arguments."""
+    fwd: torch.library.CustomOpDef
+    bwd: torch.library.CustomOpDef
+    eager: type[torch.autograd.Function]
+
+    def __call__(self, *args):
+        return run_op(self.fwd, self.eager.apply, *args)
+
+
+def kernel_op(name: str, forward: Callable, backward: Callable, fake_forward: Callable, *,
+              tensors: int, grads: int, save_outputs: bool = True) -> KernelOp:
+    """Register nsa::<name>_fwd / nsa::<name>_bwd (schemas from the type hints of ``forward``
+    and ``backward``). ``tensors``: how many leading arguments are tensors (the rest are ints
+    and bools); ``grads``: how many of them get a gradient; ``save_outputs``: the backward needs
+    the forward's outputs (attention: o and its lse; a weighted sum: none)."""
+    fwd = torch.library.custom_op(f"nsa::{name}_fwd", forward, mutates_args=())
+    fwd.register_fake(fake_forward)
+    bwd = torch.library.custom_op(f"nsa::{name}_bwd", backward, mutates_args=())
+    bwd.register_fake(lambda *inputs: tuple(torch.empty_like(t) for t in inputs[:grads]))
+
+    def setup_context(ctx, inputs, output):
+        outputs = output if isinstance(output, tuple) else (output,)
+        ctx.save_for_backward(*inputs[:tensors], *(outputs if save_outputs else ()))
+        ctx.args = inputs[tensors:]
+        ctx.mark_non_differentiable(*outputs[1:])
+
+    def backward_formula(ctx, grad, *_no_grads):
+        dx = run_op(bwd, backward, *ctx.saved_tensors, grad, *ctx.args)
+        return (*dx, *(None,) * (tensors - grads + len(ctx.args)))
+
+    fwd.register_autograd(backward_formula, setup_context=setup_context)
+    return KernelOp(fwd, bwd, _eager_function(name, forward, setup_context, backward_formula))

@@ -24,10 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._autograd import eager_function, run_op
-
-_LOG2E = 1.4426950408889634
-_LN2 = 0.6931471805599453
+from ._autograd import kernel_op
+from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
 
 
 @triton.jit
@@ -61,40 +59,14 @@ def _row_block_segments(pid_m, Tq, Tk, q_start, G: tl.constexpr, L: tl.constexpr
 
 
 @triton.jit
-def _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-              H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr):
-    """One key tile of the forward's online softmax; MASK: apply the rows' visibility."""
-    cols = n0 + tl.arange(0, BN)
-    kv_off = cols.to(tl.int64)[:, None] * (H * K) + offk[None, :]
-    if MASK:
-        vis = (cols[None, :] <= hi[:, None]) & (cols[None, :] >= lo[:, None])
-        lm = (cols < end)[:, None] & kmask[None, :]
-    else:
-        lm = kmask[None, :]
-    kt = tl.load(k_base + kv_off, mask=lm, other=0.0)
-    vt = tl.load(v_base + kv_off, mask=lm, other=0.0)
-    s = tl.dot(qt, tl.trans(kt)) * qk_scale
-    if MASK:
-        s = tl.where(vis, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    if MASK:  # a row may see none of this tile's keys, nor any before
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_safe = m_new
-    p = tl.exp2(s - m_safe[:, None])
-    alpha = tl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-    return acc, m_new, l_i
-
-
-@triton.jit
-def _band_fwd_kernel(
-    q, k, v, o, lse, Tq, Tk, q_start, sm_scale,
-    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
-    L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-):
+def _row_block(Tq, Tk, q_start, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, L: tl.constexpr,
+               D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               BK: tl.constexpr):
+    """What the forward and the dq kernel share: the program's BM query rows (grid: row blocks,
+    B * H). Returns the offsets of its [BM, BK] tile of q/o/do/dq and their mask, the offsets
+    of its rows in lse/delta and their mask, the offset of its KV head in k/v, the head-dim
+    lanes, each row's visible key interval [lo, hi], and the key segments of
+    _row_block_segments."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -104,59 +76,88 @@ def _band_fwd_kernel(
     rmask = rows < Tq * G
     t = rows // G
     g = rows % G
-    pos = q_start + t
     offk = tl.arange(0, BK)
     kmask = offk < K
-    q_base = q + (b.to(tl.int64) * Tq * HQ + h * G) * K
     row_off = (t * HQ + g).to(tl.int64) * K
-    qt = tl.load(q_base + row_off[:, None] + offk[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
-    k_base = k + (b.to(tl.int64) * Tk * H + h) * K
-    v_base = v + (b.to(tl.int64) * Tk * H + h) * K
-
-    lo, hi = _hi_lo(pos, Tk, L, D, W, WINDOW)
+    q_off = (b.to(tl.int64) * Tq * HQ + h * G) * K + row_off[:, None] + offk[None, :]
+    l_off = b.to(tl.int64) * Tq * HQ + h * G + t * HQ + g
+    kv_base = (b.to(tl.int64) * Tk * H + h) * K
+    lo, hi = _hi_lo(q_start + t, Tk, L, D, W, WINDOW)
     start, whole_lo, whole_hi, end = _row_block_segments(pid_m, Tq, Tk, q_start, G, L, D, W, WINDOW, BM, BN)
+    return (q_off, rmask[:, None] & kmask[None, :], l_off, rmask, kv_base, offk, kmask, lo, hi,
+            start, whole_lo, whole_hi, end)
 
-    qk_scale = sm_scale * 1.4426950408889634
+
+@triton.jit
+def _key_tile(k, v, kv_base, n0, end, lo, hi, offk, kmask, H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr,
+              MASK: tl.constexpr):
+    """The BN keys and values from n0 and, MASK, the rows' visibility of them [BM, BN]
+    (unmasked: every row sees every key of the tile, returned as True)."""
+    cols = n0 + tl.arange(0, BN)
+    kv_off = kv_base + cols.to(tl.int64)[:, None] * (H * K) + offk[None, :]
+    if MASK:
+        lm = (cols < end)[:, None] & kmask[None, :]
+        vis = (cols[None, :] <= hi[:, None]) & (cols[None, :] >= lo[:, None])
+    else:
+        lm = kmask[None, :]
+        vis = True
+    kt = tl.load(k + kv_off, mask=lm, other=0.0)
+    vt = tl.load(v + kv_off, mask=lm, other=0.0)
+    return kt, vt, vis
+
+
+@triton.jit
+def _fwd_tile(acc, m_i, l_i, qt, k, v, kv_base, n0, end, lo, hi, qk_scale, offk, kmask,
+              H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr):
+    """One key tile of the forward's online softmax; MASK: apply the rows' visibility."""
+    kt, vt, vis = _key_tile(k, v, kv_base, n0, end, lo, hi, offk, kmask, H, K, BN, MASK)
+    s = tl.dot(qt, tl.trans(kt)) * qk_scale
+    if MASK:
+        s = tl.where(vis, s, float("-inf"))
+    return online_step(acc, m_i, l_i, s, vt, MASK)
+
+
+@triton.jit
+def _band_fwd_kernel(
+    q, k, v, o, lse, Tq, Tk, q_start, sm_scale,
+    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
+    L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+):
+    q_off, m2, l_off, rmask, kv_base, offk, kmask, lo, hi, start, whole_lo, whole_hi, end = _row_block(
+        Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK)
+    qt = tl.load(q + q_off, mask=m2, other=0.0)
+    qk_scale = sm_scale * LOG2E
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BK], tl.float32)
     # unmasked tiles first: every row then has a finite maximum before the masked edges
     for n0 in range(whole_lo, whole_hi, BN):
-        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k, v, kv_base, n0, end, lo, hi, qk_scale, offk, kmask,
                                   H, K, BN, False)
     for n0 in range(start, whole_lo, BN):
-        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k, v, kv_base, n0, end, lo, hi, qk_scale, offk, kmask,
                                   H, K, BN, True)
     for n0 in range(whole_hi, end, BN):
-        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k, v, kv_base, n0, end, lo, hi, qk_scale, offk, kmask,
                                   H, K, BN, True)
-    has = l_i > 0
-    out = acc / tl.where(has, l_i, 1.0)[:, None]
-    lse_row = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
-    o_base = o + (b.to(tl.int64) * Tq * HQ + h * G) * K
-    tl.store(o_base + row_off[:, None] + offk[None, :], out.to(o.dtype.element_ty), mask=rmask[:, None] & kmask[None, :])
-    lse_base = lse + b.to(tl.int64) * Tq * HQ + h * G
-    tl.store(lse_base + t * HQ + g, lse_row, mask=rmask)
+    out, lse_row = finish(acc, m_i, l_i)
+    tl.store(o + q_off, out.to(o.dtype.element_ty), mask=m2)
+    tl.store(lse + l_off, lse_row, mask=rmask)
 
 
 @triton.jit
-def _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+def _dq_tile(acc, qt, dot_, lse2, dl, rmask, k, v, kv_base, n0, end, lo, hi, qk_scale, offk, kmask,
              H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr):
     """One key tile of dq; MASK: apply the rows' visibility. Unmasked, the rows past Tq (zero
     do and delta) add nothing."""
-    cols = n0 + tl.arange(0, BN)
-    kv_off = cols.to(tl.int64)[:, None] * (H * K) + offk[None, :]
-    lm = ((cols < end)[:, None] & kmask[None, :]) if MASK else kmask[None, :]
-    kt = tl.load(k_base + kv_off, mask=lm, other=0.0)
-    vt = tl.load(v_base + kv_off, mask=lm, other=0.0)
+    kt, vt, vis = _key_tile(k, v, kv_base, n0, end, lo, hi, offk, kmask, H, K, BN, MASK)
     s = tl.dot(qt, tl.trans(kt)) * qk_scale
     if MASK:
-        vis = (cols[None, :] <= hi[:, None]) & (cols[None, :] >= lo[:, None]) & rmask[:, None]
-        p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
+        p = tl.where(vis & rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
     else:
         p = tl.exp2(s - lse2[:, None])
-    dp = tl.dot(dot_, tl.trans(vt))
-    ds = p * (dp - dl[:, None])
+    ds = score_grad(p, dot_, vt, dl)
     return acc + tl.dot(ds.to(kt.dtype), kt)
 
 
@@ -167,47 +168,22 @@ def _band_bwd_dq_kernel(
     L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    HQ: tl.constexpr = H * G
-    rows = pid_m * BM + tl.arange(0, BM)
-    rmask = rows < Tq * G
-    t = rows // G
-    g = rows % G
-    pos = q_start + t
-    offk = tl.arange(0, BK)
-    kmask = offk < K
-    qbase = (b.to(tl.int64) * Tq * HQ + h * G) * K
-    row_off = (t * HQ + g).to(tl.int64) * K
-    m2 = rmask[:, None] & kmask[None, :]
-    ptrs = qbase + row_off[:, None] + offk[None, :]
-    qt = tl.load(q + ptrs, mask=m2, other=0.0)
-    dot_ = tl.load(do + ptrs, mask=m2, other=0.0)
-    ot = tl.load(o + ptrs, mask=m2, other=0.0)
-    dl = tl.sum(dot_.to(tl.float32) * ot.to(tl.float32), 1)
-    lbase = b.to(tl.int64) * Tq * HQ + h * G + t * HQ + g
-    tl.store(delta + lbase, dl, mask=rmask)
-    lse2 = tl.load(lse + lbase, mask=rmask, other=0.0) * 1.4426950408889634
-    lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)
-    k_base = k + (b.to(tl.int64) * Tk * H + h) * K
-    v_base = v + (b.to(tl.int64) * Tk * H + h) * K
-
-    lo, hi = _hi_lo(pos, Tk, L, D, W, WINDOW)
-    start, whole_lo, whole_hi, end = _row_block_segments(pid_m, Tq, Tk, q_start, G, L, D, W, WINDOW, BM, BN)
-    qk_scale = sm_scale * 1.4426950408889634
+    q_off, m2, l_off, rmask, kv_base, offk, kmask, lo, hi, start, whole_lo, whole_hi, end = _row_block(
+        Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK)
+    qt = tl.load(q + q_off, mask=m2, other=0.0)
+    dot_, dl, lse2 = dq_rows(do, o, lse, delta, q_off, m2, l_off, rmask)
+    qk_scale = sm_scale * LOG2E
     acc = tl.zeros([BM, BK], tl.float32)
     for n0 in range(whole_lo, whole_hi, BN):
-        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k, v, kv_base, n0, end, lo, hi, qk_scale, offk, kmask,
                        H, K, BN, False)
     for n0 in range(start, whole_lo, BN):
-        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k, v, kv_base, n0, end, lo, hi, qk_scale, offk, kmask,
                        H, K, BN, True)
     for n0 in range(whole_hi, end, BN):
-        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k, v, kv_base, n0, end, lo, hi, qk_scale, offk, kmask,
                        H, K, BN, True)
-    tl.store(dq + ptrs, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
+    tl.store(dq + q_off, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
 
 
 @triton.jit
@@ -227,13 +203,12 @@ def _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, r0, r_end, cols, qbase,
         m2 = rmask[:, None] & kmask[None, :]
         qt = tl.load(q + ptrs, mask=m2, other=0.0)
         dot_ = tl.load(do + ptrs, mask=m2, other=0.0)
-        lse2 = tl.load(lse + lidx, mask=rmask, other=0.0) * 1.4426950408889634
-        lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)
+        lse2 = lse_log2(tl.load(lse + lidx, mask=rmask, other=0.0))
         dl = tl.load(delta + lidx, mask=rmask, other=0.0)
-    else:
+    else:  # every row sees a key of the tile: its lse is finite
         qt = tl.load(q + ptrs, mask=kmask[None, :], other=0.0)
         dot_ = tl.load(do + ptrs, mask=kmask[None, :], other=0.0)
-        lse2 = tl.load(lse + lidx) * 1.4426950408889634
+        lse2 = tl.load(lse + lidx) * LOG2E
         dl = tl.load(delta + lidx)
     s = tl.dot(qt, tl.trans(kt)) * qk_scale
     if MASK:
@@ -243,8 +218,7 @@ def _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, r0, r_end, cols, qbase,
     else:
         p = tl.exp2(s - lse2[:, None])
     dv_acc += tl.dot(tl.trans(p.to(dot_.dtype)), dot_)
-    dp = tl.dot(dot_, tl.trans(vt))
-    ds = p * (dp - dl[:, None])
+    ds = score_grad(p, dot_, vt, dl)
     dk_acc += tl.dot(tl.trans(ds.to(qt.dtype)), qt)
     return dk_acc, dv_acc
 
@@ -296,7 +270,7 @@ def _band_bwd_dkv_kernel(
     rb = ra + (tl.maximum(row_hi - ra, 0) // BM) * BM
     qbase = (b.to(tl.int64) * Tq * HQ + h * G) * K
     lbase0 = b.to(tl.int64) * Tq * HQ + h * G
-    qk_scale = sm_scale * 1.4426950408889634
+    qk_scale = sm_scale * LOG2E
     dk_acc = tl.zeros([BN, BK], tl.float32)
     dv_acc = tl.zeros([BN, BK], tl.float32)
     for r0 in range(ra, rb, BM):
@@ -345,7 +319,8 @@ def _is_interpret(t: torch.Tensor) -> bool:
     return t.device.type == "cpu"
 
 
-def _band_fwd(q, k, v, q_start, L, D, W, window):
+def _band_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, L: int, D: int, W: int,
+              window: bool, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     B, Tq, HQ, K = q.shape
     Tk, H = k.shape[1], k.shape[2]
     G = HQ // H
@@ -368,7 +343,20 @@ def _band_fwd(q, k, v, q_start, L, D, W, window):
     return o, lse
 
 
-def _band_bwd(q, k, v, o, lse, do, q_start, L, D, W, window):
+def _dkv_splits(key_tiles: int, row_blocks: int, device: torch.device, window: bool, deterministic: bool) -> int:
+    """How many programs share the query rows of one key tile in the dk/dv pass. Compressed
+    keys are few (S/d), so their key tiles alone would leave SMs idle: the rows are split and
+    the partial dk/dv added with float32 atomics, whose order varies from run to run. A window
+    has S keys (enough tiles), and a deterministic run takes the fixed order of one program per
+    key tile (slower where the split paid: the compressed branch at long S)."""
+    if window or deterministic:
+        return 1
+    return min(64, triton.cdiv(4 * _sm_count(device), key_tiles), row_blocks)
+
+
+def _band_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+              do: torch.Tensor, q_start: int, L: int, D: int, W: int,
+              window: bool, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     B, Tq, HQ, K = q.shape
     Tk, H = k.shape[1], k.shape[2]
     G = HQ // H
@@ -388,7 +376,7 @@ def _band_bwd(q, k, v, o, lse, do, q_start, L, D, W, window):
         num_warps=nw, num_stages=ns,
     )
     tiles = triton.cdiv(Tk, BN2) * B * H
-    n_split = 1 if window else min(64, triton.cdiv(4 * _sm_count(q.device), tiles), triton.cdiv(Tq * G, BM2))
+    n_split = _dkv_splits(tiles, triton.cdiv(Tq * G, BM2), q.device, window, deterministic)
     rows_per_split = triton.cdiv(triton.cdiv(Tq * G, n_split), BM2) * BM2
     atomic = n_split > 1
     # float32 partial sums when atomic, one buffer for both (one fill)
@@ -403,51 +391,22 @@ def _band_bwd(q, k, v, o, lse, do, q_start, L, D, W, window):
     return dq, dk, dv
 
 
-@torch.library.custom_op("nsa::band_fwd", mutates_args=())
-def band_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, L: int, D: int, W: int,
-             window: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _band_fwd(q, k, v, q_start, L, D, W, window)
-
-
-@band_fwd.register_fake
-def _(q, k, v, q_start, L, D, W, window):
+def _band_fake(q, k, v, *args):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-@torch.library.custom_op("nsa::band_bwd", mutates_args=())
-def band_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-             do: torch.Tensor, q_start: int, L: int, D: int, W: int,
-             window: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _band_bwd(q, k, v, o, lse, do, q_start, L, D, W, window)
+#: the custom ops nsa::band_fwd / nsa::band_bwd (see nsa.kernels._autograd)
+band_op = kernel_op("band", _band_fwd, _band_bwd, _band_fake, tensors=3, grads=3)
 
 
-@band_bwd.register_fake
-def _(q, k, v, o, lse, do, q_start, L, D, W, window):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-def _band_setup(ctx, inputs, output):
-    q, k, v, *args = inputs
-    ctx.save_for_backward(q, k, v, *output)
-    ctx.args = args
-    ctx.mark_non_differentiable(output[1])
-
-
-def _band_backward(ctx, do, dlse):
-    dq, dk, dv = run_op(band_bwd, _band_bwd, *ctx.saved_tensors, do, *ctx.args)
-    return dq, dk, dv, None, None, None, None, None
-
-
-band_fwd.register_autograd(_band_backward, setup_context=_band_setup)
-_BandAttention = eager_function("BandAttention", _band_fwd, _band_setup, _band_backward)
-
-
-def band_attention(q, k, v, q_start: int, L: int, D: int, W: int, window: bool):
+def band_attention(q, k, v, q_start: int, L: int, D: int, W: int, window: bool, deterministic: bool = False):
     """Band attention (see the module docstring). q [B, Tq, HQ, K]; k, v [B, Tk, H, K].
     Returns o [B, Tq, HQ, K] (q's dtype) and lse [B, Tq, HQ] (float32, natural log).
+    deterministic: the backward adds no partial sums atomically (see _dkv_splits), so it gives
+    the same bits on every run.
     Under torch.compile the kernels run as the custom ops nsa::band_fwd / nsa::band_bwd
     (see nsa.kernels._autograd)."""
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"query heads {q.shape[2]} must be a multiple of KV heads {k.shape[2]}")
-    return run_op(band_fwd, _BandAttention.apply, q.contiguous(), k.contiguous(), v.contiguous(),
-                    int(q_start), int(L), int(D), int(W), bool(window))
+    return band_op(q.contiguous(), k.contiguous(), v.contiguous(), int(q_start), int(L), int(D), int(W),
+                   bool(window), bool(deterministic))

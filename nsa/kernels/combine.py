@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._autograd import eager_function, run_op
+from ._autograd import kernel_op
 
 
 @triton.jit
@@ -71,17 +71,8 @@ def _combine_fwd(gates: torch.Tensor, oc: torch.Tensor, os_: torch.Tensor, ow: t
     return o
 
 
-@torch.library.custom_op("nsa::gate_combine_fwd", mutates_args=())
-def gate_combine_fwd(gates: torch.Tensor, oc: torch.Tensor, os_: torch.Tensor, ow: torch.Tensor) -> torch.Tensor:
-    return _combine_fwd(gates, oc, os_, ow)
-
-
-@gate_combine_fwd.register_fake
-def _(gates, oc, os_, ow):
-    return torch.empty_like(oc)
-
-
-def _combine_bwd(gates, oc, os_, ow, do):
+def _combine_bwd(gates: torch.Tensor, oc: torch.Tensor, os_: torch.Tensor, ow: torch.Tensor,
+                 do: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     do = do.contiguous()
     dg = torch.empty_like(gates)
     doc, dos, dow = torch.empty_like(oc), torch.empty_like(os_), torch.empty_like(ow)
@@ -93,31 +84,13 @@ def _combine_bwd(gates, oc, os_, ow, do):
     return dg, doc, dos, dow
 
 
-@torch.library.custom_op("nsa::gate_combine_bwd", mutates_args=())
-def gate_combine_bwd(gates: torch.Tensor, oc: torch.Tensor, os_: torch.Tensor, ow: torch.Tensor,
-                     do: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _combine_bwd(gates, oc, os_, ow, do)
+#: the custom ops nsa::gate_combine_fwd / nsa::gate_combine_bwd (see nsa.kernels._autograd)
+gate_combine_op = kernel_op("gate_combine", _combine_fwd, _combine_bwd,
+                            lambda gates, oc, os_, ow: torch.empty_like(oc), tensors=4, grads=4, save_outputs=False)
 
 
-@gate_combine_bwd.register_fake
-def _(gates, oc, os_, ow, do):
-    return torch.empty_like(gates), torch.empty_like(oc), torch.empty_like(os_), torch.empty_like(ow)
-
-
-def _combine_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
-
-
-def _combine_backward(ctx, do):
-    return run_op(gate_combine_bwd, _combine_bwd, *ctx.saved_tensors, do)
-
-
-gate_combine_fwd.register_autograd(_combine_backward, setup_context=_combine_setup)
-_GateCombine = eager_function("GateCombine", _combine_fwd, _combine_setup, _combine_backward)
-
-
-def triton_gate_combine(gates, o_cmp, o_sel, o_win):
+def gate_combine(gates, o_cmp, o_sel, o_win):
     """gates [B, T, HQ, 3]; o_* [B, T, HQ, K] (one dtype) -> o [B, T, HQ, K] in o_cmp's dtype.
     Under torch.compile it runs as the custom op nsa::gate_combine_fwd (see nsa.kernels._autograd)."""
     args = (t.contiguous() for t in (gates, o_cmp, o_sel.to(o_cmp.dtype), o_win.to(o_cmp.dtype)))
-    return run_op(gate_combine_fwd, _GateCombine.apply, *args)
+    return gate_combine_op(*args)

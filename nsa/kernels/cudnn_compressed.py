@@ -9,15 +9,13 @@ tokens, which cuDNN runs at full speed. For one sequence the fold is a strided v
 copy); the compressed keys and values are shared by the d folded queries through a zero stride
 (and by the G query heads of a KV group through a copy, G times the size of kc).
 
-What cuDNN does not cover goes through the Triton band kernel (nsa.kernels.compressed): the
-partial run at the end (< d queries), decode and chunked prefill (q_start > 0), runs shorter
+What cuDNN does not cover goes through the Triton band kernel (band_attention): deterministic
+runs, the partial run at the end (< d queries), decode and chunked prefill (q_start > 0), runs shorter
 than CUDNN_MIN_QUERIES, and head dims above 128. Queries before l - 1 get o = 0 and lse = -inf.
 """
 from __future__ import annotations
 
 import torch
-
-from nsa.attention.config import NSAConfig
 
 from . import CUDNN_MIN_QUERIES
 from .band_attention import band_attention
@@ -62,16 +60,17 @@ def _causal_runs(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, d: int):
     return o, lse.float()
 
 
-def cudnn_cmp_attention(q, kc, vc, cfg: NSAConfig, q_start: int = 0, chunk: int | None = None):
-    """q [B, Tq, HQ, K]; kc, vc [B, Nc, H, K]. Returns o [B, Tq, HQ, K] and lse [B, Tq, HQ]
-    (float32; lse carries no gradient). Same signature and semantics as
-    nsa.attention.torch_branches.torch_cmp_attention; `chunk` is unused."""
-    l, d = cfg.cmp_block, cfg.cmp_stride
+def cudnn_cmp_attention(q, kc, vc, q_start: int, l: int, d: int, deterministic: bool = False):
+    """q [B, Tq, HQ, K] at positions q_start..; kc, vc [B, Nc, H, K], compressed token i
+    covering [i*d, i*d + l). Returns o [B, Tq, HQ, K] and lse [B, Tq, HQ] (float32, natural
+    log, no gradient), as band_attention(q, kc, vc, q_start, l, d, 0, False) does.
+    deterministic: the band kernel's fixed-order backward throughout (this code does not
+    vouch for the summation order of cuDNN's fused backward)."""
     B, Tq, HQ, K = q.shape
     first = l - 1  # the first query that sees a compressed token
     runs = max(0, (Tq - first) // d)
-    if q_start != 0 or Tq < CUDNN_MIN_QUERIES or K > MAX_HEAD_DIM or runs == 0:
-        return band_attention(q, kc, vc, q_start, l, d, 0, False)
+    if deterministic or q_start != 0 or Tq < CUDNN_MIN_QUERIES or K > MAX_HEAD_DIM or runs == 0:
+        return band_attention(q, kc, vc, q_start, l, d, 0, False, deterministic)
     return _folded_prefill(q, kc, vc, l, d, runs)
 
 

@@ -26,9 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from nsa.attention.config import NSAConfig
-
-from ._autograd import eager_function, run_op
+from ._autograd import kernel_op
+from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
 
 
 @triton.jit
@@ -93,12 +92,13 @@ def _block_vis(j, offs, pos, pos_last, mine, Tk, LS: tl.constexpr, TT: tl.conste
 
 
 @triton.jit
-def _sel_fwd_kernel(
-    q, k, v, idx, blocks, o, lse2_out, Tq, Tk, q_start, sm_scale,
-    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-    LS: tl.constexpr, BS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
-    TT: tl.constexpr, ROWS: tl.constexpr, NU: tl.constexpr, NUP: tl.constexpr,
-):
+def _sel_tile(idx, blocks, Tq, Tk, q_start, H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+              K: tl.constexpr, BK: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, TT: tl.constexpr,
+              ROWS: tl.constexpr, NU: tl.constexpr, NUP: tl.constexpr):
+    """What the forward and the dq kernel share: the program's rows (grid: token tiles, B * H)
+    with their positions and mask, the offsets of their [ROWS, BK] tile of q/o/do/dq and its
+    mask, the last position of the tile, the head-dim lanes, the offset of the KV head in k/v,
+    and the tile's block list (see _tile_blocks)."""
     tile = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -107,82 +107,75 @@ def _sel_fwd_kernel(
     pos_last = q_start + tl.minimum(tile * TT + TT, Tq) - 1
     offk = tl.arange(0, BK)
     kmask = offk < K
-    m2 = rmask[:, None] & kmask[None, :]
-    qt = tl.load(q + row[:, None] * K + offk[None, :], mask=m2, other=0.0)
     ubase, n_valid, mine = _tile_blocks(idx, blocks, tile, b, h, tok, rmask, Tq, H, N, NP, TT, NU, NUP)
     kv_base = (b.to(tl.int64) * Tk * H + h) * K
-    qk_scale = sm_scale * 1.4426950408889634
+    return (pos, row, rmask, row[:, None] * K + offk[None, :], rmask[:, None] & kmask[None, :], pos_last,
+            offk, kmask, kv_base, ubase, n_valid, mine)
+
+
+@triton.jit
+def _block_kv(k, v, ubase, i, offs, offk, kmask, kv_base, pos, pos_last, mine, Tk,
+              H: tl.constexpr, K: tl.constexpr, LS: tl.constexpr, TT: tl.constexpr):
+    """The i-th block of the tile's list: its keys and values [BS, BK] and the rows'
+    visibility [ROWS, BS] (see _block_vis)."""
+    j = tl.load(ubase + i)
+    kpos, kload, vis = _block_vis(j, offs, pos, pos_last, mine, Tk, LS, TT)
+    ptr = kv_base + kpos.to(tl.int64)[:, None] * (H * K) + offk[None, :]
+    kt = tl.load(k + ptr, mask=kload[:, None] & kmask[None, :], other=0.0)
+    vt = tl.load(v + ptr, mask=kload[:, None] & kmask[None, :], other=0.0)
+    return kt, vt, vis
+
+
+@triton.jit
+def _sel_fwd_kernel(
+    q, k, v, idx, blocks, o, lse, Tq, Tk, q_start, sm_scale,
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+    LS: tl.constexpr, BS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
+    TT: tl.constexpr, ROWS: tl.constexpr, NU: tl.constexpr, NUP: tl.constexpr,
+):
+    pos, row, rmask, q_off, m2, pos_last, offk, kmask, kv_base, ubase, n_valid, mine = _sel_tile(
+        idx, blocks, Tq, Tk, q_start, H, G, GP, K, BK, N, NP, TT, ROWS, NU, NUP)
+    qt = tl.load(q + q_off, mask=m2, other=0.0)
+    qk_scale = sm_scale * LOG2E
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, BK], tl.float32)
     offs = tl.arange(0, BS)
     for i in range(0, n_valid):
-        j = tl.load(ubase + i)
-        kpos, kload, vis = _block_vis(j, offs, pos, pos_last, mine, Tk, LS, TT)
-        ptr = kv_base + kpos.to(tl.int64)[:, None] * (H * K) + offk[None, :]
-        kt = tl.load(k + ptr, mask=kload[:, None] & kmask[None, :], other=0.0)
-        vt = tl.load(v + ptr, mask=kload[:, None] & kmask[None, :], other=0.0)
-        s = tl.dot(qt, tl.trans(kt)) * qk_scale
-        s = tl.where(vis, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
-        m_i = m_new
-    has = l_i > 0
-    out = acc / tl.where(has, l_i, 1.0)[:, None]
-    tl.store(o + row[:, None] * K + offk[None, :], out.to(o.dtype.element_ty), mask=m2)
-    lse2 = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), 0.0)
-    tl.store(lse2_out + row, lse2, mask=rmask)
+        kt, vt, vis = _block_kv(k, v, ubase, i, offs, offk, kmask, kv_base, pos, pos_last, mine, Tk, H, K, LS, TT)
+        s = tl.where(vis, tl.dot(qt, tl.trans(kt)) * qk_scale, float("-inf"))
+        acc, m_i, l_i = online_step(acc, m_i, l_i, s, vt, True)
+    out, lse_row = finish(acc, m_i, l_i)
+    tl.store(o + q_off, out.to(o.dtype.element_ty), mask=m2)
+    tl.store(lse + row, lse_row, mask=rmask)
 
 
 @triton.jit
 def _sel_bwd_dq_kernel(
-    q, k, v, idx, blocks, o, do, lse2_in, delta, dq, Tq, Tk, q_start, sm_scale,
+    q, k, v, idx, blocks, o, do, lse, delta, dq, Tq, Tk, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
     TT: tl.constexpr, ROWS: tl.constexpr, NU: tl.constexpr, NUP: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    tok, pos, row, rmask = _tile_rows(tile, b, h, Tq, q_start, H, G, GP, TT, ROWS)
-    pos_last = q_start + tl.minimum(tile * TT + TT, Tq) - 1
-    offk = tl.arange(0, BK)
-    kmask = offk < K
-    m2 = rmask[:, None] & kmask[None, :]
-    ptrs = row[:, None] * K + offk[None, :]
-    qt = tl.load(q + ptrs, mask=m2, other=0.0)
-    dot_ = tl.load(do + ptrs, mask=m2, other=0.0)
-    ot = tl.load(o + ptrs, mask=m2, other=0.0)
-    dl = tl.sum(dot_.to(tl.float32) * ot.to(tl.float32), 1)
-    tl.store(delta + row, dl, mask=rmask)
-    lse2 = tl.load(lse2_in + row, mask=rmask, other=0.0)
-    ubase, n_valid, mine = _tile_blocks(idx, blocks, tile, b, h, tok, rmask, Tq, H, N, NP, TT, NU, NUP)
-    kv_base = (b.to(tl.int64) * Tk * H + h) * K
-    qk_scale = sm_scale * 1.4426950408889634
+    pos, row, rmask, q_off, m2, pos_last, offk, kmask, kv_base, ubase, n_valid, mine = _sel_tile(
+        idx, blocks, Tq, Tk, q_start, H, G, GP, K, BK, N, NP, TT, ROWS, NU, NUP)
+    qt = tl.load(q + q_off, mask=m2, other=0.0)
+    dot_, dl, lse2 = dq_rows(do, o, lse, delta, q_off, m2, row, rmask)
+    qk_scale = sm_scale * LOG2E
     acc = tl.zeros([ROWS, BK], tl.float32)
     offs = tl.arange(0, BS)
     for i in range(0, n_valid):
-        j = tl.load(ubase + i)
-        kpos, kload, vis = _block_vis(j, offs, pos, pos_last, mine, Tk, LS, TT)
-        ptr = kv_base + kpos.to(tl.int64)[:, None] * (H * K) + offk[None, :]
-        kt = tl.load(k + ptr, mask=kload[:, None] & kmask[None, :], other=0.0)
-        vt = tl.load(v + ptr, mask=kload[:, None] & kmask[None, :], other=0.0)
+        kt, vt, vis = _block_kv(k, v, ubase, i, offs, offk, kmask, kv_base, pos, pos_last, mine, Tk, H, K, LS, TT)
         s = tl.dot(qt, tl.trans(kt)) * qk_scale
         p = tl.where(vis & rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
-        dp = tl.dot(dot_, tl.trans(vt))
-        ds = p * (dp - dl[:, None])
+        ds = score_grad(p, dot_, vt, dl)
         acc += tl.dot(ds.to(kt.dtype), kt)
-    tl.store(dq + ptrs, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
+    tl.store(dq + q_off, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
 
 
 @triton.jit
 def _sel_bwd_dkv_kernel(
-    q, k, v, do, lse2_in, delta, keys_sorted, item_seg, item_start, item_end, dk, dv,
+    q, k, v, do, lse, delta, keys_sorted, item_seg, item_start, item_end, dk, dv,
     Tq, Tk, NB, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, BQ: tl.constexpr,
@@ -210,7 +203,7 @@ def _sel_bwd_dkv_kernel(
         rows = tl.arange(0, ROWS)
         rq = rows // GP
         g = rows % GP
-        qk_scale = sm_scale * 1.4426950408889634
+        qk_scale = sm_scale * LOG2E
         dk_acc = tl.zeros([BS, BK], tl.float32)
         dv_acc = tl.zeros([BS, BK], tl.float32)
         for u in range(s0, s1, BQ):
@@ -223,14 +216,13 @@ def _sel_bwd_dkv_kernel(
             ptrs = row[:, None] * K + offk[None, :]
             qt = tl.load(q + ptrs, mask=m2, other=0.0)
             dot_ = tl.load(do + ptrs, mask=m2, other=0.0)
-            lse2 = tl.load(lse2_in + row, mask=tmask, other=0.0)
+            lse2 = lse_log2(tl.load(lse + row, mask=tmask, other=0.0))
             dl = tl.load(delta + row, mask=tmask, other=0.0)
             vis = tmask[:, None] & kval[None, :] & (kpos[None, :] <= pos[:, None])
             s = tl.dot(qt, tl.trans(kt)) * qk_scale
             p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
             dv_acc += tl.dot(tl.trans(p.to(dot_.dtype)), dot_)
-            dp = tl.dot(dot_, tl.trans(vt))
-            ds = p * (dp - dl[:, None])
+            ds = score_grad(p, dot_, vt, dl)
             dk_acc += tl.dot(tl.trans(ds.to(qt.dtype)), qt)
         tl.atomic_add(dk + kv_ptr, dk_acc * sm_scale, mask=kvm)
         tl.atomic_add(dv + kv_ptr, dv_acc, mask=kvm)
@@ -365,16 +357,17 @@ def _tile_launch(q, k, idx, sel_block: int):
     return (triton.cdiv(Tq, TT), B * meta["H"]), blocks, meta, launch
 
 
-def _sel_fwd(q, k, v, idx, sel_block: int, q_start: int):
+def _sel_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, sel_block: int,
+             q_start: int, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     B, Tq, HQ, K = q.shape
     Tk = k.shape[1]
     o = torch.empty_like(q)
-    lse2 = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
+    lse = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
     if Tq == 0:
-        return o, lse2
+        return o, lse
     grid, blocks, meta, launch = _tile_launch(q, k, idx, sel_block)
-    _sel_fwd_kernel[grid](q, k, v, idx, blocks, o, lse2, Tq, Tk, q_start, 1.0 / math.sqrt(K), **meta, **launch)
-    return o, lse2
+    _sel_fwd_kernel[grid](q, k, v, idx, blocks, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K), **meta, **launch)
+    return o, lse
 
 
 def _inverse_selection(idx, Tk, ls, qc):
@@ -403,22 +396,28 @@ def _inverse_selection(idx, Tk, ls, qc):
     return keys_sorted, seg, start, end, NB
 
 
-def _sel_bwd_dq(q, k, v, idx, o, lse2, do, sel_block: int, q_start: int):
+def _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block: int, q_start: int):
     """dq, and delta = rowsum(do * o) [B, Tq, HQ] float32 for the dk/dv pass."""
     B, Tq, HQ, K = q.shape
     dq = torch.empty_like(q)
     delta = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
     grid, blocks, meta, launch = _tile_launch(q, k, idx, sel_block)
-    _sel_bwd_dq_kernel[grid](q, k, v, idx, blocks, o, do, lse2, delta, dq, Tq, k.shape[1], q_start,
+    _sel_bwd_dq_kernel[grid](q, k, v, idx, blocks, o, do, lse, delta, dq, Tq, k.shape[1], q_start,
                              1.0 / math.sqrt(K), **meta, **launch)
     return dq, delta
 
 
-def _dkv_qc(device) -> int:
+def _dkv_qc(device: torch.device, Tq: int, deterministic: bool) -> int:
+    """Most tokens per work item of the dk/dv pass. Deterministic: Tq, so each (b, h, block) is
+    one work item and each dk/dv row has one writer; its atomic adds into the zeroed buffer then
+    run in the fixed order of the sorted tokens (slower: the program of a block every token
+    selects, such as block 0, walks the whole sequence)."""
+    if deterministic:
+        return max(Tq, 1)
     return 64 if device.type == "cpu" else TUNE["qc"]
 
 
-def _sel_bwd_dkv(q, k, v, do, lse2, delta, work, sel_block: int, q_start: int):
+def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int):
     """dk, dv from the work items of _inverse_selection(idx, Tk, sel_block, _dkv_qc(...))."""
     keys_sorted, seg, start, end, NB = work
     meta = _meta(q, k, sel_block)
@@ -429,7 +428,7 @@ def _sel_bwd_dkv(q, k, v, do, lse2, delta, work, sel_block: int, q_start: int):
     rows = 64 if interpret else TUNE["rows"]
     BQ = max(1, rows // GP)
     _sel_bwd_dkv_kernel[(seg.numel(),)](
-        q, k, v, do, lse2, delta, keys_sorted, seg, start, end, dk, dv,
+        q, k, v, do, lse, delta, keys_sorted, seg, start, end, dk, dv,
         q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3]), GP=GP, BQ=BQ, **meta,
         num_warps=4 if interpret else TUNE["dkv_warps"], num_stages=1 if interpret else 2,
     )
@@ -437,64 +436,35 @@ def _sel_bwd_dkv(q, k, v, do, lse2, delta, work, sel_block: int, q_start: int):
     return dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)
 
 
-def _sel_bwd(q, k, v, idx, o, lse2, do, sel_block: int, q_start: int):
+def _sel_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
+             lse: torch.Tensor, do: torch.Tensor, sel_block: int,
+             q_start: int, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     Tq, Tk = q.shape[1], k.shape[1]
     if Tq == 0 or Tk == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     do = do.contiguous()
-    dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse2, do, sel_block, q_start)
-    work = _inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device))
-    dk, dv = _sel_bwd_dkv(q, k, v, do, lse2, delta, work, sel_block, q_start)
+    dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block, q_start)
+    work = _inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device, Tq, deterministic))
+    dk, dv = _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block, q_start)
     return dq, dk, dv
 
 
-@torch.library.custom_op("nsa::sel_fwd", mutates_args=())
-def sel_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, sel_block: int,
-            q_start: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return _sel_fwd(q, k, v, idx, sel_block, q_start)
-
-
-@sel_fwd.register_fake
-def _(q, k, v, idx, sel_block, q_start):
+def _sel_fake(q, k, v, idx, *args):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-@torch.library.custom_op("nsa::sel_bwd", mutates_args=())
-def sel_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
-            lse2: torch.Tensor, do: torch.Tensor, sel_block: int,
-            q_start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _sel_bwd(q, k, v, idx, o, lse2, do, sel_block, q_start)
+#: the custom ops nsa::sel_fwd / nsa::sel_bwd (see nsa.kernels._autograd); idx gets no gradient
+sel_op = kernel_op("sel", _sel_fwd, _sel_bwd, _sel_fake, tensors=4, grads=3)
 
 
-@sel_bwd.register_fake
-def _(q, k, v, idx, o, lse2, do, sel_block, q_start):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-def _sel_setup(ctx, inputs, output):
-    q, k, v, idx, sel_block, q_start = inputs
-    ctx.save_for_backward(q, k, v, idx, *output)
-    ctx.args = (sel_block, q_start)
-    ctx.mark_non_differentiable(output[1])
-
-
-def _sel_backward(ctx, do, dlse2):
-    q, k, v, idx, o, lse2 = ctx.saved_tensors
-    dq, dk, dv = run_op(sel_bwd, _sel_bwd, q, k, v, idx, o, lse2, do, *ctx.args)
-    return dq, dk, dv, None, None, None
-
-
-sel_fwd.register_autograd(_sel_backward, setup_context=_sel_setup)
-_SelAttention = eager_function("SelAttention", _sel_fwd, _sel_setup, _sel_backward)
-
-
-def triton_sel_attention(q, k, v, idx, cfg: NSAConfig, q_start: int = 0, chunk: int | None = None):
-    """Selected branch: q [B, Tq, HQ, K] attends, per KV group, to the tokens of the blocks in
-    idx [B, Tq, H, n] (ascending, -1 padded), causally inside the block holding the query.
-    Same signature and semantics as torch_sel_attention; `chunk` is unused. Returns
-    o [B, Tq, HQ, K]. Under torch.compile the kernels run as the custom ops nsa::sel_fwd /
-    nsa::sel_bwd (see nsa.kernels._autograd)."""
+def selected_attention(q, k, v, idx, q_start: int, LS: int, deterministic: bool = False):
+    """Selected branch: q [B, Tq, HQ, K] at positions q_start.. attends, per KV group, to the
+    tokens of the blocks of LS keys listed in idx [B, Tq, H, n] (ascending, -1 padded), causally
+    inside the block holding the query; k, v [B, Tk, H, K]. Returns o [B, Tq, HQ, K].
+    deterministic: the dk/dv pass sums in a fixed order (see _dkv_qc). Under
+    torch.compile the kernels run as the custom ops nsa::sel_fwd / nsa::sel_bwd (see
+    nsa.kernels._autograd)."""
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"query heads {q.shape[2]} must be a multiple of KV heads {k.shape[2]}")
     q, k, v, idx = (t.contiguous() for t in (q, k, v, idx))
-    return run_op(sel_fwd, _SelAttention.apply, q, k, v, idx, cfg.sel_block, int(q_start))[0]
+    return sel_op(q, k, v, idx, int(LS), int(q_start), bool(deterministic))[0]

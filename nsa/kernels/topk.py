@@ -33,12 +33,11 @@ import torch
 import triton
 import triton.language as tl
 
-from nsa.attention.config import NSAConfig
-
 from ._autograd import run_op
+from ._softmax import LOG2E, lse_log2
 
-LOG2E = 1.4426950408889634
-FLOAT32_INF_BITS = 0x7F800000  # +inf as int32 bits: the largest non-NaN float32 bit pattern
+INF_BITS: tl.constexpr = tl.constexpr(0x7F800000)
+"""+inf as int32 bits: the largest bit pattern of a non-NaN float32, so the top of the search."""
 
 
 @triton.jit
@@ -53,7 +52,7 @@ def _score_kernel(
     q, kc, lse, scores, Tq, Nc, NB, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, LS: tl.constexpr, BJ: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr, LOG2E: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -74,8 +73,7 @@ def _score_kernel(
     q_base = q + (b.to(tl.int64) * Tq * HQ + h * G) * K
     qt = tl.load(q_base + (tt * HQ + g).to(tl.int64)[:, None] * K + offk[None, :],
                  mask=rmask[:, None] & kmask[None, :], other=0.0)
-    lse2 = tl.load(lse + b.to(tl.int64) * Tq * HQ + h * G + tt * HQ + g, mask=rmask, other=0.0) * LOG2E
-    lse2 = tl.where(lse2 == float("-inf"), 0.0, lse2)
+    lse2 = lse_log2(tl.load(lse + b.to(tl.int64) * Tq * HQ + h * G + tt * HQ + g, mask=rmask, other=0.0))
     # compressed token i is visible to position p iff i*D + L - 1 <= p
     hi_r = tl.where(pos_r + 1 >= L, (pos_r + 1 - L) // D, -1)
     hi_r = tl.where(rmask, hi_r, -1)
@@ -122,7 +120,7 @@ def _score_kernel(
 
 @triton.jit
 def _select_kernel(scores, idx, NROWS, NB, N: tl.constexpr, NP: tl.constexpr, NBP: tl.constexpr,
-                   BR: tl.constexpr, INF_BITS: tl.constexpr):
+                   BR: tl.constexpr):
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     rm = r < NROWS
     j = tl.arange(0, NBP)
@@ -190,14 +188,14 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
         _score_kernel[(triton.cdiv(t, BT), B * H)](
             qa, kc, lsea, sc, t, Nc, NB, q_start + a, 1.0 / math.sqrt(K),
             H=H, G=G, GP=GP, K=K, BK=BK, L=L, D=D, LS=LS, BJ=BJ, BT=BT,
-            BC=triton.next_power_of_2(BJ * (LS // D)), LOG2E=LOG2E,
+            BC=triton.next_power_of_2(BJ * (LS // D)),
             num_warps=4 if interpret else TUNE["warps"], num_stages=1 if interpret else TUNE["stages"],
         )
         rows = B * t * H
         out = idx[:, a:a + t] if t == Tq else torch.empty(B, t, H, n, device=q.device, dtype=torch.int64)
         _select_kernel[(triton.cdiv(rows, BR),)](
             sc, out, rows, NB, N=n, NP=triton.next_power_of_2(n), NBP=NBP, BR=BR,
-            INF_BITS=FLOAT32_INF_BITS, num_warps=4 if NBP <= 1024 else 8,  # 8 past S=64k: not timed
+            num_warps=4 if NBP <= 1024 else 8,  # 8 past S=64k: not timed
         )
         if t < Tq:
             idx[:, a:a + t] = out
@@ -205,20 +203,21 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
 
 
 @torch.library.custom_op("nsa::select_blocks", mutates_args=())
-def select_blocks(q: torch.Tensor, kc: torch.Tensor, lse: torch.Tensor, q_start: int, L: int, D: int,
-                  LS: int, n: int) -> torch.Tensor:
+def select_blocks_op(q: torch.Tensor, kc: torch.Tensor, lse: torch.Tensor, q_start: int, L: int, D: int,
+                     LS: int, n: int) -> torch.Tensor:
     return _select_blocks(q, kc, lse, q_start, L, D, LS, n)
 
 
-@select_blocks.register_fake
+@select_blocks_op.register_fake
 def _(q, kc, lse, q_start, L, D, LS, n):
     return q.new_empty((q.shape[0], q.shape[1], kc.shape[2], n), dtype=torch.int64)
 
 
-def triton_select_blocks(q, kc, lse, cfg: NSAConfig, q_start: int = 0, chunk: int | None = None):
-    """Selected block indices [B, Tq, H, n] (int64, ascending, -1 padded); see the module
-    docstring. Same signature and semantics as torch_select_blocks; `chunk` is unused.
-    Under torch.compile it runs as the custom op nsa::select_blocks (opaque, no gradient)."""
+def select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
+    """Selected block indices [B, Tq, H, n] (int64, ascending, -1 padded) of q [B, Tq, HQ, K]
+    at positions q_start.., from the compressed keys kc [B, Nc, H, K] (compressed token i
+    covers [i*D, i*D + L)) and the compressed branch's lse [B, Tq, HQ] (natural log): blocks of
+    LS tokens, the n best of each KV group (see the module docstring). Under torch.compile it
+    runs as the custom op nsa::select_blocks (opaque, no gradient)."""
     q, kc, lse = (t.detach().contiguous() for t in (q, kc, lse))
-    return run_op(select_blocks, _select_blocks, q, kc, lse, int(q_start), cfg.cmp_block, cfg.cmp_stride,
-                  cfg.sel_block, cfg.n_selected)
+    return run_op(select_blocks_op, _select_blocks, q, kc, lse, int(q_start), int(L), int(D), int(LS), int(n))

@@ -341,7 +341,7 @@ class Trainer:
             routes = backend_report(self.model)
             extra["gates"] = gate_stats(self.model)  # a device sync: logged steps only
             extra["routes"] = {s: {"backend": b["backend"], "calls": b["calls"]} for s, b in routes.items()}
-            # a fallback: 'auto' had to skip a higher-priority backend meant for this device
+            # a fallback: 'auto' had to skip a faster backend meant for this device
             extra["fallbacks"] = {s: (b["calls"] if b["fallback"] else 0) for s, b in routes.items()}
         self.telemetry.log_step(row, extra)
 

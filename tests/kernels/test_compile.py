@@ -37,16 +37,16 @@ def test_custom_ops_pass_opcheck(kdev):
 
     cfg, q, k, v, kc, vc = _opcheck_inputs(kdev)
     grad = [t.clone().requires_grad_() for t in (q, kc, vc)]
-    torch.library.opcheck(band_attention.band_fwd, (*grad, 0, cfg.cmp_block, cfg.cmp_stride, 0, False))
-    o, lse = band_attention.band_fwd(q, kc, vc, 0, cfg.cmp_block, cfg.cmp_stride, 0, False)
+    torch.library.opcheck(band_attention.band_op.fwd, (*grad, 0, cfg.cmp_block, cfg.cmp_stride, 0, False, False))
+    o, lse = band_attention.band_op.fwd(q, kc, vc, 0, cfg.cmp_block, cfg.cmp_stride, 0, False, False)
     sel_args = (q, kc, lse, 0, cfg.cmp_block, cfg.cmp_stride, cfg.sel_block, cfg.n_selected)
-    torch.library.opcheck(topk.select_blocks, sel_args)
-    idx = topk.select_blocks(*sel_args)
-    torch.library.opcheck(selection.sel_fwd, (q.clone().requires_grad_(), k.clone().requires_grad_(),
-                                              v.clone().requires_grad_(), idx, cfg.sel_block, 0))
+    torch.library.opcheck(topk.select_blocks_op, sel_args)
+    idx = topk.select_blocks_op(*sel_args)
+    torch.library.opcheck(selection.sel_op.fwd, (q.clone().requires_grad_(), k.clone().requires_grad_(),
+                                              v.clone().requires_grad_(), idx, cfg.sel_block, 0, False))
     gates = torch.rand(*q.shape[:3], 3, device=kdev, requires_grad=True)
     parts = [torch.randn_like(q).requires_grad_() for _ in range(3)]
-    torch.library.opcheck(combine.gate_combine_fwd, (gates, *parts))
+    torch.library.opcheck(combine.gate_combine_op.fwd, (gates, *parts))
 
 
 def _loss_and_grads(model, x):
@@ -60,8 +60,6 @@ def test_compiled_blocks_match_eager_without_graph_breaks(kdev):
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from nsa.attention import backends
-
     cfg = load_model_config("tiny", TRITON_ROUTES + ["model.n_layers=1"])
     torch.manual_seed(0)
     model = NSATransformer(cfg).to(kdev)
@@ -71,12 +69,8 @@ def test_compiled_blocks_match_eager_without_graph_breaks(kdev):
     torch._dynamo.reset()
     counters.clear()
     backend = "inductor" if kdev.type == "cuda" else "aot_eager"
-    # compiled before any eager call, as the trainer does: the kernels' stand-ins start
-    # unloaded, and loading one inside the trace would break the graph
-    for fn in [impl.fn for impls in backends._REGISTRY.values() for impl in impls.values()] + \
-            list(backends._COMBINE.values()):
-        if hasattr(fn, "target"):
-            fn.target = None
+    # compiled before any eager call, as the trainer does (that routing imports the kernels
+    # before the trace is checked by tests/unit/test_kernel_layer.py)
     apply_compile(model, kdev, torch.float32, backend=backend)
     for block in model.layers:  # fullgraph: a graph break inside a block is an error
         block.compile(backend=backend, fullgraph=True)

@@ -32,7 +32,9 @@ def cudnn_cmp(kdev, monkeypatch):
     monkeypatch.setattr(cudnn_compressed, "CUDNN_MIN_QUERIES", 1)  # fold even tiny sequences
     if kdev.type == "cpu":
         monkeypatch.setattr(cudnn_compressed, "_fused_causal", _math_causal)
-    return cudnn_compressed.cudnn_cmp_attention
+    from nsa.attention.kernel_branches import cudnn_cmp_attention
+
+    return cudnn_cmp_attention
 
 
 CASES = {  # id: (cfg, B, T, HQ, H, K, q_start)
@@ -83,7 +85,7 @@ def test_cudnn_cmp_long_bf16_parity(S):
     gradients. The float32 reference runs in query chunks (its memory stays linear in S)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    from nsa.kernels.cudnn_compressed import cudnn_cmp_attention
+    from nsa.attention.kernel_branches import cudnn_cmp_attention
 
     cfg = NSAConfig()
     B, HQ, H, K = 1, 64, 4, 128

@@ -18,7 +18,7 @@ def _tol(dev):
 
 
 def _check(kdev, case: KCase):
-    from nsa.kernels.compressed import triton_cmp_attention
+    from nsa.attention.kernel_branches import triton_cmp_attention
 
     gen = torch.Generator().manual_seed(case.seed)
     B, T, H, G, K, Nc = case.B, case.T, case.H, case.G, case.K, case.Nc

@@ -64,7 +64,7 @@ def test_named_triton_without_interpreter_is_an_error(monkeypatch):
 
 def test_gate_combine_matches_torch(kdev):
     from nsa.attention.backends import torch_gate_combine
-    from nsa.kernels.combine import triton_gate_combine
+    from nsa.attention.kernel_branches import triton_gate_combine
 
     gen = torch.Generator().manual_seed(0)
     shape = (2, 7, 6, 24)

@@ -58,10 +58,10 @@ def _reference(x, idx, cfg, chunk):
 
 @pytest.mark.parametrize("shape", list(CASES.values()), ids=list(CASES))
 def test_bf16_parity_vs_float32(shape, record_property):
-    from nsa.kernels.compressed import triton_cmp_attention
-    from nsa.kernels.selection import triton_sel_attention
-    from nsa.kernels.topk import triton_select_blocks
-    from nsa.kernels.window import triton_win_attention
+    from nsa.attention.kernel_branches import triton_cmp_attention
+    from nsa.attention.kernel_branches import triton_sel_attention
+    from nsa.attention.kernel_branches import triton_select_blocks
+    from nsa.attention.kernel_branches import triton_win_attention
 
     B, S, HQ, H, K = shape
     cfg = NSAConfig()

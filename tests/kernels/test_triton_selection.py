@@ -14,7 +14,7 @@ pytestmark = pytest.mark.triton_interp
 
 
 def _check(kdev, case: KCase):
-    from nsa.kernels.selection import triton_sel_attention
+    from nsa.attention.kernel_branches import triton_sel_attention
 
     gen = torch.Generator().manual_seed(case.seed)
     B, T, H, G, K, Tk, Nc = case.B, case.T, case.H, case.G, case.K, case.Tk, case.Nc
@@ -59,6 +59,7 @@ def _random_idx(gen, B, Tq, H, n, ls, q_start):
 
 
 def _check_tiles(kdev, monkeypatch, TT, G, T, q_start, H, B=1, seed=0):
+    from nsa.attention.kernel_branches import triton_sel_attention
     from nsa.kernels import selection
 
     monkeypatch.setitem(selection.TUNE, "tt", TT)
@@ -71,7 +72,7 @@ def _check_tiles(kdev, monkeypatch, TT, G, T, q_start, H, B=1, seed=0):
     v = rnd(gen, B, Tk, H, K, device=kdev).requires_grad_()
     do = rnd(gen, B, T, H * G, K, device=kdev)
     idx = _random_idx(gen, B, T, H, cfg.n_selected, cfg.sel_block, q_start)
-    check_against_reference(lambda *x: selection.triton_sel_attention(*x, idx.to(kdev), cfg, q_start),
+    check_against_reference(lambda *x: triton_sel_attention(*x, idx.to(kdev), cfg, q_start),
                             lambda *x: torch_sel_attention(*x, idx, cfg, q_start), [q, k, v], do)
 
 

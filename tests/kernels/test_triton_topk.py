@@ -34,7 +34,7 @@ def block_scores(q, kc, lse, cfg: NSAConfig, q_start: int) -> torch.Tensor:
 
 
 def _check(kdev, case: KCase, scale=2.0):
-    from nsa.kernels.topk import triton_select_blocks
+    from nsa.attention.kernel_branches import triton_select_blocks
 
     gen = torch.Generator().manual_seed(case.seed)
     B, T, H, G, K, Nc, cfg = case.B, case.T, case.H, case.G, case.K, case.Nc, case.cfg

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.triton_interp
 
 
 def _check(kdev, case: KCase):
-    from nsa.kernels.window import triton_win_attention
+    from nsa.attention.kernel_branches import triton_win_attention
 
     gen = torch.Generator().manual_seed(case.seed)
     B, T, H, G, K, Tk = case.B, case.T, case.H, case.G, case.K, case.Tk

@@ -1,0 +1,92 @@
+"""The NSA stages on the fast kernels (nsa.kernels): each function takes the contract of its
+PyTorch twin in torch_branches (q, keys, cfg, q_start) and calls a kernel with plain ints.
+
+Here, not in the kernels, the config becomes kernel arguments (l, d, l', n, w), and so does
+whether a backward pass must add its partial sums in a fixed order (``deterministic``).
+
+The kernel modules import Triton, so each function imports its kernel when it runs, and
+``import_kernels`` imports them all ahead of time: whether Triton interprets a kernel
+(TRITON_INTERPRET=1, CPU) is fixed when its @triton.jit runs, so ``import nsa`` must not import
+Triton, and under torch.compile an import must not happen for the first time inside a trace
+(routing calls ``import_kernels``, see backends.preload).
+
+Shapes: q [B, Tq, HQ, K] at positions q_start..; per-token k/v [B, Tk, H, K]; compressed
+kc/vc [B, Nc, H, K]; idx [B, Tq, H, n] (ascending, -1 padded); lse [B, Tq, HQ] (natural log).
+"""
+from __future__ import annotations
+
+import torch
+
+from .config import NSAConfig
+
+
+def import_kernels() -> None:
+    """Import every kernel module now (Triton, the @triton.jit kernels, the nsa:: custom ops)."""
+    from nsa.kernels import band_attention, combine, cudnn_compressed, selection, topk, window  # noqa: F401
+
+
+def deterministic() -> bool:
+    """Whether backward passes must sum in a fixed order (no float atomics): on when
+    torch.use_deterministic_algorithms(True) is (the trainer's determinism switch). Read at
+    each call; torch.compile reads it at trace time and guards on it."""
+    return torch.are_deterministic_algorithms_enabled()
+
+
+def triton_cmp_attention(q, kc, vc, cfg: NSAConfig, q_start: int = 0):
+    """Compressed branch on the band kernel: compressed token i is visible to position t iff
+    i*d + l - 1 <= t. Returns o [B, Tq, HQ, K] and lse [B, Tq, HQ] (float32, no gradient;
+    -inf for a query that sees no compressed token, whose output is zero)."""
+    from nsa.kernels.band_attention import band_attention
+
+    return band_attention(q, kc, vc, q_start, cfg.cmp_block, cfg.cmp_stride, 0, False, deterministic())
+
+
+def cudnn_cmp_attention(q, kc, vc, cfg: NSAConfig, q_start: int = 0):
+    """Compressed branch on cuDNN's fused attention over folded query runs (long bf16/fp16
+    prefill), the band kernel otherwise; returns what triton_cmp_attention returns."""
+    from nsa.kernels.cudnn_compressed import cudnn_cmp_attention as cudnn
+
+    return cudnn(q, kc, vc, q_start, cfg.cmp_block, cfg.cmp_stride, deterministic())
+
+
+def triton_select_blocks(q, kc, lse, cfg: NSAConfig, q_start: int = 0):
+    """Importance scores and top-n blocks fused: idx [B, Tq, H, n] int64, ascending, -1 padded."""
+    from nsa.kernels.topk import select_blocks
+
+    return select_blocks(q, kc, lse, q_start, cfg.cmp_block, cfg.cmp_stride, cfg.sel_block, cfg.n_selected)
+
+
+def triton_sel_attention(q, k, v, idx, cfg: NSAConfig, q_start: int = 0):
+    """Selected branch: each query attends to the blocks of l' tokens in idx, causally inside
+    the block holding it. Returns o [B, Tq, HQ, K]."""
+    from nsa.kernels.selection import selected_attention
+
+    return selected_attention(q, k, v, idx, q_start, cfg.sel_block, deterministic())
+
+
+def triton_win_attention(q, k, v, cfg: NSAConfig, q_start: int = 0):
+    """Window branch on the band kernel: query t sees keys (t - w, t]."""
+    from nsa.kernels.band_attention import band_attention
+
+    return band_attention(q, k, v, q_start, 1, 1, cfg.window, True, deterministic())[0]
+
+
+def flex_win_attention(q, k, v, cfg: NSAConfig, q_start: int = 0):
+    """Window branch on FlexAttention with a sliding-window block mask (CUDA)."""
+    from nsa.kernels.window import flex_window_attention
+
+    return flex_window_attention(q, k, v, q_start, cfg.window)
+
+
+def flash_attn_win_attention(q, k, v, cfg: NSAConfig, q_start: int = 0):
+    """Window branch on flash-attn's local attention (CUDA, when installed)."""
+    from nsa.kernels.window import flash_attn_window_attention
+
+    return flash_attn_window_attention(q, k, v, q_start, cfg.window)
+
+
+def triton_gate_combine(gates, o_cmp, o_sel, o_win):
+    """o = sum of the gated branches, fused (gates [B, T, HQ, 3] in cmp, sel, win order)."""
+    from nsa.kernels.combine import gate_combine
+
+    return gate_combine(gates, o_cmp, o_sel, o_win)

@@ -4,8 +4,11 @@
     nsa-validate run --runbook nsa_ddp_a100 --profile a100 --phase bucket_sweep
     nsa-validate report [--runbook R --profile P] [--results-dir DIR]
     nsa-validate phases [--runbook R] [--profile P]
+    nsa-validate bless --runbook R --profile P [--phase X] [--point PHASE/POINT] [--results-dir DIR]
 
 Exit status of ``run``/``report``: 0 GO, 1 NO-GO, 3 INCOMPLETE; 2 for a bad runbook or usage.
+``bless`` exits 0 when it wrote the golden curves, 2 when it wrote nothing (a bad selection, a
+point without a finished run).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from . import DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, checkout_problem, hardware, report, runner
+from . import DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, bless, checkout_problem, goldens, hardware, report, runner
 from .errors import HarnessError
 from .orchestrate import MISMATCH_POLICIES, run_point
 from .plan import expand
@@ -64,6 +67,16 @@ def _parser() -> argparse.ArgumentParser:
 
     ph = sub.add_parser("phases", help="list a runbook's phases and sweep points")
     common(ph, DEFAULT_RUNBOOK)
+
+    b = sub.add_parser("bless", help="write golden loss curves from stored runs (only the points selected)",
+                       description="Copy the loss of steps 1..golden_steps of stored runs into the runbook's golden "
+                                   "file (runbooks/goldens/<runbook>__<profile>.yaml), for the hardware class each "
+                                   "run ran on. Only the selected points' curves are replaced; without --phase or "
+                                   "--point every point with golden_steps is blessed.")
+    common(b, DEFAULT_RUNBOOK)
+    b.add_argument("--phase", action="append", default=None, help="bless this phase's points (repeatable)")
+    b.add_argument("--point", action="append", default=None, metavar="PHASE/POINT",
+                   help="bless one point, e.g. long_run/default or scaling_sweep/seq_len=32,batch_size=1 (repeatable)")
     return p
 
 
@@ -111,6 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     rb, prof = _load(args.runbook, args.profile)
     points = expand(rb, prof, list(dict.fromkeys(args.phase)) if args.phase else None)
     ResultStore(args.results_dir).check()  # a broken store stops the run before anything runs
+    goldens.check_readable(rb.path, rb.name, prof.name)  # so does an unreadable golden file
     hw = hardware.detect()
     progress = _Progress()
     print(f"nsa-validate: runbook {rb.name}, profile {prof.name}, {len(points)} point(s) on {hw.describe()}",
@@ -188,6 +202,19 @@ def cmd_report(args: argparse.Namespace) -> int:
     return worst
 
 
+def cmd_bless(args: argparse.Namespace) -> int:
+    rb, prof = _load(args.runbook, args.profile)
+    if not (args.results_dir / "results.json").is_file():
+        print(f"nsa-validate: error: no result store in {args.results_dir} (give the --results-dir a run wrote "
+              "into)", file=sys.stderr)
+        return EXIT_USAGE
+    points = bless.select(rb, prof, args.phase, args.point)
+    for b in bless.bless(args.results_dir, rb, prof, points):
+        print(f"blessed {b.point} on {b.hardware_class}: {b.steps} steps from {b.run} (commit {b.commit or '?'})")
+    print(f"nsa-validate: golden curves -> {goldens.GoldenFile.for_pair(rb.path, rb.name, prof.name).path}")
+    return 0
+
+
 def cmd_phases(args: argparse.Namespace) -> int:
     rb, prof = _load(args.runbook, args.profile)
     print(f"runbook {rb.name} ({rb.path}); profiles: {', '.join(rb.profiles)}; showing {prof.name}")
@@ -220,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nsa-validate: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return {"run": cmd_run, "report": cmd_report, "phases": cmd_phases}[args.command](args)
+        return {"run": cmd_run, "report": cmd_report, "phases": cmd_phases, "bless": cmd_bless}[args.command](args)
     except HarnessError as exc:
         print(f"nsa-validate: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from . import DEFAULT_RESULTS_DIR, REPO_ROOT, checkout_problem, report
+from . import DEFAULT_RESULTS_DIR, REPO_ROOT, checkout_problem, goldens, report
 from .errors import HarnessError
 from .finding import Severity
 from .findings import CROSS_POINT, find
@@ -108,6 +108,7 @@ def _points(config: pytest.Config) -> list[PhasePoint]:
                 if wanted and prof.name not in wanted_names.values():
                     continue
                 used.add(prof.name)
+                goldens.check_readable(rb.path, rb.name, prof.name)  # an unreadable golden file stops the session
                 points += expand(rb, prof)
         unused = [w for w, n in wanted_names.items() if n not in used]
         if unused:

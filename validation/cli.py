@@ -2,7 +2,7 @@
 
     nsa-validate run                      # the CPU smoke runbook, cpu profile, into ./results
     nsa-validate run --runbook nsa_ddp_a100 --profile a100 --phase bucket_sweep
-    nsa-validate report [--runbook R --profile P] [--results-dir DIR]
+    nsa-validate report [--runbook R --profile P] [--results-dir DIR] [--baseline DIR]
     nsa-validate phases [--runbook R] [--profile P]
     nsa-validate bless --runbook R --profile P [--phase X] [--point PHASE/POINT] [--results-dir DIR]
 
@@ -64,6 +64,9 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="render the report from stored results")
     common(rep, None)
     rep.add_argument("--no-plots", action="store_true")
+    rep.add_argument("--baseline", type=Path, default=None, metavar="DIR",
+                     help="another results directory to compare with, point by point (its commit, date and hardware "
+                          "named); a tokens/s drop beyond the profile's max_toks_regression fails the report")
 
     ph = sub.add_parser("phases", help="list a runbook's phases and sweep points")
     common(ph, DEFAULT_RUNBOOK)
@@ -171,8 +174,9 @@ def _batches(points, jobs: int):
         yield batch
 
 
-def _render(results_dir: Path, rb_name: str, prof_name: str, rb, prof, plots: bool) -> int:
-    out = report.render(results_dir, rb_name, prof_name, runbook=rb, profile=prof, plots=plots)
+def _render(results_dir: Path, rb_name: str, prof_name: str, rb, prof, plots: bool,
+            baseline: Path | None = None) -> int:
+    out = report.render(results_dir, rb_name, prof_name, runbook=rb, profile=prof, plots=plots, baseline=baseline)
     print(f"nsa-validate: {out.verdict} -> {out.path}")
     return EXIT[out.verdict]
 
@@ -181,6 +185,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not args.results_dir.is_dir():
         print(f"nsa-validate: error: results directory {args.results_dir} does not exist "
               "(give the --results-dir a run wrote into)", file=sys.stderr)
+        return EXIT_USAGE
+    if args.baseline is not None and not (args.baseline / "results.json").is_file():
+        print(f"nsa-validate: error: --baseline {args.baseline}: no result store there (results.json not found)",
+              file=sys.stderr)
         return EXIT_USAGE
     store = ResultStore(args.results_dir)
     pairs = store.pairs()
@@ -197,7 +205,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         except HarnessError as exc:  # the runbook changed or moved: render what is stored
             print(f"nsa-validate: note: {exc}; rendering stored records only", file=sys.stderr)
             rb = prof = None
-        code = _render(args.results_dir, rb_name, prof_name, rb, prof, not args.no_plots)
+        code = _render(args.results_dir, rb_name, prof_name, rb, prof, not args.no_plots, args.baseline)
         worst = code if code == 1 or worst == 0 else worst
     return worst
 

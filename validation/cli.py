@@ -192,16 +192,17 @@ def cmd_report(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     store = ResultStore(args.results_dir)
     pairs = store.pairs()
+    given = {}  # --runbook (a name or a path) loads once, as given
     if args.runbook:
         rb, prof = _load(args.runbook, args.profile)
-        pairs = [(rb.name, prof.name)]
+        pairs, given = [(rb.name, prof.name)], {(rb.name, prof.name): (rb, prof)}
     if not pairs:
         print(f"nsa-validate: no results in {store.path}", file=sys.stderr)
         return EXIT[report.Verdict.INCOMPLETE]
     worst = 0
     for rb_name, prof_name in pairs:
         try:
-            rb, prof = _load(rb_name, prof_name)
+            rb, prof = given.get((rb_name, prof_name)) or _load(rb_name, prof_name)
         except HarnessError as exc:  # the runbook changed or moved: render what is stored
             print(f"nsa-validate: note: {exc}; rendering stored records only", file=sys.stderr)
             rb = prof = None

@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-CUBLAS_WORKSPACE = ":4096:8"
+#: cuBLAS's reproducibility setting (not a trainer toggle: it is CUDA's own variable)
+CUBLAS_VAR, CUBLAS_WORKSPACE = "CUBLAS_WORKSPACE_CONFIG", ":4096:8"
 
 #: what deterministic mode does not cover, recorded in env.json and the docs
 NON_DETERMINISTIC = (
@@ -42,10 +43,10 @@ def apply(enabled: bool) -> dict[str, Any]:
     Call before any CUDA work (the cuBLAS variable is read when its first handle is made)."""
     if not enabled:
         return {"enabled": False}
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE)
+    os.environ.setdefault(CUBLAS_VAR, CUBLAS_WORKSPACE)
     torch.use_deterministic_algorithms(True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
-    return {"enabled": True, "cublas_workspace_config": os.environ["CUBLAS_WORKSPACE_CONFIG"],
+    return {"enabled": True, "cublas_workspace_config": os.environ[CUBLAS_VAR],
             "algorithms": torch.are_deterministic_algorithms_enabled(),
             "non_deterministic": list(NON_DETERMINISTIC)}

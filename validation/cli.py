@@ -236,6 +236,10 @@ def cmd_phases(args: argparse.Namespace) -> int:
         for g in pts[0].gates():
             thr = "to be measured" if g.threshold is None else f"{g.threshold:g}"
             print(f"      gate: {g.metric} {g.op} {thr} ({g.window.describe()})")
+        if phase.golden_steps:
+            rtol = prof.thresholds.get(goldens.RTOL_KEY)
+            print(f"      golden: loss of steps 1-{phase.golden_steps} within rel {'to be measured' if rtol is None else f'{rtol:g}'} "
+                  f"of {goldens.GoldenFile.for_pair(rb.path, rb.name, prof.name).path.name}")
         if len(pts) > 1:
             print(f"      sweep: {', '.join(p.slug for p in pts)}")
         print(f"      markers: {' '.join(pts[0].markers)}")

@@ -196,7 +196,7 @@ def gate(point: PhasePoint, csv: pd.DataFrame | None, machine: Machine) -> GateR
     elif first is not None:
         note = first.text()
     else:
-        note = f"golden of commit {(curve.commit or '?')[:12]} ({hw})"
+        note = f"golden of commit {(curve.commit or '?')[:12]} on {hw}"
     if rtol is None:
         note = f"tolerance to be measured (profile {RTOL_KEY}); " + note
     return GateResult(METRIC, "<=", rtol, f"steps 1-{len(curve.loss)}", value, check(value, "<=", rtol), RTOL_KEY,
@@ -206,3 +206,31 @@ def gate(point: PhasePoint, csv: pd.DataFrame | None, machine: Machine) -> GateR
 def check_readable(runbook_path: Path, runbook: str, profile: str) -> None:
     """Raise GoldenError now if the pair's golden file cannot be read (before any point runs)."""
     GoldenFile.for_pair(runbook_path, runbook, profile)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How far several runs of one point are apart, step by step."""
+
+    runs: int
+    steps: int
+    max_abs: float
+    max_rel: float
+    first_step: int | None
+    """The first step at which the runs differ at all (None: identical to the printed digits)."""
+
+
+def spread(curves: list[list[float]]) -> Spread:
+    """The largest difference between any two of ``curves`` (the same point's loss from several
+    runs) over their common steps, absolute and relative to the smallest value's magnitude."""
+    n = min(len(c) for c in curves)
+    max_abs = max_rel = 0.0
+    first = None
+    for i in range(n):
+        vals = [c[i] for c in curves]
+        diff = max(vals) - min(vals)
+        if diff > 0 and first is None:
+            first = i + 1
+        max_abs = max(max_abs, diff)
+        max_rel = max(max_rel, diff / max(min(abs(v) for v in vals), 1e-12))
+    return Spread(len(curves), n, max_abs, max_rel, first)

@@ -12,7 +12,7 @@ import yaml
 
 from validation import RUNBOOK_DIR
 from validation.cli import main
-from validation.goldens import Curve, GoldenError, GoldenFile, compare, hardware_class
+from validation.goldens import Curve, GoldenError, GoldenFile, compare, hardware_class, spread
 from validation.hardware import Machine
 from validation.orchestrate import run_point
 from validation.plan import expand
@@ -150,3 +150,10 @@ def test_cpu_smoke_golden_passes_unchanged_and_fails_on_a_window_change(tmp_path
     assert "golden_loss_rel_diff = " in changed.reason and "first diverging step " in changed.reason
     step = int(changed.reason.split("first diverging step ")[1].split(":")[0])
     assert 1 <= step <= 20
+
+
+def test_spread_of_several_runs():
+    s = spread([[5.0, 5.0, 4.0], [5.0, 5.001, 4.0], [5.0, 4.999, 4.004]])
+    assert (s.runs, s.steps, s.first_step) == (3, 3, 2)
+    assert abs(s.max_abs - 0.004) < 1e-12 and abs(s.max_rel - 0.001) < 1e-12
+    assert spread([[1.0, 2.0], [1.0, 2.0, 3.0]]).first_step is None

@@ -16,6 +16,7 @@ file of this runbook and profile, is an error naming the file (as the result sto
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import tempfile
@@ -34,6 +35,7 @@ from .plan import PhasePoint
 
 SCHEMA = 1
 METRIC = "golden_loss_rel_diff"
+DESCRIPTION = "loss per step against the golden curve"
 
 
 class GoldenError(HarnessError):
@@ -148,9 +150,9 @@ class GoldenFile:
 
 def _curve(path: Path, where: str, c: Any) -> Curve:
     loss = c.get("loss") if isinstance(c, dict) else None
-    if not isinstance(loss, list) or not loss or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                         for v in loss):
-        raise GoldenError(f"{path}: {where}.loss: expected a non-empty list of numbers")
+    if not isinstance(loss, list) or not loss or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in loss):
+        raise GoldenError(f"{path}: {where}.loss: expected a non-empty list of finite numbers")
     return Curve(tuple(float(v) for v in loss), c.get("commit"), str(c.get("blessed") or ""), c.get("torch"),
                  str(c.get("run") or ""))
 
@@ -184,12 +186,11 @@ def gate(point: PhasePoint, csv: pd.DataFrame | None, machine: Machine) -> GateR
     hw = hardware_class(machine)
     curve = goldens.get(point_id(point), hw)
     if curve is None:
+        bless_cmd = (f"nsa-validate bless --runbook {point.runbook.name} --profile {point.profile.name} "
+                     f"--point {point_id(point)}")
         return GateResult(METRIC, "<=", None, f"steps 1-{point.phase.golden_steps}", None, GateVerdict.UNMEASURED,
-                          RTOL_KEY,
-                          "loss per step against the golden curve",
-                          note=f"no golden for {point_id(point)} on {hw} in {goldens.path}; write one with "
-                               f"`nsa-validate bless --runbook {point.runbook.name} --profile {point.profile.name} "
-                               f"--point {point_id(point)}`")
+                          RTOL_KEY, DESCRIPTION,
+                          note=f"no golden for {point_id(point)} on {hw} in {goldens.path}; write one with `{bless_cmd}`")
     value, first = compare(losses(csv, len(curve.loss)), curve, rtol if rtol is not None else 0.0)
     if value is None:
         note = f"training.csv lacks a finite loss for one of steps 1-{len(curve.loss)}"
@@ -200,7 +201,7 @@ def gate(point: PhasePoint, csv: pd.DataFrame | None, machine: Machine) -> GateR
     if rtol is None:
         note = f"tolerance to be measured (profile {RTOL_KEY}); " + note
     return GateResult(METRIC, "<=", rtol, f"steps 1-{len(curve.loss)}", value, check(value, "<=", rtol), RTOL_KEY,
-                      "loss per step against the golden curve", note=note)
+                      DESCRIPTION, note=note)
 
 
 def check_readable(runbook_path: Path, runbook: str, profile: str) -> None:

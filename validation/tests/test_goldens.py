@@ -39,7 +39,7 @@ def test_round_trip_and_atomic_save(tmp_path):
     ({"schema": 1, "runbook": "other", "profile": "cpu", "points": {}}, "holds goldens of runbook 'other'"),
     ({"records": {}}, "not a golden loss file (no 'points' mapping)"),
     ({"schema": 1, "runbook": "rb", "profile": "cpu", "points": {"a/default": {"cpu": {"loss": ["x"]}}}},
-     "points.a/default.cpu.loss: expected a non-empty list of numbers"),
+     "points.a/default.cpu.loss: expected a non-empty list of finite numbers"),
 ])
 def test_foreign_future_or_malformed_file_is_an_error_naming_it(tmp_path, content, message):
     path = tmp_path / "goldens" / "rb__cpu.yaml"

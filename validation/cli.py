@@ -2,10 +2,13 @@
 
     nsa-validate run                      # the CPU smoke runbook, cpu profile, into ./results
     nsa-validate run --runbook nsa_ddp_a100 --profile a100 --phase bucket_sweep
-    nsa-validate report [--runbook R --profile P] [--results-dir DIR]
+    nsa-validate report [--runbook R --profile P] [--results-dir DIR] [--baseline DIR]
     nsa-validate phases [--runbook R] [--profile P]
+    nsa-validate bless --runbook R --profile P [--phase X] [--point PHASE/POINT] [--results-dir DIR]
 
 Exit status of ``run``/``report``: 0 GO, 1 NO-GO, 3 INCOMPLETE; 2 for a bad runbook or usage.
+``bless`` exits 0 when it wrote the golden curves, 2 when it wrote nothing (a bad selection, a
+point without a finished run).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from . import DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, checkout_problem, hardware, report, runner
+from . import DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, bless, checkout_problem, goldens, hardware, report, runner
 from .errors import HarnessError
 from .orchestrate import MISMATCH_POLICIES, run_point
 from .plan import expand
@@ -61,9 +64,22 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="render the report from stored results")
     common(rep, None)
     rep.add_argument("--no-plots", action="store_true")
+    rep.add_argument("--baseline", type=Path, default=None, metavar="DIR",
+                     help="another results directory to compare with, point by point (its commit, date and hardware "
+                          "named); a tokens/s drop beyond the profile's max_toks_regression fails the report")
 
     ph = sub.add_parser("phases", help="list a runbook's phases and sweep points")
     common(ph, DEFAULT_RUNBOOK)
+
+    b = sub.add_parser("bless", help="write golden loss curves from stored runs (only the points selected)",
+                       description="Copy the loss of steps 1..golden_steps of stored runs into the runbook's golden "
+                                   "file (runbooks/goldens/<runbook>__<profile>.yaml), for the hardware class each "
+                                   "run ran on. Only the selected points' curves are replaced; without --phase or "
+                                   "--point every point with golden_steps is blessed.")
+    common(b, DEFAULT_RUNBOOK)
+    b.add_argument("--phase", action="append", default=None, help="bless this phase's points (repeatable)")
+    b.add_argument("--point", action="append", default=None, metavar="PHASE/POINT",
+                   help="bless one point, e.g. long_run/default or scaling_sweep/seq_len=32,batch_size=1 (repeatable)")
     return p
 
 
@@ -111,6 +127,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     rb, prof = _load(args.runbook, args.profile)
     points = expand(rb, prof, list(dict.fromkeys(args.phase)) if args.phase else None)
     ResultStore(args.results_dir).check()  # a broken store stops the run before anything runs
+    goldens.check_readable(rb.path, rb.name, prof.name)  # so does an unreadable golden file
     hw = hardware.detect()
     progress = _Progress()
     print(f"nsa-validate: runbook {rb.name}, profile {prof.name}, {len(points)} point(s) on {hw.describe()}",
@@ -157,8 +174,9 @@ def _batches(points, jobs: int):
         yield batch
 
 
-def _render(results_dir: Path, rb_name: str, prof_name: str, rb, prof, plots: bool) -> int:
-    out = report.render(results_dir, rb_name, prof_name, runbook=rb, profile=prof, plots=plots)
+def _render(results_dir: Path, rb_name: str, prof_name: str, rb, prof, plots: bool,
+            baseline: Path | None = None) -> int:
+    out = report.render(results_dir, rb_name, prof_name, runbook=rb, profile=prof, plots=plots, baseline=baseline)
     print(f"nsa-validate: {out.verdict} -> {out.path}")
     return EXIT[out.verdict]
 
@@ -168,24 +186,42 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"nsa-validate: error: results directory {args.results_dir} does not exist "
               "(give the --results-dir a run wrote into)", file=sys.stderr)
         return EXIT_USAGE
+    if args.baseline is not None and not (args.baseline / "results.json").is_file():
+        print(f"nsa-validate: error: --baseline {args.baseline}: no result store there (results.json not found)",
+              file=sys.stderr)
+        return EXIT_USAGE
     store = ResultStore(args.results_dir)
     pairs = store.pairs()
+    given = {}  # --runbook (a name or a path) loads once, as given
     if args.runbook:
         rb, prof = _load(args.runbook, args.profile)
-        pairs = [(rb.name, prof.name)]
+        pairs, given = [(rb.name, prof.name)], {(rb.name, prof.name): (rb, prof)}
     if not pairs:
         print(f"nsa-validate: no results in {store.path}", file=sys.stderr)
         return EXIT[report.Verdict.INCOMPLETE]
     worst = 0
     for rb_name, prof_name in pairs:
         try:
-            rb, prof = _load(rb_name, prof_name)
+            rb, prof = given.get((rb_name, prof_name)) or _load(rb_name, prof_name)
         except HarnessError as exc:  # the runbook changed or moved: render what is stored
             print(f"nsa-validate: note: {exc}; rendering stored records only", file=sys.stderr)
             rb = prof = None
-        code = _render(args.results_dir, rb_name, prof_name, rb, prof, not args.no_plots)
+        code = _render(args.results_dir, rb_name, prof_name, rb, prof, not args.no_plots, args.baseline)
         worst = code if code == 1 or worst == 0 else worst
     return worst
+
+
+def cmd_bless(args: argparse.Namespace) -> int:
+    rb, prof = _load(args.runbook, args.profile)
+    if not (args.results_dir / "results.json").is_file():
+        print(f"nsa-validate: error: no result store in {args.results_dir} (give the --results-dir a run wrote "
+              "into)", file=sys.stderr)
+        return EXIT_USAGE
+    points = bless.select(rb, prof, args.phase, args.point)
+    for b in bless.bless(args.results_dir, rb, prof, points):
+        print(f"blessed {b.point} on {b.hardware_class}: {b.steps} steps from {b.run} (commit {b.commit or '?'})")
+    print(f"nsa-validate: golden curves -> {goldens.GoldenFile.for_pair(rb.path, rb.name, prof.name).path}")
+    return 0
 
 
 def cmd_phases(args: argparse.Namespace) -> int:
@@ -200,6 +236,10 @@ def cmd_phases(args: argparse.Namespace) -> int:
         for g in pts[0].gates():
             thr = "to be measured" if g.threshold is None else f"{g.threshold:g}"
             print(f"      gate: {g.metric} {g.op} {thr} ({g.window.describe()})")
+        if phase.golden_steps:
+            rtol = prof.thresholds.get(goldens.RTOL_KEY)
+            print(f"      golden: loss of steps 1-{phase.golden_steps} within rel {'to be measured' if rtol is None else f'{rtol:g}'} "
+                  f"of {goldens.GoldenFile.for_pair(rb.path, rb.name, prof.name).path.name}")
         if len(pts) > 1:
             print(f"      sweep: {', '.join(p.slug for p in pts)}")
         print(f"      markers: {' '.join(pts[0].markers)}")
@@ -220,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nsa-validate: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return {"run": cmd_run, "report": cmd_report, "phases": cmd_phases}[args.command](args)
+        return {"run": cmd_run, "report": cmd_report, "phases": cmd_phases, "bless": cmd_bless}[args.command](args)
     except HarnessError as exc:
         print(f"nsa-validate: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -138,8 +138,10 @@ DETECTORS = (crashes, stalls, cliffs, host_bound, imbalance, fallbacks, artifact
 _ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 
-def find(records: list[PhaseRecord]) -> list[Finding]:
-    out = [f for detect in DETECTORS for f in detect(records)]
+def find(records: list[PhaseRecord], extra: list[Finding] | None = None) -> list[Finding]:
+    """Every detector's findings, and ``extra`` ones found elsewhere (a baseline comparison),
+    critical first."""
+    out = [f for detect in DETECTORS for f in detect(records)] + list(extra or [])
     return sorted(out, key=lambda f: _ORDER[f.severity])
 
 
@@ -163,6 +165,9 @@ _ADVICE = {
                 "missing; install or enable it, or set the branch's backend explicitly.",
     "artifacts": "The trainer broke its output contract (the finding names the file): fix the writer, then re-run "
                  "`pytest -m {phase}`.",
+    "regression": "Throughput fell against the baseline: re-run the phase on this commit (`pytest -m {phase}`) to "
+                  "rule out noise, then bisect the commits between the baseline's and this one; a drop that is "
+                  "intended needs a new baseline directory, not a looser threshold.",
     "gate": "A gate failed: compare the value with the threshold's source (the profile file), and re-run only "
             "`pytest -m {phase}` once the cause is fixed; other points' records stay.",
 }

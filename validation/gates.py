@@ -40,16 +40,20 @@ class GateResult:
     verdict: GateVerdict
     threshold_ref: str | None = None
     description: str = ""
+    note: str = ""
+    """What this evaluation found beyond the number (the golden-loss gate's first diverging step)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GateResult:
         return cls(data["metric"], data["op"], data["threshold"], data["window"], data["value"],
-                   GateVerdict(data["verdict"]), data.get("threshold_ref"), data.get("description") or "")
+                   GateVerdict(data["verdict"]), data.get("threshold_ref"), data.get("description") or "",
+                   data.get("note") or "")
 
     def text(self) -> str:
-        """'metric = value, needs op threshold (window)'."""
+        """'metric = value, needs op threshold (window)', then the note when there is one."""
         val = "no data" if self.value is None else f"{self.value:.4g}"
-        return f"{self.metric} = {val}, needs {self.op} {self.threshold:g} ({self.window})"
+        return f"{self.metric} = {val}, needs {self.op} {self.threshold:g} ({self.window})" + (
+            f": {self.note}" if self.note else "")
 
 
 def check(value: float | None, op: str, threshold: float | None) -> GateVerdict:

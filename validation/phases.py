@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from . import kinds
+from . import goldens, kinds
 from .errors import StoreError
 from .evidence import collect, collect_train, read_halt
 from .hardware import Machine
@@ -44,7 +44,8 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
     run.exit_code, run.timed_out = proc.exit_code, proc.timed_out
     if kind == "train":
         collect_train(run, errors)
-    gates = evaluate(point, run)
+    golden = goldens.gate(point, run.csv, hw)
+    gates = evaluate(point, run) + ([golden] if golden else [])
     status, reason = verdict(kind, run, read_halt(out_dir) if run.halted else None, errors, gates)
     window = next((g.window.last for g in point.gates() if g.window.last), None)
     env = run.env or {}

@@ -10,6 +10,8 @@ from typing import Any
 from .errors import RunbookError
 from .runbook_types import Gate, Phase, Profile, Runbook, Scalar
 
+#: the profile threshold that sets the golden-loss tolerance of phases with golden_steps
+GOLDEN_RTOL = "golden_loss_rtol"
 #: pytest markers implied by what a phase needs (added to the phase's own markers)
 PROFILE_GPU_MARKERS = ("gpu",)
 
@@ -91,6 +93,10 @@ class PhasePoint:
                     f"(thresholds: {', '.join(sorted(self.profile.thresholds))})")
             out.append(Gate(g.metric, g.op, self.profile.thresholds[g.threshold_ref], g.window,
                             g.threshold_ref, g.description))
+        if self.phase.golden_steps and GOLDEN_RTOL not in self.profile.thresholds:
+            raise RunbookError(
+                f"{self.runbook.path}: phase {self.phase.name} sets golden_steps, but profile {self.profile.path} "
+                f"has no {GOLDEN_RTOL} threshold (a number, or null = to be measured)")
         return out
 
 

@@ -8,7 +8,8 @@ Options: --runbook (repeatable; default every runbook in runbooks/), --profile (
 default each runbook's profiles), --results-dir (default: ./results for an acceptance run, a
 temporary directory for a plain test run, see ``results_dir_for``), --hardware-mismatch
 run|skip (skip turns a GPU-model mismatch into a skip), --progress-every SECONDS,
---no-acceptance-report.
+--no-acceptance-report, --baseline DIR (compare with the results stored in DIR: in the report,
+and a tokens/s drop beyond the profile's max_toks_regression fails the report check).
 
 The plugin is also a pytest11 entry point (pyproject.toml), so that its options are known before
 any conftest is read: pytest otherwise takes the value of ``--results-dir DIR`` for a test path
@@ -29,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from . import DEFAULT_RESULTS_DIR, REPO_ROOT, checkout_problem, report
+from . import DEFAULT_RESULTS_DIR, REPO_ROOT, baseline, checkout_problem, goldens, report
 from .errors import HarnessError
 from .finding import Severity
 from .findings import CROSS_POINT, find
@@ -53,6 +54,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--no-acceptance-report", action="store_true", help="do not render the report at session end")
     g.addoption("--progress-every", type=float, default=15.0, metavar="SECONDS",
                 help="a running point's progress line (step, tokens/s, ETA) every SECONDS (default 15)")
+    g.addoption("--baseline", default=None, metavar="DIR",
+                help="results directory to compare with point by point (report section; a tokens/s drop beyond "
+                     "the profile's max_toks_regression fails the report check)")
+
+
+def _baseline_dir(config: pytest.Config) -> Path | None:
+    option = config.getoption("--baseline")
+    if option is None:
+        return None
+    path = Path(option).resolve()
+    if not (path / "results.json").is_file():
+        raise pytest.UsageError(f"nsa-validate: --baseline {option}: no result store there (results.json not found)")
+    return path
 
 
 def results_dir_for(option: str | None, markexpr: str, runbook_opts: list[str] | None,
@@ -108,6 +122,7 @@ def _points(config: pytest.Config) -> list[PhasePoint]:
                 if wanted and prof.name not in wanted_names.values():
                     continue
                 used.add(prof.name)
+                goldens.check_readable(rb.path, rb.name, prof.name)  # an unreadable golden file stops the session
                 points += expand(rb, prof)
         unused = [w for w, n in wanted_names.items() if n not in used]
         if unused:
@@ -220,7 +235,8 @@ class _Session:
         for rb_name, prof_name in sorted(self.pairs):
             try:
                 rb, prof = loaded.get((rb_name, prof_name)) or (load_runbook(rb_name), load_profile(prof_name))
-                out = report.render(_results_dir(self.config), rb_name, prof_name, runbook=rb, profile=prof)
+                out = report.render(_results_dir(self.config), rb_name, prof_name, runbook=rb, profile=prof,
+                                    baseline=_baseline_dir(self.config))
                 self.reports.append(f"{out.verdict} -> {out.path}")
             except HarnessError as exc:
                 self.reports.append(f"report for {rb_name}/{prof_name} not rendered: {exc}")
@@ -236,12 +252,21 @@ def pytest_configure(config: pytest.Config) -> None:
     # environment, which load the plugin too, get none)
     if not hasattr(config, "workerinput") and config.rootpath == REPO_ROOT:
         os.environ[_SESSION_DIR_ENV] = tempfile.mkdtemp(prefix="nsa-validate-tests-")
+    _baseline_dir(config)  # a --baseline without a store is a usage error before anything runs
     config.pluginmanager.register(_Session(config), "nsa-validate-session")
 
 
 def session_findings(config: pytest.Config, pair: tuple[str, str]) -> tuple[list[str], int]:
     """Critical findings across the points of ``pair`` run in this process (a cliff only shows
-    across sweep points, which no single point's test can see), and how many points ran."""
+    across sweep points, which no single point's test can see; a regression against --baseline
+    only against another run), and how many points ran."""
     records = [r for r in config.stash.get(_RAN_KEY, {}).values()
                if (r.key.runbook, r.key.profile) == pair and r.status != Status.SKIP]
-    return [f.title for f in find(records) if f.severity == Severity.CRITICAL and f.kind in CROSS_POINT], len(records)
+    extra = []
+    base_dir = _baseline_dir(config)
+    if base_dir is not None and records:
+        profile = next(p.profile for p in _points(config) if (p.runbook.name, p.profile.name) == pair)
+        extra = baseline.compare(records, baseline.load(base_dir, *pair), base_dir,
+                                 profile.thresholds.get(baseline.REGRESSION_KEY)).findings()
+    cross = [f for f in find(records) if f.severity == Severity.CRITICAL and f.kind in CROSS_POINT]
+    return [f.title for f in cross + extra], len(records)

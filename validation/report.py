@@ -18,7 +18,7 @@ from typing import Any
 
 import jinja2
 
-from . import REPO_ROOT, TEMPLATE_DIR
+from . import REPO_ROOT, TEMPLATE_DIR, baseline as baseline_cmp
 from .finding import Finding, Severity, where
 from .hardware import Machine
 from .findings import find, recommendations
@@ -88,9 +88,14 @@ def _select(records: list[PhaseRecord], runbook: Runbook | None, profile: Profil
 
 def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, runbook: Runbook | None,
                   profile: Profile | None, plots: list[dict[str, str]] | None = None,
-                  now: str | None = None) -> dict[str, Any]:
+                  now: str | None = None, baseline: Path | None = None) -> dict[str, Any]:
     records, missing, stale = _select(ResultStore(results_dir).records(runbook_name, profile_name), runbook, profile)
-    findings = find(records)
+    comparison = None
+    if baseline is not None:
+        threshold = profile.thresholds.get(baseline_cmp.REGRESSION_KEY) if profile else None
+        comparison = baseline_cmp.compare(records, baseline_cmp.load(baseline, runbook_name, profile_name),
+                                          baseline, threshold)
+    findings = find(records, comparison.findings() if comparison else None)
     status, why = status_of(records, missing, findings)
     hw = next((r.hardware for r in records if r.hardware), None)
     sha = next((r for r in records if r.git_sha), None)
@@ -117,7 +122,9 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "toggles": toggles(records),
         "findings": findings,
         "recommendations": recommendations(findings),
-        "gates": gate_rows(records),
+        "gates": gate_rows(records) + (comparison.gate_rows() if comparison else []),
+        "baseline": comparison,
+        "regression_key": baseline_cmp.REGRESSION_KEY,
         "phases": phase_tables(records),
         "failures": failure_rows(records),
         "missing": missing,
@@ -152,8 +159,10 @@ def _hw_text(hw: Machine | None) -> str:
 
 def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, runbook: Runbook | None = None,
            profile: Profile | None = None, plots: bool = True, now: str | None = None,
-           template: str = "report.md.j2") -> Rendered:
-    """Write <results>/reports/<runbook>__<profile>.md (and its plots); return it with its verdict."""
+           template: str = "report.md.j2", baseline: Path | None = None) -> Rendered:
+    """Write <results>/reports/<runbook>__<profile>.md (and its plots); return it with its verdict.
+    With ``baseline`` (another results directory) each point is compared with its stored twin
+    there (validation/baseline.py)."""
     results_dir = Path(results_dir)
     report_dir = results_dir / "reports"
     stem = f"{runbook_name}__{profile_name}"
@@ -162,7 +171,7 @@ def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, run
         recs = ResultStore(results_dir).records(runbook_name, profile_name)
         plot_list = make_plots(results_dir, recs, report_dir / "plots", stem)
     ctx = build_context(results_dir, runbook_name, profile_name, runbook=runbook, profile=profile,
-                        plots=plot_list, now=now)
+                        plots=plot_list, now=now, baseline=baseline)
     ctx["results_prefix"] = os.path.relpath(results_dir, report_dir)
     text = render_text(ctx, template)
     report_dir.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ def gate_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
                 thr = f"{cell(thr)} ({g.threshold_ref})"
             rows.append({"phase": r.phase, "point": point_label(r), "metric": g.metric, "value": g.value, "op": g.op,
                          "threshold": thr, "window": g.window, "verdict": str(g.verdict), "csv": csv,
-                         "description": g.description})
+                         "description": g.description + (f" ({g.note})" if g.note else "")})
     return rows
 
 

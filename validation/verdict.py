@@ -38,7 +38,12 @@ def verdict(kind: str, run: RunData, halt: HaltInfo | None, errors: list[str],
     bad = [g for g in gates if g.verdict in (GateVerdict.FAIL, GateVerdict.NO_DATA)]
     if bad:
         return Status.FAIL, "; ".join(g.text() for g in bad)
-    if any(g.verdict == GateVerdict.UNMEASURED for g in gates):
-        return Status.UNMEASURED, "threshold(s) to be measured for this profile: " + ", ".join(
-            g.threshold_ref or g.metric for g in gates if g.verdict == GateVerdict.UNMEASURED)
+    pending = [g for g in gates if g.verdict == GateVerdict.UNMEASURED]
+    if pending:
+        # a gate's note says what is missing (no golden curve yet); otherwise it is the threshold
+        parts = [g.note for g in pending if g.note]
+        thresholds = [g.threshold_ref or g.metric for g in pending if not g.note]
+        if thresholds:
+            parts.append("threshold(s) to be measured for this profile: " + ", ".join(thresholds))
+        return Status.UNMEASURED, "; ".join(parts)
     return Status.PASS, f"{len(gates)} gate(s) passed" if gates else "completed (no gates)"

@@ -232,7 +232,7 @@ def _test_path(r: Reader, key: str, v: Any) -> str:
 _PYTEST_ARG = re.compile(r"^(-k|-m|-x|-q|-v|--maxfail=\d+|--hypothesis-seed=\d+|[A-Za-z0-9_ ().\[\]-]+)$")
 
 _PHASE_KEYS = ("name", "kind", "description", "markers", "launcher", "config", "overrides", "env", "steps",
-               "timeout_s", "sweep", "gates", "tests", "pytest_args", "min_gpus")
+               "timeout_s", "sweep", "gates", "tests", "pytest_args", "min_gpus", "golden_steps")
 DEFAULT_KEYS = ("launcher", "config", "overrides", "env", "steps", "timeout_s", "min_gpus")
 
 
@@ -258,11 +258,17 @@ def parse_phase(path: Path, data: Any, where: str, defaults: dict[str, Any], kno
     if kind == "pytest" and not tests:
         r.fail(r.key("tests"), "a pytest phase needs at least one test path")
     config = r.str_("config", defaults["config"], pattern=MODULE)
+    golden_steps = r.int_("golden_steps", 0)
+    if golden_steps and kind != "train":
+        r.fail(r.key("golden_steps"), f"golden loss curves need a train phase, not kind {kind!r}")
+    steps = r.int_("steps", defaults["steps"], minimum=1)
+    if golden_steps > steps:
+        r.fail(r.key("golden_steps"), f"{golden_steps} is more than the phase's {steps} steps")
     return Phase(
         name=name, kind=kind, description=r.str_("description", "") or "", markers=tuple(markers),
         launcher=launcher, config=config, overrides=overrides, env=env,
-        steps=r.int_("steps", defaults["steps"], minimum=1),
+        steps=steps,
         timeout_s=r.num("timeout_s", defaults["timeout_s"], minimum=1.0),
         sweep=_sweep(r, r.key("sweep"), r.get("sweep")), gates=gates, tests=tests, pytest_args=tuple(pargs),
-        min_gpus=r.int_("min_gpus", defaults["min_gpus"]),
+        min_gpus=r.int_("min_gpus", defaults["min_gpus"]), golden_steps=golden_steps,
     )

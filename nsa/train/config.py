@@ -65,6 +65,10 @@ class TrainConfig:
     nsa/train/graphs.py."""
     seed: int = 1337
     """Seeds model init, RNG and the synthetic data."""
+    deterministic: bool = False
+    """Deterministic algorithms, cuDNN deterministic and CUBLAS_WORKSPACE_CONFIG, set before any
+    CUDA work (env NSA_DETERMINISTIC), so that the same seed gives the same loss curve; what stays
+    non-deterministic is listed in env.json (nsa/train/determinism.py)."""
     device: str = "auto"
     """auto (cuda when available), cuda or cpu."""
     out_dir: str = "artifacts/run"
@@ -271,6 +275,7 @@ ENV_TOGGLES: dict[str, str] = {
     "NSA_NVTX": "telemetry.nvtx",
     "NSA_OPT_FUSED": "train.fused_adamw",
     "NSA_CUDA_GRAPHS": "train.cuda_graphs",
+    "NSA_DETERMINISTIC": "train.deterministic",
     "NSA_TB_DISABLE": "telemetry.tb_disable",
     "NSA_DISABLE_AUX_STATS": "telemetry.disable_aux_stats",
     "NSA_FAULT": "fault.spec",

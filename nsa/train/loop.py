@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..model import NSATransformer, backend_report, gate_stats
 from . import checkpoint as ckpt
-from . import graphs
+from . import determinism, graphs
 from .config import Resolved, RunConfig, config_dict
 from .data import Loader, build_source
 from .distributed import all_gather_stats, barrier, init_distributed, teardown
@@ -38,6 +38,7 @@ class Trainer:
         self.cfg, self.resolved = cfg, resolved
         # validate the data files before anything starts (a bad path fails fast and clearly)
         source = build_source(cfg.data, cfg.train.seq_len, cfg.model.vocab_size, cfg.train.seed)
+        self.determinism = determinism.apply(cfg.train.deterministic)  # before any CUDA work
         with contextlib.ExitStack() as stack:  # on a setup error, undo what was started
             self.info = info = init_distributed(cfg.dist, cfg.train)
             self.finished_cleanly = False  # set when train() returns 0; teardown then waits for peers
@@ -171,6 +172,7 @@ class Trainer:
                             "reason": self.graph_plan.reason, "warmup_steps": self.graph_plan.warmup_steps,
                             "captured": self.graphed, "note": self.graph_note},
             "fault_injection": cfg.fault.spec or None,
+            "determinism": self.determinism,
             "tokens_per_step": self.tokens_per_step,
             "resumed_from": self.resumed_from,
             "previous_halt": self.previous_halt,

@@ -12,7 +12,8 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
     NSA_FAULT=idle:rank=1        rank 1 never steps and reports 0% GPU utilisation
     NSA_FAULT=slow:rank=1        rank 1 takes 3x as long per step
     NSA_FAULT=fallback           reports fallback counters and a fallback route
-NSA_FAKE_WORLD=N simulates N ranks from one process; NSA_FAKE_STEP_S=S sleeps S seconds a step.
+NSA_FAKE_WORLD=N simulates N ranks from one process; NSA_FAKE_STEP_S=S sleeps S seconds a step;
+NSA_FAKE_TOKS_SCALE=F multiplies tokens/s by F (a staged throughput change).
 """
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ def main() -> int:
         if fault == "crash" and step == opts.get("step", 1):
             csv and csv.flush()
             raise RuntimeError("Expected to mark a variable ready only once (injected crash)")
-        toks = 200.0 + (step % 3)
+        toks = (200.0 + (step % 3)) * float(os.environ.get("NSA_FAKE_TOKS_SCALE", "1"))
         if fault == "cliff" and batch >= 2:
             toks = 6.0 + (step % 2)
         for r, fh in beats.items():

@@ -1,0 +1,97 @@
+"""Comparison with a baseline results directory: each point's metrics beside the baseline's, the
+baseline's commit/date/hardware named, one-sided points listed, and a staged tokens/s drop
+beyond the profile's max_toks_regression (cpu: 0.5) failing the report (CLI and pytest)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from validation import REPO_ROOT
+from validation.baseline import MetricDelta, compare
+from validation.cli import main
+from validation.gates import GateVerdict
+from validation.report import build_context, render_text
+from validation.runbook import load_profile, load_runbook
+from validation.store import ResultStore
+from validation.tests.conftest import train_phase, write_runbook
+
+#: the staged drop: the fake trainer's tokens/s times 0.4 (60% below, the cpu profile allows 50%)
+SLOWER = {"NSA_FAKE_TOKS_SCALE": "0.4"}
+
+
+def _gates(name: str, **extra) -> dict:
+    return train_phase(name, gates=[{"metric": "loss_finite", "op": "==", "threshold": 1}], **extra)
+
+
+def _two_runs(tmp_path):
+    """Baseline: steady, slowed, gone. This run: steady, slowed (0.4x tokens/s), new."""
+    base, cur = tmp_path / "base", tmp_path / "cur"
+    rb_base = write_runbook(tmp_path / "base.yaml", [_gates("steady"), _gates("slowed"), _gates("gone")])
+    rb_cur = write_runbook(tmp_path / "cur.yaml", [_gates("steady"), _gates("slowed", env=SLOWER), _gates("new")])
+    assert main(["run", "--runbook", str(rb_base), "--results-dir", str(base), "--no-report"]) == 0
+    assert main(["run", "--runbook", str(rb_cur), "--results-dir", str(cur), "--no-report"]) == 0
+    return base, cur, rb_cur
+
+
+def test_report_compares_each_point_and_gates_the_staged_drop(tmp_path, capsys):
+    base, cur, rb = _two_runs(tmp_path)
+    runbook, profile = load_runbook(rb), load_profile("cpu")
+    ctx = build_context(cur, "fake", "cpu", runbook=runbook, profile=profile, now="2026-01-01 00:00 UTC", baseline=base)
+    assert ctx["verdict"] == "NO-GO"
+    comparison = ctx["baseline"]
+    slowed = next(p for p in comparison.points if p.phase == "slowed")
+    assert slowed.regression == GateVerdict.FAIL and abs(slowed.toks.change + 0.6) < 1e-9
+    assert next(p for p in comparison.points if p.phase == "steady").regression == GateVerdict.PASS
+    assert comparison.only_current == ["new [default]"] and comparison.only_baseline == ["gone [default]"]
+    titles = [f.title for f in ctx["findings"] if f.kind == "regression"]
+    assert titles == ["tokens/s 60.0% below baseline 000000000000 in slowed [default]: 80.5 vs 201.1 "
+                      "(allowed drop 50%, profile max_toks_regression)"]
+    text = render_text({**ctx, "results_prefix": ".."})
+    today = comparison.source.date
+    assert f"- **Baseline commit**: {'0' * 40}" in text and f"- **Baseline date**: {today}" in text
+    assert "- **Baseline hardware**: CPU only" in text
+    assert "| slowed | default | toks_per_s_mean | 80.45 | 201.1 | -60.0% ❌ |" in text
+    assert "| steady | default | toks_per_s_mean | 201.1 | 201.1 | +0.0% |" in text
+    assert "Points only in this run (no baseline to compare with): new [default]" in text
+    assert "Points only in the baseline (not in this run): gone [default]" in text
+    assert "| slowed | default | toks_per_s_mean change vs baseline | -0.6 | >= | -0.5 (max_toks_regression) |" in text
+    # the same through the CLI, both option spellings: NO-GO exits 1
+    assert main(["report", "--runbook", str(rb), "--results-dir", str(cur), "--baseline", str(base), "--no-plots"]) == 1
+    assert main(["report", "--runbook", str(rb), f"--results-dir={cur}", f"--baseline={base}", "--no-plots"]) == 1
+    assert "Comparison with Baseline" in (cur / "reports" / "fake__cpu.md").read_text()
+    # without --baseline the same store is GO
+    assert main(["report", "--runbook", str(rb), "--results-dir", str(cur), "--no-plots"]) == 0
+
+
+def test_without_a_threshold_changes_are_shown_not_gated(tmp_path):
+    base, cur, _ = _two_runs(tmp_path)
+    comparison = compare(ResultStore(cur).records(), ResultStore(base).records(), base, threshold=None)
+    assert comparison.findings() == [] and comparison.gate_rows() == []
+    assert {p.phase: round(p.toks.change, 6) for p in comparison.points} == {"steady": 0.0, "slowed": -0.6}
+
+
+def test_missing_baseline_store_is_a_usage_error(tmp_path, capsys):
+    (tmp_path / "res").mkdir()
+    assert main(["report", "--results-dir", str(tmp_path / "res"), "--baseline", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert f"--baseline {tmp_path / 'nowhere'}: no result store there (results.json not found)" in err
+
+
+def test_metric_delta_change():
+    assert MetricDelta("m", 90.0, 100.0).change == -0.1
+    assert MetricDelta("m", 1.0, None).change is None and MetricDelta("m", 1.0, 0.0).change is None
+
+
+def test_pytest_baseline_option_fails_the_report_check_on_a_drop(tmp_path):
+    base = tmp_path / "base"
+    rb = write_runbook(tmp_path / "rb.yaml", [_gates("long_run")])  # pytest needs a registered marker
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(base), "--no-report"]) == 0
+    write_runbook(rb, [_gates("long_run", env=SLOWER)])
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                          "validation/tests/test_acceptance.py", "--runbook", str(rb), "--results-dir",
+                          str(tmp_path / "cur"), "--baseline", str(base)],
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "1 passed" in out.stdout and "1 failed" in out.stdout  # the point passes its gates; the comparison fails
+    assert "tokens/s 60.0% below baseline" in out.stdout
+    assert "Comparison with Baseline" in (tmp_path / "cur" / "reports" / "fake__cpu.md").read_text()

@@ -1,0 +1,159 @@
+"""Golden loss curves: the file's schema and errors, the comparison naming the first diverging
+step, ``bless`` (only the points asked for, nothing written on a bad selection), and the real
+trainer on the CPU smoke runbook: the committed goldens pass unchanged and a one-line change to
+the window semantics fails with the step named."""
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+import yaml
+
+from validation import RUNBOOK_DIR
+from validation.cli import main
+from validation.goldens import Curve, GoldenError, GoldenFile, compare, hardware_class, spread
+from validation.hardware import Machine
+from validation.orchestrate import run_point
+from validation.plan import expand
+from validation.record import Status
+from validation.runbook import load_profile, load_runbook
+from validation.store import ResultStore
+from validation.tests.conftest import train_phase, write_runbook
+
+
+# --- the file --------------------------------------------------------------------------------
+
+def test_round_trip_and_atomic_save(tmp_path):
+    f = GoldenFile(tmp_path / "goldens" / "rb__cpu.yaml", "rb", "cpu")
+    f.put("long_run/default", "cpu", Curve((5.5, 5.25), "abc", "2026-01-01T00:00:00+00:00", "2.13.0", "runs/x"))
+    f.save()
+    assert [p.name for p in f.path.parent.iterdir()] == ["rb__cpu.yaml"]  # no temp file left
+    back = GoldenFile.for_pair(tmp_path / "rb.yaml", "rb", "cpu")
+    assert back.get("long_run/default", "cpu") == f.get("long_run/default", "cpu")
+    assert back.get("long_run/default", "nvidia_h100_80gb_hbm3") is None
+
+
+@pytest.mark.parametrize("content, message", [
+    ({"schema": 2, "runbook": "rb", "profile": "cpu", "points": {}}, "schema 2; this harness reads golden schema 1"),
+    ({"schema": 1, "runbook": "other", "profile": "cpu", "points": {}}, "holds goldens of runbook 'other'"),
+    ({"records": {}}, "not a golden loss file (no 'points' mapping)"),
+    ({"schema": 1, "runbook": "rb", "profile": "cpu", "points": {"a/default": {"cpu": {"loss": ["x"]}}}},
+     "points.a/default.cpu.loss: expected a non-empty list of finite numbers"),
+])
+def test_foreign_future_or_malformed_file_is_an_error_naming_it(tmp_path, content, message):
+    path = tmp_path / "goldens" / "rb__cpu.yaml"
+    path.parent.mkdir()
+    path.write_text(yaml.safe_dump(content))
+    with pytest.raises(GoldenError, match=re.escape(message)) as err:
+        GoldenFile.for_pair(tmp_path / "rb.yaml", "rb", "cpu")
+    assert str(path) in str(err.value)
+
+
+def test_compare_names_the_first_step_beyond_the_tolerance():
+    golden = Curve((5.0, 5.0, 5.0, 5.0))
+    worst, first = compare([5.0, 5.0001, 5.02, 5.5], golden, rtol=1e-3)
+    assert first.step == 3 and first.golden == 5.0 and first.loss == 5.02 and abs(worst - 0.1) < 1e-12
+    assert "first diverging step 3: loss 5.02 vs golden 5 (abs diff 0.02, rel 0.004)" == first.text()
+    assert compare([5.0, 5.0, 5.0, 5.0], golden, 1e-3) == (0.0, None)
+    assert compare([5.0, None, 5.0, 5.0], golden, 1e-3)[0] is None  # a step not logged: no data
+
+
+def test_hardware_class():
+    assert hardware_class(Machine()) == "cpu"
+    assert hardware_class(Machine(gpu_names=("NVIDIA H100 80GB HBM3",), gpu_mem_gb=(79.2,))) == "nvidia_h100_80gb_hbm3"
+
+
+# --- bless (fake trainer: fast) ------------------------------------------------------------------
+
+def _golden_runbook(tmp_path):
+    return write_runbook(tmp_path / "rb.yaml", [
+        train_phase("long_run", golden_steps=4, gates=[]),
+        train_phase("scaling_sweep", golden_steps=3, gates=[], sweep={"train.batch_size": [1, 2]}),
+        train_phase("fsdp", gates=[])])
+
+
+def test_bless_rewrites_only_the_points_asked_for(tmp_path, capsys):
+    rb, res = _golden_runbook(tmp_path), tmp_path / "res"
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"]) == 0
+    assert "long_run/default: UNMEASURED (" in capsys.readouterr().err  # no golden yet, the reason says so
+    long_run = next(r for r in ResultStore(res).records() if r.phase == "long_run")
+    assert "no golden for long_run/default on cpu" in long_run.reason
+    assert main(["bless", "--runbook", str(rb), "--results-dir", str(res)]) == 0
+    path = tmp_path / "goldens" / "fake__cpu.yaml"
+    first = GoldenFile.for_pair(rb, "fake", "cpu")
+    assert sorted(first.curves) == ["long_run/default", "scaling_sweep/batch_size=1", "scaling_sweep/batch_size=2"]
+    assert first.get("long_run/default", "cpu").loss == (2.99, 2.98, 2.97, 2.96)  # the fake trainer's loss
+    # a second run passes its golden gates; bless then replaces only the point named
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res)]) == 0  # GO
+    assert main(["bless", "--runbook", str(rb), f"--results-dir={res}", "--point=scaling_sweep/batch_size=2"]) == 0
+    assert "blessed scaling_sweep/batch_size=2 on cpu: 3 steps" in capsys.readouterr().out
+    second = GoldenFile.for_pair(rb, "fake", "cpu")
+    assert second.get("scaling_sweep/batch_size=2", "cpu").run != first.get("scaling_sweep/batch_size=2", "cpu").run
+    for unchanged in ("long_run/default", "scaling_sweep/batch_size=1"):
+        assert second.get(unchanged, "cpu") == first.get(unchanged, "cpu")
+    # a bad selection writes nothing and names what could be chosen
+    before = path.read_text()
+    assert main(["bless", "--runbook", str(rb), "--results-dir", str(res), "--point", "long_run/x"]) == 2
+    assert "choose from: long_run/default, scaling_sweep/batch_size=1" in capsys.readouterr().err
+    assert main(["bless", "--runbook", str(rb), "--results-dir", str(res), "--phase", "fsdp"]) == 2
+    assert "--phase fsdp: this phase has no golden_steps" in capsys.readouterr().err
+    assert main(["bless", "--runbook", str(rb), "--results-dir", str(tmp_path / "empty")]) == 2
+    assert "no result store in" in capsys.readouterr().err
+    assert path.read_text() == before
+
+
+def test_bless_refuses_a_point_without_a_finished_run(tmp_path, capsys):
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("long_run", golden_steps=4, gates=[], fault="crash:step=2"),
+                                              train_phase("fsdp", golden_steps=2, gates=[])])
+    res = tmp_path / "res"
+    main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"])
+    assert main(["bless", "--runbook", str(rb), "--results-dir", str(res)]) == 2
+    assert "long_run/default: its stored run did not finish (FAIL: trainer crashed" in capsys.readouterr().err
+    assert not (tmp_path / "goldens").exists()  # all or nothing: fsdp was not blessed either
+
+
+def test_golden_steps_needs_a_train_phase_and_a_profile_tolerance(tmp_path):
+    from validation.errors import RunbookError
+    bad = write_runbook(tmp_path / "a.yaml", [train_phase("long_run", golden_steps=9, steps=8, gates=[])])
+    with pytest.raises(RunbookError, match=r"phases\[0\].golden_steps: 9 is more than the phase's 8 steps"):
+        load_runbook(bad)
+    prof = tmp_path / "cpu.yaml"
+    prof.write_text("name: cpu\nmarker: cpu_profile\nhardware: {accelerator: cpu}\nthresholds: {min_toks_per_s: 1}\n")
+    rb = load_runbook(write_runbook(tmp_path / "b.yaml", [train_phase("long_run", golden_steps=2, gates=[])]))
+    with pytest.raises(RunbookError, match="sets golden_steps, but profile .* has no golden_loss_rtol threshold"):
+        expand(rb, load_profile(prof))
+
+
+# --- the real trainer on the CPU smoke runbook -----------------------------------------------------
+
+def test_cpu_smoke_golden_passes_unchanged_and_fails_on_a_window_change(tmp_path):
+    """The committed goldens, with the runbook's own long_run point (40 real training steps) and
+    with one line of the model's semantics changed (window 16 -> 15)."""
+    data = yaml.safe_load((RUNBOOK_DIR / "cpu_smoke.yaml").read_text())
+    data["phases"] = [p for p in data["phases"] if p["name"] == "long_run"]
+    profile = load_profile("cpu")
+    records = {}
+    for name, window in (("same", None), ("window15", 15)):
+        (tmp_path / name).mkdir()
+        if window:
+            data["phases"][0].setdefault("overrides", {})["model.attn.window"] = window
+        path = tmp_path / name / "cpu_smoke.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        shutil.copytree(RUNBOOK_DIR / "goldens", tmp_path / name / "goldens")
+        point, = expand(load_runbook(path), profile)
+        records[name] = run_point(point, tmp_path / name / "res")
+    same, changed = records["same"], records["window15"]
+    golden = next(g for g in same.gates if g.metric == "golden_loss_rel_diff")
+    assert same.status == Status.PASS and golden.value <= 1e-4, same.reason
+    assert changed.status == Status.FAIL
+    assert "golden_loss_rel_diff = " in changed.reason and "first diverging step " in changed.reason
+    step = int(changed.reason.split("first diverging step ")[1].split(":")[0])
+    assert 1 <= step <= 20
+
+
+def test_spread_of_several_runs():
+    s = spread([[5.0, 5.0, 4.0], [5.0, 5.001, 4.0], [5.0, 4.999, 4.004]])
+    assert (s.runs, s.steps, s.first_step) == (3, 3, 2)
+    assert abs(s.max_abs - 0.004) < 1e-12 and abs(s.max_rel - 0.001) < 1e-12
+    assert spread([[1.0, 2.0], [1.0, 2.0, 3.0]]).first_step is None

@@ -17,7 +17,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from . import DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, checkout_problem, hardware, report, runner
+from . import DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, check_artifacts, checkout_problem, hardware, report, runner
+from .adapters import ADAPTERS
 from .errors import HarnessError
 from .orchestrate import MISMATCH_POLICIES, run_point
 from .plan import expand
@@ -64,6 +65,14 @@ def _parser() -> argparse.ArgumentParser:
 
     ph = sub.add_parser("phases", help="list a runbook's phases and sweep points")
     common(ph, DEFAULT_RUNBOOK)
+
+    ca = sub.add_parser("check-artifacts", help="check a run directory against the artifact contract "
+                        "(docs/artifact_contract.md): present / missing / malformed; exit 0 ok, 1 not")
+    ca.add_argument("dir", type=Path, help="a run directory (with --adapter: the trainer's own output directory)")
+    ca.add_argument("--adapter", choices=sorted(ADAPTERS), default="native",
+                    help="read DIR in a trainer's own format through this adapter (default: %(default)s, the contract)")
+    ca.add_argument("--world-size", type=_positive, default=None,
+                    help="processes of the run, for an adapter whose files do not say (default: heartbeat files)")
     return p
 
 
@@ -206,6 +215,10 @@ def cmd_phases(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check_artifacts(args: argparse.Namespace) -> int:
+    return check_artifacts.check(args.dir, args.adapter, args.world_size)
+
+
 def _on_sigint(signum, frame) -> None:
     runner.ABORT.set()  # worker threads running trainers kill their process groups
     raise KeyboardInterrupt
@@ -220,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nsa-validate: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return {"run": cmd_run, "report": cmd_report, "phases": cmd_phases}[args.command](args)
+        return {"run": cmd_run, "report": cmd_report, "phases": cmd_phases,
+                "check-artifacts": cmd_check_artifacts}[args.command](args)
     except HarnessError as exc:
         print(f"nsa-validate: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -24,7 +24,7 @@ from .hardware import Machine
 from .findings import find, recommendations
 from .plan import expand
 from .plots import make_plots
-from .record import PhaseRecord, Status
+from .record import OWN_TRAINER, PhaseRecord, Status
 from .report_tables import (artifact_rows, cell, counts, failure_rows, gate_rows, phase_tables, reproduce_rows,
                             toggles)
 from .runbook_types import Profile, Runbook
@@ -94,6 +94,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
     status, why = status_of(records, missing, findings)
     hw = next((r.hardware for r in records if r.hardware), None)
     sha = next((r for r in records if r.git_sha), None)
+    trainer = next((r for r in records if r.trainer != OWN_TRAINER), None)
     return {
         "title": f"NSA Acceptance Report: {runbook_name} on {profile_name}",
         "status": str(status),
@@ -113,6 +114,9 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "python": hw and hw.python,
         "git_sha": sha.git_sha if sha else None,
         "git_sha_source": sha.git_sha_source if sha else None,
+        "trainer": trainer and trainer.trainer,
+        "trainer_sha": trainer and trainer.trainer_sha,
+        "trainer_sha_source": trainer and trainer.trainer_sha_source,
         "counts": counts(records, missing),
         "toggles": toggles(records),
         "findings": findings,

@@ -200,10 +200,15 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_phases(args: argparse.Namespace) -> int:
     rb, prof = _load(args.runbook, args.profile)
     print(f"runbook {rb.name} ({rb.path}); profiles: {', '.join(rb.profiles)}; showing {prof.name}")
+    if rb.trainer is not None:
+        t = rb.trainer
+        print(f"trainer {t.name}: {' '.join(t.entry)} in {t.root.describe()}, adapter {t.adapter}, "
+              f"phases {', '.join(t.phases)}")
     for phase in rb.phases:
         pts = [p for p in expand(rb, prof, [phase.name])]
         launch = phase.launcher.kind + (f" x{phase.launcher.nproc}" if phase.launcher.kind == "torchrun" else "")
-        what = {"train": f"{launch}, config {phase.config}, {phase.steps} steps", "pytest": " ".join(phase.tests),
+        config = f"config {phase.config}" if rb.trainer is None else f"trainer {rb.trainer.name}"
+        what = {"train": f"{launch}, {config}, {phase.steps} steps", "pytest": " ".join(phase.tests),
                 "preflight": "git SHA, collect_env, nvidia-smi", "profile": f"torch.profiler, {phase.steps} steps"}[phase.kind]
         print(f"  {phase.name:18s} {phase.kind:9s} {len(pts)} point(s)  timeout {phase.timeout_s:g}s  {what}")
         for g in pts[0].gates():

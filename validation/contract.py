@@ -20,9 +20,10 @@ from .errors import ArtifactError
 HEARTBEAT_GLOB = "heartbeat_rank{R}.jsonl"
 #: fields every heartbeat record carries (the harness reads them for progress, stalls, imbalance)
 HEARTBEAT_FIELDS = ("time", "step")
-#: fields env.json must carry, and those whose absence leaves a metric unmeasured
+#: fields env.json must carry, and the recommended ones with what their absence costs
 ENV_REQUIRED = ("world_size",)
-ENV_OPTIONAL = ("git_sha", "attention_backends")
+ENV_OPTIONAL = {"git_sha": "the report names no commit for the trainer",
+                "attention_backends": "backends_recorded is UNMEASURED, the report shows no backends"}
 
 
 class Presence(enum.StrEnum):
@@ -134,9 +135,9 @@ def _env_fields(found: ContractRead) -> None:
         if not isinstance(env.get(key), int) or isinstance(env.get(key), bool):
             found.items.append(Item(ENV_NAME, Presence.MISSING if key not in env else Presence.MALFORMED,
                                     f"expected an integer, got {env.get(key)!r}", field=key))
-    for key in ENV_OPTIONAL:
+    for key, cost in ENV_OPTIONAL.items():
         if not env.get(key):
-            found.items.append(Item(ENV_NAME, Presence.MISSING, "metrics reading it are UNMEASURED", False, key))
+            found.items.append(Item(ENV_NAME, Presence.MISSING, cost, False, key))
 
 
 def _number(v: Any) -> bool:

@@ -107,7 +107,7 @@ def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: Run
     sha, source = trainer_launch.revision(root, out_dir, "trainer_git")
     own_sha, own_source = trainer_launch.revision(REPO_ROOT, out_dir, "harness_git")
     run.info.update(trainer=spec.name, trainer_sha=sha, trainer_sha_source=source, git_sha=own_sha,
-                    git_sha_source=own_source)
+                    git_sha_source=own_source, env=launch.set_env, cwd=str(launch.cwd))
     proc = runner.run(launch.argv, env=launch.env, cwd=launch.cwd, timeout_s=point.phase.timeout_s, log_dir=out_dir,
                       on_poll=_poll(point, out_dir, progress, adapter.progress_csv(trainer_dir)))
     if trainer_dir.is_dir():

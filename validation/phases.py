@@ -59,7 +59,8 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
         git_sha_source=run.info.get("git_sha_source") or env.get("git_sha_source"),
         backends=routes(env.get("attention_backends")), env_seen=dict(env.get("env") or {}),
         noop_toggles=dict(env.get("noop_toggles") or {}), trainer=run.info.get("trainer") or OWN_TRAINER,
-        trainer_sha=run.info.get("trainer_sha"), trainer_sha_source=run.info.get("trainer_sha_source"))
+        trainer_sha=run.info.get("trainer_sha"), trainer_sha_source=run.info.get("trainer_sha_source"),
+        env=run.info.get("env") or dict(point.env), cwd=run.info.get("cwd") or "")
 
 
 #: numbers kept for the report's tables, over the phase's gate window (the first gate that names

@@ -166,6 +166,8 @@ class PhaseRecord:
     trainer_sha: str | None = None
     """A runbook trainer's own commit (git_sha stays this repository's, from preflight)."""
     trainer_sha_source: str | None = None
+    cwd: str = ""
+    """The working directory of the command when not this repository (a runbook trainer's root)."""
 
     @classmethod
     def for_point(cls, point, status: Status, reason: str, **fields: Any) -> PhaseRecord:

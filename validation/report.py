@@ -29,6 +29,7 @@ from .report_tables import (artifact_rows, cell, counts, failure_rows, gate_rows
                             toggles)
 from .runbook_types import Profile, Runbook
 from .store import ResultStore
+from .verdict import UNPROVIDED
 
 
 class Verdict(enum.StrEnum):
@@ -69,6 +70,9 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
         parts = [f"{len(missing)} point(s) not run"] if missing else []
         if pending:
             parts.append(f"{len(pending)} skipped or without a measured threshold")
+        unprovided = [r for r in pending if r.reason.startswith(UNPROVIDED)]
+        if unprovided:  # a metric the trainer lacks, named: the reader must not take it for a GO
+            parts.append(f"{where(unprovided[0])}: {unprovided[0].reason}")
         return Verdict.INCOMPLETE, "; ".join(parts)
     if not records:
         return Verdict.INCOMPLETE, "no results stored"

@@ -27,7 +27,10 @@ CONFIG_COPY = "trainer_config.yaml"
 class Launch:
     argv: list[str]
     env: dict[str, str]
+    """The whole environment of the process."""
     cwd: Path
+    set_env: dict[str, str]
+    """What the harness set on top of the inherited environment (the record shows it)."""
 
 
 def build(point: PhasePoint, spec: TrainerSpec, root: Path, out_dir: Path, trainer_dir: Path) -> Launch:
@@ -51,7 +54,7 @@ def build(point: PhasePoint, spec: TrainerSpec, root: Path, out_dir: Path, train
     launcher = point.phase.launcher
     argv = (runner.torchrun_argv(entry, launcher.nproc, args, launcher.torchrun_args) if launcher.kind == "torchrun"
             else runner.python_argv(entry, args))
-    return Launch(argv, runner.child_env(env, root=root), root)
+    return Launch(argv, runner.child_env(env, root=root), root, {**env, "PYTHONPATH": str(root)})
 
 
 def revision(root: Path, out_dir: Path, log_name: str) -> tuple[str | None, str]:

@@ -11,6 +11,10 @@ from .plan import PhasePoint
 from .record import HaltInfo, Status
 
 
+#: how an UNMEASURED reason starts when the trainer lacks a gate's metric (the report quotes it)
+UNPROVIDED = "metric(s) the trainer cannot provide"
+
+
 def unprovided_metrics(point: PhasePoint) -> dict[str, str]:
     """Metrics the runbook's trainer cannot provide, each with why (none for this project's)."""
     spec = point.runbook.trainer
@@ -63,7 +67,7 @@ def verdict(kind: str, run: RunData, halt: HaltInfo | None, errors: list[str],
     if pending:
         missing = [f"{g.metric} ({unmeasurable[g.metric]})" for g in pending if g.metric in unmeasurable]
         unset = [g.threshold_ref or g.metric for g in pending if g.metric not in unmeasurable]
-        parts = ([f"metric(s) the trainer cannot provide: {', '.join(missing)}"] if missing else []) + (
+        parts = ([f"{UNPROVIDED}: {', '.join(missing)}"] if missing else []) + (
             [f"threshold(s) to be measured for this profile: {', '.join(unset)}"] if unset else [])
         return Status.UNMEASURED, "; ".join(parts)
     return Status.PASS, f"{len(gates)} gate(s) passed" if gates else "completed (no gates)"

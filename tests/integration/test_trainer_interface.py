@@ -27,7 +27,7 @@ from validation.findings import find
 from validation.orchestrate import run_point
 from validation.plan import expand
 from validation.record import Status
-from validation.report import build_context
+from validation.report import build_context, status_of
 from validation.runbook import load_profile, load_runbook
 
 STEPS = 40
@@ -120,6 +120,9 @@ def test_seedlike_lacking_a_feature_is_SKIP_or_UNMEASURED_never_GO(seedlike_resu
     assert mem.status == Status.UNMEASURED, mem.reason
     assert "mem_reserved_gb_max (trainer seedlike's files lack mem_reserved_gb)" in mem.reason
     assert next(g for g in mem.gates if g.metric == "mem_reserved_gb_max").verdict == "UNMEASURED"
+    pending = [recs["memory"], recs["profiled"]]
+    verdict, why = status_of(pending, [], find(pending))
+    assert verdict == "INCOMPLETE" and "mem_reserved_gb_max (trainer seedlike's files lack mem_reserved_gb)" in why, why
     rb = load_runbook(rb_path)
     ctx = build_context(results, rb.name, "cpu", runbook=rb, profile=load_profile("cpu"))
     assert ctx["verdict"] == "NO-GO" and ctx["trainer"] == "seedlike"

@@ -116,7 +116,10 @@ def _env(src: Path, dst: Path, facts: RunFacts) -> None:
         _atomic(dst, src.read_text(errors="replace"))  # malformed stays malformed, for the check to name
         return
     if isinstance(env, dict):
-        env = {**env, "world_size": facts.world_size, "trainer": facts.trainer,
+        seen = env.get("env") if isinstance(env.get("env"), dict) else {}
+        # the toggles it saw; not CONFIG (a per-run path) nor torchrun's RANK/WORLD_SIZE
+        env = {**env, "env": {k: v for k, v in seen.items() if k.startswith("NSA_")},
+               "world_size": facts.world_size, "trainer": facts.trainer,
                "git_sha": facts.trainer_sha, "git_sha_source": facts.trainer_sha_source}
     _atomic(dst, json.dumps(env, indent=2))
 

@@ -19,7 +19,7 @@ from . import PROFILE_DIR, RUNBOOK_DIR
 from .errors import RunbookError
 from .adapters import ADAPTERS
 from .metrics import METRICS
-from .runbook_types import Hardware, Launcher, Profile, Runbook
+from .runbook_types import Hardware, Launcher, Phase, Profile, Runbook
 from .trainer_spec import TrainerSpec, parse_trainer
 from .yaml_fields import DEFAULT_KEYS, MODULE, NAME, Reader, parse_env, parse_launcher, parse_overrides, parse_phase, read_yaml
 
@@ -87,9 +87,13 @@ def _check_trainer_keys(r: Reader, where: str, phase) -> None:
 
 
 def _check_params(r: Reader, where: str, phase, trainer: TrainerSpec) -> None:
-    """Every override and sweep key of a phase must be a parameter the named trainer takes."""
+    """Every override and sweep key of a phase must be a parameter the named trainer takes; the
+    module and config of this project's trainer mean nothing to it."""
     if phase.kind != "train":
         return
+    if phase.launcher.module != _OWN_TRAINER or phase.config != Phase.config:
+        r.fail(f"{where}", f"launcher.module and config name this project's trainer; trainer {trainer.name} "
+                           "runs trainer.script/module with trainer.config")
     for key in [*phase.overrides, *(k for k in phase.sweep if not k.startswith("env."))]:
         if key not in trainer.params:
             r.fail(f"{where} (override {key})", f"trainer {trainer.name} takes no parameter {key!r}; say how it "

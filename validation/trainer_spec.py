@@ -20,7 +20,8 @@ trainer:
 ```
 
 The root is the trainer's working directory and its ``PYTHONPATH``; launch stays python or
-torchrun from argument lists. Every path a runbook names stays inside the root (or the
+torchrun from argument lists (a phase's ``launcher`` gives kind, nproc and rendezvous options; its
+``module`` and ``config`` belong to this project's trainer and are refused beside this entry). Every path a runbook names stays inside the root (or the
 repository) it is relative to; a root from an environment variable is the user's own choice.
 """
 from __future__ import annotations
@@ -137,6 +138,8 @@ def parse_trainer(path: Path, data: Any, known_metrics: Mapping[str, Any], adapt
         if d is None and "{" + what + "}" not in joined:
             r.fail(f"trainer.{what}", f"say how {what} reaches the trainer: {{flag: ...}}, {{env: ...}}, "
                                       f"{{config: dotted.key}}, or a {{{what}}} placeholder in args")
+    if config is None and "{config}" in joined:
+        r.fail("trainer.args", "the {config} placeholder needs trainer.config (the template the harness copies)")
     if config is not None and config.pass_as is None and "{config}" not in joined:
         r.fail("trainer.config.pass_as", "say how the config's path reaches the trainer: {env: NAME}, "
                                          "{flag: --name}, or a {config} placeholder in args")
@@ -160,16 +163,18 @@ def parse_trainer(path: Path, data: Any, known_metrics: Mapping[str, Any], adapt
         for i, m in enumerate(metrics):
             if m not in known_metrics:
                 r.fail(f"trainer.metrics[{i}]", f"unknown metric {m!r}; metrics: {', '.join(sorted(known_metrics))}")
-    return TrainerSpec(r.str_("name", pattern=NAME), _root(path, r.get("root")), entry, args, config, steps, out_dir,
+    return TrainerSpec(r.str_("name", pattern=NAME), _root(r), entry, args, config, steps, out_dir,
                        params, parse_env(r, "trainer.env", r.get("env")), adapter, tuple(phases), metrics)
 
 
-def _root(path: Path, data: Any) -> RootDir:
+def _root(r: Reader) -> RootDir:
+    """``root: some/dir`` (relative to this repository) or ``root: {env: VAR}``."""
+    data = r.get("root")
     if isinstance(data, str):
-        return RootDir(path=_relative(Reader(path, {"root": data}, "trainer", ("root",)), "root", data))
-    r = Reader(path, data, "trainer.root", ("env",), ("env",))
+        return RootDir(path=_relative(r, "root", data))
+    env = Reader(r.path, data, "trainer.root", ("env",), ("env",))
     # the harness reads this variable and never sets it: any upper-case name will do
-    return RootDir(env=r.str_("env", pattern=_ENV_NAME))
+    return RootDir(env=env.str_("env", pattern=_ENV_NAME))
 
 
 def _relative(r: Reader, key: str, v: str) -> str:

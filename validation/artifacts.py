@@ -53,8 +53,9 @@ def read_training_csv(out_dir: Path) -> pd.DataFrame:
 
 
 def window_rows(df: pd.DataFrame, last: int | None) -> pd.DataFrame:
-    """The last ``last`` logged steps (all of them when fewer, or when last is None)."""
-    return df if last is None else df.tail(last)
+    """The rows of the last ``last`` steps, counted in step numbers, not rows: a trainer that
+    logs every 20 steps has 3 rows in 'last 50 steps' (all rows when last is None)."""
+    return df if last is None or df.empty else df[df["step"] > df["step"].max() - last]
 
 
 def read_heartbeats(out_dir: Path) -> dict[int, list[dict[str, Any]]]:

@@ -20,7 +20,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from . import DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, bless, checkout_problem, goldens, hardware, report, runner
+from . import (DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, bless, check_artifacts, checkout_problem, goldens,
+               hardware, report, runner)
+from .adapters import ADAPTERS
 from .errors import HarnessError
 from .orchestrate import MISMATCH_POLICIES, run_point
 from .plan import expand
@@ -80,6 +82,14 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--phase", action="append", default=None, help="bless this phase's points (repeatable)")
     b.add_argument("--point", action="append", default=None, metavar="PHASE/POINT",
                    help="bless one point, e.g. long_run/default or scaling_sweep/seq_len=32,batch_size=1 (repeatable)")
+
+    ca = sub.add_parser("check-artifacts", help="check a run directory against the artifact contract "
+                        "(docs/artifact_contract.md): present / missing / malformed; exit 0 ok, 1 not")
+    ca.add_argument("dir", type=Path, help="a run directory (with --adapter: the trainer's own output directory)")
+    ca.add_argument("--adapter", choices=sorted(ADAPTERS), default="native",
+                    help="read DIR in a trainer's own format through this adapter (default: %(default)s, the contract)")
+    ca.add_argument("--world-size", type=_positive, default=None,
+                    help="processes of the run, for an adapter whose files do not say (default: heartbeat files)")
     return p
 
 
@@ -227,10 +237,15 @@ def cmd_bless(args: argparse.Namespace) -> int:
 def cmd_phases(args: argparse.Namespace) -> int:
     rb, prof = _load(args.runbook, args.profile)
     print(f"runbook {rb.name} ({rb.path}); profiles: {', '.join(rb.profiles)}; showing {prof.name}")
+    if rb.trainer is not None:
+        t = rb.trainer
+        print(f"trainer {t.name}: {' '.join(t.entry)} in {t.root.describe()}, adapter {t.adapter}, "
+              f"phases {', '.join(t.phases)}")
     for phase in rb.phases:
         pts = [p for p in expand(rb, prof, [phase.name])]
         launch = phase.launcher.kind + (f" x{phase.launcher.nproc}" if phase.launcher.kind == "torchrun" else "")
-        what = {"train": f"{launch}, config {phase.config}, {phase.steps} steps", "pytest": " ".join(phase.tests),
+        config = f"config {phase.config}" if rb.trainer is None else f"trainer {rb.trainer.name}"
+        what = {"train": f"{launch}, {config}, {phase.steps} steps", "pytest": " ".join(phase.tests),
                 "preflight": "git SHA, collect_env, nvidia-smi", "profile": f"torch.profiler, {phase.steps} steps"}[phase.kind]
         print(f"  {phase.name:18s} {phase.kind:9s} {len(pts)} point(s)  timeout {phase.timeout_s:g}s  {what}")
         for g in pts[0].gates():
@@ -244,6 +259,10 @@ def cmd_phases(args: argparse.Namespace) -> int:
             print(f"      sweep: {', '.join(p.slug for p in pts)}")
         print(f"      markers: {' '.join(pts[0].markers)}")
     return 0
+
+
+def cmd_check_artifacts(args: argparse.Namespace) -> int:
+    return check_artifacts.check(args.dir, args.adapter, args.world_size)
 
 
 def _on_sigint(signum, frame) -> None:
@@ -260,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nsa-validate: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return {"run": cmd_run, "report": cmd_report, "phases": cmd_phases, "bless": cmd_bless}[args.command](args)
+        return {"run": cmd_run, "report": cmd_report, "phases": cmd_phases, "bless": cmd_bless,
+                "check-artifacts": cmd_check_artifacts}[args.command](args)
     except HarnessError as exc:
         print(f"nsa-validate: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

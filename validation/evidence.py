@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .artifacts import (HALT_NAME, halted, main_thread_frames, parse_stackdump, read_env_json, read_heartbeats,
-                        read_training_csv, stackdumps)
-from .errors import ArtifactError
+from . import contract
+from .artifacts import HALT_NAME, main_thread_frames, parse_stackdump, stackdumps
 from .metrics import RunData, fallback_counters, rank_step_times
 from .record import Beat, Evidence, Frame, HaltInfo, StackDump
 from .runner import ProcResult
@@ -17,19 +16,13 @@ MAX_FRAMES = 8
 
 
 def collect_train(run: RunData, errors: list[str]) -> None:
-    """Read a train point's contract files into ``run``; what is missing or broken is an error."""
-    for reader, attr in ((read_training_csv, "csv"), (read_heartbeats, "heartbeats"), (read_env_json, "env")):
-        try:
-            setattr(run, attr, reader(run.out_dir))
-        except ArtifactError as exc:
-            errors.append(str(exc))
-    run.halted = halted(run.out_dir)
+    """Read a train point's contract files into ``run`` (validation/contract.py); what is
+    missing or broken is an error."""
+    found = contract.read(run.out_dir)
+    run.csv, run.heartbeats, run.env, run.halted = found.csv, found.heartbeats, found.env, found.halted
+    errors.extend(found.problems())
     if run.env and isinstance(run.env.get("world_size"), int):
         run.world_size = run.env["world_size"]
-    if not run.heartbeats:
-        errors.append(f"{run.out_dir}: no heartbeat_rank*.jsonl written")
-    if run.env is None:
-        errors.append(f"{run.out_dir / 'env.json'}: missing")
 
 
 def read_halt(out_dir: Path) -> HaltInfo | None:

@@ -17,10 +17,14 @@ from typing import Any, Callable
 
 from nsa.provenance import SOURCE_STAMP, source_revision
 
-from . import REPO_ROOT, runner
+from . import REPO_ROOT, runner, trainer_launch
+from .adapters import ADAPTERS, RunFacts
+from .artifacts import CSV_NAME
+from .errors import HarnessError
 from .metrics import RunData
 from .plan import PhasePoint
 from .runner import tail
+from .trainer_spec import TrainerSpec
 
 Progress = Callable[[str], None]
 
@@ -28,8 +32,8 @@ Progress = Callable[[str], None]
 class StepProgress:
     """A train point's progress line from its training.csv: step N/total, tokens/s, ETA."""
 
-    def __init__(self, point: PhasePoint, out_dir: Path, progress: Progress):
-        self.point, self.csv, self.progress = point, out_dir / "training.csv", progress
+    def __init__(self, point: PhasePoint, csv: Path, progress: Progress):
+        self.point, self.csv, self.progress = point, csv, progress
         self.total = point.phase.steps if point.phase.kind in ("train", "profile") else None
         self.first: tuple[float, int] | None = None  # (elapsed, step) when a step was first seen
 
@@ -54,8 +58,9 @@ def _number(text: str) -> str:
         return "?"
 
 
-def _poll(point: PhasePoint, out_dir: Path, progress: Progress | None):
-    return None if progress is None else StepProgress(point, out_dir, progress)
+def _poll(point: PhasePoint, out_dir: Path, progress: Progress | None, csv: Path | None = None):
+    """Progress from ``csv`` (the contract's training.csv in out_dir unless a trainer's own)."""
+    return None if progress is None else StepProgress(point, csv or out_dir / CSV_NAME, progress)
 
 
 def _fmt(v: Any) -> str:
@@ -71,6 +76,8 @@ def override_args(point: PhasePoint) -> list[str]:
 
 
 def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress) -> runner.ProcResult:
+    if point.runbook.trainer is not None:
+        return _foreign_train(point, point.runbook.trainer, out_dir, run, errors, progress)
     args = override_args(point) + ["--out-dir", str(out_dir)]
     launcher = point.phase.launcher
     if launcher.kind == "torchrun":
@@ -79,6 +86,33 @@ def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], pro
         argv = runner.python_argv(launcher.module, args)
     return runner.run(argv, env=runner.child_env(point.env), cwd=REPO_ROOT, timeout_s=point.phase.timeout_s,
                       log_dir=out_dir, on_poll=_poll(point, out_dir, progress))
+
+
+def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: RunData, errors: list[str],
+                   progress) -> runner.ProcResult:
+    """A runbook's own trainer: launched from its root into its own directory, then its adapter
+    writes the contract files into ``out_dir``, which the harness reads as for its own trainer."""
+    adapter = ADAPTERS[spec.adapter]
+    root, why = spec.root.resolve()
+    trainer_dir = adapter.trainer_dir(out_dir)
+    try:
+        if root is None:
+            raise HarnessError(why)
+        launch = trainer_launch.build(point, spec, root, out_dir, trainer_dir)
+    except HarnessError as exc:
+        errors.append(f"trainer {spec.name}: {exc}")
+        stderr = out_dir / "trainer.stderr.log"
+        stderr.write_text(f"[nsa-validate] not launched: {exc}\n")
+        return runner.ProcResult([], None, False, 0.0, stderr, stderr)
+    sha, source = trainer_launch.revision(root, out_dir, "trainer_git")
+    own_sha, own_source = trainer_launch.revision(REPO_ROOT, out_dir, "harness_git")
+    run.info.update(trainer=spec.name, trainer_sha=sha, trainer_sha_source=source, git_sha=own_sha,
+                    git_sha_source=own_source, env=launch.set_env, cwd=str(launch.cwd))
+    proc = runner.run(launch.argv, env=launch.env, cwd=launch.cwd, timeout_s=point.phase.timeout_s, log_dir=out_dir,
+                      on_poll=_poll(point, out_dir, progress, adapter.progress_csv(trainer_dir)))
+    if trainer_dir.is_dir():
+        adapter.convert(trainer_dir, out_dir, RunFacts(point.nproc, spec.name, sha, source))
+    return proc
 
 
 def pytest_(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress) -> runner.ProcResult:

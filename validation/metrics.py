@@ -218,6 +218,25 @@ METRICS: dict[str, tuple[Callable[[RunData, int | None], float | None], str]] = 
 }
 
 
+#: the contract fields (training.csv columns, env.json keys, heartbeat 'fallbacks') a metric
+#: reads beyond step, loss, tokens/s and heartbeats; a trainer whose files lack one cannot
+#: provide the metric, and a gate on it is UNMEASURED rather than a made-up number
+METRIC_INPUTS: dict[str, frozenset[str]] = {
+    "step_time_s_mean": frozenset({"step_time_s"}),
+    "mem_reserved_gb_max": frozenset({"mem_reserved_gb"}),
+    "mem_alloc_gb_max": frozenset({"mem_alloc_gb"}),
+    "mem_growth_gb": frozenset({"mem_reserved_gb"}),
+    "fallbacks_total": frozenset({"fallbacks"}),
+    "backends_recorded": frozenset({"attention_backends"}),
+    "tokens_per_step": frozenset({"tokens_per_step"}),
+}
+
+
+def unprovided(lacking: frozenset[str]) -> dict[str, frozenset[str]]:
+    """The metrics that read any of ``lacking``, each with the fields it misses."""
+    return {m: needs & lacking for m, needs in METRIC_INPUTS.items() if needs & lacking}
+
+
 def compute(name: str, run: RunData, last: int | None) -> float | None:
     value = METRICS[name][0](run, last)
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else value

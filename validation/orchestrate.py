@@ -25,7 +25,10 @@ MISMATCH_POLICIES = ("run", "skip")
 
 
 def why_not(point: PhasePoint, hw: hardware.Machine, mismatch: str = "run") -> str | None:
-    """The reason this machine does not run the point, or None when it does."""
+    """The reason this machine (or the runbook's trainer) does not run the point, or None."""
+    unsupported = trainer_lacks(point)
+    if unsupported:
+        return unsupported
     short = hardware.shortfalls(point.profile, hw, point.min_gpus)
     if short:
         return "; ".join(short)
@@ -36,9 +39,23 @@ def why_not(point: PhasePoint, hw: hardware.Machine, mismatch: str = "run") -> s
     return None
 
 
+def trainer_lacks(point: PhasePoint) -> str | None:
+    """Why the runbook's own trainer cannot run this point: a phase kind it does not support, or
+    a root that is not set; None for this project's trainer."""
+    spec = point.runbook.trainer
+    if spec is None:
+        return None
+    if not spec.supports_phase(point.phase.kind):
+        return (f"trainer {spec.name} does not support {point.phase.kind} phases "
+                f"(it supports: {', '.join(spec.phases)})")
+    if point.phase.kind == "train":
+        return spec.root.resolve()[1] or None
+    return None
+
+
 def module_missing(point: PhasePoint) -> str | None:
     """The trainer module this point launches, when it cannot be imported here."""
-    if point.phase.kind != "train":
+    if point.phase.kind != "train" or point.runbook.trainer is not None:
         return None
     name = point.phase.launcher.module
     try:

@@ -18,8 +18,8 @@ from .evidence import collect, collect_train, read_halt
 from .hardware import Machine
 from .metrics import RunData, compute
 from .plan import PhasePoint
-from .record import PhaseRecord, routes
-from .verdict import evaluate, verdict
+from .record import OWN_TRAINER, PhaseRecord, routes
+from .verdict import evaluate, unprovided_metrics, verdict
 
 Progress = Callable[[str], None]
 
@@ -44,9 +44,10 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
     run.exit_code, run.timed_out = proc.exit_code, proc.timed_out
     if kind == "train":
         collect_train(run, errors)
+    unmeasurable = unprovided_metrics(point)
     golden = goldens.gate(point, run.csv, hw)
-    gates = evaluate(point, run) + ([golden] if golden else [])
-    status, reason = verdict(kind, run, read_halt(out_dir) if run.halted else None, errors, gates)
+    gates = evaluate(point, run, unmeasurable) + ([golden] if golden else [])
+    status, reason = verdict(kind, run, read_halt(out_dir) if run.halted else None, errors, gates, unmeasurable)
     window = next((g.window.last for g in point.gates() if g.window.last), None)
     env = run.env or {}
     return PhaseRecord.for_point(
@@ -58,7 +59,9 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
         git_sha=run.info.get("git_sha") or env.get("git_sha"),
         git_sha_source=run.info.get("git_sha_source") or env.get("git_sha_source"),
         backends=routes(env.get("attention_backends")), env_seen=dict(env.get("env") or {}),
-        noop_toggles=dict(env.get("noop_toggles") or {}))
+        noop_toggles=dict(env.get("noop_toggles") or {}), trainer=run.info.get("trainer") or OWN_TRAINER,
+        trainer_sha=run.info.get("trainer_sha"), trainer_sha_source=run.info.get("trainer_sha_source"),
+        env=run.info.get("env") or dict(point.env), cwd=run.info.get("cwd") or "")
 
 
 #: numbers kept for the report's tables, over the phase's gate window (the first gate that names

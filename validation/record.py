@@ -19,6 +19,8 @@ from .gates import GateResult, GateVerdict
 from .hardware import Machine
 
 Scalar = str | int | float | bool
+#: the trainer a record names when the runbook names none
+OWN_TRAINER = "nsa.train"
 
 
 class Status(enum.StrEnum):
@@ -159,6 +161,13 @@ class PhaseRecord:
     backends: dict[str, Route] = field(default_factory=dict)
     env_seen: dict[str, str] = field(default_factory=dict)
     noop_toggles: dict[str, str] = field(default_factory=dict)
+    trainer: str = OWN_TRAINER
+    """The trainer that ran: this project's, or the name of a runbook's ``trainer:`` entry."""
+    trainer_sha: str | None = None
+    """A runbook trainer's own commit (git_sha stays this repository's, from preflight)."""
+    trainer_sha_source: str | None = None
+    cwd: str = ""
+    """The working directory of the command when not this repository (a runbook trainer's root)."""
 
     @classmethod
     def for_point(cls, point, status: Status, reason: str, **fields: Any) -> PhaseRecord:

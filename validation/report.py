@@ -24,11 +24,12 @@ from .hardware import Machine
 from .findings import find, recommendations
 from .plan import expand
 from .plots import make_plots
-from .record import PhaseRecord, Status
+from .record import OWN_TRAINER, PhaseRecord, Status
 from .report_tables import (artifact_rows, cell, counts, failure_rows, gate_rows, phase_tables, reproduce_rows,
                             toggles)
 from .runbook_types import Profile, Runbook
 from .store import ResultStore
+from .verdict import UNPROVIDED
 
 
 class Verdict(enum.StrEnum):
@@ -69,6 +70,9 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
         parts = [f"{len(missing)} point(s) not run"] if missing else []
         if pending:
             parts.append(f"{len(pending)} skipped or without a measured threshold")
+        unprovided = [r for r in pending if r.reason.startswith(UNPROVIDED)]
+        if unprovided:  # a metric the trainer lacks, named: the reader must not take it for a GO
+            parts.append(f"{where(unprovided[0])}: {unprovided[0].reason}")
         return Verdict.INCOMPLETE, "; ".join(parts)
     if not records:
         return Verdict.INCOMPLETE, "no results stored"
@@ -99,6 +103,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
     status, why = status_of(records, missing, findings)
     hw = next((r.hardware for r in records if r.hardware), None)
     sha = next((r for r in records if r.git_sha), None)
+    trainer = next((r for r in records if r.trainer != OWN_TRAINER), None)
     return {
         "title": f"NSA Acceptance Report: {runbook_name} on {profile_name}",
         "status": str(status),
@@ -118,6 +123,9 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "python": hw and hw.python,
         "git_sha": sha.git_sha if sha else None,
         "git_sha_source": sha.git_sha_source if sha else None,
+        "trainer": trainer and trainer.trainer,
+        "trainer_sha": trainer and trainer.trainer_sha,
+        "trainer_sha_source": trainer and trainer.trainer_sha_source,
         "counts": counts(records, missing),
         "toggles": toggles(records),
         "findings": findings,

@@ -95,7 +95,8 @@ def reproduce_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
         select = f'"{ACCEPTANCE_TEST}[{r.test_id}]"' if r.key.params else f"-m {r.phase}"
         rows.append({"phase": r.phase, "point": point_label(r),
                      "rerun": f"pytest {select} --runbook {r.key.runbook} --profile {r.key.profile}",
-                     "process": (env + " " if env else "") + shlex.join(r.command)})
+                     "process": (f"cd {shlex.quote(r.cwd)} && " if r.cwd else "") + (env + " " if env else "")
+                                + shlex.join(r.command)})
     return rows
 
 

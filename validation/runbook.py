@@ -17,7 +17,10 @@ from typing import Mapping
 
 from . import PROFILE_DIR, RUNBOOK_DIR
 from .errors import RunbookError
-from .runbook_types import Hardware, Launcher, Profile, Runbook
+from .adapters import ADAPTERS
+from .metrics import METRICS
+from .runbook_types import Hardware, Launcher, Phase, Profile, Runbook
+from .trainer_spec import TrainerSpec, parse_trainer
 from .yaml_fields import DEFAULT_KEYS, MODULE, NAME, Reader, parse_env, parse_launcher, parse_overrides, parse_phase, read_yaml
 
 ACCELERATORS = ("cuda", "cpu")
@@ -27,8 +30,9 @@ def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None
     """Load and validate a runbook (a path, or a name under runbooks/)."""
     path = _resolve(path_or_name, RUNBOOK_DIR)
     data = read_yaml(path)
-    r = Reader(path, data, "", ("name", "description", "source", "profiles", "max_parallel", "defaults", "phases"),
-                ("name", "profiles", "phases"))
+    r = Reader(path, data, "", ("name", "description", "source", "profiles", "max_parallel", "defaults", "phases",
+                                "trainer"), ("name", "profiles", "phases"))
+    trainer = parse_trainer(path, r.get("trainer"), METRICS, ADAPTERS) if "trainer" in r.data else None
     d = Reader(path, r.get("defaults", {}), "defaults", DEFAULT_KEYS)
     defaults = {
         "launcher": parse_launcher(path, d.get("launcher", {}), "defaults.launcher", Launcher()),
@@ -52,9 +56,12 @@ def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None
         if p.name in seen:
             r.fail(f"phases[{i}].name", f"duplicate phase name {p.name!r}")
         seen.add(p.name)
-        _check_trainer_keys(r, f"phases[{i}]", p)
+        if trainer is None:
+            _check_trainer_keys(r, f"phases[{i}]", p)
+        else:
+            _check_params(r, f"phases[{i}]", p, trainer)
     return Runbook(r.str_("name", pattern=NAME), path, r.str_("description", "") or "",
-                   r.str_("source", "") or "", tuple(profiles), phases, r.int_("max_parallel", 1, minimum=1))
+                   r.str_("source", "") or "", tuple(profiles), phases, r.int_("max_parallel", 1, minimum=1), trainer)
 
 
 #: the trainer whose config schema the harness knows (its own); other modules are not checked
@@ -77,6 +84,21 @@ def _check_trainer_keys(r: Reader, where: str, phase) -> None:
             keys = sorted(k for k in known if k.startswith(section + "."))
             r.fail(f"{where} (override {key})", f"{key!r} is not a key of the trainer's config; {hint}keys under "
                                                 f"{section}: {', '.join(keys) or 'none (no such section)'}")
+
+
+def _check_params(r: Reader, where: str, phase, trainer: TrainerSpec) -> None:
+    """Every override and sweep key of a phase must be a parameter the named trainer takes; the
+    module and config of this project's trainer mean nothing to it."""
+    if phase.kind != "train":
+        return
+    if phase.launcher.module != _OWN_TRAINER or phase.config != Phase.config:
+        r.fail(f"{where}", f"launcher.module and config name this project's trainer; trainer {trainer.name} "
+                           "runs trainer.script/module with trainer.config")
+    for key in [*phase.overrides, *(k for k in phase.sweep if not k.startswith("env."))]:
+        if key not in trainer.params:
+            r.fail(f"{where} (override {key})", f"trainer {trainer.name} takes no parameter {key!r}; say how it "
+                                                f"reaches it under trainer.params (its params: "
+                                                f"{', '.join(trainer.params) or 'none'})")
 
 
 def load_profile(path_or_name: str | Path) -> Profile:

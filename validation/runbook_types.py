@@ -4,9 +4,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from .errors import RunbookError
+
+if TYPE_CHECKING:
+    from .trainer_spec import TrainerSpec
 
 Scalar = str | int | float | bool
 
@@ -83,6 +86,8 @@ class Runbook:
     max_parallel: int = 1
     """How many single-process points the CLI may run at once (torchrun points always run
     alone). 1 for GPU runbooks, whose throughput numbers must not share the machine."""
+    trainer: TrainerSpec | None = None
+    """The trainer its train phases launch; None: this project's own (python -m nsa.train)."""
 
     def phase(self, name: str) -> Phase:
         for p in self.phases:

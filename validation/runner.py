@@ -53,12 +53,13 @@ def tail(path: Path, lines: int) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def child_env(extra: Mapping[str, str]) -> dict[str, str]:
+def child_env(extra: Mapping[str, str], root: Path = REPO_ROOT) -> dict[str, str]:
     """The parent's environment without inherited NSA_*/CONFIG (the runbook is the source of
-    truth for those), plus the runbook's variables and what the harness needs."""
+    truth for those), plus the runbook's variables and what the harness needs; ``root`` (the
+    trainer's own checkout) comes first on PYTHONPATH, so nothing of this repository shadows it."""
     env = {k: v for k, v in os.environ.items() if not (k.startswith("NSA_") or k == "CONFIG")}
     env.update(extra)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"  # a fatal signal leaves a Python traceback in stderr
     return env
@@ -183,12 +184,20 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def python_argv(module: str, args: Sequence[str]) -> list[str]:
-    return [sys.executable, "-m", module, *args]
+Target = str | Sequence[str]
+"""A module name (run as ``-m module``) or an entry argv of its own (``['/root/scripts/train.py']``)."""
 
 
-def torchrun_argv(module: str, nproc: int, args: Sequence[str], torchrun_args: Sequence[str] = ()) -> list[str]:
+def _entry(target: Target) -> list[str]:
+    return ["-m", target] if isinstance(target, str) else [str(t) for t in target]
+
+
+def python_argv(target: Target, args: Sequence[str]) -> list[str]:
+    return [sys.executable, *_entry(target), *args]
+
+
+def torchrun_argv(target: Target, nproc: int, args: Sequence[str], torchrun_args: Sequence[str] = ()) -> list[str]:
     """torchrun, invoked as ``python -m torch.distributed.run`` (the same program, no PATH lookup).
     Rendezvous options from the runbook replace --standalone, so a phase scales to several nodes."""
     rdzv = list(torchrun_args) or ["--standalone"]
-    return [sys.executable, "-m", "torch.distributed.run", *rdzv, f"--nproc_per_node={nproc}", "-m", module, *args]
+    return [sys.executable, "-m", "torch.distributed.run", *rdzv, f"--nproc_per_node={nproc}", *_entry(target), *args]

@@ -2,15 +2,40 @@
 then contract violations, then gates."""
 from __future__ import annotations
 
+from typing import Mapping
+
+from .adapters import ADAPTERS
 from .gates import GateResult, GateVerdict, check
-from .metrics import RunData, compute
+from .metrics import METRICS, RunData, compute, unprovided
 from .plan import PhasePoint
 from .record import HaltInfo, Status
 
 
-def evaluate(point: PhasePoint, run: RunData) -> list[GateResult]:
+#: how an UNMEASURED reason starts when the trainer lacks a gate's metric (the report quotes it)
+UNPROVIDED = "metric(s) the trainer cannot provide"
+
+
+def unprovided_metrics(point: PhasePoint) -> dict[str, str]:
+    """Metrics the runbook's trainer cannot provide, each with why (none for this project's)."""
+    spec = point.runbook.trainer
+    if spec is None:
+        return {}
+    out = {m: f"trainer {spec.name}'s files lack {', '.join(sorted(f))}"
+           for m, f in unprovided(ADAPTERS[spec.adapter].lacks).items()}
+    if spec.metrics is not None:
+        out.update({m: f"trainer {spec.name} does not list it among its metrics"
+                    for m in METRICS if m not in spec.metrics and m not in out})
+    return out
+
+
+def evaluate(point: PhasePoint, run: RunData, unmeasurable: Mapping[str, str] = {}) -> list[GateResult]:
+    """Each gate's value and verdict; a gate on a metric in ``unmeasurable`` is UNMEASURED."""
     out = []
     for g in point.gates():
+        if g.metric in unmeasurable:
+            out.append(GateResult(g.metric, g.op, g.threshold, g.window.describe(), None, GateVerdict.UNMEASURED,
+                                  g.threshold_ref, g.description))
+            continue
         value = compute(g.metric, run, g.window.last)
         out.append(GateResult(g.metric, g.op, g.threshold, g.window.describe(), value,
                               check(value, g.op, g.threshold), g.threshold_ref, g.description))
@@ -18,7 +43,7 @@ def evaluate(point: PhasePoint, run: RunData) -> list[GateResult]:
 
 
 def verdict(kind: str, run: RunData, halt: HaltInfo | None, errors: list[str],
-            gates: list[GateResult]) -> tuple[Status, str]:
+            gates: list[GateResult], unmeasurable: Mapping[str, str] = {}) -> tuple[Status, str]:
     if run.timed_out:
         return Status.FAIL, "timed out: killed by the harness at the phase timeout"
     if halt is not None:
@@ -40,10 +65,12 @@ def verdict(kind: str, run: RunData, halt: HaltInfo | None, errors: list[str],
         return Status.FAIL, "; ".join(g.text() for g in bad)
     pending = [g for g in gates if g.verdict == GateVerdict.UNMEASURED]
     if pending:
-        # a gate's note says what is missing (no golden curve yet); otherwise it is the threshold
-        parts = [g.note for g in pending if g.note]
-        thresholds = [g.threshold_ref or g.metric for g in pending if not g.note]
-        if thresholds:
-            parts.append("threshold(s) to be measured for this profile: " + ", ".join(thresholds))
+        # the trainer lacks the metric; a gate's note says what else is missing (no golden curve
+        # yet); otherwise it is the profile's threshold
+        missing = [f"{g.metric} ({unmeasurable[g.metric]})" for g in pending if g.metric in unmeasurable]
+        notes = [g.note for g in pending if g.note and g.metric not in unmeasurable]
+        unset = [g.threshold_ref or g.metric for g in pending if g.metric not in unmeasurable and not g.note]
+        parts = ([f"{UNPROVIDED}: {', '.join(missing)}"] if missing else []) + notes + (
+            [f"threshold(s) to be measured for this profile: {', '.join(unset)}"] if unset else [])
         return Status.UNMEASURED, "; ".join(parts)
     return Status.PASS, f"{len(gates)} gate(s) passed" if gates else "completed (no gates)"

@@ -183,7 +183,7 @@ def _inside(v: str) -> bool:
     return not v.startswith(("/", "~")) and ".." not in Path(v).parts
 
 
-def _check_env_key(r: Reader, key: str, k: Any) -> None:
+def check_env_key(r: Reader, key: str, k: Any) -> None:
     if not isinstance(k, str) or not _ENV_KEY.match(k) or not (k in _ENV_EXACT or k.startswith(_ENV_PREFIXES)):
         r.fail(key, f"environment variable {k!r} may not be set by a runbook "
                     f"(allowed: {', '.join(_ENV_EXACT)} and names starting {', '.join(_ENV_PREFIXES)})")
@@ -192,7 +192,7 @@ def _check_env_key(r: Reader, key: str, k: Any) -> None:
 def parse_env(r: Reader, key: str, data: Any) -> dict[str, str]:
     out = {}
     for k, v in _items(r, key, data, "NAME: value"):
-        _check_env_key(r, f"{key}.{k}", k)
+        check_env_key(r, f"{key}.{k}", k)
         v = _scalar(r, f"{key}.{k}", v)
         out[k] = ("1" if v else "0") if isinstance(v, bool) else str(v)
     return out
@@ -209,7 +209,7 @@ def _sweep(r: Reader, key: str, data: Any) -> dict[str, tuple[Scalar, ...]]:
     for k, values in data.items():
         kk = f"{key}.{k}"
         if isinstance(k, str) and k.startswith("env."):
-            _check_env_key(r, kk, k[4:])
+            check_env_key(r, kk, k[4:])
         elif not isinstance(k, str) or not _OVERRIDE_KEY.match(k):
             r.fail(kk, "sweep parameters are override keys (train.seq_len) or env.NAME")
         if not isinstance(values, list) or not values:

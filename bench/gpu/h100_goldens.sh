@@ -33,9 +33,9 @@ for i in $(seq 1 "${RUNS:-3}"); do
 done
 echo "== runs took $(( $(date +%s) - start )) s"
 echo "== run-to-run spread of the per-step loss (same commit, ${RUNS:-3} runs)"
-python3 bench/gpu/loss_spread.py --runbook h100_single --profile h100 "$RES"/run* | tee "$OUT/spread.txt"
+python3 bench/gpu/loss_spread.py --runbook h100_single --profile h100 "$RES"/run* 2>&1 | tee "$OUT/spread.txt"
 echo "== bless from run 1"
-python3 -m validation bless --runbook h100_single --profile h100 --results-dir "$RES/run1" | tee "$OUT/bless.log"
+python3 -m validation bless --runbook h100_single --profile h100 --results-dir "$RES/run1" 2>&1 | tee "$OUT/bless.log"
 cp runbooks/goldens/h100_single__h100.yaml "$OUT/" 2>/dev/null
 tar czf "$OUT/evidence.tgz" --exclude='*.pt' -C "$RES" . 2>/dev/null
 ls -la "$OUT"

@@ -59,14 +59,16 @@ def _row_block_segments(pid_m, Tq, Tk, q_start, G: tl.constexpr, L: tl.constexpr
 
 
 @triton.jit
-def _row_block(Tq, Tk, q_start, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, L: tl.constexpr,
+def _row_block(k, v, Tq, Tk, q_start, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, L: tl.constexpr,
                D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                BK: tl.constexpr):
     """What the forward and the dq kernel share: the program's BM query rows (grid: row blocks,
-    B * H). Returns the offsets of its [BM, BK] tile of q/o/do/dq and their mask, the offsets
-    of its rows in lse/delta and their mask, the offset of its KV head in k/v, the head-dim
-    lanes, each row's visible key interval [lo, hi], and the key segments of
-    _row_block_segments."""
+    B * H). Returns where its rows are in q/o/do/dq: the offset of the block's first row
+    (qb) and each row's offset from it (row_off, [BM]; add the head-dim lanes for the tile),
+    and the tile's mask; the offsets of its rows in lse/delta and their mask; k and v at its
+    KV head; the head-dim lanes; each row's visible key interval [lo, hi]; and the key
+    segments of _row_block_segments. (The forward addresses its tile as q + qb + row_off + lanes,
+    pointer first: forming qb + row_off first doubled its register spills on sm_90.)"""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -78,39 +80,40 @@ def _row_block(Tq, Tk, q_start, H: tl.constexpr, G: tl.constexpr, K: tl.constexp
     g = rows % G
     offk = tl.arange(0, BK)
     kmask = offk < K
+    qb = (b.to(tl.int64) * Tq * HQ + h * G) * K
     row_off = (t * HQ + g).to(tl.int64) * K
-    q_off = (b.to(tl.int64) * Tq * HQ + h * G) * K + row_off[:, None] + offk[None, :]
     l_off = b.to(tl.int64) * Tq * HQ + h * G + t * HQ + g
     kv_base = (b.to(tl.int64) * Tk * H + h) * K
     lo, hi = _hi_lo(q_start + t, Tk, L, D, W, WINDOW)
     start, whole_lo, whole_hi, end = _row_block_segments(pid_m, Tq, Tk, q_start, G, L, D, W, WINDOW, BM, BN)
-    return (q_off, rmask[:, None] & kmask[None, :], l_off, rmask, kv_base, offk, kmask, lo, hi,
+    return (qb, row_off, rmask[:, None] & kmask[None, :], l_off, rmask, k + kv_base, v + kv_base, offk, kmask, lo, hi,
             start, whole_lo, whole_hi, end)
 
 
 @triton.jit
-def _key_tile(k, v, kv_base, n0, end, lo, hi, offk, kmask, H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr,
+def _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr,
               MASK: tl.constexpr):
-    """The BN keys and values from n0 and, MASK, the rows' visibility of them [BM, BN]
-    (unmasked: every row sees every key of the tile, returned as True)."""
+    """The BN keys and values from n0 (k_base, v_base: k and v at the KV head) and, MASK, the
+    rows' visibility of them [BM, BN] (unmasked: every row sees every key of the tile, returned
+    as True)."""
     cols = n0 + tl.arange(0, BN)
-    kv_off = kv_base + cols.to(tl.int64)[:, None] * (H * K) + offk[None, :]
+    kv_off = cols.to(tl.int64)[:, None] * (H * K) + offk[None, :]
     if MASK:
         lm = (cols < end)[:, None] & kmask[None, :]
         vis = (cols[None, :] <= hi[:, None]) & (cols[None, :] >= lo[:, None])
     else:
         lm = kmask[None, :]
         vis = True
-    kt = tl.load(k + kv_off, mask=lm, other=0.0)
-    vt = tl.load(v + kv_off, mask=lm, other=0.0)
+    kt = tl.load(k_base + kv_off, mask=lm, other=0.0)
+    vt = tl.load(v_base + kv_off, mask=lm, other=0.0)
     return kt, vt, vis
 
 
 @triton.jit
-def _fwd_tile(acc, m_i, l_i, qt, k, v, kv_base, n0, end, lo, hi, qk_scale, offk, kmask,
+def _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
               H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr):
     """One key tile of the forward's online softmax; MASK: apply the rows' visibility."""
-    kt, vt, vis = _key_tile(k, v, kv_base, n0, end, lo, hi, offk, kmask, H, K, BN, MASK)
+    kt, vt, vis = _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H, K, BN, MASK)
     s = tl.dot(qt, tl.trans(kt)) * qk_scale
     if MASK:
         s = tl.where(vis, s, float("-inf"))
@@ -124,34 +127,34 @@ def _band_fwd_kernel(
     L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
-    q_off, m2, l_off, rmask, kv_base, offk, kmask, lo, hi, start, whole_lo, whole_hi, end = _row_block(
-        Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK)
-    qt = tl.load(q + q_off, mask=m2, other=0.0)
+    qb, row_off, m2, l_off, rmask, k_base, v_base, offk, kmask, lo, hi, start, whole_lo, whole_hi, end = \
+        _row_block(k, v, Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK)
+    qt = tl.load(q + qb + row_off[:, None] + offk[None, :], mask=m2, other=0.0)
     qk_scale = sm_scale * LOG2E
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BK], tl.float32)
     # unmasked tiles first: every row then has a finite maximum before the masked edges
     for n0 in range(whole_lo, whole_hi, BN):
-        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k, v, kv_base, n0, end, lo, hi, qk_scale, offk, kmask,
+        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
                                   H, K, BN, False)
     for n0 in range(start, whole_lo, BN):
-        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k, v, kv_base, n0, end, lo, hi, qk_scale, offk, kmask,
+        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
                                   H, K, BN, True)
     for n0 in range(whole_hi, end, BN):
-        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k, v, kv_base, n0, end, lo, hi, qk_scale, offk, kmask,
+        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
                                   H, K, BN, True)
     out, lse_row = finish(acc, m_i, l_i)
-    tl.store(o + q_off, out.to(o.dtype.element_ty), mask=m2)
+    tl.store(o + qb + row_off[:, None] + offk[None, :], out.to(o.dtype.element_ty), mask=m2)
     tl.store(lse + l_off, lse_row, mask=rmask)
 
 
 @triton.jit
-def _dq_tile(acc, qt, dot_, lse2, dl, rmask, k, v, kv_base, n0, end, lo, hi, qk_scale, offk, kmask,
+def _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
              H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr):
     """One key tile of dq; MASK: apply the rows' visibility. Unmasked, the rows past Tq (zero
     do and delta) add nothing."""
-    kt, vt, vis = _key_tile(k, v, kv_base, n0, end, lo, hi, offk, kmask, H, K, BN, MASK)
+    kt, vt, vis = _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H, K, BN, MASK)
     s = tl.dot(qt, tl.trans(kt)) * qk_scale
     if MASK:
         p = tl.where(vis & rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
@@ -168,20 +171,21 @@ def _band_bwd_dq_kernel(
     L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
-    q_off, m2, l_off, rmask, kv_base, offk, kmask, lo, hi, start, whole_lo, whole_hi, end = _row_block(
-        Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK)
+    qb, row_off, m2, l_off, rmask, k_base, v_base, offk, kmask, lo, hi, start, whole_lo, whole_hi, end = \
+        _row_block(k, v, Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK)
+    q_off = qb + row_off[:, None] + offk[None, :]
     qt = tl.load(q + q_off, mask=m2, other=0.0)
     dot_, dl, lse2 = dq_rows(do, o, lse, delta, q_off, m2, l_off, rmask)
     qk_scale = sm_scale * LOG2E
     acc = tl.zeros([BM, BK], tl.float32)
     for n0 in range(whole_lo, whole_hi, BN):
-        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k, v, kv_base, n0, end, lo, hi, qk_scale, offk, kmask,
+        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
                        H, K, BN, False)
     for n0 in range(start, whole_lo, BN):
-        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k, v, kv_base, n0, end, lo, hi, qk_scale, offk, kmask,
+        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
                        H, K, BN, True)
     for n0 in range(whole_hi, end, BN):
-        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k, v, kv_base, n0, end, lo, hi, qk_scale, offk, kmask,
+        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
                        H, K, BN, True)
     tl.store(dq + q_off, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
 

@@ -16,7 +16,8 @@ Backward:
   split over several items so no program serialises the whole sequence).
 
 Shapes: q, o [B, Tq, HQ, K]; k, v [B, Tk, H, K]; idx [B, Tq, H, n] (ascending, -1 padded);
-G = HQ // H. Query rows are at absolute positions q_start .. q_start + Tq - 1.
+lse [B, Tq, HQ] (float32, natural log, saved for the backward); G = HQ // H. Query rows are at
+absolute positions q_start .. q_start + Tq - 1.
 """
 from __future__ import annotations
 

@@ -111,13 +111,15 @@ def test_seedlike_stall_crash_and_nan_are_NO_GO_with_the_right_finding(seedlike_
     for name in ("stall", "ddp_stall"):
         assert recs[name].status == Status.FAIL and recs[name].timed_out, (name, recs[name].reason)
     assert recs["crash"].status == Status.FAIL and recs["crash"].exit_code == 1
-    assert recs["nan"].status == Status.FAIL and "non-finite loss" in recs["nan"].reason
+    assert recs["nan"].status == Status.FAIL
+    assert recs["nan"].reason == "non-finite loss at step 15 (halt: nan_loss) (trainer .HALT)", recs["nan"].reason
     findings = {f.phase: f for f in find([recs[n] for n in ("stall", "ddp_stall", "crash", "nan")])}
     for name in ("stall", "ddp_stall"):  # under torchrun too: rank 1 finished, rank 0 hangs
         assert findings[name].kind == "stall" and "rank 0 in wait_forever" in findings[name].title, findings[name]
     assert "rank 1: last heartbeat step 40" in " ".join(findings["ddp_stall"].detail), findings["ddp_stall"].detail
     assert findings["crash"].kind == "crash" and "RuntimeError: injected crash at step 5" in findings["crash"].title
-    assert findings["nan"].kind == "nonfinite" and "at step 15" in findings["nan"].title, findings["nan"].title
+    assert findings["nan"].kind == "nonfinite" and findings["nan"].title.endswith(
+        "at step 15: the trainer's .HALT says 'halt: nan_loss'"), findings["nan"].title
 
 
 def test_seedlike_lacking_a_feature_is_SKIP_or_UNMEASURED_never_GO(seedlike_results):

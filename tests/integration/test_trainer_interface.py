@@ -31,6 +31,7 @@ from validation.plan import expand
 from validation.record import Status
 from validation.report import build_context, status_of
 from validation.runbook import load_profile, load_runbook
+from validation.verdict import unprovided_metrics
 
 STEPS = 40
 SEEDLIKE: dict[str, Any] = {
@@ -255,3 +256,15 @@ def test_an_override_the_trainer_does_not_take_is_refused(tmp_path):
 def test_the_runbooks_trainer_yaml_loads():
     rb = load_runbook("seed_trainer_cpu")
     assert rb.trainer is not None and rb.trainer.adapter == "seed" and rb.trainer.root.env == "NSA_SEED_ROOT"
+
+
+def test_metrics_a_trainer_does_not_list_or_its_files_lack_are_unmeasurable(tmp_path):
+    listed = _runbook(tmp_path, {**NATIVE, "metrics": ["loss_finite", "steps_completed"]}, [{"name": "single", "kind": "train", "gates": GATES}],
+                      name="listed")
+    (point,) = expand(load_runbook(listed), load_profile("cpu"))
+    lacking = unprovided_metrics(point)
+    assert lacking["toks_per_s_mean"] == "trainer native_test does not list it among its metrics"
+    assert "loss_finite" not in lacking and "steps_completed" not in lacking
+    (seed_point,) = expand(load_runbook(_runbook(tmp_path, SEEDLIKE, [_train("good")], name="seed")), load_profile("cpu"))
+    assert unprovided_metrics(seed_point)["step_time_s_mean"] == "trainer seedlike's files lack step_time_s"
+    assert "toks_per_s_mean" not in unprovided_metrics(seed_point)

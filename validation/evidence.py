@@ -26,8 +26,8 @@ def collect_train(run: RunData, errors: list[str]) -> None:
 
 
 def read_halt(out_dir: Path) -> HaltInfo | None:
-    """The .HALT file: a JSON record (the trainer's watchdog and NaN guard) or free text (an
-    operator's); None when there is none."""
+    """The .HALT file: a JSON record (the trainer's watchdog and NaN guard; its ``text``, when it
+    has one, is what the trainer said) or free text (an operator's); None when there is none."""
     path = Path(out_dir) / HALT_NAME
     try:
         text = path.read_text(errors="replace")
@@ -43,7 +43,7 @@ def read_halt(out_dir: Path) -> HaltInfo | None:
     return HaltInfo(source=rec.get("source"), step=rec.get("step") if isinstance(rec.get("step"), int) else None,
                     losses=losses if isinstance(losses, list) else None,
                     grad_norm=rec.get("grad_norm") if isinstance(rec.get("grad_norm"), (int, float)) else None,
-                    text=text.strip())
+                    text=rec["text"] if isinstance(rec.get("text"), str) else text.strip())
 
 
 def collect(run: RunData, proc: ProcResult, errors: list[str]) -> Evidence:

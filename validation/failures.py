@@ -23,7 +23,8 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
             bad = [i for i, v in enumerate(ev.halt.losses or []) if not (isinstance(v, (int, float)) and abs(v) < float("inf"))]
             title = (f"non-finite loss in {where(r)} at step {ev.halt.step}: {'rank' if len(bad) == 1 else 'ranks'} "
                      f"{', '.join(map(str, bad)) or '?'} (loss per rank {ev.halt.losses}, grad_norm {ev.halt.grad_norm}); "
-                     "halted before the optimizer step")
+                     "halted before the optimizer step") if ev.halt.losses is not None else (
+                f"non-finite loss in {where(r)} at step {ev.halt.step}: the trainer's .HALT says {ev.halt.text[:120]!r}")
             out.append(Finding(Severity.CRITICAL, r.phase, title, [f".HALT: {r.out_dir}/.HALT"] + _rank_lines(r), "nonfinite"))
         elif r.status == Status.FAIL and r.exit_code not in (0, None) and ev.halt is None and r.kind == "train":
             title = f"crash in {where(r)}: exit code {r.exit_code}"

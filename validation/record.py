@@ -85,7 +85,7 @@ class HaltInfo:
     losses: list[float] | None = None
     grad_norm: float | None = None
     text: str = ""
-    """The file's content as written."""
+    """The file's content as written (a JSON record's own ``text`` field, when it has one)."""
 
 
 @dataclass

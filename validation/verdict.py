@@ -28,8 +28,9 @@ def unprovided_metrics(point: PhasePoint) -> dict[str, str]:
     return out
 
 
-def evaluate(point: PhasePoint, run: RunData, unmeasurable: Mapping[str, str] = {}) -> list[GateResult]:
+def evaluate(point: PhasePoint, run: RunData, unmeasurable: Mapping[str, str] | None = None) -> list[GateResult]:
     """Each gate's value and verdict; a gate on a metric in ``unmeasurable`` is UNMEASURED."""
+    unmeasurable = unmeasurable or {}
     out = []
     for g in point.gates():
         if g.metric in unmeasurable:
@@ -43,13 +44,14 @@ def evaluate(point: PhasePoint, run: RunData, unmeasurable: Mapping[str, str] = 
 
 
 def verdict(kind: str, run: RunData, halt: HaltInfo | None, errors: list[str],
-            gates: list[GateResult], unmeasurable: Mapping[str, str] = {}) -> tuple[Status, str]:
+            gates: list[GateResult], unmeasurable: Mapping[str, str] | None = None) -> tuple[Status, str]:
     if run.timed_out:
         return Status.FAIL, "timed out: killed by the harness at the phase timeout"
     if halt is not None:
         if halt.source == "nonfinite":  # the trainer's NaN/inf guard, not a stall
-            return Status.FAIL, (f"non-finite loss at step {halt.step}: loss per rank {halt.losses}, "
-                                 f"grad_norm {halt.grad_norm} (trainer .HALT)")
+            said = (f": loss per rank {halt.losses}, grad_norm {halt.grad_norm}" if halt.losses is not None
+                    else f" ({halt.text[:120]})")  # a trainer whose .HALT says less (the seed's)
+            return Status.FAIL, f"non-finite loss at step {halt.step}{said} (trainer .HALT)"
         if halt.source == "watchdog":
             return Status.FAIL, "watchdog wrote .HALT: no rank made progress"
         # an operator's .HALT: empty, free text, or JSON from another source
@@ -67,9 +69,10 @@ def verdict(kind: str, run: RunData, halt: HaltInfo | None, errors: list[str],
     if pending:
         # the trainer lacks the metric; a gate's note says what else is missing (no golden curve
         # yet); otherwise it is the profile's threshold
-        missing = [f"{g.metric} ({unmeasurable[g.metric]})" for g in pending if g.metric in unmeasurable]
-        notes = [g.note for g in pending if g.note and g.metric not in unmeasurable]
-        unset = [g.threshold_ref or g.metric for g in pending if g.metric not in unmeasurable and not g.note]
+        lacking = unmeasurable or {}
+        missing = [f"{g.metric} ({lacking[g.metric]})" for g in pending if g.metric in lacking]
+        notes = [g.note for g in pending if g.note and g.metric not in lacking]
+        unset = [g.threshold_ref or g.metric for g in pending if g.metric not in lacking and not g.note]
         parts = ([f"{UNPROVIDED}: {', '.join(missing)}"] if missing else []) + notes + (
             [f"threshold(s) to be measured for this profile: {', '.join(unset)}"] if unset else [])
         return Status.UNMEASURED, "; ".join(parts)

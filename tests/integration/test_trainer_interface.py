@@ -31,6 +31,7 @@ from validation.plan import expand
 from validation.record import Status
 from validation.report import build_context, status_of
 from validation.runbook import load_profile, load_runbook
+from validation.verdict import unprovided_metrics
 
 STEPS = 40
 SEEDLIKE: dict[str, Any] = {
@@ -111,13 +112,15 @@ def test_seedlike_stall_crash_and_nan_are_NO_GO_with_the_right_finding(seedlike_
     for name in ("stall", "ddp_stall"):
         assert recs[name].status == Status.FAIL and recs[name].timed_out, (name, recs[name].reason)
     assert recs["crash"].status == Status.FAIL and recs["crash"].exit_code == 1
-    assert recs["nan"].status == Status.FAIL and "non-finite loss" in recs["nan"].reason
+    assert recs["nan"].status == Status.FAIL
+    assert recs["nan"].reason == "non-finite loss at step 15 (halt: nan_loss) (trainer .HALT)", recs["nan"].reason
     findings = {f.phase: f for f in find([recs[n] for n in ("stall", "ddp_stall", "crash", "nan")])}
     for name in ("stall", "ddp_stall"):  # under torchrun too: rank 1 finished, rank 0 hangs
         assert findings[name].kind == "stall" and "rank 0 in wait_forever" in findings[name].title, findings[name]
     assert "rank 1: last heartbeat step 40" in " ".join(findings["ddp_stall"].detail), findings["ddp_stall"].detail
     assert findings["crash"].kind == "crash" and "RuntimeError: injected crash at step 5" in findings["crash"].title
-    assert findings["nan"].kind == "nonfinite" and "at step 15" in findings["nan"].title, findings["nan"].title
+    assert findings["nan"].kind == "nonfinite" and findings["nan"].title.endswith(
+        "at step 15: the trainer's .HALT says 'halt: nan_loss'"), findings["nan"].title
 
 
 def test_seedlike_lacking_a_feature_is_SKIP_or_UNMEASURED_never_GO(seedlike_results):
@@ -253,3 +256,15 @@ def test_an_override_the_trainer_does_not_take_is_refused(tmp_path):
 def test_the_runbooks_trainer_yaml_loads():
     rb = load_runbook("seed_trainer_cpu")
     assert rb.trainer is not None and rb.trainer.adapter == "seed" and rb.trainer.root.env == "NSA_SEED_ROOT"
+
+
+def test_metrics_a_trainer_does_not_list_or_its_files_lack_are_unmeasurable(tmp_path):
+    listed = _runbook(tmp_path, {**NATIVE, "metrics": ["loss_finite", "steps_completed"]}, [{"name": "single", "kind": "train", "gates": GATES}],
+                      name="listed")
+    (point,) = expand(load_runbook(listed), load_profile("cpu"))
+    lacking = unprovided_metrics(point)
+    assert lacking["toks_per_s_mean"] == "trainer native_test does not list it among its metrics"
+    assert "loss_finite" not in lacking and "steps_completed" not in lacking
+    (seed_point,) = expand(load_runbook(_runbook(tmp_path, SEEDLIKE, [_train("good")], name="seed")), load_profile("cpu"))
+    assert unprovided_metrics(seed_point)["step_time_s_mean"] == "trainer seedlike's files lack step_time_s"
+    assert "toks_per_s_mean" not in unprovided_metrics(seed_point)

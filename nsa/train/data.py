@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import json
 import queue
+import sys
 import threading
 from pathlib import Path
 from typing import Iterator
@@ -236,16 +237,20 @@ class Loader:
     def _produce(self) -> None:
         try:
             for rows in self._rows:
-                while not self._stop.is_set():
-                    try:
-                        self._q.put(rows, timeout=0.2)
-                        break
-                    except queue.Full:
-                        continue
-                if self._stop.is_set():
+                if not self._hand_over(rows):
                     return
         except BaseException as exc:  # handed to the consumer, which re-raises it
-            self._q.put(_Failure(exc))
+            self._hand_over(_Failure(exc))
+
+    def _hand_over(self, item) -> bool:
+        """Queue ``item``, checking the stop flag while the queue is full; False once stopped."""
+        while not self._stop.is_set():
+            try:
+                self._q.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def next(self) -> tuple[torch.Tensor, torch.Tensor]:
         try:
@@ -264,5 +269,12 @@ class Loader:
         rows = item.to(self.device, non_blocking=True)
         return rows[:, :-1], rows[:, 1:]
 
-    def close(self) -> None:
+    def close(self, join_timeout_s: float = 10.0) -> None:
+        """Stop the producer and wait for it: a daemon thread still inside a torch op while the
+        interpreter shuts down aborts the process ("terminate called without an active
+        exception", exit -6) after a run that otherwise finished cleanly."""
         self._stop.set()
+        self._thread.join(timeout=join_timeout_s)
+        if self._thread.is_alive():
+            print(f"[data] the loader thread was still reading {self.source.describe()} "
+                  f"{join_timeout_s:g}s after the stop; leaving it", file=sys.stderr, flush=True)

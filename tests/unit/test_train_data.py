@@ -113,7 +113,7 @@ class _SlowSource:
         return "a slow test source"
 
     def row(self, j):
-        time.sleep(5)
+        time.sleep(1)
         return torch.zeros(T + 1, dtype=torch.long)
 
 
@@ -143,3 +143,20 @@ def test_loader_reraises_producer_errors_and_tracks_position():
     x, y = ok.next()
     assert x.shape == (2, T) and torch.equal(x[:, 1:], y[:, :-1]) and ok.position == 6
     ok.close()
+
+
+def test_close_waits_for_the_producer_thread():
+    """A producer left running (here: blocked on a full queue, or mid-row) when the interpreter
+    exits aborts a finished run with exit -6; close() must stop and join it."""
+    full = Loader(PatternSource(T, 7, 0), DataConfig(prefetch=1), 1, 0, 1, torch.device("cpu"))
+    full.next()
+    time.sleep(0.3)  # the producer refills the queue and blocks on the next row
+    full.close()
+    assert not full._thread.is_alive()
+    slow = Loader(_SlowSource(), DataConfig(), 1, 0, 1, torch.device("cpu"))
+    slow.close()  # the producer is inside row(): close waits for it to return
+    assert not slow._thread.is_alive()
+    stuck = Loader(_SlowSource(), DataConfig(), 1, 0, 1, torch.device("cpu"))
+    t0 = time.monotonic()
+    stuck.close(join_timeout_s=0.2)  # bounded: a hung filesystem cannot hang the trainer's exit
+    assert time.monotonic() - t0 < 0.9 and stuck._thread.is_alive()

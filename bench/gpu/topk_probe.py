@@ -3,14 +3,16 @@
 First run (docs/measurements/2026-11-23-b/topk_probe.log): the probe of commit 6d246c6 against
 nsa/kernels/topk.py of ff61ba4, the fused kernel of the time (scores + a running top-n in
 registers), beside a score kernel (block scores written to memory) + torch.topk on int64 keys,
-or + a Triton select kernel; the score + Triton select pair became nsa/kernels/topk.py. This
-version (not yet run on a GPU: no machine was lent for the second call) times that
-implementation, its select kernel against torch.topk, and ablations of the score kernel (ABL: 0
-whole, 1 without the overlap map, 2 also without the head sum, 3 also without exp2) with tuning
-variants, so the distance of each piece to the matrix-product floor is visible. Shapes: 64k/16k/2k (B=1, HQ=64, H=4, K=128) and m7c_125m
-(B=8, HQ=12, H=2, K=64, S=2048).
+or + a Triton select kernel; the score + Triton select pair became nsa/kernels/topk.py. Second
+run (docs/measurements/2026-11-23-c/topk_probe.log, commit 30d79d7): that implementation, its
+select kernel against torch.topk, and ablations of the score kernel (ABL: 0 whole, 1 without
+the overlap map, 2 also without the head sum and the per-chunk stores, 3 also without exp2)
+with tuning variants, so the distance of each piece to the matrix-product floor is visible
+(--ablations). Every run also times the select kernel alone under several launches (rows per
+program, warps), the production one (topk._select_launch) marked. Shapes: 64k/16k/2k (B=1,
+HQ=64, H=4, K=128) and m7c_125m (B=8, HQ=12, H=2, K=64, S=2048).
 
-    python3 bench/gpu/topk_probe.py [--shapes 64k 2k]
+    python3 bench/gpu/topk_probe.py [--shapes 64k 2k] [--ablations]
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ from nsa.kernels import topk as T  # noqa: E402
 from nsa.attention.kernel_branches import triton_cmp_attention  # noqa: E402
 from nsa.kernels._softmax import LOG2E  # noqa: E402
 
-SHAPES = {"2k": (1, 2048, 64, 4, 128), "16k": (1, 16384, 64, 4, 128), "32k": (1, 32768, 64, 4, 128),
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run under TRITON_INTERPRET=1
+SHAPES = {"tiny": (1, 512, 8, 2, 32), "2k": (1, 2048, 64, 4, 128), "16k": (1, 16384, 64, 4, 128), "32k": (1, 32768, 64, 4, 128),
           "64k": (1, 65536, 64, 4, 128), "m7c_125m": (8, 2048, 12, 2, 64)}
 
 
@@ -132,31 +135,35 @@ def select_torch(sc, n):
 
 
 def bench(fn):
+    if DEV == "cpu":  # the dry run checks that every piece runs, not how fast
+        fn()
+        return float("nan")
     return triton.testing.do_bench(fn, warmup=50, rep=300, return_mode="median")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["64k", "16k", "2k", "m7c_125m"])
+    ap.add_argument("--ablations", action="store_true", help="also time the score kernel's ablations")
     args = ap.parse_args()
     cfg = NSAConfig()
     L, D, LS, n = cfg.cmp_block, cfg.cmp_stride, cfg.sel_block, cfg.n_selected
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    print(f"{torch.cuda.get_device_name() if DEV == 'cuda' else 'cpu (dry run)'}, torch {torch.__version__}, triton {triton.__version__}")
     for name in args.shapes:
         B, S, HQ, H, K = SHAPES[name]
-        g = torch.Generator(device="cuda").manual_seed(0)
+        g = torch.Generator(device=DEV).manual_seed(0)
         Nc = (S - L) // D + 1
-        q = torch.randn(B, S, HQ, K, generator=g, device="cuda").bfloat16()
-        kc = torch.randn(B, Nc, H, K, generator=g, device="cuda").bfloat16()
-        vc = torch.randn(B, Nc, H, K, generator=g, device="cuda").bfloat16()
+        q = torch.randn(B, S, HQ, K, generator=g, device=DEV).bfloat16()
+        kc = torch.randn(B, Nc, H, K, generator=g, device=DEV).bfloat16()
+        vc = torch.randn(B, Nc, H, K, generator=g, device=DEV).bfloat16()
         with torch.no_grad():
             _, lse = triton_cmp_attention(q, kc, vc, cfg)
         NB = triton.cdiv(S, LS)
         flop = 2 * B * HQ * K * sum(min(Nc, max(0, (t + 1 - L) // D + 1)) for t in range(0, S, 64)) * 64
         rows = {"topk.py (scores + select)": bench(lambda: T._select_blocks(q, kc, lse, 0, L, D, LS, n))}
-        sc = torch.empty(B, S, H, NB, device="cuda")
-        for abl in (0, 1, 2, 3):
-            for r, w, st in ((128, 4, 2), (128, 8, 3), (256, 8, 2)):
+        sc = torch.empty(B, S, H, NB, device=DEV)
+        for abl in (0, 1, 2, 3) if args.ablations else (0,):
+            for r, w, st in ((128, 4, 2), (128, 8, 3), (256, 8, 2)) if args.ablations else ((128, 4, 2),):
                 try:
                     rows[f"scores ABL={abl} rows={r} w={w} st={st}"] = bench(
                         lambda: ablated(q, kc, lse, sc, L, D, LS, abl, r, w, st))
@@ -168,6 +175,17 @@ def main() -> None:
                 == T._select_blocks(q, kc, lse, 0, L, D, LS, n)[..., :min(n, NB)]).all(-1).float().mean().item()
         print(f"  rows where torch.topk of the ablated kernel's ABL=0 scores equal topk.py: {same:.6f}")
         rows["select: torch.topk on int64 keys + sort"] = bench(lambda: select_torch(sc, n))
+        NBP = triton.next_power_of_2(NB)
+        chosen = T._select_launch(NBP)
+        for br, w in sorted({chosen, (1, 4), (max(1, 1024 // NBP), 1), (max(1, 2048 // NBP), 1),
+                             (max(1, 512 // NBP), 1), (4, 4), (2, 2)}):
+            nrows = B * S * H
+            out = torch.empty(B, S, H, n, device=DEV, dtype=torch.int64)
+            rows[f"select kernel BR={br} warps={w}{' (topk.py)' if (br, w) == chosen else ''}"] = bench(
+                lambda: T._select_kernel[(triton.cdiv(nrows, br),)](
+                    sc, out, nrows, NB, N=n, NP=triton.next_power_of_2(n), NBP=NBP, BR=br, num_warps=w))
+            if not torch.equal(out[..., :min(n, NB)], T._select_blocks(q, kc, lse, 0, L, D, LS, n)[..., :min(n, NB)]):
+                print(f"  select kernel BR={br} warps={w}: indices differ from topk.py's")
         print(f"## {name} (B={B} S={S} HQ={HQ} H={H} K={K}); q.kc^T {flop / 1e12:.3f} TFLOP")
         for k, v in rows.items():
             print(f"  {k:45s} {v:8.3f} ms  {flop / v / 1e9:7.1f} TFLOP/s (q.kc^T)")

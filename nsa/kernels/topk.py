@@ -155,10 +155,13 @@ TUNE = dict(rows=128, warps=4, stages=2)
 SCORE_BUDGET = 1 << 28
 
 
-def _select_rows_per_program(nbp: int) -> int:
-    """Score rows per select program (4 warps): one row of 1024 scores at S=64k, four rows up to
-    S=16k, the best of the settings timed (bench/gpu/topk_probe.py, first run)."""
-    return max(1, min(4, 1024 // nbp))
+def _select_launch(nbp: int) -> tuple[int, int]:
+    """(rows per program, warps) of the select kernel: one warp, so that the 31 row-count
+    reductions of the search stay inside a warp (shuffles, no barrier), and about 32 scores per
+    thread. With 4 warps per row (the first version) every step crossed warps through shared
+    memory: 10 barriers in its PTX at S=64k (compiled for sm_90), none with one warp, 2.8 ms of the
+    9.9 ms top-n at S=64k on one H100 (bench/gpu/topk_probe.py times both)."""
+    return max(1, 1024 // nbp), max(1, nbp // 1024)  # past S=64k (not timed): 2+ warps, <= 140 registers
 
 
 def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
@@ -177,7 +180,7 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
     BJ = 16
     NB = triton.cdiv(q_start + Tq, LS)
     NBP = triton.next_power_of_2(NB)
-    BR = _select_rows_per_program(NBP)
+    BR, select_warps = _select_launch(NBP)
     chunk = max(BT, SCORE_BUDGET // (B * H * NB * 4) // BT * BT)
     buffer = torch.empty(B * min(chunk, Tq) * H * NB, device=q.device, dtype=torch.float32)
     for a in range(0, Tq, chunk):
@@ -194,8 +197,7 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
         rows = B * t * H
         out = idx[:, a:a + t] if t == Tq else torch.empty(B, t, H, n, device=q.device, dtype=torch.int64)
         _select_kernel[(triton.cdiv(rows, BR),)](
-            sc, out, rows, NB, N=n, NP=triton.next_power_of_2(n), NBP=NBP, BR=BR,
-            num_warps=4 if NBP <= 1024 else 8,  # 8 past S=64k: not timed
+            sc, out, rows, NB, N=n, NP=triton.next_power_of_2(n), NBP=NBP, BR=BR, num_warps=select_warps,
         )
         if t < Tq:
             idx[:, a:a + t] = out

@@ -156,12 +156,13 @@ SCORE_BUDGET = 1 << 28
 
 
 def _select_launch(nbp: int) -> tuple[int, int]:
-    """(rows per program, warps) of the select kernel: one warp, so that the 31 row-count
-    reductions of the search stay inside a warp (shuffles, no barrier), and about 32 scores per
-    thread. With 4 warps per row (the first version) every step crossed warps through shared
-    memory: 10 barriers in its PTX at S=64k (compiled for sm_90), none with one warp, 2.8 ms of the
-    9.9 ms top-n at S=64k on one H100 (bench/gpu/topk_probe.py times both)."""
-    return max(1, 1024 // nbp), max(1, nbp // 1024)  # past S=64k (not timed): 2+ warps, <= 140 registers
+    """(rows per program, warps) of the select kernel: one warp, so that the 31 row counts of
+    the search stay inside a warp (shuffles; 4 warps per row cross warps through shared memory,
+    10 barriers in the PTX at S=64k), and about 16 scores per thread. On one H100
+    (bench/gpu/topk_probe.py, docs/measurements/2026-11-23-c/topk_probe_d6835e7.log), ms against
+    the 4-warp launch of commit 30d79d7: S=64k 2.05 vs 2.86, 16k 0.153 vs 0.209, 2k 0.011 vs
+    0.011, m7c_125m 0.019 vs 0.026; no other launch timed was faster by more than 2%."""
+    return max(1, 512 // nbp), max(1, nbp // 1024)  # past S=64k (not timed): 2+ warps, <= 140 registers
 
 
 def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):

@@ -156,12 +156,15 @@ SCORE_BUDGET = 1 << 28
 
 
 def _select_launch(nbp: int) -> tuple[int, int]:
-    """(rows per program, warps) of the select kernel: one warp, so that the 31 row counts of
-    the search stay inside a warp (shuffles; 4 warps per row cross warps through shared memory,
-    10 barriers in the PTX at S=64k), and about 16 scores per thread. On one H100
-    (bench/gpu/topk_probe.py, docs/measurements/2026-11-23-c/topk_probe_d6835e7.log), ms against
-    the 4-warp launch of commit 30d79d7: S=64k 2.05 vs 2.86, 16k 0.153 vs 0.209, 2k 0.011 vs
-    0.011, m7c_125m 0.019 vs 0.026; no other launch timed was faster by more than 2%."""
+    """(rows per program, warps) of the select kernel. From S=16k (256 blocks a row) one warp and
+    about 16 scores per thread, so that the 31 row counts of the search stay inside a warp
+    (shuffles; 4 warps per row cross warps through shared memory, 10 barriers in the PTX at
+    S=64k); below, four rows on 4 warps. On one H100 (bench/gpu/topk_probe.py,
+    docs/measurements/2026-11-23-c/): whole top-n at S=64k 9.31 ms vs 9.94 with 4 warps, 16k
+    0.683 vs 0.745. At m7c_125m the one-warp launch was faster alone (0.019 vs 0.026 ms) but the
+    whole top-n took 0.093 ms against 0.065 with four rows on 4 warps, so short inputs keep those."""
+    if nbp < 256:
+        return 4, 4
     return max(1, 512 // nbp), max(1, nbp // 1024)  # past S=64k (not timed): 2+ warps, <= 140 registers
 
 

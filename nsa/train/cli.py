@@ -10,6 +10,7 @@ from ..config import ConfigError, list_presets
 from .checkpoint import CheckpointError
 from .config import ENV_TOGGLES, NOOP_TOGGLES, load_run_config
 from .data import DataError
+from .interrupt import EXIT_INTERRUPTED
 from .loop import Trainer
 
 EXIT_INPUT = 2
@@ -22,9 +23,11 @@ ENV_HELP = "environment toggles (each overrides its config key and is recorded i
 
 EXIT_HELP = """exit status: 0 done (or stopped by an operator .HALT), 1 unexpected error (a traceback; out of
 memory also writes oom_rank*.txt), 2 bad config / data / checkpoint, 3 watchdog stall (stack
-dumps in stackdump_rank*.txt), 4 NaN/inf loss. Under torchrun these are the per-rank codes in
-torchrun's failure summary; torchrun itself exits 1 when any rank fails. Distributed runs are
-detected from torchrun's RANK / WORLD_SIZE / LOCAL_RANK only."""
+dumps in stackdump_rank*.txt), 4 NaN/inf loss, 130 Ctrl-C (the first one stops after the step
+in flight and saves a checkpoint that train.resume=auto continues; a second one stops at once).
+Under torchrun these are the per-rank codes in torchrun's failure summary; torchrun itself exits
+1 when any rank fails. Distributed runs are detected from torchrun's RANK / WORLD_SIZE /
+LOCAL_RANK only."""
 
 
 def run(config: str | None, overrides: list[str], env=None) -> int:
@@ -37,11 +40,18 @@ def run(config: str | None, overrides: list[str], env=None) -> int:
     except (ConfigError, DataError, CheckpointError, BackendUnavailable) as exc:
         print(f"[rank {rank}] error: {exc}", file=sys.stderr, flush=True)
         return EXIT_INPUT
+    except KeyboardInterrupt:
+        print(f"[rank {rank}] interrupted (Ctrl-C) before training started", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     try:
         return trainer.train()
     except (DataError, BackendUnavailable) as exc:
         print(f"[rank {rank}] error at step {trainer.step + 1}: {exc}", file=sys.stderr, flush=True)
         return EXIT_INPUT
+    except KeyboardInterrupt:  # the second Ctrl-C: no checkpoint of the step in flight
+        print(f"[rank {rank}] interrupted (Ctrl-C twice) during step {trainer.step + 1}; the last checkpoint "
+              "saved is the one to resume from", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     finally:
         trainer.close()
 

@@ -21,6 +21,7 @@ from .config import Resolved, RunConfig, config_dict
 from .data import Loader, build_source
 from .distributed import all_gather_stats, barrier, init_distributed, teardown
 from .faults import FaultInjector
+from .interrupt import EXIT_INTERRUPTED, CtrlC
 from .optim import build_optimizer, lr_at, set_lr
 from .parallelize import parallelize, set_grad_sync
 from .telemetry import Telemetry, environment, memory_gb, memory_source, sdpa_flags, write_json_atomic
@@ -56,6 +57,7 @@ class Trainer:
             self.out = Path(cfg.train.out_dir)
             self.out.mkdir(parents=True, exist_ok=True)
             self.stop_reason = "starting"
+            self.ctrl_c = CtrlC(info.rank)
             self._clear_stale_halt()
             self.watchdog = Watchdog(cfg.watchdog, self.out, info.rank, info.world_size)
             stack.callback(self.watchdog.close)
@@ -257,7 +259,7 @@ class Trainer:
             norm = torch.nn.utils.clip_grad_norm_(self.wrapped.parameters(), max_norm)
             if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
                 norm = norm.full_tensor()
-            halt = float(self.operator_halt())
+            halt = float(self.operator_halt() or self.ctrl_c.requested)
             stats = torch.stack([loss_mean, norm.float(), torch.tensor(halt, device=self.device)])
             gathered = all_gather_stats(self.info, stats)  # the step's one host sync point
             losses = [g[0] for g in gathered]
@@ -288,49 +290,56 @@ class Trainer:
         self.halt_requested = False
         self.stop_reason = "running"
         last_saved = self.step
+        interrupted = False
         t_prev = time.perf_counter()
-        try:
-            last = tc.steps if not tc.run_steps else min(tc.steps, self.step + tc.run_steps)
-            for step in range(self.step + 1, last + 1):
-                out = self.train_step(step)
-                now = time.perf_counter()
-                dt, t_prev = now - t_prev, now
-                self.step = step
-                # log
-                if step % tc.log_every == 0 or step == last or self.halt_requested:
-                    self.log_step(step, out, dt)
-                if step == self.step_first:
-                    self.after_first_step()
-                if step % tc.print_every == 0 or step == self.step_first:
-                    self.log(f"step {step}/{tc.steps} | loss {out['loss']:.4f} | lr {out['lr']:.3g} | "
-                             f"toks/s {self.tokens_per_step / dt:,.0f} | step {dt:.3f}s | grad_norm {out['grad_norm']:.3f}")
-                # checkpoint
-                if tc.ckpt_every and step % tc.ckpt_every == 0:
-                    self.save(step)
-                    last_saved = step
-                # stop
-                if self.halt_requested:
-                    self.stop_reason = f"stopped by operator .HALT after step {step}"
-                    break
-            else:
-                self.stop_reason = (f"completed {tc.steps} steps" if self.step == tc.steps else
-                                    f"stopped after train.run_steps={tc.run_steps} at step {self.step} of {tc.steps}")
-            # a run stopped early (run_steps, operator .HALT) always saves, or it could not resume
-            if self.step != last_saved and (tc.save_final or self.step < tc.steps):
-                self.save(self.step)
-            self.log(f"[done] {self.stop_reason}")
-            self.finished_cleanly = True
-            return 0
-        except NonFiniteLoss as exc:
-            self.stop_reason = str(exc)
-            self.log_all(f"[halt] {exc}")
-            return EXIT_NONFINITE
-        except torch.OutOfMemoryError as exc:
-            self.stop_reason = f"out of memory at step {self.step + 1}: {exc}"
-            self.oom_report(exc)
-            raise
-        finally:
-            self.write_env()
+        with self.ctrl_c:
+            try:
+                last = tc.steps if not tc.run_steps else min(tc.steps, self.step + tc.run_steps)
+                for step in range(self.step + 1, last + 1):
+                    out = self.train_step(step)
+                    now = time.perf_counter()
+                    dt, t_prev = now - t_prev, now
+                    self.step = step
+                    # log
+                    if step % tc.log_every == 0 or step == last or self.halt_requested:
+                        self.log_step(step, out, dt)
+                    if step == self.step_first:
+                        self.after_first_step()
+                    if step % tc.print_every == 0 or step == self.step_first:
+                        self.log(f"step {step}/{tc.steps} | loss {out['loss']:.4f} | lr {out['lr']:.3g} | "
+                                 f"toks/s {self.tokens_per_step / dt:,.0f} | step {dt:.3f}s | grad_norm {out['grad_norm']:.3f}")
+                    # checkpoint
+                    if tc.ckpt_every and step % tc.ckpt_every == 0:
+                        self.save(step)
+                        last_saved = step
+                    # stop
+                    if self.halt_requested:
+                        interrupted = self.ctrl_c.requested
+                        self.stop_reason = (f"interrupted (Ctrl-C) after step {step}" if interrupted
+                                            else f"stopped by operator .HALT after step {step}")
+                        break
+                else:
+                    self.stop_reason = (f"completed {tc.steps} steps" if self.step == tc.steps else
+                                        f"stopped after train.run_steps={tc.run_steps} at step {self.step} of {tc.steps}")
+                # a run stopped early (run_steps, operator .HALT, Ctrl-C) always saves, or it could not resume
+                if self.step != last_saved and (tc.save_final or self.step < tc.steps):
+                    self.save(self.step)
+                self.log(f"[done] {self.stop_reason}")
+                self.finished_cleanly = True
+                return EXIT_INTERRUPTED if interrupted else 0
+            except NonFiniteLoss as exc:
+                self.stop_reason = str(exc)
+                self.log_all(f"[halt] {exc}")
+                return EXIT_NONFINITE
+            except torch.OutOfMemoryError as exc:
+                self.stop_reason = f"out of memory at step {self.step + 1}: {exc}"
+                self.oom_report(exc)
+                raise
+            except KeyboardInterrupt:
+                self.stop_reason = f"interrupted (Ctrl-C twice) during step {self.step + 1}"
+                raise
+            finally:
+                self.write_env()
 
     def log_step(self, step: int, out: dict[str, float], dt: float) -> None:
         mem = memory_gb(self.device)

@@ -4,6 +4,7 @@ lost; a torn training.csv row or heartbeat line (a writer killed mid-line) does 
 resumed run; a truncated or corrupt training.csv is an ERROR naming file, row and column."""
 from __future__ import annotations
 
+import json
 import pickle
 import shutil
 from pathlib import Path
@@ -66,6 +67,52 @@ def test_clean_stop_then_resume_continues_exactly(runs, tmp_path, matrix):
     U.assert_no_orphans(str(tmp_path))
     matrix.done("exit 0", f"steps 1-{STEPS} identical to the reference run (loss to 6 significant digits)",
                 p.elapsed, 90.0)
+
+
+def test_ctrl_c_stops_after_the_step_in_flight_and_resumes_exactly(runs, tmp_path, matrix):
+    matrix.start("Ctrl-C", "SIGINT while step 3 runs (`NSA_FAULT=stall:step=3:seconds=3` holds it), then "
+                 "`train.resume=auto`", "exit 130 after step 3 with its checkpoint, one line and no traceback; "
+                 "the resumed loss curve equals an uninterrupted run's")
+    import signal
+    import time
+    d = tmp_path / "run"
+    proc = U.launch(U.trainer_argv(d, STEPS), timeout=90,
+                    env=U.clean_env({"NSA_FAULT": "stall:step=3:seconds=3"}))
+    t0 = time.monotonic()
+    csv = d / "training.csv"
+    while not (csv.exists() and "\n2," in csv.read_text()):
+        assert proc.poll() is None and time.monotonic() - t0 < 60, "the run ended or stalled before step 2"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    p = U.finish(proc, timeout=60, started=t0)
+    assert p.rc == 130, f"exit {p.rc}\n{p.stderr[-2000:]}"
+    assert "Traceback" not in p.stderr and "Ctrl-C: stopping after this step" in p.stderr, p.stderr[-2000:]
+    assert (d / "checkpoints" / "latest").read_text().strip() == "step_0000003.pt"
+    assert [s for s, _ in _losses(d)] == [1, 2, 3]
+    r = _resume(d)
+    assert r.rc == 0, r.stderr[-2000:]
+    assert _losses(d) == _losses(runs["ref"]), "the resumed run does not continue the loss curve exactly"
+    U.assert_no_orphans(str(tmp_path))
+    matrix.done("exit 130, then exit 0", f"stopped after step 3 with its checkpoint; steps 1-{STEPS} after the "
+                "resume identical to the reference run", p.elapsed, 60.0)
+
+
+def test_second_ctrl_c_stops_at_once_without_a_traceback(tmp_path):
+    import signal
+    import time
+    d = tmp_path / "run"
+    proc = U.launch(U.trainer_argv(d, STEPS), timeout=90, env=U.clean_env({"NSA_FAULT": "stall:step=2:seconds=20"}))
+    t0 = time.monotonic()
+    while not (d / "training.csv").exists():
+        assert proc.poll() is None and time.monotonic() - t0 < 60, "the run ended or stalled before step 1"
+        time.sleep(0.1)
+    for _ in range(2):
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+    p = U.finish(proc, timeout=15, started=t0)  # not the 20 s of the stall
+    assert p.rc == 130, f"exit {p.rc}\n{p.stderr[-2000:]}"
+    assert "Traceback" not in p.stderr and "interrupted (Ctrl-C twice) during step 2" in p.stderr, p.stderr[-2000:]
+    assert json.loads((d / "env.json").read_text())["status"] == "interrupted (Ctrl-C twice) during step 2"
 
 
 def _refused(d: Path, needle: str, marker: Path | None = None) -> tuple[U.Proc, str]:

@@ -100,8 +100,22 @@ def find_resume(out_dir: Path, resume: str) -> Path | None:
     return path
 
 
-def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo) -> dict[str, Any]:
-    """Restore model, optimizer and this rank's RNG; returns {step, data_position, config}."""
+def model_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "model") -> list[str]:
+    """'model.dim: 64 in the checkpoint, 96 now' for each leaf of the model config that differs."""
+    out = []
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += model_differences(a, b, f"{prefix}.{key}")
+        elif a != b:
+            out.append(f"{prefix}.{key}: {a!r} in the checkpoint, {b!r} now")
+    return out
+
+
+def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo,
+         config: dict[str, Any]) -> dict[str, Any]:
+    """Restore model, optimizer and this rank's RNG; returns {step, data_position, config}.
+    ``config`` is this run's (config_dict), to name what differs when the model does not fit."""
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
@@ -113,7 +127,11 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, i
     try:
         set_model_state_dict(model, payload["model"], options=opts)
     except RuntimeError as exc:
-        raise CheckpointError(f"{path}: model state does not fit this model ({exc})") from None
+        saved = payload.get("config", {}).get("model")
+        diffs = model_differences(saved, config["model"]) if isinstance(saved, dict) else []
+        why = "; ".join(diffs) if diffs else str(exc).splitlines()[0]
+        raise CheckpointError(f"{path}: model state does not fit this model ({why}); resume with the "
+                              "config the checkpoint was written with, or use another out_dir") from None
     set_optimizer_state_dict(model, optimizer, payload["optimizer"], options=opts)
     rngs = payload["rng"]
     set_rng_state(rngs[info.rank % len(rngs)], info.device)

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..config import ConfigError
 from ..model import NSATransformer, backend_report, gate_stats
 from . import checkpoint as ckpt
 from . import determinism, graphs
@@ -55,7 +56,11 @@ class Trainer:
                 self.step_graph = graphs.StepGraph(stream)
                 stack.callback(self.step_graph.release)  # before the process group is destroyed
             self.out = Path(cfg.train.out_dir)
-            self.out.mkdir(parents=True, exist_ok=True)
+            try:
+                self.out.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # a file of that name, a file on the path, no permission
+                raise ConfigError(f"train.out_dir={cfg.train.out_dir}: cannot make the output directory "
+                                  f"({exc.strerror}: {exc.filename})") from None
             self.stop_reason = "starting"
             self.ctrl_c = CtrlC(info.rank)
             self._clear_stale_halt()
@@ -78,9 +83,11 @@ class Trainer:
             self.step, data_position, self.resumed_from = 0, 0, None
             path = ckpt.find_resume(self.out, cfg.train.resume)
             if path is not None:
-                state = ckpt.load(path, self.wrapped, self.optimizer, info)
+                state = ckpt.load(path, self.wrapped, self.optimizer, info, config_dict(cfg))
                 self.step, data_position, self.resumed_from = state["step"], state["data_position"], str(path)
                 self.log(f"[ckpt] resumed from {path} at step {self.step} (data position {data_position})")
+                for diff in ckpt.model_differences(state["config"].get("model", {}), config_dict(cfg)["model"]):
+                    self.log(f"[ckpt] warning: the model config differs from the checkpoint's: {diff}")
             self.step_first = self.step + 1  # the first step this process runs
             self.graph_note = ""  # how graph capture went, for env.json
 

@@ -141,6 +141,24 @@ def test_bad_config_and_bad_data_give_one_line_errors(tmp_path: Path, capsys):
     assert "needs the NCCL backend" in capsys.readouterr().err
 
 
+def test_an_out_dir_that_is_a_file_is_a_one_line_error(tmp_path: Path, capsys):
+    (tmp_path / "afile").write_text("")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
+        assert main(["--config", "tiny", "--out-dir", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"train.out_dir={out}: cannot make the output directory" in err and "Traceback" not in err
+
+
+def test_resume_into_another_model_shape_names_the_keys(tmp_path: Path, capsys):
+    assert train(tmp_path, steps=2) == 0
+    capsys.readouterr()
+    assert train(tmp_path, "train.resume=auto model.dim=96", steps=3) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.dim: 64 in the checkpoint, 96 now" in err[0], err
+    assert train(tmp_path, "train.resume=auto model.attn.window=8", steps=3) == 0  # same shapes: a warning
+    assert "the model config differs from the checkpoint's: model.attn.window" in capsys.readouterr().out
+
+
 def test_injected_oom_is_reported_with_a_memory_file(tmp_path: Path):
     import torch
 

@@ -88,6 +88,11 @@ class Trainer:
                 self.log(f"[ckpt] resumed from {path} at step {self.step} (data position {data_position})")
                 for diff in ckpt.model_differences(state["config"].get("model", {}), config_dict(cfg)["model"]):
                     self.log(f"[ckpt] warning: the model config differs from the checkpoint's: {diff}")
+            elif (self.out / "training.csv").exists():
+                # starting afresh over an earlier run: its training.csv is replaced, its checkpoints stay
+                self.log(f"[out] warning: {self.out} holds an earlier run; starting afresh at step 1 "
+                         "(train.resume=auto would continue it); its training.csv is replaced and its "
+                         "checkpoints stay beside the new ones")
             self.step_first = self.step + 1  # the first step this process runs
             self.graph_note = ""  # how graph capture went, for env.json
 

@@ -157,6 +157,8 @@ def test_resume_into_another_model_shape_names_the_keys(tmp_path: Path, capsys):
     assert len(err) == 1 and "model.dim: 64 in the checkpoint, 96 now" in err[0], err
     assert train(tmp_path, "train.resume=auto model.attn.window=8", steps=3) == 0  # same shapes: a warning
     assert "the model config differs from the checkpoint's: model.attn.window" in capsys.readouterr().out
+    assert train(tmp_path, steps=2) == 0  # no resume: afresh, and said so
+    assert f"{tmp_path} holds an earlier run; starting afresh at step 1" in capsys.readouterr().out
 
 
 def test_injected_oom_is_reported_with_a_memory_file(tmp_path: Path):

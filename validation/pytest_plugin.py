@@ -266,7 +266,7 @@ def session_findings(config: pytest.Config, pair: tuple[str, str]) -> tuple[list
     base_dir = _baseline_dir(config)
     if base_dir is not None and records:
         profile = next(p.profile for p in _points(config) if (p.runbook.name, p.profile.name) == pair)
-        extra = baseline.compare(records, baseline.load(base_dir, *pair), base_dir,
+        extra = baseline.compare(records, baseline.load(base_dir, _results_dir(config), *pair), base_dir,
                                  profile.thresholds.get(baseline.REGRESSION_KEY)).findings()
     cross = [f for f in find(records) if f.severity == Severity.CRITICAL and f.kind in CROSS_POINT]
     return [f.title for f in cross + extra], len(records)

@@ -97,8 +97,8 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
     comparison = None
     if baseline is not None:
         threshold = profile.thresholds.get(baseline_cmp.REGRESSION_KEY) if profile else None
-        comparison = baseline_cmp.compare(records, baseline_cmp.load(baseline, runbook_name, profile_name),
-                                          baseline, threshold)
+        base_records = baseline_cmp.load(baseline, results_dir, runbook_name, profile_name)
+        comparison = baseline_cmp.compare(records, base_records, baseline, threshold)
     findings = find(records, comparison.findings() if comparison else None)
     status, why = status_of(records, missing, findings)
     hw = next((r.hardware for r in records if r.hardware), None)

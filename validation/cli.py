@@ -13,6 +13,7 @@ point without a finished run).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -31,6 +32,7 @@ from .store import ResultStore
 
 EXIT = {report.Verdict.GO: 0, report.Verdict.NO_GO: 1, report.Verdict.INCOMPLETE: 3}
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # as a shell reports a command killed by SIGPIPE
 
 
 def _positive(text: str) -> int:
@@ -47,10 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nsa-validate", description="NSA acceptance harness: runbook phases -> GO/NO-GO report")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def common(sp: argparse.ArgumentParser, runbook_default: str | None) -> None:
+    def common(sp: argparse.ArgumentParser, runbook_default: str | None, results: bool = True) -> None:
         sp.add_argument("--runbook", default=runbook_default, help=f"runbook name under runbooks/ or a YAML path (default: {runbook_default or 'all stored'})")
-        sp.add_argument("--profile", default=None, help="hardware profile name or YAML path (default: the runbook's first)")
-        sp.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR, help="result store and run artifacts (default: %(default)s)")
+        sp.add_argument("--profile", default=None, help="hardware profile name or YAML path (default: " + (
+            "the runbook's first)" if runbook_default else "with --runbook its first; without, every stored pair)"))
+        if results:
+            sp.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR, help="result store and run artifacts (default: %(default)s)")
 
     r = sub.add_parser("run", help="run phases, store results, render the report")
     common(r, DEFAULT_RUNBOOK)
@@ -65,13 +69,13 @@ def _parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="render the report from stored results")
     common(rep, None)
-    rep.add_argument("--no-plots", action="store_true")
+    rep.add_argument("--no-plots", action="store_true", help="render the report without PNG plots")
     rep.add_argument("--baseline", type=Path, default=None, metavar="DIR",
                      help="another results directory to compare with, point by point (its commit, date and hardware "
                           "named); a tokens/s drop beyond the profile's max_toks_regression fails the report")
 
     ph = sub.add_parser("phases", help="list a runbook's phases and sweep points")
-    common(ph, DEFAULT_RUNBOOK)
+    common(ph, DEFAULT_RUNBOOK, results=False)
 
     b = sub.add_parser("bless", help="write golden loss curves from stored runs (only the points selected)",
                        description="Copy the loss of steps 1..golden_steps of stored runs into the runbook's golden "
@@ -206,6 +210,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.runbook:
         rb, prof = _load(args.runbook, args.profile)
         pairs, given = [(rb.name, prof.name)], {(rb.name, prof.name): (rb, prof)}
+    elif args.profile:
+        name = load_profile(args.profile).name
+        if not any(p == name for _, p in pairs):
+            held = ", ".join(f"{r}/{p}" for r, p in pairs) or "no records at all"
+            print(f"nsa-validate: error: no records of profile {name} in {store.path} (it holds: {held})",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        pairs = [(r, p) for r, p in pairs if p == name]
     if not pairs:
         print(f"nsa-validate: no results in {store.path}", file=sys.stderr)
         return EXIT[report.Verdict.INCOMPLETE]
@@ -286,6 +298,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return _interrupted()
+    except BrokenPipeError:
+        # the reader went away (`nsa-validate phases | head -1`): stop quietly, as other command-line
+        # tools do; stdout now points at /dev/null so that the interpreter's last flush cannot fail
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except Exception:
         # A Ctrl-C that lands inside C code can surface as another error: during a C extension's
         # first import (matplotlib's Agg backend, while plots are drawn) it becomes

@@ -42,3 +42,36 @@ def test_the_results_dir_itself_as_baseline_is_an_error(tmp_path, capsys):
     _store(cur, write_runbook(tmp_path / "a.yaml", [train_phase()], name="fake"))
     assert main(["report", f"--results-dir={cur}", f"--baseline={cur}/.", "--no-plots"]) == 2
     assert "is the results directory itself" in capsys.readouterr().err
+
+
+def test_report_profile_without_runbook_selects_that_profile(tmp_path, capsys):
+    """--profile alone was ignored: the report of every stored pair was rendered."""
+    cur = tmp_path / "cur"
+    _store(cur, write_runbook(tmp_path / "a.yaml", [train_phase()], name="fake"))
+    assert main(["report", "--results-dir", str(cur), "--profile", "h100", "--no-plots"]) == 2
+    assert f"no records of profile h100 in {cur / 'results.json'} (it holds: fake/cpu)" in capsys.readouterr().err
+    assert not (cur / "reports").exists()
+    assert main(["report", "--results-dir", str(cur), "--profile=cpu", "--no-plots"]) == 3
+    assert (cur / "reports" / "fake__cpu.md").is_file()
+
+
+def test_output_into_a_closed_pipe_is_no_traceback():
+    """`nsa-validate phases | head -1` ended in a BrokenPipeError traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "validation", "phases", "--runbook", "nsa_ddp_a100"],
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # the reader is gone before the first line is written
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in err and "Exception ignored" not in err, err
+
+
+def test_each_subcommand_help_lists_only_options_it_uses(capsys):
+    """`phases --results-dir` was accepted and ignored; report's --no-plots said nothing."""
+    for cmd in ("phases", "report"):
+        try:
+            main([cmd, "--help"])
+        except SystemExit:
+            pass
+    out = capsys.readouterr().out
+    phases_help, report_help = out.split("usage: nsa-validate report")
+    assert "--results-dir" not in phases_help
+    assert "--no-plots            render the report without PNG plots" in report_help

@@ -60,7 +60,7 @@ def bless(results_dir: Path, runbook: Runbook, profile: Profile, selected: list[
         rec = records.get(point.test_id)
         if rec is None:
             raise GoldenError(f"{pid}: no stored record in {results_dir}; run it first "
-                              f"(nsa-validate run --runbook {runbook.name} --profile {profile.name} "
+                              f"(nsa-validate run --runbook {runbook.cli_name} --profile {profile.cli_name} "
                               f"--phase {point.phase.name} --results-dir {results_dir})")
         if not rec.ran or rec.exit_code != 0 or rec.hardware is None:
             raise GoldenError(f"{pid}: its stored run did not finish ({rec.status}: {rec.reason}); nothing blessed")

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from validation import REPO_ROOT
 from validation.cli import main
 from validation.hardware import Machine
@@ -75,3 +77,35 @@ def test_each_subcommand_help_lists_only_options_it_uses(capsys):
     phases_help, report_help = out.split("usage: nsa-validate report")
     assert "--results-dir" not in phases_help
     assert "--no-plots            render the report without PNG plots" in report_help
+
+
+def test_an_unknown_config_preset_is_refused_when_the_runbook_loads(tmp_path, capsys):
+    """`config: tiniest` loaded fine and every train point then crashed (trainer exit 2)."""
+    rb = tmp_path / "rb.yaml"
+    rb.write_text("name: x\nprofiles: [cpu]\ndefaults: {config: tiniest}\nphases:\n  - {name: p, kind: train}\n")
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert f"{rb}: phases[0].config: unknown config preset 'tiniest'; presets: " in err and "tiny" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_missing_runbook_or_profile_lists_the_ones_there_are(capsys):
+    assert main(["run", "--runbook", "cpu_smok"]) == 2
+    assert "no runbook 'cpu_smok' under " in capsys.readouterr().err.replace("\n", " ")
+    assert main(["phases", "--runbook", "cpu_smoke", "--profile=cpux"]) == 2
+    err = capsys.readouterr().err
+    assert "no profile 'cpux' under " in err and "profiles: a100, cpu, h100, h200" in err
+
+
+def test_bless_commands_name_a_runbook_given_by_path(tmp_path):
+    """For a runbook outside runbooks/, the suggested commands named it by name alone: run as
+    printed, bless would take the repository's runbook of that name and write runbooks/goldens/."""
+    from validation import bless, goldens
+    path = write_runbook(tmp_path / "rb.yaml", [train_phase("long_run", golden_steps=4)], name="cpu_smoke")
+    rb, prof = load_runbook(path), load_profile("cpu")
+    assert rb.cli_name == str(path) and load_runbook("cpu_smoke").cli_name == "cpu_smoke" and prof.cli_name == "cpu"
+    (tmp_path / "res").mkdir()
+    with pytest.raises(goldens.GoldenError, match=f"nsa-validate run --runbook {path} --profile cpu --phase long_run"):
+        bless.bless(tmp_path / "res", rb, prof, bless.select(rb, prof, None, None))
+    note = goldens.gate(expand(rb, prof)[0], None, Machine()).note
+    assert f"`nsa-validate bless --runbook {path} --profile cpu --point long_run/default`" in note

@@ -14,6 +14,9 @@ and a tokens/s drop beyond the profile's max_toks_regression fails the report ch
 The plugin is also a pytest11 entry point (pyproject.toml), so that its options are known before
 any conftest is read: pytest otherwise takes the value of ``--results-dir DIR`` for a test path
 when DIR exists, makes its directory the rootdir and never reads this repository's conftest.
+pytest still picks its rootdir and ini file before any plugin's options are known, so a command
+line that gives such a path as a separate argument is run again as ``--opt=PATH``
+(``pytest_load_initial_conftests`` below).
 Tests that request the ``acceptance_point`` fixture are parametrized; ``acceptance_report``
 tests get one (runbook, profile) pair each and check the session's cross-point findings.
 """
@@ -57,6 +60,49 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--baseline", default=None, metavar="DIR",
                 help="results directory to compare with point by point (report section; a tokens/s drop beyond "
                      "the profile's max_toks_regression fails the report check)")
+
+
+#: options whose value is a path: given as a separate argument of an existing path, pytest (which
+#: picks its rootdir and ini file before any plugin's options are known) takes it for a test path
+_PATH_OPTIONS = ("--results-dir", "--baseline", "--runbook", "--profile")
+_REEXEC_ENV = "VALIDATION_PYTEST_REEXEC"
+
+
+def _joined_path_options(args: list[str]) -> list[str] | None:
+    """``args`` with each ``--opt PATH`` of an existing PATH written ``--opt=PATH``; None when
+    there is none."""
+    out, changed, i = [], False, 0
+    while i < len(args):
+        if args[i] in _PATH_OPTIONS and i + 1 < len(args) and Path(args[i + 1]).exists():
+            out.append(f"{args[i]}={args[i + 1]}")
+            changed, i = True, i + 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out if changed else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    """``pytest -m long_run --results-dir /data/r`` into an existing /data/r: pytest took /data/r
+    for a test path, found no ini file above it and ran without this repository's pytest.ini
+    (markers unknown, --strict-markers off). The command line is run again, as it was typed,
+    with ``--results-dir=/data/r``; only a command-line pytest (never one run in-process by
+    another program), and only once."""
+    if os.environ.pop(_REEXEC_ENV, None) or early_config.inipath is not None or not (REPO_ROOT / "pytest.ini").is_file():
+        return  # run again already (the variable goes no further), or pytest found an ini file
+    typed = list(early_config.invocation_params.args)
+    fixed = _joined_path_options(typed)
+    if fixed is None or sys.argv[1:] != typed or hasattr(early_config, "workerinput"):
+        return
+    interpreter_args = sys.orig_argv[:len(sys.orig_argv) - len(typed)]  # python [-m pytest | .../pytest]
+    capture = early_config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:  # give stdout and stderr back: pytest has pointed them at its capture files
+        capture.stop_global_capturing()
+    os.environ[_REEXEC_ENV] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [*interpreter_args, *fixed])
 
 
 def _baseline_dir(config: pytest.Config) -> Path | None:

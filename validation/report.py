@@ -138,7 +138,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "missing": missing,
         "stale": stale,
         "artifacts": artifact_rows(records),
-        "reproduce": reproduce_rows(records),
+        "reproduce": reproduce_rows(records, runbook and runbook.cli_name, profile and profile.cli_name),
         "plots": plots or [],
         "verdict": status,
     }

@@ -109,3 +109,15 @@ def test_bless_commands_name_a_runbook_given_by_path(tmp_path):
         bless.bless(tmp_path / "res", rb, prof, bless.select(rb, prof, None, None))
     note = goldens.gate(expand(rb, prof)[0], None, Machine()).note
     assert f"`nsa-validate bless --runbook {path} --profile cpu --point long_run/default`" in note
+
+
+def test_the_reports_rerun_command_names_a_runbook_given_by_path(tmp_path):
+    """The report's rerun line said --runbook <name>: for a runbook outside runbooks/ it re-ran
+    the repository's runbook of that name (or none) instead."""
+    from validation.report import build_context
+    path = write_runbook(tmp_path / "rb.yaml", [train_phase()], name="cpu_smoke")
+    rb, prof = load_runbook(path), load_profile("cpu")
+    ResultStore(tmp_path / "res").put(PhaseRecord.for_point(expand(rb, prof)[0], Status.PASS, "",
+                                                            command=["python", "-m", "x"], hardware=Machine()))
+    ctx = build_context(tmp_path / "res", rb.name, prof.name, runbook=rb, profile=prof)
+    assert [r["rerun"] for r in ctx["reproduce"]] == [f"pytest -m baseline_ddp --runbook {path} --profile cpu"]

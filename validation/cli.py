@@ -88,12 +88,17 @@ def _parser() -> argparse.ArgumentParser:
                    help="bless one point, e.g. long_run/default or scaling_sweep/seq_len=32,batch_size=1 (repeatable)")
 
     ca = sub.add_parser("check-artifacts", help="check a run directory against the artifact contract "
-                        "(docs/artifact_contract.md): present / missing / malformed; exit 0 ok, 1 not")
+                        "(docs/artifact_contract.md): present / missing / malformed",
+                        description="Check a run directory against the artifact contract (docs/artifact_contract.md) "
+                                    "and print each file as present, missing or malformed. Exit 0 when it holds, 1 "
+                                    "when a required file or field is missing or malformed, 2 for a DIR that is not "
+                                    "a directory or a bad option.")
     ca.add_argument("dir", type=Path, help="a run directory (with --adapter: the trainer's own output directory)")
     ca.add_argument("--adapter", choices=sorted(ADAPTERS), default="native",
                     help="read DIR in a trainer's own format through this adapter (default: %(default)s, the contract)")
     ca.add_argument("--world-size", type=_positive, default=None,
-                    help="processes of the run, for an adapter whose files do not say (default: heartbeat files)")
+                    help="processes of the run, for an adapter whose files do not say (default: its heartbeat "
+                         "files); the contract's own env.json says it, so not without --adapter")
     return p
 
 
@@ -274,6 +279,11 @@ def cmd_phases(args: argparse.Namespace) -> int:
 
 
 def cmd_check_artifacts(args: argparse.Namespace) -> int:
+    if args.world_size is not None and not ADAPTERS[args.adapter].converts:
+        print(f"nsa-validate check-artifacts: error: --world-size is for an adapter (--adapter "
+              f"{'/'.join(n for n in sorted(ADAPTERS) if ADAPTERS[n].converts)}); the contract's world size is "
+              "env.json's world_size", file=sys.stderr)
+        return EXIT_USAGE
     return check_artifacts.check(args.dir, args.adapter, args.world_size)
 
 

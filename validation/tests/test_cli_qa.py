@@ -121,3 +121,10 @@ def test_the_reports_rerun_command_names_a_runbook_given_by_path(tmp_path):
                                                             command=["python", "-m", "x"], hardware=Machine()))
     ctx = build_context(tmp_path / "res", rb.name, prof.name, runbook=rb, profile=prof)
     assert [r["rerun"] for r in ctx["reproduce"]] == [f"pytest -m baseline_ddp --runbook {path} --profile cpu"]
+
+
+def test_check_artifacts_world_size_without_an_adapter_is_refused(tmp_path, capsys):
+    """It was accepted and ignored: the contract's env.json says the world size."""
+    assert main(["check-artifacts", str(tmp_path), "--world-size=2"]) == 2
+    assert "--world-size is for an adapter (--adapter seed)" in capsys.readouterr().err
+    assert main(["check-artifacts", str(tmp_path), "--adapter", "seed", "--world-size", "2"]) == 1

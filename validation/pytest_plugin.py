@@ -298,7 +298,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # environment, which load the plugin too, get none)
     if not hasattr(config, "workerinput") and config.rootpath == REPO_ROOT:
         os.environ[_SESSION_DIR_ENV] = tempfile.mkdtemp(prefix="nsa-validate-tests-")
-    _baseline_dir(config)  # a --baseline without a store is a usage error before anything runs
+    base = _baseline_dir(config)  # a --baseline without a store is a usage error before anything runs
+    if base is not None and base == _results_dir(config).resolve():  # so is one that is the results dir itself
+        raise pytest.UsageError(f"nsa-validate: --baseline {config.getoption('--baseline')} is the results "
+                                "directory itself; give the results directory of another run")
     config.pluginmanager.register(_Session(config), "nsa-validate-session")
 
 

@@ -6,7 +6,8 @@
     nsa-validate phases [--runbook R] [--profile P]
     nsa-validate bless --runbook R --profile P [--phase X] [--point PHASE/POINT] [--results-dir DIR]
 
-Exit status of ``run``/``report``: 0 GO, 1 NO-GO, 3 INCOMPLETE; 2 for a bad runbook or usage.
+Exit status of ``run``/``report``: 0 GO, 1 NO-GO, 3 INCOMPLETE; 2 for a bad runbook or usage;
+128 + the signal when stopped by SIGINT (Ctrl-C), SIGTERM or SIGHUP (trainers killed first).
 ``bless`` exits 0 when it wrote the golden curves, 2 when it wrote nothing (a bad selection, a
 point without a finished run).
 """
@@ -287,15 +288,29 @@ def cmd_check_artifacts(args: argparse.Namespace) -> int:
     return check_artifacts.check(args.dir, args.adapter, args.world_size)
 
 
-def _on_sigint(signum, frame) -> None:
+#: signals that stop a run as Ctrl-C does; left to their default, SIGTERM (a scheduler's cancel,
+#: `timeout`, `kill`) and SIGHUP (a closed terminal) killed the harness and orphaned its trainers
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _Stopped(KeyboardInterrupt):
+    """A stop signal, raised in the main thread as Ctrl-C's KeyboardInterrupt is."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _on_stop_signal(signum, frame) -> None:
     runner.ABORT.set()  # worker threads running trainers kill their process groups
-    raise KeyboardInterrupt
+    raise _Stopped(signum)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, _on_sigint)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, _on_stop_signal)
     problem = checkout_problem()
     if problem:
         print(f"nsa-validate: error: {problem}", file=sys.stderr)
@@ -306,8 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     except HarnessError as exc:
         print(f"nsa-validate: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        return _interrupted()
+    except KeyboardInterrupt as exc:
+        return _interrupted(getattr(exc, "signum", signal.SIGINT))
     except BrokenPipeError:
         # the reader went away (`nsa-validate phases | head -1`): stop quietly, as other command-line
         # tools do; stdout now points at /dev/null so that the interpreter's last flush cannot fail
@@ -318,15 +333,15 @@ def main(argv: list[str] | None = None) -> int:
         # first import (matplotlib's Agg backend, while plots are drawn) it becomes
         # "ImportError: initialization failed". It is still the user's interrupt.
         if runner.ABORT.is_set():
-            return _interrupted()
+            return _interrupted(signal.SIGINT)
         raise
 
 
-def _interrupted() -> int:
-    print("nsa-validate: interrupted: running trainers killed; the interrupted point was not recorded "
-          "(its earlier record and artifacts are kept), and the report shows the points finished before",
-          file=sys.stderr)
-    return 130
+def _interrupted(signum: int) -> int:
+    print(f"nsa-validate: interrupted ({signal.Signals(signum).name}): running trainers killed; the interrupted "
+          "point was not recorded (its earlier record and artifacts are kept), and the report shows the points "
+          "finished before", file=sys.stderr)
+    return 128 + signum
 
 
 if __name__ == "__main__":

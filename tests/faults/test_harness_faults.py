@@ -57,9 +57,13 @@ def _wait_for(pred, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
-def test_sigint_during_a_phase(seeded, matrix):
-    matrix.start("SIGINT during a phase", "SIGINT to `nsa-validate run` while the trainer of a 2-rank "
-                 "phase is at step >= 2", "harness exits promptly (130); the trainer's process group is "
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_sigint_during_a_phase(seeded, matrix, sig):
+    """SIGTERM (a scheduler's cancel, `timeout`, `kill`) once killed the harness outright and left
+    the trainer running on as an orphan; it is handled as Ctrl-C is, exiting 128 + 15."""
+    rc = 128 + sig
+    matrix.start(f"{sig.name} during a phase", f"{sig.name} to `nsa-validate run` while the trainer of a 2-rank "
+                 f"phase is at step >= 2", f"harness exits promptly ({rc}); the trainer's process group is "
                  "killed; store and earlier record intact; the report shows the points finished before")
     rb = seeded.runbook(U.fault_phase("long", steps=400, nproc=2))
     report = seeded.results / "reports" / "faults__cpu.md"
@@ -75,13 +79,13 @@ def test_sigint_during_a_phase(seeded, matrix):
         _wait_for(at_step_2, 90, "step 2 of the phase")
         assert U.processes_with(str(seeded.root)), "no trainer running to interrupt"
         t_int = time.monotonic()
-        os.kill(proc.pid, signal.SIGINT)  # the harness process only, as a shell's Ctrl-C reaches it
+        os.kill(proc.pid, sig)  # the harness process only, as a shell's Ctrl-C reaches it
         done = U.finish(proc, timeout=30 + (t_int - t0), started=t0)
     finally:
         U.kill_group(proc.pid)
     took = time.monotonic() - t_int
-    assert done.rc == 130, f"exit {done.rc}, expected 130 (interrupted):\n{done.stderr[-3000:]}"
-    assert took <= 15, f"the harness took {took:.1f}s to stop after SIGINT"
+    assert done.rc == rc, f"exit {done.rc}, expected {rc} (interrupted):\n{done.stderr[-3000:]}"
+    assert took <= 15, f"the harness took {took:.1f}s to stop after {sig.name}"
     U.assert_no_orphans(str(seeded.root))  # the torchrun group was killed with the harness
     text = report.read_text()
     assert report.read_bytes() != before and _complete_report(text), "no whole report of the points finished"

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -292,12 +293,41 @@ class _Session:
             terminalreporter.write_line(f"nsa-validate report: {line}")
 
 
+#: signals that end a session as Ctrl-C does; at their default they killed pytest at once and the
+#: running trainer (in a session of its own) ran on as an orphan
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_SAVED_HANDLERS = pytest.StashKey[dict]()
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)  # runner.run kills the trainer's tree on its way out
+
+
+def _stop_signals_interrupt(config: pytest.Config) -> None:
+    """SIGTERM (a scheduler's cancel, `timeout`, `kill`) and SIGHUP (a closed terminal) raise
+    KeyboardInterrupt, as Ctrl-C does, where nobody handles them yet; restored at unconfigure."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    saved = {}
+    for sig in _STOP_SIGNALS:
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            saved[sig] = signal.signal(sig, _interrupt)
+    config.stash[_SAVED_HANDLERS] = saved
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for sig, handler in config.stash.get(_SAVED_HANDLERS, {}).items():
+        signal.signal(sig, handler)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # a controller (or lone) session of this repository's tests gets a results directory of its
     # own, whatever it inherited; its xdist workers inherit it (other projects' sessions in this
     # environment, which load the plugin too, get none)
     if not hasattr(config, "workerinput") and config.rootpath == REPO_ROOT:
         os.environ[_SESSION_DIR_ENV] = tempfile.mkdtemp(prefix="nsa-validate-tests-")
+    if config.rootpath == REPO_ROOT:
+        _stop_signals_interrupt(config)
     base = _baseline_dir(config)  # a --baseline without a store is a usage error before anything runs
     if base is not None and base == _results_dir(config).resolve():  # so is one that is the results dir itself
         raise pytest.UsageError(f"nsa-validate: --baseline {config.getoption('--baseline')} is the results "

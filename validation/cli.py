@@ -203,7 +203,8 @@ def _render(results_dir: Path, rb_name: str, prof_name: str, rb, prof, plots: bo
 
 def cmd_report(args: argparse.Namespace) -> int:
     if not args.results_dir.is_dir():
-        print(f"nsa-validate: error: results directory {args.results_dir} does not exist "
+        print(f"nsa-validate: error: results directory {args.results_dir} "
+              f"{'is not a directory' if args.results_dir.exists() else 'does not exist'} "
               "(give the --results-dir a run wrote into)", file=sys.stderr)
         return EXIT_USAGE
     if args.baseline is not None and not (args.baseline / "results.json").is_file():

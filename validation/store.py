@@ -64,7 +64,11 @@ class ResultStore:
         return data
 
     def check(self) -> None:
-        """Raise StoreError now if the store cannot be read (before any point runs)."""
+        """Raise StoreError now if the store cannot be read or its directory cannot be made
+        (before any point runs)."""
+        existing = next(p for p in (self.dir, *self.dir.parents) if p.exists())
+        if not existing.is_dir():
+            raise StoreError(f"results directory {self.dir}: {existing} is a file, not a directory")
         self._typed(self._read())
 
     def _typed(self, data: dict[str, Any]) -> list[PhaseRecord]:

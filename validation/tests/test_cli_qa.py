@@ -128,3 +128,14 @@ def test_check_artifacts_world_size_without_an_adapter_is_refused(tmp_path, caps
     assert main(["check-artifacts", str(tmp_path), "--world-size=2"]) == 2
     assert "--world-size is for an adapter (--adapter seed)" in capsys.readouterr().err
     assert main(["check-artifacts", str(tmp_path), "--adapter", "seed", "--world-size", "2"]) == 1
+
+
+def test_a_results_dir_that_is_a_file_is_a_usage_error(tmp_path, capsys):
+    """`run --results-dir results.json` (a file) ended in a NotADirectoryError traceback."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase()])
+    (tmp_path / "f").write_text("x")
+    for results in (tmp_path / "f", tmp_path / "f" / "sub"):
+        assert main(["run", "--runbook", str(rb), "--results-dir", str(results)]) == 2
+        assert f"results directory {results}: {tmp_path / 'f'} is a file, not a directory" in capsys.readouterr().err
+    assert main(["report", "--results-dir", str(tmp_path / "f")]) == 2
+    assert f"results directory {tmp_path / 'f'} is not a directory" in capsys.readouterr().err

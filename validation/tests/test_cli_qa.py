@@ -139,3 +139,24 @@ def test_a_results_dir_that_is_a_file_is_a_usage_error(tmp_path, capsys):
         assert f"results directory {results}: {tmp_path / 'f'} is a file, not a directory" in capsys.readouterr().err
     assert main(["report", "--results-dir", str(tmp_path / "f")]) == 2
     assert f"results directory {tmp_path / 'f'} is not a directory" in capsys.readouterr().err
+
+
+def test_check_artifacts_names_the_adapter_that_reads_a_directory(tmp_path, capsys):
+    """A seed-format directory checked without --adapter (or a contract one with --adapter seed)
+    said only 'malformed ... header is 1,5.5,...' (or 'row 2 ... step is not a number', a row of
+    the adapter's temporary copy): nothing told the author which check would pass."""
+    seed, native = tmp_path / "seed", tmp_path / "native"
+    seed.mkdir(), native.mkdir()
+    (seed / "training.csv").write_text("1,5.5,0.001,100.0\n2,5.4,0.001,110.0\n")
+    (seed / "heartbeat_rank0.jsonl").write_text('{"ts": 1.0, "step": 1, "msg": "train"}\n')
+    (seed / "env.json").write_text("{}")
+    (native / "training.csv").write_text("step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb\n"
+                                         "1,5.5,0.001,100,0.1,1,0.1,0.2\n")
+    (native / "heartbeat_rank0.jsonl").write_text('{"time": 1.0, "step": 1}\n')
+    (native / "env.json").write_text('{"world_size": 1}')
+    assert main(["check-artifacts", str(seed)]) == 1
+    assert f"hint: {seed} holds to the contract through --adapter seed" in capsys.readouterr().out
+    assert main(["check-artifacts", str(native), "--adapter=seed"]) == 1
+    assert f"hint: {native} holds to the contract as it is: check it without --adapter" in capsys.readouterr().out
+    assert main(["check-artifacts", str(native)]) == 0
+    assert "hint" not in capsys.readouterr().out

@@ -228,6 +228,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not pairs:
         print(f"nsa-validate: no results in {store.path}", file=sys.stderr)
         return EXIT[report.Verdict.INCOMPLETE]
+    # of several stored pairs, those the baseline lacks are rendered without a comparison (when it
+    # has none of them, the comparison's error says what it holds)
+    in_baseline = set(ResultStore(args.baseline).pairs()) if args.baseline is not None else set()
     worst = 0
     for rb_name, prof_name in pairs:
         try:
@@ -235,7 +238,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         except HarnessError as exc:  # the runbook changed or moved: render what is stored
             print(f"nsa-validate: note: {exc}; rendering stored records only", file=sys.stderr)
             rb = prof = None
-        code = _render(args.results_dir, rb_name, prof_name, rb, prof, not args.no_plots, args.baseline)
+        baseline = args.baseline
+        if baseline is not None and (rb_name, prof_name) not in in_baseline and in_baseline & set(pairs):
+            print(f"nsa-validate: note: --baseline {baseline} holds no records of {rb_name}/{prof_name}; "
+                  "its report has no comparison", file=sys.stderr)
+            baseline = None
+        code = _render(args.results_dir, rb_name, prof_name, rb, prof, not args.no_plots, baseline)
         worst = code if code == 1 or worst == 0 else worst
     return worst
 

@@ -160,3 +160,15 @@ def test_check_artifacts_names_the_adapter_that_reads_a_directory(tmp_path, caps
     assert f"hint: {native} holds to the contract as it is: check it without --adapter" in capsys.readouterr().out
     assert main(["check-artifacts", str(native)]) == 0
     assert "hint" not in capsys.readouterr().out
+
+
+def test_a_baseline_of_some_stored_pairs_compares_those_and_renders_the_rest(tmp_path, capsys):
+    """A store of several runbooks against a baseline of one: the others are rendered without a
+    comparison (and said so), rather than failing the whole report."""
+    cur, base = tmp_path / "cur", tmp_path / "base"
+    a = write_runbook(tmp_path / "a.yaml", [train_phase()], name="fake")
+    _store(cur, a), _store(cur, write_runbook(tmp_path / "b.yaml", [train_phase()], name="other")), _store(base, a)
+    assert main(["report", "--results-dir", str(cur), "--baseline", str(base), "--no-plots"]) == 3
+    assert f"--baseline {base} holds no records of other/cpu; its report has no comparison" in capsys.readouterr().err
+    assert "Comparison with Baseline" in (cur / "reports" / "fake__cpu.md").read_text()
+    assert "Comparison with Baseline" not in (cur / "reports" / "other__cpu.md").read_text()

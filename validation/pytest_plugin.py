@@ -35,7 +35,7 @@ from typing import Any
 import pytest
 
 from . import DEFAULT_RESULTS_DIR, REPO_ROOT, baseline, checkout_problem, goldens, report
-from .errors import HarnessError
+from .errors import HarnessError, StoreError
 from .finding import Severity
 from .findings import CROSS_POINT, find
 from .orchestrate import MISMATCH_POLICIES, module_missing, run_point, why_not
@@ -282,9 +282,15 @@ class _Session:
         for rb_name, prof_name in sorted(self.pairs):
             try:
                 rb, prof = loaded.get((rb_name, prof_name)) or (load_runbook(rb_name), load_profile(prof_name))
+                base, note = _baseline_dir(self.config), ""
+                if base is not None:
+                    try:  # a baseline without this pair: the report still renders, and says why it compares nothing
+                        baseline.load(base, _results_dir(self.config), rb_name, prof_name)
+                    except StoreError as exc:
+                        base, note = None, f" (no comparison: {exc})"
                 out = report.render(_results_dir(self.config), rb_name, prof_name, runbook=rb, profile=prof,
-                                    baseline=_baseline_dir(self.config))
-                self.reports.append(f"{out.verdict} -> {out.path}")
+                                    baseline=base)
+                self.reports.append(f"{out.verdict} -> {out.path}{note}")
             except HarnessError as exc:
                 self.reports.append(f"report for {rb_name}/{prof_name} not rendered: {exc}")
 

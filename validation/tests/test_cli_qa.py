@@ -172,3 +172,14 @@ def test_a_baseline_of_some_stored_pairs_compares_those_and_renders_the_rest(tmp
     assert f"--baseline {base} holds no records of other/cpu; its report has no comparison" in capsys.readouterr().err
     assert "Comparison with Baseline" in (cur / "reports" / "fake__cpu.md").read_text()
     assert "Comparison with Baseline" not in (cur / "reports" / "other__cpu.md").read_text()
+
+
+def test_a_trainer_root_outside_the_repository_says_how_to_name_it(tmp_path, capsys):
+    """`root: /path/to/my/trainer` (what a trainer author writes first) was refused as 'must be a
+    relative path without ..', not saying that {env: VAR} is the way to a checkout elsewhere."""
+    rb = tmp_path / "rb.yaml"
+    rb.write_text("name: x\nprofiles: [cpu]\ntrainer: {name: t, root: /opt/mine, script: train.py, args: [--steps, '{steps}', --out, '{out_dir}']}\n"
+                  "phases:\n  - {name: p, kind: train}\n")
+    assert main(["phases", "--runbook", str(rb)]) == 2
+    assert ("trainer.root: '/opt/mine' is outside this repository; name it through an environment variable: "
+            "root: {env: MY_TRAINER_ROOT}, then export MY_TRAINER_ROOT=/opt/mine") in capsys.readouterr().err

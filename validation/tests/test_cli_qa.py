@@ -178,8 +178,8 @@ def test_a_trainer_root_outside_the_repository_says_how_to_name_it(tmp_path, cap
     """`root: /path/to/my/trainer` (what a trainer author writes first) was refused as 'must be a
     relative path without ..', not saying that {env: VAR} is the way to a checkout elsewhere."""
     rb = tmp_path / "rb.yaml"
-    rb.write_text("name: x\nprofiles: [cpu]\ntrainer: {name: t, root: /opt/mine, script: train.py, args: [--steps, '{steps}', --out, '{out_dir}']}\n"
-                  "phases:\n  - {name: p, kind: train}\n")
+    rb.write_text("name: x\nprofiles: [cpu]\ntrainer: {name: t, root: /opt/mine, script: train.py,\n"
+                  "  args: [--steps, '{steps}', --out, '{out_dir}']}\nphases:\n  - {name: p, kind: train}\n")
     assert main(["phases", "--runbook", str(rb)]) == 2
     assert ("trainer.root: '/opt/mine' is outside this repository; name it through an environment variable: "
             "root: {env: MY_TRAINER_ROOT}, then export MY_TRAINER_ROOT=/opt/mine") in capsys.readouterr().err

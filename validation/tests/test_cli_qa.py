@@ -183,3 +183,15 @@ def test_a_trainer_root_outside_the_repository_says_how_to_name_it(tmp_path, cap
     assert main(["phases", "--runbook", str(rb)]) == 2
     assert ("trainer.root: '/opt/mine' is outside this repository; name it through an environment variable: "
             "root: {env: MY_TRAINER_ROOT}, then export MY_TRAINER_ROOT=/opt/mine") in capsys.readouterr().err
+
+
+def test_an_unknown_trainer_commit_is_not_said_to_come_from_git(tmp_path):
+    """'at an unknown commit (from git describe)' for a trainer root that is no git checkout."""
+    from validation.report import build_context, render_text
+    rb, prof = load_runbook(write_runbook(tmp_path / "rb.yaml", [train_phase()])), load_profile("cpu")
+    ResultStore(tmp_path / "res").put(PhaseRecord.for_point(expand(rb, prof)[0], Status.PASS, "", hardware=Machine(),
+                                                            trainer="mine", trainer_sha_source="git describe"))
+    text = render_text({**build_context(tmp_path / "res", rb.name, prof.name, runbook=rb, profile=prof),
+                        "results_prefix": ".."})
+    assert "- **Trainer**: mine (the runbook's `trainer:`), at an unknown commit\n" in text
+    assert "- **Git SHA**: not recorded\n" in text

@@ -234,7 +234,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     worst = 0
     for rb_name, prof_name in pairs:
         try:
-            rb, prof = given.get((rb_name, prof_name)) or _load(rb_name, prof_name)
+            rb, prof = given.get((rb_name, prof_name)) or _load(*_ran_from(store, rb_name, prof_name))
         except HarnessError as exc:  # the runbook changed or moved: render what is stored
             print(f"nsa-validate: note: {exc}; rendering stored records only", file=sys.stderr)
             rb = prof = None
@@ -246,6 +246,15 @@ def cmd_report(args: argparse.Namespace) -> int:
         code = _render(args.results_dir, rb_name, prof_name, rb, prof, not args.no_plots, baseline)
         worst = code if code == 1 or worst == 0 else worst
     return worst
+
+
+def _ran_from(store: ResultStore, rb_name: str, prof_name: str) -> tuple[str, str]:
+    """The runbook and profile the pair's latest record ran from (a path for a runbook outside
+    runbooks/), or their names for records that do not say."""
+    latest = max(store.records(rb_name, prof_name), key=lambda r: r.started, default=None)
+    if latest is None:
+        return rb_name, prof_name
+    return latest.runbook_arg or rb_name, latest.profile_arg or prof_name
 
 
 def cmd_bless(args: argparse.Namespace) -> int:

@@ -195,3 +195,13 @@ def test_an_unknown_trainer_commit_is_not_said_to_come_from_git(tmp_path):
                         "results_prefix": ".."})
     assert "- **Trainer**: mine (the runbook's `trainer:`), at an unknown commit\n" in text
     assert "- **Git SHA**: not recorded\n" in text
+
+
+def test_report_judges_a_store_against_the_runbook_it_ran_from(tmp_path, capsys):
+    """`run --runbook /my/cpu_smoke.yaml` said GO; `report` of that store then judged it against
+    runbooks/cpu_smoke.yaml (another runbook of the same name): INCOMPLETE, 'N point(s) not run'."""
+    rb = write_runbook(tmp_path / "cpu_smoke.yaml", [train_phase()], name="cpu_smoke")
+    res = tmp_path / "res"
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-plots"]) == 0
+    assert main(["report", "--results-dir", str(res), "--no-plots"]) == 0
+    assert f"- **Runbook**: cpu_smoke (`{rb}`)" in (res / "reports" / "cpu_smoke__cpu.md").read_text()

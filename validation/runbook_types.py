@@ -129,4 +129,5 @@ class Profile:
 
 
 def _cli_name(name: str, path: Path, directory: Path) -> str:
-    return name if Path(path).resolve() == (directory / f"{name}.yaml").resolve() else str(path)
+    resolved = Path(path).resolve()  # absolute: a command printed here works from any directory
+    return name if resolved == (directory / f"{name}.yaml").resolve() else str(resolved)

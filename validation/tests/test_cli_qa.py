@@ -205,3 +205,21 @@ def test_report_judges_a_store_against_the_runbook_it_ran_from(tmp_path, capsys)
     assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-plots"]) == 0
     assert main(["report", "--results-dir", str(res), "--no-plots"]) == 0
     assert f"- **Runbook**: cpu_smoke (`{rb}`)" in (res / "reports" / "cpu_smoke__cpu.md").read_text()
+
+
+def test_bless_refuses_a_run_of_another_runbook_file_of_the_same_name(tmp_path, capsys):
+    """A run of /my/cpu_smoke.yaml (say, with a changed window) blessed with the default --runbook
+    cpu_smoke would have written its curve into runbooks/goldens/ as the repository's golden."""
+    from validation import bless
+    from validation.goldens import GoldenError
+    path = write_runbook(tmp_path / "mine.yaml", [train_phase("long_run", golden_steps=4)], name="fake")
+    mine, prof = load_runbook(path), load_profile("cpu")
+    (tmp_path / "other").mkdir()
+    other = load_runbook(write_runbook(tmp_path / "other" / "mine.yaml", [train_phase("long_run", golden_steps=4)],
+                                       name="fake"))
+    res = tmp_path / "res"
+    assert main(["run", "--runbook", str(path), "--results-dir", str(res), "--no-report"]) == 0
+    with pytest.raises(GoldenError, match=f"ran from runbook {path}, not {other.path}; nothing blessed"):
+        bless.bless(res, other, prof, bless.select(other, prof, None, None))
+    assert not (tmp_path / "other" / "goldens").exists()
+    assert [b.point for b in bless.bless(res, mine, prof, bless.select(mine, prof, None, None))] == ["long_run/default"]

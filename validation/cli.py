@@ -5,11 +5,9 @@
     nsa-validate report [--runbook R --profile P] [--results-dir DIR] [--baseline DIR]
     nsa-validate phases [--runbook R] [--profile P]
     nsa-validate bless --runbook R --profile P [--phase X] [--point PHASE/POINT] [--results-dir DIR]
+    nsa-validate check-artifacts DIR [--adapter seed]
 
-Exit status of ``run``/``report``: 0 GO, 1 NO-GO, 3 INCOMPLETE; 2 for a bad runbook or usage;
-128 + the signal when stopped by SIGINT (Ctrl-C), SIGTERM or SIGHUP (trainers killed first).
-``bless`` exits 0 when it wrote the golden curves, 2 when it wrote nothing (a bad selection, a
-point without a finished run).
+Exit statuses: ``EXIT_STATUSES`` below, also shown by ``nsa-validate --help``.
 """
 from __future__ import annotations
 
@@ -34,6 +32,10 @@ from .store import ResultStore
 EXIT = {report.Verdict.GO: 0, report.Verdict.NO_GO: 1, report.Verdict.INCOMPLETE: 3}
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # as a shell reports a command killed by SIGPIPE
+EXIT_STATUSES = ("exit status of run and report: 0 GO, 1 NO-GO, 3 INCOMPLETE (run --no-report: 0 once stored); "
+                 "2 a bad runbook, profile or option; 128 + the signal when stopped by SIGINT (Ctrl-C), SIGTERM or "
+                 "SIGHUP, its trainers killed first. bless: 0 when it wrote the golden curves, 2 when it wrote "
+                 "nothing. check-artifacts: 0 the contract holds, 1 not, 2 not a directory.")
 
 
 def _positive(text: str) -> int:
@@ -47,7 +49,8 @@ def _positive(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="nsa-validate", description="NSA acceptance harness: runbook phases -> GO/NO-GO report")
+    p = argparse.ArgumentParser(prog="nsa-validate", description="NSA acceptance harness: runbook phases -> GO/NO-GO report",
+                                epilog=EXIT_STATUSES)
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser, runbook_default: str | None, results: bool = True) -> None:
@@ -65,7 +68,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="what to do when the GPUs differ from the profile's (default: run and report)")
     r.add_argument("--jobs", type=_positive, default=None,
                    help="single-process points to run at once (default: the runbook's max_parallel)")
-    r.add_argument("--no-report", action="store_true", help="store results without rendering the report")
+    r.add_argument("--no-report", action="store_true",
+                   help="store results without rendering the report; exit 0 once stored (the verdict and its exit "
+                        "status come from `nsa-validate report`)")
     r.add_argument("--no-plots", action="store_true", help="render the report without PNG plots")
 
     rep = sub.add_parser("report", help="render the report from stored results")

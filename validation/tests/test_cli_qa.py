@@ -223,3 +223,10 @@ def test_bless_refuses_a_run_of_another_runbook_file_of_the_same_name(tmp_path, 
         bless.bless(res, other, prof, bless.select(other, prof, None, None))
     assert not (tmp_path / "other" / "goldens").exists()
     assert [b.point for b in bless.bless(res, mine, prof, bless.select(mine, prof, None, None))] == ["long_run/default"]
+
+
+def test_help_states_the_exit_statuses(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "0 GO, 1 NO-GO, 3 INCOMPLETE (run --no-report: 0 once stored)" in out and "128 + the signal" in out

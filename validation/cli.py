@@ -145,7 +145,6 @@ class _Progress:
             self.lines.pop(test_id, None)
             self.stream.write(("\r" if self.tty else "") + line.ljust(79 if self.tty else 0) + "\n")
             self.stream.flush()
-            self.last = 0.0
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -230,3 +230,16 @@ def test_help_states_the_exit_statuses(capsys):
         main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "0 GO, 1 NO-GO, 3 INCOMPLETE (run --no-report: 0 once stored)" in out and "128 + the signal" in out
+
+
+def test_progress_in_a_log_has_no_line_per_point_at_0s():
+    """A log (not a terminal) got '  ... <point>:     0s' right after every '[n/N] <point> ...'."""
+    import io
+    from validation.cli import _Progress
+    log = io.StringIO()
+    progress = _Progress(log, every_s=5.0)
+    progress.update("a", "a:    12s step 3/12")
+    progress.done("a", "[1/2] a: PASS")
+    progress.done(None, "[2/2] b ...")
+    progress.update("b", "b:     0s")
+    assert log.getvalue() == "  ... a:    12s step 3/12\n[1/2] a: PASS\n[2/2] b ...\n"

@@ -243,3 +243,16 @@ def test_progress_in_a_log_has_no_line_per_point_at_0s():
     progress.done(None, "[2/2] b ...")
     progress.update("b", "b:     0s")
     assert log.getvalue() == "  ... a:    12s step 3/12\n[1/2] a: PASS\n[2/2] b ...\n"
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p.mkdir(), "a directory, expected a YAML file"),
+    (lambda p: p.write_bytes(b"\xff\xfe name: x"), "not a readable YAML text file ("),
+    (lambda p: p.write_text(""), "the file is empty; expected a mapping of keys"),
+], ids=["directory", "not-utf8", "empty"])
+def test_a_runbook_that_is_no_yaml_text_is_an_error_naming_it(tmp_path, capsys, make, message):
+    """A directory or a binary file given as --runbook ended in a traceback; an empty one said 'got NoneType'."""
+    path = tmp_path / "rb.yaml"
+    make(path)
+    assert main(["run", "--runbook", str(path)]) == 2
+    assert f"nsa-validate: error: {path}: {message}" in capsys.readouterr().err

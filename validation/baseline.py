@@ -157,4 +157,6 @@ def _source(records: list[PhaseRecord], baseline_dir: Path) -> BaselineSource:
     days = sorted({s[:10] for s in started})
     date = "no runs" if not days else days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
     hw = next((r.hardware for r in records if r.hardware), None)
-    return BaselineSource(str(baseline_dir), sha, date, f"{hw.describe()} on {hw.hostname}" if hw else "unknown")
+    # absolute: the report is read from elsewhere than the directory it was rendered from
+    return BaselineSource(str(Path(baseline_dir).resolve()), sha, date,
+                          f"{hw.describe()} on {hw.hostname}" if hw else "unknown")

@@ -256,3 +256,12 @@ def test_a_runbook_that_is_no_yaml_text_is_an_error_naming_it(tmp_path, capsys, 
     make(path)
     assert main(["run", "--runbook", str(path)]) == 2
     assert f"nsa-validate: error: {path}: {message}" in capsys.readouterr().err
+
+
+def test_the_report_names_a_relative_baseline_by_its_absolute_path(tmp_path, monkeypatch):
+    """`--baseline base` was named `base` in the report, which says nothing once it is read elsewhere."""
+    rb = write_runbook(tmp_path / "a.yaml", [train_phase()], name="fake")
+    _store(tmp_path / "cur", rb), _store(tmp_path / "base", rb)
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "--results-dir", "cur", "--baseline", "base", "--no-plots"]) == 3
+    assert f"- **Baseline**: `{tmp_path / 'base'}`" in (tmp_path / "cur" / "reports" / "fake__cpu.md").read_text()

@@ -35,11 +35,14 @@ def check(directory: Path, adapter: str = "native", world_size: int | None = Non
 
 def _read(directory: Path, adapter: str, world_size: int | None) -> contract.ContractRead:
     if not ADAPTERS[adapter].converts:  # the contract itself: read in place
-        return contract.read(directory)
-    with tempfile.TemporaryDirectory(prefix="nsa-check-") as tmp:
-        ranks = len(list(directory.glob("heartbeat_rank*.jsonl")))
-        ADAPTERS[adapter].convert(directory, Path(tmp), RunFacts(world_size or max(ranks, 1), "(checked by hand)"))
-        return contract.read(Path(tmp))
+        found = contract.read(directory)
+    else:
+        with tempfile.TemporaryDirectory(prefix="nsa-check-") as tmp:
+            ranks = len(list(directory.glob("heartbeat_rank*.jsonl")))
+            ADAPTERS[adapter].convert(directory, Path(tmp), RunFacts(world_size or max(ranks, 1), "(checked by hand)"))
+            found = contract.read(Path(tmp))
+    found.items += contract.silent_ranks(found)
+    return found
 
 
 def _report(found: contract.ContractRead, directory: Path, adapter: str, out: TextIO) -> int:

@@ -265,3 +265,17 @@ def test_the_report_names_a_relative_baseline_by_its_absolute_path(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     assert main(["report", "--results-dir", "cur", "--baseline", "base", "--no-plots"]) == 3
     assert f"- **Baseline**: `{tmp_path / 'base'}`" in (tmp_path / "cur" / "reports" / "fake__cpu.md").read_text()
+
+
+def test_check_artifacts_names_a_rank_without_heartbeats(tmp_path, capsys):
+    """env.json said world_size 2 and only rank 0 wrote heartbeats: the check said OK, and the
+    first acceptance run then failed its idle_ranks gate."""
+    (tmp_path / "training.csv").write_text("step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,"
+                                           "mem_reserved_gb\n1,5.5,0.001,100,0.1,1,0.1,0.2\n")
+    (tmp_path / "heartbeat_rank0.jsonl").write_text('{"time": 1.0, "step": 1}\n')
+    (tmp_path / "env.json").write_text('{"world_size": 2}')
+    assert main(["check-artifacts", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "missing              heartbeat_rank1.jsonl: not written (env.json says world_size 2)" in out
+    (tmp_path / "heartbeat_rank1.jsonl").write_text('{"time": 1.0, "step": 1}\n')
+    assert main(["check-artifacts", str(tmp_path)]) == 0

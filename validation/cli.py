@@ -49,8 +49,8 @@ def _positive(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="nsa-validate", description="NSA acceptance harness: runbook phases -> GO/NO-GO report",
-                                epilog=EXIT_STATUSES)
+    p = argparse.ArgumentParser(prog="nsa-validate", epilog=EXIT_STATUSES,
+                                description="NSA acceptance harness: runbook phases -> GO/NO-GO report")
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser, runbook_default: str | None, results: bool = True) -> None:
@@ -58,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--profile", default=None, help="hardware profile name or YAML path (default: " + (
             "the runbook's first)" if runbook_default else "with --runbook its first; without, every stored pair)"))
         if results:
-            sp.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR, help="result store and run artifacts (default: %(default)s)")
+            sp.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR,
+                            help="result store and run artifacts (default: %(default)s)")
 
     r = sub.add_parser("run", help="run phases, store results, render the report")
     common(r, DEFAULT_RUNBOOK)

@@ -90,8 +90,10 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     (markers unknown, --strict-markers off). The command line is run again, as it was typed,
     with ``--results-dir=/data/r``; only a command-line pytest (never one run in-process by
     another program), and only once."""
-    if os.environ.pop(_REEXEC_ENV, None) or early_config.inipath is not None or not (REPO_ROOT / "pytest.ini").is_file():
-        return  # run again already (the variable goes no further), or pytest found an ini file
+    if os.environ.pop(_REEXEC_ENV, None):  # run again already: the variable goes no further
+        return
+    if early_config.inipath is not None or not (REPO_ROOT / "pytest.ini").is_file():
+        return
     typed = list(early_config.invocation_params.args)
     fixed = _joined_path_options(typed)
     if fixed is None or sys.argv[1:] != typed or hasattr(early_config, "workerinput"):

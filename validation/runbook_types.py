@@ -98,7 +98,7 @@ class Runbook:
 
     @property
     def cli_name(self) -> str:
-        """How a command line names it: its name when it is runbooks/<name>.yaml, else its path."""
+        """How a command line names it: its name when it is runbooks/<name>.yaml, else its absolute path."""
         return _cli_name(self.name, self.path, RUNBOOK_DIR)
 
 
@@ -124,7 +124,8 @@ class Profile:
 
     @property
     def cli_name(self) -> str:
-        """How a command line names it: its name when it is runbooks/profiles/<name>.yaml, else its path."""
+        """How a command line names it: its name when it is runbooks/profiles/<name>.yaml, else its
+        absolute path."""
         return _cli_name(self.name, self.path, PROFILE_DIR)
 
 

@@ -332,8 +332,9 @@ def _on_stop_signal(signum, frame) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if threading.current_thread() is threading.main_thread():
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, _on_stop_signal)
+        for sig in STOP_SIGNALS:  # Ctrl-C always; the others unless ignored (`nohup` ignores SIGHUP)
+            if sig == signal.SIGINT or signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, _on_stop_signal)
     problem = checkout_problem()
     if problem:
         print(f"nsa-validate: error: {problem}", file=sys.stderr)

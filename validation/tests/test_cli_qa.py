@@ -280,3 +280,20 @@ def test_check_artifacts_names_a_rank_without_heartbeats(tmp_path, capsys):
     assert "missing              heartbeat_rank1.jsonl: not written (env.json says world_size 2)" in out
     (tmp_path / "heartbeat_rank1.jsonl").write_text('{"time": 1.0, "step": 1}\n')
     assert main(["check-artifacts", str(tmp_path)]) == 0
+
+
+def test_a_run_under_nohup_survives_sighup(tmp_path):
+    """The harness's own SIGHUP handler replaced nohup's SIG_IGN: a closed terminal stopped it."""
+    import signal
+    import time
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase(steps=60, env={"NSA_FAKE_STEP_S": "0.05"})])
+    proc = subprocess.Popen([sys.executable, "-m", "validation", "run", "--runbook", str(rb), "--results-dir",
+                             str(tmp_path / "res"), "--no-plots"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))  # as nohup does
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "res").glob("runs/*/*/*/*/*/training.csv")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGHUP)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]

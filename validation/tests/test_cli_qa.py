@@ -1,16 +1,22 @@
 """The CLI as a user types it: defects found by using it (a baseline of another runbook or the
-results directory itself, --profile without --runbook, a closed pipe, bless commands for a runbook
-given by path). Stores are built from SKIP records, so nothing here launches a trainer."""
+results directory itself, --profile without --runbook, a closed pipe, runbooks given by path,
+signals, check-artifacts on directories of the other format). Most stores are built from SKIP
+records; the few runs use the fake trainer (validation/tests/fake_trainer.py)."""
 from __future__ import annotations
 
+import io
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from validation import REPO_ROOT
-from validation.cli import main
+from validation import REPO_ROOT, bless, goldens
+from validation.cli import _Progress, main
+from validation.goldens import GoldenError
+from validation.report import build_context, render_text
 from validation.hardware import Machine
 from validation.plan import expand
 from validation.record import PhaseRecord, Status
@@ -100,12 +106,11 @@ def test_a_missing_runbook_or_profile_lists_the_ones_there_are(capsys):
 def test_bless_commands_name_a_runbook_given_by_path(tmp_path):
     """For a runbook outside runbooks/, the suggested commands named it by name alone: run as
     printed, bless would take the repository's runbook of that name and write runbooks/goldens/."""
-    from validation import bless, goldens
     path = write_runbook(tmp_path / "rb.yaml", [train_phase("long_run", golden_steps=4)], name="cpu_smoke")
     rb, prof = load_runbook(path), load_profile("cpu")
     assert rb.cli_name == str(path) and load_runbook("cpu_smoke").cli_name == "cpu_smoke" and prof.cli_name == "cpu"
     (tmp_path / "res").mkdir()
-    with pytest.raises(goldens.GoldenError, match=f"nsa-validate run --runbook {path} --profile cpu --phase long_run"):
+    with pytest.raises(GoldenError, match=f"nsa-validate run --runbook {path} --profile cpu --phase long_run"):
         bless.bless(tmp_path / "res", rb, prof, bless.select(rb, prof, None, None))
     note = goldens.gate(expand(rb, prof)[0], None, Machine()).note
     assert f"`nsa-validate bless --runbook {path} --profile cpu --point long_run/default`" in note
@@ -114,7 +119,6 @@ def test_bless_commands_name_a_runbook_given_by_path(tmp_path):
 def test_the_reports_rerun_command_names_a_runbook_given_by_path(tmp_path):
     """The report's rerun line said --runbook <name>: for a runbook outside runbooks/ it re-ran
     the repository's runbook of that name (or none) instead."""
-    from validation.report import build_context
     path = write_runbook(tmp_path / "rb.yaml", [train_phase()], name="cpu_smoke")
     rb, prof = load_runbook(path), load_profile("cpu")
     ResultStore(tmp_path / "res").put(PhaseRecord.for_point(expand(rb, prof)[0], Status.PASS, "",
@@ -188,7 +192,6 @@ def test_a_trainer_root_outside_the_repository_says_how_to_name_it(tmp_path, cap
 
 def test_an_unknown_trainer_commit_is_not_said_to_come_from_git(tmp_path):
     """'at an unknown commit (from git describe)' for a trainer root that is no git checkout."""
-    from validation.report import build_context, render_text
     rb, prof = load_runbook(write_runbook(tmp_path / "rb.yaml", [train_phase()])), load_profile("cpu")
     ResultStore(tmp_path / "res").put(PhaseRecord.for_point(expand(rb, prof)[0], Status.PASS, "", hardware=Machine(),
                                                             trainer="mine", trainer_sha_source="git describe"))
@@ -211,8 +214,6 @@ def test_report_judges_a_store_against_the_runbook_it_ran_from(tmp_path, capsys)
 def test_bless_refuses_a_run_of_another_runbook_file_of_the_same_name(tmp_path, capsys):
     """A run of /my/cpu_smoke.yaml (say, with a changed window) blessed with the default --runbook
     cpu_smoke would have written its curve into runbooks/goldens/ as the repository's golden."""
-    from validation import bless
-    from validation.goldens import GoldenError
     path = write_runbook(tmp_path / "mine.yaml", [train_phase("long_run", golden_steps=4)], name="fake")
     mine, prof = load_runbook(path), load_profile("cpu")
     (tmp_path / "other").mkdir()
@@ -235,8 +236,6 @@ def test_help_states_the_exit_statuses(capsys):
 
 def test_progress_in_a_log_has_no_line_per_point_at_0s():
     """A log (not a terminal) got '  ... <point>:     0s' right after every '[n/N] <point> ...'."""
-    import io
-    from validation.cli import _Progress
     log = io.StringIO()
     progress = _Progress(log, every_s=5.0)
     progress.update("a", "a:    12s step 3/12")
@@ -284,8 +283,6 @@ def test_check_artifacts_names_a_rank_without_heartbeats(tmp_path, capsys):
 
 def test_a_run_under_nohup_survives_sighup(tmp_path):
     """The harness's own SIGHUP handler replaced nohup's SIG_IGN: a closed terminal stopped it."""
-    import signal
-    import time
     rb = write_runbook(tmp_path / "rb.yaml", [train_phase(steps=60, env={"NSA_FAKE_STEP_S": "0.05"})])
     proc = subprocess.Popen([sys.executable, "-m", "validation", "run", "--runbook", str(rb), "--results-dir",
                              str(tmp_path / "res"), "--no-plots"], cwd=REPO_ROOT, stdout=subprocess.PIPE,

@@ -150,6 +150,7 @@ class _Progress:
 
 def cmd_run(args: argparse.Namespace) -> int:
     rb, prof = _load(args.runbook, args.profile)
+    expand(rb, prof)  # every phase's gates are checked, as pytest and `phases` do, not only the ones run
     points = expand(rb, prof, list(dict.fromkeys(args.phase)) if args.phase else None)
     ResultStore(args.results_dir).check()  # a broken store stops the run before anything runs
     goldens.check_readable(rb.path, rb.name, prof.name)  # so does an unreadable golden file

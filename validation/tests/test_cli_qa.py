@@ -294,3 +294,13 @@ def test_a_run_under_nohup_survives_sighup(tmp_path):
     proc.send_signal(signal.SIGHUP)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
+
+
+def test_run_of_one_phase_checks_every_phase_of_the_runbook(tmp_path, capsys):
+    """A threshold typo in another phase passed `run --phase` (pytest and `phases` refused it)."""
+    typo = train_phase("long_run", gates=[{"metric": "toks_per_s_mean", "op": ">=",
+                                           "threshold": {"profile": "min_tok_per_s"}}])
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase(), typo])
+    assert main(["run", "--runbook", str(rb), "--phase", "baseline_ddp", "--results-dir", str(tmp_path / "r")]) == 2
+    assert "uses threshold 'min_tok_per_s', which profile" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

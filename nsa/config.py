@@ -12,6 +12,7 @@ plain data (dicts from YAML, ``key.sub=value`` strings) into such dataclasses:
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
@@ -138,16 +139,22 @@ def to_dict(obj: Any) -> dict[str, Any]:
     return dataclasses.asdict(obj)
 
 
+_OVERRIDE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*=")
+
+
 def parse_overrides(items: list[str] | str | None) -> dict[str, Any]:
     """Turn ``["train.seq_len=512", "model.n_layers=2"]`` (or one space-separated string, as the
-    seed runbooks pass to ``--override``) into a nested dict of raw string values."""
+    seed runbooks pass to ``--override``) into a nested dict of raw string values. An item of
+    several ``key=value`` words is several overrides; one whose words after the first are not
+    ``key=`` is a single value holding a space (``train.out_dir=/data/my runs``)."""
     if items is None:
         return {}
     if isinstance(items, str):
         items = items.split()
     nested: dict[str, Any] = {}
     for item in items:
-        for part in item.split() if " " in item else [item]:
+        words = item.split()
+        for part in words if all(_OVERRIDE_KEY.match(w) for w in words) else [item.strip()]:
             if "=" not in part:
                 raise ConfigError(f"override {part!r}: expected key.path=value")
             key, value = part.split("=", 1)

@@ -104,12 +104,22 @@ class Comparison:
                 for p in self.points if p.regression is not None]
 
 
-def load(baseline_dir: Path, runbook: str, profile: str) -> list[PhaseRecord]:
-    """The baseline's records of this runbook and profile (a StoreError names a bad store)."""
+def load(baseline_dir: Path, results_dir: Path, runbook: str, profile: str) -> list[PhaseRecord]:
+    """The baseline's records of this runbook and profile. A StoreError names a bad store, a
+    baseline that is ``results_dir`` itself, and one without records of the pair (a comparison
+    that compares nothing, whose regression gate could never fire)."""
     store = ResultStore(baseline_dir)
     if not store.path.is_file():
         raise StoreError(f"--baseline {baseline_dir}: no result store ({store.path} not found)")
-    return store.records(runbook, profile)
+    if Path(baseline_dir).resolve() == Path(results_dir).resolve():
+        raise StoreError(f"--baseline {baseline_dir} is the results directory itself; give the results "
+                         "directory of another run (every point would be compared with itself)")
+    records = store.records(runbook, profile)
+    if not records:
+        held = ", ".join(f"{rb}/{prof}" for rb, prof in store.pairs()) or "no records at all"
+        raise StoreError(f"--baseline {baseline_dir}: no records of runbook {runbook}, profile {profile} "
+                         f"(it holds: {held})")
+    return records
 
 
 def compare(current: list[PhaseRecord], baseline: list[PhaseRecord], baseline_dir: Path,
@@ -147,4 +157,6 @@ def _source(records: list[PhaseRecord], baseline_dir: Path) -> BaselineSource:
     days = sorted({s[:10] for s in started})
     date = "no runs" if not days else days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
     hw = next((r.hardware for r in records if r.hardware), None)
-    return BaselineSource(str(baseline_dir), sha, date, f"{hw.describe()} on {hw.hostname}" if hw else "unknown")
+    # absolute: the report is read from elsewhere than the directory it was rendered from
+    return BaselineSource(str(Path(baseline_dir).resolve()), sha, date,
+                          f"{hw.describe()} on {hw.hostname}" if hw else "unknown")

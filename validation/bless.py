@@ -60,8 +60,11 @@ def bless(results_dir: Path, runbook: Runbook, profile: Profile, selected: list[
         rec = records.get(point.test_id)
         if rec is None:
             raise GoldenError(f"{pid}: no stored record in {results_dir}; run it first "
-                              f"(nsa-validate run --runbook {runbook.name} --profile {profile.name} "
+                              f"(nsa-validate run --runbook {runbook.cli_name} --profile {profile.cli_name} "
                               f"--phase {point.phase.name} --results-dir {results_dir})")
+        if rec.runbook_arg and rec.runbook_arg != runbook.cli_name:  # another runbook file of this name
+            raise GoldenError(f"{pid}: its stored run ran from runbook {rec.runbook_arg}, not {runbook.cli_name}; "
+                              f"nothing blessed (bless it with --runbook {rec.runbook_arg})")
         if not rec.ran or rec.exit_code != 0 or rec.hardware is None:
             raise GoldenError(f"{pid}: its stored run did not finish ({rec.status}: {rec.reason}); nothing blessed")
         loss = losses(read_training_csv(results_dir / rec.out_dir), n)

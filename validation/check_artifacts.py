@@ -18,16 +18,31 @@ from .adapters import ADAPTERS, RunFacts
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
 
 
-def check(directory: Path, adapter: str = "native", world_size: int | None = None, out: TextIO = sys.stdout) -> int:
+def check(directory: Path, adapter: str = "native", world_size: int | None = None, out: TextIO | None = None) -> int:
+    out = out or sys.stdout  # looked up now, not when the module was imported
     if not directory.is_dir():
         print(f"nsa-validate check-artifacts: error: {directory} is not a directory", file=sys.stderr)
         return EXIT_USAGE
+    code = _report(_read(directory, adapter, world_size), directory, adapter, out)
+    if code == EXIT_BROKEN:  # a directory of another format than the one named: say which reads it
+        fits = [name for name in sorted(ADAPTERS) if name != adapter and _read(directory, name, world_size).ok]
+        for name in fits:
+            print(f"hint: {directory} holds to the contract "
+                  + ("as it is: check it without --adapter" if not ADAPTERS[name].converts
+                     else f"through --adapter {name}"), file=out)
+    return code
+
+
+def _read(directory: Path, adapter: str, world_size: int | None) -> contract.ContractRead:
     if not ADAPTERS[adapter].converts:  # the contract itself: read in place
-        return _report(contract.read(directory), directory, adapter, out)
-    with tempfile.TemporaryDirectory(prefix="nsa-check-") as tmp:
-        ranks = len(list(directory.glob("heartbeat_rank*.jsonl")))
-        ADAPTERS[adapter].convert(directory, Path(tmp), RunFacts(world_size or max(ranks, 1), "(checked by hand)"))
-        return _report(contract.read(Path(tmp)), directory, adapter, out)
+        found = contract.read(directory)
+    else:
+        with tempfile.TemporaryDirectory(prefix="nsa-check-") as tmp:
+            ranks = len(list(directory.glob("heartbeat_rank*.jsonl")))
+            ADAPTERS[adapter].convert(directory, Path(tmp), RunFacts(world_size or max(ranks, 1), "(checked by hand)"))
+            found = contract.read(Path(tmp))
+    found.items += contract.silent_ranks(found)
+    return found
 
 
 def _report(found: contract.ContractRead, directory: Path, adapter: str, out: TextIO) -> int:

@@ -95,6 +95,17 @@ def read(out_dir: Path) -> ContractRead:
     return found
 
 
+def silent_ranks(found: ContractRead) -> list[Item]:
+    """A missing item per rank below env.json's world_size that wrote no heartbeat file (the
+    contract: every rank beats). For check-artifacts: in an acceptance run such a rank is an idle
+    rank (the idle_ranks gate, with its finding), not a broken file."""
+    world = (found.env or {}).get("world_size")
+    if not isinstance(world, int) or isinstance(world, bool) or not found.heartbeats:
+        return []
+    return [Item(f"heartbeat_rank{r}.jsonl", Presence.MISSING, f"not written (env.json says world_size {world})")
+            for r in range(world) if r not in found.heartbeats]
+
+
 def _file(found: ContractRead, name: str, exists: bool, reader: Callable[[Path], Any],
           detail: Callable[[Any], str]) -> Any:
     if not exists:

@@ -186,7 +186,7 @@ def gate(point: PhasePoint, csv: pd.DataFrame | None, machine: Machine) -> GateR
     hw = hardware_class(machine)
     curve = goldens.get(point_id(point), hw)
     if curve is None:
-        bless_cmd = (f"nsa-validate bless --runbook {point.runbook.name} --profile {point.profile.name} "
+        bless_cmd = (f"nsa-validate bless --runbook {point.runbook.cli_name} --profile {point.profile.cli_name} "
                      f"--point {point_id(point)}")
         return GateResult(METRIC, "<=", None, f"steps 1-{point.phase.golden_steps}", None, GateVerdict.UNMEASURED,
                           RTOL_KEY, DESCRIPTION,

@@ -14,6 +14,9 @@ and a tokens/s drop beyond the profile's max_toks_regression fails the report ch
 The plugin is also a pytest11 entry point (pyproject.toml), so that its options are known before
 any conftest is read: pytest otherwise takes the value of ``--results-dir DIR`` for a test path
 when DIR exists, makes its directory the rootdir and never reads this repository's conftest.
+pytest still picks its rootdir and ini file before any plugin's options are known, so a command
+line that gives such a path as a separate argument is run again as ``--opt=PATH``
+(``pytest_load_initial_conftests`` below).
 Tests that request the ``acceptance_point`` fixture are parametrized; ``acceptance_report``
 tests get one (runbook, profile) pair each and check the session's cross-point findings.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -31,7 +35,7 @@ from typing import Any
 import pytest
 
 from . import DEFAULT_RESULTS_DIR, REPO_ROOT, baseline, checkout_problem, goldens, report
-from .errors import HarnessError
+from .errors import HarnessError, StoreError
 from .finding import Severity
 from .findings import CROSS_POINT, find
 from .orchestrate import MISMATCH_POLICIES, module_missing, run_point, why_not
@@ -57,6 +61,51 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--baseline", default=None, metavar="DIR",
                 help="results directory to compare with point by point (report section; a tokens/s drop beyond "
                      "the profile's max_toks_regression fails the report check)")
+
+
+#: options whose value is a path: given as a separate argument of an existing path, pytest (which
+#: picks its rootdir and ini file before any plugin's options are known) takes it for a test path
+_PATH_OPTIONS = ("--results-dir", "--baseline", "--runbook", "--profile")
+_REEXEC_ENV = "VALIDATION_PYTEST_REEXEC"
+
+
+def _joined_path_options(args: list[str]) -> list[str] | None:
+    """``args`` with each ``--opt PATH`` of an existing PATH written ``--opt=PATH``; None when
+    there is none."""
+    out, changed, i = [], False, 0
+    while i < len(args):
+        if args[i] in _PATH_OPTIONS and i + 1 < len(args) and Path(args[i + 1]).exists():
+            out.append(f"{args[i]}={args[i + 1]}")
+            changed, i = True, i + 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out if changed else None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    """``pytest -m long_run --results-dir /data/r`` into an existing /data/r: pytest took /data/r
+    for a test path, found no ini file above it and ran without this repository's pytest.ini
+    (markers unknown, --strict-markers off). The command line is run again, as it was typed,
+    with ``--results-dir=/data/r``; only a command-line pytest (never one run in-process by
+    another program), and only once."""
+    if os.environ.pop(_REEXEC_ENV, None):  # run again already: the variable goes no further
+        return
+    if early_config.inipath is not None or not (REPO_ROOT / "pytest.ini").is_file():
+        return
+    typed = list(early_config.invocation_params.args)
+    fixed = _joined_path_options(typed)
+    if fixed is None or sys.argv[1:] != typed or hasattr(early_config, "workerinput"):
+        return
+    interpreter_args = sys.orig_argv[:len(sys.orig_argv) - len(typed)]  # python [-m pytest | .../pytest]
+    capture = early_config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:  # give stdout and stderr back: pytest has pointed them at its capture files
+        capture.stop_global_capturing()
+    os.environ[_REEXEC_ENV] = "1"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [*interpreter_args, *fixed])
 
 
 def _baseline_dir(config: pytest.Config) -> Path | None:
@@ -235,9 +284,15 @@ class _Session:
         for rb_name, prof_name in sorted(self.pairs):
             try:
                 rb, prof = loaded.get((rb_name, prof_name)) or (load_runbook(rb_name), load_profile(prof_name))
+                base, note = _baseline_dir(self.config), ""
+                if base is not None:
+                    try:  # a baseline without this pair: the report still renders, and says why it compares nothing
+                        baseline.load(base, _results_dir(self.config), rb_name, prof_name)
+                    except StoreError as exc:
+                        base, note = None, f" (no comparison: {exc})"
                 out = report.render(_results_dir(self.config), rb_name, prof_name, runbook=rb, profile=prof,
-                                    baseline=_baseline_dir(self.config))
-                self.reports.append(f"{out.verdict} -> {out.path}")
+                                    baseline=base)
+                self.reports.append(f"{out.verdict} -> {out.path}{note}")
             except HarnessError as exc:
                 self.reports.append(f"report for {rb_name}/{prof_name} not rendered: {exc}")
 
@@ -246,13 +301,45 @@ class _Session:
             terminalreporter.write_line(f"nsa-validate report: {line}")
 
 
+#: signals that end a session as Ctrl-C does; at their default they killed pytest at once and the
+#: running trainer (in a session of its own) ran on as an orphan
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_SAVED_HANDLERS = pytest.StashKey[dict]()
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)  # runner.run kills the trainer's tree on its way out
+
+
+def _stop_signals_interrupt(config: pytest.Config) -> None:
+    """SIGTERM (a scheduler's cancel, `timeout`, `kill`) and SIGHUP (a closed terminal) raise
+    KeyboardInterrupt, as Ctrl-C does, where nobody handles them yet; restored at unconfigure."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    saved = {}
+    for sig in _STOP_SIGNALS:
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            saved[sig] = signal.signal(sig, _interrupt)
+    config.stash[_SAVED_HANDLERS] = saved
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for sig, handler in config.stash.get(_SAVED_HANDLERS, {}).items():
+        signal.signal(sig, handler)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # a controller (or lone) session of this repository's tests gets a results directory of its
     # own, whatever it inherited; its xdist workers inherit it (other projects' sessions in this
     # environment, which load the plugin too, get none)
     if not hasattr(config, "workerinput") and config.rootpath == REPO_ROOT:
         os.environ[_SESSION_DIR_ENV] = tempfile.mkdtemp(prefix="nsa-validate-tests-")
-    _baseline_dir(config)  # a --baseline without a store is a usage error before anything runs
+    if config.rootpath == REPO_ROOT:
+        _stop_signals_interrupt(config)
+    base = _baseline_dir(config)  # a --baseline without a store is a usage error before anything runs
+    if base is not None and base == _results_dir(config).resolve():  # so is one that is the results dir itself
+        raise pytest.UsageError(f"nsa-validate: --baseline {config.getoption('--baseline')} is the results "
+                                "directory itself; give the results directory of another run")
     config.pluginmanager.register(_Session(config), "nsa-validate-session")
 
 
@@ -266,7 +353,7 @@ def session_findings(config: pytest.Config, pair: tuple[str, str]) -> tuple[list
     base_dir = _baseline_dir(config)
     if base_dir is not None and records:
         profile = next(p.profile for p in _points(config) if (p.runbook.name, p.profile.name) == pair)
-        extra = baseline.compare(records, baseline.load(base_dir, *pair), base_dir,
+        extra = baseline.compare(records, baseline.load(base_dir, _results_dir(config), *pair), base_dir,
                                  profile.thresholds.get(baseline.REGRESSION_KEY)).findings()
     cross = [f for f in find(records) if f.severity == Severity.CRITICAL and f.kind in CROSS_POINT]
     return [f.title for f in cross + extra], len(records)

@@ -168,6 +168,10 @@ class PhaseRecord:
     trainer_sha_source: str | None = None
     cwd: str = ""
     """The working directory of the command when not this repository (a runbook trainer's root)."""
+    runbook_arg: str = ""
+    """How a command line names the runbook the point ran from: its name under runbooks/, else its
+    path ('' in records of older harnesses), so that ``report`` judges the store against it."""
+    profile_arg: str = ""
 
     @classmethod
     def for_point(cls, point, status: Status, reason: str, **fields: Any) -> PhaseRecord:
@@ -175,7 +179,8 @@ class PhaseRecord:
         the run (if any) measured."""
         base = dict(key=PointKey(**point.key()), test_id=point.test_id, kind=point.phase.kind, status=status,
                     reason=reason, sweep_index=point.index, params_order=list(point.params), env=dict(point.env),
-                    overrides=dict(point.overrides), timeout_s=point.phase.timeout_s, world_size=point.nproc)
+                    overrides=dict(point.overrides), timeout_s=point.phase.timeout_s, world_size=point.nproc,
+                    runbook_arg=point.runbook.cli_name, profile_arg=point.profile.cli_name)
         return cls(**{**base, **fields})
 
     @property

@@ -18,7 +18,7 @@ from typing import Any
 
 import jinja2
 
-from . import REPO_ROOT, TEMPLATE_DIR, baseline as baseline_cmp
+from . import DEFAULT_RESULTS_DIR, REPO_ROOT, TEMPLATE_DIR, baseline as baseline_cmp
 from .finding import Finding, Severity, where
 from .hardware import Machine
 from .findings import find, recommendations
@@ -90,6 +90,12 @@ def _select(records: list[PhaseRecord], runbook: Runbook | None, profile: Profil
     return current, [t for t in order if t not in have], len(records) - len(current)
 
 
+def _store_arg(results_dir: Path) -> str | None:
+    """The results directory as a rerun command names it: None for the default ./results."""
+    resolved = Path(results_dir).resolve()
+    return None if resolved == DEFAULT_RESULTS_DIR.resolve() else str(resolved)
+
+
 def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, runbook: Runbook | None,
                   profile: Profile | None, plots: list[dict[str, str]] | None = None,
                   now: str | None = None, baseline: Path | None = None) -> dict[str, Any]:
@@ -97,8 +103,8 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
     comparison = None
     if baseline is not None:
         threshold = profile.thresholds.get(baseline_cmp.REGRESSION_KEY) if profile else None
-        comparison = baseline_cmp.compare(records, baseline_cmp.load(baseline, runbook_name, profile_name),
-                                          baseline, threshold)
+        base_records = baseline_cmp.load(baseline, results_dir, runbook_name, profile_name)
+        comparison = baseline_cmp.compare(records, base_records, baseline, threshold)
     findings = find(records, comparison.findings() if comparison else None)
     status, why = status_of(records, missing, findings)
     hw = next((r.hardware for r in records if r.hardware), None)
@@ -138,7 +144,8 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "missing": missing,
         "stale": stale,
         "artifacts": artifact_rows(records),
-        "reproduce": reproduce_rows(records),
+        "reproduce": reproduce_rows(records, runbook and runbook.cli_name, profile and profile.cli_name,
+                                    _store_arg(results_dir)),
         "plots": plots or [],
         "verdict": status,
     }

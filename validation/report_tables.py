@@ -83,9 +83,13 @@ def artifact_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
             for r in records if r.out_dir]
 
 
-def reproduce_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
+def reproduce_rows(records: list[PhaseRecord], runbook: str | None = None, profile: str | None = None,
+                   results_dir: str | None = None) -> list[dict[str, Any]]:
     """Per point: the harness command that re-runs its phase (its record replaces this one) and
-    the process it ran, with the environment the runbook set."""
+    the process it ran, with the environment the runbook set. ``runbook`` and ``profile`` are how
+    a command line names them (a path for a runbook outside runbooks/); the records' names when
+    not given. ``results_dir``: the store the records are in, when not the default ./results."""
+    store = f" --results-dir={shlex.quote(results_dir)}" if results_dir else ""
     rows = []
     for r in records:
         if r.status == Status.SKIP or not r.command:
@@ -94,7 +98,8 @@ def reproduce_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
         # a sweep point by its test id: -k cannot take the '=' of its parameters
         select = f'"{ACCEPTANCE_TEST}[{r.test_id}]"' if r.key.params else f"-m {r.phase}"
         rows.append({"phase": r.phase, "point": point_label(r),
-                     "rerun": f"pytest {select} --runbook {r.key.runbook} --profile {r.key.profile}",
+                     "rerun": f"pytest {select} --runbook {shlex.quote(runbook or r.key.runbook)} "
+                              f"--profile {shlex.quote(profile or r.key.profile)}{store}",
                      "process": (f"cd {shlex.quote(r.cwd)} && " if r.cwd else "") + (env + " " if env else "")
                                 + shlex.join(r.command)})
     return rows

@@ -28,7 +28,7 @@ ACCELERATORS = ("cuda", "cpu")
 
 def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None) -> Runbook:
     """Load and validate a runbook (a path, or a name under runbooks/)."""
-    path = _resolve(path_or_name, RUNBOOK_DIR)
+    path = _resolve(path_or_name, RUNBOOK_DIR, "runbook")
     data = read_yaml(path)
     r = Reader(path, data, "", ("name", "description", "source", "profiles", "max_parallel", "defaults", "phases",
                                 "trainer"), ("name", "profiles", "phases"))
@@ -73,8 +73,14 @@ def _check_trainer_keys(r: Reader, where: str, phase) -> None:
     runbook loads, not point by point as crashes."""
     if phase.kind not in ("train", "profile") or phase.launcher.module != _OWN_TRAINER:
         return
+    from nsa.config import ConfigError, resolve_config_path
     from nsa.train.config import config_keys  # the schema of the trainer this runbook launches
 
+    if Path(phase.config).suffix not in (".yaml", ".yml"):  # a preset name; a YAML path is the trainer's to find
+        try:
+            resolve_config_path(phase.config)
+        except ConfigError as exc:
+            r.fail(f"{where}.config", str(exc))
     known = config_keys()
     for key in [*phase.overrides, *(k for k in phase.sweep if not k.startswith("env."))]:
         if key not in known:
@@ -102,7 +108,7 @@ def _check_params(r: Reader, where: str, phase, trainer: TrainerSpec) -> None:
 
 
 def load_profile(path_or_name: str | Path) -> Profile:
-    path = _resolve(path_or_name, PROFILE_DIR)
+    path = _resolve(path_or_name, PROFILE_DIR, "profile")
     data = read_yaml(path)
     r = Reader(path, data, "", ("name", "marker", "description", "hardware", "thresholds", "notes"),
                 ("name", "marker", "hardware", "thresholds"))
@@ -124,13 +130,17 @@ def load_profile(path_or_name: str | Path) -> Profile:
                    r.str_("description", "") or "", hw, thresholds, r.str_("notes", "") or "")
 
 
-def _resolve(path_or_name: str | Path, directory: Path) -> Path:
+def _resolve(path_or_name: str | Path, directory: Path, what: str) -> Path:
     p = Path(path_or_name)
     if p.suffix in (".yaml", ".yml"):
         return p
     if not NAME.match(str(path_or_name)):
         raise RunbookError(f"{path_or_name!r}: not a YAML path or a name under {directory}")
-    return directory / f"{p}.yaml"
+    path = directory / f"{p}.yaml"
+    if not path.is_file():
+        raise RunbookError(f"no {what} {str(path_or_name)!r} under {directory}; {what}s: "
+                           f"{', '.join(available(directory))} (or give a YAML path)")
+    return path
 
 
 def available(directory: Path = RUNBOOK_DIR) -> list[str]:

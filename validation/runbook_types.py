@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
+from . import PROFILE_DIR, RUNBOOK_DIR
 from .errors import RunbookError
 
 if TYPE_CHECKING:
@@ -95,6 +96,11 @@ class Runbook:
                 return p
         raise RunbookError(f"{self.path}: no phase {name!r}; phases: {', '.join(p.name for p in self.phases)}")
 
+    @property
+    def cli_name(self) -> str:
+        """How a command line names it: its name when it is runbooks/<name>.yaml, else its absolute path."""
+        return _cli_name(self.name, self.path, RUNBOOK_DIR)
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -115,3 +121,14 @@ class Profile:
     hardware: Hardware
     thresholds: Mapping[str, float | None]
     notes: str = ""
+
+    @property
+    def cli_name(self) -> str:
+        """How a command line names it: its name when it is runbooks/profiles/<name>.yaml, else its
+        absolute path."""
+        return _cli_name(self.name, self.path, PROFILE_DIR)
+
+
+def _cli_name(name: str, path: Path, directory: Path) -> str:
+    resolved = Path(path).resolve()  # absolute: a command printed here works from any directory
+    return name if resolved == (directory / f"{name}.yaml").resolve() else str(resolved)

@@ -6,7 +6,8 @@ read, anything else (or a file that is no store at all) is an error naming the f
 Writes are read-modify-write under an exclusive ``fcntl`` lock on ``results.json.lock`` (so two
 harness runs, or pytest-xdist workers, on the same directory cannot lose each other's records),
 and the new file replaces the old one atomically (temp file in the same directory, fsync,
-``os.replace``), so a reader never sees half a file. ``put`` replaces only the record with the
+``os.replace``), so a reader never sees half a file and needs no lock: reading writes nothing (a
+baseline may be someone else's read-only directory). ``put`` replaces only the record with the
 same key; every other record is kept as it was.
 """
 from __future__ import annotations
@@ -63,9 +64,12 @@ class ResultStore:
         return data
 
     def check(self) -> None:
-        """Raise StoreError now if the store cannot be read (before any point runs)."""
-        with self._locked():
-            self._typed(self._read())
+        """Raise StoreError now if the store cannot be read or its directory cannot be made
+        (before any point runs)."""
+        existing = next(p for p in (self.dir, *self.dir.parents) if p.exists())
+        if not existing.is_dir():
+            raise StoreError(f"results directory {self.dir}: {existing} is a file, not a directory")
+        self._typed(self._read())
 
     def _typed(self, data: dict[str, Any]) -> list[PhaseRecord]:
         return [PhaseRecord.from_json(r, f"{self.path}: record {k}") for k, r in data["records"].items()]
@@ -77,6 +81,7 @@ class ResultStore:
                 json.dump(data, fh, indent=1, sort_keys=True, default=str)
                 fh.flush()
                 os.fsync(fh.fileno())
+            os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; like the reports beside it, it is for everyone
             os.replace(tmp, self.path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
@@ -96,8 +101,7 @@ class ResultStore:
             self._write({"schema": SCHEMA, "records": kept})
 
     def records(self, runbook: str | None = None, profile: str | None = None) -> list[PhaseRecord]:
-        with self._locked():
-            recs = self._typed(self._read())
+        recs = self._typed(self._read())
         return [r for r in recs if (runbook is None or r.key.runbook == runbook)
                 and (profile is None or r.key.profile == profile)]
 

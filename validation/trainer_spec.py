@@ -171,6 +171,9 @@ def _root(r: Reader) -> RootDir:
     """``root: some/dir`` (relative to this repository) or ``root: {env: VAR}``."""
     data = r.get("root")
     if isinstance(data, str):
+        if data.startswith(("/", "~")) or ".." in Path(data).parts:  # a checkout elsewhere: the README's way
+            r.fail(r.key("root"), f"{data!r} is outside this repository; name it through an environment variable: "
+                                  "root: {env: MY_TRAINER_ROOT}, then export MY_TRAINER_ROOT=" + data)
         return RootDir(path=_relative(r, "root", data))
     env = Reader(r.path, data, "trainer.root", ("env",), ("env",))
     # the harness reads this variable and never sets it: any upper-case name will do

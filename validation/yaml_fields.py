@@ -35,10 +35,16 @@ def read_yaml(path: Path) -> dict[str, Any]:
         text = path.read_text()
     except FileNotFoundError:
         raise RunbookError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise RunbookError(f"{path}: a directory, expected a YAML file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunbookError(f"{path}: not a readable YAML text file ({exc})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise RunbookError(f"{path}: not valid YAML ({exc})") from None
+    if data is None:
+        raise RunbookError(f"{path}: the file is empty; expected a mapping of keys (name, profiles, phases, ...)")
     if not isinstance(data, dict):
         raise RunbookError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data

@@ -1,5 +1,6 @@
 """Faults of the harness itself: two runs writing one results directory at once, and an
-interrupt (SIGINT, a Ctrl-C) during a phase and during report rendering. The store and the
+interrupt (SIGINT, a Ctrl-C; SIGTERM, to nsa-validate and to pytest) during a phase and during report
+rendering. The store and the
 report are never half-written, earlier records survive, and no trainer is left running."""
 from __future__ import annotations
 
@@ -57,9 +58,13 @@ def _wait_for(pred, timeout: float, what: str) -> None:
         time.sleep(0.1)
 
 
-def test_sigint_during_a_phase(seeded, matrix):
-    matrix.start("SIGINT during a phase", "SIGINT to `nsa-validate run` while the trainer of a 2-rank "
-                 "phase is at step >= 2", "harness exits promptly (130); the trainer's process group is "
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_sigint_during_a_phase(seeded, matrix, sig):
+    """SIGTERM (a scheduler's cancel, `timeout`, `kill`) once killed the harness outright and left
+    the trainer running on as an orphan; it is handled as Ctrl-C is, exiting 128 + 15."""
+    rc = 128 + sig
+    matrix.start(f"{sig.name} during a phase", f"{sig.name} to `nsa-validate run` while the trainer of a 2-rank "
+                 f"phase is at step >= 2", f"harness exits promptly ({rc}); the trainer's process group is "
                  "killed; store and earlier record intact; the report shows the points finished before")
     rb = seeded.runbook(U.fault_phase("long", steps=400, nproc=2))
     report = seeded.results / "reports" / "faults__cpu.md"
@@ -75,13 +80,13 @@ def test_sigint_during_a_phase(seeded, matrix):
         _wait_for(at_step_2, 90, "step 2 of the phase")
         assert U.processes_with(str(seeded.root)), "no trainer running to interrupt"
         t_int = time.monotonic()
-        os.kill(proc.pid, signal.SIGINT)  # the harness process only, as a shell's Ctrl-C reaches it
+        os.kill(proc.pid, sig)  # the harness process only, as a shell's Ctrl-C reaches it
         done = U.finish(proc, timeout=30 + (t_int - t0), started=t0)
     finally:
         U.kill_group(proc.pid)
     took = time.monotonic() - t_int
-    assert done.rc == 130, f"exit {done.rc}, expected 130 (interrupted):\n{done.stderr[-3000:]}"
-    assert took <= 15, f"the harness took {took:.1f}s to stop after SIGINT"
+    assert done.rc == rc, f"exit {done.rc}, expected {rc} (interrupted):\n{done.stderr[-3000:]}"
+    assert took <= 15, f"the harness took {took:.1f}s to stop after {sig.name}"
     U.assert_no_orphans(str(seeded.root))  # the torchrun group was killed with the harness
     text = report.read_text()
     assert report.read_bytes() != before and _complete_report(text), "no whole report of the points finished"
@@ -91,6 +96,34 @@ def test_sigint_during_a_phase(seeded, matrix):
     seeded.intact()
     matrix.done(f"exit {done.rc}", "interrupted; trainer group killed; no record half-written; report of the "
                 "points finished", took, 15.0)
+
+
+def test_sigterm_to_pytest_during_a_phase(seeded, matrix):
+    """pytest leaves SIGTERM at its default: the session died at once and the trainer, in a
+    session of its own, ran on as an orphan. The plugin makes it stop the session as Ctrl-C does."""
+    matrix.start("SIGTERM to pytest during a phase", "SIGTERM to a `pytest -m long_run` acceptance run while "
+                 "its trainer is at step >= 2", "pytest stops promptly; the trainer is killed; no record of "
+                 "the interrupted point; earlier records intact")
+    rb = U.write_runbook(seeded.root / "term.yaml", [U.fault_phase("long_run", steps=400)])  # phases are markers
+    t0 = time.monotonic()
+    proc = U.launch([U.PY, "-m", "pytest", "-p", "no:cacheprovider", "-q", "validation/tests/test_acceptance.py",
+                     f"--runbook={rb}", f"--results-dir={seeded.results}", "-m", "long_run"], timeout=120)
+    runs = seeded.results / "runs" / "faults" / "cpu" / "long_run" / "default"
+    try:
+        _wait_for(lambda: any(len(c.read_text().splitlines()) >= 3 for c in runs.glob("*/training.csv")), 90,
+                  "step 2 of the phase")
+        t_term = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        done = U.finish(proc, timeout=30 + (t_term - t0), started=t0)
+    finally:
+        U.kill_group(proc.pid)
+    took = time.monotonic() - t_term
+    assert took <= 15, f"pytest took {took:.1f}s to stop after SIGTERM"
+    assert done.rc != 0 and "KeyboardInterrupt" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    U.assert_no_orphans(str(seeded.root))
+    assert not any(r.key.phase == "long_run" for r in ResultStore(seeded.results).records()), "a partial run was stored"
+    seeded.intact()
+    matrix.done(f"exit {done.rc}", "session stopped as by Ctrl-C; trainer killed; nothing half-written", took, 15.0)
 
 
 def test_sigint_during_report_rendering(seeded, matrix):

@@ -124,3 +124,13 @@ def test_the_runbooks_config_path_resolves_to_the_production_preset():
     assert res.config_path.endswith("nsa/configs/m7c_125m_2xa100_production.yaml")
     assert cfg.model == base.model and cfg.train.seq_len == base.train.seq_len
     assert cfg.train.out_dir == "artifacts/m7c_125m_2xa100_prod"
+
+
+def test_an_out_dir_with_a_space_reaches_the_trainer_whole(tmp_path: Path):
+    """`--out-dir "/data/my runs/x"` (and so `nsa-validate run --results-dir "/tmp/qa x"`) was
+    split at the space like a space-separated --override: "override 'runs/x': expected key.path=value"."""
+    from nsa.train.cli import main
+    out = tmp_path / "my runs" / "NSA_DDP_BUCKET_MB=1"  # a sweep point's directory holds an '=' too
+    assert main(["--config", "tiny", "--steps", "2", "--out-dir", str(out),
+                 "--override", "train.seq_len=32 model.n_layers=1 data.dataset=synthetic train.save_final=false"]) == 0
+    assert len((out / "training.csv").read_text().splitlines()) == 3

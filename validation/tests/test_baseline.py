@@ -95,3 +95,30 @@ def test_pytest_baseline_option_fails_the_report_check_on_a_drop(tmp_path):
     assert "1 passed" in out.stdout and "1 failed" in out.stdout  # the point passes its gates; the comparison fails
     assert "tokens/s 60.0% below baseline" in out.stdout
     assert "Comparison with Baseline" in (tmp_path / "cur" / "reports" / "fake__cpu.md").read_text()
+
+
+def test_pytest_baseline_that_is_the_results_dir_is_refused_before_anything_runs(tmp_path):
+    """It ran every point, then said at the very end that the report was not rendered."""
+    rb = write_runbook(tmp_path / "rb.yaml", [_gates("long_run")])
+    res = tmp_path / "res"
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"]) == 0
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                          "validation/tests/test_acceptance.py", f"--runbook={rb}", f"--results-dir={res}",
+                          f"--baseline={res}/."], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 4, out.stdout + out.stderr  # pytest's usage error
+    assert "is the results directory itself" in out.stderr and "passed" not in out.stdout
+
+
+def test_pytest_baseline_without_the_pair_still_renders_the_report(tmp_path):
+    """The session's report was not rendered at all ('report ... not rendered') when the baseline
+    held other runbooks; now it is, and the summary and the report check say why nothing was compared."""
+    base, cur = tmp_path / "base", tmp_path / "cur"
+    other = write_runbook(tmp_path / "other.yaml", [_gates("long_run")], name="other")
+    assert main(["run", "--runbook", str(other), "--results-dir", str(base), "--no-report"]) == 0
+    rb = write_runbook(tmp_path / "rb.yaml", [_gates("long_run")])
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                          "validation/tests/test_acceptance.py", f"--runbook={rb}", f"--results-dir={cur}",
+                          f"--baseline={base}"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr  # the report check cannot compare
+    assert "no records of runbook fake, profile cpu (it holds: other/cpu)" in out.stdout
+    assert f"nsa-validate report: GO -> {cur / 'reports' / 'fake__cpu.md'} (no comparison: --baseline" in out.stdout

@@ -177,3 +177,18 @@ def test_interrupt_mid_point_keeps_store_artifacts_and_report_in_step(tmp_path):
     assert now["first"].run_id != old["first"].run_id  # the point finished before the interrupt is stored
     report = (results / "reports" / "fake__cpu.md").read_text()
     assert now["first"].out_dir in report and old["second"].out_dir in report
+
+
+def test_the_store_file_is_readable_by_others_and_reading_writes_nothing(tmp_path):
+    """results.json was owner-only (mkstemp's 0600) while the reports and goldens beside it are
+    0644, and every read created results.json.lock: a colleague's results directory, shared
+    read-only, could not serve as a --baseline."""
+    res = tmp_path / "res"
+    ResultStore(res).put(PhaseRecord(PointKey("rb", "cpu", "p", {}), "rb/cpu/p/default", "train", Status.PASS, ""))
+    assert (res / "results.json").stat().st_mode & 0o777 == 0o644
+    (res / "results.json.lock").unlink()
+    before = sorted(p.name for p in res.iterdir())
+    assert [r.key.phase for r in ResultStore(res).records("rb", "cpu")] == ["p"]
+    ResultStore(res).check()
+    assert sorted(p.name for p in res.iterdir()) == before
+    assert ResultStore(tmp_path / "none").records() == [] and not (tmp_path / "none").exists()

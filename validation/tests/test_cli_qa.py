@@ -1,0 +1,306 @@
+"""The CLI as a user types it: defects found by using it (a baseline of another runbook or the
+results directory itself, --profile without --runbook, a closed pipe, runbooks given by path,
+signals, check-artifacts on directories of the other format). Most stores are built from SKIP
+records; the few runs use the fake trainer (validation/tests/fake_trainer.py)."""
+from __future__ import annotations
+
+import io
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from validation import REPO_ROOT, bless, goldens
+from validation.cli import _Progress, main
+from validation.goldens import GoldenError
+from validation.report import build_context, render_text
+from validation.hardware import Machine
+from validation.plan import expand
+from validation.record import PhaseRecord, Status
+from validation.runbook import load_profile, load_runbook
+from validation.store import ResultStore
+from validation.tests.conftest import train_phase, write_runbook
+
+
+def _store(results: Path, runbook: Path) -> None:
+    """A store holding a SKIP record of every point of ``runbook`` on the cpu profile."""
+    rb, prof = load_runbook(runbook), load_profile("cpu")
+    ResultStore(results).put_many([PhaseRecord.for_point(p, Status.SKIP, "staged", hardware=Machine())
+                                   for p in expand(rb, prof)])
+
+
+def test_a_baseline_of_another_runbook_is_an_error_naming_what_it_holds(tmp_path, capsys):
+    """It once rendered 'No point is stored on both sides', commit 'not recorded', date 'no runs':
+    a comparison that compared nothing, and a regression gate that could not fire."""
+    cur, base = tmp_path / "cur", tmp_path / "base"
+    _store(cur, write_runbook(tmp_path / "a.yaml", [train_phase()], name="fake"))
+    _store(base, write_runbook(tmp_path / "b.yaml", [train_phase()], name="other"))
+    assert main(["report", "--results-dir", str(cur), "--baseline", str(base), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert f"--baseline {base}: no records of runbook fake, profile cpu (it holds: other/cpu)" in err
+    assert not (cur / "reports").exists()
+
+
+def test_the_results_dir_itself_as_baseline_is_an_error(tmp_path, capsys):
+    """Every point compared with itself: +0.0% everywhere, a regression gate that always passes."""
+    cur = tmp_path / "cur"
+    _store(cur, write_runbook(tmp_path / "a.yaml", [train_phase()], name="fake"))
+    assert main(["report", f"--results-dir={cur}", f"--baseline={cur}/.", "--no-plots"]) == 2
+    assert "is the results directory itself" in capsys.readouterr().err
+
+
+def test_report_profile_without_runbook_selects_that_profile(tmp_path, capsys):
+    """--profile alone was ignored: the report of every stored pair was rendered."""
+    cur = tmp_path / "cur"
+    _store(cur, write_runbook(tmp_path / "a.yaml", [train_phase()], name="fake"))
+    assert main(["report", "--results-dir", str(cur), "--profile", "h100", "--no-plots"]) == 2
+    assert f"no records of profile h100 in {cur / 'results.json'} (it holds: fake/cpu)" in capsys.readouterr().err
+    assert not (cur / "reports").exists()
+    assert main(["report", "--results-dir", str(cur), "--profile=cpu", "--no-plots"]) == 3
+    assert (cur / "reports" / "fake__cpu.md").is_file()
+
+
+def test_output_into_a_closed_pipe_is_no_traceback():
+    """`nsa-validate phases | head -1` ended in a BrokenPipeError traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "validation", "phases", "--runbook", "nsa_ddp_a100"],
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # the reader is gone before the first line is written
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141 and "Traceback" not in err and "Exception ignored" not in err, err
+
+
+def test_each_subcommand_help_lists_only_options_it_uses(capsys):
+    """`phases --results-dir` was accepted and ignored; report's --no-plots said nothing."""
+    for cmd in ("phases", "report"):
+        try:
+            main([cmd, "--help"])
+        except SystemExit:
+            pass
+    out = capsys.readouterr().out
+    phases_help, report_help = out.split("usage: nsa-validate report")
+    assert "--results-dir" not in phases_help
+    assert "--no-plots            render the report without PNG plots" in report_help
+
+
+def test_an_unknown_config_preset_is_refused_when_the_runbook_loads(tmp_path, capsys):
+    """`config: tiniest` loaded fine and every train point then crashed (trainer exit 2)."""
+    rb = tmp_path / "rb.yaml"
+    rb.write_text("name: x\nprofiles: [cpu]\ndefaults: {config: tiniest}\nphases:\n  - {name: p, kind: train}\n")
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert f"{rb}: phases[0].config: unknown config preset 'tiniest'; presets: " in err and "tiny" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_missing_runbook_or_profile_lists_the_ones_there_are(capsys):
+    assert main(["run", "--runbook", "cpu_smok"]) == 2
+    assert "no runbook 'cpu_smok' under " in capsys.readouterr().err.replace("\n", " ")
+    assert main(["phases", "--runbook", "cpu_smoke", "--profile=cpux"]) == 2
+    err = capsys.readouterr().err
+    assert "no profile 'cpux' under " in err and "profiles: a100, cpu, h100, h200" in err
+
+
+def test_bless_commands_name_a_runbook_given_by_path(tmp_path):
+    """For a runbook outside runbooks/, the suggested commands named it by name alone: run as
+    printed, bless would take the repository's runbook of that name and write runbooks/goldens/."""
+    path = write_runbook(tmp_path / "rb.yaml", [train_phase("long_run", golden_steps=4)], name="cpu_smoke")
+    rb, prof = load_runbook(path), load_profile("cpu")
+    assert rb.cli_name == str(path) and load_runbook("cpu_smoke").cli_name == "cpu_smoke" and prof.cli_name == "cpu"
+    (tmp_path / "res").mkdir()
+    with pytest.raises(GoldenError, match=f"nsa-validate run --runbook {path} --profile cpu --phase long_run"):
+        bless.bless(tmp_path / "res", rb, prof, bless.select(rb, prof, None, None))
+    note = goldens.gate(expand(rb, prof)[0], None, Machine()).note
+    assert f"`nsa-validate bless --runbook {path} --profile cpu --point long_run/default`" in note
+
+
+def test_the_reports_rerun_command_names_a_runbook_given_by_path(tmp_path):
+    """The report's rerun line said --runbook <name>: for a runbook outside runbooks/ it re-ran
+    the repository's runbook of that name (or none) instead."""
+    path = write_runbook(tmp_path / "rb.yaml", [train_phase()], name="cpu_smoke")
+    rb, prof = load_runbook(path), load_profile("cpu")
+    ResultStore(tmp_path / "res").put(PhaseRecord.for_point(expand(rb, prof)[0], Status.PASS, "",
+                                                            command=["python", "-m", "x"], hardware=Machine()))
+    ctx = build_context(tmp_path / "res", rb.name, prof.name, runbook=rb, profile=prof)
+    assert [r["rerun"] for r in ctx["reproduce"]] == [
+        f"pytest -m baseline_ddp --runbook {path} --profile cpu --results-dir={tmp_path / 'res'}"]
+
+
+def test_check_artifacts_world_size_without_an_adapter_is_refused(tmp_path, capsys):
+    """It was accepted and ignored: the contract's env.json says the world size."""
+    assert main(["check-artifacts", str(tmp_path), "--world-size=2"]) == 2
+    assert "--world-size is for an adapter (--adapter seed)" in capsys.readouterr().err
+    assert main(["check-artifacts", str(tmp_path), "--adapter", "seed", "--world-size", "2"]) == 1
+
+
+def test_a_results_dir_that_is_a_file_is_a_usage_error(tmp_path, capsys):
+    """`run --results-dir results.json` (a file) ended in a NotADirectoryError traceback."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase()])
+    (tmp_path / "f").write_text("x")
+    for results in (tmp_path / "f", tmp_path / "f" / "sub"):
+        assert main(["run", "--runbook", str(rb), "--results-dir", str(results)]) == 2
+        assert f"results directory {results}: {tmp_path / 'f'} is a file, not a directory" in capsys.readouterr().err
+    assert main(["report", "--results-dir", str(tmp_path / "f")]) == 2
+    assert f"results directory {tmp_path / 'f'} is not a directory" in capsys.readouterr().err
+
+
+def test_check_artifacts_names_the_adapter_that_reads_a_directory(tmp_path, capsys):
+    """A seed-format directory checked without --adapter (or a contract one with --adapter seed)
+    said only 'malformed ... header is 1,5.5,...' (or 'row 2 ... step is not a number', a row of
+    the adapter's temporary copy): nothing told the author which check would pass."""
+    seed, native = tmp_path / "seed", tmp_path / "native"
+    seed.mkdir(), native.mkdir()
+    (seed / "training.csv").write_text("1,5.5,0.001,100.0\n2,5.4,0.001,110.0\n")
+    (seed / "heartbeat_rank0.jsonl").write_text('{"ts": 1.0, "step": 1, "msg": "train"}\n')
+    (seed / "env.json").write_text("{}")
+    (native / "training.csv").write_text("step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb\n"
+                                         "1,5.5,0.001,100,0.1,1,0.1,0.2\n")
+    (native / "heartbeat_rank0.jsonl").write_text('{"time": 1.0, "step": 1}\n')
+    (native / "env.json").write_text('{"world_size": 1}')
+    assert main(["check-artifacts", str(seed)]) == 1
+    assert f"hint: {seed} holds to the contract through --adapter seed" in capsys.readouterr().out
+    assert main(["check-artifacts", str(native), "--adapter=seed"]) == 1
+    assert f"hint: {native} holds to the contract as it is: check it without --adapter" in capsys.readouterr().out
+    assert main(["check-artifacts", str(native)]) == 0
+    assert "hint" not in capsys.readouterr().out
+
+
+def test_a_baseline_of_some_stored_pairs_compares_those_and_renders_the_rest(tmp_path, capsys):
+    """A store of several runbooks against a baseline of one: the others are rendered without a
+    comparison (and said so), rather than failing the whole report."""
+    cur, base = tmp_path / "cur", tmp_path / "base"
+    a = write_runbook(tmp_path / "a.yaml", [train_phase()], name="fake")
+    _store(cur, a), _store(cur, write_runbook(tmp_path / "b.yaml", [train_phase()], name="other")), _store(base, a)
+    assert main(["report", "--results-dir", str(cur), "--baseline", str(base), "--no-plots"]) == 3
+    assert f"--baseline {base} holds no records of other/cpu; its report has no comparison" in capsys.readouterr().err
+    assert "Comparison with Baseline" in (cur / "reports" / "fake__cpu.md").read_text()
+    assert "Comparison with Baseline" not in (cur / "reports" / "other__cpu.md").read_text()
+
+
+def test_a_trainer_root_outside_the_repository_says_how_to_name_it(tmp_path, capsys):
+    """`root: /path/to/my/trainer` (what a trainer author writes first) was refused as 'must be a
+    relative path without ..', not saying that {env: VAR} is the way to a checkout elsewhere."""
+    rb = tmp_path / "rb.yaml"
+    rb.write_text("name: x\nprofiles: [cpu]\ntrainer: {name: t, root: /opt/mine, script: train.py,\n"
+                  "  args: [--steps, '{steps}', --out, '{out_dir}']}\nphases:\n  - {name: p, kind: train}\n")
+    assert main(["phases", "--runbook", str(rb)]) == 2
+    assert ("trainer.root: '/opt/mine' is outside this repository; name it through an environment variable: "
+            "root: {env: MY_TRAINER_ROOT}, then export MY_TRAINER_ROOT=/opt/mine") in capsys.readouterr().err
+
+
+def test_an_unknown_trainer_commit_is_not_said_to_come_from_git(tmp_path):
+    """'at an unknown commit (from git describe)' for a trainer root that is no git checkout."""
+    rb, prof = load_runbook(write_runbook(tmp_path / "rb.yaml", [train_phase()])), load_profile("cpu")
+    ResultStore(tmp_path / "res").put(PhaseRecord.for_point(expand(rb, prof)[0], Status.PASS, "", hardware=Machine(),
+                                                            trainer="mine", trainer_sha_source="git describe"))
+    text = render_text({**build_context(tmp_path / "res", rb.name, prof.name, runbook=rb, profile=prof),
+                        "results_prefix": ".."})
+    assert "- **Trainer**: mine (the runbook's `trainer:`), at an unknown commit\n" in text
+    assert "- **Git SHA**: not recorded\n" in text
+
+
+def test_report_judges_a_store_against_the_runbook_it_ran_from(tmp_path, capsys):
+    """`run --runbook /my/cpu_smoke.yaml` said GO; `report` of that store then judged it against
+    runbooks/cpu_smoke.yaml (another runbook of the same name): INCOMPLETE, 'N point(s) not run'."""
+    rb = write_runbook(tmp_path / "cpu_smoke.yaml", [train_phase()], name="cpu_smoke")
+    res = tmp_path / "res"
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-plots"]) == 0
+    assert main(["report", "--results-dir", str(res), "--no-plots"]) == 0
+    assert f"- **Runbook**: cpu_smoke (`{rb}`)" in (res / "reports" / "cpu_smoke__cpu.md").read_text()
+
+
+def test_bless_refuses_a_run_of_another_runbook_file_of_the_same_name(tmp_path, capsys):
+    """A run of /my/cpu_smoke.yaml (say, with a changed window) blessed with the default --runbook
+    cpu_smoke would have written its curve into runbooks/goldens/ as the repository's golden."""
+    path = write_runbook(tmp_path / "mine.yaml", [train_phase("long_run", golden_steps=4)], name="fake")
+    mine, prof = load_runbook(path), load_profile("cpu")
+    (tmp_path / "other").mkdir()
+    other = load_runbook(write_runbook(tmp_path / "other" / "mine.yaml", [train_phase("long_run", golden_steps=4)],
+                                       name="fake"))
+    res = tmp_path / "res"
+    assert main(["run", "--runbook", str(path), "--results-dir", str(res), "--no-report"]) == 0
+    with pytest.raises(GoldenError, match=f"ran from runbook {path}, not {other.path}; nothing blessed"):
+        bless.bless(res, other, prof, bless.select(other, prof, None, None))
+    assert not (tmp_path / "other" / "goldens").exists()
+    assert [b.point for b in bless.bless(res, mine, prof, bless.select(mine, prof, None, None))] == ["long_run/default"]
+
+
+def test_help_states_the_exit_statuses(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "0 GO, 1 NO-GO, 3 INCOMPLETE (run --no-report: 0 once stored)" in out and "128 + the signal" in out
+
+
+def test_progress_in_a_log_has_no_line_per_point_at_0s():
+    """A log (not a terminal) got '  ... <point>:     0s' right after every '[n/N] <point> ...'."""
+    log = io.StringIO()
+    progress = _Progress(log, every_s=5.0)
+    progress.update("a", "a:    12s step 3/12")
+    progress.done("a", "[1/2] a: PASS")
+    progress.done(None, "[2/2] b ...")
+    progress.update("b", "b:     0s")
+    assert log.getvalue() == "  ... a:    12s step 3/12\n[1/2] a: PASS\n[2/2] b ...\n"
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p.mkdir(), "a directory, expected a YAML file"),
+    (lambda p: p.write_bytes(b"\xff\xfe name: x"), "not a readable YAML text file ("),
+    (lambda p: p.write_text(""), "the file is empty; expected a mapping of keys"),
+], ids=["directory", "not-utf8", "empty"])
+def test_a_runbook_that_is_no_yaml_text_is_an_error_naming_it(tmp_path, capsys, make, message):
+    """A directory or a binary file given as --runbook ended in a traceback; an empty one said 'got NoneType'."""
+    path = tmp_path / "rb.yaml"
+    make(path)
+    assert main(["run", "--runbook", str(path)]) == 2
+    assert f"nsa-validate: error: {path}: {message}" in capsys.readouterr().err
+
+
+def test_the_report_names_a_relative_baseline_by_its_absolute_path(tmp_path, monkeypatch):
+    """`--baseline base` was named `base` in the report, which says nothing once it is read elsewhere."""
+    rb = write_runbook(tmp_path / "a.yaml", [train_phase()], name="fake")
+    _store(tmp_path / "cur", rb), _store(tmp_path / "base", rb)
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "--results-dir", "cur", "--baseline", "base", "--no-plots"]) == 3
+    assert f"- **Baseline**: `{tmp_path / 'base'}`" in (tmp_path / "cur" / "reports" / "fake__cpu.md").read_text()
+
+
+def test_check_artifacts_names_a_rank_without_heartbeats(tmp_path, capsys):
+    """env.json said world_size 2 and only rank 0 wrote heartbeats: the check said OK, and the
+    first acceptance run then failed its idle_ranks gate."""
+    (tmp_path / "training.csv").write_text("step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,"
+                                           "mem_reserved_gb\n1,5.5,0.001,100,0.1,1,0.1,0.2\n")
+    (tmp_path / "heartbeat_rank0.jsonl").write_text('{"time": 1.0, "step": 1}\n')
+    (tmp_path / "env.json").write_text('{"world_size": 2}')
+    assert main(["check-artifacts", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "missing              heartbeat_rank1.jsonl: not written (env.json says world_size 2)" in out
+    (tmp_path / "heartbeat_rank1.jsonl").write_text('{"time": 1.0, "step": 1}\n')
+    assert main(["check-artifacts", str(tmp_path)]) == 0
+
+
+def test_a_run_under_nohup_survives_sighup(tmp_path):
+    """The harness's own SIGHUP handler replaced nohup's SIG_IGN: a closed terminal stopped it."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase(steps=60, env={"NSA_FAKE_STEP_S": "0.05"})])
+    proc = subprocess.Popen([sys.executable, "-m", "validation", "run", "--runbook", str(rb), "--results-dir",
+                             str(tmp_path / "res"), "--no-plots"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))  # as nohup does
+    deadline = time.monotonic() + 60
+    while not list((tmp_path / "res").glob("runs/*/*/*/*/*/training.csv")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGHUP)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+
+
+def test_run_of_one_phase_checks_every_phase_of_the_runbook(tmp_path, capsys):
+    """A threshold typo in another phase passed `run --phase` (pytest and `phases` refused it)."""
+    typo = train_phase("long_run", gates=[{"metric": "toks_per_s_mean", "op": ">=",
+                                           "threshold": {"profile": "min_tok_per_s"}}])
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase(), typo])
+    assert main(["run", "--runbook", str(rb), "--phase", "baseline_ddp", "--results-dir", str(tmp_path / "r")]) == 2
+    assert "uses threshold 'min_tok_per_s', which profile" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

@@ -22,11 +22,13 @@ class CtrlC:
     def __init__(self, rank: int):
         self.rank = rank
         self.requested = False
+        self._installed = False
         self._previous = None
 
     def __enter__(self) -> CtrlC:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._first)
+            self._installed = True
         return self
 
     def _first(self, signum, frame) -> None:
@@ -36,5 +38,6 @@ class CtrlC:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        if self._installed:  # None: a handler not set from Python, restored as the default
+            signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.SIG_DFL)
+            self._installed = False

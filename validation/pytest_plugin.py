@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -328,7 +329,20 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         signal.signal(sig, handler)
 
 
+def _runbook_given_as_marker(config: pytest.Config) -> str | None:
+    """The runbook a ``-m`` expression names where a marker belongs (``pytest -m cpu_smoke``):
+    pytest would only say the marker is unknown."""
+    words = set(re.findall(r"[A-Za-z_]\w*", config.option.markexpr or "")) - {"and", "or", "not"}
+    markers = {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
+    return next((w for w in sorted(words - markers) if w in available()), None)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    named = _runbook_given_as_marker(config) if config.rootpath == REPO_ROOT else None
+    if named is not None:
+        raise pytest.UsageError(f"-m {named}: {named} is a runbook, not a marker; run it with --runbook "
+                                f"{named} (markers select phases, e.g. -m long_run, and profiles, e.g. "
+                                "-m cpu_profile; `nsa-validate phases --runbook NAME` lists them)")
     # a controller (or lone) session of this repository's tests gets a results directory of its
     # own, whatever it inherited; its xdist workers inherit it (other projects' sessions in this
     # environment, which load the plugin too, get none)

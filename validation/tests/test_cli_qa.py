@@ -304,3 +304,11 @@ def test_run_of_one_phase_checks_every_phase_of_the_runbook(tmp_path, capsys):
     assert main(["run", "--runbook", str(rb), "--phase", "baseline_ddp", "--results-dir", str(tmp_path / "r")]) == 2
     assert "uses threshold 'min_tok_per_s', which profile" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_runbook_given_as_a_marker_says_how_to_run_it():
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m",
+                           "cpu_smoke and not long_run", "validation/tests/test_acceptance.py"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]  # pytest's usage error
+    assert "-m cpu_smoke: cpu_smoke is a runbook, not a marker; run it with --runbook cpu_smoke" in proc.stderr

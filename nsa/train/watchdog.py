@@ -40,14 +40,18 @@ def stackdump_path(out_dir: Path, rank: int) -> Path:
 
 
 def write_halt(out_dir: Path, record: dict) -> bool:
-    """Create .HALT atomically with a JSON record; False when it already exists."""
+    """Create .HALT with a JSON record; False when it already exists (the first reason stands).
+    Written to a file of its own first and then linked into place, so that no reader (another
+    rank's watchdog, the harness) ever sees it empty or half-written."""
+    path = halt_path(out_dir)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        fd = os.open(halt_path(out_dir), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        tmp.write_text(json.dumps(record) + "\n")
+        os.link(tmp, path)
     except FileExistsError:
         return False
-    with os.fdopen(fd, "w") as fh:
-        json.dump(record, fh)
-        fh.write("\n")
+    finally:
+        tmp.unlink(missing_ok=True)
     return True
 
 

@@ -106,7 +106,8 @@ def main() -> None:
             finally:
                 S.TUNE["tt"] = saved
             gathered = sel[p] * LS * K * 2 * 2  # K and V tiles of every (token, group, block)
-            print(f"  {p:16s} {t_fwd:8.3f} {t_dq:8.3f} {gathered / t_fwd / 1e6 if t_fwd == t_fwd else math.nan:18.0f}  {TT}")
+            rate = gathered / t_fwd / 1e6 if t_fwd == t_fwd else math.nan  # GB/s; nan in the dry run
+            print(f"  {p:16s} {t_fwd:8.3f} {t_dq:8.3f} {rate:18.0f}  {TT}")
         del q, k, v, do, kc, vc, lse_c, patterns
         if DEV == "cuda":
             torch.cuda.empty_cache()

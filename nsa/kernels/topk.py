@@ -162,8 +162,9 @@ def _select_launch(nbp: int) -> tuple[int, int]:
     S=64k); below, four rows on 4 warps. On one H100 (bench/gpu/topk_probe.py,
     docs/measurements/2026-11-23-c/): the select kernel alone, same run, 2.05 vs 2.86 ms at
     S=64k and 0.153 vs 0.209 at 16k; the whole top-n 9.31 and 0.683 ms against 9.94 and 0.745
-    with 4 warps in a run 12-15 minutes earlier. At m7c_125m one warp was faster alone (0.019 vs 0.026 ms) but
-    the whole top-n took 0.093 ms against 0.065 in that earlier run, so short inputs keep 4 warps."""
+    with 4 warps in a run 12-15 minutes earlier. At m7c_125m one warp was faster alone (0.019 vs
+    0.026 ms) but the whole top-n took 0.093 ms against 0.065 in that earlier run, so short inputs
+    keep 4 warps."""
     if nbp < 256:
         return 4, 4
     return max(1, 512 // nbp), max(1, nbp // 1024)  # past S=64k (not timed): 2+ warps, <= 140 registers

@@ -319,7 +319,8 @@ class Trainer:
                         self.after_first_step()
                     if step % tc.print_every == 0 or step == self.step_first:
                         self.log(f"step {step}/{tc.steps} | loss {out['loss']:.4f} | lr {out['lr']:.3g} | "
-                                 f"toks/s {self.tokens_per_step / dt:,.0f} | step {dt:.3f}s | grad_norm {out['grad_norm']:.3f}")
+                                 f"toks/s {self.tokens_per_step / dt:,.0f} | step {dt:.3f}s | "
+                                 f"grad_norm {out['grad_norm']:.3f}")
                     # checkpoint
                     if tc.ckpt_every and step % tc.ckpt_every == 0:
                         self.save(step)
@@ -332,7 +333,8 @@ class Trainer:
                         break
                 else:
                     self.stop_reason = (f"completed {tc.steps} steps" if self.step == tc.steps else
-                                        f"stopped after train.run_steps={tc.run_steps} at step {self.step} of {tc.steps}")
+                                        f"stopped after train.run_steps={tc.run_steps} at step {self.step} "
+                                        f"of {tc.steps}")
                 # a run stopped early (run_steps, operator .HALT, Ctrl-C) always saves, or it could not resume
                 if self.step != last_saved and (tc.save_final or self.step < tc.steps):
                     self.save(self.step)

@@ -176,10 +176,10 @@ def _sel_bwd_dq_kernel(
 
 @triton.jit
 def _sel_bwd_dkv_kernel(
-    q, k, v, do, lse, delta, keys_sorted, item_seg, item_start, item_end, dk, dv,
+    q, k, v, do, lse, delta, keys_sorted, item_seg, item_start, item_end, dk, dv, dq,
     Tq, Tk, NB, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-    LS: tl.constexpr, BS: tl.constexpr, BQ: tl.constexpr,
+    LS: tl.constexpr, BS: tl.constexpr, BQ: tl.constexpr, DQ: tl.constexpr,
 ):
     w = tl.program_id(0)
     s0 = tl.load(item_start + w)
@@ -225,6 +225,8 @@ def _sel_bwd_dkv_kernel(
             dv_acc += tl.dot(tl.trans(p.to(dot_.dtype)), dot_)
             ds = score_grad(p, dot_, vt, dl)
             dk_acc += tl.dot(tl.trans(ds.to(qt.dtype)), qt)
+            if DQ:  # this block's share of the rows' dq, into a float32 buffer
+                tl.atomic_add(dq + ptrs, tl.dot(ds.to(kt.dtype), kt) * sm_scale, mask=m2, sem="relaxed")
         tl.atomic_add(dk + kv_ptr, dk_acc * sm_scale, mask=kvm)
         tl.atomic_add(dv + kv_ptr, dv_acc, mask=kvm)
 
@@ -297,7 +299,7 @@ def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, 
 #: token tiles of the forward/dq (see _tokens_per_tile): tt > 0 forces TT, else TT =
 #: tt_rows // next_pow2(G) (at most tt_max) when the keys hold at most tt_nb * n blocks, else 1
 TUNE = dict(fwd_warps=4, fwd_stages=2, qc=512, rows=128, dkv_warps=8,
-            tt=0, tt_rows=64, tt_max=8, tt_nb=2.0)
+            tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_in_dkv=False)
 
 
 def _meta(q, k, sel_block: int):
@@ -418,8 +420,9 @@ def _dkv_qc(device: torch.device, Tq: int, deterministic: bool) -> int:
     return 64 if device.type == "cpu" else TUNE["qc"]
 
 
-def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int):
-    """dk, dv from the work items of _inverse_selection(idx, Tk, sel_block, _dkv_qc(...))."""
+def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dq=None):
+    """dk, dv from the work items of _inverse_selection(idx, Tk, sel_block, _dkv_qc(...)); given
+    dq (a zeroed float32 [B, Tq, HQ, K]), each item also adds its block's share of its rows' dq."""
     keys_sorted, seg, start, end, NB = work
     meta = _meta(q, k, sel_block)
     G = meta["G"]
@@ -429,12 +432,32 @@ def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int):
     rows = 64 if interpret else TUNE["rows"]
     BQ = max(1, rows // GP)
     _sel_bwd_dkv_kernel[(seg.numel(),)](
-        q, k, v, do, lse, delta, keys_sorted, seg, start, end, dk, dv,
-        q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3]), GP=GP, BQ=BQ, **meta,
-        num_warps=4 if interpret else TUNE["dkv_warps"], num_stages=1 if interpret else 2,
+        q, k, v, do, lse, delta, keys_sorted, seg, start, end, dk, dv, dk if dq is None else dq,
+        q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3]), GP=GP, BQ=BQ, DQ=dq is not None,
+        **meta, num_warps=4 if interpret else TUNE["dkv_warps"], num_stages=1 if interpret else 2,
     )
     # separate tensors: a custom op's outputs may not share storage
     return dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)
+
+
+@triton.jit
+def _row_delta_kernel(o, do, delta, n_rows, K: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr):
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    offk = tl.arange(0, BK)
+    m = (r < n_rows)[:, None] & (offk < K)[None, :]
+    off = r.to(tl.int64)[:, None] * K + offk[None, :]
+    prod = tl.load(do + off, mask=m, other=0.0).to(tl.float32) * tl.load(o + off, mask=m, other=0.0).to(tl.float32)
+    tl.store(delta + r, tl.sum(prod, 1), mask=r < n_rows)
+
+
+def _row_delta(o, do):
+    """delta = rowsum(do * o) [B, Tq, HQ] in float32 (what the dq kernel writes on its way)."""
+    K = o.shape[-1]
+    delta = torch.empty(o.shape[:-1], device=o.device, dtype=torch.float32)
+    BR = 64
+    _row_delta_kernel[(triton.cdiv(delta.numel(), BR),)](o, do, delta, delta.numel(), K=K,
+                                                         BK=triton.next_power_of_2(K), BR=BR)
+    return delta
 
 
 def _sel_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
@@ -444,10 +467,15 @@ def _sel_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tenso
     if Tq == 0 or Tk == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     do = do.contiguous()
-    dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block, q_start)
     work = _inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device, Tq, deterministic))
-    dk, dv = _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block, q_start)
-    return dq, dk, dv
+    if deterministic or not TUNE["dq_in_dkv"]:
+        dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block, q_start)
+        dk, dv = _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block, q_start)
+        return dq, dk, dv
+    # dq from the dk/dv pass: each (token, block) adds its share atomically (order varies)
+    dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+    dk, dv = _sel_bwd_dkv(q, k, v, do, lse, _row_delta(o, do), work, sel_block, q_start, dq)
+    return dq.to(q.dtype), dk, dv
 
 
 def _sel_fake(q, k, v, idx, *args):

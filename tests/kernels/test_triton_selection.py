@@ -43,6 +43,17 @@ def test_selection_group_sizes_and_popular_block(kdev, G):
     _check(kdev, KCase(cfg, B=1, T=70 if G == 6 else 30, H=1, G=G, K=16, q_start=0, seed=G))
 
 
+@pytest.mark.parametrize("G", [6, 16], ids=["G6", "G16"])
+def test_selection_dq_from_the_dkv_pass(kdev, monkeypatch, G):
+    """dq summed atomically by the dk/dv pass's work items (TUNE['dq_in_dkv']) instead of its
+    own kernel: each row's blocks, a popular one split over several items, all counted once."""
+    from nsa.kernels import selection
+
+    monkeypatch.setitem(selection.TUNE, "dq_in_dkv", True)
+    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=3, window=8)
+    _check(kdev, KCase(cfg, B=2, T=70 if G == 6 else 30, H=2, G=G, K=16, q_start=0, seed=G))
+
+
 def _random_idx(gen, B, Tq, H, n, ls, q_start):
     """Per (token, head): its own block plus a random number of random earlier blocks,
     ascending, -1 padded, so neighbouring tokens select different blocks and many rows have

@@ -129,6 +129,8 @@ def _methods(x, cfg, win_backend):
     q, gates = x["q"], x["gates"]
     B, S, HQ, K = q.shape
     shape = kw.Shape(B, S, HQ, x["k_sel"].shape[2], K)
+    from nsa.kernels.selection import _ds_path
+    ds = _ds_path(q, x["k_sel"], cfg.n_selected, cfg.sel_block)  # dq of the selected branch from dS tiles
     core_leaves = [x[n] for n in ("q", "kc", "vc", "k_sel", "v_sel", "k_win", "v_win", "gates")]
     out = {}
     # the routes 'auto' picks (cmp and select: cudnn on a GPU), then every stage on Triton
@@ -137,7 +139,7 @@ def _methods(x, cfg, win_backend):
         routes["win"] = Route("win", win_backend, "bench")
         out[f"NSA core ({label}: cmp={cmp})"] = (
             lambda routes=routes: nsa_core(*core_leaves[:7], gates, cfg, routes), core_leaves,
-            (kw.core_fwd(shape, cfg), kw.core_bwd(shape, cfg)))
+            (kw.core_fwd(shape, cfg), kw.core_bwd(shape, cfg, ds)))
 
     qt, kt, vt = (t.transpose(1, 2) for t in (q, x["k_sel"], x["v_sel"]))
     gqa = q.shape[2] != x["k_sel"].shape[2]
@@ -175,12 +177,14 @@ def _stage_inputs(name, cfg):
     return x, x["q"], x["do"], lse, idx
 
 
-def _sel_split(x, q, do, idx, cfg) -> tuple[int, dict[str, float]]:
+def _sel_split(x, q, do, idx, cfg) -> tuple[int, bool, dict[str, float]]:
     """Medians (ms) of the selected branch's pieces at the current selection.TUNE: forward
-    kernel; backward as dq kernel, _inverse_selection (keys kernel, sort, work-item kernel)
-    and dk/dv kernel. The forward and the dq launch each first build the token-tile block
-    lists ('union', one small kernel, nothing when TT = 1); their times include it. Returns
-    TT and the times."""
+    kernel; backward as _inverse_selection (keys kernel, sort, work-item kernel), the dk/dv
+    kernel and dq: at long contexts (selection._ds_path) the delta pass, the dk/dv kernel
+    keeping its dS tiles, and dq from them; otherwise the dq kernel (it writes delta) and the
+    dk/dv kernel. The forward and the dq kernel each first build the token-tile block lists
+    ('union', one small kernel, nothing when TT = 1); their times include it. Returns TT,
+    whether dq comes from dS tiles, and the times."""
     from nsa.kernels import selection as S
 
     ls = cfg.sel_block
@@ -189,14 +193,23 @@ def _sel_split(x, q, do, idx, cfg) -> tuple[int, dict[str, float]]:
     NB = -(-Tk // ls)
     TT = S._tokens_per_tile(HQ // H, n, NB, Tq)
     o, lse = S._sel_fwd(q, k, v, idx, ls, 0, False)
-    dq, delta = S._sel_bwd_dq(q, k, v, idx, o, lse, do, ls, 0)
     qc = S._dkv_qc(q.device, Tq, False)
     work = S._inverse_selection(idx, Tk, ls, qc)
-    return TT, dict(union=_bench(lambda: S._tile_union(idx, TT, NB)),
-                    fwd=_bench(lambda: S._sel_fwd(q, k, v, idx, ls, 0, False)),
-                    dq=_bench(lambda: S._sel_bwd_dq(q, k, v, idx, o, lse, do, ls, 0)),
-                    inverse=_bench(lambda: S._inverse_selection(idx, Tk, ls, qc)),
-                    dkv=_bench(lambda: S._sel_bwd_dkv(q, k, v, do, lse, delta, work, ls, 0)))
+    times = dict(union=_bench(lambda: S._tile_union(idx, TT, NB)),
+                 fwd=_bench(lambda: S._sel_fwd(q, k, v, idx, ls, 0, False)),
+                 inverse=_bench(lambda: S._inverse_selection(idx, Tk, ls, qc)))
+    ds_path = S._ds_path(q, k, n, ls)
+    if ds_path:
+        delta = S._row_delta(o, do)
+        ds = torch.empty(idx.numel() * (HQ // H) * ls, device=q.device, dtype=q.dtype)
+        times.update(delta=_bench(lambda: S._row_delta(o, do)),
+                     dkv=_bench(lambda: S._sel_bwd_dkv(q, k, v, do, lse, delta, work, ls, 0, ds)),
+                     dq=_bench(lambda: S._sel_dq_from_ds(q, k, idx, ds, ls)))
+    else:
+        _, delta = S._sel_bwd_dq(q, k, v, idx, o, lse, do, ls, 0)
+        times.update(dq=_bench(lambda: S._sel_bwd_dq(q, k, v, idx, o, lse, do, ls, 0)),
+                     dkv=_bench(lambda: S._sel_bwd_dkv(q, k, v, do, lse, delta, work, ls, 0)))
+    return TT, ds_path, times
 
 
 def _rates(ms: float, work: kw.Work | None) -> tuple[str, str]:
@@ -232,7 +245,8 @@ def breakdown(shapes) -> list[dict]:
         def win():
             return triton_win_attention(q, x["k_win"], x["v_win"], cfg)
 
-        TT, split = _sel_split(x, q, do, idx, cfg)
+        TT, ds, split = _sel_split(x, q, do, idx, cfg)
+        delta_work = kw.Work(0, 2 * shape.tokens(shape.HQ) * shape.elem + shape.B * shape.S * shape.HQ * kw.F32)
         timed = [  # (kernel, ms, work)
             ("top-n", _bench(lambda: triton_select_blocks(q, x["kc"], lse, cfg)), kw.topn(shape, cfg)),
             ("cmp fwd", _bench(_no_grad(cmp)), kw.cmp_fwd(shape, cfg)),
@@ -241,11 +255,12 @@ def breakdown(shapes) -> list[dict]:
             ("cmp-cudnn fwd+bwd", _bench(_fwd_bwd(cmp_cudnn, cmp_leaves, do)),
              kw.cmp_fwd(shape, cfg) + kw.cmp_bwd(shape, cfg)),
             (f"sel fwd (TT={TT})", split["fwd"], kw.sel_fwd(shape, cfg)),
-            ("sel dq", split["dq"], kw.sel_dq(shape, cfg)),
-            ("sel dkv", split["dkv"], kw.sel_dkv(shape, cfg)),
+            ("sel dq from dS" if ds else "sel dq", split["dq"], kw.sel_dq(shape, cfg, ds)),
+            ("sel dkv (+dS)" if ds else "sel dkv", split["dkv"], kw.sel_dkv(shape, cfg, ds)),
+            *([("sel delta", split["delta"], delta_work)] if ds else []),
             ("sel union", split["union"], None),
             ("sel inverse", split["inverse"], None),
-            ("sel fwd+bwd", _bench(_fwd_bwd(sel, sel_leaves, do)), kw.sel_fwd(shape, cfg) + kw.sel_bwd(shape, cfg)),
+            ("sel fwd+bwd", _bench(_fwd_bwd(sel, sel_leaves, do)), kw.sel_fwd(shape, cfg) + kw.sel_bwd(shape, cfg, ds)),
             ("win fwd", _bench(_no_grad(win)), kw.win_fwd(shape, cfg)),
             ("win fwd+bwd", _bench(_fwd_bwd(win, win_leaves, do)), kw.win_fwd(shape, cfg) + kw.win_bwd(shape, cfg)),
         ]
@@ -273,10 +288,17 @@ def sweep(shapes, only=()):
         sel_fb = _fwd_bwd(lambda: triton_sel_attention(q, x["k_sel"], x["v_sel"], idx, cfg), [q, x["k_sel"], x["v_sel"]], do)
         tk = lambda: triton_select_blocks(q, x["kc"], lse, cfg)  # noqa: E731
         i = 0 if SHAPES[name][4] <= 64 else 1  # head dim
+        cmp_tiles, win_tiles = band_attention.TILES["cmp"], band_attention.TILES["win"]
         groups = [
-            ("band fwd", band_attention.TILES, "fwd", [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 3)], [cmp_fb, win_fb]),
-            ("band dq", band_attention.TILES, "dq", [(64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 32, 4, 3)], [cmp_fb, win_fb]),
-            ("band dkv", band_attention.TILES, "dkv", [(64, 64, 8, 2), (32, 128, 8, 2), (64, 128, 8, 2), (128, 64, 8, 2)], [cmp_fb, win_fb]),
+            ("band fwd", cmp_tiles, "fwd", [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 3)],
+             [cmp_fb]),
+            ("band dq", cmp_tiles, "dq", [(64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 32, 4, 3)], [cmp_fb]),
+            ("band dkv", cmp_tiles, "dkv", [(64, 64, 8, 2), (32, 128, 8, 2), (64, 128, 8, 2), (128, 64, 8, 2)],
+             [cmp_fb]),
+            ("win fwd", win_tiles, "fwd", [(128, 64, 8, 3), (128, 32, 4, 4), (256, 64, 8, 3), (64, 64, 4, 3)],
+             [win_fb]),
+            ("win dq", win_tiles, "dq", [(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3)], [win_fb]),
+            ("win dkv", win_tiles, "dkv", [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 2)], [win_fb]),
         ]
         for label, table, key, variants, fns in groups:
             if only and not any(o in label for o in only):
@@ -288,7 +310,7 @@ def sweep(shapes, only=()):
                     ts = [f"{_bench(f):.2f}" for f in fns]
                 except Exception as e:
                     ts = [f"failed: {type(e).__name__}"]
-                print(f"# sweep {name} {label} {v}: cmp fwd+bwd, win fwd+bwd = {', '.join(ts)}", flush=True)
+                print(f"# sweep {name} {label} {v}: fwd+bwd = {', '.join(ts)}", flush=True)
             table[key] = base
         # token tiles of the selection forward/dq: forced TT (tt > 0), then the rule (tt = 0) at
         # several rows per program; tt_nb only moves the short/long-context boundary (the rule
@@ -315,8 +337,9 @@ def sweep(shapes, only=()):
                 try:
                     t = ", ".join(f"{_bench(fn):.2f}" for fn in fns)
                     if label.startswith("sel tt"):
-                        TT, split = _sel_split(x, q, do, idx, cfg)
-                        t += f" | split (ms): TT={TT} " + " ".join(f"{a} {b:.3f}" for a, b in split.items())
+                        TT, ds, split = _sel_split(x, q, do, idx, cfg)
+                        t += (f" | split (ms): TT={TT}{' dq from dS' if ds else ''} "
+                              + " ".join(f"{a} {b:.3f}" for a, b in split.items()))
                 except Exception as e:
                     t = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
                 print(f"# sweep {name} {label} {v}: {t}", flush=True)

@@ -1,19 +1,22 @@
-"""Probe: launch variants of two kernels that issue 15's tables point at, each timed alone on the
-inputs bench/bench_nsa.py uses (random q/k/v, the top-n of random inputs):
+"""Probe: variants of two kernels issue 15's tables point at, each timed alone on random inputs
+(q/k/v as bench/bench_nsa.py makes them, the top-n of random inputs):
 
-  sel-bwd    the selected branch's backward as today (a dq kernel that gathers each token's
-             blocks again, then the key-block-centric dk/dv pass) against dq added by the dk/dv
-             pass itself (selection.TUNE['dq_in_dkv']: float32 atomics per (token, block), plus a
-             small kernel for delta = rowsum(do * o)), at a few rows/warps of that pass;
-  win-tiles  the window branch (band kernel, WINDOW=True) at other (BM, BN, warps, stages) for its
-             forward, dq and dk/dv kernels (band_attention.TILES, shared today with the compressed
-             band kernel), one kernel's tiles varied at a time from the defaults.
+  sel-bwd    the selected branch's backward with dq from the dS tiles the dk/dv pass keeps
+             (selection.TUNE['dq_from_ds'], the default at one token a tile) against the dq
+             kernel that gathers each token's K and V blocks again;
+  win-tiles  the window branch (band kernel, WINDOW=True) at other (BM, BN, warps, stages) for
+             its forward, dq and dk/dv kernels (band_attention.TILES["win"]), one kernel's tiles
+             varied at a time from the defaults.
 
     python3 bench/gpu/variants_probe.py [--shapes 64k 16k] [--parts sel-bwd win-tiles]
 
 Prints one line a variant: the median ms (triton.testing.do_bench) and its ratio to the
 default's median of the same run. On CPU (TRITON_INTERPRET=1) it is a dry run at a tiny shape
 that only checks every variant runs.
+
+Its first run (commit 7d47893, docs/measurements/2026-11-23-d/) timed another sel-bwd variant,
+dq added by the dk/dv pass with float32 atomics per token and block: 41.2 ms against 33.6 for
+the dq kernel at S=64k, 9.08 against 8.04 at 16k, so that variant was removed.
 """
 from __future__ import annotations
 
@@ -34,13 +37,12 @@ from nsa.kernels import selection as S  # noqa: E402
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES = {"tiny": (1, 256, 8, 2, 32), "16k": (1, 16384, 64, 4, 128), "32k": (1, 32768, 64, 4, 128),
           "64k": (1, 65536, 64, 4, 128)}
-SEL_BWD = [dict(dq_in_dkv=False), dict(dq_in_dkv=True), dict(dq_in_dkv=True, rows=64, dkv_warps=4),
-           dict(dq_in_dkv=True, rows=64, dkv_warps=8), dict(dq_in_dkv=True, qc=256)]
-WIN_TILES = {  # (BM, BN, warps, stages), K=128
-    "fwd": [(128, 128, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3), (64, 64, 4, 3), (64, 128, 4, 3),
-            (128, 32, 4, 4), (256, 64, 8, 3)],
-    "dq": [(128, 64, 8, 2), (128, 64, 8, 3), (64, 128, 4, 2), (128, 128, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3)],
-    "dkv": [(64, 128, 8, 2), (128, 128, 8, 2), (64, 64, 4, 2), (128, 64, 8, 3), (64, 128, 8, 3), (128, 32, 8, 2)],
+WIN_TILES = {  # (BM, BN, warps, stages), K=128; the first run's best and their neighbours
+    "fwd": [(128, 32, 4, 4), (128, 32, 4, 3), (128, 32, 4, 5), (128, 32, 8, 4), (256, 64, 8, 3),
+            (256, 32, 8, 4), (256, 32, 8, 3), (64, 32, 4, 4), (128, 16, 4, 4)],
+    "dq": [(64, 32, 4, 2), (32, 64, 4, 2), (64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 4, 4), (32, 32, 4, 3)],
+    "dkv": [(64, 64, 4, 2), (64, 64, 4, 3), (64, 32, 4, 2), (64, 32, 4, 3), (32, 64, 4, 2), (64, 64, 8, 2),
+            (32, 128, 4, 2), (128, 32, 4, 2)],
 }
 
 
@@ -66,28 +68,27 @@ def timed(label: str, fn, base: float | None) -> float:
 def sel_bwd(q, k, v, idx, do, LS: int) -> None:
     with torch.no_grad():
         o, lse = S._sel_fwd(q, k, v, idx, LS, 0, False)
-    saved = dict(S.TUNE)
-    base = None
+    saved = S.TUNE["dq_from_ds"]
+    grads = {}
     try:
-        for variant in SEL_BWD:
-            S.TUNE.update(variant)
-            t = timed(f"sel bwd {variant}", lambda: S._sel_bwd(q, k, v, idx, o, lse, do, LS, 0, False), base)
+        base = None
+        for from_ds in (False, True):
+            S.TUNE["dq_from_ds"] = from_ds
+            used = S._ds_path(q, k, idx.shape[-1], LS)
+            label = f"sel bwd, dq {'from dS tiles' if used else 'kernel'} (dq_from_ds={from_ds})"
+            t = timed(label, lambda: S._sel_bwd(q, k, v, idx, o, lse, do, LS, 0, False), base)
             base = base or t
-            S.TUNE.clear()
-            S.TUNE.update(saved)
-        dq_ref = S._sel_bwd(q, k, v, idx, o, lse, do, LS, 0, False)[0].float()
-        S.TUNE["dq_in_dkv"] = True
-        dq_new = S._sel_bwd(q, k, v, idx, o, lse, do, LS, 0, False)[0].float()
-        rel = ((dq_new - dq_ref).norm() / dq_ref.norm()).item()
-        print(f"  dq in dkv vs dq kernel: relative difference {rel:.2e}", flush=True)
+            grads[from_ds] = [g.float() for g in S._sel_bwd(q, k, v, idx, o, lse, do, LS, 0, False)]
     finally:
-        S.TUNE.clear()
-        S.TUNE.update(saved)
+        S.TUNE["dq_from_ds"] = saved
+    for name, a, b in zip(("dq", "dk", "dv"), grads[False], grads[True]):
+        print(f"  {name}: relative difference between the two {((a - b).norm() / a.norm()).item():.2e}", flush=True)
 
 
 def win_tiles(q, k, v, do, W: int) -> None:
     i = 1  # head dim > 64
-    saved = {key: tuple(val) for key, val in BA.TILES.items()}
+    tiles_now = BA.TILES["win"]
+    saved = dict(tiles_now)
     fwd = lambda: BA._band_fwd(q, k, v, 0, 1, 1, W, True, False)  # noqa: E731
     o, lse = fwd()
     bwd = lambda: BA._band_bwd(q, k, v, o, lse, do, 0, 1, 1, W, True, False)  # noqa: E731
@@ -97,11 +98,11 @@ def win_tiles(q, k, v, do, W: int) -> None:
             what = "win fwd" if kernel == "fwd" else "win bwd (dq + dkv)"
             base = timed(f"{what}, {kernel} {saved[kernel][i]} (default)", fn, None)
             for tiles in variants:
-                BA.TILES[kernel] = tuple(tiles if j == i else c for j, c in enumerate(saved[kernel]))
+                tiles_now[kernel] = tuple(tiles if j == i else c for j, c in enumerate(saved[kernel]))
                 timed(f"{what}, {kernel} {tiles}", fn, base)
-            BA.TILES[kernel] = saved[kernel]
+            tiles_now[kernel] = saved[kernel]
     finally:
-        BA.TILES.update(saved)
+        tiles_now.update(saved)
 
 
 def main() -> None:
@@ -111,7 +112,6 @@ def main() -> None:
     args = ap.parse_args()
     if DEV == "cpu":  # the interpreter runs every tile size; keep the dry run to the tiny shape
         WIN_TILES.update({key: [(32, 16, 4, 1)] for key in WIN_TILES})
-        BA.TILES.update({key: ((32, 16, 4, 1), (32, 16, 4, 1)) for key in BA.TILES})
     cfg = NSAConfig()
     print(f"{torch.cuda.get_device_name() if DEV == 'cuda' else 'cpu (dry run)'}, torch {torch.__version__}, "
           f"triton {triton.__version__}", flush=True)
@@ -121,18 +121,19 @@ def main() -> None:
         dt = torch.bfloat16 if DEV == "cuda" else torch.float32
         q, do = (torch.randn(B, S_, HQ, K, generator=g, device=DEV).to(dt) for _ in range(2))
         k, v = (torch.randn(B, S_, H, K, generator=g, device=DEV).to(dt) for _ in range(2))
-        Nc = (S_ - cfg.cmp_block) // cfg.cmp_stride + 1
-        kc, vc = (torch.randn(B, Nc, H, K, generator=g, device=DEV).to(dt) for _ in range(2))
         print(f"## {name} (B={B} S={S_} HQ={HQ} H={H} K={K})", flush=True)
         if "sel-bwd" in args.parts:
+            Nc = (S_ - cfg.cmp_block) // cfg.cmp_stride + 1
+            kc, vc = (torch.randn(B, Nc, H, K, generator=g, device=DEV).to(dt) for _ in range(2))
             with torch.no_grad():
-                _, lse_c = triton_cmp_attention(q, kc, vc, cfg)
-                idx = triton_select_blocks(q, kc, lse_c, cfg)
+                idx = triton_select_blocks(q, kc, triton_cmp_attention(q, kc, vc, cfg)[1], cfg)
+            if DEV == "cpu":  # the tiny shape tiles tokens; time the one-token-a-tile path
+                S.TUNE["tt"] = 1
             sel_bwd(q, k, v, idx, do, cfg.sel_block)
-            del idx, lse_c
+            del kc, vc, idx
         if "win-tiles" in args.parts:
             win_tiles(q, k, v, do, cfg.window)
-        del q, k, v, do, kc, vc
+        del q, k, v, do
         if DEV == "cuda":
             torch.cuda.empty_cache()
 

@@ -295,21 +295,30 @@ def _band_bwd_dkv_kernel(
         tl.store(dv + kv_off, dv_acc.to(dv.dtype.element_ty), mask=kvm)
 
 
-#: (BM, BN, num_warps, num_stages) of the fwd, dq and dk/dv kernels on CUDA, by head dim
-#: (<= 64, larger); chosen by measurement on H100 (bench/bench_nsa.py --sweep)
+#: (BM, BN, num_warps, num_stages) of the fwd, dq and dk/dv kernels on CUDA, by use (compressed
+#: keys, sliding window) and head dim (<= 64, larger); chosen by measurement on H100
+#: (bench/bench_nsa.py --sweep, bench/gpu/variants_probe.py)
 TILES = {
-    "fwd": ((128, 64, 4, 3), (128, 64, 8, 3)),
-    "dq": ((64, 64, 4, 2), (64, 64, 4, 2)),
-    "dkv": ((128, 64, 8, 2), (128, 64, 8, 2)),  # H100, K=128: 51 ms vs 74 ms (cmp, 64k)
+    "cmp": {
+        "fwd": ((128, 64, 4, 3), (128, 64, 8, 3)),
+        "dq": ((64, 64, 4, 2), (64, 64, 4, 2)),
+        "dkv": ((128, 64, 8, 2), (128, 64, 8, 2)),  # H100, K=128: 51 ms vs 74 ms (cmp, 64k)
+    },
+    "win": {
+        "fwd": ((128, 64, 4, 3), (128, 64, 8, 3)),
+        "dq": ((64, 64, 4, 2), (64, 64, 4, 2)),
+        "dkv": ((128, 64, 8, 2), (128, 64, 8, 2)),
+    },
 }
 
 
-def _configs(K: int, interpret: bool):
+def _configs(K: int, interpret: bool, window: bool):
     """Tile sizes and warps per kernel: (fwd BM, BN, warps, stages), (dq ...), (dkv ...)."""
     if interpret:
         return (32, 16, 4, 1), (32, 16, 4, 1), (16, 32, 4, 1)
     i = 0 if K <= 64 else 1
-    return TILES["fwd"][i], TILES["dq"][i], TILES["dkv"][i]
+    table = TILES["win" if window else "cmp"]
+    return table["fwd"][i], table["dq"][i], table["dkv"][i]
 
 
 @functools.lru_cache(maxsize=None)
@@ -336,7 +345,7 @@ def _band_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, L
         o.zero_()
         lse.fill_(float("-inf"))
         return o, lse
-    (BM, BN, nw, ns), _, _ = _configs(K, _is_interpret(q))
+    (BM, BN, nw, ns), _, _ = _configs(K, _is_interpret(q), window)
     BK = max(16, triton.next_power_of_2(K))
     grid = (triton.cdiv(Tq * G, BM), B * H)
     _band_fwd_kernel[grid](
@@ -371,7 +380,7 @@ def _band_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor
     if Tq == 0 or Tk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     delta = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
-    _, (BM, BN, nw, ns), (BM2, BN2, nw2, ns2) = _configs(K, _is_interpret(q))
+    _, (BM, BN, nw, ns), (BM2, BN2, nw2, ns2) = _configs(K, _is_interpret(q), window)
     BK = max(16, triton.next_power_of_2(K))
     sm = 1.0 / math.sqrt(K)
     _band_bwd_dq_kernel[(triton.cdiv(Tq * G, BM), B * H)](

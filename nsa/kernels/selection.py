@@ -175,11 +175,36 @@ def _sel_bwd_dq_kernel(
 
 
 @triton.jit
+def _sel_dq_from_ds_kernel(
+    k, idx, ds, dq, Tq, Tk, sm_scale,
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+    LS: tl.constexpr, BS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, ROWS: tl.constexpr,
+):
+    """dq of one token's G heads (TT = 1 grid) from the dS tiles the dk/dv pass kept: the sum
+    over its selected blocks of dS @ K, so only K is gathered (not K, V, and the recomputation)."""
+    pos, row, rmask, q_off, m2, pos_last, offk, kmask, kv_base, ubase, n_valid, mine = _sel_tile(
+        idx, idx, Tq, Tk, 0, H, G, GP, K, BK, N, NP, 1, ROWS, N, NP)
+    g = tl.arange(0, ROWS) % GP
+    e0 = ((tl.program_id(1) // H).to(tl.int64) * Tq + tl.program_id(0)) * (H * N) + (tl.program_id(1) % H) * N
+    offs = tl.arange(0, BS)
+    acc = tl.zeros([ROWS, BK], tl.float32)
+    for i in range(0, n_valid):
+        kpos = tl.load(ubase + i) * LS + offs
+        kload = (offs < LS) & (kpos < Tk)
+        kt = tl.load(k + kv_base + kpos.to(tl.int64)[:, None] * (H * K) + offk[None, :],
+                     mask=kload[:, None] & kmask[None, :], other=0.0)
+        dst = tl.load(ds + ((e0 + i) * G + g)[:, None] * LS + offs[None, :],
+                      mask=rmask[:, None] & (offs < LS)[None, :], other=0.0)
+        acc += tl.dot(dst, kt)
+    tl.store(dq + q_off, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
+
+
+@triton.jit
 def _sel_bwd_dkv_kernel(
-    q, k, v, do, lse, delta, keys_sorted, item_seg, item_start, item_end, dk, dv, dq,
+    q, k, v, do, lse, delta, keys_sorted, perm, item_seg, item_start, item_end, dk, dv, ds_out,
     Tq, Tk, NB, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-    LS: tl.constexpr, BS: tl.constexpr, BQ: tl.constexpr, DQ: tl.constexpr,
+    LS: tl.constexpr, BS: tl.constexpr, BQ: tl.constexpr, DS: tl.constexpr,
 ):
     w = tl.program_id(0)
     s0 = tl.load(item_start + w)
@@ -225,8 +250,10 @@ def _sel_bwd_dkv_kernel(
             dv_acc += tl.dot(tl.trans(p.to(dot_.dtype)), dot_)
             ds = score_grad(p, dot_, vt, dl)
             dk_acc += tl.dot(tl.trans(ds.to(qt.dtype)), qt)
-            if DQ:  # this block's share of the rows' dq, into a float32 buffer
-                tl.atomic_add(dq + ptrs, tl.dot(ds.to(kt.dtype), kt) * sm_scale, mask=m2, sem="relaxed")
+            if DS:  # kept for the dq pass, at the idx entry (token, slot) this key came from
+                e = tl.load(perm + u + rq, mask=tmask, other=0)
+                tl.store(ds_out + (e * G + g)[:, None] * LS + offs[None, :], ds.to(ds_out.dtype.element_ty),
+                         mask=tmask[:, None] & (offs < LS)[None, :])
         tl.atomic_add(dk + kv_ptr, dk_acc * sm_scale, mask=kvm)
         tl.atomic_add(dv + kv_ptr, dv_acc, mask=kvm)
 
@@ -297,9 +324,10 @@ def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, 
 #: launch parameters on CUDA (bench/bench_nsa.py --sweep): forward/dq warps and stages;
 #: dk/dv pass: tokens per work item (qc), query rows per step (rows), warps;
 #: token tiles of the forward/dq (see _tokens_per_tile): tt > 0 forces TT, else TT =
-#: tt_rows // next_pow2(G) (at most tt_max) when the keys hold at most tt_nb * n blocks, else 1
+#: tt_rows // next_pow2(G) (at most tt_max) when the keys hold at most tt_nb * n blocks, else 1;
+#: dq from the dS tiles of the dk/dv pass (see _ds_path): dq_from_ds, and ds_budget bytes at most
 TUNE = dict(fwd_warps=4, fwd_stages=2, qc=512, rows=128, dkv_warps=8,
-            tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_in_dkv=False)
+            tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_from_ds=True, ds_budget=16 << 30)
 
 
 def _meta(q, k, sel_block: int):
@@ -379,8 +407,9 @@ def _inverse_selection(idx, Tk, ls, qc):
     One kernel writes a key per idx entry, seg * Tq + token with seg = (b*H + h)*NB + block;
     one sort puts each segment's tokens together in ascending order; one kernel per (b, h)
     finds the segments' bounds and cuts them into items of at most qc tokens. Three launches,
-    no host sync. Returns the sorted keys, and per work item its segment and the
-    [start, end) range of the sorted keys it owns (int32), and NB. The item count,
+    no host sync. Returns the sorted keys, the idx entry each came from (the sort's
+    permutation), and per work item its segment and the [start, end) range of the sorted keys
+    it owns (int32), and NB. The item count,
     B*H * (Tq*n // qc + NB), is an upper bound known on the host; items past a (b, h)'s real
     ones are empty."""
     B, Tq, H, n = idx.shape
@@ -391,12 +420,12 @@ def _inverse_selection(idx, Tk, ls, qc):
     block = 1024
     _selection_keys_kernel[(triton.cdiv(total, block),)](idx, keys, Tq, total, NB, B * H * NB, H=H, N=n,
                                                            BLOCK=block)
-    keys_sorted = torch.sort(keys).values
+    keys_sorted, perm = torch.sort(keys)
     ipb = Tq * n // qc + NB  # the most items one (b, h) can need: sum of ceil(count / qc)
     seg, start, end = (torch.empty(B * H * ipb, device=idx.device, dtype=torch.int32) for _ in range(3))
     _work_items_kernel[(B * H,)](keys_sorted, total, seg, start, end, Tq, NB, ipb,
                                  QC=qc, NBP=triton.next_power_of_2(NB), STEPS=total.bit_length(), BW=256)
-    return keys_sorted, seg, start, end, NB
+    return keys_sorted, perm, seg, start, end, NB
 
 
 def _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block: int, q_start: int):
@@ -420,10 +449,10 @@ def _dkv_qc(device: torch.device, Tq: int, deterministic: bool) -> int:
     return 64 if device.type == "cpu" else TUNE["qc"]
 
 
-def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dq=None):
+def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, ds=None):
     """dk, dv from the work items of _inverse_selection(idx, Tk, sel_block, _dkv_qc(...)); given
-    dq (a zeroed float32 [B, Tq, HQ, K]), each item also adds its block's share of its rows' dq."""
-    keys_sorted, seg, start, end, NB = work
+    ds (flat, B*Tq*H*n * G * l' of q's dtype) it also keeps each (token, slot)'s dS tile there."""
+    keys_sorted, perm, seg, start, end, NB = work
     meta = _meta(q, k, sel_block)
     G = meta["G"]
     interpret = q.device.type == "cpu"
@@ -432,8 +461,8 @@ def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dq
     rows = 64 if interpret else TUNE["rows"]
     BQ = max(1, rows // GP)
     _sel_bwd_dkv_kernel[(seg.numel(),)](
-        q, k, v, do, lse, delta, keys_sorted, seg, start, end, dk, dv, dk if dq is None else dq,
-        q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3]), GP=GP, BQ=BQ, DQ=dq is not None,
+        q, k, v, do, lse, delta, keys_sorted, perm, seg, start, end, dk, dv, q if ds is None else ds,
+        q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3]), GP=GP, BQ=BQ, DS=ds is not None,
         **meta, num_warps=4 if interpret else TUNE["dkv_warps"], num_stages=1 if interpret else 2,
     )
     # separate tensors: a custom op's outputs may not share storage
@@ -460,22 +489,50 @@ def _row_delta(o, do):
     return delta
 
 
+def _sel_dq_from_ds(q, k, idx, ds, sel_block: int):
+    """dq from the dS tiles _sel_bwd_dkv kept (one program per token and KV group)."""
+    B, Tq, HQ, K = q.shape
+    meta = _meta(q, k, sel_block)
+    GP, n = triton.next_power_of_2(meta["G"]), idx.shape[-1]
+    dq = torch.empty_like(q)
+    interpret = q.device.type == "cpu"
+    _sel_dq_from_ds_kernel[(Tq, B * meta["H"])](
+        k, idx, ds, dq, Tq, k.shape[1], 1.0 / math.sqrt(K), GP=GP, N=n, NP=triton.next_power_of_2(n),
+        ROWS=max(16, GP), **meta, num_warps=4 if interpret else TUNE["fwd_warps"],
+        num_stages=1 if interpret else TUNE["fwd_stages"])
+    return dq
+
+
+def _ds_path(q, k, n: int, sel_block: int) -> bool:
+    """Whether dq comes from kept dS tiles (see _sel_bwd), n blocks selected: one token a forward
+    program (TT = 1, long contexts), and the tiles (B*Tq*HQ * n * l' values of q's dtype)
+    within TUNE['ds_budget'] bytes."""
+    B, Tq, HQ, _ = q.shape
+    H = k.shape[2]
+    if not TUNE["dq_from_ds"] or _tokens_per_tile(HQ // H, n, triton.cdiv(k.shape[1], sel_block), Tq) != 1:
+        return False
+    return B * Tq * HQ * n * sel_block * q.element_size() <= TUNE["ds_budget"]
+
+
 def _sel_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
              lse: torch.Tensor, do: torch.Tensor, sel_block: int,
              q_start: int, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk, dv. Long contexts: the dk/dv pass first, keeping its dS tiles, then dq = dS @ K
+    per token (gathers K alone: the forward and the dq kernel gather K and V, 32 KB a selected
+    block at K=128, and are bound by that gather). Otherwise the dq kernel (which also writes
+    delta), then the dk/dv pass. Both orders are deterministic where the dk/dv pass is."""
     Tq, Tk = q.shape[1], k.shape[1]
     if Tq == 0 or Tk == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     do = do.contiguous()
     work = _inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device, Tq, deterministic))
-    if deterministic or not TUNE["dq_in_dkv"]:
-        dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block, q_start)
-        dk, dv = _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block, q_start)
-        return dq, dk, dv
-    # dq from the dk/dv pass: each (token, block) adds its share atomically (order varies)
-    dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
-    dk, dv = _sel_bwd_dkv(q, k, v, do, lse, _row_delta(o, do), work, sel_block, q_start, dq)
-    return dq.to(q.dtype), dk, dv
+    if _ds_path(q, k, idx.shape[-1], sel_block):
+        ds = torch.empty(idx.numel() * (q.shape[2] // k.shape[2]) * sel_block, device=q.device, dtype=q.dtype)
+        dk, dv = _sel_bwd_dkv(q, k, v, do, lse, _row_delta(o, do), work, sel_block, q_start, ds)
+        return _sel_dq_from_ds(q, k, idx, ds, sel_block), dk, dv
+    dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block, q_start)
+    dk, dv = _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block, q_start)
+    return dq, dk, dv
 
 
 def _sel_fake(q, k, v, idx, *args):

@@ -43,17 +43,6 @@ def test_selection_group_sizes_and_popular_block(kdev, G):
     _check(kdev, KCase(cfg, B=1, T=70 if G == 6 else 30, H=1, G=G, K=16, q_start=0, seed=G))
 
 
-@pytest.mark.parametrize("G", [6, 16], ids=["G6", "G16"])
-def test_selection_dq_from_the_dkv_pass(kdev, monkeypatch, G):
-    """dq summed atomically by the dk/dv pass's work items (TUNE['dq_in_dkv']) instead of its
-    own kernel: each row's blocks, a popular one split over several items, all counted once."""
-    from nsa.kernels import selection
-
-    monkeypatch.setitem(selection.TUNE, "dq_in_dkv", True)
-    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=3, window=8)
-    _check(kdev, KCase(cfg, B=2, T=70 if G == 6 else 30, H=2, G=G, K=16, q_start=0, seed=G))
-
-
 def _random_idx(gen, B, Tq, H, n, ls, q_start):
     """Per (token, head): its own block plus a random number of random earlier blocks,
     ascending, -1 padded, so neighbouring tokens select different blocks and many rows have
@@ -102,6 +91,38 @@ def test_selection_token_tiles_decode(kdev, monkeypatch, TT):
     _check_tiles(kdev, monkeypatch, TT, G=6, T=1, q_start=29, H=2, B=2, seed=TT)
 
 
+@pytest.mark.parametrize("path", ["dq_kernel", "over_budget"])
+def test_selection_dq_kernel_at_one_token_a_tile(kdev, monkeypatch, path):
+    """At one token a tile dq comes from the dS tiles the dk/dv pass keeps (the TT1 cases
+    above); switched off, or when the tiles would pass TUNE['ds_budget'], from the dq kernel."""
+    from nsa.kernels import selection
+
+    if path == "dq_kernel":
+        monkeypatch.setitem(selection.TUNE, "dq_from_ds", False)
+    else:
+        monkeypatch.setitem(selection.TUNE, "ds_budget", 1023)
+    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=4, window=8)
+    q, k = torch.empty(1, 23, 6, 16), torch.empty(1, 23, 2, 16)
+    assert not selection._ds_path(q, k, cfg.n_selected, cfg.sel_block)
+    _check_tiles(kdev, monkeypatch, 1, G=3, T=23, q_start=5, H=2, B=2, seed=3)
+
+
+def test_selection_ds_path_rule(monkeypatch):
+    """dS tiles kept only at one token a tile and within the budget (bytes of q's dtype)."""
+    from nsa.kernels import selection
+
+    monkeypatch.setitem(selection.TUNE, "tt", 1)
+    q, k = torch.empty(2, 23, 6, 16), torch.empty(2, 23, 2, 16)
+    need = 2 * 23 * 6 * 4 * 4 * 4  # B * Tq * HQ * n * l' * 4 bytes
+    monkeypatch.setitem(selection.TUNE, "ds_budget", need)
+    assert selection._ds_path(q, k, 4, 4)
+    monkeypatch.setitem(selection.TUNE, "ds_budget", need - 1)
+    assert not selection._ds_path(q, k, 4, 4)
+    monkeypatch.setitem(selection.TUNE, "ds_budget", need)
+    monkeypatch.setitem(selection.TUNE, "tt", 2)
+    assert not selection._ds_path(q, k, 4, 4)
+
+
 def test_selection_tile_rule(monkeypatch):
     from nsa.kernels import selection
 
@@ -137,14 +158,15 @@ def test_selection_tile_union(kdev, TT):
 @pytest.mark.parametrize("qc", [3, 64], ids=["qc3", "qc64"])
 def test_inverse_selection_work_items(kdev, qc):
     """The dk/dv pass's work items: each (b, h, block)'s tokens exactly once, ascending, cut
-    into items of at most qc tokens in segment order; the slots past a (b, h)'s items are empty."""
+    into items of at most qc tokens in segment order; the slots past a (b, h)'s items are empty;
+    each sorted key names the idx entry it came from (where the dS tile of that entry goes)."""
     from nsa.kernels import selection
 
     gen = torch.Generator().manual_seed(qc)
     B, Tq, H, n, ls, Tk = 2, 37, 3, 4, 4, 40
     idx = _random_idx(gen, B, Tq, H, n, ls, q_start=3)
-    keys, seg, start, end, NB = (x.cpu() if torch.is_tensor(x) else x
-                                 for x in selection._inverse_selection(idx.to(kdev), Tk, ls, qc))
+    keys, perm, seg, start, end, NB = (x.cpu() if torch.is_tensor(x) else x
+                                       for x in selection._inverse_selection(idx.to(kdev), Tk, ls, qc))
     assert NB == Tk // ls and seg.numel() == B * H * (Tq * n // qc + NB)
     got: dict[int, list[int]] = {}
     for w in range(seg.numel()):
@@ -153,6 +175,9 @@ def test_inverse_selection_work_items(kdev, qc):
             continue
         assert 0 < e - a <= qc and w // (seg.numel() // (B * H)) == s // NB  # in its (b, h)'s slots
         got.setdefault(s, []).extend((keys[a:e] - s * Tq).tolist())
+        for u in range(a, e):  # entry ((b*Tq + t)*H + h)*n + slot holds this segment's block, token t
+            entry = int(perm[u])
+            assert idx.view(-1)[entry] == s % NB and (entry // (n * H)) % Tq == int(keys[u]) - s * Tq
     want: dict[int, list[int]] = {}
     for b in range(B):
         for t in range(Tq):

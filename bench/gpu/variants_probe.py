@@ -6,12 +6,9 @@
              kernel that gathers each token's K and V blocks again;
   win-tiles  the window branch (band kernel, WINDOW=True) at other (BM, BN, warps, stages) for
              its forward, dq and dk/dv kernels (band_attention.TILES["win"]), one kernel's tiles
-             varied at a time from the defaults;
-  streams    the whole NSA core ('auto' routes, gates), forward and forward+backward, with the
-             window branch on its side stream (nsa.attention.core.SIDE_STREAM_MIN_TOKENS) and
-             in line.
+             varied at a time from the defaults.
 
-    python3 bench/gpu/variants_probe.py [--shapes 64k 16k] [--parts sel-bwd win-tiles streams]
+    python3 bench/gpu/variants_probe.py [--shapes 64k 16k] [--parts sel-bwd win-tiles]
 
 Prints one line a variant: the median ms (triton.testing.do_bench) and its ratio to the
 default's median of the same run. On CPU (TRITON_INTERPRET=1) it is a dry run at a tiny shape
@@ -32,8 +29,6 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from nsa.attention import core as C  # noqa: E402
-from nsa.attention.backends import resolve_route  # noqa: E402
 from nsa.attention.config import NSAConfig  # noqa: E402
 from nsa.attention.kernel_branches import triton_cmp_attention, triton_select_blocks  # noqa: E402
 from nsa.kernels import band_attention as BA  # noqa: E402
@@ -110,31 +105,10 @@ def win_tiles(q, k, v, do, W: int) -> None:
         tiles_now.update(saved)
 
 
-def streams(q, k, v, kc, vc, do, cfg) -> None:
-    B, S_, HQ, _ = q.shape
-    gates = torch.rand(B, S_, HQ, 3, device=q.device).to(q.dtype).requires_grad_()
-    leaves = [t.detach().requires_grad_() for t in (q, kc, vc, k, v, k, v)] + [gates]
-    routes = {s: resolve_route(s, "auto", q.device, q.dtype) for s in ("cmp", "select", "sel", "win")}
-    fwd = lambda: C.nsa_core(*leaves[:7], gates, cfg, routes)  # noqa: E731
-    fwd_bwd = lambda: torch.autograd.grad(fwd(), leaves, do)  # noqa: E731
-    saved = C.SIDE_STREAM_MIN_TOKENS
-    base = {}
-    try:
-        for side in (False, True):
-            C.SIDE_STREAM_MIN_TOKENS = saved if side else 1 << 62
-            label = "side stream" if C._side_stream(q) is not None else "in line"
-            for what, fn in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
-                with torch.no_grad() if what == "fwd" else torch.enable_grad():
-                    base[what] = timed(f"core {what}, window {label}", fn, base.get(what))
-    finally:
-        C.SIDE_STREAM_MIN_TOKENS = saved
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["64k", "16k"], choices=sorted(SHAPES))
-    ap.add_argument("--parts", nargs="+", default=["sel-bwd", "win-tiles", "streams"],
-                    choices=["sel-bwd", "win-tiles", "streams"])
+    ap.add_argument("--parts", nargs="+", default=["sel-bwd", "win-tiles"], choices=["sel-bwd", "win-tiles"])
     args = ap.parse_args()
     if DEV == "cpu":  # the interpreter runs every tile size; keep the dry run to the tiny shape
         WIN_TILES.update({key: [(32, 16, 4, 1)] for key in WIN_TILES})
@@ -148,20 +122,18 @@ def main() -> None:
         q, do = (torch.randn(B, S_, HQ, K, generator=g, device=DEV).to(dt) for _ in range(2))
         k, v = (torch.randn(B, S_, H, K, generator=g, device=DEV).to(dt) for _ in range(2))
         print(f"## {name} (B={B} S={S_} HQ={HQ} H={H} K={K})", flush=True)
-        Nc = (S_ - cfg.cmp_block) // cfg.cmp_stride + 1
-        kc, vc = (torch.randn(B, Nc, H, K, generator=g, device=DEV).to(dt) for _ in range(2))
-        if "streams" in args.parts and DEV == "cuda":
-            streams(q, k, v, kc, vc, do, cfg)
         if "sel-bwd" in args.parts:
+            Nc = (S_ - cfg.cmp_block) // cfg.cmp_stride + 1
+            kc, vc = (torch.randn(B, Nc, H, K, generator=g, device=DEV).to(dt) for _ in range(2))
             with torch.no_grad():
                 idx = triton_select_blocks(q, kc, triton_cmp_attention(q, kc, vc, cfg)[1], cfg)
             if DEV == "cpu":  # the tiny shape tiles tokens; time the one-token-a-tile path
                 S.TUNE["tt"] = 1
             sel_bwd(q, k, v, idx, do, cfg.sel_block)
-            del idx
+            del kc, vc, idx
         if "win-tiles" in args.parts:
             win_tiles(q, k, v, do, cfg.window)
-        del q, k, v, do, kc, vc
+        del q, k, v, do
         if DEV == "cuda":
             torch.cuda.empty_cache()
 

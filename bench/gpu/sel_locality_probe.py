@@ -20,7 +20,7 @@ take about the same time, they are bound by the per-token work (16-row tiles, th
 softmax) and the lever is elsewhere. With --tt the recent pattern is also timed with TT tokens
 a program (the union path), the reuse the production heuristic turns off past short contexts.
 
-    python3 bench/gpu/sel_locality_probe.py [--shapes 64k 16k] [--tt 4]
+    python3 bench/gpu/sel_locality_probe.py [--shapes 64k 16k] [--tt 4] [--random-tt 2 4]
 First run 2026-11-23 on one H100 (commit 7d47893, docs/measurements/2026-11-23-d/): the three
 patterns took the same time with one token a program (64k forward 17.9 / 16.9 / 17.1 ms), so the
 kernels are bound by the bytes each program pulls from L2, not by DRAM or by which blocks; the
@@ -75,6 +75,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["64k", "16k"], choices=sorted(SHAPES))
     ap.add_argument("--tt", type=int, default=4, help="tokens a program for the recent pattern's union run")
+    ap.add_argument("--random-tt", type=int, nargs="*", default=[], metavar="TT",
+                    help="also time the random pattern at these tokens a program (the union path)")
     args = ap.parse_args()
     cfg = NSAConfig()
     L, D, LS, n = cfg.cmp_block, cfg.cmp_stride, cfg.sel_block, cfg.n_selected
@@ -96,7 +98,7 @@ def main() -> None:
         sel = {p: int((idx >= 0).sum()) for p, idx in patterns.items()}
         print(f"## {name} (B={B} S={S_} HQ={HQ} H={H} K={K}, n={n}, blocks of {LS})")
         print(f"  {'pattern':16s} {'fwd ms':>8s} {'dq ms':>8s} {'fwd GB/s gathered':>18s}  TT")
-        runs = [(p, 0) for p in patterns] + [("recent", args.tt)]
+        runs = [(p, 0) for p in patterns] + [("recent", args.tt)] + [("random", tt) for tt in args.random_tt]
         for p, tt in runs:
             idx = patterns[p]
             saved = S.TUNE["tt"]

@@ -1,0 +1,71 @@
+"""Probe: where the GPU time of one NSA core forward+backward goes, kernel by kernel, beside the
+per-stage table of bench/bench_nsa.py --breakdown (which times each stage alone and so cannot
+show the gated sum, gradient sums, copies and layout changes between the stages).
+
+The inputs and routes of bench/bench_nsa.py's "NSA core (auto)" row; a few warm-up steps, then
+torch.profiler over N steps; prints the CUDA kernels by total time (ms per step, share of the
+step) and the sum of the kernels per step.
+
+    python3 bench/gpu/core_profile.py [--shapes 16k 64k] [--steps 5] [--top 30]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.bench_nsa import SHAPES, _inputs  # noqa: E402
+from nsa.attention.backends import resolve_route  # noqa: E402
+from nsa.attention.config import NSAConfig  # noqa: E402
+from nsa.attention.core import nsa_core  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", nargs="+", default=["16k", "64k"], choices=sorted(SHAPES))
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--top", type=int, default=30)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("core_profile.py needs a CUDA GPU")
+    cfg = NSAConfig()
+    print(f"# {torch.cuda.get_device_name()}; torch {torch.__version__}", flush=True)
+    for name in args.shapes:
+        x = _inputs(*SHAPES[name], cfg)
+        leaves = [x[n] for n in ("q", "kc", "vc", "k_sel", "v_sel", "k_win", "v_win", "gates")]
+        routes = {s: resolve_route(s, "auto", x["q"].device, x["q"].dtype) for s in ("cmp", "select", "sel", "win")}
+
+        def step():
+            o = nsa_core(*leaves[:7], x["gates"], cfg, routes)
+            torch.autograd.grad(o, leaves, x["do"])
+
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.steps):
+                step()
+            torch.cuda.synchronize()
+        per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+        for ev in prof.events():
+            if ev.device_type == torch.autograd.DeviceType.CUDA:
+                per_kernel[ev.name][0] += ev.device_time_total / 1e3 / args.steps  # ms per step
+                per_kernel[ev.name][1] += 1
+        total = sum(ms for ms, _ in per_kernel.values())
+        print(f"## {name}: {total:.3f} ms of kernels per step ({args.steps} steps profiled)", flush=True)
+        print(f"| {'ms/step':>8} | {'share':>6} | {'calls/step':>10} | kernel |")
+        print("|---:|---:|---:|---|")
+        for kernel, (ms, calls) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:args.top]:
+            print(f"| {ms:8.3f} | {ms / total:6.1%} | {calls / args.steps:10.1f} | {kernel[:110]} |", flush=True)
+        del x, leaves
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

@@ -74,27 +74,65 @@ def cudnn_cmp_attention(q, kc, vc, q_start: int, l: int, d: int, deterministic: 
     return _folded_prefill(q, kc, vc, l, d, runs)
 
 
+class _FoldedPrefill(torch.autograd.Function):
+    """The folded prefill as one autograd node: o and lse are written into tensors of the whole
+    sequence, and the backward writes dq into one tensor. (Through plain autograd, the slices
+    q[b, l-1:end] and q[:, end:] each gave a full-size zero gradient to fill, copy into and add.)
+    Inside, each piece (one sequence's runs through cuDNN; the tail through the band kernel)
+    keeps its own autograd graph on detached leaves, which the backward runs."""
+
+    @staticmethod
+    def forward(ctx, q, kc, vc, l: int, d: int, runs: int, keep_graph: bool):
+        B, Tq, HQ, K = q.shape
+        first = l - 1
+        end = first + runs * d
+        o = q.new_empty(q.shape)
+        lse = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
+        o[:, :first] = 0
+        lse[:, :first] = float("-inf")
+        pieces = []  # (a piece's output, its leaves, the index of its part of q and of kc/vc)
+        with torch.set_grad_enabled(keep_graph):
+            for b in range(B):
+                where = ((b, slice(first, end)), (b, slice(0, runs)))
+                leaves = [t.detach().requires_grad_(keep_graph) for t in (q[where[0]], kc[where[1]], vc[where[1]])]
+                o_runs, lse_runs = _causal_runs(*leaves, d)
+                o[where[0]] = o_runs.detach()
+                lse[where[0]] = lse_runs.detach()
+                pieces.append((o_runs, leaves, where))
+            if end < Tq:  # the partial last run: fewer than d queries, through the band kernel
+                where = ((slice(None), slice(end, Tq)), (slice(None),))
+                leaves = [t.detach().requires_grad_(keep_graph) for t in (q[where[0]], kc, vc)]
+                o_tail, lse_tail = band_attention(*leaves, end, l, d, 0, False)
+                o[where[0]] = o_tail.detach()
+                lse[where[0]] = lse_tail
+                pieces.append((o_tail, leaves, where))
+        ctx.pieces = pieces if keep_graph else None
+        ctx.first = first
+        ctx.shapes = (q.shape, kc.shape, kc.dtype)
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do, _dlse):
+        q_shape, kc_shape, kc_dtype = ctx.shapes
+        dq = do.new_empty(q_shape)
+        dq[:, :ctx.first] = 0
+        dkc, dvc = (do.new_zeros(kc_shape, dtype=kc_dtype) for _ in range(2))
+        for o_piece, leaves, (q_at, kc_at) in ctx.pieces:
+            gq, gk, gv = torch.autograd.grad(o_piece, leaves, do[q_at], allow_unused=True)
+            dq[q_at] = 0 if gq is None else gq
+            for acc, g in ((dkc, gk), (dvc, gv)):
+                if g is not None:  # None: no query of the piece saw a compressed token
+                    acc[kc_at] += g
+        ctx.pieces = None
+        return dq, dkc, dvc, None, None, None, None
+
+
 # Inductor fails to lower this function's views around the cuDNN op (InductorError CantSplit,
 # torch 2.11, trainer at S=32768 on an H100), so torch.compile runs it eagerly: one graph
 # break per layer at the lengths where cuDNN pays (autograd still runs cuDNN's backward)
 @torch.compiler.disable
 def _folded_prefill(q, kc, vc, l: int, d: int, runs: int):
-    B, Tq, HQ, K = q.shape
-    first = l - 1
-    end = first + runs * d
-    if end < Tq:  # the partial last run: fewer than d queries, through the band kernel
-        o_tail, lse_tail = band_attention(q[:, end:], kc, vc, end, l, d, 0, False)
-    o_head = q.new_zeros(first, HQ, K)
-    lse_head = torch.full((first, HQ), float("-inf"), device=q.device, dtype=torch.float32)
-    outs, lses = [], []
-    for b in range(B):
-        o_runs, lse_runs = _causal_runs(q[b, first:end], kc[b, :runs], vc[b, :runs], d)
-        o_parts, lse_parts = [o_head, o_runs], [lse_head, lse_runs]
-        if end < Tq:
-            o_parts.append(o_tail[b])
-            lse_parts.append(lse_tail[b])
-        outs.append(torch.cat(o_parts))
-        lses.append(torch.cat(lse_parts))
-    if B == 1:  # no second copy for the long single sequences this backend is for
-        return outs[0].unsqueeze(0), lses[0].unsqueeze(0).detach()
-    return torch.stack(outs), torch.stack(lses).detach()
+    keep_graph = torch.is_grad_enabled() and any(t.requires_grad for t in (q, kc, vc))
+    return _FoldedPrefill.apply(q, kc, vc, l, d, runs, keep_graph)

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 #: the cuDNN compressed branch hands sequences shorter than this to the Triton band kernel, which
 #: is faster there. H100, 64 query / 4 KV heads, head dim 128, bf16, cmp branch fwd+bwd
-#: (python bench/gpu/cudnn_fold_probe.py): 16k 4.32 ms cuDNN vs 3.81 band, 32k 11.79 vs 12.76,
-#: 64k 37.39 vs 52.04
-CUDNN_MIN_QUERIES = 32768
+#: (python bench/gpu/cudnn_fold_probe.py, commit 1e5e4bd, docs/measurements/2026-11-23-d/):
+#: 8k 2.03 ms cuDNN vs 1.25 band, 16k 3.62 vs 3.83, 32k 10.51 vs 12.90, 64k 34.92 vs 51.80
+CUDNN_MIN_QUERIES = 16384
 
 
 def triton_kernel_names() -> set[str]:

@@ -7,13 +7,18 @@ token. TT = 1 (one token per program) unless the context is short, where neighbo
 select nearly the same blocks (see _tokens_per_tile). Any G works.
 
 Backward:
-* dq: the same grid and tiles; recomputes probabilities from the saved log-sum-exp and also
-  writes delta = rowsum(do * o) for the dk/dv pass;
 * dk/dv: key-block-centric, from the inverse of the selection (for each (b, h, block), the
   tokens that chose it, built with one stable sort, no host sync). Each work item takes up to
   QC of those tokens, loads the block's keys once, streams the tokens' G query rows and adds
   its partial dk/dv into float32 buffers atomically (a popular block, such as block 0, is
-  split over several items so no program serialises the whole sequence).
+  split over several items so no program serialises the whole sequence);
+* dq, at one token a program (long contexts): the dk/dv pass also stores each (token, block)'s
+  dS tile (G x l' values) and a second kernel sums dS @ K over the token's blocks, gathering K
+  alone; the forward and a recomputing dq kernel, which gather K and V (32 KB a block at
+  K=128), are bound by the bytes they pull from L2 (docs/performance.md, ninth set). Otherwise,
+  and past TUNE['ds_budget'] bytes of tiles, a dq kernel on the forward's grid and tiles
+  recomputes the probabilities from the saved log-sum-exp (and writes delta = rowsum(do * o)
+  for the dk/dv pass, which then runs second).
 
 Shapes: q, o [B, Tq, HQ, K]; k, v [B, Tk, H, K]; idx [B, Tq, H, n] (ascending, -1 padded);
 lse [B, Tq, HQ] (float32, natural log, saved for the backward); G = HQ // H. Query rows are at

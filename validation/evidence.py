@@ -3,6 +3,7 @@ into the record's Evidence (for findings and the report)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from . import contract
@@ -27,7 +28,9 @@ def collect_train(run: RunData, errors: list[str]) -> None:
 
 def read_halt(out_dir: Path) -> HaltInfo | None:
     """The .HALT file: a JSON record (the trainer's watchdog and NaN guard; its ``text``, when it
-    has one, is what the trainer said) or free text (an operator's); None when there is none."""
+    has one, is what the trainer said) or free text (an operator's); None when there is none.
+    A record cut short (a trainer that writes it in place and died, or is read, mid-write) is
+    not an operator's text: its source and step are read from what is there."""
     path = Path(out_dir) / HALT_NAME
     try:
         text = path.read_text(errors="replace")
@@ -38,6 +41,11 @@ def read_halt(out_dir: Path) -> HaltInfo | None:
     except ValueError:
         rec = None
     if not isinstance(rec, dict):
+        if rec is None and text.lstrip().startswith("{"):
+            source = re.search(r'"source"\s*:\s*"([^"\\]*)"', text)
+            step = re.search(r'"step"\s*:\s*(\d+)', text)
+            return HaltInfo(source=source and source.group(1), step=step and int(step.group(1)),
+                            text=text.strip(), torn=True)
         return HaltInfo(text=text.strip())
     losses = rec.get("losses")
     return HaltInfo(source=rec.get("source"), step=rec.get("step") if isinstance(rec.get("step"), int) else None,

@@ -86,6 +86,9 @@ class HaltInfo:
     grad_norm: float | None = None
     text: str = ""
     """The file's content as written (a JSON record's own ``text`` field, when it has one)."""
+    torn: bool = False
+    """A JSON record cut short (a writer stopped mid-record): source and step, when set, were read
+    from its beginning."""
 
 
 @dataclass

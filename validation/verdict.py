@@ -48,15 +48,18 @@ def verdict(kind: str, run: RunData, halt: HaltInfo | None, errors: list[str],
     if run.timed_out:
         return Status.FAIL, "timed out: killed by the harness at the phase timeout"
     if halt is not None:
+        torn = " (its record cut short)" if halt.torn else ""
         if halt.source == "nonfinite":  # the trainer's NaN/inf guard, not a stall
             said = (f": loss per rank {halt.losses}, grad_norm {halt.grad_norm}" if halt.losses is not None
                     else f" ({halt.text[:120]})")  # a trainer whose .HALT says less (the seed's)
-            return Status.FAIL, f"non-finite loss at step {halt.step}{said} (trainer .HALT)"
+            return Status.FAIL, f"non-finite loss at step {halt.step}{said} (trainer .HALT){torn}"
         if halt.source == "watchdog":
-            return Status.FAIL, "watchdog wrote .HALT: no rank made progress"
+            return Status.FAIL, f"watchdog wrote .HALT: no rank made progress{torn}"
+        if halt.torn and halt.source is None:
+            return Status.FAIL, f"stopped by a .HALT whose JSON record is cut short, no source in it: {halt.text[:200]}"
         # an operator's .HALT: empty, free text, or JSON from another source
         said = (halt.text[:200] or "an empty file") if halt.source is None else f"from {halt.source}: {halt.text[:200]}"
-        return Status.FAIL, f"stopped by a .HALT ({said})"
+        return Status.FAIL, f"stopped by a .HALT ({said}){torn}"
     if run.exit_code not in (0, None):
         what = {"pytest": "tests failed", "preflight": "preflight incomplete"}.get(kind, "trainer crashed")
         return Status.FAIL, f"{what} (exit code {run.exit_code})"

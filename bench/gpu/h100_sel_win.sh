@@ -4,13 +4,9 @@
 # tests that cover the selected branch on the GPU (bf16 parity S=1..65536, no host sync,
 # deterministic backward).
 #   OUT=<dir> SHAPES="64k 16k" bash bench/gpu/h100_sel_win.sh
-set -uo pipefail
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-OUT=${OUT:-$PWD/.device_out}
+. bench/gpu/device_prologue.sh
 SHAPES=${SHAPES:-64k 16k}
-mkdir -p "$OUT"
-{ cat SOURCE_SHA 2>/dev/null; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; date -u; } \
-  | tee "$OUT/sel_win.log"
+device_header "$OUT/sel_win.log"
 timeout "${PROBE_TIMEOUT:-300}" python3 bench/gpu/variants_probe.py --shapes $SHAPES 2>&1 | tee "$OUT/variants.log"
 timeout "${TESTS_TIMEOUT:-230}" python3 -m pytest -q -s -p no:cacheprovider tests/kernels/test_triton_gpu.py \
   tests/kernels/test_deterministic.py tests/kernels/test_triton_selection.py 2>&1 \

@@ -181,8 +181,9 @@ def _sel_split(x, q, do, idx, cfg) -> tuple[int, bool, dict[str, float]]:
     """Medians (ms) of the selected branch's pieces at the current selection.TUNE: forward
     kernel; backward as _inverse_selection (keys kernel, sort, work-item kernel), the dk/dv
     kernel and dq: at long contexts (selection._ds_path) the delta pass, the dk/dv kernel
-    keeping its dS tiles, and dq from them; otherwise the dq kernel (it writes delta) and the
-    dk/dv kernel. The forward and the dq kernel each first build the token-tile block lists
+    keeping its dS tiles (all tokens in one pass, as the backward does within its dS budget;
+    without the float32-to-bf16 casts of dk/dv), and dq from them; otherwise the dq kernel (it
+    writes delta) and the dk/dv kernel. The forward and the dq kernel each first build the token-tile block lists
     ('union', one small kernel, nothing when TT = 1); their times include it. Returns TT,
     whether dq comes from dS tiles, and the times."""
     from nsa.kernels import selection as S
@@ -201,9 +202,10 @@ def _sel_split(x, q, do, idx, cfg) -> tuple[int, bool, dict[str, float]]:
     ds_path = S._ds_path(q, k, n, ls)
     if ds_path:
         delta = S._row_delta(o, do)
-        ds = torch.empty(idx.numel() * (HQ // H) * ls, device=q.device, dtype=q.dtype)
+        ds = torch.empty(idx.numel() * (HQ // H) * ls, device=q.device, dtype=q.dtype)  # one chunk: all tokens
+        dk, dv = torch.zeros(2, *k.shape, device=k.device, dtype=torch.float32).unbind(0)
         times.update(delta=_bench(lambda: S._row_delta(o, do)),
-                     dkv=_bench(lambda: S._sel_bwd_dkv(q, k, v, do, lse, delta, work, ls, 0, ds)),
+                     dkv=_bench(lambda: S._dkv_pass(q, k, v, do, lse, delta, work, ls, 0, dk, dv, ds)),
                      dq=_bench(lambda: S._sel_dq_from_ds(q, k, idx, ds, ls)))
     else:
         _, delta = S._sel_bwd_dq(q, k, v, idx, o, lse, do, ls, 0)

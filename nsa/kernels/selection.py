@@ -15,10 +15,11 @@ Backward:
 * dq, at one token a program (long contexts): the dk/dv pass also stores each (token, block)'s
   dS tile (G x l' values) and a second kernel sums dS @ K over the token's blocks, gathering K
   alone; the forward and a recomputing dq kernel, which gather K and V (32 KB a block at
-  K=128), are bound by the bytes they pull from L2 (docs/performance.md, ninth set). Otherwise,
-  and past TUNE['ds_budget'] bytes of tiles, a dq kernel on the forward's grid and tiles
-  recomputes the probabilities from the saved log-sum-exp (and writes delta = rowsum(do * o)
-  for the dk/dv pass, which then runs second).
+  K=128), are bound by the bytes they pull from L2 (docs/performance.md, ninth set); tiles past
+  TUNE['ds_budget'] bytes are kept a chunk of query tokens at a time. Otherwise (short contexts,
+  several tokens a program) a dq kernel on the forward's grid and tiles recomputes the
+  probabilities from the saved log-sum-exp (and writes delta = rowsum(do * o) for the dk/dv
+  pass, which then runs second).
 
 Shapes: q, o [B, Tq, HQ, K]; k, v [B, Tk, H, K]; idx [B, Tq, H, n] (ascending, -1 padded);
 lse [B, Tq, HQ] (float32, natural log, saved for the backward); G = HQ // H. Query rows are at
@@ -330,7 +331,8 @@ def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, 
 #: dk/dv pass: tokens per work item (qc), query rows per step (rows), warps;
 #: token tiles of the forward/dq (see _tokens_per_tile): tt > 0 forces TT, else TT =
 #: tt_rows // next_pow2(G) (at most tt_max) when the keys hold at most tt_nb * n blocks, else 1;
-#: dq from the dS tiles of the dk/dv pass (see _ds_path): dq_from_ds, and ds_budget bytes at most
+#: dq from the dS tiles of the dk/dv pass (see _ds_path): dq_from_ds, and ds_budget bytes of tiles
+#: at a time (longer inputs are taken a chunk of query tokens at a time, see _ds_chunk)
 TUNE = dict(fwd_warps=4, fwd_stages=2, qc=512, rows=128, dkv_warps=8,
             tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_from_ds=True, ds_budget=16 << 30)
 
@@ -454,22 +456,26 @@ def _dkv_qc(device: torch.device, Tq: int, deterministic: bool) -> int:
     return 64 if device.type == "cpu" else TUNE["qc"]
 
 
-def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, ds=None):
-    """dk, dv from the work items of _inverse_selection(idx, Tk, sel_block, _dkv_qc(...)); given
-    ds (flat, B*Tq*H*n * G * l' of q's dtype) it also keeps each (token, slot)'s dS tile there."""
+def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, dv, ds=None):
+    """Adds the dk, dv of the work items of _inverse_selection(idx, Tk, sel_block, _dkv_qc(...))
+    into the float32 buffers dk, dv; given ds (flat, B*Tq*H*n * G * l' of q's dtype) it also
+    keeps each (token, slot)'s dS tile there."""
     keys_sorted, perm, seg, start, end, NB = work
     meta = _meta(q, k, sel_block)
-    G = meta["G"]
     interpret = q.device.type == "cpu"
-    dk, dv = torch.zeros(2, *k.shape, device=k.device, dtype=torch.float32).unbind(0)  # one fill
-    GP = triton.next_power_of_2(G)
-    rows = 64 if interpret else TUNE["rows"]
-    BQ = max(1, rows // GP)
+    GP = triton.next_power_of_2(meta["G"])
+    BQ = max(1, (64 if interpret else TUNE["rows"]) // GP)
     _sel_bwd_dkv_kernel[(seg.numel(),)](
         q, k, v, do, lse, delta, keys_sorted, perm, seg, start, end, dk, dv, q if ds is None else ds,
         q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3]), GP=GP, BQ=BQ, DS=ds is not None,
         **meta, num_warps=4 if interpret else TUNE["dkv_warps"], num_stages=1 if interpret else 2,
     )
+
+
+def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int):
+    """dk, dv (k's dtype) from the work items of _inverse_selection (see _dkv_pass)."""
+    dk, dv = torch.zeros(2, *k.shape, device=k.device, dtype=torch.float32).unbind(0)  # one fill
+    _dkv_pass(q, k, v, do, lse, delta, work, sel_block, q_start, dk, dv)
     # separate tensors: a custom op's outputs may not share storage
     return dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)
 
@@ -509,33 +515,56 @@ def _sel_dq_from_ds(q, k, idx, ds, sel_block: int):
 
 
 def _ds_path(q, k, n: int, sel_block: int) -> bool:
-    """Whether dq comes from kept dS tiles (see _sel_bwd), n blocks selected: one token a forward
-    program (TT = 1, long contexts), and the tiles (B*Tq*HQ * n * l' values of q's dtype)
-    within TUNE['ds_budget'] bytes."""
-    B, Tq, HQ, _ = q.shape
-    H = k.shape[2]
-    if not TUNE["dq_from_ds"] or _tokens_per_tile(HQ // H, n, triton.cdiv(k.shape[1], sel_block), Tq) != 1:
-        return False
-    return B * Tq * HQ * n * sel_block * q.element_size() <= TUNE["ds_budget"]
+    """Whether dq comes from the dS tiles of the dk/dv pass (see _sel_bwd_from_ds), n blocks
+    selected: at one token a forward program (TT = 1, long contexts)."""
+    HQ, H = q.shape[2], k.shape[2]
+    return TUNE["dq_from_ds"] and _tokens_per_tile(HQ // H, n, triton.cdiv(k.shape[1], sel_block), q.shape[1]) == 1
+
+
+def _ds_chunk(q, n: int, sel_block: int) -> int:
+    """Query tokens per pass of _sel_bwd_from_ds: as many as keep their dS tiles (B * HQ * n * l'
+    values of q's dtype a token) within TUNE['ds_budget'] bytes, at least one."""
+    B, _, HQ, _ = q.shape
+    return max(1, TUNE["ds_budget"] // (B * HQ * n * sel_block * q.element_size()))
+
+
+def _sel_bwd_from_ds(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, deterministic: bool):
+    """dq, dk, dv with dq from dS tiles: per chunk of query tokens (_ds_chunk; one chunk unless
+    the tiles pass the budget), the dk/dv pass over the chunk's selections adds into float32
+    dk/dv (chunk after chunk, so a fixed order stays fixed) and keeps the chunk's dS tiles, then
+    dq = dS @ K for its tokens."""
+    Tq, Tk = q.shape[1], k.shape[1]
+    G, n = q.shape[2] // k.shape[2], idx.shape[-1]
+    delta = _row_delta(o, do)
+    dk, dv = torch.zeros(2, *k.shape, device=k.device, dtype=torch.float32).unbind(0)  # one fill
+    chunk = _ds_chunk(q, n, sel_block)
+    dqs = []
+    for a in range(0, Tq, chunk):
+        part = slice(a, min(Tq, a + chunk))  # .contiguous(): a copy only for B > 1 and several chunks
+        qc, doc, lsec, dlc, idxc = (t[:, part].contiguous() for t in (q, do, lse, delta, idx))
+        work = _inverse_selection(idxc, Tk, sel_block, _dkv_qc(q.device, qc.shape[1], deterministic))
+        ds = torch.empty(idxc.numel() * G * sel_block, device=q.device, dtype=q.dtype)
+        _dkv_pass(qc, k, v, doc, lsec, dlc, work, sel_block, q_start + a, dk, dv, ds)
+        dqs.append(_sel_dq_from_ds(qc, k, idxc, ds, sel_block))
+    dq = dqs[0] if len(dqs) == 1 else torch.cat(dqs, 1)
+    return dq, dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)
 
 
 def _sel_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
              lse: torch.Tensor, do: torch.Tensor, sel_block: int,
              q_start: int, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv. Long contexts: the dk/dv pass first, keeping its dS tiles, then dq = dS @ K
-    per token (gathers K alone: the forward and the dq kernel gather K and V, 32 KB a selected
-    block at K=128, and are bound by that gather). Otherwise the dq kernel (which also writes
-    delta), then the dk/dv pass. Both orders are deterministic where the dk/dv pass is."""
+    """dq, dk, dv. Long contexts: dq from the dS tiles of the dk/dv pass (_sel_bwd_from_ds;
+    gathers K alone, where the forward and a recomputing dq kernel gather K and V, 32 KB a
+    selected block at K=128, and are bound by that gather). Otherwise the dq kernel (which also
+    writes delta), then the dk/dv pass. Both are deterministic where the dk/dv pass is."""
     Tq, Tk = q.shape[1], k.shape[1]
     if Tq == 0 or Tk == 0:
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     do = do.contiguous()
-    work = _inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device, Tq, deterministic))
     if _ds_path(q, k, idx.shape[-1], sel_block):
-        ds = torch.empty(idx.numel() * (q.shape[2] // k.shape[2]) * sel_block, device=q.device, dtype=q.dtype)
-        dk, dv = _sel_bwd_dkv(q, k, v, do, lse, _row_delta(o, do), work, sel_block, q_start, ds)
-        return _sel_dq_from_ds(q, k, idx, ds, sel_block), dk, dv
+        return _sel_bwd_from_ds(q, k, v, idx, o, lse, do, sel_block, q_start, deterministic)
     dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block, q_start)
+    work = _inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device, Tq, deterministic))
     dk, dv = _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block, q_start)
     return dq, dk, dv
 

@@ -91,36 +91,43 @@ def test_selection_token_tiles_decode(kdev, monkeypatch, TT):
     _check_tiles(kdev, monkeypatch, TT, G=6, T=1, q_start=29, H=2, B=2, seed=TT)
 
 
-@pytest.mark.parametrize("path", ["dq_kernel", "over_budget"])
-def test_selection_dq_kernel_at_one_token_a_tile(kdev, monkeypatch, path):
+def test_selection_dq_kernel_at_one_token_a_tile(kdev, monkeypatch):
     """At one token a tile dq comes from the dS tiles the dk/dv pass keeps (the TT1 cases
-    above); switched off, or when the tiles would pass TUNE['ds_budget'], from the dq kernel."""
+    above); switched off, from the dq kernel."""
     from nsa.kernels import selection
 
-    if path == "dq_kernel":
-        monkeypatch.setitem(selection.TUNE, "dq_from_ds", False)
-    else:
-        monkeypatch.setitem(selection.TUNE, "ds_budget", 1023)
-    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=4, window=8)
-    q, k = torch.empty(1, 23, 6, 16), torch.empty(1, 23, 2, 16)
-    assert not selection._ds_path(q, k, cfg.n_selected, cfg.sel_block)
+    monkeypatch.setitem(selection.TUNE, "dq_from_ds", False)
+    assert not selection._ds_path(torch.empty(1, 23, 6, 16), torch.empty(1, 23, 2, 16), 4, 4)
     _check_tiles(kdev, monkeypatch, 1, G=3, T=23, q_start=5, H=2, B=2, seed=3)
 
 
-def test_selection_ds_path_rule(monkeypatch):
-    """dS tiles kept only at one token a tile and within the budget (bytes of q's dtype)."""
+@pytest.mark.parametrize("B", [1, 2], ids=["B1", "B2"])
+def test_selection_ds_tiles_a_chunk_of_tokens_at_a_time(kdev, monkeypatch, B):
+    """dS tiles past TUNE['ds_budget'] bytes: the backward takes the query tokens a chunk at a
+    time (here 5 tokens of 23, the last chunk short; with B=2 the chunks are strided slices),
+    each chunk's dk/dv added to the others', at positions q_start + the chunk's offset."""
     from nsa.kernels import selection
 
-    monkeypatch.setitem(selection.TUNE, "tt", 1)
+    q = torch.empty(B, 23, 6, 16)  # float32 on the interpreter: 4 bytes a value
+    monkeypatch.setitem(selection.TUNE, "ds_budget", 5 * B * 6 * 4 * 4 * 4 + 7)  # 5 tokens of n=4, l'=4
+    assert selection._ds_chunk(q, 4, 4) == 5
+    _check_tiles(kdev, monkeypatch, 1, G=3, T=23, q_start=5, H=2, B=B, seed=4 + B)
+
+
+def test_selection_ds_path_and_chunk_rules(monkeypatch):
+    """dS tiles at one token a tile only; a chunk is as many tokens as fit the budget, at least one."""
+    from nsa.kernels import selection
+
     q, k = torch.empty(2, 23, 6, 16), torch.empty(2, 23, 2, 16)
-    need = 2 * 23 * 6 * 4 * 4 * 4  # B * Tq * HQ * n * l' * 4 bytes
-    monkeypatch.setitem(selection.TUNE, "ds_budget", need)
+    monkeypatch.setitem(selection.TUNE, "tt", 1)
     assert selection._ds_path(q, k, 4, 4)
-    monkeypatch.setitem(selection.TUNE, "ds_budget", need - 1)
-    assert not selection._ds_path(q, k, 4, 4)
-    monkeypatch.setitem(selection.TUNE, "ds_budget", need)
     monkeypatch.setitem(selection.TUNE, "tt", 2)
     assert not selection._ds_path(q, k, 4, 4)
+    per_token = 2 * 6 * 4 * 4 * 4  # B * HQ * n * l' * 4 bytes
+    monkeypatch.setitem(selection.TUNE, "ds_budget", 3 * per_token)
+    assert selection._ds_chunk(q, 4, 4) == 3
+    monkeypatch.setitem(selection.TUNE, "ds_budget", per_token - 1)
+    assert selection._ds_chunk(q, 4, 4) == 1
 
 
 def test_selection_tile_rule(monkeypatch):

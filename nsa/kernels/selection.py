@@ -501,7 +501,7 @@ def _row_delta(o, do):
 
 
 def _sel_dq_from_ds(q, k, idx, ds, sel_block: int):
-    """dq from the dS tiles _sel_bwd_dkv kept (one program per token and KV group)."""
+    """dq from the dS tiles _dkv_pass kept (one program per token and KV group)."""
     B, Tq, HQ, K = q.shape
     meta = _meta(q, k, sel_block)
     GP, n = triton.next_power_of_2(meta["G"]), idx.shape[-1]
@@ -546,6 +546,7 @@ def _sel_bwd_from_ds(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, det
         ds = torch.empty(idxc.numel() * G * sel_block, device=q.device, dtype=q.dtype)
         _dkv_pass(qc, k, v, doc, lsec, dlc, work, sel_block, q_start + a, dk, dv, ds)
         dqs.append(_sel_dq_from_ds(qc, k, idxc, ds, sel_block))
+        del ds, work  # before the next chunk's, so that one chunk's tiles are held at a time
     dq = dqs[0] if len(dqs) == 1 else torch.cat(dqs, 1)
     return dq, dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)
 

@@ -4,11 +4,13 @@
   sel-bwd    the selected branch's backward with dq from the dS tiles the dk/dv pass keeps
              (selection.TUNE['dq_from_ds'], the default at one token a tile) against the dq
              kernel that gathers each token's K and V blocks again;
+  ds-budget  that backward with its dS tiles bounded to fewer bytes (TUNE['ds_budget']), so
+             that it takes the query tokens in 1, 4 and 16 chunks;
   win-tiles  the window branch (band kernel, WINDOW=True) at other (BM, BN, warps, stages) for
              its forward, dq and dk/dv kernels (band_attention.TILES["win"]), one kernel's tiles
              varied at a time from the defaults.
 
-    python3 bench/gpu/variants_probe.py [--shapes 64k 16k] [--parts sel-bwd win-tiles]
+    python3 bench/gpu/variants_probe.py [--shapes 64k 16k] [--parts sel-bwd ds-budget win-tiles]
 
 Prints one line a variant: the median ms (triton.testing.do_bench) and its ratio to the
 default's median of the same run. On CPU (TRITON_INTERPRET=1) it is a dry run at a tiny shape
@@ -85,6 +87,27 @@ def sel_bwd(q, k, v, idx, do, LS: int) -> None:
         print(f"  {name}: relative difference between the two {((a - b).norm() / a.norm()).item():.2e}", flush=True)
 
 
+def ds_budget(q, k, v, idx, do, LS: int) -> None:
+    with torch.no_grad():
+        o, lse = S._sel_fwd(q, k, v, idx, LS, 0, False)
+    saved = S.TUNE["ds_budget"]
+    tiles = idx.numel() * (q.shape[2] // k.shape[2]) * LS * q.element_size()  # all tokens' dS tiles
+    base = None
+    try:
+        for chunks in (1, 4, 16):
+            S.TUNE["ds_budget"] = -(-tiles // chunks)
+            n = -(-q.shape[1] // S._ds_chunk(q, idx.shape[-1], LS))
+            if DEV == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            t = timed(f"sel bwd, dS tiles in {n} chunk(s) of <= {S.TUNE['ds_budget'] / 2**30:.2f} GiB",
+                      lambda: S._sel_bwd(q, k, v, idx, o, lse, do, LS, 0, False), base)
+            base = base or t
+            if DEV == "cuda":
+                print(f"    peak {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB allocated", flush=True)
+    finally:
+        S.TUNE["ds_budget"] = saved
+
+
 def win_tiles(q, k, v, do, W: int) -> None:
     i = 1  # head dim > 64
     tiles_now = BA.TILES["win"]
@@ -108,7 +131,8 @@ def win_tiles(q, k, v, do, W: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["64k", "16k"], choices=sorted(SHAPES))
-    ap.add_argument("--parts", nargs="+", default=["sel-bwd", "win-tiles"], choices=["sel-bwd", "win-tiles"])
+    ap.add_argument("--parts", nargs="+", default=["sel-bwd", "ds-budget", "win-tiles"],
+                    choices=["sel-bwd", "ds-budget", "win-tiles"])
     args = ap.parse_args()
     if DEV == "cpu":  # the interpreter runs every tile size; keep the dry run to the tiny shape
         WIN_TILES.update({key: [(32, 16, 4, 1)] for key in WIN_TILES})
@@ -122,14 +146,17 @@ def main() -> None:
         q, do = (torch.randn(B, S_, HQ, K, generator=g, device=DEV).to(dt) for _ in range(2))
         k, v = (torch.randn(B, S_, H, K, generator=g, device=DEV).to(dt) for _ in range(2))
         print(f"## {name} (B={B} S={S_} HQ={HQ} H={H} K={K})", flush=True)
-        if "sel-bwd" in args.parts:
+        if "sel-bwd" in args.parts or "ds-budget" in args.parts:
             Nc = (S_ - cfg.cmp_block) // cfg.cmp_stride + 1
             kc, vc = (torch.randn(B, Nc, H, K, generator=g, device=DEV).to(dt) for _ in range(2))
             with torch.no_grad():
                 idx = triton_select_blocks(q, kc, triton_cmp_attention(q, kc, vc, cfg)[1], cfg)
             if DEV == "cpu":  # the tiny shape tiles tokens; time the one-token-a-tile path
                 S.TUNE["tt"] = 1
-            sel_bwd(q, k, v, idx, do, cfg.sel_block)
+            if "sel-bwd" in args.parts:
+                sel_bwd(q, k, v, idx, do, cfg.sel_block)
+            if "ds-budget" in args.parts:
+                ds_budget(q, k, v, idx, do, cfg.sel_block)
             del kc, vc, idx
         if "win-tiles" in args.parts:
             win_tiles(q, k, v, do, cfg.window)

@@ -9,12 +9,10 @@
   win-tiles  the window branch (band kernel, WINDOW=True) at other (BM, BN, warps, stages) for
              its forward, dq and dk/dv kernels (band_attention.TILES["win"]), one kernel's tiles
              varied at a time from the defaults;
-  dkv-forms  the dk/dv kernels of the selected branch and the window in their two forms, query
-             rows by keys (S = Q K^T, P and dS transposed for dV and dK) and key-major
-             (S^T = K Q^T), each at a few (rows, warps, stages) / (BM, BN, warps, stages); the
-             gradients of each against the first variant's.
+  sel-dkv    the selected branch's backward with its (key-major) dk/dv kernel at other
+             (query rows per step, warps, stages); the gradients against the first variant's.
 
-    python3 bench/gpu/variants_probe.py [--shapes 64k 16k] [--parts sel-bwd ds-budget win-tiles dkv-forms]
+    python3 bench/gpu/variants_probe.py [--shapes 64k 16k] [--parts sel-bwd ds-budget win-tiles sel-dkv]
 
 Prints one line a variant: the median ms (triton.testing.do_bench) and its ratio to the
 default's median of the same run. On CPU (TRITON_INTERPRET=1) it is a dry run at a tiny shape
@@ -22,7 +20,11 @@ that only checks every variant runs.
 
 Its first run (commit 7d47893, docs/measurements/2026-11-23-d/) timed another sel-bwd variant,
 dq added by the dk/dv pass with float32 atomics per token and block: 41.2 ms against 33.6 for
-the dq kernel at S=64k, 9.08 against 8.04 at 16k, so that variant was removed.
+the dq kernel at S=64k, 9.08 against 8.04 at 16k, so that variant was removed. A later part
+(commit 6e43bc5, docs/measurements/2026-11-23-e/dkv_forms_6e43bc5.log) timed the dk/dv kernels
+of the selected branch and the window in two forms, S = Q K^T with P and dS transposed for dV
+and dK, and key-major S^T = K Q^T: key-major won for the selected branch (at 64 rows and
+4 warps) and lost for the window (11.45 against 11.05 ms at 64k), which kept its form.
 """
 from __future__ import annotations
 
@@ -132,62 +134,38 @@ def win_tiles(q, k, v, do, W: int) -> None:
         tiles_now.update(saved)
 
 
-SEL_DKV = [(False, 128, 8, 2), (True, 128, 8, 2), (True, 64, 8, 2), (True, 64, 4, 2), (True, 128, 8, 3),
-           (True, 64, 8, 3), (False, 64, 8, 2)]  # (key-major, rows per step, warps, stages)
-WIN_DKV = [(False, (64, 64, 4, 3)), (True, (64, 64, 4, 3)), (True, (128, 64, 8, 2)), (True, (64, 128, 8, 2)),
-           (True, (64, 64, 8, 2)), (True, (128, 64, 8, 3)), (False, (128, 64, 8, 2))]  # (key-major, (BM, BN, warps, stages))
+SEL_DKV = [(64, 4, 2), (64, 4, 3), (32, 4, 2), (32, 4, 3), (128, 4, 2), (64, 8, 2)]  # (rows per step, warps, stages)
 
 
-def _rel(a, b) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
-
-
-def dkv_forms(q, k, v, idx, do, LS: int, W: int) -> None:
+def sel_dkv(q, k, v, idx, do, LS: int) -> None:
     with torch.no_grad():
         o, lse = S._sel_fwd(q, k, v, idx, LS, 0, False)
     saved = dict(S.TUNE)
     base, ref = None, None
     try:
-        for key_major, rows, warps, stages in SEL_DKV:
-            S.TUNE.update(dkv_key_major=key_major, rows=rows, dkv_warps=warps, dkv_stages=stages)
+        for rows, warps, stages in SEL_DKV:
+            S.TUNE.update(rows=rows, dkv_warps=warps, dkv_stages=stages)
             fn = lambda: S._sel_bwd(q, k, v, idx, o, lse, do, LS, 0, False)  # noqa: E731
-            t = timed(f"sel bwd, dkv {'key-major' if key_major else 'rows'} rows={rows} w={warps} s={stages}", fn, base)
+            t = timed(f"sel bwd, dk/dv rows={rows} warps={warps} stages={stages}", fn, base)
             base = base or t
             grads = fn()
             ref = ref or grads
-            print("    rel. difference to the first: " + " ".join(
-                f"{n}={_rel(a, b):.1e}" for n, a, b in zip(("dq", "dk", "dv"), grads, ref)), flush=True)
+            print("    relative difference to the first: " + " ".join(
+                f"{n}={((a.float() - b.float()).norm() / b.float().norm()).item():.1e}"
+                for n, a, b in zip(("dq", "dk", "dv"), grads, ref)), flush=True)
     finally:
         S.TUNE.update(saved)
-    i = 1  # head dim > 64
-    saved_tiles, saved_form = BA.TILES["win"]["dkv"], BA.KEY_MAJOR_DKV
-    o, lse = BA._band_fwd(q, k, v, 0, 1, 1, W, True, False)
-    base, ref = None, None
-    try:
-        for key_major, tiles in WIN_DKV:
-            BA.TILES["win"]["dkv"] = tuple(tiles if j == i else c for j, c in enumerate(saved_tiles))
-            BA.KEY_MAJOR_DKV = key_major
-            fn = lambda: BA._band_bwd(q, k, v, o, lse, do, 0, 1, 1, W, True, False)  # noqa: E731
-            t = timed(f"win bwd, dkv {'key-major' if key_major else 'rows'} {tiles}", fn, base)
-            base = base or t
-            grads = fn()
-            ref = ref or grads
-            print("    rel. difference to the first: " + " ".join(
-                f"{n}={_rel(a, b):.1e}" for n, a, b in zip(("dq", "dk", "dv"), grads, ref)), flush=True)
-    finally:
-        BA.TILES["win"]["dkv"], BA.KEY_MAJOR_DKV = saved_tiles, saved_form
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["64k", "16k"], choices=sorted(SHAPES))
     ap.add_argument("--parts", nargs="+", default=["sel-bwd", "ds-budget", "win-tiles"],
-                    choices=["sel-bwd", "ds-budget", "win-tiles", "dkv-forms"])
+                    choices=["sel-bwd", "ds-budget", "win-tiles", "sel-dkv"])
     args = ap.parse_args()
     if DEV == "cpu":  # the interpreter runs every tile size; keep the dry run to the tiny shape
         WIN_TILES.update({key: [(32, 16, 4, 1)] for key in WIN_TILES})
         SEL_DKV[:] = SEL_DKV[:2]
-        WIN_DKV[:] = [(km, (16, 32, 4, 1)) for km in (False, True)]
     cfg = NSAConfig()
     print(f"{torch.cuda.get_device_name() if DEV == 'cuda' else 'cpu (dry run)'}, torch {torch.__version__}, "
           f"triton {triton.__version__}", flush=True)
@@ -198,7 +176,7 @@ def main() -> None:
         q, do = (torch.randn(B, S_, HQ, K, generator=g, device=DEV).to(dt) for _ in range(2))
         k, v = (torch.randn(B, S_, H, K, generator=g, device=DEV).to(dt) for _ in range(2))
         print(f"## {name} (B={B} S={S_} HQ={HQ} H={H} K={K})", flush=True)
-        if {"sel-bwd", "ds-budget", "dkv-forms"} & set(args.parts):
+        if {"sel-bwd", "ds-budget", "sel-dkv"} & set(args.parts):
             Nc = (S_ - cfg.cmp_block) // cfg.cmp_stride + 1
             kc, vc = (torch.randn(B, Nc, H, K, generator=g, device=DEV).to(dt) for _ in range(2))
             with torch.no_grad():
@@ -209,8 +187,8 @@ def main() -> None:
                 sel_bwd(q, k, v, idx, do, cfg.sel_block)
             if "ds-budget" in args.parts:
                 ds_budget(q, k, v, idx, do, cfg.sel_block)
-            if "dkv-forms" in args.parts:
-                dkv_forms(q, k, v, idx, do, cfg.sel_block, cfg.window)
+            if "sel-dkv" in args.parts:
+                sel_dkv(q, k, v, idx, do, cfg.sel_block)
             del kc, vc, idx
         if "win-tiles" in args.parts:
             win_tiles(q, k, v, do, cfg.window)

@@ -193,8 +193,7 @@ def _band_bwd_dq_kernel(
 @triton.jit
 def _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, r0, r_end, cols, qbase, lbase0, q_start, Tk, qk_scale,
               offk, kmask, HQ: tl.constexpr, G: tl.constexpr, K: tl.constexpr, L: tl.constexpr,
-              D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr, MASK: tl.constexpr,
-              KEY_MAJOR: tl.constexpr):
+              D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr, MASK: tl.constexpr):
     """One block of BM query rows against the program's key tile; MASK: apply the rows'
     visibility and the end of the rows (unmasked, all BM rows see every key of the tile)."""
     rows = r0 + tl.arange(0, BM)
@@ -215,28 +214,16 @@ def _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, r0, r_end, cols, qbase,
         dot_ = tl.load(do + ptrs, mask=kmask[None, :], other=0.0)
         lse2 = tl.load(lse + lidx) * LOG2E
         dl = tl.load(delta + lidx)
-    if KEY_MAJOR:  # S^T = K Q^T: P^T and dS^T come out in the layout the next products take
-        st = tl.dot(kt, tl.trans(qt)) * qk_scale
-        if MASK:
-            lo, hi = _hi_lo(q_start + t, Tk, L, D, W, WINDOW)
-            vis = (cols[:, None] <= hi[None, :]) & (cols[:, None] >= lo[None, :]) & rmask[None, :]
-            pt = tl.where(vis, tl.exp2(st - lse2[None, :]), 0.0)
-        else:
-            pt = tl.exp2(st - lse2[None, :])
-        dv_acc += tl.dot(pt.to(dot_.dtype), dot_)
-        dst = pt * (tl.dot(vt, tl.trans(dot_)) - dl[None, :])
-        dk_acc += tl.dot(dst.to(qt.dtype), qt)
+    s = tl.dot(qt, tl.trans(kt)) * qk_scale
+    if MASK:
+        lo, hi = _hi_lo(q_start + t, Tk, L, D, W, WINDOW)
+        vis = (cols[None, :] <= hi[:, None]) & (cols[None, :] >= lo[:, None]) & rmask[:, None]
+        p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
     else:
-        s = tl.dot(qt, tl.trans(kt)) * qk_scale
-        if MASK:
-            lo, hi = _hi_lo(q_start + t, Tk, L, D, W, WINDOW)
-            vis = (cols[None, :] <= hi[:, None]) & (cols[None, :] >= lo[:, None]) & rmask[:, None]
-            p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
-        else:
-            p = tl.exp2(s - lse2[:, None])
-        dv_acc += tl.dot(tl.trans(p.to(dot_.dtype)), dot_)
-        ds = score_grad(p, dot_, vt, dl)
-        dk_acc += tl.dot(tl.trans(ds.to(qt.dtype)), qt)
+        p = tl.exp2(s - lse2[:, None])
+    dv_acc += tl.dot(tl.trans(p.to(dot_.dtype)), dot_)
+    ds = score_grad(p, dot_, vt, dl)
+    dk_acc += tl.dot(tl.trans(ds.to(qt.dtype)), qt)
     return dk_acc, dv_acc
 
 
@@ -245,7 +232,7 @@ def _band_bwd_dkv_kernel(
     q, k, v, do, lse, delta, dk, dv, Tq, Tk, q_start, sm_scale, rows_per_split,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ATOMIC: tl.constexpr, KEY_MAJOR: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ATOMIC: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -294,13 +281,13 @@ def _band_bwd_dkv_kernel(
     dv_acc = tl.zeros([BN, BK], tl.float32)
     for r0 in range(ra, rb, BM):
         dk_acc, dv_acc = _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, r0, r_end, cols, qbase, lbase0,
-                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, False, KEY_MAJOR)
+                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, False)
     for r0 in range(r_start, ra, BM):
         dk_acc, dv_acc = _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, r0, r_end, cols, qbase, lbase0,
-                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, True, KEY_MAJOR)
+                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, True)
     for r0 in range(rb, r_end, BM):
         dk_acc, dv_acc = _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, r0, r_end, cols, qbase, lbase0,
-                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, True, KEY_MAJOR)
+                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, True)
     kv_off = tl.arange(0, BN)[:, None] * (H * K) + offk[None, :]
     kvm = cmask[:, None] & kmask[None, :]
     if ATOMIC:
@@ -327,10 +314,6 @@ TILES = {
         "dkv": ((128, 64, 8, 2), (64, 64, 4, 3)),  # bwd 11.21 / 2.88 ms against 11.86 / 3.16 at (128, 64, 8, 2)
     },
 }
-
-
-#: the dk/dv kernel's form (probe; see _dkv_rows)
-KEY_MAJOR_DKV = True
 
 
 def _configs(K: int, interpret: bool, window: bool):
@@ -417,7 +400,7 @@ def _band_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor
     dk_, dv_ = torch.zeros(2, *k.shape, device=k.device, dtype=torch.float32).unbind(0) if atomic else (dk, dv)
     _band_bwd_dkv_kernel[(triton.cdiv(Tk, BN2), n_split, B * H)](
         q, k, v, do, lse, delta, dk_, dv_, Tq, Tk, q_start, sm, rows_per_split,
-        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM2, BN=BN2, BK=BK, ATOMIC=atomic, KEY_MAJOR=KEY_MAJOR_DKV,
+        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM2, BN=BN2, BK=BK, ATOMIC=atomic,
         num_warps=nw2, num_stages=ns2,
     )
     if atomic:  # separate tensors: a custom op's outputs may not share storage

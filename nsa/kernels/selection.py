@@ -212,69 +212,13 @@ def _sel_bwd_dkv_kernel(
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, BQ: tl.constexpr, DS: tl.constexpr,
 ):
-    w = tl.program_id(0)
-    s0 = tl.load(item_start + w)
-    s1 = tl.load(item_end + w)
-    if s0 < s1:
-        seg = tl.load(item_seg + w)
-        bh = seg // NB
-        j = seg % NB
-        b = bh // H
-        h = bh % H
-        HQ: tl.constexpr = H * G
-        ROWS: tl.constexpr = BQ * GP
-        offs = tl.arange(0, BS)
-        kpos = j * LS + offs
-        kval = (offs < LS) & (kpos < Tk)
-        offk = tl.arange(0, BK)
-        kmask = offk < K
-        kv_ptr = (b.to(tl.int64) * Tk * H + h) * K + kpos.to(tl.int64)[:, None] * (H * K) + offk[None, :]
-        kvm = kval[:, None] & kmask[None, :]
-        kt = tl.load(k + kv_ptr, mask=kvm, other=0.0)
-        vt = tl.load(v + kv_ptr, mask=kvm, other=0.0)
-        rows = tl.arange(0, ROWS)
-        rq = rows // GP
-        g = rows % GP
-        qk_scale = sm_scale * LOG2E
-        dk_acc = tl.zeros([BS, BK], tl.float32)
-        dv_acc = tl.zeros([BS, BK], tl.float32)
-        for u in range(s0, s1, BQ):
-            tmask = (u + rq < s1) & (g < G)
-            # a key is seg * Tq + token (see _selection_keys_kernel)
-            t = (tl.load(keys_sorted + u + rq, mask=tmask, other=0) - seg.to(tl.int64) * Tq).to(tl.int32)
-            pos = q_start + t
-            row = (b.to(tl.int64) * Tq + t) * HQ + h * G + g
-            m2 = tmask[:, None] & kmask[None, :]
-            ptrs = row[:, None] * K + offk[None, :]
-            qt = tl.load(q + ptrs, mask=m2, other=0.0)
-            dot_ = tl.load(do + ptrs, mask=m2, other=0.0)
-            lse2 = lse_log2(tl.load(lse + row, mask=tmask, other=0.0))
-            dl = tl.load(delta + row, mask=tmask, other=0.0)
-            vis = tmask[:, None] & kval[None, :] & (kpos[None, :] <= pos[:, None])
-            s = tl.dot(qt, tl.trans(kt)) * qk_scale
-            p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
-            dv_acc += tl.dot(tl.trans(p.to(dot_.dtype)), dot_)
-            ds = score_grad(p, dot_, vt, dl)
-            dk_acc += tl.dot(tl.trans(ds.to(qt.dtype)), qt)
-            if DS:  # kept for the dq pass, at the idx entry (token, slot) this key came from
-                e = tl.load(perm + u + rq, mask=tmask, other=0)
-                tl.store(ds_out + (e * G + g)[:, None] * LS + offs[None, :], ds.to(ds_out.dtype.element_ty),
-                         mask=tmask[:, None] & (offs < LS)[None, :])
-        tl.atomic_add(dk + kv_ptr, dk_acc * sm_scale, mask=kvm)
-        tl.atomic_add(dv + kv_ptr, dv_acc, mask=kvm)
-
-
-@triton.jit
-def _sel_bwd_dkv_t_kernel(
-    q, k, v, do, lse, delta, keys_sorted, perm, item_seg, item_start, item_end, dk, dv, ds_out,
-    Tq, Tk, NB, q_start, sm_scale,
-    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-    LS: tl.constexpr, BS: tl.constexpr, BQ: tl.constexpr, DS: tl.constexpr,
-):
-    """_sel_bwd_dkv_kernel in the key-major form: scores as S^T = K Q^T [BS, ROWS], so that P^T
-    and dS^T come out of one tensor-core product in the layout the next one takes as its
-    register operand (dV += P^T dO, dK += dS^T Q) instead of being transposed through shared
-    memory."""
+    """One work item of the dk/dv pass (see the module docstring), key-major: scores as
+    S^T = K Q^T [BS, ROWS], so that P^T and dS^T come out of one tensor-core product in the
+    layout the next takes as its register operand (dV += P^T dO, dK += dS^T Q) rather than
+    transposed through shared memory. On one H100 at 64 rows and 4 warps the whole selected
+    backward took 27.10 ms at S=64k against 28.48 for S = Q K^T at its best tiles (128 rows,
+    8 warps), 6.42 against 6.70 at 16k; key-major at 128 rows and 8 warps took 42.72
+    (docs/measurements/2026-11-23-e/dkv_forms_6e43bc5.log)."""
     w = tl.program_id(0)
     s0 = tl.load(item_start + w)
     s1 = tl.load(item_end + w)
@@ -394,12 +338,13 @@ def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, 
 
 
 #: launch parameters on CUDA (bench/bench_nsa.py --sweep): forward/dq warps and stages;
-#: dk/dv pass: tokens per work item (qc), query rows per step (rows), warps;
+#: dk/dv pass: tokens per work item (qc), query rows per step (rows), warps and stages (rows 64,
+#: 4 warps since the key-major kernel: bench/gpu/variants_probe.py --parts sel-dkv);
 #: token tiles of the forward/dq (see _tokens_per_tile): tt > 0 forces TT, else TT =
 #: tt_rows // next_pow2(G) (at most tt_max) when the keys hold at most tt_nb * n blocks, else 1;
 #: dq from the dS tiles of the dk/dv pass (see _ds_path): dq_from_ds, and ds_budget bytes of tiles
 #: at a time (longer inputs are taken a chunk of query tokens at a time, see _ds_chunk)
-TUNE = dict(fwd_warps=4, fwd_stages=2, qc=512, rows=128, dkv_warps=8, dkv_stages=2, dkv_key_major=True,
+TUNE = dict(fwd_warps=4, fwd_stages=2, qc=512, rows=64, dkv_warps=4, dkv_stages=2,
             tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_from_ds=True, ds_budget=16 << 30)
 
 
@@ -531,8 +476,7 @@ def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, d
     interpret = q.device.type == "cpu"
     GP = triton.next_power_of_2(meta["G"])
     BQ = max(1, (64 if interpret else TUNE["rows"]) // GP)
-    kernel = _sel_bwd_dkv_t_kernel if TUNE["dkv_key_major"] else _sel_bwd_dkv_kernel
-    kernel[(seg.numel(),)](
+    _sel_bwd_dkv_kernel[(seg.numel(),)](
         q, k, v, do, lse, delta, keys_sorted, perm, seg, start, end, dk, dv, q if ds is None else ds,
         q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3]), GP=GP, BQ=BQ, DS=ds is not None,
         **meta, num_warps=4 if interpret else TUNE["dkv_warps"], num_stages=1 if interpret else TUNE["dkv_stages"],

@@ -12,11 +12,13 @@ with tuning variants, so the distance of each piece to the matrix-product floor 
 program, warps), the production one (topk._select_launch) marked. Shapes: 64k/16k/2k (B=1,
 HQ=64, H=4, K=128) and m7c_125m (B=8, HQ=12, H=2, K=64, S=2048).
 
-    python3 bench/gpu/topk_probe.py [--shapes 64k 2k] [--ablations] [--forms]
+    python3 bench/gpu/topk_probe.py [--shapes 64k 2k] [--ablations]
 
---forms (commit after 6e43bc5) times the whole top-n with the score kernel in its two forms: rows
-of (token, head) by compressed keys, whose head sum crosses the lanes of a warp, and key-major
-(S^T = kc q^T), whose head sum stays in a thread and its quad.
+A third run (commit bc38e4f, `--forms` then, docs/measurements/2026-11-23-e/forms_bc38e4f.log)
+timed the score kernel in a key-major form (S^T = kc q^T, so that a token's head rows are
+columns and the head sum stays in a thread and its quad instead of crossing a warp's lanes):
+the whole top-n took 9.77 ms against 9.44 at 64k and 0.738 against 0.688 at 16k at the same
+launch (9.16 at 3 stages), so the form was removed.
 """
 from __future__ import annotations
 
@@ -115,10 +117,6 @@ def _ablated_scores(
         tl.store(out_rows, tot, mask=tok < Tq)
 
 
-FORMS = [(False, 128, 4, 2), (True, 128, 4, 2), (True, 64, 4, 2), (True, 256, 8, 2), (True, 128, 8, 2),
-         (True, 128, 4, 3)]  # (key-major, rows, warps, stages) of topk.TUNE
-
-
 def ablated(q, kc, lse, sc, L, D, LS, abl, rows, warps, stages, BJ=16):
     B, Tq, HQ, K = q.shape
     Nc, H = kc.shape[1], kc.shape[2]
@@ -153,9 +151,6 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["64k", "16k", "2k", "m7c_125m"])
     ap.add_argument("--ablations", action="store_true", help="also time the score kernel's ablations")
-    ap.add_argument("--forms", action="store_true",
-                    help="also time the whole top-n with the score kernel in both forms (query rows by compressed "
-                         "keys, key-major) at a few launches, indices checked against the first")
     args = ap.parse_args()
     cfg = NSAConfig()
     L, D, LS, n = cfg.cmp_block, cfg.cmp_stride, cfg.sel_block, cfg.n_selected
@@ -172,20 +167,6 @@ def main() -> None:
         NB = triton.cdiv(S, LS)
         flop = 2 * B * HQ * K * sum(min(Nc, max(0, (t + 1 - L) // D + 1)) for t in range(0, S, 64)) * 64
         rows = {"topk.py (scores + select)": bench(lambda: T._select_blocks(q, kc, lse, 0, L, D, LS, n))}
-        if args.forms:
-            saved, first = dict(T.TUNE), None
-            try:
-                for km, r, w, st in FORMS:
-                    T.TUNE.update(key_major=km, rows=r, warps=w, stages=st)
-                    label = f"top-n, scores {'key-major' if km else 'rows'} rows={r} w={w} st={st}"
-                    rows[label] = bench(lambda: T._select_blocks(q, kc, lse, 0, L, D, LS, n))
-                    idx = T._select_blocks(q, kc, lse, 0, L, D, LS, n)
-                    first = idx if first is None else first
-                    if not torch.equal(idx, first):
-                        print(f"  {label}: indices differ from the first form's in "
-                              f"{(idx != first).any(-1).float().mean().item():.2e} of the rows")
-            finally:
-                T.TUNE.update(saved)
         sc = torch.empty(B, S, H, NB, device=DEV)
         for abl in (0, 1, 2, 3) if args.ablations else (0,):
             for r, w, st in ((128, 4, 2), (128, 8, 3), (256, 8, 2)) if args.ablations else ((128, 4, 2),):

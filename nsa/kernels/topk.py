@@ -119,78 +119,6 @@ def _score_kernel(
 
 
 @triton.jit
-def _score_t_kernel(
-    q, kc, lse, scores, Tq, Nc, NB, q_start, sm_scale,
-    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-    L: tl.constexpr, D: tl.constexpr, LS: tl.constexpr, BJ: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr,
-):
-    """_score_kernel, key-major: S^T = kc q^T [BC, ROWS], so that a token's GP head rows are
-    columns, which the tensor-core layout keeps in one thread and its quad (the head sum is a
-    few adds and two shuffles, not a reduction across the warp's lanes)."""
-    pid_t = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    HQ: tl.constexpr = H * G
-    R: tl.constexpr = LS // D
-    BCR: tl.constexpr = BJ * R
-    ROWS: tl.constexpr = BT * GP
-
-    rows = tl.arange(0, ROWS)
-    tt = pid_t * BT + rows // GP
-    g = rows % GP
-    rmask = (tt < Tq) & (g < G)
-    pos_r = q_start + tt
-    offk = tl.arange(0, BK)
-    kmask = offk < K
-    q_base = q + (b.to(tl.int64) * Tq * HQ + h * G) * K
-    qt = tl.load(q_base + (tt * HQ + g).to(tl.int64)[:, None] * K + offk[None, :],
-                 mask=rmask[:, None] & kmask[None, :], other=0.0)
-    lse2 = lse_log2(tl.load(lse + b.to(tl.int64) * Tq * HQ + h * G + tt * HQ + g, mask=rmask, other=0.0))
-    hi_r = tl.where(pos_r + 1 >= L, (pos_r + 1 - L) // D, -1)
-    hi_r = tl.where(rmask, hi_r, -1)
-    kc_base = kc + (b.to(tl.int64) * Nc * H + h) * K
-
-    tok = pid_t * BT + tl.arange(0, BT)
-    jt = (q_start + tok) // LS
-    t_last = tl.minimum(pid_t * BT + BT - 1, Tq - 1)
-    n_chunks = tl.cdiv((q_start + t_last) // LS + 1, BJ)
-
-    cc = tl.arange(0, BC)
-    jj = tl.arange(0, BJ)
-    ccv = cc < BCR
-    wmap = _overlap_weight(cc[:, None] - jj[None, :] * R, L, D, LS).to(tl.float32)  # [BC, BJ]
-    wmap = tl.where(ccv[:, None], wmap, 0.0)
-    wtail = tl.where(ccv, _overlap_weight(cc - BCR, L, D, LS), 0).to(tl.float32)  # [BC]
-
-    qk_scale = sm_scale * LOG2E
-    out_cols = scores + ((b.to(tl.int64) * Tq + tok) * H + h) * NB  # [BT]
-    tok_ok = tok[None, :] < Tq
-    carry = tl.zeros([BT], tl.float32)
-    for c in range(0, n_chunks):
-        ci = c * BCR + cc
-        kt = tl.load(kc_base + ci.to(tl.int64)[:, None] * (H * K) + offk[None, :],
-                     mask=((ci < Nc) & ccv)[:, None] & kmask[None, :], other=0.0)
-        st = tl.dot(kt, tl.trans(qt)) * qk_scale  # [BC, ROWS]
-        vis = (ci[:, None] <= hi_r[None, :]) & ccv[:, None]
-        pt = tl.where(vis, tl.exp2(st - lse2[None, :]), 0.0)
-        ps = tl.sum(tl.reshape(pt, [BC, BT, GP]), 2)  # [BC, BT], summed over the group's heads
-        sc = tl.sum(wmap[:, :, None] * ps[:, None, :], 0)  # [BJ, BT]
-        sc = sc + tl.where(jj[:, None] == 0, carry[None, :], 0.0)
-        carry = tl.sum(ps * wtail[:, None], 0)
-        j = c * BJ + jj
-        forced = (j[:, None] == 0) | (j[:, None] == jt[None, :]) | (j[:, None] == jt[None, :] - 1)
-        sc = tl.where(forced, float("inf"), sc)
-        sc = tl.where(j[:, None] <= jt[None, :], sc, -1.0)
-        tl.store(out_cols[None, :] + j[:, None], sc, mask=tok_ok & (j[:, None] < NB))
-    for c in range(n_chunks, tl.cdiv(NB, BJ)):  # blocks after the tile's last query's own
-        j = c * BJ + jj
-        tl.store(out_cols[None, :] + j[:, None], tl.full([BJ, BT], -1.0, tl.float32),
-                 mask=tok_ok & (j[:, None] < NB))
-
-
-@triton.jit
 def _select_kernel(scores, idx, NROWS, NB, N: tl.constexpr, NP: tl.constexpr, NBP: tl.constexpr,
                    BR: tl.constexpr):
     r = tl.program_id(0) * BR + tl.arange(0, BR)
@@ -222,7 +150,7 @@ def _select_kernel(scores, idx, NROWS, NB, N: tl.constexpr, NP: tl.constexpr, NB
 
 #: score kernel: query rows (tokens x padded group) per program, warps, pipeline stages on CUDA
 #: (bench/gpu/topk_probe.py: rows 128 / 4 warps / 2 stages best at 2k, 16k, 64k and m7c_125m)
-TUNE = dict(rows=128, warps=4, stages=2, key_major=True)
+TUNE = dict(rows=128, warps=4, stages=2)
 #: bytes of float32 block scores held at once; longer inputs are scored a query chunk at a time
 SCORE_BUDGET = 1 << 28
 
@@ -266,7 +194,7 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
         qa, lsea, sc = q[:, a:a + t], lse[:, a:a + t], buffer[:B * t * H * NB].view(B, t, H, NB)
         if t < Tq:
             qa, lsea = qa.contiguous(), lsea.contiguous()
-        (_score_t_kernel if TUNE["key_major"] else _score_kernel)[(triton.cdiv(t, BT), B * H)](
+        _score_kernel[(triton.cdiv(t, BT), B * H)](
             qa, kc, lsea, sc, t, Nc, NB, q_start + a, 1.0 / math.sqrt(K),
             H=H, G=G, GP=GP, K=K, BK=BK, L=L, D=D, LS=LS, BJ=BJ, BT=BT,
             BC=triton.next_power_of_2(BJ * (LS // D)),

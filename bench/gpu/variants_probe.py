@@ -43,8 +43,8 @@ from nsa.kernels import band_attention as BA  # noqa: E402
 from nsa.kernels import selection as S  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-SHAPES = {"tiny": (1, 256, 8, 2, 32), "16k": (1, 16384, 64, 4, 128), "32k": (1, 32768, 64, 4, 128),
-          "64k": (1, 65536, 64, 4, 128)}
+SHAPES = {"tiny": (1, 256, 8, 2, 32), "2k": (1, 2048, 64, 4, 128), "m7c_125m": (8, 2048, 12, 2, 64),
+          "16k": (1, 16384, 64, 4, 128), "32k": (1, 32768, 64, 4, 128), "64k": (1, 65536, 64, 4, 128)}
 WIN_TILES = {  # (BM, BN, warps, stages), K=128; the first run's best and their neighbours
     "fwd": [(128, 32, 4, 4), (128, 32, 4, 3), (128, 32, 4, 5), (128, 32, 8, 4), (256, 64, 8, 3),
             (256, 32, 8, 4), (256, 32, 8, 3), (64, 32, 4, 4), (128, 16, 4, 4)],
@@ -134,7 +134,7 @@ def win_tiles(q, k, v, do, W: int) -> None:
         tiles_now.update(saved)
 
 
-SEL_DKV = [(64, 4, 2), (64, 4, 3), (32, 4, 2), (32, 4, 3), (128, 4, 2), (64, 8, 2)]  # (rows per step, warps, stages)
+SEL_DKV = [(64, 4, 2), (64, 4, 3), (32, 4, 2), (32, 4, 3), (128, 4, 2), (64, 8, 2), (128, 8, 2)]  # (rows per step, warps, stages)
 
 
 def sel_dkv(q, k, v, idx, do, LS: int) -> None:

@@ -323,9 +323,8 @@ def sweep(shapes, only=()):
                   dict(tt=0, tt_nb=8.0)]
         for label, tune, variants, fns in [
             ("sel tt (fwd, fwd+bwd)", selection.TUNE, sel_tt, [sel_f, sel_fb]),
-            ("sel bwd", selection.TUNE, [dict(qc=256, rows=64, dkv_warps=8), dict(qc=64, rows=64, dkv_warps=4),
-                                         dict(qc=128, rows=128, dkv_warps=8), dict(qc=512, rows=128, dkv_warps=8),
-                                         dict(qc=64, rows=128, dkv_warps=8)], [sel_fb]),
+            ("sel bwd", selection.TUNE, [dict(qc=256), dict(qc=128), dict(qc=1024), dict(dkv_cells=4096),
+                                         dict(dkv_cells=16384), dict(dkv_warps=8), dict(dkv_stages=3)], [sel_fb]),
             ("sel fwd", selection.TUNE, [dict(fwd_warps=4, fwd_stages=3), dict(fwd_warps=2, fwd_stages=3),
                                          dict(fwd_warps=4, fwd_stages=2), dict(fwd_warps=8, fwd_stages=3)], [sel_f]),
             ("topk", topk.TUNE, [dict(rows=128, warps=8), dict(rows=256, warps=8), dict(rows=64, warps=4),

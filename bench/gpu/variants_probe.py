@@ -144,7 +144,7 @@ def sel_dkv(q, k, v, idx, do, LS: int) -> None:
     base, ref = None, None
     try:
         for rows, warps, stages in SEL_DKV:
-            S.TUNE.update(rows=rows, dkv_warps=warps, dkv_stages=stages)
+            S.TUNE.update(dkv_cells=rows * S._meta(q, k, LS)["BK"], dkv_warps=warps, dkv_stages=stages)
             fn = lambda: S._sel_bwd(q, k, v, idx, o, lse, do, LS, 0, False)  # noqa: E731
             t = timed(f"sel bwd, dk/dv rows={rows} warps={warps} stages={stages}", fn, base)
             base = base or t

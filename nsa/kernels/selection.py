@@ -338,13 +338,16 @@ def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, 
 
 
 #: launch parameters on CUDA (bench/bench_nsa.py --sweep): forward/dq warps and stages;
-#: dk/dv pass: tokens per work item (qc), query rows per step (rows), warps and stages (rows 64,
-#: 4 warps since the key-major kernel: bench/gpu/variants_probe.py --parts sel-dkv);
+#: dk/dv pass: tokens per work item (qc), query rows per step times the padded head dim
+#: (dkv_cells, so that the two [l', K] accumulators and a step's tiles fit the registers of
+#: dkv_warps: 64 rows at K=128, 128 at K=64), warps and stages (bench/gpu/variants_probe.py
+#: --parts sel-dkv: on one H100, 64 rows beat 32 and 128 at K=128, 128 rows beat 64 at the
+#: m7c_125m shape, K=64, 1.036 against 1.199 ms for the selected backward, 4 warps beat 8);
 #: token tiles of the forward/dq (see _tokens_per_tile): tt > 0 forces TT, else TT =
 #: tt_rows // next_pow2(G) (at most tt_max) when the keys hold at most tt_nb * n blocks, else 1;
 #: dq from the dS tiles of the dk/dv pass (see _ds_path): dq_from_ds, and ds_budget bytes of tiles
 #: at a time (longer inputs are taken a chunk of query tokens at a time, see _ds_chunk)
-TUNE = dict(fwd_warps=4, fwd_stages=2, qc=512, rows=64, dkv_warps=4, dkv_stages=2,
+TUNE = dict(fwd_warps=4, fwd_stages=2, qc=512, dkv_cells=8192, dkv_warps=4, dkv_stages=2,
             tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_from_ds=True, ds_budget=16 << 30)
 
 
@@ -475,7 +478,7 @@ def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, d
     meta = _meta(q, k, sel_block)
     interpret = q.device.type == "cpu"
     GP = triton.next_power_of_2(meta["G"])
-    BQ = max(1, (64 if interpret else TUNE["rows"]) // GP)
+    BQ = max(1, (64 if interpret else TUNE["dkv_cells"] // meta["BK"]) // GP)
     _sel_bwd_dkv_kernel[(seg.numel(),)](
         q, k, v, do, lse, delta, keys_sorted, perm, seg, start, end, dk, dv, q if ds is None else ds,
         q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3]), GP=GP, BQ=BQ, DS=ds is not None,

@@ -478,7 +478,9 @@ def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, d
     meta = _meta(q, k, sel_block)
     interpret = q.device.type == "cpu"
     GP = triton.next_power_of_2(meta["G"])
-    BQ = max(1, (64 if interpret else TUNE["dkv_cells"] // meta["BK"]) // GP)
+    # K <= 32 gets the 128 rows of K=64: more rows a step were never measured
+    rows = 64 if interpret else min(TUNE["dkv_cells"] // meta["BK"], 128)
+    BQ = max(1, rows // GP)
     _sel_bwd_dkv_kernel[(seg.numel(),)](
         q, k, v, do, lse, delta, keys_sorted, perm, seg, start, end, dk, dv, q if ds is None else ds,
         q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3]), GP=GP, BQ=BQ, DS=ds is not None,

@@ -246,7 +246,8 @@ def _band_bwd_dkv_kernel(
     offk = tl.arange(0, BK)
     kmask = offk < K
     # the key tile's offsets: a scalar int64 base and int32 offsets inside the tile, computed
-    # again for the stores after the loops (a [BN, BK] int64 tensor held across them spills)
+    # again for the stores after the loops (a [BN, BK] int64 tensor held across them spilled
+    # more: 3996 against 3048 bytes a thread, Triton 3.6 compiling for sm_90 at (64, 64, 4, 3))
     kv_base = (b.to(tl.int64) * Tk * H + h) * K + n0.to(tl.int64) * (H * K)
     kv_off = tl.arange(0, BN)[:, None] * (H * K) + offk[None, :]
     kvm = cmask[:, None] & kmask[None, :]

@@ -12,7 +12,11 @@ with tuning variants, so the distance of each piece to the matrix-product floor 
 program, warps), the production one (topk._select_launch) marked. Shapes: 64k/16k/2k (B=1,
 HQ=64, H=4, K=128) and m7c_125m (B=8, HQ=12, H=2, K=64, S=2048).
 
-    python3 bench/gpu/topk_probe.py [--shapes 64k 2k] [--ablations]
+    python3 bench/gpu/topk_probe.py [--shapes 64k 2k] [--ablations] [--stages 2 3 4]
+
+--stages also times the whole top-n at those pipeline stages of its score kernel (indices checked
+against the first); its first run (commit e7a4ac0, sent to the device as a script of the same
+loop, docs/measurements/2026-11-23-e/topk_stages_e7a4ac0.log) kept 2 stages.
 
 A third run (commit bc38e4f, `--forms` then, docs/measurements/2026-11-23-e/forms_bc38e4f.log)
 timed the score kernel in a key-major form (S^T = kc q^T, so that a token's head rows are
@@ -151,6 +155,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["64k", "16k", "2k", "m7c_125m"])
     ap.add_argument("--ablations", action="store_true", help="also time the score kernel's ablations")
+    ap.add_argument("--stages", nargs="+", type=int, default=[],
+                    help="also time the whole top-n at these pipeline stages of the score kernel")
     args = ap.parse_args()
     cfg = NSAConfig()
     L, D, LS, n = cfg.cmp_block, cfg.cmp_stride, cfg.sel_block, cfg.n_selected
@@ -167,6 +173,17 @@ def main() -> None:
         NB = triton.cdiv(S, LS)
         flop = 2 * B * HQ * K * sum(min(Nc, max(0, (t + 1 - L) // D + 1)) for t in range(0, S, 64)) * 64
         rows = {"topk.py (scores + select)": bench(lambda: T._select_blocks(q, kc, lse, 0, L, D, LS, n))}
+        saved, first = dict(T.TUNE), None
+        try:
+            for st in args.stages:
+                T.TUNE["stages"] = st
+                rows[f"top-n, score kernel at {st} stages"] = bench(lambda: T._select_blocks(q, kc, lse, 0, L, D, LS, n))
+                idx = T._select_blocks(q, kc, lse, 0, L, D, LS, n)
+                first = idx if first is None else first
+                if not torch.equal(idx, first):
+                    print(f"  {st} stages: indices differ from the first stage count's")
+        finally:
+            T.TUNE.update(saved)
         sc = torch.empty(B, S, H, NB, device=DEV)
         for abl in (0, 1, 2, 3) if args.ablations else (0,):
             for r, w, st in ((128, 4, 2), (128, 8, 3), (256, 8, 2)) if args.ablations else ((128, 4, 2),):

@@ -9,10 +9,13 @@
   win-tiles  the window branch (band kernel, WINDOW=True) at other (BM, BN, warps, stages) for
              its forward, dq and dk/dv kernels (band_attention.TILES["win"]), one kernel's tiles
              varied at a time from the defaults;
+  band-offsets  the band kernels (window, and the compressed branch on the band kernel) with the
+             forward's and the dq kernel's key-tile offsets as int64 per element or as an int64
+             base plus int32 offsets (band_attention.I32_OFFSETS), fwd and bwd timed;
   sel-dkv    the selected branch's backward with its (key-major) dk/dv kernel at other
              (query rows per step, warps, stages); the gradients against the first variant's.
 
-    python3 bench/gpu/variants_probe.py [--shapes 64k 16k] [--parts sel-bwd ds-budget win-tiles sel-dkv]
+    python3 bench/gpu/variants_probe.py [--shapes 64k 16k] [--parts sel-bwd ds-budget win-tiles sel-dkv band-offsets]
 
 Prints one line a variant: the median ms (triton.testing.do_bench) and its ratio to the
 default's median of the same run. On CPU (TRITON_INTERPRET=1) it is a dry run at a tiny shape
@@ -157,11 +160,36 @@ def sel_dkv(q, k, v, idx, do, LS: int) -> None:
         S.TUNE.update(saved)
 
 
+def band_offsets(q, k, v, do, cfg: NSAConfig) -> None:
+    saved = dict(BA.I32_OFFSETS)
+    Nc = (q.shape[1] - cfg.cmp_block) // cfg.cmp_stride + 1
+    branches = {"win": (k, v, 1, 1, cfg.window, True),
+                "cmp (band)": (k[:, :Nc].contiguous(), v[:, :Nc].contiguous(), cfg.cmp_block, cfg.cmp_stride, 0, False)}
+    try:
+        for name, (kk, vv, L, D, W, window) in branches.items():
+            fwd = lambda: BA._band_fwd(q, kk, vv, 0, L, D, W, window, False)  # noqa: E731
+            o, lse = fwd()
+            bwd = lambda: BA._band_bwd(q, kk, vv, o, lse, do, 0, L, D, W, window, False)  # noqa: E731
+            base, ref = {}, None
+            for fwd_i32, dq_i32 in ((False, False), (True, False), (False, True), (True, True)):
+                BA.I32_OFFSETS.update(fwd=fwd_i32, dq=dq_i32)
+                for what, fn in (("fwd", fwd), ("bwd", bwd)):
+                    t = timed(f"{name} {what}, int32 offsets fwd={fwd_i32} dq={dq_i32}", fn, base.get(what))
+                    base.setdefault(what, t)
+                grads = bwd()
+                ref = ref or grads
+                print("    relative difference to the first: " + " ".join(
+                    f"{n}={((a.float() - b.float()).norm() / b.float().norm()).item():.1e}"
+                    for n, a, b in zip(("dq", "dk", "dv"), grads, ref)), flush=True)
+    finally:
+        BA.I32_OFFSETS.update(saved)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["64k", "16k"], choices=sorted(SHAPES))
     ap.add_argument("--parts", nargs="+", default=["sel-bwd", "ds-budget", "win-tiles"],
-                    choices=["sel-bwd", "ds-budget", "win-tiles", "sel-dkv"])
+                    choices=["sel-bwd", "ds-budget", "win-tiles", "sel-dkv", "band-offsets"])
     args = ap.parse_args()
     if DEV == "cpu":  # the interpreter runs every tile size; keep the dry run to the tiny shape
         WIN_TILES.update({key: [(32, 16, 4, 1)] for key in WIN_TILES})
@@ -192,6 +220,8 @@ def main() -> None:
             del kc, vc, idx
         if "win-tiles" in args.parts:
             win_tiles(q, k, v, do, cfg.window)
+        if "band-offsets" in args.parts:
+            band_offsets(q, k, v, do, cfg)
         del q, k, v, do
         if DEV == "cuda":
             torch.cuda.empty_cache()

@@ -9,13 +9,10 @@
   win-tiles  the window branch (band kernel, WINDOW=True) at other (BM, BN, warps, stages) for
              its forward, dq and dk/dv kernels (band_attention.TILES["win"]), one kernel's tiles
              varied at a time from the defaults;
-  band-offsets  the band kernels (window, and the compressed branch on the band kernel) with the
-             forward's and the dq kernel's key-tile offsets as int64 per element or as an int64
-             base plus int32 offsets (band_attention.I32_OFFSETS), fwd and bwd timed;
   sel-dkv    the selected branch's backward with its (key-major) dk/dv kernel at other
              (query rows per step, warps, stages); the gradients against the first variant's.
 
-    python3 bench/gpu/variants_probe.py [--shapes 64k 16k] [--parts sel-bwd ds-budget win-tiles sel-dkv band-offsets]
+    python3 bench/gpu/variants_probe.py [--shapes 64k 16k] [--parts sel-bwd ds-budget win-tiles sel-dkv]
 
 Prints one line a variant: the median ms (triton.testing.do_bench) and its ratio to the
 default's median of the same run. On CPU (TRITON_INTERPRET=1) it is a dry run at a tiny shape
@@ -27,7 +24,11 @@ the dq kernel at S=64k, 9.08 against 8.04 at 16k, so that variant was removed. A
 (commit 6e43bc5, docs/measurements/2026-11-23-e/dkv_forms_6e43bc5.log) timed the dk/dv kernels
 of the selected branch and the window in two forms, S = Q K^T with P and dS transposed for dV
 and dK, and key-major S^T = K Q^T: key-major won for the selected branch (at 64 rows and
-4 warps) and lost for the window (11.45 against 11.05 ms at 64k), which kept its form.
+4 warps) and lost for the window (11.45 against 11.05 ms at 64k), which kept its form. A part
+band-offsets (commit d198f62, docs/measurements/2026-11-23-e/band_offsets_d198f62.log) timed the
+band forward and dq kernels with their key-tile offsets as an int64 base plus int32 offsets
+(fewer spills in an sm_90 compile: 384 against 1372 bytes for the window's dq kernel): the
+window within 1-2% either way, the compressed branch's band forward 1.15-1.18x slower; removed.
 """
 from __future__ import annotations
 
@@ -160,36 +161,11 @@ def sel_dkv(q, k, v, idx, do, LS: int) -> None:
         S.TUNE.update(saved)
 
 
-def band_offsets(q, k, v, do, cfg: NSAConfig) -> None:
-    saved = dict(BA.I32_OFFSETS)
-    Nc = (q.shape[1] - cfg.cmp_block) // cfg.cmp_stride + 1
-    branches = {"win": (k, v, 1, 1, cfg.window, True),
-                "cmp (band)": (k[:, :Nc].contiguous(), v[:, :Nc].contiguous(), cfg.cmp_block, cfg.cmp_stride, 0, False)}
-    try:
-        for name, (kk, vv, L, D, W, window) in branches.items():
-            fwd = lambda: BA._band_fwd(q, kk, vv, 0, L, D, W, window, False)  # noqa: E731
-            o, lse = fwd()
-            bwd = lambda: BA._band_bwd(q, kk, vv, o, lse, do, 0, L, D, W, window, False)  # noqa: E731
-            base, ref = {}, None
-            for fwd_i32, dq_i32 in ((False, False), (True, False), (False, True), (True, True)):
-                BA.I32_OFFSETS.update(fwd=fwd_i32, dq=dq_i32)
-                for what, fn in (("fwd", fwd), ("bwd", bwd)):
-                    t = timed(f"{name} {what}, int32 offsets fwd={fwd_i32} dq={dq_i32}", fn, base.get(what))
-                    base.setdefault(what, t)
-                grads = bwd()
-                ref = ref or grads
-                print("    relative difference to the first: " + " ".join(
-                    f"{n}={((a.float() - b.float()).norm() / b.float().norm()).item():.1e}"
-                    for n, a, b in zip(("dq", "dk", "dv"), grads, ref)), flush=True)
-    finally:
-        BA.I32_OFFSETS.update(saved)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["64k", "16k"], choices=sorted(SHAPES))
     ap.add_argument("--parts", nargs="+", default=["sel-bwd", "ds-budget", "win-tiles"],
-                    choices=["sel-bwd", "ds-budget", "win-tiles", "sel-dkv", "band-offsets"])
+                    choices=["sel-bwd", "ds-budget", "win-tiles", "sel-dkv"])
     args = ap.parse_args()
     if DEV == "cpu":  # the interpreter runs every tile size; keep the dry run to the tiny shape
         WIN_TILES.update({key: [(32, 16, 4, 1)] for key in WIN_TILES})
@@ -220,8 +196,6 @@ def main() -> None:
             del kc, vc, idx
         if "win-tiles" in args.parts:
             win_tiles(q, k, v, do, cfg.window)
-        if "band-offsets" in args.parts:
-            band_offsets(q, k, v, do, cfg)
         del q, k, v, do
         if DEV == "cuda":
             torch.cuda.empty_cache()

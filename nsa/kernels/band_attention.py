@@ -92,18 +92,12 @@ def _row_block(k, v, Tq, Tk, q_start, H: tl.constexpr, G: tl.constexpr, K: tl.co
 
 @triton.jit
 def _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr,
-              MASK: tl.constexpr, I32: tl.constexpr):
+              MASK: tl.constexpr):
     """The BN keys and values from n0 (k_base, v_base: k and v at the KV head) and, MASK, the
     rows' visibility of them [BM, BN] (unmasked: every row sees every key of the tile, returned
     as True)."""
     cols = n0 + tl.arange(0, BN)
-    if I32:
-        tile_start = n0 * tl.full([], H * K, tl.int64)  # n0: a plain int in the interpreter
-        k_base += tile_start
-        v_base += tile_start
-        kv_off = tl.arange(0, BN)[:, None] * (H * K) + offk[None, :]
-    else:
-        kv_off = cols.to(tl.int64)[:, None] * (H * K) + offk[None, :]
+    kv_off = cols.to(tl.int64)[:, None] * (H * K) + offk[None, :]
     if MASK:
         lm = (cols < end)[:, None] & kmask[None, :]
         vis = (cols[None, :] <= hi[:, None]) & (cols[None, :] >= lo[:, None])
@@ -117,9 +111,9 @@ def _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H: tl.constexpr, K: 
 
 @triton.jit
 def _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-              H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr, I32: tl.constexpr):
+              H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr):
     """One key tile of the forward's online softmax; MASK: apply the rows' visibility."""
-    kt, vt, vis = _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H, K, BN, MASK, I32)
+    kt, vt, vis = _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H, K, BN, MASK)
     s = tl.dot(qt, tl.trans(kt)) * qk_scale
     if MASK:
         s = tl.where(vis, s, float("-inf"))
@@ -131,7 +125,7 @@ def _band_fwd_kernel(
     q, k, v, o, lse, Tq, Tk, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, I32: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
     qb, row_off, m2, l_off, rmask, k_base, v_base, offk, kmask, lo, hi, start, whole_lo, whole_hi, end = \
         _row_block(k, v, Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK)
@@ -143,13 +137,13 @@ def _band_fwd_kernel(
     # unmasked tiles first: every row then has a finite maximum before the masked edges
     for n0 in range(whole_lo, whole_hi, BN):
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                                  H, K, BN, False, I32)
+                                  H, K, BN, False)
     for n0 in range(start, whole_lo, BN):
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                                  H, K, BN, True, I32)
+                                  H, K, BN, True)
     for n0 in range(whole_hi, end, BN):
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                                  H, K, BN, True, I32)
+                                  H, K, BN, True)
     out, lse_row = finish(acc, m_i, l_i)
     tl.store(o + qb + row_off[:, None] + offk[None, :], out.to(o.dtype.element_ty), mask=m2)
     tl.store(lse + l_off, lse_row, mask=rmask)
@@ -157,10 +151,10 @@ def _band_fwd_kernel(
 
 @triton.jit
 def _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-             H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr, I32: tl.constexpr):
+             H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr):
     """One key tile of dq; MASK: apply the rows' visibility. Unmasked, the rows past Tq (zero
     do and delta) add nothing."""
-    kt, vt, vis = _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H, K, BN, MASK, I32)
+    kt, vt, vis = _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H, K, BN, MASK)
     s = tl.dot(qt, tl.trans(kt)) * qk_scale
     if MASK:
         p = tl.where(vis & rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
@@ -175,7 +169,7 @@ def _band_bwd_dq_kernel(
     q, k, v, o, do, lse, delta, dq, Tq, Tk, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, I32: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
     qb, row_off, m2, l_off, rmask, k_base, v_base, offk, kmask, lo, hi, start, whole_lo, whole_hi, end = \
         _row_block(k, v, Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK)
@@ -186,13 +180,13 @@ def _band_bwd_dq_kernel(
     acc = tl.zeros([BM, BK], tl.float32)
     for n0 in range(whole_lo, whole_hi, BN):
         acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                       H, K, BN, False, I32)
+                       H, K, BN, False)
     for n0 in range(start, whole_lo, BN):
         acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                       H, K, BN, True, I32)
+                       H, K, BN, True)
     for n0 in range(whole_hi, end, BN):
         acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                       H, K, BN, True, I32)
+                       H, K, BN, True)
     tl.store(dq + q_off, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
 
 
@@ -251,9 +245,12 @@ def _band_bwd_dkv_kernel(
     cmask = cols < Tk
     offk = tl.arange(0, BK)
     kmask = offk < K
-    # the key tile's offsets: a scalar int64 base and int32 offsets inside the tile, computed
-    # again for the stores after the loops (a [BN, BK] int64 tensor held across them spilled
-    # more: 3996 against 3048 bytes a thread, Triton 3.6 compiling for sm_90 at (64, 64, 4, 3))
+    # the key tile's offsets: a scalar int64 base and int32 offsets inside the tile, formed
+    # again for the stores after the loops. A compile for sm_90 (Triton 3.6, (64, 64, 4, 3))
+    # spills 3048 bytes a thread this way, 3996 with [BN, BK] int64 offsets held across the
+    # loops; not timed alone on a GPU (the tables since docs/performance.md's tenth set ran it),
+    # and the same change in the forward and dq kernels bought nothing there, so compile spills
+    # do not predict time here (bench/gpu/variants_probe.py, band-offsets in its docstring)
     kv_base = (b.to(tl.int64) * Tk * H + h) * K + n0.to(tl.int64) * (H * K)
     kv_off = tl.arange(0, BN)[:, None] * (H * K) + offk[None, :]
     kvm = cmask[:, None] & kmask[None, :]
@@ -323,10 +320,6 @@ TILES = {
 }
 
 
-#: probe switch: key-tile offsets as int32 inside the tile (fwd and dq kernels)
-I32_OFFSETS = {"fwd": False, "dq": True}
-
-
 def _configs(K: int, interpret: bool, window: bool):
     """Tile sizes and warps per kernel: (fwd BM, BN, warps, stages), (dq ...), (dkv ...)."""
     if interpret:
@@ -365,7 +358,7 @@ def _band_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, L
     grid = (triton.cdiv(Tq * G, BM), B * H)
     _band_fwd_kernel[grid](
         q, k, v, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K),
-        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM, BN=BN, BK=BK, I32=I32_OFFSETS["fwd"],
+        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM, BN=BN, BK=BK,
         num_warps=nw, num_stages=ns,
     )
     return o, lse
@@ -400,7 +393,7 @@ def _band_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor
     sm = 1.0 / math.sqrt(K)
     _band_bwd_dq_kernel[(triton.cdiv(Tq * G, BM), B * H)](
         q, k, v, o, do, lse, delta, dq, Tq, Tk, q_start, sm,
-        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM, BN=BN, BK=BK, I32=I32_OFFSETS["dq"],
+        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM, BN=BN, BK=BK,
         num_warps=nw, num_stages=ns,
     )
     tiles = triton.cdiv(Tk, BN2) * B * H

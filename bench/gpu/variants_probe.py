@@ -10,7 +10,10 @@
              its forward, dq and dk/dv kernels (band_attention.TILES["win"]), one kernel's tiles
              varied at a time from the defaults;
   sel-dkv    the selected branch's backward with its (key-major) dk/dv kernel at other
-             (query rows per step, warps, stages); the gradients against the first variant's.
+             (query rows per step, warps, stages); the gradients against the first variant's;
+  sel-tma    the selected forward and backward with K/V blocks (and dS tiles) gathered by
+             pointers or through TMA descriptors (selection.TUNE['tma']), the forward and dq
+             kernels at other (warps, stages); outputs and gradients against the pointer path's.
 
     python3 bench/gpu/variants_probe.py [--shapes 64k 16k] [--parts sel-bwd ds-budget win-tiles sel-dkv]
 
@@ -161,15 +164,42 @@ def sel_dkv(q, k, v, idx, do, LS: int) -> None:
         S.TUNE.update(saved)
 
 
+SEL_TMA = [(False, 4, 2), (True, 4, 2), (True, 4, 3), (True, 8, 2), (True, 8, 3), (True, 4, 4)]  # (tma, warps, stages)
+
+
+def sel_tma(q, k, v, idx, do, LS: int) -> None:
+    saved = dict(S.TUNE)
+    base_f = base_b = None
+    ref = None
+    try:
+        for tma, warps, stages in SEL_TMA:
+            S.TUNE.update(tma=tma, fwd_warps=warps, fwd_stages=stages)
+            used = "tma" if S._tma(k, LS) else "pointers"
+            fwd = lambda: S._sel_fwd(q, k, v, idx, LS, 0, False)  # noqa: E731
+            tf = timed(f"sel fwd, {used} warps={warps} stages={stages}", fwd, base_f)
+            o, lse = fwd()
+            bwd = lambda: S._sel_bwd(q, k, v, idx, o, lse, do, LS, 0, False)  # noqa: E731
+            tb = timed(f"sel bwd, {used} warps={warps} stages={stages}", bwd, base_b)
+            base_f, base_b = base_f or tf, base_b or tb
+            outs = [o, *bwd()]
+            ref = ref or outs
+            print("    max abs difference to the first: " + " ".join(
+                f"{n}={(a.float() - b.float()).abs().max().item():.1e}"
+                for n, a, b in zip(("o", "dq", "dk", "dv"), outs, ref)), flush=True)
+    finally:
+        S.TUNE.update(saved)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["64k", "16k"], choices=sorted(SHAPES))
     ap.add_argument("--parts", nargs="+", default=["sel-bwd", "ds-budget", "win-tiles"],
-                    choices=["sel-bwd", "ds-budget", "win-tiles", "sel-dkv"])
+                    choices=["sel-bwd", "ds-budget", "win-tiles", "sel-dkv", "sel-tma"])
     args = ap.parse_args()
     if DEV == "cpu":  # the interpreter runs every tile size; keep the dry run to the tiny shape
         WIN_TILES.update({key: [(32, 16, 4, 1)] for key in WIN_TILES})
         SEL_DKV[:] = SEL_DKV[:2]
+        SEL_TMA[:] = SEL_TMA[:2]
     cfg = NSAConfig()
     print(f"{torch.cuda.get_device_name() if DEV == 'cuda' else 'cpu (dry run)'}, torch {torch.__version__}, "
           f"triton {triton.__version__}", flush=True)
@@ -180,7 +210,7 @@ def main() -> None:
         q, do = (torch.randn(B, S_, HQ, K, generator=g, device=DEV).to(dt) for _ in range(2))
         k, v = (torch.randn(B, S_, H, K, generator=g, device=DEV).to(dt) for _ in range(2))
         print(f"## {name} (B={B} S={S_} HQ={HQ} H={H} K={K})", flush=True)
-        if {"sel-bwd", "ds-budget", "sel-dkv"} & set(args.parts):
+        if {"sel-bwd", "ds-budget", "sel-dkv", "sel-tma"} & set(args.parts):
             Nc = (S_ - cfg.cmp_block) // cfg.cmp_stride + 1
             kc, vc = (torch.randn(B, Nc, H, K, generator=g, device=DEV).to(dt) for _ in range(2))
             with torch.no_grad():
@@ -193,6 +223,8 @@ def main() -> None:
                 ds_budget(q, k, v, idx, do, cfg.sel_block)
             if "sel-dkv" in args.parts:
                 sel_dkv(q, k, v, idx, do, cfg.sel_block)
+            if "sel-tma" in args.parts:
+                sel_tma(q, k, v, idx, do, cfg.sel_block)
             del kc, vc, idx
         if "win-tiles" in args.parts:
             win_tiles(q, k, v, do, cfg.window)

@@ -33,6 +33,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # host-built TMA descriptors (Triton >= 3.4); without them the kernels gather by pointers
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover - older Triton
+    TensorDescriptor = None
+
 from ._autograd import kernel_op
 from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
 
@@ -104,8 +109,8 @@ def _sel_tile(idx, blocks, Tq, Tk, q_start, H: tl.constexpr, G: tl.constexpr, GP
               ROWS: tl.constexpr, NU: tl.constexpr, NUP: tl.constexpr):
     """What the forward and the dq kernel share: the program's rows (grid: token tiles, B * H)
     with their positions and mask, the offsets of their [ROWS, BK] tile of q/o/do/dq and its
-    mask, the last position of the tile, the head-dim lanes, the offset of the KV head in k/v,
-    and the tile's block list (see _tile_blocks)."""
+    mask, the last position of the tile, the head-dim lanes, the batch and KV head, and the
+    tile's block list (see _tile_blocks)."""
     tile = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H
@@ -115,21 +120,34 @@ def _sel_tile(idx, blocks, Tq, Tk, q_start, H: tl.constexpr, G: tl.constexpr, GP
     offk = tl.arange(0, BK)
     kmask = offk < K
     ubase, n_valid, mine = _tile_blocks(idx, blocks, tile, b, h, tok, rmask, Tq, H, N, NP, TT, NU, NUP)
-    kv_base = (b.to(tl.int64) * Tk * H + h) * K
     return (pos, row, rmask, row[:, None] * K + offk[None, :], rmask[:, None] & kmask[None, :], pos_last,
-            offk, kmask, kv_base, ubase, n_valid, mine)
+            offk, kmask, b, h, ubase, n_valid, mine)
 
 
 @triton.jit
-def _block_kv(k, v, ubase, i, offs, offk, kmask, kv_base, pos, pos_last, mine, Tk,
-              H: tl.constexpr, K: tl.constexpr, LS: tl.constexpr, TT: tl.constexpr):
+def _load_block(t, b, h, j, offs, offk, kload, kmask, Tk, H: tl.constexpr, K: tl.constexpr,
+                LS: tl.constexpr, TMA: tl.constexpr):
+    """Block j of t [B, Tk, H, K] (keys or values) for batch b and KV head h, [BS, BK]. TMA: t
+    is a descriptor over t viewed [B * Tk, H * K] with a box of [l', K] (see _kv_desc), so keys
+    past the tile's last query or past Tk (the next batch's, or zeros) come in unmasked: the
+    callers' visibility masks them. Else the keys not in kload and the lanes past K are zeros."""
+    if TMA:
+        tile = t.load([(b * Tk + j * LS).to(tl.int32), (h * K).to(tl.int32)])
+    else:
+        ptr = (b.to(tl.int64) * Tk * H + h) * K + (j * LS + offs).to(tl.int64)[:, None] * (H * K) + offk[None, :]
+        tile = tl.load(t + ptr, mask=kload[:, None] & kmask[None, :], other=0.0)
+    return tile
+
+
+@triton.jit
+def _block_kv(k, v, ubase, i, offs, offk, kmask, b, h, pos, pos_last, mine, Tk,
+              H: tl.constexpr, K: tl.constexpr, LS: tl.constexpr, TT: tl.constexpr, TMA: tl.constexpr):
     """The i-th block of the tile's list: its keys and values [BS, BK] and the rows'
     visibility [ROWS, BS] (see _block_vis)."""
     j = tl.load(ubase + i)
     kpos, kload, vis = _block_vis(j, offs, pos, pos_last, mine, Tk, LS, TT)
-    ptr = kv_base + kpos.to(tl.int64)[:, None] * (H * K) + offk[None, :]
-    kt = tl.load(k + ptr, mask=kload[:, None] & kmask[None, :], other=0.0)
-    vt = tl.load(v + ptr, mask=kload[:, None] & kmask[None, :], other=0.0)
+    kt = _load_block(k, b, h, j, offs, offk, kload, kmask, Tk, H, K, LS, TMA)
+    vt = _load_block(v, b, h, j, offs, offk, kload, kmask, Tk, H, K, LS, TMA)
     return kt, vt, vis
 
 
@@ -138,9 +156,9 @@ def _sel_fwd_kernel(
     q, k, v, idx, blocks, o, lse, Tq, Tk, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
-    TT: tl.constexpr, ROWS: tl.constexpr, NU: tl.constexpr, NUP: tl.constexpr,
+    TT: tl.constexpr, ROWS: tl.constexpr, NU: tl.constexpr, NUP: tl.constexpr, TMA: tl.constexpr,
 ):
-    pos, row, rmask, q_off, m2, pos_last, offk, kmask, kv_base, ubase, n_valid, mine = _sel_tile(
+    pos, row, rmask, q_off, m2, pos_last, offk, kmask, b, h, ubase, n_valid, mine = _sel_tile(
         idx, blocks, Tq, Tk, q_start, H, G, GP, K, BK, N, NP, TT, ROWS, NU, NUP)
     qt = tl.load(q + q_off, mask=m2, other=0.0)
     qk_scale = sm_scale * LOG2E
@@ -149,7 +167,7 @@ def _sel_fwd_kernel(
     acc = tl.zeros([ROWS, BK], tl.float32)
     offs = tl.arange(0, BS)
     for i in range(0, n_valid):
-        kt, vt, vis = _block_kv(k, v, ubase, i, offs, offk, kmask, kv_base, pos, pos_last, mine, Tk, H, K, LS, TT)
+        kt, vt, vis = _block_kv(k, v, ubase, i, offs, offk, kmask, b, h, pos, pos_last, mine, Tk, H, K, LS, TT, TMA)
         s = tl.where(vis, tl.dot(qt, tl.trans(kt)) * qk_scale, float("-inf"))
         acc, m_i, l_i = online_step(acc, m_i, l_i, s, vt, True)
     out, lse_row = finish(acc, m_i, l_i)
@@ -162,9 +180,9 @@ def _sel_bwd_dq_kernel(
     q, k, v, idx, blocks, o, do, lse, delta, dq, Tq, Tk, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
-    TT: tl.constexpr, ROWS: tl.constexpr, NU: tl.constexpr, NUP: tl.constexpr,
+    TT: tl.constexpr, ROWS: tl.constexpr, NU: tl.constexpr, NUP: tl.constexpr, TMA: tl.constexpr,
 ):
-    pos, row, rmask, q_off, m2, pos_last, offk, kmask, kv_base, ubase, n_valid, mine = _sel_tile(
+    pos, row, rmask, q_off, m2, pos_last, offk, kmask, b, h, ubase, n_valid, mine = _sel_tile(
         idx, blocks, Tq, Tk, q_start, H, G, GP, K, BK, N, NP, TT, ROWS, NU, NUP)
     qt = tl.load(q + q_off, mask=m2, other=0.0)
     dot_, dl, lse2 = dq_rows(do, o, lse, delta, q_off, m2, row, rmask)
@@ -172,7 +190,7 @@ def _sel_bwd_dq_kernel(
     acc = tl.zeros([ROWS, BK], tl.float32)
     offs = tl.arange(0, BS)
     for i in range(0, n_valid):
-        kt, vt, vis = _block_kv(k, v, ubase, i, offs, offk, kmask, kv_base, pos, pos_last, mine, Tk, H, K, LS, TT)
+        kt, vt, vis = _block_kv(k, v, ubase, i, offs, offk, kmask, b, h, pos, pos_last, mine, Tk, H, K, LS, TT, TMA)
         s = tl.dot(qt, tl.trans(kt)) * qk_scale
         p = tl.where(vis & rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
         ds = score_grad(p, dot_, vt, dl)
@@ -185,22 +203,26 @@ def _sel_dq_from_ds_kernel(
     k, idx, ds, dq, Tq, Tk, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, ROWS: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     """dq of one token's G heads (TT = 1 grid) from the dS tiles the dk/dv pass kept: the sum
-    over its selected blocks of dS @ K, so only K is gathered (not K, V, and the recomputation)."""
-    pos, row, rmask, q_off, m2, pos_last, offk, kmask, kv_base, ubase, n_valid, mine = _sel_tile(
+    over its selected blocks of dS @ K, so only K is gathered (not K, V, and the recomputation).
+    TMA: k and ds are descriptors (see _kv_desc, _ds_desc); a dS box of ROWS rows from the
+    token's G takes the next tiles' rows below them, which only reach masked rows of dq."""
+    pos, row, rmask, q_off, m2, pos_last, offk, kmask, b, h, ubase, n_valid, mine = _sel_tile(
         idx, idx, Tq, Tk, 0, H, G, GP, K, BK, N, NP, 1, ROWS, N, NP)
     g = tl.arange(0, ROWS) % GP
-    e0 = ((tl.program_id(1) // H).to(tl.int64) * Tq + tl.program_id(0)) * (H * N) + (tl.program_id(1) % H) * N
+    e0 = (b.to(tl.int64) * Tq + tl.program_id(0)) * (H * N) + h * N  # the token's first idx entry
     offs = tl.arange(0, BS)
     acc = tl.zeros([ROWS, BK], tl.float32)
     for i in range(0, n_valid):
-        kpos = tl.load(ubase + i) * LS + offs
-        kload = (offs < LS) & (kpos < Tk)
-        kt = tl.load(k + kv_base + kpos.to(tl.int64)[:, None] * (H * K) + offk[None, :],
-                     mask=kload[:, None] & kmask[None, :], other=0.0)
-        dst = tl.load(ds + ((e0 + i) * G + g)[:, None] * LS + offs[None, :],
-                      mask=rmask[:, None] & (offs < LS)[None, :], other=0.0)
+        j = tl.load(ubase + i)
+        kt = _load_block(k, b, h, j, offs, offk, (offs < LS) & (j * LS + offs < Tk), kmask, Tk, H, K, LS, TMA)
+        if TMA:
+            dst = ds.load([((e0 + i) * G).to(tl.int32), 0])
+        else:
+            dst = tl.load(ds + ((e0 + i) * G + g)[:, None] * LS + offs[None, :],
+                          mask=rmask[:, None] & (offs < LS)[None, :], other=0.0)
         acc += tl.dot(dst, kt)
     tl.store(dq + q_off, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
 
@@ -348,7 +370,7 @@ def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, 
 #: dq from the dS tiles of the dk/dv pass (see _ds_path): dq_from_ds, and ds_budget bytes of tiles
 #: at a time (longer inputs are taken a chunk of query tokens at a time, see _ds_chunk)
 TUNE = dict(fwd_warps=4, fwd_stages=2, qc=512, dkv_cells=8192, dkv_warps=4, dkv_stages=2,
-            tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_from_ds=True, ds_budget=16 << 30)
+            tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_from_ds=True, ds_budget=16 << 30, tma=True)
 
 
 def _meta(q, k, sel_block: int):
@@ -392,8 +414,28 @@ def _tile_union(idx, TT: int, NB: int):
     return blocks
 
 
-def _tile_launch(q, k, idx, sel_block: int):
-    """Grid, block lists and constexprs shared by the forward and the dq kernel."""
+def _tma(k: torch.Tensor, sel_block: int) -> bool:
+    """Whether the kernels load K/V blocks (and dS tiles) through TMA descriptors rather than
+    pointer gathers: TUNE['tma'], a Triton with host descriptors, a GPU with TMA (sm_90 on) or
+    the CPU interpreter, and boxes a descriptor takes (l' and K powers of two from 16 to 256,
+    k 16-byte aligned, int32 coordinates)."""
+    box = lambda x: 16 <= x <= 256 and x & (x - 1) == 0  # noqa: E731
+    K = k.shape[-1]
+    return (TUNE["tma"] and TensorDescriptor is not None and box(K) and box(sel_block)
+            and (not k.is_cuda or torch.cuda.get_device_capability(k.device)[0] >= 9)
+            and k.data_ptr() % 16 == 0 and k.numel() // K < 2**31)
+
+
+def _kv_desc(t: torch.Tensor, sel_block: int):
+    """A descriptor over t [B, Tk, H, K] viewed [B * Tk, H * K], box [l', K]: one KV head's
+    block of l' keys (see _load_block)."""
+    B, Tk, H, K = t.shape
+    return TensorDescriptor.from_tensor(t.view(B * Tk, H * K), [sel_block, K])
+
+
+def _tile_launch(q, k, v, idx, sel_block: int):
+    """Grid, block lists, the K/V operands (descriptors or tensors, see _tma) and constexprs
+    shared by the forward and the dq kernel."""
     meta, n = _meta(q, k, sel_block), idx.shape[-1]
     B, Tq = q.shape[:2]
     NB = triton.cdiv(k.shape[1], sel_block)
@@ -401,12 +443,14 @@ def _tile_launch(q, k, idx, sel_block: int):
     blocks = _tile_union(idx, TT, NB)
     GP = triton.next_power_of_2(meta["G"])
     NU = blocks.shape[-1]
+    tma = _tma(k, sel_block)
     meta.update(GP=GP, TT=TT, ROWS=max(16, TT * GP), N=n, NP=triton.next_power_of_2(n),
-                NU=NU, NUP=triton.next_power_of_2(NU))
+                NU=NU, NUP=triton.next_power_of_2(NU), TMA=tma)
+    kv = (_kv_desc(k, sel_block), _kv_desc(v, sel_block)) if tma else (k, v)
     interpret = q.device.type == "cpu"
     launch = dict(num_warps=4 if interpret else TUNE["fwd_warps"],
                   num_stages=1 if interpret else TUNE["fwd_stages"])
-    return (triton.cdiv(Tq, TT), B * meta["H"]), blocks, meta, launch
+    return (triton.cdiv(Tq, TT), B * meta["H"]), blocks, kv, meta, launch
 
 
 def _sel_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, sel_block: int,
@@ -417,8 +461,8 @@ def _sel_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tenso
     lse = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
     if Tq == 0:
         return o, lse
-    grid, blocks, meta, launch = _tile_launch(q, k, idx, sel_block)
-    _sel_fwd_kernel[grid](q, k, v, idx, blocks, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K), **meta, **launch)
+    grid, blocks, kv, meta, launch = _tile_launch(q, k, v, idx, sel_block)
+    _sel_fwd_kernel[grid](q, *kv, idx, blocks, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K), **meta, **launch)
     return o, lse
 
 
@@ -454,8 +498,8 @@ def _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block: int, q_start: int):
     B, Tq, HQ, K = q.shape
     dq = torch.empty_like(q)
     delta = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
-    grid, blocks, meta, launch = _tile_launch(q, k, idx, sel_block)
-    _sel_bwd_dq_kernel[grid](q, k, v, idx, blocks, o, do, lse, delta, dq, Tq, k.shape[1], q_start,
+    grid, blocks, kv, meta, launch = _tile_launch(q, k, v, idx, sel_block)
+    _sel_bwd_dq_kernel[grid](q, *kv, idx, blocks, o, do, lse, delta, dq, Tq, k.shape[1], q_start,
                              1.0 / math.sqrt(K), **meta, **launch)
     return dq, delta
 
@@ -517,15 +561,20 @@ def _row_delta(o, do):
 
 
 def _sel_dq_from_ds(q, k, idx, ds, sel_block: int):
-    """dq from the dS tiles _dkv_pass kept (one program per token and KV group)."""
+    """dq from the dS tiles _dkv_pass kept (one program per token and KV group). With TMA (see
+    _tma) K's blocks and the dS tiles come through descriptors, the tiles' as [rows, l'] boxes."""
     B, Tq, HQ, K = q.shape
     meta = _meta(q, k, sel_block)
     GP, n = triton.next_power_of_2(meta["G"]), idx.shape[-1]
+    rows, Tk = max(16, GP), k.shape[1]
     dq = torch.empty_like(q)
+    tma = _tma(k, sel_block) and ds.numel() // sel_block < 2**31
+    if tma:
+        k, ds = _kv_desc(k, sel_block), TensorDescriptor.from_tensor(ds.view(-1, sel_block), [rows, sel_block])
     interpret = q.device.type == "cpu"
     _sel_dq_from_ds_kernel[(Tq, B * meta["H"])](
-        k, idx, ds, dq, Tq, k.shape[1], 1.0 / math.sqrt(K), GP=GP, N=n, NP=triton.next_power_of_2(n),
-        ROWS=max(16, GP), **meta, num_warps=4 if interpret else TUNE["fwd_warps"],
+        k, idx, ds, dq, Tq, Tk, 1.0 / math.sqrt(K), GP=GP, N=n,
+        NP=triton.next_power_of_2(n), ROWS=rows, TMA=tma, **meta, num_warps=4 if interpret else TUNE["fwd_warps"],
         num_stages=1 if interpret else TUNE["fwd_stages"])
     return dq
 

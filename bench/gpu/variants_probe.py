@@ -13,7 +13,10 @@
              (query rows per step, warps, stages); the gradients against the first variant's;
   sel-tma    the selected forward and backward with K/V blocks (and dS tiles) gathered by
              pointers or through TMA descriptors (selection.TUNE['tma']), the forward and dq
-             kernels at other (warps, stages); outputs and gradients against the pointer path's.
+             kernels at other (warps, stages); outputs and gradients against the pointer path's;
+  band-tma   the band kernels (window, and the compressed branch on its compressed keys) with
+             their forward and dq key tiles loaded by pointers or through TMA descriptors
+             (band_attention.TMA), the forward also at one stage less.
 
     python3 bench/gpu/variants_probe.py [--shapes 64k 16k] [--parts sel-bwd ds-budget win-tiles sel-dkv]
 
@@ -164,7 +167,9 @@ def sel_dkv(q, k, v, idx, do, LS: int) -> None:
         S.TUNE.update(saved)
 
 
-SEL_TMA = [(False, 4, 2), (True, 4, 2), (True, 4, 3), (True, 8, 2), (True, 8, 3), (True, 4, 4)]  # (tma, warps, stages)
+# (tma, warps, stages of the forward: fwd_stages by pointers, tma_stages through TMA); the first
+# run (344fb95, docs/measurements/2026-11-23-f/tma_344fb95.log) also had 8 warps (1.26-2.2x)
+SEL_TMA = [(False, 4, 2), (True, 4, 3), (True, 4, 2), (True, 4, 4)]
 
 
 def sel_tma(q, k, v, idx, do, LS: int) -> None:
@@ -173,8 +178,9 @@ def sel_tma(q, k, v, idx, do, LS: int) -> None:
     ref = None
     try:
         for tma, warps, stages in SEL_TMA:
-            S.TUNE.update(tma=tma, fwd_warps=warps, fwd_stages=stages)
-            used = "tma" if S._tma(k, LS) else "pointers"
+            S.TUNE.update(tma=tma, fwd_warps=warps, **{"tma_stages" if tma else "fwd_stages": stages})
+            TT = S._tokens_per_tile(q.shape[2] // k.shape[2], idx.shape[-1], -(-k.shape[1] // LS), q.shape[1])
+            used = "tma" if S._tma(k, LS, TT) else "pointers"
             fwd = lambda: S._sel_fwd(q, k, v, idx, LS, 0, False)  # noqa: E731
             tf = timed(f"sel fwd, {used} warps={warps} stages={stages}", fwd, base_f)
             o, lse = fwd()
@@ -190,11 +196,45 @@ def sel_tma(q, k, v, idx, do, LS: int) -> None:
         S.TUNE.update(saved)
 
 
+def band_tma(q, k, v, do, cfg) -> None:
+    """The window, then the compressed branch (L = l, D = d over S/d random compressed keys)."""
+    saved_tma, saved_tiles = dict(BA.TMA), {use: dict(t) for use, t in BA.TILES.items()}
+    i = 0 if q.shape[-1] <= 64 else 1
+    Nc = (q.shape[1] - cfg.cmp_block) // cfg.cmp_stride + 1
+    kc, vc = k[:, :Nc].contiguous(), v[:, :Nc].contiguous()
+    uses = {"win": (k, v, 1, 1, cfg.window, True), "cmp": (kc, vc, cfg.cmp_block, cfg.cmp_stride, 0, False)}
+    try:
+        for use, (kk, vv, L, D, W, window) in uses.items():
+            fwd = lambda: BA._band_fwd(q, kk, vv, 0, L, D, W, window, False)  # noqa: E731
+            base_f = base_b = None
+            ref = None
+            BM, BN, nw, ns = saved_tiles[use]["fwd"][i]
+            for tma, fwd_tiles in ((False, (BM, BN, nw, ns)), (True, (BM, BN, nw, ns)), (True, (BM, BN, nw, ns - 1))):
+                BA.TMA[use] = tma
+                BA.TILES[use]["fwd"] = tuple(fwd_tiles if j == i else c for j, c in enumerate(saved_tiles[use]["fwd"]))
+                how = "tma" if tma else "pointers"
+                tf = timed(f"{use} fwd, {how} {fwd_tiles}", fwd, base_f)
+                o, lse = fwd()
+                bwd = lambda: BA._band_bwd(q, kk, vv, o, lse, do, 0, L, D, W, window, False)  # noqa: E731
+                tb = timed(f"{use} bwd (dq + dkv), {how}", bwd, base_b)
+                base_f, base_b = base_f or tf, base_b or tb
+                outs = [o, *bwd()]
+                ref = ref or outs
+                print("    max abs difference to the first: " + " ".join(
+                    f"{n}={(a.float() - b.float()).abs().max().item():.1e}"
+                    for n, a, b in zip(("o", "dq", "dk", "dv"), outs, ref)), flush=True)
+                BA.TILES[use].update(saved_tiles[use])
+    finally:
+        BA.TMA.update(saved_tma)
+        for use, t in saved_tiles.items():
+            BA.TILES[use].update(t)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["64k", "16k"], choices=sorted(SHAPES))
     ap.add_argument("--parts", nargs="+", default=["sel-bwd", "ds-budget", "win-tiles"],
-                    choices=["sel-bwd", "ds-budget", "win-tiles", "sel-dkv", "sel-tma"])
+                    choices=["sel-bwd", "ds-budget", "win-tiles", "sel-dkv", "sel-tma", "band-tma"])
     args = ap.parse_args()
     if DEV == "cpu":  # the interpreter runs every tile size; keep the dry run to the tiny shape
         WIN_TILES.update({key: [(32, 16, 4, 1)] for key in WIN_TILES})
@@ -228,6 +268,8 @@ def main() -> None:
             del kc, vc, idx
         if "win-tiles" in args.parts:
             win_tiles(q, k, v, do, cfg.window)
+        if "band-tma" in args.parts:
+            band_tma(q, k, v, do, cfg)
         del q, k, v, do
         if DEV == "cuda":
             torch.cuda.empty_cache()

@@ -33,12 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # host-built TMA descriptors (Triton >= 3.4); without them the kernels gather by pointers
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # pragma: no cover - older Triton
-    TensorDescriptor = None
-
 from ._autograd import kernel_op
+from ._tma import kv_desc, kv_tma_ok
 from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
 
 
@@ -128,7 +124,7 @@ def _sel_tile(idx, blocks, Tq, Tk, q_start, H: tl.constexpr, G: tl.constexpr, GP
 def _load_block(t, b, h, j, offs, offk, kload, kmask, Tk, H: tl.constexpr, K: tl.constexpr,
                 LS: tl.constexpr, TMA: tl.constexpr):
     """Block j of t [B, Tk, H, K] (keys or values) for batch b and KV head h, [BS, BK]. TMA: t
-    is a descriptor over t viewed [B * Tk, H * K] with a box of [l', K] (see _kv_desc), so keys
+    is a descriptor over t viewed [B * Tk, H * K] with a box of [l', K] (see kv_desc), so keys
     past the tile's last query or past Tk (the next batch's, or zeros) come in unmasked: the
     callers' visibility masks them. Else the keys not in kload and the lanes past K are zeros."""
     if TMA:
@@ -203,12 +199,11 @@ def _sel_dq_from_ds_kernel(
     k, idx, ds, dq, Tq, Tk, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, ROWS: tl.constexpr,
-    TMA: tl.constexpr,
 ):
     """dq of one token's G heads (TT = 1 grid) from the dS tiles the dk/dv pass kept: the sum
     over its selected blocks of dS @ K, so only K is gathered (not K, V, and the recomputation).
-    TMA: k and ds are descriptors (see _kv_desc, _ds_desc); a dS box of ROWS rows from the
-    token's G takes the next tiles' rows below them, which only reach masked rows of dq."""
+    (Through TMA descriptors, K's blocks and the dS tiles made the whole selected backward
+    0.997x / 0.990x as long at 64k / 16k on one H100, tma_344fb95.log: it gathers by pointers.)"""
     pos, row, rmask, q_off, m2, pos_last, offk, kmask, b, h, ubase, n_valid, mine = _sel_tile(
         idx, idx, Tq, Tk, 0, H, G, GP, K, BK, N, NP, 1, ROWS, N, NP)
     g = tl.arange(0, ROWS) % GP
@@ -217,12 +212,9 @@ def _sel_dq_from_ds_kernel(
     acc = tl.zeros([ROWS, BK], tl.float32)
     for i in range(0, n_valid):
         j = tl.load(ubase + i)
-        kt = _load_block(k, b, h, j, offs, offk, (offs < LS) & (j * LS + offs < Tk), kmask, Tk, H, K, LS, TMA)
-        if TMA:
-            dst = ds.load([((e0 + i) * G).to(tl.int32), 0])
-        else:
-            dst = tl.load(ds + ((e0 + i) * G + g)[:, None] * LS + offs[None, :],
-                          mask=rmask[:, None] & (offs < LS)[None, :], other=0.0)
+        kt = _load_block(k, b, h, j, offs, offk, (offs < LS) & (j * LS + offs < Tk), kmask, Tk, H, K, LS, False)
+        dst = tl.load(ds + ((e0 + i) * G + g)[:, None] * LS + offs[None, :],
+                      mask=rmask[:, None] & (offs < LS)[None, :], other=0.0)
         acc += tl.dot(dst, kt)
     tl.store(dq + q_off, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
 
@@ -368,9 +360,11 @@ def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, 
 #: token tiles of the forward/dq (see _tokens_per_tile): tt > 0 forces TT, else TT =
 #: tt_rows // next_pow2(G) (at most tt_max) when the keys hold at most tt_nb * n blocks, else 1;
 #: dq from the dS tiles of the dk/dv pass (see _ds_path): dq_from_ds, and ds_budget bytes of tiles
-#: at a time (longer inputs are taken a chunk of query tokens at a time, see _ds_chunk)
+#: at a time (longer inputs are taken a chunk of query tokens at a time, see _ds_chunk); K/V blocks
+#: through TMA descriptors at one token a tile (see _tma): tma, and the pipeline's tma_stages
 TUNE = dict(fwd_warps=4, fwd_stages=2, qc=512, dkv_cells=8192, dkv_warps=4, dkv_stages=2,
-            tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_from_ds=True, ds_budget=16 << 30, tma=True)
+            tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_from_ds=True, ds_budget=16 << 30,
+            tma=True, tma_stages=3)
 
 
 def _meta(q, k, sel_block: int):
@@ -414,23 +408,13 @@ def _tile_union(idx, TT: int, NB: int):
     return blocks
 
 
-def _tma(k: torch.Tensor, sel_block: int) -> bool:
-    """Whether the kernels load K/V blocks (and dS tiles) through TMA descriptors rather than
-    pointer gathers: TUNE['tma'], a Triton with host descriptors, a GPU with TMA (sm_90 on) or
-    the CPU interpreter, and boxes a descriptor takes (l' and K powers of two from 16 to 256,
-    k 16-byte aligned, int32 coordinates)."""
-    box = lambda x: 16 <= x <= 256 and x & (x - 1) == 0  # noqa: E731
-    K = k.shape[-1]
-    return (TUNE["tma"] and TensorDescriptor is not None and box(K) and box(sel_block)
-            and (not k.is_cuda or torch.cuda.get_device_capability(k.device)[0] >= 9)
-            and k.data_ptr() % 16 == 0 and k.numel() // K < 2**31)
-
-
-def _kv_desc(t: torch.Tensor, sel_block: int):
-    """A descriptor over t [B, Tk, H, K] viewed [B * Tk, H * K], box [l', K]: one KV head's
-    block of l' keys (see _load_block)."""
-    B, Tk, H, K = t.shape
-    return TensorDescriptor.from_tensor(t.view(B * Tk, H * K), [sel_block, K])
+def _tma(k: torch.Tensor, sel_block: int, TT: int) -> bool:
+    """Whether the forward and dq kernels load K/V blocks through TMA descriptors (see
+    nsa.kernels._tma) rather than pointer gathers: TUNE['tma'], at one token a tile (measured
+    there: on one H100 the forward took 0.935x / 0.896x as long at 64k / 16k with
+    TUNE['tma_stages'] = 3; at TT > 1, 0.845x at 2k but 1.156x at the m7c_125m shape,
+    tma_344fb95.log), where k takes boxes of l' keys."""
+    return TUNE["tma"] and TT == 1 and kv_tma_ok(k, sel_block)
 
 
 def _tile_launch(q, k, v, idx, sel_block: int):
@@ -443,13 +427,13 @@ def _tile_launch(q, k, v, idx, sel_block: int):
     blocks = _tile_union(idx, TT, NB)
     GP = triton.next_power_of_2(meta["G"])
     NU = blocks.shape[-1]
-    tma = _tma(k, sel_block)
+    tma = _tma(k, sel_block, TT)
     meta.update(GP=GP, TT=TT, ROWS=max(16, TT * GP), N=n, NP=triton.next_power_of_2(n),
                 NU=NU, NUP=triton.next_power_of_2(NU), TMA=tma)
-    kv = (_kv_desc(k, sel_block), _kv_desc(v, sel_block)) if tma else (k, v)
+    kv = (kv_desc(k, sel_block), kv_desc(v, sel_block)) if tma else (k, v)
     interpret = q.device.type == "cpu"
     launch = dict(num_warps=4 if interpret else TUNE["fwd_warps"],
-                  num_stages=1 if interpret else TUNE["fwd_stages"])
+                  num_stages=1 if interpret else TUNE["tma_stages" if tma else "fwd_stages"])
     return (triton.cdiv(Tq, TT), B * meta["H"]), blocks, kv, meta, launch
 
 
@@ -561,20 +545,15 @@ def _row_delta(o, do):
 
 
 def _sel_dq_from_ds(q, k, idx, ds, sel_block: int):
-    """dq from the dS tiles _dkv_pass kept (one program per token and KV group). With TMA (see
-    _tma) K's blocks and the dS tiles come through descriptors, the tiles' as [rows, l'] boxes."""
+    """dq from the dS tiles _dkv_pass kept (one program per token and KV group)."""
     B, Tq, HQ, K = q.shape
     meta = _meta(q, k, sel_block)
     GP, n = triton.next_power_of_2(meta["G"]), idx.shape[-1]
-    rows, Tk = max(16, GP), k.shape[1]
     dq = torch.empty_like(q)
-    tma = _tma(k, sel_block) and ds.numel() // sel_block < 2**31
-    if tma:
-        k, ds = _kv_desc(k, sel_block), TensorDescriptor.from_tensor(ds.view(-1, sel_block), [rows, sel_block])
     interpret = q.device.type == "cpu"
     _sel_dq_from_ds_kernel[(Tq, B * meta["H"])](
-        k, idx, ds, dq, Tq, Tk, 1.0 / math.sqrt(K), GP=GP, N=n,
-        NP=triton.next_power_of_2(n), ROWS=rows, TMA=tma, **meta, num_warps=4 if interpret else TUNE["fwd_warps"],
+        k, idx, ds, dq, Tq, k.shape[1], 1.0 / math.sqrt(K), GP=GP, N=n, NP=triton.next_power_of_2(n),
+        ROWS=max(16, GP), **meta, num_warps=4 if interpret else TUNE["fwd_warps"],
         num_stages=1 if interpret else TUNE["fwd_stages"])
     return dq
 

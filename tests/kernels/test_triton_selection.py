@@ -58,14 +58,14 @@ def _random_idx(gen, B, Tq, H, n, ls, q_start):
     return idx
 
 
-def _check_tiles(kdev, monkeypatch, TT, G, T, q_start, H, B=1, seed=0):
+def _check_tiles(kdev, monkeypatch, TT, G, T, q_start, H, B=1, seed=0, sel_block=4, K=16):
     from nsa.attention.kernel_branches import triton_sel_attention
     from nsa.kernels import selection
 
     monkeypatch.setitem(selection.TUNE, "tt", TT)
-    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=4, window=8)
+    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=sel_block, n_selected=4, window=8)
     gen = torch.Generator().manual_seed(seed)
-    K, Tk = 16, q_start + T
+    Tk = q_start + T
     assert selection._tokens_per_tile(G, cfg.n_selected, -(-Tk // cfg.sel_block), T) == min(TT, 1 << (T - 1).bit_length())
     q = rnd(gen, B, T, H * G, K, device=kdev).requires_grad_()
     k = rnd(gen, B, Tk, H, K, device=kdev).requires_grad_()
@@ -99,6 +99,22 @@ def test_selection_dq_kernel_at_one_token_a_tile(kdev, monkeypatch):
     monkeypatch.setitem(selection.TUNE, "dq_from_ds", False)
     assert not selection._ds_path(torch.empty(1, 23, 6, 16), torch.empty(1, 23, 2, 16), 4, 4)
     _check_tiles(kdev, monkeypatch, 1, G=3, T=23, q_start=5, H=2, B=2, seed=3)
+
+
+@pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
+@pytest.mark.parametrize("G,K", [(3, 16), (16, 32)], ids=["G3K16", "G16K32"])
+def test_selection_tma_gathers(kdev, monkeypatch, tma, G, K):
+    """One token a tile with blocks of l' = 16 keys: K/V blocks through TMA descriptors (boxes of
+    [l', K]; a block past Tk or the tile's last query comes in unmasked, the next batch's keys or
+    zeros, and must stay invisible) or by pointers; 45 tokens after 6 cached keys, two batches."""
+    from nsa.kernels import _tma, selection
+
+    monkeypatch.setitem(selection.TUNE, "tma", tma)
+    assert selection._tma(torch.empty(2, 51, 2, K, device=kdev), 16, 1) == (tma and _tma.TensorDescriptor is not None)
+    assert not selection._tma(torch.empty(2, 51, 2, K, device=kdev), 16, 2)
+    assert not selection._tma(torch.empty(2, 51, 2, 24, device=kdev), 16, 1)  # no power of two
+    _check_tiles(kdev, monkeypatch, 1, G=G, T=45, q_start=6, H=2 if G < 16 else 1, B=2, seed=G + K,
+                 sel_block=16, K=K)
 
 
 @pytest.mark.parametrize("B", [1, 2], ids=["B1", "B2"])

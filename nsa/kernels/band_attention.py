@@ -335,8 +335,12 @@ TILES = {
 
 
 #: whether the forward and dq kernels read their key tiles through TMA descriptors (see
-#: nsa.kernels._tma), by use
-TMA = {"cmp": True, "win": True}
+#: nsa.kernels._tma), by use. On one H100 (docs/measurements/2026-11-23-f/tma_3f671dd.log, ratio
+#: to pointers, fwd / dq + dk/dv): the window 0.957 / 0.968 at 64k, 0.956 / 0.992 at the
+#: m7c_125m shape (K=64), within run-to-run noise at 16k and 2k; the compressed branch (its band
+#: kernel runs below 16k query tokens, cuDNN above) 0.983 / 0.962 at 16k but 1.98 / 2.47 at the
+#: m7c_125m shape, so it loads by pointers.
+TMA = {"cmp": False, "win": True}
 
 
 def _kv(k: torch.Tensor, v: torch.Tensor, BN: int, window: bool):

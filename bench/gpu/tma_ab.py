@@ -1,7 +1,9 @@
 """Probe: the whole NSA core (bench/bench_nsa.py's 'auto' routes, random inputs), fwd+bwd, with
-the TMA loads of this commit (selection.TUNE['tma'], band_attention.TMA['win']) off and on,
-alternated A B A B in one run, so that the shapes bound by the host (2k, m7c_125m) show whether
-the descriptors cost host time and the long ones what TMA buys the whole core.
+the selected branch's TMA loads (selection.TUNE['tma']) off and on, alternated A B A B in one
+run, so that the shapes bound by the host (2k, m7c_125m) show whether the descriptors cost host
+time and the long ones what TMA buys the whole core. Its first run (commit a43e337,
+docs/measurements/2026-11-23-f/tma_ab_a43e337.log) also switched the window's band kernels,
+whose TMA loads were removed after it.
 
     python3 bench/gpu/tma_ab.py [--shapes 2k m7c_125m 16k 64k] [--rounds 2]
 
@@ -20,13 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import bench_nsa as BN  # noqa: E402
 from nsa.attention.config import NSAConfig  # noqa: E402
-from nsa.kernels import band_attention as BA  # noqa: E402
 from nsa.kernels import selection as S  # noqa: E402
-
-
-def _set(on: bool) -> None:
-    S.TUNE["tma"] = on
-    BA.TMA["win"] = on
 
 
 def main() -> None:
@@ -35,7 +31,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     cfg = NSAConfig()
-    saved = S.TUNE["tma"], BA.TMA["win"]
+    saved = S.TUNE["tma"]
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     try:
         for name in args.shapes:
@@ -46,7 +42,7 @@ def main() -> None:
             res = {False: [], True: []}
             for r in range(args.rounds):
                 for on in (False, True):
-                    _set(on)
+                    S.TUNE["tma"] = on
                     gpu, host = BN._bench(step), BN._host_ms(step)
                     res[on].append(gpu)
                     print(f"  {name:9} round {r} tma={'on ' if on else 'off'}  {gpu:8.3f} ms  host {host:6.3f} ms",
@@ -56,7 +52,7 @@ def main() -> None:
             x = None
             torch.cuda.empty_cache()
     finally:
-        S.TUNE["tma"], BA.TMA["win"] = saved
+        S.TUNE["tma"] = saved
 
 
 if __name__ == "__main__":

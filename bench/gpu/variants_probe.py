@@ -13,10 +13,7 @@
              (query rows per step, warps, stages); the gradients against the first variant's;
   sel-tma    the selected forward and backward with K/V blocks (and dS tiles) gathered by
              pointers or through TMA descriptors (selection.TUNE['tma']), the forward and dq
-             kernels at other (warps, stages); outputs and gradients against the pointer path's;
-  band-tma   the band kernels (window, and the compressed branch on its compressed keys) with
-             their forward and dq key tiles loaded by pointers or through TMA descriptors
-             (band_attention.TMA), the forward also at one stage less.
+             kernels at other (warps, stages); outputs and gradients against the pointer path's.
 
     python3 bench/gpu/variants_probe.py [--shapes 64k 16k] [--parts sel-bwd ds-budget win-tiles sel-dkv]
 
@@ -35,6 +32,11 @@ band-offsets (commit d198f62, docs/measurements/2026-11-23-e/band_offsets_d198f6
 band forward and dq kernels with their key-tile offsets as an int64 base plus int32 offsets
 (fewer spills in an sm_90 compile: 384 against 1372 bytes for the window's dq kernel): the
 window within 1-2% either way, the compressed branch's band forward 1.15-1.18x slower; removed.
+A part band-tma (commit 3f671dd, docs/measurements/2026-11-23-f/tma_3f671dd.log) timed the band
+kernels' forward and dq key tiles through TMA descriptors: the window 0.957x / 0.968x (fwd /
+bwd) at 64k, no gain at 16k and 2k; the compressed branch's band kernel 1.98x / 2.47x slower at
+the m7c_125m shape; and tma_ab.py put about 0.6 ms more host time on a step with the
+descriptors: removed.
 """
 from __future__ import annotations
 
@@ -196,45 +198,11 @@ def sel_tma(q, k, v, idx, do, LS: int) -> None:
         S.TUNE.update(saved)
 
 
-def band_tma(q, k, v, do, cfg) -> None:
-    """The window, then the compressed branch (L = l, D = d over S/d random compressed keys)."""
-    saved_tma, saved_tiles = dict(BA.TMA), {use: dict(t) for use, t in BA.TILES.items()}
-    i = 0 if q.shape[-1] <= 64 else 1
-    Nc = (q.shape[1] - cfg.cmp_block) // cfg.cmp_stride + 1
-    kc, vc = k[:, :Nc].contiguous(), v[:, :Nc].contiguous()
-    uses = {"win": (k, v, 1, 1, cfg.window, True), "cmp": (kc, vc, cfg.cmp_block, cfg.cmp_stride, 0, False)}
-    try:
-        for use, (kk, vv, L, D, W, window) in uses.items():
-            fwd = lambda: BA._band_fwd(q, kk, vv, 0, L, D, W, window, False)  # noqa: E731
-            base_f = base_b = None
-            ref = None
-            BM, BN, nw, ns = saved_tiles[use]["fwd"][i]
-            for tma, fwd_tiles in ((False, (BM, BN, nw, ns)), (True, (BM, BN, nw, ns)), (True, (BM, BN, nw, ns - 1))):
-                BA.TMA[use] = tma
-                BA.TILES[use]["fwd"] = tuple(fwd_tiles if j == i else c for j, c in enumerate(saved_tiles[use]["fwd"]))
-                how = "tma" if tma else "pointers"
-                tf = timed(f"{use} fwd, {how} {fwd_tiles}", fwd, base_f)
-                o, lse = fwd()
-                bwd = lambda: BA._band_bwd(q, kk, vv, o, lse, do, 0, L, D, W, window, False)  # noqa: E731
-                tb = timed(f"{use} bwd (dq + dkv), {how}", bwd, base_b)
-                base_f, base_b = base_f or tf, base_b or tb
-                outs = [o, *bwd()]
-                ref = ref or outs
-                print("    max abs difference to the first: " + " ".join(
-                    f"{n}={(a.float() - b.float()).abs().max().item():.1e}"
-                    for n, a, b in zip(("o", "dq", "dk", "dv"), outs, ref)), flush=True)
-                BA.TILES[use].update(saved_tiles[use])
-    finally:
-        BA.TMA.update(saved_tma)
-        for use, t in saved_tiles.items():
-            BA.TILES[use].update(t)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["64k", "16k"], choices=sorted(SHAPES))
     ap.add_argument("--parts", nargs="+", default=["sel-bwd", "ds-budget", "win-tiles"],
-                    choices=["sel-bwd", "ds-budget", "win-tiles", "sel-dkv", "sel-tma", "band-tma"])
+                    choices=["sel-bwd", "ds-budget", "win-tiles", "sel-dkv", "sel-tma"])
     args = ap.parse_args()
     if DEV == "cpu":  # the interpreter runs every tile size; keep the dry run to the tiny shape
         WIN_TILES.update({key: [(32, 16, 4, 1)] for key in WIN_TILES})
@@ -268,8 +236,6 @@ def main() -> None:
             del kc, vc, idx
         if "win-tiles" in args.parts:
             win_tiles(q, k, v, do, cfg.window)
-        if "band-tma" in args.parts:
-            band_tma(q, k, v, do, cfg)
         del q, k, v, do
         if DEV == "cuda":
             torch.cuda.empty_cache()

@@ -25,7 +25,6 @@ import triton
 import triton.language as tl
 
 from ._autograd import kernel_op
-from ._tma import kv_desc, kv_tma_ok
 from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
 
 
@@ -62,14 +61,13 @@ def _row_block_segments(pid_m, Tq, Tk, q_start, G: tl.constexpr, L: tl.constexpr
 @triton.jit
 def _row_block(k, v, Tq, Tk, q_start, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, L: tl.constexpr,
                D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-               BK: tl.constexpr, TMA: tl.constexpr):
+               BK: tl.constexpr):
     """What the forward and the dq kernel share: the program's BM query rows (grid: row blocks,
     B * H). Returns where its rows are in q/o/do/dq: the offset of the block's first row
     (qb) and each row's offset from it (row_off, [BM]; add the head-dim lanes for the tile),
     and the tile's mask; the offsets of its rows in lse/delta and their mask; k and v at its
-    KV head (TMA: the descriptors, see _kv_desc) and the row and column of its keys in their
-    [B * Tk, H * K] view; the head-dim lanes; each row's visible key interval [lo, hi]; and the
-    key segments of _row_block_segments. (The forward addresses its tile as q + qb + row_off + lanes,
+    KV head; the head-dim lanes; each row's visible key interval [lo, hi]; and the key
+    segments of _row_block_segments. (The forward addresses its tile as q + qb + row_off + lanes,
     pointer first: forming qb + row_off first doubled its register spills on sm_90.)"""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -85,49 +83,37 @@ def _row_block(k, v, Tq, Tk, q_start, H: tl.constexpr, G: tl.constexpr, K: tl.co
     qb = (b.to(tl.int64) * Tq * HQ + h * G) * K
     row_off = (t * HQ + g).to(tl.int64) * K
     l_off = b.to(tl.int64) * Tq * HQ + h * G + t * HQ + g
-    if TMA:
-        k_src, v_src = k, v
-    else:
-        kv_base = (b.to(tl.int64) * Tk * H + h) * K
-        k_src, v_src = k + kv_base, v + kv_base
+    kv_base = (b.to(tl.int64) * Tk * H + h) * K
     lo, hi = _hi_lo(q_start + t, Tk, L, D, W, WINDOW)
     start, whole_lo, whole_hi, end = _row_block_segments(pid_m, Tq, Tk, q_start, G, L, D, W, WINDOW, BM, BN)
-    return (qb, row_off, rmask[:, None] & kmask[None, :], l_off, rmask, k_src, v_src, b * Tk, h * K, offk, kmask,
-            lo, hi, start, whole_lo, whole_hi, end)
+    return (qb, row_off, rmask[:, None] & kmask[None, :], l_off, rmask, k + kv_base, v + kv_base, offk, kmask, lo, hi,
+            start, whole_lo, whole_hi, end)
 
 
 @triton.jit
-def _key_tile(k_src, v_src, kv_row, kv_col, n0, end, lo, hi, offk, kmask, H: tl.constexpr, K: tl.constexpr,
-              BN: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr):
-    """The BN keys and values from n0 and, MASK, the rows' visibility of them [BM, BN]
-    (unmasked: every row sees every key of the tile, returned as True). k_src, v_src: k and v
-    at the KV head, or (TMA) descriptors read at row kv_row + n0, column kv_col; keys past
-    `end` then come in unmasked (the next batch's, or zeros), only in masked tiles, where no row
-    sees them."""
+def _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr,
+              MASK: tl.constexpr):
+    """The BN keys and values from n0 (k_base, v_base: k and v at the KV head) and, MASK, the
+    rows' visibility of them [BM, BN] (unmasked: every row sees every key of the tile, returned
+    as True)."""
     cols = n0 + tl.arange(0, BN)
+    kv_off = cols.to(tl.int64)[:, None] * (H * K) + offk[None, :]
     if MASK:
+        lm = (cols < end)[:, None] & kmask[None, :]
         vis = (cols[None, :] <= hi[:, None]) & (cols[None, :] >= lo[:, None])
     else:
+        lm = kmask[None, :]
         vis = True
-    if TMA:
-        kt = k_src.load([kv_row + n0, kv_col])
-        vt = v_src.load([kv_row + n0, kv_col])
-    else:
-        kv_off = cols.to(tl.int64)[:, None] * (H * K) + offk[None, :]
-        if MASK:
-            lm = (cols < end)[:, None] & kmask[None, :]
-        else:
-            lm = kmask[None, :]
-        kt = tl.load(k_src + kv_off, mask=lm, other=0.0)
-        vt = tl.load(v_src + kv_off, mask=lm, other=0.0)
+    kt = tl.load(k_base + kv_off, mask=lm, other=0.0)
+    vt = tl.load(v_base + kv_off, mask=lm, other=0.0)
     return kt, vt, vis
 
 
 @triton.jit
-def _fwd_tile(acc, m_i, l_i, qt, k_src, v_src, kv_row, kv_col, n0, end, lo, hi, qk_scale, offk, kmask,
-              H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr):
+def _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+              H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr):
     """One key tile of the forward's online softmax; MASK: apply the rows' visibility."""
-    kt, vt, vis = _key_tile(k_src, v_src, kv_row, kv_col, n0, end, lo, hi, offk, kmask, H, K, BN, MASK, TMA)
+    kt, vt, vis = _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H, K, BN, MASK)
     s = tl.dot(qt, tl.trans(kt)) * qk_scale
     if MASK:
         s = tl.where(vis, s, float("-inf"))
@@ -139,10 +125,10 @@ def _band_fwd_kernel(
     q, k, v, o, lse, Tq, Tk, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
-    qb, row_off, m2, l_off, rmask, k_src, v_src, kv_row, kv_col, offk, kmask, lo, hi, start, whole_lo, whole_hi, \
-        end = _row_block(k, v, Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK, TMA)
+    qb, row_off, m2, l_off, rmask, k_base, v_base, offk, kmask, lo, hi, start, whole_lo, whole_hi, end = \
+        _row_block(k, v, Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK)
     qt = tl.load(q + qb + row_off[:, None] + offk[None, :], mask=m2, other=0.0)
     qk_scale = sm_scale * LOG2E
     m_i = tl.full([BM], float("-inf"), tl.float32)
@@ -150,25 +136,25 @@ def _band_fwd_kernel(
     acc = tl.zeros([BM, BK], tl.float32)
     # unmasked tiles first: every row then has a finite maximum before the masked edges
     for n0 in range(whole_lo, whole_hi, BN):
-        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_src, v_src, kv_row, kv_col, n0, end, lo, hi, qk_scale,
-                                  offk, kmask, H, K, BN, False, TMA)
+        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+                                  H, K, BN, False)
     for n0 in range(start, whole_lo, BN):
-        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_src, v_src, kv_row, kv_col, n0, end, lo, hi, qk_scale,
-                                  offk, kmask, H, K, BN, True, TMA)
+        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+                                  H, K, BN, True)
     for n0 in range(whole_hi, end, BN):
-        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_src, v_src, kv_row, kv_col, n0, end, lo, hi, qk_scale,
-                                  offk, kmask, H, K, BN, True, TMA)
+        acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+                                  H, K, BN, True)
     out, lse_row = finish(acc, m_i, l_i)
     tl.store(o + qb + row_off[:, None] + offk[None, :], out.to(o.dtype.element_ty), mask=m2)
     tl.store(lse + l_off, lse_row, mask=rmask)
 
 
 @triton.jit
-def _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_src, v_src, kv_row, kv_col, n0, end, lo, hi, qk_scale, offk,
-             kmask, H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr):
+def _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+             H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr):
     """One key tile of dq; MASK: apply the rows' visibility. Unmasked, the rows past Tq (zero
     do and delta) add nothing."""
-    kt, vt, vis = _key_tile(k_src, v_src, kv_row, kv_col, n0, end, lo, hi, offk, kmask, H, K, BN, MASK, TMA)
+    kt, vt, vis = _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H, K, BN, MASK)
     s = tl.dot(qt, tl.trans(kt)) * qk_scale
     if MASK:
         p = tl.where(vis & rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
@@ -183,24 +169,24 @@ def _band_bwd_dq_kernel(
     q, k, v, o, do, lse, delta, dq, Tq, Tk, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, TMA: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
-    qb, row_off, m2, l_off, rmask, k_src, v_src, kv_row, kv_col, offk, kmask, lo, hi, start, whole_lo, whole_hi, \
-        end = _row_block(k, v, Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK, TMA)
+    qb, row_off, m2, l_off, rmask, k_base, v_base, offk, kmask, lo, hi, start, whole_lo, whole_hi, end = \
+        _row_block(k, v, Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK)
     q_off = qb + row_off[:, None] + offk[None, :]
     qt = tl.load(q + q_off, mask=m2, other=0.0)
     dot_, dl, lse2 = dq_rows(do, o, lse, delta, q_off, m2, l_off, rmask)
     qk_scale = sm_scale * LOG2E
     acc = tl.zeros([BM, BK], tl.float32)
     for n0 in range(whole_lo, whole_hi, BN):
-        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_src, v_src, kv_row, kv_col, n0, end, lo, hi, qk_scale,
-                       offk, kmask, H, K, BN, False, TMA)
+        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+                       H, K, BN, False)
     for n0 in range(start, whole_lo, BN):
-        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_src, v_src, kv_row, kv_col, n0, end, lo, hi, qk_scale,
-                       offk, kmask, H, K, BN, True, TMA)
+        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+                       H, K, BN, True)
     for n0 in range(whole_hi, end, BN):
-        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_src, v_src, kv_row, kv_col, n0, end, lo, hi, qk_scale,
-                       offk, kmask, H, K, BN, True, TMA)
+        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+                       H, K, BN, True)
     tl.store(dq + q_off, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
 
 
@@ -334,23 +320,6 @@ TILES = {
 }
 
 
-#: whether the forward and dq kernels read their key tiles through TMA descriptors (see
-#: nsa.kernels._tma), by use. On one H100 (docs/measurements/2026-11-23-f/tma_3f671dd.log, ratio
-#: to pointers, fwd / dq + dk/dv): the window 0.957 / 0.968 at 64k, 0.956 / 0.992 at the
-#: m7c_125m shape (K=64), within run-to-run noise at 16k and 2k; the compressed branch (its band
-#: kernel runs below 16k query tokens, cuDNN above) 0.983 / 0.962 at 16k but 1.98 / 2.47 at the
-#: m7c_125m shape, so it loads by pointers.
-TMA = {"cmp": False, "win": True}
-
-
-def _kv(k: torch.Tensor, v: torch.Tensor, BN: int, window: bool):
-    """The forward's and dq kernel's K/V operands for key tiles of BN: descriptors (TMA[use] and
-    k takes the boxes) or the tensors; and whether they are descriptors."""
-    if TMA["win" if window else "cmp"] and kv_tma_ok(k, BN):
-        return kv_desc(k, BN), kv_desc(v, BN), True
-    return k, v, False
-
-
 def _configs(K: int, interpret: bool, window: bool):
     """Tile sizes and warps per kernel: (fwd BM, BN, warps, stages), (dq ...), (dkv ...)."""
     if interpret:
@@ -387,10 +356,9 @@ def _band_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, L
     (BM, BN, nw, ns), _, _ = _configs(K, _is_interpret(q), window)
     BK = max(16, triton.next_power_of_2(K))
     grid = (triton.cdiv(Tq * G, BM), B * H)
-    k_src, v_src, tma = _kv(k, v, BN, window)
     _band_fwd_kernel[grid](
-        q, k_src, v_src, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K),
-        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM, BN=BN, BK=BK, TMA=tma,
+        q, k, v, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K),
+        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM, BN=BN, BK=BK,
         num_warps=nw, num_stages=ns,
     )
     return o, lse
@@ -423,10 +391,9 @@ def _band_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor
     _, (BM, BN, nw, ns), (BM2, BN2, nw2, ns2) = _configs(K, _is_interpret(q), window)
     BK = max(16, triton.next_power_of_2(K))
     sm = 1.0 / math.sqrt(K)
-    k_src, v_src, tma = _kv(k, v, BN, window)
     _band_bwd_dq_kernel[(triton.cdiv(Tq * G, BM), B * H)](
-        q, k_src, v_src, o, do, lse, delta, dq, Tq, Tk, q_start, sm,
-        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM, BN=BN, BK=BK, TMA=tma,
+        q, k, v, o, do, lse, delta, dq, Tq, Tk, q_start, sm,
+        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM, BN=BN, BK=BK,
         num_warps=nw, num_stages=ns,
     )
     tiles = triton.cdiv(Tk, BN2) * B * H

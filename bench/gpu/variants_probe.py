@@ -11,9 +11,9 @@
              varied at a time from the defaults;
   sel-dkv    the selected branch's backward with its (key-major) dk/dv kernel at other
              (query rows per step, warps, stages); the gradients against the first variant's;
-  sel-tma    the selected forward and backward with K/V blocks gathered by pointers or through
-             TMA descriptors (selection.TUNE['tma']), one or two tokens a forward program
-             (TUNE['pair']), at other (warps, stages); outputs and gradients against the first's.
+  sel-tma    the selected forward and backward with K/V blocks (and dS tiles) gathered by
+             pointers or through TMA descriptors (selection.TUNE['tma']), the forward and dq
+             kernels at other (warps, stages); outputs and gradients against the pointer path's.
 
     python3 bench/gpu/variants_probe.py [--shapes 64k 16k] [--parts sel-bwd ds-budget win-tiles sel-dkv]
 
@@ -169,10 +169,9 @@ def sel_dkv(q, k, v, idx, do, LS: int) -> None:
         S.TUNE.update(saved)
 
 
-# (tma, pair, warps, stages of the forward: fwd_stages by pointers, tma_stages through TMA); the
-# first run (344fb95, docs/measurements/2026-11-23-f/tma_344fb95.log) also had 8 warps (1.26-2.2x)
-SEL_TMA = [(False, False, 4, 2), (True, False, 4, 3), (True, True, 4, 3), (True, True, 4, 2), (False, True, 4, 2),
-           (True, True, 8, 3)]
+# (tma, warps, stages of the forward: fwd_stages by pointers, tma_stages through TMA); the first
+# run (344fb95, docs/measurements/2026-11-23-f/tma_344fb95.log) also had 8 warps (1.26-2.2x)
+SEL_TMA = [(False, 4, 2), (True, 4, 3), (True, 4, 2), (True, 4, 4)]
 
 
 def sel_tma(q, k, v, idx, do, LS: int) -> None:
@@ -180,10 +179,10 @@ def sel_tma(q, k, v, idx, do, LS: int) -> None:
     base_f = base_b = None
     ref = None
     try:
-        for tma, pair, warps, stages in SEL_TMA:
-            S.TUNE.update(tma=tma, pair=pair, fwd_warps=warps, **{"tma_stages" if tma else "fwd_stages": stages})
+        for tma, warps, stages in SEL_TMA:
+            S.TUNE.update(tma=tma, fwd_warps=warps, **{"tma_stages" if tma else "fwd_stages": stages})
             TT = S._tokens_per_tile(q.shape[2] // k.shape[2], idx.shape[-1], -(-k.shape[1] // LS), q.shape[1])
-            used = ("tma" if S._tma(k, LS, TT) else "pointers") + (", pairs" if pair and TT == 1 else "")
+            used = "tma" if S._tma(k, LS, TT) else "pointers"
             fwd = lambda: S._sel_fwd(q, k, v, idx, LS, 0, False)  # noqa: E731
             tf = timed(f"sel fwd, {used} warps={warps} stages={stages}", fwd, base_f)
             o, lse = fwd()
@@ -208,7 +207,7 @@ def main() -> None:
     if DEV == "cpu":  # the interpreter runs every tile size; keep the dry run to the tiny shape
         WIN_TILES.update({key: [(32, 16, 4, 1)] for key in WIN_TILES})
         SEL_DKV[:] = SEL_DKV[:2]
-        SEL_TMA[:] = SEL_TMA[:3]
+        SEL_TMA[:] = SEL_TMA[:2]
     cfg = NSAConfig()
     print(f"{torch.cuda.get_device_name() if DEV == 'cuda' else 'cpu (dry run)'}, torch {torch.__version__}, "
           f"triton {triton.__version__}", flush=True)

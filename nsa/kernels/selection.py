@@ -172,112 +172,6 @@ def _sel_fwd_kernel(
 
 
 @triton.jit
-def _pair_token(q, idx, b, h, t, Tq, q_start, offk, kmask, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
-                N: tl.constexpr, NP: tl.constexpr, ROWS: tl.constexpr):
-    """One token of a pair program (see _sel_fwd_pair_kernel): its G query rows (offsets in
-    lse, mask, [ROWS, BK] tile offsets and mask), the tile itself, its position, where its idx
-    row starts, and that row [NP] (-1 padded, all -1 past Tq)."""
-    r = tl.arange(0, ROWS)
-    rmask = (r < G) & (r * 0 + t < Tq)
-    row = (b.to(tl.int64) * Tq + t) * (H * G) + h * G + r
-    q_off = row[:, None] * K + offk[None, :]
-    m2 = rmask[:, None] & kmask[None, :]
-    ibase = idx + ((b.to(tl.int64) * Tq + t) * H + h) * N
-    offn = tl.arange(0, NP)
-    lst = tl.load(ibase + offn, mask=(offn < N) & (offn * 0 + t < Tq), other=-1)
-    return row, rmask, q_off, m2, tl.load(q + q_off, mask=m2, other=0.0), q_start + t, ibase, lst
-
-
-@triton.jit
-def _pair_shared_step(acc, m_i, l_i, qt, kt, vt, kpos, kload, pos, lst, c, qk_scale):
-    """One of the pair's shared blocks c for one token: visible where the token selected c,
-    causally, inside Tk."""
-    vis = kload[None, :] & (kpos[None, :] <= pos) & (tl.sum((lst == c).to(tl.int32), 0) > 0)
-    s = tl.where(vis, tl.dot(qt, tl.trans(kt)) * qk_scale, float("-inf"))
-    return online_step(acc, m_i, l_i, s, vt, True)
-
-
-@triton.jit
-def _pair_own_blocks(acc, m_i, l_i, qt, k, v, b, h, ibase, lst, jt, offs, offk, kmask, Tk, qk_scale,
-                     H: tl.constexpr, K: tl.constexpr, LS: tl.constexpr, BS: tl.constexpr, TMA: tl.constexpr):
-    """A token's own blocks: its idx entries from 1 to jt - 2 (jt: the block holding the pair's
-    first token), after block 0 in the ascending row and before the shared ones; all keys of
-    such a block precede the token, so only the lanes past l' (BS > l') are masked."""
-    start = tl.sum((lst == 0).to(tl.int32), 0)
-    count = tl.sum(((lst >= 1) & (lst <= jt - 2)).to(tl.int32), 0)
-    for i in range(start, start + count):
-        j = tl.load(ibase + i)
-        kt = _load_block(k, b, h, j, offs, offk, offs < LS, kmask, Tk, H, K, LS, TMA)
-        vt = _load_block(v, b, h, j, offs, offk, offs < LS, kmask, Tk, H, K, LS, TMA)
-        sc = tl.dot(qt, tl.trans(kt)) * qk_scale
-        if BS > LS:
-            sc = tl.where((offs < LS)[None, :], sc, float("-inf"))
-        acc, m_i, l_i = online_step(acc, m_i, l_i, sc, vt, False)
-    return acc, m_i, l_i
-
-
-@triton.jit
-def _sel_fwd_pair_kernel(
-    q, k, v, idx, o, lse, Tq, Tk, q_start, sm_scale,
-    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, LS: tl.constexpr, BS: tl.constexpr,
-    N: tl.constexpr, NP: tl.constexpr, ROWS: tl.constexpr, TMA: tl.constexpr,
-):
-    """The forward at long contexts, two consecutive tokens a program (grid: ceil(Tq / 2),
-    B * H), each with its own G rows and online softmax. The blocks every token is forced to
-    select (block 0, the one holding it and the one before, topk.py) are nearly the same for
-    both: the pair's candidates 0, jt - 1, jt and jt' (jt, jt': the blocks holding its tokens),
-    those either token selected, are each loaded once for both (phase 1, visibility per token);
-    then each token's other blocks, 1 .. jt - 2 (phase 2, unmasked). So a pair pulls about
-    3 + 2 * 13 blocks of K and V from L2 instead of 2 * 16 at n = 16 (the forward is bound by
-    those bytes, docs/performance.md, ninth set). Entries past jt' (not causal) add nothing, as
-    in the one-token kernel."""
-    t0 = tl.program_id(0) * 2
-    b = tl.program_id(1) // H
-    h = tl.program_id(1) % H
-    offk = tl.arange(0, BK)
-    kmask = offk < K
-    offs = tl.arange(0, BS)
-    row0, rmask0, q_off0, m20, q0, pos0, ibase0, lst0 = _pair_token(q, idx, b, h, t0, Tq, q_start, offk, kmask,
-                                                                    H, G, K, N, NP, ROWS)
-    row1, rmask1, q_off1, m21, q1, pos1, ibase1, lst1 = _pair_token(q, idx, b, h, t0 + 1, Tq, q_start, offk,
-                                                                    kmask, H, G, K, N, NP, ROWS)
-    jt = pos0 // LS
-    jt1 = tl.where(t0 + 1 < Tq, pos1 // LS, jt)
-    # the shared candidates, each once (0; jt - 1 and jt above it; jt1 past jt), kept where
-    # either token selected them, sorted so that the kept come first
-    s4 = tl.arange(0, 4)
-    cand = tl.where(s4 == 0, 0, tl.where(s4 == 1, jt - 1, tl.where(s4 == 2, jt, jt1)))
-    distinct = (s4 == 0) | ((s4 == 1) & (jt >= 2)) | ((s4 == 2) & (jt >= 1)) | ((s4 == 3) & (jt1 > jt))
-    chosen = (tl.sum((lst0[None, :] == cand[:, None]).to(tl.int32), 1)
-              + tl.sum((lst1[None, :] == cand[:, None]).to(tl.int32), 1)) > 0
-    shared = tl.sort(tl.where(distinct & chosen, cand, -1), descending=True)
-    n_shared = tl.sum((shared >= 0).to(tl.int32), 0)
-    qk_scale = sm_scale * LOG2E
-    m0 = tl.full([ROWS], float("-inf"), tl.float32)
-    l0 = tl.zeros([ROWS], tl.float32)
-    acc0 = tl.zeros([ROWS, BK], tl.float32)
-    m1, l1, acc1 = m0, l0, acc0
-    for i in range(0, n_shared):
-        c = tl.sum(tl.where(s4 == i, shared, 0), 0)
-        kpos = c * LS + offs
-        kload = (offs < LS) & (kpos < Tk)
-        kt = _load_block(k, b, h, c, offs, offk, kload, kmask, Tk, H, K, LS, TMA)
-        vt = _load_block(v, b, h, c, offs, offk, kload, kmask, Tk, H, K, LS, TMA)
-        acc0, m0, l0 = _pair_shared_step(acc0, m0, l0, q0, kt, vt, kpos, kload, pos0, lst0, c, qk_scale)
-        acc1, m1, l1 = _pair_shared_step(acc1, m1, l1, q1, kt, vt, kpos, kload, pos1, lst1, c, qk_scale)
-    acc0, m0, l0 = _pair_own_blocks(acc0, m0, l0, q0, k, v, b, h, ibase0, lst0, jt, offs, offk, kmask, Tk,
-                                    qk_scale, H, K, LS, BS, TMA)
-    acc1, m1, l1 = _pair_own_blocks(acc1, m1, l1, q1, k, v, b, h, ibase1, lst1, jt, offs, offk, kmask, Tk,
-                                    qk_scale, H, K, LS, BS, TMA)
-    out0, lse0 = finish(acc0, m0, l0)
-    tl.store(o + q_off0, out0.to(o.dtype.element_ty), mask=m20)
-    tl.store(lse + row0, lse0, mask=rmask0)
-    out1, lse1 = finish(acc1, m1, l1)
-    tl.store(o + q_off1, out1.to(o.dtype.element_ty), mask=m21)
-    tl.store(lse + row1, lse1, mask=rmask1)
-
-
-@triton.jit
 def _sel_bwd_dq_kernel(
     q, k, v, idx, blocks, o, do, lse, delta, dq, Tq, Tk, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
@@ -470,7 +364,7 @@ def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, 
 #: through TMA descriptors at one token a tile (see _tma): tma, and the pipeline's tma_stages
 TUNE = dict(fwd_warps=4, fwd_stages=2, qc=512, dkv_cells=8192, dkv_warps=4, dkv_stages=2,
             tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_from_ds=True, ds_budget=16 << 30,
-            tma=True, tma_stages=3, pair=True)
+            tma=True, tma_stages=3)
 
 
 def _meta(q, k, sel_block: int):
@@ -552,12 +446,7 @@ def _sel_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tenso
     if Tq == 0:
         return o, lse
     grid, blocks, kv, meta, launch = _tile_launch(q, k, v, idx, sel_block)
-    if meta["TT"] == 1 and TUNE["pair"]:  # long contexts: two tokens a program, sharing their forced blocks
-        _sel_fwd_pair_kernel[(triton.cdiv(Tq, 2), grid[1])](
-            q, *kv, idx, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K), H=meta["H"], G=meta["G"], K=K, BK=meta["BK"],
-            LS=sel_block, BS=meta["BS"], N=meta["N"], NP=meta["NP"], ROWS=meta["ROWS"], TMA=meta["TMA"], **launch)
-    else:
-        _sel_fwd_kernel[grid](q, *kv, idx, blocks, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K), **meta, **launch)
+    _sel_fwd_kernel[grid](q, *kv, idx, blocks, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K), **meta, **launch)
     return o, lse
 
 

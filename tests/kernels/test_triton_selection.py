@@ -91,18 +91,6 @@ def test_selection_token_tiles_decode(kdev, monkeypatch, TT):
     _check_tiles(kdev, monkeypatch, TT, G=6, T=1, q_start=29, H=2, B=2, seed=TT)
 
 
-@pytest.mark.parametrize("pair", [True, False], ids=["pairs", "one-token"])
-def test_selection_forward_kernels_at_one_token_a_tile(kdev, monkeypatch, pair):
-    """At one token a tile the forward runs two tokens a program sharing the blocks both may be
-    forced to select (TUNE['pair'], the TT1 cases above too) or one token a program; the random
-    selections here often leave out block 0 or the one before the token's, and 23 tokens after
-    5 cached keys put a pair across a block boundary and leave the last token alone."""
-    from nsa.kernels import selection
-
-    monkeypatch.setitem(selection.TUNE, "pair", pair)
-    _check_tiles(kdev, monkeypatch, 1, G=3, T=23, q_start=5, H=2, B=2, seed=11)
-
-
 def test_selection_dq_kernel_at_one_token_a_tile(kdev, monkeypatch):
     """At one token a tile dq comes from the dS tiles the dk/dv pass keeps (the TT1 cases
     above); switched off, from the dq kernel."""

@@ -36,7 +36,10 @@ A part band-tma (commit 3f671dd, docs/measurements/2026-11-23-f/tma_3f671dd.log)
 kernels' forward and dq key tiles through TMA descriptors: the window 0.957x / 0.968x (fwd /
 bwd) at 64k, no gain at 16k and 2k; the compressed branch's band kernel 1.98x / 2.47x slower at
 the m7c_125m shape; and tma_ab.py put about 0.6 ms more host time on a step with the
-descriptors: removed.
+descriptors: removed. The sel-tma part of commit d345f4e (pair_d345f4e.log there) timed a
+forward that ran two tokens a program and loaded the blocks both may be forced to select once:
+1.24-1.30x the one-token TMA forward's time at 16k-64k (202 registers against 126 in an sm_90
+compile, half the programs an SM holds); removed.
 """
 from __future__ import annotations
 

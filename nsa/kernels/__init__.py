@@ -15,7 +15,8 @@ window            flex_window_attention,          the window branch on FlexAtten
 
 Shared by the Triton files: _softmax.py (log2(e), the log-sum-exp convention: natural log in
 memory, base 2 in registers; the online-softmax step, its finish and its gradient) and
-_autograd.py (the custom-op / fake / autograd wiring of a forward/backward pair).
+_autograd.py (the custom-op / fake / autograd wiring of a forward/backward pair); _tma.py (TMA
+descriptors over K/V, which the selected forward loads its blocks through on sm_90 and later).
 
 Importing this package is cheap and imports no Triton: whether Triton interprets a kernel
 (TRITON_INTERPRET=1, CPU) is fixed when its @triton.jit runs, so the kernel modules are imported

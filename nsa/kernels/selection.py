@@ -4,7 +4,9 @@ the tensor cores), and streams the union of the tokens' selected blocks of l' ke
 tile by a small kernel before the launch, see _tile_union), each block loaded once. A row
 counts a block only if its own token selected it, causally inside the block holding the
 token. TT = 1 (one token per program) unless the context is short, where neighbouring tokens
-select nearly the same blocks (see _tokens_per_tile). Any G works.
+select nearly the same blocks (see _tokens_per_tile). Any G works. At one token a program
+the K/V blocks come in through TMA descriptors where the GPU has them (see _tma), by pointer
+gathers otherwise.
 
 Backward:
 * dk/dv: key-block-centric, from the inverse of the selection (for each (b, h, block), the

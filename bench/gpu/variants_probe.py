@@ -185,7 +185,7 @@ def sel_tma(q, k, v, idx, do, LS: int) -> None:
         for tma, warps, stages in SEL_TMA:
             S.TUNE.update(tma=tma, fwd_warps=warps, **{"tma_stages" if tma else "fwd_stages": stages})
             TT = S._tokens_per_tile(q.shape[2] // k.shape[2], idx.shape[-1], -(-k.shape[1] // LS), q.shape[1])
-            used = "tma" if S._tma(k, LS, TT) else "pointers"
+            used = "tma" if S._tma(k, v, LS, TT) else "pointers"
             fwd = lambda: S._sel_fwd(q, k, v, idx, LS, 0, False)  # noqa: E731
             tf = timed(f"sel fwd, {used} warps={warps} stages={stages}", fwd, base_f)
             o, lse = fwd()

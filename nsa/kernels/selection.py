@@ -410,13 +410,13 @@ def _tile_union(idx, TT: int, NB: int):
     return blocks
 
 
-def _tma(k: torch.Tensor, sel_block: int, TT: int) -> bool:
+def _tma(k: torch.Tensor, v: torch.Tensor, sel_block: int, TT: int) -> bool:
     """Whether the forward and dq kernels load K/V blocks through TMA descriptors (see
     nsa.kernels._tma) rather than pointer gathers: TUNE['tma'], at one token a tile (measured
     there: on one H100 the forward took 0.935x / 0.896x as long at 64k / 16k with
     TUNE['tma_stages'] = 3; at TT > 1, 0.845x at 2k but 1.156x at the m7c_125m shape,
-    tma_344fb95.log), where k takes boxes of l' keys."""
-    return TUNE["tma"] and TT == 1 and kv_tma_ok(k, sel_block)
+    tma_344fb95.log), where k and v take boxes of l' keys."""
+    return TUNE["tma"] and TT == 1 and kv_tma_ok(k, sel_block) and kv_tma_ok(v, sel_block)
 
 
 def _tile_launch(q, k, v, idx, sel_block: int):
@@ -429,7 +429,7 @@ def _tile_launch(q, k, v, idx, sel_block: int):
     blocks = _tile_union(idx, TT, NB)
     GP = triton.next_power_of_2(meta["G"])
     NU = blocks.shape[-1]
-    tma = _tma(k, sel_block, TT)
+    tma = _tma(k, v, sel_block, TT)
     meta.update(GP=GP, TT=TT, ROWS=max(16, TT * GP), N=n, NP=triton.next_power_of_2(n),
                 NU=NU, NUP=triton.next_power_of_2(NU), TMA=tma)
     kv = (kv_desc(k, sel_block), kv_desc(v, sel_block)) if tma else (k, v)

@@ -110,9 +110,12 @@ def test_selection_tma_gathers(kdev, monkeypatch, tma, G, K):
     from nsa.kernels import _tma, selection
 
     monkeypatch.setitem(selection.TUNE, "tma", tma)
-    assert selection._tma(torch.empty(2, 51, 2, K, device=kdev), 16, 1) == (tma and _tma.TensorDescriptor is not None)
-    assert not selection._tma(torch.empty(2, 51, 2, K, device=kdev), 16, 2)
-    assert not selection._tma(torch.empty(2, 51, 2, 24, device=kdev), 16, 1)  # no power of two
+    kv = torch.empty(2, 51, 2, K, device=kdev)
+    assert selection._tma(kv, kv, 16, 1) == (tma and _tma.TensorDescriptor is not None)
+    assert not selection._tma(kv, kv, 16, 2)
+    assert not selection._tma(kv, torch.empty(2 * 51 * 2 * K + 1, device=kdev)[1:].view(2, 51, 2, K), 16, 1)  # v unaligned
+    wide = torch.empty(2, 51, 2, 24, device=kdev)
+    assert not selection._tma(wide, wide, 16, 1)  # no power of two
     _check_tiles(kdev, monkeypatch, 1, G=G, T=45, q_start=6, H=2 if G < 16 else 1, B=2, seed=G + K,
                  sel_block=16, K=K)
 

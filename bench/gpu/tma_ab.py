@@ -36,8 +36,9 @@ def main() -> None:
     try:
         for name in args.shapes:
             x = BN._inputs(*BN.SHAPES[name], cfg)
-            meth = next(m for m in BN._methods(x, cfg, "triton") if m.startswith("NSA core (auto"))
-            fwd, leaves, _ = BN._methods(x, cfg, "triton")[meth]
+            methods = BN._methods(x, cfg, "triton")
+            meth = next(m for m in methods if m.startswith("NSA core (auto"))
+            fwd, leaves, _ = methods[meth]
             step = BN._fwd_bwd(fwd, leaves, x["do"])
             res = {False: [], True: []}
             for r in range(args.rounds):

@@ -11,9 +11,10 @@
              varied at a time from the defaults;
   sel-dkv    the selected branch's backward with its (key-major) dk/dv kernel at other
              (query rows per step, warps, stages); the gradients against the first variant's;
-  sel-tma    the selected forward and backward with K/V blocks (and dS tiles) gathered by
-             pointers or through TMA descriptors (selection.TUNE['tma']), the forward and dq
-             kernels at other (warps, stages); outputs and gradients against the pointer path's.
+  sel-tma    the selected forward (and the backward after it) with the forward's K/V blocks
+             gathered by pointers or through TMA descriptors (selection.TUNE['tma']) at other
+             (warps, stages); outputs and gradients against the pointer path's. (Its first run,
+             344fb95, also sent the dS dq kernel's loads through TMA: 0.99-1.0x, removed.)
 
     python3 bench/gpu/variants_probe.py [--shapes 64k 16k] [--parts sel-bwd ds-budget win-tiles sel-dkv]
 
@@ -35,8 +36,8 @@ window within 1-2% either way, the compressed branch's band forward 1.15-1.18x s
 A part band-tma (commit 3f671dd, docs/measurements/2026-11-23-f/tma_3f671dd.log) timed the band
 kernels' forward and dq key tiles through TMA descriptors: the window 0.957x / 0.968x (fwd /
 bwd) at 64k, no gain at 16k and 2k; the compressed branch's band kernel 1.98x / 2.47x slower at
-the m7c_125m shape; and tma_ab.py put about 0.6 ms more host time on a step with the
-descriptors: removed. The sel-tma part of commit d345f4e (pair_d345f4e.log there) timed a
+the m7c_125m shape; and tma_ab.py measured 0.64-1.13 ms more host time a step with them in
+five of six runs: removed. The sel-tma part of commit d345f4e (pair_d345f4e.log there) timed a
 forward that ran two tokens a program and loaded the blocks both may be forced to select once:
 1.24-1.30x the one-token TMA forward's time at 16k-64k (202 registers against 126 in an sm_90
 compile, half the programs an SM holds); removed.

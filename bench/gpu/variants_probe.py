@@ -36,7 +36,7 @@ window within 1-2% either way, the compressed branch's band forward 1.15-1.18x s
 A part band-tma (commit 3f671dd, docs/measurements/2026-11-23-f/tma_3f671dd.log) timed the band
 kernels' forward and dq key tiles through TMA descriptors: the window 0.957x / 0.968x (fwd /
 bwd) at 64k, no gain at 16k and 2k; the compressed branch's band kernel 1.98x / 2.47x slower at
-the m7c_125m shape; and tma_ab.py measured 0.64-1.13 ms more host time a step with them in
+the m7c_125m shape; and tma_ab.py (now core_ab.py) measured 0.64-1.13 ms more host time a step with them in
 five of six runs: removed. The sel-tma part of commit d345f4e (pair_d345f4e.log there) timed a
 forward that ran two tokens a program and loaded the blocks both may be forced to select once:
 1.24-1.30x the one-token TMA forward's time at 16k-64k (202 registers against 126 in an sm_90

@@ -199,6 +199,19 @@ def implementation(route: Route) -> Callable:
     return BACKENDS[route.stage][route.backend].fn
 
 
+#: run the selected and window branches and the gated sum as one op (nsa.kernels.gated_branches)
+#: when both branches are on Triton; False: three ops (bench/gpu/bounds_probe.py times both)
+FUSE_GATED_BRANCHES = True
+
+
+def gated_branches(routes: dict[str, Route]) -> Callable | None:
+    """The one op for the selected and window branches and the gated sum when the routes allow
+    it (both branches on Triton), else None: the stages run one by one."""
+    if FUSE_GATED_BRANCHES and routes["sel"].backend == "triton" and routes["win"].backend == "triton":
+        return kb.triton_gated_branches
+    return None
+
+
 def gate_combine(route: Route) -> Callable:
     """The gated sum that goes with the selected branch's route: fused when it runs on Triton."""
     return kb.triton_gate_combine if route.backend == "triton" else torch_gate_combine

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch.profiler import record_function
 
-from .backends import Route, gate_combine, implementation
+from .backends import Route, gate_combine, gated_branches, implementation
 from .config import NSAConfig
 
 
@@ -36,6 +36,9 @@ def nsa_core(
         o_cmp, lse = implementation(routes["cmp"])(q, kc, vc, cfg, q_start)
     with record_function("nsa.select"):
         idx = implementation(routes["select"])(q, kc, lse, cfg, q_start)
+    fused = gated_branches(routes)
+    if fused is not None:  # the stages below as one op (the same ranges inside)
+        return fused(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg, q_start)
     with record_function("nsa.sel"):
         o_sel = implementation(routes["sel"])(q, k_sel, v_sel, idx, cfg, q_start)
     with record_function("nsa.win"):

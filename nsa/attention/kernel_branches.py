@@ -22,7 +22,7 @@ from .config import NSAConfig
 
 def import_kernels() -> None:
     """Import every kernel module now (Triton, the @triton.jit kernels, the nsa:: custom ops)."""
-    from nsa.kernels import band_attention, combine, cudnn_compressed, selection, topk, window  # noqa: F401
+    from nsa.kernels import band_attention, combine, cudnn_compressed, gated_branches, selection, topk, window  # noqa: F401
 
 
 def deterministic() -> bool:
@@ -90,3 +90,12 @@ def triton_gate_combine(gates, o_cmp, o_sel, o_win):
     from nsa.kernels.combine import gate_combine
 
     return gate_combine(gates, o_cmp, o_sel, o_win)
+
+
+def triton_gated_branches(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg: NSAConfig, q_start: int = 0):
+    """The selected and window branches and the gated sum of all three as one op, whose backward
+    leaves out the glue between them (nsa.kernels.gated_branches); returns o [B, Tq, HQ, K]."""
+    from nsa.kernels.gated_branches import gated_branches
+
+    return gated_branches(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start, cfg.sel_block, cfg.window,
+                          deterministic())

@@ -8,6 +8,8 @@ band_attention    band_attention                  softmax attention over one key
 topk              select_blocks                   importance scores and top-n blocks, fused
 selection         selected_attention              attention over each query's selected blocks
 combine           gate_combine                    the gated sum of the three branches, fused
+gated_branches    gated_branches                  the selected and window branches and the gated sum
+                                                  as one op, without the glue between their backwards
 cudnn_compressed  cudnn_cmp_attention             the compressed branch on cuDNN's fused attention
                                                   (long bf16/fp16 prefill), band kernel otherwise
 window            flex_window_attention,          the window branch on FlexAttention / flash-attn

@@ -60,12 +60,28 @@ def score_grad(p, dot_, vt, dl):
 
 
 @triton.jit
-def dq_rows(do, o, lse, delta, offs, mask, l_off, rmask):
-    """What a dq kernel reads per query row: the dO rows [rows, BK] at offs, delta =
-    rowsum(dO * O) in float32 (also stored at delta + l_off for the dk/dv pass) and the row's
-    log-sum-exp in base 2."""
-    dot_ = tl.load(do + offs, mask=mask, other=0.0)
-    ot = tl.load(o + offs, mask=mask, other=0.0)
-    dl = tl.sum(dot_.to(tl.float32) * ot.to(tl.float32), 1)
-    tl.store(delta + l_off, dl, mask=rmask)
+def gated(rows, gate, l_off, rmask, GATED: tl.constexpr):
+    """dO rows [rows, BK] as a branch's backward takes them: as loaded (the branch's own
+    gradient) or, GATED, the gradient of the gated sum times the branch's gate of each row
+    (gate [B, Tq, HQ] at l_off), rounded to dO's dtype as the gated sum's backward would
+    store them (nsa.kernels.gated_branches)."""
+    if GATED:
+        g = tl.load(gate + l_off, mask=rmask, other=0.0).to(tl.float32)
+        rows = (rows.to(tl.float32) * g[:, None]).to(rows.dtype)
+    return rows
+
+
+@triton.jit
+def dq_rows(do, o, lse, delta, gate, offs, mask, l_off, rmask, GATED: tl.constexpr):
+    """What a dq kernel reads per query row: the dO rows [rows, BK] at offs (see ``gated``),
+    delta = rowsum(dO * O) in float32 and the row's log-sum-exp in base 2. Not GATED, delta
+    is computed here and stored at delta + l_off for the dk/dv pass; GATED, it is loaded from
+    there (the gated sum's backward computed it)."""
+    dot_ = gated(tl.load(do + offs, mask=mask, other=0.0), gate, l_off, rmask, GATED)
+    if GATED:
+        dl = tl.load(delta + l_off, mask=rmask, other=0.0)
+    else:
+        ot = tl.load(o + offs, mask=mask, other=0.0)
+        dl = tl.sum(dot_.to(tl.float32) * ot.to(tl.float32), 1)
+        tl.store(delta + l_off, dl, mask=rmask)
     return dot_, dl, lse_log2(tl.load(lse + l_off, mask=rmask, other=0.0))

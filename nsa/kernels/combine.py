@@ -35,7 +35,10 @@ def _combine_fwd_kernel(g, oc, os_, ow, o, n_rows, K: tl.constexpr, BR: tl.const
 
 @triton.jit
 def _combine_bwd_kernel(g, oc, os_, ow, do, dg, doc, dos, dow, n_rows,
-                        K: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+                        K: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, DELTAS: tl.constexpr):
+    """dg and do_cmp = g_cmp * do; then do_sel, do_win into dos, dow or, DELTAS, the selected and
+    window branches' delta = rowsum(g * do * o) = g * dg (float32 [rows]) into dos, dow
+    (nsa.kernels.gated_branches: those branches scale do by their gate themselves)."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     rm = rows < n_rows
     cols = tl.arange(0, BK)
@@ -47,11 +50,15 @@ def _combine_bwd_kernel(g, oc, os_, ow, do, dg, doc, dos, dow, n_rows,
     g1 = tl.load(g + r3 + 1, mask=rm, other=0.0).to(tl.float32)
     g2 = tl.load(g + r3 + 2, mask=rm, other=0.0).to(tl.float32)
     tl.store(doc + off, (g0[:, None] * dout).to(doc.dtype.element_ty), mask=m)
-    tl.store(dos + off, (g1[:, None] * dout).to(dos.dtype.element_ty), mask=m)
-    tl.store(dow + off, (g2[:, None] * dout).to(dow.dtype.element_ty), mask=m)
     d0 = tl.sum(dout * tl.load(oc + off, mask=m, other=0.0).to(tl.float32), 1)
     d1 = tl.sum(dout * tl.load(os_ + off, mask=m, other=0.0).to(tl.float32), 1)
     d2 = tl.sum(dout * tl.load(ow + off, mask=m, other=0.0).to(tl.float32), 1)
+    if DELTAS:
+        tl.store(dos + rows, g1 * d1, mask=rm)
+        tl.store(dow + rows, g2 * d2, mask=rm)
+    else:
+        tl.store(dos + off, (g1[:, None] * dout).to(dos.dtype.element_ty), mask=m)
+        tl.store(dow + off, (g2[:, None] * dout).to(dow.dtype.element_ty), mask=m)
     tl.store(dg + r3, d0.to(dg.dtype.element_ty), mask=rm)
     tl.store(dg + r3 + 1, d1.to(dg.dtype.element_ty), mask=rm)
     tl.store(dg + r3 + 2, d2.to(dg.dtype.element_ty), mask=rm)
@@ -71,17 +78,32 @@ def _combine_fwd(gates: torch.Tensor, oc: torch.Tensor, os_: torch.Tensor, ow: t
     return o
 
 
-def _combine_bwd(gates: torch.Tensor, oc: torch.Tensor, os_: torch.Tensor, ow: torch.Tensor,
-                 do: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _combine_bwd_launch(gates, oc, os_, ow, do, deltas: bool):
     do = do.contiguous()
     dg = torch.empty_like(gates)
-    doc, dos, dow = torch.empty_like(oc), torch.empty_like(os_), torch.empty_like(ow)
+    doc = torch.empty_like(oc)
+    if deltas:
+        dos, dow = torch.empty(2, *oc.shape[:-1], device=oc.device, dtype=torch.float32).unbind(0)
+    else:
+        dos, dow = torch.empty_like(os_), torch.empty_like(ow)
     n_rows, K = oc.numel() // oc.shape[-1], oc.shape[-1]
     meta = _launch_meta(K)
     if n_rows:
         _combine_bwd_kernel[(triton.cdiv(n_rows, meta["BR"]),)](
-            gates, oc, os_, ow, do, dg, doc, dos, dow, n_rows, **meta)
+            gates, oc, os_, ow, do, dg, doc, dos, dow, n_rows, DELTAS=deltas, **meta)
     return dg, doc, dos, dow
+
+
+def _combine_bwd(gates: torch.Tensor, oc: torch.Tensor, os_: torch.Tensor, ow: torch.Tensor,
+                 do: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _combine_bwd_launch(gates, oc, os_, ow, do, deltas=False)
+
+
+def combine_bwd_deltas(gates, oc, os_, ow, do):
+    """dgates, do_cmp = g_cmp * do, and the selected and window branches' delta =
+    rowsum(g * do * o) ([B, T, HQ] float32 each), for branches that scale do by their gate
+    as they load it (nsa.kernels.gated_branches)."""
+    return _combine_bwd_launch(gates, oc, os_, ow, do, deltas=True)
 
 
 #: the custom ops nsa::gate_combine_fwd / nsa::gate_combine_bwd (see nsa.kernels._autograd)

@@ -37,7 +37,7 @@ import triton.language as tl
 
 from ._autograd import kernel_op
 from ._tma import kv_desc, kv_tma_ok
-from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
+from ._softmax import LOG2E, dq_rows, finish, gated, lse_log2, online_step, score_grad
 
 
 @triton.jit
@@ -175,15 +175,16 @@ def _sel_fwd_kernel(
 
 @triton.jit
 def _sel_bwd_dq_kernel(
-    q, k, v, idx, blocks, o, do, lse, delta, dq, Tq, Tk, q_start, sm_scale,
+    q, k, v, idx, blocks, o, do, lse, delta, gate, dq, Tq, Tk, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
     TT: tl.constexpr, ROWS: tl.constexpr, NU: tl.constexpr, NUP: tl.constexpr, TMA: tl.constexpr,
+    GATED: tl.constexpr,
 ):
     pos, row, rmask, q_off, m2, pos_last, offk, kmask, b, h, ubase, n_valid, mine = _sel_tile(
         idx, blocks, Tq, Tk, q_start, H, G, GP, K, BK, N, NP, TT, ROWS, NU, NUP)
     qt = tl.load(q + q_off, mask=m2, other=0.0)
-    dot_, dl, lse2 = dq_rows(do, o, lse, delta, q_off, m2, row, rmask)
+    dot_, dl, lse2 = dq_rows(do, o, lse, delta, gate, q_off, m2, row, rmask, GATED)
     qk_scale = sm_scale * LOG2E
     acc = tl.zeros([ROWS, BK], tl.float32)
     offs = tl.arange(0, BS)
@@ -198,12 +199,14 @@ def _sel_bwd_dq_kernel(
 
 @triton.jit
 def _sel_dq_from_ds_kernel(
-    k, idx, ds, dq, Tq, Tk, sm_scale,
+    k, idx, ds, dq_in, dq, Tq, Tk, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, ROWS: tl.constexpr,
+    ACC: tl.constexpr,
 ):
     """dq of one token's G heads (TT = 1 grid) from the dS tiles the dk/dv pass kept: the sum
-    over its selected blocks of dS @ K, so only K is gathered (not K, V, and the recomputation).
+    over its selected blocks of dS @ K, so only K is gathered (not K, V, and the recomputation);
+    ACC: plus dq_in (another branch's dq, added here instead of by a pass of its own).
     (Through TMA descriptors, K's blocks and the dS tiles made the whole selected backward
     0.997x / 0.990x as long at 64k / 16k on one H100, tma_344fb95.log: it gathers by pointers.)"""
     pos, row, rmask, q_off, m2, pos_last, offk, kmask, b, h, ubase, n_valid, mine = _sel_tile(
@@ -218,15 +221,18 @@ def _sel_dq_from_ds_kernel(
         dst = tl.load(ds + ((e0 + i) * G + g)[:, None] * LS + offs[None, :],
                       mask=rmask[:, None] & (offs < LS)[None, :], other=0.0)
         acc += tl.dot(dst, kt)
-    tl.store(dq + q_off, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
+    acc = acc * sm_scale
+    if ACC:
+        acc += tl.load(dq_in + q_off, mask=m2, other=0.0).to(tl.float32)
+    tl.store(dq + q_off, acc.to(dq.dtype.element_ty), mask=m2)
 
 
 @triton.jit
 def _sel_bwd_dkv_kernel(
-    q, k, v, do, lse, delta, keys_sorted, perm, item_seg, item_start, item_end, dk, dv, ds_out,
+    q, k, v, do, lse, delta, gate, keys_sorted, perm, item_seg, item_start, item_end, dk, dv, ds_out,
     Tq, Tk, NB, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-    LS: tl.constexpr, BS: tl.constexpr, BQ: tl.constexpr, DS: tl.constexpr,
+    LS: tl.constexpr, BS: tl.constexpr, BQ: tl.constexpr, DS: tl.constexpr, GATED: tl.constexpr,
 ):
     """One work item of the dk/dv pass (see the module docstring), key-major: scores as
     S^T = K Q^T [BS, ROWS], so that P^T and dS^T come out of one tensor-core product in the
@@ -271,7 +277,7 @@ def _sel_bwd_dkv_kernel(
             m2 = tmask[:, None] & kmask[None, :]
             ptrs = row[:, None] * K + offk[None, :]
             qt = tl.load(q + ptrs, mask=m2, other=0.0)
-            dot_ = tl.load(do + ptrs, mask=m2, other=0.0)
+            dot_ = gated(tl.load(do + ptrs, mask=m2, other=0.0), gate, row, tmask, GATED)
             lse2 = lse_log2(tl.load(lse + row, mask=tmask, other=0.0))
             dl = tl.load(delta + row, mask=tmask, other=0.0)
             vis = tmask[None, :] & kval[:, None] & (kpos[:, None] <= pos[None, :])
@@ -479,14 +485,16 @@ def _inverse_selection(idx, Tk, ls, qc):
     return keys_sorted, perm, seg, start, end, NB
 
 
-def _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block: int, q_start: int):
-    """dq, and delta = rowsum(do * o) [B, Tq, HQ] float32 for the dk/dv pass."""
+def _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, gate=None, delta=None):
+    """dq, and delta = rowsum(do * o) [B, Tq, HQ] float32 for the dk/dv pass (gate and delta
+    given: see selection_backward)."""
     B, Tq, HQ, K = q.shape
     dq = torch.empty_like(q)
-    delta = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
+    if gate is None:
+        delta = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
     grid, blocks, kv, meta, launch = _tile_launch(q, k, v, idx, sel_block)
-    _sel_bwd_dq_kernel[grid](q, *kv, idx, blocks, o, do, lse, delta, dq, Tq, k.shape[1], q_start,
-                             1.0 / math.sqrt(K), **meta, **launch)
+    _sel_bwd_dq_kernel[grid](q, *kv, idx, blocks, o, do, lse, delta, delta if gate is None else gate, dq, Tq,
+                             k.shape[1], q_start, 1.0 / math.sqrt(K), GATED=gate is not None, **meta, **launch)
     return dq, delta
 
 
@@ -500,10 +508,11 @@ def _dkv_qc(device: torch.device, Tq: int, deterministic: bool) -> int:
     return 64 if device.type == "cpu" else TUNE["qc"]
 
 
-def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, dv, ds=None):
+def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, dv, ds=None, gate=None):
     """Adds the dk, dv of the work items of _inverse_selection(idx, Tk, sel_block, _dkv_qc(...))
     into the float32 buffers dk, dv; given ds (flat, B*Tq*H*n * G * l' of q's dtype) it also
-    keeps each (token, slot)'s dS tile there."""
+    keeps each (token, slot)'s dS tile there; given gate, do is scaled by it as it is loaded
+    (see selection_backward)."""
     keys_sorted, perm, seg, start, end, NB = work
     meta = _meta(q, k, sel_block)
     interpret = q.device.type == "cpu"
@@ -512,16 +521,17 @@ def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, d
     rows = 64 if interpret else min(TUNE["dkv_cells"] // meta["BK"], 128)
     BQ = max(1, rows // GP)
     _sel_bwd_dkv_kernel[(seg.numel(),)](
-        q, k, v, do, lse, delta, keys_sorted, perm, seg, start, end, dk, dv, q if ds is None else ds,
-        q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3]), GP=GP, BQ=BQ, DS=ds is not None,
+        q, k, v, do, lse, delta, delta if gate is None else gate, keys_sorted, perm, seg, start, end, dk, dv,
+        q if ds is None else ds, q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3]), GP=GP, BQ=BQ,
+        DS=ds is not None, GATED=gate is not None,
         **meta, num_warps=4 if interpret else TUNE["dkv_warps"], num_stages=1 if interpret else TUNE["dkv_stages"],
     )
 
 
-def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int):
+def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, gate=None):
     """dk, dv (k's dtype) from the work items of _inverse_selection (see _dkv_pass)."""
     dk, dv = torch.zeros(2, *k.shape, device=k.device, dtype=torch.float32).unbind(0)  # one fill
-    _dkv_pass(q, k, v, do, lse, delta, work, sel_block, q_start, dk, dv)
+    _dkv_pass(q, k, v, do, lse, delta, work, sel_block, q_start, dk, dv, gate=gate)
     # separate tensors: a custom op's outputs may not share storage
     return dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)
 
@@ -546,16 +556,17 @@ def _row_delta(o, do):
     return delta
 
 
-def _sel_dq_from_ds(q, k, idx, ds, sel_block: int):
-    """dq from the dS tiles _dkv_pass kept (one program per token and KV group)."""
+def _sel_dq_from_ds(q, k, idx, ds, sel_block: int, dq_add=None):
+    """dq from the dS tiles _dkv_pass kept (one program per token and KV group), plus dq_add
+    when given."""
     B, Tq, HQ, K = q.shape
     meta = _meta(q, k, sel_block)
     GP, n = triton.next_power_of_2(meta["G"]), idx.shape[-1]
     dq = torch.empty_like(q)
     interpret = q.device.type == "cpu"
     _sel_dq_from_ds_kernel[(Tq, B * meta["H"])](
-        k, idx, ds, dq, Tq, k.shape[1], 1.0 / math.sqrt(K), GP=GP, N=n, NP=triton.next_power_of_2(n),
-        ROWS=max(16, GP), **meta, num_warps=4 if interpret else TUNE["fwd_warps"],
+        k, idx, ds, dq if dq_add is None else dq_add, dq, Tq, k.shape[1], 1.0 / math.sqrt(K), GP=GP, N=n,
+        NP=triton.next_power_of_2(n), ROWS=max(16, GP), ACC=dq_add is not None, **meta, num_warps=4 if interpret else TUNE["fwd_warps"],
         num_stages=1 if interpret else TUNE["fwd_stages"])
     return dq
 
@@ -574,46 +585,65 @@ def _ds_chunk(q, n: int, sel_block: int) -> int:
     return max(1, TUNE["ds_budget"] // (B * HQ * n * sel_block * q.element_size()))
 
 
-def _sel_bwd_from_ds(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, deterministic: bool):
+def _sel_bwd_from_ds(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, deterministic: bool,
+                     gate=None, delta=None, dq_add=None):
     """dq, dk, dv with dq from dS tiles: per chunk of query tokens (_ds_chunk; one chunk unless
     the tiles pass the budget), the dk/dv pass over the chunk's selections adds into float32
     dk/dv (chunk after chunk, so a fixed order stays fixed) and keeps the chunk's dS tiles, then
-    dq = dS @ K for its tokens."""
+    dq = dS @ K for its tokens (see selection_backward for gate, delta, dq_add)."""
     Tq, Tk = q.shape[1], k.shape[1]
     G, n = q.shape[2] // k.shape[2], idx.shape[-1]
-    delta = _row_delta(o, do)
+    if delta is None:
+        delta = _row_delta(o, do)
     dk, dv = torch.zeros(2, *k.shape, device=k.device, dtype=torch.float32).unbind(0)  # one fill
     chunk = _ds_chunk(q, n, sel_block)
     dqs = []
     for a in range(0, Tq, chunk):
         part = slice(a, min(Tq, a + chunk))  # .contiguous(): a copy only for B > 1 and several chunks
         qc, doc, lsec, dlc, idxc = (t[:, part].contiguous() for t in (q, do, lse, delta, idx))
+        gc, dq_addc = (None if t is None else t[:, part].contiguous() for t in (gate, dq_add))
         work = _inverse_selection(idxc, Tk, sel_block, _dkv_qc(q.device, qc.shape[1], deterministic))
         ds = torch.empty(idxc.numel() * G * sel_block, device=q.device, dtype=q.dtype)
-        _dkv_pass(qc, k, v, doc, lsec, dlc, work, sel_block, q_start + a, dk, dv, ds)
-        dqs.append(_sel_dq_from_ds(qc, k, idxc, ds, sel_block))
+        _dkv_pass(qc, k, v, doc, lsec, dlc, work, sel_block, q_start + a, dk, dv, ds, gate=gc)
+        dqs.append(_sel_dq_from_ds(qc, k, idxc, ds, sel_block, dq_addc))
         del ds, work  # before the next chunk's, so that one chunk's tiles are held at a time
     dq = dqs[0] if len(dqs) == 1 else torch.cat(dqs, 1)
     return dq, dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)
 
 
-def _sel_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
-             lse: torch.Tensor, do: torch.Tensor, sel_block: int,
-             q_start: int, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def selection_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
+                       lse: torch.Tensor, do: torch.Tensor, sel_block: int, q_start: int, deterministic: bool,
+                       gate: torch.Tensor | None = None, delta: torch.Tensor | None = None,
+                       dq_add: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv. Long contexts: dq from the dS tiles of the dk/dv pass (_sel_bwd_from_ds;
     gathers K alone, where the forward and a recomputing dq kernel gather K and V, 32 KB a
     selected block at K=128, and are bound by that gather). Otherwise the dq kernel (which also
-    writes delta), then the dk/dv pass. Both are deterministic where the dk/dv pass is."""
+    writes delta), then the dk/dv pass. Both are deterministic where the dk/dv pass is.
+
+    For nsa.kernels.gated_branches: gate and delta ([B, Tq, HQ], float32 delta) given, do is
+    the gradient of the gated sum, which the kernels scale by this branch's gate as they load
+    it, and delta = rowsum(do * gate * o) is not computed again; dq_add given, the returned dq
+    includes it (another branch's dq, added by the last dq kernel)."""
     Tq, Tk = q.shape[1], k.shape[1]
     if Tq == 0 or Tk == 0:
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dq = torch.zeros_like(q) if dq_add is None else dq_add.clone()
+        return dq, torch.zeros_like(k), torch.zeros_like(v)
     do = do.contiguous()
     if _ds_path(q, k, idx.shape[-1], sel_block):
-        return _sel_bwd_from_ds(q, k, v, idx, o, lse, do, sel_block, q_start, deterministic)
-    dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block, q_start)
+        return _sel_bwd_from_ds(q, k, v, idx, o, lse, do, sel_block, q_start, deterministic, gate, delta, dq_add)
+    dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block, q_start, gate, delta)
     work = _inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device, Tq, deterministic))
-    dk, dv = _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block, q_start)
+    dk, dv = _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block, q_start, gate)
+    if dq_add is not None:  # short contexts: the dq kernel tiles several tokens; one add
+        dq += dq_add
     return dq, dk, dv
+
+
+def _sel_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
+             lse: torch.Tensor, do: torch.Tensor, sel_block: int,
+             q_start: int, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """nsa::sel_bwd: the backward of the branch's own output (see selection_backward)."""
+    return selection_backward(q, k, v, idx, o, lse, do, sel_block, q_start, deterministic)
 
 
 def _sel_fake(q, k, v, idx, *args):

@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-KERNEL_MODULES = ("band_attention", "topk", "selection", "window", "combine", "cudnn_compressed")
+KERNEL_MODULES = ("band_attention", "topk", "selection", "window", "combine", "cudnn_compressed", "gated_branches")
 
 
 def _prepare_interpreter() -> str | None:

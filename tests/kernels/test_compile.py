@@ -33,7 +33,7 @@ def _opcheck_inputs(dev):
 
 
 def test_custom_ops_pass_opcheck(kdev):
-    from nsa.kernels import band_attention, combine, selection, topk
+    from nsa.kernels import band_attention, combine, gated_branches, selection, topk
 
     cfg, q, k, v, kc, vc = _opcheck_inputs(kdev)
     grad = [t.clone().requires_grad_() for t in (q, kc, vc)]
@@ -47,6 +47,10 @@ def test_custom_ops_pass_opcheck(kdev):
     gates = torch.rand(*q.shape[:3], 3, device=kdev, requires_grad=True)
     parts = [torch.randn_like(q).requires_grad_() for _ in range(3)]
     torch.library.opcheck(combine.gate_combine_op.fwd, (gates, *parts))
+    k2, v2 = (torch.randn_like(t).requires_grad_() for t in (k, v))
+    torch.library.opcheck(gated_branches.gated_branches_op.fwd,
+                          (gates, parts[0], parts[1], k.clone().requires_grad_(), v.clone().requires_grad_(), k2, v2,
+                           idx, 0, cfg.sel_block, cfg.window, False))
 
 
 def _loss_and_grads(model, x):

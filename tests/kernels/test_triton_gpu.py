@@ -3,6 +3,8 @@
 branch and the gate gradients, S from 1 to 65536. The selected branch is compared with the
 same selected indices (the float32 path's), so near-tie flips of bf16 scores cannot decide
 the result; how often the Triton selection agrees with the float32 one is reported apart.
+The selected and window branches and the gated sum run as the core runs them, one op
+(nsa.kernels.gated_branches).
 
 The float32 reference runs query chunk by query chunk (each chunk its own autograd graph,
 gradients accumulated), so its memory stays linear in S.
@@ -59,9 +61,8 @@ def _reference(x, idx, cfg, chunk):
 @pytest.mark.parametrize("shape", list(CASES.values()), ids=list(CASES))
 def test_bf16_parity_vs_float32(shape, record_property):
     from nsa.attention.kernel_branches import triton_cmp_attention
-    from nsa.attention.kernel_branches import triton_sel_attention
+    from nsa.attention.kernel_branches import triton_gated_branches
     from nsa.attention.kernel_branches import triton_select_blocks
-    from nsa.attention.kernel_branches import triton_win_attention
 
     B, S, HQ, H, K = shape
     cfg = NSAConfig()
@@ -85,9 +86,9 @@ def test_bf16_parity_vs_float32(shape, record_property):
     q, gt = leaves["q"], leaves["gates"]
     o_cmp, lse = triton_cmp_attention(q, leaves["kc"], leaves["vc"], cfg)
     idx_tr = triton_select_blocks(q, leaves["kc"], lse, cfg)
-    o_sel = triton_sel_attention(q, leaves["k_sel"], leaves["v_sel"], idx, cfg)
-    o_win = triton_win_attention(q, leaves["k_win"], leaves["v_win"], cfg)
-    o = gt[..., 0:1] * o_cmp + gt[..., 1:2] * o_sel + gt[..., 2:3] * o_win
+    # the selected and window branches and the gated sum as the core runs them: one op
+    o = triton_gated_branches(gt, o_cmp, q, leaves["k_sel"], leaves["v_sel"], leaves["k_win"], leaves["v_win"],
+                              idx, cfg)
     o.backward(x["do"])
 
     agree = (idx_tr == idx).all(-1).float().mean().item()

@@ -1,0 +1,77 @@
+"""The selected and sliding-window branches and the gated sum of all three branches as one
+differentiable op (nsa::gated_branches_fwd / nsa::gated_branches_bwd), for the NSA core when
+both branches run on the Triton kernels:
+
+    o = g_cmp * o_cmp + g_sel * Sel(q, k_sel, v_sel, idx) + g_win * Win(q, k_win, v_win)
+
+The forward runs the kernels of the three separate calls (selection, band_attention with
+WINDOW, combine). The backward leaves out glue the separate ops need between them:
+
+* the gated sum's backward writes dgates and do_cmp = g_cmp * do (the compressed branch, cuDNN
+  or the band kernel, takes its gradient as a tensor), and for the selected and window branches
+  only delta = rowsum(g * do * o) = g * dgates (float32 a row, which it has on its way to
+  dgates): their kernels scale do by their gate as they load it, so g_sel * do and g_win * do
+  are never written, and neither branch reads its output again for its delta;
+* the selected branch's last dq kernel adds the window's dq, so autograd sums one dq fewer.
+
+The gradients are those of the separate ops up to rounding (delta in float32 from g * dgates
+rather than from the rounded g * do). Shapes: gates [B, Tq, HQ, 3] (cmp, sel, win); o_cmp and
+q [B, Tq, HQ, K]; k_*, v_* [B, Tk, H, K]; idx [B, Tq, H, n].
+"""
+from __future__ import annotations
+
+import torch
+from torch.profiler import record_function
+
+from . import band_attention, combine, selection
+from ._autograd import kernel_op
+
+
+def _fwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch.Tensor, v_sel: torch.Tensor,
+         k_win: torch.Tensor, v_win: torch.Tensor, idx: torch.Tensor, q_start: int, sel_block: int, window: int,
+         deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """o, and what the backward needs: o_sel, lse_sel, o_win, lse_win."""
+    # the ranges of the separate stages (nsa.attention.core), for the profile phase
+    with record_function("nsa.sel"):
+        o_sel, lse_sel = selection._sel_fwd(q, k_sel, v_sel, idx, sel_block, q_start, deterministic)
+    with record_function("nsa.win"):
+        o_win, lse_win = band_attention._band_fwd(q, k_win, v_win, q_start, 1, 1, window, True, deterministic)
+    with record_function("nsa.gate_combine"):
+        o = combine._combine_fwd(gates, o_cmp, o_sel.to(o_cmp.dtype), o_win.to(o_cmp.dtype))
+    return o, o_sel, lse_sel, o_win, lse_win
+
+
+def _bwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch.Tensor, v_sel: torch.Tensor,
+         k_win: torch.Tensor, v_win: torch.Tensor, idx: torch.Tensor, o: torch.Tensor, o_sel: torch.Tensor,
+         lse_sel: torch.Tensor, o_win: torch.Tensor, lse_win: torch.Tensor, do: torch.Tensor, q_start: int,
+         sel_block: int, window: int, deterministic: bool,
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dgates, do_cmp, dq (selected + window), dk_sel, dv_sel, dk_win, dv_win."""
+    dgates, do_cmp, delta_sel, delta_win = combine.combine_bwd_deltas(gates, o_cmp, o_sel, o_win, do)
+    g_sel, g_win = (gates[..., i].contiguous() for i in (1, 2))  # [B, Tq, HQ], what the kernels index
+    dq_win, dk_win, dv_win = band_attention.band_backward(q, k_win, v_win, o_win, lse_win, do, q_start, 1, 1, window,
+                                                          True, deterministic, g_win, delta_win)
+    dq, dk_sel, dv_sel = selection.selection_backward(q, k_sel, v_sel, idx, o_sel, lse_sel, do, sel_block, q_start,
+                                                      deterministic, g_sel, delta_sel, dq_win)
+    return dgates, do_cmp, dq, dk_sel, dv_sel, dk_win, dv_win
+
+
+def _fake(gates, o_cmp, q, *args):
+    lse = q.new_empty(q.shape[:3], dtype=torch.float32)
+    return torch.empty_like(o_cmp), torch.empty_like(q), lse, torch.empty_like(q), torch.empty_like(lse)
+
+
+#: the custom ops nsa::gated_branches_fwd / _bwd (see nsa.kernels._autograd); idx gets no gradient
+gated_branches_op = kernel_op("gated_branches", _fwd, _bwd, _fake, tensors=8, grads=7)
+
+
+def gated_branches(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start: int, sel_block: int, window: int,
+                   deterministic: bool = False) -> torch.Tensor:
+    """o = g_cmp * o_cmp + g_sel * (selected branch) + g_win * (window branch), see the module
+    docstring; what selected_attention, band_attention(..., window=True) and gate_combine
+    compute in three calls. Returns o [B, Tq, HQ, K] in o_cmp's dtype."""
+    if q.shape[2] % k_sel.shape[2] or q.shape[2] % k_win.shape[2]:
+        raise ValueError(f"query heads {q.shape[2]} must be a multiple of KV heads "
+                         f"({k_sel.shape[2]} selected, {k_win.shape[2]} window)")
+    tensors = (t.contiguous() for t in (gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx))
+    return gated_branches_op(*tensors, int(q_start), int(sel_block), int(window), bool(deterministic))[0]

@@ -1,0 +1,93 @@
+"""The selected and window branches with the gated sum as one op (nsa.kernels.gated_branches)
+against the three separate ops it replaces in the NSA core: the same output, and the same
+gradients of every input, on both selected backward paths (dq from dS tiles at one token a
+tile, the dq kernel at several), with and without the deterministic dk/dv order, and in chunks
+of query tokens (q_start > 0)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nsa.attention.backends import Route
+from nsa.attention.config import NSAConfig
+from nsa.attention.core import nsa_core
+from tests.kernels._util import assert_close, rnd
+from tests.kernels.test_triton_selection import _random_idx
+
+pytestmark = pytest.mark.triton_interp
+
+TRITON = {s: Route(s, "triton", "test") for s in ("cmp", "select", "sel", "win")}
+
+
+def _separate(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg, q_start, deterministic):
+    from nsa.kernels.band_attention import band_attention
+    from nsa.kernels.combine import gate_combine
+    from nsa.kernels.selection import selected_attention
+
+    o_sel = selected_attention(q, k_sel, v_sel, idx, q_start, cfg.sel_block, deterministic)
+    o_win = band_attention(q, k_win, v_win, q_start, 1, 1, cfg.window, True, deterministic)[0]
+    return gate_combine(gates, o_cmp, o_sel, o_win)
+
+
+def _fused(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg, q_start, deterministic):
+    from nsa.kernels.gated_branches import gated_branches
+
+    return gated_branches(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start, cfg.sel_block, cfg.window,
+                          deterministic)
+
+
+@pytest.mark.parametrize("tt", [1, 2], ids=["dq-from-dS", "dq-kernel"])
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("q_start", [0, 6])
+def test_gated_branches_match_separate_ops(kdev, monkeypatch, tt, deterministic, q_start):
+    from nsa.kernels import selection
+
+    monkeypatch.setitem(selection.TUNE, "tt", tt)
+    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=4, window=5)
+    B, T, H, G, K = 2, 23, 2, 3, 16
+    Tk = q_start + T
+    gen = torch.Generator().manual_seed(tt + 2 * q_start + deterministic)
+    leaves = [torch.rand(B, T, H * G, 3, generator=gen).to(kdev),  # gates
+              rnd(gen, B, T, H * G, K, device=kdev),  # o_cmp
+              rnd(gen, B, T, H * G, K, device=kdev),  # q
+              *(rnd(gen, B, Tk, H, K, device=kdev) for _ in range(4))]  # k_sel, v_sel, k_win, v_win
+    leaves = [t.requires_grad_() for t in leaves]
+    idx = _random_idx(gen, B, T, H, cfg.n_selected, cfg.sel_block, q_start).to(kdev)
+    assert selection._ds_path(leaves[2], leaves[3], cfg.n_selected, cfg.sel_block) == (tt == 1)
+    do = rnd(gen, B, T, H * G, K, device=kdev)
+    outs = {}
+    for name, fn in (("separate", _separate), ("fused", _fused)):
+        o = fn(*leaves, idx, cfg, q_start, deterministic)
+        outs[name] = (o, *torch.autograd.grad(o, leaves, do))
+    tol = 1e-5 if kdev.type == "cpu" else 5e-3
+    for what, a, b in zip(("o", "dgates", "do_cmp", "dq", "dk_sel", "dv_sel", "dk_win", "dv_win"),
+                          outs["fused"], outs["separate"]):
+        assert_close(a, b, tol, what)
+
+
+def test_core_runs_the_fused_op_and_can_run_without(kdev, monkeypatch):
+    """nsa_core on Triton routes takes the one op (FUSE_GATED_BRANCHES), and switching it off
+    gives the same output and gradients through the three ops."""
+    from nsa.attention import backends
+    from nsa.kernels import gated_branches
+
+    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=3, window=6)
+    B, T, H, G, K = 1, 19, 1, 4, 16
+    gen = torch.Generator().manual_seed(5)
+    Nc = (T - cfg.cmp_block) // cfg.cmp_stride + 1
+    leaves = [rnd(gen, B, T, H * G, K, device=kdev), rnd(gen, B, Nc, H, K, device=kdev),
+              rnd(gen, B, Nc, H, K, device=kdev), *(rnd(gen, B, T, H, K, device=kdev) for _ in range(4)),
+              torch.rand(B, T, H * G, 3, generator=gen).to(kdev)]
+    leaves = [t.requires_grad_() for t in leaves]
+    do = rnd(gen, B, T, H * G, K, device=kdev)
+    calls = []
+    real = gated_branches.gated_branches_op
+    monkeypatch.setattr(gated_branches, "gated_branches_op", lambda *a: calls.append(1) or real(*a))
+    runs = {}
+    for fuse in (True, False):
+        monkeypatch.setattr(backends, "FUSE_GATED_BRANCHES", fuse)
+        o = nsa_core(*leaves[:7], leaves[7], cfg, TRITON)
+        runs[fuse] = (o, *torch.autograd.grad(o, leaves, do))
+        assert len(calls) == (1 if fuse else 0) + (0 if fuse else 1), "the fused op ran only when switched on"
+    for a, b in zip(runs[True], runs[False]):
+        assert_close(a, b, 1e-5 if kdev.type == "cpu" else 5e-3, "fused vs separate")

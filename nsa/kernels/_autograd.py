@@ -81,6 +81,9 @@ def kernel_op(name: str, forward: Callable, backward: Callable, fake_forward: Ca
         ctx.save_for_backward(*inputs[:tensors], *(outputs if save_outputs else ()))
         ctx.args = inputs[tensors:]
         ctx.mark_non_differentiable(*outputs[1:])
+        # no zero-filled gradients for the other outputs (a log-sum-exp, saved branch outputs):
+        # the backward reads the first output's gradient only
+        ctx.set_materialize_grads(False)
 
     def backward_formula(ctx, grad, *_no_grads):
         dx = run_op(bwd, backward, *ctx.saved_tensors, grad, *ctx.args)

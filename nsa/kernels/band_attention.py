@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ._autograd import kernel_op
-from ._softmax import LOG2E, dq_rows, finish, gated, lse_log2, online_step, score_grad
+from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, row_gate, score_grad
 
 
 @triton.jit
@@ -150,8 +150,8 @@ def _band_fwd_kernel(
 
 
 @triton.jit
-def _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-             H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr):
+def _dq_tile(acc, qt, dot_, lse2, dl, gr, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+             H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr, GATED: tl.constexpr):
     """One key tile of dq; MASK: apply the rows' visibility. Unmasked, the rows past Tq (zero
     do and delta) add nothing."""
     kt, vt, vis = _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H, K, BN, MASK)
@@ -160,7 +160,7 @@ def _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk
         p = tl.where(vis & rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
     else:
         p = tl.exp2(s - lse2[:, None])
-    ds = score_grad(p, dot_, vt, dl)
+    ds = score_grad(p, dot_, vt, dl, gr, GATED)
     return acc + tl.dot(ds.to(kt.dtype), kt)
 
 
@@ -175,18 +175,18 @@ def _band_bwd_dq_kernel(
         _row_block(k, v, Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK)
     q_off = qb + row_off[:, None] + offk[None, :]
     qt = tl.load(q + q_off, mask=m2, other=0.0)
-    dot_, dl, lse2 = dq_rows(do, o, lse, delta, gate, q_off, m2, l_off, rmask, GATED)
+    dot_, dl, lse2, gr = dq_rows(do, o, lse, delta, gate, q_off, m2, l_off, rmask, GATED)
     qk_scale = sm_scale * LOG2E
     acc = tl.zeros([BM, BK], tl.float32)
     for n0 in range(whole_lo, whole_hi, BN):
-        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                       H, K, BN, False)
+        acc = _dq_tile(acc, qt, dot_, lse2, dl, gr, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk,
+                       kmask, H, K, BN, False, GATED)
     for n0 in range(start, whole_lo, BN):
-        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                       H, K, BN, True)
+        acc = _dq_tile(acc, qt, dot_, lse2, dl, gr, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk,
+                       kmask, H, K, BN, True, GATED)
     for n0 in range(whole_hi, end, BN):
-        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                       H, K, BN, True)
+        acc = _dq_tile(acc, qt, dot_, lse2, dl, gr, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk,
+                       kmask, H, K, BN, True, GATED)
     tl.store(dq + q_off, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
 
 
@@ -197,7 +197,7 @@ def _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, gate, r0, r_end, cols, 
               GATED: tl.constexpr):
     """One block of BM query rows against the program's key tile; MASK: apply the rows'
     visibility and the end of the rows (unmasked, all BM rows see every key of the tile);
-    GATED: dO times the rows' gate (see _softmax.gated)."""
+    GATED: the rows' gradient is their gate times dO (see _softmax.row_gate)."""
     rows = r0 + tl.arange(0, BM)
     t = rows // G
     g = rows % G
@@ -208,12 +208,14 @@ def _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, gate, r0, r_end, cols, 
         rmask = rows < r_end
         m2 = rmask[:, None] & kmask[None, :]
         qt = tl.load(q + ptrs, mask=m2, other=0.0)
-        dot_ = gated(tl.load(do + ptrs, mask=m2, other=0.0), gate, lidx, rmask, GATED)
+        dot_ = tl.load(do + ptrs, mask=m2, other=0.0)
+        gr = row_gate(gate, lidx, rmask, GATED)
         lse2 = lse_log2(tl.load(lse + lidx, mask=rmask, other=0.0))
         dl = tl.load(delta + lidx, mask=rmask, other=0.0)
     else:  # every row sees a key of the tile: its lse is finite
         qt = tl.load(q + ptrs, mask=kmask[None, :], other=0.0)
-        dot_ = gated(tl.load(do + ptrs, mask=kmask[None, :], other=0.0), gate, lidx, lidx >= 0, GATED)
+        dot_ = tl.load(do + ptrs, mask=kmask[None, :], other=0.0)
+        gr = row_gate(gate, lidx, lidx >= 0, GATED)
         lse2 = tl.load(lse + lidx) * LOG2E
         dl = tl.load(delta + lidx)
     s = tl.dot(qt, tl.trans(kt)) * qk_scale
@@ -223,8 +225,11 @@ def _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, gate, r0, r_end, cols, 
         p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
     else:
         p = tl.exp2(s - lse2[:, None])
-    dv_acc += tl.dot(tl.trans(p.to(dot_.dtype)), dot_)
-    ds = score_grad(p, dot_, vt, dl)
+    if GATED:  # dV = (gate * P)^T dO: the gate on the register tile (see row_gate)
+        dv_acc += tl.dot(tl.trans((p * gr[:, None]).to(dot_.dtype)), dot_)
+    else:
+        dv_acc += tl.dot(tl.trans(p.to(dot_.dtype)), dot_)
+    ds = score_grad(p, dot_, vt, dl, gr, GATED)
     dk_acc += tl.dot(tl.trans(ds.to(qt.dtype)), qt)
     return dk_acc, dv_acc
 
@@ -382,8 +387,9 @@ def band_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
                   gate: torch.Tensor | None = None,
                   delta: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv. gate and delta ([B, Tq, HQ], float32 delta) given: do is the gradient of the
-    gated sum, which the kernels scale by this branch's gate as they load it, and delta =
-    rowsum(do * gate * o) is not computed again (nsa.kernels.gated_branches)."""
+    gated sum, the branch's gradient is gate * do (the kernels apply the gate to their register
+    tiles, see _softmax.row_gate), and delta = gate * rowsum(do * o) is not computed again
+    (nsa.kernels.gated_branches)."""
     B, Tq, HQ, K = q.shape
     Tk, H = k.shape[1], k.shape[2]
     G = HQ // H

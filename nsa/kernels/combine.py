@@ -38,7 +38,7 @@ def _combine_bwd_kernel(g, oc, os_, ow, do, dg, doc, dos, dow, n_rows,
                         K: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, DELTAS: tl.constexpr):
     """dg and do_cmp = g_cmp * do; then do_sel, do_win into dos, dow or, DELTAS, the selected and
     window branches' delta = rowsum(g * do * o) = g * dg (float32 [rows]) into dos, dow
-    (nsa.kernels.gated_branches: those branches scale do by their gate themselves)."""
+    (nsa.kernels.gated_branches: those branches apply their gate themselves)."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     rm = rows < n_rows
     cols = tl.arange(0, BK)
@@ -101,8 +101,8 @@ def _combine_bwd(gates: torch.Tensor, oc: torch.Tensor, os_: torch.Tensor, ow: t
 
 def combine_bwd_deltas(gates, oc, os_, ow, do):
     """dgates, do_cmp = g_cmp * do, and the selected and window branches' delta =
-    rowsum(g * do * o) ([B, T, HQ] float32 each), for branches that scale do by their gate
-    as they load it (nsa.kernels.gated_branches)."""
+    rowsum(g * do * o) ([B, T, HQ] float32 each), for branches that apply their gate
+    themselves (nsa.kernels.gated_branches)."""
     return _combine_bwd_launch(gates, oc, os_, ow, do, deltas=True)
 
 

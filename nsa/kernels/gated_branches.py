@@ -9,14 +9,16 @@ WINDOW, combine). The backward leaves out glue the separate ops need between the
 
 * the gated sum's backward writes dgates and do_cmp = g_cmp * do (the compressed branch, cuDNN
   or the band kernel, takes its gradient as a tensor), and for the selected and window branches
-  only delta = rowsum(g * do * o) = g * dgates (float32 a row, which it has on its way to
-  dgates): their kernels scale do by their gate as they load it, so g_sel * do and g_win * do
-  are never written, and neither branch reads its output again for its delta;
+  only delta = g * rowsum(do * o) = g * dgates (float32 a row, which it has on its way to
+  dgates): their kernels take do itself and apply the gate to their register tiles (dP = g *
+  dO V^T, and g * P for dV; _softmax.row_gate), so g_sel * do and g_win * do are never
+  written, and neither branch reads its output again for its delta;
 * the selected branch's last dq kernel adds the window's dq, so autograd sums one dq fewer.
 
-The gradients are those of the separate ops up to rounding (delta in float32 from g * dgates
-rather than from the rounded g * do). Shapes: gates [B, Tq, HQ, 3] (cmp, sel, win); o_cmp and
-q [B, Tq, HQ, K]; k_*, v_* [B, Tk, H, K]; idx [B, Tq, H, n].
+The gradients are those of the separate ops up to rounding: there g * do is rounded to do's
+dtype before the tensor-core products, here the gate multiplies float32 tiles (and delta is
+g * rowsum(do * o) to match). Shapes: gates [B, Tq, HQ, 3] (cmp, sel, win); o_cmp and q
+[B, Tq, HQ, K]; k_*, v_* [B, Tk, H, K]; idx [B, Tq, H, n].
 """
 from __future__ import annotations
 

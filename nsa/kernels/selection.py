@@ -37,7 +37,7 @@ import triton.language as tl
 
 from ._autograd import kernel_op
 from ._tma import kv_desc, kv_tma_ok
-from ._softmax import LOG2E, dq_rows, finish, gated, lse_log2, online_step, score_grad
+from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, row_gate, score_grad
 
 
 @triton.jit
@@ -184,7 +184,7 @@ def _sel_bwd_dq_kernel(
     pos, row, rmask, q_off, m2, pos_last, offk, kmask, b, h, ubase, n_valid, mine = _sel_tile(
         idx, blocks, Tq, Tk, q_start, H, G, GP, K, BK, N, NP, TT, ROWS, NU, NUP)
     qt = tl.load(q + q_off, mask=m2, other=0.0)
-    dot_, dl, lse2 = dq_rows(do, o, lse, delta, gate, q_off, m2, row, rmask, GATED)
+    dot_, dl, lse2, gr = dq_rows(do, o, lse, delta, gate, q_off, m2, row, rmask, GATED)
     qk_scale = sm_scale * LOG2E
     acc = tl.zeros([ROWS, BK], tl.float32)
     offs = tl.arange(0, BS)
@@ -192,7 +192,7 @@ def _sel_bwd_dq_kernel(
         kt, vt, vis = _block_kv(k, v, ubase, i, offs, offk, kmask, b, h, pos, pos_last, mine, Tk, H, K, LS, TT, TMA)
         s = tl.dot(qt, tl.trans(kt)) * qk_scale
         p = tl.where(vis & rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
-        ds = score_grad(p, dot_, vt, dl)
+        ds = score_grad(p, dot_, vt, dl, gr, GATED)
         acc += tl.dot(ds.to(kt.dtype), kt)
     tl.store(dq + q_off, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
 
@@ -277,14 +277,20 @@ def _sel_bwd_dkv_kernel(
             m2 = tmask[:, None] & kmask[None, :]
             ptrs = row[:, None] * K + offk[None, :]
             qt = tl.load(q + ptrs, mask=m2, other=0.0)
-            dot_ = gated(tl.load(do + ptrs, mask=m2, other=0.0), gate, row, tmask, GATED)
+            dot_ = tl.load(do + ptrs, mask=m2, other=0.0)
             lse2 = lse_log2(tl.load(lse + row, mask=tmask, other=0.0))
             dl = tl.load(delta + row, mask=tmask, other=0.0)
             vis = tmask[None, :] & kval[:, None] & (kpos[:, None] <= pos[None, :])
             st = tl.dot(kt, tl.trans(qt)) * qk_scale
             pt = tl.where(vis, tl.exp2(st - lse2[None, :]), 0.0)
-            dv_acc += tl.dot(pt.to(dot_.dtype), dot_)
-            dst = pt * (tl.dot(vt, tl.trans(dot_)) - dl[None, :])
+            dpt = tl.dot(vt, tl.trans(dot_))
+            if GATED:  # the rows' gradient is gate * dO: on the register tiles (see row_gate)
+                gr = row_gate(gate, row, tmask, GATED)
+                dv_acc += tl.dot((pt * gr[None, :]).to(dot_.dtype), dot_)
+                dpt = dpt * gr[None, :]
+            else:
+                dv_acc += tl.dot(pt.to(dot_.dtype), dot_)
+            dst = pt * (dpt - dl[None, :])
             dk_acc += tl.dot(dst.to(qt.dtype), qt)
             if DS:  # kept for the dq pass, at the idx entry (token, slot) this key came from
                 e = tl.load(perm + u + rq, mask=tmask, other=0)
@@ -511,7 +517,7 @@ def _dkv_qc(device: torch.device, Tq: int, deterministic: bool) -> int:
 def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, dv, ds=None, gate=None):
     """Adds the dk, dv of the work items of _inverse_selection(idx, Tk, sel_block, _dkv_qc(...))
     into the float32 buffers dk, dv; given ds (flat, B*Tq*H*n * G * l' of q's dtype) it also
-    keeps each (token, slot)'s dS tile there; given gate, do is scaled by it as it is loaded
+    keeps each (token, slot)'s dS tile there; given gate, the rows' gradient is gate * do
     (see selection_backward)."""
     keys_sorted, perm, seg, start, end, NB = work
     meta = _meta(q, k, sel_block)
@@ -621,9 +627,10 @@ def selection_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: t
     writes delta), then the dk/dv pass. Both are deterministic where the dk/dv pass is.
 
     For nsa.kernels.gated_branches: gate and delta ([B, Tq, HQ], float32 delta) given, do is
-    the gradient of the gated sum, which the kernels scale by this branch's gate as they load
-    it, and delta = rowsum(do * gate * o) is not computed again; dq_add given, the returned dq
-    includes it (another branch's dq, added by the last dq kernel)."""
+    the gradient of the gated sum, the branch's gradient is gate * do (the kernels apply the
+    gate to their register tiles, see _softmax.row_gate), and delta = gate * rowsum(do * o) is
+    not computed again; dq_add given, the returned dq includes it (another branch's dq, added
+    by the last dq kernel)."""
     Tq, Tk = q.shape[1], k.shape[1]
     if Tq == 0 or Tk == 0:
         dq = torch.zeros_like(q) if dq_add is None else dq_add.clone()

@@ -6,9 +6,8 @@ the glue around them, each timed alone on random inputs (as bench/bench_nsa.py m
              gather alone takes, on the top-n of random inputs and on a selection that keeps
              its blocks in L2 (every token picks blocks 0..n-1);
   cudnn-gqa  the compressed branch on cuDNN with each KV head copied for its G query heads
-             (cudnn_compressed._fold_kv until the first run of this probe, 02197a8) against
-             cuDNN's own grouped-query attention (K/V with H heads, _fold_kv since): outputs
-             and gradients against each other, fwd and fwd+bwd;
+             (cudnn_compressed._fold_kv today) against cuDNN's own grouped-query attention
+             (K/V with H heads): outputs and gradients against each other, fwd and fwd+bwd;
   dkv-ds     the selected branch's dk/dv pass with and without storing the dS tiles for the
              dq pass, and that dq pass alone.
 
@@ -90,21 +89,17 @@ def gather(q, k, v, idx, LS: int) -> None:
                   f"{blocks * 2 * LS * K * k.element_size() / t / 1e9:.2f} TB/s", flush=True)
 
 
-def _copies_fold_kv(x, G: int, d: int):
-    """The fold before cuDNN's grouped-query heads: each KV head copied for its G query heads."""
+def _gqa_fold_kv(x, G: int, d: int):
     R, H, K = x.shape
-    per_head = x.permute(1, 0, 2).unsqueeze(1).expand(H, G, R, K).reshape(H * G, R, K)
-    return per_head.unsqueeze(0).expand(d, H * G, R, K)
+    return x.permute(1, 0, 2).unsqueeze(0).expand(d, H, R, K)
 
 
 def cudnn_gqa(q, kc, vc, do, cfg: NSAConfig) -> None:
     leaves = [t.detach().requires_grad_() for t in (q, kc, vc)]
-    G = q.shape[2] // kc.shape[2]
     saved = CC._fold_kv
     outs, base_f, base_b = {}, None, None
     try:
-        for name, fold in (("per-head copies", lambda x, d: _copies_fold_kv(x, G, d)),
-                           ("cuDNN grouped-query (today)", saved)):
+        for name, fold in (("per-head copies (today)", saved), ("cuDNN grouped-query", _gqa_fold_kv)):
             CC._fold_kv = fold
             run = lambda: CC.cudnn_cmp_attention(*leaves, 0, cfg.cmp_block, cfg.cmp_stride)  # noqa: E731
             try:

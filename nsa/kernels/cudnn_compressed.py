@@ -7,11 +7,7 @@ l-1 + r*d .. l-2 + (r+1)*d and sees tokens 0..r. Folding the d queries of a run 
 dimension turns the branch into ordinary top-left causal attention of R runs over R compressed
 tokens, which cuDNN runs at full speed. For one sequence the fold is a strided view of q (no
 copy); the compressed keys and values are shared by the d folded queries through a zero stride
-(also a view), and by the G query heads of a KV group through cuDNN's grouped-query attention
-(H key/value heads for HQ query heads). On one H100 (bench/gpu/bounds_probe.py --parts
-cudnn-gqa, docs/performance.md, twelfth set) that took 0.980x / 0.999x the fwd+bwd time of
-copying each KV head for its G query heads at 16k / 64k, with outputs equal and without the
-copies' G-times-larger key/value gradients (2 GiB at 64k) and their reductions.
+(and by the G query heads of a KV group through a copy, G times the size of kc).
 
 What cuDNN does not cover goes through the Triton band kernel (band_attention): deterministic
 runs, the partial run at the end (< d queries), decode and chunked prefill (q_start > 0), runs shorter
@@ -33,17 +29,17 @@ MAX_HEAD_DIM = 128
 SHARE_KV_BY_STRIDE = True
 
 
-def _fold_kv(x: torch.Tensor, d: int) -> torch.Tensor:
-    """x [R, H, K] (one sequence) -> [d, H, R, K], shared by the d folded queries (a view unless
-    SHARE_KV_BY_STRIDE is off)."""
+def _fold_kv(x: torch.Tensor, G: int, d: int) -> torch.Tensor:
+    """x [R, H, K] (one sequence) -> [d, H*G, R, K]: each KV head repeated for its G query
+    heads (a copy), then shared by the d folded queries."""
     R, H, K = x.shape
-    folded = x.permute(1, 0, 2).unsqueeze(0).expand(d, H, R, K)
+    per_head = x.permute(1, 0, 2).unsqueeze(1).expand(H, G, R, K).reshape(H * G, R, K)
+    folded = per_head.unsqueeze(0).expand(d, H * G, R, K)
     return folded if SHARE_KV_BY_STRIDE else folded.contiguous()
 
 
 def _fused_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
-    """Top-left causal attention, q [batch, HQ, R, K] and k, v [batch, H, R, K] (query head j
-    reads key/value head j // (HQ // H)): cuDNN's fused kernel through torch's
+    """Top-left causal attention, [batch, heads, R, K] each: cuDNN's fused kernel through torch's
     private op, the only public route that also returns the log-sum-exp (the selection scores
     need it). Differentiable: autograd runs cuDNN's fused backward."""
     out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True, False, scale=scale)
@@ -54,10 +50,10 @@ def _causal_runs(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, d: int):
     """One sequence: q [R*d, HQ, K] (R whole runs), kc/vc [R, H, K]. Returns o [R*d, HQ, K]
     and lse [R*d, HQ]."""
     T, HQ, K = q.shape
-    R = kc.shape[0]
+    R, H = kc.shape[0], kc.shape[1]
     # [R, d, HQ, K] -> [d, HQ, R, K]: the d queries of a run become the batch (a view)
     qf = q.reshape(R, d, HQ, K).permute(1, 2, 0, 3)
-    kf, vf = _fold_kv(kc, d), _fold_kv(vc, d)
+    kf, vf = _fold_kv(kc, HQ // H, d), _fold_kv(vc, HQ // H, d)
     o, lse = _fused_causal(qf, kf, vf, K ** -0.5)
     o = o.permute(2, 0, 1, 3).reshape(T, HQ, K)  # a view when cuDNN kept q's layout
     lse = lse.reshape(d, HQ, R).permute(2, 0, 1).reshape(T, HQ)

@@ -4,7 +4,9 @@ m7c_125m) show what the switch costs in host time and the long ones what it buys
 
   tma    the selected branch's TMA loads (selection.TUNE['tma']);
   fused  the selected and window branches and the gated sum as one op
-         (nsa.attention.backends.FUSE_GATED_BRANCHES, nsa.kernels.gated_branches).
+         (nsa.attention.backends.FUSE_GATED_BRANCHES, nsa.kernels.gated_branches);
+  dkv-dp-first  that op's dk/dv kernel of the selected branch with dP's product before dV's
+         (selection.TUNE['dkv_dp_first'][1]).
 
     python3 bench/gpu/core_ab.py [--switch tma] [--shapes 2k m7c_125m 16k 64k] [--rounds 2]
 
@@ -33,6 +35,8 @@ from nsa.kernels import selection as S  # noqa: E402
 SWITCHES = {  # name -> (read the setting, set it)
     "tma": (lambda: S.TUNE["tma"], lambda on: S.TUNE.__setitem__("tma", on)),
     "fused": (lambda: backends.FUSE_GATED_BRANCHES, lambda on: setattr(backends, "FUSE_GATED_BRANCHES", on)),
+    "dkv-dp-first": (lambda: S.TUNE["dkv_dp_first"][1],
+                     lambda on: S.TUNE.__setitem__("dkv_dp_first", (S.TUNE["dkv_dp_first"][0], on))),
 }
 
 

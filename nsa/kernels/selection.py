@@ -233,6 +233,7 @@ def _sel_bwd_dkv_kernel(
     Tq, Tk, NB, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, BQ: tl.constexpr, DS: tl.constexpr, GATED: tl.constexpr,
+    DP_FIRST: tl.constexpr,
 ):
     """One work item of the dk/dv pass (see the module docstring), key-major: scores as
     S^T = K Q^T [BS, ROWS], so that P^T and dS^T come out of one tensor-core product in the
@@ -284,14 +285,17 @@ def _sel_bwd_dkv_kernel(
             st = tl.dot(kt, tl.trans(qt)) * qk_scale
             pt = tl.where(vis, tl.exp2(st - lse2[None, :]), 0.0)
             # GATED: the rows' gradient is gate * dO, applied to the register tiles (row_gate).
-            # (dV's product before dP's, as before the gate: with dP's first (48b251c, c41b9d0)
-            # the ungated kernel ran 1.09-1.11x as long on one H100, kernels_c41b9d0.log)
+            # DP_FIRST: dP's product before dV's (the order changes the compiled schedule; see
+            # TUNE['dkv_dp_first'])
             gr = row_gate(gate, row, tmask, GATED)
+            if DP_FIRST:
+                dpt = tl.dot(vt, tl.trans(dot_))
             if GATED:
                 dv_acc += tl.dot((pt * gr[None, :]).to(dot_.dtype), dot_)
             else:
                 dv_acc += tl.dot(pt.to(dot_.dtype), dot_)
-            dpt = tl.dot(vt, tl.trans(dot_))
+            if not DP_FIRST:
+                dpt = tl.dot(vt, tl.trans(dot_))
             if GATED:
                 dpt = dpt * gr[None, :]
             dst = pt * (dpt - dl[None, :])
@@ -379,9 +383,12 @@ def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, 
 #: tt_rows // next_pow2(G) (at most tt_max) when the keys hold at most tt_nb * n blocks, else 1;
 #: dq from the dS tiles of the dk/dv pass (see _ds_path): dq_from_ds, and ds_budget bytes of tiles
 #: at a time (longer inputs are taken a chunk of query tokens at a time, see _ds_chunk); K/V blocks
-#: through TMA descriptors at one token a tile (see _tma): tma, and the pipeline's tma_stages
+#: through TMA descriptors at one token a tile (see _tma): tma, and the pipeline's tma_stages;
+#: dkv_dp_first: (ungated, gated) whether the dk/dv kernel computes dP before dV (the order of
+#: its products changes the compiled schedule: on one H100 the ungated kernel with dP first
+#: ran 1.09-1.11x as long, kernels_c41b9d0.log against kernels_90f942e.log)
 TUNE = dict(fwd_warps=4, fwd_stages=2, qc=512, dkv_cells=8192, dkv_warps=4, dkv_stages=2,
-            tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_from_ds=True, ds_budget=16 << 30,
+            dkv_dp_first=(False, False), tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_from_ds=True, ds_budget=16 << 30,
             tma=True, tma_stages=3)
 
 
@@ -533,7 +540,7 @@ def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, d
     _sel_bwd_dkv_kernel[(seg.numel(),)](
         q, k, v, do, lse, delta, delta if gate is None else gate, keys_sorted, perm, seg, start, end, dk, dv,
         q if ds is None else ds, q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3]), GP=GP, BQ=BQ,
-        DS=ds is not None, GATED=gate is not None,
+        DS=ds is not None, GATED=gate is not None, DP_FIRST=TUNE["dkv_dp_first"][gate is not None],
         **meta, num_warps=4 if interpret else TUNE["dkv_warps"], num_stages=1 if interpret else TUNE["dkv_stages"],
     )
 

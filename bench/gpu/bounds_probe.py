@@ -9,9 +9,12 @@ the glue around them, each timed alone on random inputs (as bench/bench_nsa.py m
              (cudnn_compressed._fold_kv today) against cuDNN's own grouped-query attention
              (K/V with H heads): outputs and gradients against each other, fwd and fwd+bwd;
   dkv-ds     the selected branch's dk/dv pass with and without storing the dS tiles for the
-             dq pass, and that dq pass alone;
-  dkv-order  that dk/dv pass ungated and gated (nsa.kernels.gated_branches), with dP's product
-             after dV's or before (selection.TUNE['dkv_dp_first']).
+             dq pass, and that dq pass alone.
+
+A part dkv-order (commit c01f1db, docs/measurements/2026-11-23-g/order_c01f1db.log) timed that
+dk/dv pass with a gate multiplied into its register tiles and the order of its dP and dV
+products; the gate is folded into the log-sum-exp since (nsa.kernels.gated_branches) and the
+part was removed.
 
     python3 bench/gpu/bounds_probe.py [--shapes 16k 64k] [--parts gather cudnn-gqa dkv-ds]
 
@@ -146,36 +149,11 @@ def dkv_ds(q, k, v, idx, do, LS: int) -> None:
     timed("dq from dS", lambda: S._sel_dq_from_ds(q, k, idx, ds, LS), base)
 
 
-def dkv_order(q, k, v, idx, do, LS: int) -> None:
-    """The dk/dv pass (with its dS tiles) ungated and gated, dP's product after or before dV's."""
-    with torch.no_grad():
-        o, lse = S._sel_fwd(q, k, v, idx, LS, 0, False)
-    delta = S._row_delta(o, do)
-    G = q.shape[2] // k.shape[2]
-    gate = torch.rand(q.shape[:3], device=q.device)
-    work = S._inverse_selection(idx, k.shape[1], LS, S._dkv_qc(q.device, q.shape[1], False))
-    dk, dv = torch.zeros(2, *k.shape, device=k.device, dtype=torch.float32).unbind(0)
-    ds = torch.empty(idx.numel() * G * LS, device=q.device, dtype=q.dtype)
-    saved = S.TUNE["dkv_dp_first"]
-    try:
-        for gated in (False, True):
-            base = None
-            for dp_first in (False, True):
-                S.TUNE["dkv_dp_first"] = (dp_first, dp_first)
-                fn = lambda: S._dkv_pass(q, k, v, do, lse, delta, work, LS, 0, dk, dv, ds,  # noqa: E731
-                                         gate=gate if gated else None)
-                t = timed(f"dk/dv pass, {'gated' if gated else 'ungated'}, dP {'first' if dp_first else 'after dV'}",
-                          fn, base)
-                base = base or t
-    finally:
-        S.TUNE["dkv_dp_first"] = saved
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["16k", "64k"], choices=sorted(SHAPES))
     ap.add_argument("--parts", nargs="+", default=["gather", "cudnn-gqa", "dkv-ds"],
-                    choices=["gather", "cudnn-gqa", "dkv-ds", "dkv-order"])
+                    choices=["gather", "cudnn-gqa", "dkv-ds"])
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bounds_probe.py needs a CUDA GPU")
@@ -198,8 +176,6 @@ def main() -> None:
             cudnn_gqa(q, kc, vc, do, cfg)
         if "dkv-ds" in args.parts:
             dkv_ds(q, k, v, idx, do, cfg.sel_block)
-        if "dkv-order" in args.parts:
-            dkv_order(q, k, v, idx, do, cfg.sel_block)
         del q, k, v, do, kc, vc, idx
         torch.cuda.empty_cache()
 

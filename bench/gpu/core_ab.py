@@ -4,9 +4,7 @@ m7c_125m) show what the switch costs in host time and the long ones what it buys
 
   tma    the selected branch's TMA loads (selection.TUNE['tma']);
   fused  the selected and window branches and the gated sum as one op
-         (nsa.attention.backends.FUSE_GATED_BRANCHES, nsa.kernels.gated_branches);
-  dkv-dp-first  that op's dk/dv kernel of the selected branch with dP's product before dV's
-         (selection.TUNE['dkv_dp_first'][1]).
+         (nsa.attention.backends.FUSE_GATED_BRANCHES, nsa.kernels.gated_branches).
 
     python3 bench/gpu/core_ab.py [--switch tma] [--shapes 2k m7c_125m 16k 64k] [--rounds 2]
 
@@ -14,7 +12,8 @@ Prints per shape and round: GPU ms (median, triton.testing.do_bench) and host ms
 one step, bench_nsa._host_ms) for each setting, then the ratio of the medians on / off. Named
 tma_ab.py until the fused switch came (its runs at a43e337 and cf1c17b, docs/measurements/
 2026-11-23-f/tma_ab_*.log, switched TMA; the first also the window's band kernels' TMA loads,
-removed after it)."""
+removed after it). A switch dkv-dp-first (c01f1db, order_c01f1db.log) timed the gated dk/dv
+kernel's product order before the gate moved into the log-sum-exp."""
 from __future__ import annotations
 
 import argparse
@@ -35,8 +34,6 @@ from nsa.kernels import selection as S  # noqa: E402
 SWITCHES = {  # name -> (read the setting, set it)
     "tma": (lambda: S.TUNE["tma"], lambda on: S.TUNE.__setitem__("tma", on)),
     "fused": (lambda: backends.FUSE_GATED_BRANCHES, lambda on: setattr(backends, "FUSE_GATED_BRANCHES", on)),
-    "dkv-dp-first": (lambda: S.TUNE["dkv_dp_first"][1],
-                     lambda on: S.TUNE.__setitem__("dkv_dp_first", (S.TUNE["dkv_dp_first"][0], on))),
 }
 
 

@@ -52,41 +52,23 @@ def finish(acc, m_i, l_i):
 
 
 @triton.jit
-def row_gate(gate, l_off, rmask, GATED: tl.constexpr):
-    """GATED: each row's gate [rows] in float32 (gate [B, Tq, HQ] at l_off), for a branch whose
-    dO is the gradient of the gated sum (nsa.kernels.gated_branches): its gradient is then
-    gate * dO, which the kernels apply to the [rows, keys] tiles in registers, dP = gate *
-    (dO V^T) and gate * P for dV, rather than to the dO tiles their tensor-core products read
-    from shared memory. Else ones, which no kernel reads."""
-    if GATED:
-        g = tl.load(gate + l_off, mask=rmask, other=0.0).to(tl.float32)
-    else:
-        g = (l_off * 0).to(tl.float32) + 1.0
-    return g
-
-
-@triton.jit
-def score_grad(p, dot_, vt, dl, gr, GATED: tl.constexpr):
-    """dS = P * (dP - delta) with dP = dO V^T, the softmax backward of one tile (p:
-    probabilities, zero where not visible; dot_: dO rows; dl: delta = rowsum(dP * P) =
-    rowsum(gradient * O); GATED: dP times the rows' gates gr, see row_gate)."""
+def score_grad(p, dot_, vt, dl):
+    """dS = P * (dO V^T - delta), the softmax backward of one tile (p: probabilities, zero where
+    not visible; dot_: dO rows; dl: delta = rowsum(dO * O))."""
     dp = tl.dot(dot_, tl.trans(vt))
-    if GATED:
-        dp = dp * gr[:, None]
     return p * (dp - dl[:, None])
 
 
 @triton.jit
-def dq_rows(do, o, lse, delta, gate, offs, mask, l_off, rmask, GATED: tl.constexpr):
-    """What a dq kernel reads per query row: the dO rows [rows, BK] at offs, delta in float32,
-    the row's log-sum-exp in base 2 and its gate (see row_gate). Not GATED, delta =
-    rowsum(dO * O) is computed here and stored at delta + l_off for the dk/dv pass; GATED, it
-    is loaded from there (gate * rowsum(dO * O), which the gated sum's backward computed)."""
+def dq_rows(do, o, lse, delta, offs, mask, l_off, rmask, DELTA_GIVEN: tl.constexpr):
+    """What a dq kernel reads per query row: the dO rows [rows, BK] at offs, delta =
+    rowsum(dO * O) in float32 and the row's log-sum-exp in base 2. delta is computed here and
+    stored at delta + l_off for the dk/dv pass, or, DELTA_GIVEN, loaded from there (o unread)."""
     dot_ = tl.load(do + offs, mask=mask, other=0.0)
-    if GATED:
+    if DELTA_GIVEN:
         dl = tl.load(delta + l_off, mask=rmask, other=0.0)
     else:
         ot = tl.load(o + offs, mask=mask, other=0.0)
         dl = tl.sum(dot_.to(tl.float32) * ot.to(tl.float32), 1)
         tl.store(delta + l_off, dl, mask=rmask)
-    return dot_, dl, lse_log2(tl.load(lse + l_off, mask=rmask, other=0.0)), row_gate(gate, l_off, rmask, GATED)
+    return dot_, dl, lse_log2(tl.load(lse + l_off, mask=rmask, other=0.0))

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ._autograd import kernel_op
-from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, row_gate, score_grad
+from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
 
 
 @triton.jit
@@ -150,8 +150,8 @@ def _band_fwd_kernel(
 
 
 @triton.jit
-def _dq_tile(acc, qt, dot_, lse2, dl, gr, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-             H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr, GATED: tl.constexpr):
+def _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+             H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr):
     """One key tile of dq; MASK: apply the rows' visibility. Unmasked, the rows past Tq (zero
     do and delta) add nothing."""
     kt, vt, vis = _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H, K, BN, MASK)
@@ -160,44 +160,42 @@ def _dq_tile(acc, qt, dot_, lse2, dl, gr, rmask, k_base, v_base, n0, end, lo, hi
         p = tl.where(vis & rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
     else:
         p = tl.exp2(s - lse2[:, None])
-    ds = score_grad(p, dot_, vt, dl, gr, GATED)
+    ds = score_grad(p, dot_, vt, dl)
     return acc + tl.dot(ds.to(kt.dtype), kt)
 
 
 @triton.jit
 def _band_bwd_dq_kernel(
-    q, k, v, o, do, lse, delta, gate, dq, Tq, Tk, q_start, sm_scale,
+    q, k, v, o, do, lse, delta, dq, Tq, Tk, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DELTA_GIVEN: tl.constexpr,
 ):
     qb, row_off, m2, l_off, rmask, k_base, v_base, offk, kmask, lo, hi, start, whole_lo, whole_hi, end = \
         _row_block(k, v, Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK)
     q_off = qb + row_off[:, None] + offk[None, :]
     qt = tl.load(q + q_off, mask=m2, other=0.0)
-    dot_, dl, lse2, gr = dq_rows(do, o, lse, delta, gate, q_off, m2, l_off, rmask, GATED)
+    dot_, dl, lse2 = dq_rows(do, o, lse, delta, q_off, m2, l_off, rmask, DELTA_GIVEN)
     qk_scale = sm_scale * LOG2E
     acc = tl.zeros([BM, BK], tl.float32)
     for n0 in range(whole_lo, whole_hi, BN):
-        acc = _dq_tile(acc, qt, dot_, lse2, dl, gr, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk,
-                       kmask, H, K, BN, False, GATED)
+        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+                       H, K, BN, False)
     for n0 in range(start, whole_lo, BN):
-        acc = _dq_tile(acc, qt, dot_, lse2, dl, gr, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk,
-                       kmask, H, K, BN, True, GATED)
+        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+                       H, K, BN, True)
     for n0 in range(whole_hi, end, BN):
-        acc = _dq_tile(acc, qt, dot_, lse2, dl, gr, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk,
-                       kmask, H, K, BN, True, GATED)
+        acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
+                       H, K, BN, True)
     tl.store(dq + q_off, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
 
 
 @triton.jit
-def _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, gate, r0, r_end, cols, qbase, lbase0, q_start, Tk,
-              qk_scale, offk, kmask, HQ: tl.constexpr, G: tl.constexpr, K: tl.constexpr, L: tl.constexpr,
-              D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr, MASK: tl.constexpr,
-              GATED: tl.constexpr):
+def _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, r0, r_end, cols, qbase, lbase0, q_start, Tk, qk_scale,
+              offk, kmask, HQ: tl.constexpr, G: tl.constexpr, K: tl.constexpr, L: tl.constexpr,
+              D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr, MASK: tl.constexpr):
     """One block of BM query rows against the program's key tile; MASK: apply the rows'
-    visibility and the end of the rows (unmasked, all BM rows see every key of the tile);
-    GATED: the rows' gradient is their gate times dO (see _softmax.row_gate)."""
+    visibility and the end of the rows (unmasked, all BM rows see every key of the tile)."""
     rows = r0 + tl.arange(0, BM)
     t = rows // G
     g = rows % G
@@ -209,13 +207,11 @@ def _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, gate, r0, r_end, cols, 
         m2 = rmask[:, None] & kmask[None, :]
         qt = tl.load(q + ptrs, mask=m2, other=0.0)
         dot_ = tl.load(do + ptrs, mask=m2, other=0.0)
-        gr = row_gate(gate, lidx, rmask, GATED)
         lse2 = lse_log2(tl.load(lse + lidx, mask=rmask, other=0.0))
         dl = tl.load(delta + lidx, mask=rmask, other=0.0)
     else:  # every row sees a key of the tile: its lse is finite
         qt = tl.load(q + ptrs, mask=kmask[None, :], other=0.0)
         dot_ = tl.load(do + ptrs, mask=kmask[None, :], other=0.0)
-        gr = row_gate(gate, lidx, lidx >= 0, GATED)
         lse2 = tl.load(lse + lidx) * LOG2E
         dl = tl.load(delta + lidx)
     s = tl.dot(qt, tl.trans(kt)) * qk_scale
@@ -225,21 +221,18 @@ def _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, gate, r0, r_end, cols, 
         p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
     else:
         p = tl.exp2(s - lse2[:, None])
-    if GATED:  # dV = (gate * P)^T dO: the gate on the register tile (see row_gate)
-        dv_acc += tl.dot(tl.trans((p * gr[:, None]).to(dot_.dtype)), dot_)
-    else:
-        dv_acc += tl.dot(tl.trans(p.to(dot_.dtype)), dot_)
-    ds = score_grad(p, dot_, vt, dl, gr, GATED)
+    dv_acc += tl.dot(tl.trans(p.to(dot_.dtype)), dot_)
+    ds = score_grad(p, dot_, vt, dl)
     dk_acc += tl.dot(tl.trans(ds.to(qt.dtype)), qt)
     return dk_acc, dv_acc
 
 
 @triton.jit
 def _band_bwd_dkv_kernel(
-    q, k, v, do, lse, delta, gate, dk, dv, Tq, Tk, q_start, sm_scale, rows_per_split,
+    q, k, v, do, lse, delta, dk, dv, Tq, Tk, q_start, sm_scale, rows_per_split,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ATOMIC: tl.constexpr, GATED: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ATOMIC: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -291,14 +284,14 @@ def _band_bwd_dkv_kernel(
     dk_acc = tl.zeros([BN, BK], tl.float32)
     dv_acc = tl.zeros([BN, BK], tl.float32)
     for r0 in range(ra, rb, BM):
-        dk_acc, dv_acc = _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, gate, r0, r_end, cols, qbase, lbase0,
-                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, False, GATED)
+        dk_acc, dv_acc = _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, r0, r_end, cols, qbase, lbase0,
+                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, False)
     for r0 in range(r_start, ra, BM):
-        dk_acc, dv_acc = _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, gate, r0, r_end, cols, qbase, lbase0,
-                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, True, GATED)
+        dk_acc, dv_acc = _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, r0, r_end, cols, qbase, lbase0,
+                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, True)
     for r0 in range(rb, r_end, BM):
-        dk_acc, dv_acc = _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, gate, r0, r_end, cols, qbase, lbase0,
-                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, True, GATED)
+        dk_acc, dv_acc = _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, r0, r_end, cols, qbase, lbase0,
+                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, True)
     kv_off = tl.arange(0, BN)[:, None] * (H * K) + offk[None, :]
     kvm = cmask[:, None] & kmask[None, :]
     if ATOMIC:
@@ -384,12 +377,9 @@ def _dkv_splits(key_tiles: int, row_blocks: int, device: torch.device, window: b
 
 def band_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                   do: torch.Tensor, q_start: int, L: int, D: int, W: int, window: bool, deterministic: bool,
-                  gate: torch.Tensor | None = None,
                   delta: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv. gate and delta ([B, Tq, HQ], float32 delta) given: do is the gradient of the
-    gated sum, the branch's gradient is gate * do (the kernels apply the gate to their register
-    tiles, see _softmax.row_gate), and delta = gate * rowsum(do * o) is not computed again
-    (nsa.kernels.gated_branches)."""
+    """dq, dk, dv; delta = rowsum(do * o) ([B, Tq, HQ] float32) when the caller has it (o is
+    then not read; nsa.kernels.gated_branches passes lse and delta that fold in a gate)."""
     B, Tq, HQ, K = q.shape
     Tk, H = k.shape[1], k.shape[2]
     G = HQ // H
@@ -399,16 +389,15 @@ def band_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
     dv = torch.empty_like(v)
     if Tq == 0 or Tk == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    is_gated = gate is not None
-    if not is_gated:
+    delta_given = delta is not None
+    if not delta_given:
         delta = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
     _, (BM, BN, nw, ns), (BM2, BN2, nw2, ns2) = _configs(K, _is_interpret(q), window)
     BK = max(16, triton.next_power_of_2(K))
     sm = 1.0 / math.sqrt(K)
-    gate = gate if is_gated else delta  # a valid pointer the kernels do not read
     _band_bwd_dq_kernel[(triton.cdiv(Tq * G, BM), B * H)](
-        q, k, v, o, do, lse, delta, gate, dq, Tq, Tk, q_start, sm,
-        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM, BN=BN, BK=BK, GATED=is_gated,
+        q, k, v, o, do, lse, delta, dq, Tq, Tk, q_start, sm,
+        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM, BN=BN, BK=BK, DELTA_GIVEN=delta_given,
         num_warps=nw, num_stages=ns,
     )
     tiles = triton.cdiv(Tk, BN2) * B * H
@@ -418,8 +407,8 @@ def band_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
     # float32 partial sums when atomic, one buffer for both (one fill)
     dk_, dv_ = torch.zeros(2, *k.shape, device=k.device, dtype=torch.float32).unbind(0) if atomic else (dk, dv)
     _band_bwd_dkv_kernel[(triton.cdiv(Tk, BN2), n_split, B * H)](
-        q, k, v, do, lse, delta, gate, dk_, dv_, Tq, Tk, q_start, sm, rows_per_split,
-        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM2, BN=BN2, BK=BK, ATOMIC=atomic, GATED=is_gated,
+        q, k, v, do, lse, delta, dk_, dv_, Tq, Tk, q_start, sm, rows_per_split,
+        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM2, BN=BN2, BK=BK, ATOMIC=atomic,
         num_warps=nw2, num_stages=ns2,
     )
     if atomic:  # separate tensors: a custom op's outputs may not share storage
@@ -430,7 +419,7 @@ def band_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
 def _band_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
               do: torch.Tensor, q_start: int, L: int, D: int, W: int,
               window: bool, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """nsa::band_bwd: the backward of one branch's own output."""
+    """nsa::band_bwd (see band_backward)."""
     return band_backward(q, k, v, o, lse, do, q_start, L, D, W, window, deterministic)
 
 

@@ -34,11 +34,12 @@ def _combine_fwd_kernel(g, oc, os_, ow, o, n_rows, K: tl.constexpr, BR: tl.const
 
 
 @triton.jit
-def _combine_bwd_kernel(g, oc, os_, ow, do, dg, doc, dos, dow, n_rows,
-                        K: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, DELTAS: tl.constexpr):
-    """dg and do_cmp = g_cmp * do; then do_sel, do_win into dos, dow or, DELTAS, the selected and
-    window branches' delta = rowsum(g * do * o) = g * dg (float32 [rows]) into dos, dow
-    (nsa.kernels.gated_branches: those branches apply their gate themselves)."""
+def _combine_bwd_kernel(g, oc, os_, ow, do, dg, doc, dos, dow, lse_s, lse_w, fold_s, fold_w, n_rows,
+                        K: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, FOLD: tl.constexpr):
+    """dg and do_cmp = g_cmp * do; then do_sel, do_win into dos, dow or, FOLD, what the selected
+    and window branches' backward takes instead (nsa.kernels.gated_branches): delta =
+    rowsum(do * o) (float32 [rows]) into dos, dow, and lse - ln(g) of lse_s, lse_w into fold_s,
+    fold_w."""
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     rm = rows < n_rows
     cols = tl.arange(0, BK)
@@ -53,15 +54,26 @@ def _combine_bwd_kernel(g, oc, os_, ow, do, dg, doc, dos, dow, n_rows,
     d0 = tl.sum(dout * tl.load(oc + off, mask=m, other=0.0).to(tl.float32), 1)
     d1 = tl.sum(dout * tl.load(os_ + off, mask=m, other=0.0).to(tl.float32), 1)
     d2 = tl.sum(dout * tl.load(ow + off, mask=m, other=0.0).to(tl.float32), 1)
-    if DELTAS:
-        tl.store(dos + rows, g1 * d1, mask=rm)
-        tl.store(dow + rows, g2 * d2, mask=rm)
+    if FOLD:
+        tl.store(dos + rows, d1, mask=rm)
+        tl.store(dow + rows, d2, mask=rm)
+        _fold_gate(lse_s, fold_s, rows, rm, g1)
+        _fold_gate(lse_w, fold_w, rows, rm, g2)
     else:
         tl.store(dos + off, (g1[:, None] * dout).to(dos.dtype.element_ty), mask=m)
         tl.store(dow + off, (g2[:, None] * dout).to(dow.dtype.element_ty), mask=m)
     tl.store(dg + r3, d0.to(dg.dtype.element_ty), mask=rm)
     tl.store(dg + r3 + 1, d1.to(dg.dtype.element_ty), mask=rm)
     tl.store(dg + r3 + 2, d2.to(dg.dtype.element_ty), mask=rm)
+
+
+@triton.jit
+def _fold_gate(lse, out, rows, rm, g):
+    """out = lse - ln(g): exp(s - that) = g * exp(s - lse), so a branch's backward run on it
+    sees its probabilities times its gate (+inf for g = 0: probabilities 0; a row that sees no
+    key keeps -inf; g < 0 gives NaN, loudly: the gates are sigmoid outputs)."""
+    x = tl.load(lse + rows, mask=rm, other=0.0)
+    tl.store(out + rows, tl.where(x == float("-inf"), x, x - tl.log(g)), mask=rm)
 
 
 def _launch_meta(K: int):
@@ -78,32 +90,35 @@ def _combine_fwd(gates: torch.Tensor, oc: torch.Tensor, os_: torch.Tensor, ow: t
     return o
 
 
-def _combine_bwd_launch(gates, oc, os_, ow, do, deltas: bool):
+def _combine_bwd_launch(gates, oc, os_, ow, do, lse_sel=None, lse_win=None):
+    fold = lse_sel is not None
     do = do.contiguous()
     dg = torch.empty_like(gates)
     doc = torch.empty_like(oc)
-    if deltas:
-        dos, dow = torch.empty(2, *oc.shape[:-1], device=oc.device, dtype=torch.float32).unbind(0)
+    if fold:  # delta and the folded lse of both branches, one allocation
+        dos, dow, fold_s, fold_w = torch.empty(4, *oc.shape[:-1], device=oc.device, dtype=torch.float32).unbind(0)
     else:
         dos, dow = torch.empty_like(os_), torch.empty_like(ow)
+        lse_sel = lse_win = fold_s = fold_w = dos  # valid pointers the kernel does not read
     n_rows, K = oc.numel() // oc.shape[-1], oc.shape[-1]
     meta = _launch_meta(K)
     if n_rows:
         _combine_bwd_kernel[(triton.cdiv(n_rows, meta["BR"]),)](
-            gates, oc, os_, ow, do, dg, doc, dos, dow, n_rows, DELTAS=deltas, **meta)
-    return dg, doc, dos, dow
+            gates, oc, os_, ow, do, dg, doc, dos, dow, lse_sel, lse_win, fold_s, fold_w, n_rows, FOLD=fold, **meta)
+    return (dg, doc, dos, dow, fold_s, fold_w) if fold else (dg, doc, dos, dow)
 
 
 def _combine_bwd(gates: torch.Tensor, oc: torch.Tensor, os_: torch.Tensor, ow: torch.Tensor,
                  do: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _combine_bwd_launch(gates, oc, os_, ow, do, deltas=False)
+    return _combine_bwd_launch(gates, oc, os_, ow, do)
 
 
-def combine_bwd_deltas(gates, oc, os_, ow, do):
-    """dgates, do_cmp = g_cmp * do, and the selected and window branches' delta =
-    rowsum(g * do * o) ([B, T, HQ] float32 each), for branches that apply their gate
-    themselves (nsa.kernels.gated_branches)."""
-    return _combine_bwd_launch(gates, oc, os_, ow, do, deltas=True)
+def combine_bwd_folded(gates, oc, os_, ow, do, lse_sel, lse_win):
+    """dgates and do_cmp = g_cmp * do, and for the selected and window branches what their
+    backward takes in place of g * do: delta = rowsum(do * o) and lse - ln(g) ([B, T, HQ]
+    float32 each; nsa.kernels.gated_branches). Returns dgates, do_cmp, delta_sel, delta_win,
+    lse_sel - ln(g_sel), lse_win - ln(g_win)."""
+    return _combine_bwd_launch(gates, oc, os_, ow, do, lse_sel, lse_win)
 
 
 #: the custom ops nsa::gate_combine_fwd / nsa::gate_combine_bwd (see nsa.kernels._autograd)

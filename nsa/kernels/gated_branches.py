@@ -8,17 +8,20 @@ The forward runs the kernels of the three separate calls (selection, band_attent
 WINDOW, combine). The backward leaves out glue the separate ops need between them:
 
 * the gated sum's backward writes dgates and do_cmp = g_cmp * do (the compressed branch, cuDNN
-  or the band kernel, takes its gradient as a tensor), and for the selected and window branches
-  only delta = g * rowsum(do * o) = g * dgates (float32 a row, which it has on its way to
-  dgates): their kernels take do itself and apply the gate to their register tiles (dP = g *
-  dO V^T, and g * P for dV; _softmax.row_gate), so g_sel * do and g_win * do are never
-  written, and neither branch reads its output again for its delta;
+  or the band kernel, takes its gradient as a tensor), but not g_sel * do nor g_win * do: the
+  selected and window branches' backward kernels take do itself, with the gate folded into
+  each row's log-sum-exp, lse - ln(g), so that the probabilities they recompute come out as
+  g * P, and delta = rowsum(do * o) (which the gated sum's backward has on its way to dgates).
+  Their softmax backward is then exactly that of the gradient g * do:
+  dS = g P (do V^T - rowsum(do * o)), dV = (g P)^T do, with no work a tile added to the
+  kernels. The gates must be non-negative (sigmoid outputs, as NSAAttention makes them): a
+  negative gate makes the gradients NaN; a zero gate, zero;
 * the selected branch's last dq kernel adds the window's dq, so autograd sums one dq fewer.
 
-The gradients are those of the separate ops up to rounding: there g * do is rounded to do's
-dtype before the tensor-core products, here the gate multiplies float32 tiles (and delta is
-g * rowsum(do * o) to match). Shapes: gates [B, Tq, HQ, 3] (cmp, sel, win); o_cmp and q
-[B, Tq, HQ, K]; k_*, v_* [B, Tk, H, K]; idx [B, Tq, H, n].
+Neither branch reads its output again for its delta. The gradients are those of the separate
+ops up to rounding (there g * do is rounded to do's dtype before the tensor-core products).
+Shapes: gates [B, Tq, HQ, 3] (cmp, sel, win); o_cmp and q [B, Tq, HQ, K]; k_*, v_* [B, Tk, H,
+K]; idx [B, Tq, H, n].
 """
 from __future__ import annotations
 
@@ -49,15 +52,12 @@ def _bwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch
          sel_block: int, window: int, deterministic: bool,
          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dgates, do_cmp, dq (selected + window), dk_sel, dv_sel, dk_win, dv_win."""
-    dgates, do_cmp, delta_sel, delta_win = combine.combine_bwd_deltas(gates, o_cmp, o_sel, o_win, do)
-    # [B, Tq, HQ] float32: what the kernels index, in 4-byte words so that their pipelines
-    # prefetch it (cp.async moves 4 bytes or more; a bf16 gate was a blocking load each step:
-    # the window's dk/dv kernel took 8.70 against 6.68 ms at 64k on one H100, fused_75ddeaf.log)
-    g_sel, g_win = (gates[..., i].to(torch.float32).contiguous() for i in (1, 2))
-    dq_win, dk_win, dv_win = band_attention.band_backward(q, k_win, v_win, o_win, lse_win, do, q_start, 1, 1, window,
-                                                          True, deterministic, g_win, delta_win)
-    dq, dk_sel, dv_sel = selection.selection_backward(q, k_sel, v_sel, idx, o_sel, lse_sel, do, sel_block, q_start,
-                                                      deterministic, g_sel, delta_sel, dq_win)
+    dgates, do_cmp, delta_sel, delta_win, lse_sel_g, lse_win_g = combine.combine_bwd_folded(
+        gates, o_cmp, o_sel, o_win, do, lse_sel, lse_win)
+    dq_win, dk_win, dv_win = band_attention.band_backward(q, k_win, v_win, o_win, lse_win_g, do, q_start, 1, 1,
+                                                          window, True, deterministic, delta_win)
+    dq, dk_sel, dv_sel = selection.selection_backward(q, k_sel, v_sel, idx, o_sel, lse_sel_g, do, sel_block, q_start,
+                                                      deterministic, delta_sel, dq_win)
     return dgates, do_cmp, dq, dk_sel, dv_sel, dk_win, dv_win
 
 

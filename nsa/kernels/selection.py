@@ -37,7 +37,7 @@ import triton.language as tl
 
 from ._autograd import kernel_op
 from ._tma import kv_desc, kv_tma_ok
-from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, row_gate, score_grad
+from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
 
 
 @triton.jit
@@ -175,16 +175,16 @@ def _sel_fwd_kernel(
 
 @triton.jit
 def _sel_bwd_dq_kernel(
-    q, k, v, idx, blocks, o, do, lse, delta, gate, dq, Tq, Tk, q_start, sm_scale,
+    q, k, v, idx, blocks, o, do, lse, delta, dq, Tq, Tk, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
     TT: tl.constexpr, ROWS: tl.constexpr, NU: tl.constexpr, NUP: tl.constexpr, TMA: tl.constexpr,
-    GATED: tl.constexpr,
+    DELTA_GIVEN: tl.constexpr,
 ):
     pos, row, rmask, q_off, m2, pos_last, offk, kmask, b, h, ubase, n_valid, mine = _sel_tile(
         idx, blocks, Tq, Tk, q_start, H, G, GP, K, BK, N, NP, TT, ROWS, NU, NUP)
     qt = tl.load(q + q_off, mask=m2, other=0.0)
-    dot_, dl, lse2, gr = dq_rows(do, o, lse, delta, gate, q_off, m2, row, rmask, GATED)
+    dot_, dl, lse2 = dq_rows(do, o, lse, delta, q_off, m2, row, rmask, DELTA_GIVEN)
     qk_scale = sm_scale * LOG2E
     acc = tl.zeros([ROWS, BK], tl.float32)
     offs = tl.arange(0, BS)
@@ -192,7 +192,7 @@ def _sel_bwd_dq_kernel(
         kt, vt, vis = _block_kv(k, v, ubase, i, offs, offk, kmask, b, h, pos, pos_last, mine, Tk, H, K, LS, TT, TMA)
         s = tl.dot(qt, tl.trans(kt)) * qk_scale
         p = tl.where(vis & rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
-        ds = score_grad(p, dot_, vt, dl, gr, GATED)
+        ds = score_grad(p, dot_, vt, dl)
         acc += tl.dot(ds.to(kt.dtype), kt)
     tl.store(dq + q_off, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
 
@@ -229,11 +229,10 @@ def _sel_dq_from_ds_kernel(
 
 @triton.jit
 def _sel_bwd_dkv_kernel(
-    q, k, v, do, lse, delta, gate, keys_sorted, perm, item_seg, item_start, item_end, dk, dv, ds_out,
+    q, k, v, do, lse, delta, keys_sorted, perm, item_seg, item_start, item_end, dk, dv, ds_out,
     Tq, Tk, NB, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-    LS: tl.constexpr, BS: tl.constexpr, BQ: tl.constexpr, DS: tl.constexpr, GATED: tl.constexpr,
-    DP_FIRST: tl.constexpr,
+    LS: tl.constexpr, BS: tl.constexpr, BQ: tl.constexpr, DS: tl.constexpr,
 ):
     """One work item of the dk/dv pass (see the module docstring), key-major: scores as
     S^T = K Q^T [BS, ROWS], so that P^T and dS^T come out of one tensor-core product in the
@@ -284,21 +283,8 @@ def _sel_bwd_dkv_kernel(
             vis = tmask[None, :] & kval[:, None] & (kpos[:, None] <= pos[None, :])
             st = tl.dot(kt, tl.trans(qt)) * qk_scale
             pt = tl.where(vis, tl.exp2(st - lse2[None, :]), 0.0)
-            # GATED: the rows' gradient is gate * dO, applied to the register tiles (row_gate).
-            # DP_FIRST: dP's product before dV's (the order changes the compiled schedule; see
-            # TUNE['dkv_dp_first'])
-            gr = row_gate(gate, row, tmask, GATED)
-            if DP_FIRST:
-                dpt = tl.dot(vt, tl.trans(dot_))
-            if GATED:
-                dv_acc += tl.dot((pt * gr[None, :]).to(dot_.dtype), dot_)
-            else:
-                dv_acc += tl.dot(pt.to(dot_.dtype), dot_)
-            if not DP_FIRST:
-                dpt = tl.dot(vt, tl.trans(dot_))
-            if GATED:
-                dpt = dpt * gr[None, :]
-            dst = pt * (dpt - dl[None, :])
+            dv_acc += tl.dot(pt.to(dot_.dtype), dot_)
+            dst = pt * (tl.dot(vt, tl.trans(dot_)) - dl[None, :])
             dk_acc += tl.dot(dst.to(qt.dtype), qt)
             if DS:  # kept for the dq pass, at the idx entry (token, slot) this key came from
                 e = tl.load(perm + u + rq, mask=tmask, other=0)
@@ -383,12 +369,9 @@ def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, 
 #: tt_rows // next_pow2(G) (at most tt_max) when the keys hold at most tt_nb * n blocks, else 1;
 #: dq from the dS tiles of the dk/dv pass (see _ds_path): dq_from_ds, and ds_budget bytes of tiles
 #: at a time (longer inputs are taken a chunk of query tokens at a time, see _ds_chunk); K/V blocks
-#: through TMA descriptors at one token a tile (see _tma): tma, and the pipeline's tma_stages;
-#: dkv_dp_first: (ungated, gated) whether the dk/dv kernel computes dP before dV (the order of
-#: its products changes the compiled schedule: on one H100 the ungated kernel with dP first
-#: ran 1.09-1.11x as long, kernels_c41b9d0.log against kernels_90f942e.log)
+#: through TMA descriptors at one token a tile (see _tma): tma, and the pipeline's tma_stages
 TUNE = dict(fwd_warps=4, fwd_stages=2, qc=512, dkv_cells=8192, dkv_warps=4, dkv_stages=2,
-            dkv_dp_first=(False, False), tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_from_ds=True, ds_budget=16 << 30,
+            tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_from_ds=True, ds_budget=16 << 30,
             tma=True, tma_stages=3)
 
 
@@ -502,16 +485,17 @@ def _inverse_selection(idx, Tk, ls, qc):
     return keys_sorted, perm, seg, start, end, NB
 
 
-def _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, gate=None, delta=None):
-    """dq, and delta = rowsum(do * o) [B, Tq, HQ] float32 for the dk/dv pass (gate and delta
-    given: see selection_backward)."""
+def _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, delta=None):
+    """dq, and delta = rowsum(do * o) [B, Tq, HQ] float32 for the dk/dv pass (computed on the
+    way unless given)."""
     B, Tq, HQ, K = q.shape
     dq = torch.empty_like(q)
-    if gate is None:
+    delta_given = delta is not None
+    if not delta_given:
         delta = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
     grid, blocks, kv, meta, launch = _tile_launch(q, k, v, idx, sel_block)
-    _sel_bwd_dq_kernel[grid](q, *kv, idx, blocks, o, do, lse, delta, delta if gate is None else gate, dq, Tq,
-                             k.shape[1], q_start, 1.0 / math.sqrt(K), GATED=gate is not None, **meta, **launch)
+    _sel_bwd_dq_kernel[grid](q, *kv, idx, blocks, o, do, lse, delta, dq, Tq, k.shape[1], q_start,
+                             1.0 / math.sqrt(K), DELTA_GIVEN=delta_given, **meta, **launch)
     return dq, delta
 
 
@@ -525,11 +509,10 @@ def _dkv_qc(device: torch.device, Tq: int, deterministic: bool) -> int:
     return 64 if device.type == "cpu" else TUNE["qc"]
 
 
-def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, dv, ds=None, gate=None):
+def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, dv, ds=None):
     """Adds the dk, dv of the work items of _inverse_selection(idx, Tk, sel_block, _dkv_qc(...))
     into the float32 buffers dk, dv; given ds (flat, B*Tq*H*n * G * l' of q's dtype) it also
-    keeps each (token, slot)'s dS tile there; given gate, the rows' gradient is gate * do
-    (see selection_backward)."""
+    keeps each (token, slot)'s dS tile there."""
     keys_sorted, perm, seg, start, end, NB = work
     meta = _meta(q, k, sel_block)
     interpret = q.device.type == "cpu"
@@ -538,17 +521,16 @@ def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, d
     rows = 64 if interpret else min(TUNE["dkv_cells"] // meta["BK"], 128)
     BQ = max(1, rows // GP)
     _sel_bwd_dkv_kernel[(seg.numel(),)](
-        q, k, v, do, lse, delta, delta if gate is None else gate, keys_sorted, perm, seg, start, end, dk, dv,
-        q if ds is None else ds, q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3]), GP=GP, BQ=BQ,
-        DS=ds is not None, GATED=gate is not None, DP_FIRST=TUNE["dkv_dp_first"][gate is not None],
+        q, k, v, do, lse, delta, keys_sorted, perm, seg, start, end, dk, dv, q if ds is None else ds,
+        q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3]), GP=GP, BQ=BQ, DS=ds is not None,
         **meta, num_warps=4 if interpret else TUNE["dkv_warps"], num_stages=1 if interpret else TUNE["dkv_stages"],
     )
 
 
-def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, gate=None):
+def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int):
     """dk, dv (k's dtype) from the work items of _inverse_selection (see _dkv_pass)."""
     dk, dv = torch.zeros(2, *k.shape, device=k.device, dtype=torch.float32).unbind(0)  # one fill
-    _dkv_pass(q, k, v, do, lse, delta, work, sel_block, q_start, dk, dv, gate=gate)
+    _dkv_pass(q, k, v, do, lse, delta, work, sel_block, q_start, dk, dv)
     # separate tensors: a custom op's outputs may not share storage
     return dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)
 
@@ -603,11 +585,11 @@ def _ds_chunk(q, n: int, sel_block: int) -> int:
 
 
 def _sel_bwd_from_ds(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, deterministic: bool,
-                     gate=None, delta=None, dq_add=None):
+                     delta=None, dq_add=None):
     """dq, dk, dv with dq from dS tiles: per chunk of query tokens (_ds_chunk; one chunk unless
     the tiles pass the budget), the dk/dv pass over the chunk's selections adds into float32
     dk/dv (chunk after chunk, so a fixed order stays fixed) and keeps the chunk's dS tiles, then
-    dq = dS @ K for its tokens (see selection_backward for gate, delta, dq_add)."""
+    dq = dS @ K for its tokens (see selection_backward for delta and dq_add)."""
     Tq, Tk = q.shape[1], k.shape[1]
     G, n = q.shape[2] // k.shape[2], idx.shape[-1]
     if delta is None:
@@ -618,11 +600,10 @@ def _sel_bwd_from_ds(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, det
     for a in range(0, Tq, chunk):
         part = slice(a, min(Tq, a + chunk))  # .contiguous(): a copy only for B > 1 and several chunks
         qc, doc, lsec, dlc, idxc = (t[:, part].contiguous() for t in (q, do, lse, delta, idx))
-        gc, dq_addc = (None if t is None else t[:, part].contiguous() for t in (gate, dq_add))
         work = _inverse_selection(idxc, Tk, sel_block, _dkv_qc(q.device, qc.shape[1], deterministic))
         ds = torch.empty(idxc.numel() * G * sel_block, device=q.device, dtype=q.dtype)
-        _dkv_pass(qc, k, v, doc, lsec, dlc, work, sel_block, q_start + a, dk, dv, ds, gate=gc)
-        dqs.append(_sel_dq_from_ds(qc, k, idxc, ds, sel_block, dq_addc))
+        _dkv_pass(qc, k, v, doc, lsec, dlc, work, sel_block, q_start + a, dk, dv, ds)
+        dqs.append(_sel_dq_from_ds(qc, k, idxc, ds, sel_block, None if dq_add is None else dq_add[:, part]))
         del ds, work  # before the next chunk's, so that one chunk's tiles are held at a time
     dq = dqs[0] if len(dqs) == 1 else torch.cat(dqs, 1)
     return dq, dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)
@@ -630,28 +611,26 @@ def _sel_bwd_from_ds(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, det
 
 def selection_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
                        lse: torch.Tensor, do: torch.Tensor, sel_block: int, q_start: int, deterministic: bool,
-                       gate: torch.Tensor | None = None, delta: torch.Tensor | None = None,
+                       delta: torch.Tensor | None = None,
                        dq_add: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv. Long contexts: dq from the dS tiles of the dk/dv pass (_sel_bwd_from_ds;
     gathers K alone, where the forward and a recomputing dq kernel gather K and V, 32 KB a
     selected block at K=128, and are bound by that gather). Otherwise the dq kernel (which also
     writes delta), then the dk/dv pass. Both are deterministic where the dk/dv pass is.
 
-    For nsa.kernels.gated_branches: gate and delta ([B, Tq, HQ], float32 delta) given, do is
-    the gradient of the gated sum, the branch's gradient is gate * do (the kernels apply the
-    gate to their register tiles, see _softmax.row_gate), and delta = gate * rowsum(do * o) is
-    not computed again; dq_add given, the returned dq includes it (another branch's dq, added
-    by the last dq kernel)."""
+    delta = rowsum(do * o) ([B, Tq, HQ] float32) when the caller has it (o is then not read;
+    nsa.kernels.gated_branches passes lse and delta that fold in a gate); dq_add given, the
+    returned dq includes it (another branch's dq, added by the last dq kernel)."""
     Tq, Tk = q.shape[1], k.shape[1]
     if Tq == 0 or Tk == 0:
         dq = torch.zeros_like(q) if dq_add is None else dq_add.clone()
         return dq, torch.zeros_like(k), torch.zeros_like(v)
     do = do.contiguous()
     if _ds_path(q, k, idx.shape[-1], sel_block):
-        return _sel_bwd_from_ds(q, k, v, idx, o, lse, do, sel_block, q_start, deterministic, gate, delta, dq_add)
-    dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block, q_start, gate, delta)
+        return _sel_bwd_from_ds(q, k, v, idx, o, lse, do, sel_block, q_start, deterministic, delta, dq_add)
+    dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block, q_start, delta)
     work = _inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device, Tq, deterministic))
-    dk, dv = _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block, q_start, gate)
+    dk, dv = _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block, q_start)
     if dq_add is not None:  # short contexts: the dq kernel tiles several tokens; one add
         dq += dq_add
     return dq, dk, dv
@@ -660,7 +639,7 @@ def selection_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: t
 def _sel_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
              lse: torch.Tensor, do: torch.Tensor, sel_block: int,
              q_start: int, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """nsa::sel_bwd: the backward of the branch's own output (see selection_backward)."""
+    """nsa::sel_bwd (see selection_backward)."""
     return selection_backward(q, k, v, idx, o, lse, do, sel_block, q_start, deterministic)
 
 

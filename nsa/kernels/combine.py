@@ -73,7 +73,8 @@ def _fold_gate(lse, out, rows, rm, g):
     sees its probabilities times its gate (+inf for g = 0: probabilities 0; a row that sees no
     key keeps -inf; g < 0 gives NaN, loudly: the gates are sigmoid outputs)."""
     x = tl.load(lse + rows, mask=rm, other=0.0)
-    tl.store(out + rows, tl.where(x == float("-inf"), x, x - tl.log(g)), mask=rm)
+    ln_g = tl.log(tl.where(rm, g, 1.0))  # rows past the end: no log(0)
+    tl.store(out + rows, tl.where(x == float("-inf"), x, x - ln_g), mask=rm)
 
 
 def _launch_meta(K: int):

@@ -93,3 +93,22 @@ def test_core_runs_the_fused_op_and_can_run_without(kdev, monkeypatch):
         assert len(calls) == (1 if fuse else 0) + (0 if fuse else 1), "the fused op ran only when switched on"
     for a, b in zip(runs[True], runs[False]):
         assert_close(a, b, 1e-5 if kdev.type == "cpu" else 5e-3, "fused vs separate")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in log:RuntimeWarning")
+def test_negative_gate_gives_nan_not_a_wrong_gradient(kdev):
+    """The one op folds each gate into a log-sum-exp (ln g): gates are sigmoid outputs. A
+    negative gate must not pass silently: the gradients it touches come out NaN."""
+    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=3, window=4)
+    B, T, H, G, K = 1, 12, 1, 2, 16
+    gen = torch.Generator().manual_seed(3)
+    gates = torch.rand(B, T, H * G, 3, generator=gen)
+    gates[0, 5, 1, 2] = -0.5  # token 5, head 1, window branch
+    leaves = [gates.to(kdev), *(rnd(gen, B, T, H * G, K, device=kdev) for _ in range(2)),
+              *(rnd(gen, B, T, H, K, device=kdev) for _ in range(4))]
+    leaves = [t.requires_grad_() for t in leaves]
+    idx = _random_idx(gen, B, T, H, cfg.n_selected, cfg.sel_block, 0).to(kdev)
+    o = _fused(*leaves, idx, cfg, 0, False)
+    assert torch.isfinite(o).all(), "the forward does not fold the gate"
+    dq = torch.autograd.grad(o, leaves[2], torch.ones_like(o))[0]
+    assert torch.isnan(dq[0, 5, 1]).all() and torch.isfinite(dq[0, 4]).all()

@@ -60,8 +60,8 @@ def main() -> None:
                     switch(on)
                     gpu, host = BN._bench(step), BN._host_ms(step)
                     res[on].append(gpu)
-                    print(f"  {name:9} round {r} {args.switch}={'on ' if on else 'off'}  {gpu:8.3f} ms  host {host:6.3f} ms",
-                          flush=True)
+                    setting = f"{args.switch}={'on ' if on else 'off'}"
+                    print(f"  {name:9} round {r} {setting}  {gpu:8.3f} ms  host {host:6.3f} ms", flush=True)
             off, on = statistics.median(res[False]), statistics.median(res[True])
             print(f"{name}: {meth} fwd+bwd, median off {off:.3f} ms, on {on:.3f} ms, on/off {on / off:.3f}x", flush=True)
             x = None

@@ -200,7 +200,7 @@ def implementation(route: Route) -> Callable:
 
 
 #: run the selected and window branches and the gated sum as one op (nsa.kernels.gated_branches)
-#: when both branches are on Triton; False: three ops (bench/gpu/bounds_probe.py times both)
+#: when both branches are on Triton; False: three ops (bench/gpu/core_ab.py --switch fused times both)
 FUSE_GATED_BRANCHES = True
 
 

@@ -22,7 +22,9 @@ from .config import NSAConfig
 
 def import_kernels() -> None:
     """Import every kernel module now (Triton, the @triton.jit kernels, the nsa:: custom ops)."""
-    from nsa.kernels import band_attention, combine, cudnn_compressed, gated_branches, selection, topk, window  # noqa: F401
+    from nsa.kernels import (  # noqa: F401
+        band_attention, combine, cudnn_compressed, gated_branches, selection, topk, window,
+    )
 
 
 def deterministic() -> bool:

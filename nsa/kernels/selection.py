@@ -565,8 +565,8 @@ def _sel_dq_from_ds(q, k, idx, ds, sel_block: int, dq_add=None):
     interpret = q.device.type == "cpu"
     _sel_dq_from_ds_kernel[(Tq, B * meta["H"])](
         k, idx, ds, dq if dq_add is None else dq_add, dq, Tq, k.shape[1], 1.0 / math.sqrt(K), GP=GP, N=n,
-        NP=triton.next_power_of_2(n), ROWS=max(16, GP), ACC=dq_add is not None, **meta, num_warps=4 if interpret else TUNE["fwd_warps"],
-        num_stages=1 if interpret else TUNE["fwd_stages"])
+        NP=triton.next_power_of_2(n), ROWS=max(16, GP), ACC=dq_add is not None, **meta,
+        num_warps=4 if interpret else TUNE["fwd_warps"], num_stages=1 if interpret else TUNE["fwd_stages"])
     return dq
 
 

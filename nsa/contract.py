@@ -1,0 +1,121 @@
+"""The artifact contract, version 2: what a trainer leaves in its output directory for the
+acceptance harness to judge (docs/artifact_contract.md says it for people).
+
+This module is the one schema. ``nsa.train`` writes by it and ``validation/`` checks by it, so
+the two cannot drift; it imports nothing (a leaf below both), so the harness reads the schema
+without importing the trainer it judges. A trainer of another project does not import it: it
+writes the files the documentation describes, and ``nsa-validate check-artifacts`` checks them.
+
+Version 2 adds to version 1: ranks come from ``env.json`` (a heartbeat or stack dump of a rank
+at or above ``world_size`` is malformed); ``git_sha`` in ``env.json`` names the trainer's own
+commit; steps completed are checked against steps requested; the harness asks for a profile
+through ``PROFILE_STEPS_ENV`` and reads ``profile.json``; a trainer may publish its config keys
+(``LIST_KEYS_FLAG``).
+"""
+from __future__ import annotations
+
+import re
+
+VERSION = 2
+
+# --- files ---------------------------------------------------------------------------------------
+
+TRAINING_CSV = "training.csv"
+#: the header, exactly; column 3 (from 0) is tokens/s, as the seed runbook's snippet reads it
+CSV_COLUMNS = ("step", "loss", "lr", "toks_per_s", "step_time_s", "grad_norm", "mem_alloc_gb", "mem_reserved_gb")
+CSV_MEANING = {
+    "step": "optimizer step, from 1; the last step the run completed is logged whatever the interval",
+    "loss": "training loss of the step (mean over ranks and micro-batches)",
+    "lr": "learning rate of the step",
+    "toks_per_s": "global tokens per second: all ranks, all micro-batches",
+    "step_time_s": "wall time of the step",
+    "grad_norm": "gradient norm before clipping",
+    "mem_alloc_gb": "allocated accelerator memory, GiB (the process's resident set on CPU)",
+    "mem_reserved_gb": "reserved accelerator memory, GiB (the process's resident set on CPU)",
+}
+ENV_JSON = "env.json"
+HALT = ".HALT"
+PROFILE_JSON = "profile.json"
+HEARTBEAT_PATTERN = re.compile(r"^heartbeat_rank(\d+)\.jsonl$")
+STACKDUMP_PATTERN = re.compile(r"^stackdump_rank(\d+)\.txt$")
+
+
+def heartbeat_name(rank: int) -> str:
+    return f"heartbeat_rank{rank}.jsonl"
+
+
+def stackdump_name(rank: int) -> str:
+    return f"stackdump_rank{rank}.txt"
+
+
+# --- heartbeat records ---------------------------------------------------------------------------
+
+#: fields every heartbeat record carries (progress, stalls, imbalance are read from them)
+HEARTBEAT_REQUIRED = ("time", "step")
+HEARTBEAT_RECOMMENDED = {
+    "rank": "the writer's rank (the file name says it too)",
+    "pid": "the writer's process id: the harness maps a hung process to its rank by it",
+    "stage": "data / forward / backward / optimizer / checkpoint / graph / step / halt",
+    "gpu_util": "GPU utilisation in percent where readable",
+    "fallbacks": "a mapping of counters: calls routed to a slower backend than wanted",
+}
+
+# --- env.json ------------------------------------------------------------------------------------
+
+ENV_REQUIRED = {"world_size": "processes of the run (an integer >= 1); every rank-numbered file is below it"}
+#: recommended keys, each with what its absence costs the trainer in a report
+ENV_RECOMMENDED = {
+    "contract_version": "read as version 1 (no rank or provenance checks beyond v1's)",
+    "git_sha": "the report takes the commit from the trainer's root, else names none",
+    "attention_backends": "backends_recorded is UNMEASURED, the report shows no backends",
+    "tokens_per_step": "tokens_per_step is UNMEASURED (the host-bound fit reads it)",
+    "env": "the report lists no NSA_*/NCCL_* variables the trainer saw",
+    "noop_toggles": "the report cannot say which toggles meant nothing to the trainer",
+}
+
+# --- .HALT ---------------------------------------------------------------------------------------
+
+HALT_WATCHDOG = "watchdog"
+HALT_NONFINITE = "nonfinite"
+HALT_FIELDS = {
+    "source": f"'{HALT_WATCHDOG}', '{HALT_NONFINITE}' or an operator's own word",
+    "step": "the step at which the run stopped",
+    "losses": "loss per rank at that step (the non-finite guard)",
+    "grad_norm": "gradient norm at that step (the non-finite guard)",
+    "text": "what the trainer said, for people",
+}
+
+# --- exit codes ----------------------------------------------------------------------------------
+
+EXIT_OK = 0
+"""Done, or stopped by an operator's .HALT."""
+EXIT_ERROR = 1
+EXIT_INPUT = 2
+"""Bad config, data, checkpoint or backend request."""
+EXIT_WATCHDOG = 3
+EXIT_NONFINITE = 4
+EXIT_MEANING = {EXIT_OK: "done (or an operator's .HALT)", EXIT_ERROR: "unexpected error",
+                EXIT_INPUT: "bad config, data, checkpoint or backend request", EXIT_WATCHDOG: "watchdog stall",
+                EXIT_NONFINITE: "non-finite loss"}
+
+# --- profiling on request ------------------------------------------------------------------------
+
+#: set by the harness for a profile phase: profile N steps once the run is steady and write
+#: PROFILE_JSON; a trainer that ignores it leaves the phase's metrics UNMEASURED
+PROFILE_STEPS_ENV = "CONTRACT_PROFILE_STEPS"
+PROFILE_FIELDS = {
+    "contract_version": "this schema's VERSION",
+    "profiled_steps": "steps measured under the profiler",
+    "gpu_busy_frac": "share of the profiled wall time during which the GPU ran work (null on CPU)",
+    "top_ops": "list of {name, ms_per_step}: the ops with the most device (CPU on CPU) time of their own",
+    "nsa_ranges": "names that attribute time to NSA (ranges, custom ops, kernels)",
+    "python_overhead_frac": "share of the profiled CPU time outside aten ops (information only)",
+    "cuda_graphs": "true when the profiled steps were CUDA-graph replays",
+    "device": "'cuda' or 'cpu'",
+}
+
+# --- config keys ---------------------------------------------------------------------------------
+
+#: ``<trainer> --list-keys`` prints its config keys as a JSON list of dotted names and exits 0;
+#: the harness checks a runbook's overrides against them without importing the trainer
+LIST_KEYS_FLAG = "--list-keys"

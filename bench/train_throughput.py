@@ -34,7 +34,7 @@ from nsa.train.config import load_run_config  # noqa: E402
 from nsa.train.optim import build_optimizer  # noqa: E402
 from nsa.train.graphs import StepGraph  # noqa: E402
 from nsa.train.parallelize import apply_activation_checkpointing, apply_compile  # noqa: E402
-from validation.pace import busy_fraction, device_intervals  # noqa: E402
+from validation.judge.pace import busy_fraction, device_intervals
 
 GB = 1024**3
 

@@ -20,14 +20,19 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from . import (DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, bless, check_artifacts, checkout_problem, goldens,
-               hardware, report, runner)
-from .adapters import ADAPTERS
-from .errors import HarnessError
-from .orchestrate import MISMATCH_POLICIES, run_point
-from .plan import expand
-from .runbook import load_profile, load_runbook
-from .store import ResultStore
+from validation import DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, checkout_problem
+from validation.contract import check_command as check_artifacts
+from validation.contract.adapters import ADAPTERS
+from validation.errors import HarnessError
+from validation.launch import process as runner
+from validation.machine import detect
+from validation.report import build as report
+from validation.runbook.hardware import mismatches
+from validation.runbook.load import load_profile, load_runbook
+from validation.runbook.plan import expand
+from validation.session.run import MISMATCH_POLICIES, run_point
+from validation.store import bless, goldens
+from validation.store.results import ResultStore
 
 EXIT = {report.Verdict.GO: 0, report.Verdict.NO_GO: 1, report.Verdict.INCOMPLETE: 3}
 EXIT_USAGE = 2
@@ -154,11 +159,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     points = expand(rb, prof, list(dict.fromkeys(args.phase)) if args.phase else None)
     ResultStore(args.results_dir).check()  # a broken store stops the run before anything runs
     goldens.check_readable(rb.path, rb.name, prof.name)  # so does an unreadable golden file
-    hw = hardware.detect()
+    hw = detect()
     progress = _Progress()
     print(f"nsa-validate: runbook {rb.name}, profile {prof.name}, {len(points)} point(s) on {hw.describe()}",
           file=sys.stderr)
-    for diff in hardware.mismatches(prof, hw):
+    for diff in mismatches(prof, hw):
         print(f"nsa-validate: note: {diff}", file=sys.stderr)
     n = len(points)
     try:

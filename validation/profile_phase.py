@@ -28,7 +28,7 @@ import json
 import time
 from pathlib import Path
 
-from .pace import busy_fraction, device_intervals
+from validation.judge.pace import busy_fraction, device_intervals
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

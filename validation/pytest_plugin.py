@@ -35,14 +35,17 @@ from typing import Any
 
 import pytest
 
-from . import DEFAULT_RESULTS_DIR, REPO_ROOT, baseline, checkout_problem, goldens, report
-from .errors import HarnessError, StoreError
-from .finding import Severity
-from .findings import CROSS_POINT, find
-from .orchestrate import MISMATCH_POLICIES, module_missing, run_point, why_not
-from .plan import PhasePoint, expand
-from .record import PhaseRecord, Status
-from .runbook import available, load_profile, load_runbook
+from validation import DEFAULT_RESULTS_DIR, REPO_ROOT, checkout_problem
+from validation.errors import HarnessError, StoreError
+from validation.judge.findings import find
+from validation.judge.findings.finding import Severity
+from validation.judge.findings.throughput import CROSS_POINT
+from validation.judge.record import PhaseRecord, Status
+from validation.report import build as report
+from validation.runbook.load import available, load_profile, load_runbook
+from validation.runbook.plan import PhasePoint, expand
+from validation.session.run import MISMATCH_POLICIES, module_missing, run_point, why_not
+from validation.store import baseline, goldens
 
 _POINTS_KEY = pytest.StashKey[list]()
 _RAN_KEY = pytest.StashKey[dict]()
@@ -238,8 +241,8 @@ class Harness:
         self.mismatch = config.getoption("--hardware-mismatch")
 
     def run(self, point: PhasePoint) -> PhaseRecord:
-        from . import hardware
-        reason = why_not(point, hardware.detect(), self.mismatch)
+        from validation.machine import detect
+        reason = why_not(point, detect(), self.mismatch)
         if reason is None:
             reason = module_missing(point)
             if reason:

@@ -12,11 +12,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from validation.artifacts import read_training_csv
-from validation.goldens import losses, point_id, spread
-from validation.plan import expand
-from validation.runbook import load_profile, load_runbook
-from validation.store import ResultStore
+from validation.contract.files import read_training_csv
+from validation.store.goldens import losses, point_id, spread
+from validation.runbook.plan import expand
+from validation.runbook.load import load_profile, load_runbook
+from validation.store.results import ResultStore
 
 
 def main(argv: list[str] | None = None) -> int:

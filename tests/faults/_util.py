@@ -20,10 +20,10 @@ from typing import Any, Sequence
 
 import yaml
 
-from validation.finding import Finding
-from validation.findings import find
-from validation.record import PhaseRecord
-from validation.store import ResultStore
+from validation.judge.findings import find
+from validation.judge.findings.finding import Finding
+from validation.judge.record import PhaseRecord
+from validation.store.results import ResultStore
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable

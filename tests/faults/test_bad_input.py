@@ -11,7 +11,7 @@ import pytest
 
 from tests.faults import _util as U
 from validation.errors import RunbookError
-from validation.runbook import load_profile, load_runbook
+from validation.runbook.load import load_profile, load_runbook
 
 pytestmark = pytest.mark.faults
 

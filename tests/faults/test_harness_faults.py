@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.faults import _util as U
-from validation.store import ResultStore
+from validation.store.results import ResultStore
 
 pytestmark = pytest.mark.faults
 

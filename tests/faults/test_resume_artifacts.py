@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from tests.faults import _util as U
-from validation.artifacts import read_heartbeats, read_training_csv
-from validation.metrics import RunData
-from validation.evidence import collect_train
-from validation.record import Status
-from validation.verdict import verdict
+from validation.contract.files import read_heartbeats, read_training_csv
+from validation.judge.evidence import collect_train
+from validation.judge.metrics import RunData
+from validation.judge.record import Status
+from validation.judge.verdict import verdict
 
 pytestmark = pytest.mark.faults
 

@@ -22,7 +22,6 @@ from nsa.train.config import load_run_config
 
 from .test_train_distributed import launch, steps
 
-
 # --- the config key and the plan (any machine) ---------------------------------------------
 
 

@@ -10,9 +10,9 @@ UNMEASURED where they lack a feature.
 from __future__ import annotations
 
 import io
-from concurrent.futures import ThreadPoolExecutor
 import json
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +21,17 @@ import pytest
 import yaml
 
 from tests.faults import _util as U
-from validation import check_artifacts
-from validation.artifacts import window_rows
 from validation.cli import _parser
+from validation.contract import check_command as check_artifacts
+from validation.contract.files import window_rows
 from validation.errors import RunbookError
-from validation.findings import find
-from validation.orchestrate import run_point
-from validation.plan import expand
-from validation.record import Status
-from validation.report import build_context, status_of
-from validation.runbook import load_profile, load_runbook
-from validation.verdict import unprovided_metrics
+from validation.judge.findings import find
+from validation.judge.record import Status
+from validation.judge.verdict import unprovided_metrics
+from validation.report.build import build_context, status_of
+from validation.runbook.load import load_profile, load_runbook
+from validation.runbook.plan import expand
+from validation.session.run import run_point
 
 STEPS = 40
 SEEDLIKE: dict[str, Any] = {
@@ -215,7 +215,7 @@ def test_windows_count_steps_not_rows():
 
 
 def test_seed_csv_appended_across_runs_keeps_the_last_run(tmp_path):
-    from validation.adapters import ADAPTERS, RunFacts
+    from validation.contract.adapters import ADAPTERS, RunFacts
     raw, out = tmp_path / "raw", tmp_path / "out"
     raw.mkdir()
     (raw / "training.csv").write_text("1,5.0,1e-4,100\n20,4.0,1e-4,110\n1,5.1,1e-4,90\n20,3.9,1e-4,95\n")

@@ -16,7 +16,11 @@ import torch
 
 from nsa.attention.config import NSAConfig
 from nsa.attention.torch_branches import (
-    torch_cmp_attention, torch_sel_attention, torch_select_blocks, torch_win_attention, visible_compressed,
+    torch_cmp_attention,
+    torch_sel_attention,
+    torch_select_blocks,
+    torch_win_attention,
+    visible_compressed,
 )
 from tests.kernels._util import rel_err
 
@@ -60,9 +64,11 @@ def _reference(x, idx, cfg, chunk):
 
 @pytest.mark.parametrize("shape", list(CASES.values()), ids=list(CASES))
 def test_bf16_parity_vs_float32(shape, record_property):
-    from nsa.attention.kernel_branches import triton_cmp_attention
-    from nsa.attention.kernel_branches import triton_gated_branches
-    from nsa.attention.kernel_branches import triton_select_blocks
+    from nsa.attention.kernel_branches import (
+        triton_cmp_attention,
+        triton_gated_branches,
+        triton_select_blocks,
+    )
 
     B, S, HQ, H, K = shape
     cfg = NSAConfig()

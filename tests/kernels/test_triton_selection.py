@@ -7,8 +7,18 @@ import torch
 from hypothesis import given
 
 from nsa.attention.config import NSAConfig
-from nsa.attention.torch_branches import torch_cmp_attention, torch_sel_attention, torch_select_blocks
-from tests.kernels._util import INTERP_SETTINGS, KCase, check_against_reference, kcases, rnd
+from nsa.attention.torch_branches import (
+    torch_cmp_attention,
+    torch_sel_attention,
+    torch_select_blocks,
+)
+from tests.kernels._util import (
+    INTERP_SETTINGS,
+    KCase,
+    check_against_reference,
+    kcases,
+    rnd,
+)
 
 pytestmark = pytest.mark.triton_interp
 

@@ -10,7 +10,10 @@ from hypothesis import given
 
 from nsa.attention.config import NSAConfig
 from nsa.attention.torch_branches import (
-    _cmp_scores, overlap_kernel, torch_cmp_attention, torch_select_blocks,
+    _cmp_scores,
+    overlap_kernel,
+    torch_cmp_attention,
+    torch_select_blocks,
 )
 from tests.kernels._util import INTERP_SETTINGS, KCase, kcases, rnd
 

@@ -8,7 +8,13 @@ from hypothesis import given
 
 from nsa.attention.config import NSAConfig
 from nsa.attention.torch_branches import torch_win_attention
-from tests.kernels._util import INTERP_SETTINGS, KCase, check_against_reference, kcases, rnd
+from tests.kernels._util import (
+    INTERP_SETTINGS,
+    KCase,
+    check_against_reference,
+    kcases,
+    rnd,
+)
 
 pytestmark = pytest.mark.triton_interp
 

@@ -6,7 +6,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from nsa.attention import NSAConfig
-from nsa.attention.torch_branches import torch_sel_attention, torch_select_blocks, torch_win_attention, torch_cmp_attention
+from nsa.attention.torch_branches import (
+    torch_cmp_attention,
+    torch_sel_attention,
+    torch_select_blocks,
+    torch_win_attention,
+)
 
 
 class LargestTensor(TorchDispatchMode):

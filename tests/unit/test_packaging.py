@@ -9,7 +9,7 @@ import sys
 import tomllib
 
 from validation import REPO_ROOT
-from validation.runbook import load_runbook
+from validation.runbook.load import load_runbook
 
 #: import name -> distribution name, where they differ
 DIST = {"yaml": "pyyaml"}

@@ -3,8 +3,8 @@ NaN halt, operator .HALT, clear errors."""
 from __future__ import annotations
 
 import csv
-import math
 import json
+import math
 import threading
 import time
 from pathlib import Path

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 import yaml
 
-from validation.orchestrate import run_point
-from validation.plan import expand
-from validation.report import build_context, render_text
-from validation.runbook import load_profile, load_runbook
+from validation.report.build import build_context, render_text
+from validation.runbook.load import load_profile, load_runbook
+from validation.runbook.plan import expand
+from validation.session.run import run_point
 
 FAKE = "validation.tests.fake_trainer"
 

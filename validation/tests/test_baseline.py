@@ -7,12 +7,12 @@ import subprocess
 import sys
 
 from validation import REPO_ROOT
-from validation.baseline import MetricDelta, compare
 from validation.cli import main
-from validation.gates import GateVerdict
-from validation.report import build_context, render_text
-from validation.runbook import load_profile, load_runbook
-from validation.store import ResultStore
+from validation.judge.gates import GateVerdict
+from validation.report.build import build_context, render_text
+from validation.runbook.load import load_profile, load_runbook
+from validation.store.baseline import MetricDelta, compare
+from validation.store.results import ResultStore
 from validation.tests.conftest import train_phase, write_runbook
 
 #: the staged drop: the fake trainer's tokens/s times 0.4 (60% below, the cpu profile allows 50%)

@@ -51,7 +51,8 @@ def test_an_interrupt_that_surfaces_as_another_error_still_exits_130(monkeypatch
     """Ctrl-C during a C extension's first import (matplotlib's Agg backend while plots are drawn)
     reaches Python as "ImportError: initialization failed"; CI saw exit 1 for it. With the interrupt
     flag set it is an interrupt; without it the error is not swallowed."""
-    from validation import cli, runner
+    from validation import cli
+    from validation.launch import process as runner
 
     def interrupted_import(args):
         runner.ABORT.set()  # what the SIGINT handler does first
@@ -94,7 +95,7 @@ def test_a_repeated_phase_runs_once(tmp_path, capsys):
 
 
 def test_numbers_in_the_report_have_thousands_separators():
-    from validation.report_tables import cell
+    from validation.report.tables import cell
 
     assert cell(34512.4) == "34,512" and cell(245600.0) == "245,600" and cell(0.06673) == "0.06673"
     assert cell(None) == "—" and cell("a|b") == "a\\|b"

@@ -13,15 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from validation import REPO_ROOT, bless, goldens
+from validation import REPO_ROOT
 from validation.cli import _Progress, main
-from validation.goldens import GoldenError
-from validation.report import build_context, render_text
-from validation.hardware import Machine
-from validation.plan import expand
-from validation.record import PhaseRecord, Status
-from validation.runbook import load_profile, load_runbook
-from validation.store import ResultStore
+from validation.judge.record import PhaseRecord, Status
+from validation.machine import Machine
+from validation.report.build import build_context, render_text
+from validation.runbook.load import load_profile, load_runbook
+from validation.runbook.plan import expand
+from validation.store import bless, goldens
+from validation.store.goldens import GoldenError
+from validation.store.results import ResultStore
 from validation.tests.conftest import train_phase, write_runbook
 
 

@@ -12,15 +12,21 @@ import yaml
 
 from validation import RUNBOOK_DIR
 from validation.cli import main
-from validation.goldens import Curve, GoldenError, GoldenFile, compare, hardware_class, spread
-from validation.hardware import Machine
-from validation.orchestrate import run_point
-from validation.plan import expand
-from validation.record import Status
-from validation.runbook import load_profile, load_runbook
-from validation.store import ResultStore
+from validation.judge.record import Status
+from validation.machine import Machine
+from validation.runbook.load import load_profile, load_runbook
+from validation.runbook.plan import expand
+from validation.session.run import run_point
+from validation.store.goldens import (
+    Curve,
+    GoldenError,
+    GoldenFile,
+    compare,
+    hardware_class,
+    spread,
+)
+from validation.store.results import ResultStore
 from validation.tests.conftest import train_phase, write_runbook
-
 
 # --- the file --------------------------------------------------------------------------------
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from validation.evidence import read_halt
-from validation.metrics import RunData
-from validation.record import Status
-from validation.verdict import verdict
+from validation.contract.files import read_halt
+from validation.judge.metrics import RunData
+from validation.judge.record import Status
+from validation.judge.verdict import verdict
 
 
 def _write(tmp_path, text: str):

@@ -8,11 +8,14 @@ import time
 
 import pytest
 
-from validation import runner
-from validation.artifacts import CSV_COLUMNS, main_thread_frames, parse_stackdump, read_heartbeats, read_training_csv
+from nsa.contract import CSV_COLUMNS
+from validation.contract.files import read_heartbeats, read_training_csv
+from validation.contract.stacks import Frame, main_thread_frames, parse_faulthandler
 from validation.errors import ArtifactError
-from validation.gates import OPS, GateVerdict, check
-from validation.metrics import METRICS, RunData, compute
+from validation.judge.gates import OPS, GateVerdict, check
+from validation.judge.metrics import METRICS, RunData, compute
+from validation.launch import commands
+from validation.launch import process as runner
 
 
 def _csv(tmp_path, rows, header=",".join(CSV_COLUMNS)):
@@ -95,29 +98,29 @@ Current thread 0x00007f02 (most recent call first):
 
 
 def test_stackdump_main_thread_is_the_training_loop():
-    threads = parse_stackdump(DUMP)
-    assert len(threads) == 2 and threads[1]["current"]
+    threads = parse_faulthandler(DUMP)
+    assert len(threads) == 2 and threads[1].current
     frames = main_thread_frames(threads)
-    assert frames[0]["func"] == "_engine_run_backward" and frames[1] == {"file": "/w/nsa/train/loop.py", "line": 91, "func": "train_step"}
+    assert frames[0].func == "_engine_run_backward" and frames[1] == Frame("/w/nsa/train/loop.py", 91, "train_step")
 
 
 def test_torchrun_argv_is_a_list_with_standalone_and_nproc():
-    argv = runner.torchrun_argv("nsa.train", 2, ["--override", "train.seq_len=64 model.n_layers=2"])
+    argv = commands.torchrun_argv("nsa.train", 2, ["--override", "train.seq_len=64 model.n_layers=2"])
     assert argv[:4] == [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     assert "--nproc_per_node=2" in argv and argv[-1] == "train.seq_len=64 model.n_layers=2"
-    multi = runner.torchrun_argv("nsa.train", 8, [], ["--nnodes=2", "--rdzv-endpoint=host:29400"])
+    multi = commands.torchrun_argv("nsa.train", 8, [], ["--nnodes=2", "--rdzv-endpoint=host:29400"])
     assert "--standalone" not in multi and "--nnodes=2" in multi
 
 
 def test_child_env_drops_inherited_nsa_vars(monkeypatch):
     monkeypatch.setenv("NSA_FAULT", "crash")
-    env = runner.child_env({"NSA_NVTX": "1"})
+    env = commands.child_env({"NSA_NVTX": "1"})
     assert "NSA_FAULT" not in env and env["NSA_NVTX"] == "1"
 
 
 def test_run_timeout_kills_and_reports(tmp_path):
     start = time.monotonic()
-    res = runner.run([sys.executable, "-c", "import time; time.sleep(60)"], env=runner.child_env({}), cwd=tmp_path,
+    res = runner.run([sys.executable, "-c", "import time; time.sleep(60)"], env=commands.child_env({}), cwd=tmp_path,
                      timeout_s=1, log_dir=tmp_path)
     assert res.timed_out and res.exit_code is None and time.monotonic() - start < 10
     assert "killed after 1s timeout" in res.stderr_tail()

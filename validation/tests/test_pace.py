@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from validation import findings
-from validation.pace import HOST_BOUND_FIXED_SHARE, busy_fraction, fit_step_time
-from validation.record import PhaseRecord, PointKey, Status
+from validation.judge.findings import throughput as findings
+from validation.judge.pace import HOST_BOUND_FIXED_SHARE, busy_fraction, fit_step_time
+from validation.judge.record import PhaseRecord, PointKey, Status
 
 #: written by `pytest -m h100` (nvtx [compile=True], 10 CUDA-graph steps of m7c_125m at 2 rows x 2
 #: micro-batches x S=2048) on an H100 on 2026-11-23: docs/measurements/2026-11-23-a

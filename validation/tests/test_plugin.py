@@ -10,12 +10,12 @@ import sys
 import pytest
 
 from validation import DEFAULT_RESULTS_DIR, REPO_ROOT
-from validation.hardware import Machine
-from validation.orchestrate import why_not
-from validation.plan import expand
+from validation.machine import Machine
 from validation.pytest_plugin import results_dir_for
-from validation.runbook import load_profile, load_runbook
-from validation.store import ResultStore
+from validation.runbook.load import load_profile, load_runbook
+from validation.runbook.plan import expand
+from validation.session.run import why_not
+from validation.store.results import ResultStore
 from validation.tests.conftest import train_phase, write_runbook
 
 
@@ -176,8 +176,8 @@ def test_the_reports_rerun_command_selects_its_point(params):
     ('=' is no -k expression)."""
     import shlex
 
-    from validation.record import PhaseRecord, PointKey, Status
-    from validation.report_tables import reproduce_rows
+    from validation.judge.record import PhaseRecord, PointKey, Status
+    from validation.report.tables import reproduce_rows
 
     phase = "bucket_sweep" if params else "baseline_ddp"
     slug = "NSA_DDP_BUCKET_MB=25" if params else "default"

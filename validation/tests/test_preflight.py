@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import subprocess
 
-from validation import kinds
-from validation.metrics import RunData
-from validation.plan import expand
-from validation.runbook import load_profile, load_runbook
+from validation.judge.metrics import RunData
+from validation.launch import kinds
+from validation.runbook.load import load_profile, load_runbook
+from validation.runbook.plan import expand
 
 
 def _preflight_in(tree, tmp_path, monkeypatch):

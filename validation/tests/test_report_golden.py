@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from validation.gates import check
-from validation.plan import expand
-from validation.record import PhaseRecord
-from validation.report import build_context, render_text
-from validation.runbook import load_profile, load_runbook
-from validation.store import ResultStore
+from validation.judge.gates import check
+from validation.judge.record import PhaseRecord
+from validation.report.build import build_context, render_text
+from validation.runbook.load import load_profile, load_runbook
+from validation.runbook.plan import expand
+from validation.store.results import ResultStore
 
 GOLDEN = Path(__file__).parent / "golden"
 HW = {"hostname": "ci", "python": "3.11.7", "torch": "2.13.0+cpu", "cuda": None, "cpu_count": 2, "gpu_names": [],

@@ -8,8 +8,8 @@ import yaml
 
 from validation import RUNBOOK_DIR
 from validation.errors import RunbookError
-from validation.plan import expand
-from validation.runbook import available, load_profile, load_runbook
+from validation.runbook.load import available, load_profile, load_runbook
+from validation.runbook.plan import expand
 
 
 @pytest.mark.parametrize("name", available())

@@ -16,8 +16,8 @@ import pytest
 
 from validation.cli import main
 from validation.errors import StoreError
-from validation.record import PhaseRecord, PointKey, Status
-from validation.store import ResultStore
+from validation.judge.record import PhaseRecord, PointKey, Status
+from validation.store.results import ResultStore
 from validation.tests.conftest import train_phase, write_runbook
 
 REPO = Path(__file__).resolve().parents[2]
@@ -132,10 +132,10 @@ def test_a_point_another_process_is_running_is_left_alone(tmp_path):
     delete the first's artifacts mid-run nor overwrite its record."""
     import fcntl
 
-    from validation.orchestrate import run_point
-    from validation.phases import point_dir
-    from validation.plan import expand
-    from validation.runbook import load_profile, load_runbook
+    from validation.runbook.load import load_profile, load_runbook
+    from validation.runbook.plan import expand
+    from validation.session.point import point_dir
+    from validation.session.run import run_point
 
     rb = write_runbook(tmp_path / "rb.yaml", [train_phase("baseline_ddp")])
     results = tmp_path / "results"

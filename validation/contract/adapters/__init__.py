@@ -1,0 +1,16 @@
+"""Adapters: a trainer's own files -> the artifact contract (docs/artifact_contract.md).
+
+A trainer named in a runbook's ``trainer:`` entry writes into its own directory; after it exits
+its adapter writes the contract files into the point's run directory, where the harness reads
+them (validation/contract.py). While it runs, the harness shows progress from the trainer's own
+CSV, whose first and fourth columns are step and tokens/s in every format adapted here.
+"""
+from __future__ import annotations
+
+from validation.contract.adapters.base import Adapter, RunFacts
+from validation.contract.adapters.seed import SeedAdapter
+
+#: the formats this harness knows, by the name a runbook's ``trainer.adapter`` gives
+ADAPTERS: dict[str, Adapter] = {a.name: a for a in (Adapter(), SeedAdapter())}
+
+__all__ = ["ADAPTERS", "Adapter", "RunFacts", "SeedAdapter"]

@@ -1,0 +1,39 @@
+"""The adapter interface, and the one for trainers that write the contract natively."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from nsa.contract import TRAINING_CSV
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the harness knows about a run that the trainer's own files may not say."""
+
+    world_size: int
+    trainer: str
+    trainer_sha: str | None = None
+    trainer_sha_source: str | None = None
+
+
+class Adapter:
+    """The trainer writes the contract itself ('native'): nothing to convert, nothing lacking."""
+
+    name = "native"
+    converts = False
+    """Whether the trainer's files differ from the contract (and live in a directory of their own)."""
+    lacks: frozenset[str] = frozenset()
+    """Contract fields (training.csv columns, env.json keys, 'fallbacks') the format cannot
+    carry; metrics reading them are UNMEASURED (validation/metrics.py METRIC_INPUTS)."""
+
+    def trainer_dir(self, out_dir: Path) -> Path:
+        """Where the trainer writes its files (the run directory itself, for the contract)."""
+        return out_dir
+
+    def progress_csv(self, trainer_dir: Path) -> Path:
+        return trainer_dir / TRAINING_CSV
+
+    def convert(self, trainer_dir: Path, out_dir: Path, facts: RunFacts) -> None:
+        """Write the contract files into ``out_dir``; a file the trainer did not write stays
+        missing, and a row it wrote malformed stays malformed, for the contract check to name."""

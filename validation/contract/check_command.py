@@ -1,0 +1,59 @@
+"""``nsa-validate check-artifacts DIR [--adapter NAME]``: a run directory against the artifact
+contract (docs/artifact_contract.md), for trainer authors before their first acceptance run.
+
+With an adapter, DIR is the trainer's own output directory: the adapter converts it into a
+temporary directory (DIR is never written), and that is checked. Exit 0 when the contract holds,
+1 when a required file or field is missing or malformed, 2 for a DIR that is not a directory.
+"""
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+from typing import TextIO
+
+from validation.contract import check as contract
+from validation.contract.adapters import ADAPTERS
+from validation.contract.adapters.base import RunFacts
+
+EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
+
+
+def check(directory: Path, adapter: str = "native", world_size: int | None = None, out: TextIO | None = None) -> int:
+    out = out or sys.stdout  # looked up now, not when the module was imported
+    if not directory.is_dir():
+        print(f"nsa-validate check-artifacts: error: {directory} is not a directory", file=sys.stderr)
+        return EXIT_USAGE
+    code = _report(_read(directory, adapter, world_size), directory, adapter, out)
+    if code == EXIT_BROKEN:  # a directory of another format than the one named: say which reads it
+        fits = [name for name in sorted(ADAPTERS) if name != adapter and _read(directory, name, world_size).ok]
+        for name in fits:
+            print(f"hint: {directory} holds to the contract "
+                  + ("as it is: check it without --adapter" if not ADAPTERS[name].converts
+                     else f"through --adapter {name}"), file=out)
+    return code
+
+
+def _read(directory: Path, adapter: str, world_size: int | None) -> contract.ContractRead:
+    if not ADAPTERS[adapter].converts:  # the contract itself: read in place
+        found = contract.read(directory)
+    else:
+        with tempfile.TemporaryDirectory(prefix="nsa-check-") as tmp:
+            ranks = len(list(directory.glob("heartbeat_rank*.jsonl")))
+            ADAPTERS[adapter].convert(directory, Path(tmp), RunFacts(world_size or max(ranks, 1), "(checked by hand)"))
+            found = contract.read(Path(tmp))
+    found.items += contract.silent_ranks(found)
+    return found
+
+
+def _report(found: contract.ContractRead, directory: Path, adapter: str, out: TextIO) -> int:
+    print(f"{directory} against the artifact contract"
+          + (f" (through adapter {adapter})" if adapter != "native" else "") + ":", file=out)
+    for item in found.items:
+        print("  " + item.line(), file=out)
+    bad = [i for i in found.items if i.problem]
+    if bad:
+        print(f"NOT OK: {len(bad)} required item(s) missing or malformed", file=out)
+        return EXIT_BROKEN
+    print("OK: every required file is present and well-formed", file=out)
+    return EXIT_OK

@@ -1,0 +1,169 @@
+"""Readers of the files a trainer leaves (the artifact contract, ``nsa.contract``).
+
+Each reader takes an out_dir and returns plain data, or raises ArtifactError naming the file and
+what is wrong with it. Nothing here interprets the numbers: validation/judge does.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from nsa.contract import (
+    CSV_COLUMNS,
+    ENV_JSON,
+    HALT,
+    HEARTBEAT_PATTERN,
+    STACKDUMP_PATTERN,
+    TRAINING_CSV,
+)
+from validation.errors import ArtifactError
+
+
+def tail(path: Path, lines: int) -> str:
+    """The last ``lines`` lines of a (log) file, read from its last 64 KiB; '' when it is missing."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            text = fh.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def read_training_csv(out_dir: Path) -> pd.DataFrame:
+    """training.csv as a DataFrame of floats (step as int), sorted by step.
+
+    The header must be exactly the contract's; every value must parse as a number (``nan`` and
+    ``inf`` parse, and the loss gate catches them)."""
+    path = Path(out_dir) / TRAINING_CSV
+    if not path.is_file():
+        raise ArtifactError(f"{path}: missing (the trainer wrote no {TRAINING_CSV})")
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except pd.errors.EmptyDataError:
+        raise ArtifactError(f"{path}: empty file, expected header {','.join(CSV_COLUMNS)}") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{path}: not a readable CSV ({str(exc).strip()})") from None
+    if tuple(df.columns) != CSV_COLUMNS:
+        raise ArtifactError(f"{path}: header is {','.join(map(str, df.columns))}; expected {','.join(CSV_COLUMNS)}")
+    out = pd.DataFrame()
+    for col in CSV_COLUMNS:
+        values = pd.to_numeric(df[col].str.strip(), errors="coerce")
+        bad = values.isna() & ~df[col].str.strip().str.lower().isin(["nan"])
+        if bad.any():
+            row = int(bad.to_numpy().nonzero()[0][0])
+            raise ArtifactError(f"{path}: row {row + 2}, column {col}: {df[col].iloc[row]!r} is not a number")
+        out[col] = values.astype(float)
+    if out.empty:
+        raise ArtifactError(f"{path}: header only, no steps logged")
+    out["step"] = out["step"].astype(int)
+    return out.sort_values("step", kind="stable").reset_index(drop=True)
+
+
+def window_rows(df: pd.DataFrame, last: int | None) -> pd.DataFrame:
+    """The rows of the last ``last`` steps, counted in step numbers, not rows: a trainer that
+    logs every 20 steps has 3 rows in 'last 50 steps' (all rows when last is None)."""
+    return df if last is None or df.empty else df[df["step"] > df["step"].max() - last]
+
+
+def read_heartbeats(out_dir: Path) -> dict[int, list[dict[str, Any]]]:
+    """Per rank, the heartbeat records in file order. A torn last line (a killed writer) is
+    skipped; any other undecodable line is an error naming file and line."""
+    beats: dict[int, list[dict[str, Any]]] = {}
+    for path in sorted(Path(out_dir).glob("heartbeat_rank*.jsonl")):
+        m = HEARTBEAT_PATTERN.match(path.name)
+        if not m:
+            continue
+        lines = path.read_text(errors="replace").splitlines()
+        records = []
+        for i, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                if i == len(lines) - 1:
+                    break
+                raise ArtifactError(f"{path}: line {i + 1} is not JSON") from None
+            if isinstance(rec, dict):
+                records.append(rec)
+        beats[int(m.group(1))] = records
+    return beats
+
+
+def read_env_json(out_dir: Path) -> dict[str, Any] | None:
+    path = Path(out_dir) / ENV_JSON
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{path}: expected a JSON object")
+    return data
+
+
+def stackdumps(out_dir: Path) -> dict[int, Path]:
+    out = {}
+    for path in sorted(Path(out_dir).glob("stackdump_rank*.txt")):
+        m = STACKDUMP_PATTERN.match(path.name)
+        if m:
+            out[int(m.group(1))] = path
+    return out
+
+
+def halted(out_dir: Path) -> bool:
+    return (Path(out_dir) / HALT).exists()
+
+
+@dataclass(frozen=True)
+class HaltInfo:
+    """The .HALT file: who wrote it and, for the non-finite guard, where and what."""
+
+    source: str | None = None
+    """'watchdog', 'nonfinite', an operator's own word, or None (an empty or free-text file)."""
+    step: int | None = None
+    losses: list[float] | None = None
+    grad_norm: float | None = None
+    text: str = ""
+    """The file's content as written (a JSON record's own ``text`` field, when it has one)."""
+    torn: bool = False
+    """A JSON record cut short (a writer stopped mid-record): source and step, when set, were read
+    from its beginning."""
+
+
+def read_halt(out_dir: Path) -> HaltInfo | None:
+    """The .HALT file: a JSON record (the trainer's watchdog and NaN guard; its ``text``, when it
+    has one, is what the trainer said) or free text (an operator's); None when there is none.
+    A record cut short (a trainer that writes it in place and died, or is read, mid-write) is
+    not an operator's text: its source and step are read from what is there."""
+    path = Path(out_dir) / HALT
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    try:
+        rec = json.loads(text)
+    except ValueError:
+        rec = None
+    if not isinstance(rec, dict):
+        if rec is None and text.lstrip().startswith("{"):
+            source = re.search(r'"source"\s*:\s*"([^"\\]*)"', text)
+            step = re.search(r'"step"\s*:\s*(\d+)', text)
+            return HaltInfo(source=source and source.group(1), step=step and int(step.group(1)),
+                            text=text.strip(), torn=True)
+        return HaltInfo(text=text.strip())
+    losses = rec.get("losses")
+    return HaltInfo(source=rec.get("source"), step=rec.get("step") if isinstance(rec.get("step"), int) else None,
+                    losses=losses if isinstance(losses, list) else None,
+                    grad_norm=rec.get("grad_norm") if isinstance(rec.get("grad_norm"), (int, float)) else None,
+                    text=rec["text"] if isinstance(rec.get("text"), str) else text.strip())

@@ -1,0 +1,58 @@
+"""How each rank of a torchrun launch ended, read from torchrun's own log (its stderr)."""
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+_RANK_LINE = re.compile(r"^\[rank(\d+)\]: (.*)$")
+_TR_RANK = re.compile(r"^\s*rank\s*: (\d+) \(local_rank")
+_EXC = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Fault|Interrupt|Failure)\b")
+_TR_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+)")
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """How one rank ended, from torchrun's log."""
+
+    exception: str | None = None
+    signal: str | None = None
+    exit_code: int | None = None
+
+
+def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, RankFailure]:
+    """Per rank: the exception its traceback ended with (torchrun prefixes each worker's lines
+    with ``[rankN]:``; they are often far above the tail) and the exit code torchrun reported for
+    it (negative: killed by that signal)."""
+    try:
+        with open(stderr_path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - max_bytes))
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return {}
+    found: dict[int, dict] = {}
+    rank = None
+    for ln in text.splitlines():
+        m = _RANK_LINE.match(ln)
+        if m and _EXC.match(m.group(2)):
+            found.setdefault(int(m.group(1)), {})["exception"] = m.group(2).strip()
+        t = _TR_RANK.match(ln)
+        if t:
+            rank = int(t.group(1))
+        e = _TR_EXIT.match(ln)
+        if e and rank is not None:
+            code = int(e.group(1))
+            entry = found.setdefault(rank, {})
+            entry["exit_code"] = code
+            if code < 0:
+                entry["signal"] = _signal_name(-code)
+            rank = None
+    return {r: RankFailure(**f) for r, f in found.items()}
+
+
+def _signal_name(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"

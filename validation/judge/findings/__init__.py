@@ -1,0 +1,38 @@
+"""Automatic findings: what a person would otherwise dig out of logs, CSVs and stack dumps.
+
+Each detector reads stored records only, so findings can be recomputed for any results
+directory without re-running anything: process failures and failed gates (failures.py), speed
+across points (throughput.py); advice.py turns findings into what to do next.
+"""
+from __future__ import annotations
+
+from validation.judge.findings.advice import recommendations
+from validation.judge.findings.failures import (
+    artifact_errors,
+    crashes,
+    failed_gates,
+    imbalance,
+    stalls,
+)
+from validation.judge.findings.finding import Finding, Severity, point_label, where
+from validation.judge.findings.throughput import (
+    CROSS_POINT,
+    best_setting,
+    cliffs,
+    fallbacks,
+    host_bound,
+)
+from validation.judge.record import PhaseRecord
+
+DETECTORS = (crashes, stalls, cliffs, host_bound, imbalance, fallbacks, artifact_errors, failed_gates, best_setting)
+_ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
+
+
+def find(records: list[PhaseRecord], extra: list[Finding] | None = None) -> list[Finding]:
+    """Every detector's findings, and ``extra`` ones found elsewhere (a baseline comparison),
+    critical first."""
+    out = [f for detect in DETECTORS for f in detect(records)] + list(extra or [])
+    return sorted(out, key=lambda f: _ORDER[f.severity])
+
+
+__all__ = ["CROSS_POINT", "DETECTORS", "Finding", "Severity", "find", "point_label", "recommendations", "where"]

@@ -1,0 +1,172 @@
+"""Findings about runs that went wrong as processes: crashes, non-finite losses, stalls, idle or
+imbalanced ranks, broken output contracts, and failed gates. Where each rank was and how it
+ended, from the record's evidence."""
+from __future__ import annotations
+
+import re
+
+from validation.contract.torchrun_log import RankFailure
+from validation.judge.findings.finding import Finding, Severity, where
+from validation.judge.record import PhaseRecord, Status
+
+#: slowest / fastest rank median step time above which ranks are called imbalanced
+IMBALANCE_RATIO = 1.5
+_ERROR_LINE = re.compile(r"^\s*(\w+(\.\w+)*(Error|Exception|Interrupt)|RuntimeError|AssertionError)\b.*")
+_VICTIM = re.compile(r"Connection closed by peer|remote worker|Connection reset|DistBackendError|NCCL|"
+                     r"ProcessGroup|Broken pipe", re.IGNORECASE)
+
+
+def crashes(records: list[PhaseRecord]) -> list[Finding]:
+    out = []
+    for r in records:
+        ev = r.evidence
+        if r.kind == "train" and ev.halt is not None and ev.halt.source == "nonfinite":
+            bad = [i for i, v in enumerate(ev.halt.losses or []) if not (isinstance(v, (int, float)) and abs(v) < float("inf"))]
+            title = (f"non-finite loss in {where(r)} at step {ev.halt.step}: {'rank' if len(bad) == 1 else 'ranks'} "
+                     f"{', '.join(map(str, bad)) or '?'} (loss per rank {ev.halt.losses}, grad_norm {ev.halt.grad_norm}); "
+                     "halted before the optimizer step") if ev.halt.losses is not None else (
+                f"non-finite loss in {where(r)} at step {ev.halt.step}: the trainer's .HALT says {ev.halt.text[:120]!r}")
+            out.append(Finding(Severity.CRITICAL, r.phase, title, [f".HALT: {r.out_dir}/.HALT"] + _rank_lines(r), "nonfinite"))
+        elif r.status == Status.FAIL and r.exit_code not in (0, None) and ev.halt is None and r.kind == "train":
+            title = f"crash in {where(r)}: exit code {r.exit_code}"
+            root = _root_rank(ev.rank_failures)
+            if root is not None:
+                fail = ev.rank_failures[root]
+                cause = (f"killed by {fail.signal}" if fail.signal and not fail.exception
+                         else fail.exception or f"exit code {fail.exit_code}")
+                title += f": rank {root}: {cause}"
+            elif exception_line(ev.stderr_tail):
+                title += f": {exception_line(ev.stderr_tail)}"
+            out.append(Finding(Severity.CRITICAL, r.phase, title, [f"stderr: {r.out_dir}/{ev.stderr_log}"] + _rank_lines(r),
+                               "crash"))
+    return out
+
+
+def _root_rank(failures: dict[int, RankFailure]) -> int | None:
+    """The rank that failed first in its own right: killed by a signal other than torchrun's
+    SIGTERM, or an exception that is not a peer's collective breaking under it."""
+    def own(f: RankFailure) -> bool:
+        if f.exception:
+            return not _VICTIM.search(f.exception)
+        return bool(f.signal) and f.signal != "SIGTERM"
+    return next((rank for rank, f in sorted(failures.items()) if own(f)), None)
+
+
+def _rank_lines(r: PhaseRecord) -> list[str]:
+    """Where each rank was (last heartbeat) and how it ended (torchrun's log)."""
+    ev = r.evidence
+    lines = []
+    for rank in sorted(set(ev.last_heartbeat) | set(ev.rank_failures)):
+        hb, f = ev.last_heartbeat.get(rank), ev.rank_failures.get(rank)
+        line = f"rank {rank}: last heartbeat step {_q(hb and hb.step)}, stage {_q(hb and hb.stage)}"
+        if f is not None and f.exception:
+            line += f"; {f.exception}"
+        elif f is not None and f.signal:
+            line += f"; killed by {f.signal}"
+        elif f is not None and f.exit_code is not None:
+            line += f"; exit code {f.exit_code}"
+        lines.append(line)
+    return lines
+
+
+def _q(v) -> str:
+    return "?" if v is None else str(v)
+
+
+def exception_line(text: str) -> str | None:
+    """The exception of the last Python traceback in ``text`` ('pkg.Error: message'), else the
+    last line that looks like an error."""
+    lines = text.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("Traceback (most recent call last):"):
+            for ln in lines[i + 1:]:
+                if ln and not ln[0].isspace():
+                    return ln.strip()
+            break
+    return next((ln.strip() for ln in reversed(lines) if _ERROR_LINE.match(ln)), None)
+
+
+def stalls(records: list[PhaseRecord]) -> list[Finding]:
+    """Watchdog .HALT or harness timeout: where each rank was (heartbeat) and what it was doing
+    (the innermost frames of its stack dump)."""
+    out = []
+    for r in records:
+        ev = r.evidence
+        if not (r.timed_out or (ev.halt is not None and ev.halt.source == "watchdog")):
+            continue  # no stall; a NaN guard's or an operator's .HALT is none either
+        how = "watchdog .HALT" if ev.halt is not None else f"killed at the {r.timeout_s:g}s timeout"
+        detail, stuck = [], []
+        for rank in sorted(set(ev.last_heartbeat) | set(ev.stackdumps)):
+            hb = ev.last_heartbeat.get(rank)
+            line = f"rank {rank}: last heartbeat step {_q(hb and hb.step)}, stage {_q(hb and hb.stage)}"
+            dump = ev.stackdumps.get(rank)
+            if dump and dump.frames:
+                line += f"; stack ({dump.path}): " + " <- ".join(
+                    f"{fr.func} ({_short(fr.file)}:{fr.line})" for fr in dump.frames[:4])
+                stuck.append(f"rank {rank} in {dump.frames[0].func}")
+            else:
+                line += "; no stack dump"
+            if dump and dump.header:
+                line += f" [{dump.header}]"
+            detail.append(line)
+        if not detail:
+            detail.append("no heartbeats and no stack dumps were written")
+        at = f": {'; '.join(stuck)}" if stuck else ""
+        out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where(r)} ({how}){at}", detail, "stall"))
+    return out
+
+
+def _short(path: str) -> str:
+    return "/".join(path.replace("\\", "/").split("/")[-2:])
+
+
+def imbalance(records: list[PhaseRecord]) -> list[Finding]:
+    out = []
+    for r in records:
+        ev = r.evidence
+        if r.timed_out or r.exit_code not in (0, None):
+            continue  # a crash or stall has its own finding; its ranks are not 'idle'
+        times = ev.rank_step_time_s
+        if r.metric("idle_ranks"):
+            detail = []
+            for rank in range(r.world_size or 1):
+                hb = ev.last_heartbeat.get(rank)
+                if hb is None:
+                    detail.append(f"rank {rank}: no heartbeat file")
+                    continue
+                detail.append(f"rank {rank}: last step {_q(hb.step)}, stage {_q(hb.stage)}"
+                              + (f", GPU util {hb.gpu_util:g}%" if hb.gpu_util is not None else "")
+                              + (f", median step time {times[rank]:.3g}s" if rank in times else ""))
+            out.append(Finding(Severity.CRITICAL, r.phase, f"idle rank in {where(r)}: "
+                               f"{int(r.metric('idle_ranks'))} of {r.world_size} rank(s) did no work", detail, "idle"))
+        elif len(times) >= 2 and min(times.values()) > 0 and max(times.values()) / min(times.values()) > IMBALANCE_RATIO:
+            slow, fast = max(times, key=times.get), min(times, key=times.get)
+            out.append(Finding(Severity.WARNING, r.phase, (
+                f"rank imbalance in {where(r)}: rank {slow} takes {times[slow] / times[fast]:.1f}x as long per step "
+                f"as rank {fast}"), [f"rank {k}: median step time {v:.3g}s" for k, v in sorted(times.items())],
+                "imbalance"))
+    return out
+
+
+def artifact_errors(records: list[PhaseRecord]) -> list[Finding]:
+    return [Finding(Severity.CRITICAL, r.phase, f"{where(r)}: {r.reason}", r.evidence.errors[1:], "artifacts")
+            for r in records if r.status == Status.ERROR]
+
+
+#: gates whose failure another detector already explains (idle ranks; a .HALT is a stall or a NaN)
+_EXPLAINED = {"idle_ranks", "halt"}
+
+
+def failed_gates(records: list[PhaseRecord]) -> list[Finding]:
+    """Every gate that failed (or had no data) in a point whose process finished: one finding
+    each, with the gate's meaning and where its numbers are."""
+    out = []
+    for r in records:
+        if not r.ran or r.exit_code != 0 or r.evidence.halt is not None or r.status == Status.ERROR:
+            continue  # crashes, stalls, halts and contract violations have findings of their own
+        for g in (g for g in r.failed_gates() if g.metric not in _EXPLAINED):
+            detail = [g.description] if g.description else []
+            if r.kind == "train":
+                detail.append(f"CSV: {r.out_dir}/training.csv")
+            out.append(Finding(Severity.CRITICAL, r.phase, f"gate failed in {where(r)}: {g.text()}", detail, "gate"))
+    return out

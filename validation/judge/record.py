@@ -1,0 +1,235 @@
+"""The phase record: what one run (or skip) of one phase point left behind, as typed data.
+
+One record per (runbook, profile, phase, sweep point), built by ``PhaseRecord.for_point`` for a
+run and a skip alike, read by findings and the report through attributes. JSON exists only at
+the store boundary (``to_json`` / ``from_json``): the store writes schema 2 and still reads the
+schema-1 records that earlier harness versions wrote (the same fields; missing ones default).
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import enum
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from validation.contract.files import HaltInfo
+from validation.contract.stacks import Frame, StackDump
+from validation.contract.torchrun_log import RankFailure
+from validation.errors import StoreError
+from validation.judge.gates import GateResult, GateVerdict
+from validation.machine import Machine
+
+Scalar = str | int | float | bool
+#: the trainer a record names when the runbook names none
+OWN_TRAINER = "nsa.train"
+
+
+class Status(enum.StrEnum):
+    """A point's verdict. PASS/FAIL/ERROR decide GO and NO-GO; SKIP (the hardware cannot run it)
+    and UNMEASURED (a threshold still to be measured) make a report INCOMPLETE."""
+
+    PASS = "PASS"
+    FAIL = "FAIL"
+    ERROR = "ERROR"
+    SKIP = "SKIP"
+    UNMEASURED = "UNMEASURED"
+
+
+@dataclass(frozen=True)
+class PointKey:
+    runbook: str
+    profile: str
+    phase: str
+    params: dict[str, Scalar] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Beat:
+    """The last heartbeat of a rank (the fields findings read; the file keeps the rest)."""
+
+    step: int | None = None
+    stage: str | None = None
+    gpu_util: float | None = None
+
+
+@dataclass
+class Evidence:
+    """What a person would otherwise dig for."""
+
+    errors: list[str] = field(default_factory=list)
+    stderr_tail: str = ""
+    stderr_log: str | None = None
+    halt: HaltInfo | None = None
+    rank_failures: dict[int, RankFailure] = field(default_factory=dict)
+    stackdumps: dict[int, StackDump] = field(default_factory=dict)
+    last_heartbeat: dict[int, Beat] = field(default_factory=dict)
+    rank_step_time_s: dict[int, float] = field(default_factory=dict)
+    fallbacks: dict[str, float] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+    loss_first: float | None = None
+    loss_last: float | None = None
+    top_ops: list[str] = field(default_factory=list)
+    """The profile phase's kernels with the most device (or CPU) time, with their times."""
+
+
+@dataclass(frozen=True)
+class Route:
+    """The attention backend a branch used (env.json's attention_backends)."""
+
+    backend: str
+    reason: str = ""
+    calls: int | None = None
+    fallback: bool = False
+
+    @classmethod
+    def from_env(cls, b: dict[str, Any]) -> Route:
+        return cls(str(b.get("backend")), str(b.get("reason") or ""), _int(b.get("calls")), bool(b.get("fallback")))
+
+
+def routes(backends: Any) -> dict[str, Route]:
+    """env.json's attention_backends ({branch: {backend, reason, calls, fallback}}) as Routes."""
+    return {s: Route.from_env(b) for s, b in (backends or {}).items() if isinstance(b, dict)}
+
+
+@dataclass
+class PhaseRecord:
+    key: PointKey
+    test_id: str
+    kind: str
+    status: Status
+    reason: str
+    sweep_index: int = 0
+    params_order: list[str] = field(default_factory=list)
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    started: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    wall_s: float = 0.0
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    overrides: dict[str, Scalar] = field(default_factory=dict)
+    steps: int | None = None
+    timeout_s: float = 0.0
+    out_dir: str = ""
+    """The run's artifact directory, relative to the results directory ('' when nothing ran)."""
+    exit_code: int | None = None
+    timed_out: bool = False
+    world_size: int = 1
+    gates: list[GateResult] = field(default_factory=list)
+    window: str = "all steps"
+    metrics: dict[str, float | None] = field(default_factory=dict)
+    """Summary numbers by metric name (validation/metrics.py), over the phase's gate window."""
+    evidence: Evidence = field(default_factory=Evidence)
+    hardware: Machine | None = None
+    """The machine that ran (or skipped) the point."""
+    git_sha: str | None = None
+    git_sha_source: str | None = None
+    backends: dict[str, Route] = field(default_factory=dict)
+    env_seen: dict[str, str] = field(default_factory=dict)
+    noop_toggles: dict[str, str] = field(default_factory=dict)
+    trainer: str = OWN_TRAINER
+    """The trainer that ran: this project's, or the name of a runbook's ``trainer:`` entry."""
+    trainer_sha: str | None = None
+    """A runbook trainer's own commit (git_sha stays this repository's, from preflight)."""
+    trainer_sha_source: str | None = None
+    cwd: str = ""
+    """The working directory of the command when not this repository (a runbook trainer's root)."""
+    runbook_arg: str = ""
+    """How a command line names the runbook the point ran from: its name under runbooks/, else its
+    path ('' in records of older harnesses), so that ``report`` judges the store against it."""
+    profile_arg: str = ""
+
+    @classmethod
+    def for_point(cls, point, status: Status, reason: str, **fields: Any) -> PhaseRecord:
+        """The one constructor of run and skip records: what the point itself says, then what
+        the run (if any) measured."""
+        base = dict(key=PointKey(**point.key()), test_id=point.test_id, kind=point.phase.kind, status=status,
+                    reason=reason, sweep_index=point.index, params_order=list(point.params), env=dict(point.env),
+                    overrides=dict(point.overrides), timeout_s=point.phase.timeout_s, world_size=point.nproc,
+                    runbook_arg=point.runbook.cli_name, profile_arg=point.profile.cli_name)
+        return cls(**{**base, **fields})
+
+    @property
+    def phase(self) -> str:
+        return self.key.phase
+
+    @property
+    def ran(self) -> bool:
+        """A process ran and exited by itself (no timeout): its artifacts are complete."""
+        return self.exit_code is not None and not self.timed_out
+
+    @property
+    def failed(self) -> bool:
+        return self.status in (Status.FAIL, Status.ERROR)
+
+    def metric(self, name: str) -> float | None:
+        return self.metrics.get(name)
+
+    def failed_gates(self) -> list[GateResult]:
+        return [g for g in self.gates if g.verdict in (GateVerdict.FAIL, GateVerdict.NO_DATA)]
+
+    # --- JSON at the store boundary ----------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return _plain(self)
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> PhaseRecord:
+        """A stored record (schema 1 or 2); a StoreError naming ``where`` when it is not one."""
+        if not isinstance(data, dict) or not isinstance(data.get("key"), dict):
+            raise StoreError(f"{where}: not a phase record (no 'key' object)")
+        try:
+            ev = dict(data.get("evidence") or {})
+            evidence = Evidence(
+                errors=list(ev.get("errors") or []), stderr_tail=ev.get("stderr_tail") or "",
+                stderr_log=ev.get("stderr_log"), halt=_halt(ev), loss_first=ev.get("loss_first"),
+                loss_last=ev.get("loss_last"), top_ops=list(ev.get("top_ops") or []),
+                rank_failures={int(r): RankFailure(**f) for r, f in (ev.get("rank_failures") or {}).items()},
+                stackdumps={int(r): StackDump(d["path"], [Frame(**fr) for fr in d.get("frames") or []], d.get("header"))
+                            for r, d in (ev.get("stackdumps") or {}).items()},
+                last_heartbeat={int(r): Beat(_int(b.get("step")), b.get("stage"), _num(b.get("gpu_util")))
+                                for r, b in (ev.get("last_heartbeat") or {}).items()},
+                rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
+                fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},
+                files=list(ev.get("files") or []))
+            known = {f.name for f in dataclasses.fields(cls)}
+            plain = {k: v for k, v in data.items() if k in known and k not in ("key", "evidence", "gates", "backends",
+                                                                               "status", "hardware")}
+            return cls(key=PointKey(**data["key"]), status=Status(data["status"]), evidence=evidence,
+                       gates=[GateResult.from_json(g) for g in data.get("gates") or []],
+                       backends=routes(data.get("backends")),
+                       hardware=Machine.from_json(data["hardware"]) if data.get("hardware") else None,
+                       **plain)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StoreError(f"{where}: malformed phase record ({exc!r})") from None
+
+
+def _plain(obj: Any) -> Any:
+    """Dataclasses, enums and dicts with int keys as JSON-ready values."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, dict):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+def _int(v: Any) -> int | None:
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _halt(ev: dict[str, Any]) -> HaltInfo | None:
+    h = ev.get("halt")
+    if isinstance(h, dict):  # schema 2
+        return HaltInfo(**h)
+    if not h:  # schema 1 kept a flag and the record apart
+        return None
+    rec = ev.get("halt_record") or {}
+    return HaltInfo(rec.get("source"), _int(rec.get("step")), rec.get("losses"), _num(rec.get("grad_norm")))

@@ -1,0 +1,41 @@
+"""Command lines and environments of the processes the harness starts: python or torchrun
+(``python -m torch.distributed.run``, no PATH lookup) from argument lists, never a shell."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from validation import REPO_ROOT
+
+
+def child_env(extra: Mapping[str, str], root: Path = REPO_ROOT) -> dict[str, str]:
+    """The parent's environment without inherited NSA_*/CONFIG (the runbook is the source of
+    truth for those), plus the runbook's variables and what the harness needs; ``root`` (the
+    trainer's own checkout) comes first on PYTHONPATH, so nothing of this repository shadows it."""
+    env = {k: v for k, v in os.environ.items() if not (k.startswith("NSA_") or k == "CONFIG")}
+    env.update(extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"  # a fatal signal leaves a Python traceback in stderr
+    return env
+
+
+Target = str | Sequence[str]
+"""A module name (run as ``-m module``) or an entry argv of its own (``['/root/scripts/train.py']``)."""
+
+
+def _entry(target: Target) -> list[str]:
+    return ["-m", target] if isinstance(target, str) else [str(t) for t in target]
+
+
+def python_argv(target: Target, args: Sequence[str]) -> list[str]:
+    return [sys.executable, *_entry(target), *args]
+
+
+def torchrun_argv(target: Target, nproc: int, args: Sequence[str], torchrun_args: Sequence[str] = ()) -> list[str]:
+    """torchrun, invoked as ``python -m torch.distributed.run`` (the same program, no PATH lookup).
+    Rendezvous options from the runbook replace --standalone, so a phase scales to several nodes."""
+    rdzv = list(torchrun_args) or ["--standalone"]
+    return [sys.executable, "-m", "torch.distributed.run", *rdzv, f"--nproc_per_node={nproc}", *_entry(target), *args]

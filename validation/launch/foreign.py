@@ -1,0 +1,109 @@
+"""One point of a runbook's ``trainer:`` (validation/trainer_spec.py) as a command: the argument
+list, the environment, the per-point copy of the trainer's YAML config, and its commit.
+
+Nothing here goes through a shell: placeholders are replaced inside single arguments, and
+every value the runbook gives was checked against a conservative pattern when it loaded.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nsa.provenance import source_revision
+from validation.errors import RunbookError
+from validation.launch import commands
+from validation.launch import process as runner
+from validation.runbook.plan import PhasePoint
+from validation.runbook.trainer_spec import Delivery, TrainerSpec, Via
+from validation.runbook.types import Scalar
+
+CONFIG_COPY = "trainer_config.yaml"
+
+
+@dataclass(frozen=True)
+class Launch:
+    argv: list[str]
+    env: dict[str, str]
+    """The whole environment of the process."""
+    cwd: Path
+    set_env: dict[str, str]
+    """What the harness set on top of the inherited environment (the record shows it)."""
+
+
+def build(point: PhasePoint, spec: TrainerSpec, root: Path, out_dir: Path, trainer_dir: Path) -> Launch:
+    """The command of one point; the config copy (if any) is written into ``out_dir``. A
+    template that is missing or not a mapping is a RunbookError naming it."""
+    values: dict[str, str] = {"steps": str(point.phase.steps), "out_dir": str(trainer_dir), "nproc": str(point.nproc)}
+    sets: list[tuple[Delivery, str]] = [(d, values[w]) for w, d in (("steps", spec.steps), ("out_dir", spec.out_dir)) if d]
+    sets += [(spec.params[k], _text(v)) for k, v in point.overrides.items()]
+    if spec.config is not None:
+        values["config"] = str(_write_config(root, spec, out_dir, [(d.name, v) for d, v in sets if d.via == Via.CONFIG]))
+        if spec.config.pass_as is not None:
+            sets.append((spec.config.pass_as, values["config"]))
+    args = [_fill(a, values) for a in spec.args]
+    env = {**spec.env, **point.env}
+    for d, v in sets:
+        if d.via == Via.FLAG:
+            args += [d.name, v]
+        elif d.via == Via.ENV:
+            env[d.name] = v
+    entry = list(spec.entry) if spec.entry[0] == "-m" else [str(_inside(root, spec.entry[0], "trainer.script"))]
+    launcher = point.phase.launcher
+    argv = (commands.torchrun_argv(entry, launcher.nproc, args, launcher.torchrun_args) if launcher.kind == "torchrun"
+            else commands.python_argv(entry, args))
+    return Launch(argv, commands.child_env(env, root=root), root, {**env, "PYTHONPATH": str(root)})
+
+
+def revision(root: Path, out_dir: Path, log_name: str) -> tuple[str | None, str]:
+    """The commit of the tree at ``root`` (git describe there, or its SOURCE_SHA stamp)."""
+    def git(*args: str) -> str | None:
+        proc = runner.run(["git", "-C", str(root), *args], env=commands.child_env({}), cwd=root, timeout_s=20,
+                          log_dir=out_dir, log_name=log_name)
+        return proc.stdout_path.read_text().strip() if proc.exit_code == 0 else None
+
+    return source_revision(root, git)
+
+
+def _text(v: Scalar) -> str:
+    return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
+
+def _fill(arg: str, values: dict[str, str]) -> str:
+    for name, value in values.items():
+        arg = arg.replace("{" + name + "}", value)
+    return arg
+
+
+def _inside(root: Path, rel: str, key: str) -> Path:
+    path = (root / rel).resolve()
+    if root not in path.parents or not path.is_file():
+        raise RunbookError(f"{key}: {rel!r} is not a file inside the trainer's root {root}")
+    return path
+
+
+def _write_config(root: Path, spec: TrainerSpec, out_dir: Path, keys: list[tuple[str, str]]) -> Path:
+    """The template with each dotted key set (numbers and booleans as YAML reads them), written
+    atomically beside the point's artifacts."""
+    template = _inside(root, spec.config.template, "trainer.config.template")
+    try:
+        data = yaml.safe_load(template.read_text())
+    except yaml.YAMLError as exc:
+        raise RunbookError(f"{template}: not valid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise RunbookError(f"{template}: expected a mapping at the top level (trainer.config.template)")
+    for dotted, value in keys:
+        node: Any = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise RunbookError(f"{template}: cannot set {dotted}: {part} is not a mapping")
+        node[leaf] = yaml.safe_load(value) if value else value
+    path = out_dir / CONFIG_COPY
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    tmp.replace(path)
+    return path

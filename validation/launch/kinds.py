@@ -1,0 +1,214 @@
+"""The phase kinds, each run in a subprocess with the phase's hard timeout:
+
+``train`` (the trainer, python or torchrun), ``preflight`` (git SHA, collect_env, nvidia-smi:
+fixed commands, nothing from the runbook), ``pytest`` (the project's own tests) and ``profile``
+(a bounded torch.profiler run of the trainer, validation/profile_phase.py).
+
+Each runner fills the point's RunData (what the metrics read) and returns the process result.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any, Callable
+
+from nsa.contract import TRAINING_CSV
+from nsa.provenance import SOURCE_STAMP, source_revision
+from validation import REPO_ROOT
+from validation.contract.adapters import ADAPTERS
+from validation.contract.adapters.base import RunFacts
+from validation.contract.files import tail
+from validation.errors import HarnessError
+from validation.judge.metrics import RunData
+from validation.launch import commands
+from validation.launch import foreign as trainer_launch
+from validation.launch import process as runner
+from validation.runbook.plan import PhasePoint
+from validation.runbook.trainer_spec import TrainerSpec
+
+Progress = Callable[[str], None]
+
+
+class StepProgress:
+    """A train point's progress line from its training.csv: step N/total, tokens/s, ETA."""
+
+    def __init__(self, point: PhasePoint, csv: Path, progress: Progress):
+        self.point, self.csv, self.progress = point, csv, progress
+        self.total = point.phase.steps if point.phase.kind in ("train", "profile") else None
+        self.first: tuple[float, int] | None = None  # (elapsed, step) when a step was first seen
+
+    def __call__(self, elapsed: float) -> None:
+        row = tail(self.csv, 1).split(",")
+        line = f"{self.point.test_id}: {elapsed:5.0f}s"
+        if row[0].isdigit() and len(row) > 3:
+            step = int(row[0])
+            line += f" step {step}/{self.total}, {_number(row[3])} tok/s"
+            if self.first is None:
+                self.first = (elapsed, step)
+            t0, s0 = self.first
+            if self.total and step > s0 and elapsed > t0:
+                line += f", ETA {(self.total - step) * (elapsed - t0) / (step - s0):.0f}s"
+        self.progress(line)
+
+
+def _number(text: str) -> str:
+    try:
+        return f"{float(text):,.0f}"
+    except ValueError:
+        return "?"
+
+
+def _poll(point: PhasePoint, out_dir: Path, progress: Progress | None, csv: Path | None = None):
+    """Progress from ``csv`` (the contract's training.csv in out_dir unless a trainer's own)."""
+    return None if progress is None else StepProgress(point, csv or out_dir / TRAINING_CSV, progress)
+
+
+def _fmt(v: Any) -> str:
+    return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
+
+def override_args(point: PhasePoint) -> list[str]:
+    """The trainer's --config/--steps/--override arguments for this point."""
+    args = ["--config", point.phase.config, "--steps", str(point.phase.steps)]
+    if point.overrides:
+        args += ["--override", " ".join(f"{k}={_fmt(v)}" for k, v in point.overrides.items())]
+    return args
+
+
+def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress) -> runner.ProcResult:
+    if point.runbook.trainer is not None:
+        return _foreign_train(point, point.runbook.trainer, out_dir, run, errors, progress)
+    args = override_args(point) + ["--out-dir", str(out_dir)]
+    launcher = point.phase.launcher
+    if launcher.kind == "torchrun":
+        argv = commands.torchrun_argv(launcher.module, launcher.nproc, args, launcher.torchrun_args)
+    else:
+        argv = commands.python_argv(launcher.module, args)
+    return runner.run(argv, env=commands.child_env(point.env), cwd=REPO_ROOT, timeout_s=point.phase.timeout_s,
+                      log_dir=out_dir, on_poll=_poll(point, out_dir, progress))
+
+
+def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: RunData, errors: list[str],
+                   progress) -> runner.ProcResult:
+    """A runbook's own trainer: launched from its root into its own directory, then its adapter
+    writes the contract files into ``out_dir``, which the harness reads as for its own trainer."""
+    adapter = ADAPTERS[spec.adapter]
+    root, why = spec.root.resolve()
+    trainer_dir = adapter.trainer_dir(out_dir)
+    try:
+        if root is None:
+            raise HarnessError(why)
+        launch = trainer_launch.build(point, spec, root, out_dir, trainer_dir)
+    except HarnessError as exc:
+        errors.append(f"trainer {spec.name}: {exc}")
+        stderr = out_dir / "trainer.stderr.log"
+        stderr.write_text(f"[nsa-validate] not launched: {exc}\n")
+        return runner.ProcResult([], None, False, 0.0, stderr, stderr)
+    sha, source = trainer_launch.revision(root, out_dir, "trainer_git")
+    own_sha, own_source = trainer_launch.revision(REPO_ROOT, out_dir, "harness_git")
+    run.info.update(trainer=spec.name, trainer_sha=sha, trainer_sha_source=source, git_sha=own_sha,
+                    git_sha_source=own_source, env=launch.set_env, cwd=str(launch.cwd))
+    proc = runner.run(launch.argv, env=launch.env, cwd=launch.cwd, timeout_s=point.phase.timeout_s, log_dir=out_dir,
+                      on_poll=_poll(point, out_dir, progress, adapter.progress_csv(trainer_dir)))
+    if trainer_dir.is_dir():
+        adapter.convert(trainer_dir, out_dir, RunFacts(point.nproc, spec.name, sha, source))
+    return proc
+
+
+def pytest_(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress) -> runner.ProcResult:
+    missing = [t for t in point.phase.tests if not (REPO_ROOT / t.split("::")[0]).exists()]
+    if missing:
+        errors.append(f"test path(s) not found under {REPO_ROOT}: {', '.join(missing)}")
+    junit = out_dir / "junit.xml"
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+            f"--junitxml={junit}", *point.phase.tests, *point.phase.pytest_args]
+    proc = runner.run(argv, env=commands.child_env(point.env), cwd=REPO_ROOT, timeout_s=point.phase.timeout_s,
+                      log_dir=out_dir, log_name="pytest", on_poll=_poll(point, out_dir, progress))
+    run.counts.update(junit_counts(junit, errors))
+    return proc
+
+
+def junit_counts(path: Path, errors: list[str]) -> dict[str, float]:
+    if not path.is_file():
+        errors.append(f"{path}: pytest wrote no JUnit XML")
+        return {}
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as exc:
+        errors.append(f"{path}: unreadable JUnit XML ({exc})")
+        return {}
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    if suite is None:
+        errors.append(f"{path}: no <testsuite> element")
+        return {}
+    n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    return {"tests_failed": float(n["failures"] + n["errors"]),
+            "tests_passed": float(n["tests"] - n["failures"] - n["errors"] - n["skipped"])}
+
+
+def preflight(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress) -> runner.ProcResult:
+    """The code's commit (git or the SOURCE_SHA stamp), collect_env and nvidia-smi, each a fixed
+    command with its own timeout."""
+    env = commands.child_env(point.env)
+    budget = max(point.phase.timeout_s / 3, 5.0)
+    missing = 0
+    git_runs: list[runner.ProcResult] = []
+
+    def git(*args: str) -> str | None:
+        proc = runner.run(["git", *args], env=env, cwd=REPO_ROOT, timeout_s=budget, log_dir=out_dir,
+                          log_name="git_" + args[0].replace("-", "_"))
+        git_runs.append(proc)
+        return proc.stdout_path.read_text().strip() if proc.exit_code == 0 else None
+
+    sha, source = source_revision(REPO_ROOT, git)
+    last = git_runs[0]  # git describe
+    wall = sum(p.wall_s for p in git_runs)
+    if sha:
+        (out_dir / "git_sha.txt").write_text(sha + "\n")
+    else:
+        missing += 1
+        errors.append(f"git describe failed (exit {last.exit_code}: {last.stderr_tail(3)}) and there is no "
+                      f"{SOURCE_STAMP} stamp naming the commit")
+    wanted = [("collect_env.txt", [sys.executable, "-m", "torch.utils.collect_env"], True),
+              ("nvidia_smi.xml", ["nvidia-smi", "-q", "-x"], point.profile.hardware.accelerator == "cuda")]
+    for name, argv, required in wanted:
+        if argv[0] == "nvidia-smi" and shutil.which("nvidia-smi") is None:
+            if required:
+                missing += 1
+                errors.append("nvidia-smi is not installed on this machine")
+            continue
+        last = runner.run(argv, env=env, cwd=REPO_ROOT, timeout_s=budget, log_dir=out_dir, log_name=Path(name).stem)
+        wall += last.wall_s
+        if last.exit_code == 0 and last.stdout_path.stat().st_size:
+            shutil.copyfile(last.stdout_path, out_dir / name)
+        elif required:
+            missing += 1
+            errors.append(f"{' '.join(argv[:3])} failed (exit {last.exit_code}): {last.stderr_tail(3)}")
+    run.counts["preflight_missing"] = float(missing)
+    run.info["git_sha"] = sha
+    run.info["git_sha_source"] = source
+    return runner.ProcResult(last.argv, 0 if not missing else 1, False, wall, last.stdout_path, last.stderr_path)
+
+
+def profile(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress) -> runner.ProcResult:
+    args = override_args(point) + ["--out-dir", str(out_dir)]
+    proc = runner.run(commands.python_argv("validation.profile_phase", args), env=commands.child_env(point.env),
+                      cwd=REPO_ROOT, timeout_s=point.phase.timeout_s, log_dir=out_dir, log_name="profile",
+                      on_poll=_poll(point, out_dir, progress))
+    path = out_dir / "profile.json"
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            run.counts.update({k: float(v) for k, v in data.get("counts", {}).items()})
+            run.info["top_ops"] = [str(op) for op in data.get("top_ops", [])]
+        except (json.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
+            errors.append(f"{path}: unreadable ({exc})")
+    elif not proc.timed_out:
+        errors.append(f"{path}: the profiler wrote no results")
+    return proc
+
+
+KINDS = {"train": train, "pytest": pytest_, "preflight": preflight, "profile": profile}

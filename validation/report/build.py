@@ -1,0 +1,218 @@
+"""GO / NO-GO reports: stored records -> a flat context -> Jinja template (reports/report.md.j2)
+-> Markdown, plus PNG plots of tokens/s and memory over steps (validation/plots.py).
+
+Status: NO-GO when any point failed or errored (or a finding across points is critical);
+INCOMPLETE when a point of the runbook has no record, was skipped, or has a threshold still 'to
+be measured'; GO otherwise. ``render`` returns the verdict with the path: nobody reads it back
+out of the Markdown.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import enum
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from validation import DEFAULT_RESULTS_DIR, REPO_ROOT, TEMPLATE_DIR
+from validation.judge.findings import find
+from validation.judge.findings.advice import recommendations
+from validation.judge.findings.finding import Finding, Severity, where
+from validation.judge.record import OWN_TRAINER, PhaseRecord, Status
+from validation.judge.verdict import UNPROVIDED
+from validation.machine import Machine
+from validation.report.plots import make_plots
+from validation.report.tables import (
+    artifact_rows,
+    cell,
+    counts,
+    failure_rows,
+    gate_rows,
+    phase_tables,
+    reproduce_rows,
+    toggles,
+)
+from validation.runbook.plan import expand
+from validation.runbook.types import Profile, Runbook
+from validation.store import baseline as baseline_cmp
+from validation.store.results import ResultStore
+
+
+class Verdict(enum.StrEnum):
+    GO = "GO"
+    NO_GO = "NO-GO"
+    INCOMPLETE = "INCOMPLETE"
+
+
+_BADGE = {Verdict.GO: "✅", Verdict.NO_GO: "❌", Verdict.INCOMPLETE: "⏳"}
+
+
+@dataclass(frozen=True)
+class Rendered:
+    path: Path
+    verdict: Verdict
+    reason: str
+
+
+def _env() -> jinja2.Environment:
+    # Markdown, not HTML: escaping is the `cell` filter's job, so autoescape is off on purpose.
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), autoescape=False,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True)
+    env.filters["cell"] = cell
+    return env
+
+
+def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Finding]) -> tuple[Verdict, str]:
+    failed = [r for r in records if r.failed]
+    critical = [f for f in findings if f.severity == Severity.CRITICAL]
+    if failed:
+        return Verdict.NO_GO, f"{len(failed)} of {len(records) + len(missing)} phase point(s) failed: " + ", ".join(
+            where(r) for r in failed[:6]) + (" ..." if len(failed) > 6 else "")
+    if critical:
+        return Verdict.NO_GO, f"{len(critical)} critical finding(s) across phase points: {critical[0].title}"
+    pending = [r for r in records if r.status in (Status.SKIP, Status.UNMEASURED)]
+    if missing or pending:
+        parts = [f"{len(missing)} point(s) not run"] if missing else []
+        if pending:
+            parts.append(f"{len(pending)} skipped or without a measured threshold")
+        unprovided = [r for r in pending if r.reason.startswith(UNPROVIDED)]
+        if unprovided:  # a metric the trainer lacks, named: the reader must not take it for a GO
+            parts.append(f"{where(unprovided[0])}: {unprovided[0].reason}")
+        return Verdict.INCOMPLETE, "; ".join(parts)
+    if not records:
+        return Verdict.INCOMPLETE, "no results stored"
+    return Verdict.GO, f"all {len(records)} phase point(s) passed their gates"
+
+
+def _select(records: list[PhaseRecord], runbook: Runbook | None, profile: Profile | None):
+    """The records of the runbook's current points in runbook order, the points without one,
+    and how many stored records belong to points the runbook no longer has."""
+    if runbook is None or profile is None:
+        return sorted(records, key=lambda r: (r.phase, r.sweep_index)), [], 0
+    order = {p.test_id: i for i, p in enumerate(expand(runbook, profile))}
+    current = sorted((r for r in records if r.test_id in order), key=lambda r: order[r.test_id])
+    have = {r.test_id for r in current}
+    return current, [t for t in order if t not in have], len(records) - len(current)
+
+
+def _store_arg(results_dir: Path) -> str | None:
+    """The results directory as a rerun command names it: None for the default ./results."""
+    resolved = Path(results_dir).resolve()
+    return None if resolved == DEFAULT_RESULTS_DIR.resolve() else str(resolved)
+
+
+def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, runbook: Runbook | None,
+                  profile: Profile | None, plots: list[dict[str, str]] | None = None,
+                  now: str | None = None, baseline: Path | None = None) -> dict[str, Any]:
+    records, missing, stale = _select(ResultStore(results_dir).records(runbook_name, profile_name), runbook, profile)
+    comparison = None
+    if baseline is not None:
+        threshold = profile.thresholds.get(baseline_cmp.REGRESSION_KEY) if profile else None
+        base_records = baseline_cmp.load(baseline, results_dir, runbook_name, profile_name)
+        comparison = baseline_cmp.compare(records, base_records, baseline, threshold)
+    findings = find(records, comparison.findings() if comparison else None)
+    status, why = status_of(records, missing, findings)
+    hw = next((r.hardware for r in records if r.hardware), None)
+    sha = next((r for r in records if r.git_sha), None)
+    trainer = next((r for r in records if r.trainer != OWN_TRAINER), None)
+    return {
+        "title": f"NSA Acceptance Report: {runbook_name} on {profile_name}",
+        "status": str(status),
+        "badge": _BADGE[status],
+        "status_reason": why,
+        "generated": now or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "runbook": runbook_name,
+        "runbook_path": _rel(runbook.path) if runbook else None,
+        "runbook_source": runbook.source if runbook else None,
+        "profile": profile_name,
+        "profile_description": profile.description if profile else None,
+        "profile_hardware": _hw_need(profile) if profile else None,
+        "profile_notes": profile.notes if profile else None,
+        "hardware": _hw_text(hw),
+        "torch": hw and hw.torch,
+        "cuda": hw and hw.cuda,
+        "python": hw and hw.python,
+        "git_sha": sha.git_sha if sha else None,
+        "git_sha_source": sha.git_sha_source if sha else None,
+        "trainer": trainer and trainer.trainer,
+        "trainer_sha": trainer and trainer.trainer_sha,
+        "trainer_sha_source": trainer and trainer.trainer_sha_source,
+        "counts": counts(records, missing),
+        "toggles": toggles(records),
+        "findings": findings,
+        "recommendations": recommendations(findings),
+        "gates": gate_rows(records) + (comparison.gate_rows() if comparison else []),
+        "baseline": comparison,
+        "regression_key": baseline_cmp.REGRESSION_KEY,
+        "phases": phase_tables(records),
+        "failures": failure_rows(records),
+        "missing": missing,
+        "stale": stale,
+        "artifacts": artifact_rows(records),
+        "reproduce": reproduce_rows(records, runbook and runbook.cli_name, profile and profile.cli_name,
+                                    _store_arg(results_dir)),
+        "plots": plots or [],
+        "verdict": status,
+    }
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def _hw_need(p: Profile) -> str:
+    h = p.hardware
+    if h.accelerator == "cpu":
+        return "CPU (no GPU needed)"
+    need = f"{max(h.min_gpus, 1)}x CUDA GPU" + (f" ({h.gpu_name})" if h.gpu_name else "")
+    return need + (f", >= {h.min_gpu_mem_gb:g} GiB each" if h.min_gpu_mem_gb else "")
+
+
+def _hw_text(hw: Machine | None) -> str:
+    if hw is None:
+        return "unknown (no records)"
+    return f"{hw.describe()} on {hw.hostname}"
+
+
+def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, runbook: Runbook | None = None,
+           profile: Profile | None = None, plots: bool = True, now: str | None = None,
+           template: str = "report.md.j2", baseline: Path | None = None) -> Rendered:
+    """Write <results>/reports/<runbook>__<profile>.md (and its plots); return it with its verdict.
+    With ``baseline`` (another results directory) each point is compared with its stored twin
+    there (validation/baseline.py)."""
+    results_dir = Path(results_dir)
+    report_dir = results_dir / "reports"
+    stem = f"{runbook_name}__{profile_name}"
+    plot_list: list[dict[str, str]] = []
+    if plots:
+        recs = ResultStore(results_dir).records(runbook_name, profile_name)
+        plot_list = make_plots(results_dir, recs, report_dir / "plots", stem)
+    ctx = build_context(results_dir, runbook_name, profile_name, runbook=runbook, profile=profile,
+                        plots=plot_list, now=now, baseline=baseline)
+    ctx["results_prefix"] = os.path.relpath(results_dir, report_dir)
+    text = render_text(ctx, template)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    path = report_dir / f"{stem}.md"
+    # a unique temp file: two harness runs rendering the same report must not share one
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=report_dir)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; a report is for everyone
+        os.replace(tmp, path)
+    except BaseException:  # an interrupt leaves the previous report, and no temp file
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Rendered(path, ctx["verdict"], ctx["status_reason"])
+
+
+def render_text(ctx: dict[str, Any], template: str = "report.md.j2") -> str:
+    return _env().get_template(template).render(**ctx)

@@ -1,0 +1,134 @@
+"""The report's tables as rows for the template: gates, per-phase results, failure evidence,
+artifacts and the command that reproduces each point. Records in, plain rows out."""
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from validation.judge.findings.finding import point_label
+from validation.judge.record import PhaseRecord, Status
+
+#: the pytest test that runs one phase point (validation/tests/test_acceptance.py)
+ACCEPTANCE_TEST = "validation/tests/test_acceptance.py::test_phase"
+
+
+def gate_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
+    rows = []
+    for r in records:
+        csv = f"{r.out_dir}/training.csv" if r.kind == "train" and r.out_dir else None
+        for g in r.gates:
+            thr: Any = g.threshold if g.threshold is not None else "to be measured"
+            if g.threshold_ref:
+                thr = f"{cell(thr)} ({g.threshold_ref})"
+            rows.append({"phase": r.phase, "point": point_label(r), "metric": g.metric, "value": g.value, "op": g.op,
+                         "threshold": thr, "window": g.window, "verdict": str(g.verdict), "csv": csv,
+                         "description": g.description + (f" ({g.note})" if g.note else "")})
+    return rows
+
+
+def _backends(r: PhaseRecord) -> str | None:
+    return ", ".join(f"{s}: {b.backend}" for s, b in r.backends.items()) or None
+
+
+def _loss(r: PhaseRecord) -> str | None:
+    ev = r.evidence
+    if ev.loss_first is None and ev.loss_last is None:
+        return None
+    return f"{cell(ev.loss_first)} → {cell(ev.loss_last)}"
+
+
+def phase_tables(records: list[PhaseRecord]) -> list[dict[str, Any]]:
+    phases: dict[str, dict[str, Any]] = {}
+    for r in records:
+        keys = r.params_order or sorted(r.key.params)
+        ph = phases.setdefault(r.phase, {"name": r.phase, "kind": r.kind, "rows": [], "sweep_keys": keys})
+        m = r.metrics
+        ph["rows"].append({
+            "point": point_label(r), "params": [r.key.params.get(k) for k in ph["sweep_keys"]],
+            "status": str(r.status), "reason": r.reason, "mean": m.get("toks_per_s_mean"),
+            "stdev": m.get("toks_per_s_stdev"), "step_time": m.get("step_time_s_mean"),
+            "mem": m.get("mem_reserved_gb_max"), "steps": m.get("steps_completed"), "wall_s": r.wall_s,
+            "window": r.window, "passed": m.get("tests_passed"), "failed": m.get("tests_failed"),
+            "gpu_busy": m.get("gpu_busy_frac"), "python_overhead": m.get("python_overhead_frac"),
+            "profiled": m.get("profiled_steps"), "nsa_ranges": m.get("nsa_ranges_found"),
+            "graphed": m.get("cuda_graphs"), "loss": _loss(r), "backends": _backends(r),
+            "top_ops": r.evidence.top_ops,
+        })
+    for ph in phases.values():
+        ph["title"] = ("Scaling breakdown" if len(ph["sweep_keys"]) > 1 else "Sweep") if ph["sweep_keys"] else None
+        ph["sweep_heads"] = [k.split(".")[-1] for k in ph["sweep_keys"]]
+        ph["backends"] = _backend_line(ph["rows"])
+    return list(phases.values())
+
+
+def _backend_line(rows: list[dict[str, Any]]) -> str | None:
+    """One line naming each branch's backend: once when every point used the same, else per point."""
+    used = [(r["point"], r["backends"]) for r in rows if r["backends"]]
+    if not used:
+        return None
+    if len({b for _, b in used}) == 1:
+        return used[0][1] + (" (every point)" if len(rows) > 1 else "")
+    return "; ".join(f"{p}: {b}" for p, b in used)
+
+
+def failure_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
+    return [{"test_id": r.test_id, "phase": r.phase, "point": point_label(r), "status": str(r.status),
+             "reason": r.reason, "command": " ".join(r.command), "errors": r.evidence.errors,
+             "stderr_tail": r.evidence.stderr_tail.strip(), "out_dir": r.out_dir}
+            for r in records if r.failed]
+
+
+def artifact_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
+    return [{"phase": r.phase, "point": point_label(r), "out_dir": r.out_dir, "files": r.evidence.files}
+            for r in records if r.out_dir]
+
+
+def reproduce_rows(records: list[PhaseRecord], runbook: str | None = None, profile: str | None = None,
+                   results_dir: str | None = None) -> list[dict[str, Any]]:
+    """Per point: the harness command that re-runs its phase (its record replaces this one) and
+    the process it ran, with the environment the runbook set. ``runbook`` and ``profile`` are how
+    a command line names them (a path for a runbook outside runbooks/); the records' names when
+    not given. ``results_dir``: the store the records are in, when not the default ./results."""
+    store = f" --results-dir={shlex.quote(results_dir)}" if results_dir else ""
+    rows = []
+    for r in records:
+        if r.status == Status.SKIP or not r.command:
+            continue
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(r.env.items()))
+        # a sweep point by its test id: -k cannot take the '=' of its parameters
+        select = f'"{ACCEPTANCE_TEST}[{r.test_id}]"' if r.key.params else f"-m {r.phase}"
+        rows.append({"phase": r.phase, "point": point_label(r),
+                     "rerun": f"pytest {select} --runbook {shlex.quote(runbook or r.key.runbook)} "
+                              f"--profile {shlex.quote(profile or r.key.profile)}{store}",
+                     "process": (f"cd {shlex.quote(r.cwd)} && " if r.cwd else "") + (env + " " if env else "")
+                                + shlex.join(r.command)})
+    return rows
+
+
+def toggles(records: list[PhaseRecord]) -> dict[str, list[str]]:
+    """NSA_*/NCCL_* variables the trainer recorded (env.json), and the ones it reports as no-ops."""
+    seen: dict[str, set[str]] = {}
+    noop: dict[str, str] = {}
+    for r in records:
+        for k, v in r.env_seen.items():
+            seen.setdefault(k, set()).add(str(v))
+        noop.update({k: str(v) for k, v in r.noop_toggles.items()})
+    return {"seen": [f"{k}={'/'.join(sorted(v))}" for k, v in sorted(seen.items())],
+            "noop": [f"{k} ({v})" for k, v in sorted(noop.items())]}
+
+
+def counts(records: list[PhaseRecord], missing: list[str]) -> dict[str, int]:
+    out = {str(s): 0 for s in Status}
+    for r in records:
+        out[str(r.status)] += 1
+    out["NOT RUN"] = len(missing)
+    return out
+
+
+def cell(value: Any) -> str:
+    """A value made safe for one Markdown table cell; large numbers with thousands separators."""
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        value = f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    return str(value).replace("|", "\\|").replace("\n", " ")

@@ -1,0 +1,280 @@
+"""Strict reading of runbook YAML: every mapping checked for unknown and missing keys, every
+value for its type and, for names that end up in paths, override strings or environment
+variables, for a conservative pattern. Every error names the file and the dotted key."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from validation.errors import RunbookError
+from validation.judge.gates import OPS, Gate, Window
+from validation.judge.metrics import METRICS
+from validation.runbook.types import Launcher, Phase, Scalar
+
+PHASE_KINDS = ("train", "preflight", "pytest", "profile")
+LAUNCHER_KINDS = ("python", "torchrun")
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_OVERRIDE_KEY = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
+_ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+#: environment variables a runbook may set; anything else (LD_PRELOAD, PATH, PYTHONPATH...) is
+#: refused because it would change what runs rather than how the trainer is configured.
+_ENV_PREFIXES = ("NSA_", "NCCL_", "TORCH_", "PYTORCH_", "CUDA_", "OMP_", "MKL_", "TRITON_")
+_ENV_EXACT = ("CONFIG",)
+_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.:,+/@=-]*$")
+_TORCHRUN_ARG = re.compile(r"^--[a-z][a-z0-9_-]*(=[A-Za-z0-9_.:,/@-]+)?$")
+_WINDOW = re.compile(r"^\s*last\s+(\d+)\s+steps?\s*$", re.IGNORECASE)
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise RunbookError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise RunbookError(f"{path}: a directory, expected a YAML file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RunbookError(f"{path}: not a readable YAML text file ({exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise RunbookError(f"{path}: not valid YAML ({exc})") from None
+    if data is None:
+        raise RunbookError(f"{path}: the file is empty; expected a mapping of keys (name, profiles, phases, ...)")
+    if not isinstance(data, dict):
+        raise RunbookError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+class Reader:
+    """Reads one mapping strictly; every error names the file and the dotted key."""
+
+    def __init__(self, path: Path, data: Any, where: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()):
+        self.path, self.where = path, where
+        if not isinstance(data, Mapping):
+            self.fail(where or "top level", f"expected a mapping, got {type(data).__name__}")
+        unknown = [k for k in data if k not in allowed]
+        if unknown:
+            self.fail(self.key(str(unknown[0])), f"unknown key; allowed here: {', '.join(allowed)}")
+        for k in required:
+            if k not in data:
+                self.fail(self.key(k), "required key is missing")
+        self.data = data
+
+    def key(self, k: str) -> str:
+        return f"{self.where}.{k}" if self.where else k
+
+    def fail(self, key: str, msg: str):
+        raise RunbookError(f"{self.path}: {key}: {msg}")
+
+    def get(self, k: str, default: Any = None) -> Any:
+        return self.data.get(k, default)
+
+    def str_(self, k: str, default: str | None = None, pattern: re.Pattern | None = None, choices=None) -> Any:
+        v = self.data.get(k, default)
+        if v is None:
+            return None
+        if not isinstance(v, str):
+            self.fail(self.key(k), f"expected a string, got {v!r}")
+        if pattern is not None and not pattern.match(v):
+            self.fail(self.key(k), f"{v!r} is not allowed here (must match {pattern.pattern})")
+        if choices is not None and v not in choices:
+            self.fail(self.key(k), f"{v!r} is not one of {', '.join(choices)}")
+        return v
+
+    def int_(self, k: str, default: int | None = None, minimum: int = 0) -> Any:
+        return self._number(k, default, minimum, (int,), "an integer")
+
+    def num(self, k: str, default: float | None = None, minimum: float = 0.0) -> Any:
+        v = self._number(k, default, minimum, (int, float), "a number")
+        return None if v is None else float(v)
+
+    def _number(self, k: str, default, minimum, types: tuple[type, ...], what: str) -> Any:
+        v = self.data.get(k, default)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, types) or v < minimum):
+            self.fail(self.key(k), f"expected {what} >= {minimum}, got {v!r}")
+        return v
+
+    def list_(self, k: str) -> list:
+        v = self.data.get(k, [])
+        if not isinstance(v, list):
+            self.fail(self.key(k), f"expected a list, got {type(v).__name__}")
+        return v
+
+
+def _scalar(r: Reader, key: str, v: Any) -> Scalar:
+    if isinstance(v, bool) or isinstance(v, (int, float)):
+        return v
+    if isinstance(v, str) and _SAFE_VALUE.match(v):
+        return v
+    r.fail(key, f"value {v!r} must be a number, a boolean or a string without spaces or shell characters")
+
+
+# ------------------------------------------------------------------------------- phase pieces
+def parse_window(r: Reader, key: str, v: Any) -> Window:
+    if v is None or v == "all":
+        return Window()
+    if isinstance(v, str):
+        m = _WINDOW.match(v)
+        if m and int(m.group(1)) > 0:
+            return Window(int(m.group(1)))
+    if isinstance(v, Mapping) and set(v) == {"last"} and isinstance(v["last"], int) and v["last"] > 0:
+        return Window(v["last"])
+    r.fail(key, f"window {v!r} not understood; write 'last N steps', {{last: N}} or 'all'")
+
+
+def _gate(path: Path, data: Any, where: str) -> Gate:
+    r = Reader(path, data, where, ("metric", "op", "threshold", "window", "description"), ("metric", "op", "threshold"))
+    metric = r.str_("metric")
+    if metric not in METRICS:
+        r.fail(r.key("metric"), f"unknown metric {metric!r}; metrics: {', '.join(sorted(METRICS))}")
+    op = r.get("op")
+    if op not in OPS:
+        r.fail(r.key("op"), f"unknown comparison {op!r}; allowed: {', '.join(OPS)}")
+    thr, ref = r.get("threshold"), None
+    if isinstance(thr, Mapping):
+        tr = Reader(path, thr, r.key("threshold"), ("profile",), ("profile",))
+        ref, thr = tr.str_("profile", pattern=NAME), None
+    elif isinstance(thr, bool) or not isinstance(thr, (int, float)):
+        r.fail(r.key("threshold"), f"expected a number or {{profile: KEY}}, got {thr!r}")
+    else:
+        thr = float(thr)
+    window = parse_window(r, r.key("window"), r.get("window"))
+    return Gate(metric, op, thr, window, ref, r.str_("description", "") or "")
+
+
+def parse_launcher(path: Path, data: Any, where: str, base: Launcher) -> Launcher:
+    r = Reader(path, data, where, ("kind", "nproc", "module", "torchrun_args"))
+    kind = r.str_("kind", base.kind, choices=LAUNCHER_KINDS)
+    nproc = r.int_("nproc", base.nproc if kind == base.kind else 1, minimum=1)
+    if kind == "python" and nproc != 1:
+        r.fail(r.key("nproc"), "the python launcher runs one process; use kind: torchrun for nproc > 1")
+    module = r.str_("module", base.module, pattern=MODULE)
+    args = r.get("torchrun_args", list(base.torchrun_args))
+    if not isinstance(args, list) or not all(isinstance(a, str) and _TORCHRUN_ARG.match(a) for a in args):
+        r.fail(r.key("torchrun_args"), f"expected a list of --option=value strings, got {args!r}")
+    return Launcher(kind, nproc, module, tuple(args))
+
+
+def _items(r: Reader, key: str, data: Any, what: str) -> list[tuple[Any, Any]]:
+    """A mapping's items (none for a missing one); anything else is an error naming ``what``."""
+    if data is None:
+        return []
+    if not isinstance(data, Mapping):
+        r.fail(key, f"expected a mapping {what}, got {type(data).__name__}")
+    return list(data.items())
+
+
+def parse_overrides(r: Reader, key: str, data: Any) -> dict[str, Scalar]:
+    out = {}
+    for k, v in _items(r, key, data, "of dotted.key: value"):
+        if not isinstance(k, str) or not _OVERRIDE_KEY.match(k):
+            r.fail(f"{key}.{k}", "override keys are dotted lower-case names like train.seq_len")
+        out[k] = _scalar(r, f"{key}.{k}", v)
+        _check_path(r, f"{key}.{k}", k, v)
+    return out
+
+
+def _check_path(r: Reader, key: str, k: str, v: Any) -> None:
+    """A value of a path-like key (data.path, train.out_dir, train.resume, ...) stays inside."""
+    if k.endswith((".path", ".out_dir", "_dir", "_path", ".resume")) and isinstance(v, str) and not _inside(v):
+        r.fail(key, f"path {v!r} must be relative and stay inside the repository (no '..')")
+
+
+def _inside(v: str) -> bool:
+    return not v.startswith(("/", "~")) and ".." not in Path(v).parts
+
+
+def check_env_key(r: Reader, key: str, k: Any) -> None:
+    if not isinstance(k, str) or not _ENV_KEY.match(k) or not (k in _ENV_EXACT or k.startswith(_ENV_PREFIXES)):
+        r.fail(key, f"environment variable {k!r} may not be set by a runbook "
+                    f"(allowed: {', '.join(_ENV_EXACT)} and names starting {', '.join(_ENV_PREFIXES)})")
+
+
+def parse_env(r: Reader, key: str, data: Any) -> dict[str, str]:
+    out = {}
+    for k, v in _items(r, key, data, "NAME: value"):
+        check_env_key(r, f"{key}.{k}", k)
+        v = _scalar(r, f"{key}.{k}", v)
+        out[k] = ("1" if v else "0") if isinstance(v, bool) else str(v)
+    return out
+
+
+def _sweep(r: Reader, key: str, data: Any) -> dict[str, tuple[Scalar, ...]]:
+    """``{train.seq_len: [512, 1024], env.NSA_DDP_BUCKET_MB: [25, 50]}``: override keys, or
+    environment variables prefixed ``env.``."""
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping) or not data:
+        r.fail(key, "expected a non-empty mapping of parameter: [values]")
+    out = {}
+    for k, values in data.items():
+        kk = f"{key}.{k}"
+        if isinstance(k, str) and k.startswith("env."):
+            check_env_key(r, kk, k[4:])
+        elif not isinstance(k, str) or not _OVERRIDE_KEY.match(k):
+            r.fail(kk, "sweep parameters are override keys (train.seq_len) or env.NAME")
+        if not isinstance(values, list) or not values:
+            r.fail(kk, f"expected a non-empty list of values, got {values!r}")
+        out[k] = tuple(_scalar(r, kk, v) for v in values)
+        for v in out[k]:
+            _check_path(r, kk, k, v)
+    return out
+
+
+def _test_path(r: Reader, key: str, v: Any) -> str:
+    """pytest targets stay inside the repository: relative, no '..', no option injection."""
+    if not isinstance(v, str) or not v or v.startswith(("-", "/")) or ".." in Path(v.split("::")[0]).parts:
+        r.fail(key, f"{v!r} must be a relative path inside the repository (no '..', not an option)")
+    if not re.match(r"^[A-Za-z0-9_./\[\]:-]+$", v):
+        r.fail(key, f"{v!r} contains characters not allowed in a test path")
+    return v
+
+
+_PYTEST_ARG = re.compile(r"^(-k|-m|-x|-q|-v|--maxfail=\d+|--hypothesis-seed=\d+|[A-Za-z0-9_ ().\[\]-]+)$")
+
+_PHASE_KEYS = ("name", "kind", "description", "markers", "launcher", "config", "overrides", "env", "steps",
+               "timeout_s", "sweep", "gates", "tests", "pytest_args", "min_gpus", "golden_steps")
+DEFAULT_KEYS = ("launcher", "config", "overrides", "env", "steps", "timeout_s", "min_gpus")
+
+
+def parse_phase(path: Path, data: Any, where: str, defaults: dict[str, Any], known_markers: set[str] | None) -> Phase:
+    r = Reader(path, data, where, _PHASE_KEYS, ("name", "kind"))
+    name = r.str_("name", pattern=NAME)
+    kind = r.str_("kind", choices=PHASE_KINDS)
+    markers = r.list_("markers")
+    for i, m in enumerate(markers):
+        if not isinstance(m, str) or not NAME.match(m):
+            r.fail(r.key(f"markers[{i}]"), f"bad marker {m!r}")
+        if known_markers is not None and m not in known_markers:
+            r.fail(r.key(f"markers[{i}]"), f"marker {m!r} is not registered in pytest.ini")
+    launcher = parse_launcher(path, r.get("launcher", {}), r.key("launcher"), defaults["launcher"])
+    overrides = {**defaults["overrides"], **parse_overrides(r, r.key("overrides"), r.get("overrides"))}
+    env = {**defaults["env"], **parse_env(r, r.key("env"), r.get("env"))}
+    gates = tuple(_gate(path, g, r.key(f"gates[{i}]")) for i, g in enumerate(r.list_("gates")))
+    tests = tuple(_test_path(r, r.key(f"tests[{i}]"), t) for i, t in enumerate(r.list_("tests")))
+    pargs = r.list_("pytest_args")
+    for i, a in enumerate(pargs):
+        if not isinstance(a, str) or not _PYTEST_ARG.match(a):
+            r.fail(r.key(f"pytest_args[{i}]"), f"{a!r} is not an allowed pytest argument")
+    if kind == "pytest" and not tests:
+        r.fail(r.key("tests"), "a pytest phase needs at least one test path")
+    config = r.str_("config", defaults["config"], pattern=MODULE)
+    golden_steps = r.int_("golden_steps", 0)
+    if golden_steps and kind != "train":
+        r.fail(r.key("golden_steps"), f"golden loss curves need a train phase, not kind {kind!r}")
+    steps = r.int_("steps", defaults["steps"], minimum=1)
+    if golden_steps > steps:
+        r.fail(r.key("golden_steps"), f"{golden_steps} is more than the phase's {steps} steps")
+    return Phase(
+        name=name, kind=kind, description=r.str_("description", "") or "", markers=tuple(markers),
+        launcher=launcher, config=config, overrides=overrides, env=env,
+        steps=steps,
+        timeout_s=r.num("timeout_s", defaults["timeout_s"], minimum=1.0),
+        sweep=_sweep(r, r.key("sweep"), r.get("sweep")), gates=gates, tests=tests, pytest_args=tuple(pargs),
+        min_gpus=r.int_("min_gpus", defaults["min_gpus"]), golden_steps=golden_steps,
+    )

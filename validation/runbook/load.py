@@ -1,0 +1,159 @@
+"""Runbooks and hardware profiles: YAML (``yaml.safe_load``) -> frozen dataclasses.
+
+A runbook is the seed runbook as data: phases with a launcher, config, overrides, env, steps,
+timeout, a parameter sweep and gates. A hardware profile carries the minimum hardware and the
+thresholds that gates refer to by name (``threshold: {profile: min_toks_per_s}``).
+
+Everything read from disk is checked here, before anything runs: unknown keys are rejected with
+the file and the dotted key named; names that end up in paths, override strings or environment
+variables must match conservative patterns, so nothing a runbook says can escape the results
+directory or smuggle a second argument into the trainer's command line.
+"""
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Mapping
+
+from validation import PROFILE_DIR, RUNBOOK_DIR
+from validation.contract.adapters import ADAPTERS
+from validation.errors import RunbookError
+from validation.judge.metrics import METRICS
+from validation.runbook.fields import (
+    DEFAULT_KEYS,
+    MODULE,
+    NAME,
+    Reader,
+    parse_env,
+    parse_launcher,
+    parse_overrides,
+    parse_phase,
+    read_yaml,
+)
+from validation.runbook.trainer_spec import TrainerSpec, parse_trainer
+from validation.runbook.types import Hardware, Launcher, Phase, Profile, Runbook
+
+ACCELERATORS = ("cuda", "cpu")
+
+
+def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None) -> Runbook:
+    """Load and validate a runbook (a path, or a name under runbooks/)."""
+    path = _resolve(path_or_name, RUNBOOK_DIR, "runbook")
+    data = read_yaml(path)
+    r = Reader(path, data, "", ("name", "description", "source", "profiles", "max_parallel", "defaults", "phases",
+                                "trainer"), ("name", "profiles", "phases"))
+    trainer = parse_trainer(path, r.get("trainer"), METRICS, ADAPTERS) if "trainer" in r.data else None
+    d = Reader(path, r.get("defaults", {}), "defaults", DEFAULT_KEYS)
+    defaults = {
+        "launcher": parse_launcher(path, d.get("launcher", {}), "defaults.launcher", Launcher()),
+        "config": d.str_("config", "tiny", pattern=MODULE),
+        "overrides": parse_overrides(d, "defaults.overrides", d.get("overrides")),
+        "env": parse_env(d, "defaults.env", d.get("env")),
+        "steps": d.int_("steps", 20, minimum=1),
+        "timeout_s": d.num("timeout_s", 600.0, minimum=1.0),
+        "min_gpus": d.int_("min_gpus", 0),
+    }
+    profiles = r.list_("profiles")
+    for i, p in enumerate(profiles):
+        if not isinstance(p, str) or not NAME.match(p):
+            r.fail(f"profiles[{i}]", f"bad profile name {p!r}")
+    raw = r.list_("phases")
+    if not raw:
+        r.fail("phases", "a runbook needs at least one phase")
+    phases = tuple(parse_phase(path, p, f"phases[{i}]", defaults, known_markers) for i, p in enumerate(raw))
+    seen: set[str] = set()
+    for i, p in enumerate(phases):
+        if p.name in seen:
+            r.fail(f"phases[{i}].name", f"duplicate phase name {p.name!r}")
+        seen.add(p.name)
+        if trainer is None:
+            _check_trainer_keys(r, f"phases[{i}]", p)
+        else:
+            _check_params(r, f"phases[{i}]", p, trainer)
+    return Runbook(r.str_("name", pattern=NAME), path, r.str_("description", "") or "",
+                   r.str_("source", "") or "", tuple(profiles), phases, r.int_("max_parallel", 1, minimum=1), trainer)
+
+
+#: the trainer whose config schema the harness knows (its own); other modules are not checked
+_OWN_TRAINER = "nsa.train"
+
+
+def _check_trainer_keys(r: Reader, where: str, phase) -> None:
+    """Override and sweep keys must be keys of the trainer's config: a typo is found when the
+    runbook loads, not point by point as crashes."""
+    if phase.kind not in ("train", "profile") or phase.launcher.module != _OWN_TRAINER:
+        return
+    from nsa.config import ConfigError, resolve_config_path
+    from nsa.train.config import (
+        config_keys,  # the schema of the trainer this runbook launches
+    )
+
+    if Path(phase.config).suffix not in (".yaml", ".yml"):  # a preset name; a YAML path is the trainer's to find
+        try:
+            resolve_config_path(phase.config)
+        except ConfigError as exc:
+            r.fail(f"{where}.config", str(exc))
+    known = config_keys()
+    for key in [*phase.overrides, *(k for k in phase.sweep if not k.startswith("env."))]:
+        if key not in known:
+            section = key.split(".", 1)[0]
+            near = difflib.get_close_matches(key, known, n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            keys = sorted(k for k in known if k.startswith(section + "."))
+            r.fail(f"{where} (override {key})", f"{key!r} is not a key of the trainer's config; {hint}keys under "
+                                                f"{section}: {', '.join(keys) or 'none (no such section)'}")
+
+
+def _check_params(r: Reader, where: str, phase, trainer: TrainerSpec) -> None:
+    """Every override and sweep key of a phase must be a parameter the named trainer takes; the
+    module and config of this project's trainer mean nothing to it."""
+    if phase.kind != "train":
+        return
+    if phase.launcher.module != _OWN_TRAINER or phase.config != Phase.config:
+        r.fail(f"{where}", f"launcher.module and config name this project's trainer; trainer {trainer.name} "
+                           "runs trainer.script/module with trainer.config")
+    for key in [*phase.overrides, *(k for k in phase.sweep if not k.startswith("env."))]:
+        if key not in trainer.params:
+            r.fail(f"{where} (override {key})", f"trainer {trainer.name} takes no parameter {key!r}; say how it "
+                                                f"reaches it under trainer.params (its params: "
+                                                f"{', '.join(trainer.params) or 'none'})")
+
+
+def load_profile(path_or_name: str | Path) -> Profile:
+    path = _resolve(path_or_name, PROFILE_DIR, "profile")
+    data = read_yaml(path)
+    r = Reader(path, data, "", ("name", "marker", "description", "hardware", "thresholds", "notes"),
+                ("name", "marker", "hardware", "thresholds"))
+    h = Reader(path, r.get("hardware"), "hardware", ("accelerator", "min_gpus", "min_gpu_mem_gb", "gpu_name"),
+                ("accelerator",))
+    hw = Hardware(h.str_("accelerator", choices=ACCELERATORS), h.int_("min_gpus", 0),
+                  h.num("min_gpu_mem_gb", 0.0), h.str_("gpu_name", None, pattern=NAME))
+    thr = r.get("thresholds")
+    if not isinstance(thr, Mapping):
+        r.fail("thresholds", "expected a mapping of name: number (or null = to be measured)")
+    thresholds: dict[str, float | None] = {}
+    for k, v in thr.items():
+        if not isinstance(k, str) or not NAME.match(k):
+            r.fail(f"thresholds.{k}", "bad threshold name")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            r.fail(f"thresholds.{k}", f"expected a number or null (to be measured), got {v!r}")
+        thresholds[k] = None if v is None else float(v)
+    return Profile(r.str_("name", pattern=NAME), path, r.str_("marker", pattern=NAME),
+                   r.str_("description", "") or "", hw, thresholds, r.str_("notes", "") or "")
+
+
+def _resolve(path_or_name: str | Path, directory: Path, what: str) -> Path:
+    p = Path(path_or_name)
+    if p.suffix in (".yaml", ".yml"):
+        return p
+    if not NAME.match(str(path_or_name)):
+        raise RunbookError(f"{path_or_name!r}: not a YAML path or a name under {directory}")
+    path = directory / f"{p}.yaml"
+    if not path.is_file():
+        raise RunbookError(f"no {what} {str(path_or_name)!r} under {directory}; {what}s: "
+                           f"{', '.join(available(directory))} (or give a YAML path)")
+    return path
+
+
+def available(directory: Path = RUNBOOK_DIR) -> list[str]:
+    return sorted(p.stem for p in directory.glob("*.yaml"))

@@ -1,0 +1,113 @@
+"""A runbook x profile expands into phase points: one phase at one point of its sweep, with its
+gates' thresholds resolved from the profile. A point is the unit that runs, is stored and is
+shown as one pytest test."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from validation.errors import RunbookError
+from validation.judge.gates import Gate
+from validation.runbook.types import Phase, Profile, Runbook, Scalar
+
+#: the profile threshold that sets the golden-loss tolerance of phases with golden_steps
+GOLDEN_RTOL = "golden_loss_rtol"
+#: pytest markers implied by what a phase needs (added to the phase's own markers)
+PROFILE_GPU_MARKERS = ("gpu",)
+
+
+@dataclass(frozen=True)
+class PhasePoint:
+    runbook: Runbook
+    profile: Profile
+    phase: Phase
+    params: dict[str, Scalar]
+    index: int = 0
+    """Position of this point in the phase's sweep (findings read sweeps in this order)."""
+
+    @property
+    def slug(self) -> str:
+        """Filesystem- and pytest-id-safe name of the sweep point ('default' without a sweep)."""
+        if not self.params:
+            return "default"
+        parts = [f"{k.split('.')[-1]}={v}" for k, v in self.params.items()]
+        return re.sub(r"[^A-Za-z0-9_.=,-]", "_", ",".join(parts))
+
+    @property
+    def test_id(self) -> str:
+        return f"{self.runbook.name}/{self.profile.name}/{self.phase.name}/{self.slug}"
+
+    def key(self) -> dict[str, Any]:
+        return {"runbook": self.runbook.name, "profile": self.profile.name, "phase": self.phase.name,
+                "params": {k: self.params[k] for k in sorted(self.params)}}
+
+    @property
+    def overrides(self) -> dict[str, Scalar]:
+        out = dict(self.phase.overrides)
+        out.update({k: v for k, v in self.params.items() if not k.startswith("env.")})
+        return out
+
+    @property
+    def env(self) -> dict[str, str]:
+        out = dict(self.phase.env)
+        for k, v in self.params.items():
+            if k.startswith("env."):
+                out[k[4:]] = ("1" if v else "0") if isinstance(v, bool) else str(v)
+        return out
+
+    @property
+    def nproc(self) -> int:
+        launcher = self.phase.launcher
+        return launcher.nproc if self.phase.kind == "train" and launcher.kind == "torchrun" else 1
+
+    @property
+    def min_gpus(self) -> int:
+        """GPUs this point needs: the phase's floor, and one per process on a CUDA profile."""
+        if self.profile.hardware.accelerator != "cuda":
+            return 0
+        return max(self.phase.min_gpus, self.nproc if self.phase.kind == "train" else 0)
+
+    @property
+    def markers(self) -> tuple[str, ...]:
+        ms = [self.phase.name, self.profile.marker, *self.phase.markers]
+        if self.profile.hardware.accelerator == "cuda":
+            ms.append("gpu")
+            if self.min_gpus >= 2:
+                ms.append("multi_gpu")
+        if self.nproc > 1:
+            ms.append("distributed")
+        return tuple(dict.fromkeys(ms))
+
+    def gates(self) -> list[Gate]:
+        """The phase's gates with thresholds taken from the profile. A gate naming a threshold
+        the profile lacks is a runbook error; a null threshold stays None ('to be measured')."""
+        out = []
+        for g in self.phase.gates:
+            if g.threshold_ref is None:
+                out.append(g)
+                continue
+            if g.threshold_ref not in self.profile.thresholds:
+                raise RunbookError(
+                    f"{self.runbook.path}: phase {self.phase.name}: gate {g.metric} uses threshold "
+                    f"{g.threshold_ref!r}, which profile {self.profile.path} does not define "
+                    f"(thresholds: {', '.join(sorted(self.profile.thresholds))})")
+            out.append(Gate(g.metric, g.op, self.profile.thresholds[g.threshold_ref], g.window,
+                            g.threshold_ref, g.description))
+        if self.phase.golden_steps and GOLDEN_RTOL not in self.profile.thresholds:
+            raise RunbookError(
+                f"{self.runbook.path}: phase {self.phase.name} sets golden_steps, but profile {self.profile.path} "
+                f"has no {GOLDEN_RTOL} threshold (a number, or null = to be measured)")
+        return out
+
+
+def expand(runbook: Runbook, profile: Profile, phases: list[str] | None = None) -> list[PhasePoint]:
+    """Every point of every (selected) phase, in runbook order; thresholds checked up front."""
+    if profile.name not in runbook.profiles:
+        raise RunbookError(f"{runbook.path}: profile {profile.name!r} is not one of this runbook's "
+                           f"profiles ({', '.join(runbook.profiles)})")
+    selected = runbook.phases if not phases else [runbook.phase(p) for p in phases]
+    points = [PhasePoint(runbook, profile, ph, params, i) for ph in selected for i, params in enumerate(ph.points())]
+    for p in points:
+        p.gates()
+    return points

@@ -1,0 +1,231 @@
+"""The ``trainer:`` entry of a runbook: how to launch a trainer other than this project's own
+(``python -m nsa.train``, the default, which needs no entry) and what it supports.
+
+```yaml
+trainer:
+  name: seed_showcase
+  root: {env: NSA_SEED_ROOT}        # or a path relative to this repository (tests/trainers)
+  script: scripts/train_showcase.py # or module: pkg.train; relative to root
+  args: [--dataset, synthetic]      # placeholders: {steps} {out_dir} {config} {nproc}
+  config:                           # optional: a per-point copy of the trainer's own YAML
+    template: configs/train_showcase.yaml   # relative to root
+    pass_as: {env: CONFIG}                  # or {flag: --config}
+  steps: {flag: --steps}            # {flag: ...}, {env: ...} or {config: dotted.key}
+  out_dir: {config: train.out_dir}
+  params: {train.seq_len: {config: train.seq_len}}   # every override/sweep key the runbook uses
+  env: {NSA_HEARTBEAT_EVERY: 1}
+  adapter: seed                     # validation/adapters; 'native' writes the contract itself
+  phases: [train, preflight]        # phase kinds it supports; others are SKIP
+  metrics: [toks_per_s_mean, ...]   # optional: metrics it provides (default: all its adapter can)
+```
+
+The root is the trainer's working directory and its ``PYTHONPATH``; launch stays python or
+torchrun from argument lists (a phase's ``launcher`` gives kind, nproc and rendezvous options; its
+``module`` and ``config`` belong to this project's trainer and are refused beside this entry). Every path a runbook names stays inside the root (or the
+repository) it is relative to; a root from an environment variable is the user's own choice.
+"""
+from __future__ import annotations
+
+import enum
+import os
+import re
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from validation import REPO_ROOT
+from validation.runbook.fields import MODULE, NAME, Reader, check_env_key, parse_env
+
+#: values the harness fills into ``args``
+PLACEHOLDERS = ("steps", "out_dir", "config", "nproc")
+#: phase kinds a foreign trainer may support (pytest and profile run this project's own code)
+FOREIGN_PHASE_KINDS = ("train", "preflight")
+_ARG_CHARS = frozenset(string.ascii_letters + string.digits + "_.:,+/@=-{}")
+_FLAG = re.compile(r"^--?[A-Za-z][A-Za-z0-9_-]*$")
+_CONFIG_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+
+
+class Via(enum.StrEnum):
+    """How one value reaches the trainer."""
+
+    FLAG = "flag"      # appended to the command line: FLAG VALUE
+    ENV = "env"        # an environment variable
+    CONFIG = "config"  # a dotted key set in the per-point copy of its YAML config
+
+
+@dataclass(frozen=True)
+class Delivery:
+    via: Via
+    name: str
+    """The flag (--steps), the variable (CONFIG) or the dotted config key (train.steps)."""
+
+
+@dataclass(frozen=True)
+class ConfigFile:
+    template: str
+    """The trainer's YAML config, relative to its root; copied per point with keys set."""
+    pass_as: Delivery | None
+    """How the copy's path reaches the trainer (flag or env); None when args use {config}."""
+
+
+@dataclass(frozen=True)
+class RootDir:
+    env: str | None = None
+    """An environment variable the user sets to the trainer's checkout."""
+    path: str | None = None
+    """Or a directory relative to this repository."""
+
+    def describe(self) -> str:
+        return f"${self.env}" if self.env else str(self.path)
+
+    def resolve(self) -> tuple[Path | None, str]:
+        """(the root, '') or (None, why not)."""
+        if self.env:
+            value = os.environ.get(self.env, "")
+            if not value:
+                return None, f"the trainer's root is not set: export {self.env}=/path/to/its/checkout"
+            root = Path(value).expanduser()
+            if not root.is_absolute():
+                root = Path.cwd() / root
+        else:
+            root = REPO_ROOT / str(self.path)
+        if not root.is_dir():
+            return None, f"the trainer's root {root} ({self.describe()}) is not a directory"
+        return root.resolve(), ""
+
+
+@dataclass(frozen=True)
+class TrainerSpec:
+    name: str
+    root: RootDir
+    entry: tuple[str, ...]
+    """['-m', module] or [script path relative to root]."""
+    args: tuple[str, ...] = ()
+    config: ConfigFile | None = None
+    steps: Delivery | None = None
+    out_dir: Delivery | None = None
+    params: Mapping[str, Delivery] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    adapter: str = "native"
+    phases: tuple[str, ...] = ("train",)
+    metrics: tuple[str, ...] | None = None
+    """Metrics it provides; None: every metric its adapter's files allow."""
+
+    def supports_phase(self, kind: str) -> bool:
+        return kind in self.phases
+
+
+def parse_trainer(path: Path, data: Any, known_metrics: Mapping[str, Any], adapters: Mapping[str, Any]) -> TrainerSpec:
+    r = Reader(path, data, "trainer", ("name", "root", "script", "module", "args", "config", "steps", "out_dir",
+                                       "params", "env", "adapter", "phases", "metrics"), ("name", "root"))
+    if ("script" in r.data) == ("module" in r.data):
+        r.fail("trainer", "give exactly one of script (a .py path under the root) or module (a dotted name)")
+    if "script" in r.data:
+        script = _relative(r, "script", r.str_("script"))
+        if not script.endswith(".py"):
+            r.fail("trainer.script", f"{script!r} is not a .py file")
+        entry: tuple[str, ...] = (script,)
+    else:
+        entry = ("-m", r.str_("module", pattern=MODULE))
+    args = tuple(_arg(r, f"trainer.args[{i}]", a) for i, a in enumerate(r.list_("args")))
+    config = _config(path, r.get("config")) if "config" in r.data else None
+    steps = _delivery(path, r.get("steps"), "trainer.steps", config) if "steps" in r.data else None
+    out_dir = _delivery(path, r.get("out_dir"), "trainer.out_dir", config) if "out_dir" in r.data else None
+    joined = " ".join(args)
+    for what, d in (("steps", steps), ("out_dir", out_dir)):
+        if d is None and "{" + what + "}" not in joined:
+            r.fail(f"trainer.{what}", f"say how {what} reaches the trainer: {{flag: ...}}, {{env: ...}}, "
+                                      f"{{config: dotted.key}}, or a {{{what}}} placeholder in args")
+    if config is None and "{config}" in joined:
+        r.fail("trainer.args", "the {config} placeholder needs trainer.config (the template the harness copies)")
+    if config is not None and config.pass_as is None and "{config}" not in joined:
+        r.fail("trainer.config.pass_as", "say how the config's path reaches the trainer: {env: NAME}, "
+                                         "{flag: --name}, or a {config} placeholder in args")
+    params = {}
+    raw_params = r.get("params") or {}
+    if not isinstance(raw_params, Mapping):
+        r.fail("trainer.params", "expected a mapping of runbook key: {flag|env|config: name}")
+    for k, v in raw_params.items():
+        if not isinstance(k, str) or not _CONFIG_KEY.match(k):
+            r.fail(f"trainer.params.{k}", "parameter names are dotted keys like train.seq_len")
+        params[k] = _delivery(path, v, f"trainer.params.{k}", config)
+    adapter = r.str_("adapter", "native", choices=tuple(adapters))
+    phases = r.list_("phases") or ["train"]
+    for i, p in enumerate(phases):
+        if p not in FOREIGN_PHASE_KINDS:
+            r.fail(f"trainer.phases[{i}]", f"{p!r}: a trainer named here supports only {', '.join(FOREIGN_PHASE_KINDS)} "
+                                           "(pytest and profile phases run this project's own code)")
+    metrics = None
+    if "metrics" in r.data:
+        metrics = tuple(r.list_("metrics"))
+        for i, m in enumerate(metrics):
+            if m not in known_metrics:
+                r.fail(f"trainer.metrics[{i}]", f"unknown metric {m!r}; metrics: {', '.join(sorted(known_metrics))}")
+    return TrainerSpec(r.str_("name", pattern=NAME), _root(r), entry, args, config, steps, out_dir,
+                       params, parse_env(r, "trainer.env", r.get("env")), adapter, tuple(phases), metrics)
+
+
+def _root(r: Reader) -> RootDir:
+    """``root: some/dir`` (relative to this repository) or ``root: {env: VAR}``."""
+    data = r.get("root")
+    if isinstance(data, str):
+        if data.startswith(("/", "~")) or ".." in Path(data).parts:  # a checkout elsewhere: the README's way
+            r.fail(r.key("root"), f"{data!r} is outside this repository; name it through an environment variable: "
+                                  "root: {env: MY_TRAINER_ROOT}, then export MY_TRAINER_ROOT=" + data)
+        return RootDir(path=_relative(r, "root", data))
+    env = Reader(r.path, data, "trainer.root", ("env",), ("env",))
+    # the harness reads this variable and never sets it: any upper-case name will do
+    return RootDir(env=env.str_("env", pattern=_ENV_NAME))
+
+
+def _relative(r: Reader, key: str, v: str) -> str:
+    """A path that stays under the directory it is relative to."""
+    if not v or v.startswith(("/", "~")) or ".." in Path(v).parts or not set(v) <= _ARG_CHARS - {"{", "}"}:
+        r.fail(r.key(key), f"{v!r} must be a relative path without '..' (letters, digits, _ . / -)")
+    return v
+
+
+def _arg(r: Reader, key: str, v: Any) -> str:
+    if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+        r.fail(key, f"expected a string or number, got {v!r}")
+    v = str(v)
+    if not set(v) <= _ARG_CHARS:
+        r.fail(key, f"{v!r} has characters not allowed in an argument (letters, digits, _ . : , + / @ = - and "
+                    f"placeholders {', '.join('{' + p + '}' for p in PLACEHOLDERS)})")
+    try:
+        fields = [f for _, f, spec, conv in string.Formatter().parse(v) if f is not None or spec or conv]
+    except ValueError as exc:
+        r.fail(key, f"{v!r}: {exc}")
+    bad = [f for f in fields if f not in PLACEHOLDERS]
+    if bad:
+        r.fail(key, f"unknown placeholder {{{bad[0]}}}; placeholders: {', '.join('{' + p + '}' for p in PLACEHOLDERS)}")
+    return v
+
+
+def _config(path: Path, data: Any) -> ConfigFile:
+    r = Reader(path, data, "trainer.config", ("template", "pass_as"), ("template",))
+    template = _relative(r, "template", r.str_("template"))
+    pass_as = _delivery(path, r.get("pass_as"), "trainer.config.pass_as", None) if "pass_as" in r.data else None
+    if pass_as is not None and pass_as.via == Via.CONFIG:
+        r.fail("trainer.config.pass_as", "the config's own path reaches the trainer by flag or env")
+    return ConfigFile(template, pass_as)
+
+
+def _delivery(path: Path, data: Any, where: str, config: ConfigFile | None) -> Delivery:
+    r = Reader(path, data, where, tuple(Via))
+    if len(r.data) != 1:
+        r.fail(where, "give exactly one of flag: --name, env: NAME, config: dotted.key")
+    (via, name), = r.data.items()
+    name = r.str_(via)
+    if via == Via.FLAG and not _FLAG.match(name):
+        r.fail(f"{where}.flag", f"{name!r} is not a flag like --steps")
+    if via == Via.ENV:
+        check_env_key(r, f"{where}.env", name)
+    if via == Via.CONFIG:
+        if config is None:
+            r.fail(f"{where}.config", "a config key needs trainer.config (the template the harness copies)")
+        if not _CONFIG_KEY.match(name):
+            r.fail(f"{where}.config", f"{name!r} is not a dotted config key")
+    return Delivery(Via(via), name)

@@ -1,0 +1,162 @@
+"""Comparison with a baseline: the same runbook and profile stored in another results directory
+(an earlier commit, the run before a kernel change), point by point.
+
+Beside each summary metric of each point: the baseline's value and the relative change. Points
+stored on only one side are listed, never dropped. The profile threshold ``max_toks_regression``
+(a fraction: 0.05 = 5%) turns a larger drop of a point's tokens/s into a failed gate and a
+critical finding ("tokens/s 8.1% below baseline <commit>"), so the report says NO-GO; without
+it the changes are shown and nothing is gated. Records in, typed comparison out; the report
+renders it (validation/report.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from validation.errors import StoreError
+from validation.judge.findings.finding import Finding, Severity, point_label, where
+from validation.judge.gates import GateVerdict
+from validation.judge.record import PhaseRecord
+from validation.store.results import ResultStore, record_key
+
+#: the profile threshold: the largest allowed fractional drop of tokens/s against the baseline
+REGRESSION_KEY = "max_toks_regression"
+THROUGHPUT = "toks_per_s_mean"
+
+
+@dataclass(frozen=True)
+class MetricDelta:
+    metric: str
+    current: float | None
+    baseline: float | None
+
+    @property
+    def change(self) -> float | None:
+        """(current - baseline) / |baseline|, or None when either is missing or the baseline is 0."""
+        if self.current is None or self.baseline is None or self.baseline == 0:
+            return None
+        return (self.current - self.baseline) / abs(self.baseline)
+
+
+@dataclass(frozen=True)
+class PointDelta:
+    phase: str
+    point: str
+    status: str
+    baseline_status: str
+    metrics: list[MetricDelta]
+    regression: GateVerdict | None = None
+    """The tokens/s regression gate: PASS/FAIL, or None when not gated (no threshold or no number)."""
+
+    @property
+    def toks(self) -> MetricDelta | None:
+        return next((m for m in self.metrics if m.metric == THROUGHPUT), None)
+
+
+@dataclass(frozen=True)
+class BaselineSource:
+    results_dir: str
+    commit: str | None
+    date: str
+    """When its runs started: the first and last, or the one day."""
+    hardware: str
+
+    @property
+    def short(self) -> str:
+        return (self.commit or "(commit not recorded)")[:12]
+
+
+@dataclass
+class Comparison:
+    source: BaselineSource
+    threshold: float | None
+    points: list[PointDelta] = field(default_factory=list)
+    only_current: list[str] = field(default_factory=list)
+    only_baseline: list[str] = field(default_factory=list)
+
+    def regressions(self) -> list[PointDelta]:
+        return [p for p in self.points if p.regression == GateVerdict.FAIL]
+
+    def findings(self) -> list[Finding]:
+        """One critical finding per point whose tokens/s fell more than the threshold."""
+        out = []
+        for p in self.regressions():
+            t = p.toks
+            out.append(Finding(Severity.CRITICAL, p.phase, (
+                f"tokens/s {-t.change:.1%} below baseline {self.source.short} in {p.phase} [{p.point}]: "
+                f"{t.current:,.1f} vs {t.baseline:,.1f} (allowed drop {self.threshold:.0%}, profile {REGRESSION_KEY})"),
+                [f"baseline: {self.source.results_dir}, {self.source.hardware}, {self.source.date}"], "regression"))
+        return out
+
+    def rows(self) -> list[dict]:
+        """Rows for the report's comparison table: one per metric of each point on both sides."""
+        return [{"phase": p.phase, "point": p.point, "metric": m.metric, "current": m.current, "baseline": m.baseline,
+                 "change": "—" if m.change is None else f"{m.change:+.1%}",
+                 "flag": "❌" if m.metric == THROUGHPUT and p.regression == GateVerdict.FAIL else ""}
+                for p in self.points for m in p.metrics]
+
+    def gate_rows(self) -> list[dict]:
+        """Rows for the report's gates table (its columns), one per gated point."""
+        return [{"phase": p.phase, "point": p.point, "metric": f"{THROUGHPUT} change vs baseline",
+                 "value": p.toks.change, "op": ">=", "threshold": f"{-self.threshold:g} ({REGRESSION_KEY})",
+                 "window": f"baseline {self.source.short}", "verdict": str(p.regression), "csv": None,
+                 "description": "tokens/s may not drop more than the profile allows against the baseline"}
+                for p in self.points if p.regression is not None]
+
+
+def load(baseline_dir: Path, results_dir: Path, runbook: str, profile: str) -> list[PhaseRecord]:
+    """The baseline's records of this runbook and profile. A StoreError names a bad store, a
+    baseline that is ``results_dir`` itself, and one without records of the pair (a comparison
+    that compares nothing, whose regression gate could never fire)."""
+    store = ResultStore(baseline_dir)
+    if not store.path.is_file():
+        raise StoreError(f"--baseline {baseline_dir}: no result store ({store.path} not found)")
+    if Path(baseline_dir).resolve() == Path(results_dir).resolve():
+        raise StoreError(f"--baseline {baseline_dir} is the results directory itself; give the results "
+                         "directory of another run (every point would be compared with itself)")
+    records = store.records(runbook, profile)
+    if not records:
+        held = ", ".join(f"{rb}/{prof}" for rb, prof in store.pairs()) or "no records at all"
+        raise StoreError(f"--baseline {baseline_dir}: no records of runbook {runbook}, profile {profile} "
+                         f"(it holds: {held})")
+    return records
+
+
+def compare(current: list[PhaseRecord], baseline: list[PhaseRecord], baseline_dir: Path,
+            threshold: float | None) -> Comparison:
+    """Point-by-point comparison of ``current`` with ``baseline`` (records of one runbook and
+    profile), in the current records' order, then the baseline-only points."""
+    base = {record_key(r.key): r for r in baseline}
+    cur_keys = {record_key(r.key) for r in current}
+    out = Comparison(_source(baseline, baseline_dir), threshold)
+    for r in current:
+        b = base.get(record_key(r.key))
+        if b is None:
+            out.only_current.append(where(r))
+            continue
+        names = [m for m in r.metrics if r.metric(m) is not None or b.metric(m) is not None]
+        names += [m for m in b.metrics if m not in r.metrics and b.metric(m) is not None]
+        deltas = [MetricDelta(m, r.metric(m), b.metric(m)) for m in names]
+        out.points.append(PointDelta(r.phase, point_label(r), str(r.status), str(b.status), deltas,
+                                     _regression(r, b, deltas, threshold)))
+    out.only_baseline = [where(b) for k, b in base.items() if k not in cur_keys]
+    return out
+
+
+def _regression(r: PhaseRecord, b: PhaseRecord, deltas: list[MetricDelta], threshold: float | None) -> GateVerdict | None:
+    toks = next((d for d in deltas if d.metric == THROUGHPUT), None)
+    finished = all(x.ran and x.exit_code == 0 for x in (r, b))
+    if threshold is None or toks is None or toks.change is None or not finished:
+        return None
+    return GateVerdict.FAIL if toks.change < -threshold else GateVerdict.PASS
+
+
+def _source(records: list[PhaseRecord], baseline_dir: Path) -> BaselineSource:
+    sha = next((r.git_sha for r in records if r.git_sha), None)
+    started = sorted(r.started for r in records if r.started)
+    days = sorted({s[:10] for s in started})
+    date = "no runs" if not days else days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
+    hw = next((r.hardware for r in records if r.hardware), None)
+    # absolute: the report is read from elsewhere than the directory it was rendered from
+    return BaselineSource(str(Path(baseline_dir).resolve()), sha, date,
+                          f"{hw.describe()} on {hw.hostname}" if hw else "unknown")

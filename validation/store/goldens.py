@@ -1,0 +1,237 @@
+"""Golden loss curves: the per-step loss of the first N steps of a deterministic phase point,
+kept per (runbook, profile, point, hardware class) in a small versioned YAML file beside the
+runbooks, ``runbooks/goldens/<runbook>__<profile>.yaml``.
+
+A phase opts in with ``golden_steps: N`` (synthetic data, fixed seed); the profile sets the
+tolerance, ``golden_loss_rtol`` (tight on CPU, looser on GPU where kernels may accumulate in a
+different order; null = to be measured). A run of such a point gets one more gate,
+``golden_loss_rel_diff <= golden_loss_rtol``: the largest relative difference from the golden over
+steps 1..N, with the first step beyond the tolerance named in the gate's note. Goldens are
+written only by ``nsa-validate bless`` (``bless`` below), never by a run; it replaces only the
+curves it is asked for.
+
+The file says its schema: 1 is read and written; another schema, or a file that is not a golden
+file of this runbook and profile, is an error naming the file (as the result store does).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from validation.errors import HarnessError
+from validation.judge.gates import GateResult, GateVerdict, check
+from validation.machine import Machine
+from validation.runbook.plan import GOLDEN_RTOL as RTOL_KEY
+from validation.runbook.plan import PhasePoint
+
+SCHEMA = 1
+METRIC = "golden_loss_rel_diff"
+DESCRIPTION = "loss per step against the golden curve"
+
+
+class GoldenError(HarnessError):
+    """A golden file is unreadable, foreign or from a newer harness; or a bless cannot be done."""
+
+
+def hardware_class(machine: Machine) -> str:
+    """'cpu', or the GPU model as a lower-case slug ('nvidia_h100_80gb_hbm3'): losses are
+    compared only between machines of one class."""
+    if not machine.gpu_names:
+        return "cpu"
+    return re.sub(r"[^a-z0-9]+", "_", sorted(set(machine.gpu_names))[0].lower()).strip("_")
+
+
+def point_id(point: PhasePoint) -> str:
+    """'phase/point' ('long_run/default'): the point's name inside its runbook and profile."""
+    return f"{point.phase.name}/{point.slug}"
+
+
+@dataclass(frozen=True)
+class Curve:
+    """The loss at steps 1..len(loss) of one point on one hardware class, and where it came from."""
+
+    loss: tuple[float, ...]
+    commit: str | None = None
+    blessed: str = ""
+    """When it was blessed (UTC, ISO 8601)."""
+    torch: str | None = None
+    run: str = ""
+    """The run directory it was read from, relative to its results directory."""
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first step whose loss is outside the tolerance."""
+
+    step: int
+    loss: float
+    golden: float
+    rel: float
+
+    def text(self) -> str:
+        return (f"first diverging step {self.step}: loss {self.loss:.6g} vs golden {self.golden:.6g} "
+                f"(abs diff {abs(self.loss - self.golden):.3g}, rel {self.rel:.3g})")
+
+
+@dataclass
+class GoldenFile:
+    path: Path
+    runbook: str
+    profile: str
+    curves: dict[str, dict[str, Curve]] = field(default_factory=dict)
+    """point id -> hardware class -> curve."""
+
+    @classmethod
+    def for_pair(cls, runbook_path: Path, runbook: str, profile: str) -> GoldenFile:
+        """The golden file of a runbook and profile (goldens/ beside the runbook's YAML); empty
+        when there is none yet."""
+        path = Path(runbook_path).parent / "goldens" / f"{runbook}__{profile}.yaml"
+        return cls.load(path, runbook, profile) if path.exists() else cls(path, runbook, profile)
+
+    @classmethod
+    def load(cls, path: Path, runbook: str, profile: str) -> GoldenFile:
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise GoldenError(f"{path}: not a readable golden file ({exc})") from None
+        if not isinstance(data, dict) or not isinstance(data.get("points"), dict):
+            raise GoldenError(f"{path}: not a golden loss file (no 'points' mapping); move it aside or re-bless")
+        if data.get("schema") != SCHEMA:
+            raise GoldenError(f"{path}: schema {data.get('schema')!r}; this harness reads golden schema {SCHEMA} "
+                              "(a newer harness wrote it?)")
+        if (data.get("runbook"), data.get("profile")) != (runbook, profile):
+            raise GoldenError(f"{path}: holds goldens of runbook {data.get('runbook')!r}, profile "
+                              f"{data.get('profile')!r}; expected {runbook!r}, {profile!r}")
+        out = cls(path, runbook, profile)
+        for pid, by_class in data["points"].items():
+            if not isinstance(by_class, dict):
+                raise GoldenError(f"{path}: points.{pid}: expected a mapping of hardware class -> curve")
+            for hw, c in by_class.items():
+                out.curves.setdefault(str(pid), {})[str(hw)] = _curve(path, f"points.{pid}.{hw}", c)
+        return out
+
+    def get(self, pid: str, hw_class: str) -> Curve | None:
+        return self.curves.get(pid, {}).get(hw_class)
+
+    def put(self, pid: str, hw_class: str, curve: Curve) -> None:
+        self.curves.setdefault(pid, {})[hw_class] = curve
+
+    def save(self) -> None:
+        """Write atomically (temp file in the same directory, then rename)."""
+        data = {"schema": SCHEMA, "runbook": self.runbook, "profile": self.profile, "points": {
+            pid: {hw: {"loss": list(c.loss), "commit": c.commit, "blessed": c.blessed, "torch": c.torch, "run": c.run}
+                  for hw, c in sorted(by_class.items())}
+            for pid, by_class in sorted(self.curves.items())}}
+        text = ("# Golden loss curves (validation/goldens.py). Written by `nsa-validate bless`; do not edit by hand.\n"
+                + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+
+def _curve(path: Path, where: str, c: Any) -> Curve:
+    loss = c.get("loss") if isinstance(c, dict) else None
+    if not isinstance(loss, list) or not loss or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in loss):
+        raise GoldenError(f"{path}: {where}.loss: expected a non-empty list of finite numbers")
+    return Curve(tuple(float(v) for v in loss), c.get("commit"), str(c.get("blessed") or ""), c.get("torch"),
+                 str(c.get("run") or ""))
+
+
+def losses(csv: pd.DataFrame | None, steps: int) -> list[float | None]:
+    """training.csv's loss at steps 1..steps (None where a step is not logged)."""
+    by_step = {} if csv is None else dict(zip(csv["step"].astype(int), csv["loss"].astype(float)))
+    return [by_step.get(s) for s in range(1, steps + 1)]
+
+
+def compare(loss: list[float | None], golden: Curve, rtol: float) -> tuple[float | None, Divergence | None]:
+    """The largest relative difference over the golden's steps (None when a step is missing or
+    not finite) and the first step beyond ``rtol``."""
+    worst, first = 0.0, None
+    for step, (got, want) in enumerate(zip(loss, golden.loss), start=1):
+        if got is None or got != got:
+            return None, first
+        rel = abs(got - want) / max(abs(want), 1e-12)
+        worst = max(worst, rel)
+        if first is None and rel > rtol:
+            first = Divergence(step, got, want, rel)
+    return worst, first
+
+
+def gate(point: PhasePoint, csv: pd.DataFrame | None, machine: Machine) -> GateResult | None:
+    """The golden-loss gate of a point with ``golden_steps`` (None for other points)."""
+    if not point.phase.golden_steps:
+        return None
+    rtol = point.profile.thresholds[RTOL_KEY]  # present: PhasePoint.gates checked it
+    goldens = GoldenFile.for_pair(point.runbook.path, point.runbook.name, point.profile.name)
+    hw = hardware_class(machine)
+    curve = goldens.get(point_id(point), hw)
+    if curve is None:
+        bless_cmd = (f"nsa-validate bless --runbook {point.runbook.cli_name} --profile {point.profile.cli_name} "
+                     f"--point {point_id(point)}")
+        return GateResult(METRIC, "<=", None, f"steps 1-{point.phase.golden_steps}", None, GateVerdict.UNMEASURED,
+                          RTOL_KEY, DESCRIPTION,
+                          note=f"no golden for {point_id(point)} on {hw} in {goldens.path}; write one with `{bless_cmd}`")
+    value, first = compare(losses(csv, len(curve.loss)), curve, rtol if rtol is not None else 0.0)
+    if value is None:
+        note = f"training.csv lacks a finite loss for one of steps 1-{len(curve.loss)}"
+    elif first is not None:
+        note = first.text()
+    else:
+        note = f"golden of commit {(curve.commit or '?')[:12]} on {hw}"
+    if rtol is None:
+        note = f"tolerance to be measured (profile {RTOL_KEY}); " + note
+    return GateResult(METRIC, "<=", rtol, f"steps 1-{len(curve.loss)}", value, check(value, "<=", rtol), RTOL_KEY,
+                      DESCRIPTION, note=note)
+
+
+def check_readable(runbook_path: Path, runbook: str, profile: str) -> None:
+    """Raise GoldenError now if the pair's golden file cannot be read (before any point runs)."""
+    GoldenFile.for_pair(runbook_path, runbook, profile)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How far several runs of one point are apart, step by step."""
+
+    runs: int
+    steps: int
+    max_abs: float
+    max_rel: float
+    first_step: int | None
+    """The first step at which the runs differ at all (None: identical to the printed digits)."""
+
+
+def spread(curves: list[list[float]]) -> Spread:
+    """The largest difference between any two of ``curves`` (the same point's loss from several
+    runs) over their common steps, absolute and relative to the smallest value's magnitude."""
+    n = min(len(c) for c in curves)
+    max_abs = max_rel = 0.0
+    first = None
+    for i in range(n):
+        vals = [c[i] for c in curves]
+        diff = max(vals) - min(vals)
+        if diff > 0 and first is None:
+            first = i + 1
+        max_abs = max(max_abs, diff)
+        max_rel = max(max_rel, diff / max(min(abs(v) for v in vals), 1e-12))
+    return Spread(len(curves), n, max_abs, max_rel, first)

@@ -1,0 +1,110 @@
+"""The result store: one JSON file (results.json) in the results directory holding one record
+per (runbook, profile, phase, parameters). Records are validation.record.PhaseRecord; JSON lives
+only here. The file says its schema: 2 is written, 1 (the same fields, some missing) is still
+read, anything else (or a file that is no store at all) is an error naming the file.
+
+Writes are read-modify-write under an exclusive ``fcntl`` lock on ``results.json.lock`` (so two
+harness runs, or pytest-xdist workers, on the same directory cannot lose each other's records),
+and the new file replaces the old one atomically (temp file in the same directory, fsync,
+``os.replace``), so a reader never sees half a file and needs no lock: reading writes nothing (a
+baseline may be someone else's read-only directory). ``put`` replaces only the record with the
+same key; every other record is kept as it was.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+from validation.errors import StoreError
+from validation.judge.record import PhaseRecord, PointKey
+
+STORE_NAME = "results.json"
+SCHEMA = 2
+READABLE_SCHEMAS = (1, 2)
+
+
+def record_key(key: PointKey) -> str:
+    """Canonical string of a record's key: runbook/profile/phase/params (params sorted)."""
+    return json.dumps([key.runbook, key.profile, key.phase, key.params], sort_keys=True)
+
+
+class ResultStore:
+    def __init__(self, results_dir: str | Path):
+        self.dir = Path(results_dir)
+        self.path = self.dir / STORE_NAME
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / (STORE_NAME + ".lock"), "a+") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def _read(self) -> dict[str, Any]:
+        if not self.path.exists():
+            return {"schema": SCHEMA, "records": {}}
+        try:
+            data = json.loads(self.path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise StoreError(f"{self.path}: not valid JSON ({exc}); move it aside to start a new store") from None
+        if not isinstance(data, dict) or not isinstance(data.get("records"), dict):
+            raise StoreError(f"{self.path}: not an nsa-validate result store (no 'records' object); "
+                             "move it aside or choose another --results-dir")
+        if data.get("schema") not in READABLE_SCHEMAS:
+            raise StoreError(f"{self.path}: schema {data.get('schema')!r}; this harness reads schemas "
+                             f"{', '.join(map(str, READABLE_SCHEMAS))} (a newer harness wrote it?)")
+        return data
+
+    def check(self) -> None:
+        """Raise StoreError now if the store cannot be read or its directory cannot be made
+        (before any point runs)."""
+        existing = next(p for p in (self.dir, *self.dir.parents) if p.exists())
+        if not existing.is_dir():
+            raise StoreError(f"results directory {self.dir}: {existing} is a file, not a directory")
+        self._typed(self._read())
+
+    def _typed(self, data: dict[str, Any]) -> list[PhaseRecord]:
+        return [PhaseRecord.from_json(r, f"{self.path}: record {k}") for k, r in data["records"].items()]
+
+    def _write(self, data: dict[str, Any]) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=".results.", suffix=".tmp", dir=self.dir)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                json.dump(data, fh, indent=1, sort_keys=True, default=str)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; like the reports beside it, it is for everyone
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
+    def put(self, record: PhaseRecord) -> None:
+        """Insert or replace the one record with this record's key."""
+        self.put_many([record])
+
+    def put_many(self, records: list[PhaseRecord]) -> None:
+        with self._locked():
+            # every stored record is read (a malformed store is never silently rewritten) and
+            # written back in the current schema
+            kept = {record_key(r.key): r.to_json() for r in self._typed(self._read())}
+            kept.update({record_key(r.key): r.to_json() for r in records})
+            self._write({"schema": SCHEMA, "records": kept})
+
+    def records(self, runbook: str | None = None, profile: str | None = None) -> list[PhaseRecord]:
+        recs = self._typed(self._read())
+        return [r for r in recs if (runbook is None or r.key.runbook == runbook)
+                and (profile is None or r.key.profile == profile)]
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """(runbook, profile) pairs that have records, sorted."""
+        return sorted({(r.key.runbook, r.key.profile) for r in self.records()})

@@ -1,9 +1,14 @@
-"""The artifact contract (docs/artifact_contract.md), checked in this one place.
+"""The artifact contract (``nsa.contract``, docs/artifact_contract.md), checked in this one place.
 
-``read(out_dir)`` reads a run directory with the readers of artifacts.py and says, file by file,
+``read(out_dir)`` reads a run directory with the readers of files.py and says, file by file,
 what is present, missing or malformed. The harness reads every train point through it (a
-required file missing or malformed is the point's ERROR) and ``nsa-validate check-artifacts``
-prints it for trainer authors.
+required file missing, or any file malformed, is the point's ERROR) and ``nsa-validate
+check-artifacts`` prints it for trainer authors.
+
+Ranks come from env.json's ``world_size``: a heartbeat or stack dump of a rank at or above it
+is malformed (a rank that does not exist cannot have stalled). An optional field the files lack
+is named with the metrics it leaves UNMEASURED (the metric catalogue says which read it), so that
+this check, the verdict and the report say the same.
 """
 from __future__ import annotations
 
@@ -14,23 +19,30 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from nsa.contract import ENV_JSON, HALT, TRAINING_CSV
+from nsa.contract import (
+    CSV_COLUMNS,
+    ENV_JSON,
+    ENV_RECOMMENDED,
+    ENV_REQUIRED,
+    HALT,
+    HEARTBEAT_REQUIRED,
+    TRAINING_CSV,
+    heartbeat_name,
+)
 from validation.contract.files import (
     halted,
     read_env_json,
     read_heartbeats,
     read_training_csv,
     stackdumps,
+    unranked_stackdumps,
 )
 from validation.errors import ArtifactError
 
 HEARTBEAT_GLOB = "heartbeat_rank{R}.jsonl"
-#: fields every heartbeat record carries (the harness reads them for progress, stalls, imbalance)
-HEARTBEAT_FIELDS = ("time", "step")
-#: fields env.json must carry, and the recommended ones with what their absence costs
-ENV_REQUIRED = ("world_size",)
-ENV_OPTIONAL = {"git_sha": "the report names no commit for the trainer",
-                "attention_backends": "backends_recorded is UNMEASURED, the report shows no backends"}
+#: training.csv columns every row must fill with a number; the others may be nan throughout (a
+#: trainer that cannot measure memory), which leaves the metrics that read them UNMEASURED
+CSV_VALUED = ("step", "loss", "toks_per_s")
 
 
 class Presence(enum.StrEnum):
@@ -52,11 +64,12 @@ class Item:
 
     @property
     def problem(self) -> bool:
-        """A required item that is not there as the contract says."""
-        return self.required and self.presence != Presence.PRESENT
+        """A required item that is not there as the contract says, or any item that is malformed
+        (an optional file written wrong, such as a stack dump of a rank that does not exist)."""
+        return self.presence == Presence.MALFORMED or (self.required and self.presence != Presence.PRESENT)
 
     def line(self) -> str:
-        tag = str(self.presence) if self.required or self.presence == Presence.PRESENT else f"{self.presence} (optional)"
+        tag = str(self.presence) if self.required or self.presence != Presence.MISSING else f"{self.presence} (optional)"
         name = f"{self.file} {self.field}" if self.field else self.file
         return f"{tag:<20} {name}" + (f": {self.detail}" if self.detail else "")
 
@@ -76,29 +89,48 @@ class ContractRead:
     def ok(self) -> bool:
         return not any(i.problem for i in self.items)
 
+    @property
+    def world_size(self) -> int | None:
+        """env.json's world_size when it is a whole number >= 1."""
+        world = (self.env or {}).get("world_size")
+        return world if isinstance(world, int) and not isinstance(world, bool) and world >= 1 else None
+
     def problems(self) -> list[str]:
         """What breaks the contract, each naming the file: the harness's errors of the point."""
         return [f"{self.out_dir / i.file}{' ' + i.field if i.field else ''}: {i.presence}"
                 + (f" ({i.detail})" if i.detail else "") for i in self.items if i.problem]
 
 
-def read(out_dir: Path) -> ContractRead:
+#: the metrics that read each optional field (the judge's metric catalogue, handed down: this stage
+#: does not import the judge), so that an absent field is named with the metrics it leaves UNMEASURED
+Costs = dict[str, tuple[str, ...]]
+
+
+def read(out_dir: Path, costs: Costs | None = None) -> ContractRead:
+    """Every contract file of ``out_dir``, checked. ``costs`` names, per optional field, the
+    metrics its absence leaves UNMEASURED (validation/judge/metrics.py ``reading``)."""
     out_dir = Path(out_dir)
+    costs = costs or {}
     found = ContractRead(out_dir)
     found.csv = _file(found, TRAINING_CSV, (out_dir / TRAINING_CSV).is_file(), read_training_csv, _csv_detail)
+    if found.csv is not None:
+        _csv_columns(found, costs)
     found.heartbeats = _file(found, HEARTBEAT_GLOB, any(out_dir.glob("heartbeat_rank*.jsonl")), read_heartbeats,
                              _beats_detail) or {}
-    if found.heartbeats:
-        _heartbeat_fields(found)
     found.env = _file(found, ENV_JSON, (out_dir / ENV_JSON).is_file(), read_env_json, lambda env: f"{len(env)} keys")
     if found.env is not None:
-        _env_fields(found)
+        _env_fields(found, costs)
+    if found.heartbeats:
+        _heartbeat_fields(found, costs)
     found.halted = halted(out_dir)
     if found.halted:
         text = (out_dir / HALT).read_text(errors="replace").strip()
         found.items.append(Item(HALT, Presence.PRESENT, f"run stopped: {text[:120] or 'empty file'}", False))
     for rank, path in stackdumps(out_dir).items():
-        found.items.append(Item(path.name, Presence.PRESENT, f"stack dump of rank {rank}", False))
+        found.items.append(_ranked(found, path.name, rank, "stack dump of rank"))
+    for path in unranked_stackdumps(out_dir):
+        found.items.append(Item(path.name, Presence.PRESENT, "stack dump of a rank the trainer's files do not name",
+                                False))
     return found
 
 
@@ -106,11 +138,19 @@ def silent_ranks(found: ContractRead) -> list[Item]:
     """A missing item per rank below env.json's world_size that wrote no heartbeat file (the
     contract: every rank beats). For check-artifacts: in an acceptance run such a rank is an idle
     rank (the idle_ranks gate, with its finding), not a broken file."""
-    world = (found.env or {}).get("world_size")
-    if not isinstance(world, int) or isinstance(world, bool) or not found.heartbeats:
+    world = found.world_size
+    if world is None or not found.heartbeats:
         return []
-    return [Item(f"heartbeat_rank{r}.jsonl", Presence.MISSING, f"not written (env.json says world_size {world})")
+    return [Item(heartbeat_name(r), Presence.MISSING, f"not written (env.json says world_size {world})")
             for r in range(world) if r not in found.heartbeats]
+
+
+def _ranked(found: ContractRead, name: str, rank: int, what: str) -> Item:
+    """A rank-numbered file: malformed when env.json says that rank does not exist."""
+    world = found.world_size
+    if world is not None and rank >= world:
+        return Item(name, Presence.MALFORMED, f"rank {rank} does not exist (env.json world_size {world})", False)
+    return Item(name, Presence.PRESENT, f"{what} {rank}", False)
 
 
 def _file(found: ContractRead, name: str, exists: bool, reader: Callable[[Path], Any],
@@ -132,30 +172,58 @@ def _csv_detail(df: pd.DataFrame) -> str:
     return f"{len(df)} rows, steps {int(df['step'].min())}..{int(df['step'].max())}"
 
 
+def _unmeasured(costs: Costs, key: str, otherwise: str) -> str:
+    return f"UNMEASURED: {', '.join(costs[key])}" if key in costs else otherwise
+
+
+def _csv_columns(found: ContractRead, costs: Costs) -> None:
+    df = found.csv
+    for col in CSV_COLUMNS:
+        if df[col].isna().all() and col in CSV_VALUED:
+            found.items.append(Item(TRAINING_CSV, Presence.MALFORMED, "no value in any row", field=col))
+        elif df[col].isna().all():
+            found.items.append(Item(TRAINING_CSV, Presence.MISSING, _unmeasured(costs, col, "no value in any row"),
+                                    False, col))
+
+
 def _beats_detail(beats: dict[int, list[dict[str, Any]]]) -> str:
     return ", ".join(f"rank {r}: {len(recs)} records" for r, recs in sorted(beats.items()))
 
 
-def _heartbeat_fields(found: ContractRead) -> None:
+def _heartbeat_fields(found: ContractRead, costs: Costs) -> None:
     for rank, recs in sorted(found.heartbeats.items()):
+        name = heartbeat_name(rank)
+        ranked = _ranked(found, name, rank, "heartbeats of rank")
+        if ranked.problem:
+            found.items.append(ranked)
+            continue
         for i, rec in enumerate(recs):
-            lacking = [f for f in HEARTBEAT_FIELDS if not _number(rec.get(f))]
+            lacking = [f for f in HEARTBEAT_REQUIRED if not _number(rec.get(f))]
+            said = rec.get("rank")
             if lacking:
-                found.items.append(Item(f"heartbeat_rank{rank}.jsonl", Presence.MALFORMED,
+                found.items.append(Item(name, Presence.MALFORMED,
                                         f"record {i + 1} has no numeric {', '.join(repr(f) for f in lacking)} "
                                         f"(keys: {', '.join(sorted(rec))})"))
                 break
+            if _number(said) and said != rank:
+                found.items.append(Item(name, Presence.MALFORMED, f"record {i + 1} says rank {said} in the file of "
+                                                                  f"rank {rank}"))
+                break
+    if "fallbacks" in costs and not any("fallbacks" in r or any(k.startswith("fb_") for k in r)
+                                        for recs in found.heartbeats.values() for r in recs):
+        found.items.append(Item(HEARTBEAT_GLOB, Presence.MISSING, _unmeasured(costs, "fallbacks", ""), False,
+                                "fallbacks"))
 
 
-def _env_fields(found: ContractRead) -> None:
+def _env_fields(found: ContractRead, costs: Costs) -> None:
     env = found.env or {}
     for key in ENV_REQUIRED:
-        if not isinstance(env.get(key), int) or isinstance(env.get(key), bool):
+        if found.world_size is None:
             found.items.append(Item(ENV_JSON, Presence.MISSING if key not in env else Presence.MALFORMED,
-                                    f"expected an integer, got {env.get(key)!r}", field=key))
-    for key, cost in ENV_OPTIONAL.items():
-        if not env.get(key):
-            found.items.append(Item(ENV_JSON, Presence.MISSING, cost, False, key))
+                                    f"expected an integer >= 1, got {env.get(key)!r}", field=key))
+    for key, cost in ENV_RECOMMENDED.items():
+        if env.get(key) is None:
+            found.items.append(Item(ENV_JSON, Presence.MISSING, _unmeasured(costs, key, cost), False, key))
 
 
 def _number(v: Any) -> bool:

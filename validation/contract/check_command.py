@@ -19,14 +19,17 @@ from validation.contract.adapters.base import RunFacts
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
 
 
-def check(directory: Path, adapter: str = "native", world_size: int | None = None, out: TextIO | None = None) -> int:
+def check(directory: Path, adapter: str = "native", world_size: int | None = None, out: TextIO | None = None,
+          costs: contract.Costs | None = None) -> int:
+    """``costs``: per optional field, the metrics its absence leaves UNMEASURED (the judge's
+    catalogue, ``validation.judge.metrics.costs()``), named beside the field."""
     out = out or sys.stdout  # looked up now, not when the module was imported
     if not directory.is_dir():
         print(f"nsa-validate check-artifacts: error: {directory} is not a directory", file=sys.stderr)
         return EXIT_USAGE
-    code = _report(_read(directory, adapter, world_size), directory, adapter, out)
+    code = _report(_read(directory, adapter, world_size, costs), directory, adapter, out)
     if code == EXIT_BROKEN:  # a directory of another format than the one named: say which reads it
-        fits = [name for name in sorted(ADAPTERS) if name != adapter and _read(directory, name, world_size).ok]
+        fits = [name for name in sorted(ADAPTERS) if name != adapter and _read(directory, name, world_size, costs).ok]
         for name in fits:
             print(f"hint: {directory} holds to the contract "
                   + ("as it is: check it without --adapter" if not ADAPTERS[name].converts
@@ -34,14 +37,14 @@ def check(directory: Path, adapter: str = "native", world_size: int | None = Non
     return code
 
 
-def _read(directory: Path, adapter: str, world_size: int | None) -> contract.ContractRead:
+def _read(directory: Path, adapter: str, world_size: int | None, costs: contract.Costs | None) -> contract.ContractRead:
     if not ADAPTERS[adapter].converts:  # the contract itself: read in place
-        found = contract.read(directory)
+        found = contract.read(directory, costs)
     else:
         with tempfile.TemporaryDirectory(prefix="nsa-check-") as tmp:
             ranks = len(list(directory.glob("heartbeat_rank*.jsonl")))
             ADAPTERS[adapter].convert(directory, Path(tmp), RunFacts(world_size or max(ranks, 1), "(checked by hand)"))
-            found = contract.read(Path(tmp))
+            found = contract.read(Path(tmp), costs)
     found.items += contract.silent_ranks(found)
     return found
 

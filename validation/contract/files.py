@@ -121,6 +121,33 @@ def stackdumps(out_dir: Path) -> dict[int, Path]:
     return out
 
 
+#: a stack dump whose rank the trainer's own files do not tell: an adapter writes it for a format
+#: that records neither rank nor pid in its dumps, rather than guess a rank (never by time)
+UNRANKED_DUMP_PATTERN = re.compile(r"^stackdump_unranked(\d+)\.txt$")
+
+
+def unranked_dump_name(index: int) -> str:
+    return f"stackdump_unranked{index}.txt"
+
+
+def unranked_stackdumps(out_dir: Path) -> list[Path]:
+    found = [p for p in Path(out_dir).glob("stackdump_unranked*.txt") if UNRANKED_DUMP_PATTERN.match(p.name)]
+    return sorted(found, key=lambda p: int(UNRANKED_DUMP_PATTERN.match(p.name).group(1)))
+
+
+def pids_by_rank(heartbeats: dict[int, list[dict[str, Any]]]) -> dict[int, int]:
+    """Each rank's process id, from its heartbeats' ``pid`` (the last one written): how a stack
+    taken of a process (py-spy, by pid) is given its rank. Ranks whose heartbeats carry no pid
+    are absent."""
+    out = {}
+    for rank, recs in heartbeats.items():
+        pid = next((r["pid"] for r in reversed(recs) if isinstance(r.get("pid"), int)
+                    and not isinstance(r.get("pid"), bool)), None)
+        if pid is not None:
+            out[rank] = pid
+    return out
+
+
 def halted(out_dir: Path) -> bool:
     return (Path(out_dir) / HALT).exists()
 

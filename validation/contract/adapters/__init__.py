@@ -2,7 +2,7 @@
 
 A trainer named in a runbook's ``trainer:`` entry writes into its own directory; after it exits
 its adapter writes the contract files into the point's run directory, where the harness reads
-them (validation/contract.py). While it runs, the harness shows progress from the trainer's own
+them (validation/contract/check.py). While it runs, the harness shows progress from the trainer's own
 CSV, whose first and fourth columns are step and tokens/s in every format adapted here.
 """
 from __future__ import annotations

@@ -25,7 +25,7 @@ class Adapter:
     """Whether the trainer's files differ from the contract (and live in a directory of their own)."""
     lacks: frozenset[str] = frozenset()
     """Contract fields (training.csv columns, env.json keys, 'fallbacks') the format cannot
-    carry; metrics reading them are UNMEASURED (validation/metrics.py METRIC_INPUTS)."""
+    carry; metrics reading them are UNMEASURED (the catalogue's inputs, validation/judge/metrics.py)."""
 
     def trainer_dir(self, out_dir: Path) -> Path:
         """Where the trainer writes its files (the run directory itself, for the contract)."""

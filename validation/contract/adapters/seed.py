@@ -12,19 +12,27 @@ What it writes into the ``train.out_dir`` of its YAML config, and what becomes o
   ``world_size`` and the trainer's commit, as the harness knows them.
 - ``.HALT`` as text (``halt: nan_loss``; ``.anomaly_type`` names the reason) -> the contract's JSON
   ``.HALT`` with its source (``nonfinite`` for a NaN, ``watchdog`` for a stall).
-- ``stackdump_<epoch>.txt`` / ``watchdog_stackdump_<epoch>.txt`` (``traceback.format_stack`` per
-  thread, no rank) -> ``stackdump_rank{i}.txt`` in faulthandler's format, in time order, each
-  header naming the original file (the trainer does not record the rank).
+- ``stackdump_<epoch>.txt`` (its SIGUSR1/SIGTERM handler) and ``watchdog_stackdump_<epoch>.txt``
+  (its own watchdog), ``traceback.format_stack`` per thread, no rank or pid in them ->
+  faulthandler's format, each header naming the original file. A rank only where the files say
+  it: a watchdog dump is announced in the writer's own heartbeat file (``watchdog_dump`` with its
+  path), and a run of one process has only rank 0. Any other dump is ``stackdump_unranked{i}``
+  (rank unknown), never numbered by time. Ranks that dump in the same second write one file
+  name: a file holding more than one dump is split, and its header says so. Of several dumps of
+  one rank the latest is the rank's file; its header names the earlier ones (still in the
+  trainer's directory).
 """
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nsa.contract import CSV_COLUMNS, ENV_JSON, HALT, TRAINING_CSV
+from nsa.contract import CSV_COLUMNS, ENV_JSON, HALT, TRAINING_CSV, stackdump_name
 from validation.contract.adapters.base import Adapter, RunFacts
+from validation.contract.files import unranked_dump_name
 
 SEED_COLUMNS = ("step", "loss", "lr", "toks_per_s")
 _DUMP = re.compile(r"^(watchdog_)?stackdump_(\d+)\.txt$")
@@ -49,10 +57,12 @@ class SeedAdapter(Adapter):
     def convert(self, trainer_dir: Path, out_dir: Path, facts: RunFacts) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         last_step = _csv(trainer_dir / TRAINING_CSV, out_dir / TRAINING_CSV)
-        beat_step = _heartbeats(trainer_dir, out_dir)
-        _env(trainer_dir / ENV_JSON, out_dir / ENV_JSON, facts)
+        beats = _heartbeats(trainer_dir, out_dir)
+        world_size = _env(trainer_dir / ENV_JSON, out_dir / ENV_JSON, facts)
+        beat_step = max((r["step"] for recs in beats.values() for r in recs
+                         if isinstance(r.get("step"), int) and r["step"] > 0), default=None)
         _halt(trainer_dir, out_dir / HALT, beat_step if beat_step is not None else last_step)
-        _stackdumps(trainer_dir, out_dir)
+        _stackdumps(trainer_dir, out_dir, world_size, beats)
 
 
 def _atomic(path: Path, text: str) -> None:
@@ -84,9 +94,9 @@ def _csv(src: Path, dst: Path) -> int | None:
     return prev
 
 
-def _heartbeats(trainer_dir: Path, out_dir: Path) -> int | None:
-    """Each rank's records with ``time``/``stage``; returns the highest step any rank reached."""
-    top = None
+def _heartbeats(trainer_dir: Path, out_dir: Path) -> dict[int, list[dict[str, Any]]]:
+    """Each rank's records with ``time``/``stage`` added, written out and returned by rank."""
+    beats: dict[int, list[dict[str, Any]]] = {}
     for src in sorted(trainer_dir.glob("heartbeat_rank*.jsonl")):
         m = _BEAT.match(src.name)
         if not m:
@@ -100,28 +110,34 @@ def _heartbeats(trainer_dir: Path, out_dir: Path) -> int | None:
             if not isinstance(rec, dict):
                 continue
             rec = {"time": rec.get("ts"), "rank": int(m.group(1)), "stage": rec.get("phase") or rec.get("msg"), **rec}
-            if isinstance(rec.get("step"), int) and rec["step"] > 0:
-                top = max(top or 0, rec["step"])
-            out.append(json.dumps(rec))
-        _atomic(out_dir / src.name, "".join(line + "\n" for line in out))
-    return top
+            out.append(rec)
+        beats[int(m.group(1))] = out
+        _atomic(out_dir / src.name, "".join(json.dumps(rec) + "\n" for rec in out))
+    return beats
 
 
-def _env(src: Path, dst: Path, facts: RunFacts) -> None:
+def _env(src: Path, dst: Path, facts: RunFacts) -> int:
+    """env.json with world_size and the trainer's commit added; returns the world size: the
+    WORLD_SIZE the trainer itself recorded (torchrun's), else the processes the harness started."""
     if not src.is_file():
-        return
+        return facts.world_size
     try:
         env = json.loads(src.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         _atomic(dst, src.read_text(errors="replace"))  # malformed stays malformed, for the check to name
-        return
+        return facts.world_size
+    world = facts.world_size
+    found = facts.trainer_sha_source and f"found by the harness at its root: {facts.trainer_sha_source}"
     if isinstance(env, dict):
         seen = env.get("env") if isinstance(env.get("env"), dict) else {}
+        world = int(seen["WORLD_SIZE"]) if str(seen.get("WORLD_SIZE", "")).isdigit() else world
         # the toggles it saw; not CONFIG (a per-run path) nor torchrun's RANK/WORLD_SIZE
         env = {**env, "env": {k: v for k, v in seen.items() if k.startswith("NSA_")},
-               "world_size": facts.world_size, "trainer": facts.trainer,
-               "git_sha": facts.trainer_sha, "git_sha_source": facts.trainer_sha_source}
+               "world_size": world, "trainer": facts.trainer,
+               "git_sha": facts.trainer_sha,
+               "git_sha_source": found}
     _atomic(dst, json.dumps(env, indent=2))
+    return world
 
 
 def _halt(trainer_dir: Path, dst: Path, step: int | None) -> None:
@@ -135,21 +151,83 @@ def _halt(trainer_dir: Path, dst: Path, step: int | None) -> None:
     _atomic(dst, json.dumps(record))
 
 
-def _stackdumps(trainer_dir: Path, out_dir: Path) -> None:
-    found = []
-    for p in trainer_dir.iterdir():
-        m = _DUMP.match(p.name)
+@dataclass(frozen=True)
+class _Dump:
+    """One stack dump found in the trainer's directory."""
+
+    file: str
+    epoch: int
+    text: str
+    shared: int = 1
+    """How many dumps the file held (ranks dumping in the same second share a file name)."""
+
+
+def _stackdumps(trainer_dir: Path, out_dir: Path, world_size: int, beats: dict[int, list[dict[str, Any]]]) -> None:
+    announced = {Path(str(rec["path"])).name: rank for rank, recs in beats.items() for rec in recs
+                 if rec.get("msg") == "watchdog_dump" and rec.get("path")}
+    dumps = []
+    for path in trainer_dir.iterdir():
+        m = _DUMP.match(path.name)
         if m:
-            found.append((int(m.group(2)), p.name, p))
-    for i, (_, name, path) in enumerate(sorted(found)):
-        _atomic(out_dir / f"stackdump_rank{i}.txt", _faulthandler_text(name, path.read_text(errors="replace")))
+            parts = _split(path.read_text(errors="replace"))
+            dumps += [_Dump(path.name, int(m.group(2)), part, len(parts)) for part in parts]
+    by_rank: dict[int, list[_Dump]] = {}
+    unranked: list[_Dump] = []
+    for d in sorted(dumps, key=lambda d: (d.epoch, d.file)):
+        rank = _rank_of(d, announced, world_size)
+        if rank is None:
+            unranked.append(d)
+        else:
+            by_rank.setdefault(rank, []).append(d)
+    for rank, ds in by_rank.items():
+        *earlier, latest = ds
+        how = f"announced in heartbeat_rank{rank}" if latest.file in announced else "the only process"
+        said = f"rank {rank} ({how})"
+        if earlier:
+            said += "; earlier dumps of this rank: " + ", ".join(e.file for e in earlier)
+        _atomic(out_dir / stackdump_name(rank), _faulthandler_text(latest, said))
+    for i, d in enumerate(unranked):
+        said = "rank unknown: the trainer's signal dumps record neither rank nor pid"
+        _atomic(out_dir / unranked_dump_name(i), _faulthandler_text(d, said))
 
 
-def _faulthandler_text(name: str, text: str) -> str:
+def _rank_of(d: _Dump, announced: dict[str, int], world_size: int) -> int | None:
+    """The rank the trainer's files give a dump: the heartbeat file that announced it (unless
+    several dumps share the file: which one it announced is unknown), or 0 in a run of one
+    process; None otherwise."""
+    if d.file in announced and d.shared == 1:
+        return announced[d.file]
+    return 0 if world_size == 1 else None
+
+
+#: the first line of every dump the seed writes ('Signal 10 at ...', 'Watchdog at ...')
+_DUMP_HEADER = re.compile(r"^(Signal \d+ at |Watchdog at )")
+
+
+def _split(text: str) -> list[str]:
+    """The dumps in one file: a new one starts at each header line, and at a second MainThread
+    section (one process has one main thread: the rest of the file is another's)."""
+    parts: list[list[str]] = [[]]
+    main_seen = False
+    for line in text.splitlines():
+        t = _THREAD.match(line)
+        second_main = t is not None and t["name"] == "MainThread" and main_seen
+        if (_DUMP_HEADER.match(line) or second_main) and any(x.strip() for x in parts[-1]):
+            parts.append([])
+            main_seen = False
+        main_seen = main_seen or (t is not None and t["name"] == "MainThread")
+        parts[-1].append(line)
+    return ["\n".join(p) for p in parts if any(x.strip() for x in p)]
+
+
+def _faulthandler_text(dump: _Dump, rank: str) -> str:
     """``--- Thread: NAME (IDENT) ---`` + ``traceback.format_stack`` (oldest first) -> faulthandler's
-    ``Thread 0x.. (most recent call first):`` + ``File "f", line N in func`` lines."""
-    first = text.splitlines()[0] if text else ""
-    out = [f"=== {name} ({first.strip()}); the trainer does not record its rank ==="]
+    ``Thread 0x.. (most recent call first):`` + ``File "f", line N in func`` lines, under a header
+    naming the original file and how its rank is known."""
+    text = dump.text
+    first = text.splitlines()[0].strip() if text else ""
+    shared = f"; one of {dump.shared} dumps in that file (processes dumping in the same second)" if dump.shared > 1 else ""
+    out = [f"=== {dump.file} ({first}): {rank}{shared} ==="]
     frames: list[str] = []
 
     def flush() -> None:

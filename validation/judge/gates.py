@@ -47,9 +47,20 @@ class GateVerdict(enum.StrEnum):
     PASS = "PASS"
     FAIL = "FAIL"
     NO_DATA = "NO_DATA"
-    """The metric could not be computed."""
+    """The metric could not be computed from files that should carry it: a failure."""
     UNMEASURED = "UNMEASURED"
-    """The profile's threshold is still 'to be measured'."""
+    """Nothing to judge by yet; ``Pending`` says why."""
+
+
+class Pending(enum.StrEnum):
+    """Why a gate is UNMEASURED: never a failure of the trainer, never a pass either."""
+
+    THRESHOLD = "threshold to be measured"
+    """The profile's threshold is null ('to be measured')."""
+    NOT_PROVIDED = "metric the trainer does not provide"
+    """The trainer's files lack what the metric reads (or its runbook entry says it lacks it)."""
+    NO_GOLDEN = "no golden curve"
+    """A golden-loss gate without a blessed curve for this point and hardware class."""
 
 
 @dataclass(frozen=True)
@@ -63,19 +74,26 @@ class GateResult:
     threshold_ref: str | None = None
     description: str = ""
     note: str = ""
-    """What this evaluation found beyond the number (the golden-loss gate's first diverging step)."""
+    """What this evaluation found beyond the number (the golden-loss gate's first diverging step,
+    what the trainer's files lack, a window the run did not cover)."""
+    pending: Pending | None = None
+    """Why the verdict is UNMEASURED (None for any other verdict)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GateResult:
-        return cls(data["metric"], data["op"], data["threshold"], data["window"], data["value"],
-                   GateVerdict(data["verdict"]), data.get("threshold_ref"), data.get("description") or "",
-                   data.get("note") or "")
+        verdict = GateVerdict(data["verdict"])
+        pending = data.get("pending")
+        if pending is None and verdict == GateVerdict.UNMEASURED:  # records written before Pending
+            pending = Pending.NO_GOLDEN if data.get("note") else Pending.THRESHOLD
+        return cls(data["metric"], data["op"], data["threshold"], data["window"], data["value"], verdict,
+                   data.get("threshold_ref"), data.get("description") or "", data.get("note") or "",
+                   Pending(pending) if pending else None)
 
     def text(self) -> str:
         """'metric = value, needs op threshold (window)', then the note when there is one."""
         val = "no data" if self.value is None else f"{self.value:.4g}"
-        return f"{self.metric} = {val}, needs {self.op} {self.threshold:g} ({self.window})" + (
-            f": {self.note}" if self.note else "")
+        thr = "(to be measured)" if self.threshold is None else f"{self.threshold:g}"
+        return f"{self.metric} = {val}, needs {self.op} {thr} ({self.window})" + (f": {self.note}" if self.note else "")
 
 
 def check(value: float | None, op: str, threshold: float | None) -> GateVerdict:

@@ -1,20 +1,26 @@
-"""Metric extraction: one named function per metric, reading a finished run's artifacts.
+"""The metric catalogue: every number a gate, a report table or a finding reads, as one table of
+typed ``Metric`` entries (name, meaning, the contract fields it reads, whether it honours a
+gate's window), read by the runbook loader (which names a gate may use), the verdict (what a
+trainer's files cannot provide), the report and the docs.
 
-training.csv metrics honour the gate's window ("last N steps"); the others (exit code, .HALT,
-heartbeats, env.json, pytest counts) describe the whole run. A metric that cannot be computed
-returns None, which a gate reports as NO_DATA rather than a number made up.
+A metric returns None when it cannot be computed, which a gate reports as NO_DATA, never a number
+made up. A windowed metric ('last 50 steps') is None when the run did not cover its window: four
+steps are no 'last 10 steps'. A metric that reads an optional field the trainer's files lack
+(``lacking``) is UNMEASURED, not NO_DATA: the trainer did not fail, it did not say.
 """
 from __future__ import annotations
 
+import enum
 import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 
-from validation.contract.files import window_rows
+from nsa.contract import EXIT_NONFINITE, HALT_NONFINITE
+from validation.contract.files import HaltInfo, window_rows
 
 
 @dataclass
@@ -29,50 +35,100 @@ class RunData:
     exit_code: int | None = None
     timed_out: bool = False
     halted: bool = False
+    halt: HaltInfo | None = None
+    """The .HALT record when there is one (the loss guard's source says the loss went non-finite)."""
+    steps_requested: int | None = None
+    """The steps the phase asked for (train points)."""
     counts: dict[str, float] = field(default_factory=dict)
     """Phase-kind specific numbers: pytest outcome counts, preflight files, profiler results."""
     info: dict[str, Any] = field(default_factory=dict)
     """Phase-kind specific facts that are not numbers (the git SHA preflight read)."""
 
 
+class Source(enum.StrEnum):
+    """Where a metric's input comes from: a contract file, or what the harness saw itself."""
+
+    CSV = "training.csv"
+    HEARTBEAT = "heartbeat_rank{R}.jsonl"
+    ENV = "env.json"
+    HALT = ".HALT"
+    PROCESS = "the process"
+    """Exit code and timeout, as the harness saw them."""
+    JUNIT = "pytest's JUnit XML"
+    PREFLIGHT = "preflight"
+    PROFILE = "profile.json"
+
+
+@dataclass(frozen=True)
+class Input:
+    """One field a metric reads. An optional one is a field the contract recommends but does not
+    require: a run whose files lack it cannot provide the metric (UNMEASURED)."""
+
+    source: Source
+    name: str
+    optional: bool = False
+
+    def describe(self) -> str:
+        return f"{self.source} {self.name}" + (" (optional)" if self.optional else "")
+
+
+Compute = Callable[[RunData, "int | None"], "float | None"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    description: str
+    reads: tuple[Input, ...]
+    windowed: bool
+    """Honours a gate's window ('last N steps' of training.csv); otherwise it describes the run."""
+    compute: Compute = field(repr=False, compare=False)
+
+    def optional_inputs(self) -> tuple[Input, ...]:
+        return tuple(i for i in self.reads if i.optional)
+
+
+# --- training.csv --------------------------------------------------------------------------------
+
+def window_covered(csv: pd.DataFrame | None, last: int | None) -> bool:
+    """Whether the run's logged steps cover a window of the last ``last`` steps: its lower end
+    lies at or after the step before the first logged one (a run from step 1 covers 'last 10
+    steps' once it logged step 10). The whole run (None) is covered when anything was logged."""
+    if csv is None or csv.empty:
+        return False
+    if last is None:
+        return True
+    return int(csv["step"].max()) - last >= int(csv["step"].min()) - 1
+
+
 def _col(run: RunData, col: str, last: int | None) -> pd.Series | None:
-    if run.csv is None or run.csv.empty:
+    if not window_covered(run.csv, last):
         return None
     return window_rows(run.csv, last)[col]
 
 
-def _series(col: str, reduce: str) -> Callable[[RunData, int | None], float | None]:
-    """The window's ``reduce`` ('mean', 'max') of a training.csv column."""
+def _reduce(col: str, reduce: Callable[[pd.Series], float]) -> Compute:
     def f(run: RunData, last: int | None) -> float | None:
         s = _col(run, col, last)
-        return None if s is None else float(getattr(s, reduce)())
+        return None if s is None or s.empty else float(reduce(s))
     return f
 
 
-def _mean(col: str) -> Callable[[RunData, int | None], float | None]:
-    return _series(col, "mean")
-
-
-def _stdev(run: RunData, last: int | None) -> float | None:
-    s = _col(run, "toks_per_s", last)
+def _pstdev(s: pd.Series) -> float:
     # population stdev, as the runbook's snippet (statistics.pstdev) computes it
-    return None if s is None else float(statistics.pstdev(s.tolist()))
+    return statistics.pstdev(s.tolist())
 
 
 def _cv(run: RunData, last: int | None) -> float | None:
     s = _col(run, "toks_per_s", last)
-    if s is None or s.mean() == 0:
+    if s is None or s.empty or s.mean() == 0:
         return None
-    return float(statistics.pstdev(s.tolist()) / s.mean())
-
-
-def _max(col: str) -> Callable[[RunData, int | None], float | None]:
-    return _series(col, "max")
+    return float(_pstdev(s) / s.mean())
 
 
 def _per_gpu(run: RunData, last: int | None) -> float | None:
-    m = _mean("toks_per_s")(run, last)
-    return None if m is None else m / max(run.world_size, 1)
+    s = _col(run, "toks_per_s", last)
+    return None if s is None or s.empty else float(s.mean()) / max(run.world_size, 1)
 
 
 def _mem_growth(run: RunData, last: int | None) -> float | None:
@@ -81,7 +137,30 @@ def _mem_growth(run: RunData, last: int | None) -> float | None:
     return None if s is None or len(s) < 2 else float(s.iloc[-1] - s.iloc[0])
 
 
+#: loss_drop compares the mean loss of this many logged steps at each end of its window
+LOSS_DROP_ROWS = 3
+
+
+def _loss_drop(run: RunData, last: int | None) -> float | None:
+    """Mean loss of the first k logged steps of the window minus the mean of its last k, with
+    k = min(LOSS_DROP_ROWS, rows // 2); None with fewer than 2 rows or a non-finite loss there."""
+    s = _col(run, "loss", last)
+    if s is None or len(s) < 2:
+        return None
+    k = min(LOSS_DROP_ROWS, len(s) // 2)
+    head, tail = s.iloc[:k], s.iloc[-k:]
+    if not all(math.isfinite(v) for v in (*head, *tail)):
+        return None
+    return float(head.mean() - tail.mean())
+
+
 def _loss_finite(run: RunData, last: int | None) -> float | None:
+    """0 when a logged loss is not finite, or when the trainer said so without logging the step
+    (a non-finite .HALT, or the contract's exit code for it): a NaN that never reached the CSV
+    is still a NaN."""
+    said_nonfinite = run.exit_code == EXIT_NONFINITE or (run.halt is not None and run.halt.source == HALT_NONFINITE)
+    if said_nonfinite:
+        return 0.0
     s = _col(run, "loss", None)
     return None if s is None else float(all(math.isfinite(v) for v in s))
 
@@ -89,6 +168,8 @@ def _loss_finite(run: RunData, last: int | None) -> float | None:
 def _steps(run: RunData, last: int | None) -> float | None:
     return None if run.csv is None or run.csv.empty else float(run.csv["step"].max())
 
+
+# --- heartbeats ----------------------------------------------------------------------------------
 
 def rank_step_times(heartbeats: dict[int, list[dict[str, Any]]]) -> dict[int, float]:
     """Per rank, the median wall time between consecutive logged steps (heartbeat 'time')."""
@@ -155,14 +236,14 @@ def fallback_counters(run: RunData) -> dict[str, float]:
     return totals
 
 
-def _counter_items(rec: dict[str, Any]):
+def _counter_items(rec: dict[str, Any]) -> Iterator[tuple[str, float]]:
     fb = rec.get("fallbacks")
     if isinstance(fb, dict):
         for k, v in fb.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if _number(v):
                 yield str(k), float(v)
     for k, v in rec.items():
-        if k.startswith("fb_") and isinstance(v, (int, float)) and not isinstance(v, bool):
+        if k.startswith("fb_") and _number(v):
             yield k, float(v)
 
 
@@ -172,71 +253,148 @@ def _fallbacks(run: RunData, last: int | None) -> float | None:
     return float(sum(fallback_counters(run).values()))
 
 
+# --- env.json, the process, the other phase kinds ------------------------------------------------
+
 def _backends_recorded(run: RunData, last: int | None) -> float | None:
-    if run.env is None:
+    if run.env is None or run.env.get("attention_backends") is None:
         return None
-    return float(bool(run.env.get("attention_backends")))
+    return float(bool(run.env["attention_backends"]))
 
 
 def _tokens_per_step(run: RunData, last: int | None) -> float | None:
     value = (run.env or {}).get("tokens_per_step")
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return float(value) if _number(value) else None
 
 
-def _count(name: str) -> Callable[[RunData, int | None], float | None]:
+def _exit_code(run: RunData, last: int | None) -> float | None:
+    return None if run.exit_code is None else float(run.exit_code)
+
+
+def _count(name: str) -> Compute:
     return lambda run, last: run.counts.get(name)
 
 
-METRICS: dict[str, tuple[Callable[[RunData, int | None], float | None], str]] = {
-    "toks_per_s_mean": (_mean("toks_per_s"), "mean global tokens/s over the window"),
-    "toks_per_s_stdev": (_stdev, "population stdev of tokens/s over the window"),
-    "toks_per_s_cv": (_cv, "stdev / mean of tokens/s over the window (steadiness)"),
-    "toks_per_s_per_gpu": (_per_gpu, "mean tokens/s over the window divided by world size"),
-    "step_time_s_mean": (_mean("step_time_s"), "mean step time over the window"),
-    "loss_mean": (_mean("loss"), "mean loss over the window"),
-    "loss_finite": (_loss_finite, "1 when every logged loss is finite"),
-    "mem_reserved_gb_max": (_max("mem_reserved_gb"), "peak reserved memory over the window"),
-    "mem_alloc_gb_max": (_max("mem_alloc_gb"), "peak allocated memory over the window"),
-    "mem_growth_gb": (_mem_growth, "reserved memory growth across the window (plateau ~ 0)"),
-    "steps_completed": (_steps, "last step logged in training.csv"),
-    "exit_code": (lambda run, last: None if run.exit_code is None else float(run.exit_code), "trainer exit status"),
-    "timed_out": (lambda run, last: float(run.timed_out), "1 when the harness killed the run at its timeout"),
-    "halt": (lambda run, last: float(run.halted), "1 when a .HALT file exists"),
-    "rank_step_time_ratio": (_rank_ratio, "slowest / fastest rank's median step time (heartbeats)"),
-    "idle_ranks": (_idle_ranks, "ranks with no step progress or ~0% GPU use while another is busy"),
-    "fallbacks_total": (_fallbacks, "sum of fallback counters in the last heartbeat of each rank"),
-    "backends_recorded": (_backends_recorded, "1 when env.json records the attention backend per branch"),
-    "tests_failed": (_count("tests_failed"), "pytest failures + errors in a pytest phase"),
-    "tests_passed": (_count("tests_passed"), "pytest passes in a pytest phase"),
-    "preflight_missing": (_count("preflight_missing"), "preflight artifacts that could not be recorded"),
-    "profiled_steps": (_count("profiled_steps"), "steps measured under torch.profiler"),
-    "nsa_ranges_found": (_count("nsa_ranges_found"), "NSA ranges (eager), kernel ops (nsa::*, compiled) and Triton kernels (graph replays) seen by the profiler"),
-    "python_overhead_frac": (_count("python_overhead_frac"), "share of profiled CPU time outside aten ops"),
-    "gpu_busy_frac": (_count("gpu_busy_frac"), "share of the profiled wall time the GPU ran work (validation/pace.py)"),
-    "cuda_graphs": (_count("cuda_graphs"), "1 when the profiled steps were CUDA-graph replays"),
-    "tokens_per_step": (_tokens_per_step, "global tokens per optimizer step (env.json)"),
-}
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-#: the contract fields (training.csv columns, env.json keys, heartbeat 'fallbacks') a metric
-#: reads beyond step, loss, tokens/s and heartbeats; a trainer whose files lack one cannot
-#: provide the metric, and a gate on it is UNMEASURED rather than a made-up number
-METRIC_INPUTS: dict[str, frozenset[str]] = {
-    "step_time_s_mean": frozenset({"step_time_s"}),
-    "mem_reserved_gb_max": frozenset({"mem_reserved_gb"}),
-    "mem_alloc_gb_max": frozenset({"mem_alloc_gb"}),
-    "mem_growth_gb": frozenset({"mem_reserved_gb"}),
-    "fallbacks_total": frozenset({"fallbacks"}),
-    "backends_recorded": frozenset({"attention_backends"}),
-    "tokens_per_step": frozenset({"tokens_per_step"}),
-}
+def _csv(name: str, optional: bool = False) -> Input:
+    return Input(Source.CSV, name, optional)
 
 
-def unprovided(lacking: frozenset[str]) -> dict[str, frozenset[str]]:
-    """The metrics that read any of ``lacking``, each with the fields it misses."""
-    return {m: needs & lacking for m, needs in METRIC_INPUTS.items() if needs & lacking}
+def _profile(name: str) -> Input:
+    return Input(Source.PROFILE, name, optional=True)
+
+
+_TOKS, _LOSS, _STEP = _csv("toks_per_s"), _csv("loss"), _csv("step")
+_BEATS = Input(Source.HEARTBEAT, "step")
+
+CATALOGUE: tuple[Metric, ...] = (
+    Metric("toks_per_s_mean", "mean global tokens/s over the window", (_TOKS,), True,
+           _reduce("toks_per_s", pd.Series.mean)),
+    Metric("toks_per_s_stdev", "population stdev of tokens/s over the window", (_TOKS,), True,
+           _reduce("toks_per_s", _pstdev)),
+    Metric("toks_per_s_cv", "stdev / mean of tokens/s over the window (steadiness)", (_TOKS,), True, _cv),
+    Metric("toks_per_s_per_gpu", "mean tokens/s over the window divided by world size",
+           (_TOKS, Input(Source.ENV, "world_size")), True, _per_gpu),
+    Metric("step_time_s_mean", "mean step time over the window", (_csv("step_time_s", True),), True,
+           _reduce("step_time_s", pd.Series.mean)),
+    Metric("loss_mean", "mean loss over the window", (_LOSS,), True, _reduce("loss", pd.Series.mean)),
+    Metric("loss_drop", f"mean loss of the window's first k logged steps minus the mean of its last k "
+                        f"(k = {LOSS_DROP_ROWS}, or half the rows when fewer; nats): > 0 when the model learns",
+           (_LOSS,), True, _loss_drop),
+    Metric("loss_finite", "1 when every logged loss is finite and the trainer did not stop on a non-finite one "
+                          "(.HALT source nonfinite, exit code 4)",
+           (_LOSS, Input(Source.HALT, "source"), Input(Source.PROCESS, "exit code")), False, _loss_finite),
+    Metric("mem_reserved_gb_max", "peak reserved memory over the window", (_csv("mem_reserved_gb", True),), True,
+           _reduce("mem_reserved_gb", pd.Series.max)),
+    Metric("mem_alloc_gb_max", "peak allocated memory over the window", (_csv("mem_alloc_gb", True),), True,
+           _reduce("mem_alloc_gb", pd.Series.max)),
+    Metric("mem_growth_gb", "reserved memory growth across the window (plateau ~ 0)",
+           (_csv("mem_reserved_gb", True),), True, _mem_growth),
+    Metric("steps_completed", "last step logged in training.csv", (_STEP,), False, _steps),
+    Metric("exit_code", "trainer exit status", (Input(Source.PROCESS, "exit code"),), False, _exit_code),
+    Metric("timed_out", "1 when the harness killed the run at its timeout", (Input(Source.PROCESS, "timeout"),),
+           False, lambda run, last: float(run.timed_out)),
+    Metric("halt", "1 when a .HALT file exists", (Input(Source.HALT, "file"),), False,
+           lambda run, last: float(run.halted)),
+    Metric("rank_step_time_ratio", "slowest / fastest rank's median step time (heartbeats)",
+           (_BEATS, Input(Source.HEARTBEAT, "time")), False, _rank_ratio),
+    Metric("idle_ranks", "ranks with no step progress, or ~0% GPU use (heartbeat gpu_util, where written) while "
+                         "another is busy", (_BEATS,), False, _idle_ranks),
+    Metric("fallbacks_total", "sum of fallback counters in the last heartbeat of each rank",
+           (Input(Source.HEARTBEAT, "fallbacks", True),), False, _fallbacks),
+    Metric("backends_recorded", "1 when env.json records the attention backend per branch",
+           (Input(Source.ENV, "attention_backends", True),), False, _backends_recorded),
+    Metric("tokens_per_step", "global tokens per optimizer step (env.json)",
+           (Input(Source.ENV, "tokens_per_step", True),), False, _tokens_per_step),
+    Metric("tests_failed", "pytest failures + errors in a pytest phase", (Input(Source.JUNIT, "failures"),), False,
+           _count("tests_failed")),
+    Metric("tests_passed", "pytest passes in a pytest phase", (Input(Source.JUNIT, "tests"),), False,
+           _count("tests_passed")),
+    Metric("preflight_missing", "preflight artifacts that could not be recorded",
+           (Input(Source.PREFLIGHT, "git SHA, collect_env, nvidia-smi"),), False, _count("preflight_missing")),
+    Metric("profiled_steps", "steps measured under the profiler", (_profile("profiled_steps"),), False,
+           _count("profiled_steps")),
+    Metric("nsa_ranges_found", "NSA ranges (eager), kernel ops (nsa::*, compiled) and Triton kernels (graph "
+                               "replays) seen by the profiler", (_profile("nsa_ranges"),), False,
+           _count("nsa_ranges_found")),
+    Metric("python_overhead_frac", "share of profiled CPU time outside aten ops",
+           (_profile("python_overhead_frac"),), False, _count("python_overhead_frac")),
+    Metric("gpu_busy_frac", "share of the profiled wall time the GPU ran work (validation/judge/pace.py)",
+           (_profile("gpu_busy_frac"),), False, _count("gpu_busy_frac")),
+    Metric("cuda_graphs", "1 when the profiled steps were CUDA-graph replays", (_profile("cuda_graphs"),), False,
+           _count("cuda_graphs")),
+)
+METRICS: dict[str, Metric] = {m.name: m for m in CATALOGUE}
 
 
 def compute(name: str, run: RunData, last: int | None) -> float | None:
-    value = METRICS[name][0](run, last)
+    value = METRICS[name].compute(run, last if METRICS[name].windowed else None)
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
+# --- what a run's files lack ---------------------------------------------------------------------
+
+def unprovided_by_files(run: RunData) -> dict[str, str]:
+    """The metrics whose optional inputs this run's files do not carry, each with what is missing:
+    a training.csv column with no value in any row, an env.json key that is absent (or null),
+    heartbeats without any fallback counter, a profile field the trainer did not write."""
+    out = {}
+    for m in CATALOGUE:
+        missing = [f"{i.source} has no {i.name}" for i in m.optional_inputs() if not _carries(run, m, i)]
+        if missing:
+            out[m.name] = "; ".join(missing)
+    return out
+
+
+def _carries(run: RunData, metric: Metric, inp: Input) -> bool:
+    if inp.source == Source.CSV:
+        return run.csv is not None and inp.name in run.csv and bool(run.csv[inp.name].notna().any())
+    if inp.source == Source.ENV:
+        return run.env is not None and run.env.get(inp.name) is not None
+    if inp.source == Source.HEARTBEAT and inp.name == "fallbacks":
+        return any(next(_counter_items(r), None) is not None for recs in run.heartbeats.values() for r in recs)
+    if inp.source == Source.HEARTBEAT:
+        return any(inp.name in r for recs in run.heartbeats.values() for r in recs)
+    return metric.compute(run, None) is not None  # a profile field: its value is the metric's
+
+
+def reading(fields: frozenset[str]) -> dict[str, frozenset[str]]:
+    """The metrics that read any of ``fields`` (optional input names), each with those it reads."""
+    out = {}
+    for m in CATALOGUE:
+        hit = frozenset(i.name for i in m.optional_inputs()) & fields
+        if hit:
+            out[m.name] = hit
+    return out
+
+
+def costs() -> dict[str, tuple[str, ...]]:
+    """Per optional input name, the metrics that cannot be computed without it (for the contract
+    check, which names them beside a missing field)."""
+    out: dict[str, list[str]] = {}
+    for m in CATALOGUE:
+        for i in m.optional_inputs():
+            out.setdefault(i.name, []).append(m.name)
+    return {k: tuple(v) for k, v in out.items()}

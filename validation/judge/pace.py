@@ -7,8 +7,9 @@ data without a GPU:
   union of the device activity intervals, so work overlapping on several streams counts once).
   A step bound by the GPU keeps it near 1; a step bound by kernel launches leaves gaps.
 * ``fit_step_time``: step time against tokens per step across sweep points, fitted as
-  ``fixed + per_token * tokens``. When the fixed part is most of the step even at the largest
-  point, step time barely grows with work: the host, not the GPU, sets the pace.
+  ``fixed + per_token * tokens``. When both parts are positive beyond their noise and the fixed
+  part is most of the step even at the largest point, step time barely grows with work: the
+  host, not the GPU, sets the pace. A fit whose parts are not both meaningful says nothing.
 """
 from __future__ import annotations
 
@@ -53,31 +54,43 @@ def device_intervals(events) -> list[tuple[float, float]]:
     return [(e.time_range.start, e.time_range.end) for e in events if e.device_type == cuda]
 
 
+#: a fitted coefficient is meaningful when it is positive by at least this many standard errors
+#: (a fit over points timed on a shared machine can give a negative cost per token: noise)
+MIN_T = 2.0
+
+
 @dataclass(frozen=True)
 class StepTimeFit:
-    """step_s ~= fixed_s + per_token_s * tokens, least squares over the sweep's points."""
+    """step_s ~= fixed_s + per_token_s * tokens, least squares over the sweep's points, with the
+    standard error of each coefficient (from the residuals)."""
 
     fixed_s: float
     per_token_s: float
     tokens: tuple[float, ...]
     step_s: tuple[float, ...]
+    fixed_se: float = 0.0
+    per_token_se: float = 0.0
 
     @property
     def token_range(self) -> float:
         return max(self.tokens) / min(self.tokens)
 
     @property
+    def meaningful(self) -> bool:
+        """Both a fixed cost and a cost per token that are positive beyond their noise: a step
+        that fits this model. A negative or noise-sized coefficient says the points do not."""
+        return (self.fixed_s > MIN_T * self.fixed_se and self.fixed_s > 0
+                and self.per_token_s > MIN_T * self.per_token_se and self.per_token_s > 0)
+
+    @property
     def fixed_share(self) -> float:
-        """The fixed cost's share of the fitted step time at the largest point (0 to 1)."""
-        if self.per_token_s <= 0:
-            return 1.0 if self.fixed_s > 0 else 0.0
-        if self.fixed_s <= 0:
-            return 0.0
+        """The fixed cost's share of the fitted step time at the largest point (0 to 1, for a
+        meaningful fit: both coefficients positive)."""
         return self.fixed_s / (self.fixed_s + self.per_token_s * max(self.tokens))
 
     @property
     def host_bound(self) -> bool:
-        return self.token_range >= MIN_TOKEN_RANGE and self.fixed_share >= HOST_BOUND_FIXED_SHARE
+        return self.meaningful and self.token_range >= MIN_TOKEN_RANGE and self.fixed_share >= HOST_BOUND_FIXED_SHARE
 
 
 def fit_step_time(points: Sequence[tuple[float, float]]) -> StepTimeFit | None:
@@ -87,5 +100,10 @@ def fit_step_time(points: Sequence[tuple[float, float]]) -> StepTimeFit | None:
     if len(pts) < 3 or len({t for t, _ in pts}) < 2:
         return None
     tokens, steps = np.array([t for t, _ in pts]), np.array([s for _, s in pts])
-    per_token, fixed = np.polyfit(tokens, steps, 1)
-    return StepTimeFit(float(fixed), float(per_token), tuple(tokens.tolist()), tuple(steps.tolist()))
+    design = np.column_stack([np.ones_like(tokens), tokens])
+    (fixed, per_token), *_ = np.linalg.lstsq(design, steps, rcond=None)
+    residual = steps - design @ np.array([fixed, per_token])
+    variance = float(residual @ residual) / (len(pts) - 2)
+    fixed_se, per_token_se = np.sqrt(np.diag(variance * np.linalg.inv(design.T @ design)))
+    return StepTimeFit(float(fixed), float(per_token), tuple(tokens.tolist()), tuple(steps.tolist()),
+                       float(fixed_se), float(per_token_se))

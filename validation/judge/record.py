@@ -19,6 +19,7 @@ from validation.contract.stacks import Frame, StackDump
 from validation.contract.torchrun_log import RankFailure
 from validation.errors import StoreError
 from validation.judge.gates import GateResult, GateVerdict
+from validation.judge.metrics import RunData, compute
 from validation.machine import Machine
 
 Scalar = str | int | float | bool
@@ -46,6 +47,45 @@ class PointKey:
 
 
 @dataclass(frozen=True)
+class Summary:
+    """A point's numbers for the report's tables, findings and baselines, each a metric of the
+    catalogue (validation/judge/metrics.py) over the phase's window, None where it could not be
+    computed. Keyed by metric name only at the store boundary (the record's ``metrics``)."""
+
+    toks_per_s_mean: float | None = None
+    toks_per_s_stdev: float | None = None
+    step_time_s_mean: float | None = None
+    mem_reserved_gb_max: float | None = None
+    steps_completed: float | None = None
+    loss_mean: float | None = None
+    loss_drop: float | None = None
+    rank_step_time_ratio: float | None = None
+    idle_ranks: float | None = None
+    fallbacks_total: float | None = None
+    tests_failed: float | None = None
+    tests_passed: float | None = None
+    profiled_steps: float | None = None
+    nsa_ranges_found: float | None = None
+    python_overhead_frac: float | None = None
+    gpu_busy_frac: float | None = None
+    cuda_graphs: float | None = None
+    tokens_per_step: float | None = None
+
+    @classmethod
+    def of(cls, run: RunData, window: int | None) -> Summary:
+        return cls(**{f.name: compute(f.name, run, window) for f in dataclasses.fields(cls)})
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Summary:
+        """A stored ``metrics`` mapping; names this harness no longer keeps are left out."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: None if v is None else float(v) for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True)
 class Beat:
     """The last heartbeat of a rank (the fields findings read; the file keeps the rest)."""
 
@@ -64,6 +104,9 @@ class Evidence:
     halt: HaltInfo | None = None
     rank_failures: dict[int, RankFailure] = field(default_factory=dict)
     stackdumps: dict[int, StackDump] = field(default_factory=dict)
+    """Stack dumps by rank (ranks that exist only)."""
+    unranked_dumps: list[StackDump] = field(default_factory=list)
+    """Stack dumps whose rank the trainer's files do not tell (an adapter says 'rank unknown')."""
     last_heartbeat: dict[int, Beat] = field(default_factory=dict)
     rank_step_time_s: dict[int, float] = field(default_factory=dict)
     fallbacks: dict[str, float] = field(default_factory=dict)
@@ -103,7 +146,9 @@ class PhaseRecord:
     sweep_index: int = 0
     params_order: list[str] = field(default_factory=list)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    started: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    started: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"))
+    """When the point started (UTC); with ``wall_s``, when it ran (timed points that overlapped
+    shared the machine, validation/judge/findings/timing.py)."""
     wall_s: float = 0.0
     command: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
@@ -117,12 +162,15 @@ class PhaseRecord:
     world_size: int = 1
     gates: list[GateResult] = field(default_factory=list)
     window: str = "all steps"
-    metrics: dict[str, float | None] = field(default_factory=dict)
-    """Summary numbers by metric name (validation/metrics.py), over the phase's gate window."""
+    metrics: Summary = field(default_factory=Summary)
+    """Summary numbers over the phase's gate window."""
     evidence: Evidence = field(default_factory=Evidence)
     hardware: Machine | None = None
     """The machine that ran (or skipped) the point."""
+    accelerator: str = "cpu"
+    """What the profile runs on ('cuda' or 'cpu'): advice about CUDA is only for CUDA runs."""
     git_sha: str | None = None
+    """This repository's commit (the harness's, and the trainer's when it is nsa.train)."""
     git_sha_source: str | None = None
     backends: dict[str, Route] = field(default_factory=dict)
     env_seen: dict[str, str] = field(default_factory=dict)
@@ -130,7 +178,8 @@ class PhaseRecord:
     trainer: str = OWN_TRAINER
     """The trainer that ran: this project's, or the name of a runbook's ``trainer:`` entry."""
     trainer_sha: str | None = None
-    """A runbook trainer's own commit (git_sha stays this repository's, from preflight)."""
+    """The trainer's own commit: env.json's git_sha, else its root's own repository; for this
+    project's trainer the same as git_sha."""
     trainer_sha_source: str | None = None
     cwd: str = ""
     """The working directory of the command when not this repository (a runbook trainer's root)."""
@@ -162,8 +211,10 @@ class PhaseRecord:
     def failed(self) -> bool:
         return self.status in (Status.FAIL, Status.ERROR)
 
-    def metric(self, name: str) -> float | None:
-        return self.metrics.get(name)
+    @property
+    def own_trainer(self) -> bool:
+        """Whether this project's trainer ran (its config keys and behaviour may be named)."""
+        return self.trainer == OWN_TRAINER
 
     def failed_gates(self) -> list[GateResult]:
         return [g for g in self.gates if g.verdict in (GateVerdict.FAIL, GateVerdict.NO_DATA)]
@@ -185,8 +236,8 @@ class PhaseRecord:
                 stderr_log=ev.get("stderr_log"), halt=_halt(ev), loss_first=ev.get("loss_first"),
                 loss_last=ev.get("loss_last"), top_ops=list(ev.get("top_ops") or []),
                 rank_failures={int(r): RankFailure(**f) for r, f in (ev.get("rank_failures") or {}).items()},
-                stackdumps={int(r): StackDump(d["path"], [Frame(**fr) for fr in d.get("frames") or []], d.get("header"))
-                            for r, d in (ev.get("stackdumps") or {}).items()},
+                stackdumps={int(r): _dump(d) for r, d in (ev.get("stackdumps") or {}).items()},
+                unranked_dumps=[_dump(d) for d in ev.get("unranked_dumps") or []],
                 last_heartbeat={int(r): Beat(_int(b.get("step")), b.get("stage"), _num(b.get("gpu_util")))
                                 for r, b in (ev.get("last_heartbeat") or {}).items()},
                 rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
@@ -194,8 +245,9 @@ class PhaseRecord:
                 files=list(ev.get("files") or []))
             known = {f.name for f in dataclasses.fields(cls)}
             plain = {k: v for k, v in data.items() if k in known and k not in ("key", "evidence", "gates", "backends",
-                                                                               "status", "hardware")}
+                                                                               "status", "hardware", "metrics")}
             return cls(key=PointKey(**data["key"]), status=Status(data["status"]), evidence=evidence,
+                       metrics=Summary.from_json(data.get("metrics") or {}),
                        gates=[GateResult.from_json(g) for g in data.get("gates") or []],
                        backends=routes(data.get("backends")),
                        hardware=Machine.from_json(data["hardware"]) if data.get("hardware") else None,
@@ -215,6 +267,11 @@ def _plain(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_plain(v) for v in obj]
     return obj
+
+
+def _dump(d: dict[str, Any]) -> StackDump:
+    return StackDump(d["path"], [Frame(**fr) for fr in d.get("frames") or []], d.get("header"),
+                     d.get("source") or "trainer")
 
 
 def _int(v: Any) -> int | None:

@@ -1,52 +1,115 @@
-"""A finished point's gates and verdict: process failures first (they explain everything after),
-then contract violations, then gates."""
+"""A finished point's gates and verdict: how the process ended first (a timeout, a .HALT, a crash,
+a broken contract, a run that stopped short: each explains everything after it), then the gates.
+
+A gate on a metric the trainer does not provide is UNMEASURED (``Pending.NOT_PROVIDED``), never
+FAIL and never PASS: what it lacks is found in its files at judge time, beside what its runbook
+entry declares. A windowed gate whose window the run did not cover is NO_DATA, which fails: four
+logged steps are no 'last 10 steps'.
+"""
 from __future__ import annotations
 
-from typing import Mapping
+import dataclasses
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
-from validation.contract.adapters import ADAPTERS
 from validation.contract.files import HaltInfo
-from validation.judge.gates import GateResult, GateVerdict, check
-from validation.judge.metrics import METRICS, RunData, compute, unprovided
-from validation.judge.record import Status
-from validation.runbook.plan import PhasePoint
+from validation.judge.gates import Gate, GateResult, GateVerdict, Pending, check
+from validation.judge.metrics import METRICS, RunData, compute, reading, window_covered
+from validation.judge.record import PhaseRecord, Status
 
-#: how an UNMEASURED reason starts when the trainer lacks a gate's metric (the report quotes it)
-UNPROVIDED = "metric(s) the trainer cannot provide"
+#: phase kinds whose steps are counted against the steps requested
+STEPPED_KINDS = ("train",)
 
 
-def unprovided_metrics(point: PhasePoint) -> dict[str, str]:
-    """Metrics the runbook's trainer cannot provide, each with why (none for this project's)."""
-    spec = point.runbook.trainer
-    if spec is None:
-        return {}
-    out = {m: f"trainer {spec.name}'s files lack {', '.join(sorted(f))}"
-           for m, f in unprovided(ADAPTERS[spec.adapter].lacks).items()}
-    if spec.metrics is not None:
-        out.update({m: f"trainer {spec.name} does not list it among its metrics"
-                    for m in METRICS if m not in spec.metrics and m not in out})
+@dataclass(frozen=True)
+class Outcome:
+    """How a point's process ended, as the verdict reads it: from a run, or from a stored record
+    (the report re-judges stored points whose golden gate it re-checks)."""
+
+    kind: str
+    exit_code: int | None = None
+    timed_out: bool = False
+    halt: HaltInfo | None = None
+    errors: tuple[str, ...] = ()
+    steps_requested: int | None = None
+    steps_completed: int | None = None
+
+    @classmethod
+    def of_run(cls, kind: str, run: RunData, errors: Sequence[str]) -> Outcome:
+        completed = compute("steps_completed", run, None)
+        return cls(kind, run.exit_code, run.timed_out, run.halt, tuple(errors), run.steps_requested,
+                   None if completed is None else int(completed))
+
+    @classmethod
+    def of_record(cls, rec: PhaseRecord) -> Outcome:
+        completed = rec.metrics.steps_completed
+        return cls(rec.kind, rec.exit_code, rec.timed_out, rec.evidence.halt, tuple(rec.evidence.errors),
+                   rec.steps if rec.kind in STEPPED_KINDS else None, None if completed is None else int(completed))
+
+    @property
+    def stopped_short(self) -> bool:
+        """Exit 0, no .HALT, no timeout, and fewer steps logged than requested."""
+        return (self.kind in STEPPED_KINDS and self.exit_code == 0 and self.halt is None and not self.timed_out
+                and self.steps_requested is not None and self.steps_completed is not None
+                and self.steps_completed < self.steps_requested)
+
+    def short_text(self) -> str:
+        return f"stopped after step {self.steps_completed} of {self.steps_requested}, exit 0, no .HALT"
+
+
+def declared_unprovided(trainer: str, lacks: frozenset[str], provides: tuple[str, ...] | None) -> dict[str, str]:
+    """Metrics a runbook's trainer says it cannot provide: those reading a field its adapter's
+    format lacks, and (when it lists the metrics it provides) every metric it does not list."""
+    out = {m: f"trainer {trainer}'s files lack {', '.join(sorted(f))}" for m, f in reading(lacks).items()}
+    if provides is not None:
+        out.update({m: f"trainer {trainer} does not list it among its metrics"
+                    for m in METRICS if m not in provides and m not in out})
     return out
 
 
-def evaluate(point: PhasePoint, run: RunData, unmeasurable: Mapping[str, str] | None = None) -> list[GateResult]:
-    """Each gate's value and verdict; a gate on a metric in ``unmeasurable`` is UNMEASURED."""
-    unmeasurable = unmeasurable or {}
+def evaluate(gates: Sequence[Gate], run: RunData, unprovided: Mapping[str, str]) -> list[GateResult]:
+    """Each gate's value and verdict. ``unprovided``: metric -> what the trainer lacks for it."""
     out = []
-    for g in point.gates():
-        if g.metric in unmeasurable:
-            out.append(GateResult(g.metric, g.op, g.threshold, g.window.describe(), None, GateVerdict.UNMEASURED,
-                                  g.threshold_ref, g.description))
+    for g in gates:
+        base = dict(metric=g.metric, op=g.op, threshold=g.threshold, window=g.window.describe(),
+                    threshold_ref=g.threshold_ref, description=g.description)
+        if g.metric in unprovided:
+            out.append(GateResult(**base, value=None, verdict=GateVerdict.UNMEASURED, note=unprovided[g.metric],
+                                  pending=Pending.NOT_PROVIDED))
             continue
         value = compute(g.metric, run, g.window.last)
-        out.append(GateResult(g.metric, g.op, g.threshold, g.window.describe(), value,
-                              check(value, g.op, g.threshold), g.threshold_ref, g.description))
+        verdict = check(value, g.op, g.threshold)
+        out.append(GateResult(**base, value=value, verdict=verdict, note=_uncovered(g, run) if value is None else "",
+                              pending=Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None))
     return out
 
 
-def verdict(kind: str, run: RunData, halt: HaltInfo | None, errors: list[str],
-            gates: list[GateResult], unmeasurable: Mapping[str, str] | None = None) -> tuple[Status, str]:
-    if run.timed_out:
+def _uncovered(g: Gate, run: RunData) -> str:
+    """Why a windowed gate has no value, when it is that the run did not cover the window."""
+    if not METRICS[g.metric].windowed or g.window.last is None or run.csv is None or run.csv.empty:
+        return ""
+    if window_covered(run.csv, g.window.last):
+        return ""
+    first, last = int(run.csv["step"].min()), int(run.csv["step"].max())
+    return f"the run logged steps {first}..{last}, which do not cover the {g.window.describe()}"
+
+
+def verdict(outcome: Outcome, gates: Sequence[GateResult]) -> tuple[Status, str]:
+    return process_verdict(outcome) or gate_verdict(gates)
+
+
+def rejudge(rec: PhaseRecord, gates: list[GateResult]) -> PhaseRecord:
+    """The record with ``gates`` in place of its own and its verdict derived again (a golden gate
+    re-checked at report time); how its process ended still decides first."""
+    status, reason = verdict(Outcome.of_record(rec), gates)
+    return dataclasses.replace(rec, gates=gates, status=status, reason=reason)
+
+
+def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
+    """The verdict that how the process ended decides on its own, or None when it ran clean."""
+    if outcome.timed_out:
         return Status.FAIL, "timed out: killed by the harness at the phase timeout"
+    halt = outcome.halt
     if halt is not None:
         torn = " (its record cut short)" if halt.torn else ""
         if halt.source == "nonfinite":  # the trainer's NaN/inf guard, not a stall
@@ -60,23 +123,26 @@ def verdict(kind: str, run: RunData, halt: HaltInfo | None, errors: list[str],
         # an operator's .HALT: empty, free text, or JSON from another source
         said = (halt.text[:200] or "an empty file") if halt.source is None else f"from {halt.source}: {halt.text[:200]}"
         return Status.FAIL, f"stopped by a .HALT ({said}){torn}"
-    if run.exit_code not in (0, None):
-        what = {"pytest": "tests failed", "preflight": "preflight incomplete"}.get(kind, "trainer crashed")
-        return Status.FAIL, f"{what} (exit code {run.exit_code})"
-    if errors:
-        return Status.ERROR, errors[0]
+    if outcome.exit_code not in (0, None):
+        what = {"pytest": "tests failed", "preflight": "preflight incomplete"}.get(outcome.kind, "trainer crashed")
+        return Status.FAIL, f"{what} (exit code {outcome.exit_code})"
+    if outcome.errors:
+        return Status.ERROR, outcome.errors[0]
+    if outcome.stopped_short:
+        return Status.FAIL, outcome.short_text()
+    return None
+
+
+def gate_verdict(gates: Sequence[GateResult]) -> tuple[Status, str]:
     bad = [g for g in gates if g.verdict in (GateVerdict.FAIL, GateVerdict.NO_DATA)]
     if bad:
         return Status.FAIL, "; ".join(g.text() for g in bad)
     pending = [g for g in gates if g.verdict == GateVerdict.UNMEASURED]
     if pending:
-        # the trainer lacks the metric; a gate's note says what else is missing (no golden curve
-        # yet); otherwise it is the profile's threshold
-        lacking = unmeasurable or {}
-        missing = [f"{g.metric} ({lacking[g.metric]})" for g in pending if g.metric in lacking]
-        notes = [g.note for g in pending if g.note and g.metric not in lacking]
-        unset = [g.threshold_ref or g.metric for g in pending if g.metric not in lacking and not g.note]
-        parts = ([f"{UNPROVIDED}: {', '.join(missing)}"] if missing else []) + notes + (
+        lacking = [f"{g.metric} ({g.note})" for g in pending if g.pending == Pending.NOT_PROVIDED]
+        golden = [g.note for g in pending if g.pending == Pending.NO_GOLDEN]
+        unset = [g.threshold_ref or g.metric for g in pending if g.pending == Pending.THRESHOLD]
+        parts = ([f"{Pending.NOT_PROVIDED}: {', '.join(lacking)}"] if lacking else []) + golden + (
             [f"threshold(s) to be measured for this profile: {', '.join(unset)}"] if unset else [])
         return Status.UNMEASURED, "; ".join(parts)
     return Status.PASS, f"{len(gates)} gate(s) passed" if gates else "completed (no gates)"

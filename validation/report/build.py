@@ -22,11 +22,14 @@ from validation import DEFAULT_RESULTS_DIR, REPO_ROOT, TEMPLATE_DIR
 from validation.judge.findings import find
 from validation.judge.findings.advice import recommendations
 from validation.judge.findings.finding import Finding, Severity, where
+from validation.judge.gates import Pending
 from validation.judge.record import OWN_TRAINER, PhaseRecord, Status
-from validation.judge.verdict import UNPROVIDED
+from validation.judge.timing import shared_machine
+from validation.judge.verdict import rejudge
 from validation.machine import Machine
 from validation.report.plots import make_plots
 from validation.report.tables import (
+    SHARED_MARK,
     artifact_rows,
     cell,
     counts,
@@ -36,9 +39,10 @@ from validation.report.tables import (
     reproduce_rows,
     toggles,
 )
-from validation.runbook.plan import expand
+from validation.runbook.plan import PhasePoint, expand
 from validation.runbook.types import Profile, Runbook
 from validation.store import baseline as baseline_cmp
+from validation.store import goldens
 from validation.store.results import ResultStore
 
 
@@ -80,7 +84,7 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
         parts = [f"{len(missing)} point(s) not run"] if missing else []
         if pending:
             parts.append(f"{len(pending)} skipped or without a measured threshold")
-        unprovided = [r for r in pending if r.reason.startswith(UNPROVIDED)]
+        unprovided = [r for r in pending if any(g.pending == Pending.NOT_PROVIDED for g in r.gates)]
         if unprovided:  # a metric the trainer lacks, named: the reader must not take it for a GO
             parts.append(f"{where(unprovided[0])}: {unprovided[0].reason}")
         return Verdict.INCOMPLETE, "; ".join(parts)
@@ -89,15 +93,39 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
     return Verdict.GO, f"all {len(records)} phase point(s) passed their gates"
 
 
-def _select(records: list[PhaseRecord], runbook: Runbook | None, profile: Profile | None):
+def _select(records: list[PhaseRecord], points: list[PhasePoint] | None):
     """The records of the runbook's current points in runbook order, the points without one,
     and how many stored records belong to points the runbook no longer has."""
-    if runbook is None or profile is None:
+    if points is None:
         return sorted(records, key=lambda r: (r.phase, r.sweep_index)), [], 0
-    order = {p.test_id: i for i, p in enumerate(expand(runbook, profile))}
+    order = {p.test_id: i for i, p in enumerate(points)}
     current = sorted((r for r in records if r.test_id in order), key=lambda r: order[r.test_id])
     have = {r.test_id for r in current}
     return current, [t for t in order if t not in have], len(records) - len(current)
+
+
+def _recheck_goldens(records: list[PhaseRecord], points: list[PhasePoint], results_dir: Path):
+    """Every stored golden gate evaluated again against the golden file as it is now (a curve
+    blessed or replaced since the run changes the verdict the report shows, and says so): the
+    records, re-judged where a gate changed, and one line per gate re-checked."""
+    by_id = {p.test_id: p for p in points}
+    out, lines = [], []
+    for r in records:
+        point = by_id.get(r.test_id)
+        stored = next((g for g in r.gates if g.metric == goldens.METRIC), None)
+        if point is None or stored is None or not r.ran or r.hardware is None:
+            out.append(r)
+            continue
+        check = goldens.recheck(point, stored, Path(results_dir) / r.out_dir, r.hardware)
+        if check.now is None:
+            lines.append(f"{where(r)}: not re-checked ({check.why_not}); the gate as stored at the run is shown")
+        elif check.changed:
+            lines.append(f"{where(r)}: {stored.verdict} at the run, {check.now.verdict} against the golden file now")
+            r = rejudge(r, [check.now if g is stored else g for g in r.gates])
+        else:
+            lines.append(f"{where(r)}: {stored.verdict}, as at the run")
+        out.append(r)
+    return out, lines
 
 
 def _store_arg(results_dir: Path) -> str | None:
@@ -109,7 +137,11 @@ def _store_arg(results_dir: Path) -> str | None:
 def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, runbook: Runbook | None,
                   profile: Profile | None, plots: list[dict[str, str]] | None = None,
                   now: str | None = None, baseline: Path | None = None) -> dict[str, Any]:
-    records, missing, stale = _select(ResultStore(results_dir).records(runbook_name, profile_name), runbook, profile)
+    points = expand(runbook, profile) if runbook is not None and profile is not None else None
+    records, missing, stale = _select(ResultStore(results_dir).records(runbook_name, profile_name), points)
+    rechecked: list[str] = []
+    if points is not None:
+        records, rechecked = _recheck_goldens(records, points, results_dir)
     comparison = None
     if baseline is not None:
         threshold = profile.thresholds.get(baseline_cmp.REGRESSION_KEY) if profile else None
@@ -119,7 +151,8 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
     status, why = status_of(records, missing, findings)
     hw = next((r.hardware for r in records if r.hardware), None)
     sha = next((r for r in records if r.git_sha), None)
-    trainer = next((r for r in records if r.trainer != OWN_TRAINER), None)
+    foreign = [r for r in records if r.trainer != OWN_TRAINER]
+    trainer = next((r for r in foreign if r.trainer_sha), foreign[0] if foreign else None)
     return {
         "title": f"NSA Acceptance Report: {runbook_name} on {profile_name}",
         "status": str(status),
@@ -142,6 +175,9 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "trainer": trainer and trainer.trainer,
         "trainer_sha": trainer and trainer.trainer_sha,
         "trainer_sha_source": trainer and trainer.trainer_sha_source,
+        "golden_file": (goldens.GoldenFile.for_pair(runbook.path, runbook.name, profile.name).path.name
+                        if rechecked else None),
+        "golden_rechecks": rechecked,
         "counts": counts(records, missing),
         "toggles": toggles(records),
         "findings": findings,
@@ -149,7 +185,8 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "gates": gate_rows(records) + (comparison.gate_rows() if comparison else []),
         "baseline": comparison,
         "regression_key": baseline_cmp.REGRESSION_KEY,
-        "phases": phase_tables(records),
+        "phases": phase_tables(records, set(shared_machine(records))),
+        "shared_mark": SHARED_MARK,
         "failures": failure_rows(records),
         "missing": missing,
         "stale": stale,

@@ -6,6 +6,7 @@ import shlex
 from typing import Any
 
 from validation.judge.findings.finding import point_label
+from validation.judge.metrics import METRICS
 from validation.judge.record import PhaseRecord, Status
 
 #: the pytest test that runs one phase point (validation/tests/test_acceptance.py)
@@ -20,9 +21,11 @@ def gate_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
             thr: Any = g.threshold if g.threshold is not None else "to be measured"
             if g.threshold_ref:
                 thr = f"{cell(thr)} ({g.threshold_ref})"
+            # the runbook's words for the gate, else the catalogue's for its metric
+            meaning = g.description or (METRICS[g.metric].description if g.metric in METRICS else "")
             rows.append({"phase": r.phase, "point": point_label(r), "metric": g.metric, "value": g.value, "op": g.op,
                          "threshold": thr, "window": g.window, "verdict": str(g.verdict), "csv": csv,
-                         "description": g.description + (f" ({g.note})" if g.note else "")})
+                         "description": meaning + (f" ({g.note})" if g.note else "")})
     return rows
 
 
@@ -37,21 +40,30 @@ def _loss(r: PhaseRecord) -> str | None:
     return f"{cell(ev.loss_first)} → {cell(ev.loss_last)}"
 
 
-def phase_tables(records: list[PhaseRecord]) -> list[dict[str, Any]]:
+#: marks a point whose timings shared the machine with another timed point
+SHARED_MARK = "†"
+
+
+def phase_tables(records: list[PhaseRecord], shared: set[str] | frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """Per phase, one row per point; ``shared``: test ids whose timings shared the machine (their
+    speeds are marked, validation/judge/timing.py)."""
     phases: dict[str, dict[str, Any]] = {}
     for r in records:
         keys = r.params_order or sorted(r.key.params)
-        ph = phases.setdefault(r.phase, {"name": r.phase, "kind": r.kind, "rows": [], "sweep_keys": keys})
+        ph = phases.setdefault(r.phase, {"name": r.phase, "kind": r.kind, "rows": [], "sweep_keys": keys,
+                                         "shared": False})
         m = r.metrics
+        mark = SHARED_MARK if r.test_id in shared else ""
+        ph["shared"] = ph["shared"] or bool(mark)
         ph["rows"].append({
             "point": point_label(r), "params": [r.key.params.get(k) for k in ph["sweep_keys"]],
-            "status": str(r.status), "reason": r.reason, "mean": m.get("toks_per_s_mean"),
-            "stdev": m.get("toks_per_s_stdev"), "step_time": m.get("step_time_s_mean"),
-            "mem": m.get("mem_reserved_gb_max"), "steps": m.get("steps_completed"), "wall_s": r.wall_s,
-            "window": r.window, "passed": m.get("tests_passed"), "failed": m.get("tests_failed"),
-            "gpu_busy": m.get("gpu_busy_frac"), "python_overhead": m.get("python_overhead_frac"),
-            "profiled": m.get("profiled_steps"), "nsa_ranges": m.get("nsa_ranges_found"),
-            "graphed": m.get("cuda_graphs"), "loss": _loss(r), "backends": _backends(r),
+            "status": str(r.status), "reason": r.reason, "mean": _marked(m.toks_per_s_mean, mark),
+            "stdev": m.toks_per_s_stdev, "step_time": _marked(m.step_time_s_mean, mark),
+            "mem": m.mem_reserved_gb_max, "steps": m.steps_completed, "wall_s": r.wall_s,
+            "window": r.window, "passed": m.tests_passed, "failed": m.tests_failed,
+            "gpu_busy": _marked(m.gpu_busy_frac, mark), "python_overhead": m.python_overhead_frac,
+            "profiled": m.profiled_steps, "nsa_ranges": m.nsa_ranges_found,
+            "graphed": m.cuda_graphs, "loss": _loss(r), "backends": _backends(r),
             "top_ops": r.evidence.top_ops,
         })
     for ph in phases.values():
@@ -59,6 +71,10 @@ def phase_tables(records: list[PhaseRecord]) -> list[dict[str, Any]]:
         ph["sweep_heads"] = [k.split(".")[-1] for k in ph["sweep_keys"]]
         ph["backends"] = _backend_line(ph["rows"])
     return list(phases.values())
+
+
+def _marked(value: float | None, mark: str) -> Any:
+    return value if value is None or not mark else f"{cell(value)} {mark}"
 
 
 def _backend_line(rows: list[dict[str, Any]]) -> str | None:

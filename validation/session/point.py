@@ -12,12 +12,13 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
-from validation.contract.files import read_halt
+from validation.contract.adapters import ADAPTERS
 from validation.errors import StoreError
-from validation.judge.evidence import collect, collect_train
-from validation.judge.metrics import RunData, compute
-from validation.judge.record import OWN_TRAINER, PhaseRecord, routes
-from validation.judge.verdict import evaluate, unprovided_metrics, verdict
+from validation.judge.evidence import collect, collect_halt, collect_train
+from validation.judge.metrics import RunData, unprovided_by_files
+from validation.judge.provenance import trainer_commit
+from validation.judge.record import OWN_TRAINER, PhaseRecord, Summary, routes
+from validation.judge.verdict import Outcome, declared_unprovided, evaluate, verdict
 from validation.launch import kinds
 from validation.machine import Machine
 from validation.runbook.plan import PhasePoint
@@ -40,38 +41,39 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
     out_dir = point_dir(results_dir, point) / run_id[:12]
     out_dir.mkdir(parents=True)
     kind = point.phase.kind
-    run = RunData(out_dir=out_dir, world_size=point.nproc)
+    run = RunData(out_dir=out_dir, world_size=point.nproc, steps_requested=point.phase.steps if kind == "train" else None)
     errors: list[str] = []
     proc = kinds.KINDS[kind](point, out_dir, run, errors, progress)
     run.exit_code, run.timed_out = proc.exit_code, proc.timed_out
     if kind == "train":
         collect_train(run, errors)
-    unmeasurable = unprovided_metrics(point)
+    collect_halt(run)
     golden = goldens.gate(point, run.csv, hw)
-    gates = evaluate(point, run, unmeasurable) + ([golden] if golden else [])
-    status, reason = verdict(kind, run, read_halt(out_dir) if run.halted else None, errors, gates, unmeasurable)
+    gates = evaluate(point.gates(), run, {**unprovided_by_files(run), **_declared(point)}) + ([golden] if golden else [])
+    status, reason = verdict(Outcome.of_run(kind, run, errors), gates)
+    # the report's numbers are over the phase's window: the first gate that names one ('last 50
+    # steps' for the bucket sweep); gates keep their own windowed values
     window = next((g.window.last for g in point.gates() if g.window.last), None)
     env = run.env or {}
+    trainer_sha, trainer_sha_source = trainer_commit(env, run.info.get("trainer_sha"), run.info.get("trainer_sha_source"))
     return PhaseRecord.for_point(
         point, status, reason, run_id=run_id, hardware=hw, wall_s=round(proc.wall_s, 2), command=proc.argv,
         steps=point.phase.steps if kind == "train" else None, out_dir=str(out_dir.relative_to(results_dir.resolve())),
         exit_code=proc.exit_code, timed_out=proc.timed_out, world_size=run.world_size, gates=gates,
         window=f"last {window} steps" if window else "all steps",
-        metrics={n: compute(n, run, window) for n in SUMMARY_METRICS}, evidence=collect(run, proc.stderr_path, errors),
+        metrics=Summary.of(run, window), evidence=collect(run, proc.stderr_path, errors),
         git_sha=run.info.get("git_sha") or env.get("git_sha"),
         git_sha_source=run.info.get("git_sha_source") or env.get("git_sha_source"),
         backends=routes(env.get("attention_backends")), env_seen=dict(env.get("env") or {}),
         noop_toggles=dict(env.get("noop_toggles") or {}), trainer=run.info.get("trainer") or OWN_TRAINER,
-        trainer_sha=run.info.get("trainer_sha"), trainer_sha_source=run.info.get("trainer_sha_source"),
+        trainer_sha=trainer_sha, trainer_sha_source=trainer_sha_source,
         env=run.info.get("env") or dict(point.env), cwd=run.info.get("cwd") or "")
 
 
-#: numbers kept for the report's tables, over the phase's gate window (the first gate that names
-#: one: 'last 50 steps' for the bucket sweep); gates keep their own windowed values
-SUMMARY_METRICS = ("toks_per_s_mean", "toks_per_s_stdev", "step_time_s_mean", "mem_reserved_gb_max",
-                   "steps_completed", "loss_mean", "rank_step_time_ratio", "idle_ranks", "fallbacks_total",
-                   "tests_failed", "tests_passed", "profiled_steps", "nsa_ranges_found", "python_overhead_frac",
-                   "gpu_busy_frac", "cuda_graphs", "tokens_per_step")
+def _declared(point: PhasePoint) -> dict[str, str]:
+    """What the runbook's trainer entry says it cannot provide (none for this project's)."""
+    spec = point.runbook.trainer
+    return {} if spec is None else declared_unprovided(spec.name, ADAPTERS[spec.adapter].lacks, spec.metrics)
 
 
 def prune(results_dir: Path, point: PhasePoint, keep: str) -> None:

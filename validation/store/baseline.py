@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from validation.errors import StoreError
-from validation.judge.findings.finding import Finding, Severity, point_label, where
+from validation.judge.findings.finding import Facts, Finding, Severity, point_label, where
 from validation.judge.gates import GateVerdict
 from validation.judge.record import PhaseRecord
 from validation.store.results import ResultStore, record_key
@@ -57,12 +57,19 @@ class PointDelta:
 class BaselineSource:
     results_dir: str
     commit: str | None
+    """This repository's commit at the baseline's runs."""
     date: str
     """When its runs started: the first and last, or the one day."""
     hardware: str
+    trainer: str | None = None
+    """The runbook's own trainer, when it is not this project's (whose commit is ``commit``)."""
+    trainer_commit: str | None = None
 
     @property
     def short(self) -> str:
+        """The commit that ran: the trainer's when it is another project's."""
+        if self.trainer is not None:
+            return f"{self.trainer} at {(self.trainer_commit or '(commit not recorded)')[:12]}"
         return (self.commit or "(commit not recorded)")[:12]
 
 
@@ -70,6 +77,8 @@ class BaselineSource:
 class Comparison:
     source: BaselineSource
     threshold: float | None
+    facts: Facts = Facts()
+    """What is true of the current runs (their trainer), for the regression advice."""
     points: list[PointDelta] = field(default_factory=list)
     only_current: list[str] = field(default_factory=list)
     only_baseline: list[str] = field(default_factory=list)
@@ -85,7 +94,9 @@ class Comparison:
             out.append(Finding(Severity.CRITICAL, p.phase, (
                 f"tokens/s {-t.change:.1%} below baseline {self.source.short} in {p.phase} [{p.point}]: "
                 f"{t.current:,.1f} vs {t.baseline:,.1f} (allowed drop {self.threshold:.0%}, profile {REGRESSION_KEY})"),
-                [f"baseline: {self.source.results_dir}, {self.source.hardware}, {self.source.date}"], "regression"))
+                [f"baseline: {self.source.results_dir}, {self.source.hardware}, {self.source.date}"
+                 + (f"; this repository at {(self.source.commit or '?')[:12]}" if self.source.trainer else "")],
+                "regression", self.facts))
         return out
 
     def rows(self) -> list[dict]:
@@ -128,15 +139,14 @@ def compare(current: list[PhaseRecord], baseline: list[PhaseRecord], baseline_di
     profile), in the current records' order, then the baseline-only points."""
     base = {record_key(r.key): r for r in baseline}
     cur_keys = {record_key(r.key) for r in current}
-    out = Comparison(_source(baseline, baseline_dir), threshold)
+    out = Comparison(_source(baseline, baseline_dir), threshold, Facts.of(current[0]) if current else Facts())
     for r in current:
         b = base.get(record_key(r.key))
         if b is None:
             out.only_current.append(where(r))
             continue
-        names = [m for m in r.metrics if r.metric(m) is not None or b.metric(m) is not None]
-        names += [m for m in b.metrics if m not in r.metrics and b.metric(m) is not None]
-        deltas = [MetricDelta(m, r.metric(m), b.metric(m)) for m in names]
+        mine, theirs = r.metrics.as_dict(), b.metrics.as_dict()
+        deltas = [MetricDelta(m, mine[m], theirs[m]) for m in mine if mine[m] is not None or theirs[m] is not None]
         out.points.append(PointDelta(r.phase, point_label(r), str(r.status), str(b.status), deltas,
                                      _regression(r, b, deltas, threshold)))
     out.only_baseline = [where(b) for k, b in base.items() if k not in cur_keys]
@@ -153,10 +163,13 @@ def _regression(r: PhaseRecord, b: PhaseRecord, deltas: list[MetricDelta], thres
 
 def _source(records: list[PhaseRecord], baseline_dir: Path) -> BaselineSource:
     sha = next((r.git_sha for r in records if r.git_sha), None)
+    foreign = next((r for r in records if not r.own_trainer), None)
+    trainer_sha = next((r.trainer_sha for r in records if r.trainer_sha and not r.own_trainer), None)
     started = sorted(r.started for r in records if r.started)
     days = sorted({s[:10] for s in started})
     date = "no runs" if not days else days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
     hw = next((r.hardware for r in records if r.hardware), None)
     # absolute: the report is read from elsewhere than the directory it was rendered from
     return BaselineSource(str(Path(baseline_dir).resolve()), sha, date,
-                          f"{hw.describe()} on {hw.hostname}" if hw else "unknown")
+                          f"{hw.describe()} on {hw.hostname}" if hw else "unknown",
+                          foreign.trainer if foreign else None, trainer_sha)

@@ -33,6 +33,9 @@ class Blessed:
     hardware_class: str
     steps: int
     commit: str | None
+    """The trainer's commit."""
+    harness_commit: str | None
+    trainer: str | None
     run: str
 
 
@@ -78,9 +81,12 @@ def bless(results_dir: Path, runbook: Runbook, profile: Profile, selected: list[
         if any(v is None or v != v for v in loss):
             raise GoldenError(f"{pid}: {rec.out_dir}/training.csv has no finite loss for some of steps 1-{n}; "
                               "nothing blessed")
+        # the trainer's commit (this repository's for its own trainer), and this repository's beside it
         todo.append((pid, hardware_class(rec.hardware),
-                     Curve(tuple(loss), rec.git_sha, stamp, rec.hardware.torch, rec.out_dir)))
+                     Curve(tuple(loss), rec.trainer_sha or (rec.git_sha if rec.own_trainer else None), stamp,
+                           rec.hardware.torch, rec.out_dir, rec.trainer, rec.git_sha)))
     for pid, hw, curve in todo:
         goldens.put(pid, hw, curve)
     goldens.save()
-    return [Blessed(pid, hw, len(c.loss), c.commit, c.run) for pid, hw, c in todo]
+    return [Blessed(pid, hw, len(c.loss), c.commit, c.harness_commit, c.trainer, c.run)
+            for pid, hw, c in todo]

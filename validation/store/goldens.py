@@ -16,6 +16,7 @@ file of this runbook and profile, is an error naming the file (as the result sto
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import re
@@ -27,8 +28,9 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from validation.errors import HarnessError
-from validation.judge.gates import GateResult, GateVerdict, check
+from validation.contract.files import read_training_csv
+from validation.errors import ArtifactError, HarnessError
+from validation.judge.gates import GateResult, GateVerdict, Pending, check
 from validation.machine import Machine
 from validation.runbook.plan import GOLDEN_RTOL as RTOL_KEY
 from validation.runbook.plan import PhasePoint
@@ -61,11 +63,16 @@ class Curve:
 
     loss: tuple[float, ...]
     commit: str | None = None
+    """The trainer's commit the curve was run at (this repository's for its own trainer)."""
     blessed: str = ""
     """When it was blessed (UTC, ISO 8601)."""
     torch: str | None = None
     run: str = ""
     """The run directory it was read from, relative to its results directory."""
+    trainer: str | None = None
+    """The trainer that ran (None in curves blessed before it was recorded)."""
+    harness_commit: str | None = None
+    """This repository's commit at the run, beside the trainer's."""
 
 
 @dataclass(frozen=True)
@@ -128,8 +135,7 @@ class GoldenFile:
     def save(self) -> None:
         """Write atomically (temp file in the same directory, then rename)."""
         data = {"schema": SCHEMA, "runbook": self.runbook, "profile": self.profile, "points": {
-            pid: {hw: {"loss": list(c.loss), "commit": c.commit, "blessed": c.blessed, "torch": c.torch, "run": c.run}
-                  for hw, c in sorted(by_class.items())}
+            pid: {hw: _curve_data(c) for hw, c in sorted(by_class.items())}
             for pid, by_class in sorted(self.curves.items())}}
         text = ("# Golden loss curves (validation/goldens.py). Written by `nsa-validate bless`; do not edit by hand.\n"
                 + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100))
@@ -148,13 +154,20 @@ class GoldenFile:
             raise
 
 
+def _curve_data(c: Curve) -> dict[str, Any]:
+    data = {"loss": list(c.loss), "commit": c.commit, "blessed": c.blessed, "torch": c.torch, "run": c.run}
+    if c.trainer is not None:  # curves blessed before these were recorded stay as they were
+        data.update(trainer=c.trainer, harness_commit=c.harness_commit)
+    return data
+
+
 def _curve(path: Path, where: str, c: Any) -> Curve:
     loss = c.get("loss") if isinstance(c, dict) else None
     if not isinstance(loss, list) or not loss or not all(
             isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in loss):
         raise GoldenError(f"{path}: {where}.loss: expected a non-empty list of finite numbers")
     return Curve(tuple(float(v) for v in loss), c.get("commit"), str(c.get("blessed") or ""), c.get("torch"),
-                 str(c.get("run") or ""))
+                 str(c.get("run") or ""), c.get("trainer"), c.get("harness_commit"))
 
 
 def losses(csv: pd.DataFrame | None, steps: int) -> list[float | None]:
@@ -190,7 +203,8 @@ def gate(point: PhasePoint, csv: pd.DataFrame | None, machine: Machine) -> GateR
                      f"--point {point_id(point)}")
         return GateResult(METRIC, "<=", None, f"steps 1-{point.phase.golden_steps}", None, GateVerdict.UNMEASURED,
                           RTOL_KEY, DESCRIPTION,
-                          note=f"no golden for {point_id(point)} on {hw} in {goldens.path}; write one with `{bless_cmd}`")
+                          note=f"no golden for {point_id(point)} on {hw} in {goldens.path}; write one with `{bless_cmd}`",
+                          pending=Pending.NO_GOLDEN)
     value, first = compare(losses(csv, len(curve.loss)), curve, rtol if rtol is not None else 0.0)
     if value is None:
         note = f"training.csv lacks a finite loss for one of steps 1-{len(curve.loss)}"
@@ -200,8 +214,41 @@ def gate(point: PhasePoint, csv: pd.DataFrame | None, machine: Machine) -> GateR
         note = f"golden of commit {(curve.commit or '?')[:12]} on {hw}"
     if rtol is None:
         note = f"tolerance to be measured (profile {RTOL_KEY}); " + note
-    return GateResult(METRIC, "<=", rtol, f"steps 1-{len(curve.loss)}", value, check(value, "<=", rtol), RTOL_KEY,
-                      DESCRIPTION, note=note)
+    verdict = check(value, "<=", rtol)
+    return GateResult(METRIC, "<=", rtol, f"steps 1-{len(curve.loss)}", value, verdict, RTOL_KEY, DESCRIPTION,
+                      note=note, pending=Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None)
+
+
+@dataclass(frozen=True)
+class Recheck:
+    """A stored run's golden gate evaluated again at report time, against the golden file as it
+    is now (a curve blessed, replaced or removed since the run)."""
+
+    stored: GateResult
+    now: GateResult | None
+    """None when it could not be evaluated again (the run's training.csv is gone or unreadable)."""
+    why_not: str = ""
+
+    @property
+    def changed(self) -> bool:
+        return self.now is not None and (self.now.verdict, self.now.value) != (self.stored.verdict, self.stored.value)
+
+
+def recheck(point: PhasePoint, stored: GateResult, out_dir: Path, machine: Machine) -> Recheck:
+    """``stored`` (a record's golden gate) evaluated again from the run's own training.csv."""
+    try:
+        csv = read_training_csv(out_dir)
+    except ArtifactError as exc:
+        return Recheck(stored, None, str(exc))
+    now = gate(point, csv, machine)
+    if now is not None and (now.verdict, now.value) != (stored.verdict, stored.value):
+        now = dataclasses.replace(now, note=f"{now.note}; re-checked at report time against {_shown(point)}, "
+                                            f"which changed since the run (then: {stored.verdict})")
+    return Recheck(stored, now)
+
+
+def _shown(point: PhasePoint) -> str:
+    return GoldenFile.for_pair(point.runbook.path, point.runbook.name, point.profile.name).path.name
 
 
 def check_readable(runbook_path: Path, runbook: str, profile: str) -> None:

@@ -12,6 +12,11 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
     NSA_FAULT=idle:rank=1        rank 1 never steps and reports 0% GPU utilisation
     NSA_FAULT=slow:rank=1        rank 1 takes 3x as long per step
     NSA_FAULT=fallback           reports fallback counters and a fallback route
+    NSA_FAULT=quit:step=4        exits 0 after logging step 4, without a .HALT (a run that stopped short)
+    NSA_FAULT=lean               writes only what the contract requires: no attention_backends or
+                                 git_sha in env.json, no values in the optional training.csv columns
+    NSA_FAULT=nan_unlogged:step=3  the loss guard fires at step 3 before the row is logged: a
+                                 nonfinite .HALT and exit code 4, every logged loss finite
 NSA_FAKE_WORLD=N simulates N ranks from one process; NSA_FAKE_STEP_S=S sleeps S seconds a step;
 NSA_FAKE_TOKS_SCALE=F multiplies tokens/s by F (a staged throughput change).
 """
@@ -65,8 +70,11 @@ def main() -> int:
                 "win": {"backend": "torch", "reason": "portable PyTorch path", "calls": a.steps}}
     if fault == "fallback":
         backends["sel"] = {"backend": "torch", "reason": "fallback: triton unavailable", "calls": a.steps}
-    (out / "env.json").write_text(json.dumps({"world_size": world, "env": env, "attention_backends": backends,
-                                              "git_sha": "0" * 40, "config": {"name": a.config, "overrides": overrides}}))
+    env_json = {"world_size": world, "env": env, "attention_backends": backends, "git_sha": "0" * 40,
+                "config": {"name": a.config, "overrides": overrides}}
+    if fault == "lean":
+        env_json = {"world_size": world}
+    (out / "env.json").write_text(json.dumps(env_json))
     if fault == "hang":
         faulthandler.register(signal.SIGUSR1, file=open(out / "stackdump_rank0.txt", "w"), all_threads=True)
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -82,6 +90,11 @@ def main() -> int:
         if fault == "crash" and step == opts.get("step", 1):
             csv and csv.flush()
             raise RuntimeError("Expected to mark a variable ready only once (injected crash)")
+        if fault == "quit" and step > opts.get("step", 1):
+            return 0
+        if fault == "nan_unlogged" and step == opts.get("step", 1):
+            (out / ".HALT").write_text(json.dumps({"source": "nonfinite", "step": step}))
+            return 4
         toks = (200.0 + (step % 3)) * float(os.environ.get("NSA_FAKE_TOKS_SCALE", "1"))
         if fault == "cliff" and batch >= 2:
             toks = 6.0 + (step % 2)
@@ -115,6 +128,8 @@ def main() -> int:
         if csv:
             if fault == "corrupt_csv" and not opts.get("header") and step == 2:
                 csv.write(f"{step},2.0,1e-4,fast,0.1,1.0,0.5,1.0\n")
+            elif fault == "lean":
+                csv.write(f"{step},{3.0 - step * 0.01:.4f},1e-4,{toks},nan,nan,nan,nan\n")
             else:
                 csv.write(f"{step},{3.0 - step * 0.01:.4f},1e-4,{toks},{0.5},{1.0},{0.5},{1.0}\n")
         time.sleep(step_s)

@@ -14,7 +14,7 @@ from validation.pytest_plugin import session_findings
 
 def test_phase(acceptance_point, harness, record_property):
     rec = harness.run(acceptance_point)
-    for name, value in rec.metrics.items():
+    for name, value in rec.metrics.as_dict().items():
         if value is not None:
             record_property(name, value)
     if rec.status == "UNMEASURED":

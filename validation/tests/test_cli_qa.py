@@ -198,7 +198,8 @@ def test_an_unknown_trainer_commit_is_not_said_to_come_from_git(tmp_path):
                                                             trainer="mine", trainer_sha_source="git describe"))
     text = render_text({**build_context(tmp_path / "res", rb.name, prof.name, runbook=rb, profile=prof),
                         "results_prefix": ".."})
-    assert "- **Trainer**: mine (the runbook's `trainer:`), at an unknown commit\n" in text
+    assert ("- **Trainer**: mine (the runbook's `trainer:`), at no recorded commit (its env.json names no git_sha, "
+            "and its root is not a git repository of its own)\n") in text
     assert "- **Git SHA**: not recorded\n" in text
 
 

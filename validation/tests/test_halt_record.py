@@ -6,9 +6,8 @@ from __future__ import annotations
 import json
 
 from validation.contract.files import read_halt
-from validation.judge.metrics import RunData
 from validation.judge.record import Status
-from validation.judge.verdict import verdict
+from validation.judge.verdict import Outcome, verdict
 
 
 def _write(tmp_path, text: str):
@@ -19,32 +18,32 @@ def _write(tmp_path, text: str):
 def test_a_whole_watchdog_record(tmp_path):
     halt = _write(tmp_path, json.dumps({"source": "watchdog", "step": 7, "stage": "backward"}))
     assert (halt.source, halt.step, halt.torn) == ("watchdog", 7, False)
-    assert verdict("train", RunData(tmp_path), halt, [], []) == (
+    assert verdict(Outcome("train", halt=halt), []) == (
         Status.FAIL, "watchdog wrote .HALT: no rank made progress")
 
 
 def test_a_watchdog_record_cut_short_is_still_the_watchdog(tmp_path):
     halt = _write(tmp_path, '{"source": "watchdog", "step": 12, "stage": "backw')
     assert (halt.source, halt.step, halt.torn) == ("watchdog", 12, True)
-    status, reason = verdict("train", RunData(tmp_path), halt, [], [])
+    status, reason = verdict(Outcome("train", halt=halt), [])
     assert status == Status.FAIL and reason == "watchdog wrote .HALT: no rank made progress (its record cut short)"
 
 
 def test_a_nonfinite_record_cut_short(tmp_path):
     halt = _write(tmp_path, '{"source": "nonfinite", "step": 3, "losses": [1.0, NaN')
-    status, reason = verdict("train", RunData(tmp_path), halt, [], [])
+    status, reason = verdict(Outcome("train", halt=halt), [])
     assert reason.startswith("non-finite loss at step 3") and reason.endswith("(its record cut short)")
 
 
 def test_a_record_cut_before_its_source_is_not_an_operator_stop(tmp_path):
     halt = _write(tmp_path, '{"ste')
     assert halt.torn and halt.source is None and halt.step is None
-    status, reason = verdict("train", RunData(tmp_path), halt, [], [])
+    status, reason = verdict(Outcome("train", halt=halt), [])
     assert status == Status.FAIL and "cut short" in reason and "operator" not in reason
 
 
 def test_an_operators_free_text_and_empty_file(tmp_path):
     halt = _write(tmp_path, "stopping for maintenance\n")
     assert (halt.source, halt.torn, halt.text) == (None, False, "stopping for maintenance")
-    assert verdict("train", RunData(tmp_path), halt, [], [])[1] == "stopped by a .HALT (stopping for maintenance)"
-    assert verdict("train", RunData(tmp_path), _write(tmp_path, ""), [], [])[1] == "stopped by a .HALT (an empty file)"
+    assert verdict(Outcome("train", halt=halt), [])[1] == "stopped by a .HALT (stopping for maintenance)"
+    assert verdict(Outcome("train", halt=_write(tmp_path, "")), [])[1] == "stopped by a .HALT (an empty file)"

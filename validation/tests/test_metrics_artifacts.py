@@ -33,7 +33,8 @@ def test_window_last_n_steps_mean_and_pstdev(tmp_path):
     assert compute("toks_per_s_mean", run, 50) == pytest.approx(101.0)
     assert compute("toks_per_s_stdev", run, 50) == pytest.approx(1.0)  # population stdev, like the runbook
     assert compute("toks_per_s_mean", run, None) == pytest.approx(55.5)
-    assert compute("toks_per_s_mean", run, 1000) == pytest.approx(55.5)  # fewer rows than the window: all
+    assert compute("toks_per_s_mean", run, 100) == pytest.approx(55.5)  # steps 1..100 cover 'last 100 steps'
+    assert compute("toks_per_s_mean", run, 101) is None  # ... not 'last 101 steps': no made-up window
 
 
 def test_memory_plateau_and_loss_finite(tmp_path):

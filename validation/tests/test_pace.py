@@ -1,8 +1,9 @@
-"""Who sets the pace (validation/pace.py): the GPU-busy fraction of a profiled window, on made-up
+"""Who sets the pace (validation/judge/pace.py): the GPU-busy fraction of a profiled window, on made-up
 intervals and on a timeline recorded by the nvtx phase on an H100; the step-time fit and the
 host-bound finding it drives, on synthetic sweep records."""
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from validation.judge.findings import throughput as findings
 from validation.judge.pace import HOST_BOUND_FIXED_SHARE, busy_fraction, fit_step_time
-from validation.judge.record import PhaseRecord, PointKey, Status
+from validation.judge.record import PhaseRecord, PointKey, Status, Summary
 
 #: written by `pytest -m h100` (nvtx [compile=True], 10 CUDA-graph steps of m7c_125m at 2 rows x 2
 #: micro-batches x S=2048) on an H100 on 2026-11-23: docs/measurements/2026-11-23-a
@@ -53,11 +54,11 @@ def test_busy_fraction_on_a_recorded_h100_timeline():
     assert 0.85 < got < 1.0
 
 
-def _rec(phase, tokens, step_s, i, exit_code=0):
+def _rec(phase, tokens, step_s, i, exit_code=0, accelerator="cuda"):
     return PhaseRecord(PointKey("rb", "cpu", phase, {"train.batch_size": i}), f"rb/cpu/{phase}/{i}", "train",
                        Status.PASS, "", sweep_index=i, params_order=["train.batch_size"], exit_code=exit_code,
-                       metrics={"tokens_per_step": tokens, "step_time_s_mean": step_s, "toks_per_s_mean": tokens / step_s},
-                       out_dir=f"runs/{phase}/{i}")
+                       metrics=Summary(tokens_per_step=tokens, step_time_s_mean=step_s, toks_per_s_mean=tokens / step_s),
+                       out_dir=f"runs/{phase}/{i}", accelerator=accelerator)
 
 
 #: the seed runbook's scaling sweep on two H200s before CUDA graphs (issue 12): 0.21-0.24 s per
@@ -74,8 +75,8 @@ def test_fit_recovers_fixed_cost_and_slope():
     assert fit.token_range == 8.0 and fit.fixed_share == pytest.approx(0.2 / 0.208)
     assert fit_step_time([(1000, 0.1), (2000, 0.2)]) is None          # too few points
     assert fit_step_time([(1000, 0.1)] * 3) is None                    # one token count
-    flat = fit_step_time([(1000, 0.2), (2000, 0.19), (4000, 0.18)])  # falling: all fixed
-    assert flat.fixed_share == 1.0 and flat.host_bound
+    falling = fit_step_time([(1000, 0.2), (2000, 0.19), (4000, 0.18)])  # a negative cost per token: noise
+    assert falling.per_token_s < 0 and not falling.meaningful and not falling.host_bound
 
 
 @pytest.mark.parametrize("points, fires", [(FLAT, True), (GRAPHED, False), (LINEAR, False)])
@@ -89,8 +90,9 @@ def test_host_bound_finding(points, fires):
         (f,) = out
         assert f.severity == "warning" and f.phase == "scaling_sweep"
         assert "step time 0.21-0.24 s while tokens per step grow 8.0x (2,048 -> 16,384)" in f.title
-        assert f"{fit.fixed_s * 1e3:.1f} ms fixed" in f.detail[0] and "least squares over 6 points" in f.detail[0]
-        assert "train.cuda_graphs" in f.detail[1]
+        assert f"{fit.fixed_s * 1e3:.1f} ± {fit.fixed_se * 1e3:.1f} ms fixed" in f.detail[0]
+        assert "least squares over 6 points" in f.detail[0]
+        assert "train.cuda_graphs" in f.detail[1]  # this project's trainer, on CUDA
 
 
 def test_host_bound_ignores_crashed_points_and_one_token_count():
@@ -103,6 +105,6 @@ def test_host_bound_ignores_crashed_points_and_one_token_count():
 def test_old_records_without_tokens_per_step_use_toks_times_step_time():
     recs = [_rec("scaling_sweep", t, s, i) for i, (t, s) in enumerate(FLAT)]
     for r in recs:
-        del r.metrics["tokens_per_step"]
+        r.metrics = dataclasses.replace(r.metrics, tokens_per_step=None)
     assert findings.host_bound(recs)
     assert np.isclose(findings._tokens_per_step(recs[0]), FLAT[0][0])

@@ -16,7 +16,7 @@ import pytest
 
 from validation.cli import main
 from validation.errors import StoreError
-from validation.judge.record import PhaseRecord, PointKey, Status
+from validation.judge.record import PhaseRecord, PointKey, Status, Summary
 from validation.store.results import ResultStore
 from validation.tests.conftest import train_phase, write_runbook
 
@@ -40,7 +40,7 @@ def test_put_replaces_only_same_key(tmp_path):
 
 def test_records_round_trip_through_json(tmp_path):
     rec = _rec("a", {"train.seq_len": 512})
-    rec.metrics = {"toks_per_s_mean": 12.5, "idle_ranks": None}
+    rec.metrics = Summary(toks_per_s_mean=12.5, idle_ranks=None)
     ResultStore(tmp_path).put(rec)
     (back,) = ResultStore(tmp_path).records()
     assert back == rec and back.status is Status.PASS
@@ -173,7 +173,7 @@ def test_interrupt_mid_point_keeps_store_artifacts_and_report_in_step(tmp_path):
     now = {r.phase: r for r in ResultStore(results).records()}
     assert now["second"] == old["second"]  # the interrupted point's record is the earlier run's
     csv = (results / old["second"].out_dir / "training.csv").read_text().splitlines()
-    assert int(csv[-1].split(",")[0]) == old["second"].metrics["steps_completed"]  # its own CSV, untouched
+    assert int(csv[-1].split(",")[0]) == old["second"].metrics.steps_completed  # its own CSV, untouched
     assert now["first"].run_id != old["first"].run_id  # the point finished before the interrupt is stored
     report = (results / "reports" / "fake__cpu.md").read_text()
     assert now["first"].out_dir in report and old["second"].out_dir in report

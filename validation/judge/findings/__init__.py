@@ -2,7 +2,8 @@
 
 Each detector reads stored records only, so findings can be recomputed for any results
 directory without re-running anything: process failures and failed gates (failures.py), speed
-across points (throughput.py); advice.py turns findings into what to do next.
+across points (throughput.py); advice.py turns findings into what to do next, saying only what
+is true of the trainer that ran.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from validation.judge.findings.failures import (
     crashes,
     failed_gates,
     imbalance,
+    short_runs,
     stalls,
 )
 from validation.judge.findings.finding import Finding, Severity, point_label, where
@@ -21,10 +23,12 @@ from validation.judge.findings.throughput import (
     cliffs,
     fallbacks,
     host_bound,
+    shared_timings,
 )
 from validation.judge.record import PhaseRecord
 
-DETECTORS = (crashes, stalls, cliffs, host_bound, imbalance, fallbacks, artifact_errors, failed_gates, best_setting)
+DETECTORS = (crashes, stalls, short_runs, shared_timings, cliffs, host_bound, imbalance, fallbacks, artifact_errors,
+             failed_gates, best_setting)
 _ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 

@@ -1,41 +1,114 @@
-"""What to do about each kind of finding, in the seed reports' "Recommendations" spirit."""
+"""What to do about each kind of finding, in the seed reports' "Recommendations" spirit, saying
+only what is true of the trainer that ran (the finding's ``Facts``): this project's config keys
+and its halting behaviour only for this project's trainer, collectives only for several ranks,
+stack dumps only where some were written, CUDA graphs only on CUDA."""
 from __future__ import annotations
 
-from validation.judge.findings.finding import Finding, Severity
+from typing import Callable
 
-_ADVICE = {
-    "crash": "Read the failing rank's traceback (the stderr log named in the finding), fix, then re-run only "
-             "that phase: `pytest -m {phase}` with the same --profile and --results-dir.",
-    "stall": "The stack dumps show where each rank waited: a rank inside a collective while another is elsewhere "
-             "means the ranks' steps diverged (a rank-dependent branch, data or shape); rerun `pytest -m {phase}`.",
-    "nonfinite": "The loss went non-finite: lower train.lr or keep train.grad_clip on, and check the data of the "
-                 "step named; the run halted before the optimizer step, so its last checkpoint is clean.",
-    "cliff": "Throughput collapses at a larger shape: compare that point's peak memory and step time with the one "
-             "before (allocator thrash or recompilation); run the two points alone with `pytest -m {phase} -k ...`.",
-    "host_bound": "Step time does not grow with the batch: keep train.cuda_graphs on (auto on CUDA), or raise "
-                  "tokens per step (batch or sequence length) until the GPU sets the pace.",
-    "idle": "A rank did no work: check device pinning (CUDA_VISIBLE_DEVICES, LOCAL_RANK) and, under FSDP, that "
-            "every block is its own fully_shard unit.",
-    "imbalance": "One rank is slower: look for a shared or throttled GPU (nvidia-smi in the preflight record) or "
-                 "uneven data per rank.",
-    "fallback": "An attention branch ran on a slower backend than 'auto' wanted: the route's reason names what was "
-                "missing; install or enable it, or set the branch's backend explicitly.",
-    "artifacts": "The trainer broke its output contract (the finding names the file): fix the writer, then re-run "
-                 "`pytest -m {phase}`.",
-    "regression": "Throughput fell against the baseline: re-run the phase on this commit (`pytest -m {phase}`) to "
-                  "rule out noise, then bisect the commits between the baseline's and this one; a drop that is "
-                  "intended needs a new baseline directory, not a looser threshold.",
-    "gate": "A gate failed: compare the value with the threshold's source (the profile file), and re-run only "
-            "`pytest -m {phase}` once the cause is fixed; other points' records stay.",
+from validation.judge.findings.finding import Facts, Finding, Severity
+
+_RERUN = "re-run only that phase: `pytest -m {phase}` with the same --profile and --results-dir"
+
+
+def _crash(f: Facts) -> str:
+    return f"Read the traceback in the stderr log named in the finding, fix, then {_RERUN}."
+
+
+def _stall(f: Facts) -> str:
+    if not f.stack_dumps:
+        where = ("No stack of the stalled run was recorded, so where it waited is unknown: a trainer that "
+                 "registers faulthandler on SIGUSR1 (sent before a stalled run is killed) leaves one. ")
+    elif f.world_size > 1:
+        where = ("The stack dumps show where each rank waited: a rank inside a collective while another is "
+                 "elsewhere means the ranks' steps diverged (a rank-dependent branch, data or shape). ")
+    else:
+        where = "The stack dump shows the call the process was in when it stopped making progress. "
+    return where + f"Then {_RERUN}."
+
+
+def _nonfinite(f: Facts) -> str:
+    if f.own_trainer:
+        return ("The loss went non-finite: lower train.lr or keep train.grad_clip on, and check the data of the "
+                "step named; the run halted before the optimizer step, so its last checkpoint is clean.")
+    return ("The loss went non-finite: lower the trainer's learning rate or clip its gradients, and check the "
+            "data of the step named; whether its last checkpoint predates the bad step is the trainer's to say.")
+
+
+def _short(f: Facts) -> str:
+    how = ("check --steps and any stop condition in its log" if f.own_trainer
+           else "check that the runbook's `trainer.steps` reaches it, and any stop condition of its own")
+    return (f"The trainer exited 0 before the steps asked for, without a .HALT: {how} (stderr log named in the "
+            f"finding); then {_RERUN}.")
+
+
+def _cliff(f: Facts) -> str:
+    return ("Throughput collapses at a larger shape: compare that point's peak memory and step time with the one "
+            "before (allocator thrash or recompilation); run the two points alone with `pytest -m {phase} -k ...`.")
+
+
+def _host_bound(f: Facts) -> str:
+    if f.cuda and f.own_trainer:
+        return ("Step time does not grow with the batch: keep train.cuda_graphs on (auto on CUDA), or raise tokens "
+                "per step (batch or sequence length) until the GPU sets the pace.")
+    return ("Step time does not grow with the batch: a fixed cost per step sets the pace; raise tokens per step "
+            "(batch or sequence length), or cut the per-step work that does not grow with it.")
+
+
+def _idle(f: Facts) -> str:
+    pinning = "check device pinning (CUDA_VISIBLE_DEVICES, LOCAL_RANK)" if f.cuda else "check that every rank gets data"
+    return f"A rank did no work: {pinning} and, under FSDP, that every block is its own sharded unit."
+
+
+def _imbalance(f: Facts) -> str:
+    shared = ("a shared or throttled GPU (nvidia-smi in the preflight record)" if f.cuda
+              else "cores shared with other work")
+    return f"One rank is slower: look for {shared} or uneven data per rank."
+
+
+def _fallback(f: Facts) -> str:
+    if f.own_trainer:
+        return ("An attention branch ran on a slower backend than 'auto' wanted: the route's reason names what was "
+                "missing; install or enable it, or set the branch's backend explicitly.")
+    return "The trainer counted fallbacks to a slower path: its counters, named in the finding, say which."
+
+
+def _artifacts(f: Facts) -> str:
+    return "The trainer broke its output contract (the finding names the file): fix the writer, then " + _RERUN + "."
+
+
+def _regression(f: Facts) -> str:
+    commits = ("this repository's commits between the baseline's and this one" if f.own_trainer
+               else "the trainer's commits between the baseline's and this one (this repository's commits change "
+                    "only the harness)")
+    return ("Throughput fell against the baseline: re-run the phase (`pytest -m {phase}`) to rule out noise, then "
+            f"bisect {commits}; a drop that is intended needs a new baseline directory, not a looser threshold.")
+
+
+def _gate(f: Facts) -> str:
+    return ("A gate failed: compare the value with the threshold's source (the profile file), and " + _RERUN
+            + " once the cause is fixed; other points' records stay.")
+
+
+def _timing(f: Facts) -> str:
+    return ("Timed points ran at the same time on one machine, so their speeds are not comparable: re-run them "
+            "one at a time (`nsa-validate run --jobs 1`, or pytest without -n).")
+
+
+_ADVICE: dict[str, Callable[[Facts], str]] = {
+    "crash": _crash, "stall": _stall, "nonfinite": _nonfinite, "short_run": _short, "cliff": _cliff,
+    "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
+    "artifacts": _artifacts, "regression": _regression, "gate": _gate, "timing": _timing,
 }
 
 
 def recommendations(findings: list[Finding]) -> list[str]:
-    """One line of advice per kind of problem found (phases named), critical first."""
+    """One line of advice per kind of problem and what is true of its runs (phases named),
+    critical first; findings whose facts give the same advice share its line."""
     phases: dict[str, list[str]] = {}
     for f in findings:
         if f.kind in _ADVICE and f.severity != Severity.INFO:
-            names = phases.setdefault(f.kind, [])
+            names = phases.setdefault(_ADVICE[f.kind](f.facts), [])
             if f.phase not in names:
                 names.append(f.phase)
-    return [f"{', '.join(names)}: {_ADVICE[kind].format(phase=names[0])}" for kind, names in phases.items()]
+    return [f"{', '.join(names)}: {advice.replace('{phase}', names[0])}" for advice, names in phases.items()]

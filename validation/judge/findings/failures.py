@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import re
 
+from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import RankFailure
-from validation.judge.findings.finding import Finding, Severity, where
+from validation.judge.findings.finding import Facts, Finding, Severity, where
+from validation.judge.gates import GateVerdict
 from validation.judge.record import PhaseRecord, Status
+from validation.judge.verdict import Outcome
 
 #: slowest / fastest rank median step time above which ranks are called imbalanced
 IMBALANCE_RATIO = 1.5
@@ -22,11 +25,14 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
         ev = r.evidence
         if r.kind == "train" and ev.halt is not None and ev.halt.source == "nonfinite":
             bad = [i for i, v in enumerate(ev.halt.losses or []) if not (isinstance(v, (int, float)) and abs(v) < float("inf"))]
+            # this project's guard halts before the optimizer step; of another trainer that is not known
+            before = "; halted before the optimizer step" if r.own_trainer else ""
             title = (f"non-finite loss in {where(r)} at step {ev.halt.step}: {'rank' if len(bad) == 1 else 'ranks'} "
-                     f"{', '.join(map(str, bad)) or '?'} (loss per rank {ev.halt.losses}, grad_norm {ev.halt.grad_norm}); "
-                     "halted before the optimizer step") if ev.halt.losses is not None else (
+                     f"{', '.join(map(str, bad)) or '?'} (loss per rank {ev.halt.losses}, grad_norm {ev.halt.grad_norm})"
+                     f"{before}") if ev.halt.losses is not None else (
                 f"non-finite loss in {where(r)} at step {ev.halt.step}: the trainer's .HALT says {ev.halt.text[:120]!r}")
-            out.append(Finding(Severity.CRITICAL, r.phase, title, [f".HALT: {r.out_dir}/.HALT"] + _rank_lines(r), "nonfinite"))
+            out.append(Finding(Severity.CRITICAL, r.phase, title, [f".HALT: {r.out_dir}/.HALT"] + _rank_lines(r),
+                               "nonfinite", Facts.of(r)))
         elif r.status == Status.FAIL and r.exit_code not in (0, None) and ev.halt is None and r.kind == "train":
             title = f"crash in {where(r)}: exit code {r.exit_code}"
             root = _root_rank(ev.rank_failures)
@@ -38,7 +44,20 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
             elif exception_line(ev.stderr_tail):
                 title += f": {exception_line(ev.stderr_tail)}"
             out.append(Finding(Severity.CRITICAL, r.phase, title, [f"stderr: {r.out_dir}/{ev.stderr_log}"] + _rank_lines(r),
-                               "crash"))
+                               "crash", Facts.of(r)))
+    return out
+
+
+def short_runs(records: list[PhaseRecord]) -> list[Finding]:
+    """A train point that exited 0 without a .HALT before the steps it was asked for: no crash,
+    no stall, and still not the run that was asked for."""
+    out = []
+    for r in records:
+        outcome = Outcome.of_record(r)
+        if outcome.stopped_short:
+            out.append(Finding(Severity.CRITICAL, r.phase, f"{where(r)}: {outcome.short_text()}",
+                               [f"CSV: {r.out_dir}/training.csv", f"stderr: {r.out_dir}/{r.evidence.stderr_log}"],
+                               "short_run", Facts.of(r)))
     return out
 
 
@@ -87,8 +106,8 @@ def exception_line(text: str) -> str | None:
 
 
 def stalls(records: list[PhaseRecord]) -> list[Finding]:
-    """Watchdog .HALT or harness timeout: where each rank was (heartbeat) and what it was doing
-    (the innermost frames of its stack dump)."""
+    """Watchdog .HALT or harness timeout: where each rank of the world was (heartbeat) and what it
+    was doing (the innermost frames of its stack dump), and the stacks whose rank is unknown."""
     out = []
     for r in records:
         ev = r.evidence
@@ -96,24 +115,27 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
             continue  # no stall; a NaN guard's or an operator's .HALT is none either
         how = "watchdog .HALT" if ev.halt is not None else f"killed at the {r.timeout_s:g}s timeout"
         detail, stuck = [], []
-        for rank in sorted(set(ev.last_heartbeat) | set(ev.stackdumps)):
+        for rank in range(r.world_size):
             hb = ev.last_heartbeat.get(rank)
             line = f"rank {rank}: last heartbeat step {_q(hb and hb.step)}, stage {_q(hb and hb.stage)}"
             dump = ev.stackdumps.get(rank)
+            line += _stack_text(dump) if dump else "; no stack dump of this rank"
             if dump and dump.frames:
-                line += f"; stack ({dump.path}): " + " <- ".join(
-                    f"{fr.func} ({_short(fr.file)}:{fr.line})" for fr in dump.frames[:4])
                 stuck.append(f"rank {rank} in {dump.frames[0].func}")
-            else:
-                line += "; no stack dump"
-            if dump and dump.header:
-                line += f" [{dump.header}]"
             detail.append(line)
-        if not detail:
-            detail.append("no heartbeats and no stack dumps were written")
-        at = f": {'; '.join(stuck)}" if stuck else ""
-        out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where(r)} ({how}){at}", detail, "stall"))
+        for dump in ev.unranked_dumps:
+            detail.append("rank unknown" + _stack_text(dump))
+            if dump.frames:
+                stuck.append(f"rank unknown in {dump.frames[0].func}")
+        at = f": {'; '.join(stuck)}" if stuck else ": no stack was recorded"
+        out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where(r)} ({how}){at}", detail, "stall",
+                           Facts.of(r)))
     return out
+
+
+def _stack_text(dump: StackDump) -> str:
+    text = f"; stack ({dump.path}): " + " <- ".join(f"{fr.func} ({_short(fr.file)}:{fr.line})" for fr in dump.frames[:4])
+    return text + (f" [{dump.header}]" if dump.header else "")
 
 
 def _short(path: str) -> str:
@@ -127,7 +149,7 @@ def imbalance(records: list[PhaseRecord]) -> list[Finding]:
         if r.timed_out or r.exit_code not in (0, None):
             continue  # a crash or stall has its own finding; its ranks are not 'idle'
         times = ev.rank_step_time_s
-        if r.metric("idle_ranks"):
+        if r.metrics.idle_ranks:
             detail = []
             for rank in range(r.world_size or 1):
                 hb = ev.last_heartbeat.get(rank)
@@ -138,19 +160,20 @@ def imbalance(records: list[PhaseRecord]) -> list[Finding]:
                               + (f", GPU util {hb.gpu_util:g}%" if hb.gpu_util is not None else "")
                               + (f", median step time {times[rank]:.3g}s" if rank in times else ""))
             out.append(Finding(Severity.CRITICAL, r.phase, f"idle rank in {where(r)}: "
-                               f"{int(r.metric('idle_ranks'))} of {r.world_size} rank(s) did no work", detail, "idle"))
+                               f"{int(r.metrics.idle_ranks)} of {r.world_size} rank(s) did no work", detail, "idle",
+                               Facts.of(r)))
         elif len(times) >= 2 and min(times.values()) > 0 and max(times.values()) / min(times.values()) > IMBALANCE_RATIO:
             slow, fast = max(times, key=times.get), min(times, key=times.get)
             out.append(Finding(Severity.WARNING, r.phase, (
                 f"rank imbalance in {where(r)}: rank {slow} takes {times[slow] / times[fast]:.1f}x as long per step "
                 f"as rank {fast}"), [f"rank {k}: median step time {v:.3g}s" for k, v in sorted(times.items())],
-                "imbalance"))
+                "imbalance", Facts.of(r)))
     return out
 
 
 def artifact_errors(records: list[PhaseRecord]) -> list[Finding]:
-    return [Finding(Severity.CRITICAL, r.phase, f"{where(r)}: {r.reason}", r.evidence.errors[1:], "artifacts")
-            for r in records if r.status == Status.ERROR]
+    return [Finding(Severity.CRITICAL, r.phase, f"{where(r)}: {r.reason}", r.evidence.errors[1:], "artifacts",
+                    Facts.of(r)) for r in records if r.status == Status.ERROR]
 
 
 #: gates whose failure another detector already explains (idle ranks; a .HALT is a stall or a NaN)
@@ -159,14 +182,19 @@ _EXPLAINED = {"idle_ranks", "halt"}
 
 def failed_gates(records: list[PhaseRecord]) -> list[Finding]:
     """Every gate that failed (or had no data) in a point whose process finished: one finding
-    each, with the gate's meaning and where its numbers are."""
+    each, with the gate's meaning and where its numbers are. In a run that stopped short, gates
+    without data are explained by that finding; those that failed on a number still show."""
     out = []
     for r in records:
         if not r.ran or r.exit_code != 0 or r.evidence.halt is not None or r.status == Status.ERROR:
             continue  # crashes, stalls, halts and contract violations have findings of their own
+        short = Outcome.of_record(r).stopped_short
         for g in (g for g in r.failed_gates() if g.metric not in _EXPLAINED):
+            if short and g.verdict == GateVerdict.NO_DATA:
+                continue
             detail = [g.description] if g.description else []
             if r.kind == "train":
                 detail.append(f"CSV: {r.out_dir}/training.csv")
-            out.append(Finding(Severity.CRITICAL, r.phase, f"gate failed in {where(r)}: {g.text()}", detail, "gate"))
+            out.append(Finding(Severity.CRITICAL, r.phase, f"gate failed in {where(r)}: {g.text()}", detail, "gate",
+                               Facts.of(r)))
     return out

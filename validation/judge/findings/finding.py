@@ -14,6 +14,24 @@ class Severity(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class Facts:
+    """What is true of the run a finding is about, so that its advice says nothing else: this
+    project's config keys only for this project's trainer, collectives only for several ranks,
+    'the stack dumps show' only where there are stack dumps, CUDA only on CUDA."""
+
+    own_trainer: bool = False
+    world_size: int = 1
+    stack_dumps: bool = False
+    cuda: bool = False
+
+    @classmethod
+    def of(cls, rec: PhaseRecord) -> Facts:
+        ev = rec.evidence
+        dumped = any(d.frames for d in [*ev.stackdumps.values(), *ev.unranked_dumps])
+        return cls(rec.own_trainer, rec.world_size, dumped, rec.accelerator == "cuda")
+
+
+@dataclass(frozen=True)
 class Finding:
     severity: Severity
     phase: str
@@ -21,6 +39,8 @@ class Finding:
     detail: list[str] = field(default_factory=list)
     kind: str = ""
     """Which detector found it (recommendations key on this)."""
+    facts: Facts = Facts()
+    """What is true of the run(s) it is about (the advice reads it)."""
 
 
 def point_label(rec: PhaseRecord) -> str:

@@ -1,10 +1,13 @@
-"""Findings about speed across the points of a phase: throughput cliffs, host-bound sweeps, the
-best setting of a sweep, and fallbacks to slower attention backends."""
+"""Findings about speed across the points of a phase: timings that shared the machine, throughput
+cliffs, host-bound sweeps, the best setting of a sweep, and fallbacks to slower attention
+backends. The cross-point speed findings read only points whose timings did not share the
+machine with another timed point (validation/judge/timing.py)."""
 from __future__ import annotations
 
-from validation.judge.findings.finding import Finding, Severity, point_label, where
+from validation.judge.findings.finding import Facts, Finding, Severity, point_label, where
 from validation.judge.pace import fit_step_time
 from validation.judge.record import PhaseRecord, Status
+from validation.judge.timing import reliable, shared_machine
 
 #: a sweep point is a cliff when its tokens/s falls below this fraction of the best earlier point
 CLIFF_FRACTION = 0.25
@@ -13,21 +16,36 @@ CROSS_POINT = {"cliff", "host_bound"}
 
 
 def _toks(r: PhaseRecord) -> float | None:
-    return r.metric("toks_per_s_mean")
+    return r.metrics.toks_per_s_mean
+
+
+def shared_timings(records: list[PhaseRecord]) -> list[Finding]:
+    """One warning naming the timed points that ran side by side on one machine."""
+    shared = shared_machine(records)
+    if not shared:
+        return []
+    by_id = {r.test_id: r for r in records}
+    lines = [f"{where(by_id[t])} ran at the same time as " + ", ".join(where(by_id[o]) for o in others)
+             for t, others in shared.items()]
+    phases = {by_id[t].phase for t in shared}
+    return [Finding(Severity.WARNING, phases.pop() if len(phases) == 1 else "several",
+                    f"timings unreliable: {len(shared)} timed point(s) shared the machine with another; their speeds "
+                    "are left out of the cliff, host-bound and best-setting findings (their own gates still read them)",
+                    lines, "timing", Facts.of(by_id[next(iter(shared))]))]
 
 
 def cliffs(records: list[PhaseRecord]) -> list[Finding]:
     """In each swept phase, in sweep order: the first point whose tokens/s drops below
     CLIFF_FRACTION of the best earlier point (the seeds' 165 -> 6 tokens/s at batch 2)."""
     out = []
-    for phase, recs in _by_phase(records).items():
+    for phase, recs in _by_phase(reliable(records)).items():
         best: PhaseRecord | None = None
         for r in sorted((r for r in recs if r.key.params and _toks(r) is not None), key=lambda r: r.sweep_index):
             if best is not None and _toks(r) < CLIFF_FRACTION * _toks(best):
                 out.append(Finding(Severity.CRITICAL, phase, (
                     f"throughput cliff in {phase} at [{point_label(r)}]: {_toks(r):,.1f} toks/s after "
                     f"{_toks(best):,.1f} toks/s at [{point_label(best)}] ({_toks(best) / max(_toks(r), 1e-9):.1f}x drop)"),
-                    [f"CSV: {r.out_dir}/training.csv ({r.window})"], "cliff"))
+                    [f"CSV: {r.out_dir}/training.csv ({r.window})"], "cliff", Facts.of(r)))
                 break
             if best is None or _toks(r) > _toks(best):
                 best = r
@@ -37,68 +55,87 @@ def cliffs(records: list[PhaseRecord]) -> list[Finding]:
 def _tokens_per_step(rec: PhaseRecord) -> float | None:
     """The point's global tokens per optimizer step: recorded from env.json, else tokens/s x
     step time (records written before the metric existed)."""
-    if rec.metric("tokens_per_step"):
-        return rec.metric("tokens_per_step")
-    if _toks(rec) and rec.metric("step_time_s_mean"):
-        return _toks(rec) * rec.metric("step_time_s_mean")
+    m = rec.metrics
+    if m.tokens_per_step:
+        return m.tokens_per_step
+    if m.toks_per_s_mean and m.step_time_s_mean:
+        return m.toks_per_s_mean * m.step_time_s_mean
     return None
 
 
 def host_bound(records: list[PhaseRecord]) -> list[Finding]:
     """In each swept phase whose points differ in tokens per step: when the step time barely
-    grows with the tokens (a fitted fixed cost per step of at least half the step at the largest
-    point, validation/pace.py), a finding with the fit, so a reader knows why tokens/s is low."""
+    grows with the tokens (a meaningful fit whose fixed cost per step is at least half the step
+    at the largest point, validation/judge/pace.py), a finding with the fit, so a reader knows
+    why tokens/s is low."""
     out = []
-    for phase, recs in _by_phase(records).items():
-        done = [r for r in recs if r.kind == "train" and r.exit_code == 0 and not r.timed_out and r.metric("step_time_s_mean")]
-        fit = fit_step_time([(t, r.metric("step_time_s_mean")) for r in done if (t := _tokens_per_step(r))])
+    for phase, recs in _by_phase(reliable(records)).items():
+        done = [r for r in recs if r.kind == "train" and r.exit_code == 0 and not r.timed_out
+                and r.metrics.step_time_s_mean]
+        fit = fit_step_time([(t, r.metrics.step_time_s_mean) for r in done if (t := _tokens_per_step(r))])
         if fit is None or not fit.host_bound:
             continue
+        facts = Facts.of(done[0])
+        graphs = ("; on CUDA, graphs (train.cuda_graphs) remove the launch cost" if facts.cuda and facts.own_trainer
+                  else "")
         out.append(Finding(Severity.WARNING, phase, (
             f"host-bound steps in {phase}: step time {min(fit.step_s):.3g}-{max(fit.step_s):.3g} s while tokens "
             f"per step grow {fit.token_range:.1f}x ({min(fit.tokens):,.0f} -> {max(fit.tokens):,.0f})"), [
-            f"fitted step time = {fit.fixed_s * 1e3:.1f} ms fixed + {fit.per_token_s * 1e6:.3g} ms per 1k tokens "
-            f"(least squares over {len(fit.tokens)} points)",
+            f"fitted step time = {fit.fixed_s * 1e3:.1f} ± {fit.fixed_se * 1e3:.1f} ms fixed + "
+            f"{fit.per_token_s * 1e6:.3g} ± {fit.per_token_se * 1e6:.2g} ms per 1k tokens "
+            f"(least squares over {len(fit.tokens)} points; ± one standard error)",
             f"the fixed cost is {fit.fixed_share:.0%} of the step at the largest point: work that does not grow "
-            "with the batch (the host launching kernels, the optimizer, the gradient all-reduce) sets the pace, "
-            "so tokens/s grows only with tokens per step; on CUDA, graphs (train.cuda_graphs) remove the launch cost"],
-            "host_bound"))
+            "with the batch (launching work from the host, the optimizer, the gradient all-reduce) sets the pace, "
+            f"so tokens/s grows only with tokens per step{graphs}"],
+            "host_bound", facts))
     return out
 
 
 def fallbacks(records: list[PhaseRecord]) -> list[Finding]:
     """One finding for all runs that reported fallbacks (heartbeat counters, or a route 'auto'
     chose after passing over a better backend), one detail line per run."""
-    lines, names, phases = [], set(), set()
+    lines, names, phases, hit = [], set(), set(), []
     for r in records:
         counters = {k: v for k, v in r.evidence.fallbacks.items() if v}
         routed = {s: b for s, b in r.backends.items() if b.fallback or "fallback" in b.reason.lower() or b.backend == "mixed"}
         if counters or routed:
             names |= set(counters) | {f"{s} route" for s in routed}
             phases.add(r.phase)
+            hit.append(r)
             parts = [f"{k}: {v:g}" for k, v in sorted(counters.items())]
             parts += [f"{s}: backend {b.backend} ({b.reason})" for s, b in sorted(routed.items())]
             lines.append(f"{where(r)}: " + "; ".join(parts))
     if not lines:
         return []
     return [Finding(Severity.WARNING, "several" if len(phases) > 1 else phases.pop(),
-                    f"fallbacks in {len(lines)} of {len(records)} run(s): {', '.join(sorted(names))}", lines, "fallback")]
+                    f"fallbacks in {len(lines)} of {len(records)} run(s): {', '.join(sorted(names))}", lines, "fallback",
+                    Facts.of(hit[0]))]
 
 
 def best_setting(records: list[PhaseRecord]) -> list[Finding]:
-    """The runbook's rule for a sweep of one parameter: highest mean wins, a tie (within 1%)
-    goes to the lower stdev. Every point whose process finished counts, gates passed or not."""
+    """The runbook's rule for a sweep of one parameter: the highest mean wins; every point whose
+    process finished counts, gates passed or not. A winner is named only when its lead over the
+    runner-up is larger than the run-to-run spread (the larger of the two points' stdev of
+    tokens/s over the window); otherwise the finding says that the top points cannot be told apart."""
     out = []
-    for phase, recs in _by_phase(records).items():
+    for phase, recs in _by_phase(reliable(records)).items():
         recs = [r for r in recs if len(r.key.params) == 1 and r.exit_code == 0 and _toks(r) is not None]
         if len(recs) < 2:
             continue
-        top = max(_toks(r) for r in recs)
-        best = min((r for r in recs if _toks(r) >= 0.99 * top), key=lambda r: r.metric("toks_per_s_stdev") or 0.0)
-        note = "" if best.status == Status.PASS else f"; its gates: {best.status}"
-        out.append(Finding(Severity.INFO, phase, f"best setting in {phase}: {point_label(best)} (mean "
-                           f"{_toks(best):,.1f} toks/s, stdev {best.metric('toks_per_s_stdev') or 0:,.1f}, {best.window}{note})",
-                           kind="best"))
+        best, second = sorted(recs, key=_toks, reverse=True)[:2]
+        spread = max(best.metrics.toks_per_s_stdev or 0.0, second.metrics.toks_per_s_stdev or 0.0)
+        lead = _toks(best) - _toks(second)
+        if lead > spread:
+            note = "" if best.status == Status.PASS else f"; its gates: {best.status}"
+            out.append(Finding(Severity.INFO, phase, (
+                f"best setting in {phase}: {point_label(best)} (mean {_toks(best):,.1f} toks/s, stdev "
+                f"{best.metrics.toks_per_s_stdev or 0:,.1f}, {best.window}; {lead:,.1f} ahead of {point_label(second)}, "
+                f"more than the spread {spread:,.1f}{note})"), kind="best", facts=Facts.of(best)))
+        else:
+            out.append(Finding(Severity.INFO, phase, (
+                f"no best setting in {phase}: {point_label(best)} ({_toks(best):,.1f} toks/s) leads "
+                f"{point_label(second)} ({_toks(second):,.1f}) by {lead:,.1f}, within the run-to-run spread "
+                f"(stdev {spread:,.1f} toks/s, {best.window})"), kind="best", facts=Facts.of(best)))
     return out
 
 

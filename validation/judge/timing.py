@@ -1,0 +1,49 @@
+"""Timings you can believe. A timed point (one whose numbers are speeds: train and profile
+points) measures the machine it ran on; two that ran at the same time on one machine shared its
+cores or GPU, and each one's speed says as much about the other as about itself. Nothing runs
+them side by side on purpose (validation/runbook/plan.py ``batches``); this finds, from the
+records alone (host, start, wall time), when it happened anyway (two harness runs at once, a
+pytest -n run), so that the report marks those timings and the cross-point speed findings
+leave them out.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+
+from validation.judge.record import PhaseRecord
+
+#: phase kinds whose points are timed (their tokens/s, step times and profiles are speeds)
+TIMED_KINDS = ("train", "profile")
+
+
+def _interval(r: PhaseRecord) -> tuple[float, float, float] | None:
+    """(start, end, slack) in Unix seconds; slack is the start's rounding (records of older
+    harnesses stored whole seconds)."""
+    try:
+        start = _dt.datetime.fromisoformat(r.started).timestamp()
+    except ValueError:
+        return None
+    slack = 0.01 if "." in r.started else 1.0
+    return start, start + r.wall_s, slack
+
+
+def shared_machine(records: list[PhaseRecord]) -> dict[str, list[str]]:
+    """Per timed point that ran while another timed point ran on the same host: those others'
+    test ids."""
+    timed = [(r, iv) for r in records if r.kind in TIMED_KINDS and r.command and r.hardware
+             and (iv := _interval(r)) is not None]
+    out: dict[str, list[str]] = {}
+    for i, (a, (a0, a1, sa)) in enumerate(timed):
+        for b, (b0, b1, sb) in timed[i + 1:]:
+            if a.hardware.hostname != b.hardware.hostname:
+                continue
+            if min(a1, b1) - max(a0, b0) > max(sa, sb):
+                out.setdefault(a.test_id, []).append(b.test_id)
+                out.setdefault(b.test_id, []).append(a.test_id)
+    return out
+
+
+def reliable(records: list[PhaseRecord]) -> list[PhaseRecord]:
+    """The records whose timings shared the machine with no other timed point."""
+    shared = shared_machine(records)
+    return [r for r in records if r.test_id not in shared]

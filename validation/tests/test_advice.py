@@ -1,0 +1,72 @@
+"""Advice only true of the trainer that ran (issue 24, case 6): this project's config keys and "its
+last checkpoint is clean" were said of any trainer, collective-hang advice of a single process,
+"the stack dumps show" where none were written; and loss_finite passed when the NaN step was
+never logged."""
+from __future__ import annotations
+
+import dataclasses
+
+from validation.contract.files import HaltInfo
+from validation.contract.stacks import Frame, StackDump
+from validation.judge.findings import Finding, Severity, find, recommendations
+from validation.judge.findings.finding import Facts
+from validation.judge.metrics import RunData, compute
+from validation.judge.record import Evidence, PhaseRecord, PointKey, Status
+from validation.tests.conftest import train_phase
+
+OWN = "nsa.train"
+FOREIGN = "seed_showcase"
+
+
+def _record(trainer: str, world: int = 1, dumps: bool = False, **evidence) -> PhaseRecord:
+    stack = {0: StackDump("stackdump_rank0.txt", [Frame("/x/train.py", 3, "wait")])} if dumps else {}
+    return PhaseRecord(PointKey("rb", "cpu", "long_run"), "rb/cpu/long_run/default", "train", Status.FAIL, "",
+                       trainer=trainer, world_size=world, timeout_s=60, out_dir="runs/x",
+                       evidence=Evidence(stackdumps=stack, **evidence))
+
+
+def _advice(rec: PhaseRecord) -> str:
+    return " ".join(recommendations(find([rec])))
+
+
+def test_nonfinite_advice_names_this_projects_keys_only_for_its_trainer():
+    halt = HaltInfo(source="nonfinite", step=3, losses=[float("nan")], grad_norm=1.0)
+    own, foreign = _record(OWN, halt=halt), _record(FOREIGN, halt=halt)
+    assert "train.lr" in _advice(own) and "last checkpoint is clean" in _advice(own)
+    for said in ("train.lr", "train.grad_clip", "checkpoint is clean"):
+        assert said not in _advice(foreign)
+    [title] = [f.title for f in find([foreign]) if f.kind == "nonfinite"]
+    assert "halted before the optimizer step" not in title
+    assert "halted before the optimizer step" in next(f.title for f in find([own]) if f.kind == "nonfinite")
+
+
+def test_stall_advice_speaks_of_collectives_and_dumps_only_where_they_are():
+    hung = dict(timed_out=True)
+    alone = dataclasses.replace(_record(FOREIGN, dumps=True), **hung)
+    assert "collective" not in _advice(alone) and "The stack dump shows" in _advice(alone)
+    two = dataclasses.replace(_record(FOREIGN, world=2, dumps=True), **hung)
+    assert "a rank inside a collective" in _advice(two)
+    none = dataclasses.replace(_record(FOREIGN, world=2), **hung)
+    assert "stack dumps show" not in _advice(none) and "No stack of the stalled run was recorded" in _advice(none)
+    [stall] = [f for f in find([none]) if f.kind == "stall"]
+    assert stall.title.endswith(": no stack was recorded")
+
+
+def test_host_bound_advice_names_cuda_graphs_only_for_this_trainer_on_cuda():
+    def advice(facts: Facts) -> str:
+        return recommendations([Finding(Severity.WARNING, "scaling_sweep", "host-bound", kind="host_bound",
+                                        facts=facts)])[0]
+    assert "train.cuda_graphs" in advice(Facts(own_trainer=True, cuda=True))
+    assert "cuda_graphs" not in advice(Facts(own_trainer=True, cuda=False))
+    assert "cuda_graphs" not in advice(Facts(own_trainer=False, cuda=True))
+
+
+def test_loss_finite_fails_when_the_nan_step_was_never_logged(fake_run, tmp_path):
+    run = fake_run([train_phase("long_run", fault="nan_unlogged:step=3",
+                                gates=[{"metric": "loss_finite", "op": "==", "threshold": 1}])])
+    rec = run.record
+    assert rec.exit_code == 4 and rec.status == Status.FAIL
+    [gate] = rec.gates
+    assert gate.metric == "loss_finite" and gate.value == 0.0 and gate.verdict == "FAIL"
+    # the exit code alone says it too (contract: 4 = non-finite loss), whatever was logged
+    assert compute("loss_finite", RunData(tmp_path, exit_code=4), None) == 0.0

@@ -1,0 +1,57 @@
+"""`report` re-checks golden curves changed since the run (issue 24, case 13, the judge's part):
+each stored golden gate is evaluated again at render time, from the run's own training.csv,
+against the golden file as it is now; the report shows that verdict and says so. The store
+keeps what the run found."""
+from __future__ import annotations
+
+import dataclasses
+
+from validation.cli import main
+from validation.judge.gates import GateVerdict
+from validation.judge.record import Status
+from validation.report.build import build_context, render_text
+from validation.runbook.load import load_profile, load_runbook
+from validation.store.goldens import GoldenFile
+from validation.store.results import ResultStore
+from validation.tests.conftest import train_phase, write_runbook
+
+
+def _context(rb, res):
+    runbook, profile = load_runbook(rb), load_profile("cpu")
+    return build_context(res, runbook.name, profile.name, runbook=runbook, profile=profile)
+
+
+def test_report_judges_a_stored_run_against_the_golden_file_as_it_is_now(tmp_path):
+    rb, res = write_runbook(tmp_path / "rb.yaml", [train_phase("long_run", golden_steps=4, gates=[])]), tmp_path / "res"
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"]) == 0
+    (stored,) = ResultStore(res).records()
+    assert stored.status == Status.UNMEASURED  # no golden when it ran
+
+    assert main(["bless", "--runbook", str(rb), "--results-dir", str(res)]) == 0
+    ctx = _context(rb, res)
+    assert ctx["verdict"] == "GO", ctx["status_reason"]
+    assert ctx["golden_rechecks"] == ["long_run [default]: UNMEASURED at the run, PASS against the golden file now"]
+
+    goldens = GoldenFile.for_pair(rb, "fake", "cpu")  # a re-bless elsewhere changed the curve
+    curve = goldens.get("long_run/default", "cpu")
+    goldens.put("long_run/default", "cpu", dataclasses.replace(curve, loss=(3.5, *curve.loss[1:])))
+    goldens.save()
+    ctx = _context(rb, res)
+    assert ctx["verdict"] == "NO-GO"
+    [gate] = [g for g in ctx["gates"] if g["metric"] == "golden_loss_rel_diff"]
+    assert gate["verdict"] == GateVerdict.FAIL and "first diverging step 1" in gate["description"]
+    assert "re-checked at report time against fake__cpu.yaml, which changed since the run (then: UNMEASURED)" \
+        in gate["description"]
+    text = render_text({**ctx, "results_prefix": ".."})
+    assert ("- **Golden curves**: re-checked at report time against `fake__cpu.yaml` as it is now, from each run's "
+            "training.csv: long_run [default]: UNMEASURED at the run, FAIL against the golden file now") in text
+    assert ResultStore(res).records() == [stored]  # the store keeps what the run found
+
+
+def test_a_golden_unchanged_since_the_run_is_said_to_be_so(tmp_path):
+    rb, res = write_runbook(tmp_path / "rb.yaml", [train_phase("long_run", golden_steps=4, gates=[])]), tmp_path / "res"
+    main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"])
+    main(["bless", "--runbook", str(rb), "--results-dir", str(res)])
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"]) == 0
+    ctx = _context(rb, res)
+    assert ctx["verdict"] == "GO" and ctx["golden_rechecks"] == ["long_run [default]: PASS, as at the run"]

@@ -1,0 +1,162 @@
+"""Ranks come from env.json, and a stack dump carries its rank only where the files say it (issue
+24, case 2). The seed adapter once numbered stack dumps by time: a hang of rank 1 alone was
+reported as "rank 0 in main", a single process's hang named a "rank 1" that does not exist, and
+two ranks' dumps written in the same second lost one of them without a word."""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+from nsa.contract import CSV_COLUMNS
+from validation.contract import check as contract
+from validation.contract import check_command as check_artifacts
+from validation.contract.adapters import ADAPTERS, RunFacts
+from validation.contract.files import pids_by_rank
+from validation.judge.evidence import collect, collect_train
+from validation.judge.findings import find
+from validation.judge.metrics import RunData
+from validation.judge.record import PhaseRecord, PointKey, Status
+
+FAULTHANDLER = 'Current thread 0x00007f0000000001 (most recent call first):\n  File "/x/train.py", line 7 in {func}\n' \
+               '  File "/x/train.py", line 1 in <module>\n'
+
+
+def _contract_dir(path: Path, world: int, beats: tuple[int, ...], dumps: tuple[int, ...]) -> Path:
+    path.mkdir()
+    (path / "training.csv").write_text(",".join(CSV_COLUMNS) + "\n1,2.0,1e-4,100,0.1,1,0.5,1\n")
+    (path / "env.json").write_text(json.dumps({"world_size": world}))
+    for r in beats:
+        (path / f"heartbeat_rank{r}.jsonl").write_text(json.dumps({"time": 1.0, "step": 1, "rank": r}) + "\n")
+    for r in dumps:
+        (path / f"stackdump_rank{r}.txt").write_text(FAULTHANDLER.format(func=f"wait_{r}"))
+    return path
+
+
+def _check(directory: Path) -> tuple[int, str]:
+    out = io.StringIO()
+    return check_artifacts.check(directory, out=out), out.getvalue()
+
+
+def test_a_stack_dump_of_a_rank_that_does_not_exist_is_malformed(tmp_path):
+    d = _contract_dir(tmp_path / "one", world=1, beats=(0,), dumps=(0, 1))
+    rc, text = _check(d)
+    assert rc == 1 and "malformed            stackdump_rank1.txt: rank 1 does not exist (env.json world_size 1)" in text
+    assert "present              stackdump_rank0.txt: stack dump of rank 0" in text
+
+
+def test_a_heartbeat_of_a_rank_that_does_not_exist_is_malformed(tmp_path):
+    d = _contract_dir(tmp_path / "two", world=2, beats=(0, 1, 3), dumps=())
+    rc, text = _check(d)
+    assert rc == 1 and "malformed            heartbeat_rank3.jsonl: rank 3 does not exist (env.json world_size 2)" in text
+    (d / "heartbeat_rank3.jsonl").unlink()
+    (d / "heartbeat_rank1.jsonl").write_text(json.dumps({"time": 1.0, "step": 1, "rank": 0}) + "\n")
+    rc, text = _check(d)
+    assert rc == 1 and "heartbeat_rank1.jsonl: record 1 says rank 0 in the file of rank 1" in text
+
+
+def _stalled(run: RunData, tmp_path: Path, world: int) -> PhaseRecord:
+    errors: list[str] = []
+    collect_train(run, errors)
+    return PhaseRecord(PointKey("rb", "cpu", "long_run"), "rb/cpu/long_run/default", "train", Status.FAIL, "timed out",
+                       timed_out=True, timeout_s=60, world_size=run.world_size,
+                       evidence=collect(run, tmp_path / "none.log", errors), out_dir="x")
+
+
+def test_a_single_process_hang_names_no_rank_that_does_not_exist(tmp_path):
+    d = _contract_dir(tmp_path / "one", world=1, beats=(0,), dumps=(0, 1))
+    rec = _stalled(RunData(d, world_size=2), tmp_path, 1)
+    assert rec.world_size == 1 and set(rec.evidence.stackdumps) == {0}
+    [stall] = [f for f in find([rec]) if f.kind == "stall"]
+    assert stall.title.endswith("rank 0 in wait_0") and "rank 1" not in stall.title + "".join(stall.detail)
+    assert any("stackdump_rank1.txt: malformed" in e for e in rec.evidence.errors)
+
+
+# --- the seed adapter ----------------------------------------------------------------------------
+
+def _main_thread(func: str) -> str:
+    """The seed's dump of a main thread: ``traceback.format_stack``, its own handler on top."""
+    return ("--- Thread: MainThread (140000000000001) ---\n"
+            '  File "/seed/scripts/train_showcase.py", line 1500, in <module>\n    main()\n'
+            f'  File "/seed/scripts/train_showcase.py", line 900, in {func}\n    x()\n'
+            '  File "/seed/scripts/train_showcase.py", line 212, in dump_stack\n    f.write()\n')
+
+
+def _seed_dump(header: str, func: str) -> str:
+    return f"{header}\n\n{_main_thread(func)}"
+
+
+def _seed_dir(path: Path, world: int, beats: dict[int, list[dict]]) -> Path:
+    path.mkdir()
+    (path / "training.csv").write_text("1,5.0,1e-4,100\n")
+    env = {"env": {"WORLD_SIZE": str(world)}} if world > 1 else {"env": {}}
+    (path / "env.json").write_text(json.dumps(env))
+    for rank, recs in beats.items():
+        (path / f"heartbeat_rank{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+def _beat(rank: int, step: int, msg: str = "beat", **extra) -> dict:
+    return {"ts": 1000.0 + step, "pid": 4000 + rank, "rank": rank, "step": step, "msg": msg, **extra}
+
+
+def _convert(src: Path, out: Path, world: int) -> contract.ContractRead:
+    ADAPTERS["seed"].convert(src, out, RunFacts(world, "seed"))
+    return contract.read(out)
+
+
+def test_seed_watchdog_dump_takes_the_rank_its_heartbeat_file_announced(tmp_path):
+    """Rank 1 alone hangs: its own watchdog's dump is announced in heartbeat_rank1.jsonl."""
+    src = _seed_dir(tmp_path / "seed", 2, {0: [_beat(0, 1), _beat(0, 2)],
+                                           1: [_beat(1, 1), _beat(1, 0, "watchdog_dump",
+                                                                   path=str(tmp_path / "seed/watchdog_stackdump_1700.txt"))]})
+    (src / "watchdog_stackdump_1700.txt").write_text(_seed_dump("Watchdog at 2025-01-01T00:00:00Z", "only_rank_1_runs"))
+    found = _convert(src, tmp_path / "out", 2)
+    assert found.ok and sorted(p.name for p in (tmp_path / "out").glob("stackdump_*")) == ["stackdump_rank1.txt"]
+    text = (tmp_path / "out" / "stackdump_rank1.txt").read_text()
+    assert "rank 1 (announced in heartbeat_rank1)" in text and "only_rank_1_runs" in text
+
+
+def test_seed_signal_dumps_of_several_ranks_are_rank_unknown_never_numbered_by_time(tmp_path):
+    src = _seed_dir(tmp_path / "seed", 2, {0: [_beat(0, 1)], 1: [_beat(1, 1)]})
+    (src / "stackdump_1700.txt").write_text(_seed_dump("Signal 10 at 2025-01-01T00:00:00Z", "only_rank_1_runs"))
+    found = _convert(src, tmp_path / "out", 2)
+    assert found.ok and sorted(p.name for p in (tmp_path / "out").glob("stackdump_*")) == ["stackdump_unranked0.txt"]
+    rec = _stalled(RunData(tmp_path / "out", world_size=2), tmp_path, 2)
+    [stall] = [f for f in find([rec]) if f.kind == "stall"]
+    assert stall.title.endswith(": rank unknown in only_rank_1_runs"), stall.title
+    assert "rank 0: last heartbeat step 1, stage beat; no stack dump of this rank" in stall.detail
+    assert any("record neither rank nor pid" in d for d in stall.detail)
+
+
+def test_seed_dump_of_a_single_process_is_rank_0(tmp_path):
+    src = _seed_dir(tmp_path / "seed", 1, {0: [_beat(0, 1)]})
+    (src / "stackdump_1700.txt").write_text(_seed_dump("Signal 10 at 2025-01-01T00:00:00Z", "hang_here"))
+    (src / "stackdump_1702.txt").write_text(_seed_dump("Signal 15 at 2025-01-01T00:00:02Z", "later_here"))
+    found = _convert(src, tmp_path / "out", 1)
+    assert found.ok and sorted(p.name for p in (tmp_path / "out").glob("stackdump_*")) == ["stackdump_rank0.txt"]
+    text = (tmp_path / "out" / "stackdump_rank0.txt").read_text()
+    assert "later_here" in text and "earlier dumps of this rank: stackdump_1700.txt" in text
+
+
+def test_two_ranks_dumps_in_one_file_are_split_and_said(tmp_path):
+    """Both ranks dumped in the same second: one file name, two dumps in it."""
+    src = _seed_dir(tmp_path / "seed", 2, {0: [_beat(0, 1)], 1: [_beat(1, 1)]})
+    both = _seed_dump("Signal 10 at 2025-01-01T00:00:00Z", "rank_a") + _seed_dump("Signal 10 at 2025-01-01T00:00:00Z", "rank_b")
+    (src / "stackdump_1700.txt").write_text(both)
+    found = _convert(src, tmp_path / "out", 2)
+    names = sorted(p.name for p in (tmp_path / "out").glob("stackdump_*"))
+    assert found.ok and names == ["stackdump_unranked0.txt", "stackdump_unranked1.txt"]
+    texts = [(tmp_path / "out" / n).read_text() for n in names]
+    assert "rank_a" in texts[0] and "rank_b" in texts[1]
+    assert all("one of 2 dumps in that file" in t for t in texts)
+    # the later writer's dump over the start of the earlier one's: no second header, but a second
+    # main thread, which one process does not have
+    (src / "stackdump_1700.txt").write_text(_seed_dump("Signal 10 at 2025-01-01T00:00:00Z", "rank_b") + _main_thread("rank_a"))
+    found = _convert(src, tmp_path / "out2", 2)
+    assert found.ok and len(list((tmp_path / "out2").glob("stackdump_unranked*.txt"))) == 2
+
+
+def test_heartbeat_pids_map_a_process_to_its_rank():
+    beats = {0: [_beat(0, 1)], 1: [{"time": 1, "step": 1}, _beat(1, 2)], 2: [{"time": 1, "step": 1}]}
+    assert pids_by_rank(beats) == {0: 4000, 1: 4001}

@@ -1,0 +1,60 @@
+"""Steps completed against steps requested (issue 24, case 1): a trainer that exits 0 after 4 of
+20 steps without a .HALT once got GO with "No automatic findings", its "last 10 steps" windows
+computed over the 4 steps there were."""
+from __future__ import annotations
+
+import pandas as pd
+
+from nsa.contract import CSV_COLUMNS
+from validation.contract.files import HaltInfo
+from validation.judge.gates import Gate, GateVerdict, Window
+from validation.judge.metrics import RunData
+from validation.judge.record import Status
+from validation.judge.verdict import Outcome, evaluate, verdict
+from validation.tests.conftest import train_phase
+
+LAST_10 = [{"metric": "toks_per_s_mean", "op": ">=", "threshold": 1, "window": "last 10 steps"},
+           {"metric": "loss_finite", "op": "==", "threshold": 1}]
+
+
+def test_a_trainer_that_exits_0_after_4_of_20_steps_is_NO_GO_with_its_finding(fake_run):
+    run = fake_run([train_phase("long_run", fault="quit:step=4", steps=20, gates=LAST_10)])
+    rec = run.record
+    assert rec.exit_code == 0 and rec.evidence.halt is None
+    assert (rec.status, rec.reason) == (Status.FAIL, "stopped after step 4 of 20, exit 0, no .HALT")
+    [short] = [f for f in run.context["findings"] if f.kind == "short_run"]
+    assert short.title == "long_run [default]: stopped after step 4 of 20, exit 0, no .HALT"
+    window = next(g for g in rec.gates if g.metric == "toks_per_s_mean")
+    assert window.verdict == GateVerdict.NO_DATA and window.value is None
+    assert window.note == "the run logged steps 1..4, which do not cover the last 10 steps"
+    assert rec.metrics.toks_per_s_mean is None  # the report's table shows no number for 'last 10 steps' either
+    assert run.context["status"] == "NO-GO" and "No automatic findings" not in run.report
+
+
+def test_the_same_trainer_running_all_its_steps_is_GO(fake_run):
+    run = fake_run([train_phase("long_run", steps=20, gates=LAST_10)])
+    assert run.record.status == Status.PASS, run.record.reason
+    assert run.context["status"] == "GO"
+
+
+def _csv(steps: range) -> pd.DataFrame:
+    return pd.DataFrame([[s, 2.0, 1e-4, 100.0, 0.1, 1.0, 0.5, 1.0] for s in steps], columns=list(CSV_COLUMNS))
+
+
+def test_a_window_the_run_did_not_cover_is_no_data_and_fails(tmp_path):
+    gate = Gate("toks_per_s_mean", ">=", 1.0, Window(10))
+    (short,) = evaluate([gate], RunData(tmp_path, csv=_csv(range(1, 5))), {})
+    assert short.verdict == GateVerdict.NO_DATA
+    assert verdict(Outcome("train", exit_code=0), [short])[0] == Status.FAIL
+    (full,) = evaluate([gate], RunData(tmp_path, csv=_csv(range(1, 11))), {})
+    assert full.verdict == GateVerdict.PASS
+    # a resumed run logged steps 31..40: that covers 'last 10 steps', not 'last 11 steps'
+    assert evaluate([gate], RunData(tmp_path, csv=_csv(range(31, 41))), {})[0].verdict == GateVerdict.PASS
+    eleven = Gate("toks_per_s_mean", ">=", 1.0, Window(11))
+    assert evaluate([eleven], RunData(tmp_path, csv=_csv(range(31, 41))), {})[0].verdict == GateVerdict.NO_DATA
+
+
+def test_an_operators_halt_stays_its_own_verdict():
+    stopped = Outcome("train", exit_code=0, halt=HaltInfo(text="maintenance"), steps_requested=20, steps_completed=4)
+    assert not stopped.stopped_short
+    assert verdict(stopped, []) == (Status.FAIL, "stopped by a .HALT (maintenance)")

@@ -1,0 +1,87 @@
+"""Provenance (issue 24, case 5): the trainer's own git_sha in env.json names its commit (the report
+once said "at an unknown commit"); baselines and bless record the trainer's commit beside this
+repository's, and the regression advice bisects the trainer's commits, this repository's only
+when the trainer is this project's own."""
+from __future__ import annotations
+
+import yaml
+
+from validation.judge.findings.advice import recommendations
+from validation.judge.provenance import trainer_commit
+from validation.judge.record import PhaseRecord, PointKey, Status, Summary
+from validation.machine import Machine
+from validation.report.build import build_context, render_text
+from validation.runbook.load import load_profile, load_runbook
+from validation.runbook.plan import expand
+from validation.session.run import run_point
+from validation.store.baseline import compare
+from validation.store.bless import bless
+from validation.store.goldens import GoldenFile
+from validation.store.results import ResultStore
+from validation.tests.conftest import train_phase, write_runbook
+
+
+def test_the_trainers_own_git_sha_comes_first():
+    assert trainer_commit({"git_sha": "abc123"}, "def456", "git describe") == ("abc123", "env.json git_sha")
+    assert trainer_commit({"git_sha": "abc123", "git_sha_source": "SOURCE_SHA"}, None, None) == (
+        "abc123", "env.json git_sha (SOURCE_SHA)")
+    # words are no commit: what the harness found at the trainer's root, else nothing
+    unknown = {"git_sha": "unknown (git unavailable or not a repository, and no SOURCE_SHA stamp)"}
+    assert trainer_commit(unknown, "def456", "git describe") == ("def456", "git describe")
+    assert trainer_commit({}, None, "git describe") == (None, None)
+
+
+def test_a_trainer_writing_git_sha_is_reported_at_that_commit(tmp_path):
+    """tests/trainers/native_train.py writes git_sha 'test' into its env.json."""
+    path = tmp_path / "native.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "native", "profiles": ["cpu"],
+        "trainer": {"name": "native_test", "root": "tests/trainers", "script": "native_train.py",
+                    "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"]},
+        "defaults": {"steps": 4, "timeout_s": 60}, "phases": [{"name": "single", "kind": "train"}]}))
+    rb, prof = load_runbook(path), load_profile("cpu")
+    (point,) = expand(rb, prof)
+    rec = run_point(point, tmp_path / "res")
+    assert rec.status == Status.PASS, rec.reason
+    assert (rec.trainer, rec.trainer_sha, rec.trainer_sha_source) == ("native_test", "test", "env.json git_sha")
+    text = render_text({**build_context(tmp_path / "res", rb.name, prof.name, runbook=rb, profile=prof),
+                        "results_prefix": ".."})
+    assert "- **Trainer**: native_test (the runbook's `trainer:`), at test (from env.json git_sha)\n" in text
+
+
+def _rec(trainer: str, trainer_sha: str | None, toks: float, git_sha: str = "harness0") -> PhaseRecord:
+    return PhaseRecord(PointKey("rb", "cpu", "long_run"), "rb/cpu/long_run/default", "train", Status.PASS, "",
+                       exit_code=0, metrics=Summary(toks_per_s_mean=toks), trainer=trainer, trainer_sha=trainer_sha,
+                       git_sha=git_sha, started="2026-01-01T00:00:00.000+00:00")
+
+
+def test_a_baseline_regression_names_and_bisects_the_trainers_commits(tmp_path):
+    comparison = compare([_rec("seed", "trainer2", 40.0)], [_rec("seed", "trainer1", 100.0)], tmp_path, 0.05)
+    [finding] = comparison.findings()
+    assert "below baseline seed at trainer1 in long_run [default]" in finding.title
+    assert finding.detail[0].endswith("this repository at harness0")
+    [advice] = recommendations([finding])
+    assert "bisect the trainer's commits between the baseline's and this one" in advice
+    own = compare([_rec("nsa.train", "h2", 40.0, "h2")], [_rec("nsa.train", "h1", 100.0, "h1")], tmp_path, 0.05)
+    [finding] = own.findings()
+    assert "below baseline h1 in long_run [default]" in finding.title
+    assert "bisect this repository's commits" in recommendations([finding])[0]
+
+
+def test_bless_records_the_trainers_commit_beside_this_repositorys(tmp_path):
+    rb_path = write_runbook(tmp_path / "rb.yaml", [train_phase("long_run", golden_steps=2, steps=2, gates=[])])
+    rb, prof = load_runbook(rb_path), load_profile("cpu")
+    (point,) = expand(rb, prof)
+    out = tmp_path / "res" / "runs" / "x"
+    out.mkdir(parents=True)
+    (out / "training.csv").write_text("step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb\n"
+                                      "1,5.0,1e-4,1,1,1,1,1\n2,4.5,1e-4,1,1,1,1,1\n")
+    rec = PhaseRecord.for_point(point, Status.PASS, "", exit_code=0, hardware=Machine(), out_dir="runs/x",
+                                trainer="seed", trainer_sha="trainer1", git_sha="harness0")
+    ResultStore(tmp_path / "res").put(rec)
+    (blessed,) = bless(tmp_path / "res", rb, prof, [point])
+    assert (blessed.trainer, blessed.commit, blessed.harness_commit) == ("seed", "trainer1", "harness0")
+    curve = GoldenFile.for_pair(rb.path, rb.name, prof.name).get("long_run/default", "cpu")
+    assert (curve.trainer, curve.commit, curve.harness_commit, curve.loss) == ("seed", "trainer1", "harness0", (5.0, 4.5))
+    saved = yaml.safe_load((tmp_path / "goldens" / "fake__cpu.yaml").read_text())["points"]["long_run/default"]["cpu"]
+    assert (saved["trainer"], saved["commit"], saved["harness_commit"]) == ("seed", "trainer1", "harness0")

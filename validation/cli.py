@@ -24,12 +24,13 @@ from validation import DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, checkout_problem
 from validation.contract import check_command as check_artifacts
 from validation.contract.adapters import ADAPTERS
 from validation.errors import HarnessError
+from validation.judge.metrics import costs as metric_costs
 from validation.launch import process as runner
 from validation.machine import detect
 from validation.report import build as report
 from validation.runbook.hardware import mismatches
 from validation.runbook.load import load_profile, load_runbook
-from validation.runbook.plan import expand
+from validation.runbook.plan import batches, expand
 from validation.session.run import MISMATCH_POLICIES, run_point
 from validation.store import bless, goldens
 from validation.store.results import ResultStore
@@ -73,7 +74,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--hardware-mismatch", choices=MISMATCH_POLICIES, default="run",
                    help="what to do when the GPUs differ from the profile's (default: run and report)")
     r.add_argument("--jobs", type=_positive, default=None,
-                   help="single-process points to run at once (default: the runbook's max_parallel)")
+                   help="untimed points (pytest, preflight) to run at once; timed points always run alone "
+                        "(default: the runbook's max_parallel)")
     r.add_argument("--no-report", action="store_true",
                    help="store results without rendering the report; exit 0 once stored (the verdict and its exit "
                         "status come from `nsa-validate report`)")
@@ -167,7 +169,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"nsa-validate: note: {diff}", file=sys.stderr)
     n = len(points)
     try:
-        for batch in _batches(points, args.jobs or rb.max_parallel):
+        for batch in batches(points, args.jobs or rb.max_parallel):
             for point in batch:
                 progress.done(None, f"[{points.index(point) + 1}/{n}] {point.test_id} ...")
             with ThreadPoolExecutor(max_workers=len(batch)) as pool:
@@ -184,25 +186,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.no_report:
         return 0
     return _render(args.results_dir, rb.name, prof.name, rb, prof, not args.no_plots)
-
-
-def _batches(points, jobs: int):
-    """Runbook order, with up to ``jobs`` consecutive single-process points run together;
-    a multi-process (torchrun) point always runs alone."""
-    batch = []
-    for p in points:
-        if p.nproc > 1 or jobs <= 1:
-            if batch:
-                yield batch
-                batch = []
-            yield [p]
-            continue
-        batch.append(p)
-        if len(batch) == jobs:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
 
 
 def _render(results_dir: Path, rb_name: str, prof_name: str, rb, prof, plots: bool,
@@ -276,7 +259,8 @@ def cmd_bless(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     points = bless.select(rb, prof, args.phase, args.point)
     for b in bless.bless(args.results_dir, rb, prof, points):
-        print(f"blessed {b.point} on {b.hardware_class}: {b.steps} steps from {b.run} (commit {b.commit or '?'})")
+        print(f"blessed {b.point} on {b.hardware_class}: {b.steps} steps from {b.run} (trainer {b.trainer} at "
+              f"{b.commit or '?'}; this repository at {b.harness_commit or '?'})")
     print(f"nsa-validate: golden curves -> {goldens.GoldenFile.for_pair(rb.path, rb.name, prof.name).path}")
     return 0
 
@@ -314,7 +298,7 @@ def cmd_check_artifacts(args: argparse.Namespace) -> int:
               f"{'/'.join(n for n in sorted(ADAPTERS) if ADAPTERS[n].converts)}); the contract's world size is "
               "env.json's world_size", file=sys.stderr)
         return EXIT_USAGE
-    return check_artifacts.check(args.dir, args.adapter, args.world_size)
+    return check_artifacts.check(args.dir, args.adapter, args.world_size, costs=metric_costs())
 
 
 #: signals that stop a run as Ctrl-C does; left to their default, SIGTERM (a scheduler's cancel,

@@ -270,6 +270,9 @@ def parse_phase(path: Path, data: Any, where: str, defaults: dict[str, Any], kno
     steps = r.int_("steps", defaults["steps"], minimum=1)
     if golden_steps > steps:
         r.fail(r.key("golden_steps"), f"{golden_steps} is more than the phase's {steps} steps")
+    for i, g in enumerate(gates):  # a window no run of the phase can cover would always be NO_DATA
+        if kind == "train" and g.window.last is not None and g.window.last > steps and METRICS[g.metric].windowed:
+            r.fail(r.key(f"gates[{i}].window"), f"{g.window.describe()} is longer than the phase's {steps} steps")
     return Phase(
         name=name, kind=kind, description=r.str_("description", "") or "", markers=tuple(markers),
         launcher=launcher, config=config, overrides=overrides, env=env,

@@ -7,8 +7,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from typing import Iterator, Sequence
+
 from validation.errors import RunbookError
 from validation.judge.gates import Gate
+from validation.judge.timing import TIMED_KINDS
 from validation.runbook.types import Phase, Profile, Runbook, Scalar
 
 #: the profile threshold that sets the golden-loss tolerance of phases with golden_steps
@@ -55,6 +58,12 @@ class PhasePoint:
             if k.startswith("env."):
                 out[k[4:]] = ("1" if v else "0") if isinstance(v, bool) else str(v)
         return out
+
+    @property
+    def timed(self) -> bool:
+        """Whether its numbers are speeds (train and profile points): it must have the machine
+        to itself, never share cores or a GPU with another point."""
+        return self.phase.kind in TIMED_KINDS
 
     @property
     def nproc(self) -> int:
@@ -111,3 +120,24 @@ def expand(runbook: Runbook, profile: Profile, phases: list[str] | None = None) 
     for p in points:
         p.gates()
     return points
+
+
+def batches(points: Sequence[PhasePoint], jobs: int) -> Iterator[list[PhasePoint]]:
+    """The points in runbook order, as groups that may run at the same time: up to ``jobs``
+    consecutive untimed points (pytest, preflight) together; a timed point (train, profile)
+    always alone, so that no two timings share the machine (a runbook's ``max_parallel`` is
+    ``jobs``)."""
+    batch: list[PhasePoint] = []
+    for p in points:
+        if p.timed or jobs <= 1:
+            if batch:
+                yield batch
+                batch = []
+            yield [p]
+            continue
+        batch.append(p)
+        if len(batch) == jobs:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

@@ -64,8 +64,8 @@ class Runbook:
     profiles: tuple[str, ...]
     phases: tuple[Phase, ...]
     max_parallel: int = 1
-    """How many single-process points the CLI may run at once (torchrun points always run
-    alone). 1 for GPU runbooks, whose throughput numbers must not share the machine."""
+    """How many untimed points (pytest, preflight) may run at once; timed points (train,
+    profile) always run alone, so no two timings share the machine (plan.batches)."""
     trainer: TrainerSpec | None = None
     """The trainer its train phases launch; None: this project's own (python -m nsa.train)."""
 

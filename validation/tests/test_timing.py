@@ -1,0 +1,89 @@
+"""Timing you can believe (issue 24, case 7): ``max_parallel: 2`` ran timed points side by side on
+a 2-core machine, and the report then printed a fitted "-168 ms per 1k tokens", "fixed cost is
+100%", CUDA graphs advice on CPU, and a best bucket size that flipped between runs. Timed points
+now run alone; where they shared the machine anyway the report says so and the speed findings
+leave them out; a host-bound fit is a finding only when its coefficients are meaningful; a best
+setting only when its lead beats the run-to-run spread."""
+from __future__ import annotations
+
+import dataclasses
+
+from validation.cli import main
+from validation.judge.findings import find
+from validation.judge.findings.throughput import best_setting, cliffs, host_bound
+from validation.judge.record import PhaseRecord, PointKey, Status, Summary
+from validation.judge.timing import shared_machine
+from validation.machine import Machine
+from validation.runbook.load import load_profile, load_runbook
+from validation.runbook.plan import batches, expand
+from validation.store.results import ResultStore
+from validation.tests.conftest import train_phase, write_runbook
+
+
+def _runbook(tmp_path, **top):
+    sanity = {"name": "sanity", "kind": "pytest", "tests": ["tests/unit/test_train_schedule.py"]}
+    return write_runbook(tmp_path / "rb.yaml", [
+        {"name": "preflight", "kind": "preflight"}, sanity, {**sanity, "name": "sanity2"},
+        train_phase("first", env={"NSA_FAKE_STEP_S": "0.3"}), train_phase("second", env={"NSA_FAKE_STEP_S": "0.3"})],
+        **top)
+
+
+def test_timed_points_run_alone_and_untimed_ones_together(tmp_path):
+    points = expand(load_runbook(_runbook(tmp_path)), load_profile("cpu"))
+    assert [[p.phase.name for p in b] for b in batches(points, 2)] == [
+        ["preflight", "sanity"], ["sanity2"], ["first"], ["second"]]
+    assert [[p.phase.name for p in b] for b in batches(points, 1)] == [[p.phase.name] for p in points]
+    assert [p.timed for p in points] == [False, False, False, True, True]
+
+
+def test_a_run_with_max_parallel_2_never_overlaps_timed_points(tmp_path):
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("first", env={"NSA_FAKE_STEP_S": "0.3"}),
+                                              train_phase("second", env={"NSA_FAKE_STEP_S": "0.3"})], max_parallel=2)
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(tmp_path / "res"), "--no-report"]) == 0
+    records = ResultStore(tmp_path / "res").records()
+    assert len(records) == 2 and shared_machine(records) == {}
+
+
+def _sweep(tokens_and_steps, start_s=None, accelerator="cpu"):
+    out = []
+    for i, (tokens, step_s) in enumerate(tokens_and_steps):
+        started = f"2026-01-01T00:00:{(start_s if start_s is not None else 10 * i):02d}.000+00:00"
+        out.append(PhaseRecord(PointKey("rb", "cpu", "scaling_sweep", {"train.batch_size": i}),
+                               f"rb/cpu/scaling_sweep/{i}", "train", Status.PASS, "", sweep_index=i,
+                               params_order=["train.batch_size"], exit_code=0, command=["python"], wall_s=5.0,
+                               started=started, hardware=Machine(hostname="ci"), accelerator=accelerator,
+                               metrics=Summary(tokens_per_step=tokens, step_time_s_mean=step_s,
+                                               toks_per_s_mean=tokens / step_s, toks_per_s_stdev=1.0),
+                               out_dir=f"runs/{i}"))
+    return out
+
+
+#: step time falling as tokens grow: what two timed points sharing 2 cores measured
+NOISE = [(64, 0.045), (128, 0.031), (128, 0.030), (256, 0.012)]
+
+
+def test_a_fit_that_says_nothing_is_no_finding():
+    assert host_bound(_sweep(NOISE)) == []
+    flat_cpu = _sweep([(2048, 0.210), (4096, 0.214), (4096, 0.218), (8192, 0.226), (8192, 0.229), (16384, 0.240)])
+    [finding] = host_bound(flat_cpu)
+    assert "cuda_graphs" not in " ".join(finding.detail) and "100%" not in " ".join(finding.detail)
+
+
+def test_points_that_shared_the_machine_are_marked_and_left_out_of_speed_findings():
+    cliff = [(64, 0.25), (128, 0.5), (128, 0.5), (256, 40.0)]  # 256 -> 6 tokens/s: a cliff when timed alone
+    assert cliffs(_sweep(cliff))
+    together = _sweep(cliff, start_s=0)
+    assert cliffs(together) == [] and host_bound(together) == [] and best_setting(together) == []
+    [warning] = [f for f in find(together) if f.kind == "timing"]
+    assert warning.title.startswith("timings unreliable: 4 timed point(s) shared the machine")
+    # the same points on two hosts did not share a machine
+    apart = [dataclasses.replace(r, hardware=Machine(hostname=f"h{i}")) for i, r in enumerate(together)]
+    assert shared_machine(apart) == {}
+
+
+def test_a_best_setting_only_when_its_lead_beats_the_spread():
+    recs = _sweep([(100, 1.0), (100, 0.995)])  # 100 vs 100.5 tokens/s, stdev 1.0 each
+    [tie] = best_setting(recs)
+    assert tie.title.startswith("no best setting in scaling_sweep") and "within the run-to-run spread" in tie.title
+    [best] = best_setting(_sweep([(100, 1.0), (100, 0.5)]))  # 100 vs 200 tokens/s
+    assert best.title.startswith("best setting in scaling_sweep: batch_size=1 (mean 200.0 toks/s")

@@ -24,10 +24,11 @@ FRAMES = [{"file": "/x/torch/autograd/graph.py", "line": 825, "func": "_engine_r
 
 
 _VALUES = {"loss_finite": 1.0, "toks_per_s_cv": 0.05, "tests_passed": 3.0, "profiled_steps": 3.0,
-           "backends_recorded": 1.0, "steps_completed": 6.0}
+           "backends_recorded": 1.0, "steps_completed": 6.0, "loss_drop": 2.0}
 
 
 def record(point, status="PASS", toks=200.0, gate_values=None, **over):
+    """A stored record of ``point``; the points ran one after another (a minute apart)."""
     values = {**_VALUES, "toks_per_s_mean": toks, **(gate_values or {})}
     gates = []
     for g in point.gates():
@@ -37,7 +38,7 @@ def record(point, status="PASS", toks=200.0, gate_values=None, **over):
     rec = {
         "key": point.key(), "test_id": point.test_id, "kind": point.phase.kind, "sweep_index": point.index,
         "params_order": list(point.params), "status": status, "reason": "2 gate(s) passed" if status == "PASS" else "gate failed",
-        "started": "2026-01-01T00:00:00+00:00", "wall_s": 4.2, "command": ["python", "-m", "nsa.train", "--config", "tiny"],
+        "started": f"2026-01-01T{list(_points().values()).index(point):02d}:00:00+00:00", "wall_s": 4.2, "command": ["python", "-m", "nsa.train", "--config", "tiny"],
         "env": point.env, "overrides": point.overrides, "steps": point.phase.steps, "timeout_s": point.phase.timeout_s,
         "out_dir": f"runs/{point.runbook.name}/cpu/{point.phase.name}/{point.slug}", "exit_code": 0, "timed_out": False,
         "world_size": point.nproc, "gates": gates, "window": "last 5 steps",

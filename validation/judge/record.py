@@ -38,6 +38,11 @@ class Status(enum.StrEnum):
     UNMEASURED = "UNMEASURED"
 
 
+def utc_now() -> str:
+    """Now, as records store times: ISO 8601, UTC, to the millisecond."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
 @dataclass(frozen=True)
 class PointKey:
     runbook: str
@@ -146,9 +151,10 @@ class PhaseRecord:
     sweep_index: int = 0
     params_order: list[str] = field(default_factory=list)
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    started: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds"))
-    """When the point started (UTC); with ``wall_s``, when it ran (timed points that overlapped
-    shared the machine, validation/judge/findings/timing.py)."""
+    started: str = field(default_factory=lambda: utc_now())
+    """When the point started (UTC, to the millisecond); with ``wall_s``, when it ran (timed points
+    that overlapped shared the machine, validation/judge/timing.py). Records of older harnesses
+    hold when they were stored, to the second."""
     wall_s: float = 0.0
     command: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)

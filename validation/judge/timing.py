@@ -16,15 +16,20 @@ from validation.judge.record import PhaseRecord
 TIMED_KINDS = ("train", "profile")
 
 
-def _interval(r: PhaseRecord) -> tuple[float, float, float] | None:
-    """(start, end, slack) in Unix seconds; slack is the start's rounding (records of older
-    harnesses stored whole seconds)."""
+#: how far two points' intervals must overlap to count: more than the millisecond the times are kept to
+OVERLAP_S = 0.01
+
+
+def _interval(r: PhaseRecord) -> tuple[float, float] | None:
+    """(start, end) in Unix seconds. None for records of older harnesses, which kept when they
+    were stored (the end), to the second: their start is not known."""
+    if "." not in r.started:
+        return None
     try:
         start = _dt.datetime.fromisoformat(r.started).timestamp()
     except ValueError:
         return None
-    slack = 0.01 if "." in r.started else 1.0
-    return start, start + r.wall_s, slack
+    return start, start + r.wall_s
 
 
 def shared_machine(records: list[PhaseRecord]) -> dict[str, list[str]]:
@@ -33,11 +38,11 @@ def shared_machine(records: list[PhaseRecord]) -> dict[str, list[str]]:
     timed = [(r, iv) for r in records if r.kind in TIMED_KINDS and r.command and r.hardware
              and (iv := _interval(r)) is not None]
     out: dict[str, list[str]] = {}
-    for i, (a, (a0, a1, sa)) in enumerate(timed):
-        for b, (b0, b1, sb) in timed[i + 1:]:
+    for i, (a, (a0, a1)) in enumerate(timed):
+        for b, (b0, b1) in timed[i + 1:]:
             if a.hardware.hostname != b.hardware.hostname:
                 continue
-            if min(a1, b1) - max(a0, b0) > max(sa, sb):
+            if min(a1, b1) - max(a0, b0) > OVERLAP_S:
                 out.setdefault(a.test_id, []).append(b.test_id)
                 out.setdefault(b.test_id, []).append(a.test_id)
     return out

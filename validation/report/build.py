@@ -104,12 +104,25 @@ def _select(records: list[PhaseRecord], points: list[PhasePoint] | None):
     return current, [t for t in order if t not in have], len(records) - len(current)
 
 
-def _recheck_goldens(records: list[PhaseRecord], points: list[PhasePoint], results_dir: Path):
+@dataclass(frozen=True)
+class GoldenRecheck:
+    """What re-checking the stored golden gates against the golden file as it is now found."""
+
+    file: str
+    checked: int
+    changed: list[str]
+    """One line per gate whose verdict changed since the run ('phase [point]: PASS at the run, FAIL now')."""
+    not_checked: list[str]
+    """One line per gate that could not be evaluated again (its training.csv is gone)."""
+
+
+def _recheck_goldens(records: list[PhaseRecord], points: list[PhasePoint], results_dir: Path, runbook: Runbook,
+                     profile: Profile) -> tuple[list[PhaseRecord], GoldenRecheck | None]:
     """Every stored golden gate evaluated again against the golden file as it is now (a curve
     blessed or replaced since the run changes the verdict the report shows, and says so): the
-    records, re-judged where a gate changed, and one line per gate re-checked."""
+    records, re-judged where a gate changed, and what was found."""
     by_id = {p.test_id: p for p in points}
-    out, lines = [], []
+    out, checked, changed, not_checked = [], 0, [], []
     for r in records:
         point = by_id.get(r.test_id)
         stored = next((g for g in r.gates if g.metric == goldens.METRIC), None)
@@ -118,14 +131,17 @@ def _recheck_goldens(records: list[PhaseRecord], points: list[PhasePoint], resul
             continue
         check = goldens.recheck(point, stored, Path(results_dir) / r.out_dir, r.hardware)
         if check.now is None:
-            lines.append(f"{where(r)}: not re-checked ({check.why_not}); the gate as stored at the run is shown")
-        elif check.changed:
-            lines.append(f"{where(r)}: {stored.verdict} at the run, {check.now.verdict} against the golden file now")
-            r = rejudge(r, [check.now if g is stored else g for g in r.gates])
+            not_checked.append(f"{where(r)} ({check.why_not}; the gate as stored at the run is shown)")
         else:
-            lines.append(f"{where(r)}: {stored.verdict}, as at the run")
+            checked += 1
+        if check.changed:
+            changed.append(f"{where(r)}: {stored.verdict} at the run, {check.now.verdict} now")
+            r = rejudge(r, [check.now if g is stored else g for g in r.gates])
         out.append(r)
-    return out, lines
+    if not checked and not not_checked:
+        return out, None
+    return out, GoldenRecheck(goldens.GoldenFile.for_pair(runbook.path, runbook.name, profile.name).path.name,
+                              checked, changed, not_checked)
 
 
 def _store_arg(results_dir: Path) -> str | None:
@@ -139,9 +155,9 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
                   now: str | None = None, baseline: Path | None = None) -> dict[str, Any]:
     points = expand(runbook, profile) if runbook is not None and profile is not None else None
     records, missing, stale = _select(ResultStore(results_dir).records(runbook_name, profile_name), points)
-    rechecked: list[str] = []
+    rechecked = None
     if points is not None:
-        records, rechecked = _recheck_goldens(records, points, results_dir)
+        records, rechecked = _recheck_goldens(records, points, results_dir, runbook, profile)
     comparison = None
     if baseline is not None:
         threshold = profile.thresholds.get(baseline_cmp.REGRESSION_KEY) if profile else None
@@ -175,9 +191,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "trainer": trainer and trainer.trainer,
         "trainer_sha": trainer and trainer.trainer_sha,
         "trainer_sha_source": trainer and trainer.trainer_sha_source,
-        "golden_file": (goldens.GoldenFile.for_pair(runbook.path, runbook.name, profile.name).path.name
-                        if rechecked else None),
-        "golden_rechecks": rechecked,
+        "goldens": rechecked,
         "counts": counts(records, missing),
         "toggles": toggles(records),
         "findings": findings,

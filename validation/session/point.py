@@ -17,7 +17,7 @@ from validation.errors import StoreError
 from validation.judge.evidence import collect, collect_halt, collect_train
 from validation.judge.metrics import RunData, unprovided_by_files
 from validation.judge.provenance import trainer_commit
-from validation.judge.record import OWN_TRAINER, PhaseRecord, Summary, routes
+from validation.judge.record import OWN_TRAINER, PhaseRecord, Summary, routes, utc_now
 from validation.judge.verdict import Outcome, declared_unprovided, evaluate, verdict
 from validation.launch import kinds
 from validation.machine import Machine
@@ -37,7 +37,7 @@ def point_dir(results_dir: Path, point: PhasePoint) -> Path:
 
 
 def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progress | None = None) -> PhaseRecord:
-    run_id = uuid.uuid4().hex
+    run_id, started = uuid.uuid4().hex, utc_now()
     out_dir = point_dir(results_dir, point) / run_id[:12]
     out_dir.mkdir(parents=True)
     kind = point.phase.kind
@@ -57,7 +57,7 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
     env = run.env or {}
     trainer_sha, trainer_sha_source = trainer_commit(env, run.info.get("trainer_sha"), run.info.get("trainer_sha_source"))
     return PhaseRecord.for_point(
-        point, status, reason, run_id=run_id, hardware=hw, wall_s=round(proc.wall_s, 2), command=proc.argv,
+        point, status, reason, run_id=run_id, started=started, hardware=hw, wall_s=round(proc.wall_s, 2), command=proc.argv,
         steps=point.phase.steps if kind == "train" else None, out_dir=str(out_dir.relative_to(results_dir.resolve())),
         exit_code=proc.exit_code, timed_out=proc.timed_out, world_size=run.world_size, gates=gates,
         window=f"last {window} steps" if window else "all steps",

@@ -30,7 +30,7 @@ def test_report_judges_a_stored_run_against_the_golden_file_as_it_is_now(tmp_pat
     assert main(["bless", "--runbook", str(rb), "--results-dir", str(res)]) == 0
     ctx = _context(rb, res)
     assert ctx["verdict"] == "GO", ctx["status_reason"]
-    assert ctx["golden_rechecks"] == ["long_run [default]: UNMEASURED at the run, PASS against the golden file now"]
+    assert ctx["goldens"].changed == ["long_run [default]: UNMEASURED at the run, PASS now"]
 
     goldens = GoldenFile.for_pair(rb, "fake", "cpu")  # a re-bless elsewhere changed the curve
     curve = goldens.get("long_run/default", "cpu")
@@ -43,8 +43,9 @@ def test_report_judges_a_stored_run_against_the_golden_file_as_it_is_now(tmp_pat
     assert "re-checked at report time against fake__cpu.yaml, which changed since the run (then: UNMEASURED)" \
         in gate["description"]
     text = render_text({**ctx, "results_prefix": ".."})
-    assert ("- **Golden curves**: re-checked at report time against `fake__cpu.yaml` as it is now, from each run's "
-            "training.csv: long_run [default]: UNMEASURED at the run, FAIL against the golden file now") in text
+    assert ("- **Golden curves**: 1 golden gate(s) re-checked at report time against `fake__cpu.yaml` as it is now, "
+            "from each run's training.csv: 1 changed since the run: long_run [default]: UNMEASURED at the run, FAIL now") \
+        in text
     assert ResultStore(res).records() == [stored]  # the store keeps what the run found
 
 
@@ -54,4 +55,11 @@ def test_a_golden_unchanged_since_the_run_is_said_to_be_so(tmp_path):
     main(["bless", "--runbook", str(rb), "--results-dir", str(res)])
     assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"]) == 0
     ctx = _context(rb, res)
-    assert ctx["verdict"] == "GO" and ctx["golden_rechecks"] == ["long_run [default]: PASS, as at the run"]
+    assert ctx["verdict"] == "GO" and (ctx["goldens"].checked, ctx["goldens"].changed) == (1, [])
+    text = render_text({**ctx, "results_prefix": ".."})
+    assert "against `fake__cpu.yaml` as it is now, from each run's training.csv: none changed since the run" in text
+    # a run whose training.csv is gone keeps the gate it stored, and the report says it could not check
+    (stored,) = ResultStore(res).records()
+    (res / stored.out_dir / "training.csv").unlink()
+    ctx = _context(rb, res)
+    assert ctx["verdict"] == "GO" and ctx["goldens"].not_checked[0].startswith("long_run [default] (")

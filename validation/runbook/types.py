@@ -45,7 +45,7 @@ class Phase:
     pytest_args: tuple[str, ...] = ()
     min_gpus: int = 0
     golden_steps: int = 0
-    """Compare the loss of steps 1..N with the golden curve (validation/goldens.py); 0: no golden."""
+    """Compare the loss of steps 1..N with the golden curve (validation/store/goldens.py); 0: no golden."""
 
     def points(self) -> list[dict[str, Scalar]]:
         """The sweep's cartesian product in YAML order ([{}] without a sweep)."""

@@ -1,4 +1,4 @@
-"""``nsa-validate bless``: write golden loss curves (validation/goldens.py) from stored runs.
+"""``nsa-validate bless``: write golden loss curves (validation/store/goldens.py) from stored runs.
 
 The only writer of goldens. It reads the selected points' records from a results directory,
 takes the loss of steps 1..golden_steps from each run's training.csv, and replaces exactly those

@@ -18,8 +18,9 @@ OWN = "nsa.train"
 FOREIGN = "seed_showcase"
 
 
-def _record(trainer: str, world: int = 1, dumps: bool = False, **evidence) -> PhaseRecord:
-    stack = {0: StackDump("stackdump_rank0.txt", [Frame("/x/train.py", 3, "wait")])} if dumps else {}
+def _record(trainer: str, world: int = 1, dumps: int = 0, **evidence) -> PhaseRecord:
+    """A record of ``trainer``'s run with stack dumps of its first ``dumps`` ranks."""
+    stack = {r: StackDump(f"stackdump_rank{r}.txt", [Frame("/x/train.py", 3, "wait")]) for r in range(dumps)}
     return PhaseRecord(PointKey("rb", "cpu", "long_run"), "rb/cpu/long_run/default", "train", Status.FAIL, "",
                        trainer=trainer, world_size=world, timeout_s=60, out_dir="runs/x",
                        evidence=Evidence(stackdumps=stack, **evidence))
@@ -42,10 +43,13 @@ def test_nonfinite_advice_names_this_projects_keys_only_for_its_trainer():
 
 def test_stall_advice_speaks_of_collectives_and_dumps_only_where_they_are():
     hung = dict(timed_out=True)
-    alone = dataclasses.replace(_record(FOREIGN, dumps=True), **hung)
+    alone = dataclasses.replace(_record(FOREIGN, dumps=1), **hung)
     assert "collective" not in _advice(alone) and "The stack dump shows" in _advice(alone)
-    two = dataclasses.replace(_record(FOREIGN, world=2, dumps=True), **hung)
-    assert "a rank inside a collective" in _advice(two)
+    both = dataclasses.replace(_record(FOREIGN, world=2, dumps=2), **hung)
+    assert "The stack dumps show where each rank waited: a rank inside a collective" in _advice(both)
+    one = dataclasses.replace(_record(FOREIGN, world=2, dumps=1), **hung)
+    assert "Stacks of 1 of 2 ranks were recorded" in _advice(one) and "show where each rank" not in _advice(one)
+    assert "stacks of 1 of 2 ranks were recorded" in next(f for f in find([one]) if f.kind == "stall").detail
     none = dataclasses.replace(_record(FOREIGN, world=2), **hung)
     assert "stack dumps show" not in _advice(none) and "No stack of the stalled run was recorded" in _advice(none)
     [stall] = [f for f in find([none]) if f.kind == "stall"]

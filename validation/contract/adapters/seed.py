@@ -187,7 +187,9 @@ def _stackdumps(trainer_dir: Path, out_dir: Path, world_size: int, beats: dict[i
             said += "; earlier dumps of this rank: " + ", ".join(e.file for e in earlier)
         _atomic(out_dir / stackdump_name(rank), _faulthandler_text(latest, said))
     for i, d in enumerate(unranked):
-        said = "rank unknown: the trainer's signal dumps record neither rank nor pid"
+        # the file is named by the second: ranks dumping in the same second truncate each other's
+        said = ("rank unknown: the trainer's signal dumps record neither rank nor pid, and ranks dumping in the "
+                "same second write one file (a dump overwritten there is lost)")
         _atomic(out_dir / unranked_dump_name(i), _faulthandler_text(d, said))
 
 

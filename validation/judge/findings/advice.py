@@ -16,14 +16,16 @@ def _crash(f: Facts) -> str:
 
 
 def _stall(f: Facts) -> str:
-    if not f.stack_dumps:
+    if not f.stacks:
         where = ("No stack of the stalled run was recorded, so where it waited is unknown: a trainer that "
                  "registers faulthandler on SIGUSR1 (sent before a stalled run is killed) leaves one. ")
-    elif f.world_size > 1:
-        where = ("The stack dumps show where each rank waited: a rank inside a collective while another is "
-                 "elsewhere means the ranks' steps diverged (a rank-dependent branch, data or shape). ")
-    else:
+    elif f.world_size == 1:
         where = "The stack dump shows the call the process was in when it stopped making progress. "
+    else:
+        shown = ("The stack dumps show where each rank waited" if f.stacks >= f.world_size else
+                 f"Stacks of {f.stacks} of {f.world_size} ranks were recorded (the finding says which)")
+        where = (f"{shown}: a rank inside a collective while another is elsewhere means the ranks' steps diverged "
+                 "(a rank-dependent branch, data or shape). ")
     return where + f"Then {_RERUN}."
 
 

@@ -127,6 +127,8 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
             detail.append("rank unknown" + _stack_text(dump))
             if dump.frames:
                 stuck.append(f"rank unknown in {dump.frames[0].func}")
+        if 0 < len(stuck) < r.world_size:
+            detail.append(f"stacks of {len(stuck)} of {r.world_size} ranks were recorded")
         at = f": {'; '.join(stuck)}" if stuck else ": no stack was recorded"
         out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where(r)} ({how}){at}", detail, "stall",
                            Facts.of(r)))

@@ -21,14 +21,15 @@ class Facts:
 
     own_trainer: bool = False
     world_size: int = 1
-    stack_dumps: bool = False
+    stacks: int = 0
+    """Stacks recorded of the run's processes (by rank, or of a rank unknown)."""
     cuda: bool = False
 
     @classmethod
     def of(cls, rec: PhaseRecord) -> Facts:
         ev = rec.evidence
-        dumped = any(d.frames for d in [*ev.stackdumps.values(), *ev.unranked_dumps])
-        return cls(rec.own_trainer, rec.world_size, dumped, rec.accelerator == "cuda")
+        stacks = sum(1 for d in [*ev.stackdumps.values(), *ev.unranked_dumps] if d.frames)
+        return cls(rec.own_trainer, rec.world_size, stacks, rec.accelerator == "cuda")
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,7 @@ def test_nan_loss_halts_with_the_rank_and_step(seeded, matrix):
     f = _finding(seeded, "nan", "non-finite loss in nan")
     assert "step 3" in f.title and "rank 0" in f.title, f.title
     # the halt happened before the optimizer step: the CSV stops at step 2, no NaN row logged
-    assert rec.metrics["steps_completed"] == 2
+    assert rec.metrics.steps_completed == 2
     _common_after(seeded, rec, p)
     matrix.done(rec.status, rec.reason + " | " + f.title, took, U.STALL_BOUND_S)
 

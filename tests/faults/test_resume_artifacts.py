@@ -16,7 +16,7 @@ from validation.contract.files import read_heartbeats, read_training_csv
 from validation.judge.evidence import collect_train
 from validation.judge.metrics import RunData
 from validation.judge.record import Status
-from validation.judge.verdict import verdict
+from validation.judge.verdict import Outcome, verdict
 
 pytestmark = pytest.mark.faults
 
@@ -218,7 +218,7 @@ def _harness_verdict(d: Path) -> tuple[str, str]:
     run.exit_code, run.timed_out = 0, False
     errors: list[str] = []
     collect_train(run, errors)
-    return verdict("train", run, None, errors, [])
+    return verdict(Outcome.of_run("train", run, errors), [])
 
 
 def test_truncated_training_csv_is_error_naming_row(runs, tmp_path, matrix):

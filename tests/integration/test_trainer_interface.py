@@ -31,7 +31,7 @@ from validation.judge.verdict import unprovided_metrics
 from validation.report.build import build_context, status_of
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
-from validation.session.run import run_point
+from validation.session.session import AcceptanceSession, SessionOptions
 
 STEPS = 40
 SEEDLIKE: dict[str, Any] = {
@@ -67,7 +67,7 @@ def _run_all(runbook: Path, results: Path) -> dict[str, Any]:
     """Every point, several at once (they mostly sleep: the test trainers have no model)."""
     points = expand(load_runbook(runbook), load_profile("cpu"))
     with ThreadPoolExecutor(max_workers=4) as pool:
-        return dict(zip((p.phase.name for p in points), pool.map(lambda p: run_point(p, results), points)))
+        return dict(zip((p.phase.name for p in points), pool.map(AcceptanceSession(SessionOptions(results)).run_point, points)))
 
 
 @pytest.fixture(scope="module")

@@ -62,6 +62,12 @@ class PhasePoint:
         return launcher.nproc if self.phase.kind == "train" and launcher.kind == "torchrun" else 1
 
     @property
+    def timed(self) -> bool:
+        """Whether the point measures speed (train and profile phases): it never shares the
+        machine with another point."""
+        return self.phase.kind in ("train", "profile")
+
+    @property
     def min_gpus(self) -> int:
         """GPUs this point needs: the phase's floor, and one per process on a CUDA profile."""
         if self.profile.hardware.accelerator != "cuda":
@@ -111,3 +117,25 @@ def expand(runbook: Runbook, profile: Profile, phases: list[str] | None = None) 
     for p in points:
         p.gates()
     return points
+
+
+def batches(points: list[PhasePoint], jobs: int) -> list[list[PhasePoint]]:
+    """Runbook order, with up to ``jobs`` consecutive untimed single-process points run together.
+    A timed point (one whose speed a gate or a table reads) and a multi-process (torchrun) point
+    always run alone: timings taken beside another point's work measure the neighbour too."""
+    out: list[list[PhasePoint]] = []
+    batch: list[PhasePoint] = []
+    for p in points:
+        if p.timed or p.nproc > 1 or jobs <= 1:
+            if batch:
+                out.append(batch)
+                batch = []
+            out.append([p])
+            continue
+        batch.append(p)
+        if len(batch) == jobs:
+            out.append(batch)
+            batch = []
+    if batch:
+        out.append(batch)
+    return out

@@ -25,7 +25,6 @@ from validation import DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, checkout_problem
 from validation.contract.adapters import ADAPTERS
 from validation.contract.check_command import check as check_artifacts
 from validation.errors import HarnessError
-from validation.launch.process import ABORT
 from validation.runbook.describe import describe
 from validation.runbook.load import load_profile, load_runbook
 from validation.session.session import (
@@ -252,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             # A Ctrl-C that lands inside C code can surface as another error: during a C extension's
             # first import (matplotlib's Agg backend, while plots are drawn) it becomes
             # "ImportError: initialization failed". It is still the user's interrupt.
-            if ABORT.is_set():
+            if AcceptanceSession.stopping():
                 return _interrupted(signal.SIGINT)
             raise
 

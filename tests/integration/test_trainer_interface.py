@@ -27,11 +27,11 @@ from validation.contract.files import window_rows
 from validation.errors import RunbookError
 from validation.judge.findings import find
 from validation.judge.record import Status
-from validation.judge.verdict import unprovided_metrics
+from validation.runbook.plan import unprovided_metrics
 from validation.report.build import build_context, status_of
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
-from validation.session.session import AcceptanceSession, SessionOptions
+from validation.session.session import AcceptanceSession, NotLaunchable, SessionOptions
 
 STEPS = 40
 SEEDLIKE: dict[str, Any] = {
@@ -139,7 +139,7 @@ def test_seedlike_lacking_a_feature_is_SKIP_or_UNMEASURED_never_GO(seedlike_resu
     assert ctx["verdict"] == "NO-GO" and ctx["trainer"] == "seedlike"
 
 
-def test_a_trainer_writing_the_contract_needs_no_adapter_and_an_unset_root_is_a_skip(tmp_path, monkeypatch):
+def test_a_trainer_writing_the_contract_needs_no_adapter_and_an_unset_root_cannot_launch(tmp_path, monkeypatch):
     rb = _runbook(tmp_path, NATIVE, [
         {"name": "single", "kind": "train", "overrides": {"optim.lr": 0.001},
          "gates": [*GATES, {"metric": "mem_reserved_gb_max", "op": "<=", "threshold": 10}]},
@@ -153,12 +153,14 @@ def test_a_trainer_writing_the_contract_needs_no_adapter_and_an_unset_root_is_a_
     loaded = load_runbook(rb)
     ctx = build_context(results, loaded.name, "cpu", runbook=loaded, profile=load_profile("cpu"))
     assert ctx["verdict"] == "GO", ctx["status_reason"]
-    # a root named by an environment variable that is not set: SKIP, saying what to set
+    # a root named by an environment variable that is not set: nothing runs or is stored, and the
+    # error says what to set
     monkeypatch.delenv("NSA_TEST_TRAINER_ROOT", raising=False)
     unset = _runbook(tmp_path, {**NATIVE, "root": {"env": "NSA_TEST_TRAINER_ROOT"}}, [{"name": "single", "kind": "train"}],
                      name="unset_root")
-    (rec,) = _run_all(unset, tmp_path / "r2").values()
-    assert rec.status == Status.SKIP and "export NSA_TEST_TRAINER_ROOT=" in rec.reason
+    with pytest.raises(NotLaunchable, match="export NSA_TEST_TRAINER_ROOT="):
+        _run_all(unset, tmp_path / "r2")
+    assert not (tmp_path / "r2" / "results.json").exists()
 
 
 # ------------------------------------------------------------------------- check-artifacts

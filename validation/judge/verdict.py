@@ -4,35 +4,20 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from validation.contract.adapters import ADAPTERS
 from validation.contract.files import HaltInfo
-from validation.judge.gates import GateResult, GateVerdict, check
-from validation.judge.metrics import METRICS, RunData, compute, unprovided
+from validation.judge.gates import Gate, GateResult, GateVerdict, check
+from validation.judge.metrics import RunData, compute
 from validation.judge.record import Status
-from validation.runbook.plan import PhasePoint
 
 #: how an UNMEASURED reason starts when the trainer lacks a gate's metric (the report quotes it)
 UNPROVIDED = "metric(s) the trainer cannot provide"
 
 
-def unprovided_metrics(point: PhasePoint) -> dict[str, str]:
-    """Metrics the runbook's trainer cannot provide, each with why (none for this project's)."""
-    spec = point.runbook.trainer
-    if spec is None:
-        return {}
-    out = {m: f"trainer {spec.name}'s files lack {', '.join(sorted(f))}"
-           for m, f in unprovided(ADAPTERS[spec.adapter].lacks).items()}
-    if spec.metrics is not None:
-        out.update({m: f"trainer {spec.name} does not list it among its metrics"
-                    for m in METRICS if m not in spec.metrics and m not in out})
-    return out
-
-
-def evaluate(point: PhasePoint, run: RunData, unmeasurable: Mapping[str, str] | None = None) -> list[GateResult]:
+def evaluate(gates: list[Gate], run: RunData, unmeasurable: Mapping[str, str] | None = None) -> list[GateResult]:
     """Each gate's value and verdict; a gate on a metric in ``unmeasurable`` is UNMEASURED."""
     unmeasurable = unmeasurable or {}
     out = []
-    for g in point.gates():
+    for g in gates:
         if g.metric in unmeasurable:
             out.append(GateResult(g.metric, g.op, g.threshold, g.window.describe(), None, GateVerdict.UNMEASURED,
                                   g.threshold_ref, g.description))

@@ -7,7 +7,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from validation.contract.adapters import ADAPTERS
 from validation.errors import RunbookError
+from validation.judge.metrics import METRICS, unprovided
 from validation.judge.gates import Gate
 from validation.runbook.types import Phase, Profile, Runbook, Scalar
 
@@ -105,6 +107,19 @@ class PhasePoint:
                 f"{self.runbook.path}: phase {self.phase.name} sets golden_steps, but profile {self.profile.path} "
                 f"has no {GOLDEN_RTOL} threshold (a number, or null = to be measured)")
         return out
+
+
+def unprovided_metrics(point: PhasePoint) -> dict[str, str]:
+    """Metrics the runbook's trainer cannot provide, each with why (none for this project's)."""
+    spec = point.runbook.trainer
+    if spec is None:
+        return {}
+    out = {m: f"trainer {spec.name}'s files lack {', '.join(sorted(f))}"
+           for m, f in unprovided(ADAPTERS[spec.adapter].lacks).items()}
+    if spec.metrics is not None:
+        out.update({m: f"trainer {spec.name} does not list it among its metrics"
+                    for m in METRICS if m not in spec.metrics and m not in out})
+    return out
 
 
 def expand(runbook: Runbook, profile: Profile, phases: list[str] | None = None) -> list[PhasePoint]:

@@ -24,11 +24,11 @@ from validation.errors import StoreError
 from validation.judge.evidence import collect, collect_train
 from validation.judge.metrics import RunData, compute
 from validation.judge.record import OWN_TRAINER, PhaseRecord, Status, routes
-from validation.judge.verdict import evaluate, unprovided_metrics, verdict
+from validation.judge.verdict import evaluate, verdict
 from validation.launch import kinds
 from validation.machine import Machine
 from validation.runbook.hardware import mismatches, shortfalls
-from validation.runbook.plan import PhasePoint
+from validation.runbook.plan import PhasePoint, unprovided_metrics
 from validation.store import goldens
 from validation.store.results import ResultStore
 
@@ -137,7 +137,7 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
         collect_train(run, errors)
     unmeasurable = unprovided_metrics(point)
     golden = goldens.gate(point, run.csv, hw)
-    gates = evaluate(point, run, unmeasurable) + ([golden] if golden else [])
+    gates = evaluate(point.gates(), run, unmeasurable) + ([golden] if golden else [])
     status, reason = verdict(kind, run, read_halt(out_dir) if run.halted else None, errors, gates, unmeasurable)
     window = next((g.window.last for g in point.gates() if g.window.last), None)
     env = run.env or {}

@@ -309,6 +309,11 @@ class AcceptanceSession:
     # --- stopping ---------------------------------------------------------------------------------
 
     @staticmethod
+    def stopping() -> bool:
+        """Whether a stop signal has arrived (an error raised after it is still the user's stop)."""
+        return ABORT.is_set()
+
+    @staticmethod
     @contextlib.contextmanager
     def stop_signals(signals: tuple[int, ...] = STOP_SIGNALS, only_default: bool = False) -> Iterator[None]:
         """SIGINT, SIGTERM and SIGHUP (unless ignored, as `nohup` ignores SIGHUP) stop the session

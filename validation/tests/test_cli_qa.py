@@ -126,7 +126,8 @@ def test_the_reports_rerun_command_names_a_runbook_given_by_path(tmp_path):
                                                             command=["python", "-m", "x"], hardware=Machine()))
     ctx = build_context(tmp_path / "res", rb.name, prof.name, runbook=rb, profile=prof)
     assert [r["rerun"] for r in ctx["reproduce"]] == [
-        f"pytest -m baseline_ddp --runbook {path} --profile cpu --results-dir={tmp_path / 'res'}"]
+        f"pytest {REPO_ROOT}/validation/tests/test_acceptance.py -m baseline_ddp --runbook {path} --profile cpu "
+        f"--results-dir={tmp_path / 'res'}"]
 
 
 def test_check_artifacts_world_size_without_an_adapter_is_refused(tmp_path, capsys):

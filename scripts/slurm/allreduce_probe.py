@@ -16,7 +16,8 @@ launchers do with them (all through the environment, so srun and torchrun pass t
   PROBE_IGNORE_TERM=1  with PROBE_SIGNAL_LOG: log SIGTERM and SIGINT but ignore them (a rank stuck
                        in native code that will not die before SIGKILL)
   PROBE_OUT_DIR=DIR    also write the JSON line to DIR/rank{R}.json (stdout lines of several ranks
-                       sharing one srun task can interleave)
+                       sharing one srun task can interleave), and DIR/rank{R}.started (pid, sid,
+                       SLURM_JOB_ID) once the process group is up
 """
 
 import datetime
@@ -61,6 +62,13 @@ def main() -> int:
     fault_rank = int(os.environ.get("PROBE_FAULT_RANK", "1"))
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=float(os.environ.get("PROBE_PG_TIMEOUT_S", "1800"))))
     print(f"PROBE-START rank={rank} pid={os.getpid()} sid={os.getsid(0)} pgid={os.getpgid(0)}", flush=True)
+    out_dir = os.environ.get("PROBE_OUT_DIR")
+    if out_dir:
+        started = {"rank": rank, "pid": os.getpid(), "sid": os.getsid(0), "job": os.environ.get("SLURM_JOB_ID")}
+        tmp = os.path.join(out_dir, f".rank{rank}.started")
+        with open(tmp, "w") as f:
+            f.write(json.dumps(started) + "\n")
+        os.replace(tmp, os.path.join(out_dir, f"rank{rank}.started"))
     if hold:
         end = time.monotonic() + hold
         while time.monotonic() < end:  # a handler that returns (SIGCONT, ignored SIGTERM) ends sleep()
@@ -84,8 +92,8 @@ def main() -> int:
     }
     line = json.dumps(info, sort_keys=True)
     print("PROBE " + line, flush=True)
-    if os.environ.get("PROBE_OUT_DIR"):
-        with open(os.path.join(os.environ["PROBE_OUT_DIR"], f"rank{rank}.json"), "w") as f:
+    if out_dir:
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             f.write(line + "\n")
     dist.destroy_process_group()
     return 0 if t.item() == world * (world + 1) / 2 else 1

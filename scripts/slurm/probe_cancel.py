@@ -106,7 +106,7 @@ def main() -> int:
     tracers = []
     if a.strace:
         for pid in pids:
-            tracers.append(subprocess.Popen(["strace", "-tt", "-e", "trace=none", "-o", os.path.join(work, f"strace.{pid}"),
+            tracers.append(subprocess.Popen(["strace", "-f", "-tt", "-e", "trace=none", "-o", os.path.join(work, f"strace.{pid}"),
                                              "-p", str(pid)], stderr=subprocess.DEVNULL))
         time.sleep(1.0)
 

@@ -14,9 +14,10 @@
 #
 # Environment (all optional):
 #   SLURM_SH_PROCTRACK   auto (default) | cgroup | linuxproc. auto tries proctrack/cgroup (with
-#                        task/cgroup) and falls back to proctrack/linuxproc (with task/none) when a
-#                        test step cannot run under cgroups; the choice is printed and kept in
-#                        the config's header.
+#                        task/cgroup) and falls back to proctrack/linuxproc (with task/none) when
+#                        no cgroup filesystem is mounted or a probe step (`srun true`) fails under
+#                        cgroups; the choice and why are printed and kept in the config's header
+#                        (a fallback is kept by later auto runs; delete the config to retry).
 #   SLURM_SH_KILLWAIT    KillWait in seconds (default 30, Slurm's own default): the time between
 #                        SIGTERM and SIGKILL when a job or step is cancelled or times out.
 #   SLURM_SH_PARTITION   partition name (default debug).
@@ -102,8 +103,8 @@ start_munge() {
 }
 
 # ---------------------------------------------------------------------------------------------
-write_config() {  # write_config PROCTRACK(cgroup|linuxproc); sets CONFIG_CHANGED=1 when it changed
-    local pt=$1 host hw cpus boards sockets cores threads mem task new_conf new_cgroup
+write_config() {  # write_config PROCTRACK(cgroup|linuxproc) WHY; sets CONFIG_CHANGED=1 when it changed
+    local pt=$1 why=$2 host hw cpus boards sockets cores threads mem task new_conf new_cgroup
     host=$(hostname -s)
     hw=$(slurmd -C | head -1)   # NodeName=... CPUs=.. Boards=.. SocketsPerBoard=.. CoresPerSocket=.. ThreadsPerCore=.. RealMemory=..
     field() { sed -n "s/.*\b$1=\([^ ]*\).*/\1/p" <<<"$hw"; }
@@ -113,7 +114,8 @@ write_config() {  # write_config PROCTRACK(cgroup|linuxproc); sets CONFIG_CHANGE
     if [[ $pt == cgroup ]]; then task=task/cgroup; else task=task/none; fi
     new_conf=$(cat <<EOF
 $MARK
-# proctrack: proctrack/$pt (SLURM_SH_PROCTRACK=$PROCTRACK); host $host: $hw
+# proctrack: proctrack/$pt ($why)
+# host $host: $hw
 ClusterName=singlehost
 SlurmctldHost=$host(127.0.0.1)
 SlurmUser=slurm
@@ -168,18 +170,24 @@ EOF
     fi
 }
 
-start_daemons() {
+start_daemons() {  # returns 1 (with the log's last lines) when a daemon does not start
     install -d -o slurm -g slurm -m 0755 "$LOG_DIR" "$STATE_DIR" "$STATE_DIR/slurmctld"
     install -d -m 0755 "$STATE_DIR/slurmd"
     if alive "$CTLD_PID"; then say "slurmctld: already running (pid $(cat "$CTLD_PID"))"
     else
         say "slurmctld: starting (log $LOG_DIR/slurmctld.log)"
-        slurmctld || die "slurmctld failed to start; last log lines: $(tail -5 $LOG_DIR/slurmctld.log 2>/dev/null)"
+        if ! slurmctld; then
+            say "slurmctld failed to start; last log lines:"; tail -6 $LOG_DIR/slurmctld.log | sed 's/^/[single_host]   /'
+            return 1
+        fi
     fi
     if alive "$SLURMD_PID"; then say "slurmd: already running (pid $(cat "$SLURMD_PID"))"
     else
         say "slurmd: starting (log $LOG_DIR/slurmd.log)"
-        slurmd || die "slurmd failed to start; last log lines: $(tail -5 $LOG_DIR/slurmd.log 2>/dev/null)"
+        if ! slurmd; then
+            say "slurmd failed to start; last log lines:"; tail -6 $LOG_DIR/slurmd.log | sed 's/^/[single_host]   /'
+            return 1
+        fi
     fi
 }
 
@@ -190,7 +198,7 @@ stop_daemons() {
 
 node_state() { sinfo -h -N -n "$(hostname -s)" -o '%T' 2>/dev/null | head -1; }
 
-wait_idle() {
+wait_idle() {  # returns 1 (with the reason and log lines) when the node is not idle in time
     local i st=""
     for ((i = 0; i < WAIT * 2; i++)); do
         st=$(node_state || true)
@@ -202,13 +210,16 @@ wait_idle() {
                     scontrol update NodeName="$(hostname -s)" State=RESUME 2>/dev/null || true
                 fi ;;
         esac
-        alive "$SLURMD_PID" || die "slurmd died; last log lines:
-$(tail -15 $LOG_DIR/slurmd.log 2>/dev/null)"
-        alive "$CTLD_PID" || die "slurmctld died; last log lines:
-$(tail -15 $LOG_DIR/slurmctld.log 2>/dev/null)"
+        if ! alive "$SLURMD_PID"; then
+            say "slurmd died; last log lines:"; tail -8 $LOG_DIR/slurmd.log | sed 's/^/[single_host]   /'; return 1
+        fi
+        if ! alive "$CTLD_PID"; then
+            say "slurmctld died; last log lines:"; tail -8 $LOG_DIR/slurmctld.log | sed 's/^/[single_host]   /'; return 1
+        fi
         sleep 0.5
     done
-    die "node $(hostname -s) not idle after ${WAIT}s (state: '${st:-none}'); logs: $LOG_DIR/slurmctld.log, $LOG_DIR/slurmd.log"
+    say "node $(hostname -s) not idle after ${WAIT}s (state: '${st:-none}'); logs: $LOG_DIR/slurmctld.log, $LOG_DIR/slurmd.log"
+    return 1
 }
 
 probe_step() {  # a one-task step must run: proves that the proctrack/task plugins work here
@@ -220,42 +231,56 @@ probe_step() {  # a one-task step must run: proves that the proctrack/task plugi
 }
 
 configured_proctrack() { sed -n 's/^ProctrackType=proctrack\///p' "$CONF" 2>/dev/null || true; }
+proctrack_why() { sed -n 's/^# proctrack: proctrack\/[a-z]* (\(.*\))$/\1/p' "$CONF" 2>/dev/null || true; }
 
 cmd_start() {
     need_root
     install_packages
     start_munge
-    local first
+    local first why
     case $PROCTRACK in
         auto)
-            # keep the choice an earlier run made (the config's header), else try cgroup first
-            first=$(configured_proctrack); [[ -n $first ]] || first=cgroup ;;
-        cgroup|linuxproc) first=$PROCTRACK ;;
+            # keep an earlier run's fallback (the config's header says so), else try cgroup first
+            if [[ $(proctrack_why) == fallback* ]]; then first=linuxproc; why=$(proctrack_why)
+            else first=cgroup; why="auto: a probe step runs under it"; fi ;;
+        cgroup|linuxproc) first=$PROCTRACK; why="SLURM_SH_PROCTRACK=$PROCTRACK" ;;
         *) die "SLURM_SH_PROCTRACK must be auto, cgroup or linuxproc (got '$PROCTRACK')" ;;
     esac
     if [[ $first == cgroup ]]; then
         if ! grep -qE '^[^ ]+ /sys/fs/cgroup[/ ]' /proc/mounts; then
             say "cgroups: nothing mounted at or under /sys/fs/cgroup"
             [[ $PROCTRACK == cgroup ]] && die "SLURM_SH_PROCTRACK=cgroup but this host has no usable cgroup filesystem"
-            first=linuxproc
+            first=linuxproc; why="fallback: no cgroup filesystem mounted"
         fi
     fi
-    write_config "$first"
-    if ((CONFIG_CHANGED)); then stop_daemons; fi
-    start_daemons
-    if ! wait_idle || ! probe_step; then
+    write_config "$first" "$why"
+    if ((CONFIG_CHANGED)); then
+        if alive "$CTLD_PID" || alive "$SLURMD_PID"; then
+            say "config changed: restarting slurmctld and slurmd (jobs now queued or running: $(squeue -h 2>/dev/null | wc -l))"
+        fi
+        stop_daemons
+    fi
+    if ((!CONFIG_CHANGED)) && alive "$CTLD_PID" && alive "$SLURMD_PID"; then
+        # nothing to change: no probe step (it would queue behind running jobs, and a timeout must
+        # not look like a cgroup failure); just report
+        say "ready (unchanged): node $(hostname -s) $(node_state), proctrack/$(configured_proctrack) ($(proctrack_why)), KillWait=$KILLWAIT"
+        sinfo
+        return 0
+    fi
+    if ! start_daemons || ! wait_idle || ! probe_step; then
         if [[ $first == cgroup && $PROCTRACK == auto ]]; then
             say "proctrack/cgroup does not work here; falling back to proctrack/linuxproc"
             stop_daemons
-            write_config linuxproc
-            start_daemons
-            wait_idle
+            write_config linuxproc "fallback: Slurm did not run a probe step under proctrack/cgroup"
+            start_daemons || die "the daemons do not start with proctrack/linuxproc either"
+            wait_idle || die "Slurm does not come up with proctrack/linuxproc either"
             probe_step || die "a one-task step fails with proctrack/linuxproc too; see $LOG_DIR/slurmd.log"
         else
-            die "a one-task step fails with proctrack/$first; see $LOG_DIR/slurmd.log"
+            die "Slurm does not run a one-task step with proctrack/$first (above); see $LOG_DIR/slurmd.log"
         fi
     fi
-    say "ready: partition $PARTITION, node $(hostname -s), proctrack/$(configured_proctrack), KillWait=$KILLWAIT"
+    wait_idle >/dev/null || die "the node did not return to idle after the probe step"
+    say "ready: partition $PARTITION, node $(hostname -s), proctrack/$(configured_proctrack) ($(proctrack_why)), KillWait=$KILLWAIT"
     sinfo
 }
 
@@ -270,7 +295,7 @@ cmd_status() {
     for d in munged:$MUNGE_PID slurmctld:$CTLD_PID slurmd:$SLURMD_PID; do
         if alive "${d#*:}"; then say "${d%%:*}: running (pid $(cat "${d#*:}"))"; else say "${d%%:*}: not running"; rc=1; fi
     done
-    [[ -e $CONF ]] && say "config: $CONF, proctrack/$(configured_proctrack)"
+    [[ -e $CONF ]] && say "config: $CONF, proctrack/$(configured_proctrack) ($(proctrack_why))"
     ((rc == 0)) && sinfo
     return $rc
 }

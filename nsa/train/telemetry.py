@@ -1,5 +1,6 @@
 """The trainer's outputs read by the harness: training.csv (rank 0), heartbeat_rank{R}.jsonl
-(every rank) and env.json (rank 0), plus per-stage profiler/NVTX ranges.
+(every rank) and env.json (rank 0), plus per-stage profiler/NVTX ranges. File names, the CSV
+header and the contract version come from nsa/contract.py, the schema the harness checks by.
 
 training.csv: ``step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb``;
 loss is the mean over ranks and micro-batches, toks_per_s is global (batch x seq_len x
@@ -34,10 +35,11 @@ from typing import Any
 
 import torch
 
+from .. import contract
 from ..provenance import SOURCE_STAMP, source_revision
 from .checkpoint import CheckpointError
 
-CSV_HEADER = ["step", "loss", "lr", "toks_per_s", "step_time_s", "grad_norm", "mem_alloc_gb", "mem_reserved_gb"]
+CSV_HEADER = list(contract.CSV_COLUMNS)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GB = 1024**3
 
@@ -115,7 +117,7 @@ class Telemetry:
         self.nvtx = nvtx and device.type == "cuda"
         self._csv = None
         if is_master:
-            path = self.out_dir / "training.csv"
+            path = self.out_dir / contract.TRAINING_CSV
             if resume_step > 0:
                 truncate_csv(path, resume_step)
             else:
@@ -127,7 +129,7 @@ class Telemetry:
                 self._csv.writerow(CSV_HEADER)
         self._hb = None
         if heartbeat:
-            hb_path = self.out_dir / f"heartbeat_rank{rank}.jsonl"
+            hb_path = self.out_dir / contract.heartbeat_name(rank)
             if resume_step == 0:
                 hb_path.unlink(missing_ok=True)
             else:

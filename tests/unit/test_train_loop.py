@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from nsa import contract
 from nsa.train.cli import main, run
 from nsa.train.faults import InjectedFault
 from nsa.train.telemetry import CSV_HEADER
@@ -61,6 +62,7 @@ def test_outputs_contract_and_the_pattern_is_learned(tmp_path: Path):
 
     envj = json.loads((tmp_path / "env.json").read_text())
     assert envj["status"] == "completed 10 steps" and envj["world_size"] == 1
+    assert envj["contract_version"] == contract.VERSION
     assert envj["memory_source"] == "process resident set size (CPU run)"
     assert set(envj["attention_backends"]) >= {"cmp", "sel", "win"}
     assert all(b["backend"] and b["reason"] for b in envj["attention_backends"].values())
@@ -84,13 +86,35 @@ def test_resume_continues_the_loss_curve_exactly(tmp_path: Path):
 
 
 def test_nan_loss_halts_with_step_and_values(tmp_path: Path):
-    assert train(tmp_path, "fault.spec=nan:step=2", steps=5) == 4
+    assert train(tmp_path, "fault.spec=nan:step=2", steps=5) == contract.EXIT_NONFINITE == 4
     halt = json.loads((tmp_path / ".HALT").read_text())
-    assert halt["source"] == "nonfinite" and halt["step"] == 2
+    assert halt["source"] == contract.HALT_NONFINITE and halt["step"] == 2
     assert math.isnan(halt["losses"][0]) and len(halt["losses"]) == 1
-    assert [int(r["step"]) for r in csv_rows(tmp_path)] == [1]
+    assert halt["text"].startswith("non-finite loss at step 2")
+    # the halted step is logged with the loss it saw, so the log itself shows the non-finite loss
+    rows = csv_rows(tmp_path)
+    assert [int(r["step"]) for r in rows] == [1, 2] and rows[1]["loss"] == "nan"
+    assert [h["stage"] for h in heartbeats(tmp_path) if h["step"] == 2][-2:] == ["step", "halt"]
     envj = json.loads((tmp_path / "env.json").read_text())
     assert "non-finite loss at step 2" in envj["status"] and envj["fault_injection"] == "nan:step=2"
+
+
+@pytest.mark.parametrize("fault, steps, rc, logged", [
+    ("", 7, 0, [3, 6, 7]),                              # done: the last step though 7 % 3 != 0
+    ("nan:step=5", 7, contract.EXIT_NONFINITE, [3, 4, 5]),  # 4 completed, 5 halted with its loss
+    ("crash:step=5:stage=backward", 7, None, [3, 4]),    # an exception: 4 is the last completed
+])
+def test_the_last_completed_step_is_logged_whatever_log_every(tmp_path: Path, fault, steps, rc, logged):
+    extra = "train.log_every=3" + (f" fault.spec={fault}" if fault else "")
+    if rc is None:
+        with pytest.raises(InjectedFault):
+            train(tmp_path, extra, steps=steps)
+    else:
+        assert train(tmp_path, extra, steps=steps) == rc
+    assert [int(r["step"]) for r in csv_rows(tmp_path)] == logged
+    assert [h["step"] for h in heartbeats(tmp_path) if h["stage"] == "step"] == logged
+    if rc is None:
+        assert json.loads((tmp_path / "env.json").read_text())["status"].startswith("error at step 5: InjectedFault")
 
 
 def test_operator_halt_stops_cleanly_at_the_next_step(tmp_path: Path):

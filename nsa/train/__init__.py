@@ -4,8 +4,20 @@ Modules, by role: config (RunConfig and the env-toggle table), distributed (proc
 parallelize (activation checkpointing, compile, DDP / FSDP2), data (sources, byte tokenizer,
 loader with timeout), optim (AdamW, cosine schedule), telemetry (training.csv, heartbeats,
 env.json), watchdog (stall detection, stack dumps, .HALT), checkpoint (save / exact resume),
-faults (fault injection for tests; grammar in its docstring), loop (Trainer), cli (entry point).
+faults (fault injection for tests; grammar in its docstring), loop (Trainer), cli (entry point),
+keys (``--list-keys``).
+
+The names below are imported on first use, not with the package: ``python -m nsa.train
+--list-keys`` must answer without importing torch, which the model config's package does.
 """
-from .config import ENV_TOGGLES, NOOP_TOGGLES, RunConfig, load_run_config
+from __future__ import annotations
+
+import importlib
 
 __all__ = ["RunConfig", "load_run_config", "ENV_TOGGLES", "NOOP_TOGGLES"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        return getattr(importlib.import_module(".config", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -72,11 +72,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "'train.seq_len=512 model.n_layers=2'")
     p.add_argument("--out-dir", default=None, help="output directory (train.out_dir)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (train.steps)")
+    p.add_argument(contract.LIST_KEYS_FLAG, action="store_true",
+                   help="print the config keys (a JSON list of dotted names) and exit; fast, no torch import")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.list_keys:
+        from .keys import main as list_keys
+
+        return list_keys()
     overrides = list(args.override)
     if args.out_dir is not None:
         overrides.append(f"train.out_dir={args.out_dir}")

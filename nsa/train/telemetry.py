@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from .. import contract
-from ..provenance import SOURCE_STAMP, source_revision
+from ..provenance import source_revision
 from .checkpoint import CheckpointError
 
 CSV_HEADER = list(contract.CSV_COLUMNS)
@@ -197,7 +197,7 @@ def environment() -> dict[str, Any]:
     cuda = torch.cuda.is_available()
     sha, sha_source = source_revision(REPO_ROOT, _git)
     return {
-        "git_sha": sha or f"unknown (git unavailable or not a repository, and no {SOURCE_STAMP} stamp)",
+        "git_sha": sha,  # null when unknown (git_sha_source says why): never another repository's commit
         "git_sha_source": sha_source,
         "git_dirty": None if sha is None else sha.endswith("-dirty"),
         "python": sys.version.split()[0],

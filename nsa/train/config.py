@@ -112,9 +112,11 @@ class TrainConfig:
 class DataConfig:
     dataset: str = "synthetic"
     """synthetic (uniform random bytes), pattern (learnable repeating ramps), text (plain text
-    files), parquet / jsonl (a text column), fineweb_edu (parquet or jsonl by file suffix)."""
+    files; without data.path the Python standard library's own .py sources, nsa/train/corpus.py),
+    parquet / jsonl (a text column), fineweb_edu (parquet or jsonl by file suffix)."""
     path: str = ""
-    """Local file, directory or glob for text/parquet/jsonl/fineweb_edu. Never downloaded."""
+    """Local file, directory or glob for text/parquet/jsonl/fineweb_edu. Never downloaded. Empty
+    for text: the standard library's sources of the Python that runs, read in place."""
     text_column: str = "text"
     """Column (parquet) or key (jsonl) holding the document text."""
     tokenizer: str = "byte"
@@ -137,7 +139,7 @@ class DataConfig:
             raise ValueError(f"data.prefetch must be >= 1, got {self.prefetch}")
         if self.pattern_period < 2:
             raise ValueError(f"data.pattern_period must be >= 2, got {self.pattern_period}")
-        if self.dataset in ("text", "parquet", "jsonl", "fineweb_edu") and not self.path:
+        if self.dataset in ("parquet", "jsonl", "fineweb_edu") and not self.path:
             raise ValueError(
                 f"data.path is required for data.dataset={self.dataset!r} (local files only, no "
                 "downloads); e.g. --override data.path=/data/fineweb-edu/*.parquet"

@@ -220,6 +220,7 @@ class Trainer:
             "fault_injection": cfg.fault.spec or None,
             "determinism": self.determinism,
             "tokens_per_step": self.tokens_per_step,
+            "data": dataclasses.asdict(self.loader.source.summary()),
             "resumed_from": self.resumed_from,
             "previous_halt": self.previous_halt,
         })

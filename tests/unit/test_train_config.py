@@ -53,9 +53,12 @@ def test_bad_yaml_file_is_named(tmp_path: Path):
         load_run_config("no_such_preset", env={})
 
 
-def test_file_datasets_need_a_local_path():
-    with pytest.raises(ConfigError, match=r"data\.path is required.*no downloads"):
-        load_run_config("tiny", "data.dataset=fineweb_edu", env={})
+def test_file_datasets_need_a_local_path_but_text_has_a_default():
+    for dataset in ("fineweb_edu", "parquet", "jsonl"):
+        with pytest.raises(ConfigError, match=r"data\.path is required.*no downloads"):
+            load_run_config("tiny", f"data.dataset={dataset}", env={})
+    cfg, _ = load_run_config("tiny", "data.dataset=text", env={})  # the standard library's sources
+    assert cfg.data.path == ""
 
 
 @pytest.mark.parametrize("var", RUNBOOK_TOGGLES + ["NSA_FAULT"])

@@ -56,7 +56,7 @@ HEARTBEAT_REQUIRED = ("time", "step")
 HEARTBEAT_RECOMMENDED = {
     "rank": "the writer's rank (the file name says it too)",
     "pid": "the writer's process id: the harness maps a hung process to its rank by it",
-    "stage": "data / forward / backward / optimizer / checkpoint / graph / step / halt",
+    "stage": "data / forward / backward / optimizer / checkpoint / graph / profile / step / halt",
     "gpu_util": "GPU utilisation in percent where readable",
     "fallbacks": "a mapping of counters: calls routed to a slower backend than wanted",
 }

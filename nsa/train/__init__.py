@@ -2,10 +2,11 @@
 
 Modules, by role: config (RunConfig and the env-toggle table), distributed (process group),
 parallelize (activation checkpointing, compile, DDP / FSDP2), data (sources, byte tokenizer,
-loader with timeout), optim (AdamW, cosine schedule), telemetry (training.csv, heartbeats,
-env.json), watchdog (stall detection, stack dumps, .HALT), checkpoint (save / exact resume),
-faults (fault injection for tests; grammar in its docstring), loop (Trainer), cli (entry point),
-keys (``--list-keys``).
+loader with timeout), corpus (the default text: the standard library's sources), optim (AdamW,
+cosine schedule), telemetry (training.csv, heartbeats, env.json), profile (profile.json on the
+contract's request), watchdog (stall detection, stack dumps, .HALT), checkpoint (save / exact
+resume), faults (fault injection for tests; grammar in its docstring), loop (Trainer), cli (entry
+point), keys (``--list-keys``). What they write is nsa/contract.py's schema.
 
 The names below are imported on first use, not with the package: ``python -m nsa.train
 --list-keys`` must answer without importing torch, which the model config's package does.

@@ -34,6 +34,8 @@ from .faults import FaultInjector
 from .interrupt import EXIT_INTERRUPTED, CtrlC
 from .optim import build_optimizer, lr_at, set_lr
 from .parallelize import parallelize, set_grad_sync
+from .profile import ProfileStatus, cuda_kernel_names, profiled_window, summarize
+from .profile import write as write_profile
 from .telemetry import Telemetry, environment, memory_gb, memory_source, sdpa_flags, write_json_atomic
 from .watchdog import Watchdog, halt_path, read_halt, write_halt
 
@@ -126,6 +128,7 @@ class Trainer:
                          "checkpoints stay beside the new ones")
             self.step_first = self.step + 1  # the first step this process runs
             self.graph_note = ""  # how graph capture went, for env.json
+            self.profile_status: ProfileStatus | None = None  # train.profile_steps, planned by train()
 
             self.telemetry = Telemetry(self.out, info.rank, info.is_master, self.device,
                                        cfg.telemetry.heartbeat, cfg.telemetry.nvtx, resume_step=self.step)
@@ -221,6 +224,7 @@ class Trainer:
             "determinism": self.determinism,
             "tokens_per_step": self.tokens_per_step,
             "data": dataclasses.asdict(self.loader.source.summary()),
+            "profile": dataclasses.asdict(self.profile_status) if self.profile_status else None,
             "resumed_from": self.resumed_from,
             "previous_halt": self.previous_halt,
         })
@@ -337,12 +341,13 @@ class Trainer:
         self.last_saved = self.last_logged = self.step
         self.completed: list[StepResult] = []  # run, waiting to be logged and checkpointed
         self.last_result: StepResult | None = None  # the last step this process completed
+        self.profile_status = self.plan_profile(last)
         self._t_prev = time.perf_counter()
         halted = False
         with self.ctrl_c:
             try:
                 while self.step < last and not halted:
-                    self.run_steps()
+                    self.run_steps(last)
                     while self.completed and not halted:
                         halted = self.finish_step(self.completed.pop(0), last)
                 if not halted:
@@ -374,9 +379,52 @@ class Trainer:
             finally:
                 self.write_env()
 
-    def run_steps(self) -> None:
-        """Runs the next step; each completed step joins ``self.completed``."""
-        self.completed.append(self.run_step(self.step + 1))
+    def run_steps(self, last: int) -> None:
+        """Runs the next step, or the profiled window's steps when it starts here; each
+        completed step joins ``self.completed``."""
+        step, p = self.step + 1, self.profile_status
+        if p is not None and step == p.first_step:
+            self.run_profiled(step, min(p.requested_steps, last - step + 1))
+        else:
+            self.completed.append(self.run_step(step))
+
+    def plan_profile(self, last: int) -> ProfileStatus | None:
+        """train.profile_steps: the window starts at the first steady step (nsa/train/profile.py)."""
+        n = self.cfg.train.profile_steps
+        if not n:
+            return None
+        status = ProfileStatus(requested_steps=n, first_step=self.steady_step)
+        if status.first_step > last:
+            status.note = (f"not profiled: the run ends at step {last}, before its first steady step "
+                           f"{status.first_step}")
+        return status
+
+    def run_profiled(self, first: int, n: int) -> None:
+        """The profiled window: ``n`` steps back to back, nothing else in it (they are logged
+        after it closes, by the loop); then rank 0 writes profile.json and the rest."""
+        p = self.profile_status
+        p.note = f"stopped inside the profiled window (steps {first}..{first + n - 1}): no profile written"
+        with profiled_window(self.device, profiling=self.info.is_master) as window:
+            for step in range(first, first + n):
+                with window.step():
+                    result = self.run_step(step)
+                self.completed.append(result)
+                p.profiled_steps += 1
+                if result.halt:
+                    break
+        end = first + p.profiled_steps - 1
+        p.note = (f"steps {first}..{end}" + ("" if p.profiled_steps == p.requested_steps else
+                  f": {p.profiled_steps} of the {p.requested_steps} asked, as the run "
+                  + ("was stopped (.HALT or Ctrl-C)" if result.halt else f"ends at step {end}")))
+        if self.info.is_master:
+            with self.stage(end, "profile"):  # a beat: summarising a long window takes a while
+                profile, timeline, table = summarize(window, p.profiled_steps, first, self.graphed,
+                                                     cuda_kernel_names(self.device))
+                p.files = write_profile(self.out, profile, timeline, table)
+            busy = "" if profile.gpu_busy_frac is None else f", GPU busy {profile.gpu_busy_frac:.3f}"
+            self.log(f"[profile] {p.note}{busy}: {', '.join(p.files)}")
+            self.write_env()
+        self._t_prev = time.perf_counter()  # the profile's bookkeeping is no step's time
 
     def run_step(self, step: int) -> StepResult:
         """train_step, timed from the end of the previous step."""

@@ -338,6 +338,9 @@ class Trainer:
         self.step_first = self.step + 1
         self.stop_reason = "running"
         last = tc.steps if not tc.run_steps else min(tc.steps, self.step + tc.run_steps)
+        quit_after = self.faults.quit_after()  # NSA_FAULT quit_early: stop short, as a buggy trainer would
+        if quit_after is not None and quit_after < last:
+            last = max(quit_after, self.step)
         self.last_saved = self.last_logged = self.step
         self.completed: list[StepResult] = []  # run, waiting to be logged and checkpointed
         self.last_result: StepResult | None = None  # the last step this process completed
@@ -350,7 +353,10 @@ class Trainer:
                     self.run_steps(last)
                     while self.completed and not halted:
                         halted = self.finish_step(self.completed.pop(0), last)
-                if not halted:
+                if not halted and self.step == last and last == quit_after:
+                    self.stop_reason = (f"quit after step {self.step} of {tc.steps} (injected fault quit_early: "
+                                        "exit 0 without .HALT)")
+                elif not halted:
                     self.stop_reason = (f"completed {tc.steps} steps" if self.step == tc.steps else
                                         f"stopped after train.run_steps={tc.run_steps} at step {self.step} "
                                         f"of {tc.steps}")

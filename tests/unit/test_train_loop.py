@@ -13,7 +13,8 @@ import pytest
 
 from nsa import contract
 from nsa.train.cli import main, run
-from nsa.train.faults import InjectedFault
+from nsa.config import ConfigError
+from nsa.train.faults import InjectedFault, parse_faults
 from nsa.train.telemetry import CSV_HEADER
 
 TINY = "model.n_layers=1 train.print_every=100"
@@ -115,6 +116,17 @@ def test_the_last_completed_step_is_logged_whatever_log_every(tmp_path: Path, fa
     assert [h["step"] for h in heartbeats(tmp_path) if h["stage"] == "step"] == logged
     if rc is None:
         assert json.loads((tmp_path / "env.json").read_text())["status"].startswith("error at step 5: InjectedFault")
+
+
+def test_injected_quit_early_exits_0_after_its_step_without_halt(tmp_path: Path):
+    assert train(tmp_path, "fault.spec=quit_early:step=3 train.log_every=5", steps=8) == contract.EXIT_OK
+    assert [int(r["step"]) for r in csv_rows(tmp_path)] == [3]  # its last step, logged as a final one
+    assert not (tmp_path / ".HALT").exists()
+    envj = json.loads((tmp_path / "env.json").read_text())
+    assert envj["status"] == "quit after step 3 of 8 (injected fault quit_early: exit 0 without .HALT)"
+    with pytest.raises(ConfigError, match="quit_early takes step only"):
+        parse_faults("quit_early:rank=1:step=2")
+    assert parse_faults("quit_early:step=2,crash:step=1:stage=backward")[1].stage == "backward"
 
 
 def test_operator_halt_stops_cleanly_at_the_next_step(tmp_path: Path):

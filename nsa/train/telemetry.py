@@ -9,8 +9,9 @@ size on CPU; env.json's memory_source says which).
 
 heartbeat_rank{R}.jsonl, one JSON object per line, every record with time, rank, pid, step,
 stage, mem_alloc_gb and the last logged toks_per_s and gpu_util:
-* stage records on entering data / forward / backward / optimizer / checkpoint, and graph (one
-  CUDA-graph replay of every micro-batch's forward and backward, train.cuda_graphs);
+* stage records on entering data / forward / backward / optimizer / checkpoint, graph (one
+  CUDA-graph replay of every micro-batch's forward and backward, train.cuda_graphs) and profile
+  (rank 0 summarising a profiled window, train.profile_steps);
 * a ``"stage": "step"`` record per logged step adding loss (global), loss_rank, lr,
   step_time_s, grad_norm, mem_reserved_gb, mem_peak_gb, toks_per_s_rank and, unless
   telemetry.disable_aux_stats, gates {cmp, sel, win} (mean gate per branch), routes

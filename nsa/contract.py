@@ -24,8 +24,7 @@ TRAINING_CSV = "training.csv"
 #: the header, exactly; column 3 (from 0) is tokens/s, as the seed runbook's snippet reads it
 CSV_COLUMNS = ("step", "loss", "lr", "toks_per_s", "step_time_s", "grad_norm", "mem_alloc_gb", "mem_reserved_gb")
 CSV_MEANING = {
-    "step": "optimizer step, from 1; the last step the run completed is logged whatever the interval, "
-            "and a step stopped by a non-finite loss is logged with that loss",
+    "step": "optimizer step, from 1; the last step the run completed is logged whatever the interval",
     "loss": "training loss of the step (mean over ranks and micro-batches)",
     "lr": "learning rate of the step",
     "toks_per_s": "global tokens per second: all ranks, all micro-batches",

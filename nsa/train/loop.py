@@ -9,7 +9,8 @@ instead of being zeroed.
 The last step a run completes is always logged (training.csv and a step heartbeat), whatever
 train.log_every, on every exit the trainer controls (done, .HALT, Ctrl-C, non-finite loss, an
 exception): the harness compares the steps completed with the steps requested. A step stopped by
-the non-finite guard is logged too, with its non-finite loss, before the .HALT is written."""
+the non-finite guard did not complete (no optimizer step): it is no row of training.csv; its
+losses are in the .HALT record and the rank's ``halt`` heartbeat."""
 from __future__ import annotations
 
 import contextlib
@@ -323,13 +324,14 @@ class Trainer:
         return result
 
     def halt_nonfinite(self, exc: NonFiniteLoss) -> None:
-        """The non-finite guard's stop: the step's row (its non-finite loss), then .HALT."""
-        result = dataclasses.replace(exc.result, seconds=time.perf_counter() - self._t_prev)
-        self.log_step(result, aux=False)
+        """The non-finite guard's stop: .HALT (rank 0) and a halt heartbeat (every rank), each
+        with the step's losses; the step itself did not complete and is no row."""
+        r = exc.result
         if self.info.is_master:
-            write_halt(self.out, {"source": contract.HALT_NONFINITE, "step": result.step, "losses": exc.losses,
-                                  "grad_norm": result.grad_norm, "time": time.time(), "text": str(exc)})
-        self.telemetry.heartbeat({"step": result.step, "stage": "halt", "reason": str(exc)})
+            write_halt(self.out, {"source": contract.HALT_NONFINITE, "step": r.step, "losses": exc.losses,
+                                  "grad_norm": r.grad_norm, "time": time.time(), "text": str(exc)})
+        self.telemetry.heartbeat({"step": r.step, "stage": "halt", "reason": str(exc), "losses": exc.losses,
+                                  "grad_norm": r.grad_norm})
 
     # --- the loop -------------------------------------------------------------------------
 

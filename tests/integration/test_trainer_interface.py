@@ -63,11 +63,17 @@ def _train(name: str, **extra: Any) -> dict[str, Any]:
             "gates": GATES, **extra}
 
 
-def _run_all(runbook: Path, results: Path) -> dict[str, Any]:
-    """Every point, several at once (they mostly sleep: the test trainers have no model)."""
-    points = expand(load_runbook(runbook), load_profile("cpu"))
+def _run_all(runbook: Path, results: Path, only: set[str] | None = None) -> dict[str, Any]:
+    """Every point (or those named), several at once (they mostly sleep: the test trainers have no model)."""
+    points = [p for p in expand(load_runbook(runbook), load_profile("cpu")) if only is None or p.phase.name in only]
     with ThreadPoolExecutor(max_workers=4) as pool:
         return dict(zip((p.phase.name for p in points), pool.map(AcceptanceSession(SessionOptions(results)).run_point, points)))
+
+
+#: the seed-like trainer's faults (TEST_TRAINER_FAULT, tests/trainers/trainer_faults.py) by point.
+#: This harness refuses that variable in a runbook (its allow-list of environment names), so it
+#: is set in the harness's own environment, which the trainers it launches inherit.
+SEEDLIKE_FAULTS = {"stall": "hang_rank:0@5", "ddp_stall": "hang_rank:0@5", "crash": "crash@5", "nan": "nan@15"}
 
 
 @pytest.fixture(scope="module")
@@ -77,15 +83,20 @@ def seedlike_results(tmp_path_factory) -> tuple[Path, Path, dict[str, Any]]:
     rb = _runbook(tmp, SEEDLIKE, [
         _train("good"),
         _train("ddp", launcher={"kind": "torchrun", "nproc": 2}),
-        _train("stall", env={"NSA_TEST_FAULT": "stall@5"}, timeout_s=3),
-        _train("ddp_stall", env={"NSA_TEST_FAULT": "stall@5"}, timeout_s=10, launcher={"kind": "torchrun", "nproc": 2}),
-        _train("crash", env={"NSA_TEST_FAULT": "crash@5"}),
-        _train("nan", env={"NSA_TEST_FAULT": "nan@15"}),
+        _train("stall", timeout_s=3),
+        _train("ddp_stall", timeout_s=10, launcher={"kind": "torchrun", "nproc": 2}),
+        _train("crash"),
+        _train("nan"),
         _train("memory", gates=[*GATES, {"metric": "mem_reserved_gb_max", "op": "<=", "threshold": 10}]),
         {"name": "profiled", "kind": "profile"},
     ])
     results = tmp / "results"
-    return rb, results, _run_all(rb, results)
+    recs = _run_all(rb, results, only={"good", "ddp", "memory", "profiled"})
+    for fault in sorted(set(SEEDLIKE_FAULTS.values())):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("TEST_TRAINER_FAULT", fault)
+            recs.update(_run_all(rb, results, only={n for n, f in SEEDLIKE_FAULTS.items() if f == fault}))
+    return rb, results, recs
 
 
 def test_seedlike_trainer_trains_to_GO_under_python_and_torchrun(seedlike_results):
@@ -94,8 +105,9 @@ def test_seedlike_trainer_trains_to_GO_under_python_and_torchrun(seedlike_result
         r = recs[name]
         assert r.status == Status.PASS, (name, r.reason, r.evidence.errors, r.evidence.stderr_tail)
         assert r.trainer == "seedlike" and r.world_size == (2 if name == "ddp" else 1)
-        # the harness's own commit and the trainer's are both recorded (here: the same tree)
-        assert r.git_sha and r.trainer_sha
+        # the harness's own commit is recorded; the trainer's root (tests/trainers) is not a
+        # repository's top level, so git names no commit for it, and it stamps none
+        assert r.git_sha and r.trainer_sha is None
     out = results / recs["ddp"].out_dir
     assert json.loads((out / "env.json").read_text())["world_size"] == 2
     assert sorted(p.name for p in out.glob("heartbeat_rank*.jsonl")) == ["heartbeat_rank0.jsonl", "heartbeat_rank1.jsonl"]
@@ -115,12 +127,19 @@ def test_seedlike_stall_crash_and_nan_are_NO_GO_with_the_right_finding(seedlike_
     assert recs["nan"].status == Status.FAIL
     assert recs["nan"].reason == "non-finite loss at step 15 (halt: nan_loss) (trainer .HALT)", recs["nan"].reason
     findings = {f.phase: f for f in find([recs[n] for n in ("stall", "ddp_stall", "crash", "nan")])}
-    for name in ("stall", "ddp_stall"):  # under torchrun too: rank 1 finished, rank 0 hangs
-        assert findings[name].kind == "stall" and "rank 0 in wait_forever" in findings[name].title, findings[name]
-    assert "rank 1: last heartbeat step 40" in " ".join(findings["ddp_stall"].detail), findings["ddp_stall"].detail
+    assert findings["stall"].kind == "stall" and "rank 0 in hang_forever" in findings["stall"].title, findings["stall"]
     assert findings["crash"].kind == "crash" and "RuntimeError: injected crash at step 5" in findings["crash"].title
     assert findings["nan"].kind == "nonfinite" and findings["nan"].title.endswith(
         "at step 15: the trainer's .HALT says 'halt: nan_loss'"), findings["nan"].title
+
+
+@pytest.mark.xfail(strict=True, reason="issue 24, case 2: the seed adapter numbers stack dumps by time, so the "
+                   "waiting rank's dump is called rank 0's; the harness's rework maps them by pid")
+def test_seedlike_ddp_stall_names_the_hung_rank(seedlike_results):
+    _, _, recs = seedlike_results
+    (finding,) = find([recs["ddp_stall"]])
+    assert finding.kind == "stall" and "rank 1: last heartbeat step 5" in " ".join(finding.detail), finding.detail
+    assert "rank 0 in hang_forever" in finding.title, finding.title  # rank 1 waits in wait_for_peers
 
 
 def test_seedlike_lacking_a_feature_is_SKIP_or_UNMEASURED_never_GO(seedlike_results):

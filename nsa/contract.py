@@ -55,7 +55,7 @@ HEARTBEAT_REQUIRED = ("time", "step")
 HEARTBEAT_RECOMMENDED = {
     "rank": "the writer's rank (the file name says it too)",
     "pid": "the writer's process id: the harness maps a hung process to its rank by it",
-    "stage": "data / forward / backward / optimizer / checkpoint / graph / step / halt",
+    "stage": "data / forward / backward / optimizer / checkpoint / graph / profile / step / halt",
     "gpu_util": "GPU utilisation in percent where readable",
     "fallbacks": "a mapping of counters: calls routed to a slower backend than wanted",
 }
@@ -94,18 +94,26 @@ EXIT_INPUT = 2
 """Bad config, data, checkpoint or backend request."""
 EXIT_WATCHDOG = 3
 EXIT_NONFINITE = 4
+EXIT_INTERRUPTED = 130
+"""Stopped by Ctrl-C (128 + SIGINT, the shell's convention)."""
 EXIT_MEANING = {EXIT_OK: "done (or an operator's .HALT)", EXIT_ERROR: "unexpected error",
                 EXIT_INPUT: "bad config, data, checkpoint or backend request", EXIT_WATCHDOG: "watchdog stall",
-                EXIT_NONFINITE: "non-finite loss"}
+                EXIT_NONFINITE: "non-finite loss", EXIT_INTERRUPTED: "Ctrl-C"}
 
 # --- profiling on request ------------------------------------------------------------------------
 
 #: set by the harness for a profile phase: profile N steps once the run is steady and write
 #: PROFILE_JSON; a trainer that ignores it leaves the phase's metrics UNMEASURED
 PROFILE_STEPS_ENV = "CONTRACT_PROFILE_STEPS"
+#: beside PROFILE_JSON, for people: the profiler's table of ops, and on a GPU the profiled window
+#: with every device activity interval (what gpu_busy_frac was computed from)
+PROFILE_TOP_OPS = "profile_top_ops.txt"
+GPU_TIMELINE = "gpu_timeline.json.gz"
 PROFILE_FIELDS = {
     "contract_version": "this schema's VERSION",
-    "profiled_steps": "steps measured under the profiler",
+    "profiled_steps": "steps measured under the profiler (fewer than asked when the run ended or halted first)",
+    "first_step": "the first profiled optimizer step (the run is steady from there: warm-up and capture done)",
+    "wall_s": "wall time of the profiled window: the steps and a device synchronize at its end",
     "gpu_busy_frac": "share of the profiled wall time during which the GPU ran work (null on CPU)",
     "top_ops": "list of {name, ms_per_step}: the ops with the most device (CPU on CPU) time of their own",
     "nsa_ranges": "names that attribute time to NSA (ranges, custom ops, kernels)",

@@ -7,6 +7,8 @@
     nsa-validate bless --runbook R --profile P [--phase X] [--point PHASE/POINT] [--results-dir DIR]
     nsa-validate check-artifacts DIR [--adapter seed]
 
+A door into the acceptance session (validation/session/session.py), as the pytest plugin is: it
+turns options into ``SessionOptions``, shows progress on stderr and prints what the session says.
 Exit statuses: ``EXIT_STATUSES`` below, also shown by ``nsa-validate --help``.
 """
 from __future__ import annotations
@@ -17,31 +19,31 @@ import signal
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from validation import DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, checkout_problem
-from validation.contract import check_command as check_artifacts
 from validation.contract.adapters import ADAPTERS
+from validation.contract.check_command import check as check_artifacts
 from validation.errors import HarnessError
 from validation.judge.metrics import costs as metric_costs
-from validation.launch import process as runner
-from validation.machine import detect
-from validation.report import build as report
-from validation.runbook.hardware import mismatches
+from validation.runbook.describe import describe
 from validation.runbook.load import load_profile, load_runbook
-from validation.runbook.plan import batches, expand
-from validation.session.run import MISMATCH_POLICIES, run_point
-from validation.store import bless, goldens
-from validation.store.results import ResultStore
+from validation.session.session import (
+    MISMATCH_POLICIES,
+    AcceptanceSession,
+    ExitStatus,
+    Outcome,
+    SessionOptions,
+)
+from validation.store import bless
+from validation.store.goldens import GoldenFile
 
-EXIT = {report.Verdict.GO: 0, report.Verdict.NO_GO: 1, report.Verdict.INCOMPLETE: 3}
-EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # as a shell reports a command killed by SIGPIPE
 EXIT_STATUSES = ("exit status of run and report: 0 GO, 1 NO-GO, 3 INCOMPLETE (run --no-report: 0 once stored); "
-                 "2 a bad runbook, profile or option; 128 + the signal when stopped by SIGINT (Ctrl-C), SIGTERM or "
-                 "SIGHUP, its trainers killed first. bless: 0 when it wrote the golden curves, 2 when it wrote "
-                 "nothing. check-artifacts: 0 the contract holds, 1 not, 2 not a directory.")
+                 "2 a bad runbook, profile or option, a results directory with nothing to report, or a point that "
+                 "cannot launch here (nothing is run then); 128 + the signal when stopped by SIGINT (Ctrl-C), "
+                 "SIGTERM or SIGHUP, its trainers killed first. bless: 0 when it wrote the golden curves, 2 when it "
+                 "wrote nothing. check-artifacts: 0 the contract holds, 1 not, 2 not a directory.")
 
 
 def _positive(text: str) -> int:
@@ -122,6 +124,14 @@ def _load(runbook_arg: str, profile_arg: str | None):
     return rb, prof
 
 
+def _options(args: argparse.Namespace, runbook: str | None) -> SessionOptions:
+    return SessionOptions(results_dir=args.results_dir, runbooks=(runbook,) if runbook else (),
+                          profiles=(args.profile,) if args.profile else (), phases=tuple(getattr(args, "phase", None) or ()),
+                          first_profile_only=True, mismatch=getattr(args, "hardware_mismatch", "run"),
+                          baseline=getattr(args, "baseline", None), jobs=getattr(args, "jobs", None),
+                          plots=not args.no_plots)
+
+
 class _Progress:
     """Progress of the running points: each point's latest line (step N/total, tokens/s, ETA),
     shown every few seconds; on a terminal in place, one line, the points side by side."""
@@ -131,9 +141,6 @@ class _Progress:
         self.tty = self.stream.isatty()
         self.lines: dict[str, str] = {}
         self.lock = threading.Lock()
-
-    def for_point(self, test_id: str):
-        return lambda line: self.update(test_id, line)
 
     def update(self, test_id: str, line: str) -> None:
         with self.lock:
@@ -156,139 +163,61 @@ class _Progress:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    rb, prof = _load(args.runbook, args.profile)
-    expand(rb, prof)  # every phase's gates are checked, as pytest and `phases` do, not only the ones run
-    points = expand(rb, prof, list(dict.fromkeys(args.phase)) if args.phase else None)
-    ResultStore(args.results_dir).check()  # a broken store stops the run before anything runs
-    goldens.check_readable(rb.path, rb.name, prof.name)  # so does an unreadable golden file
-    hw = detect()
+    session = AcceptanceSession(_options(args, args.runbook))
+    points = session.points()
+    session.check_ready()
     progress = _Progress()
-    print(f"nsa-validate: runbook {rb.name}, profile {prof.name}, {len(points)} point(s) on {hw.describe()}",
-          file=sys.stderr)
-    for diff in mismatches(prof, hw):
-        print(f"nsa-validate: note: {diff}", file=sys.stderr)
-    n = len(points)
+    print(f"nsa-validate: {len(points)} point(s) of {', '.join(f'{rb.name}/{prof.name}' for rb, prof in session.pairs())}"
+          f" on {session.machine.describe()}", file=sys.stderr)
+    for note in session.mismatch_notes():
+        print(f"nsa-validate: note: {note}", file=sys.stderr)
+
+    def started(i: int, n: int, point) -> None:
+        progress.done(None, f"[{i}/{n}] {point.test_id} ...")
+
+    def finished(i: int, n: int, outcome: Outcome) -> None:
+        progress.done(outcome.point.test_id, f"[{i}/{n}] {outcome.line()}")
+
     try:
-        for batch in batches(points, args.jobs or rb.max_parallel):
-            for point in batch:
-                progress.done(None, f"[{points.index(point) + 1}/{n}] {point.test_id} ...")
-            with ThreadPoolExecutor(max_workers=len(batch)) as pool:
-                futures = {pool.submit(run_point, p, args.results_dir, mismatch=args.hardware_mismatch,
-                                       progress=progress.for_point(p.test_id)): p for p in batch}
-                for fut in as_completed(futures):
-                    point, rec = futures[fut], fut.result()
-                    progress.done(point.test_id, f"[{points.index(point) + 1}/{n}] {point.test_id}: {rec.status} "
-                                                 f"({rec.wall_s:.1f}s) {rec.reason}")
+        session.run(progress.update, started, finished)
     except KeyboardInterrupt:
         if not args.no_report:  # the points finished before the interrupt, in a report
-            _render(args.results_dir, rb.name, prof.name, rb, prof, not args.no_plots)
+            _render(session)
         raise
-    if args.no_report:
-        return 0
-    return _render(args.results_dir, rb.name, prof.name, rb, prof, not args.no_plots)
+    return 0 if args.no_report else _render(session)
 
 
-def _render(results_dir: Path, rb_name: str, prof_name: str, rb, prof, plots: bool,
-            baseline: Path | None = None) -> int:
-    out = report.render(results_dir, rb_name, prof_name, runbook=rb, profile=prof, plots=plots, baseline=baseline)
-    print(f"nsa-validate: {out.verdict} -> {out.path}")
-    return EXIT[out.verdict]
+def _render(session: AcceptanceSession, pairs: list[tuple[str, str]] | None = None) -> int:
+    rendered = session.render(pairs, notes=_note)
+    for out in rendered:
+        print(f"nsa-validate: {out.verdict} -> {out.path}")
+    return session.exit_status(rendered)
+
+
+def _note(text: str) -> None:
+    print(f"nsa-validate: note: {text}", file=sys.stderr)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    if not args.results_dir.is_dir():
-        print(f"nsa-validate: error: results directory {args.results_dir} "
-              f"{'is not a directory' if args.results_dir.exists() else 'does not exist'} "
-              "(give the --results-dir a run wrote into)", file=sys.stderr)
-        return EXIT_USAGE
-    if args.baseline is not None and not (args.baseline / "results.json").is_file():
-        print(f"nsa-validate: error: --baseline {args.baseline}: no result store there (results.json not found)",
-              file=sys.stderr)
-        return EXIT_USAGE
-    store = ResultStore(args.results_dir)
-    pairs = store.pairs()
-    given = {}  # --runbook (a name or a path) loads once, as given
-    if args.runbook:
-        rb, prof = _load(args.runbook, args.profile)
-        pairs, given = [(rb.name, prof.name)], {(rb.name, prof.name): (rb, prof)}
-    elif args.profile:
-        name = load_profile(args.profile).name
-        if not any(p == name for _, p in pairs):
-            held = ", ".join(f"{r}/{p}" for r, p in pairs) or "no records at all"
-            print(f"nsa-validate: error: no records of profile {name} in {store.path} (it holds: {held})",
-                  file=sys.stderr)
-            return EXIT_USAGE
-        pairs = [(r, p) for r, p in pairs if p == name]
-    if not pairs:
-        print(f"nsa-validate: no results in {store.path}", file=sys.stderr)
-        return EXIT[report.Verdict.INCOMPLETE]
-    # of several stored pairs, those the baseline lacks are rendered without a comparison (when it
-    # has none of them, the comparison's error says what it holds)
-    in_baseline = set(ResultStore(args.baseline).pairs()) if args.baseline is not None else set()
-    worst = 0
-    for rb_name, prof_name in pairs:
-        try:
-            rb, prof = given.get((rb_name, prof_name)) or _load(*_ran_from(store, rb_name, prof_name))
-        except HarnessError as exc:  # the runbook changed or moved: render what is stored
-            print(f"nsa-validate: note: {exc}; rendering stored records only", file=sys.stderr)
-            rb = prof = None
-        baseline = args.baseline
-        if baseline is not None and (rb_name, prof_name) not in in_baseline and in_baseline & set(pairs):
-            print(f"nsa-validate: note: --baseline {baseline} holds no records of {rb_name}/{prof_name}; "
-                  "its report has no comparison", file=sys.stderr)
-            baseline = None
-        code = _render(args.results_dir, rb_name, prof_name, rb, prof, not args.no_plots, baseline)
-        worst = code if code == 1 or worst == 0 else worst
-    return worst
-
-
-def _ran_from(store: ResultStore, rb_name: str, prof_name: str) -> tuple[str, str]:
-    """The runbook and profile the pair's latest record ran from (a path for a runbook outside
-    runbooks/), or their names for records that do not say."""
-    latest = max(store.records(rb_name, prof_name), key=lambda r: r.started, default=None)
-    if latest is None:
-        return rb_name, prof_name
-    return latest.runbook_arg or rb_name, latest.profile_arg or prof_name
+    session = AcceptanceSession(_options(args, args.runbook))
+    return _render(session, session.report_pairs())
 
 
 def cmd_bless(args: argparse.Namespace) -> int:
     rb, prof = _load(args.runbook, args.profile)
     if not (args.results_dir / "results.json").is_file():
-        print(f"nsa-validate: error: no result store in {args.results_dir} (give the --results-dir a run wrote "
-              "into)", file=sys.stderr)
-        return EXIT_USAGE
+        raise HarnessError(f"no result store in {args.results_dir} (give the --results-dir a run wrote into)")
     points = bless.select(rb, prof, args.phase, args.point)
     for b in bless.bless(args.results_dir, rb, prof, points):
         print(f"blessed {b.point} on {b.hardware_class}: {b.steps} steps from {b.run} (trainer {b.trainer} at "
               f"{b.commit or '?'}; this repository at {b.harness_commit or '?'})")
-    print(f"nsa-validate: golden curves -> {goldens.GoldenFile.for_pair(rb.path, rb.name, prof.name).path}")
+    print(f"nsa-validate: golden curves -> {GoldenFile.for_pair(rb.path, rb.name, prof.name).path}")
     return 0
 
 
 def cmd_phases(args: argparse.Namespace) -> int:
     rb, prof = _load(args.runbook, args.profile)
-    print(f"runbook {rb.name} ({rb.path}); profiles: {', '.join(rb.profiles)}; showing {prof.name}")
-    if rb.trainer is not None:
-        t = rb.trainer
-        print(f"trainer {t.name}: {' '.join(t.entry)} in {t.root.describe()}, adapter {t.adapter}, "
-              f"phases {', '.join(t.phases)}")
-    for phase in rb.phases:
-        pts = [p for p in expand(rb, prof, [phase.name])]
-        launch = phase.launcher.kind + (f" x{phase.launcher.nproc}" if phase.launcher.kind == "torchrun" else "")
-        config = f"config {phase.config}" if rb.trainer is None else f"trainer {rb.trainer.name}"
-        what = {"train": f"{launch}, {config}, {phase.steps} steps", "pytest": " ".join(phase.tests),
-                "preflight": "git SHA, collect_env, nvidia-smi", "profile": f"torch.profiler, {phase.steps} steps"}[phase.kind]
-        print(f"  {phase.name:18s} {phase.kind:9s} {len(pts)} point(s)  timeout {phase.timeout_s:g}s  {what}")
-        for g in pts[0].gates():
-            thr = "to be measured" if g.threshold is None else f"{g.threshold:g}"
-            print(f"      gate: {g.metric} {g.op} {thr} ({g.window.describe()})")
-        if phase.golden_steps:
-            rtol = prof.thresholds.get(goldens.RTOL_KEY)
-            print(f"      golden: loss of steps 1-{phase.golden_steps} within rel {'to be measured' if rtol is None else f'{rtol:g}'} "
-                  f"of {goldens.GoldenFile.for_pair(rb.path, rb.name, prof.name).path.name}")
-        if len(pts) > 1:
-            print(f"      sweep: {', '.join(p.slug for p in pts)}")
-        print(f"      markers: {' '.join(pts[0].markers)}")
+    print("\n".join(describe(rb, prof, GoldenFile.for_pair(rb.path, rb.name, prof.name).path.name)))
     return 0
 
 
@@ -297,58 +226,37 @@ def cmd_check_artifacts(args: argparse.Namespace) -> int:
         print(f"nsa-validate check-artifacts: error: --world-size is for an adapter (--adapter "
               f"{'/'.join(n for n in sorted(ADAPTERS) if ADAPTERS[n].converts)}); the contract's world size is "
               "env.json's world_size", file=sys.stderr)
-        return EXIT_USAGE
-    return check_artifacts.check(args.dir, args.adapter, args.world_size, costs=metric_costs())
-
-
-#: signals that stop a run as Ctrl-C does; left to their default, SIGTERM (a scheduler's cancel,
-#: `timeout`, `kill`) and SIGHUP (a closed terminal) killed the harness and orphaned its trainers
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-class _Stopped(KeyboardInterrupt):
-    """A stop signal, raised in the main thread as Ctrl-C's KeyboardInterrupt is."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def _on_stop_signal(signum, frame) -> None:
-    runner.ABORT.set()  # worker threads running trainers kill their process groups
-    raise _Stopped(signum)
+        return ExitStatus.USAGE
+    return check_artifacts(args.dir, args.adapter, args.world_size, costs=metric_costs())
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if threading.current_thread() is threading.main_thread():
-        for sig in STOP_SIGNALS:  # Ctrl-C always; the others unless ignored (`nohup` ignores SIGHUP)
-            if sig == signal.SIGINT or signal.getsignal(sig) is not signal.SIG_IGN:
-                signal.signal(sig, _on_stop_signal)
-    problem = checkout_problem()
-    if problem:
-        print(f"nsa-validate: error: {problem}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        return {"run": cmd_run, "report": cmd_report, "phases": cmd_phases, "bless": cmd_bless,
-                "check-artifacts": cmd_check_artifacts}[args.command](args)
-    except HarnessError as exc:
-        print(f"nsa-validate: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt as exc:
-        return _interrupted(getattr(exc, "signum", signal.SIGINT))
-    except BrokenPipeError:
-        # the reader went away (`nsa-validate phases | head -1`): stop quietly, as other command-line
-        # tools do; stdout now points at /dev/null so that the interpreter's last flush cannot fail
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_BROKEN_PIPE
-    except Exception:
-        # A Ctrl-C that lands inside C code can surface as another error: during a C extension's
-        # first import (matplotlib's Agg backend, while plots are drawn) it becomes
-        # "ImportError: initialization failed". It is still the user's interrupt.
-        if runner.ABORT.is_set():
-            return _interrupted(signal.SIGINT)
-        raise
+    with AcceptanceSession.stop_signals():
+        try:
+            problem = checkout_problem()
+            if problem:
+                raise HarnessError(problem)
+            command = {"run": cmd_run, "report": cmd_report, "phases": cmd_phases, "bless": cmd_bless,
+                       "check-artifacts": cmd_check_artifacts}[args.command]
+            return int(command(args))
+        except HarnessError as exc:
+            print(f"nsa-validate: error: {exc}", file=sys.stderr)
+            return ExitStatus.USAGE
+        except KeyboardInterrupt as exc:
+            return _interrupted(getattr(exc, "signum", signal.SIGINT))
+        except BrokenPipeError:
+            # the reader went away (`nsa-validate phases | head -1`): stop quietly, as other command-line
+            # tools do; stdout now points at /dev/null so that the interpreter's last flush cannot fail
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_BROKEN_PIPE
+        except Exception:
+            # A Ctrl-C that lands inside C code can surface as another error: during a C extension's
+            # first import (matplotlib's Agg backend, while plots are drawn) it becomes
+            # "ImportError: initialization failed". It is still the user's interrupt.
+            if AcceptanceSession.stopping():
+                return _interrupted(signal.SIGINT)
+            raise
 
 
 def _interrupted(signum: int) -> int:

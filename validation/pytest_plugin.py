@@ -1,6 +1,10 @@
-"""pytest integration: each runbook phase point is one parametrized test carrying its phase,
-profile and hardware markers, so ``pytest -m a100``, ``pytest -m bucket_sweep`` and ``-k`` reruns
-select what runs; results go to the store; the report is rendered once at session end.
+"""pytest integration, a door into the acceptance session (validation/session/session.py) as the
+CLI is: each runbook phase point is one parametrized test carrying its phase, profile and
+hardware markers, so ``pytest -m a100``, ``pytest -m bucket_sweep`` and ``-k`` reruns select what
+runs; results go to the store; the report is rendered once at session end. The plugin is these
+hooks plus one ``AcceptancePlugin`` object registered in ``pytest_configure`` (pytest-xdist's
+shape), which holds the session; every runbook's own phase names are registered as markers, so
+``pytest -m <phase> --runbook /elsewhere/my.yaml`` works for any phase name.
 
 Enable from the root conftest.py: ``pytest_plugins = ["validation.pytest_plugin"]``.
 
@@ -35,21 +39,12 @@ from typing import Any
 
 import pytest
 
-from validation import DEFAULT_RESULTS_DIR, REPO_ROOT, checkout_problem
-from validation.errors import HarnessError, StoreError
-from validation.judge.findings import find
-from validation.judge.findings.finding import Severity
-from validation.judge.findings.throughput import CROSS_POINT
+from validation import DEFAULT_RESULTS_DIR, REPO_ROOT
+from validation.errors import HarnessError
 from validation.judge.record import PhaseRecord, Status
-from validation.report import build as report
 from validation.runbook.load import available, load_profile, load_runbook
-from validation.runbook.plan import PhasePoint, expand
-from validation.session.run import MISMATCH_POLICIES, module_missing, run_point, why_not
-from validation.store import baseline, goldens
-
-_POINTS_KEY = pytest.StashKey[list]()
-_RAN_KEY = pytest.StashKey[dict]()
-_DIR_KEY = pytest.StashKey[Path]()
+from validation.runbook.plan import PhasePoint
+from validation.session.session import MISMATCH_POLICIES, AcceptanceSession, NotLaunchable, SessionOptions
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -112,16 +107,6 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     os.execv(sys.executable, [*interpreter_args, *fixed])
 
 
-def _baseline_dir(config: pytest.Config) -> Path | None:
-    option = config.getoption("--baseline")
-    if option is None:
-        return None
-    path = Path(option).resolve()
-    if not (path / "results.json").is_file():
-        raise pytest.UsageError(f"nsa-validate: --baseline {option}: no result store there (results.json not found)")
-    return path
-
-
 def results_dir_for(option: str | None, markexpr: str, runbook_opts: list[str] | None,
                     profile_opts: list[str] | None, acceptance_markers: set[str], temp: Path) -> Path:
     """Where phase points store their records: --results-dir when given; ./results for an
@@ -138,79 +123,15 @@ def results_dir_for(option: str | None, markexpr: str, runbook_opts: list[str] |
 
 #: a plain test run's results directory, made by the controller and inherited by xdist workers
 _SESSION_DIR_ENV = "VALIDATION_TEST_RESULTS_DIR"
+_PLUGIN = "nsa-validate-session"
 
 
-def _results_dir(config: pytest.Config) -> Path:
-    if _DIR_KEY not in config.stash:
-        markers = {p.profile.marker for p in _points(config)} | {p.phase.name for p in _points(config)}
-        config.stash[_DIR_KEY] = results_dir_for(
-            config.getoption("--results-dir"), config.getoption("-m") or "", config.getoption("--runbook"),
-            config.getoption("--profile"), markers,
-            Path(os.environ.get(_SESSION_DIR_ENV) or tempfile.mkdtemp(prefix="nsa-validate-tests-")))
-    return config.stash[_DIR_KEY]
-
-
-def _known_markers(config: pytest.Config) -> set[str]:
+def _ini_markers(config: pytest.Config) -> set[str]:
     return {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
-
-
-def _points(config: pytest.Config) -> list[PhasePoint]:
-    """Every (runbook, profile, phase, sweep point) selected by the options, loaded once."""
-    if _POINTS_KEY in config.stash:
-        return config.stash[_POINTS_KEY]
-    problem = checkout_problem()
-    if problem:
-        raise pytest.UsageError(f"nsa-validate: {problem}")
-    names = config.getoption("--runbook") or available()
-    wanted = config.getoption("--profile") or []
-    points: list[PhasePoint] = []
-    try:
-        # an unknown profile is an error, not a silent empty selection
-        wanted_names = {w: load_profile(w).name for w in wanted}
-        used: set[str] = set()
-        for name in names:
-            rb = load_runbook(name, known_markers=_known_markers(config))
-            for prof_name in rb.profiles:
-                prof = load_profile(prof_name)
-                if wanted and prof.name not in wanted_names.values():
-                    continue
-                used.add(prof.name)
-                goldens.check_readable(rb.path, rb.name, prof.name)  # an unreadable golden file stops the session
-                points += expand(rb, prof)
-        unused = [w for w, n in wanted_names.items() if n not in used]
-        if unused:
-            raise HarnessError(f"--profile {', '.join(unused)}: no selected runbook uses it (runbooks: "
-                               f"{', '.join(names)}; their profiles: "
-                               f"{', '.join(sorted({p for n in names for p in load_runbook(n).profiles}))})")
-    except HarnessError as exc:
-        raise pytest.UsageError(f"nsa-validate: {exc}") from None
-    config.stash[_POINTS_KEY] = points
-    return points
 
 
 def _marks(names: tuple[str, ...]) -> list[Any]:
     return [getattr(pytest.mark, m) for m in names]
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "acceptance_point" in metafunc.fixturenames:
-        points = _points(metafunc.config)
-        metafunc.parametrize("acceptance_point", [pytest.param(p, id=p.test_id, marks=_marks(p.markers)) for p in points])
-    if "acceptance_pair" in metafunc.fixturenames:
-        pairs: dict[tuple[str, str], PhasePoint] = {}
-        for p in _points(metafunc.config):
-            pairs.setdefault((p.runbook.name, p.profile.name), p)
-        params = []
-        for (rb, prof), p in pairs.items():
-            ms = [p.profile.marker] + (["gpu"] if p.profile.hardware.accelerator == "cuda" else [])
-            params.append(pytest.param((rb, prof), id=f"{rb}/{prof}", marks=_marks(tuple(ms))))
-        metafunc.parametrize("acceptance_pair", params)
-
-
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Report checks run after every phase point of the session."""
-    last = [i for i in items if "acceptance_pair" in getattr(i, "fixturenames", ())]
-    items[:] = [i for i in items if i not in last] + last
 
 
 class _TerminalProgress:
@@ -222,7 +143,7 @@ class _TerminalProgress:
         self.every_s, self.last, self.lock = config.getoption("--progress-every"), time.monotonic(), threading.Lock()
         self.capman = config.pluginmanager.getplugin("capturemanager")
 
-    def __call__(self, line: str) -> None:
+    def __call__(self, test_id: str, line: str) -> None:
         with self.lock:
             now = time.monotonic()
             if now - self.last < self.every_s:
@@ -232,42 +153,64 @@ class _TerminalProgress:
             print(f"nsa-validate: {line}", file=sys.stderr, flush=True)
 
 
-class Harness:
-    """What an acceptance test needs: run a point, know the results directory."""
+class AcceptancePlugin:
+    """The acceptance session of this pytest run, and the hooks that need it: parametrizing the
+    acceptance tests with its points, noting which (runbook, profile) pairs ran (from test
+    reports, so it works under xdist too), and rendering their reports once, on the controller."""
 
-    def __init__(self, config: pytest.Config):
-        self.config = config
-        self.results_dir = _results_dir(config)
-        self.mismatch = config.getoption("--hardware-mismatch")
+    def __init__(self, config: pytest.Config, session: AcceptanceSession):
+        self.config, self.session = config, session
+        self.pairs: set[tuple[str, str]] = set()
+        self.reports: list[str] = []
+        self.progress = _TerminalProgress(config)
+        self._signals = contextlib.ExitStack()
+
+    # --- what a test runs ------------------------------------------------------------------------
+
+    @property
+    def results_dir(self) -> Path:
+        return self.session.results_dir
 
     def run(self, point: PhasePoint) -> PhaseRecord:
-        from validation.machine import detect
-        reason = why_not(point, detect(), self.mismatch)
-        if reason is None:
-            reason = module_missing(point)
-            if reason:
-                pytest.skip(f"{reason} (the trainer is not runnable here yet)")
-        record = run_point(point, self.results_dir, mismatch=self.mismatch,
-                           progress=_TerminalProgress(self.config))
-        self.config.stash.setdefault(_RAN_KEY, {})[point.test_id] = record
-        if reason:
-            pytest.skip(reason)
+        """Run the point through the session; a point that cannot launch here (a trainer root
+        not set) skips with no record, one this machine cannot run skips with its SKIP record."""
+        try:
+            record = self.session.run_point(point, self.progress)
+        except NotLaunchable as exc:
+            pytest.skip(f"{exc} (nothing run or stored)")
+        if record.status == Status.SKIP:
+            pytest.skip(record.reason)
         return record
 
+    # --- hooks -----------------------------------------------------------------------------------
 
-@pytest.fixture(scope="session")
-def harness(request: pytest.FixtureRequest) -> Harness:
-    return Harness(request.config)
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        if "acceptance_point" in metafunc.fixturenames:
+            points = self._points()
+            metafunc.parametrize("acceptance_point", [pytest.param(p, id=p.test_id, marks=_marks(p.markers))
+                                                      for p in points])
+        if "acceptance_pair" in metafunc.fixturenames:
+            pairs: dict[tuple[str, str], PhasePoint] = {}
+            for p in self._points():
+                pairs.setdefault((p.runbook.name, p.profile.name), p)
+            params = []
+            for (rb, prof), p in pairs.items():
+                ms = [p.profile.marker] + (["gpu"] if p.profile.hardware.accelerator == "cuda" else [])
+                params.append(pytest.param((rb, prof), id=f"{rb}/{prof}", marks=_marks(tuple(ms))))
+            metafunc.parametrize("acceptance_pair", params)
 
+    def _points(self) -> list[PhasePoint]:
+        try:
+            return self.session.points()
+        except HarnessError as exc:
+            raise pytest.UsageError(f"nsa-validate: {exc}") from None
 
-class _Session:
-    """Per-session bookkeeping: which (runbook, profile) pairs ran (from test reports, so it
-    works under xdist too), and rendering the reports once, on the controller."""
-
-    def __init__(self, config: pytest.Config):
-        self.config = config
-        self.pairs: set[tuple[str, str]] = set()
-        self.reports: list[Any] = []
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, session: pytest.Session, config: pytest.Config,
+                                      items: list[pytest.Item]) -> None:
+        """Report checks run after every phase point of the session."""
+        last = [i for i in items if "acceptance_pair" in getattr(i, "fixturenames", ())]
+        items[:] = [i for i in items if i not in last] + last
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" and "[" in report.nodeid and not report.skipped:
@@ -282,95 +225,109 @@ class _Session:
         temp = os.environ.get(_SESSION_DIR_ENV)
         if temp and Path(temp).is_dir() and not any(Path(temp).iterdir()):
             os.rmdir(temp)  # no point ran: leave no empty directory behind
-        if self.config.getoption("--no-acceptance-report"):
+        if self.config.getoption("--no-acceptance-report") or not self.pairs:
             return
-        loaded = {(p.runbook.name, p.profile.name): (p.runbook, p.profile) for p in _points(self.config)}
-        for rb_name, prof_name in sorted(self.pairs):
+        for pair in sorted(self.pairs):
             try:
-                rb, prof = loaded.get((rb_name, prof_name)) or (load_runbook(rb_name), load_profile(prof_name))
-                base, note = _baseline_dir(self.config), ""
-                if base is not None:
-                    try:  # a baseline without this pair: the report still renders, and says why it compares nothing
-                        baseline.load(base, _results_dir(self.config), rb_name, prof_name)
-                    except StoreError as exc:
-                        base, note = None, f" (no comparison: {exc})"
-                out = report.render(_results_dir(self.config), rb_name, prof_name, runbook=rb, profile=prof,
-                                    baseline=base)
-                self.reports.append(f"{out.verdict} -> {out.path}{note}")
+                for out in self.session.render([pair], notes=lambda text: self.reports.append(f"note: {text}")):
+                    self.reports.append(f"{out.verdict} -> {out.path}")
             except HarnessError as exc:
-                self.reports.append(f"report for {rb_name}/{prof_name} not rendered: {exc}")
+                self.reports.append(f"report for {pair[0]}/{pair[1]} not rendered: {exc}")
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
         for line in self.reports:
             terminalreporter.write_line(f"nsa-validate report: {line}")
 
-
-#: signals that end a session as Ctrl-C does; at their default they killed pytest at once and the
-#: running trainer (in a session of its own) ran on as an orphan
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-_SAVED_HANDLERS = pytest.StashKey[dict]()
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self._signals.close()
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)  # runner.run kills the trainer's tree on its way out
+def _options(config: pytest.Config) -> SessionOptions:
+    runbooks = tuple(config.getoption("--runbook") or available())
+    acceptance = _acceptance_markers(config, runbooks)
+    base = config.getoption("--baseline")
+    return SessionOptions(
+        results_dir=results_dir_for(config.getoption("--results-dir"), config.getoption("-m") or "",
+                                    config.getoption("--runbook"), config.getoption("--profile"), acceptance,
+                                    Path(os.environ.get(_SESSION_DIR_ENV) or tempfile.mkdtemp(prefix="nsa-validate-tests-"))),
+        runbooks=runbooks, profiles=tuple(config.getoption("--profile") or ()),
+        mismatch=config.getoption("--hardware-mismatch"), baseline=Path(base).resolve() if base else None,
+        known_markers=frozenset(_ini_markers(config)))
 
 
-def _stop_signals_interrupt(config: pytest.Config) -> None:
-    """SIGTERM (a scheduler's cancel, `timeout`, `kill`) and SIGHUP (a closed terminal) raise
-    KeyboardInterrupt, as Ctrl-C does, where nobody handles them yet; restored at unconfigure."""
-    if threading.current_thread() is not threading.main_thread():
-        return
-    saved = {}
-    for sig in _STOP_SIGNALS:
-        if signal.getsignal(sig) is signal.SIG_DFL:
-            saved[sig] = signal.signal(sig, _interrupt)
-    config.stash[_SAVED_HANDLERS] = saved
+def _acceptance_markers(config: pytest.Config, runbooks: tuple[str, ...]) -> set[str]:
+    """The profile markers and phase names of the selected runbooks (an acceptance run names one
+    of them in -m); a runbook that does not load names none here: the session reports it."""
+    out: set[str] = set()
+    for name in runbooks:
+        try:
+            rb = load_runbook(name)
+        except HarnessError:
+            continue
+        out |= {ph.name for ph in rb.phases}
+        for prof in rb.profiles:
+            with contextlib.suppress(HarnessError):
+                out.add(load_profile(prof).marker)
+    return out
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
-    for sig, handler in config.stash.get(_SAVED_HANDLERS, {}).items():
-        signal.signal(sig, handler)
+def _register_phase_markers(config: pytest.Config, runbooks: tuple[str, ...]) -> None:
+    """Every selected runbook's phase names become markers (--strict-markers refuses a mark it
+    does not know, so `pytest -m single --runbook my.yaml` failed at collection otherwise)."""
+    known = _ini_markers(config)
+    for name in runbooks:
+        try:
+            rb = load_runbook(name, known_markers=known)
+        except HarnessError:
+            continue  # reported as a usage error when the points are loaded
+        for ph in rb.phases:
+            if ph.name not in known:
+                config.addinivalue_line("markers", f"{ph.name}: runbook phase of {rb.name}")
+                known.add(ph.name)
 
 
 def _runbook_given_as_marker(config: pytest.Config) -> str | None:
     """The runbook a ``-m`` expression names where a marker belongs (``pytest -m cpu_smoke``):
     pytest would only say the marker is unknown."""
     words = set(re.findall(r"[A-Za-z_]\w*", config.option.markexpr or "")) - {"and", "or", "not"}
-    markers = {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
-    return next((w for w in sorted(words - markers) if w in available()), None)
+    return next((w for w in sorted(words - _ini_markers(config)) if w in available()), None)
+
+
+@pytest.fixture(scope="session")
+def harness(request: pytest.FixtureRequest) -> AcceptancePlugin:
+    return request.config.pluginmanager.get_plugin(_PLUGIN)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    named = _runbook_given_as_marker(config) if config.rootpath == REPO_ROOT else None
+    ours = config.rootpath == REPO_ROOT
+    if not ours and not config.getoption("--runbook"):
+        return  # another project's session in this environment: the plugin stays out of its way
+    runbooks = tuple(config.getoption("--runbook") or available())
+    _register_phase_markers(config, runbooks)
+    named = _runbook_given_as_marker(config) if ours else None
     if named is not None:
         raise pytest.UsageError(f"-m {named}: {named} is a runbook, not a marker; run it with --runbook "
                                 f"{named} (markers select phases, e.g. -m long_run, and profiles, e.g. "
                                 "-m cpu_profile; `nsa-validate phases --runbook NAME` lists them)")
     # a controller (or lone) session of this repository's tests gets a results directory of its
-    # own, whatever it inherited; its xdist workers inherit it (other projects' sessions in this
-    # environment, which load the plugin too, get none)
-    if not hasattr(config, "workerinput") and config.rootpath == REPO_ROOT:
+    # own, whatever it inherited; its xdist workers inherit it
+    if not hasattr(config, "workerinput"):
         os.environ[_SESSION_DIR_ENV] = tempfile.mkdtemp(prefix="nsa-validate-tests-")
-    if config.rootpath == REPO_ROOT:
-        _stop_signals_interrupt(config)
-    base = _baseline_dir(config)  # a --baseline without a store is a usage error before anything runs
-    if base is not None and base == _results_dir(config).resolve():  # so is one that is the results dir itself
-        raise pytest.UsageError(f"nsa-validate: --baseline {config.getoption('--baseline')} is the results "
-                                "directory itself; give the results directory of another run")
-    config.pluginmanager.register(_Session(config), "nsa-validate-session")
+    session = AcceptanceSession(_options(config))
+    try:  # a bad runbook, profile, golden file, store or baseline stops the run before collection
+        session.points()
+        session.check_ready()
+    except HarnessError as exc:
+        raise pytest.UsageError(f"nsa-validate: {exc}") from None
+    plugin = AcceptancePlugin(config, session)
+    # SIGTERM (a scheduler's cancel, `timeout`, `kill`) and SIGHUP (a closed terminal) stop the
+    # run as Ctrl-C does, where nobody handles them yet; pytest keeps its own SIGINT handling
+    plugin._signals.enter_context(AcceptanceSession.stop_signals((signal.SIGTERM, signal.SIGHUP), only_default=True))
+    config.pluginmanager.register(plugin, _PLUGIN)
 
 
 def session_findings(config: pytest.Config, pair: tuple[str, str]) -> tuple[list[str], int]:
-    """Critical findings across the points of ``pair`` run in this process (a cliff only shows
-    across sweep points, which no single point's test can see; a regression against --baseline
-    only against another run), and how many points ran."""
-    records = [r for r in config.stash.get(_RAN_KEY, {}).values()
-               if (r.key.runbook, r.key.profile) == pair and r.status != Status.SKIP]
-    extra = []
-    base_dir = _baseline_dir(config)
-    if base_dir is not None and records:
-        profile = next(p.profile for p in _points(config) if (p.runbook.name, p.profile.name) == pair)
-        extra = baseline.compare(records, baseline.load(base_dir, _results_dir(config), *pair), base_dir,
-                                 profile.thresholds.get(baseline.REGRESSION_KEY)).findings()
-    cross = [f for f in find(records) if f.severity == Severity.CRITICAL and f.kind in CROSS_POINT]
-    return [f.title for f in cross + extra], len(records)
+    """Critical findings across the points of ``pair`` run in this process, and how many ran."""
+    plugin = config.pluginmanager.get_plugin(_PLUGIN)
+    found, n = plugin.session.cross_point_findings(pair)
+    return [f.title for f in found], n

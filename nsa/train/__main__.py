@@ -1,7 +1,14 @@
 """``python -m nsa.train --config tiny --steps 10`` (see ``--help``)."""
 import sys
 
-from .cli import main
+from ..contract import LIST_KEYS_FLAG
 
 if __name__ == "__main__":
+    if LIST_KEYS_FLAG in sys.argv[1:]:
+        # before the trainer is imported: the answer needs no torch (nsa/train/keys.py)
+        from .keys import main as list_keys
+
+        sys.exit(list_keys())
+    from .cli import main
+
     sys.exit(main())

@@ -4,7 +4,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 
+from .. import contract
 from ..attention import BackendUnavailable
 from ..config import ConfigError, list_presets
 from .checkpoint import CheckpointError
@@ -13,7 +15,7 @@ from .data import DataError
 from .interrupt import EXIT_INTERRUPTED
 from .loop import Trainer
 
-EXIT_INPUT = 2
+EXIT_INPUT = contract.EXIT_INPUT
 """Bad config, data, checkpoint or backend request: a one-line error, no traceback."""
 
 ENV_HELP = "environment toggles (each overrides its config key and is recorded in env.json):\n" + "\n".join(
@@ -21,13 +23,13 @@ ENV_HELP = "environment toggles (each overrides its config key and is recorded i
     for var, key in ENV_TOGGLES.items()
 ) + "\n  CONFIG                 -> the config file, when --config is not given"
 
-EXIT_HELP = """exit status: 0 done (or stopped by an operator .HALT), 1 unexpected error (a traceback; out of
-memory also writes oom_rank*.txt), 2 bad config / data / checkpoint, 3 watchdog stall (stack
-dumps in stackdump_rank*.txt), 4 NaN/inf loss, 130 Ctrl-C (the first one stops after the step
-in flight and saves a checkpoint that train.resume=auto continues; a second one stops at once).
-Under torchrun these are the per-rank codes in torchrun's failure summary; torchrun itself exits
-1 when any rank fails. Distributed runs are detected from torchrun's RANK / WORLD_SIZE /
-LOCAL_RANK only."""
+EXIT_HELP = textwrap.fill("exit status (nsa/contract.py): " + ", ".join(
+    f"{code} {meaning}" for code, meaning in contract.EXIT_MEANING.items()) + ".", width=96) + """
+Out of memory (1) also writes oom_rank*.txt; a watchdog stall (3) leaves stack dumps in
+stackdump_rank*.txt; the first Ctrl-C (130) stops after the step in flight and saves a
+checkpoint that train.resume=auto continues, a second one stops at once. Under torchrun these
+are the per-rank codes in torchrun's failure summary; torchrun itself exits 1 when any rank
+fails. Distributed runs are detected from torchrun's RANK / WORLD_SIZE / LOCAL_RANK only."""
 
 
 def run(config: str | None, overrides: list[str], env=None) -> int:
@@ -70,11 +72,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "'train.seq_len=512 model.n_layers=2'")
     p.add_argument("--out-dir", default=None, help="output directory (train.out_dir)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (train.steps)")
+    p.add_argument(contract.LIST_KEYS_FLAG, action="store_true",
+                   help="print the config keys (a JSON list of dotted names) and exit; fast, no torch import")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.list_keys:
+        from .keys import main as list_keys
+
+        return list_keys()
     overrides = list(args.override)
     if args.out_dir is not None:
         overrides.append(f"train.out_dir={args.out_dir}")

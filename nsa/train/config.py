@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .. import contract
 from ..config import (ConfigError, field_paths, from_dict, merge, parse_overrides, read_yaml, resolve_config_path,
                       to_dict)
 from ..model.config import ModelConfig
@@ -84,12 +85,17 @@ class TrainConfig:
     operator .HALT) always saves, so that it can resume."""
     resume: str = ""
     """'' (fresh run), 'auto' (latest checkpoint in out_dir, fresh if none) or a checkpoint path."""
+    profile_steps: int = 0
+    """Profile this many steps once the run is steady (after the warm-up and the CUDA-graph
+    capture step) and write profile.json, profile_top_ops.txt and, on CUDA, gpu_timeline.json.gz;
+    the run then goes on to train.steps (env CONTRACT_PROFILE_STEPS, the harness's switch;
+    nsa/train/profile.py). 0: no profile."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "seq_len", "batch_size", "grad_accum", "log_every", "print_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "ckpt_every", "run_steps"):
+        for name in ("warmup_steps", "ckpt_every", "run_steps", "profile_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:
@@ -112,9 +118,11 @@ class TrainConfig:
 class DataConfig:
     dataset: str = "synthetic"
     """synthetic (uniform random bytes), pattern (learnable repeating ramps), text (plain text
-    files), parquet / jsonl (a text column), fineweb_edu (parquet or jsonl by file suffix)."""
+    files; without data.path the Python standard library's own .py sources, nsa/train/corpus.py),
+    parquet / jsonl (a text column), fineweb_edu (parquet or jsonl by file suffix)."""
     path: str = ""
-    """Local file, directory or glob for text/parquet/jsonl/fineweb_edu. Never downloaded."""
+    """Local file, directory or glob for text/parquet/jsonl/fineweb_edu. Never downloaded. Empty
+    for text: the standard library's sources of the Python that runs, read in place."""
     text_column: str = "text"
     """Column (parquet) or key (jsonl) holding the document text."""
     tokenizer: str = "byte"
@@ -137,7 +145,7 @@ class DataConfig:
             raise ValueError(f"data.prefetch must be >= 1, got {self.prefetch}")
         if self.pattern_period < 2:
             raise ValueError(f"data.pattern_period must be >= 2, got {self.pattern_period}")
-        if self.dataset in ("text", "parquet", "jsonl", "fineweb_edu") and not self.path:
+        if self.dataset in ("parquet", "jsonl", "fineweb_edu") and not self.path:
             raise ValueError(
                 f"data.path is required for data.dataset={self.dataset!r} (local files only, no "
                 "downloads); e.g. --override data.path=/data/fineweb-edu/*.parquet"
@@ -261,7 +269,7 @@ class RunConfig:
 
 # --- environment toggles: the one place the trainer reads them ------------------------------
 
-#: env var -> dotted config key. Nothing else in nsa/train reads NSA_* variables.
+#: env var -> dotted config key. Nothing else in nsa/train reads these variables.
 ENV_TOGGLES: dict[str, str] = {
     "NSA_DDP_BUCKET_MB": "dist.ddp_bucket_mb",
     "NSA_DDP_COMPRESS": "dist.ddp_compress",
@@ -279,6 +287,8 @@ ENV_TOGGLES: dict[str, str] = {
     "NSA_TB_DISABLE": "telemetry.tb_disable",
     "NSA_DISABLE_AUX_STATS": "telemetry.disable_aux_stats",
     "NSA_FAULT": "fault.spec",
+    # the artifact contract's profile request (CONTRACT_PROFILE_STEPS), set by a harness
+    contract.PROFILE_STEPS_ENV: "train.profile_steps",
 }
 #: the env var that names the config file (the CLI's --config)
 CONFIG_ENV = "CONFIG"
@@ -302,7 +312,7 @@ class Resolved:
     noop_toggles: dict[str, str]
     """var -> why it does nothing, for no-op toggles that were set."""
     env_seen: dict[str, str]
-    """Every NSA_* and NCCL_* variable (and CONFIG) present."""
+    """Every NSA_* and NCCL_* variable, CONFIG and every ENV_TOGGLES variable present."""
 
 
 def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
@@ -350,7 +360,8 @@ def load_run_config(
             if entry["key"] in msg:
                 msg += f" (set by environment variable {var}={entry['value']!r})"
         raise ConfigError(f"{path}: {msg}") from None
-    seen = {k: v for k, v in sorted(env.items()) if k.startswith(("NSA_", "NCCL_")) or k == CONFIG_ENV}
+    seen = {k: v for k, v in sorted(env.items())
+            if k.startswith(("NSA_", "NCCL_")) or k == CONFIG_ENV or k in ENV_TOGGLES}
     return cfg, Resolved(str(path), extra, applied, noops, seen)
 
 

@@ -14,12 +14,14 @@ import json
 import queue
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import torch
 
 from .config import DataConfig
+from .corpus import StdlibCorpus
 
 SEPARATOR = 0
 """Byte inserted between documents (NUL never occurs in text)."""
@@ -31,6 +33,20 @@ class DataError(RuntimeError):
 
 class DataTimeout(DataError):
     """The loader produced no batch within data.loader_timeout_s."""
+
+
+@dataclass(frozen=True)
+class DataSummary:
+    """What a source reads, for env.json."""
+
+    dataset: str
+    text: str
+    """describe(): what it is, for people."""
+    root: str | None = None
+    """Where the files are: data.path as given, or the standard library's directory for the
+    default text corpus."""
+    files: int | None = None
+    """How many files are read (None: no files)."""
 
 
 def byte_encode(text: str) -> torch.Tensor:
@@ -50,6 +66,9 @@ class RandomSource:
     def describe(self) -> str:
         return "synthetic random bytes"
 
+    def summary(self) -> DataSummary:
+        return DataSummary("synthetic", self.describe())
+
     def row(self, j: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + j)
         return torch.randint(0, self.vocab, (self.seq_len + 1,), generator=g)
@@ -65,6 +84,9 @@ class PatternSource:
 
     def describe(self) -> str:
         return f"synthetic pattern (period {self.period})"
+
+    def summary(self) -> DataSummary:
+        return DataSummary("pattern", self.describe())
 
     def row(self, j: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + j)
@@ -102,18 +124,28 @@ def _kind_of(path: Path, dataset: str) -> str:
 
 class DocumentStream:
     """Documents from local text / jsonl / parquet files, byte-tokenised, separated by NUL and
-    cut into rows of seq_len + 1; loops over the files forever (epochs)."""
+    cut into rows of seq_len + 1; loops over the files forever (epochs). Text without data.path
+    reads the Python standard library's sources (nsa/train/corpus.py)."""
 
     def __init__(self, cfg: DataConfig, seq_len: int):
         self.cfg, self.seq_len = cfg, seq_len
-        self.files = expand_paths(cfg.path)
+        self.corpus = StdlibCorpus.find() if cfg.dataset == "text" and not cfg.path else None
+        self.files = self.corpus.paths() if self.corpus is not None else expand_paths(cfg.path)
+        if not self.files:
+            raise DataError(f"{self.describe()}: no files to read")
         self.kinds = [_kind_of(f, cfg.dataset) for f in self.files]
         for f, kind in zip(self.files, self.kinds):
             self._check(f, kind)
 
     def describe(self) -> str:
+        if self.corpus is not None:
+            return f"text: {self.corpus.describe()}"
         more = f" (+{len(self.files) - 1} more)" if len(self.files) > 1 else ""
         return f"{self.cfg.dataset} files {self.files[0]}{more}"
+
+    def summary(self) -> DataSummary:
+        root = str(self.corpus.root) if self.corpus is not None else self.cfg.path
+        return DataSummary(self.cfg.dataset, self.describe(), root, len(self.files))
 
     def _check(self, path: Path, kind: str) -> None:
         """Fail at start-up, in the main thread, on unreadable files or a missing column."""

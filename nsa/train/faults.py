@@ -9,16 +9,20 @@ Spec: one or more faults separated by commas, each ``KIND[:key=value]...``::
     NSA_FAULT="oom:step=2"                     out of memory -> OOM report and exit
     NSA_FAULT="kill:rank=1:step=3"             rank 1 SIGKILLs itself -> dead-peer path
     NSA_FAULT="stall:rank=0:step=2:seconds=30" a finite stall (slow rank, no watchdog if short)
+    NSA_FAULT="quit_early:step=4"              every rank stops after step 4, exit 0, no .HALT
 
 Keys: ``rank`` (default: every rank), ``step`` (1-based optimizer step, default 1), ``stage``
 (data, forward, backward or optimizer; default forward, except nan which always acts on the
-loss after forward), ``seconds`` (stall only; default: forever).
+loss after forward), ``seconds`` (stall only; default: forever). quit_early takes ``step`` only.
 
 Each fault drives a real code path: stall really blocks the main thread (peers block in their
 next collective, and the watchdog must notice); crash raises in the loop; nan poisons the
 loss tensor, so backward and the non-finite guard see it; oom on CUDA really allocates more
 than the device holds (on CPU it raises torch.OutOfMemoryError, as allocating would invite the
-kernel's OOM killer instead); kill sends SIGKILL to its own process, as a dead node would.
+kernel's OOM killer instead); kill sends SIGKILL to its own process, as a dead node would;
+quit_early ends the loop after its step as if the run were done (the step logged, a checkpoint
+saved, exit 0, no .HALT): a trainer that stops short and says nothing is a bug only the count of
+steps completed against steps requested can catch, so a harness must be tried on it.
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ import torch
 
 from ..config import ConfigError
 
-KINDS = ("stall", "crash", "nan", "oom", "kill")
+KINDS = ("stall", "crash", "nan", "oom", "kill", "quit_early")
 STAGES = ("data", "forward", "backward", "optimizer")
 
 
@@ -78,6 +82,8 @@ def parse_faults(spec: str) -> list[Fault]:
                 )
         if kind == "nan":
             kw["stage"] = "forward"
+        if kind == "quit_early" and any(p.partition("=")[0] != "step" for p in params):
+            raise ConfigError(f"fault.spec (NSA_FAULT) {item!r}: quit_early takes step only (every rank quits)")
         faults.append(Fault(**kw))
     return faults
 
@@ -92,10 +98,15 @@ class FaultInjector:
     def __bool__(self) -> bool:
         return bool(self.faults)
 
+    def quit_after(self) -> int | None:
+        """The step after which quit_early ends the run, if one is set."""
+        steps = [f.step for f in self.faults if f.kind == "quit_early"]
+        return min(steps) if steps else None
+
     def at(self, step: int, stage: str) -> None:
         """Called at every stage boundary; triggers the matching non-loss faults."""
         for f in self.faults:
-            if f.kind == "nan" or not f.applies(self.rank, step, stage):
+            if f.kind in ("nan", "quit_early") or not f.applies(self.rank, step, stage):
                 continue
             if f.kind == "stall":
                 end = None if f.seconds is None else time.monotonic() + f.seconds

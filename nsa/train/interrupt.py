@@ -10,8 +10,10 @@ import signal
 import sys
 import threading
 
-EXIT_INTERRUPTED = 128 + signal.SIGINT
-"""Stopped by Ctrl-C: the shell's convention for a process ended by SIGINT."""
+from .. import contract
+
+EXIT_INTERRUPTED = contract.EXIT_INTERRUPTED
+"""Stopped by Ctrl-C: the shell's convention for a process ended by SIGINT (128 + 2)."""
 
 
 class CtrlC:

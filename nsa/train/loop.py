@@ -1,19 +1,29 @@
 """The Trainer: setup (distributed, model, wrap, optimizer, resume, data, telemetry, watchdog),
 then one loop whose body has a fixed order: LR, micro-batch accumulation (data, forward,
 backward; grads sync on the last micro-batch only), clip, stats exchange with the non-finite
-guard, optimizer step, zero grads, log, checkpoint, stop. With CUDA graphs (train.cuda_graphs,
-nsa/train/graphs.py) the accumulation of every step after the warm-up is one graph replay, and
-its gradients are overwritten in place by the next replay instead of being zeroed."""
+guard, optimizer step, zero grads; then, per completed step, log, checkpoint, stop. With CUDA
+graphs (train.cuda_graphs, nsa/train/graphs.py) the accumulation of every step after the
+warm-up is one graph replay, and its gradients are overwritten in place by the next replay
+instead of being zeroed.
+
+The last step a run completes is always logged (training.csv and a step heartbeat), whatever
+train.log_every, on every exit the trainer controls (done, .HALT, Ctrl-C, non-finite loss, an
+exception): the harness compares the steps completed with the steps requested. A step stopped by
+the non-finite guard did not complete (no optimizer step): it is no row of training.csv; its
+losses are in the .HALT record and the rank's ``halt`` heartbeat."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from .. import contract
 from ..config import ConfigError
 from ..model import NSATransformer, backend_report, gate_stats
 from . import checkpoint as ckpt
@@ -25,14 +35,38 @@ from .faults import FaultInjector
 from .interrupt import EXIT_INTERRUPTED, CtrlC
 from .optim import build_optimizer, lr_at, set_lr
 from .parallelize import parallelize, set_grad_sync
+from .profile import ProfileStatus, cuda_kernel_names, profiled_window, summarize
+from .profile import write as write_profile
 from .telemetry import Telemetry, environment, memory_gb, memory_source, sdpa_flags, write_json_atomic
 from .watchdog import Watchdog, halt_path, read_halt, write_halt
 
-EXIT_NONFINITE = 4
+EXIT_NONFINITE = contract.EXIT_NONFINITE
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One optimizer step's values, as host numbers (the step's stats exchange brought them over)."""
+
+    step: int
+    loss: float
+    """Mean over ranks and micro-batches."""
+    loss_rank: float
+    lr: float
+    grad_norm: float
+    halt: bool = False
+    """A rank saw an operator .HALT or Ctrl-C: the run stops after this step."""
+    seconds: float = 0.0
+    """Wall time since the previous step ended (set by the loop, which times the steps)."""
 
 
 class NonFiniteLoss(RuntimeError):
-    """The loss or gradient norm became NaN/inf; the message has the step and the values."""
+    """The loss or gradient norm became NaN/inf; carries the step's values, which are logged
+    before the run halts."""
+
+    def __init__(self, result: StepResult, losses: list[float]):
+        self.result, self.losses = result, losses
+        super().__init__(f"non-finite loss at step {result.step}: loss per rank {losses}, grad_norm "
+                         f"{result.grad_norm}; halting before the optimizer step")
 
 
 class Trainer:
@@ -88,13 +122,14 @@ class Trainer:
                 self.log(f"[ckpt] resumed from {path} at step {self.step} (data position {data_position})")
                 for diff in ckpt.model_differences(state["config"].get("model", {}), config_dict(cfg)["model"]):
                     self.log(f"[ckpt] warning: the model config differs from the checkpoint's: {diff}")
-            elif (self.out / "training.csv").exists():
+            elif (self.out / contract.TRAINING_CSV).exists():
                 # starting afresh over an earlier run: its training.csv is replaced, its checkpoints stay
                 self.log(f"[out] warning: {self.out} holds an earlier run; starting afresh at step 1 "
                          "(train.resume=auto would continue it); its training.csv is replaced and its "
                          "checkpoints stay beside the new ones")
             self.step_first = self.step + 1  # the first step this process runs
             self.graph_note = ""  # how graph capture went, for env.json
+            self.profile_status: ProfileStatus | None = None  # train.profile_steps, planned by train()
 
             self.telemetry = Telemetry(self.out, info.rank, info.is_master, self.device,
                                        cfg.telemetry.heartbeat, cfg.telemetry.nvtx, resume_step=self.step)
@@ -150,7 +185,7 @@ class Trainer:
 
     def operator_halt(self) -> bool:
         rec = read_halt(self.out)
-        return rec is not None and rec.get("source") != "watchdog"
+        return rec is not None and rec.get("source") != contract.HALT_WATCHDOG
 
     # --- env.json -------------------------------------------------------------------------
 
@@ -163,7 +198,8 @@ class Trainer:
         nvtx = "off"
         if cfg.telemetry.nvtx:
             nvtx = "on" if self.device.type == "cuda" else "requested, but CUDA is unavailable: no ranges emitted"
-        write_json_atomic(self.out / "env.json", {
+        write_json_atomic(self.out / contract.ENV_JSON, {
+            "contract_version": contract.VERSION,
             "status": self.stop_reason,
             "config_path": r.config_path,
             "config": config_dict(cfg),
@@ -188,6 +224,8 @@ class Trainer:
             "fault_injection": cfg.fault.spec or None,
             "determinism": self.determinism,
             "tokens_per_step": self.tokens_per_step,
+            "data": dataclasses.asdict(self.loader.source.summary()),
+            "profile": dataclasses.asdict(self.profile_status) if self.profile_status else None,
             "resumed_from": self.resumed_from,
             "previous_halt": self.previous_halt,
         })
@@ -256,8 +294,9 @@ class Trainer:
             self.write_env()
             return loss
 
-    def train_step(self, step: int) -> dict[str, float]:
-        """Runs optimizer step ``step`` (1-based) and returns its logged values."""
+    def train_step(self, step: int) -> StepResult:
+        """Runs optimizer step ``step`` (1-based) and returns its values; raises NonFiniteLoss
+        (before the optimizer step) when the loss or the gradient norm is not finite."""
         tc = self.cfg.train
         lr = lr_at(step - 1, tc)
         set_lr(self.optimizer, lr)
@@ -275,100 +314,184 @@ class Trainer:
             stats = torch.stack([loss_mean, norm.float(), torch.tensor(halt, device=self.device)])
             gathered = all_gather_stats(self.info, stats)  # the step's one host sync point
             losses = [g[0] for g in gathered]
-            grad_norm = gathered[0][1]
-            if not all(map(_finite, losses + [grad_norm])):
-                self.nonfinite(step, losses, grad_norm)
+            result = StepResult(step, loss=sum(losses) / len(losses), loss_rank=losses[self.info.rank], lr=lr,
+                                grad_norm=gathered[0][1], halt=any(g[2] > 0 for g in gathered))
+            if not all(map(_finite, losses + [result.grad_norm])):
+                raise NonFiniteLoss(result, losses)
             self.optimizer.step()
             if not self.graphed:  # a captured backward writes the gradients in place
                 self.optimizer.zero_grad(set_to_none=True)
-        self.halt_requested = any(g[2] > 0 for g in gathered)
-        return {"loss": sum(losses) / len(losses), "lr": lr, "grad_norm": grad_norm,
-                "loss_rank": losses[self.info.rank]}
+        return result
 
-    def nonfinite(self, step: int, losses: list[float], grad_norm: float) -> None:
-        msg = (f"non-finite loss at step {step}: loss per rank {losses}, grad_norm {grad_norm}; "
-               "halting before the optimizer step")
+    def halt_nonfinite(self, exc: NonFiniteLoss) -> None:
+        """The non-finite guard's stop: .HALT (rank 0) and a halt heartbeat (every rank), each
+        with the step's losses; the step itself did not complete and is no row."""
+        r = exc.result
         if self.info.is_master:
-            write_halt(self.out, {"source": "nonfinite", "step": step, "losses": losses,
-                                  "grad_norm": grad_norm, "time": time.time()})
-        self.telemetry.heartbeat({"step": step, "stage": "halt", "reason": msg})
-        raise NonFiniteLoss(msg)
+            write_halt(self.out, {"source": contract.HALT_NONFINITE, "step": r.step, "losses": exc.losses,
+                                  "grad_norm": r.grad_norm, "time": time.time(), "text": str(exc)})
+        self.telemetry.heartbeat({"step": r.step, "stage": "halt", "reason": str(exc), "losses": exc.losses,
+                                  "grad_norm": r.grad_norm})
 
     # --- the loop -------------------------------------------------------------------------
 
     def train(self) -> int:
         tc = self.cfg.train
         self.step_first = self.step + 1
-        self.halt_requested = False
         self.stop_reason = "running"
-        last_saved = self.step
-        interrupted = False
-        t_prev = time.perf_counter()
+        last = tc.steps if not tc.run_steps else min(tc.steps, self.step + tc.run_steps)
+        quit_after = self.faults.quit_after()  # NSA_FAULT quit_early: stop short, as a buggy trainer would
+        if quit_after is not None and quit_after < last:
+            last = max(quit_after, self.step)
+        self.last_saved = self.last_logged = self.step
+        self.completed: list[StepResult] = []  # run, waiting to be logged and checkpointed
+        self.last_result: StepResult | None = None  # the last step this process completed
+        self.profile_status = self.plan_profile(last)
+        self._t_prev = time.perf_counter()
+        halted = False
         with self.ctrl_c:
             try:
-                last = tc.steps if not tc.run_steps else min(tc.steps, self.step + tc.run_steps)
-                for step in range(self.step + 1, last + 1):
-                    out = self.train_step(step)
-                    now = time.perf_counter()
-                    dt, t_prev = now - t_prev, now
-                    self.step = step
-                    # log
-                    if step % tc.log_every == 0 or step == last or self.halt_requested:
-                        self.log_step(step, out, dt)
-                    if step == self.step_first:
-                        self.after_first_step()
-                    if step % tc.print_every == 0 or step == self.step_first:
-                        self.log(f"step {step}/{tc.steps} | loss {out['loss']:.4f} | lr {out['lr']:.3g} | "
-                                 f"toks/s {self.tokens_per_step / dt:,.0f} | step {dt:.3f}s | "
-                                 f"grad_norm {out['grad_norm']:.3f}")
-                    # checkpoint
-                    if tc.ckpt_every and step % tc.ckpt_every == 0:
-                        self.save(step)
-                        last_saved = step
-                    # stop
-                    if self.halt_requested:
-                        interrupted = self.ctrl_c.requested
-                        self.stop_reason = (f"interrupted (Ctrl-C) after step {step}" if interrupted
-                                            else f"stopped by operator .HALT after step {step}")
-                        break
-                else:
+                while self.step < last and not halted:
+                    self.run_steps(last)
+                    while self.completed and not halted:
+                        halted = self.finish_step(self.completed.pop(0), last)
+                if not halted and self.step == last and last == quit_after:
+                    self.stop_reason = (f"quit after step {self.step} of {tc.steps} (injected fault quit_early: "
+                                        "exit 0 without .HALT)")
+                elif not halted:
                     self.stop_reason = (f"completed {tc.steps} steps" if self.step == tc.steps else
                                         f"stopped after train.run_steps={tc.run_steps} at step {self.step} "
                                         f"of {tc.steps}")
                 # a run stopped early (run_steps, operator .HALT, Ctrl-C) always saves, or it could not resume
-                if self.step != last_saved and (tc.save_final or self.step < tc.steps):
+                if self.step != self.last_saved and (tc.save_final or self.step < tc.steps):
                     self.save(self.step)
                 self.log(f"[done] {self.stop_reason}")
                 self.finished_cleanly = True
-                return EXIT_INTERRUPTED if interrupted else 0
+                return EXIT_INTERRUPTED if halted and self.ctrl_c.requested else contract.EXIT_OK
             except NonFiniteLoss as exc:
+                self.log_before_exit()
+                self.halt_nonfinite(exc)
                 self.stop_reason = str(exc)
                 self.log_all(f"[halt] {exc}")
                 return EXIT_NONFINITE
-            except torch.OutOfMemoryError as exc:
-                self.stop_reason = f"out of memory at step {self.step + 1}: {exc}"
-                self.oom_report(exc)
-                raise
-            except KeyboardInterrupt:
-                self.stop_reason = f"interrupted (Ctrl-C twice) during step {self.step + 1}"
+            except BaseException as exc:
+                self.log_before_exit()
+                if isinstance(exc, torch.OutOfMemoryError):
+                    self.stop_reason = f"out of memory at step {self.step + 1}: {exc}"
+                    self.oom_report(exc)
+                elif isinstance(exc, KeyboardInterrupt):
+                    self.stop_reason = f"interrupted (Ctrl-C twice) during step {self.step + 1}"
+                else:
+                    self.stop_reason = f"error at step {self.step + 1}: {exc!r}"
                 raise
             finally:
                 self.write_env()
 
-    def log_step(self, step: int, out: dict[str, float], dt: float) -> None:
+    def run_steps(self, last: int) -> None:
+        """Runs the next step, or the profiled window's steps when it starts here; each
+        completed step joins ``self.completed``."""
+        step, p = self.step + 1, self.profile_status
+        if p is not None and step == p.first_step:
+            self.run_profiled(step, min(p.requested_steps, last - step + 1))
+        else:
+            self.completed.append(self.run_step(step))
+
+    def plan_profile(self, last: int) -> ProfileStatus | None:
+        """train.profile_steps: the window starts at the first steady step (nsa/train/profile.py)."""
+        n = self.cfg.train.profile_steps
+        if not n:
+            return None
+        status = ProfileStatus(requested_steps=n, first_step=self.steady_step)
+        if status.first_step > last:
+            status.note = (f"not profiled: the run ends at step {last}, before its first steady step "
+                           f"{status.first_step}")
+        return status
+
+    def run_profiled(self, first: int, n: int) -> None:
+        """The profiled window: ``n`` steps back to back, nothing else in it (they are logged
+        after it closes, by the loop); then rank 0 writes profile.json and the rest."""
+        p = self.profile_status
+        p.note = f"stopped inside the profiled window (steps {first}..{first + n - 1}): no profile written"
+        with profiled_window(self.device, profiling=self.info.is_master) as window:
+            for step in range(first, first + n):
+                with window.step():
+                    result = self.run_step(step)
+                self.completed.append(result)
+                p.profiled_steps += 1
+                if result.halt:
+                    break
+        end = first + p.profiled_steps - 1
+        p.note = (f"steps {first}..{end}" + ("" if p.profiled_steps == p.requested_steps else
+                  f": {p.profiled_steps} of the {p.requested_steps} asked, as the run "
+                  + ("was stopped (.HALT or Ctrl-C)" if result.halt else f"ends at step {end}")))
+        if self.info.is_master:
+            with self.stage(end, "profile"):  # a beat: summarising a long window takes a while
+                profile, timeline, table = summarize(window, p.profiled_steps, first, self.graphed,
+                                                     cuda_kernel_names(self.device))
+                p.files = write_profile(self.out, profile, timeline, table)
+            busy = "" if profile.gpu_busy_frac is None else f", GPU busy {profile.gpu_busy_frac:.3f}"
+            self.log(f"[profile] {p.note}{busy}: {', '.join(p.files)}")
+            self.write_env()
+        self._t_prev = time.perf_counter()  # the profile's bookkeeping is no step's time
+
+    def run_step(self, step: int) -> StepResult:
+        """train_step, timed from the end of the previous step."""
+        result = self.train_step(step)
+        now = time.perf_counter()
+        result = dataclasses.replace(result, seconds=now - self._t_prev)
+        self._t_prev = now
+        self.step, self.last_result = step, result
+        return result
+
+    def finish_step(self, r: StepResult, last: int) -> bool:
+        """Log, print and checkpoint a completed step; True when the run stops after it."""
+        tc = self.cfg.train
+        if r.step % tc.log_every == 0 or r.step == last or r.halt:
+            self.log_step(r)
+        if r.step == self.step_first:
+            self.after_first_step()
+        if r.step % tc.print_every == 0 or r.step == self.step_first:
+            self.log(f"step {r.step}/{tc.steps} | loss {r.loss:.4f} | lr {r.lr:.3g} | "
+                     f"toks/s {self.tokens_per_step / r.seconds:,.0f} | step {r.seconds:.3f}s | "
+                     f"grad_norm {r.grad_norm:.3f}")
+        if tc.ckpt_every and r.step % tc.ckpt_every == 0:
+            self.save(r.step)
+            self.last_saved = r.step
+        if r.halt:
+            self.stop_reason = (f"interrupted (Ctrl-C) after step {r.step}" if self.ctrl_c.requested
+                                else f"stopped by operator .HALT after step {r.step}")
+        return r.halt
+
+    def log_before_exit(self) -> None:
+        """On an abnormal stop, log what the loop has not: completed steps still waiting (by
+        train.log_every) and the last completed step whatever the interval. Without the
+        auxiliary statistics, which read the device, and never raising over the error that
+        stopped the run."""
+        try:
+            waiting, self.completed = self.completed, []
+            for r in waiting:
+                if r.step % self.cfg.train.log_every == 0:
+                    self.log_step(r, aux=False)
+            if self.last_result is not None and self.last_logged < self.last_result.step:
+                self.log_step(self.last_result, aux=False)
+        except Exception as exc:  # the original error matters more than this log line
+            self.log_all(f"[log] could not log the last completed step before stopping: {exc!r}")
+
+    def log_step(self, r: StepResult, aux: bool = True) -> None:
         mem = memory_gb(self.device)
-        row = {"step": step, "loss": out["loss"], "lr": out["lr"], "toks_per_s": self.tokens_per_step / dt,
-               "step_time_s": dt, "grad_norm": out["grad_norm"],
+        row = {"step": r.step, "loss": r.loss, "lr": r.lr, "toks_per_s": self.tokens_per_step / r.seconds,
+               "step_time_s": r.seconds, "grad_norm": r.grad_norm,
                "mem_alloc_gb": mem["mem_alloc_gb"], "mem_reserved_gb": mem["mem_reserved_gb"]}
-        extra = {"loss_rank": out["loss_rank"], "mem_peak_gb": mem["mem_peak_gb"],
-                 "toks_per_s_rank": self.tokens_per_step / self.info.world_size / dt}
-        if not self.cfg.telemetry.disable_aux_stats:
+        extra = {"loss_rank": r.loss_rank, "mem_peak_gb": mem["mem_peak_gb"],
+                 "toks_per_s_rank": self.tokens_per_step / self.info.world_size / r.seconds}
+        if aux and not self.cfg.telemetry.disable_aux_stats:
             routes = backend_report(self.model)
             extra["gates"] = gate_stats(self.model)  # a device sync: logged steps only
             extra["routes"] = {s: {"backend": b["backend"], "calls": b["calls"]} for s, b in routes.items()}
             # a fallback: 'auto' had to skip a faster backend meant for this device
             extra["fallbacks"] = {s: (b["calls"] if b["fallback"] else 0) for s, b in routes.items()}
         self.telemetry.log_step(row, extra)
+        self.last_logged = max(self.last_logged, r.step)
 
     def after_first_step(self) -> None:
         self.write_env()  # now with the attention backends each branch actually used

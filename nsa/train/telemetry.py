@@ -1,5 +1,6 @@
 """The trainer's outputs read by the harness: training.csv (rank 0), heartbeat_rank{R}.jsonl
-(every rank) and env.json (rank 0), plus per-stage profiler/NVTX ranges.
+(every rank) and env.json (rank 0), plus per-stage profiler/NVTX ranges. File names, the CSV
+header and the contract version come from nsa/contract.py, the schema the harness checks by.
 
 training.csv: ``step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb``;
 loss is the mean over ranks and micro-batches, toks_per_s is global (batch x seq_len x
@@ -8,8 +9,9 @@ size on CPU; env.json's memory_source says which).
 
 heartbeat_rank{R}.jsonl, one JSON object per line, every record with time, rank, pid, step,
 stage, mem_alloc_gb and the last logged toks_per_s and gpu_util:
-* stage records on entering data / forward / backward / optimizer / checkpoint, and graph (one
-  CUDA-graph replay of every micro-batch's forward and backward, train.cuda_graphs);
+* stage records on entering data / forward / backward / optimizer / checkpoint, graph (one
+  CUDA-graph replay of every micro-batch's forward and backward, train.cuda_graphs) and profile
+  (rank 0 summarising a profiled window, train.profile_steps);
 * a ``"stage": "step"`` record per logged step adding loss (global), loss_rank, lr,
   step_time_s, grad_norm, mem_reserved_gb, mem_peak_gb, toks_per_s_rank and, unless
   telemetry.disable_aux_stats, gates {cmp, sel, win} (mean gate per branch), routes
@@ -34,10 +36,11 @@ from typing import Any
 
 import torch
 
-from ..provenance import SOURCE_STAMP, source_revision
+from .. import contract
+from ..provenance import source_revision
 from .checkpoint import CheckpointError
 
-CSV_HEADER = ["step", "loss", "lr", "toks_per_s", "step_time_s", "grad_norm", "mem_alloc_gb", "mem_reserved_gb"]
+CSV_HEADER = list(contract.CSV_COLUMNS)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 GB = 1024**3
 
@@ -115,7 +118,7 @@ class Telemetry:
         self.nvtx = nvtx and device.type == "cuda"
         self._csv = None
         if is_master:
-            path = self.out_dir / "training.csv"
+            path = self.out_dir / contract.TRAINING_CSV
             if resume_step > 0:
                 truncate_csv(path, resume_step)
             else:
@@ -127,7 +130,7 @@ class Telemetry:
                 self._csv.writerow(CSV_HEADER)
         self._hb = None
         if heartbeat:
-            hb_path = self.out_dir / f"heartbeat_rank{rank}.jsonl"
+            hb_path = self.out_dir / contract.heartbeat_name(rank)
             if resume_step == 0:
                 hb_path.unlink(missing_ok=True)
             else:
@@ -195,7 +198,7 @@ def environment() -> dict[str, Any]:
     cuda = torch.cuda.is_available()
     sha, sha_source = source_revision(REPO_ROOT, _git)
     return {
-        "git_sha": sha or f"unknown (git unavailable or not a repository, and no {SOURCE_STAMP} stamp)",
+        "git_sha": sha,  # null when unknown (git_sha_source says why): never another repository's commit
         "git_sha_source": sha_source,
         "git_dirty": None if sha is None else sha.endswith("-dirty"),
         "python": sys.version.split()[0],

@@ -25,10 +25,11 @@ import threading
 import time
 from pathlib import Path
 
+from .. import contract
 from .config import WatchdogConfig
 
-EXIT_WATCHDOG = 3
-HALT_NAME = ".HALT"
+EXIT_WATCHDOG = contract.EXIT_WATCHDOG
+HALT_NAME = contract.HALT
 
 
 def halt_path(out_dir: Path) -> Path:
@@ -36,7 +37,7 @@ def halt_path(out_dir: Path) -> Path:
 
 
 def stackdump_path(out_dir: Path, rank: int) -> Path:
-    return Path(out_dir) / f"stackdump_rank{rank}.txt"
+    return Path(out_dir) / contract.stackdump_name(rank)
 
 
 def write_halt(out_dir: Path, record: dict) -> bool:
@@ -106,7 +107,7 @@ class Watchdog:
             if idle > self.cfg.timeout_s:
                 self.fire(f"no progress for {idle:.1f}s (watchdog.timeout_s={self.cfg.timeout_s:g})")
             halt = read_halt(self.out_dir)
-            if halt and halt.get("source") == "watchdog" and halt.get("rank") != self.rank:
+            if halt and halt.get("source") == contract.HALT_WATCHDOG and halt.get("rank") != self.rank:
                 self.fire(f"rank {halt.get('rank')}'s watchdog fired: {halt.get('reason')}")
 
     def fire(self, reason: str) -> None:
@@ -118,8 +119,9 @@ class Watchdog:
         faulthandler.dump_traceback(file=self._dump, all_threads=True)
         self._dump.flush()
         write_halt(self.out_dir, {
-            "source": "watchdog", "rank": self.rank, "step": self.step, "stage": self.stage,
+            "source": contract.HALT_WATCHDOG, "rank": self.rank, "step": self.step, "stage": self.stage,
             "reason": reason, "time": time.time(),
+            "text": f"rank {self.rank}: {reason} at step {self.step} stage {self.stage}",
         })
         print(f"[watchdog] rank {self.rank}: {reason} at step {self.step} stage {self.stage}; "
               f"stacks in {stackdump_path(self.out_dir, self.rank)}; exiting {EXIT_WATCHDOG}",

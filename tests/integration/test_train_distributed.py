@@ -60,10 +60,12 @@ def assert_same_curve(got: dict[int, dict], ref: dict[int, dict]) -> None:
 @pytest.mark.slow
 def test_ddp_with_checkpointing_and_accumulation_matches_one_process(tmp_path: Path, reference):
     """The seeds' "mark a variable ready only once" case: DDP + activation checkpointing +
-    gradient accumulation, launched with the runbook's own command line and toggles."""
+    gradient accumulation, launched with the runbook's own command line and toggles; with the
+    contract's profile request too, which rank 0 answers without moving the loss curve."""
     p = launch(["scripts/train_showcase.py", "--dataset", "pattern", "--ddp", "1", "--steps", str(STEPS),
                 "--out-dir", str(tmp_path), "--override", f"{COMMON} train.batch_size=2"],
-               {"CONFIG": "tiny", "NSA_DDP_STATIC_GRAPH": "1", "NSA_DDP_BUCKET_MB": "1", "NSA_PREFILL_BATCHED": "1"})
+               {"CONFIG": "tiny", "NSA_DDP_STATIC_GRAPH": "1", "NSA_DDP_BUCKET_MB": "1", "NSA_PREFILL_BATCHED": "1",
+                "CONTRACT_PROFILE_STEPS": "2"})
     assert p.returncode == 0, p.stderr[-3000:]
     assert "[ddp] bucket_cap_mb=1 static_graph=True" in p.stdout
     assert_same_curve(steps(tmp_path), reference)
@@ -74,6 +76,8 @@ def test_ddp_with_checkpointing_and_accumulation_matches_one_process(tmp_path: P
     assert "NSA_PREFILL_BATCHED" in env["noop_toggles"]
     row = (tmp_path / "training.csv").read_text().splitlines()[-1].split(",")
     assert float(row[3]) == pytest.approx(2 * 64 * 2 * 2 / float(row[4]), rel=1e-3)  # global tokens/s
+    profile = json.loads((tmp_path / "profile.json").read_text())
+    assert (profile["profiled_steps"], profile["first_step"]) == (2, 2) and env["profile"]["note"] == "steps 2..3"
 
 
 @pytest.mark.distributed

@@ -1,17 +1,71 @@
-"""A test trainer OUTSIDE the nsa package that writes the artifact contract itself
-(docs/artifact_contract.md): it needs no adapter. No model: the loss is a formula.
+"""A test trainer OUTSIDE the nsa package that writes the artifact contract (version 2) itself,
+from its documentation: it needs no adapter. No model: the loss is a formula, a step ~10 ms.
 
-    python native_train.py --steps N --out-dir DIR
+    python native_train.py --steps N --out-dir DIR [--lr LR]
+    torchrun --standalone --nproc_per_node=2 native_train.py --steps N --out-dir DIR
+
+Alone it imports no torch. Under torchrun (RANK / WORLD_SIZE from the environment, WORLD_SIZE > 1)
+the ranks average each step's loss with an all-reduce over torch.distributed (gloo), as a
+data-parallel trainer would, so a rank that stops blocks the others in a real collective.
+
+Writes: ``env.json`` (rank 0, at the start: contract_version, world_size, git_sha, attention
+backends, tokens_per_step); ``training.csv`` (rank 0, the contract's header, a row every step);
+``heartbeat_rank{R}.jsonl`` (every rank: a ``forward`` record as a step starts, a ``step`` record
+when it ends, each with time, rank, pid and step). Exit codes are the contract's.
+
+Faults: ``TEST_TRAINER_FAULT`` (grammar in trainer_faults.py), here:
+quit_early@K   exit 0 after step K's row;
+hang_rank:R@K  rank R sleeps forever as step K starts; the others write step K's ``forward``
+               record, then block in its all-reduce (under torchrun) -- alone, R can only be 0;
+hang_all@K     every rank sleeps forever as step K starts;
+nan@K          step K's loss is NaN: its row is logged (loss ``nan``), rank 0 writes the JSON
+               ``.HALT`` (source ``nonfinite``), every rank a ``halt`` record, exit 4;
+crash@K        RuntimeError in step K on every rank, exit 1;
+malformed@K    step K's row has ``garbled`` for its loss, the run goes on;
+missing_optional  env.json has world_size and contract_version only.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from pathlib import Path
 
+import trainer_faults
+
+CONTRACT_VERSION = 2
 COLUMNS = "step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb"
+TOKENS_PER_RANK = 256
+#: a declared revision: this test trainer is not versioned on its own
+REVISION = "test"
+EXIT_OK, EXIT_NONFINITE = 0, 4
+
+
+class Collective:
+    """The mean of a number over the ranks: torch.distributed (gloo) under torchrun, else itself."""
+
+    def __init__(self, world: int):
+        self.world, self.dist = world, None
+        if world > 1:
+            import torch.distributed as dist  # only here: alone, the trainer needs no torch
+
+            dist.init_process_group("gloo")
+            self.dist = dist
+
+    def mean(self, value: float) -> float:
+        if self.dist is None:
+            return value
+        import torch
+
+        t = torch.tensor([value], dtype=torch.float64)
+        self.dist.all_reduce(t)  # blocks until every rank joins: a hung rank stops the others here
+        return float(t[0]) / self.world
+
+    def close(self) -> None:
+        if self.dist is not None:
+            self.dist.destroy_process_group()
 
 
 def main() -> int:
@@ -21,24 +75,50 @@ def main() -> int:
     cli.add_argument("--lr", type=float, default=3e-4)
     args = cli.parse_args()
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    args.out_dir.mkdir(parents=True, exist_ok=True)
+    fault = trainer_faults.from_env(world)
+    out = args.out_dir
+    out.mkdir(parents=True, exist_ok=True)
     if rank == 0:
-        (args.out_dir / "env.json").write_text(json.dumps({"world_size": world, "git_sha": "test",
-                                                           "attention_backends": {"cmp": {"backend": "none"}}}))
-    csv = args.out_dir / "training.csv"
-    if rank == 0:
-        csv.write_text(COLUMNS + "\n")
-    for step in range(1, args.steps + 1):
-        t0 = time.time()
-        time.sleep(0.01)
-        dt = time.time() - t0
-        with open(args.out_dir / f"heartbeat_rank{rank}.jsonl", "a") as f:
-            f.write(json.dumps({"time": time.time(), "rank": rank, "step": step, "stage": "optimizer"}) + "\n")
-        if rank == 0:
-            with open(csv, "a") as f:
-                f.write(f"{step},{5.0 / step:.5f},{args.lr},{256 * world / dt:.1f},{dt:.4f},1.0,0.1,0.2\n")
-    return 0
+        env = {"contract_version": CONTRACT_VERSION, "world_size": world, "git_sha": REVISION,
+               "attention_backends": {"cmp": {"backend": "none"}}, "tokens_per_step": TOKENS_PER_RANK * world}
+        if fault.kind == "missing_optional":
+            env = {k: v for k, v in env.items() if k not in trainer_faults.OPTIONAL_ENV_KEYS}
+        (out / "env.json").write_text(json.dumps(env))
+        (out / "training.csv").write_text(COLUMNS + "\n")
 
+    def beat(record: dict) -> None:
+        with open(out / f"heartbeat_rank{rank}.jsonl", "a") as f:
+            f.write(json.dumps({"time": time.time(), "rank": rank, "pid": os.getpid(), **record}) + "\n")
+
+    collective = Collective(world)
+    try:
+        for step in range(1, args.steps + 1):
+            t0 = time.time()
+            if fault.hangs(rank, step):
+                trainer_faults.hang_forever()
+            beat({"step": step, "stage": "forward"})
+            if fault.at("crash", step):
+                raise RuntimeError(f"injected crash at step {step} on rank {rank}")
+            time.sleep(0.01)
+            loss = collective.mean(math.nan if fault.at("nan", step) else 5.0 / step)
+            dt = time.time() - t0
+            beat({"step": step, "stage": "step", "loss": loss, "toks_per_s": TOKENS_PER_RANK * world / dt})
+            if rank == 0:
+                cell = trainer_faults.MALFORMED_CELL if fault.at("malformed", step) else f"{loss:.5f}"
+                with open(out / "training.csv", "a") as f:
+                    f.write(f"{step},{cell},{args.lr},{TOKENS_PER_RANK * world / dt:.1f},{dt:.4f},1.0,0.1,0.2\n")
+            if not math.isfinite(loss):
+                text = f"non-finite loss {loss} at step {step}"
+                if rank == 0:
+                    (out / ".HALT").write_text(json.dumps({"source": "nonfinite", "step": step, "losses": [loss],
+                                                           "text": text}))
+                beat({"step": step, "stage": "halt", "reason": text})
+                return EXIT_NONFINITE
+            if fault.at("quit_early", step):
+                break
+        return EXIT_OK
+    finally:
+        collective.close()
 
 if __name__ == "__main__":
     raise SystemExit(main())

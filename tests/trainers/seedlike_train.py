@@ -11,8 +11,21 @@
 - a text ``.HALT`` (``halt: nan_loss``) and ``.anomaly_type`` on a non-finite loss, exit 0;
 - ``stackdump_<epoch>.txt`` on SIGUSR1/SIGTERM (``traceback.format_stack`` per thread).
 
-Faults for the tests, by ``NSA_TEST_FAULT``: ``nan@K`` (loss NaN at step K), ``crash@K``
-(RuntimeError at step K, exit 1), ``stall@K`` (rank 0 sleeps forever at step K).
+It imports no torch: under torchrun (RANK / WORLD_SIZE from the environment) its ranks do not
+talk to each other.
+
+Faults: ``TEST_TRAINER_FAULT`` (grammar in trainer_faults.py), here, in the seed's own format:
+quit_early@K   exit 0 after step K (its row only if step K is a logged step);
+hang_rank:R@K  rank R sleeps forever as step K starts, before its beat; the other ranks beat
+               step K, then sleep in wait_for_peers (where the seed's DDP would wait);
+hang_all@K     every rank sleeps forever as step K starts;
+nan@K          step K's loss is NaN: rank 0 logs its row (loss ``nan``), writes ``.anomaly_type``
+               and the text ``.HALT``, and the run stops with exit 0, as the seed's does;
+crash@K        RuntimeError in step K on every rank, exit 1;
+malformed@K    rank 0 writes a row of step K with ``garbled`` for its loss (whether or not K is a
+               logged step); the run goes on;
+missing_optional  the seed's env.json never has git_sha, attention_backends or tokens_per_step:
+               nothing changes.
 """
 from __future__ import annotations
 
@@ -29,6 +42,8 @@ from pathlib import Path
 
 import yaml
 
+import trainer_faults
+
 
 def main() -> int:
     cli = argparse.ArgumentParser()
@@ -42,8 +57,7 @@ def main() -> int:
     steps = args.steps or int(train["steps"])
     log_every, seq_len = int(train.get("log_every", 20)), int(train.get("seq_len", 128))
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    fault, _, at = os.environ.get("NSA_TEST_FAULT", "").partition("@")
-    fault_step = int(at) if at else -1
+    fault = trainer_faults.from_env(world)
 
     def dump_stack(signum, frame):
         with open(out_dir / f"stackdump_{int(time.time())}.txt", "w") as f:
@@ -68,34 +82,40 @@ def main() -> int:
 
     beat(0, "boot")
     last_log, tokens = time.time(), 0
+
+    def log_row(step: int, loss: str) -> None:
+        nonlocal last_log, tokens
+        now = time.time()
+        with open(out_dir / "training.csv", "a") as f:
+            f.write(f"{step},{loss},{3e-4:.6e},{tokens / max(now - last_log, 1e-6):.0f}\n")
+        last_log, tokens = now, 0
+        beat(step, "progress")
+
     for step in range(1, steps + 1):
+        if fault.hangs(rank, step):
+            trainer_faults.hang_forever()
         if every:
             beat(step, "beat")
-        if step == fault_step and fault == "stall" and rank == 0:
-            wait_forever()
-        if step == fault_step and fault == "crash":
+        if fault.peer_hangs(rank, step):
+            trainer_faults.wait_for_peers()
+        if fault.at("crash", step):
             raise RuntimeError(f"injected crash at step {step}")
         time.sleep(0.01)
-        loss = float("nan") if step == fault_step and fault == "nan" else 5.5 / math.sqrt(step)
+        loss = float("nan") if fault.at("nan", step) else 5.5 / math.sqrt(step)
+        tokens += 2 * seq_len * world
         if not math.isfinite(loss):
             if rank == 0:
+                log_row(step, f"{loss:.6f}")
                 (out_dir / ".anomaly_type").write_text("nan_loss\n")
                 (out_dir / ".HALT").write_text("halt: nan_loss\n")
             break
-        tokens += 2 * seq_len * world
-        if rank == 0 and (step % log_every == 0 or step == 1):
-            now = time.time()
-            with open(out_dir / "training.csv", "a") as f:
-                f.write(f"{step},{loss:.6f},{3e-4:.6e},{tokens / max(now - last_log, 1e-6):.0f}\n")
-            last_log, tokens = now, 0
-            beat(step, "progress")
+        if rank == 0 and fault.at("malformed", step):
+            log_row(step, trainer_faults.MALFORMED_CELL)
+        elif rank == 0 and (step % log_every == 0 or step == 1):
+            log_row(step, f"{loss:.6f}")
+        if fault.at("quit_early", step):
+            break
     return 0
-
-
-def wait_forever() -> None:
-    while True:
-        time.sleep(0.2)
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

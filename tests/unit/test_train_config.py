@@ -53,9 +53,12 @@ def test_bad_yaml_file_is_named(tmp_path: Path):
         load_run_config("no_such_preset", env={})
 
 
-def test_file_datasets_need_a_local_path():
-    with pytest.raises(ConfigError, match=r"data\.path is required.*no downloads"):
-        load_run_config("tiny", "data.dataset=fineweb_edu", env={})
+def test_file_datasets_need_a_local_path_but_text_has_a_default():
+    for dataset in ("fineweb_edu", "parquet", "jsonl"):
+        with pytest.raises(ConfigError, match=r"data\.path is required.*no downloads"):
+            load_run_config("tiny", f"data.dataset={dataset}", env={})
+    cfg, _ = load_run_config("tiny", "data.dataset=text", env={})  # the standard library's sources
+    assert cfg.data.path == ""
 
 
 @pytest.mark.parametrize("var", RUNBOOK_TOGGLES + ["NSA_FAULT"])
@@ -111,7 +114,7 @@ def test_env_toggles_are_read_in_one_place_only():
 def test_cli_surface_is_frozen_and_help_lists_the_toggles():
     parser = build_parser()
     opts = {o for a in parser._actions for o in a.option_strings}
-    assert opts == {"-h", "--help", "--config", "--override", "--out-dir", "--steps"}
+    assert opts == {"-h", "--help", "--config", "--override", "--out-dir", "--steps", "--list-keys"}
     text = parser.format_help()
     for var in ENV_TOGGLES:
         assert var in text

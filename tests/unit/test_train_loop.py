@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from nsa import contract
 from nsa.train.cli import main, run
-from nsa.train.faults import InjectedFault
+from nsa.config import ConfigError
+from nsa.train.faults import InjectedFault, parse_faults
 from nsa.train.telemetry import CSV_HEADER
 
 TINY = "model.n_layers=1 train.print_every=100"
@@ -61,6 +63,7 @@ def test_outputs_contract_and_the_pattern_is_learned(tmp_path: Path):
 
     envj = json.loads((tmp_path / "env.json").read_text())
     assert envj["status"] == "completed 10 steps" and envj["world_size"] == 1
+    assert envj["contract_version"] == contract.VERSION
     assert envj["memory_source"] == "process resident set size (CPU run)"
     assert set(envj["attention_backends"]) >= {"cmp", "sel", "win"}
     assert all(b["backend"] and b["reason"] for b in envj["attention_backends"].values())
@@ -84,13 +87,46 @@ def test_resume_continues_the_loss_curve_exactly(tmp_path: Path):
 
 
 def test_nan_loss_halts_with_step_and_values(tmp_path: Path):
-    assert train(tmp_path, "fault.spec=nan:step=2", steps=5) == 4
+    assert train(tmp_path, "fault.spec=nan:step=2", steps=5) == contract.EXIT_NONFINITE == 4
     halt = json.loads((tmp_path / ".HALT").read_text())
-    assert halt["source"] == "nonfinite" and halt["step"] == 2
+    assert halt["source"] == contract.HALT_NONFINITE and halt["step"] == 2
     assert math.isnan(halt["losses"][0]) and len(halt["losses"]) == 1
+    assert halt["text"].startswith("non-finite loss at step 2")
+    # the halted step did not complete (no optimizer step): no row; its losses are in its halt beat
     assert [int(r["step"]) for r in csv_rows(tmp_path)] == [1]
+    beat = heartbeats(tmp_path)[-1]
+    assert beat["stage"] == "halt" and beat["step"] == 2 and math.isnan(beat["losses"][0])
     envj = json.loads((tmp_path / "env.json").read_text())
     assert "non-finite loss at step 2" in envj["status"] and envj["fault_injection"] == "nan:step=2"
+
+
+@pytest.mark.parametrize("fault, steps, rc, logged", [
+    ("", 7, 0, [3, 6, 7]),                              # done: the last step though 7 % 3 != 0
+    ("nan:step=5", 7, contract.EXIT_NONFINITE, [3, 4]),  # 4 is the last completed, 5 halted
+    ("crash:step=5:stage=backward", 7, None, [3, 4]),    # an exception: 4 is the last completed
+])
+def test_the_last_completed_step_is_logged_whatever_log_every(tmp_path: Path, fault, steps, rc, logged):
+    extra = "train.log_every=3" + (f" fault.spec={fault}" if fault else "")
+    if rc is None:
+        with pytest.raises(InjectedFault):
+            train(tmp_path, extra, steps=steps)
+    else:
+        assert train(tmp_path, extra, steps=steps) == rc
+    assert [int(r["step"]) for r in csv_rows(tmp_path)] == logged
+    assert [h["step"] for h in heartbeats(tmp_path) if h["stage"] == "step"] == logged
+    if rc is None:
+        assert json.loads((tmp_path / "env.json").read_text())["status"].startswith("error at step 5: InjectedFault")
+
+
+def test_injected_quit_early_exits_0_after_its_step_without_halt(tmp_path: Path):
+    assert train(tmp_path, "fault.spec=quit_early:step=3 train.log_every=5", steps=8) == contract.EXIT_OK
+    assert [int(r["step"]) for r in csv_rows(tmp_path)] == [3]  # its last step, logged as a final one
+    assert not (tmp_path / ".HALT").exists()
+    envj = json.loads((tmp_path / "env.json").read_text())
+    assert envj["status"] == "quit after step 3 of 8 (injected fault quit_early: exit 0 without .HALT)"
+    with pytest.raises(ConfigError, match="quit_early takes step only"):
+        parse_faults("quit_early:rank=1:step=2")
+    assert parse_faults("quit_early:step=2,crash:step=1:stage=backward")[1].stage == "backward"
 
 
 def test_operator_halt_stops_cleanly_at_the_next_step(tmp_path: Path):

@@ -17,7 +17,7 @@ from validation.errors import RunbookError
 from validation.launch import commands
 from validation.launch import process as runner
 from validation.runbook.plan import PhasePoint
-from validation.runbook.trainer_spec import Delivery, TrainerSpec, Via
+from validation.runbook.types import Delivery, TrainerSpec, Via
 from validation.runbook.types import Scalar
 
 CONFIG_COPY = "trainer_config.yaml"

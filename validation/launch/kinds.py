@@ -27,7 +27,7 @@ from validation.launch import commands
 from validation.launch import foreign as trainer_launch
 from validation.launch import process as runner
 from validation.runbook.plan import PhasePoint
-from validation.runbook.trainer_spec import TrainerSpec
+from validation.runbook.types import TrainerSpec
 
 Progress = Callable[[str], None]
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from validation import REPO_ROOT
 from validation.judge.findings.finding import point_label
 from validation.judge.metrics import METRICS
 from validation.judge.record import PhaseRecord, Status
 
 #: the pytest test that runs one phase point (validation/tests/test_acceptance.py)
-ACCEPTANCE_TEST = "validation/tests/test_acceptance.py::test_phase"
+#: the acceptance tests, named by absolute path: a Reproduce line runs as printed from any directory
+ACCEPTANCE_TESTS = REPO_ROOT / "validation" / "tests" / "test_acceptance.py"
 
 
 def gate_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
@@ -112,7 +114,8 @@ def reproduce_rows(records: list[PhaseRecord], runbook: str | None = None, profi
             continue
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(r.env.items()))
         # a sweep point by its test id: -k cannot take the '=' of its parameters
-        select = f'"{ACCEPTANCE_TEST}[{r.test_id}]"' if r.key.params else f"-m {r.phase}"
+        select = (shlex.quote(f"{ACCEPTANCE_TESTS}::test_phase[{r.test_id}]") if r.key.params
+                  else f"{shlex.quote(str(ACCEPTANCE_TESTS))} -m {r.phase}")
         rows.append({"phase": r.phase, "point": point_label(r),
                      "rerun": f"pytest {select} --runbook {shlex.quote(runbook or r.key.runbook)} "
                               f"--profile {shlex.quote(profile or r.key.profile)}{store}",

@@ -15,6 +15,8 @@ import difflib
 from pathlib import Path
 from typing import Mapping
 
+from nsa.config import ConfigError, resolve_config_path
+
 from validation import PROFILE_DIR, RUNBOOK_DIR
 from validation.contract.adapters import ADAPTERS
 from validation.errors import RunbookError
@@ -30,6 +32,7 @@ from validation.runbook.fields import (
     parse_phase,
     read_yaml,
 )
+from validation.runbook.trainer_keys import published_keys
 from validation.runbook.trainer_spec import TrainerSpec, parse_trainer
 from validation.runbook.types import Hardware, Launcher, Phase, Profile, Runbook
 
@@ -74,26 +77,20 @@ def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None
                    r.str_("source", "") or "", tuple(profiles), phases, r.int_("max_parallel", 1, minimum=1), trainer)
 
 
-#: the trainer whose config schema the harness knows (its own); other modules are not checked
-_OWN_TRAINER = "nsa.train"
-
-
 def _check_trainer_keys(r: Reader, where: str, phase) -> None:
-    """Override and sweep keys must be keys of the trainer's config: a typo is found when the
-    runbook loads, not point by point as crashes."""
-    if phase.kind not in ("train", "profile") or phase.launcher.module != _OWN_TRAINER:
+    """Override and sweep keys must be keys of the trainer's config, as the trainer publishes them
+    (validation/runbook/trainer_keys.py): a typo is found when the runbook loads, not point by
+    point as crashes."""
+    if phase.kind not in ("train", "profile"):
         return
-    from nsa.config import ConfigError, resolve_config_path
-    from nsa.train.config import (
-        config_keys,  # the schema of the trainer this runbook launches
-    )
-
     if Path(phase.config).suffix not in (".yaml", ".yml"):  # a preset name; a YAML path is the trainer's to find
         try:
             resolve_config_path(phase.config)
         except ConfigError as exc:
             r.fail(f"{where}.config", str(exc))
-    known = config_keys()
+    known = published_keys(phase.launcher.module)
+    if known is None:
+        return
     for key in [*phase.overrides, *(k for k in phase.sweep if not k.startswith("env."))]:
         if key not in known:
             section = key.split(".", 1)[0]
@@ -109,7 +106,7 @@ def _check_params(r: Reader, where: str, phase, trainer: TrainerSpec) -> None:
     module and config of this project's trainer mean nothing to it."""
     if phase.kind != "train":
         return
-    if phase.launcher.module != _OWN_TRAINER or phase.config != Phase.config:
+    if phase.launcher.module != Launcher.module or phase.config != Phase.config:
         r.fail(f"{where}", f"launcher.module and config name this project's trainer; trainer {trainer.name} "
                            "runs trainer.script/module with trainer.config")
     for key in [*phase.overrides, *(k for k in phase.sweep if not k.startswith("env."))]:

@@ -7,11 +7,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from typing import Iterator, Sequence
-
+from validation.contract.adapters import ADAPTERS
 from validation.errors import RunbookError
 from validation.judge.gates import Gate
 from validation.judge.timing import TIMED_KINDS
+from validation.judge.verdict import declared_unprovided
 from validation.runbook.types import Phase, Profile, Runbook, Scalar
 
 #: the profile threshold that sets the golden-loss tolerance of phases with golden_steps
@@ -110,6 +110,14 @@ class PhasePoint:
         return out
 
 
+def unprovided_metrics(point: PhasePoint) -> dict[str, str]:
+    """Metrics the runbook's trainer cannot provide, each with why (none for this project's)."""
+    spec = point.runbook.trainer
+    if spec is None:
+        return {}
+    return declared_unprovided(spec.name, ADAPTERS[spec.adapter].lacks, spec.metrics)
+
+
 def expand(runbook: Runbook, profile: Profile, phases: list[str] | None = None) -> list[PhasePoint]:
     """Every point of every (selected) phase, in runbook order; thresholds checked up front."""
     if profile.name not in runbook.profiles:
@@ -122,22 +130,23 @@ def expand(runbook: Runbook, profile: Profile, phases: list[str] | None = None) 
     return points
 
 
-def batches(points: Sequence[PhasePoint], jobs: int) -> Iterator[list[PhasePoint]]:
-    """The points in runbook order, as groups that may run at the same time: up to ``jobs``
-    consecutive untimed points (pytest, preflight) together; a timed point (train, profile)
-    always alone, so that no two timings share the machine (a runbook's ``max_parallel`` is
-    ``jobs``)."""
+def batches(points: list[PhasePoint], jobs: int) -> list[list[PhasePoint]]:
+    """Runbook order, with up to ``jobs`` consecutive untimed single-process points run together.
+    A timed point (one whose speed a gate or a table reads) and a multi-process (torchrun) point
+    always run alone: timings taken beside another point's work measure the neighbour too."""
+    out: list[list[PhasePoint]] = []
     batch: list[PhasePoint] = []
     for p in points:
-        if p.timed or jobs <= 1:
+        if p.timed or p.nproc > 1 or jobs <= 1:
             if batch:
-                yield batch
+                out.append(batch)
                 batch = []
-            yield [p]
+            out.append([p])
             continue
         batch.append(p)
         if len(batch) == jobs:
-            yield batch
+            out.append(batch)
             batch = []
     if batch:
-        yield batch
+        out.append(batch)
+    return out

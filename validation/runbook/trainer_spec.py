@@ -26,16 +26,13 @@ repository) it is relative to; a root from an environment variable is the user's
 """
 from __future__ import annotations
 
-import enum
-import os
 import re
 import string
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from validation import REPO_ROOT
 from validation.runbook.fields import MODULE, NAME, Reader, check_env_key, parse_env
+from validation.runbook.types import ConfigFile, Delivery, RootDir, TrainerSpec, Via
 
 #: values the harness fills into ``args``
 PLACEHOLDERS = ("steps", "out_dir", "config", "nproc")
@@ -45,76 +42,6 @@ _ARG_CHARS = frozenset(string.ascii_letters + string.digits + "_.:,+/@=-{}")
 _FLAG = re.compile(r"^--?[A-Za-z][A-Za-z0-9_-]*$")
 _CONFIG_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
-
-
-class Via(enum.StrEnum):
-    """How one value reaches the trainer."""
-
-    FLAG = "flag"      # appended to the command line: FLAG VALUE
-    ENV = "env"        # an environment variable
-    CONFIG = "config"  # a dotted key set in the per-point copy of its YAML config
-
-
-@dataclass(frozen=True)
-class Delivery:
-    via: Via
-    name: str
-    """The flag (--steps), the variable (CONFIG) or the dotted config key (train.steps)."""
-
-
-@dataclass(frozen=True)
-class ConfigFile:
-    template: str
-    """The trainer's YAML config, relative to its root; copied per point with keys set."""
-    pass_as: Delivery | None
-    """How the copy's path reaches the trainer (flag or env); None when args use {config}."""
-
-
-@dataclass(frozen=True)
-class RootDir:
-    env: str | None = None
-    """An environment variable the user sets to the trainer's checkout."""
-    path: str | None = None
-    """Or a directory relative to this repository."""
-
-    def describe(self) -> str:
-        return f"${self.env}" if self.env else str(self.path)
-
-    def resolve(self) -> tuple[Path | None, str]:
-        """(the root, '') or (None, why not)."""
-        if self.env:
-            value = os.environ.get(self.env, "")
-            if not value:
-                return None, f"the trainer's root is not set: export {self.env}=/path/to/its/checkout"
-            root = Path(value).expanduser()
-            if not root.is_absolute():
-                root = Path.cwd() / root
-        else:
-            root = REPO_ROOT / str(self.path)
-        if not root.is_dir():
-            return None, f"the trainer's root {root} ({self.describe()}) is not a directory"
-        return root.resolve(), ""
-
-
-@dataclass(frozen=True)
-class TrainerSpec:
-    name: str
-    root: RootDir
-    entry: tuple[str, ...]
-    """['-m', module] or [script path relative to root]."""
-    args: tuple[str, ...] = ()
-    config: ConfigFile | None = None
-    steps: Delivery | None = None
-    out_dir: Delivery | None = None
-    params: Mapping[str, Delivery] = field(default_factory=dict)
-    env: Mapping[str, str] = field(default_factory=dict)
-    adapter: str = "native"
-    phases: tuple[str, ...] = ("train",)
-    metrics: tuple[str, ...] | None = None
-    """Metrics it provides; None: every metric its adapter's files allow."""
-
-    def supports_phase(self, kind: str) -> bool:
-        return kind in self.phases
 
 
 def parse_trainer(path: Path, data: Any, known_metrics: Mapping[str, Any], adapters: Mapping[str, Any]) -> TrainerSpec:

@@ -1,30 +1,118 @@
-"""Run one phase point: its kind's runner (validation/kinds.py) in a fresh directory, then the
-evidence (evidence.py), the gates and the verdict (verdict.py), into one PhaseRecord.
+"""One phase point, run and stored: its kind's runner (validation/launch/kinds.py) in a fresh
+directory, then the evidence, the gates and the verdict (validation/judge), into one PhaseRecord.
 
-Each run writes into a directory of its own, ``runs/<runbook>/<profile>/<phase>/<point>/<run id>``;
-the orchestrator stores the record and only then removes the point's older runs (``prune``), so
-an interrupt at any moment leaves the stored record beside the artifacts it describes.
+Order of a point: it is checked launchable before anything is touched (a trainer root not set
+is no record at all); the store is checked readable; the point runs into a directory of its own,
+``runs/<runbook>/<profile>/<phase>/<point>/<run id>``; its record is stored, and only then are the
+point's older run directories removed (``prune``). A point this machine skips leaves a SKIP
+record only where no run of it is stored: a record is replaced only by a run of that point that
+ran. After an interrupt at any moment the stored record and the artifacts it names agree.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import importlib.util
+import os
 import shutil
 import uuid
 from pathlib import Path
 from typing import Callable
 
-from validation.contract.adapters import ADAPTERS
 from validation.errors import StoreError
 from validation.judge.evidence import collect, collect_halt, collect_train
 from validation.judge.metrics import RunData, unprovided_by_files
 from validation.judge.provenance import trainer_commit
-from validation.judge.record import OWN_TRAINER, PhaseRecord, Summary, routes, utc_now
-from validation.judge.verdict import Outcome, declared_unprovided, evaluate, verdict
+from validation.judge.record import OWN_TRAINER, PhaseRecord, Status, Summary, routes, utc_now
+from validation.judge.verdict import Outcome, evaluate, verdict
 from validation.launch import kinds
 from validation.machine import Machine
-from validation.runbook.plan import PhasePoint
+from validation.runbook.hardware import mismatches, shortfalls
+from validation.runbook.plan import PhasePoint, unprovided_metrics
 from validation.store import goldens
+from validation.store.results import ResultStore
 
 Progress = Callable[[str], None]
+
+
+def cannot_launch(point: PhasePoint) -> str | None:
+    """Why the point's trainer cannot start here at all (its root not set or not a directory,
+    this project's trainer module not importable), or None. Such a point is no record: it says
+    nothing about the trainer, and must not replace one that does."""
+    spec = point.runbook.trainer
+    if spec is not None:
+        return spec.root.resolve()[1] or None if point.phase.kind == "train" and spec.supports_phase("train") else None
+    if point.phase.kind != "train":
+        return None
+    name = point.phase.launcher.module
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else f"trainer module {name!r} is not importable"
+
+
+def why_skip(point: PhasePoint, hw: Machine, mismatch: str = "run") -> str | None:
+    """Why this machine (or the runbook's trainer) does not run the point: a phase kind the
+    trainer does not support, too few or too small GPUs, or a GPU-model mismatch under
+    --hardware-mismatch=skip; None when it runs."""
+    spec = point.runbook.trainer
+    if spec is not None and not spec.supports_phase(point.phase.kind):
+        return (f"trainer {spec.name} does not support {point.phase.kind} phases "
+                f"(it supports: {', '.join(spec.phases)})")
+    short = shortfalls(point.profile, hw, point.min_gpus)
+    if short:
+        return "; ".join(short)
+    if mismatch == "skip":
+        diff = mismatches(point.profile, hw)
+        if diff:
+            return "hardware mismatch (--hardware-mismatch=skip): " + "; ".join(diff)
+    return None
+
+
+def run_point(point: PhasePoint, results_dir: Path, hw: Machine, skip: str | None,
+              progress: Progress | None = None) -> PhaseRecord:
+    """Run the point (or, with ``skip``, record why not) and store its record."""
+    store = ResultStore(results_dir)
+    store.check()
+    with _point_lock(point, results_dir) as holder:
+        if holder is not None:
+            # another harness process is running this very point in this results directory:
+            # leave it alone and keep the store as it is (that run stores its own record)
+            return PhaseRecord.for_point(point, Status.SKIP,
+                                         f"this point is being run by another harness process ({holder})", hardware=hw)
+        if skip:
+            record = PhaseRecord.for_point(point, Status.SKIP, skip, hardware=hw)
+            store.put_skip(record)
+            return record
+        record = execute(point, results_dir, hw, progress)
+        store.put(record)
+        prune(results_dir, point, keep=record.out_dir)
+    return record
+
+
+@contextlib.contextmanager
+def _point_lock(point: PhasePoint, results_dir: Path):
+    """Hold an exclusive lock on the point's run directory; yields None when acquired, or a
+    description of the holder when another process has it."""
+    out_dir = point_dir(results_dir, point)
+    lock_path = out_dir.with_name(out_dir.name + ".lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            yield f"pid {fh.read().strip() or '?'}"
+            return
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(os.getpid()))
+        fh.flush()
+        try:
+            yield None
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def point_dir(results_dir: Path, point: PhasePoint) -> Path:
@@ -49,7 +137,9 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
         collect_train(run, errors)
     collect_halt(run)
     golden = goldens.gate(point, run.csv, hw)
-    gates = evaluate(point.gates(), run, {**unprovided_by_files(run), **_declared(point)}) + ([golden] if golden else [])
+    # a metric is unprovided when the trainer's files lack what it reads, or its runbook entry says so
+    unprovided = {**unprovided_by_files(run), **unprovided_metrics(point)}
+    gates = evaluate(point.gates(), run, unprovided) + ([golden] if golden else [])
     status, reason = verdict(Outcome.of_run(kind, run, errors), gates)
     # the report's numbers are over the phase's window: the first gate that names one ('last 50
     # steps' for the bucket sweep); gates keep their own windowed values
@@ -68,12 +158,6 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
         noop_toggles=dict(env.get("noop_toggles") or {}), trainer=run.info.get("trainer") or OWN_TRAINER,
         trainer_sha=trainer_sha, trainer_sha_source=trainer_sha_source,
         env=run.info.get("env") or dict(point.env), cwd=run.info.get("cwd") or "")
-
-
-def _declared(point: PhasePoint) -> dict[str, str]:
-    """What the runbook's trainer entry says it cannot provide (none for this project's)."""
-    spec = point.runbook.trainer
-    return {} if spec is None else declared_unprovided(spec.name, ADAPTERS[spec.adapter].lacks, spec.metrics)
 
 
 def prune(results_dir: Path, point: PhasePoint, keep: str) -> None:

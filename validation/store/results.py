@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from validation.errors import StoreError
-from validation.judge.record import PhaseRecord, PointKey
+from validation.judge.record import PhaseRecord, PointKey, Status
 
 STORE_NAME = "results.json"
 SCHEMA = 2
@@ -99,6 +99,19 @@ class ResultStore:
             kept = {record_key(r.key): r.to_json() for r in self._typed(self._read())}
             kept.update({record_key(r.key): r.to_json() for r in records})
             self._write({"schema": SCHEMA, "records": kept})
+
+    def put_skip(self, record: PhaseRecord) -> bool:
+        """Store a SKIP record only where no run of its point is stored (a record is replaced
+        only by a run of that point that ran); whether it was stored."""
+        with self._locked():
+            stored = {record_key(r.key): r for r in self._typed(self._read())}
+            held = stored.get(record_key(record.key))
+            if held is not None and held.status != Status.SKIP:
+                return False
+            kept = {k: r.to_json() for k, r in stored.items()}
+            kept[record_key(record.key)] = record.to_json()
+            self._write({"schema": SCHEMA, "records": kept})
+            return True
 
     def records(self, runbook: str | None = None, profile: str | None = None) -> list[PhaseRecord]:
         recs = self._typed(self._read())

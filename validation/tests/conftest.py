@@ -10,7 +10,7 @@ import yaml
 from validation.report.build import build_context, render_text
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
-from validation.session.run import run_point
+from validation.session.session import AcceptanceSession, SessionOptions
 
 FAKE = "validation.tests.fake_trainer"
 
@@ -41,7 +41,7 @@ class FakeRun:
         self.results = tmp_path / "results"
         self.runbook = load_runbook(write_runbook(tmp_path / "runbook.yaml", phases, **top))
         self.profile = load_profile("cpu")
-        self.records = [run_point(p, self.results) for p in expand(self.runbook, self.profile)]
+        self.records = [AcceptanceSession(SessionOptions(self.results)).run_point(p) for p in expand(self.runbook, self.profile)]
         self.context = build_context(self.results, self.runbook.name, "cpu", runbook=self.runbook,
                                      profile=self.profile, now="2026-01-01 00:00 UTC")
         self.report = render_text({**self.context, "results_prefix": ".."})

@@ -109,9 +109,10 @@ def test_pytest_baseline_that_is_the_results_dir_is_refused_before_anything_runs
     assert "is the results directory itself" in out.stderr and "passed" not in out.stdout
 
 
-def test_pytest_baseline_without_the_pair_still_renders_the_report(tmp_path):
-    """The session's report was not rendered at all ('report ... not rendered') when the baseline
-    held other runbooks; now it is, and the summary and the report check say why nothing was compared."""
+def test_pytest_baseline_without_the_pair_is_a_usage_error_before_anything_runs(tmp_path):
+    """The session's report was once not rendered at all when the baseline held other runbooks,
+    after every point had run; a comparison that can compare nothing is now refused up front, by
+    both doors alike (the CLI: test_a_baseline_of_another_runbook_is_an_error_naming_what_it_holds)."""
     base, cur = tmp_path / "base", tmp_path / "cur"
     other = write_runbook(tmp_path / "other.yaml", [_gates("long_run")], name="other")
     assert main(["run", "--runbook", str(other), "--results-dir", str(base), "--no-report"]) == 0
@@ -119,6 +120,6 @@ def test_pytest_baseline_without_the_pair_still_renders_the_report(tmp_path):
     out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
                           "validation/tests/test_acceptance.py", f"--runbook={rb}", f"--results-dir={cur}",
                           f"--baseline={base}"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 1, out.stdout + out.stderr  # the report check cannot compare
-    assert "no records of runbook fake, profile cpu (it holds: other/cpu)" in out.stdout
-    assert f"nsa-validate report: GO -> {cur / 'reports' / 'fake__cpu.md'} (no comparison: --baseline" in out.stdout
+    assert out.returncode == 4, out.stdout + out.stderr  # pytest's usage error
+    assert "no records of runbook fake, profile cpu (it holds: other/cpu)" in out.stderr
+    assert not cur.exists() or not ResultStore(cur).records()

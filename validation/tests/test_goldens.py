@@ -16,7 +16,7 @@ from validation.judge.record import Status
 from validation.machine import Machine
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
-from validation.session.run import run_point
+from validation.session.session import AcceptanceSession, SessionOptions
 from validation.store.goldens import (
     Curve,
     GoldenError,
@@ -148,7 +148,7 @@ def test_cpu_smoke_golden_passes_unchanged_and_fails_on_a_window_change(tmp_path
         path.write_text(yaml.safe_dump(data, sort_keys=False))
         shutil.copytree(RUNBOOK_DIR / "goldens", tmp_path / name / "goldens")
         point, = expand(load_runbook(path), profile)
-        records[name] = run_point(point, tmp_path / name / "res")
+        records[name] = AcceptanceSession(SessionOptions(tmp_path / name / "res")).run_point(point)
     same, changed = records["same"], records["window15"]
     golden = next(g for g in same.gates if g.metric == "golden_loss_rel_diff")
     assert same.status == Status.PASS and golden.value <= 1e-4, same.reason

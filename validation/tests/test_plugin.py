@@ -14,7 +14,7 @@ from validation.machine import Machine
 from validation.pytest_plugin import results_dir_for
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
-from validation.session.run import why_not
+from validation.session.point import why_skip
 from validation.store.results import ResultStore
 from validation.tests.conftest import train_phase, write_runbook
 
@@ -75,12 +75,12 @@ H100_BOX = Machine(gpu_names=("NVIDIA H100 80GB HBM3",) * 2, gpu_mem_gb=(79.1, 7
 
 def test_h100_box_runs_a100_profile_unless_mismatch_is_skip():
     base = expand(load_runbook("nsa_ddp_a100"), load_profile("a100"), ["baseline_ddp"])[0]
-    assert why_not(base, H100_BOX, "run") is None
-    assert "is for A100 GPUs; this machine has NVIDIA H100" in why_not(base, H100_BOX, "skip")
+    assert why_skip(base, H100_BOX, "run") is None
+    assert "is for A100 GPUs; this machine has NVIDIA H100" in why_skip(base, H100_BOX, "skip")
     one_gpu = Machine(gpu_names=H100_BOX.gpu_names[:1], gpu_mem_gb=(79.1,))
-    assert "needs 2 CUDA GPU(s); this machine has 1" in why_not(base, one_gpu, "run")
+    assert "needs 2 CUDA GPU(s); this machine has 1" in why_skip(base, one_gpu, "run")
     h200 = expand(load_runbook("nsa_ddp_a100"), load_profile("h200"), ["baseline_ddp"])[0]
-    assert "needs 139.0 GiB per GPU; smallest here is 79.1 GiB" in why_not(h200, H100_BOX, "run")
+    assert "needs 139.0 GiB per GPU; smallest here is 79.1 GiB" in why_skip(h200, H100_BOX, "run")
 
 
 def _pytest_in(cwd, *args, timeout=120):

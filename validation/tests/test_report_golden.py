@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from validation import REPO_ROOT
 from validation.judge.gates import check
 from validation.judge.record import PhaseRecord
 from validation.report.build import build_context, render_text
@@ -61,7 +62,8 @@ def _render(tmp_path, records):
                         plots=[{"phase": "baseline_ddp", "title": "baseline_ddp: tokens/s (global)",
                                 "path": "plots/cpu_smoke__cpu__baseline_ddp_toks.png"}])
     # the store's own directory (in a rerun command) is the test's tmp_path: named as a fixed path
-    return render_text({**ctx, "results_prefix": ".."}).replace(str(tmp_path.resolve()), "/data/results")
+    return render_text({**ctx, "results_prefix": ".."}).replace(str(tmp_path.resolve()), "/data/results").replace(
+        str(REPO_ROOT), "/repo")  # and this checkout's own directory (the acceptance tests' path) as another
 
 
 def _check(name, text):

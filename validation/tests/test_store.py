@@ -135,7 +135,7 @@ def test_a_point_another_process_is_running_is_left_alone(tmp_path):
     from validation.runbook.load import load_profile, load_runbook
     from validation.runbook.plan import expand
     from validation.session.point import point_dir
-    from validation.session.run import run_point
+    from validation.session.session import AcceptanceSession, SessionOptions
 
     rb = write_runbook(tmp_path / "rb.yaml", [train_phase("baseline_ddp")])
     results = tmp_path / "results"
@@ -145,7 +145,7 @@ def test_a_point_another_process_is_running_is_left_alone(tmp_path):
     base = point_dir(results, point)
     with open(base.with_name(base.name + ".lock"), "a+") as held:  # the "first run"
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        record = run_point(point, results)
+        record = AcceptanceSession(SessionOptions(results)).run_point(point)
     assert record.status == "SKIP"
     assert "being run by another harness process" in record.reason
     assert ResultStore(results).records() == before

@@ -1,0 +1,105 @@
+"""TEST_TRAINER_FAULT: the one fault switch of every test trainer in this directory
+(native_train.py, seedlike_train.py, minimal_train.py), so that a harness's fault matrix drives
+each of them the same way. Standard library only; each trainer acts on the fault in its own
+format (its docstring says how).
+
+    TEST_TRAINER_FAULT=KIND[:RANK][@STEP]        STEP: the 1-based optimizer step, default 3
+
+    quit_early[@K]     exit 0 right after step K, no .HALT (a run that stops short and says nothing)
+    hang_rank:R[@K]    rank R blocks forever as step K starts, writing nothing more (in
+                       hang_forever); the other ranks stop in step K too, as in a collective: in a
+                       real one where the trainer uses torch.distributed (native_train.py under
+                       torchrun), else asleep in wait_for_peers()
+    hang_all[@K]       every rank blocks forever as step K starts (in hang_forever)
+    nan[@K]            the loss of step K is NaN on every rank: logged, then the trainer's own
+                       non-finite handling
+    crash[@K]          every rank raises RuntimeError in step K: a traceback, exit 1
+    malformed[@K]      rank 0's training.csv row of step K has a non-number in its loss column
+                       (MALFORMED_CELL); the run goes on
+    missing_optional   env.json without its optional keys (git_sha, attention_backends,
+                       tokens_per_step)
+
+Unset or empty: no fault. A step past the run's last never comes, so its fault never fires (a
+quit_early at or after the last step is a clean run). A spec that does not parse, or a rank the
+run does not have, is exit 2 with a one-line message, before anything is written.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+
+ENV = "TEST_TRAINER_FAULT"
+DEFAULT_STEP = 3
+KINDS = ("quit_early", "hang_rank", "hang_all", "nan", "crash", "malformed", "missing_optional")
+#: what malformed writes where a number belongs
+MALFORMED_CELL = "garbled"
+#: the optional env.json keys that missing_optional leaves out
+OPTIONAL_ENV_KEYS = ("git_sha", "attention_backends", "tokens_per_step")
+EXIT_USAGE = 2
+
+_SPEC = re.compile(r"^(?P<kind>[a-z_]+)(?::(?P<rank>\d+))?(?:@(?P<step>\d+))?$")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str = ""
+    """One of KINDS, or '' for none."""
+    rank: int | None = None
+    """hang_rank's rank."""
+    step: int = DEFAULT_STEP
+
+    def at(self, kind: str, step: int) -> bool:
+        """This fault is ``kind`` and fires in ``step``."""
+        return self.kind == kind and self.step == step
+
+    def hangs(self, rank: int, step: int) -> bool:
+        """``rank`` blocks forever as ``step`` starts."""
+        return step == self.step and (self.kind == "hang_all" or (self.kind == "hang_rank" and rank == self.rank))
+
+    def peer_hangs(self, rank: int, step: int) -> bool:
+        """Another rank blocks in ``step``: this one stops there too (in a collective)."""
+        return step == self.step and self.kind == "hang_rank" and rank != self.rank
+
+
+def parse(spec: str, world_size: int) -> Fault:
+    """The fault a spec names; ValueError with the reason when it names none."""
+    spec = spec.strip()
+    if not spec:
+        return Fault()
+    m = _SPEC.match(spec)
+    if not m or m["kind"] not in KINDS:
+        raise ValueError(f"{ENV}={spec!r}: expected KIND[:RANK][@STEP] with KIND one of {', '.join(KINDS)}")
+    kind, rank, step = m["kind"], m["rank"], m["step"]
+    if (kind == "hang_rank") != (rank is not None):
+        raise ValueError(f"{ENV}={spec!r}: a rank goes with hang_rank, and only with it (hang_rank:R)")
+    if kind == "missing_optional" and step is not None:
+        raise ValueError(f"{ENV}={spec!r}: missing_optional takes no step")
+    if rank is not None and int(rank) >= world_size:
+        raise ValueError(f"{ENV}={spec!r}: rank {rank} does not exist (WORLD_SIZE={world_size})")
+    if step is not None and int(step) < 1:
+        raise ValueError(f"{ENV}={spec!r}: steps count from 1")
+    return Fault(kind, None if rank is None else int(rank), DEFAULT_STEP if step is None else int(step))
+
+
+def from_env(world_size: int) -> Fault:
+    """The fault set in the environment; exit 2 with the reason on a bad spec."""
+    try:
+        return parse(os.environ.get(ENV, ""), world_size)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_USAGE) from None
+
+
+def hang_forever() -> None:
+    """Where a hung rank stays (its stack names this function)."""
+    while True:
+        time.sleep(1.0)
+
+
+def wait_for_peers() -> None:
+    """Where a rank waits for a hung peer, as in a collective that never completes."""
+    while True:
+        time.sleep(1.0)

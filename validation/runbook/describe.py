@@ -1,0 +1,32 @@
+"""A runbook's phases, sweep points, gates and markers as lines for people
+(``nsa-validate phases``)."""
+from __future__ import annotations
+
+from validation.runbook.plan import GOLDEN_RTOL, expand
+from validation.runbook.types import Profile, Runbook
+
+
+def describe(rb: Runbook, prof: Profile, golden_file: str) -> list[str]:
+    lines = [f"runbook {rb.name} ({rb.path}); profiles: {', '.join(rb.profiles)}; showing {prof.name}"]
+    if rb.trainer is not None:
+        t = rb.trainer
+        lines.append(f"trainer {t.name}: {' '.join(t.entry)} in {t.root.describe()}, adapter {t.adapter}, "
+                     f"phases {', '.join(t.phases)}")
+    for phase in rb.phases:
+        pts = expand(rb, prof, [phase.name])
+        launch = phase.launcher.kind + (f" x{phase.launcher.nproc}" if phase.launcher.kind == "torchrun" else "")
+        config = f"config {phase.config}" if rb.trainer is None else f"trainer {rb.trainer.name}"
+        what = {"train": f"{launch}, {config}, {phase.steps} steps", "pytest": " ".join(phase.tests),
+                "preflight": "git SHA, collect_env, nvidia-smi", "profile": f"torch.profiler, {phase.steps} steps"}[phase.kind]
+        lines.append(f"  {phase.name:18s} {phase.kind:9s} {len(pts)} point(s)  timeout {phase.timeout_s:g}s  {what}")
+        for g in pts[0].gates():
+            thr = "to be measured" if g.threshold is None else f"{g.threshold:g}"
+            lines.append(f"      gate: {g.metric} {g.op} {thr} ({g.window.describe()})")
+        if phase.golden_steps:
+            rtol = prof.thresholds.get(GOLDEN_RTOL)
+            lines.append(f"      golden: loss of steps 1-{phase.golden_steps} within rel "
+                         f"{'to be measured' if rtol is None else f'{rtol:g}'} of {golden_file}")
+        if len(pts) > 1:
+            lines.append(f"      sweep: {', '.join(p.slug for p in pts)}")
+        lines.append(f"      markers: {' '.join(pts[0].markers)}")
+    return lines

@@ -1,0 +1,357 @@
+"""The acceptance session: the one object that both front doors drive.
+
+``nsa-validate run`` and ``pytest -m <profile or phase>`` do the same work through it: select the
+points of the runbooks and profiles asked for, check the store, the golden files and the baseline
+before anything runs, run each point (launch, read, judge, store; session/point.py), stop on a
+signal with the running trainers killed, render the reports and say the exit status. The doors
+only turn their options into ``SessionOptions`` and show progress their own way.
+"""
+from __future__ import annotations
+
+import contextlib
+import enum
+import signal
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from validation import checkout_problem
+from validation.errors import HarnessError
+from validation.judge.findings import CROSS_POINT, Finding, Severity, find
+from validation.judge.record import PhaseRecord, Status
+from validation.launch.process import ABORT
+from validation.machine import Machine, detect
+from validation.report.build import Rendered, Verdict, render
+from validation.runbook.hardware import mismatches
+from validation.runbook.load import available, load_profile, load_runbook
+from validation.runbook.plan import PhasePoint, batches, expand
+from validation.runbook.types import Profile, Runbook
+from validation.session.point import cannot_launch, run_point, why_skip
+from validation.store import baseline as baseline_store
+from validation.store import goldens
+from validation.store.results import ResultStore
+
+MISMATCH_POLICIES = ("run", "skip")
+
+
+class ExitStatus(enum.IntEnum):
+    """What ``run`` and ``report`` exit with; a stop signal exits 128 + its number."""
+
+    GO = 0
+    NO_GO = 1
+    USAGE = 2
+    """A bad runbook, profile, option or results directory: nothing was judged."""
+    INCOMPLETE = 3
+
+
+EXIT_OF = {Verdict.GO: ExitStatus.GO, Verdict.NO_GO: ExitStatus.NO_GO, Verdict.INCOMPLETE: ExitStatus.INCOMPLETE}
+#: signals that stop a session as Ctrl-C does; at their default they killed the harness at once
+#: and orphaned the trainers running in sessions of their own
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal, raised in the main thread as Ctrl-C's KeyboardInterrupt is."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class NotLaunchable(HarnessError):
+    """A selected point cannot start on this machine (a trainer root not set, a module missing):
+    nothing is run or stored for it."""
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    results_dir: Path
+    runbooks: tuple[str, ...] = ()
+    """Names under runbooks/ or YAML paths; () is every runbook (see ``default_runbooks``)."""
+    profiles: tuple[str, ...] = ()
+    """() is each runbook's first profile (``first_profile_only``) or all of its profiles."""
+    phases: tuple[str, ...] = ()
+    """() is every phase."""
+    first_profile_only: bool = False
+    mismatch: str = "run"
+    """What to do when the GPUs differ from the profile's: 'run' (and report) or 'skip'."""
+    baseline: Path | None = None
+    jobs: int | None = None
+    """Untimed single-process points run at once (default: the runbook's max_parallel)."""
+    plots: bool = True
+    known_markers: frozenset[str] = frozenset()
+    """Markers pytest knows (a phase may name only these and its runbook's own phases)."""
+
+
+Progress = Callable[[str, str], None]
+"""progress(test_id, line): a running point's latest line (step N/total, tokens/s, ETA)."""
+
+
+@dataclass
+class Outcome:
+    """What a point's run gave: its record, and the line a door shows for it."""
+
+    point: PhasePoint
+    record: PhaseRecord
+
+    def line(self) -> str:
+        r = self.record
+        return f"{self.point.test_id}: {r.status} ({r.wall_s:.1f}s) {r.reason}"
+
+
+@dataclass
+class AcceptanceSession:
+    options: SessionOptions
+    ran: dict[str, PhaseRecord] = field(default_factory=dict)
+    """Records of the points run in this process, by test id (cross-point findings read them)."""
+    _points: list[PhasePoint] | None = None
+    _machine: Machine | None = None
+
+    # --- selection and checks before anything runs ----------------------------------------------
+
+    @property
+    def results_dir(self) -> Path:
+        return self.options.results_dir
+
+    @property
+    def machine(self) -> Machine:
+        if self._machine is None:
+            self._machine = detect()
+        return self._machine
+
+    def points(self) -> list[PhasePoint]:
+        """Every (runbook, profile, phase, sweep point) selected, loaded and checked once: an
+        unknown profile or phase, a gate naming a threshold its profile lacks and an unreadable
+        golden file are errors here, before any point runs."""
+        if self._points is None:
+            problem = checkout_problem()
+            if problem:
+                raise HarnessError(problem)
+            self._points = []
+            for rb, prof in self.pairs():
+                goldens.check_readable(rb.path, rb.name, prof.name)
+                expand(rb, prof)  # every phase's gates are checked, not only the ones selected
+                self._points += expand(rb, prof, list(dict.fromkeys(self.options.phases)) or None)
+        return self._points
+
+    def pairs(self) -> list[tuple[Runbook, Profile]]:
+        """The (runbook, profile) pairs selected, in the order given."""
+        names = self.options.runbooks or tuple(available())
+        wanted = {w: load_profile(w).name for w in self.options.profiles}
+        out: list[tuple[Runbook, Profile]] = []
+        for name in names:
+            rb = load_runbook(name, known_markers=set(self.options.known_markers) or None)
+            profiles = [p for p in rb.profiles if not wanted or p in wanted.values()]
+            if self.options.first_profile_only and not wanted:
+                profiles = profiles[:1]
+            out += [(rb, load_profile(p)) for p in profiles]
+        used = {prof.name for _, prof in out}
+        unused = [w for w, n in wanted.items() if n not in used]
+        if unused:
+            raise HarnessError(f"--profile {', '.join(unused)}: no selected runbook uses it (runbooks: "
+                               f"{', '.join(names)}; their profiles: "
+                               f"{', '.join(sorted({p for n in names for p in load_runbook(n).profiles}))})")
+        return out
+
+    def check_ready(self, pairs: list[tuple[str, str]] | None = None) -> None:
+        """The store readable (a corrupt results.json stops the session before anything runs) and
+        the baseline, when given, another store that holds at least one of ``pairs`` (default: the
+        selected ones); a comparison that could compare nothing is an error before anything runs."""
+        ResultStore(self.results_dir).check()
+        base = self.options.baseline
+        if base is None:
+            return
+        if not (base / "results.json").is_file():
+            raise HarnessError(f"--baseline {base}: no result store there (results.json not found)")
+        if base.resolve() == self.results_dir.resolve():
+            raise HarnessError(f"--baseline {base} is the results directory itself; give the results directory "
+                               "of another run")
+        held = ResultStore(base).pairs()
+        pairs = pairs if pairs is not None else [(rb.name, prof.name) for rb, prof in self.pairs()]
+        if pairs and not set(pairs) & set(held):
+            raise HarnessError(f"--baseline {base}: no records of " + ", ".join(
+                f"runbook {r}, profile {p}" for r, p in pairs) + f" (it holds: "
+                f"{', '.join(f'{r}/{p}' for r, p in held) or 'no records at all'})")
+
+    def mismatch_notes(self) -> list[str]:
+        return list(dict.fromkeys(d for p in self.points() for d in mismatches(p.profile, self.machine)))
+
+    def unlaunchable(self, points: list[PhasePoint]) -> dict[str, str]:
+        """The points among ``points`` that cannot start here, by test id, with why."""
+        return {p.test_id: why for p in points if (why := cannot_launch(p))}
+
+    # --- running ---------------------------------------------------------------------------------
+
+    def run_point(self, point: PhasePoint, progress: Progress | None = None) -> PhaseRecord:
+        """Run one point (or record why this machine skips it) and store its record. A point
+        that cannot launch is NotLaunchable, before its store or run directory is touched."""
+        why = cannot_launch(point)
+        if why:
+            raise NotLaunchable(f"{point.test_id}: {why}")
+        record = run_point(point, self.results_dir, self.machine, why_skip(point, self.machine, self.options.mismatch),
+                           None if progress is None else (lambda line: progress(point.test_id, line)))
+        self.ran[point.test_id] = record
+        return record
+
+    def run(self, progress: Progress | None = None,
+            started: Callable[[int, int, PhasePoint], None] | None = None,
+            finished: Callable[[int, int, Outcome], None] | None = None) -> list[Outcome]:
+        """Every selected point in runbook order, untimed single-process points up to ``jobs`` at
+        once (validation/runbook/plan.batches: timed points always run alone). Every point that
+        cannot launch is an error before the first one runs."""
+        points = self.points()
+        self.check_ready()
+        blocked = self.unlaunchable(points)
+        if blocked:
+            raise NotLaunchable("cannot launch here, nothing was run: " + "; ".join(
+                f"{tid}: {why}" for tid, why in blocked.items()))
+        jobs = self.options.jobs or min((p.runbook.max_parallel for p in points), default=1)
+        order = {p.test_id: i + 1 for i, p in enumerate(points)}
+        outcomes: list[Outcome] = []
+        for batch in batches(points, jobs):
+            for p in batch:
+                if started:
+                    started(order[p.test_id], len(points), p)
+            for outcome in self._run_batch(batch, progress):
+                outcomes.append(outcome)
+                if finished:
+                    finished(order[outcome.point.test_id], len(points), outcome)
+        return outcomes
+
+    def _run_batch(self, batch: list[PhasePoint], progress: Progress | None) -> Iterator[Outcome]:
+        if len(batch) == 1:
+            yield Outcome(batch[0], self.run_point(batch[0], progress))
+            return
+        from concurrent.futures import ThreadPoolExecutor, as_completed
+
+        with ThreadPoolExecutor(max_workers=len(batch)) as pool:
+            futures = {pool.submit(self.run_point, p, progress): p for p in batch}
+            for fut in as_completed(futures):
+                yield Outcome(futures[fut], fut.result())
+
+    # --- judging across points and rendering -----------------------------------------------------
+
+    def cross_point_findings(self, pair: tuple[str, str]) -> tuple[list[Finding], int]:
+        """Critical findings that only show across the points of ``pair`` run in this process (a
+        cliff along a sweep; a regression against the baseline), and how many points ran."""
+        records = [r for r in self.ran.values() if (r.key.runbook, r.key.profile) == pair and r.status != Status.SKIP]
+        extra: list[Finding] = []
+        base = self.options.baseline
+        if base is not None and records:
+            profile = next(p.profile for p in self.points() if (p.runbook.name, p.profile.name) == pair)
+            stored = baseline_store.load(base, self.results_dir, *pair)
+            extra = baseline_store.compare(records, stored, base,
+                                           profile.thresholds.get(baseline_store.REGRESSION_KEY)).findings()
+        cross = [f for f in find(records) if f.severity == Severity.CRITICAL and f.kind in CROSS_POINT]
+        return cross + [f for f in extra if f.severity == Severity.CRITICAL], len(records)
+
+    def render(self, pairs: list[tuple[str, str]] | None = None, notes: Callable[[str], None] | None = None
+               ) -> list[Rendered]:
+        """The report of each pair (default: the pairs selected), against the runbook and profile
+        it ran from; a baseline that lacks a pair gives that report no comparison, and says so."""
+        selected = {(rb.name, prof.name): (rb, prof) for rb, prof in self.pairs()} if self.options.runbooks else {}
+        store = ResultStore(self.results_dir)
+        wanted = pairs if pairs is not None else list(selected)
+        in_baseline = set(ResultStore(self.options.baseline).pairs()) if self.options.baseline else set()
+        out = []
+        for rb_name, prof_name in wanted:
+            rb, prof = selected.get((rb_name, prof_name)) or _ran_from(store, rb_name, prof_name, notes)
+            base = self.options.baseline
+            # a pair the baseline lacks renders without a comparison (check_ready made sure it
+            # holds some of the pairs)
+            if base is not None and (rb_name, prof_name) not in in_baseline:
+                if notes:
+                    notes(f"--baseline {base} holds no records of {rb_name}/{prof_name}; its report has no comparison")
+                base = None
+            out.append(render(self.results_dir, rb_name, prof_name, runbook=rb, profile=prof,
+                              plots=self.options.plots, baseline=base))
+        return out
+
+    def report_pairs(self) -> list[tuple[str, str]]:
+        """The pairs ``report`` renders from the store: the selected ones, or every stored pair (of
+        the profiles asked for), checked as ``check_ready`` checks a run's. No records at all is a
+        usage error, as a missing directory is."""
+        self.check_ready(pairs=[])  # the store and the baseline option themselves first
+        pairs = self._stored_pairs()
+        self.check_ready(pairs)
+        return pairs
+
+    def _stored_pairs(self) -> list[tuple[str, str]]:
+        store = ResultStore(self.results_dir)
+        if not self.results_dir.is_dir():
+            raise HarnessError(f"results directory {self.results_dir} "
+                               f"{'is not a directory' if self.results_dir.exists() else 'does not exist'} "
+                               "(give the --results-dir a run wrote into)")
+        held = store.pairs()
+        if not held:
+            raise HarnessError(f"no results in {self.results_dir} (results.json holds no records; give the "
+                               "--results-dir a run wrote into)")
+        if self.options.runbooks:
+            return [(rb.name, prof.name) for rb, prof in self.pairs()]
+        if self.options.profiles:
+            names = {load_profile(p).name for p in self.options.profiles}
+            chosen = [(r, p) for r, p in held if p in names]
+            if not chosen:
+                raise HarnessError(f"no records of profile {', '.join(sorted(names))} in {store.path} (it holds: "
+                                   f"{', '.join(f'{r}/{p}' for r, p in held)})")
+            return chosen
+        return held
+
+    @staticmethod
+    def exit_status(rendered: list[Rendered]) -> ExitStatus:
+        """NO-GO if any report is, else INCOMPLETE if any is, else GO."""
+        codes = [EXIT_OF[r.verdict] for r in rendered]
+        if ExitStatus.NO_GO in codes:
+            return ExitStatus.NO_GO
+        return ExitStatus.INCOMPLETE if ExitStatus.INCOMPLETE in codes else ExitStatus.GO
+
+    # --- stopping ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def stopping() -> bool:
+        """Whether a stop signal has arrived (an error raised after it is still the user's stop)."""
+        return ABORT.is_set()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def stop_signals(signals: tuple[int, ...] = STOP_SIGNALS, only_default: bool = False) -> Iterator[None]:
+        """SIGINT, SIGTERM and SIGHUP (unless ignored, as `nohup` ignores SIGHUP) stop the session
+        as Ctrl-C does: the running trainers' trees are killed (worker threads see ``ABORT``) and
+        ``Stopped`` is raised in the main thread. With ``only_default``, only signals nobody
+        handles yet (pytest keeps its own SIGINT handling). Restored on the way out."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        saved = {}
+        for sig in signals:
+            current = signal.getsignal(sig)
+            if only_default and current is not signal.SIG_DFL:
+                continue
+            if sig == signal.SIGINT or current is not signal.SIG_IGN:
+                saved[sig] = signal.signal(sig, _on_stop_signal)
+        try:
+            yield
+        finally:
+            for sig, handler in saved.items():
+                signal.signal(sig, handler)
+
+
+def _on_stop_signal(signum, frame) -> None:
+    ABORT.set()  # worker threads running trainers kill their process trees
+    raise Stopped(signum)
+
+
+def _ran_from(store: ResultStore, rb_name: str, prof_name: str, notes: Callable[[str], None] | None
+              ) -> tuple[Runbook | None, Profile | None]:
+    """The runbook and profile the pair's latest record ran from (a path for a runbook outside
+    runbooks/); (None, None) when they cannot be loaded any more: the report renders what is stored."""
+    latest = max(store.records(rb_name, prof_name), key=lambda r: r.started, default=None)
+    rb_arg = (latest.runbook_arg if latest else "") or rb_name
+    prof_arg = (latest.profile_arg if latest else "") or prof_name
+    try:
+        return load_runbook(rb_arg), load_profile(prof_arg)
+    except HarnessError as exc:
+        if notes:
+            notes(f"{exc}; rendering stored records only")
+        return None, None

@@ -1,0 +1,126 @@
+"""The acceptance session through both doors: the same selection, the same store safety, the
+same exit statuses; a report's Reproduce lines re-run their points as printed.
+
+Each test here was a defect found by using the harness as a user would (issue "Verdicts you can
+trust for any trainer", cases 10, 12 and 13)."""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from validation import REPO_ROOT
+from validation.cli import main
+from validation.judge.record import Status
+from validation.report.build import build_context
+from validation.runbook.load import load_profile, load_runbook
+from validation.store.results import ResultStore
+
+NATIVE: dict[str, Any] = {
+    "name": "native_test", "root": "tests/trainers", "script": "native_train.py",
+    "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"], "params": {"optim.lr": {"flag": "--lr"}}}
+GATES = [{"metric": "toks_per_s_mean", "op": ">=", "threshold": 1, "window": "last 4 steps"},
+         {"metric": "loss_finite", "op": "==", "threshold": 1}]
+
+
+def _runbook(path: Path, phases: list[dict[str, Any]], trainer: dict[str, Any] | None = None, name: str = "mine"
+             ) -> Path:
+    data = {"name": name, "profiles": ["cpu"], "trainer": trainer or NATIVE,
+            "defaults": {"steps": 8, "timeout_s": 60}, "phases": phases}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _phase(name: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "kind": "train", "gates": GATES, **extra}
+
+
+def _pytest(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=180, env=env)
+
+
+def test_a_phase_name_of_ones_own_runbook_is_a_marker_for_pytest(tmp_path):
+    """`pytest -m single --runbook /elsewhere/my.yaml` failed at collection ("'single' not found in
+    `markers`", rc 4) for any phase name not built into pytest.ini."""
+    (tmp_path / "elsewhere").mkdir()
+    rb = _runbook(tmp_path / "elsewhere" / "my.yaml", [_phase("single"), _phase("other_one")])
+    res = tmp_path / "res"
+    out = _pytest(REPO_ROOT, "validation/tests/test_acceptance.py", "-m", "single", "--runbook", str(rb),
+                  "--profile", "cpu", f"--results-dir={res}")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "1 passed" in out.stdout
+    assert {r.key.phase for r in ResultStore(res).records()} == {"single"}
+
+
+def test_every_reproduce_line_of_a_report_reruns_its_point_as_printed(tmp_path):
+    """The report's Reproduce lines are for people to paste: each, run as printed from another
+    directory, runs its point again (a new run id in the store)."""
+    rb = _runbook(tmp_path / "rb.yaml", [_phase("single"), _phase("sweep", sweep={"optim.lr": [0.001, 0.002]})])
+    res = tmp_path / "res"
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-plots"]) == 0
+    before = {r.test_id: r.run_id for r in ResultStore(res).records()}
+    ctx = build_context(res, "mine", "cpu", runbook=load_runbook(rb), profile=load_profile("cpu"))
+    lines = [r["rerun"] for r in ctx["reproduce"]]
+    assert len(lines) == 3
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    for line in lines:
+        argv = shlex.split(line)
+        assert argv[0] == "pytest"
+        out = subprocess.run([sys.executable, "-m", *argv, "-p", "no:cacheprovider", "-q"], cwd=elsewhere,
+                             capture_output=True, text=True, timeout=180)
+        assert out.returncode == 0 and "1 passed" in out.stdout, line + "\n" + out.stdout[-3000:] + out.stderr[-2000:]
+    after = {r.test_id: r.run_id for r in ResultStore(res).records()}
+    assert set(after) == set(before) and all(after[t] != before[t] for t in before)
+
+
+def test_a_point_that_cannot_launch_leaves_the_stored_record_and_its_run_directory(tmp_path, monkeypatch, capsys):
+    """Re-running a phase with the trainer root's variable unset turned the stored PASS into SKIP
+    and deleted its run directory."""
+    trainer = {**NATIVE, "root": {"env": "MY_TRAINER_ROOT"}}
+    rb = _runbook(tmp_path / "rb.yaml", [_phase("single")], trainer=trainer)
+    res = tmp_path / "res"
+    monkeypatch.setenv("MY_TRAINER_ROOT", str(REPO_ROOT / "tests" / "trainers"))
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-plots"]) == 0
+    (stored,) = ResultStore(res).records()
+    assert stored.status == Status.PASS and (res / stored.out_dir).is_dir()
+    monkeypatch.delenv("MY_TRAINER_ROOT")
+    capsys.readouterr()
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot launch here, nothing was run" in err and "export MY_TRAINER_ROOT=" in err
+    out = _pytest(REPO_ROOT, "validation/tests/test_acceptance.py", "--runbook", str(rb), f"--results-dir={res}",
+                  env={k: v for k, v in os.environ.items() if k != "MY_TRAINER_ROOT"})
+    assert out.returncode == 0 and "nothing run or stored" in out.stdout, out.stdout[-3000:]
+    (kept,) = ResultStore(res).records()
+    assert kept.run_id == stored.run_id and kept.status == Status.PASS and (res / kept.out_dir).is_dir()
+
+
+def test_a_runbook_whose_trainer_cannot_launch_leaves_no_records_to_spoil_a_later_report(tmp_path):
+    """`pytest -m cpu_profile` also selected seed_trainer_cpu (its root unset): its SKIP records made
+    a later `nsa-validate report` INCOMPLETE (exit 3) after a GO run."""
+    runs = _runbook(tmp_path / "runs.yaml", [_phase("single")], name="runs")
+    blocked = _runbook(tmp_path / "blocked.yaml", [_phase("single")], trainer={**NATIVE, "root": {"env": "UNSET_ROOT"}},
+                       name="blocked")
+    res = tmp_path / "res"
+    env = {k: v for k, v in os.environ.items() if k != "UNSET_ROOT"}
+    out = _pytest(REPO_ROOT, "validation/tests/test_acceptance.py", "-m", "cpu_profile", "--runbook", str(runs),
+                  "--runbook", str(blocked), f"--results-dir={res}", env=env)
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert {r.key.runbook for r in ResultStore(res).records()} == {"runs"}
+    assert main(["report", "--results-dir", str(res), "--no-plots"]) == 0
+
+
+def test_report_of_an_empty_or_missing_results_directory_is_the_same_usage_error(tmp_path, capsys):
+    """An empty results directory exited 3 (INCOMPLETE), a missing one 2."""
+    (tmp_path / "empty").mkdir()
+    assert main(["report", "--results-dir", str(tmp_path / "empty")]) == 2
+    assert "no results in" in capsys.readouterr().err
+    assert main(["report", "--results-dir", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err

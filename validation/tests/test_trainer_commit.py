@@ -13,7 +13,7 @@ from validation.machine import Machine
 from validation.report.build import build_context, render_text
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
-from validation.session.run import run_point
+from validation.session.session import AcceptanceSession, SessionOptions
 from validation.store.baseline import compare
 from validation.store.bless import bless
 from validation.store.goldens import GoldenFile
@@ -41,7 +41,7 @@ def test_a_trainer_writing_git_sha_is_reported_at_that_commit(tmp_path):
         "defaults": {"steps": 4, "timeout_s": 60}, "phases": [{"name": "single", "kind": "train"}]}))
     rb, prof = load_runbook(path), load_profile("cpu")
     (point,) = expand(rb, prof)
-    rec = run_point(point, tmp_path / "res")
+    rec = AcceptanceSession(SessionOptions(tmp_path / "res")).run_point(point)
     assert rec.status == Status.PASS, rec.reason
     assert (rec.trainer, rec.trainer_sha, rec.trainer_sha_source) == ("native_test", "test", "env.json git_sha")
     text = render_text({**build_context(tmp_path / "res", rb.name, prof.name, runbook=rb, profile=prof),

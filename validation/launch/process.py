@@ -69,6 +69,7 @@ def run(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout_s: fl
         raise KeyboardInterrupt
     tree = ProcessTree()
     start = time.monotonic()
+    stop: _Stop | None = None
     taken: list[TakenStack] = []
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         try:

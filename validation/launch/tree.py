@@ -21,7 +21,7 @@ import psutil
 #: the environment variable holding the launch tokens of a process: comma-separated, so that a
 #: harness launched by another harness (a pytest phase running the harness's tests) keeps the
 #: outer token beside its own and the outer sweep still finds its trainers
-RUN_TOKENS = "NSA_HARNESS_RUN_TOKENS"
+RUN_TOKENS = "VALIDATION_RUN_TOKENS"
 #: how long one kill may keep sweeping before it gives up on a process it cannot kill
 SWEEP_LIMIT_S = 10.0
 #: after a scan that finds nothing, one more scan this much later: a child forked but not yet

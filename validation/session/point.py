@@ -7,6 +7,7 @@ an interrupt at any moment leaves the stored record beside the artifacts it desc
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
 import uuid
 from pathlib import Path
@@ -42,7 +43,13 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
     kind = point.phase.kind
     run = RunData(out_dir=out_dir, world_size=point.nproc)
     errors: list[str] = []
-    proc = kinds.KINDS[kind](point, out_dir, run, errors, progress)
+    try:
+        proc = kinds.KINDS[kind](point, out_dir, run, errors, progress)
+    except KeyboardInterrupt:  # its trainer is dead (launch/process.py); nothing will record this run
+        shutil.rmtree(out_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            out_dir.parent.rmdir()  # the point's directory, when this was its only run
+        raise
     run.exit_code, run.timed_out, run.stalled_s = proc.exit_code, proc.timed_out, proc.stalled_s
     if kind == "train":
         collect_train(run, errors)

@@ -2,6 +2,9 @@
 (``stackdump_rank{R}.txt``) and the ones the harness takes itself with py-spy
 (validation/launch/stacks.py). Findings show where each rank was from these.
 
+A trainer whose dumps do not say their rank (the seed's) has them converted to
+``stackdump_unranked{i}.txt`` by its adapter: "rank unknown", never a rank guessed from their order.
+
 The stacks the harness takes when it stops a run (a stall or the phase timeout) lie in the run
 directory under ``harness_stacks/``: one py-spy dump per process (``rank{R}.txt``, or
 ``pid{P}.txt`` for a process whose rank cannot be told) and ``index.json``, a list of
@@ -42,11 +45,17 @@ class StackDump:
     header: str | None = None
     source: str = "trainer"
     """'trainer' (its own stackdump_rank{R}.txt), 'py-spy' or 'SIGUSR1' (taken by the harness)."""
+    pid: int | None = None
+    """The process, where known (the harness's own dumps); for a dump of unknown rank it names
+    which process it was."""
 
 
 #: the run directory's folder of the stacks the harness took, and its index
 HARNESS_STACKS = "harness_stacks"
 STACKS_INDEX = "index.json"
+#: a trainer's own dump whose rank its files do not say (an adapter writes these rather than guess)
+UNRANKED_DUMP = "stackdump_unranked{i}.txt"
+UNRANKED_DUMPS = "stackdump_unranked*.txt"
 
 
 @dataclass(frozen=True)

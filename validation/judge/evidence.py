@@ -7,6 +7,7 @@ from pathlib import Path
 from validation.contract import check as contract
 from validation.contract.files import read_halt, stackdumps, tail
 from validation.contract.stacks import (
+    UNRANKED_DUMPS,
     StackDump,
     TakenStack,
     main_thread_frames,
@@ -50,29 +51,29 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
         top_ops=list(run.info.get("top_ops") or []))
 
 
-def _stacks(out_dir: Path, taken: list[TakenStack]) -> tuple[dict[int, StackDump], dict[int, StackDump]]:
+def _stacks(out_dir: Path, taken: list[TakenStack]) -> tuple[dict[int, StackDump], list[StackDump]]:
     """Each rank's stack (the one the harness took when it stopped the run, else the trainer's
-    own dump), and by pid the stacks of processes whose rank cannot be told."""
+    own dump), and the stacks of processes whose rank cannot be told."""
     dumps = {rank: _read(out_dir, path.name, "trainer", parse_faulthandler) for rank, path in stackdumps(out_dir).items()}
-    unranked = {}
+    unranked = [_read(out_dir, p.name, "trainer", parse_faulthandler) for p in sorted(out_dir.glob(UNRANKED_DUMPS))]
     for t in taken:
         if t.method == "SIGUSR1" and t.rank in dumps:  # the trainer's own dump, written when the harness asked
             dumps[t.rank] = _read(out_dir, dumps[t.rank].path, "SIGUSR1", parse_faulthandler)
         if t.path is None:
             continue
-        dump = _read(out_dir, t.path, t.method, parse_pyspy)
+        dump = _read(out_dir, t.path, t.method, parse_pyspy, t.pid)
         if t.rank is None:
-            unranked[t.pid] = dump
+            unranked.append(dump)
         else:
             dumps[t.rank] = dump
     return dumps, unranked
 
 
-def _read(out_dir: Path, rel: str, source: str, parse) -> StackDump:
+def _read(out_dir: Path, rel: str, source: str, parse, pid: int | None = None) -> StackDump:
     text = (out_dir / rel).read_text(errors="replace")
     frames = main_thread_frames(parse(text))[:MAX_FRAMES]
     header = next((ln.strip("= ").strip() for ln in text.splitlines() if ln.startswith("===")), None)
-    return StackDump(rel, frames, header, source)
+    return StackDump(rel, frames, header, source, pid)
 
 
 def _beat(rec: dict) -> Beat:

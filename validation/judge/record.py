@@ -66,8 +66,9 @@ class Evidence:
     stackdumps: dict[int, StackDump] = field(default_factory=dict)
     """Where each rank was: the stack the harness took when it stopped the run, else the
     trainer's own dump."""
-    unranked_stacks: dict[int, StackDump] = field(default_factory=dict)
-    """By pid: stacks the harness took of processes whose rank cannot be told."""
+    unranked_stacks: list[StackDump] = field(default_factory=list)
+    """Stacks of processes whose rank cannot be told: the harness's (with their pid) and a
+    trainer's own dumps that do not say their rank."""
     taken_stacks: list[TakenStack] = field(default_factory=list)
     """What the harness did for each process's stack when it stopped the run (py-spy, SIGUSR1)."""
     last_heartbeat: dict[int, Beat] = field(default_factory=dict)
@@ -194,7 +195,7 @@ class PhaseRecord:
                 loss_last=ev.get("loss_last"), top_ops=list(ev.get("top_ops") or []),
                 rank_failures={int(r): RankFailure(**f) for r, f in (ev.get("rank_failures") or {}).items()},
                 stackdumps={int(r): _dump(d) for r, d in (ev.get("stackdumps") or {}).items()},
-                unranked_stacks={int(pid): _dump(d) for pid, d in (ev.get("unranked_stacks") or {}).items()},
+                unranked_stacks=[_dump(d) for d in ev.get("unranked_stacks") or []],
                 taken_stacks=[TakenStack(**t) for t in ev.get("taken_stacks") or []],
                 last_heartbeat={int(r): Beat(_int(b.get("step")), b.get("stage"), _num(b.get("gpu_util")))
                                 for r, b in (ev.get("last_heartbeat") or {}).items()},
@@ -228,7 +229,7 @@ def _plain(obj: Any) -> Any:
 
 def _dump(d: dict[str, Any]) -> StackDump:
     return StackDump(d["path"], [Frame(**fr) for fr in d.get("frames") or []], d.get("header"),
-                     d.get("source") or "trainer")
+                     d.get("source") or "trainer", d.get("pid"))
 
 
 def _int(v: Any) -> int | None:

@@ -94,7 +94,8 @@ def test_a_process_of_unknown_rank_is_named_so_never_given_a_rank():
     frames = [Frame("/w/loop.py", 7, "spin"), Frame("/w/train.py", 3, "<module>")]
     rec = _record(
         stackdumps={0: StackDump("harness_stacks/rank0.txt", frames, source="py-spy")},
-        unranked_stacks={4242: StackDump("harness_stacks/pid4242.txt", frames, source="py-spy")},
+        unranked_stacks=[StackDump("harness_stacks/pid4242.txt", frames, source="py-spy", pid=4242),
+                         StackDump("stackdump_unranked0.txt", frames[1:], "rank unknown: the trainer does not record its rank")],
         taken_stacks=[TakenStack(11, 0, "RANK", "py-spy", "harness_stacks/rank0.txt"),
                       TakenStack(4242, None, "", "py-spy", "harness_stacks/pid4242.txt"),
                       TakenStack(4343, None, "", "none", note="py-spy could not take its stack (exit 1: Error)")])
@@ -104,7 +105,31 @@ def test_a_process_of_unknown_rank_is_named_so_never_given_a_rank():
     assert "rank 0 in spin; rank unknown (pid 4242) in spin" in stall.title
     assert "rank unknown (pid 4242): stack (harness_stacks/pid4242.txt, py-spy): spin (w/loop.py:7)" in text
     assert "rank unknown (pid 4343): no stack dump [py-spy could not take its stack (exit 1: Error)]" in text
+    assert "rank unknown: stack (stackdump_unranked0.txt): <module> (w/train.py:3) [rank unknown: the trainer" in text
     assert "rank 1" not in text
+
+
+def _seed_dump(path, func: str) -> None:
+    path.write_text(f"--- Thread: MainThread (140) ---\n  File \"/s/train_showcase.py\", line 9, in {func}\n")
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_seed_adapter_never_guesses_a_dumps_rank(tmp_path, world):
+    """The seed's dumps carry no rank and no pid (two ranks dumping in one second share a
+    file): one process's latest is rank 0's, under torchrun each is rank unknown, never a rank
+    assigned by the files' order."""
+    from validation.contract.adapters import RunFacts, SeedAdapter
+    trainer, out = tmp_path / "trainer_out", tmp_path / "run"
+    trainer.mkdir()
+    _seed_dump(trainer / "stackdump_100.txt", "wait_forever")
+    _seed_dump(trainer / "watchdog_stackdump_101.txt", "step")
+    SeedAdapter().convert(trainer, out, RunFacts(world, "seed"))
+    dumps = sorted(p.name for p in out.glob("stackdump_*.txt"))
+    if world == 1:
+        assert dumps == ["stackdump_rank0.txt"] and "in step" in (out / dumps[0]).read_text()
+    else:
+        assert dumps == ["stackdump_unranked0.txt", "stackdump_unranked1.txt"]
+        assert "rank unknown" in (out / dumps[1]).read_text()
 
 
 def test_stall_evidence_survives_the_store():

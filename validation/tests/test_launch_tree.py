@@ -175,7 +175,10 @@ def test_nothing_starts_once_aborted(tmp_path, marker):
     assert not _running(marker) and not list(tmp_path.glob("*.log")), "a process was started"
 
 
-def test_tokens_nest():
-    """A harness launched by a harness keeps the outer token beside its own."""
-    env = with_token(with_token({"PATH": "/bin"}, "outer"), "inner")
-    assert env[RUN_TOKENS] == "outer,inner" and env["PATH"] == "/bin"
+def test_tokens_nest(monkeypatch):
+    """A harness launched by a harness (a pytest phase running these tests) keeps the outer
+    token beside its own, so that the outer sweep still finds the inner trainers."""
+    assert with_token(with_token({"PATH": "/bin"}, "outer"), "inner") == {"PATH": "/bin", RUN_TOKENS: "outer,inner"}
+    monkeypatch.setenv(RUN_TOKENS, "outer")
+    tree = ProcessTree()
+    assert tree.environment(commands.child_env({}))[RUN_TOKENS] == f"outer,{tree.token}"

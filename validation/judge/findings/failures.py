@@ -105,10 +105,14 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
             hb = ev.last_heartbeat.get(rank)
             line = f"rank {rank}: last heartbeat step {_q(hb and hb.step)}, stage {_q(hb and hb.stage)}"
             detail.append(f"{line}; {_stack(f'rank {rank}', ev.stackdumps.get(rank), notes.get((rank, None)), stuck)}")
-        unknown = set(ev.unranked_stacks) | {t.pid for t in ev.taken_stacks if t.rank is None}
-        for pid in sorted(unknown):
-            who = f"rank unknown (pid {pid})"
-            detail.append(f"{who}: {_stack(who, ev.unranked_stacks.get(pid), notes.get((None, pid)), stuck)}")
+        dumped = {d.pid for d in ev.unranked_stacks}
+        for dump in ev.unranked_stacks:
+            who = "rank unknown" + (f" (pid {dump.pid})" if dump.pid is not None else "")
+            detail.append(f"{who}: {_stack(who, dump, notes.get((None, dump.pid)), stuck)}")
+        for t in ev.taken_stacks:  # the harness tried and got no stack of its own
+            if t.rank is None and t.pid not in dumped:
+                who = f"rank unknown (pid {t.pid})"
+                detail.append(f"{who}: {_stack(who, None, t.note, stuck)}")
         if not detail:
             detail.append("no heartbeats and no stack dumps were written")
         at = f": {'; '.join(stuck)}" if stuck else ""
@@ -137,7 +141,7 @@ def _stall_kind(r: PhaseRecord) -> str:
     """The advice that fits: the stacks' advice only when there are stacks, the collective one
     only for more than one process."""
     ev = r.evidence
-    if not any(d.frames for d in [*ev.stackdumps.values(), *ev.unranked_stacks.values()]):
+    if not any(d.frames for d in [*ev.stackdumps.values(), *ev.unranked_stacks]):
         return "stall_no_stacks"
     return "stall" if r.world_size > 1 else "stall_one_process"
 

@@ -54,7 +54,8 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
 def _stacks(out_dir: Path, taken: list[TakenStack]) -> tuple[dict[int, StackDump], list[StackDump]]:
     """Each rank's stack (the one the harness took when it stopped the run, else the trainer's
     own dump), and the stacks of processes whose rank cannot be told."""
-    dumps = {rank: _read(out_dir, path.name, "trainer", parse_faulthandler) for rank, path in stackdumps(out_dir).items()}
+    dumps = {rank: _read(out_dir, path.name, "trainer", parse_faulthandler)
+             for rank, path in stackdumps(out_dir).items()}
     unranked = [_read(out_dir, p.name, "trainer", parse_faulthandler) for p in sorted(out_dir.glob(UNRANKED_DUMPS))]
     for t in taken:
         if t.method == "SIGUSR1" and t.rank in dumps:  # the trainer's own dump, written when the harness asked

@@ -119,8 +119,8 @@ def take(processes: list[RankedProcess], run_dir: Path, after: str, pyspy: str |
         name = f"rank{r.rank}.txt" if r.rank is not None else f"pid{r.proc.pid}.txt"
         who = f"rank {r.rank} ({r.rank_from})" if r.rank is not None else "rank unknown"
         if text is not None:
-            (folder / name).write_text(f"=== py-spy dump of pid {r.proc.pid}, {who}, taken by the harness: {after} ===\n"
-                                       + text)
+            header = f"=== py-spy dump of pid {r.proc.pid}, {who}, taken by the harness: {after} ===\n"
+            (folder / name).write_text(header + text)
             taken.append(TakenStack(r.proc.pid, r.rank, r.rank_from, "py-spy", f"{HARNESS_STACKS}/{name}"))
             continue
         note = f"py-spy could not take its stack ({error})"
@@ -144,8 +144,9 @@ def _pyspy_all(pyspy: str | None, pids: list[int]) -> dict[int, tuple[str | None
     procs = {}
     for pid in pids:
         try:
-            procs[pid] = subprocess.Popen([pyspy, "dump", "--pid", str(pid), "--full-filenames"], stdin=subprocess.DEVNULL,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
+            procs[pid] = subprocess.Popen([pyspy, "dump", "--pid", str(pid), "--full-filenames"],
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True, errors="replace")
         except OSError as exc:
             procs[pid] = exc
     deadline = time.monotonic() + PYSPY_TIMEOUT_S

@@ -62,7 +62,8 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
     return PhaseRecord.for_point(
         point, status, reason, run_id=run_id, hardware=hw, wall_s=round(proc.wall_s, 2), command=proc.argv,
         steps=point.phase.steps if kind == "train" else None, out_dir=str(out_dir.relative_to(results_dir.resolve())),
-        exit_code=proc.exit_code, timed_out=proc.timed_out, stalled_s=proc.stalled_s, world_size=run.world_size, gates=gates,
+        exit_code=proc.exit_code, timed_out=proc.timed_out, stalled_s=proc.stalled_s, world_size=run.world_size,
+        gates=gates,
         window=f"last {window} steps" if window else "all steps",
         metrics={n: compute(n, run, window) for n in SUMMARY_METRICS}, evidence=collect(run, proc.stderr_path, errors),
         git_sha=run.info.get("git_sha") or env.get("git_sha"),

@@ -95,7 +95,8 @@ def test_a_process_of_unknown_rank_is_named_so_never_given_a_rank():
     rec = _record(
         stackdumps={0: StackDump("harness_stacks/rank0.txt", frames, source="py-spy")},
         unranked_stacks=[StackDump("harness_stacks/pid4242.txt", frames, source="py-spy", pid=4242),
-                         StackDump("stackdump_unranked0.txt", frames[1:], "rank unknown: the trainer does not record its rank")],
+                         StackDump("stackdump_unranked0.txt", frames[1:],
+                                   "rank unknown: the trainer does not record its rank")],
         taken_stacks=[TakenStack(11, 0, "RANK", "py-spy", "harness_stacks/rank0.txt"),
                       TakenStack(4242, None, "", "py-spy", "harness_stacks/pid4242.txt"),
                       TakenStack(4343, None, "", "none", note="py-spy could not take its stack (exit 1: Error)")])

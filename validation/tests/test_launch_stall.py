@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import time
 from pathlib import Path
@@ -68,9 +69,11 @@ def test_python_hang_is_reported_within_stall_s_with_rank_0s_stack(tmp_path):
     hung = Hung(tmp_path, _phase(PYTHON_STALL_S, {"NSA_HANG_AT": "3"}))
     hung.check_stalled(PYTHON_STALL_S)
     [taken] = hung.rec.evidence.taken_stacks
-    assert (taken.rank, taken.rank_from, taken.method, taken.path) == (0, "single process", "py-spy", f"{HARNESS_STACKS}/rank0.txt")
+    assert (taken.rank, taken.rank_from, taken.method) == (0, "single process", "py-spy")
+    assert taken.path == f"{HARNESS_STACKS}/rank0.txt"
     assert hung.stack(0)[0] == "stuck_here" and "main" in hung.stack(0)
-    assert "rank 0 in stuck_here" in hung.finding and "after step 2" in hung.dir.joinpath("trainer.stderr.log").read_text()
+    assert "rank 0 in stuck_here" in hung.finding
+    assert re.search(r"no progress for \d+s after step 2 \(stall_s 4\)", (hung.dir / "trainer.stderr.log").read_text())
     assert f"stack ({HARNESS_STACKS}/rank0.txt, py-spy)" in hung.finding
     assert "The stack shows where the process waited" in hung.advice() and "collective" not in hung.advice()
 

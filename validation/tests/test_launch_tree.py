@@ -30,11 +30,9 @@ def marker():
 
 
 def _running(word: str) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        if p.pid != os.getpid() and p.info["status"] != psutil.STATUS_ZOMBIE and word in " ".join(p.info["cmdline"] or ()):
-            out.append(p)
-    return out
+    return [p for p in psutil.process_iter(["cmdline", "status"])
+            if p.pid != os.getpid() and p.info["status"] != psutil.STATUS_ZOMBIE
+            and word in " ".join(p.info["cmdline"] or ())]
 
 
 def _script(body: str, marker: str) -> list[str]:

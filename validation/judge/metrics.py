@@ -28,6 +28,8 @@ class RunData:
     env: dict[str, Any] | None = None
     exit_code: int | None = None
     timed_out: bool = False
+    stalled_s: float | None = None
+    """Seconds without progress when the harness stopped a stalled run (None: no stall)."""
     halted: bool = False
     counts: dict[str, float] = field(default_factory=dict)
     """Phase-kind specific numbers: pytest outcome counts, preflight files, profiler results."""

@@ -30,6 +30,9 @@ def evaluate(gates: list[Gate], run: RunData, unmeasurable: Mapping[str, str] | 
 
 def verdict(kind: str, run: RunData, halt: HaltInfo | None, errors: list[str],
             gates: list[GateResult], unmeasurable: Mapping[str, str] | None = None) -> tuple[Status, str]:
+    if run.stalled_s is not None:
+        return Status.FAIL, (f"stalled: no progress for {run.stalled_s:.0f}s; stacks taken and the run killed by "
+                             "the harness")
     if run.timed_out:
         return Status.FAIL, "timed out: killed by the harness at the phase timeout"
     if halt is not None:

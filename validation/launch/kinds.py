@@ -26,6 +26,7 @@ from validation.judge.metrics import RunData
 from validation.launch import commands
 from validation.launch import foreign as trainer_launch
 from validation.launch import process as runner
+from validation.launch.watch import Watch
 from validation.runbook.plan import PhasePoint
 from validation.runbook.types import TrainerSpec
 
@@ -88,7 +89,14 @@ def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], pro
     else:
         argv = commands.python_argv(launcher.module, args)
     return runner.run(argv, env=commands.child_env(point.env), cwd=REPO_ROOT, timeout_s=point.phase.timeout_s,
-                      log_dir=out_dir, on_poll=_poll(point, out_dir, progress))
+                      log_dir=out_dir, on_poll=_poll(point, out_dir, progress),
+                      watch=_watch(point, out_dir, out_dir, out_dir / TRAINING_CSV))
+
+
+def _watch(point: PhasePoint, out_dir: Path, progress_dir: Path, csv: Path) -> Watch:
+    """A train point's progress (its heartbeats and CSV in ``progress_dir``) watched for stalls;
+    stacks go into the run directory ``out_dir``."""
+    return Watch(progress_dir, csv, point.phase.stall_after_s, out_dir, point.phase.launcher.kind == "python")
 
 
 def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: RunData, errors: list[str],
@@ -111,8 +119,9 @@ def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: Run
     own_sha, own_source = trainer_launch.revision(REPO_ROOT, out_dir, "harness_git")
     run.info.update(trainer=spec.name, trainer_sha=sha, trainer_sha_source=source, git_sha=own_sha,
                     git_sha_source=own_source, env=launch.set_env, cwd=str(launch.cwd))
+    csv = adapter.progress_csv(trainer_dir)
     proc = runner.run(launch.argv, env=launch.env, cwd=launch.cwd, timeout_s=point.phase.timeout_s, log_dir=out_dir,
-                      on_poll=_poll(point, out_dir, progress, adapter.progress_csv(trainer_dir)))
+                      on_poll=_poll(point, out_dir, progress, csv), watch=_watch(point, out_dir, trainer_dir, csv))
     if trainer_dir.is_dir():
         adapter.convert(trainer_dir, out_dir, RunFacts(point.nproc, spec.name, sha, source))
     return proc

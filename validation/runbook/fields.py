@@ -235,11 +235,26 @@ def _test_path(r: Reader, key: str, v: Any) -> str:
     return v
 
 
+def _stall_s(r: Reader, kind: str, timeout_s: float, default: float | None) -> float | None:
+    """A train phase's stall time: at least 1 s and below its timeout (else the timeout always
+    comes first); a phase that sets it must be a train phase (only those are watched). The
+    defaults' value applies to train phases only."""
+    own = r.num("stall_s", None, minimum=1.0)
+    if own is not None and kind != "train":
+        r.fail(r.key("stall_s"), f"only train phases are watched for stalls, not kind {kind!r}")
+    stall_s = own if own is not None else (default if kind == "train" else None)
+    if stall_s is not None and stall_s >= timeout_s:
+        where = r.key("stall_s") if own is not None else f"defaults.stall_s (for {r.where})"
+        r.fail(where, f"{stall_s:g} s is not below the phase's timeout_s ({timeout_s:g} s): the timeout would "
+                      "always end a hang first")
+    return stall_s
+
+
 _PYTEST_ARG = re.compile(r"^(-k|-m|-x|-q|-v|--maxfail=\d+|--hypothesis-seed=\d+|[A-Za-z0-9_ ().\[\]-]+)$")
 
 _PHASE_KEYS = ("name", "kind", "description", "markers", "launcher", "config", "overrides", "env", "steps",
-               "timeout_s", "sweep", "gates", "tests", "pytest_args", "min_gpus", "golden_steps")
-DEFAULT_KEYS = ("launcher", "config", "overrides", "env", "steps", "timeout_s", "min_gpus")
+               "timeout_s", "stall_s", "sweep", "gates", "tests", "pytest_args", "min_gpus", "golden_steps")
+DEFAULT_KEYS = ("launcher", "config", "overrides", "env", "steps", "timeout_s", "stall_s", "min_gpus")
 
 
 def parse_phase(path: Path, data: Any, where: str, defaults: dict[str, Any], known_markers: set[str] | None) -> Phase:
@@ -270,11 +285,12 @@ def parse_phase(path: Path, data: Any, where: str, defaults: dict[str, Any], kno
     steps = r.int_("steps", defaults["steps"], minimum=1)
     if golden_steps > steps:
         r.fail(r.key("golden_steps"), f"{golden_steps} is more than the phase's {steps} steps")
+    timeout_s = r.num("timeout_s", defaults["timeout_s"], minimum=1.0)
     return Phase(
         name=name, kind=kind, description=r.str_("description", "") or "", markers=tuple(markers),
         launcher=launcher, config=config, overrides=overrides, env=env,
         steps=steps,
-        timeout_s=r.num("timeout_s", defaults["timeout_s"], minimum=1.0),
+        timeout_s=timeout_s, stall_s=_stall_s(r, kind, timeout_s, defaults["stall_s"]),
         sweep=_sweep(r, r.key("sweep"), r.get("sweep")), gates=gates, tests=tests, pytest_args=tuple(pargs),
         min_gpus=r.int_("min_gpus", defaults["min_gpus"]), golden_steps=golden_steps,
     )

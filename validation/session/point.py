@@ -131,8 +131,14 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
     kind = point.phase.kind
     run = RunData(out_dir=out_dir, world_size=point.nproc)
     errors: list[str] = []
-    proc = kinds.KINDS[kind](point, out_dir, run, errors, progress)
-    run.exit_code, run.timed_out = proc.exit_code, proc.timed_out
+    try:
+        proc = kinds.KINDS[kind](point, out_dir, run, errors, progress)
+    except KeyboardInterrupt:  # its trainer is dead (launch/process.py); nothing will record this run
+        shutil.rmtree(out_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            out_dir.parent.rmdir()  # the point's directory, when this was its only run
+        raise
+    run.exit_code, run.timed_out, run.stalled_s = proc.exit_code, proc.timed_out, proc.stalled_s
     if kind == "train":
         collect_train(run, errors)
     unmeasurable = unprovided_metrics(point)
@@ -144,7 +150,8 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
     return PhaseRecord.for_point(
         point, status, reason, run_id=run_id, hardware=hw, wall_s=round(proc.wall_s, 2), command=proc.argv,
         steps=point.phase.steps if kind == "train" else None, out_dir=str(out_dir.relative_to(results_dir.resolve())),
-        exit_code=proc.exit_code, timed_out=proc.timed_out, world_size=run.world_size, gates=gates,
+        exit_code=proc.exit_code, timed_out=proc.timed_out, stalled_s=proc.stalled_s, world_size=run.world_size,
+        gates=gates,
         window=f"last {window} steps" if window else "all steps",
         metrics={n: compute(n, run, window) for n in SUMMARY_METRICS}, evidence=collect(run, proc.stderr_path, errors),
         git_sha=run.info.get("git_sha") or env.get("git_sha"),

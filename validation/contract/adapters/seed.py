@@ -13,8 +13,10 @@ What it writes into the ``train.out_dir`` of its YAML config, and what becomes o
 - ``.HALT`` as text (``halt: nan_loss``; ``.anomaly_type`` names the reason) -> the contract's JSON
   ``.HALT`` with its source (``nonfinite`` for a NaN, ``watchdog`` for a stall).
 - ``stackdump_<epoch>.txt`` / ``watchdog_stackdump_<epoch>.txt`` (``traceback.format_stack`` per
-  thread, no rank) -> ``stackdump_rank{i}.txt`` in faulthandler's format, in time order, each
-  header naming the original file (the trainer does not record the rank).
+  thread, no rank, no pid; two ranks dumping in one second share a file) -> faulthandler's format,
+  each header naming the original file: for one process the latest is ``stackdump_rank0.txt``
+  (the only rank); under torchrun each is ``stackdump_unranked{i}.txt``, rank unknown: the order
+  of the files says nothing about whose they are.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from typing import Any
 
 from nsa.contract import CSV_COLUMNS, ENV_JSON, HALT, TRAINING_CSV
 from validation.contract.adapters.base import Adapter, RunFacts
+from validation.contract.stacks import UNRANKED_DUMP
 
 SEED_COLUMNS = ("step", "loss", "lr", "toks_per_s")
 _DUMP = re.compile(r"^(watchdog_)?stackdump_(\d+)\.txt$")
@@ -52,7 +55,7 @@ class SeedAdapter(Adapter):
         beat_step = _heartbeats(trainer_dir, out_dir)
         _env(trainer_dir / ENV_JSON, out_dir / ENV_JSON, facts)
         _halt(trainer_dir, out_dir / HALT, beat_step if beat_step is not None else last_step)
-        _stackdumps(trainer_dir, out_dir)
+        _stackdumps(trainer_dir, out_dir, facts.world_size)
 
 
 def _atomic(path: Path, text: str) -> None:
@@ -135,21 +138,28 @@ def _halt(trainer_dir: Path, dst: Path, step: int | None) -> None:
     _atomic(dst, json.dumps(record))
 
 
-def _stackdumps(trainer_dir: Path, out_dir: Path) -> None:
+def _stackdumps(trainer_dir: Path, out_dir: Path, world_size: int) -> None:
     found = []
     for p in trainer_dir.iterdir():
         m = _DUMP.match(p.name)
         if m:
             found.append((int(m.group(2)), p.name, p))
-    for i, (_, name, path) in enumerate(sorted(found)):
-        _atomic(out_dir / f"stackdump_rank{i}.txt", _faulthandler_text(name, path.read_text(errors="replace")))
+    found.sort()
+    if world_size == 1 and found:  # one process: its latest dump is rank 0's
+        _, name, path = found[-1]
+        _atomic(out_dir / "stackdump_rank0.txt", _faulthandler_text(name, path.read_text(errors="replace"),
+                                                                    "the only process: rank 0"))
+        return
+    for i, (_, name, path) in enumerate(found):
+        _atomic(out_dir / UNRANKED_DUMP.format(i=i), _faulthandler_text(
+            name, path.read_text(errors="replace"), "rank unknown: the trainer does not record its rank"))
 
 
-def _faulthandler_text(name: str, text: str) -> str:
+def _faulthandler_text(name: str, text: str, rank: str) -> str:
     """``--- Thread: NAME (IDENT) ---`` + ``traceback.format_stack`` (oldest first) -> faulthandler's
     ``Thread 0x.. (most recent call first):`` + ``File "f", line N in func`` lines."""
     first = text.splitlines()[0] if text else ""
-    out = [f"=== {name} ({first.strip()}); the trainer does not record its rank ==="]
+    out = [f"=== {name} ({first.strip()}); {rank} ==="]
     frames: list[str] = []
 
     def flush() -> None:

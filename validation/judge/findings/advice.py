@@ -8,6 +8,11 @@ _ADVICE = {
              "that phase: `pytest -m {phase}` with the same --profile and --results-dir.",
     "stall": "The stack dumps show where each rank waited: a rank inside a collective while another is elsewhere "
              "means the ranks' steps diverged (a rank-dependent branch, data or shape); rerun `pytest -m {phase}`.",
+    "stall_one_process": "The stack shows where the process waited (a lock, I/O, a data loader, a loop that does not "
+                         "end); fix it, then rerun `pytest -m {phase}`.",
+    "stall_no_stacks": "No stack could be taken: install py-spy and let it attach (ptrace; a container needs "
+                       "CAP_SYS_PTRACE), or give the trainer a SIGUSR1 handler (faulthandler.register); the last "
+                       "heartbeats in the finding say how far each process got; rerun `pytest -m {phase}`.",
     "nonfinite": "The loss went non-finite: lower train.lr or keep train.grad_clip on, and check the data of the "
                  "step named; the run halted before the optimizer step, so its last checkpoint is clean.",
     "cliff": "Throughput collapses at a larger shape: compare that point's peak memory and step time with the one "

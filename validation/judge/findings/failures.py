@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import RankFailure
 from validation.judge.findings.finding import Finding, Severity, where
 from validation.judge.record import PhaseRecord, Status
@@ -87,33 +88,62 @@ def exception_line(text: str) -> str | None:
 
 
 def stalls(records: list[PhaseRecord]) -> list[Finding]:
-    """Watchdog .HALT or harness timeout: where each rank was (heartbeat) and what it was doing
-    (the innermost frames of its stack dump)."""
+    """A stall the harness saw (no progress for the phase's stall_s), a watchdog .HALT or the
+    harness timeout: where each rank was (heartbeat) and what it was doing (the innermost frames
+    of its stack), every process whose rank cannot be told as "rank unknown"."""
     out = []
     for r in records:
         ev = r.evidence
-        if not (r.timed_out or (ev.halt is not None and ev.halt.source == "watchdog")):
+        if not (r.stalled_s is not None or r.timed_out or (ev.halt is not None and ev.halt.source == "watchdog")):
             continue  # no stall; a NaN guard's or an operator's .HALT is none either
-        how = "watchdog .HALT" if ev.halt is not None else f"killed at the {r.timeout_s:g}s timeout"
+        how = (f"no progress for {r.stalled_s:.0f}s, stopped by the harness" if r.stalled_s is not None
+               else "watchdog .HALT" if ev.halt is not None else f"killed at the {r.timeout_s:g}s timeout")
+        notes = {(t.rank, t.pid if t.rank is None else None): t.note for t in ev.taken_stacks if t.note}
         detail, stuck = [], []
-        for rank in sorted(set(ev.last_heartbeat) | set(ev.stackdumps)):
+        ranks = set(ev.last_heartbeat) | set(ev.stackdumps) | {t.rank for t in ev.taken_stacks if t.rank is not None}
+        for rank in sorted(ranks):
             hb = ev.last_heartbeat.get(rank)
             line = f"rank {rank}: last heartbeat step {_q(hb and hb.step)}, stage {_q(hb and hb.stage)}"
-            dump = ev.stackdumps.get(rank)
-            if dump and dump.frames:
-                line += f"; stack ({dump.path}): " + " <- ".join(
-                    f"{fr.func} ({_short(fr.file)}:{fr.line})" for fr in dump.frames[:4])
-                stuck.append(f"rank {rank} in {dump.frames[0].func}")
-            else:
-                line += "; no stack dump"
-            if dump and dump.header:
-                line += f" [{dump.header}]"
-            detail.append(line)
+            detail.append(f"{line}; {_stack(f'rank {rank}', ev.stackdumps.get(rank), notes.get((rank, None)), stuck)}")
+        dumped = {d.pid for d in ev.unranked_stacks}
+        for dump in ev.unranked_stacks:
+            who = "rank unknown" + (f" (pid {dump.pid})" if dump.pid is not None else "")
+            detail.append(f"{who}: {_stack(who, dump, notes.get((None, dump.pid)), stuck)}")
+        for t in ev.taken_stacks:  # the harness tried and got no stack of its own
+            if t.rank is None and t.pid not in dumped:
+                who = f"rank unknown (pid {t.pid})"
+                detail.append(f"{who}: {_stack(who, None, t.note, stuck)}")
         if not detail:
             detail.append("no heartbeats and no stack dumps were written")
         at = f": {'; '.join(stuck)}" if stuck else ""
-        out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where(r)} ({how}){at}", detail, "stall"))
+        out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where(r)} ({how}){at}", detail, _stall_kind(r)))
     return out
+
+
+def _stack(who: str, dump: StackDump | None, note: str | None, stuck: list[str]) -> str:
+    """'stack (file): innermost <- outer frames [header]' for one process, adding where it was
+    to ``stuck``; 'no stack dump' with the reason when there is none."""
+    if dump and dump.frames:
+        taken = "" if dump.source == "trainer" else f", {dump.source}"
+        text = f"stack ({dump.path}{taken}): " + " <- ".join(
+            f"{fr.func} ({_short(fr.file)}:{fr.line})" for fr in dump.frames[:4])
+        stuck.append(f"{who} in {dump.frames[0].func}")
+    else:
+        text = "no stack dump"
+    if dump and dump.header:
+        text += f" [{dump.header}]"
+    if note:
+        text += f" [{note}]"
+    return text
+
+
+def _stall_kind(r: PhaseRecord) -> str:
+    """The advice that fits: the stacks' advice only when there are stacks, the collective one
+    only for more than one process."""
+    ev = r.evidence
+    if not any(d.frames for d in [*ev.stackdumps.values(), *ev.unranked_stacks]):
+        return "stall_no_stacks"
+    return "stall" if r.world_size > 1 else "stall_one_process"
 
 
 def _short(path: str) -> str:
@@ -124,7 +154,7 @@ def imbalance(records: list[PhaseRecord]) -> list[Finding]:
     out = []
     for r in records:
         ev = r.evidence
-        if r.timed_out or r.exit_code not in (0, None):
+        if r.timed_out or r.stalled_s is not None or r.exit_code not in (0, None):
             continue  # a crash or stall has its own finding; its ranks are not 'idle'
         times = ev.rank_step_time_s
         if r.metric("idle_ranks"):

@@ -234,6 +234,10 @@ METRIC_INPUTS: dict[str, frozenset[str]] = {
 }
 
 
+#: the metrics a profile phase reads from the trainer's profile.json
+PROFILE_METRICS = ("profiled_steps", "nsa_ranges_found", "python_overhead_frac", "gpu_busy_frac", "cuda_graphs")
+
+
 def unprovided(lacking: frozenset[str]) -> dict[str, frozenset[str]]:
     """The metrics that read any of ``lacking``, each with the fields it misses."""
     return {m: needs & lacking for m, needs in METRIC_INPUTS.items() if needs & lacking}

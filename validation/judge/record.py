@@ -24,6 +24,9 @@ from validation.machine import Machine
 Scalar = str | int | float | bool
 #: the trainer a record names when the runbook names none
 OWN_TRAINER = "nsa.train"
+#: phase kinds that run the trainer and judge the artifact contract's files it leaves (a profile
+#: phase is a train run asked for profile.json as well)
+TRAINER_KINDS = ("train", "profile")
 
 
 class Status(enum.StrEnum):

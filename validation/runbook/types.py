@@ -51,7 +51,10 @@ class Phase:
     pytest_args: tuple[str, ...] = ()
     min_gpus: int = 0
     golden_steps: int = 0
-    """Compare the loss of steps 1..N with the golden curve (validation/goldens.py); 0: no golden."""
+    """Compare the loss of steps 1..N with the golden curve (validation/store/goldens.py); 0: no golden."""
+    profile_steps: int = 0
+    """Profile phases: steps the trainer profiles once steady (the harness asks through the
+    contract's CONTRACT_PROFILE_STEPS); ``steps`` is the whole run, warm-up included."""
 
     @property
     def stall_after_s(self) -> float:

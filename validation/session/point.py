@@ -19,11 +19,13 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+from nsa.contract import PROFILE_JSON, PROFILE_STEPS_ENV
+
 from validation.contract.files import read_halt
 from validation.errors import StoreError
 from validation.judge.evidence import collect, collect_train
-from validation.judge.metrics import RunData, compute
-from validation.judge.record import OWN_TRAINER, PhaseRecord, Status, routes
+from validation.judge.metrics import PROFILE_METRICS, RunData, compute
+from validation.judge.record import OWN_TRAINER, TRAINER_KINDS, PhaseRecord, Status, routes
 from validation.judge.verdict import evaluate, verdict
 from validation.launch import kinds
 from validation.machine import Machine
@@ -41,8 +43,9 @@ def cannot_launch(point: PhasePoint) -> str | None:
     nothing about the trainer, and must not replace one that does."""
     spec = point.runbook.trainer
     if spec is not None:
-        return spec.root.resolve()[1] or None if point.phase.kind == "train" and spec.supports_phase("train") else None
-    if point.phase.kind != "train":
+        runs = point.phase.kind in TRAINER_KINDS and spec.supports_phase(point.phase.kind)
+        return spec.root.resolve()[1] or None if runs else None
+    if point.phase.kind not in TRAINER_KINDS:
         return None
     name = point.phase.launcher.module
     try:
@@ -139,9 +142,12 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
             out_dir.parent.rmdir()  # the point's directory, when this was its only run
         raise
     run.exit_code, run.timed_out, run.stalled_s = proc.exit_code, proc.timed_out, proc.stalled_s
-    if kind == "train":
+    if kind in TRAINER_KINDS:
         collect_train(run, errors)
     unmeasurable = unprovided_metrics(point)
+    if kind == "profile" and "profiled_steps" not in run.counts:
+        unmeasurable.update({m: f"the trainer wrote no {PROFILE_JSON} (it does not honour {PROFILE_STEPS_ENV})"
+                             for m in PROFILE_METRICS})
     golden = goldens.gate(point, run.csv, hw)
     gates = evaluate(point.gates(), run, unmeasurable) + ([golden] if golden else [])
     status, reason = verdict(kind, run, read_halt(out_dir) if run.halted else None, errors, gates, unmeasurable)
@@ -149,7 +155,7 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
     env = run.env or {}
     return PhaseRecord.for_point(
         point, status, reason, run_id=run_id, hardware=hw, wall_s=round(proc.wall_s, 2), command=proc.argv,
-        steps=point.phase.steps if kind == "train" else None, out_dir=str(out_dir.relative_to(results_dir.resolve())),
+        steps=point.phase.steps if kind in TRAINER_KINDS else None, out_dir=str(out_dir.relative_to(results_dir.resolve())),
         exit_code=proc.exit_code, timed_out=proc.timed_out, stalled_s=proc.stalled_s, world_size=run.world_size,
         gates=gates,
         window=f"last {window} steps" if window else "all steps",

@@ -1,14 +1,20 @@
-"""The NSA attention hyper-parameters (paper arXiv 2502.11089 names in brackets)."""
+"""The attention config of the model: NSA's hyper-parameters (paper arXiv 2502.11089 names in
+brackets) and backends, or a dense causal attention of the same shape (kind)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 BRANCHES = ("cmp", "sel", "win")
 PHI_KINDS = ("mlp", "mean")
+ATTN_KINDS = ("nsa", "dense")
 
 
 @dataclass
 class NSAConfig:
+    kind: str = "nsa"
+    """'nsa', or 'dense': causal attention over all earlier tokens with the same heads, head dim,
+    q/k/v projections and RoPE (one k/v pair, no gates), the baseline NSA is measured against;
+    the NSA keys below then do not apply."""
     cmp_block: int = 32
     """l: tokens summarised by one compressed token."""
     cmp_stride: int = 16
@@ -29,10 +35,15 @@ class NSAConfig:
     """Backend of the selected branch ('auto', 'torch', 'triton')."""
     backend_win: str = "auto"
     """Backend of the window branch ('auto', 'torch', 'sdpa', 'flex', 'flash_attn', 'triton')."""
+    backend_dense: str = "auto"
+    """Backend of the dense attention of kind=dense ('auto', 'torch': SDPA's own choice of kernel,
+    'cudnn', 'flash': that SDPA kernel)."""
     query_chunk: int = 1024
     """Queries processed at once by the PyTorch path; bounds its memory (linear in S)."""
 
     def __post_init__(self) -> None:
+        if self.kind not in ATTN_KINDS:
+            raise ValueError(f"attn.kind must be one of {ATTN_KINDS}, got {self.kind!r}")
         for name in ("cmp_block", "cmp_stride", "sel_block", "n_selected", "window", "query_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"attn.{name} must be >= 1, got {getattr(self, name)}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nsa.kernels import MAX_HEAD_DIM
+
 BRANCHES = ("cmp", "sel", "win")
 PHI_KINDS = ("mlp", "mean")
 ATTN_KINDS = ("nsa", "dense")
@@ -66,3 +68,15 @@ class NSAConfig:
             )
         if self.phi not in PHI_KINDS:
             raise ValueError(f"attn.phi must be one of {PHI_KINDS}, got {self.phi!r}")
+
+    def check_head_dim(self, head_dim: int) -> None:
+        """Refuse a head dim the routes could send to a kernel that does not take it: above
+        nsa.kernels.MAX_HEAD_DIM unless every NSA stage is on the PyTorch path."""
+        backends = {k: getattr(self, k) for k in ("backend_cmp", "backend_sel", "backend_win")}
+        if self.kind == "nsa" and head_dim > MAX_HEAD_DIM and set(backends.values()) != {"torch"}:
+            on = ", ".join(f"attn.{k}={v}" for k, v in backends.items() if v != "torch")
+            raise ValueError(
+                f"model.head_dim={head_dim}: the NSA kernels take head dims up to {MAX_HEAD_DIM} ({on} may "
+                "route to them); use a smaller head dim or set attn.backend_cmp, attn.backend_sel and "
+                "attn.backend_win to torch"
+            )

@@ -39,9 +39,15 @@ def torch_dense_attention(q, k, v, q_start: int = 0):
     return causal_attention(q, k, v, q_start)
 
 
+#: the head dims cuDNN's fused attention is used for here (as nsa.kernels.cudnn_compressed)
+CUDNN_MAX_HEAD_DIM = 128
+
+
 def cudnn_dense_attention(q, k, v, q_start: int = 0):
-    """Causal attention on cuDNN's fused attention (CUDA, bf16/fp16)."""
-    return causal_attention(q, k, v, q_start, SDPBackend.CUDNN_ATTENTION)
+    """Causal attention on cuDNN's fused attention (CUDA, bf16/fp16) up to head dim 128; on
+    torch's choice of kernel above."""
+    kernel = SDPBackend.CUDNN_ATTENTION if q.shape[-1] <= CUDNN_MAX_HEAD_DIM else None
+    return causal_attention(q, k, v, q_start, kernel)
 
 
 def flash_dense_attention(q, k, v, q_start: int = 0):

@@ -28,6 +28,10 @@ ops named nsa::* (see _autograd.py); the profile phase counts launches by those 
 """
 from __future__ import annotations
 
+#: the largest head dim the Triton kernels take: their tiles hold a whole head (up to 256 lanes),
+#: and launch configurations that do not fit the GPU at 256 fall back to smaller ones (_launch)
+MAX_HEAD_DIM = 256
+
 #: the cuDNN compressed branch hands sequences shorter than this to the Triton band kernel, which
 #: is faster there. H100, 64 query / 4 KV heads, head dim 128, bf16, cmp branch fwd+bwd
 #: (python bench/gpu/cudnn_fold_probe.py, commit 1e5e4bd, docs/measurements/2026-11-23-d/):

@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from ._autograd import kernel_op
+from ._launch import dot_precision, launch
 from ._tma import kv_desc, kv_tma_ok
 from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
 
@@ -155,6 +156,7 @@ def _sel_fwd_kernel(
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
     TT: tl.constexpr, ROWS: tl.constexpr, NU: tl.constexpr, NUP: tl.constexpr, TMA: tl.constexpr,
+    DOT: tl.constexpr,
 ):
     pos, row, rmask, q_off, m2, pos_last, offk, kmask, b, h, ubase, n_valid, mine = _sel_tile(
         idx, blocks, Tq, Tk, q_start, H, G, GP, K, BK, N, NP, TT, ROWS, NU, NUP)
@@ -166,8 +168,8 @@ def _sel_fwd_kernel(
     offs = tl.arange(0, BS)
     for i in range(0, n_valid):
         kt, vt, vis = _block_kv(k, v, ubase, i, offs, offk, kmask, b, h, pos, pos_last, mine, Tk, H, K, LS, TT, TMA)
-        s = tl.where(vis, tl.dot(qt, tl.trans(kt)) * qk_scale, float("-inf"))
-        acc, m_i, l_i = online_step(acc, m_i, l_i, s, vt, True)
+        s = tl.where(vis, tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale, float("-inf"))
+        acc, m_i, l_i = online_step(acc, m_i, l_i, s, vt, True, DOT)
     out, lse_row = finish(acc, m_i, l_i)
     tl.store(o + q_off, out.to(o.dtype.element_ty), mask=m2)
     tl.store(lse + row, lse_row, mask=rmask)
@@ -179,7 +181,7 @@ def _sel_bwd_dq_kernel(
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
     TT: tl.constexpr, ROWS: tl.constexpr, NU: tl.constexpr, NUP: tl.constexpr, TMA: tl.constexpr,
-    DELTA_GIVEN: tl.constexpr,
+    DELTA_GIVEN: tl.constexpr, DOT: tl.constexpr,
 ):
     pos, row, rmask, q_off, m2, pos_last, offk, kmask, b, h, ubase, n_valid, mine = _sel_tile(
         idx, blocks, Tq, Tk, q_start, H, G, GP, K, BK, N, NP, TT, ROWS, NU, NUP)
@@ -190,10 +192,10 @@ def _sel_bwd_dq_kernel(
     offs = tl.arange(0, BS)
     for i in range(0, n_valid):
         kt, vt, vis = _block_kv(k, v, ubase, i, offs, offk, kmask, b, h, pos, pos_last, mine, Tk, H, K, LS, TT, TMA)
-        s = tl.dot(qt, tl.trans(kt)) * qk_scale
+        s = tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale
         p = tl.where(vis & rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
-        ds = score_grad(p, dot_, vt, dl)
-        acc += tl.dot(ds.to(kt.dtype), kt)
+        ds = score_grad(p, dot_, vt, dl, DOT)
+        acc += tl.dot(ds.to(kt.dtype), kt, input_precision=DOT)
     tl.store(dq + q_off, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
 
 
@@ -202,7 +204,7 @@ def _sel_dq_from_ds_kernel(
     k, idx, ds, dq_in, dq, Tq, Tk, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, ROWS: tl.constexpr,
-    ACC: tl.constexpr,
+    ACC: tl.constexpr, DOT: tl.constexpr,
 ):
     """dq of one token's G heads (TT = 1 grid) from the dS tiles the dk/dv pass kept: the sum
     over its selected blocks of dS @ K, so only K is gathered (not K, V, and the recomputation);
@@ -220,7 +222,7 @@ def _sel_dq_from_ds_kernel(
         kt = _load_block(k, b, h, j, offs, offk, (offs < LS) & (j * LS + offs < Tk), kmask, Tk, H, K, LS, False)
         dst = tl.load(ds + ((e0 + i) * G + g)[:, None] * LS + offs[None, :],
                       mask=rmask[:, None] & (offs < LS)[None, :], other=0.0)
-        acc += tl.dot(dst, kt)
+        acc += tl.dot(dst, kt, input_precision=DOT)
     acc = acc * sm_scale
     if ACC:
         acc += tl.load(dq_in + q_off, mask=m2, other=0.0).to(tl.float32)
@@ -232,7 +234,7 @@ def _sel_bwd_dkv_kernel(
     q, k, v, do, lse, delta, keys_sorted, perm, item_seg, item_start, item_end, dk, dv, ds_out,
     Tq, Tk, NB, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-    LS: tl.constexpr, BS: tl.constexpr, BQ: tl.constexpr, DS: tl.constexpr,
+    LS: tl.constexpr, BS: tl.constexpr, BQ: tl.constexpr, DS: tl.constexpr, DOT: tl.constexpr,
 ):
     """One work item of the dk/dv pass (see the module docstring), key-major: scores as
     S^T = K Q^T [BS, ROWS], so that P^T and dS^T come out of one tensor-core product in the
@@ -281,11 +283,11 @@ def _sel_bwd_dkv_kernel(
             lse2 = lse_log2(tl.load(lse + row, mask=tmask, other=0.0))
             dl = tl.load(delta + row, mask=tmask, other=0.0)
             vis = tmask[None, :] & kval[:, None] & (kpos[:, None] <= pos[None, :])
-            st = tl.dot(kt, tl.trans(qt)) * qk_scale
+            st = tl.dot(kt, tl.trans(qt), input_precision=DOT) * qk_scale
             pt = tl.where(vis, tl.exp2(st - lse2[None, :]), 0.0)
-            dv_acc += tl.dot(pt.to(dot_.dtype), dot_)
-            dst = pt * (tl.dot(vt, tl.trans(dot_)) - dl[None, :])
-            dk_acc += tl.dot(dst.to(qt.dtype), qt)
+            dv_acc += tl.dot(pt.to(dot_.dtype), dot_, input_precision=DOT)
+            dst = pt * (tl.dot(vt, tl.trans(dot_), input_precision=DOT) - dl[None, :])
+            dk_acc += tl.dot(dst.to(qt.dtype), qt, input_precision=DOT)
             if DS:  # kept for the dq pass, at the idx entry (token, slot) this key came from
                 e = tl.load(perm + u + rq, mask=tmask, other=0)
                 tl.store(ds_out + (e * G + g)[None, :] * LS + offs[:, None], dst.to(ds_out.dtype.element_ty),
@@ -426,8 +428,8 @@ def _tma(k: torch.Tensor, v: torch.Tensor, sel_block: int, TT: int) -> bool:
 
 
 def _tile_launch(q, k, v, idx, sel_block: int):
-    """Grid, block lists, the K/V operands (descriptors or tensors, see _tma) and constexprs
-    shared by the forward and the dq kernel."""
+    """Grid, block lists, the K/V operands (descriptors or tensors, see _tma), constexprs and the
+    preferred launch (warps, stages) shared by the forward and the dq kernel."""
     meta, n = _meta(q, k, sel_block), idx.shape[-1]
     B, Tq = q.shape[:2]
     NB = triton.cdiv(k.shape[1], sel_block)
@@ -440,9 +442,10 @@ def _tile_launch(q, k, v, idx, sel_block: int):
                 NU=NU, NUP=triton.next_power_of_2(NU), TMA=tma)
     kv = (kv_desc(k, sel_block), kv_desc(v, sel_block)) if tma else (k, v)
     interpret = q.device.type == "cpu"
-    launch = dict(num_warps=4 if interpret else TUNE["fwd_warps"],
-                  num_stages=1 if interpret else TUNE["tma_stages" if tma else "fwd_stages"])
-    return (triton.cdiv(Tq, TT), B * meta["H"]), blocks, kv, meta, launch
+    meta["DOT"] = dot_precision(q.dtype)
+    cfg = dict(num_warps=4 if interpret else TUNE["fwd_warps"],
+               num_stages=1 if interpret else TUNE["tma_stages" if tma else "fwd_stages"])
+    return (triton.cdiv(Tq, TT), B * meta["H"]), blocks, kv, meta, cfg
 
 
 def _sel_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, sel_block: int,
@@ -453,8 +456,9 @@ def _sel_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tenso
     lse = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
     if Tq == 0:
         return o, lse
-    grid, blocks, kv, meta, launch = _tile_launch(q, k, v, idx, sel_block)
-    _sel_fwd_kernel[grid](q, *kv, idx, blocks, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K), **meta, **launch)
+    grid, blocks, kv, meta, cfg = _tile_launch(q, k, v, idx, sel_block)
+    launch(_sel_fwd_kernel, lambda c: grid, (q, *kv, idx, blocks, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K)),
+           meta, cfg)
     return o, lse
 
 
@@ -493,9 +497,10 @@ def _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, delta=No
     delta_given = delta is not None
     if not delta_given:
         delta = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
-    grid, blocks, kv, meta, launch = _tile_launch(q, k, v, idx, sel_block)
-    _sel_bwd_dq_kernel[grid](q, *kv, idx, blocks, o, do, lse, delta, dq, Tq, k.shape[1], q_start,
-                             1.0 / math.sqrt(K), DELTA_GIVEN=delta_given, **meta, **launch)
+    grid, blocks, kv, meta, cfg = _tile_launch(q, k, v, idx, sel_block)
+    launch(_sel_bwd_dq_kernel, lambda c: grid,
+           (q, *kv, idx, blocks, o, do, lse, delta, dq, Tq, k.shape[1], q_start, 1.0 / math.sqrt(K)),
+           dict(meta, DELTA_GIVEN=delta_given), cfg)
     return dq, delta
 
 
@@ -519,12 +524,12 @@ def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, d
     GP = triton.next_power_of_2(meta["G"])
     # K <= 32 gets the 128 rows of K=64: more rows a step were never measured
     rows = 64 if interpret else min(TUNE["dkv_cells"] // meta["BK"], 128)
-    BQ = max(1, rows // GP)
-    _sel_bwd_dkv_kernel[(seg.numel(),)](
-        q, k, v, do, lse, delta, keys_sorted, perm, seg, start, end, dk, dv, q if ds is None else ds,
-        q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3]), GP=GP, BQ=BQ, DS=ds is not None,
-        **meta, num_warps=4 if interpret else TUNE["dkv_warps"], num_stages=1 if interpret else TUNE["dkv_stages"],
-    )
+    cfg = dict(BQ=max(1, rows // GP), num_warps=4 if interpret else TUNE["dkv_warps"],
+               num_stages=1 if interpret else TUNE["dkv_stages"])
+    launch(_sel_bwd_dkv_kernel, lambda c: (seg.numel(),),
+           (q, k, v, do, lse, delta, keys_sorted, perm, seg, start, end, dk, dv, q if ds is None else ds,
+            q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3])),
+           dict(meta, GP=GP, DS=ds is not None, DOT=dot_precision(q.dtype)), cfg, halve=("BQ",), floor=1)
 
 
 def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int):
@@ -563,10 +568,11 @@ def _sel_dq_from_ds(q, k, idx, ds, sel_block: int, dq_add=None):
     GP, n = triton.next_power_of_2(meta["G"]), idx.shape[-1]
     dq = torch.empty_like(q)
     interpret = q.device.type == "cpu"
-    _sel_dq_from_ds_kernel[(Tq, B * meta["H"])](
-        k, idx, ds, dq if dq_add is None else dq_add, dq, Tq, k.shape[1], 1.0 / math.sqrt(K), GP=GP, N=n,
-        NP=triton.next_power_of_2(n), ROWS=max(16, GP), ACC=dq_add is not None, **meta,
-        num_warps=4 if interpret else TUNE["fwd_warps"], num_stages=1 if interpret else TUNE["fwd_stages"])
+    launch(_sel_dq_from_ds_kernel, lambda c: (Tq, B * meta["H"]),
+           (k, idx, ds, dq if dq_add is None else dq_add, dq, Tq, k.shape[1], 1.0 / math.sqrt(K)),
+           dict(meta, GP=GP, N=n, NP=triton.next_power_of_2(n), ROWS=max(16, GP), ACC=dq_add is not None,
+                DOT=dot_precision(q.dtype)),
+           dict(num_warps=4 if interpret else TUNE["fwd_warps"], num_stages=1 if interpret else TUNE["fwd_stages"]))
     return dq
 
 

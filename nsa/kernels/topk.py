@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from ._autograd import run_op
+from ._launch import dot_precision, launch
 from ._softmax import LOG2E, lse_log2
 
 INF_BITS: tl.constexpr = tl.constexpr(0x7F800000)
@@ -52,7 +53,7 @@ def _score_kernel(
     q, kc, lse, scores, Tq, Nc, NB, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, LS: tl.constexpr, BJ: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, DOT: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -100,7 +101,7 @@ def _score_kernel(
         ci = c * BCR + cc
         kt = tl.load(kc_base + ci.to(tl.int64)[:, None] * (H * K) + offk[None, :],
                      mask=((ci < Nc) & ccv)[:, None] & kmask[None, :], other=0.0)
-        s = tl.dot(qt, tl.trans(kt)) * qk_scale
+        s = tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale
         vis = (ci[None, :] <= hi_r[:, None]) & ccv[None, :]
         p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
         ps = tl.sum(tl.reshape(p, [BT, GP, BC]), 1)  # [BT, BC], summed over the group's heads
@@ -194,12 +195,13 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
         qa, lsea, sc = q[:, a:a + t], lse[:, a:a + t], buffer[:B * t * H * NB].view(B, t, H, NB)
         if t < Tq:
             qa, lsea = qa.contiguous(), lsea.contiguous()
-        _score_kernel[(triton.cdiv(t, BT), B * H)](
-            qa, kc, lsea, sc, t, Nc, NB, q_start + a, 1.0 / math.sqrt(K),
-            H=H, G=G, GP=GP, K=K, BK=BK, L=L, D=D, LS=LS, BJ=BJ, BT=BT,
-            BC=triton.next_power_of_2(BJ * (LS // D)),
-            num_warps=4 if interpret else TUNE["warps"], num_stages=1 if interpret else TUNE["stages"],
-        )
+        # a fallback with fewer rows (BT tokens, at least 16 rows) keeps the chunk a multiple of BT
+        launch(_score_kernel, lambda c, t=t: (triton.cdiv(t, c["BT"]), B * H),
+               (qa, kc, lsea, sc, t, Nc, NB, q_start + a, 1.0 / math.sqrt(K)),
+               dict(H=H, G=G, GP=GP, K=K, BK=BK, L=L, D=D, LS=LS, BJ=BJ, BC=triton.next_power_of_2(BJ * (LS // D)),
+                    DOT=dot_precision(q.dtype)),
+               dict(BT=BT, num_warps=4 if interpret else TUNE["warps"],
+                    num_stages=1 if interpret else TUNE["stages"]), halve=("BT",), floor=max(1, 16 // GP))
         rows = B * t * H
         out = idx[:, a:a + t] if t == Tq else torch.empty(B, t, H, n, device=q.device, dtype=torch.int64)
         _select_kernel[(triton.cdiv(rows, BR),)](

@@ -51,7 +51,7 @@ def op_overhead(x, cfg, n: int = 200):
     args_tk = (q, kc, lse, 0, cfg.cmp_block, cfg.cmp_stride, cfg.sel_block, cfg.n_selected)
     idx = TK.select_blocks_op(*args_tk)
     ks, vs = x["k_sel"].detach(), x["v_sel"].detach()
-    so, slse = SE._sel_fwd(q, ks, vs, idx, cfg.sel_block, 0, False)
+    so, slse = SE._sel_fwd(q, ks, vs, idx, cfg.sel_block, 0, False, "auto")
     cases = {
         "band_bwd": (BA.band_op.bwd, BA._band_bwd, (q, kc, vc, o, lse, do, 0, cfg.cmp_block, cfg.cmp_stride, 0, False, False)),
         "sel_bwd": (SE.sel_op.bwd, SE._sel_bwd, (q, ks, vs, idx, so, slse, do, cfg.sel_block, 0, False)),

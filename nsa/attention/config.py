@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nsa.kernels import MAX_HEAD_DIM
+from nsa.kernels import MAX_HEAD_DIM, SEL_FORMS
 
 BRANCHES = ("cmp", "sel", "win")
 PHI_KINDS = ("mlp", "mean")
@@ -35,6 +35,11 @@ class NSAConfig:
     kernel otherwise)."""
     backend_sel: str = "auto"
     """Backend of the selected branch ('auto', 'torch', 'triton')."""
+    sel_form: str = "auto"
+    """The selected branch's forward on the Triton backend: 'tiles' (token-major: a token's query
+    heads, or a tile of tokens, against their selected blocks), 'blocks' (key-block-major: each
+    block against the queries that selected it, then a combine) or 'auto' (chosen by group size,
+    head dim and length: nsa.kernels.selection.forward_form)."""
     backend_win: str = "auto"
     """Backend of the window branch ('auto', 'torch', 'sdpa', 'flex', 'flash_attn', 'triton')."""
     backend_dense: str = "auto"
@@ -66,6 +71,8 @@ class NSAConfig:
                 f"attn.n_selected={self.n_selected} must be >= 3 (block 0 and the two most recent "
                 "blocks are always selected)"
             )
+        if self.sel_form not in SEL_FORMS:
+            raise ValueError(f"attn.sel_form must be one of {SEL_FORMS}, got {self.sel_form!r}")
         if self.phi not in PHI_KINDS:
             raise ValueError(f"attn.phi must be one of {PHI_KINDS}, got {self.phi!r}")
 

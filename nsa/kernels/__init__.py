@@ -32,6 +32,10 @@ from __future__ import annotations
 #: and launch configurations that do not fit the GPU at 256 fall back to smaller ones (_launch)
 MAX_HEAD_DIM = 256
 
+#: the forms of the selected branch's forward (nsa.kernels.selection._sel_fwd): 'tiles'
+#: token-major, 'blocks' key-block-major (selection_blocks), 'auto' by shape (forward_form)
+SEL_FORMS = ("auto", "tiles", "blocks")
+
 #: the cuDNN compressed branch hands sequences shorter than this to the Triton band kernel, which
 #: is faster there. H100, 64 query / 4 KV heads, head dim 128, bf16, cmp branch fwd+bwd
 #: (python bench/gpu/cudnn_fold_probe.py, commit 1e5e4bd, docs/measurements/2026-11-23-d/):

@@ -16,6 +16,7 @@ from nsa.model.config import ModelConfig, load_model_config
         (["model.attn.cmp_block=128", "model.attn.cmp_stride=16"], "attn.cmp_block=128 must be <= attn.sel_block=64"),
         (["model.attn.n_selected=2"], "attn.n_selected=2 must be >= 3"),
         (["model.attn.phi=max"], "attn.phi must be one of"),
+        (["model.attn.sel_form=rows"], "attn.sel_form must be one of ('auto', 'tiles', 'blocks')"),
         (["model.head_dim=63"], "model.head_dim=63 must be even"),
         (["model.head_dim=320"], "model.head_dim=320: the NSA kernels take head dims up to 256"),
         (["model.head_dim=320", "model.attn.backend_cmp=torch", "model.attn.backend_sel=torch"],

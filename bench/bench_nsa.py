@@ -338,7 +338,7 @@ def run(shapes, ops, input_specs, forms, layer) -> list[dict]:
         B, S, HQ, H, K = shape_of(name)
         cfg = NSAConfig()
         G, NB = HQ // H, -(-S // cfg.sel_block)
-        auto = forward_form(G, K, _tokens_per_tile(G, cfg.n_selected, NB, S))
+        auto = forward_form(G, _tokens_per_tile(G, cfg.n_selected, NB, S))
         for spec in input_specs:
             x = _load(spec, name, cfg, layer)
             print(f"# {name} {x.source}: selection locality, distinct blocks per tile (share of tile x n): "

@@ -2,7 +2,9 @@
 # Long context at the seeds' model shape (docs/performance.md, thirteenth set), in device calls
 # of under 10 minutes on one H100. PARTS, space separated, run in this order:
 #   tests       the GPU shape matrix (dtype x head dim x G x odd S against float64), bf16 parity
-#               S=1..65536, the selected forward's forms; 8 pytest workers (compiles in parallel)
+#               S=1..65536, the selected forward's forms; WORKERS pytest workers (3: compiles in
+#               parallel; 8 ran out of GPU memory with the float64 references), TEST_K a -k filter
+#   breakdown   bench_nsa.py --breakdown at the seeds' attention shape, S=64k: time per kernel
 #   forms       bench_nsa.py on random inputs: the selected branch and the core by forward form
 #               (tiles, blocks) at the seeds' attention shape (G=6), G=4, G=8 and the benchmark
 #               shape (G=16), beside SDPA cuDNN
@@ -19,11 +21,15 @@ for part in ${PARTS:-tests forms}; do
   echo "## $part" | tee -a "$LOG"
   case $part in
   tests)
-    timeout "${TESTS_TIMEOUT:-280}" python3 -m pytest -q -n 8 -p no:cacheprovider --junitxml="$OUT/tests.xml" \
+    timeout "${TESTS_TIMEOUT:-280}" python3 -m pytest -q -n "${WORKERS:-3}" -p no:cacheprovider \
+      --junitxml="$OUT/tests.xml" ${TEST_K:+-k "$TEST_K"} \
       tests/kernels/test_shape_matrix.py tests/kernels/test_triton_gpu.py tests/kernels/test_launch.py \
       "tests/kernels/test_triton_selection.py::test_selection_blocks_forward" \
       "tests/kernels/test_triton_selection.py::test_selection_blocks_forward_a_chunk_of_tokens_at_a_time" 2>&1 \
       | grep -E "passed|failed|Error|^FAILED|^E " | tee -a "$LOG" ;;
+  breakdown)
+    timeout "${BREAKDOWN_TIMEOUT:-150}" python3 bench/bench_nsa.py --breakdown --shapes ${BREAKDOWN_SHAPES:-m7c@64k} \
+      --ops sdpa_cudnn nsa_core --json "$OUT/breakdown.json" 2>&1 | tee -a "$LOG" ;;
   forms)
     timeout "${FORMS_TIMEOUT:-300}" python3 bench/bench_nsa.py \
       --shapes ${FORM_SHAPES:-m7c@16k m7c@32k m7c@64k g4@64k g8@64k 16k 64k} \

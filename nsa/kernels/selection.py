@@ -388,11 +388,15 @@ def _tile_launch(q, k, v, idx, sel_block: int):
     return (triton.cdiv(Tq, TT), B * meta["H"]), blocks, kv, meta, cfg
 
 
-def forward_form(G: int, K: int, TT: int) -> str:
-    """The selected forward for a query group of G heads, head dim K and TT tokens a token tile
+def forward_form(G: int, TT: int) -> str:
+    """The selected forward for a query group of G heads and TT tokens a token tile
     (_tokens_per_tile): 'blocks', key-block-major (nsa.kernels.selection_blocks), or 'tiles',
-    token-major (this module's forward kernel). Not measured yet: 'tiles' everywhere."""
-    return "tiles"
+    token-major (this module's forward kernel). Key-block-major at one token a tile (long
+    contexts) and groups of up to 8 heads: on one H100, K=64, random inputs, the selected forward
+    took 3.53 against 4.86 ms at S=64k with G=6 (0.73x), 0.92 against 1.22 at 16k; 2.43 against
+    5.25 ms with G=4 and 4.46 against 4.86 with G=8 at 64k (docs/performance.md, thirteenth set).
+    Short contexts tile several tokens a program over the union of their blocks instead."""
+    return "blocks" if TT == 1 and G <= 8 else "tiles"
 
 
 def _sel_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, sel_block: int,
@@ -409,7 +413,7 @@ def _sel_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tenso
         return o, lse
     if form == "auto":
         G, n = HQ // k.shape[2], idx.shape[-1]
-        form = forward_form(G, K, _tokens_per_tile(G, n, triton.cdiv(Tk, sel_block), Tq))
+        form = forward_form(G, _tokens_per_tile(G, n, triton.cdiv(Tk, sel_block), Tq))
     if form == "blocks":
         interpret = q.device.type == "cpu"
         tiles = dict(BM=32 if interpret else TUNE["blocks_rows"], num_warps=4 if interpret else TUNE["fwd_warps"],

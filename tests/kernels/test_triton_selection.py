@@ -163,6 +163,15 @@ def test_selection_tile_rule(monkeypatch):
     assert rule(G=128, n=16, NB=32, Tq=2048) == 1
 
 
+def test_selection_forward_form_rule():
+    """Key-block-major at one token a tile and groups of up to 8 heads (measured: the module's
+    forward_form); token tiles at short contexts and for 16 heads a group."""
+    from nsa.kernels.selection import forward_form
+
+    assert [forward_form(G, 1) for G in (1, 4, 6, 8)] == ["blocks"] * 4
+    assert forward_form(16, 1) == "tiles" and forward_form(6, 8) == "tiles"
+
+
 @pytest.mark.parametrize("TT", [2, 4], ids=["TT2", "TT4"])
 def test_selection_tile_union(kdev, TT):
     """The block list of each tile: its tokens' selected blocks, each once, descending, -1 padded."""

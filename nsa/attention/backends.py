@@ -233,15 +233,12 @@ def implementation(route: Route) -> Callable:
     return BACKENDS[route.stage][route.backend].fn
 
 
-#: run the selected and window branches and the gated sum as one op (nsa.kernels.gated_branches)
-#: when both branches are on Triton; False: three ops (bench/gpu/core_ab.py --switch fused times both)
-FUSE_GATED_BRANCHES = True
-
-
 def gated_branches(routes: dict[str, Route]) -> Callable | None:
-    """The one op for the selected and window branches and the gated sum when the routes allow
-    it (both branches on Triton), else None: the stages run one by one."""
-    if FUSE_GATED_BRANCHES and routes["sel"].backend == "triton" and routes["win"].backend == "triton":
+    """The one op for the selected and window branches and the gated sum (nsa.kernels.gated_branches)
+    when the routes allow it (both branches on Triton), else None: the stages run one by one. On one
+    H100 the one op took the core to 0.988x / 0.974x / 0.986x of the three ops at 16k / 32k / 64k
+    (docs/performance.md, twelfth set)."""
+    if routes["sel"].backend == "triton" and routes["win"].backend == "triton":
         return kb.triton_gated_branches
     return None
 

@@ -252,7 +252,7 @@ def _band_bwd_dkv_kernel(
     # spills 3048 bytes a thread this way, 3996 with [BN, BK] int64 offsets held across the
     # loops; not timed alone on a GPU (the tables since docs/performance.md's tenth set ran it),
     # and the same change in the forward and dq kernels bought nothing there, so compile spills
-    # do not predict time here (bench/gpu/variants_probe.py, band-offsets in its docstring)
+    # do not predict time here (the retired bench/gpu/variants_probe.py; docs/performance.md, tenth set)
     kv_base = (b.to(tl.int64) * Tk * H + h) * K + n0.to(tl.int64) * (H * K)
     kv_off = tl.arange(0, BN)[:, None] * (H * K) + offk[None, :]
     kvm = cmask[:, None] & kmask[None, :]
@@ -308,7 +308,7 @@ def _band_bwd_dkv_kernel(
 
 #: (BM, BN, num_warps, num_stages) of the fwd, dq and dk/dv kernels on CUDA, by use (compressed
 #: keys, sliding window) and head dim (<= 64, larger); chosen by measurement on H100
-#: (bench/bench_nsa.py --sweep, bench/gpu/variants_probe.py)
+#: (bench/bench_nsa.py --sweep, the retired bench/gpu/variants_probe.py)
 TILES = {
     "cmp": {
         "fwd": ((128, 64, 4, 3), (128, 64, 8, 3)),

@@ -34,7 +34,8 @@ from ._autograd import kernel_op
 
 def _fwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch.Tensor, v_sel: torch.Tensor,
          k_win: torch.Tensor, v_win: torch.Tensor, idx: torch.Tensor, q_start: int, sel_block: int, window: int,
-         deterministic: bool, sel_form: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+         deterministic: bool, sel_form: str,
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """o, and what the backward needs: o_sel, lse_sel, o_win, lse_win."""
     # the ranges of the separate stages (nsa.attention.core), for the profile phase
     with record_function("nsa.sel"):

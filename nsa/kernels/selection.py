@@ -304,7 +304,7 @@ def _sel_bwd_dkv_kernel(
 #: launch parameters on CUDA (bench/bench_nsa.py --sweep): forward/dq warps and stages;
 #: dk/dv pass: tokens per work item (qc), query rows per step times the padded head dim
 #: (dkv_cells, so that the two [l', K] accumulators and a step's tiles fit the registers of
-#: dkv_warps: 64 rows at K=128, 128 at K=64), warps and stages (bench/gpu/variants_probe.py
+#: dkv_warps: 64 rows at K=128, 128 at K=64), warps and stages (the retired bench/gpu/variants_probe.py
 #: --parts sel-dkv: on one H100, 64 rows beat 32 and 128 at K=128, 128 rows beat 64 at the
 #: m7c_125m shape, K=64, 1.036 against 1.199 ms for the selected backward, 4 warps beat 8);
 #: token tiles of the forward/dq (see _tokens_per_tile): tt > 0 forces TT, else TT =

@@ -20,7 +20,7 @@ ascending order, -1 padded when fewer than n blocks are visible.
 Two kernels instead of one fused kernel with a running top-n in registers: on one H100 the
 fused kernel took 13.41 ms at S=65536 (HQ=64, H=4, K=128) and 0.168 ms at the m7c_125m shape;
 scores + select took 7.24 + 2.84 and 0.041 + 0.027 ms, with the same indices
-(`python3 bench/gpu/topk_probe.py`, docs/performance.md, seventh set).
+(bench/gpu/topk_probe.py, retired; docs/performance.md, seventh set).
 
 Shapes: q [B, Tq, HQ, K]; kc [B, Nc, H, K]; lse [B, Tq, HQ]; output idx [B, Tq, H, n] int64,
 ascending, -1 padded (the contract of nsa.attention.torch_branches.torch_select_blocks).
@@ -150,7 +150,7 @@ def _select_kernel(scores, idx, NROWS, NB, N: tl.constexpr, NP: tl.constexpr, NB
 
 
 #: score kernel: query rows (tokens x padded group) per program, warps, pipeline stages on CUDA
-#: (bench/gpu/topk_probe.py: rows 128 / 4 warps / 2 stages best at 2k, 16k, 64k and m7c_125m)
+#: (the retired bench/gpu/topk_probe.py: rows 128 / 4 warps / 2 stages best at 2k, 16k, 64k and m7c_125m)
 TUNE = dict(rows=128, warps=4, stages=2)
 #: bytes of float32 block scores held at once; longer inputs are scored a query chunk at a time
 SCORE_BUDGET = 1 << 28
@@ -160,7 +160,7 @@ def _select_launch(nbp: int) -> tuple[int, int]:
     """(rows per program, warps) of the select kernel. From S=16k (256 blocks a row) one warp and
     about 16 scores per thread, so that the 31 row counts of the search stay inside a warp
     (shuffles; 4 warps per row cross warps through shared memory, 10 barriers in the PTX at
-    S=64k); below, four rows on 4 warps. On one H100 (bench/gpu/topk_probe.py,
+    S=64k); below, four rows on 4 warps. On one H100 (the retired bench/gpu/topk_probe.py,
     docs/measurements/2026-11-23-c/): the select kernel alone, same run, 2.05 vs 2.86 ms at
     S=64k and 0.153 vs 0.209 at 16k; the whole top-n 9.31 and 0.683 ms against 9.94 and 0.745
     with 4 warps in a run 12-15 minutes earlier. At m7c_125m one warp was faster alone (0.019 vs

@@ -1,22 +1,24 @@
-"""Benchmark of the NSA core (Triton kernels: compressed + selection + window branches and the
-gates) against full causal attention (PyTorch SDPA, flash and cuDNN backends), FlexAttention
-with a 512-token sliding window, and fla-core's parallel_nsa (compression + selection, its
-defaults) when importable. Forward and forward+backward, one set of random inputs per shape,
-triton.testing.do_bench medians, achieved TFLOP/s and GB/s, peak memory of one forward+backward,
-and the host time to enqueue one forward+backward (close to the measured time: launch-bound).
---breakdown adds a table per kernel (top-n, compressed, selected fwd / dq / dk-dv, window): time,
-TFLOP/s and GB/s. FLOPs and bytes come from the shape (bench/kernel_work.py: the matrix products
-over the visible pairs, and every tensor read or written once), so they are lower bounds.
+"""Benchmark of the NSA core and its kernels against full causal attention (PyTorch SDPA, cuDNN
+and flash), FlexAttention with the 512-token sliding window and fla-core's parallel_nsa
+(compression + selection) when importable. The ops come from one registry (bench/ops.py), the
+inputs from bench/inputs.py: random, or the q/k/v a trained model makes on real text
+(bench/trained_inputs.py), side by side, each with the locality of its selection (distinct
+blocks per 16, 32 and 64 tokens). Forward and forward+backward, triton.testing.do_bench medians,
+achieved TFLOP/s and GB/s (bench/kernel_work.py: lower bounds), peak memory of one
+forward+backward, the host time to enqueue one (close to the measured time: launch-bound), and
+the ratio to SDPA cuDNN of the same run and inputs.
 
-    python bench/bench_nsa.py                       # all shapes
-    python bench/bench_nsa.py --shapes 2k m7c_125m   # some of them
-    python bench/bench_nsa.py --breakdown           # also the per-kernel table
-    python bench/bench_nsa.py --json out.json       # also write the rows as JSON
-    python bench/bench_nsa.py --sweep --sweep-only "sel tt" --shapes 2k m7c_125m 8k
-                                                    # selection token tiles (TUNE tt*)
+    python bench/bench_nsa.py                                      # the benchmark shapes
+    python bench/bench_nsa.py --shapes m7c@16k m7c@64k g4@64k g8@64k --ops nsa_core sdpa_cudnn
+    python bench/bench_nsa.py --shapes m7c@64k --ops sel nsa_core --sel-forms tiles blocks \
+        --inputs random trained:/tmp/trained                     # the selected forward's forms
+    python bench/bench_nsa.py --breakdown --shapes 16k              # also a table per kernel
+    python bench/bench_nsa.py --json out.json                       # also write the rows as JSON
 
-Shapes: B=1, HQ=64, H=4, K=128, bf16, S in 2k/8k/16k/32k/64k; and m7c_125m (B=8, HQ=12, H=2,
-K=64, S=2048). NSA hyper-parameters are the paper defaults (l=32, d=16, l'=64, n=16, w=512).
+Shapes: the benchmark shape B=1, HQ=64, H=4, K=128 at 2k/8k/16k/32k/64k; m7c_125m (B=8, HQ=12,
+H=2, K=64, S=2048); and FAMILY@LENGTH for B=1: bench (HQ=64, H=4, K=128), m7c (the seeds'
+attention: HQ=12, H=2, K=64, G=6), g4 (HQ=8, H=2, K=64), g8 (HQ=16, H=2, K=64). NSA
+hyper-parameters are the paper defaults (l=32, d=16, l'=64, n=16, w=512).
 """
 from __future__ import annotations
 
@@ -28,23 +30,20 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import kernel_work as kw  # noqa: E402
-from nsa.attention.backends import Route, resolve_route  # noqa: E402
+from bench.inputs import describe_locality, random_inputs, selection, trained_inputs  # noqa: E402
+from bench.ops import OPS  # noqa: E402
 from nsa.attention.config import NSAConfig  # noqa: E402
-from nsa.attention.core import nsa_core  # noqa: E402
 from nsa.attention.kernel_branches import (  # noqa: E402
     cudnn_cmp_attention,
-    flex_win_attention,
     triton_cmp_attention,
     triton_sel_attention,
     triton_select_blocks,
     triton_win_attention,
 )
-from nsa.attention.torch_branches import visible_compressed  # noqa: E402
 
 SHAPES = {  # name: (B, S, HQ, H, K)
     "2k": (1, 2048, 64, 4, 128),
@@ -54,6 +53,22 @@ SHAPES = {  # name: (B, S, HQ, H, K)
     "64k": (1, 65536, 64, 4, 128),
     "m7c_125m": (8, 2048, 12, 2, 64),
 }
+#: FAMILY@LENGTH shapes, batch 1: (HQ, H, K)
+FAMILIES = {"bench": (64, 4, 128), "m7c": (12, 2, 64), "g4": (8, 2, 64), "g8": (16, 2, 64)}
+#: the ops of the main table unless --ops says otherwise (SDPA cuDNN is the ratios' baseline)
+DEFAULT_OPS = ["nsa_core", "nsa_core_triton", "sdpa_flash", "sdpa_cudnn", "flex_window", "fla_nsa"]
+
+
+def shape_of(name: str) -> tuple[int, int, int, int, int]:
+    """(B, S, HQ, H, K) of a shape name: one of SHAPES or FAMILY@LENGTH (16k = 16384)."""
+    if name in SHAPES:
+        return SHAPES[name]
+    family, _, length = name.partition("@")
+    if family not in FAMILIES or not length:
+        raise argparse.ArgumentTypeError(f"shape {name!r}: one of {', '.join(SHAPES)} or FAMILY@LENGTH with "
+                                         f"FAMILY in {', '.join(FAMILIES)}")
+    S = int(length[:-1]) * 1024 if length.endswith("k") else int(length)
+    return (1, S, *FAMILIES[family])
 
 
 def _bench(fn) -> float:
@@ -92,21 +107,6 @@ def _peak_gib(fn) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
-def _inputs(B, S, HQ, H, K, cfg, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    dev, dt = "cuda", torch.bfloat16
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=g, device=dev, dtype=torch.float32).to(dt).requires_grad_()
-
-    Nc = int(visible_compressed(torch.tensor([S - 1]), cfg).item())
-    x = dict(q=rnd(B, S, HQ, K), kc=rnd(B, Nc, H, K), vc=rnd(B, Nc, H, K),
-             k_sel=rnd(B, S, H, K), v_sel=rnd(B, S, H, K), k_win=rnd(B, S, H, K), v_win=rnd(B, S, H, K))
-    x["gates"] = torch.sigmoid(torch.randn(B, S, HQ, 3, generator=g, device=dev)).to(dt).requires_grad_()
-    x["do"] = torch.randn(B, S, HQ, K, generator=g, device=dev, dtype=torch.float32).to(dt)
-    return x
-
-
 def _fwd_bwd(fwd, leaves, do):
     def run():
         o = fwd()
@@ -121,56 +121,11 @@ def _no_grad(fwd):
     return run
 
 
-def _methods(x, cfg, win_backend):
-    """name -> (forward closure, leaves, (forward work, backward work) or None) for every
-    method that can run here."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    q, gates = x["q"], x["gates"]
-    B, S, HQ, K = q.shape
-    shape = kw.Shape(B, S, HQ, x["k_sel"].shape[2], K)
-    from nsa.kernels.selection import _ds_path
-    ds = _ds_path(q, x["k_sel"], cfg.n_selected, cfg.sel_block)  # dq of the selected branch from dS tiles
-    core_leaves = [x[n] for n in ("q", "kc", "vc", "k_sel", "v_sel", "k_win", "v_win", "gates")]
-    out = {}
-    # the routes 'auto' picks (cmp and select: cudnn on a GPU), then every stage on Triton
-    for label, cmp in (("auto", resolve_route("cmp", "auto", q.device, q.dtype).backend), ("triton", "triton")):
-        routes = {s: Route(s, cmp if s in ("cmp", "select") else "triton", "bench") for s in ("cmp", "select", "sel")}
-        routes["win"] = Route("win", win_backend, "bench")
-        out[f"NSA core ({label}: cmp={cmp})"] = (
-            lambda routes=routes: nsa_core(*core_leaves[:7], gates, cfg, routes), core_leaves,
-            (kw.core_fwd(shape, cfg), kw.core_bwd(shape, cfg, ds)))
-
-    qt, kt, vt = (t.transpose(1, 2) for t in (q, x["k_sel"], x["v_sel"]))
-    gqa = q.shape[2] != x["k_sel"].shape[2]
-    for name, backend in (("SDPA flash (full causal)", SDPBackend.FLASH_ATTENTION),
-                          ("SDPA cuDNN (full causal)", SDPBackend.CUDNN_ATTENTION)):
-        def sdpa(backend=backend):
-            with sdpa_kernel(backend):
-                return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa).transpose(1, 2)
-        out[name] = (sdpa, [q, x["k_sel"], x["v_sel"]], (kw.causal_fwd(shape), kw.causal_bwd(shape)))
-
-    wcfg = NSAConfig(window=512)
-    out["FlexAttention (window 512)"] = (
-        lambda: flex_win_attention(q, x["k_win"], x["v_win"], wcfg), [q, x["k_win"], x["v_win"]],
-        (kw.win_fwd(shape, wcfg), kw.win_bwd(shape, wcfg)))
-
-    try:
-        from fla.ops.nsa import parallel_nsa
-    except ImportError as e:
-        print(f"# fla-core not importable ({e}); its rows are skipped")
-    else:
-        g_cmp, g_slc = gates[..., 0].detach().clone().requires_grad_(), gates[..., 1].detach().clone().requires_grad_()
-        out["fla parallel_nsa (cmp+sel)"] = (
-            lambda: parallel_nsa(q, x["k_sel"], x["v_sel"], g_cmp=g_cmp, g_slc=g_slc,
-                                 block_counts=cfg.n_selected, block_size=cfg.sel_block, window_size=0),
-            [q, x["k_sel"], x["v_sel"], g_cmp, g_slc], None)
-    return out
-
-
 def _stage_inputs(name, cfg):
-    """Random inputs of shape `name` plus the lse and selected blocks the later stages take."""
-    x = _inputs(*SHAPES[name], cfg)
+    """Random inputs of shape `name` (as a dict) plus the lse and selected blocks the later
+    stages take."""
+    inputs = random_inputs(*shape_of(name), cfg)
+    x = {n: getattr(inputs, n) for n in ("q", "kc", "vc", "k_sel", "v_sel", "k_win", "v_win", "gates", "do")}
     with torch.no_grad():
         _, lse = triton_cmp_attention(x["q"], x["kc"], x["vc"], cfg)
         idx = triton_select_blocks(x["q"], x["kc"], lse, cfg)
@@ -179,7 +134,7 @@ def _stage_inputs(name, cfg):
 
 def _sel_split(x, q, do, idx, cfg) -> tuple[int, bool, dict[str, float]]:
     """Medians (ms) of the selected branch's pieces at the current selection.TUNE: forward
-    kernel; backward as _inverse_selection (keys kernel, sort, work-item kernel), the dk/dv
+    kernel; backward as inverse_selection (keys kernel, sort, work-item kernel), the dk/dv
     kernel and dq: at long contexts (selection._ds_path) the delta pass, the dk/dv kernel
     keeping its dS tiles (all tokens in one pass, as the backward does within its dS budget;
     without the float32-to-bf16 casts of dk/dv), and dq from them; otherwise the dq kernel (it
@@ -187,18 +142,19 @@ def _sel_split(x, q, do, idx, cfg) -> tuple[int, bool, dict[str, float]]:
     ('union', one small kernel, nothing when TT = 1); their times include it. Returns TT,
     whether dq comes from dS tiles, and the times."""
     from nsa.kernels import selection as S
+    from nsa.kernels._inverse import inverse_selection
 
     ls = cfg.sel_block
     q, k, v = (t.detach() for t in (q, x["k_sel"], x["v_sel"]))
     (Tq, HQ), (Tk, H), n = q.shape[1:3], k.shape[1:3], idx.shape[-1]
     NB = -(-Tk // ls)
     TT = S._tokens_per_tile(HQ // H, n, NB, Tq)
-    o, lse = S._sel_fwd(q, k, v, idx, ls, 0, False)
+    o, lse = S._sel_fwd(q, k, v, idx, ls, 0, False, cfg.sel_form)
     qc = S._dkv_qc(q.device, Tq, False)
-    work = S._inverse_selection(idx, Tk, ls, qc)
+    work = inverse_selection(idx, Tk, ls, qc)
     times = dict(union=_bench(lambda: S._tile_union(idx, TT, NB)),
-                 fwd=_bench(lambda: S._sel_fwd(q, k, v, idx, ls, 0, False)),
-                 inverse=_bench(lambda: S._inverse_selection(idx, Tk, ls, qc)))
+                 fwd=_bench(lambda: S._sel_fwd(q, k, v, idx, ls, 0, False, cfg.sel_form)),
+                 inverse=_bench(lambda: inverse_selection(idx, Tk, ls, qc)))
     ds_path = S._ds_path(q, k, n, ls)
     if ds_path:
         delta = S._row_delta(o, do)
@@ -230,8 +186,7 @@ def breakdown(shapes) -> list[dict]:
     print("|-----------|--------------------------|----------|---------|---------|")
     for name in shapes:
         x, q, do, lse, idx = _stage_inputs(name, cfg)
-        B, S, HQ, H, K = SHAPES[name]
-        shape = kw.Shape(B, S, HQ, H, K)
+        shape = kw.Shape(*shape_of(name))
         cmp_leaves, win_leaves, sel_leaves = ([q, x[a], x[b]] for a, b in (("kc", "vc"), ("k_win", "v_win"),
                                                                         ("k_sel", "v_sel")))
 
@@ -289,7 +244,7 @@ def sweep(shapes, only=()):
         sel_f = _no_grad(lambda: triton_sel_attention(q, x["k_sel"], x["v_sel"], idx, cfg))
         sel_fb = _fwd_bwd(lambda: triton_sel_attention(q, x["k_sel"], x["v_sel"], idx, cfg), [q, x["k_sel"], x["v_sel"]], do)
         tk = lambda: triton_select_blocks(q, x["kc"], lse, cfg)  # noqa: E731
-        i = 0 if SHAPES[name][4] <= 64 else 1  # head dim
+        i = 0 if shape_of(name)[4] <= 64 else 1  # head dim
         cmp_tiles, win_tiles = band_attention.TILES["cmp"], band_attention.TILES["win"]
         groups = [
             ("band fwd", cmp_tiles, "fwd", [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 3)],
@@ -350,56 +305,101 @@ def sweep(shapes, only=()):
         torch.cuda.empty_cache()
 
 
-def run(shapes, win_backend="triton", skip=()):
-    """The table of the whole NSA core against the baselines; returns its rows."""
-    cfg = NSAConfig()
+def _load(spec: str, name: str, cfg: NSAConfig, layer: int):
+    """The inputs of shape ``name`` from ``spec``: 'random' or 'trained:DIR'."""
+    B, S, HQ, H, K = shape_of(name)
+    if spec == "random":
+        return random_inputs(B, S, HQ, H, K, cfg)
+    x = trained_inputs(spec.partition(":")[2], layer, S)
+    if x.shape() != (B, S, HQ, H, K):
+        raise SystemExit(f"{spec}: layer {layer} at S={S} has shape {x.shape()}, not {name}'s {(B, S, HQ, H, K)}")
+    return x
+
+
+def _variants(op: str, forms: list[str]) -> list[tuple[str, NSAConfig]]:
+    """(row label, config) of each variant of an op: the selected forward's forms for the ops
+    that run the selected branch, else the defaults."""
+    if op in ("nsa_core", "nsa_core_triton", "sel"):
+        return [(f"{op} [{form}]", NSAConfig(sel_form=form)) for form in forms]
+    return [(op, NSAConfig())]
+
+
+def run(shapes, ops, input_specs, forms, layer) -> list[dict]:
+    """The main table: every op of ``ops`` (and form) on every shape and set of inputs; returns
+    its rows."""
+    from nsa.kernels.selection import _tokens_per_tile, forward_form
+
     rows = []
-    hdr = (f"| {'shape':9} | {'method':28} | {'fwd ms':>8} | {'TFLOP/s':>7} | {'GB/s':>5} | {'fwd+bwd ms':>10} "
-           f"| {'TFLOP/s':>7} | {'GB/s':>5} | {'peak GiB':>8} | {'host ms':>7} |")
+    hdr = (f"| {'shape':9} | {'inputs':16} | {'op':26} | {'fwd ms':>8} | {'TFLOP/s':>7} | {'fwd+bwd ms':>10} "
+           f"| {'TFLOP/s':>7} | {'x cuDNN':>7} | {'peak GiB':>8} | {'host ms':>7} |")
     print(hdr)
     print("|" + "|".join("-" * (len(c)) for c in hdr.split("|")[1:-1]) + "|")
     for name in shapes:
-        B, S, HQ, H, K = SHAPES[name]
-        x = _inputs(B, S, HQ, H, K, cfg)
-        for meth, (fwd, leaves, work) in _methods(x, cfg, win_backend).items():
-            if any(s in meth for s in skip):
-                continue
-            try:
-                t_f = _bench(_no_grad(fwd))
-                fb = _fwd_bwd(fwd, leaves, x["do"])
-                t_fb = _bench(fb)
-                mem = _peak_gib(fb)
-                host = _host_ms(fb)
-            except Exception as e:  # a baseline that cannot run here is reported, not fatal
-                msg = f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
-                print(f"| {name:9} | {meth:28} | {'n/a':>8} | {'-':>7} | {'-':>5} | {'n/a':>10} | {'-':>7} | {'-':>5} "
-                      f"| {'n/a':>8} | {'n/a':>7} | {msg}")
-                rows.append(dict(shape=name, method=meth, error=msg))
-                torch.cuda.empty_cache()
-                continue
-            (tf_f, gb_f), (tf_fb, gb_fb) = _rates(t_f, work and work[0]), _rates(t_fb, work and work[0] + work[1])
-            print(f"| {name:9} | {meth:28} | {t_f:8.2f} | {tf_f:>7} | {gb_f:>5} | {t_fb:10.2f} | {tf_fb:>7} | {gb_fb:>5} "
-                  f"| {mem:8.2f} | {host:7.2f} |", flush=True)
-            rows.append(dict(shape=name, B=B, S=S, HQ=HQ, H=H, K=K, method=meth,
-                             fwd_ms=t_f, fwd_bwd_ms=t_fb, peak_gib=mem, host_fwd_bwd_ms=host,
-                             fwd_flops=work and work[0].flops, bwd_flops=work and work[1].flops))
-        x = None  # free this shape's tensors before the next one
-        torch.cuda.empty_cache()
+        B, S, HQ, H, K = shape_of(name)
+        cfg = NSAConfig()
+        G, NB = HQ // H, -(-S // cfg.sel_block)
+        auto = forward_form(G, _tokens_per_tile(G, cfg.n_selected, NB, S))
+        for spec in input_specs:
+            x = _load(spec, name, cfg, layer)
+            print(f"# {name} {x.source}: selection locality, distinct blocks per tile (share of tile x n): "
+                  f"{describe_locality(selection(x, cfg), cfg.n_selected)}; sel_form auto -> {auto}", flush=True)
+            base = None
+            for op in ops:
+                for label, vcfg in _variants(op, forms):
+                    row = dict(shape=name, B=B, S=S, HQ=HQ, H=H, K=K, inputs=x.source, op=label)
+                    try:
+                        fwd, leaves = OPS[op].build(x, vcfg)
+                        t_f = _bench(_no_grad(fwd))
+                        fb = _fwd_bwd(fwd, leaves, x.do) if OPS[op].backward else None
+                        t_fb = _bench(fb) if fb else None
+                        mem = _peak_gib(fb) if fb else None
+                        host = _host_ms(fb) if fb else None
+                    except Exception as e:  # a baseline that cannot run here is reported, not fatal
+                        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
+                        print(f"| {name:9} | {x.source:16} | {label:26} | n/a | {row['error']}", flush=True)
+                        rows.append(row)
+                        torch.cuda.empty_cache()
+                        continue
+                    if op == "sdpa_cudnn":
+                        base = t_fb
+                    work = OPS[op].work(kw.Shape(B, S, HQ, H, K), vcfg) if OPS[op].work else None
+                    tf_f = _rates(t_f, work and work[0])[0]
+                    tf_fb = _rates(t_fb, work and work[0] + work[1])[0] if t_fb else "-"
+                    ratio = f"{base / t_fb:.2f}x" if base and t_fb else "-"
+                    print(f"| {name:9} | {x.source:16} | {label:26} | {t_f:8.2f} | {tf_f:>7} | "
+                          f"{_fmt(t_fb, '10.2f')} | {tf_fb:>7} | {ratio:>7} | {_fmt(mem, '8.2f')} | "
+                          f"{_fmt(host, '7.2f')} |", flush=True)
+                    row.update(fwd_ms=t_f, fwd_bwd_ms=t_fb, peak_gib=mem, host_fwd_bwd_ms=host,
+                               fwd_flops=work and work[0].flops, bwd_flops=work and work[1].flops)
+                    rows.append(row)
+            x = None  # free these inputs before the next
+            torch.cuda.empty_cache()
     return rows
+
+
+def _fmt(v, spec: str) -> str:
+    return format(v, spec) if v is not None else format("-", f">{spec.split('.')[0]}")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    ap.add_argument("--win", default="triton", choices=["triton", "flex", "flash_attn"],
-                    help="window backend inside the NSA core")
-    ap.add_argument("--skip", nargs="*", default=[], help="skip methods whose name contains this")
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), help="names of SHAPES or FAMILY@LENGTH")
+    ap.add_argument("--ops", nargs="+", default=DEFAULT_OPS, choices=list(OPS),
+                    help="ops of bench/ops.py; SDPA cuDNN, when among them, is the baseline of the ratios "
+                         "and should come first")
+    ap.add_argument("--inputs", nargs="+", default=["random"],
+                    help="'random' and/or 'trained:DIR' (bench/trained_inputs.py's output)")
+    ap.add_argument("--layer", type=int, default=6, help="the trained model's layer whose inputs to use")
+    ap.add_argument("--sel-forms", nargs="+", default=["auto"], choices=["auto", "tiles", "blocks"],
+                    help="the selected forward's forms (attn.sel_form) for the ops that run it")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--breakdown", action="store_true", help="also time each Triton stage alone")
+    ap.add_argument("--breakdown", action="store_true", help="also time each Triton stage alone (random inputs)")
     ap.add_argument("--sweep", action="store_true", help="only sweep the kernels' launch parameters")
     ap.add_argument("--sweep-only", nargs="*", default=[],
                     help="sweep only the groups whose label contains one of these (e.g. 'sel tt')")
     a = ap.parse_args(argv)
+    for name in a.shapes:
+        shape_of(name)
     if not torch.cuda.is_available():
         sys.exit("bench_nsa.py needs a CUDA GPU")
     # FlexAttention recompiles per shape and grad mode; the default limit (8) would drop the
@@ -413,7 +413,7 @@ def main(argv=None):
     print(f"# {dev}; torch {torch.__version__}; python {platform.python_version()}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     kernels = breakdown(a.shapes) if a.breakdown else []
-    rows = run(a.shapes, a.win, a.skip)
+    rows = run(a.shapes, a.ops, a.inputs, a.sel_forms, a.layer)
     if a.json:
         _write_json(Path(a.json), dict(device=dev, torch=torch.__version__, rows=rows, kernels=kernels))
 

@@ -19,7 +19,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_nsa import SHAPES, _bench, _fwd_bwd, _host_ms, _inputs, _methods  # noqa: E402
+from bench.bench_nsa import _bench, _fwd_bwd, _host_ms, shape_of  # noqa: E402
+from bench.inputs import random_inputs  # noqa: E402
+from bench.ops import OPS  # noqa: E402
 from nsa.attention.config import NSAConfig  # noqa: E402
 
 
@@ -46,15 +48,16 @@ def op_overhead(x, cfg, n: int = 200):
     from nsa.kernels import selection as SE
     from nsa.kernels import topk as TK
 
-    q, kc, vc, do = (x[n_].detach() for n_ in ("q", "kc", "vc", "do"))
+    q, kc, vc, do = (getattr(x, n_).detach() for n_ in ("q", "kc", "vc", "do"))
     o, lse = BA._band_fwd(q, kc, vc, 0, cfg.cmp_block, cfg.cmp_stride, 0, False, False)
     args_tk = (q, kc, lse, 0, cfg.cmp_block, cfg.cmp_stride, cfg.sel_block, cfg.n_selected)
     idx = TK.select_blocks_op(*args_tk)
-    ks, vs = x["k_sel"].detach(), x["v_sel"].detach()
-    so, slse = SE._sel_fwd(q, ks, vs, idx, cfg.sel_block, 0, False)
+    ks, vs = x.k_sel.detach(), x.v_sel.detach()
+    so, slse = SE._sel_fwd(q, ks, vs, idx, cfg.sel_block, 0, False, "auto")
     cases = {
-        "band_bwd": (BA.band_op.bwd, BA._band_bwd, (q, kc, vc, o, lse, do, 0, cfg.cmp_block, cfg.cmp_stride, 0, False, False)),
-        "sel_bwd": (SE.sel_op.bwd, SE._sel_bwd, (q, ks, vs, idx, so, slse, do, cfg.sel_block, 0, False)),
+        "band_bwd": (BA.band_op.bwd, BA._band_bwd,
+                     (q, kc, vc, o, lse, do, 0, cfg.cmp_block, cfg.cmp_stride, 0, False, False)),
+        "sel_bwd": (SE.sel_op.bwd, SE._sel_bwd, (q, ks, vs, idx, so, slse, do, cfg.sel_block, 0, False, "auto")),
         "select_blocks": (TK.select_blocks_op, TK._select_blocks, args_tk),
     }
     for name, (op, impl, args) in cases.items():
@@ -90,7 +93,7 @@ def print_kernels(prof, calls: int, rows: int):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", nargs="+", default=["2k", "m7c_125m"], choices=list(SHAPES))
+    ap.add_argument("--shapes", nargs="+", default=["2k", "m7c_125m"], help="bench/bench_nsa.py's shape names")
     ap.add_argument("--rows", type=int, default=30, help="profiler table rows")
     ap.add_argument("--batch", type=int, default=None, help="batch size instead of the shape's own")
     ap.add_argument("--cuda", action="store_true",
@@ -104,10 +107,10 @@ def main(argv=None):
         sys.exit("host_profile.py needs a CUDA GPU")
     cfg = NSAConfig()
     for name in a.shapes:
-        B, S, HQ, H, K = SHAPES[name]
-        x = _inputs(a.batch or B, S, HQ, H, K, cfg)
-        fwd, leaves = next(m for name, m in _methods(x, cfg, "triton").items() if name.startswith("NSA core (auto"))
-        fb = _fwd_bwd(fwd, leaves, x["do"])
+        B, S, HQ, H, K = shape_of(name)
+        x = random_inputs(a.batch or B, S, HQ, H, K, cfg)
+        fwd, leaves = OPS["nsa_core"].build(x, cfg)
+        fb = _fwd_bwd(fwd, leaves, x.do)
         host, dev = _host_ms(fb, n=50), _bench(fb)
         try:
             graph = f"{graph_ms(fb):.3f}"

@@ -1,9 +1,13 @@
 #!/usr/bin/env python
-"""Training throughput and peak memory of an NSA config over micro-batch sizes x sequence
-lengths, on one GPU, optionally beside a dense-attention (SDPA, causal) GPT of the same shape.
+"""Training throughput and peak memory of a model config over micro-batch sizes x sequence
+lengths, on one GPU, for each attention kind asked for: NSA and the dense causal attention of the
+same shape (model.attn.kind=dense: same model, same projections and RoPE, SDPA; see
+nsa/attention/dense.py), one after the other in the same run.
 
     python bench/train_throughput.py                                  # m7c_125m, B in 1 2 4, T in 1024 2048 4096
     python bench/train_throughput.py --batch-sizes 1 2 --seq-lens 2048 --baseline --json out.json
+    python bench/train_throughput.py --kinds nsa dense --batch-sizes 1 --seq-lens 4096 16384 65536 \
+        --cuda-graphs --override train.grad_accum=1                   # long context, both kinds
     python bench/train_throughput.py --config tiny --device cpu --batch-sizes 1 --seq-lens 64 --steps 2 --warmup 1
 
 Each cell builds a fresh model, runs ``--warmup`` untimed optimizer steps, then ``--steps``
@@ -24,12 +28,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import dataclasses  # noqa: E402
+
 import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from nsa.model import NSATransformer, backend_report  # noqa: E402
-from nsa.model.config import ModelConfig  # noqa: E402
 from nsa.train.config import load_run_config  # noqa: E402
 from nsa.train.optim import build_optimizer  # noqa: E402
 from nsa.train.graphs import StepGraph  # noqa: E402
@@ -37,58 +41,6 @@ from nsa.train.parallelize import apply_activation_checkpointing, apply_compile 
 from validation.judge.pace import busy_fraction, device_intervals
 
 GB = 1024**3
-
-
-class DenseAttention(nn.Module):
-    """Causal GQA attention through F.scaled_dot_product_attention: the dense baseline."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.h, self.kv, self.d = cfg.n_heads, cfg.n_kv_groups, cfg.head_dim
-        self.q = nn.Linear(cfg.dim, self.h * self.d, bias=False)
-        self.kv_proj = nn.Linear(cfg.dim, 2 * self.kv * self.d, bias=False)
-        self.o = nn.Linear(self.h * self.d, cfg.dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, _ = x.shape
-        q = self.q(x).view(B, T, self.h, self.d).transpose(1, 2)
-        k, v = self.kv_proj(x).view(B, T, 2, self.kv, self.d).unbind(2)
-        k, v = k.transpose(1, 2), v.transpose(1, 2)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        return self.o(o.transpose(1, 2).reshape(B, T, -1))
-
-
-class DenseBlock(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.n1, self.n2 = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps), nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
-        self.attn = DenseAttention(cfg)
-        self.up = nn.Linear(cfg.dim, 2 * cfg.ffn_hidden, bias=False)
-        self.down = nn.Linear(cfg.ffn_hidden, cfg.dim, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.n1(x))
-        g, u = self.up(self.n2(x)).chunk(2, dim=-1)
-        return x + self.down(F.silu(g) * u)
-
-
-class DenseGPT(nn.Module):
-    """Same width, depth, heads and FFN as the NSA model; attention is dense causal SDPA
-    (no RoPE: it does not change the cost materially)."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.layers = nn.ModuleList(DenseBlock(cfg) for _ in range(cfg.n_layers))
-        self.norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
-        self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        self.head.weight = self.embed.weight
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.embed(idx)
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(self.norm(x))
 
 
 def sync(device: torch.device) -> None:
@@ -108,7 +60,8 @@ def run_cell(kind: str, cfg, batch: int, seq_len: int, args, device: torch.devic
 def _run_cell(kind, cfg, batch, seq_len, args, device, stream) -> dict:
     tc = cfg.train
     torch.manual_seed(0)
-    model = (NSATransformer(cfg.model) if kind == "nsa" else DenseGPT(cfg.model)).to(device)
+    model_cfg = dataclasses.replace(cfg.model, attn=dataclasses.replace(cfg.model.attn, kind=kind))
+    model = NSATransformer(model_cfg).to(device)
     if tc.activation_checkpointing:
         apply_activation_checkpointing(model)
     if tc.compile:
@@ -159,8 +112,7 @@ def _run_cell(kind, cfg, batch, seq_len, args, device, stream) -> dict:
         "status": "ok",
         "cuda_graphs": graph is not None and graph.owns_grads,
     }
-    if kind == "nsa":
-        out["backends"] = {s: b["backend"] for s, b in backend_report(model).items()}
+    out["backends"] = {s: b["backend"] for s, b in backend_report(model).items()}
     if args.profile:
         out["gpu_busy_frac"] = profile_steps(timed, args.profile, device, f"{kind} B={batch} S={seq_len}")
     return out
@@ -202,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-lens", type=int, nargs="+", default=[1024, 2048, 4096], help="sequence lengths")
     p.add_argument("--steps", type=int, default=10, help="timed optimizer steps per cell")
     p.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps per cell (compile, autotune)")
-    p.add_argument("--baseline", action="store_true", help="also time a dense-SDPA GPT of the same shape")
+    p.add_argument("--kinds", nargs="+", default=["nsa"], choices=["nsa", "dense"],
+                   help="attention kinds to time (model.attn.kind), each cell in this order")
+    p.add_argument("--baseline", action="store_true", help="also time the dense kind (same as --kinds nsa dense)")
     p.add_argument("--cuda-graphs", action="store_true",
                    help="replay each step's forward and backward as one CUDA graph (both models; CUDA only)")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (smoke test only)")
@@ -225,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
           f"grad_accum {tc.grad_accum}, activation_checkpointing {tc.activation_checkpointing}, "
           f"compile {tc.compile}, fused_adamw {tc.fused_adamw}, cuda_graphs {args.cuda_graphs}; "
           f"{args.warmup} warm-up + {args.steps} timed steps")
-    kinds = ["nsa"] + (["dense"] if args.baseline else [])
+    kinds = list(dict.fromkeys(args.kinds + (["dense"] if args.baseline else [])))
     rows = []
     print("| model | batch | seq_len | toks/s | step ms | peak alloc GB | peak reserved GB | status |")
     print("|---|---|---|---|---|---|---|---|")
@@ -243,9 +197,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| {kind} | {batch} | {seq_len} | {fmt(row['toks_per_s'], ',.0f')} | "
                       f"{fmt(row['step_ms'], '.1f')} | {fmt(row['peak_alloc_gb'], '.2f')} | "
                       f"{fmt(row['peak_reserved_gb'], '.2f')} | {row['status']} |", flush=True)
-    backends = next((r["backends"] for r in rows if "backends" in r), None)
-    if backends:
-        print(f"# NSA backends: {backends}")
+    for kind in kinds:
+        backends = next((r["backends"] for r in rows if r["model"] == kind and "backends" in r), None)
+        if backends:
+            print(f"# {kind} backends: {backends}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
     return 0

@@ -1,7 +1,9 @@
 """Per-stage backends and the rule that routes each NSA stage to one.
 
 Stages: 'cmp' (compressed attention, returns o and lse), 'select' (importance scores and top-n;
-its backend follows attn.backend_cmp), 'sel' (selected attention) and 'win' (sliding window).
+its backend follows attn.backend_cmp), 'sel' (selected attention) and 'win' (sliding window);
+and 'dense', the causal attention of a dense model of the same shape (attn.kind=dense), which
+has no NSA stage.
 ``BACKENDS`` lists every implementation of every stage by name, as importable functions (the
 PyTorch path of torch_branches, the kernels through kernel_branches), each with the test that
 says whether it can run on a device and dtype.
@@ -23,11 +25,14 @@ import torch
 from nsa.kernels import CUDNN_MIN_QUERIES
 
 from . import kernel_branches as kb
+from . import sdpa
 from . import torch_branches as tb
 
+#: the stages of the NSA core (the dense stage is a model of its own, attn.kind=dense)
 STAGES = ("cmp", "select", "sel", "win")
 #: which config key picks the backend of each stage
-STAGE_CONFIG_KEY = {"cmp": "backend_cmp", "select": "backend_cmp", "sel": "backend_sel", "win": "backend_win"}
+STAGE_CONFIG_KEY = {"cmp": "backend_cmp", "select": "backend_cmp", "sel": "backend_sel", "win": "backend_win",
+                    "dense": "backend_dense"}
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _HALF = (torch.float16, torch.bfloat16)  # what cuDNN's fused attention and flash-attn take
@@ -121,6 +126,22 @@ def _flash_available(device: torch.device, dtype: torch.dtype) -> tuple[bool, st
     return True, "flash-attn local attention"
 
 
+def _sdpa_kernel_available(name: str, enabled: Callable[[], bool]) -> Availability:
+    """The availability test of one of SDPA's fused kernels (cuDNN, flash): CUDA, sm_80 on,
+    bf16/fp16, and not switched off by torch.backends.cuda (the trainer's sdpa.* toggles)."""
+    def available(device: torch.device, dtype: torch.dtype) -> tuple[bool, str]:
+        if device.type != "cuda" or not torch.cuda.is_available():
+            return False, f"SDPA's {name} kernel is a backend for CUDA only"
+        if torch.cuda.get_device_capability(device) < (8, 0):
+            return False, f"SDPA's {name} kernel needs compute capability >= 8.0"
+        if dtype not in _HALF:
+            return False, f"SDPA's {name} kernel takes float16/bfloat16, not {dtype}"
+        if not enabled():
+            return False, f"SDPA's {name} kernel is switched off (torch.backends.cuda; sdpa.* toggles)"
+        return True, f"SDPA's {name} kernel"
+    return available
+
+
 #: every implementation of every stage, by the name attn.backend_* uses
 BACKENDS: dict[str, dict[str, Backend]] = {
     "cmp": {
@@ -142,6 +163,16 @@ BACKENDS: dict[str, dict[str, Backend]] = {
         "triton": Backend(kb.triton_win_attention, _triton_available),
         "flex": Backend(kb.flex_win_attention, _flex_available),
         "flash_attn": Backend(kb.flash_attn_win_attention, _flash_available),
+    },
+    "dense": {
+        "torch": Backend(sdpa.torch_dense_attention, lambda d, t: (True, "SDPA, torch's choice of kernel"),
+                         kernels=False),
+        "cudnn": Backend(sdpa.cudnn_dense_attention,
+                         _sdpa_kernel_available("cuDNN", lambda: torch.backends.cuda.cudnn_sdp_enabled()),
+                         kernels=False),
+        "flash": Backend(sdpa.flash_dense_attention,
+                         _sdpa_kernel_available("flash", lambda: torch.backends.cuda.flash_sdp_enabled()),
+                         kernels=False),
     },
 }
 
@@ -167,6 +198,10 @@ def auto_order(stage: str, device: torch.device, dtype: torch.dtype) -> tuple[st
         "select": ("cudnn",) * half + ("triton",),
         "sel": ("triton",),
         "win": ("triton",) + ("flash_attn",) * _flash_installed() + ("flex",),
+        # cuDNN's fused attention over flash: fwd+bwd 27.75 against 47.94 ms at S=16k, HQ=64,
+        # H=4, K=128 on one H100; the m7c_125m dense model trained 166,967 against 134,226 tok/s
+        # at 16k and 76,215 against 55,988 at 64k (docs/performance.md, first and thirteenth sets)
+        "dense": ("cudnn",) * half,
     }[stage]
     return order + ("torch",)
 
@@ -199,15 +234,12 @@ def implementation(route: Route) -> Callable:
     return BACKENDS[route.stage][route.backend].fn
 
 
-#: run the selected and window branches and the gated sum as one op (nsa.kernels.gated_branches)
-#: when both branches are on Triton; False: three ops (bench/gpu/core_ab.py --switch fused times both)
-FUSE_GATED_BRANCHES = True
-
-
 def gated_branches(routes: dict[str, Route]) -> Callable | None:
-    """The one op for the selected and window branches and the gated sum when the routes allow
-    it (both branches on Triton), else None: the stages run one by one."""
-    if FUSE_GATED_BRANCHES and routes["sel"].backend == "triton" and routes["win"].backend == "triton":
+    """The one op for the selected and window branches and the gated sum (nsa.kernels.gated_branches)
+    when the routes allow it (both branches on Triton), else None: the stages run one by one. On one
+    H100 the one op took the core to 0.988x / 0.974x / 0.986x of the three ops at 16k / 32k / 64k
+    (docs/performance.md, twelfth set)."""
+    if routes["sel"].backend == "triton" and routes["win"].backend == "triton":
         return kb.triton_gated_branches
     return None
 

@@ -1,14 +1,22 @@
-"""The NSA attention hyper-parameters (paper arXiv 2502.11089 names in brackets)."""
+"""The attention config of the model: NSA's hyper-parameters (paper arXiv 2502.11089 names in
+brackets) and backends, or a dense causal attention of the same shape (kind)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nsa.kernels import MAX_HEAD_DIM, SEL_FORMS
+
 BRANCHES = ("cmp", "sel", "win")
 PHI_KINDS = ("mlp", "mean")
+ATTN_KINDS = ("nsa", "dense")
 
 
 @dataclass
 class NSAConfig:
+    kind: str = "nsa"
+    """'nsa', or 'dense': causal attention over all earlier tokens with the same heads, head dim,
+    q/k/v projections and RoPE (one k/v pair, no gates), the baseline NSA is measured against;
+    the NSA keys below then do not apply."""
     cmp_block: int = 32
     """l: tokens summarised by one compressed token."""
     cmp_stride: int = 16
@@ -27,12 +35,22 @@ class NSAConfig:
     kernel otherwise)."""
     backend_sel: str = "auto"
     """Backend of the selected branch ('auto', 'torch', 'triton')."""
+    sel_form: str = "auto"
+    """The selected branch's forward on the Triton backend: 'tiles' (token-major: a token's query
+    heads, or a tile of tokens, against their selected blocks), 'blocks' (key-block-major: each
+    block against the queries that selected it, then a combine) or 'auto' (chosen by group size,
+    head dim and length: nsa.kernels.selection.forward_form)."""
     backend_win: str = "auto"
     """Backend of the window branch ('auto', 'torch', 'sdpa', 'flex', 'flash_attn', 'triton')."""
+    backend_dense: str = "auto"
+    """Backend of the dense attention of kind=dense ('auto', 'torch': SDPA's own choice of kernel,
+    'cudnn', 'flash': that SDPA kernel)."""
     query_chunk: int = 1024
     """Queries processed at once by the PyTorch path; bounds its memory (linear in S)."""
 
     def __post_init__(self) -> None:
+        if self.kind not in ATTN_KINDS:
+            raise ValueError(f"attn.kind must be one of {ATTN_KINDS}, got {self.kind!r}")
         for name in ("cmp_block", "cmp_stride", "sel_block", "n_selected", "window", "query_chunk"):
             if getattr(self, name) < 1:
                 raise ValueError(f"attn.{name} must be >= 1, got {getattr(self, name)}")
@@ -53,5 +71,19 @@ class NSAConfig:
                 f"attn.n_selected={self.n_selected} must be >= 3 (block 0 and the two most recent "
                 "blocks are always selected)"
             )
+        if self.sel_form not in SEL_FORMS:
+            raise ValueError(f"attn.sel_form must be one of {SEL_FORMS}, got {self.sel_form!r}")
         if self.phi not in PHI_KINDS:
             raise ValueError(f"attn.phi must be one of {PHI_KINDS}, got {self.phi!r}")
+
+    def check_head_dim(self, head_dim: int) -> None:
+        """Refuse a head dim the routes could send to a kernel that does not take it: above
+        nsa.kernels.MAX_HEAD_DIM unless every NSA stage is on the PyTorch path."""
+        backends = {k: getattr(self, k) for k in ("backend_cmp", "backend_sel", "backend_win")}
+        if self.kind == "nsa" and head_dim > MAX_HEAD_DIM and set(backends.values()) != {"torch"}:
+            on = ", ".join(f"attn.{k}={v}" for k, v in backends.items() if v != "torch")
+            raise ValueError(
+                f"model.head_dim={head_dim}: the NSA kernels take head dims up to {MAX_HEAD_DIM} ({on} may "
+                "route to them); use a smaller head dim or set attn.backend_cmp, attn.backend_sel and "
+                "attn.backend_win to torch"
+            )

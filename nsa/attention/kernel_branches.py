@@ -63,7 +63,7 @@ def triton_sel_attention(q, k, v, idx, cfg: NSAConfig, q_start: int = 0):
     the block holding it. Returns o [B, Tq, HQ, K]."""
     from nsa.kernels.selection import selected_attention
 
-    return selected_attention(q, k, v, idx, q_start, cfg.sel_block, deterministic())
+    return selected_attention(q, k, v, idx, q_start, cfg.sel_block, deterministic(), cfg.sel_form)
 
 
 def triton_win_attention(q, k, v, cfg: NSAConfig, q_start: int = 0):
@@ -100,4 +100,4 @@ def triton_gated_branches(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg:
     from nsa.kernels.gated_branches import gated_branches
 
     return gated_branches(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start, cfg.sel_block, cfg.window,
-                          deterministic())
+                          deterministic(), cfg.sel_form)

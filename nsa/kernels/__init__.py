@@ -7,6 +7,7 @@ band_attention    band_attention                  softmax attention over one key
                                                   the compressed branch and the window branch
 topk              select_blocks                   importance scores and top-n blocks, fused
 selection         selected_attention              attention over each query's selected blocks
+selection_blocks  blocks_forward                  its forward key-block-major (attn.sel_form)
 combine           gate_combine                    the gated sum of the three branches, fused
 gated_branches    gated_branches                  the selected and window branches and the gated sum
                                                   as one op, without the glue between their backwards
@@ -18,7 +19,9 @@ window            flex_window_attention,          the window branch on FlexAtten
 Shared by the Triton files: _softmax.py (log2(e), the log-sum-exp convention: natural log in
 memory, base 2 in registers; the online-softmax step, its finish and its gradient) and
 _autograd.py (the custom-op / fake / autograd wiring of a forward/backward pair); _tma.py (TMA
-descriptors over K/V, which the selected forward loads its blocks through on sm_90 and later).
+descriptors over K/V, which the selected forward loads its blocks through on sm_90 and later);
+_launch.py (the float32 products' precision, launch configurations that fit the GPU);
+_inverse.py (the inverse of a selection: the tokens that chose each key block).
 
 Importing this package is cheap and imports no Triton: whether Triton interprets a kernel
 (TRITON_INTERPRET=1, CPU) is fixed when its @triton.jit runs, so the kernel modules are imported
@@ -28,9 +31,17 @@ ops named nsa::* (see _autograd.py); the profile phase counts launches by those 
 """
 from __future__ import annotations
 
+#: the largest head dim the Triton kernels take: their tiles hold a whole head (up to 256 lanes),
+#: and launch configurations that do not fit the GPU at 256 fall back to smaller ones (_launch)
+MAX_HEAD_DIM = 256
+
+#: the forms of the selected branch's forward (nsa.kernels.selection._sel_fwd): 'tiles'
+#: token-major, 'blocks' key-block-major (selection_blocks), 'auto' by shape (forward_form)
+SEL_FORMS = ("auto", "tiles", "blocks")
+
 #: the cuDNN compressed branch hands sequences shorter than this to the Triton band kernel, which
 #: is faster there. H100, 64 query / 4 KV heads, head dim 128, bf16, cmp branch fwd+bwd
-#: (python bench/gpu/cudnn_fold_probe.py, commit 1e5e4bd, docs/measurements/2026-11-23-d/):
+#: (bench/gpu/cudnn_fold_probe.py of commit 1e5e4bd, retired since; docs/measurements/2026-11-23-d/):
 #: 8k 2.03 ms cuDNN vs 1.25 band, 16k 3.62 vs 3.83, 32k 10.51 vs 12.90, 64k 34.92 vs 51.80
 CUDNN_MIN_QUERIES = 16384
 
@@ -41,9 +52,9 @@ def triton_kernel_names() -> set[str]:
     ``*_kernel`` functions."""
     from triton.runtime.jit import JITFunction
 
-    from . import band_attention, combine, selection, topk
+    from . import _inverse, band_attention, combine, selection, selection_blocks, topk
 
     return {obj.fn.__name__
-            for module in (band_attention, combine, selection, topk)
+            for module in (_inverse, band_attention, combine, selection, selection_blocks, topk)
             for obj in vars(module).values()
             if isinstance(obj, JITFunction) and obj.fn.__name__.endswith("_kernel")}

@@ -24,10 +24,11 @@ def lse_log2(lse):
 
 
 @triton.jit
-def online_step(acc, m_i, l_i, s, vt, MASKED: tl.constexpr):
+def online_step(acc, m_i, l_i, s, vt, MASKED: tl.constexpr, DOT: tl.constexpr):
     """Add one tile of base-2 scores s [rows, keys] (-inf where not visible) and its values
     vt [keys, BK] to the running maximum m_i, sum l_i and output acc. MASKED: a row may see
-    none of this tile's keys nor any before (its maximum is still -inf)."""
+    none of this tile's keys nor any before (its maximum is still -inf). DOT: the products'
+    input_precision (nsa.kernels._launch.dot_precision)."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
     if MASKED:
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -36,7 +37,7 @@ def online_step(acc, m_i, l_i, s, vt, MASKED: tl.constexpr):
     p = tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+    acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=DOT)
     return acc, m_new, l_i
 
 
@@ -52,10 +53,10 @@ def finish(acc, m_i, l_i):
 
 
 @triton.jit
-def score_grad(p, dot_, vt, dl):
+def score_grad(p, dot_, vt, dl, DOT: tl.constexpr):
     """dS = P * (dO V^T - delta), the softmax backward of one tile (p: probabilities, zero where
     not visible; dot_: dO rows; dl: delta = rowsum(dO * O))."""
-    dp = tl.dot(dot_, tl.trans(vt))
+    dp = tl.dot(dot_, tl.trans(vt), input_precision=DOT)
     return p * (dp - dl[:, None])
 
 

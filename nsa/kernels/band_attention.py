@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ._autograd import kernel_op
+from ._launch import dot_precision, launch
 from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
 
 
@@ -111,13 +112,13 @@ def _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H: tl.constexpr, K: 
 
 @triton.jit
 def _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-              H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr):
+              H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr, DOT: tl.constexpr):
     """One key tile of the forward's online softmax; MASK: apply the rows' visibility."""
     kt, vt, vis = _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H, K, BN, MASK)
-    s = tl.dot(qt, tl.trans(kt)) * qk_scale
+    s = tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale
     if MASK:
         s = tl.where(vis, s, float("-inf"))
-    return online_step(acc, m_i, l_i, s, vt, MASK)
+    return online_step(acc, m_i, l_i, s, vt, MASK, DOT)
 
 
 @triton.jit
@@ -125,7 +126,7 @@ def _band_fwd_kernel(
     q, k, v, o, lse, Tq, Tk, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
 ):
     qb, row_off, m2, l_off, rmask, k_base, v_base, offk, kmask, lo, hi, start, whole_lo, whole_hi, end = \
         _row_block(k, v, Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK)
@@ -137,13 +138,13 @@ def _band_fwd_kernel(
     # unmasked tiles first: every row then has a finite maximum before the masked edges
     for n0 in range(whole_lo, whole_hi, BN):
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                                  H, K, BN, False)
+                                  H, K, BN, False, DOT)
     for n0 in range(start, whole_lo, BN):
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                                  H, K, BN, True)
+                                  H, K, BN, True, DOT)
     for n0 in range(whole_hi, end, BN):
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                                  H, K, BN, True)
+                                  H, K, BN, True, DOT)
     out, lse_row = finish(acc, m_i, l_i)
     tl.store(o + qb + row_off[:, None] + offk[None, :], out.to(o.dtype.element_ty), mask=m2)
     tl.store(lse + l_off, lse_row, mask=rmask)
@@ -151,17 +152,17 @@ def _band_fwd_kernel(
 
 @triton.jit
 def _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-             H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr):
+             H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr, DOT: tl.constexpr):
     """One key tile of dq; MASK: apply the rows' visibility. Unmasked, the rows past Tq (zero
     do and delta) add nothing."""
     kt, vt, vis = _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H, K, BN, MASK)
-    s = tl.dot(qt, tl.trans(kt)) * qk_scale
+    s = tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale
     if MASK:
         p = tl.where(vis & rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
     else:
         p = tl.exp2(s - lse2[:, None])
-    ds = score_grad(p, dot_, vt, dl)
-    return acc + tl.dot(ds.to(kt.dtype), kt)
+    ds = score_grad(p, dot_, vt, dl, DOT)
+    return acc + tl.dot(ds.to(kt.dtype), kt, input_precision=DOT)
 
 
 @triton.jit
@@ -169,7 +170,7 @@ def _band_bwd_dq_kernel(
     q, k, v, o, do, lse, delta, dq, Tq, Tk, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DELTA_GIVEN: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DELTA_GIVEN: tl.constexpr, DOT: tl.constexpr,
 ):
     qb, row_off, m2, l_off, rmask, k_base, v_base, offk, kmask, lo, hi, start, whole_lo, whole_hi, end = \
         _row_block(k, v, Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK)
@@ -180,20 +181,21 @@ def _band_bwd_dq_kernel(
     acc = tl.zeros([BM, BK], tl.float32)
     for n0 in range(whole_lo, whole_hi, BN):
         acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                       H, K, BN, False)
+                       H, K, BN, False, DOT)
     for n0 in range(start, whole_lo, BN):
         acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                       H, K, BN, True)
+                       H, K, BN, True, DOT)
     for n0 in range(whole_hi, end, BN):
         acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                       H, K, BN, True)
+                       H, K, BN, True, DOT)
     tl.store(dq + q_off, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
 
 
 @triton.jit
 def _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, r0, r_end, cols, qbase, lbase0, q_start, Tk, qk_scale,
               offk, kmask, HQ: tl.constexpr, G: tl.constexpr, K: tl.constexpr, L: tl.constexpr,
-              D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr, MASK: tl.constexpr):
+              D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr, MASK: tl.constexpr,
+              DOT: tl.constexpr):
     """One block of BM query rows against the program's key tile; MASK: apply the rows'
     visibility and the end of the rows (unmasked, all BM rows see every key of the tile)."""
     rows = r0 + tl.arange(0, BM)
@@ -214,25 +216,25 @@ def _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, r0, r_end, cols, qbase,
         dot_ = tl.load(do + ptrs, mask=kmask[None, :], other=0.0)
         lse2 = tl.load(lse + lidx) * LOG2E
         dl = tl.load(delta + lidx)
-    s = tl.dot(qt, tl.trans(kt)) * qk_scale
+    s = tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale
     if MASK:
         lo, hi = _hi_lo(q_start + t, Tk, L, D, W, WINDOW)
         vis = (cols[None, :] <= hi[:, None]) & (cols[None, :] >= lo[:, None]) & rmask[:, None]
         p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
     else:
         p = tl.exp2(s - lse2[:, None])
-    dv_acc += tl.dot(tl.trans(p.to(dot_.dtype)), dot_)
-    ds = score_grad(p, dot_, vt, dl)
-    dk_acc += tl.dot(tl.trans(ds.to(qt.dtype)), qt)
+    dv_acc += tl.dot(tl.trans(p.to(dot_.dtype)), dot_, input_precision=DOT)
+    ds = score_grad(p, dot_, vt, dl, DOT)
+    dk_acc += tl.dot(tl.trans(ds.to(qt.dtype)), qt, input_precision=DOT)
     return dk_acc, dv_acc
 
 
 @triton.jit
 def _band_bwd_dkv_kernel(
-    q, k, v, do, lse, delta, dk, dv, Tq, Tk, q_start, sm_scale, rows_per_split,
+    q, k, v, do, lse, delta, dk, dv, Tq, Tk, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ATOMIC: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ATOMIC: tl.constexpr, DOT: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -250,7 +252,7 @@ def _band_bwd_dkv_kernel(
     # spills 3048 bytes a thread this way, 3996 with [BN, BK] int64 offsets held across the
     # loops; not timed alone on a GPU (the tables since docs/performance.md's tenth set ran it),
     # and the same change in the forward and dq kernels bought nothing there, so compile spills
-    # do not predict time here (bench/gpu/variants_probe.py, band-offsets in its docstring)
+    # do not predict time here (the retired bench/gpu/variants_probe.py; docs/performance.md, tenth set)
     kv_base = (b.to(tl.int64) * Tk * H + h) * K + n0.to(tl.int64) * (H * K)
     kv_off = tl.arange(0, BN)[:, None] * (H * K) + offk[None, :]
     kvm = cmask[:, None] & kmask[None, :]
@@ -267,6 +269,7 @@ def _band_bwd_dkv_kernel(
     r_end = t_hi * G
     # the rows are split over several programs when few key tiles would leave SMs idle
     # (compressed keys are S/d); partial dk/dv are then added atomically in float32
+    rows_per_split = tl.cdiv(tl.cdiv(Tq * G, tl.num_programs(1)), BM) * BM
     r_start = tl.maximum(r_start, pid_s * rows_per_split)
     r_end = tl.minimum(r_end, (pid_s + 1) * rows_per_split)
     # [ra, rb): whole row blocks that see every key of the tile (the tile inside Tk, each
@@ -285,13 +288,13 @@ def _band_bwd_dkv_kernel(
     dv_acc = tl.zeros([BN, BK], tl.float32)
     for r0 in range(ra, rb, BM):
         dk_acc, dv_acc = _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, r0, r_end, cols, qbase, lbase0,
-                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, False)
+                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, False, DOT)
     for r0 in range(r_start, ra, BM):
         dk_acc, dv_acc = _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, r0, r_end, cols, qbase, lbase0,
-                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, True)
+                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, True, DOT)
     for r0 in range(rb, r_end, BM):
         dk_acc, dv_acc = _dkv_rows(dk_acc, dv_acc, kt, vt, q, do, lse, delta, r0, r_end, cols, qbase, lbase0,
-                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, True)
+                                   q_start, Tk, qk_scale, offk, kmask, HQ, G, K, L, D, W, WINDOW, BM, True, DOT)
     kv_off = tl.arange(0, BN)[:, None] * (H * K) + offk[None, :]
     kvm = cmask[:, None] & kmask[None, :]
     if ATOMIC:
@@ -305,7 +308,7 @@ def _band_bwd_dkv_kernel(
 
 #: (BM, BN, num_warps, num_stages) of the fwd, dq and dk/dv kernels on CUDA, by use (compressed
 #: keys, sliding window) and head dim (<= 64, larger); chosen by measurement on H100
-#: (bench/bench_nsa.py --sweep, bench/gpu/variants_probe.py)
+#: (bench/bench_nsa.py --sweep, the retired bench/gpu/variants_probe.py)
 TILES = {
     "cmp": {
         "fwd": ((128, 64, 4, 3), (128, 64, 8, 3)),
@@ -320,13 +323,16 @@ TILES = {
 }
 
 
-def _configs(K: int, interpret: bool, window: bool):
-    """Tile sizes and warps per kernel: (fwd BM, BN, warps, stages), (dq ...), (dkv ...)."""
+def _configs(K: int, interpret: bool, window: bool) -> tuple[dict, dict, dict]:
+    """The preferred launch of the fwd, dq and dk/dv kernels: dicts of BM, BN, num_warps and
+    num_stages (nsa.kernels._launch.launch falls back from them where they do not fit)."""
     if interpret:
-        return (32, 16, 4, 1), (32, 16, 4, 1), (16, 32, 4, 1)
-    i = 0 if K <= 64 else 1
-    table = TILES["win" if window else "cmp"]
-    return table["fwd"][i], table["dq"][i], table["dkv"][i]
+        tiles = (32, 16, 4, 1), (32, 16, 4, 1), (16, 32, 4, 1)
+    else:
+        table = TILES["win" if window else "cmp"]
+        i = 0 if K <= 64 else 1
+        tiles = table["fwd"][i], table["dq"][i], table["dkv"][i]
+    return tuple(dict(BM=bm, BN=bn, num_warps=w, num_stages=st) for bm, bn, w, st in tiles)
 
 
 @functools.lru_cache(maxsize=None)
@@ -353,14 +359,11 @@ def _band_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, L
         o.zero_()
         lse.fill_(float("-inf"))
         return o, lse
-    (BM, BN, nw, ns), _, _ = _configs(K, _is_interpret(q), window)
-    BK = max(16, triton.next_power_of_2(K))
-    grid = (triton.cdiv(Tq * G, BM), B * H)
-    _band_fwd_kernel[grid](
-        q, k, v, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K),
-        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM, BN=BN, BK=BK,
-        num_warps=nw, num_stages=ns,
-    )
+    fwd, _, _ = _configs(K, _is_interpret(q), window)
+    launch(_band_fwd_kernel, lambda c: (triton.cdiv(Tq * G, c["BM"]), B * H),
+           (q, k, v, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K)),
+           dict(H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BK=max(16, triton.next_power_of_2(K)),
+                DOT=dot_precision(q.dtype)), fwd, halve=("BM", "BN"))
     return o, lse
 
 
@@ -392,25 +395,24 @@ def band_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
     delta_given = delta is not None
     if not delta_given:
         delta = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
-    _, (BM, BN, nw, ns), (BM2, BN2, nw2, ns2) = _configs(K, _is_interpret(q), window)
-    BK = max(16, triton.next_power_of_2(K))
+    _, dq_cfg, dkv_cfg = _configs(K, _is_interpret(q), window)
+    meta = dict(H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BK=max(16, triton.next_power_of_2(K)),
+                DOT=dot_precision(q.dtype))
     sm = 1.0 / math.sqrt(K)
-    _band_bwd_dq_kernel[(triton.cdiv(Tq * G, BM), B * H)](
-        q, k, v, o, do, lse, delta, dq, Tq, Tk, q_start, sm,
-        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM, BN=BN, BK=BK, DELTA_GIVEN=delta_given,
-        num_warps=nw, num_stages=ns,
-    )
-    tiles = triton.cdiv(Tk, BN2) * B * H
-    n_split = _dkv_splits(tiles, triton.cdiv(Tq * G, BM2), q.device, window, deterministic)
-    rows_per_split = triton.cdiv(triton.cdiv(Tq * G, n_split), BM2) * BM2
+    launch(_band_bwd_dq_kernel, lambda c: (triton.cdiv(Tq * G, c["BM"]), B * H),
+           (q, k, v, o, do, lse, delta, dq, Tq, Tk, q_start, sm), dict(meta, DELTA_GIVEN=delta_given), dq_cfg,
+           halve=("BM", "BN"))
+    # the split and the key tiles stay those of the preferred launch, whatever the fallback (the
+    # kernel spreads the rows over its splits in blocks of its own BM)
+    tiles = triton.cdiv(Tk, dkv_cfg["BN"]) * B * H
+    n_split = _dkv_splits(tiles, triton.cdiv(Tq * G, dkv_cfg["BM"]), q.device, window, deterministic)
     atomic = n_split > 1
     # float32 partial sums when atomic, one buffer for both (one fill)
     dk_, dv_ = torch.zeros(2, *k.shape, device=k.device, dtype=torch.float32).unbind(0) if atomic else (dk, dv)
-    _band_bwd_dkv_kernel[(triton.cdiv(Tk, BN2), n_split, B * H)](
-        q, k, v, do, lse, delta, dk_, dv_, Tq, Tk, q_start, sm, rows_per_split,
-        H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BM=BM2, BN=BN2, BK=BK, ATOMIC=atomic,
-        num_warps=nw2, num_stages=ns2,
-    )
+    bn = dkv_cfg["BN"]
+    launch(_band_bwd_dkv_kernel, lambda c: (triton.cdiv(Tk, bn), n_split, B * H),
+           (q, k, v, do, lse, delta, dk_, dv_, Tq, Tk, q_start, sm), dict(meta, BN=bn, ATOMIC=atomic),
+           {k_: v_ for k_, v_ in dkv_cfg.items() if k_ != "BN"}, halve=("BM",))
     if atomic:  # separate tensors: a custom op's outputs may not share storage
         dk, dv = dk_.to(k.dtype, copy=True), dv_.to(v.dtype, copy=True)
     return dq, dk, dv

@@ -24,18 +24,13 @@ from .band_attention import band_attention
 MAX_HEAD_DIM = 128
 
 
-#: share the folded keys/values across the d batch entries through a zero batch stride (True)
-#: or materialize d copies (False); bench/gpu/cudnn_fold_probe.py checks that both agree
-SHARE_KV_BY_STRIDE = True
-
-
 def _fold_kv(x: torch.Tensor, G: int, d: int) -> torch.Tensor:
     """x [R, H, K] (one sequence) -> [d, H*G, R, K]: each KV head repeated for its G query
-    heads (a copy), then shared by the d folded queries."""
+    heads (a copy), then shared by the d folded queries through a zero batch stride (the same
+    outputs and gradients as d copies: max |diff| 0, docs/performance.md, fourth set)."""
     R, H, K = x.shape
     per_head = x.permute(1, 0, 2).unsqueeze(1).expand(H, G, R, K).reshape(H * G, R, K)
-    folded = per_head.unsqueeze(0).expand(d, H * G, R, K)
-    return folded if SHARE_KV_BY_STRIDE else folded.contiguous()
+    return per_head.unsqueeze(0).expand(d, H * G, R, K)
 
 
 def _fused_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):

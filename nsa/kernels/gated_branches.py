@@ -34,11 +34,12 @@ from ._autograd import kernel_op
 
 def _fwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch.Tensor, v_sel: torch.Tensor,
          k_win: torch.Tensor, v_win: torch.Tensor, idx: torch.Tensor, q_start: int, sel_block: int, window: int,
-         deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+         deterministic: bool, sel_form: str,
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """o, and what the backward needs: o_sel, lse_sel, o_win, lse_win."""
     # the ranges of the separate stages (nsa.attention.core), for the profile phase
     with record_function("nsa.sel"):
-        o_sel, lse_sel = selection._sel_fwd(q, k_sel, v_sel, idx, sel_block, q_start, deterministic)
+        o_sel, lse_sel = selection._sel_fwd(q, k_sel, v_sel, idx, sel_block, q_start, deterministic, sel_form)
     with record_function("nsa.win"):
         o_win, lse_win = band_attention._band_fwd(q, k_win, v_win, q_start, 1, 1, window, True, deterministic)
     with record_function("nsa.gate_combine"):
@@ -49,7 +50,7 @@ def _fwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch
 def _bwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch.Tensor, v_sel: torch.Tensor,
          k_win: torch.Tensor, v_win: torch.Tensor, idx: torch.Tensor, o: torch.Tensor, o_sel: torch.Tensor,
          lse_sel: torch.Tensor, o_win: torch.Tensor, lse_win: torch.Tensor, do: torch.Tensor, q_start: int,
-         sel_block: int, window: int, deterministic: bool,
+         sel_block: int, window: int, deterministic: bool, sel_form: str,
          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dgates, do_cmp, dq (selected + window), dk_sel, dv_sel, dk_win, dv_win."""
     dgates, do_cmp, delta_sel, delta_win, lse_sel_g, lse_win_g = combine.combine_bwd_folded(
@@ -71,12 +72,14 @@ gated_branches_op = kernel_op("gated_branches", _fwd, _bwd, _fake, tensors=8, gr
 
 
 def gated_branches(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start: int, sel_block: int, window: int,
-                   deterministic: bool = False) -> torch.Tensor:
+                   deterministic: bool = False, sel_form: str = "auto") -> torch.Tensor:
     """o = g_cmp * o_cmp + g_sel * (selected branch) + g_win * (window branch), see the module
     docstring; what selected_attention, band_attention(..., window=True) and gate_combine
-    compute in three calls. Returns o [B, Tq, HQ, K] in o_cmp's dtype."""
+    compute in three calls (sel_form: the selected forward, one of nsa.kernels.SEL_FORMS). Returns
+    o [B, Tq, HQ, K] in o_cmp's dtype."""
     if q.shape[2] % k_sel.shape[2] or q.shape[2] % k_win.shape[2]:
         raise ValueError(f"query heads {q.shape[2]} must be a multiple of KV heads "
                          f"({k_sel.shape[2]} selected, {k_win.shape[2]} window)")
     tensors = (t.contiguous() for t in (gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx))
-    return gated_branches_op(*tensors, int(q_start), int(sel_block), int(window), bool(deterministic))[0]
+    return gated_branches_op(*tensors, int(q_start), int(sel_block), int(window), bool(deterministic),
+                             str(sel_form))[0]

@@ -35,7 +35,11 @@ import torch
 import triton
 import triton.language as tl
 
+from . import SEL_FORMS
 from ._autograd import kernel_op
+from ._inverse import inverse_selection
+from ._launch import dot_precision, launch
+from .selection_blocks import blocks_forward
 from ._tma import kv_desc, kv_tma_ok
 from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
 
@@ -155,6 +159,7 @@ def _sel_fwd_kernel(
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
     TT: tl.constexpr, ROWS: tl.constexpr, NU: tl.constexpr, NUP: tl.constexpr, TMA: tl.constexpr,
+    DOT: tl.constexpr,
 ):
     pos, row, rmask, q_off, m2, pos_last, offk, kmask, b, h, ubase, n_valid, mine = _sel_tile(
         idx, blocks, Tq, Tk, q_start, H, G, GP, K, BK, N, NP, TT, ROWS, NU, NUP)
@@ -166,8 +171,8 @@ def _sel_fwd_kernel(
     offs = tl.arange(0, BS)
     for i in range(0, n_valid):
         kt, vt, vis = _block_kv(k, v, ubase, i, offs, offk, kmask, b, h, pos, pos_last, mine, Tk, H, K, LS, TT, TMA)
-        s = tl.where(vis, tl.dot(qt, tl.trans(kt)) * qk_scale, float("-inf"))
-        acc, m_i, l_i = online_step(acc, m_i, l_i, s, vt, True)
+        s = tl.where(vis, tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale, float("-inf"))
+        acc, m_i, l_i = online_step(acc, m_i, l_i, s, vt, True, DOT)
     out, lse_row = finish(acc, m_i, l_i)
     tl.store(o + q_off, out.to(o.dtype.element_ty), mask=m2)
     tl.store(lse + row, lse_row, mask=rmask)
@@ -179,7 +184,7 @@ def _sel_bwd_dq_kernel(
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
     TT: tl.constexpr, ROWS: tl.constexpr, NU: tl.constexpr, NUP: tl.constexpr, TMA: tl.constexpr,
-    DELTA_GIVEN: tl.constexpr,
+    DELTA_GIVEN: tl.constexpr, DOT: tl.constexpr,
 ):
     pos, row, rmask, q_off, m2, pos_last, offk, kmask, b, h, ubase, n_valid, mine = _sel_tile(
         idx, blocks, Tq, Tk, q_start, H, G, GP, K, BK, N, NP, TT, ROWS, NU, NUP)
@@ -190,10 +195,10 @@ def _sel_bwd_dq_kernel(
     offs = tl.arange(0, BS)
     for i in range(0, n_valid):
         kt, vt, vis = _block_kv(k, v, ubase, i, offs, offk, kmask, b, h, pos, pos_last, mine, Tk, H, K, LS, TT, TMA)
-        s = tl.dot(qt, tl.trans(kt)) * qk_scale
+        s = tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale
         p = tl.where(vis & rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
-        ds = score_grad(p, dot_, vt, dl)
-        acc += tl.dot(ds.to(kt.dtype), kt)
+        ds = score_grad(p, dot_, vt, dl, DOT)
+        acc += tl.dot(ds.to(kt.dtype), kt, input_precision=DOT)
     tl.store(dq + q_off, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
 
 
@@ -202,7 +207,7 @@ def _sel_dq_from_ds_kernel(
     k, idx, ds, dq_in, dq, Tq, Tk, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, N: tl.constexpr, NP: tl.constexpr, ROWS: tl.constexpr,
-    ACC: tl.constexpr,
+    ACC: tl.constexpr, DOT: tl.constexpr,
 ):
     """dq of one token's G heads (TT = 1 grid) from the dS tiles the dk/dv pass kept: the sum
     over its selected blocks of dS @ K, so only K is gathered (not K, V, and the recomputation);
@@ -220,7 +225,7 @@ def _sel_dq_from_ds_kernel(
         kt = _load_block(k, b, h, j, offs, offk, (offs < LS) & (j * LS + offs < Tk), kmask, Tk, H, K, LS, False)
         dst = tl.load(ds + ((e0 + i) * G + g)[:, None] * LS + offs[None, :],
                       mask=rmask[:, None] & (offs < LS)[None, :], other=0.0)
-        acc += tl.dot(dst, kt)
+        acc += tl.dot(dst, kt, input_precision=DOT)
     acc = acc * sm_scale
     if ACC:
         acc += tl.load(dq_in + q_off, mask=m2, other=0.0).to(tl.float32)
@@ -232,7 +237,7 @@ def _sel_bwd_dkv_kernel(
     q, k, v, do, lse, delta, keys_sorted, perm, item_seg, item_start, item_end, dk, dv, ds_out,
     Tq, Tk, NB, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-    LS: tl.constexpr, BS: tl.constexpr, BQ: tl.constexpr, DS: tl.constexpr,
+    LS: tl.constexpr, BS: tl.constexpr, BQ: tl.constexpr, DS: tl.constexpr, DOT: tl.constexpr,
 ):
     """One work item of the dk/dv pass (see the module docstring), key-major: scores as
     S^T = K Q^T [BS, ROWS], so that P^T and dS^T come out of one tensor-core product in the
@@ -270,7 +275,7 @@ def _sel_bwd_dkv_kernel(
         dv_acc = tl.zeros([BS, BK], tl.float32)
         for u in range(s0, s1, BQ):
             tmask = (u + rq < s1) & (g < G)
-            # a key is seg * Tq + token (see _selection_keys_kernel)
+            # a key is seg * Tq + token (see nsa.kernels._inverse)
             t = (tl.load(keys_sorted + u + rq, mask=tmask, other=0) - seg.to(tl.int64) * Tq).to(tl.int32)
             pos = q_start + t
             row = (b.to(tl.int64) * Tq + t) * HQ + h * G + g
@@ -281,11 +286,11 @@ def _sel_bwd_dkv_kernel(
             lse2 = lse_log2(tl.load(lse + row, mask=tmask, other=0.0))
             dl = tl.load(delta + row, mask=tmask, other=0.0)
             vis = tmask[None, :] & kval[:, None] & (kpos[:, None] <= pos[None, :])
-            st = tl.dot(kt, tl.trans(qt)) * qk_scale
+            st = tl.dot(kt, tl.trans(qt), input_precision=DOT) * qk_scale
             pt = tl.where(vis, tl.exp2(st - lse2[None, :]), 0.0)
-            dv_acc += tl.dot(pt.to(dot_.dtype), dot_)
-            dst = pt * (tl.dot(vt, tl.trans(dot_)) - dl[None, :])
-            dk_acc += tl.dot(dst.to(qt.dtype), qt)
+            dv_acc += tl.dot(pt.to(dot_.dtype), dot_, input_precision=DOT)
+            dst = pt * (tl.dot(vt, tl.trans(dot_), input_precision=DOT) - dl[None, :])
+            dk_acc += tl.dot(dst.to(qt.dtype), qt, input_precision=DOT)
             if DS:  # kept for the dq pass, at the idx entry (token, slot) this key came from
                 e = tl.load(perm + u + rq, mask=tmask, other=0)
                 tl.store(ds_out + (e * G + g)[None, :] * LS + offs[:, None], dst.to(ds_out.dtype.element_ty),
@@ -296,73 +301,10 @@ def _sel_bwd_dkv_kernel(
         tl.atomic_add(dv + kv_base + kv_off, dv_acc, mask=kvm)
 
 
-@triton.jit
-def _selection_keys_kernel(idx, keys, Tq, total, NB, NSEG, H: tl.constexpr, N: tl.constexpr,
-                           BLOCK: tl.constexpr):
-    """keys[e] = ((b*H + h)*NB + block) * Tq + t for entry e = ((b*Tq + t)*H + h)*N + slot of
-    idx; padding (-1) gets NSEG * Tq (NSEG = B*H*NB), above every real key. Sorted, the keys
-    list each (b, h, block) segment's tokens in ascending order."""
-    e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = e < total
-    blk = tl.load(idx + e, mask=m, other=-1)
-    h = (e // N) % H
-    bt = e // (N * H)  # b * Tq + t
-    b = bt // Tq
-    t = bt % Tq
-    seg = (b * H + h).to(tl.int64) * NB + blk
-    key = tl.where(blk >= 0, seg * Tq + t, (t * 0 + NSEG).to(tl.int64) * Tq)
-    tl.store(keys + e, key.to(keys.dtype.element_ty), mask=m)
-
-
-@triton.jit
-def _lower_bound(keys, n_keys, target, STEPS: tl.constexpr):
-    """First index i of the ascending keys[0:n_keys] with keys[i] >= target (per lane)."""
-    lo = target * 0
-    hi = lo + n_keys
-    for _ in range(STEPS):
-        active = lo < hi
-        mid = (lo + hi) // 2
-        kv = tl.load(keys + mid, mask=active & (mid < n_keys), other=0)
-        right = active & (kv < target)
-        lo = tl.where(right, mid + 1, lo)
-        hi = tl.where(active & ~right, mid, hi)
-    return lo
-
-
-@triton.jit
-def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, NB, IPB,
-                       QC: tl.constexpr, NBP: tl.constexpr, STEPS: tl.constexpr, BW: tl.constexpr):
-    """One program per (b, h): its NB segments' bounds in the sorted keys (binary search), cut
-    into work items of at most QC tokens, written to the program's IPB item slots
-    [bh * IPB, (bh + 1) * IPB) in segment order; the slots left over get empty items."""
-    bh = tl.program_id(0)
-    j = tl.arange(0, NBP)
-    jm = j < NB
-    seg = bh * NB + j
-    start = _lower_bound(keys_sorted, n_keys, seg.to(tl.int64) * Tq, STEPS)
-    end = _lower_bound(keys_sorted, n_keys, (seg + 1).to(tl.int64) * Tq, STEPS)
-    chunks = tl.where(jm, (end - start + QC - 1) // QC, 0)
-    first = tl.cumsum(chunks, 0) - chunks  # the segment's first item within the program
-    base = bh.to(tl.int64) * IPB
-    for c in range(0, tl.max(chunks, 0)):
-        m = c < chunks
-        w = base + first + c
-        s0 = start + c * QC
-        tl.store(item_seg + w, seg, mask=m)
-        tl.store(item_start + w, s0.to(tl.int32), mask=m)
-        tl.store(item_end + w, tl.minimum(s0 + QC, end).to(tl.int32), mask=m)
-    for w0 in range(tl.sum(chunks, 0), IPB, BW):
-        w = w0 + tl.arange(0, BW)
-        m = w < IPB
-        tl.store(item_seg + base + w, 0, mask=m)
-        tl.store(item_start + base + w, 0, mask=m)
-        tl.store(item_end + base + w, 0, mask=m)
-
-
 #: launch parameters on CUDA (bench/bench_nsa.py --sweep): forward/dq warps and stages;
 #: dk/dv pass: tokens per work item (qc), query rows per step times the padded head dim
 #: (dkv_cells, so that the two [l', K] accumulators and a step's tiles fit the registers of
-#: dkv_warps: 64 rows at K=128, 128 at K=64), warps and stages (bench/gpu/variants_probe.py
+#: dkv_warps: 64 rows at K=128, 128 at K=64), warps and stages (the retired bench/gpu/variants_probe.py
 #: --parts sel-dkv: on one H100, 64 rows beat 32 and 128 at K=128, 128 rows beat 64 at the
 #: m7c_125m shape, K=64, 1.036 against 1.199 ms for the selected backward, 4 warps beat 8);
 #: token tiles of the forward/dq (see _tokens_per_tile): tt > 0 forces TT, else TT =
@@ -372,7 +314,7 @@ def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, 
 #: through TMA descriptors at one token a tile (see _tma): tma, and the pipeline's tma_stages
 TUNE = dict(fwd_warps=4, fwd_stages=2, qc=512, dkv_cells=8192, dkv_warps=4, dkv_stages=2,
             tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_from_ds=True, ds_budget=16 << 30,
-            tma=True, tma_stages=3)
+            tma=True, tma_stages=3, blocks_rows=64)
 
 
 def _meta(q, k, sel_block: int):
@@ -426,8 +368,8 @@ def _tma(k: torch.Tensor, v: torch.Tensor, sel_block: int, TT: int) -> bool:
 
 
 def _tile_launch(q, k, v, idx, sel_block: int):
-    """Grid, block lists, the K/V operands (descriptors or tensors, see _tma) and constexprs
-    shared by the forward and the dq kernel."""
+    """Grid, block lists, the K/V operands (descriptors or tensors, see _tma), constexprs and the
+    preferred launch (warps, stages) shared by the forward and the dq kernel."""
     meta, n = _meta(q, k, sel_block), idx.shape[-1]
     B, Tq = q.shape[:2]
     NB = triton.cdiv(k.shape[1], sel_block)
@@ -440,49 +382,47 @@ def _tile_launch(q, k, v, idx, sel_block: int):
                 NU=NU, NUP=triton.next_power_of_2(NU), TMA=tma)
     kv = (kv_desc(k, sel_block), kv_desc(v, sel_block)) if tma else (k, v)
     interpret = q.device.type == "cpu"
-    launch = dict(num_warps=4 if interpret else TUNE["fwd_warps"],
-                  num_stages=1 if interpret else TUNE["tma_stages" if tma else "fwd_stages"])
-    return (triton.cdiv(Tq, TT), B * meta["H"]), blocks, kv, meta, launch
+    meta["DOT"] = dot_precision(q.dtype)
+    cfg = dict(num_warps=4 if interpret else TUNE["fwd_warps"],
+               num_stages=1 if interpret else TUNE["tma_stages" if tma else "fwd_stages"])
+    return (triton.cdiv(Tq, TT), B * meta["H"]), blocks, kv, meta, cfg
+
+
+def forward_form(G: int, TT: int) -> str:
+    """The selected forward for a query group of G heads and TT tokens a token tile
+    (_tokens_per_tile): 'blocks', key-block-major (nsa.kernels.selection_blocks), or 'tiles',
+    token-major (this module's forward kernel). Key-block-major at one token a tile (long
+    contexts) and groups of up to 8 heads: on one H100, K=64, random inputs, the selected forward
+    took 3.53 against 4.86 ms at S=64k with G=6 (0.73x), 0.92 against 1.22 at 16k; 2.43 against
+    5.25 ms with G=4 and 4.46 against 4.86 with G=8 at 64k (docs/performance.md, thirteenth set).
+    Short contexts tile several tokens a program over the union of their blocks instead."""
+    return "blocks" if TT == 1 and G <= 8 else "tiles"
 
 
 def _sel_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, sel_block: int,
-             q_start: int, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+             q_start: int, deterministic: bool, form: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """o and lse of the selected branch by the forward ``form`` (one of nsa.kernels.SEL_FORMS; 'auto':
+    forward_form's choice for the shape)."""
     B, Tq, HQ, K = q.shape
     Tk = k.shape[1]
+    if form not in SEL_FORMS:
+        raise ValueError(f"selected forward form {form!r}; forms: {', '.join(SEL_FORMS)}")
     o = torch.empty_like(q)
     lse = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
     if Tq == 0:
         return o, lse
-    grid, blocks, kv, meta, launch = _tile_launch(q, k, v, idx, sel_block)
-    _sel_fwd_kernel[grid](q, *kv, idx, blocks, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K), **meta, **launch)
+    if form == "auto":
+        G, n = HQ // k.shape[2], idx.shape[-1]
+        form = forward_form(G, _tokens_per_tile(G, n, triton.cdiv(Tk, sel_block), Tq))
+    if form == "blocks":
+        interpret = q.device.type == "cpu"
+        tiles = dict(BM=32 if interpret else TUNE["blocks_rows"], num_warps=4 if interpret else TUNE["fwd_warps"],
+                     num_stages=1 if interpret else TUNE["fwd_stages"])
+        return blocks_forward(q, k, v, idx, sel_block, q_start, tiles)
+    grid, blocks, kv, meta, cfg = _tile_launch(q, k, v, idx, sel_block)
+    launch(_sel_fwd_kernel, lambda c: grid, (q, *kv, idx, blocks, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K)),
+           meta, cfg)
     return o, lse
-
-
-def _inverse_selection(idx, Tk, ls, qc):
-    """Work items for the dk/dv pass: tokens grouped by the (b, h, block) they selected.
-
-    One kernel writes a key per idx entry, seg * Tq + token with seg = (b*H + h)*NB + block;
-    one sort puts each segment's tokens together in ascending order; one kernel per (b, h)
-    finds the segments' bounds and cuts them into items of at most qc tokens. Three launches,
-    no host sync. Returns the sorted keys, the idx entry each came from (the sort's
-    permutation), and per work item its segment and the [start, end) range of the sorted keys
-    it owns (int32), and NB. The item count,
-    B*H * (Tq*n // qc + NB), is an upper bound known on the host; items past a (b, h)'s real
-    ones are empty."""
-    B, Tq, H, n = idx.shape
-    NB = triton.cdiv(Tk, ls)
-    total = idx.numel()
-    key_dtype = torch.int32 if (B * H * NB + 1) * Tq < 2**31 else torch.int64
-    keys = torch.empty(total, device=idx.device, dtype=key_dtype)
-    block = 1024
-    _selection_keys_kernel[(triton.cdiv(total, block),)](idx, keys, Tq, total, NB, B * H * NB, H=H, N=n,
-                                                           BLOCK=block)
-    keys_sorted, perm = torch.sort(keys)
-    ipb = Tq * n // qc + NB  # the most items one (b, h) can need: sum of ceil(count / qc)
-    seg, start, end = (torch.empty(B * H * ipb, device=idx.device, dtype=torch.int32) for _ in range(3))
-    _work_items_kernel[(B * H,)](keys_sorted, total, seg, start, end, Tq, NB, ipb,
-                                 QC=qc, NBP=triton.next_power_of_2(NB), STEPS=total.bit_length(), BW=256)
-    return keys_sorted, perm, seg, start, end, NB
 
 
 def _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, delta=None):
@@ -493,9 +433,10 @@ def _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, delta=No
     delta_given = delta is not None
     if not delta_given:
         delta = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
-    grid, blocks, kv, meta, launch = _tile_launch(q, k, v, idx, sel_block)
-    _sel_bwd_dq_kernel[grid](q, *kv, idx, blocks, o, do, lse, delta, dq, Tq, k.shape[1], q_start,
-                             1.0 / math.sqrt(K), DELTA_GIVEN=delta_given, **meta, **launch)
+    grid, blocks, kv, meta, cfg = _tile_launch(q, k, v, idx, sel_block)
+    launch(_sel_bwd_dq_kernel, lambda c: grid,
+           (q, *kv, idx, blocks, o, do, lse, delta, dq, Tq, k.shape[1], q_start, 1.0 / math.sqrt(K)),
+           dict(meta, DELTA_GIVEN=delta_given), cfg)
     return dq, delta
 
 
@@ -510,7 +451,7 @@ def _dkv_qc(device: torch.device, Tq: int, deterministic: bool) -> int:
 
 
 def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, dv, ds=None):
-    """Adds the dk, dv of the work items of _inverse_selection(idx, Tk, sel_block, _dkv_qc(...))
+    """Adds the dk, dv of the work items of inverse_selection(idx, Tk, sel_block, _dkv_qc(...))
     into the float32 buffers dk, dv; given ds (flat, B*Tq*H*n * G * l' of q's dtype) it also
     keeps each (token, slot)'s dS tile there."""
     keys_sorted, perm, seg, start, end, NB = work
@@ -519,12 +460,12 @@ def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, d
     GP = triton.next_power_of_2(meta["G"])
     # K <= 32 gets the 128 rows of K=64: more rows a step were never measured
     rows = 64 if interpret else min(TUNE["dkv_cells"] // meta["BK"], 128)
-    BQ = max(1, rows // GP)
-    _sel_bwd_dkv_kernel[(seg.numel(),)](
-        q, k, v, do, lse, delta, keys_sorted, perm, seg, start, end, dk, dv, q if ds is None else ds,
-        q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3]), GP=GP, BQ=BQ, DS=ds is not None,
-        **meta, num_warps=4 if interpret else TUNE["dkv_warps"], num_stages=1 if interpret else TUNE["dkv_stages"],
-    )
+    cfg = dict(BQ=max(1, rows // GP), num_warps=4 if interpret else TUNE["dkv_warps"],
+               num_stages=1 if interpret else TUNE["dkv_stages"])
+    launch(_sel_bwd_dkv_kernel, lambda c: (seg.numel(),),
+           (q, k, v, do, lse, delta, keys_sorted, perm, seg, start, end, dk, dv, q if ds is None else ds,
+            q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3])),
+           dict(meta, GP=GP, DS=ds is not None, DOT=dot_precision(q.dtype)), cfg, halve=("BQ",), floor=1)
 
 
 def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int):
@@ -563,10 +504,11 @@ def _sel_dq_from_ds(q, k, idx, ds, sel_block: int, dq_add=None):
     GP, n = triton.next_power_of_2(meta["G"]), idx.shape[-1]
     dq = torch.empty_like(q)
     interpret = q.device.type == "cpu"
-    _sel_dq_from_ds_kernel[(Tq, B * meta["H"])](
-        k, idx, ds, dq if dq_add is None else dq_add, dq, Tq, k.shape[1], 1.0 / math.sqrt(K), GP=GP, N=n,
-        NP=triton.next_power_of_2(n), ROWS=max(16, GP), ACC=dq_add is not None, **meta,
-        num_warps=4 if interpret else TUNE["fwd_warps"], num_stages=1 if interpret else TUNE["fwd_stages"])
+    launch(_sel_dq_from_ds_kernel, lambda c: (Tq, B * meta["H"]),
+           (k, idx, ds, dq if dq_add is None else dq_add, dq, Tq, k.shape[1], 1.0 / math.sqrt(K)),
+           dict(meta, GP=GP, N=n, NP=triton.next_power_of_2(n), ROWS=max(16, GP), ACC=dq_add is not None,
+                DOT=dot_precision(q.dtype)),
+           dict(num_warps=4 if interpret else TUNE["fwd_warps"], num_stages=1 if interpret else TUNE["fwd_stages"]))
     return dq
 
 
@@ -600,7 +542,7 @@ def _sel_bwd_from_ds(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, det
     for a in range(0, Tq, chunk):
         part = slice(a, min(Tq, a + chunk))  # .contiguous(): a copy only for B > 1 and several chunks
         qc, doc, lsec, dlc, idxc = (t[:, part].contiguous() for t in (q, do, lse, delta, idx))
-        work = _inverse_selection(idxc, Tk, sel_block, _dkv_qc(q.device, qc.shape[1], deterministic))
+        work = inverse_selection(idxc, Tk, sel_block, _dkv_qc(q.device, qc.shape[1], deterministic))
         ds = torch.empty(idxc.numel() * G * sel_block, device=q.device, dtype=q.dtype)
         _dkv_pass(qc, k, v, doc, lsec, dlc, work, sel_block, q_start + a, dk, dv, ds)
         dqs.append(_sel_dq_from_ds(qc, k, idxc, ds, sel_block, None if dq_add is None else dq_add[:, part]))
@@ -629,7 +571,7 @@ def selection_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: t
     if _ds_path(q, k, idx.shape[-1], sel_block):
         return _sel_bwd_from_ds(q, k, v, idx, o, lse, do, sel_block, q_start, deterministic, delta, dq_add)
     dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block, q_start, delta)
-    work = _inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device, Tq, deterministic))
+    work = inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device, Tq, deterministic))
     dk, dv = _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block, q_start)
     if dq_add is not None:  # short contexts: the dq kernel tiles several tokens; one add
         dq += dq_add
@@ -637,9 +579,9 @@ def selection_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: t
 
 
 def _sel_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
-             lse: torch.Tensor, do: torch.Tensor, sel_block: int,
-             q_start: int, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """nsa::sel_bwd (see selection_backward)."""
+             lse: torch.Tensor, do: torch.Tensor, sel_block: int, q_start: int, deterministic: bool,
+             form: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """nsa::sel_bwd (see selection_backward; one backward whatever the forward's form)."""
     return selection_backward(q, k, v, idx, o, lse, do, sel_block, q_start, deterministic)
 
 
@@ -651,14 +593,15 @@ def _sel_fake(q, k, v, idx, *args):
 sel_op = kernel_op("sel", _sel_fwd, _sel_bwd, _sel_fake, tensors=4, grads=3)
 
 
-def selected_attention(q, k, v, idx, q_start: int, LS: int, deterministic: bool = False):
+def selected_attention(q, k, v, idx, q_start: int, LS: int, deterministic: bool = False, form: str = "auto"):
     """Selected branch: q [B, Tq, HQ, K] at positions q_start.. attends, per KV group, to the
     tokens of the blocks of LS keys listed in idx [B, Tq, H, n] (ascending, -1 padded), causally
     inside the block holding the query; k, v [B, Tk, H, K]. Returns o [B, Tq, HQ, K].
-    deterministic: the dk/dv pass sums in a fixed order (see _dkv_qc). Under
+    deterministic: the dk/dv pass sums in a fixed order (see _dkv_qc). form: the forward, one of
+    nsa.kernels.SEL_FORMS ('auto': forward_form's choice for the shape). Under
     torch.compile the kernels run as the custom ops nsa::sel_fwd / nsa::sel_bwd (see
     nsa.kernels._autograd)."""
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"query heads {q.shape[2]} must be a multiple of KV heads {k.shape[2]}")
     q, k, v, idx = (t.contiguous() for t in (q, k, v, idx))
-    return sel_op(q, k, v, idx, int(LS), int(q_start), bool(deterministic))[0]
+    return sel_op(q, k, v, idx, int(LS), int(q_start), bool(deterministic), str(form))[0]

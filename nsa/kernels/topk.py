@@ -20,7 +20,7 @@ ascending order, -1 padded when fewer than n blocks are visible.
 Two kernels instead of one fused kernel with a running top-n in registers: on one H100 the
 fused kernel took 13.41 ms at S=65536 (HQ=64, H=4, K=128) and 0.168 ms at the m7c_125m shape;
 scores + select took 7.24 + 2.84 and 0.041 + 0.027 ms, with the same indices
-(`python3 bench/gpu/topk_probe.py`, docs/performance.md, seventh set).
+(bench/gpu/topk_probe.py, retired; docs/performance.md, seventh set).
 
 Shapes: q [B, Tq, HQ, K]; kc [B, Nc, H, K]; lse [B, Tq, HQ]; output idx [B, Tq, H, n] int64,
 ascending, -1 padded (the contract of nsa.attention.torch_branches.torch_select_blocks).
@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from ._autograd import run_op
+from ._launch import dot_precision, launch
 from ._softmax import LOG2E, lse_log2
 
 INF_BITS: tl.constexpr = tl.constexpr(0x7F800000)
@@ -52,7 +53,7 @@ def _score_kernel(
     q, kc, lse, scores, Tq, Nc, NB, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, LS: tl.constexpr, BJ: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr,
+    BT: tl.constexpr, BC: tl.constexpr, DOT: tl.constexpr,
 ):
     pid_t = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -100,7 +101,7 @@ def _score_kernel(
         ci = c * BCR + cc
         kt = tl.load(kc_base + ci.to(tl.int64)[:, None] * (H * K) + offk[None, :],
                      mask=((ci < Nc) & ccv)[:, None] & kmask[None, :], other=0.0)
-        s = tl.dot(qt, tl.trans(kt)) * qk_scale
+        s = tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale
         vis = (ci[None, :] <= hi_r[:, None]) & ccv[None, :]
         p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
         ps = tl.sum(tl.reshape(p, [BT, GP, BC]), 1)  # [BT, BC], summed over the group's heads
@@ -149,7 +150,7 @@ def _select_kernel(scores, idx, NROWS, NB, N: tl.constexpr, NP: tl.constexpr, NB
 
 
 #: score kernel: query rows (tokens x padded group) per program, warps, pipeline stages on CUDA
-#: (bench/gpu/topk_probe.py: rows 128 / 4 warps / 2 stages best at 2k, 16k, 64k and m7c_125m)
+#: (the retired bench/gpu/topk_probe.py: rows 128 / 4 warps / 2 stages best at 2k, 16k, 64k and m7c_125m)
 TUNE = dict(rows=128, warps=4, stages=2)
 #: bytes of float32 block scores held at once; longer inputs are scored a query chunk at a time
 SCORE_BUDGET = 1 << 28
@@ -159,7 +160,7 @@ def _select_launch(nbp: int) -> tuple[int, int]:
     """(rows per program, warps) of the select kernel. From S=16k (256 blocks a row) one warp and
     about 16 scores per thread, so that the 31 row counts of the search stay inside a warp
     (shuffles; 4 warps per row cross warps through shared memory, 10 barriers in the PTX at
-    S=64k); below, four rows on 4 warps. On one H100 (bench/gpu/topk_probe.py,
+    S=64k); below, four rows on 4 warps. On one H100 (the retired bench/gpu/topk_probe.py,
     docs/measurements/2026-11-23-c/): the select kernel alone, same run, 2.05 vs 2.86 ms at
     S=64k and 0.153 vs 0.209 at 16k; the whole top-n 9.31 and 0.683 ms against 9.94 and 0.745
     with 4 warps in a run 12-15 minutes earlier. At m7c_125m one warp was faster alone (0.019 vs
@@ -194,12 +195,13 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
         qa, lsea, sc = q[:, a:a + t], lse[:, a:a + t], buffer[:B * t * H * NB].view(B, t, H, NB)
         if t < Tq:
             qa, lsea = qa.contiguous(), lsea.contiguous()
-        _score_kernel[(triton.cdiv(t, BT), B * H)](
-            qa, kc, lsea, sc, t, Nc, NB, q_start + a, 1.0 / math.sqrt(K),
-            H=H, G=G, GP=GP, K=K, BK=BK, L=L, D=D, LS=LS, BJ=BJ, BT=BT,
-            BC=triton.next_power_of_2(BJ * (LS // D)),
-            num_warps=4 if interpret else TUNE["warps"], num_stages=1 if interpret else TUNE["stages"],
-        )
+        # a fallback with fewer rows (BT tokens, at least 16 rows) keeps the chunk a multiple of BT
+        launch(_score_kernel, lambda c, t=t: (triton.cdiv(t, c["BT"]), B * H),
+               (qa, kc, lsea, sc, t, Nc, NB, q_start + a, 1.0 / math.sqrt(K)),
+               dict(H=H, G=G, GP=GP, K=K, BK=BK, L=L, D=D, LS=LS, BJ=BJ, BC=triton.next_power_of_2(BJ * (LS // D)),
+                    DOT=dot_precision(q.dtype)),
+               dict(BT=BT, num_warps=4 if interpret else TUNE["warps"],
+                    num_stages=1 if interpret else TUNE["stages"]), halve=("BT",), floor=max(1, 16 // GP))
         rows = B * t * H
         out = idx[:, a:a + t] if t == Tq else torch.empty(B, t, H, n, device=q.device, dtype=torch.int64)
         _select_kernel[(triton.cdiv(rows, BR),)](

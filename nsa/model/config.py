@@ -17,7 +17,8 @@ class ModelConfig:
     n_kv_groups: int = 2
     """KV heads (H); each serves n_heads // n_kv_groups query heads, which share one selection."""
     head_dim: int = 64
-    """d_k = d_v."""
+    """d_k = d_v (one head dim for queries, keys and values); at most 256 where the NSA kernels
+    may run (nsa.kernels.MAX_HEAD_DIM)."""
     vocab_size: int = 256
     """256 for the byte tokenizer."""
     ffn_hidden: int = 3072
@@ -43,6 +44,7 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ValueError(f"model.head_dim={self.head_dim} must be even (RoPE rotates pairs)")
+        self.attn.check_head_dim(self.head_dim)
         if self.norm_eps <= 0:
             raise ValueError(f"model.norm_eps must be > 0, got {self.norm_eps}")
 

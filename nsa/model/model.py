@@ -1,4 +1,6 @@
-"""NSATransformer: a LLaMA-style decoder (RMSNorm, RoPE, SwiGLU) with NSA attention.
+"""NSATransformer: a LLaMA-style decoder (RMSNorm, RoPE, SwiGLU) with NSA attention, or with dense
+causal attention of the same shape (model.attn.kind=dense: the baseline, trained by the same
+trainer under the same contract).
 
 Single-device code only: parallelism and activation checkpointing are applied by the trainer
 (nsa/train), which wraps the blocks in ``model.layers``.
@@ -10,6 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..attention import NSAAttention, NSACache
+from ..attention.dense import DenseAttention
 from .config import ModelConfig
 
 
@@ -39,7 +42,8 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.attn = NSAAttention(cfg.dim, cfg.n_heads, cfg.n_kv_groups, cfg.head_dim, cfg.attn, cfg.rope_theta)
+        kind = NSAAttention if cfg.attn.kind == "nsa" else DenseAttention
+        self.attn = kind(cfg.dim, cfg.n_heads, cfg.n_kv_groups, cfg.head_dim, cfg.attn, cfg.rope_theta)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn = SwiGLU(cfg.dim, cfg.ffn_hidden)
 

@@ -10,14 +10,17 @@ import torch.nn as nn
 
 from ..attention import NSAAttention
 from ..attention.config import BRANCHES
+from ..attention.dense import DenseAttention
 
 
-def attention_modules(model: nn.Module) -> list[NSAAttention]:
-    return [m for m in model.modules() if isinstance(m, NSAAttention)]
+def attention_modules(model: nn.Module) -> list[NSAAttention | DenseAttention]:
+    """The attention modules of either kind (model.attn.kind)."""
+    return [m for m in model.modules() if isinstance(m, (NSAAttention, DenseAttention))]
 
 
 def gate_stats(model: nn.Module) -> dict[str, float]:
-    """Mean gate value per branch over all layers from the last forward ({} before any).
+    """Mean gate value per branch over all layers from the last forward ({} before any, and for
+    dense attention, which has no gates).
     Reading it synchronises with the device: call it on logging steps only."""
     means = [m.last_gate_mean for m in attention_modules(model) if m.last_gate_mean is not None]
     if not means:

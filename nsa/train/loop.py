@@ -194,7 +194,9 @@ class Trainer:
             return
         cfg, r = self.cfg, self.resolved
         backends = backend_report(self.model)
-        sdpa_routed = sorted(s for s, b in backends.items() if "sdpa" in b["backend"] or "flash" in b["backend"])
+        # every backend of the dense stage (model.attn.kind=dense) is an SDPA kernel
+        sdpa_routed = sorted(s for s, b in backends.items()
+                             if s == "dense" or "sdpa" in b["backend"] or "flash" in b["backend"])
         nvtx = "off"
         if cfg.telemetry.nvtx:
             nvtx = "on" if self.device.type == "cuda" else "requested, but CUDA is unavailable: no ranges emitted"

@@ -42,15 +42,16 @@ def test_custom_ops_pass_opcheck(kdev):
     sel_args = (q, kc, lse, 0, cfg.cmp_block, cfg.cmp_stride, cfg.sel_block, cfg.n_selected)
     torch.library.opcheck(topk.select_blocks_op, sel_args)
     idx = topk.select_blocks_op(*sel_args)
-    torch.library.opcheck(selection.sel_op.fwd, (q.clone().requires_grad_(), k.clone().requires_grad_(),
-                                              v.clone().requires_grad_(), idx, cfg.sel_block, 0, False))
+    for form in ("tiles", "blocks"):  # the selected forward's forms (nsa.kernels.SEL_FORMS)
+        torch.library.opcheck(selection.sel_op.fwd, (q.clone().requires_grad_(), k.clone().requires_grad_(),
+                                                  v.clone().requires_grad_(), idx, cfg.sel_block, 0, False, form))
     gates = torch.rand(*q.shape[:3], 3, device=kdev, requires_grad=True)
     parts = [torch.randn_like(q).requires_grad_() for _ in range(3)]
     torch.library.opcheck(combine.gate_combine_op.fwd, (gates, *parts))
     k2, v2 = (torch.randn_like(t).requires_grad_() for t in (k, v))
     torch.library.opcheck(gated_branches.gated_branches_op.fwd,
                           (gates, parts[0], parts[1], k.clone().requires_grad_(), v.clone().requires_grad_(), k2, v2,
-                           idx, 0, cfg.sel_block, cfg.window, False))
+                           idx, 0, cfg.sel_block, cfg.window, False, "auto"))
 
 
 def _loss_and_grads(model, x):

@@ -67,10 +67,10 @@ def test_gated_branches_match_separate_ops(kdev, monkeypatch, tt, deterministic,
         assert_close(a, b, tol, what)
 
 
-def test_core_runs_the_fused_op_and_can_run_without(kdev, monkeypatch):
-    """nsa_core on Triton routes takes the one op (FUSE_GATED_BRANCHES), and switching it off
-    gives the same output and gradients through the three ops."""
-    from nsa.attention import backends
+def test_core_runs_the_fused_op_on_triton_routes(kdev, monkeypatch):
+    """nsa_core takes the one op when the selected and window branches are both on Triton, and
+    the three ops otherwise (here the window on the PyTorch path), with the same output and
+    gradients."""
     from nsa.kernels import gated_branches
 
     cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=3, window=6)
@@ -86,11 +86,10 @@ def test_core_runs_the_fused_op_and_can_run_without(kdev, monkeypatch):
     real = gated_branches.gated_branches_op
     monkeypatch.setattr(gated_branches, "gated_branches_op", lambda *a: calls.append(1) or real(*a))
     runs = {}
-    for fuse in (True, False):
-        monkeypatch.setattr(backends, "FUSE_GATED_BRANCHES", fuse)
-        o = nsa_core(*leaves[:7], leaves[7], cfg, TRITON)
+    for fuse, routes in ((True, TRITON), (False, dict(TRITON, win=Route("win", "torch", "test")))):
+        o = nsa_core(*leaves[:7], leaves[7], cfg, routes)
         runs[fuse] = (o, *torch.autograd.grad(o, leaves, do))
-        assert len(calls) == 1, "the fused op ran once, in the first (switched on) run only"
+        assert len(calls) == 1, "the fused op ran once, on the Triton routes only"
     for a, b in zip(runs[True], runs[False]):
         assert_close(a, b, 1e-5 if kdev.type == "cpu" else 5e-3, "fused vs separate")
 

@@ -62,8 +62,10 @@ def _reference(x, idx, cfg, chunk):
     return torch.cat(outs, 1), {k: v.grad for k, v in ref.items()}
 
 
+@pytest.mark.parametrize("form", ["tiles", "blocks"])
 @pytest.mark.parametrize("shape", list(CASES.values()), ids=list(CASES))
-def test_bf16_parity_vs_float32(shape, record_property):
+def test_bf16_parity_vs_float32(shape, form, record_property):
+    """form: the selected forward (attn.sel_form), token-major or key-block-major."""
     from nsa.attention.kernel_branches import (
         triton_cmp_attention,
         triton_gated_branches,
@@ -71,7 +73,7 @@ def test_bf16_parity_vs_float32(shape, record_property):
     )
 
     B, S, HQ, H, K = shape
-    cfg = NSAConfig()
+    cfg = NSAConfig(sel_form=form)
     Nc = int(visible_compressed(torch.tensor([S - 1]), cfg).item())
     gen = torch.Generator(device="cuda").manual_seed(S)
 
@@ -105,7 +107,7 @@ def test_bf16_parity_vs_float32(shape, record_property):
     record_property("selection_row_agreement", agree)
     for k, v in errs.items():
         record_property(f"rel_rms_{k}", v)
-    print(f"\n[parity] B={B} S={S} HQ={HQ} H={H} K={K} selection rows equal to fp32: {agree:.4f} | "
+    print(f"\n[parity] B={B} S={S} HQ={HQ} H={H} K={K} {form} selection rows equal to fp32: {agree:.4f} | "
           + " ".join(f"{k}={v:.2e}" for k, v in errs.items()))
     bad = {k: v for k, v in errs.items() if not v <= TOL}
     assert not bad, f"relative RMS error above {TOL}: {bad}"

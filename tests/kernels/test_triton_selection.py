@@ -68,8 +68,7 @@ def _random_idx(gen, B, Tq, H, n, ls, q_start):
     return idx
 
 
-def _check_tiles(kdev, monkeypatch, TT, G, T, q_start, H, B=1, seed=0, sel_block=4, K=16):
-    from nsa.attention.kernel_branches import triton_sel_attention
+def _check_tiles(kdev, monkeypatch, TT, G, T, q_start, H, B=1, seed=0, sel_block=4, K=16, form="tiles"):
     from nsa.kernels import selection
 
     monkeypatch.setitem(selection.TUNE, "tt", TT)
@@ -82,7 +81,8 @@ def _check_tiles(kdev, monkeypatch, TT, G, T, q_start, H, B=1, seed=0, sel_block
     v = rnd(gen, B, Tk, H, K, device=kdev).requires_grad_()
     do = rnd(gen, B, T, H * G, K, device=kdev)
     idx = _random_idx(gen, B, T, H, cfg.n_selected, cfg.sel_block, q_start)
-    check_against_reference(lambda *x: triton_sel_attention(*x, idx.to(kdev), cfg, q_start),
+    check_against_reference(lambda *x: selection.selected_attention(*x, idx.to(kdev), q_start, cfg.sel_block,
+                                                                    form=form),
                             lambda *x: torch_sel_attention(*x, idx, cfg, q_start), [q, k, v], do)
 
 
@@ -173,6 +173,15 @@ def test_selection_tile_rule(monkeypatch):
     assert rule(G=128, n=16, NB=32, Tq=2048) == 1
 
 
+def test_selection_forward_form_rule():
+    """Key-block-major at one token a tile and groups of up to 8 heads (measured: the module's
+    forward_form); token tiles at short contexts and for 16 heads a group."""
+    from nsa.kernels.selection import forward_form
+
+    assert [forward_form(G, 1) for G in (1, 4, 6, 8)] == ["blocks"] * 4
+    assert forward_form(16, 1) == "tiles" and forward_form(6, 8) == "tiles"
+
+
 @pytest.mark.parametrize("TT", [2, 4], ids=["TT2", "TT4"])
 def test_selection_tile_union(kdev, TT):
     """The block list of each tile: its tokens' selected blocks, each once, descending, -1 padded."""
@@ -196,13 +205,13 @@ def test_inverse_selection_work_items(kdev, qc):
     """The dk/dv pass's work items: each (b, h, block)'s tokens exactly once, ascending, cut
     into items of at most qc tokens in segment order; the slots past a (b, h)'s items are empty;
     each sorted key names the idx entry it came from (where the dS tile of that entry goes)."""
-    from nsa.kernels import selection
+    from nsa.kernels._inverse import inverse_selection
 
     gen = torch.Generator().manual_seed(qc)
     B, Tq, H, n, ls, Tk = 2, 37, 3, 4, 4, 40
     idx = _random_idx(gen, B, Tq, H, n, ls, q_start=3)
     keys, perm, seg, start, end, NB = (x.cpu() if torch.is_tensor(x) else x
-                                       for x in selection._inverse_selection(idx.to(kdev), Tk, ls, qc))
+                                       for x in inverse_selection(idx.to(kdev), Tk, ls, qc))
     assert NB == Tk // ls and seg.numel() == B * H * (Tq * n // qc + NB)
     got: dict[int, list[int]] = {}
     for w in range(seg.numel()):
@@ -222,3 +231,34 @@ def test_inverse_selection_work_items(kdev, qc):
                     if j >= 0:
                         want.setdefault((b * H + h) * NB + j, []).append(t)
     assert got == want  # dicts of lists: same segments, same tokens in the same (ascending) order
+
+
+@pytest.mark.parametrize("G,q_start,B", [(1, 0, 2), (3, 7, 2), (6, 0, 1), (16, 5, 1)], ids=["G1", "G3", "G6", "G16"])
+def test_selection_blocks_forward(kdev, monkeypatch, G, q_start, B):
+    """The key-block-major forward (selection_blocks): random per-token selections with -1
+    padding, blocks chosen by more tokens than a work item holds (QC = 3), continuation."""
+    from nsa.kernels import selection_blocks
+
+    monkeypatch.setattr(selection_blocks, "QC", 3)
+    _check_tiles(kdev, monkeypatch, 1, G=G, T=23, q_start=q_start, H=2 if G < 16 else 1, B=B, seed=20 + G,
+                 form="blocks")
+
+
+@pytest.mark.parametrize("B", [1, 2], ids=["B1", "B2"])
+def test_selection_blocks_forward_a_chunk_of_tokens_at_a_time(kdev, monkeypatch, B):
+    """Partials past PARTIALS_BUDGET bytes: the query tokens a chunk at a time (5 of 23 here,
+    the last chunk short), each chunk's outputs written at its tokens' rows."""
+    from nsa.kernels import selection_blocks
+
+    per_token = B * 6 * 4 * 16 * 4  # B * HQ * n * K float32 partials
+    monkeypatch.setattr(selection_blocks, "PARTIALS_BUDGET", 5 * per_token + 11)
+    assert selection_blocks._chunk(B, 23, 6, 4, 16) == 5
+    _check_tiles(kdev, monkeypatch, 1, G=3, T=23, q_start=5, H=2, B=B, seed=30 + B, form="blocks")
+
+
+def test_selection_forward_forms_refuse_unknown():
+    from nsa.kernels import selection
+
+    with pytest.raises(ValueError, match="forms: auto, tiles, blocks"):
+        selection._sel_fwd(torch.empty(1, 2, 2, 16), torch.empty(1, 2, 1, 16), torch.empty(1, 2, 1, 16),
+                           torch.zeros(1, 2, 1, 4, dtype=torch.int64), 4, 0, False, "rows")

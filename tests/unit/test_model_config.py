@@ -16,7 +16,11 @@ from nsa.model.config import ModelConfig, load_model_config
         (["model.attn.cmp_block=128", "model.attn.cmp_stride=16"], "attn.cmp_block=128 must be <= attn.sel_block=64"),
         (["model.attn.n_selected=2"], "attn.n_selected=2 must be >= 3"),
         (["model.attn.phi=max"], "attn.phi must be one of"),
+        (["model.attn.sel_form=rows"], "attn.sel_form must be one of ('auto', 'tiles', 'blocks')"),
         (["model.head_dim=63"], "model.head_dim=63 must be even"),
+        (["model.head_dim=320"], "model.head_dim=320: the NSA kernels take head dims up to 256"),
+        (["model.head_dim=320", "model.attn.backend_cmp=torch", "model.attn.backend_sel=torch"],
+         "(attn.backend_win=auto may route to them)"),
         (["model.n_layers=0"], "model.n_layers must be >= 1"),
         (["model.attn.window=0"], "attn.window must be >= 1"),
         (["model.n_layer=2"], "unknown config key model.n_layer"),
@@ -31,6 +35,13 @@ def test_bad_override_names_the_key(overrides, message):
     with pytest.raises(ConfigError) as err:
         load_model_config("m7c_125m", overrides)
     assert message in str(err.value)
+
+
+def test_head_dims_past_the_kernels_are_for_the_pytorch_path_and_dense_attention():
+    torch_only = "model.attn.backend_cmp=torch model.attn.backend_sel=torch model.attn.backend_win=torch"
+    assert load_model_config("m7c_125m", f"model.head_dim=320 {torch_only}").head_dim == 320
+    assert load_model_config("m7c_125m", "model.head_dim=320 model.attn.kind=dense").head_dim == 320
+    assert load_model_config("m7c_125m", "model.head_dim=256").head_dim == 256
 
 
 def test_bad_yaml_files_name_the_file(tmp_path):

@@ -14,14 +14,8 @@ from typing import Any
 
 import pandas as pd
 
-from nsa.contract import (
-    CSV_COLUMNS,
-    ENV_JSON,
-    HALT,
-    HEARTBEAT_PATTERN,
-    STACKDUMP_PATTERN,
-    TRAINING_CSV,
-)
+from nsa.contract import CSV_COLUMNS, ENV_JSON, HALT, HEARTBEAT_PATTERN, PROFILE_JSON, STACKDUMP_PATTERN, TRAINING_CSV
+from validation.contract.stacks import UNRANKED_DUMPS
 from validation.errors import ArtifactError
 
 
@@ -121,31 +115,14 @@ def stackdumps(out_dir: Path) -> dict[int, Path]:
     return out
 
 
-#: a stack dump whose rank the trainer's own files do not tell: an adapter writes it for a format
-#: that records neither rank nor pid in its dumps, rather than guess a rank (never by time)
-UNRANKED_DUMP_PATTERN = re.compile(r"^stackdump_unranked(\d+)\.txt$")
-
-
-def unranked_dump_name(index: int) -> str:
-    return f"stackdump_unranked{index}.txt"
+_UNRANKED = re.compile(r"^stackdump_unranked(\d+)\.txt$")
 
 
 def unranked_stackdumps(out_dir: Path) -> list[Path]:
-    found = [p for p in Path(out_dir).glob("stackdump_unranked*.txt") if UNRANKED_DUMP_PATTERN.match(p.name)]
-    return sorted(found, key=lambda p: int(UNRANKED_DUMP_PATTERN.match(p.name).group(1)))
-
-
-def pids_by_rank(heartbeats: dict[int, list[dict[str, Any]]]) -> dict[int, int]:
-    """Each rank's process id, from its heartbeats' ``pid`` (the last one written): how a stack
-    taken of a process (py-spy, by pid) is given its rank. Ranks whose heartbeats carry no pid
-    are absent."""
-    out = {}
-    for rank, recs in heartbeats.items():
-        pid = next((r["pid"] for r in reversed(recs) if isinstance(r.get("pid"), int)
-                    and not isinstance(r.get("pid"), bool)), None)
-        if pid is not None:
-            out[rank] = pid
-    return out
+    """The trainer's stack dumps whose rank its files do not tell (``stacks.UNRANKED_DUMP``, written
+    by an adapter rather than guess a rank), in their order."""
+    found = [p for p in Path(out_dir).glob(UNRANKED_DUMPS) if _UNRANKED.match(p.name)]
+    return sorted(found, key=lambda p: int(_UNRANKED.match(p.name).group(1)))
 
 
 def halted(out_dir: Path) -> bool:
@@ -194,3 +171,41 @@ def read_halt(out_dir: Path) -> HaltInfo | None:
                     losses=losses if isinstance(losses, list) else None,
                     grad_norm=rec.get("grad_norm") if isinstance(rec.get("grad_norm"), (int, float)) else None,
                     text=rec["text"] if isinstance(rec.get("text"), str) else text.strip())
+
+
+@dataclass(frozen=True)
+class ProfileRead:
+    """profile.json (nsa/contract.py PROFILE_FIELDS): what the trainer measured when the harness
+    asked for a profile."""
+
+    profiled_steps: int
+    nsa_ranges: list[str]
+    top_ops: list[str]
+    """'name ms/step', most device (CPU on CPU) time first."""
+    gpu_busy_frac: float | None = None
+    python_overhead_frac: float | None = None
+    cuda_graphs: bool = False
+    device: str = "?"
+
+
+def read_profile(out_dir: Path) -> ProfileRead | None:
+    """profile.json, or None when the trainer wrote none (it was not asked, or it does not
+    honour the contract's profile request); ArtifactError when it is malformed."""
+    path = Path(out_dir) / PROFILE_JSON
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        steps = data["profiled_steps"]
+        if not isinstance(steps, int) or isinstance(steps, bool):
+            raise TypeError(f"profiled_steps is {steps!r}, expected an integer")
+        ops = [f"{op['name'][:60]} {float(op['ms_per_step']):.2f} ms/step" for op in data.get("top_ops") or []]
+        return ProfileRead(steps, [str(n) for n in data.get("nsa_ranges") or []], ops,
+                           _fraction(data.get("gpu_busy_frac")), _fraction(data.get("python_overhead_frac")),
+                           bool(data.get("cuda_graphs")), str(data.get("device") or "?"))
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ArtifactError(f"{path}: not a profile record ({exc})") from None
+
+
+def _fraction(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None

@@ -1,10 +1,22 @@
 """Python stacks of a trainer's processes as typed frames: the trainer's own faulthandler dumps
 (``stackdump_rank{R}.txt``) and the ones the harness takes itself with py-spy
-(validation/launch/stacks.py). Findings show where each rank was from these."""
+(validation/launch/stacks.py). Findings show where each rank was from these.
+
+A trainer whose dumps do not say their rank (the seed's) has them converted to
+``stackdump_unranked{i}.txt`` by its adapter: "rank unknown", never a rank guessed from their order.
+
+The stacks the harness takes when it stops a run (a stall or the phase timeout) lie in the run
+directory under ``harness_stacks/``: one py-spy dump per process (``rank{R}.txt``, or
+``pid{P}.txt`` for a process whose rank cannot be told) and ``index.json``, a list of
+``TakenStack`` records saying which process each is, how its rank was known and how its stack
+was taken.
+"""
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -33,6 +45,58 @@ class StackDump:
     header: str | None = None
     source: str = "trainer"
     """'trainer' (its own stackdump_rank{R}.txt), 'py-spy' or 'SIGUSR1' (taken by the harness)."""
+    pid: int | None = None
+    """The process, where known (the harness's own dumps); for a dump of unknown rank it names
+    which process it was."""
+
+
+#: the run directory's folder of the stacks the harness took, and its index
+HARNESS_STACKS = "harness_stacks"
+STACKS_INDEX = "index.json"
+#: a trainer's own dump whose rank its files do not say (an adapter writes these rather than guess)
+UNRANKED_DUMP = "stackdump_unranked{i}.txt"
+UNRANKED_DUMPS = "stackdump_unranked*.txt"
+
+
+@dataclass(frozen=True)
+class TakenStack:
+    """One process whose stack the harness took (or tried to) before it killed the run."""
+
+    pid: int
+    rank: int | None
+    """None: the rank cannot be told (reported as 'rank unknown', never guessed)."""
+    rank_from: str
+    """How the rank is known: 'RANK' (the process's environment), 'single process' (the one
+    process a python launcher started is rank 0), or '' when unknown."""
+    method: str
+    """'py-spy' (``path`` holds its dump), 'SIGUSR1' (py-spy could not attach; the signal asked
+    the trainer's own handler for a dump, which lands wherever the trainer writes it) or 'none'."""
+    path: str | None = None
+    """The dump, relative to the run directory (``harness_stacks/rank1.txt``); None when the
+    harness holds no dump of its own."""
+    note: str = ""
+    """Why py-spy could not, and what was done instead."""
+
+    @property
+    def who(self) -> str:
+        return f"rank {self.rank}" if self.rank is not None else f"rank unknown (pid {self.pid})"
+
+
+def write_index(run_dir: Path, taken: list[TakenStack]) -> None:
+    folder = run_dir / HARNESS_STACKS
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / (STACKS_INDEX + ".tmp")
+    tmp.write_text(json.dumps([asdict(t) for t in taken], indent=2))
+    tmp.replace(folder / STACKS_INDEX)
+
+
+def read_index(run_dir: Path) -> list[TakenStack]:
+    """The stacks the harness took in this run directory; [] when it took none. The index is
+    the harness's own file: one that does not parse is a harness bug, and raises."""
+    path = run_dir / HARNESS_STACKS / STACKS_INDEX
+    if not path.is_file():
+        return []
+    return [TakenStack(**rec) for rec in json.loads(path.read_text())]
 
 
 _FAULTHANDLER_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
@@ -74,10 +138,11 @@ def parse_pyspy(text: str) -> list[Thread]:
 
 
 def main_thread_frames(threads: list[Thread]) -> list[Frame]:
-    """The frames of the thread that ran the training loop: the one whose outermost frame is
-    a module's top level (``<module>``), else the longest stack. Watchdog threads are skipped."""
+    """The frames of the thread that ran the training loop: the one that runs a module's top
+    level (``<module>``, below runpy's frames for ``python -m``), else the longest stack.
+    Watchdog threads are skipped."""
     if not threads:
         return []
-    with_module = [t for t in threads if t.frames and t.frames[-1].func == "<module>"]
+    with_module = [t for t in threads if any(f.func == "<module>" for f in t.frames)]
     pool = with_module or threads
     return max(pool, key=lambda t: len(t.frames)).frames

@@ -6,7 +6,14 @@ from pathlib import Path
 
 from validation.contract import check as contract
 from validation.contract.files import read_halt, stackdumps, tail, unranked_stackdumps
-from validation.contract.stacks import StackDump, main_thread_frames, parse_faulthandler
+from validation.contract.stacks import (
+    StackDump,
+    TakenStack,
+    main_thread_frames,
+    parse_faulthandler,
+    parse_pyspy,
+    read_index,
+)
 from validation.contract.torchrun_log import rank_failures
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
 from validation.judge.record import Beat, Evidence
@@ -31,27 +38,48 @@ def collect_halt(run: RunData) -> None:
 
 
 def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
-    """Stderr tail, .HALT, how each rank ended, where each rank was (last heartbeat, stack dump:
-    only of ranks that exist, and those whose rank is unknown), per-rank step times, fallback
+    """Stderr tail, .HALT, how each rank ended, where each rank was (last heartbeat, stack: only
+    of ranks that exist, and those whose rank cannot be told), per-rank step times, fallback
     counters, first and last loss, the files written."""
-    dumps = {rank: _dump(path) for rank, path in stackdumps(run.out_dir).items() if rank < run.world_size}
+    taken = read_index(run.out_dir)
+    dumps, unranked = _stacks(run.out_dir, taken)
     beats = {r: _beat(recs[-1]) for r, recs in run.heartbeats.items() if recs and r < run.world_size}
     losses = run.csv["loss"].tolist() if run.csv is not None and not run.csv.empty else []
     return Evidence(
         errors=errors, stderr_tail=tail(stderr_path, STDERR_TAIL_LINES), stderr_log=stderr_path.name,
         halt=run.halt, rank_failures=rank_failures(stderr_path),
-        stackdumps=dumps, unranked_dumps=[_dump(p) for p in unranked_stackdumps(run.out_dir)], last_heartbeat=beats,
+        stackdumps={r: d for r, d in dumps.items() if r < run.world_size}, unranked_stacks=unranked,
+        taken_stacks=taken, last_heartbeat=beats,
         rank_step_time_s={r: round(t, 6) for r, t in rank_step_times(run.heartbeats).items()},
         fallbacks=fallback_counters(run), files=sorted(p.name for p in run.out_dir.iterdir() if p.is_file()),
         loss_first=losses[0] if losses else None, loss_last=losses[-1] if losses else None,
         top_ops=list(run.info.get("top_ops") or []))
 
 
-def _dump(path: Path) -> StackDump:
-    text = path.read_text(errors="replace")
-    frames = main_thread_frames(parse_faulthandler(text))[:MAX_FRAMES]
+def _stacks(out_dir: Path, taken: list[TakenStack]) -> tuple[dict[int, StackDump], list[StackDump]]:
+    """Each rank's stack (the one the harness took when it stopped the run, else the trainer's
+    own dump), and the stacks of processes whose rank cannot be told."""
+    dumps = {rank: _read(out_dir, path.name, "trainer", parse_faulthandler)
+             for rank, path in stackdumps(out_dir).items()}
+    unranked = [_read(out_dir, p.name, "trainer", parse_faulthandler) for p in unranked_stackdumps(out_dir)]
+    for t in taken:
+        if t.method == "SIGUSR1" and t.rank in dumps:  # the trainer's own dump, written when the harness asked
+            dumps[t.rank] = _read(out_dir, dumps[t.rank].path, "SIGUSR1", parse_faulthandler)
+        if t.path is None:
+            continue
+        dump = _read(out_dir, t.path, t.method, parse_pyspy, t.pid)
+        if t.rank is None:
+            unranked.append(dump)
+        else:
+            dumps[t.rank] = dump
+    return dumps, unranked
+
+
+def _read(out_dir: Path, rel: str, source: str, parse, pid: int | None = None) -> StackDump:
+    text = (out_dir / rel).read_text(errors="replace")
+    frames = main_thread_frames(parse(text))[:MAX_FRAMES]
     header = next((ln.strip("= ").strip() for ln in text.splitlines() if ln.startswith("===")), None)
-    return StackDump(path.name, frames, header)
+    return StackDump(rel, frames, header, source, pid)
 
 
 def _beat(rec: dict) -> Beat:

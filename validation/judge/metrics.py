@@ -34,6 +34,8 @@ class RunData:
     env: dict[str, Any] | None = None
     exit_code: int | None = None
     timed_out: bool = False
+    stalled_s: float | None = None
+    """Seconds without progress when the harness stopped a stalled run (None: no stall)."""
     halted: bool = False
     halt: HaltInfo | None = None
     """The .HALT record when there is one (the loss guard's source says the loss went non-finite)."""
@@ -347,6 +349,8 @@ CATALOGUE: tuple[Metric, ...] = (
            _count("cuda_graphs")),
 )
 METRICS: dict[str, Metric] = {m.name: m for m in CATALOGUE}
+#: the metrics a profile phase reads from the trainer's profile.json
+PROFILE_METRICS = tuple(m.name for m in CATALOGUE if any(i.source == Source.PROFILE for i in m.reads))
 
 
 def compute(name: str, run: RunData, last: int | None) -> float | None:

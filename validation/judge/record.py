@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from validation.contract.files import HaltInfo
-from validation.contract.stacks import Frame, StackDump
+from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure
 from validation.errors import StoreError
 from validation.judge.gates import GateResult, GateVerdict
@@ -25,6 +25,9 @@ from validation.machine import Machine
 Scalar = str | int | float | bool
 #: the trainer a record names when the runbook names none
 OWN_TRAINER = "nsa.train"
+#: phase kinds that run the trainer and judge the artifact contract's files it leaves (a profile
+#: phase is a train run asked for profile.json as well)
+TRAINER_KINDS = ("train", "profile")
 
 
 class Status(enum.StrEnum):
@@ -109,9 +112,13 @@ class Evidence:
     halt: HaltInfo | None = None
     rank_failures: dict[int, RankFailure] = field(default_factory=dict)
     stackdumps: dict[int, StackDump] = field(default_factory=dict)
-    """Stack dumps by rank (ranks that exist only)."""
-    unranked_dumps: list[StackDump] = field(default_factory=list)
-    """Stack dumps whose rank the trainer's files do not tell (an adapter says 'rank unknown')."""
+    """Where each rank was: the stack the harness took when it stopped the run, else the
+    trainer's own dump."""
+    unranked_stacks: list[StackDump] = field(default_factory=list)
+    """Stacks of processes whose rank cannot be told: the harness's (with their pid) and a
+    trainer's own dumps that do not say their rank."""
+    taken_stacks: list[TakenStack] = field(default_factory=list)
+    """What the harness did for each process's stack when it stopped the run (py-spy, SIGUSR1)."""
     last_heartbeat: dict[int, Beat] = field(default_factory=dict)
     rank_step_time_s: dict[int, float] = field(default_factory=dict)
     fallbacks: dict[str, float] = field(default_factory=dict)
@@ -165,6 +172,8 @@ class PhaseRecord:
     """The run's artifact directory, relative to the results directory ('' when nothing ran)."""
     exit_code: int | None = None
     timed_out: bool = False
+    stalled_s: float | None = None
+    """Seconds without progress when the harness stopped the run as stalled; None: no stall."""
     world_size: int = 1
     gates: list[GateResult] = field(default_factory=list)
     window: str = "all steps"
@@ -243,7 +252,8 @@ class PhaseRecord:
                 loss_last=ev.get("loss_last"), top_ops=list(ev.get("top_ops") or []),
                 rank_failures={int(r): RankFailure(**f) for r, f in (ev.get("rank_failures") or {}).items()},
                 stackdumps={int(r): _dump(d) for r, d in (ev.get("stackdumps") or {}).items()},
-                unranked_dumps=[_dump(d) for d in ev.get("unranked_dumps") or []],
+                unranked_stacks=[_dump(d) for d in ev.get("unranked_stacks") or []],
+                taken_stacks=[TakenStack(**t) for t in ev.get("taken_stacks") or []],
                 last_heartbeat={int(r): Beat(_int(b.get("step")), b.get("stage"), _num(b.get("gpu_util")))
                                 for r, b in (ev.get("last_heartbeat") or {}).items()},
                 rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
@@ -277,7 +287,7 @@ def _plain(obj: Any) -> Any:
 
 def _dump(d: dict[str, Any]) -> StackDump:
     return StackDump(d["path"], [Frame(**fr) for fr in d.get("frames") or []], d.get("header"),
-                     d.get("source") or "trainer")
+                     d.get("source") or "trainer", d.get("pid"))
 
 
 def _int(v: Any) -> int | None:

@@ -1,7 +1,7 @@
 """Timings you can believe. A timed point (one whose numbers are speeds: train and profile
 points) measures the machine it ran on; two that ran at the same time on one machine shared its
 cores or GPU, and each one's speed says as much about the other as about itself. Nothing runs
-them side by side on purpose (validation/runbook/plan.py ``batches``); this finds, from the
+them side by side on purpose (validation/runbook/plan.py ``batches``, ``PhasePoint.timed``); this finds, from the
 records alone (host, start, wall time), when it happened anyway (two harness runs at once, a
 pytest -n run), so that the report marks those timings and the cross-point speed findings
 leave them out.
@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 
-from validation.judge.record import PhaseRecord
-
-#: phase kinds whose points are timed (their tokens/s, step times and profiles are speeds)
-TIMED_KINDS = ("train", "profile")
+from validation.judge.record import TRAINER_KINDS, PhaseRecord
 
 
 #: how far two points' intervals must overlap to count: more than the millisecond the times are kept to
@@ -35,7 +32,8 @@ def _interval(r: PhaseRecord) -> tuple[float, float] | None:
 def shared_machine(records: list[PhaseRecord]) -> dict[str, list[str]]:
     """Per timed point that ran while another timed point ran on the same host: those others'
     test ids."""
-    timed = [(r, iv) for r in records if r.kind in TIMED_KINDS and r.command and r.hardware
+    # the points that run the trainer are the timed ones (their tokens/s, step times, profiles)
+    timed = [(r, iv) for r in records if r.kind in TRAINER_KINDS and r.command and r.hardware
              and (iv := _interval(r)) is not None]
     out: dict[str, list[str]] = {}
     for i, (a, (a0, a1)) in enumerate(timed):

@@ -15,10 +15,7 @@ from typing import Mapping, Sequence
 from validation.contract.files import HaltInfo
 from validation.judge.gates import Gate, GateResult, GateVerdict, Pending, check
 from validation.judge.metrics import METRICS, RunData, compute, reading, window_covered
-from validation.judge.record import PhaseRecord, Status
-
-#: phase kinds whose steps are counted against the steps requested
-STEPPED_KINDS = ("train",)
+from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
 
 
 @dataclass(frozen=True)
@@ -29,6 +26,8 @@ class Outcome:
     kind: str
     exit_code: int | None = None
     timed_out: bool = False
+    stalled_s: float | None = None
+    """Seconds without progress when the harness stopped the run as stalled (None: no stall)."""
     halt: HaltInfo | None = None
     errors: tuple[str, ...] = ()
     steps_requested: int | None = None
@@ -37,19 +36,19 @@ class Outcome:
     @classmethod
     def of_run(cls, kind: str, run: RunData, errors: Sequence[str]) -> Outcome:
         completed = compute("steps_completed", run, None)
-        return cls(kind, run.exit_code, run.timed_out, run.halt, tuple(errors), run.steps_requested,
+        return cls(kind, run.exit_code, run.timed_out, run.stalled_s, run.halt, tuple(errors), run.steps_requested,
                    None if completed is None else int(completed))
 
     @classmethod
     def of_record(cls, rec: PhaseRecord) -> Outcome:
         completed = rec.metrics.steps_completed
-        return cls(rec.kind, rec.exit_code, rec.timed_out, rec.evidence.halt, tuple(rec.evidence.errors),
-                   rec.steps if rec.kind in STEPPED_KINDS else None, None if completed is None else int(completed))
+        return cls(rec.kind, rec.exit_code, rec.timed_out, rec.stalled_s, rec.evidence.halt, tuple(rec.evidence.errors),
+                   rec.steps if rec.kind in TRAINER_KINDS else None, None if completed is None else int(completed))
 
     @property
     def stopped_short(self) -> bool:
         """Exit 0, no .HALT, no timeout, and fewer steps logged than requested."""
-        return (self.kind in STEPPED_KINDS and self.exit_code == 0 and self.halt is None and not self.timed_out
+        return (self.kind in TRAINER_KINDS and self.exit_code == 0 and self.halt is None and not self.timed_out
                 and self.steps_requested is not None and self.steps_completed is not None
                 and self.steps_completed < self.steps_requested)
 
@@ -107,6 +106,9 @@ def rejudge(rec: PhaseRecord, gates: list[GateResult]) -> PhaseRecord:
 
 def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
     """The verdict that how the process ended decides on its own, or None when it ran clean."""
+    if outcome.stalled_s is not None:
+        return Status.FAIL, (f"stalled: no progress for {outcome.stalled_s:.0f}s; stacks taken and the run killed by "
+                             "the harness")
     if outcome.timed_out:
         return Status.FAIL, "timed out: killed by the harness at the phase timeout"
     halt = outcome.halt

@@ -1,3 +1,5 @@
-"""Stage: launching and watching a trainer. Command lines from argument lists (python,
-torchrun), one process tree run under a hard timeout and watched for progress, the phase
-kinds (train, pytest, preflight, profile)."""
+"""Stage: launching and watching a trainer. Command lines from argument lists (commands.py,
+foreign.py), one process tree run under a hard timeout (process.py) whose every process is
+tracked and killed (tree.py), its progress watched for stalls (watch.py) and its ranks' stacks
+taken before a stalled or timed-out run is killed (stacks.py); the phase kinds (kinds.py:
+train, pytest, preflight, profile)."""

@@ -8,7 +8,6 @@ Each runner fills the point's RunData (what the metrics read) and returns the pr
 """
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import xml.etree.ElementTree as ET
@@ -21,11 +20,13 @@ from validation import REPO_ROOT
 from validation.contract.adapters import ADAPTERS
 from validation.contract.adapters.base import RunFacts
 from validation.contract.files import tail
-from validation.errors import HarnessError
+from validation.contract.files import read_profile
+from validation.errors import ArtifactError, HarnessError
 from validation.judge.metrics import RunData
 from validation.launch import commands
 from validation.launch import foreign as trainer_launch
 from validation.launch import process as runner
+from validation.launch.watch import Watch
 from validation.runbook.plan import PhasePoint
 from validation.runbook.types import TrainerSpec
 
@@ -88,7 +89,14 @@ def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], pro
     else:
         argv = commands.python_argv(launcher.module, args)
     return runner.run(argv, env=commands.child_env(point.env), cwd=REPO_ROOT, timeout_s=point.phase.timeout_s,
-                      log_dir=out_dir, on_poll=_poll(point, out_dir, progress))
+                      log_dir=out_dir, on_poll=_poll(point, out_dir, progress),
+                      watch=_watch(point, out_dir, out_dir, out_dir / TRAINING_CSV))
+
+
+def _watch(point: PhasePoint, out_dir: Path, progress_dir: Path, csv: Path) -> Watch:
+    """A train point's progress (its heartbeats and CSV in ``progress_dir``) watched for stalls;
+    stacks go into the run directory ``out_dir``."""
+    return Watch(progress_dir, csv, point.phase.stall_after_s, out_dir, point.phase.launcher.kind == "python")
 
 
 def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: RunData, errors: list[str],
@@ -111,8 +119,9 @@ def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: Run
     own_sha, own_source = trainer_launch.revision(REPO_ROOT, out_dir, "harness_git")
     run.info.update(trainer=spec.name, trainer_sha=sha, trainer_sha_source=source, git_sha=own_sha,
                     git_sha_source=own_source, env=launch.set_env, cwd=str(launch.cwd))
+    csv = adapter.progress_csv(trainer_dir)
     proc = runner.run(launch.argv, env=launch.env, cwd=launch.cwd, timeout_s=point.phase.timeout_s, log_dir=out_dir,
-                      on_poll=_poll(point, out_dir, progress, adapter.progress_csv(trainer_dir)))
+                      on_poll=_poll(point, out_dir, progress, csv), watch=_watch(point, out_dir, trainer_dir, csv))
     if trainer_dir.is_dir():
         adapter.convert(trainer_dir, out_dir, RunFacts(point.nproc, spec.name, sha, source))
     return proc
@@ -194,20 +203,21 @@ def preflight(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str],
 
 
 def profile(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress) -> runner.ProcResult:
-    args = override_args(point) + ["--out-dir", str(out_dir)]
-    proc = runner.run(commands.python_argv("validation.profile_phase", args), env=commands.child_env(point.env),
-                      cwd=REPO_ROOT, timeout_s=point.phase.timeout_s, log_dir=out_dir, log_name="profile",
-                      on_poll=_poll(point, out_dir, progress))
-    path = out_dir / "profile.json"
-    if path.is_file():
-        try:
-            data = json.loads(path.read_text())
-            run.counts.update({k: float(v) for k, v in data.get("counts", {}).items()})
-            run.info["top_ops"] = [str(op) for op in data.get("top_ops", [])]
-        except (json.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
-            errors.append(f"{path}: unreadable ({exc})")
-    elif not proc.timed_out:
-        errors.append(f"{path}: the profiler wrote no results")
+    """A train run asked for a profile through the contract (``PhasePoint.env`` carries the
+    request); the trainer's profile.json, when it wrote one, fills the profile metrics. One that
+    wrote none leaves them unmeasured (session/point.py says why)."""
+    proc = train(point, out_dir, run, errors, progress)
+    try:
+        found = read_profile(out_dir)
+    except ArtifactError as exc:
+        errors.append(str(exc))
+        return proc
+    if found is not None:
+        run.counts.update({"profiled_steps": float(found.profiled_steps), "nsa_ranges_found": float(len(found.nsa_ranges)),
+                           "cuda_graphs": float(found.cuda_graphs)})
+        run.counts.update({k: v for k, v in (("gpu_busy_frac", found.gpu_busy_frac),
+                                             ("python_overhead_frac", found.python_overhead_frac)) if v is not None})
+        run.info["top_ops"] = found.top_ops
     return proc
 
 

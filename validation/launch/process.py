@@ -1,27 +1,31 @@
-"""Launch one subprocess from an argument list, with a hard timeout that never hangs the caller.
+"""Launch one subprocess from an argument list and supervise it until it ends, never hanging the
+caller and never leaving a process of it behind.
 
-The child runs in its own session (process group). On timeout the whole group first gets
-SIGUSR1 (the trainer's faulthandler writes stackdump_rank*.txt on it), then, after a short grace,
-SIGKILL; torchrun's workers are in the same group, so none is left behind. No shell is involved:
-every argv element is passed to exec as is.
+The child starts in its own session; its whole tree is tracked (validation/launch/tree.py) and
+killed when the run ends in any way: on the phase timeout, on a stall (a watched trainer whose
+step stops growing for ``stall_s``, validation/launch/watch.py), on an interrupt (Ctrl-C,
+SIGTERM or SIGHUP in the CLI: ``ABORT``, or a KeyboardInterrupt in the calling thread), and after
+a normal exit (whatever the trainer left running). Before killing a stalled or timed-out trainer
+the harness takes every rank's stack (validation/launch/stacks.py). No shell is involved: every
+argv element is passed to exec as is.
 """
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from validation.contract.files import tail
+from validation.contract.stacks import HARNESS_STACKS, TakenStack
+from validation.launch import stacks
+from validation.launch.tree import ProcessTree
+from validation.launch.watch import StepWatch, Watch
 
-#: seconds between SIGUSR1 (stack dumps) and SIGKILL on timeout
-DUMP_GRACE_S = 3.0
-#: set on an interrupt (the CLI's SIGINT handler): every running ``run`` kills its process
-#: group and raises KeyboardInterrupt, also in worker threads, which never see the signal
+#: set on an interrupt (the CLI's stop-signal handler): every running ``run`` kills its tree and
+#: raises KeyboardInterrupt, also in worker threads, which never see the signal
 ABORT = threading.Event()
 STDERR_TAIL_LINES = 40
 
@@ -30,130 +34,114 @@ STDERR_TAIL_LINES = 40
 class ProcResult:
     argv: list[str]
     exit_code: int | None
-    """None when the process was killed at the timeout."""
+    """None when the harness killed the process (timeout or stall)."""
     timed_out: bool
     wall_s: float
     stdout_path: Path
     stderr_path: Path
+    stalled_s: float | None = None
+    """Seconds without progress when the harness stopped a stalled run; None when it did not."""
+    stacks: list[TakenStack] = field(default_factory=list)
+    """The stacks taken before a stalled or timed-out watched run was killed."""
 
     def stderr_tail(self, lines: int = STDERR_TAIL_LINES) -> str:
         return tail(self.stderr_path, lines)
 
 
+@dataclass(frozen=True)
+class _Stop:
+    """Why the harness stopped a process that was still running."""
+
+    timed_out: bool
+    stalled_s: float | None
+    note: str
+
+
 def run(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout_s: float, log_dir: Path,
         log_name: str = "trainer", on_poll: Callable[[float], None] | None = None,
-        poll_s: float = 0.25) -> ProcResult:
-    """Run ``argv`` to completion or until ``timeout_s``; stdout/stderr go to log_dir."""
+        poll_s: float = 0.25, watch: Watch | None = None) -> ProcResult:
+    """Run ``argv`` to completion, or until ``timeout_s`` or (with ``watch``) a stall; stdout and
+    stderr go to log_dir. An interrupt kills the tree and raises KeyboardInterrupt."""
     argv = [str(a) for a in argv]
     log_dir.mkdir(parents=True, exist_ok=True)
     out_path, err_path = log_dir / f"{log_name}.stdout.log", log_dir / f"{log_name}.stderr.log"
+    if ABORT.is_set():  # interrupted before this point started: start nothing
+        raise KeyboardInterrupt
+    tree = ProcessTree()
     start = time.monotonic()
+    stop: _Stop | None = None
+    taken: list[TakenStack] = []
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
         try:
-            proc = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdout=out, stderr=err,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-        except OSError as exc:
-            err.write(f"cannot start {argv[0]}: {exc}\n".encode())
-            return ProcResult(argv, 127, False, time.monotonic() - start, out_path, err_path)
-        timed_out = False
-        try:
-            while True:
-                try:
-                    proc.wait(timeout=poll_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
-                if ABORT.is_set():  # Ctrl-C in the CLI while this runs in a worker thread
-                    raise KeyboardInterrupt
-                elapsed = time.monotonic() - start
-                if on_poll is not None:
-                    on_poll(elapsed)
-                if elapsed >= timeout_s:
-                    timed_out = True
-                    kill_group(proc)
-                    break
-        except BaseException:  # interrupted: the child's group must not outlive the harness
-            kill_group(proc)
-            raise
+            try:
+                proc = subprocess.Popen(argv, cwd=cwd, env=tree.environment(env), stdout=out, stderr=err,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+            except OSError as exc:
+                err.write(f"cannot start {argv[0]}: {exc}\n".encode())
+                return ProcResult(argv, 127, False, time.monotonic() - start, out_path, err_path)
+            tree.adopt(proc.pid)
+            stop = _supervise(proc, tree, start, timeout_s, poll_s, on_poll, watch)
+            if stop is not None:
+                if watch is not None:
+                    taken = stacks.take(stacks.ranked(tree.members(), tree.root, watch.single_process), watch.run_dir,
+                                        stop.note)
+                _kill(tree)
+                proc.wait()
+                err.write(f"\n[nsa-validate] {stop.note}: {_stacks_note(taken)}process tree killed "
+                          f"(root pid {proc.pid})\n".encode())
         finally:
-            _reap_group(proc.pid)
-    code = None if timed_out else proc.returncode
-    if timed_out:
-        with open(err_path, "ab") as err:
-            err.write(f"\n[nsa-validate] killed after {timeout_s:.0f}s timeout (process group {proc.pid})\n".encode())
-    return ProcResult(argv, code, timed_out, time.monotonic() - start, out_path, err_path)
+            _kill(tree)  # on an interrupt, and whatever a finished trainer left running
+    wall = time.monotonic() - start
+    if stop is not None:
+        return ProcResult(argv, None, stop.timed_out, wall, out_path, err_path, stop.stalled_s, taken)
+    return ProcResult(argv, proc.returncode, False, wall, out_path, err_path)
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGUSR1 (stack dumps) to the processes of the child's tree that handle it, a grace period,
-    then SIGKILL to the whole tree. The tree, not just the process group: torchrun starts each
-    worker in a session of its own, so killing torchrun's group alone would orphan the ranks;
-    and torchrun itself has no SIGUSR1 handler (the signal would kill it before its workers)."""
-    tree = _descendants(proc.pid)
-    for pid in [proc.pid, *(pid for pid, _ in tree)]:
-        if _catches(pid, signal.SIGUSR1):
-            _signal(pid, signal.SIGUSR1)
-    try:
-        proc.wait(timeout=DUMP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
-    _kill_tree(proc.pid, tree)
-    proc.wait()
-
-
-def _reap_group(pgid: int) -> None:
-    """Whatever the leader left running (orphaned workers, in its group or its tree) is killed."""
-    _kill_tree(pgid, _descendants(pgid))
-
-
-def _kill_tree(root: int, tree: list[tuple[int, int]]) -> None:
-    _signal_group(root, signal.SIGKILL)
-    for pid, _ in tree:
-        _signal_group(pid, signal.SIGKILL)  # a worker leading its own session takes its group along
-        _signal(pid, signal.SIGKILL)
-
-
-def _descendants(root: int) -> list[tuple[int, int]]:
-    """(pid, parent pid) of every live process below ``root``, read from /proc (no psutil)."""
-    children: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
+def _supervise(proc: subprocess.Popen, tree: ProcessTree, start: float, timeout_s: float, poll_s: float,
+               on_poll: Callable[[float], None] | None, watch: Watch | None) -> _Stop | None:
+    """Poll until the process exits (None), the timeout or a stall (the reason to stop it)."""
+    steps = StepWatch(watch.progress_dir, watch.csv) if watch is not None else None
+    last_progress = start
+    while True:
         try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [root]
-    while todo:
-        parent = todo.pop()
-        for pid in children.get(parent, []):
-            out.append((pid, parent))
-            todo.append(pid)
-    return out
+            proc.wait(timeout=poll_s)
+            return None
+        except subprocess.TimeoutExpired:
+            pass
+        if ABORT.is_set():  # Ctrl-C in the CLI while this runs in a worker thread
+            raise KeyboardInterrupt
+        tree.poll()
+        now = time.monotonic()
+        elapsed = now - start
+        if on_poll is not None:
+            on_poll(elapsed)
+        if steps is not None:
+            if steps.look():
+                last_progress = now
+            quiet = now - last_progress
+            if quiet >= watch.stall_s:
+                at = "before its first step" if steps.highest is None else f"after step {steps.highest}"
+                return _Stop(False, round(quiet, 1), f"no progress for {quiet:.0f}s {at} (stall_s {watch.stall_s:g})")
+        if elapsed >= timeout_s:
+            return _Stop(True, None, f"killed after {timeout_s:.0f}s timeout")
 
 
-def _catches(pid: int, sig: int) -> bool:
-    """Whether ``pid`` has a handler for ``sig`` (SigCgt in /proc/PID/status); a process without
-    one would be killed by SIGUSR1 rather than dump its stacks."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("SigCgt:"):
-                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
+def _stacks_note(taken: list[TakenStack]) -> str:
+    if not taken:
+        return ""
+    methods = sorted({t.method for t in taken})
+    return f"stacks of {len(taken)} process(es) taken ({', '.join(methods)}; {HARNESS_STACKS}/index.json); "
 
 
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+def _kill(tree: ProcessTree) -> None:
+    """Kill the tree; a second interrupt while it sweeps restarts the sweep rather than cut it
+    short (leaving survivors), and is raised once the tree is dead."""
+    pending: BaseException | None = None
+    while True:
+        try:
+            tree.kill()
+            break
+        except KeyboardInterrupt as exc:
+            pending = exc
+    if pending is not None:
+        raise pending

@@ -12,6 +12,7 @@ import yaml
 from validation.errors import RunbookError
 from validation.judge.gates import OPS, Gate, Window
 from validation.judge.metrics import METRICS
+from validation.judge.record import TRAINER_KINDS
 from validation.runbook.types import Launcher, Phase, Scalar
 
 PHASE_KINDS = ("train", "preflight", "pytest", "profile")
@@ -235,11 +236,27 @@ def _test_path(r: Reader, key: str, v: Any) -> str:
     return v
 
 
+def _stall_s(r: Reader, kind: str, timeout_s: float, default: float | None) -> float | None:
+    """The stall time of a phase that runs the trainer: at least 1 s and below its timeout (else
+    the timeout always comes first); only those phases are watched, and only they take the
+    defaults' value."""
+    own = r.num("stall_s", None, minimum=1.0)
+    if own is not None and kind not in TRAINER_KINDS:
+        r.fail(r.key("stall_s"), f"only phases that run the trainer ({', '.join(TRAINER_KINDS)}) are watched for "
+                                 f"stalls, not kind {kind!r}")
+    stall_s = own if own is not None else (default if kind in TRAINER_KINDS else None)
+    if stall_s is not None and stall_s >= timeout_s:
+        where = r.key("stall_s") if own is not None else f"defaults.stall_s (for {r.where})"
+        r.fail(where, f"{stall_s:g} s is not below the phase's timeout_s ({timeout_s:g} s): the timeout would "
+                      "always end a hang first")
+    return stall_s
+
+
 _PYTEST_ARG = re.compile(r"^(-k|-m|-x|-q|-v|--maxfail=\d+|--hypothesis-seed=\d+|[A-Za-z0-9_ ().\[\]-]+)$")
 
 _PHASE_KEYS = ("name", "kind", "description", "markers", "launcher", "config", "overrides", "env", "steps",
-               "timeout_s", "sweep", "gates", "tests", "pytest_args", "min_gpus", "golden_steps")
-DEFAULT_KEYS = ("launcher", "config", "overrides", "env", "steps", "timeout_s", "min_gpus")
+               "timeout_s", "stall_s", "sweep", "gates", "tests", "pytest_args", "min_gpus", "golden_steps", "profile_steps")
+DEFAULT_KEYS = ("launcher", "config", "overrides", "env", "steps", "timeout_s", "stall_s", "min_gpus")
 
 
 def parse_phase(path: Path, data: Any, where: str, defaults: dict[str, Any], known_markers: set[str] | None) -> Phase:
@@ -270,14 +287,21 @@ def parse_phase(path: Path, data: Any, where: str, defaults: dict[str, Any], kno
     steps = r.int_("steps", defaults["steps"], minimum=1)
     if golden_steps > steps:
         r.fail(r.key("golden_steps"), f"{golden_steps} is more than the phase's {steps} steps")
+    timeout_s = r.num("timeout_s", defaults["timeout_s"], minimum=1.0)
+    profile_steps = r.int_("profile_steps", 0)
+    if kind == "profile" and not 1 <= profile_steps <= steps:
+        r.fail(r.key("profile_steps"), f"a profile phase names the steps to profile, 1..steps ({steps}), the trainer "
+                                       f"profiling them once steady (warm-up and graph capture done); got {profile_steps}")
+    if profile_steps and kind != "profile":
+        r.fail(r.key("profile_steps"), f"only profile phases profile steps, not kind {kind!r}")
     for i, g in enumerate(gates):  # a window no run of the phase can cover would always be NO_DATA
-        if kind == "train" and g.window.last is not None and g.window.last > steps and METRICS[g.metric].windowed:
+        if kind in TRAINER_KINDS and g.window.last is not None and g.window.last > steps and METRICS[g.metric].windowed:
             r.fail(r.key(f"gates[{i}].window"), f"{g.window.describe()} is longer than the phase's {steps} steps")
     return Phase(
         name=name, kind=kind, description=r.str_("description", "") or "", markers=tuple(markers),
         launcher=launcher, config=config, overrides=overrides, env=env,
         steps=steps,
-        timeout_s=r.num("timeout_s", defaults["timeout_s"], minimum=1.0),
+        timeout_s=timeout_s, stall_s=_stall_s(r, kind, timeout_s, defaults["stall_s"]),
         sweep=_sweep(r, r.key("sweep"), r.get("sweep")), gates=gates, tests=tests, pytest_args=tuple(pargs),
-        min_gpus=r.int_("min_gpus", defaults["min_gpus"]), golden_steps=golden_steps,
+        min_gpus=r.int_("min_gpus", defaults["min_gpus"]), golden_steps=golden_steps, profile_steps=profile_steps,
     )

@@ -7,10 +7,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from nsa.contract import PROFILE_STEPS_ENV
 from validation.contract.adapters import ADAPTERS
 from validation.errors import RunbookError
 from validation.judge.gates import Gate
-from validation.judge.timing import TIMED_KINDS
+from validation.judge.record import TRAINER_KINDS
 from validation.judge.verdict import declared_unprovided
 from validation.runbook.types import Phase, Profile, Runbook, Scalar
 
@@ -53,29 +54,33 @@ class PhasePoint:
 
     @property
     def env(self) -> dict[str, str]:
+        """The phase's environment, the sweep's ``env.*`` parameters and, for a profile phase, the
+        contract's profile request (the trainer profiles that many steps once steady)."""
         out = dict(self.phase.env)
         for k, v in self.params.items():
             if k.startswith("env."):
                 out[k[4:]] = ("1" if v else "0") if isinstance(v, bool) else str(v)
+        if self.phase.kind == "profile":
+            out[PROFILE_STEPS_ENV] = str(self.phase.profile_steps)
         return out
-
-    @property
-    def timed(self) -> bool:
-        """Whether its numbers are speeds (train and profile points): it must have the machine
-        to itself, never share cores or a GPU with another point."""
-        return self.phase.kind in TIMED_KINDS
 
     @property
     def nproc(self) -> int:
         launcher = self.phase.launcher
-        return launcher.nproc if self.phase.kind == "train" and launcher.kind == "torchrun" else 1
+        return launcher.nproc if self.phase.kind in TRAINER_KINDS and launcher.kind == "torchrun" else 1
+
+    @property
+    def timed(self) -> bool:
+        """Whether the point measures speed (train and profile phases): it never shares the
+        machine with another point."""
+        return self.phase.kind in TRAINER_KINDS
 
     @property
     def min_gpus(self) -> int:
         """GPUs this point needs: the phase's floor, and one per process on a CUDA profile."""
         if self.profile.hardware.accelerator != "cuda":
             return 0
-        return max(self.phase.min_gpus, self.nproc if self.phase.kind == "train" else 0)
+        return max(self.phase.min_gpus, self.nproc if self.phase.kind in TRAINER_KINDS else 0)
 
     @property
     def markers(self) -> tuple[str, ...]:

@@ -36,8 +36,9 @@ from validation.runbook.types import ConfigFile, Delivery, RootDir, TrainerSpec,
 
 #: values the harness fills into ``args``
 PLACEHOLDERS = ("steps", "out_dir", "config", "nproc")
-#: phase kinds a foreign trainer may support (pytest and profile run this project's own code)
-FOREIGN_PHASE_KINDS = ("train", "preflight")
+#: phase kinds a foreign trainer may support (pytest phases run this project's own tests; a
+#: profile phase is a train run that asks for profile.json through the contract)
+FOREIGN_PHASE_KINDS = ("train", "profile", "preflight")
 _ARG_CHARS = frozenset(string.ascii_letters + string.digits + "_.:,+/@=-{}")
 _FLAG = re.compile(r"^--?[A-Za-z][A-Za-z0-9_-]*$")
 _CONFIG_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -83,7 +84,7 @@ def parse_trainer(path: Path, data: Any, known_metrics: Mapping[str, Any], adapt
     for i, p in enumerate(phases):
         if p not in FOREIGN_PHASE_KINDS:
             r.fail(f"trainer.phases[{i}]", f"{p!r}: a trainer named here supports only {', '.join(FOREIGN_PHASE_KINDS)} "
-                                           "(pytest and profile phases run this project's own code)")
+                                           "(pytest phases run this project's own tests)")
     metrics = None
     if "metrics" in r.data:
         metrics = tuple(r.list_("metrics"))

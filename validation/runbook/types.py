@@ -14,6 +14,8 @@ from validation.errors import RunbookError
 from validation.judge.gates import Gate
 
 Scalar = str | int | float | bool
+#: a phase without its own stall_s stalls after timeout_s / STALL_SHARE without progress
+STALL_SHARE = 4
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,10 @@ class Phase:
     env: Mapping[str, str] = field(default_factory=dict)
     steps: int = 20
     timeout_s: float = 600.0
+    stall_s: float | None = None
+    """Train phases: no new step (heartbeats, training CSV) for this long is a stall, and the
+    harness takes every rank's stack and kills the run; counted from the launch, so it must
+    cover the trainer's start-up. None: a quarter of timeout_s (``stall_after_s``)."""
     sweep: Mapping[str, tuple[Scalar, ...]] = field(default_factory=dict)
     gates: tuple[Gate, ...] = ()
     tests: tuple[str, ...] = ()
@@ -46,6 +52,14 @@ class Phase:
     min_gpus: int = 0
     golden_steps: int = 0
     """Compare the loss of steps 1..N with the golden curve (validation/store/goldens.py); 0: no golden."""
+    profile_steps: int = 0
+    """Profile phases: steps the trainer profiles once steady (the harness asks through the
+    contract's CONTRACT_PROFILE_STEPS); ``steps`` is the whole run, warm-up included."""
+
+    @property
+    def stall_after_s(self) -> float:
+        """The stall time in force: the phase's ``stall_s``, else a quarter of its timeout."""
+        return self.stall_s if self.stall_s is not None else self.timeout_s / STALL_SHARE
 
     def points(self) -> list[dict[str, Scalar]]:
         """The sweep's cartesian product in YAML order ([{}] without a sweep)."""

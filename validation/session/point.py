@@ -19,11 +19,12 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+from nsa.contract import PROFILE_JSON, PROFILE_STEPS_ENV
 from validation.errors import StoreError
 from validation.judge.evidence import collect, collect_halt, collect_train
-from validation.judge.metrics import RunData, unprovided_by_files
+from validation.judge.metrics import PROFILE_METRICS, RunData, unprovided_by_files
 from validation.judge.provenance import trainer_commit
-from validation.judge.record import OWN_TRAINER, PhaseRecord, Status, Summary, routes, utc_now
+from validation.judge.record import OWN_TRAINER, TRAINER_KINDS, PhaseRecord, Status, Summary, routes, utc_now
 from validation.judge.verdict import Outcome, evaluate, verdict
 from validation.launch import kinds
 from validation.machine import Machine
@@ -41,8 +42,9 @@ def cannot_launch(point: PhasePoint) -> str | None:
     nothing about the trainer, and must not replace one that does."""
     spec = point.runbook.trainer
     if spec is not None:
-        return spec.root.resolve()[1] or None if point.phase.kind == "train" and spec.supports_phase("train") else None
-    if point.phase.kind != "train":
+        runs = point.phase.kind in TRAINER_KINDS and spec.supports_phase(point.phase.kind)
+        return spec.root.resolve()[1] or None if runs else None
+    if point.phase.kind not in TRAINER_KINDS:
         return None
     name = point.phase.launcher.module
     try:
@@ -129,16 +131,26 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
     out_dir = point_dir(results_dir, point) / run_id[:12]
     out_dir.mkdir(parents=True)
     kind = point.phase.kind
-    run = RunData(out_dir=out_dir, world_size=point.nproc, steps_requested=point.phase.steps if kind == "train" else None)
+    run = RunData(out_dir=out_dir, world_size=point.nproc,
+                  steps_requested=point.phase.steps if kind in TRAINER_KINDS else None)
     errors: list[str] = []
-    proc = kinds.KINDS[kind](point, out_dir, run, errors, progress)
-    run.exit_code, run.timed_out = proc.exit_code, proc.timed_out
-    if kind == "train":
+    try:
+        proc = kinds.KINDS[kind](point, out_dir, run, errors, progress)
+    except KeyboardInterrupt:  # its trainer is dead (launch/process.py); nothing will record this run
+        shutil.rmtree(out_dir, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            out_dir.parent.rmdir()  # the point's directory, when this was its only run
+        raise
+    run.exit_code, run.timed_out, run.stalled_s = proc.exit_code, proc.timed_out, proc.stalled_s
+    if kind in TRAINER_KINDS:
         collect_train(run, errors)
     collect_halt(run)
     golden = goldens.gate(point, run.csv, hw)
     # a metric is unprovided when the trainer's files lack what it reads, or its runbook entry says so
     unprovided = {**unprovided_by_files(run), **unprovided_metrics(point)}
+    if kind == "profile" and "profiled_steps" not in run.counts:
+        unprovided.update({m: f"the trainer wrote no {PROFILE_JSON} (it does not honour {PROFILE_STEPS_ENV})"
+                           for m in PROFILE_METRICS})
     gates = evaluate(point.gates(), run, unprovided) + ([golden] if golden else [])
     status, reason = verdict(Outcome.of_run(kind, run, errors), gates)
     # the report's numbers are over the phase's window: the first gate that names one ('last 50
@@ -147,9 +159,10 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
     env = run.env or {}
     trainer_sha, trainer_sha_source = trainer_commit(env, run.info.get("trainer_sha"), run.info.get("trainer_sha_source"))
     return PhaseRecord.for_point(
-        point, status, reason, run_id=run_id, started=started, hardware=hw, wall_s=round(proc.wall_s, 2), command=proc.argv,
-        steps=point.phase.steps if kind == "train" else None, out_dir=str(out_dir.relative_to(results_dir.resolve())),
-        exit_code=proc.exit_code, timed_out=proc.timed_out, world_size=run.world_size, gates=gates,
+        point, status, reason, run_id=run_id, started=started, hardware=hw, wall_s=round(proc.wall_s, 2),
+        command=proc.argv, steps=point.phase.steps if kind in TRAINER_KINDS else None,
+        out_dir=str(out_dir.relative_to(results_dir.resolve())), exit_code=proc.exit_code, timed_out=proc.timed_out,
+        stalled_s=proc.stalled_s, world_size=run.world_size, gates=gates,
         window=f"last {window} steps" if window else "all steps",
         metrics=Summary.of(run, window), evidence=collect(run, proc.stderr_path, errors),
         git_sha=run.info.get("git_sha") or env.get("git_sha"),

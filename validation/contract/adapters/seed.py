@@ -32,7 +32,7 @@ from typing import Any
 
 from nsa.contract import CSV_COLUMNS, ENV_JSON, HALT, TRAINING_CSV, stackdump_name
 from validation.contract.adapters.base import Adapter, RunFacts
-from validation.contract.files import unranked_dump_name
+from validation.contract.stacks import UNRANKED_DUMP
 
 SEED_COLUMNS = ("step", "loss", "lr", "toks_per_s")
 _DUMP = re.compile(r"^(watchdog_)?stackdump_(\d+)\.txt$")
@@ -190,7 +190,7 @@ def _stackdumps(trainer_dir: Path, out_dir: Path, world_size: int, beats: dict[i
         # the file is named by the second: ranks dumping in the same second truncate each other's
         said = ("rank unknown: the trainer's signal dumps record neither rank nor pid, and ranks dumping in the "
                 "same second write one file (a dump overwritten there is lost)")
-        _atomic(out_dir / unranked_dump_name(i), _faulthandler_text(d, said))
+        _atomic(out_dir / UNRANKED_DUMP.format(i=i), _faulthandler_text(d, said))
 
 
 def _rank_of(d: _Dump, announced: dict[str, int], world_size: int) -> int | None:

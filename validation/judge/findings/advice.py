@@ -17,10 +17,12 @@ def _crash(f: Facts) -> str:
 
 def _stall(f: Facts) -> str:
     if not f.stacks:
-        where = ("No stack of the stalled run was recorded, so where it waited is unknown: a trainer that "
-                 "registers faulthandler on SIGUSR1 (sent before a stalled run is killed) leaves one. ")
+        where = ("No stack could be taken: install py-spy and let it attach (ptrace; a container needs "
+                 "CAP_SYS_PTRACE), or give the trainer a SIGUSR1 handler (faulthandler.register); the last "
+                 "heartbeats in the finding say how far each process got. ")
     elif f.world_size == 1:
-        where = "The stack dump shows the call the process was in when it stopped making progress. "
+        where = ("The stack shows where the process waited (a lock, I/O, a data loader, a loop that does not end); "
+                 "fix it. ")
     else:
         shown = ("The stack dumps show where each rank waited" if f.stacks >= f.world_size else
                  f"Stacks of {f.stacks} of {f.world_size} ranks were recorded (the finding says which)")

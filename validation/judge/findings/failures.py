@@ -106,27 +106,30 @@ def exception_line(text: str) -> str | None:
 
 
 def stalls(records: list[PhaseRecord]) -> list[Finding]:
-    """Watchdog .HALT or harness timeout: where each rank of the world was (heartbeat) and what it
-    was doing (the innermost frames of its stack dump), and the stacks whose rank is unknown."""
+    """A stall the harness saw (no progress for the phase's stall_s), a watchdog .HALT or the
+    harness timeout: where each rank was (heartbeat) and what it was doing (the innermost frames
+    of its stack), every process whose rank cannot be told as "rank unknown"."""
     out = []
     for r in records:
         ev = r.evidence
-        if not (r.timed_out or (ev.halt is not None and ev.halt.source == "watchdog")):
+        if not (r.stalled_s is not None or r.timed_out or (ev.halt is not None and ev.halt.source == "watchdog")):
             continue  # no stall; a NaN guard's or an operator's .HALT is none either
-        how = "watchdog .HALT" if ev.halt is not None else f"killed at the {r.timeout_s:g}s timeout"
+        how = (f"no progress for {r.stalled_s:.0f}s, stopped by the harness" if r.stalled_s is not None
+               else "watchdog .HALT" if ev.halt is not None else f"killed at the {r.timeout_s:g}s timeout")
+        notes = {(t.rank, t.pid if t.rank is None else None): t.note for t in ev.taken_stacks if t.note}
         detail, stuck = [], []
-        for rank in range(r.world_size):
+        for rank in range(r.world_size):  # only ranks that exist (env.json's world size)
             hb = ev.last_heartbeat.get(rank)
             line = f"rank {rank}: last heartbeat step {_q(hb and hb.step)}, stage {_q(hb and hb.stage)}"
-            dump = ev.stackdumps.get(rank)
-            line += _stack_text(dump) if dump else "; no stack dump of this rank"
-            if dump and dump.frames:
-                stuck.append(f"rank {rank} in {dump.frames[0].func}")
-            detail.append(line)
-        for dump in ev.unranked_dumps:
-            detail.append("rank unknown" + _stack_text(dump))
-            if dump.frames:
-                stuck.append(f"rank unknown in {dump.frames[0].func}")
+            detail.append(f"{line}; {_stack(f'rank {rank}', ev.stackdumps.get(rank), notes.get((rank, None)), stuck)}")
+        dumped = {d.pid for d in ev.unranked_stacks}
+        for dump in ev.unranked_stacks:
+            who = "rank unknown" + (f" (pid {dump.pid})" if dump.pid is not None else "")
+            detail.append(f"{who}: {_stack(who, dump, notes.get((None, dump.pid)), stuck)}")
+        for t in ev.taken_stacks:  # the harness tried and got no stack of its own
+            if t.rank is None and t.pid not in dumped:
+                who = f"rank unknown (pid {t.pid})"
+                detail.append(f"{who}: {_stack(who, None, t.note, stuck)}")
         if 0 < len(stuck) < r.world_size:
             detail.append(f"stacks of {len(stuck)} of {r.world_size} ranks were recorded")
         at = f": {'; '.join(stuck)}" if stuck else ": no stack was recorded"
@@ -135,9 +138,21 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
     return out
 
 
-def _stack_text(dump: StackDump) -> str:
-    text = f"; stack ({dump.path}): " + " <- ".join(f"{fr.func} ({_short(fr.file)}:{fr.line})" for fr in dump.frames[:4])
-    return text + (f" [{dump.header}]" if dump.header else "")
+def _stack(who: str, dump: StackDump | None, note: str | None, stuck: list[str]) -> str:
+    """'stack (file): innermost <- outer frames [header]' for one process, adding where it was
+    to ``stuck``; 'no stack dump' with the reason when there is none."""
+    if dump and dump.frames:
+        taken = "" if dump.source == "trainer" else f", {dump.source}"
+        text = f"stack ({dump.path}{taken}): " + " <- ".join(
+            f"{fr.func} ({_short(fr.file)}:{fr.line})" for fr in dump.frames[:4])
+        stuck.append(f"{who} in {dump.frames[0].func}")
+    else:
+        text = "no stack dump"
+    if dump and dump.header:
+        text += f" [{dump.header}]"
+    if note:
+        text += f" [{note}]"
+    return text
 
 
 def _short(path: str) -> str:
@@ -148,7 +163,7 @@ def imbalance(records: list[PhaseRecord]) -> list[Finding]:
     out = []
     for r in records:
         ev = r.evidence
-        if r.timed_out or r.exit_code not in (0, None):
+        if r.timed_out or r.stalled_s is not None or r.exit_code not in (0, None):
             continue  # a crash or stall has its own finding; its ranks are not 'idle'
         times = ev.rank_step_time_s
         if r.metrics.idle_ranks:

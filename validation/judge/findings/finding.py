@@ -28,7 +28,7 @@ class Facts:
     @classmethod
     def of(cls, rec: PhaseRecord) -> Facts:
         ev = rec.evidence
-        stacks = sum(1 for d in [*ev.stackdumps.values(), *ev.unranked_dumps] if d.frames)
+        stacks = sum(1 for d in [*ev.stackdumps.values(), *ev.unranked_stacks] if d.frames)
         return cls(rec.own_trainer, rec.world_size, stacks, rec.accelerator == "cuda")
 
 

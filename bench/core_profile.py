@@ -1,12 +1,12 @@
-"""Probe: where the GPU time of one NSA core forward+backward goes, kernel by kernel, beside the
+"""Where the GPU time of one NSA core forward+backward goes, kernel by kernel, beside the
 per-stage table of bench/bench_nsa.py --breakdown (which times each stage alone and so cannot
 show the gated sum, gradient sums, copies and layout changes between the stages).
 
-The inputs and routes of bench/bench_nsa.py's "NSA core (auto)" row; a few warm-up steps, then
-torch.profiler over N steps; prints the CUDA kernels by total time (ms per step, share of the
-step) and the sum of the kernels per step.
+The op nsa_core of bench/ops.py on random inputs; a few warm-up steps, then torch.profiler over
+N steps; prints the CUDA kernels by total time (ms per step, share of the step) and the sum of
+the kernels per step.
 
-    python3 bench/gpu/core_profile.py [--shapes 16k 64k] [--steps 5] [--top 30]
+    python3 bench/core_profile.py [--shapes 16k 64k m7c@64k] [--steps 5] [--top 30]
 """
 from __future__ import annotations
 
@@ -18,17 +18,17 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_nsa import SHAPES, _inputs  # noqa: E402
-from nsa.attention.backends import resolve_route  # noqa: E402
+from bench.bench_nsa import shape_of  # noqa: E402
+from bench.inputs import random_inputs  # noqa: E402
+from bench.ops import OPS  # noqa: E402
 from nsa.attention.config import NSAConfig  # noqa: E402
-from nsa.attention.core import nsa_core  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", nargs="+", default=["16k", "64k"], choices=sorted(SHAPES))
+    ap.add_argument("--shapes", nargs="+", default=["16k", "64k"], help="bench/bench_nsa.py's shape names")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--top", type=int, default=30)
     args = ap.parse_args()
@@ -37,13 +37,11 @@ def main() -> None:
     cfg = NSAConfig()
     print(f"# {torch.cuda.get_device_name()}; torch {torch.__version__}", flush=True)
     for name in args.shapes:
-        x = _inputs(*SHAPES[name], cfg)
-        leaves = [x[n] for n in ("q", "kc", "vc", "k_sel", "v_sel", "k_win", "v_win", "gates")]
-        routes = {s: resolve_route(s, "auto", x["q"].device, x["q"].dtype) for s in ("cmp", "select", "sel", "win")}
+        x = random_inputs(*shape_of(name), cfg)
+        fwd, leaves = OPS["nsa_core"].build(x, cfg)
 
         def step():
-            o = nsa_core(*leaves[:7], x["gates"], cfg, routes)
-            torch.autograd.grad(o, leaves, x["do"])
+            torch.autograd.grad(fwd(), leaves, x.do)
 
         for _ in range(3):
             step()
@@ -63,7 +61,7 @@ def main() -> None:
         print("|---:|---:|---:|---|")
         for kernel, (ms, calls) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:args.top]:
             print(f"| {ms:8.3f} | {ms / total:6.1%} | {calls / args.steps:10.1f} | {kernel[:110]} |", flush=True)
-        del x, leaves
+        del x, fwd, leaves
         torch.cuda.empty_cache()
 
 

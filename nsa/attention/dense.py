@@ -1,0 +1,66 @@
+"""DenseAttention: causal attention over every earlier token, of the same shape as NSAAttention
+(query heads, KV heads, head dim, RoPE), the baseline NSA is measured against (attn.kind=dense).
+
+A LLaMA-style GQA attention: one query projection, one fused key/value projection, RoPE on q
+and k, SDPA on the route of the 'dense' stage (attn.backend_dense; cuDNN's fused attention on
+CUDA for bf16/fp16 by default), an output projection. It has the interface the model and the
+trainer use of NSAAttention (rope, resolve_routes, routes, calls, last_gate_mean, the decode
+cache), so the same model, trainer and contract run either kind.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from .backends import Route, implementation, resolve_route
+from .config import NSAConfig
+from .module import NSACache
+from .rope import apply_rope, rope_angles
+
+
+class DenseAttention(nn.Module):
+    def __init__(self, dim: int, n_heads: int, n_kv_groups: int, head_dim: int,
+                 cfg: NSAConfig, rope_theta: float = 10000.0):
+        super().__init__()
+        if n_heads % n_kv_groups:
+            raise ValueError(f"n_heads={n_heads} must be divisible by n_kv_groups={n_kv_groups}")
+        self.cfg = cfg
+        self.n_heads, self.n_kv, self.head_dim = n_heads, n_kv_groups, head_dim
+        self.rope_theta = rope_theta
+        self.q_proj = nn.Linear(dim, n_heads * head_dim, bias=False)
+        self.kv_proj = nn.Linear(dim, 2 * n_kv_groups * head_dim, bias=False)
+        self.o_proj = nn.Linear(n_heads * head_dim, dim, bias=False)
+        self.routes: dict[str, Route] = {}
+        # forward calls so far, for the backend audit (a tensor: see NSAAttention)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64), persistent=False)
+        self.last_gate_mean = None  # no gates
+
+    def resolve_routes(self, device: torch.device, dtype: torch.dtype) -> dict[str, Route]:
+        key = (device.type, dtype)
+        if getattr(self, "_routes_key", None) != key:
+            self.routes = {"dense": resolve_route("dense", self.cfg.backend_dense, device, dtype)}
+            self._routes_key = key
+        return self.routes
+
+    def rope(self, start: int, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, K/2] of positions start..start+T-1 (float64)."""
+        return rope_angles(torch.arange(start, start + T, device=device), self.head_dim, self.rope_theta)
+
+    def forward(self, x: torch.Tensor, cache: NSACache | None = None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x [B, T, dim] -> [B, T, dim]; with a cache, x holds the positions after the cached
+        ones and the cache is extended in place (see NSAAttention.forward)."""
+        B, T, _ = x.shape
+        H, HQ, K = self.n_kv, self.n_heads, self.head_dim
+        start = cache.length if cache is not None else 0
+        cos, sin = rope if rope is not None else self.rope(start, T, x.device)
+        q = apply_rope(self.q_proj(x).view(B, T, HQ, K), cos, sin)
+        k, v = self.kv_proj(x).view(B, T, 2, H, K).unbind(2)
+        k = apply_rope(k, cos, sin)
+        if cache is not None:
+            k, v = cache.append("k", k), cache.append("v", v)
+            cache.length += T
+        route = self.resolve_routes(x.device, q.dtype)["dense"]
+        self.calls += 1
+        o = implementation(route)(q, k, v, start)
+        return self.o_proj(o.reshape(B, T, -1))

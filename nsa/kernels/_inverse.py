@@ -1,0 +1,102 @@
+"""The inverse of a selection: for each (batch, KV head, key block), the query tokens that
+selected it, as work items of at most qc tokens. The selected branch's key-block-major passes
+run on them: the dk/dv pass of the backward (nsa.kernels.selection) and the block-major forward
+(nsa.kernels.selection_blocks).
+
+Shapes: idx [B, Tq, H, n] (ascending, -1 padded) of blocks of ls keys over Tk keys.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _selection_keys_kernel(idx, keys, Tq, total, NB, NSEG, H: tl.constexpr, N: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """keys[e] = ((b*H + h)*NB + block) * Tq + t for entry e = ((b*Tq + t)*H + h)*N + slot of
+    idx; padding (-1) gets NSEG * Tq (NSEG = B*H*NB), above every real key. Sorted, the keys
+    list each (b, h, block) segment's tokens in ascending order."""
+    e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = e < total
+    blk = tl.load(idx + e, mask=m, other=-1)
+    h = (e // N) % H
+    bt = e // (N * H)  # b * Tq + t
+    b = bt // Tq
+    t = bt % Tq
+    seg = (b * H + h).to(tl.int64) * NB + blk
+    key = tl.where(blk >= 0, seg * Tq + t, (t * 0 + NSEG).to(tl.int64) * Tq)
+    tl.store(keys + e, key.to(keys.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _lower_bound(keys, n_keys, target, STEPS: tl.constexpr):
+    """First index i of the ascending keys[0:n_keys] with keys[i] >= target (per lane)."""
+    lo = target * 0
+    hi = lo + n_keys
+    for _ in range(STEPS):
+        active = lo < hi
+        mid = (lo + hi) // 2
+        kv = tl.load(keys + mid, mask=active & (mid < n_keys), other=0)
+        right = active & (kv < target)
+        lo = tl.where(right, mid + 1, lo)
+        hi = tl.where(active & ~right, mid, hi)
+    return lo
+
+
+@triton.jit
+def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, NB, IPB,
+                       QC: tl.constexpr, NBP: tl.constexpr, STEPS: tl.constexpr, BW: tl.constexpr):
+    """One program per (b, h): its NB segments' bounds in the sorted keys (binary search), cut
+    into work items of at most QC tokens, written to the program's IPB item slots
+    [bh * IPB, (bh + 1) * IPB) in segment order; the slots left over get empty items."""
+    bh = tl.program_id(0)
+    j = tl.arange(0, NBP)
+    jm = j < NB
+    seg = bh * NB + j
+    start = _lower_bound(keys_sorted, n_keys, seg.to(tl.int64) * Tq, STEPS)
+    end = _lower_bound(keys_sorted, n_keys, (seg + 1).to(tl.int64) * Tq, STEPS)
+    chunks = tl.where(jm, (end - start + QC - 1) // QC, 0)
+    first = tl.cumsum(chunks, 0) - chunks  # the segment's first item within the program
+    base = bh.to(tl.int64) * IPB
+    for c in range(0, tl.max(chunks, 0)):
+        m = c < chunks
+        w = base + first + c
+        s0 = start + c * QC
+        tl.store(item_seg + w, seg, mask=m)
+        tl.store(item_start + w, s0.to(tl.int32), mask=m)
+        tl.store(item_end + w, tl.minimum(s0 + QC, end).to(tl.int32), mask=m)
+    for w0 in range(tl.sum(chunks, 0), IPB, BW):
+        w = w0 + tl.arange(0, BW)
+        m = w < IPB
+        tl.store(item_seg + base + w, 0, mask=m)
+        tl.store(item_start + base + w, 0, mask=m)
+        tl.store(item_end + base + w, 0, mask=m)
+
+
+def inverse_selection(idx: torch.Tensor, Tk: int, ls: int, qc: int):
+    """Work items of the key-block-major passes: tokens grouped by the (b, h, block) they selected.
+
+    One kernel writes a key per idx entry, seg * Tq + token with seg = (b*H + h)*NB + block;
+    one sort puts each segment's tokens together in ascending order; one kernel per (b, h)
+    finds the segments' bounds and cuts them into items of at most qc tokens. Three launches,
+    no host sync. Returns the sorted keys, the idx entry each came from (the sort's
+    permutation), and per work item its segment and the [start, end) range of the sorted keys
+    it owns (int32), and NB. The item count,
+    B*H * (Tq*n // qc + NB), is an upper bound known on the host; items past a (b, h)'s real
+    ones are empty."""
+    B, Tq, H, n = idx.shape
+    NB = triton.cdiv(Tk, ls)
+    total = idx.numel()
+    key_dtype = torch.int32 if (B * H * NB + 1) * Tq < 2**31 else torch.int64
+    keys = torch.empty(total, device=idx.device, dtype=key_dtype)
+    block = 1024
+    _selection_keys_kernel[(triton.cdiv(total, block),)](idx, keys, Tq, total, NB, B * H * NB, H=H, N=n,
+                                                           BLOCK=block)
+    keys_sorted, perm = torch.sort(keys)
+    ipb = Tq * n // qc + NB  # the most items one (b, h) can need: sum of ceil(count / qc)
+    seg, start, end = (torch.empty(B * H * ipb, device=idx.device, dtype=torch.int32) for _ in range(3))
+    _work_items_kernel[(B * H,)](keys_sorted, total, seg, start, end, Tq, NB, ipb,
+                                 QC=qc, NBP=triton.next_power_of_2(NB), STEPS=total.bit_length(), BW=256)
+    return keys_sorted, perm, seg, start, end, NB

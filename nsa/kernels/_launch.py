@@ -1,0 +1,89 @@
+"""How the Triton kernels are launched: the precision of their float32 products, and launch
+configurations that fit the GPU.
+
+Precision: a float32 ``tl.dot`` runs TF32 products by default in Triton, while PyTorch's float32
+matmuls are full IEEE precision unless TF32 is allowed (``torch.backends.cuda.matmul.allow_tf32``,
+which ``torch.set_float32_matmul_precision('high')`` sets). The kernels take their dots'
+``input_precision`` from ``dot_precision`` (a constexpr, so each setting compiles once).
+
+Fit: a launch configuration (tile sizes, pipeline stages, warps) tuned for bf16 at head dim 128
+can need more shared memory than the GPU has at float32 or head dim 256 (an fp32 model with head
+dim 128 raised ``OutOfResources: shared memory, Required: 262144, Hardware limit: 232448`` on one
+H100). ``launch`` takes the preferred configuration and its smaller fallbacks (``ladder``), tries
+them in order until one compiles within the GPU's limits, remembers the one that did for that
+kernel and specialisation, and records the fallback with its reason (``fallbacks``). Triton
+raises OutOfResources when it loads the compiled kernel, before anything runs, so a failed try
+has no effect on the outputs.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from triton.runtime.errors import OutOfResources
+
+#: (kernel, specialisation, preferred configuration) -> the fallback that fit, where it did not
+_FITTED: dict[tuple, dict] = {}
+#: kernel and specialisation -> why the preferred configuration was passed over, and for which
+_FALLBACKS: dict[str, str] = {}
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """The ``input_precision`` of the kernels' tl.dot for inputs of ``dtype``: 'ieee' for float32
+    unless PyTorch allows TF32 for float32 matmuls, then 'tf32' (Triton's default, which half
+    precision inputs ignore)."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+def ladder(base: dict, halve: Sequence[str] = (), floor: int = 16) -> list[dict]:
+    """``base`` (launch keywords: constexpr tile sizes, num_warps, num_stages) and its fallbacks,
+    largest first: fewer pipeline stages down to one; then the keys of ``halve`` halved in turn,
+    round after round (none below ``floor``), after each halving again from base's stages down."""
+    out: list[dict] = []
+    cfg = dict(base)
+    while True:
+        out += [{**cfg, "num_stages": s} for s in range(base["num_stages"], 0, -1)]
+        key = next((k for k in sorted(halve, key=lambda k: -cfg[k]) if cfg[k] // 2 >= floor), None)
+        if key is None:
+            return out
+        cfg = {**cfg, key: cfg[key] // 2}
+
+
+def _describe(cfg: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in cfg.items())
+
+
+def launch(kernel, grid: Callable[[dict], tuple], args: Sequence, constexprs: dict, base: dict,
+           halve: Sequence[str] = (), floor: int = 16) -> dict:
+    """kernel[grid(cfg)](*args, **constexprs, **cfg) for ``base``, or, where base does not fit
+    the GPU, for the first of its fallbacks (``ladder(base, halve, floor)``) that does; returns the cfg
+    launched. A fallback is remembered per kernel, tensor dtypes, constexprs and base (later
+    calls launch it directly) and recorded with its reason (``fallbacks``). Raises base's
+    OutOfResources when nothing fits."""
+    dtypes = tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
+    key = (kernel.fn.__name__, dtypes, tuple(constexprs.items()), tuple(base.items()))
+    cfg = _FITTED.get(key, base)
+    try:
+        kernel[grid(cfg)](*args, **constexprs, **cfg)
+        return cfg
+    except OutOfResources as exc:
+        if cfg is not base:
+            raise
+        why = exc
+    for cfg in ladder(base, halve, floor)[1:]:
+        try:
+            kernel[grid(cfg)](*args, **constexprs, **cfg)
+        except OutOfResources:
+            continue
+        _FITTED[key] = cfg
+        name = f"{kernel.fn.__name__} ({_describe(constexprs)}; {', '.join(map(str, dtypes))})"
+        _FALLBACKS[name] = f"{_describe(base)}: {why}; launched {_describe(cfg)}"
+        return cfg
+    raise why
+
+
+def fallbacks() -> dict[str, str]:
+    """Kernel specialisations launched with a smaller configuration than preferred, and why."""
+    return dict(_FALLBACKS)

@@ -1,0 +1,85 @@
+"""nsa.kernels._launch: the float32 products' precision follows PyTorch's setting; a launch
+configuration that does not fit the GPU falls back to the next smaller one, remembered and
+recorded with its reason (the GPU test matrix, test_shape_matrix.py, runs the real kernels)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from triton.runtime.errors import OutOfResources
+
+from nsa.kernels import _launch
+
+
+class FakeKernel:
+    """Stands in for a @triton.jit kernel: kernel[grid](*args, **kw) 'compiles' only when the
+    shared memory its tiles would take, BM * 1024 * num_stages bytes, is within the limit."""
+
+    fn = SimpleNamespace(__name__="_fake_kernel")
+
+    def __init__(self, limit: int):
+        self.limit, self.launched, self.tried = limit, [], 0
+
+    def __getitem__(self, grid):
+        def run(*args, **kw):
+            self.tried += 1
+            need = kw["BM"] * 1024 * kw["num_stages"]
+            if need > self.limit:
+                raise OutOfResources(need, self.limit, "shared memory")
+            self.launched.append((grid, {k: kw[k] for k in ("BM", "num_stages")}))
+        return run
+
+
+@pytest.fixture(autouse=True)
+def _fresh_records(monkeypatch):
+    monkeypatch.setattr(_launch, "_FITTED", {})
+    monkeypatch.setattr(_launch, "_FALLBACKS", {})
+
+
+def test_ladder_lowers_stages_then_halves_the_largest_tile():
+    got = [(c["BM"], c["BN"], c["num_stages"]) for c in _launch.ladder(dict(BM=64, BN=32, num_warps=4, num_stages=2),
+                                                                      ("BM", "BN"), floor=16)]
+    assert got == [(64, 32, 2), (64, 32, 1), (32, 32, 2), (32, 32, 1), (16, 32, 2), (16, 32, 1),
+                   (16, 16, 2), (16, 16, 1)]
+
+
+def test_launch_falls_back_remembers_and_records():
+    kernel = FakeKernel(limit=64 * 1024)
+    base = dict(BM=128, num_warps=8, num_stages=3)
+    args = (torch.zeros(2, dtype=torch.float32), 7)
+    cfg = _launch.launch(kernel, lambda c: (100 // c["BM"],), args, dict(K=128), base, halve=("BM",))
+    # 128 x 3, 2, 1 stages and 64 x 3, 2 do not fit; 64 rows, one stage do (64 KiB)
+    assert cfg == dict(BM=64, num_warps=8, num_stages=1) and kernel.tried == 6
+    assert kernel.launched == [((1,), dict(BM=64, num_stages=1))]  # the grid of the fallback's tiles
+    (name, why), = _launch.fallbacks().items()
+    assert "_fake_kernel" in name and "K=128" in name and "torch.float32" in name
+    assert "BM=128" in why and "shared memory" in why and "launched BM=64" in why and "num_stages=1" in why
+    # remembered: the next call launches the fallback at once
+    assert _launch.launch(kernel, lambda c: (1,), args, dict(K=128), base, halve=("BM",)) == cfg
+    assert kernel.tried == 7
+    # another specialisation is tried afresh
+    assert _launch.launch(kernel, lambda c: (1,), args, dict(K=64), dict(BM=32, num_warps=4, num_stages=2)) == \
+        dict(BM=32, num_warps=4, num_stages=2)
+    assert len(_launch.fallbacks()) == 1
+
+
+def test_launch_raises_when_nothing_fits():
+    kernel = FakeKernel(limit=1024)
+    with pytest.raises(OutOfResources):
+        _launch.launch(kernel, lambda c: (1,), (), {}, dict(BM=64, num_warps=4, num_stages=2), halve=("BM",))
+    assert kernel.launched == []
+
+
+def test_float32_products_follow_pytorchs_matmul_precision():
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")  # PyTorch's default: no TF32
+        assert _launch.dot_precision(torch.float32) == "ieee"
+        assert _launch.dot_precision(torch.bfloat16) == "tf32"  # ignored by half-precision products
+        torch.set_float32_matmul_precision("high")
+        assert _launch.dot_precision(torch.float32) == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert _launch.dot_precision(torch.float32) == "ieee"
+    finally:
+        torch.set_float32_matmul_precision(before)

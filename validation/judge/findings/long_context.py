@@ -1,0 +1,97 @@
+"""Long context: where NSA pays for itself. A phase whose sweep crosses the attention kind
+(``model.attn.kind``: nsa, dense) with the sequence length (``train.seq_len``) trains both models
+on the same data with the same trainer; per length, NSA's tokens/s over dense's.
+
+Findings: the length from which NSA is faster (at it and at every longer length measured), its
+speed-up at the longest length, and the loss of both at equal steps. With the profile threshold
+``MIN_SPEEDUP_KEY`` the speed-up at the longest length is also a check: below it is critical (a
+cross-point failure no single point's test can see)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from validation.judge.findings.finding import Finding, Severity
+from validation.judge.record import PhaseRecord
+
+KIND_KEY = "model.attn.kind"
+LENGTH_KEY = "train.seq_len"
+#: profile threshold: NSA / dense tokens/s at the longest length measured must reach it
+MIN_SPEEDUP_KEY = "min_long_context_speedup"
+
+
+@dataclass(frozen=True)
+class LengthPair:
+    """NSA and dense at one sequence length (the other sweep parameters equal)."""
+
+    seq_len: int
+    nsa: PhaseRecord
+    dense: PhaseRecord
+
+    @property
+    def speedup(self) -> float | None:
+        a, b = self.nsa.metrics.toks_per_s_mean, self.dense.metrics.toks_per_s_mean
+        return a / b if a and b else None
+
+
+def pairs(records: list[PhaseRecord]) -> dict[str, list[LengthPair]]:
+    """Per phase that sweeps both keys, its NSA/dense pairs by length (shortest first); points
+    whose other parameters differ are paired only with their own twins."""
+    out: dict[str, list[LengthPair]] = {}
+    by_phase: dict[str, list[PhaseRecord]] = {}
+    for r in records:
+        if KIND_KEY in r.key.params and LENGTH_KEY in r.key.params:
+            by_phase.setdefault(r.phase, []).append(r)
+    for phase, recs in by_phase.items():
+        twins: dict[tuple, dict[str, PhaseRecord]] = {}
+        for r in recs:
+            rest = tuple(sorted((k, str(v)) for k, v in r.key.params.items() if k != KIND_KEY))
+            twins.setdefault(rest, {})[str(r.key.params[KIND_KEY])] = r
+        found = [LengthPair(int(t["nsa"].key.params[LENGTH_KEY]), t["nsa"], t["dense"])
+                 for t in twins.values() if "nsa" in t and "dense" in t]
+        if found:
+            out[phase] = sorted(found, key=lambda p: p.seq_len)
+    return out
+
+
+def crossover(found: list[LengthPair]) -> int | None:
+    """The shortest length from which NSA is faster at every measured length at or above it."""
+    length = None
+    for p in reversed(found):
+        if p.speedup is None or p.speedup <= 1.0:
+            break
+        length = p.seq_len
+    return length
+
+
+def long_context(records: list[PhaseRecord], thresholds: dict[str, float | None] | None = None) -> list[Finding]:
+    out = []
+    minimum = (thresholds or {}).get(MIN_SPEEDUP_KEY)
+    for phase, found in pairs(records).items():
+        measured = [p for p in found if p.speedup is not None]
+        if not measured:
+            continue
+        longest = measured[-1]
+        cross = crossover(measured)
+        table = [f"S={p.seq_len:,}: NSA {p.nsa.metrics.toks_per_s_mean:,.0f} tok/s, dense "
+                 f"{p.dense.metrics.toks_per_s_mean:,.0f} tok/s ({p.speedup:.2f}x); peak memory "
+                 f"{_gb(p.nsa)} vs {_gb(p.dense)} GB; loss after {p.nsa.steps} steps {_loss(p.nsa)} vs {_loss(p.dense)}"
+                 for p in measured]
+        where = (f"NSA is faster from S={cross:,} on" if cross is not None
+                 else f"NSA is not faster at every length up to S={longest.seq_len:,}")
+        title = f"long context in {phase}: {where}; {longest.speedup:.2f}x dense at S={longest.seq_len:,}"
+        if minimum is not None and longest.speedup < minimum:
+            out.append(Finding(Severity.CRITICAL, phase, title + f", below the profile's {MIN_SPEEDUP_KEY} "
+                               f"{minimum:g}", table, "long_context"))
+        else:
+            out.append(Finding(Severity.INFO, phase, title, table, "long_context"))
+    return out
+
+
+def _gb(r: PhaseRecord) -> str:
+    v = r.metrics.mem_reserved_gb_max
+    return "?" if v is None else f"{v:.1f}"
+
+
+def _loss(r: PhaseRecord) -> str:
+    v = r.evidence.loss_last
+    return "?" if v is None else f"{v:.3f}"

@@ -1,0 +1,191 @@
+"""The harness takes every rank's Python stack itself before it kills a stalled or timed-out run.
+
+``py-spy dump --pid`` reads any Python process's stack from outside, with no cooperation from the
+trainer. Where it cannot (not installed; ptrace not permitted, as in a container without
+CAP_SYS_PTRACE) the process gets SIGUSR1 instead, if it handles that signal: this project's
+trainer, and others using ``faulthandler.register``, then write their own dump. Either way the
+run directory's ``harness_stacks/index.json`` says what was done for which process
+(validation/contract/stacks.py).
+
+Which process is which rank: the ``RANK`` in its environment (torchrun sets it for each worker),
+or, for the python launcher, the launched process itself is rank 0. A process below a rank
+(a data loader or compile worker) is that rank's helper, not a rank of its own, and is not
+dumped. Any other Python process is "rank unknown": dumped, never given a guessed rank.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from validation.contract.stacks import HARNESS_STACKS, TakenStack, write_index
+
+#: seconds all py-spy dumps together may take (they run side by side)
+PYSPY_TIMEOUT_S = 10.0
+#: seconds between SIGUSR1 (the trainer's own dump) and the kill
+SIGUSR1_GRACE_S = 3.0
+
+
+@dataclass(frozen=True)
+class RankedProcess:
+    proc: psutil.Process
+    rank: int | None
+    """None: rank unknown."""
+    rank_from: str
+    """'RANK', 'single process', or '' when unknown (TakenStack.rank_from)."""
+
+
+def pyspy_executable() -> str | None:
+    """py-spy beside this interpreter (a virtual environment's bin/, which need not be on PATH),
+    else on PATH."""
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if beside.is_file() else shutil.which("py-spy")
+
+
+def ranked(members: list[psutil.Process], root: psutil.Process | None, single_process: bool) -> list[RankedProcess]:
+    """The processes whose stacks tell where each rank is: each rank's own process, and any other
+    Python process as rank unknown (see the module's docstring)."""
+    by_pid = {p.pid: p for p in members}
+    own: dict[int, tuple[int | None, str] | None] = {}
+    for p in members:
+        rank = _env_rank(p)
+        if rank is not None:
+            own[p.pid] = (rank, "RANK")
+        elif single_process and root is not None and p.pid == root.pid:
+            own[p.pid] = (0, "single process")
+        elif root is not None and p.pid == root.pid:
+            own[p.pid] = None  # torchrun's agent: the launcher, not a rank
+        elif _is_python(p):
+            own[p.pid] = (None, "")
+    out = []
+    for pid, what in own.items():
+        if what is None or _below_a_rank(by_pid[pid], by_pid, own):
+            continue
+        out.append(RankedProcess(by_pid[pid], *what))
+    return sorted(out, key=lambda r: (r.rank is None, r.rank or 0, r.proc.pid))
+
+
+def _env_rank(p: psutil.Process) -> int | None:
+    try:
+        value = p.environ().get("RANK", "")
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+    return int(value) if value.isdigit() else None
+
+
+def _is_python(p: psutil.Process) -> bool:
+    try:
+        exe = p.exe() or (p.cmdline() or [""])[0]
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    return os.path.basename(exe).startswith("python")
+
+
+def _below_a_rank(p: psutil.Process, by_pid: dict[int, psutil.Process],
+                  own: dict[int, tuple[int | None, str] | None]) -> bool:
+    """Whether an ancestor of ``p`` in the tree is a rank (so ``p`` is its helper)."""
+    seen = set()
+    try:
+        parent = p.ppid()
+        while parent in by_pid and parent not in seen:
+            seen.add(parent)
+            what = own.get(parent)
+            if what is not None and what[0] is not None:
+                return True
+            parent = by_pid[parent].ppid()
+    except psutil.NoSuchProcess:
+        pass
+    return False
+
+
+def take(processes: list[RankedProcess], run_dir: Path, after: str, pyspy: str | None = None) -> list[TakenStack]:
+    """Each process's stack into ``run_dir/harness_stacks/`` (py-spy, else SIGUSR1), and the
+    index of what was done. ``after`` says why (it heads each dump). ``pyspy``: the executable
+    (default: pyspy_executable())."""
+    pyspy = pyspy or pyspy_executable()
+    folder = run_dir / HARNESS_STACKS
+    folder.mkdir(parents=True, exist_ok=True)
+    dumps = _pyspy_all(pyspy, [r.proc.pid for r in processes])
+    taken, signalled = [], False
+    for r in processes:
+        text, error = dumps[r.proc.pid]
+        name = f"rank{r.rank}.txt" if r.rank is not None else f"pid{r.proc.pid}.txt"
+        who = f"rank {r.rank} ({r.rank_from})" if r.rank is not None else "rank unknown"
+        if text is not None:
+            header = f"=== py-spy dump of pid {r.proc.pid}, {who}, taken by the harness: {after} ===\n"
+            (folder / name).write_text(header + text)
+            taken.append(TakenStack(r.proc.pid, r.rank, r.rank_from, "py-spy", f"{HARNESS_STACKS}/{name}"))
+            continue
+        note = f"py-spy could not take its stack ({error})"
+        if _handles(r.proc.pid, signal.SIGUSR1) and _signal(r.proc, signal.SIGUSR1):
+            signalled = True
+            taken.append(TakenStack(r.proc.pid, r.rank, r.rank_from, "SIGUSR1",
+                                    note=note + "; SIGUSR1 sent instead: the trainer's own handler writes the dump"))
+        else:
+            taken.append(TakenStack(r.proc.pid, r.rank, r.rank_from, "none",
+                                    note=note + "; it has no SIGUSR1 handler to ask instead"))
+    if signalled:
+        time.sleep(SIGUSR1_GRACE_S)  # the handlers write their dumps before the kill
+    write_index(run_dir, taken)
+    return taken
+
+
+def _pyspy_all(pyspy: str | None, pids: list[int]) -> dict[int, tuple[str | None, str]]:
+    """pid -> (py-spy's dump or None, why not), all dumps taken side by side."""
+    if pyspy is None:
+        return {pid: (None, "py-spy is not installed") for pid in pids}
+    procs = {}
+    for pid in pids:
+        try:
+            procs[pid] = subprocess.Popen([pyspy, "dump", "--pid", str(pid), "--full-filenames"],
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True, errors="replace")
+        except OSError as exc:
+            procs[pid] = exc
+    deadline = time.monotonic() + PYSPY_TIMEOUT_S
+    out: dict[int, tuple[str | None, str]] = {}
+    for pid, proc in procs.items():
+        if isinstance(proc, OSError):
+            out[pid] = (None, f"cannot run {pyspy}: {proc}")
+            continue
+        try:
+            stdout, stderr = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            out[pid] = (None, f"no answer in {PYSPY_TIMEOUT_S:g}s")
+            continue
+        if proc.returncode == 0 and stdout.strip():
+            out[pid] = (stdout, "")
+        else:
+            lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+            why = next((ln for ln in lines if ln.startswith("Error")), lines[0] if lines else "no output")
+            out[pid] = (None, f"exit {proc.returncode}: {why}")
+    return out
+
+
+def _handles(pid: int, sig: int) -> bool:
+    """Whether ``pid`` has a handler for ``sig`` (SigCgt in /proc/PID/status; psutil does not
+    expose signal dispositions). Without one, SIGUSR1 would kill it rather than ask for a dump."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _signal(proc: psutil.Process, sig: int) -> bool:
+    try:
+        proc.send_signal(sig)
+        return True
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False

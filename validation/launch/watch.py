@@ -1,0 +1,91 @@
+"""Progress of a running trainer, watched by the harness itself: the highest step seen in its
+heartbeats (``heartbeat_rank*.jsonl``) and its training CSV. A trainer that hangs writes neither,
+whatever its own watchdog does, so no growth of that step for the phase's ``stall_s`` is a stall.
+
+Each look reads only the bytes appended since the last one (a file that shrank or was replaced
+is read again from its start), so watching a long run costs no more than its newest lines.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from nsa.contract import HEARTBEAT_PATTERN
+
+HEARTBEATS = "heartbeat_rank*.jsonl"
+
+
+@dataclass(frozen=True)
+class Watch:
+    """What the harness watches in one trainer run, and what it does on a stall."""
+
+    progress_dir: Path
+    """Where the trainer writes its heartbeats (the run directory, or a trainer's own directory)."""
+    csv: Path
+    """Its training CSV, whose first column is the step (with or without a header)."""
+    stall_s: float
+    """No growth of the highest step for this long (counted from the launch, so start-up counts
+    too) is a stall: stacks are taken and the tree killed."""
+    run_dir: Path
+    """Where the stacks the harness takes go (``harness_stacks/``)."""
+    single_process: bool
+    """The python launcher: the launched process itself is rank 0. Under torchrun the launched
+    process is the agent, no rank; its workers carry RANK in their environment."""
+
+
+class _Tail:
+    """The unread end of one growing file."""
+
+    def __init__(self, path: Path):
+        self.path, self.offset, self.inode, self.partial = path, 0, None, b""
+
+    def new_lines(self) -> list[bytes]:
+        try:
+            with open(self.path, "rb") as fh:
+                st = os.fstat(fh.fileno())
+                if st.st_ino != self.inode or st.st_size < self.offset:  # replaced or truncated
+                    self.inode, self.offset, self.partial = st.st_ino, 0, b""
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        self.offset += len(data)
+        *lines, self.partial = (self.partial + data).split(b"\n")
+        return lines
+
+
+def _step(line: bytes) -> int | None:
+    """The step of a heartbeat record (JSON) or a CSV row (its first cell); None for a header,
+    a torn line or anything else."""
+    text = line.strip()
+    if text.startswith(b"{"):
+        try:
+            step = json.loads(text).get("step")
+        except (ValueError, AttributeError):
+            return None
+        return step if isinstance(step, int) and not isinstance(step, bool) else None
+    first = text.split(b",", 1)[0].strip()
+    return int(first) if first.isdigit() else None
+
+
+class StepWatch:
+    """The highest step any watched file has shown so far."""
+
+    def __init__(self, progress_dir: Path, csv: Path):
+        self.progress_dir, self.csv = progress_dir, csv
+        self.highest: int | None = None
+        self._tails: dict[Path, _Tail] = {}
+
+    def look(self) -> bool:
+        """Read what was appended since the last look; True when the highest step grew."""
+        paths = [self.csv, *(p for p in self.progress_dir.glob(HEARTBEATS) if HEARTBEAT_PATTERN.match(p.name))]
+        before = self.highest
+        for path in paths:
+            tail = self._tails.setdefault(path, _Tail(path))
+            for line in tail.new_lines():
+                step = _step(line)
+                if step is not None and (self.highest is None or step > self.highest):
+                    self.highest = step
+        return self.highest != before

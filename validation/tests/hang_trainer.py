@@ -1,0 +1,86 @@
+"""A test trainer that writes the artifact contract and hangs on request, for the harness's stall
+tests. It imports no torch, so it starts at once under python and under torchrun (which sets
+RANK and WORLD_SIZE).
+
+    python -m validation.tests.hang_trainer --config X --steps N --out-dir DIR [--override ...]
+
+    NSA_HANG_AT=S          the hanging ranks stop at step S, in ``stuck_here`` (default: never)
+    NSA_HANG_RANKS=all|R,R which ranks hang (default: all)
+    NSA_HANG_SIGUSR1=0     no SIGUSR1 handler (default: faulthandler writes stackdump_rank{R}.txt)
+    NSA_STEP_S=F           seconds a step takes (default 0.02)
+
+Every step ends at a barrier through the heartbeat files (``wait_for_peers``): a healthy rank
+waits for a hung one, as it would in a collective.
+"""
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+COLUMNS = "step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb"
+
+
+def stuck_here() -> None:
+    """Where a hanging rank stays (the name the stall finding must show)."""
+    while True:
+        time.sleep(1)
+
+
+def wait_for_peers(out: Path, world: int, step: int) -> None:
+    """Until every rank's heartbeat file shows ``step``."""
+    while not all(_last_step(out / f"heartbeat_rank{r}.jsonl") >= step for r in range(world)):
+        time.sleep(0.01)
+
+
+def _last_step(path: Path) -> int:
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    for line in reversed(lines):
+        try:
+            return json.loads(line)["step"]
+        except (ValueError, KeyError):
+            continue
+    return 0
+
+
+def main() -> int:
+    cli = argparse.ArgumentParser()
+    cli.add_argument("--config", default="")
+    cli.add_argument("--override", default="")
+    cli.add_argument("--steps", type=int, required=True)
+    cli.add_argument("--out-dir", type=Path, required=True)
+    args = cli.parse_args()
+    out = args.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if os.environ.get("NSA_HANG_SIGUSR1", "1") != "0":
+        faulthandler.register(signal.SIGUSR1, file=open(out / f"stackdump_rank{rank}.txt", "w"), all_threads=True)
+    hang_at = int(os.environ.get("NSA_HANG_AT", "0"))
+    spec = os.environ.get("NSA_HANG_RANKS", "all")
+    hangs = hang_at > 0 and (spec == "all" or str(rank) in spec.split(","))
+    step_s = float(os.environ.get("NSA_STEP_S", "0.02"))
+    if rank == 0:
+        (out / "env.json").write_text(json.dumps({"world_size": world, "git_sha": "test"}))
+        (out / "training.csv").write_text(COLUMNS + "\n")
+    for step in range(1, args.steps + 1):
+        if hangs and step == hang_at:
+            stuck_here()
+        time.sleep(step_s)
+        with open(out / f"heartbeat_rank{rank}.jsonl", "a") as fh:
+            fh.write(json.dumps({"time": time.time(), "rank": rank, "step": step, "stage": "optimizer"}) + "\n")
+        if rank == 0:
+            with open(out / "training.csv", "a") as fh:
+                fh.write(f"{step},{5.0 / step:.5f},0.001,{1000.0 * world},{step_s},1.0,0.1,0.2\n")
+        wait_for_peers(out, world, step)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

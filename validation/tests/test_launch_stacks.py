@@ -1,0 +1,155 @@
+"""Which process is which rank when the harness takes stacks (validation/launch/stacks.py), and
+how the stacks reach the record and the stall finding: each rank by the RANK its environment
+holds, the python launcher's process as rank 0, helpers below a rank left out, anything else
+"rank unknown", never a guessed rank."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from validation.contract.stacks import Frame, StackDump, TakenStack, parse_pyspy, read_index
+from validation.judge.findings import find, recommendations
+from validation.judge.record import Evidence, PhaseRecord, PointKey, Status
+from validation.launch import stacks
+from validation.launch.tree import ProcessTree
+
+SLEEP = "import time; time.sleep(60)"
+
+
+def _spawn(tree: ProcessTree, code: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code], env=tree.environment({**os.environ, **(env or {})}))
+
+
+@pytest.fixture
+def tree():
+    t = ProcessTree()
+    yield t
+    t.kill()
+
+
+def _members(tree: ProcessTree, n: int) -> list[psutil.Process]:
+    deadline = time.monotonic() + 20
+    while len(found := tree.members()) < n:
+        assert time.monotonic() < deadline, f"{len(found)} of {n} processes started"
+        time.sleep(0.05)
+    return found
+
+
+def test_ranks_come_from_the_environment_and_helpers_are_left_out(tree):
+    """torchrun's shape: an agent (no RANK), two workers with RANK, a helper below rank 0 that
+    inherited its RANK, a Python process with no RANK (rank unknown) and a non-Python one."""
+    agent = _spawn(tree, f"""
+import os, subprocess, sys, time
+env = {{k: v for k, v in os.environ.items() if k != "RANK"}}
+subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.Popen([sys.executable, '-c', {SLEEP!r}]); "
+                  + {SLEEP!r}], env={{**env, "RANK": "0"}})
+subprocess.Popen([sys.executable, "-c", {SLEEP!r}], env={{**env, "RANK": "1"}})
+subprocess.Popen([sys.executable, "-c", {SLEEP!r}], env=env)
+subprocess.Popen(["sleep", "60"], env=env)
+time.sleep(60)
+""")
+    tree.adopt(agent.pid)
+    members = _members(tree, 6)
+    found = stacks.ranked(members, tree.root, single_process=False)
+    ranks = [(r.rank, r.rank_from) for r in found]
+    assert ranks == [(0, "RANK"), (1, "RANK"), (None, "")], ranks
+    by_rank = {r.rank: r.proc for r in found}
+    assert by_rank[0].environ()["RANK"] == "0" and by_rank[0].ppid() == agent.pid  # the worker, not its helper
+    assert by_rank[None].ppid() == agent.pid and "RANK" not in by_rank[None].environ()
+
+
+def test_the_python_launchers_process_is_rank_0_and_its_children_its_helpers(tree):
+    root = _spawn(tree, f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {SLEEP!r}]); "
+                        "time.sleep(60)")
+    tree.adopt(root.pid)
+    found = stacks.ranked(_members(tree, 2), tree.root, single_process=True)
+    assert [(r.proc.pid, r.rank, r.rank_from) for r in found] == [(root.pid, 0, "single process")]
+
+
+def test_take_writes_each_ranks_pyspy_dump_and_the_index(tree, tmp_path):
+    root = _spawn(tree, "import time\ndef parked():\n    time.sleep(60)\nparked()", env={"RANK": "3"})
+    tree.adopt(root.pid)
+    time.sleep(1.0)  # py-spy needs the interpreter up
+    started = time.monotonic()
+    taken = stacks.take(stacks.ranked(tree.members(), tree.root, single_process=False), tmp_path, "a test")
+    took = time.monotonic() - started
+    assert taken == [TakenStack(root.pid, 3, "RANK", "py-spy", "harness_stacks/rank3.txt")]
+    assert read_index(tmp_path) == taken
+    text = (tmp_path / "harness_stacks" / "rank3.txt").read_text()
+    assert text.startswith(f"=== py-spy dump of pid {root.pid}, rank 3 (RANK), taken by the harness: a test ===")
+    assert parse_pyspy(text)[0].frames[0].func == "parked" and took < 5
+
+
+def _record(**evidence) -> PhaseRecord:
+    return PhaseRecord(PointKey("rb", "cpu", "p"), "rb/cpu/p", "train", Status.FAIL, "stalled", stalled_s=31.0,
+                       world_size=2, evidence=Evidence(**evidence))
+
+
+def test_a_process_of_unknown_rank_is_named_so_never_given_a_rank():
+    frames = [Frame("/w/loop.py", 7, "spin"), Frame("/w/train.py", 3, "<module>")]
+    rec = _record(
+        stackdumps={0: StackDump("harness_stacks/rank0.txt", frames, source="py-spy")},
+        unranked_stacks=[StackDump("harness_stacks/pid4242.txt", frames, source="py-spy", pid=4242),
+                         StackDump("stackdump_unranked0.txt", frames[1:],
+                                   "rank unknown: the trainer does not record its rank")],
+        taken_stacks=[TakenStack(11, 0, "RANK", "py-spy", "harness_stacks/rank0.txt"),
+                      TakenStack(4242, None, "", "py-spy", "harness_stacks/pid4242.txt"),
+                      TakenStack(4343, None, "", "none", note="py-spy could not take its stack (exit 1: Error)")])
+    [stall] = find([rec])
+    text = stall.title + "\n" + "\n".join(stall.detail)
+    assert "no progress for 31s, stopped by the harness" in stall.title
+    assert "rank 0 in spin; rank unknown (pid 4242) in spin" in stall.title
+    assert "rank unknown (pid 4242): stack (harness_stacks/pid4242.txt, py-spy): spin (w/loop.py:7)" in text
+    assert "rank unknown (pid 4343): no stack dump [py-spy could not take its stack (exit 1: Error)]" in text
+    assert "rank unknown: stack (stackdump_unranked0.txt): <module> (w/train.py:3) [rank unknown: the trainer" in text
+    assert "rank 1" not in text
+
+
+def _seed_dump(path, func: str) -> None:
+    path.write_text(f"--- Thread: MainThread (140) ---\n  File \"/s/train_showcase.py\", line 9, in {func}\n")
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_the_seed_adapter_never_guesses_a_dumps_rank(tmp_path, world):
+    """The seed's dumps carry no rank and no pid (two ranks dumping in one second share a
+    file): one process's latest is rank 0's, under torchrun each is rank unknown, never a rank
+    assigned by the files' order."""
+    from validation.contract.adapters import RunFacts, SeedAdapter
+    trainer, out = tmp_path / "trainer_out", tmp_path / "run"
+    trainer.mkdir()
+    _seed_dump(trainer / "stackdump_100.txt", "wait_forever")
+    _seed_dump(trainer / "watchdog_stackdump_101.txt", "step")
+    SeedAdapter().convert(trainer, out, RunFacts(world, "seed"))
+    dumps = sorted(p.name for p in out.glob("stackdump_*.txt"))
+    if world == 1:
+        assert dumps == ["stackdump_rank0.txt"] and "in step" in (out / dumps[0]).read_text()
+    else:
+        assert dumps == ["stackdump_unranked0.txt", "stackdump_unranked1.txt"]
+        assert "rank unknown" in (out / dumps[1]).read_text()
+
+
+def test_stall_evidence_survives_the_store():
+    rec = _record(stackdumps={1: StackDump("stackdump_rank1.txt", [Frame("a.py", 1, "f")], source="SIGUSR1")},
+                  taken_stacks=[TakenStack(9, 1, "RANK", "SIGUSR1", note="py-spy could not")])
+    back = PhaseRecord.from_json(rec.to_json(), "test")
+    assert back == rec and back.evidence.stackdumps[1].source == "SIGUSR1" and back.stalled_s == 31.0
+
+
+@pytest.mark.parametrize("world, dumps, advice", [
+    (2, True, "a rank inside a collective"),
+    (1, True, "The stack shows where the process waited"),
+    (2, False, "No stack could be taken"),
+    (1, False, "No stack could be taken"),
+])
+def test_stall_advice_fits_what_is_known(world, dumps, advice):
+    rec = _record(stackdumps={0: StackDump("harness_stacks/rank0.txt", [Frame("a.py", 1, "f")])} if dumps else {})
+    rec.world_size = world
+    [line] = recommendations(find([rec]))
+    assert advice in line
+    assert ("collective" in line) == (world > 1 and dumps)  # collective advice: more than one process
+    assert line.split(": ", 1)[1].startswith("The stack") == dumps  # stacks cited only when they exist

@@ -1,0 +1,143 @@
+"""The harness watches progress itself: a trainer whose step stops growing for the phase's
+``stall_s`` is stopped within stall_s + 10 s (not at the phase timeout), with every rank's stack
+taken by py-spy (or, where py-spy may not attach, asked for with SIGUSR1), and recorded NO-GO
+with each rank named where it stood. The trainer is validation/tests/hang_trainer.py, under the
+python launcher and under torchrun with 2 ranks."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from validation.contract.stacks import HARNESS_STACKS
+from validation.tests.conftest import FakeRun
+
+HANG = "validation.tests.hang_trainer"
+#: the reporting bound the issue sets: a hang is reported within stall_s + this
+REPORT_SLACK_S = 10.0
+PYTHON_STALL_S = 4.0
+#: above torchrun's start-up (2 s measured on a loaded 2-core box): the stall clock starts at launch
+TORCHRUN_STALL_S = 8.0
+
+
+def _phase(stall_s: float, env: dict[str, str], nproc: int = 1, **extra) -> dict:
+    phase = {"name": "hang", "kind": "train", "steps": 1000, "timeout_s": 120, "stall_s": stall_s, "env": env,
+             "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}], **extra}
+    if nproc > 1:
+        phase["launcher"] = {"kind": "torchrun", "nproc": nproc}
+    return phase
+
+
+class Hung:
+    """One run of a hanging point, timed from the last progress any rank made to the record."""
+
+    def __init__(self, tmp_path: Path, phase: dict):
+        self.run = FakeRun(tmp_path, [phase], defaults={"launcher": {"kind": "python", "module": HANG}})
+        self.reported = time.time()
+        self.rec = self.run.record
+        self.dir = self.run.results / self.rec.out_dir
+        self.last_progress = max(json.loads(line)["time"] for p in self.dir.glob("heartbeat_rank*.jsonl")
+                                 for line in p.read_text().splitlines())
+        [self.finding] = [f for f in self.run.findings("critical") if f.startswith("stall in hang")]
+
+    @property
+    def took(self) -> float:
+        return self.reported - self.last_progress
+
+    def check_stalled(self, stall_s: float) -> None:
+        rec = self.rec
+        assert rec.status == "FAIL" and rec.reason.startswith("stalled: no progress"), rec.reason
+        assert rec.stalled_s is not None and rec.stalled_s >= stall_s and not rec.timed_out and rec.exit_code is None
+        assert self.took <= stall_s + REPORT_SLACK_S, f"reported {self.took:.1f}s after the last progress"
+        for t in rec.evidence.taken_stacks:  # the tree is dead
+            assert not psutil.pid_exists(t.pid) or psutil.Process(t.pid).status() == psutil.STATUS_ZOMBIE
+
+    def stack(self, rank: int) -> list[str]:
+        return [f.func for f in self.rec.evidence.stackdumps[rank].frames]
+
+    def advice(self) -> str:
+        return self.run.report[self.run.report.index("Recommendations"):]
+
+
+def test_python_hang_is_reported_within_stall_s_with_rank_0s_stack(tmp_path):
+    hung = Hung(tmp_path, _phase(PYTHON_STALL_S, {"NSA_HANG_AT": "3"}))
+    hung.check_stalled(PYTHON_STALL_S)
+    [taken] = hung.rec.evidence.taken_stacks
+    assert (taken.rank, taken.rank_from, taken.method) == (0, "single process", "py-spy")
+    assert taken.path == f"{HARNESS_STACKS}/rank0.txt"
+    assert hung.stack(0)[0] == "stuck_here" and "main" in hung.stack(0)
+    assert "rank 0 in stuck_here" in hung.finding
+    assert re.search(r"no progress for \d+s after step 2 \(stall_s 4\)", (hung.dir / "trainer.stderr.log").read_text())
+    assert f"stack ({HARNESS_STACKS}/rank0.txt, py-spy)" in hung.finding
+    assert "The stack shows where the process waited" in hung.advice() and "collective" not in hung.advice()
+
+
+@pytest.mark.distributed
+def test_torchrun_one_hung_rank_each_rank_named_with_its_own_stack(tmp_path):
+    hung = Hung(tmp_path, _phase(TORCHRUN_STALL_S, {"NSA_HANG_AT": "3", "NSA_HANG_RANKS": "1"}, nproc=2))
+    hung.check_stalled(TORCHRUN_STALL_S)
+    taken = {t.rank: t for t in hung.rec.evidence.taken_stacks}
+    assert set(taken) == {0, 1} and all(t.rank_from == "RANK" and t.method == "py-spy" for t in taken.values())
+    assert hung.stack(1)[0] == "stuck_here" and hung.stack(0)[0] == "wait_for_peers"
+    for rank in (0, 1):  # the process dumped as rank R is the one torchrun gave RANK=R
+        assert f"pid {taken[rank].pid}, rank {rank} (RANK)" in (hung.dir / taken[rank].path).read_text()
+    assert "rank 0 in wait_for_peers; rank 1 in stuck_here" in hung.finding
+    assert f"rank 1: last heartbeat step 2, stage optimizer; stack ({HARNESS_STACKS}/rank1.txt, py-spy)" in hung.finding
+    assert "a rank inside a collective while another is elsewhere" in hung.advice()
+
+
+@pytest.mark.distributed
+def test_torchrun_all_ranks_hung(tmp_path):
+    hung = Hung(tmp_path, _phase(TORCHRUN_STALL_S, {"NSA_HANG_AT": "4"}, nproc=2))
+    hung.check_stalled(TORCHRUN_STALL_S)
+    assert hung.stack(0)[0] == hung.stack(1)[0] == "stuck_here"
+    assert "rank 0 in stuck_here; rank 1 in stuck_here" in hung.finding
+
+
+@pytest.fixture
+def pyspy_refused(tmp_path, monkeypatch):
+    """py-spy as it answers where ptrace is not permitted."""
+    fake = tmp_path / "py-spy"
+    fake.write_text("#!/bin/sh\necho 'Error: Operation not permitted (os error 1)' >&2\nexit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr("validation.launch.stacks.pyspy_executable", lambda: str(fake))
+
+
+def test_without_ptrace_sigusr1_asks_the_trainer_for_its_dump(tmp_path, pyspy_refused):
+    hung = Hung(tmp_path, _phase(PYTHON_STALL_S, {"NSA_HANG_AT": "3"}))
+    hung.check_stalled(PYTHON_STALL_S)
+    [taken] = hung.rec.evidence.taken_stacks
+    assert taken.method == "SIGUSR1" and taken.path is None and "Operation not permitted" in taken.note
+    dump = hung.rec.evidence.stackdumps[0]
+    assert dump.source == "SIGUSR1" and dump.path == "stackdump_rank0.txt" and dump.frames[0].func == "stuck_here"
+    assert "stack (stackdump_rank0.txt, SIGUSR1)" in hung.finding and "SIGUSR1 sent instead" in hung.finding
+
+
+def test_no_stack_at_all_is_said_and_the_advice_does_not_cite_dumps(tmp_path, pyspy_refused):
+    hung = Hung(tmp_path, _phase(PYTHON_STALL_S, {"NSA_HANG_AT": "3", "NSA_HANG_SIGUSR1": "0"}))
+    hung.check_stalled(PYTHON_STALL_S)
+    [taken] = hung.rec.evidence.taken_stacks
+    assert taken.method == "none" and "no SIGUSR1 handler" in taken.note and not hung.rec.evidence.stackdumps
+    assert "rank 0: last heartbeat step 2, stage optimizer; no stack dump [py-spy could not" in hung.finding
+    assert "No stack could be taken" in hung.advice() and "stack dumps show" not in hung.advice()
+
+
+def test_timeout_of_a_slow_run_takes_the_stacks_too(tmp_path):
+    """Progress every 0.5 s: never a stall, but the phase timeout still ends it, stacks first."""
+    hung = Hung(tmp_path, _phase(4, {"NSA_STEP_S": "0.5"}, timeout_s=6))
+    rec = hung.rec
+    assert rec.timed_out and rec.stalled_s is None and "timed out" in rec.reason
+    assert [t.method for t in rec.evidence.taken_stacks] == ["py-spy"] and "main" in hung.stack(0)
+    assert "killed at the 6s timeout" in hung.finding
+
+
+def test_pyspy_is_found_beside_the_interpreter():
+    from validation.launch.stacks import pyspy_executable
+    found = pyspy_executable()
+    assert found and os.access(found, os.X_OK)

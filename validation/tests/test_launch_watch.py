@@ -1,0 +1,73 @@
+"""The harness's own progress watch (validation/launch/watch.py): the highest step in the
+heartbeats and the training CSV, read from the bytes appended since the last look."""
+from __future__ import annotations
+
+import json
+
+from validation.launch.watch import StepWatch
+
+HEADER = "step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb\n"
+
+
+def _beat(step, **extra) -> str:
+    return json.dumps({"time": 1.0, "rank": 0, "step": step, "stage": "forward", **extra}) + "\n"
+
+
+def test_progress_is_the_highest_step_of_heartbeats_and_csv(tmp_path):
+    watch = StepWatch(tmp_path, tmp_path / "training.csv")
+    assert not watch.look() and watch.highest is None  # nothing written yet
+    (tmp_path / "training.csv").write_text(HEADER + "1,5.0,0.1,10,0.1,1,0,0\n")
+    assert watch.look() and watch.highest == 1
+    (tmp_path / "heartbeat_rank1.jsonl").write_text(_beat(1) + _beat(2))
+    assert watch.look() and watch.highest == 2
+    with open(tmp_path / "heartbeat_rank1.jsonl", "a") as fh:
+        fh.write(_beat(2, stage="backward"))  # a new stage of the same step is no progress
+    assert not watch.look() and watch.highest == 2
+
+
+def test_a_line_is_read_once_complete(tmp_path):
+    path = tmp_path / "heartbeat_rank0.jsonl"
+    watch = StepWatch(tmp_path, tmp_path / "training.csv")
+    line = _beat(7)
+    path.write_text(line[:10])
+    assert not watch.look()
+    with open(path, "a") as fh:
+        fh.write(line[10:])
+    assert watch.look() and watch.highest == 7
+
+
+def test_only_appended_bytes_are_read(tmp_path):
+    """Bytes already read are not read again: a step written over them in place goes unseen,
+    the appended one is seen."""
+    path = tmp_path / "heartbeat_rank0.jsonl"
+    path.write_text("".join(_beat(s) for s in range(1000, 2000)))
+    watch = StepWatch(tmp_path, tmp_path / "training.csv")
+    assert watch.look() and watch.highest == 1999
+    with open(path, "r+b") as fh:  # same file, same size: the first record now says step 9999
+        fh.write(_beat(9999).encode())
+    with open(path, "a") as fh:
+        fh.write(_beat(2000))
+    assert watch.look() and watch.highest == 2000
+
+
+def test_a_file_written_anew_is_read_from_its_start(tmp_path):
+    """A trainer that restarts truncates its files (or writes new ones): read them again."""
+    csv = tmp_path / "training.csv"
+    csv.write_text(HEADER + "".join(f"{s},5,0.1,10,0.1,1,0,0\n" for s in range(1, 40)))
+    watch = StepWatch(tmp_path, csv)
+    watch.look()
+    csv.write_text(HEADER)  # shorter: a new run of the same directory
+    assert not watch.look()
+    with open(csv, "a") as fh:
+        fh.write("41,5,0.1,10,0.1,1,0,0\n")
+    assert watch.look() and watch.highest == 41
+
+
+def test_headerless_csv_torn_and_odd_records_are_no_step(tmp_path):
+    """The seed trainer's CSV has no header; a record's step must be an integer."""
+    csv = tmp_path / "training.csv"
+    csv.write_text("3,5.0,0.1,10\nstep,loss\n")
+    (tmp_path / "heartbeat_rank0.jsonl").write_text(_beat(True) + _beat("9") + '{"step": 99' + "\n[1]\n")
+    (tmp_path / "heartbeat_rankX.jsonl").write_text(_beat(50))  # not a heartbeat file of the contract
+    watch = StepWatch(tmp_path, csv)
+    assert watch.look() and watch.highest == 3

@@ -1,0 +1,51 @@
+"""The profile phase through the artifact contract: the harness asks (CONTRACT_PROFILE_STEPS in
+the trainer's environment) and reads profile.json; it never imports the trainer. A trainer that
+does not honour the request leaves the phase's metrics UNMEASURED, never FAIL or a made-up PASS."""
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from nsa.contract import PROFILE_STEPS_ENV
+from validation.judge.gates import GateVerdict
+from validation.judge.record import Status
+from validation.runbook.load import load_profile, load_runbook
+from validation.runbook.plan import expand
+from validation.session.session import AcceptanceSession, SessionOptions
+
+GATES = [{"metric": "profiled_steps", "op": ">=", "threshold": 2},
+         {"metric": "nsa_ranges_found", "op": ">=", "threshold": 1}]
+
+
+def _point(tmp_path, phase: dict[str, Any], trainer: dict[str, Any] | None = None):
+    data = {"name": "prof", "profiles": ["cpu"], "phases": [phase],
+            "defaults": {"timeout_s": 120, "env": {"OMP_NUM_THREADS": 1}}}
+    if trainer:
+        data["trainer"] = trainer
+    path = tmp_path / "rb.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    (point,) = expand(load_runbook(path), load_profile("cpu"))
+    return point
+
+
+def test_this_projects_trainer_profiles_on_request(tmp_path):
+    point = _point(tmp_path, {"name": "nvtx", "kind": "profile", "steps": 4, "profile_steps": 2, "config": "tiny",
+                              "overrides": {"train.seq_len": 64, "model.n_layers": 1}, "gates": GATES})
+    assert point.env[PROFILE_STEPS_ENV] == "2"
+    rec = AcceptanceSession(SessionOptions(tmp_path / "res")).run_point(point)
+    assert rec.status == Status.PASS, (rec.reason, rec.evidence.stderr_tail)
+    assert rec.metrics.profiled_steps == 2 and rec.metrics.nsa_ranges_found >= 1
+    assert rec.metrics.steps_completed == 4 and rec.evidence.top_ops
+    assert f"{PROFILE_STEPS_ENV}=2" in " ".join(f"{k}={v}" for k, v in rec.env.items())
+
+
+def test_a_trainer_that_ignores_the_request_is_unmeasured(tmp_path):
+    native = {"name": "native_test", "root": "tests/trainers", "script": "native_train.py",
+              "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"], "phases": ["train", "profile"]}
+    point = _point(tmp_path, {"name": "nvtx", "kind": "profile", "steps": 6, "profile_steps": 2, "gates": GATES},
+                   native)
+    rec = AcceptanceSession(SessionOptions(tmp_path / "res")).run_point(point)
+    assert rec.status == Status.UNMEASURED, (rec.status, rec.reason)
+    assert "wrote no profile.json" in rec.reason and PROFILE_STEPS_ENV in rec.reason
+    assert {g.verdict for g in rec.gates} == {GateVerdict.UNMEASURED}

@@ -25,7 +25,6 @@ from validation import DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, checkout_problem
 from validation.contract.adapters import ADAPTERS
 from validation.contract.check_command import check as check_artifacts
 from validation.errors import HarnessError
-from validation.judge.metrics import costs as metric_costs
 from validation.runbook.describe import describe
 from validation.runbook.load import load_profile, load_runbook
 from validation.session.session import (
@@ -227,7 +226,7 @@ def cmd_check_artifacts(args: argparse.Namespace) -> int:
               f"{'/'.join(n for n in sorted(ADAPTERS) if ADAPTERS[n].converts)}); the contract's world size is "
               "env.json's world_size", file=sys.stderr)
         return ExitStatus.USAGE
-    return check_artifacts(args.dir, args.adapter, args.world_size, costs=metric_costs())
+    return check_artifacts(args.dir, args.adapter, args.world_size)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -172,6 +172,10 @@ def _csv_detail(df: pd.DataFrame) -> str:
     return f"{len(df)} rows, steps {int(df['step'].min())}..{int(df['step'].max())}"
 
 
+#: what an absent optional field costs when the caller did not name the metrics (check-artifacts)
+_METRICS_UNMEASURED = "metrics that read it are UNMEASURED"
+
+
 def _unmeasured(costs: Costs, key: str, otherwise: str) -> str:
     return f"UNMEASURED: {', '.join(costs[key])}" if key in costs else otherwise
 
@@ -182,8 +186,8 @@ def _csv_columns(found: ContractRead, costs: Costs) -> None:
         if df[col].isna().all() and col in CSV_VALUED:
             found.items.append(Item(TRAINING_CSV, Presence.MALFORMED, "no value in any row", field=col))
         elif df[col].isna().all():
-            found.items.append(Item(TRAINING_CSV, Presence.MISSING, _unmeasured(costs, col, "no value in any row"),
-                                    False, col))
+            found.items.append(Item(TRAINING_CSV, Presence.MISSING,
+                                    _unmeasured(costs, col, f"no value in any row ({_METRICS_UNMEASURED})"), False, col))
 
 
 def _beats_detail(beats: dict[int, list[dict[str, Any]]]) -> str:
@@ -209,10 +213,11 @@ def _heartbeat_fields(found: ContractRead, costs: Costs) -> None:
                 found.items.append(Item(name, Presence.MALFORMED, f"record {i + 1} says rank {said} in the file of "
                                                                   f"rank {rank}"))
                 break
-    if "fallbacks" in costs and not any("fallbacks" in r or any(k.startswith("fb_") for k in r)
-                                        for recs in found.heartbeats.values() for r in recs):
-        found.items.append(Item(HEARTBEAT_GLOB, Presence.MISSING, _unmeasured(costs, "fallbacks", ""), False,
-                                "fallbacks"))
+    if not any("fallbacks" in r or any(k.startswith("fb_") for k in r) for recs in found.heartbeats.values()
+               for r in recs):
+        found.items.append(Item(HEARTBEAT_GLOB, Presence.MISSING,
+                                _unmeasured(costs, "fallbacks", f"no fallback counters ({_METRICS_UNMEASURED})"),
+                                False, "fallbacks"))
 
 
 def _env_fields(found: ContractRead, costs: Costs) -> None:

@@ -22,7 +22,8 @@ EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
 def check(directory: Path, adapter: str = "native", world_size: int | None = None, out: TextIO | None = None,
           costs: contract.Costs | None = None) -> int:
     """``costs``: per optional field, the metrics its absence leaves UNMEASURED (the judge's
-    catalogue, ``validation.judge.metrics.costs()``), named beside the field."""
+    catalogue, ``validation.judge.metrics.costs()``), named beside the field; without it the
+    check says that the metrics reading the field are UNMEASURED."""
     out = out or sys.stdout  # looked up now, not when the module was imported
     if not directory.is_dir():
         print(f"nsa-validate check-artifacts: error: {directory} is not a directory", file=sys.stderr)

@@ -44,14 +44,14 @@ def test_nonfinite_advice_names_this_projects_keys_only_for_its_trainer():
 def test_stall_advice_speaks_of_collectives_and_dumps_only_where_they_are():
     hung = dict(timed_out=True)
     alone = dataclasses.replace(_record(FOREIGN, dumps=1), **hung)
-    assert "collective" not in _advice(alone) and "The stack dump shows" in _advice(alone)
+    assert "collective" not in _advice(alone) and "The stack shows where the process waited" in _advice(alone)
     both = dataclasses.replace(_record(FOREIGN, world=2, dumps=2), **hung)
     assert "The stack dumps show where each rank waited: a rank inside a collective" in _advice(both)
     one = dataclasses.replace(_record(FOREIGN, world=2, dumps=1), **hung)
-    assert "Stacks of 1 of 2 ranks were recorded" in _advice(one) and "show where each rank" not in _advice(one)
+    assert "The stacks of 1 of 2 ranks (the finding names them)" in _advice(one) and "each rank" not in _advice(one)
     assert "stacks of 1 of 2 ranks were recorded" in next(f for f in find([one]) if f.kind == "stall").detail
     none = dataclasses.replace(_record(FOREIGN, world=2), **hung)
-    assert "stack dumps show" not in _advice(none) and "No stack of the stalled run was recorded" in _advice(none)
+    assert "stack dumps show" not in _advice(none) and "No stack could be taken" in _advice(none)
     [stall] = [f for f in find([none]) if f.kind == "stall"]
     assert stall.title.endswith(": no stack was recorded")
 

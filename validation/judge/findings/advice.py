@@ -25,7 +25,7 @@ def _stall(f: Facts) -> str:
                  "fix it. ")
     else:
         shown = ("The stack dumps show where each rank waited" if f.stacks >= f.world_size else
-                 f"Stacks of {f.stacks} of {f.world_size} ranks were recorded (the finding says which)")
+                 f"The stacks of {f.stacks} of {f.world_size} ranks (the finding names them) show where they waited")
         where = (f"{shown}: a rank inside a collective while another is elsewhere means the ranks' steps diverged "
                  "(a rank-dependent branch, data or shape). ")
     return where + f"Then {_RERUN}."

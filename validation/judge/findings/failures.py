@@ -118,7 +118,10 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
                else "watchdog .HALT" if ev.halt is not None else f"killed at the {r.timeout_s:g}s timeout")
         notes = {(t.rank, t.pid if t.rank is None else None): t.note for t in ev.taken_stacks if t.note}
         detail, stuck = [], []
-        for rank in range(r.world_size):  # only ranks that exist (env.json's world size)
+        # the ranks something is known of (a heartbeat, a stack), and only ranks that exist: a rank
+        # nothing is known of is not listed beside stacks of unknown rank that may be its own
+        known = set(ev.last_heartbeat) | set(ev.stackdumps) | {t.rank for t in ev.taken_stacks if t.rank is not None}
+        for rank in sorted(k for k in known if k < r.world_size):
             hb = ev.last_heartbeat.get(rank)
             line = f"rank {rank}: last heartbeat step {_q(hb and hb.step)}, stage {_q(hb and hb.stage)}"
             detail.append(f"{line}; {_stack(f'rank {rank}', ev.stackdumps.get(rank), notes.get((rank, None)), stuck)}")
@@ -130,6 +133,8 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
             if t.rank is None and t.pid not in dumped:
                 who = f"rank unknown (pid {t.pid})"
                 detail.append(f"{who}: {_stack(who, None, t.note, stuck)}")
+        if not detail:
+            detail.append("no heartbeats and no stack dumps were written")
         if 0 < len(stuck) < r.world_size:
             detail.append(f"stacks of {len(stuck)} of {r.world_size} ranks were recorded")
         at = f": {'; '.join(stuck)}" if stuck else ": no stack was recorded"

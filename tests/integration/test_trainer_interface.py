@@ -88,7 +88,7 @@ def seedlike_results(tmp_path_factory) -> tuple[Path, Path, dict[str, Any]]:
         _train("crash"),
         _train("nan"),
         _train("memory", gates=[*GATES, {"metric": "mem_reserved_gb_max", "op": "<=", "threshold": 10}]),
-        {"name": "profiled", "kind": "profile"},
+        {"name": "profiled", "kind": "profile", "profile_steps": 2},
     ])
     results = tmp / "results"
     recs = _run_all(rb, results, only={"good", "ddp", "memory", "profiled"})

@@ -35,7 +35,7 @@ def test_the_defaults_value_reaches_train_phases_only(tmp_path):
     ({"stall_s": 60, "timeout_s": 60}, {}, "phases[0].stall_s", "not below the phase's timeout_s (60 s)"),
     ({"timeout_s": 30}, {"stall_s": 45}, "defaults.stall_s (for phases[0])", "not below the phase's timeout_s (30 s)"),
     ({}, {"stall_s": -1}, "defaults.stall_s", "expected a number >= 1.0"),
-    ({"kind": "pytest", "tests": ["x.py"], "stall_s": 10}, {}, "phases[0].stall_s", "only train phases"),
+    ({"kind": "pytest", "tests": ["x.py"], "stall_s": 10}, {}, "phases[0].stall_s", "only phases that run the trainer"),
 ])
 def test_bad_stall_s_names_file_and_key(tmp_path, phase, defaults, key, words):
     with pytest.raises(RunbookError) as exc:

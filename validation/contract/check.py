@@ -173,7 +173,7 @@ def _csv_detail(df: pd.DataFrame) -> str:
 
 
 #: what an absent optional field costs when the caller did not name the metrics (check-artifacts)
-_METRICS_UNMEASURED = "metrics that read it are UNMEASURED"
+_METRICS_UNMEASURED = "the metrics that read this field are UNMEASURED"
 
 
 def _unmeasured(costs: Costs, key: str, otherwise: str) -> str:

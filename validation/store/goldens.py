@@ -137,7 +137,8 @@ class GoldenFile:
         data = {"schema": SCHEMA, "runbook": self.runbook, "profile": self.profile, "points": {
             pid: {hw: _curve_data(c) for hw, c in sorted(by_class.items())}
             for pid, by_class in sorted(self.curves.items())}}
-        text = ("# Golden loss curves (validation/store/goldens.py). Written by `nsa-validate bless`; do not edit by hand.\n"
+        text = ("# Golden loss curves (validation/store/goldens.py). Written by `nsa-validate bless`; "
+                "do not edit by hand.\n"
                 + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)

@@ -228,7 +228,8 @@ def _faulthandler_text(dump: _Dump, rank: str) -> str:
     naming the original file and how its rank is known."""
     text = dump.text
     first = text.splitlines()[0].strip() if text else ""
-    shared = f"; one of {dump.shared} dumps in that file (processes dumping in the same second)" if dump.shared > 1 else ""
+    shared = (f"; one of {dump.shared} dumps in that file (processes dumping in the same second)"
+              if dump.shared > 1 else "")
     out = [f"=== {dump.file} ({first}): {rank}{shared} ==="]
     frames: list[str] = []
 

@@ -154,7 +154,7 @@ ESCAPES = [
     ({"name": "../../escape"}, "phases[0].name"),
     ({"kind": "pytest", "tests": ["../outside/test_x.py"]}, "phases[0].tests[0]"),
     ({"kind": "pytest", "tests": ["/abs/test_x.py"]}, "phases[0].tests[0]"),
-    ({"sweep": {"data.path": ["runbooks/data/sample_text.txt", "/etc/passwd"]}}, "phases[0].sweep.data.path"),
+    ({"sweep": {"data.path": ["runbooks/cpu_smoke.yaml", "/etc/passwd"]}}, "phases[0].sweep.data.path"),
     ({"sweep": {"train.resume": ["../../elsewhere.pt"]}}, "phases[0].sweep.train.resume"),
     ({"config": "../../etc/cfg"}, "phases[0].config"),
 ]

@@ -12,7 +12,6 @@ import datetime as _dt
 
 from validation.judge.record import TRAINER_KINDS, PhaseRecord
 
-
 #: how far two points' intervals must overlap to count: more than the millisecond the times are kept to
 OVERLAP_S = 0.01
 

@@ -163,7 +163,8 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         threshold = profile.thresholds.get(baseline_cmp.REGRESSION_KEY) if profile else None
         base_records = baseline_cmp.load(baseline, results_dir, runbook_name, profile_name)
         comparison = baseline_cmp.compare(records, base_records, baseline, threshold)
-    findings = find(records, comparison.findings() if comparison else None)
+    findings = find(records, comparison.findings() if comparison else None,
+                    profile.thresholds if profile else None)
     status, why = status_of(records, missing, findings)
     hw = next((r.hardware for r in records if r.hardware), None)
     sha = next((r for r in records if r.git_sha), None)

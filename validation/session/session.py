@@ -238,12 +238,13 @@ class AcceptanceSession:
         records = [r for r in self.ran.values() if (r.key.runbook, r.key.profile) == pair and r.status != Status.SKIP]
         extra: list[Finding] = []
         base = self.options.baseline
-        if base is not None and records:
-            profile = next(p.profile for p in self.points() if (p.runbook.name, p.profile.name) == pair)
+        profile = next((p.profile for p in self.points() if (p.runbook.name, p.profile.name) == pair), None)
+        if base is not None and records and profile is not None:
             stored = baseline_store.load(base, self.results_dir, *pair)
             extra = baseline_store.compare(records, stored, base,
                                            profile.thresholds.get(baseline_store.REGRESSION_KEY)).findings()
-        cross = [f for f in find(records) if f.severity == Severity.CRITICAL and f.kind in CROSS_POINT]
+        cross = [f for f in find(records, thresholds=profile.thresholds if profile else None)
+                 if f.severity == Severity.CRITICAL and f.kind in CROSS_POINT]
         return cross + [f for f in extra if f.severity == Severity.CRITICAL], len(records)
 
     def render(self, pairs: list[tuple[str, str]] | None = None, notes: Callable[[str], None] | None = None

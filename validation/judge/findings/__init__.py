@@ -2,10 +2,12 @@
 
 Each detector reads stored records only, so findings can be recomputed for any results
 directory without re-running anything: process failures and failed gates (failures.py), speed
-across points (throughput.py); advice.py turns findings into what to do next, saying only what
+across points (throughput.py), where NSA pays against dense (long_context.py); advice.py turns findings into what to do next, saying only what
 is true of the trainer that ran.
 """
 from __future__ import annotations
+
+from typing import Mapping
 
 from validation.judge.findings.advice import recommendations
 from validation.judge.findings.failures import (
@@ -17,6 +19,7 @@ from validation.judge.findings.failures import (
     stalls,
 )
 from validation.judge.findings.finding import Finding, Severity, point_label, where
+from validation.judge.findings.long_context import long_context
 from validation.judge.findings.throughput import (
     CROSS_POINT,
     best_setting,
@@ -32,10 +35,13 @@ DETECTORS = (crashes, stalls, short_runs, shared_timings, cliffs, host_bound, im
 _ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 
-def find(records: list[PhaseRecord], extra: list[Finding] | None = None) -> list[Finding]:
+def find(records: list[PhaseRecord], extra: list[Finding] | None = None,
+         thresholds: Mapping[str, float | None] | None = None) -> list[Finding]:
     """Every detector's findings, and ``extra`` ones found elsewhere (a baseline comparison),
-    critical first."""
-    out = [f for detect in DETECTORS for f in detect(records)] + list(extra or [])
+    critical first. ``thresholds``: the profile's, for the checks across points that have one
+    (long context's speed-up)."""
+    out = [f for detect in DETECTORS for f in detect(records)] + long_context(records, thresholds)
+    out += list(extra or [])
     return sorted(out, key=lambda f: _ORDER[f.severity])
 
 

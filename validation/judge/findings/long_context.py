@@ -9,6 +9,7 @@ cross-point failure no single point's test can see)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from validation.judge.findings.finding import Finding, Severity
 from validation.judge.record import PhaseRecord
@@ -63,7 +64,9 @@ def crossover(found: list[LengthPair]) -> int | None:
     return length
 
 
-def long_context(records: list[PhaseRecord], thresholds: dict[str, float | None] | None = None) -> list[Finding]:
+def long_context(records: list[PhaseRecord], thresholds: Mapping[str, float | None] | None = None) -> list[Finding]:
+    """Per phase that crosses the attention kind with the length: one finding, critical when the
+    speed-up at the longest length is below the profile's MIN_SPEEDUP_KEY."""
     out = []
     minimum = (thresholds or {}).get(MIN_SPEEDUP_KEY)
     for phase, found in pairs(records).items():

@@ -4,7 +4,14 @@ backends. The cross-point speed findings read only points whose timings did not 
 machine with another timed point (validation/judge/timing.py)."""
 from __future__ import annotations
 
-from validation.judge.findings.finding import Facts, Finding, Severity, point_label, where
+from validation.judge.findings.finding import (
+    Facts,
+    Finding,
+    Severity,
+    point_label,
+    where,
+)
+from validation.judge.findings.long_context import KIND_KEY
 from validation.judge.pace import fit_step_time
 from validation.judge.record import PhaseRecord, Status
 from validation.judge.timing import reliable, shared_machine
@@ -12,7 +19,7 @@ from validation.judge.timing import reliable, shared_machine
 #: a sweep point is a cliff when its tokens/s falls below this fraction of the best earlier point
 CLIFF_FRACTION = 0.25
 #: kinds of finding that only show across points (a single point's test cannot fail on them)
-CROSS_POINT = {"cliff", "host_bound"}
+CROSS_POINT = {"cliff", "host_bound", "long_context"}
 
 
 def _toks(r: PhaseRecord) -> float | None:
@@ -36,9 +43,12 @@ def shared_timings(records: list[PhaseRecord]) -> list[Finding]:
 
 def cliffs(records: list[PhaseRecord]) -> list[Finding]:
     """In each swept phase, in sweep order: the first point whose tokens/s drops below
-    CLIFF_FRACTION of the best earlier point (the seeds' 165 -> 6 tokens/s at batch 2)."""
+    CLIFF_FRACTION of the best earlier point (the seeds' 165 -> 6 tokens/s at batch 2). A sweep
+    across attention kinds compares two models, not one model's shapes: long_context.py reads it."""
     out = []
     for phase, recs in _by_phase(reliable(records)).items():
+        if any(KIND_KEY in r.key.params for r in recs):
+            continue
         best: PhaseRecord | None = None
         for r in sorted((r for r in recs if r.key.params and _toks(r) is not None), key=lambda r: r.sweep_index):
             if best is not None and _toks(r) < CLIFF_FRACTION * _toks(best):

@@ -1,0 +1,55 @@
+"""Long context, NSA against dense (validation/judge/findings/long_context.py): the crossover
+length and the speed-up at the longest length, from a sweep that crosses model.attn.kind with
+train.seq_len; the profile's min_long_context_speedup makes a shortfall critical."""
+from __future__ import annotations
+
+from validation.judge.findings import CROSS_POINT, Severity, find
+from validation.judge.findings.long_context import MIN_SPEEDUP_KEY, crossover, pairs
+from validation.judge.record import Evidence, PhaseRecord, PointKey, Status, Summary
+
+#: measured 2026-11-24 on one H100 (docs/performance.md, thirteenth set), tok/s: (NSA, dense)
+H100 = {4096: (126_589, 196_172), 16384: (147_112, 166_967), 32768: (149_038, 119_696), 65536: (139_955, 76_215)}
+
+
+def _records(measured: dict[int, tuple[float, float]]) -> list[PhaseRecord]:
+    out = []
+    for i, (seq, toks) in enumerate(measured.items()):
+        for j, (kind, value) in enumerate(zip(("nsa", "dense"), toks)):
+            params = {"train.seq_len": seq, "model.attn.kind": kind}
+            out.append(PhaseRecord(PointKey("lc", "h100", "long_context", params), f"lc/h100/long_context/{seq}{kind}",
+                                   "train", Status.PASS, "", sweep_index=2 * i + j, params_order=list(params),
+                                   exit_code=0, steps=12, metrics=Summary(toks_per_s_mean=value, mem_reserved_gb_max=40.0),
+                                   evidence=Evidence(loss_last=3.0)))
+    return out
+
+
+def test_crossover_is_the_length_from_which_nsa_stays_faster():
+    (found,) = pairs(_records(H100)).values()
+    assert [p.seq_len for p in found] == [4096, 16384, 32768, 65536]
+    assert crossover(found) == 32768
+    assert round(found[-1].speedup, 2) == 1.84
+    # faster at 16k, slower at 32k, faster again at 64k: the crossover is 64k, not 16k
+    (wobbly,) = pairs(_records({16384: (2.0, 1.0), 32768: (1.0, 2.0), 65536: (2.0, 1.0)})).values()
+    assert crossover(wobbly) == 65536
+
+
+def test_the_finding_names_the_crossover_and_the_speedup_and_is_critical_below_the_profile():
+    records = _records(H100)
+    (info,) = [f for f in find(records, thresholds={MIN_SPEEDUP_KEY: 1.5}) if f.kind == "long_context"]
+    assert info.severity == Severity.INFO
+    assert info.title == "long context in long_context: NSA is faster from S=32,768 on; 1.84x dense at S=65,536"
+    assert "S=16,384: NSA 147,112 tok/s, dense 166,967 tok/s (0.88x)" in info.detail[1]
+    (short,) = [f for f in find(records, thresholds={MIN_SPEEDUP_KEY: 2.5}) if f.kind == "long_context"]
+    assert short.severity == Severity.CRITICAL and "below the profile's min_long_context_speedup 2.5" in short.title
+    assert short.kind in CROSS_POINT
+
+
+def test_no_pair_no_finding():
+    only_nsa = [r for r in _records(H100) if r.key.params["model.attn.kind"] == "nsa"]
+    assert not [f for f in find(only_nsa, thresholds={MIN_SPEEDUP_KEY: 1.5}) if f.kind == "long_context"]
+
+
+def test_a_sweep_across_attention_kinds_is_no_throughput_cliff():
+    """Dense at 64k runs at a fraction of NSA at 4k by design; that is no cliff of one model."""
+    steep = _records({4096: (400_000.0, 400_000.0), 65536: (50_000.0, 20_000.0)})
+    assert not [f for f in find(steep) if f.kind == "cliff"]

@@ -107,8 +107,10 @@ def rejudge(rec: PhaseRecord, gates: list[GateResult]) -> PhaseRecord:
 def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
     """The verdict that how the process ended decides on its own, or None when it ran clean."""
     if outcome.stalled_s is not None:
-        return Status.FAIL, (f"stalled: no progress for {outcome.stalled_s:.0f}s; stacks taken and the run killed by "
-                             "the harness")
+        at = (f"after step {outcome.steps_completed}" if outcome.steps_completed
+              else "before its first step (start-up)")
+        return Status.FAIL, (f"stalled: no progress for {outcome.stalled_s:.0f}s {at}; stacks taken and the run "
+                             "killed by the harness")
     if outcome.timed_out:
         return Status.FAIL, "timed out: killed by the harness at the phase timeout"
     halt = outcome.halt

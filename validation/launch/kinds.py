@@ -96,7 +96,8 @@ def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], pro
 def _watch(point: PhasePoint, out_dir: Path, progress_dir: Path, csv: Path) -> Watch:
     """A train point's progress (its heartbeats and CSV in ``progress_dir``) watched for stalls;
     stacks go into the run directory ``out_dir``."""
-    return Watch(progress_dir, csv, point.phase.stall_after_s, out_dir, point.phase.launcher.kind == "python")
+    return Watch(progress_dir, csv, point.phase.stall_after_s, point.phase.startup_after_s, out_dir,
+                 point.phase.launcher.kind == "python")
 
 
 def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: RunData, errors: list[str],

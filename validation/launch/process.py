@@ -119,9 +119,12 @@ def _supervise(proc: subprocess.Popen, tree: ProcessTree, start: float, timeout_
             if steps.look():
                 last_progress = now
             quiet = now - last_progress
-            if quiet >= watch.stall_s:
-                at = "before its first step" if steps.highest is None else f"after step {steps.highest}"
-                return _Stop(False, round(quiet, 1), f"no progress for {quiet:.0f}s {at} (stall_s {watch.stall_s:g})")
+            first = steps.highest is None
+            limit = watch.startup_s if first else watch.stall_s
+            if quiet >= limit:
+                at = "before its first step" if first else f"after step {steps.highest}"
+                key = "startup_s" if first else "stall_s"
+                return _Stop(False, round(quiet, 1), f"no progress for {quiet:.0f}s {at} ({key} {limit:g})")
         if elapsed >= timeout_s:
             return _Stop(True, None, f"killed after {timeout_s:.0f}s timeout")
 

@@ -26,8 +26,11 @@ class Watch:
     csv: Path
     """Its training CSV, whose first column is the step (with or without a header)."""
     stall_s: float
-    """No growth of the highest step for this long (counted from the launch, so start-up counts
-    too) is a stall: stacks are taken and the tree killed."""
+    """No growth of the highest step for this long, once a first step was seen, is a stall:
+    stacks are taken and the tree killed."""
+    startup_s: float
+    """Before the first step: no step this long after the launch is a stall too (start-up takes
+    longer than a step: imports, compilation, graph capture)."""
     run_dir: Path
     """Where the stacks the harness takes go (``harness_stacks/``)."""
     single_process: bool

@@ -236,27 +236,28 @@ def _test_path(r: Reader, key: str, v: Any) -> str:
     return v
 
 
-def _stall_s(r: Reader, kind: str, timeout_s: float, default: float | None) -> float | None:
-    """The stall time of a phase that runs the trainer: at least 1 s and below its timeout (else
-    the timeout always comes first); only those phases are watched, and only they take the
-    defaults' value."""
-    own = r.num("stall_s", None, minimum=1.0)
+def _watch_s(r: Reader, key: str, kind: str, timeout_s: float, default: float | None) -> float | None:
+    """A watch time of a phase that runs the trainer (``stall_s``, ``startup_s``): at least 1 s
+    and below its timeout (else the timeout always comes first); only those phases are watched,
+    and only they take the defaults' value."""
+    own = r.num(key, None, minimum=1.0)
     if own is not None and kind not in TRAINER_KINDS:
-        r.fail(r.key("stall_s"), f"only phases that run the trainer ({', '.join(TRAINER_KINDS)}) are watched for "
-                                 f"stalls, not kind {kind!r}")
-    stall_s = own if own is not None else (default if kind in TRAINER_KINDS else None)
-    if stall_s is not None and stall_s >= timeout_s:
-        where = r.key("stall_s") if own is not None else f"defaults.stall_s (for {r.where})"
-        r.fail(where, f"{stall_s:g} s is not below the phase's timeout_s ({timeout_s:g} s): the timeout would "
+        r.fail(r.key(key), f"only phases that run the trainer ({', '.join(TRAINER_KINDS)}) are watched for "
+                           f"stalls, not kind {kind!r}")
+    value = own if own is not None else (default if kind in TRAINER_KINDS else None)
+    if value is not None and value >= timeout_s:
+        where = r.key(key) if own is not None else f"defaults.{key} (for {r.where})"
+        r.fail(where, f"{value:g} s is not below the phase's timeout_s ({timeout_s:g} s): the timeout would "
                       "always end a hang first")
-    return stall_s
+    return value
 
 
 _PYTEST_ARG = re.compile(r"^(-k|-m|-x|-q|-v|--maxfail=\d+|--hypothesis-seed=\d+|[A-Za-z0-9_ ().\[\]-]+)$")
 
 _PHASE_KEYS = ("name", "kind", "description", "markers", "launcher", "config", "overrides", "env", "steps",
-               "timeout_s", "stall_s", "sweep", "gates", "tests", "pytest_args", "min_gpus", "golden_steps", "profile_steps")
-DEFAULT_KEYS = ("launcher", "config", "overrides", "env", "steps", "timeout_s", "stall_s", "min_gpus")
+               "timeout_s", "stall_s", "startup_s", "sweep", "gates", "tests", "pytest_args", "min_gpus", "golden_steps",
+               "profile_steps")
+DEFAULT_KEYS = ("launcher", "config", "overrides", "env", "steps", "timeout_s", "stall_s", "startup_s", "min_gpus")
 
 
 def parse_phase(path: Path, data: Any, where: str, defaults: dict[str, Any], known_markers: set[str] | None) -> Phase:
@@ -301,7 +302,8 @@ def parse_phase(path: Path, data: Any, where: str, defaults: dict[str, Any], kno
         name=name, kind=kind, description=r.str_("description", "") or "", markers=tuple(markers),
         launcher=launcher, config=config, overrides=overrides, env=env,
         steps=steps,
-        timeout_s=timeout_s, stall_s=_stall_s(r, kind, timeout_s, defaults["stall_s"]),
+        timeout_s=timeout_s, stall_s=_watch_s(r, "stall_s", kind, timeout_s, defaults["stall_s"]),
+        startup_s=_watch_s(r, "startup_s", kind, timeout_s, defaults["startup_s"]),
         sweep=_sweep(r, r.key("sweep"), r.get("sweep")), gates=gates, tests=tests, pytest_args=tuple(pargs),
         min_gpus=r.int_("min_gpus", defaults["min_gpus"]), golden_steps=golden_steps, profile_steps=profile_steps,
     )

@@ -55,6 +55,7 @@ def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None
         "steps": d.int_("steps", 20, minimum=1),
         "timeout_s": d.num("timeout_s", 600.0, minimum=1.0),
         "stall_s": d.num("stall_s", None, minimum=1.0),
+        "startup_s": d.num("startup_s", None, minimum=1.0),
         "min_gpus": d.int_("min_gpus", 0),
     }
     profiles = r.list_("profiles")

@@ -45,6 +45,9 @@ class Phase:
     """Train phases: no new step (heartbeats, training CSV) for this long is a stall, and the
     harness takes every rank's stack and kills the run; counted from the launch, so it must
     cover the trainer's start-up. None: a quarter of timeout_s (``stall_after_s``)."""
+    startup_s: float | None = None
+    """Phases that run the trainer: the time allowed before its first step (imports, model build,
+    compilation, graph capture), after which no step is a stall too. None: ``stall_s``."""
     sweep: Mapping[str, tuple[Scalar, ...]] = field(default_factory=dict)
     gates: tuple[Gate, ...] = ()
     tests: tuple[str, ...] = ()
@@ -60,6 +63,11 @@ class Phase:
     def stall_after_s(self) -> float:
         """The stall time in force: the phase's ``stall_s``, else a quarter of its timeout."""
         return self.stall_s if self.stall_s is not None else self.timeout_s / STALL_SHARE
+
+    @property
+    def startup_after_s(self) -> float:
+        """The time in force before the first step: ``startup_s``, else the stall time."""
+        return self.startup_s if self.startup_s is not None else self.stall_after_s
 
     def points(self) -> list[dict[str, Scalar]]:
         """The sweep's cartesian product in YAML order ([{}] without a sweep)."""

@@ -8,6 +8,7 @@ RANK and WORLD_SIZE).
     NSA_HANG_RANKS=all|R,R which ranks hang (default: all)
     NSA_HANG_SIGUSR1=0     no SIGUSR1 handler (default: faulthandler writes stackdump_rank{R}.txt)
     NSA_STEP_S=F           seconds a step takes (default 0.02)
+    NSA_START_S=F          seconds of start-up before the first step (default 0)
 
 Every step ends at a barrier through the heartbeat files (``wait_for_peers``): a healthy rank
 waits for a hung one, as it would in a collective.
@@ -66,6 +67,7 @@ def main() -> int:
     spec = os.environ.get("NSA_HANG_RANKS", "all")
     hangs = hang_at > 0 and (spec == "all" or str(rank) in spec.split(","))
     step_s = float(os.environ.get("NSA_STEP_S", "0.02"))
+    time.sleep(float(os.environ.get("NSA_START_S", "0")))
     if rank == 0:
         (out / "env.json").write_text(json.dumps({"world_size": world, "git_sha": "test"}))
         (out / "training.csv").write_text(COLUMNS + "\n")

@@ -141,3 +141,20 @@ def test_pyspy_is_found_beside_the_interpreter():
     from validation.launch.stacks import pyspy_executable
     found = pyspy_executable()
     assert found and os.access(found, os.X_OK)
+
+
+def test_a_slow_start_within_startup_s_is_no_stall_and_a_hang_after_it_still_is(tmp_path):
+    """Start-up (imports, compilation, graph capture) takes longer than a step: ``startup_s``
+    covers it without stretching ``stall_s`` for the steps after it."""
+    slow_start = {"NSA_START_S": "6", "NSA_STEP_S": "0.01"}
+    for name in ("ok", "early", "hung"):
+        (tmp_path / name).mkdir()
+    ok = FakeRun(tmp_path / "ok", [_phase(PYTHON_STALL_S, slow_start, steps=20, startup_s=30)],
+                 defaults={"launcher": {"kind": "python", "module": HANG}}).record
+    assert ok.status == "PASS" and ok.stalled_s is None, ok.reason
+    early = FakeRun(tmp_path / "early", [_phase(PYTHON_STALL_S, slow_start, steps=20)],
+                    defaults={"launcher": {"kind": "python", "module": HANG}}).record
+    assert early.status == "FAIL" and "no progress for 4s before its first step" in early.reason, early.reason
+    hung = Hung(tmp_path / "hung", _phase(PYTHON_STALL_S, {**slow_start, "NSA_HANG_AT": "5"}, startup_s=30))
+    hung.check_stalled(PYTHON_STALL_S)
+    assert "after step 4;" in hung.rec.reason, hung.rec.reason

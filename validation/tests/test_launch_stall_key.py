@@ -22,6 +22,13 @@ def test_default_is_a_quarter_of_the_timeout_and_a_phase_sets_its_own(tmp_path):
     assert rb.phase("b").stall_after_s == 15
 
 
+def test_startup_s_defaults_to_the_stall_time(tmp_path):
+    _, rb = _load(tmp_path, [{"name": "a", "kind": "train", "timeout_s": 120},
+                             {"name": "b", "kind": "train", "timeout_s": 120, "stall_s": 15, "startup_s": 90}],
+                  startup_s=None)
+    assert rb.phase("a").startup_after_s == 30 and rb.phase("b").startup_after_s == 90
+
+
 def test_the_defaults_value_reaches_train_phases_only(tmp_path):
     _, rb = _load(tmp_path, [{"name": "a", "kind": "train"}, {"name": "t", "kind": "pytest", "tests": ["x.py"]}],
                   stall_s=20, timeout_s=100)
@@ -36,6 +43,9 @@ def test_the_defaults_value_reaches_train_phases_only(tmp_path):
     ({"timeout_s": 30}, {"stall_s": 45}, "defaults.stall_s (for phases[0])", "not below the phase's timeout_s (30 s)"),
     ({}, {"stall_s": -1}, "defaults.stall_s", "expected a number >= 1.0"),
     ({"kind": "pytest", "tests": ["x.py"], "stall_s": 10}, {}, "phases[0].stall_s", "only phases that run the trainer"),
+    ({"startup_s": 0}, {}, "phases[0].startup_s", "expected a number >= 1.0"),
+    ({"startup_s": 60, "timeout_s": 60}, {}, "phases[0].startup_s", "not below the phase's timeout_s (60 s)"),
+    ({"kind": "pytest", "tests": ["x.py"], "startup_s": 10}, {}, "phases[0].startup_s", "only phases that run the trainer"),
 ])
 def test_bad_stall_s_names_file_and_key(tmp_path, phase, defaults, key, words):
     with pytest.raises(RunbookError) as exc:

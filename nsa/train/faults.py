@@ -10,6 +10,9 @@ Spec: one or more faults separated by commas, each ``KIND[:key=value]...``::
     NSA_FAULT="kill:rank=1:step=3"             rank 1 SIGKILLs itself -> dead-peer path
     NSA_FAULT="stall:rank=0:step=2:seconds=30" a finite stall (slow rank, no watchdog if short)
     NSA_FAULT="quit_early:step=4"              every rank stops after step 4, exit 0, no .HALT
+    NSA_FAULT="malformed:step=3"               step 3's training.csv row holds a non-number
+    NSA_FAULT="missing_optional"               env.json without its optional keys (git_sha,
+                                               attention_backends, tokens_per_step)
 
 Keys: ``rank`` (default: every rank), ``step`` (1-based optimizer step, default 1), ``stage``
 (data, forward, backward or optimizer; default forward, except nan which always acts on the
@@ -22,7 +25,9 @@ than the device holds (on CPU it raises torch.OutOfMemoryError, as allocating wo
 kernel's OOM killer instead); kill sends SIGKILL to its own process, as a dead node would;
 quit_early ends the loop after its step as if the run were done (the step logged, a checkpoint
 saved, exit 0, no .HALT): a trainer that stops short and says nothing is a bug only the count of
-steps completed against steps requested can catch, so a harness must be tried on it.
+steps completed against steps requested can catch, so a harness must be tried on it. malformed
+and missing_optional break the artifact contract the way another trainer might (a row a reader
+cannot parse; the recommended env.json keys left out), for the harness's fault matrix.
 """
 from __future__ import annotations
 
@@ -35,7 +40,10 @@ import torch
 
 from ..config import ConfigError
 
-KINDS = ("stall", "crash", "nan", "oom", "kill", "quit_early")
+KINDS = ("stall", "crash", "nan", "oom", "kill", "quit_early", "malformed", "missing_optional")
+#: env.json keys the contract recommends but does not require (nsa/contract.py ENV_RECOMMENDED):
+#: the missing_optional fault leaves these out
+OPTIONAL_ENV_KEYS = ("git_sha", "attention_backends", "tokens_per_step")
 STAGES = ("data", "forward", "backward", "optimizer")
 
 
@@ -82,8 +90,10 @@ def parse_faults(spec: str) -> list[Fault]:
                 )
         if kind == "nan":
             kw["stage"] = "forward"
-        if kind == "quit_early" and any(p.partition("=")[0] != "step" for p in params):
-            raise ConfigError(f"fault.spec (NSA_FAULT) {item!r}: quit_early takes step only (every rank quits)")
+        if kind in ("quit_early", "malformed") and any(p.partition("=")[0] != "step" for p in params):
+            raise ConfigError(f"fault.spec (NSA_FAULT) {item!r}: {kind} takes step only")
+        if kind == "missing_optional" and params:
+            raise ConfigError(f"fault.spec (NSA_FAULT) {item!r}: missing_optional takes no keys")
         faults.append(Fault(**kw))
     return faults
 
@@ -103,10 +113,20 @@ class FaultInjector:
         steps = [f.step for f in self.faults if f.kind == "quit_early"]
         return min(steps) if steps else None
 
+    def garbled_row(self, step: int) -> bool:
+        """Whether step's training.csv row is to hold a non-number (malformed)."""
+        return any(f.kind == "malformed" and f.step == step for f in self.faults)
+
+    def drop_optional(self, env: dict) -> dict:
+        """env.json as written: without its optional keys under missing_optional."""
+        if not any(f.kind == "missing_optional" for f in self.faults):
+            return env
+        return {k: v for k, v in env.items() if k not in OPTIONAL_ENV_KEYS}
+
     def at(self, step: int, stage: str) -> None:
         """Called at every stage boundary; triggers the matching non-loss faults."""
         for f in self.faults:
-            if f.kind in ("nan", "quit_early") or not f.applies(self.rank, step, stage):
+            if f.kind in ("nan", "quit_early", "malformed", "missing_optional") or not f.applies(self.rank, step, stage):
                 continue
             if f.kind == "stall":
                 end = None if f.seconds is None else time.monotonic() + f.seconds

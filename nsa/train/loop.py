@@ -200,7 +200,7 @@ class Trainer:
         nvtx = "off"
         if cfg.telemetry.nvtx:
             nvtx = "on" if self.device.type == "cuda" else "requested, but CUDA is unavailable: no ranges emitted"
-        write_json_atomic(self.out / contract.ENV_JSON, {
+        write_json_atomic(self.out / contract.ENV_JSON, self.faults.drop_optional({
             "contract_version": contract.VERSION,
             "status": self.stop_reason,
             "config_path": r.config_path,
@@ -230,7 +230,7 @@ class Trainer:
             "profile": dataclasses.asdict(self.profile_status) if self.profile_status else None,
             "resumed_from": self.resumed_from,
             "previous_halt": self.previous_halt,
-        })
+        }))
 
     # --- one optimizer step ---------------------------------------------------------------
 
@@ -492,7 +492,7 @@ class Trainer:
             extra["routes"] = {s: {"backend": b["backend"], "calls": b["calls"]} for s, b in routes.items()}
             # a fallback: 'auto' had to skip a faster backend meant for this device
             extra["fallbacks"] = {s: (b["calls"] if b["fallback"] else 0) for s, b in routes.items()}
-        self.telemetry.log_step(row, extra)
+        self.telemetry.log_step(row, extra, garbled=self.faults.garbled_row(r.step))
         self.last_logged = max(self.last_logged, r.step)
 
     def after_first_step(self) -> None:

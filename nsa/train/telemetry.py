@@ -159,10 +159,14 @@ class Telemetry:
             if self.nvtx:
                 torch.cuda.nvtx.range_pop()
 
-    def log_step(self, row: dict[str, float], extra: dict[str, Any]) -> None:
-        """One logged step: a training.csv row (rank 0) and a step heartbeat (every rank)."""
+    def log_step(self, row: dict[str, float], extra: dict[str, Any], garbled: bool = False) -> None:
+        """One logged step: a training.csv row (rank 0) and a step heartbeat (every rank).
+        ``garbled``: the row's tokens/s is written as a word (the malformed fault)."""
         if self._csv is not None:
-            self._csv.writerow([row["step"]] + [f"{row[k]:.6g}" for k in CSV_HEADER[1:]])
+            cells = [f"{row[k]:.6g}" for k in CSV_HEADER[1:]]
+            if garbled:
+                cells[CSV_HEADER.index("toks_per_s") - 1] = "fast"
+            self._csv.writerow([row["step"], *cells])
         util, why = gpu_util(self.device)
         self.util_reason = why
         self.last = {"toks_per_s": row["toks_per_s"], "gpu_util": util}

@@ -256,6 +256,10 @@ def test_seed_csv_appended_across_runs_keeps_the_last_run(tmp_path):
     ({"phases": ["pytest"]}, "trainer.phases[0]"),
     ({"steps": {"config": "train.steps"}, "config": None}, "trainer.steps.config"),
     ({"env": {"LD_PRELOAD": "x"}}, "trainer.env.LD_PRELOAD"),
+    ({"env": {"PYTHONSTARTUP": "x"}}, "trainer.env.PYTHONSTARTUP"),
+    ({"env": {"VALIDATION_RUN_TOKENS": "x"}}, "trainer.env.VALIDATION_RUN_TOKENS"),
+    ({"steps": {"env": "PATH"}}, "trainer.steps.env"),
+    ({"env": {"lower_case": "x"}}, "trainer.env.lower_case"),
     ({"config": {"template": "../../etc/passwd", "pass_as": {"env": "CONFIG"}}}, "trainer.config.template"),
     ({"module": "x.y"}, "trainer"),
     ({"args": ["--cfg", "{config}"], "config": None, "out_dir": {"flag": "--out"}}, "trainer.args"),
@@ -264,6 +268,15 @@ def test_bad_trainer_entries_are_refused_naming_the_key(tmp_path, change, key):
     trainer = {k: v for k, v in {**SEEDLIKE, **change}.items() if v is not None}
     with pytest.raises(RunbookError, match=key.replace("[", r"\[").replace("]", r"\]")):
         load_runbook(_runbook(tmp_path, trainer, [_train("good")]))
+
+
+def test_a_trainer_reads_variables_of_its_own_naming(tmp_path):
+    """A user's trainer that takes its steps from MY_TRAINER_STEPS was refused: the variables a
+    runbook may set for toggles (NSA_*, CONFIG...) were asked of the trainer's own interface too."""
+    trainer = {"name": "mine", "root": "tests/trainers", "script": "minimal_train.py",
+               "steps": {"env": "MINIMAL_STEPS"}, "out_dir": {"env": "MINIMAL_OUT_DIR"}, "env": {"MINIMAL_LOG_EVERY": 2}}
+    rb = load_runbook(_runbook(tmp_path, trainer, [{"name": "good", "kind": "train", "gates": GATES}]))
+    assert rb.trainer.steps.name == "MINIMAL_STEPS" and rb.trainer.env == {"MINIMAL_LOG_EVERY": "2"}
 
 
 def test_an_override_the_trainer_does_not_take_is_refused(tmp_path):

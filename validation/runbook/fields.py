@@ -26,6 +26,12 @@ _ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 #: refused because it would change what runs rather than how the trainer is configured.
 _ENV_PREFIXES = ("NSA_", "NCCL_", "TORCH_", "PYTORCH_", "CUDA_", "OMP_", "MKL_", "TRITON_")
 _ENV_EXACT = ("CONFIG",)
+#: a runbook's own trainer (its ``trainer:`` entry) reads its settings from variables of its own
+#: naming (MY_TRAINER_STEPS): any name but those that change what runs or how a program is loaded,
+#: and the harness's own (its run token, the contract's profile request)
+_TRAINER_ENV_DENIED_PREFIXES = ("LD_", "DYLD_", "PYTHON", "VALIDATION_", "CONTRACT_", "BASH_", "GIT_")
+_TRAINER_ENV_DENIED = ("PATH", "HOME", "SHELL", "ENV", "IFS", "PS4", "PERL5LIB", "PERL5OPT", "RUBYOPT", "NODE_OPTIONS",
+                       "GCONV_PATH", "LOCPATH", "TMPDIR", "USER", "LOGNAME")
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.:,+/@=-]*$")
 _TORCHRUN_ARG = re.compile(r"^--[a-z][a-z0-9_-]*(=[A-Za-z0-9_.:,/@-]+)?$")
 _WINDOW = re.compile(r"^\s*last\s+(\d+)\s+steps?\s*$", re.IGNORECASE)
@@ -196,10 +202,20 @@ def check_env_key(r: Reader, key: str, k: Any) -> None:
                     f"(allowed: {', '.join(_ENV_EXACT)} and names starting {', '.join(_ENV_PREFIXES)})")
 
 
-def parse_env(r: Reader, key: str, data: Any) -> dict[str, str]:
+def check_trainer_env_key(r: Reader, key: str, k: Any) -> None:
+    """A variable a runbook's own trainer reads (its trainer: entry): any upper-case name but the
+    ones that change what runs (the loader's, the interpreters', PATH) and the harness's own."""
+    if not isinstance(k, str) or not _ENV_KEY.match(k) or k in _TRAINER_ENV_DENIED or \
+            k.startswith(_TRAINER_ENV_DENIED_PREFIXES):
+        r.fail(key, f"environment variable {k!r} may not be set for a trainer (refused: "
+                    f"{', '.join(_TRAINER_ENV_DENIED)} and names starting {', '.join(_TRAINER_ENV_DENIED_PREFIXES)}; "
+                    "names are upper case)")
+
+
+def parse_env(r: Reader, key: str, data: Any, check=check_env_key) -> dict[str, str]:
     out = {}
     for k, v in _items(r, key, data, "NAME: value"):
-        check_env_key(r, f"{key}.{k}", k)
+        check(r, f"{key}.{k}", k)
         v = _scalar(r, f"{key}.{k}", v)
         out[k] = ("1" if v else "0") if isinstance(v, bool) else str(v)
     return out

@@ -31,7 +31,7 @@ import string
 from pathlib import Path
 from typing import Any, Mapping
 
-from validation.runbook.fields import MODULE, NAME, Reader, check_env_key, parse_env
+from validation.runbook.fields import MODULE, NAME, Reader, check_trainer_env_key, parse_env
 from validation.runbook.types import ConfigFile, Delivery, RootDir, TrainerSpec, Via
 
 #: values the harness fills into ``args``
@@ -92,7 +92,7 @@ def parse_trainer(path: Path, data: Any, known_metrics: Mapping[str, Any], adapt
             if m not in known_metrics:
                 r.fail(f"trainer.metrics[{i}]", f"unknown metric {m!r}; metrics: {', '.join(sorted(known_metrics))}")
     return TrainerSpec(r.str_("name", pattern=NAME), _root(r), entry, args, config, steps, out_dir,
-                       params, parse_env(r, "trainer.env", r.get("env")), adapter, tuple(phases), metrics)
+                       params, parse_env(r, "trainer.env", r.get("env"), check_trainer_env_key), adapter, tuple(phases), metrics)
 
 
 def _root(r: Reader) -> RootDir:
@@ -150,7 +150,7 @@ def _delivery(path: Path, data: Any, where: str, config: ConfigFile | None) -> D
     if via == Via.FLAG and not _FLAG.match(name):
         r.fail(f"{where}.flag", f"{name!r} is not a flag like --steps")
     if via == Via.ENV:
-        check_env_key(r, f"{where}.env", name)
+        check_trainer_env_key(r, f"{where}.env", name)
     if via == Via.CONFIG:
         if config is None:
             r.fail(f"{where}.config", "a config key needs trainer.config (the template the harness copies)")

@@ -343,7 +343,7 @@ CATALOGUE: tuple[Metric, ...] = (
            _count("nsa_ranges_found")),
     Metric("python_overhead_frac", "share of profiled CPU time outside aten ops",
            (_profile("python_overhead_frac"),), False, _count("python_overhead_frac")),
-    Metric("gpu_busy_frac", "share of the profiled wall time the GPU ran work (validation/judge/pace.py)",
+    Metric("gpu_busy_frac", "share of the profiled wall time the GPU ran work (the trainer's profile.json; nsa/train/profile.py)",
            (_profile("gpu_busy_frac"),), False, _count("gpu_busy_frac")),
     Metric("cuda_graphs", "1 when the profiled steps were CUDA-graph replays", (_profile("cuda_graphs"),), False,
            _count("cuda_graphs")),

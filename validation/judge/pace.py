@@ -1,12 +1,8 @@
 """Who sets the pace of a training step: the GPU, or the host launching its work.
 
-Two measurements, both plain functions over numbers so that they can be checked on recorded
-data without a GPU:
-
-* ``busy_fraction``: the share of a wall-clock window during which the GPU ran anything (the
-  union of the device activity intervals, so work overlapping on several streams counts once).
-  A step bound by the GPU keeps it near 1; a step bound by kernel launches leaves gaps.
-* ``fit_step_time``: step time against tokens per step across sweep points, fitted as
+The GPU's busy share is measured by the trainer when the harness asks for a profile
+(nsa/train/profile.py writes it into profile.json). Across sweep points, the harness itself fits
+``fit_step_time``: step time against tokens per step, fitted as
   ``fixed + per_token * tokens``. When both parts are positive beyond their noise and the fixed
   part is most of the step even at the largest point, step time barely grows with work: the
   host, not the GPU, sets the pace. A fit whose parts are not both meaningful says nothing.
@@ -14,7 +10,7 @@ data without a GPU:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -24,34 +20,6 @@ HOST_BOUND_FIXED_SHARE = 0.5
 #: and its points span at least this ratio of tokens per step (a flat fit over a narrow range
 #: says nothing)
 MIN_TOKEN_RANGE = 2.0
-
-
-def busy_fraction(intervals: Iterable[tuple[float, float]], window: tuple[float, float]) -> float:
-    """Length of the union of ``intervals`` clipped to ``window``, over the window's length."""
-    lo, hi = window
-    if hi <= lo:
-        raise ValueError(f"empty window {window}")
-    clipped = sorted((max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi and e > s)
-    busy, cur_s, cur_e = 0.0, None, None
-    for s, e in clipped:
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                busy += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        busy += cur_e - cur_s
-    return busy / (hi - lo)
-
-
-def device_intervals(events) -> list[tuple[float, float]]:
-    """(start, end) in microseconds of every device-side event (kernels, copies, fills) of a
-    ``torch.profiler`` run's ``events()``, on the clock of its CPU events."""
-    import torch
-
-    cuda = torch.autograd.DeviceType.CUDA
-    return [(e.time_range.start, e.time_range.end) for e in events if e.device_type == cuda]
 
 
 #: a fitted coefficient is meaningful when it is positive by at least this many standard errors

@@ -13,6 +13,7 @@ from validation.errors import RunbookError
 from validation.judge.gates import OPS, Gate, Window
 from validation.judge.metrics import METRICS
 from validation.judge.record import TRAINER_KINDS
+from validation.runbook import keys
 from validation.runbook.types import Launcher, Phase, Scalar
 
 PHASE_KINDS = ("train", "preflight", "pytest", "profile")
@@ -135,7 +136,7 @@ def parse_window(r: Reader, key: str, v: Any) -> Window:
 
 
 def _gate(path: Path, data: Any, where: str) -> Gate:
-    r = Reader(path, data, where, ("metric", "op", "threshold", "window", "description"), ("metric", "op", "threshold"))
+    r = Reader(path, data, where, keys.GATE.names, keys.GATE.required)
     metric = r.str_("metric")
     if metric not in METRICS:
         r.fail(r.key("metric"), f"unknown metric {metric!r}; metrics: {', '.join(sorted(METRICS))}")
@@ -155,7 +156,7 @@ def _gate(path: Path, data: Any, where: str) -> Gate:
 
 
 def parse_launcher(path: Path, data: Any, where: str, base: Launcher) -> Launcher:
-    r = Reader(path, data, where, ("kind", "nproc", "module", "torchrun_args"))
+    r = Reader(path, data, where, keys.LAUNCHER.names)
     kind = r.str_("kind", base.kind, choices=LAUNCHER_KINDS)
     nproc = r.int_("nproc", base.nproc if kind == base.kind else 1, minimum=1)
     if kind == "python" and nproc != 1:
@@ -270,14 +271,8 @@ def _watch_s(r: Reader, key: str, kind: str, timeout_s: float, default: float | 
 
 _PYTEST_ARG = re.compile(r"^(-k|-m|-x|-q|-v|--maxfail=\d+|--hypothesis-seed=\d+|[A-Za-z0-9_ ().\[\]-]+)$")
 
-_PHASE_KEYS = ("name", "kind", "description", "markers", "launcher", "config", "overrides", "env", "steps",
-               "timeout_s", "stall_s", "startup_s", "sweep", "gates", "tests", "pytest_args", "min_gpus", "golden_steps",
-               "profile_steps")
-DEFAULT_KEYS = ("launcher", "config", "overrides", "env", "steps", "timeout_s", "stall_s", "startup_s", "min_gpus")
-
-
 def parse_phase(path: Path, data: Any, where: str, defaults: dict[str, Any], known_markers: set[str] | None) -> Phase:
-    r = Reader(path, data, where, _PHASE_KEYS, ("name", "kind"))
+    r = Reader(path, data, where, keys.PHASE.names, keys.PHASE.required)
     name = r.str_("name", pattern=NAME)
     kind = r.str_("kind", choices=PHASE_KINDS)
     markers = r.list_("markers")

@@ -16,13 +16,12 @@ from pathlib import Path
 from typing import Mapping
 
 from nsa.config import ConfigError, resolve_config_path
-
 from validation import PROFILE_DIR, RUNBOOK_DIR
 from validation.contract.adapters import ADAPTERS
 from validation.errors import RunbookError
 from validation.judge.metrics import METRICS
+from validation.runbook import keys
 from validation.runbook.fields import (
-    DEFAULT_KEYS,
     MODULE,
     NAME,
     Reader,
@@ -43,10 +42,9 @@ def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None
     """Load and validate a runbook (a path, or a name under runbooks/)."""
     path = _resolve(path_or_name, RUNBOOK_DIR, "runbook")
     data = read_yaml(path)
-    r = Reader(path, data, "", ("name", "description", "source", "profiles", "max_parallel", "defaults", "phases",
-                                "trainer"), ("name", "profiles", "phases"))
+    r = Reader(path, data, "", keys.RUNBOOK.names, keys.RUNBOOK.required)
     trainer = parse_trainer(path, r.get("trainer"), METRICS, ADAPTERS) if "trainer" in r.data else None
-    d = Reader(path, r.get("defaults", {}), "defaults", DEFAULT_KEYS)
+    d = Reader(path, r.get("defaults", {}), "defaults", keys.DEFAULTS.names)
     defaults = {
         "launcher": parse_launcher(path, d.get("launcher", {}), "defaults.launcher", Launcher()),
         "config": d.str_("config", "tiny", pattern=MODULE),
@@ -121,10 +119,8 @@ def _check_params(r: Reader, where: str, phase, trainer: TrainerSpec) -> None:
 def load_profile(path_or_name: str | Path) -> Profile:
     path = _resolve(path_or_name, PROFILE_DIR, "profile")
     data = read_yaml(path)
-    r = Reader(path, data, "", ("name", "marker", "description", "hardware", "thresholds", "notes"),
-                ("name", "marker", "hardware", "thresholds"))
-    h = Reader(path, r.get("hardware"), "hardware", ("accelerator", "min_gpus", "min_gpu_mem_gb", "gpu_name"),
-                ("accelerator",))
+    r = Reader(path, data, "", keys.PROFILE.names, keys.PROFILE.required)
+    h = Reader(path, r.get("hardware"), "hardware", keys.HARDWARE.names, keys.HARDWARE.required)
     hw = Hardware(h.str_("accelerator", choices=ACCELERATORS), h.int_("min_gpus", 0),
                   h.num("min_gpu_mem_gb", 0.0), h.str_("gpu_name", None, pattern=NAME))
     thr = r.get("thresholds")

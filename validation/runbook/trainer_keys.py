@@ -11,7 +11,6 @@ import subprocess
 import sys
 
 from nsa.contract import LIST_KEYS_FLAG
-
 from validation import REPO_ROOT
 
 #: seconds a trainer gets to print its keys (this project's answers in about 0.2 s)

@@ -31,7 +31,14 @@ import string
 from pathlib import Path
 from typing import Any, Mapping
 
-from validation.runbook.fields import MODULE, NAME, Reader, check_trainer_env_key, parse_env
+from validation.runbook import keys
+from validation.runbook.fields import (
+    MODULE,
+    NAME,
+    Reader,
+    check_trainer_env_key,
+    parse_env,
+)
 from validation.runbook.types import ConfigFile, Delivery, RootDir, TrainerSpec, Via
 
 #: values the harness fills into ``args``
@@ -46,8 +53,7 @@ _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
 
 def parse_trainer(path: Path, data: Any, known_metrics: Mapping[str, Any], adapters: Mapping[str, Any]) -> TrainerSpec:
-    r = Reader(path, data, "trainer", ("name", "root", "script", "module", "args", "config", "steps", "out_dir",
-                                       "params", "env", "adapter", "phases", "metrics"), ("name", "root"))
+    r = Reader(path, data, "trainer", keys.TRAINER.names, keys.TRAINER.required)
     if ("script" in r.data) == ("module" in r.data):
         r.fail("trainer", "give exactly one of script (a .py path under the root) or module (a dotted name)")
     if "script" in r.data:
@@ -103,7 +109,7 @@ def _root(r: Reader) -> RootDir:
             r.fail(r.key("root"), f"{data!r} is outside this repository; name it through an environment variable: "
                                   "root: {env: MY_TRAINER_ROOT}, then export MY_TRAINER_ROOT=" + data)
         return RootDir(path=_relative(r, "root", data))
-    env = Reader(r.path, data, "trainer.root", ("env",), ("env",))
+    env = Reader(r.path, data, "trainer.root", keys.TRAINER_ROOT.names, keys.TRAINER_ROOT.required)
     # the harness reads this variable and never sets it: any upper-case name will do
     return RootDir(env=env.str_("env", pattern=_ENV_NAME))
 
@@ -133,7 +139,7 @@ def _arg(r: Reader, key: str, v: Any) -> str:
 
 
 def _config(path: Path, data: Any) -> ConfigFile:
-    r = Reader(path, data, "trainer.config", ("template", "pass_as"), ("template",))
+    r = Reader(path, data, "trainer.config", keys.TRAINER_CONFIG.names, keys.TRAINER_CONFIG.required)
     template = _relative(r, "template", r.str_("template"))
     pass_as = _delivery(path, r.get("pass_as"), "trainer.config.pass_as", None) if "pass_as" in r.data else None
     if pass_as is not None and pass_as.via == Via.CONFIG:

@@ -25,13 +25,13 @@ _OVERRIDE_KEY = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
 _ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 #: environment variables a runbook may set; anything else (LD_PRELOAD, PATH, PYTHONPATH...) is
 #: refused because it would change what runs rather than how the trainer is configured.
-_ENV_PREFIXES = ("NSA_", "NCCL_", "TORCH_", "PYTORCH_", "CUDA_", "OMP_", "MKL_", "TRITON_")
-_ENV_EXACT = ("CONFIG",)
+ENV_PREFIXES = ("NSA_", "NCCL_", "TORCH_", "PYTORCH_", "CUDA_", "OMP_", "MKL_", "TRITON_")
+ENV_EXACT = ("CONFIG",)
 #: a runbook's own trainer (its ``trainer:`` entry) reads its settings from variables of its own
 #: naming (MY_TRAINER_STEPS): any name but those that change what runs or how a program is loaded,
 #: and the harness's own (its run token, the contract's profile request)
-_TRAINER_ENV_DENIED_PREFIXES = ("LD_", "DYLD_", "PYTHON", "VALIDATION_", "CONTRACT_", "BASH_", "GIT_")
-_TRAINER_ENV_DENIED = ("PATH", "HOME", "SHELL", "ENV", "IFS", "PS4", "PERL5LIB", "PERL5OPT", "RUBYOPT", "NODE_OPTIONS",
+TRAINER_ENV_DENIED_PREFIXES = ("LD_", "DYLD_", "PYTHON", "VALIDATION_", "CONTRACT_", "BASH_", "GIT_")
+TRAINER_ENV_DENIED = ("PATH", "HOME", "SHELL", "ENV", "IFS", "PS4", "PERL5LIB", "PERL5OPT", "RUBYOPT", "NODE_OPTIONS",
                        "GCONV_PATH", "LOCPATH", "TMPDIR", "USER", "LOGNAME")
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.:,+/@=-]*$")
 _TORCHRUN_ARG = re.compile(r"^--[a-z][a-z0-9_-]*(=[A-Za-z0-9_.:,/@-]+)?$")
@@ -198,18 +198,18 @@ def _inside(v: str) -> bool:
 
 
 def check_env_key(r: Reader, key: str, k: Any) -> None:
-    if not isinstance(k, str) or not _ENV_KEY.match(k) or not (k in _ENV_EXACT or k.startswith(_ENV_PREFIXES)):
+    if not isinstance(k, str) or not _ENV_KEY.match(k) or not (k in ENV_EXACT or k.startswith(ENV_PREFIXES)):
         r.fail(key, f"environment variable {k!r} may not be set by a runbook "
-                    f"(allowed: {', '.join(_ENV_EXACT)} and names starting {', '.join(_ENV_PREFIXES)})")
+                    f"(allowed: {', '.join(ENV_EXACT)} and names starting {', '.join(ENV_PREFIXES)})")
 
 
 def check_trainer_env_key(r: Reader, key: str, k: Any) -> None:
     """A variable a runbook's own trainer reads (its trainer: entry): any upper-case name but the
     ones that change what runs (the loader's, the interpreters', PATH) and the harness's own."""
-    if not isinstance(k, str) or not _ENV_KEY.match(k) or k in _TRAINER_ENV_DENIED or \
-            k.startswith(_TRAINER_ENV_DENIED_PREFIXES):
+    if not isinstance(k, str) or not _ENV_KEY.match(k) or k in TRAINER_ENV_DENIED or \
+            k.startswith(TRAINER_ENV_DENIED_PREFIXES):
         r.fail(key, f"environment variable {k!r} may not be set for a trainer (refused: "
-                    f"{', '.join(_TRAINER_ENV_DENIED)} and names starting {', '.join(_TRAINER_ENV_DENIED_PREFIXES)}; "
+                    f"{', '.join(TRAINER_ENV_DENIED)} and names starting {', '.join(TRAINER_ENV_DENIED_PREFIXES)}; "
                     "names are upper case)")
 
 

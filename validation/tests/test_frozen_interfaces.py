@@ -55,3 +55,37 @@ def test_the_pytest_plugin_has_exactly_the_frozen_options():
 
     pytest_plugin.pytest_addoption(Parser())
     assert seen == PYTEST, f"pytest plugin options changed; new {seen - PYTEST}, gone {PYTEST - seen}"
+
+
+#: every key a runbook or profile may hold, by section (validation/runbook/keys.py)
+RUNBOOK_KEYS = {
+    "(top level)": {"name", "description", "source", "profiles", "max_parallel", "defaults", "phases", "trainer"},
+    "defaults": {"launcher", "config", "overrides", "env", "steps", "timeout_s", "stall_s", "startup_s", "min_gpus"},
+    "phases[]": {"name", "kind", "description", "markers", "launcher", "config", "overrides", "env", "steps",
+                 "timeout_s", "stall_s", "startup_s", "sweep", "gates", "tests", "pytest_args", "min_gpus",
+                 "golden_steps", "profile_steps"},
+    "phases[].launcher": {"kind", "nproc", "module", "torchrun_args"},
+    "phases[].gates[]": {"metric", "op", "threshold", "window", "description"},
+    "trainer": {"name", "root", "script", "module", "args", "config", "steps", "out_dir", "params", "env", "adapter",
+                "phases", "metrics"},
+    "trainer.root": {"env"},
+    "trainer.config": {"template", "pass_as"},
+    "(profile file)": {"name", "marker", "description", "hardware", "thresholds", "notes"},
+    "hardware": {"accelerator", "min_gpus", "min_gpu_mem_gb", "gpu_name"},
+}
+
+
+def test_the_runbook_keys_are_exactly_the_frozen_ones():
+    from validation.runbook.keys import SECTIONS
+
+    got = {s.where: set(s.names) for s in SECTIONS}
+    assert got == RUNBOOK_KEYS, {w: (got.get(w, set()) ^ RUNBOOK_KEYS.get(w, set())) for w in set(got) | set(RUNBOOK_KEYS)
+                                 if got.get(w) != RUNBOOK_KEYS.get(w)}
+
+
+def test_the_reference_pages_say_what_the_code_does():
+    """docs/artifact_contract.md, docs/runbook_format.md and docs/metrics.md are generated from the
+    contract, the runbook keys and the metric catalogue; a change to one without its page fails."""
+    from validation.report.reference import stale
+
+    assert stale() == [], "run: python -m validation.report.reference"

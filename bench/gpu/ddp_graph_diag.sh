@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two GPUs (nvidia-h200-x2): one short DDP run of the tiny model with CUDA-graph steps and the
 # seed runbook's bf16 gradient compression, with the watchdog at 25 s so that a hang leaves stack
-# dumps, then, when it exits cleanly, the seed runbook (bench/gpu/h200_seed_runbook.sh, TESTS=0).
+# dumps, then, when it exits cleanly, the seed runbook (MARK=a100 bench/gpu/acceptance.sh).
 #   bash bench/gpu/ddp_graph_diag.sh                (RUNBOOK=0: the DDP run alone)
 # Written when the first two-GPU call hung: every step finished, then the process hung at exit
 # (the graph, holding NCCL kernels, was alive when the process group was destroyed; fixed by
@@ -13,4 +13,4 @@ NSA_DDP_COMPRESS=bf16 NSA_DDP_BUCKET_MB=1 timeout 100 torchrun --standalone --np
 echo rc=$rc; grep -v "^\s*$" /tmp/ddpg.log | tail -30
 for f in /tmp/ddpg/stackdump*; do echo "== $f"; grep -A25 "Current thread\|most recent call first" "$f" | head -50; done
 tail -2 /tmp/ddpg/heartbeat_rank0.jsonl | cut -c1-200; tail -2 /tmp/ddpg/heartbeat_rank1.jsonl | cut -c1-200
-if [ $rc = 0 ] && [ "${RUNBOOK:-1}" = 1 ]; then TESTS=0 LIMIT=${LIMIT:-420} bash bench/gpu/h200_seed_runbook.sh; fi
+if [ $rc = 0 ] && [ "${RUNBOOK:-1}" = 1 ]; then MARK=a100 LIMIT=${LIMIT:-420} bash bench/gpu/acceptance.sh; fi

@@ -153,7 +153,8 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
             _kill(tree)  # on an interrupt, and whatever a finished trainer left running
     wall = time.monotonic() - start
     parts = [_part(c, p, ended, log_dir) for c, p in zip(commands, procs)]
-    failed = sorted((ended.get(i, wall), i) for i, part in enumerate(parts) if part.exit_code != 0)
+    failed = sorted((part.ended_s if part.ended_s is not None else wall, i) for i, part in enumerate(parts)
+                    if part.exit_code != 0)
     first = parts[failed[0][1]] if failed else parts[0]
     code = None if stop is not None else (first.exit_code if failed else 0)
     return ProcResult(commands[0].argv, code, stop is not None and stop.timed_out, wall, first.stdout_path,

@@ -12,9 +12,9 @@ rank writes its files there, so it must be on a filesystem all nodes share. It a
 host runs which task.
 
 When the harness stops the run (a stall, the phase timeout) or is interrupted, it cancels the step
-with ``scancel`` (SIGTERM to the agents, which stop their workers; Slurm SIGKILLs the whole step
-after its KillWait), waits KillWait and a margin for srun to end, then ``scancel --signal=KILL``,
-then kills what runs on this host as for any point (docs/slurm.md measured each of these).
+with ``scancel --signal=TERM`` (SIGTERM to the agents, which stop their workers), waits KillWait
+and a margin for srun to end, then ``scancel --signal=KILL``, then kills what runs on this host as
+for any point (docs/slurm.md measured each of these).
 """
 from __future__ import annotations
 
@@ -153,8 +153,11 @@ def _node_names(job_id: str) -> list[str]:
 
 
 class _Cancel:
-    """scancel of the point's step (the whole job when the harness owns it and no step is
-    found), SIGKILL through Slurm after KillWait and a margin (runner.Cancel)."""
+    """The point's step cancelled (runner.Cancel): SIGTERM to its tasks, torchrun's agents, which
+    stop their workers; SIGKILL through Slurm after KillWait and a margin. A step must be sent
+    SIGTERM by name (``scancel --signal=TERM``): a plain ``scancel`` of a step SIGKILLs it at once
+    (measured here, unlike a plain scancel of a job, which waits KillWait). With no step found,
+    the harness's own job is cancelled (SIGTERM, then Slurm's SIGKILL after KillWait)."""
 
     def __init__(self, alloc: Allocation, name: str, kill_wait: float):
         self.alloc, self.name, self.kill_wait = alloc, name, kill_wait
@@ -165,7 +168,7 @@ class _Cancel:
         target = self.step or (self.alloc.job_id if self.alloc.owned else None)
         if target is None or done():
             return  # nothing of the point runs in Slurm: the local kill ends srun
-        _query(["scancel", target])
+        _query(["scancel", "--signal=TERM", target] if self.step else ["scancel", target])
         if not _wait(done, self.kill_wait + KILL_MARGIN_S):
             _query(["scancel", "--signal=KILL", target])
             _wait(done, KILL_MARGIN_S)

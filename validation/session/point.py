@@ -165,7 +165,7 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
         backends=routes(env.get("attention_backends")), env_seen=dict(env.get("env") or {}),
         noop_toggles=dict(env.get("noop_toggles") or {}), trainer=run.info.get("trainer") or OWN_TRAINER,
         trainer_sha=run.info.get("trainer_sha"), trainer_sha_source=run.info.get("trainer_sha_source"),
-        env=run.info.get("env") or dict(point.env), cwd=run.info.get("cwd") or "")
+        env=run.info.get("env") or dict(point.env), cwd=run.info.get("cwd") or "", slurm_job_id=proc.slurm_job_id)
 
 
 #: numbers kept for the report's tables, over the phase's gate window (the first gate that names

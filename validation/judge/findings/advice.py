@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from validation.judge.findings.finding import Finding, Severity
+from validation.judge.findings.nodes import NODE_ADVICE
 
 _ADVICE = {
     "crash": "Read the failing rank's traceback (the stderr log named in the finding), fix, then re-run only "
@@ -32,6 +33,7 @@ _ADVICE = {
                   "intended needs a new baseline directory, not a looser threshold.",
     "gate": "A gate failed: compare the value with the threshold's source (the profile file), and re-run only "
             "`pytest -m {phase}` once the cause is fixed; other points' records stay.",
+    **NODE_ADVICE,
 }
 
 

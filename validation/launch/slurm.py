@@ -50,6 +50,14 @@ _TASK_END = re.compile(r"^srun: error: (?P<host>\S+): tasks? (?P<tasks>[\d,-]+):
 _SIGNALS = {"Killed": -9, "Terminated": -15, "Aborted": -6, "Segmentation fault": -11}
 
 
+#: the Slurm commands a Slurm point needs on the harness's machine
+TOOLS = ("salloc", "srun", "squeue", "scancel", "scontrol")
+
+
+def missing_tools() -> list[str]:
+    return [t for t in TOOLS if shutil.which(t) is None]
+
+
 @dataclass(frozen=True)
 class Allocation:
     job_id: str
@@ -61,8 +69,8 @@ def run(launcher: Launcher, target: Target, args: Sequence[str], *, env: Mapping
         timeout_s: float, out_dir: Path, on_poll: Callable[[float], None] | None, watch: Watch) -> runner.ProcResult:
     """The point as srun of torchrun; nodes.json written at the end. A HarnessError when no
     allocation, no shared run directory or no Slurm at all."""
-    if shutil.which("srun") is None:
-        raise HarnessError("Slurm's srun is not on PATH")
+    if missing_tools():
+        raise HarnessError(f"Slurm's {', '.join(missing_tools())} not on PATH")
     tree = ProcessTree()
     name = tree.token
     start = time.monotonic()

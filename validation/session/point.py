@@ -27,7 +27,7 @@ from validation.judge.evidence import collect, collect_train
 from validation.judge.metrics import PROFILE_METRICS, RunData, compute
 from validation.judge.record import OWN_TRAINER, TRAINER_KINDS, PhaseRecord, Status, routes
 from validation.judge.verdict import evaluate, verdict
-from validation.launch import kinds
+from validation.launch import kinds, slurm
 from validation.machine import Machine
 from validation.runbook.hardware import mismatches, shortfalls
 from validation.runbook.plan import PhasePoint, unprovided_metrics
@@ -57,12 +57,14 @@ def cannot_launch(point: PhasePoint) -> str | None:
 
 def why_skip(point: PhasePoint, hw: Machine, mismatch: str = "run") -> str | None:
     """Why this machine (or the runbook's trainer) does not run the point: a phase kind the
-    trainer does not support, too few or too small GPUs, or a GPU-model mismatch under
-    --hardware-mismatch=skip; None when it runs."""
+    trainer does not support, no Slurm to submit a Slurm point to, too few or too small GPUs, or
+    a GPU-model mismatch under --hardware-mismatch=skip; None when it runs."""
     spec = point.runbook.trainer
     if spec is not None and not spec.supports_phase(point.phase.kind):
         return (f"trainer {spec.name} does not support {point.phase.kind} phases "
                 f"(it supports: {', '.join(spec.phases)})")
+    if point.slurm and slurm.missing_tools():
+        return f"Slurm is not installed here ({', '.join(slurm.missing_tools())} not on PATH): the point runs as srun"
     short = shortfalls(point.profile, hw, point.min_gpus)
     if short:
         return "; ".join(short)

@@ -7,6 +7,9 @@ ended), when one node straggles; and nothing left running after any of them."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,6 +19,7 @@ import psutil
 import pytest
 import yaml
 
+from validation import REPO_ROOT
 from validation.contract.nodes import NODES_FILE, read_nodes
 from validation.judge.findings import find, recommendations
 from validation.launch import nodes as local_nodes
@@ -36,20 +40,24 @@ SLACK_S = 10.0
 FAULT = "TEST_TRAINER_FAULT"
 
 
+def _runbook(tmp_path: Path, steps: int) -> Path:
+    data: dict[str, Any] = {
+        "name": "nodes", "profiles": ["cpu"], "trainer": NATIVE,
+        "defaults": {"steps": steps, "timeout_s": 120, "stall_s": STALL_S, "env": {"OMP_NUM_THREADS": 1}},
+        "phases": [{"name": "two_nodes", "kind": "train", "gates": [
+            {"metric": "loss_finite", "op": "==", "threshold": 1}, {"metric": "idle_ranks", "op": "==", "threshold": 0}],
+            "launcher": {"kind": "torchrun", "nproc": 1, "nnodes": 2,
+                         "rdzv": {"endpoint": "localhost:0", "join_timeout_s": JOIN_S}}}]}
+    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return tmp_path / "nodes.yaml"
+
+
 class TwoNodes:
     """One point of two nodes x one process, run through the session in this process."""
 
     def __init__(self, tmp_path: Path, steps: int = 8):
         self.results = tmp_path / "results"
-        data: dict[str, Any] = {
-            "name": "nodes", "profiles": ["cpu"], "trainer": NATIVE,
-            "defaults": {"steps": steps, "timeout_s": 120, "stall_s": STALL_S, "env": {"OMP_NUM_THREADS": 1}},
-            "phases": [{"name": "two_nodes", "kind": "train", "gates": [
-                {"metric": "loss_finite", "op": "==", "threshold": 1}, {"metric": "idle_ranks", "op": "==", "threshold": 0}],
-                "launcher": {"kind": "torchrun", "nproc": 1, "nnodes": 2,
-                             "rdzv": {"endpoint": "localhost:0", "join_timeout_s": JOIN_S}}}]}
-        (tmp_path / "nodes.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-        [self.point] = expand(load_runbook(tmp_path / "nodes.yaml"), load_profile("cpu"))
+        [self.point] = expand(load_runbook(_runbook(tmp_path, steps)), load_profile("cpu"))
         started = time.time()
         self.rec = AcceptanceSession(SessionOptions(self.results)).run_point(self.point)
         self.reported = time.time()
@@ -171,3 +179,31 @@ def test_a_straggler_node_is_named(tmp_path, monkeypatch):
     assert text.startswith(f"straggler node {slow} in two_nodes [default]: its rank(s) 1 enter each step's stages "), text
     lateness = {n.index: n.lateness_s for n in run.rec.evidence.nodes.nodes}
     assert lateness[slow] >= 0.15 and lateness[1 - slow] < 0.05, lateness
+
+
+@pytest.mark.parametrize("moment", ["launch", "step 5"])
+def test_ctrl_c_during_a_two_node_point_leaves_no_process_and_no_run_directory(tmp_path, monkeypatch, moment):
+    """SIGINT to the CLI while the agents meet (their logs just opened) and mid-training: exit
+    130, no process of either node left, the interrupted point's run directory removed."""
+    monkeypatch.delenv(FAULT, raising=False)
+    results = tmp_path / "results"
+    proc = subprocess.Popen([sys.executable, "-m", "validation", "run", "--runbook", str(_runbook(tmp_path, 100000)),
+                             "--results-dir", str(results), "--no-plots"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={k: v for k, v in os.environ.items() if k != FAULT})
+    deadline = time.monotonic() + 90
+    while not _reached(results, moment):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out
+    assert_nothing_left(tmp_path)
+    assert not [p for p in (results / "runs").rglob("*") if p.is_dir() and len(p.name) == 12], "run directory left"
+
+
+def _reached(results: Path, moment: str) -> bool:
+    if moment == "launch":
+        return any(results.rglob("node1.stderr.log"))
+    rows = [p.read_text().count("\n") for p in results.rglob("training.csv")]
+    return bool(rows) and rows[0] > int(moment.split()[1])

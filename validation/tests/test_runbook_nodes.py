@@ -6,10 +6,13 @@ import pytest
 import yaml
 
 from validation.errors import RunbookError
+from validation.launch import slurm
+from validation.machine import detect
 from validation.runbook.describe import describe
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
 from validation.runbook.types import Rendezvous
+from validation.session.point import why_skip
 
 NODES = {"kind": "torchrun", "nproc": 1, "nnodes": 2, "rdzv": {"endpoint": "localhost:0", "join_timeout_s": 20}}
 SLURM = {"kind": "slurm", "nodes": 2, "nproc_per_node": 4, "rdzv": {"join_timeout_s": 60},
@@ -98,3 +101,11 @@ def test_the_join_timeout_is_checked_against_the_inherited_stall_time(tmp_path):
             "phases": [{"name": "p", "kind": "train"}]}  # stall time: a quarter of 100 s, below 20 + 10
     with pytest.raises(RunbookError, match=r"defaults\.launcher \(for phases\[0\]\)\.rdzv\.join_timeout_s: .*25 s"):
         _load(tmp_path, data)
+
+
+def test_a_slurm_point_is_skipped_where_slurm_is_not_installed(tmp_path, monkeypatch):
+    [point] = expand(_load(tmp_path, _rb(SLURM)), load_profile("cpu"))
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: None if name in ("srun", "salloc") else "/bin/" + name)
+    assert why_skip(point, detect()) == "Slurm is not installed here (salloc, srun not on PATH): the point runs as srun"
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: "/bin/" + name)
+    assert why_skip(point, detect()) is None

@@ -33,12 +33,13 @@ def describe(rb: Runbook, prof: Profile, golden_file: str) -> list[str]:
 
 
 def _launch(launcher: Launcher) -> str:
-    """'python', 'torchrun x2', 'torchrun 2 nodes x1 (c10d localhost:0, join 20s)', 'slurm 2 nodes x4 (...)'."""
+    """'python', 'torchrun x2', 'torchrun 2 nodes x1 (c10d localhost:0, join 20s)', 'slurm 2 nodes x4 (c10d on
+    the first node, port from the job id, join 60s)'."""
     if launcher.kind == "python":
         return "python"
     text = f"{launcher.kind} {launcher.nnodes} nodes x{launcher.nproc}" if launcher.nodes else f"torchrun x{launcher.nproc}"
     rdzv = launcher.rdzv
     if rdzv is not None:
-        where = rdzv.endpoint or f"first node:{rdzv.port or 'from the job id'}"
+        where = rdzv.endpoint or f"on the first node, port {rdzv.port or 'from the job id'}"
         text += f" (c10d {where}, join {rdzv.join_timeout_s:g}s)"
     return text

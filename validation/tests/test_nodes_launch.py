@@ -111,6 +111,7 @@ def test_two_healthy_nodes_are_go_with_each_rank_placed_on_its_node(tmp_path, mo
     assert info.startswith("2 nodes in two_nodes [default]: torchrun, c10d rendezvous at localhost:")
     assert "node 0 (host " in info and "node 1 (host " in info and "agent exit 0" in info
     assert not [f for f in run.findings if f.severity != "info"], [f.title for f in run.findings]
+    print(f"\nhealthy: GO, point {run.rec.wall_s:.1f} s; {info}")
 
 
 def test_a_node_that_never_joins_is_named_at_the_join_timeout(tmp_path, monkeypatch):
@@ -136,6 +137,8 @@ def test_a_node_that_never_joins_is_named_at_the_join_timeout(tmp_path, monkeypa
     assert "node 1 never joined: its agent exit 1 after" in text and "node 1: cannot start" in text, text
     assert "log node1.stderr.log" in text
     assert any("A node never joined the rendezvous" in line for line in recommendations(run.findings))
+    print(f"\nnever joins (join timeout {JOIN_S} s): node 0 gave up {node0.ended_s:.1f} s after the launch, "
+          f"recorded {run.rec.wall_s:.1f} s after it; {text}")
 
 
 def test_a_node_whose_rank_hangs_is_named_with_every_ranks_stack(tmp_path, monkeypatch):
@@ -154,6 +157,7 @@ def test_a_node_whose_rank_hangs_is_named_with_every_ranks_stack(tmp_path, monke
     assert f"waiting for it: node {other}'s rank 0 in all_reduce" in text, text
     stall = run.finding("stall")  # the harness's stall finding says each rank's node through its stack
     assert f"node {hung}, taken by the harness" in stall
+    print(f"\nhang (stall_s {STALL_S}): recorded {run.reported - last:.1f} s after the last heartbeat; {text}")
 
 
 def test_a_node_whose_rank_is_killed_is_named_with_how_the_other_ended(tmp_path, monkeypatch):
@@ -168,6 +172,7 @@ def test_a_node_whose_rank_is_killed_is_named_with_how_the_other_ended(tmp_path,
                            f"(log node{killed}.stderr.log); the other nodes: node {other}: rank 0"), text
     assert f"agent exit 1 after" in text.split("\n")[0], text
     assert run.rec.evidence.stderr_log == f"node{killed}.stderr.log"  # the node that failed first
+    print(f"\nkill: recorded {run.reported - killed_at:.1f} s after rank 1's last heartbeat; {text}")
 
 
 def test_a_straggler_node_is_named(tmp_path, monkeypatch):
@@ -179,6 +184,7 @@ def test_a_straggler_node_is_named(tmp_path, monkeypatch):
     assert text.startswith(f"straggler node {slow} in two_nodes [default]: its rank(s) 1 enter each step's stages "), text
     lateness = {n.index: n.lateness_s for n in run.rec.evidence.nodes.nodes}
     assert lateness[slow] >= 0.15 and lateness[1 - slow] < 0.05, lateness
+    print(f"\nstraggler: {text}")
 
 
 @pytest.mark.parametrize("moment", ["launch", "step 5"])
@@ -200,6 +206,7 @@ def test_ctrl_c_during_a_two_node_point_leaves_no_process_and_no_run_directory(t
     assert proc.returncode == 130, out
     assert_nothing_left(tmp_path)
     assert not [p for p in (results / "runs").rglob("*") if p.is_dir() and len(p.name) == 12], "run directory left"
+    print(f"\nCtrl-C at {moment}: exit 130, nothing left")
 
 
 def _reached(results: Path, moment: str) -> bool:

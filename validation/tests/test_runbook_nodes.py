@@ -45,7 +45,7 @@ def test_slurm_nodes_and_processes_per_node(tmp_path):
     assert (launcher.kind, launcher.nnodes, launcher.nproc, point.nproc) == ("slurm", 2, 4, 8)
     assert launcher.rdzv == Rendezvous(60.0) and launcher.srun_args == ("--partition=gpu", "--gres=gpu:4")
     assert {"multi_node", "slurm"} <= set(point.markers) and point.slurm
-    assert "slurm 2 nodes x4 (c10d first node:from the job id, join 60s)" in "\n".join(
+    assert "slurm 2 nodes x4 (c10d on the first node, port from the job id, join 60s)" in "\n".join(
         describe(rb, load_profile("cpu"), "goldens.yaml"))
 
 

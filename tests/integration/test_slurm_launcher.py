@@ -99,6 +99,7 @@ def test_a_phase_runs_as_srun_of_torchrun(slurm, tmp_path):
     launch = read_nodes(run_dir)
     assert launch.launcher == "slurm" and launch.slurm_job_id == rec.slurm_job_id and launch.nodes[0].exit_code == 0
     assert launch.rdzv_endpoint.split(":")[0] == launch.nodes[0].host
+    assert launch.slurm_step == f"{rec.slurm_job_id}.1"  # step 0 checked the shared run directory
     ranks = {json.loads(line)["rank"] for r in (0, 1) for line in (run_dir / f"heartbeat_rank{r}.jsonl").read_text().splitlines()}
     assert ranks == {0, 1} and (run_dir / "node0.stderr.log").exists() and (run_dir / "srun.stderr.log").exists()
     assert rec.evidence.nodes.nodes[0].ranks == [0, 1]
@@ -124,7 +125,8 @@ def test_a_hung_rank_under_srun_has_its_stack_taken_then_the_step_is_cancelled(s
     assert "Received 15 death signal" in (run_dir / "node0.stderr.log").read_text()
     assert _job_state(rec.slurm_job_id) in ("CANCELLED", ""), _job_state(rec.slurm_job_id)
     assert not _left(tmp_path)
-    print(f"job {rec.slurm_job_id}: {rec.reason}; srun said: {stderr.strip().splitlines()[-1]}")
+    said = "; ".join(line for line in stderr.splitlines() if line.startswith("srun"))
+    print(f"job {rec.slurm_job_id}, step {read_nodes(run_dir).slurm_step}: {rec.reason}; srun said: {said}")
 
 
 def test_an_interrupted_phase_is_cancelled_and_leaves_nothing(slurm, tmp_path):

@@ -29,6 +29,12 @@ pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = REPO / "scripts" / "slurm" / "allreduce_probe.py"
+
+
+def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
 def _srun_torchrun(slurm: dict, name: str, out_dir: Path, log, **env: str) -> subprocess.Popen:
     argv = ["srun", f"--job-name={name}", "--nodes=1", "--ntasks=1", *slurm["srun_args"],
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(PROBE)]

@@ -43,6 +43,8 @@ KILL_MARGIN_S = 5.0
 QUERY_TIMEOUT_S = 30.0
 #: seconds the check of the shared run directory may take (a step of ``hostname`` on every node)
 SHARED_CHECK_S = 60.0
+#: seconds between looks for the trainer's step while it is not listed yet
+STEP_LOOK_S = 2.0
 #: the store's port on the first node when the runbook names none: from the job id, below 29500
 #: (torch's default master port) and below Linux's ephemeral ports (32768 and up)
 PORT_BASE, PORT_SPAN = 20000, 9000
@@ -83,15 +85,16 @@ def run(launcher: Launcher, target: Target, args: Sequence[str], *, env: Mapping
                                                 rdzv_id=out_dir.name, join_timeout_s=launcher.rdzv.join_timeout_s)
         argv = [*_srun(alloc, name, launcher), f"--output={out_dir}/node%t.stdout.log",
                 f"--error={out_dir}/node%t.stderr.log", *torchrun]
-        cancel = _Cancel(alloc, name, kill_wait_s())
+        step = _StepSeen(alloc.job_id, name)
         result = runner.run_group([runner.Command(argv, "srun")], env=env, cwd=cwd,
                                   timeout_s=max(1.0, timeout_s - (time.monotonic() - start)), log_dir=out_dir,
-                                  on_poll=on_poll, watch=watch, tree=tree, cancel=cancel)
+                                  on_poll=on_poll, watch=watch, tree=tree, on_tree=step,
+                                  cancel=_Cancel(alloc, step, kill_wait_s()))
         ends = task_ends(result.stderr_path)
         code = result.exit_code
         nodes = [NodeLaunch(i, host, exit_code=ends.get(i, 0 if code == 0 else None)) for i, host in enumerate(hosts)]
         write_nodes(out_dir, NodesLaunch("slurm", launcher.nproc, endpoint, out_dir.name, launcher.rdzv.join_timeout_s,
-                                         nodes, alloc.job_id, cancel.step or _step_id(alloc.job_id, name)))
+                                         nodes, alloc.job_id, step.id))
         return dataclasses.replace(result, slurm_job_id=alloc.job_id)
     finally:
         if alloc.owned:
@@ -160,6 +163,21 @@ def _node_names(job_id: str) -> list[str]:
     return _query(["scontrol", "show", "hostnames", nodelist]).split() if nodelist else []
 
 
+class _StepSeen:
+    """The trainer's step (``job.step``), looked up while it runs (a tree observer: at most every
+    STEP_LOOK_S until found); a step that has ended is no longer listed."""
+
+    def __init__(self, job_id: str, name: str):
+        self.job_id, self.name = job_id, name
+        self.id: str | None = None
+        self._last = 0.0
+
+    def __call__(self, tree: ProcessTree) -> None:
+        if self.id is None and time.monotonic() - self._last >= STEP_LOOK_S:
+            self._last = time.monotonic()
+            self.id = _step_id(self.job_id, self.name)
+
+
 class _Cancel:
     """The point's step cancelled (runner.Cancel): SIGTERM to its tasks, torchrun's agents, which
     stop their workers; SIGKILL through Slurm after KillWait and a margin. A step must be sent
@@ -167,16 +185,15 @@ class _Cancel:
     (measured here, unlike a plain scancel of a job, which waits KillWait). With no step found,
     the harness's own job is cancelled (SIGTERM, then Slurm's SIGKILL after KillWait)."""
 
-    def __init__(self, alloc: Allocation, name: str, kill_wait: float):
-        self.alloc, self.name, self.kill_wait = alloc, name, kill_wait
-        self.step: str | None = None
+    def __init__(self, alloc: Allocation, step: _StepSeen, kill_wait: float):
+        self.alloc, self.step, self.kill_wait = alloc, step, kill_wait
 
     def __call__(self, done: Callable[[], bool]) -> None:
-        self.step = _step_id(self.alloc.job_id, self.name)
-        target = self.step or (self.alloc.job_id if self.alloc.owned else None)
+        step = self.step.id or _step_id(self.alloc.job_id, self.step.name)
+        target = step or (self.alloc.job_id if self.alloc.owned else None)
         if target is None or done():
             return  # nothing of the point runs in Slurm: the local kill ends srun
-        _query(["scancel", "--signal=TERM", target] if self.step else ["scancel", target])
+        _query(["scancel", "--signal=TERM", target] if step else ["scancel", target])
         if not _wait(done, self.kill_wait + KILL_MARGIN_S):
             _query(["scancel", "--signal=KILL", target])
             _wait(done, KILL_MARGIN_S)

@@ -51,7 +51,8 @@ def nodes(records: list[PhaseRecord]) -> list[Finding]:
 
 def _summary(r: PhaseRecord, ev: NodesEvidence) -> str:
     job = f", Slurm job {ev.slurm_job_id}" if ev.slurm_job_id else ""
-    return (f"{len(ev.nodes)} nodes in {where(r)}: {ev.launcher}, c10d rendezvous at {ev.rdzv_endpoint}, join timeout "
+    count = f"{len(ev.nodes)} node{'s' if len(ev.nodes) != 1 else ''}"
+    return (f"{count} in {where(r)}: {ev.launcher}, c10d rendezvous at {ev.rdzv_endpoint}, join timeout "
             f"{ev.join_timeout_s:g} s{job}")
 
 

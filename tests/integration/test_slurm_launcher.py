@@ -100,7 +100,8 @@ def test_a_phase_runs_as_srun_of_torchrun(slurm, tmp_path):
     assert launch.launcher == "slurm" and launch.slurm_job_id == rec.slurm_job_id and launch.nodes[0].exit_code == 0
     assert launch.rdzv_endpoint.split(":")[0] == launch.nodes[0].host
     assert launch.slurm_step == f"{rec.slurm_job_id}.1"  # step 0 checked the shared run directory
-    ranks = {json.loads(line)["rank"] for r in (0, 1) for line in (run_dir / f"heartbeat_rank{r}.jsonl").read_text().splitlines()}
+    ranks = {json.loads(line)["rank"] for r in (0, 1)
+             for line in (run_dir / f"heartbeat_rank{r}.jsonl").read_text().splitlines()}
     assert ranks == {0, 1} and (run_dir / "node0.stderr.log").exists() and (run_dir / "srun.stderr.log").exists()
     assert rec.evidence.nodes.nodes[0].ranks == [0, 1]
     assert _job_state(rec.slurm_job_id) in ("CANCELLED", "COMPLETED", ""), "the allocation was not released"

@@ -120,7 +120,8 @@ def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: Run
     try:
         proc = launcher.run_trainer(point.phase.launcher, launch.entry, launch.args, env=launch.env, cwd=launch.cwd,
                                     timeout_s=point.phase.timeout_s, out_dir=out_dir,
-                                    on_poll=_poll(point, out_dir, progress, csv), watch=_watch(point, out_dir, trainer_dir, csv))
+                                    on_poll=_poll(point, out_dir, progress, csv),
+                                    watch=_watch(point, out_dir, trainer_dir, csv))
     except HarnessError as exc:
         return _not_launched(f"launch: {exc}", out_dir, errors)
     if trainer_dir.is_dir():

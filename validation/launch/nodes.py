@@ -40,7 +40,8 @@ def endpoint(text: str) -> str:
 
 class RankSeen:
     """The workers seen under each node at the tree's polls: rank -> pid, and the node rank
-    (GROUP_RANK) torchrun gave them. Each process's environment is read once."""
+    (GROUP_RANK) torchrun gave them. A worker's environment is read once; a process without a
+    RANK is looked at again (a worker forked but not yet exec'd still shows its agent's)."""
 
     def __init__(self) -> None:
         self.ranks: dict[int, dict[int, int]] = {}
@@ -55,10 +56,10 @@ class RankSeen:
                 env = p.environ()
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue  # gone, or not readable yet: looked at again at the next poll
-            self._read.add(p.pid)
             node, rank, group = node_of(env), env.get("RANK", ""), env.get("GROUP_RANK", "")
             if node is None or not rank.isdigit():
                 continue
+            self._read.add(p.pid)
             self.ranks.setdefault(node, {}).setdefault(int(rank), p.pid)
             if group.isdigit():
                 self.group[node] = int(group)

@@ -37,9 +37,8 @@ def _launch(launcher: Launcher) -> str:
     the first node, port from the job id, join 60s)'."""
     if launcher.kind == "python":
         return "python"
-    text = f"{launcher.kind} {launcher.nnodes} nodes x{launcher.nproc}" if launcher.nodes else f"torchrun x{launcher.nproc}"
+    if not launcher.nodes:
+        return f"torchrun x{launcher.nproc}"
     rdzv = launcher.rdzv
-    if rdzv is not None:
-        where = rdzv.endpoint or f"on the first node, port {rdzv.port or 'from the job id'}"
-        text += f" (c10d {where}, join {rdzv.join_timeout_s:g}s)"
-    return text
+    where = rdzv.endpoint or f"on the first node, port {rdzv.port or 'from the job id'}"
+    return f"{launcher.kind} {launcher.nnodes} nodes x{launcher.nproc} (c10d {where}, join {rdzv.join_timeout_s:g}s)"

@@ -45,7 +45,8 @@ def _runbook(tmp_path: Path, steps: int) -> Path:
         "name": "nodes", "profiles": ["cpu"], "trainer": NATIVE,
         "defaults": {"steps": steps, "timeout_s": 120, "stall_s": STALL_S, "env": {"OMP_NUM_THREADS": 1}},
         "phases": [{"name": "two_nodes", "kind": "train", "gates": [
-            {"metric": "loss_finite", "op": "==", "threshold": 1}, {"metric": "idle_ranks", "op": "==", "threshold": 0}],
+            {"metric": "loss_finite", "op": "==", "threshold": 1},
+            {"metric": "idle_ranks", "op": "==", "threshold": 0}],
             "launcher": {"kind": "torchrun", "nproc": 1, "nnodes": 2,
                          "rdzv": {"endpoint": "localhost:0", "join_timeout_s": JOIN_S}}}]}
     (tmp_path / "nodes.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
@@ -170,7 +171,7 @@ def test_a_node_whose_rank_is_killed_is_named_with_how_the_other_ended(tmp_path,
     text = run.finding("node_failed")
     assert text.startswith(f"node {killed}'s rank 1 was killed by SIGKILL in two_nodes [default] "
                            f"(log node{killed}.stderr.log); the other nodes: node {other}: rank 0"), text
-    assert f"agent exit 1 after" in text.split("\n")[0], text
+    assert "agent exit 1 after" in text.split("\n")[0], text
     assert run.rec.evidence.stderr_log == f"node{killed}.stderr.log"  # the node that failed first
     print(f"\nkill: recorded {run.reported - killed_at:.1f} s after rank 1's last heartbeat; {text}")
 
@@ -181,7 +182,8 @@ def test_a_straggler_node_is_named(tmp_path, monkeypatch):
     assert run.rec.status == "PASS", run.rec.reason
     slow = run.node_of(1)
     text = run.finding("straggler")
-    assert text.startswith(f"straggler node {slow} in two_nodes [default]: its rank(s) 1 enter each step's stages "), text
+    assert text.startswith(f"straggler node {slow} in two_nodes [default]: its rank(s) 1 enter each step's "
+                           "stages "), text
     lateness = {n.index: n.lateness_s for n in run.rec.evidence.nodes.nodes}
     assert lateness[slow] >= 0.15 and lateness[1 - slow] < 0.05, lateness
     print(f"\nstraggler: {text}")

@@ -132,11 +132,11 @@ def point_dir(results_dir: Path, point: PhasePoint) -> Path:
 def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progress | None = None) -> PhaseRecord:
     run_id = uuid.uuid4().hex
     out_dir = point_dir(results_dir, point) / run_id[:12]
-    out_dir.mkdir(parents=True)
     kind = point.phase.kind
     run = RunData(out_dir=out_dir, world_size=point.nproc)
     errors: list[str] = []
-    try:
+    try:  # from the directory's creation on: an interrupt between the two would leave it behind
+        out_dir.mkdir(parents=True)
         proc = kinds.KINDS[kind](point, out_dir, run, errors, progress)
     except KeyboardInterrupt:  # its trainer is dead (launch/process.py); nothing will record this run
         shutil.rmtree(out_dir, ignore_errors=True)

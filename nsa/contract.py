@@ -50,6 +50,8 @@ def stackdump_name(rank: int) -> str:
 
 # --- heartbeat records ---------------------------------------------------------------------------
 
+#: torchrun's node rank of a worker (its agent's place in the rendezvous), in the worker's environment
+NODE_RANK_ENV = "GROUP_RANK"
 #: fields every heartbeat record carries (progress, stalls, imbalance are read from them)
 HEARTBEAT_REQUIRED = ("time", "step")
 HEARTBEAT_RECOMMENDED = {
@@ -58,6 +60,9 @@ HEARTBEAT_RECOMMENDED = {
     "stage": "data / forward / backward / optimizer / checkpoint / graph / profile / step / halt",
     "gpu_util": "GPU utilisation in percent where readable",
     "fallbacks": "a mapping of counters: calls routed to a slower backend than wanted",
+    "node": f"the writer's node: torchrun's node rank ({NODE_RANK_ENV}), 0 for a single node; the harness groups "
+            "ranks by it (stragglers, a node's hang)",
+    "host": "the writer's host name: which machine a rank ran on",
 }
 
 # --- env.json ------------------------------------------------------------------------------------

@@ -7,8 +7,9 @@ loss is the mean over ranks and micro-batches, toks_per_s is global (batch x seq
 grad_accum x world_size / step time), memory is CUDA allocator GiB (the process's resident set
 size on CPU; env.json's memory_source says which).
 
-heartbeat_rank{R}.jsonl, one JSON object per line, every record with time, rank, pid, step,
-stage, mem_alloc_gb and the last logged toks_per_s and gpu_util:
+heartbeat_rank{R}.jsonl, one JSON object per line, every record with time, rank, pid, node
+(torchrun's node rank, GROUP_RANK), host, step, stage, mem_alloc_gb and the last logged
+toks_per_s and gpu_util:
 * stage records on entering data / forward / backward / optimizer / checkpoint, graph (one
   CUDA-graph replay of every micro-batch's forward and backward, train.cuda_graphs) and profile
   (rank 0 summarising a profiled window, train.profile_steps);
@@ -137,12 +138,14 @@ class Telemetry:
                 drop_torn_tail(hb_path)  # appending after half a line would corrupt both
             self._hb = open(hb_path, "a", buffering=1)
         self.util_reason = ""
+        # where this rank runs: the harness groups ranks by node (stragglers, a node's hang)
+        self.place = {"node": int(os.environ.get(contract.NODE_RANK_ENV, "0")), "host": socket.gethostname()}
         # last logged values, repeated in every stage record so each heartbeat line is complete
         self.last: dict[str, Any] = {"toks_per_s": None, "gpu_util": None}
 
     def heartbeat(self, record: dict[str, Any]) -> None:
         if self._hb is not None:
-            rec = {"time": time.time(), "rank": self.rank, "pid": os.getpid(), **record}
+            rec = {"time": time.time(), "rank": self.rank, "pid": os.getpid(), **self.place, **record}
             self._hb.write(json.dumps(rec) + "\n")
 
     @contextlib.contextmanager

@@ -9,15 +9,13 @@ come from ``NSA_SLURM_SRUN_ARGS``. The scancel test reads the step's processes o
 it assumes the step runs here (true of the single-host Slurm).
 
 Each test is one short job step of a tiny gloo all-reduce (``scripts/slurm/allreduce_probe.py``);
-both take a few seconds when the ranks exit on SIGTERM.
+both take a few seconds when the ranks exit on SIGTERM. The ``slurm`` fixture (its skips) is in
+tests/integration/conftest.py.
 """
 from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,42 +29,10 @@ pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = REPO / "scripts" / "slurm" / "allreduce_probe.py"
-SLURM_TOOLS = ("sinfo", "srun", "squeue", "scancel", "scontrol")
 
 
 def _run(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def slurm(request: pytest.FixtureRequest) -> dict:
-    """Skip unless opted in and a Slurm node is idle; return {'kill_wait': s, 'srun_args': [...]}."""
-    words = set(re.findall(r"[A-Za-z_]\w*", request.config.option.markexpr or ""))
-    if "slurm" not in words:
-        pytest.skip("opt-in: select with -m slurm (these tests submit Slurm jobs)")
-    missing = [t for t in SLURM_TOOLS if shutil.which(t) is None]
-    if missing:
-        pytest.skip(f"Slurm is not installed ({', '.join(missing)} not on PATH); "
-                    "scripts/slurm/single_host.sh installs and starts a single-host Slurm")
-    states: list[list[str]] = []
-    deadline = time.monotonic() + 15  # a node finishing a job shows "completing" for a moment
-    while True:
-        try:
-            info = _run(["sinfo", "--noheader", "--Node", "--format=%N %T"], timeout=20)
-        except subprocess.TimeoutExpired:
-            pytest.skip("sinfo did not answer within 20 s (is slurmctld running? scripts/slurm/single_host.sh)")
-        if info.returncode != 0:
-            pytest.skip(f"sinfo failed (is slurmctld running? scripts/slurm/single_host.sh): {info.stderr.strip()}")
-        states = [line.split() for line in info.stdout.splitlines() if line.strip()]
-        if any(len(s) == 2 and s[1] == "idle" for s in states) or time.monotonic() > deadline:
-            break
-        time.sleep(1.0)
-    if not any(len(s) == 2 and s[1] == "idle" for s in states):
-        pytest.skip(f"no idle Slurm node (sinfo: {'; '.join(' '.join(s) for s in states) or 'no nodes'})")
-    conf = _run(["scontrol", "show", "config"]).stdout
-    m = re.search(r"^KillWait\s*=\s*(\d+)", conf, re.M)
-    return {"kill_wait": int(m.group(1)) if m else 30,
-            "srun_args": shlex.split(os.environ.get("NSA_SLURM_SRUN_ARGS", ""))}
 
 
 def _srun_torchrun(slurm: dict, name: str, out_dir: Path, log, **env: str) -> subprocess.Popen:

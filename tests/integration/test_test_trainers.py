@@ -191,7 +191,12 @@ def test_the_fault_grammar():
     f = P("hang_rank:1@7", 2)
     assert f.hangs(1, 7) and not f.hangs(0, 7) and f.peer_hangs(0, 7) and not f.peer_hangs(1, 7)
     assert not f.hangs(1, 6) and P("hang_all@2", 4).hangs(3, 2) and not P("hang_all@2", 4).peer_hangs(3, 2)
-    for bad, why in [("explode", "KIND"), ("hang_rank", "hang_rank:R"), ("nan:1", "only with it"),
+    k = P("kill_rank:1@2", 2)
+    assert k.kills(1, 2) and not k.kills(0, 2) and not k.kills(1, 3) and not k.hangs(1, 2)
+    slow = P("slow_rank:0@2", 2)
+    assert slow.slows(0, 2) and slow.slows(0, 9) and not slow.slows(0, 1) and not slow.slows(1, 2)
+    for bad, why in [("explode", "KIND"), ("hang_rank", "hang_rank:R"), ("nan:1", "only with them"),
+                     ("kill_rank", "kill_rank:R"), ("slow_rank:2", "rank 2 does not exist"),
                      ("hang_rank:2", "rank 2 does not exist"), ("missing_optional@3", "no step"),
                      ("crash@0", "from 1"), ("crash@x", "KIND")]:
         with pytest.raises(ValueError, match=why):
@@ -238,6 +243,21 @@ def test_a_hung_process_writes_nothing_after_the_step_before(tmp_path, trainer, 
     before = trainer.last_beat_before(4)
     o = run(trainer, tmp_path, fault, hangs_after=lambda o: o.top_beat() >= before)
     assert o.top_beat() == before and o.steps_logged()[-1] <= 3
+
+
+@pytest.mark.parametrize("trainer", ALL)
+def test_kill_rank_is_a_sigkill_as_its_step_starts(tmp_path, trainer):
+    o = run(trainer, tmp_path, "kill_rank:0@4")
+    assert o.rc == -signal.SIGKILL and "injected" not in o.stderr, o.stderr
+    assert o.top_beat() == trainer.last_beat_before(4)
+
+
+@pytest.mark.parametrize("trainer", ALL)
+def test_slow_rank_spends_slow_s_more_on_each_step_from_its_step(tmp_path, trainer):
+    o = run(trainer, tmp_path, "slow_rank:0@3", steps=5)
+    assert o.rc == 0, o.stderr
+    times = [b.get("time", b.get("ts")) for b in o.beats()]  # steps 3, 4 and 5 lie between the first and last
+    assert o.top_beat() == 5 and times[-1] - times[0] >= 3 * faults.SLOW_S, times
 
 
 @pytest.mark.parametrize("trainer", ALL)

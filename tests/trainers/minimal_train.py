@@ -17,6 +17,8 @@ quit_early@K   step K is logged as a last step, exit 0, no .HALT;
 hang_rank:R@K  rank R sleeps forever as step K starts; the others stop in step K, asleep in
                wait_for_peers (nothing more written by any rank);
 hang_all@K     every rank sleeps forever as step K starts;
+kill_rank:R@K  rank R SIGKILLs itself as step K starts;
+slow_rank:R@K  rank R spends 0.2 s more on every step from K;
 nan@K          step K is logged with loss ``nan``, rank 0 writes the JSON ``.HALT`` (source
                ``nonfinite``), exit 4;
 crash@K        RuntimeError in step K on every rank, exit 1;
@@ -78,6 +80,10 @@ class Run:
             start = time.monotonic()
             if self.fault.hangs(self.rank, step):
                 trainer_faults.hang_forever()
+            if self.fault.kills(self.rank, step):
+                trainer_faults.kill_self()
+            if self.fault.slows(self.rank, step):
+                trainer_faults.straggle()
             if self.fault.peer_hangs(self.rank, step):
                 trainer_faults.wait_for_peers()
             if self.fault.at("crash", step):

@@ -11,13 +11,16 @@ data-parallel trainer would, so a rank that stops blocks the others in a real co
 Writes: ``env.json`` (rank 0, at the start: contract_version, world_size, git_sha, attention
 backends, tokens_per_step); ``training.csv`` (rank 0, the contract's header, a row every step);
 ``heartbeat_rank{R}.jsonl`` (every rank: a ``forward`` record as a step starts, a ``step`` record
-when it ends, each with time, rank, pid and step). Exit codes are the contract's.
+when it ends, each with time, rank, pid, node (torchrun's GROUP_RANK), host and step). Exit codes are the contract's.
 
 Faults: ``TEST_TRAINER_FAULT`` (grammar in trainer_faults.py), here:
 quit_early@K   exit 0 after step K's row;
 hang_rank:R@K  rank R sleeps forever as step K starts; the others write step K's ``forward``
                record, then block in its all-reduce (under torchrun) -- alone, R can only be 0;
 hang_all@K     every rank sleeps forever as step K starts;
+kill_rank:R@K  rank R SIGKILLs itself as step K starts; under torchrun the others' all-reduce fails;
+slow_rank:R@K  rank R spends 0.2 s more on every step from K, before its ``forward`` record (a
+               straggler: the others wait for it in the all-reduce);
 nan@K          step K's loss is NaN: its row is logged (loss ``nan``), rank 0 writes the JSON
                ``.HALT`` (source ``nonfinite``), every rank a ``halt`` record, exit 4;
 crash@K        RuntimeError in step K on every rank, exit 1;
@@ -30,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -86,9 +90,11 @@ def main() -> int:
         (out / "env.json").write_text(json.dumps(env))
         (out / "training.csv").write_text(COLUMNS + "\n")
 
+    place = {"node": int(os.environ.get("GROUP_RANK", 0)), "host": socket.gethostname()}
+
     def beat(record: dict) -> None:
         with open(out / f"heartbeat_rank{rank}.jsonl", "a") as f:
-            f.write(json.dumps({"time": time.time(), "rank": rank, "pid": os.getpid(), **record}) + "\n")
+            f.write(json.dumps({"time": time.time(), "rank": rank, "pid": os.getpid(), **place, **record}) + "\n")
 
     collective = Collective(world)
     try:
@@ -96,6 +102,10 @@ def main() -> int:
             t0 = time.time()
             if fault.hangs(rank, step):
                 trainer_faults.hang_forever()
+            if fault.kills(rank, step):
+                trainer_faults.kill_self()
+            if fault.slows(rank, step):
+                trainer_faults.straggle()
             beat({"step": step, "stage": "forward"})
             if fault.at("crash", step):
                 raise RuntimeError(f"injected crash at step {step} on rank {rank}")

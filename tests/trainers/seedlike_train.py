@@ -19,6 +19,8 @@ quit_early@K   exit 0 after step K (its row only if step K is a logged step);
 hang_rank:R@K  rank R sleeps forever as step K starts, before its beat; the other ranks beat
                step K, then sleep in wait_for_peers (where the seed's DDP would wait);
 hang_all@K     every rank sleeps forever as step K starts;
+kill_rank:R@K  rank R SIGKILLs itself as step K starts, before its beat;
+slow_rank:R@K  rank R spends 0.2 s more on every step from K, before its beat;
 nan@K          step K's loss is NaN: rank 0 logs its row (loss ``nan``), writes ``.anomaly_type``
                and the text ``.HALT``, and the run stops with exit 0, as the seed's does;
 crash@K        RuntimeError in step K on every rank, exit 1;
@@ -94,6 +96,10 @@ def main() -> int:
     for step in range(1, steps + 1):
         if fault.hangs(rank, step):
             trainer_faults.hang_forever()
+        if fault.kills(rank, step):
+            trainer_faults.kill_self()
+        if fault.slows(rank, step):
+            trainer_faults.straggle()
         if every:
             beat(step, "beat")
         if fault.peer_hangs(rank, step):

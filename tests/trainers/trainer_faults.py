@@ -11,6 +11,10 @@ format (its docstring says how).
                        real one where the trainer uses torch.distributed (native_train.py under
                        torchrun), else asleep in wait_for_peers()
     hang_all[@K]       every rank blocks forever as step K starts (in hang_forever)
+    kill_rank:R[@K]    rank R is SIGKILLed as step K starts (it sends the signal to itself, as the
+                       kernel's OOM killer would; in kill_self): no traceback, no exit code of its own
+    slow_rank:R[@K]    rank R is a straggler: from step K on it spends SLOW_S more on each step, as
+                       it starts (in straggle), before anything of the step is written
     nan[@K]            the loss of step K is NaN on every rank: logged, then the trainer's own
                        non-finite handling
     crash[@K]          every rank raises RuntimeError in step K: a traceback, exit 1
@@ -27,13 +31,19 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import time
 from dataclasses import dataclass
 
 ENV = "TEST_TRAINER_FAULT"
 DEFAULT_STEP = 3
-KINDS = ("quit_early", "hang_rank", "hang_all", "nan", "crash", "malformed", "missing_optional")
+KINDS = ("quit_early", "hang_rank", "hang_all", "kill_rank", "slow_rank", "nan", "crash", "malformed",
+         "missing_optional")
+#: the kinds that name a rank (KIND:R)
+RANKED = ("hang_rank", "kill_rank", "slow_rank")
+#: the extra seconds a slow_rank spends on each step
+SLOW_S = 0.2
 #: what malformed writes where a number belongs
 MALFORMED_CELL = "garbled"
 #: the optional env.json keys that missing_optional leaves out
@@ -48,7 +58,7 @@ class Fault:
     kind: str = ""
     """One of KINDS, or '' for none."""
     rank: int | None = None
-    """hang_rank's rank."""
+    """The rank of a RANKED kind."""
     step: int = DEFAULT_STEP
 
     def at(self, kind: str, step: int) -> bool:
@@ -58,6 +68,14 @@ class Fault:
     def hangs(self, rank: int, step: int) -> bool:
         """``rank`` blocks forever as ``step`` starts."""
         return step == self.step and (self.kind == "hang_all" or (self.kind == "hang_rank" and rank == self.rank))
+
+    def kills(self, rank: int, step: int) -> bool:
+        """``rank`` is SIGKILLed as ``step`` starts."""
+        return self.kind == "kill_rank" and rank == self.rank and step == self.step
+
+    def slows(self, rank: int, step: int) -> bool:
+        """``rank`` straggles in ``step``."""
+        return self.kind == "slow_rank" and rank == self.rank and step >= self.step
 
     def peer_hangs(self, rank: int, step: int) -> bool:
         """Another rank blocks in ``step``: this one stops there too (in a collective)."""
@@ -73,8 +91,8 @@ def parse(spec: str, world_size: int) -> Fault:
     if not m or m["kind"] not in KINDS:
         raise ValueError(f"{ENV}={spec!r}: expected KIND[:RANK][@STEP] with KIND one of {', '.join(KINDS)}")
     kind, rank, step = m["kind"], m["rank"], m["step"]
-    if (kind == "hang_rank") != (rank is not None):
-        raise ValueError(f"{ENV}={spec!r}: a rank goes with hang_rank, and only with it (hang_rank:R)")
+    if (kind in RANKED) != (rank is not None):
+        raise ValueError(f"{ENV}={spec!r}: a rank goes with {', '.join(RANKED)}, and only with them ({kind}:R)")
     if kind == "missing_optional" and step is not None:
         raise ValueError(f"{ENV}={spec!r}: missing_optional takes no step")
     if rank is not None and int(rank) >= world_size:
@@ -97,6 +115,16 @@ def hang_forever() -> None:
     """Where a hung rank stays (its stack names this function)."""
     while True:
         time.sleep(1.0)
+
+
+def kill_self() -> None:
+    """Where a killed rank ends: SIGKILL, which no handler sees."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def straggle() -> None:
+    """Where a slow rank spends its extra time each step."""
+    time.sleep(SLOW_S)
 
 
 def wait_for_peers() -> None:

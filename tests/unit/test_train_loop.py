@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import socket
 import threading
 import time
 from pathlib import Path
@@ -59,6 +60,8 @@ def test_outputs_contract_and_the_pattern_is_learned(tmp_path: Path):
     assert stages == ["data", "forward", "backward", "data", "forward", "backward", "optimizer", "step"]
     step = [h for h in hb if h["stage"] == "step"][-1]
     assert {"time", "rank", "step", "toks_per_s", "mem_alloc_gb", "gpu_util", "gates", "routes", "fallbacks"} <= set(step)
+    # where the rank ran: one process is node 0 (torchrun's GROUP_RANK under torchrun), on this host
+    assert all(h["node"] == 0 and h["host"] == socket.gethostname() for h in hb)
     assert set(step["gates"]) == {"cmp", "sel", "win"} and all(0 < g < 1 for g in step["gates"].values())
 
     envj = json.loads((tmp_path / "env.json").read_text())

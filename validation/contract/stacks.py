@@ -76,6 +76,8 @@ class TakenStack:
     harness holds no dump of its own."""
     note: str = ""
     """Why py-spy could not, and what was done instead."""
+    node: int | None = None
+    """The launch's node index the process ran on (a launch of several nodes); None otherwise."""
 
     @property
     def who(self) -> str:

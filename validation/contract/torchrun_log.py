@@ -1,4 +1,5 @@
-"""How each rank of a torchrun launch ended, read from torchrun's own log (its stderr)."""
+"""How each rank of a torchrun launch ended, and what its agent itself last said, read from
+torchrun's own log (its stderr)."""
 from __future__ import annotations
 
 import re
@@ -10,6 +11,8 @@ _RANK_LINE = re.compile(r"^\[rank(\d+)\]: (.*)$")
 _TR_RANK = re.compile(r"^\s*rank\s*: (\d+) \(local_rank")
 _EXC = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Fault|Interrupt|Failure)\b")
 _TR_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+)")
+#: the harness's own notes in a log (validation/launch/process.py)
+_HARNESS_NOTE = "[nsa-validate]"
 
 
 @dataclass(frozen=True)
@@ -56,3 +59,18 @@ def _signal_name(num: int) -> str:
         return signal.Signals(num).name
     except ValueError:
         return f"signal {num}"
+
+
+def agent_said(stderr_path: Path, max_bytes: int = 1 << 20) -> str | None:
+    """The last error the agent itself reported (its exception, e.g. torchrun's
+    ``...RendezvousTimeoutError``, not a worker's ``[rankN]:`` line), else the log's last line
+    (an agent that died before torchrun's own code ran says why there); None for an empty log."""
+    try:
+        with open(stderr_path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - max_bytes))
+            lines = fh.read().decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    own = [ln.strip() for ln in lines if ln.strip() and not _RANK_LINE.match(ln) and not ln.startswith(_HARNESS_NOTE)]
+    errors = [ln for ln in own if _EXC.match(ln)]
+    return (errors or own or [None])[-1]

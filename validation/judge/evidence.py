@@ -16,6 +16,7 @@ from validation.contract.stacks import (
 )
 from validation.contract.torchrun_log import rank_failures
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
+from validation.judge.nodes import node_evidence
 from validation.judge.record import Beat, Evidence
 
 STDERR_TAIL_LINES = 40
@@ -45,12 +46,13 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
     dumps, unranked = _stacks(run.out_dir, taken)
     beats = {r: _beat(recs[-1]) for r, recs in run.heartbeats.items() if recs and r < run.world_size}
     losses = run.csv["loss"].tolist() if run.csv is not None and not run.csv.empty else []
+    step_times = {r: round(t, 6) for r, t in rank_step_times(run.heartbeats).items()}
+    nodes, node_failures = node_evidence(run.out_dir, run.heartbeats, step_times)  # each node's agent logs
     return Evidence(
         errors=errors, stderr_tail=tail(stderr_path, STDERR_TAIL_LINES), stderr_log=stderr_path.name,
-        halt=run.halt, rank_failures=rank_failures(stderr_path),
+        halt=run.halt, rank_failures={**rank_failures(stderr_path), **node_failures},
         stackdumps={r: d for r, d in dumps.items() if r < run.world_size}, unranked_stacks=unranked,
-        taken_stacks=taken, last_heartbeat=beats,
-        rank_step_time_s={r: round(t, 6) for r, t in rank_step_times(run.heartbeats).items()},
+        taken_stacks=taken, last_heartbeat=beats, rank_step_time_s=step_times, nodes=nodes,
         fallbacks=fallback_counters(run), files=sorted(p.name for p in run.out_dir.iterdir() if p.is_file()),
         loss_first=losses[0] if losses else None, loss_last=losses[-1] if losses else None,
         top_ops=list(run.info.get("top_ops") or []))

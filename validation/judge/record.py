@@ -20,6 +20,7 @@ from validation.contract.torchrun_log import RankFailure
 from validation.errors import StoreError
 from validation.judge.gates import GateResult, GateVerdict
 from validation.judge.metrics import RunData, compute
+from validation.judge.nodes import NodesEvidence
 from validation.machine import Machine
 
 Scalar = str | int | float | bool
@@ -127,6 +128,8 @@ class Evidence:
     loss_last: float | None = None
     top_ops: list[str] = field(default_factory=list)
     """The profile phase's kernels with the most device (or CPU) time, with their times."""
+    nodes: NodesEvidence | None = None
+    """Each node of a launch of several nodes (validation/judge/nodes.py); None for one node."""
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,8 @@ class PhaseRecord:
     """How a command line names the runbook the point ran from: its name under runbooks/, else its
     path ('' in records of older harnesses), so that ``report`` judges the store against it."""
     profile_arg: str = ""
+    slurm_job_id: str | None = None
+    """The Slurm job the point ran in (launcher kind slurm)."""
 
     @classmethod
     def for_point(cls, point, status: Status, reason: str, **fields: Any) -> PhaseRecord:
@@ -258,7 +263,7 @@ class PhaseRecord:
                                 for r, b in (ev.get("last_heartbeat") or {}).items()},
                 rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
                 fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},
-                files=list(ev.get("files") or []))
+                files=list(ev.get("files") or []), nodes=NodesEvidence.from_json(ev.get("nodes")))
             known = {f.name for f in dataclasses.fields(cls)}
             plain = {k: v for k, v in data.items() if k in known and k not in ("key", "evidence", "gates", "backends",
                                                                                "status", "hardware", "metrics")}

@@ -2,6 +2,7 @@
 (``python -m torch.distributed.run``, no PATH lookup) from argument lists, never a shell."""
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -39,3 +40,14 @@ def torchrun_argv(target: Target, nproc: int, args: Sequence[str], torchrun_args
     Rendezvous options from the runbook replace --standalone, so a phase scales to several nodes."""
     rdzv = list(torchrun_args) or ["--standalone"]
     return [sys.executable, "-m", "torch.distributed.run", *rdzv, f"--nproc_per_node={nproc}", *_entry(target), *args]
+
+
+def nodes_torchrun_argv(target: Target, nproc: int, args: Sequence[str], *, nnodes: int, endpoint: str,
+                        rdzv_id: str, join_timeout_s: float) -> list[str]:
+    """One node's torchrun agent of a launch of ``nnodes`` nodes meeting at a c10d rendezvous:
+    the same argv on every node (c10d ignores --node_rank: a node's rank is its place in the
+    rendezvous); ``join_timeout`` is how long an agent waits for the others (torchrun's default
+    is 600 s; its ``timeout`` option is read by the static and etcd backends only)."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
+            "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", f"--rdzv_id={rdzv_id}",
+            f"--rdzv_conf=join_timeout={math.ceil(join_timeout_s)}", *_entry(target), *args]

@@ -25,7 +25,9 @@ CONFIG_COPY = "trainer_config.yaml"
 
 @dataclass(frozen=True)
 class Launch:
-    argv: list[str]
+    entry: list[str]
+    """The trainer's entry (``['-m', module]`` or its script), after ``python`` or torchrun's options."""
+    args: list[str]
     env: dict[str, str]
     """The whole environment of the process."""
     cwd: Path
@@ -51,10 +53,7 @@ def build(point: PhasePoint, spec: TrainerSpec, root: Path, out_dir: Path, train
         elif d.via == Via.ENV:
             env[d.name] = v
     entry = list(spec.entry) if spec.entry[0] == "-m" else [str(_inside(root, spec.entry[0], "trainer.script"))]
-    launcher = point.phase.launcher
-    argv = (commands.torchrun_argv(entry, launcher.nproc, args, launcher.torchrun_args) if launcher.kind == "torchrun"
-            else commands.python_argv(entry, args))
-    return Launch(argv, commands.child_env(env, root=root), root, {**env, "PYTHONPATH": str(root)})
+    return Launch(entry, args, commands.child_env(env, root=root), root, {**env, "PYTHONPATH": str(root)})
 
 
 def revision(root: Path, out_dir: Path, log_name: str) -> tuple[str | None, str]:

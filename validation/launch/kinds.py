@@ -25,6 +25,7 @@ from validation.errors import ArtifactError, HarnessError
 from validation.judge.metrics import RunData
 from validation.launch import commands
 from validation.launch import foreign as trainer_launch
+from validation.launch import launcher
 from validation.launch import process as runner
 from validation.launch.watch import Watch
 from validation.runbook.plan import PhasePoint
@@ -83,14 +84,13 @@ def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], pro
     if point.runbook.trainer is not None:
         return _foreign_train(point, point.runbook.trainer, out_dir, run, errors, progress)
     args = override_args(point) + ["--out-dir", str(out_dir)]
-    launcher = point.phase.launcher
-    if launcher.kind == "torchrun":
-        argv = commands.torchrun_argv(launcher.module, launcher.nproc, args, launcher.torchrun_args)
-    else:
-        argv = commands.python_argv(launcher.module, args)
-    return runner.run(argv, env=commands.child_env(point.env), cwd=REPO_ROOT, timeout_s=point.phase.timeout_s,
-                      log_dir=out_dir, on_poll=_poll(point, out_dir, progress),
-                      watch=_watch(point, out_dir, out_dir, out_dir / TRAINING_CSV))
+    try:
+        return launcher.run_trainer(point.phase.launcher, point.phase.launcher.module, args,
+                                    env=commands.child_env(point.env), cwd=REPO_ROOT, timeout_s=point.phase.timeout_s,
+                                    out_dir=out_dir, on_poll=_poll(point, out_dir, progress),
+                                    watch=_watch(point, out_dir, out_dir, out_dir / TRAINING_CSV))
+    except HarnessError as exc:  # the launcher could not start it (no Slurm allocation, no shared directory)
+        return _not_launched(f"launch: {exc}", out_dir, errors)
 
 
 def _watch(point: PhasePoint, out_dir: Path, progress_dir: Path, csv: Path) -> Watch:
@@ -112,20 +112,30 @@ def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: Run
             raise HarnessError(why)
         launch = trainer_launch.build(point, spec, root, out_dir, trainer_dir)
     except HarnessError as exc:
-        errors.append(f"trainer {spec.name}: {exc}")
-        stderr = out_dir / "trainer.stderr.log"
-        stderr.write_text(f"[nsa-validate] not launched: {exc}\n")
-        return runner.ProcResult([], None, False, 0.0, stderr, stderr)
+        return _not_launched(f"trainer {spec.name}: {exc}", out_dir, errors)
     sha, source = trainer_launch.revision(root, out_dir, "trainer_git")
     own_sha, own_source = trainer_launch.revision(REPO_ROOT, out_dir, "harness_git")
     run.info.update(trainer=spec.name, trainer_sha=sha, trainer_sha_source=source, git_sha=own_sha,
                     git_sha_source=own_source, env=launch.set_env, cwd=str(launch.cwd))
     csv = adapter.progress_csv(trainer_dir)
-    proc = runner.run(launch.argv, env=launch.env, cwd=launch.cwd, timeout_s=point.phase.timeout_s, log_dir=out_dir,
-                      on_poll=_poll(point, out_dir, progress, csv), watch=_watch(point, out_dir, trainer_dir, csv))
+    try:
+        proc = launcher.run_trainer(point.phase.launcher, launch.entry, launch.args, env=launch.env, cwd=launch.cwd,
+                                    timeout_s=point.phase.timeout_s, out_dir=out_dir,
+                                    on_poll=_poll(point, out_dir, progress, csv),
+                                    watch=_watch(point, out_dir, trainer_dir, csv))
+    except HarnessError as exc:
+        return _not_launched(f"launch: {exc}", out_dir, errors)
     if trainer_dir.is_dir():
         adapter.convert(trainer_dir, out_dir, RunFacts(point.nproc, spec.name, sha, source))
     return proc
+
+
+def _not_launched(why: str, out_dir: Path, errors: list[str]) -> runner.ProcResult:
+    """A trainer that could not be started: the reason is the point's first error and its log."""
+    errors.append(why)
+    stderr = out_dir / "trainer.stderr.log"
+    stderr.write_text(f"[nsa-validate] not launched: {why}\n")
+    return runner.ProcResult([], None, False, 0.0, stderr, stderr)
 
 
 def pytest_(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress) -> runner.ProcResult:

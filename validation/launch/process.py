@@ -7,10 +7,12 @@ step stops growing for ``stall_s``, validation/launch/watch.py), on an interrupt
 SIGTERM or SIGHUP in the CLI: ``ABORT``, or a KeyboardInterrupt in the calling thread), and after
 a normal exit (whatever the trainer left running). Before killing a stalled or timed-out trainer
 the harness takes every rank's stack (validation/launch/stacks.py). No shell is involved: every
-argv element is passed to exec as is.
+argv element is passed to exec as is. Several processes (one torchrun agent per node) run as one
+tree with a log pair each (``run_group``); a scheduler's cancel (scancel) goes before the kill.
 """
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import threading
 import time
@@ -31,10 +33,36 @@ STDERR_TAIL_LINES = 40
 
 
 @dataclass(frozen=True)
+class Command:
+    """One process of a launch: its argument list, the name of its logs, and what its environment
+    adds to the launch's (a node's index)."""
+
+    argv: list[str]
+    log_name: str = "trainer"
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Part:
+    """How one launched process of a run ended."""
+
+    log_name: str
+    pid: int | None
+    """None: it could not be started."""
+    exit_code: int | None
+    """None when the harness killed it (it was still running when the run was stopped)."""
+    ended_s: float | None
+    """Seconds from the launch to its exit; None when the harness killed it."""
+    stdout_path: Path
+    stderr_path: Path
+
+
+@dataclass(frozen=True)
 class ProcResult:
     argv: list[str]
     exit_code: int | None
-    """None when the harness killed the process (timeout or stall)."""
+    """None when the harness killed the process (timeout or stall). For several processes: the
+    first that failed, else 0."""
     timed_out: bool
     wall_s: float
     stdout_path: Path
@@ -43,6 +71,10 @@ class ProcResult:
     """Seconds without progress when the harness stopped a stalled run; None when it did not."""
     stacks: list[TakenStack] = field(default_factory=list)
     """The stacks taken before a stalled or timed-out watched run was killed."""
+    parts: list[Part] = field(default_factory=list)
+    """Each launched process (one, or one torchrun agent per node)."""
+    slurm_job_id: str | None = None
+    """The Slurm job the run was a step of (kind slurm)."""
 
     def stderr_tail(self, lines: int = STDERR_TAIL_LINES) -> str:
         return tail(self.stderr_path, lines)
@@ -57,60 +89,126 @@ class _Stop:
     note: str
 
 
+Cancel = Callable[[Callable[[], bool]], None]
+"""Called before the harness kills a run it stops (or that an interrupt ends), with a function
+that says whether every launched process has exited: a scheduler's own cancel (scancel), which
+must give the run its grace and return once it has ended or the grace is spent."""
+
+
 def run(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout_s: float, log_dir: Path,
         log_name: str = "trainer", on_poll: Callable[[float], None] | None = None,
         poll_s: float = 0.25, watch: Watch | None = None) -> ProcResult:
     """Run ``argv`` to completion, or until ``timeout_s`` or (with ``watch``) a stall; stdout and
     stderr go to log_dir. An interrupt kills the tree and raises KeyboardInterrupt."""
-    argv = [str(a) for a in argv]
+    return run_group([Command([str(a) for a in argv], log_name)], env=env, cwd=cwd, timeout_s=timeout_s,
+                     log_dir=log_dir, on_poll=on_poll, poll_s=poll_s, watch=watch)
+
+
+def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path, timeout_s: float, log_dir: Path,
+              on_poll: Callable[[float], None] | None = None, poll_s: float = 0.25, watch: Watch | None = None,
+              tree: ProcessTree | None = None, on_tree: Callable[[ProcessTree], None] | None = None,
+              cancel: Cancel | None = None) -> ProcResult:
+    """Run the processes side by side as one tree (one token), each with its own logs, until all
+    have exited, or until ``timeout_s`` or a stall; ``on_tree`` sees the tree at every poll;
+    ``cancel`` runs before the kill of a stopped or interrupted run. The result names the first
+    command (all of a launch's agents run the same argv) and the log of the first that failed."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    out_path, err_path = log_dir / f"{log_name}.stdout.log", log_dir / f"{log_name}.stderr.log"
     if ABORT.is_set():  # interrupted before this point started: start nothing
         raise KeyboardInterrupt
-    tree = ProcessTree()
+    tree = tree or ProcessTree()
     start = time.monotonic()
     stop: _Stop | None = None
     taken: list[TakenStack] = []
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+    procs: list[subprocess.Popen | None] = []
+    ended: dict[int, float] = {}
+    with contextlib.ExitStack() as logs:
+        files = [(logs.enter_context(open(log_dir / f"{c.log_name}.stdout.log", "wb")),
+                  logs.enter_context(open(log_dir / f"{c.log_name}.stderr.log", "wb"))) for c in commands]
         try:
             try:
-                proc = subprocess.Popen(argv, cwd=cwd, env=tree.environment(env), stdout=out, stderr=err,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
-            except OSError as exc:
-                err.write(f"cannot start {argv[0]}: {exc}\n".encode())
-                return ProcResult(argv, 127, False, time.monotonic() - start, out_path, err_path)
-            tree.adopt(proc.pid)
-            stop = _supervise(proc, tree, start, timeout_s, poll_s, on_poll, watch)
+                for c, (out, err) in zip(commands, files):
+                    procs.append(_start(c, tree.environment({**env, **c.env}), cwd, out, err))
+                    if procs[-1] is not None:
+                        tree.adopt(procs[-1].pid)
+                if any(p is not None for p in procs):
+                    stop = _supervise(procs, ended, tree, start, timeout_s, poll_s, on_poll, on_tree, watch)
+            except KeyboardInterrupt:
+                if cancel is not None:
+                    cancel(lambda: all(p is None or p.poll() is not None for p in procs))
+                raise
             if stop is not None:
                 if watch is not None:
-                    taken = stacks.take(stacks.ranked(tree.members(), tree.root, watch.single_process), watch.run_dir,
+                    taken = stacks.take(stacks.ranked(tree.members(), tree.roots, watch.single_process), watch.run_dir,
                                         stop.note)
+                if cancel is not None:
+                    cancel(lambda: all(p is None or p.poll() is not None for p in procs))
+                _record_ends(procs, ended, start)  # those the cancel ended exited by themselves
                 _kill(tree)
-                proc.wait()
-                err.write(f"\n[nsa-validate] {stop.note}: {_stacks_note(taken)}process tree killed "
-                          f"(root pid {proc.pid})\n".encode())
+                for p, (_, err) in zip(procs, files):
+                    if p is not None:
+                        p.wait()
+                        err.write(f"\n[nsa-validate] {stop.note}: {_stacks_note(taken)}process tree killed "
+                                  f"(root pid {p.pid})\n".encode())
         finally:
             _kill(tree)  # on an interrupt, and whatever a finished trainer left running
     wall = time.monotonic() - start
-    if stop is not None:
-        return ProcResult(argv, None, stop.timed_out, wall, out_path, err_path, stop.stalled_s, taken)
-    return ProcResult(argv, proc.returncode, False, wall, out_path, err_path)
+    parts = [_part(c, p, ended, log_dir) for c, p in zip(commands, procs)]
+    failed = sorted((part.ended_s if part.ended_s is not None else wall, i) for i, part in enumerate(parts)
+                    if part.exit_code != 0)
+    first = parts[failed[0][1]] if failed else parts[0]
+    code = None if stop is not None else (first.exit_code if failed else 0)
+    return ProcResult(commands[0].argv, code, stop is not None and stop.timed_out, wall, first.stdout_path,
+                      first.stderr_path, stop.stalled_s if stop else None, taken, parts)
 
 
-def _supervise(proc: subprocess.Popen, tree: ProcessTree, start: float, timeout_s: float, poll_s: float,
-               on_poll: Callable[[float], None] | None, watch: Watch | None) -> _Stop | None:
-    """Poll until the process exits (None), the timeout or a stall (the reason to stop it)."""
+def _start(c: Command, env: Mapping[str, str], cwd: Path, out, err) -> subprocess.Popen | None:
+    """The process started in a session of its own; None (the reason in its stderr log) when it
+    cannot be."""
+    try:
+        return subprocess.Popen(c.argv, cwd=cwd, env=dict(env), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    except OSError as exc:
+        err.write(f"cannot start {c.argv[0]}: {exc}\n".encode())
+        err.flush()
+        return None
+
+
+def _part(c: Command, p: subprocess.Popen | None, ended: dict[int, float], log_dir: Path) -> Part:
+    out, err = log_dir / f"{c.log_name}.stdout.log", log_dir / f"{c.log_name}.stderr.log"
+    if p is None:
+        return Part(c.log_name, None, 127, 0.0, out, err)
+    done = p.pid in ended
+    return Part(c.log_name, p.pid, p.returncode if done else None, round(ended[p.pid], 2) if done else None, out, err)
+
+
+def _record_ends(procs: list[subprocess.Popen | None], ended: dict[int, float], start: float) -> None:
+    """The moment each process that has exited since the last look was seen gone."""
+    for p in procs:
+        if p is not None and p.pid not in ended and p.poll() is not None:
+            ended[p.pid] = time.monotonic() - start
+
+
+def _supervise(procs: list[subprocess.Popen | None], ended: dict[int, float], tree: ProcessTree, start: float,
+               timeout_s: float, poll_s: float, on_poll: Callable[[float], None] | None,
+               on_tree: Callable[[ProcessTree], None] | None, watch: Watch | None) -> _Stop | None:
+    """Poll until every process exits (None), the timeout or a stall (the reason to stop them)."""
     steps = StepWatch(watch.progress_dir, watch.csv) if watch is not None else None
     last_progress = start
     while True:
-        try:
-            proc.wait(timeout=poll_s)
+        running = [p for p in procs if p is not None and p.poll() is None]
+        _record_ends(procs, ended, start)
+        if not running:
             return None
+        try:
+            running[0].wait(timeout=poll_s)
+            continue
         except subprocess.TimeoutExpired:
             pass
         if ABORT.is_set():  # Ctrl-C in the CLI while this runs in a worker thread
             raise KeyboardInterrupt
         tree.poll()
+        if on_tree is not None:
+            on_tree(tree)
         now = time.monotonic()
         elapsed = now - start
         if on_poll is not None:

@@ -10,7 +10,10 @@ run directory's ``harness_stacks/index.json`` says what was done for which proce
 Which process is which rank: the ``RANK`` in its environment (torchrun sets it for each worker),
 or, for the python launcher, the launched process itself is rank 0. A process below a rank
 (a data loader or compile worker) is that rank's helper, not a rank of its own, and is not
-dumped. Any other Python process is "rank unknown": dumped, never given a guessed rank.
+dumped. torchrun's agents (the launched processes, or a ``torch.distributed.run`` that srun
+started) are launchers, not ranks. Any other Python process is "rank unknown": dumped, never
+given a guessed rank. A rank's node is the launch's node index in its environment
+(validation/contract/nodes.py: the harness's own variable, or Slurm's task id).
 """
 from __future__ import annotations
 
@@ -22,10 +25,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 import psutil
 
 from validation.contract.stacks import HARNESS_STACKS, TakenStack, write_index
+from validation.contract.nodes import node_of
 
 #: seconds all py-spy dumps together may take (they run side by side)
 PYSPY_TIMEOUT_S = 10.0
@@ -40,6 +45,8 @@ class RankedProcess:
     """None: rank unknown."""
     rank_from: str
     """'RANK', 'single process', or '' when unknown (TakenStack.rank_from)."""
+    node: int | None = None
+    """The launch's node index it ran on (several nodes); None for one node or unknown."""
 
 
 def pyspy_executable() -> str | None:
@@ -49,35 +56,44 @@ def pyspy_executable() -> str | None:
     return str(beside) if beside.is_file() else shutil.which("py-spy")
 
 
-def ranked(members: list[psutil.Process], root: psutil.Process | None, single_process: bool) -> list[RankedProcess]:
+def ranked(members: list[psutil.Process], roots: Sequence[psutil.Process], single_process: bool) -> list[RankedProcess]:
     """The processes whose stacks tell where each rank is: each rank's own process, and any other
     Python process as rank unknown (see the module's docstring)."""
     by_pid = {p.pid: p for p in members}
+    launched = {r.pid for r in roots}
     own: dict[int, tuple[int | None, str] | None] = {}
     for p in members:
-        rank = _env_rank(p)
-        if rank is not None:
-            own[p.pid] = (rank, "RANK")
-        elif single_process and root is not None and p.pid == root.pid:
+        env = _environ(p)
+        rank = env.get("RANK", "")
+        if rank.isdigit():
+            own[p.pid] = (int(rank), "RANK")
+        elif single_process and p.pid in launched:
             own[p.pid] = (0, "single process")
-        elif root is not None and p.pid == root.pid:
-            own[p.pid] = None  # torchrun's agent: the launcher, not a rank
+        elif p.pid in launched or _is_agent(p):
+            own[p.pid] = None  # torchrun's agent (or srun): a launcher, not a rank
         elif _is_python(p):
             own[p.pid] = (None, "")
     out = []
     for pid, what in own.items():
         if what is None or _below_a_rank(by_pid[pid], by_pid, own):
             continue
-        out.append(RankedProcess(by_pid[pid], *what))
+        out.append(RankedProcess(by_pid[pid], *what, node=node_of(_environ(by_pid[pid]))))
     return sorted(out, key=lambda r: (r.rank is None, r.rank or 0, r.proc.pid))
 
 
-def _env_rank(p: psutil.Process) -> int | None:
+def _environ(p: psutil.Process) -> dict[str, str]:
     try:
-        value = p.environ().get("RANK", "")
+        return p.environ()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return None
-    return int(value) if value.isdigit() else None
+        return {}
+
+
+def _is_agent(p: psutil.Process) -> bool:
+    """torchrun's agent that another launcher (srun) started: ``python -m torch.distributed.run``."""
+    try:
+        return "torch.distributed.run" in p.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
 
 
 def _is_python(p: psutil.Process) -> bool:
@@ -118,18 +134,20 @@ def take(processes: list[RankedProcess], run_dir: Path, after: str, pyspy: str |
         text, error = dumps[r.proc.pid]
         name = f"rank{r.rank}.txt" if r.rank is not None else f"pid{r.proc.pid}.txt"
         who = f"rank {r.rank} ({r.rank_from})" if r.rank is not None else "rank unknown"
+        if r.node is not None:
+            who += f", node {r.node}"
         if text is not None:
             header = f"=== py-spy dump of pid {r.proc.pid}, {who}, taken by the harness: {after} ===\n"
             (folder / name).write_text(header + text)
-            taken.append(TakenStack(r.proc.pid, r.rank, r.rank_from, "py-spy", f"{HARNESS_STACKS}/{name}"))
+            taken.append(TakenStack(r.proc.pid, r.rank, r.rank_from, "py-spy", f"{HARNESS_STACKS}/{name}", node=r.node))
             continue
         note = f"py-spy could not take its stack ({error})"
         if _handles(r.proc.pid, signal.SIGUSR1) and _signal(r.proc, signal.SIGUSR1):
             signalled = True
-            taken.append(TakenStack(r.proc.pid, r.rank, r.rank_from, "SIGUSR1",
+            taken.append(TakenStack(r.proc.pid, r.rank, r.rank_from, "SIGUSR1", node=r.node,
                                     note=note + "; SIGUSR1 sent instead: the trainer's own handler writes the dump"))
         else:
-            taken.append(TakenStack(r.proc.pid, r.rank, r.rank_from, "none",
+            taken.append(TakenStack(r.proc.pid, r.rank, r.rank_from, "none", node=r.node,
                                     note=note + "; it has no SIGUSR1 handler to ask instead"))
     if signalled:
         time.sleep(SIGUSR1_GRACE_S)  # the handlers write their dumps before the kill

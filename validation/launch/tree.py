@@ -60,25 +60,31 @@ def alive(proc: psutil.Process) -> bool:
 
 
 class ProcessTree:
-    """The processes of one launch: its root, every descendant seen at a poll, and every process
-    carrying its token."""
+    """The processes of one launch: its roots (one process, or one torchrun agent per node),
+    every descendant seen at a poll, and every process carrying its token."""
 
     def __init__(self) -> None:
         self.token = uuid.uuid4().hex
-        self.root: psutil.Process | None = None
+        self.roots: list[psutil.Process] = []
         self._seen: dict[int, psutil.Process] = {}
+
+    @property
+    def root(self) -> psutil.Process | None:
+        """The first process launched."""
+        return self.roots[0] if self.roots else None
 
     def environment(self, env: Mapping[str, str]) -> dict[str, str]:
         """The environment to launch the root with: ``env`` plus this tree's token."""
         return with_token(env, self.token)
 
     def adopt(self, pid: int) -> None:
-        """The launched process (the tree's root)."""
+        """A launched process (a root of the tree)."""
         try:
-            self.root = psutil.Process(pid)
+            root = psutil.Process(pid)
         except psutil.NoSuchProcess:  # already gone: its descendants still carry the token
             return
-        self._seen[pid] = self.root
+        self.roots.append(root)
+        self._seen[pid] = root
 
     def poll(self) -> None:
         """Record the live descendants of the processes seen so far: of the root, and of any
@@ -95,6 +101,11 @@ class ProcessTree:
                 known = self._seen.get(child.pid)
                 if known is None or not alive(known):  # new, or a dead one's PID reused
                     self._seen[child.pid] = child
+
+    def known(self) -> list[psutil.Process]:
+        """The live processes seen at polls (the roots' descendants), without the machine-wide
+        token scan that ``members`` adds."""
+        return [p for p in self._seen.values() if alive(p)]
 
     def members(self) -> list[psutil.Process]:
         """The tree's live processes: those seen at polls and those carrying the token."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from validation.runbook.plan import GOLDEN_RTOL, expand
-from validation.runbook.types import Profile, Runbook
+from validation.runbook.types import Launcher, Profile, Runbook
 
 
 def describe(rb: Runbook, prof: Profile, golden_file: str) -> list[str]:
@@ -14,7 +14,7 @@ def describe(rb: Runbook, prof: Profile, golden_file: str) -> list[str]:
                      f"phases {', '.join(t.phases)}")
     for phase in rb.phases:
         pts = expand(rb, prof, [phase.name])
-        launch = phase.launcher.kind + (f" x{phase.launcher.nproc}" if phase.launcher.kind == "torchrun" else "")
+        launch = _launch(phase.launcher)
         config = f"config {phase.config}" if rb.trainer is None else f"trainer {rb.trainer.name}"
         what = {"train": f"{launch}, {config}, {phase.steps} steps", "pytest": " ".join(phase.tests),
                 "preflight": "git SHA, collect_env, nvidia-smi", "profile": f"torch.profiler, {phase.steps} steps"}[phase.kind]
@@ -30,3 +30,15 @@ def describe(rb: Runbook, prof: Profile, golden_file: str) -> list[str]:
             lines.append(f"      sweep: {', '.join(p.slug for p in pts)}")
         lines.append(f"      markers: {' '.join(pts[0].markers)}")
     return lines
+
+
+def _launch(launcher: Launcher) -> str:
+    """'python', 'torchrun x2', 'torchrun 2 nodes x1 (c10d localhost:0, join 20s)', 'slurm 2 nodes x4 (c10d on
+    the first node, port from the job id, join 60s)'."""
+    if launcher.kind == "python":
+        return "python"
+    if not launcher.nodes:
+        return f"torchrun x{launcher.nproc}"
+    rdzv = launcher.rdzv
+    where = rdzv.endpoint or f"on the first node, port {rdzv.port or 'from the job id'}"
+    return f"{launcher.kind} {launcher.nnodes} nodes x{launcher.nproc} (c10d {where}, join {rdzv.join_timeout_s:g}s)"

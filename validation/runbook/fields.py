@@ -14,10 +14,28 @@ from validation.judge.gates import OPS, Gate, Window
 from validation.judge.metrics import METRICS
 from validation.judge.record import TRAINER_KINDS
 from validation.runbook import keys
-from validation.runbook.types import Launcher, Phase, Scalar
+from validation.runbook.types import STALL_SHARE, Launcher, Phase, Rendezvous, Scalar
 
 PHASE_KINDS = ("train", "preflight", "pytest", "profile")
-LAUNCHER_KINDS = ("python", "torchrun")
+LAUNCHER_KINDS = ("python", "torchrun", "slurm")
+#: each launcher kind's keys (torchrun's nproc is per node; Slurm says nodes and nproc_per_node)
+LAUNCHER_KEYS = {"python": ("kind", "nproc", "module", "torchrun_args"),
+                 "torchrun": ("kind", "nproc", "module", "torchrun_args", "nnodes", "rdzv"),
+                 "slurm": ("kind", "nodes", "nproc_per_node", "module", "rdzv", "srun_args")}
+RDZV_BACKENDS = ("c10d",)
+#: seconds the agents of a multi-node launch need beyond the join timeout to start and to exit: the
+#: phase's stall_s must leave them, or the stall watch ends a rendezvous still waiting for a node
+JOIN_MARGIN_S = 10.0
+#: kind torchrun starts every node's agent on this host: its store is on a loopback address
+_LOCAL_ENDPOINT = re.compile(r"^(localhost|127(\.\d{1,3}){3}):(?P<port>\d{1,5})$")
+#: torchrun options that launcher.rdzv and nnodes set for a launch of several nodes
+_RDZV_OPTIONS = ("--standalone", "--nnodes", "--rdzv", "--node_rank", "--node-rank", "--master", "--nproc",
+                 "--local_addr", "--local-addr")
+_SRUN_ARG = re.compile(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.:,/@%+=-]+)?$")
+#: srun options the harness sets itself (its job name, nodes and tasks, per-node logs, the
+#: environment that carries the run token)
+SRUN_OWN = ("--job-name", "--jobid", "--nodes", "--ntasks", "--ntasks-per-node", "--output", "--error", "--input",
+            "--export", "--chdir", "--overlap", "--label", "--kill-on-bad-exit")
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -158,14 +176,86 @@ def _gate(path: Path, data: Any, where: str) -> Gate:
 def parse_launcher(path: Path, data: Any, where: str, base: Launcher) -> Launcher:
     r = Reader(path, data, where, keys.LAUNCHER.names)
     kind = r.str_("kind", base.kind, choices=LAUNCHER_KINDS)
-    nproc = r.int_("nproc", base.nproc if kind == base.kind else 1, minimum=1)
+    for k in r.data:
+        if k not in LAUNCHER_KEYS[kind]:
+            owners = [n for n, names in LAUNCHER_KEYS.items() if k in names]
+            r.fail(r.key(k), f"a key of kind {' or '.join(owners)} launchers; kind {kind} takes "
+                             f"{', '.join(LAUNCHER_KEYS[kind])}")
+    same = kind == base.kind
+    if kind == "slurm":
+        return _slurm_launcher(r, base if same else Launcher("slurm"))
+    nproc = r.int_("nproc", base.nproc if same else 1, minimum=1)
     if kind == "python" and nproc != 1:
         r.fail(r.key("nproc"), "the python launcher runs one process; use kind: torchrun for nproc > 1")
     module = r.str_("module", base.module, pattern=MODULE)
     args = r.get("torchrun_args", list(base.torchrun_args))
     if not isinstance(args, list) or not all(isinstance(a, str) and _TORCHRUN_ARG.match(a) for a in args):
         r.fail(r.key("torchrun_args"), f"expected a list of --option=value strings, got {args!r}")
-    return Launcher(kind, nproc, module, tuple(args))
+    nnodes = r.int_("nnodes", base.nnodes if same else 1, minimum=1)
+    rdzv = None
+    if nnodes > 1 or "rdzv" in r.data:
+        if nnodes == 1:
+            r.fail(r.key("rdzv"), "a rendezvous is for nnodes > 1 (one torchrun agent per node)")
+        if "rdzv" not in r.data and not (same and base.rdzv):
+            r.fail(r.key("rdzv"), "nnodes > 1 needs a rendezvous: rdzv: {endpoint: localhost:0, join_timeout_s: 60}")
+        rdzv = _rendezvous(r, "torchrun") if "rdzv" in r.data else base.rdzv
+        own = [a for a in args if a.startswith(_RDZV_OPTIONS)]
+        if own:
+            r.fail(r.key("torchrun_args"), f"{own[0]!r}: nnodes and rdzv set the rendezvous of several nodes")
+    return Launcher(kind, nproc, module, tuple(args), nnodes, rdzv)
+
+
+def _slurm_launcher(r: Reader, base: Launcher) -> Launcher:
+    """``{kind: slurm, nodes: N, nproc_per_node: M, rdzv: {join_timeout_s: S}, srun_args: [...]}``."""
+    nodes = r.int_("nodes", base.nnodes, minimum=1)
+    nproc = r.int_("nproc_per_node", base.nproc, minimum=1)
+    module = r.str_("module", base.module, pattern=MODULE)
+    if "rdzv" not in r.data and base.rdzv is None:
+        r.fail(r.key("rdzv"), "required: rdzv: {join_timeout_s: S} (how long an agent waits for the other nodes)")
+    rdzv = _rendezvous(r, "slurm") if "rdzv" in r.data else base.rdzv
+    args = r.get("srun_args", list(base.srun_args))
+    if not isinstance(args, list):
+        r.fail(r.key("srun_args"), f"expected a list of --option=value strings, got {args!r}")
+    for i, a in enumerate(args):
+        key = r.key(f"srun_args[{i}]")
+        if not isinstance(a, str) or not _SRUN_ARG.match(a):
+            r.fail(key, f"{a!r}: write srun's long options, one per item: --partition=gpu, --time=00:30:00")
+        if a.split("=", 1)[0] in SRUN_OWN:
+            r.fail(key, f"{a!r} is set by the harness ({', '.join(SRUN_OWN)})")
+    return Launcher("slurm", nproc, module, (), nodes, rdzv, tuple(args))
+
+
+def _rendezvous(launcher: Reader, kind: str) -> Rendezvous:
+    """``rdzv:`` of a torchrun launch of several nodes (endpoint on this host) or of Slurm (port)."""
+    local = kind == "torchrun"
+    allowed = tuple(k for k in keys.RDZV.names if k != ("port" if local else "endpoint"))
+    r = Reader(launcher.path, launcher.get("rdzv"), launcher.key("rdzv"), allowed,
+               ("endpoint", "join_timeout_s") if local else keys.RDZV.required)
+    r.str_("backend", "c10d", choices=RDZV_BACKENDS)
+    join = r.num("join_timeout_s", minimum=1.0)
+    if not local:
+        port = r.int_("port", None, minimum=1)
+        if port is not None and port > 65535:
+            r.fail(r.key("port"), f"{port} is not a TCP port (1..65535)")
+        return Rendezvous(join, port=port)
+    endpoint = r.str_("endpoint")
+    m = _LOCAL_ENDPOINT.match(endpoint)
+    if m is None or int(m["port"]) > 65535:
+        r.fail(r.key("endpoint"), f"{endpoint!r}: kind torchrun starts every node's agent on this host, so the "
+                                  "endpoint is localhost:PORT or 127.x.x.x:PORT (port 0: a free one at launch); "
+                                  "across machines use kind: slurm")
+    return Rendezvous(join, endpoint=endpoint)
+
+
+def check_join_timeout(r: Reader, launcher_key: str, launcher: Launcher, startup_after_s: float) -> None:
+    """A node that never joins must be found by the rendezvous (its join timeout), not cut short
+    by the stall watch, whose start-up allowance (startup_s, else stall_s) counts from the launch."""
+    rdzv = launcher.rdzv
+    if rdzv is not None and rdzv.join_timeout_s + JOIN_MARGIN_S > startup_after_s:
+        r.fail(f"{launcher_key}.rdzv.join_timeout_s",
+               f"{rdzv.join_timeout_s:g} s + {JOIN_MARGIN_S:g} s for the agents to start and exit is more than the "
+               f"phase's start-up allowance ({startup_after_s:g} s): the stall watch would end a rendezvous still "
+               "waiting for a node, and the missing node would go unnamed; lower it or raise startup_s (or stall_s)")
 
 
 def _items(r: Reader, key: str, data: Any, what: str) -> list[tuple[Any, Any]]:
@@ -309,12 +399,18 @@ def parse_phase(path: Path, data: Any, where: str, defaults: dict[str, Any], kno
     for i, g in enumerate(gates):  # a window no run of the phase can cover would always be NO_DATA
         if kind in TRAINER_KINDS and g.window.last is not None and g.window.last > steps and METRICS[g.metric].windowed:
             r.fail(r.key(f"gates[{i}].window"), f"{g.window.describe()} is longer than the phase's {steps} steps")
+    stall_s = _watch_s(r, "stall_s", kind, timeout_s, defaults["stall_s"])
+    startup_s = _watch_s(r, "startup_s", kind, timeout_s, defaults["startup_s"])
+    if kind in TRAINER_KINDS:
+        # the nodes meet before the first step: the start-up allowance must leave the join timeout
+        key = r.key("launcher") if "launcher" in r.data else f"defaults.launcher (for {r.where})"
+        stall_after = stall_s if stall_s is not None else timeout_s / STALL_SHARE
+        check_join_timeout(r, key, launcher, startup_s if startup_s is not None else stall_after)
     return Phase(
         name=name, kind=kind, description=r.str_("description", "") or "", markers=tuple(markers),
         launcher=launcher, config=config, overrides=overrides, env=env,
         steps=steps,
-        timeout_s=timeout_s, stall_s=_watch_s(r, "stall_s", kind, timeout_s, defaults["stall_s"]),
-        startup_s=_watch_s(r, "startup_s", kind, timeout_s, defaults["startup_s"]),
+        timeout_s=timeout_s, stall_s=stall_s, startup_s=startup_s,
         sweep=_sweep(r, r.key("sweep"), r.get("sweep")), gates=gates, tests=tests, pytest_args=tuple(pargs),
         min_gpus=r.int_("min_gpus", defaults["min_gpus"]), golden_steps=golden_steps, profile_steps=profile_steps,
     )

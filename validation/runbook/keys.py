@@ -89,11 +89,27 @@ PHASE = Section("phases[]", "One phase: a kind, how it launches, what it runs, i
                          "contract's CONTRACT_PROFILE_STEPS"),
 ))
 
-LAUNCHER = Section("phases[].launcher", "How a phase starts its trainer (never a shell).", (
-    Key("kind", "python (one process) or torchrun"),
-    Key("nproc", "torchrun: processes per node"),
+LAUNCHER = Section("phases[].launcher", "How a phase starts its trainer (never a shell): python (one process), "
+                   "torchrun (nproc per node; with nnodes, one agent per node on this host) or slurm (srun of "
+                   "torchrun inside an allocation). Each kind takes only its own keys.", (
+    Key("kind", "python, torchrun or slurm"),
+    Key("nproc", "python and torchrun: processes per node"),
     Key("module", "this project's trainer module (default nsa.train)"),
-    Key("torchrun_args", "torchrun options --name=value (rendezvous options replace --standalone)"),
+    Key("torchrun_args", "python and torchrun: torchrun options --name=value (not the rendezvous's: rdzv says it)"),
+    Key("nnodes", "torchrun: nodes, each an agent started on this host (a one-host test of several nodes)"),
+    Key("rdzv", "torchrun with nnodes, and slurm: the c10d rendezvous"),
+    Key("nodes", "slurm: nodes of the allocation"),
+    Key("nproc_per_node", "slurm: processes per node"),
+    Key("srun_args", "slurm: more srun options --name=value (not the ones the harness sets itself)"),
+))
+
+RDZV = Section("phases[].launcher.rdzv", "The c10d rendezvous of a launch of several nodes. A node that never joins "
+               "is named from the others' rendezvous timeout; join_timeout_s + 10 s must fit in the phase's start-up "
+               "allowance (startup_s, else stall_s).", (
+    Key("backend", "c10d (the only one)"),
+    Key("endpoint", "torchrun: host:port on this host (localhost or 127.x; port 0: a free one at launch)"),
+    Key("port", "slurm: the port on the first node (default: a free one)"),
+    Key("join_timeout_s", "seconds the nodes wait for each other", True),
 ))
 
 GATE = Section("phases[].gates[]", "One gate: `metric op threshold` over a window. No expression is evaluated.", (
@@ -152,4 +168,4 @@ HARDWARE = Section("hardware", "What a profile's points need; a machine without 
                     "--hardware-mismatch=skip"),
 ))
 
-SECTIONS = (RUNBOOK, DEFAULTS, PHASE, LAUNCHER, GATE, TRAINER, TRAINER_ROOT, TRAINER_CONFIG, PROFILE, HARDWARE)
+SECTIONS = (RUNBOOK, DEFAULTS, PHASE, LAUNCHER, RDZV, GATE, TRAINER, TRAINER_ROOT, TRAINER_CONFIG, PROFILE, HARDWARE)

@@ -66,8 +66,13 @@ class PhasePoint:
 
     @property
     def nproc(self) -> int:
-        launcher = self.phase.launcher
-        return launcher.nproc if self.phase.kind in TRAINER_KINDS and launcher.kind == "torchrun" else 1
+        """The trainer's processes, every node's together (its world size)."""
+        return self.phase.launcher.world_size if self.phase.kind in TRAINER_KINDS else 1
+
+    @property
+    def slurm(self) -> bool:
+        """A train point that Slurm runs, on the nodes of an allocation rather than this machine."""
+        return self.phase.kind in TRAINER_KINDS and self.phase.launcher.kind == "slurm"
 
     @property
     def timed(self) -> bool:
@@ -77,10 +82,12 @@ class PhasePoint:
 
     @property
     def min_gpus(self) -> int:
-        """GPUs this point needs: the phase's floor, and one per process on a CUDA profile."""
+        """GPUs this machine needs for the point: the phase's floor, and one per process on a CUDA
+        profile unless Slurm runs it (the GPUs are the allocation's, asked for in srun_args)."""
         if self.profile.hardware.accelerator != "cuda":
             return 0
-        return max(self.phase.min_gpus, self.nproc if self.phase.kind in TRAINER_KINDS else 0)
+        local = self.phase.kind in TRAINER_KINDS and not self.slurm
+        return max(self.phase.min_gpus, self.nproc if local else 0)
 
     @property
     def markers(self) -> tuple[str, ...]:
@@ -91,6 +98,10 @@ class PhasePoint:
                 ms.append("multi_gpu")
         if self.nproc > 1:
             ms.append("distributed")
+        if self.phase.kind in TRAINER_KINDS and self.phase.launcher.nodes:
+            ms.append("multi_node")
+        if self.slurm:
+            ms.append("slurm")
         return tuple(dict.fromkeys(ms))
 
     def gates(self) -> list[Gate]:

@@ -19,14 +19,46 @@ STALL_SHARE = 4
 
 
 @dataclass(frozen=True)
+class Rendezvous:
+    """torchrun's c10d rendezvous of a launch of several nodes (one torchrun agent per node)."""
+
+    join_timeout_s: float
+    """How long an agent waits for the others to join (torchrun's ``join_timeout``): a node that
+    never joins is found this long after the first agent started, not at the phase timeout."""
+    endpoint: str = ""
+    """``host:port`` of the store (kind torchrun: a loopback host, every agent runs here; port 0:
+    a free port chosen at launch); '' under Slurm: the allocation's first node."""
+    port: int | None = None
+    """Slurm: the store's port on the first node; None: derived from the job id at launch."""
+
+
+@dataclass(frozen=True)
 class Launcher:
-    """``python -m <module>`` or ``torchrun --standalone --nproc_per_node=N -m <module>``.
-    ``torchrun_args`` pass rendezvous options through (multi-node) and replace --standalone."""
+    """``python -m <module>``; ``torchrun --standalone --nproc_per_node=N -m <module>``, or with
+    ``nnodes`` > 1 one torchrun agent per node on this host, meeting at ``rdzv``; or ``srun`` of
+    torchrun in a Slurm allocation (kind slurm: ``nnodes`` nodes, one agent each).
+    ``torchrun_args`` pass options through to a single node's torchrun and replace --standalone."""
 
     kind: str = "python"
     nproc: int = 1
+    """Processes per node."""
     module: str = "nsa.train"
     torchrun_args: tuple[str, ...] = ()
+    nnodes: int = 1
+    rdzv: Rendezvous | None = None
+    """Set for several nodes (torchrun) and for Slurm."""
+    srun_args: tuple[str, ...] = ()
+    """Slurm: srun options of the site (partition, account, time, GPUs), passed as they are."""
+
+    @property
+    def world_size(self) -> int:
+        """Processes of the run, all nodes together."""
+        return self.nnodes * self.nproc if self.kind in ("torchrun", "slurm") else 1
+
+    @property
+    def nodes(self) -> bool:
+        """Whether the run is launched as nodes meeting at a rendezvous (several agents, or Slurm)."""
+        return self.rdzv is not None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from validation.judge.metrics import PROFILE_METRICS, RunData, unprovided_by_fil
 from validation.judge.provenance import trainer_commit
 from validation.judge.record import OWN_TRAINER, TRAINER_KINDS, PhaseRecord, Status, Summary, routes, utc_now
 from validation.judge.verdict import Outcome, evaluate, verdict
-from validation.launch import kinds
+from validation.launch import kinds, slurm
 from validation.machine import Machine
 from validation.runbook.hardware import mismatches, shortfalls
 from validation.runbook.plan import PhasePoint, unprovided_metrics
@@ -56,12 +56,14 @@ def cannot_launch(point: PhasePoint) -> str | None:
 
 def why_skip(point: PhasePoint, hw: Machine, mismatch: str = "run") -> str | None:
     """Why this machine (or the runbook's trainer) does not run the point: a phase kind the
-    trainer does not support, too few or too small GPUs, or a GPU-model mismatch under
-    --hardware-mismatch=skip; None when it runs."""
+    trainer does not support, no Slurm to submit a Slurm point to, too few or too small GPUs, or
+    a GPU-model mismatch under --hardware-mismatch=skip; None when it runs."""
     spec = point.runbook.trainer
     if spec is not None and not spec.supports_phase(point.phase.kind):
         return (f"trainer {spec.name} does not support {point.phase.kind} phases "
                 f"(it supports: {', '.join(spec.phases)})")
+    if point.slurm and slurm.missing_tools():
+        return f"Slurm is not installed here ({', '.join(slurm.missing_tools())} not on PATH): the point runs as srun"
     short = shortfalls(point.profile, hw, point.min_gpus)
     if short:
         return "; ".join(short)
@@ -129,12 +131,12 @@ def point_dir(results_dir: Path, point: PhasePoint) -> Path:
 def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progress | None = None) -> PhaseRecord:
     run_id, started = uuid.uuid4().hex, utc_now()
     out_dir = point_dir(results_dir, point) / run_id[:12]
-    out_dir.mkdir(parents=True)
     kind = point.phase.kind
     run = RunData(out_dir=out_dir, world_size=point.nproc,
                   steps_requested=point.phase.steps if kind in TRAINER_KINDS else None)
     errors: list[str] = []
-    try:
+    try:  # from the directory's creation on: an interrupt between the two would leave it behind
+        out_dir.mkdir(parents=True)
         proc = kinds.KINDS[kind](point, out_dir, run, errors, progress)
     except KeyboardInterrupt:  # its trainer is dead (launch/process.py); nothing will record this run
         shutil.rmtree(out_dir, ignore_errors=True)
@@ -170,7 +172,7 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
         backends=routes(env.get("attention_backends")), env_seen=dict(env.get("env") or {}),
         noop_toggles=dict(env.get("noop_toggles") or {}), trainer=run.info.get("trainer") or OWN_TRAINER,
         trainer_sha=trainer_sha, trainer_sha_source=trainer_sha_source,
-        env=run.info.get("env") or dict(point.env), cwd=run.info.get("cwd") or "")
+        env=run.info.get("env") or dict(point.env), cwd=run.info.get("cwd") or "", slurm_job_id=proc.slurm_job_id)
 
 
 def prune(results_dir: Path, point: PhasePoint, keep: str) -> None:

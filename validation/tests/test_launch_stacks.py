@@ -55,7 +55,7 @@ time.sleep(60)
 """)
     tree.adopt(agent.pid)
     members = _members(tree, 6)
-    found = stacks.ranked(members, tree.root, single_process=False)
+    found = stacks.ranked(members, tree.roots, single_process=False)
     ranks = [(r.rank, r.rank_from) for r in found]
     assert ranks == [(0, "RANK"), (1, "RANK"), (None, "")], ranks
     by_rank = {r.rank: r.proc for r in found}
@@ -67,7 +67,7 @@ def test_the_python_launchers_process_is_rank_0_and_its_children_its_helpers(tre
     root = _spawn(tree, f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {SLEEP!r}]); "
                         "time.sleep(60)")
     tree.adopt(root.pid)
-    found = stacks.ranked(_members(tree, 2), tree.root, single_process=True)
+    found = stacks.ranked(_members(tree, 2), tree.roots, single_process=True)
     assert [(r.proc.pid, r.rank, r.rank_from) for r in found] == [(root.pid, 0, "single process")]
 
 
@@ -76,7 +76,7 @@ def test_take_writes_each_ranks_pyspy_dump_and_the_index(tree, tmp_path):
     tree.adopt(root.pid)
     time.sleep(1.0)  # py-spy needs the interpreter up
     started = time.monotonic()
-    taken = stacks.take(stacks.ranked(tree.members(), tree.root, single_process=False), tmp_path, "a test")
+    taken = stacks.take(stacks.ranked(tree.members(), tree.roots, single_process=False), tmp_path, "a test")
     took = time.monotonic() - started
     assert taken == [TakenStack(root.pid, 3, "RANK", "py-spy", "harness_stacks/rank3.txt")]
     assert read_index(tmp_path) == taken

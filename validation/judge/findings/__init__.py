@@ -1,8 +1,9 @@
 """Automatic findings: what a person would otherwise dig out of logs, CSVs and stack dumps.
 
 Each detector reads stored records only, so findings can be recomputed for any results
-directory without re-running anything: process failures and failed gates (failures.py), speed
-across points (throughput.py), where NSA pays against dense (long_context.py); advice.py turns findings into what to do next, saying only what
+directory without re-running anything: process failures and failed gates (failures.py), the nodes
+of a launch of several nodes (nodes.py), speed across points (throughput.py), where NSA pays
+against dense (long_context.py); advice.py turns findings into what to do next, saying only what
 is true of the trainer that ran.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from validation.judge.findings.failures import (
 )
 from validation.judge.findings.finding import Finding, Severity, point_label, where
 from validation.judge.findings.long_context import long_context
+from validation.judge.findings.nodes import nodes
 from validation.judge.findings.throughput import (
     CROSS_POINT,
     best_setting,
@@ -30,8 +32,8 @@ from validation.judge.findings.throughput import (
 )
 from validation.judge.record import PhaseRecord
 
-DETECTORS = (crashes, stalls, short_runs, shared_timings, cliffs, host_bound, imbalance, fallbacks, artifact_errors,
-             failed_gates, best_setting)
+DETECTORS = (crashes, stalls, nodes, short_runs, shared_timings, cliffs, host_bound, imbalance, fallbacks,
+             artifact_errors, failed_gates, best_setting)
 _ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 

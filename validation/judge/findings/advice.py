@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 from validation.judge.findings.finding import Facts, Finding, Severity
+from validation.judge.findings.nodes import NODE_ADVICE
 
 _RERUN = "re-run only that phase: `pytest -m {phase}` with the same --profile and --results-dir"
 
@@ -103,6 +104,8 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "crash": _crash, "stall": _stall, "nonfinite": _nonfinite, "short_run": _short, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
     "artifacts": _artifacts, "regression": _regression, "gate": _gate, "timing": _timing,
+    # a node's advice says the same for any trainer (nodes of one launch are torchrun's, not its)
+    **{kind: (lambda f, text=text: text) for kind, text in NODE_ADVICE.items()},
 }
 
 

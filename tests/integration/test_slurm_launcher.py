@@ -1,0 +1,152 @@
+"""Opt-in: a runbook phase with ``launcher: {kind: slurm}`` through the harness's CLI, as a user
+types it, against a running Slurm whose node is this host (scripts/slurm/single_host.sh).
+
+``python -m pytest -m slurm tests/integration/test_slurm_launcher.py -v -s``: skipped, with the
+reason, unless ``-m`` names slurm and Slurm answers (tests/integration/conftest.py). Three runs of
+the test trainer (tests/trainers/native_train.py) as srun of torchrun in an allocation the
+harness asks for (salloc --no-shell): a healthy phase (GO, the job id in the record, the
+allocation released); a hung rank (the stall watch takes every rank's stack with its node, then
+scancel); and a run interrupted with SIGINT (scancel, exit 130, no process, job or run directory
+left).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from validation.contract.nodes import read_nodes
+from validation.store.results import ResultStore
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[2]
+NATIVE = {"name": "native_test", "root": "tests/trainers", "script": "native_train.py",
+          "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"]}
+JOIN_S, STALL_S = 10, 25
+
+
+def _runbook(tmp_path: Path, slurm: dict, steps: int) -> Path:
+    data: dict[str, Any] = {
+        "name": "slurm_nodes", "profiles": ["cpu"], "trainer": NATIVE,
+        "defaults": {"steps": steps, "timeout_s": 240, "stall_s": STALL_S, "env": {"OMP_NUM_THREADS": 1}},
+        "phases": [{"name": "srun_phase", "kind": "train",
+                    "launcher": {"kind": "slurm", "nodes": 1, "nproc_per_node": 2, "rdzv": {"join_timeout_s": JOIN_S},
+                                 "srun_args": slurm["srun_args"]},
+                    "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1},
+                              {"metric": "idle_ranks", "op": "==", "threshold": 0}]}]}
+    path = tmp_path / "slurm_nodes.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _harness(tmp_path: Path, runbook: Path, fault: str = "") -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TEST_TRAINER_FAULT"))}
+    if fault:
+        env["TEST_TRAINER_FAULT"] = fault
+    argv = [sys.executable, "-m", "validation", "run", "--runbook", str(runbook), "--results-dir",
+            str(tmp_path / "results"), "--no-plots"]
+    print("$", " ".join(argv) + (f"  (TEST_TRAINER_FAULT={fault})" if fault else ""))
+    return subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def _jobs(name_part: str) -> list[list[str]]:
+    out = subprocess.run(["squeue", "--noheader", "--states=all", "--format=%i %j %T"], capture_output=True,
+                         text=True, timeout=30).stdout
+    return [line.split() for line in out.splitlines() if name_part in line or not name_part]
+
+
+def _job_state(job: str) -> str:
+    out = subprocess.run(["squeue", "--noheader", "--states=all", f"--jobs={job}", "--format=%T"], capture_output=True,
+                         text=True, timeout=30).stdout.strip()
+    return out
+
+
+def _left(tmp_path: Path) -> list[str]:
+    me = os.getpid()
+    return [" ".join(p.info["cmdline"])[:120] for p in psutil.process_iter(["pid", "cmdline", "status"])
+            if p.info["pid"] != me and p.info["status"] != psutil.STATUS_ZOMBIE
+            and str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+
+
+def _record(tmp_path: Path):
+    [rec] = ResultStore(tmp_path / "results").records()
+    return rec
+
+
+def test_a_phase_runs_as_srun_of_torchrun(slurm, tmp_path):
+    t0 = time.monotonic()
+    proc = _harness(tmp_path, _runbook(tmp_path, slurm, steps=12))
+    out, _ = proc.communicate(timeout=300)
+    took = time.monotonic() - t0
+    print(out)
+    assert proc.returncode == 0, out
+    rec = _record(tmp_path)
+    assert rec.status == "PASS" and rec.world_size == 2 and rec.slurm_job_id, rec.reason
+    assert rec.command[0] == "srun" and f"--jobid={rec.slurm_job_id}" in rec.command
+    assert "--ntasks-per-node=1" in rec.command and "--rdzv_backend=c10d" in rec.command
+    run_dir = tmp_path / "results" / rec.out_dir
+    launch = read_nodes(run_dir)
+    assert launch.launcher == "slurm" and launch.slurm_job_id == rec.slurm_job_id and launch.nodes[0].exit_code == 0
+    assert launch.rdzv_endpoint.split(":")[0] == launch.nodes[0].host
+    assert launch.slurm_step == f"{rec.slurm_job_id}.1"  # step 0 checked the shared run directory
+    ranks = {json.loads(line)["rank"] for r in (0, 1)
+             for line in (run_dir / f"heartbeat_rank{r}.jsonl").read_text().splitlines()}
+    assert ranks == {0, 1} and (run_dir / "node0.stderr.log").exists() and (run_dir / "srun.stderr.log").exists()
+    assert rec.evidence.nodes.nodes[0].ranks == [0, 1]
+    assert _job_state(rec.slurm_job_id) in ("CANCELLED", "COMPLETED", ""), "the allocation was not released"
+    assert not _left(tmp_path)
+    print(f"job {rec.slurm_job_id}: GO in {took:.1f} s of harness wall time ({rec.wall_s:.1f} s for the point)")
+
+
+def test_a_hung_rank_under_srun_has_its_stack_taken_then_the_step_is_cancelled(slurm, tmp_path):
+    proc = _harness(tmp_path, _runbook(tmp_path, slurm, steps=400), fault="hang_rank:1@4")
+    out, _ = proc.communicate(timeout=300)
+    print(out)
+    assert proc.returncode == 1, out
+    rec = _record(tmp_path)
+    assert rec.status == "FAIL" and rec.reason.startswith("stalled"), rec.reason
+    taken = {t.rank: t for t in rec.evidence.taken_stacks}
+    assert set(taken) == {0, 1} and all(t.method == "py-spy" and t.node == 0 for t in taken.values()), taken
+    assert rec.evidence.stackdumps[1].frames[0].func == "hang_forever"
+    run_dir = tmp_path / "results" / rec.out_dir
+    stderr = (run_dir / "srun.stderr.log").read_text()
+    # scancel --signal=TERM reached torchrun's agent, which stopped its workers (the harness's own
+    # kill of what runs here would have been a SIGKILL, which the agent cannot log)
+    assert "Received 15 death signal" in (run_dir / "node0.stderr.log").read_text()
+    assert _job_state(rec.slurm_job_id) in ("CANCELLED", ""), _job_state(rec.slurm_job_id)
+    assert not _left(tmp_path)
+    said = "; ".join(line for line in stderr.splitlines() if line.startswith("srun"))
+    print(f"job {rec.slurm_job_id}, step {read_nodes(run_dir).slurm_step}: {rec.reason}; srun said: {said}")
+
+
+def test_an_interrupted_phase_is_cancelled_and_leaves_nothing(slurm, tmp_path):
+    proc = _harness(tmp_path, _runbook(tmp_path, slurm, steps=100000))
+    runs = tmp_path / "results" / "runs"
+    deadline = time.monotonic() + 120
+    while not any(p.stat().st_size > 200 for p in runs.rglob("training.csv")):  # a few steps done
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.2)
+    [job] = [j[0] for j in _jobs("") if j[2] == "RUNNING" and len(j[1]) == 32]  # named with the run token
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=slurm["kill_wait"] + 60)
+    took = time.monotonic() - t0
+    print(out)
+    assert proc.returncode == 130, out
+    assert _job_state(job) in ("CANCELLED", ""), _job_state(job)
+    assert not _left(tmp_path)
+    assert not [p for p in runs.rglob("*") if p.is_dir() and len(p.name) == 12], "the interrupted run directory is left"
+    listed = subprocess.run(["scontrol", "listpids", job], capture_output=True, text=True, timeout=30).stdout
+    assert not [ln for ln in listed.splitlines()[1:] if ln.split() and ln.split()[0].isdigit()], listed
+    print(f"job {job}: SIGINT -> harness exit 130, job cancelled, nothing left, in {took:.1f} s")

@@ -1,0 +1,223 @@
+"""Findings about the nodes of a launch of several nodes (validation/judge/nodes.py): a node that
+never joined the rendezvous, a node whose rank hung, a node whose rank was killed or failed (and
+how the other nodes ended), a straggler node; and, for every such run, where each rank ran."""
+from __future__ import annotations
+
+import re
+
+from validation.contract.stacks import StackDump
+from validation.judge.findings.finding import Finding, Severity, where
+from validation.judge.nodes import NodeEvidence, NodesEvidence
+from validation.judge.record import PhaseRecord
+
+#: torchrun's agent gave up on the rendezvous: the others never came (join timeout), or the store
+#: host never answered (read timeout)
+_GAVE_UP = re.compile(r"RendezvousTimeoutError|RendezvousConnectionError|DistNetworkError|RendezvousClosedError")
+#: a rank's exception that is a peer's failure breaking its collective, not its own
+_VICTIM = re.compile(r"Connection closed by peer|remote worker|Connection reset|DistBackendError|NCCL|"
+                     r"ProcessGroup|Broken pipe|Timed out waiting", re.IGNORECASE)
+#: a frame of a collective: the rank waits there for the others
+_COLLECTIVE = "torch/distributed/"
+#: a node is a straggler when its ranks come this share of a step late (and at least STRAGGLER_MIN_S)
+STRAGGLER_SHARE = 0.25
+STRAGGLER_MIN_S = 0.05
+
+NODE_ADVICE = {
+    "node_missing": "A node never joined the rendezvous: read its log (named in the finding) for why its agent did not "
+                    "start or reach the endpoint (host down, wrong endpoint, firewall, a broken environment on that "
+                    "node); the other nodes gave up at the join timeout, as they should.",
+    "node_failed": "A rank on one node died first and the others failed in their collectives after it: read that "
+                   "node's log (named); SIGKILL with no traceback is usually the kernel's OOM killer (dmesg on that "
+                   "host) or the scheduler.",
+    "node_hung": "One node's rank stopped outside the collectives while the other nodes waited in them: its stack "
+                 "(harness_stacks/) shows where; look at that host (I/O, a lock, a network interface) and at what "
+                 "differs between the ranks' steps.",
+    "straggler": "One node is slower and every other node waits for it: compare that host's load, clocks, data "
+                 "access and GPU health (preflight), or move the job off it.",
+}
+
+
+def nodes(records: list[PhaseRecord]) -> list[Finding]:
+    out = []
+    for r in records:
+        ev = r.evidence.nodes
+        if ev is None:
+            continue
+        found = [f for f in (_missing(r, ev) or _hung(r, ev) or _failed(r, ev),) if f] + _stragglers(r, ev)
+        # each finding lists every node; a run without one still says where each rank ran
+        out += found or [Finding(Severity.INFO, r.phase, _summary(r, ev), _lines(r, ev), "nodes")]
+    return out
+
+
+def _summary(r: PhaseRecord, ev: NodesEvidence) -> str:
+    job = f", Slurm job {ev.slurm_job_id}" if ev.slurm_job_id else ""
+    count = f"{len(ev.nodes)} node{'s' if len(ev.nodes) != 1 else ''}"
+    return (f"{count} in {where(r)}: {ev.launcher}, c10d rendezvous at {ev.rdzv_endpoint}, join timeout "
+            f"{ev.join_timeout_s:g} s{job}")
+
+
+def _lines(r: PhaseRecord, ev: NodesEvidence) -> list[str]:
+    """A line per node: where it ran, its ranks (last heartbeat, how each ended), its agent."""
+    out = []
+    for n in ev.nodes:
+        place = ", ".join(x for x in (f"host {n.host}" if n.host else "",
+                                      f"torchrun node rank {n.group_rank}" if n.group_rank is not None else "",
+                                      f"log {n.log}") if x)
+        ranks = "; ".join(_rank(r, rank) for rank in n.ranks) or "no rank ran"
+        timing = "".join(x for x in (f"; median step {_ms(n.step_time_s)}" if n.step_time_s is not None else "",
+                                     f", {_ms(n.lateness_s)} behind the earliest rank" if n.lateness_s is not None
+                                     else ""))
+        out.append(f"node {n.index} ({place}): {ranks}{timing}; agent {_agent(n, _stopped(r))}")
+    return out
+
+
+def _rank(r: PhaseRecord, rank: int) -> str:
+    hb, f = r.evidence.last_heartbeat.get(rank), r.evidence.rank_failures.get(rank)
+    text = f"rank {rank} last heartbeat step {_q(hb and hb.step)}, stage {_q(hb and hb.stage)}"
+    if f is not None and (f.exception or f.signal):
+        text += f", {_exception(f.exception) if f.exception else 'killed by ' + str(f.signal)}"
+    return text
+
+
+def _stopped(r: PhaseRecord) -> bool:
+    return r.stalled_s is not None or r.timed_out
+
+
+def _agent(n: NodeEvidence, stopped: bool) -> str:
+    if n.exit_code is None:
+        ended = "still running when the harness stopped the run" if stopped else "end not known"
+    else:
+        ended = f"exit {n.exit_code}" + (f" after {n.ended_s:.1f} s" if n.ended_s is not None else "")
+    return ended + (f" ({_said(n.said)})" if n.said else "")
+
+
+def _missing(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
+    """No rank ran anywhere, and some agents gave up on the rendezvous: those that did not are
+    the nodes that never joined."""
+    if any(n.ranks for n in ev.nodes) or r.evidence.last_heartbeat or r.exit_code == 0:
+        return None
+    waited = [n for n in ev.nodes if n.said and _GAVE_UP.search(n.said)]
+    if not waited:
+        return None
+    missing = [n for n in ev.nodes if n not in waited]
+    gave_up = ", ".join(n.name + (f" after {n.ended_s:.1f} s" if n.ended_s is not None else "") for n in waited)
+    why = sorted({_GAVE_UP.search(n.said).group(0) for n in waited})
+    who = (f"{_names(missing)} never joined the rendezvous" if missing
+           else f"a node never joined the rendezvous (all {len(waited)} that started waited)")
+    title = (f"{who} in {where(r)}: no rank started; the others gave up waiting (join timeout "
+             f"{ev.join_timeout_s:g} s): {gave_up}, {', '.join(why)}")
+    detail = [f"{n.name} never joined: its agent {_agent(n, _stopped(r))}; log {n.log}" for n in missing]
+    return Finding(Severity.CRITICAL, r.phase, title, detail + _lines(r, ev), "node_missing")
+
+
+def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
+    """A stalled run: the ranks whose stacks are outside the collectives (else the ranks furthest
+    behind) are the hung ones; the others waited for them."""
+    if r.stalled_s is None and not r.timed_out:
+        return None
+    stacks = r.evidence.stackdumps
+    beats = r.evidence.last_heartbeat
+    ranks = sorted(set(stacks) | set(beats))
+    if not ranks:
+        return None
+    outside = [k for k in ranks if k in stacks and stacks[k].frames and not _in_collective(stacks[k])]
+    if outside:
+        hung = outside
+    else:
+        steps = {k: beats[k].step for k in ranks if k in beats and beats[k].step is not None}
+        hung = [k for k in steps if steps[k] == min(steps.values())] if steps and len(set(steps.values())) > 1 else []
+    if not hung:
+        return None
+    how = f"no progress for {r.stalled_s:.0f} s" if r.stalled_s is not None else f"the {r.timeout_s:g} s timeout"
+    stuck = "; ".join(f"{_on(ev, k)}rank {k} {_where(stacks.get(k), beats.get(k))}" for k in hung)
+    waiting = [k for k in ranks if k not in hung]
+    others = "; ".join(f"{_on(ev, k)}rank {k} {_where(stacks.get(k), beats.get(k))}" for k in waiting)
+    nodes_hung = {ev.of_rank(k).index for k in hung if ev.of_rank(k) is not None}
+    head = _names([n for n in ev.nodes if n.index in nodes_hung]) or "a node"
+    title = f"{head} hung in {where(r)} ({how}): {stuck}" + (f"; waiting for it: {others}" if others else "")
+    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "node_hung")
+
+
+def _failed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
+    """A run that ended with a failure: the rank that failed in its own right (killed by a signal
+    other than torchrun's SIGTERM, or an exception that is not a peer's collective breaking),
+    its node, and how every other node ended."""
+    if r.exit_code in (0, None):
+        return None
+    failures = r.evidence.rank_failures
+    root = next((k for k, f in sorted(failures.items())
+                 if (f.signal and f.signal != "SIGTERM" and not f.exception)
+                 or (f.exception and not _VICTIM.search(f.exception))), None)
+    if root is None:
+        return None
+    f = failures[root]
+    node = ev.of_rank(root)
+    cause = f"was killed by {f.signal}" if f.signal and not f.exception else f"failed: {_exception(f.exception)}"
+    others = [n for n in ev.nodes if n is not node]
+    ended = "; ".join(f"{n.name}: " + (", ".join(_rank(r, k) for k in n.ranks) or "no rank")
+                      + f", agent {_agent(n, False)}" for n in others)
+    head = f"{node.name}'s rank {root}" if node is not None else f"rank {root} (node unknown)"
+    title = f"{head} {cause} in {where(r)}" + (f" (log {node.log})" if node is not None else "") + (
+        f"; the other nodes: {ended}" if ended else "")
+    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "node_failed")
+
+
+def _stragglers(r: PhaseRecord, ev: NodesEvidence) -> list[Finding]:
+    """Nodes whose ranks come late to each step, in a run that finished."""
+    times = list(r.evidence.rank_step_time_s.values())
+    late = [n for n in ev.nodes if n.lateness_s is not None]
+    if r.exit_code != 0 or r.stalled_s is not None or not times or len(late) < 2:
+        return []
+    step = sorted(times)[len(times) // 2]
+    bar = max(STRAGGLER_MIN_S, STRAGGLER_SHARE * step)
+    out = []
+    for n in late:
+        if n.lateness_s >= bar and all(o.lateness_s < bar for o in late if o is not n):
+            out.append(Finding(Severity.WARNING, r.phase, (
+                f"straggler {n.name} in {where(r)}: its rank(s) {', '.join(map(str, n.ranks))} enter each step's "
+                f"stages {_ms(n.lateness_s)} after the earliest rank ({n.lateness_s / step:.0%} of the {_ms(step)} "
+                f"step); the other nodes wait for it"), _lines(r, ev), "straggler"))
+    return out
+
+
+def _in_collective(dump: StackDump) -> bool:
+    return any(_COLLECTIVE in fr.file.replace("\\", "/") for fr in dump.frames)
+
+
+def _where(dump: StackDump | None, beat) -> str:
+    at = f"in {dump.frames[0].func}" if dump and dump.frames else "(no stack)"
+    step = f" (last heartbeat step {beat.step}, {beat.stage})" if beat is not None and beat.step is not None else ""
+    return at + step
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def _on(ev: NodesEvidence, rank: int) -> str:
+    node = ev.of_rank(rank)
+    return f"{node.name}'s " if node is not None else ""
+
+
+def _names(nodes: list[NodeEvidence]) -> str:
+    return ", ".join(n.name for n in nodes)
+
+
+def _said(text: str) -> str:
+    """An agent's error as its class name and message: 'RendezvousTimeoutError'."""
+    m = re.match(r"^(?:[A-Za-z_][\w]*\.)*(?P<name>[A-Za-z_]\w*(Error|Exception|Failure))\b:?\s*(?P<msg>.*)$", text)
+    if m is None:
+        return repr(text[:160])
+    return m["name"] + (f": {m['msg'][:160]}" if m["msg"] else "")
+
+
+def _exception(text: str) -> str:
+    """A rank's exception without gloo's source path: 'RuntimeError: Connection closed by peer [..]:1686'."""
+    m = re.match(r"^(?P<name>[\w.]+): (\[[^\]]*\] )?(?P<msg>.*)$", text)
+    if m is None:
+        return text[:160]
+    return f"{m['name'].split('.')[-1]}: {m['msg'].split('. ')[0][:160]}"
+
+
+def _q(v) -> str:
+    return "?" if v is None else str(v)

@@ -1,0 +1,132 @@
+"""Each node of a launch of several nodes, as the findings read it: its host, its agent's log and
+how the agent ended (its exit, the last error torchrun's agent itself reported), which ranks ran
+on it, how long its ranks' steps took and how late they came.
+
+Ranks are placed on nodes by what the launch saw of each node's workers (nodes.json), else by
+the heartbeats' ``host`` (when every node has its own) or ``node`` (torchrun's node rank). How
+late a node comes: for each step, each rank's time of entering each stage it reports, less the
+earliest rank's; a rank's lateness is the median over steps of its largest such delay, a node's
+that of its latest rank. In lock-step training every rank waits for the slowest in the
+collectives, so step times agree and only lateness tells the straggler, where the trainer
+writes a stage record before its collectives (nsa.train does: forward, backward, optimizer).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from validation.contract.nodes import NodeLaunch, NodesLaunch, read_nodes
+from validation.contract.torchrun_log import RankFailure, agent_said, rank_failures
+
+
+@dataclass(frozen=True)
+class NodeEvidence:
+    index: int
+    log: str
+    """Its agent's stderr, relative to the run directory."""
+    host: str | None = None
+    exit_code: int | None = None
+    """Its agent's exit code; None: killed by the harness, or not known."""
+    ended_s: float | None = None
+    """Seconds from the launch to its agent's exit, where known."""
+    group_rank: int | None = None
+    ranks: list[int] = field(default_factory=list)
+    """Its ranks; [] when none of its workers ran (it never joined, or none were seen)."""
+    said: str | None = None
+    """The last error its agent reported, else its log's last line."""
+    step_time_s: float | None = None
+    """Median step time of its ranks."""
+    lateness_s: float | None = None
+    """How late its latest rank enters the stages of a step (the module's docstring)."""
+
+    @property
+    def name(self) -> str:
+        return f"node {self.index}"
+
+
+@dataclass(frozen=True)
+class NodesEvidence:
+    launcher: str
+    rdzv_endpoint: str
+    join_timeout_s: float
+    nodes: list[NodeEvidence]
+    slurm_job_id: str | None = None
+    slurm_step: str | None = None
+
+    def of_rank(self, rank: int) -> NodeEvidence | None:
+        return next((n for n in self.nodes if rank in n.ranks), None)
+
+    @classmethod
+    def from_json(cls, data: Any) -> NodesEvidence | None:
+        if not data:
+            return None
+        return cls(**{**data, "nodes": [NodeEvidence(**n) for n in data["nodes"]]})
+
+
+def node_evidence(out_dir: Path, heartbeats: dict[int, list[dict[str, Any]]],
+                  rank_step_time_s: dict[int, float]) -> tuple[NodesEvidence | None, dict[int, RankFailure]]:
+    """The run's nodes (None for a run of one node) and how each rank ended, read from every
+    node's agent log (torchrun reports each rank's end in its own node's log)."""
+    launch = read_nodes(out_dir)
+    if launch is None:
+        return None, {}
+    placed = _ranks_by_node(launch, heartbeats)
+    late = _lateness(heartbeats)
+    nodes, failures = [], {}
+    for n in launch.nodes:
+        log = out_dir / n.stderr
+        failures.update(rank_failures(log))
+        ranks = placed.get(n.index, [])
+        times = [rank_step_time_s[r] for r in ranks if r in rank_step_time_s]
+        lates = [late[r] for r in ranks if r in late]
+        nodes.append(NodeEvidence(n.index, n.stderr, n.host, n.exit_code, n.ended_s, n.group_rank, ranks,
+                                  agent_said(log), round(statistics.median(times), 6) if times else None,
+                                  round(max(lates), 6) if lates else None))
+    return NodesEvidence(launch.launcher, launch.rdzv_endpoint, launch.join_timeout_s, nodes, launch.slurm_job_id,
+                         launch.slurm_step), failures
+
+
+def _ranks_by_node(launch: NodesLaunch, heartbeats: dict[int, list[dict[str, Any]]]) -> dict[int, list[int]]:
+    out: dict[int, set[int]] = {n.index: set(n.ranks) for n in launch.nodes}
+    for rank, recs in heartbeats.items():
+        if any(rank in ranks for ranks in out.values()) or not recs:
+            continue
+        index = _place(recs[-1], launch.nodes)
+        if index is not None:
+            out[index].add(rank)
+    return {i: sorted(r) for i, r in out.items() if r}
+
+
+def _place(rec: dict[str, Any], nodes: list[NodeLaunch]) -> int | None:
+    """The node a heartbeat's writer ran on: by its host where each node has its own, by its
+    node rank where the launch saw that node's, the only node where there is one."""
+    hosts = [n.host for n in nodes]
+    if rec.get("host") is not None and hosts.count(rec.get("host")) == 1:
+        return hosts.index(rec["host"])
+    by_group = {n.group_rank: n.index for n in nodes if n.group_rank is not None}
+    if isinstance(rec.get("node"), int) and rec["node"] in by_group:
+        return by_group[rec["node"]]
+    return nodes[0].index if len(nodes) == 1 else None
+
+
+def _lateness(heartbeats: dict[int, list[dict[str, Any]]]) -> dict[int, float]:
+    """Rank -> the median over steps of its largest delay entering a stage after the earliest rank."""
+    first: dict[int, dict[tuple[int, str], float]] = {}
+    for rank, recs in heartbeats.items():
+        seen = first.setdefault(rank, {})
+        for r in recs:
+            step, stage, t = r.get("step"), r.get("stage"), r.get("time")
+            if isinstance(step, int) and isinstance(stage, str) and isinstance(t, (int, float)):
+                seen.setdefault((step, stage), float(t))
+    if len(first) < 2:
+        return {}
+    common = set.intersection(*(set(s) for s in first.values()))
+    delays: dict[int, dict[int, float]] = {rank: {} for rank in first}
+    for key in common:
+        earliest = min(s[key] for s in first.values())
+        for rank, s in first.items():
+            d = delays[rank]
+            d[key[0]] = max(d.get(key[0], 0.0), s[key] - earliest)
+    return {rank: statistics.median(d.values()) for rank, d in delays.items() if d}

@@ -1,0 +1,90 @@
+"""Several nodes on this host: one torchrun agent per node, all started here, meeting at a c10d
+rendezvous on a loopback endpoint. A faithful test of what a cluster does (the rendezvous, a node
+that never joins, a node's rank that hangs or is killed) without a second machine; across
+machines, validation/launch/slurm.py starts the same agents through srun.
+
+Every process of node i carries the node's index in its environment (``NODE_ENV``, inherited by
+its workers; Slurm's task id plays that part under srun; validation/contract/nodes.py), so that the harness
+can say which node a rank or a stack belongs to; its agent logs to ``node{i}.stdout.log`` and
+``node{i}.stderr.log``. What the harness saw of each node goes to ``nodes.json``
+(validation/contract/nodes.py).
+"""
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import psutil
+
+from validation.contract.nodes import NODE_ENV, NodeLaunch, NodesLaunch, node_of, write_nodes
+from validation.launch import commands
+from validation.launch import process as runner
+from validation.launch.commands import Target
+from validation.launch.tree import ProcessTree
+from validation.launch.watch import Watch
+from validation.runbook.types import Launcher
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (another process may still take it before the agents do)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def endpoint(text: str) -> str:
+    """The runbook's ``host:port``, a free port in place of port 0."""
+    host, port = text.rsplit(":", 1)
+    return f"{host}:{free_port('127.0.0.1' if host == 'localhost' else host) if port == '0' else port}"
+
+
+class RankSeen:
+    """The workers seen under each node at the tree's polls: rank -> pid, and the node rank
+    (GROUP_RANK) torchrun gave them. A worker's environment is read once; a process without a
+    RANK is looked at again (a worker forked but not yet exec'd still shows its agent's)."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[int, dict[int, int]] = {}
+        self.group: dict[int, int] = {}
+        self._read: set[int] = set()
+
+    def __call__(self, tree: ProcessTree) -> None:
+        for p in tree.known():
+            if p.pid in self._read:
+                continue
+            try:
+                env = p.environ()
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue  # gone, or not readable yet: looked at again at the next poll
+            node, rank, group = node_of(env), env.get("RANK", ""), env.get("GROUP_RANK", "")
+            if node is None or not rank.isdigit():
+                continue
+            self._read.add(p.pid)
+            self.ranks.setdefault(node, {}).setdefault(int(rank), p.pid)
+            if group.isdigit():
+                self.group[node] = int(group)
+
+
+def agent_commands(argv: list[str], nnodes: int) -> list[runner.Command]:
+    """One torchrun agent per node, each with its node index and its own logs."""
+    return [runner.Command(argv, f"node{i}", {NODE_ENV: str(i)}) for i in range(nnodes)]
+
+
+def run_local(launcher: Launcher, target: Target, args: Sequence[str], *, env: Mapping[str, str], cwd: Path,
+              timeout_s: float, out_dir: Path, on_poll: Callable[[float], None] | None,
+              watch: Watch) -> runner.ProcResult:
+    """Every node's agent started here, watched as one tree; ``nodes.json`` written at the end.
+    The rendezvous id is the run's directory name (its run id): unique per run."""
+    rdzv = launcher.rdzv
+    at = endpoint(rdzv.endpoint)
+    argv = commands.nodes_torchrun_argv(target, launcher.nproc, args, nnodes=launcher.nnodes, endpoint=at,
+                                        rdzv_id=out_dir.name, join_timeout_s=rdzv.join_timeout_s)
+    seen = RankSeen()
+    result = runner.run_group(agent_commands(argv, launcher.nnodes), env=env, cwd=cwd, timeout_s=timeout_s,
+                              log_dir=out_dir, on_poll=on_poll, watch=watch, on_tree=seen)
+    host = socket.gethostname()
+    parts = {part.log_name: part for part in result.parts}
+    nodes = [NodeLaunch(i, host, part.pid, part.exit_code, part.ended_s, seen.group.get(i), seen.ranks.get(i, {}))
+             for i, part in enumerate(parts[f"node{i}"] for i in range(launcher.nnodes))]
+    write_nodes(out_dir, NodesLaunch("torchrun", launcher.nproc, at, out_dir.name, rdzv.join_timeout_s, nodes))
+    return result

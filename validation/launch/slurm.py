@@ -1,0 +1,267 @@
+"""A train point as ``srun`` of torchrun in a Slurm allocation (launcher kind ``slurm``): one task
+per node, each a torchrun agent, meeting at a c10d rendezvous on the allocation's first node.
+
+The allocation is the one the harness runs in (``SLURM_JOB_ID`` set: the point is a step of it),
+else one the harness asks for with ``salloc --no-shell`` and releases when the point ends. Every
+job and step the harness makes is named with the run's token (``--job-name``), so ``squeue
+--name`` finds it without parsing srun's output; the job id goes into the point's record.
+
+Before the trainer, one short step (``hostname`` on every node, its output written through
+``srun --output`` into the run directory) checks that every node sees the run directory: every
+rank writes its files there, so it must be on a filesystem all nodes share. It also tells which
+host runs which task.
+
+When the harness stops the run (a stall, the phase timeout) or is interrupted, it cancels the step
+with ``scancel --signal=TERM`` (SIGTERM to the agents, which stop their workers), waits KillWait
+and a margin for srun to end, then ``scancel --signal=KILL``, then kills what runs on this host as
+for any point (docs/slurm.md measured each of these).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from validation.contract.nodes import NodeLaunch, NodesLaunch, write_nodes
+from validation.errors import HarnessError
+from validation.launch import commands
+from validation.launch import process as runner
+from validation.launch.commands import Target
+from validation.launch.tree import ProcessTree
+from validation.launch.watch import Watch
+from validation.runbook.types import Launcher
+
+#: seconds beyond Slurm's KillWait that the harness waits for a cancelled step before SIGKILL
+KILL_MARGIN_S = 5.0
+#: seconds a Slurm query (squeue, scontrol, scancel) may take
+QUERY_TIMEOUT_S = 30.0
+#: seconds the check of the shared run directory may take (a step of ``hostname`` on every node)
+SHARED_CHECK_S = 60.0
+#: seconds between looks for the trainer's step while it is not listed yet
+STEP_LOOK_S = 2.0
+#: the store's port on the first node when the runbook names none: from the job id, below 29500
+#: (torch's default master port) and below Linux's ephemeral ports (32768 and up)
+PORT_BASE, PORT_SPAN = 20000, 9000
+_TASK_END = re.compile(r"^srun: error: (?P<host>\S+): tasks? (?P<tasks>[\d,-]+): (?P<what>.+)$")
+_SIGNALS = {"Killed": -9, "Terminated": -15, "Aborted": -6, "Segmentation fault": -11}
+
+
+#: the Slurm commands a Slurm point needs on the harness's machine
+TOOLS = ("salloc", "srun", "squeue", "scancel", "scontrol")
+
+
+def missing_tools() -> list[str]:
+    return [t for t in TOOLS if shutil.which(t) is None]
+
+
+@dataclass(frozen=True)
+class Allocation:
+    job_id: str
+    owned: bool
+    """The harness asked for it (salloc --no-shell) and releases it when the point ends."""
+
+
+def run(launcher: Launcher, target: Target, args: Sequence[str], *, env: Mapping[str, str], cwd: Path,
+        timeout_s: float, out_dir: Path, on_poll: Callable[[float], None] | None, watch: Watch) -> runner.ProcResult:
+    """The point as srun of torchrun; nodes.json written at the end. A HarnessError when no
+    allocation, no shared run directory or no Slurm at all."""
+    if missing_tools():
+        raise HarnessError(f"Slurm's {', '.join(missing_tools())} not on PATH")
+    tree = ProcessTree()
+    name = tree.token
+    start = time.monotonic()
+    alloc = _allocation(launcher, name, env, cwd, timeout_s, out_dir)
+    try:
+        hosts = _shared_hosts(alloc, launcher.nnodes, name, env, cwd, out_dir)
+        port = launcher.rdzv.port or PORT_BASE + int(alloc.job_id) % PORT_SPAN
+        endpoint = f"{(_node_names(alloc.job_id) or hosts)[0]}:{port}"
+        torchrun = commands.nodes_torchrun_argv(target, launcher.nproc, args, nnodes=launcher.nnodes, endpoint=endpoint,
+                                                rdzv_id=out_dir.name, join_timeout_s=launcher.rdzv.join_timeout_s)
+        argv = [*_srun(alloc, name, launcher), f"--output={out_dir}/node%t.stdout.log",
+                f"--error={out_dir}/node%t.stderr.log", *torchrun]
+        step = _StepSeen(alloc.job_id, name)
+        result = runner.run_group([runner.Command(argv, "srun")], env=env, cwd=cwd,
+                                  timeout_s=max(1.0, timeout_s - (time.monotonic() - start)), log_dir=out_dir,
+                                  on_poll=on_poll, watch=watch, tree=tree, on_tree=step,
+                                  cancel=_Cancel(alloc, step, kill_wait_s()))
+        ends = task_ends(result.stderr_path)
+        code = result.exit_code
+        nodes = [NodeLaunch(i, host, exit_code=ends.get(i, 0 if code == 0 else None)) for i, host in enumerate(hosts)]
+        write_nodes(out_dir, NodesLaunch("slurm", launcher.nproc, endpoint, out_dir.name, launcher.rdzv.join_timeout_s,
+                                         nodes, alloc.job_id, step.id))
+        return dataclasses.replace(result, slurm_job_id=alloc.job_id)
+    finally:
+        if alloc.owned:
+            _query(["scancel", alloc.job_id])  # release it: nothing of the point runs in it any more
+
+
+def _srun(alloc: Allocation, name: str, launcher: Launcher) -> list[str]:
+    """srun of one task per node in the allocation, named with the run's token. One CPU per
+    worker unless the runbook's srun_args say otherwise."""
+    cpus = [] if any(a.startswith("--cpus-per-task") for a in launcher.srun_args) else [
+        f"--cpus-per-task={launcher.nproc}"]
+    return ["srun", f"--jobid={alloc.job_id}", f"--job-name={name}", f"--nodes={launcher.nnodes}",
+            f"--ntasks={launcher.nnodes}", "--ntasks-per-node=1", *cpus, *launcher.srun_args]
+
+
+def _allocation(launcher: Launcher, name: str, env: Mapping[str, str], cwd: Path, timeout_s: float,
+                out_dir: Path) -> Allocation:
+    """The allocation the harness runs in, else a new one (salloc --no-shell, named ``name``),
+    waited for up to ``timeout_s``; an interrupt or timeout cancels the request."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if job:
+        return Allocation(job, owned=False)
+    cpus = [] if any(a.startswith("--cpus-per-task") for a in launcher.srun_args) else [
+        f"--cpus-per-task={launcher.nproc}"]
+    argv = ["salloc", "--no-shell", f"--job-name={name}", f"--nodes={launcher.nnodes}", "--ntasks-per-node=1", *cpus,
+            *launcher.srun_args]
+    try:
+        got = runner.run(argv, env=env, cwd=cwd, timeout_s=timeout_s, log_dir=out_dir, log_name="salloc")
+    except KeyboardInterrupt:
+        _query(["scancel", f"--name={name}"])
+        raise
+    job = _job_id(name)
+    if got.exit_code != 0 or not job:
+        _query(["scancel", f"--name={name}"])
+        why = "no allocation in the phase's timeout" if got.exit_code is None else got.stderr_tail(3).strip()
+        raise HarnessError(f"salloc {' '.join(argv[1:])} failed: {why} (salloc.stderr.log)")
+    return Allocation(job, owned=True)
+
+
+def _shared_hosts(alloc: Allocation, nnodes: int, name: str, env: Mapping[str, str], cwd: Path,
+                  out_dir: Path) -> list[str]:
+    """Each node's host, by task, from a step that writes ``hostname`` into the run directory
+    through ``srun --output``: a node whose file does not appear here does not see the run
+    directory, and its ranks could not leave their files where the harness reads them."""
+    check = out_dir / "slurm_shared_check"
+    check.mkdir()
+    argv = ["srun", f"--jobid={alloc.job_id}", f"--job-name={name}", f"--nodes={nnodes}", f"--ntasks={nnodes}",
+            "--ntasks-per-node=1", f"--output={check}/node%t.txt", "hostname", "--short"]
+    got = runner.run(argv, env=env, cwd=cwd, timeout_s=SHARED_CHECK_S, log_dir=check, log_name="srun")
+    hosts = [(check / f"node{i}.txt").read_text().strip() if (check / f"node{i}.txt").is_file() else ""
+             for i in range(nnodes)]
+    missing = [i for i, h in enumerate(hosts) if not h]
+    if got.exit_code != 0 or missing:
+        raise HarnessError(f"the run directory {out_dir} is not on a filesystem every node of job {alloc.job_id} sees "
+                           f"(srun --output of `hostname` left nothing here from node(s) "
+                           f"{', '.join(map(str, missing)) or '?'}; srun exit {got.exit_code}: "
+                           f"{got.stderr_tail(2).strip()}): put --results-dir on a shared filesystem")
+    shutil.rmtree(check)
+    return hosts
+
+
+def _node_names(job_id: str) -> list[str]:
+    """The allocation's nodes as Slurm names them; the first hosts the rendezvous (task 0 runs
+    there: one task per node, in block order)."""
+    nodelist = _query(["squeue", "--noheader", f"--jobs={job_id}", "--format=%N"]).strip()
+    return _query(["scontrol", "show", "hostnames", nodelist]).split() if nodelist else []
+
+
+class _StepSeen:
+    """The trainer's step (``job.step``), looked up while it runs (a tree observer: at most every
+    STEP_LOOK_S until found); a step that has ended is no longer listed."""
+
+    def __init__(self, job_id: str, name: str):
+        self.job_id, self.name = job_id, name
+        self.id: str | None = None
+        self._last = 0.0
+
+    def __call__(self, tree: ProcessTree) -> None:
+        if self.id is None and time.monotonic() - self._last >= STEP_LOOK_S:
+            self._last = time.monotonic()
+            self.id = _step_id(self.job_id, self.name)
+
+
+class _Cancel:
+    """The point's step cancelled (runner.Cancel): SIGTERM to its tasks, torchrun's agents, which
+    stop their workers; SIGKILL through Slurm after KillWait and a margin. A step must be sent
+    SIGTERM by name (``scancel --signal=TERM``): a plain ``scancel`` of a step SIGKILLs it at once
+    (measured here, unlike a plain scancel of a job, which waits KillWait). With no step found,
+    the harness's own job is cancelled (SIGTERM, then Slurm's SIGKILL after KillWait)."""
+
+    def __init__(self, alloc: Allocation, step: _StepSeen, kill_wait: float):
+        self.alloc, self.step, self.kill_wait = alloc, step, kill_wait
+
+    def __call__(self, done: Callable[[], bool]) -> None:
+        step = self.step.id or _step_id(self.alloc.job_id, self.step.name)
+        target = step or (self.alloc.job_id if self.alloc.owned else None)
+        if target is None or done():
+            return  # nothing of the point runs in Slurm: the local kill ends srun
+        _query(["scancel", "--signal=TERM", target] if step else ["scancel", target])
+        if not _wait(done, self.kill_wait + KILL_MARGIN_S):
+            _query(["scancel", "--signal=KILL", target])
+            _wait(done, KILL_MARGIN_S)
+
+
+def _wait(done: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def _job_id(name: str) -> str:
+    """The id of the job named ``name`` (squeue --name; --states=all keeps finding an ended one
+    for MinJobAge)."""
+    out = _query(["squeue", "--noheader", "--states=all", f"--name={name}", "--format=%i"]).split()
+    return out[0] if out else ""
+
+
+def _step_id(job_id: str, name: str) -> str | None:
+    """``job.step`` of the running step named ``name`` in the job, None when there is none."""
+    for line in _query(["squeue", "--noheader", "--steps", f"--jobs={job_id}", "--format=%i %j"]).splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[1] == name:
+            return fields[0]
+    return None
+
+
+_KILL_WAIT: list[float] = []
+
+
+def kill_wait_s() -> float:
+    """Slurm's KillWait (scontrol show config), 30 s (its default) when it cannot be read."""
+    if not _KILL_WAIT:
+        m = re.search(r"^KillWait\s*=\s*(\d+)", _query(["scontrol", "show", "config"]), re.M)
+        _KILL_WAIT.append(float(m.group(1)) if m else 30.0)
+    return _KILL_WAIT[0]
+
+
+def task_ends(srun_stderr: Path) -> dict[int, int]:
+    """Task -> exit code (negative: the signal) from srun's ``srun: error: HOST: task(s) N: ...``
+    lines; a task srun says nothing of ended with 0 when srun did."""
+    out: dict[int, int] = {}
+    try:
+        lines = srun_stderr.read_text(errors="replace").splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        m = _TASK_END.match(line.strip())
+        if m is None:
+            continue
+        code = re.match(r"Exited with exit code (\d+)", m["what"])
+        value = int(code.group(1)) if code else _SIGNALS.get(m["what"].strip())
+        if value is None:
+            continue
+        for part in m["tasks"].split(","):
+            lo, _, hi = part.partition("-")
+            for task in range(int(lo), int(hi or lo) + 1):
+                out[task] = value
+    return out
+
+
+def _query(argv: list[str]) -> str:
+    """A Slurm command's stdout ('' when it fails or does not answer in QUERY_TIMEOUT_S)."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=QUERY_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout if done.returncode == 0 else ""

@@ -1,0 +1,106 @@
+"""How the judge reads the nodes of a launch of several nodes, without running anything: ranks
+placed on nodes (the launch's own view, else the heartbeats' host or node rank), how late each
+node comes, what each agent said, srun's word on each task, and the record's round trip through
+the store."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from validation.contract.nodes import NodeLaunch, NodesLaunch, read_nodes, write_nodes
+from validation.contract.torchrun_log import agent_said
+from validation.judge.findings import find
+from validation.judge.nodes import NodeEvidence, NodesEvidence, node_evidence
+from validation.judge.record import Evidence, PhaseRecord, PointKey, Status
+from validation.launch.slurm import task_ends
+
+
+def _beats(rank: int, node: int, host: str, late: float, steps: int = 6, step_s: float = 0.1) -> list[dict]:
+    """A rank's heartbeats of lock-step training: every rank ends each step together; this one
+    enters 'forward' ``late`` seconds after the step began."""
+    out = []
+    for step in range(1, steps + 1):
+        t0 = 1000.0 + step * step_s
+        out += [{"time": t0, "step": step, "stage": "data", "node": node, "host": host},
+                {"time": t0 + late, "step": step, "stage": "forward", "node": node, "host": host},
+                {"time": t0 + step_s * 0.95, "step": step, "stage": "step", "node": node, "host": host}]
+    return out
+
+
+def _launch(tmp_path: Path, nodes: list[NodeLaunch], launcher: str = "torchrun") -> None:
+    write_nodes(tmp_path, NodesLaunch(launcher, 1, "localhost:29400", "abc", 20.0, nodes))
+    for n in nodes:
+        (tmp_path / n.stderr).write_text("")
+
+
+def test_nodes_json_round_trip(tmp_path):
+    launch = NodesLaunch("slurm", 4, "n0:20071", "run", 30.0,
+                         [NodeLaunch(0, "n0", None, 0, None, 0, {0: 11, 1: 12}), NodeLaunch(1, "n1")], "71", "71.1")
+    write_nodes(tmp_path, launch)
+    assert read_nodes(tmp_path) == launch and read_nodes(tmp_path / "nowhere") is None
+
+
+def test_ranks_are_placed_by_host_where_every_node_has_its_own(tmp_path):
+    _launch(tmp_path, [NodeLaunch(0, "a"), NodeLaunch(1, "b")], "slurm")
+    beats = {0: _beats(0, 1, "b", 0.0), 1: _beats(1, 0, "a", 0.0)}  # rank 0 joined second: node rank 1
+    nodes, _ = node_evidence(tmp_path, beats, {})
+    assert [n.ranks for n in nodes.nodes] == [[1], [0]]
+
+
+def test_ranks_are_placed_by_node_rank_on_one_host_and_the_straggler_is_late(tmp_path):
+    _launch(tmp_path, [NodeLaunch(0, "vm", group_rank=1), NodeLaunch(1, "vm", group_rank=0)])
+    beats = {0: _beats(0, 0, "vm", 0.001), 1: _beats(1, 1, "vm", 0.06)}
+    nodes, _ = node_evidence(tmp_path, beats, {0: 0.1, 1: 0.1})
+    late = {n.index: (n.ranks, n.lateness_s) for n in nodes.nodes}
+    assert late[1][0] == [0] and late[0][0] == [1]
+    assert abs(late[0][1] - 0.059) < 1e-6 and late[1][1] == 0.0
+
+
+def test_what_an_agent_said_is_its_own_error_not_a_workers(tmp_path):
+    log = tmp_path / "node0.stderr.log"
+    log.write_text("[rank0]: RuntimeError: boom\nTraceback (most recent call last):\n  File \"x\", line 1\n"
+                   "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError\n"
+                   "\n[nsa-validate] no progress for 20s: process tree killed\n")
+    assert agent_said(log) == "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError"
+    log.write_text("node 1: cannot start\n")
+    assert agent_said(log) == "node 1: cannot start"
+    log.write_text("")
+    assert agent_said(log) is None
+
+
+def test_srun_says_how_each_task_ended(tmp_path):
+    err = tmp_path / "srun.stderr.log"
+    err.write_text("srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n"
+                   "srun: error: n1: tasks 1-2,4: Exited with exit code 3\nsrun: error: n0: task 0: Killed\n"
+                   "srun: error: n9: task 9: something new\n")
+    assert task_ends(err) == {0: -9, 1: 3, 2: 3, 4: 3}
+
+
+def _record(nodes: NodesEvidence, **fields) -> PhaseRecord:
+    base = dict(key=PointKey("rb", "cpu", "two"), test_id="rb/cpu/two/default", kind="train", status=Status.PASS,
+                reason="", exit_code=0, world_size=2,
+                evidence=Evidence(nodes=nodes, rank_step_time_s={0: 0.1, 1: 0.1}))
+    return PhaseRecord(**{**base, **fields})
+
+
+def _nodes(**late) -> NodesEvidence:
+    return NodesEvidence("torchrun", "localhost:1", 20.0, [
+        NodeEvidence(0, "node0.stderr.log", "vm", 0, 3.0, 0, [0], lateness_s=late.get("n0", 0.0)),
+        NodeEvidence(1, "node1.stderr.log", "vm", 0, 3.1, 1, [1], lateness_s=late.get("n1", 0.0))], "9", "9.1")
+
+
+def test_a_late_node_is_a_straggler_and_a_punctual_one_is_not():
+    [f] = [f for f in find([_record(_nodes(n1=0.06))]) if f.kind == "straggler"]
+    assert f.title == ("straggler node 1 in two [default]: its rank(s) 1 enter each step's stages 60 ms after the "
+                       "earliest rank (60% of the 100 ms step); the other nodes wait for it")
+    assert not [f for f in find([_record(_nodes(n1=0.02))]) if f.kind == "straggler"]  # below 50 ms: noise
+    [info] = [f for f in find([_record(_nodes(n1=0.02))]) if f.kind == "nodes"]
+    assert info.title == ("2 nodes in two [default]: torchrun, c10d rendezvous at localhost:1, join timeout 20 s, "
+                          "Slurm job 9")
+
+
+def test_a_record_with_nodes_survives_the_store():
+    rec = _record(_nodes(n1=0.06), slurm_job_id="9")
+    back = PhaseRecord.from_json(json.loads(json.dumps(rec.to_json())), "test")
+    assert back.evidence.nodes == rec.evidence.nodes and back.slurm_job_id == "9"
+    assert PhaseRecord.from_json(json.loads(json.dumps(_record(None).to_json())), "test").evidence.nodes is None

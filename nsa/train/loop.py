@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from .. import contract
 from ..config import ConfigError
 from ..model import NSATransformer, backend_report, gate_stats
+from ..model.flops import TRAINING_MULTIPLIER, forward_flops_per_token
 from . import checkpoint as ckpt
 from . import determinism, graphs
 from .config import Resolved, RunConfig, config_dict
@@ -140,6 +141,7 @@ class Trainer:
             self.log(f"[data] {source.describe()}")
             self.tokens_per_step = (cfg.train.batch_size * cfg.train.seq_len * cfg.train.grad_accum
                                     * info.world_size)
+            self.forward_flops = forward_flops_per_token(cfg.model, cfg.train.seq_len)
             self.system = environment()
             self.write_env()
             self._closers = stack.pop_all()
@@ -226,6 +228,10 @@ class Trainer:
             "fault_injection": cfg.fault.spec or None,
             "determinism": self.determinism,
             "tokens_per_step": self.tokens_per_step,
+            # the harness's mfu divides tokens/s x this by the hardware's peak (nsa/model/flops.py)
+            "model_flops_per_token": TRAINING_MULTIPLIER * sum(self.forward_flops.values()),
+            "model_flops": {"seq_len": cfg.train.seq_len, "training_multiplier": TRAINING_MULTIPLIER,
+                            "forward_per_token": self.forward_flops},
             "data": dataclasses.asdict(self.loader.source.summary()),
             "profile": dataclasses.asdict(self.profile_status) if self.profile_status else None,
             "resumed_from": self.resumed_from,

@@ -61,6 +61,8 @@ class Pending(enum.StrEnum):
     """The trainer's files lack what the metric reads (or its runbook entry says it lacks it)."""
     NO_GOLDEN = "no golden curve"
     """A golden-loss gate without a blessed curve for this point and hardware class."""
+    NO_PEAK = "the hardware profile names no peak FLOP/s"
+    """A gate on a metric that divides by the device's peak (mfu) on a profile without one."""
 
 
 @dataclass(frozen=True)

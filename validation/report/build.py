@@ -182,6 +182,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "profile_description": profile.description if profile else None,
         "profile_hardware": _hw_need(profile) if profile else None,
         "profile_notes": profile.notes if profile else None,
+        "peak_tflops": profile.hardware.peak_bf16_tflops if profile else None,
         "hardware": _hw_text(hw),
         "torch": hw and hw.torch,
         "cuda": hw and hw.cuda,

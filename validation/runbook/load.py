@@ -122,10 +122,11 @@ def load_profile(path_or_name: str | Path) -> Profile:
     data = read_yaml(path)
     r = Reader(path, data, "", ("name", "marker", "description", "hardware", "thresholds", "notes"),
                 ("name", "marker", "hardware", "thresholds"))
-    h = Reader(path, r.get("hardware"), "hardware", ("accelerator", "min_gpus", "min_gpu_mem_gb", "gpu_name"),
-                ("accelerator",))
+    h = Reader(path, r.get("hardware"), "hardware", ("accelerator", "min_gpus", "min_gpu_mem_gb", "gpu_name",
+                                                    "peak_bf16_tflops"), ("accelerator",))
     hw = Hardware(h.str_("accelerator", choices=ACCELERATORS), h.int_("min_gpus", 0),
-                  h.num("min_gpu_mem_gb", 0.0), h.str_("gpu_name", None, pattern=NAME))
+                  h.num("min_gpu_mem_gb", 0.0), h.str_("gpu_name", None, pattern=NAME),
+                  h.num("peak_bf16_tflops", None, minimum=1.0))
     thr = r.get("thresholds")
     if not isinstance(thr, Mapping):
         r.fail("thresholds", "expected a mapping of name: number (or null = to be measured)")

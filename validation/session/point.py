@@ -132,7 +132,8 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
     out_dir.mkdir(parents=True)
     kind = point.phase.kind
     run = RunData(out_dir=out_dir, world_size=point.nproc,
-                  steps_requested=point.phase.steps if kind in TRAINER_KINDS else None)
+                  steps_requested=point.phase.steps if kind in TRAINER_KINDS else None,
+                  peak_flops=point.profile.hardware.peak_flops)
     errors: list[str] = []
     try:
         proc = kinds.KINDS[kind](point, out_dir, run, errors, progress)

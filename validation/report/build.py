@@ -1,5 +1,6 @@
 """GO / NO-GO reports: stored records -> a flat context -> Jinja template (reports/report.md.j2)
--> Markdown, plus PNG plots of tokens/s and memory over steps (validation/plots.py).
+-> Markdown, plus one PNG per train phase of loss (against its golden), tokens/s and memory (with
+the gates' thresholds) and per-rank step time over steps (validation/report/plots.py).
 
 Status: NO-GO when any point failed or errored (or a finding across points is critical);
 INCOMPLETE when a point of the runbook has no record, was skipped, or has a threshold still 'to
@@ -246,7 +247,8 @@ def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, run
     plot_list: list[dict[str, str]] = []
     if plots:
         recs = ResultStore(results_dir).records(runbook_name, profile_name)
-        plot_list = make_plots(results_dir, recs, report_dir / "plots", stem)
+        points = expand(runbook, profile) if runbook is not None and profile is not None else None
+        plot_list = make_plots(results_dir, recs, report_dir / "plots", stem, points)
     ctx = build_context(results_dir, runbook_name, profile_name, runbook=runbook, profile=profile,
                         plots=plot_list, now=now, baseline=baseline)
     ctx["results_prefix"] = os.path.relpath(results_dir, report_dir)

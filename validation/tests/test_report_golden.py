@@ -59,8 +59,8 @@ def _render(tmp_path, records):
     rb, prof = load_runbook("cpu_smoke"), load_profile("cpu")
     ResultStore(tmp_path).put_many(records)
     ctx = build_context(tmp_path, rb.name, prof.name, runbook=rb, profile=prof, now="2026-01-01 00:00 UTC",
-                        plots=[{"phase": "baseline_ddp", "title": "baseline_ddp: tokens/s (global)",
-                                "path": "plots/cpu_smoke__cpu__baseline_ddp_toks.png"}])
+                        plots=[{"phase": "baseline_ddp", "title": "baseline_ddp: loss, tokens/s, memory, step time per rank",
+                                "path": "plots/cpu_smoke__cpu__baseline_ddp.png"}])
     # the store's own directory (in a rerun command) is the test's tmp_path: named as a fixed path
     return render_text({**ctx, "results_prefix": ".."}).replace(str(tmp_path.resolve()), "/data/results").replace(
         str(REPO_ROOT), "/repo")  # and this checkout's own directory (the acceptance tests' path) as another

@@ -61,6 +61,8 @@ class Rendered:
     path: Path
     verdict: Verdict
     reason: str
+    events: Path | None = None
+    """Where the points' TensorBoard event files went (the session's tensorboard option), if any."""
 
 
 def _env() -> jinja2.Environment:

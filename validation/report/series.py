@@ -67,11 +67,11 @@ def point_series(results_dir: Path, rec: PhaseRecord, point: PhasePoint | None) 
         beats = {}
     drawn = levels(rec.gates, csv, rec.world_size)
     return PointSeries(point_label(rec), csv, rec.world_size, _golden(point, rec, csv),
-                       {r: rank_step_times(beats.get(r, [])) for r in range(rec.world_size)} if beats else {},
+                       {r: rank_step_series(beats.get(r, [])) for r in range(rec.world_size)} if beats else {},
                        drawn, undrawn(rec.gates, drawn))
 
 
-def rank_step_times(records: list[dict[str, Any]]) -> list[tuple[int, float]]:
+def rank_step_series(records: list[dict[str, Any]]) -> list[tuple[int, float]]:
     """(step, seconds) of one rank: its step records' own ``step_time_s`` where it writes them,
     else the time between the first heartbeats of consecutive logged steps (any trainer's)."""
     own = [(int(r["step"]), float(r["step_time_s"])) for r in records

@@ -9,7 +9,7 @@ import pytest
 from nsa.contract import CSV_COLUMNS
 from validation.judge.gates import GateResult, GateVerdict
 from validation.report.plots import make_plots
-from validation.report.series import Level, levels, point_series, rank_step_times, undrawn
+from validation.report.series import Level, levels, point_series, rank_step_series, undrawn
 from validation.runbook.plan import expand
 from validation.store.goldens import Curve, GoldenFile
 from validation.tests.conftest import train_phase
@@ -43,13 +43,13 @@ def test_gate_thresholds_become_levels_over_their_windows():
     assert undrawn([cv], levels([cv], csv, 1)) == {"toks_per_s": ["toks_per_s_cv <= 0.1, last 5 steps"]}
 
 
-def test_rank_step_times_from_the_trainers_own_field_else_from_heartbeat_times():
+def test_rank_step_series_from_the_trainers_own_field_else_from_heartbeat_times():
     own = [{"stage": "forward", "step": 1, "time": 0.0}, {"stage": "step", "step": 1, "step_time_s": 0.7},
            {"stage": "step", "step": 2, "step_time_s": 0.2}]
-    assert rank_step_times(own) == [(1, 0.7), (2, 0.2)]
+    assert rank_step_series(own) == [(1, 0.7), (2, 0.2)]
     beats = [{"step": 1, "time": 10.0}, {"step": 1, "time": 10.2}, {"step": 2, "time": 10.5}, {"step": 4, "time": 11.5}]
-    assert rank_step_times(beats) == [(2, pytest.approx(0.5)), (4, pytest.approx(0.5))]
-    assert rank_step_times([{"step": 0, "time": 1.0, "stage": "data"}]) == []  # an idle rank
+    assert rank_step_series(beats) == [(2, pytest.approx(0.5)), (4, pytest.approx(0.5))]
+    assert rank_step_series([{"step": 0, "time": 1.0, "stage": "data"}]) == []  # an idle rank
 
 
 def test_a_diverging_run_with_an_idle_rank_is_drawn_and_embedded(fake_run, tmp_path):

@@ -76,6 +76,9 @@ ENV_RECOMMENDED = {
     "tokens_per_step": "tokens_per_step is UNMEASURED (the host-bound fit reads it)",
     "env": "the report lists no NSA_*/NCCL_* variables the trainer saw",
     "noop_toggles": "the report cannot say which toggles meant nothing to the trainer",
+    "model_flops_per_token": "mfu and model_flops_per_token are UNMEASURED (the model's training FLOPs per "
+                             "token: forward and backward, no recomputation; nsa/model/flops.py counts this "
+                             "project's)",
 }
 
 # --- .HALT ---------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
     nsa-validate run                      # the CPU smoke runbook, cpu profile, into ./results
     nsa-validate run --runbook nsa_ddp_a100 --profile a100 --phase bucket_sweep
-    nsa-validate report [--runbook R --profile P] [--results-dir DIR] [--baseline DIR]
+    nsa-validate report [--runbook R --profile P] [--results-dir DIR] [--baseline DIR] [--tensorboard DIR]
     nsa-validate phases [--runbook R] [--profile P]
     nsa-validate bless --runbook R --profile P [--phase X] [--point PHASE/POINT] [--results-dir DIR]
     nsa-validate check-artifacts DIR [--adapter seed]
@@ -45,6 +45,11 @@ EXIT_STATUSES = ("exit status of run and report: 0 GO, 1 NO-GO, 3 INCOMPLETE (ru
                  "wrote nothing. check-artifacts: 0 the contract holds, 1 not, 2 not a directory.")
 
 
+TENSORBOARD_HELP = ("also write each train point's per-step metrics (loss, tokens/s, memory, grad norm, lr, mfu, "
+                    "per-rank step time) as TensorBoard event files under DIR/<runbook>/<profile>/<phase>/<point>; "
+                    "`tensorboard --logdir DIR` reads them (needs pip install -e '.[tensorboard]')")
+
+
 def _positive(text: str) -> int:
     try:
         n = int(text)
@@ -81,10 +86,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="store results without rendering the report; exit 0 once stored (the verdict and its exit "
                         "status come from `nsa-validate report`)")
     r.add_argument("--no-plots", action="store_true", help="render the report without PNG plots")
+    r.add_argument("--tensorboard", type=Path, default=None, metavar="DIR", help=TENSORBOARD_HELP)
 
     rep = sub.add_parser("report", help="render the report from stored results")
     common(rep, None)
     rep.add_argument("--no-plots", action="store_true", help="render the report without PNG plots")
+    rep.add_argument("--tensorboard", type=Path, default=None, metavar="DIR", help=TENSORBOARD_HELP)
     rep.add_argument("--baseline", type=Path, default=None, metavar="DIR",
                      help="another results directory to compare with, point by point (its commit, date and hardware "
                           "named); a tokens/s drop beyond the profile's max_toks_regression fails the report")
@@ -128,7 +135,7 @@ def _options(args: argparse.Namespace, runbook: str | None) -> SessionOptions:
                           profiles=(args.profile,) if args.profile else (), phases=tuple(getattr(args, "phase", None) or ()),
                           first_profile_only=True, mismatch=getattr(args, "hardware_mismatch", "run"),
                           baseline=getattr(args, "baseline", None), jobs=getattr(args, "jobs", None),
-                          plots=not args.no_plots)
+                          plots=not args.no_plots, tensorboard=getattr(args, "tensorboard", None))
 
 
 class _Progress:
@@ -190,6 +197,8 @@ def _render(session: AcceptanceSession, pairs: list[tuple[str, str]] | None = No
     rendered = session.render(pairs, notes=_note)
     for out in rendered:
         print(f"nsa-validate: {out.verdict} -> {out.path}")
+        if out.events is not None:
+            print(f"nsa-validate: TensorBoard events -> {out.events} (tensorboard --logdir {out.events})")
     return session.exit_status(rendered)
 
 

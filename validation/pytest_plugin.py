@@ -13,7 +13,8 @@ default each runbook's profiles), --results-dir (default: ./results for an accep
 temporary directory for a plain test run, see ``results_dir_for``), --hardware-mismatch
 run|skip (skip turns a GPU-model mismatch into a skip), --progress-every SECONDS,
 --no-acceptance-report, --baseline DIR (compare with the results stored in DIR: in the report,
-and a tokens/s drop beyond the profile's max_toks_regression fails the report check).
+and a tokens/s drop beyond the profile's max_toks_regression fails the report check),
+--tensorboard DIR (the train points' per-step metrics as TensorBoard event files, beside the report).
 
 The plugin is also a pytest11 entry point (pyproject.toml), so that its options are known before
 any conftest is read: pytest otherwise takes the value of ``--results-dir DIR`` for a test path
@@ -60,11 +61,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--baseline", default=None, metavar="DIR",
                 help="results directory to compare with point by point (report section; a tokens/s drop beyond "
                      "the profile's max_toks_regression fails the report check)")
+    g.addoption("--tensorboard", default=None, metavar="DIR",
+                help="also write the train points' per-step metrics as TensorBoard event files under DIR "
+                     "(needs pip install -e '.[tensorboard]')")
 
 
 #: options whose value is a path: given as a separate argument of an existing path, pytest (which
 #: picks its rootdir and ini file before any plugin's options are known) takes it for a test path
-_PATH_OPTIONS = ("--results-dir", "--baseline", "--runbook", "--profile")
+_PATH_OPTIONS = ("--results-dir", "--baseline", "--runbook", "--profile", "--tensorboard")
 _REEXEC_ENV = "VALIDATION_PYTEST_REEXEC"
 
 
@@ -231,6 +235,8 @@ class AcceptancePlugin:
             try:
                 for out in self.session.render([pair], notes=lambda text: self.reports.append(f"note: {text}")):
                     self.reports.append(f"{out.verdict} -> {out.path}")
+                    if out.events is not None:
+                        self.reports.append(f"TensorBoard events -> {out.events}")
             except HarnessError as exc:
                 self.reports.append(f"report for {pair[0]}/{pair[1]} not rendered: {exc}")
 
@@ -246,12 +252,14 @@ def _options(config: pytest.Config) -> SessionOptions:
     runbooks = tuple(config.getoption("--runbook") or available())
     acceptance = _acceptance_markers(config, runbooks)
     base = config.getoption("--baseline")
+    events = config.getoption("--tensorboard")
     return SessionOptions(
         results_dir=results_dir_for(config.getoption("--results-dir"), config.getoption("-m") or "",
                                     config.getoption("--runbook"), config.getoption("--profile"), acceptance,
                                     Path(os.environ.get(_SESSION_DIR_ENV) or tempfile.mkdtemp(prefix="nsa-validate-tests-"))),
         runbooks=runbooks, profiles=tuple(config.getoption("--profile") or ()),
         mismatch=config.getoption("--hardware-mismatch"), baseline=Path(base).resolve() if base else None,
+        tensorboard=Path(events).resolve() if events else None,
         known_markers=frozenset(_ini_markers(config)))
 
 

@@ -10,7 +10,7 @@ from .. import contract
 from ..attention import BackendUnavailable
 from ..config import ConfigError, list_presets
 from .checkpoint import CheckpointError
-from .config import ENV_TOGGLES, NOOP_TOGGLES, load_run_config
+from .config import ENV_TOGGLES, NOOP_TOGGLES, NOOP_UNLESS, load_run_config
 from .data import DataError
 from .interrupt import EXIT_INTERRUPTED
 from .loop import Trainer
@@ -20,6 +20,7 @@ EXIT_INPUT = contract.EXIT_INPUT
 
 ENV_HELP = "environment toggles (each overrides its config key and is recorded in env.json):\n" + "\n".join(
     f"  {var:<22} -> {key}" + ("  [no-op here]" if var in NOOP_TOGGLES else "")
+    + (f"  [no-op unless {NOOP_UNLESS[var][0]}]" if var in NOOP_UNLESS else "")
     for var, key in ENV_TOGGLES.items()
 ) + "\n  CONFIG                 -> the config file, when --config is not given"
 

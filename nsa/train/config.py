@@ -3,8 +3,9 @@ fault, loaded into dataclasses with nsa.config, then dotted overrides, then envi
 
 Precedence (later wins): dataclass defaults < YAML file < ``--override key=value`` < environment
 variable. ``ENV_TOGGLES`` below is the ONLY place the trainer reads environment toggles; every
-variable maps to one config key, and the ones that mean nothing for this implementation are
-accepted, recorded in env.json and reported as no-ops (``NOOP_TOGGLES``).
+variable maps to one config key, and the ones that mean nothing for this implementation (or
+nothing while another key is off) are accepted, recorded in env.json and reported as no-ops
+(``NOOP_TOGGLES``, ``NOOP_UNLESS``).
 """
 from __future__ import annotations
 
@@ -197,8 +198,13 @@ class TelemetryConfig:
     disable_aux_stats: bool = False
     """Skip gate statistics and route counters in heartbeats, avoiding their device sync
     (env NSA_DISABLE_AUX_STATS)."""
-    tb_disable: bool = True
-    """Accepted for the runbook (env NSA_TB_DISABLE); no-op: this trainer has no TensorBoard writer."""
+    tensorboard: bool = False
+    """Write TensorBoard event files of the logged steps (loss, lr, tokens/s, step time, grad norm,
+    memory, gates) into out_dir/tensorboard, rank 0; needs the tensorboard package (pip install -e
+    '.[tensorboard]'): without it the run goes on without, and env.json's tensorboard says why."""
+    tb_disable: bool = False
+    """Turn the TensorBoard writer off whatever telemetry.tensorboard says (env NSA_TB_DISABLE, the
+    seed runbook's switch); a no-op, and reported as one, while telemetry.tensorboard is off."""
 
 
 @dataclass
@@ -297,7 +303,11 @@ CONFIG_ENV = "CONFIG"
 NOOP_TOGGLES: dict[str, str] = {
     "NSA_PREFILL_BATCHED": "prefill is always vectorised (no sequential prefill path exists)",
     "NSA_SEL_RANGES_V2": "selection has a single implementation per backend (no v1/v2 split)",
-    "NSA_TB_DISABLE": "this trainer has no TensorBoard writer",
+}
+#: toggles that mean nothing while another key is off: var -> (that key, why); reported as no-ops then
+NOOP_UNLESS: dict[str, tuple[str, str]] = {
+    "NSA_TB_DISABLE": ("telemetry.tensorboard", "telemetry.tensorboard is off: there is no TensorBoard writer "
+                                                "to turn off"),
 }
 
 
@@ -321,6 +331,13 @@ def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     for p in parents:
         node = node.setdefault(p, {})
     node[leaf] = value
+
+
+def _get_dotted(cfg: RunConfig, key: str) -> Any:
+    node: Any = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
 
 
 def choose_config(cli_config: str | None, env: Mapping[str, str]) -> str:
@@ -360,6 +377,9 @@ def load_run_config(
             if entry["key"] in msg:
                 msg += f" (set by environment variable {var}={entry['value']!r})"
         raise ConfigError(f"{path}: {msg}") from None
+    for var, (key, why) in NOOP_UNLESS.items():
+        if var in applied and not _get_dotted(cfg, key):
+            noops[var] = why
     seen = {k: v for k, v in sorted(env.items())
             if k.startswith(("NSA_", "NCCL_")) or k == CONFIG_ENV or k in ENV_TOGGLES}
     return cfg, Resolved(str(path), extra, applied, noops, seen)

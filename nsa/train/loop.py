@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from .. import contract
 from ..config import ConfigError
 from ..model import NSATransformer, backend_report, gate_stats
+from ..model.flops import TRAINING_MULTIPLIER, forward_flops_per_token
 from . import checkpoint as ckpt
 from . import determinism, graphs
 from .config import Resolved, RunConfig, config_dict
@@ -38,6 +39,7 @@ from .parallelize import parallelize, set_grad_sync
 from .profile import ProfileStatus, cuda_kernel_names, profiled_window, summarize
 from .profile import write as write_profile
 from .telemetry import Telemetry, environment, memory_gb, memory_source, sdpa_flags, write_json_atomic
+from .tensorboard import EventWriter
 from .watchdog import Watchdog, halt_path, read_halt, write_halt
 
 EXIT_NONFINITE = contract.EXIT_NONFINITE
@@ -134,12 +136,16 @@ class Trainer:
             self.telemetry = Telemetry(self.out, info.rank, info.is_master, self.device,
                                        cfg.telemetry.heartbeat, cfg.telemetry.nvtx, resume_step=self.step)
             stack.callback(self.telemetry.close)
+            self.events = EventWriter(cfg.telemetry, self.out, info.is_master, resume_step=self.step)
+            stack.callback(self.events.close)
             self.loader = Loader(source, cfg.data, cfg.train.batch_size, info.rank, info.world_size,
                                  self.device, start_micro=data_position)
             stack.callback(self.loader.close)
             self.log(f"[data] {source.describe()}")
             self.tokens_per_step = (cfg.train.batch_size * cfg.train.seq_len * cfg.train.grad_accum
                                     * info.world_size)
+            self.forward_flops = forward_flops_per_token(cfg.model, cfg.train.seq_len)
+            self.flops_per_token = TRAINING_MULTIPLIER * sum(self.forward_flops.values())
             self.system = environment()
             self.write_env()
             self._closers = stack.pop_all()
@@ -218,6 +224,8 @@ class Trainer:
                      "note": "" if sdpa_routed else "no NSA stage is routed to SDPA/flash: the sdpa.* "
                      "kernel toggles do not change attention in this run"},
             "nvtx": nvtx,
+            "tensorboard": {"setting": cfg.telemetry.tensorboard, "writing": self.events.writing,
+                            "note": self.events.note},
             "memory_source": memory_source(self.device),
             "gpu_util_note": self.telemetry.util_reason,
             "cuda_graphs": {"setting": self.graph_plan.setting, "enabled": self.graph_plan.enabled,
@@ -226,6 +234,10 @@ class Trainer:
             "fault_injection": cfg.fault.spec or None,
             "determinism": self.determinism,
             "tokens_per_step": self.tokens_per_step,
+            # the harness's mfu divides tokens/s x this by the hardware's peak (nsa/model/flops.py)
+            "model_flops_per_token": self.flops_per_token,
+            "model_flops": {"seq_len": cfg.train.seq_len, "training_multiplier": TRAINING_MULTIPLIER,
+                            "forward_per_token": self.forward_flops},
             "data": dataclasses.asdict(self.loader.source.summary()),
             "profile": dataclasses.asdict(self.profile_status) if self.profile_status else None,
             "resumed_from": self.resumed_from,
@@ -493,6 +505,7 @@ class Trainer:
             # a fallback: 'auto' had to skip a faster backend meant for this device
             extra["fallbacks"] = {s: (b["calls"] if b["fallback"] else 0) for s, b in routes.items()}
         self.telemetry.log_step(row, extra, garbled=self.faults.garbled_row(r.step))
+        self.events.log_step(row, extra, self.flops_per_token)
         self.last_logged = max(self.last_logged, r.step)
 
     def after_first_step(self) -> None:

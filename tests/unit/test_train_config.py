@@ -92,7 +92,14 @@ def test_bad_env_value_names_the_variable():
 
 def test_noop_toggles_are_a_subset_of_the_table():
     assert set(NOOP_TOGGLES) <= set(ENV_TOGGLES)
-    assert {"NSA_PREFILL_BATCHED", "NSA_SEL_RANGES_V2", "NSA_TB_DISABLE"} <= set(NOOP_TOGGLES)
+    assert {"NSA_PREFILL_BATCHED", "NSA_SEL_RANGES_V2"} <= set(NOOP_TOGGLES)
+
+
+def test_tb_disable_is_a_noop_only_while_tensorboard_is_off():
+    _, res = load_run_config("tiny", env={"NSA_TB_DISABLE": "1"})
+    assert "telemetry.tensorboard is off" in res.noop_toggles["NSA_TB_DISABLE"]
+    cfg, res = load_run_config("tiny", "telemetry.tensorboard=true", env={"NSA_TB_DISABLE": "1"})
+    assert cfg.telemetry.tb_disable is True and "NSA_TB_DISABLE" not in res.noop_toggles
 
 
 def test_config_env_var_picks_the_file_and_conflicts_are_errors():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import math
 import operator
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -29,6 +30,12 @@ class Window:
 
     def describe(self) -> str:
         return f"last {self.last} steps" if self.last else "all steps"
+
+    @classmethod
+    def parse(cls, text: str) -> Window:
+        """The window a stored gate result names in ``describe``'s words (anything else: all steps)."""
+        m = re.fullmatch(r"last (\d+) steps", text)
+        return cls(int(m.group(1))) if m else cls()
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,8 @@ class Pending(enum.StrEnum):
     """The trainer's files lack what the metric reads (or its runbook entry says it lacks it)."""
     NO_GOLDEN = "no golden curve"
     """A golden-loss gate without a blessed curve for this point and hardware class."""
+    NO_PEAK = "the hardware profile names no peak FLOP/s"
+    """A gate on a metric that divides by the device's peak (mfu) on a profile without one."""
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,8 @@ class RunData:
     """Phase-kind specific numbers: pytest outcome counts, preflight files, profiler results."""
     info: dict[str, Any] = field(default_factory=dict)
     """Phase-kind specific facts that are not numbers (the git SHA preflight read)."""
+    peak_flops: float | None = None
+    """One device's peak FLOP/s, from the hardware profile (None where it names none): mfu's divisor."""
 
 
 class Source(enum.StrEnum):
@@ -59,6 +61,8 @@ class Source(enum.StrEnum):
     JUNIT = "pytest's JUnit XML"
     PREFLIGHT = "preflight"
     PROFILE = "profile.json"
+    HARDWARE = "the hardware profile"
+    """A number of the profile's hardware section, not of the trainer's files."""
 
 
 @dataclass(frozen=True)
@@ -268,6 +272,20 @@ def _tokens_per_step(run: RunData, last: int | None) -> float | None:
     return float(value) if _number(value) else None
 
 
+def _model_flops(run: RunData, last: int | None) -> float | None:
+    value = (run.env or {}).get("model_flops_per_token")
+    return float(value) if _number(value) and value > 0 else None
+
+
+def _mfu(run: RunData, last: int | None) -> float | None:
+    """Model FLOPs utilisation: global tokens/s (mean over the window) x the model's training
+    FLOPs per token, over the peak FLOP/s of every device of the run."""
+    toks, flops = _col(run, "toks_per_s", last), _model_flops(run, None)
+    if toks is None or toks.empty or flops is None or not run.peak_flops:
+        return None
+    return float(toks.mean()) * flops / (run.peak_flops * max(run.world_size, 1))
+
+
 def _exit_code(run: RunData, last: int | None) -> float | None:
     return None if run.exit_code is None else float(run.exit_code)
 
@@ -330,6 +348,13 @@ CATALOGUE: tuple[Metric, ...] = (
            (Input(Source.ENV, "attention_backends", True),), False, _backends_recorded),
     Metric("tokens_per_step", "global tokens per optimizer step (env.json)",
            (Input(Source.ENV, "tokens_per_step", True),), False, _tokens_per_step),
+    Metric("model_flops_per_token", "the model's training FLOPs per token: forward and backward (3x forward), "
+                                    "no recomputation (env.json; nsa/model/flops.py counts this project's)",
+           (Input(Source.ENV, "model_flops_per_token", True),), False, _model_flops),
+    Metric("mfu", "model FLOPs utilisation: mean tokens/s over the window x model_flops_per_token / (the profile's "
+                  "peak_bf16_tflops x world size)",
+           (_TOKS, Input(Source.ENV, "model_flops_per_token", True), Input(Source.ENV, "world_size"),
+            Input(Source.HARDWARE, "peak_bf16_tflops")), True, _mfu),
     Metric("tests_failed", "pytest failures + errors in a pytest phase", (Input(Source.JUNIT, "failures"),), False,
            _count("tests_failed")),
     Metric("tests_passed", "pytest passes in a pytest phase", (Input(Source.JUNIT, "tests"),), False,

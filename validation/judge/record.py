@@ -79,6 +79,8 @@ class Summary:
     gpu_busy_frac: float | None = None
     cuda_graphs: float | None = None
     tokens_per_step: float | None = None
+    model_flops_per_token: float | None = None
+    mfu: float | None = None
 
     @classmethod
     def of(cls, run: RunData, window: int | None) -> Summary:

@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 from validation.contract.files import HaltInfo
 from validation.judge.gates import Gate, GateResult, GateVerdict, Pending, check
-from validation.judge.metrics import METRICS, RunData, compute, reading, window_covered
+from validation.judge.metrics import METRICS, RunData, Source, compute, reading, window_covered
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
 
 
@@ -75,6 +75,10 @@ def evaluate(gates: Sequence[Gate], run: RunData, unprovided: Mapping[str, str])
         if g.metric in unprovided:
             out.append(GateResult(**base, value=None, verdict=GateVerdict.UNMEASURED, note=unprovided[g.metric],
                                   pending=Pending.NOT_PROVIDED))
+            continue
+        if run.peak_flops is None and any(i.source == Source.HARDWARE for i in METRICS[g.metric].reads):
+            out.append(GateResult(**base, value=None, verdict=GateVerdict.UNMEASURED, pending=Pending.NO_PEAK,
+                                  note="the profile's hardware section names no peak_bf16_tflops"))
             continue
         value = compute(g.metric, run, g.window.last)
         verdict = check(value, g.op, g.threshold)
@@ -146,7 +150,9 @@ def gate_verdict(gates: Sequence[GateResult]) -> tuple[Status, str]:
         lacking = [f"{g.metric} ({g.note})" for g in pending if g.pending == Pending.NOT_PROVIDED]
         golden = [g.note for g in pending if g.pending == Pending.NO_GOLDEN]
         unset = [g.threshold_ref or g.metric for g in pending if g.pending == Pending.THRESHOLD]
+        no_peak = [g.metric for g in pending if g.pending == Pending.NO_PEAK]
         parts = ([f"{Pending.NOT_PROVIDED}: {', '.join(lacking)}"] if lacking else []) + golden + (
-            [f"threshold(s) to be measured for this profile: {', '.join(unset)}"] if unset else [])
+            [f"threshold(s) to be measured for this profile: {', '.join(unset)}"] if unset else []) + (
+            [f"{Pending.NO_PEAK} (hardware.peak_bf16_tflops): {', '.join(no_peak)}"] if no_peak else [])
         return Status.UNMEASURED, "; ".join(parts)
     return Status.PASS, f"{len(gates)} gate(s) passed" if gates else "completed (no gates)"

@@ -1,5 +1,6 @@
 """GO / NO-GO reports: stored records -> a flat context -> Jinja template (reports/report.md.j2)
--> Markdown, plus PNG plots of tokens/s and memory over steps (validation/plots.py).
+-> Markdown, plus one PNG per train phase of loss (against its golden), tokens/s and memory (with
+the gates' thresholds) and per-rank step time over steps (validation/report/plots.py).
 
 Status: NO-GO when any point failed or errored (or a finding across points is critical);
 INCOMPLETE when a point of the runbook has no record, was skipped, or has a threshold still 'to
@@ -60,6 +61,8 @@ class Rendered:
     path: Path
     verdict: Verdict
     reason: str
+    events: Path | None = None
+    """Where the points' TensorBoard event files went (the session's tensorboard option), if any."""
 
 
 def _env() -> jinja2.Environment:
@@ -183,6 +186,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "profile_description": profile.description if profile else None,
         "profile_hardware": _hw_need(profile) if profile else None,
         "profile_notes": profile.notes if profile else None,
+        "peak_tflops": profile.hardware.peak_bf16_tflops if profile else None,
         "hardware": _hw_text(hw),
         "torch": hw and hw.torch,
         "cuda": hw and hw.cuda,
@@ -246,7 +250,8 @@ def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, run
     plot_list: list[dict[str, str]] = []
     if plots:
         recs = ResultStore(results_dir).records(runbook_name, profile_name)
-        plot_list = make_plots(results_dir, recs, report_dir / "plots", stem)
+        points = expand(runbook, profile) if runbook is not None and profile is not None else None
+        plot_list = make_plots(results_dir, recs, report_dir / "plots", stem, points)
     ctx = build_context(results_dir, runbook_name, profile_name, runbook=runbook, profile=profile,
                         plots=plot_list, now=now, baseline=baseline)
     ctx["results_prefix"] = os.path.relpath(results_dir, report_dir)

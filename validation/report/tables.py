@@ -67,12 +67,28 @@ def phase_tables(records: list[PhaseRecord], shared: set[str] | frozenset[str] =
             "profiled": m.profiled_steps, "nsa_ranges": m.nsa_ranges_found,
             "graphed": m.cuda_graphs, "loss": _loss(r), "backends": _backends(r),
             "top_ops": r.evidence.top_ops,
+            "mfu": _marked(_percent(m.mfu), mark), "flops": m.model_flops_per_token,
         })
     for ph in phases.values():
         ph["title"] = ("Scaling breakdown" if len(ph["sweep_keys"]) > 1 else "Sweep") if ph["sweep_keys"] else None
         ph["sweep_heads"] = [k.split(".")[-1] for k in ph["sweep_keys"]]
         ph["backends"] = _backend_line(ph["rows"])
+        ph["flops"] = _flops_line(ph["rows"])
     return list(phases.values())
+
+
+def _percent(value: float | None) -> str | None:
+    return None if value is None else f"{100 * value:.1f}%"
+
+
+def _flops_line(rows: list[dict[str, Any]]) -> str | None:
+    """The model's training FLOPs per token: once when every point has the same, else per point."""
+    counted = [(r["point"], f"{r['flops']:.4g}") for r in rows if r["flops"] is not None]
+    if not counted:
+        return None
+    if len({f for _, f in counted}) == 1:
+        return counted[0][1] + (" (every point)" if len(rows) > 1 else "")
+    return "; ".join(f"{p}: {f}" for p, f in counted)
 
 
 def _marked(value: float | None, mark: str) -> Any:

@@ -166,6 +166,8 @@ HARDWARE = Section("hardware", "What a profile's points need; a machine without 
     Key("min_gpu_mem_gb", "memory per GPU at least"),
     Key("gpu_name", "a substring of the GPU's name (H100): another GPU runs and is reported, or skips with "
                     "--hardware-mismatch=skip"),
+    Key("peak_bf16_tflops", "the GPU's dense bf16 peak in TFLOP/s, from its data sheet: mfu divides by it "
+                            "(without it mfu is UNMEASURED)"),
 ))
 
 SECTIONS = (RUNBOOK, DEFAULTS, PHASE, LAUNCHER, RDZV, GATE, TRAINER, TRAINER_ROOT, TRAINER_CONFIG, PROFILE, HARDWARE)

@@ -122,7 +122,8 @@ def load_profile(path_or_name: str | Path) -> Profile:
     r = Reader(path, data, "", keys.PROFILE.names, keys.PROFILE.required)
     h = Reader(path, r.get("hardware"), "hardware", keys.HARDWARE.names, keys.HARDWARE.required)
     hw = Hardware(h.str_("accelerator", choices=ACCELERATORS), h.int_("min_gpus", 0),
-                  h.num("min_gpu_mem_gb", 0.0), h.str_("gpu_name", None, pattern=NAME))
+                  h.num("min_gpu_mem_gb", 0.0), h.str_("gpu_name", None, pattern=NAME),
+                  h.num("peak_bf16_tflops", None, minimum=1.0))
     thr = r.get("thresholds")
     if not isinstance(thr, Mapping):
         r.fail("thresholds", "expected a mapping of name: number (or null = to be measured)")

@@ -143,6 +143,14 @@ class Hardware:
     gpu_name: str | None = None
     """Substring expected in the GPU name (e.g. 'A100'); a mismatch is reported, or skipped
     with --hardware-mismatch=skip."""
+    peak_bf16_tflops: float | None = None
+    """One device's dense bf16 peak, TFLOP/s (the vendor's number, without sparsity): what mfu
+    divides by. None: mfu is UNMEASURED on this profile."""
+
+    @property
+    def peak_flops(self) -> float | None:
+        """peak_bf16_tflops in FLOP/s."""
+        return None if self.peak_bf16_tflops is None else self.peak_bf16_tflops * 1e12
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,8 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
     out_dir = point_dir(results_dir, point) / run_id[:12]
     kind = point.phase.kind
     run = RunData(out_dir=out_dir, world_size=point.nproc,
-                  steps_requested=point.phase.steps if kind in TRAINER_KINDS else None)
+                  steps_requested=point.phase.steps if kind in TRAINER_KINDS else None,
+                  peak_flops=point.profile.hardware.peak_flops)
     errors: list[str] = []
     try:  # from the directory's creation on: an interrupt between the two would leave it behind
         out_dir.mkdir(parents=True)

@@ -9,6 +9,7 @@ only turn their options into ``SessionOptions`` and show progress their own way.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import signal
 import threading
@@ -22,6 +23,7 @@ from validation.judge.findings import CROSS_POINT, Finding, Severity, find
 from validation.judge.record import PhaseRecord, Status
 from validation.launch.process import ABORT
 from validation.machine import Machine, detect
+from validation.report import tensorboard
 from validation.report.build import Rendered, Verdict, render
 from validation.runbook.hardware import mismatches
 from validation.runbook.load import available, load_profile, load_runbook
@@ -80,6 +82,8 @@ class SessionOptions:
     jobs: int | None = None
     """Untimed single-process points run at once (default: the runbook's max_parallel)."""
     plots: bool = True
+    tensorboard: Path | None = None
+    """Also write the points' per-step metrics as TensorBoard event files under this directory."""
     known_markers: frozenset[str] = frozenset()
     """Markers pytest knows (a phase may name only these and its runbook's own phases)."""
 
@@ -159,6 +163,8 @@ class AcceptanceSession:
         the baseline, when given, another store that holds at least one of ``pairs`` (default: the
         selected ones); a comparison that could compare nothing is an error before anything runs."""
         ResultStore(self.results_dir).check()
+        if self.options.tensorboard is not None and (why := tensorboard.missing()):
+            raise HarnessError(why)
         base = self.options.baseline
         if base is None:
             return
@@ -250,7 +256,8 @@ class AcceptanceSession:
     def render(self, pairs: list[tuple[str, str]] | None = None, notes: Callable[[str], None] | None = None
                ) -> list[Rendered]:
         """The report of each pair (default: the pairs selected), against the runbook and profile
-        it ran from; a baseline that lacks a pair gives that report no comparison, and says so."""
+        it ran from; a baseline that lacks a pair gives that report no comparison, and says so.
+        With the tensorboard option each pair's train points are exported there as well."""
         selected = {(rb.name, prof.name): (rb, prof) for rb, prof in self.pairs()} if self.options.runbooks else {}
         store = ResultStore(self.results_dir)
         wanted = pairs if pairs is not None else list(selected)
@@ -265,8 +272,13 @@ class AcceptanceSession:
                 if notes:
                     notes(f"--baseline {base} holds no records of {rb_name}/{prof_name}; its report has no comparison")
                 base = None
-            out.append(render(self.results_dir, rb_name, prof_name, runbook=rb, profile=prof,
-                              plots=self.options.plots, baseline=base))
+            rendered = render(self.results_dir, rb_name, prof_name, runbook=rb, profile=prof,
+                              plots=self.options.plots, baseline=base)
+            if self.options.tensorboard is not None:
+                runs = tensorboard.export(self.results_dir, store.records(rb_name, prof_name), self.options.tensorboard,
+                                          prof.hardware.peak_flops if prof else None)
+                rendered = dataclasses.replace(rendered, events=self.options.tensorboard if runs else None)
+            out.append(rendered)
         return out
 
     def report_pairs(self) -> list[tuple[str, str]]:

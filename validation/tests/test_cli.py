@@ -19,8 +19,8 @@ def test_run_nogo_exit_code_and_report_with_plots(tmp_path, capsys):
     out = capsys.readouterr()
     assert "[2/2] fake/cpu/long_run/default: FAIL" in out.err and "NO-GO" in out.out
     report = (results / "reports" / "fake__cpu.md").read_text()
-    assert "![baseline_ddp: tokens/s (global)](plots/fake__cpu__baseline_ddp_toks.png)" in report
-    assert (results / "reports" / "plots" / "fake__cpu__baseline_ddp_mem.png").stat().st_size > 1000
+    assert "![baseline_ddp: loss, tokens/s, memory](plots/fake__cpu__baseline_ddp.png)" in report
+    assert (results / "reports" / "plots" / "fake__cpu__baseline_ddp.png").stat().st_size > 1000
     # report from the store alone, without the runbook on disk
     rb.unlink()
     assert main(["report", "--results-dir", str(results), "--no-plots"]) == 1

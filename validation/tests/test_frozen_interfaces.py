@@ -12,15 +12,15 @@ from validation.cli import _parser
 #: ``nsa-validate`` subcommands -> their options and positional arguments
 CLI = {
     "run": {"--hardware-mismatch", "--jobs", "--no-plots", "--no-report", "--phase", "--profile", "--results-dir",
-            "--runbook"},
-    "report": {"--baseline", "--no-plots", "--profile", "--results-dir", "--runbook"},
+            "--runbook", "--tensorboard"},
+    "report": {"--baseline", "--no-plots", "--profile", "--results-dir", "--runbook", "--tensorboard"},
     "phases": {"--profile", "--runbook"},
     "bless": {"--phase", "--point", "--profile", "--results-dir", "--runbook"},
     "check-artifacts": {"--adapter", "--world-size", "dir"},
 }
 #: the pytest plugin's options (validation/pytest_plugin.py)
 PYTEST = {"--runbook", "--profile", "--results-dir", "--hardware-mismatch", "--no-acceptance-report",
-          "--progress-every", "--baseline"}
+          "--progress-every", "--baseline", "--tensorboard"}
 
 
 def _subcommands() -> dict[str, argparse.ArgumentParser]:
@@ -73,7 +73,7 @@ RUNBOOK_KEYS = {
     "trainer.root": {"env"},
     "trainer.config": {"template", "pass_as"},
     "(profile file)": {"name", "marker", "description", "hardware", "thresholds", "notes"},
-    "hardware": {"accelerator", "min_gpus", "min_gpu_mem_gb", "gpu_name"},
+    "hardware": {"accelerator", "min_gpus", "min_gpu_mem_gb", "gpu_name", "peak_bf16_tflops"},
 }
 
 

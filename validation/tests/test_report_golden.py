@@ -45,7 +45,7 @@ def record(point, status="PASS", toks=200.0, gate_values=None, **over):
         "world_size": point.nproc, "gates": gates, "window": "last 5 steps",
         "metrics": {"toks_per_s_mean": toks, "toks_per_s_stdev": 1.5, "step_time_s_mean": 0.25, "mem_reserved_gb_max": 0.0,
                     "steps_completed": float(point.phase.steps), "tests_passed": 3.0, "tests_failed": 0.0, "idle_ranks": 0.0,
-                    "tokens_per_step": None},
+                    "tokens_per_step": None, "model_flops_per_token": None},
         "evidence": {"errors": [], "stderr_tail": "", "stderr_log": "trainer.stderr.log", "halt": None, "stackdumps": {},
                      "last_heartbeat": {}, "rank_step_time_s": {}, "fallbacks": {}, "files": ["env.json", "training.csv"]},
         "hardware": HW, "git_sha": "abc123", "git_sha_source": "git describe", "backends": {"cmp": {"backend": "torch", "reason": "portable", "calls": 4}},
@@ -59,8 +59,8 @@ def _render(tmp_path, records):
     rb, prof = load_runbook("cpu_smoke"), load_profile("cpu")
     ResultStore(tmp_path).put_many(records)
     ctx = build_context(tmp_path, rb.name, prof.name, runbook=rb, profile=prof, now="2026-01-01 00:00 UTC",
-                        plots=[{"phase": "baseline_ddp", "title": "baseline_ddp: tokens/s (global)",
-                                "path": "plots/cpu_smoke__cpu__baseline_ddp_toks.png"}])
+                        plots=[{"phase": "baseline_ddp", "title": "baseline_ddp: loss, tokens/s, memory, step time per rank",
+                                "path": "plots/cpu_smoke__cpu__baseline_ddp.png"}])
     # the store's own directory (in a rerun command) is the test's tmp_path: named as a fixed path
     return render_text({**ctx, "results_prefix": ".."}).replace(str(tmp_path.resolve()), "/data/results").replace(
         str(REPO_ROOT), "/repo")  # and this checkout's own directory (the acceptance tests' path) as another
@@ -99,7 +99,7 @@ def test_nogo_report_with_findings(tmp_path):
     for slug, tokens, toks in (("seq_len=32,batch_size=1", 32, 260.0), ("seq_len=32,batch_size=2", 64, 165.0),
                                ("seq_len=64,batch_size=1", 64, 102.0), ("seq_len=64,batch_size=2", 128, 6.0)):
         recs.append(record(pts[f"scaling_sweep/{slug}"], toks=toks, step_time_s_mean=tokens / toks,
-                           tokens_per_step=float(tokens)))
+                           tokens_per_step=float(tokens), model_flops_per_token=3.0e5 * (1 + tokens % 64 / 32)))
     recs.append(record(pts["sdpa_audit/default"], fallbacks={"fb_sel_triton": 3.0}))
     text = _render(tmp_path, recs)
     assert "**Status: NO-GO**" in text

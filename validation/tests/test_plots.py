@@ -1,0 +1,78 @@
+"""The report's pictures: what each phase's figure draws (validation/report/series.py: the golden
+curve with its first diverging step, gate thresholds over their windows, each rank's step time)
+and that the figure is written and embedded under its phase."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from nsa.contract import CSV_COLUMNS
+from validation.judge.gates import GateResult, GateVerdict
+from validation.report.plots import make_plots
+from validation.report.series import Level, levels, point_series, rank_step_series, undrawn
+from validation.runbook.plan import expand
+from validation.store.goldens import Curve, GoldenFile
+from validation.tests.conftest import train_phase
+
+
+def _csv(steps: int) -> pd.DataFrame:
+    rows = [[s, 3.0, 1e-3, 100.0, 0.1, 1.0, 0.5, 0.5 + 0.01 * s] for s in range(1, steps + 1)]
+    return pd.DataFrame(rows, columns=list(CSV_COLUMNS))
+
+
+def _gate(metric: str, op: str, threshold: float | None, window: str, ref: str | None = None) -> GateResult:
+    return GateResult(metric, op, threshold, window, 1.0, GateVerdict.PASS, ref)
+
+
+def test_gate_thresholds_become_levels_over_their_windows():
+    csv = _csv(12)
+    got = levels([_gate("toks_per_s_mean", ">=", 39.0, "last 5 steps", "min_toks_per_s"),
+                  _gate("toks_per_s_per_gpu", ">=", 20.0, "all steps"),
+                  _gate("mem_reserved_gb_max", "<=", 40.0, "all steps"),
+                  _gate("mem_growth_gb", "<=", 1.0, "last 4 steps"),
+                  _gate("toks_per_s_mean", ">=", None, "last 5 steps"),  # to be measured: nothing to draw
+                  _gate("loss_finite", "==", 1.0, "all steps")], csv, world_size=2)
+    assert got["toks_per_s"] == [
+        Level(39.0, 8, 12, "gate toks_per_s_mean >= 39 (min_toks_per_s), last 5 steps"),
+        Level(40.0, 1, 12, "gate toks_per_s_per_gpu >= 20, all steps, x 2 ranks")]
+    # the memory growth gate: the window's end may lie at most 1 GiB above its first step (9: 0.59)
+    assert got["mem_reserved_gb"] == [Level(40.0, 1, 12, "gate mem_reserved_gb_max <= 40, all steps"),
+                                      Level(pytest.approx(1.59), 9, 12, "gate mem_growth_gb <= 1, last 4 steps: "
+                                                                         "the window's end at most here")]
+    cv = _gate("toks_per_s_cv", "<=", 0.1, "last 5 steps")
+    assert undrawn([cv], levels([cv], csv, 1)) == {"toks_per_s": ["toks_per_s_cv <= 0.1, last 5 steps"]}
+
+
+def test_rank_step_series_from_the_trainers_own_field_else_from_heartbeat_times():
+    own = [{"stage": "forward", "step": 1, "time": 0.0}, {"stage": "step", "step": 1, "step_time_s": 0.7},
+           {"stage": "step", "step": 2, "step_time_s": 0.2}]
+    assert rank_step_series(own) == [(1, 0.7), (2, 0.2)]
+    beats = [{"step": 1, "time": 10.0}, {"step": 1, "time": 10.2}, {"step": 2, "time": 10.5}, {"step": 4, "time": 11.5}]
+    assert rank_step_series(beats) == [(2, pytest.approx(0.5)), (4, pytest.approx(0.5))]
+    assert rank_step_series([{"step": 0, "time": 1.0, "stage": "data"}]) == []  # an idle rank
+
+
+def test_a_diverging_run_with_an_idle_rank_is_drawn_and_embedded(fake_run, tmp_path):
+    # the fake trainer's loss is 3.0 - 0.01 * step; the golden departs from it at step 4
+    golden = [round(3.0 - 0.01 * s, 4) + (0.5 if s == 4 else 0.0) for s in range(1, 7)]
+    file = GoldenFile(tmp_path / "goldens" / "fake__cpu.yaml", "fake", "cpu")
+    file.put("long_run/default", "cpu", Curve(tuple(golden), commit="f" * 40))
+    file.save()
+    run = fake_run([train_phase("long_run", fault="idle:rank=1", golden_steps=6, steps=6,
+                                env={"NSA_FAKE_WORLD": 2})])
+    points = expand(run.runbook, run.profile)
+    series = point_series(run.results, run.record, points[0])
+    assert series.golden.diverging.step == 4 and series.golden.loss == tuple(golden)
+    assert series.rank_step_s[1] == [] and [s for s, _ in series.rank_step_s[0]] == [2, 3, 4, 5, 6]
+    plot_dir = run.results / "reports" / "plots"
+    (plot_dir / "fake__cpu__gone_phase.png").parent.mkdir(parents=True, exist_ok=True)
+    (plot_dir / "fake__cpu__gone_phase.png").write_bytes(b"stale")
+    [plot] = make_plots(run.results, run.records, plot_dir, "fake__cpu", points)
+    assert plot == {"phase": "long_run", "title": "long_run: loss, tokens/s, memory, step time per rank",
+                    "path": "plots/fake__cpu__long_run.png"}
+    assert (plot_dir / "fake__cpu__long_run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (plot_dir / "fake__cpu__gone_phase.png").exists()  # the report's plots are exactly these
+    from validation.report.build import render_text
+    text = render_text({**run.context, "plots": [plot], "results_prefix": ".."})
+    phase = text.split("### long_run", 1)[1].split("\n## ", 1)[0]
+    assert "![long_run: loss, tokens/s, memory, step time per rank](plots/fake__cpu__long_run.png)" in phase

@@ -71,7 +71,12 @@ ENV_RECOMMENDED = {
     "tokens_per_step": "tokens_per_step is UNMEASURED (the host-bound fit reads it)",
     "env": "the report lists no NSA_*/NCCL_* variables the trainer saw",
     "noop_toggles": "the report cannot say which toggles meant nothing to the trainer",
+    "data_position": "the resume phase judges the data position by the loss curve alone",
 }
+#: env.json's ``data_position``: ``{"start": P0, "end": P1}``, the data the run had consumed before
+#: its first step and after its last, in the trainer's own unit (this project's trainer counts
+#: global micro-batches); a resumed run starts where the run it continues ended
+DATA_POSITION = "data_position"
 
 # --- .HALT ---------------------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from validation.contract.torchrun_log import RankFailure
 from validation.errors import StoreError
 from validation.judge.gates import GateResult, GateVerdict
 from validation.judge.metrics import RunData, compute
+from validation.judge.stability import Rise, Spike
 from validation.machine import Machine
 
 Scalar = str | int | float | bool
@@ -127,6 +128,10 @@ class Evidence:
     loss_last: float | None = None
     top_ops: list[str] = field(default_factory=list)
     """The profile phase's kernels with the most device (or CPU) time, with their times."""
+    spikes: list[Spike] = field(default_factory=list)
+    """Loss and grad-norm spikes over the whole run, by the profile's rule (judge/stability.py)."""
+    divergence: Rise | None = None
+    """The first NaN-free rise of the loss over the whole run, by the profile's rule."""
 
 
 @dataclass(frozen=True)
@@ -258,7 +263,8 @@ class PhaseRecord:
                                 for r, b in (ev.get("last_heartbeat") or {}).items()},
                 rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
                 fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},
-                files=list(ev.get("files") or []))
+                files=list(ev.get("files") or []), spikes=[Spike(**d) for d in ev.get("spikes") or []],
+                divergence=Rise(**ev["divergence"]) if ev.get("divergence") else None)
             known = {f.name for f in dataclasses.fields(cls)}
             plain = {k: v for k, v in data.items() if k in known and k not in ("key", "evidence", "gates", "backends",
                                                                                "status", "hardware", "metrics")}

@@ -21,6 +21,7 @@ from validation import PROFILE_DIR, RUNBOOK_DIR
 from validation.contract.adapters import ADAPTERS
 from validation.errors import RunbookError
 from validation.judge.metrics import METRICS
+from validation.judge.stability import StabilityRule
 from validation.runbook.fields import (
     DEFAULT_KEYS,
     MODULE,
@@ -136,6 +137,10 @@ def load_profile(path_or_name: str | Path) -> Profile:
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
             r.fail(f"thresholds.{k}", f"expected a number or null (to be measured), got {v!r}")
         thresholds[k] = None if v is None else float(v)
+    try:
+        StabilityRule.of(thresholds)
+    except ValueError as exc:
+        r.fail("thresholds", str(exc))
     return Profile(r.str_("name", pattern=NAME), path, r.str_("marker", pattern=NAME),
                    r.str_("description", "") or "", hw, thresholds, r.str_("notes", "") or "")
 

@@ -24,6 +24,7 @@ from validation.errors import StoreError
 from validation.judge.evidence import collect, collect_halt, collect_train
 from validation.judge.metrics import PROFILE_METRICS, RunData, unprovided_by_files
 from validation.judge.provenance import trainer_commit
+from validation.judge.stability import StabilityRule
 from validation.judge.record import OWN_TRAINER, TRAINER_KINDS, PhaseRecord, Status, Summary, routes, utc_now
 from validation.judge.verdict import Outcome, evaluate, verdict
 from validation.launch import kinds
@@ -132,7 +133,8 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
     out_dir.mkdir(parents=True)
     kind = point.phase.kind
     run = RunData(out_dir=out_dir, world_size=point.nproc,
-                  steps_requested=point.phase.steps if kind in TRAINER_KINDS else None)
+                  steps_requested=point.phase.steps if kind in TRAINER_KINDS else None,
+                  stability=StabilityRule.of(point.profile.thresholds))
     errors: list[str] = []
     try:
         proc = kinds.KINDS[kind](point, out_dir, run, errors, progress)

@@ -94,6 +94,18 @@ def _gate(f: Facts) -> str:
             + " once the cause is fixed; other points' records stay.")
 
 
+def _spike(f: Facts) -> str:
+    lr = "lower train.lr or lengthen train.warmup_steps" if f.own_trainer else "lower the learning rate"
+    return ("A step's loss or gradient norm jumped far above the steps before it: look at the data of the step "
+            f"named (a bad batch); if spikes recur, {lr} and keep gradient clipping on.")
+
+
+def _diverging(f: Facts) -> str:
+    lr = "train.lr, train.warmup_steps and train.grad_clip" if f.own_trainer else "the learning rate, its warm-up and gradient clipping"
+    return (f"The loss climbs without going NaN: a run that diverges does not recover by itself; check {lr}, and "
+            "that the data does not change under the run, before a long run.")
+
+
 def _timing(f: Facts) -> str:
     return ("Timed points ran at the same time on one machine, so their speeds are not comparable: re-run them "
             "one at a time (`nsa-validate run --jobs 1`, or pytest without -n).")
@@ -102,7 +114,8 @@ def _timing(f: Facts) -> str:
 _ADVICE: dict[str, Callable[[Facts], str]] = {
     "crash": _crash, "stall": _stall, "nonfinite": _nonfinite, "short_run": _short, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
-    "artifacts": _artifacts, "regression": _regression, "gate": _gate, "timing": _timing,
+    "artifacts": _artifacts, "regression": _regression, "gate": _gate, "timing": _timing, "spike": _spike,
+    "diverging": _diverging,
 }
 
 

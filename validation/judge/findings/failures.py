@@ -7,6 +7,7 @@ import re
 
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import RankFailure
+from validation.judge.findings import stability
 from validation.judge.findings.finding import Facts, Finding, Severity, where
 from validation.judge.gates import GateVerdict
 from validation.judge.record import PhaseRecord, Status
@@ -214,6 +215,8 @@ def failed_gates(records: list[PhaseRecord]) -> list[Finding]:
         for g in (g for g in r.failed_gates() if g.metric not in _EXPLAINED):
             if short and g.verdict == GateVerdict.NO_DATA:
                 continue
+            if g.metric in stability.EXPLAINED and g.verdict == GateVerdict.FAIL:
+                continue  # the spike or divergence finding names the step and the value
             detail = [g.description] if g.description else []
             if r.kind == "train":
                 detail.append(f"CSV: {r.out_dir}/training.csv")

@@ -27,8 +27,8 @@ Scalar = str | int | float | bool
 #: the trainer a record names when the runbook names none
 OWN_TRAINER = "nsa.train"
 #: phase kinds that run the trainer and judge the artifact contract's files it leaves (a profile
-#: phase is a train run asked for profile.json as well)
-TRAINER_KINDS = ("train", "profile")
+#: phase is a train run asked for profile.json as well; a resume phase runs it three times)
+TRAINER_KINDS = ("train", "profile", "resume")
 
 
 class Status(enum.StrEnum):
@@ -135,6 +135,35 @@ class Evidence:
 
 
 @dataclass(frozen=True)
+class SubRun:
+    """One process of a point that runs several (the repeats of a repeated point; the resume
+    phase's uninterrupted reference, first half and resumed second half), each in a directory of
+    its own beside the others, with its own verdict and numbers."""
+
+    name: str
+    """Its directory's name inside the point's run directory ('repeat2', 'first')."""
+    label: str
+    """What it is, for people ('repeat 2 of 3', 'first half (steps 1-3)')."""
+    out_dir: str
+    """Its artifact directory, relative to the results directory."""
+    status: Status
+    reason: str
+    exit_code: int | None = None
+    metrics: Summary = field(default_factory=Summary)
+    first_step: int | None = None
+    """The first and last step its training.csv logged (None: none)."""
+    last_step: int | None = None
+    loss_first: float | None = None
+    loss_last: float | None = None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SubRun:
+        return cls(d["name"], d["label"], d["out_dir"], Status(d["status"]), d.get("reason") or "", _int(d.get("exit_code")),
+                   Summary.from_json(d.get("metrics") or {}), _int(d.get("first_step")), _int(d.get("last_step")),
+                   _num(d.get("loss_first")), _num(d.get("loss_last")))
+
+
+@dataclass(frozen=True)
 class Route:
     """The attention backend a branch used (env.json's attention_backends)."""
 
@@ -207,6 +236,10 @@ class PhaseRecord:
     """How a command line names the runbook the point ran from: its name under runbooks/, else its
     path ('' in records of older harnesses), so that ``report`` judges the store against it."""
     profile_arg: str = ""
+    runs: list[SubRun] = field(default_factory=list)
+    """The processes of a point that ran several, in the order they ran (empty for one process);
+    the record's own exit code, command, evidence and out_dir are those of the one that decided
+    its verdict (the first that failed, else the last: the resumed second half of a resume point)."""
 
     @classmethod
     def for_point(cls, point, status: Status, reason: str, **fields: Any) -> PhaseRecord:
@@ -226,6 +259,12 @@ class PhaseRecord:
     def ran(self) -> bool:
         """A process ran and exited by itself (no timeout): its artifacts are complete."""
         return self.exit_code is not None and not self.timed_out
+
+    @property
+    def part(self) -> str:
+        """Which of its processes the record's exit code and evidence describe ('first half (steps
+        1-3)'), '' for a point of one process."""
+        return next((s.label for s in self.runs if s.out_dir == self.out_dir), "")
 
     @property
     def failed(self) -> bool:
@@ -267,8 +306,9 @@ class PhaseRecord:
                 divergence=Rise(**ev["divergence"]) if ev.get("divergence") else None)
             known = {f.name for f in dataclasses.fields(cls)}
             plain = {k: v for k, v in data.items() if k in known and k not in ("key", "evidence", "gates", "backends",
-                                                                               "status", "hardware", "metrics")}
+                                                                               "status", "hardware", "metrics", "runs")}
             return cls(key=PointKey(**data["key"]), status=Status(data["status"]), evidence=evidence,
+                       runs=[SubRun.from_json(d) for d in data.get("runs") or []],
                        metrics=Summary.from_json(data.get("metrics") or {}),
                        gates=[GateResult.from_json(g) for g in data.get("gates") or []],
                        backends=routes(data.get("backends")),

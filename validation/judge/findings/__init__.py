@@ -2,7 +2,8 @@
 
 Each detector reads stored records only, so findings can be recomputed for any results
 directory without re-running anything: process failures and failed gates (failures.py), speed
-across points (throughput.py), loss and grad-norm spikes and divergence (stability.py); advice.py turns findings into what to do next, saying only what
+across points (throughput.py), loss and grad-norm spikes and divergence (stability.py), resumed runs that
+do not continue the uninterrupted one (resume.py); advice.py turns findings into what to do next, saying only what
 is true of the trainer that ran.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from validation.judge.findings.failures import (
     stalls,
 )
 from validation.judge.findings.finding import Finding, Severity, point_label, where
+from validation.judge.findings.resume import not_equivalent
 from validation.judge.findings.stability import divergence, spikes
 from validation.judge.findings.throughput import (
     CROSS_POINT,
@@ -29,7 +31,7 @@ from validation.judge.findings.throughput import (
 from validation.judge.record import PhaseRecord
 
 DETECTORS = (crashes, stalls, short_runs, shared_timings, cliffs, host_bound, imbalance, fallbacks, artifact_errors,
-             failed_gates, best_setting, divergence, spikes)
+             failed_gates, best_setting, not_equivalent, divergence, spikes)
 _ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 

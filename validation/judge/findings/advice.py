@@ -106,6 +106,15 @@ def _diverging(f: Facts) -> str:
             "that the data does not change under the run, before a long run.")
 
 
+def _resume(f: Facts) -> str:
+    keys = (" (train.resume; the data position and every rank's RNG are in nsa/train/checkpoint.py)" if f.own_trainer
+            else "")
+    return ("The resumed run left the uninterrupted one at the step named: the checkpoint does not restore all the "
+            "state the run had (model, optimizer, learning-rate schedule position, data position, every rank's RNG)"
+            f"{keys}. A divergence at the first step after the resume points at the restore; the finding says "
+            f"whether the learning rate and the data position continued. Then {_RERUN}.")
+
+
 def _timing(f: Facts) -> str:
     return ("Timed points ran at the same time on one machine, so their speeds are not comparable: re-run them "
             "one at a time (`nsa-validate run --jobs 1`, or pytest without -n).")
@@ -115,7 +124,7 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "crash": _crash, "stall": _stall, "nonfinite": _nonfinite, "short_run": _short, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
     "artifacts": _artifacts, "regression": _regression, "gate": _gate, "timing": _timing, "spike": _spike,
-    "diverging": _diverging,
+    "diverging": _diverging, "resume": _resume,
 }
 
 

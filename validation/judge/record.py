@@ -155,12 +155,16 @@ class SubRun:
     last_step: int | None = None
     loss_first: float | None = None
     loss_last: float | None = None
+    command: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    """The files it wrote into its directory."""
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SubRun:
         return cls(d["name"], d["label"], d["out_dir"], Status(d["status"]), d.get("reason") or "", _int(d.get("exit_code")),
                    Summary.from_json(d.get("metrics") or {}), _int(d.get("first_step")), _int(d.get("last_step")),
-                   _num(d.get("loss_first")), _num(d.get("loss_last")))
+                   _num(d.get("loss_first")), _num(d.get("loss_last")), list(d.get("command") or []),
+                   list(d.get("files") or []))
 
 
 @dataclass(frozen=True)

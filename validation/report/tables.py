@@ -111,8 +111,15 @@ def failure_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
 
 
 def artifact_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
-    return [{"phase": r.phase, "point": point_label(r), "out_dir": r.out_dir, "files": r.evidence.files}
-            for r in records if r.out_dir]
+    """Each point's directory and files; for a point of several processes, each one's."""
+    rows = []
+    for r in records:
+        if r.runs:
+            rows += [{"phase": r.phase, "point": f"{point_label(r)}, {s.label}", "out_dir": s.out_dir, "files": s.files}
+                     for s in r.runs]
+        elif r.out_dir:
+            rows.append({"phase": r.phase, "point": point_label(r), "out_dir": r.out_dir, "files": r.evidence.files})
+    return rows
 
 
 def reproduce_rows(records: list[PhaseRecord], runbook: str | None = None, profile: str | None = None,
@@ -130,11 +137,13 @@ def reproduce_rows(records: list[PhaseRecord], runbook: str | None = None, profi
         # a sweep point by its test id: -k cannot take the '=' of its parameters
         select = (shlex.quote(f"{ACCEPTANCE_TESTS}::test_phase[{r.test_id}]") if r.key.params
                   else f"{shlex.quote(str(ACCEPTANCE_TESTS))} -m {r.phase}")
+        # a resume point's processes one after another (each of a repeated point's runs is the same)
+        commands = [s.command for s in r.runs if s.command] if r.kind == "resume" else [r.command]
         rows.append({"phase": r.phase, "point": point_label(r),
                      "rerun": f"pytest {select} --runbook {shlex.quote(runbook or r.key.runbook)} "
                               f"--profile {shlex.quote(profile or r.key.profile)}{store}",
-                     "process": (f"cd {shlex.quote(r.cwd)} && " if r.cwd else "") + (env + " " if env else "")
-                                + shlex.join(r.command)})
+                     "process": (f"cd {shlex.quote(r.cwd)} && " if r.cwd else "") + " && ".join(
+                         (env + " " if env else "") + shlex.join(c) for c in commands or [r.command])})
     return rows
 
 

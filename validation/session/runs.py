@@ -100,7 +100,8 @@ def sub_run(j: Judged, name: str, label: str, results_dir: Path, status: Status 
     return SubRun(name, label, relative(j.run.out_dir, results_dir), status or j.status, reason or j.reason,
                   j.proc.exit_code, j.metrics,
                   int(csv["step"].min()) if logged else None, int(csv["step"].max()) if logged else None,
-                  float(csv["loss"].iloc[0]) if logged else None, float(csv["loss"].iloc[-1]) if logged else None)
+                  float(csv["loss"].iloc[0]) if logged else None, float(csv["loss"].iloc[-1]) if logged else None,
+                  list(j.proc.argv), sorted(p.name for p in j.run.out_dir.iterdir() if p.is_file()))
 
 
 def record(point: PhasePoint, j: Judged, hw: Machine, results_dir: Path, run_id: str, started: str,

@@ -67,7 +67,9 @@ def _resumed(point, run_dir: str) -> dict:
     return {"out_dir": f"{run_dir}/second",
             "runs": [{"name": name, "label": label, "out_dir": f"{run_dir}/{name}", "status": "PASS",
                       "reason": f"exit 0 after step {last}", "exit_code": 0, "first_step": first, "last_step": last,
-                      "loss_first": 5.6 - first / 10, "loss_last": 5.6 - last / 10} for name, label, first, last in legs],
+                      "loss_first": 5.6 - first / 10, "loss_last": 5.6 - last / 10, "files": ["env.json", "training.csv"],
+                      "command": ["python", "-m", "nsa.train", "--config", "tiny", "--out-dir", name]}
+                     for name, label, first, last in legs],
             "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1.0, "window": "all steps", "value": 1.0,
                        "verdict": "PASS"},
                       {**gate, "metric": "resume_loss_rel_diff", "note": f"loss of steps 1-{total} continued: identical at every logged step",

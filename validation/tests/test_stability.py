@@ -55,6 +55,7 @@ def test_a_loss_spike_and_a_grad_norm_spike_are_found_with_step_and_value(tmp_pa
     assert any(t.startswith(f"loss spike in long_run [default] at step 45: {loss[44]:.4g} against a rolling "
                             "median of") and "> 6)" in t for t in titles), titles
     assert any(t.startswith("gradient-norm spike in long_run [default] at step 45: 25 against") for t in titles), titles
+    assert PhaseRecord.from_json(rec.to_json(), "stored").evidence == rec.evidence  # the store keeps them
 
 
 def test_the_clean_curve_has_no_spike_and_the_first_steps_are_not_scored(tmp_path):
@@ -83,6 +84,7 @@ def test_a_nan_free_divergence_is_found_with_the_window_and_the_rise(tmp_path):
     assert crit[0].title.startswith(f"loss diverging in long_run [default] from step {found.first_step}: median loss ")
     assert "(allowed rise 0.2 nats)" in crit[0].title
     assert compute("loss_diverging", run, 40) == 1.0  # the climb alone (steps 41-80) is a rise too
+    assert PhaseRecord.from_json(rec.to_json(), "stored").evidence.divergence == found
 
 
 def test_one_spike_does_not_make_a_divergence(tmp_path):

@@ -30,7 +30,7 @@ def spikes(records: list[PhaseRecord]) -> list[Finding]:
         for col, found in by_col.items():
             many = f"{len(found)} {_WHAT[col]} spikes" if len(found) > 1 else f"{_WHAT[col]} spike"
             first = found[0]
-            detail = [s.text() for s in found[:LISTED]]
+            detail = [s.text() for s in found[:LISTED]] if len(found) > 1 else []
             if len(found) > LISTED:
                 detail.append(f"... and {len(found) - LISTED} more")
             detail.append(f"CSV: {r.out_dir}/training.csv ({col} column)")

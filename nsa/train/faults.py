@@ -90,11 +90,13 @@ def parse_faults(spec: str) -> list[Fault]:
             key, eq, value = p.partition("=")
             if not eq:
                 raise ConfigError(f"fault.spec (NSA_FAULT) {item!r}: expected key=value, got {p!r}")
+            if key not in _ALL_KEYS:
+                raise ConfigError(f"fault.spec (NSA_FAULT) {item!r}: unknown key {key!r}; keys: "
+                                  f"{', '.join(sorted(_ALL_KEYS))}")
             if key not in takes:
                 raise ConfigError(f"fault.spec (NSA_FAULT) {item!r}: {kind} takes "
                                   + (", ".join(takes) + " only" if takes else "no key")
-                                  + (" (every rank quits)" if kind == "quit_early" else "")
-                                  + ("" if key in _ALL_KEYS else f"; {key!r} is no key of any fault"))
+                                  + (" (every rank quits)" if kind == "quit_early" else ""))
             if key == "stage":
                 if value not in STAGES:
                     raise ConfigError(f"fault.spec (NSA_FAULT) {item!r}: stage must be one of {STAGES}")

@@ -153,7 +153,7 @@ def test_injected_spike_scales_one_steps_loss_and_the_run_goes_on(tmp_path: Path
     ("resume_skip", "resume_skip needs batches=K with K >= 1"),
     ("spike:stage=data", "spike takes rank, step, scale only"),
     ("crash:batches=2", "crash takes rank, step, stage, seconds only"),
-    ("stall:foo=1", "'foo' is no key of any fault"),
+    ("stall:foo=1", "unknown key 'foo'; keys: batches, rank, scale, seconds, stage, step"),
 ])
 def test_new_fault_kinds_take_only_their_keys(spec, message):
     with pytest.raises(ConfigError, match=message):

@@ -79,7 +79,12 @@ ENV_RECOMMENDED = {
     "model_flops_per_token": "mfu and model_flops_per_token are UNMEASURED (the model's training FLOPs per "
                              "token: forward and backward, no recomputation; nsa/model/flops.py counts this "
                              "project's)",
+    "data_position": "the resume phase judges the data position by the loss curve alone",
 }
+#: env.json's ``data_position``: ``{"start": P0, "end": P1}``, the data the run had consumed before
+#: its first step and after its last, in the trainer's own unit (this project's trainer counts
+#: global micro-batches); a resumed run starts where the run it continues ended
+DATA_POSITION = "data_position"
 
 # --- .HALT ---------------------------------------------------------------------------------------
 

@@ -31,6 +31,10 @@ class ModelConfig:
     """Share the token embedding with the output head."""
     init_std: float = 0.02
     """Std of the normal init of embeddings and projections."""
+    dropout: float = 0.0
+    """Residual dropout on each block's attention and feed-forward outputs, in training only. 0
+    (the default) draws no random numbers; above 0 the run's RNG state is part of what a resumed
+    run must restore."""
     attn: NSAConfig = field(default_factory=NSAConfig)
     """NSA hyper-parameters and per-branch backends."""
 
@@ -45,6 +49,8 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ValueError(f"model.head_dim={self.head_dim} must be even (RoPE rotates pairs)")
         self.attn.check_head_dim(self.head_dim)
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
         if self.norm_eps <= 0:
             raise ValueError(f"model.norm_eps must be > 0, got {self.norm_eps}")
 

@@ -46,11 +46,16 @@ class Block(nn.Module):
         self.attn = kind(cfg.dim, cfg.n_heads, cfg.n_kv_groups, cfg.head_dim, cfg.attn, cfg.rope_theta)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn = SwiGLU(cfg.dim, cfg.ffn_hidden)
+        self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor, cache: NSACache | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cache, rope)
-        return x + self.ffn(self.ffn_norm(x))
+        x = x + self._drop(self.attn(self.attn_norm(x), cache, rope))
+        return x + self._drop(self.ffn(self.ffn_norm(x)))
+
+    def _drop(self, h: torch.Tensor) -> torch.Tensor:
+        # no dropout call at 0: the default model draws nothing from the RNG
+        return F.dropout(h, self.dropout, self.training) if self.dropout else h
 
 
 class NSATransformer(nn.Module):

@@ -83,20 +83,32 @@ def save(out_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
 
 
 def find_resume(out_dir: Path, resume: str) -> Path | None:
-    """'' -> None; 'auto' -> the latest checkpoint in out_dir or None; else that path."""
+    """'' -> None; 'auto' -> the latest checkpoint in out_dir or None; the out_dir of an earlier
+    run (a directory) -> its latest checkpoint, which must exist; else that checkpoint file."""
     if not resume:
         return None
     if resume == "auto":
-        pointer = ckpt_dir(out_dir) / "latest"
-        if not pointer.exists():
-            return None
-        path = ckpt_dir(out_dir) / pointer.read_text().strip()
-        if not path.exists():
-            raise CheckpointError(f"{pointer} names {path.name}, which does not exist")
-        return path
+        return _latest(out_dir)
     path = Path(resume)
+    if path.is_dir():
+        found = _latest(path)
+        if found is None:
+            raise CheckpointError(f"train.resume={resume!r}: the directory holds no checkpoint "
+                                  f"({ckpt_dir(path) / 'latest'} not found)")
+        return found
     if not path.exists():
         raise CheckpointError(f"train.resume={resume!r}: checkpoint file not found")
+    return path
+
+
+def _latest(out_dir: Path) -> Path | None:
+    """The checkpoint ``checkpoints/latest`` of a run directory names, or None without one."""
+    pointer = ckpt_dir(out_dir) / "latest"
+    if not pointer.exists():
+        return None
+    path = ckpt_dir(out_dir) / pointer.read_text().strip()
+    if not path.exists():
+        raise CheckpointError(f"{pointer} names {path.name}, which does not exist")
     return path
 
 

@@ -85,7 +85,8 @@ class TrainConfig:
     """Save a checkpoint when the run completes train.steps. A run stopped early (train.run_steps,
     operator .HALT) always saves, so that it can resume."""
     resume: str = ""
-    """'' (fresh run), 'auto' (latest checkpoint in out_dir, fresh if none) or a checkpoint path."""
+    """'' (fresh run), 'auto' (latest checkpoint in out_dir, fresh if none), a checkpoint path, or
+    the out_dir of an earlier run (its latest checkpoint; this run writes into its own out_dir)."""
     profile_steps: int = 0
     """Profile this many steps once the run is steady (after the warm-up and the CUDA-graph
     capture step) and write profile.json, profile_top_ops.txt and, on CUDA, gpu_timeline.json.gz;

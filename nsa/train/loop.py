@@ -122,6 +122,7 @@ class Trainer:
                 state = ckpt.load(path, self.wrapped, self.optimizer, info, config_dict(cfg))
                 self.step, data_position, self.resumed_from = state["step"], state["data_position"], str(path)
                 self.log(f"[ckpt] resumed from {path} at step {self.step} (data position {data_position})")
+                data_position = self._break_resume(data_position)
                 for diff in ckpt.model_differences(state["config"].get("model", {}), config_dict(cfg)["model"]):
                     self.log(f"[ckpt] warning: the model config differs from the checkpoint's: {diff}")
             elif (self.out / contract.TRAINING_CSV).exists():
@@ -138,6 +139,7 @@ class Trainer:
             stack.callback(self.telemetry.close)
             self.events = EventWriter(cfg.telemetry, self.out, info.is_master, resume_step=self.step)
             stack.callback(self.events.close)
+            self.data_start = data_position  # where this run's data starts (env.json's data_position)
             self.loader = Loader(source, cfg.data, cfg.train.batch_size, info.rank, info.world_size,
                                  self.device, start_micro=data_position)
             stack.callback(self.loader.close)
@@ -167,6 +169,18 @@ class Trainer:
             halt_path(self.out).unlink(missing_ok=True)
             self.log(f"[halt] removed a stale .HALT from an earlier run: {self.previous_halt}")
         barrier(self.info)
+
+    def _break_resume(self, data_position: int) -> int:
+        """The injected resume faults (NSA_FAULT resume_skip, resume_reseed): the data position
+        the run goes on from, and the RNG reseeded instead of restored, as a buggy trainer would."""
+        if self.faults.resume_reseed:
+            torch.manual_seed(self.cfg.train.seed)
+            self.log_all("[fault] resume_reseed: RNG reseeded with train.seed, not restored from the checkpoint")
+        skip = self.faults.resume_skip()
+        if skip:
+            self.log_all(f"[fault] resume_skip: data starts at micro-batch {data_position + skip}, "
+                         f"not the checkpoint's {data_position}")
+        return data_position + skip
 
     def _apply_sdpa_flags(self) -> None:
         s = self.cfg.sdpa
@@ -241,6 +255,9 @@ class Trainer:
             "data": dataclasses.asdict(self.loader.source.summary()),
             "profile": dataclasses.asdict(self.profile_status) if self.profile_status else None,
             "resumed_from": self.resumed_from,
+            # global micro-batches consumed before this run's first step and after its last: a
+            # resumed run starts where the run it continues ended
+            "data_position": {"start": self.data_start, "end": self.loader.position},
             "previous_halt": self.previous_halt,
         }))
 

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 import yaml
 
+from validation.contract.files import read_training_csv
 from validation.judge.findings import find
 from validation.judge.findings.finding import Finding
 from validation.judge.record import PhaseRecord
@@ -134,6 +135,12 @@ def record(results: Path, phase: str) -> PhaseRecord:
     recs = [r for r in ResultStore(results).records() if r.key.phase == phase]
     assert len(recs) == 1, f"expected one record of phase {phase}, store has {len(recs)}"
     return recs[0]
+
+
+def read_csv_column(run_dir: Path, column: str) -> dict[int, float]:
+    """A run's training.csv column by step."""
+    df = read_training_csv(run_dir)
+    return dict(zip(df["step"].astype(int), df[column].astype(float)))
 
 
 def findings_of(results: Path, phase: str) -> list[Finding]:

@@ -35,7 +35,7 @@ ORDER = [
     "malformed runbook YAML", "malformed config YAML", "unknown config key", "hostile YAML runbook",
     "hostile YAML config", "gate written as code", "runbook path outside its directory",
     "phase command with shell syntax", "no shell from runbook text", "two harness runs, one results dir",
-    "SIGINT during a phase", "SIGINT during report rendering",
+    "SIGINT during a phase", "SIGINT during report rendering", "resume: data position or RNG broken", "loss spike",
 ]
 
 

@@ -1,8 +1,12 @@
 """A test trainer OUTSIDE the nsa package that writes the artifact contract (version 2) itself,
 from its documentation: it needs no adapter. No model: the loss is a formula, a step ~10 ms.
 
-    python native_train.py --steps N --out-dir DIR [--lr LR]
+    python native_train.py --steps N --out-dir DIR [--lr LR] [--stop-after K] [--resume-from DIR]
     torchrun --standalone --nproc_per_node=2 native_train.py --steps N --out-dir DIR
+
+``--stop-after K`` ends the run after step K of N with a checkpoint (``checkpoint.json``, its
+step); ``--resume-from DIR`` continues the run in DIR from its checkpoint, writing steps K+1..N
+into ``--out-dir``. It records no data position: the loss, a function of the step, tells.
 
 Alone it imports no torch. Under torchrun (RANK / WORLD_SIZE from the environment, WORLD_SIZE > 1)
 the ranks average each step's loss with an all-reduce over torch.distributed (gloo), as a
@@ -77,7 +81,13 @@ def main() -> int:
     cli.add_argument("--steps", type=int, required=True)
     cli.add_argument("--out-dir", type=Path, required=True)
     cli.add_argument("--lr", type=float, default=3e-4)
+    cli.add_argument("--stop-after", type=int, default=0)
+    cli.add_argument("--resume-from", type=Path, default=None)
     args = cli.parse_args()
+    first = 1
+    if args.resume_from is not None:
+        first = json.loads((args.resume_from / "checkpoint.json").read_text())["step"] + 1
+    last = args.stop_after or args.steps
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     fault = trainer_faults.from_env(world)
     out = args.out_dir
@@ -98,7 +108,7 @@ def main() -> int:
 
     collective = Collective(world)
     try:
-        for step in range(1, args.steps + 1):
+        for step in range(first, last + 1):
             t0 = time.time()
             if fault.hangs(rank, step):
                 trainer_faults.hang_forever()
@@ -126,6 +136,8 @@ def main() -> int:
                 return EXIT_NONFINITE
             if fault.at("quit_early", step):
                 break
+        if last < args.steps and rank == 0:
+            (out / "checkpoint.json").write_text(json.dumps({"step": last}))
         return EXIT_OK
     finally:
         collective.close()

@@ -22,6 +22,7 @@ from nsa.model.config import ModelConfig, load_model_config
         (["model.head_dim=320", "model.attn.backend_cmp=torch", "model.attn.backend_sel=torch"],
          "(attn.backend_win=auto may route to them)"),
         (["model.n_layers=0"], "model.n_layers must be >= 1"),
+        (["model.dropout=1"], "model.dropout must be in [0, 1), got 1.0"),
         (["model.attn.window=0"], "attn.window must be >= 1"),
         (["model.n_layer=2"], "unknown config key model.n_layer"),
         (["model.attn.windw=2"], "unknown config key model.attn.windw"),

@@ -15,6 +15,7 @@ import pytest
 from nsa import contract
 from nsa.train.cli import main, run
 from nsa.config import ConfigError
+from nsa.train.checkpoint import CheckpointError, find_resume
 from nsa.train.faults import InjectedFault, parse_faults
 from nsa.train.telemetry import CSV_HEADER
 
@@ -87,6 +88,79 @@ def test_resume_continues_the_loss_curve_exactly(tmp_path: Path):
     assert csv_rows(b) == [{**r, **{k: r2[k] for k in timing}} for r, r2 in zip(csv_rows(a), csv_rows(b))]
     assert step_losses(a) == step_losses(b)  # full float precision, steps 1..6
     assert json.loads((b / "env.json").read_text())["resumed_from"].endswith("step_0000003.pt")
+
+
+def _data_position(out: Path) -> dict[str, int]:
+    return json.loads((out / "env.json").read_text())["data_position"]
+
+
+def test_resume_from_another_run_directory_continues_it_in_its_own(tmp_path: Path):
+    """train.resume=<out_dir of an earlier run>: its latest checkpoint, this run's files in its own
+    directory (rows from the step after the checkpoint's); env.json says where the data started
+    and ended. With dropout the RNG state is part of what is restored."""
+    ref, first, second = tmp_path / "ref", tmp_path / "first", tmp_path / "second"
+    extra = "model.dropout=0.2"
+    assert train(ref, extra, steps=5) == 0
+    assert train(first, extra + " train.run_steps=2", steps=5) == 0
+    assert train(second, f"{extra} train.resume={first}", steps=5) == 0
+    assert [int(r["step"]) for r in csv_rows(second)] == [3, 4, 5]
+    assert {**step_losses(first), **step_losses(second)} == step_losses(ref)
+    assert (_data_position(first), _data_position(second), _data_position(ref)) == (
+        {"start": 0, "end": 2}, {"start": 2, "end": 5}, {"start": 0, "end": 5})
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(CheckpointError, match="the directory holds no checkpoint"):
+        find_resume(tmp_path / "x", str(empty))
+
+
+@pytest.mark.parametrize("fault, start", [("resume_skip:batches=2", 4), ("resume_reseed", 2)])
+def test_injected_resume_faults_break_the_continuation(tmp_path: Path, fault, start):
+    """resume_skip starts the data past the checkpoint's position (and env.json says where it
+    really started); resume_reseed draws other dropout masks: either way the resumed loss curve
+    leaves the uninterrupted one at the first step after the resume."""
+    ref, first, second = tmp_path / "ref", tmp_path / "first", tmp_path / "second"
+    extra = "model.dropout=0.2"
+    assert train(ref, extra, steps=4) == 0
+    assert train(first, extra + " train.run_steps=2", steps=4) == 0
+    assert train(second, f"{extra} train.resume={first} fault.spec={fault}", steps=4) == 0
+    assert step_losses(second)[3] != step_losses(ref)[3]
+    assert _data_position(second)["start"] == start
+    assert json.loads((second / "env.json").read_text())["fault_injection"] == fault
+
+
+def test_a_model_without_dropout_draws_no_random_numbers():
+    import torch
+
+    from nsa.model import NSATransformer
+    from nsa.model.config import load_model_config
+
+    idx = torch.randint(0, 256, (1, 32))
+    for p, draws in ((0.0, False), (0.1, True)):
+        model = NSATransformer(load_model_config("tiny", [f"model.dropout={p}"])).train()
+        before = torch.get_rng_state()
+        model(idx)
+        assert (not torch.equal(before, torch.get_rng_state())) is draws
+
+
+def test_injected_spike_scales_one_steps_loss_and_the_run_goes_on(tmp_path: Path):
+    assert train(tmp_path, "fault.spec=spike:step=3:scale=10", steps=4) == 0
+    clean = tmp_path / "clean"
+    assert train(clean, steps=4) == 0
+    spiked, ref = step_losses(tmp_path), step_losses(clean)
+    assert spiked[3] == pytest.approx(10 * ref[3], rel=1e-6) and spiked[1] == ref[1]
+    assert [int(r["step"]) for r in csv_rows(tmp_path)] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("resume_reseed:step=2", "resume_reseed takes no key"),
+    ("resume_skip", "resume_skip needs batches=K with K >= 1"),
+    ("spike:stage=data", "spike takes rank, step, scale only"),
+    ("crash:batches=2", "crash takes rank, step, stage, seconds only"),
+    ("stall:foo=1", "unknown key 'foo'; keys: batches, rank, scale, seconds, stage, step"),
+])
+def test_new_fault_kinds_take_only_their_keys(spec, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_faults(spec)
 
 
 def test_nan_loss_halts_with_step_and_values(tmp_path: Path):

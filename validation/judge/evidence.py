@@ -18,6 +18,7 @@ from validation.contract.torchrun_log import rank_failures
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
 from validation.judge.nodes import node_evidence
 from validation.judge.record import Beat, Evidence
+from validation.judge.stability import Rise, Spike, rise, spikes
 
 STDERR_TAIL_LINES = 40
 
@@ -55,7 +56,18 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
         taken_stacks=taken, last_heartbeat=beats, rank_step_time_s=step_times, nodes=nodes,
         fallbacks=fallback_counters(run), files=sorted(p.name for p in run.out_dir.iterdir() if p.is_file()),
         loss_first=losses[0] if losses else None, loss_last=losses[-1] if losses else None,
-        top_ops=list(run.info.get("top_ops") or []))
+        top_ops=list(run.info.get("top_ops") or []), spikes=_spikes(run), divergence=_rise(run))
+
+
+def _spikes(run: RunData) -> list[Spike]:
+    if run.csv is None:
+        return []
+    return [s for col in ("loss", "grad_norm") if col in run.csv
+            for s in spikes(run.csv["step"].tolist(), run.csv[col].tolist(), run.stability, col)]
+
+
+def _rise(run: RunData) -> Rise | None:
+    return None if run.csv is None else rise(run.csv["step"].tolist(), run.csv["loss"].tolist(), run.stability)
 
 
 def _stacks(out_dir: Path, taken: list[TakenStack]) -> tuple[dict[int, StackDump], list[StackDump]]:

@@ -21,6 +21,7 @@ import pandas as pd
 
 from nsa.contract import EXIT_NONFINITE, HALT_NONFINITE
 from validation.contract.files import HaltInfo, window_rows
+from validation.judge.stability import StabilityRule, rise, spikes
 
 
 @dataclass
@@ -47,6 +48,8 @@ class RunData:
     """Phase-kind specific facts that are not numbers (the git SHA preflight read)."""
     peak_flops: float | None = None
     """One device's peak FLOP/s, from the hardware profile (None where it names none): mfu's divisor."""
+    stability: StabilityRule = field(default_factory=StabilityRule)
+    """What counts as a spike or a divergence (the profile's rule; validation/judge/stability.py)."""
 
 
 class Source(enum.StrEnum):
@@ -169,6 +172,36 @@ def _loss_finite(run: RunData, last: int | None) -> float | None:
         return 0.0
     s = _col(run, "loss", None)
     return None if s is None else float(all(math.isfinite(v) for v in s))
+
+
+def _finite(rows: pd.DataFrame, col: str) -> pd.DataFrame:
+    return rows[rows[col].map(math.isfinite)]
+
+
+def _spike_count(col: str) -> Compute:
+    """Spikes of ``col`` at the window's steps, each scored against the steps before it (which
+    may lie before the window); None when the run is too short for any step to be scored."""
+    def f(run: RunData, last: int | None) -> float | None:
+        if not window_covered(run.csv, last) or col not in run.csv:
+            return None
+        rows = _finite(run.csv, col)
+        if len(rows) <= run.stability.window:
+            return None
+        in_window = set(window_rows(run.csv, last)["step"].astype(int))
+        found = spikes(rows["step"].tolist(), rows[col].tolist(), run.stability, col)
+        return float(sum(1 for s in found if s.step in in_window))
+    return f
+
+
+def _loss_diverging(run: RunData, last: int | None) -> float | None:
+    """1 when the window holds a NaN-free rise of the loss (stability.rise); None when it holds
+    fewer than two disjoint windows of finite losses."""
+    if not window_covered(run.csv, last):
+        return None
+    rows = _finite(window_rows(run.csv, last), "loss")
+    if len(rows) < 2 * run.stability.diverge_window:
+        return None
+    return float(rise(rows["step"].tolist(), rows["loss"].tolist(), run.stability) is not None)
 
 
 def _steps(run: RunData, last: int | None) -> float | None:
@@ -326,6 +359,16 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("loss_finite", "1 when every logged loss is finite and the trainer did not stop on a non-finite one "
                           "(.HALT source nonfinite, exit code 4)",
            (_LOSS, Input(Source.HALT, "source"), Input(Source.PROCESS, "exit code")), False, _loss_finite),
+    Metric("loss_spikes", "logged steps of the window whose loss lies far above the steps before it: robust z-score "
+                          "against the rolling median and MAD (at least 1% of the median) of the previous "
+                          "spike_window steps above spike_z (profile; defaults 20 steps, 6)", (_LOSS,), True, _spike_count("loss")),
+    Metric("grad_norm_spikes", "logged steps of the window whose gradient norm lies far above the steps before it "
+                               "(the rule of loss_spikes)", (_csv("grad_norm", True),), True,
+           _spike_count("grad_norm")),
+    Metric("loss_diverging", "1 when the loss rises without going NaN: the median loss of diverge_window logged steps "
+                             "of the window lies more than diverge_rise nats above the lowest median of an earlier, "
+                             "disjoint window (profile; defaults 20 steps, 0.2 nats)", (_LOSS,), True,
+           _loss_diverging),
     Metric("mem_reserved_gb_max", "peak reserved memory over the window", (_csv("mem_reserved_gb", True),), True,
            _reduce("mem_reserved_gb", pd.Series.max)),
     Metric("mem_alloc_gb_max", "peak allocated memory over the window", (_csv("mem_alloc_gb", True),), True,

@@ -21,14 +21,15 @@ from validation.errors import StoreError
 from validation.judge.gates import GateResult, GateVerdict
 from validation.judge.metrics import RunData, compute
 from validation.judge.nodes import NodesEvidence
+from validation.judge.stability import Rise, Spike
 from validation.machine import Machine
 
 Scalar = str | int | float | bool
 #: the trainer a record names when the runbook names none
 OWN_TRAINER = "nsa.train"
 #: phase kinds that run the trainer and judge the artifact contract's files it leaves (a profile
-#: phase is a train run asked for profile.json as well)
-TRAINER_KINDS = ("train", "profile")
+#: phase is a train run asked for profile.json as well; a resume phase runs it three times)
+TRAINER_KINDS = ("train", "profile", "resume")
 
 
 class Status(enum.StrEnum):
@@ -132,6 +133,43 @@ class Evidence:
     """The profile phase's kernels with the most device (or CPU) time, with their times."""
     nodes: NodesEvidence | None = None
     """Each node of a launch of several nodes (validation/judge/nodes.py); None for one node."""
+    spikes: list[Spike] = field(default_factory=list)
+    """Loss and grad-norm spikes over the whole run, by the profile's rule (judge/stability.py)."""
+    divergence: Rise | None = None
+    """The first NaN-free rise of the loss over the whole run, by the profile's rule."""
+
+
+@dataclass(frozen=True)
+class SubRun:
+    """One process of a point that runs several (the repeats of a repeated point; the resume
+    phase's uninterrupted reference, first half and resumed second half), each in a directory of
+    its own beside the others, with its own verdict and numbers."""
+
+    name: str
+    """Its directory's name inside the point's run directory ('repeat2', 'first')."""
+    label: str
+    """What it is, for people ('repeat 2 of 3', 'first half (steps 1-3)')."""
+    out_dir: str
+    """Its artifact directory, relative to the results directory."""
+    status: Status
+    reason: str
+    exit_code: int | None = None
+    metrics: Summary = field(default_factory=Summary)
+    first_step: int | None = None
+    """The first and last step its training.csv logged (None: none)."""
+    last_step: int | None = None
+    loss_first: float | None = None
+    loss_last: float | None = None
+    command: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    """The files it wrote into its directory."""
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SubRun:
+        return cls(d["name"], d["label"], d["out_dir"], Status(d["status"]), d.get("reason") or "", _int(d.get("exit_code")),
+                   Summary.from_json(d.get("metrics") or {}), _int(d.get("first_step")), _int(d.get("last_step")),
+                   _num(d.get("loss_first")), _num(d.get("loss_last")), list(d.get("command") or []),
+                   list(d.get("files") or []))
 
 
 @dataclass(frozen=True)
@@ -209,6 +247,10 @@ class PhaseRecord:
     profile_arg: str = ""
     slurm_job_id: str | None = None
     """The Slurm job the point ran in (launcher kind slurm)."""
+    runs: list[SubRun] = field(default_factory=list)
+    """The processes of a point that ran several, in the order they ran (empty for one process);
+    the record's own exit code, command, evidence and out_dir are those of the one that decided
+    its verdict (the first that failed, else the last: the resumed second half of a resume point)."""
 
     @classmethod
     def for_point(cls, point, status: Status, reason: str, **fields: Any) -> PhaseRecord:
@@ -228,6 +270,12 @@ class PhaseRecord:
     def ran(self) -> bool:
         """A process ran and exited by itself (no timeout): its artifacts are complete."""
         return self.exit_code is not None and not self.timed_out
+
+    @property
+    def part(self) -> str:
+        """Which of its processes the record's exit code and evidence describe ('first half (steps
+        1-3)'), '' for a point of one process."""
+        return next((s.label for s in self.runs if s.out_dir == self.out_dir), "")
 
     @property
     def failed(self) -> bool:
@@ -265,11 +313,14 @@ class PhaseRecord:
                                 for r, b in (ev.get("last_heartbeat") or {}).items()},
                 rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
                 fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},
-                files=list(ev.get("files") or []), nodes=NodesEvidence.from_json(ev.get("nodes")))
+                files=list(ev.get("files") or []), nodes=NodesEvidence.from_json(ev.get("nodes")),
+                spikes=[Spike(**d) for d in ev.get("spikes") or []],
+                divergence=Rise(**ev["divergence"]) if ev.get("divergence") else None)
             known = {f.name for f in dataclasses.fields(cls)}
             plain = {k: v for k, v in data.items() if k in known and k not in ("key", "evidence", "gates", "backends",
-                                                                               "status", "hardware", "metrics")}
+                                                                               "status", "hardware", "metrics", "runs")}
             return cls(key=PointKey(**data["key"]), status=Status(data["status"]), evidence=evidence,
+                       runs=[SubRun.from_json(d) for d in data.get("runs") or []],
                        metrics=Summary.from_json(data.get("metrics") or {}),
                        gates=[GateResult.from_json(g) for g in data.get("gates") or []],
                        backends=routes(data.get("backends")),

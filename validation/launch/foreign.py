@@ -16,6 +16,7 @@ from nsa.provenance import source_revision
 from validation.errors import RunbookError
 from validation.launch import commands
 from validation.launch import process as runner
+from validation.launch.legs import Leg, foreign_sets
 from validation.runbook.plan import PhasePoint
 from validation.runbook.types import Delivery, TrainerSpec, Via
 from validation.runbook.types import Scalar
@@ -35,12 +36,15 @@ class Launch:
     """What the harness set on top of the inherited environment (the record shows it)."""
 
 
-def build(point: PhasePoint, spec: TrainerSpec, root: Path, out_dir: Path, trainer_dir: Path) -> Launch:
-    """The command of one point; the config copy (if any) is written into ``out_dir``. A
-    template that is missing or not a mapping is a RunbookError naming it."""
+def build(point: PhasePoint, spec: TrainerSpec, root: Path, out_dir: Path, trainer_dir: Path,
+          leg: Leg | None = None) -> Launch:
+    """The command of one point (``leg``: of one process of a resume point); the config copy (if
+    any) is written into ``out_dir``. A template that is missing or not a mapping is a
+    RunbookError naming it."""
     values: dict[str, str] = {"steps": str(point.phase.steps), "out_dir": str(trainer_dir), "nproc": str(point.nproc)}
     sets: list[tuple[Delivery, str]] = [(d, values[w]) for w, d in (("steps", spec.steps), ("out_dir", spec.out_dir)) if d]
     sets += [(spec.params[k], _text(v)) for k, v in point.overrides.items()]
+    sets += foreign_sets(spec.resume, leg)
     if spec.config is not None:
         values["config"] = str(_write_config(root, spec, out_dir, [(d.name, v) for d, v in sets if d.via == Via.CONFIG]))
         if spec.config.pass_as is not None:

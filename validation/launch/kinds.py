@@ -2,7 +2,8 @@
 
 ``train`` (the trainer, python or torchrun), ``preflight`` (git SHA, collect_env, nvidia-smi:
 fixed commands, nothing from the runbook), ``pytest`` (the project's own tests) and ``profile``
-(a bounded torch.profiler run of the trainer, validation/profile_phase.py).
+(a train run asked for profile.json through the contract). A ``resume`` point is three train
+runs (validation/launch/legs.py), which the session runs one by one.
 
 Each runner fills the point's RunData (what the metrics read) and returns the process result.
 """
@@ -23,9 +24,11 @@ from validation.contract.files import tail
 from validation.contract.files import read_profile
 from validation.errors import ArtifactError, HarnessError
 from validation.judge.metrics import RunData
+from validation.judge.record import TRAINER_KINDS
 from validation.launch import commands
 from validation.launch import foreign as trainer_launch
 from validation.launch import launcher
+from validation.launch.legs import Leg, own_overrides
 from validation.launch import process as runner
 from validation.launch.watch import Watch
 from validation.runbook.plan import PhasePoint
@@ -39,7 +42,7 @@ class StepProgress:
 
     def __init__(self, point: PhasePoint, csv: Path, progress: Progress):
         self.point, self.csv, self.progress = point, csv, progress
-        self.total = point.phase.steps if point.phase.kind in ("train", "profile") else None
+        self.total = point.phase.steps if point.phase.kind in TRAINER_KINDS else None
         self.first: tuple[float, int] | None = None  # (elapsed, step) when a step was first seen
 
     def __call__(self, elapsed: float) -> None:
@@ -72,18 +75,22 @@ def _fmt(v: Any) -> str:
     return ("true" if v else "false") if isinstance(v, bool) else str(v)
 
 
-def override_args(point: PhasePoint) -> list[str]:
-    """The trainer's --config/--steps/--override arguments for this point."""
+def override_args(point: PhasePoint, leg: Leg | None = None) -> list[str]:
+    """The trainer's --config/--steps/--override arguments for this point (and, for one process
+    of a resume point, the keys that stop or resume it)."""
     args = ["--config", point.phase.config, "--steps", str(point.phase.steps)]
-    if point.overrides:
-        args += ["--override", " ".join(f"{k}={_fmt(v)}" for k, v in point.overrides.items())]
+    overrides = {**point.overrides, **own_overrides(leg)}
+    if overrides:
+        args += ["--override", " ".join(f"{k}={_fmt(v)}" for k, v in overrides.items())]
     return args
 
 
-def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress) -> runner.ProcResult:
+def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress,
+          leg: Leg | None = None) -> runner.ProcResult:
+    """A train run of the point into ``out_dir``; ``leg``: which process of a resume point."""
     if point.runbook.trainer is not None:
-        return _foreign_train(point, point.runbook.trainer, out_dir, run, errors, progress)
-    args = override_args(point) + ["--out-dir", str(out_dir)]
+        return _foreign_train(point, point.runbook.trainer, out_dir, run, errors, progress, leg)
+    args = override_args(point, leg) + ["--out-dir", str(out_dir)]
     try:
         return launcher.run_trainer(point.phase.launcher, point.phase.launcher.module, args,
                                     env=commands.child_env(point.env), cwd=REPO_ROOT, timeout_s=point.phase.timeout_s,
@@ -101,7 +108,7 @@ def _watch(point: PhasePoint, out_dir: Path, progress_dir: Path, csv: Path) -> W
 
 
 def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: RunData, errors: list[str],
-                   progress) -> runner.ProcResult:
+                   progress, leg: Leg | None) -> runner.ProcResult:
     """A runbook's own trainer: launched from its root into its own directory, then its adapter
     writes the contract files into ``out_dir``, which the harness reads as for its own trainer."""
     adapter = ADAPTERS[spec.adapter]
@@ -110,7 +117,7 @@ def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: Run
     try:
         if root is None:
             raise HarnessError(why)
-        launch = trainer_launch.build(point, spec, root, out_dir, trainer_dir)
+        launch = trainer_launch.build(point, spec, root, out_dir, trainer_dir, leg)
     except HarnessError as exc:
         return _not_launched(f"trainer {spec.name}: {exc}", out_dir, errors)
     sha, source = trainer_launch.revision(root, out_dir, "trainer_git")

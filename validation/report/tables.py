@@ -7,8 +7,9 @@ from typing import Any
 
 from validation import REPO_ROOT
 from validation.judge.findings.finding import point_label
+from validation.judge.interval import CONFIDENCE, interval, repeat_values
 from validation.judge.metrics import METRICS
-from validation.judge.record import PhaseRecord, Status
+from validation.judge.record import PhaseRecord, Status, SubRun
 
 #: the pytest test that runs one phase point (validation/tests/test_acceptance.py)
 #: the acceptance tests, named by absolute path: a Reproduce line runs as printed from any directory
@@ -18,7 +19,7 @@ ACCEPTANCE_TESTS = REPO_ROOT / "validation" / "tests" / "test_acceptance.py"
 def gate_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
     rows = []
     for r in records:
-        csv = f"{r.out_dir}/training.csv" if r.kind == "train" and r.out_dir else None
+        csv = f"{r.out_dir}/training.csv" if r.kind in ("train", "resume") and r.out_dir else None
         for g in r.gates:
             thr: Any = g.threshold if g.threshold is not None else "to be measured"
             if g.threshold_ref:
@@ -53,20 +54,24 @@ def phase_tables(records: list[PhaseRecord], shared: set[str] | frozenset[str] =
     for r in records:
         keys = r.params_order or sorted(r.key.params)
         ph = phases.setdefault(r.phase, {"name": r.phase, "kind": r.kind, "rows": [], "sweep_keys": keys,
-                                         "shared": False})
+                                         "shared": False, "repeats": []})
         m = r.metrics
         mark = SHARED_MARK if r.test_id in shared else ""
         ph["shared"] = ph["shared"] or bool(mark)
+        ci = interval(r)
+        if ci is not None:
+            ph["repeats"].append(f"[{point_label(r)}]: " + "; ".join(cell(v) for v in repeat_values(r, "toks_per_s_mean")))
         ph["rows"].append({
             "point": point_label(r), "params": [r.key.params.get(k) for k in ph["sweep_keys"]],
-            "status": str(r.status), "reason": r.reason, "mean": _marked(m.toks_per_s_mean, mark),
+            "status": str(r.status), "reason": r.reason,
+            "mean": _marked(m.toks_per_s_mean if ci is None else f"{cell(ci.mean)} ± {cell(ci.half)}", mark),
             "stdev": m.toks_per_s_stdev, "step_time": _marked(m.step_time_s_mean, mark),
             "mem": m.mem_reserved_gb_max, "steps": m.steps_completed, "wall_s": r.wall_s,
             "window": r.window, "passed": m.tests_passed, "failed": m.tests_failed,
             "gpu_busy": _marked(m.gpu_busy_frac, mark), "python_overhead": m.python_overhead_frac,
             "profiled": m.profiled_steps, "nsa_ranges": m.nsa_ranges_found,
             "graphed": m.cuda_graphs, "loss": _loss(r), "backends": _backends(r),
-            "top_ops": r.evidence.top_ops,
+            "top_ops": r.evidence.top_ops, "runs": [_sub_run(r, sub) for sub in r.runs],
             "mfu": _marked(_percent(m.mfu), mark), "flops": m.model_flops_per_token,
         })
     for ph in phases.values():
@@ -74,6 +79,7 @@ def phase_tables(records: list[PhaseRecord], shared: set[str] | frozenset[str] =
         ph["sweep_heads"] = [k.split(".")[-1] for k in ph["sweep_keys"]]
         ph["backends"] = _backend_line(ph["rows"])
         ph["flops"] = _flops_line(ph["rows"])
+        ph["confidence"] = f"{CONFIDENCE:.0%}"
     return list(phases.values())
 
 
@@ -89,6 +95,14 @@ def _flops_line(rows: list[dict[str, Any]]) -> str | None:
     if len({f for _, f in counted}) == 1:
         return counted[0][1] + (" (every point)" if len(rows) > 1 else "")
     return "; ".join(f"{p}: {f}" for p, f in counted)
+
+
+def _sub_run(r: PhaseRecord, sub: SubRun) -> dict[str, Any]:
+    """One process of a point of several (a repeat; a resume point's reference and halves)."""
+    steps = None if sub.first_step is None else f"{sub.first_step}-{sub.last_step}"
+    loss = None if sub.loss_first is None else f"{cell(sub.loss_first)} → {cell(sub.loss_last)}"
+    return {"point": point_label(r), "label": sub.label, "steps": steps, "exit_code": sub.exit_code, "loss": loss,
+            "mean": sub.metrics.toks_per_s_mean, "status": str(sub.status), "reason": sub.reason, "out_dir": sub.out_dir}
 
 
 def _marked(value: float | None, mark: str) -> Any:
@@ -113,8 +127,15 @@ def failure_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
 
 
 def artifact_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
-    return [{"phase": r.phase, "point": point_label(r), "out_dir": r.out_dir, "files": r.evidence.files}
-            for r in records if r.out_dir]
+    """Each point's directory and files; for a point of several processes, each one's."""
+    rows = []
+    for r in records:
+        if r.runs:
+            rows += [{"phase": r.phase, "point": f"{point_label(r)}, {s.label}", "out_dir": s.out_dir, "files": s.files}
+                     for s in r.runs]
+        elif r.out_dir:
+            rows.append({"phase": r.phase, "point": point_label(r), "out_dir": r.out_dir, "files": r.evidence.files})
+    return rows
 
 
 def reproduce_rows(records: list[PhaseRecord], runbook: str | None = None, profile: str | None = None,
@@ -132,11 +153,13 @@ def reproduce_rows(records: list[PhaseRecord], runbook: str | None = None, profi
         # a sweep point by its test id: -k cannot take the '=' of its parameters
         select = (shlex.quote(f"{ACCEPTANCE_TESTS}::test_phase[{r.test_id}]") if r.key.params
                   else f"{shlex.quote(str(ACCEPTANCE_TESTS))} -m {r.phase}")
+        # a resume point's processes one after another (each of a repeated point's runs is the same)
+        commands = [s.command for s in r.runs if s.command] if r.kind == "resume" else [r.command]
         rows.append({"phase": r.phase, "point": point_label(r),
                      "rerun": f"pytest {select} --runbook {shlex.quote(runbook or r.key.runbook)} "
                               f"--profile {shlex.quote(profile or r.key.profile)}{store}",
-                     "process": (f"cd {shlex.quote(r.cwd)} && " if r.cwd else "") + (env + " " if env else "")
-                                + shlex.join(r.command)})
+                     "process": (f"cd {shlex.quote(r.cwd)} && " if r.cwd else "") + " && ".join(
+                         (env + " " if env else "") + shlex.join(c) for c in commands or [r.command])})
     return rows
 
 

@@ -2,7 +2,7 @@
 (``nsa-validate phases``)."""
 from __future__ import annotations
 
-from validation.runbook.plan import GOLDEN_RTOL, expand
+from validation.runbook.plan import GOLDEN_RTOL, RESUME_RTOL, expand
 from validation.runbook.types import Launcher, Profile, Runbook
 
 
@@ -17,7 +17,11 @@ def describe(rb: Runbook, prof: Profile, golden_file: str) -> list[str]:
         launch = _launch(phase.launcher)
         config = f"config {phase.config}" if rb.trainer is None else f"trainer {rb.trainer.name}"
         what = {"train": f"{launch}, {config}, {phase.steps} steps", "pytest": " ".join(phase.tests),
-                "preflight": "git SHA, collect_env, nvidia-smi", "profile": f"torch.profiler, {phase.steps} steps"}[phase.kind]
+                "preflight": "git SHA, collect_env, nvidia-smi", "profile": f"torch.profiler, {phase.steps} steps",
+                "resume": f"{launch}, {config}, {phase.steps} steps uninterrupted, and stopped after "
+                          f"{phase.resume_after} and resumed"}[phase.kind]
+        if phase.repeats > 1:
+            what += f", {phase.repeats} repeats of each point"
         lines.append(f"  {phase.name:18s} {phase.kind:9s} {len(pts)} point(s)  timeout {phase.timeout_s:g}s  {what}")
         for g in pts[0].gates():
             thr = "to be measured" if g.threshold is None else f"{g.threshold:g}"
@@ -26,6 +30,11 @@ def describe(rb: Runbook, prof: Profile, golden_file: str) -> list[str]:
             rtol = prof.thresholds.get(GOLDEN_RTOL)
             lines.append(f"      golden: loss of steps 1-{phase.golden_steps} within rel "
                          f"{'to be measured' if rtol is None else f'{rtol:g}'} of {golden_file}")
+        if phase.kind == "resume":
+            rtol = prof.thresholds.get(RESUME_RTOL)
+            lines.append(f"      resume: loss and learning rate per step within rel "
+                         f"{'to be measured' if rtol is None else f'{rtol:g}'} of the uninterrupted run, "
+                         "the data position continued")
         if len(pts) > 1:
             lines.append(f"      sweep: {', '.join(p.slug for p in pts)}")
         lines.append(f"      markers: {' '.join(pts[0].markers)}")

@@ -16,7 +16,7 @@ from validation.judge.record import TRAINER_KINDS
 from validation.runbook import keys
 from validation.runbook.types import STALL_SHARE, Launcher, Phase, Rendezvous, Scalar
 
-PHASE_KINDS = ("train", "preflight", "pytest", "profile")
+PHASE_KINDS = ("train", "preflight", "pytest", "profile", "resume")
 LAUNCHER_KINDS = ("python", "torchrun", "slurm")
 #: each launcher kind's keys (torchrun's nproc is per node; Slurm says nodes and nproc_per_node)
 LAUNCHER_KEYS = {"python": ("kind", "nproc", "module", "torchrun_args"),
@@ -396,6 +396,15 @@ def parse_phase(path: Path, data: Any, where: str, defaults: dict[str, Any], kno
                                        f"profiling them once steady (warm-up and graph capture done); got {profile_steps}")
     if profile_steps and kind != "profile":
         r.fail(r.key("profile_steps"), f"only profile phases profile steps, not kind {kind!r}")
+    resume_after = r.int_("resume_after", 0)
+    if kind == "resume" and not 1 <= resume_after < steps:
+        r.fail(r.key("resume_after"), f"a resume phase stops after resume_after steps and resumes for the rest of its "
+                                      f"{steps} steps: 1..{steps - 1}; got {resume_after}")
+    if resume_after and kind != "resume":
+        r.fail(r.key("resume_after"), f"only resume phases stop and resume, not kind {kind!r}")
+    repeats = r.int_("repeats", 1, minimum=1)
+    if repeats > 1 and kind != "train":
+        r.fail(r.key("repeats"), f"only train phases are repeated (a mean with a confidence interval), not kind {kind!r}")
     for i, g in enumerate(gates):  # a window no run of the phase can cover would always be NO_DATA
         if kind in TRAINER_KINDS and g.window.last is not None and g.window.last > steps and METRICS[g.metric].windowed:
             r.fail(r.key(f"gates[{i}].window"), f"{g.window.describe()} is longer than the phase's {steps} steps")
@@ -413,4 +422,5 @@ def parse_phase(path: Path, data: Any, where: str, defaults: dict[str, Any], kno
         timeout_s=timeout_s, stall_s=stall_s, startup_s=startup_s,
         sweep=_sweep(r, r.key("sweep"), r.get("sweep")), gates=gates, tests=tests, pytest_args=tuple(pargs),
         min_gpus=r.int_("min_gpus", defaults["min_gpus"]), golden_steps=golden_steps, profile_steps=profile_steps,
+        resume_after=resume_after, repeats=repeats,
     )

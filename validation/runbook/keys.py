@@ -60,8 +60,9 @@ DEFAULTS = Section("defaults", "Values every phase takes unless it sets its own.
 PHASE = Section("phases[]", "One phase: a kind, how it launches, what it runs, its sweep and its gates. Each point "
                 "of its sweep is one pytest test and one stored record.", (
     Key("name", "the phase's name; it is a pytest marker too (`pytest -m NAME`)", True),
-    Key("kind", "train (the trainer), profile (a train run asked for profile.json), pytest (this project's own "
-                "tests) or preflight (git SHA, collect_env, nvidia-smi)", True),
+    Key("kind", "train (the trainer), profile (a train run asked for profile.json), resume (an uninterrupted run "
+                "against one stopped and resumed from its checkpoint), pytest (this project's own tests) or preflight "
+                "(git SHA, collect_env, nvidia-smi)", True),
     Key("description", "one line for people"),
     Key("markers", "more pytest markers, each registered in pytest.ini"),
     Key("launcher", "how the trainer starts: python, or torchrun with nproc processes"),
@@ -87,6 +88,10 @@ PHASE = Section("phases[]", "One phase: a kind, how it launches, what it runs, i
                         "golden_loss_rtol"),
     Key("profile_steps", "profile phases: steps the trainer profiles once steady (1..steps), asked through the "
                          "contract's CONTRACT_PROFILE_STEPS"),
+    Key("resume_after", "resume phases: the step after which the interrupted run stops (1..steps-1); it resumes "
+                        "from its checkpoint for the rest and is compared step by step with an uninterrupted run"),
+    Key("repeats", "train phases: runs of each point (default 1); the report shows the mean with its 95% "
+                   "confidence interval, and a best setting or a regression only where the intervals separate"),
 ))
 
 LAUNCHER = Section("phases[].launcher", "How a phase starts its trainer (never a shell): python (one process), "
@@ -136,8 +141,9 @@ TRAINER = Section("trainer", "A trainer other than this project's: how to launch
     Key("env", "variables it reads, of its own naming (not the loader's, the interpreters', PATH or the "
                "harness's own)"),
     Key("adapter", "native (it writes the contract) or seed (the seed system's format)"),
-    Key("phases", "phase kinds it supports (train, profile, preflight); others are SKIP"),
+    Key("phases", "phase kinds it supports (train, profile, resume, preflight); others are SKIP"),
     Key("metrics", "metrics it provides (default: all its files can carry)"),
+    Key("resume", "how it stops after N steps and resumes from its checkpoint (for resume phases)"),
 ))
 
 TRAINER_ROOT = Section("trainer.root", "The trainer's checkout named by an environment variable the user sets.", (
@@ -148,6 +154,12 @@ TRAINER_CONFIG = Section("trainer.config", "A copy of the trainer's YAML config 
                          "set.", (
     Key("template", "its YAML config, relative to the root", True),
     Key("pass_as", "how the copy's path reaches it: {env: NAME} or {flag: --name}"),
+))
+
+TRAINER_RESUME = Section("trainer.resume", "How a runbook's own trainer stops after N steps with a checkpoint, and "
+                         "resumes from an earlier run's output directory.", (
+    Key("stop_after", "how N reaches it: {flag: --x}, {env: X} or {config: dotted.key}", True),
+    Key("from", "how the earlier run's output directory reaches it (the same three ways)", True),
 ))
 
 PROFILE = Section("(profile file)", "A hardware profile: the minimum hardware and the thresholds gates read by "
@@ -170,4 +182,5 @@ HARDWARE = Section("hardware", "What a profile's points need; a machine without 
                             "(without it mfu is UNMEASURED)"),
 ))
 
-SECTIONS = (RUNBOOK, DEFAULTS, PHASE, LAUNCHER, RDZV, GATE, TRAINER, TRAINER_ROOT, TRAINER_CONFIG, PROFILE, HARDWARE)
+SECTIONS = (RUNBOOK, DEFAULTS, PHASE, LAUNCHER, RDZV, GATE, TRAINER, TRAINER_ROOT, TRAINER_CONFIG, TRAINER_RESUME,
+            PROFILE, HARDWARE)

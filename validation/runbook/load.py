@@ -21,6 +21,8 @@ from validation.contract.adapters import ADAPTERS
 from validation.errors import RunbookError
 from validation.judge.metrics import METRICS
 from validation.runbook import keys
+from validation.judge.record import TRAINER_KINDS
+from validation.judge.stability import StabilityRule
 from validation.runbook.fields import (
     MODULE,
     NAME,
@@ -81,7 +83,7 @@ def _check_trainer_keys(r: Reader, where: str, phase) -> None:
     """Override and sweep keys must be keys of the trainer's config, as the trainer publishes them
     (validation/runbook/trainer_keys.py): a typo is found when the runbook loads, not point by
     point as crashes."""
-    if phase.kind not in ("train", "profile"):
+    if phase.kind not in TRAINER_KINDS:
         return
     if Path(phase.config).suffix not in (".yaml", ".yml"):  # a preset name; a YAML path is the trainer's to find
         try:
@@ -104,7 +106,7 @@ def _check_trainer_keys(r: Reader, where: str, phase) -> None:
 def _check_params(r: Reader, where: str, phase, trainer: TrainerSpec) -> None:
     """Every override and sweep key of a phase must be a parameter the named trainer takes; the
     module and config of this project's trainer mean nothing to it."""
-    if phase.kind != "train":
+    if phase.kind not in ("train", "resume"):
         return
     if phase.launcher.module != Launcher.module or phase.config != Phase.config:
         r.fail(f"{where}", f"launcher.module and config name this project's trainer; trainer {trainer.name} "
@@ -134,6 +136,10 @@ def load_profile(path_or_name: str | Path) -> Profile:
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
             r.fail(f"thresholds.{k}", f"expected a number or null (to be measured), got {v!r}")
         thresholds[k] = None if v is None else float(v)
+    try:
+        StabilityRule.of(thresholds)
+    except ValueError as exc:
+        r.fail("thresholds", str(exc))
     return Profile(r.str_("name", pattern=NAME), path, r.str_("marker", pattern=NAME),
                    r.str_("description", "") or "", hw, thresholds, r.str_("notes", "") or "")
 

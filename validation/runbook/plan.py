@@ -12,6 +12,7 @@ from validation.contract.adapters import ADAPTERS
 from validation.errors import RunbookError
 from validation.judge.gates import Gate
 from validation.judge.record import TRAINER_KINDS
+from validation.judge.resume import RTOL_KEY as RESUME_RTOL
 from validation.judge.verdict import declared_unprovided
 from validation.runbook.types import Phase, Profile, Runbook, Scalar
 
@@ -123,6 +124,10 @@ class PhasePoint:
             raise RunbookError(
                 f"{self.runbook.path}: phase {self.phase.name} sets golden_steps, but profile {self.profile.path} "
                 f"has no {GOLDEN_RTOL} threshold (a number, or null = to be measured)")
+        if self.phase.kind == "resume" and RESUME_RTOL not in self.profile.thresholds:
+            raise RunbookError(
+                f"{self.runbook.path}: phase {self.phase.name} is a resume phase, but profile {self.profile.path} "
+                f"has no {RESUME_RTOL} threshold (a number, 0 for bit-identical, or null = to be measured)")
         return out
 
 

@@ -17,6 +17,9 @@ trainer:
   adapter: seed                     # validation/adapters; 'native' writes the contract itself
   phases: [train, preflight]        # phase kinds it supports; others are SKIP
   metrics: [toks_per_s_mean, ...]   # optional: metrics it provides (default: all its adapter can)
+  resume:                           # optional: how it stops and resumes (needed for phases: [resume])
+    stop_after: {flag: --stop-after}  # receives N: train steps 1..N of the whole run, checkpoint, exit 0
+    from: {flag: --resume-from}       # receives the first half's output directory to continue from
 ```
 
 The root is the trainer's working directory and its ``PYTHONPATH``; launch stays python or
@@ -32,20 +35,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from validation.runbook import keys
-from validation.runbook.fields import (
-    MODULE,
-    NAME,
-    Reader,
-    check_trainer_env_key,
-    parse_env,
-)
-from validation.runbook.types import ConfigFile, Delivery, RootDir, TrainerSpec, Via
+from validation.runbook.fields import MODULE, NAME, Reader, check_trainer_env_key, parse_env
+from validation.runbook.types import ConfigFile, Delivery, ResumeSpec, RootDir, TrainerSpec, Via
 
 #: values the harness fills into ``args``
 PLACEHOLDERS = ("steps", "out_dir", "config", "nproc")
 #: phase kinds a foreign trainer may support (pytest phases run this project's own tests; a
 #: profile phase is a train run that asks for profile.json through the contract)
-FOREIGN_PHASE_KINDS = ("train", "profile", "preflight")
+FOREIGN_PHASE_KINDS = ("train", "profile", "preflight", "resume")
 _ARG_CHARS = frozenset(string.ascii_letters + string.digits + "_.:,+/@=-{}")
 _FLAG = re.compile(r"^--?[A-Za-z][A-Za-z0-9_-]*$")
 _CONFIG_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -97,8 +94,19 @@ def parse_trainer(path: Path, data: Any, known_metrics: Mapping[str, Any], adapt
         for i, m in enumerate(metrics):
             if m not in known_metrics:
                 r.fail(f"trainer.metrics[{i}]", f"unknown metric {m!r}; metrics: {', '.join(sorted(known_metrics))}")
+    resume = _resume(path, r.get("resume"), config) if "resume" in r.data else None
+    if ("resume" in phases) != (resume is not None):
+        r.fail("trainer.resume", "a trainer that supports resume phases says how it stops after N steps and "
+                                 "resumes (trainer.resume: {stop_after: ..., from: ...}), and one that says so lists "
+                                 "resume in trainer.phases")
     return TrainerSpec(r.str_("name", pattern=NAME), _root(r), entry, args, config, steps, out_dir,
-                       params, parse_env(r, "trainer.env", r.get("env"), check_trainer_env_key), adapter, tuple(phases), metrics)
+                       params, parse_env(r, "trainer.env", r.get("env"), check_trainer_env_key), adapter, tuple(phases), metrics, resume)
+
+
+def _resume(path: Path, data: Any, config: ConfigFile | None) -> ResumeSpec:
+    r = Reader(path, data, "trainer.resume", keys.TRAINER_RESUME.names, keys.TRAINER_RESUME.required)
+    return ResumeSpec(_delivery(path, r.get("stop_after"), "trainer.resume.stop_after", config),
+                      _delivery(path, r.get("from"), "trainer.resume.from", config))
 
 
 def _root(r: Reader) -> RootDir:

@@ -90,6 +90,12 @@ class Phase:
     profile_steps: int = 0
     """Profile phases: steps the trainer profiles once steady (the harness asks through the
     contract's CONTRACT_PROFILE_STEPS); ``steps`` is the whole run, warm-up included."""
+    resume_after: int = 0
+    """Resume phases: the first half stops after this many of ``steps`` (checkpointing), the
+    second resumes from it for the rest; both are compared with an uninterrupted run of ``steps``."""
+    repeats: int = 1
+    """Train phases: runs of each point, judged one by one and reported as a mean with a
+    confidence interval (validation/judge/interval.py)."""
 
     @property
     def stall_after_s(self) -> float:
@@ -225,6 +231,19 @@ class RootDir:
 
 
 @dataclass(frozen=True)
+class ResumeSpec:
+    """How a runbook's trainer is stopped after N steps of its schedule and resumed (the resume
+    phase's first and second halves)."""
+
+    stop_after: Delivery
+    """Receives N: train the first N steps of the whole run (its schedule spans all of them),
+    leave a checkpoint and exit 0."""
+    resume_from: Delivery
+    """Receives the first half's output directory: continue from its checkpoint, writing into
+    this run's own output directory."""
+
+
+@dataclass(frozen=True)
 class TrainerSpec:
     name: str
     root: RootDir
@@ -240,6 +259,8 @@ class TrainerSpec:
     phases: tuple[str, ...] = ("train",)
     metrics: tuple[str, ...] | None = None
     """Metrics it provides; None: every metric its adapter's files allow."""
+    resume: ResumeSpec | None = None
+    """How it stops and resumes (resume phases); None: it does not say, and resume phases SKIP."""
 
     def supports_phase(self, kind: str) -> bool:
         return kind in self.phases

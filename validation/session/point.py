@@ -1,5 +1,7 @@
 """One phase point, run and stored: its kind's runner (validation/launch/kinds.py) in a fresh
-directory, then the evidence, the gates and the verdict (validation/judge), into one PhaseRecord.
+directory, then the evidence, the gates and the verdict (validation/judge), into one PhaseRecord
+(session/runs.py; a repeated or resume point runs several processes, session/repeats.py and
+session/resume.py).
 
 Order of a point: it is checked launchable before anything is touched (a trainer root not set
 is no record at all); the store is checked readable; the point runs into a directory of its own,
@@ -17,23 +19,16 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Callable
 
-from nsa.contract import PROFILE_JSON, PROFILE_STEPS_ENV
 from validation.errors import StoreError
-from validation.judge.evidence import collect, collect_halt, collect_train
-from validation.judge.metrics import PROFILE_METRICS, RunData, unprovided_by_files
-from validation.judge.provenance import trainer_commit
-from validation.judge.record import OWN_TRAINER, TRAINER_KINDS, PhaseRecord, Status, Summary, routes, utc_now
-from validation.judge.verdict import Outcome, evaluate, verdict
-from validation.launch import kinds, slurm
+from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status, utc_now
+from validation.launch import slurm
 from validation.machine import Machine
 from validation.runbook.hardware import mismatches, shortfalls
-from validation.runbook.plan import PhasePoint, unprovided_metrics
-from validation.store import goldens
+from validation.runbook.plan import PhasePoint
+from validation.session import repeats, resume, runs
+from validation.session.runs import Progress
 from validation.store.results import ResultStore
-
-Progress = Callable[[str], None]
 
 
 def cannot_launch(point: PhasePoint) -> str | None:
@@ -60,8 +55,10 @@ def why_skip(point: PhasePoint, hw: Machine, mismatch: str = "run") -> str | Non
     a GPU-model mismatch under --hardware-mismatch=skip; None when it runs."""
     spec = point.runbook.trainer
     if spec is not None and not spec.supports_phase(point.phase.kind):
+        how = ("; its runbook entry says how it stops after N steps and resumes under trainer.resume"
+               if point.phase.kind == "resume" else "")
         return (f"trainer {spec.name} does not support {point.phase.kind} phases "
-                f"(it supports: {', '.join(spec.phases)})")
+                f"(it supports: {', '.join(spec.phases)}{how})")
     if point.slurm and slurm.missing_tools():
         return f"Slurm is not installed here ({', '.join(slurm.missing_tools())} not on PATH): the point runs as srun"
     short = shortfalls(point.profile, hw, point.min_gpus)
@@ -129,62 +126,36 @@ def point_dir(results_dir: Path, point: PhasePoint) -> Path:
 
 
 def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progress | None = None) -> PhaseRecord:
+    """Run the point into a fresh run directory and judge it: one process, or several (the
+    repeats of a repeated point, the three processes of a resume point) in directories of their
+    own inside it."""
     run_id, started = uuid.uuid4().hex, utc_now()
     out_dir = point_dir(results_dir, point) / run_id[:12]
-    kind = point.phase.kind
-    run = RunData(out_dir=out_dir, world_size=point.nproc,
-                  steps_requested=point.phase.steps if kind in TRAINER_KINDS else None,
-                  peak_flops=point.profile.hardware.peak_flops)
-    errors: list[str] = []
     try:  # from the directory's creation on: an interrupt between the two would leave it behind
         out_dir.mkdir(parents=True)
-        proc = kinds.KINDS[kind](point, out_dir, run, errors, progress)
+        if point.phase.kind == "resume":
+            return resume.execute(point, out_dir, hw, results_dir, run_id, started, progress)
+        if point.phase.repeats > 1:
+            return repeats.execute(point, out_dir, hw, results_dir, run_id, started, progress)
+        return runs.record(point, runs.judge(point, runs.launch(point, out_dir, progress), hw), hw, results_dir,
+                           run_id, started)
     except KeyboardInterrupt:  # its trainer is dead (launch/process.py); nothing will record this run
         shutil.rmtree(out_dir, ignore_errors=True)
         with contextlib.suppress(OSError):
             out_dir.parent.rmdir()  # the point's directory, when this was its only run
         raise
-    run.exit_code, run.timed_out, run.stalled_s = proc.exit_code, proc.timed_out, proc.stalled_s
-    if kind in TRAINER_KINDS:
-        collect_train(run, errors)
-    collect_halt(run)
-    golden = goldens.gate(point, run.csv, hw)
-    # a metric is unprovided when the trainer's files lack what it reads, or its runbook entry says so
-    unprovided = {**unprovided_by_files(run), **unprovided_metrics(point)}
-    if kind == "profile" and "profiled_steps" not in run.counts:
-        unprovided.update({m: f"the trainer wrote no {PROFILE_JSON} (it does not honour {PROFILE_STEPS_ENV})"
-                           for m in PROFILE_METRICS})
-    gates = evaluate(point.gates(), run, unprovided) + ([golden] if golden else [])
-    status, reason = verdict(Outcome.of_run(kind, run, errors), gates)
-    # the report's numbers are over the phase's window: the first gate that names one ('last 50
-    # steps' for the bucket sweep); gates keep their own windowed values
-    window = next((g.window.last for g in point.gates() if g.window.last), None)
-    env = run.env or {}
-    trainer_sha, trainer_sha_source = trainer_commit(env, run.info.get("trainer_sha"), run.info.get("trainer_sha_source"))
-    return PhaseRecord.for_point(
-        point, status, reason, run_id=run_id, started=started, hardware=hw, wall_s=round(proc.wall_s, 2),
-        command=proc.argv, steps=point.phase.steps if kind in TRAINER_KINDS else None,
-        out_dir=str(out_dir.relative_to(results_dir.resolve())), exit_code=proc.exit_code, timed_out=proc.timed_out,
-        stalled_s=proc.stalled_s, world_size=run.world_size, gates=gates,
-        window=f"last {window} steps" if window else "all steps",
-        metrics=Summary.of(run, window), evidence=collect(run, proc.stderr_path, errors),
-        git_sha=run.info.get("git_sha") or env.get("git_sha"),
-        git_sha_source=run.info.get("git_sha_source") or env.get("git_sha_source"),
-        backends=routes(env.get("attention_backends")), env_seen=dict(env.get("env") or {}),
-        noop_toggles=dict(env.get("noop_toggles") or {}), trainer=run.info.get("trainer") or OWN_TRAINER,
-        trainer_sha=trainer_sha, trainer_sha_source=trainer_sha_source,
-        env=run.info.get("env") or dict(point.env), cwd=run.info.get("cwd") or "", slurm_job_id=proc.slurm_job_id)
 
 
 def prune(results_dir: Path, point: PhasePoint, keep: str) -> None:
-    """Remove the point's run directories other than ``keep`` (the stored record's out_dir):
+    """Remove the point's run directories other than the one holding ``keep`` (the stored record's
+    out_dir: the run directory itself, or the directory of one of its processes inside it):
     earlier runs, and runs an interrupt cut short before their record was written."""
     base = point_dir(results_dir, point)
     if not base.is_dir():
         return
     keep_path = (results_dir / keep).resolve() if keep else None
     for entry in base.iterdir():
-        if entry.resolve() == keep_path:
+        if keep_path is not None and (entry.resolve() == keep_path or entry.resolve() in keep_path.parents):
             continue
         if entry.is_dir():
             shutil.rmtree(entry, ignore_errors=True)

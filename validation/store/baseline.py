@@ -5,17 +5,22 @@ Beside each summary metric of each point: the baseline's value and the relative 
 stored on only one side are listed, never dropped. The profile threshold ``max_toks_regression``
 (a fraction: 0.05 = 5%) turns a larger drop of a point's tokens/s into a failed gate and a
 critical finding ("tokens/s 8.1% below baseline <commit>"), so the report says NO-GO; without
-it the changes are shown and nothing is gated. Records in, typed comparison out; the report
-renders it (validation/report.py).
+it the changes are shown and nothing is gated. Points repeated on either side (a phase's
+``repeats``) compare by the rule the best-setting finding uses: a drop beyond the threshold is a
+regression only when the current point's t-interval over its repeats lies wholly below the
+baseline's (a point run once is an interval of no width); a drop inside the noise is shown,
+with its intervals, and not gated. Records in, typed comparison out; the report renders it
+(validation/report.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from validation.errors import StoreError
 from validation.judge.findings.finding import Facts, Finding, Severity, point_label, where
 from validation.judge.gates import GateVerdict
+from validation.judge.interval import Interval, interval
 from validation.judge.record import PhaseRecord
 from validation.store.results import ResultStore, record_key
 
@@ -47,6 +52,10 @@ class PointDelta:
     metrics: list[MetricDelta]
     regression: GateVerdict | None = None
     """The tokens/s regression gate: PASS/FAIL, or None when not gated (no threshold or no number)."""
+    intervals: tuple[Interval, Interval] | None = None
+    """Tokens/s over the repeats (current, baseline) where either side was repeated."""
+    note: str = ""
+    """Why a drop beyond the threshold is no regression (inside the repeats' noise)."""
 
     @property
     def toks(self) -> MetricDelta | None:
@@ -101,17 +110,25 @@ class Comparison:
 
     def rows(self) -> list[dict]:
         """Rows for the report's comparison table: one per metric of each point on both sides."""
-        return [{"phase": p.phase, "point": p.point, "metric": m.metric, "current": m.current, "baseline": m.baseline,
-                 "change": "—" if m.change is None else f"{m.change:+.1%}",
-                 "flag": "❌" if m.metric == THROUGHPUT and p.regression == GateVerdict.FAIL else ""}
-                for p in self.points for m in p.metrics]
+        rows = []
+        for p in self.points:
+            for m in p.metrics:
+                cur, base = m.current, m.baseline
+                if m.metric == THROUGHPUT and p.intervals is not None:
+                    cur, base = (i.text() for i in p.intervals)
+                rows.append({"phase": p.phase, "point": p.point, "metric": m.metric, "current": cur, "baseline": base,
+                             "change": "—" if m.change is None else f"{m.change:+.1%}",
+                             "flag": "❌" if m.metric == THROUGHPUT and p.regression == GateVerdict.FAIL else
+                             ("(inside the noise)" if m.metric == THROUGHPUT and p.note else "")})
+        return rows
 
     def gate_rows(self) -> list[dict]:
         """Rows for the report's gates table (its columns), one per gated point."""
         return [{"phase": p.phase, "point": p.point, "metric": f"{THROUGHPUT} change vs baseline",
                  "value": p.toks.change, "op": ">=", "threshold": f"{-self.threshold:g} ({REGRESSION_KEY})",
                  "window": f"baseline {self.source.short}", "verdict": str(p.regression), "csv": None,
-                 "description": "tokens/s may not drop more than the profile allows against the baseline"}
+                 "description": "tokens/s may not drop more than the profile allows against the baseline"
+                                + (f" ({p.note})" if p.note else "")}
                 for p in self.points if p.regression is not None]
 
 
@@ -147,18 +164,31 @@ def compare(current: list[PhaseRecord], baseline: list[PhaseRecord], baseline_di
             continue
         mine, theirs = r.metrics.as_dict(), b.metrics.as_dict()
         deltas = [MetricDelta(m, mine[m], theirs[m]) for m in mine if mine[m] is not None or theirs[m] is not None]
-        out.points.append(PointDelta(r.phase, point_label(r), str(r.status), str(b.status), deltas,
-                                     _regression(r, b, deltas, threshold)))
+        out.points.append(_delta(r, b, deltas, threshold))
     out.only_baseline = [where(b) for k, b in base.items() if k not in cur_keys]
     return out
 
 
-def _regression(r: PhaseRecord, b: PhaseRecord, deltas: list[MetricDelta], threshold: float | None) -> GateVerdict | None:
+def _delta(r: PhaseRecord, b: PhaseRecord, deltas: list[MetricDelta], threshold: float | None) -> PointDelta:
+    """One point against its baseline twin, with the regression gate's verdict."""
+    base = PointDelta(r.phase, point_label(r), str(r.status), str(b.status), deltas)
     toks = next((d for d in deltas if d.metric == THROUGHPUT), None)
     finished = all(x.ran and x.exit_code == 0 for x in (r, b))
-    if threshold is None or toks is None or toks.change is None or not finished:
-        return None
-    return GateVerdict.FAIL if toks.change < -threshold else GateVerdict.PASS
+    if toks is None or toks.current is None or toks.baseline is None:
+        return base
+    pair = None
+    if interval(r) is not None or interval(b) is not None:
+        pair = (interval(r) or Interval.of([toks.current]), interval(b) or Interval.of([toks.baseline]))
+    base = replace(base, intervals=pair)
+    if threshold is None or toks.change is None or not finished:
+        return base
+    if toks.change >= -threshold:
+        return replace(base, regression=GateVerdict.PASS)
+    if pair is not None and not pair[0].high < pair[1].low:
+        return replace(base, regression=GateVerdict.PASS, note=(
+            f"a drop of {-toks.change:.1%} inside the repeats' noise: this run's {pair[0].text()} overlaps the "
+            f"baseline's {pair[1].text()}"))
+    return replace(base, regression=GateVerdict.FAIL)
 
 
 def _source(records: list[PhaseRecord], baseline_dir: Path) -> BaselineSource:

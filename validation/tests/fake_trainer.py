@@ -17,8 +17,17 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
                                  git_sha in env.json, no values in the optional training.csv columns
     NSA_FAULT=nan_unlogged:step=3  the loss guard fires at step 3 before the row is logged: a
                                  nonfinite .HALT and exit code 4, every logged loss finite
+    NSA_FAULT=resume_skip:steps=2  a resumed run's loss continues 2 steps too far along its curve
+                                 (data skipped), and env.json says where its data started
+    NSA_FAULT=crash_stopping:step=2  a run asked to stop early (train.run_steps) crashes at step 2
 NSA_FAKE_WORLD=N simulates N ranks from one process; NSA_FAKE_STEP_S=S sleeps S seconds a step;
-NSA_FAKE_TOKS_SCALE=F multiplies tokens/s by F (a staged throughput change).
+NSA_FAKE_TOKS_SCALE=F multiplies tokens/s by F (a staged throughput change); NSA_FAKE_TOKS_BY_REPEAT=a,b,c
+multiplies it by a in a repeated point's first repeat, b in its second, ... (its directory's name,
+``repeatK``, says which): run-to-run noise, made to order.
+
+Like the real trainer it stops after ``train.run_steps`` steps (writing checkpoints/latest) and
+resumes from the run directory ``train.resume`` names, logging the steps after its checkpoint's;
+its loss is a function of the step, so a resumed run continues the uninterrupted one exactly.
 """
 from __future__ import annotations
 
@@ -52,6 +61,13 @@ def backward_stuck(out: Path, rank: int) -> None:
         faulthandler.dump_traceback(fh, all_threads=True)
 
 
+def repeat_scale(out: Path) -> float:
+    scales = os.environ.get("NSA_FAKE_TOKS_BY_REPEAT")
+    if not scales or not out.name.startswith("repeat"):
+        return 1.0
+    return float(scales.split(",")[int(out.name[len("repeat"):]) - 1])
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--config", required=True)
@@ -70,8 +86,14 @@ def main() -> int:
                 "win": {"backend": "torch", "reason": "portable PyTorch path", "calls": a.steps}}
     if fault == "fallback":
         backends["sel"] = {"backend": "torch", "reason": "fallback: triton unavailable", "calls": a.steps}
+    stop = int(overrides.get("train.run_steps", 0)) or a.steps
+    start = 0
+    if overrides.get("train.resume"):
+        start = int((Path(overrides["train.resume"]) / "checkpoints" / "latest").read_text())
+    skip = opts.get("steps", 0) if fault == "resume_skip" and start else 0
     env_json = {"world_size": world, "env": env, "attention_backends": backends, "git_sha": "0" * 40,
-                "config": {"name": a.config, "overrides": overrides}}
+                "config": {"name": a.config, "overrides": overrides},
+                "data_position": {"start": start + skip, "end": stop + skip}}
     if fault == "lean":
         env_json = {"world_size": world}
     (out / "env.json").write_text(json.dumps(env_json))
@@ -86,8 +108,8 @@ def main() -> int:
         csv.write(("step,loss,toks\n" if fault == "corrupt_csv" and opts.get("header") else HEADER + "\n"))
     beats = {r: open(out / f"heartbeat_rank{r}.jsonl", "w") for r in range(world)}
     t0 = 1_000_000.0
-    for step in range(1, a.steps + 1):
-        if fault == "crash" and step == opts.get("step", 1):
+    for step in range(start + 1, stop + 1):
+        if (fault == "crash" or fault == "crash_stopping" and stop < a.steps) and step == opts.get("step", 1):
             csv and csv.flush()
             raise RuntimeError("Expected to mark a variable ready only once (injected crash)")
         if fault == "quit" and step > opts.get("step", 1):
@@ -95,7 +117,7 @@ def main() -> int:
         if fault == "nan_unlogged" and step == opts.get("step", 1):
             (out / ".HALT").write_text(json.dumps({"source": "nonfinite", "step": step}))
             return 4
-        toks = (200.0 + (step % 3)) * float(os.environ.get("NSA_FAKE_TOKS_SCALE", "1"))
+        toks = (200.0 + (step % 3)) * float(os.environ.get("NSA_FAKE_TOKS_SCALE", "1")) * repeat_scale(out)
         if fault == "cliff" and batch >= 2:
             toks = 6.0 + (step % 2)
         for r, fh in beats.items():
@@ -131,8 +153,11 @@ def main() -> int:
             elif fault == "lean":
                 csv.write(f"{step},{3.0 - step * 0.01:.4f},1e-4,{toks},nan,nan,nan,nan\n")
             else:
-                csv.write(f"{step},{3.0 - step * 0.01:.4f},1e-4,{toks},{0.5},{1.0},{0.5},{1.0}\n")
+                csv.write(f"{step},{3.0 - (step + skip) * 0.01:.4f},1e-4,{toks},{0.5},{1.0},{0.5},{1.0}\n")
         time.sleep(step_s)
+    if stop < a.steps:
+        (out / "checkpoints").mkdir(exist_ok=True)
+        (out / "checkpoints" / "latest").write_text(str(stop))
     return 0
 
 

@@ -50,9 +50,35 @@ def record(point, status="PASS", toks=200.0, gate_values=None, **over):
                      "last_heartbeat": {}, "rank_step_time_s": {}, "fallbacks": {}, "files": ["env.json", "training.csv"]},
         "hardware": HW, "git_sha": "abc123", "git_sha_source": "git describe", "backends": {"cmp": {"backend": "torch", "reason": "portable", "calls": 4}},
     }
+    if point.phase.kind == "resume":
+        rec.update(_resumed(point, rec["out_dir"]))
     for k, v in over.items():
         (rec["evidence"] if k in rec["evidence"] else rec["metrics"] if k in rec["metrics"] else rec)[k] = v
     return PhaseRecord.from_json(rec, point.test_id)
+
+
+def _resumed(point, run_dir: str) -> dict:
+    """A resume point's three processes, its resume gates, and the second half as its directory."""
+    n, total = point.phase.resume_after, point.phase.steps
+    legs = [("reference", f"uninterrupted run (steps 1-{total})", 1, total), ("first", f"first half (steps 1-{n}, stopped)", 1, n),
+            ("second", f"resumed second half (steps {n + 1}-{total})", n + 1, total)]
+    gate = {"op": "<=", "threshold": 0.0, "window": f"steps 1-{total}, stopped after {n}", "value": 0.0, "verdict": "PASS",
+            "threshold_ref": "resume_loss_rtol"}
+    return {"out_dir": f"{run_dir}/second",
+            "runs": [{"name": name, "label": label, "out_dir": f"{run_dir}/{name}", "status": "PASS",
+                      "reason": f"exit 0 after step {last}", "exit_code": 0, "first_step": first, "last_step": last,
+                      "loss_first": 5.6 - first / 10, "loss_last": 5.6 - last / 10, "files": ["env.json", "training.csv"],
+                      "command": ["python", "-m", "nsa.train", "--config", "tiny", "--out-dir", name]}
+                     for name, label, first, last in legs],
+            "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1.0, "window": "all steps", "value": 1.0,
+                       "verdict": "PASS"},
+                      {**gate, "metric": "resume_loss_rel_diff", "note": f"loss of steps 1-{total} continued: identical at every logged step",
+                       "description": "loss per step of the resumed run against an uninterrupted run of the same seed"},
+                      {**gate, "metric": "resume_lr_rel_diff", "note": f"learning rate of steps 1-{total} continued: identical at every logged step",
+                       "description": "learning rate per step of the resumed run against an uninterrupted run of the same seed"},
+                      {"metric": "resume_data_gap", "op": "==", "threshold": 0.0, "window": "env.json data_position", "value": 0.0,
+                       "verdict": "PASS", "note": f"the first half ended at data position {n} and the resumed run started at {n}",
+                       "description": "the resumed run's data starts where the first half's ended"}]}
 
 
 def _render(tmp_path, records):

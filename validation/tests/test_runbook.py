@@ -24,7 +24,7 @@ def test_seed_runbook_has_every_phase_and_a100_numbers():
     rb = load_runbook("nsa_ddp_a100")
     names = [p.name for p in rb.phases]
     assert names == ["preflight", "sanity", "baseline_ddp", "bucket_sweep", "sdpa_audit", "selection_parity", "nvtx",
-                     "single_gpu", "fused_adamw", "long_run", "scaling_sweep", "fsdp", "real_data"]
+                     "single_gpu", "fused_adamw", "long_run", "resume", "scaling_sweep", "fsdp", "real_data"]
     base = [p for p in expand(rb, load_profile("a100")) if p.phase.name == "baseline_ddp"][0]
     [tput] = [g for g in base.gates() if g.metric == "toks_per_s_mean"]
     assert (tput.op, tput.threshold, tput.window.last) == (">=", 39.0, 50)

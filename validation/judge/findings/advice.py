@@ -95,6 +95,27 @@ def _gate(f: Facts) -> str:
             + " once the cause is fixed; other points' records stay.")
 
 
+def _spike(f: Facts) -> str:
+    lr = "lower train.lr or lengthen train.warmup_steps" if f.own_trainer else "lower the learning rate"
+    return ("A step's loss or gradient norm jumped far above the steps before it: look at the data of the step "
+            f"named (a bad batch); if spikes recur, {lr} and keep gradient clipping on.")
+
+
+def _diverging(f: Facts) -> str:
+    lr = "train.lr, train.warmup_steps and train.grad_clip" if f.own_trainer else "the learning rate, its warm-up and gradient clipping"
+    return (f"The loss climbs without going NaN: a run that diverges does not recover by itself; check {lr}, and "
+            "that the data does not change under the run, before a long run.")
+
+
+def _resume(f: Facts) -> str:
+    keys = (" (train.resume; the data position and every rank's RNG are in nsa/train/checkpoint.py)" if f.own_trainer
+            else "")
+    return ("The resumed run left the uninterrupted one at the step named: the checkpoint does not restore all the "
+            "state the run had (model, optimizer, learning-rate schedule position, data position, every rank's RNG)"
+            f"{keys}. A divergence at the first step after the resume points at the restore; the finding says "
+            f"whether the learning rate and the data position continued. Then {_RERUN}.")
+
+
 def _timing(f: Facts) -> str:
     return ("Timed points ran at the same time on one machine, so their speeds are not comparable: re-run them "
             "one at a time (`nsa-validate run --jobs 1`, or pytest without -n).")
@@ -103,7 +124,8 @@ def _timing(f: Facts) -> str:
 _ADVICE: dict[str, Callable[[Facts], str]] = {
     "crash": _crash, "stall": _stall, "nonfinite": _nonfinite, "short_run": _short, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
-    "artifacts": _artifacts, "regression": _regression, "gate": _gate, "timing": _timing,
+    "artifacts": _artifacts, "regression": _regression, "gate": _gate, "timing": _timing, "spike": _spike,
+    "diverging": _diverging, "resume": _resume,
     # a node's advice says the same for any trainer (nodes of one launch are torchrun's, not its)
     **{kind: (lambda f, text=text: text) for kind, text in NODE_ADVICE.items()},
 }

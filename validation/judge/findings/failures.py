@@ -7,9 +7,11 @@ import re
 
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import RankFailure
-from validation.judge.findings.finding import Facts, Finding, Severity, where
+from validation.judge.findings import stability
+from validation.judge.findings.finding import Facts, Finding, Severity, where, where_run
 from validation.judge.gates import GateVerdict
-from validation.judge.record import PhaseRecord, Status
+from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
+from validation.judge.resume import METRICS as RESUME_METRICS
 from validation.judge.verdict import Outcome
 
 #: slowest / fastest rank median step time above which ranks are called imbalanced
@@ -23,18 +25,18 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
     out = []
     for r in records:
         ev = r.evidence
-        if r.kind == "train" and ev.halt is not None and ev.halt.source == "nonfinite":
+        if r.kind in TRAINER_KINDS and ev.halt is not None and ev.halt.source == "nonfinite":
             bad = [i for i, v in enumerate(ev.halt.losses or []) if not (isinstance(v, (int, float)) and abs(v) < float("inf"))]
             # this project's guard halts before the optimizer step; of another trainer that is not known
             before = "; halted before the optimizer step" if r.own_trainer else ""
-            title = (f"non-finite loss in {where(r)} at step {ev.halt.step}: {'rank' if len(bad) == 1 else 'ranks'} "
+            title = (f"non-finite loss in {where_run(r)} at step {ev.halt.step}: {'rank' if len(bad) == 1 else 'ranks'} "
                      f"{', '.join(map(str, bad)) or '?'} (loss per rank {ev.halt.losses}, grad_norm {ev.halt.grad_norm})"
                      f"{before}") if ev.halt.losses is not None else (
-                f"non-finite loss in {where(r)} at step {ev.halt.step}: the trainer's .HALT says {ev.halt.text[:120]!r}")
+                f"non-finite loss in {where_run(r)} at step {ev.halt.step}: the trainer's .HALT says {ev.halt.text[:120]!r}")
             out.append(Finding(Severity.CRITICAL, r.phase, title, [f".HALT: {r.out_dir}/.HALT"] + _rank_lines(r),
                                "nonfinite", Facts.of(r)))
-        elif r.status == Status.FAIL and r.exit_code not in (0, None) and ev.halt is None and r.kind == "train":
-            title = f"crash in {where(r)}: exit code {r.exit_code}"
+        elif r.status == Status.FAIL and r.exit_code not in (0, None) and ev.halt is None and r.kind in TRAINER_KINDS:
+            title = f"crash in {where_run(r)}: exit code {r.exit_code}"
             root = _root_rank(ev.rank_failures)
             if root is not None:
                 fail = ev.rank_failures[root]
@@ -55,7 +57,7 @@ def short_runs(records: list[PhaseRecord]) -> list[Finding]:
     for r in records:
         outcome = Outcome.of_record(r)
         if outcome.stopped_short:
-            out.append(Finding(Severity.CRITICAL, r.phase, f"{where(r)}: {outcome.short_text()}",
+            out.append(Finding(Severity.CRITICAL, r.phase, f"{where_run(r)}: {outcome.short_text()}",
                                [f"CSV: {r.out_dir}/training.csv", f"stderr: {r.out_dir}/{r.evidence.stderr_log}"],
                                "short_run", Facts.of(r)))
     return out
@@ -138,7 +140,7 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
         if 0 < len(stuck) < r.world_size:
             detail.append(f"stacks of {len(stuck)} of {r.world_size} ranks were recorded")
         at = f": {'; '.join(stuck)}" if stuck else ": no stack was recorded"
-        out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where(r)} ({how}){at}", detail, "stall",
+        out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail, "stall",
                            Facts.of(r)))
     return out
 
@@ -214,6 +216,10 @@ def failed_gates(records: list[PhaseRecord]) -> list[Finding]:
         for g in (g for g in r.failed_gates() if g.metric not in _EXPLAINED):
             if short and g.verdict == GateVerdict.NO_DATA:
                 continue
+            if g.metric in stability.EXPLAINED and g.verdict == GateVerdict.FAIL:
+                continue  # the spike or divergence finding names the step and the value
+            if g.metric in RESUME_METRICS:
+                continue  # the resume finding names the first diverging step
             detail = [g.description] if g.description else []
             if r.kind == "train":
                 detail.append(f"CSV: {r.out_dir}/training.csv")

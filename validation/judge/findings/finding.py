@@ -53,3 +53,9 @@ def point_label(rec: PhaseRecord) -> str:
 def where(rec: PhaseRecord) -> str:
     """'phase [point]'."""
     return f"{rec.phase} [{point_label(rec)}]"
+
+
+def where_run(rec: PhaseRecord) -> str:
+    """'phase [point]', and which of its processes the record's evidence is of, for points that
+    run several ('resume [default], first half (steps 1-3, stopped)')."""
+    return where(rec) + (f", {rec.part}" if rec.part else "")

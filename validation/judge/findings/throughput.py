@@ -4,14 +4,9 @@ backends. The cross-point speed findings read only points whose timings did not 
 machine with another timed point (validation/judge/timing.py)."""
 from __future__ import annotations
 
-from validation.judge.findings.finding import (
-    Facts,
-    Finding,
-    Severity,
-    point_label,
-    where,
-)
+from validation.judge.findings.finding import Facts, Finding, Severity, point_label, where
 from validation.judge.findings.long_context import KIND_KEY
+from validation.judge.interval import Interval, interval
 from validation.judge.pace import fit_step_time
 from validation.judge.record import PhaseRecord, Status
 from validation.judge.timing import reliable, shared_machine
@@ -124,15 +119,21 @@ def fallbacks(records: list[PhaseRecord]) -> list[Finding]:
 
 def best_setting(records: list[PhaseRecord]) -> list[Finding]:
     """The runbook's rule for a sweep of one parameter: the highest mean wins; every point whose
-    process finished counts, gates passed or not. A winner is named only when its lead over the
-    runner-up is larger than the run-to-run spread (the larger of the two points' stdev of
-    tokens/s over the window); otherwise the finding says that the top points cannot be told apart."""
+    process finished counts, gates passed or not. A winner is named only when it stands clear of
+    the runner-up: for repeated points, when their t-intervals over the repeats do not overlap
+    (validation/judge/interval.py); for points run once, when its lead is larger than the
+    run-to-run spread (the larger of the two points' stdev of tokens/s over the window).
+    Otherwise the finding says that the top points cannot be told apart."""
     out = []
     for phase, recs in _by_phase(reliable(records)).items():
         recs = [r for r in recs if len(r.key.params) == 1 and r.exit_code == 0 and _toks(r) is not None]
         if len(recs) < 2:
             continue
         best, second = sorted(recs, key=_toks, reverse=True)[:2]
+        intervals = interval(best), interval(second)
+        if None not in intervals:
+            out.append(_best_by_intervals(phase, best, second, *intervals))
+            continue
         spread = max(best.metrics.toks_per_s_stdev or 0.0, second.metrics.toks_per_s_stdev or 0.0)
         lead = _toks(best) - _toks(second)
         if lead > spread:
@@ -147,6 +148,18 @@ def best_setting(records: list[PhaseRecord]) -> list[Finding]:
                 f"{point_label(second)} ({_toks(second):,.1f}) by {lead:,.1f}, within the run-to-run spread "
                 f"(stdev {spread:,.1f} toks/s, {best.window})"), kind="best", facts=Facts.of(best)))
     return out
+
+
+def _best_by_intervals(phase: str, best: PhaseRecord, second: PhaseRecord, a: Interval, b: Interval) -> Finding:
+    """The best-setting finding of two repeated points: named only when the intervals separate."""
+    if a.separates(b):
+        note = "" if best.status == Status.PASS else f"; its gates: {best.status}"
+        return Finding(Severity.INFO, phase, (
+            f"best setting in {phase}: {point_label(best)} at {a.text(' toks/s')}, above {point_label(second)} at "
+            f"{b.text(' toks/s')}: the intervals do not overlap{note}"), kind="best", facts=Facts.of(best))
+    return Finding(Severity.INFO, phase, (
+        f"no best setting in {phase}: {point_label(best)} at {a.text(' toks/s')} and {point_label(second)} at "
+        f"{b.text(' toks/s')} cannot be told apart: their intervals overlap"), kind="best", facts=Facts.of(best))
 
 
 def _by_phase(records: list[PhaseRecord]) -> dict[str, list[PhaseRecord]]:

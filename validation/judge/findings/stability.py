@@ -1,0 +1,53 @@
+"""Findings about how the loss and the gradient norm behaved over a run: spikes (a warning: a run
+may recover from one, and a reader should know it happened) and a NaN-free divergence (critical:
+a loss that climbs is not a configuration to take into a long run). Both come from the record's
+evidence, found by the profile's rule when the point was judged (validation/judge/stability.py)."""
+from __future__ import annotations
+
+from validation.judge.findings.finding import Facts, Finding, Severity, where
+from validation.judge.record import PhaseRecord
+from validation.judge.stability import Spike
+
+#: spikes listed one by one in a finding's detail; the title counts them all
+LISTED = 5
+_WHAT = {"loss": "loss", "grad_norm": "gradient-norm"}
+#: the metric that counts each column's spikes: a failed gate on it makes its finding critical
+GATED_BY = {"loss": "loss_spikes", "grad_norm": "grad_norm_spikes"}
+#: metrics whose failed gate these findings explain (validation/judge/findings/failures.py)
+EXPLAINED = frozenset({*GATED_BY.values(), "loss_diverging"})
+
+
+def spikes(records: list[PhaseRecord]) -> list[Finding]:
+    """One finding per run and column with spikes: the first named in the title (step, value,
+    rolling median, robust z), the first few in the detail. A warning, or critical where the
+    phase gates that column's spikes and the gate failed."""
+    out = []
+    for r in records:
+        failed = {g.metric for g in r.failed_gates()}
+        by_col: dict[str, list[Spike]] = {}
+        for s in r.evidence.spikes:
+            by_col.setdefault(s.column, []).append(s)
+        for col, found in by_col.items():
+            many = f"{len(found)} {_WHAT[col]} spikes" if len(found) > 1 else f"{_WHAT[col]} spike"
+            first = found[0]
+            detail = [s.text() for s in found[:LISTED]] if len(found) > 1 else []
+            if len(found) > LISTED:
+                detail.append(f"... and {len(found) - LISTED} more")
+            detail.append(f"CSV: {r.out_dir}/training.csv ({col} column)")
+            severity = Severity.CRITICAL if GATED_BY[col] in failed else Severity.WARNING
+            out.append(Finding(severity, r.phase, (
+                f"{many} in {where(r)} " + ("(the first) " if len(found) > 1 else "") + f"at {first.text()}"),
+                detail, "spike", Facts.of(r)))
+    return out
+
+
+def divergence(records: list[PhaseRecord]) -> list[Finding]:
+    """One critical finding per run whose loss rose (NaN-free) by more than the rule allows."""
+    out = []
+    for r in records:
+        rise = r.evidence.divergence
+        if rise is None:
+            continue
+        out.append(Finding(Severity.CRITICAL, r.phase, f"loss diverging in {where(r)} from step {rise.first_step}: "
+                           f"{rise.text()}", [f"CSV: {r.out_dir}/training.csv"], "diverging", Facts.of(r)))
+    return out

@@ -1,0 +1,138 @@
+"""Resume equivalence: a run stopped after N steps and resumed from its checkpoint for the rest,
+against an uninterrupted run of the same seed, step by step.
+
+The resumed run's curve is the first half's steps 1..N and the second half's from N + 1 on.
+Three gates, each naming the first step that breaks it:
+
+* ``resume_loss_rel_diff``: the largest relative difference of the loss over the uninterrupted
+  run's logged steps, within the profile's ``resume_loss_rtol`` (0 where the run is deterministic:
+  bit-identical to the printed digits);
+* ``resume_lr_rel_diff``: the same for the learning rate, within the same tolerance (the schedule
+  must continue where it stopped);
+* ``resume_data_gap``: where the resumed run's data starts minus where the first half's ended,
+  which must be 0, when both halves record env.json's ``data_position`` (without it the loss
+  curve alone tells, and there is no such gate).
+
+A step the uninterrupted run logged and the resumed one did not is NO_DATA, naming the step.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from nsa.contract import DATA_POSITION
+from validation.judge.gates import GateResult, GateVerdict, Pending, check
+
+#: the profile threshold: the largest relative difference of loss and learning rate per step
+RTOL_KEY = "resume_loss_rtol"
+LOSS_METRIC = "resume_loss_rel_diff"
+LR_METRIC = "resume_lr_rel_diff"
+DATA_METRIC = "resume_data_gap"
+METRICS = (LOSS_METRIC, LR_METRIC, DATA_METRIC)
+_WHAT = {"loss": "loss", "lr": "learning rate"}
+
+
+@dataclass(frozen=True)
+class StepDiff:
+    """The first step of a column beyond the tolerance."""
+
+    step: int
+    got: float
+    want: float
+    rel: float
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One column of the resumed run against the uninterrupted run's."""
+
+    column: str
+    worst: float | None
+    """The largest relative difference (None: a step of the uninterrupted run is missing)."""
+    first: StepDiff | None
+    missing: int | None = None
+    """The first step the uninterrupted run logged and the resumed one did not."""
+
+
+def resumed_curve(first: pd.DataFrame, second: pd.DataFrame, resume_after: int) -> pd.DataFrame:
+    """The resumed run's training.csv rows: the first half's up to ``resume_after``, the second's
+    after it (a trainer that copies the earlier rows into its new directory is read the same)."""
+    rows = pd.concat([first[first["step"] <= resume_after], second[second["step"] > resume_after]])
+    return rows.sort_values("step", kind="stable").reset_index(drop=True)
+
+
+def compare(resumed: pd.DataFrame, reference: pd.DataFrame, column: str, rtol: float) -> Comparison:
+    got = dict(zip(resumed["step"].astype(int), resumed[column].astype(float)))
+    worst, first = 0.0, None
+    for step, want in zip(reference["step"].astype(int), reference[column].astype(float)):
+        if step not in got:
+            return Comparison(column, None, first, step)
+        rel = _rel(got[step], want)
+        worst = max(worst, rel)
+        if first is None and rel > rtol:
+            first = StepDiff(step, got[step], want, rel)
+    return Comparison(column, worst, first)
+
+
+def _rel(got: float, want: float) -> float:
+    if got == want:  # also two equal infinities
+        return 0.0
+    if not (math.isfinite(got) and math.isfinite(want)):
+        return math.inf
+    return abs(got - want) / max(abs(want), 1e-12)
+
+
+def _where(step: int, resume_after: int) -> str:
+    """Where a step lies against the stop: a divergence before it is the first half's own."""
+    if step <= resume_after:
+        return f"before the stop after step {resume_after}: the first half already differs from the uninterrupted run"
+    if step == resume_after + 1:
+        return f"the first step after the resume at step {resume_after}"
+    return f"{step - resume_after} steps after the resume at step {resume_after}"
+
+
+def _note(c: Comparison, resume_after: int, last: int) -> str:
+    what = _WHAT[c.column]
+    if c.missing is not None:
+        return f"the resumed run logged no {what} for step {c.missing}, which the uninterrupted run logged"
+    if c.first is not None:
+        f = c.first
+        return (f"first diverging step {f.step} ({_where(f.step, resume_after)}): {what} {f.got:.6g} resumed vs "
+                f"{f.want:.6g} uninterrupted (rel {f.rel:.3g})")
+    same = "identical at every logged step" if c.worst == 0 else f"largest rel difference {c.worst:.3g}"
+    return f"{what} of steps 1-{last} continued: {same}"
+
+
+def gates(reference: pd.DataFrame, first: pd.DataFrame, second: pd.DataFrame, resume_after: int,
+          rtol: float | None, first_env: dict[str, Any] | None, second_env: dict[str, Any] | None) -> list[GateResult]:
+    """The resume gates of one point (see the module's docstring)."""
+    resumed = resumed_curve(first, second, resume_after)
+    last = int(reference["step"].max())
+    window = f"steps 1-{last}, stopped after {resume_after}"
+    out = []
+    for column, metric in (("loss", LOSS_METRIC), ("lr", LR_METRIC)):
+        c = compare(resumed, reference, column, rtol if rtol is not None else 0.0)
+        note = _note(c, resume_after, last)
+        if rtol is None:
+            note = f"tolerance to be measured (profile {RTOL_KEY}); " + note
+        verdict = check(c.worst, "<=", rtol)
+        out.append(GateResult(metric, "<=", rtol, window, c.worst, verdict, RTOL_KEY,
+                              f"{_WHAT[column]} per step of the resumed run against an uninterrupted run of the same "
+                              "seed", note, Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None))
+    ended, started = _position(first_env, "end"), _position(second_env, "start")
+    if ended is not None and started is not None:
+        gap = float(started - ended)
+        note = (f"the first half ended at data position {ended:g} and the resumed run started at {started:g}"
+                + ("" if gap == 0 else f": {abs(gap):g} {'skipped' if gap > 0 else 'read again'}"))
+        out.append(GateResult(DATA_METRIC, "==", 0.0, f"env.json {DATA_POSITION}", gap, check(gap, "==", 0.0),
+                              None, "the resumed run's data starts where the first half's ended", note))
+    return out
+
+
+def _position(env: dict[str, Any] | None, end: str) -> float | None:
+    pos = (env or {}).get(DATA_POSITION)
+    value = pos.get(end) if isinstance(pos, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

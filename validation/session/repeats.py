@@ -1,0 +1,51 @@
+"""A repeated point (a train phase's ``repeats: K``): K runs of the same point, one after another,
+each in a directory of its own (``repeat1`` .. ``repeatK``) inside the point's run directory,
+each judged against the phase's gates as a run of its own.
+
+The record keeps every repeat's verdict and numbers (its sub-runs); its own numbers are the
+means over the repeats (the report adds a t-interval, validation/judge/interval.py); its verdict,
+exit code, gates and evidence are those of the first repeat that failed (the reason names it),
+else of the first still to be measured, else of the last.
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from pathlib import Path
+
+from validation.judge.record import PhaseRecord, Status, Summary
+from validation.machine import Machine
+from validation.runbook.plan import PhasePoint
+from validation.session import runs
+from validation.session.runs import Judged, Progress
+
+#: which repeat decides the record: the first failed, else the first unmeasured, else the last
+_DECIDES = (Status.ERROR, Status.FAIL, Status.UNMEASURED)
+
+
+def execute(point: PhasePoint, run_dir: Path, hw: Machine, results_dir: Path, run_id: str, started: str,
+            progress: Progress | None) -> PhaseRecord:
+    n = point.phase.repeats
+    done: list[Judged] = []
+    sub_runs = []
+    for k in range(1, n + 1):
+        out_dir = run_dir / f"repeat{k}"
+        out_dir.mkdir()
+        j = runs.judge(point, runs.launch(point, out_dir, progress), hw)
+        done.append(j)
+        sub_runs.append(runs.sub_run(j, out_dir.name, f"repeat {k} of {n}", results_dir))
+    k, decides = next(((i, j) for status in _DECIDES for i, j in enumerate(done, 1) if j.status == status),
+                      (n, done[-1]))
+    return runs.record(point, decides, hw, results_dir, run_id, started, runs=sub_runs,
+                       reason=f"repeat {k} of {n}: {decides.reason}" if decides.status in _DECIDES
+                       else f"{n} repeats: {decides.reason}",
+                       metrics=mean([j.metrics for j in done]), wall_s=round(sum(j.proc.wall_s for j in done), 2))
+
+
+def mean(summaries: list[Summary]) -> Summary:
+    """Each number's mean over the repeats that have it."""
+    out = {}
+    for f in dataclasses.fields(Summary):
+        values = [v for s in summaries if (v := getattr(s, f.name)) is not None]
+        out[f.name] = statistics.fmean(values) if values else None
+    return Summary(**out)

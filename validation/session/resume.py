@@ -1,0 +1,65 @@
+"""A resume point: the uninterrupted reference run, the first half (stopped after ``resume_after``
+steps) and the resumed second half, each launched like any train point (process tree, stall
+watch, timeout) into a directory of its own inside the point's run directory, one after another.
+
+A process that fails (a crash, a stall, a timeout, a .HALT, broken files, a run that stops short)
+decides the point on its own, named in the reason ('first half (steps 1-3, stopped): trainer
+crashed (exit code 1)'), and the processes after it are not started. When all three ran, the
+point is judged on the resumed run (the first half's steps and the second's) with the phase's
+gates and the resume gates against the reference (validation/judge/resume.py); its record's
+exit code, command and evidence are the second half's, its sub-runs all three.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from validation.judge import resume as equivalence
+from validation.judge.metrics import RunData
+from validation.judge.record import PhaseRecord, Status
+from validation.judge.verdict import Outcome, process_verdict
+from validation.launch.legs import legs, resume_source
+from validation.machine import Machine
+from validation.runbook.plan import PhasePoint
+from validation.session import runs
+from validation.session.runs import Judged, Progress
+
+
+def execute(point: PhasePoint, run_dir: Path, hw: Machine, results_dir: Path, run_id: str, started: str,
+            progress: Progress | None) -> PhaseRecord:
+    done: dict[str, Judged] = {}
+    sub_runs = []
+    for leg in legs(point.phase):
+        if leg.name == "second":
+            leg = leg.resuming(resume_source(point, done["first"].run.out_dir))
+        out_dir = run_dir / leg.name
+        out_dir.mkdir()
+        j = runs.judge(point, runs.launch(point, out_dir, progress, leg), hw)
+        done[leg.name] = j
+        # a process is judged by how it ended; the phase's gates read the resumed run as a whole
+        failed = process_verdict(Outcome.of_run(point.phase.kind, j.run, j.errors))
+        status, reason = failed or (Status.PASS, f"exit 0 after step {j.run.csv['step'].max()}")
+        sub_runs.append(runs.sub_run(j, leg.name, leg.label, results_dir, status, reason))
+        if failed is not None:
+            return runs.record(point, j, hw, results_dir, run_id, started, status=status,
+                               reason=f"{leg.label}: {reason}", steps=leg.steps_expected, runs=sub_runs,
+                               wall_s=_wall(done))
+    resumed = _resumed(point, done)
+    rtol = point.profile.thresholds[equivalence.RTOL_KEY]  # present: PhasePoint.gates checked it
+    extra = equivalence.gates(done["reference"].run.csv, done["first"].run.csv, done["second"].run.csv,
+                              point.phase.resume_after, rtol, done["first"].run.env, done["second"].run.env)
+    second = done["second"]
+    j = runs.judge(point, runs.Launched(resumed, second.proc, second.errors), hw, extra)
+    return runs.record(point, j, hw, results_dir, run_id, started, runs=sub_runs, wall_s=_wall(done))
+
+
+def _resumed(point: PhasePoint, done: dict[str, Judged]) -> RunData:
+    """The resumed run as the phase's gates read it: the second half's process and files, with
+    the first half's steps before its own in training.csv."""
+    second = done["second"].run
+    csv = equivalence.resumed_curve(done["first"].run.csv, second.csv, point.phase.resume_after)
+    return dataclasses.replace(second, csv=csv, steps_requested=point.phase.steps)
+
+
+def _wall(done: dict[str, Judged]) -> float:
+    return round(sum(j.proc.wall_s for j in done.values()), 2)

@@ -1,0 +1,129 @@
+"""One process of a point: launched into a directory of its own by its kind's runner, its files
+read, judged against the point's gates, and made into a record (or into one of the sub-runs of a
+record, for points that run several processes: repeats, resume).
+
+A point of one process is ``record(point, judge(point, launch(point, out_dir, ...), hw), ...)``;
+session/repeats.py and session/resume.py combine several.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from nsa.contract import PROFILE_JSON, PROFILE_STEPS_ENV
+from validation.judge.evidence import collect, collect_halt, collect_train
+from validation.judge.gates import GateResult
+from validation.judge.metrics import PROFILE_METRICS, RunData, unprovided_by_files
+from validation.judge.provenance import trainer_commit
+from validation.judge.record import OWN_TRAINER, TRAINER_KINDS, PhaseRecord, Status, SubRun, Summary, routes
+from validation.judge.stability import StabilityRule
+from validation.judge.verdict import Outcome, evaluate, verdict
+from validation.launch import kinds
+from validation.launch.legs import Leg
+from validation.launch.process import ProcResult
+from validation.machine import Machine
+from validation.runbook.plan import PhasePoint, unprovided_metrics
+from validation.store import goldens
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Launched:
+    """A process that ran, with its files read into ``run``."""
+
+    run: RunData
+    proc: ProcResult
+    errors: list[str]
+
+
+@dataclass
+class Judged(Launched):
+    gates: list[GateResult]
+    status: Status
+    reason: str
+    window: int | None
+    """The phase's window in steps (None: all steps), over which its summary numbers are taken."""
+
+    @property
+    def metrics(self) -> Summary:
+        return Summary.of(self.run, self.window)
+
+
+def launch(point: PhasePoint, out_dir: Path, progress: Progress | None, leg: Leg | None = None) -> Launched:
+    """Run the point's kind into ``out_dir`` (``leg``: one process of a resume point) and read
+    what it left. A KeyboardInterrupt reaches the caller with the process dead."""
+    kind = point.phase.kind
+    steps = leg.steps_expected if leg is not None else point.phase.steps
+    run = RunData(out_dir=out_dir, world_size=point.nproc, steps_requested=steps if kind in TRAINER_KINDS else None,
+                  peak_flops=point.profile.hardware.peak_flops, stability=StabilityRule.of(point.profile.thresholds))
+    errors: list[str] = []
+    if leg is not None:
+        proc = kinds.train(point, out_dir, run, errors, progress, leg)
+    else:
+        proc = kinds.KINDS[kind](point, out_dir, run, errors, progress)
+    run.exit_code, run.timed_out, run.stalled_s = proc.exit_code, proc.timed_out, proc.stalled_s
+    if kind in TRAINER_KINDS:
+        collect_train(run, errors)
+    collect_halt(run)
+    return Launched(run, proc, errors)
+
+
+def judge(point: PhasePoint, done: Launched, hw: Machine, extra: list[GateResult] | None = None) -> Judged:
+    """The point's gates (and its golden gate, and ``extra``) over the run, and its verdict."""
+    run, kind = done.run, point.phase.kind
+    golden = goldens.gate(point, run.csv, hw)
+    # a metric is unprovided when the trainer's files lack what it reads, or its runbook entry says so
+    unprovided = {**unprovided_by_files(run), **unprovided_metrics(point)}
+    if kind == "profile" and "profiled_steps" not in run.counts:
+        unprovided.update({m: f"the trainer wrote no {PROFILE_JSON} (it does not honour {PROFILE_STEPS_ENV})"
+                           for m in PROFILE_METRICS})
+    gates = evaluate(point.gates(), run, unprovided) + ([golden] if golden else []) + list(extra or [])
+    status, reason = verdict(Outcome.of_run(kind, run, done.errors), gates)
+    # the report's numbers are over the phase's window: the first gate that names one ('last 50
+    # steps' for the bucket sweep); gates keep their own windowed values
+    window = next((g.window.last for g in point.gates() if g.window.last), None)
+    return Judged(run, done.proc, done.errors, gates, status, reason, window)
+
+
+def relative(path: Path, results_dir: Path) -> str:
+    return str(path.relative_to(results_dir.resolve()))
+
+
+def sub_run(j: Judged, name: str, label: str, results_dir: Path, status: Status | None = None,
+            reason: str = "") -> SubRun:
+    """One process of a point of several, as its record keeps it; with its own verdict, or the one
+    given (how a resume point's process ended, its gates being the whole point's)."""
+    csv = j.run.csv
+    logged = csv is not None and not csv.empty
+    return SubRun(name, label, relative(j.run.out_dir, results_dir), status or j.status, reason or j.reason,
+                  j.proc.exit_code, j.metrics,
+                  int(csv["step"].min()) if logged else None, int(csv["step"].max()) if logged else None,
+                  float(csv["loss"].iloc[0]) if logged else None, float(csv["loss"].iloc[-1]) if logged else None,
+                  list(j.proc.argv), sorted(p.name for p in j.run.out_dir.iterdir() if p.is_file()))
+
+
+def record(point: PhasePoint, j: Judged, hw: Machine, results_dir: Path, run_id: str, started: str,
+           **over) -> PhaseRecord:
+    """The point's record from the process that decides it; ``over``: fields a point of several
+    processes sets itself (its sub-runs, summed wall time, mean numbers, a reason naming the one)."""
+    run, proc = j.run, j.proc
+    env = run.env or {}
+    trainer_sha, trainer_sha_source = trainer_commit(env, run.info.get("trainer_sha"), run.info.get("trainer_sha_source"))
+    fields = dict(
+        run_id=run_id, started=started, hardware=hw, wall_s=round(proc.wall_s, 2), command=proc.argv,
+        steps=point.phase.steps if point.phase.kind in TRAINER_KINDS else None,
+        out_dir=relative(run.out_dir, results_dir), exit_code=proc.exit_code, timed_out=proc.timed_out,
+        stalled_s=proc.stalled_s, world_size=run.world_size, gates=j.gates,
+        window=f"last {j.window} steps" if j.window else "all steps",
+        metrics=j.metrics, evidence=collect(run, proc.stderr_path, j.errors),
+        git_sha=run.info.get("git_sha") or env.get("git_sha"),
+        git_sha_source=run.info.get("git_sha_source") or env.get("git_sha_source"),
+        backends=routes(env.get("attention_backends")), env_seen=dict(env.get("env") or {}),
+        noop_toggles=dict(env.get("noop_toggles") or {}), trainer=run.info.get("trainer") or OWN_TRAINER,
+        trainer_sha=trainer_sha, trainer_sha_source=trainer_sha_source,
+        env=run.info.get("env") or dict(point.env), cwd=run.info.get("cwd") or "", slurm_job_id=proc.slurm_job_id)
+    fields.update(over)
+    status, reason = fields.pop("status", j.status), fields.pop("reason", j.reason)
+    return PhaseRecord.for_point(point, status, reason, **fields)

@@ -1,0 +1,122 @@
+"""The resume phase through the harness, on the fake trainer (and a runbook's own trainer): three
+processes in directories of their own, judged together; a resumed run that skips data fails
+naming the first step after the resume; a crash of the first half is the point's crash; a trainer
+that says how it stops and resumes is resumed through its own parameters, one that does not is
+SKIP with the reason; the runbook says what is wrong with a resume phase before anything runs."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from validation.errors import RunbookError
+from validation.judge.record import Status
+from validation.runbook.load import load_profile, load_runbook
+from validation.runbook.plan import expand
+from validation.tests.conftest import write_runbook
+
+GATES = [{"metric": "loss_finite", "op": "==", "threshold": 1}]
+
+
+def resume_phase(fault: str = "", **extra) -> dict:
+    return {"name": "resume", "kind": "resume", "steps": 8, "resume_after": 4, "gates": GATES,
+            "env": {"NSA_FAULT": fault} if fault else {}, **extra}
+
+
+def test_a_resumed_run_that_continues_the_uninterrupted_one_passes(fake_run):
+    run = fake_run([resume_phase()])
+    rec = run.record
+    assert rec.status == Status.PASS, rec.reason
+    assert [(s.name, s.first_step, s.last_step, s.status) for s in rec.runs] == [
+        ("reference", 1, 8, "PASS"), ("first", 1, 4, "PASS"), ("second", 5, 8, "PASS")]
+    run_dir = run.results / rec.out_dir
+    assert run_dir.name == "second" and {p.name for p in run_dir.parent.iterdir()} == {"reference", "first", "second"}
+    gates = {g.metric: g for g in rec.gates}
+    assert gates["resume_loss_rel_diff"].value == 0.0 and gates["resume_lr_rel_diff"].value == 0.0
+    assert gates["resume_data_gap"].note == "the first half ended at data position 4 and the resumed run started at 4"
+    assert "loss of steps 1-8 continued: identical at every logged step" in gates["resume_loss_rel_diff"].note
+    assert rec.metrics.steps_completed == 8.0 and rec.evidence.loss_first == 2.99  # step 1, from the first half
+    assert "| default | first half (steps 1-4, stopped) | 1-4 | 0 |" in run.report
+    assert not run.findings()
+
+
+def test_data_skipped_on_resume_fails_naming_the_first_step_after_it(fake_run):
+    rec = (run := fake_run([resume_phase("resume_skip:steps=2")])).record
+    assert rec.status == Status.FAIL
+    gates = {g.metric: g for g in rec.gates}
+    assert gates["resume_data_gap"].value == 2.0 and gates["resume_data_gap"].note.endswith(": 2 skipped")
+    assert gates["resume_lr_rel_diff"].verdict == "PASS"
+    findings = run.findings("critical")
+    assert len(findings) == 1 and findings[0].startswith(
+        "resume not equivalent in resume [default]: first diverging step 5 (the first step after the resume at step 4): "
+        "loss 2.93 resumed vs 2.95 uninterrupted (rel 0.00678)"), findings
+    assert "resume_data_gap = 2, needs == 0" in findings[0]  # the other gates below it
+    assert "first half (steps 1-4, stopped): runs/fake/cpu/resume/default/" in findings[0]
+    assert "gate failed" not in "".join(run.findings())  # the resume finding explains its gates
+
+
+def test_a_crash_of_the_first_half_is_the_points_crash_and_nothing_resumes(fake_run):
+    rec = (run := fake_run([resume_phase("crash_stopping:step=2")])).record
+    assert rec.status == Status.FAIL and rec.reason == "first half (steps 1-4, stopped): trainer crashed (exit code 1)"
+    assert [s.name for s in rec.runs] == ["reference", "first"] and rec.exit_code == 1
+    assert not (run.results / rec.out_dir).with_name("second").exists()
+    crash = [f for f in run.findings("critical") if f.startswith("crash in")]
+    assert len(crash) == 1 and crash[0].startswith(
+        "crash in resume [default], first half (steps 1-4, stopped): exit code 1: RuntimeError: Expected to mark"), crash
+    assert "resume/default/" in crash[0] and "/first/trainer.stderr.log" in crash[0]
+
+
+NATIVE = {"name": "native_test", "root": "tests/trainers", "script": "native_train.py",
+          "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"]}
+
+
+def _foreign(tmp_path: Path, trainer: dict) -> Path:
+    data = {"name": "mine", "profiles": ["cpu"], "trainer": trainer, "defaults": {"steps": 6, "timeout_s": 60},
+            "phases": [{"name": "resume", "kind": "resume", "resume_after": 2, "gates": GATES}]}
+    (tmp_path / "rb.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return tmp_path / "rb.yaml"
+
+
+def test_a_runbook_trainer_resumes_through_its_own_parameters(tmp_path):
+    from validation.session.session import AcceptanceSession, SessionOptions
+    trainer = {**NATIVE, "phases": ["train", "resume"],
+               "resume": {"stop_after": {"flag": "--stop-after"}, "from": {"flag": "--resume-from"}}}
+    point, = expand(load_runbook(_foreign(tmp_path, trainer)), load_profile("cpu"))
+    rec = AcceptanceSession(SessionOptions(tmp_path / "res")).run_point(point)
+    assert rec.status == Status.PASS, rec.reason
+    assert "--stop-after" not in rec.command and rec.command[-2:] == [
+        "--resume-from", str(tmp_path / "res" / rec.runs[1].out_dir)]
+    assert {g.metric for g in rec.gates} == {"loss_finite", "resume_loss_rel_diff", "resume_lr_rel_diff"}  # no data position
+
+
+def test_a_runbook_trainer_that_does_not_say_how_it_resumes_skips_with_the_reason(tmp_path):
+    from validation.session.session import AcceptanceSession, SessionOptions
+    point, = expand(load_runbook(_foreign(tmp_path, NATIVE)), load_profile("cpu"))
+    rec = AcceptanceSession(SessionOptions(tmp_path / "res")).run_point(point)
+    assert rec.status == Status.SKIP
+    assert rec.reason == ("trainer native_test does not support resume phases (it supports: train; its runbook entry "
+                          "says how it stops after N steps and resumes under trainer.resume)")
+    with pytest.raises(RunbookError, match="trainer.resume: a trainer that supports resume phases says how"):
+        load_runbook(_foreign(tmp_path, {**NATIVE, "phases": ["train", "resume"]}))
+
+
+@pytest.mark.parametrize("phase, message", [
+    ({"resume_after": 0}, "phases[0].resume_after: a resume phase stops after resume_after steps and resumes for the "
+                          "rest of its 8 steps: 1..7; got 0"),
+    ({"resume_after": 8}, "1..7; got 8"),
+    ({"kind": "train"}, "phases[0].resume_after: only resume phases stop and resume, not kind 'train'"),
+    ({"repeats": 3}, "phases[0].repeats: only train phases are repeated"),
+])
+def test_a_bad_resume_phase_is_a_runbook_error(tmp_path, phase, message):
+    with pytest.raises(RunbookError, match=re.escape(message)):
+        load_runbook(write_runbook(tmp_path / "rb.yaml", [{**resume_phase(), **phase}]))
+
+
+def test_a_profile_without_the_resume_tolerance_is_refused_before_anything_runs(tmp_path):
+    profile = tmp_path / "p.yaml"
+    profile.write_text(yaml.safe_dump({"name": "cpu", "marker": "cpu_profile", "hardware": {"accelerator": "cpu"},
+                                       "thresholds": {"min_toks_per_s": 1}}))
+    with pytest.raises(RunbookError, match="is a resume phase, but profile .* has no resume_loss_rtol threshold"):
+        expand(load_runbook(write_runbook(tmp_path / "rb.yaml", [resume_phase()])), load_profile(profile))

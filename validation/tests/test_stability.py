@@ -1,0 +1,127 @@
+"""Loss and grad-norm spikes and NaN-free divergence: found with the step and the value in a CSV
+that has them, silent on the committed golden curves under their profiles' rules, gated through
+the catalogue's metrics, and the profile's rule checked when it loads."""
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from nsa.contract import CSV_COLUMNS
+from validation import RUNBOOK_DIR
+from validation.errors import RunbookError
+from validation.judge.evidence import collect
+from validation.judge.findings import find
+from validation.judge.metrics import RunData, compute
+from validation.judge.record import PhaseRecord, PointKey, Status
+from validation.judge.stability import StabilityRule, rise, spikes
+from validation.runbook.load import load_profile
+
+
+def _csv(loss: list[float], grad_norm: list[float] | None = None) -> pd.DataFrame:
+    grad_norm = grad_norm or [1.0] * len(loss)
+    rows = [[s, l, 1e-3, 100.0, 0.1, g, 0.5, 1.0] for s, (l, g) in enumerate(zip(loss, grad_norm), start=1)]
+    return pd.DataFrame(rows, columns=list(CSV_COLUMNS))
+
+
+def _noisy_descent(n: int, seed: int = 0) -> list[float]:
+    """A learning curve: exponential decay with 2% noise, as a training loss looks."""
+    rng = random.Random(seed)
+    return [2.0 + 3.0 * math.exp(-s / 15) + rng.gauss(0, 0.02) for s in range(1, n + 1)]
+
+
+def _judged(tmp_path: Path, csv: pd.DataFrame, rule: StabilityRule = StabilityRule()) -> PhaseRecord:
+    run = RunData(tmp_path, csv=csv, stability=rule)
+    (tmp_path / "trainer.stderr.log").write_text("")
+    ev = collect(run, tmp_path / "trainer.stderr.log", [])
+    return PhaseRecord(PointKey("rb", "cpu", "long_run"), "rb/cpu/long_run/default", "train", Status.PASS, "",
+                       out_dir="runs/x", evidence=ev, exit_code=0)
+
+
+def test_a_loss_spike_and_a_grad_norm_spike_are_found_with_step_and_value(tmp_path):
+    loss = _noisy_descent(60)
+    grad = [1.0 + 0.05 * math.sin(s) for s in range(60)]
+    loss[44], grad[44] = loss[44] * 3, 25.0  # step 45
+    csv = _csv(loss, grad)
+    run = RunData(tmp_path, csv=csv)
+    assert compute("loss_spikes", run, None) == 1.0 and compute("grad_norm_spikes", run, None) == 1.0
+    assert compute("loss_spikes", run, 10) == 0.0  # the last 10 steps hold no spike
+    rec = _judged(tmp_path, csv)
+    titles = [f.title for f in find([rec])]
+    assert any(t.startswith(f"loss spike in long_run [default] at step 45: {loss[44]:.4g} against a rolling "
+                            "median of") and "> 6)" in t for t in titles), titles
+    assert any(t.startswith("gradient-norm spike in long_run [default] at step 45: 25 against") for t in titles), titles
+    assert PhaseRecord.from_json(rec.to_json(), "stored").evidence == rec.evidence  # the store keeps them
+
+
+def test_the_clean_curve_has_no_spike_and_the_first_steps_are_not_scored(tmp_path):
+    loss = _noisy_descent(60)
+    loss[3] = 9.0  # an early jump, before a full window of history: not scored
+    run = RunData(tmp_path, csv=_csv(loss))
+    assert compute("loss_spikes", run, None) == 0.0 and compute("loss_diverging", run, None) == 0.0
+    assert find([_judged(tmp_path, _csv(loss))]) == []
+
+
+def test_a_run_too_short_to_judge_has_no_value(tmp_path):
+    run = RunData(tmp_path, csv=_csv(_noisy_descent(20)))  # default windows: 20 steps of history
+    assert compute("loss_spikes", run, None) is None and compute("loss_diverging", run, None) is None
+
+
+def test_a_nan_free_divergence_is_found_with_the_window_and_the_rise(tmp_path):
+    loss = _noisy_descent(40) + [2.2 + 0.03 * s for s in range(1, 41)]  # falls to ~2.1, then climbs
+    csv = _csv(loss)
+    run = RunData(tmp_path, csv=csv)
+    assert compute("loss_diverging", run, None) == 1.0
+    found = rise(csv["step"].tolist(), loss, StabilityRule())
+    assert found is not None and found.nats > 0.2
+    rec = _judged(tmp_path, csv)
+    crit = [f for f in find([rec]) if f.kind == "diverging"]
+    assert len(crit) == 1 and crit[0].severity == "critical"
+    assert crit[0].title.startswith(f"loss diverging in long_run [default] from step {found.first_step}: median loss ")
+    assert "(allowed rise 0.2 nats)" in crit[0].title
+    assert compute("loss_diverging", run, 40) == 1.0  # the climb alone (steps 41-80) is a rise too
+    assert PhaseRecord.from_json(rec.to_json(), "stored").evidence.divergence == found
+
+
+def test_one_spike_does_not_make_a_divergence(tmp_path):
+    loss = _noisy_descent(80)
+    loss[70] = 50.0
+    run = RunData(tmp_path, csv=_csv(loss))
+    assert compute("loss_diverging", run, None) == 0.0 and compute("loss_spikes", run, None) == 1.0
+
+
+def _goldens() -> list[tuple[str, StabilityRule, list[float]]]:
+    out = []
+    for path in sorted((RUNBOOK_DIR / "goldens").glob("*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        rule = StabilityRule.of(load_profile(data["profile"]).thresholds)
+        for pid, by_class in data["points"].items():
+            for hw, curve in by_class.items():
+                out.append((f"{path.name}:{pid}:{hw}", rule, curve["loss"]))
+    return out
+
+
+def test_the_committed_golden_curves_have_no_spike_and_no_divergence():
+    """Each golden under its own profile's rule; the steps scored are counted, so a rule whose
+    window outgrows every golden (and could then find nothing) fails here instead of passing."""
+    scored = 0
+    for name, rule, loss in _goldens():
+        steps = list(range(1, len(loss) + 1))
+        assert spikes(steps, loss, rule, "loss") == [], name
+        assert rise(steps, loss, rule) is None, name
+        scored += max(0, len(loss) - rule.window)
+    assert scored >= 20, f"only {scored} golden steps had a full window of history"
+
+
+def test_the_profile_sets_the_rule_and_a_bad_value_is_refused_when_it_loads(tmp_path):
+    assert StabilityRule.of({}) == StabilityRule()
+    assert StabilityRule.of({"spike_window": 10.0, "spike_z": None}) == StabilityRule(window=10)
+    bad = tmp_path / "p.yaml"
+    bad.write_text(yaml.safe_dump({"name": "p", "marker": "p", "hardware": {"accelerator": "cpu"},
+                                   "thresholds": {"spike_window": 2.5}}))
+    with pytest.raises(RunbookError, match="thresholds: spike_window must be a whole number of logged steps"):
+        load_profile(bad)

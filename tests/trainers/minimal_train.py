@@ -78,12 +78,7 @@ class Run:
     def train(self) -> int:
         for step in range(1, self.steps + 1):
             start = time.monotonic()
-            if self.fault.hangs(self.rank, step):
-                trainer_faults.hang_forever()
-            if self.fault.kills(self.rank, step):
-                trainer_faults.kill_self()
-            if self.fault.slows(self.rank, step):
-                trainer_faults.straggle()
+            self.fault.start_step(self.rank, step)
             if self.fault.peer_hangs(self.rank, step):
                 trainer_faults.wait_for_peers()
             if self.fault.at("crash", step):

@@ -110,12 +110,7 @@ def main() -> int:
     try:
         for step in range(first, last + 1):
             t0 = time.time()
-            if fault.hangs(rank, step):
-                trainer_faults.hang_forever()
-            if fault.kills(rank, step):
-                trainer_faults.kill_self()
-            if fault.slows(rank, step):
-                trainer_faults.straggle()
+            fault.start_step(rank, step)
             beat({"step": step, "stage": "forward"})
             if fault.at("crash", step):
                 raise RuntimeError(f"injected crash at step {step} on rank {rank}")

@@ -94,12 +94,7 @@ def main() -> int:
         beat(step, "progress")
 
     for step in range(1, steps + 1):
-        if fault.hangs(rank, step):
-            trainer_faults.hang_forever()
-        if fault.kills(rank, step):
-            trainer_faults.kill_self()
-        if fault.slows(rank, step):
-            trainer_faults.straggle()
+        fault.start_step(rank, step)
         if every:
             beat(step, "beat")
         if fault.peer_hangs(rank, step):

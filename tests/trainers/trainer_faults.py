@@ -77,6 +77,15 @@ class Fault:
         """``rank`` straggles in ``step``."""
         return self.kind == "slow_rank" and rank == self.rank and step >= self.step
 
+    def start_step(self, rank: int, step: int) -> None:
+        """What ``rank`` does as ``step`` starts: hang forever, die, or straggle (else nothing)."""
+        if self.hangs(rank, step):
+            hang_forever()
+        if self.kills(rank, step):
+            kill_self()
+        if self.slows(rank, step):
+            straggle()
+
     def peer_hangs(self, rank: int, step: int) -> bool:
         """Another rank blocks in ``step``: this one stops there too (in a collective)."""
         return step == self.step and self.kind == "hang_rank" and rank != self.rank

@@ -13,6 +13,9 @@ _EXC = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Fault|Interrupt|Failure)\b"
 _TR_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+)")
 #: the harness's own notes in a log (validation/launch/process.py)
 _HARNESS_NOTE = "[nsa-validate]"
+#: a rank's exception that is a peer's failure breaking its collective, not its own
+_VICTIM = re.compile(r"Connection closed by peer|remote worker|Connection reset|DistBackendError|NCCL|"
+                     r"ProcessGroup|Broken pipe|Timed out waiting", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,19 @@ class RankFailure:
     exception: str | None = None
     signal: str | None = None
     exit_code: int | None = None
+
+    @property
+    def own(self) -> bool:
+        """Failed in its own right: killed by a signal other than torchrun's SIGTERM, or an
+        exception that is not a peer's collective breaking under it."""
+        if self.exception:
+            return not _VICTIM.search(self.exception)
+        return bool(self.signal) and self.signal != "SIGTERM"
+
+
+def root_rank(failures: dict[int, RankFailure]) -> int | None:
+    """The lowest rank that failed in its own right (RankFailure.own), else None."""
+    return next((rank for rank, f in sorted(failures.items()) if f.own), None)
 
 
 def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, RankFailure]:

@@ -14,7 +14,7 @@ from validation.contract.stacks import (
     parse_pyspy,
     read_index,
 )
-from validation.contract.torchrun_log import rank_failures
+from validation.contract.torchrun_log import rank_failures, root_rank
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
 from validation.judge.nodes import node_evidence
 from validation.judge.record import Beat, Evidence
@@ -49,9 +49,16 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
     losses = run.csv["loss"].tolist() if run.csv is not None and not run.csv.empty else []
     step_times = {r: round(t, 6) for r, t in rank_step_times(run.heartbeats).items()}
     nodes, node_failures = node_evidence(run.out_dir, run.heartbeats, step_times)  # each node's agent logs
+    failures = {**rank_failures(stderr_path), **node_failures}
+    # of several nodes, the log to read is that of the node whose rank failed in its own right;
+    # which agent exits first after a kill is a race
+    root = root_rank(failures)
+    root_node = nodes.of_rank(root) if nodes is not None and root is not None else None
+    if root_node is not None:
+        stderr_path = run.out_dir / root_node.log
     return Evidence(
         errors=errors, stderr_tail=tail(stderr_path, STDERR_TAIL_LINES), stderr_log=stderr_path.name,
-        halt=run.halt, rank_failures={**rank_failures(stderr_path), **node_failures},
+        halt=run.halt, rank_failures=failures,
         stackdumps={r: d for r, d in dumps.items() if r < run.world_size}, unranked_stacks=unranked,
         taken_stacks=taken, last_heartbeat=beats, rank_step_time_s=step_times, nodes=nodes,
         fallbacks=fallback_counters(run), files=sorted(p.name for p in run.out_dir.iterdir() if p.is_file()),

@@ -104,3 +104,24 @@ def test_a_record_with_nodes_survives_the_store():
     back = PhaseRecord.from_json(json.loads(json.dumps(rec.to_json())), "test")
     assert back.evidence.nodes == rec.evidence.nodes and back.slurm_job_id == "9"
     assert PhaseRecord.from_json(json.loads(json.dumps(_record(None).to_json())), "test").evidence.nodes is None
+
+
+def test_the_log_a_crash_points_at_is_the_killed_ranks_node_not_the_first_agent_to_exit(tmp_path):
+    """After a kill on one node, which agent exits first is a race; the record's stderr is the
+    log of the node whose rank failed in its own right (seen flaky before: the first to exit)."""
+    from validation.judge.evidence import collect
+    from validation.judge.metrics import RunData
+
+    _launch(tmp_path, [NodeLaunch(0, "vm", group_rank=0, ranks={0: 11}), NodeLaunch(1, "vm", group_rank=1, ranks={1: 12})])
+    (tmp_path / "node0.stderr.log").write_text(
+        "[rank0]: torch.distributed.DistBackendError: Connection closed by peer\n"
+        "  rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 11)\n")
+    (tmp_path / "node1.stderr.log").write_text(
+        "  rank      : 1 (local_rank: 0)\n  exitcode  : -9 (pid: 12)\nagent of node 1 exits\n")
+    run = RunData(tmp_path, world_size=2, exit_code=1)
+    ev = collect(run, tmp_path / "node0.stderr.log", [])  # node 0's agent happened to exit first
+    assert ev.rank_failures[1].signal == "SIGKILL" and not ev.rank_failures[0].own
+    assert ev.stderr_log == "node1.stderr.log" and "agent of node 1 exits" in ev.stderr_tail
+    (tmp_path / "node1.stderr.log").write_text("")  # nobody failed in its own right: the first to exit
+    ev = collect(RunData(tmp_path, world_size=2, exit_code=1), tmp_path / "node0.stderr.log", [])
+    assert ev.stderr_log == "node0.stderr.log"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from validation.contract.stacks import StackDump
-from validation.contract.torchrun_log import RankFailure
+from validation.contract.torchrun_log import root_rank
 from validation.judge.findings import stability
 from validation.judge.findings.finding import Facts, Finding, Severity, where, where_run
 from validation.judge.gates import GateVerdict
@@ -17,8 +17,6 @@ from validation.judge.verdict import Outcome
 #: slowest / fastest rank median step time above which ranks are called imbalanced
 IMBALANCE_RATIO = 1.5
 _ERROR_LINE = re.compile(r"^\s*(\w+(\.\w+)*(Error|Exception|Interrupt)|RuntimeError|AssertionError)\b.*")
-_VICTIM = re.compile(r"Connection closed by peer|remote worker|Connection reset|DistBackendError|NCCL|"
-                     r"ProcessGroup|Broken pipe", re.IGNORECASE)
 
 
 def crashes(records: list[PhaseRecord]) -> list[Finding]:
@@ -37,7 +35,7 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
                                "nonfinite", Facts.of(r)))
         elif r.status == Status.FAIL and r.exit_code not in (0, None) and ev.halt is None and r.kind in TRAINER_KINDS:
             title = f"crash in {where_run(r)}: exit code {r.exit_code}"
-            root = _root_rank(ev.rank_failures)
+            root = root_rank(ev.rank_failures)
             if root is not None:
                 fail = ev.rank_failures[root]
                 cause = (f"killed by {fail.signal}" if fail.signal and not fail.exception
@@ -61,16 +59,6 @@ def short_runs(records: list[PhaseRecord]) -> list[Finding]:
                                [f"CSV: {r.out_dir}/training.csv", f"stderr: {r.out_dir}/{r.evidence.stderr_log}"],
                                "short_run", Facts.of(r)))
     return out
-
-
-def _root_rank(failures: dict[int, RankFailure]) -> int | None:
-    """The rank that failed first in its own right: killed by a signal other than torchrun's
-    SIGTERM, or an exception that is not a peer's collective breaking under it."""
-    def own(f: RankFailure) -> bool:
-        if f.exception:
-            return not _VICTIM.search(f.exception)
-        return bool(f.signal) and f.signal != "SIGTERM"
-    return next((rank for rank, f in sorted(failures.items()) if own(f)), None)
 
 
 def _rank_lines(r: PhaseRecord) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from validation.contract.stacks import StackDump
+from validation.contract.torchrun_log import root_rank
 from validation.judge.findings.finding import Finding, Severity, where
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import PhaseRecord
@@ -13,9 +14,6 @@ from validation.judge.record import PhaseRecord
 #: torchrun's agent gave up on the rendezvous: the others never came (join timeout), or the store
 #: host never answered (read timeout)
 _GAVE_UP = re.compile(r"RendezvousTimeoutError|RendezvousConnectionError|DistNetworkError|RendezvousClosedError")
-#: a rank's exception that is a peer's failure breaking its collective, not its own
-_VICTIM = re.compile(r"Connection closed by peer|remote worker|Connection reset|DistBackendError|NCCL|"
-                     r"ProcessGroup|Broken pipe|Timed out waiting", re.IGNORECASE)
 #: a frame of a collective: the rank waits there for the others
 _COLLECTIVE = "torch/distributed/"
 #: a node is a straggler when its ranks come this share of a step late (and at least STRAGGLER_MIN_S)
@@ -145,9 +143,7 @@ def _failed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     if r.exit_code in (0, None):
         return None
     failures = r.evidence.rank_failures
-    root = next((k for k, f in sorted(failures.items())
-                 if (f.signal and f.signal != "SIGTERM" and not f.exception)
-                 or (f.exception and not _VICTIM.search(f.exception))), None)
+    root = root_rank(failures)
     if root is None:
         return None
     f = failures[root]

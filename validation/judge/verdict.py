@@ -132,8 +132,12 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
         said = (halt.text[:200] or "an empty file") if halt.source is None else f"from {halt.source}: {halt.text[:200]}"
         return Status.FAIL, f"stopped by a .HALT ({said}){torn}"
     if outcome.exit_code not in (0, None):
-        what = {"pytest": "tests failed", "preflight": "preflight incomplete"}.get(outcome.kind, "trainer crashed")
-        return Status.FAIL, f"{what} (exit code {outcome.exit_code})"
+        what = {"pytest": "tests failed", "preflight": "preflight incomplete"}.get(outcome.kind)
+        if what is None and not outcome.steps_completed:
+            # no step logged: a crash at start-up, or ranks that never started at all (a node that
+            # never joined the rendezvous); the findings tell which, the verdict claims neither
+            what = "trainer ended before its first step"
+        return Status.FAIL, f"{what or 'trainer crashed'} (exit code {outcome.exit_code})"
     if outcome.errors:
         return Status.ERROR, outcome.errors[0]
     if outcome.stopped_short:

@@ -21,7 +21,7 @@ import yaml
 
 from validation import REPO_ROOT
 from validation.contract.nodes import NODES_FILE, read_nodes
-from validation.judge.findings import find, recommendations
+from validation.judge.findings import Severity, find, recommendations
 from validation.launch import nodes as local_nodes
 from validation.launch.process import Command
 from validation.runbook.load import load_profile, load_runbook
@@ -129,6 +129,9 @@ def test_a_node_that_never_joins_is_named_at_the_join_timeout(tmp_path, monkeypa
     monkeypatch.setattr(local_nodes, "agent_commands", node_1_down)
     run = TwoNodes(tmp_path)
     assert run.rec.status == "FAIL" and not run.rec.timed_out and run.rec.stalled_s is None, run.rec.reason
+    # neither the verdict nor a crash finding claims a crash of a trainer whose ranks never started
+    assert run.rec.reason == "trainer ended before its first step (exit code 1)", run.rec.reason
+    assert [f.kind for f in run.findings if f.severity == Severity.CRITICAL] == ["node_missing"], run.findings
     node0 = run.nodes.nodes[0]
     assert JOIN_S <= node0.ended_s <= JOIN_S + SLACK_S, node0
     assert run.rec.wall_s <= JOIN_S + SLACK_S, f"reported {run.rec.wall_s:.1f}s after the launch"

@@ -58,3 +58,15 @@ def test_an_operators_halt_stays_its_own_verdict():
     stopped = Outcome("train", exit_code=0, halt=HaltInfo(text="maintenance"), steps_requested=20, steps_completed=4)
     assert not stopped.stopped_short
     assert verdict(stopped, []) == (Status.FAIL, "stopped by a .HALT (maintenance)")
+
+
+def test_a_failed_exit_is_a_crash_only_after_a_step_was_logged():
+    """Exit 1 with no step logged may be a crash at start-up or ranks that never started (a node
+    that never joined): the verdict says what is known, the findings say which."""
+    assert verdict(Outcome("train", exit_code=1, steps_requested=20, steps_completed=None), []) == (
+        Status.FAIL, "trainer ended before its first step (exit code 1)")
+    assert verdict(Outcome("train", exit_code=1, steps_requested=20, steps_completed=0), [])[1].startswith(
+        "trainer ended before its first step")
+    assert verdict(Outcome("train", exit_code=1, steps_requested=20, steps_completed=3), []) == (
+        Status.FAIL, "trainer crashed (exit code 1)")
+    assert verdict(Outcome("pytest", exit_code=1), []) == (Status.FAIL, "tests failed (exit code 1)")

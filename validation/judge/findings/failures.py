@@ -9,6 +9,7 @@ from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import root_rank
 from validation.judge.findings import stability
 from validation.judge.findings.finding import Facts, Finding, Severity, where, where_run
+from validation.judge.findings.nodes import missing_node
 from validation.judge.gates import GateVerdict
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
 from validation.judge.resume import METRICS as RESUME_METRICS
@@ -33,6 +34,8 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
                 f"non-finite loss in {where_run(r)} at step {ev.halt.step}: the trainer's .HALT says {ev.halt.text[:120]!r}")
             out.append(Finding(Severity.CRITICAL, r.phase, title, [f".HALT: {r.out_dir}/.HALT"] + _rank_lines(r),
                                "nonfinite", Facts.of(r)))
+        elif ev.nodes is not None and missing_node(r, ev.nodes) is not None:
+            continue  # no rank started anywhere: the node that never joined is the finding, not a crash
         elif r.status == Status.FAIL and r.exit_code not in (0, None) and ev.halt is None and r.kind in TRAINER_KINDS:
             title = f"crash in {where_run(r)}: exit code {r.exit_code}"
             root = root_rank(ev.rank_failures)

@@ -41,7 +41,7 @@ def nodes(records: list[PhaseRecord]) -> list[Finding]:
         ev = r.evidence.nodes
         if ev is None:
             continue
-        found = [f for f in (_missing(r, ev) or _hung(r, ev) or _failed(r, ev),) if f] + _stragglers(r, ev)
+        found = [f for f in (missing_node(r, ev) or _hung(r, ev) or _failed(r, ev),) if f] + _stragglers(r, ev)
         # each finding lists every node; a run without one still says where each rank ran
         out += found or [Finding(Severity.INFO, r.phase, _summary(r, ev), _lines(r, ev), "nodes")]
     return out
@@ -89,7 +89,7 @@ def _agent(n: NodeEvidence, stopped: bool) -> str:
     return ended + (f" ({_said(n.said)})" if n.said else "")
 
 
-def _missing(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
+def missing_node(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     """No rank ran anywhere, and some agents gave up on the rendezvous: those that did not are
     the nodes that never joined."""
     if any(n.ranks for n in ev.nodes) or r.evidence.last_heartbeat or r.exit_code == 0:

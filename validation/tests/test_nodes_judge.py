@@ -9,7 +9,9 @@ from pathlib import Path
 
 from validation.contract.nodes import NodeLaunch, NodesLaunch, read_nodes, write_nodes
 from validation.contract.torchrun_log import agent_said
+from validation.judge.evidence import collect
 from validation.judge.findings import find
+from validation.judge.metrics import RunData
 from validation.judge.nodes import NodeEvidence, NodesEvidence, node_evidence
 from validation.judge.record import Evidence, PhaseRecord, PointKey, Status
 from validation.launch.slurm import task_ends
@@ -109,9 +111,6 @@ def test_a_record_with_nodes_survives_the_store():
 def test_the_log_a_crash_points_at_is_the_killed_ranks_node_not_the_first_agent_to_exit(tmp_path):
     """After a kill on one node, which agent exits first is a race; the record's stderr is the
     log of the node whose rank failed in its own right (seen flaky before: the first to exit)."""
-    from validation.judge.evidence import collect
-    from validation.judge.metrics import RunData
-
     _launch(tmp_path, [NodeLaunch(0, "vm", group_rank=0, ranks={0: 11}), NodeLaunch(1, "vm", group_rank=1, ranks={1: 12})])
     (tmp_path / "node0.stderr.log").write_text(
         "[rank0]: torch.distributed.DistBackendError: Connection closed by peer\n"

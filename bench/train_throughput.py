@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import functools
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -38,7 +39,7 @@ from nsa.train.config import load_run_config  # noqa: E402
 from nsa.train.optim import build_optimizer  # noqa: E402
 from nsa.train.graphs import StepGraph  # noqa: E402
 from nsa.train.parallelize import apply_activation_checkpointing, apply_compile  # noqa: E402
-from validation.judge.pace import busy_fraction, device_intervals
+from nsa.train.profile import busy_fraction, device_intervals  # noqa: E402
 
 GB = 1024**3
 
@@ -114,14 +115,40 @@ def _run_cell(kind, cfg, batch, seq_len, args, device, stream) -> dict:
     }
     out["backends"] = {s: b["backend"] for s, b in backend_report(model).items()}
     if args.profile:
-        out["gpu_busy_frac"] = profile_steps(timed, args.profile, device, f"{kind} B={batch} S={seq_len}")
+        out["gpu_busy_frac"] = profile_steps(timed, args.profile, device, f"{kind} B={batch} S={seq_len}",
+                                             args.profile_rows)
     return out
 
 
-def profile_steps(step, n_steps: int, device: torch.device, label: str) -> float | None:
-    """Profile ``n_steps`` more steps: print the kernels with the most device time and return
-    the share of the profiled wall time the device was busy (validation.pace.busy_fraction;
-    low: the step is launch-bound)."""
+#: kernel families of a step's profile, first match wins: the attention kernels of either kind
+#: (cuDNN's and flash's fused attention, this project's Triton kernels, named _..._kernel), the
+#: matrix products (cuBLAS, CUTLASS), and the rest (elementwise, norms, reductions, copies)
+FAMILIES = (
+    ("attention: cuDNN / flash SDPA", re.compile(r"cudnn|fmha|flash|sdpa", re.I)),
+    ("attention: NSA Triton kernels", re.compile(r"^_\w+_kernel")),
+    ("matrix products (cuBLAS/CUTLASS)", re.compile(r"gemm|nvjet|xmma|cutlass|sm90_|sm80_", re.I)),
+    ("optimizer (AdamW, grad clip)", re.compile(r"adam|multi_tensor|foreach", re.I)),
+)
+
+
+def kernel_families(averages, n_steps: int) -> list[tuple[str, float, int]]:
+    """(family, device ms per step, kernel kinds) of the profiled kernels, by FAMILIES."""
+    totals: dict[str, list] = {}
+    for e in averages:
+        us = e.self_device_time_total
+        if us <= 0 or e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        family = next((name for name, rx in FAMILIES if rx.search(e.key)), "other (elementwise, norms, copies)")
+        t = totals.setdefault(family, [0.0, 0])
+        t[0] += us / 1e3 / n_steps
+        t[1] += 1
+    return sorted(((f, ms, n) for f, (ms, n) in totals.items()), key=lambda r: -r[1])
+
+
+def profile_steps(step, n_steps: int, device: torch.device, label: str, rows: int = 25) -> float | None:
+    """Profile ``n_steps`` more steps: print the kernels with the most device time, their sum by
+    family (attention, matrix products, the rest) per step, and return the share of the profiled
+    wall time the device was busy (validation.pace.busy_fraction; low: the step is launch-bound)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -132,9 +159,13 @@ def profile_steps(step, n_steps: int, device: torch.device, label: str) -> float
                 step()
             sync(device)
     print(f"# profile of {n_steps} steps, {label}: top kernels by device time")
-    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=70))
+    averages = prof.key_averages()
+    print(averages.table(sort_by="self_device_time_total", row_limit=rows, max_name_column_width=70))
     if device.type != "cuda":
         return None
+    print(f"# device ms per step by kernel family, {label}")
+    for family, ms, kinds in kernel_families(averages, n_steps):
+        print(f"#   {family}: {ms:.1f} ms ({kinds} kernel kinds)")
     events = prof.events()
     window = next(e for e in events if e.name == "bench.steps").time_range
     busy = busy_fraction(device_intervals(events), (window.start, window.end))
@@ -162,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (smoke test only)")
     p.add_argument("--json", default=None, help="also write the rows to this JSON file")
     p.add_argument("--profile", type=int, default=0, metavar="N",
-                   help="after timing, profile N more steps per cell: top kernels and device-busy fraction")
+                   help="after timing, profile N more steps per cell: top kernels, device ms per step "
+                        "by kernel family, device-busy fraction")
+    p.add_argument("--profile-rows", type=int, default=25, help="kernels listed by --profile")
     args = p.parse_args(argv)
 
     cfg, _ = load_run_config(args.config, args.override, env={})

@@ -11,7 +11,10 @@
 #   trained     train m7c_125m on the standard library's sources (bench/trained_inputs.py), then
 #               bench_nsa.py on trained and random inputs side by side, with their locality
 #   throughput  bench/train_throughput.py, the NSA and the dense model, S=4k..64k, batch 1
-#   FORM_SHAPES, THROUGHPUT_LENS, TRAIN_STEPS override the defaults; <PART>_TIMEOUT bounds a part.
+#   compiled    the same with train.compile=true (both models compiled, CUDA graphs), THROUGHPUT_LENS
+#   profile     where a whole training step's device time goes, both models, eager, PROFILE_LENS
+#               (default 16384 65536): top kernels and their sum by family (attention, products, rest)
+#   FORM_SHAPES, FORM_OPS, FORM_SEL, THROUGHPUT_LENS, TRAIN_STEPS override the defaults; <PART>_TIMEOUT bounds a part.
 # Results under $OUT: long_context.log (everything), tests.xml (per-test errors), *.json.
 . bench/gpu/device_prologue.sh
 LOG=$OUT/long_context.log
@@ -35,7 +38,8 @@ for part in ${PARTS:-tests forms}; do
   forms)
     timeout "${FORMS_TIMEOUT:-300}" python3 bench/bench_nsa.py \
       --shapes ${FORM_SHAPES:-m7c@16k m7c@32k m7c@64k g4@64k g8@64k 16k 64k} \
-      --ops sdpa_cudnn sel nsa_core --sel-forms tiles blocks --json "$OUT/forms.json" 2>&1 | tee -a "$LOG" ;;
+      --ops ${FORM_OPS:-sdpa_cudnn sel nsa_core} --sel-forms ${FORM_SEL:-tiles blocks} --json "$OUT/forms.json" 2>&1 \
+      | tee -a "$LOG" ;;
   trained)
     timeout "${TRAINED_TIMEOUT:-420}" sh -c "python3 bench/trained_inputs.py --out /tmp/trained \
       --steps ${TRAIN_STEPS:-300} --train-seq 16384 --lengths 16384 32768 65536 --layers 2 6 10 \
@@ -53,6 +57,16 @@ for part in ${PARTS:-tests forms}; do
     timeout 120 python3 bench/train_throughput.py --kinds dense --batch-sizes 1 --seq-lens 16384 65536 \
       --cuda-graphs --steps 8 --warmup 2 --override train.grad_accum=1 --override train.fused_adamw=true \
       --override model.attn.backend_dense=flash --json "$OUT/throughput_dense_flash.json" 2>&1 | tee -a "$LOG" ;;
+  compiled)
+    timeout "${COMPILED_TIMEOUT:-420}" python3 bench/train_throughput.py --kinds nsa dense --batch-sizes 1 \
+      --seq-lens ${THROUGHPUT_LENS:-16384 32768 65536} --cuda-graphs --steps 8 --warmup 2 \
+      --override train.grad_accum=1 --override train.fused_adamw=true --override train.compile=true \
+      --json "$OUT/compiled.json" 2>&1 | tee -a "$LOG" ;;
+  profile)
+    timeout "${PROFILE_TIMEOUT:-300}" python3 bench/train_throughput.py --kinds nsa dense --batch-sizes 1 \
+      --seq-lens ${PROFILE_LENS:-16384 65536} --steps 3 --warmup 2 --profile 2 --profile-rows 45 \
+      --override train.grad_accum=1 --override train.fused_adamw=true --json "$OUT/profile.json" 2>&1 \
+      | tee -a "$LOG" ;;
   *) echo "unknown part $part" | tee -a "$LOG" ;;
   esac
 done

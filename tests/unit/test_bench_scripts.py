@@ -1,0 +1,35 @@
+"""The benchmark scripts under bench/ run: each answers --help (its imports resolve), and the
+whole-model throughput bench runs a CPU cell with its profile. A GPU session is the wrong place
+to find that a script no longer imports (bench/train_throughput.py once imported a function
+from a module it had moved out of)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted(p for p in (ROOT / "bench").glob("*.py") if '__name__ == "__main__"' in p.read_text())
+
+
+def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[p.name for p in SCRIPTS])
+def test_bench_script_answers_help(script):
+    r = _run(str(script.relative_to(ROOT)), "--help", timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "usage:" in r.stdout
+
+
+def test_train_throughput_profiles_a_cpu_cell():
+    r = _run("bench/train_throughput.py", "--config", "tiny", "--device", "cpu", "--batch-sizes", "1",
+             "--seq-lens", "64", "--kinds", "nsa", "dense", "--steps", "1", "--warmup", "1", "--profile", "1",
+             "--profile-rows", "3")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [line for line in r.stdout.splitlines() if line.startswith(("| nsa | 1 | 64 |", "| dense | 1 | 64 |"))]
+    assert len(rows) == 2 and all(row.rstrip().endswith("| ok |") for row in rows), r.stdout[-2000:]
+    assert "# profile of 1 steps, nsa B=1 S=64" in r.stdout

@@ -24,6 +24,7 @@ from bench.bench_nsa import shape_of  # noqa: E402
 from bench.inputs import random_inputs  # noqa: E402
 from bench.ops import OPS  # noqa: E402
 from nsa.attention.config import NSAConfig  # noqa: E402
+from nsa.train.profile import device_events  # noqa: E402
 
 
 def main() -> None:
@@ -51,10 +52,9 @@ def main() -> None:
                 step()
             torch.cuda.synchronize()
         per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-        for ev in prof.events():
-            if ev.device_type == torch.autograd.DeviceType.CUDA:
-                per_kernel[ev.name][0] += ev.device_time_total / 1e3 / args.steps  # ms per step
-                per_kernel[ev.name][1] += 1
+        for ev in device_events(prof.events()):
+            per_kernel[ev.name][0] += ev.device_time_total / 1e3 / args.steps  # ms per step
+            per_kernel[ev.name][1] += 1
         total = sum(ms for ms, _ in per_kernel.values())
         print(f"## {name}: {total:.3f} ms of kernels per step ({args.steps} steps profiled)", flush=True)
         print(f"| {'ms/step':>8} | {'share':>6} | {'calls/step':>10} | kernel |")

@@ -39,7 +39,7 @@ from nsa.train.config import load_run_config  # noqa: E402
 from nsa.train.optim import build_optimizer  # noqa: E402
 from nsa.train.graphs import StepGraph  # noqa: E402
 from nsa.train.parallelize import apply_activation_checkpointing, apply_compile  # noqa: E402
-from nsa.train.profile import busy_fraction, device_intervals  # noqa: E402
+from nsa.train.profile import busy_fraction, device_events, device_intervals  # noqa: E402
 
 GB = 1024**3
 
@@ -131,24 +131,21 @@ FAMILIES = (
 )
 
 
-def kernel_families(averages, n_steps: int) -> list[tuple[str, float, int]]:
-    """(family, device ms per step, kernel kinds) of the profiled kernels, by FAMILIES."""
+def kernel_families(events, n_steps: int) -> list[tuple[str, float, int]]:
+    """(family, device ms per step, kernel kinds) of a profile's device events, by FAMILIES."""
     totals: dict[str, list] = {}
-    for e in averages:
-        us = e.self_device_time_total
-        if us <= 0 or e.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        family = next((name for name, rx in FAMILIES if rx.search(e.key)), "other (elementwise, norms, copies)")
-        t = totals.setdefault(family, [0.0, 0])
-        t[0] += us / 1e3 / n_steps
-        t[1] += 1
-    return sorted(((f, ms, n) for f, (ms, n) in totals.items()), key=lambda r: -r[1])
+    for e in device_events(events):
+        family = next((name for name, rx in FAMILIES if rx.search(e.name)), "other (elementwise, norms, copies)")
+        t = totals.setdefault(family, [0.0, set()])
+        t[0] += (e.time_range.end - e.time_range.start) / 1e3 / n_steps
+        t[1].add(e.name)
+    return sorted(((f, ms, len(names)) for f, (ms, names) in totals.items()), key=lambda r: -r[1])
 
 
 def profile_steps(step, n_steps: int, device: torch.device, label: str, rows: int = 25) -> float | None:
     """Profile ``n_steps`` more steps: print the kernels with the most device time, their sum by
     family (attention, matrix products, the rest) per step, and return the share of the profiled
-    wall time the device was busy (validation.pace.busy_fraction; low: the step is launch-bound)."""
+    wall time the device was busy (nsa.train.profile.busy_fraction; low: the step is launch-bound)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -159,15 +156,15 @@ def profile_steps(step, n_steps: int, device: torch.device, label: str, rows: in
                 step()
             sync(device)
     print(f"# profile of {n_steps} steps, {label}: top kernels by device time")
-    averages = prof.key_averages()
-    print(averages.table(sort_by="self_device_time_total", row_limit=rows, max_name_column_width=70))
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows, max_name_column_width=70))
     if device.type != "cuda":
         return None
-    print(f"# device ms per step by kernel family, {label}")
-    for family, ms, kinds in kernel_families(averages, n_steps):
-        print(f"#   {family}: {ms:.1f} ms ({kinds} kernel kinds)")
     events = prof.events()
-    window = next(e for e in events if e.name == "bench.steps").time_range
+    print(f"# device ms per step by kernel family, {label}")
+    for family, ms, kinds in kernel_families(events, n_steps):
+        print(f"#   {family}: {ms:.1f} ms ({kinds} kernel kinds)")
+    window = next(e for e in events if e.name == "bench.steps" and e.device_type != torch.autograd.DeviceType.CUDA
+                  ).time_range
     busy = busy_fraction(device_intervals(events), (window.start, window.end))
     print(f"# device busy {busy:.1%} of {(window.end - window.start) / 1e3:.1f} ms wall")
     return busy

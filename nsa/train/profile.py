@@ -72,11 +72,19 @@ def busy_fraction(intervals: Iterable[tuple[float, float]], window: tuple[float,
     return busy / (hi - lo)
 
 
-def device_intervals(events) -> list[tuple[float, float]]:
-    """(start, end) in microseconds of every device-side event (kernels, copies, fills) of a
-    ``torch.profiler`` run's ``events()``, on the clock of its CPU events."""
+def device_events(events) -> list:
+    """The device-side events (kernels, copies, fills) of a ``torch.profiler`` run's
+    ``events()``. Not the GPU-side copies of record_function ranges (``is_user_annotation``):
+    Kineto stretches one over its range's first to last kernel, so counting it would cover every
+    gap between the kernels of a step and report a launch-bound step as busy."""
     cuda = torch.autograd.DeviceType.CUDA
-    return [(e.time_range.start, e.time_range.end) for e in events if e.device_type == cuda]
+    return [e for e in events if e.device_type == cuda and not getattr(e, "is_user_annotation", False)]
+
+
+def device_intervals(events) -> list[tuple[float, float]]:
+    """(start, end) in microseconds of every device event (``device_events``), on the clock of
+    the profile's CPU events."""
+    return [(e.time_range.start, e.time_range.end) for e in device_events(events)]
 
 
 def nsa_attribution(keys: Iterable[str], kernel_names: Iterable[str] = frozenset()) -> list[str]:
@@ -182,7 +190,8 @@ def summarize(window: Window, steps: int, first_step: int, graphed: bool,
     timeline = None
     if cuda:
         raw = window.prof.events()
-        span = next(e for e in raw if e.name == WINDOW_RANGE).time_range
+        # the host's range (wall time), not its GPU-side annotation (first to last kernel)
+        span = next(e for e in raw if e.name == WINDOW_RANGE and e.device_type != torch.autograd.DeviceType.CUDA).time_range
         intervals = device_intervals(raw)
         timeline = Timeline((span.start, span.end), intervals, busy_fraction(intervals, (span.start, span.end)))
 

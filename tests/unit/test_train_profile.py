@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -68,8 +69,26 @@ def _event(name, start, end, device=CUDA, **times):
 
 
 def test_device_intervals_are_the_device_events_only():
-    events = [_event("sm80_gemm", 5, 9), _event("aten::mm", 4, 10, CPU), _event("Memcpy HtoD", 1, 2)]
+    events = [_event("sm80_gemm", 5, 9), _event("aten::mm", 4, 10, CPU), _event("Memcpy HtoD", 1, 2),
+              _event(STEP_RANGE, 1, 9, is_user_annotation=True)]  # a range's GPU-side copy: not a kernel
     assert device_intervals(events) == [(5, 9), (1, 2)]
+
+
+@pytest.mark.gpu
+def test_a_step_that_waits_on_the_host_between_kernels_is_not_busy_on_a_gpu():
+    """On a real profile: each step launches a short product, then the host sleeps 10 ms, four
+    times. The device works well under a tenth of the window; the GPU-side copies of the step
+    and window ranges, which span each step's first to last kernel, must not count as work."""
+    x = torch.randn(512, 512, device="cuda")
+    with profiled_window(torch.device("cuda")) as window:
+        for _ in range(3):
+            with window.step():
+                for _ in range(4):
+                    x @ x
+                    torch.cuda.synchronize()
+                    time.sleep(0.01)
+    _, timeline, _ = summarize(window, steps=3, first_step=0, graphed=False)
+    assert timeline.gpu_busy_frac < 0.2, timeline.gpu_busy_frac
 
 
 def test_nsa_attribution_ranges_custom_ops_and_kernels():
@@ -102,7 +121,10 @@ def _avg(key, cpu_total=0.0, self_cpu=0.0, self_device=0.0):
 
 
 def test_summarize_on_cuda_events_and_the_files_it_writes(tmp_path):
-    raw = [_event(WINDOW_RANGE, 100, 200, CPU), _event("_sel_fwd_kernel", 110, 150), _event("sm90_gemm", 140, 160),
+    # Kineto's GPU-side copies of the ranges come first (first to last kernel): neither is the
+    # window nor busy time
+    raw = [_event(WINDOW_RANGE, 110, 250, is_user_annotation=True), _event(STEP_RANGE, 110, 250, is_user_annotation=True),
+           _event(WINDOW_RANGE, 100, 200, CPU), _event("_sel_fwd_kernel", 110, 150), _event("sm90_gemm", 140, 160),
            _event("Memset", 190, 250)]  # busy [110,160] + [190,200] = 60 of 100
     averages = [_avg(STEP_RANGE, cpu_total=80_000), _avg("aten::mm", self_cpu=20_000, self_device=30_000),
                 _avg("aten::add", self_cpu=20_000, self_device=1_000), _avg("_sel_fwd_kernel", self_device=40_000),

@@ -13,7 +13,8 @@
 #   throughput  bench/train_throughput.py, the NSA and the dense model, S=4k..64k, batch 1
 #   compiled    the same with train.compile=true (both models compiled, CUDA graphs), THROUGHPUT_LENS
 #   profile     where a whole training step's device time goes, both models, eager, PROFILE_LENS
-#               (default 16384 65536): top kernels and their sum by family (attention, products, rest)
+#               (default 16384 65536): top kernels and their sum by family (attention, products, rest);
+#               PROFILE_OVERRIDES more --override arguments (e.g. --override train.compile=true)
 #   FORM_SHAPES, FORM_OPS, FORM_SEL, THROUGHPUT_LENS, TRAIN_STEPS override the defaults; <PART>_TIMEOUT bounds a part.
 # Results under $OUT: long_context.log (everything), tests.xml (per-test errors), *.json.
 . bench/gpu/device_prologue.sh
@@ -65,8 +66,8 @@ for part in ${PARTS:-tests forms}; do
   profile)
     timeout "${PROFILE_TIMEOUT:-300}" python3 bench/train_throughput.py --kinds nsa dense --batch-sizes 1 \
       --seq-lens ${PROFILE_LENS:-16384 65536} --steps 3 --warmup 2 --profile 2 --profile-rows 45 \
-      --override train.grad_accum=1 --override train.fused_adamw=true --json "$OUT/profile.json" 2>&1 \
-      | tee -a "$LOG" ;;
+      --override train.grad_accum=1 --override train.fused_adamw=true ${PROFILE_OVERRIDES:-} \
+      --json "$OUT/profile.json" 2>&1 | tee -a "$LOG" ;;
   *) echo "unknown part $part" | tee -a "$LOG" ;;
   esac
 done

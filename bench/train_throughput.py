@@ -129,17 +129,20 @@ FAMILIES = (
     ("matrix products (cuBLAS/CUTLASS)", re.compile(r"gemm|nvjet|xmma|cutlass|sm90_|sm80_", re.I)),
     ("optimizer (AdamW, grad clip)", re.compile(r"adam|multi_tensor|foreach", re.I)),
 )
+OTHER = "other (elementwise, norms, copies)"
 
 
-def kernel_families(events, n_steps: int) -> list[tuple[str, float, int]]:
-    """(family, device ms per step, kernel kinds) of a profile's device events, by FAMILIES."""
-    totals: dict[str, list] = {}
+def kernel_table(events, n_steps: int) -> list[tuple[str, str, float, float]]:
+    """(family, kernel, device ms per step, launches per step) of a profile's device events, by
+    FAMILIES, the longest first."""
+    per_kernel: dict[str, list[float]] = {}
     for e in device_events(events):
-        family = next((name for name, rx in FAMILIES if rx.search(e.name)), "other (elementwise, norms, copies)")
-        t = totals.setdefault(family, [0.0, set()])
+        t = per_kernel.setdefault(e.name, [0.0, 0])
         t[0] += (e.time_range.end - e.time_range.start) / 1e3 / n_steps
-        t[1].add(e.name)
-    return sorted(((f, ms, len(names)) for f, (ms, names) in totals.items()), key=lambda r: -r[1])
+        t[1] += 1 / n_steps
+    rows = [(next((f for f, rx in FAMILIES if rx.search(name)), OTHER), name, ms, calls)
+            for name, (ms, calls) in per_kernel.items()]
+    return sorted(rows, key=lambda r: -r[2])
 
 
 def profile_steps(step, n_steps: int, device: torch.device, label: str, rows: int = 25) -> float | None:
@@ -155,14 +158,24 @@ def profile_steps(step, n_steps: int, device: torch.device, label: str, rows: in
             for _ in range(n_steps):
                 step()
             sync(device)
-    print(f"# profile of {n_steps} steps, {label}: top kernels by device time")
-    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows, max_name_column_width=70))
     if device.type != "cuda":
+        print(f"# profile of {n_steps} steps, {label}: top ops by CPU time")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=70))
         return None
     events = prof.events()
-    print(f"# device ms per step by kernel family, {label}")
-    for family, ms, kinds in kernel_families(events, n_steps):
-        print(f"#   {family}: {ms:.1f} ms ({kinds} kernel kinds)")
+    table = kernel_table(events, n_steps)
+    print(f"# profile of {n_steps} steps, {label}: device ms per step by kernel family")
+    families: dict[str, list] = {}
+    for family, _, ms, _ in table:
+        t = families.setdefault(family, [0.0, 0])
+        t[0] += ms
+        t[1] += 1
+    for family, (ms, n) in sorted(families.items(), key=lambda kv: -kv[1][0]):
+        print(f"#   {family}: {ms:.2f} ms ({n} kernels)")
+    print(f"# the {rows} longest kernels, {label}")
+    print("| ms/step | launches/step | family | kernel |\n|---:|---:|---|---|")
+    for family, name, ms, calls in table[:rows]:
+        print(f"| {ms:.3f} | {calls:g} | {family} | {name[:100]} |")
     window = next(e for e in events if e.name == "bench.steps" and e.device_type != torch.autograd.DeviceType.CUDA
                   ).time_range
     busy = busy_fraction(device_intervals(events), (window.start, window.end))

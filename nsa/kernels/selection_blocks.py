@@ -9,12 +9,16 @@ l' = 64, K = 64, bf16), which bounds it (docs/performance.md, ninth set). Here a
 work item of the inverse selection (nsa.kernels._inverse: up to QC tokens that chose one block),
 loads the block's keys and values once and runs the items' (token, head) rows through them BM at
 a time, G rows a token, no padding. Each (token, head, slot) gets a partial output, normalised,
-in float32 with its log-sum-exp; a second kernel combines a row's n partials in slot order. No
-atomics: the result does not depend on the order programs run in.
+with its float32 log-sum-exp; a second kernel combines a row's n partials in slot order, in
+float32. No atomics: the result does not depend on the order programs run in.
 
-Cost: the partials, B * Tq * HQ * n * K float32 values written and read once (3.2 GB at S = 64k,
-HQ = 12, K = 64), instead of the gather. The partials of at most PARTIALS_BUDGET bytes are held
-at once: longer inputs are taken a chunk of query tokens at a time.
+Cost: the partials, B * Tq * HQ * n * K values written and read once, instead of the gather.
+They are stored in q's dtype when it has 16 bits (float32 otherwise): a normalised partial is a
+convex combination of value rows, so rounding it adds at most one rounding of the output's own
+dtype, while float32 partials doubled the traffic (3.2 GB at S = 64k, HQ = 12, K = 64: the
+combine kernel alone took 1.2 ms a layer on one H100, docs/performance.md, fifteenth set). The
+partials of at most PARTIALS_BUDGET bytes are held at once: longer inputs are taken a chunk of
+query tokens at a time.
 
 Shapes: q, o [B, Tq, HQ, K] at positions q_start..; k, v [B, Tk, H, K]; idx [B, Tq, H, n]
 (ascending, -1 padded); lse [B, Tq, HQ] float32, natural log; G = HQ // H.
@@ -31,7 +35,7 @@ from ._inverse import inverse_selection
 from ._launch import dot_precision, launch
 from ._softmax import LN2, LOG2E
 
-#: bytes of float32 partial outputs held at once (see the module docstring)
+#: bytes of partial outputs held at once (see the module docstring)
 PARTIALS_BUDGET = 4 << 30
 #: tokens per work item of the inverse selection (a block chosen by more tokens is split)
 QC = 512
@@ -89,7 +93,7 @@ def _blocks_fwd_kernel(
             has = l_sum > 0
             l_safe = tl.where(has, l_sum, 1.0)
             part = tl.load(perm + u, mask=rmask, other=0) * G + g  # (idx entry, head)
-            tl.store(o_part + part[:, None] * K + offk[None, :], acc / l_safe[:, None],
+            tl.store(o_part + part[:, None] * K + offk[None, :], (acc / l_safe[:, None]).to(o_part.dtype.element_ty),
                      mask=rmask[:, None] & kmask[None, :])
             tl.store(lse_part + part, tl.where(has, m_safe + tl.log2(l_safe), float("-inf")), mask=rmask)
 
@@ -119,7 +123,7 @@ def _blocks_combine_kernel(
         valid = rm & (tl.load(idx + e0 + i, mask=rm, other=-1) >= 0)
         part = (e0 + i) * G + g
         lse_s = tl.load(lse_part + part, mask=valid, other=float("-inf"))
-        o_s = tl.load(o_part + part[:, None] * K + offk[None, :], mask=valid[:, None] & m2, other=0.0)
+        o_s = tl.load(o_part + part[:, None] * K + offk[None, :], mask=valid[:, None] & m2, other=0.0).to(tl.float32)
         m_new = tl.maximum(m_i, lse_s)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
@@ -134,9 +138,15 @@ def _blocks_combine_kernel(
     tl.store(lse + row, tl.where(has, (m_i + tl.log2(l_safe)) * LN2, float("-inf")), mask=rm)
 
 
-def _chunk(B: int, Tq: int, HQ: int, n: int, K: int) -> int:
-    """Query tokens per pass: as many as keep their float32 partials within PARTIALS_BUDGET."""
-    return max(1, min(Tq, PARTIALS_BUDGET // (B * HQ * n * K * 4)))
+def partial_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The partial outputs' dtype for inputs of ``dtype`` (see the module docstring)."""
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
+def _chunk(B: int, Tq: int, HQ: int, n: int, K: int, itemsize: int = 4) -> int:
+    """Query tokens per pass: as many as keep their partials (``itemsize`` bytes a value) within
+    PARTIALS_BUDGET."""
+    return max(1, min(Tq, PARTIALS_BUDGET // (B * HQ * n * K * itemsize)))
 
 
 def blocks_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, sel_block: int,
@@ -151,12 +161,13 @@ def blocks_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch
     lse = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
     BK = max(16, triton.next_power_of_2(K))
     meta = dict(H=H, G=G, K=K, BK=BK)
-    chunk = _chunk(B, Tq, HQ, n, K)
+    part_dtype = partial_dtype(q.dtype)
+    chunk = _chunk(B, Tq, HQ, n, K, part_dtype.itemsize)
     for a in range(0, Tq, chunk):
         Tc = min(chunk, Tq - a)
         idx_c = idx[:, a:a + Tc].contiguous()
         keys, perm, seg, start, end, NB = inverse_selection(idx_c, Tk, sel_block, QC)
-        o_part = torch.empty(idx_c.numel() * G * K, device=q.device, dtype=torch.float32)
+        o_part = torch.empty(idx_c.numel() * G * K, device=q.device, dtype=part_dtype)
         lse_part = torch.empty(idx_c.numel() * G, device=q.device, dtype=torch.float32)
         launch(_blocks_fwd_kernel, lambda c: (seg.numel(),),
                (q, k, v, keys, perm, seg, start, end, o_part, lse_part, Tc, Tq, a, Tk, NB, q_start,

@@ -17,6 +17,7 @@ from tests.kernels._util import (
     KCase,
     check_against_reference,
     kcases,
+    rel_err,
     rnd,
 )
 
@@ -254,6 +255,26 @@ def test_selection_blocks_forward_a_chunk_of_tokens_at_a_time(kdev, monkeypatch,
     monkeypatch.setattr(selection_blocks, "PARTIALS_BUDGET", 5 * per_token + 11)
     assert selection_blocks._chunk(B, 23, 6, 4, 16) == 5
     _check_tiles(kdev, monkeypatch, 1, G=3, T=23, q_start=5, H=2, B=B, seed=30 + B, form="blocks")
+
+
+def test_selection_blocks_forward_16_bit_partials(kdev):
+    """fp16 inputs: the partial outputs are stored in fp16 (half the traffic of float32) and
+    combined in float32; the output stays within fp16's error of the float64 reference, and
+    equals the float32-partials path but for that one rounding."""
+    from nsa.kernels import selection, selection_blocks
+
+    assert selection_blocks.partial_dtype(torch.float16) is torch.float16
+    assert selection_blocks.partial_dtype(torch.bfloat16) is torch.bfloat16
+    assert selection_blocks.partial_dtype(torch.float32) is torch.float32
+    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=4, window=8)
+    gen = torch.Generator().manual_seed(7)
+    B, T, H, G, K = 1, 23, 2, 6, 16
+    q, k, v = (rnd(gen, B, T, H * n, K, device=kdev) for n in (G, 1, 1))
+    idx = _random_idx(gen, B, T, H, cfg.n_selected, cfg.sel_block, 0)
+    o16 = selection.selected_attention(q.half(), k.half(), v.half(), idx.to(kdev), 0, cfg.sel_block, form="blocks")
+    assert o16.dtype is torch.float16
+    ref = torch_sel_attention(q.half().double().cpu(), k.half().double().cpu(), v.half().double().cpu(), idx, cfg, 0)
+    assert rel_err(o16.float().cpu(), ref) < 2e-3
 
 
 def test_selection_forward_forms_refuse_unknown():

@@ -161,7 +161,8 @@ def test_a_rank_that_does_not_profile_only_runs_the_steps():
 
 # --- the trainer's window, on CPU -----------------------------------------------------------------
 
-TINY = "model.n_layers=1 train.seq_len=32 train.print_every=100 train.save_final=false"
+# on CPU wherever they run: what these tests pin (steady from step 2, no GPU timeline) is the CPU case
+TINY = "model.n_layers=1 train.seq_len=32 train.print_every=100 train.save_final=false train.device=cpu"
 
 
 def _train(out: Path, extra: str, steps: int, profile_steps: int) -> int:

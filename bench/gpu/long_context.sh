@@ -29,7 +29,7 @@ for part in ${PARTS:-tests forms}; do
     [ -n "${TEST_K:-}" ] && k_args=(-k "$TEST_K")
     timeout "${TESTS_TIMEOUT:-280}" python3 -m pytest -q -n "${WORKERS:-3}" -p no:cacheprovider --durations=0 \
       --junitxml="$OUT/tests.xml" "${k_args[@]}" \
-      tests/kernels/test_shape_matrix.py tests/kernels/test_triton_gpu.py tests/kernels/test_launch.py \
+      tests/kernels/test_shape_matrix.py tests/kernels/test_triton_gpu.py tests/kernels/test_launch.py tests/kernels/test_triton_topk.py \
       "tests/kernels/test_triton_selection.py::test_selection_blocks_forward" \
       "tests/kernels/test_triton_selection.py::test_selection_blocks_forward_a_chunk_of_tokens_at_a_time" 2>&1 \
       | grep -E "passed|failed|Error|^FAILED|^E |s call " | tee -a "$LOG" ;;

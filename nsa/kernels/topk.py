@@ -1,7 +1,8 @@
 """Triton importance scores and top-n block selection, in two kernels.
 
 Scores: one program owns BT consecutive query tokens of one KV group, with all G query heads of
-the group as rows (padded to GP, a power of two). It streams the compressed keys in chunks of BJ
+the group as rows, in one or two sets of a power of two rows a token (6 heads as 4 + 2 rather
+than 8 with two idle: _head_sets). It streams the compressed keys in chunks of BJ
 selection blocks (BJ * R compressed tokens, R = l'/d), recomputes
 p_cmp = exp(q . kc / sqrt(K) - lse) over the visible compressed tokens, sums it over the
 group's heads and maps it onto selection blocks by overlap weight (the compressed tokens that
@@ -49,9 +50,40 @@ def _overlap_weight(o, L: tl.constexpr, D: tl.constexpr, LS: tl.constexpr):
 
 
 @triton.jit
+def _head_rows(q_base, lse_b, Tq, q_start, pid_t, G0: tl.constexpr, GS: tl.constexpr, G: tl.constexpr,
+               HQ: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, L: tl.constexpr, D: tl.constexpr,
+               BT: tl.constexpr):
+    """The query rows of heads G0..G0+GS-1 of BT tokens (rows = token * GS + head - G0): q
+    [BT*GS, BK], base-2 lse, and the last visible compressed token of each row (-1: none)."""
+    rows = tl.arange(0, BT * GS)
+    tt = pid_t * BT + rows // GS
+    g = G0 + rows % GS
+    rmask = (tt < Tq) & (g < G)
+    offk = tl.arange(0, BK)
+    qt = tl.load(q_base + (tt * HQ + g).to(tl.int64)[:, None] * K + offk[None, :],
+                 mask=rmask[:, None] & (offk < K)[None, :], other=0.0)
+    lse2 = lse_log2(tl.load(lse_b + tt * HQ + g, mask=rmask, other=0.0))
+    # compressed token i is visible to position p iff i*D + L - 1 <= p
+    pos_r = q_start + tt
+    hi_r = tl.where(pos_r + 1 >= L, (pos_r + 1 - L) // D, -1)
+    return qt, lse2, tl.where(rmask, hi_r, -1)
+
+
+@triton.jit
+def _head_sum(qt, lse2, hi_r, kt, ci, ccv, qk_scale, GS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+              DOT: tl.constexpr):
+    """p_cmp = exp(q . kc / sqrt(K) - lse) of rows from _head_rows against a chunk of compressed
+    keys kt [BC, BK] (indices ci), summed over the rows' heads: [BT, BC]."""
+    s = tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale
+    vis = (ci[None, :] <= hi_r[:, None]) & ccv[None, :]
+    p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
+    return tl.sum(tl.reshape(p, [BT, GS, BC]), 1)
+
+
+@triton.jit
 def _score_kernel(
     q, kc, lse, scores, Tq, Nc, NB, q_start, sm_scale,
-    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+    H: tl.constexpr, G: tl.constexpr, GA: tl.constexpr, GB: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, LS: tl.constexpr, BJ: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, DOT: tl.constexpr,
 ):
@@ -62,22 +94,16 @@ def _score_kernel(
     HQ: tl.constexpr = H * G
     R: tl.constexpr = LS // D
     BCR: tl.constexpr = BJ * R  # compressed tokens per chunk; BC is its next power of two
-    ROWS: tl.constexpr = BT * GP
 
-    rows = tl.arange(0, ROWS)
-    tt = pid_t * BT + rows // GP
-    g = rows % GP
-    rmask = (tt < Tq) & (g < G)
-    pos_r = q_start + tt
+    # the group's heads as rows in at most two sets of powers of two (GA + GB >= G, see
+    # _head_sets): G = 6 runs 4 + 2 rows a token, not 8 with two idle
+    q_base = q + (b.to(tl.int64) * Tq * HQ + h * G) * K
+    lse_b = lse + b.to(tl.int64) * Tq * HQ + h * G
+    qa, lse_a, hi_a = _head_rows(q_base, lse_b, Tq, q_start, pid_t, 0, GA, G, HQ, K, BK, L, D, BT)
+    if GB > 0:
+        qb, lse_bb, hi_b = _head_rows(q_base, lse_b, Tq, q_start, pid_t, GA, GB, G, HQ, K, BK, L, D, BT)
     offk = tl.arange(0, BK)
     kmask = offk < K
-    q_base = q + (b.to(tl.int64) * Tq * HQ + h * G) * K
-    qt = tl.load(q_base + (tt * HQ + g).to(tl.int64)[:, None] * K + offk[None, :],
-                 mask=rmask[:, None] & kmask[None, :], other=0.0)
-    lse2 = lse_log2(tl.load(lse + b.to(tl.int64) * Tq * HQ + h * G + tt * HQ + g, mask=rmask, other=0.0))
-    # compressed token i is visible to position p iff i*D + L - 1 <= p
-    hi_r = tl.where(pos_r + 1 >= L, (pos_r + 1 - L) // D, -1)
-    hi_r = tl.where(rmask, hi_r, -1)
     kc_base = kc + (b.to(tl.int64) * Nc * H + h) * K
 
     tok = pid_t * BT + tl.arange(0, BT)
@@ -101,10 +127,9 @@ def _score_kernel(
         ci = c * BCR + cc
         kt = tl.load(kc_base + ci.to(tl.int64)[:, None] * (H * K) + offk[None, :],
                      mask=((ci < Nc) & ccv)[:, None] & kmask[None, :], other=0.0)
-        s = tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale
-        vis = (ci[None, :] <= hi_r[:, None]) & ccv[None, :]
-        p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
-        ps = tl.sum(tl.reshape(p, [BT, GP, BC]), 1)  # [BT, BC], summed over the group's heads
+        ps = _head_sum(qa, lse_a, hi_a, kt, ci, ccv, qk_scale, GA, BT, BC, DOT)  # [BT, BC]
+        if GB > 0:
+            ps += _head_sum(qb, lse_bb, hi_b, kt, ci, ccv, qk_scale, GB, BT, BC, DOT)
         sc = tl.sum(ps[:, :, None] * wmap[None, :, :], 1)  # [BT, BJ]
         sc = sc + tl.where(jj[None, :] == 0, carry[:, None], 0.0)
         carry = tl.sum(ps * wtail[None, :], 1)
@@ -120,22 +145,49 @@ def _score_kernel(
 
 
 @triton.jit
-def _select_kernel(scores, idx, NROWS, NB, N: tl.constexpr, NP: tl.constexpr, NBP: tl.constexpr,
-                   BR: tl.constexpr):
-    r = tl.program_id(0) * BR + tl.arange(0, BR)
-    rm = r < NROWS
-    j = tl.arange(0, NBP)
-    s = tl.load(scores + r.to(tl.int64)[:, None] * NB + j[None, :], mask=rm[:, None] & (j[None, :] < NB),
-                other=-1.0)
-    bits = s.to(tl.int32, bitcast=True)  # scores >= 0 order like their bits; -1.0 is negative
-    # the largest x in [0, +inf] with at least N scores >= x (0 when fewer than N are visible)
-    lo = tl.zeros([BR], tl.int32)
-    hi = tl.full([BR], INF_BITS, tl.int32)
+def _nth_largest(bits, lo, hi, N: tl.constexpr):
+    """The largest x in [lo, hi] with at least N of the rows' bits >= x (lo when none is): a
+    binary search of 31 steps over non-negative float32 bit patterns, [BR] per row."""
     for _ in range(0, 31):
         mid = lo + (hi - lo + 1) // 2
         ok = tl.sum((bits >= mid[:, None]).to(tl.int32), 1) >= N
         lo = tl.where(ok, mid, lo)
         hi = tl.where(ok, hi, mid - 1)
+    return lo
+
+
+@triton.jit
+def _select_kernel(scores, idx, NROWS, NB, N: tl.constexpr, NP: tl.constexpr, NBP: tl.constexpr,
+                   BR: tl.constexpr, NS: tl.constexpr, CAP: tl.constexpr):
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    rm = r < NROWS
+    j = tl.arange(0, NBP)
+    row = scores + r.to(tl.int64)[:, None] * NB
+    s = tl.load(row + j[None, :], mask=rm[:, None] & (j[None, :] < NB), other=-1.0)
+    bits = s.to(tl.int32, bitcast=True)  # scores >= 0 order like their bits; -1.0 is negative
+    # the largest x in [0, +inf] with at least N scores >= x (0 when fewer than N are visible)
+    zero = tl.zeros([BR], tl.int32)
+    top = tl.full([BR], INF_BITS, tl.int32)
+    if CAP > 0:
+        # A floor under x: the least of the maxima of NS interleaved sets of blocks, NS distinct
+        # scores >= it. Where at least N and at most CAP scores reach it, they hold every score
+        # >= x: the search runs over them alone, moved to the front of the row's own scores
+        # (read already, not read again), CAP a row instead of NBP.
+        floor = tl.min(tl.max(tl.reshape(bits, [BR, NBP // NS, NS]), 1), 1)
+        cand = bits >= floor[:, None]
+        count = tl.where(rm, tl.sum(cand.to(tl.int32), 1), N)
+        if (tl.min(count) >= N) & (tl.max(count) <= CAP):
+            slot = tl.cumsum(cand.to(tl.int32), 1) - 1
+            tl.debug_barrier()
+            tl.store(row + slot, s, mask=cand & rm[:, None])
+            tl.debug_barrier()
+            c = tl.arange(0, CAP)
+            few = tl.load(row + c[None, :], mask=rm[:, None] & (c[None, :] < count[:, None]), other=-1.0)
+            lo = _nth_largest(few.to(tl.int32, bitcast=True), floor, top, N)
+        else:
+            lo = _nth_largest(bits, zero, top, N)
+    else:
+        lo = _nth_largest(bits, zero, top, N)
     above = bits > lo[:, None]
     tied = bits == lo[:, None]
     room = N - tl.sum(above.to(tl.int32), 1)
@@ -154,6 +206,8 @@ def _select_kernel(scores, idx, NROWS, NB, N: tl.constexpr, NP: tl.constexpr, NB
 TUNE = dict(rows=128, warps=4, stages=2)
 #: bytes of float32 block scores held at once; longer inputs are scored a query chunk at a time
 SCORE_BUDGET = 1 << 28
+#: scores a row the select kernel searches over when a floor leaves that few (see _select_kernel)
+SELECT_CANDIDATES = 128
 
 
 def _select_launch(nbp: int) -> tuple[int, int]:
@@ -171,6 +225,37 @@ def _select_launch(nbp: int) -> tuple[int, int]:
     return max(1, 512 // nbp), max(1, nbp // 1024)  # past S=64k (not timed): 2+ warps, <= 140 registers
 
 
+def _head_sets(G: int, BT: int) -> tuple[int, int]:
+    """(GA, GB): the score kernel takes a group's G heads as GA rows a token and then GB more (0:
+    none), powers of two with GA + GB >= G. Two sets where they leave fewer rows idle than one
+    set of next_power_of_2(G) rows (6 = 4 + 2, not 8) and the second set's tile keeps the 16
+    rows a tensor-core product needs (BT * GB >= 16); one set otherwise."""
+    GP = triton.next_power_of_2(G)
+    if GP == G:
+        return G, 0
+    GA = GP // 2
+    GB = triton.next_power_of_2(G - GA)
+    if GA + GB >= GP or BT * GB < 16:
+        return GP, 0
+    return GA, GB
+
+
+def select_top(scores: torch.Tensor, idx: torch.Tensor) -> None:
+    """idx [rows, n] (int64): the n best of each row of block scores [rows, NB] (float32, as the
+    score kernel writes them: -1 for a block the row may not choose), ascending, -1 padded, ties
+    to the lower block (see the module docstring). Overwrites the scores."""
+    rows, NB = scores.shape
+    n = idx.shape[1]
+    NBP = triton.next_power_of_2(NB)
+    BR, warps = _select_launch(NBP)
+    # the search over at most CAP candidates a row, for rows of 4 CAP blocks and more (shorter
+    # rows search in registers cheaply enough); NS interleaved sets give the floor (NS <= n)
+    NS = min(1 << (n.bit_length() - 1), NBP)
+    CAP = SELECT_CANDIDATES if NBP >= 4 * SELECT_CANDIDATES and n <= SELECT_CANDIDATES and NS >= 4 else 0
+    _select_kernel[(triton.cdiv(rows, BR),)](scores, idx, rows, NB, N=n, NP=triton.next_power_of_2(n), NBP=NBP,
+                                             BR=BR, NS=NS, CAP=CAP, num_warps=warps)
+
+
 def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
     B, Tq, HQ, K = q.shape
     Nc, H = kc.shape[1], kc.shape[2]
@@ -183,11 +268,10 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
     interpret = q.device.type == "cpu"
     GP = triton.next_power_of_2(G)
     BT = max(1, (64 if interpret else TUNE["rows"]) // GP)
+    GA, GB = _head_sets(G, BT)
     BK = max(16, triton.next_power_of_2(K))
     BJ = 16
     NB = triton.cdiv(q_start + Tq, LS)
-    NBP = triton.next_power_of_2(NB)
-    BR, select_warps = _select_launch(NBP)
     chunk = max(BT, SCORE_BUDGET // (B * H * NB * 4) // BT * BT)
     buffer = torch.empty(B * min(chunk, Tq) * H * NB, device=q.device, dtype=torch.float32)
     for a in range(0, Tq, chunk):
@@ -198,15 +282,13 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
         # a fallback with fewer rows (BT tokens, at least 16 rows) keeps the chunk a multiple of BT
         launch(_score_kernel, lambda c, t=t: (triton.cdiv(t, c["BT"]), B * H),
                (qa, kc, lsea, sc, t, Nc, NB, q_start + a, 1.0 / math.sqrt(K)),
-               dict(H=H, G=G, GP=GP, K=K, BK=BK, L=L, D=D, LS=LS, BJ=BJ, BC=triton.next_power_of_2(BJ * (LS // D)),
-                    DOT=dot_precision(q.dtype)),
+               dict(H=H, G=G, GA=GA, GB=GB, K=K, BK=BK, L=L, D=D, LS=LS, BJ=BJ,
+                    BC=triton.next_power_of_2(BJ * (LS // D)), DOT=dot_precision(q.dtype)),
                dict(BT=BT, num_warps=4 if interpret else TUNE["warps"],
-                    num_stages=1 if interpret else TUNE["stages"]), halve=("BT",), floor=max(1, 16 // GP))
+                    num_stages=1 if interpret else TUNE["stages"]), halve=("BT",), floor=max(1, 16 // min(GA, GB or GA)))
         rows = B * t * H
         out = idx[:, a:a + t] if t == Tq else torch.empty(B, t, H, n, device=q.device, dtype=torch.int64)
-        _select_kernel[(triton.cdiv(rows, BR),)](
-            sc, out, rows, NB, N=n, NP=triton.next_power_of_2(n), NBP=NBP, BR=BR, num_warps=select_warps,
-        )
+        select_top(sc.view(rows, NB), out.view(rows, n))
         if t < Tq:
             idx[:, a:a + t] = out
     return idx

@@ -90,3 +90,72 @@ def test_topk_scores_a_query_chunk_at_a_time(kdev, monkeypatch):
     cfg = NSAConfig()
     agree = _check(kdev, KCase(cfg, B=2, T=40, H=2, G=2, K=16, q_start=700, seed=5))
     assert agree >= 0.99
+
+
+def test_head_sets_split_groups_that_are_not_powers_of_two():
+    """The score kernel's rows a token: two power-of-two sets where that idles fewer rows and
+    keeps a 16-row tile, one padded set otherwise."""
+    from nsa.kernels.topk import _head_sets
+
+    assert [_head_sets(G, 16) for G in (1, 2, 4, 8, 16)] == [(1, 0), (2, 0), (4, 0), (8, 0), (16, 0)]
+    assert _head_sets(6, 16) == (4, 2) and _head_sets(3, 32) == (2, 1) and _head_sets(5, 16) == (4, 1)
+    assert _head_sets(12, 8) == (8, 4) and _head_sets(10, 8) == (8, 2)
+    assert _head_sets(7, 16) == (8, 0)  # 4 + 4 idles as many rows as 8
+    assert _head_sets(9, 8) == (16, 0) and _head_sets(5, 8) == (8, 0)  # a second set of 8 rows: too thin
+
+
+@pytest.mark.parametrize("G", [3, 6, 12], ids=["G3", "G6", "G12"])
+def test_topk_groups_run_as_two_sets_of_rows(kdev, G):
+    """Groups the kernel takes as two sets of rows (G = 3 as 2 + 1, 6 as 4 + 2, 12 as 8 + 4),
+    the paper's block sizes, several chunks of candidate blocks, a continuation."""
+    cfg = NSAConfig()
+    agree = _check(kdev, KCase(cfg, B=1, T=48, H=2 if G < 12 else 1, G=G, K=16, q_start=1500, seed=G))
+    assert agree >= 0.99
+
+
+def _top_reference(scores: torch.Tensor, n: int) -> torch.Tensor:
+    """The n best of each row by (score descending, block ascending) among scores >= 0,
+    ascending, -1 padded."""
+    out = torch.full((scores.shape[0], n), -1, dtype=torch.int64)
+    for r, row in enumerate(scores.tolist()):
+        best = sorted((-v, j) for j, v in enumerate(row) if v >= 0)[:n]
+        out[r, :len(best)] = torch.tensor(sorted(j for _, j in best), dtype=torch.int64)
+    return out
+
+
+@pytest.mark.parametrize("NB,n,cap", [(300, 16, 64), (1024, 16, 64), (70, 4, 16)],
+                         ids=["NB300", "NB1024", "NB70-n4"])
+def test_select_top_searches_few_candidates_or_the_whole_row(kdev, monkeypatch, NB, n, cap):
+    """The select kernel on rows of scores as the score kernel writes them (+inf forced blocks,
+    -1 for the blocks a row may not choose, ties): rows whose floor leaves at most `cap`
+    candidates (the short search) and rows where it does not (all scores tied, most blocks
+    invisible, fewer than n visible) give the reference's blocks."""
+    from nsa.kernels import topk
+
+    monkeypatch.setattr(topk, "SELECT_CANDIDATES", cap)
+    gen = torch.Generator().manual_seed(NB + n)
+    rows = 24
+    scores = torch.rand(rows, NB, generator=gen)
+    scores[0:4] = torch.randint(0, 5, (4, NB), generator=gen).float() / 4  # many ties
+    scores[4] = 0.5  # all tied: the floor leaves every block
+    for r, visible in ((5, n - 1), (6, n), (7, NB // 3), (8, 1)):  # causal rows: the rest is -1
+        scores[r, visible:] = -1.0
+    scores[9:, 0] = float("inf")
+    scores[9:, NB // 2] = float("inf")
+    ref = _top_reference(scores, n)
+    got = torch.empty(rows, n, dtype=torch.int64, device=kdev)
+    work = scores.clone().to(kdev)
+    topk.select_top(work, got)
+    assert torch.equal(got.cpu(), ref)
+    # the short search moves a row's candidates to its front; the whole-row search writes nothing.
+    # Which rows take it: the floor is the least maximum of 16 interleaved sets of blocks
+    nbp = 1 << (NB - 1).bit_length()
+    bits = torch.nn.functional.pad(scores, (0, nbp - NB), value=-1.0).view(torch.int32)
+    ns = 1 << (n.bit_length() - 1)
+    cand = bits >= bits.view(rows, nbp // ns, ns).amax(1).amin(1)[:, None]
+    count = cand.sum(1)
+    br, _ = topk._select_launch(nbp)  # a program's rows take the short search together
+    short = ((count >= n) & (count <= cap)).view(-1, br).all(1).repeat_interleave(br)
+    assert short.sum() >= 4 and (~short).sum() >= 4  # both searches ran
+    in_front = torch.stack([c[:k].all() for c, k in zip(cand, count.tolist())])  # nothing to move
+    assert torch.equal((work.cpu() != scores).any(1), short & ~in_front)

@@ -1,8 +1,7 @@
 """Triton importance scores and top-n block selection, in two kernels.
 
 Scores: one program owns BT consecutive query tokens of one KV group, with all G query heads of
-the group as rows, in one or two sets of a power of two rows a token (6 heads as 4 + 2 rather
-than 8 with two idle: _head_sets). It streams the compressed keys in chunks of BJ
+the group as rows (padded to GP, a power of two). It streams the compressed keys in chunks of BJ
 selection blocks (BJ * R compressed tokens, R = l'/d), recomputes
 p_cmp = exp(q . kc / sqrt(K) - lse) over the visible compressed tokens, sums it over the
 group's heads and maps it onto selection blocks by overlap weight (the compressed tokens that
@@ -16,7 +15,11 @@ Select: one program owns BR rows of scores, whole rows in registers. Non-negativ
 order like their bit patterns, so a binary search on the bits (31 steps) finds the n-th largest
 score x; the blocks above x are taken, then the blocks equal to x by ascending index until n are
 taken (a tie goes to the lower block index), and a running count (cumsum) writes them in
-ascending order, -1 padded when fewer than n blocks are visible.
+ascending order, -1 padded when fewer than n blocks are visible. Long rows first take a floor
+under x (the least of the maxima of n interleaved sets of blocks); where it leaves at most
+SELECT_CANDIDATES scores, the search runs over those alone: on one H100 at the seeds' shape,
+S = 64k, the select kernel took 0.739 ms a call against 1.019 for the search over whole rows
+(docs/performance.md, fifteenth set).
 
 Two kernels instead of one fused kernel with a running top-n in registers: on one H100 the
 fused kernel took 13.41 ms at S=65536 (HQ=64, H=4, K=128) and 0.168 ms at the m7c_125m shape;
@@ -50,40 +53,9 @@ def _overlap_weight(o, L: tl.constexpr, D: tl.constexpr, LS: tl.constexpr):
 
 
 @triton.jit
-def _head_rows(q_base, lse_b, Tq, q_start, pid_t, G0: tl.constexpr, GS: tl.constexpr, G: tl.constexpr,
-               HQ: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, L: tl.constexpr, D: tl.constexpr,
-               BT: tl.constexpr):
-    """The query rows of heads G0..G0+GS-1 of BT tokens (rows = token * GS + head - G0): q
-    [BT*GS, BK], base-2 lse, and the last visible compressed token of each row (-1: none)."""
-    rows = tl.arange(0, BT * GS)
-    tt = pid_t * BT + rows // GS
-    g = G0 + rows % GS
-    rmask = (tt < Tq) & (g < G)
-    offk = tl.arange(0, BK)
-    qt = tl.load(q_base + (tt * HQ + g).to(tl.int64)[:, None] * K + offk[None, :],
-                 mask=rmask[:, None] & (offk < K)[None, :], other=0.0)
-    lse2 = lse_log2(tl.load(lse_b + tt * HQ + g, mask=rmask, other=0.0))
-    # compressed token i is visible to position p iff i*D + L - 1 <= p
-    pos_r = q_start + tt
-    hi_r = tl.where(pos_r + 1 >= L, (pos_r + 1 - L) // D, -1)
-    return qt, lse2, tl.where(rmask, hi_r, -1)
-
-
-@triton.jit
-def _head_sum(qt, lse2, hi_r, kt, ci, ccv, qk_scale, GS: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
-              DOT: tl.constexpr):
-    """p_cmp = exp(q . kc / sqrt(K) - lse) of rows from _head_rows against a chunk of compressed
-    keys kt [BC, BK] (indices ci), summed over the rows' heads: [BT, BC]."""
-    s = tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale
-    vis = (ci[None, :] <= hi_r[:, None]) & ccv[None, :]
-    p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
-    return tl.sum(tl.reshape(p, [BT, GS, BC]), 1)
-
-
-@triton.jit
 def _score_kernel(
     q, kc, lse, scores, Tq, Nc, NB, q_start, sm_scale,
-    H: tl.constexpr, G: tl.constexpr, GA: tl.constexpr, GB: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, LS: tl.constexpr, BJ: tl.constexpr,
     BT: tl.constexpr, BC: tl.constexpr, DOT: tl.constexpr,
 ):
@@ -94,16 +66,22 @@ def _score_kernel(
     HQ: tl.constexpr = H * G
     R: tl.constexpr = LS // D
     BCR: tl.constexpr = BJ * R  # compressed tokens per chunk; BC is its next power of two
+    ROWS: tl.constexpr = BT * GP
 
-    # the group's heads as rows in at most two sets of powers of two (GA + GB >= G, see
-    # _head_sets): G = 6 runs 4 + 2 rows a token, not 8 with two idle
-    q_base = q + (b.to(tl.int64) * Tq * HQ + h * G) * K
-    lse_b = lse + b.to(tl.int64) * Tq * HQ + h * G
-    qa, lse_a, hi_a = _head_rows(q_base, lse_b, Tq, q_start, pid_t, 0, GA, G, HQ, K, BK, L, D, BT)
-    if GB > 0:
-        qb, lse_bb, hi_b = _head_rows(q_base, lse_b, Tq, q_start, pid_t, GA, GB, G, HQ, K, BK, L, D, BT)
+    rows = tl.arange(0, ROWS)
+    tt = pid_t * BT + rows // GP
+    g = rows % GP
+    rmask = (tt < Tq) & (g < G)
+    pos_r = q_start + tt
     offk = tl.arange(0, BK)
     kmask = offk < K
+    q_base = q + (b.to(tl.int64) * Tq * HQ + h * G) * K
+    qt = tl.load(q_base + (tt * HQ + g).to(tl.int64)[:, None] * K + offk[None, :],
+                 mask=rmask[:, None] & kmask[None, :], other=0.0)
+    lse2 = lse_log2(tl.load(lse + b.to(tl.int64) * Tq * HQ + h * G + tt * HQ + g, mask=rmask, other=0.0))
+    # compressed token i is visible to position p iff i*D + L - 1 <= p
+    hi_r = tl.where(pos_r + 1 >= L, (pos_r + 1 - L) // D, -1)
+    hi_r = tl.where(rmask, hi_r, -1)
     kc_base = kc + (b.to(tl.int64) * Nc * H + h) * K
 
     tok = pid_t * BT + tl.arange(0, BT)
@@ -127,9 +105,10 @@ def _score_kernel(
         ci = c * BCR + cc
         kt = tl.load(kc_base + ci.to(tl.int64)[:, None] * (H * K) + offk[None, :],
                      mask=((ci < Nc) & ccv)[:, None] & kmask[None, :], other=0.0)
-        ps = _head_sum(qa, lse_a, hi_a, kt, ci, ccv, qk_scale, GA, BT, BC, DOT)  # [BT, BC]
-        if GB > 0:
-            ps += _head_sum(qb, lse_bb, hi_b, kt, ci, ccv, qk_scale, GB, BT, BC, DOT)
+        s = tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale
+        vis = (ci[None, :] <= hi_r[:, None]) & ccv[None, :]
+        p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
+        ps = tl.sum(tl.reshape(p, [BT, GP, BC]), 1)  # [BT, BC], summed over the group's heads
         sc = tl.sum(ps[:, :, None] * wmap[None, :, :], 1)  # [BT, BJ]
         sc = sc + tl.where(jj[None, :] == 0, carry[:, None], 0.0)
         carry = tl.sum(ps * wtail[None, :], 1)
@@ -225,21 +204,6 @@ def _select_launch(nbp: int) -> tuple[int, int]:
     return max(1, 512 // nbp), max(1, nbp // 1024)  # past S=64k (not timed): 2+ warps, <= 140 registers
 
 
-def _head_sets(G: int, BT: int) -> tuple[int, int]:
-    """(GA, GB): the score kernel takes a group's G heads as GA rows a token and then GB more (0:
-    none), powers of two with GA + GB >= G. Two sets where they leave fewer rows idle than one
-    set of next_power_of_2(G) rows (6 = 4 + 2, not 8) and the second set's tile keeps the 16
-    rows a tensor-core product needs (BT * GB >= 16); one set otherwise."""
-    GP = triton.next_power_of_2(G)
-    if GP == G:
-        return G, 0
-    GA = GP // 2
-    GB = triton.next_power_of_2(G - GA)
-    if GA + GB >= GP or BT * GB < 16:
-        return GP, 0
-    return GA, GB
-
-
 def select_top(scores: torch.Tensor, idx: torch.Tensor) -> None:
     """idx [rows, n] (int64): the n best of each row of block scores [rows, NB] (float32, as the
     score kernel writes them: -1 for a block the row may not choose), ascending, -1 padded, ties
@@ -268,7 +232,6 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
     interpret = q.device.type == "cpu"
     GP = triton.next_power_of_2(G)
     BT = max(1, (64 if interpret else TUNE["rows"]) // GP)
-    GA, GB = _head_sets(G, BT)
     BK = max(16, triton.next_power_of_2(K))
     BJ = 16
     NB = triton.cdiv(q_start + Tq, LS)
@@ -282,10 +245,10 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
         # a fallback with fewer rows (BT tokens, at least 16 rows) keeps the chunk a multiple of BT
         launch(_score_kernel, lambda c, t=t: (triton.cdiv(t, c["BT"]), B * H),
                (qa, kc, lsea, sc, t, Nc, NB, q_start + a, 1.0 / math.sqrt(K)),
-               dict(H=H, G=G, GA=GA, GB=GB, K=K, BK=BK, L=L, D=D, LS=LS, BJ=BJ,
-                    BC=triton.next_power_of_2(BJ * (LS // D)), DOT=dot_precision(q.dtype)),
+               dict(H=H, G=G, GP=GP, K=K, BK=BK, L=L, D=D, LS=LS, BJ=BJ, BC=triton.next_power_of_2(BJ * (LS // D)),
+                    DOT=dot_precision(q.dtype)),
                dict(BT=BT, num_warps=4 if interpret else TUNE["warps"],
-                    num_stages=1 if interpret else TUNE["stages"]), halve=("BT",), floor=max(1, 16 // min(GA, GB or GA)))
+                    num_stages=1 if interpret else TUNE["stages"]), halve=("BT",), floor=max(1, 16 // GP))
         rows = B * t * H
         out = idx[:, a:a + t] if t == Tq else torch.empty(B, t, H, n, device=q.device, dtype=torch.int64)
         select_top(sc.view(rows, NB), out.view(rows, n))

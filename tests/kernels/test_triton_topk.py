@@ -92,21 +92,9 @@ def test_topk_scores_a_query_chunk_at_a_time(kdev, monkeypatch):
     assert agree >= 0.99
 
 
-def test_head_sets_split_groups_that_are_not_powers_of_two():
-    """The score kernel's rows a token: two power-of-two sets where that idles fewer rows and
-    keeps a 16-row tile, one padded set otherwise."""
-    from nsa.kernels.topk import _head_sets
-
-    assert [_head_sets(G, 16) for G in (1, 2, 4, 8, 16)] == [(1, 0), (2, 0), (4, 0), (8, 0), (16, 0)]
-    assert _head_sets(6, 16) == (4, 2) and _head_sets(3, 32) == (2, 1) and _head_sets(5, 16) == (4, 1)
-    assert _head_sets(12, 8) == (8, 4) and _head_sets(10, 8) == (8, 2)
-    assert _head_sets(7, 16) == (8, 0)  # 4 + 4 idles as many rows as 8
-    assert _head_sets(9, 8) == (16, 0) and _head_sets(5, 8) == (8, 0)  # a second set of 8 rows: too thin
-
-
 @pytest.mark.parametrize("G", [3, 6, 12], ids=["G3", "G6", "G12"])
-def test_topk_groups_run_as_two_sets_of_rows(kdev, G):
-    """Groups the kernel takes as two sets of rows (G = 3 as 2 + 1, 6 as 4 + 2, 12 as 8 + 4),
+def test_topk_groups_that_are_not_powers_of_two(kdev, G):
+    """Groups whose heads fill a power-of-two row set only in part (the seeds' model has G = 6),
     the paper's block sizes, several chunks of candidate blocks, a continuation."""
     cfg = NSAConfig()
     agree = _check(kdev, KCase(cfg, B=1, T=48, H=2 if G < 12 else 1, G=G, K=16, q_start=1500, seed=G))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -24,7 +23,7 @@ from bench.bench_nsa import shape_of  # noqa: E402
 from bench.inputs import random_inputs  # noqa: E402
 from bench.ops import OPS  # noqa: E402
 from nsa.attention.config import NSAConfig  # noqa: E402
-from nsa.train.profile import device_events  # noqa: E402
+from bench.train_throughput import kernel_table  # noqa: E402
 
 
 def main() -> None:
@@ -51,16 +50,13 @@ def main() -> None:
             for _ in range(args.steps):
                 step()
             torch.cuda.synchronize()
-        per_kernel: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
-        for ev in device_events(prof.events()):
-            per_kernel[ev.name][0] += ev.device_time_total / 1e3 / args.steps  # ms per step
-            per_kernel[ev.name][1] += 1
-        total = sum(ms for ms, _ in per_kernel.values())
+        table = kernel_table(prof.events(), args.steps)
+        total = sum(ms for _, _, ms, _ in table)
         print(f"## {name}: {total:.3f} ms of kernels per step ({args.steps} steps profiled)", flush=True)
         print(f"| {'ms/step':>8} | {'share':>6} | {'calls/step':>10} | kernel |")
         print("|---:|---:|---:|---|")
-        for kernel, (ms, calls) in sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:args.top]:
-            print(f"| {ms:8.3f} | {ms / total:6.1%} | {calls / args.steps:10.1f} | {kernel[:110]} |", flush=True)
+        for _, kernel, ms, calls in table[:args.top]:
+            print(f"| {ms:8.3f} | {ms / total:6.1%} | {calls:10.1f} | {kernel[:110]} |", flush=True)
         del x, fwd, leaves
         torch.cuda.empty_cache()
 

@@ -33,3 +33,28 @@ def test_train_throughput_profiles_a_cpu_cell():
     rows = [line for line in r.stdout.splitlines() if line.startswith(("| nsa | 1 | 64 |", "| dense | 1 | 64 |"))]
     assert len(rows) == 2 and all(row.rstrip().endswith("| ok |") for row in rows), r.stdout[-2000:]
     assert "# profile of 1 steps, nsa B=1 S=64" in r.stdout
+
+
+def test_kernel_table_counts_device_events_per_step_by_family():
+    """Kernels only (a range's GPU-side copy and the host's ops are not device work), per step,
+    each with its family, the longest first."""
+    from types import SimpleNamespace
+
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from bench.train_throughput import OTHER, kernel_table
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def ev(name, us, device=cuda, annotation=False):
+        return SimpleNamespace(name=name, device_type=device, is_user_annotation=annotation,
+                               time_range=SimpleNamespace(start=0, end=us))
+
+    events = [ev("_score_kernel", 3000), ev("_score_kernel", 1000), ev("nvjet_sm90_tst_192x192", 1000),
+              ev("triton_poi_fused_mul_silu", 500), ev("bench.steps", 9000, annotation=True),
+              ev("aten::mm", 8000, cpu)]
+    assert kernel_table(events, n_steps=2) == [
+        ("attention: NSA Triton kernels", "_score_kernel", 2.0, 1.0),
+        ("matrix products (cuBLAS/CUTLASS)", "nvjet_sm90_tst_192x192", 0.5, 0.5),
+        (OTHER, "triton_poi_fused_mul_silu", 0.25, 0.5)]

@@ -132,15 +132,16 @@ def _stage_inputs(name, cfg):
     return x, x["q"], x["do"], lse, idx
 
 
-def _sel_split(x, q, do, idx, cfg) -> tuple[int, bool, dict[str, float]]:
+def _sel_split(x, q, do, idx, cfg) -> tuple[int, str, dict[str, float]]:
     """Medians (ms) of the selected branch's pieces at the current selection.TUNE: forward
     kernel; backward as inverse_selection (keys kernel, sort, work-item kernel), the dk/dv
-    kernel and dq: at long contexts (selection._ds_path) the delta pass, the dk/dv kernel
-    keeping its dS tiles (all tokens in one pass, as the backward does within its dS budget;
-    without the float32-to-bf16 casts of dk/dv), and dq from them; otherwise the dq kernel (it
-    writes delta) and the dk/dv kernel. The forward and the dq kernel each first build the token-tile block lists
-    ('union', one small kernel, nothing when TT = 1); their times include it. Returns TT,
-    whether dq comes from dS tiles, and the times."""
+    kernel and dq: at long contexts (selection._dq_from_pass) the delta pass, the dk/dv kernel
+    keeping its dq partials or dS tiles (selection._dq_source; all tokens in one pass, as the
+    backward does within its budget; without the float32-to-bf16 casts of dk/dv), and dq from
+    them; otherwise the dq kernel (it writes delta) and the dk/dv kernel. The forward and the dq
+    kernel each first build the token-tile block lists ('union', one small kernel, nothing when
+    TT = 1); their times include it. Returns TT, what the dk/dv pass keeps for dq ('' when the
+    dq kernel runs) and the times."""
     from nsa.kernels import selection as S
     from nsa.kernels._inverse import inverse_selection
 
@@ -155,19 +156,22 @@ def _sel_split(x, q, do, idx, cfg) -> tuple[int, bool, dict[str, float]]:
     times = dict(union=_bench(lambda: S._tile_union(idx, TT, NB)),
                  fwd=_bench(lambda: S._sel_fwd(q, k, v, idx, ls, 0, False, cfg.sel_form)),
                  inverse=_bench(lambda: inverse_selection(idx, Tk, ls, qc)))
-    ds_path = S._ds_path(q, k, n, ls)
-    if ds_path:
+    keep = S._dq_source(q.shape[3], ls) if S._dq_from_pass(q, k, n, ls) else ""
+    if keep:
         delta = S._row_delta(o, do)
-        ds = torch.empty(idx.numel() * (HQ // H) * ls, device=q.device, dtype=q.dtype)  # one chunk: all tokens
+        # one chunk: all tokens
+        kept = torch.empty(idx.numel() * (HQ // H) * S._kept_width(q.shape[3], ls), device=q.device, dtype=q.dtype)
         dk, dv = torch.zeros(2, *k.shape, device=k.device, dtype=torch.float32).unbind(0)
+        dq_of_kept = ((lambda: S._sel_dq_from_parts(q, idx, kept)) if keep == "dq"
+                      else (lambda: S._sel_dq_from_ds(q, k, idx, kept, ls)))
         times.update(delta=_bench(lambda: S._row_delta(o, do)),
-                     dkv=_bench(lambda: S._dkv_pass(q, k, v, do, lse, delta, work, ls, 0, dk, dv, ds)),
-                     dq=_bench(lambda: S._sel_dq_from_ds(q, k, idx, ds, ls)))
+                     dkv=_bench(lambda: S._dkv_pass(q, k, v, do, lse, delta, work, ls, 0, dk, dv, keep, kept)),
+                     dq=_bench(dq_of_kept))
     else:
         _, delta = S._sel_bwd_dq(q, k, v, idx, o, lse, do, ls, 0)
         times.update(dq=_bench(lambda: S._sel_bwd_dq(q, k, v, idx, o, lse, do, ls, 0)),
                      dkv=_bench(lambda: S._sel_bwd_dkv(q, k, v, do, lse, delta, work, ls, 0)))
-    return TT, ds_path, times
+    return TT, keep, times
 
 
 def _rates(ms: float, work: kw.Work | None) -> tuple[str, str]:
@@ -202,7 +206,7 @@ def breakdown(shapes) -> list[dict]:
         def win():
             return triton_win_attention(q, x["k_win"], x["v_win"], cfg)
 
-        TT, ds, split = _sel_split(x, q, do, idx, cfg)
+        TT, keep, split = _sel_split(x, q, do, idx, cfg)
         delta_work = kw.Work(0, 2 * shape.tokens(shape.HQ) * shape.elem + shape.B * shape.S * shape.HQ * kw.F32)
         timed = [  # (kernel, ms, work)
             ("top-n", _bench(lambda: triton_select_blocks(q, x["kc"], lse, cfg)), kw.topn(shape, cfg)),
@@ -212,12 +216,12 @@ def breakdown(shapes) -> list[dict]:
             ("cmp-cudnn fwd+bwd", _bench(_fwd_bwd(cmp_cudnn, cmp_leaves, do)),
              kw.cmp_fwd(shape, cfg) + kw.cmp_bwd(shape, cfg)),
             (f"sel fwd (TT={TT})", split["fwd"], kw.sel_fwd(shape, cfg)),
-            ("sel dq from dS" if ds else "sel dq", split["dq"], kw.sel_dq(shape, cfg, ds)),
-            ("sel dkv (+dS)" if ds else "sel dkv", split["dkv"], kw.sel_dkv(shape, cfg, ds)),
-            *([("sel delta", split["delta"], delta_work)] if ds else []),
+            (f"sel dq from kept {keep}" if keep else "sel dq", split["dq"], kw.sel_dq(shape, cfg, keep)),
+            (f"sel dkv (+{keep})" if keep else "sel dkv", split["dkv"], kw.sel_dkv(shape, cfg, keep)),
+            *([("sel delta", split["delta"], delta_work)] if keep else []),
             ("sel union", split["union"], None),
             ("sel inverse", split["inverse"], None),
-            ("sel fwd+bwd", _bench(_fwd_bwd(sel, sel_leaves, do)), kw.sel_fwd(shape, cfg) + kw.sel_bwd(shape, cfg, ds)),
+            ("sel fwd+bwd", _bench(_fwd_bwd(sel, sel_leaves, do)), kw.sel_fwd(shape, cfg) + kw.sel_bwd(shape, cfg, keep)),
             ("win fwd", _bench(_no_grad(win)), kw.win_fwd(shape, cfg)),
             ("win fwd+bwd", _bench(_fwd_bwd(win, win_leaves, do)), kw.win_fwd(shape, cfg) + kw.win_bwd(shape, cfg)),
         ]
@@ -278,8 +282,9 @@ def sweep(shapes, only=()):
                   dict(tt=0, tt_nb=8.0)]
         for label, tune, variants, fns in [
             ("sel tt (fwd, fwd+bwd)", selection.TUNE, sel_tt, [sel_f, sel_fb]),
-            ("sel bwd", selection.TUNE, [dict(qc=256), dict(qc=128), dict(qc=1024), dict(dkv_cells=4096),
-                                         dict(dkv_cells=16384), dict(dkv_warps=8), dict(dkv_stages=3)], [sel_fb]),
+            ("sel bwd", selection.TUNE, [dict(dq_keep="dq"), dict(dq_keep="ds"), dict(qc=256), dict(qc=128),
+                                         dict(qc=1024), dict(dkv_cells=4096), dict(dkv_cells=16384),
+                                         dict(dkv_warps=8), dict(dkv_stages=3)], [sel_fb]),
             ("sel fwd", selection.TUNE, [dict(fwd_warps=4, fwd_stages=3), dict(fwd_warps=2, fwd_stages=3),
                                          dict(fwd_warps=4, fwd_stages=2), dict(fwd_warps=8, fwd_stages=3)], [sel_f]),
             ("topk", topk.TUNE, [dict(rows=128, warps=8), dict(rows=256, warps=8), dict(rows=64, warps=4),
@@ -292,9 +297,9 @@ def sweep(shapes, only=()):
                 tune.update(v)
                 try:
                     t = ", ".join(f"{_bench(fn):.2f}" for fn in fns)
-                    if label.startswith("sel tt"):
-                        TT, ds, split = _sel_split(x, q, do, idx, cfg)
-                        t += (f" | split (ms): TT={TT}{' dq from dS' if ds else ''} "
+                    if label.startswith(("sel tt", "sel bwd")):
+                        TT, keep, split = _sel_split(x, q, do, idx, cfg)
+                        t += (f" | split (ms): TT={TT}{f' dq from kept {keep}' if keep else ''} "
                               + " ".join(f"{a} {b:.3f}" for a, b in split.items()))
                 except Exception as e:
                     t = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"

@@ -144,37 +144,42 @@ def sel_fwd(x: Shape, cfg: NSAConfig) -> Work:
     return attention_fwd(x, sel_pairs(x.S, cfg), x.S) + Work(0, _idx_bytes(x, cfg))
 
 
-def _ds_tile_bytes(x: Shape, cfg: NSAConfig) -> int:
-    """The dS tiles the dk/dv pass keeps for dq at long contexts: l' values per (token, query
-    head, selected block)."""
-    return x.B * x.S * x.HQ * cfg.n_selected * cfg.sel_block * x.elem
+def _kept_bytes(x: Shape, cfg: NSAConfig, keep: str) -> int:
+    """What the dk/dv pass keeps for dq at long contexts (nsa.kernels.selection._dq_source), per
+    (token, query head, selected block): K values of a dq partial ('dq') or l' of a dS tile
+    ('ds'); nothing for ''."""
+    width = {"": 0, "dq": x.K, "ds": cfg.sel_block}[keep]
+    return x.B * x.S * x.HQ * cfg.n_selected * width * x.elem
 
 
-def sel_dq(x: Shape, cfg: NSAConfig, from_ds: bool = False) -> Work:
+def sel_dq(x: Shape, cfg: NSAConfig, keep: str = "") -> Work:
     """Selected dq pass. The dq kernel: reads q, k, v, o, dO, lse, idx; writes dq and delta.
-    from_ds (long contexts): dS K alone, from the tiles the dk/dv pass kept; reads k, the
-    tiles and idx, writes dq."""
-    if from_ds:
+    Long contexts, from what the dk/dv pass kept (keep): 'ds', dS K alone (reads k, the tiles
+    and idx); 'dq', the sum of the dq partials (reads them and idx). Both write dq."""
+    if keep == "ds":
         return Work(_PRODUCT * x.K * sel_pairs(x.S, cfg) * x.B * x.HQ,
-                    x.tokens(x.HQ) * x.elem + x.tokens(x.H) * x.elem + _ds_tile_bytes(x, cfg)
+                    x.tokens(x.HQ) * x.elem + x.tokens(x.H) * x.elem + _kept_bytes(x, cfg, keep)
                     + _idx_bytes(x, cfg))
+    if keep == "dq":
+        return Work(0, x.tokens(x.HQ) * x.elem + _kept_bytes(x, cfg, keep) + _idx_bytes(x, cfg))
     return _attention(x, sel_pairs(x.S, cfg), x.S, _DQ_PRODUCTS, reads=3, writes=1, stats=2) \
         + Work(0, _idx_bytes(x, cfg))
 
 
-def sel_dkv(x: Shape, cfg: NSAConfig, keep_ds: bool = False) -> Work:
-    """Selected dk/dv pass: reads q, k, v, dO, lse, delta, idx; writes dk, dv (and, keep_ds,
-    the dS tiles)."""
+def sel_dkv(x: Shape, cfg: NSAConfig, keep: str = "") -> Work:
+    """Selected dk/dv pass: reads q, k, v, dO, lse, delta, idx; writes dk, dv, and what it
+    keeps for dq (keep, see sel_dq; the dq partials cost one product more)."""
     dkv = 2 * x.tokens(x.H) * x.elem
-    w = _attention(x, sel_pairs(x.S, cfg), x.S, _DKV_PRODUCTS, reads=2, writes=0, stats=2)
-    return w + Work(0, dkv + _idx_bytes(x, cfg) + keep_ds * _ds_tile_bytes(x, cfg))
+    products = _DKV_PRODUCTS + (keep == "dq")
+    w = _attention(x, sel_pairs(x.S, cfg), x.S, products, reads=2, writes=0, stats=2)
+    return w + Work(0, dkv + _idx_bytes(x, cfg) + _kept_bytes(x, cfg, keep))
 
 
-def sel_bwd(x: Shape, cfg: NSAConfig, ds: bool = False) -> Work:
-    """ds: dq from the dS tiles (see sel_dq); delta = rowsum(dO O) then has a pass of its own
-    (reads o and dO, writes delta)."""
-    delta = Work(0, 2 * x.tokens(x.HQ) * x.elem + x.B * x.S * x.HQ * F32) if ds else Work(0, 0)
-    return sel_dq(x, cfg, ds) + sel_dkv(x, cfg, ds) + delta
+def sel_bwd(x: Shape, cfg: NSAConfig, keep: str = "") -> Work:
+    """keep: dq from what the dk/dv pass kept (see sel_dq); delta = rowsum(dO O) then has a
+    pass of its own (reads o and dO, writes delta)."""
+    delta = Work(0, 2 * x.tokens(x.HQ) * x.elem + x.B * x.S * x.HQ * F32) if keep else Work(0, 0)
+    return sel_dq(x, cfg, keep) + sel_dkv(x, cfg, keep) + delta
 
 
 def core_fwd(x: Shape, cfg: NSAConfig) -> Work:
@@ -184,12 +189,12 @@ def core_fwd(x: Shape, cfg: NSAConfig) -> Work:
     return topn(x, cfg) + cmp_fwd(x, cfg) + sel_fwd(x, cfg) + win_fwd(x, cfg) + combine
 
 
-def core_bwd(x: Shape, cfg: NSAConfig, ds: bool = False) -> Work:
+def core_bwd(x: Shape, cfg: NSAConfig, keep: str = "") -> Work:
     """The NSA core backward: the three branches' and the gated sum's (reads gates, three
-    outputs and dO; writes dgates and three output gradients); ds: see sel_bwd."""
+    outputs and dO; writes dgates and three output gradients); keep: see sel_bwd."""
     gates = x.B * x.S * x.HQ * 3 * x.elem
     combine = Work(0, 2 * gates + 7 * x.tokens(x.HQ) * x.elem)
-    return cmp_bwd(x, cfg) + sel_bwd(x, cfg, ds) + win_bwd(x, cfg) + combine
+    return cmp_bwd(x, cfg) + sel_bwd(x, cfg, keep) + win_bwd(x, cfg) + combine
 
 
 def causal_fwd(x: Shape) -> Work:

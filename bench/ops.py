@@ -54,8 +54,15 @@ def _core_routes(x: CoreInputs, cmp: str) -> dict[str, Route]:
     return routes
 
 
+def _kept(s: kw.Shape, cfg: NSAConfig) -> str:
+    """What the selected dk/dv pass keeps for dq at the long contexts benchmarked."""
+    from nsa.kernels.selection import _dq_source
+
+    return _dq_source(s.K, cfg.sel_block)
+
+
 def _core_work(s: kw.Shape, cfg: NSAConfig) -> tuple[kw.Work, kw.Work]:
-    return kw.core_fwd(s, cfg), kw.core_bwd(s, cfg, True)
+    return kw.core_fwd(s, cfg), kw.core_bwd(s, cfg, _kept(s, cfg))
 
 
 @register("nsa_core", work=_core_work)
@@ -73,7 +80,7 @@ def _nsa_core_triton(x: CoreInputs, cfg: NSAConfig) -> Built:
     return (lambda: nsa_core(*x.leaves()[:7], x.gates, cfg, routes)), x.leaves()
 
 
-@register("sel", work=lambda s, cfg: (kw.sel_fwd(s, cfg), kw.sel_bwd(s, cfg, True)))
+@register("sel", work=lambda s, cfg: (kw.sel_fwd(s, cfg), kw.sel_bwd(s, cfg, _kept(s, cfg))))
 def _sel(x: CoreInputs, cfg: NSAConfig) -> Built:
     """The selected branch alone, on the top-n of these inputs (attn.sel_form: its forward)."""
     from nsa.attention.kernel_branches import triton_sel_attention

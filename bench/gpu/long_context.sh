@@ -3,8 +3,13 @@
 # of under 10 minutes on one H100. PARTS, space separated, run in this order:
 #   tests       the GPU shape matrix (dtype x head dim x G x odd S against float64), bf16 parity
 #               S=1..65536, the selected forward's forms; WORKERS pytest workers (3: compiles in
-#               parallel; 8 ran out of GPU memory with the float64 references), TEST_K a -k filter
+#               parallel; 8 ran out of GPU memory with the float64 references), TEST_K a -k filter,
+#               TEST_FILES other test files or node ids instead
 #   breakdown   bench_nsa.py --breakdown at the seeds' attention shape, S=64k: time per kernel
+#   sweep       bench_nsa.py --sweep of the knob groups SWEEP_ONLY (default 'sel bwd': what the
+#               selected dk/dv pass keeps for dq, its tiles) on SWEEP_SHAPES (m7c@64k 64k)
+#   core        bench_nsa.py, the NSA core beside SDPA cuDNN at CORE_SHAPES (the seeds' attention
+#               shape and the benchmark shape, 16k-64k)
 #   forms       bench_nsa.py on random inputs: the selected branch and the core by forward form
 #               (tiles, blocks) at the seeds' attention shape (G=6), G=4, G=8 and the benchmark
 #               shape (G=16), beside SDPA cuDNN
@@ -29,13 +34,20 @@ for part in ${PARTS:-tests forms}; do
     [ -n "${TEST_K:-}" ] && k_args=(-k "$TEST_K")
     timeout "${TESTS_TIMEOUT:-280}" python3 -m pytest -q -n "${WORKERS:-3}" -p no:cacheprovider --durations=0 \
       --junitxml="$OUT/tests.xml" "${k_args[@]}" \
-      tests/kernels/test_shape_matrix.py tests/kernels/test_triton_gpu.py tests/kernels/test_launch.py tests/kernels/test_triton_topk.py \
-      "tests/kernels/test_triton_selection.py::test_selection_blocks_forward" \
-      "tests/kernels/test_triton_selection.py::test_selection_blocks_forward_a_chunk_of_tokens_at_a_time" 2>&1 \
+      ${TEST_FILES:-tests/kernels/test_shape_matrix.py tests/kernels/test_triton_gpu.py tests/kernels/test_launch.py \
+      tests/kernels/test_triton_topk.py tests/kernels/test_triton_selection.py::test_selection_blocks_forward \
+      tests/kernels/test_triton_selection.py::test_selection_blocks_forward_a_chunk_of_tokens_at_a_time} 2>&1 \
       | grep -E "passed|failed|Error|^FAILED|^E |s call " | tee -a "$LOG" ;;
   breakdown)
     timeout "${BREAKDOWN_TIMEOUT:-150}" python3 bench/bench_nsa.py --breakdown --shapes ${BREAKDOWN_SHAPES:-m7c@64k} \
       --ops sdpa_cudnn nsa_core --json "$OUT/breakdown.json" 2>&1 | tee -a "$LOG" ;;
+  sweep)
+    timeout "${SWEEP_TIMEOUT:-150}" python3 bench/bench_nsa.py --sweep --sweep-only "${SWEEP_ONLY:-sel bwd}" \
+      --shapes ${SWEEP_SHAPES:-m7c@64k 64k} 2>&1 | tee -a "$LOG" ;;
+  core)
+    timeout "${CORE_TIMEOUT:-200}" python3 bench/bench_nsa.py \
+      --shapes ${CORE_SHAPES:-m7c@16k m7c@32k m7c@64k 16k 32k 64k} --ops sdpa_cudnn nsa_core \
+      --json "$OUT/core.json" 2>&1 | tee -a "$LOG" ;;
   forms)
     timeout "${FORMS_TIMEOUT:-300}" python3 bench/bench_nsa.py \
       --shapes ${FORM_SHAPES:-m7c@16k m7c@32k m7c@64k g4@64k g8@64k 16k 64k} \

@@ -14,11 +14,14 @@ Backward:
   QC of those tokens, loads the block's keys once, streams the tokens' G query rows and adds
   its partial dk/dv into float32 buffers atomically (a popular block, such as block 0, is
   split over several items so no program serialises the whole sequence);
-* dq, at one token a program (long contexts): the dk/dv pass also stores each (token, block)'s
-  dS tile (G x l' values) and a second kernel sums dS @ K over the token's blocks, gathering K
-  alone; the forward and a recomputing dq kernel, which gather K and V (32 KB a block at
-  K=128), are bound by the bytes they pull from L2 (docs/performance.md, ninth set); tiles past
-  TUNE['ds_budget'] bytes are kept a chunk of query tokens at a time. Otherwise (short contexts,
+* dq, at one token a program (long contexts): the forward and a recomputing dq kernel, which
+  gather K and V (32 KB a block at K=128), are bound by the bytes they pull from L2
+  (docs/performance.md, ninth set). Instead the dk/dv pass keeps, per (token, block), either
+  its dq partial dS @ K (G x K values; the block's keys are in its registers already) and a
+  second kernel sums a token's partials in slot order, gathering nothing; or its dS tile
+  (G x l' values) and a second kernel sums dS @ K over the token's blocks, gathering K alone
+  (see _dq_source for which). What is kept past TUNE['kept_budget'] bytes is kept a chunk of
+  query tokens at a time. Otherwise (short contexts,
   several tokens a program) a dq kernel on the forward's grid and tiles recomputes the
   probabilities from the saved log-sum-exp (and writes delta = rowsum(do * o) for the dk/dv
   pass, which then runs second).
@@ -233,11 +236,36 @@ def _sel_dq_from_ds_kernel(
 
 
 @triton.jit
+def _sel_dq_from_parts_kernel(idx, parts, dq_in, dq, n_rows, sm_scale, H: tl.constexpr, G: tl.constexpr,
+                              K: tl.constexpr, BK: tl.constexpr, N: tl.constexpr, BR: tl.constexpr,
+                              ACC: tl.constexpr):
+    """dq of BR rows (b, token, head) from the dq partials the dk/dv pass kept: sm_scale times
+    their sum over the row's valid slots, in slot order, in float32; ACC: plus dq_in's row."""
+    HQ: tl.constexpr = H * G
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    rm = r < n_rows
+    hq = r % HQ
+    e0 = ((r // HQ).to(tl.int64) * H + hq // G) * N  # the row's first idx entry
+    offk = tl.arange(0, BK)
+    m2 = rm[:, None] & (offk < K)[None, :]
+    acc = tl.zeros([BR, BK], tl.float32)
+    for i in range(0, N):
+        valid = rm & (tl.load(idx + e0 + i, mask=rm, other=-1) >= 0)
+        part = (e0 + i) * G + hq % G
+        acc += tl.load(parts + part[:, None] * K + offk[None, :], mask=valid[:, None] & m2, other=0.0).to(tl.float32)
+    acc = acc * sm_scale
+    off = r.to(tl.int64)[:, None] * K + offk[None, :]
+    if ACC:
+        acc += tl.load(dq_in + off, mask=m2, other=0.0).to(tl.float32)
+    tl.store(dq + off, acc.to(dq.dtype.element_ty), mask=m2)
+
+
+@triton.jit
 def _sel_bwd_dkv_kernel(
-    q, k, v, do, lse, delta, keys_sorted, perm, item_seg, item_start, item_end, dk, dv, ds_out,
+    q, k, v, do, lse, delta, keys_sorted, perm, item_seg, item_start, item_end, dk, dv, kept,
     Tq, Tk, NB, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-    LS: tl.constexpr, BS: tl.constexpr, BQ: tl.constexpr, DS: tl.constexpr, DOT: tl.constexpr,
+    LS: tl.constexpr, BS: tl.constexpr, BQ: tl.constexpr, KEEP: tl.constexpr, DOT: tl.constexpr,
 ):
     """One work item of the dk/dv pass (see the module docstring), key-major: scores as
     S^T = K Q^T [BS, ROWS], so that P^T and dS^T come out of one tensor-core product in the
@@ -291,10 +319,15 @@ def _sel_bwd_dkv_kernel(
             dv_acc += tl.dot(pt.to(dot_.dtype), dot_, input_precision=DOT)
             dst = pt * (tl.dot(vt, tl.trans(dot_), input_precision=DOT) - dl[None, :])
             dk_acc += tl.dot(dst.to(qt.dtype), qt, input_precision=DOT)
-            if DS:  # kept for the dq pass, at the idx entry (token, slot) this key came from
+            # kept for the dq pass (KEEP, see _dq_source), at the idx entry (token, slot) the key came from
+            if KEEP == "ds":  # the dS tile [G, l']
                 e = tl.load(perm + u + rq, mask=tmask, other=0)
-                tl.store(ds_out + (e * G + g)[None, :] * LS + offs[:, None], dst.to(ds_out.dtype.element_ty),
+                tl.store(kept + (e * G + g)[None, :] * LS + offs[:, None], dst.to(kept.dtype.element_ty),
                          mask=tmask[None, :] & (offs < LS)[:, None])
+            if KEEP == "dq":  # the dq partial dS @ K [G, K], unscaled
+                e = tl.load(perm + u + rq, mask=tmask, other=0)
+                dqp = tl.dot(tl.trans(dst.to(kt.dtype)), kt, input_precision=DOT)
+                tl.store(kept + (e * G + g)[:, None] * K + offk[None, :], dqp.to(kept.dtype.element_ty), mask=m2)
         kv_off = offs[:, None] * (H * K) + offk[None, :]
         kvm = kval[:, None] & kmask[None, :]
         tl.atomic_add(dk + kv_base + kv_off, dk_acc * sm_scale, mask=kvm)
@@ -309,11 +342,12 @@ def _sel_bwd_dkv_kernel(
 #: m7c_125m shape, K=64, 1.036 against 1.199 ms for the selected backward, 4 warps beat 8);
 #: token tiles of the forward/dq (see _tokens_per_tile): tt > 0 forces TT, else TT =
 #: tt_rows // next_pow2(G) (at most tt_max) when the keys hold at most tt_nb * n blocks, else 1;
-#: dq from the dS tiles of the dk/dv pass (see _ds_path): dq_from_ds, and ds_budget bytes of tiles
-#: at a time (longer inputs are taken a chunk of query tokens at a time, see _ds_chunk); K/V blocks
+#: dq from what the dk/dv pass keeps (see _dq_from_pass): dq_from_pass; what it keeps, dq_keep ('dq'
+#: partials, 'ds' tiles, 'auto': _dq_source's rule); kept_budget bytes of them at a time (longer
+#: inputs are taken a chunk of query tokens at a time, see _kept_chunk); K/V blocks
 #: through TMA descriptors at one token a tile (see _tma): tma, and the pipeline's tma_stages
 TUNE = dict(fwd_warps=4, fwd_stages=2, qc=512, dkv_cells=8192, dkv_warps=4, dkv_stages=2,
-            tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_from_ds=True, ds_budget=16 << 30,
+            tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_from_pass=True, dq_keep="auto", kept_budget=16 << 30,
             tma=True, tma_stages=3, blocks_rows=64)
 
 
@@ -450,10 +484,10 @@ def _dkv_qc(device: torch.device, Tq: int, deterministic: bool) -> int:
     return 64 if device.type == "cpu" else TUNE["qc"]
 
 
-def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, dv, ds=None):
+def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, dv, keep: str = "", kept=None):
     """Adds the dk, dv of the work items of inverse_selection(idx, Tk, sel_block, _dkv_qc(...))
-    into the float32 buffers dk, dv; given ds (flat, B*Tq*H*n * G * l' of q's dtype) it also
-    keeps each (token, slot)'s dS tile there."""
+    into the float32 buffers dk, dv; keep 'ds' / 'dq' (see _dq_source): it also keeps each
+    (token, slot)'s dS tile / dq partial in kept (flat, B*Tq*H*n * G * _kept_width of q's dtype)."""
     keys_sorted, perm, seg, start, end, NB = work
     meta = _meta(q, k, sel_block)
     interpret = q.device.type == "cpu"
@@ -463,9 +497,9 @@ def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, d
     cfg = dict(BQ=max(1, rows // GP), num_warps=4 if interpret else TUNE["dkv_warps"],
                num_stages=1 if interpret else TUNE["dkv_stages"])
     launch(_sel_bwd_dkv_kernel, lambda c: (seg.numel(),),
-           (q, k, v, do, lse, delta, keys_sorted, perm, seg, start, end, dk, dv, q if ds is None else ds,
+           (q, k, v, do, lse, delta, keys_sorted, perm, seg, start, end, dk, dv, q if kept is None else kept,
             q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3])),
-           dict(meta, GP=GP, DS=ds is not None, DOT=dot_precision(q.dtype)), cfg, halve=("BQ",), floor=1)
+           dict(meta, GP=GP, KEEP=keep, DOT=dot_precision(q.dtype)), cfg, halve=("BQ",), floor=1)
 
 
 def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int):
@@ -512,41 +546,78 @@ def _sel_dq_from_ds(q, k, idx, ds, sel_block: int, dq_add=None):
     return dq
 
 
-def _ds_path(q, k, n: int, sel_block: int) -> bool:
-    """Whether dq comes from the dS tiles of the dk/dv pass (see _sel_bwd_from_ds), n blocks
-    selected: at one token a forward program (TT = 1, long contexts)."""
+def _sel_dq_from_parts(q, idx, parts, dq_add=None):
+    """dq from the dq partials _dkv_pass kept (rows of (token, head), no gather), plus dq_add
+    when given."""
+    B, Tq, HQ, K = q.shape
+    H, n = idx.shape[2], idx.shape[3]
+    dq = torch.empty_like(q)
+    BK = max(16, triton.next_power_of_2(K))
+    BR = max(1, 4096 // BK)
+    _sel_dq_from_parts_kernel[(triton.cdiv(B * Tq * HQ, BR),)](
+        idx, parts, dq if dq_add is None else dq_add, dq, B * Tq * HQ, 1.0 / math.sqrt(K),
+        H=H, G=HQ // H, K=K, BK=BK, N=n, BR=BR, ACC=dq_add is not None)
+    return dq
+
+
+def _dq_from_pass(q, k, n: int, sel_block: int) -> bool:
+    """Whether dq comes from what the dk/dv pass keeps (see _sel_bwd_kept), n blocks selected:
+    at one token a forward program (TT = 1, long contexts)."""
     HQ, H = q.shape[2], k.shape[2]
-    return TUNE["dq_from_ds"] and _tokens_per_tile(HQ // H, n, triton.cdiv(k.shape[1], sel_block), q.shape[1]) == 1
+    return TUNE["dq_from_pass"] and _tokens_per_tile(HQ // H, n, triton.cdiv(k.shape[1], sel_block), q.shape[1]) == 1
 
 
-def _ds_chunk(q, n: int, sel_block: int) -> int:
-    """Query tokens per pass of _sel_bwd_from_ds: as many as keep their dS tiles (B * HQ * n * l'
-    values of q's dtype a token) within TUNE['ds_budget'] bytes, at least one."""
-    B, _, HQ, _ = q.shape
-    return max(1, TUNE["ds_budget"] // (B * HQ * n * sel_block * q.element_size()))
+def _dq_source(K: int, sel_block: int) -> str:
+    """What the dk/dv pass keeps for dq (TUNE['dq_keep'], 'auto': this rule): 'dq', each (token,
+    block)'s dq partial (G x K values; the dq kernel sums them, gathering nothing), where the head
+    dim is at most the block (then no more bytes than the dS tiles); else 'ds', the dS tiles
+    (G x l'; the dq kernel gathers each selected block's keys)."""
+    keep = TUNE["dq_keep"]
+    if keep == "auto":
+        return "dq" if K <= sel_block else "ds"
+    if keep not in ("dq", "ds"):
+        raise ValueError(f"selection.TUNE['dq_keep'] is {keep!r}; expected 'auto', 'dq' or 'ds'")
+    return keep
 
 
-def _sel_bwd_from_ds(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, deterministic: bool,
-                     delta=None, dq_add=None):
-    """dq, dk, dv with dq from dS tiles: per chunk of query tokens (_ds_chunk; one chunk unless
-    the tiles pass the budget), the dk/dv pass over the chunk's selections adds into float32
-    dk/dv (chunk after chunk, so a fixed order stays fixed) and keeps the chunk's dS tiles, then
-    dq = dS @ K for its tokens (see selection_backward for delta and dq_add)."""
-    Tq, Tk = q.shape[1], k.shape[1]
+def _kept_width(K: int, sel_block: int) -> int:
+    """Values the dk/dv pass keeps per (token, slot, head): K for dq partials, l' for dS tiles."""
+    return K if _dq_source(K, sel_block) == "dq" else sel_block
+
+
+def _kept_chunk(q, n: int, sel_block: int) -> int:
+    """Query tokens per pass of _sel_bwd_kept: as many as keep their dq partials or dS tiles
+    (B * HQ * n * _kept_width values of q's dtype a token) within TUNE['kept_budget'] bytes, at
+    least one."""
+    B, _, HQ, K = q.shape
+    return max(1, TUNE["kept_budget"] // (B * HQ * n * _kept_width(K, sel_block) * q.element_size()))
+
+
+def _sel_bwd_kept(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, deterministic: bool,
+                  delta=None, dq_add=None):
+    """dq, dk, dv with dq from what the dk/dv pass keeps (_dq_source): per chunk of query tokens
+    (_kept_chunk; one chunk unless they pass the budget), the dk/dv pass over the chunk's
+    selections adds into float32 dk/dv (chunk after chunk, so a fixed order stays fixed) and
+    keeps the chunk's dq partials or dS tiles, then the dq kernel takes them for its tokens (see
+    selection_backward for delta and dq_add)."""
+    Tq, Tk, K = q.shape[1], k.shape[1], q.shape[3]
     G, n = q.shape[2] // k.shape[2], idx.shape[-1]
+    keep = _dq_source(K, sel_block)
     if delta is None:
         delta = _row_delta(o, do)
     dk, dv = torch.zeros(2, *k.shape, device=k.device, dtype=torch.float32).unbind(0)  # one fill
-    chunk = _ds_chunk(q, n, sel_block)
+    chunk = _kept_chunk(q, n, sel_block)
     dqs = []
     for a in range(0, Tq, chunk):
         part = slice(a, min(Tq, a + chunk))  # .contiguous(): a copy only for B > 1 and several chunks
         qc, doc, lsec, dlc, idxc = (t[:, part].contiguous() for t in (q, do, lse, delta, idx))
+        dq_addc = None if dq_add is None else dq_add[:, part].contiguous()
         work = inverse_selection(idxc, Tk, sel_block, _dkv_qc(q.device, qc.shape[1], deterministic))
-        ds = torch.empty(idxc.numel() * G * sel_block, device=q.device, dtype=q.dtype)
-        _dkv_pass(qc, k, v, doc, lsec, dlc, work, sel_block, q_start + a, dk, dv, ds)
-        dqs.append(_sel_dq_from_ds(qc, k, idxc, ds, sel_block, None if dq_add is None else dq_add[:, part]))
-        del ds, work  # before the next chunk's, so that one chunk's tiles are held at a time
+        kept = torch.empty(idxc.numel() * G * _kept_width(K, sel_block), device=q.device, dtype=q.dtype)
+        _dkv_pass(qc, k, v, doc, lsec, dlc, work, sel_block, q_start + a, dk, dv, keep, kept)
+        dqs.append(_sel_dq_from_parts(qc, idxc, kept, dq_addc) if keep == "dq"
+                   else _sel_dq_from_ds(qc, k, idxc, kept, sel_block, dq_addc))
+        del kept, work  # before the next chunk's, so that one chunk's are held at a time
     dq = dqs[0] if len(dqs) == 1 else torch.cat(dqs, 1)
     return dq, dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)
 
@@ -555,9 +626,9 @@ def selection_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: t
                        lse: torch.Tensor, do: torch.Tensor, sel_block: int, q_start: int, deterministic: bool,
                        delta: torch.Tensor | None = None,
                        dq_add: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq, dk, dv. Long contexts: dq from the dS tiles of the dk/dv pass (_sel_bwd_from_ds;
-    gathers K alone, where the forward and a recomputing dq kernel gather K and V, 32 KB a
-    selected block at K=128, and are bound by that gather). Otherwise the dq kernel (which also
+    """dq, dk, dv. Long contexts: dq from the dq partials or dS tiles the dk/dv pass keeps
+    (_sel_bwd_kept; gathers nothing or K alone, where the forward and a recomputing dq kernel
+    gather K and V, 32 KB a selected block at K=128, and are bound by that gather). Otherwise the dq kernel (which also
     writes delta), then the dk/dv pass. Both are deterministic where the dk/dv pass is.
 
     delta = rowsum(do * o) ([B, Tq, HQ] float32) when the caller has it (o is then not read;
@@ -568,8 +639,8 @@ def selection_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: t
         dq = torch.zeros_like(q) if dq_add is None else dq_add.clone()
         return dq, torch.zeros_like(k), torch.zeros_like(v)
     do = do.contiguous()
-    if _ds_path(q, k, idx.shape[-1], sel_block):
-        return _sel_bwd_from_ds(q, k, v, idx, o, lse, do, sel_block, q_start, deterministic, delta, dq_add)
+    if _dq_from_pass(q, k, idx.shape[-1], sel_block):
+        return _sel_bwd_kept(q, k, v, idx, o, lse, do, sel_block, q_start, deterministic, delta, dq_add)
     dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block, q_start, delta)
     work = inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device, Tq, deterministic))
     dk, dv = _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block, q_start)

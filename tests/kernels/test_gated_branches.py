@@ -1,8 +1,9 @@
 """The selected and window branches with the gated sum as one op (nsa.kernels.gated_branches)
 against the three separate ops it replaces in the NSA core: the same output, and the same
-gradients of every input, on both selected backward paths (dq from dS tiles at one token a
-tile, the dq kernel at several), with and without the deterministic dk/dv order, and in chunks
-of query tokens (q_start > 0)."""
+gradients of every input, on the selected backward's paths (dq from the dq partials or dS tiles
+the dk/dv pass keeps at one token a tile, the dq kernel at several), with and without the
+deterministic dk/dv order, in chunks of query tokens (q_start > 0), and with what the dk/dv pass
+keeps taken a chunk of tokens at a time."""
 from __future__ import annotations
 
 import pytest
@@ -37,12 +38,30 @@ def _fused(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg, q_start, deter
 
 
 @pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")  # the zero gates
-@pytest.mark.parametrize("tt", [1, 2], ids=["dq-from-dS", "dq-kernel"])
+@pytest.mark.parametrize("tt,keep", [(1, "dq"), (1, "ds"), (2, "auto")],
+                         ids=["dq-from-partials", "dq-from-dS", "dq-kernel"])
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
 @pytest.mark.parametrize("q_start", [0, 6])
-def test_gated_branches_match_separate_ops(kdev, monkeypatch, tt, deterministic, q_start):
+def test_gated_branches_match_separate_ops(kdev, monkeypatch, tt, keep, deterministic, q_start):
+    _match_separate_ops(kdev, monkeypatch, tt, keep, deterministic, q_start)
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")  # the zero gates
+@pytest.mark.parametrize("keep", ["dq", "ds"])
+def test_gated_branches_keep_a_chunk_of_tokens_at_a_time(kdev, monkeypatch, keep):
+    """The selected backward takes what its dk/dv pass keeps 7 tokens at a time (two batches: the
+    chunks are strided slices of q, do and of the window's dq it adds)."""
     from nsa.kernels import selection
 
+    per_token = 2 * 6 * 4 * (16 if keep == "dq" else 4) * torch.empty(0, device=kdev).element_size()
+    monkeypatch.setitem(selection.TUNE, "kept_budget", 7 * per_token)
+    _match_separate_ops(kdev, monkeypatch, 1, keep, False, 0)
+
+
+def _match_separate_ops(kdev, monkeypatch, tt, keep, deterministic, q_start):
+    from nsa.kernels import selection
+
+    monkeypatch.setitem(selection.TUNE, "dq_keep", keep)
     monkeypatch.setitem(selection.TUNE, "tt", tt)
     cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=4, window=5)
     B, T, H, G, K = 2, 23, 2, 3, 16
@@ -55,7 +74,7 @@ def test_gated_branches_match_separate_ops(kdev, monkeypatch, tt, deterministic,
     leaves[0][:, 3] = 0.0  # a token whose gates are all zero: its probabilities fold to zero
     leaves = [t.requires_grad_() for t in leaves]
     idx = _random_idx(gen, B, T, H, cfg.n_selected, cfg.sel_block, q_start).to(kdev)
-    assert selection._ds_path(leaves[2], leaves[3], cfg.n_selected, cfg.sel_block) == (tt == 1)
+    assert selection._dq_from_pass(leaves[2], leaves[3], cfg.n_selected, cfg.sel_block) == (tt == 1)
     do = rnd(gen, B, T, H * G, K, device=kdev)
     outs = {}
     for name, fn in (("separate", _separate), ("fused", _fused)):

@@ -103,12 +103,12 @@ def test_selection_token_tiles_decode(kdev, monkeypatch, TT):
 
 
 def test_selection_dq_kernel_at_one_token_a_tile(kdev, monkeypatch):
-    """At one token a tile dq comes from the dS tiles the dk/dv pass keeps (the TT1 cases
-    above); switched off, from the dq kernel."""
+    """At one token a tile dq comes from what the dk/dv pass keeps (the TT1 cases above);
+    switched off, from the dq kernel."""
     from nsa.kernels import selection
 
-    monkeypatch.setitem(selection.TUNE, "dq_from_ds", False)
-    assert not selection._ds_path(torch.empty(1, 23, 6, 16), torch.empty(1, 23, 2, 16), 4, 4)
+    monkeypatch.setitem(selection.TUNE, "dq_from_pass", False)
+    assert not selection._dq_from_pass(torch.empty(1, 23, 6, 16), torch.empty(1, 23, 2, 16), 4, 4)
     _check_tiles(kdev, monkeypatch, 1, G=3, T=23, q_start=5, H=2, B=2, seed=3)
 
 
@@ -131,33 +131,56 @@ def test_selection_tma_gathers(kdev, monkeypatch, tma, G, K):
                  sel_block=16, K=K)
 
 
-@pytest.mark.parametrize("B", [1, 2], ids=["B1", "B2"])
-def test_selection_ds_tiles_a_chunk_of_tokens_at_a_time(kdev, monkeypatch, B):
-    """dS tiles past TUNE['ds_budget'] bytes: the backward takes the query tokens a chunk at a
-    time (here 5 tokens of 23, the last chunk short; with B=2 the chunks are strided slices),
-    each chunk's dk/dv added to the others', at positions q_start + the chunk's offset."""
+@pytest.mark.parametrize("keep", ["dq", "ds"])
+@pytest.mark.parametrize("G,q_start", [(3, 5), (6, 0)], ids=["G3", "G6"])
+def test_selection_dq_from_partials_or_ds_tiles(kdev, monkeypatch, keep, G, q_start):
+    """At one token a tile the dk/dv pass keeps, per (token, block), its dq partial dS @ K
+    (summed by a kernel that gathers nothing) or its dS tile (dq = sum of dS @ K, gathering K):
+    both give the float64 gradients."""
     from nsa.kernels import selection
 
+    monkeypatch.setitem(selection.TUNE, "dq_keep", keep)
+    assert selection._dq_source(16, 4) == keep
+    _check_tiles(kdev, monkeypatch, 1, G=G, T=23, q_start=q_start, H=2, B=2, seed=G + len(keep))
+
+
+@pytest.mark.parametrize("keep", ["dq", "ds"])
+@pytest.mark.parametrize("B", [1, 2], ids=["B1", "B2"])
+def test_selection_kept_a_chunk_of_tokens_at_a_time(kdev, monkeypatch, B, keep):
+    """dq partials or dS tiles past TUNE['kept_budget'] bytes: the backward takes the query
+    tokens a chunk at a time (here 5 tokens of 23, the last chunk short; with B=2 the chunks are
+    strided slices), each chunk's dk/dv added to the others', at positions q_start + the chunk's
+    offset."""
+    from nsa.kernels import selection
+
+    monkeypatch.setitem(selection.TUNE, "dq_keep", keep)
     q = torch.empty(B, 23, 6, 16)  # float32 on the interpreter: 4 bytes a value
-    monkeypatch.setitem(selection.TUNE, "ds_budget", 5 * B * 6 * 4 * 4 * 4 + 7)  # 5 tokens of n=4, l'=4
-    assert selection._ds_chunk(q, 4, 4) == 5
+    width = 16 if keep == "dq" else 4  # K, or l'
+    monkeypatch.setitem(selection.TUNE, "kept_budget", 5 * B * 6 * 4 * width * 4 + 7)  # 5 tokens of n=4
+    assert selection._kept_chunk(q, 4, 4) == 5
     _check_tiles(kdev, monkeypatch, 1, G=3, T=23, q_start=5, H=2, B=B, seed=4 + B)
 
 
-def test_selection_ds_path_and_chunk_rules(monkeypatch):
-    """dS tiles at one token a tile only; a chunk is as many tokens as fit the budget, at least one."""
+def test_selection_kept_path_and_chunk_rules(monkeypatch):
+    """dq from the dk/dv pass at one token a tile only; it keeps dq partials where the head dim is
+    at most the block, dS tiles otherwise; a chunk is as many tokens as fit the budget, at
+    least one; a bad TUNE['dq_keep'] is named."""
     from nsa.kernels import selection
 
     q, k = torch.empty(2, 23, 6, 16), torch.empty(2, 23, 2, 16)
     monkeypatch.setitem(selection.TUNE, "tt", 1)
-    assert selection._ds_path(q, k, 4, 4)
+    assert selection._dq_from_pass(q, k, 4, 4)
     monkeypatch.setitem(selection.TUNE, "tt", 2)
-    assert not selection._ds_path(q, k, 4, 4)
-    per_token = 2 * 6 * 4 * 4 * 4  # B * HQ * n * l' * 4 bytes
-    monkeypatch.setitem(selection.TUNE, "ds_budget", 3 * per_token)
-    assert selection._ds_chunk(q, 4, 4) == 3
-    monkeypatch.setitem(selection.TUNE, "ds_budget", per_token - 1)
-    assert selection._ds_chunk(q, 4, 4) == 1
+    assert not selection._dq_from_pass(q, k, 4, 4)
+    assert [selection._dq_source(K, 64) for K in (32, 64, 128, 256)] == ["dq", "dq", "ds", "ds"]
+    per_token = 2 * 6 * 4 * 4 * 4  # B * HQ * n * l' * 4 bytes (K=16 > l'=4: dS tiles)
+    monkeypatch.setitem(selection.TUNE, "kept_budget", 3 * per_token)
+    assert selection._kept_chunk(q, 4, 4) == 3
+    monkeypatch.setitem(selection.TUNE, "kept_budget", per_token - 1)
+    assert selection._kept_chunk(q, 4, 4) == 1
+    monkeypatch.setitem(selection.TUNE, "dq_keep", "dS")
+    with pytest.raises(ValueError, match="dq_keep"):
+        selection._dq_source(16, 4)
 
 
 def test_selection_tile_rule(monkeypatch):

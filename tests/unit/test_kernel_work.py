@@ -39,13 +39,18 @@ def test_kernel_work_counted_by_hand():
     # a whole backward: reads q, o, dO, k, v, lse; writes dq, dk, dv
     assert kw.win_bwd(X, CFG) == kw.Work(2 * 7 * 8 * 39 * 2, 4 * Q + 4 * KV + LSE)
     assert kw.sel_bwd(X, CFG) == kw.sel_dq(X, CFG) + kw.sel_dkv(X, CFG)
-    # long contexts: dq = dS K from the dS tiles the dk/dv pass writes, l' = 4 values per
-    # (token, query head, selected block): 14 * 2 * 3 * 4 * 2 bytes; delta has its own pass
-    DS = 14 * 2 * 3 * 4 * 2
-    assert kw.sel_dq(X, CFG, from_ds=True) == kw.Work(2 * 1 * 8 * 97 * 2, Q + KV + DS + IDX)
-    assert kw.sel_dkv(X, CFG, keep_ds=True) == kw.sel_dkv(X, CFG) + kw.Work(0, DS)
-    assert kw.sel_bwd(X, CFG, ds=True) == (kw.sel_dq(X, CFG, True) + kw.sel_dkv(X, CFG, True)
-                                           + kw.Work(0, 2 * Q + LSE))
+    # long contexts: dq from what the dk/dv pass keeps per (token, query head, selected block):
+    # dS tiles of l' = 4 values (14 * 2 * 3 * 4 * 2 bytes; dq = dS K reads k) or dq partials of
+    # K = 8 values (one product more in the dk/dv pass; dq sums them); delta has its own pass
+    DS, DQP = 14 * 2 * 3 * 4 * 2, 14 * 2 * 3 * 8 * 2
+    assert kw.sel_dq(X, CFG, keep="ds") == kw.Work(2 * 1 * 8 * 97 * 2, Q + KV + DS + IDX)
+    assert kw.sel_dkv(X, CFG, keep="ds") == kw.sel_dkv(X, CFG) + kw.Work(0, DS)
+    assert kw.sel_bwd(X, CFG, keep="ds") == (kw.sel_dq(X, CFG, "ds") + kw.sel_dkv(X, CFG, "ds")
+                                             + kw.Work(0, 2 * Q + LSE))
+    assert kw.sel_dq(X, CFG, keep="dq") == kw.Work(0, Q + DQP + IDX)
+    assert kw.sel_dkv(X, CFG, keep="dq") == kw.sel_dkv(X, CFG) + kw.Work(2 * 1 * 8 * 97 * 2, DQP)
+    assert kw.sel_bwd(X, CFG, keep="dq") == (kw.sel_dq(X, CFG, "dq") + kw.sel_dkv(X, CFG, "dq")
+                                             + kw.Work(0, 2 * Q + LSE))
 
 
 def test_core_is_the_sum_of_its_kernels_and_the_gated_sum():
@@ -54,8 +59,9 @@ def test_core_is_the_sum_of_its_kernels_and_the_gated_sum():
     assert kw.core_fwd(X, CFG) == fwd + kw.Work(0, gates + 4 * Q)
     bwd = kw.cmp_bwd(X, CFG) + kw.sel_bwd(X, CFG) + kw.win_bwd(X, CFG)
     assert kw.core_bwd(X, CFG) == bwd + kw.Work(0, 2 * gates + 7 * Q)
-    bwd_ds = kw.cmp_bwd(X, CFG) + kw.sel_bwd(X, CFG, ds=True) + kw.win_bwd(X, CFG)
-    assert kw.core_bwd(X, CFG, ds=True) == bwd_ds + kw.Work(0, 2 * gates + 7 * Q)
+    for keep in ("dq", "ds"):
+        bwd_kept = kw.cmp_bwd(X, CFG) + kw.sel_bwd(X, CFG, keep) + kw.win_bwd(X, CFG)
+        assert kw.core_bwd(X, CFG, keep) == bwd_kept + kw.Work(0, 2 * gates + 7 * Q)
 
 
 def test_rates():

@@ -335,7 +335,9 @@ def _sel_bwd_dkv_kernel(
 
 
 #: launch parameters on CUDA (bench/bench_nsa.py --sweep): forward/dq warps and stages;
-#: dk/dv pass: tokens per work item (qc), query rows per step times the padded head dim
+#: dk/dv pass: tokens per work item (qc: 1024 against 512 took the selected branch's fwd+bwd from
+#: 6.49 to 6.40 ms at the seeds' attention shape, S=64k, and from 43.65 to 43.29 at the benchmark
+#: shape, one H100, docs/performance.md sixteenth set), query rows per step times the padded head dim
 #: (dkv_cells, so that the two [l', K] accumulators and a step's tiles fit the registers of
 #: dkv_warps: 64 rows at K=128, 128 at K=64), warps and stages (the retired bench/gpu/variants_probe.py
 #: --parts sel-dkv: on one H100, 64 rows beat 32 and 128 at K=128, 128 rows beat 64 at the
@@ -346,7 +348,7 @@ def _sel_bwd_dkv_kernel(
 #: partials, 'ds' tiles, 'auto': _dq_source's rule); kept_budget bytes of them at a time (longer
 #: inputs are taken a chunk of query tokens at a time, see _kept_chunk); K/V blocks
 #: through TMA descriptors at one token a tile (see _tma): tma, and the pipeline's tma_stages
-TUNE = dict(fwd_warps=4, fwd_stages=2, qc=512, dkv_cells=8192, dkv_warps=4, dkv_stages=2,
+TUNE = dict(fwd_warps=4, fwd_stages=2, qc=1024, dkv_cells=8192, dkv_warps=4, dkv_stages=2,
             tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_from_pass=True, dq_keep="auto", kept_budget=16 << 30,
             tma=True, tma_stages=3, blocks_rows=64)
 

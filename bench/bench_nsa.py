@@ -150,7 +150,7 @@ def _sel_split(x, q, do, idx, cfg) -> tuple[int, str, dict[str, float]]:
     (Tq, HQ), (Tk, H), n = q.shape[1:3], k.shape[1:3], idx.shape[-1]
     NB = -(-Tk // ls)
     TT = S._tokens_per_tile(HQ // H, n, NB, Tq)
-    o, lse = S._sel_fwd(q, k, v, idx, ls, 0, False, cfg.sel_form)
+    o, lse, _ = S._sel_fwd(q, k, v, idx, ls, 0, False, cfg.sel_form)
     qc = S._dkv_qc(q.device, Tq, False)
     work = inverse_selection(idx, Tk, ls, qc)
     times = dict(union=_bench(lambda: S._tile_union(idx, TT, NB)),

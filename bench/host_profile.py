@@ -53,7 +53,7 @@ def op_overhead(x, cfg, n: int = 200):
     args_tk = (q, kc, lse, 0, cfg.cmp_block, cfg.cmp_stride, cfg.sel_block, cfg.n_selected)
     idx = TK.select_blocks_op(*args_tk)
     ks, vs = x.k_sel.detach(), x.v_sel.detach()
-    so, slse = SE._sel_fwd(q, ks, vs, idx, cfg.sel_block, 0, False, "auto")
+    so, slse, _ = SE._sel_fwd(q, ks, vs, idx, cfg.sel_block, 0, False, "auto")
     cases = {
         "band_bwd": (BA.band_op.bwd, BA._band_bwd,
                      (q, kc, vc, o, lse, do, 0, cfg.cmp_block, cfg.cmp_stride, 0, False, False)),

@@ -7,6 +7,8 @@ Shapes: idx [B, Tq, H, n] (ascending, -1 padded) of blocks of ls keys over Tk ke
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -75,28 +77,70 @@ def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, 
         tl.store(item_end + base + w, 0, mask=m)
 
 
-def inverse_selection(idx: torch.Tensor, Tk: int, ls: int, qc: int):
+class Inverse(NamedTuple):
+    """An inverse selection (see inverse_selection)."""
+    keys: torch.Tensor  # the sorted keys, one per idx entry (key_dtype)
+    perm: torch.Tensor  # the idx entry each sorted key came from (int64)
+    items: torch.Tensor  # [3, n_items] int32: per work item its segment and the [start, end) of keys it owns
+    NB: int  # key blocks
+
+
+def key_dtype(idx_shape: tuple[int, ...], NB: int) -> torch.dtype:
+    """The keys' dtype: int32 while every key, (B*H*NB + 1) * Tq at most, fits."""
+    B, Tq, H, _ = idx_shape
+    return torch.int32 if (B * H * NB + 1) * Tq < 2**31 else torch.int64
+
+
+def n_items(idx_shape: tuple[int, ...], NB: int, qc: int) -> int:
+    """The work items inverse_selection lays out: B*H * (Tq*n // qc + NB), an upper bound on the
+    items of at most qc tokens that the NB segments of each (b, h) need (sum of ceil(count / qc))."""
+    B, Tq, H, n = idx_shape
+    return B * H * (Tq * n // qc + NB)
+
+
+def inverse_selection(idx: torch.Tensor, Tk: int, ls: int, qc: int) -> Inverse:
     """Work items of the key-block-major passes: tokens grouped by the (b, h, block) they selected.
 
     One kernel writes a key per idx entry, seg * Tq + token with seg = (b*H + h)*NB + block;
     one sort puts each segment's tokens together in ascending order; one kernel per (b, h)
     finds the segments' bounds and cuts them into items of at most qc tokens. Three launches,
     no host sync. Returns the sorted keys, the idx entry each came from (the sort's
-    permutation), and per work item its segment and the [start, end) range of the sorted keys
-    it owns (int32), and NB. The item count,
-    B*H * (Tq*n // qc + NB), is an upper bound known on the host; items past a (b, h)'s real
-    ones are empty."""
+    permutation), per work item its segment and the [start, end) range of the sorted keys it
+    owns, and NB. The item count (n_items) is an upper bound known on the host; items past a
+    (b, h)'s real ones are empty."""
     B, Tq, H, n = idx.shape
     NB = triton.cdiv(Tk, ls)
     total = idx.numel()
-    key_dtype = torch.int32 if (B * H * NB + 1) * Tq < 2**31 else torch.int64
-    keys = torch.empty(total, device=idx.device, dtype=key_dtype)
+    keys = torch.empty(total, device=idx.device, dtype=key_dtype(idx.shape, NB))
     block = 1024
     _selection_keys_kernel[(triton.cdiv(total, block),)](idx, keys, Tq, total, NB, B * H * NB, H=H, N=n,
                                                            BLOCK=block)
     keys_sorted, perm = torch.sort(keys)
-    ipb = Tq * n // qc + NB  # the most items one (b, h) can need: sum of ceil(count / qc)
-    seg, start, end = (torch.empty(B * H * ipb, device=idx.device, dtype=torch.int32) for _ in range(3))
-    _work_items_kernel[(B * H,)](keys_sorted, total, seg, start, end, Tq, NB, ipb,
+    items = torch.empty(3, n_items(idx.shape, NB, qc), device=idx.device, dtype=torch.int32)
+    seg, start, end = items.unbind(0)
+    _work_items_kernel[(B * H,)](keys_sorted, total, seg, start, end, Tq, NB, items.shape[1] // (B * H),
                                  QC=qc, NBP=triton.next_power_of_2(NB), STEPS=total.bit_length(), BW=256)
-    return keys_sorted, perm, seg, start, end, NB
+    return Inverse(keys_sorted, perm, items, NB)
+
+
+def as_outputs(inverse: Inverse | None, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An inverse selection as a custom op's outputs (keys, perm, items), empty tensors for none."""
+    if inverse is None:
+        return (torch.empty(0, device=device, dtype=torch.int32), torch.empty(0, device=device, dtype=torch.int64),
+                torch.empty(3, 0, device=device, dtype=torch.int32))
+    return inverse.keys, inverse.perm, inverse.items
+
+
+def fake_outputs(idx: torch.Tensor, Tk: int, ls: int, qc: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """as_outputs(inverse_selection(idx, Tk, ls, qc)) in shape and dtype only (qc = 0: none)."""
+    if qc == 0:
+        return as_outputs(None, idx.device)
+    NB = triton.cdiv(Tk, ls)
+    return (idx.new_empty(idx.numel(), dtype=key_dtype(idx.shape, NB)), idx.new_empty(idx.numel(), dtype=torch.int64),
+            idx.new_empty(3, n_items(idx.shape, NB, qc), dtype=torch.int32))
+
+
+def from_outputs(keys: torch.Tensor, perm: torch.Tensor, items: torch.Tensor, Tk: int, ls: int) -> Inverse | None:
+    """The inverse selection an op's outputs hold (see as_outputs), None for the empty ones."""
+    return Inverse(keys, perm, items, triton.cdiv(Tk, ls)) if keys.numel() else None
+

@@ -16,7 +16,10 @@ WINDOW, combine). The backward leaves out glue the separate ops need between the
   dS = g P (do V^T - rowsum(do * o)), dV = (g P)^T do, with no work a tile added to the
   kernels. The gates must be non-negative (sigmoid outputs, as NSAAttention makes them): a
   negative gate makes the gradients NaN; a zero gate, zero;
-* the selected branch's last dq kernel adds the window's dq, so autograd sums one dq fewer.
+* the selected branch's last dq kernel adds the window's dq, so autograd sums one dq fewer;
+* the selected forward's inverse selection, where it built one the backward can take
+  (nsa.kernels.selection._shared_qc), is saved for the backward's dk/dv pass, which then sorts
+  nothing.
 
 Neither branch reads its output again for its delta. The gradients are those of the separate
 ops up to rounding (there g * do is rounded to do's dtype before the tensor-core products).
@@ -30,41 +33,48 @@ from torch.profiler import record_function
 
 from . import band_attention, combine, selection
 from ._autograd import kernel_op
+from ._inverse import as_outputs, from_outputs
 
 
 def _fwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch.Tensor, v_sel: torch.Tensor,
          k_win: torch.Tensor, v_win: torch.Tensor, idx: torch.Tensor, q_start: int, sel_block: int, window: int,
          deterministic: bool, sel_form: str,
-         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """o, and what the backward needs: o_sel, lse_sel, o_win, lse_win."""
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                    torch.Tensor]:
+    """o, and what the backward needs: o_sel, lse_sel, o_win, lse_win, and the selected
+    forward's inverse selection as three tensors (keys, perm, items; empty where none)."""
     # the ranges of the separate stages (nsa.attention.core), for the profile phase
     with record_function("nsa.sel"):
-        o_sel, lse_sel = selection._sel_fwd(q, k_sel, v_sel, idx, sel_block, q_start, deterministic, sel_form)
+        o_sel, lse_sel, inverse = selection._sel_fwd(q, k_sel, v_sel, idx, sel_block, q_start, deterministic,
+                                                     sel_form)
     with record_function("nsa.win"):
         o_win, lse_win = band_attention._band_fwd(q, k_win, v_win, q_start, 1, 1, window, True, deterministic)
     with record_function("nsa.gate_combine"):
         o = combine._combine_fwd(gates, o_cmp, o_sel.to(o_cmp.dtype), o_win.to(o_cmp.dtype))
-    return o, o_sel, lse_sel, o_win, lse_win
+    return (o, o_sel, lse_sel, o_win, lse_win, *as_outputs(inverse, q.device))
 
 
 def _bwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch.Tensor, v_sel: torch.Tensor,
          k_win: torch.Tensor, v_win: torch.Tensor, idx: torch.Tensor, o: torch.Tensor, o_sel: torch.Tensor,
-         lse_sel: torch.Tensor, o_win: torch.Tensor, lse_win: torch.Tensor, do: torch.Tensor, q_start: int,
-         sel_block: int, window: int, deterministic: bool, sel_form: str,
+         lse_sel: torch.Tensor, o_win: torch.Tensor, lse_win: torch.Tensor, keys: torch.Tensor, perm: torch.Tensor,
+         items: torch.Tensor, do: torch.Tensor, q_start: int, sel_block: int, window: int, deterministic: bool,
+         sel_form: str,
          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dgates, do_cmp, dq (selected + window), dk_sel, dv_sel, dk_win, dv_win."""
     dgates, do_cmp, delta_sel, delta_win, lse_sel_g, lse_win_g = combine.combine_bwd_folded(
         gates, o_cmp, o_sel, o_win, do, lse_sel, lse_win)
     dq_win, dk_win, dv_win = band_attention.band_backward(q, k_win, v_win, o_win, lse_win_g, do, q_start, 1, 1,
                                                           window, True, deterministic, delta_win)
-    dq, dk_sel, dv_sel = selection.selection_backward(q, k_sel, v_sel, idx, o_sel, lse_sel_g, do, sel_block, q_start,
-                                                      deterministic, delta_sel, dq_win)
+    dq, dk_sel, dv_sel = selection.selection_backward(
+        q, k_sel, v_sel, idx, o_sel, lse_sel_g, do, sel_block, q_start, deterministic, delta_sel, dq_win,
+        from_outputs(keys, perm, items, k_sel.shape[1], sel_block))
     return dgates, do_cmp, dq, dk_sel, dv_sel, dk_win, dv_win
 
 
-def _fake(gates, o_cmp, q, *args):
+def _fake(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start, sel_block, window, deterministic, sel_form):
     lse = q.new_empty(q.shape[:3], dtype=torch.float32)
-    return torch.empty_like(o_cmp), torch.empty_like(q), lse, torch.empty_like(q), torch.empty_like(lse)
+    return (torch.empty_like(o_cmp), torch.empty_like(q), lse, torch.empty_like(q), torch.empty_like(lse),
+            *selection.fake_inverse(q, k_sel, idx, sel_block, deterministic, sel_form))
 
 
 #: the custom ops nsa::gated_branches_fwd / _bwd (see nsa.kernels._autograd); idx gets no gradient

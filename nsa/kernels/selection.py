@@ -40,9 +40,9 @@ import triton.language as tl
 
 from . import SEL_FORMS
 from ._autograd import kernel_op
-from ._inverse import inverse_selection
+from ._inverse import Inverse, as_outputs, fake_outputs, from_outputs, inverse_selection
 from ._launch import dot_precision, launch
-from .selection_blocks import blocks_forward
+from .selection_blocks import blocks_forward, one_pass
 from ._tma import kv_desc, kv_tma_ok
 from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
 
@@ -337,7 +337,8 @@ def _sel_bwd_dkv_kernel(
 #: launch parameters on CUDA (bench/bench_nsa.py --sweep): forward/dq warps and stages;
 #: dk/dv pass: tokens per work item (qc: 1024 against 512 took the selected branch's fwd+bwd from
 #: 6.49 to 6.40 ms at the seeds' attention shape, S=64k, and from 43.65 to 43.29 at the benchmark
-#: shape, one H100, docs/performance.md sixteenth set), query rows per step times the padded head dim
+#: shape, one H100, docs/performance.md sixteenth set; qc_interpret on the CPU interpreter, where popular
+#: blocks are split at small sizes too), query rows per step times the padded head dim
 #: (dkv_cells, so that the two [l', K] accumulators and a step's tiles fit the registers of
 #: dkv_warps: 64 rows at K=128, 128 at K=64), warps and stages (the retired bench/gpu/variants_probe.py
 #: --parts sel-dkv: on one H100, 64 rows beat 32 and 128 at K=128, 128 rows beat 64 at the
@@ -348,7 +349,7 @@ def _sel_bwd_dkv_kernel(
 #: partials, 'ds' tiles, 'auto': _dq_source's rule); kept_budget bytes of them at a time (longer
 #: inputs are taken a chunk of query tokens at a time, see _kept_chunk); K/V blocks
 #: through TMA descriptors at one token a tile (see _tma): tma, and the pipeline's tma_stages
-TUNE = dict(fwd_warps=4, fwd_stages=2, qc=1024, dkv_cells=8192, dkv_warps=4, dkv_stages=2,
+TUNE = dict(fwd_warps=4, fwd_stages=2, qc=1024, qc_interpret=64, dkv_cells=8192, dkv_warps=4, dkv_stages=2,
             tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_from_pass=True, dq_keep="auto", kept_budget=16 << 30,
             tma=True, tma_stages=3, blocks_rows=64)
 
@@ -435,30 +436,51 @@ def forward_form(G: int, TT: int) -> str:
     return "blocks" if TT == 1 and G <= 8 else "tiles"
 
 
-def _sel_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, sel_block: int,
-             q_start: int, deterministic: bool, form: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """o and lse of the selected branch by the forward ``form`` (one of nsa.kernels.SEL_FORMS; 'auto':
-    forward_form's choice for the shape)."""
-    B, Tq, HQ, K = q.shape
-    Tk = k.shape[1]
+def _resolve_form(q: torch.Tensor, k: torch.Tensor, idx: torch.Tensor, sel_block: int, form: str) -> str:
+    """The selected forward ``form`` (one of nsa.kernels.SEL_FORMS) with 'auto' resolved by
+    forward_form for the shape."""
     if form not in SEL_FORMS:
         raise ValueError(f"selected forward form {form!r}; forms: {', '.join(SEL_FORMS)}")
-    o = torch.empty_like(q)
-    lse = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
-    if Tq == 0:
-        return o, lse
-    if form == "auto":
-        G, n = HQ // k.shape[2], idx.shape[-1]
-        form = forward_form(G, _tokens_per_tile(G, n, triton.cdiv(Tk, sel_block), Tq))
-    if form == "blocks":
+    if form != "auto":
+        return form
+    (Tq, HQ), G, n = q.shape[1:3], q.shape[2] // k.shape[2], idx.shape[-1]
+    return forward_form(G, _tokens_per_tile(G, n, triton.cdiv(k.shape[1], sel_block), Tq))
+
+
+def _shared_qc(q: torch.Tensor, k: torch.Tensor, idx: torch.Tensor, sel_block: int, deterministic: bool,
+               form: str) -> int:
+    """Tokens per work item of the inverse selection the forward hands to the backward, 0 for
+    none: where the forward runs key-block-major over all tokens in one pass (one inverse
+    selection, of the work items the dk/dv pass takes; not deterministic, whose dk/dv pass
+    takes one item per block). The backward's dk/dv pass then sorts nothing (on one H100 the
+    inverse selection took 0.23 ms a call at the seeds' attention shape, S=64k)."""
+    if deterministic or q.shape[1] == 0 or _resolve_form(q, k, idx, sel_block, form) != "blocks":
+        return 0
+    return _dkv_qc(q.device, q.shape[1], False) if one_pass(q, idx.shape[-1]) else 0
+
+
+def _sel_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, sel_block: int,
+             q_start: int, deterministic: bool, form: str) -> tuple[torch.Tensor, torch.Tensor, Inverse | None]:
+    """o and lse of the selected branch by the forward ``form`` (see _resolve_form), and the inverse
+    selection it built where the backward can take it again (see _shared_qc), else None."""
+    B, Tq, HQ, K = q.shape
+    Tk = k.shape[1]
+    form = _resolve_form(q, k, idx, sel_block, form)
+    if form == "blocks" and Tq > 0:
         interpret = q.device.type == "cpu"
         tiles = dict(BM=32 if interpret else TUNE["blocks_rows"], num_warps=4 if interpret else TUNE["fwd_warps"],
                      num_stages=1 if interpret else TUNE["fwd_stages"])
-        return blocks_forward(q, k, v, idx, sel_block, q_start, tiles)
+        o, lse, inverse = blocks_forward(q, k, v, idx, sel_block, q_start, tiles,
+                                         _dkv_qc(q.device, Tq, False))
+        return o, lse, None if deterministic else inverse
+    o = torch.empty_like(q)
+    lse = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
+    if Tq == 0:
+        return o, lse, None
     grid, blocks, kv, meta, cfg = _tile_launch(q, k, v, idx, sel_block)
     launch(_sel_fwd_kernel, lambda c: grid, (q, *kv, idx, blocks, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K)),
            meta, cfg)
-    return o, lse
+    return o, lse, None
 
 
 def _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, delta=None):
@@ -483,14 +505,14 @@ def _dkv_qc(device: torch.device, Tq: int, deterministic: bool) -> int:
     selects, such as block 0, walks the whole sequence)."""
     if deterministic:
         return max(Tq, 1)
-    return 64 if device.type == "cpu" else TUNE["qc"]
+    return TUNE["qc_interpret" if device.type == "cpu" else "qc"]
 
 
 def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, dv, keep: str = "", kept=None):
     """Adds the dk, dv of the work items of inverse_selection(idx, Tk, sel_block, _dkv_qc(...))
     into the float32 buffers dk, dv; keep 'ds' / 'dq' (see _dq_source): it also keeps each
     (token, slot)'s dS tile / dq partial in kept (flat, B*Tq*H*n * G * _kept_width of q's dtype)."""
-    keys_sorted, perm, seg, start, end, NB = work
+    keys_sorted, perm, (seg, start, end), NB = work
     meta = _meta(q, k, sel_block)
     interpret = q.device.type == "cpu"
     GP = triton.next_power_of_2(meta["G"])
@@ -596,12 +618,12 @@ def _kept_chunk(q, n: int, sel_block: int) -> int:
 
 
 def _sel_bwd_kept(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, deterministic: bool,
-                  delta=None, dq_add=None):
+                  delta=None, dq_add=None, inverse: Inverse | None = None):
     """dq, dk, dv with dq from what the dk/dv pass keeps (_dq_source): per chunk of query tokens
     (_kept_chunk; one chunk unless they pass the budget), the dk/dv pass over the chunk's
     selections adds into float32 dk/dv (chunk after chunk, so a fixed order stays fixed) and
     keeps the chunk's dq partials or dS tiles, then the dq kernel takes them for its tokens (see
-    selection_backward for delta and dq_add)."""
+    selection_backward for delta, dq_add and inverse)."""
     Tq, Tk, K = q.shape[1], k.shape[1], q.shape[3]
     G, n = q.shape[2] // k.shape[2], idx.shape[-1]
     keep = _dq_source(K, sel_block)
@@ -614,7 +636,8 @@ def _sel_bwd_kept(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, determ
         part = slice(a, min(Tq, a + chunk))  # .contiguous(): a copy only for B > 1 and several chunks
         qc, doc, lsec, dlc, idxc = (t[:, part].contiguous() for t in (q, do, lse, delta, idx))
         dq_addc = None if dq_add is None else dq_add[:, part].contiguous()
-        work = inverse_selection(idxc, Tk, sel_block, _dkv_qc(q.device, qc.shape[1], deterministic))
+        work = inverse if inverse is not None and chunk >= Tq else \
+            inverse_selection(idxc, Tk, sel_block, _dkv_qc(q.device, qc.shape[1], deterministic))
         kept = torch.empty(idxc.numel() * G * _kept_width(K, sel_block), device=q.device, dtype=q.dtype)
         _dkv_pass(qc, k, v, doc, lsec, dlc, work, sel_block, q_start + a, dk, dv, keep, kept)
         dqs.append(_sel_dq_from_parts(qc, idxc, kept, dq_addc) if keep == "dq"
@@ -626,8 +649,8 @@ def _sel_bwd_kept(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, determ
 
 def selection_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
                        lse: torch.Tensor, do: torch.Tensor, sel_block: int, q_start: int, deterministic: bool,
-                       delta: torch.Tensor | None = None,
-                       dq_add: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       delta: torch.Tensor | None = None, dq_add: torch.Tensor | None = None,
+                       inverse: Inverse | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv. Long contexts: dq from the dq partials or dS tiles the dk/dv pass keeps
     (_sel_bwd_kept; gathers nothing or K alone, where the forward and a recomputing dq kernel
     gather K and V, 32 KB a selected block at K=128, and are bound by that gather). Otherwise the dq kernel (which also
@@ -635,35 +658,54 @@ def selection_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: t
 
     delta = rowsum(do * o) ([B, Tq, HQ] float32) when the caller has it (o is then not read;
     nsa.kernels.gated_branches passes lse and delta that fold in a gate); dq_add given, the
-    returned dq includes it (another branch's dq, added by the last dq kernel)."""
+    returned dq includes it (another branch's dq, added by the last dq kernel); inverse: idx's
+    inverse selection from the forward (_shared_qc), which the dk/dv pass then takes instead of
+    sorting again where it takes all tokens at once (any work item size gives the same sums; a
+    deterministic backward is never handed one)."""
     Tq, Tk = q.shape[1], k.shape[1]
     if Tq == 0 or Tk == 0:
         dq = torch.zeros_like(q) if dq_add is None else dq_add.clone()
         return dq, torch.zeros_like(k), torch.zeros_like(v)
     do = do.contiguous()
     if _dq_from_pass(q, k, idx.shape[-1], sel_block):
-        return _sel_bwd_kept(q, k, v, idx, o, lse, do, sel_block, q_start, deterministic, delta, dq_add)
+        return _sel_bwd_kept(q, k, v, idx, o, lse, do, sel_block, q_start, deterministic, delta, dq_add, inverse)
     dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block, q_start, delta)
-    work = inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device, Tq, deterministic))
+    work = inverse if inverse is not None else inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device, Tq, deterministic))
     dk, dv = _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block, q_start)
     if dq_add is not None:  # short contexts: the dq kernel tiles several tokens; one add
         dq += dq_add
     return dq, dk, dv
 
 
+def _sel_op_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, sel_block: int,
+                q_start: int, deterministic: bool, form: str,
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """nsa::sel_fwd: o, lse and the inverse selection as tensors (see _inverse.as_outputs)."""
+    o, lse, inverse = _sel_fwd(q, k, v, idx, sel_block, q_start, deterministic, form)
+    return (o, lse, *as_outputs(inverse, q.device))
+
+
 def _sel_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
-             lse: torch.Tensor, do: torch.Tensor, sel_block: int, q_start: int, deterministic: bool,
+             lse: torch.Tensor, keys: torch.Tensor, perm: torch.Tensor, items: torch.Tensor, do: torch.Tensor,
+             sel_block: int, q_start: int, deterministic: bool,
              form: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """nsa::sel_bwd (see selection_backward; one backward whatever the forward's form)."""
-    return selection_backward(q, k, v, idx, o, lse, do, sel_block, q_start, deterministic)
+    return selection_backward(q, k, v, idx, o, lse, do, sel_block, q_start, deterministic,
+                              inverse=from_outputs(keys, perm, items, k.shape[1], sel_block))
 
 
-def _sel_fake(q, k, v, idx, *args):
-    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+def fake_inverse(q, k, idx, sel_block: int, deterministic: bool, form: str):
+    """The inverse selection outputs of the forward, in shape and dtype only (for fake tensors)."""
+    return fake_outputs(idx, k.shape[1], sel_block, _shared_qc(q, k, idx, sel_block, deterministic, form))
+
+
+def _sel_fake(q, k, v, idx, sel_block, q_start, deterministic, form):
+    return (torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32),
+            *fake_inverse(q, k, idx, sel_block, deterministic, form))
 
 
 #: the custom ops nsa::sel_fwd / nsa::sel_bwd (see nsa.kernels._autograd); idx gets no gradient
-sel_op = kernel_op("sel", _sel_fwd, _sel_bwd, _sel_fake, tensors=4, grads=3)
+sel_op = kernel_op("sel", _sel_op_fwd, _sel_bwd, _sel_fake, tensors=4, grads=3)
 
 
 def selected_attention(q, k, v, idx, q_start: int, LS: int, deterministic: bool = False, form: str = "auto"):

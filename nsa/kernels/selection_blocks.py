@@ -6,7 +6,7 @@ The token-major forward (nsa.kernels.selection) gives one program a token's G qu
 the rows of its tiles and gathers the token's n blocks of K and V: at G = 6 ten of its sixteen
 rows idle, and every (token, KV head) pulls n * l' * K * 2 values out of L2 (128 KiB at n = 16,
 l' = 64, K = 64, bf16), which bounds it (docs/performance.md, ninth set). Here a program takes a
-work item of the inverse selection (nsa.kernels._inverse: up to QC tokens that chose one block),
+work item of the inverse selection (nsa.kernels._inverse: up to qc tokens that chose one block),
 loads the block's keys and values once and runs the items' (token, head) rows through them BM at
 a time, G rows a token, no padding. Each (token, head, slot) gets a partial output, normalised,
 with its float32 log-sum-exp; a second kernel combines a row's n partials in slot order, in
@@ -31,14 +31,12 @@ import torch
 import triton
 import triton.language as tl
 
-from ._inverse import inverse_selection
+from ._inverse import Inverse, inverse_selection
 from ._launch import dot_precision, launch
 from ._softmax import LN2, LOG2E
 
 #: bytes of partial outputs held at once (see the module docstring)
 PARTIALS_BUDGET = 4 << 30
-#: tokens per work item of the inverse selection (a block chosen by more tokens is split)
-QC = 512
 
 
 @triton.jit
@@ -149,11 +147,19 @@ def _chunk(B: int, Tq: int, HQ: int, n: int, K: int, itemsize: int = 4) -> int:
     return max(1, min(Tq, PARTIALS_BUDGET // (B * HQ * n * K * itemsize)))
 
 
+def one_pass(q: torch.Tensor, n: int) -> bool:
+    """Whether blocks_forward takes all of q's tokens in one pass (one inverse selection)."""
+    B, Tq, HQ, K = q.shape
+    return _chunk(B, Tq, HQ, n, K, partial_dtype(q.dtype).itemsize) >= Tq
+
+
 def blocks_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, sel_block: int,
-                   q_start: int, tiles: dict) -> tuple[torch.Tensor, torch.Tensor]:
+                   q_start: int, tiles: dict, qc: int) -> tuple[torch.Tensor, torch.Tensor, Inverse | None]:
     """o [B, Tq, HQ, K] (q's dtype) and lse [B, Tq, HQ] (float32, natural log) of the selected
-    branch, key-block-major (see the module docstring). ``tiles``: the forward kernel's
-    preferred launch, BM rows a step, num_warps, num_stages."""
+    branch, key-block-major (see the module docstring), from work items of at most ``qc`` tokens;
+    and idx's inverse selection where one pass took all tokens (else None), which the dk/dv pass
+    of the backward can use again. ``tiles``: the forward kernel's preferred launch, BM rows a
+    step, num_warps, num_stages."""
     B, Tq, HQ, K = q.shape
     Tk, H = k.shape[1], k.shape[2]
     G, n = HQ // H, idx.shape[-1]
@@ -163,10 +169,12 @@ def blocks_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch
     meta = dict(H=H, G=G, K=K, BK=BK)
     part_dtype = partial_dtype(q.dtype)
     chunk = _chunk(B, Tq, HQ, n, K, part_dtype.itemsize)
+    inverse = None
     for a in range(0, Tq, chunk):
         Tc = min(chunk, Tq - a)
         idx_c = idx[:, a:a + Tc].contiguous()
-        keys, perm, seg, start, end, NB = inverse_selection(idx_c, Tk, sel_block, QC)
+        inverse = inverse_selection(idx_c, Tk, sel_block, qc)
+        keys, perm, (seg, start, end), NB = inverse
         o_part = torch.empty(idx_c.numel() * G * K, device=q.device, dtype=part_dtype)
         lse_part = torch.empty(idx_c.numel() * G, device=q.device, dtype=torch.float32)
         launch(_blocks_fwd_kernel, lambda c: (seg.numel(),),
@@ -178,4 +186,4 @@ def blocks_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch
         BR = max(1, 4096 // BK)
         _blocks_combine_kernel[(triton.cdiv(rows, BR),)](idx_c, o_part, lse_part, o, lse, rows, Tc, Tq, a, N=n,
                                                          BR=BR, **meta)
-    return o, lse
+    return o, lse, inverse if chunk >= Tq else None

@@ -3,12 +3,9 @@
 Scores: one program owns BT consecutive query tokens of one KV group, with all G query heads of
 the group as rows (padded to GP, a power of two). It streams the compressed keys in chunks of BJ
 selection blocks (BJ * R compressed tokens, R = l'/d), recomputes
-p_cmp = exp(q . kc / sqrt(K) - lse) over the visible compressed tokens, maps each row's p onto
-selection blocks by overlap weight and sums it over the group's heads (the compressed tokens
-that straddle the chunk boundary are carried to the next chunk). The maps are two tensor-core
-products a chunk, p [rows, BC] against [BC, BJ] overlap matrices (the chunk's blocks; its tail
-onto the next chunk's first block), at the kernels' dot precision: TF32 for 16-bit inputs, whose
-rounding of p (11 bits) is well under that of the 16-bit q . k it comes from. It writes one float32 score per
+p_cmp = exp(q . kc / sqrt(K) - lse) over the visible compressed tokens, sums it over the
+group's heads and maps it onto selection blocks by overlap weight (the compressed tokens that
+straddle the chunk boundary are carried to the next chunk). It writes one float32 score per
 (token, group, block): forced blocks (0, the block holding t and the one before) get +inf,
 blocks after the query's own get -1 (never chosen over a visible block). The [S, S/d]
 probability matrix never reaches device memory; the [S, H, S/l'] scores do, a query chunk at a
@@ -99,12 +96,11 @@ def _score_kernel(
     wmap = _overlap_weight(cc[:, None] - jj[None, :] * R, L, D, LS).to(tl.float32)  # [BC, BJ]
     wmap = tl.where(ccv[:, None], wmap, 0.0)
     wtail = tl.where(ccv, _overlap_weight(cc - BCR, L, D, LS), 0).to(tl.float32)  # [BC]
-    wtail = tl.where(jj[None, :] == 0, wtail[:, None], 0.0)  # [BC, BJ]: into column 0 (the next chunk's block 0)
 
     qk_scale = sm_scale * LOG2E
     out_rows = scores + ((b.to(tl.int64) * Tq + tok) * H + h) * NB
     tok_ok = tok[:, None] < Tq
-    carry = tl.zeros([BT, BJ], tl.float32)
+    carry = tl.zeros([BT], tl.float32)
     for c in range(0, n_chunks):
         ci = c * BCR + cc
         kt = tl.load(kc_base + ci.to(tl.int64)[:, None] * (H * K) + offk[None, :],
@@ -112,10 +108,10 @@ def _score_kernel(
         s = tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale
         vis = (ci[None, :] <= hi_r[:, None]) & ccv[None, :]
         p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
-        # each row's p onto the chunk's blocks by the overlap maps, as tensor-core products, then
-        # summed over the group's heads: [BT, BJ]
-        sc = tl.sum(tl.reshape(tl.dot(p, wmap, input_precision=DOT), [BT, GP, BJ]), 1) + carry
-        carry = tl.sum(tl.reshape(tl.dot(p, wtail, input_precision=DOT), [BT, GP, BJ]), 1)
+        ps = tl.sum(tl.reshape(p, [BT, GP, BC]), 1)  # [BT, BC], summed over the group's heads
+        sc = tl.sum(ps[:, :, None] * wmap[None, :, :], 1)  # [BT, BJ]
+        sc = sc + tl.where(jj[None, :] == 0, carry[:, None], 0.0)
+        carry = tl.sum(ps * wtail[None, :], 1)
         j = c * BJ + jj
         forced = (j[None, :] == 0) | (j[None, :] == jt[:, None]) | (j[None, :] == jt[:, None] - 1)
         sc = tl.where(forced, float("inf"), sc)

@@ -130,3 +130,39 @@ def test_negative_gate_gives_nan_not_a_wrong_gradient(kdev):
     assert torch.isfinite(o).all(), "the forward does not fold the gate"
     dq = torch.autograd.grad(o, leaves[2], torch.ones_like(o))[0]
     assert torch.isnan(dq[0, 5, 1]).all() and torch.isfinite(dq[0, 4]).all()
+
+
+@pytest.mark.parametrize("op", ["gated", "selected"])
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+def test_backward_takes_the_forwards_inverse_selection(kdev, monkeypatch, op, deterministic):
+    """A key-block-major forward over all tokens in one pass hands its inverse selection to the
+    backward, whose dk/dv pass then sorts nothing: one inverse selection a step (both ops that
+    run the selected branch). A deterministic backward takes work items of whole blocks and
+    builds its own."""
+    from nsa.kernels import selection, selection_blocks
+    from nsa.kernels.selection import selected_attention
+
+    calls = []
+    real = selection.inverse_selection
+
+    def counted(*args):
+        calls.append(args[-1])  # qc
+        return real(*args)
+
+    monkeypatch.setattr(selection, "inverse_selection", counted)
+    monkeypatch.setattr(selection_blocks, "inverse_selection", counted)
+    monkeypatch.setitem(selection.TUNE, "tt", 1)
+    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=4, window=5)
+    B, T, H, G, K = 1, 21, 2, 3, 16
+    gen = torch.Generator().manual_seed(11)
+    leaves = [torch.rand(B, T, H * G, 3, generator=gen).to(kdev), rnd(gen, B, T, H * G, K, device=kdev),
+              rnd(gen, B, T, H * G, K, device=kdev), *(rnd(gen, B, T, H, K, device=kdev) for _ in range(4))]
+    leaves = [t.requires_grad_() for t in leaves]
+    idx = _random_idx(gen, B, T, H, cfg.n_selected, cfg.sel_block, 0).to(kdev)
+    if op == "gated":
+        o = _fused(*leaves, idx, cfg, 0, deterministic)
+    else:
+        o = selected_attention(leaves[2], leaves[3], leaves[4], idx, 0, cfg.sel_block, deterministic, "blocks")
+    assert len(calls) == 1, "the forward builds one inverse selection"
+    o.backward(rnd(gen, *o.shape, device=kdev))
+    assert calls[1:] == ([T] if deterministic else []), "the backward sorts again only when deterministic"

@@ -234,8 +234,8 @@ def test_inverse_selection_work_items(kdev, qc):
     gen = torch.Generator().manual_seed(qc)
     B, Tq, H, n, ls, Tk = 2, 37, 3, 4, 4, 40
     idx = _random_idx(gen, B, Tq, H, n, ls, q_start=3)
-    keys, perm, seg, start, end, NB = (x.cpu() if torch.is_tensor(x) else x
-                                       for x in inverse_selection(idx.to(kdev), Tk, ls, qc))
+    keys, perm, items, NB = (x.cpu() if torch.is_tensor(x) else x for x in inverse_selection(idx.to(kdev), Tk, ls, qc))
+    seg, start, end = items
     assert NB == Tk // ls and seg.numel() == B * H * (Tq * n // qc + NB)
     got: dict[int, list[int]] = {}
     for w in range(seg.numel()):
@@ -260,10 +260,11 @@ def test_inverse_selection_work_items(kdev, qc):
 @pytest.mark.parametrize("G,q_start,B", [(1, 0, 2), (3, 7, 2), (6, 0, 1), (16, 5, 1)], ids=["G1", "G3", "G6", "G16"])
 def test_selection_blocks_forward(kdev, monkeypatch, G, q_start, B):
     """The key-block-major forward (selection_blocks): random per-token selections with -1
-    padding, blocks chosen by more tokens than a work item holds (QC = 3), continuation."""
-    from nsa.kernels import selection_blocks
+    padding, blocks chosen by more tokens than a work item holds (3), continuation."""
+    from nsa.kernels import selection
 
-    monkeypatch.setattr(selection_blocks, "QC", 3)
+    for key in ("qc", "qc_interpret"):
+        monkeypatch.setitem(selection.TUNE, key, 3)
     _check_tiles(kdev, monkeypatch, 1, G=G, T=23, q_start=q_start, H=2 if G < 16 else 1, B=B, seed=20 + G,
                  form="blocks")
 

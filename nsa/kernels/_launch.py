@@ -37,6 +37,19 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
+def fp32_wide(dtype: torch.dtype, K: int) -> bool:
+    """Whether a launch takes the small configurations of float32 inputs at head dim > 128.
+    Strict float32 products ('ieee') run on no tensor core: Triton unrolls each tl.dot into
+    BM * BN * K / threads FMAs a thread, so at K = 256 the tiles tuned for bf16 at K = 128 gave
+    ptxas programs of 25k-98k FMAs a thread that it compiled for minutes, most of them needing
+    more shared memory than the GPU has (the ladder then compiled the next one). An sm_90
+    compile with Triton 3.6 (ptxas 12.8), S=401, G=3: the band dq kernel at (64, 64, 4, 2)
+    112 s and 278528 bytes, its dk/dv kernel at (64, 64, 4, 3) over 400 s; at 8 warps and
+    32 x 32 tiles every kernel of the NSA core compiled in 2.5-14 s and fit. TF32 products
+    (tensor cores) compile quickly but their tuned tiles do not fit at K = 256 either."""
+    return dtype == torch.float32 and K > 128
+
+
 def ladder(base: dict, halve: Sequence[str] = (), floor: int = 16) -> list[dict]:
     """``base`` (launch keywords: constexpr tile sizes, num_warps, num_stages) and its fallbacks,
     largest first: fewer pipeline stages down to one; then the keys of ``halve`` halved in turn,

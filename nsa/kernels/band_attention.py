@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ._autograd import kernel_op
-from ._launch import dot_precision, launch
+from ._launch import dot_precision, fp32_wide, launch
 from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
 
 
@@ -323,11 +323,19 @@ TILES = {
 }
 
 
-def _configs(K: int, interpret: bool, window: bool) -> tuple[dict, dict, dict]:
+#: (BM, BN, num_warps, num_stages) of all three kernels for float32 inputs at head dim > 128
+#: (nsa.kernels._launch.fp32_wide): sm_90 compiles of 3.3-14 s each, at most 135424 bytes of shared memory
+FP32_WIDE_TILES = (32, 32, 8, 2)
+
+
+def _configs(K: int, interpret: bool, window: bool, wide: bool = False) -> tuple[dict, dict, dict]:
     """The preferred launch of the fwd, dq and dk/dv kernels: dicts of BM, BN, num_warps and
-    num_stages (nsa.kernels._launch.launch falls back from them where they do not fit)."""
+    num_stages (nsa.kernels._launch.launch falls back from them where they do not fit); wide:
+    float32 inputs at head dim > 128 (FP32_WIDE_TILES)."""
     if interpret:
         tiles = (32, 16, 4, 1), (32, 16, 4, 1), (16, 32, 4, 1)
+    elif wide:
+        tiles = (FP32_WIDE_TILES,) * 3
     else:
         table = TILES["win" if window else "cmp"]
         i = 0 if K <= 64 else 1
@@ -359,7 +367,7 @@ def _band_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, L
         o.zero_()
         lse.fill_(float("-inf"))
         return o, lse
-    fwd, _, _ = _configs(K, _is_interpret(q), window)
+    fwd, _, _ = _configs(K, _is_interpret(q), window, fp32_wide(q.dtype, K))
     launch(_band_fwd_kernel, lambda c: (triton.cdiv(Tq * G, c["BM"]), B * H),
            (q, k, v, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K)),
            dict(H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BK=max(16, triton.next_power_of_2(K)),
@@ -395,7 +403,7 @@ def band_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
     delta_given = delta is not None
     if not delta_given:
         delta = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
-    _, dq_cfg, dkv_cfg = _configs(K, _is_interpret(q), window)
+    _, dq_cfg, dkv_cfg = _configs(K, _is_interpret(q), window, fp32_wide(q.dtype, K))
     meta = dict(H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BK=max(16, triton.next_power_of_2(K)),
                 DOT=dot_precision(q.dtype))
     sm = 1.0 / math.sqrt(K)

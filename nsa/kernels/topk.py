@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from ._autograd import run_op
-from ._launch import dot_precision, launch
+from ._launch import dot_precision, fp32_wide, launch
 from ._softmax import LOG2E, lse_log2
 
 INF_BITS: tl.constexpr = tl.constexpr(0x7F800000)
@@ -247,7 +247,7 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
                (qa, kc, lsea, sc, t, Nc, NB, q_start + a, 1.0 / math.sqrt(K)),
                dict(H=H, G=G, GP=GP, K=K, BK=BK, L=L, D=D, LS=LS, BJ=BJ, BC=triton.next_power_of_2(BJ * (LS // D)),
                     DOT=dot_precision(q.dtype)),
-               dict(BT=BT, num_warps=4 if interpret else TUNE["warps"],
+               dict(BT=BT, num_warps=4 if interpret else 8 if fp32_wide(q.dtype, K) else TUNE["warps"],
                     num_stages=1 if interpret else TUNE["stages"]), halve=("BT",), floor=max(1, 16 // GP))
         rows = B * t * H
         out = idx[:, a:a + t] if t == Tq else torch.empty(B, t, H, n, device=q.device, dtype=torch.int64)

@@ -38,16 +38,19 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 
 def fp32_wide(dtype: torch.dtype, K: int) -> bool:
-    """Whether a launch takes the small configurations of float32 inputs at head dim > 128.
+    """Whether a launch takes the small configurations of float32 inputs at head dim > 64.
     Strict float32 products ('ieee') run on no tensor core: Triton unrolls each tl.dot into
-    BM * BN * K / threads FMAs a thread, so at K = 256 the tiles tuned for bf16 at K = 128 gave
-    ptxas programs of 25k-98k FMAs a thread that it compiled for minutes, most of them needing
-    more shared memory than the GPU has (the ladder then compiled the next one). An sm_90
-    compile with Triton 3.6 (ptxas 12.8), S=401, G=3: the band dq kernel at (64, 64, 4, 2)
-    112 s and 278528 bytes, its dk/dv kernel at (64, 64, 4, 3) over 400 s; at 8 warps and
-    32 x 32 tiles every kernel of the NSA core compiled in 2.5-14 s and fit. TF32 products
-    (tensor cores) compile quickly but their tuned tiles do not fit at K = 256 either."""
-    return dtype == torch.float32 and K > 128
+    BM * BN * K / threads FMAs a thread, and the tiles tuned for bf16 gave ptxas programs that
+    it compiled for minutes, with 32 registers a thread and the rest spilled, most of them at
+    K = 256 needing more shared memory than the GPU has (the ladder then compiled the next one).
+    sm_90 compiles with Triton 3.6 (ptxas 12.8), S=401, G=3 (docs/performance.md, sixteenth
+    set): at K = 256 the band dq kernel at (64, 64, 4, 2) took 112 s and 278528 bytes, its dk/dv
+    kernel at (64, 64, 4, 3) over 400 s, and at 8 warps and 32 x 32 tiles every kernel of the NSA
+    core compiled in 2.5-14 s and fit; at K = 128 the compressed branch's fwd / dq / dk/dv
+    kernels took 8.7 / 19.2 / 60.0 s (57788 / 64740 / 157856 bytes of spill stores) at their
+    tuned tiles and 1.3 / 1.9 / 3.0 s at 32 x 32 and 8 warps. TF32 products (tensor cores)
+    compile quickly but their tuned tiles do not fit at K = 256 either."""
+    return dtype == torch.float32 and K > 64
 
 
 def ladder(base: dict, halve: Sequence[str] = (), floor: int = 16) -> list[dict]:

@@ -323,15 +323,15 @@ TILES = {
 }
 
 
-#: (BM, BN, num_warps, num_stages) of all three kernels for float32 inputs at head dim > 128
-#: (nsa.kernels._launch.fp32_wide): sm_90 compiles of 3.3-14 s each, at most 135424 bytes of shared memory
+#: (BM, BN, num_warps, num_stages) of all three kernels for float32 inputs at head dim > 64
+#: (nsa.kernels._launch.fp32_wide): sm_90 compiles of 3.3-14 s each at K = 256, at most 135424 bytes of shared memory
 FP32_WIDE_TILES = (32, 32, 8, 2)
 
 
 def _configs(K: int, interpret: bool, window: bool, wide: bool = False) -> tuple[dict, dict, dict]:
     """The preferred launch of the fwd, dq and dk/dv kernels: dicts of BM, BN, num_warps and
     num_stages (nsa.kernels._launch.launch falls back from them where they do not fit); wide:
-    float32 inputs at head dim > 128 (FP32_WIDE_TILES)."""
+    float32 inputs at head dim > 64 (FP32_WIDE_TILES)."""
     if interpret:
         tiles = (32, 16, 4, 1), (32, 16, 4, 1), (16, 32, 4, 1)
     elif wide:

@@ -307,3 +307,25 @@ def test_selection_forward_forms_refuse_unknown():
     with pytest.raises(ValueError, match="forms: auto, tiles, blocks"):
         selection._sel_fwd(torch.empty(1, 2, 2, 16), torch.empty(1, 2, 1, 16), torch.empty(1, 2, 1, 16),
                            torch.zeros(1, 2, 1, 4, dtype=torch.int64), 4, 0, False, "rows")
+
+
+@pytest.mark.parametrize("form,deterministic,budget", [("blocks", False, None), ("blocks", True, None),
+                                                       ("tiles", False, None), ("blocks", False, 1)],
+                         ids=["blocks", "deterministic", "tiles", "blocks-in-chunks"])
+def test_selection_forward_inverse_outputs_match_their_fakes(kdev, monkeypatch, form, deterministic, budget):
+    """The inverse selection the forward hands to the backward (nsa::sel_fwd's last three outputs)
+    has the shapes and dtypes its fake says, also where there is none (deterministic, token-major,
+    partials taken a chunk at a time): torch.compile traces with the fakes."""
+    from nsa.kernels import selection, selection_blocks
+    from nsa.kernels._inverse import as_outputs
+
+    if budget is not None:
+        monkeypatch.setattr(selection_blocks, "PARTIALS_BUDGET", budget)
+    gen = torch.Generator().manual_seed(7)
+    q = rnd(gen, 2, 19, 6, 16, device=kdev)
+    k, v = rnd(gen, 2, 19, 2, 16, device=kdev), rnd(gen, 2, 19, 2, 16, device=kdev)
+    idx = _random_idx(gen, 2, 19, 2, 4, 4, 0).to(kdev)
+    real = as_outputs(selection._sel_fwd(q, k, v, idx, 4, 0, deterministic, form)[2], q.device)
+    fake = selection.fake_inverse(q, k, idx, 4, deterministic, form)
+    assert [(t.shape, t.dtype) for t in real] == [(t.shape, t.dtype) for t in fake]
+    assert (real[0].numel() > 0) == (form == "blocks" and not deterministic and budget is None)

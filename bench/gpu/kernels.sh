@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The kernel evidence in one device call (one H100, under 9 minutes): every kernel test on the
-# GPU (bf16 parity S=1..65536, the interpreter suites on CUDA, deterministic backward, no host
-# sync, torch.compile), then the per-kernel table (time, TFLOP/s, GB/s of top-n, compressed,
-# selected fwd/dq/dk-dv, window) and the benchmark table of the whole core, fla-core included
-# when its wheel is in .whl/ (carry .whl; the pure-Python wheel is unpacked onto PYTHONPATH).
-#   TESTS=1 SHAPES="2k m7c_125m 32k 64k" bash bench/gpu/h100_kernels.sh
+# The kernel evidence in one device call (one GPU; under 9 minutes on an H100): every kernel
+# test on the GPU (bf16 parity S=1..65536, the interpreter suites on CUDA, deterministic backward,
+# no host sync, torch.compile), then the per-kernel table (time, TFLOP/s, GB/s of top-n,
+# compressed, selected fwd/dq/dk-dv, window) and the benchmark table of the whole core, fla-core
+# included when its wheel is in .whl/ (carry .whl; the pure-Python wheel is unpacked onto
+# PYTHONPATH).
+#   TESTS=1 SHAPES="2k m7c_125m 32k 64k" bash bench/gpu/kernels.sh
 # OUT=<dir> for results (kernels.log, bench.json); TESTS=0 skips the tests; TEST_PATHS limits
 # them (tests/kernels by default: about 310 s on one H100, 2026-11-23, so raise TESTS_TIMEOUT and
 # limit SHAPES to run both); SHAPES limits the benchmark (all shapes by default); TESTS_TIMEOUT /

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Best micro-batch of m7c_125m at S=2048 on one GPU, timed longer than the sweep in
-# h100_train_throughput.sh (30 timed steps after 5 warm-up steps per cell; compiled, fused
+# train_throughput.sh (30 timed steps after 5 warm-up steps per cell; compiled, fused
 # AdamW, no accumulation), with the kernel tests first (KTESTS=0 skips them):
-#   bash bench/gpu/h100_best_batch.sh        (OUT=<dir>; BATCHES="16 32 64")
+#   bash bench/gpu/best_batch.sh        (OUT=<dir>; BATCHES="16 32 64")
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/.device_out}

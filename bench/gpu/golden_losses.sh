@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Golden loss curves of the h100 runbook's deterministic points on one H100, in one device call:
-#   bash bench/gpu/h100_goldens.sh        (OUT=<dir> for what comes back; RUNS=3; LIMIT=<s per run>)
+#   bash bench/gpu/golden_losses.sh        (OUT=<dir> for what comes back; RUNS=3; LIMIT=<s per run>)
 # Runs the phases with golden_steps of runbooks/h100_single.yaml (the `determinism` phase:
 # m7c_125m at the production shape, train.deterministic=true, 30 steps) RUNS times on the same
 # commit, each into a results directory of its own; prints the run-to-run spread of the per-step

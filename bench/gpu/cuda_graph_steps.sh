@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# CUDA-graph training steps on one H100, in one device call:
-#   bash bench/gpu/h100_graphs.sh              (OUT=<dir> for what comes back)
-#   PARTS="tests prod" bash bench/gpu/h100_graphs.sh
+# CUDA-graph training steps on one GPU, in one device call (the nvtx part runs the h100 runbook's
+# phase, whose profile names an H100):
+#   bash bench/gpu/cuda_graph_steps.sh              (OUT=<dir> for what comes back)
+#   PARTS="tests prod" bash bench/gpu/cuda_graph_steps.sh
 # Parts (PARTS, default all, in this order):
 #   tests  pytest of the graph path on the GPU (graphed steps == eager steps; failed-capture fallback)
 #   prod   bench/train_throughput.py at the seed's production shape (m7c_125m, 2 rows x 2 micro-batches,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Trainer throughput of m7c_125m on one GPU (issue 4's single-GPU numbers), in one device call:
-#   bash bench/gpu/h100_train_throughput.sh        (OUT=<dir> to choose where results go)
+#   bash bench/gpu/train_throughput.sh        (OUT=<dir> to choose where results go)
 # The fast configuration is torch.compile (per block; the Triton kernels are opaque custom ops)
 # with fused AdamW; the production shape is also run eagerly for comparison. Each step has its
 # own timeout so the whole call stays under 10 minutes; a step that times out or fails leaves

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Two-GPU acceptance on a pair of H200s in one device call:
-#   bash bench/gpu/h200_pair.sh        (OUT=<dir> for what comes back)
+# Two-GPU acceptance (runbooks/h200_pair.yaml; needs two GPUs, and its h200 profile names H200s)
+# in one device call:
+#   bash bench/gpu/two_gpu_acceptance.sh        (OUT=<dir> for what comes back)
 # (carry a SOURCE_SHA stamp, see bench/gpu/acceptance.sh, so that preflight names the commit)
 # 1. calibrate: one single-GPU trainer run of m7c_125m at the production shape;
 # 2. write the h200 profile with floors derived from it (0.9x for one GPU; the trainer issue's

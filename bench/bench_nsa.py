@@ -44,6 +44,7 @@ from nsa.attention.kernel_branches import (  # noqa: E402
     triton_select_blocks,
     triton_win_attention,
 )
+from nsa.kernels.tuning import SELECTION, BandTiles, SelectionTuning, TopkTuning  # noqa: E402
 
 SHAPES = {  # name: (B, S, HQ, H, K)
     "2k": (1, 2048, 64, 4, 128),
@@ -132,8 +133,8 @@ def _stage_inputs(name, cfg):
     return x, x["q"], x["do"], lse, idx
 
 
-def _sel_split(x, q, do, idx, cfg) -> tuple[int, str, dict[str, float]]:
-    """Medians (ms) of the selected branch's pieces at the current selection.TUNE: forward
+def _sel_split(x, q, do, idx, cfg, tune: SelectionTuning = SELECTION) -> tuple[int, str, dict[str, float]]:
+    """Medians (ms) of the selected branch's pieces at the launches and variants ``tune``: forward
     kernel; backward as inverse_selection (keys kernel, sort, work-item kernel), the dk/dv
     kernel and dq: at long contexts (selection._dq_from_pass) the delta pass, the dk/dv kernel
     keeping its dq partials or dS tiles (selection._dq_source; all tokens in one pass, as the
@@ -149,28 +150,29 @@ def _sel_split(x, q, do, idx, cfg) -> tuple[int, str, dict[str, float]]:
     q, k, v = (t.detach() for t in (q, x["k_sel"], x["v_sel"]))
     (Tq, HQ), (Tk, H), n = q.shape[1:3], k.shape[1:3], idx.shape[-1]
     NB = -(-Tk // ls)
-    TT = S._tokens_per_tile(HQ // H, n, NB, Tq)
-    o, lse, _ = S._sel_fwd(q, k, v, idx, ls, 0, False, cfg.sel_form)
-    qc = S._dkv_qc(q.device, Tq, False)
+    TT = S._tokens_per_tile(HQ // H, n, NB, Tq, tune)
+    o, lse, _ = S._sel_fwd(q, k, v, idx, ls, 0, False, cfg.sel_form, tune)
+    qc = S._dkv_qc(q.device, Tq, False, tune)
     work = inverse_selection(idx, Tk, ls, qc)
     times = dict(union=_bench(lambda: S._tile_union(idx, TT, NB)),
-                 fwd=_bench(lambda: S._sel_fwd(q, k, v, idx, ls, 0, False, cfg.sel_form)),
+                 fwd=_bench(lambda: S._sel_fwd(q, k, v, idx, ls, 0, False, cfg.sel_form, tune)),
                  inverse=_bench(lambda: inverse_selection(idx, Tk, ls, qc)))
-    keep = S._dq_source(q.shape[3], ls) if S._dq_from_pass(q, k, n, ls) else ""
+    keep = S._dq_source(q.shape[3], ls, tune) if S._dq_from_pass(q, k, n, ls, tune) else ""
     if keep:
         delta = S._row_delta(o, do)
         # one chunk: all tokens
-        kept = torch.empty(idx.numel() * (HQ // H) * S._kept_width(q.shape[3], ls), device=q.device, dtype=q.dtype)
+        width = S._kept_width(q.shape[3], ls, keep)
+        kept = torch.empty(idx.numel() * (HQ // H) * width, device=q.device, dtype=q.dtype)
         dk, dv = torch.zeros(2, *k.shape, device=k.device, dtype=torch.float32).unbind(0)
         dq_of_kept = ((lambda: S._sel_dq_from_parts(q, idx, kept)) if keep == "dq"
-                      else (lambda: S._sel_dq_from_ds(q, k, idx, kept, ls)))
+                      else (lambda: S._sel_dq_from_ds(q, k, idx, kept, ls, tune)))
         times.update(delta=_bench(lambda: S._row_delta(o, do)),
-                     dkv=_bench(lambda: S._dkv_pass(q, k, v, do, lse, delta, work, ls, 0, dk, dv, keep, kept)),
+                     dkv=_bench(lambda: S._dkv_pass(q, k, v, do, lse, delta, work, ls, 0, dk, dv, tune, keep, kept)),
                      dq=_bench(dq_of_kept))
     else:
-        _, delta = S._sel_bwd_dq(q, k, v, idx, o, lse, do, ls, 0)
-        times.update(dq=_bench(lambda: S._sel_bwd_dq(q, k, v, idx, o, lse, do, ls, 0)),
-                     dkv=_bench(lambda: S._sel_bwd_dkv(q, k, v, do, lse, delta, work, ls, 0)))
+        _, delta = S._sel_bwd_dq(q, k, v, idx, o, lse, do, ls, 0, tune)
+        times.update(dq=_bench(lambda: S._sel_bwd_dq(q, k, v, idx, o, lse, do, ls, 0, tune)),
+                     dkv=_bench(lambda: S._sel_bwd_dkv(q, k, v, do, lse, delta, work, ls, 0, tune)))
     return TT, keep, times
 
 
@@ -236,43 +238,45 @@ def breakdown(shapes) -> list[dict]:
 
 def sweep(shapes, only=()):
     """Launch-parameter sweep of the Triton stages, one knob group at a time from the
-    defaults; prints each variant's median. The winners become the defaults in the kernels'
-    TILES / TUNE tables. `only`: sweep just the groups whose label contains one of these."""
-    from nsa.kernels import band_attention, selection, topk
-
+    defaults, each variant passed to the kernels as an argument (nsa.kernels.tuning); prints
+    each variant's median. The winners become the defaults: band_attention.TILES and the
+    dataclasses of nsa.kernels.tuning. `only`: sweep just the groups whose label contains one of
+    these."""
     cfg = NSAConfig()
     for name in shapes:
         x, q, do, lse, idx = _stage_inputs(name, cfg)
-        cmp_fb = _fwd_bwd(lambda: triton_cmp_attention(q, x["kc"], x["vc"], cfg)[0], [q, x["kc"], x["vc"]], do)
-        win_fb = _fwd_bwd(lambda: triton_win_attention(q, x["k_win"], x["v_win"], cfg), [q, x["k_win"], x["v_win"]], do)
-        sel_f = _no_grad(lambda: triton_sel_attention(q, x["k_sel"], x["v_sel"], idx, cfg))
-        sel_fb = _fwd_bwd(lambda: triton_sel_attention(q, x["k_sel"], x["v_sel"], idx, cfg), [q, x["k_sel"], x["v_sel"]], do)
-        tk = lambda: triton_select_blocks(q, x["kc"], lse, cfg)  # noqa: E731
-        i = 0 if shape_of(name)[4] <= 64 else 1  # head dim
-        cmp_tiles, win_tiles = band_attention.TILES["cmp"], band_attention.TILES["win"]
-        groups = [
-            ("band fwd", cmp_tiles, "fwd", [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 3)],
-             [cmp_fb]),
-            ("band dq", cmp_tiles, "dq", [(64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 32, 4, 3)], [cmp_fb]),
-            ("band dkv", cmp_tiles, "dkv", [(64, 64, 8, 2), (32, 128, 8, 2), (64, 128, 8, 2), (128, 64, 8, 2)],
-             [cmp_fb]),
-            ("win fwd", win_tiles, "fwd", [(128, 64, 8, 3), (128, 32, 4, 4), (256, 64, 8, 3), (64, 64, 4, 3)],
-             [win_fb]),
-            ("win dq", win_tiles, "dq", [(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3)], [win_fb]),
-            ("win dkv", win_tiles, "dkv", [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 2)], [win_fb]),
+
+        def cmp_fb(tiles):
+            return _fwd_bwd(lambda: triton_cmp_attention(q, x["kc"], x["vc"], cfg, tuning=tiles)[0],
+                            [q, x["kc"], x["vc"]], do)
+
+        def win_fb(tiles):
+            return _fwd_bwd(lambda: triton_win_attention(q, x["k_win"], x["v_win"], cfg, tuning=tiles),
+                            [q, x["k_win"], x["v_win"]], do)
+
+        def sel_f(tune):
+            return _no_grad(lambda: triton_sel_attention(q, x["k_sel"], x["v_sel"], idx, cfg, tuning=tune))
+
+        def sel_fb(tune):
+            return _fwd_bwd(lambda: triton_sel_attention(q, x["k_sel"], x["v_sel"], idx, cfg, tuning=tune),
+                            [q, x["k_sel"], x["v_sel"]], do)
+
+        def tk(tune):
+            return lambda: triton_select_blocks(q, x["kc"], lse, cfg, tuning=tune)
+
+        # (label, tuning of each variant, what to time under it): one knob group at a time
+        band = [
+            ("band fwd", [BandTiles(fwd=t) for t in [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3),
+                                                     (128, 64, 4, 3)]], [cmp_fb]),
+            ("band dq", [BandTiles(dq=t) for t in [(64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 8, 3),
+                                                   (64, 32, 4, 3)]], [cmp_fb]),
+            ("band dkv", [BandTiles(dkv=t) for t in [(64, 64, 8, 2), (32, 128, 8, 2), (64, 128, 8, 2),
+                                                     (128, 64, 8, 2)]], [cmp_fb]),
+            ("win fwd", [BandTiles(fwd=t) for t in [(128, 64, 8, 3), (128, 32, 4, 4), (256, 64, 8, 3),
+                                                    (64, 64, 4, 3)]], [win_fb]),
+            ("win dq", [BandTiles(dq=t) for t in [(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3)]], [win_fb]),
+            ("win dkv", [BandTiles(dkv=t) for t in [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 2)]], [win_fb]),
         ]
-        for label, table, key, variants, fns in groups:
-            if only and not any(o in label for o in only):
-                continue
-            base = table[key]
-            for v in variants:
-                table[key] = tuple(v if j == i else c for j, c in enumerate(base))
-                try:
-                    ts = [f"{_bench(f):.2f}" for f in fns]
-                except Exception as e:
-                    ts = [f"failed: {type(e).__name__}"]
-                print(f"# sweep {name} {label} {v}: fwd+bwd = {', '.join(ts)}", flush=True)
-            table[key] = base
         # token tiles of the selection forward/dq: forced TT (tt > 0), then the rule (tt = 0) at
         # several rows per program; tt_nb only moves the short/long-context boundary (the rule
         # tiles when NB <= tt_nb * n): raise it if a forced TT > 1 wins on a long shape
@@ -280,32 +284,31 @@ def sweep(shapes, only=()):
                   dict(tt=1, fwd_stages=2), dict(tt=4, fwd_stages=2), dict(tt=8, fwd_stages=2),
                   dict(tt=0, tt_rows=32), dict(tt=0, tt_rows=64), dict(tt=0, tt_rows=128, tt_max=16),
                   dict(tt=0, tt_nb=8.0)]
-        for label, tune, variants, fns in [
-            ("sel tt (fwd, fwd+bwd)", selection.TUNE, sel_tt, [sel_f, sel_fb]),
-            ("sel bwd", selection.TUNE, [dict(dq_keep="dq"), dict(dq_keep="ds"), dict(qc=256), dict(qc=128),
-                                         dict(qc=1024), dict(dkv_cells=4096), dict(dkv_cells=16384),
-                                         dict(dkv_warps=8), dict(dkv_stages=3)], [sel_fb]),
-            ("sel fwd", selection.TUNE, [dict(fwd_warps=4, fwd_stages=3), dict(fwd_warps=2, fwd_stages=3),
-                                         dict(fwd_warps=4, fwd_stages=2), dict(fwd_warps=8, fwd_stages=3)], [sel_f]),
-            ("topk", topk.TUNE, [dict(rows=128, warps=8), dict(rows=256, warps=8), dict(rows=64, warps=4),
-                                 dict(rows=128, warps=4)], [tk]),
-        ]:
+        sel_bwd = [dict(dq_keep="dq"), dict(dq_keep="ds"), dict(qc=256), dict(qc=128), dict(qc=1024),
+                   dict(dkv_cells=4096), dict(dkv_cells=16384), dict(dkv_warps=8), dict(dkv_stages=3)]
+        # fwd_warps / fwd_stages: both forms; blocks_rows: the key-block-major forward's rows a step
+        sel_fwd = [dict(fwd_warps=4, fwd_stages=3), dict(fwd_warps=2, fwd_stages=3), dict(fwd_warps=4, fwd_stages=2),
+                   dict(fwd_warps=8, fwd_stages=3), dict(blocks_rows=32), dict(blocks_rows=128),
+                   dict(blocks_rows=128, fwd_warps=8)]
+        groups = band + [
+            ("sel tt (fwd, fwd+bwd)", [SelectionTuning(**v) for v in sel_tt], [sel_f, sel_fb]),
+            ("sel bwd", [SelectionTuning(**v) for v in sel_bwd], [sel_fb]),
+            ("sel fwd", [SelectionTuning(**v) for v in sel_fwd], [sel_f]),
+            ("topk", [TopkTuning(rows=r, warps=w) for r, w in [(128, 8), (256, 8), (64, 4), (128, 4)]], [tk]),
+        ]
+        for label, tunings, timed in groups:
             if only and not any(o in label for o in only):
                 continue
-            base = dict(tune)
-            for v in variants:
-                tune.update(v)
+            for tune in tunings:
                 try:
-                    t = ", ".join(f"{_bench(fn):.2f}" for fn in fns)
+                    t = ", ".join(f"{_bench(make(tune)):.2f}" for make in timed)
                     if label.startswith(("sel tt", "sel bwd")):
-                        TT, keep, split = _sel_split(x, q, do, idx, cfg)
+                        TT, keep, split = _sel_split(x, q, do, idx, cfg, tune)
                         t += (f" | split (ms): TT={TT}{f' dq from kept {keep}' if keep else ''} "
                               + " ".join(f"{a} {b:.3f}" for a, b in split.items()))
                 except Exception as e:
                     t = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
-                print(f"# sweep {name} {label} {v}: {t}", flush=True)
-                tune.clear()
-                tune.update(base)
+                print(f"# sweep {name} {label} {tune.as_arg()}: {t}", flush=True)
         x = q = do = lse = idx = None  # free this shape's tensors before the next one
         torch.cuda.empty_cache()
 

@@ -49,16 +49,17 @@ def op_overhead(x, cfg, n: int = 200):
     from nsa.kernels import topk as TK
 
     q, kc, vc, do = (getattr(x, n_).detach() for n_ in ("q", "kc", "vc", "do"))
-    o, lse = BA._band_fwd(q, kc, vc, 0, cfg.cmp_block, cfg.cmp_stride, 0, False, False)
-    args_tk = (q, kc, lse, 0, cfg.cmp_block, cfg.cmp_stride, cfg.sel_block, cfg.n_selected)
+    o, lse = BA.band_forward(q, kc, vc, 0, cfg.cmp_block, cfg.cmp_stride, 0, False)
+    args_tk = (q, kc, lse, 0, cfg.cmp_block, cfg.cmp_stride, cfg.sel_block, cfg.n_selected, "")
     idx = TK.select_blocks_op(*args_tk)
     ks, vs = x.k_sel.detach(), x.v_sel.detach()
     so, slse, _ = SE._sel_fwd(q, ks, vs, idx, cfg.sel_block, 0, False, "auto")
     cases = {
         "band_bwd": (BA.band_op.bwd, BA._band_bwd,
-                     (q, kc, vc, o, lse, do, 0, cfg.cmp_block, cfg.cmp_stride, 0, False, False)),
-        "sel_bwd": (SE.sel_op.bwd, SE._sel_bwd, (q, ks, vs, idx, so, slse, do, cfg.sel_block, 0, False, "auto")),
-        "select_blocks": (TK.select_blocks_op, TK._select_blocks, args_tk),
+                     (q, kc, vc, o, lse, do, 0, cfg.cmp_block, cfg.cmp_stride, 0, False, False, "")),
+        "sel_bwd": (SE.sel_op.bwd, SE._sel_bwd, (q, ks, vs, idx, so, slse, *SE.as_outputs(None, q.device), do,
+                                                 cfg.sel_block, 0, False, "auto", "")),
+        "select_blocks": (TK.select_blocks_op, TK._select_blocks_op, args_tk),
     }
     for name, (op, impl, args) in cases.items():
         row = []

@@ -6,8 +6,8 @@
 #               parallel; 8 ran out of GPU memory with the float64 references), TEST_K a -k filter,
 #               TEST_FILES other test files or node ids instead
 #   breakdown   bench_nsa.py --breakdown at the seeds' attention shape, S=64k: time per kernel
-#   sweep       bench_nsa.py --sweep of the knob groups SWEEP_ONLY (default 'sel bwd': what the
-#               selected dk/dv pass keeps for dq, its tiles) on SWEEP_SHAPES (m7c@64k 64k)
+#   sweep       bench_nsa.py --sweep of the knob groups SWEEP_ONLY (comma separated, default 'sel bwd':
+#               what the selected dk/dv pass keeps for dq, its tiles) on SWEEP_SHAPES (m7c@64k 64k)
 #   core        bench_nsa.py, the NSA core beside SDPA cuDNN at CORE_SHAPES (the seeds' attention
 #               shape and the benchmark shape, 16k-64k)
 #   forms       bench_nsa.py on random inputs: the selected branch and the core by forward form
@@ -42,7 +42,8 @@ for part in ${PARTS:-tests forms}; do
     timeout "${BREAKDOWN_TIMEOUT:-150}" python3 bench/bench_nsa.py --breakdown --shapes ${BREAKDOWN_SHAPES:-m7c@64k} \
       --ops sdpa_cudnn nsa_core --json "$OUT/breakdown.json" 2>&1 | tee -a "$LOG" ;;
   sweep)
-    timeout "${SWEEP_TIMEOUT:-150}" python3 bench/bench_nsa.py --sweep --sweep-only "${SWEEP_ONLY:-sel bwd}" \
+    IFS=, read -ra groups <<< "${SWEEP_ONLY:-sel bwd}"
+    timeout "${SWEEP_TIMEOUT:-150}" python3 bench/bench_nsa.py --sweep --sweep-only "${groups[@]}" \
       --shapes ${SWEEP_SHAPES:-m7c@64k 64k} 2>&1 | tee -a "$LOG" ;;
   core)
     timeout "${CORE_TIMEOUT:-200}" python3 bench/bench_nsa.py \

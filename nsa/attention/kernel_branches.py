@@ -2,7 +2,9 @@
 PyTorch twin in torch_branches (q, keys, cfg, q_start) and calls a kernel with plain ints.
 
 Here, not in the kernels, the config becomes kernel arguments (l, d, l', n, w), and so does
-whether a backward pass must add its partial sums in a fixed order (``deterministic``).
+whether a backward pass must add its partial sums in a fixed order (``deterministic``). The
+model's calls take the kernels' measured launches; a benchmark sweep passes others as
+``tuning`` (nsa.kernels.tuning).
 
 The kernel modules import Triton, so each function imports its kernel when it runs, and
 ``import_kernels`` imports them all ahead of time: whether Triton interprets a kernel
@@ -15,9 +17,14 @@ kc/vc [B, Nc, H, K]; idx [B, Tq, H, n] (ascending, -1 padded); lse [B, Tq, HQ] (
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .config import NSAConfig
+
+if TYPE_CHECKING:
+    from nsa.kernels.tuning import BandTiles, SelectionTuning, TopkTuning
 
 
 def import_kernels() -> None:
@@ -34,13 +41,15 @@ def deterministic() -> bool:
     return torch.are_deterministic_algorithms_enabled()
 
 
-def triton_cmp_attention(q, kc, vc, cfg: NSAConfig, q_start: int = 0):
+def triton_cmp_attention(q, kc, vc, cfg: NSAConfig, q_start: int = 0, tuning: BandTiles | None = None):
     """Compressed branch on the band kernel: compressed token i is visible to position t iff
     i*d + l - 1 <= t. Returns o [B, Tq, HQ, K] and lse [B, Tq, HQ] (float32, no gradient;
     -inf for a query that sees no compressed token, whose output is zero)."""
     from nsa.kernels.band_attention import band_attention
+    from nsa.kernels.tuning import BAND
 
-    return band_attention(q, kc, vc, q_start, cfg.cmp_block, cfg.cmp_stride, 0, False, deterministic())
+    return band_attention(q, kc, vc, q_start, cfg.cmp_block, cfg.cmp_stride, 0, False, deterministic(),
+                          tuning or BAND)
 
 
 def cudnn_cmp_attention(q, kc, vc, cfg: NSAConfig, q_start: int = 0):
@@ -51,26 +60,31 @@ def cudnn_cmp_attention(q, kc, vc, cfg: NSAConfig, q_start: int = 0):
     return cudnn(q, kc, vc, q_start, cfg.cmp_block, cfg.cmp_stride, deterministic())
 
 
-def triton_select_blocks(q, kc, lse, cfg: NSAConfig, q_start: int = 0):
+def triton_select_blocks(q, kc, lse, cfg: NSAConfig, q_start: int = 0, tuning: TopkTuning | None = None):
     """Importance scores and top-n blocks fused: idx [B, Tq, H, n] int64, ascending, -1 padded."""
     from nsa.kernels.topk import select_blocks
+    from nsa.kernels.tuning import TOPK
 
-    return select_blocks(q, kc, lse, q_start, cfg.cmp_block, cfg.cmp_stride, cfg.sel_block, cfg.n_selected)
+    return select_blocks(q, kc, lse, q_start, cfg.cmp_block, cfg.cmp_stride, cfg.sel_block, cfg.n_selected,
+                         tuning or TOPK)
 
 
-def triton_sel_attention(q, k, v, idx, cfg: NSAConfig, q_start: int = 0):
+def triton_sel_attention(q, k, v, idx, cfg: NSAConfig, q_start: int = 0, tuning: SelectionTuning | None = None):
     """Selected branch: each query attends to the blocks of l' tokens in idx, causally inside
     the block holding it. Returns o [B, Tq, HQ, K]."""
     from nsa.kernels.selection import selected_attention
+    from nsa.kernels.tuning import SELECTION
 
-    return selected_attention(q, k, v, idx, q_start, cfg.sel_block, deterministic(), cfg.sel_form)
+    return selected_attention(q, k, v, idx, q_start, cfg.sel_block, deterministic(), cfg.sel_form,
+                              tuning or SELECTION)
 
 
-def triton_win_attention(q, k, v, cfg: NSAConfig, q_start: int = 0):
+def triton_win_attention(q, k, v, cfg: NSAConfig, q_start: int = 0, tuning: BandTiles | None = None):
     """Window branch on the band kernel: query t sees keys (t - w, t]."""
     from nsa.kernels.band_attention import band_attention
+    from nsa.kernels.tuning import BAND
 
-    return band_attention(q, k, v, q_start, 1, 1, cfg.window, True, deterministic())[0]
+    return band_attention(q, k, v, q_start, 1, 1, cfg.window, True, deterministic(), tuning or BAND)[0]
 
 
 def flex_win_attention(q, k, v, cfg: NSAConfig, q_start: int = 0):

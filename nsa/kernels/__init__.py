@@ -21,7 +21,9 @@ memory, base 2 in registers; the online-softmax step, its finish and its gradien
 _autograd.py (the custom-op / fake / autograd wiring of a forward/backward pair); _tma.py (TMA
 descriptors over K/V, which the selected forward loads its blocks through on sm_90 and later);
 _launch.py (the float32 products' precision, launch configurations that fit the GPU);
-_inverse.py (the inverse of a selection: the tokens that chose each key block).
+_inverse.py (the inverse of a selection: the tokens that chose each key block); tuning.py (launch
+parameters and kernel variants as frozen dataclasses, handed to the public functions as
+``tuning`` arguments: the measured defaults, or what a sweep or a test asks for).
 
 Importing this package is cheap and imports no Triton: whether Triton interprets a kernel
 (TRITON_INTERPRET=1, CPU) is fixed when its @triton.jit runs, so the kernel modules are imported

@@ -12,7 +12,8 @@ call, 93 against 54 us per select_blocks call (`python bench/host_profile.py --o
 The contract of a pair: forward(*tensors, *args) returns one tensor or a tuple whose first
 element is the differentiable output (the rest, such as a log-sum-exp, carry no gradient);
 backward(*tensors, *saved outputs, grad of the first output, *args) returns the gradients of
-the first ``grads`` tensors. ``args`` are ints and bools.
+the first ``grads`` tensors. ``args`` are ints, bools and strs (a form's name, a tuning's
+``as_arg()``, nsa.kernels.tuning).
 """
 from __future__ import annotations
 
@@ -68,8 +69,8 @@ class KernelOp:
 def kernel_op(name: str, forward: Callable, backward: Callable, fake_forward: Callable, *,
               tensors: int, grads: int, save_outputs: bool = True) -> KernelOp:
     """Register nsa::<name>_fwd / nsa::<name>_bwd (schemas from the type hints of ``forward``
-    and ``backward``). ``tensors``: how many leading arguments are tensors (the rest are ints
-    and bools); ``grads``: how many of them get a gradient; ``save_outputs``: the backward needs
+    and ``backward``). ``tensors``: how many leading arguments are tensors (the rest are ints,
+    bools and strs); ``grads``: how many of them get a gradient; ``save_outputs``: the backward needs
     the forward's outputs (attention: o and its lse; a weighted sum: none)."""
     fwd = torch.library.custom_op(f"nsa::{name}_fwd", forward, mutates_args=())
     fwd.register_fake(fake_forward)

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from ._autograd import kernel_op
+from .tuning import BAND, BandTiles
 from ._launch import dot_precision, fp32_wide, launch
 from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
 
@@ -328,10 +329,12 @@ TILES = {
 FP32_WIDE_TILES = (32, 32, 8, 2)
 
 
-def _configs(K: int, interpret: bool, window: bool, wide: bool = False) -> tuple[dict, dict, dict]:
+def _configs(K: int, interpret: bool, window: bool, wide: bool = False,
+             given: BandTiles = BAND) -> tuple[dict, dict, dict]:
     """The preferred launch of the fwd, dq and dk/dv kernels: dicts of BM, BN, num_warps and
     num_stages (nsa.kernels._launch.launch falls back from them where they do not fit); wide:
-    float32 inputs at head dim > 64 (FP32_WIDE_TILES)."""
+    float32 inputs at head dim > 64 (FP32_WIDE_TILES); given: the tiles a caller asks for, each
+    taken as it is (None: the rules here)."""
     if interpret:
         tiles = (32, 16, 4, 1), (32, 16, 4, 1), (16, 32, 4, 1)
     elif wide:
@@ -340,6 +343,7 @@ def _configs(K: int, interpret: bool, window: bool, wide: bool = False) -> tuple
         table = TILES["win" if window else "cmp"]
         i = 0 if K <= 64 else 1
         tiles = table["fwd"][i], table["dq"][i], table["dkv"][i]
+    tiles = tuple(t if g is None else g for t, g in zip(tiles, (given.fwd, given.dq, given.dkv)))
     return tuple(dict(BM=bm, BN=bn, num_warps=w, num_stages=st) for bm, bn, w, st in tiles)
 
 
@@ -354,8 +358,10 @@ def _is_interpret(t: torch.Tensor) -> bool:
     return t.device.type == "cpu"
 
 
-def _band_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, L: int, D: int, W: int,
-              window: bool, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def band_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, L: int, D: int, W: int,
+                 window: bool, tiles: BandTiles = BAND) -> tuple[torch.Tensor, torch.Tensor]:
+    """o [B, Tq, HQ, K] and lse [B, Tq, HQ] (float32, natural log); tiles: launches a caller asks
+    for (nsa.kernels.tuning.BandTiles)."""
     B, Tq, HQ, K = q.shape
     Tk, H = k.shape[1], k.shape[2]
     G = HQ // H
@@ -367,7 +373,7 @@ def _band_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, L
         o.zero_()
         lse.fill_(float("-inf"))
         return o, lse
-    fwd, _, _ = _configs(K, _is_interpret(q), window, fp32_wide(q.dtype, K))
+    fwd, _, _ = _configs(K, _is_interpret(q), window, fp32_wide(q.dtype, K), tiles)
     launch(_band_fwd_kernel, lambda c: (triton.cdiv(Tq * G, c["BM"]), B * H),
            (q, k, v, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K)),
            dict(H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BK=max(16, triton.next_power_of_2(K)),
@@ -388,9 +394,11 @@ def _dkv_splits(key_tiles: int, row_blocks: int, device: torch.device, window: b
 
 def band_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
                   do: torch.Tensor, q_start: int, L: int, D: int, W: int, window: bool, deterministic: bool,
-                  delta: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  delta: torch.Tensor | None = None, tiles: BandTiles = BAND,
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv; delta = rowsum(do * o) ([B, Tq, HQ] float32) when the caller has it (o is
-    then not read; nsa.kernels.gated_branches passes lse and delta that fold in a gate)."""
+    then not read; nsa.kernels.gated_branches passes lse and delta that fold in a gate); tiles:
+    launches a caller asks for."""
     B, Tq, HQ, K = q.shape
     Tk, H = k.shape[1], k.shape[2]
     G = HQ // H
@@ -403,7 +411,7 @@ def band_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
     delta_given = delta is not None
     if not delta_given:
         delta = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
-    _, dq_cfg, dkv_cfg = _configs(K, _is_interpret(q), window, fp32_wide(q.dtype, K))
+    _, dq_cfg, dkv_cfg = _configs(K, _is_interpret(q), window, fp32_wide(q.dtype, K), tiles)
     meta = dict(H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BK=max(16, triton.next_power_of_2(K)),
                 DOT=dot_precision(q.dtype))
     sm = 1.0 / math.sqrt(K)
@@ -426,11 +434,18 @@ def band_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
     return dq, dk, dv
 
 
+def _band_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int, L: int, D: int, W: int,
+              window: bool, deterministic: bool, tiles: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """nsa::band_fwd (see band_forward; tiles: a BandTiles.as_arg())."""
+    return band_forward(q, k, v, q_start, L, D, W, window, BandTiles.from_arg(tiles))
+
+
 def _band_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
               do: torch.Tensor, q_start: int, L: int, D: int, W: int,
-              window: bool, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              window: bool, deterministic: bool, tiles: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """nsa::band_bwd (see band_backward)."""
-    return band_backward(q, k, v, o, lse, do, q_start, L, D, W, window, deterministic)
+    return band_backward(q, k, v, o, lse, do, q_start, L, D, W, window, deterministic,
+                         tiles=BandTiles.from_arg(tiles))
 
 
 def _band_fake(q, k, v, *args):
@@ -441,14 +456,15 @@ def _band_fake(q, k, v, *args):
 band_op = kernel_op("band", _band_fwd, _band_bwd, _band_fake, tensors=3, grads=3)
 
 
-def band_attention(q, k, v, q_start: int, L: int, D: int, W: int, window: bool, deterministic: bool = False):
+def band_attention(q, k, v, q_start: int, L: int, D: int, W: int, window: bool, deterministic: bool = False,
+                   tiles: BandTiles = BAND):
     """Band attention (see the module docstring). q [B, Tq, HQ, K]; k, v [B, Tk, H, K].
     Returns o [B, Tq, HQ, K] (q's dtype) and lse [B, Tq, HQ] (float32, natural log).
     deterministic: the backward adds no partial sums atomically (see _dkv_splits), so it gives
-    the same bits on every run.
+    the same bits on every run. tiles: launches other than the measured ones (sweeps, tests).
     Under torch.compile the kernels run as the custom ops nsa::band_fwd / nsa::band_bwd
     (see nsa.kernels._autograd)."""
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"query heads {q.shape[2]} must be a multiple of KV heads {k.shape[2]}")
     return band_op(q.contiguous(), k.contiguous(), v.contiguous(), int(q_start), int(L), int(D), int(W),
-                   bool(window), bool(deterministic))
+                   bool(window), bool(deterministic), tiles.as_arg())

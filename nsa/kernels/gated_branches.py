@@ -34,21 +34,23 @@ from torch.profiler import record_function
 from . import band_attention, combine, selection
 from ._autograd import kernel_op
 from ._inverse import as_outputs, from_outputs
+from .tuning import SELECTION, SelectionTuning
 
 
 def _fwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch.Tensor, v_sel: torch.Tensor,
          k_win: torch.Tensor, v_win: torch.Tensor, idx: torch.Tensor, q_start: int, sel_block: int, window: int,
-         deterministic: bool, sel_form: str,
+         deterministic: bool, sel_form: str, sel_tuning: str,
          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                     torch.Tensor]:
     """o, and what the backward needs: o_sel, lse_sel, o_win, lse_win, and the selected
-    forward's inverse selection as three tensors (keys, perm, items; empty where none)."""
+    forward's inverse selection as three tensors (keys, perm, items; empty where none);
+    sel_tuning: a SelectionTuning.as_arg()."""
     # the ranges of the separate stages (nsa.attention.core), for the profile phase
     with record_function("nsa.sel"):
         o_sel, lse_sel, inverse = selection._sel_fwd(q, k_sel, v_sel, idx, sel_block, q_start, deterministic,
-                                                     sel_form)
+                                                     sel_form, SelectionTuning.from_arg(sel_tuning))
     with record_function("nsa.win"):
-        o_win, lse_win = band_attention._band_fwd(q, k_win, v_win, q_start, 1, 1, window, True, deterministic)
+        o_win, lse_win = band_attention.band_forward(q, k_win, v_win, q_start, 1, 1, window, True)
     with record_function("nsa.gate_combine"):
         o = combine._combine_fwd(gates, o_cmp, o_sel.to(o_cmp.dtype), o_win.to(o_cmp.dtype))
     return (o, o_sel, lse_sel, o_win, lse_win, *as_outputs(inverse, q.device))
@@ -58,7 +60,7 @@ def _bwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch
          k_win: torch.Tensor, v_win: torch.Tensor, idx: torch.Tensor, o: torch.Tensor, o_sel: torch.Tensor,
          lse_sel: torch.Tensor, o_win: torch.Tensor, lse_win: torch.Tensor, keys: torch.Tensor, perm: torch.Tensor,
          items: torch.Tensor, do: torch.Tensor, q_start: int, sel_block: int, window: int, deterministic: bool,
-         sel_form: str,
+         sel_form: str, sel_tuning: str,
          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dgates, do_cmp, dq (selected + window), dk_sel, dv_sel, dk_win, dv_win."""
     dgates, do_cmp, delta_sel, delta_win, lse_sel_g, lse_win_g = combine.combine_bwd_folded(
@@ -67,14 +69,16 @@ def _bwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch
                                                           window, True, deterministic, delta_win)
     dq, dk_sel, dv_sel = selection.selection_backward(
         q, k_sel, v_sel, idx, o_sel, lse_sel_g, do, sel_block, q_start, deterministic, delta_sel, dq_win,
-        from_outputs(keys, perm, items, k_sel.shape[1], sel_block))
+        from_outputs(keys, perm, items, k_sel.shape[1], sel_block), SelectionTuning.from_arg(sel_tuning))
     return dgates, do_cmp, dq, dk_sel, dv_sel, dk_win, dv_win
 
 
-def _fake(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start, sel_block, window, deterministic, sel_form):
+def _fake(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start, sel_block, window, deterministic, sel_form,
+          sel_tuning):
     lse = q.new_empty(q.shape[:3], dtype=torch.float32)
     return (torch.empty_like(o_cmp), torch.empty_like(q), lse, torch.empty_like(q), torch.empty_like(lse),
-            *selection.fake_inverse(q, k_sel, idx, sel_block, deterministic, sel_form))
+            *selection.fake_inverse(q, k_sel, idx, sel_block, deterministic, sel_form,
+                                    SelectionTuning.from_arg(sel_tuning)))
 
 
 #: the custom ops nsa::gated_branches_fwd / _bwd (see nsa.kernels._autograd); idx gets no gradient
@@ -82,14 +86,16 @@ gated_branches_op = kernel_op("gated_branches", _fwd, _bwd, _fake, tensors=8, gr
 
 
 def gated_branches(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start: int, sel_block: int, window: int,
-                   deterministic: bool = False, sel_form: str = "auto") -> torch.Tensor:
+                   deterministic: bool = False, sel_form: str = "auto",
+                   sel_tuning: SelectionTuning = SELECTION) -> torch.Tensor:
     """o = g_cmp * o_cmp + g_sel * (selected branch) + g_win * (window branch), see the module
     docstring; what selected_attention, band_attention(..., window=True) and gate_combine
-    compute in three calls (sel_form: the selected forward, one of nsa.kernels.SEL_FORMS). Returns
-    o [B, Tq, HQ, K] in o_cmp's dtype."""
+    compute in three calls (sel_form: the selected forward, one of nsa.kernels.SEL_FORMS;
+    sel_tuning: its launch parameters and variants, nsa.kernels.tuning). Returns o [B, Tq, HQ, K]
+    in o_cmp's dtype."""
     if q.shape[2] % k_sel.shape[2] or q.shape[2] % k_win.shape[2]:
         raise ValueError(f"query heads {q.shape[2]} must be a multiple of KV heads "
                          f"({k_sel.shape[2]} selected, {k_win.shape[2]} window)")
     tensors = (t.contiguous() for t in (gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx))
     return gated_branches_op(*tensors, int(q_start), int(sel_block), int(window), bool(deterministic),
-                             str(sel_form))[0]
+                             str(sel_form), sel_tuning.as_arg())[0]

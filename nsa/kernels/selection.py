@@ -20,7 +20,7 @@ Backward:
   its dq partial dS @ K (G x K values; the block's keys are in its registers already) and a
   second kernel sums a token's partials in slot order, gathering nothing; or its dS tile
   (G x l' values) and a second kernel sums dS @ K over the token's blocks, gathering K alone
-  (see _dq_source for which). What is kept past TUNE['kept_budget'] bytes is kept a chunk of
+  (see _dq_source for which). What is kept past SelectionTuning.kept_budget bytes is kept a chunk of
   query tokens at a time. Otherwise (short contexts,
   several tokens a program) a dq kernel on the forward's grid and tiles recomputes the
   probabilities from the saved log-sum-exp (and writes delta = rowsum(do * o) for the dk/dv
@@ -45,6 +45,7 @@ from ._launch import dot_precision, fp32_wide, launch
 from .selection_blocks import blocks_forward, one_pass
 from ._tma import kv_desc, kv_tma_ok
 from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
+from .tuning import SELECTION, SelectionTuning
 
 
 @triton.jit
@@ -334,26 +335,6 @@ def _sel_bwd_dkv_kernel(
         tl.atomic_add(dv + kv_base + kv_off, dv_acc, mask=kvm)
 
 
-#: launch parameters on CUDA (bench/bench_nsa.py --sweep): forward/dq warps and stages;
-#: dk/dv pass: tokens per work item (qc: 1024 against 512 took the selected branch's fwd+bwd from
-#: 6.49 to 6.40 ms at the seeds' attention shape, S=64k, and from 43.65 to 43.29 at the benchmark
-#: shape, one H100, docs/performance.md sixteenth set; qc_interpret on the CPU interpreter, where popular
-#: blocks are split at small sizes too), query rows per step times the padded head dim
-#: (dkv_cells, so that the two [l', K] accumulators and a step's tiles fit the registers of
-#: dkv_warps: 64 rows at K=128, 128 at K=64), warps and stages (the retired bench/gpu/variants_probe.py
-#: --parts sel-dkv: on one H100, 64 rows beat 32 and 128 at K=128, 128 rows beat 64 at the
-#: m7c_125m shape, K=64, 1.036 against 1.199 ms for the selected backward, 4 warps beat 8);
-#: token tiles of the forward/dq (see _tokens_per_tile): tt > 0 forces TT, else TT =
-#: tt_rows // next_pow2(G) (at most tt_max) when the keys hold at most tt_nb * n blocks, else 1;
-#: dq from what the dk/dv pass keeps (see _dq_from_pass): dq_from_pass; what it keeps, dq_keep ('dq'
-#: partials, 'ds' tiles, 'auto': _dq_source's rule); kept_budget bytes of them at a time (longer
-#: inputs are taken a chunk of query tokens at a time, see _kept_chunk); K/V blocks
-#: through TMA descriptors at one token a tile (see _tma): tma, and the pipeline's tma_stages
-TUNE = dict(fwd_warps=4, fwd_stages=2, qc=1024, qc_interpret=64, dkv_cells=8192, dkv_warps=4, dkv_stages=2,
-            tt=0, tt_rows=64, tt_max=8, tt_nb=2.0, dq_from_pass=True, dq_keep="auto", kept_budget=16 << 30,
-            tma=True, tma_stages=3, blocks_rows=64)
-
-
 def _meta(q, k, sel_block: int):
     B, Tq, HQ, K = q.shape
     H = k.shape[2]
@@ -363,21 +344,21 @@ def _meta(q, k, sel_block: int):
     )
 
 
-def _tokens_per_tile(G: int, n: int, NB: int, Tq: int) -> int:
+def _tokens_per_tile(G: int, n: int, NB: int, Tq: int, tune: SelectionTuning = SELECTION) -> int:
     """TT, the consecutive query tokens one forward/dq program owns (a power of 2).
 
     A tile loads each block of the union of its tokens' selections once, so it pays off when
     neighbouring tokens select nearly the same blocks: short contexts, NB = ceil(Tk / l') at
-    most TUNE['tt_nb'] * n (at S=2048, l'=64, n=16 every token below 1024 selects all its
-    causal blocks). There TT = TUNE['tt_rows'] // next_pow2(G), at most TUNE['tt_max'] (the
+    most tune.tt_nb * n (at S=2048, l'=64, n=16 every token below 1024 selects all its
+    causal blocks). There TT = tune.tt_rows // next_pow2(G), at most tune.tt_max (the
     block-list kernel compares the TT * n candidates pairwise), so small groups also fill the
     16-row minimum of tl.dot with real rows. At longer contexts the union of TT random
     selections nears TT * n blocks, each costing TT times the rows: TT = 1, one token per
-    program. TUNE['tt'] > 0 forces TT (rounded up to a power of 2), for sweeps and tests."""
-    tt = TUNE["tt"]
+    program. tune.tt > 0 forces TT (rounded up to a power of 2), for sweeps and tests."""
+    tt = tune.tt
     if tt <= 0:
-        tt = TUNE["tt_rows"] // triton.next_power_of_2(G) if NB <= TUNE["tt_nb"] * n else 1
-        tt = max(1, min(tt, TUNE["tt_max"]))
+        tt = tune.tt_rows // triton.next_power_of_2(G) if NB <= tune.tt_nb * n else 1
+        tt = max(1, min(tt, tune.tt_max))
     return min(triton.next_power_of_2(tt), triton.next_power_of_2(max(Tq, 1)))
 
 
@@ -395,33 +376,33 @@ def _tile_union(idx, TT: int, NB: int):
     return blocks
 
 
-def _tma(k: torch.Tensor, v: torch.Tensor, sel_block: int, TT: int) -> bool:
+def _tma(k: torch.Tensor, v: torch.Tensor, sel_block: int, TT: int, tune: SelectionTuning = SELECTION) -> bool:
     """Whether the forward and dq kernels load K/V blocks through TMA descriptors (see
-    nsa.kernels._tma) rather than pointer gathers: TUNE['tma'], at one token a tile (measured
+    nsa.kernels._tma) rather than pointer gathers: tune.tma, at one token a tile (measured
     there: on one H100 the forward took 0.935x / 0.896x as long at 64k / 16k with
-    TUNE['tma_stages'] = 3; at TT > 1, 0.845x at 2k but 1.156x at the m7c_125m shape,
+    tma_stages = 3; at TT > 1, 0.845x at 2k but 1.156x at the m7c_125m shape,
     tma_344fb95.log), where k and v take boxes of l' keys."""
-    return TUNE["tma"] and TT == 1 and kv_tma_ok(k, sel_block) and kv_tma_ok(v, sel_block)
+    return tune.tma and TT == 1 and kv_tma_ok(k, sel_block) and kv_tma_ok(v, sel_block)
 
 
-def _tile_launch(q, k, v, idx, sel_block: int):
+def _tile_launch(q, k, v, idx, sel_block: int, tune: SelectionTuning):
     """Grid, block lists, the K/V operands (descriptors or tensors, see _tma), constexprs and the
     preferred launch (warps, stages) shared by the forward and the dq kernel."""
     meta, n = _meta(q, k, sel_block), idx.shape[-1]
     B, Tq = q.shape[:2]
     NB = triton.cdiv(k.shape[1], sel_block)
-    TT = _tokens_per_tile(meta["G"], n, NB, Tq)
+    TT = _tokens_per_tile(meta["G"], n, NB, Tq, tune)
     blocks = _tile_union(idx, TT, NB)
     GP = triton.next_power_of_2(meta["G"])
     NU = blocks.shape[-1]
-    tma = _tma(k, v, sel_block, TT)
+    tma = _tma(k, v, sel_block, TT, tune)
     meta.update(GP=GP, TT=TT, ROWS=max(16, TT * GP), N=n, NP=triton.next_power_of_2(n),
                 NU=NU, NUP=triton.next_power_of_2(NU), TMA=tma)
     kv = (kv_desc(k, sel_block), kv_desc(v, sel_block)) if tma else (k, v)
     interpret = q.device.type == "cpu"
     meta["DOT"] = dot_precision(q.dtype)
-    cfg = dict(num_warps=4 if interpret else 8 if fp32_wide(q.dtype, meta["K"]) else TUNE["fwd_warps"],
-               num_stages=1 if interpret else TUNE["tma_stages" if tma else "fwd_stages"])
+    cfg = dict(num_warps=4 if interpret else 8 if fp32_wide(q.dtype, meta["K"]) else tune.fwd_warps,
+               num_stages=1 if interpret else tune.tma_stages if tma else tune.fwd_stages)
     return (triton.cdiv(Tq, TT), B * meta["H"]), blocks, kv, meta, cfg
 
 
@@ -436,54 +417,56 @@ def forward_form(G: int, TT: int) -> str:
     return "blocks" if TT == 1 and G <= 8 else "tiles"
 
 
-def _resolve_form(q: torch.Tensor, k: torch.Tensor, idx: torch.Tensor, sel_block: int, form: str) -> str:
+def _resolve_form(q: torch.Tensor, k: torch.Tensor, idx: torch.Tensor, sel_block: int, form: str,
+                  tune: SelectionTuning = SELECTION) -> str:
     """The selected forward ``form`` (one of nsa.kernels.SEL_FORMS) with 'auto' resolved by
     forward_form for the shape."""
     if form not in SEL_FORMS:
         raise ValueError(f"selected forward form {form!r}; forms: {', '.join(SEL_FORMS)}")
     if form != "auto":
         return form
-    (Tq, HQ), G, n = q.shape[1:3], q.shape[2] // k.shape[2], idx.shape[-1]
-    return forward_form(G, _tokens_per_tile(G, n, triton.cdiv(k.shape[1], sel_block), Tq))
+    Tq, G, n = q.shape[1], q.shape[2] // k.shape[2], idx.shape[-1]
+    return forward_form(G, _tokens_per_tile(G, n, triton.cdiv(k.shape[1], sel_block), Tq, tune))
 
 
 def _shared_qc(q: torch.Tensor, k: torch.Tensor, idx: torch.Tensor, sel_block: int, deterministic: bool,
-               form: str) -> int:
+               form: str, tune: SelectionTuning) -> int:
     """Tokens per work item of the inverse selection the forward hands to the backward, 0 for
     none: where the forward runs key-block-major over all tokens in one pass (one inverse
     selection, of the work items the dk/dv pass takes; not deterministic, whose dk/dv pass
     takes one item per block). The backward's dk/dv pass then sorts nothing (on one H100 the
     inverse selection took 0.23 ms a call at the seeds' attention shape, S=64k)."""
-    if deterministic or q.shape[1] == 0 or _resolve_form(q, k, idx, sel_block, form) != "blocks":
+    if deterministic or q.shape[1] == 0 or _resolve_form(q, k, idx, sel_block, form, tune) != "blocks":
         return 0
-    return _dkv_qc(q.device, q.shape[1], False) if one_pass(q, idx.shape[-1]) else 0
+    return _dkv_qc(q.device, q.shape[1], False, tune) if one_pass(q, idx.shape[-1], tune.partials_budget) else 0
 
 
 def _sel_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, sel_block: int,
-             q_start: int, deterministic: bool, form: str) -> tuple[torch.Tensor, torch.Tensor, Inverse | None]:
+             q_start: int, deterministic: bool, form: str, tune: SelectionTuning = SELECTION,
+             ) -> tuple[torch.Tensor, torch.Tensor, Inverse | None]:
     """o and lse of the selected branch by the forward ``form`` (see _resolve_form), and the inverse
     selection it built where the backward can take it again (see _shared_qc), else None."""
     B, Tq, HQ, K = q.shape
     Tk = k.shape[1]
-    form = _resolve_form(q, k, idx, sel_block, form)
+    form = _resolve_form(q, k, idx, sel_block, form, tune)
     if form == "blocks" and Tq > 0:
         interpret = q.device.type == "cpu"
-        tiles = dict(BM=32 if interpret else TUNE["blocks_rows"], num_warps=4 if interpret else TUNE["fwd_warps"],
-                     num_stages=1 if interpret else TUNE["fwd_stages"])
+        tiles = dict(BM=32 if interpret else tune.blocks_rows, num_warps=4 if interpret else tune.fwd_warps,
+                     num_stages=1 if interpret else tune.fwd_stages)
         o, lse, inverse = blocks_forward(q, k, v, idx, sel_block, q_start, tiles,
-                                         _dkv_qc(q.device, Tq, False))
+                                         _dkv_qc(q.device, Tq, False, tune), tune.partials_budget)
         return o, lse, None if deterministic else inverse
     o = torch.empty_like(q)
     lse = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
     if Tq == 0:
         return o, lse, None
-    grid, blocks, kv, meta, cfg = _tile_launch(q, k, v, idx, sel_block)
+    grid, blocks, kv, meta, cfg = _tile_launch(q, k, v, idx, sel_block, tune)
     launch(_sel_fwd_kernel, lambda c: grid, (q, *kv, idx, blocks, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K)),
            meta, cfg)
     return o, lse, None
 
 
-def _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, delta=None):
+def _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, tune: SelectionTuning, delta=None):
     """dq, and delta = rowsum(do * o) [B, Tq, HQ] float32 for the dk/dv pass (computed on the
     way unless given)."""
     B, Tq, HQ, K = q.shape
@@ -491,24 +474,25 @@ def _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, delta=No
     delta_given = delta is not None
     if not delta_given:
         delta = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
-    grid, blocks, kv, meta, cfg = _tile_launch(q, k, v, idx, sel_block)
+    grid, blocks, kv, meta, cfg = _tile_launch(q, k, v, idx, sel_block, tune)
     launch(_sel_bwd_dq_kernel, lambda c: grid,
            (q, *kv, idx, blocks, o, do, lse, delta, dq, Tq, k.shape[1], q_start, 1.0 / math.sqrt(K)),
            dict(meta, DELTA_GIVEN=delta_given), cfg)
     return dq, delta
 
 
-def _dkv_qc(device: torch.device, Tq: int, deterministic: bool) -> int:
+def _dkv_qc(device: torch.device, Tq: int, deterministic: bool, tune: SelectionTuning) -> int:
     """Most tokens per work item of the dk/dv pass. Deterministic: Tq, so each (b, h, block) is
     one work item and each dk/dv row has one writer; its atomic adds into the zeroed buffer then
     run in the fixed order of the sorted tokens (slower: the program of a block every token
     selects, such as block 0, walks the whole sequence)."""
     if deterministic:
         return max(Tq, 1)
-    return TUNE["qc_interpret" if device.type == "cpu" else "qc"]
+    return tune.qc_interpret if device.type == "cpu" else tune.qc
 
 
-def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, dv, keep: str = "", kept=None):
+def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, dv, tune: SelectionTuning,
+              keep: str = "", kept=None):
     """Adds the dk, dv of the work items of inverse_selection(idx, Tk, sel_block, _dkv_qc(...))
     into the float32 buffers dk, dv; keep 'ds' / 'dq' (see _dq_source): it also keeps each
     (token, slot)'s dS tile / dq partial in kept (flat, B*Tq*H*n * G * _kept_width of q's dtype)."""
@@ -517,20 +501,20 @@ def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, d
     interpret = q.device.type == "cpu"
     GP = triton.next_power_of_2(meta["G"])
     # K <= 32 gets the 128 rows of K=64: more rows a step were never measured
-    rows = 64 if interpret else min(TUNE["dkv_cells"] // meta["BK"], 128)
-    warps = 8 if fp32_wide(q.dtype, meta["K"]) else TUNE["dkv_warps"]
+    rows = 64 if interpret else min(tune.dkv_cells // meta["BK"], 128)
+    warps = 8 if fp32_wide(q.dtype, meta["K"]) else tune.dkv_warps
     cfg = dict(BQ=max(1, rows // GP), num_warps=4 if interpret else warps,
-               num_stages=1 if interpret else TUNE["dkv_stages"])
+               num_stages=1 if interpret else tune.dkv_stages)
     launch(_sel_bwd_dkv_kernel, lambda c: (seg.numel(),),
            (q, k, v, do, lse, delta, keys_sorted, perm, seg, start, end, dk, dv, q if kept is None else kept,
             q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3])),
            dict(meta, GP=GP, KEEP=keep, DOT=dot_precision(q.dtype)), cfg, halve=("BQ",), floor=1)
 
 
-def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int):
+def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, tune: SelectionTuning):
     """dk, dv (k's dtype) from the work items of _inverse_selection (see _dkv_pass)."""
     dk, dv = torch.zeros(2, *k.shape, device=k.device, dtype=torch.float32).unbind(0)  # one fill
-    _dkv_pass(q, k, v, do, lse, delta, work, sel_block, q_start, dk, dv)
+    _dkv_pass(q, k, v, do, lse, delta, work, sel_block, q_start, dk, dv, tune)
     # separate tensors: a custom op's outputs may not share storage
     return dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)
 
@@ -555,7 +539,7 @@ def _row_delta(o, do):
     return delta
 
 
-def _sel_dq_from_ds(q, k, idx, ds, sel_block: int, dq_add=None):
+def _sel_dq_from_ds(q, k, idx, ds, sel_block: int, tune: SelectionTuning, dq_add=None):
     """dq from the dS tiles _dkv_pass kept (one program per token and KV group), plus dq_add
     when given."""
     B, Tq, HQ, K = q.shape
@@ -567,7 +551,7 @@ def _sel_dq_from_ds(q, k, idx, ds, sel_block: int, dq_add=None):
            (k, idx, ds, dq if dq_add is None else dq_add, dq, Tq, k.shape[1], 1.0 / math.sqrt(K)),
            dict(meta, GP=GP, N=n, NP=triton.next_power_of_2(n), ROWS=max(16, GP), ACC=dq_add is not None,
                 DOT=dot_precision(q.dtype)),
-           dict(num_warps=4 if interpret else TUNE["fwd_warps"], num_stages=1 if interpret else TUNE["fwd_stages"]))
+           dict(num_warps=4 if interpret else tune.fwd_warps, num_stages=1 if interpret else tune.fwd_stages))
     return dq
 
 
@@ -585,41 +569,41 @@ def _sel_dq_from_parts(q, idx, parts, dq_add=None):
     return dq
 
 
-def _dq_from_pass(q, k, n: int, sel_block: int) -> bool:
+def _dq_from_pass(q, k, n: int, sel_block: int, tune: SelectionTuning = SELECTION) -> bool:
     """Whether dq comes from what the dk/dv pass keeps (see _sel_bwd_kept), n blocks selected:
     at one token a forward program (TT = 1, long contexts)."""
     HQ, H = q.shape[2], k.shape[2]
-    return TUNE["dq_from_pass"] and _tokens_per_tile(HQ // H, n, triton.cdiv(k.shape[1], sel_block), q.shape[1]) == 1
+    NB = triton.cdiv(k.shape[1], sel_block)
+    return tune.dq_from_pass and _tokens_per_tile(HQ // H, n, NB, q.shape[1], tune) == 1
 
 
-def _dq_source(K: int, sel_block: int) -> str:
-    """What the dk/dv pass keeps for dq (TUNE['dq_keep'], 'auto': this rule): 'dq', each (token,
+def _dq_source(K: int, sel_block: int, tune: SelectionTuning = SELECTION) -> str:
+    """What the dk/dv pass keeps for dq (tune.dq_keep, 'auto': this rule): 'dq', each (token,
     block)'s dq partial (G x K values; the dq kernel sums them, gathering nothing), where the head
     dim is at most the block (then no more bytes than the dS tiles); else 'ds', the dS tiles
     (G x l'; the dq kernel gathers each selected block's keys)."""
-    keep = TUNE["dq_keep"]
-    if keep == "auto":
+    if tune.dq_keep == "auto":
         return "dq" if K <= sel_block else "ds"
-    if keep not in ("dq", "ds"):
-        raise ValueError(f"selection.TUNE['dq_keep'] is {keep!r}; expected 'auto', 'dq' or 'ds'")
-    return keep
+    return tune.dq_keep
 
 
-def _kept_width(K: int, sel_block: int) -> int:
-    """Values the dk/dv pass keeps per (token, slot, head): K for dq partials, l' for dS tiles."""
-    return K if _dq_source(K, sel_block) == "dq" else sel_block
+def _kept_width(K: int, sel_block: int, keep: str) -> int:
+    """Values the dk/dv pass keeps per (token, slot, head) for ``keep`` (_dq_source): K for dq
+    partials, l' for dS tiles."""
+    return K if keep == "dq" else sel_block
 
 
-def _kept_chunk(q, n: int, sel_block: int) -> int:
+def _kept_chunk(q, n: int, sel_block: int, tune: SelectionTuning = SELECTION) -> int:
     """Query tokens per pass of _sel_bwd_kept: as many as keep their dq partials or dS tiles
-    (B * HQ * n * _kept_width values of q's dtype a token) within TUNE['kept_budget'] bytes, at
+    (B * HQ * n * _kept_width values of q's dtype a token) within tune.kept_budget bytes, at
     least one."""
     B, _, HQ, K = q.shape
-    return max(1, TUNE["kept_budget"] // (B * HQ * n * _kept_width(K, sel_block) * q.element_size()))
+    width = _kept_width(K, sel_block, _dq_source(K, sel_block, tune))
+    return max(1, tune.kept_budget // (B * HQ * n * width * q.element_size()))
 
 
 def _sel_bwd_kept(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, deterministic: bool,
-                  delta=None, dq_add=None, inverse: Inverse | None = None):
+                  tune: SelectionTuning, delta=None, dq_add=None, inverse: Inverse | None = None):
     """dq, dk, dv with dq from what the dk/dv pass keeps (_dq_source): per chunk of query tokens
     (_kept_chunk; one chunk unless they pass the budget), the dk/dv pass over the chunk's
     selections adds into float32 dk/dv (chunk after chunk, so a fixed order stays fixed) and
@@ -627,22 +611,22 @@ def _sel_bwd_kept(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, determ
     selection_backward for delta, dq_add and inverse)."""
     Tq, Tk, K = q.shape[1], k.shape[1], q.shape[3]
     G, n = q.shape[2] // k.shape[2], idx.shape[-1]
-    keep = _dq_source(K, sel_block)
+    keep = _dq_source(K, sel_block, tune)
     if delta is None:
         delta = _row_delta(o, do)
     dk, dv = torch.zeros(2, *k.shape, device=k.device, dtype=torch.float32).unbind(0)  # one fill
-    chunk = _kept_chunk(q, n, sel_block)
+    chunk = _kept_chunk(q, n, sel_block, tune)
     dqs = []
     for a in range(0, Tq, chunk):
         part = slice(a, min(Tq, a + chunk))  # .contiguous(): a copy only for B > 1 and several chunks
         qc, doc, lsec, dlc, idxc = (t[:, part].contiguous() for t in (q, do, lse, delta, idx))
         dq_addc = None if dq_add is None else dq_add[:, part].contiguous()
         work = inverse if inverse is not None and chunk >= Tq else \
-            inverse_selection(idxc, Tk, sel_block, _dkv_qc(q.device, qc.shape[1], deterministic))
-        kept = torch.empty(idxc.numel() * G * _kept_width(K, sel_block), device=q.device, dtype=q.dtype)
-        _dkv_pass(qc, k, v, doc, lsec, dlc, work, sel_block, q_start + a, dk, dv, keep, kept)
+            inverse_selection(idxc, Tk, sel_block, _dkv_qc(q.device, qc.shape[1], deterministic, tune))
+        kept = torch.empty(idxc.numel() * G * _kept_width(K, sel_block, keep), device=q.device, dtype=q.dtype)
+        _dkv_pass(qc, k, v, doc, lsec, dlc, work, sel_block, q_start + a, dk, dv, tune, keep, kept)
         dqs.append(_sel_dq_from_parts(qc, idxc, kept, dq_addc) if keep == "dq"
-                   else _sel_dq_from_ds(qc, k, idxc, kept, sel_block, dq_addc))
+                   else _sel_dq_from_ds(qc, k, idxc, kept, sel_block, tune, dq_addc))
         del kept, work  # before the next chunk's, so that one chunk's are held at a time
     dq = dqs[0] if len(dqs) == 1 else torch.cat(dqs, 1)
     return dq, dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)
@@ -651,7 +635,8 @@ def _sel_bwd_kept(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, determ
 def selection_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
                        lse: torch.Tensor, do: torch.Tensor, sel_block: int, q_start: int, deterministic: bool,
                        delta: torch.Tensor | None = None, dq_add: torch.Tensor | None = None,
-                       inverse: Inverse | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       inverse: Inverse | None = None, tune: SelectionTuning = SELECTION,
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv. Long contexts: dq from the dq partials or dS tiles the dk/dv pass keeps
     (_sel_bwd_kept; gathers nothing or K alone, where the forward and a recomputing dq kernel
     gather K and V, 32 KB a selected block at K=128, and are bound by that gather). Otherwise the dq kernel (which also
@@ -662,62 +647,69 @@ def selection_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: t
     returned dq includes it (another branch's dq, added by the last dq kernel); inverse: idx's
     inverse selection from the forward (_shared_qc), which the dk/dv pass then takes instead of
     sorting again where it takes all tokens at once (any work item size gives the same sums; a
-    deterministic backward is never handed one)."""
+    deterministic backward is never handed one); tune: launch parameters and variants."""
     Tq, Tk = q.shape[1], k.shape[1]
     if Tq == 0 or Tk == 0:
         dq = torch.zeros_like(q) if dq_add is None else dq_add.clone()
         return dq, torch.zeros_like(k), torch.zeros_like(v)
     do = do.contiguous()
-    if _dq_from_pass(q, k, idx.shape[-1], sel_block):
-        return _sel_bwd_kept(q, k, v, idx, o, lse, do, sel_block, q_start, deterministic, delta, dq_add, inverse)
-    dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block, q_start, delta)
-    work = inverse if inverse is not None else inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device, Tq, deterministic))
-    dk, dv = _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block, q_start)
+    if _dq_from_pass(q, k, idx.shape[-1], sel_block, tune):
+        return _sel_bwd_kept(q, k, v, idx, o, lse, do, sel_block, q_start, deterministic, tune, delta, dq_add,
+                             inverse)
+    dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block, q_start, tune, delta)
+    work = inverse if inverse is not None else \
+        inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device, Tq, deterministic, tune))
+    dk, dv = _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block, q_start, tune)
     if dq_add is not None:  # short contexts: the dq kernel tiles several tokens; one add
         dq += dq_add
     return dq, dk, dv
 
 
 def _sel_op_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, sel_block: int,
-                q_start: int, deterministic: bool, form: str,
+                q_start: int, deterministic: bool, form: str, tuning: str,
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """nsa::sel_fwd: o, lse and the inverse selection as tensors (see _inverse.as_outputs)."""
-    o, lse, inverse = _sel_fwd(q, k, v, idx, sel_block, q_start, deterministic, form)
+    """nsa::sel_fwd: o, lse and the inverse selection as tensors (see _inverse.as_outputs);
+    tuning: a SelectionTuning.as_arg()."""
+    o, lse, inverse = _sel_fwd(q, k, v, idx, sel_block, q_start, deterministic, form,
+                               SelectionTuning.from_arg(tuning))
     return (o, lse, *as_outputs(inverse, q.device))
 
 
 def _sel_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
              lse: torch.Tensor, keys: torch.Tensor, perm: torch.Tensor, items: torch.Tensor, do: torch.Tensor,
-             sel_block: int, q_start: int, deterministic: bool,
-             form: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             sel_block: int, q_start: int, deterministic: bool, form: str,
+             tuning: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """nsa::sel_bwd (see selection_backward; one backward whatever the forward's form)."""
     return selection_backward(q, k, v, idx, o, lse, do, sel_block, q_start, deterministic,
-                              inverse=from_outputs(keys, perm, items, k.shape[1], sel_block))
+                              inverse=from_outputs(keys, perm, items, k.shape[1], sel_block),
+                              tune=SelectionTuning.from_arg(tuning))
 
 
-def fake_inverse(q, k, idx, sel_block: int, deterministic: bool, form: str):
+def fake_inverse(q, k, idx, sel_block: int, deterministic: bool, form: str, tune: SelectionTuning = SELECTION):
     """The inverse selection outputs of the forward, in shape and dtype only (for fake tensors)."""
-    return fake_outputs(idx, k.shape[1], sel_block, _shared_qc(q, k, idx, sel_block, deterministic, form))
+    return fake_outputs(idx, k.shape[1], sel_block, _shared_qc(q, k, idx, sel_block, deterministic, form, tune))
 
 
-def _sel_fake(q, k, v, idx, sel_block, q_start, deterministic, form):
+def _sel_fake(q, k, v, idx, sel_block, q_start, deterministic, form, tuning):
     return (torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32),
-            *fake_inverse(q, k, idx, sel_block, deterministic, form))
+            *fake_inverse(q, k, idx, sel_block, deterministic, form, SelectionTuning.from_arg(tuning)))
 
 
 #: the custom ops nsa::sel_fwd / nsa::sel_bwd (see nsa.kernels._autograd); idx gets no gradient
 sel_op = kernel_op("sel", _sel_op_fwd, _sel_bwd, _sel_fake, tensors=4, grads=3)
 
 
-def selected_attention(q, k, v, idx, q_start: int, LS: int, deterministic: bool = False, form: str = "auto"):
+def selected_attention(q, k, v, idx, q_start: int, LS: int, deterministic: bool = False, form: str = "auto",
+                       tuning: SelectionTuning = SELECTION):
     """Selected branch: q [B, Tq, HQ, K] at positions q_start.. attends, per KV group, to the
     tokens of the blocks of LS keys listed in idx [B, Tq, H, n] (ascending, -1 padded), causally
     inside the block holding the query; k, v [B, Tk, H, K]. Returns o [B, Tq, HQ, K].
     deterministic: the dk/dv pass sums in a fixed order (see _dkv_qc). form: the forward, one of
-    nsa.kernels.SEL_FORMS ('auto': forward_form's choice for the shape). Under
-    torch.compile the kernels run as the custom ops nsa::sel_fwd / nsa::sel_bwd (see
-    nsa.kernels._autograd)."""
+    nsa.kernels.SEL_FORMS ('auto': forward_form's choice for the shape). tuning: launch
+    parameters and variants (nsa.kernels.tuning; the measured defaults unless a sweep or a test
+    asks for others). Under torch.compile the kernels run as the custom ops nsa::sel_fwd /
+    nsa::sel_bwd (see nsa.kernels._autograd)."""
     if q.shape[2] % k.shape[2]:
         raise ValueError(f"query heads {q.shape[2]} must be a multiple of KV heads {k.shape[2]}")
     q, k, v, idx = (t.contiguous() for t in (q, k, v, idx))
-    return sel_op(q, k, v, idx, int(LS), int(q_start), bool(deterministic), str(form))[0]
+    return sel_op(q, k, v, idx, int(LS), int(q_start), bool(deterministic), str(form), tuning.as_arg())[0]

@@ -17,8 +17,8 @@ They are stored in q's dtype when it has 16 bits (float32 otherwise): a normalis
 convex combination of value rows, so rounding it adds at most one rounding of the output's own
 dtype, while float32 partials doubled the traffic (3.2 GB at S = 64k, HQ = 12, K = 64: the
 combine kernel alone took 1.2 ms a layer on one H100, docs/performance.md, fifteenth set). The
-partials of at most PARTIALS_BUDGET bytes are held at once: longer inputs are taken a chunk of
-query tokens at a time.
+partials of at most ``budget`` bytes (nsa.kernels.tuning.SelectionTuning.partials_budget) are held
+at once: longer inputs are taken a chunk of query tokens at a time.
 
 Shapes: q, o [B, Tq, HQ, K] at positions q_start..; k, v [B, Tk, H, K]; idx [B, Tq, H, n]
 (ascending, -1 padded); lse [B, Tq, HQ] float32, natural log; G = HQ // H.
@@ -34,10 +34,6 @@ import triton.language as tl
 from ._inverse import Inverse, inverse_selection
 from ._launch import dot_precision, launch
 from ._softmax import LN2, LOG2E
-
-#: bytes of partial outputs held at once (see the module docstring)
-PARTIALS_BUDGET = 4 << 30
-
 
 @triton.jit
 def _blocks_fwd_kernel(
@@ -141,25 +137,26 @@ def partial_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
 
 
-def _chunk(B: int, Tq: int, HQ: int, n: int, K: int, itemsize: int = 4) -> int:
+def _chunk(B: int, Tq: int, HQ: int, n: int, K: int, itemsize: int, budget: int) -> int:
     """Query tokens per pass: as many as keep their partials (``itemsize`` bytes a value) within
-    PARTIALS_BUDGET."""
-    return max(1, min(Tq, PARTIALS_BUDGET // (B * HQ * n * K * itemsize)))
+    ``budget`` bytes."""
+    return max(1, min(Tq, budget // (B * HQ * n * K * itemsize)))
 
 
-def one_pass(q: torch.Tensor, n: int) -> bool:
+def one_pass(q: torch.Tensor, n: int, budget: int) -> bool:
     """Whether blocks_forward takes all of q's tokens in one pass (one inverse selection)."""
     B, Tq, HQ, K = q.shape
-    return _chunk(B, Tq, HQ, n, K, partial_dtype(q.dtype).itemsize) >= Tq
+    return _chunk(B, Tq, HQ, n, K, partial_dtype(q.dtype).itemsize, budget) >= Tq
 
 
 def blocks_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, sel_block: int,
-                   q_start: int, tiles: dict, qc: int) -> tuple[torch.Tensor, torch.Tensor, Inverse | None]:
+                   q_start: int, tiles: dict, qc: int, budget: int,
+                   ) -> tuple[torch.Tensor, torch.Tensor, Inverse | None]:
     """o [B, Tq, HQ, K] (q's dtype) and lse [B, Tq, HQ] (float32, natural log) of the selected
     branch, key-block-major (see the module docstring), from work items of at most ``qc`` tokens;
     and idx's inverse selection where one pass took all tokens (else None), which the dk/dv pass
     of the backward can use again. ``tiles``: the forward kernel's preferred launch, BM rows a
-    step, num_warps, num_stages."""
+    step, num_warps, num_stages; ``budget``: bytes of partials held at once."""
     B, Tq, HQ, K = q.shape
     Tk, H = k.shape[1], k.shape[2]
     G, n = HQ // H, idx.shape[-1]
@@ -168,7 +165,7 @@ def blocks_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch
     BK = max(16, triton.next_power_of_2(K))
     meta = dict(H=H, G=G, K=K, BK=BK)
     part_dtype = partial_dtype(q.dtype)
-    chunk = _chunk(B, Tq, HQ, n, K, part_dtype.itemsize)
+    chunk = _chunk(B, Tq, HQ, n, K, part_dtype.itemsize, budget)
     inverse = None
     for a in range(0, Tq, chunk):
         Tc = min(chunk, Tq - a)

@@ -9,7 +9,7 @@ straddle the chunk boundary are carried to the next chunk). It writes one float3
 (token, group, block): forced blocks (0, the block holding t and the one before) get +inf,
 blocks after the query's own get -1 (never chosen over a visible block). The [S, S/d]
 probability matrix never reaches device memory; the [S, H, S/l'] scores do, a query chunk at a
-time (SCORE_BUDGET bounds them, so memory stays linear in S).
+time (TopkTuning.score_budget bounds them, so memory stays linear in S).
 
 Select: one program owns BR rows of scores, whole rows in registers. Non-negative float32 scores
 order like their bit patterns, so a binary search on the bits (31 steps) finds the n-th largest
@@ -17,7 +17,7 @@ score x; the blocks above x are taken, then the blocks equal to x by ascending i
 taken (a tie goes to the lower block index), and a running count (cumsum) writes them in
 ascending order, -1 padded when fewer than n blocks are visible. Long rows first take a floor
 under x (the least of the maxima of n interleaved sets of blocks); where it leaves at most
-SELECT_CANDIDATES scores, the search runs over those alone: on one H100 at the seeds' shape,
+TopkTuning.select_candidates scores, the search runs over those alone: on one H100 at the seeds' shape,
 S = 64k, the select kernel took 0.739 ms a call against 1.019 for the search over whole rows
 (docs/performance.md, fifteenth set).
 
@@ -40,6 +40,7 @@ import triton.language as tl
 from ._autograd import run_op
 from ._launch import dot_precision, fp32_wide, launch
 from ._softmax import LOG2E, lse_log2
+from .tuning import TOPK, TopkTuning
 
 INF_BITS: tl.constexpr = tl.constexpr(0x7F800000)
 """+inf as int32 bits: the largest bit pattern of a non-NaN float32, so the top of the search."""
@@ -180,15 +181,6 @@ def _select_kernel(scores, idx, NROWS, NB, N: tl.constexpr, NP: tl.constexpr, NB
              mask=rm[:, None] & (col[None, :] >= n_taken[:, None]) & (col[None, :] < N))
 
 
-#: score kernel: query rows (tokens x padded group) per program, warps, pipeline stages on CUDA
-#: (the retired bench/gpu/topk_probe.py: rows 128 / 4 warps / 2 stages best at 2k, 16k, 64k and m7c_125m)
-TUNE = dict(rows=128, warps=4, stages=2)
-#: bytes of float32 block scores held at once; longer inputs are scored a query chunk at a time
-SCORE_BUDGET = 1 << 28
-#: scores a row the select kernel searches over when a floor leaves that few (see _select_kernel)
-SELECT_CANDIDATES = 128
-
-
 def _select_launch(nbp: int) -> tuple[int, int]:
     """(rows per program, warps) of the select kernel. From S=16k (256 blocks a row) one warp and
     about 16 scores per thread, so that the 31 row counts of the search stay inside a warp
@@ -204,10 +196,11 @@ def _select_launch(nbp: int) -> tuple[int, int]:
     return max(1, 512 // nbp), max(1, nbp // 1024)  # past S=64k (not timed): 2+ warps, <= 140 registers
 
 
-def select_top(scores: torch.Tensor, idx: torch.Tensor) -> None:
+def select_top(scores: torch.Tensor, idx: torch.Tensor, candidates: int = TOPK.select_candidates) -> None:
     """idx [rows, n] (int64): the n best of each row of block scores [rows, NB] (float32, as the
     score kernel writes them: -1 for a block the row may not choose), ascending, -1 padded, ties
-    to the lower block (see the module docstring). Overwrites the scores."""
+    to the lower block (see the module docstring); ``candidates``: TopkTuning.select_candidates.
+    Overwrites the scores."""
     rows, NB = scores.shape
     n = idx.shape[1]
     NBP = triton.next_power_of_2(NB)
@@ -215,12 +208,12 @@ def select_top(scores: torch.Tensor, idx: torch.Tensor) -> None:
     # the search over at most CAP candidates a row, for rows of 4 CAP blocks and more (shorter
     # rows search in registers cheaply enough); NS interleaved sets give the floor (NS <= n)
     NS = min(1 << (n.bit_length() - 1), NBP)
-    CAP = SELECT_CANDIDATES if NBP >= 4 * SELECT_CANDIDATES and n <= SELECT_CANDIDATES and NS >= 4 else 0
+    CAP = candidates if NBP >= 4 * candidates and n <= candidates and NS >= 4 else 0
     _select_kernel[(triton.cdiv(rows, BR),)](scores, idx, rows, NB, N=n, NP=triton.next_power_of_2(n), NBP=NBP,
                                              BR=BR, NS=NS, CAP=CAP, num_warps=warps)
 
 
-def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
+def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int, tune: TopkTuning):
     B, Tq, HQ, K = q.shape
     Nc, H = kc.shape[1], kc.shape[2]
     G = HQ // H
@@ -231,11 +224,11 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
         kc = q.new_zeros(B, 1, H, K)
     interpret = q.device.type == "cpu"
     GP = triton.next_power_of_2(G)
-    BT = max(1, (64 if interpret else TUNE["rows"]) // GP)
+    BT = max(1, (64 if interpret else tune.rows) // GP)
     BK = max(16, triton.next_power_of_2(K))
     BJ = 16
     NB = triton.cdiv(q_start + Tq, LS)
-    chunk = max(BT, SCORE_BUDGET // (B * H * NB * 4) // BT * BT)
+    chunk = max(BT, tune.score_budget // (B * H * NB * 4) // BT * BT)
     buffer = torch.empty(B * min(chunk, Tq) * H * NB, device=q.device, dtype=torch.float32)
     for a in range(0, Tq, chunk):
         t = min(chunk, Tq - a)
@@ -247,32 +240,37 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
                (qa, kc, lsea, sc, t, Nc, NB, q_start + a, 1.0 / math.sqrt(K)),
                dict(H=H, G=G, GP=GP, K=K, BK=BK, L=L, D=D, LS=LS, BJ=BJ, BC=triton.next_power_of_2(BJ * (LS // D)),
                     DOT=dot_precision(q.dtype)),
-               dict(BT=BT, num_warps=4 if interpret else 8 if fp32_wide(q.dtype, K) else TUNE["warps"],
-                    num_stages=1 if interpret else TUNE["stages"]), halve=("BT",), floor=max(1, 16 // GP))
+               dict(BT=BT, num_warps=4 if interpret else 8 if fp32_wide(q.dtype, K) else tune.warps,
+                    num_stages=1 if interpret else tune.stages), halve=("BT",), floor=max(1, 16 // GP))
         rows = B * t * H
         out = idx[:, a:a + t] if t == Tq else torch.empty(B, t, H, n, device=q.device, dtype=torch.int64)
-        select_top(sc.view(rows, NB), out.view(rows, n))
+        select_top(sc.view(rows, NB), out.view(rows, n), tune.select_candidates)
         if t < Tq:
             idx[:, a:a + t] = out
     return idx
 
 
-@torch.library.custom_op("nsa::select_blocks", mutates_args=())
-def select_blocks_op(q: torch.Tensor, kc: torch.Tensor, lse: torch.Tensor, q_start: int, L: int, D: int,
-                     LS: int, n: int) -> torch.Tensor:
-    return _select_blocks(q, kc, lse, q_start, L, D, LS, n)
+def _select_blocks_op(q: torch.Tensor, kc: torch.Tensor, lse: torch.Tensor, q_start: int, L: int, D: int,
+                      LS: int, n: int, tuning: str) -> torch.Tensor:
+    """nsa::select_blocks; tuning: a TopkTuning.as_arg()."""
+    return _select_blocks(q, kc, lse, q_start, L, D, LS, n, TopkTuning.from_arg(tuning))
+
+
+select_blocks_op = torch.library.custom_op("nsa::select_blocks", _select_blocks_op, mutates_args=())
 
 
 @select_blocks_op.register_fake
-def _(q, kc, lse, q_start, L, D, LS, n):
+def _(q, kc, lse, q_start, L, D, LS, n, tuning):
     return q.new_empty((q.shape[0], q.shape[1], kc.shape[2], n), dtype=torch.int64)
 
 
-def select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int):
+def select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int, tuning: TopkTuning = TOPK):
     """Selected block indices [B, Tq, H, n] (int64, ascending, -1 padded) of q [B, Tq, HQ, K]
     at positions q_start.., from the compressed keys kc [B, Nc, H, K] (compressed token i
     covers [i*D, i*D + L)) and the compressed branch's lse [B, Tq, HQ] (natural log): blocks of
-    LS tokens, the n best of each KV group (see the module docstring). Under torch.compile it
-    runs as the custom op nsa::select_blocks (opaque, no gradient)."""
+    LS tokens, the n best of each KV group (see the module docstring); tuning: launch parameters
+    (nsa.kernels.tuning). Under torch.compile it runs as the custom op nsa::select_blocks (opaque,
+    no gradient)."""
     q, kc, lse = (t.detach().contiguous() for t in (q, kc, lse))
-    return run_op(select_blocks_op, _select_blocks, q, kc, lse, int(q_start), int(L), int(D), int(LS), int(n))
+    return run_op(select_blocks_op, _select_blocks_op, q, kc, lse, int(q_start), int(L), int(D), int(LS), int(n),
+                  tuning.as_arg())

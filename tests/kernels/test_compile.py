@@ -34,24 +34,29 @@ def _opcheck_inputs(dev):
 
 def test_custom_ops_pass_opcheck(kdev):
     from nsa.kernels import band_attention, combine, gated_branches, selection, topk
+    from nsa.kernels.tuning import BandTiles, SelectionTuning
 
     cfg, q, k, v, kc, vc = _opcheck_inputs(kdev)
     grad = [t.clone().requires_grad_() for t in (q, kc, vc)]
-    torch.library.opcheck(band_attention.band_op.fwd, (*grad, 0, cfg.cmp_block, cfg.cmp_stride, 0, False, False))
-    o, lse = band_attention.band_op.fwd(q, kc, vc, 0, cfg.cmp_block, cfg.cmp_stride, 0, False, False)
-    sel_args = (q, kc, lse, 0, cfg.cmp_block, cfg.cmp_stride, cfg.sel_block, cfg.n_selected)
+    band_args = (0, cfg.cmp_block, cfg.cmp_stride, 0, False, False)
+    torch.library.opcheck(band_attention.band_op.fwd, (*grad, *band_args, ""))
+    torch.library.opcheck(band_attention.band_op.fwd, (*grad, *band_args, BandTiles(fwd=(16, 16, 4, 1)).as_arg()))
+    o, lse = band_attention.band_op.fwd(q, kc, vc, *band_args, "")
+    sel_args = (q, kc, lse, 0, cfg.cmp_block, cfg.cmp_stride, cfg.sel_block, cfg.n_selected, "")
     torch.library.opcheck(topk.select_blocks_op, sel_args)
     idx = topk.select_blocks_op(*sel_args)
-    for form in ("tiles", "blocks"):  # the selected forward's forms (nsa.kernels.SEL_FORMS)
+    # the selected forward's forms (nsa.kernels.SEL_FORMS); a tuning that takes the dS tiles
+    for form, tuning in (("tiles", ""), ("blocks", ""), ("blocks", SelectionTuning(tt=1, dq_keep="ds").as_arg())):
         torch.library.opcheck(selection.sel_op.fwd, (q.clone().requires_grad_(), k.clone().requires_grad_(),
-                                                  v.clone().requires_grad_(), idx, cfg.sel_block, 0, False, form))
+                                                  v.clone().requires_grad_(), idx, cfg.sel_block, 0, False, form,
+                                                  tuning))
     gates = torch.rand(*q.shape[:3], 3, device=kdev, requires_grad=True)
     parts = [torch.randn_like(q).requires_grad_() for _ in range(3)]
     torch.library.opcheck(combine.gate_combine_op.fwd, (gates, *parts))
     k2, v2 = (torch.randn_like(t).requires_grad_() for t in (k, v))
     torch.library.opcheck(gated_branches.gated_branches_op.fwd,
                           (gates, parts[0], parts[1], k.clone().requires_grad_(), v.clone().requires_grad_(), k2, v2,
-                           idx, 0, cfg.sel_block, cfg.window, False, "auto"))
+                           idx, 0, cfg.sel_block, cfg.window, False, "auto", ""))
 
 
 def _loss_and_grads(model, x):

@@ -47,8 +47,8 @@ def _cmp(q, kc, vc):
     return kb.triton_cmp_attention(q, kc, vc, CFG)[0]
 
 
-def _sel(idx):
-    return lambda q, k, v: kb.triton_sel_attention(q, k, v, idx, CFG)
+def _sel(idx, tune=None):
+    return lambda q, k, v: kb.triton_sel_attention(q, k, v, idx, CFG, tuning=tune)
 
 
 def _inputs(kdev, n_keys):
@@ -76,18 +76,19 @@ def test_compressed_branch_backward_is_fixed_order_when_deterministic(kdev, monk
 
 def test_selected_branch_backward_is_fixed_order_when_deterministic(kdev, monkeypatch, deterministic_flag):
     from nsa.kernels import selection
+    from nsa.kernels.tuning import SelectionTuning
 
-    monkeypatch.setitem(selection.TUNE, "qc", 32)  # CUDA: below T (the interpreter takes 64)
+    tune = SelectionTuning(qc=32)  # CUDA: below T (the interpreter takes qc_interpret = 64)
     qc = _record(monkeypatch, selection, "_dkv_qc")
     leaves, do = _inputs(kdev, T)
     with torch.no_grad():  # a real selection, scored on the first NC keys as compressed keys
         kc, vc = (x[:, :NC].contiguous() for x in leaves[1:])
         idx = kb.triton_select_blocks(leaves[0], kc, kb.triton_cmp_attention(leaves[0], kc, vc, CFG)[1], CFG)
     deterministic_flag(False)
-    default = _grads(_sel(idx), leaves, do)
+    default = _grads(_sel(idx, tune), leaves, do)
     assert qc[-1] < T, "the default path should cut block 0's tokens into several work items"
     deterministic_flag(True)
-    fixed = [_grads(_sel(idx), leaves, do) for _ in range(2)]
+    fixed = [_grads(_sel(idx, tune), leaves, do) for _ in range(2)]
     assert qc[-1] == T
     for name, a, b, again in zip(("dq", "dk", "dv"), fixed[0], default, fixed[1]):
         assert_close(a, b, 1e-5, name)

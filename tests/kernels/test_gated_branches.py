@@ -12,6 +12,7 @@ import torch
 from nsa.attention.backends import Route
 from nsa.attention.config import NSAConfig
 from nsa.attention.core import nsa_core
+from nsa.kernels.tuning import SELECTION, SelectionTuning
 from tests.kernels._util import assert_close, rnd
 from tests.kernels.test_triton_selection import _random_idx
 
@@ -20,21 +21,21 @@ pytestmark = pytest.mark.triton_interp
 TRITON = {s: Route(s, "triton", "test") for s in ("cmp", "select", "sel", "win")}
 
 
-def _separate(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg, q_start, deterministic):
+def _separate(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg, q_start, deterministic, tune=SELECTION):
     from nsa.kernels.band_attention import band_attention
     from nsa.kernels.combine import gate_combine
     from nsa.kernels.selection import selected_attention
 
-    o_sel = selected_attention(q, k_sel, v_sel, idx, q_start, cfg.sel_block, deterministic)
+    o_sel = selected_attention(q, k_sel, v_sel, idx, q_start, cfg.sel_block, deterministic, tuning=tune)
     o_win = band_attention(q, k_win, v_win, q_start, 1, 1, cfg.window, True, deterministic)[0]
     return gate_combine(gates, o_cmp, o_sel, o_win)
 
 
-def _fused(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg, q_start, deterministic):
+def _fused(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg, q_start, deterministic, tune=SELECTION):
     from nsa.kernels.gated_branches import gated_branches
 
     return gated_branches(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start, cfg.sel_block, cfg.window,
-                          deterministic)
+                          deterministic, sel_tuning=tune)
 
 
 @pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")  # the zero gates
@@ -42,27 +43,24 @@ def _fused(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg, q_start, deter
                          ids=["dq-from-partials", "dq-from-dS", "dq-kernel"])
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
 @pytest.mark.parametrize("q_start", [0, 6])
-def test_gated_branches_match_separate_ops(kdev, monkeypatch, tt, keep, deterministic, q_start):
-    _match_separate_ops(kdev, monkeypatch, tt, keep, deterministic, q_start)
+def test_gated_branches_match_separate_ops(kdev, tt, keep, deterministic, q_start):
+    _match_separate_ops(kdev, SelectionTuning(tt=tt, dq_keep=keep), deterministic, q_start)
 
 
 @pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")  # the zero gates
 @pytest.mark.parametrize("keep", ["dq", "ds"])
-def test_gated_branches_keep_a_chunk_of_tokens_at_a_time(kdev, monkeypatch, keep):
+def test_gated_branches_keep_a_chunk_of_tokens_at_a_time(kdev, keep):
     """The selected backward takes what its dk/dv pass keeps 7 tokens at a time (two batches: the
     chunks are strided slices of q, do and of the window's dq it adds)."""
-    from nsa.kernels import selection
-
     per_token = 2 * 6 * 4 * (16 if keep == "dq" else 4) * torch.empty(0, device=kdev).element_size()
-    monkeypatch.setitem(selection.TUNE, "kept_budget", 7 * per_token)
-    _match_separate_ops(kdev, monkeypatch, 1, keep, False, 0)
+    _match_separate_ops(kdev, SelectionTuning(tt=1, dq_keep=keep, kept_budget=7 * per_token), False, 0)
 
 
-def _match_separate_ops(kdev, monkeypatch, tt, keep, deterministic, q_start):
+def _match_separate_ops(kdev, tune: SelectionTuning, deterministic, q_start):
+    """The one op against the three separate ops, both at the selected branch's ``tune``."""
     from nsa.kernels import selection
 
-    monkeypatch.setitem(selection.TUNE, "dq_keep", keep)
-    monkeypatch.setitem(selection.TUNE, "tt", tt)
+    tt = tune.tt
     cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=4, window=5)
     B, T, H, G, K = 2, 23, 2, 3, 16
     Tk = q_start + T
@@ -74,11 +72,11 @@ def _match_separate_ops(kdev, monkeypatch, tt, keep, deterministic, q_start):
     leaves[0][:, 3] = 0.0  # a token whose gates are all zero: its probabilities fold to zero
     leaves = [t.requires_grad_() for t in leaves]
     idx = _random_idx(gen, B, T, H, cfg.n_selected, cfg.sel_block, q_start).to(kdev)
-    assert selection._dq_from_pass(leaves[2], leaves[3], cfg.n_selected, cfg.sel_block) == (tt == 1)
+    assert selection._dq_from_pass(leaves[2], leaves[3], cfg.n_selected, cfg.sel_block, tune) == (tt == 1)
     do = rnd(gen, B, T, H * G, K, device=kdev)
     outs = {}
     for name, fn in (("separate", _separate), ("fused", _fused)):
-        o = fn(*leaves, idx, cfg, q_start, deterministic)
+        o = fn(*leaves, idx, cfg, q_start, deterministic, tune)
         outs[name] = (o, *torch.autograd.grad(o, leaves, do))
     tol = 1e-5 if kdev.type == "cpu" else 5e-3
     for what, a, b in zip(("o", "dgates", "do_cmp", "dq", "dk_sel", "dv_sel", "dk_win", "dv_win"),
@@ -151,7 +149,7 @@ def test_backward_takes_the_forwards_inverse_selection(kdev, monkeypatch, op, de
 
     monkeypatch.setattr(selection, "inverse_selection", counted)
     monkeypatch.setattr(selection_blocks, "inverse_selection", counted)
-    monkeypatch.setitem(selection.TUNE, "tt", 1)
+    tune = SelectionTuning(tt=1)
     cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=4, window=5)
     B, T, H, G, K = 1, 21, 2, 3, 16
     gen = torch.Generator().manual_seed(11)
@@ -160,9 +158,9 @@ def test_backward_takes_the_forwards_inverse_selection(kdev, monkeypatch, op, de
     leaves = [t.requires_grad_() for t in leaves]
     idx = _random_idx(gen, B, T, H, cfg.n_selected, cfg.sel_block, 0).to(kdev)
     if op == "gated":
-        o = _fused(*leaves, idx, cfg, 0, deterministic)
+        o = _fused(*leaves, idx, cfg, 0, deterministic, tune)
     else:
-        o = selected_attention(leaves[2], leaves[3], leaves[4], idx, 0, cfg.sel_block, deterministic, "blocks")
+        o = selected_attention(leaves[2], leaves[3], leaves[4], idx, 0, cfg.sel_block, deterministic, "blocks", tune)
     assert len(calls) == 1, "the forward builds one inverse selection"
     o.backward(rnd(gen, *o.shape, device=kdev))
     assert calls[1:] == ([T] if deterministic else []), "the backward sorts again only when deterministic"

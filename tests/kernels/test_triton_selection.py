@@ -2,6 +2,8 @@
 selected indices (forward and backward), any group size."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given
@@ -12,6 +14,7 @@ from nsa.attention.torch_branches import (
     torch_sel_attention,
     torch_select_blocks,
 )
+from nsa.kernels.tuning import SELECTION, SelectionTuning
 from tests.kernels._util import (
     INTERP_SETTINGS,
     KCase,
@@ -69,126 +72,127 @@ def _random_idx(gen, B, Tq, H, n, ls, q_start):
     return idx
 
 
-def _check_tiles(kdev, monkeypatch, TT, G, T, q_start, H, B=1, seed=0, sel_block=4, K=16, form="tiles"):
+def _check_tiles(kdev, TT, G, T, q_start, H, B=1, seed=0, sel_block=4, K=16, form="tiles",
+                 tune: SelectionTuning = SELECTION):
+    """The selected branch at TT tokens a tile (forced through ``tune``) against float64."""
     from nsa.kernels import selection
 
-    monkeypatch.setitem(selection.TUNE, "tt", TT)
+    tune = dataclasses.replace(tune, tt=TT)
     cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=sel_block, n_selected=4, window=8)
     gen = torch.Generator().manual_seed(seed)
     Tk = q_start + T
-    assert selection._tokens_per_tile(G, cfg.n_selected, -(-Tk // cfg.sel_block), T) == min(TT, 1 << (T - 1).bit_length())
+    assert selection._tokens_per_tile(G, cfg.n_selected, -(-Tk // cfg.sel_block), T, tune) == \
+        min(TT, 1 << (T - 1).bit_length())
     q = rnd(gen, B, T, H * G, K, device=kdev).requires_grad_()
     k = rnd(gen, B, Tk, H, K, device=kdev).requires_grad_()
     v = rnd(gen, B, Tk, H, K, device=kdev).requires_grad_()
     do = rnd(gen, B, T, H * G, K, device=kdev)
     idx = _random_idx(gen, B, T, H, cfg.n_selected, cfg.sel_block, q_start)
     check_against_reference(lambda *x: selection.selected_attention(*x, idx.to(kdev), q_start, cfg.sel_block,
-                                                                    form=form),
+                                                                    form=form, tuning=tune),
                             lambda *x: torch_sel_attention(*x, idx, cfg, q_start), [q, k, v], do)
 
 
 @pytest.mark.parametrize("G,q_start", [(1, 0), (3, 7), (6, 0), (16, 5)], ids=["G1", "G3", "G6", "G16"])
 @pytest.mark.parametrize("TT", [1, 2, 4], ids=["TT1", "TT2", "TT4"])
-def test_selection_token_tiles(kdev, monkeypatch, TT, G, q_start):
+def test_selection_token_tiles(kdev, TT, G, q_start):
     """Forced token tiles: 23 tokens (no multiple of the tile or of l' = 4), random per-token
     selections with -1 padding, prefill (q_start = 0) and continuation (q_start > 0)."""
-    _check_tiles(kdev, monkeypatch, TT, G, T=23, q_start=q_start, H=2 if G < 16 else 1,
+    _check_tiles(kdev, TT, G, T=23, q_start=q_start, H=2 if G < 16 else 1,
                  B=2 if G < 6 else 1, seed=10 * TT + G)
 
 
 @pytest.mark.parametrize("TT", [1, 4], ids=["TT1", "TT4"])
-def test_selection_token_tiles_decode(kdev, monkeypatch, TT):
+def test_selection_token_tiles_decode(kdev, TT):
     """One query token after 29 cached keys (the tile is capped at one token)."""
-    _check_tiles(kdev, monkeypatch, TT, G=6, T=1, q_start=29, H=2, B=2, seed=TT)
+    _check_tiles(kdev, TT, G=6, T=1, q_start=29, H=2, B=2, seed=TT)
 
 
-def test_selection_dq_kernel_at_one_token_a_tile(kdev, monkeypatch):
+def test_selection_dq_kernel_at_one_token_a_tile(kdev):
     """At one token a tile dq comes from what the dk/dv pass keeps (the TT1 cases above);
     switched off, from the dq kernel."""
     from nsa.kernels import selection
 
-    monkeypatch.setitem(selection.TUNE, "dq_from_pass", False)
-    assert not selection._dq_from_pass(torch.empty(1, 23, 6, 16), torch.empty(1, 23, 2, 16), 4, 4)
-    _check_tiles(kdev, monkeypatch, 1, G=3, T=23, q_start=5, H=2, B=2, seed=3)
+    tune = SelectionTuning(tt=1, dq_from_pass=False)
+    assert not selection._dq_from_pass(torch.empty(1, 23, 6, 16), torch.empty(1, 23, 2, 16), 4, 4, tune)
+    assert selection._dq_from_pass(torch.empty(1, 23, 6, 16), torch.empty(1, 23, 2, 16), 4, 4, SelectionTuning(tt=1))
+    _check_tiles(kdev, 1, G=3, T=23, q_start=5, H=2, B=2, seed=3, tune=tune)
 
 
 @pytest.mark.parametrize("tma", [True, False], ids=["tma", "pointers"])
 @pytest.mark.parametrize("G,K", [(3, 16), (16, 32)], ids=["G3K16", "G16K32"])
-def test_selection_tma_gathers(kdev, monkeypatch, tma, G, K):
+def test_selection_tma_gathers(kdev, tma, G, K):
     """One token a tile with blocks of l' = 16 keys: K/V blocks through TMA descriptors (boxes of
     [l', K]; a block past Tk or the tile's last query comes in unmasked, the next batch's keys or
     zeros, and must stay invisible) or by pointers; 45 tokens after 6 cached keys, two batches."""
     from nsa.kernels import _tma, selection
 
-    monkeypatch.setitem(selection.TUNE, "tma", tma)
+    tune = SelectionTuning(tma=tma)
     kv = torch.empty(2, 51, 2, K, device=kdev)
-    assert selection._tma(kv, kv, 16, 1) == (tma and _tma.TensorDescriptor is not None)
-    assert not selection._tma(kv, kv, 16, 2)
-    assert not selection._tma(kv, torch.empty(2 * 51 * 2 * K + 1, device=kdev)[1:].view(2, 51, 2, K), 16, 1)  # v unaligned
+    assert selection._tma(kv, kv, 16, 1, tune) == (tma and _tma.TensorDescriptor is not None)
+    assert not selection._tma(kv, kv, 16, 2, tune)
+    unaligned = torch.empty(2 * 51 * 2 * K + 1, device=kdev)[1:].view(2, 51, 2, K)
+    assert not selection._tma(kv, unaligned, 16, 1, tune)  # v unaligned
     wide = torch.empty(2, 51, 2, 24, device=kdev)
-    assert not selection._tma(wide, wide, 16, 1)  # no power of two
-    _check_tiles(kdev, monkeypatch, 1, G=G, T=45, q_start=6, H=2 if G < 16 else 1, B=2, seed=G + K,
-                 sel_block=16, K=K)
+    assert not selection._tma(wide, wide, 16, 1, tune)  # no power of two
+    _check_tiles(kdev, 1, G=G, T=45, q_start=6, H=2 if G < 16 else 1, B=2, seed=G + K, sel_block=16, K=K,
+                 tune=tune)
 
 
 @pytest.mark.parametrize("keep", ["dq", "ds"])
 @pytest.mark.parametrize("G,q_start", [(3, 5), (6, 0)], ids=["G3", "G6"])
-def test_selection_dq_from_partials_or_ds_tiles(kdev, monkeypatch, keep, G, q_start):
+def test_selection_dq_from_partials_or_ds_tiles(kdev, keep, G, q_start):
     """At one token a tile the dk/dv pass keeps, per (token, block), its dq partial dS @ K
     (summed by a kernel that gathers nothing) or its dS tile (dq = sum of dS @ K, gathering K):
     both give the float64 gradients."""
     from nsa.kernels import selection
 
-    monkeypatch.setitem(selection.TUNE, "dq_keep", keep)
-    assert selection._dq_source(16, 4) == keep
-    _check_tiles(kdev, monkeypatch, 1, G=G, T=23, q_start=q_start, H=2, B=2, seed=G + len(keep))
+    tune = SelectionTuning(dq_keep=keep)
+    assert selection._dq_source(16, 4, tune) == keep
+    _check_tiles(kdev, 1, G=G, T=23, q_start=q_start, H=2, B=2, seed=G + len(keep), tune=tune)
 
 
 @pytest.mark.parametrize("keep", ["dq", "ds"])
 @pytest.mark.parametrize("B", [1, 2], ids=["B1", "B2"])
-def test_selection_kept_a_chunk_of_tokens_at_a_time(kdev, monkeypatch, B, keep):
-    """dq partials or dS tiles past TUNE['kept_budget'] bytes: the backward takes the query
-    tokens a chunk at a time (here 5 tokens of 23, the last chunk short; with B=2 the chunks are
-    strided slices), each chunk's dk/dv added to the others', at positions q_start + the chunk's
-    offset."""
+def test_selection_kept_a_chunk_of_tokens_at_a_time(kdev, B, keep):
+    """dq partials or dS tiles past SelectionTuning.kept_budget bytes: the backward takes the
+    query tokens a chunk at a time (here 5 tokens of 23, the last chunk short; with B=2 the chunks
+    are strided slices), each chunk's dk/dv added to the others', at positions q_start + the
+    chunk's offset."""
     from nsa.kernels import selection
 
-    monkeypatch.setitem(selection.TUNE, "dq_keep", keep)
     q = torch.empty(B, 23, 6, 16)  # float32 on the interpreter: 4 bytes a value
     width = 16 if keep == "dq" else 4  # K, or l'
-    monkeypatch.setitem(selection.TUNE, "kept_budget", 5 * B * 6 * 4 * width * 4 + 7)  # 5 tokens of n=4
-    assert selection._kept_chunk(q, 4, 4) == 5
-    _check_tiles(kdev, monkeypatch, 1, G=3, T=23, q_start=5, H=2, B=B, seed=4 + B)
+    tune = SelectionTuning(dq_keep=keep, kept_budget=5 * B * 6 * 4 * width * 4 + 7)  # 5 tokens of n=4
+    assert selection._kept_chunk(q, 4, 4, tune) == 5
+    _check_tiles(kdev, 1, G=3, T=23, q_start=5, H=2, B=B, seed=4 + B, tune=tune)
 
 
-def test_selection_kept_path_and_chunk_rules(monkeypatch):
+def test_selection_kept_path_and_chunk_rules():
     """dq from the dk/dv pass at one token a tile only; it keeps dq partials where the head dim is
     at most the block, dS tiles otherwise; a chunk is as many tokens as fit the budget, at
-    least one; a bad TUNE['dq_keep'] is named."""
+    least one; a bad dq_keep is named."""
     from nsa.kernels import selection
 
     q, k = torch.empty(2, 23, 6, 16), torch.empty(2, 23, 2, 16)
-    monkeypatch.setitem(selection.TUNE, "tt", 1)
-    assert selection._dq_from_pass(q, k, 4, 4)
-    monkeypatch.setitem(selection.TUNE, "tt", 2)
-    assert not selection._dq_from_pass(q, k, 4, 4)
+    assert selection._dq_from_pass(q, k, 4, 4, SelectionTuning(tt=1))
+    assert not selection._dq_from_pass(q, k, 4, 4, SelectionTuning(tt=2))
     assert [selection._dq_source(K, 64) for K in (32, 64, 128, 256)] == ["dq", "dq", "ds", "ds"]
     per_token = 2 * 6 * 4 * 4 * 4  # B * HQ * n * l' * 4 bytes (K=16 > l'=4: dS tiles)
-    monkeypatch.setitem(selection.TUNE, "kept_budget", 3 * per_token)
-    assert selection._kept_chunk(q, 4, 4) == 3
-    monkeypatch.setitem(selection.TUNE, "kept_budget", per_token - 1)
-    assert selection._kept_chunk(q, 4, 4) == 1
-    monkeypatch.setitem(selection.TUNE, "dq_keep", "dS")
-    with pytest.raises(ValueError, match="dq_keep"):
-        selection._dq_source(16, 4)
+    assert selection._kept_chunk(q, 4, 4, SelectionTuning(kept_budget=3 * per_token)) == 3
+    assert selection._kept_chunk(q, 4, 4, SelectionTuning(kept_budget=per_token - 1)) == 1
+    with pytest.raises(ValueError, match="dq_keep is 'dS'"):
+        SelectionTuning(dq_keep="dS")
 
 
-def test_selection_tile_rule(monkeypatch):
+def test_selection_tile_rule():
     from nsa.kernels import selection
 
-    for key, val in (("tt", 0), ("tt_rows", 64), ("tt_max", 8), ("tt_nb", 2.0)):
-        monkeypatch.setitem(selection.TUNE, key, val)
-    rule = selection._tokens_per_tile
+    tune = SelectionTuning(tt=0, tt_rows=64, tt_max=8, tt_nb=2.0)
+
+    def rule(**shape):
+        return selection._tokens_per_tile(**shape, tune=tune)
+
     assert rule(G=6, n=16, NB=32, Tq=2048) == 8  # m7c_125m at 2k: 8 rows per token
     assert rule(G=16, n=16, NB=32, Tq=2048) == 4  # HQ=64, H=4 at 2k
     assert rule(G=16, n=16, NB=128, Tq=8192) == 1  # long context: one token per program
@@ -258,27 +262,23 @@ def test_inverse_selection_work_items(kdev, qc):
 
 
 @pytest.mark.parametrize("G,q_start,B", [(1, 0, 2), (3, 7, 2), (6, 0, 1), (16, 5, 1)], ids=["G1", "G3", "G6", "G16"])
-def test_selection_blocks_forward(kdev, monkeypatch, G, q_start, B):
+def test_selection_blocks_forward(kdev, G, q_start, B):
     """The key-block-major forward (selection_blocks): random per-token selections with -1
     padding, blocks chosen by more tokens than a work item holds (3), continuation."""
-    from nsa.kernels import selection
-
-    for key in ("qc", "qc_interpret"):
-        monkeypatch.setitem(selection.TUNE, key, 3)
-    _check_tiles(kdev, monkeypatch, 1, G=G, T=23, q_start=q_start, H=2 if G < 16 else 1, B=B, seed=20 + G,
-                 form="blocks")
+    _check_tiles(kdev, 1, G=G, T=23, q_start=q_start, H=2 if G < 16 else 1, B=B, seed=20 + G,
+                 form="blocks", tune=SelectionTuning(qc=3, qc_interpret=3))
 
 
 @pytest.mark.parametrize("B", [1, 2], ids=["B1", "B2"])
-def test_selection_blocks_forward_a_chunk_of_tokens_at_a_time(kdev, monkeypatch, B):
-    """Partials past PARTIALS_BUDGET bytes: the query tokens a chunk at a time (5 of 23 here,
-    the last chunk short), each chunk's outputs written at its tokens' rows."""
+def test_selection_blocks_forward_a_chunk_of_tokens_at_a_time(kdev, B):
+    """Partials past SelectionTuning.partials_budget bytes: the query tokens a chunk at a time
+    (5 of 23 here, the last chunk short), each chunk's outputs written at its tokens' rows."""
     from nsa.kernels import selection_blocks
 
     per_token = B * 6 * 4 * 16 * 4  # B * HQ * n * K float32 partials
-    monkeypatch.setattr(selection_blocks, "PARTIALS_BUDGET", 5 * per_token + 11)
-    assert selection_blocks._chunk(B, 23, 6, 4, 16) == 5
-    _check_tiles(kdev, monkeypatch, 1, G=3, T=23, q_start=5, H=2, B=B, seed=30 + B, form="blocks")
+    assert selection_blocks._chunk(B, 23, 6, 4, 16, 4, 5 * per_token + 11) == 5
+    _check_tiles(kdev, 1, G=3, T=23, q_start=5, H=2, B=B, seed=30 + B, form="blocks",
+                 tune=SelectionTuning(partials_budget=5 * per_token + 11))
 
 
 def test_selection_blocks_forward_16_bit_partials(kdev):
@@ -312,20 +312,19 @@ def test_selection_forward_forms_refuse_unknown():
 @pytest.mark.parametrize("form,deterministic,budget", [("blocks", False, None), ("blocks", True, None),
                                                        ("tiles", False, None), ("blocks", False, 1)],
                          ids=["blocks", "deterministic", "tiles", "blocks-in-chunks"])
-def test_selection_forward_inverse_outputs_match_their_fakes(kdev, monkeypatch, form, deterministic, budget):
+def test_selection_forward_inverse_outputs_match_their_fakes(kdev, form, deterministic, budget):
     """The inverse selection the forward hands to the backward (nsa::sel_fwd's last three outputs)
     has the shapes and dtypes its fake says, also where there is none (deterministic, token-major,
     partials taken a chunk at a time): torch.compile traces with the fakes."""
-    from nsa.kernels import selection, selection_blocks
+    from nsa.kernels import selection
     from nsa.kernels._inverse import as_outputs
 
-    if budget is not None:
-        monkeypatch.setattr(selection_blocks, "PARTIALS_BUDGET", budget)
+    tune = SELECTION if budget is None else SelectionTuning(partials_budget=budget)
     gen = torch.Generator().manual_seed(7)
     q = rnd(gen, 2, 19, 6, 16, device=kdev)
     k, v = rnd(gen, 2, 19, 2, 16, device=kdev), rnd(gen, 2, 19, 2, 16, device=kdev)
     idx = _random_idx(gen, 2, 19, 2, 4, 4, 0).to(kdev)
-    real = as_outputs(selection._sel_fwd(q, k, v, idx, 4, 0, deterministic, form)[2], q.device)
-    fake = selection.fake_inverse(q, k, idx, 4, deterministic, form)
+    real = as_outputs(selection._sel_fwd(q, k, v, idx, 4, 0, deterministic, form, tune)[2], q.device)
+    fake = selection.fake_inverse(q, k, idx, 4, deterministic, form, tune)
     assert [(t.shape, t.dtype) for t in real] == [(t.shape, t.dtype) for t in fake]
     assert (real[0].numel() > 0) == (form == "blocks" and not deterministic and budget is None)

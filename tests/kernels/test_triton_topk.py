@@ -36,7 +36,7 @@ def block_scores(q, kc, lse, cfg: NSAConfig, q_start: int) -> torch.Tensor:
     return p.unfold(-1, len(w), r) @ w
 
 
-def _check(kdev, case: KCase, scale=2.0):
+def _check(kdev, case: KCase, scale=2.0, tune=None):
     from nsa.attention.kernel_branches import triton_select_blocks
 
     gen = torch.Generator().manual_seed(case.seed)
@@ -46,7 +46,7 @@ def _check(kdev, case: KCase, scale=2.0):
     _, lse = torch_cmp_attention(q, kc, kc, cfg, case.q_start)
     ref = torch_select_blocks(q, kc, lse, cfg, case.q_start)
     got = triton_select_blocks(q.float().to(kdev), kc.float().to(kdev), lse.float().to(kdev), cfg,
-                               case.q_start).cpu()
+                               case.q_start, tune).cpu()
     assert got.shape == ref.shape and got.dtype == torch.int64
     pos = torch.arange(case.q_start, case.Tk)
     jt = (pos // cfg.sel_block).view(1, T, 1, 1)
@@ -81,14 +81,13 @@ def test_topk_defaults_shape_long_prefix(kdev):
     assert agree >= 0.99
 
 
-def test_topk_scores_a_query_chunk_at_a_time(kdev, monkeypatch):
+def test_topk_scores_a_query_chunk_at_a_time(kdev):
     """A score budget smaller than one query tile's scores: the queries are scored and
     selected a tile at a time (two chunks here, the last one short), batch of two."""
-    from nsa.kernels import topk
+    from nsa.kernels.tuning import TopkTuning
 
-    monkeypatch.setattr(topk, "SCORE_BUDGET", 1)
     cfg = NSAConfig()
-    agree = _check(kdev, KCase(cfg, B=2, T=40, H=2, G=2, K=16, q_start=700, seed=5))
+    agree = _check(kdev, KCase(cfg, B=2, T=40, H=2, G=2, K=16, q_start=700, seed=5), tune=TopkTuning(score_budget=1))
     assert agree >= 0.99
 
 
@@ -113,14 +112,13 @@ def _top_reference(scores: torch.Tensor, n: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("NB,n,cap", [(300, 16, 64), (1024, 16, 64), (70, 4, 16)],
                          ids=["NB300", "NB1024", "NB70-n4"])
-def test_select_top_searches_few_candidates_or_the_whole_row(kdev, monkeypatch, NB, n, cap):
+def test_select_top_searches_few_candidates_or_the_whole_row(kdev, NB, n, cap):
     """The select kernel on rows of scores as the score kernel writes them (+inf forced blocks,
     -1 for the blocks a row may not choose, ties): rows whose floor leaves at most `cap`
     candidates (the short search) and rows where it does not (all scores tied, most blocks
     invisible, fewer than n visible) give the reference's blocks."""
     from nsa.kernels import topk
 
-    monkeypatch.setattr(topk, "SELECT_CANDIDATES", cap)
     gen = torch.Generator().manual_seed(NB + n)
     rows = 24
     scores = torch.rand(rows, NB, generator=gen)
@@ -133,7 +131,7 @@ def test_select_top_searches_few_candidates_or_the_whole_row(kdev, monkeypatch, 
     ref = _top_reference(scores, n)
     got = torch.empty(rows, n, dtype=torch.int64, device=kdev)
     work = scores.clone().to(kdev)
-    topk.select_top(work, got)
+    topk.select_top(work, got, cap)
     assert torch.equal(got.cpu(), ref)
     # the short search moves a row's candidates to its front; the whole-row search writes nothing.
     # Which rows take it: the floor is the least maximum of 16 interleaved sets of blocks

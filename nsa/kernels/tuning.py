@@ -17,10 +17,16 @@ Tile = tuple[int, int, int, int]
 
 
 class _Tuning:
-    """as_arg / from_arg for a frozen dataclass of ints, floats, bools, strs and tiles."""
+    """as_arg / from_arg for a frozen dataclass of ints, floats, bools, strs and tiles. The
+    string is made once, when the tuning is (``_set_arg`` from each __post_init__): a call then
+    reads an attribute, in eager mode and in a torch.compile trace alike."""
 
     def as_arg(self) -> str:
-        return _as_arg(self)
+        return self._arg
+
+    def _set_arg(self) -> None:
+        changed = (f for f in fields(self) if getattr(self, f.name) != f.default)  # every field has a default
+        object.__setattr__(self, "_arg", ",".join(f"{f.name}={_text(getattr(self, f.name))}" for f in changed))
 
     @classmethod
     def from_arg(cls, arg: str):
@@ -30,13 +36,6 @@ class _Tuning:
         for name in names:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{type(self).__name__}.{name} is {getattr(self, name)!r}; expected > 0")
-
-
-@functools.cache
-def _as_arg(tuning: _Tuning) -> str:
-    default = type(tuning)()
-    changed = (f for f in fields(tuning) if getattr(tuning, f.name) != getattr(default, f.name))
-    return ",".join(f"{f.name}={_text(getattr(tuning, f.name))}" for f in changed)
 
 
 def _text(value) -> str:
@@ -117,6 +116,7 @@ class SelectionTuning(_Tuning):
         self._check_positive("fwd_warps", "fwd_stages", "blocks_rows", "tma_stages", "tt_rows", "tt_max", "tt_nb",
                              "qc", "qc_interpret", "dkv_cells", "dkv_warps", "dkv_stages", "kept_budget",
                              "partials_budget")
+        self._set_arg()
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,7 @@ class TopkTuning(_Tuning):
 
     def __post_init__(self):
         self._check_positive("rows", "warps", "stages", "score_budget", "select_candidates")
+        self._set_arg()
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,7 @@ class BandTiles(_Tuning):
             tile = getattr(self, name)
             if tile is not None and (len(tile) != 4 or min(tile) <= 0):
                 raise ValueError(f"BandTiles.{name} is {tile!r}; expected (BM, BN, num_warps, num_stages), all > 0")
+        self._set_arg()
 
 
 #: the defaults, what the model's calls take

@@ -118,8 +118,9 @@ EXIT_MEANING = {EXIT_OK: "done (or an operator's .HALT)", EXIT_ERROR: "unexpecte
 #: set by the harness for a profile phase: profile N steps once the run is steady and write
 #: PROFILE_JSON; a trainer that ignores it leaves the phase's metrics UNMEASURED
 PROFILE_STEPS_ENV = "CONTRACT_PROFILE_STEPS"
-#: beside PROFILE_JSON, for people: the profiler's table of ops, and on a GPU the profiled window
-#: with every device activity interval (what gpu_busy_frac was computed from)
+#: beside PROFILE_JSON: the profiler's table of ops (for people), and on a GPU the profiled window
+#: with every device activity interval, from which the harness computes the GPU's busy share and
+#: idle gaps itself (a gpu_busy_frac that disagrees with them is an error)
 PROFILE_TOP_OPS = "profile_top_ops.txt"
 GPU_TIMELINE = "gpu_timeline.json.gz"
 PROFILE_FIELDS = {

@@ -30,10 +30,16 @@ nan@K          step K's loss is NaN: its row is logged (loss ``nan``), rank 0 wr
 crash@K        RuntimeError in step K on every rank, exit 1;
 malformed@K    step K's row has ``garbled`` for its loss, the run goes on;
 missing_optional  env.json has world_size and contract_version only.
+
+Profiling: it ignores CONTRACT_PROFILE_STEPS=N unless ``TEST_TRAINER_BUSY_CLAIM`` is set too; then
+rank 0 writes, after its steps, profile.json claiming that gpu_busy_frac, and a GPU timeline
+(gpu_timeline.json.gz) of N made-up steps of 10 ms, each busy for its first 5 ms only: busy 0.5,
+a 5 ms pause a step. A claim other than 0.5 is a trainer whose figure its own timeline contradicts.
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -133,9 +139,23 @@ def main() -> int:
                 break
         if last < args.steps and rank == 0:
             (out / "checkpoint.json").write_text(json.dumps({"step": last}))
+        if rank == 0 and os.environ.get("CONTRACT_PROFILE_STEPS") and os.environ.get("TEST_TRAINER_BUSY_CLAIM"):
+            write_profile(out, int(os.environ["CONTRACT_PROFILE_STEPS"]), float(os.environ["TEST_TRAINER_BUSY_CLAIM"]))
         return EXIT_OK
     finally:
         collective.close()
+
+def write_profile(out: Path, steps: int, claim: float) -> None:
+    """profile.json claiming ``claim`` and the timeline of ``steps`` steps half busy (see the
+    module docstring)."""
+    (out / "profile.json").write_text(json.dumps({
+        "contract_version": CONTRACT_VERSION, "profiled_steps": steps, "first_step": 2, "wall_s": steps / 100,
+        "gpu_busy_frac": claim, "top_ops": [{"name": "matmul", "ms_per_step": 5.0}], "nsa_ranges": ["nsa.sel"],
+        "python_overhead_frac": 0.5, "cuda_graphs": False, "device": "cuda"}))
+    with gzip.open(out / "gpu_timeline.json.gz", "wt") as fh:
+        json.dump({"window_us": [0, steps * 10_000],
+                   "device_intervals_us": [[i * 10_000, i * 10_000 + 5_000] for i in range(steps)]}, fh)
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

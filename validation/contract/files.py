@@ -5,6 +5,7 @@ what is wrong with it. Nothing here interprets the numbers: validation/judge doe
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -14,7 +15,16 @@ from typing import Any
 
 import pandas as pd
 
-from nsa.contract import CSV_COLUMNS, ENV_JSON, HALT, HEARTBEAT_PATTERN, PROFILE_JSON, STACKDUMP_PATTERN, TRAINING_CSV
+from nsa.contract import (
+    CSV_COLUMNS,
+    ENV_JSON,
+    GPU_TIMELINE,
+    HALT,
+    HEARTBEAT_PATTERN,
+    PROFILE_JSON,
+    STACKDUMP_PATTERN,
+    TRAINING_CSV,
+)
 from validation.contract.stacks import UNRANKED_DUMPS
 from validation.errors import ArtifactError
 
@@ -205,6 +215,33 @@ def read_profile(out_dir: Path) -> ProfileRead | None:
                            bool(data.get("cuda_graphs")), str(data.get("device") or "?"))
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ArtifactError(f"{path}: not a profile record ({exc})") from None
+
+
+@dataclass(frozen=True)
+class TimelineRead:
+    """gpu_timeline.json.gz: the profiled window and every device activity interval in it
+    (microseconds, the profiler's clock)."""
+
+    window_us: tuple[float, float]
+    intervals_us: list[tuple[float, float]]
+
+
+def read_gpu_timeline(out_dir: Path) -> TimelineRead | None:
+    """gpu_timeline.json.gz, or None when the trainer wrote none (a CPU run, or a trainer that
+    leaves only profile.json); ArtifactError when it is malformed."""
+    path = Path(out_dir) / GPU_TIMELINE
+    if not path.is_file():
+        return None
+    try:
+        with gzip.open(path, "rt") as fh:
+            data = json.load(fh)
+        lo, hi = (float(x) for x in data["window_us"])
+        intervals = [(float(s), float(e)) for s, e in data["device_intervals_us"]]
+        if hi <= lo:
+            raise ValueError(f"window_us [{lo}, {hi}] is empty")
+        return TimelineRead((lo, hi), intervals)
+    except (OSError, EOFError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ArtifactError(f"{path}: not a GPU timeline ({exc})") from None
 
 
 def _fraction(v: Any) -> float | None:

@@ -64,6 +64,7 @@ class Source(enum.StrEnum):
     JUNIT = "pytest's JUnit XML"
     PREFLIGHT = "preflight"
     PROFILE = "profile.json"
+    TIMELINE = "gpu_timeline.json.gz"
     HARDWARE = "the hardware profile"
     """A number of the profile's hardware section, not of the trainer's files."""
 
@@ -340,6 +341,7 @@ def _profile(name: str) -> Input:
 
 
 _TOKS, _LOSS, _STEP = _csv("toks_per_s"), _csv("loss"), _csv("step")
+_TIMELINE = Input(Source.TIMELINE, "device_intervals_us", optional=True)
 _BEATS = Input(Source.HEARTBEAT, "step")
 
 CATALOGUE: tuple[Metric, ...] = (
@@ -411,14 +413,19 @@ CATALOGUE: tuple[Metric, ...] = (
            _count("nsa_ranges_found")),
     Metric("python_overhead_frac", "share of profiled CPU time outside aten ops",
            (_profile("python_overhead_frac"),), False, _count("python_overhead_frac")),
-    Metric("gpu_busy_frac", "share of the profiled wall time the GPU ran work (the trainer's profile.json; nsa/train/profile.py)",
-           (_profile("gpu_busy_frac"),), False, _count("gpu_busy_frac")),
+    Metric("gpu_busy_frac", "share of the profiled wall time the GPU ran work: computed by the harness from the "
+                            "trainer's gpu_timeline.json.gz where it left one (judge/pace.py), else profile.json's",
+           (_profile("gpu_busy_frac"), _TIMELINE), False, _count("gpu_busy_frac")),
+    Metric("gpu_host_pause_ms", "ms a profiled step the GPU sat idle in gaps of 1 ms or more: the host pausing it "
+                                "(a sync, an optimizer's launches, data); gpu_timeline.json.gz",
+           (_TIMELINE,), False, _count("gpu_host_pause_ms")),
     Metric("cuda_graphs", "1 when the profiled steps were CUDA-graph replays", (_profile("cuda_graphs"),), False,
            _count("cuda_graphs")),
 )
 METRICS: dict[str, Metric] = {m.name: m for m in CATALOGUE}
-#: the metrics a profile phase reads from the trainer's profile.json
-PROFILE_METRICS = tuple(m.name for m in CATALOGUE if any(i.source == Source.PROFILE for i in m.reads))
+#: the metrics a profile phase reads from the trainer's profile.json and GPU timeline
+PROFILE_METRICS = tuple(m.name for m in CATALOGUE
+                        if any(i.source in (Source.PROFILE, Source.TIMELINE) for i in m.reads))
 
 
 def compute(name: str, run: RunData, last: int | None) -> float | None:

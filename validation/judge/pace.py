@@ -1,7 +1,11 @@
 """Who sets the pace of a training step: the GPU, or the host launching its work.
 
-The GPU's busy share is measured by the trainer when the harness asks for a profile
-(nsa/train/profile.py writes it into profile.json). Across sweep points, the harness itself fits
+Within a profiled run: the trainer leaves, beside its profile.json, the profiled window and
+every device activity interval in it (gpu_timeline.json.gz); ``device_idle`` computes from them
+the GPU's busy share, which the harness gates on (the trainer's own figure in profile.json must
+agree with it), and where the rest went: gaps of LONG_GAP_US and more are the host pausing the
+GPU (a host sync, an optimizer's launches, loading data), shorter ones the latency between
+launches. Across sweep points, the harness itself fits
 ``fit_step_time``: step time against tokens per step, fitted as
   ``fixed + per_token * tokens``. When both parts are positive beyond their noise and the fixed
   part is most of the step even at the largest point, step time barely grows with work: the
@@ -25,6 +29,49 @@ MIN_TOKEN_RANGE = 2.0
 #: a fitted coefficient is meaningful when it is positive by at least this many standard errors
 #: (a fit over points timed on a shared machine can give a negative cost per token: noise)
 MIN_T = 2.0
+#: an idle gap of the GPU this long or longer is the host pausing it (see the module docstring)
+LONG_GAP_US = 1000.0
+
+
+@dataclass(frozen=True)
+class DeviceIdle:
+    """A profiled window's device activity, from its intervals: the busy share of the window,
+    and the idle time a profiled step in gaps of LONG_GAP_US and more (``host_pause_ms``) and in
+    shorter ones (``launch_gap_ms``), with the longest gap."""
+
+    busy_frac: float
+    host_pause_ms: float
+    launch_gap_ms: float
+    longest_gap_ms: float
+
+
+def idle_gaps(intervals: Sequence[tuple[float, float]], window: tuple[float, float]) -> list[tuple[float, float]]:
+    """(start, length) of each stretch of ``window`` that no interval covers, in order: the
+    intervals (start, end) clipped to the window, overlapping work (several streams) counted
+    once; the idle time before the first and after the last interval included."""
+    lo, hi = window
+    if hi <= lo:
+        raise ValueError(f"empty window {window}")
+    gaps, end = [], lo
+    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi and e > s):
+        if s > end:
+            gaps.append((end, s - end))
+        end = max(end, e)
+    if hi > end:
+        gaps.append((end, hi - end))
+    return gaps
+
+
+def device_idle(intervals: Sequence[tuple[float, float]], window: tuple[float, float], steps: int) -> DeviceIdle:
+    """The DeviceIdle of ``intervals`` (start, end, microseconds) over ``window`` (see
+    idle_gaps), ``steps`` profiled steps (at least 1)."""
+    if steps < 1:
+        raise ValueError(f"{steps} profiled steps")
+    lo, hi = window
+    gaps = [g for _, g in idle_gaps(intervals, window)] or [0.0]
+    long = sum(g for g in gaps if g >= LONG_GAP_US)
+    return DeviceIdle(busy_frac=1.0 - sum(gaps) / (hi - lo), host_pause_ms=long / 1e3 / steps,
+                      launch_gap_ms=(sum(gaps) - long) / 1e3 / steps, longest_gap_ms=max(gaps) / 1e3)
 
 
 @dataclass(frozen=True)

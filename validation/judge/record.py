@@ -78,6 +78,7 @@ class Summary:
     nsa_ranges_found: float | None = None
     python_overhead_frac: float | None = None
     gpu_busy_frac: float | None = None
+    gpu_host_pause_ms: float | None = None
     cuda_graphs: float | None = None
     tokens_per_step: float | None = None
     model_flops_per_token: float | None = None

@@ -15,15 +15,16 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Callable
 
-from nsa.contract import TRAINING_CSV
+from nsa.contract import GPU_TIMELINE, PROFILE_JSON, TRAINING_CSV
 from nsa.provenance import SOURCE_STAMP, source_revision
 from validation import REPO_ROOT
 from validation.contract.adapters import ADAPTERS
 from validation.contract.adapters.base import RunFacts
 from validation.contract.files import tail
-from validation.contract.files import read_profile
+from validation.contract.files import read_gpu_timeline, read_profile
 from validation.errors import ArtifactError, HarnessError
 from validation.judge.metrics import RunData
+from validation.judge.pace import device_idle
 from validation.judge.record import TRAINER_KINDS
 from validation.launch import commands
 from validation.launch import foreign as trainer_launch
@@ -220,23 +221,45 @@ def preflight(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str],
     return runner.ProcResult(last.argv, 0 if not missing else 1, False, wall, last.stdout_path, last.stderr_path)
 
 
+#: how far the trainer's gpu_busy_frac may lie from the harness's own computation over the same
+#: timeline (both take the union of the same intervals: only rounding separates them)
+BUSY_CLAIM_TOLERANCE = 1e-3
+
+
 def profile(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress) -> runner.ProcResult:
     """A train run asked for a profile through the contract (``PhasePoint.env`` carries the
     request); the trainer's profile.json, when it wrote one, fills the profile metrics. One that
-    wrote none leaves them unmeasured (session/point.py says why)."""
+    wrote none leaves them unmeasured (session/point.py says why). Where it also left its GPU
+    timeline, the harness computes the GPU's busy share and idle gaps itself (judge/pace.py), and
+    a profile.json whose gpu_busy_frac disagrees with its own timeline is an error, not a verdict."""
     proc = train(point, out_dir, run, errors, progress)
+    read_profile_evidence(out_dir, run, errors)
+    return proc
+
+
+def read_profile_evidence(out_dir: Path, run: RunData, errors: list[str]) -> None:
+    """The profile metrics of the trainer's profile.json and GPU timeline into ``run.counts``
+    (and its top ops into ``run.info``); what is wrong with them into ``errors``."""
     try:
         found = read_profile(out_dir)
+        timeline = read_gpu_timeline(out_dir) if found is not None else None
     except ArtifactError as exc:
         errors.append(str(exc))
-        return proc
-    if found is not None:
-        run.counts.update({"profiled_steps": float(found.profiled_steps), "nsa_ranges_found": float(len(found.nsa_ranges)),
-                           "cuda_graphs": float(found.cuda_graphs)})
-        run.counts.update({k: v for k, v in (("gpu_busy_frac", found.gpu_busy_frac),
-                                             ("python_overhead_frac", found.python_overhead_frac)) if v is not None})
-        run.info["top_ops"] = found.top_ops
-    return proc
+        return
+    if found is None:
+        return
+    run.counts.update({"profiled_steps": float(found.profiled_steps), "nsa_ranges_found": float(len(found.nsa_ranges)),
+                       "cuda_graphs": float(found.cuda_graphs)})
+    run.counts.update({k: v for k, v in (("gpu_busy_frac", found.gpu_busy_frac),
+                                         ("python_overhead_frac", found.python_overhead_frac)) if v is not None})
+    run.info["top_ops"] = found.top_ops
+    if timeline is not None and found.profiled_steps > 0:
+        idle = device_idle(timeline.intervals_us, timeline.window_us, found.profiled_steps)
+        run.counts.update({"gpu_busy_frac": idle.busy_frac, "gpu_host_pause_ms": idle.host_pause_ms})
+        claimed = found.gpu_busy_frac
+        if claimed is not None and abs(claimed - idle.busy_frac) > BUSY_CLAIM_TOLERANCE:
+            errors.append(f"{PROFILE_JSON} says gpu_busy_frac {claimed:.4f}, its own {GPU_TIMELINE} gives "
+                          f"{idle.busy_frac:.4f}: the trainer's figure is not what its timeline shows")
 
 
 KINDS = {"train": train, "pytest": pytest_, "preflight": preflight, "profile": profile}

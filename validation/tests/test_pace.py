@@ -1,15 +1,26 @@
 """Who sets the pace (validation/judge/pace.py): the step-time fit and the host-bound finding it
-drives, on synthetic sweep records. (The GPU-busy share is the trainer's: tests/unit/test_train_profile.py.)"""
+drives, on synthetic sweep records; and the GPU's busy share and idle gaps of one profiled window,
+which the harness computes from the timeline a trainer leaves (and checks the trainer's own claim
+against)."""
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from nsa.contract import GPU_TIMELINE, PROFILE_JSON
 from validation.judge.findings import throughput as findings
-from validation.judge.pace import HOST_BOUND_FIXED_SHARE, fit_step_time
+from validation.judge.metrics import RunData
+from validation.judge.pace import HOST_BOUND_FIXED_SHARE, DeviceIdle, device_idle, fit_step_time
 from validation.judge.record import PhaseRecord, PointKey, Status, Summary
+from validation.launch.kinds import read_profile_evidence
+
+#: a timeline this project's trainer left on an H100 (nvtx, compiled, CUDA graphs; tests/unit)
+RECORDED = Path(__file__).resolve().parents[2] / "tests" / "unit" / "data" / "gpu_timeline_h100_compiled.json.gz"
 
 def _rec(phase, tokens, step_s, i, exit_code=0, accelerator="cuda"):
     return PhaseRecord(PointKey("rb", "cpu", phase, {"train.batch_size": i}), f"rb/cpu/{phase}/{i}", "train",
@@ -65,3 +76,62 @@ def test_old_records_without_tokens_per_step_use_toks_times_step_time():
         r.metrics = dataclasses.replace(r.metrics, tokens_per_step=None)
     assert findings.host_bound(recs)
     assert np.isclose(findings._tokens_per_step(recs[0]), FLAT[0][0])
+
+
+# --- device_idle: the GPU timeline of one profiled window -------------------------------------
+
+
+def test_device_idle_counts_overlaps_once_clips_and_splits_gaps_by_length():
+    # window 0..10,000 us over 2 steps; work [0,1000] and [500,4000] overlap (streams), then a
+    # 1,500 us pause, [5500,9990], and a 10 us tail
+    idle = device_idle([(500, 4000), (-50, 1000), (5500, 9990), (20_000, 30_000)], (0, 10_000), steps=2)
+    assert idle.busy_frac == pytest.approx((4000 + 4490) / 10_000)
+    assert idle.host_pause_ms == pytest.approx(1.5 / 2)  # the one gap of >= 1 ms, a step
+    assert idle.launch_gap_ms == pytest.approx(0.010 / 2)
+    assert idle.longest_gap_ms == pytest.approx(1.5)
+    assert device_idle([], (0, 3000), steps=1) == DeviceIdle(0.0, 3.0, 0.0, 3.0)  # nothing ran: one long gap
+    with pytest.raises(ValueError):
+        device_idle([], (5, 5), steps=1)
+
+
+def test_device_idle_agrees_with_the_trainers_busy_share_on_a_recorded_h100_timeline():
+    """A timeline our trainer recorded on an H100 (compiled, CUDA graphs): the harness's busy
+    share is the trainer's own (nsa/train/profile.py computes it from the same intervals)."""
+    with gzip.open(RECORDED, "rt") as fh:
+        data = json.load(fh)
+    idle = device_idle([tuple(iv) for iv in data["device_intervals_us"]], tuple(data["window_us"]), steps=10)
+    assert idle.busy_frac == pytest.approx(data["gpu_busy_frac"], abs=1e-9)
+    assert 0 < idle.host_pause_ms and 0 < idle.launch_gap_ms
+
+
+def _profile_files(out: Path, claimed: float | None, intervals, window=(0.0, 10_000.0), steps=2) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / PROFILE_JSON).write_text(json.dumps({
+        "contract_version": 2, "profiled_steps": steps, "first_step": 3, "wall_s": 0.01, "gpu_busy_frac": claimed,
+        "top_ops": [], "nsa_ranges": ["nsa.sel"], "python_overhead_frac": 0.5, "cuda_graphs": True, "device": "cuda"}))
+    with gzip.open(out / GPU_TIMELINE, "wt") as fh:
+        json.dump({"window_us": list(window), "device_intervals_us": [list(iv) for iv in intervals]}, fh)
+
+
+def test_the_harness_gates_on_its_own_busy_share_and_refuses_a_claim_the_timeline_contradicts(tmp_path):
+    """profile.json's gpu_busy_frac is the trainer's claim: the harness recomputes it from the
+    timeline the trainer left beside it (the metric the gate reads) and names a claim that does
+    not match as an error; a trainer that left no timeline is taken at its word."""
+    intervals = [(0, 4000), (5500, 10_000)]  # busy 0.85, one 1.5 ms pause over 2 steps
+    for claimed, errs in ((0.85, 0), (0.93, 1), (None, 0)):
+        run, errors = RunData(tmp_path / str(claimed)), []
+        _profile_files(run.out_dir, claimed, intervals)
+        read_profile_evidence(run.out_dir, run, errors)
+        assert run.counts["gpu_busy_frac"] == pytest.approx(0.85)
+        assert run.counts["gpu_host_pause_ms"] == pytest.approx(0.75)
+        assert len(errors) == errs, errors
+        if errs:
+            assert "says gpu_busy_frac 0.9300" in errors[0] and "gives 0.8500" in errors[0]
+    run, errors = RunData(tmp_path / "no_timeline"), []
+    _profile_files(run.out_dir, 0.93, intervals)
+    (run.out_dir / GPU_TIMELINE).unlink()
+    read_profile_evidence(run.out_dir, run, errors)
+    assert run.counts["gpu_busy_frac"] == 0.93 and "gpu_host_pause_ms" not in run.counts and not errors
+    (run.out_dir / GPU_TIMELINE).write_bytes(b"not gzip")
+    read_profile_evidence(run.out_dir, run, errors)
+    assert errors and "not a GPU timeline" in errors[0] and GPU_TIMELINE in errors[0]

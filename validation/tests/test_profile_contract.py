@@ -49,3 +49,22 @@ def test_a_trainer_that_ignores_the_request_is_unmeasured(tmp_path):
     assert rec.status == Status.UNMEASURED, (rec.status, rec.reason)
     assert "wrote no profile.json" in rec.reason and PROFILE_STEPS_ENV in rec.reason
     assert {g.verdict for g in rec.gates} == {GateVerdict.UNMEASURED}
+
+
+def test_the_harness_recomputes_the_gpu_busy_share_and_refuses_a_contradicted_claim(tmp_path, monkeypatch):
+    """A trainer's gpu_busy_frac is a claim: the harness gates on the busy share of the timeline
+    the trainer left beside it, reports the host's pauses, and a claim the timeline contradicts
+    makes the point an ERROR naming both figures, never a PASS on the claim."""
+    native = {"name": "native_test", "root": "tests/trainers", "script": "native_train.py",
+              "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"], "phases": ["train", "profile"]}
+    gates = [{"metric": "gpu_busy_frac", "op": ">=", "threshold": 0.4}]
+    phase = {"name": "nvtx", "kind": "profile", "steps": 4, "profile_steps": 3, "gates": gates}
+    for claim, status in (("0.5", Status.PASS), ("0.93", Status.ERROR)):
+        monkeypatch.setenv("TEST_TRAINER_BUSY_CLAIM", claim)
+        (tmp_path / claim).mkdir()
+        point = _point(tmp_path / claim, phase, native)
+        rec = AcceptanceSession(SessionOptions(tmp_path / claim / "res")).run_point(point)
+        assert rec.status == status, (rec.status, rec.reason)
+        assert rec.metrics.gpu_busy_frac == 0.5 and rec.metrics.gpu_host_pause_ms == 5.0
+        if status == Status.ERROR:
+            assert "says gpu_busy_frac 0.9300" in rec.reason and "gives 0.5000" in rec.reason

@@ -48,6 +48,8 @@ STEP_RANGE = "profile.step"
 NOT_OPS = ("profile.", "train.")
 TOP_OPS = 5
 TABLE_ROWS = 25
+#: heads the second table of profile_top_ops.txt on CUDA (the first is by device time)
+HOST_TABLE_HEADING = "By CPU time, ranges included (the host's side of the steps):"
 
 
 # --- the measurements, as plain functions over numbers and profiler events ----------------------
@@ -212,6 +214,8 @@ def summarize(window: Window, steps: int, first_step: int, graphed: bool,
         device=window.device.type,
     )
     table = events.table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total", row_limit=TABLE_ROWS)
+    if cuda:  # where a host-bound step's time goes: the host's side, ranges (train.*) included
+        table += f"\n\n{HOST_TABLE_HEADING}\n" + events.table(sort_by="cpu_time_total", row_limit=TABLE_ROWS)
     return profile, timeline, table
 
 

@@ -18,8 +18,8 @@ import torch
 from nsa import contract
 from nsa.train import loop
 from nsa.train.cli import run
-from nsa.train.profile import (STEP_RANGE, WINDOW_RANGE, Window, busy_fraction, device_intervals, nsa_attribution,
-                               profiled_window, summarize, write)
+from nsa.train.profile import (HOST_TABLE_HEADING, STEP_RANGE, WINDOW_RANGE, Window, busy_fraction, device_intervals,
+                               nsa_attribution, profiled_window, summarize, write)
 
 #: written by the harness's nvtx phase worker (validation/profile_phase.py: compile=True, 10
 #: CUDA-graph steps of m7c_125m at 2 rows x 2 micro-batches x S=2048) on an H100 on 2026-11-23
@@ -139,7 +139,7 @@ def test_summarize_on_cuda_events_and_the_files_it_writes(tmp_path):
     assert profile.nsa_ranges == ["_sel_fwd_kernel", "nsa::sel_fwd"]
     assert profile.python_overhead_frac == pytest.approx(0.5)  # 40 ms of aten in 80 ms of steps
     assert (profile.cuda_graphs, profile.device, profile.profiled_steps, profile.first_step) == (True, "cuda", 2, 7)
-    assert table == "table by self_cuda_time_total, 25 rows"
+    assert table == f"table by self_cuda_time_total, 25 rows\n\n{HOST_TABLE_HEADING}\ntable by cpu_time_total, 25 rows"
 
     names = write(tmp_path, profile, timeline, table)
     assert names == [contract.PROFILE_JSON, contract.PROFILE_TOP_OPS, contract.GPU_TIMELINE]

@@ -64,15 +64,27 @@ def _rss_bytes() -> tuple[float, float]:
 def memory_gb(device: torch.device) -> dict[str, float]:
     """Allocated / reserved / peak-allocated CUDA memory in GiB; on CPU the process's resident set
     (allocated = reserved = RSS now, peak = peak RSS), so the memory gates measure something there
-    too (they once passed on constant zeros)."""
+    too (they once passed on constant zeros).
+
+    On CUDA from one read of the allocator's counters (``torch.cuda.memory_stats_as_nested_dict``):
+    torch.cuda.memory_allocated, memory_reserved and max_memory_allocated each build and flatten the
+    whole statistics dict in Python, and every stage's heartbeat reads this. On one H100 at the
+    seeds' production shape (CUDA-graph steps) those three calls at each stage took about 4% of
+    the steps' host time, most of it while the GPU waited for the next step (py-spy,
+    bench/gpu/host_stacks.sh; docs/performance.md, seventeenth set)."""
     if device.type != "cuda":
         rss, peak = _rss_bytes()
         return {"mem_alloc_gb": rss / GB, "mem_reserved_gb": rss / GB, "mem_peak_gb": peak / GB}
-    return {
-        "mem_alloc_gb": torch.cuda.memory_allocated(device) / GB,
-        "mem_reserved_gb": torch.cuda.memory_reserved(device) / GB,
-        "mem_peak_gb": torch.cuda.max_memory_allocated(device) / GB,
-    }
+    return cuda_memory_gb(torch.cuda.memory_stats_as_nested_dict(device))
+
+
+def cuda_memory_gb(stats: dict[str, Any]) -> dict[str, float]:
+    """memory_gb's figures from the allocator's nested statistics (zeros before the allocator has
+    counted anything, as torch.cuda.memory_allocated gives)."""
+    allocated = stats.get("allocated_bytes", {}).get("all", {})
+    reserved = stats.get("reserved_bytes", {}).get("all", {})
+    return {"mem_alloc_gb": allocated.get("current", 0) / GB, "mem_reserved_gb": reserved.get("current", 0) / GB,
+            "mem_peak_gb": allocated.get("peak", 0) / GB}
 
 
 def gpu_util(device: torch.device) -> tuple[float | None, str]:

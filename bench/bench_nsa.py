@@ -308,7 +308,7 @@ def sweep(shapes, only=()):
                               + " ".join(f"{a} {b:.3f}" for a, b in split.items()))
                 except Exception as e:
                     t = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
-                print(f"# sweep {name} {label} {tune.as_arg()}: {t}", flush=True)
+                print(f"# sweep {name} {label} {tune.as_arg() or 'defaults'}: {t}", flush=True)
         x = q = do = lse = idx = None  # free this shape's tensors before the next one
         torch.cuda.empty_cache()
 

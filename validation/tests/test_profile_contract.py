@@ -68,3 +68,22 @@ def test_the_harness_recomputes_the_gpu_busy_share_and_refuses_a_contradicted_cl
         assert rec.metrics.gpu_busy_frac == 0.5 and rec.metrics.gpu_host_pause_ms == 5.0
         if status == Status.ERROR:
             assert "says gpu_busy_frac 0.9300" in rec.reason and "gives 0.5000" in rec.reason
+
+
+def test_a_failed_busy_gate_names_the_hosts_pauses(tmp_path, monkeypatch):
+    """Below its busy-share gate, the finding says how long the GPU waited on the host a step and
+    where the host's side of the profile is."""
+    from validation.judge.findings.failures import failed_gates
+
+    native = {"name": "native_test", "root": "tests/trainers", "script": "native_train.py",
+              "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"], "phases": ["train", "profile"]}
+    monkeypatch.setenv("TEST_TRAINER_BUSY_CLAIM", "0.5")
+    point = _point(tmp_path, {"name": "nvtx", "kind": "profile", "steps": 4, "profile_steps": 3,
+                              "gates": [{"metric": "gpu_busy_frac", "op": ">=", "threshold": 0.8}]}, native)
+    rec = AcceptanceSession(SessionOptions(tmp_path / "res")).run_point(point)
+    assert rec.status == Status.FAIL, (rec.status, rec.reason)
+    (finding,) = failed_gates([rec])
+    assert "gpu_busy_frac = 0.5" in finding.title
+    assert any(d.endswith("idle 5.00 ms a profiled step in gaps of 1 ms or more: the host pausing it (a sync, an "
+                          "optimizer's launches, loading data)") for d in finding.detail), finding.detail
+    assert "profile_top_ops.txt" not in rec.evidence.files  # this trainer writes no table: none is named

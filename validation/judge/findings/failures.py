@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from nsa.contract import PROFILE_TOP_OPS
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import root_rank
 from validation.judge.findings import stability
@@ -214,6 +215,12 @@ def failed_gates(records: list[PhaseRecord]) -> list[Finding]:
             detail = [g.description] if g.description else []
             if r.kind == "train":
                 detail.append(f"CSV: {r.out_dir}/training.csv")
+            pauses = r.metrics.gpu_host_pause_ms
+            if g.metric == "gpu_busy_frac" and pauses is not None:
+                table = (f"; the profiler's tables: {r.out_dir}/{PROFILE_TOP_OPS}" if PROFILE_TOP_OPS in r.evidence.files
+                         else "")
+                detail.append(f"the GPU sat idle {pauses:.2f} ms a profiled step in gaps of 1 ms or more: the host "
+                              f"pausing it (a sync, an optimizer's launches, loading data){table}")
             out.append(Finding(Severity.CRITICAL, r.phase, f"gate failed in {where(r)}: {g.text()}", detail, "gate",
                                Facts.of(r)))
     return out

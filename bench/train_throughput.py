@@ -36,7 +36,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from nsa.model import NSATransformer, backend_report  # noqa: E402
 from nsa.train.config import load_run_config  # noqa: E402
-from nsa.train.optim import build_optimizer  # noqa: E402
+from nsa.train.optim import build_optimizer, fused_adamw  # noqa: E402
 from nsa.train.graphs import StepGraph  # noqa: E402
 from nsa.train.parallelize import apply_activation_checkpointing, apply_compile  # noqa: E402
 from nsa.train.profile import busy_fraction, device_events, device_intervals  # noqa: E402
@@ -67,7 +67,7 @@ def _run_cell(kind, cfg, batch, seq_len, args, device, stream) -> dict:
         apply_activation_checkpointing(model)
     if tc.compile:
         apply_compile(model, device, torch.bfloat16 if tc.dtype == "bfloat16" else torch.float32)
-    opt = build_optimizer(model, tc)
+    opt = build_optimizer(model, tc, fused_adamw(tc.fused_adamw, device))
     dtype = torch.bfloat16 if tc.dtype == "bfloat16" else None
     x = torch.randint(0, cfg.model.vocab_size, (batch, seq_len + 1), device=device)
     batches = [(x[:, :-1], x[:, 1:])] * tc.grad_accum

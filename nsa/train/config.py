@@ -24,6 +24,7 @@ DIST_MODES = ("auto", "single", "ddp", "fsdp")
 DTYPES = ("float32", "bfloat16")
 COMPRESS = ("none", "bf16", "fp16")
 GRAPH_SETTINGS = ("auto", "on", "off")
+FUSED_SETTINGS = ("auto", "on", "off")
 _BOOL_SPELLINGS = {"1": "on", "true": "on", "yes": "on", "0": "off", "false": "off", "no": "off"}
 
 
@@ -58,8 +59,13 @@ class TrainConfig:
     """Non-reentrant checkpointing of every block (works under DDP and FSDP2)."""
     compile: bool = False
     """torch.compile each block."""
-    fused_adamw: bool = False
-    """Fused AdamW kernel (env NSA_OPT_FUSED)."""
+    fused_adamw: str = "auto"
+    """AdamW's kernels (env NSA_OPT_FUSED): auto (the fused kernel on CUDA, the foreach kernels
+    elsewhere), on, off; 1/0 and true/false mean on/off. On one H100 at the seeds' production shape,
+    compiled with CUDA-graph steps, the foreach kernels' launches left the GPU idle 7.9 ms a step
+    against 0.4 with the fused kernel (busy 0.79 against 0.91, step 52.3 against 42.6 ms;
+    docs/performance.md, seventeenth set). The seed ran the foreach kernels and made fused AdamW
+    an optional A/B, which its runbook's fused_adamw phase still sweeps; env.json records which ran."""
     cuda_graphs: str = "auto"
     """Replay each step's forward and backward as one CUDA graph (env NSA_CUDA_GRAPHS): auto (on
     where it works, eager with the reason recorded in env.json elsewhere: CPU, FSDP2, fault
@@ -112,6 +118,11 @@ class TrainConfig:
         self.cuda_graphs = _BOOL_SPELLINGS.get(spelled, spelled)
         if self.cuda_graphs not in GRAPH_SETTINGS:
             raise ValueError(f"train.cuda_graphs must be one of {GRAPH_SETTINGS} (or 1/0), got {self.cuda_graphs!r}")
+        spelled = str(self.fused_adamw).strip().lower()
+        self.fused_adamw = _BOOL_SPELLINGS.get(spelled, spelled)
+        if self.fused_adamw not in FUSED_SETTINGS:
+            raise ValueError(f"train.fused_adamw must be one of {FUSED_SETTINGS} (or 1/0, true/false), "
+                             f"got {self.fused_adamw!r}")
         if self.device not in ("auto", "cuda", "cpu"):
             raise ValueError(f"train.device must be auto, cuda or cpu, got {self.device!r}")
 

@@ -34,7 +34,7 @@ from .data import Loader, build_source
 from .distributed import all_gather_stats, barrier, init_distributed, teardown
 from .faults import FaultInjector
 from .interrupt import EXIT_INTERRUPTED, CtrlC
-from .optim import build_optimizer, lr_at, set_lr
+from .optim import build_optimizer, fused_adamw, lr_at, set_lr
 from .parallelize import parallelize, set_grad_sync
 from .profile import ProfileStatus, cuda_kernel_names, profiled_window, summarize
 from .profile import write as write_profile
@@ -113,7 +113,8 @@ class Trainer:
             self.log(f"[model] {self.model.num_params():,} parameters; dist mode {info.mode}, "
                      f"world {info.world_size}, device {self.device}, backend {info.backend}")
             self.wrapped = parallelize(self.model, cfg, info, self.log)
-            self.optimizer = build_optimizer(self.wrapped, cfg.train)
+            self.fused_adamw = fused_adamw(cfg.train.fused_adamw, self.device)
+            self.optimizer = build_optimizer(self.wrapped, cfg.train, self.fused_adamw)
             self.watchdog.beat(0, "setup")
 
             self.step, data_position, self.resumed_from = 0, 0, None
@@ -242,6 +243,7 @@ class Trainer:
                             "note": self.events.note},
             "memory_source": memory_source(self.device),
             "gpu_util_note": self.telemetry.util_reason,
+            "optimizer": {"name": "AdamW", "fused_setting": cfg.train.fused_adamw, "fused": self.fused_adamw},
             "cuda_graphs": {"setting": self.graph_plan.setting, "enabled": self.graph_plan.enabled,
                             "reason": self.graph_plan.reason, "warmup_steps": self.graph_plan.warmup_steps,
                             "captured": self.graphed, "note": self.graph_note},

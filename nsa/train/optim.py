@@ -23,7 +23,13 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
 
 
-def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+def fused_adamw(setting: str, device: torch.device) -> bool:
+    """Whether AdamW runs its fused kernel: train.fused_adamw on / off, or auto: on CUDA (see
+    TrainConfig.fused_adamw)."""
+    return setting == "on" or (setting == "auto" and device.type == "cuda")
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig, fused: bool) -> torch.optim.AdamW:
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
@@ -31,7 +37,7 @@ def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    kwargs = {"fused": True} if cfg.fused_adamw else {}
+    kwargs = {"fused": True} if fused else {}
     return torch.optim.AdamW(groups, lr=lr_at(0, cfg), betas=(cfg.beta1, cfg.beta2), **kwargs)
 
 

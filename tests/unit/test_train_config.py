@@ -74,7 +74,7 @@ def test_env_toggle_overrides_config_and_is_recorded():
     env = {"NSA_DDP_BUCKET_MB": "50", "NSA_OPT_FUSED": "1", "NSA_PREFILL_BATCHED": "1",
            "NCCL_ALGO": "Ring", "HOME": "/root"}
     cfg, res = load_run_config("tiny", "dist.ddp_bucket_mb=25", env=env)
-    assert cfg.dist.ddp_bucket_mb == 50 and cfg.train.fused_adamw is True
+    assert cfg.dist.ddp_bucket_mb == 50 and cfg.train.fused_adamw == "on"
     assert res.env_applied["NSA_DDP_BUCKET_MB"] == {"key": "dist.ddp_bucket_mb", "value": "50"}
     assert set(res.noop_toggles) == {"NSA_PREFILL_BATCHED"}
     assert res.env_seen == {"NSA_DDP_BUCKET_MB": "50", "NSA_OPT_FUSED": "1",
@@ -144,3 +144,15 @@ def test_an_out_dir_with_a_space_reaches_the_trainer_whole(tmp_path: Path):
     assert main(["--config", "tiny", "--steps", "2", "--out-dir", str(out),
                  "--override", "train.seq_len=32 model.n_layers=1 data.dataset=synthetic train.save_final=false"]) == 0
     assert len((out / "training.csv").read_text().splitlines()) == 3
+
+
+@pytest.mark.parametrize("given,setting", [("true", "on"), ("1", "on"), ("False", "off"), ("0", "off"),
+                                           ("auto", "auto"), ("on", "on")])
+def test_fused_adamw_spellings(given, setting):
+    cfg, _ = load_run_config("tiny", f"train.fused_adamw={given}", env={})
+    assert cfg.train.fused_adamw == setting
+
+
+def test_fused_adamw_refuses_other_words():
+    with pytest.raises(ConfigError, match=r"train.fused_adamw must be one of \('auto', 'on', 'off'\)"):
+        load_run_config("tiny", "train.fused_adamw=sometimes", env={})

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from nsa import contract
 from nsa.train.cli import main, run
@@ -286,8 +287,22 @@ def test_injected_oom_is_reported_with_a_memory_file(tmp_path: Path):
 def test_bf16_autocast_and_fused_adamw_toggle(tmp_path: Path):
     assert train(tmp_path, "train.dtype=bfloat16", steps=2, env={"NSA_OPT_FUSED": "1"}) == 0
     envj = json.loads((tmp_path / "env.json").read_text())
-    assert envj["config"]["train"]["fused_adamw"] is True and envj["env_toggles"]["NSA_OPT_FUSED"]
+    assert envj["config"]["train"]["fused_adamw"] == "on" and envj["env_toggles"]["NSA_OPT_FUSED"]
+    assert envj["optimizer"] == {"name": "AdamW", "fused_setting": "on", "fused": True}
     assert all(math.isfinite(float(r["loss"])) for r in csv_rows(tmp_path))
+
+
+def test_fused_adamw_auto_is_fused_on_cuda_only(tmp_path: Path):
+    """The default, auto: the foreach kernels on the CPU (env.json says which ran), the fused kernel
+    on CUDA; on and off are taken as they are anywhere."""
+    from nsa.train.optim import fused_adamw
+
+    assert train(tmp_path, steps=1) == 0
+    envj = json.loads((tmp_path / "env.json").read_text())
+    assert envj["optimizer"] == {"name": "AdamW", "fused_setting": "auto", "fused": False}
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert [fused_adamw(s, cuda) for s in ("auto", "on", "off")] == [True, True, False]
+    assert [fused_adamw(s, cpu) for s in ("auto", "on", "off")] == [False, True, False]
 
 
 def test_resume_csv_rewrite_is_atomic_and_a_bad_header_is_a_checkpoint_error(tmp_path):

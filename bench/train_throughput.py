@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     tc = cfg.train
     print(f"# config {args.config}: dim {cfg.model.dim}, {cfg.model.n_layers} layers, dtype {tc.dtype}, "
           f"grad_accum {tc.grad_accum}, activation_checkpointing {tc.activation_checkpointing}, "
-          f"compile {tc.compile}, fused_adamw {tc.fused_adamw}, cuda_graphs {args.cuda_graphs}; "
+          f"compile {tc.compile}, fused_adamw {tc.fused_adamw} (fused: {fused_adamw(tc.fused_adamw, device)}), cuda_graphs {args.cuda_graphs}; "
           f"{args.warmup} warm-up + {args.steps} timed steps")
     kinds = list(dict.fromkeys(args.kinds + (["dense"] if args.baseline else [])))
     rows = []

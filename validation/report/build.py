@@ -20,7 +20,7 @@ from typing import Any
 import jinja2
 
 from validation import DEFAULT_RESULTS_DIR, REPO_ROOT, TEMPLATE_DIR
-from validation.judge.findings import find
+from validation.judge.findings import find, planned_longest
 from validation.judge.findings.advice import recommendations
 from validation.judge.findings.finding import Finding, Severity, where
 from validation.judge.gates import Pending
@@ -166,8 +166,8 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         threshold = profile.thresholds.get(baseline_cmp.REGRESSION_KEY) if profile else None
         base_records = baseline_cmp.load(baseline, results_dir, runbook_name, profile_name)
         comparison = baseline_cmp.compare(records, base_records, baseline, threshold)
-    findings = find(records, comparison.findings() if comparison else None,
-                    profile.thresholds if profile else None)
+    findings = find(records, comparison.findings() if comparison else None, profile.thresholds if profile else None,
+                    planned_longest((p.phase.name, p.params) for p in points) if points is not None else None)
     status, why = status_of(records, missing, findings)
     hw = next((r.hardware for r in records if r.hardware), None)
     sha = next((r for r in records if r.git_sha), None)

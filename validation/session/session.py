@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 from validation import checkout_problem
 from validation.errors import HarnessError
-from validation.judge.findings import CROSS_POINT, Finding, Severity, find
+from validation.judge.findings import CROSS_POINT, Finding, Severity, find, planned_longest
 from validation.judge.record import PhaseRecord, Status
 from validation.launch.process import ABORT
 from validation.machine import Machine, detect
@@ -249,7 +249,9 @@ class AcceptanceSession:
             stored = baseline_store.load(base, self.results_dir, *pair)
             extra = baseline_store.compare(records, stored, base,
                                            profile.thresholds.get(baseline_store.REGRESSION_KEY)).findings()
-        cross = [f for f in find(records, thresholds=profile.thresholds if profile else None)
+        longest = planned_longest((p.phase.name, p.params) for p in self.points()
+                                  if (p.runbook.name, p.profile.name) == pair)
+        cross = [f for f in find(records, thresholds=profile.thresholds if profile else None, longest=longest)
                  if f.severity == Severity.CRITICAL and f.kind in CROSS_POINT]
         return cross + [f for f in extra if f.severity == Severity.CRITICAL], len(records)
 

@@ -3,20 +3,26 @@ length and the speed-up at the longest length, from a sweep that crosses model.a
 train.seq_len; the profile's min_long_context_speedup makes a shortfall critical."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from validation.judge.findings import CROSS_POINT, Severity, find
-from validation.judge.findings.long_context import MIN_SPEEDUP_KEY, crossover, pairs
+from validation.judge.findings.long_context import MIN_SPEEDUP_KEY, crossover, pairs, planned_longest
 from validation.judge.record import Evidence, PhaseRecord, PointKey, Status, Summary
+from validation.report.build import build_context
+from validation.runbook.load import load_profile, load_runbook
+from validation.store.results import ResultStore
 
 #: measured 2026-11-24 on one H100 (docs/performance.md, thirteenth set), tok/s: (NSA, dense)
 H100 = {4096: (126_589, 196_172), 16384: (147_112, 166_967), 32768: (149_038, 119_696), 65536: (139_955, 76_215)}
 
 
-def _records(measured: dict[int, tuple[float, float]]) -> list[PhaseRecord]:
+def _records(measured: dict[int, tuple[float, float]], runbook: str = "lc") -> list[PhaseRecord]:
     out = []
     for i, (seq, toks) in enumerate(measured.items()):
         for j, (kind, value) in enumerate(zip(("nsa", "dense"), toks)):
             params = {"train.seq_len": seq, "model.attn.kind": kind}
-            out.append(PhaseRecord(PointKey("lc", "h100", "long_context", params), f"lc/h100/long_context/{seq}{kind}",
+            out.append(PhaseRecord(PointKey(runbook, "h100", "long_context", params),
+                                   f"{runbook}/h100/long_context/seq_len={seq},kind={kind}",
                                    "train", Status.PASS, "", sweep_index=2 * i + j, params_order=list(params),
                                    exit_code=0, steps=12, metrics=Summary(toks_per_s_mean=value, mem_reserved_gb_max=40.0),
                                    evidence=Evidence(loss_last=3.0)))
@@ -53,3 +59,44 @@ def test_a_sweep_across_attention_kinds_is_no_throughput_cliff():
     """Dense at 64k runs at a fraction of NSA at 4k by design; that is no cliff of one model."""
     steep = _records({4096: (400_000.0, 400_000.0), 65536: (50_000.0, 20_000.0)})
     assert not [f for f in find(steep) if f.kind == "cliff"]
+
+
+def test_the_speedup_check_waits_for_the_sweeps_longest_length():
+    """A partial run (the 64k points cut off by a time limit, 2026-11-25 on one H100) must not be
+    judged at 32k against a threshold meant for the sweep's longest length: no critical finding,
+    the report stays INCOMPLETE until 64k is measured."""
+    partial = _records({k: v for k, v in H100.items() if k < 65536})
+    (waiting,) = [f for f in find(partial, thresholds={MIN_SPEEDUP_KEY: 1.5}, longest={"long_context": 65536})
+                  if f.kind == "long_context"]
+    assert waiting.severity == Severity.INFO
+    assert waiting.title == ("long context in long_context: NSA is faster from S=32,768 on; 1.25x dense at "
+                             "S=32,768; the profile's min_long_context_speedup 1.5 is checked at S=65,536, not measured")
+    # the sweep's longest length measured: judged as before
+    (short,) = [f for f in find(_records(H100), thresholds={MIN_SPEEDUP_KEY: 2.5}, longest={"long_context": 65536})
+                if f.kind == "long_context"]
+    assert short.severity == Severity.CRITICAL
+    # a dense point at 64k that measured no tokens/s leaves the check unjudged too
+    unmeasured = _records(H100)
+    unmeasured[-1] = replace(unmeasured[-1], metrics=Summary(toks_per_s_mean=None))
+    (waiting,) = [f for f in find(unmeasured, thresholds={MIN_SPEEDUP_KEY: 2.5}, longest={"long_context": 65536})
+                  if f.kind == "long_context"]
+    assert waiting.severity == Severity.INFO and waiting.title.endswith("checked at S=65,536, not measured")
+
+
+def test_the_planned_longest_length_of_each_phase():
+    assert planned_longest([("lc", {"train.seq_len": 4096, "model.attn.kind": "nsa"}),
+                            ("lc", {"train.seq_len": 65536, "model.attn.kind": "dense"}),
+                            ("single", {"train.seq_len": 131072}),
+                            ("other", {})]) == {"lc": 65536}
+
+
+def test_a_report_of_a_partial_sweep_is_incomplete_not_no_go(tmp_path):
+    """The report of long_context_h100 with its 64k points not run: INCOMPLETE, the finding INFO."""
+    store = ResultStore(tmp_path)
+    store.put_many(_records({k: v for k, v in H100.items() if k < 65536}, runbook="long_context_h100"))
+    ctx = build_context(tmp_path, "long_context_h100", "h100", runbook=load_runbook("long_context_h100"),
+                        profile=load_profile("h100"), now="2026-11-25 19:31 UTC")
+    assert ctx["verdict"] == "INCOMPLETE", ctx["status_reason"]
+    assert ctx["status_reason"] == "2 point(s) not run"
+    (finding,) = [f for f in ctx["findings"] if f.kind == "long_context"]
+    assert finding.severity == Severity.INFO and finding.title.endswith("checked at S=65,536, not measured")

@@ -22,7 +22,7 @@ from validation.judge.findings.failures import (
     stalls,
 )
 from validation.judge.findings.finding import Finding, Severity, point_label, where
-from validation.judge.findings.long_context import long_context
+from validation.judge.findings.long_context import long_context, planned_longest
 from validation.judge.findings.nodes import nodes
 from validation.judge.findings.resume import not_equivalent
 from validation.judge.findings.stability import divergence, spikes
@@ -42,13 +42,16 @@ _ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 
 def find(records: list[PhaseRecord], extra: list[Finding] | None = None,
-         thresholds: Mapping[str, float | None] | None = None) -> list[Finding]:
+         thresholds: Mapping[str, float | None] | None = None, longest: Mapping[str, int] | None = None
+         ) -> list[Finding]:
     """Every detector's findings, and ``extra`` ones found elsewhere (a baseline comparison),
     critical first. ``thresholds``: the profile's, for the checks across points that have one
-    (long context's speed-up)."""
-    out = [f for detect in DETECTORS for f in detect(records)] + long_context(records, thresholds)
+    (long context's speed-up, judged at ``longest``: long_context.planned_longest of the runbook's
+    points, when known)."""
+    out = [f for detect in DETECTORS for f in detect(records)] + long_context(records, thresholds, longest)
     out += list(extra or [])
     return sorted(out, key=lambda f: _ORDER[f.severity])
 
 
-__all__ = ["CROSS_POINT", "DETECTORS", "Finding", "Severity", "find", "point_label", "recommendations", "where"]
+__all__ = ["CROSS_POINT", "DETECTORS", "Finding", "Severity", "find", "planned_longest", "point_label",
+           "recommendations", "where"]

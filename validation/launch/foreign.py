@@ -60,6 +60,21 @@ def build(point: PhasePoint, spec: TrainerSpec, root: Path, out_dir: Path, train
     return Launch(entry, args, commands.child_env(env, root=root), root, {**env, "PYTHONPATH": str(root)})
 
 
+def missing_file(spec: TrainerSpec, root: Path) -> str | None:
+    """Why a file the trainer's command names (its script, its config template) is not there,
+    or None. Checked before a point runs: a misspelt path is no run of the trainer, and its
+    record must not replace one that is."""
+    named = [("trainer.script", spec.entry[0])] if spec.entry[0] != "-m" else []
+    if spec.config is not None:
+        named.append(("trainer.config.template", spec.config.template))
+    for key, rel in named:
+        try:
+            _inside(root, rel, key)
+        except RunbookError as exc:
+            return str(exc)
+    return None
+
+
 def revision(root: Path, out_dir: Path, log_name: str) -> tuple[str | None, str]:
     """The commit of the tree at ``root`` (git describe there, or its SOURCE_SHA stamp)."""
     def git(*args: str) -> str | None:

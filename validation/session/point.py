@@ -22,7 +22,7 @@ from pathlib import Path
 
 from validation.errors import StoreError
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status, utc_now
-from validation.launch import slurm
+from validation.launch import foreign, slurm
 from validation.machine import Machine
 from validation.runbook.hardware import mismatches, shortfalls
 from validation.runbook.plan import PhasePoint
@@ -32,13 +32,15 @@ from validation.store.results import ResultStore
 
 
 def cannot_launch(point: PhasePoint) -> str | None:
-    """Why the point's trainer cannot start here at all (its root not set or not a directory,
-    this project's trainer module not importable), or None. Such a point is no record: it says
-    nothing about the trainer, and must not replace one that does."""
+    """Why the point's trainer cannot start here at all (its root not set or not a directory, its
+    script or config template not in it, this project's trainer module not importable), or None.
+    Such a point is no record: it says nothing about the trainer, and must not replace one that does."""
     spec = point.runbook.trainer
     if spec is not None:
-        runs = point.phase.kind in TRAINER_KINDS and spec.supports_phase(point.phase.kind)
-        return spec.root.resolve()[1] or None if runs else None
+        if point.phase.kind not in TRAINER_KINDS or not spec.supports_phase(point.phase.kind):
+            return None
+        root, why = spec.root.resolve()
+        return why or foreign.missing_file(spec, root)
     if point.phase.kind not in TRAINER_KINDS:
         return None
     name = point.phase.launcher.module

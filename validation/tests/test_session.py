@@ -102,6 +102,22 @@ def test_a_point_that_cannot_launch_leaves_the_stored_record_and_its_run_directo
     assert kept.run_id == stored.run_id and kept.status == Status.PASS and (res / kept.out_dir).is_dir()
 
 
+def test_a_trainer_script_that_is_not_there_leaves_the_stored_record_and_its_run_directory(tmp_path, capsys):
+    """A runbook's trainer.script misspelt (or its file gone) replaced the stored PASS with an
+    ERROR record, deleted its run directory and exited 1 (NO-GO) instead of 2."""
+    rb = _runbook(tmp_path / "rb.yaml", [_phase("single")])
+    res = tmp_path / "res"
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-plots"]) == 0
+    (stored,) = ResultStore(res).records()
+    _runbook(rb, [_phase("single")], trainer={**NATIVE, "script": "native_trian.py"})
+    capsys.readouterr()
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot launch here, nothing was run" in err and "trainer.script: 'native_trian.py'" in err, err
+    (kept,) = ResultStore(res).records()
+    assert kept.run_id == stored.run_id and kept.status == Status.PASS and (res / kept.out_dir).is_dir()
+
+
 def test_a_runbook_whose_trainer_cannot_launch_leaves_no_records_to_spoil_a_later_report(tmp_path):
     """`pytest -m cpu_profile` also selected seed_trainer_cpu (its root unset): its SKIP records made
     a later `nsa-validate report` INCOMPLETE (exit 3) after a GO run."""

@@ -14,7 +14,7 @@ import pytest
 
 from validation.contract.stacks import Frame, StackDump, TakenStack, parse_pyspy, read_index
 from validation.judge.findings import find, recommendations
-from validation.judge.record import Evidence, PhaseRecord, PointKey, Status
+from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 from validation.launch import stacks
 from validation.launch.tree import ProcessTree
 
@@ -108,6 +108,37 @@ def test_a_process_of_unknown_rank_is_named_so_never_given_a_rank():
     assert "rank unknown (pid 4343): no stack dump [py-spy could not take its stack (exit 1: Error)]" in text
     assert "rank unknown: stack (stackdump_unranked0.txt): <module> (w/train.py:3) [rank unknown: the trainer" in text
     assert "rank 1" not in text
+
+
+_HUNG = [Frame("/u/train.py", 94, "main"), Frame("/u/train.py", 136, "<module>")]
+
+
+@pytest.mark.parametrize("waiting", [
+    [Frame("/v/torch/autograd/graph.py", 979, "_engine_run_backward"), Frame("/u/train.py", 99, "main")],
+    [Frame("/v/torch/distributed/distributed_c10d.py", 2900, "all_reduce"), Frame("/u/train.py", 99, "main")],
+])
+def test_a_stall_names_the_hung_rank_apart_from_the_rank_waiting_for_it(waiting):
+    """Rank 1 hung in its own code in step 4 while rank 0 waited for it in the step's collective
+    (DDP's gradient all-reduce waits inside the autograd engine, whose C++ frames py-spy does not
+    show): the finding listed both alike, 'rank 0 in _engine_run_backward; rank 1 in main'."""
+    rec = _record(stackdumps={0: StackDump("harness_stacks/rank0.txt", waiting, source="py-spy"),
+                              1: StackDump("harness_stacks/rank1.txt", _HUNG, source="py-spy")},
+                  last_heartbeat={0: Beat(4, "backward"), 1: Beat(4, "forward")})
+    [stall] = find([rec])
+    assert stall.title.endswith(f": hung: rank 1 in main; waiting for it: rank 0 in {waiting[0].func}"), stall.title
+
+
+def test_a_stall_names_the_rank_behind_as_hung_when_every_stack_is_outside_a_collective():
+    """A rank waiting in a barrier of the trainer's own (no torch.distributed frame): the rank
+    whose heartbeats stopped a step earlier is the hung one; ranks hung alike are listed alike."""
+    spin = [Frame("/u/train.py", 50, "wait_for_peers")]
+    behind = _record(stackdumps={0: StackDump("harness_stacks/rank0.txt", spin, source="py-spy"),
+                                 1: StackDump("harness_stacks/rank1.txt", _HUNG, source="py-spy")},
+                     last_heartbeat={0: Beat(3, "optimizer"), 1: Beat(2, "optimizer")})
+    assert find([behind])[0].title.endswith(": hung: rank 1 in main; waiting for it: rank 0 in wait_for_peers")
+    alike = _record(stackdumps={r: StackDump(f"harness_stacks/rank{r}.txt", _HUNG, source="py-spy") for r in (0, 1)},
+                    last_heartbeat={r: Beat(3, "forward") for r in (0, 1)})
+    assert find([alike])[0].title.endswith(": rank 0 in main; rank 1 in main")
 
 
 def _seed_dump(path, func: str) -> None:

@@ -87,7 +87,7 @@ def test_torchrun_one_hung_rank_each_rank_named_with_its_own_stack(tmp_path):
     assert hung.stack(1)[0] == "stuck_here" and hung.stack(0)[0] == "wait_for_peers"
     for rank in (0, 1):  # the process dumped as rank R is the one torchrun gave RANK=R
         assert f"pid {taken[rank].pid}, rank {rank} (RANK)" in (hung.dir / taken[rank].path).read_text()
-    assert "rank 0 in wait_for_peers; rank 1 in stuck_here" in hung.finding
+    assert "hung: rank 1 in stuck_here; waiting for it: rank 0 in wait_for_peers" in hung.finding
     assert f"rank 1: last heartbeat step 2, stage optimizer; stack ({HARNESS_STACKS}/rank1.txt, py-spy)" in hung.finding
     assert "a rank inside a collective while another is elsewhere" in hung.advice()
 

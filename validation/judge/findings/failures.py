@@ -10,6 +10,7 @@ from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import root_rank
 from validation.judge.findings import stability
 from validation.judge.findings.finding import Facts, Finding, Severity, where, where_run
+from validation.judge.findings.hung import hung_ranks
 from validation.judge.findings.nodes import missing_node
 from validation.judge.gates import GateVerdict
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
@@ -111,7 +112,7 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
         how = (f"no progress for {r.stalled_s:.0f}s, stopped by the harness" if r.stalled_s is not None
                else "watchdog .HALT" if ev.halt is not None else f"killed at the {r.timeout_s:g}s timeout")
         notes = {(t.rank, t.pid if t.rank is None else None): t.note for t in ev.taken_stacks if t.note}
-        detail, stuck = [], []
+        detail, stuck = [], {}
         # the ranks something is known of (a heartbeat, a stack), and only ranks that exist: a rank
         # nothing is known of is not listed beside stacks of unknown rank that may be its own
         known = set(ev.last_heartbeat) | set(ev.stackdumps) | {t.rank for t in ev.taken_stacks if t.rank is not None}
@@ -131,20 +132,34 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
             detail.append("no heartbeats and no stack dumps were written")
         if 0 < len(stuck) < r.world_size:
             detail.append(f"stacks of {len(stuck)} of {r.world_size} ranks were recorded")
-        at = f": {'; '.join(stuck)}" if stuck else ": no stack was recorded"
+        at = _hung_first(r, stuck) or (f": {'; '.join(stuck.values())}" if stuck else ": no stack was recorded")
         out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail, "stall",
                            Facts.of(r)))
     return out
 
 
-def _stack(who: str, dump: StackDump | None, note: str | None, stuck: list[str]) -> str:
+def _hung_first(r: PhaseRecord, stuck: dict[str, str]) -> str | None:
+    """': hung: rank 1 in f; waiting for it: rank 0 in g' where the stacks and heartbeats of a
+    run of several ranks tell the hung ones from those that waited for them (findings/hung.py)."""
+    if r.world_size < 2:
+        return None
+    ranked = {k for k in r.evidence.stackdumps if f"rank {k}" in stuck}
+    hung = [k for k in hung_ranks(r.evidence.stackdumps, r.evidence.last_heartbeat) if k in ranked]
+    if not hung or set(hung) == ranked:
+        return None  # nothing tells them apart: every rank is listed alike
+    first = [stuck[f"rank {k}"] for k in hung]
+    rest = [v for v in stuck.values() if v not in first]
+    return f": hung: {'; '.join(first)}; waiting for {'it' if len(hung) == 1 else 'them'}: {'; '.join(rest)}"
+
+
+def _stack(who: str, dump: StackDump | None, note: str | None, stuck: dict[str, str]) -> str:
     """'stack (file): innermost <- outer frames [header]' for one process, adding where it was
     to ``stuck``; 'no stack dump' with the reason when there is none."""
     if dump and dump.frames:
         taken = "" if dump.source == "trainer" else f", {dump.source}"
         text = f"stack ({dump.path}{taken}): " + " <- ".join(
             f"{fr.func} ({_short(fr.file)}:{fr.line})" for fr in dump.frames[:4])
-        stuck.append(f"{who} in {dump.frames[0].func}")
+        stuck[who] = f"{who} in {dump.frames[0].func}"
     else:
         text = "no stack dump"
     if dump and dump.header:

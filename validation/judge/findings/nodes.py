@@ -8,14 +8,13 @@ import re
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import root_rank
 from validation.judge.findings.finding import Finding, Severity, where
+from validation.judge.findings.hung import hung_ranks
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import PhaseRecord
 
 #: torchrun's agent gave up on the rendezvous: the others never came (join timeout), or the store
 #: host never answered (read timeout)
 _GAVE_UP = re.compile(r"RendezvousTimeoutError|RendezvousConnectionError|DistNetworkError|RendezvousClosedError")
-#: a frame of a collective: the rank waits there for the others
-_COLLECTIVE = "torch/distributed/"
 #: a node is a straggler when its ranks come this share of a step late (and at least STRAGGLER_MIN_S)
 STRAGGLER_SHARE = 0.25
 STRAGGLER_MIN_S = 0.05
@@ -109,8 +108,7 @@ def missing_node(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
 
 
 def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
-    """A stalled run: the ranks whose stacks are outside the collectives (else the ranks furthest
-    behind) are the hung ones; the others waited for them."""
+    """A stalled run: the hung ranks (findings/hung.py) and their nodes; the others waited for them."""
     if r.stalled_s is None and not r.timed_out:
         return None
     stacks = r.evidence.stackdumps
@@ -118,12 +116,7 @@ def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     ranks = sorted(set(stacks) | set(beats))
     if not ranks:
         return None
-    outside = [k for k in ranks if k in stacks and stacks[k].frames and not _in_collective(stacks[k])]
-    if outside:
-        hung = outside
-    else:
-        steps = {k: beats[k].step for k in ranks if k in beats and beats[k].step is not None}
-        hung = [k for k in steps if steps[k] == min(steps.values())] if steps and len(set(steps.values())) > 1 else []
+    hung = hung_ranks(stacks, beats)
     if not hung:
         return None
     how = f"no progress for {r.stalled_s:.0f} s" if r.stalled_s is not None else f"the {r.timeout_s:g} s timeout"
@@ -174,10 +167,6 @@ def _stragglers(r: PhaseRecord, ev: NodesEvidence) -> list[Finding]:
                 f"stages {_ms(n.lateness_s)} after the earliest rank ({n.lateness_s / step:.0%} of the {_ms(step)} "
                 f"step); the other nodes wait for it"), _lines(r, ev), "straggler"))
     return out
-
-
-def _in_collective(dump: StackDump) -> bool:
-    return any(_COLLECTIVE in fr.file.replace("\\", "/") for fr in dump.frames)
 
 
 def _where(dump: StackDump | None, beat) -> str:

@@ -33,6 +33,7 @@ from validation.session.session import (
     ExitStatus,
     Outcome,
     SessionOptions,
+    interrupted_note,
 )
 from validation.store import bless
 from validation.store.goldens import GoldenFile
@@ -268,9 +269,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _interrupted(signum: int) -> int:
-    print(f"nsa-validate: interrupted ({signal.Signals(signum).name}): running trainers killed; the interrupted "
-          "point was not recorded (its earlier record and artifacts are kept), and the report shows the points "
-          "finished before", file=sys.stderr)
+    print(f"{interrupted_note(signum)}, and the report shows the points finished before", file=sys.stderr)
     return 128 + signum
 
 

@@ -45,7 +45,13 @@ from validation.errors import HarnessError
 from validation.judge.record import PhaseRecord, Status
 from validation.runbook.load import available, load_profile, load_runbook
 from validation.runbook.plan import PhasePoint
-from validation.session.session import MISMATCH_POLICIES, AcceptanceSession, NotLaunchable, SessionOptions
+from validation.session.session import (
+    MISMATCH_POLICIES,
+    AcceptanceSession,
+    NotLaunchable,
+    SessionOptions,
+    interrupted_note,
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -166,6 +172,7 @@ class AcceptancePlugin:
         self.config, self.session = config, session
         self.pairs: set[tuple[str, str]] = set()
         self.reports: list[str] = []
+        self.interrupted: str | None = None
         self.progress = _TerminalProgress(config)
         self._signals = contextlib.ExitStack()
 
@@ -240,9 +247,15 @@ class AcceptancePlugin:
             except HarnessError as exc:
                 self.reports.append(f"report for {pair[0]}/{pair[1]} not rendered: {exc}")
 
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo) -> None:
+        # pytest's own banner says only 'KeyboardInterrupt' (or 'Stopped: SIGTERM')
+        self.interrupted = interrupted_note(getattr(excinfo.value, "signum", signal.SIGINT))
+
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
         for line in self.reports:
             terminalreporter.write_line(f"nsa-validate report: {line}")
+        if self.interrupted:
+            terminalreporter.write_line(self.interrupted)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self._signals.close()

@@ -61,6 +61,12 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
+def interrupted_note(signum: int) -> str:
+    """What a session stopped by a signal did, as both doors say it."""
+    return (f"nsa-validate: interrupted ({signal.Signals(signum).name}): running trainers killed; the interrupted "
+            "point was not recorded (its earlier record and artifacts are kept)")
+
+
 class NotLaunchable(HarnessError):
     """A selected point cannot start on this machine (a trainer root not set, a module missing):
     nothing is run or stored for it."""

@@ -213,25 +213,40 @@ def test_torn_heartbeat_line(runs, tmp_path, matrix):
                 p.elapsed, 90.0)
 
 
-def _harness_verdict(d: Path) -> tuple[str, str]:
-    run = RunData(out_dir=d, world_size=1)
-    run.exit_code, run.timed_out = 0, False
+def _harness_verdict(d: Path, exit_code: int = 0) -> tuple[str, str]:
+    run = RunData(out_dir=d, world_size=1, steps_requested=STEPS)
+    run.exit_code, run.timed_out = exit_code, False
     errors: list[str] = []
     collect_train(run, errors)
     return verdict(Outcome.of_run("train", run, errors), [])
 
 
-def test_truncated_training_csv_is_error_naming_row(runs, tmp_path, matrix):
-    matrix.start("truncated training.csv (harness)", "a real run's training.csv cut mid-row",
-                 "ERROR naming training.csv, the row and the column")
+@pytest.mark.parametrize("cut", [30, 3])
+def test_truncated_training_csv_is_error_naming_the_cut_row(runs, tmp_path, matrix, cut):
+    """Cut mid-row: 30 bytes leave an empty column, 3 bytes a last value cut short that still
+    parses (the row is not read either way); the trainer exited 0, so its last step is missing
+    from its file: ERROR naming the file and the row."""
+    matrix.start(f"truncated training.csv (harness), {cut} bytes cut", "a real run's training.csv cut mid-row, "
+                 "the trainer's exit 0", "ERROR naming training.csv and the row cut off")
     d = tmp_path / "ref"
     shutil.copytree(runs["ref"], d)
-    text = (d / "training.csv").read_text()
-    (d / "training.csv").write_text(text[: len(text) - 30])
+    data = (d / "training.csv").read_bytes()
+    (d / "training.csv").write_bytes(data[: len(data) - cut])
     status, reason = _harness_verdict(d)
     assert status == Status.ERROR, (status, reason)
-    assert str(d / "training.csv") in reason and "row" in reason and "column" in reason, reason
+    assert f"{d / 'training.csv'}: the last row has no line end though the trainer exited 0" in reason, reason
     matrix.done(status, reason.replace(str(tmp_path), "<tmp>"), None, None)
+
+
+def test_a_row_cut_off_by_a_killed_writer_is_not_read(runs, tmp_path):
+    """A crashed or killed trainer may leave its last row torn: the row is not read (its cut
+    value is no step's), the complete rows are judged, and the run is a FAIL for its exit."""
+    d = tmp_path / "ref"
+    shutil.copytree(runs["ref"], d)
+    data = (d / "training.csv").read_bytes()
+    (d / "training.csv").write_bytes(data[: len(data) - 3])
+    status, reason = _harness_verdict(d, exit_code=1)
+    assert status == Status.FAIL and "line end" not in reason, (status, reason)
 
 
 def test_corrupt_training_csv_is_error(runs, tmp_path, matrix):

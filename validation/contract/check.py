@@ -35,6 +35,7 @@ from validation.contract.files import (
     read_heartbeats,
     read_training_csv,
     stackdumps,
+    torn_last_row,
     unranked_stackdumps,
 )
 from validation.errors import ArtifactError
@@ -112,7 +113,8 @@ def read(out_dir: Path, costs: Costs | None = None) -> ContractRead:
     out_dir = Path(out_dir)
     costs = costs or {}
     found = ContractRead(out_dir)
-    found.csv = _file(found, TRAINING_CSV, (out_dir / TRAINING_CSV).is_file(), read_training_csv, _csv_detail)
+    found.csv = _file(found, TRAINING_CSV, (out_dir / TRAINING_CSV).is_file(), read_training_csv,
+                      lambda df: _csv_detail(df, out_dir / TRAINING_CSV))
     if found.csv is not None:
         _csv_columns(found, costs)
     found.heartbeats = _file(found, HEARTBEAT_GLOB, any(out_dir.glob("heartbeat_rank*.jsonl")), read_heartbeats,
@@ -168,8 +170,10 @@ def _file(found: ContractRead, name: str, exists: bool, reader: Callable[[Path],
     return value
 
 
-def _csv_detail(df: pd.DataFrame) -> str:
-    return f"{len(df)} rows, steps {int(df['step'].min())}..{int(df['step'].max())}"
+def _csv_detail(df: pd.DataFrame, path: Path) -> str:
+    torn = torn_last_row(path)
+    cut = f"; the last row has no line end (cut off mid-write), not read: {torn[:120]!r}" if torn else ""
+    return f"{len(df)} rows, steps {int(df['step'].min())}..{int(df['step'].max())}{cut}"
 
 
 #: what an absent optional field costs when the caller did not name the metrics (check-artifacts)

@@ -6,6 +6,7 @@ what is wrong with it. Nothing here interprets the numbers: validation/judge doe
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import os
 import re
@@ -42,16 +43,33 @@ def tail(path: Path, lines: int) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def torn_last_row(path: Path) -> str | None:
+    """The last line of a text file when it has no line end (a row cut off mid-write: its last
+    value may be cut short and still parse), else None."""
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        fh.seek(max(0, size - 64 * 1024))
+        end = fh.read()
+    if not end or end.endswith(b"\n"):
+        return None
+    return end.rsplit(b"\n", 1)[-1].decode("utf-8", errors="replace")
+
+
 def read_training_csv(out_dir: Path) -> pd.DataFrame:
     """training.csv as a DataFrame of floats (step as int), sorted by step.
 
     The header must be exactly the contract's; every value must parse as a number (``nan`` and
-    ``inf`` parse, and the loss gate catches them)."""
+    ``inf`` parse, and the loss gate catches them). A last row without a line end was cut off
+    mid-write (torn_last_row) and is not read."""
     path = Path(out_dir) / TRAINING_CSV
     if not path.is_file():
         raise ArtifactError(f"{path}: missing (the trainer wrote no {TRAINING_CSV})")
+    data = path.read_bytes()
+    if torn_last_row(path) is not None:
+        data = data[:data.rfind(b"\n") + 1]
     try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+        df = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False)
     except pd.errors.EmptyDataError:
         raise ArtifactError(f"{path}: empty file, expected header {','.join(CSV_COLUMNS)}") from None
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:

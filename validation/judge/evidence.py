@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nsa.contract import TRAINING_CSV
 from validation.contract import check as contract
-from validation.contract.files import read_halt, stackdumps, tail, unranked_stackdumps
+from validation.contract.files import read_halt, stackdumps, tail, torn_last_row, unranked_stackdumps
 from validation.contract.stacks import (
     StackDump,
     TakenStack,
@@ -27,11 +28,18 @@ MAX_FRAMES = 8
 
 def collect_train(run: RunData, errors: list[str]) -> None:
     """Read a train point's contract files into ``run`` (validation/contract/check.py); what is
-    missing or broken is an error. The world size is env.json's when it says one."""
+    missing or broken is an error. The world size is env.json's when it says one. A training.csv
+    row cut off mid-write is not read; of a run that ended by itself with exit 0 (no writer was
+    killed) it is an error too: the trainer's last logged step is not in its file."""
     found = contract.read(run.out_dir, costs())
     run.csv, run.heartbeats, run.env, run.halted = found.csv, found.heartbeats, found.env, found.halted
     errors.extend(found.problems())
     run.world_size = found.world_size or run.world_size
+    csv = run.out_dir / TRAINING_CSV
+    ended_itself = run.exit_code == 0 and not run.timed_out and run.stalled_s is None
+    if ended_itself and found.csv is not None and (torn := torn_last_row(csv)) is not None:
+        errors.append(f"{csv}: the last row has no line end though the trainer exited 0 (a row cut off mid-write, "
+                      f"or rows not ended: every row must end with one): {torn[:120]!r}")
 
 
 def collect_halt(run: RunData) -> None:

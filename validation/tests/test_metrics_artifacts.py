@@ -9,7 +9,8 @@ import time
 import pytest
 
 from nsa.contract import CSV_COLUMNS
-from validation.contract.files import read_heartbeats, read_training_csv
+from validation.contract.check import read as read_contract
+from validation.contract.files import read_heartbeats, read_training_csv, torn_last_row
 from validation.contract.stacks import Frame, main_thread_frames, parse_faulthandler
 from validation.errors import ArtifactError
 from validation.judge.gates import OPS, GateVerdict, check
@@ -75,6 +76,22 @@ def test_every_metric_returns_none_not_a_guess_without_data(tmp_path):
     for name in METRICS:
         if name not in ("timed_out", "halt"):
             assert compute(name, run, None) is None, name
+
+
+def test_a_csv_row_cut_off_mid_write_is_not_read_and_the_check_says_so(tmp_path):
+    """A trainer killed while writing its last row leaves a row without a line end whose last
+    value may be cut short ('0.3125' as '0.31', still a number): it is not read, and
+    check-artifacts names it (before, the cut value was taken as the step's)."""
+    rows = ["1,2.5,0.001,1000,0.5,0.3125,1.0,2.0", "2,2.4,0.001,1000,0.5,0.3125,1.0,2.0"]
+    path = tmp_path / "training.csv"
+    path.write_text(",".join(CSV_COLUMNS) + "\n" + "\n".join(rows) + "\n")
+    assert torn_last_row(path) is None and read_training_csv(tmp_path)["grad_norm"].tolist() == [0.3125, 0.3125]
+    path.write_bytes(path.read_bytes()[:-3])  # '...,0.3125,1.0,2.0\n' cut to '...,0.3125,1.0,2'
+    assert torn_last_row(path) == "2,2.4,0.001,1000,0.5,0.3125,1.0,2"
+    assert read_training_csv(tmp_path)["step"].tolist() == [1]
+    (item,) = [i for i in read_contract(tmp_path).items if i.file == "training.csv"]
+    assert item.detail == ("1 rows, steps 1..1; the last row has no line end (cut off mid-write), not read: "
+                           "'2,2.4,0.001,1000,0.5,0.3125,1.0,2'")
 
 
 def test_heartbeats_skip_torn_last_line_but_not_middle(tmp_path):

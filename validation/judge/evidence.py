@@ -2,6 +2,7 @@
 into the record's Evidence (for findings and the report)."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from nsa.contract import TRAINING_CSV
@@ -71,7 +72,15 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
         taken_stacks=taken, last_heartbeat=beats, rank_step_time_s=step_times, nodes=nodes,
         fallbacks=fallback_counters(run), files=sorted(p.name for p in run.out_dir.iterdir() if p.is_file()),
         loss_first=losses[0] if losses else None, loss_last=losses[-1] if losses else None,
+        nonfinite_loss_step=_first_nonfinite(run),
         top_ops=list(run.info.get("top_ops") or []), spikes=_spikes(run), divergence=_rise(run))
+
+
+def _first_nonfinite(run: RunData) -> int | None:
+    if run.csv is None:
+        return None
+    bad = run.csv.loc[~run.csv["loss"].map(math.isfinite), "step"]
+    return int(bad.iloc[0]) if len(bad) else None
 
 
 def _spikes(run: RunData) -> list[Spike]:

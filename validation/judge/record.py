@@ -130,6 +130,8 @@ class Evidence:
     files: list[str] = field(default_factory=list)
     loss_first: float | None = None
     loss_last: float | None = None
+    nonfinite_loss_step: int | None = None
+    """The first step whose logged loss is not finite (None: every logged loss is)."""
     top_ops: list[str] = field(default_factory=list)
     """The profile phase's kernels with the most device (or CPU) time, with their times."""
     nodes: NodesEvidence | None = None
@@ -305,7 +307,7 @@ class PhaseRecord:
             evidence = Evidence(
                 errors=list(ev.get("errors") or []), stderr_tail=ev.get("stderr_tail") or "",
                 stderr_log=ev.get("stderr_log"), halt=_halt(ev), loss_first=ev.get("loss_first"),
-                loss_last=ev.get("loss_last"), top_ops=list(ev.get("top_ops") or []),
+                loss_last=ev.get("loss_last"), nonfinite_loss_step=_int(ev.get("nonfinite_loss_step")), top_ops=list(ev.get("top_ops") or []),
                 rank_failures={int(r): RankFailure(**f) for r, f in (ev.get("rank_failures") or {}).items()},
                 stackdumps={int(r): _dump(d) for r, d in (ev.get("stackdumps") or {}).items()},
                 unranked_stacks=[_dump(d) for d in ev.get("unranked_stacks") or []],

@@ -17,6 +17,7 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
                                  git_sha in env.json, no values in the optional training.csv columns
     NSA_FAULT=nan_unlogged:step=3  the loss guard fires at step 3 before the row is logged: a
                                  nonfinite .HALT and exit code 4, every logged loss finite
+    NSA_FAULT=nan_logged:step=3  logs a NaN loss from step 3 on and exits 0 (no loss guard)
     NSA_FAULT=resume_skip:steps=2  a resumed run's loss continues 2 steps too far along its curve
                                  (data skipped), and env.json says where its data started
     NSA_FAULT=crash_stopping:step=2  a run asked to stop early (train.run_steps) crashes at step 2
@@ -152,6 +153,8 @@ def main() -> int:
                 csv.write(f"{step},2.0,1e-4,fast,0.1,1.0,0.5,1.0\n")
             elif fault == "lean":
                 csv.write(f"{step},{3.0 - step * 0.01:.4f},1e-4,{toks},nan,nan,nan,nan\n")
+            elif fault == "nan_logged" and step >= opts.get("step", 1):
+                csv.write(f"{step},nan,1e-4,{toks},0.5,nan,0.5,1.0\n")
             else:
                 csv.write(f"{step},{3.0 - (step + skip) * 0.01:.4f},1e-4,{toks},{0.5},{1.0},{0.5},{1.0}\n")
         time.sleep(step_s)

@@ -65,6 +65,15 @@ def _assert_dead(pid: int) -> None:
     raise AssertionError(f"child process {pid} of the timed-out trainer is still running")
 
 
+def test_a_logged_nan_names_its_first_step(fake_run):
+    """A trainer without a loss guard logs NaN and exits 0: the failed gate's finding names the
+    first step whose loss is not finite (it named none before)."""
+    run = fake_run([train_phase(fault="nan_logged:step=3")])
+    assert run.record.status == "FAIL" and run.record.evidence.nonfinite_loss_step == 3
+    [nan] = [f for f in run.findings("critical") if "loss_finite" in f]
+    assert "first non-finite loss logged at step 3" in nan
+
+
 def test_missing_csv_is_error_naming_the_file(fake_run):
     run = fake_run([train_phase(fault="missing_csv")])
     assert run.record.status == "ERROR"

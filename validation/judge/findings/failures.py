@@ -228,6 +228,8 @@ def failed_gates(records: list[PhaseRecord]) -> list[Finding]:
             if g.metric in RESUME_METRICS:
                 continue  # the resume finding names the first diverging step
             detail = [g.description] if g.description else []
+            if g.metric == "loss_finite" and r.evidence.nonfinite_loss_step is not None:
+                detail.insert(0, f"first non-finite loss logged at step {r.evidence.nonfinite_loss_step}")
             if r.kind == "train":
                 detail.append(f"CSV: {r.out_dir}/training.csv")
             pauses = r.metrics.gpu_host_pause_ms

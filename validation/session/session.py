@@ -308,14 +308,19 @@ class AcceptanceSession:
         if not held:
             raise HarnessError(f"no results in {self.results_dir} (results.json holds no records; give the "
                                "--results-dir a run wrote into)")
+        holds = ", ".join(f"{r}/{p}" for r, p in held)
         if self.options.runbooks:
-            return [(rb.name, prof.name) for rb, prof in self.pairs()]
+            selected = [(rb.name, prof.name) for rb, prof in self.pairs()]
+            chosen = [pair for pair in selected if pair in held]
+            if not chosen:
+                raise HarnessError(f"no records of {', '.join(f'{r}/{p}' for r, p in selected)} in {store.path} "
+                                   f"(it holds: {holds})")
+            return chosen
         if self.options.profiles:
             names = {load_profile(p).name for p in self.options.profiles}
             chosen = [(r, p) for r, p in held if p in names]
             if not chosen:
-                raise HarnessError(f"no records of profile {', '.join(sorted(names))} in {store.path} (it holds: "
-                                   f"{', '.join(f'{r}/{p}' for r, p in held)})")
+                raise HarnessError(f"no records of profile {', '.join(sorted(names))} in {store.path} (it holds: {holds})")
             return chosen
         return held
 

@@ -53,6 +53,16 @@ def test_the_results_dir_itself_as_baseline_is_an_error(tmp_path, capsys):
     assert "is the results directory itself" in capsys.readouterr().err
 
 
+def test_report_of_a_runbook_the_store_holds_no_records_of_is_a_usage_error(tmp_path, capsys):
+    """--runbook cpu_smoke on a store of another runbook rendered an all-NOT RUN report (exit 3),
+    where --profile in the same case is a usage error naming what the store holds."""
+    cur = tmp_path / "cur"
+    _store(cur, write_runbook(tmp_path / "a.yaml", [train_phase()], name="fake"))
+    assert main(["report", "--results-dir", str(cur), "--runbook", "cpu_smoke", "--no-plots"]) == 2
+    assert f"no records of cpu_smoke/cpu in {cur / 'results.json'} (it holds: fake/cpu)" in capsys.readouterr().err
+    assert not (cur / "reports").exists()
+
+
 def test_report_profile_without_runbook_selects_that_profile(tmp_path, capsys):
     """--profile alone was ignored: the report of every stored pair was rendered."""
     cur = tmp_path / "cur"

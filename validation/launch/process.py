@@ -220,7 +220,9 @@ def _supervise(procs: list[subprocess.Popen | None], ended: dict[int, float], tr
             first = steps.highest is None
             limit = watch.startup_s if first else watch.stall_s
             if quiet >= limit:
-                at = "before its first step" if first else f"after step {steps.highest}"
+                # the highest step any file showed: a heartbeat's step in progress, not the last
+                # one training.csv logged (the verdict's 'after step N')
+                at = "before its first step" if first else f"at step {steps.highest} (the highest its files showed)"
                 key = "startup_s" if first else "stall_s"
                 return _Stop(False, round(quiet, 1), f"no progress for {quiet:.0f}s {at} ({key} {limit:g})")
         if elapsed >= timeout_s:

@@ -73,7 +73,7 @@ def test_python_hang_is_reported_within_stall_s_with_rank_0s_stack(tmp_path):
     assert taken.path == f"{HARNESS_STACKS}/rank0.txt"
     assert hung.stack(0)[0] == "stuck_here" and "main" in hung.stack(0)
     assert "rank 0 in stuck_here" in hung.finding
-    assert re.search(r"no progress for \d+s after step 2 \(stall_s 4\)", (hung.dir / "trainer.stderr.log").read_text())
+    assert re.search(r"no progress for \d+s at step 2 \(the highest its files showed\) \(stall_s 4\)", (hung.dir / "trainer.stderr.log").read_text())
     assert f"stack ({HARNESS_STACKS}/rank0.txt, py-spy)" in hung.finding
     assert "The stack shows where the process waited" in hung.advice() and "collective" not in hung.advice()
 

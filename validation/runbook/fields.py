@@ -290,7 +290,9 @@ def _inside(v: str) -> bool:
 def check_env_key(r: Reader, key: str, k: Any) -> None:
     if not isinstance(k, str) or not _ENV_KEY.match(k) or not (k in ENV_EXACT or k.startswith(ENV_PREFIXES)):
         r.fail(key, f"environment variable {k!r} may not be set by a runbook "
-                    f"(allowed: {', '.join(ENV_EXACT)} and names starting {', '.join(ENV_PREFIXES)})")
+                    f"(allowed: {', '.join(ENV_EXACT)} and names starting {', '.join(ENV_PREFIXES)}); a variable of "
+                    "the runbook's own trainer goes in trainer.env, or in trainer.params as {env: NAME}, a key the "
+                    "phases' overrides set")
 
 
 def check_trainer_env_key(r: Reader, key: str, k: Any) -> None:

@@ -62,6 +62,9 @@ def _rb(**phase):
     (_rb(gates=[{"metric": "toks_per_s_mean", "op": ">=", "threshold": "39"}]), "phases[0].gates[0].threshold", "expected a number"),
     (_rb(gates=[{"metric": "toks_per_s_mean", "op": ">=", "threshold": 1, "window": "first 5"}]), "phases[0].gates[0].window", "not understood"),
     (_rb(env={"LD_PRELOAD": "/tmp/x.so"}), "phases[0].env.LD_PRELOAD", "may not be set"),
+    # a user's own trainer's variable in a phase's env: the message says where it goes instead
+    (_rb(env={"USERT_FAULT": "nan"}), "phases[0].env.USERT_FAULT",
+     "a variable of the runbook's own trainer goes in trainer.env, or in trainer.params as {env: NAME}"),
     (_rb(env={"NSA_X": "1; rm -rf /"}), "phases[0].env.NSA_X", "shell characters"),
     (_rb(overrides={"train.seq_len": "512 model.n_layers=99"}), "phases[0].overrides.train.seq_len", "without spaces"),
     (_rb(overrides={"data.path": "../../etc/passwd"}), "phases[0].overrides.data.path", "inside the repository"),

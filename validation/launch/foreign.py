@@ -6,6 +6,7 @@ every value the runbook gives was checked against a conservative pattern when it
 """
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,10 +62,12 @@ def build(point: PhasePoint, spec: TrainerSpec, root: Path, out_dir: Path, train
 
 
 def missing_file(spec: TrainerSpec, root: Path) -> str | None:
-    """Why a file the trainer's command names (its script, its config template) is not there,
-    or None. Checked before a point runs: a misspelt path is no run of the trainer, and its
-    record must not replace one that is."""
-    named = [("trainer.script", spec.entry[0])] if spec.entry[0] != "-m" else []
+    """Why a file the trainer's command names (its script or module, its config template) is not
+    there, or None. Checked before a point runs: a misspelt name is no run of the trainer, and
+    its record must not replace one that is."""
+    if spec.entry[0] == "-m":
+        return _missing_module(spec.entry[1], root)
+    named = [("trainer.script", spec.entry[0])]
     if spec.config is not None:
         named.append(("trainer.config.template", spec.config.template))
     for key, rel in named:
@@ -73,6 +76,22 @@ def missing_file(spec: TrainerSpec, root: Path) -> str | None:
         except RunbookError as exc:
             return str(exc)
     return None
+
+
+def _missing_module(module: str, root: Path) -> str | None:
+    """Why ``python -m module`` cannot start with the trainer's root on its path (the harness's
+    own interpreter runs it), or None: a module or package under the root, else an installed
+    top-level package (found without importing anything)."""
+    parts = module.split(".")
+    where = root.joinpath(*parts)
+    if where.with_suffix(".py").is_file() or where.is_dir():
+        return None
+    if len(parts) == 1 and importlib.util.find_spec(module) is not None:
+        return None
+    if len(parts) > 1 and not root.joinpath(parts[0]).exists() and importlib.util.find_spec(parts[0]) is not None:
+        return None  # a module of an installed package: importing its parents to look is the trainer's to do
+    return (f"trainer.module: {module!r} is neither a module under the trainer's root {root} nor an installed "
+            "package of this Python")
 
 
 def revision(root: Path, out_dir: Path, log_name: str) -> tuple[str | None, str]:

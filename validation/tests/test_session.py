@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from validation import REPO_ROOT
@@ -116,6 +117,23 @@ def test_a_trainer_script_that_is_not_there_leaves_the_stored_record_and_its_run
     assert "cannot launch here, nothing was run" in err and "trainer.script: 'native_trian.py'" in err, err
     (kept,) = ResultStore(res).records()
     assert kept.run_id == stored.run_id and kept.status == Status.PASS and (res / kept.out_dir).is_dir()
+
+
+@pytest.mark.parametrize("module, runs", [("native_trian", False), ("native_train", True),
+                                          ("json", True), ("nosuchpackage.train", False)])
+def test_a_trainer_module_that_is_not_there_cannot_launch(tmp_path, capsys, module, runs):
+    """trainer.module misspelt is checked like trainer.script: exit 2, nothing run or stored; a
+    module under the root or an installed package launches."""
+    rb = _runbook(tmp_path / "rb.yaml", [_phase("single")],
+                  trainer={**{k: v for k, v in NATIVE.items() if k != "script"}, "module": module})
+    res = tmp_path / "res"
+    code = main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-plots"])
+    err = capsys.readouterr().err
+    if runs:
+        assert "cannot launch here" not in err, err
+    else:
+        assert code == 2 and f"trainer.module: {module!r} is neither a module under the trainer's root" in err, err
+        assert not (res / "results.json").exists() or not ResultStore(res).records()
 
 
 def test_a_runbook_whose_trainer_cannot_launch_leaves_no_records_to_spoil_a_later_report(tmp_path):

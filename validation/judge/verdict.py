@@ -153,7 +153,7 @@ def gate_verdict(gates: Sequence[GateResult]) -> tuple[Status, str]:
     if pending:
         lacking = [f"{g.metric} ({g.note})" for g in pending if g.pending == Pending.NOT_PROVIDED]
         golden = [g.note for g in pending if g.pending == Pending.NO_GOLDEN]
-        unset = [g.threshold_ref or g.metric for g in pending if g.pending == Pending.THRESHOLD]
+        unset = list(dict.fromkeys(g.threshold_ref or g.metric for g in pending if g.pending == Pending.THRESHOLD))
         no_peak = [g.metric for g in pending if g.pending == Pending.NO_PEAK]
         parts = ([f"{Pending.NOT_PROVIDED}: {', '.join(lacking)}"] if lacking else []) + golden + (
             [f"threshold(s) to be measured for this profile: {', '.join(unset)}"] if unset else []) + (

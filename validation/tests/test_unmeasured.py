@@ -12,6 +12,7 @@ from validation.contract import check_command as check_artifacts
 from validation.judge.gates import GateResult, GateVerdict, Pending
 from validation.judge.metrics import costs
 from validation.judge.record import PhaseRecord, PointKey, Status
+from validation.judge.verdict import gate_verdict
 from validation.report.build import Verdict, status_of
 from validation.tests.conftest import train_phase
 
@@ -62,3 +63,13 @@ def test_the_report_knows_unmeasured_by_type_not_by_the_reasons_words():
     unset = _pending("metric the trainer does not provide: a threshold to be measured", Pending.THRESHOLD)
     verdict, why = status_of([unset], [], [])
     assert verdict == Verdict.INCOMPLETE and "p [default]" not in why
+
+
+def test_a_threshold_two_gates_share_is_named_once():
+    """The resume phase's loss and learning-rate gates share resume_loss_rtol: a profile without
+    it said 'threshold(s) to be measured for this profile: resume_loss_rtol, resume_loss_rtol'
+    (two H100s, 2026-11-25)."""
+    gates = [GateResult.from_json({"metric": m, "op": "<=", "threshold": None, "threshold_ref": "resume_loss_rtol",
+                                   "window": "all steps", "value": 0.0, "verdict": "UNMEASURED",
+                                   "pending": Pending.THRESHOLD}) for m in ("resume_loss_rel_diff", "resume_lr_rel_diff")]
+    assert gate_verdict(gates) == (Status.UNMEASURED, "threshold(s) to be measured for this profile: resume_loss_rtol")

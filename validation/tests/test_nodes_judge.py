@@ -8,12 +8,13 @@ import json
 from pathlib import Path
 
 from validation.contract.nodes import NodeLaunch, NodesLaunch, read_nodes, write_nodes
+from validation.contract.stacks import Frame, StackDump
 from validation.contract.torchrun_log import agent_said
 from validation.judge.evidence import collect
 from validation.judge.findings import find
 from validation.judge.metrics import RunData
 from validation.judge.nodes import NodeEvidence, NodesEvidence, node_evidence
-from validation.judge.record import Evidence, PhaseRecord, PointKey, Status
+from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 from validation.launch.slurm import task_ends
 
 
@@ -124,3 +125,21 @@ def test_the_log_a_crash_points_at_is_the_killed_ranks_node_not_the_first_agent_
     (tmp_path / "node1.stderr.log").write_text("")  # nobody failed in its own right: the first to exit
     ev = collect(RunData(tmp_path, world_size=2, exit_code=1), tmp_path / "node0.stderr.log", [])
     assert ev.stderr_log == "node0.stderr.log"
+
+
+def test_a_hung_node_is_told_from_one_waiting_in_ddps_backward():
+    """Under DDP the waiting rank's gradient all-reduce runs inside autograd (no torch/distributed
+    frame on its stack): the rank further behind in its step, at forward against backward, is the
+    hung one, and only its node is named (seen with nsa.train: both nodes were said to hang)."""
+    def stack(func: str, file: str) -> StackDump:
+        return StackDump("harness_stacks/x.txt", [Frame(file, 1, func), Frame("nsa/train/loop.py", 298, "forward_backward")])
+
+    for hung, waiting in ((1, 0), (0, 1)):
+        ev = Evidence(nodes=_nodes(), stackdumps={hung: stack("FaultInjector.at", "nsa/train/faults.py"),
+                                                  waiting: stack("_engine_run_backward", "torch/autograd/graph.py")},
+                      last_heartbeat={hung: Beat(3, "forward"), waiting: Beat(3, "backward")})
+        rec = _record(ev.nodes, status=Status.FAIL, exit_code=None, stalled_s=16.0, evidence=ev)
+        [f] = [f for f in find([rec]) if f.kind == "node_hung"]
+        assert f.title == (f"node {hung} hung in two [default] (no progress for 16 s): node {hung}'s rank {hung} in "
+                           f"FaultInjector.at (last heartbeat step 3, forward); waiting for it: node {waiting}'s rank "
+                           f"{waiting} in _engine_run_backward (last heartbeat step 3, backward)"), f.title

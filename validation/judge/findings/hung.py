@@ -13,6 +13,8 @@ _COLLECTIVE = "torch/distributed/"
 #: the autograd engine as a stack's innermost frame: DDP's reducer waits there, in C++ frames
 #: py-spy does not show, for the gradient all-reduce of the ranks that have not come
 _BACKWARD_ENGINE = "_engine_run_backward"
+#: the stages of one step in the order a rank enters them (nsa/contract.py's heartbeat ``stage``)
+STAGE_ORDER = ("data", "forward", "backward", "optimizer", "step")
 
 
 def in_collective(dump: StackDump) -> bool:
@@ -23,15 +25,29 @@ def in_collective(dump: StackDump) -> bool:
 
 
 def hung_ranks(stacks: Mapping[int, StackDump], beats: Mapping[int, Beat]) -> list[int]:
-    """The ranks outside the collectives while some rank waits in one; else the ranks furthest
-    behind in their heartbeats, where the ranks got to different steps; else every rank outside
-    a collective (all hung alike). Empty when nothing tells."""
+    """The ranks outside the collectives while some rank waits in one; else, of the ranks outside
+    them (else of every rank with a heartbeat), those furthest behind (``behind``). Empty when
+    every rank waits in a collective and none is behind the others: nothing tells."""
     ranks = sorted(set(stacks) | set(beats))
     waiting = [k for k in ranks if k in stacks and in_collective(stacks[k])]
     outside = [k for k in ranks if k in stacks and stacks[k].frames and k not in waiting]
     if waiting and outside:
         return outside
-    steps = {k: beats[k].step for k in ranks if k in beats and beats[k].step is not None}
-    if len(set(steps.values())) > 1:
-        return [k for k in steps if steps[k] == min(steps.values())]
-    return outside
+    known = [k for k in ranks if k in beats and beats[k].step is not None]
+    hung = behind(outside, beats) if outside else behind(known, beats)
+    return [] if not outside and len(hung) == len(known) else hung
+
+
+def behind(ranks: list[int], beats: Mapping[int, Beat]) -> list[int]:
+    """Those of ``ranks`` furthest behind by their last heartbeat: the lowest step, then the
+    earliest stage of it (where every stage is one whose order is known); all of them when one
+    has no heartbeat. Where no stack tells (every rank outside the collectives in frames py-spy
+    shows, or none recorded), the hung rank is the one that never got as far in the step."""
+    if not ranks or any(k not in beats or beats[k].step is None for k in ranks):
+        return ranks
+    low = min(beats[k].step for k in ranks)
+    ranks = [k for k in ranks if beats[k].step == low]
+    if any(beats[k].stage not in STAGE_ORDER for k in ranks):
+        return ranks
+    first = min(STAGE_ORDER.index(beats[k].stage) for k in ranks)
+    return [k for k in ranks if STAGE_ORDER.index(beats[k].stage) == first]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from validation.contract.nodes import NodeLaunch, NodesLaunch, read_nodes, write_nodes
 from validation.contract.stacks import Frame, StackDump
-from validation.contract.torchrun_log import agent_said
+from validation.contract.torchrun_log import RankFailure, agent_said
 from validation.judge.evidence import collect
 from validation.judge.findings import find
 from validation.judge.metrics import RunData
@@ -143,3 +143,21 @@ def test_a_hung_node_is_told_from_one_waiting_in_ddps_backward():
         assert f.title == (f"node {hung} hung in two [default] (no progress for 16 s): node {hung}'s rank {hung} in "
                            f"FaultInjector.at (last heartbeat step 3, forward); waiting for it: node {waiting}'s rank "
                            f"{waiting} in _engine_run_backward (last heartbeat step 3, backward)"), f.title
+
+
+def test_a_node_whose_agent_was_killed_is_named():
+    """kill -9 of one node's torchrun agent: its worker lives on in its own session and breaks
+    later, or finishes while the other agent waits on the store that died with it; no rank failed
+    in its own right, and the node whose agent died is the one to name, whichever way it ended."""
+    nodes = NodesEvidence("torchrun", "localhost:1", 6.0, [
+        NodeEvidence(0, "node0.stderr.log", "vm", None, None, 0, [0]),
+        NodeEvidence(1, "node1.stderr.log", "vm", -9, 4.1, 1, [1])])
+    peer = RankFailure(exception="RuntimeError: Read error [127.0.0.1]:46788: Connection reset by peer")
+    for stopped in ({"exit_code": -9, "rank_failures": {1: peer}},
+                    {"exit_code": None, "stalled_s": 20.0, "rank_failures": {}}):
+        failures = stopped.pop("rank_failures")
+        ev = Evidence(nodes=nodes, rank_failures=failures, last_heartbeat={0: Beat(8, "backward"), 1: Beat(8, "backward")})
+        rec = _record(nodes, status=Status.FAIL, evidence=ev, **stopped)
+        [f] = [f for f in find([rec]) if f.kind == "node_failed"]
+        assert f.title.startswith("node 1's torchrun agent was killed by SIGKILL in two [default] after 4.1 s "
+                                  "(log node1.stderr.log); the other nodes: node 0: rank 0 last heartbeat step 8"), f.title

@@ -4,6 +4,7 @@ how the other nodes ended), a straggler node; and, for every such run, where eac
 from __future__ import annotations
 
 import re
+import signal
 
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import root_rank
@@ -40,7 +41,8 @@ def nodes(records: list[PhaseRecord]) -> list[Finding]:
         ev = r.evidence.nodes
         if ev is None:
             continue
-        found = [f for f in (missing_node(r, ev) or _hung(r, ev) or _failed(r, ev),) if f] + _stragglers(r, ev)
+        first = missing_node(r, ev) or _hung(r, ev) or _failed(r, ev) or _agent_killed(r, ev)
+        found = ([first] if first else []) + _stragglers(r, ev)
         # each finding lists every node; a run without one still says where each rank ran
         out += found or [Finding(Severity.INFO, r.phase, _summary(r, ev), _lines(r, ev), "nodes")]
     return out
@@ -142,13 +144,43 @@ def _failed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     f = failures[root]
     node = ev.of_rank(root)
     cause = f"was killed by {f.signal}" if f.signal and not f.exception else f"failed: {_exception(f.exception)}"
-    others = [n for n in ev.nodes if n is not node]
-    ended = "; ".join(f"{n.name}: " + (", ".join(_rank(r, k) for k in n.ranks) or "no rank")
-                      + f", agent {_agent(n, False)}" for n in others)
+    ended = _others(r, ev, node)
     head = f"{node.name}'s rank {root}" if node is not None else f"rank {root} (node unknown)"
     title = f"{head} {cause} in {where(r)}" + (f" (log {node.log})" if node is not None else "") + (
         f"; the other nodes: {ended}" if ended else "")
     return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "node_failed")
+
+
+def _agent_killed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
+    """No rank failed in its own right, but a node's torchrun agent was killed by a signal (kill -9
+    of the agent, a node going down): its worker, in a session of its own, lives on and breaks
+    later or finishes while the other agents wait on a store gone with it, so the run ends in a
+    peer's error or a stall. Under Slurm the task ends srun reports include the harness's own
+    cancel, so there only a run the harness did not stop counts."""
+    if ev.launcher != "torchrun" and _stopped(r):
+        return None
+    killed = [n for n in ev.nodes if n.exit_code is not None and n.exit_code < 0]
+    if not killed:
+        return None
+    node = min(killed, key=lambda n: n.ended_s if n.ended_s is not None else float("inf"))
+    after = f" after {node.ended_s:.1f} s" if node.ended_s is not None else ""
+    ended = _others(r, ev, node)
+    title = (f"{node.name}'s torchrun agent was killed by {_signal(-node.exit_code)} in {where(r)}{after} "
+             f"(log {node.log})" + (f"; the other nodes: {ended}" if ended else ""))
+    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "node_failed")
+
+
+def _others(r: PhaseRecord, ev: NodesEvidence, node: NodeEvidence | None) -> str:
+    """How every node but ``node`` ended: its ranks and its agent."""
+    return "; ".join(f"{n.name}: " + (", ".join(_rank(r, k) for k in n.ranks) or "no rank")
+                     + f", agent {_agent(n, _stopped(r))}" for n in ev.nodes if n is not node)
+
+
+def _signal(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
 
 
 def _stragglers(r: PhaseRecord, ev: NodesEvidence) -> list[Finding]:

@@ -60,6 +60,19 @@ def missing_tools() -> list[str]:
     return [t for t in TOOLS if shutil.which(t) is None]
 
 
+def allocation_problem(launcher: Launcher) -> str | None:
+    """Why the allocation the harness runs in (``SLURM_JOB_ID`` set) cannot hold the point: fewer
+    nodes (``SLURM_JOB_NUM_NODES``) than the launcher's; None outside an allocation, where the
+    harness asks for its own. Without this, srun's refusal surfaced as the shared-directory check
+    failing, which blames the filesystem."""
+    job, have = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_JOB_NUM_NODES", "")
+    if not job or not have.isdigit() or int(have) >= launcher.nnodes:
+        return None
+    return (f"launcher.nodes is {launcher.nnodes}, but job {job}, the Slurm allocation the harness runs in, has "
+            f"{have} node{'s' if int(have) != 1 else ''} (SLURM_JOB_NUM_NODES): ask for {launcher.nnodes} nodes "
+            f"(salloc --nodes={launcher.nnodes}) or lower launcher.nodes")
+
+
 @dataclass(frozen=True)
 class Allocation:
     job_id: str

@@ -33,8 +33,11 @@ from validation.store.results import ResultStore
 
 def cannot_launch(point: PhasePoint) -> str | None:
     """Why the point's trainer cannot start here at all (its root not set or not a directory, its
-    script or config template not in it, this project's trainer module not importable), or None.
-    Such a point is no record: it says nothing about the trainer, and must not replace one that does."""
+    script, module or config template not there, this project's trainer module not importable, a
+    Slurm allocation too small), or None. Such a point is no record: it says nothing about the
+    trainer, and must not replace one that does."""
+    if point.slurm and (problem := slurm.allocation_problem(point.phase.launcher)):
+        return problem
     spec = point.runbook.trainer
     if spec is not None:
         if point.phase.kind not in TRAINER_KINDS or not spec.supports_phase(point.phase.kind):

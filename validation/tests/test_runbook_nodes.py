@@ -12,7 +12,7 @@ from validation.runbook.describe import describe
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
 from validation.runbook.types import Rendezvous
-from validation.session.point import why_skip
+from validation.session.point import cannot_launch, why_skip
 
 NODES = {"kind": "torchrun", "nproc": 1, "nnodes": 2, "rdzv": {"endpoint": "localhost:0", "join_timeout_s": 20}}
 SLURM = {"kind": "slurm", "nodes": 2, "nproc_per_node": 4, "rdzv": {"join_timeout_s": 60},
@@ -111,3 +111,20 @@ def test_a_slurm_point_is_skipped_where_slurm_is_not_installed(tmp_path, monkeyp
     assert why_skip(point, detect()) == "Slurm is not installed here (salloc, srun not on PATH): the point runs as srun"
     monkeypatch.setattr(slurm.shutil, "which", lambda name: "/bin/" + name)
     assert why_skip(point, detect()) is None
+
+
+def test_a_slurm_point_needing_more_nodes_than_the_allocation_it_runs_in_cannot_launch(tmp_path, monkeypatch):
+    """Inside salloc -N1 a two-node point's srun fails at once ('Only allocated 1 nodes asked
+    for 2'), which the shared-directory check took for a results directory not on a shared
+    filesystem; the point is refused before anything runs, naming the key and the allocation."""
+    [point] = expand(_load(tmp_path, _rb(SLURM)), load_profile("cpu"))
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "1")
+    assert cannot_launch(point) == ("launcher.nodes is 2, but job 5, the Slurm allocation the harness runs in, has 1 "
+                                    "node (SLURM_JOB_NUM_NODES): ask for 2 nodes (salloc --nodes=2) or lower "
+                                    "launcher.nodes")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    assert cannot_launch(point) is None
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "1")
+    assert cannot_launch(point) is None  # outside an allocation the harness asks for its own

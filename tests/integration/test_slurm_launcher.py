@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,12 +36,12 @@ NATIVE = {"name": "native_test", "root": "tests/trainers", "script": "native_tra
 JOIN_S, STALL_S = 10, 25
 
 
-def _runbook(tmp_path: Path, slurm: dict, steps: int) -> Path:
+def _runbook(tmp_path: Path, slurm: dict, steps: int, nodes: int = 1) -> Path:
     data: dict[str, Any] = {
         "name": "slurm_nodes", "profiles": ["cpu"], "trainer": NATIVE,
         "defaults": {"steps": steps, "timeout_s": 240, "stall_s": STALL_S, "env": {"OMP_NUM_THREADS": 1}},
         "phases": [{"name": "srun_phase", "kind": "train",
-                    "launcher": {"kind": "slurm", "nodes": 1, "nproc_per_node": 2, "rdzv": {"join_timeout_s": JOIN_S},
+                    "launcher": {"kind": "slurm", "nodes": nodes, "nproc_per_node": 2, "rdzv": {"join_timeout_s": JOIN_S},
                                  "srun_args": slurm["srun_args"]},
                     "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1},
                               {"metric": "idle_ranks", "op": "==", "threshold": 0}]}]}
@@ -150,3 +151,24 @@ def test_an_interrupted_phase_is_cancelled_and_leaves_nothing(slurm, tmp_path):
     listed = subprocess.run(["scontrol", "listpids", job], capture_output=True, text=True, timeout=30).stdout
     assert not [ln for ln in listed.splitlines()[1:] if ln.split() and ln.split()[0].isdigit()], listed
     print(f"job {job}: SIGINT -> harness exit 130, job cancelled, nothing left, in {took:.1f} s")
+
+
+def test_more_nodes_than_the_partition_has_is_an_error_at_once_not_at_the_phase_timeout(slurm, tmp_path):
+    """salloc for more nodes than the partition holds is left pending (PartitionConfig or
+    PartitionNodeLimit) for as long as anyone waits: the harness says so, naming the key, instead
+    of waiting out the phase's timeout (240 s here) and saying only that no allocation came."""
+    nodes = len(subprocess.run(["sinfo", "--noheader", "--Node", "--format=%N"], capture_output=True, text=True,
+                               timeout=30).stdout.split()) + 1
+    t0 = time.monotonic()
+    proc = _harness(tmp_path, _runbook(tmp_path, slurm, steps=12, nodes=nodes))
+    out, _ = proc.communicate(timeout=300)
+    took = time.monotonic() - t0
+    print(out)
+    rec = _record(tmp_path)
+    assert rec.status == "ERROR" and took < 60, (took, rec.reason)
+    assert f"--nodes={nodes}" in rec.reason, rec.reason
+    assert re.search(r"pending \(Partition(NodeLimit|Config)\)", rec.reason), rec.reason
+    assert "launcher.nodes" in rec.reason, rec.reason
+    assert not [j for j in _jobs("") if j[2] == "PENDING"], "the request was left pending"
+    assert not _left(tmp_path)
+    print(f"nodes: {nodes}: {rec.reason} ({took:.1f} s)")

@@ -45,6 +45,8 @@ QUERY_TIMEOUT_S = 30.0
 SHARED_CHECK_S = 60.0
 #: seconds between looks for the trainer's step while it is not listed yet
 STEP_LOOK_S = 2.0
+#: seconds between looks at why Slurm holds the harness's own allocation request pending
+PENDING_LOOK_S = 2.0
 #: the store's port on the first node when the runbook names none: from the job id, below 29500
 #: (torch's default master port) and below Linux's ephemeral ports (32768 and up)
 PORT_BASE, PORT_SPAN = 20000, 9000
@@ -134,17 +136,43 @@ def _allocation(launcher: Launcher, name: str, env: Mapping[str, str], cwd: Path
         f"--cpus-per-task={launcher.nproc}"]
     argv = ["salloc", "--no-shell", f"--job-name={name}", f"--nodes={launcher.nnodes}", "--ntasks-per-node=1", *cpus,
             *launcher.srun_args]
+    failed = f"salloc {' '.join(argv[1:])} failed"
     try:
-        got = runner.run(argv, env=env, cwd=cwd, timeout_s=timeout_s, log_dir=out_dir, log_name="salloc")
-    except KeyboardInterrupt:
+        got = runner.run(argv, env=env, cwd=cwd, timeout_s=timeout_s, log_dir=out_dir, log_name="salloc",
+                         on_poll=_Pending(name, failed))
+    except (KeyboardInterrupt, HarnessError):
         _query(["scancel", f"--name={name}"])
         raise
     job = _job_id(name)
     if got.exit_code != 0 or not job:
         _query(["scancel", f"--name={name}"])
         why = "no allocation in the phase's timeout" if got.exit_code is None else got.stderr_tail(3).strip()
-        raise HarnessError(f"salloc {' '.join(argv[1:])} failed: {why} (salloc.stderr.log)")
+        raise HarnessError(f"{failed}: {why} (salloc.stderr.log)")
     return Allocation(job, owned=True)
+
+
+#: reasons Slurm gives a pending job that no wait resolves: the request is beyond what the
+#: partition holds or allows (Slurm queues such a job unless EnforcePartLimits rejects it)
+NEVER_GRANTED = ("PartitionNodeLimit", "PartitionConfig", "PartitionTimeLimit", "BadConstraints")
+
+
+class _Pending:
+    """salloc's wait watched (a poll callback: at most every PENDING_LOOK_S): a request Slurm holds
+    for a reason no wait resolves is a HarnessError at once, not at the phase's timeout."""
+
+    def __init__(self, name: str, failed: str):
+        self.name, self.failed = name, failed
+        self._last = 0.0
+
+    def __call__(self, elapsed: float) -> None:
+        if time.monotonic() - self._last < PENDING_LOOK_S:
+            return
+        self._last = time.monotonic()
+        reason = _query(["squeue", "--noheader", "--states=PENDING", f"--name={self.name}", "--format=%r"]).strip()
+        if reason in NEVER_GRANTED:
+            raise HarnessError(f"{self.failed}: Slurm holds the request pending ({reason}), and no wait grants it: the "
+                               "partition has fewer nodes than launcher.nodes (or they are down), or srun_args ask "
+                               "for more than it allows (salloc.stderr.log)")
 
 
 def _shared_hosts(alloc: Allocation, nnodes: int, name: str, env: Mapping[str, str], cwd: Path,

@@ -156,11 +156,16 @@ def reproduce_rows(records: list[PhaseRecord], runbook: str | None = None, profi
                   else f"{shlex.quote(str(ACCEPTANCE_TESTS))} -m {r.phase}")
         # a resume point's processes one after another (each of a repeated point's runs is the same)
         commands = [s.command for s in r.runs if s.command] if r.kind == "resume" else [r.command]
+        process = " && ".join((env + " " if env else "") + shlex.join(c) for c in commands or [r.command])
+        nodes = r.evidence.nodes
+        if nodes is not None and nodes.launcher == "torchrun" and len(nodes.nodes) > 1 and len(commands) == 1:
+            # every node's agent ran here, the same command: all of them side by side (a lone
+            # agent only waits out the join timeout for the others)
+            process = "{ " + " & ".join([process] * len(nodes.nodes)) + " & wait; }"
         rows.append({"phase": r.phase, "point": point_label(r),
                      "rerun": f"pytest {select} --runbook {shlex.quote(runbook or r.key.runbook)} "
                               f"--profile {shlex.quote(profile or r.key.profile)}{store}",
-                     "process": (f"cd {shlex.quote(r.cwd)} && " if r.cwd else "") + " && ".join(
-                         (env + " " if env else "") + shlex.join(c) for c in commands or [r.command])})
+                     "process": (f"cd {shlex.quote(r.cwd)} && " if r.cwd else "") + process})
     return rows
 
 

@@ -24,6 +24,7 @@ from validation.contract.nodes import NODES_FILE, read_nodes
 from validation.judge.findings import Severity, find, recommendations
 from validation.launch import nodes as local_nodes
 from validation.launch.process import Command
+from validation.report.tables import reproduce_rows
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
 from validation.session.session import AcceptanceSession, SessionOptions
@@ -113,6 +114,22 @@ def test_two_healthy_nodes_are_go_with_each_rank_placed_on_its_node(tmp_path, mo
     assert "node 0 (host " in info and "node 1 (host " in info and "agent exit 0" in info
     assert not [f for f in run.findings if f.severity != "info"], [f.title for f in run.findings]
     print(f"\nhealthy: GO, point {run.rec.wall_s:.1f} s; {info}")
+
+
+def test_the_reports_process_line_of_a_two_node_point_runs_every_node_as_printed(tmp_path, monkeypatch):
+    """The report's 'process' line held one agent's command: pasted, that lone agent waited the
+    join timeout for a second node and failed (RendezvousTimeoutError)."""
+    monkeypatch.delenv(FAULT, raising=False)
+    run = TwoNodes(tmp_path)
+    assert run.rec.status == "PASS", run.rec.reason
+    [row] = reproduce_rows([run.rec])
+    for beats in run.dir.glob("heartbeat_rank*.jsonl"):
+        beats.unlink()
+    out = subprocess.run(["bash", "-c", row["process"]], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=JOIN_S + 60, env={k: v for k, v in os.environ.items() if k != FAULT})
+    assert out.returncode == 0, row["process"] + "\n" + out.stderr[-3000:]
+    assert {p.name for p in run.dir.glob("heartbeat_rank*.jsonl")} == {"heartbeat_rank0.jsonl", "heartbeat_rank1.jsonl"}
+    assert_nothing_left(tmp_path)
 
 
 def test_a_node_that_never_joins_is_named_at_the_join_timeout(tmp_path, monkeypatch):

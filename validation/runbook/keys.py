@@ -113,7 +113,7 @@ RDZV = Section("phases[].launcher.rdzv", "The c10d rendezvous of a launch of sev
                "allowance (startup_s, else stall_s).", (
     Key("backend", "c10d (the only one)"),
     Key("endpoint", "torchrun: host:port on this host (localhost or 127.x; port 0: a free one at launch)"),
-    Key("port", "slurm: the port on the first node (default: a free one)"),
+    Key("port", "slurm: the port on the first node (default: from the job id, 20000-28999)"),
     Key("join_timeout_s", "seconds the nodes wait for each other", True),
 ))
 

@@ -64,15 +64,23 @@ def missing_tools() -> list[str]:
 
 def allocation_problem(launcher: Launcher) -> str | None:
     """Why the allocation the harness runs in (``SLURM_JOB_ID`` set) cannot hold the point: fewer
-    nodes (``SLURM_JOB_NUM_NODES``) than the launcher's; None outside an allocation, where the
-    harness asks for its own. Without this, srun's refusal surfaced as the shared-directory check
-    failing, which blames the filesystem."""
+    nodes (``SLURM_JOB_NUM_NODES``) than the launcher's, or a job that is not running (a variable
+    left in the shell by an allocation that has ended); None outside an allocation, where the
+    harness asks for its own, and where Slurm is not installed (the point is SKIP). Without this,
+    srun's refusal surfaced as the shared-directory check failing, which blames the filesystem."""
     job, have = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_JOB_NUM_NODES", "")
-    if not job or not have.isdigit() or int(have) >= launcher.nnodes:
+    if not job or missing_tools():
         return None
-    return (f"launcher.nodes is {launcher.nnodes}, but job {job}, the Slurm allocation the harness runs in, has "
-            f"{have} node{'s' if int(have) != 1 else ''} (SLURM_JOB_NUM_NODES): ask for {launcher.nnodes} nodes "
-            f"(salloc --nodes={launcher.nnodes}) or lower launcher.nodes")
+    if have.isdigit() and int(have) < launcher.nnodes:
+        return (f"launcher.nodes is {launcher.nnodes}, but job {job}, the Slurm allocation the harness runs in, has "
+                f"{have} node{'s' if int(have) != 1 else ''} (SLURM_JOB_NUM_NODES): ask for {launcher.nnodes} nodes "
+                f"(salloc --nodes={launcher.nnodes}) or lower launcher.nodes")
+    state = _query(["squeue", "--noheader", "--states=all", f"--jobs={job}", "--format=%T"]).strip()
+    if state != "RUNNING":
+        return (f"SLURM_JOB_ID={job}, the Slurm allocation the harness runs in, is not a running job "
+                f"({state or 'Slurm knows no such job'}): run inside a live allocation, or unset SLURM_JOB_ID and "
+                "the harness asks for its own")
+    return None
 
 
 @dataclass(frozen=True)

@@ -118,6 +118,8 @@ def test_a_slurm_point_needing_more_nodes_than_the_allocation_it_runs_in_cannot_
     for 2'), which the shared-directory check took for a results directory not on a shared
     filesystem; the point is refused before anything runs, naming the key and the allocation."""
     [point] = expand(_load(tmp_path, _rb(SLURM)), load_profile("cpu"))
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: "/bin/" + name)
+    monkeypatch.setattr(slurm, "_query", lambda argv: "RUNNING\n" if argv[0] == "squeue" else "")
     monkeypatch.setenv("SLURM_JOB_ID", "5")
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "1")
     assert cannot_launch(point) == ("launcher.nodes is 2, but job 5, the Slurm allocation the harness runs in, has 1 "
@@ -128,3 +130,20 @@ def test_a_slurm_point_needing_more_nodes_than_the_allocation_it_runs_in_cannot_
     monkeypatch.delenv("SLURM_JOB_ID")
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "1")
     assert cannot_launch(point) is None  # outside an allocation the harness asks for its own
+
+
+def test_a_slurm_point_in_an_allocation_that_has_ended_cannot_launch(tmp_path, monkeypatch):
+    """A SLURM_JOB_ID left in the shell by an allocation that has ended made every srun fail
+    ('Slurm job 22 has expired'), which the shared-directory check reported as a results
+    directory not on a shared filesystem; the point is refused before anything runs."""
+    [point] = expand(_load(tmp_path, _rb(SLURM)), load_profile("cpu"))
+    monkeypatch.setattr(slurm.shutil, "which", lambda name: "/bin/" + name)
+    monkeypatch.setenv("SLURM_JOB_ID", "22")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    for state, said in (("", "Slurm knows no such job"), ("COMPLETED\n", "COMPLETED")):
+        monkeypatch.setattr(slurm, "_query", lambda argv, state=state: state if argv[0] == "squeue" else "")
+        assert cannot_launch(point) == (f"SLURM_JOB_ID=22, the Slurm allocation the harness runs in, is not a running "
+                                        f"job ({said}): run inside a live allocation, or unset SLURM_JOB_ID and the "
+                                        "harness asks for its own")
+    monkeypatch.setattr(slurm, "_query", lambda argv: "RUNNING\n" if argv[0] == "squeue" else "")
+    assert cannot_launch(point) is None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from validation.contract.files import HaltInfo
 from validation.contract.nodes import NodeLaunch, NodesLaunch, read_nodes, write_nodes
 from validation.contract.stacks import Frame, StackDump
 from validation.contract.torchrun_log import RankFailure, agent_said
@@ -161,3 +162,20 @@ def test_a_node_whose_agent_was_killed_is_named():
         [f] = [f for f in find([rec]) if f.kind == "node_failed"]
         assert f.title.startswith("node 1's torchrun agent was killed by SIGKILL in two [default] after 4.1 s "
                                   "(log node1.stderr.log); the other nodes: node 0: rank 0 last heartbeat step 8"), f.title
+
+
+def test_a_hung_node_is_named_when_the_trainers_own_watchdog_stopped_the_run():
+    """nsa.train's watchdog (watchdog.timeout_s below the phase's stall_s) halts every rank with
+    its own stack dumps: the report listed both ranks' stacks and named no node."""
+    def stack(func: str, file: str) -> StackDump:
+        return StackDump("stackdump_rank1.txt", [Frame(file, 1, func)])
+
+    ev = Evidence(nodes=_nodes(), halt=HaltInfo(source="watchdog"),
+                  stackdumps={1: stack("at", "nsa/train/faults.py"), 0: stack("_engine_run_backward",
+                                                                                 "torch/autograd/graph.py")},
+                  last_heartbeat={1: Beat(3, "forward"), 0: Beat(3, "backward")})
+    rec = _record(ev.nodes, status=Status.FAIL, exit_code=1, evidence=ev)
+    [f] = [f for f in find([rec]) if f.kind == "node_hung"]
+    assert f.title == ("node 1 hung in two [default] (the trainer's watchdog .HALT): node 1's rank 1 in at (last "
+                       "heartbeat step 3, forward); waiting for it: node 0's rank 0 in _engine_run_backward (last "
+                       "heartbeat step 3, backward)"), f.title

@@ -110,8 +110,10 @@ def missing_node(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
 
 
 def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
-    """A stalled run: the hung ranks (findings/hung.py) and their nodes; the others waited for them."""
-    if r.stalled_s is None and not r.timed_out:
+    """A stalled run (the harness's stall watch or timeout, or the trainer's own watchdog): the
+    hung ranks (findings/hung.py) and their nodes; the others waited for them."""
+    watchdog = r.evidence.halt is not None and r.evidence.halt.source == "watchdog"
+    if r.stalled_s is None and not r.timed_out and not watchdog:
         return None
     stacks = r.evidence.stackdumps
     beats = r.evidence.last_heartbeat
@@ -121,7 +123,8 @@ def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     hung = hung_ranks(stacks, beats)
     if not hung:
         return None
-    how = f"no progress for {r.stalled_s:.0f} s" if r.stalled_s is not None else f"the {r.timeout_s:g} s timeout"
+    how = (f"no progress for {r.stalled_s:.0f} s" if r.stalled_s is not None
+           else f"the {r.timeout_s:g} s timeout" if r.timed_out else "the trainer's watchdog .HALT")
     stuck = "; ".join(f"{_on(ev, k)}rank {k} {_where(stacks.get(k), beats.get(k))}" for k in hung)
     waiting = [k for k in ranks if k not in hung]
     others = "; ".join(f"{_on(ev, k)}rank {k} {_where(stacks.get(k), beats.get(k))}" for k in waiting)

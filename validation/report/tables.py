@@ -162,7 +162,11 @@ def reproduce_rows(records: list[PhaseRecord], runbook: str | None = None, profi
             # every node's agent ran here, the same command: all of them side by side (a lone
             # agent only waits out the join timeout for the others)
             process = "{ " + " & ".join([process] * len(nodes.nodes)) + " & wait; }"
-        rows.append({"phase": r.phase, "point": point_label(r),
+        # srun --jobid names the allocation it ran in, which the harness released if it asked for it
+        note = (f"it ran in Slurm job {nodes.slurm_job_id}, whose allocation may be gone: paste it inside a live "
+                "allocation of the same shape with --jobid set to it, or re-run the point with the pytest line"
+                if nodes is not None and nodes.launcher == "slurm" else None)
+        rows.append({"phase": r.phase, "point": point_label(r), "note": note,
                      "rerun": f"pytest {select} --runbook {shlex.quote(runbook or r.key.runbook)} "
                               f"--profile {shlex.quote(profile or r.key.profile)}{store}",
                      "process": (f"cd {shlex.quote(r.cwd)} && " if r.cwd else "") + process})

@@ -188,3 +188,21 @@ def test_the_reports_rerun_command_selects_its_point(params):
     out = _pytest(*shlex.split(row["rerun"])[1:], "--collect-only")
     assert f"test_phase[{test_id}]" in out.stdout and re.search(r"\b1(/\d+)? tests? collected", out.stdout), \
         out.stdout + out.stderr
+
+
+def test_a_slurm_points_process_line_says_its_allocation_may_be_gone():
+    """Pasted after the run, a Slurm point's process line said 'srun: error: Slurm job 3 has
+    expired': the harness released the allocation it had asked for. The line now says so."""
+    from validation.judge.nodes import NodeEvidence, NodesEvidence
+    from validation.judge.record import Evidence, PhaseRecord, PointKey, Status
+    from validation.report.tables import reproduce_rows
+
+    nodes = NodesEvidence("slurm", "n1:20003", 60.0, [NodeEvidence(0, "node0.log", host="n1", ranks=[0])], slurm_job_id="3")
+    rec = PhaseRecord(PointKey("slurm_cpu", "cpu", "train"), "slurm_cpu/cpu/train/default", "train", Status.PASS, "",
+                      command=["srun", "--jobid=3", "python", "-m", "torch.distributed.run"],
+                      evidence=Evidence(nodes=nodes))
+    (row,) = reproduce_rows([rec])
+    assert row["note"].startswith("it ran in Slurm job 3, whose allocation may be gone")
+    plain = PhaseRecord(PointKey("rb", "cpu", "train"), "rb/cpu/train/default", "train", Status.PASS, "",
+                        command=["python", "-m", "nsa.train"])
+    assert reproduce_rows([plain])[0]["note"] is None

@@ -39,12 +39,18 @@ Progress = Callable[[str], None]
 
 
 class StepProgress:
-    """A train point's progress line from its training.csv: step N/total, tokens/s, ETA."""
+    """A train point's progress line from its training.csv: step N/total, tokens/s, ETA; once no
+    new step has come for QUIET_STEPS steps' time (and QUIET_MIN_S), how long none has instead of
+    an ETA that only grows."""
+
+    QUIET_STEPS = 3
+    QUIET_MIN_S = 10.0
 
     def __init__(self, point: PhasePoint, csv: Path, progress: Progress):
         self.point, self.csv, self.progress = point, csv, progress
         self.total = point.phase.steps if point.phase.kind in TRAINER_KINDS else None
         self.first: tuple[float, int] | None = None  # (elapsed, step) when a step was first seen
+        self.latest: tuple[float, int] | None = None  # (elapsed, step) when the last step was first seen
 
     def __call__(self, elapsed: float) -> None:
         row = tail(self.csv, 1).split(",")
@@ -54,9 +60,15 @@ class StepProgress:
             line += f" step {step}/{self.total}, {_number(row[3])} tok/s"
             if self.first is None:
                 self.first = (elapsed, step)
-            t0, s0 = self.first
-            if self.total and step > s0 and elapsed > t0:
-                line += f", ETA {(self.total - step) * (elapsed - t0) / (step - s0):.0f}s"
+            if self.latest is None or step != self.latest[1]:
+                self.latest = (elapsed, step)
+            (t0, s0), (seen, _) = self.first, self.latest
+            per_step = (seen - t0) / (step - s0) if step > s0 else None
+            quiet = elapsed - seen
+            if per_step is not None and quiet > max(self.QUIET_MIN_S, self.QUIET_STEPS * per_step):
+                line += f", no new step for {quiet:.0f}s"
+            elif self.total and per_step is not None and elapsed > t0:
+                line += f", ETA {(self.total - step) * per_step:.0f}s"
         self.progress(line)
 
 

@@ -1,9 +1,12 @@
 """The harness's own progress watch (validation/launch/watch.py): the highest step in the
-heartbeats and the training CSV, read from the bytes appended since the last look."""
+heartbeats and the training CSV, read from the bytes appended since the last look; and the
+progress line a running point prints (validation/launch/kinds.py)."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
+from validation.launch.kinds import StepProgress
 from validation.launch.watch import StepWatch
 
 HEADER = "step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb\n"
@@ -71,3 +74,19 @@ def test_headerless_csv_torn_and_odd_records_are_no_step(tmp_path):
     (tmp_path / "heartbeat_rankX.jsonl").write_text(_beat(50))  # not a heartbeat file of the contract
     watch = StepWatch(tmp_path, csv)
     assert watch.look() and watch.highest == 3
+
+
+def test_the_progress_line_says_how_long_no_step_came_instead_of_a_growing_eta(tmp_path):
+    """During a stall the line's ETA kept growing ('ETA 4408s', two torchrun nodes, one hung)."""
+    csv = tmp_path / "training.csv"
+    point = SimpleNamespace(test_id="rb/cpu/p/default", phase=SimpleNamespace(steps=100, kind="train"))
+    lines: list[str] = []
+    progress = StepProgress(point, csv, lines.append)
+    for step, elapsed in ((1, 1.0), (2, 2.0), (3, 3.0)):  # a step a second
+        csv.write_text(HEADER + "".join(f"{s},5.0,0.1,1000,1.0,1,0,0\n" for s in range(1, step + 1)))
+        progress(elapsed)
+    assert lines[-1] == "rb/cpu/p/default:     3s step 3/100, 1,000 tok/s, ETA 97s"
+    progress(9.0)  # 6 s without a step: within max(10 s, 3 steps) still an ETA, from the steps' pace
+    assert lines[-1].endswith("ETA 97s")
+    progress(20.0)
+    assert lines[-1] == "rb/cpu/p/default:    20s step 3/100, 1,000 tok/s, no new step for 17s"

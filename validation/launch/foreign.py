@@ -65,9 +65,9 @@ def missing_file(spec: TrainerSpec, root: Path) -> str | None:
     """Why a file the trainer's command names (its script or module, its config template) is not
     there, or None. Checked before a point runs: a misspelt name is no run of the trainer, and
     its record must not replace one that is."""
-    if spec.entry[0] == "-m":
-        return _missing_module(spec.entry[1], root)
-    named = [("trainer.script", spec.entry[0])]
+    if spec.entry[0] == "-m" and (why := _missing_module(spec.entry[1], root)):
+        return why
+    named = [("trainer.script", spec.entry[0])] if spec.entry[0] != "-m" else []
     if spec.config is not None:
         named.append(("trainer.config.template", spec.config.template))
     for key, rel in named:

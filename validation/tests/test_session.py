@@ -136,6 +136,15 @@ def test_a_trainer_module_that_is_not_there_cannot_launch(tmp_path, capsys, modu
         assert not (res / "results.json").exists() or not ResultStore(res).records()
 
 
+def test_a_trainer_modules_config_template_that_is_not_there_cannot_launch(tmp_path, capsys):
+    """A module that is there does not excuse a config template that is not."""
+    trainer = {**{k: v for k, v in NATIVE.items() if k != "script"}, "module": "native_train",
+               "config": {"template": "no_such.yaml", "pass_as": {"flag": "--config"}}}
+    rb = _runbook(tmp_path / "rb.yaml", [_phase("single")], trainer=trainer)
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(tmp_path / "res"), "--no-plots"]) == 2
+    assert "trainer.config.template: 'no_such.yaml'" in capsys.readouterr().err
+
+
 def test_a_runbook_whose_trainer_cannot_launch_leaves_no_records_to_spoil_a_later_report(tmp_path):
     """`pytest -m cpu_profile` also selected seed_trainer_cpu (its root unset): its SKIP records made
     a later `nsa-validate report` INCOMPLETE (exit 3) after a GO run."""

@@ -66,7 +66,7 @@ def read_training_csv(out_dir: Path) -> pd.DataFrame:
     if not path.is_file():
         raise ArtifactError(f"{path}: missing (the trainer wrote no {TRAINING_CSV})")
     data = path.read_bytes()
-    if torn_last_row(path) is not None:
+    if not data.endswith(b"\n"):  # a last row cut off mid-write (torn_last_row): not read
         data = data[:data.rfind(b"\n") + 1]
     try:
         df = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False)

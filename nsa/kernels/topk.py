@@ -1,15 +1,20 @@
 """Triton importance scores and top-n block selection, in two kernels.
 
 Scores: one program owns BT consecutive query tokens of one KV group, with all G query heads of
-the group as rows (padded to GP, a power of two). It streams the compressed keys in chunks of BJ
-selection blocks (BJ * R compressed tokens, R = l'/d), recomputes
-p_cmp = exp(q . kc / sqrt(K) - lse) over the visible compressed tokens, sums it over the
-group's heads and maps it onto selection blocks by overlap weight (the compressed tokens that
-straddle the chunk boundary are carried to the next chunk). It writes one float32 score per
-(token, group, block): forced blocks (0, the block holding t and the one before) get +inf,
-blocks after the query's own get -1 (never chosen over a visible block). The [S, S/d]
-probability matrix never reaches device memory; the [S, H, S/l'] scores do, a query chunk at a
-time (TopkTuning.score_budget bounds them, so memory stays linear in S).
+the group as rows (padded to GP, a power of two; the rows' order puts a token's heads where
+their sum costs least, see _row_roles), the tiles with the most work first. It streams the
+compressed keys in chunks of BJ selection blocks (R = l'/d compressed tokens a block, padded to
+RP columns), recomputes p_cmp = exp(q . kc / sqrt(K) - lse) over the visible compressed tokens
+(without a mask for the chunks every row of the tile sees whole), sums it over the group's heads
+and maps it onto selection blocks by overlap weight in float32: a block takes its own tokens'
+overlap and the previous block's tokens' overlap past that block's end (carried from chunk to
+chunk). It writes one float32 score per (token, group, block): forced blocks (0, the block
+holding t and the one before) get +inf, blocks after the query's own get -1 (never chosen over
+a visible block). The [S, S/d] probability matrix never reaches device memory; the
+[S, H, S/l'] scores do, a query chunk at a time (TopkTuning.score_budget bounds them, so memory
+stays linear in S). Compiled for sm_90 (Triton 3.6) at the seeds' shape (G = 6, K = 64), the
+loop over whole chunks is 451 instructions a chunk against 995 for the earlier masked loop with
+token-major rows, whose head sum took 200 shuffles and 200 adds.
 
 Select: one program owns BR rows of scores, whole rows in registers. Non-negative float32 scores
 order like their bit patterns, so a binary search on the bits (31 steps) finds the n-th largest
@@ -54,24 +59,78 @@ def _overlap_weight(o, L: tl.constexpr, D: tl.constexpr, LS: tl.constexpr):
 
 
 @triton.jit
+def _row_roles(ROWS: tl.constexpr, GP: tl.constexpr, REGS: tl.constexpr):
+    """(token, head) of each of a tile's ROWS = tokens x GP rows. The rows of a tensor-core
+    product's accumulator on 4 warps are rho = 64 a + 16 w + 8 b + l: a its 64-row repeat and b
+    its half, both in one thread's registers; w the warp; l the lane's row (lanes 4l..4l+3). A
+    token's heads take b, then a, then the low bits of l, so that _head_sum adds them mostly
+    inside a thread (at GP = 8 on 128 rows, 3 adds and one shuffle a value against 3 shuffles
+    and 3 adds in token-major order). Any bijection is correct; this one is fast. REGS: the
+    tile fits it (rows in whole 64-row repeats A, and GP // (2 A) in 1..8), else token-major."""
+    rho = tl.arange(0, ROWS)
+    if REGS:
+        A: tl.constexpr = ROWS // 64
+        M: tl.constexpr = GP // (2 * A)  # head bits taken from l
+        l = rho % 8
+        return ((rho // 16) % 4) * (8 // M) + l // M, (l % M) * (2 * A) + (rho // 64) * 2 + (rho // 8) % 2
+    else:
+        return rho // GP, rho % GP
+
+
+@triton.jit
+def _head_sum(p, BT: tl.constexpr, GP: tl.constexpr, BC: tl.constexpr, REGS: tl.constexpr):
+    """p [BT * GP, BC], rows in _row_roles' order, summed over each token's heads: [BT, BC]."""
+    if REGS:
+        A: tl.constexpr = BT * GP // 64
+        p = tl.sum(tl.reshape(p, [A, 64, BC]), 0)  # a
+        p = tl.sum(tl.reshape(p, [4, 2, 8, BC]), 1)  # b
+        return tl.sum(tl.reshape(p, [BT, GP // (2 * A), BC]), 1)  # the low bits of l
+    else:
+        return tl.sum(tl.reshape(p, [BT, GP, BC]), 1)
+
+
+@triton.jit
+def _chunk_scores(p, carry, c, jt, w_in, w_out, out_rows, tok_ok, NB, BT: tl.constexpr, GP: tl.constexpr,
+                  BJ: tl.constexpr, RP: tl.constexpr, REGS: tl.constexpr):
+    """Chunk c's block scores from its probabilities p [BT * GP, BJ * RP] (rows in _row_roles'
+    order; column j * RP + o the o-th compressed token of the chunk's block j): summed over the
+    group's heads; each block takes its tokens' overlap with it (w_in [BJ, RP]) and the
+    previous block's tokens' overlap past that block's end (w_out; carry for the chunk's first
+    block); forced blocks +inf, blocks after the token's own -1; stored. Returns what the
+    chunk's last block hands to the next chunk's first."""
+    ps = tl.reshape(_head_sum(p, BT, GP, BJ * RP, REGS), [BT, BJ, RP])
+    sc = tl.sum(ps * w_in[None, :, :], 2)  # [BT, BJ]
+    out = tl.sum(ps * w_out[None, :, :], 2)  # what each block hands to the next
+    jj = tl.arange(0, BJ)
+    nxt = (jj[:, None] + 1 == jj[None, :]).to(tl.float32)  # [BJ, BJ]: block i to block i + 1
+    sc += tl.sum(out[:, :, None] * nxt[None, :, :], 1) + tl.where(jj[None, :] == 0, carry[:, None], 0.0)
+    j = c * BJ + jj
+    forced = (j[None, :] == 0) | (j[None, :] == jt[:, None]) | (j[None, :] == jt[:, None] - 1)
+    sc = tl.where(forced, float("inf"), sc)
+    sc = tl.where(j[None, :] <= jt[:, None], sc, -1.0)
+    tl.store(out_rows[:, None] + j[None, :], sc, mask=tok_ok & (j[None, :] < NB))
+    return tl.sum(tl.where(jj[None, :] == BJ - 1, out, 0.0), 1)
+
+
+@triton.jit
 def _score_kernel(
     q, kc, lse, scores, Tq, Nc, NB, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, LS: tl.constexpr, BJ: tl.constexpr,
-    BT: tl.constexpr, BC: tl.constexpr, DOT: tl.constexpr,
+    BT: tl.constexpr, RP: tl.constexpr, DOT: tl.constexpr,
 ):
-    pid_t = tl.program_id(0)
+    pid_t = tl.num_programs(0) - 1 - tl.program_id(0)  # the tiles with the most chunks first
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
     HQ: tl.constexpr = H * G
     R: tl.constexpr = LS // D
-    BCR: tl.constexpr = BJ * R  # compressed tokens per chunk; BC is its next power of two
+    BCR: tl.constexpr = BJ * R  # compressed tokens per chunk
     ROWS: tl.constexpr = BT * GP
+    REGS: tl.constexpr = (ROWS % 64 == 0) and (GP >= 2 * (ROWS // 64)) and (GP <= 16 * (ROWS // 64))
 
-    rows = tl.arange(0, ROWS)
-    tt = pid_t * BT + rows // GP
-    g = rows % GP
+    tok_r, g = _row_roles(ROWS, GP, REGS)
+    tt = pid_t * BT + tok_r
     rmask = (tt < Tq) & (g < G)
     pos_r = q_start + tt
     offk = tl.arange(0, BK)
@@ -80,6 +139,7 @@ def _score_kernel(
     qt = tl.load(q_base + (tt * HQ + g).to(tl.int64)[:, None] * K + offk[None, :],
                  mask=rmask[:, None] & kmask[None, :], other=0.0)
     lse2 = lse_log2(tl.load(lse + b.to(tl.int64) * Tq * HQ + h * G + tt * HQ + g, mask=rmask, other=0.0))
+    lse2 = tl.where(rmask, lse2, float("inf"))  # a padding row's p is 0 without a mask
     # compressed token i is visible to position p iff i*D + L - 1 <= p
     hi_r = tl.where(pos_r + 1 >= L, (pos_r + 1 - L) // D, -1)
     hi_r = tl.where(rmask, hi_r, -1)
@@ -89,35 +149,37 @@ def _score_kernel(
     jt = (q_start + tok) // LS
     t_last = tl.minimum(pid_t * BT + BT - 1, Tq - 1)
     n_chunks = tl.cdiv((q_start + t_last) // LS + 1, BJ)
+    # the chunks whose compressed tokens the tile's first token (so every row) sees: no mask
+    p_first = q_start + pid_t * BT
+    n_whole = tl.minimum(tl.where(p_first + 1 >= L, ((p_first + 1 - L) // D + 1) // BCR, 0), n_chunks)
 
-    # overlap maps: in-chunk tokens -> chunk blocks, and the chunk's tail -> the next block 0
-    cc = tl.arange(0, BC)
+    # a chunk's columns: j * RP + o, the o-th compressed token of its block j (o < R)
     jj = tl.arange(0, BJ)
-    ccv = cc < BCR
-    wmap = _overlap_weight(cc[:, None] - jj[None, :] * R, L, D, LS).to(tl.float32)  # [BC, BJ]
-    wmap = tl.where(ccv[:, None], wmap, 0.0)
-    wtail = tl.where(ccv, _overlap_weight(cc - BCR, L, D, LS), 0).to(tl.float32)  # [BC]
+    o = tl.arange(0, RP)
+    col = (jj[:, None] * R + o[None, :]).reshape(BJ * RP)  # the token's offset in the chunk
+    colv = tl.broadcast_to(o[None, :] < R, [BJ, RP]).reshape(BJ * RP)
+    w_in = tl.where(o < R, _overlap_weight(o, L, D, LS), 0).to(tl.float32)
+    w_out = tl.where(o < R, _overlap_weight(o - R, L, D, LS), 0).to(tl.float32)  # past the block's end
+    w_in = tl.broadcast_to(w_in[None, :], [BJ, RP])
+    w_out = tl.broadcast_to(w_out[None, :], [BJ, RP])
 
     qk_scale = sm_scale * LOG2E
     out_rows = scores + ((b.to(tl.int64) * Tq + tok) * H + h) * NB
     tok_ok = tok[:, None] < Tq
     carry = tl.zeros([BT], tl.float32)
-    for c in range(0, n_chunks):
-        ci = c * BCR + cc
+    for c in range(0, n_whole):
+        ci = c * BCR + col
         kt = tl.load(kc_base + ci.to(tl.int64)[:, None] * (H * K) + offk[None, :],
-                     mask=((ci < Nc) & ccv)[:, None] & kmask[None, :], other=0.0)
-        s = tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale
-        vis = (ci[None, :] <= hi_r[:, None]) & ccv[None, :]
-        p = tl.where(vis, tl.exp2(s - lse2[:, None]), 0.0)
-        ps = tl.sum(tl.reshape(p, [BT, GP, BC]), 1)  # [BT, BC], summed over the group's heads
-        sc = tl.sum(ps[:, :, None] * wmap[None, :, :], 1)  # [BT, BJ]
-        sc = sc + tl.where(jj[None, :] == 0, carry[:, None], 0.0)
-        carry = tl.sum(ps * wtail[None, :], 1)
-        j = c * BJ + jj
-        forced = (j[None, :] == 0) | (j[None, :] == jt[:, None]) | (j[None, :] == jt[:, None] - 1)
-        sc = tl.where(forced, float("inf"), sc)
-        sc = tl.where(j[None, :] <= jt[:, None], sc, -1.0)
-        tl.store(out_rows[:, None] + j[None, :], sc, mask=tok_ok & (j[None, :] < NB))
+                     mask=colv[:, None] & kmask[None, :], other=0.0)
+        p = tl.exp2(tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale - lse2[:, None])
+        carry = _chunk_scores(p, carry, c, jt, w_in, w_out, out_rows, tok_ok, NB, BT, GP, BJ, RP, REGS)
+    for c in range(n_whole, n_chunks):
+        ci = c * BCR + col
+        kt = tl.load(kc_base + ci.to(tl.int64)[:, None] * (H * K) + offk[None, :],
+                     mask=((ci < Nc) & colv)[:, None] & kmask[None, :], other=0.0)
+        s = tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale - lse2[:, None]
+        p = tl.where((ci[None, :] <= hi_r[:, None]) & colv[None, :], tl.exp2(s), 0.0)
+        carry = _chunk_scores(p, carry, c, jt, w_in, w_out, out_rows, tok_ok, NB, BT, GP, BJ, RP, REGS)
     for c in range(n_chunks, tl.cdiv(NB, BJ)):  # blocks after the tile's last query's own
         j = c * BJ + jj
         tl.store(out_rows[:, None] + j[None, :], tl.full([BT, BJ], -1.0, tl.float32),
@@ -224,7 +286,7 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int, tu
         kc = q.new_zeros(B, 1, H, K)
     interpret = q.device.type == "cpu"
     GP = triton.next_power_of_2(G)
-    BT = max(1, (64 if interpret else tune.rows) // GP)
+    BT = max(1, (tune.rows_interpret if interpret else tune.rows) // GP)
     BK = max(16, triton.next_power_of_2(K))
     BJ = 16
     NB = triton.cdiv(q_start + Tq, LS)
@@ -238,7 +300,7 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int, tu
         # a fallback with fewer rows (BT tokens, at least 16 rows) keeps the chunk a multiple of BT
         launch(_score_kernel, lambda c, t=t: (triton.cdiv(t, c["BT"]), B * H),
                (qa, kc, lsea, sc, t, Nc, NB, q_start + a, 1.0 / math.sqrt(K)),
-               dict(H=H, G=G, GP=GP, K=K, BK=BK, L=L, D=D, LS=LS, BJ=BJ, BC=triton.next_power_of_2(BJ * (LS // D)),
+               dict(H=H, G=G, GP=GP, K=K, BK=BK, L=L, D=D, LS=LS, BJ=BJ, RP=triton.next_power_of_2(LS // D),
                     DOT=dot_precision(q.dtype)),
                dict(BT=BT, num_warps=4 if interpret else 8 if fp32_wide(q.dtype, K) else tune.warps,
                     num_stages=1 if interpret else tune.stages), halve=("BT",), floor=max(1, 16 // GP))

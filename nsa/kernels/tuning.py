@@ -123,17 +123,19 @@ class SelectionTuning(_Tuning):
 class TopkTuning(_Tuning):
     """Top-n selection (nsa.kernels.topk) on CUDA: the score kernel's query rows (tokens x padded
     group) a program, warps and pipeline stages (rows 128 / 4 warps / 2 stages best at 2k, 16k,
-    64k and m7c_125m, the retired bench/gpu/topk_probe.py); score_budget bytes of float32 block
-    scores held at once (longer inputs are scored a query chunk at a time); select_candidates, the
-    scores a row the select kernel searches over when a floor leaves that few (topk._select_kernel)."""
+    64k and m7c_125m, the retired bench/gpu/topk_probe.py); rows_interpret, its rows on the CPU
+    interpreter; score_budget bytes of float32 block scores held at once (longer inputs are scored
+    a query chunk at a time); select_candidates, the scores a row the select kernel searches over
+    when a floor leaves that few (topk._select_kernel)."""
     rows: int = 128
+    rows_interpret: int = 64
     warps: int = 4
     stages: int = 2
     score_budget: int = 1 << 28
     select_candidates: int = 128
 
     def __post_init__(self):
-        self._check_positive("rows", "warps", "stages", "score_budget", "select_candidates")
+        self._check_positive("rows", "rows_interpret", "warps", "stages", "score_budget", "select_candidates")
         self._set_arg()
 
 

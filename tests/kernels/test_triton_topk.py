@@ -100,6 +100,23 @@ def test_topk_groups_that_are_not_powers_of_two(kdev, G):
     assert agree >= 0.99
 
 
+@pytest.mark.parametrize("G,rows", [(6, 128), (16, 128), (4, 128), (2, 128), (6, 64)],
+                         ids=["G6-128", "G16-128", "G4-128", "G2-128", "G6-64"])
+def test_topk_row_orders_and_whole_chunks(kdev, G, rows):
+    """The score kernel's tiles as the GPU launches them (128 rows) and the interpreter's (64):
+    a token's heads laid out over registers and lanes (topk._row_roles) where the tile allows
+    it, token-major where not (G = 2 on 128 rows); the first tiles' tokens see several chunks
+    of compressed tokens whole (the loop without masks), the later ones a chunk in part, and
+    the sequence ends inside a tile."""
+    from nsa.kernels.tuning import TopkTuning
+
+    cfg = NSAConfig()
+    tune = TopkTuning(rows=rows, rows_interpret=rows)
+    agree = _check(kdev, KCase(cfg, B=1, T=3 * rows // G - 5, H=2 if G < 16 else 1, G=G, K=16, q_start=2090,
+                               seed=G + rows), tune=tune)
+    assert agree >= 0.99
+
+
 def _top_reference(scores: torch.Tensor, n: int) -> torch.Tensor:
     """The n best of each row by (score descending, block ascending) among scores >= 0,
     ascending, -1 padded."""

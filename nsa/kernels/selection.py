@@ -265,8 +265,8 @@ def _sel_dq_from_parts_kernel(idx, parts, dq_in, dq, n_rows, sm_scale, H: tl.con
 def _sel_bwd_dkv_kernel(
     q, k, v, do, lse, delta, keys_sorted, perm, item_seg, item_start, item_end, dk, dv, kept,
     Tq, Tk, NB, q_start, sm_scale,
-    H: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-    LS: tl.constexpr, BS: tl.constexpr, BQ: tl.constexpr, KEEP: tl.constexpr, DOT: tl.constexpr,
+    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+    LS: tl.constexpr, BS: tl.constexpr, ROWS: tl.constexpr, KEEP: tl.constexpr, DOT: tl.constexpr,
 ):
     """One work item of the dk/dv pass (see the module docstring), key-major: scores as
     S^T = K Q^T [BS, ROWS], so that P^T and dS^T come out of one tensor-core product in the
@@ -274,7 +274,9 @@ def _sel_bwd_dkv_kernel(
     transposed through shared memory. On one H100 at 64 rows and 4 warps the whole selected
     backward took 27.10 ms at S=64k against 28.48 for S = Q K^T at its best tiles (128 rows,
     8 warps), 6.42 against 6.70 at 16k; key-major at 128 rows and 8 warps took 42.72
-    (docs/measurements/2026-11-23-e/dkv_forms_6e43bc5.log)."""
+    (docs/measurements/2026-11-23-e/dkv_forms_6e43bc5.log). The ROWS rows of a step are the
+    items' (token, head) pairs in order, G a token (as in selection_blocks' forward): no
+    padding of a group to a power of two, which at G = 6 left a quarter of every product idle."""
     w = tl.program_id(0)
     s0 = tl.load(item_start + w)
     s1 = tl.load(item_end + w)
@@ -285,7 +287,6 @@ def _sel_bwd_dkv_kernel(
         b = bh // H
         h = bh % H
         HQ: tl.constexpr = H * G
-        ROWS: tl.constexpr = BQ * GP
         offs = tl.arange(0, BS)
         kpos = j * LS + offs
         kval = (offs < LS) & (kpos < Tk)
@@ -296,16 +297,16 @@ def _sel_bwd_dkv_kernel(
         kvm = kval[:, None] & kmask[None, :]
         kt = tl.load(k + kv_base + kv_off, mask=kvm, other=0.0)
         vt = tl.load(v + kv_base + kv_off, mask=kvm, other=0.0)
-        rows = tl.arange(0, ROWS)
-        rq = rows // GP
-        g = rows % GP
         qk_scale = sm_scale * LOG2E
         dk_acc = tl.zeros([BS, BK], tl.float32)
         dv_acc = tl.zeros([BS, BK], tl.float32)
-        for u in range(s0, s1, BQ):
-            tmask = (u + rq < s1) & (g < G)
+        for r0 in range(s0 * G, s1 * G, ROWS):
+            rho = r0 + tl.arange(0, ROWS)  # (sorted token u, head g) = (rho // G, rho % G)
+            tmask = rho < s1 * G
+            u = rho // G
+            g = rho % G
             # a key is seg * Tq + token (see nsa.kernels._inverse)
-            t = (tl.load(keys_sorted + u + rq, mask=tmask, other=0) - seg.to(tl.int64) * Tq).to(tl.int32)
+            t = (tl.load(keys_sorted + u, mask=tmask, other=0) - seg.to(tl.int64) * Tq).to(tl.int32)
             pos = q_start + t
             row = (b.to(tl.int64) * Tq + t) * HQ + h * G + g
             m2 = tmask[:, None] & kmask[None, :]
@@ -322,11 +323,11 @@ def _sel_bwd_dkv_kernel(
             dk_acc += tl.dot(dst.to(qt.dtype), qt, input_precision=DOT)
             # kept for the dq pass (KEEP, see _dq_source), at the idx entry (token, slot) the key came from
             if KEEP == "ds":  # the dS tile [G, l']
-                e = tl.load(perm + u + rq, mask=tmask, other=0)
+                e = tl.load(perm + u, mask=tmask, other=0)
                 tl.store(kept + (e * G + g)[None, :] * LS + offs[:, None], dst.to(kept.dtype.element_ty),
                          mask=tmask[None, :] & (offs < LS)[:, None])
             if KEEP == "dq":  # the dq partial dS @ K [G, K], unscaled
-                e = tl.load(perm + u + rq, mask=tmask, other=0)
+                e = tl.load(perm + u, mask=tmask, other=0)
                 dqp = tl.dot(tl.trans(dst.to(kt.dtype)), kt, input_precision=DOT)
                 tl.store(kept + (e * G + g)[:, None] * K + offk[None, :], dqp.to(kept.dtype.element_ty), mask=m2)
         kv_off = offs[:, None] * (H * K) + offk[None, :]
@@ -499,16 +500,14 @@ def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, d
     keys_sorted, perm, (seg, start, end), NB = work
     meta = _meta(q, k, sel_block)
     interpret = q.device.type == "cpu"
-    GP = triton.next_power_of_2(meta["G"])
     # K <= 32 gets the 128 rows of K=64: more rows a step were never measured
     rows = 64 if interpret else min(tune.dkv_cells // meta["BK"], 128)
     warps = 8 if fp32_wide(q.dtype, meta["K"]) else tune.dkv_warps
-    cfg = dict(BQ=max(1, rows // GP), num_warps=4 if interpret else warps,
-               num_stages=1 if interpret else tune.dkv_stages)
+    cfg = dict(ROWS=rows, num_warps=4 if interpret else warps, num_stages=1 if interpret else tune.dkv_stages)
     launch(_sel_bwd_dkv_kernel, lambda c: (seg.numel(),),
            (q, k, v, do, lse, delta, keys_sorted, perm, seg, start, end, dk, dv, q if kept is None else kept,
             q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3])),
-           dict(meta, GP=GP, KEEP=keep, DOT=dot_precision(q.dtype)), cfg, halve=("BQ",), floor=1)
+           dict(meta, KEEP=keep, DOT=dot_precision(q.dtype)), cfg, halve=("ROWS",))
 
 
 def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, tune: SelectionTuning):

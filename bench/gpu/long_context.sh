@@ -20,6 +20,12 @@
 #   profile     where a whole training step's device time goes, both models, eager, PROFILE_LENS
 #               (default 16384 65536): top kernels and their sum by family (attention, products, rest);
 #               PROFILE_OVERRIDES more --override arguments (e.g. --override train.compile=true)
+#   ab          bench_nsa.py at AB_SHAPES (m7c@64k 64k) with AB_OPS (sdpa_cudnn topn sel nsa_core), in the
+#               tree AB_TREE (default .device/old: an earlier commit's nsa/ and bench/, carried with the
+#               call: git archive <commit> nsa bench pyproject.toml | tar -x -C .device/old) and in this
+#               one, alternating AB_ROUNDS times (2): the same machine and run for both
+#   counters    bench/kernel_counters.py: every kernel of one NSA core step at COUNTER_SHAPES (m7c@64k)
+#               under Nsight Compute, what limits it (raw CSV to $OUT/ncu_<shape>.csv)
 #   FORM_SHAPES, FORM_OPS, FORM_SEL, THROUGHPUT_LENS, TRAIN_STEPS override the defaults; <PART>_TIMEOUT bounds a part.
 # Results under $OUT: long_context.log (everything), tests.xml (per-test errors), *.json.
 . bench/gpu/device_prologue.sh
@@ -81,6 +87,19 @@ for part in ${PARTS:-tests forms}; do
       --seq-lens ${PROFILE_LENS:-16384 65536} --steps 3 --warmup 2 --profile 2 --profile-rows 45 \
       --override train.grad_accum=1 --override train.fused_adamw=true ${PROFILE_OVERRIDES:-} \
       --json "$OUT/profile.json" 2>&1 | tee -a "$LOG" ;;
+  ab)
+    for round in $(seq "${AB_ROUNDS:-2}"); do
+      for tree in "${AB_TREE:-.device/old}" .; do
+        echo "### round $round, tree $tree" | tee -a "$LOG"
+        (cd "$tree" && PYTHONPATH=$PWD timeout "${AB_TIMEOUT:-150}" python3 bench/bench_nsa.py \
+          --shapes ${AB_SHAPES:-m7c@64k 64k} --ops ${AB_OPS:-sdpa_cudnn topn sel nsa_core}) 2>&1 | tee -a "$LOG"
+      done
+    done ;;
+  counters)
+    for shape in ${COUNTER_SHAPES:-m7c@64k}; do
+      timeout "${COUNTERS_TIMEOUT:-300}" python3 bench/kernel_counters.py --shapes "$shape" \
+        --csv "$OUT/ncu_${shape/@/_}.csv" 2>&1 | tee -a "$LOG"
+    done ;;
   *) echo "unknown part $part" | tee -a "$LOG" ;;
   esac
 done

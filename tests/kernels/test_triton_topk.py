@@ -127,6 +127,32 @@ def _top_reference(scores: torch.Tensor, n: int) -> torch.Tensor:
     return out
 
 
+def _score_rows(rows: int, NB: int, n: int) -> torch.Tensor:
+    """Rows of block scores as the score kernel writes them: +inf forced blocks, -1 for the
+    blocks a row may not choose, many ties, all tied, fewer than n visible."""
+    gen = torch.Generator().manual_seed(NB + n)
+    scores = torch.rand(rows, NB, generator=gen)
+    scores[0:4] = torch.randint(0, 5, (4, NB), generator=gen).float() / 4  # many ties
+    scores[4] = 0.5  # all tied: the floor leaves every block
+    for r, visible in ((5, n - 1), (6, n), (7, NB // 3), (8, 1)):  # causal rows: the rest is -1
+        scores[r, visible:] = -1.0
+    scores[9:, 0] = float("inf")
+    scores[9:, NB // 2] = float("inf")
+    return scores
+
+
+@pytest.mark.parametrize("NB,n", [(300, 16), (1024, 16), (70, 5), (3, 5)], ids=["NB300", "NB1024", "NB70-n5", "NB3-n5"])
+def test_select_top_bitonic(kdev, NB, n):
+    """The select kernel with the n-th largest score from a bitonic top-k (n not a power of two
+    too, and rows shorter than n) gives the reference's blocks."""
+    from nsa.kernels import topk
+
+    scores = _score_rows(24, NB, n)
+    got = torch.empty(24, n, dtype=torch.int64, device=kdev)
+    topk.select_top(scores.clone().to(kdev), got, bitonic=True)
+    assert torch.equal(got.cpu(), _top_reference(scores, n))
+
+
 @pytest.mark.parametrize("NB,n,cap", [(300, 16, 64), (1024, 16, 64), (70, 4, 16)],
                          ids=["NB300", "NB1024", "NB70-n4"])
 def test_select_top_searches_few_candidates_or_the_whole_row(kdev, NB, n, cap):
@@ -136,15 +162,8 @@ def test_select_top_searches_few_candidates_or_the_whole_row(kdev, NB, n, cap):
     invisible, fewer than n visible) give the reference's blocks."""
     from nsa.kernels import topk
 
-    gen = torch.Generator().manual_seed(NB + n)
     rows = 24
-    scores = torch.rand(rows, NB, generator=gen)
-    scores[0:4] = torch.randint(0, 5, (4, NB), generator=gen).float() / 4  # many ties
-    scores[4] = 0.5  # all tied: the floor leaves every block
-    for r, visible in ((5, n - 1), (6, n), (7, NB // 3), (8, 1)):  # causal rows: the rest is -1
-        scores[r, visible:] = -1.0
-    scores[9:, 0] = float("inf")
-    scores[9:, NB // 2] = float("inf")
+    scores = _score_rows(rows, NB, n)
     ref = _top_reference(scores, n)
     got = torch.empty(rows, n, dtype=torch.int64, device=kdev)
     work = scores.clone().to(kdev)

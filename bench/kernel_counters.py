@@ -93,22 +93,24 @@ def table(csv: Path) -> None:
         return frame[name].map(_number) * scale if name in frame else pd.Series(float("nan"), index=frame.index)
 
     dur = col("gpu__time_duration.sum", 1e-3)  # ns -> us
-    gb = col("dram__bytes_read.sum", 1e-9) + col("dram__bytes_write.sum", 1e-9)
-    pipes = [c for c in frame.columns if c.startswith("sm__inst_executed_pipe_") and c.endswith("pct_of_peak_sustained_active")]
+    gb = col("dram__bytes.sum.per_second", 1e-9) * dur * 1e-6  # bytes read and written
+    pipes = [c for c in frame.columns if c.startswith("sm__inst_executed_pipe_") and ".avg.pct_of_peak_sustained_active" in c]
     stalls = [c for c in frame.columns if c.startswith(STALL_PREFIX) and c.endswith(STALL_SUFFIX)]
     total = dur.sum()
     print(f"{len(frame)} launches, {total / 1e3:.3f} ms in all (ncu's replay times, clocks as found)")
-    print("| # | kernel | us | share | DRAM GB | GB/s | DRAM % | SM % | issue % | occupancy % | regs | pipes % | stalls (cycles a issue) |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+    print("| # | kernel | us | share | DRAM GB | GB/s | DRAM % | L2 % | SM % | issue % | occupancy % | regs | pipes % "
+          "| stalls (cycles a issue) |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
     for i, (idx, row) in enumerate(frame.iterrows()):
         busiest = sorted(((_number(row[c]), c[len("sm__inst_executed_pipe_"):].split(".")[0]) for c in pipes),
                          reverse=True)[:3]
         worst = sorted(((_number(row[c]), c[len(STALL_PREFIX):-len(STALL_SUFFIX)]) for c in stalls), reverse=True)[:2]
         name = str(row.get("Kernel Name", "?"))[:60]
         print(f"| {i} | {name} | {dur[idx]:.1f} | {dur[idx] / total:.1%} | {gb[idx]:.3f} | "
-              f"{gb[idx] / dur[idx] * 1e6:.0f} | {col('dram__throughput.avg.pct_of_peak_sustained_elapsed')[idx]:.0f} | "
+              f"{gb[idx] / dur[idx] * 1e6:.0f} | {col('gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed')[idx]:.0f} | "
+              f"{col('lts__throughput.avg.pct_of_peak_sustained_elapsed')[idx]:.0f} | "
               f"{col('sm__throughput.avg.pct_of_peak_sustained_elapsed')[idx]:.0f} | "
-              f"{col('smsp__issue_active.avg.pct_of_peak_sustained_active')[idx]:.0f} | "
+              f"{col('sm__issue_active.avg.pct_of_peak_sustained_elapsed')[idx]:.0f} | "
               f"{col('sm__warps_active.avg.pct_of_peak_sustained_active')[idx]:.0f} | "
               f"{col('launch__registers_per_thread')[idx]:.0f} | "
               f"{', '.join(f'{n} {v:.0f}' for v, n in busiest)} | {', '.join(f'{n} {v:.1f}' for v, n in worst)} |")

@@ -62,17 +62,17 @@ def test_kernel_table_counts_device_events_per_step_by_family():
 
 def test_kernel_counters_tabulates_an_ncu_csv(tmp_path):
     """bench/kernel_counters.py's table of an ncu raw-page CSV in base units: ncu's messages
-    before the header skipped, the units row not a launch, duration in us, DRAM bytes read plus
-    written, the busiest pipes and the largest stalls by name."""
+    before the header skipped, the units row not a launch, duration in us, DRAM bytes from the
+    rate and the duration, the busiest pipes (their averages) and the largest stalls by name."""
     csv = tmp_path / "ncu.csv"
     stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
-    cols = ["ID", "Kernel Name", "gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
-            "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
-            "sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active",
-            stall.format("long_scoreboard"), stall.format("math_pipe_throttle")]
-    rows = [["", "", "nsecond", "byte", "byte", "%", "%", "ratio", "ratio"],
-            ["0", "_score_kernel", "2,000,000", "1000000000", "500000000", "90.5", "20.1", "1.5", "3.25"],
-            ["1", "_select_kernel", "500000", "500000000", "0", "1", "5", "4.5", "0.1"]]
+    pipe = "sm__inst_executed_pipe_{}.{}.pct_of_peak_sustained_active"
+    cols = ["ID", "Kernel Name", "gpu__time_duration.sum", "dram__bytes.sum.per_second", pipe.format("xu", "avg"),
+            pipe.format("xu", "max"), pipe.format("fma", "avg"), stall.format("long_scoreboard"),
+            stall.format("math_pipe_throttle")]
+    rows = [["", "", "nsecond", "byte/second", "%", "%", "%", "ratio", "ratio"],
+            ["0", "_score_kernel", "2,000,000", "750000000000", "90.5", "99", "20.1", "1.5", "3.25"],
+            ["1", "_select_kernel", "500000", "1000000000000", "1", "2", "5", "4.5", "0.1"]]
     csv.write_text("==PROF== Connected to process 1\n"
                    + "\n".join(",".join(f'"{v}"' for v in row) for row in [cols, *rows]) + "\n")
     r = _run("bench/kernel_counters.py", "--table", str(csv))
@@ -80,5 +80,5 @@ def test_kernel_counters_tabulates_an_ncu_csv(tmp_path):
     lines = [line for line in r.stdout.splitlines() if line.startswith("| 0 |") or line.startswith("| 1 |")]
     assert len(lines) == 2 and r.stdout.startswith("2 launches, 2.500 ms")
     score = [c.strip() for c in lines[0].split("|")]
-    assert score[2:7] == ["_score_kernel", "2000.0", "80.0%", "1.500", "750"]
+    assert score[2:7] == ["_score_kernel", "2000.0", "80.0%", "1.500", "750"]  # us, share, GB, GB/s
     assert score[-3] == "xu 90, fma 20" and score[-2] == "math_pipe_throttle 3.2, long_scoreboard 1.5"

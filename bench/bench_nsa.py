@@ -285,7 +285,8 @@ def sweep(shapes, only=()):
                   dict(tt=0, tt_rows=32), dict(tt=0, tt_rows=64), dict(tt=0, tt_rows=128, tt_max=16),
                   dict(tt=0, tt_nb=8.0)]
         sel_bwd = [dict(dq_keep="dq"), dict(dq_keep="ds"), dict(qc=256), dict(qc=128), dict(qc=1024),
-                   dict(dkv_cells=4096), dict(dkv_cells=16384), dict(dkv_warps=8), dict(dkv_stages=3)]
+                   dict(dkv_cells=4096), dict(dkv_cells=16384), dict(dkv_warps=8), dict(dkv_stages=3),
+                   dict(dkv_stages=1)]
         # fwd_warps / fwd_stages: both forms; blocks_rows: the key-block-major forward's rows a step
         sel_fwd = [dict(fwd_warps=4, fwd_stages=3), dict(fwd_warps=2, fwd_stages=3), dict(fwd_warps=4, fwd_stages=2),
                    dict(fwd_warps=8, fwd_stages=3), dict(blocks_rows=32), dict(blocks_rows=128),
@@ -295,7 +296,8 @@ def sweep(shapes, only=()):
             ("sel bwd", [SelectionTuning(**v) for v in sel_bwd], [sel_fb]),
             ("sel fwd", [SelectionTuning(**v) for v in sel_fwd], [sel_f]),
             ("topk", [TopkTuning(rows=r, warps=w) for r, w in [(128, 8), (256, 8), (64, 4), (128, 4)]]
-             + [TopkTuning(select_bitonic=True), TopkTuning(select_candidates=64)], [tk]),
+             + [TopkTuning(select_bitonic=True), TopkTuning(select_candidates=64), TopkTuning(stages=1),
+                TopkTuning(stages=3)], [tk]),
         ]
         for label, tunings, timed in groups:
             if only and not any(o in label for o in only):

@@ -9,9 +9,8 @@ l' = 64, K = 64, bf16), which bounds it (docs/performance.md, ninth set). Here a
 work item of the inverse selection (nsa.kernels._inverse: up to qc tokens that chose one block),
 loads the block's keys and values once and runs the items' (token, head) rows through them BM at
 a time, G rows a token, no padding. Each (token, head, slot) gets a partial output, normalised,
-with its float32 log-sum-exp; a second kernel combines a row's n partials in float32, all
-loaded at once and summed in a fixed order. No atomics: the result does not depend on the order
-programs run in.
+with its float32 log-sum-exp; a second kernel combines a row's n partials in slot order, in
+float32. No atomics: the result does not depend on the order programs run in.
 
 Cost: the partials, B * Tq * HQ * n * K values written and read once, instead of the gather.
 They are stored in q's dtype when it has 16 bits (float32 otherwise): a normalised partial is a
@@ -96,41 +95,46 @@ def _blocks_fwd_kernel(
 @triton.jit
 def _blocks_combine_kernel(
     idx, o_part, lse_part, o, lse, n_rows, Tc, Tq, a,
-    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, N: tl.constexpr, NP: tl.constexpr,
-    BR: tl.constexpr,
+    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, N: tl.constexpr, BR: tl.constexpr,
 ):
     """BR rows (b, token, head) of the chunk: o = sum over the row's valid slots of
-    exp2(lse_s - LSE) * o_s with LSE = log2 sum exp2(lse_s) (base-2 partial lse), in float32;
-    o and the natural-log lse go to the rows of the chunk's tokens in o, lse [B, Tq, HQ(, K)].
-    All of a row's n partials are loaded at once ([BR, NP, BK]): the loads of a slot-by-slot
-    loop waited on each other (ncu at the seeds' shape, S = 64k, on one H100: 0.84 ms for 1.8 GB,
-    stalled on memory latency)."""
+    exp2(lse_s - LSE) * o_s with LSE = log2 sum exp2(lse_s) (base-2 partial lse), in slot
+    order, in float32; o and the natural-log lse go to the rows of the chunk's tokens in o, lse
+    [B, Tq, HQ(, K)]. The slot loop is unrolled and no load waits on another, so that a row's
+    n loads are in flight together: as a loop they waited on each other (ncu at the seeds'
+    shape, S = 64k, on one H100: 0.84 ms for 1.8 GB, stalled on memory latency)."""
     HQ: tl.constexpr = H * G
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     rm = r < n_rows
     bt = r // HQ  # b * Tc + token of the chunk
     hq = r % HQ
+    g = hq % G
     e0 = (bt.to(tl.int64) * H + hq // G) * N  # the row's first idx entry in the chunk
-    i = tl.arange(0, NP)
     offk = tl.arange(0, BK)
-    slot = e0[:, None] + i[None, :]  # [BR, NP]
-    valid = rm[:, None] & (i[None, :] < N)
-    valid = valid & (tl.load(idx + slot, mask=valid, other=-1) >= 0)
-    part = slot * G + (hq % G)[:, None]
-    lse_s = tl.load(lse_part + part, mask=valid, other=float("-inf"))
-    o_s = tl.load(o_part + part[:, :, None] * K + offk[None, None, :],
-                  mask=valid[:, :, None] & (offk < K)[None, None, :], other=0.0).to(tl.float32)
-    m = tl.max(lse_s, 1)
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse_s - m_safe[:, None])  # 0 for the invalid slots
-    l_i = tl.sum(w, 1)
-    acc = tl.sum(w[:, :, None] * o_s, 1)  # [BR, BK]
+    m2 = rm[:, None] & (offk < K)[None, :]
+    m_i = tl.full([BR], float("-inf"), tl.float32)
+    l_i = tl.zeros([BR], tl.float32)
+    acc = tl.zeros([BR, BK], tl.float32)
+    for i in tl.static_range(N):
+        # every slot of a row in range is loaded (its partial buffer exists; a -1 slot's is
+        # unwritten) and a -1 slot dropped after: no load waits on the idx load
+        valid = tl.load(idx + e0 + i, mask=rm, other=-1) >= 0
+        part = (e0 + i) * G + g
+        lse_s = tl.where(valid, tl.load(lse_part + part, mask=rm, other=float("-inf")), float("-inf"))
+        o_s = tl.where(valid[:, None], tl.load(o_part + part[:, None] * K + offk[None, :], mask=m2, other=0.0), 0.0)
+        o_s = o_s.to(tl.float32)
+        m_new = tl.maximum(m_i, lse_s)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        beta = tl.exp2(lse_s - m_safe)
+        l_i = l_i * alpha + beta
+        acc = acc * alpha[:, None] + beta[:, None] * o_s
+        m_i = m_new
     has = l_i > 0
     l_safe = tl.where(has, l_i, 1.0)
     row = ((bt // Tc).to(tl.int64) * Tq + a + bt % Tc) * HQ + hq
-    tl.store(o + row[:, None] * K + offk[None, :], (acc / l_safe[:, None]).to(o.dtype.element_ty),
-             mask=rm[:, None] & (offk < K)[None, :])
-    tl.store(lse + row, tl.where(has, (m_safe + tl.log2(l_safe)) * LN2, float("-inf")), mask=rm)
+    tl.store(o + row[:, None] * K + offk[None, :], (acc / l_safe[:, None]).to(o.dtype.element_ty), mask=m2)
+    tl.store(lse + row, tl.where(has, (m_i + tl.log2(l_safe)) * LN2, float("-inf")), mask=rm)
 
 
 def partial_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -181,8 +185,7 @@ def blocks_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch
                dict(meta, LS=sel_block, BS=max(16, triton.next_power_of_2(sel_block)), DOT=dot_precision(q.dtype)),
                tiles, halve=("BM",))
         rows = B * Tc * HQ
-        NP = triton.next_power_of_2(n)
-        BR = max(1, 8192 // (NP * BK))  # 64 partial values a thread on 4 warps
+        BR = max(1, 8192 // (triton.next_power_of_2(n) * BK))  # 64 partial values a thread on 4 warps
         _blocks_combine_kernel[(triton.cdiv(rows, BR),)](idx_c, o_part, lse_part, o, lse, rows, Tc, Tq, a, N=n,
-                                                         NP=NP, BR=BR, **meta)
+                                                         BR=BR, **meta)
     return o, lse, inverse if chunk >= Tq else None

@@ -243,36 +243,6 @@ def _select_kernel(scores, idx, NROWS, NB, N: tl.constexpr, NP: tl.constexpr, NB
              mask=rm[:, None] & (col[None, :] >= n_taken[:, None]) & (col[None, :] < N))
 
 
-@triton.jit
-def _select_bitonic_kernel(scores, idx, NROWS, NB, N: tl.constexpr, NP: tl.constexpr, NBP: tl.constexpr,
-                           BR: tl.constexpr):
-    """The select kernel with the n-th largest score x from Triton's bitonic top-k of the whole
-    row (tl.topk of NP = next_pow2(n) values) instead of a search on the bits; the same
-    blocks (x is the same number, the taking below the same)."""
-    r = tl.program_id(0) * BR + tl.arange(0, BR)
-    rm = r < NROWS
-    j = tl.arange(0, NBP)
-    row = scores + r.to(tl.int64)[:, None] * NB
-    s = tl.load(row + j[None, :], mask=rm[:, None] & (j[None, :] < NB), other=-1.0)
-    if NP <= NBP:
-        top = tl.topk(s, NP)  # [BR, NP], descending
-        c = tl.arange(0, NP)
-        x = tl.maximum(tl.min(tl.where(c[None, :] < N, top, float("inf")), 1), 0.0)
-    else:  # fewer blocks than n: every visible one is taken
-        x = tl.zeros([BR], tl.float32)
-    above = s > x[:, None]
-    tied = s == x[:, None]
-    room = N - tl.sum(above.to(tl.int32), 1)
-    take = above | (tied & (tl.cumsum(tied.to(tl.int32), 1) <= room[:, None]))
-    slot = tl.cumsum(take.to(tl.int32), 1) - 1
-    out = idx + r.to(tl.int64)[:, None] * N
-    tl.store(out + slot, j[None, :].to(tl.int64) + tl.zeros([BR, NBP], tl.int64), mask=take & rm[:, None])
-    n_taken = tl.sum(take.to(tl.int32), 1)
-    col = tl.arange(0, NP)
-    tl.store(out + col[None, :], tl.full([BR, NP], -1, tl.int64),
-             mask=rm[:, None] & (col[None, :] >= n_taken[:, None]) & (col[None, :] < N))
-
-
 def _select_launch(nbp: int) -> tuple[int, int]:
     """(rows per program, warps) of the select kernel. From S=16k (256 blocks a row) one warp and
     about 16 scores per thread, so that the 31 row counts of the search stay inside a warp
@@ -288,20 +258,15 @@ def _select_launch(nbp: int) -> tuple[int, int]:
     return max(1, 512 // nbp), max(1, nbp // 1024)  # past S=64k (not timed): 2+ warps, <= 140 registers
 
 
-def select_top(scores: torch.Tensor, idx: torch.Tensor, candidates: int = TOPK.select_candidates,
-               bitonic: bool = TOPK.select_bitonic) -> None:
+def select_top(scores: torch.Tensor, idx: torch.Tensor, candidates: int = TOPK.select_candidates) -> None:
     """idx [rows, n] (int64): the n best of each row of block scores [rows, NB] (float32, as the
     score kernel writes them: -1 for a block the row may not choose), ascending, -1 padded, ties
-    to the lower block (see the module docstring); ``candidates``: TopkTuning.select_candidates;
-    ``bitonic``: TopkTuning.select_bitonic. Overwrites the scores."""
+    to the lower block (see the module docstring); ``candidates``: TopkTuning.select_candidates.
+    Overwrites the scores."""
     rows, NB = scores.shape
     n = idx.shape[1]
     NBP = triton.next_power_of_2(NB)
     BR, warps = _select_launch(NBP)
-    if bitonic:
-        _select_bitonic_kernel[(triton.cdiv(rows, BR),)](scores, idx, rows, NB, N=n, NP=triton.next_power_of_2(n),
-                                                         NBP=NBP, BR=BR, num_warps=warps)
-        return
     # the search over at most CAP candidates a row, for rows of 4 CAP blocks and more (shorter
     # rows search in registers cheaply enough); NS interleaved sets give the floor (NS <= n)
     NS = min(1 << (n.bit_length() - 1), NBP)
@@ -323,7 +288,7 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int, tu
     GP = triton.next_power_of_2(G)
     BT = max(1, (tune.rows_interpret if interpret else tune.rows) // GP)
     BK = max(16, triton.next_power_of_2(K))
-    BJ = 16
+    BJ = tune.chunk_blocks
     NB = triton.cdiv(q_start + Tq, LS)
     chunk = max(BT, tune.score_budget // (B * H * NB * 4) // BT * BT)
     buffer = torch.empty(B * min(chunk, Tq) * H * NB, device=q.device, dtype=torch.float32)
@@ -341,7 +306,7 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int, tu
                     num_stages=1 if interpret else tune.stages), halve=("BT",), floor=max(1, 16 // GP))
         rows = B * t * H
         out = idx[:, a:a + t] if t == Tq else torch.empty(B, t, H, n, device=q.device, dtype=torch.int64)
-        select_top(sc.view(rows, NB), out.view(rows, n), tune.select_candidates, tune.select_bitonic)
+        select_top(sc.view(rows, NB), out.view(rows, n), tune.select_candidates)
         if t < Tq:
             idx[:, a:a + t] = out
     return idx

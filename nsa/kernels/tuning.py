@@ -126,18 +126,19 @@ class TopkTuning(_Tuning):
     64k and m7c_125m, the retired bench/gpu/topk_probe.py); rows_interpret, its rows on the CPU
     interpreter; score_budget bytes of float32 block scores held at once (longer inputs are scored
     a query chunk at a time); select_candidates, the scores a row the select kernel searches over
-    when a floor leaves that few (topk._select_kernel); select_bitonic, the n-th largest score
-    from a bitonic top-k of the whole row instead (topk._select_bitonic_kernel)."""
+    when a floor leaves that few (topk._select_kernel); chunk_blocks, the selection blocks the
+    score kernel takes a step (their compressed tokens are the columns of its product)."""
     rows: int = 128
     rows_interpret: int = 64
     warps: int = 4
     stages: int = 2
     score_budget: int = 1 << 28
     select_candidates: int = 128
-    select_bitonic: bool = False
+    chunk_blocks: int = 16
 
     def __post_init__(self):
-        self._check_positive("rows", "rows_interpret", "warps", "stages", "score_budget", "select_candidates")
+        self._check_positive("rows", "rows_interpret", "warps", "stages", "score_budget", "select_candidates",
+                             "chunk_blocks")
         self._set_arg()
 
 

@@ -100,18 +100,19 @@ def test_topk_groups_that_are_not_powers_of_two(kdev, G):
     assert agree >= 0.99
 
 
-@pytest.mark.parametrize("G,rows", [(6, 128), (16, 128), (4, 128), (2, 128), (6, 64)],
-                         ids=["G6-128", "G16-128", "G4-128", "G2-128", "G6-64"])
-def test_topk_row_orders_and_whole_chunks(kdev, G, rows):
+@pytest.mark.parametrize("G,rows,chunk", [(6, 128, 16), (16, 128, 16), (4, 128, 16), (2, 128, 16), (6, 64, 16),
+                                          (6, 128, 8)],
+                         ids=["G6-128", "G16-128", "G4-128", "G2-128", "G6-64", "G6-128-chunk8"])
+def test_topk_row_orders_and_whole_chunks(kdev, G, rows, chunk):
     """The score kernel's tiles as the GPU launches them (128 rows) and the interpreter's (64):
     a token's heads laid out over registers and lanes (topk._row_roles) where the tile allows
     it, token-major where not (G = 2 on 128 rows); the first tiles' tokens see several chunks
     of compressed tokens whole (the loop without masks), the later ones a chunk in part, and
-    the sequence ends inside a tile."""
+    the sequence ends inside a tile; chunks of 16 and 8 selection blocks."""
     from nsa.kernels.tuning import TopkTuning
 
     cfg = NSAConfig()
-    tune = TopkTuning(rows=rows, rows_interpret=rows)
+    tune = TopkTuning(rows=rows, rows_interpret=rows, chunk_blocks=chunk)
     agree = _check(kdev, KCase(cfg, B=1, T=3 * rows // G - 5, H=2 if G < 16 else 1, G=G, K=16, q_start=2090,
                                seed=G + rows), tune=tune)
     assert agree >= 0.99
@@ -139,18 +140,6 @@ def _score_rows(rows: int, NB: int, n: int) -> torch.Tensor:
     scores[9:, 0] = float("inf")
     scores[9:, NB // 2] = float("inf")
     return scores
-
-
-@pytest.mark.parametrize("NB,n", [(300, 16), (1024, 16), (70, 5), (3, 5)], ids=["NB300", "NB1024", "NB70-n5", "NB3-n5"])
-def test_select_top_bitonic(kdev, NB, n):
-    """The select kernel with the n-th largest score from a bitonic top-k (n not a power of two
-    too, and rows shorter than n) gives the reference's blocks."""
-    from nsa.kernels import topk
-
-    scores = _score_rows(24, NB, n)
-    got = torch.empty(24, n, dtype=torch.int64, device=kdev)
-    topk.select_top(scores.clone().to(kdev), got, bitonic=True)
-    assert torch.equal(got.cpu(), _top_reference(scores, n))
 
 
 @pytest.mark.parametrize("NB,n,cap", [(300, 16, 64), (1024, 16, 64), (70, 4, 16)],

@@ -274,8 +274,10 @@ def sweep(shapes, only=()):
                                                      (128, 64, 8, 2)]], [cmp_fb]),
             ("win fwd", [BandTiles(fwd=t) for t in [(128, 64, 8, 3), (128, 32, 4, 4), (256, 64, 8, 3),
                                                     (64, 64, 4, 3)]], [win_fb]),
-            ("win dq", [BandTiles(dq=t) for t in [(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3)]], [win_fb]),
-            ("win dkv", [BandTiles(dkv=t) for t in [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 2)]], [win_fb]),
+            ("win dq", [BandTiles(dq=t) for t in [(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 64, 4, 2),
+                                                  (64, 64, 4, 3)]], [win_fb]),
+            ("win dkv", [BandTiles(dkv=t) for t in [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 2), (64, 64, 4, 3),
+                                                    (128, 64, 4, 2), (64, 128, 4, 2)]], [win_fb]),
         ]
         # token tiles of the selection forward/dq: forced TT (tt > 0), then the rule (tt = 0) at
         # several rows per program; tt_nb only moves the short/long-context boundary (the rule

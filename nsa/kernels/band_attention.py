@@ -319,7 +319,10 @@ TILES = {
     "win": {  # K=128 on H100, S=64k / 16k (docs/measurements/2026-11-23-d/variants_ee3ccf7.log):
         "fwd": ((128, 64, 4, 3), (128, 32, 8, 4)),  # 3.20 / 0.81 ms against 3.66 / 0.91 at (128, 64, 8, 3)
         "dq": ((64, 64, 4, 2), (64, 64, 4, 2)),
-        "dkv": ((128, 64, 8, 2), (64, 64, 4, 3)),  # bwd 11.21 / 2.88 ms against 11.86 / 3.16 at (128, 64, 8, 2)
+        # K=128: bwd 11.21 / 2.88 ms against 11.86 / 3.16 at (128, 64, 8, 2); K=64 (the seeds' m7c_125m
+        # attention, S=64k, bench_nsa.py --sweep): window fwd+bwd 1.45 ms against 1.68 at (128, 64, 8, 2)
+        # (docs/measurements/2026-11-27/call3_54ce13e_long_context.log)
+        "dkv": ((64, 64, 4, 3), (64, 64, 4, 3)),
     },
 }
 

@@ -47,9 +47,11 @@ class Outcome:
 
     @property
     def stopped_short(self) -> bool:
-        """Exit 0, no .HALT, no timeout, and fewer steps logged than requested."""
+        """Exit 0, no .HALT, no timeout, no broken contract file, and fewer steps logged than
+        requested. A broken file decides the verdict first (process_verdict) and explains a step
+        count read from it: a last row cut off is not read, so the CSV ends a step early."""
         return (self.kind in TRAINER_KINDS and self.exit_code == 0 and self.halt is None and not self.timed_out
-                and self.steps_requested is not None and self.steps_completed is not None
+                and not self.errors and self.steps_requested is not None and self.steps_completed is not None
                 and self.steps_completed < self.steps_requested)
 
     def short_text(self) -> str:

@@ -203,8 +203,11 @@ def imbalance(records: list[PhaseRecord]) -> list[Finding]:
     out = []
     for r in records:
         ev = r.evidence
-        if r.timed_out or r.stalled_s is not None or r.exit_code not in (0, None):
-            continue  # a crash or stall has its own finding; its ranks are not 'idle'
+        if r.timed_out or r.stalled_s is not None or r.exit_code not in (0, None) or r.status == Status.ERROR:
+            # a crash or stall has its own finding; its ranks are not 'idle'. Nor are those of a run
+            # whose files broke the contract (its finding names the file): a rank whose heartbeats
+            # went into a file of a rank that does not exist has none of its own, and did work
+            continue
         times = ev.rank_step_time_s
         if r.metrics.idle_ranks:
             detail = []

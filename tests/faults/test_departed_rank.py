@@ -102,6 +102,7 @@ def test_a_node_whose_rank_exited_0_is_named_not_a_hung_node(tmp_path, matrix, m
     rec = _run(tmp_path, "native", {"kind": "torchrun", "nproc": 1, "nnodes": 2,
                                     "rdzv": {"endpoint": "localhost:0", "join_timeout_s": 20}}, monkeypatch)
     assert rec.status == Status.FAIL and rec.reason.startswith(("stalled", "trainer crashed")), rec.reason
+    assert "stacks taken" not in rec.reason, rec.reason  # no rank was left to take a stack of
     text = _titles(rec)
     assert "hung" not in text, text
     [node] = [f for f in find([rec]) if f.title.startswith("node ")]

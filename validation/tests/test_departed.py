@@ -8,6 +8,7 @@ from validation.contract.stacks import TakenStack
 from validation.contract.torchrun_log import RankFailure
 from validation.judge.findings.departed import departed, departure
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
+from validation.judge.verdict import Outcome, verdict
 
 PEER = RankFailure(exception="RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1", exit_code=1)
 
@@ -45,3 +46,17 @@ def test_a_rank_that_finished_its_steps_or_may_be_a_process_of_unknown_rank_did_
     assert departed(_record({}, {0: 8, 1: 8}, stalled=True, taken=(_taken(0),))) == []  # rank 0 hung after
     assert departed(_record({}, {0: 3, 1: 2}, stalled=True, taken=(_taken(0), _taken(None, 9)))) == []
     assert departed(_record({}, {0: 3, 1: 2}, stalled=True)) == []  # nothing ran and nothing failed: no contrast
+
+
+def test_a_stall_with_no_rank_left_running_does_not_say_stacks_were_taken():
+    """Node 1's rank exited 0 and node 0's failed after it; node 1's agent waited at torchrun's
+    exit barrier until the stall watch stopped the run: no rank's stack to take, and the verdict
+    had said 'stacks taken'."""
+    gone = Outcome("train", stalled_s=16.0, steps_requested=8, steps_completed=3, stacks_tried=0)
+    assert verdict(gone, []) == (Status.FAIL, "stalled: no progress for 16s after step 3; no rank was left running "
+                                              "to take a stack of and the run killed by the harness")
+    hung = Outcome("train", stalled_s=16.0, steps_requested=8, steps_completed=3, stacks_tried=2)
+    assert "; stacks taken and the run killed by the harness" in verdict(hung, [])[1]
+    rec = _record({0: PEER}, {0: 3, 1: 2}, stalled=True)
+    assert Outcome.of_record(rec).stacks_tried == 0
+    assert Outcome.of_record(_record({}, {0: 3, 1: 2}, stalled=True, taken=(_taken(0),))).stacks_tried == 1

@@ -58,8 +58,9 @@ def _titles(rec: PhaseRecord) -> str:
 
 def test_the_rank_that_exited_0_is_named_not_the_one_whose_collective_broke(tmp_path, matrix, monkeypatch):
     matrix.start("rank exits 0 early", f"`TEST_TRAINER_FAULT={FAULT}` (native_train.py), torchrun x2 (gloo)",
-                 "FAIL; the crash finding names rank 1 as having exited 0 early at step 3, not rank 0's broken "
-                 "collective; advice about a rank's own stop condition, not a traceback")
+                 "FAIL; the crash finding names rank 1 as having exited 0 early (as step 3 started: its last "
+                 "heartbeat step 2), not rank 0's broken collective; advice about a rank's own stop condition, "
+                 "not a traceback")
     t0 = time.time()
     rec = _run(tmp_path, "native", {"kind": "torchrun", "nproc": 2}, monkeypatch)
     assert rec.status == Status.FAIL and "crashed" in rec.reason, rec.reason

@@ -26,7 +26,7 @@ from validation.contract.adapters import ADAPTERS
 from validation.contract.check_command import check as check_artifacts
 from validation.errors import HarnessError
 from validation.runbook.describe import describe
-from validation.runbook.load import load_profile, load_runbook
+from validation.runbook.load import load_profile, load_runbook, runbook_profile
 from validation.session.session import (
     MISMATCH_POLICIES,
     AcceptanceSession,
@@ -127,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _load(runbook_arg: str, profile_arg: str | None):
     rb = load_runbook(runbook_arg)
-    prof = load_profile(profile_arg or rb.profiles[0])
+    prof = load_profile(profile_arg) if profile_arg else runbook_profile(rb, rb.profiles[0])
     return rb, prof
 
 

@@ -18,6 +18,7 @@ hang_rank:R@K  rank R sleeps forever as step K starts; the others stop in step K
                wait_for_peers (nothing more written by any rank);
 hang_all@K     every rank sleeps forever as step K starts;
 kill_rank:R@K  rank R SIGKILLs itself as step K starts;
+quit_rank:R@K  rank R exits 0 as step K starts; the others stop in step K, asleep in wait_for_peers;
 slow_rank:R@K  rank R spends 0.2 s more on every step from K;
 nan@K          step K is logged with loss ``nan``, rank 0 writes the JSON ``.HALT`` (source
                ``nonfinite``), exit 4;

@@ -23,6 +23,7 @@ hang_rank:R@K  rank R sleeps forever as step K starts; the others write step K's
                record, then block in its all-reduce (under torchrun) -- alone, R can only be 0;
 hang_all@K     every rank sleeps forever as step K starts;
 kill_rank:R@K  rank R SIGKILLs itself as step K starts; under torchrun the others' all-reduce fails;
+quit_rank:R@K  rank R exits 0 as step K starts; under torchrun the others' all-reduce fails;
 slow_rank:R@K  rank R spends 0.2 s more on every step from K, before its ``forward`` record (a
                straggler: the others wait for it in the all-reduce);
 nan@K          step K's loss is NaN: its row is logged (loss ``nan``), rank 0 writes the JSON

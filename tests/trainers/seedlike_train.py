@@ -20,6 +20,7 @@ hang_rank:R@K  rank R sleeps forever as step K starts, before its beat; the othe
                step K, then sleep in wait_for_peers (where the seed's DDP would wait);
 hang_all@K     every rank sleeps forever as step K starts;
 kill_rank:R@K  rank R SIGKILLs itself as step K starts, before its beat;
+quit_rank:R@K  rank R exits 0 as step K starts, before its beat; the others sleep in wait_for_peers;
 slow_rank:R@K  rank R spends 0.2 s more on every step from K, before its beat;
 nan@K          step K's loss is NaN: rank 0 logs its row (loss ``nan``), writes ``.anomaly_type``
                and the text ``.HALT``, and the run stops with exit 0, as the seed's does;

@@ -13,6 +13,9 @@ format (its docstring says how).
     hang_all[@K]       every rank blocks forever as step K starts (in hang_forever)
     kill_rank:R[@K]    rank R is SIGKILLed as step K starts (it sends the signal to itself, as the
                        kernel's OOM killer would; in kill_self): no traceback, no exit code of its own
+    quit_rank:R[@K]    rank R exits 0 as step K starts, writing nothing more (in quit_self): a rank
+                       whose own stop condition ends it early; the other ranks stop in step K as
+                       for hang_rank (a real collective fails without it, else wait_for_peers())
     slow_rank:R[@K]    rank R is a straggler: from step K on it spends SLOW_S more on each step, as
                        it starts (in straggle), before anything of the step is written
     nan[@K]            the loss of step K is NaN on every rank: logged, then the trainer's own
@@ -38,10 +41,10 @@ from dataclasses import dataclass
 
 ENV = "TEST_TRAINER_FAULT"
 DEFAULT_STEP = 3
-KINDS = ("quit_early", "hang_rank", "hang_all", "kill_rank", "slow_rank", "nan", "crash", "malformed",
+KINDS = ("quit_early", "hang_rank", "hang_all", "kill_rank", "quit_rank", "slow_rank", "nan", "crash", "malformed",
          "missing_optional")
 #: the kinds that name a rank (KIND:R)
-RANKED = ("hang_rank", "kill_rank", "slow_rank")
+RANKED = ("hang_rank", "kill_rank", "quit_rank", "slow_rank")
 #: the extra seconds a slow_rank spends on each step
 SLOW_S = 0.2
 #: what malformed writes where a number belongs
@@ -73,6 +76,10 @@ class Fault:
         """``rank`` is SIGKILLed as ``step`` starts."""
         return self.kind == "kill_rank" and rank == self.rank and step == self.step
 
+    def quits(self, rank: int, step: int) -> bool:
+        """``rank`` exits 0 as ``step`` starts."""
+        return self.kind == "quit_rank" and rank == self.rank and step == self.step
+
     def slows(self, rank: int, step: int) -> bool:
         """``rank`` straggles in ``step``."""
         return self.kind == "slow_rank" and rank == self.rank and step >= self.step
@@ -83,12 +90,14 @@ class Fault:
             hang_forever()
         if self.kills(rank, step):
             kill_self()
+        if self.quits(rank, step):
+            quit_self()
         if self.slows(rank, step):
             straggle()
 
     def peer_hangs(self, rank: int, step: int) -> bool:
-        """Another rank blocks in ``step``: this one stops there too (in a collective)."""
-        return step == self.step and self.kind == "hang_rank" and rank != self.rank
+        """Another rank blocks or quits in ``step``: this one stops there too (in a collective)."""
+        return step == self.step and self.kind in ("hang_rank", "quit_rank") and rank != self.rank
 
 
 def parse(spec: str, world_size: int) -> Fault:
@@ -129,6 +138,11 @@ def hang_forever() -> None:
 def kill_self() -> None:
     """Where a killed rank ends: SIGKILL, which no handler sees."""
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def quit_self() -> None:
+    """Where a rank that leaves early ends: exit 0, no traceback."""
+    os._exit(0)
 
 
 def straggle() -> None:

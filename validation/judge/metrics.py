@@ -37,6 +37,9 @@ class RunData:
     timed_out: bool = False
     stalled_s: float | None = None
     """Seconds without progress when the harness stopped a stalled run (None: no stall)."""
+    stacks_tried: int | None = None
+    """Processes of ranks whose stacks the harness took (or tried to) when it stopped the run; 0:
+    none was left running; None: it did not stop the run."""
     halted: bool = False
     halt: HaltInfo | None = None
     """The .HALT record when there is one (the loss guard's source says the loss went non-finite)."""

@@ -32,24 +32,31 @@ class Outcome:
     errors: tuple[str, ...] = ()
     steps_requested: int | None = None
     steps_completed: int | None = None
+    stacks_tried: int | None = None
+    """Processes of ranks whose stacks the harness took (or tried to) when it stopped the run; 0:
+    no rank was left running (they had ended, a launcher kept the run open); None: not known."""
 
     @classmethod
     def of_run(cls, kind: str, run: RunData, errors: Sequence[str]) -> Outcome:
         completed = compute("steps_completed", run, None)
         return cls(kind, run.exit_code, run.timed_out, run.stalled_s, run.halt, tuple(errors), run.steps_requested,
-                   None if completed is None else int(completed))
+                   None if completed is None else int(completed), run.stacks_tried)
 
     @classmethod
     def of_record(cls, rec: PhaseRecord) -> Outcome:
         completed = rec.metrics.steps_completed
+        stopped = rec.stalled_s is not None or rec.timed_out
         return cls(rec.kind, rec.exit_code, rec.timed_out, rec.stalled_s, rec.evidence.halt, tuple(rec.evidence.errors),
-                   rec.steps if rec.kind in TRAINER_KINDS else None, None if completed is None else int(completed))
+                   rec.steps if rec.kind in TRAINER_KINDS else None, None if completed is None else int(completed),
+                   len(rec.evidence.taken_stacks) if stopped else None)
 
     @property
     def stopped_short(self) -> bool:
-        """Exit 0, no .HALT, no timeout, and fewer steps logged than requested."""
+        """Exit 0, no .HALT, no timeout, no broken contract file, and fewer steps logged than
+        requested. A broken file decides the verdict first (process_verdict) and explains a step
+        count read from it: a last row cut off is not read, so the CSV ends a step early."""
         return (self.kind in TRAINER_KINDS and self.exit_code == 0 and self.halt is None and not self.timed_out
-                and self.steps_requested is not None and self.steps_completed is not None
+                and not self.errors and self.steps_requested is not None and self.steps_completed is not None
                 and self.steps_completed < self.steps_requested)
 
     def short_text(self) -> str:
@@ -113,8 +120,9 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
     if outcome.stalled_s is not None:
         at = (f"after step {outcome.steps_completed}" if outcome.steps_completed
               else "before its first step (start-up)")
-        return Status.FAIL, (f"stalled: no progress for {outcome.stalled_s:.0f}s {at}; stacks taken and the run "
-                             "killed by the harness")
+        stacks = ("no rank was left running to take a stack of" if outcome.stacks_tried == 0
+                  else "stacks taken")
+        return Status.FAIL, f"stalled: no progress for {outcome.stalled_s:.0f}s {at}; {stacks} and the run killed by the harness"
     if outcome.timed_out:
         return Status.FAIL, "timed out: killed by the harness at the phase timeout"
     halt = outcome.halt

@@ -144,6 +144,16 @@ def load_profile(path_or_name: str | Path) -> Profile:
                    r.str_("description", "") or "", hw, thresholds, r.str_("notes", "") or "")
 
 
+def runbook_profile(rb: Runbook, name: str) -> Profile:
+    """A profile the runbook names under ``profiles``; one that does not exist is an error naming
+    the runbook's file and the key (a name there is checked only when used: --profile may give
+    a YAML path of that name instead)."""
+    try:
+        return load_profile(name)
+    except RunbookError as exc:
+        raise RunbookError(f"{rb.path}: profiles[{rb.profiles.index(name)}]: {exc}") from None
+
+
 def _resolve(path_or_name: str | Path, directory: Path, what: str) -> Path:
     p = Path(path_or_name)
     if p.suffix in (".yaml", ".yml"):

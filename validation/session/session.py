@@ -26,7 +26,7 @@ from validation.machine import Machine, detect
 from validation.report import tensorboard
 from validation.report.build import Rendered, Verdict, render
 from validation.runbook.hardware import mismatches
-from validation.runbook.load import available, load_profile, load_runbook
+from validation.runbook.load import available, load_profile, load_runbook, runbook_profile
 from validation.runbook.plan import PhasePoint, batches, expand
 from validation.runbook.types import Profile, Runbook
 from validation.session.point import cannot_launch, run_point, why_skip
@@ -155,7 +155,7 @@ class AcceptanceSession:
             profiles = [p for p in rb.profiles if not wanted or p in wanted.values()]
             if self.options.first_profile_only and not wanted:
                 profiles = profiles[:1]
-            out += [(rb, load_profile(p)) for p in profiles]
+            out += [(rb, runbook_profile(rb, p)) for p in profiles]
         used = {prof.name for _, prof in out}
         unused = [w for w, n in wanted.items() if n not in used]
         if unused:

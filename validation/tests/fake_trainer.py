@@ -21,6 +21,8 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
     NSA_FAULT=resume_skip:steps=2  a resumed run's loss continues 2 steps too far along its curve
                                  (data skipped), and env.json says where its data started
     NSA_FAULT=crash_stopping:step=2  a run asked to stop early (train.run_steps) crashes at step 2
+    NSA_FAULT=torn_last          runs every step, but its last row lacks its line end and its last
+                                 columns (cut off mid-write), and exits 0
 NSA_FAKE_WORLD=N simulates N ranks from one process; NSA_FAKE_STEP_S=S sleeps S seconds a step;
 NSA_FAKE_TOKS_SCALE=F multiplies tokens/s by F (a staged throughput change); NSA_FAKE_TOKS_BY_REPEAT=a,b,c
 multiplies it by a in a repeated point's first repeat, b in its second, ... (its directory's name,
@@ -153,6 +155,8 @@ def main() -> int:
                 csv.write(f"{step},2.0,1e-4,fast,0.1,1.0,0.5,1.0\n")
             elif fault == "lean":
                 csv.write(f"{step},{3.0 - step * 0.01:.4f},1e-4,{toks},nan,nan,nan,nan\n")
+            elif fault == "torn_last" and step == stop:
+                csv.write(f"{step},{3.0 - step * 0.01:.4f},1e-4,{toks},0.5,1.")
             elif fault == "nan_logged" and step >= opts.get("step", 1):
                 csv.write(f"{step},nan,1e-4,{toks},0.5,nan,0.5,1.0\n")
             else:

@@ -34,6 +34,16 @@ def test_bad_runbook_exit_2_names_key(tmp_path, capsys):
     assert "bad.yaml: phases[0].steps: expected an integer >= 1, got -1" in err
 
 
+def test_a_runbook_profile_that_does_not_exist_is_named_with_its_file_and_key(tmp_path, capsys):
+    """A misspelt profile in the runbook's own list: the error named neither the file nor the key."""
+    bad = write_runbook(tmp_path / "bad.yaml", [train_phase()], profiles=["cpuu"])
+    for argv in (["phases", "--runbook", str(bad)], ["run", "--runbook", str(bad), "--results-dir", str(tmp_path / "r")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{bad}: profiles[0]: no profile 'cpuu' under " in err and "profiles: a100, cpu, h100, h200" in err, err
+    assert not (tmp_path / "r").exists()
+
+
 def test_phases_lists_gates_and_sweeps(capsys):
     assert main(["phases", "--runbook", "nsa_ddp_a100", "--profile", "a100"]) == 0
     out = capsys.readouterr().out

@@ -15,7 +15,7 @@ from validation.contract.adapters import ADAPTERS, RunFacts
 from validation.judge.evidence import collect, collect_train
 from validation.judge.findings import find
 from validation.judge.metrics import RunData
-from validation.judge.record import PhaseRecord, PointKey, Status
+from validation.judge.record import PhaseRecord, PointKey, Status, Summary
 
 FAULTHANDLER = 'Current thread 0x00007f0000000001 (most recent call first):\n  File "/x/train.py", line 7 in {func}\n' \
                '  File "/x/train.py", line 1 in <module>\n'
@@ -155,3 +155,22 @@ def test_two_ranks_dumps_in_one_file_are_split_and_said(tmp_path):
     found = _convert(src, tmp_path / "out2", 2)
     assert found.ok and len(list((tmp_path / "out2").glob("stackdump_unranked*.txt"))) == 2
 
+
+
+def test_a_rank_whose_heartbeats_went_to_a_rank_that_does_not_exist_is_not_called_idle(tmp_path):
+    """Rank 1 of 2 wrote heartbeat_rank5.jsonl: the file is malformed (the point's ERROR, naming
+    it), and rank 1 has no heartbeat file of its own, so idle_ranks counts it; the report said
+    beside the error that it 'did no work', of a rank that ran every step."""
+    d = _contract_dir(tmp_path / "two", world=2, beats=(0, 5), dumps=())
+    for r in (0, 5):  # two steps each: rank 0 made progress, and rank 1 did too, in rank 5's file
+        (d / f"heartbeat_rank{r}.jsonl").write_text("".join(
+            json.dumps({"time": float(s), "step": s, "rank": min(r, 1)}) + "\n" for s in (1, 2)))
+    run = RunData(d, world_size=2, exit_code=0)
+    errors: list[str] = []
+    collect_train(run, errors)
+    assert errors and "heartbeat_rank5.jsonl" in errors[0]
+    rec = PhaseRecord(PointKey("rb", "cpu", "ddp"), "rb/cpu/ddp/default", "train", Status.ERROR, errors[0],
+                      exit_code=0, world_size=2, evidence=collect(run, tmp_path / "none.log", errors), out_dir="x",
+                      metrics=Summary.of(run, None))
+    assert rec.metrics.idle_ranks == 1
+    assert [f.kind for f in find([rec])] == ["artifacts"], [f.title for f in find([rec])]

@@ -70,3 +70,17 @@ def test_a_failed_exit_is_a_crash_only_after_a_step_was_logged():
     assert verdict(Outcome("train", exit_code=1, steps_requested=20, steps_completed=3), []) == (
         Status.FAIL, "trainer crashed (exit code 1)")
     assert verdict(Outcome("pytest", exit_code=1), []) == (Status.FAIL, "tests failed (exit code 1)")
+
+
+def test_a_torn_last_row_is_the_error_not_a_run_that_stopped_short(fake_run):
+    """The trainer ran every step and exited 0, but cut its last row short: the row is not read,
+    so the CSV ends a step early. The broken file is the verdict and the finding; "stopped after
+    step 5 of 6" and its advice to check that trainer.steps reaches the trainer were said beside
+    it, of a trainer that had run all six."""
+    run = fake_run([train_phase("long_run", fault="torn_last", steps=6, gates=LAST_10[1:])])
+    rec = run.record
+    assert rec.status == Status.ERROR and "the last row has no line end" in rec.reason, rec.reason
+    assert not Outcome.of_record(rec).stopped_short
+    kinds = [f.kind for f in run.context["findings"]]
+    assert "short_run" not in kinds and "artifacts" in kinds, kinds
+    assert "stopped after step" not in run.report and "exited 0 before the steps asked for" not in run.report

@@ -16,6 +16,13 @@ def _crash(f: Facts) -> str:
     return f"Read the traceback in the stderr log named in the finding, fix, then {_RERUN}."
 
 
+def _departed(f: Facts) -> str:
+    return ("A rank exited 0 before the steps asked for while the other ranks still needed it (its own files "
+            "show nothing wrong): look for a stop condition that holds on that rank only (its data running out "
+            "first, a step count or a break of its own, sys.exit in one rank's path); every rank must run the same "
+            f"steps. Then {_RERUN}.")
+
+
 def _stall(f: Facts) -> str:
     if not f.stacks:
         where = ("No stack could be taken: install py-spy and let it attach (ptrace; a container needs "
@@ -122,7 +129,7 @@ def _timing(f: Facts) -> str:
 
 
 _ADVICE: dict[str, Callable[[Facts], str]] = {
-    "crash": _crash, "stall": _stall, "nonfinite": _nonfinite, "short_run": _short, "cliff": _cliff,
+    "crash": _crash, "departed": _departed, "stall": _stall, "nonfinite": _nonfinite, "short_run": _short, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
     "artifacts": _artifacts, "regression": _regression, "gate": _gate, "timing": _timing, "spike": _spike,
     "diverging": _diverging, "resume": _resume,

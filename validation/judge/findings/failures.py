@@ -9,9 +9,10 @@ from nsa.contract import PROFILE_TOP_OPS
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import root_rank
 from validation.judge.findings import stability
+from validation.judge.findings.departed import departed, departure
 from validation.judge.findings.finding import Facts, Finding, Severity, where, where_run
 from validation.judge.findings.hung import hung_ranks
-from validation.judge.findings.nodes import missing_node
+from validation.judge.findings.nodes import missing_node, short_exception
 from validation.judge.gates import GateVerdict
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
 from validation.judge.resume import METRICS as RESUME_METRICS
@@ -40,16 +41,18 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
             continue  # no rank started anywhere: the node that never joined is the finding, not a crash
         elif r.status == Status.FAIL and r.exit_code not in (0, None) and ev.halt is None and r.kind in TRAINER_KINDS:
             title = f"crash in {where_run(r)}: exit code {r.exit_code}"
-            root = root_rank(ev.rank_failures)
+            root, gone = root_rank(ev.rank_failures), departed(r)
             if root is not None:
                 fail = ev.rank_failures[root]
                 cause = (f"killed by {fail.signal}" if fail.signal and not fail.exception
                          else fail.exception or f"exit code {fail.exit_code}")
                 title += f": rank {root}: {cause}"
+            elif gone:  # no rank failed in its own right: the others failed after one that left
+                title += f": {departure(r, gone)}; the other ranks failed without it"
             elif exception_line(ev.stderr_tail):
                 title += f": {exception_line(ev.stderr_tail)}"
             out.append(Finding(Severity.CRITICAL, r.phase, title, [f"stderr: {r.out_dir}/{ev.stderr_log}"] + _rank_lines(r),
-                               "crash", Facts.of(r)))
+                               "departed" if gone else "crash", Facts.of(r)))
     return out
 
 
@@ -69,11 +72,13 @@ def short_runs(records: list[PhaseRecord]) -> list[Finding]:
 def _rank_lines(r: PhaseRecord) -> list[str]:
     """Where each rank was (last heartbeat) and how it ended (torchrun's log)."""
     ev = r.evidence
-    lines = []
+    lines, gone = [], departed(r)
     for rank in sorted(set(ev.last_heartbeat) | set(ev.rank_failures)):
         hb, f = ev.last_heartbeat.get(rank), ev.rank_failures.get(rank)
         line = f"rank {rank}: last heartbeat step {_q(hb and hb.step)}, stage {_q(hb and hb.stage)}"
-        if f is not None and f.exception:
+        if rank in gone:
+            line += "; exited 0 (torchrun reports no failure of it)"
+        elif f is not None and f.exception:
             line += f"; {f.exception}"
         elif f is not None and f.signal:
             line += f"; killed by {f.signal}"
@@ -112,13 +117,17 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
         how = (f"no progress for {r.stalled_s:.0f}s, stopped by the harness" if r.stalled_s is not None
                else "watchdog .HALT" if ev.halt is not None else f"killed at the {r.timeout_s:g}s timeout")
         notes = {(t.rank, t.pid if t.rank is None else None): t.note for t in ev.taken_stacks if t.note}
-        detail, stuck = [], {}
+        detail, stuck, gone = [], {}, departed(r)
         # the ranks something is known of (a heartbeat, a stack), and only ranks that exist: a rank
         # nothing is known of is not listed beside stacks of unknown rank that may be its own
         known = set(ev.last_heartbeat) | set(ev.stackdumps) | {t.rank for t in ev.taken_stacks if t.rank is not None}
         for rank in sorted(k for k in known if k < r.world_size):
             hb = ev.last_heartbeat.get(rank)
             line = f"rank {rank}: last heartbeat step {_q(hb and hb.step)}, stage {_q(hb and hb.stage)}"
+            end = _ended_before(r, rank, gone)
+            if end is not None:
+                detail.append(f"{line}; no process left to take a stack of: it had ended ({end})")
+                continue
             detail.append(f"{line}; {_stack(f'rank {rank}', ev.stackdumps.get(rank), notes.get((rank, None)), stuck)}")
         dumped = {d.pid for d in ev.unranked_stacks}
         for dump in ev.unranked_stacks:
@@ -132,10 +141,27 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
             detail.append("no heartbeats and no stack dumps were written")
         if 0 < len(stuck) < r.world_size:
             detail.append(f"stacks of {len(stuck)} of {r.world_size} ranks were recorded")
-        at = _hung_first(r, stuck) or (f": {'; '.join(stuck.values())}" if stuck else ": no stack was recorded")
-        out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail, "stall",
-                           Facts.of(r)))
+        if gone:  # the rank that left is the cause; the others failed or waited after it
+            ended = [f"rank {k}: {end}" for k in sorted(ev.rank_failures) if k not in gone
+                     and (end := _ended_before(r, k, gone)) is not None]
+            rest = "; ".join(stuck.values()) or "no rank was left running"
+            at = f": {departure(r, gone)}; {rest}" + (f" ({'; '.join(ended)})" if ended else "")
+        else:
+            at = _hung_first(r, stuck) or (f": {'; '.join(stuck.values())}" if stuck else ": no stack was recorded")
+        out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail,
+                           "departed" if gone else "stall", Facts.of(r)))
     return out
+
+
+def _ended_before(r: PhaseRecord, rank: int, gone: list[int]) -> str | None:
+    """How a rank had ended before the harness stopped the run ('exited 0' for one that left early,
+    else the failure torchrun reported of it); None where it was still running or nothing says."""
+    if rank in gone:
+        return "exited 0"
+    f = r.evidence.rank_failures.get(rank)
+    if f is None or rank in r.evidence.stackdumps or (r.stalled_s is None and not r.timed_out):
+        return None
+    return short_exception(f.exception) if f.exception else f"killed by {f.signal}" if f.signal else None
 
 
 def _hung_first(r: PhaseRecord, stuck: dict[str, str]) -> str | None:
@@ -177,8 +203,11 @@ def imbalance(records: list[PhaseRecord]) -> list[Finding]:
     out = []
     for r in records:
         ev = r.evidence
-        if r.timed_out or r.stalled_s is not None or r.exit_code not in (0, None):
-            continue  # a crash or stall has its own finding; its ranks are not 'idle'
+        if r.timed_out or r.stalled_s is not None or r.exit_code not in (0, None) or r.status == Status.ERROR:
+            # a crash or stall has its own finding; its ranks are not 'idle'. Nor are those of a run
+            # whose files broke the contract (its finding names the file): a rank whose heartbeats
+            # went into a file of a rank that does not exist has none of its own, and did work
+            continue
         times = ev.rank_step_time_s
         if r.metrics.idle_ranks:
             detail = []

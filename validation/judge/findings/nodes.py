@@ -8,6 +8,7 @@ import signal
 
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import root_rank
+from validation.judge.findings.departed import departed, departure
 from validation.judge.findings.finding import Finding, Severity, where
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.nodes import NodeEvidence, NodesEvidence
@@ -41,7 +42,7 @@ def nodes(records: list[PhaseRecord]) -> list[Finding]:
         ev = r.evidence.nodes
         if ev is None:
             continue
-        first = missing_node(r, ev) or _hung(r, ev) or _failed(r, ev) or _agent_killed(r, ev)
+        first = missing_node(r, ev) or _departed(r, ev) or _hung(r, ev) or _failed(r, ev) or _agent_killed(r, ev)
         found = ([first] if first else []) + _stragglers(r, ev)
         # each finding lists every node; a run without one still says where each rank ran
         out += found or [Finding(Severity.INFO, r.phase, _summary(r, ev), _lines(r, ev), "nodes")]
@@ -74,7 +75,7 @@ def _rank(r: PhaseRecord, rank: int) -> str:
     hb, f = r.evidence.last_heartbeat.get(rank), r.evidence.rank_failures.get(rank)
     text = f"rank {rank} last heartbeat step {_q(hb and hb.step)}, stage {_q(hb and hb.stage)}"
     if f is not None and (f.exception or f.signal):
-        text += f", {_exception(f.exception) if f.exception else 'killed by ' + str(f.signal)}"
+        text += f", {short_exception(f.exception) if f.exception else 'killed by ' + str(f.signal)}"
     return text
 
 
@@ -146,12 +147,28 @@ def _failed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
         return None
     f = failures[root]
     node = ev.of_rank(root)
-    cause = f"was killed by {f.signal}" if f.signal and not f.exception else f"failed: {_exception(f.exception)}"
+    cause = f"was killed by {f.signal}" if f.signal and not f.exception else f"failed: {short_exception(f.exception)}"
     ended = _others(r, ev, node)
     head = f"{node.name}'s rank {root}" if node is not None else f"rank {root} (node unknown)"
     title = f"{head} {cause} in {where(r)}" + (f" (log {node.log})" if node is not None else "") + (
         f"; the other nodes: {ended}" if ended else "")
     return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "node_failed")
+
+
+def _departed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
+    """A rank that exited 0 early (findings/departed.py), its node, and how every other node ended:
+    the others failed in their collectives after it, or waited for it (its own agent, its workers
+    done, waits for the other nodes at torchrun's exit barrier)."""
+    gone = departed(r)
+    if not gone:
+        return None
+    nodes_gone = [n for n in ev.nodes if any(k in n.ranks for k in gone)]
+    ended = "; ".join(f"{n.name}: " + (", ".join(_rank(r, k) for k in n.ranks if k not in gone) or "no other rank")
+                      + f", agent {_agent(n, _stopped(r))}" for n in ev.nodes)
+    head = "; ".join(f"{_on(ev, k)}{departure(r, [k])}" for k in gone)
+    logs = ", ".join(n.log for n in nodes_gone)
+    title = f"{head} in {where(r)}" + (f" (log {logs})" if logs else "") + f"; the nodes: {ended}"
+    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "departed")
 
 
 def _agent_killed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
@@ -231,7 +248,7 @@ def _said(text: str) -> str:
     return m["name"] + (f": {m['msg'][:160]}" if m["msg"] else "")
 
 
-def _exception(text: str) -> str:
+def short_exception(text: str) -> str:
     """A rank's exception without gloo's source path: 'RuntimeError: Connection closed by peer [..]:1686'."""
     m = re.match(r"^(?P<name>[\w.]+): (\[[^\]]*\] )?(?P<msg>.*)$", text)
     if m is None:

@@ -1,0 +1,115 @@
+"""A rank that exits 0 early: its own stop condition ends it before the steps asked for, with
+no traceback, while the other ranks still need it. The others then fail in their collectives
+after it (gloo: 'Connection closed by peer', which is no failure of their own) or wait for it
+until the stall watch stops the run. The rank that left is the cause and must be the one named;
+the harness once headed such a crash with torchrun's ChildFailedError and the victim's
+'Connection closed by peer', and such a stall as 'node 1 hung ... waiting for it: node 0's rank 0'
+with advice to install py-spy, naming no rank that left.
+
+Test trainers outside the nsa package (tests/trainers/), ``TEST_TRAINER_FAULT=quit_rank:1@3``:
+native_train.py all-reduces over gloo (the others' collective fails), minimal_train.py has no
+collectives (the others wait in wait_for_peers, as NCCL would without a timeout).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.faults import _util as U
+from validation.judge.findings import find, recommendations
+from validation.judge.record import PhaseRecord, Status
+from validation.runbook.load import load_profile, load_runbook
+from validation.runbook.plan import expand
+from validation.session.session import AcceptanceSession, SessionOptions
+
+pytestmark = [pytest.mark.faults, pytest.mark.distributed]
+
+STEPS, QUIT_STEP, STALL_S = 8, 3, 4.0
+FAULT = f"quit_rank:1@{QUIT_STEP}"
+TRAINERS = {
+    "native": {"name": "native", "root": "tests/trainers", "script": "native_train.py",
+               "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"]},
+    "minimal": {"name": "minimal", "root": "tests/trainers", "script": "minimal_train.py",
+                "steps": {"env": "MINIMAL_STEPS"}, "out_dir": {"env": "MINIMAL_OUT_DIR"}, "env": {"MINIMAL_LOG_EVERY": 1}},
+}
+
+
+def _run(tmp_path: Path, trainer: str, launcher: dict[str, Any], monkeypatch) -> PhaseRecord:
+    monkeypatch.setenv("TEST_TRAINER_FAULT", FAULT)
+    phase = {"name": "quit_rank", "kind": "train", "steps": STEPS, "timeout_s": 120, "stall_s": STALL_S,
+             "startup_s": 60, "launcher": launcher, "env": {"OMP_NUM_THREADS": 1},
+             "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}
+    path = tmp_path / "departed.yaml"
+    path.write_text(yaml.safe_dump({"name": f"departed_{trainer}", "profiles": ["cpu"], "trainer": TRAINERS[trainer],
+                                    "phases": [phase]}, sort_keys=False))
+    (point,) = expand(load_runbook(path), load_profile("cpu"))
+    rec = AcceptanceSession(SessionOptions(tmp_path / "results")).run_point(point)
+    U.assert_no_orphans(str(tmp_path))
+    return rec
+
+
+def _titles(rec: PhaseRecord) -> str:
+    return "\n".join(f"{f.kind}: {f.title}\n  " + "\n  ".join(f.detail) for f in find([rec]))
+
+
+def test_the_rank_that_exited_0_is_named_not_the_one_whose_collective_broke(tmp_path, matrix, monkeypatch):
+    matrix.start("rank exits 0 early", f"`TEST_TRAINER_FAULT={FAULT}` (native_train.py), torchrun x2 (gloo)",
+                 "FAIL; the crash finding names rank 1 as having exited 0 early (as step 3 started: its last "
+                 "heartbeat step 2), not rank 0's broken collective; advice about a rank's own stop condition, "
+                 "not a traceback")
+    t0 = time.time()
+    rec = _run(tmp_path, "native", {"kind": "torchrun", "nproc": 2}, monkeypatch)
+    assert rec.status == Status.FAIL and "crashed" in rec.reason, rec.reason
+    text = _titles(rec)
+    [f] = [f for f in find([rec]) if f.title.startswith("crash in")]
+    assert f.kind == "departed", text
+    assert f"rank 1 exited 0 early (last heartbeat step {QUIT_STEP - 1} of {STEPS}" in f.title, text
+    assert "ChildFailedError" not in f.title and "Connection closed" not in f.title, text
+    assert "rank 1: last heartbeat step 2, stage step; exited 0" in text, text
+    [advice] = recommendations(find([rec]))
+    assert "exited 0 before the steps asked for" in advice and "traceback" not in advice, advice
+    matrix.done(rec.status, rec.reason + " | " + f.title, time.time() - t0, None)
+
+
+def test_a_stall_after_a_rank_exited_0_names_that_rank(tmp_path, matrix, monkeypatch):
+    matrix.start("rank exits 0 early, the others wait", f"`TEST_TRAINER_FAULT={FAULT}` (minimal_train.py: no "
+                 "collectives, the others wait as NCCL would), torchrun x2",
+                 "FAIL 'stalled'; the stall finding names rank 1 as having exited 0 early and rank 0 where it waits")
+    t0 = time.time()
+    rec = _run(tmp_path, "minimal", {"kind": "torchrun", "nproc": 2}, monkeypatch)
+    assert rec.status == Status.FAIL and rec.reason.startswith("stalled"), rec.reason
+    text = _titles(rec)
+    [f] = [f for f in find([rec]) if f.title.startswith("stall in")]
+    assert f.kind == "departed", text
+    assert "rank 1 exited 0 early" in f.title and "rank 0 in wait_for_peers" in f.title, text
+    assert "rank 1: last heartbeat step 2, stage step; no process left to take a stack of: it had ended (exited 0)" \
+        in f.detail, text
+    matrix.done(rec.status, rec.reason + " | " + f.title, time.time() - t0, None)
+
+
+def test_a_node_whose_rank_exited_0_is_named_not_a_hung_node(tmp_path, matrix, monkeypatch):
+    """Node 1's agent, its worker done, waits at torchrun's exit barrier on the store node 0's agent
+    held: it ends when that store goes (exit 0: a crash of exit 1, node 0's) or is stopped by the
+    stall watch (a race); either way the node that left is named, and no node 'hung'."""
+    matrix.start("rank exits 0 early on one of two nodes",
+                 f"`TEST_TRAINER_FAULT={FAULT}` (native_train.py), two torchrun agents x1 (c10d on localhost)",
+                 "FAIL (crashed, or stalled while node 1's agent waits at torchrun's exit barrier); node 1's rank 1 "
+                 "named as having exited 0 early, node 0's rank 0 as failed after it; no 'hung' node, no py-spy advice")
+    t0 = time.time()
+    rec = _run(tmp_path, "native", {"kind": "torchrun", "nproc": 1, "nnodes": 2,
+                                    "rdzv": {"endpoint": "localhost:0", "join_timeout_s": 20}}, monkeypatch)
+    assert rec.status == Status.FAIL and rec.reason.startswith(("stalled", "trainer crashed")), rec.reason
+    assert "stacks taken" not in rec.reason, rec.reason  # no rank was left to take a stack of
+    text = _titles(rec)
+    assert "hung" not in text, text
+    [node] = [f for f in find([rec]) if f.title.startswith("node ")]
+    assert node.kind == "departed" and node.title.startswith("node 1's rank 1 exited 0 early"), text
+    assert "node 0: rank 0 last heartbeat step 3, stage forward, RuntimeError: " in node.title, text
+    [first] = [f for f in find([rec]) if f.title.startswith(("stall in", "crash in"))]
+    assert first.kind == "departed" and "rank 1 exited 0 early" in first.title, text
+    assert not any("py-spy" in a for a in recommendations(find([rec]))), recommendations(find([rec]))
+    matrix.done(rec.status, rec.reason + " | " + node.title, time.time() - t0, None)

@@ -276,7 +276,9 @@ def _sel_bwd_dkv_kernel(
     8 warps), 6.42 against 6.70 at 16k; key-major at 128 rows and 8 warps took 42.72
     (docs/measurements/2026-11-23-e/dkv_forms_6e43bc5.log). The ROWS rows of a step are the
     items' (token, head) pairs in order, G a token (as in selection_blocks' forward): no
-    padding of a group to a power of two, which at G = 6 left a quarter of every product idle."""
+    padding of a group to a power of two, which at G = 6 left a quarter of every product idle
+    (on one H100 at the seeds' shape, S = 64k: 2.52 against 2.93-2.98 ms, docs/performance.md,
+    nineteenth set)."""
     w = tl.program_id(0)
     s0 = tl.load(item_start + w)
     s1 = tl.load(item_end + w)

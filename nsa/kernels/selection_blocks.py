@@ -102,7 +102,8 @@ def _blocks_combine_kernel(
     order, in float32; o and the natural-log lse go to the rows of the chunk's tokens in o, lse
     [B, Tq, HQ(, K)]. The slot loop is unrolled and no load waits on another, so that a row's
     n loads are in flight together: as a loop they waited on each other (ncu at the seeds'
-    shape, S = 64k, on one H100: 0.84 ms for 1.8 GB, stalled on memory latency)."""
+    shape, S = 64k, on one H100: 842 us for 1.8 GB, stalled on memory latency; 675 us unrolled,
+    docs/performance.md, nineteenth set)."""
     HQ: tl.constexpr = H * G
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     rm = r < n_rows

@@ -127,7 +127,9 @@ class TopkTuning(_Tuning):
     interpreter; score_budget bytes of float32 block scores held at once (longer inputs are scored
     a query chunk at a time); select_candidates, the scores a row the select kernel searches over
     when a floor leaves that few (topk._select_kernel); chunk_blocks, the selection blocks the
-    score kernel takes a step (their compressed tokens are the columns of its product)."""
+    score kernel takes a step (their compressed tokens are the columns of its product; 8 took
+    1.82-1.86 against 1.89 ms for the top-n at the seeds' shape, S = 64k, within the spread,
+    docs/performance.md, nineteenth set)."""
     rows: int = 128
     rows_interpret: int = 64
     warps: int = 4

@@ -77,6 +77,19 @@ def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, 
         tl.store(item_end + base + w, 0, mask=m)
 
 
+@triton.jit
+def item_rows(keys_sorted, seg, Tc, r0, s1, G: tl.constexpr, ROWS: tl.constexpr):
+    """ROWS rows of a work item from row r0, in the items' order: row r0 + i is head g of the
+    item's sorted token u, (u, g) = ((r0 + i) // G, (r0 + i) % G), G rows a token, no padding.
+    Returns the rows' mask (u below the item's end s1), u, g and the token's index t in the
+    Tc tokens the keys were made from (a key is seg * Tc + t)."""
+    rho = r0 + tl.arange(0, ROWS)
+    rmask = rho < s1 * G
+    u = rho // G
+    t = (tl.load(keys_sorted + u, mask=rmask, other=0) - seg.to(tl.int64) * Tc).to(tl.int32)
+    return rmask, u, rho % G, t
+
+
 class Inverse(NamedTuple):
     """An inverse selection (see inverse_selection)."""
     keys: torch.Tensor  # the sorted keys, one per idx entry (key_dtype)

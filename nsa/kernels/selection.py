@@ -40,7 +40,7 @@ import triton.language as tl
 
 from . import SEL_FORMS
 from ._autograd import kernel_op
-from ._inverse import Inverse, as_outputs, fake_outputs, from_outputs, inverse_selection
+from ._inverse import Inverse, as_outputs, fake_outputs, from_outputs, inverse_selection, item_rows
 from ._launch import dot_precision, fp32_wide, launch
 from .selection_blocks import blocks_forward, one_pass
 from ._tma import kv_desc, kv_tma_ok
@@ -303,12 +303,7 @@ def _sel_bwd_dkv_kernel(
         dk_acc = tl.zeros([BS, BK], tl.float32)
         dv_acc = tl.zeros([BS, BK], tl.float32)
         for r0 in range(s0 * G, s1 * G, ROWS):
-            rho = r0 + tl.arange(0, ROWS)  # (sorted token u, head g) = (rho // G, rho % G)
-            tmask = rho < s1 * G
-            u = rho // G
-            g = rho % G
-            # a key is seg * Tq + token (see nsa.kernels._inverse)
-            t = (tl.load(keys_sorted + u, mask=tmask, other=0) - seg.to(tl.int64) * Tq).to(tl.int32)
+            tmask, u, g, t = item_rows(keys_sorted, seg, Tq, r0, s1, G, ROWS)
             pos = q_start + t
             row = (b.to(tl.int64) * Tq + t) * HQ + h * G + g
             m2 = tmask[:, None] & kmask[None, :]

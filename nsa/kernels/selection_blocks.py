@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._inverse import Inverse, inverse_selection
+from ._inverse import Inverse, inverse_selection, item_rows
 from ._launch import dot_precision, launch
 from ._softmax import LN2, LOG2E
 
@@ -69,11 +69,7 @@ def _blocks_fwd_kernel(
         vt = tl.load(v + kv_base + kv_off, mask=kvm, other=0.0)
         qk_scale = sm_scale * LOG2E
         for r0 in range(s0 * G, s1 * G, BM):
-            rho = r0 + tl.arange(0, BM)  # (sorted token u, head g) = (rho // G, rho % G)
-            rmask = rho < s1 * G
-            u = rho // G
-            g = rho % G
-            t = (tl.load(keys_sorted + u, mask=rmask, other=0) - seg.to(tl.int64) * Tc).to(tl.int32)
+            rmask, u, g, t = item_rows(keys_sorted, seg, Tc, r0, s1, G, BM)
             row = (b.to(tl.int64) * Tq + a + t) * HQ + h * G + g
             qt = tl.load(q + row[:, None] * K + offk[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
             s = tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale

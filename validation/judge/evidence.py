@@ -54,10 +54,13 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
     counters, first and last loss, the files written."""
     taken = read_index(run.out_dir)
     dumps, unranked = _stacks(run.out_dir, taken)
-    beats = {r: _beat(recs[-1]) for r, recs in run.heartbeats.items() if recs and r < run.world_size}
+    # the heartbeats of ranks that exist: a file of a rank at or above the world size is malformed
+    # (the point's ERROR names it), and whoever wrote it is no rank of its own to place or time
+    heartbeats = {r: recs for r, recs in run.heartbeats.items() if r < run.world_size}
+    beats = {r: _beat(recs[-1]) for r, recs in heartbeats.items() if recs}
     losses = run.csv["loss"].tolist() if run.csv is not None and not run.csv.empty else []
-    step_times = {r: round(t, 6) for r, t in rank_step_times(run.heartbeats).items()}
-    nodes, node_failures = node_evidence(run.out_dir, run.heartbeats, step_times)  # each node's agent logs
+    step_times = {r: round(t, 6) for r, t in rank_step_times(heartbeats).items()}
+    nodes, node_failures = node_evidence(run.out_dir, heartbeats, step_times)  # each node's agent logs
     failures = {**rank_failures(stderr_path), **node_failures}
     # of several nodes, the log to read is that of the node whose rank failed in its own right;
     # which agent exits first after a kill is a race

@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from nsa.contract import CSV_COLUMNS
 from validation.contract.files import HaltInfo
 from validation.contract.nodes import NodeLaunch, NodesLaunch, read_nodes, write_nodes
 from validation.contract.stacks import Frame, StackDump
 from validation.contract.torchrun_log import RankFailure, agent_said
-from validation.judge.evidence import collect
+from validation.judge.evidence import collect, collect_train
 from validation.judge.findings import find
 from validation.judge.metrics import RunData
 from validation.judge.nodes import NodeEvidence, NodesEvidence, node_evidence
@@ -59,6 +60,27 @@ def test_ranks_are_placed_by_node_rank_on_one_host_and_the_straggler_is_late(tmp
     assert late[1][0] == [0] and late[0][0] == [1]
     assert abs(late[0][1] - 0.059) < 1e-6 and late[1][1] == 0.0
 
+
+
+def test_a_heartbeat_file_of_a_rank_that_does_not_exist_places_no_rank_on_a_node(tmp_path):
+    """Rank 1 of 2 wrote heartbeat_rank5.jsonl (malformed: the point's ERROR names it): the nodes
+    finding listed 'rank 5 last heartbeat step ?, stage ?' under node 1, a rank that does not exist."""
+    _launch(tmp_path, [NodeLaunch(0, "vm", group_rank=0, ranks={0: 11}), NodeLaunch(1, "vm", group_rank=1, ranks={1: 12})])
+    (tmp_path / "env.json").write_text(json.dumps({"world_size": 2}))
+    (tmp_path / "training.csv").write_text(",".join(CSV_COLUMNS) + "\n1,2.0,1e-4,100,0.1,1,0.5,1\n")
+    for rank, node in ((0, 0), (5, 1)):
+        (tmp_path / f"heartbeat_rank{rank}.jsonl").write_text(
+            "".join(json.dumps({**b, "rank": min(rank, 1)}) + "\n" for b in _beats(rank, node, "vm", 0.0)))
+    run = RunData(tmp_path, world_size=2, exit_code=0)
+    errors: list[str] = []
+    collect_train(run, errors)
+    assert [e for e in errors if "heartbeat_rank5.jsonl: malformed" in e], errors
+    ev = collect(run, tmp_path / "node0.stderr.log", errors)
+    assert [n.ranks for n in ev.nodes.nodes] == [[0], [1]]
+    assert 5 not in ev.rank_step_time_s and 5 not in ev.last_heartbeat
+    rec = _record(ev.nodes, status=Status.ERROR, reason=errors[0], evidence=ev)
+    [info] = [f for f in find([rec]) if f.kind == "nodes"]
+    assert not any("rank 5" in line for line in info.detail), info.detail
 
 def test_what_an_agent_said_is_its_own_error_not_a_workers(tmp_path):
     log = tmp_path / "node0.stderr.log"

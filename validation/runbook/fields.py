@@ -39,7 +39,7 @@ SRUN_OWN = ("--job-name", "--jobid", "--nodes", "--ntasks", "--ntasks-per-node",
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_OVERRIDE_KEY = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
+OVERRIDE_KEY = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
 _ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 #: environment variables a runbook may set; anything else (LD_PRELOAD, PATH, PYTHONPATH...) is
 #: refused because it would change what runs rather than how the trainer is configured.
@@ -270,7 +270,7 @@ def _items(r: Reader, key: str, data: Any, what: str) -> list[tuple[Any, Any]]:
 def parse_overrides(r: Reader, key: str, data: Any) -> dict[str, Scalar]:
     out = {}
     for k, v in _items(r, key, data, "of dotted.key: value"):
-        if not isinstance(k, str) or not _OVERRIDE_KEY.match(k):
+        if not isinstance(k, str) or not OVERRIDE_KEY.match(k):
             r.fail(f"{key}.{k}", "override keys are dotted lower-case names like train.seq_len")
         out[k] = _scalar(r, f"{key}.{k}", v)
         _check_path(r, f"{key}.{k}", k, v)
@@ -326,7 +326,7 @@ def _sweep(r: Reader, key: str, data: Any) -> dict[str, tuple[Scalar, ...]]:
         kk = f"{key}.{k}"
         if isinstance(k, str) and k.startswith("env."):
             check_env_key(r, kk, k[4:])
-        elif not isinstance(k, str) or not _OVERRIDE_KEY.match(k):
+        elif not isinstance(k, str) or not OVERRIDE_KEY.match(k):
             r.fail(kk, "sweep parameters are override keys (train.seq_len) or env.NAME")
         if not isinstance(values, list) or not values:
             r.fail(kk, f"expected a non-empty list of values, got {values!r}")

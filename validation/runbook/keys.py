@@ -137,7 +137,8 @@ TRAINER = Section("trainer", "A trainer other than this project's: how to launch
     Key("config", "a per-point copy of its own YAML config: template and pass_as"),
     Key("steps", "how the step count reaches it: {flag: --x}, {env: X} or {config: dotted.key}"),
     Key("out_dir", "how its output directory reaches it (the same three ways)"),
-    Key("params", "every override and sweep key the runbook uses: {key: {flag|env|config: name}}"),
+    Key("params", "every override and sweep key the runbook uses, a dotted lower-case name as the phases' "
+                  "overrides take it (train.lr, not lr): {train.lr: {flag|env|config: name}}"),
     Key("env", "variables it reads, of its own naming (not the loader's, the interpreters', PATH or the "
                "harness's own)"),
     Key("adapter", "native (it writes the contract) or seed (the seed system's format)"),

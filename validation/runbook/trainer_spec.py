@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from validation.runbook import keys
-from validation.runbook.fields import MODULE, NAME, Reader, check_trainer_env_key, parse_env
+from validation.runbook.fields import MODULE, NAME, OVERRIDE_KEY, Reader, check_trainer_env_key, parse_env
 from validation.runbook.types import ConfigFile, Delivery, ResumeSpec, RootDir, TrainerSpec, Via
 
 #: values the harness fills into ``args``
@@ -79,8 +79,9 @@ def parse_trainer(path: Path, data: Any, known_metrics: Mapping[str, Any], adapt
     if not isinstance(raw_params, Mapping):
         r.fail("trainer.params", "expected a mapping of runbook key: {flag|env|config: name}")
     for k, v in raw_params.items():
-        if not isinstance(k, str) or not _CONFIG_KEY.match(k):
-            r.fail(f"trainer.params.{k}", "parameter names are dotted keys like train.seq_len")
+        if not isinstance(k, str) or not OVERRIDE_KEY.match(k):  # the keys the phases' overrides and sweeps set
+            r.fail(f"trainer.params.{k}", "parameter names are dotted lower-case keys like train.lr, as the phases' "
+                                          "overrides and sweeps name them")
         params[k] = _delivery(path, v, f"trainer.params.{k}", config)
     adapter = r.str_("adapter", "native", choices=tuple(adapters))
     phases = r.list_("phases") or ["train"]

@@ -6,7 +6,7 @@ import re
 import pytest
 import yaml
 
-from validation import RUNBOOK_DIR
+from validation import REPO_ROOT, RUNBOOK_DIR
 from validation.errors import RunbookError
 from validation.runbook.load import available, load_profile, load_runbook
 from validation.runbook.plan import expand
@@ -118,3 +118,19 @@ def test_bad_profile_names_key(tmp_path):
     p.write_text(yaml.safe_dump({"name": "x", "marker": "x", "hardware": {"accelerator": "cpu"}, "thresholds": {"t": "fast"}}))
     with pytest.raises(RunbookError, match=r"thresholds\.t: expected a number or null"):
         load_profile(p)
+
+
+@pytest.mark.parametrize("key", ["lr", "Train.LR"])
+def test_a_trainer_param_that_no_override_could_name_is_refused_and_the_format_page_says_so(tmp_path, key):
+    """trainer.params took 'lr' (any identifier), a key no phase's override or sweep can set:
+    the user learnt that keys are dotted only from the override's error, and the format page
+    (generated from validation/runbook/keys.py) did not say it."""
+    trainer = {"name": "mine", "root": "tests/trainers", "script": "native_train.py",
+               "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"], "params": {key: {"flag": "--lr"}}}
+    path = _write(tmp_path, {**_rb(), "trainer": trainer})
+    with pytest.raises(RunbookError) as exc:
+        load_runbook(path)
+    assert f": trainer.params.{key}: parameter names are dotted lower-case keys like train.lr" in str(exc.value)
+    [row] = [ln for ln in (REPO_ROOT / "docs" / "runbook_format.md").read_text().splitlines()
+             if ln.startswith("| `params` |")]
+    assert "dotted lower-case name" in row and "train.lr" in row, row

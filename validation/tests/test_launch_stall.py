@@ -5,6 +5,7 @@ with each rank named where it stood. The trainer is validation/tests/hang_traine
 python launcher and under torchrun with 2 ranks."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import psutil
 import pytest
 
 from validation.contract.stacks import HARNESS_STACKS
+from validation.judge.findings import find
 from validation.tests.conftest import FakeRun
 
 HANG = "validation.tests.hang_trainer"
@@ -158,3 +160,20 @@ def test_a_slow_start_within_startup_s_is_no_stall_and_a_hang_after_it_still_is(
     hung = Hung(tmp_path / "hung", _phase(PYTHON_STALL_S, {**slow_start, "NSA_HANG_AT": "5"}, startup_s=30))
     hung.check_stalled(PYTHON_STALL_S)
     assert "after step 4;" in hung.rec.reason, hung.rec.reason
+
+
+def test_a_trainer_that_never_logs_a_step_is_said_to_have_written_no_heartbeat(tmp_path):
+    """Stalled before its first step: each rank's line read 'last heartbeat step ?, stage ?', as
+    if a heartbeat of unknown content had been written; it names the file that never came."""
+    run = FakeRun(tmp_path, [_phase(PYTHON_STALL_S, {"NSA_HANG_AT": "1"})],
+                  defaults={"launcher": {"kind": "python", "module": HANG}})
+    rec = run.record
+    assert rec.reason.startswith("stalled: no progress") and "before its first step" in rec.reason, rec.reason
+    [finding] = [f for f in run.findings("critical") if f.startswith("stall in hang")]
+    assert "rank 0: no heartbeat written (no heartbeat_rank0.jsonl); stack (" in finding, finding
+    assert "step ?" not in finding and "stage ?" not in finding, finding
+    # a file that was opened but holds no record (a trainer that creates it at start-up) is said so
+    empty = dataclasses.replace(rec, evidence=dataclasses.replace(rec.evidence, files=[*rec.evidence.files,
+                                                                                       "heartbeat_rank0.jsonl"]))
+    [stall] = [f for f in find([empty]) if f.kind == "stall"]
+    assert "rank 0: no heartbeat written (heartbeat_rank0.jsonl has no record); stack (" in stall.detail[0], stall.detail

@@ -10,7 +10,7 @@ from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import root_rank
 from validation.judge.findings import stability
 from validation.judge.findings.departed import departed, departure
-from validation.judge.findings.finding import Facts, Finding, Severity, where, where_run
+from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where, where_run
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.findings.nodes import missing_node, short_exception
 from validation.judge.gates import GateVerdict
@@ -74,8 +74,8 @@ def _rank_lines(r: PhaseRecord) -> list[str]:
     ev = r.evidence
     lines, gone = [], departed(r)
     for rank in sorted(set(ev.last_heartbeat) | set(ev.rank_failures)):
-        hb, f = ev.last_heartbeat.get(rank), ev.rank_failures.get(rank)
-        line = f"rank {rank}: last heartbeat step {_q(hb and hb.step)}, stage {_q(hb and hb.stage)}"
+        f = ev.rank_failures.get(rank)
+        line = f"rank {rank}: {last_heartbeat(r, rank)}"
         if rank in gone:
             line += "; exited 0 (torchrun reports no failure of it)"
         elif f is not None and f.exception:
@@ -122,8 +122,7 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
         # nothing is known of is not listed beside stacks of unknown rank that may be its own
         known = set(ev.last_heartbeat) | set(ev.stackdumps) | {t.rank for t in ev.taken_stacks if t.rank is not None}
         for rank in sorted(k for k in known if k < r.world_size):
-            hb = ev.last_heartbeat.get(rank)
-            line = f"rank {rank}: last heartbeat step {_q(hb and hb.step)}, stage {_q(hb and hb.stage)}"
+            line = f"rank {rank}: {last_heartbeat(r, rank)}"
             end = _ended_before(r, rank, gone)
             if end is not None:
                 detail.append(f"{line}; no process left to take a stack of: it had ended ({end})")
@@ -214,7 +213,7 @@ def imbalance(records: list[PhaseRecord]) -> list[Finding]:
             for rank in range(r.world_size or 1):
                 hb = ev.last_heartbeat.get(rank)
                 if hb is None:
-                    detail.append(f"rank {rank}: no heartbeat file")
+                    detail.append(f"rank {rank}: {last_heartbeat(r, rank)}")
                     continue
                 detail.append(f"rank {rank}: last step {_q(hb.step)}, stage {_q(hb.stage)}"
                               + (f", GPU util {hb.gpu_util:g}%" if hb.gpu_util is not None else "")

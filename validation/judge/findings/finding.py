@@ -4,6 +4,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from nsa.contract import heartbeat_name
 from validation.judge.record import PhaseRecord
 
 
@@ -59,3 +60,13 @@ def where_run(rec: PhaseRecord) -> str:
     """'phase [point]', and which of its processes the record's evidence is of, for points that
     run several ('resume [default], first half (steps 1-3, stopped)')."""
     return where(rec) + (f", {rec.part}" if rec.part else "")
+
+
+def last_heartbeat(rec: PhaseRecord, rank: int) -> str:
+    """'last heartbeat step 4, stage data'; for a rank that wrote none, the file it was to write
+    and whether it exists: 'no heartbeat written (heartbeat_rank1.jsonl has no record)'."""
+    hb = rec.evidence.last_heartbeat.get(rank)
+    if hb is None:
+        name = heartbeat_name(rank)
+        return f"no heartbeat written ({f'{name} has no record' if name in rec.evidence.files else f'no {name}'})"
+    return f"last heartbeat step {'?' if hb.step is None else hb.step}, stage {hb.stage or '?'}"

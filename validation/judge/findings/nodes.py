@@ -9,7 +9,7 @@ import signal
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import root_rank
 from validation.judge.findings.departed import departed, departure
-from validation.judge.findings.finding import Finding, Severity, where
+from validation.judge.findings.finding import Finding, Severity, last_heartbeat, where
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import PhaseRecord
@@ -72,8 +72,8 @@ def _lines(r: PhaseRecord, ev: NodesEvidence) -> list[str]:
 
 
 def _rank(r: PhaseRecord, rank: int) -> str:
-    hb, f = r.evidence.last_heartbeat.get(rank), r.evidence.rank_failures.get(rank)
-    text = f"rank {rank} last heartbeat step {_q(hb and hb.step)}, stage {_q(hb and hb.stage)}"
+    f = r.evidence.rank_failures.get(rank)
+    text = f"rank {rank} {last_heartbeat(r, rank)}"
     if f is not None and (f.exception or f.signal):
         text += f", {short_exception(f.exception) if f.exception else 'killed by ' + str(f.signal)}"
     return text
@@ -254,7 +254,3 @@ def short_exception(text: str) -> str:
     if m is None:
         return text[:160]
     return f"{m['name'].split('.')[-1]}: {m['msg'].split('. ')[0][:160]}"
-
-
-def _q(v) -> str:
-    return "?" if v is None else str(v)

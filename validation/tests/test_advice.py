@@ -7,11 +7,13 @@ from __future__ import annotations
 import dataclasses
 
 from validation.contract.files import HaltInfo
-from validation.contract.stacks import Frame, StackDump
+from validation.contract.stacks import Frame, StackDump, TakenStack
+from validation.contract.torchrun_log import RankFailure
 from validation.judge.findings import Finding, Severity, find, recommendations
 from validation.judge.findings.finding import Facts
 from validation.judge.metrics import RunData, compute
-from validation.judge.record import Evidence, PhaseRecord, PointKey, Status
+from validation.judge.nodes import NodeEvidence, NodesEvidence
+from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 from validation.tests.conftest import train_phase
 
 OWN = "nsa.train"
@@ -50,10 +52,31 @@ def test_stall_advice_speaks_of_collectives_and_dumps_only_where_they_are():
     one = dataclasses.replace(_record(FOREIGN, world=2, dumps=1), **hung)
     assert "The stacks of 1 of 2 ranks (the finding names them)" in _advice(one) and "each rank" not in _advice(one)
     assert "stacks of 1 of 2 ranks were recorded" in next(f for f in find([one]) if f.kind == "stall").detail
-    none = dataclasses.replace(_record(FOREIGN, world=2), **hung)
+    refused = [TakenStack(10 + r, r, "RANK", "none", note="py-spy could not take its stack") for r in range(2)]
+    none = dataclasses.replace(_record(FOREIGN, world=2, taken_stacks=refused), **hung)
     assert "stack dumps show" not in _advice(none) and "No stack could be taken" in _advice(none)
     [stall] = [f for f in find([none]) if f.kind == "stall"]
     assert stall.title.endswith(": no stack was recorded")
+
+
+def test_a_stall_with_no_rank_left_running_gets_no_py_spy_advice_and_no_hung_node():
+    """Every rank had ended (rank 1 exited 0 at the last step, rank 0 failed in its collective after
+    it) and node 1's torchrun agent kept the launch open at its exit barrier: the harness found no
+    rank's process, and the advice said 'No stack could be taken: install py-spy' (py-spy was
+    installed) beside a finding that node 1 'hung'."""
+    nodes = NodesEvidence("torchrun", "localhost:1", 6.0, [
+        NodeEvidence(0, "node0.stderr.log", "vm", 1, 8.5, 0, [0]), NodeEvidence(1, "node1.stderr.log", "vm", None, None, 1, [1])])
+    peer = RankFailure(exception="RuntimeError: Connection closed by peer [127.0.0.1]:1", exit_code=1)
+    rec = dataclasses.replace(_record(FOREIGN, world=2, nodes=nodes, rank_failures={0: peer},
+                                      last_heartbeat={0: Beat(8, "backward"), 1: Beat(8, "data")}),
+                              steps=8, stalled_s=16.0)
+    advice = _advice(rec)
+    assert "py-spy" not in advice and "No stack could be taken" not in advice, advice
+    assert "No rank was running when the harness stopped the run, so there was no stack to take" in advice, advice
+    assert not [f for f in find([rec]) if f.kind == "node_hung"], [f.title for f in find([rec])]
+    [stall] = [f for f in find([rec]) if f.kind == "stall"]
+    assert stall.title.endswith(": no rank was left running to take a stack of"), stall.title
+    assert "rank 1: last heartbeat step 8, stage data; no process left to take a stack of: it had ended" in stall.detail
 
 
 def test_host_bound_advice_names_cuda_graphs_only_for_this_trainer_on_cuda():

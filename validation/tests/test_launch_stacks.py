@@ -178,7 +178,10 @@ def test_stall_evidence_survives_the_store():
     (1, False, "No stack could be taken"),
 ])
 def test_stall_advice_fits_what_is_known(world, dumps, advice):
-    rec = _record(stackdumps={0: StackDump("harness_stacks/rank0.txt", [Frame("a.py", 1, "f")])} if dumps else {})
+    # without dumps: py-spy was tried and could not take the rank's stack (with no attempt at all,
+    # no rank was left running, which has advice of its own: test_advice.py)
+    rec = _record(stackdumps={0: StackDump("harness_stacks/rank0.txt", [Frame("a.py", 1, "f")])} if dumps else {},
+                  taken_stacks=[] if dumps else [TakenStack(9, 0, "RANK", "none", note="py-spy could not")])
     rec.world_size = world
     [line] = recommendations(find([rec]))
     assert advice in line

@@ -24,7 +24,12 @@ def _departed(f: Facts) -> str:
 
 
 def _stall(f: Facts) -> str:
-    if not f.stacks:
+    if f.no_rank_running:
+        where = ("No rank was running when the harness stopped the run, so there was no stack to take: the ranks had "
+                 "ended (or never started) while a launcher kept the run open (torchrun's agent waits at its exit "
+                 "barrier for the other nodes' agents, srun for its tasks). The finding says how far each rank got "
+                 "and how it ended: start from the rank that ended first. ")
+    elif not f.stacks:
         where = ("No stack could be taken: install py-spy and let it attach (ptrace; a container needs "
                  "CAP_SYS_PTRACE), or give the trainer a SIGUSR1 handler (faulthandler.register); the last "
                  "heartbeats in the finding say how far each process got. ")

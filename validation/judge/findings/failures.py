@@ -114,6 +114,7 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
         ev = r.evidence
         if not (r.stalled_s is not None or r.timed_out or (ev.halt is not None and ev.halt.source == "watchdog")):
             continue  # no stall; a NaN guard's or an operator's .HALT is none either
+        facts = Facts.of(r)
         how = (f"no progress for {r.stalled_s:.0f}s, stopped by the harness" if r.stalled_s is not None
                else "watchdog .HALT" if ev.halt is not None else f"killed at the {r.timeout_s:g}s timeout")
         notes = {(t.rank, t.pid if t.rank is None else None): t.note for t in ev.taken_stacks if t.note}
@@ -124,8 +125,8 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
         for rank in sorted(k for k in known if k < r.world_size):
             line = f"rank {rank}: {last_heartbeat(r, rank)}"
             end = _ended_before(r, rank, gone)
-            if end is not None:
-                detail.append(f"{line}; no process left to take a stack of: it had ended ({end})")
+            if end is not None or facts.no_rank_running:
+                detail.append(f"{line}; no process left to take a stack of: it had ended" + (f" ({end})" if end else ""))
                 continue
             detail.append(f"{line}; {_stack(f'rank {rank}', ev.stackdumps.get(rank), notes.get((rank, None)), stuck)}")
         dumped = {d.pid for d in ev.unranked_stacks}
@@ -146,9 +147,11 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
             rest = "; ".join(stuck.values()) or "no rank was left running"
             at = f": {departure(r, gone)}; {rest}" + (f" ({'; '.join(ended)})" if ended else "")
         else:
-            at = _hung_first(r, stuck) or (f": {'; '.join(stuck.values())}" if stuck else ": no stack was recorded")
+            at = _hung_first(r, stuck) or (f": {'; '.join(stuck.values())}" if stuck
+                                           else ": no rank was left running to take a stack of"
+                                           if facts.no_rank_running else ": no stack was recorded")
         out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail,
-                           "departed" if gone else "stall", Facts.of(r)))
+                           "departed" if gone else "stall", facts))
     return out
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from nsa.contract import heartbeat_name
 from validation.judge.record import PhaseRecord
+from validation.judge.verdict import Outcome
 
 
 class Severity(enum.StrEnum):
@@ -25,12 +26,17 @@ class Facts:
     stacks: int = 0
     """Stacks recorded of the run's processes (by rank, or of a rank unknown)."""
     cuda: bool = False
+    no_rank_running: bool = False
+    """The harness stopped the run and found no rank's process to take a stack of, and no stack
+    was recorded otherwise: the ranks had ended (or never started) while a launcher kept the run
+    open."""
 
     @classmethod
     def of(cls, rec: PhaseRecord) -> Facts:
         ev = rec.evidence
         stacks = sum(1 for d in [*ev.stackdumps.values(), *ev.unranked_stacks] if d.frames)
-        return cls(rec.own_trainer, rec.world_size, stacks, rec.accelerator == "cuda")
+        return cls(rec.own_trainer, rec.world_size, stacks, rec.accelerator == "cuda",
+                   not stacks and Outcome.of_record(rec).stacks_tried == 0)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import signal
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import root_rank
 from validation.judge.findings.departed import departed, departure
-from validation.judge.findings.finding import Finding, Severity, last_heartbeat, where
+from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import PhaseRecord
@@ -116,6 +116,8 @@ def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     watchdog = r.evidence.halt is not None and r.evidence.halt.source == "watchdog"
     if r.stalled_s is None and not r.timed_out and not watchdog:
         return None
+    if Facts.of(r).no_rank_running:
+        return None  # nothing hung: every rank had ended (or never started), a launcher kept the run open
     stacks = r.evidence.stackdumps
     beats = r.evidence.last_heartbeat
     ranks = sorted(set(stacks) | set(beats))

@@ -34,6 +34,7 @@ from validation.session.session import (
     Outcome,
     SessionOptions,
     interrupted_note,
+    report_line,
 )
 from validation.store import bless
 from validation.store.goldens import GoldenFile
@@ -189,15 +190,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         session.run(progress.update, started, finished)
     except KeyboardInterrupt:
         if not args.no_report:  # the points finished before the interrupt, in a report
-            _render(session)
+            _render(session, interrupted=True)
         raise
     return 0 if args.no_report else _render(session)
 
 
-def _render(session: AcceptanceSession, pairs: list[tuple[str, str]] | None = None) -> int:
+def _render(session: AcceptanceSession, pairs: list[tuple[str, str]] | None = None, interrupted: bool = False) -> int:
     rendered = session.render(pairs, notes=_note)
     for out in rendered:
-        print(f"nsa-validate: {out.verdict} -> {out.path}")
+        print(f"nsa-validate: {report_line(out, interrupted)}")
         if out.events is not None:
             print(f"nsa-validate: TensorBoard events -> {out.events} (tensorboard --logdir {out.events})")
     return session.exit_status(rendered)

@@ -51,6 +51,7 @@ from validation.session.session import (
     NotLaunchable,
     SessionOptions,
     interrupted_note,
+    report_line,
 )
 
 
@@ -241,7 +242,7 @@ class AcceptancePlugin:
         for pair in sorted(self.pairs):
             try:
                 for out in self.session.render([pair], notes=lambda text: self.reports.append(f"note: {text}")):
-                    self.reports.append(f"{out.verdict} -> {out.path}")
+                    self.reports.append(report_line(out, exitstatus == pytest.ExitCode.INTERRUPTED))
                     if out.events is not None:
                         self.reports.append(f"TensorBoard events -> {out.events}")
             except HarnessError as exc:

@@ -67,6 +67,15 @@ def interrupted_note(signum: int) -> str:
             "point was not recorded (its earlier record and artifacts are kept)")
 
 
+def report_line(out: Rendered, interrupted: bool) -> str:
+    """A rendered report as both doors name it: 'GO -> path'. After a stop signal without its
+    status: the report holds the points stored before the interrupt, and a GO or NO-GO printed
+    at the end of a run reads as that run's verdict."""
+    if interrupted:
+        return f"report of the points stored before the interrupt (no verdict of this run) -> {out.path}"
+    return f"{out.verdict} -> {out.path}"
+
+
 class NotLaunchable(HarnessError):
     """A selected point cannot start on this machine (a trainer root not set, a module missing):
     nothing is run or stored for it."""

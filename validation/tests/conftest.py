@@ -1,8 +1,11 @@
 """Fixtures for the harness's own tests: runbooks in tmp_path that launch the fake trainer."""
 from __future__ import annotations
 
+import signal
+import subprocess
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 import yaml
@@ -59,3 +62,22 @@ class FakeRun:
 @pytest.fixture
 def fake_run(tmp_path):
     return lambda phases, **top: FakeRun(tmp_path, phases, **top)
+
+
+def slow_second_point(tmp_path: Path) -> tuple[Path, Callable[[Path], list[Path]]]:
+    """A runbook of a quick point and a slow one (about 20 s), and the slow one's training.csv."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase(), train_phase("long_run", steps=400,
+                                                                         env={"NSA_FAKE_STEP_S": "0.05"})])
+    return rb, lambda results: list(results.glob("runs/fake/cpu/long_run/default/*/training.csv"))
+
+
+def interrupt_when_training(proc: subprocess.Popen, csvs: Callable[[], list[Path]], rows: int = 3,
+                            within_s: float = 90) -> tuple[str, str]:
+    """SIGINT to ``proc`` once a training.csv of ``csvs()`` holds ``rows`` lines; its output."""
+    deadline = time.monotonic() + within_s
+    while not any(len(c.read_bytes().splitlines()) >= rows for c in csvs()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    return proc.communicate(timeout=60)
+

@@ -2,6 +2,7 @@
 phase listing, and python -m validation."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -9,7 +10,7 @@ import pytest
 
 from validation import REPO_ROOT
 from validation.cli import main
-from validation.tests.conftest import train_phase, write_runbook
+from validation.tests.conftest import interrupt_when_training, slow_second_point, train_phase, write_runbook
 
 
 def test_run_nogo_exit_code_and_report_with_plots(tmp_path, capsys):
@@ -120,3 +121,19 @@ def test_an_install_without_the_checkout_says_what_to_do(tmp_path, monkeypatch, 
     assert main(["phases"]) == 2
     err = capsys.readouterr().err
     assert "runbooks not found" in err and "pip install -e ." in err
+
+
+def test_an_interrupted_run_prints_no_status_line_that_reads_as_its_verdict(tmp_path):
+    """After Ctrl-C the CLI printed 'nsa-validate: GO -> report' (the status of the records stored
+    before) and then its 'interrupted' line: the run that was stopped read as GO."""
+    rb, csvs = slow_second_point(tmp_path)
+    results = tmp_path / "res"
+    proc = subprocess.Popen([sys.executable, "-m", "validation", "run", "--runbook", str(rb), "--results-dir",
+                             str(results), "--no-plots"], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    out, err = interrupt_when_training(proc, lambda: csvs(results))
+    assert proc.returncode == 130, err[-2000:]
+    assert not re.search(r"^nsa-validate: (GO|NO-GO|INCOMPLETE)\b", out, re.M), out
+    report = results / "reports" / "fake__cpu.md"
+    assert f"nsa-validate: report of the points stored before the interrupt (no verdict of this run) -> {report}" in out
+    assert "interrupted (SIGINT)" in err and "[1/2] fake/cpu/baseline_ddp/default: PASS" in err, err[-2000:]

@@ -16,7 +16,7 @@ from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
 from validation.session.point import why_skip
 from validation.store.results import ResultStore
-from validation.tests.conftest import train_phase, write_runbook
+from validation.tests.conftest import interrupt_when_training, slow_second_point, train_phase, write_runbook
 
 
 def _pytest(*args, timeout=120):
@@ -206,3 +206,18 @@ def test_a_slurm_points_process_line_says_its_allocation_may_be_gone():
     plain = PhaseRecord(PointKey("rb", "cpu", "train"), "rb/cpu/train/default", "train", Status.PASS, "",
                         command=["python", "-m", "nsa.train"])
     assert reproduce_rows([plain])[0]["note"] is None
+
+
+def test_an_interrupted_pytest_run_prints_no_status_line_that_reads_as_its_verdict(tmp_path):
+    """The pytest door had the CLI's flaw: after Ctrl-C it printed 'nsa-validate report: GO ->
+    report' (the records stored before) beside its 'interrupted' line."""
+    rb, csvs = slow_second_point(tmp_path)
+    results = tmp_path / "r"
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                             "validation/tests/test_acceptance.py", "--runbook", str(rb), "--results-dir", str(results),
+                             "-k", "test_phase"], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = interrupt_when_training(proc, lambda: csvs(results))
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-2000:]
+    assert not re.search(r"^nsa-validate report: (GO|NO-GO|INCOMPLETE)\b", out, re.M), out[-2000:]
+    assert "nsa-validate report: report of the points stored before the interrupt (no verdict of this run) -> " in out
+    assert "nsa-validate: interrupted (SIGINT)" in out, out[-2000:]

@@ -9,10 +9,15 @@ a normal exit (whatever the trainer left running). Before killing a stalled or t
 the harness takes every rank's stack (validation/launch/stacks.py). No shell is involved: every
 argv element is passed to exec as is. Several processes (one torchrun agent per node) run as one
 tree with a log pair each (``run_group``); a scheduler's cancel (scancel) goes before the kill.
+A launch of several processes is over when one of them has failed and, ranks having run under
+them, nothing of it runs but the launched processes themselves: no rank is left under any of them
+(a torchrun agent whose workers ended waits at its exit barrier for agents that are gone), so
+the rest are stopped then and the run ends as the failed one did, not at the stall or the timeout.
 """
 from __future__ import annotations
 
 import contextlib
+import enum
 import subprocess
 import threading
 import time
@@ -30,6 +35,11 @@ from validation.launch.watch import StepWatch, Watch
 #: raises KeyboardInterrupt, also in worker threads, which never see the signal
 ABORT = threading.Event()
 STDERR_TAIL_LINES = 40
+#: seconds a launch of several processes may stay open once one of them failed and no other
+#: process of it runs: time for the others to end by themselves (a torchrun agent at its exit
+#: barrier whose store went with the failed agent ended 1.6 s after it, measured here) before
+#: the harness stops them
+LAUNCH_OVER_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -80,13 +90,20 @@ class ProcResult:
         return tail(self.stderr_path, lines)
 
 
+class _Why(enum.Enum):
+    """Why the harness stopped processes that were still running."""
+
+    TIMEOUT = "timeout"
+    STALL = "stall"
+    LAUNCH_OVER = "launch over"
+    """One launched process failed and no rank is left under the others (see the module's docstring)."""
+
+
 @dataclass(frozen=True)
 class _Stop:
-    """Why the harness stopped a process that was still running."""
-
-    timed_out: bool
-    stalled_s: float | None
+    why: _Why
     note: str
+    stalled_s: float | None = None
 
 
 Cancel = Callable[[Callable[[], bool]], None]
@@ -137,7 +154,7 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
                     cancel(lambda: all(p is None or p.poll() is not None for p in procs))
                 raise
             if stop is not None:
-                if watch is not None:
+                if watch is not None and stop.why != _Why.LAUNCH_OVER:  # a launch over has no rank to take
                     taken = stacks.take(stacks.ranked(tree.members(), tree.roots, watch.single_process), watch.run_dir,
                                         stop.note)
                 if cancel is not None:
@@ -156,8 +173,9 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
     failed = sorted((part.ended_s if part.ended_s is not None else wall, i) for i, part in enumerate(parts)
                     if part.exit_code != 0)
     first = parts[failed[0][1]] if failed else parts[0]
-    code = None if stop is not None else (first.exit_code if failed else 0)
-    return ProcResult(commands[0].argv, code, stop is not None and stop.timed_out, wall, first.stdout_path,
+    killed = stop is not None and stop.why != _Why.LAUNCH_OVER  # a launch over ended as its failed process did
+    code = None if killed else (first.exit_code if failed else 0)
+    return ProcResult(commands[0].argv, code, stop is not None and stop.why == _Why.TIMEOUT, wall, first.stdout_path,
                       first.stderr_path, stop.stalled_s if stop else None, taken, parts)
 
 
@@ -191,9 +209,12 @@ def _record_ends(procs: list[subprocess.Popen | None], ended: dict[int, float], 
 def _supervise(procs: list[subprocess.Popen | None], ended: dict[int, float], tree: ProcessTree, start: float,
                timeout_s: float, poll_s: float, on_poll: Callable[[float], None] | None,
                on_tree: Callable[[ProcessTree], None] | None, watch: Watch | None) -> _Stop | None:
-    """Poll until every process exits (None), the timeout or a stall (the reason to stop them)."""
+    """Poll until every process exits (None), the launch is over, the timeout or a stall (the
+    reason to stop them). A launch that is over when the stall or the timeout comes is stopped as
+    over: no rank is left that could have stalled."""
     steps = StepWatch(watch.progress_dir, watch.csv) if watch is not None else None
     last_progress = start
+    over = _LaunchOver(procs)
     while True:
         running = [p for p in procs if p is not None and p.poll() is None]
         _record_ends(procs, ended, start)
@@ -213,20 +234,57 @@ def _supervise(procs: list[subprocess.Popen | None], ended: dict[int, float], tr
         elapsed = now - start
         if on_poll is not None:
             on_poll(elapsed)
+        over_s = over.look(tree, now)
+        stop = None
         if steps is not None:
             if steps.look():
                 last_progress = now
-            quiet = now - last_progress
-            first = steps.highest is None
-            limit = watch.startup_s if first else watch.stall_s
-            if quiet >= limit:
-                # the highest step any file showed: a heartbeat's step in progress, not the last
-                # one training.csv logged (the verdict's 'after step N')
-                at = "before its first step" if first else f"at step {steps.highest} (the highest its files showed)"
-                key = "startup_s" if first else "stall_s"
-                return _Stop(False, round(quiet, 1), f"no progress for {quiet:.0f}s {at} ({key} {limit:g})")
-        if elapsed >= timeout_s:
-            return _Stop(True, None, f"killed after {timeout_s:.0f}s timeout")
+            stop = _stalled(steps, watch, now - last_progress)
+        if stop is None and elapsed >= timeout_s:
+            stop = _Stop(_Why.TIMEOUT, f"killed after {timeout_s:.0f}s timeout")
+        if over_s is not None and (stop is not None or over_s >= LAUNCH_OVER_GRACE_S):
+            return _Stop(_Why.LAUNCH_OVER, f"a launched process failed and no rank was left running under the others "
+                                           f"for {over_s:.0f}s")
+        if stop is not None:
+            return stop
+
+
+def _stalled(steps: StepWatch, watch: Watch, quiet: float) -> _Stop | None:
+    """A stall when the files showed no new step for ``quiet`` seconds, the allowance (startup_s
+    before the first step, else stall_s) or more."""
+    first = steps.highest is None
+    limit = watch.startup_s if first else watch.stall_s
+    if quiet < limit:
+        return None
+    # the highest step any file showed: a heartbeat's step in progress, not the last one
+    # training.csv logged (the verdict's 'after step N')
+    at = "before its first step" if first else f"at step {steps.highest} (the highest its files showed)"
+    key = "startup_s" if first else "stall_s"
+    return _Stop(_Why.STALL, f"no progress for {quiet:.0f}s {at} ({key} {limit:g})", round(quiet, 1))
+
+
+class _LaunchOver:
+    """When a launch of several processes is over (see the module's docstring): one of them has
+    failed, ranks had run under them, and nothing of the launch runs now but launched processes.
+    Before any rank ran there is nothing to be over: agents still meeting end by themselves at
+    their rendezvous's join timeout, saying which node never came."""
+
+    def __init__(self, procs: list[subprocess.Popen | None]):
+        self.procs = [p for p in procs if p is not None]
+        self.launched = {p.pid for p in self.procs}
+        self.ranks_ran = False
+        self.since: float | None = None
+
+    def look(self, tree: ProcessTree, now: float) -> float | None:
+        """Seconds the launch has been over, as of this poll of ``tree``; None while it is not."""
+        self.ranks_ran = self.ranks_ran or any(p.pid not in self.launched for p in tree.known())
+        failed = any(p.poll() not in (None, 0) for p in self.procs)
+        if len(self.procs) < 2 or not self.ranks_ran or not failed or \
+                any(m.pid not in self.launched for m in tree.members()):
+            self.since = None
+            return None
+        self.since = now if self.since is None else self.since
+        return now - self.since
 
 
 def _stacks_note(taken: list[TakenStack]) -> str:

@@ -201,3 +201,17 @@ def test_a_hung_node_is_named_when_the_trainers_own_watchdog_stopped_the_run():
     assert f.title == ("node 1 hung in two [default] (the trainer's watchdog .HALT): node 1's rank 1 in at (last "
                        "heartbeat step 3, forward); waiting for it: node 0's rank 0 in _engine_run_backward (last "
                        "heartbeat step 3, backward)"), f.title
+
+
+def test_an_agent_the_harness_stopped_after_another_failed_is_said_to_have_been_stopped():
+    """A crash (node 0's agent exit 1) whose other agent, left with no rank under it, the harness
+    stopped (validation/launch/process.py, a launch over): on this host an agent without an exit
+    code is one the harness stopped, not one whose end is not known."""
+    nodes = NodesEvidence("torchrun", "localhost:1", 6.0, [
+        NodeEvidence(0, "node0.stderr.log", "vm", 1, 9.0, 0, [0]), NodeEvidence(1, "node1.stderr.log", "vm", None, None, 1, [1])])
+    rec = _record(nodes, status=Status.FAIL, exit_code=1,
+                  evidence=Evidence(nodes=nodes, last_heartbeat={0: Beat(4, "backward"), 1: Beat(4, "data")}))
+    lines = "\n".join(f.title + "\n" + "\n".join(f.detail) for f in find([rec]))
+    assert "node 1 (host vm, torchrun node rank 1, log node1.stderr.log): rank 1 last heartbeat step 4, stage data; " \
+           "agent still running when the harness stopped the run" in lines, lines
+    assert "end not known" not in lines, lines

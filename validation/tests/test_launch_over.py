@@ -1,0 +1,71 @@
+"""A launch of several processes (one torchrun agent per node) is over once one of them failed and
+nothing of it runs but the launched processes themselves: the harness stops the rest within
+LAUNCH_OVER_GRACE_S and the run ends as the failed one did. Two nodes whose rank 1 exited 0 early
+once waited out the whole stall_s (or crashed; a race): node 1's agent, its worker done, waited
+at torchrun's exit barrier on a store it held, with no rank left under any agent.
+
+Here each 'agent' is a python process that runs one 'worker' child and then fails (exit 1), or
+waits as torchrun's agent does at its exit barrier."""
+from __future__ import annotations
+
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from validation.launch import process as runner
+from validation.launch.process import LAUNCH_OVER_GRACE_S, Command
+from validation.launch.watch import Watch
+
+#: how long the run would go on without the harness stopping it
+FAR_S = 60.0
+
+
+def _agent(worker_s: float, then: str) -> list[str]:
+    """A process that runs a worker child for ``worker_s`` seconds, then does ``then``."""
+    body = f"""
+        import subprocess, sys, time
+        subprocess.run([sys.executable, "-c", "import time; time.sleep({worker_s})"])
+        {then}
+    """
+    return [sys.executable, "-c", textwrap.dedent(body)]
+
+
+def _run(tmp_path: Path, commands: list[Command], stall_s: float = FAR_S) -> runner.ProcResult:
+    watch = Watch(tmp_path, tmp_path / "training.csv", stall_s, stall_s, tmp_path, single_process=False)
+    return runner.run_group(commands, env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, timeout_s=FAR_S + 30,
+                            log_dir=tmp_path, poll_s=0.1, watch=watch)
+
+
+def test_a_failed_agent_beside_one_with_no_rank_left_ends_the_launch_as_a_failure(tmp_path):
+    failed = Command(_agent(0.5, "sys.exit(1)"), "node0")
+    waiting = Command(_agent(0.5, f"time.sleep({FAR_S * 2})"), "node1")  # at its exit barrier
+    t0 = time.monotonic()
+    result = _run(tmp_path, [failed, waiting])
+    took = time.monotonic() - t0
+    assert took <= 0.5 + LAUNCH_OVER_GRACE_S + 5.0, f"the launch ended {took:.1f}s after it started"
+    assert result.exit_code == 1 and not result.timed_out and result.stalled_s is None and not result.stacks
+    node0, node1 = result.parts
+    assert (node0.exit_code, node1.exit_code) == (1, None) and result.stderr_path.name == "node0.stderr.log"
+    assert "no rank was left running under the others" in (tmp_path / "node1.stderr.log").read_text()
+
+
+def test_a_failed_agent_beside_a_rank_still_running_is_left_to_the_stall_watch(tmp_path):
+    """Not over while a rank (a process below an agent) still runs: it may be hung, and its stack
+    is the evidence the stall watch takes."""
+    failed = Command(_agent(0.5, "sys.exit(1)"), "node0")
+    running = Command(_agent(FAR_S * 2, ""), "node1")
+    result = _run(tmp_path, [failed, running], stall_s=LAUNCH_OVER_GRACE_S + 3)
+    assert result.stalled_s is not None and result.exit_code is None, result
+    assert result.parts[1].exit_code is None and result.stacks  # the worker's stack was taken
+
+
+def test_agents_that_never_started_a_rank_are_left_to_their_rendezvous(tmp_path):
+    """Before any rank ran there is nothing to be over: an agent still meeting ends by itself at the
+    join timeout, and what it says then names the node that never came (test_nodes_launch.py)."""
+    down = Command([sys.executable, "-c", "import sys; sys.exit('cannot start')"], "node1")
+    meeting = Command([sys.executable, "-c", f"import sys, time; time.sleep({LAUNCH_OVER_GRACE_S + 2}); "
+                                             "sys.exit('RendezvousTimeoutError')"], "node0")
+    result = _run(tmp_path, [meeting, down])
+    assert [p.exit_code for p in result.parts] == [1, 1] and result.exit_code == 1, result.parts
+    assert "RendezvousTimeoutError" in (tmp_path / "node0.stderr.log").read_text()

@@ -290,7 +290,8 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int, tu
     GP = triton.next_power_of_2(G)
     BT = max(1, (tune.rows_interpret if interpret else tune.rows) // GP)
     BK = max(16, triton.next_power_of_2(K))
-    BJ = tune.chunk_blocks
+    RP = triton.next_power_of_2(LS // D)
+    BJ = max(tune.chunk_blocks, 16 // RP)  # at least 16 columns: the tensor cores' smallest product
     NB = triton.cdiv(q_start + Tq, LS)
     chunk = max(BT, tune.score_budget // (B * H * NB * 4) // BT * BT)
     buffer = torch.empty(B * min(chunk, Tq) * H * NB, device=q.device, dtype=torch.float32)
@@ -302,7 +303,7 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int, tu
         # a fallback with fewer rows (BT tokens, at least 16 rows) keeps the chunk a multiple of BT
         launch(_score_kernel, lambda c, t=t: (triton.cdiv(t, c["BT"]), B * H),
                (qa, kc, lsea, sc, t, Nc, NB, q_start + a, 1.0 / math.sqrt(K)),
-               dict(H=H, G=G, GP=GP, K=K, BK=BK, L=L, D=D, LS=LS, BJ=BJ, RP=triton.next_power_of_2(LS // D),
+               dict(H=H, G=G, GP=GP, K=K, BK=BK, L=L, D=D, LS=LS, BJ=BJ, RP=RP,
                     DOT=dot_precision(q.dtype)),
                dict(BT=BT, num_warps=4 if interpret else 8 if fp32_wide(q.dtype, K) else tune.warps,
                     num_stages=1 if interpret else tune.stages), halve=("BT",), floor=max(1, 16 // GP))

@@ -141,6 +141,8 @@ class TopkTuning(_Tuning):
     def __post_init__(self):
         self._check_positive("rows", "rows_interpret", "warps", "stages", "score_budget", "select_candidates",
                              "chunk_blocks")
+        if self.chunk_blocks & (self.chunk_blocks - 1):
+            raise ValueError(f"TopkTuning.chunk_blocks is {self.chunk_blocks}; expected a power of two")
         self._set_arg()
 
 

@@ -118,6 +118,17 @@ def test_topk_row_orders_and_whole_chunks(kdev, G, rows, chunk):
     assert agree >= 0.99
 
 
+def test_topk_chunks_of_one_block_and_one_token(kdev):
+    """TopkTuning.chunk_blocks 1 with l' = d (one compressed token a block) selects right: the
+    kernel widens such a chunk to 16 columns, as products on the GPU's tensor cores need (the
+    interpreter would take a narrower one)."""
+    from nsa.kernels.tuning import TopkTuning
+
+    cfg = NSAConfig(cmp_block=4, cmp_stride=4, sel_block=4, n_selected=4, window=8)
+    agree = _check(kdev, KCase(cfg, B=1, T=40, H=2, G=3, K=16, q_start=90, seed=11), tune=TopkTuning(chunk_blocks=1))
+    assert agree >= 0.99
+
+
 def _top_reference(scores: torch.Tensor, n: int) -> torch.Tensor:
     """The n best of each row by (score descending, block ascending) among scores >= 0,
     ascending, -1 padded."""

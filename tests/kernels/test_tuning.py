@@ -25,6 +25,8 @@ def test_bad_tunings_are_refused_with_the_field_named():
         SelectionTuning(qc=0)
     with pytest.raises(ValueError, match=r"TopkTuning.rows is -1"):
         TopkTuning(rows=-1)
+    with pytest.raises(ValueError, match=r"TopkTuning.chunk_blocks is 12; expected a power of two"):
+        TopkTuning(chunk_blocks=12)
     with pytest.raises(ValueError, match=r"BandTiles.fwd is \(64, 32\)"):
         BandTiles(fwd=(64, 32))
     with pytest.raises(ValueError, match="no bool"):

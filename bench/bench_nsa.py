@@ -152,11 +152,11 @@ def _sel_split(x, q, do, idx, cfg, tune: SelectionTuning = SELECTION) -> tuple[i
     NB = -(-Tk // ls)
     TT = S._tokens_per_tile(HQ // H, n, NB, Tq, tune)
     o, lse, _ = S._sel_fwd(q, k, v, idx, ls, 0, False, cfg.sel_form, tune)
-    cut = S._item_cut(q.device, Tq, False, tune)
-    work = inverse_selection(idx, Tk, ls, cut)
+    qc = S._dkv_qc(q.device, Tq, False, tune)
+    work = inverse_selection(idx, Tk, ls, qc)
     times = dict(union=_bench(lambda: S._tile_union(idx, TT, NB)),
                  fwd=_bench(lambda: S._sel_fwd(q, k, v, idx, ls, 0, False, cfg.sel_form, tune)),
-                 inverse=_bench(lambda: inverse_selection(idx, Tk, ls, cut)))
+                 inverse=_bench(lambda: inverse_selection(idx, Tk, ls, qc)))
     keep = S._dq_source(q.shape[3], ls, tune) if S._dq_from_pass(q, k, n, ls, tune) else ""
     if keep:
         delta = S._row_delta(o, do)
@@ -293,12 +293,7 @@ def sweep(shapes, only=()):
         sel_fwd = [dict(fwd_warps=4, fwd_stages=3), dict(fwd_warps=2, fwd_stages=3), dict(fwd_warps=4, fwd_stages=2),
                    dict(fwd_warps=8, fwd_stages=3), dict(blocks_rows=32), dict(blocks_rows=128),
                    dict(blocks_rows=128, fwd_warps=8)]
-        # work items in spans of query tokens (q / dO rows kept in L2), and the chunked passes
-        # (partials_budget / kept_budget) that take a span at a time with a launch each
-        sel_span = [dict(span=s) for s in (0, 2048, 4096, 8192, 16384)] + [
-            dict(span=8192, qc=512), dict(span=4096, qc=256), dict(partials_budget=200 << 20, kept_budget=200 << 20)]
         groups = band + [
-            ("sel span (fwd, fwd+bwd)", [SelectionTuning(**v) for v in sel_span], [sel_f, sel_fb]),
             ("sel tt (fwd, fwd+bwd)", [SelectionTuning(**v) for v in sel_tt], [sel_f, sel_fb]),
             ("sel bwd", [SelectionTuning(**v) for v in sel_bwd], [sel_fb]),
             ("sel fwd", [SelectionTuning(**v) for v in sel_fwd], [sel_f]),
@@ -311,7 +306,7 @@ def sweep(shapes, only=()):
             for tune in tunings:
                 try:
                     t = ", ".join(f"{_bench(make(tune)):.2f}" for make in timed)
-                    if label.startswith(("sel tt", "sel bwd", "sel span")):
+                    if label.startswith(("sel tt", "sel bwd")):
                         TT, keep, split = _sel_split(x, q, do, idx, cfg, tune)
                         t += (f" | split (ms): TT={TT}{f' dq from kept {keep}' if keep else ''} "
                               + " ".join(f"{a} {b:.3f}" for a, b in split.items()))

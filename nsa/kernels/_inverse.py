@@ -1,5 +1,5 @@
 """The inverse of a selection: for each (batch, KV head, key block), the query tokens that
-selected it, as work items (ItemCut). The selected branch's key-block-major passes
+selected it, as work items of at most qc tokens. The selected branch's key-block-major passes
 run on them: the dk/dv pass of the backward (nsa.kernels.selection) and the block-major forward
 (nsa.kernels.selection_blocks).
 
@@ -48,28 +48,25 @@ def _lower_bound(keys, n_keys, target, STEPS: tl.constexpr):
 
 
 @triton.jit
-def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, NB, IPB, SPAN,
+def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, NB, IPB,
                        QC: tl.constexpr, NBP: tl.constexpr, STEPS: tl.constexpr, BW: tl.constexpr):
-    """One program per (b, h) and span of SPAN tokens: the tokens of its NB segments within the
-    span (binary search in the sorted keys), cut into work items of at most QC tokens, written
-    to the program's IPB item slots, from (span * B*H + b*H + h) * IPB, in segment order; the
-    slots left over get empty items."""
+    """One program per (b, h): its NB segments' bounds in the sorted keys (binary search), cut
+    into work items of at most QC tokens, written to the program's IPB item slots
+    [bh * IPB, (bh + 1) * IPB) in segment order; the slots left over get empty items."""
     bh = tl.program_id(0)
-    span = tl.program_id(1)
     j = tl.arange(0, NBP)
     jm = j < NB
-    seg = (bh * NB + j).to(tl.int64)
-    t0 = span * SPAN
-    start = _lower_bound(keys_sorted, n_keys, seg * Tq + t0, STEPS)
-    end = _lower_bound(keys_sorted, n_keys, seg * Tq + tl.minimum(t0 + SPAN, Tq), STEPS)
+    seg = bh * NB + j
+    start = _lower_bound(keys_sorted, n_keys, seg.to(tl.int64) * Tq, STEPS)
+    end = _lower_bound(keys_sorted, n_keys, (seg + 1).to(tl.int64) * Tq, STEPS)
     chunks = tl.where(jm, (end - start + QC - 1) // QC, 0)
     first = tl.cumsum(chunks, 0) - chunks  # the segment's first item within the program
-    base = (span * tl.num_programs(0) + bh).to(tl.int64) * IPB
+    base = bh.to(tl.int64) * IPB
     for c in range(0, tl.max(chunks, 0)):
         m = c < chunks
         w = base + first + c
         s0 = start + c * QC
-        tl.store(item_seg + w, seg.to(tl.int32), mask=m)
+        tl.store(item_seg + w, seg, mask=m)
         tl.store(item_start + w, s0.to(tl.int32), mask=m)
         tl.store(item_end + w, tl.minimum(s0 + QC, end).to(tl.int32), mask=m)
     for w0 in range(tl.sum(chunks, 0), IPB, BW):
@@ -107,40 +104,23 @@ def key_dtype(idx_shape: tuple[int, ...], NB: int) -> torch.dtype:
     return torch.int32 if (B * H * NB + 1) * Tq < 2**31 else torch.int64
 
 
-class ItemCut(NamedTuple):
-    """How inverse_selection cuts a (b, h, block)'s tokens into work items: at most ``qc`` tokens
-    an item, and, with ``span`` > 0, no item across a multiple of ``span`` tokens, the items laid
-    out span by span. The programs that run at once then take rows of the same span of tokens,
-    whose q and dO rows stay in L2 between the blocks that gather them, where items of the whole
-    sequence at once fetch them again from memory for every block (16 times each at n = 16)."""
-    qc: int
-    span: int = 0
-
-    def spans(self, Tq: int) -> tuple[int, int]:
-        """(tokens a span, spans) over Tq tokens: one span of all of them unless span > 0 cuts."""
-        per = self.span if 0 < self.span < Tq else max(Tq, 1)
-        return per, triton.cdiv(Tq, per)
-
-
-def n_items(idx_shape: tuple[int, ...], NB: int, cut: ItemCut) -> int:
-    """The work items inverse_selection lays out: B*H * (per*n // qc + NB) a span of ``per``
-    tokens (ItemCut.spans), an upper bound on the items of at most qc tokens that the NB segments
-    of each (b, h) need within the span (sum of ceil(count / qc))."""
+def n_items(idx_shape: tuple[int, ...], NB: int, qc: int) -> int:
+    """The work items inverse_selection lays out: B*H * (Tq*n // qc + NB), an upper bound on the
+    items of at most qc tokens that the NB segments of each (b, h) need (sum of ceil(count / qc))."""
     B, Tq, H, n = idx_shape
-    per, spans = cut.spans(Tq)
-    return spans * B * H * (per * n // cut.qc + NB)
+    return B * H * (Tq * n // qc + NB)
 
 
-def inverse_selection(idx: torch.Tensor, Tk: int, ls: int, cut: ItemCut) -> Inverse:
+def inverse_selection(idx: torch.Tensor, Tk: int, ls: int, qc: int) -> Inverse:
     """Work items of the key-block-major passes: tokens grouped by the (b, h, block) they selected.
 
     One kernel writes a key per idx entry, seg * Tq + token with seg = (b*H + h)*NB + block;
-    one sort puts each segment's tokens together in ascending order; one kernel per (b, h) and
-    span finds the segments' bounds and cuts them into items as ``cut`` says. Three launches,
+    one sort puts each segment's tokens together in ascending order; one kernel per (b, h)
+    finds the segments' bounds and cuts them into items of at most qc tokens. Three launches,
     no host sync. Returns the sorted keys, the idx entry each came from (the sort's
     permutation), per work item its segment and the [start, end) range of the sorted keys it
     owns, and NB. The item count (n_items) is an upper bound known on the host; items past a
-    (span, b, h)'s real ones are empty."""
+    (b, h)'s real ones are empty."""
     B, Tq, H, n = idx.shape
     NB = triton.cdiv(Tk, ls)
     total = idx.numel()
@@ -149,12 +129,10 @@ def inverse_selection(idx: torch.Tensor, Tk: int, ls: int, cut: ItemCut) -> Inve
     _selection_keys_kernel[(triton.cdiv(total, block),)](idx, keys, Tq, total, NB, B * H * NB, H=H, N=n,
                                                            BLOCK=block)
     keys_sorted, perm = torch.sort(keys)
-    items = torch.empty(3, n_items(idx.shape, NB, cut), device=idx.device, dtype=torch.int32)
+    items = torch.empty(3, n_items(idx.shape, NB, qc), device=idx.device, dtype=torch.int32)
     seg, start, end = items.unbind(0)
-    per, spans = cut.spans(Tq)
-    _work_items_kernel[(B * H, spans)](keys_sorted, total, seg, start, end, Tq, NB,
-                                       items.shape[1] // (B * H * spans), per, QC=cut.qc,
-                                       NBP=triton.next_power_of_2(NB), STEPS=total.bit_length(), BW=256)
+    _work_items_kernel[(B * H,)](keys_sorted, total, seg, start, end, Tq, NB, items.shape[1] // (B * H),
+                                 QC=qc, NBP=triton.next_power_of_2(NB), STEPS=total.bit_length(), BW=256)
     return Inverse(keys_sorted, perm, items, NB)
 
 
@@ -166,14 +144,13 @@ def as_outputs(inverse: Inverse | None, device: torch.device) -> tuple[torch.Ten
     return inverse.keys, inverse.perm, inverse.items
 
 
-def fake_outputs(idx: torch.Tensor, Tk: int, ls: int, cut: ItemCut | None,
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """as_outputs(inverse_selection(idx, Tk, ls, cut)) in shape and dtype only (None: none)."""
-    if cut is None:
+def fake_outputs(idx: torch.Tensor, Tk: int, ls: int, qc: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """as_outputs(inverse_selection(idx, Tk, ls, qc)) in shape and dtype only (qc = 0: none)."""
+    if qc == 0:
         return as_outputs(None, idx.device)
     NB = triton.cdiv(Tk, ls)
     return (idx.new_empty(idx.numel(), dtype=key_dtype(idx.shape, NB)), idx.new_empty(idx.numel(), dtype=torch.int64),
-            idx.new_empty(3, n_items(idx.shape, NB, cut), dtype=torch.int32))
+            idx.new_empty(3, n_items(idx.shape, NB, qc), dtype=torch.int32))
 
 
 def from_outputs(keys: torch.Tensor, perm: torch.Tensor, items: torch.Tensor, Tk: int, ls: int) -> Inverse | None:

@@ -18,7 +18,7 @@ WINDOW, combine). The backward leaves out glue the separate ops need between the
   negative gate makes the gradients NaN; a zero gate, zero;
 * the selected branch's last dq kernel adds the window's dq, so autograd sums one dq fewer;
 * the selected forward's inverse selection, where it built one the backward can take
-  (nsa.kernels.selection._shared_cut), is saved for the backward's dk/dv pass, which then sorts
+  (nsa.kernels.selection._shared_qc), is saved for the backward's dk/dv pass, which then sorts
   nothing.
 
 Neither branch reads its output again for its delta. The gradients are those of the separate

@@ -40,7 +40,7 @@ import triton.language as tl
 
 from . import SEL_FORMS
 from ._autograd import kernel_op
-from ._inverse import Inverse, ItemCut, as_outputs, fake_outputs, from_outputs, inverse_selection, item_rows
+from ._inverse import Inverse, as_outputs, fake_outputs, from_outputs, inverse_selection, item_rows
 from ._launch import dot_precision, fp32_wide, launch
 from .selection_blocks import blocks_forward, one_pass
 from ._tma import kv_desc, kv_tma_ok
@@ -427,23 +427,23 @@ def _resolve_form(q: torch.Tensor, k: torch.Tensor, idx: torch.Tensor, sel_block
     return forward_form(G, _tokens_per_tile(G, n, triton.cdiv(k.shape[1], sel_block), Tq, tune))
 
 
-def _shared_cut(q: torch.Tensor, k: torch.Tensor, idx: torch.Tensor, sel_block: int, deterministic: bool,
-                form: str, tune: SelectionTuning) -> ItemCut | None:
-    """The work items of the inverse selection the forward hands to the backward, None for
+def _shared_qc(q: torch.Tensor, k: torch.Tensor, idx: torch.Tensor, sel_block: int, deterministic: bool,
+               form: str, tune: SelectionTuning) -> int:
+    """Tokens per work item of the inverse selection the forward hands to the backward, 0 for
     none: where the forward runs key-block-major over all tokens in one pass (one inverse
     selection, of the work items the dk/dv pass takes; not deterministic, whose dk/dv pass
     takes one item per block). The backward's dk/dv pass then sorts nothing (on one H100 the
     inverse selection took 0.23 ms a call at the seeds' attention shape, S=64k)."""
     if deterministic or q.shape[1] == 0 or _resolve_form(q, k, idx, sel_block, form, tune) != "blocks":
-        return None
-    return _item_cut(q.device, q.shape[1], False, tune) if one_pass(q, idx.shape[-1], tune.partials_budget) else None
+        return 0
+    return _dkv_qc(q.device, q.shape[1], False, tune) if one_pass(q, idx.shape[-1], tune.partials_budget) else 0
 
 
 def _sel_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, sel_block: int,
              q_start: int, deterministic: bool, form: str, tune: SelectionTuning = SELECTION,
              ) -> tuple[torch.Tensor, torch.Tensor, Inverse | None]:
     """o and lse of the selected branch by the forward ``form`` (see _resolve_form), and the inverse
-    selection it built where the backward can take it again (see _shared_cut), else None."""
+    selection it built where the backward can take it again (see _shared_qc), else None."""
     B, Tq, HQ, K = q.shape
     Tk = k.shape[1]
     form = _resolve_form(q, k, idx, sel_block, form, tune)
@@ -452,7 +452,7 @@ def _sel_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tenso
         tiles = dict(BM=32 if interpret else tune.blocks_rows, num_warps=4 if interpret else tune.fwd_warps,
                      num_stages=1 if interpret else tune.fwd_stages)
         o, lse, inverse = blocks_forward(q, k, v, idx, sel_block, q_start, tiles,
-                                         _item_cut(q.device, Tq, False, tune), tune.partials_budget)
+                                         _dkv_qc(q.device, Tq, False, tune), tune.partials_budget)
         return o, lse, None if deterministic else inverse
     o = torch.empty_like(q)
     lse = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
@@ -479,21 +479,19 @@ def _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, tune: Se
     return dq, delta
 
 
-def _item_cut(device: torch.device, Tq: int, deterministic: bool, tune: SelectionTuning) -> ItemCut:
-    """The work items of the key-block-major passes (see _inverse.ItemCut). Deterministic: one
-    item per (b, h, block), of all Tq tokens and no spans, so each dk/dv row has one writer; its
-    atomic adds into the zeroed buffer then run in the fixed order of the sorted tokens (slower:
-    the program of a block every token selects, such as block 0, walks the whole sequence)."""
+def _dkv_qc(device: torch.device, Tq: int, deterministic: bool, tune: SelectionTuning) -> int:
+    """Most tokens per work item of the dk/dv pass. Deterministic: Tq, so each (b, h, block) is
+    one work item and each dk/dv row has one writer; its atomic adds into the zeroed buffer then
+    run in the fixed order of the sorted tokens (slower: the program of a block every token
+    selects, such as block 0, walks the whole sequence)."""
     if deterministic:
-        return ItemCut(max(Tq, 1))
-    if device.type == "cpu":
-        return ItemCut(tune.qc_interpret, tune.span_interpret)
-    return ItemCut(tune.qc, tune.span)
+        return max(Tq, 1)
+    return tune.qc_interpret if device.type == "cpu" else tune.qc
 
 
 def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, dv, tune: SelectionTuning,
               keep: str = "", kept=None):
-    """Adds the dk, dv of the work items of inverse_selection(idx, Tk, sel_block, _item_cut(...))
+    """Adds the dk, dv of the work items of inverse_selection(idx, Tk, sel_block, _dkv_qc(...))
     into the float32 buffers dk, dv; keep 'ds' / 'dq' (see _dq_source): it also keeps each
     (token, slot)'s dS tile / dq partial in kept (flat, B*Tq*H*n * G * _kept_width of q's dtype)."""
     keys_sorted, perm, (seg, start, end), NB = work
@@ -620,7 +618,7 @@ def _sel_bwd_kept(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, determ
         qc, doc, lsec, dlc, idxc = (t[:, part].contiguous() for t in (q, do, lse, delta, idx))
         dq_addc = None if dq_add is None else dq_add[:, part].contiguous()
         work = inverse if inverse is not None and chunk >= Tq else \
-            inverse_selection(idxc, Tk, sel_block, _item_cut(q.device, qc.shape[1], deterministic, tune))
+            inverse_selection(idxc, Tk, sel_block, _dkv_qc(q.device, qc.shape[1], deterministic, tune))
         kept = torch.empty(idxc.numel() * G * _kept_width(K, sel_block, keep), device=q.device, dtype=q.dtype)
         _dkv_pass(qc, k, v, doc, lsec, dlc, work, sel_block, q_start + a, dk, dv, tune, keep, kept)
         dqs.append(_sel_dq_from_parts(qc, idxc, kept, dq_addc) if keep == "dq"
@@ -643,7 +641,7 @@ def selection_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: t
     delta = rowsum(do * o) ([B, Tq, HQ] float32) when the caller has it (o is then not read;
     nsa.kernels.gated_branches passes lse and delta that fold in a gate); dq_add given, the
     returned dq includes it (another branch's dq, added by the last dq kernel); inverse: idx's
-    inverse selection from the forward (_shared_cut), which the dk/dv pass then takes instead of
+    inverse selection from the forward (_shared_qc), which the dk/dv pass then takes instead of
     sorting again where it takes all tokens at once (any work item size gives the same sums; a
     deterministic backward is never handed one); tune: launch parameters and variants."""
     Tq, Tk = q.shape[1], k.shape[1]
@@ -656,7 +654,7 @@ def selection_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: t
                              inverse)
     dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block, q_start, tune, delta)
     work = inverse if inverse is not None else \
-        inverse_selection(idx, Tk, sel_block, _item_cut(q.device, Tq, deterministic, tune))
+        inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device, Tq, deterministic, tune))
     dk, dv = _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block, q_start, tune)
     if dq_add is not None:  # short contexts: the dq kernel tiles several tokens; one add
         dq += dq_add
@@ -685,7 +683,7 @@ def _sel_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tenso
 
 def fake_inverse(q, k, idx, sel_block: int, deterministic: bool, form: str, tune: SelectionTuning = SELECTION):
     """The inverse selection outputs of the forward, in shape and dtype only (for fake tensors)."""
-    return fake_outputs(idx, k.shape[1], sel_block, _shared_cut(q, k, idx, sel_block, deterministic, form, tune))
+    return fake_outputs(idx, k.shape[1], sel_block, _shared_qc(q, k, idx, sel_block, deterministic, form, tune))
 
 
 def _sel_fake(q, k, v, idx, sel_block, q_start, deterministic, form, tuning):
@@ -702,7 +700,7 @@ def selected_attention(q, k, v, idx, q_start: int, LS: int, deterministic: bool 
     """Selected branch: q [B, Tq, HQ, K] at positions q_start.. attends, per KV group, to the
     tokens of the blocks of LS keys listed in idx [B, Tq, H, n] (ascending, -1 padded), causally
     inside the block holding the query; k, v [B, Tk, H, K]. Returns o [B, Tq, HQ, K].
-    deterministic: the dk/dv pass sums in a fixed order (see _item_cut). form: the forward, one of
+    deterministic: the dk/dv pass sums in a fixed order (see _dkv_qc). form: the forward, one of
     nsa.kernels.SEL_FORMS ('auto': forward_form's choice for the shape). tuning: launch
     parameters and variants (nsa.kernels.tuning; the measured defaults unless a sweep or a test
     asks for others). Under torch.compile the kernels run as the custom ops nsa::sel_fwd /

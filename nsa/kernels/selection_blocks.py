@@ -6,7 +6,7 @@ The token-major forward (nsa.kernels.selection) gives one program a token's G qu
 the rows of its tiles and gathers the token's n blocks of K and V: at G = 6 ten of its sixteen
 rows idle, and every (token, KV head) pulls n * l' * K * 2 values out of L2 (128 KiB at n = 16,
 l' = 64, K = 64, bf16), which bounds it (docs/performance.md, ninth set). Here a program takes a
-work item of the inverse selection (nsa.kernels._inverse: some of the tokens that chose one block),
+work item of the inverse selection (nsa.kernels._inverse: up to qc tokens that chose one block),
 loads the block's keys and values once and runs the items' (token, head) rows through them BM at
 a time, G rows a token, no padding. Each (token, head, slot) gets a partial output, normalised,
 with its float32 log-sum-exp; a second kernel combines a row's n partials in slot order, in
@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._inverse import Inverse, ItemCut, inverse_selection, item_rows
+from ._inverse import Inverse, inverse_selection, item_rows
 from ._launch import dot_precision, launch
 from ._softmax import LN2, LOG2E
 
@@ -152,10 +152,10 @@ def one_pass(q: torch.Tensor, n: int, budget: int) -> bool:
 
 
 def blocks_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, sel_block: int,
-                   q_start: int, tiles: dict, cut: ItemCut, budget: int,
+                   q_start: int, tiles: dict, qc: int, budget: int,
                    ) -> tuple[torch.Tensor, torch.Tensor, Inverse | None]:
     """o [B, Tq, HQ, K] (q's dtype) and lse [B, Tq, HQ] (float32, natural log) of the selected
-    branch, key-block-major (see the module docstring), from the work items ``cut`` says;
+    branch, key-block-major (see the module docstring), from work items of at most ``qc`` tokens;
     and idx's inverse selection where one pass took all tokens (else None), which the dk/dv pass
     of the backward can use again. ``tiles``: the forward kernel's preferred launch, BM rows a
     step, num_warps, num_stages; ``budget``: bytes of partials held at once."""
@@ -172,7 +172,7 @@ def blocks_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch
     for a in range(0, Tq, chunk):
         Tc = min(chunk, Tq - a)
         idx_c = idx[:, a:a + Tc].contiguous()
-        inverse = inverse_selection(idx_c, Tk, sel_block, cut)
+        inverse = inverse_selection(idx_c, Tk, sel_block, qc)
         keys, perm, (seg, start, end), NB = inverse
         o_part = torch.empty(idx_c.numel() * G * K, device=q.device, dtype=part_dtype)
         lse_part = torch.empty(idx_c.numel() * G, device=q.device, dtype=torch.float32)

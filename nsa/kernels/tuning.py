@@ -84,8 +84,6 @@ class SelectionTuning(_Tuning):
       registers of dkv_warps: 64 rows at K=128, 128 at K=64; 64 beat 32 and 128 at K=128, 128
       beat 64 at the m7c_125m shape, 1.036 against 1.199 ms for the selected backward, 4 warps
       beat 8, the retired bench/gpu/variants_probe.py --parts sel-dkv); dkv_warps, dkv_stages;
-    * the key-block-major passes' work items in spans of ``span`` query tokens (0: none; see
-      nsa.kernels._inverse.ItemCut; span_interpret on the CPU interpreter);
     * dq from what the dk/dv pass keeps at one token a tile (dq_from_pass; selection._dq_from_pass),
       what it keeps (dq_keep: 'dq' partials, 'ds' tiles, 'auto' selection._dq_source's rule),
       kept_budget bytes of them at a time (longer inputs a chunk of query tokens at a time);
@@ -102,8 +100,6 @@ class SelectionTuning(_Tuning):
     tt_nb: float = 2.0
     qc: int = 1024
     qc_interpret: int = 64
-    span: int = 0
-    span_interpret: int = 0
     dkv_cells: int = 8192
     dkv_warps: int = 4
     dkv_stages: int = 2
@@ -115,9 +111,6 @@ class SelectionTuning(_Tuning):
     def __post_init__(self):
         if self.dq_keep not in ("auto", "dq", "ds"):
             raise ValueError(f"SelectionTuning.dq_keep is {self.dq_keep!r}; expected 'auto', 'dq' or 'ds'")
-        if self.span < 0 or self.span_interpret < 0:
-            raise ValueError(f"SelectionTuning.span / span_interpret are {self.span} / {self.span_interpret}; "
-                             "expected 0 (no spans) or tokens > 0")
         if self.tt < 0:
             raise ValueError(f"SelectionTuning.tt is {self.tt}; expected 0 (the rule) or a forced tile > 0")
         self._check_positive("fwd_warps", "fwd_stages", "blocks_rows", "tma_stages", "tt_rows", "tt_max", "tt_nb",

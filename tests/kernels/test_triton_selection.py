@@ -228,36 +228,26 @@ def test_selection_tile_union(kdev, TT):
                 assert got[b, i, h].tolist() == want + [-1] * (got.shape[-1] - len(want))
 
 
-@pytest.mark.parametrize("qc,span", [(3, 0), (64, 0), (3, 8), (64, 16), (5, 36)],
-                         ids=["qc3", "qc64", "qc3-span8", "qc64-span16", "qc5-span36"])
-def test_inverse_selection_work_items(kdev, qc, span):
-    """The key-block-major passes' work items: each (b, h, block)'s tokens exactly once, ascending,
-    cut into items of at most qc tokens in segment order; with spans, no item across a multiple of
-    span tokens and the items laid out span by span (each (span, b, h) in its own slots); the
-    slots past a (span, b, h)'s items are empty; each sorted key names the idx entry it came from
-    (where the partials of that entry go)."""
-    from nsa.kernels._inverse import ItemCut, inverse_selection
+@pytest.mark.parametrize("qc", [3, 64], ids=["qc3", "qc64"])
+def test_inverse_selection_work_items(kdev, qc):
+    """The dk/dv pass's work items: each (b, h, block)'s tokens exactly once, ascending, cut
+    into items of at most qc tokens in segment order; the slots past a (b, h)'s items are empty;
+    each sorted key names the idx entry it came from (where the dS tile of that entry goes)."""
+    from nsa.kernels._inverse import inverse_selection
 
-    gen = torch.Generator().manual_seed(qc + span)
+    gen = torch.Generator().manual_seed(qc)
     B, Tq, H, n, ls, Tk = 2, 37, 3, 4, 4, 40
     idx = _random_idx(gen, B, Tq, H, n, ls, q_start=3)
-    cut = ItemCut(qc, span)
-    keys, perm, items, NB = (x.cpu() if torch.is_tensor(x) else x for x in inverse_selection(idx.to(kdev), Tk, ls, cut))
+    keys, perm, items, NB = (x.cpu() if torch.is_tensor(x) else x for x in inverse_selection(idx.to(kdev), Tk, ls, qc))
     seg, start, end = items
-    per = span if 0 < span < Tq else Tq
-    spans = -(-Tq // per)
-    slots = Tq * n // qc + NB if spans == 1 else per * n // qc + NB
-    assert NB == Tk // ls and seg.numel() == spans * B * H * slots
+    assert NB == Tk // ls and seg.numel() == B * H * (Tq * n // qc + NB)
     got: dict[int, list[int]] = {}
     for w in range(seg.numel()):
         s, a, e = int(seg[w]), int(start[w]), int(end[w])
         if a == e:
             continue
-        sp, bh = divmod(w // slots, B * H)
-        assert 0 < e - a <= qc and bh == s // NB  # in its (span, b, h)'s slots
-        tokens = (keys[a:e] - s * Tq).tolist()
-        assert all(sp * per <= t < (sp + 1) * per for t in tokens), (w, sp, tokens)
-        got.setdefault(s, []).extend(tokens)
+        assert 0 < e - a <= qc and w // (seg.numel() // (B * H)) == s // NB  # in its (b, h)'s slots
+        got.setdefault(s, []).extend((keys[a:e] - s * Tq).tolist())
         for u in range(a, e):  # entry ((b*Tq + t)*H + h)*n + slot holds this segment's block, token t
             entry = int(perm[u])
             assert idx.view(-1)[entry] == s % NB and (entry // (n * H)) % Tq == int(keys[u]) - s * Tq
@@ -277,14 +267,6 @@ def test_selection_blocks_forward(kdev, G, q_start, B):
     padding, blocks chosen by more tokens than a work item holds (3), continuation."""
     _check_tiles(kdev, 1, G=G, T=23, q_start=q_start, H=2 if G < 16 else 1, B=B, seed=20 + G,
                  form="blocks", tune=SelectionTuning(qc=3, qc_interpret=3))
-
-
-@pytest.mark.parametrize("G,B", [(6, 2), (16, 1)], ids=["G6", "G16"])
-def test_selection_blocks_in_spans_of_tokens(kdev, G, B):
-    """Work items in spans of 5 tokens (SelectionTuning.span): a block's tokens cut at every
-    fifth token as well as every third, forward and backward the same as without spans."""
-    _check_tiles(kdev, 1, G=G, T=23, q_start=2, H=2 if G < 16 else 1, B=B, seed=30 + G, form="blocks",
-                 tune=SelectionTuning(qc=3, qc_interpret=3, span=5, span_interpret=5))
 
 
 @pytest.mark.parametrize("B", [1, 2], ids=["B1", "B2"])

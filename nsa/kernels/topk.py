@@ -24,10 +24,9 @@ score x; the blocks above x are taken, then the blocks equal to x by ascending i
 taken (a tie goes to the lower block index), and a running count (cumsum) writes them in
 ascending order, -1 padded when fewer than n blocks are visible. Long rows first take a floor
 under x (the least of the maxima of n interleaved sets of blocks); where it leaves at most
-TopkTuning.select_candidates scores, the search and the take run over those alone, with their
-block indices: on one H100 at the seeds' shape, S = 64k, the select kernel took 0.739 ms a call
-against 1.019 for the search over whole rows (docs/performance.md, fifteenth set; then the take
-still ran over whole rows).
+TopkTuning.select_candidates scores, the search runs over those alone: on one H100 at the seeds' shape,
+S = 64k, the select kernel took 0.739 ms a call against 1.019 for the search over whole rows
+(docs/performance.md, fifteenth set).
 
 Two kernels instead of one fused kernel with a running top-n in registers: on one H100 the
 fused kernel took 13.41 ms at S=65536 (HQ=64, H=4, K=128) and 0.168 ms at the m7c_125m shape;
@@ -202,39 +201,12 @@ def _nth_largest(bits, lo, hi, N: tl.constexpr):
 
 
 @triton.jit
-def _nth_by_sort(bits, N: tl.constexpr, NP: tl.constexpr):
-    """The N-th largest of each row's bits (at least N of them real): the NP largest by Triton's
-    bitonic top-k, then the one at position N - 1."""
-    best = tl.topk(bits, NP, dim=1)
-    return tl.sum(tl.where(tl.arange(0, NP)[None, :] == N - 1, best, 0), 1)
-
-
-@triton.jit
-def _take(bits, blocks, lo, rm, out, N: tl.constexpr, NP: tl.constexpr, BR: tl.constexpr):
-    """Writes the n blocks of each row that the n-th largest score ``lo`` selects to the row's
-    idx ``out`` [BR, n]: the blocks whose bits are above lo, then those equal to it by ascending
-    position until n are taken, in ascending order, -1 padded. bits and blocks [BR, C]: scores
-    (as bits) and their block indices, blocks ascending along the row."""
-    above = bits > lo[:, None]
-    tied = bits == lo[:, None]
-    room = N - tl.sum(above.to(tl.int32), 1)
-    take = above | (tied & (tl.cumsum(tied.to(tl.int32), 1) <= room[:, None]))
-    slot = tl.cumsum(take.to(tl.int32), 1) - 1
-    tl.store(out + slot, blocks.to(tl.int64), mask=take & rm[:, None])
-    n_taken = tl.sum(take.to(tl.int32), 1)
-    col = tl.arange(0, NP)
-    tl.store(out + col[None, :], tl.full([BR, NP], -1, tl.int64),
-             mask=rm[:, None] & (col[None, :] >= n_taken[:, None]) & (col[None, :] < N))
-
-
-@triton.jit
 def _select_kernel(scores, idx, NROWS, NB, N: tl.constexpr, NP: tl.constexpr, NBP: tl.constexpr,
-                   BR: tl.constexpr, NS: tl.constexpr, CAP: tl.constexpr, SORT: tl.constexpr):
+                   BR: tl.constexpr, NS: tl.constexpr, CAP: tl.constexpr):
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     rm = r < NROWS
     j = tl.arange(0, NBP)
     row = scores + r.to(tl.int64)[:, None] * NB
-    out = idx + r.to(tl.int64)[:, None] * N
     s = tl.load(row + j[None, :], mask=rm[:, None] & (j[None, :] < NB), other=-1.0)
     bits = s.to(tl.int32, bitcast=True)  # scores >= 0 order like their bits; -1.0 is negative
     # the largest x in [0, +inf] with at least N scores >= x (0 when fewer than N are visible)
@@ -243,9 +215,8 @@ def _select_kernel(scores, idx, NROWS, NB, N: tl.constexpr, NP: tl.constexpr, NB
     if CAP > 0:
         # A floor under x: the least of the maxima of NS interleaved sets of blocks, NS distinct
         # scores >= it. Where at least N and at most CAP scores reach it, they hold every score
-        # >= x: the search and the take run over them alone, CAP a row instead of NBP, moved
-        # with their block indices to the front of the row's own scores (read already, not
-        # read again; the indices from column CAP on, as float32 bit patterns).
+        # >= x: the search runs over them alone, moved to the front of the row's own scores
+        # (read already, not read again), CAP a row instead of NBP.
         floor = tl.min(tl.max(tl.reshape(bits, [BR, NBP // NS, NS]), 1), 1)
         cand = bits >= floor[:, None]
         count = tl.where(rm, tl.sum(cand.to(tl.int32), 1), N)
@@ -253,21 +224,25 @@ def _select_kernel(scores, idx, NROWS, NB, N: tl.constexpr, NP: tl.constexpr, NB
             slot = tl.cumsum(cand.to(tl.int32), 1) - 1
             tl.debug_barrier()
             tl.store(row + slot, s, mask=cand & rm[:, None])
-            tl.store(row + CAP + slot, (slot * 0 + j[None, :]).to(tl.float32, bitcast=True), mask=cand & rm[:, None])
             tl.debug_barrier()
             c = tl.arange(0, CAP)
-            cm = rm[:, None] & (c[None, :] < count[:, None])
-            few = tl.load(row + c[None, :], mask=cm, other=-1.0).to(tl.int32, bitcast=True)
-            few_blocks = tl.load(row + CAP + c[None, :], mask=cm, other=0.0).to(tl.int32, bitcast=True)
-            if SORT:
-                lo = _nth_by_sort(few, N, NP)
-            else:
-                lo = _nth_largest(few, floor, top, N)
-            _take(few, few_blocks, lo, rm, out, N, NP, BR)
+            few = tl.load(row + c[None, :], mask=rm[:, None] & (c[None, :] < count[:, None]), other=-1.0)
+            lo = _nth_largest(few.to(tl.int32, bitcast=True), floor, top, N)
         else:
-            _take(bits, bits * 0 + j[None, :], _nth_largest(bits, zero, top, N), rm, out, N, NP, BR)
+            lo = _nth_largest(bits, zero, top, N)
     else:
-        _take(bits, bits * 0 + j[None, :], _nth_largest(bits, zero, top, N), rm, out, N, NP, BR)
+        lo = _nth_largest(bits, zero, top, N)
+    above = bits > lo[:, None]
+    tied = bits == lo[:, None]
+    room = N - tl.sum(above.to(tl.int32), 1)
+    take = above | (tied & (tl.cumsum(tied.to(tl.int32), 1) <= room[:, None]))
+    slot = tl.cumsum(take.to(tl.int32), 1) - 1
+    out = idx + r.to(tl.int64)[:, None] * N
+    tl.store(out + slot, j[None, :].to(tl.int64) + tl.zeros([BR, NBP], tl.int64), mask=take & rm[:, None])
+    n_taken = tl.sum(take.to(tl.int32), 1)
+    col = tl.arange(0, NP)
+    tl.store(out + col[None, :], tl.full([BR, NP], -1, tl.int64),
+             mask=rm[:, None] & (col[None, :] >= n_taken[:, None]) & (col[None, :] < N))
 
 
 def _select_launch(nbp: int) -> tuple[int, int]:
@@ -285,23 +260,21 @@ def _select_launch(nbp: int) -> tuple[int, int]:
     return max(1, 512 // nbp), max(1, nbp // 1024)  # past S=64k (not timed): 2+ warps, <= 140 registers
 
 
-def select_top(scores: torch.Tensor, idx: torch.Tensor, tune: TopkTuning = TOPK) -> None:
+def select_top(scores: torch.Tensor, idx: torch.Tensor, candidates: int = TOPK.select_candidates) -> None:
     """idx [rows, n] (int64): the n best of each row of block scores [rows, NB] (float32, as the
     score kernel writes them: -1 for a block the row may not choose), ascending, -1 padded, ties
-    to the lower block (see the module docstring); ``tune``: TopkTuning.select_candidates and
-    select_sort. Overwrites the scores."""
+    to the lower block (see the module docstring); ``candidates``: TopkTuning.select_candidates.
+    Overwrites the scores."""
     rows, NB = scores.shape
     n = idx.shape[1]
     NBP = triton.next_power_of_2(NB)
     BR, warps = _select_launch(NBP)
     # the search over at most CAP candidates a row, for rows of 4 CAP blocks and more (shorter
-    # rows search in registers cheaply enough; a row then holds the candidates and their block
-    # indices, 2 CAP values); NS interleaved sets give the floor (NS <= n)
+    # rows search in registers cheaply enough); NS interleaved sets give the floor (NS <= n)
     NS = min(1 << (n.bit_length() - 1), NBP)
-    cap = tune.select_candidates
-    CAP = cap if NBP >= 4 * cap and n <= cap and NS >= 4 else 0
+    CAP = candidates if NBP >= 4 * candidates and n <= candidates and NS >= 4 else 0
     _select_kernel[(triton.cdiv(rows, BR),)](scores, idx, rows, NB, N=n, NP=triton.next_power_of_2(n), NBP=NBP,
-                                             BR=BR, NS=NS, CAP=CAP, SORT=tune.select_sort, num_warps=warps)
+                                             BR=BR, NS=NS, CAP=CAP, num_warps=warps)
 
 
 def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int, tune: TopkTuning):
@@ -336,7 +309,7 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int, tu
                     num_stages=1 if interpret else tune.stages), halve=("BT",), floor=max(1, 16 // GP))
         rows = B * t * H
         out = idx[:, a:a + t] if t == Tq else torch.empty(B, t, H, n, device=q.device, dtype=torch.int64)
-        select_top(sc.view(rows, NB), out.view(rows, n), tune)
+        select_top(sc.view(rows, NB), out.view(rows, n), tune.select_candidates)
         if t < Tq:
             idx[:, a:a + t] = out
     return idx

@@ -126,8 +126,7 @@ class TopkTuning(_Tuning):
     64k and m7c_125m, the retired bench/gpu/topk_probe.py); rows_interpret, its rows on the CPU
     interpreter; score_budget bytes of float32 block scores held at once (longer inputs are scored
     a query chunk at a time); select_candidates, the scores a row the select kernel searches over
-    when a floor leaves that few (topk._select_kernel), and how it finds the n-th largest of them
-    (select_sort: Triton's bitonic top-k, else a binary search on the bits); chunk_blocks, the selection blocks the
+    when a floor leaves that few (topk._select_kernel); chunk_blocks, the selection blocks the
     score kernel takes a step (their compressed tokens are the columns of its product; 8 took
     1.82-1.86 against 1.89 ms for the top-n at the seeds' shape, S = 64k, within the spread,
     docs/performance.md, nineteenth set)."""
@@ -137,7 +136,6 @@ class TopkTuning(_Tuning):
     stages: int = 2
     score_budget: int = 1 << 28
     select_candidates: int = 128
-    select_sort: bool = False
     chunk_blocks: int = 16
 
     def __post_init__(self):

@@ -147,6 +147,30 @@ def findings_of(results: Path, phase: str) -> list[Finding]:
     return [f for f in find(ResultStore(results).records()) if f.phase == phase]
 
 
+def finding(results: Path, phase: str, prefix: str) -> Finding:
+    """The first finding of ``phase`` whose title starts with ``prefix`` (fails listing the titles)."""
+    found = [f for f in findings_of(results, phase) if f.title.startswith(prefix)]
+    assert found, f"no '{prefix}' finding for {phase}: {[f.title for f in findings_of(results, phase)]}"
+    return found[0]
+
+
+def finding_text(f: Finding) -> str:
+    return f.title + "\n" + "\n".join(f.detail)
+
+
+def assert_no_go_after(seeded: Any, rec: PhaseRecord, p: Proc) -> None:
+    """After a faulted rank run through the harness (``seeded``: the suite's fixture): harness exit
+    1 (NO-GO), the report names both runs, env.json records the fault, nothing orphaned or lost."""
+    assert p.rc == 1, f"harness exit {p.rc}, expected 1 (NO-GO):\n{p.stderr[-2000:]}"
+    report = (seeded.results / "reports" / "faults__cpu.md").read_text()
+    assert "**Status: NO-GO**" in report
+    assert "| healthy | default |" in report, "the earlier run is missing from the report"
+    env = json.loads((seeded.results / rec.out_dir / "env.json").read_text())
+    assert env["fault_injection"] == rec.env["NSA_FAULT"], "env.json must record the active fault"
+    assert_no_orphans(str(seeded.root))
+    seeded.intact()
+
+
 # ---------------------------------------------------------------------------- nothing lost
 def tree_digest(root: Path) -> dict[str, str]:
     """sha256 of every file under root (relative path -> digest)."""

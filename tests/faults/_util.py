@@ -127,6 +127,21 @@ def fault_phase(name: str, fault: str = "", nproc: int = 1, steps: int = 6, **ex
     return phase
 
 
+#: the trainer on each rank's GPU, DDP over NCCL (tests/faults/test_nccl_faults.py)
+NCCL_OVERRIDES = {"dist.mode": "ddp", "train.device": "cuda", "dist.backend": "nccl"}
+
+
+def nccl_phase(name: str, fault: str, overrides: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """fault_phase under torchrun x2 with the trainer on two CUDA GPUs over NCCL."""
+    phase = fault_phase(name, fault, nproc=2, **extra)
+    phase["overrides"] = {**NCCL_OVERRIDES, **(overrides or {})}
+    return phase
+
+
+def load_env(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "env.json").read_text())
+
+
 def load_store(results: Path) -> dict[str, Any]:
     return json.loads((results / "results.json").read_text())
 

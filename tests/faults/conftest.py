@@ -32,7 +32,7 @@ REPORT_ENV = "NSA_RELIABILITY_REPORT"
 
 #: the order of the matrix (the issue's order); rows of unknown ids go last
 ORDER = [
-    "stalled rank", "stalled rank, watchdog off", "SIGKILLed rank", "exception on one rank", "NaN loss", "inf loss", "out of memory (CPU)",
+    "stalled rank", "stalled rank, watchdog off", "stalled rank, NCCL timeout first", "SIGKILLed rank", "exception on one rank", "NaN loss", "inf loss", "out of memory (CPU)",
     "out of memory (CUDA)", "clean stop + resume", "truncated checkpoint", "corrupt checkpoint",
     "hostile checkpoint (pickle)", "checkpoint pointer to a missing file", "truncated training.csv (harness)",
     "corrupt training.csv (harness)", "torn training.csv row on resume", "torn heartbeat line",

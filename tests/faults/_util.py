@@ -127,6 +127,21 @@ def fault_phase(name: str, fault: str = "", nproc: int = 1, steps: int = 6, **ex
     return phase
 
 
+#: the trainer on each rank's GPU, DDP over NCCL (tests/faults/test_nccl_faults.py)
+NCCL_OVERRIDES = {"dist.mode": "ddp", "train.device": "cuda", "dist.backend": "nccl"}
+
+
+def nccl_phase(name: str, fault: str, overrides: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """fault_phase under torchrun x2 with the trainer on two CUDA GPUs over NCCL."""
+    phase = fault_phase(name, fault, nproc=2, **extra)
+    phase["overrides"] = {**NCCL_OVERRIDES, **(overrides or {})}
+    return phase
+
+
+def load_env(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "env.json").read_text())
+
+
 def load_store(results: Path) -> dict[str, Any]:
     return json.loads((results / "results.json").read_text())
 
@@ -145,6 +160,30 @@ def read_csv_column(run_dir: Path, column: str) -> dict[int, float]:
 
 def findings_of(results: Path, phase: str) -> list[Finding]:
     return [f for f in find(ResultStore(results).records()) if f.phase == phase]
+
+
+def finding(results: Path, phase: str, prefix: str) -> Finding:
+    """The first finding of ``phase`` whose title starts with ``prefix`` (fails listing the titles)."""
+    found = [f for f in findings_of(results, phase) if f.title.startswith(prefix)]
+    assert found, f"no '{prefix}' finding for {phase}: {[f.title for f in findings_of(results, phase)]}"
+    return found[0]
+
+
+def finding_text(f: Finding) -> str:
+    return f.title + "\n" + "\n".join(f.detail)
+
+
+def assert_no_go_after(seeded: Any, rec: PhaseRecord, p: Proc) -> None:
+    """After a faulted rank run through the harness (``seeded``: the suite's fixture): harness exit
+    1 (NO-GO), the report names both runs, env.json records the fault, nothing orphaned or lost."""
+    assert p.rc == 1, f"harness exit {p.rc}, expected 1 (NO-GO):\n{p.stderr[-2000:]}"
+    report = (seeded.results / "reports" / "faults__cpu.md").read_text()
+    assert "**Status: NO-GO**" in report
+    assert "| healthy | default |" in report, "the earlier run is missing from the report"
+    env = json.loads((seeded.results / rec.out_dir / "env.json").read_text())
+    assert env["fault_injection"] == rec.env["NSA_FAULT"], "env.json must record the active fault"
+    assert_no_orphans(str(seeded.root))
+    seeded.intact()
 
 
 # ---------------------------------------------------------------------------- nothing lost

@@ -12,6 +12,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import shutil
 import tempfile
 import time
@@ -23,12 +24,15 @@ import pytest
 from tests.faults import _util as U
 
 _ROWS = pytest.StashKey[dict]()
+_SKIPPED = pytest.StashKey[dict]()
+#: markers of tests that need GPUs: skipped here, they are listed as not run
+_GPU_KEYWORDS = {"gpu", "multi_gpu"}
 _START = pytest.StashKey[float]()
 REPORT_ENV = "NSA_RELIABILITY_REPORT"
 
 #: the order of the matrix (the issue's order); rows of unknown ids go last
 ORDER = [
-    "stalled rank", "stalled rank, watchdog off", "SIGKILLed rank", "exception on one rank", "NaN loss", "inf loss", "out of memory (CPU)",
+    "stalled rank", "stalled rank, watchdog off", "stalled rank, NCCL timeout first", "SIGKILLed rank", "exception on one rank", "NaN loss", "inf loss", "out of memory (CPU)",
     "out of memory (CUDA)", "clean stop + resume", "truncated checkpoint", "corrupt checkpoint",
     "hostile checkpoint (pickle)", "checkpoint pointer to a missing file", "truncated training.csv (harness)",
     "corrupt training.csv (harness)", "torn training.csv row on resume", "torn heartbeat line",
@@ -53,6 +57,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[_ROWS] = {}
+    session.config.stash[_SKIPPED] = {}
     session.config.stash[_START] = time.monotonic()
 
 
@@ -60,16 +65,33 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     rows = _CONFIG.stash.get(_ROWS, None) if _CONFIG else None
     if rows is None:
         return
+    if report.skipped and report.when == "setup" and _GPU_KEYWORDS & set(report.keywords):
+        # a GPU test skipped here (no CUDA, or fewer GPUs than it needs) never started its row:
+        # the report lists it as not run, neither a failure nor silently left out
+        _CONFIG.stash[_SKIPPED][report.nodeid] = _skip_reason(report)
+        return
     for name, value in report.user_properties:
         if name != "fault_matrix":
             continue
         row = json.loads(value)
-        prev = rows.get(row["fault"], {})
+        key = row_key(row)
+        prev = rows.get(key, {})
         row = {**prev, **row}
         if report.when == "call" or report.failed:
             row["result"] = "pass" if report.passed else ("skipped" if report.skipped else "FAILED")
             row["test"] = report.nodeid
-        rows[row["fault"]] = row
+        rows[key] = row
+
+
+def row_key(row: dict[str, Any]) -> str:
+    """A row's key: its fault, within its section (the same fault on NCCL is a row of its own)."""
+    return f"{row['section']}/{row['fault']}" if row.get("section") else row["fault"]
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
 
 
 _CONFIG: pytest.Config | None = None
@@ -90,7 +112,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     wall = time.monotonic() - config.stash.get(_START, time.monotonic())
     workers = getattr(config.option, "numprocesses", None)
-    write_matrix(Path(path), rows, wall, workers)
+    write_matrix(Path(path), rows, wall, workers, config.stash.get(_SKIPPED, {}))
 
 
 def _rank(fault: str) -> tuple[int, str]:
@@ -105,8 +127,86 @@ def _cell(v: Any) -> str:
     return str(v).replace("|", "\\|").replace("\n", " ")
 
 
-def write_matrix(path: Path, rows: dict[str, dict[str, Any]], wall_s: float, workers: Any) -> None:
-    ordered = [rows[k] for k in sorted(rows, key=_rank)]
+#: what each section of the matrix is (a section's rows come from tests that start them with it)
+SECTIONS = {
+    "NCCL, two GPUs": (
+        "The rank faults again, with the trainer on two CUDA GPUs (`train.device=cuda`, DDP over **NCCL**, "
+        "`torchrun --standalone --nproc_per_node=2`): a faulted rank leaves the other blocked inside an NCCL "
+        "collective or a CUDA sync (no gloo 'Connection closed by peer'), so the stall watch, the watchdog and "
+        "torchrun's stop of the survivors are what end the run. Same required outcome as on gloo: the faulted "
+        "rank named (never the rank that waited for it), its step, the evidence, within the bound, no process "
+        "left, the earlier records intact (`tests/faults/test_nccl_faults.py`, marker `multi_gpu`). Regenerate "
+        "on a box with two GPUs: `bash bench/gpu/nccl_faults.sh` (writes this section; "
+        "`--reliability-report docs/reliability.md` there replaces only this section)."),
+}
+_SECTION = re.compile(r"<!-- section: (?P<name>[^>]*?) -->\n.*?<!-- /section -->\n?", re.DOTALL)
+
+
+def write_matrix(path: Path, rows: dict[str, dict[str, Any]], wall_s: float, workers: Any,
+                 skipped: dict[str, str] | None = None) -> None:
+    """The matrix: the main table (rows without a section: CPU, gloo) and a table per section
+    (e.g. NCCL on two GPUs). What this session did not run is kept from the file as it was: a
+    GPU run that only ran a section replaces that section, a CPU run keeps the GPU sections of the
+    last GPU run. GPU tests skipped here are listed under the main table as not run."""
+    existing = path.read_text() if path.exists() else ""
+    old_sections = {m["name"]: m.group(0) for m in _SECTION.finditer(existing)}
+    old_main = _SECTION.sub("", existing).rstrip("\n")
+    main = [r for r in rows.values() if not r.get("section")]
+    by_section: dict[str, list[dict[str, Any]]] = {}
+    for r in rows.values():
+        if r.get("section"):
+            by_section.setdefault(r["section"], []).append(r)
+    if main:
+        text = "\n".join(_main_part(main, wall_s, workers, skipped or {}))
+    else:
+        text = old_main or "\n".join(_TITLE)
+    for name in [*old_sections, *(n for n in by_section if n not in old_sections)]:
+        block = _section_part(name, by_section[name], wall_s) if name in by_section else old_sections[name]
+        text = text.rstrip("\n") + "\n\n" + block.rstrip("\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text.rstrip("\n") + "\n")
+    os.replace(tmp, path)
+
+
+_TITLE = ["# Reliability: the fault matrix", "",
+          "<!-- Generated by the fault-injection suite (tests/faults/conftest.py); do not edit by hand. -->", ""]
+_HEAD = ["| # | Fault | Injection | Required outcome | Verdict | Finding / message (abridged) | Seconds | Bound (s) | Result |",
+         "|---|-------|-----------|------------------|---------|------------------------------|---------|-----------|--------|"]
+
+
+def _table(rows: list[dict[str, Any]]) -> list[str]:
+    ordered = sorted(rows, key=lambda r: _rank(r["fault"]))
+    lines = list(_HEAD)
+    for i, r in enumerate(ordered, 1):
+        finding = _cell(r.get("finding"))
+        if len(finding) > 220:
+            finding = finding[:217] + "..."
+        lines.append(f"| {i} | {_cell(r['fault'])} | {_cell(r.get('injection'))} | {_cell(r.get('expect'))} | "
+                     f"{_cell(r.get('verdict'))} | {finding} | {_cell(r.get('elapsed'))} | "
+                     f"{_cell(r.get('bound'))} | {_cell(r.get('result', 'not finished'))} |")
+    return lines
+
+
+def _tests_line(rows: list[dict[str, Any]]) -> str:
+    return "Tests: " + ", ".join(sorted({f"`{r['test'].split('::')[0]}`" for r in rows if r.get("test")}))
+
+
+def _gpus() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            return f", {len(names)} x {names[0]}" if len(set(names)) == 1 else ", GPUs " + ", ".join(names)
+    except Exception:  # the report is written whatever the GPU query does
+        pass
+    return ""
+
+
+def _main_part(rows: list[dict[str, Any]], wall_s: float, workers: Any, skipped: dict[str, str]) -> list[str]:
+    ordered = rows
     failed = sum(r.get("result") == "FAILED" for r in ordered)
     lines = [
         "# Reliability: the fault matrix",
@@ -134,22 +234,26 @@ def write_matrix(path: Path, rows: dict[str, dict[str, Any]], wall_s: float, wor
         f"pytest workers: {workers or 1}; suite wall time {wall_s:.0f} s; "
         f"{len(ordered) - failed} of {len(ordered)} faults behaved as required.",
         "",
-        "| # | Fault | Injection | Required outcome | Verdict | Finding / message (abridged) | Seconds | Bound (s) | Result |",
-        "|---|-------|-----------|------------------|---------|------------------------------|---------|-----------|--------|",
     ]
-    for i, r in enumerate(ordered, 1):
-        finding = _cell(r.get("finding"))
-        if len(finding) > 220:
-            finding = finding[:217] + "..."
-        lines.append(f"| {i} | {_cell(r['fault'])} | {_cell(r.get('injection'))} | {_cell(r.get('expect'))} | "
-                     f"{_cell(r.get('verdict'))} | {finding} | {_cell(r.get('elapsed'))} | "
-                     f"{_cell(r.get('bound'))} | {_cell(r.get('result', 'not finished'))} |")
-    lines += ["", "Tests: " + ", ".join(sorted({f"`{r['test'].split('::')[0]}`" for r in ordered if r.get("test")})), ""]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        fh.write("\n".join(lines))
-    os.replace(tmp, path)
+    lines += _table(rows)
+    lines += ["", _tests_line(rows), ""]
+    if skipped:
+        lines += [f"Not run here ({len(skipped)} GPU test(s), skipped, no row above): "
+                  + "; ".join(f"`{nodeid}` ({reason})" for nodeid, reason in sorted(skipped.items())), ""]
+    return lines
+
+
+def _section_part(name: str, rows: list[dict[str, Any]], wall_s: float) -> str:
+    failed = sum(r.get("result") == "FAILED" for r in rows)
+    lines = [f"<!-- section: {name} -->", f"## {name}", ""]
+    if name in SECTIONS:
+        lines += [SECTIONS[name], ""]
+    lines += [f"Last generated {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} on "
+              f"{platform.machine()} with {os.cpu_count()} cores{_gpus()}, Python {platform.python_version()}; "
+              f"suite wall time {wall_s:.0f} s; {len(rows) - failed} of {len(rows)} faults behaved as required.", ""]
+    lines += _table(rows)
+    lines += ["", _tests_line(rows), "<!-- /section -->", ""]
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------- fixtures
@@ -161,8 +265,11 @@ class Matrix:
         self._rp = record_property
         self.row: dict[str, Any] = {}
 
-    def start(self, fault: str, injection: str, expect: str) -> None:
+    def start(self, fault: str, injection: str, expect: str, section: str | None = None) -> None:
+        """``section``: the row belongs to that section's table (SECTIONS), not the main one."""
         self.row = {"fault": fault, "injection": injection, "expect": expect}
+        if section:
+            self.row["section"] = section
         self._rp("fault_matrix", json.dumps(self.row))
 
     def done(self, verdict: str, finding: str, elapsed: float | None, bound: float | None) -> None:

@@ -4,8 +4,6 @@ and finding (cause, rank, step, evidence files) within its bound, leave no proce
 leave the earlier run's record, artifacts and the store intact."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from tests.faults import _util as U
@@ -13,26 +11,12 @@ from tests.faults import _util as U
 pytestmark = pytest.mark.faults
 
 
-def _finding(seeded, phase: str, prefix: str) -> dict:
-    found = [f for f in U.findings_of(seeded.results, phase) if f.title.startswith(prefix)]
-    assert found, f"no '{prefix}' finding for {phase}: {[f['title'] for f in U.findings_of(seeded.results, phase)]}"
-    return found[0]
-
-
-def _report(seeded) -> str:
-    return (seeded.results / "reports" / "faults__cpu.md").read_text()
+def _finding(seeded, phase: str, prefix: str):
+    return U.finding(seeded.results, phase, prefix)
 
 
 def _common_after(seeded, rec, p: U.Proc) -> None:
-    """Harness exit 1 (NO-GO), the report names both runs, nothing orphaned or lost."""
-    assert p.rc == 1, f"harness exit {p.rc}, expected 1 (NO-GO):\n{p.stderr[-2000:]}"
-    report = _report(seeded)
-    assert "**Status: NO-GO**" in report
-    assert "| healthy | default |" in report, "the earlier run is missing from the report"
-    env = json.loads((seeded.results / rec.out_dir / "env.json").read_text())
-    assert env["fault_injection"] == rec.env["NSA_FAULT"], "env.json must record the active fault"
-    U.assert_no_orphans(str(seeded.root))
-    seeded.intact()
+    U.assert_no_go_after(seeded, rec, p)
 
 
 @pytest.mark.distributed

@@ -17,6 +17,9 @@ backends, tokens_per_step); ``training.csv`` (rank 0, the contract's header, a r
 ``heartbeat_rank{R}.jsonl`` (every rank: a ``forward`` record as a step starts, a ``step`` record
 when it ends, each with time, rank, pid, node (torchrun's GROUP_RANK), host and step). Exit codes are the contract's.
 
+``TEST_TRAINER_BACKEND=nccl``: the all-reduce runs over NCCL on each rank's GPU (LOCAL_RANK), so a
+rank that stops leaves the others waiting in a CUDA sync (tests/faults/test_nccl_faults.py).
+
 Faults: ``TEST_TRAINER_FAULT`` (grammar in trainer_faults.py), here:
 quit_early@K   exit 0 after step K's row;
 hang_rank:R@K  rank R sleeps forever as step K starts; the others write step K's ``forward``
@@ -59,14 +62,21 @@ EXIT_OK, EXIT_NONFINITE = 0, 4
 
 
 class Collective:
-    """The mean of a number over the ranks: torch.distributed (gloo) under torchrun, else itself."""
+    """The mean of a number over the ranks: torch.distributed (gloo; NCCL on each rank's GPU with
+    ``TEST_TRAINER_BACKEND=nccl``) under torchrun, else itself."""
 
     def __init__(self, world: int):
-        self.world, self.dist = world, None
+        self.world, self.dist, self.device = world, None, None
         if world > 1:
+            import torch
             import torch.distributed as dist  # only here: alone, the trainer needs no torch
 
-            dist.init_process_group("gloo")
+            if os.environ.get("TEST_TRAINER_BACKEND", "gloo") == "nccl":
+                self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+                torch.cuda.set_device(self.device)
+                dist.init_process_group("nccl", device_id=self.device)
+            else:
+                dist.init_process_group("gloo")
             self.dist = dist
 
     def mean(self, value: float) -> float:
@@ -74,7 +84,7 @@ class Collective:
             return value
         import torch
 
-        t = torch.tensor([value], dtype=torch.float64)
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
         self.dist.all_reduce(t)  # blocks until every rank joins: a hung rank stops the others here
         return float(t[0]) / self.world
 

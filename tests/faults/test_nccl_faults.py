@@ -1,0 +1,221 @@
+"""The rank faults of test_rank_faults.py (and test_departed_rank.py's rank that exits 0 early)
+again, with the trainer on two CUDA GPUs: ``train.device=cuda``, DDP over NCCL, the real trainer
+under ``torchrun --standalone --nproc_per_node=2`` through the real harness. Runs only with two or
+more CUDA GPUs (marker ``multi_gpu``; the root conftest skips it, with the reason, before any
+fixture is set up, so CPU CI pays nothing): ``bash bench/gpu/nccl_faults.sh`` on a GPU box.
+
+What differs from gloo, and what each test therefore asserts (the required outcome is the same):
+
+- A rank that stops leaves the other blocked on the GPU, not in a socket: NCCL kernels spin on a
+  peer that never comes and the host waits in a CUDA sync (the step's ``.tolist()`` of the stats
+  exchange, or ``torch.tensor(..., device=cuda)``), with the GIL released. No 'Connection closed by
+  peer': the survivor is ended by the trainer's watchdog (``os._exit``), torchrun's SIGTERM (its
+  default action: the trainer keeps SIGTERM's default) or the harness's stall watch. The survivor's
+  last heartbeat is therefore often a later stage of the step (optimizer, where the host first
+  waits) than on gloo (backward): the tests assert its step, not its stage.
+- torch's own NCCL watchdog (``dist.timeout_s``, default 1800 s) is far beyond every bound here,
+  so it never acts first in these tests; the trainer's watchdog or the harness's stall watch does.
+  The one test that shortens it (``test_nccl_timeout_first_names_the_stalled_rank``) checks that the
+  harness still names the stalled rank when the survivor is the one NCCL aborts (SIGABRT from
+  ProcessGroupNCCL's watchdog, ``TORCH_NCCL_ASYNC_ERROR_HANDLING``'s default tear-down).
+- A rank that leaves (exception, exit 0) tears its process group down; on NCCL
+  ``destroy_process_group`` finalizes the communicator, which may wait for the peer that is itself
+  waiting in a collective for it. The tests require the faulted rank to be named all the same.
+
+Each test records a row of the reliability matrix's "NCCL, two GPUs" section (tests/faults/conftest.py).
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.faults import _util as U
+from tests.faults.test_departed_rank import FAULT as QUIT_FAULT
+from tests.faults.test_departed_rank import QUIT_STEP, STEPS, _run, _titles
+from validation.judge.findings import find
+from validation.judge.record import Status
+from validation.launch.stacks import pyspy_executable
+
+pytestmark = [pytest.mark.faults, pytest.mark.distributed, pytest.mark.multi_gpu]
+
+SECTION = "NCCL, two GPUs"
+#: CUDA context and NCCL communicator set-up on each rank: the first step's allowance
+STARTUP_S = 90.0
+#: the harness's hard limit of one faulted phase (the tiny preset's steps take milliseconds on an H100)
+TIMEOUT_S = 150.0
+#: from the fault to the end of the run, as on gloo: watchdog limit + 30 s
+BOUND_S = U.STALL_BOUND_S
+
+
+def _run_nccl(seeded, name: str, fault: str, **extra) -> tuple[U.Proc, object]:
+    rb = seeded.runbook(U.nccl_phase(name, fault, startup_s=STARTUP_S, timeout_s=TIMEOUT_S, **extra))
+    p = seeded.run(rb, name, timeout=TIMEOUT_S + 90)
+    return p, U.record(seeded.results, name)
+
+
+def _assert_nccl(seeded, rec) -> None:
+    """The run really was DDP over NCCL on two GPUs (not a silent fall-back to gloo or one device)."""
+    env = U.load_env(seeded.results / rec.out_dir)
+    assert env["dist"] == {"mode": "ddp", "backend": "nccl"}, env["dist"]
+    assert env["world_size"] == 2 and env["rank0_device"].startswith("cuda"), (env["world_size"], env["rank0_device"])
+
+
+def test_stalled_rank_is_halted_by_the_watchdog(seeded, matrix):
+    matrix.start("stalled rank", "`NSA_FAULT=stall:rank=1:step=3`, torchrun x2, DDP over NCCL on 2 GPUs",
+                 "watchdog fires on every rank (rank 0 waiting in a CUDA sync): stack dumps, .HALT, exit 3; FAIL "
+                 "naming rank 1 stuck at step 3", section=SECTION)
+    p, rec = _run_nccl(seeded, "stall", "stall:rank=1:step=3")
+    _assert_nccl(seeded, rec)
+    assert rec.status == "FAIL" and "watchdog" in rec.reason, rec.reason
+    assert not rec.timed_out, "the harness timeout fired: the watchdog did not end the run"
+    took = U.fault_to_end_s(seeded.results / rec.out_dir, 1, 3, "forward")
+    assert took <= BOUND_S, f"stall took {took:.1f}s from the fault to the end > {BOUND_S}s"
+    ev = rec.evidence
+    # rank 0 waits with the GIL released (CUDA sync): its Python watchdog thread dumps as on gloo
+    assert set(ev.stackdumps) == {0, 1}, f"every rank must leave a stack dump: {sorted(ev.stackdumps)}"
+    assert ev.halt
+    f = U.finding(seeded.results, "stall", "stall in stall")
+    text = U.finding_text(f)
+    assert "rank 1 in at" in f.title, text  # the stalled rank, never rank 0 that waited for it
+    assert "rank 1: last heartbeat step 3, stage forward" in text and "faults.py" in text, text
+    assert "rank 0: last heartbeat step 3" in text, text
+    U.assert_no_go_after(seeded, rec, p)
+    matrix.done(rec.status, rec.reason + " | " + f.title, took, BOUND_S)
+
+
+def test_stalled_rank_without_watchdog_is_stopped_by_the_harness_stall_watch(seeded, matrix):
+    """The trainer's watchdog is off: the harness's stall watch takes both ranks' stacks (py-spy
+    reads a process blocked in a CUDA sync as well as one in a socket) and kills the tree, within
+    stall_s + 10 s of the fault. NCCL's own timeout (1800 s) is far away."""
+    stall_s = 20.0
+    bound = stall_s + 10
+    matrix.start("stalled rank, watchdog off", "`NSA_FAULT=stall:rank=1:step=3`, `watchdog.enabled=false`, "
+                 f"`stall_s` {stall_s:g} s, torchrun x2, DDP over NCCL on 2 GPUs",
+                 "the harness's stall watch: py-spy stacks of both ranks (rank 0 in a CUDA sync), the whole tree "
+                 "killed; FAIL 'stalled' naming rank 1 in the injected stall", section=SECTION)
+    p, rec = _run_nccl(seeded, "hang", "stall:rank=1:step=3", stall_s=stall_s,
+                       overrides={"watchdog.enabled": False})
+    _assert_nccl(seeded, rec)
+    assert rec.status == "FAIL" and "stalled" in rec.reason, rec.reason
+    assert not rec.timed_out and rec.stalled_s >= stall_s
+    took = U.fault_to_end_s(seeded.results / rec.out_dir, 1, 3, "forward")
+    assert took <= bound, f"the stall was reported {took:.1f}s after the fault > {bound:g}s"
+    taken = {(t.rank, t.method) for t in rec.evidence.taken_stacks}
+    method = "py-spy" if pyspy_executable() else "SIGUSR1"
+    assert taken == {(0, method), (1, method)}, (taken, [t.note for t in rec.evidence.taken_stacks])
+    f = U.finding(seeded.results, "hang", "stall in hang")
+    text = U.finding_text(f)
+    assert "stopped by the harness" in f.title and "rank 1 in FaultInjector.at" in f.title, text
+    assert "rank 1: last heartbeat step 3, stage forward; stack (harness_stacks/rank1.txt" in text, text
+    U.assert_no_go_after(seeded, rec, p)
+    matrix.done(rec.status, rec.reason + " | " + f.title, took, bound)
+
+
+def test_nccl_timeout_first_names_the_stalled_rank(seeded, matrix):
+    """Neither the trainer's watchdog nor the harness acts first: ``dist.timeout_s`` 15 s lets
+    torch's NCCL watchdog abort rank 0's collective (the rank that waited), which takes rank 0 down
+    with SIGABRT, and torchrun SIGTERMs the stalled rank 1. The cause is rank 1's stall all the
+    same: the harness must not name rank 0's abort as the crash."""
+    nccl_timeout = 15.0
+    bound = nccl_timeout + 30
+    matrix.start("stalled rank, NCCL timeout first", "`NSA_FAULT=stall:rank=1:step=3`, `watchdog.enabled=false`, "
+                 f"`dist.timeout_s={nccl_timeout:g}` (stall_s 60 s), torchrun x2, DDP over NCCL on 2 GPUs",
+                 "ProcessGroupNCCL's watchdog aborts rank 0 (SIGABRT), torchrun ends rank 1; FAIL naming rank 1 "
+                 "(stuck at step 3), not rank 0's abort", section=SECTION)
+    p, rec = _run_nccl(seeded, "nccl_timeout", "stall:rank=1:step=3", stall_s=60.0,
+                       overrides={"watchdog.enabled": False, "dist.timeout_s": nccl_timeout})
+    _assert_nccl(seeded, rec)
+    assert rec.status == "FAIL" and not rec.timed_out, rec.reason
+    took = U.fault_to_end_s(seeded.results / rec.out_dir, 1, 3, "forward")
+    assert took <= bound, f"{took:.1f}s from the fault to the end > {bound:g}s"
+    titles = [f.title for f in U.findings_of(seeded.results, "nccl_timeout")]
+    first = next((t for t in titles if t.startswith(("crash in", "stall in"))), None)
+    assert first is not None, titles
+    assert "rank 1" in first, f"the stalled rank 1 must be named: {titles}"
+    assert "rank 0: killed by SIGABRT" not in first, f"rank 0 only waited for rank 1: {titles}"
+    U.assert_no_go_after(seeded, rec, p)
+    matrix.done(rec.status, rec.reason + " | " + first, took, bound)
+
+
+def test_sigkilled_rank_ends_the_run(seeded, matrix):
+    matrix.start("SIGKILLed rank", "`NSA_FAULT=kill:rank=1:step=3` (SIGKILL to itself), torchrun x2, DDP over "
+                 "NCCL on 2 GPUs", "torchrun SIGTERMs rank 0 (blocked in NCCL, no peer error); FAIL naming "
+                 "rank 1, its signal and its last step", section=SECTION)
+    p, rec = _run_nccl(seeded, "kill", "kill:rank=1:step=3")
+    _assert_nccl(seeded, rec)
+    assert rec.status == "FAIL" and "crashed" in rec.reason, rec.reason
+    assert not rec.timed_out
+    took = U.fault_to_end_s(seeded.results / rec.out_dir, 1, 3, "forward")
+    assert took <= BOUND_S, f"kill took {took:.1f}s from the fault to the end > {BOUND_S}s"
+    f = U.finding(seeded.results, "kill", "crash in kill")
+    text = U.finding_text(f)
+    assert "rank 1" in f.title and "SIGKILL" in f.title, text
+    assert "rank 1: last heartbeat step 3" in text, text
+    assert "rank 0: last heartbeat step 3" in text, text  # it reached step 3 and waited there
+    assert "trainer.stderr.log" in text
+    U.assert_no_go_after(seeded, rec, p)
+    matrix.done(rec.status, rec.reason + " | " + f.title, took, BOUND_S)
+
+
+def test_exception_on_one_rank(seeded, matrix):
+    matrix.start("exception on one rank", "`NSA_FAULT=crash:rank=1:step=2:stage=backward`, torchrun x2, DDP "
+                 "over NCCL on 2 GPUs", "FAIL with the exception, rank 1, step 2, stderr log (rank 0, blocked "
+                 "in NCCL, ended by torchrun)", section=SECTION)
+    p, rec = _run_nccl(seeded, "crash", "crash:rank=1:step=2:stage=backward")
+    _assert_nccl(seeded, rec)
+    took = U.fault_to_end_s(seeded.results / rec.out_dir, 1, 2, "backward")
+    titles = [f.title for f in U.findings_of(seeded.results, "crash")]
+    assert rec.status == "FAIL" and "crashed" in rec.reason, (rec.reason, titles)
+    assert took <= BOUND_S, f"{took:.1f}s from the fault to the end"
+    f = U.finding(seeded.results, "crash", "crash in crash")
+    text = U.finding_text(f)
+    assert "rank 1" in f.title, text
+    assert "InjectedFault: injected crash on rank 1 at step 2 stage backward" in f.title, text
+    assert "rank 1: last heartbeat step 2, stage backward" in text, text
+    U.assert_no_go_after(seeded, rec, p)
+    matrix.done(rec.status, rec.reason + " | " + f.title, took, BOUND_S)
+
+
+def test_nan_loss_halts_with_the_rank_and_step(seeded, matrix):
+    matrix.start("NaN loss", "`NSA_FAULT=nan:rank=0:step=3`, torchrun x2, DDP over NCCL on 2 GPUs",
+                 "both ranks see the gathered loss, halt before the optimizer step, exit 4; FAIL 'non-finite loss "
+                 "at step 3' naming rank 0; not a stall", section=SECTION)
+    p, rec = _run_nccl(seeded, "nan", "nan:rank=0:step=3")
+    _assert_nccl(seeded, rec)
+    assert rec.status == "FAIL", rec
+    assert "non-finite loss at step 3" in rec.reason, rec.reason
+    assert "watchdog" not in rec.reason, "a NaN halt is not a watchdog stall"
+    took = U.fault_to_end_s(seeded.results / rec.out_dir, 0, 3, "forward")
+    assert took <= BOUND_S, f"{took:.1f}s from the fault to the end"
+    titles = [f.title for f in U.findings_of(seeded.results, "nan")]
+    assert not any(t.startswith("stall") for t in titles), titles
+    f = U.finding(seeded.results, "nan", "non-finite loss in nan")
+    assert "step 3" in f.title and "rank 0" in f.title, f.title
+    assert rec.metrics.steps_completed == 2
+    U.assert_no_go_after(seeded, rec, p)
+    matrix.done(rec.status, rec.reason + " | " + f.title, took, BOUND_S)
+
+
+def test_the_rank_that_exited_0_is_named(tmp_path, matrix, monkeypatch):
+    """test_departed_rank.py's rank 1 that exits 0 as step 3 starts (native_train.py), its
+    all-reduce over NCCL on the GPUs: rank 0 waits in a CUDA sync for a peer that is gone (gloo
+    would fail it with 'Connection closed by peer'), torchrun waits for rank 0, and the stall watch
+    ends the run. Rank 1 is the cause and must be the one named; rank 0 only waited."""
+    matrix.start("rank exits 0 early", f"`TEST_TRAINER_FAULT={QUIT_FAULT}` (native_train.py, "
+                 "`TEST_TRAINER_BACKEND=nccl`), torchrun x2 on 2 GPUs",
+                 "FAIL (stalled, or crashed once rank 0 fails); the finding names rank 1 as having exited 0 early "
+                 "(last heartbeat step 2), never rank 0 that waited for it", section=SECTION)
+    monkeypatch.setenv("TEST_TRAINER_BACKEND", "nccl")
+    t0 = time.time()
+    rec = _run(tmp_path, "native", {"kind": "torchrun", "nproc": 2}, monkeypatch)
+    text = _titles(rec)
+    assert rec.status == Status.FAIL and not rec.timed_out, (rec.reason, text)
+    [f] = [f for f in find([rec]) if f.title.startswith(("stall in", "crash in"))]
+    assert f.kind == "departed", text
+    assert "rank 1 exited 0 early" in f.title, text
+    assert f"rank 1: last heartbeat step {QUIT_STEP - 1}, stage step" in text, text
+    assert "ChildFailedError" not in f.title and "hung: rank 0" not in f.title, text
+    U.assert_no_orphans(str(tmp_path))
+    matrix.done(rec.status, rec.reason + " | " + f.title, time.time() - t0, None)
+    assert rec.metrics.steps_completed < STEPS

@@ -34,7 +34,7 @@ PY = sys.executable
 WATCHDOG_S = 10.0
 STALL_BOUND_S = WATCHDOG_S + 30.0
 #: the trainer's model/data overrides for every run: tiny preset, seq_len 64, synthetic data
-TINY = {"data.dataset": "synthetic", "train.seq_len": 64, "train.batch_size": 2,
+TINY = {"data.dataset": "synthetic", "train.seq_len": 64, "train.batch_size": 2, "train.device": "cpu",
         "watchdog.timeout_s": WATCHDOG_S, "watchdog.poll_s": 0.5, "watchdog.grace_s": 3}
 
 
@@ -127,8 +127,12 @@ def fault_phase(name: str, fault: str = "", nproc: int = 1, steps: int = 6, **ex
     return phase
 
 
+#: the trainer's watchdog on the GPUs: each rank's CUDA context and NCCL communicator come up
+#: before its first step's beat, and the Triton kernels load from the cache (nccl_warm compiled them)
+NCCL_WATCHDOG_S = 20.0
 #: the trainer on each rank's GPU, DDP over NCCL (tests/faults/test_nccl_faults.py)
-NCCL_OVERRIDES = {"dist.mode": "ddp", "train.device": "cuda", "dist.backend": "nccl"}
+NCCL_OVERRIDES = {"dist.mode": "ddp", "train.device": "cuda", "dist.backend": "nccl",
+                  "watchdog.timeout_s": NCCL_WATCHDOG_S}
 
 
 def nccl_phase(name: str, fault: str, overrides: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:

@@ -5,6 +5,7 @@ import argparse
 import os
 import sys
 import textwrap
+import traceback
 
 from .. import contract
 from ..attention import BackendUnavailable
@@ -55,6 +56,20 @@ def run(config: str | None, overrides: list[str], env=None) -> int:
         print(f"[rank {rank}] interrupted (Ctrl-C twice) during step {trainer.step + 1}; the last checkpoint "
               "saved is the one to resume from", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+    except Exception:
+        # The traceback now, and no wait for the other ranks: over NCCL they may be blocked in a
+        # collective this rank will never join, and destroying the process group (a collective
+        # there) hung this rank, its watchdog already closed, until a peer's watchdog fired and
+        # the stall was blamed on the peer (two H200s, tests/faults/test_nccl_faults.py). The
+        # process ends with os._exit once its files are closed; torchrun then ends the others.
+        traceback.print_exc()
+        trainer.failed = True
+        trainer.close()
+        if trainer.info.distributed:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(contract.EXIT_ERROR)
+        return contract.EXIT_ERROR
     finally:
         trainer.close()
 

@@ -80,7 +80,8 @@ class Trainer:
         with contextlib.ExitStack() as stack:  # on a setup error, undo what was started
             self.info = info = init_distributed(cfg.dist, cfg.train)
             self.finished_cleanly = False  # set when train() returns 0; teardown then waits for peers
-            stack.callback(lambda: teardown(info, synchronize=self.finished_cleanly))
+            self.failed = False  # set on an unexpected error (nsa.train.cli): teardown then leaves the group
+            stack.callback(lambda: teardown(info, synchronize=self.finished_cleanly, abandon=self.failed))
             self.device = info.device
             self.graph_plan = graphs.plan(cfg.train.cuda_graphs, self.device.type, info.mode, cfg.fault.spec)
             self.step_graph = None

@@ -13,11 +13,10 @@ What differs from gloo, and what each test therefore asserts (the required outco
   default action: the trainer keeps SIGTERM's default) or the harness's stall watch. The survivor's
   last heartbeat is therefore often a later stage of the step (optimizer, where the host first
   waits) than on gloo (backward): the tests assert its step, not its stage.
-- torch's own NCCL watchdog (``dist.timeout_s``, default 1800 s) is far beyond every bound here,
-  so it never acts first in these tests; the trainer's watchdog or the harness's stall watch does.
-  The one test that shortens it (``test_nccl_timeout_first_names_the_stalled_rank``) checks that the
-  harness still names the stalled rank when the survivor is the one NCCL aborts (SIGABRT from
-  ProcessGroupNCCL's watchdog, ``TORCH_NCCL_ASYNC_ERROR_HANDLING``'s default tear-down).
+- torch's own NCCL watchdog (``dist.timeout_s``, default 1800 s) does not end these runs: on two
+  H200s (torch 2.11, NCCL 2.28, 2026-11-27) a stall with ``dist.timeout_s=15`` and the trainer's
+  watchdog off was still running 60 s later, when the harness's stall watch ended it. The trainer's
+  watchdog or the harness's stall watch is what ends a stalled run.
 - A rank that leaves (exception, exit 0) tears its process group down; on NCCL
   ``destroy_process_group`` finalizes the communicator, which may wait for the peer that is itself
   waiting in a collective for it. The tests require the faulted rank to be named all the same.
@@ -26,6 +25,7 @@ Each test records a row of the reliability matrix's "NCCL, two GPUs" section (te
 """
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -122,36 +122,11 @@ def test_stalled_rank_without_watchdog_is_stopped_by_the_harness_stall_watch(see
     assert taken == {(0, method), (1, method)}, (taken, [t.note for t in rec.evidence.taken_stacks])
     f = U.finding(seeded.results, "hang", "stall in hang")
     text = U.finding_text(f)
-    assert "stopped by the harness" in f.title and "rank 1 in FaultInjector.at" in f.title, text
+    # py-spy names the frame by its function ('at'), or by its qualified name on some versions
+    assert "stopped by the harness" in f.title and re.search(r"rank 1 in (FaultInjector\.)?at\b", f.title), text
     assert "rank 1: last heartbeat step 3, stage forward; stack (harness_stacks/rank1.txt" in text, text
     U.assert_no_go_after(seeded, rec, p)
     matrix.done(rec.status, rec.reason + " | " + f.title, took, bound)
-
-
-def test_nccl_timeout_first_names_the_stalled_rank(seeded, matrix):
-    """Neither the trainer's watchdog nor the harness acts first: ``dist.timeout_s`` 15 s lets
-    torch's NCCL watchdog abort rank 0's collective (the rank that waited), which takes rank 0 down
-    with SIGABRT, and torchrun SIGTERMs the stalled rank 1. The cause is rank 1's stall all the
-    same: the harness must not name rank 0's abort as the crash."""
-    nccl_timeout = 15.0
-    bound = nccl_timeout + 30
-    matrix.start("stalled rank, NCCL timeout first", "`NSA_FAULT=stall:rank=1:step=3`, `watchdog.enabled=false`, "
-                 f"`dist.timeout_s={nccl_timeout:g}` (stall_s 60 s), torchrun x2, DDP over NCCL on 2 GPUs",
-                 "ProcessGroupNCCL's watchdog aborts rank 0 (SIGABRT), torchrun ends rank 1; FAIL naming rank 1 "
-                 "(stuck at step 3), not rank 0's abort", section=SECTION)
-    p, rec = _run_nccl(seeded, "nccl_timeout", "stall:rank=1:step=3", stall_s=60.0,
-                       overrides={"watchdog.enabled": False, "dist.timeout_s": nccl_timeout})
-    _assert_nccl(seeded, rec)
-    assert rec.status == "FAIL" and not rec.timed_out, rec.reason
-    took = U.fault_to_end_s(seeded.results / rec.out_dir, 1, 3, "forward")
-    assert took <= bound, f"{took:.1f}s from the fault to the end > {bound:g}s"
-    titles = [f.title for f in U.findings_of(seeded.results, "nccl_timeout")]
-    first = next((t for t in titles if t.startswith(("crash in", "stall in"))), None)
-    assert first is not None, titles
-    assert "rank 1" in first, f"the stalled rank 1 must be named: {titles}"
-    assert "rank 0: killed by SIGABRT" not in first, f"rank 0 only waited for rank 1: {titles}"
-    U.assert_no_go_after(seeded, rec, p)
-    matrix.done(rec.status, rec.reason + " | " + first, took, bound)
 
 
 def test_sigkilled_rank_ends_the_run(seeded, matrix):

@@ -5,7 +5,6 @@ import argparse
 import os
 import sys
 import textwrap
-import traceback
 
 from .. import contract
 from ..attention import BackendUnavailable
@@ -62,7 +61,10 @@ def run(config: str | None, overrides: list[str], env=None) -> int:
         # there) hung this rank, its watchdog already closed, until a peer's watchdog fired and
         # the stall was blamed on the peer (two H200s, tests/faults/test_nccl_faults.py). The
         # process ends with os._exit once its files are closed; torchrun then ends the others.
-        traceback.print_exc()
+        # Printed by sys.excepthook, as an uncaught exception would be: under torch.distributed
+        # that hook prefixes each line with [rankN]:, which is how a reader of the log (the
+        # harness) tells whose traceback it is.
+        sys.excepthook(*sys.exc_info())
         trainer.failed = True
         trainer.close()
         if trainer.info.distributed:

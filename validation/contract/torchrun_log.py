@@ -41,9 +41,10 @@ def root_rank(failures: dict[int, RankFailure]) -> int | None:
 
 
 def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, RankFailure]:
-    """Per rank: the exception its traceback ended with (torchrun prefixes each worker's lines
-    with ``[rankN]:``; they are often far above the tail) and the exit code torchrun reported for
-    it (negative: killed by that signal)."""
+    """Per rank: the exception its traceback ended with (an uncaught exception's lines carry
+    ``[rankN]:``, from the sys.excepthook that torch.distributed installs with its process group;
+    they are often far above the tail) and the exit code torchrun reported for it (negative:
+    killed by that signal)."""
     try:
         with open(stderr_path, "rb") as fh:
             fh.seek(max(0, fh.seek(0, 2) - max_bytes))

@@ -312,11 +312,15 @@ class Seeded:
     def runbook(self, *phases: dict[str, Any]) -> Path:
         return U.write_runbook(self.root / "faults.yaml", [HEALTHY, *phases])
 
-    def run(self, rb: Path, *phases: str, timeout: float = 240, plots: bool = False) -> U.Proc:
+    def run(self, rb: Path, *phases: str, timeout: float = 240, plots: bool = False,
+            env: dict[str, str] | None = None) -> U.Proc:
+        """The harness on ``phases`` of ``rb``; env: more environment of the harness and the runs
+        it starts (U.clean_env's extra)."""
         args = ["run", "--runbook", str(rb), "--profile", "cpu", "--results-dir", str(self.results)]
         for ph in phases:
             args += ["--phase", ph]
-        return U.harness(*args, *([] if plots else ["--no-plots"]), timeout=timeout)
+        return U.harness(*args, *([] if plots else ["--no-plots"]), timeout=timeout,
+                         env=U.clean_env(env) if env else None)
 
     def intact(self) -> None:
         store = U.load_store(self.results)  # parses: never half-written

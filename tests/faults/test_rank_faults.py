@@ -4,6 +4,9 @@ and finding (cause, rank, step, evidence files) within its bound, leave no proce
 leave the earlier run's record, artifacts and the store intact."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from tests.faults import _util as U
@@ -64,12 +67,29 @@ def test_sigkilled_rank_ends_the_run(seeded, matrix):
     matrix.done(rec.status, rec.reason + " | " + f.title, took, U.STALL_BOUND_S)
 
 
+#: a folder whose sitecustomize makes destroy_process_group block (NSA_TEST_BLOCKING_TEARDOWN=1)
+BLOCKING_TEARDOWN = Path(__file__).parent / "blocking_teardown"
+
+
 @pytest.mark.distributed
-def test_exception_on_one_rank(seeded, matrix):
-    matrix.start("exception on one rank", "`NSA_FAULT=crash:rank=1:step=2:stage=backward`, torchrun x2",
+@pytest.mark.parametrize("teardown", ["gloo", "blocking"])
+def test_exception_on_one_rank(seeded, matrix, teardown):
+    """Rank 1 raises. 'blocking': its process group's destroy blocks, as over NCCL, where it waited
+    for rank 0, itself waiting for rank 1 in the step's all-gather; the rank that raised must still
+    be the one named, not rank 0 whose watchdog fires in the end (two H200s, docs/performance.md,
+    twentieth set)."""
+    blocking = teardown == "blocking"
+    matrix.start("exception on one rank" + (", teardown that blocks (as NCCL's)" if blocking else ""),
+                 "`NSA_FAULT=crash:rank=1:step=2:stage=backward`, torchrun x2"
+                 + (", `destroy_process_group` made to block (`NSA_TEST_BLOCKING_TEARDOWN=1`)" if blocking else ""),
                  "FAIL with the exception, rank 1, step 2, stderr log")
-    rb = seeded.runbook(U.fault_phase("crash", "crash:rank=1:step=2:stage=backward", nproc=2))
-    p = seeded.run(rb, "crash")
+    phase = U.fault_phase("crash", "crash:rank=1:step=2:stage=backward", nproc=2)
+    env = None
+    if blocking:
+        phase["env"]["NSA_TEST_BLOCKING_TEARDOWN"] = "1"
+        env = {"PYTHONPATH": os.pathsep.join([str(BLOCKING_TEARDOWN), str(U.REPO)])}
+    rb = seeded.runbook(phase)
+    p = seeded.run(rb, "crash", env=env)
     rec = U.record(seeded.results, "crash")
     assert rec.status == "FAIL" and "crashed" in rec.reason, rec.reason
     took = U.fault_to_end_s(seeded.results / rec.out_dir, 1, 2, "backward")

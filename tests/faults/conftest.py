@@ -32,7 +32,8 @@ REPORT_ENV = "NSA_RELIABILITY_REPORT"
 
 #: the order of the matrix (the issue's order); rows of unknown ids go last
 ORDER = [
-    "stalled rank", "stalled rank, watchdog off", "stalled rank, NCCL timeout first", "SIGKILLed rank", "exception on one rank", "NaN loss", "inf loss", "out of memory (CPU)",
+    "stalled rank", "stalled rank, watchdog off", "SIGKILLed rank", "exception on one rank",
+    "exception on one rank, teardown that blocks (as NCCL's)", "NaN loss", "inf loss", "out of memory (CPU)",
     "out of memory (CUDA)", "clean stop + resume", "truncated checkpoint", "corrupt checkpoint",
     "hostile checkpoint (pickle)", "checkpoint pointer to a missing file", "truncated training.csv (harness)",
     "corrupt training.csv (harness)", "torn training.csv row on resume", "torn heartbeat line",
@@ -206,8 +207,7 @@ def _gpus() -> str:
 
 
 def _main_part(rows: list[dict[str, Any]], wall_s: float, workers: Any, skipped: dict[str, str]) -> list[str]:
-    ordered = rows
-    failed = sum(r.get("result") == "FAILED" for r in ordered)
+    failed = sum(r.get("result") == "FAILED" for r in rows)
     lines = [
         "# Reliability: the fault matrix",
         "",
@@ -232,7 +232,7 @@ def _main_part(rows: list[dict[str, Any]], wall_s: float, workers: Any, skipped:
         f"Last generated {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} on "
         f"{platform.machine()} with {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"pytest workers: {workers or 1}; suite wall time {wall_s:.0f} s; "
-        f"{len(ordered) - failed} of {len(ordered)} faults behaved as required.",
+        f"{len(rows) - failed} of {len(rows)} faults behaved as required.",
         "",
     ]
     lines += _table(rows)

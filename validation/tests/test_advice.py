@@ -47,9 +47,11 @@ def test_stall_advice_speaks_of_collectives_and_dumps_only_where_they_are():
     hung = dict(timed_out=True)
     alone = dataclasses.replace(_record(FOREIGN, dumps=1), **hung)
     assert "collective" not in _advice(alone) and "The stack shows where the process waited" in _advice(alone)
-    both = dataclasses.replace(_record(FOREIGN, world=2, dumps=2), **hung)
+    stepping = {0: Beat(3, "forward"), 1: Beat(3, "backward")}  # in step 3: the ranks' steps diverged
+    both = dataclasses.replace(_record(FOREIGN, world=2, dumps=2, last_heartbeat=stepping), **hung)
     assert "The stack dumps show where each rank waited: a rank inside a collective" in _advice(both)
-    one = dataclasses.replace(_record(FOREIGN, world=2, dumps=1), **hung)
+    assert "steps diverged" in _advice(both)
+    one = dataclasses.replace(_record(FOREIGN, world=2, dumps=1, last_heartbeat=stepping), **hung)
     assert "The stacks of 1 of 2 ranks (the finding names them)" in _advice(one) and "each rank" not in _advice(one)
     assert "stacks of 1 of 2 ranks were recorded" in next(f for f in find([one]) if f.kind == "stall").detail
     refused = [TakenStack(10 + r, r, "RANK", "none", note="py-spy could not take its stack") for r in range(2)]
@@ -91,6 +93,20 @@ def test_a_stall_with_no_rank_left_running_gets_no_py_spy_advice_and_no_hung_nod
             "left running") in stall.title, stall.title
     assert "rank 1: last heartbeat step 8, stage data; no process left to take a stack of: it had ended (exited 0)" \
         in stall.detail
+
+
+def test_a_start_up_stall_with_one_rank_in_init_process_group_is_not_said_to_be_diverged_steps():
+    """Rank 1 slept before init_process_group while rank 0 waited in it, and the start-up
+    allowance ended the run: no step had begun, yet the advice said 'the ranks' steps diverged'."""
+    dumps = {0: StackDump("harness_stacks/rank0.txt", [Frame("torch/distributed/distributed_c10d.py", 2169,
+                                                             "_new_process_group_helper")], source="py-spy"),
+             1: StackDump("harness_stacks/rank1.txt", [Frame("/u/mytrain.py", 25, "<module>")], source="py-spy")}
+    rec = dataclasses.replace(_record(FOREIGN, world=2), stalled_s=40.0, steps=8,
+                              evidence=Evidence(stackdumps=dumps))
+    [stall] = [f for f in find([rec]) if f.kind == "stall"]
+    assert "hung: rank 1 in <module>; waiting for it: rank 0 in _new_process_group_helper" in stall.title, stall.title
+    advice = _advice(rec)
+    assert "steps diverged" not in advice and "before any step" in advice and "init_process_group" in advice, advice
 
 
 def test_host_bound_advice_names_cuda_graphs_only_for_this_trainer_on_cuda():

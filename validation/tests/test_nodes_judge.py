@@ -17,6 +17,7 @@ from validation.judge.findings import Severity, find, recommendations
 from validation.judge.metrics import RunData
 from validation.judge.nodes import NodeEvidence, NodesEvidence, node_evidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
+from validation.judge.verdict import Outcome, verdict
 from validation.launch.slurm import task_ends
 
 
@@ -255,6 +256,9 @@ def test_a_start_up_stall_of_agents_that_never_met_names_the_stopped_one_or_none
     stall = dict(exit_code=None, stalled_s=40.0, steps=8)
     rec = _unstarted(NodeEvidence(0, "node0.stderr.log", "vm", None, None, state="stopped"),
                      NodeEvidence(1, "node1.stderr.log", "vm", None, None, state="sleeping"), **stall)
+    assert verdict(Outcome.of_record(rec), []) == (
+        Status.FAIL, "stalled: no progress for 40s before its first step (start-up); no rank was running to take a "
+                     "stack of and the run killed by the harness")
     found = find([rec])
     [node] = [f for f in found if f.kind == "node_stuck"]
     assert node.title == ("node 0 held up the rendezvous in two [default]: its torchrun agent was stopped (process "
@@ -262,7 +266,11 @@ def test_a_start_up_stall_of_agents_that_never_met_names_the_stopped_one_or_none
                           "timeout 6 s); node 0: agent still running (process state stopped) when the harness stopped "
                           "the run; node 1: agent still running (process state sleeping) when the harness stopped "
                           "the run"), node.title
-    assert "'stopped' is a SIGSTOP" in "\n".join(recommendations(found))
+    [stalled] = [f for f in found if f.kind == "stall"]
+    assert stalled.title.endswith(": no rank started (no worker ran under any node's agent)"), stalled.title
+    advice = "\n".join(recommendations(found))
+    assert "No rank started before the harness stopped the run" in advice and "exit barrier" not in advice, advice
+    assert "'stopped' is a SIGSTOP" in advice, advice
     # both agents waiting alike (none stopped): no node is named, and the finding says so
     alike = _unstarted(NodeEvidence(0, "node0.stderr.log", "vm", None, None, state="sleeping"),
                        NodeEvidence(1, "node1.stderr.log", "vm", None, None, state="sleeping"), **stall)

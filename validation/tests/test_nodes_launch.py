@@ -23,7 +23,7 @@ from validation import REPO_ROOT
 from validation.contract.nodes import NODES_FILE, read_nodes
 from validation.judge.findings import Severity, find, recommendations
 from validation.launch import nodes as local_nodes
-from validation.launch.process import LAUNCH_OVER_GRACE_S, Command
+from validation.launch.process import Command
 from validation.report.tables import reproduce_rows
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
@@ -41,12 +41,10 @@ SLACK_S = 10.0
 FAULT = "TEST_TRAINER_FAULT"
 
 
-def _runbook(tmp_path: Path, steps: int, startup_s: float | None = None) -> Path:
-    defaults = {"steps": steps, "timeout_s": 120, "stall_s": STALL_S, "env": {"OMP_NUM_THREADS": 1}}
-    if startup_s is not None:
-        defaults["startup_s"] = startup_s
+def _runbook(tmp_path: Path, steps: int) -> Path:
     data: dict[str, Any] = {
-        "name": "nodes", "profiles": ["cpu"], "trainer": NATIVE, "defaults": defaults,
+        "name": "nodes", "profiles": ["cpu"], "trainer": NATIVE,
+        "defaults": {"steps": steps, "timeout_s": 120, "stall_s": STALL_S, "env": {"OMP_NUM_THREADS": 1}},
         "phases": [{"name": "two_nodes", "kind": "train", "gates": [
             {"metric": "loss_finite", "op": "==", "threshold": 1},
             {"metric": "idle_ranks", "op": "==", "threshold": 0}],
@@ -59,9 +57,9 @@ def _runbook(tmp_path: Path, steps: int, startup_s: float | None = None) -> Path
 class TwoNodes:
     """One point of two nodes x one process, run through the session in this process."""
 
-    def __init__(self, tmp_path: Path, steps: int = 8, startup_s: float | None = None):
+    def __init__(self, tmp_path: Path, steps: int = 8):
         self.results = tmp_path / "results"
-        [self.point] = expand(load_runbook(_runbook(tmp_path, steps, startup_s)), load_profile("cpu"))
+        [self.point] = expand(load_runbook(_runbook(tmp_path, steps)), load_profile("cpu"))
         started = time.time()
         self.rec = AcceptanceSession(SessionOptions(self.results)).run_point(self.point)
         self.reported = time.time()
@@ -161,53 +159,6 @@ def test_a_node_that_never_joins_is_named_at_the_join_timeout(tmp_path, monkeypa
     assert "log node1.stderr.log" in text
     assert any("A node never joined the rendezvous" in line for line in recommendations(run.findings))
     print(f"\nnever joins (join timeout {JOIN_S} s): node 0 gave up {node0.ended_s:.1f} s after the launch, "
-          f"recorded {run.rec.wall_s:.1f} s after it; {text}")
-
-
-#: the start-up allowance of the frozen-agent point: long, so that a record at its end would show
-FROZEN_STARTUP_S = 60
-
-
-def _frozen(command: Command) -> Command:
-    """The agent's command, its process stopped (SIGSTOP, as a frozen host's would be) before it
-    runs torchrun, i.e. before it reaches the rendezvous; it never goes on."""
-    freeze = ("import os, signal, sys; os.kill(os.getpid(), signal.SIGSTOP); "
-              "os.execv(sys.executable, [sys.executable] + sys.argv[1:])")
-    return Command([sys.executable, "-c", freeze, *command.argv[1:]], command.log_name, command.env)
-
-
-def test_a_node_whose_agent_is_frozen_before_the_rendezvous_is_named_once_the_other_gave_up(tmp_path, monkeypatch):
-    """Node 1's agent is stopped before the rendezvous and lives on: node 0 gives up at the join
-    timeout (RendezvousTimeoutError), and torchrun closes the rendezvous as it exits, so no rank
-    can start any more. The harness held the point until the start-up allowance all the same
-    (40 s of 60 here), then recorded a stall with no stack, 'no rank was left running', and
-    advice about torchrun's exit barrier and a log to read (node 1's is empty). Now it stops node
-    1's agent within the grace after node 0's exit, recording its process state, and names it."""
-    monkeypatch.delenv(FAULT, raising=False)
-    real = local_nodes.agent_commands
-    monkeypatch.setattr(local_nodes, "agent_commands", lambda argv, n: [(c if i == 0 else _frozen(c))
-                                                                        for i, c in enumerate(real(argv, n))])
-    run = TwoNodes(tmp_path, startup_s=FROZEN_STARTUP_S)
-    assert run.rec.stalled_s is None and not run.rec.timed_out, run.rec.reason
-    assert run.rec.reason == "trainer ended before its first step (exit code 1)", run.rec.reason
-    node0, node1 = run.nodes.nodes
-    assert node0.exit_code == 1 and JOIN_S <= node0.ended_s <= JOIN_S + SLACK_S, node0
-    assert node1.exit_code is None and node1.state == "stopped", node1
-    after = run.rec.wall_s - node0.ended_s  # from node 0's give-up to the record
-    assert after <= LAUNCH_OVER_GRACE_S + 5.0 and run.rec.wall_s < FROZEN_STARTUP_S, (after, run.rec.wall_s)
-    assert [f.kind for f in run.findings if f.severity == Severity.CRITICAL] == ["node_stuck"], run.findings
-    text = run.finding("node_stuck")
-    assert text.startswith("node 1 never joined the rendezvous in two_nodes [default]: no rank started; the others "
-                           f"gave up waiting (join timeout {JOIN_S} s): node 0 after"), text
-    assert ("RendezvousTimeoutError; node 1's agent was still running (process state stopped) and had written "
-            "nothing in its log when the harness stopped it") in text, text
-    assert "node 1 never joined: its agent still running (process state stopped) when the harness stopped the run; " \
-           "log node1.stderr.log (empty)" in text, text
-    [advice] = recommendations(run.findings)
-    assert "'stopped' is a SIGSTOP" in advice and "host down" not in advice and "exit barrier" not in advice, advice
-    said = (run.dir / "node1.stderr.log").read_text()
-    assert "gave up on the rendezvous (RendezvousTimeoutError), which no rank can start from any more" in said, said
-    print(f"\nfrozen agent (join timeout {JOIN_S} s): node 0 gave up {node0.ended_s:.1f} s after the launch, "
           f"recorded {run.rec.wall_s:.1f} s after it; {text}")
 
 

@@ -24,10 +24,10 @@ NODE_ADVICE = {
                     "node); the other nodes gave up at the join timeout, as they should.",
     "node_stuck": "A node's torchrun agent was running but never completed the rendezvous, and said nothing of why: it "
                   "was stopped or stuck before any rank started, not down. Its process state (in the finding) says "
-                  "which: 'stopped' is a SIGSTOP or SIGTSTP (kill -STOP, job control, a debugger holding it); 'disk-sleep' is "
-                  "I/O that does not return (a hung shared filesystem under its imports); otherwise `py-spy dump "
-                  "--pid` of that host's agent while it waits shows where. A node that is only slow to start needs a "
-                  "longer rdzv.join_timeout_s (and startup_s).",
+                  "which: 'stopped' is a SIGSTOP or SIGTSTP (kill -STOP, job control, a debugger holding it); "
+                  "'disk-sleep' is I/O that does not return (a hung shared filesystem under its imports); otherwise "
+                  "`py-spy dump --pid` of that host's agent while it waits shows where. A node that is only slow to "
+                  "start needs a longer rdzv.join_timeout_s (and startup_s).",
     "node_failed": "A rank on one node died first and the others failed in their collectives after it: read that "
                    "node's log (named); SIGKILL with no traceback is usually the kernel's OOM killer (dmesg on that "
                    "host) or the scheduler.",
@@ -96,8 +96,7 @@ def _agent_stopped(r: PhaseRecord, ev: NodesEvidence) -> bool:
 
 def _agent(n: NodeEvidence, stopped: bool) -> str:
     if n.exit_code is None:
-        state = f" (process state {n.state})" if n.state else ""
-        ended = f"still running{state} when the harness stopped the run" if stopped else "end not known"
+        ended = f"still running{_state(n)} when the harness stopped the run" if stopped else "end not known"
     else:
         ended = f"exit {n.exit_code}" + (f" after {n.ended_s:.1f} s" if n.ended_s is not None else "")
     return ended + (f" ({_said(n.said)})" if n.said else "")

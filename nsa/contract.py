@@ -54,10 +54,25 @@ def stackdump_name(rank: int) -> str:
 NODE_RANK_ENV = "GROUP_RANK"
 #: fields every heartbeat record carries (progress, stalls, imbalance are read from them)
 HEARTBEAT_REQUIRED = ("time", "step")
+#: the stages of a record written as a step runs, on entering each: its ``step`` is the step in
+#: progress (started, not completed)
+HEARTBEAT_STAGES_IN_STEP = ("data", "forward", "backward", "optimizer", "graph")
+#: the stages of a record written once a step is done (``step``: the step logged; a checkpoint of
+#: it; a profiled window summarised after it): its ``step`` is the step completed
+HEARTBEAT_STAGES_AFTER_STEP = ("step", "checkpoint", "profile")
+#: what a record's ``step`` means, by its stage
+HEARTBEAT_STEP_MEANING = (
+    "the optimizer step (from 1): in a record of a stage within a step (" + ", ".join(HEARTBEAT_STAGES_IN_STEP)
+    + ") the step in progress, started and not completed; in a record written once a step is done ("
+    + ", ".join(HEARTBEAT_STAGES_AFTER_STEP) + ") the step completed; in a `halt` record the step at which "
+    "the run stopped")
 HEARTBEAT_RECOMMENDED = {
     "rank": "the writer's rank (the file name says it too)",
     "pid": "the writer's process id: the harness maps a hung process to its rank by it",
-    "stage": "data / forward / backward / optimizer / checkpoint / graph / profile / step / halt",
+    "stage": "data / forward / backward / optimizer / checkpoint / graph / profile / step / halt: what the rank "
+             "was doing, and so whether its `step` is in progress or completed (a record without a stage, or "
+             "with one not named here, says neither: a rank whose last record is of the last step is taken to "
+             "have completed it)",
     "gpu_util": "GPU utilisation in percent where readable",
     "fallbacks": "a mapping of counters: calls routed to a slower backend than wanted",
     "node": f"the writer's node: torchrun's node rank ({NODE_RANK_ENV}), 0 for a single node; the harness groups "

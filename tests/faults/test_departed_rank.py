@@ -33,6 +33,8 @@ STEPS, QUIT_STEP, STALL_S = 8, 3, 4.0
 #: the two-node point's stall allowance: long, so that a record at the stall would show
 NODES_STALL_S = 60.0
 FAULT = f"quit_rank:1@{QUIT_STEP}"
+#: rank 1 leaves inside the last step, after its first record of it (that step's number, in progress)
+LAST_STEP_FAULT = f"quit_in_step:1@{STEPS}"
 TRAINERS = {
     "native": {"name": "native", "root": "tests/trainers", "script": "native_train.py",
                "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"]},
@@ -41,8 +43,9 @@ TRAINERS = {
 }
 
 
-def _run(tmp_path: Path, trainer: str, launcher: dict[str, Any], monkeypatch, stall_s: float = STALL_S) -> PhaseRecord:
-    monkeypatch.setenv("TEST_TRAINER_FAULT", FAULT)
+def _run(tmp_path: Path, trainer: str, launcher: dict[str, Any], monkeypatch, stall_s: float = STALL_S,
+         fault: str = FAULT) -> PhaseRecord:
+    monkeypatch.setenv("TEST_TRAINER_FAULT", fault)
     phase = {"name": "quit_rank", "kind": "train", "steps": STEPS, "timeout_s": 120, "stall_s": stall_s,
              "startup_s": 60, "launcher": launcher, "env": {"OMP_NUM_THREADS": 1},
              "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}
@@ -124,3 +127,43 @@ def test_a_node_whose_rank_exited_0_is_named_not_a_hung_node(tmp_path, matrix, m
     assert first.kind == "departed" and "rank 1 exited 0 early" in first.title, text
     assert not any("py-spy" in a for a in recommendations(find([rec]))), recommendations(find([rec]))
     matrix.done(rec.status, rec.reason + " | " + node.title, after, bound)
+
+
+def test_a_rank_that_exited_0_inside_the_last_step_is_named(tmp_path, matrix, monkeypatch):
+    """Rank 1's last heartbeat is the last step's own 'forward' record (the step in progress, not
+    completed): it left before finishing the steps asked for. Its step number equals the steps
+    asked for, and the harness once passed it over: the crash was headed by torchrun's
+    ChildFailedError and rank 0's 'Connection closed by peer', naming no cause."""
+    matrix.start("rank exits 0 inside the last step", f"`TEST_TRAINER_FAULT={LAST_STEP_FAULT}` (native_train.py: "
+                 f"exit 0 after step {STEPS}'s forward record), torchrun x2 (gloo)",
+                 f"FAIL; the crash finding names rank 1 as having exited 0 early (last heartbeat step {STEPS} of "
+                 f"{STEPS}, stage forward: step {STEPS} not completed), not rank 0's broken collective")
+    t0 = time.time()
+    rec = _run(tmp_path, "native", {"kind": "torchrun", "nproc": 2}, monkeypatch, fault=LAST_STEP_FAULT)
+    assert rec.status == Status.FAIL and "crashed" in rec.reason, rec.reason
+    text = _titles(rec)
+    [f] = [f for f in find([rec]) if f.title.startswith("crash in")]
+    assert f.kind == "departed", text
+    assert (f"rank 1 exited 0 early (last heartbeat step {STEPS} of {STEPS}, stage forward: step {STEPS} not "
+            "completed); the other ranks failed without it") in f.title, text
+    assert "ChildFailedError" not in f.title and "Connection closed" not in f.title, text
+    [advice] = recommendations(find([rec]))
+    assert "exited 0 before the steps asked for" in advice, advice
+    matrix.done(rec.status, rec.reason + " | " + f.title, time.time() - t0, None)
+
+
+def test_a_stall_after_a_rank_exited_0_inside_the_last_step_names_that_rank(tmp_path, matrix, monkeypatch):
+    matrix.start("rank exits 0 inside the last step, the others wait",
+                 f"`TEST_TRAINER_FAULT={LAST_STEP_FAULT}` (minimal_train.py: a data record of step {STEPS}, then "
+                 "exit 0; the others wait as NCCL would), torchrun x2",
+                 "FAIL 'stalled'; the stall finding names rank 1 as having exited 0 early inside the last step and "
+                 "rank 0 where it waits")
+    t0 = time.time()
+    rec = _run(tmp_path, "minimal", {"kind": "torchrun", "nproc": 2}, monkeypatch, fault=LAST_STEP_FAULT)
+    assert rec.status == Status.FAIL and rec.reason.startswith("stalled"), rec.reason
+    text = _titles(rec)
+    [f] = [f for f in find([rec]) if f.title.startswith("stall in")]
+    assert f.kind == "departed", text
+    assert (f"rank 1 exited 0 early (last heartbeat step {STEPS} of {STEPS}, stage data: step {STEPS} not "
+            "completed)") in f.title and "rank 0 in wait_for_peers" in f.title, text
+    matrix.done(rec.status, rec.reason + " | " + f.title, time.time() - t0, None)

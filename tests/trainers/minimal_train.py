@@ -19,6 +19,8 @@ hang_rank:R@K  rank R sleeps forever as step K starts; the others stop in step K
 hang_all@K     every rank sleeps forever as step K starts;
 kill_rank:R@K  rank R SIGKILLs itself as step K starts;
 quit_rank:R@K  rank R exits 0 as step K starts; the others stop in step K, asleep in wait_for_peers;
+quit_in_step:R@K  rank R writes a ``data`` record of step K (step K in progress: this trainer's
+               only stage record), then exits 0; the others stop as for quit_rank;
 slow_rank:R@K  rank R spends 0.2 s more on every step from K;
 nan@K          step K is logged with loss ``nan``, rank 0 writes the JSON ``.HALT`` (source
                ``nonfinite``), exit 4;
@@ -80,6 +82,9 @@ class Run:
         for step in range(1, self.steps + 1):
             start = time.monotonic()
             self.fault.start_step(self.rank, step)
+            if self.fault.quits_in_step(self.rank, step):
+                self.heartbeat(step, "data")
+                self.fault.in_step(self.rank, step)
             if self.fault.peer_hangs(self.rank, step):
                 trainer_faults.wait_for_peers()
             if self.fault.at("crash", step):

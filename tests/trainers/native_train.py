@@ -27,6 +27,8 @@ hang_rank:R@K  rank R sleeps forever as step K starts; the others write step K's
 hang_all@K     every rank sleeps forever as step K starts;
 kill_rank:R@K  rank R SIGKILLs itself as step K starts; under torchrun the others' all-reduce fails;
 quit_rank:R@K  rank R exits 0 as step K starts; under torchrun the others' all-reduce fails;
+quit_in_step:R@K  rank R exits 0 right after step K's ``forward`` record (step K in progress);
+               under torchrun the others' all-reduce fails;
 slow_rank:R@K  rank R spends 0.2 s more on every step from K, before its ``forward`` record (a
                straggler: the others wait for it in the all-reduce);
 nan@K          step K's loss is NaN: its row is logged (loss ``nan``), rank 0 writes the JSON
@@ -129,6 +131,7 @@ def main() -> int:
             t0 = time.time()
             fault.start_step(rank, step)
             beat({"step": step, "stage": "forward"})
+            fault.in_step(rank, step)
             if fault.at("crash", step):
                 raise RuntimeError(f"injected crash at step {step} on rank {rank}")
             time.sleep(0.01)

@@ -21,6 +21,8 @@ hang_rank:R@K  rank R sleeps forever as step K starts, before its beat; the othe
 hang_all@K     every rank sleeps forever as step K starts;
 kill_rank:R@K  rank R SIGKILLs itself as step K starts, before its beat;
 quit_rank:R@K  rank R exits 0 as step K starts, before its beat; the others sleep in wait_for_peers;
+quit_in_step:R@K  rank R exits 0 after its beat of step K (with NSA_HEARTBEAT_EVERY=1), else as
+               quit_rank; the others sleep in wait_for_peers;
 slow_rank:R@K  rank R spends 0.2 s more on every step from K, before its beat;
 nan@K          step K's loss is NaN: rank 0 logs its row (loss ``nan``), writes ``.anomaly_type``
                and the text ``.HALT``, and the run stops with exit 0, as the seed's does;
@@ -98,6 +100,7 @@ def main() -> int:
         fault.start_step(rank, step)
         if every:
             beat(step, "beat")
+        fault.in_step(rank, step)
         if fault.peer_hangs(rank, step):
             trainer_faults.wait_for_peers()
         if fault.at("crash", step):

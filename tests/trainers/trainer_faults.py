@@ -16,6 +16,11 @@ format (its docstring says how).
     quit_rank:R[@K]    rank R exits 0 as step K starts, writing nothing more (in quit_self): a rank
                        whose own stop condition ends it early; the other ranks stop in step K as
                        for hang_rank (a real collective fails without it, else wait_for_peers())
+    quit_in_step:R[@K] rank R exits 0 inside step K, after its first record of the step (a stage
+                       record: step K in progress, not completed), writing nothing more (in
+                       quit_self): a stop condition checked inside the step; at the last step,
+                       the rank whose last heartbeat carries the last step's number without having
+                       completed it. The other ranks stop in step K as for quit_rank
     slow_rank:R[@K]    rank R is a straggler: from step K on it spends SLOW_S more on each step, as
                        it starts (in straggle), before anything of the step is written
     nan[@K]            the loss of step K is NaN on every rank: logged, then the trainer's own
@@ -41,10 +46,10 @@ from dataclasses import dataclass
 
 ENV = "TEST_TRAINER_FAULT"
 DEFAULT_STEP = 3
-KINDS = ("quit_early", "hang_rank", "hang_all", "kill_rank", "quit_rank", "slow_rank", "nan", "crash", "malformed",
-         "missing_optional")
+KINDS = ("quit_early", "hang_rank", "hang_all", "kill_rank", "quit_rank", "quit_in_step", "slow_rank", "nan", "crash",
+         "malformed", "missing_optional")
 #: the kinds that name a rank (KIND:R)
-RANKED = ("hang_rank", "kill_rank", "quit_rank", "slow_rank")
+RANKED = ("hang_rank", "kill_rank", "quit_rank", "quit_in_step", "slow_rank")
 #: the extra seconds a slow_rank spends on each step
 SLOW_S = 0.2
 #: what malformed writes where a number belongs
@@ -80,6 +85,11 @@ class Fault:
         """``rank`` exits 0 as ``step`` starts."""
         return self.kind == "quit_rank" and rank == self.rank and step == self.step
 
+    def quits_in_step(self, rank: int, step: int) -> bool:
+        """``rank`` exits 0 inside ``step``, after its first record of it (the trainer calls
+        ``in_step`` there)."""
+        return self.kind == "quit_in_step" and rank == self.rank and step == self.step
+
     def slows(self, rank: int, step: int) -> bool:
         """``rank`` straggles in ``step``."""
         return self.kind == "slow_rank" and rank == self.rank and step >= self.step
@@ -95,9 +105,14 @@ class Fault:
         if self.slows(rank, step):
             straggle()
 
+    def in_step(self, rank: int, step: int) -> None:
+        """What ``rank`` does once it has written its first record of ``step``: exit 0 (else nothing)."""
+        if self.quits_in_step(rank, step):
+            quit_self()
+
     def peer_hangs(self, rank: int, step: int) -> bool:
         """Another rank blocks or quits in ``step``: this one stops there too (in a collective)."""
-        return step == self.step and self.kind in ("hang_rank", "quit_rank") and rank != self.rank
+        return step == self.step and self.kind in ("hang_rank", "quit_rank", "quit_in_step") and rank != self.rank
 
 
 def parse(spec: str, world_size: int) -> Fault:

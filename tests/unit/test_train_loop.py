@@ -60,6 +60,11 @@ def test_outputs_contract_and_the_pattern_is_learned(tmp_path: Path):
     hb = heartbeats(tmp_path)
     stages = [h["stage"] for h in hb if h.get("step") == 2]
     assert stages == ["data", "forward", "backward", "data", "forward", "backward", "optimizer", "step"]
+    # a record's step means what the contract says of its stage: the step in progress in its stage
+    # records, the step completed in its step record; a run that completed ends on the latter
+    assert set(stages[:-1]) <= set(contract.HEARTBEAT_STAGES_IN_STEP)
+    assert stages[-1] in contract.HEARTBEAT_STAGES_AFTER_STEP
+    assert hb[-1]["step"] == 10 and hb[-1]["stage"] in contract.HEARTBEAT_STAGES_AFTER_STEP
     step = [h for h in hb if h["stage"] == "step"][-1]
     assert {"time", "rank", "step", "toks_per_s", "mem_alloc_gb", "gpu_util", "gates", "routes", "fallbacks"} <= set(step)
     # where the rank ran: one process is node 0 (torchrun's GROUP_RANK under torchrun), on this host

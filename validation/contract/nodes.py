@@ -51,6 +51,10 @@ class NodeLaunch:
     """torchrun's node rank (GROUP_RANK) its workers were given; None: no worker of it was seen."""
     ranks: dict[int, int] = field(default_factory=dict)
     """Rank -> pid of each worker seen on it."""
+    state: str | None = None
+    """Its agent's process state when the harness stopped it still running (psutil's: 'stopped'
+    for a SIGSTOP or a debugger, 'sleeping', 'disk-sleep', ...); None when it exited by itself,
+    or the harness could not see it (a node under Slurm)."""
 
     @property
     def stdout(self) -> str:

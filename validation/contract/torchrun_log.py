@@ -13,6 +13,17 @@ _EXC = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Fault|Interrupt|Failure)\b"
 _TR_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+)")
 #: the harness's own notes in a log (validation/launch/process.py)
 _HARNESS_NOTE = "[nsa-validate]"
+#: torchrun's agent gave up on its rendezvous: the others never came within its join timeout
+#: (RendezvousTimeoutError), one that gave up had closed it (RendezvousClosedError), or the store
+#: host never answered or went away (RendezvousConnectionError, DistNetworkError)
+_GAVE_UP = re.compile(r"RendezvousTimeoutError|RendezvousConnectionError|DistNetworkError|RendezvousClosedError")
+#: of those, the ones after which no rank can start under any agent of the rendezvous: the agent
+#: waited in it (or found it closed) and, exiting on an error that is no signal, torchrun's
+#: launch_agent shuts its rendezvous handler down, which closes the rendezvous for good; an agent
+#: still in it sees that at its next sync (RendezvousClosedError, or RendezvousConnectionError
+#: once the store went with the agent that held it: 1.0 s after, measured here). A connection
+#: error alone may be the agent's own (it never reached the store): the others are not told.
+_CLOSED = re.compile(r"RendezvousTimeoutError|RendezvousClosedError")
 #: a rank's exception that is a peer's failure breaking its collective, not its own
 _VICTIM = re.compile(r"Connection closed by peer|remote worker|Connection reset|DistBackendError|NCCL|"
                      r"ProcessGroup|Broken pipe|Timed out waiting", re.IGNORECASE)
@@ -91,3 +102,16 @@ def agent_said(stderr_path: Path, max_bytes: int = 1 << 20) -> str | None:
     own = [ln.strip() for ln in lines if ln.strip() and not _RANK_LINE.match(ln) and not ln.startswith(_HARNESS_NOTE)]
     errors = [ln for ln in own if _EXC.match(ln)]
     return (errors or own or [None])[-1]
+
+
+def gave_up(said: str | None) -> str | None:
+    """The rendezvous error an agent's last word (``agent_said``) names when it gave up on the
+    rendezvous ('RendezvousTimeoutError'), else None."""
+    m = _GAVE_UP.search(said or "")
+    return m.group(0) if m else None
+
+
+def closed_rendezvous(said: str | None) -> bool:
+    """The agent whose last word this is gave up on a rendezvous that no rank can start from any
+    more (``_CLOSED``): it waited its join timeout for the others, or found it closed."""
+    return bool(_CLOSED.search(said or ""))

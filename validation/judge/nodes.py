@@ -40,6 +40,9 @@ class NodeEvidence:
     """Median step time of its ranks."""
     lateness_s: float | None = None
     """How late its latest rank enters the stages of a step (the module's docstring)."""
+    state: str | None = None
+    """Its agent's process state when the harness stopped it still running ('stopped', 'sleeping',
+    ...; validation/contract/nodes.py); None when it exited, or not known."""
 
     @property
     def name(self) -> str:
@@ -83,7 +86,7 @@ def node_evidence(out_dir: Path, heartbeats: dict[int, list[dict[str, Any]]],
         lates = [late[r] for r in ranks if r in late]
         nodes.append(NodeEvidence(n.index, n.stderr, n.host, n.exit_code, n.ended_s, n.group_rank, ranks,
                                   agent_said(log), round(statistics.median(times), 6) if times else None,
-                                  round(max(lates), 6) if lates else None))
+                                  round(max(lates), 6) if lates else None, n.state))
     return NodesEvidence(launch.launcher, launch.rdzv_endpoint, launch.join_timeout_s, nodes, launch.slurm_job_id,
                          launch.slurm_step), failures
 

@@ -120,8 +120,9 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
     if outcome.stalled_s is not None:
         at = (f"after step {outcome.steps_completed}" if outcome.steps_completed
               else "before its first step (start-up)")
-        stacks = ("no rank was left running to take a stack of" if outcome.stacks_tried == 0
-                  else "stacks taken")
+        # before the first step no rank may ever have run ('left' would say they had ended)
+        stacks = ("stacks taken" if outcome.stacks_tried != 0 else "no rank was left running to take a stack of"
+                  if outcome.steps_completed else "no rank was running to take a stack of")
         return Status.FAIL, f"stalled: no progress for {outcome.stalled_s:.0f}s {at}; {stacks} and the run killed by the harness"
     if outcome.timed_out:
         return Status.FAIL, "timed out: killed by the harness at the phase timeout"

@@ -84,7 +84,8 @@ def run_local(launcher: Launcher, target: Target, args: Sequence[str], *, env: M
                               log_dir=out_dir, on_poll=on_poll, watch=watch, on_tree=seen)
     host = socket.gethostname()
     parts = {part.log_name: part for part in result.parts}
-    nodes = [NodeLaunch(i, host, part.pid, part.exit_code, part.ended_s, seen.group.get(i), seen.ranks.get(i, {}))
+    nodes = [NodeLaunch(i, host, part.pid, part.exit_code, part.ended_s, seen.group.get(i), seen.ranks.get(i, {}),
+                        part.state)
              for i, part in enumerate(parts[f"node{i}"] for i in range(launcher.nnodes))]
     write_nodes(out_dir, NodesLaunch("torchrun", launcher.nproc, at, out_dir.name, rdzv.join_timeout_s, nodes))
     return result

@@ -9,10 +9,14 @@ a normal exit (whatever the trainer left running). Before killing a stalled or t
 the harness takes every rank's stack (validation/launch/stacks.py). No shell is involved: every
 argv element is passed to exec as is. Several processes (one torchrun agent per node) run as one
 tree with a log pair each (``run_group``); a scheduler's cancel (scancel) goes before the kill.
-A launch of several processes is over when one of them has failed and, ranks having run under
-them, nothing of it runs but the launched processes themselves: no rank is left under any of them
-(a torchrun agent whose workers ended waits at its exit barrier for agents that are gone), so
-the rest are stopped then and the run ends as the failed one did, not at the stall or the timeout.
+A launch of several processes is over when one of them has failed and nothing of it runs but the
+launched processes themselves, where either ranks had run under them (no rank is left under any
+of them: a torchrun agent whose workers ended waits at its exit barrier for agents that are gone)
+or none ever ran and the failed one gave up on a rendezvous that no rank can start from any more
+(validation/contract/torchrun_log.py ``closed_rendezvous``: an agent frozen before the rendezvous
+would otherwise hold the run until the start-up allowance). The rest are stopped then (each one's
+process state recorded first) and the run ends as the failed one did, not at the stall or the
+timeout.
 """
 from __future__ import annotations
 
@@ -25,8 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+import psutil
+
 from validation.contract.files import tail
 from validation.contract.stacks import HARNESS_STACKS, TakenStack
+from validation.contract.torchrun_log import agent_said, closed_rendezvous, gave_up
 from validation.launch import stacks
 from validation.launch.tree import ProcessTree
 from validation.launch.watch import StepWatch, Watch
@@ -65,6 +72,9 @@ class Part:
     """Seconds from the launch to its exit; None when the harness killed it."""
     stdout_path: Path
     stderr_path: Path
+    state: str | None = None
+    """Its process state (psutil: 'stopped', 'sleeping', 'disk-sleep', ...) when the harness
+    stopped it still running; None when it exited by itself or none could be read."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +106,8 @@ class _Why(enum.Enum):
     TIMEOUT = "timeout"
     STALL = "stall"
     LAUNCH_OVER = "launch over"
-    """One launched process failed and no rank is left under the others (see the module's docstring)."""
+    """One launched process failed and no rank is left under the others, or none ever ran and the
+    failed one gave up on a rendezvous closed for good (see the module's docstring)."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +149,7 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
     taken: list[TakenStack] = []
     procs: list[subprocess.Popen | None] = []
     ended: dict[int, float] = {}
+    states: dict[int, str] = {}
     with contextlib.ExitStack() as logs:
         files = [(logs.enter_context(open(log_dir / f"{c.log_name}.stdout.log", "wb")),
                   logs.enter_context(open(log_dir / f"{c.log_name}.stderr.log", "wb"))) for c in commands]
@@ -148,7 +160,8 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
                     if procs[-1] is not None:
                         tree.adopt(procs[-1].pid)
                 if any(p is not None for p in procs):
-                    stop = _supervise(procs, ended, tree, start, timeout_s, poll_s, on_poll, on_tree, watch)
+                    logs_err = [log_dir / f"{c.log_name}.stderr.log" for c in commands]
+                    stop = _supervise(procs, logs_err, ended, tree, start, timeout_s, poll_s, on_poll, on_tree, watch)
             except KeyboardInterrupt:
                 if cancel is not None:
                     cancel(lambda: all(p is None or p.poll() is not None for p in procs))
@@ -160,6 +173,7 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
                 if cancel is not None:
                     cancel(lambda: all(p is None or p.poll() is not None for p in procs))
                 _record_ends(procs, ended, start)  # those the cancel ended exited by themselves
+                states = _states(procs)
                 _kill(tree)
                 for p, (_, err) in zip(procs, files):
                     if p is not None:
@@ -169,7 +183,7 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
         finally:
             _kill(tree)  # on an interrupt, and whatever a finished trainer left running
     wall = time.monotonic() - start
-    parts = [_part(c, p, ended, log_dir) for c, p in zip(commands, procs)]
+    parts = [_part(c, p, ended, log_dir, states) for c, p in zip(commands, procs)]
     failed = sorted((part.ended_s if part.ended_s is not None else wall, i) for i, part in enumerate(parts)
                     if part.exit_code != 0)
     first = parts[failed[0][1]] if failed else parts[0]
@@ -191,12 +205,25 @@ def _start(c: Command, env: Mapping[str, str], cwd: Path, out, err) -> subproces
         return None
 
 
-def _part(c: Command, p: subprocess.Popen | None, ended: dict[int, float], log_dir: Path) -> Part:
+def _part(c: Command, p: subprocess.Popen | None, ended: dict[int, float], log_dir: Path,
+          states: dict[int, str]) -> Part:
     out, err = log_dir / f"{c.log_name}.stdout.log", log_dir / f"{c.log_name}.stderr.log"
     if p is None:
         return Part(c.log_name, None, 127, 0.0, out, err)
     done = p.pid in ended
-    return Part(c.log_name, p.pid, p.returncode if done else None, round(ended[p.pid], 2) if done else None, out, err)
+    return Part(c.log_name, p.pid, p.returncode if done else None, round(ended[p.pid], 2) if done else None, out, err,
+                None if done else states.get(p.pid))
+
+
+def _states(procs: list[subprocess.Popen | None]) -> dict[int, str]:
+    """The process state of each launched process still running, as the harness is about to stop
+    it: 'stopped' (SIGSTOP, a debugger) tells a frozen agent from one that waits."""
+    out = {}
+    for p in procs:
+        if p is not None and p.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                out[p.pid] = psutil.Process(p.pid).status()
+    return out
 
 
 def _record_ends(procs: list[subprocess.Popen | None], ended: dict[int, float], start: float) -> None:
@@ -206,15 +233,16 @@ def _record_ends(procs: list[subprocess.Popen | None], ended: dict[int, float], 
             ended[p.pid] = time.monotonic() - start
 
 
-def _supervise(procs: list[subprocess.Popen | None], ended: dict[int, float], tree: ProcessTree, start: float,
-               timeout_s: float, poll_s: float, on_poll: Callable[[float], None] | None,
-               on_tree: Callable[[ProcessTree], None] | None, watch: Watch | None) -> _Stop | None:
+def _supervise(procs: list[subprocess.Popen | None], stderr_paths: list[Path], ended: dict[int, float],
+               tree: ProcessTree, start: float, timeout_s: float, poll_s: float,
+               on_poll: Callable[[float], None] | None, on_tree: Callable[[ProcessTree], None] | None,
+               watch: Watch | None) -> _Stop | None:
     """Poll until every process exits (None), the launch is over, the timeout or a stall (the
     reason to stop them). A launch that is over when the stall or the timeout comes is stopped as
     over: no rank is left that could have stalled."""
     steps = StepWatch(watch.progress_dir, watch.csv) if watch is not None else None
     last_progress = start
-    over = _LaunchOver(procs)
+    over = _LaunchOver(procs, stderr_paths)
     while True:
         running = [p for p in procs if p is not None and p.poll() is None]
         _record_ends(procs, ended, start)
@@ -243,8 +271,7 @@ def _supervise(procs: list[subprocess.Popen | None], ended: dict[int, float], tr
         if stop is None and elapsed >= timeout_s:
             stop = _Stop(_Why.TIMEOUT, f"killed after {timeout_s:.0f}s timeout")
         if over_s is not None and (stop is not None or over_s >= LAUNCH_OVER_GRACE_S):
-            return _Stop(_Why.LAUNCH_OVER, f"a launched process failed and no rank was left running under the others "
-                                           f"for {over_s:.0f}s")
+            return _Stop(_Why.LAUNCH_OVER, over.note(over_s))
         if stop is not None:
             return stop
 
@@ -265,26 +292,43 @@ def _stalled(steps: StepWatch, watch: Watch, quiet: float) -> _Stop | None:
 
 class _LaunchOver:
     """When a launch of several processes is over (see the module's docstring): one of them has
-    failed, ranks had run under them, and nothing of the launch runs now but launched processes.
-    Before any rank ran there is nothing to be over: agents still meeting end by themselves at
-    their rendezvous's join timeout, saying which node never came."""
+    failed, and nothing of the launch runs now but launched processes, where ranks had run under
+    them or, none having run, the failed one gave up on a rendezvous closed for good. Before any
+    rank ran and short of that, there is nothing to be over: agents still meeting end by
+    themselves at their rendezvous's join timeout, saying which node never came."""
 
-    def __init__(self, procs: list[subprocess.Popen | None]):
+    def __init__(self, procs: list[subprocess.Popen | None], stderr_paths: list[Path]):
         self.procs = [p for p in procs if p is not None]
+        self.logs = {p.pid: path for p, path in zip(procs, stderr_paths) if p is not None}
         self.launched = {p.pid for p in self.procs}
         self.ranks_ran = False
+        self.closed: int | None = None
+        """The pid of a failed process that gave up on a rendezvous closed for good."""
+        self.read: set[int] = set()
+        """Failed processes whose log was read (whole: they had exited)."""
         self.since: float | None = None
 
     def look(self, tree: ProcessTree, now: float) -> float | None:
         """Seconds the launch has been over, as of this poll of ``tree``; None while it is not."""
         self.ranks_ran = self.ranks_ran or any(p.pid not in self.launched for p in tree.known())
-        failed = any(p.poll() not in (None, 0) for p in self.procs)
-        if len(self.procs) < 2 or not self.ranks_ran or not failed or \
+        failed = [p for p in self.procs if p.poll() not in (None, 0)]
+        for p in failed:
+            if self.closed is None and not self.ranks_ran and p.pid not in self.read:
+                self.read.add(p.pid)  # once: its log is whole, it has exited
+                self.closed = p.pid if closed_rendezvous(agent_said(self.logs[p.pid])) else None
+        if len(self.procs) < 2 or not failed or not (self.ranks_ran or self.closed is not None) or \
                 any(m.pid not in self.launched for m in tree.members()):
             self.since = None
             return None
         self.since = now if self.since is None else self.since
         return now - self.since
+
+    def note(self, over_s: float) -> str:
+        """What the harness says in each log when it stops the rest."""
+        if self.ranks_ran:
+            return f"a launched process failed and no rank was left running under the others for {over_s:.0f}s"
+        return (f"a launched process gave up on the rendezvous ({gave_up(agent_said(self.logs[self.closed]))}), "
+                f"which no rank can start from any more, and no rank had started under the others for {over_s:.0f}s")
 
 
 def _stacks_note(taken: list[TakenStack]) -> str:

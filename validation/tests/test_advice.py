@@ -47,9 +47,11 @@ def test_stall_advice_speaks_of_collectives_and_dumps_only_where_they_are():
     hung = dict(timed_out=True)
     alone = dataclasses.replace(_record(FOREIGN, dumps=1), **hung)
     assert "collective" not in _advice(alone) and "The stack shows where the process waited" in _advice(alone)
-    both = dataclasses.replace(_record(FOREIGN, world=2, dumps=2), **hung)
+    stepping = {0: Beat(3, "forward"), 1: Beat(3, "backward")}  # in step 3: the ranks' steps diverged
+    both = dataclasses.replace(_record(FOREIGN, world=2, dumps=2, last_heartbeat=stepping), **hung)
     assert "The stack dumps show where each rank waited: a rank inside a collective" in _advice(both)
-    one = dataclasses.replace(_record(FOREIGN, world=2, dumps=1), **hung)
+    assert "steps diverged" in _advice(both)
+    one = dataclasses.replace(_record(FOREIGN, world=2, dumps=1, last_heartbeat=stepping), **hung)
     assert "The stacks of 1 of 2 ranks (the finding names them)" in _advice(one) and "each rank" not in _advice(one)
     assert "stacks of 1 of 2 ranks were recorded" in next(f for f in find([one]) if f.kind == "stall").detail
     refused = [TakenStack(10 + r, r, "RANK", "none", note="py-spy could not take its stack") for r in range(2)]
@@ -60,15 +62,15 @@ def test_stall_advice_speaks_of_collectives_and_dumps_only_where_they_are():
 
 
 def test_a_stall_with_no_rank_left_running_gets_no_py_spy_advice_and_no_hung_node():
-    """Every rank had ended (rank 1 exited 0 at the last step, rank 0 failed in its collective after
-    it) and node 1's torchrun agent kept the launch open at its exit barrier: the harness found no
-    rank's process, and the advice said 'No stack could be taken: install py-spy' (py-spy was
-    installed) beside a finding that node 1 'hung'."""
+    """Every rank had ended and node 1's torchrun agent kept the launch open at its exit barrier:
+    the harness found no rank's process, and the advice said 'No stack could be taken: install
+    py-spy' (py-spy was installed) beside a finding that node 1 'hung'. Rank 1 completed the last
+    step (its 'step' record of step 8) and exited; rank 0 failed in its collective after it."""
     nodes = NodesEvidence("torchrun", "localhost:1", 6.0, [
         NodeEvidence(0, "node0.stderr.log", "vm", 1, 8.5, 0, [0]), NodeEvidence(1, "node1.stderr.log", "vm", None, None, 1, [1])])
     peer = RankFailure(exception="RuntimeError: Connection closed by peer [127.0.0.1]:1", exit_code=1)
     rec = dataclasses.replace(_record(FOREIGN, world=2, nodes=nodes, rank_failures={0: peer},
-                                      last_heartbeat={0: Beat(8, "backward"), 1: Beat(8, "data")}),
+                                      last_heartbeat={0: Beat(8, "backward"), 1: Beat(8, "step")}),
                               steps=8, stalled_s=16.0)
     advice = _advice(rec)
     assert "py-spy" not in advice and "No stack could be taken" not in advice, advice
@@ -76,7 +78,35 @@ def test_a_stall_with_no_rank_left_running_gets_no_py_spy_advice_and_no_hung_nod
     assert not [f for f in find([rec]) if f.kind == "node_hung"], [f.title for f in find([rec])]
     [stall] = [f for f in find([rec]) if f.kind == "stall"]
     assert stall.title.endswith(": no rank was left running to take a stack of"), stall.title
-    assert "rank 1: last heartbeat step 8, stage data; no process left to take a stack of: it had ended" in stall.detail
+    assert "rank 1: last heartbeat step 8, stage step; no process left to take a stack of: it had ended" in stall.detail
+    # the same run where rank 1's last heartbeat is the 'data' record of step 8 (the step in progress,
+    # not completed): it exited 0 inside the last step, and is the cause the stall finding names (it
+    # had been passed over: 'no rank was left running', advice naming no rank)
+    inside = dataclasses.replace(rec, evidence=dataclasses.replace(
+        rec.evidence, last_heartbeat={0: Beat(8, "backward"), 1: Beat(8, "data")}))
+    advice = _advice(inside)
+    assert "py-spy" not in advice and "exited 0 before the steps asked for" in advice, advice
+    assert not [f for f in find([inside]) if f.kind == "node_hung"], [f.title for f in find([inside])]
+    [stall] = [f for f in find([inside]) if f.title.startswith("stall in")]
+    assert stall.kind == "departed", stall
+    assert ("rank 1 exited 0 early (last heartbeat step 8 of 8, stage data: step 8 not completed); no rank was "
+            "left running") in stall.title, stall.title
+    assert "rank 1: last heartbeat step 8, stage data; no process left to take a stack of: it had ended (exited 0)" \
+        in stall.detail
+
+
+def test_a_start_up_stall_with_one_rank_in_init_process_group_is_not_said_to_be_diverged_steps():
+    """Rank 1 slept before init_process_group while rank 0 waited in it, and the start-up
+    allowance ended the run: no step had begun, yet the advice said 'the ranks' steps diverged'."""
+    dumps = {0: StackDump("harness_stacks/rank0.txt", [Frame("torch/distributed/distributed_c10d.py", 2169,
+                                                             "_new_process_group_helper")], source="py-spy"),
+             1: StackDump("harness_stacks/rank1.txt", [Frame("/u/mytrain.py", 25, "<module>")], source="py-spy")}
+    rec = dataclasses.replace(_record(FOREIGN, world=2), stalled_s=40.0, steps=8,
+                              evidence=Evidence(stackdumps=dumps))
+    [stall] = [f for f in find([rec]) if f.kind == "stall"]
+    assert "hung: rank 1 in <module>; waiting for it: rank 0 in _new_process_group_helper" in stall.title, stall.title
+    advice = _advice(rec)
+    assert "steps diverged" not in advice and "before any step" in advice and "init_process_group" in advice, advice
 
 
 def test_host_bound_advice_names_cuda_graphs_only_for_this_trainer_on_cuda():

@@ -13,10 +13,12 @@ from validation.judge.verdict import Outcome, verdict
 PEER = RankFailure(exception="RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1", exit_code=1)
 
 
-def _record(failures: dict[int, RankFailure], beats: dict[int, int], *, stalled: bool = False,
+def _record(failures: dict[int, RankFailure], beats: dict[int, int | Beat], *, stalled: bool = False,
             taken: tuple[TakenStack, ...] = ()) -> PhaseRecord:
+    """A record of 8 steps asked for; a rank's last heartbeat is ``Beat(step, "forward")`` where
+    ``beats`` gives a step alone (a stage record: that step in progress)."""
     ev = Evidence(rank_failures=failures, taken_stacks=list(taken),
-                  last_heartbeat={k: Beat(step, "forward") for k, step in beats.items()})
+                  last_heartbeat={k: b if isinstance(b, Beat) else Beat(b, "forward") for k, b in beats.items()})
     return PhaseRecord(PointKey("rb", "cpu", "ddp"), "rb/cpu/ddp/default", "train", Status.FAIL, "x", steps=8,
                        world_size=2, exit_code=None if stalled else 1, stalled_s=10.0 if stalled else None,
                        evidence=ev)
@@ -43,7 +45,8 @@ def test_a_stopped_run_names_the_rank_it_found_no_process_of():
 
 
 def test_a_rank_that_finished_its_steps_or_may_be_a_process_of_unknown_rank_did_not_leave_early():
-    assert departed(_record({}, {0: 8, 1: 8}, stalled=True, taken=(_taken(0),))) == []  # rank 0 hung after
+    # rank 1 logged its last step (a 'step' record of step 8: completed) and exited; rank 0 hung after
+    assert departed(_record({}, {0: 8, 1: Beat(8, "step")}, stalled=True, taken=(_taken(0),))) == []
     assert departed(_record({}, {0: 3, 1: 2}, stalled=True, taken=(_taken(0), _taken(None, 9)))) == []
     assert departed(_record({}, {0: 3, 1: 2}, stalled=True)) == []  # nothing ran and nothing failed: no contrast
 
@@ -60,3 +63,27 @@ def test_a_stall_with_no_rank_left_running_does_not_say_stacks_were_taken():
     rec = _record({0: PEER}, {0: 3, 1: 2}, stalled=True)
     assert Outcome.of_record(rec).stacks_tried == 0
     assert Outcome.of_record(_record({}, {0: 3, 1: 2}, stalled=True, taken=(_taken(0),))).stacks_tried == 1
+
+
+def test_a_rank_that_left_inside_the_last_step_left_early():
+    """A stage record's step is the step in progress (nsa/contract.py HEARTBEAT_STAGES_IN_STEP): a
+    rank whose last heartbeat is 'data' of step 8 of 8 started the last step and never completed
+    it. It had been passed over (its step 8 is not below the 8 asked for), and the crash that
+    followed was headed by torchrun's ChildFailedError and rank 0's 'Connection closed by peer'."""
+    crashed = _record({0: PEER}, {0: Beat(8, "backward"), 1: Beat(8, "data")})
+    assert departed(crashed) == [1]
+    assert departure(crashed, [1]) == ("rank 1 exited 0 early (last heartbeat step 8 of 8, stage data: "
+                                       "step 8 not completed)")
+    for stage in ("data", "forward", "backward", "optimizer", "graph"):
+        stalled = _record({}, {0: 8, 1: Beat(8, stage)}, stalled=True, taken=(_taken(0),))
+        assert departed(stalled) == [1], stage
+
+
+def test_a_rank_whose_last_heartbeat_may_say_it_completed_the_last_step_is_never_named():
+    """A record written once a step is done (step, checkpoint, profile), a stage the contract does
+    not name, or none: step 8 of 8 may be complete, so the rank is not named whatever the others
+    did (a false 'exited 0 early' blames a rank that did its work)."""
+    for beat in (Beat(8, "step"), Beat(8, "checkpoint"), Beat(8, "profile"), Beat(8, "train_step"), Beat(8, None),
+                 Beat(9, "data")):
+        assert departed(_record({}, {0: 8, 1: beat}, stalled=True, taken=(_taken(0),))) == [], beat
+        assert departed(_record({0: PEER}, {0: 8, 1: beat})) == [], beat

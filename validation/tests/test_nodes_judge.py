@@ -13,10 +13,11 @@ from validation.contract.nodes import NodeLaunch, NodesLaunch, read_nodes, write
 from validation.contract.stacks import Frame, StackDump
 from validation.contract.torchrun_log import RankFailure, agent_said
 from validation.judge.evidence import collect, collect_train
-from validation.judge.findings import find
+from validation.judge.findings import Severity, find, recommendations
 from validation.judge.metrics import RunData
 from validation.judge.nodes import NodeEvidence, NodesEvidence, node_evidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
+from validation.judge.verdict import Outcome, verdict
 from validation.launch.slurm import task_ends
 
 
@@ -215,3 +216,64 @@ def test_an_agent_the_harness_stopped_after_another_failed_is_said_to_have_been_
     assert "node 1 (host vm, torchrun node rank 1, log node1.stderr.log): rank 1 last heartbeat step 4, stage data; " \
            "agent still running when the harness stopped the run" in lines, lines
     assert "end not known" not in lines, lines
+
+
+def _unstarted(*nodes: NodeEvidence, **fields) -> PhaseRecord:
+    """A two-node record in which no rank ever started (no worker seen, no heartbeat)."""
+    ev = NodesEvidence("torchrun", "localhost:1", 6.0, list(nodes))
+    return _record(ev, status=Status.FAIL, evidence=Evidence(nodes=ev), **fields)
+
+
+def test_a_frozen_agent_the_harness_stopped_after_the_other_gave_up_is_named_with_its_state():
+    """Node 1's agent was stopped (SIGSTOP) before the rendezvous; node 0 gave up at the join
+    timeout, and the harness stopped node 1's agent then (validation/launch/process.py). It is the
+    node that never joined, and its advice is not 'read its log' (it wrote none) or 'host down'."""
+    gave_up = "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError"
+    rec = _unstarted(NodeEvidence(0, "node0.stderr.log", "vm", 1, 7.6, said=gave_up),
+                     NodeEvidence(1, "node1.stderr.log", "vm", None, None, state="stopped"), exit_code=1)
+    [f] = [f for f in find([rec]) if f.severity == Severity.CRITICAL]
+    assert f.kind == "node_stuck", f
+    assert f.title == ("node 1 never joined the rendezvous in two [default]: no rank started; the others gave up "
+                       "waiting (join timeout 6 s): node 0 after 7.6 s, RendezvousTimeoutError; node 1's agent was "
+                       "still running (process state stopped) and had written nothing in its log when the harness "
+                       "stopped it"), f.title
+    assert ("node 1 never joined: its agent still running (process state stopped) when the harness stopped the run; "
+            "log node1.stderr.log (empty)") in f.detail, f.detail
+    [advice] = recommendations([f])
+    assert "'stopped' is a SIGSTOP" in advice and "host down" not in advice, advice
+    # an agent that exited without reaching the rendezvous is the other kind: read its log
+    dead = _unstarted(NodeEvidence(0, "node0.stderr.log", "vm", 1, 7.6, said=gave_up),
+                      NodeEvidence(1, "node1.stderr.log", "vm", 1, 0.2, said="node 1: cannot start"), exit_code=1)
+    [f] = [f for f in find([dead]) if f.severity == Severity.CRITICAL]
+    assert f.kind == "node_missing" and "still running" not in f.title, f
+
+
+def test_a_start_up_stall_of_agents_that_never_met_names_the_stopped_one_or_none():
+    """Node 0's agent held the rendezvous's store and was stopped before node 1 came: node 1's
+    agent waited on the store, neither gave up, and the start-up allowance ended the run. The
+    stall finding said 'no rank was left running to take a stack of' with advice about torchrun's
+    exit barrier and 'the rank that ended first', and no finding named a node."""
+    stall = dict(exit_code=None, stalled_s=40.0, steps=8)
+    rec = _unstarted(NodeEvidence(0, "node0.stderr.log", "vm", None, None, state="stopped"),
+                     NodeEvidence(1, "node1.stderr.log", "vm", None, None, state="sleeping"), **stall)
+    assert verdict(Outcome.of_record(rec), []) == (
+        Status.FAIL, "stalled: no progress for 40s before its first step (start-up); no rank was running to take a "
+                     "stack of and the run killed by the harness")
+    found = find([rec])
+    [node] = [f for f in found if f.kind == "node_stuck"]
+    assert node.title == ("node 0 held up the rendezvous in two [default]: its torchrun agent was stopped (process "
+                          "state stopped); no rank started in the 40 s before the harness stopped the run (join "
+                          "timeout 6 s); node 0: agent still running (process state stopped) when the harness stopped "
+                          "the run; node 1: agent still running (process state sleeping) when the harness stopped "
+                          "the run"), node.title
+    [stalled] = [f for f in found if f.kind == "stall"]
+    assert stalled.title.endswith(": no rank started (no worker ran under any node's agent)"), stalled.title
+    advice = "\n".join(recommendations(found))
+    assert "No rank started before the harness stopped the run" in advice and "exit barrier" not in advice, advice
+    assert "'stopped' is a SIGSTOP" in advice, advice
+    # both agents waiting alike (none stopped): no node is named, and the finding says so
+    alike = _unstarted(NodeEvidence(0, "node0.stderr.log", "vm", None, None, state="sleeping"),
+                       NodeEvidence(1, "node1.stderr.log", "vm", None, None, state="sleeping"), **stall)
+    [node] = [f for f in find([alike]) if f.kind == "node_stuck"]
+    assert node.title.startswith("the nodes never completed the rendezvous in two [default]: no rank started in the "
+                                 "40 s before the harness stopped the run, and no agent gave up on it"), node.title

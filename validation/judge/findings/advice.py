@@ -24,7 +24,11 @@ def _departed(f: Facts) -> str:
 
 
 def _stall(f: Facts) -> str:
-    if f.no_rank_running:
+    if f.no_rank_started and f.no_rank_running:
+        where = ("No rank started before the harness stopped the run, so there was no stack to take: the nodes' "
+                 "torchrun agents never completed their rendezvous. The node finding says how each agent was when the "
+                 "harness stopped it (its process state) and whether one gave up. ")
+    elif f.no_rank_running:
         where = ("No rank was running when the harness stopped the run, so there was no stack to take: the ranks had "
                  "ended (or never started) while a launcher kept the run open (torchrun's agent waits at its exit "
                  "barrier for the other nodes' agents, srun for its tasks). The finding says how far each rank got "
@@ -39,8 +43,13 @@ def _stall(f: Facts) -> str:
     else:
         shown = ("The stack dumps show where each rank waited" if f.stacks >= f.world_size else
                  f"The stacks of {f.stacks} of {f.world_size} ranks (the finding names them) show where they waited")
-        where = (f"{shown}: a rank inside a collective while another is elsewhere means the ranks' steps diverged "
-                 "(a rank-dependent branch, data or shape). ")
+        if f.before_first_step:  # no step began: the collective is the process group's start, not a step's
+            where = (f"{shown}, before any step: a rank inside a collective (init_process_group, a first barrier) "
+                     "while another is elsewhere means that one never got there: what it runs first on that rank "
+                     "only (a rank-dependent branch, its data set-up, a download, a lock) holds it. ")
+        else:
+            where = (f"{shown}: a rank inside a collective while another is elsewhere means the ranks' steps diverged "
+                     "(a rank-dependent branch, data or shape). ")
     return where + f"Then {_RERUN}."
 
 

@@ -12,14 +12,27 @@ How a rank is known to have left with exit 0, under torchrun (its agent is what 
   stack (TakenStack), so a rank it found no process of had ended; with no failure of it in
   torchrun's logs, with exit 0 (torchrun ends every worker when one fails).
 
-Only ranks that wrote a heartbeat (they ran) and whose last heartbeat is before the last step
-asked for count: a rank that finished its steps and exited while another hung after them did not
-leave early.
+Only ranks that wrote a heartbeat (they ran) and whose last heartbeat says they did not complete
+the last step asked for count (``incomplete``): a step before it, or the last step itself in a
+record of a stage within a step, whose ``step`` is the step in progress (the contract,
+nsa/contract.py ``HEARTBEAT_STAGES_IN_STEP``). A rank whose last record may say it completed the
+last step (a ``step`` record, a checkpoint or profile after it, a stage the contract does not name,
+none) did not leave early: it finished its steps and exited while another hung after them.
 """
 from __future__ import annotations
 
+from nsa.contract import HEARTBEAT_STAGES_IN_STEP
 from validation.contract.torchrun_log import root_rank
-from validation.judge.record import PhaseRecord
+from validation.judge.record import Beat, PhaseRecord
+
+
+def incomplete(beat: Beat | None, steps: int) -> bool:
+    """The rank whose last heartbeat is ``beat`` did not complete ``steps``: its last record is of
+    an earlier step, or of a stage within the last one (that step in progress). False where the
+    record may say the last step was completed, or says no step."""
+    if beat is None or beat.step is None:
+        return False
+    return beat.step < steps or (beat.step == steps and beat.stage in HEARTBEAT_STAGES_IN_STEP)
 
 
 def departed(rec: PhaseRecord) -> list[int]:
@@ -38,16 +51,18 @@ def departed(rec: PhaseRecord) -> list[int]:
     else:
         return []
     gone = [k for k in range(rec.world_size) if k not in failures and k not in running
-            and (hb := ev.last_heartbeat.get(k)) is not None and hb.step is not None and hb.step < rec.steps]
+            and incomplete(ev.last_heartbeat.get(k), rec.steps)]
     others = set(failures) | running
     return gone if gone and others else []
 
 
 def departure(rec: PhaseRecord, ranks: list[int]) -> str:
-    """'rank 1 exited 0 early (last heartbeat step 4 of 8, stage data)' for each of ``ranks``."""
+    """'rank 1 exited 0 early (last heartbeat step 4 of 8, stage data)' for each of ``ranks``, with
+    ': step 8 not completed' where its last record was within the last step."""
     parts = []
     for k in ranks:
         hb = rec.evidence.last_heartbeat[k]
         stage = f", stage {hb.stage}" if hb.stage else ""
-        parts.append(f"rank {k} exited 0 early (last heartbeat step {hb.step} of {rec.steps}{stage})")
+        within = f": step {hb.step} not completed" if hb.step == rec.steps else ""
+        parts.append(f"rank {k} exited 0 early (last heartbeat step {hb.step} of {rec.steps}{stage}{within})")
     return "; ".join(parts)

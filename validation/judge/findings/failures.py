@@ -148,6 +148,8 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
             at = f": {departure(r, gone)}; {rest}" + (f" ({'; '.join(ended)})" if ended else "")
         else:
             at = _hung_first(r, stuck) or (f": {'; '.join(stuck.values())}" if stuck
+                                           else ": no rank started (no worker ran under any node's agent)"
+                                           if facts.no_rank_started and facts.no_rank_running
                                            else ": no rank was left running to take a stack of"
                                            if facts.no_rank_running else ": no stack was recorded")
         out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail,

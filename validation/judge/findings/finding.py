@@ -30,13 +30,21 @@ class Facts:
     """The harness stopped the run and found no rank's process to take a stack of, and no stack
     was recorded otherwise: the ranks had ended (or never started) while a launcher kept the run
     open."""
+    no_rank_started: bool = False
+    """Of a launch of several nodes: no worker was seen under any node's agent, and no rank wrote a
+    heartbeat or had an end reported: the agents never completed their rendezvous."""
+    before_first_step: bool = False
+    """No step was logged and no heartbeat carries a step: the run ended in its start-up."""
 
     @classmethod
     def of(cls, rec: PhaseRecord) -> Facts:
         ev = rec.evidence
         stacks = sum(1 for d in [*ev.stackdumps.values(), *ev.unranked_stacks] if d.frames)
+        started = ev.nodes is None or any(n.ranks for n in ev.nodes.nodes) or bool(ev.last_heartbeat) or \
+            bool(ev.rank_failures) or bool(ev.taken_stacks)
+        stepped = bool(rec.metrics.steps_completed) or any((b.step or 0) >= 1 for b in ev.last_heartbeat.values())
         return cls(rec.own_trainer, rec.world_size, stacks, rec.accelerator == "cuda",
-                   not stacks and Outcome.of_record(rec).stacks_tried == 0)
+                   not stacks and Outcome.of_record(rec).stacks_tried == 0, not started, not stepped)
 
 
 @dataclass(frozen=True)

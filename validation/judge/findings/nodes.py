@@ -7,16 +7,13 @@ import re
 import signal
 
 from validation.contract.stacks import StackDump
-from validation.contract.torchrun_log import root_rank
+from validation.contract.torchrun_log import gave_up, root_rank
 from validation.judge.findings.departed import departed, departure
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import PhaseRecord
 
-#: torchrun's agent gave up on the rendezvous: the others never came (join timeout), or the store
-#: host never answered (read timeout)
-_GAVE_UP = re.compile(r"RendezvousTimeoutError|RendezvousConnectionError|DistNetworkError|RendezvousClosedError")
 #: a node is a straggler when its ranks come this share of a step late (and at least STRAGGLER_MIN_S)
 STRAGGLER_SHARE = 0.25
 STRAGGLER_MIN_S = 0.05
@@ -25,6 +22,12 @@ NODE_ADVICE = {
     "node_missing": "A node never joined the rendezvous: read its log (named in the finding) for why its agent did not "
                     "start or reach the endpoint (host down, wrong endpoint, firewall, a broken environment on that "
                     "node); the other nodes gave up at the join timeout, as they should.",
+    "node_stuck": "A node's torchrun agent was running but never completed the rendezvous, and said nothing of why: it "
+                  "was stopped or stuck before any rank started, not down. Its process state (in the finding) says "
+                  "which: 'stopped' is a SIGSTOP or SIGTSTP (kill -STOP, job control, a debugger holding it); "
+                  "'disk-sleep' is I/O that does not return (a hung shared filesystem under its imports); otherwise "
+                  "`py-spy dump --pid` of that host's agent while it waits shows where. A node that is only slow to "
+                  "start needs a longer rdzv.join_timeout_s (and startup_s).",
     "node_failed": "A rank on one node died first and the others failed in their collectives after it: read that "
                    "node's log (named); SIGKILL with no traceback is usually the kernel's OOM killer (dmesg on that "
                    "host) or the scheduler.",
@@ -93,7 +96,7 @@ def _agent_stopped(r: PhaseRecord, ev: NodesEvidence) -> bool:
 
 def _agent(n: NodeEvidence, stopped: bool) -> str:
     if n.exit_code is None:
-        ended = "still running when the harness stopped the run" if stopped else "end not known"
+        ended = f"still running{_state(n)} when the harness stopped the run" if stopped else "end not known"
     else:
         ended = f"exit {n.exit_code}" + (f" after {n.ended_s:.1f} s" if n.ended_s is not None else "")
     return ended + (f" ({_said(n.said)})" if n.said else "")
@@ -101,21 +104,57 @@ def _agent(n: NodeEvidence, stopped: bool) -> str:
 
 def missing_node(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     """No rank ran anywhere, and some agents gave up on the rendezvous: those that did not are
-    the nodes that never joined."""
+    the nodes that never joined; an agent of them still running when the harness stopped the run
+    (it does once the rendezvous is closed for good, validation/launch/process.py) was stopped or
+    stuck before it, not down (kind ``node_stuck``). Where no agent gave up before the harness
+    stopped the run, ``_never_met``."""
     if any(n.ranks for n in ev.nodes) or r.evidence.last_heartbeat or r.exit_code == 0:
         return None
-    waited = [n for n in ev.nodes if n.said and _GAVE_UP.search(n.said)]
+    waited = [n for n in ev.nodes if gave_up(n.said)]
     if not waited:
-        return None
+        return _never_met(r, ev)
     missing = [n for n in ev.nodes if n not in waited]
-    gave_up = ", ".join(n.name + (f" after {n.ended_s:.1f} s" if n.ended_s is not None else "") for n in waited)
-    why = sorted({_GAVE_UP.search(n.said).group(0) for n in waited})
+    gave = ", ".join(n.name + (f" after {n.ended_s:.1f} s" if n.ended_s is not None else "") for n in waited)
+    why = sorted({gave_up(n.said) for n in waited})
     who = (f"{_names(missing)} never joined the rendezvous" if missing
            else f"a node never joined the rendezvous (all {len(waited)} that started waited)")
     title = (f"{who} in {where(r)}: no rank started; the others gave up waiting (join timeout "
-             f"{ev.join_timeout_s:g} s): {gave_up}, {', '.join(why)}")
-    detail = [f"{n.name} never joined: its agent {_agent(n, _agent_stopped(r, ev))}; log {n.log}" for n in missing]
-    return Finding(Severity.CRITICAL, r.phase, title, detail + _lines(r, ev), "node_missing")
+             f"{ev.join_timeout_s:g} s): {gave}, {', '.join(why)}")
+    alive = [n for n in missing if n.exit_code is None and _agent_stopped(r, ev)]
+    if alive:
+        title += "; " + "; ".join(f"{n.name}'s agent was still running{_state(n)} and {_log_said(n)} when the harness "
+                                  "stopped it" for n in alive)
+    detail = [f"{n.name} never joined: its agent {_agent(n, _agent_stopped(r, ev))}; log {n.log}"
+              + ("" if n.said else " (empty)") for n in missing]
+    return Finding(Severity.CRITICAL, r.phase, title, detail + _lines(r, ev), "node_stuck" if alive else "node_missing")
+
+
+def _never_met(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
+    """The harness stopped a run (its start-up allowance, or the timeout) in which no rank started
+    and no agent gave up on the rendezvous: the agents were still meeting, or waiting on one that
+    holds the rendezvous's store. An agent whose process was stopped (SIGSTOP, a debugger) while
+    the others' were not is the one they waited for, and is named; else none is."""
+    if not _stopped(r) or r.evidence.rank_failures or not ev.nodes:
+        return None
+    frozen = [n for n in ev.nodes if n.exit_code is None and n.state == "stopped"]
+    how = (f"no rank started in the {r.stalled_s:.0f} s before the harness stopped the run" if r.stalled_s is not None
+           else f"no rank started before the {r.timeout_s:g} s timeout")
+    agents = "; ".join(f"{n.name}: agent {_agent(n, True)}" for n in ev.nodes)
+    if frozen and len(frozen) < len(ev.nodes):
+        title = (f"{_names(frozen)} held up the rendezvous in {where(r)}: its torchrun agent was stopped (process "
+                 f"state stopped); {how} (join timeout {ev.join_timeout_s:g} s); {agents}")
+    else:
+        title = (f"the nodes never completed the rendezvous in {where(r)}: {how}, and no agent gave up on it (join "
+                 f"timeout {ev.join_timeout_s:g} s); {agents}")
+    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "node_stuck")
+
+
+def _state(n: NodeEvidence) -> str:
+    return f" (process state {n.state})" if n.state else ""
+
+
+def _log_said(n: NodeEvidence) -> str:
+    return f"its log's last word was {_said(n.said)}" if n.said else "had written nothing in its log"
 
 
 def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:

@@ -1,0 +1,95 @@
+"""A node whose torchrun agent is frozen before the rendezvous (its process SIGSTOPped, as a
+frozen host's would be): it lives, says nothing and never joins. The other node's agent gives up
+at the join timeout and, exiting, closes the rendezvous for good (torchrun's launch_agent shuts
+its rendezvous down on any error but a signal), so no rank can start any more. The harness once
+held such a point until the start-up allowance, then recorded a stall with no stack, 'no rank
+was left running', and advice about torchrun's exit barrier and 'read its log ... host down' for
+a node whose log is empty. The frozen node must be named, with its process state, within the
+launch-over grace after the other gave up.
+
+Test trainer outside the nsa package: tests/trainers/native_train.py (it never starts here).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.faults import _util as U
+from validation.judge.findings import Severity, find, recommendations
+from validation.judge.record import Status
+from validation.launch import nodes as local_nodes
+from validation.launch.process import LAUNCH_OVER_GRACE_S, Command
+from validation.runbook.load import load_profile, load_runbook
+from validation.runbook.plan import expand
+from validation.session.session import AcceptanceSession, SessionOptions
+
+pytestmark = [pytest.mark.faults, pytest.mark.distributed, pytest.mark.multi_node]
+
+JOIN_S = 6
+#: the start-up allowance: long, so that a record at its end would show
+STARTUP_S = 60.0
+NATIVE = {"name": "native", "root": "tests/trainers", "script": "native_train.py",
+          "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"]}
+
+
+def _frozen(command: Command) -> Command:
+    """The agent's command, its process stopped (SIGSTOP) before it runs torchrun, i.e. before it
+    reaches the rendezvous; nothing continues it."""
+    freeze = ("import os, signal, sys; os.kill(os.getpid(), signal.SIGSTOP); "
+              "os.execv(sys.executable, [sys.executable] + sys.argv[1:])")
+    return Command([sys.executable, "-c", freeze, *command.argv[1:]], command.log_name, command.env)
+
+
+def test_a_node_whose_agent_is_frozen_before_the_rendezvous_is_named_once_the_other_gave_up(
+        tmp_path, matrix, monkeypatch):
+    matrix.start("node frozen before the rendezvous",
+                 f"node 1's torchrun agent SIGSTOPped before it runs, two agents x1 (c10d on localhost, join timeout "
+                 f"{JOIN_S} s), `startup_s` {STARTUP_S:g} s",
+                 "FAIL 'trainer ended before its first step (exit code 1)' within the grace after node 0's agent gave "
+                 "up (RendezvousTimeoutError), not at startup_s; node 1 named as never having joined, its agent still "
+                 "running in process state 'stopped' with an empty log; no stall finding, no 'host down' advice")
+    monkeypatch.delenv("TEST_TRAINER_FAULT", raising=False)
+    real = local_nodes.agent_commands
+    monkeypatch.setattr(local_nodes, "agent_commands",
+                        lambda argv, n: [c if i == 0 else _frozen(c) for i, c in enumerate(real(argv, n))])
+    phase = {"name": "frozen_node", "kind": "train", "steps": 8, "timeout_s": 120, "stall_s": 16,
+             "startup_s": STARTUP_S, "env": {"OMP_NUM_THREADS": 1},
+             "launcher": {"kind": "torchrun", "nproc": 1, "nnodes": 2,
+                          "rdzv": {"endpoint": "localhost:0", "join_timeout_s": JOIN_S}},
+             "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}
+    path = tmp_path / "frozen.yaml"
+    path.write_text(yaml.safe_dump({"name": "frozen_node", "profiles": ["cpu"], "trainer": NATIVE,
+                                    "phases": [phase]}, sort_keys=False))
+    (point,) = expand(load_runbook(path), load_profile("cpu"))
+    t0 = time.time()
+    rec = AcceptanceSession(SessionOptions(tmp_path / "results")).run_point(point)
+    U.assert_no_orphans(str(tmp_path))
+    assert rec.status == Status.FAIL and rec.stalled_s is None and not rec.timed_out, rec.reason
+    assert rec.reason == "trainer ended before its first step (exit code 1)", rec.reason
+    node0, node1 = rec.evidence.nodes.nodes
+    assert node0.exit_code == 1 and "RendezvousTimeoutError" in (node0.said or ""), node0
+    assert node1.exit_code is None and node1.state == "stopped" and node1.said is None, node1
+    after = rec.wall_s - node0.ended_s  # from node 0's give-up to the record
+    bound = LAUNCH_OVER_GRACE_S + 5.0
+    assert after <= bound and rec.wall_s < STARTUP_S, (after, rec.wall_s)
+    found = find([rec])
+    assert [f.kind for f in found if f.severity == Severity.CRITICAL] == ["node_stuck"], [f.title for f in found]
+    [f] = [f for f in found if f.kind == "node_stuck"]
+    text = f.title + "\n" + "\n".join(f.detail)
+    assert f.title.startswith("node 1 never joined the rendezvous in frozen_node [default]: no rank started; the "
+                              f"others gave up waiting (join timeout {JOIN_S} s): node 0 after"), text
+    assert f.title.endswith("RendezvousTimeoutError; node 1's agent was still running (process state stopped) and "
+                            "had written nothing in its log when the harness stopped it"), text
+    assert "node 1 never joined: its agent still running (process state stopped) when the harness stopped the run; " \
+           "log node1.stderr.log (empty)" in f.detail, text
+    [advice] = recommendations(found)
+    assert "'stopped' is a SIGSTOP" in advice and "host down" not in advice and "exit barrier" not in advice, advice
+    said = (tmp_path / "results" / rec.out_dir / "node1.stderr.log").read_text()
+    assert "gave up on the rendezvous (RendezvousTimeoutError), which no rank can start from any more" in said, said
+    matrix.done(rec.status, rec.reason + " | " + f.title, after, bound)
+    print(f"\nfrozen node: node 0 gave up {node0.ended_s:.1f} s after the launch, recorded {rec.wall_s:.1f} s after "
+          f"it ({time.time() - t0:.1f} s with the harness); {f.title}")

@@ -56,22 +56,22 @@ def run(config: str | None, overrides: list[str], env=None) -> int:
               "saved is the one to resume from", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     except Exception:
+        if trainer.info.world_size < 2:
+            raise  # no peer to wait for: the traceback as usual, on the way out
         # The traceback now, and no wait for the other ranks: over NCCL they may be blocked in a
         # collective this rank will never join, and destroying the process group (a collective
         # there) hung this rank, its watchdog already closed, until a peer's watchdog fired and
-        # the stall was blamed on the peer (two H200s, tests/faults/test_nccl_faults.py). The
-        # process ends with os._exit once its files are closed; torchrun then ends the others.
-        # Printed by sys.excepthook, as an uncaught exception would be: under torch.distributed
-        # that hook prefixes each line with [rankN]:, which is how a reader of the log (the
-        # harness) tells whose traceback it is.
+        # the stall was blamed on the peer (two H200s, tests/faults/test_nccl_faults.py). Printed
+        # by sys.excepthook, as an uncaught exception would be: under torch.distributed that hook
+        # prefixes each line with [rankN]:, which is how a reader of the log (the harness) tells
+        # whose traceback it is. The process ends with os._exit once its files are closed;
+        # torchrun then ends the others.
         sys.excepthook(*sys.exc_info())
         trainer.failed = True
         trainer.close()
-        if trainer.info.distributed:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(contract.EXIT_ERROR)
-        return contract.EXIT_ERROR
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(contract.EXIT_ERROR)
     finally:
         trainer.close()
 

@@ -14,14 +14,6 @@ from tests.faults import _util as U
 pytestmark = pytest.mark.faults
 
 
-def _finding(seeded, phase: str, prefix: str):
-    return U.finding(seeded.results, phase, prefix)
-
-
-def _common_after(seeded, rec, p: U.Proc) -> None:
-    U.assert_no_go_after(seeded, rec, p)
-
-
 @pytest.mark.distributed
 def test_stalled_rank_is_halted_by_the_watchdog(seeded, matrix):
     matrix.start("stalled rank", "`NSA_FAULT=stall:rank=1:step=3`, torchrun x2 (DDP, gloo)",
@@ -38,12 +30,12 @@ def test_stalled_rank_is_halted_by_the_watchdog(seeded, matrix):
     assert {"stackdump_rank0.txt", "stackdump_rank1.txt", ".HALT"} <= set(ev.files) | {".HALT"}
     assert ev.halt
     # the stalled rank is named with where it is stuck (the injected sleep) and its step
-    f = _finding(seeded, "stall", "stall in stall")
+    f = U.finding(seeded.results, "stall", "stall in stall")
     text = f.title + "\n" + "\n".join(f.detail)
     assert "rank 1 in at" in f.title, text
     assert "rank 1: last heartbeat step 3, stage forward" in text and "faults.py" in text, text
     assert "rank 0: last heartbeat step 3" in text, text
-    _common_after(seeded, rec, p)
+    U.assert_no_go_after(seeded, rec, p)
     matrix.done(rec.status, rec.reason + " | " + f.title, took, U.STALL_BOUND_S)
 
 
@@ -58,12 +50,12 @@ def test_sigkilled_rank_ends_the_run(seeded, matrix):
     assert not rec.timed_out
     took = U.fault_to_end_s(seeded.results / rec.out_dir, 1, 3, "forward")
     assert took <= U.STALL_BOUND_S, f"kill took {took:.1f}s from the fault to the end > {U.STALL_BOUND_S}s"
-    f = _finding(seeded, "kill", "crash in kill")
+    f = U.finding(seeded.results, "kill", "crash in kill")
     text = f.title + "\n" + "\n".join(f.detail)
     assert "rank 1" in f.title and "SIGKILL" in f.title, text
     assert "rank 1: last heartbeat step 3" in text, text
     assert "trainer.stderr.log" in text
-    _common_after(seeded, rec, p)
+    U.assert_no_go_after(seeded, rec, p)
     matrix.done(rec.status, rec.reason + " | " + f.title, took, U.STALL_BOUND_S)
 
 
@@ -94,12 +86,12 @@ def test_exception_on_one_rank(seeded, matrix, teardown):
     assert rec.status == "FAIL" and "crashed" in rec.reason, rec.reason
     took = U.fault_to_end_s(seeded.results / rec.out_dir, 1, 2, "backward")
     assert took <= U.STALL_BOUND_S, f"{took:.1f}s from the fault to the end"
-    f = _finding(seeded, "crash", "crash in crash")
+    f = U.finding(seeded.results, "crash", "crash in crash")
     text = f.title + "\n" + "\n".join(f.detail)
     assert "rank 1" in f.title, text
     assert "InjectedFault: injected crash on rank 1 at step 2 stage backward" in f.title, text
     assert "rank 1: last heartbeat step 2, stage backward" in text, text
-    _common_after(seeded, rec, p)
+    U.assert_no_go_after(seeded, rec, p)
     matrix.done(rec.status, rec.reason + " | " + f.title, took, U.STALL_BOUND_S)
 
 
@@ -117,11 +109,11 @@ def test_nan_loss_halts_with_the_rank_and_step(seeded, matrix):
     assert took <= U.STALL_BOUND_S, f"{took:.1f}s from the fault to the end"
     titles = [f.title for f in U.findings_of(seeded.results, "nan")]
     assert not any(t.startswith("stall") for t in titles), titles
-    f = _finding(seeded, "nan", "non-finite loss in nan")
+    f = U.finding(seeded.results, "nan", "non-finite loss in nan")
     assert "step 3" in f.title and "rank 0" in f.title, f.title
     # the halt happened before the optimizer step: the CSV stops at step 2, no NaN row logged
     assert rec.metrics.steps_completed == 2
-    _common_after(seeded, rec, p)
+    U.assert_no_go_after(seeded, rec, p)
     matrix.done(rec.status, rec.reason + " | " + f.title, took, U.STALL_BOUND_S)
 
 
@@ -135,9 +127,9 @@ def test_out_of_memory_on_cpu(seeded, matrix):
     assert rec.wall_s <= 120.0
     assert "oom_rank0.txt" in rec.evidence.files
     assert "step 2" in (seeded.results / rec.out_dir / "oom_rank0.txt").read_text()
-    f = _finding(seeded, "oom", "crash in oom")
+    f = U.finding(seeded.results, "oom", "crash in oom")
     assert "OutOfMemoryError" in f.title and "rank 0" in f.title and "step 2" in f.title, f.title
-    _common_after(seeded, rec, p)
+    U.assert_no_go_after(seeded, rec, p)
     matrix.done(rec.status, rec.reason + " | " + f.title, rec.wall_s, 120.0)
 
 
@@ -162,11 +154,11 @@ def test_stalled_rank_without_watchdog_is_stopped_by_the_harness_stall_watch(see
     took = U.fault_to_end_s(seeded.results / rec.out_dir, 1, 3, "forward")
     assert took <= bound, f"the stall was reported {took:.1f}s after the fault > {bound:g}s"
     assert {(t.rank, t.method) for t in rec.evidence.taken_stacks} == {(0, "py-spy"), (1, "py-spy")}
-    f = _finding(seeded, "hang", "stall in hang")
+    f = U.finding(seeded.results, "hang", "stall in hang")
     text = f.title + "\n" + "\n".join(f.detail)
     assert "stopped by the harness" in f.title and "rank 1 in FaultInjector.at" in f.title, text
     assert "rank 1: last heartbeat step 3, stage forward; stack (harness_stacks/rank1.txt, py-spy)" in text, text
-    _common_after(seeded, rec, p)
+    U.assert_no_go_after(seeded, rec, p)
     matrix.done(rec.status, rec.reason + " | " + f.title, took, bound)
 
 
@@ -183,7 +175,7 @@ def test_out_of_memory_on_cuda(seeded, matrix):
     text = (seeded.results / rec.out_dir / "oom_rank0.txt").read_text()
     assert "CUDA out of memory" in text or "out of memory" in text.lower()
     assert "memory summary" in text.lower() or "PyTorch CUDA memory summary" in text
-    f = _finding(seeded, "oom_cuda", "crash in oom_cuda")
+    f = U.finding(seeded.results, "oom_cuda", "crash in oom_cuda")
     assert "OutOfMemoryError" in f.title, f.title
-    _common_after(seeded, rec, p)
+    U.assert_no_go_after(seeded, rec, p)
     matrix.done(rec.status, f.title, rec.wall_s, 120.0)

@@ -249,14 +249,20 @@ class WatchdogConfig:
     enabled: bool = True
     timeout_s: float = 600.0
     """No progress (stage change) on a rank for this long: dump stacks, write .HALT, exit 3."""
+    startup_s: float = 1800.0
+    """The limit instead of timeout_s until the process reaches its first steady step: set-up
+    (process group, model, checkpoint) and the steps before it, which compile, autotune the
+    kernels and capture the CUDA graph, each far slower than a step. Never less than timeout_s,
+    so a short timeout_s does not fire in a first step's compile."""
     poll_s: float = 1.0
     """How often the watchdog thread checks progress and a peer's .HALT."""
     grace_s: float = 5.0
     """After firing, how long to wait for every rank's stack dump before exiting."""
 
     def __post_init__(self) -> None:
-        if self.timeout_s <= 0 or self.poll_s <= 0 or self.grace_s < 0:
-            raise ValueError("watchdog.timeout_s and watchdog.poll_s must be > 0, watchdog.grace_s >= 0")
+        if self.timeout_s <= 0 or self.startup_s <= 0 or self.poll_s <= 0 or self.grace_s < 0:
+            raise ValueError("watchdog.timeout_s, watchdog.startup_s and watchdog.poll_s must be > 0, "
+                             "watchdog.grace_s >= 0")
 
 
 @dataclass

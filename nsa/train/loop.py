@@ -372,6 +372,7 @@ class Trainer:
     def train(self) -> int:
         tc = self.cfg.train
         self.step_first = self.step + 1
+        self.watchdog.steady_from(self.steady_step)
         self.stop_reason = "running"
         last = tc.steps if not tc.run_steps else min(tc.steps, self.step + tc.run_steps)
         quit_after = self.faults.quit_after()  # NSA_FAULT quit_early: stop short, as a buggy trainer would

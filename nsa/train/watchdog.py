@@ -10,6 +10,10 @@ next collective), or sees a .HALT written by another rank's watchdog, it:
 4. exits the process with EXIT_WATCHDOG (os._exit: a hung collective cannot be unwound);
    torchrun then ends any rank still alive, so no process is orphaned.
 
+Until the loop names its first steady step (``steady_from``) and a beat reaches it, the limit is
+``max(timeout_s, startup_s)``: set-up and the first steps compile and capture, and every rank
+waits in the same collectives for the slowest, so all ranks are on the start-up limit together.
+
 A C-level backstop (faulthandler.dump_traceback_later with exit=True) fires a little later in
 case the Python thread cannot run (the GIL held by a hung extension). SIGUSR1 dumps stacks to
 the same file at any time without stopping the run (the runbook's "send SIGUSR1").
@@ -77,6 +81,7 @@ class Watchdog:
         self._dump = open(stackdump_path(out_dir, rank), "a", buffering=1)
         self._last = time.monotonic()
         self.step, self.stage = 0, "setup"
+        self._steady_step: int | None = None  # None: the start-up limit holds
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sigusr1 = hasattr(signal, "SIGUSR1")
@@ -90,9 +95,21 @@ class Watchdog:
         self._thread.start()
         self._arm_backstop()
 
+    def steady_from(self, step: int) -> None:
+        """From a beat at ``step`` on, the limit is timeout_s (the steps before it: startup_s)."""
+        self._steady_step = step
+
+    def limit(self) -> tuple[float, str]:
+        """The seconds without a beat that fire the watchdog now, and the setting they come from."""
+        if self._steady_step is not None and self.step >= self._steady_step:
+            return self.cfg.timeout_s, "watchdog.timeout_s"
+        if self.cfg.startup_s > self.cfg.timeout_s:
+            return self.cfg.startup_s, "watchdog.startup_s"
+        return self.cfg.timeout_s, "watchdog.timeout_s"
+
     def _arm_backstop(self) -> None:
         if self.cfg.enabled:
-            delay = self.cfg.timeout_s + self.cfg.grace_s + max(10.0, 4 * self.cfg.poll_s)
+            delay = self.limit()[0] + self.cfg.grace_s + max(10.0, 4 * self.cfg.poll_s)
             faulthandler.dump_traceback_later(delay, exit=True, file=self._dump)
 
     def beat(self, step: int, stage: str) -> None:
@@ -104,8 +121,9 @@ class Watchdog:
     def _run(self) -> None:
         while not self._stop.wait(self.cfg.poll_s):
             idle = time.monotonic() - self._last
-            if idle > self.cfg.timeout_s:
-                self.fire(f"no progress for {idle:.1f}s (watchdog.timeout_s={self.cfg.timeout_s:g})")
+            limit, key = self.limit()
+            if idle > limit:
+                self.fire(f"no progress for {idle:.1f}s ({key}={limit:g})")
             halt = read_halt(self.out_dir)
             if halt and halt.get("source") == contract.HALT_WATCHDOG and halt.get("rank") != self.rank:
                 self.fire(f"rank {halt.get('rank')}'s watchdog fired: {halt.get('reason')}")

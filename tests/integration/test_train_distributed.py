@@ -125,6 +125,27 @@ def test_a_stalled_rank_ends_the_run_with_every_ranks_stacks(tmp_path: Path):
             os.kill(pid, 0)
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("startup_s, fires", [(60, False), (1, True)], ids=["allowance", "none"])
+def test_a_slow_first_step_is_not_a_stall(tmp_path: Path, startup_s: int, fires: bool):
+    """Rank 0's first step takes 6 s (as a compile or autotune does) against a 2 s
+    watchdog.timeout_s: with watchdog.startup_s the run completes; with none (startup_s below
+    timeout_s) the watchdog fires in step 1, as it did before the allowance existed."""
+    p = launch(["-m", "nsa.train", "--config", "tiny", "--out-dir", str(tmp_path), "--steps", "3",
+                "--override", f"model.n_layers=1 watchdog.timeout_s=2 watchdog.startup_s={startup_s} "
+                              "watchdog.poll_s=0.25 watchdog.grace_s=2"],
+               {"NSA_FAULT": "stall:rank=0:step=1:seconds=6"}, timeout=120)
+    if fires:
+        assert "exitcode  : 3" in p.stderr, p.stderr[-3000:]
+        halt = json.loads((tmp_path / ".HALT").read_text())
+        assert halt["step"] == 1 and "watchdog.timeout_s=2" in halt["reason"]
+    else:
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert not (tmp_path / ".HALT").exists()
+        assert max(steps(tmp_path)) == 3
+
+
 def test_showcase_single_process_with_the_runbook_flags(tmp_path: Path):
     p = launch(["scripts/train_showcase.py", "--dataset", "synthetic", "--ddp", "0", "--steps", "2",
                 "--loader-timeout", "30", "--out-dir", str(tmp_path), "--override", "model.n_layers=1"],

@@ -37,6 +37,51 @@ def test_unused_empty_dump_files_are_removed(tmp_path: Path):
     assert not stackdump_path(tmp_path, 0).exists()
 
 
+def _watching(tmp_path: Path, **cfg) -> tuple[Watchdog, list[str]]:
+    """A started Watchdog whose firing is recorded (and stops it) instead of ending the process."""
+    wd = Watchdog(WatchdogConfig(poll_s=0.05, **cfg), tmp_path, rank=0, world_size=1)
+    fired: list[str] = []
+    wd.fire = lambda reason: (fired.append(reason), wd._stop.set())
+    wd.start()
+    return wd, fired
+
+
+def test_the_startup_limit_holds_until_the_first_steady_step(tmp_path: Path):
+    wd, fired = _watching(tmp_path, timeout_s=0.3, startup_s=30)
+    try:
+        wd.beat(1, "forward")  # a first step compiling
+        wd.steady_from(2)
+        time.sleep(0.8)
+        assert fired == [] and wd.limit() == (30, "watchdog.startup_s")
+        wd.beat(2, "data")  # the first steady step: timeout_s from here on
+        time.sleep(0.8)
+        assert len(fired) == 1 and "(watchdog.timeout_s=0.3)" in fired[0]
+    finally:
+        wd.close()
+
+
+def test_a_stall_in_set_up_fires_after_startup_s(tmp_path: Path):
+    wd, fired = _watching(tmp_path, timeout_s=0.2, startup_s=0.8)
+    try:
+        wd.beat(0, "setup")
+        time.sleep(0.5)
+        assert fired == []
+        time.sleep(1.0)
+        assert len(fired) == 1 and "(watchdog.startup_s=0.8)" in fired[0]
+    finally:
+        wd.close()
+
+
+def test_startup_s_never_shortens_timeout_s(tmp_path: Path):
+    wd = Watchdog(WatchdogConfig(timeout_s=60, startup_s=5), tmp_path, rank=0, world_size=1)
+    try:
+        assert wd.limit() == (60, "watchdog.timeout_s")
+    finally:
+        wd.close()
+    with pytest.raises(ValueError, match="watchdog.startup_s"):
+        WatchdogConfig(startup_s=0)
+
+
 def test_halt_records(tmp_path: Path):
     assert read_halt(tmp_path) is None
     (tmp_path / ".HALT").touch()

@@ -127,9 +127,9 @@ def fault_phase(name: str, fault: str = "", nproc: int = 1, steps: int = 6, **ex
     return phase
 
 
-#: the trainer's watchdog on the GPUs: each rank's CUDA context and NCCL communicator come up
-#: before its first step's beat, and the Triton kernels load from the cache (nccl_warm compiled them)
-NCCL_WATCHDOG_S = 20.0
+#: the trainer's watchdog on the GPUs, as on CPU: each rank's CUDA context, NCCL communicator and
+#: kernels come up in set-up and the first step, under watchdog.startup_s (its default)
+NCCL_WATCHDOG_S = WATCHDOG_S
 #: the trainer on each rank's GPU, DDP over NCCL (tests/faults/test_nccl_faults.py)
 NCCL_OVERRIDES = {"dist.mode": "ddp", "train.device": "cuda", "dist.backend": "nccl",
                   "watchdog.timeout_s": NCCL_WATCHDOG_S}

@@ -51,13 +51,14 @@ BOUND_S = U.NCCL_WATCHDOG_S + 30.0
 
 @pytest.fixture(scope="module")
 def nccl_warm(tmp_path_factory) -> None:
-    """A healthy run of the same phase first, GO through the harness: its first step compiles the
-    Triton kernels of the tiny model on the GPUs (tens of seconds, no beat meanwhile), so the
-    faulted runs after it load them from the cache and their first step comes within the
-    watchdog's NCCL_WATCHDOG_S. On the first runs of the module on an H200 pair (2026-11-27) the
-    compile outlasted the fault suite's 10 s watchdog and every run was a watchdog stall."""
+    """A healthy run of the same phase first, GO through the harness, with the faulted runs'
+    watchdog.timeout_s: its first step compiles the Triton kernels of the tiny model on the GPUs
+    (tens of seconds, no beat meanwhile), under the trainer's watchdog.startup_s. On the first
+    runs of the module on an H200 pair (2026-11-27), before the trainer had a start-up allowance,
+    the compile outlasted the 10 s watchdog and every run was a watchdog stall. The faulted runs
+    after it load the kernels from the cache."""
     root = tmp_path_factory.mktemp("nccl_warm")
-    phase = U.nccl_phase("warm", "", overrides={"watchdog.timeout_s": 300}, startup_s=300, timeout_s=400)
+    phase = U.nccl_phase("warm", "", startup_s=300, timeout_s=400)
     rb = U.write_runbook(root / "warm.yaml", [phase])
     p = U.harness("run", "--runbook", str(rb), "--profile", "cpu", "--results-dir", str(root / "results"),
                   "--no-plots", timeout=480)

@@ -2,7 +2,8 @@
 again, with the trainer on two CUDA GPUs: ``train.device=cuda``, DDP over NCCL, the real trainer
 under ``torchrun --standalone --nproc_per_node=2`` through the real harness. Runs only with two or
 more CUDA GPUs (marker ``multi_gpu``; the root conftest skips it, with the reason, before any
-fixture is set up, so CPU CI pays nothing): ``bash bench/gpu/nccl_faults.sh`` on a GPU box.
+fixture is set up, so CPU CI pays nothing): ``bash bench/gpu/nccl_faults.sh`` on a GPU box. The last
+three tests run two nodes (two torchrun agents on the box, a GPU each) over NCCL.
 
 What differs from gloo, and what each test therefore asserts (the required outcome is the same):
 
@@ -211,3 +212,70 @@ def test_the_rank_that_exited_0_is_named(tmp_path, matrix, monkeypatch):
     U.assert_no_orphans(str(tmp_path))
     matrix.done(rec.status, rec.reason + " | " + f.title, time.time() - t0, None)
     assert rec.metrics.steps_completed < STEPS
+
+
+# ------------------------------------------------------------------ two nodes over NCCL
+#: two torchrun agents on this host, one GPU each (the harness gives each node its own:
+#: validation/launch/nodes.py node_devices), meeting at a c10d rendezvous: a two-node run over NCCL
+TWO_NODES = {"kind": "torchrun", "nproc": 1, "nnodes": 2, "rdzv": {"endpoint": "localhost:0", "join_timeout_s": 30}}
+
+
+def _node_of(rec, rank: int) -> int:
+    [node] = [n.index for n in rec.evidence.nodes.nodes if rank in n.ranks]
+    return node
+
+
+def test_two_nodes_over_nccl_are_go_each_on_a_gpu_of_its_own(seeded, matrix):
+    matrix.start("two nodes, healthy", "two torchrun agents x1 (c10d on localhost), DDP over NCCL, one GPU each",
+                 "GO; each node's agent given a GPU of its own (CUDA_VISIBLE_DEVICES), both ranks on cuda:0 of "
+                 "their node", section=SECTION)
+    t0 = time.time()
+    p, rec = _run_nccl(seeded, "two_nodes", "", launcher=TWO_NODES)
+    env = U.load_env(seeded.results / rec.out_dir)
+    assert rec.status == "PASS", (rec.reason, [f.title for f in U.findings_of(seeded.results, "two_nodes")])
+    assert env["dist"] == {"mode": "ddp", "backend": "nccl"} and env["world_size"] == 2, env["dist"]
+    devices = [n.devices for n in rec.evidence.nodes.nodes]
+    assert len(set(devices)) == 2 and None not in devices, devices
+    info = U.finding_text(U.finding(seeded.results, "two_nodes", "2 nodes in two_nodes"))
+    assert all(f"GPUs {d}" in info for d in devices), info
+    assert p.rc == 0, p.stderr[-3000:]
+    matrix.done(rec.status, rec.reason + " | " + info.splitlines()[0], time.time() - t0, None)
+
+
+def test_a_node_whose_rank_stalls_over_nccl_is_named(seeded, matrix):
+    """Rank 1 stalls; its node's agent and the other node's rank 0 (in a CUDA sync, waiting for
+    it) stay up; the trainer's watchdog is off, so the harness's stall watch takes both ranks'
+    stacks, each headed with its node, and names the hung node."""
+    stall_s = 20.0
+    matrix.start("two nodes, a rank stalls", "`NSA_FAULT=stall:rank=1:step=3`, `watchdog.enabled=false`, "
+                 f"`stall_s` {stall_s:g} s, two agents x1 over NCCL, one GPU each",
+                 "FAIL 'stalled'; the node of rank 1 named hung, rank 1 in the injected stall, the other node's "
+                 "rank 0 waiting for it", section=SECTION)
+    p, rec = _run_nccl(seeded, "node_hang", "stall:rank=1:step=3", stall_s=stall_s, launcher=TWO_NODES,
+                       overrides={"watchdog.enabled": False})
+    assert rec.status == "FAIL" and "stalled" in rec.reason, rec.reason
+    took = U.fault_to_end_s(seeded.results / rec.out_dir, 1, 3, "forward")
+    assert took <= stall_s + 10, f"the stall was reported {took:.1f}s after the fault"
+    hung, other = _node_of(rec, 1), _node_of(rec, 0)
+    f = U.finding(seeded.results, "node_hang", f"node {hung} hung in node_hang")
+    text = U.finding_text(f)
+    assert re.search(rf"node {hung}'s rank 1 in (FaultInjector\.)?at\b", text), text
+    assert f"waiting for it: node {other}'s rank 0" in text, text
+    U.assert_no_go_after(seeded, rec, p)
+    matrix.done(rec.status, rec.reason + " | " + f.title, took, stall_s + 10)
+
+
+def test_a_node_whose_rank_is_killed_over_nccl_is_named(seeded, matrix):
+    matrix.start("two nodes, a rank SIGKILLed", "`NSA_FAULT=kill:rank=1:step=3`, two agents x1 over NCCL, one GPU "
+                 "each", "FAIL; the node of rank 1 named, its rank killed by SIGKILL, how the other node ended",
+                 section=SECTION)
+    p, rec = _run_nccl(seeded, "node_kill", "kill:rank=1:step=3", launcher=TWO_NODES)
+    assert rec.status == "FAIL" and not rec.timed_out, rec.reason
+    took = U.fault_to_end_s(seeded.results / rec.out_dir, 1, 3, "forward")
+    assert took <= BOUND_S, f"kill took {took:.1f}s from the fault to the end > {BOUND_S}s"
+    killed, other = _node_of(rec, 1), _node_of(rec, 0)
+    f = U.finding(seeded.results, "node_kill", f"node {killed}'s rank 1 was killed by SIGKILL in node_kill")
+    text = U.finding_text(f)
+    assert f"the other nodes: node {other}: rank 0" in text, text
+    U.assert_no_go_after(seeded, rec, p)
+    matrix.done(rec.status, rec.reason + " | " + f.title, took, BOUND_S)

@@ -55,6 +55,9 @@ class NodeLaunch:
     """Its agent's process state when the harness stopped it still running (psutil's: 'stopped'
     for a SIGSTOP or a debugger, 'sleeping', 'disk-sleep', ...); None when it exited by itself,
     or the harness could not see it (a node under Slurm)."""
+    devices: str | None = None
+    """The CUDA_VISIBLE_DEVICES the harness gave its agent (nodes on one GPU host, each with GPUs of
+    its own); None where it gave none."""
 
     @property
     def stdout(self) -> str:

@@ -43,6 +43,8 @@ class NodeEvidence:
     state: str | None = None
     """Its agent's process state when the harness stopped it still running ('stopped', 'sleeping',
     ...; validation/contract/nodes.py); None when it exited, or not known."""
+    devices: str | None = None
+    """The CUDA_VISIBLE_DEVICES the harness gave its agent; None where it gave none."""
 
     @property
     def name(self) -> str:
@@ -86,7 +88,7 @@ def node_evidence(out_dir: Path, heartbeats: dict[int, list[dict[str, Any]]],
         lates = [late[r] for r in ranks if r in late]
         nodes.append(NodeEvidence(n.index, n.stderr, n.host, n.exit_code, n.ended_s, n.group_rank, ranks,
                                   agent_said(log), round(statistics.median(times), 6) if times else None,
-                                  round(max(lates), 6) if lates else None, n.state))
+                                  round(max(lates), 6) if lates else None, n.state, n.devices))
     return NodesEvidence(launch.launcher, launch.rdzv_endpoint, launch.join_timeout_s, nodes, launch.slurm_job_id,
                          launch.slurm_step), failures
 

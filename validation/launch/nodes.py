@@ -65,9 +65,31 @@ class RankSeen:
                 self.group[node] = int(group)
 
 
-def agent_commands(argv: list[str], nnodes: int) -> list[runner.Command]:
-    """One torchrun agent per node, each with its node index and its own logs."""
-    return [runner.Command(argv, f"node{i}", {NODE_ENV: str(i)}) for i in range(nnodes)]
+def node_devices(nnodes: int, nproc: int, env: Mapping[str, str]) -> list[str | None]:
+    """Each node's CUDA_VISIBLE_DEVICES: on a host with a GPU for every rank, node i gets the i-th
+    ``nproc`` of the GPUs the launch sees (``CUDA_VISIBLE_DEVICES`` of ``env``, else all), as the
+    nodes of a cluster each have their own; every node's worker of local rank 0 would otherwise
+    take the same GPU, which NCCL refuses. None for every node on a host with fewer (CPU runs)."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        gpus = [g.strip() for g in visible.split(",") if g.strip()]
+    else:
+        import torch  # device_count reads NVML: no CUDA context in the harness
+
+        gpus = [str(i) for i in range(torch.cuda.device_count())]
+    if len(gpus) < nnodes * nproc:
+        return [None] * nnodes
+    return [",".join(gpus[i * nproc:(i + 1) * nproc]) for i in range(nnodes)]
+
+
+def agent_commands(argv: list[str], nnodes: int, devices: Sequence[str | None] = ()) -> list[runner.Command]:
+    """One torchrun agent per node, each with its node index, its GPUs where ``devices`` gives
+    them (node_devices) and its own logs."""
+    def env(i: int) -> dict[str, str]:
+        pinned = devices[i] if i < len(devices) else None
+        return {NODE_ENV: str(i), **({"CUDA_VISIBLE_DEVICES": pinned} if pinned is not None else {})}
+
+    return [runner.Command(argv, f"node{i}", env(i)) for i in range(nnodes)]
 
 
 def run_local(launcher: Launcher, target: Target, args: Sequence[str], *, env: Mapping[str, str], cwd: Path,
@@ -80,12 +102,13 @@ def run_local(launcher: Launcher, target: Target, args: Sequence[str], *, env: M
     argv = commands.nodes_torchrun_argv(target, launcher.nproc, args, nnodes=launcher.nnodes, endpoint=at,
                                         rdzv_id=out_dir.name, join_timeout_s=rdzv.join_timeout_s)
     seen = RankSeen()
-    result = runner.run_group(agent_commands(argv, launcher.nnodes), env=env, cwd=cwd, timeout_s=timeout_s,
+    devices = node_devices(launcher.nnodes, launcher.nproc, env)
+    result = runner.run_group(agent_commands(argv, launcher.nnodes, devices), env=env, cwd=cwd, timeout_s=timeout_s,
                               log_dir=out_dir, on_poll=on_poll, watch=watch, on_tree=seen)
     host = socket.gethostname()
     parts = {part.log_name: part for part in result.parts}
     nodes = [NodeLaunch(i, host, part.pid, part.exit_code, part.ended_s, seen.group.get(i), seen.ranks.get(i, {}),
-                        part.state)
+                        part.state, devices[i])
              for i, part in enumerate(parts[f"node{i}"] for i in range(launcher.nnodes))]
     write_nodes(out_dir, NodesLaunch("torchrun", launcher.nproc, at, out_dir.name, rdzv.join_timeout_s, nodes))
     return result

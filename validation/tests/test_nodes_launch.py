@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from validation import REPO_ROOT
-from validation.contract.nodes import NODES_FILE, read_nodes
+from validation.contract.nodes import NODE_ENV, NODES_FILE, read_nodes
 from validation.judge.findings import Severity, find, recommendations
 from validation.launch import nodes as local_nodes
 from validation.launch.process import Command
@@ -116,6 +116,30 @@ def test_two_healthy_nodes_are_go_with_each_rank_placed_on_its_node(tmp_path, mo
     print(f"\nhealthy: GO, point {run.rec.wall_s:.1f} s; {info}")
 
 
+@pytest.mark.parametrize("visible, expected", [
+    ("0,1,2,3", ["0,1", "2,3"]),  # 2 nodes x 2: each node its own pair, as separate hosts
+    ("4, 6", ["4", "6"]),  # a launch already pinned (Slurm's allocation): its GPUs are sliced
+    ("0", [None, None]),  # fewer GPUs than ranks: nothing pinned (CPU runs, or a shared GPU by choice)
+    ("", [None, None]),
+])
+def test_each_node_on_a_gpu_host_gets_gpus_of_its_own(visible, expected):
+    nproc = 2 if visible.startswith("0,1,2") else 1
+    devices = local_nodes.node_devices(2, nproc, {"CUDA_VISIBLE_DEVICES": visible})
+    assert devices == expected
+    commands = local_nodes.agent_commands(["torchrun"], 2, devices)
+    assert [c.env.get("CUDA_VISIBLE_DEVICES") for c in commands] == expected
+    assert [c.env[NODE_ENV] for c in commands] == ["0", "1"]
+
+
+def test_a_cpu_host_pins_no_gpus(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    import torch
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert local_nodes.node_devices(2, 1, {}) == [None, None]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert local_nodes.node_devices(2, 1, {}) == ["0", "1"]
+
+
 def test_the_reports_process_line_of_a_two_node_point_runs_every_node_as_printed(tmp_path, monkeypatch):
     """The report's 'process' line held one agent's command: pasted, that lone agent waited the
     join timeout for a second node and failed (RendezvousTimeoutError)."""
@@ -138,8 +162,8 @@ def test_a_node_that_never_joins_is_named_at_the_join_timeout(tmp_path, monkeypa
     monkeypatch.delenv(FAULT, raising=False)
     real = local_nodes.agent_commands
 
-    def node_1_down(argv: list[str], nnodes: int) -> list[Command]:
-        first, second = real(argv, nnodes)
+    def node_1_down(argv: list[str], nnodes: int, devices=()) -> list[Command]:
+        first, second = real(argv, nnodes, devices)
         down = [sys.executable, "-c", "import sys; sys.exit('node 1: cannot start (injected by the test)')"]
         return [first, Command(down, second.log_name, second.env)]
 

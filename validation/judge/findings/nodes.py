@@ -64,6 +64,7 @@ def _lines(r: PhaseRecord, ev: NodesEvidence) -> list[str]:
     out = []
     for n in ev.nodes:
         place = ", ".join(x for x in (f"host {n.host}" if n.host else "",
+                                      f"GPUs {n.devices}" if n.devices is not None else "",
                                       f"torchrun node rank {n.group_rank}" if n.group_rank is not None else "",
                                       f"log {n.log}") if x)
         ranks = "; ".join(_rank(r, rank) for rank in n.ranks) or "no rank ran"

@@ -55,8 +55,7 @@ def test_a_node_whose_agent_is_frozen_before_the_rendezvous_is_named_once_the_ot
     monkeypatch.delenv("TEST_TRAINER_FAULT", raising=False)
     real = local_nodes.agent_commands
     monkeypatch.setattr(local_nodes, "agent_commands",
-                        lambda argv, n, devices=(): [c if i == 0 else _frozen(c)
-                                                     for i, c in enumerate(real(argv, n, devices))])
+                        lambda argv, devices: [c if i == 0 else _frozen(c) for i, c in enumerate(real(argv, devices))])
     phase = {"name": "frozen_node", "kind": "train", "steps": 8, "timeout_s": 120, "stall_s": 16,
              "startup_s": STARTUP_S, "env": {"OMP_NUM_THREADS": 1},
              "launcher": {"kind": "torchrun", "nproc": 1, "nnodes": 2,

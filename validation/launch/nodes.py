@@ -82,14 +82,11 @@ def node_devices(nnodes: int, nproc: int, env: Mapping[str, str]) -> list[str | 
     return [",".join(gpus[i * nproc:(i + 1) * nproc]) for i in range(nnodes)]
 
 
-def agent_commands(argv: list[str], nnodes: int, devices: Sequence[str | None] = ()) -> list[runner.Command]:
-    """One torchrun agent per node, each with its node index, its GPUs where ``devices`` gives
-    them (node_devices) and its own logs."""
-    def env(i: int) -> dict[str, str]:
-        pinned = devices[i] if i < len(devices) else None
-        return {NODE_ENV: str(i), **({"CUDA_VISIBLE_DEVICES": pinned} if pinned is not None else {})}
-
-    return [runner.Command(argv, f"node{i}", env(i)) for i in range(nnodes)]
+def agent_commands(argv: list[str], devices: Sequence[str | None]) -> list[runner.Command]:
+    """One torchrun agent per node, each with its node index, its own logs and its GPUs where
+    ``devices`` (a CUDA_VISIBLE_DEVICES or None for each node: node_devices) gives them."""
+    return [runner.Command(argv, f"node{i}", {NODE_ENV: str(i), **({"CUDA_VISIBLE_DEVICES": d} if d else {})})
+            for i, d in enumerate(devices)]
 
 
 def run_local(launcher: Launcher, target: Target, args: Sequence[str], *, env: Mapping[str, str], cwd: Path,
@@ -103,7 +100,7 @@ def run_local(launcher: Launcher, target: Target, args: Sequence[str], *, env: M
                                         rdzv_id=out_dir.name, join_timeout_s=rdzv.join_timeout_s)
     seen = RankSeen()
     devices = node_devices(launcher.nnodes, launcher.nproc, env)
-    result = runner.run_group(agent_commands(argv, launcher.nnodes, devices), env=env, cwd=cwd, timeout_s=timeout_s,
+    result = runner.run_group(agent_commands(argv, devices), env=env, cwd=cwd, timeout_s=timeout_s,
                               log_dir=out_dir, on_poll=on_poll, watch=watch, on_tree=seen)
     host = socket.gethostname()
     parts = {part.log_name: part for part in result.parts}

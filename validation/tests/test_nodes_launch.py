@@ -126,7 +126,7 @@ def test_each_node_on_a_gpu_host_gets_gpus_of_its_own(visible, expected):
     nproc = 2 if visible.startswith("0,1,2") else 1
     devices = local_nodes.node_devices(2, nproc, {"CUDA_VISIBLE_DEVICES": visible})
     assert devices == expected
-    commands = local_nodes.agent_commands(["torchrun"], 2, devices)
+    commands = local_nodes.agent_commands(["torchrun"], devices)
     assert [c.env.get("CUDA_VISIBLE_DEVICES") for c in commands] == expected
     assert [c.env[NODE_ENV] for c in commands] == ["0", "1"]
 
@@ -162,8 +162,8 @@ def test_a_node_that_never_joins_is_named_at_the_join_timeout(tmp_path, monkeypa
     monkeypatch.delenv(FAULT, raising=False)
     real = local_nodes.agent_commands
 
-    def node_1_down(argv: list[str], nnodes: int, devices=()) -> list[Command]:
-        first, second = real(argv, nnodes, devices)
+    def node_1_down(argv: list[str], devices) -> list[Command]:
+        first, second = real(argv, devices)
         down = [sys.executable, "-c", "import sys; sys.exit('node 1: cannot start (injected by the test)')"]
         return [first, Command(down, second.log_name, second.env)]
 

@@ -105,6 +105,11 @@ class Beat:
     step: int | None = None
     stage: str | None = None
     gpu_util: float | None = None
+    ends_steps: bool = True
+    """Whether the rank's heartbeats record a step's end at all (a record of a stage written once
+    a step is done, nsa/contract.py HEARTBEAT_STAGES_AFTER_STEP, anywhere in its file). Where they
+    do not (the seed's format: ranks other than 0 beat only as each step starts), a last record
+    within a step does not say that the rank left the step unfinished."""
 
 
 @dataclass
@@ -312,7 +317,8 @@ class PhaseRecord:
                 stackdumps={int(r): _dump(d) for r, d in (ev.get("stackdumps") or {}).items()},
                 unranked_stacks=[_dump(d) for d in ev.get("unranked_stacks") or []],
                 taken_stacks=[TakenStack(**t) for t in ev.get("taken_stacks") or []],
-                last_heartbeat={int(r): Beat(_int(b.get("step")), b.get("stage"), _num(b.get("gpu_util")))
+                last_heartbeat={int(r): Beat(_int(b.get("step")), b.get("stage"), _num(b.get("gpu_util")),
+                                             b.get("ends_steps") is not False)
                                 for r, b in (ev.get("last_heartbeat") or {}).items()},
                 rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
                 fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},

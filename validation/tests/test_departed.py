@@ -4,12 +4,14 @@ stopped the run while another rank ran or had failed; never a rank that finished
 beside a process of unknown rank, never when a rank failed in its own right."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from validation.contract.adapters import ADAPTERS, RunFacts
 from validation.contract.stacks import TakenStack
 from validation.contract.torchrun_log import RankFailure
 from validation.judge.evidence import collect, collect_train
+from validation.judge.findings import find, recommendations
 from validation.judge.findings.departed import departed, departure
 from validation.judge.metrics import RunData
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
@@ -147,3 +149,22 @@ def test_the_seed_adapter_gives_a_steps_own_records_the_contracts_stages(tmp_pat
     assert not errors, errors
     beats = collect(run, tmp_path / "none.log", errors).last_heartbeat
     assert beats == {0: Beat(2, "data", ends_steps=True), 1: Beat(2, "data", ends_steps=False)}
+
+
+def test_a_crash_after_a_rank_exited_0_having_done_its_steps_says_so_not_torchruns_child_failed_error():
+    """Rank 1 logged its last step (a 'step' record of step 8 of 8) and exited 0 without the final
+    barrier; rank 0 failed in that barrier ('Connection reset by peer', a peer's failure). Rank 1
+    did not leave early and is not called so, but the crash was headed by torchrun's own line,
+    'torch.distributed.elastic.multiprocessing.errors.ChildFailedError:', naming neither rank."""
+    tail = "raise ChildFailedError(\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n====\n"
+    rec = _record({0: PEER}, {0: Beat(8, "step"), 1: Beat(8, "step")})
+    rec = dataclasses.replace(rec, evidence=dataclasses.replace(rec.evidence, stderr_tail=tail))
+    assert departed(rec) == []
+    [crash] = [f for f in find([rec]) if f.title.startswith("crash in")]
+    assert crash.kind == "left_after", crash
+    assert crash.title == ("crash in ddp [default]: exit code 1: rank 1 exited 0 (last heartbeat step 8 of 8, stage step), "
+                           "and the other ranks failed without it: rank 0: RuntimeError: Connection closed by peer "
+                           "[127.0.0.1]:1"), crash.title
+    assert "rank 1: last heartbeat step 8, stage step; exited 0 (torchrun reports no failure of it)" in crash.detail
+    [advice] = recommendations([crash])
+    assert "same collectives after the training loop" in advice and "traceback" not in advice, advice

@@ -60,6 +60,14 @@ def departed(rec: PhaseRecord) -> list[int]:
             and (incomplete(beats.get(k), rec.steps) or (started_last(beats.get(k), rec.steps) and bool(waiting)))]
 
 
+def exited_0(rec: PhaseRecord) -> list[int]:
+    """The ranks known to have ended with exit 0 that ran (wrote a heartbeat): those that left early
+    (``departed``) and those that may have completed their steps, lowest first; [] where nothing
+    tells which ranks ended so (``_remained``)."""
+    others = _remained(rec)
+    return [k for k in range(rec.world_size) if others and k not in others and k in rec.evidence.last_heartbeat]
+
+
 def _remained(rec: PhaseRecord) -> set[int]:
     """The ranks known not to have exited 0: those that failed (torchrun's logs) and those the
     harness found running when it stopped the run; empty where nothing tells which ranks left

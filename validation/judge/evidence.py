@@ -16,7 +16,7 @@ from validation.contract.stacks import (
     parse_pyspy,
     read_index,
 )
-from validation.contract.torchrun_log import rank_failures, root_rank
+from validation.contract.torchrun_log import log_exception, rank_failures, root_rank
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
 from validation.judge.nodes import node_evidence
 from validation.judge.record import Beat, Evidence
@@ -70,6 +70,7 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
         stderr_path = run.out_dir / root_node.log
     return Evidence(
         errors=errors, stderr_tail=tail(stderr_path, STDERR_TAIL_LINES), stderr_log=stderr_path.name,
+        exception=log_exception(stderr_path),
         halt=run.halt, rank_failures=failures,
         stackdumps={r: d for r, d in dumps.items() if r < run.world_size}, unranked_stacks=unranked,
         taken_stacks=taken, last_heartbeat=beats, rank_step_time_s=step_times, nodes=nodes,

@@ -3,11 +3,9 @@ imbalanced ranks, broken output contracts, and failed gates. Where each rank was
 ended, from the record's evidence."""
 from __future__ import annotations
 
-import re
-
 from nsa.contract import PROFILE_TOP_OPS
 from validation.contract.stacks import StackDump
-from validation.contract.torchrun_log import root_rank
+from validation.contract.torchrun_log import last_exception, root_rank
 from validation.judge.findings import stability
 from validation.judge.findings.departed import departed, departure, exited_0
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where, where_run
@@ -20,7 +18,6 @@ from validation.judge.verdict import Outcome
 
 #: slowest / fastest rank median step time above which ranks are called imbalanced
 IMBALANCE_RATIO = 1.5
-_ERROR_LINE = re.compile(r"^\s*(\w+(\.\w+)*(Error|Exception|Interrupt)|RuntimeError|AssertionError)\b.*")
 
 
 def crashes(records: list[PhaseRecord]) -> list[Finding]:
@@ -59,8 +56,8 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
                 title += (f": {_exits(r, ended)}, and the other ranks failed without {'it' if len(ended) == 1 else 'them'}"
                           + (f": {'; '.join(failed)}" if failed else ""))
                 kind = "left_after"
-            elif exception_line(ev.stderr_tail):
-                title += f": {exception_line(ev.stderr_tail)}"
+            elif exception := ev.exception or last_exception(ev.stderr_tail):  # a record stored before 'exception'
+                title += f": {exception}"
             out.append(Finding(Severity.CRITICAL, r.phase, title, [f"stderr: {r.out_dir}/{ev.stderr_log}"] + _rank_lines(r),
                                kind, Facts.of(r)))
     return out
@@ -107,19 +104,6 @@ def _rank_lines(r: PhaseRecord) -> list[str]:
 
 def _q(v) -> str:
     return "?" if v is None else str(v)
-
-
-def exception_line(text: str) -> str | None:
-    """The exception of the last Python traceback in ``text`` ('pkg.Error: message'), else the
-    last line that looks like an error."""
-    lines = text.splitlines()
-    for i in range(len(lines) - 1, -1, -1):
-        if lines[i].startswith("Traceback (most recent call last):"):
-            for ln in lines[i + 1:]:
-                if ln and not ln[0].isspace():
-                    return ln.strip()
-            break
-    return next((ln.strip() for ln in reversed(lines) if _ERROR_LINE.match(ln)), None)
 
 
 def stalls(records: list[PhaseRecord]) -> list[Finding]:

@@ -52,5 +52,12 @@ def find(records: list[PhaseRecord], extra: list[Finding] | None = None,
     return sorted(out, key=lambda f: _ORDER[f.severity])
 
 
-__all__ = ["CROSS_POINT", "DETECTORS", "Finding", "Severity", "find", "planned_longest", "point_label",
+def of_point(record: PhaseRecord) -> list[Finding]:
+    """The critical findings a point has on its own, not those only its sweep shows (CROSS_POINT):
+    each makes the report NO-GO though the point may have passed its gates (a loss that went NaN
+    or diverged where no gate checks it), so its test fails as the CLI's exit status does."""
+    return [f for f in find([record]) if f.severity == Severity.CRITICAL and f.kind not in CROSS_POINT]
+
+
+__all__ = ["CROSS_POINT", "DETECTORS", "Finding", "Severity", "find", "of_point", "planned_longest", "point_label",
            "recommendations", "where"]

@@ -72,7 +72,8 @@ HEARTBEAT_RECOMMENDED = {
     "stage": "data / forward / backward / optimizer / checkpoint / graph / profile / step / halt: what the rank "
              "was doing, and so whether its `step` is in progress or completed (a record without a stage, or "
              "with one not named here, says neither: a rank whose last record is of the last step is taken to "
-             "have completed it)",
+             "have completed it; a rank that never writes a record of a step done says by one within the last "
+             "step only that it started it)",
     "gpu_util": "GPU utilisation in percent where readable",
     "fallbacks": "a mapping of counters: calls routed to a slower backend than wanted",
     "node": f"the writer's node: torchrun's node rank ({NODE_RANK_ENV}), 0 for a single node; the harness groups "

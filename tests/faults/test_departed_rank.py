@@ -40,6 +40,13 @@ TRAINERS = {
                "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"]},
     "minimal": {"name": "minimal", "root": "tests/trainers", "script": "minimal_train.py",
                 "steps": {"env": "MINIMAL_STEPS"}, "out_dir": {"env": "MINIMAL_OUT_DIR"}, "env": {"MINIMAL_LOG_EVERY": 1}},
+    # the seed system's format, read through its adapter: every rank beats as each step starts, and
+    # only rank 0 writes a record after a step (its logged ones)
+    "seedlike": {"name": "seedlike", "root": "tests/trainers", "script": "seedlike_train.py",
+                 "args": ["--dataset", "synthetic"],
+                 "config": {"template": "configs/seedlike.yaml", "pass_as": {"env": "CONFIG"}},
+                 "steps": {"flag": "--steps"}, "out_dir": {"config": "train.out_dir"},
+                 "env": {"NSA_HEARTBEAT_EVERY": 1}, "adapter": "seed"},
 }
 
 
@@ -166,4 +173,30 @@ def test_a_stall_after_a_rank_exited_0_inside_the_last_step_names_that_rank(tmp_
     assert f.kind == "departed", text
     assert (f"rank 1 exited 0 early (last heartbeat step {STEPS} of {STEPS}, stage data: step {STEPS} not "
             "completed)") in f.title and "rank 0 in wait_for_peers" in f.title, text
+    matrix.done(rec.status, rec.reason + " | " + f.title, time.time() - t0, None)
+
+
+def test_a_seed_format_rank_that_exited_0_inside_the_last_step_is_named(tmp_path, matrix, monkeypatch):
+    """The seed's format: each rank's per-step beat is written as the step starts, and only rank 0
+    writes a record once a (logged) step is done. Rank 1 beat step 8 of 8 and exited 0; rank 0,
+    whose own records say it never completed step 8, waited for it. The stall was headed 'rank 0
+    in wait_for_peers' with rank 1 'no stack dump', naming no rank that left: the adapter kept
+    the seed's words ('beat'), which say neither whether a step was in progress nor done."""
+    matrix.start("rank exits 0 inside the last step, seed format",
+                 f"`TEST_TRAINER_FAULT={LAST_STEP_FAULT}` (seedlike_train.py through the seed adapter: its beat of "
+                 f"step {STEPS}, then exit 0; the others wait), torchrun x2",
+                 "FAIL 'stalled'; the stall finding names rank 1 as having exited 0 early inside the last step "
+                 "(its records say no step's end; rank 0's say it had not completed the step) and rank 0 where it waits")
+    t0 = time.time()
+    rec = _run(tmp_path, "seedlike", {"kind": "torchrun", "nproc": 2}, monkeypatch, fault=LAST_STEP_FAULT)
+    assert rec.status == Status.FAIL and rec.reason.startswith("stalled"), rec.reason
+    text = _titles(rec)
+    [f] = [f for f in find([rec]) if f.title.startswith("stall in")]
+    assert f.kind == "departed", text
+    assert (f"rank 1 exited 0 early (last heartbeat step {STEPS} of {STEPS}, stage data: step {STEPS} started; its "
+            f"heartbeats record no step's end, and rank 0 had not completed step {STEPS})") in f.title, text
+    assert "rank 0 in wait_for_peers" in f.title, text
+    assert f"rank 1: last heartbeat step {STEPS}, stage data; no process left to take a stack of" in text, text
+    [advice] = recommendations(find([rec]))
+    assert "exited 0 before the steps asked for" in advice, advice
     matrix.done(rec.status, rec.reason + " | " + f.title, time.time() - t0, None)

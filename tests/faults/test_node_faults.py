@@ -11,6 +11,8 @@ Test trainer outside the nsa package: tests/trainers/native_train.py (it never s
 """
 from __future__ import annotations
 
+import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -19,6 +21,7 @@ import pytest
 import yaml
 
 from tests.faults import _util as U
+from tests.faults import fake_slurm
 from validation.judge.findings import Severity, find, recommendations
 from validation.judge.record import Status
 from validation.launch import nodes as local_nodes
@@ -93,3 +96,63 @@ def test_a_node_whose_agent_is_frozen_before_the_rendezvous_is_named_once_the_ot
     matrix.done(rec.status, rec.reason + " | " + f.title, after, bound)
     print(f"\nfrozen node: node 0 gave up {node0.ended_s:.1f} s after the launch, recorded {rec.wall_s:.1f} s after "
           f"it ({time.time() - t0:.1f} s with the harness); {f.title}")
+
+
+def test_a_slurm_node_frozen_before_the_rendezvous_is_named_once_the_other_gave_up(tmp_path, matrix, monkeypatch):
+    """The same frozen node under the Slurm launcher (srun of torchrun, one task per node; Slurm's
+    commands are tests/faults/fake_slurm.py's, every node this host). srun waits for every task:
+    node 0's agent gave up at the join timeout and exited 1 (srun said so on its stderr at once,
+    and the agent's traceback went to node0.stderr.log in the run directory), but node 1's task
+    kept srun, the harness's one launched process, running: the point was held until startup_s,
+    then recorded as a stall with no stack, where the plain multi-node launcher ends within the
+    grace."""
+    matrix.start("node frozen before the rendezvous, Slurm",
+                 f"node 1's task (its torchrun agent) SIGSTOPped before it runs, srun of torchrun on 2 nodes x1 "
+                 f"(a stand-in Slurm, every node this host; join timeout {JOIN_S} s), `startup_s` {STARTUP_S:g} s",
+                 "FAIL 'trainer ended before its first step (exit code 1)' within the grace after node 0's agent gave "
+                 "up (RendezvousTimeoutError, as srun reported its task's end), not at startup_s; node 1 named as never "
+                 "having joined; no stall finding")
+    monkeypatch.delenv("TEST_TRAINER_FAULT", raising=False)
+    bin_dir = fake_slurm.install(tmp_path / "slurm_bin")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    monkeypatch.setenv(fake_slurm.FREEZE_ENV, "1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    phase = {"name": "frozen_node", "kind": "train", "steps": 8, "timeout_s": 120, "stall_s": 16,
+             "startup_s": STARTUP_S, "env": {"OMP_NUM_THREADS": 1},
+             "launcher": {"kind": "slurm", "nodes": 2, "nproc_per_node": 1,
+                          "rdzv": {"port": port, "join_timeout_s": JOIN_S}},
+             "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}
+    path = tmp_path / "frozen_slurm.yaml"
+    path.write_text(yaml.safe_dump({"name": "frozen_slurm", "profiles": ["cpu"], "trainer": NATIVE,
+                                    "phases": [phase]}, sort_keys=False))
+    (point,) = expand(load_runbook(path), load_profile("cpu"))
+    t0 = time.time()
+    rec = AcceptanceSession(SessionOptions(tmp_path / "results")).run_point(point)
+    U.assert_no_orphans(str(tmp_path))
+    assert rec.status == Status.FAIL and rec.stalled_s is None and not rec.timed_out, rec.reason
+    assert rec.reason == "trainer ended before its first step (exit code 1)", rec.reason
+    assert rec.evidence.nodes.launcher == "slurm" and rec.slurm_job_id == "4242", rec.evidence.nodes
+    node0, node1 = rec.evidence.nodes.nodes
+    assert node0.exit_code == 1 and "RendezvousTimeoutError" in (node0.said or ""), node0
+    assert node1.exit_code is None and node1.said is None, node1
+    # node 0's agent gives up at the join timeout from its own start (after the harness's check step
+    # and torchrun's imports: a few seconds on 2 busy cores), then the launch-over grace
+    bound = JOIN_S + LAUNCH_OVER_GRACE_S + 15.0
+    assert rec.wall_s < bound < STARTUP_S, (rec.wall_s, bound)
+    found = find([rec])
+    assert [f.kind for f in found if f.severity == Severity.CRITICAL] == ["node_missing"], [f.title for f in found]
+    [f] = [f for f in found if f.kind == "node_missing"]
+    assert f.title == ("node 1 never joined the rendezvous in frozen_node [default]: no rank started; the others gave up "
+                       f"waiting (join timeout {JOIN_S} s): node 0, RendezvousTimeoutError"), f.title
+    # srun says nothing of a task that has not failed: whether node 1's agent still ran is not known here
+    assert "node 1 never joined: its agent end not known; log node1.stderr.log (empty)" in f.detail, f.detail
+    said = (tmp_path / "results" / rec.out_dir / "srun.stderr.log").read_text()
+    assert ("node 0's agent (srun's task 0) gave up on the rendezvous (RendezvousTimeoutError), which no rank can "
+            "start from any more") in said, said
+    matrix.done(rec.status, rec.reason + " | " + f.title, rec.wall_s, bound)
+    print(f"\nfrozen node under Slurm: recorded {rec.wall_s:.1f} s after the launch ({time.time() - t0:.1f} s with "
+          f"the harness); {f.title}")

@@ -179,3 +179,42 @@ def test_out_of_memory_on_cuda(seeded, matrix):
     assert "OutOfMemoryError" in f.title, f.title
     U.assert_no_go_after(seeded, rec, p)
     matrix.done(rec.status, f.title, rec.wall_s, 120.0)
+
+
+@pytest.mark.distributed
+def test_an_error_on_every_rank_before_the_process_group_heads_the_crash(tmp_path, matrix, monkeypatch):
+    """A runbook's own trainer whose import fails on every rank, before init_process_group (so its
+    tracebacks carry no [rankN] prefix): the crash was headed by torchrun's own line,
+    'torch.distributed.elastic.multiprocessing.errors.ChildFailedError:', whose traceback comes
+    last in its log, and the ranks' error was 40 lines above the stderr tail the record keeps."""
+    import yaml
+
+    from validation.judge.findings import find
+    from validation.judge.record import Status
+    from validation.runbook.load import load_profile, load_runbook
+    from validation.runbook.plan import expand
+    from validation.session.session import AcceptanceSession, SessionOptions
+
+    matrix.start("import error on every rank", "a trainer whose first line imports a module that is not there, "
+                 "torchrun x2", "FAIL 'trainer ended before its first step'; the crash finding names the ImportError, "
+                 "not torchrun's ChildFailedError")
+    root = tmp_path / "trainer"
+    root.mkdir()
+    (root / "train.py").write_text("import a_module_that_is_not_there  # noqa\n")
+    monkeypatch.setenv("BROKEN_TRAINER_ROOT", str(root))
+    phase = {"name": "broken", "kind": "train", "steps": 4, "timeout_s": 120, "stall_s": 30,
+             "launcher": {"kind": "torchrun", "nproc": 2}, "env": {"OMP_NUM_THREADS": 1},
+             "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}
+    trainer = {"name": "broken", "root": {"env": "BROKEN_TRAINER_ROOT"}, "script": "train.py",
+               "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"]}
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump({"name": "broken", "profiles": ["cpu"], "trainer": trainer, "phases": [phase]},
+                                   sort_keys=False))
+    (point,) = expand(load_runbook(path), load_profile("cpu"))
+    rec = AcceptanceSession(SessionOptions(tmp_path / "results")).run_point(point)
+    U.assert_no_orphans(str(tmp_path))
+    assert rec.status == Status.FAIL and rec.exit_code == 1, rec.reason
+    [crash] = [f for f in find([rec]) if f.title.startswith("crash in")]
+    assert crash.title == ("crash in broken [default]: exit code 1: ModuleNotFoundError: No module named "
+                           "'a_module_that_is_not_there'"), crash.title
+    matrix.done(rec.status, rec.reason + " | " + crash.title, rec.wall_s, None)

@@ -211,7 +211,7 @@ def _heartbeat_fields(found: ContractRead, costs: Costs) -> None:
             if lacking:
                 found.items.append(Item(name, Presence.MALFORMED,
                                         f"record {i + 1} has no numeric {', '.join(repr(f) for f in lacking)} "
-                                        f"(keys: {', '.join(sorted(rec))})"))
+                                        f"({_held(rec, lacking)}) (keys: {', '.join(sorted(rec))})"))
                 break
             if _number(said) and said != rank:
                 found.items.append(Item(name, Presence.MALFORMED, f"record {i + 1} says rank {said} in the file of "
@@ -233,6 +233,11 @@ def _env_fields(found: ContractRead, costs: Costs) -> None:
     for key, cost in ENV_RECOMMENDED.items():
         if env.get(key) is None:
             found.items.append(Item(ENV_JSON, Presence.MISSING, _unmeasured(costs, key, cost), False, key))
+
+
+def _held(rec: dict[str, Any], fields: list[str]) -> str:
+    """What a record holds in each of ``fields``: "no 'time'; 'step' is '2', a str"."""
+    return "; ".join(f"{f!r} is {rec[f]!r}, a {type(rec[f]).__name__}" if f in rec else f"no {f!r}" for f in fields)
 
 
 def _number(v: Any) -> bool:

@@ -24,6 +24,12 @@ _GAVE_UP = re.compile(r"RendezvousTimeoutError|RendezvousConnectionError|DistNet
 #: once the store went with the agent that held it: 1.0 s after, measured here). A connection
 #: error alone may be the agent's own (it never reached the store): the others are not told.
 _CLOSED = re.compile(r"RendezvousTimeoutError|RendezvousClosedError")
+#: torchrun's own report that a worker failed (its agent's traceback, last in its log): it says
+#: nothing of why
+_CHILD_FAILED = "ChildFailedError"
+_TRACEBACK = "Traceback (most recent call last):"
+#: a line that looks like an error where no traceback says one
+_ERROR_LINE = re.compile(r"^\s*(\w+(\.\w+)*(Error|Exception|Interrupt)|RuntimeError|AssertionError)\b.*")
 #: a rank's exception that is a peer's failure breaking its collective, not its own
 _VICTIM = re.compile(r"Connection closed by peer|remote worker|Connection reset|DistBackendError|NCCL|"
                      r"ProcessGroup|Broken pipe|Timed out waiting", re.IGNORECASE)
@@ -56,11 +62,8 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, Rank
     ``[rankN]:``, from the sys.excepthook that torch.distributed installs with its process group;
     they are often far above the tail) and the exit code torchrun reported for it (negative:
     killed by that signal)."""
-    try:
-        with open(stderr_path, "rb") as fh:
-            fh.seek(max(0, fh.seek(0, 2) - max_bytes))
-            text = fh.read().decode("utf-8", errors="replace")
-    except OSError:
+    text = _read(stderr_path, max_bytes)
+    if text is None:
         return {}
     found: dict[int, dict] = {}
     rank = None
@@ -93,15 +96,43 @@ def agent_said(stderr_path: Path, max_bytes: int = 1 << 20) -> str | None:
     """The last error the agent itself reported (its exception, e.g. torchrun's
     ``...RendezvousTimeoutError``, not a worker's ``[rankN]:`` line), else the log's last line
     (an agent that died before torchrun's own code ran says why there); None for an empty log."""
-    try:
-        with open(stderr_path, "rb") as fh:
-            fh.seek(max(0, fh.seek(0, 2) - max_bytes))
-            lines = fh.read().decode("utf-8", errors="replace").splitlines()
-    except OSError:
+    text = _read(stderr_path, max_bytes)
+    if text is None:
         return None
+    lines = text.splitlines()
     own = [ln.strip() for ln in lines if ln.strip() and not _RANK_LINE.match(ln) and not ln.startswith(_HARNESS_NOTE)]
     errors = [ln for ln in own if _EXC.match(ln)]
     return (errors or own or [None])[-1]
+
+
+def log_exception(stderr_path: Path, max_bytes: int = 1 << 20) -> str | None:
+    """``last_exception`` of a whole log (its last ``max_bytes``): a rank's traceback printed before
+    its process group (no [rankN] prefix to attribute it by) lies far above torchrun's own."""
+    text = _read(stderr_path, max_bytes)
+    return None if text is None else last_exception(text)
+
+
+def last_exception(text: str) -> str | None:
+    """The exception of the last Python traceback in ``text`` ('pkg.Error: message', a '[rankN]: '
+    prefix dropped) other than torchrun's report that a worker failed (ChildFailedError), else the
+    last line that looks like an error; None when there is neither."""
+    lines = [m.group(2) if (m := _RANK_LINE.match(ln)) else ln for ln in text.splitlines()]
+    raised = [next((ln.strip() for ln in lines[i + 1:] if ln and not ln[0].isspace()), None)
+              for i, ln in enumerate(lines) if ln.startswith(_TRACEBACK)]
+    own = [e for e in raised if e and _CHILD_FAILED not in e.split(":")[0]]
+    if own:
+        return own[-1]
+    return next((ln.strip() for ln in reversed(lines) if _ERROR_LINE.match(ln) and _CHILD_FAILED not in ln), None)
+
+
+def _read(path: Path, max_bytes: int) -> str | None:
+    """The last ``max_bytes`` of a log as text; None when it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, 2) - max_bytes))
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
 
 
 def gave_up(said: str | None) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from nsa.contract import TRAINING_CSV
+from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP, TRAINING_CSV
 from validation.contract import check as contract
 from validation.contract.files import read_halt, stackdumps, tail, torn_last_row, unranked_stackdumps
 from validation.contract.stacks import (
@@ -16,7 +16,7 @@ from validation.contract.stacks import (
     parse_pyspy,
     read_index,
 )
-from validation.contract.torchrun_log import rank_failures, root_rank
+from validation.contract.torchrun_log import log_exception, rank_failures, root_rank
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
 from validation.judge.nodes import node_evidence
 from validation.judge.record import Beat, Evidence
@@ -57,7 +57,7 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
     # the heartbeats of ranks that exist: a file of a rank at or above the world size is malformed
     # (the point's ERROR names it), and whoever wrote it is no rank of its own to place or time
     heartbeats = {r: recs for r, recs in run.heartbeats.items() if r < run.world_size}
-    beats = {r: _beat(recs[-1]) for r, recs in heartbeats.items() if recs}
+    beats = {r: _beat(recs) for r, recs in heartbeats.items() if recs}
     losses = run.csv["loss"].tolist() if run.csv is not None and not run.csv.empty else []
     step_times = {r: round(t, 6) for r, t in rank_step_times(heartbeats).items()}
     nodes, node_failures = node_evidence(run.out_dir, heartbeats, step_times)  # each node's agent logs
@@ -70,6 +70,7 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
         stderr_path = run.out_dir / root_node.log
     return Evidence(
         errors=errors, stderr_tail=tail(stderr_path, STDERR_TAIL_LINES), stderr_log=stderr_path.name,
+        exception=log_exception(stderr_path),
         halt=run.halt, rank_failures=failures,
         stackdumps={r: d for r, d in dumps.items() if r < run.world_size}, unranked_stacks=unranked,
         taken_stacks=taken, last_heartbeat=beats, rank_step_time_s=step_times, nodes=nodes,
@@ -123,7 +124,10 @@ def _read(out_dir: Path, rel: str, source: str, parse, pid: int | None = None) -
     return StackDump(rel, frames, header, source, pid)
 
 
-def _beat(rec: dict) -> Beat:
+def _beat(recs: list[dict]) -> Beat:
+    """A rank's last heartbeat, and whether any of its records marks a step's end."""
+    rec = recs[-1]
     step, util = rec.get("step"), rec.get("gpu_util")
     return Beat(step if isinstance(step, int) else None, rec.get("stage"),
-                float(util) if isinstance(util, (int, float)) and not isinstance(util, bool) else None)
+                float(util) if isinstance(util, (int, float)) and not isinstance(util, bool) else None,
+                any(r.get("stage") in HEARTBEAT_STAGES_AFTER_STEP for r in recs))

@@ -105,6 +105,11 @@ class Beat:
     step: int | None = None
     stage: str | None = None
     gpu_util: float | None = None
+    ends_steps: bool = True
+    """Whether the rank's heartbeats record a step's end at all (a record of a stage written once
+    a step is done, nsa/contract.py HEARTBEAT_STAGES_AFTER_STEP, anywhere in its file). Where they
+    do not (the seed's format: ranks other than 0 beat only as each step starts), a last record
+    within a step does not say that the rank left the step unfinished."""
 
 
 @dataclass
@@ -114,6 +119,9 @@ class Evidence:
     errors: list[str] = field(default_factory=list)
     stderr_tail: str = ""
     stderr_log: str | None = None
+    exception: str | None = None
+    """The last exception a process of the run raised, from its whole stderr log (torchrun's own
+    report that a worker failed skipped: contract/torchrun_log.py ``log_exception``)."""
     halt: HaltInfo | None = None
     rank_failures: dict[int, RankFailure] = field(default_factory=dict)
     stackdumps: dict[int, StackDump] = field(default_factory=dict)
@@ -306,13 +314,14 @@ class PhaseRecord:
             ev = dict(data.get("evidence") or {})
             evidence = Evidence(
                 errors=list(ev.get("errors") or []), stderr_tail=ev.get("stderr_tail") or "",
-                stderr_log=ev.get("stderr_log"), halt=_halt(ev), loss_first=ev.get("loss_first"),
+                stderr_log=ev.get("stderr_log"), exception=ev.get("exception"), halt=_halt(ev), loss_first=ev.get("loss_first"),
                 loss_last=ev.get("loss_last"), nonfinite_loss_step=_int(ev.get("nonfinite_loss_step")), top_ops=list(ev.get("top_ops") or []),
                 rank_failures={int(r): RankFailure(**f) for r, f in (ev.get("rank_failures") or {}).items()},
                 stackdumps={int(r): _dump(d) for r, d in (ev.get("stackdumps") or {}).items()},
                 unranked_stacks=[_dump(d) for d in ev.get("unranked_stacks") or []],
                 taken_stacks=[TakenStack(**t) for t in ev.get("taken_stacks") or []],
-                last_heartbeat={int(r): Beat(_int(b.get("step")), b.get("stage"), _num(b.get("gpu_util")))
+                last_heartbeat={int(r): Beat(_int(b.get("step")), b.get("stage"), _num(b.get("gpu_util")),
+                                             b.get("ends_steps") is not False)
                                 for r, b in (ev.get("last_heartbeat") or {}).items()},
                 rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
                 fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},

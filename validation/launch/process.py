@@ -16,7 +16,8 @@ or none ever ran and the failed one gave up on a rendezvous that no rank can sta
 (validation/contract/torchrun_log.py ``closed_rendezvous``: an agent frozen before the rendezvous
 would otherwise hold the run until the start-up allowance). The rest are stopped then (each one's
 process state recorded first) and the run ends as the failed one did, not at the stall or the
-timeout.
+timeout. A launcher whose one process runs every node (srun) says when its launch is over itself
+(``LaunchOver``; validation/launch/slurm.py).
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
 import psutil
 
@@ -117,6 +118,23 @@ class _Stop:
     stalled_s: float | None = None
 
 
+class LaunchOver(Protocol):
+    """Whether a launch is over while a launched process still runs (see the module's docstring):
+    ``_LaunchOver`` for launched processes that are the nodes' agents themselves; a scheduler's
+    launcher whose one process runs every node's task gives its own (validation/launch/slurm.py)."""
+
+    def look(self, tree: ProcessTree, now: float) -> float | None:
+        """Seconds the launch has been over, as of this poll of ``tree``; None while it is not."""
+
+    def note(self, over_s: float) -> str:
+        """What the harness says in each log when it stops the rest."""
+
+    @property
+    def exit_code(self) -> int | None:
+        """The code the launch ended with where no launched process's own says it (a task of
+        the scheduler's one process failed); None: that of the first launched process that failed."""
+
+
 Cancel = Callable[[Callable[[], bool]], None]
 """Called before the harness kills a run it stops (or that an interrupt ends), with a function
 that says whether every launched process has exited: a scheduler's own cancel (scancel), which
@@ -135,9 +153,10 @@ def run(argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, timeout_s: fl
 def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path, timeout_s: float, log_dir: Path,
               on_poll: Callable[[float], None] | None = None, poll_s: float = 0.25, watch: Watch | None = None,
               tree: ProcessTree | None = None, on_tree: Callable[[ProcessTree], None] | None = None,
-              cancel: Cancel | None = None) -> ProcResult:
+              cancel: Cancel | None = None, over: LaunchOver | None = None) -> ProcResult:
     """Run the processes side by side as one tree (one token), each with its own logs, until all
-    have exited, or until ``timeout_s`` or a stall; ``on_tree`` sees the tree at every poll;
+    have exited, or until ``timeout_s``, a stall or the launch is over (``over``, else
+    ``_LaunchOver`` of the launched processes); ``on_tree`` sees the tree at every poll;
     ``cancel`` runs before the kill of a stopped or interrupted run. The result names the first
     command (all of a launch's agents run the same argv) and the log of the first that failed."""
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -161,7 +180,8 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
                         tree.adopt(procs[-1].pid)
                 if any(p is not None for p in procs):
                     logs_err = [log_dir / f"{c.log_name}.stderr.log" for c in commands]
-                    stop = _supervise(procs, logs_err, ended, tree, start, timeout_s, poll_s, on_poll, on_tree, watch)
+                    over = over or _LaunchOver(procs, logs_err)
+                    stop = _supervise(procs, over, ended, tree, start, timeout_s, poll_s, on_poll, on_tree, watch)
             except KeyboardInterrupt:
                 if cancel is not None:
                     cancel(lambda: all(p is None or p.poll() is not None for p in procs))
@@ -189,6 +209,8 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
     first = parts[failed[0][1]] if failed else parts[0]
     killed = stop is not None and stop.why != _Why.LAUNCH_OVER  # a launch over ended as its failed process did
     code = None if killed else (first.exit_code if failed else 0)
+    if stop is not None and stop.why == _Why.LAUNCH_OVER and over is not None and over.exit_code is not None:
+        code = over.exit_code  # a task of the one launched process (srun) failed: the launch ended as it did
     return ProcResult(commands[0].argv, code, stop is not None and stop.why == _Why.TIMEOUT, wall, first.stdout_path,
                       first.stderr_path, stop.stalled_s if stop else None, taken, parts)
 
@@ -233,7 +255,7 @@ def _record_ends(procs: list[subprocess.Popen | None], ended: dict[int, float], 
             ended[p.pid] = time.monotonic() - start
 
 
-def _supervise(procs: list[subprocess.Popen | None], stderr_paths: list[Path], ended: dict[int, float],
+def _supervise(procs: list[subprocess.Popen | None], over: LaunchOver, ended: dict[int, float],
                tree: ProcessTree, start: float, timeout_s: float, poll_s: float,
                on_poll: Callable[[float], None] | None, on_tree: Callable[[ProcessTree], None] | None,
                watch: Watch | None) -> _Stop | None:
@@ -242,7 +264,6 @@ def _supervise(procs: list[subprocess.Popen | None], stderr_paths: list[Path], e
     over: no rank is left that could have stalled."""
     steps = StepWatch(watch.progress_dir, watch.csv) if watch is not None else None
     last_progress = start
-    over = _LaunchOver(procs, stderr_paths)
     while True:
         running = [p for p in procs if p is not None and p.poll() is None]
         _record_ends(procs, ended, start)
@@ -307,6 +328,8 @@ class _LaunchOver:
         self.read: set[int] = set()
         """Failed processes whose log was read (whole: they had exited)."""
         self.since: float | None = None
+        self.exit_code: int | None = None
+        """Always None: the launch ends as its first failed process did."""
 
     def look(self, tree: ProcessTree, now: float) -> float | None:
         """Seconds the launch has been over, as of this poll of ``tree``; None while it is not."""

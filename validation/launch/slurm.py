@@ -15,6 +15,13 @@ When the harness stops the run (a stall, the phase timeout) or is interrupted, i
 with ``scancel --signal=TERM`` (SIGTERM to the agents, which stop their workers), waits KillWait
 and a margin for srun to end, then ``scancel --signal=KILL``, then kills what runs on this host as
 for any point (docs/slurm.md measured each of these).
+
+srun waits for every task, so a node's agent that gave up on the rendezvous does not end it while
+another node's lives: a node frozen before the rendezvous would hold the point until the start-up
+allowance. The launch is over (``_RendezvousClosed``, validation/launch/process.py's
+``LaunchOver``) once srun reports a task's failure and that node's log says its agent gave up on
+a rendezvous closed for good (as for agents launched here): the step is cancelled after the
+launch-over grace, and the point ends as that task did.
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from validation.contract.nodes import NodeLaunch, NodesLaunch, write_nodes
+from validation.contract.torchrun_log import agent_said, closed_rendezvous, gave_up
 from validation.errors import HarnessError
 from validation.launch import commands
 from validation.launch import process as runner
@@ -112,7 +120,8 @@ def run(launcher: Launcher, target: Target, args: Sequence[str], *, env: Mapping
         result = runner.run_group([runner.Command(argv, "srun")], env=env, cwd=cwd,
                                   timeout_s=max(1.0, timeout_s - (time.monotonic() - start)), log_dir=out_dir,
                                   on_poll=on_poll, watch=watch, tree=tree, on_tree=step,
-                                  cancel=_Cancel(alloc, step, kill_wait_s()))
+                                  cancel=_Cancel(alloc, step, kill_wait_s()),
+                                  over=_RendezvousClosed(out_dir / "srun.stderr.log", out_dir))
         ends = task_ends(result.stderr_path)
         code = result.exit_code
         nodes = [NodeLaunch(i, host, exit_code=ends.get(i, 0 if code == 0 else None)) for i, host in enumerate(hosts)]
@@ -246,6 +255,36 @@ class _Cancel:
         if not _wait(done, self.kill_wait + KILL_MARGIN_S):
             _query(["scancel", "--signal=KILL", target])
             _wait(done, KILL_MARGIN_S)
+
+
+class _RendezvousClosed:
+    """The launch-over test of srun's one process (runner.LaunchOver): a task, a node's torchrun
+    agent, failed (srun says so on its stderr as the task ends, while it waits for the others)
+    after giving up on a rendezvous that no rank can start from any more (its log, in the shared
+    run directory: RendezvousTimeoutError or RendezvousClosedError). A failed task whose log says
+    anything else is a rank's failure, which torchrun's own end of the others settles."""
+
+    def __init__(self, srun_stderr: Path, out_dir: Path):
+        self.srun_stderr, self.out_dir = srun_stderr, out_dir
+        self.task: int | None = None
+        """The task that gave up on the closed rendezvous."""
+        self.exit_code: int | None = None
+        """Its exit code, as srun reported it: the launch ends as that task did."""
+        self.said: str | None = None
+        self.since: float | None = None
+
+    def look(self, tree: ProcessTree, now: float) -> float | None:
+        if self.task is None:
+            for task, code in sorted(task_ends(self.srun_stderr).items()):
+                said = agent_said(self.out_dir / f"node{task}.stderr.log")
+                if code != 0 and closed_rendezvous(said):
+                    self.task, self.exit_code, self.said, self.since = task, code, said, now
+                    break
+        return None if self.since is None else now - self.since
+
+    def note(self, over_s: float) -> str:
+        return (f"node {self.task}'s agent (srun's task {self.task}) gave up on the rendezvous ({gave_up(self.said)}), "
+                f"which no rank can start from any more, and srun still waited for the other tasks {over_s:.0f}s later")
 
 
 def _wait(done: Callable[[], bool], seconds: float) -> bool:

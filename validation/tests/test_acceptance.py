@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from validation.judge.findings import of_point
 from validation.pytest_plugin import session_findings
 
 
@@ -17,6 +18,10 @@ def test_phase(acceptance_point, harness, record_property):
     for name, value in rec.metrics.as_dict().items():
         if value is not None:
             record_property(name, value)
+    critical = of_point(rec) if rec.status in ("PASS", "UNMEASURED") else []
+    if critical:  # the report is NO-GO for it, as `nsa-validate run` exits
+        pytest.fail(f"{rec.status} by its gates, but critical: " + "\n".join(f.title for f in critical)
+                    + f"\nartifacts: {harness.results_dir / rec.out_dir}", pytrace=False)
     if rec.status == "UNMEASURED":
         pytest.skip(f"ran and stored; {rec.reason}")
     if rec.status != "PASS":

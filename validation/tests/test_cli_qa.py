@@ -294,6 +294,19 @@ def test_check_artifacts_names_a_rank_without_heartbeats(tmp_path, capsys):
     assert main(["check-artifacts", str(tmp_path)]) == 0
 
 
+def test_check_artifacts_says_what_a_heartbeat_field_held_that_is_no_number(tmp_path, capsys):
+    """A trainer wrote its step as a string ("step": "1"): the check said 'record 1 has no numeric
+    'step' (keys: step, time)', listing a key it said was not there, not what it held."""
+    (tmp_path / "training.csv").write_text("step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,"
+                                           "mem_reserved_gb\n1,5.5,0.001,100,0.1,1,0.1,0.2\n")
+    (tmp_path / "heartbeat_rank0.jsonl").write_text('{"time": 1.0, "step": 1}\n{"step": "2", "stage": "data"}\n')
+    (tmp_path / "env.json").write_text('{"world_size": 1}')
+    assert main(["check-artifacts", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert ("malformed            heartbeat_rank0.jsonl: record 2 has no numeric 'time', 'step' (no 'time'; 'step' "
+            "is '2', a str) (keys: stage, step)") in out, out
+
+
 def test_a_run_under_nohup_survives_sighup(tmp_path):
     """The harness's own SIGHUP handler replaced nohup's SIG_IGN: a closed terminal stopped it."""
     rb = write_runbook(tmp_path / "rb.yaml", [train_phase(steps=60, env={"NSA_FAKE_STEP_S": "0.05"})])

@@ -4,9 +4,16 @@ stopped the run while another rank ran or had failed; never a rank that finished
 beside a process of unknown rank, never when a rank failed in its own right."""
 from __future__ import annotations
 
+import dataclasses
+import json
+
+from validation.contract.adapters import ADAPTERS, RunFacts
 from validation.contract.stacks import TakenStack
 from validation.contract.torchrun_log import RankFailure
+from validation.judge.evidence import collect, collect_train
+from validation.judge.findings import find, recommendations
 from validation.judge.findings.departed import departed, departure
+from validation.judge.metrics import RunData
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 from validation.judge.verdict import Outcome, verdict
 
@@ -87,3 +94,77 @@ def test_a_rank_whose_last_heartbeat_may_say_it_completed_the_last_step_is_never
                  Beat(9, "data")):
         assert departed(_record({}, {0: 8, 1: beat}, stalled=True, taken=(_taken(0),))) == [], beat
         assert departed(_record({0: PEER}, {0: 8, 1: beat})) == [], beat
+
+
+def test_a_rank_whose_records_say_no_steps_end_is_named_only_where_a_peer_had_not_completed_the_last_step():
+    """The seed's format: every rank beats as a step starts ('data' through the seed adapter), and
+    only rank 0 writes a record once a logged step is done, so rank 1's last record, the start of
+    step 8 of 8, cannot say whether it completed it. It had been passed over whatever the others
+    did (the stall was headed 'rank 0 in wait_for_peers', naming no rank that left). It is named
+    where rank 0's own records say rank 0 had not completed step 8 (rank 1 left while still
+    needed), and never where rank 0 had (rank 1 may have done all its work; rank 0 hung after)."""
+    started = Beat(8, "data", ends_steps=False)
+    stalled = _record({}, {0: Beat(8, "data"), 1: started}, stalled=True, taken=(_taken(0),))
+    assert departed(stalled) == [1]
+    assert departure(stalled, [1]) == ("rank 1 exited 0 early (last heartbeat step 8 of 8, stage data: step 8 "
+                                       "started; its heartbeats record no step's end, and rank 0 had not completed "
+                                       "step 8)")
+    assert departed(_record({0: PEER}, {0: Beat(8, "backward"), 1: started})) == [1]
+    # rank 0 completed step 8 (its step record), or its records cannot say either: nothing tells
+    for done in (Beat(8, "step"), Beat(8, None), Beat(8, "train_step"), Beat(8, "data", ends_steps=False)):
+        assert departed(_record({}, {0: done, 1: started}, stalled=True, taken=(_taken(0),))) == [], done
+        assert departed(_record({0: PEER}, {0: done, 1: started})) == [], done
+    # a step before the last is left early whatever the rank's records say of steps' ends
+    assert departed(_record({}, {0: Beat(8, "step"), 1: Beat(3, "data", ends_steps=False)}, stalled=True,
+                            taken=(_taken(0),))) == [1]
+
+
+def test_the_seed_adapter_gives_a_steps_own_records_the_contracts_stages(tmp_path):
+    """The seed's 'beat' (phase step_start) is written as a step starts: stage data, the step in
+    progress; its 'progress' and 'step_end' once a logged step is done: stage step. Its own words
+    stay in msg and phase; records of no step keep theirs. The evidence says which ranks' records
+    mark a step's end at all (rank 0's; rank 1 only beats)."""
+    src = tmp_path / "seed"
+    src.mkdir()
+    (src / "training.csv").write_text("1,5.0,1e-4,100\n")
+    (src / "env.json").write_text(json.dumps({"env": {"WORLD_SIZE": "2"}}))
+
+    def beat(rank: int, step: int, msg: str, **extra) -> str:
+        return json.dumps({"ts": 1000.0 + step, "pid": 10 + rank, "rank": rank, "step": step, "msg": msg, **extra}) + "\n"
+
+    (src / "heartbeat_rank0.jsonl").write_text(
+        beat(0, 0, "boot", phase="start") + beat(0, 1, "beat", phase="step_start") + beat(0, 1, "progress")
+        + beat(0, 1, "step_end", phase="end") + beat(0, 2, "beat", phase="step_start"))
+    (src / "heartbeat_rank1.jsonl").write_text(
+        beat(1, 0, "boot", phase="start") + beat(1, 1, "beat", phase="step_start") + beat(1, 2, "beat", phase="step_start"))
+    out = tmp_path / "out"
+    ADAPTERS["seed"].convert(src, out, RunFacts(2, "seed"))
+    recs = [json.loads(ln) for ln in (out / "heartbeat_rank0.jsonl").read_text().splitlines()]
+    assert [(r["stage"], r["msg"]) for r in recs] == [("start", "boot"), ("data", "beat"), ("step", "progress"),
+                                                      ("step", "step_end"), ("data", "beat")]
+    assert recs[1]["phase"] == "step_start"
+    run = RunData(out, world_size=2, exit_code=None, stalled_s=5.0)
+    errors: list[str] = []
+    collect_train(run, errors)
+    assert not errors, errors
+    beats = collect(run, tmp_path / "none.log", errors).last_heartbeat
+    assert beats == {0: Beat(2, "data", ends_steps=True), 1: Beat(2, "data", ends_steps=False)}
+
+
+def test_a_crash_after_a_rank_exited_0_having_done_its_steps_says_so_not_torchruns_child_failed_error():
+    """Rank 1 logged its last step (a 'step' record of step 8 of 8) and exited 0 without the final
+    barrier; rank 0 failed in that barrier ('Connection reset by peer', a peer's failure). Rank 1
+    did not leave early and is not called so, but the crash was headed by torchrun's own line,
+    'torch.distributed.elastic.multiprocessing.errors.ChildFailedError:', naming neither rank."""
+    tail = "raise ChildFailedError(\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n====\n"
+    rec = _record({0: PEER}, {0: Beat(8, "step"), 1: Beat(8, "step")})
+    rec = dataclasses.replace(rec, evidence=dataclasses.replace(rec.evidence, stderr_tail=tail))
+    assert departed(rec) == []
+    [crash] = [f for f in find([rec]) if f.title.startswith("crash in")]
+    assert crash.kind == "left_after", crash
+    assert crash.title == ("crash in ddp [default]: exit code 1: rank 1 exited 0 (last heartbeat step 8 of 8, stage step), "
+                           "and the other ranks failed without it: rank 0: RuntimeError: Connection closed by peer "
+                           "[127.0.0.1]:1"), crash.title
+    assert "rank 1: last heartbeat step 8, stage step; exited 0 (torchrun reports no failure of it)" in crash.detail
+    [advice] = recommendations([crash])
+    assert "same collectives after the training loop" in advice and "traceback" not in advice, advice

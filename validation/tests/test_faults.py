@@ -74,6 +74,20 @@ def test_a_logged_nan_names_its_first_step(fake_run):
     assert "first non-finite loss logged at step 3" in nan
 
 
+def test_a_logged_nan_is_no_go_where_no_gate_checks_the_loss(fake_run):
+    """A runbook of one's own that gates only tokens/s: a trainer without a loss guard logged NaN
+    at step 3 and went on to exit 0. The point passed its gate and the report was GO, saying 'No
+    automatic findings: no ... loss or gradient-norm spike or divergence detected' of a run whose
+    training.csv holds a NaN loss (a NaN-free rise of 0.2 nats is a critical finding)."""
+    run = fake_run([train_phase(fault="nan_logged:step=3", gates=[
+        {"metric": "toks_per_s_mean", "op": ">=", "threshold": {"profile": "min_toks_per_s"}, "window": "last 5 steps"}])])
+    assert run.record.status == "PASS" and run.record.evidence.nonfinite_loss_step == 3
+    assert run.context["status"] == "NO-GO", run.context["status"]
+    [nan] = run.findings("critical")
+    assert "non-finite loss in baseline_ddp [default]: first logged at step 3" in nan, nan
+    assert "**Status: NO-GO**" in run.report
+
+
 def test_missing_csv_is_error_naming_the_file(fake_run):
     run = fake_run([train_phase(fault="missing_csv")])
     assert run.record.status == "ERROR"

@@ -124,7 +124,7 @@ def test_seed_signal_dumps_of_several_ranks_are_rank_unknown_never_numbered_by_t
     rec = _stalled(RunData(tmp_path / "out", world_size=2), tmp_path, 2)
     [stall] = [f for f in find([rec]) if f.kind == "stall"]
     assert stall.title.endswith(": rank unknown in only_rank_1_runs"), stall.title
-    assert "rank 0: last heartbeat step 1, stage beat; no stack dump" in stall.detail
+    assert "rank 0: last heartbeat step 1, stage data; no stack dump" in stall.detail
     assert any("record neither rank nor pid" in d for d in stall.detail)
 
 

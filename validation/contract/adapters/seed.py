@@ -7,7 +7,9 @@ What it writes into the ``train.out_dir`` of its YAML config, and what becomes o
   does not grow starts a new run), ``nan`` in the columns it lacks (step time, grad norm,
   memory: their metrics are UNMEASURED).
 - ``heartbeat_rank{R}.jsonl`` with ``ts`` and ``msg``/``phase`` -> ``time`` and ``stage``; other
-  ranks beat per step only with ``NSA_HEARTBEAT_EVERY=1`` (the runbook sets it).
+  ranks beat per step only with ``NSA_HEARTBEAT_EVERY=1`` (the runbook sets it). A record of a
+  step's own takes the contract's stage (``_STAGES``), so that its ``step`` says whether that step
+  was in progress or done; the seed's words stay in ``msg`` and ``phase``.
 - ``env.json`` (every rank writes it; no world size, commit or attention backends) -> plus
   ``world_size`` and the trainer's commit, as the harness knows them.
 - ``.HALT`` as text (``halt: nan_loss``; ``.anomaly_type`` names the reason) -> the contract's JSON
@@ -41,6 +43,12 @@ _THREAD = re.compile(r"^--- Thread: (?P<name>.*) \((?P<ident>\d+|None)\) ---$")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 #: the seed's signal handler, whose own frame tops every stack it dumps: not where the rank was
 _HANDLER = "dump_stack"
+#: the seed's heartbeat words (``msg``) of a step's own records -> the contract's stages
+#: (nsa/contract.py): its ``beat`` (phase ``step_start``) is written as a step starts, before the
+#: batch is loaded, so the step is in progress (``data``); ``progress`` and ``step_end`` (phase
+#: ``end``) once a logged step is done (``step``). Its other words (``boot``, ``watchdog_dump``, the
+#: loader's) are of no step and stay as they are: the contract names no such stage.
+_STAGES = {"beat": "data", "progress": "step", "step_end": "step"}
 #: the seed's anomaly words -> the contract's .HALT sources
 _HALT_SOURCES = {"nan_loss": "nonfinite", "heartbeat_stall": "watchdog", "throughput_flatline": "watchdog"}
 
@@ -109,7 +117,8 @@ def _heartbeats(trainer_dir: Path, out_dir: Path) -> dict[int, list[dict[str, An
                 continue  # a torn line of a killed writer
             if not isinstance(rec, dict):
                 continue
-            rec = {"time": rec.get("ts"), "rank": int(m.group(1)), "stage": rec.get("phase") or rec.get("msg"), **rec}
+            stage = _STAGES.get(rec.get("msg")) or rec.get("phase") or rec.get("msg")
+            rec = {"time": rec.get("ts"), "rank": int(m.group(1)), "stage": stage, **rec}
             out.append(rec)
         beats[int(m.group(1))] = out
         _atomic(out_dir / src.name, "".join(json.dumps(rec) + "\n" for rec in out))

@@ -3,10 +3,9 @@
 Each detector reads stored records only, so findings can be recomputed for any results
 directory without re-running anything: process failures and failed gates (failures.py), the nodes
 of a launch of several nodes (nodes.py), speed across points (throughput.py), where NSA pays
-against dense (long_context.py), loss and grad-norm spikes and divergence (stability.py), resumed
-runs that do not continue the uninterrupted one (resume.py); advice.py turns findings into what to
-do next, saying only what
-is true of the trainer that ran.
+against dense (long_context.py), loss and grad-norm spikes, divergence and a logged non-finite
+loss (stability.py), resumed runs that do not continue the uninterrupted one (resume.py);
+advice.py turns findings into what to do next, saying only what is true of the trainer that ran.
 """
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ from validation.judge.findings.finding import Finding, Severity, point_label, wh
 from validation.judge.findings.long_context import long_context, planned_longest
 from validation.judge.findings.nodes import nodes
 from validation.judge.findings.resume import not_equivalent
-from validation.judge.findings.stability import divergence, spikes
+from validation.judge.findings.stability import divergence, nonfinite, spikes
 from validation.judge.findings.throughput import (
     CROSS_POINT,
     best_setting,
@@ -37,7 +36,7 @@ from validation.judge.findings.throughput import (
 from validation.judge.record import PhaseRecord
 
 DETECTORS = (crashes, stalls, nodes, short_runs, shared_timings, cliffs, host_bound, imbalance, fallbacks,
-             artifact_errors, failed_gates, best_setting, not_equivalent, divergence, spikes)
+             artifact_errors, failed_gates, best_setting, not_equivalent, nonfinite, divergence, spikes)
 _ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 
@@ -53,5 +52,12 @@ def find(records: list[PhaseRecord], extra: list[Finding] | None = None,
     return sorted(out, key=lambda f: _ORDER[f.severity])
 
 
-__all__ = ["CROSS_POINT", "DETECTORS", "Finding", "Severity", "find", "planned_longest", "point_label",
+def of_point(record: PhaseRecord) -> list[Finding]:
+    """The critical findings a point has on its own, not those only its sweep shows (CROSS_POINT):
+    each makes the report NO-GO though the point may have passed its gates (a loss that went NaN
+    or diverged where no gate checks it), so its test fails as the CLI's exit status does."""
+    return [f for f in find([record]) if f.severity == Severity.CRITICAL and f.kind not in CROSS_POINT]
+
+
+__all__ = ["CROSS_POINT", "DETECTORS", "Finding", "Severity", "find", "of_point", "planned_longest", "point_label",
            "recommendations", "where"]

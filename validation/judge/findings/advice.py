@@ -23,6 +23,13 @@ def _departed(f: Facts) -> str:
             f"steps. Then {_RERUN}.")
 
 
+def _left_after(f: Facts) -> str:
+    return ("A rank exited 0 after its last step while the other ranks still had a collective with it, and they "
+            "failed without it: every rank must take part in the same collectives after the training loop too (a "
+            "final barrier, an evaluation or checkpoint save that communicates, the process group's teardown), or "
+            f"none does. Then {_RERUN}.")
+
+
 def _stall(f: Facts) -> str:
     if f.no_rank_started and f.no_rank_running:
         where = ("No rank started before the harness stopped the run, so there was no stack to take: the nodes' "
@@ -143,7 +150,8 @@ def _timing(f: Facts) -> str:
 
 
 _ADVICE: dict[str, Callable[[Facts], str]] = {
-    "crash": _crash, "departed": _departed, "stall": _stall, "nonfinite": _nonfinite, "short_run": _short, "cliff": _cliff,
+    "crash": _crash, "departed": _departed, "left_after": _left_after, "stall": _stall, "nonfinite": _nonfinite,
+    "short_run": _short, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
     "artifacts": _artifacts, "regression": _regression, "gate": _gate, "timing": _timing, "spike": _spike,
     "diverging": _diverging, "resume": _resume,

@@ -18,6 +18,13 @@ record of a stage within a step, whose ``step`` is the step in progress (the con
 nsa/contract.py ``HEARTBEAT_STAGES_IN_STEP``). A rank whose last record may say it completed the
 last step (a ``step`` record, a checkpoint or profile after it, a stage the contract does not name,
 none) did not leave early: it finished its steps and exited while another hung after them.
+
+A rank whose heartbeats never record a step's end (``Beat.ends_steps``; the seed's format, where
+ranks other than 0 beat only as each step starts) says by a last record within the last step only
+that it started it (``started_last``). It is named only where a rank that remained (running or
+failed) shows by its own records that it had not completed the last step either: the rank left
+while that one still needed it. Where every rank that remained had completed it, the one that left
+may have done all its work, and is not named.
 """
 from __future__ import annotations
 
@@ -32,37 +39,69 @@ def incomplete(beat: Beat | None, steps: int) -> bool:
     record may say the last step was completed, or says no step."""
     if beat is None or beat.step is None:
         return False
-    return beat.step < steps or (beat.step == steps and beat.stage in HEARTBEAT_STAGES_IN_STEP)
+    return beat.step < steps or (beat.step == steps and beat.stage in HEARTBEAT_STAGES_IN_STEP and beat.ends_steps)
+
+
+def started_last(beat: Beat | None, steps: int) -> bool:
+    """``beat`` is a record within the last step of a rank whose heartbeats record no step's end:
+    it started the last step, and its records cannot say whether it completed it."""
+    return (beat is not None and beat.step == steps and beat.stage in HEARTBEAT_STAGES_IN_STEP
+            and not beat.ends_steps)
 
 
 def departed(rec: PhaseRecord) -> list[int]:
     """The ranks that left early (see the module's docstring), lowest first; [] when none did or
     nothing tells (one process, a failure of some rank's own, a process of unknown rank)."""
+    others = _remained(rec)
+    if not others:
+        return []
+    beats, waiting = rec.evidence.last_heartbeat, _not_done(rec, others)
+    return [k for k in range(rec.world_size) if k not in others
+            and (incomplete(beats.get(k), rec.steps) or (started_last(beats.get(k), rec.steps) and bool(waiting)))]
+
+
+def exited_0(rec: PhaseRecord) -> list[int]:
+    """The ranks known to have ended with exit 0 that ran (wrote a heartbeat): those that left early
+    (``departed``) and those that may have completed their steps, lowest first; [] where nothing
+    tells which ranks ended so (``_remained``)."""
+    others = _remained(rec)
+    return [k for k in range(rec.world_size) if others and k not in others and k in rec.evidence.last_heartbeat]
+
+
+def _remained(rec: PhaseRecord) -> set[int]:
+    """The ranks known not to have exited 0: those that failed (torchrun's logs) and those the
+    harness found running when it stopped the run; empty where nothing tells which ranks left
+    (see ``departed``)."""
     ev = rec.evidence
     if rec.world_size < 2 or not rec.steps or root_rank(ev.rank_failures) is not None:
-        return []
-    failures = ev.rank_failures
+        return set()
     if rec.stalled_s is not None or rec.timed_out:
         if any(t.rank is None for t in ev.taken_stacks):
-            return []  # a process of unknown rank may be the one that seems gone
-        running = {t.rank for t in ev.taken_stacks}
-    elif rec.exit_code not in (0, None) and failures:
-        running = set()
-    else:
-        return []
-    gone = [k for k in range(rec.world_size) if k not in failures and k not in running
-            and incomplete(ev.last_heartbeat.get(k), rec.steps)]
-    others = set(failures) | running
-    return gone if gone and others else []
+            return set()  # a process of unknown rank may be the one that seems gone
+        return set(ev.rank_failures) | {t.rank for t in ev.taken_stacks}
+    if rec.exit_code not in (0, None) and ev.rank_failures:
+        return set(ev.rank_failures)
+    return set()
+
+
+def _not_done(rec: PhaseRecord, ranks: set[int]) -> list[int]:
+    """Those of ``ranks`` whose own records say they had not completed the last step."""
+    return sorted(k for k in ranks if incomplete(rec.evidence.last_heartbeat.get(k), rec.steps))
 
 
 def departure(rec: PhaseRecord, ranks: list[int]) -> str:
     """'rank 1 exited 0 early (last heartbeat step 4 of 8, stage data)' for each of ``ranks``, with
-    ': step 8 not completed' where its last record was within the last step."""
+    ': step 8 not completed' where its last record was within the last step (or, of a rank whose
+    records say no step's end, that it started it and which ranks had not completed it)."""
     parts = []
     for k in ranks:
         hb = rec.evidence.last_heartbeat[k]
         stage = f", stage {hb.stage}" if hb.stage else ""
-        within = f": step {hb.step} not completed" if hb.step == rec.steps else ""
+        if started_last(hb, rec.steps):
+            who = ", ".join(map(str, _not_done(rec, _remained(rec))))
+            within = (f": step {hb.step} started; its heartbeats record no step's end, and rank{'s' * (',' in who)} "
+                      f"{who} had not completed step {hb.step}")
+        else:
+            within = f": step {hb.step} not completed" if hb.step == rec.steps else ""
         parts.append(f"rank {k} exited 0 early (last heartbeat step {hb.step} of {rec.steps}{stage}{within})")
     return "; ".join(parts)

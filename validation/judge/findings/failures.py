@@ -3,13 +3,11 @@ imbalanced ranks, broken output contracts, and failed gates. Where each rank was
 ended, from the record's evidence."""
 from __future__ import annotations
 
-import re
-
 from nsa.contract import PROFILE_TOP_OPS
 from validation.contract.stacks import StackDump
-from validation.contract.torchrun_log import root_rank
+from validation.contract.torchrun_log import last_exception, root_rank
 from validation.judge.findings import stability
-from validation.judge.findings.departed import departed, departure
+from validation.judge.findings.departed import departed, departure, exited_0
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where, where_run
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.findings.nodes import missing_node, short_exception
@@ -20,7 +18,6 @@ from validation.judge.verdict import Outcome
 
 #: slowest / fastest rank median step time above which ranks are called imbalanced
 IMBALANCE_RATIO = 1.5
-_ERROR_LINE = re.compile(r"^\s*(\w+(\.\w+)*(Error|Exception|Interrupt)|RuntimeError|AssertionError)\b.*")
 
 
 def crashes(records: list[PhaseRecord]) -> list[Finding]:
@@ -41,7 +38,8 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
             continue  # no rank started anywhere: the node that never joined is the finding, not a crash
         elif r.status == Status.FAIL and r.exit_code not in (0, None) and ev.halt is None and r.kind in TRAINER_KINDS:
             title = f"crash in {where_run(r)}: exit code {r.exit_code}"
-            root, gone = root_rank(ev.rank_failures), departed(r)
+            root, gone, ended = root_rank(ev.rank_failures), departed(r), exited_0(r)
+            kind = "departed" if gone else "crash"
             if root is not None:
                 fail = ev.rank_failures[root]
                 cause = (f"killed by {fail.signal}" if fail.signal and not fail.exception
@@ -49,10 +47,19 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
                 title += f": rank {root}: {cause}"
             elif gone:  # no rank failed in its own right: the others failed after one that left
                 title += f": {departure(r, gone)}; the other ranks failed without it"
-            elif exception_line(ev.stderr_tail):
-                title += f": {exception_line(ev.stderr_tail)}"
+            elif ended:
+                # no rank failed in its own right, and none left early: one that may have done all its
+                # steps ended while the others still had a collective with it (after the loop: a barrier,
+                # a save, teardown). torchrun's own line (ChildFailedError) would say nothing of either.
+                failed = [f"rank {k}: {short_exception(f.exception)}" for k, f in sorted(ev.rank_failures.items())
+                          if f.exception]
+                title += (f": {_exits(r, ended)}, and the other ranks failed without {'it' if len(ended) == 1 else 'them'}"
+                          + (f": {'; '.join(failed)}" if failed else ""))
+                kind = "left_after"
+            elif exception := ev.exception or last_exception(ev.stderr_tail):  # a record stored before 'exception'
+                title += f": {exception}"
             out.append(Finding(Severity.CRITICAL, r.phase, title, [f"stderr: {r.out_dir}/{ev.stderr_log}"] + _rank_lines(r),
-                               "departed" if gone else "crash", Facts.of(r)))
+                               kind, Facts.of(r)))
     return out
 
 
@@ -69,10 +76,17 @@ def short_runs(records: list[PhaseRecord]) -> list[Finding]:
     return out
 
 
+def _exits(r: PhaseRecord, ranks: list[int]) -> str:
+    """'rank 1 exited 0 (last heartbeat step 8 of 8, stage step)' for each of ``ranks``."""
+    beats = r.evidence.last_heartbeat
+    return "; ".join(f"rank {k} exited 0 (last heartbeat step {beats[k].step} of {r.steps}"
+                     + (f", stage {beats[k].stage})" if beats[k].stage else ")") for k in ranks)
+
+
 def _rank_lines(r: PhaseRecord) -> list[str]:
     """Where each rank was (last heartbeat) and how it ended (torchrun's log)."""
     ev = r.evidence
-    lines, gone = [], departed(r)
+    lines, gone = [], exited_0(r)
     for rank in sorted(set(ev.last_heartbeat) | set(ev.rank_failures)):
         f = ev.rank_failures.get(rank)
         line = f"rank {rank}: {last_heartbeat(r, rank)}"
@@ -90,19 +104,6 @@ def _rank_lines(r: PhaseRecord) -> list[str]:
 
 def _q(v) -> str:
     return "?" if v is None else str(v)
-
-
-def exception_line(text: str) -> str | None:
-    """The exception of the last Python traceback in ``text`` ('pkg.Error: message'), else the
-    last line that looks like an error."""
-    lines = text.splitlines()
-    for i in range(len(lines) - 1, -1, -1):
-        if lines[i].startswith("Traceback (most recent call last):"):
-            for ln in lines[i + 1:]:
-                if ln and not ln[0].isspace():
-                    return ln.strip()
-            break
-    return next((ln.strip() for ln in reversed(lines) if _ERROR_LINE.match(ln)), None)
 
 
 def stalls(records: list[PhaseRecord]) -> list[Finding]:

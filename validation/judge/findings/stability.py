@@ -1,7 +1,9 @@
 """Findings about how the loss and the gradient norm behaved over a run: spikes (a warning: a run
-may recover from one, and a reader should know it happened) and a NaN-free divergence (critical:
-a loss that climbs is not a configuration to take into a long run). Both come from the record's
-evidence, found by the profile's rule when the point was judged (validation/judge/stability.py)."""
+may recover from one, and a reader should know it happened), a NaN-free divergence (critical:
+a loss that climbs is not a configuration to take into a long run), and a non-finite loss the
+trainer logged and went on from (critical, whether or not a gate checks it). They come from the
+record's evidence, found by the profile's rule when the point was judged
+(validation/judge/stability.py)."""
 from __future__ import annotations
 
 from validation.judge.findings.finding import Facts, Finding, Severity, where
@@ -50,4 +52,21 @@ def divergence(records: list[PhaseRecord]) -> list[Finding]:
             continue
         out.append(Finding(Severity.CRITICAL, r.phase, f"loss diverging in {where(r)} from step {rise.first_step}: "
                            f"{rise.text()}", [f"CSV: {r.out_dir}/training.csv"], "diverging", Facts.of(r)))
+    return out
+
+
+def nonfinite(records: list[PhaseRecord]) -> list[Finding]:
+    """One critical finding per run whose training.csv logs a non-finite loss that nothing else
+    names: not where the trainer's own guard stopped on it (.HALT source nonfinite: the crash
+    finding's) nor where a loss_finite gate failed on it (the gate's finding names the step). A
+    runbook that gates only speed would otherwise pass a run whose loss went NaN."""
+    out = []
+    for r in records:
+        step, halt = r.evidence.nonfinite_loss_step, r.evidence.halt
+        if step is None or (halt is not None and halt.source == "nonfinite") or any(
+                g.metric == "loss_finite" for g in r.failed_gates()):
+            continue
+        out.append(Finding(Severity.CRITICAL, r.phase, f"non-finite loss in {where(r)}: first logged at step {step}, "
+                           "and the trainer did not stop on it (no .HALT); no loss_finite gate of the phase checks it",
+                           [f"CSV: {r.out_dir}/training.csv (loss column)"], "nonfinite", Facts.of(r)))
     return out

@@ -1,0 +1,100 @@
+"""A stand-in for Slurm's commands on a machine without Slurm, for the harness's Slurm launcher
+(validation/launch/slurm.py) in the fault suite: the harness runs inside an allocation
+(``SLURM_JOB_ID`` set by the test), and every node of it is this host.
+
+It does what the harness reads of Slurm, as docs/slurm.md measured Slurm 22.05 doing it:
+
+- ``srun``: one task per ``--ntasks`` (each a process here, with ``SLURM_PROCID`` and
+  ``SLURM_NODEID`` its task id), ``--output``/``--error`` with ``%t`` as each task's files (else
+  srun's own), and, as each task ends with a non-zero code, ``srun: error: HOST: task N: Exited
+  with exit code C`` (``...: Killed`` for a SIGKILL) on its stderr at once while the other tasks
+  run on (Slurm's default: no ``--kill-on-bad-exit``, an unlimited ``--wait``); it exits when
+  every task has, with the highest code. ``FAKE_SLURM_FREEZE_TASK=N``: task N of a step that runs
+  torchrun is SIGSTOPped before it starts (a frozen node: it lives, says nothing, never joins).
+- ``squeue``: the job ``RUNNING``, no steps and no node list (the harness then takes the hosts
+  from its check step, and has no step to scancel: its own kill ends the point).
+- ``scontrol show config``: ``KillWait = 1``; ``show hostnames``: nothing.
+- ``scancel``: nothing (no step is ever listed); ``salloc``: refuses (the test's allocation is
+  the one the harness runs in).
+
+Each command is this module run by a two-line executable of its name that ``install`` writes.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TOOLS = ("srun", "squeue", "scancel", "scontrol", "salloc")
+FREEZE_ENV = "FAKE_SLURM_FREEZE_TASK"
+_FREEZE = "import os, signal, sys; os.kill(os.getpid(), signal.SIGSTOP); os.execv(sys.argv[1], sys.argv[1:])"
+_SIGNALS = {signal.SIGKILL: "Killed", signal.SIGTERM: "Terminated"}
+
+
+def install(bin_dir: Path) -> Path:
+    """Write an executable per Slurm command into ``bin_dir`` (to put first on PATH)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    repo = Path(__file__).resolve().parents[2]
+    for tool in TOOLS:
+        path = bin_dir / tool
+        path.write_text(f"#!{sys.executable}\nimport sys; sys.path.insert(0, {str(repo)!r})\n"
+                        f"from tests.faults.fake_slurm import main; sys.exit(main({tool!r}, sys.argv[1:]))\n")
+        path.chmod(0o755)
+    return bin_dir
+
+
+def main(tool: str, args: list[str]) -> int:
+    if tool == "srun":
+        return srun(args)
+    if tool == "squeue":
+        return _print("RUNNING" if "--format=%T" in args else "")
+    if tool == "scontrol":
+        return _print("KillWait = 1" if args[:2] == ["show", "config"] else "")
+    if tool == "scancel":
+        return 0
+    print("salloc: error: the fake Slurm grants no allocation", file=sys.stderr)
+    return 1
+
+
+def _print(text: str) -> int:
+    if text:
+        print(text)
+    return 0
+
+
+def srun(args: list[str]) -> int:
+    opts: dict[str, str] = {}
+    while args and args[0].startswith("-"):
+        name, _, value = args.pop(0).partition("=")
+        opts[name] = value
+    command = args
+    freeze = os.environ.get(FREEZE_ENV) if any("torch.distributed.run" in a for a in command) else None
+    host = socket.gethostname().split(".")[0]
+    tasks = []
+    for t in range(int(opts.get("--ntasks", "1"))):
+        env = {**os.environ, "SLURM_PROCID": str(t), "SLURM_NODEID": str(t), "SLURM_STEP_ID": "0"}
+        argv = [sys.executable, "-c", _FREEZE, *command] if freeze == str(t) else command
+        out = _open(opts.get("--output"), t)
+        err = _open(opts.get("--error"), t)
+        tasks.append(subprocess.Popen(argv, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL))
+    codes: dict[int, int] = {}
+    while len(codes) < len(tasks):
+        for t, p in enumerate(tasks):
+            if t not in codes and p.poll() is not None:
+                codes[t] = p.returncode
+                if p.returncode > 0:
+                    print(f"srun: error: {host}: task {t}: Exited with exit code {p.returncode}", file=sys.stderr,
+                          flush=True)
+                elif p.returncode < 0:
+                    what = _SIGNALS.get(-p.returncode, f"signal {-p.returncode}")
+                    print(f"srun: error: {host}: task {t}: {what}", file=sys.stderr, flush=True)
+        time.sleep(0.1)
+    return max((c if c >= 0 else 128 - c for c in codes.values()), default=0)
+
+
+def _open(pattern: str | None, task: int):
+    return open(pattern.replace("%t", str(task)), "wb") if pattern else None

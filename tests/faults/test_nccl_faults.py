@@ -26,8 +26,10 @@ Each test records a row of the reliability matrix's "NCCL, two GPUs" section (te
 """
 from __future__ import annotations
 
+import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -238,7 +240,12 @@ def test_two_nodes_over_nccl_are_go_each_on_a_gpu_of_its_own(seeded, matrix):
     assert len(set(devices)) == 2 and None not in devices, devices
     info = U.finding_text(U.finding(seeded.results, "two_nodes", "2 nodes in two_nodes"))
     assert all(f"GPUs {d}" in info for d in devices), info
-    assert p.rc == 0, p.stderr[-3000:]
+    run_dir = seeded.results / rec.out_dir
+    for rank in (0, 1):  # NVML's readings of each rank's GPU, for the log (the idle-rank rule reads them)
+        beats = [json.loads(x) for x in (run_dir / f"heartbeat_rank{rank}.jsonl").read_text().splitlines()]
+        print(f"rank {rank} gpu_util:", [b.get("gpu_util") for b in beats if "gpu_util" in b])
+    report = Path(p.stdout.rsplit("-> ", 1)[-1].strip())
+    assert p.rc == 0, report.read_text()[:6000] if report.is_file() else p.stdout
     matrix.done(rec.status, rec.reason + " | " + info.splitlines()[0], time.time() - t0, None)
 
 

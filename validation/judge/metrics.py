@@ -246,24 +246,21 @@ def ranks_progressing(heartbeats: dict[int, list[dict[str, Any]]]) -> set[int]:
 
 
 def _idle_ranks(run: RunData, last: int | None) -> float | None:
-    """Ranks of the world that made no step progress, or report ~0% GPU utilisation while
-    another rank is busy (the seeds' FSDP run: GPU 0 at 99%, GPU 1 at 0%)."""
+    """Ranks of the world that made no step progress, or whose GPU read ~idle at every sample
+    (heartbeat gpu_util < 5%) while another rank's was busy (median >= 20%): the seeds' FSDP run,
+    GPU 0 at 99%, GPU 1 at 0%. One sample is NVML's last window at one moment, and a small model's
+    step is mostly host time: one low reading of a rank that does its work is no idle rank."""
     if not run.heartbeats:
         return None
     idle = set(range(run.world_size)) - ranks_progressing(run.heartbeats)
-    util = {r: _last_util(recs) for r, recs in run.heartbeats.items()}
-    known = {r: u for r, u in util.items() if u is not None}
-    if known and max(known.values()) >= 20:
-        idle |= {r for r, u in known.items() if u < 5}
+    util = {r: samples for r, recs in run.heartbeats.items() if (samples := _utils(recs))}
+    if util and max(statistics.median(u) for u in util.values()) >= 20:
+        idle |= {r for r, u in util.items() if max(u) < 5}
     return float(len(idle))
 
 
-def _last_util(recs: list[dict[str, Any]]) -> float | None:
-    for r in reversed(recs):
-        u = r.get("gpu_util")
-        if isinstance(u, (int, float)):
-            return float(u)
-    return None
+def _utils(recs: list[dict[str, Any]]) -> list[float]:
+    return [float(r["gpu_util"]) for r in recs if _number(r.get("gpu_util"))]
 
 
 def fallback_counters(run: RunData) -> dict[str, float]:

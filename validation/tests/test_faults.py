@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from types import SimpleNamespace
 
 from validation.tests.conftest import train_phase
 
@@ -168,3 +169,18 @@ def test_every_failed_gate_is_a_finding_and_the_best_setting_still_shows(fake_ru
     [best] = run.findings("info")  # 2x as fast, far beyond the stdev: named, with its failed gates
     assert best.startswith("best setting in bucket_sweep: NSA_FAKE_TOKS_SCALE=2") and "its gates: FAIL" in best
     assert "No automatic findings" not in run.report and "## Recommendations" in run.report
+
+
+def test_one_low_gpu_reading_of_a_working_rank_is_no_idle_rank():
+    """A rank is idle by its GPU only when every reading is ~0 while another's are busy; one low
+    NVML sample beside a busy one (a small model's step is mostly host time) is noise."""
+    from validation.judge.metrics import _idle_ranks
+
+    def run(utils: dict[int, list[float]]):
+        beats = {r: [{"step": i + 1, "stage": "step", "gpu_util": u} for i, u in enumerate(us)]
+                 for r, us in utils.items()}
+        return SimpleNamespace(heartbeats=beats, world_size=len(utils))
+
+    assert _idle_ranks(run({0: [40, 35, 30], 1: [25, 30, 3]}), None) == 0  # the last reading alone said idle
+    assert _idle_ranks(run({0: [99, 98, 99], 1: [0, 1, 0]}), None) == 1  # the seeds' FSDP run
+    assert _idle_ranks(run({0: [4, 3, 2], 1: [1, 0, 2]}), None) == 0  # nobody busy: a small model, not an idle rank

@@ -16,7 +16,7 @@ from typing import Any
 
 from validation.contract.files import HaltInfo
 from validation.contract.stacks import Frame, StackDump, TakenStack
-from validation.contract.torchrun_log import RankFailure
+from validation.contract.torchrun_log import RankFailure, root_rank
 from validation.errors import StoreError
 from validation.judge.gates import GateResult, GateVerdict
 from validation.judge.metrics import RunData, compute
@@ -296,6 +296,19 @@ class PhaseRecord:
     def own_trainer(self) -> bool:
         """Whether this project's trainer ran (its config keys and behaviour may be named)."""
         return self.trainer == OWN_TRAINER
+
+    @property
+    def died_before_watchdog(self) -> int | None:
+        """The rank that failed in its own right (torchrun's log: killed by a signal, or an
+        exception of its own) in a run that the trainer's watchdog then halted, the harness not
+        having stopped it: the watchdog fired in the ranks left waiting for it, so that rank is
+        the cause and no rank hung. Over NCCL a dead peer breaks no collective: with two nodes on
+        two H200s (2026-11-27) rank 1 was SIGKILLed and rank 0's watchdog wrote the .HALT. None
+        otherwise (a watchdog's own exit, 3, and torchrun's SIGTERM are no failure of their own)."""
+        ev = self.evidence
+        if ev.halt is None or ev.halt.source != "watchdog" or self.stalled_s is not None or self.timed_out:
+            return None
+        return root_rank(ev.rank_failures)
 
     def failed_gates(self) -> list[GateResult]:
         return [g for g in self.gates if g.verdict in (GateVerdict.FAIL, GateVerdict.NO_DATA)]

@@ -204,6 +204,30 @@ def test_a_hung_node_is_named_when_the_trainers_own_watchdog_stopped_the_run():
                        "heartbeat step 3, backward)"), f.title
 
 
+def test_a_rank_killed_before_the_others_watchdog_fired_is_the_one_named():
+    """Two nodes over NCCL on two H200s (2026-11-27): rank 1 was SIGKILLed (node 1's agent said so
+    at once); rank 0, waiting for it in a CUDA sync (a dead peer breaks no NCCL collective), had its
+    watchdog write .HALT 10 s later. The report said 'node 0 hung ... waiting for it: node 1's rank
+    1 (no stack)' and 'stall ...: rank 0 in train_step': the rank that waited, blamed."""
+    nodes = NodesEvidence("torchrun", "localhost:1", 30.0, [
+        NodeEvidence(0, "node0.stderr.log", "vm", 1, 20.7, 0, [0]), NodeEvidence(1, "node1.stderr.log", "vm", 1, 0.9, 1, [1])])
+    stacks = {0: StackDump("stackdump_rank0.txt", [Frame("nsa/train/loop.py", 349, "train_step")])}
+    failures = {1: RankFailure(signal="SIGKILL", exit_code=-9), 0: RankFailure(exit_code=3)}
+    beats = {0: Beat(3, "optimizer"), 1: Beat(3, "forward")}
+    ev = Evidence(nodes=nodes, halt=HaltInfo(source="watchdog"), stackdumps=stacks, rank_failures=failures,
+                  last_heartbeat=beats)
+    rec = _record(nodes, status=Status.FAIL, exit_code=1, evidence=ev)
+    assert rec.died_before_watchdog == 1
+    titles = [f.title for f in find([rec]) if f.severity == Severity.CRITICAL]
+    assert not [t for t in titles if t.startswith(("stall in", "node 0 hung"))], titles
+    assert [t for t in titles if t.startswith("node 1's rank 1 was killed by SIGKILL in two [default]")], titles
+    assert [t for t in titles if t.startswith("crash in two [default]: exit code 1: rank 1: killed by SIGKILL")], titles
+    # the harness's own stall kill: its SIGKILLs are no rank's own failure, and the stall stays the finding
+    stopped = _record(nodes, status=Status.FAIL, exit_code=None, stalled_s=20.0, evidence=ev)
+    assert stopped.died_before_watchdog is None
+    assert [f for f in find([stopped]) if f.title.startswith("stall in")]
+
+
 def test_an_agent_the_harness_stopped_after_another_failed_is_said_to_have_been_stopped():
     """A crash (node 0's agent exit 1) whose other agent, left with no rank under it, the harness
     stopped (validation/launch/process.py, a launch over): on this host an agent without an exit

@@ -36,7 +36,8 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
                                "nonfinite", Facts.of(r)))
         elif ev.nodes is not None and missing_node(r, ev.nodes) is not None:
             continue  # no rank started anywhere: the node that never joined is the finding, not a crash
-        elif r.status == Status.FAIL and r.exit_code not in (0, None) and ev.halt is None and r.kind in TRAINER_KINDS:
+        elif (r.status == Status.FAIL and r.exit_code not in (0, None) and r.kind in TRAINER_KINDS
+              and (ev.halt is None or r.died_before_watchdog is not None)):
             title = f"crash in {where_run(r)}: exit code {r.exit_code}"
             root, gone, ended = root_rank(ev.rank_failures), departed(r), exited_0(r)
             kind = "departed" if gone else "crash"
@@ -115,6 +116,8 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
         ev = r.evidence
         if not (r.stalled_s is not None or r.timed_out or (ev.halt is not None and ev.halt.source == "watchdog")):
             continue  # no stall; a NaN guard's or an operator's .HALT is none either
+        if r.died_before_watchdog is not None:
+            continue  # a rank died and the others' watchdog fired waiting for it: the crash finding names it
         facts = Facts.of(r)
         how = (f"no progress for {r.stalled_s:.0f}s, stopped by the harness" if r.stalled_s is not None
                else "watchdog .HALT" if ev.halt is not None else f"killed at the {r.timeout_s:g}s timeout")

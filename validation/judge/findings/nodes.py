@@ -162,8 +162,8 @@ def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     """A stalled run (the harness's stall watch or timeout, or the trainer's own watchdog): the
     hung ranks (findings/hung.py) and their nodes; the others waited for them."""
     watchdog = r.evidence.halt is not None and r.evidence.halt.source == "watchdog"
-    if r.stalled_s is None and not r.timed_out and not watchdog:
-        return None
+    if r.stalled_s is None and not r.timed_out and not watchdog or r.died_before_watchdog is not None:
+        return None  # no stall, or a rank died and the watchdog fired in those waiting for it (_failed)
     if Facts.of(r).no_rank_running:
         return None  # nothing hung: every rank had ended (or never started), a launcher kept the run open
     stacks = r.evidence.stackdumps

@@ -78,14 +78,6 @@ class Run:
         with open(self.out / "training.csv", "a", newline="") as fh:
             csv.writer(fh).writerow([step, cell, LR, self.tokens_per_step / seconds, seconds, 0.5, 0.0, 0.0])
 
-    def await_halt(self, limit_s: float = 60.0) -> None:
-        """The other ranks leave after rank 0 has written its row and .HALT, as the ranks of a real
-        trainer halt together after one collective: one that left first had torchrun SIGTERM rank
-        0 before it wrote either (a 2-core CI run read 'ended before its first step')."""
-        deadline = time.monotonic() + limit_s
-        while not (self.out / ".HALT").exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-
     def train(self) -> int:
         for step in range(1, self.steps + 1):
             start = time.monotonic()
@@ -107,7 +99,7 @@ class Run:
                     (self.out / ".HALT").write_text(json.dumps({"source": "nonfinite", "step": step,
                                                                 "text": f"loss {loss} at step {step}"}))
                 else:
-                    self.await_halt()
+                    trainer_faults.await_halt(self.out)
                 return 4
             if last:
                 return 0

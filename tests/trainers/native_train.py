@@ -147,6 +147,8 @@ def main() -> int:
                 if rank == 0:
                     (out / ".HALT").write_text(json.dumps({"source": "nonfinite", "step": step, "losses": [loss],
                                                            "text": text}))
+                else:
+                    trainer_faults.await_halt(out)
                 beat({"step": step, "stage": "halt", "reason": text})
                 return EXIT_NONFINITE
             if fault.at("quit_early", step):

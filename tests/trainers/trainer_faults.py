@@ -43,6 +43,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 ENV = "TEST_TRAINER_FAULT"
 DEFAULT_STEP = 3
@@ -163,6 +164,16 @@ def quit_self() -> None:
 def straggle() -> None:
     """Where a slow rank spends its extra time each step."""
     time.sleep(SLOW_S)
+
+
+def await_halt(out: Path, limit_s: float = 60.0) -> None:
+    """A rank other than 0 leaves a non-finite halt after rank 0 has written its row and .HALT, as
+    the ranks of a real trainer halt together after one collective: one that left first had
+    torchrun SIGTERM rank 0 before it wrote either (a 2-core CI run read 'ended before its first
+    step'; reproduced with rank 0 made 1 s late)."""
+    deadline = time.monotonic() + limit_s
+    while not (Path(out) / ".HALT").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def wait_for_peers() -> None:

@@ -366,6 +366,9 @@ class Trainer:
                                   "grad_norm": r.grad_norm, "time": time.time(), "text": str(exc)})
         self.telemetry.heartbeat({"step": r.step, "stage": "halt", "reason": str(exc), "losses": exc.losses,
                                   "grad_norm": r.grad_norm})
+        # every rank saw the gathered loss and stops here; none leaves before rank 0's .HALT is
+        # written, or torchrun, seeing a rank exit, SIGTERMs rank 0 first and the NaN goes unsaid
+        barrier(self.info)
 
     # --- the loop -------------------------------------------------------------------------
 

@@ -59,8 +59,9 @@ def test_sigkilled_rank_ends_the_run(seeded, matrix):
     matrix.done(rec.status, rec.reason + " | " + f.title, took, U.STALL_BOUND_S)
 
 
-#: a folder whose sitecustomize makes destroy_process_group block (NSA_TEST_BLOCKING_TEARDOWN=1)
-BLOCKING_TEARDOWN = Path(__file__).parent / "blocking_teardown"
+#: a folder whose sitecustomize injects faults below the trainer (NSA_TEST_BLOCKING_TEARDOWN=1: a
+#: destroy_process_group that blocks; NSA_TEST_SLOW_HALT=1: rank 0 slow to write a NaN's .HALT)
+SITE_FAULTS = Path(__file__).parent / "site_faults"
 
 
 @pytest.mark.distributed
@@ -79,7 +80,7 @@ def test_exception_on_one_rank(seeded, matrix, teardown):
     env = None
     if blocking:
         phase["env"]["NSA_TEST_BLOCKING_TEARDOWN"] = "1"
-        env = {"PYTHONPATH": os.pathsep.join([str(BLOCKING_TEARDOWN), str(U.REPO)])}
+        env = {"PYTHONPATH": os.pathsep.join([str(SITE_FAULTS), str(U.REPO)])}
     rb = seeded.runbook(phase)
     p = seeded.run(rb, "crash", env=env)
     rec = U.record(seeded.results, "crash")
@@ -96,11 +97,21 @@ def test_exception_on_one_rank(seeded, matrix, teardown):
 
 
 @pytest.mark.distributed
-def test_nan_loss_halts_with_the_rank_and_step(seeded, matrix):
-    matrix.start("NaN loss", "`NSA_FAULT=nan:rank=0:step=3`, torchrun x2",
+@pytest.mark.parametrize("halt", ["prompt", "slow"])
+def test_nan_loss_halts_with_the_rank_and_step(seeded, matrix, halt):
+    """'slow': rank 0 takes 2 s to write the .HALT; rank 1, which saw the same gathered loss, once
+    left at once, and torchrun SIGTERMed rank 0 before the .HALT existed."""
+    slow = halt == "slow"
+    matrix.start("NaN loss" + (", rank 0 slow to write the .HALT" if slow else ""), "`NSA_FAULT=nan:rank=0:step=3`, "
+                 "torchrun x2" + (", rank 0's .HALT written 2 s late (`NSA_TEST_SLOW_HALT=1`)" if slow else ""),
                  "halt before the optimizer step, exit 4; FAIL 'non-finite loss at step 3' naming rank 0; not a stall")
-    rb = seeded.runbook(U.fault_phase("nan", "nan:rank=0:step=3", nproc=2))
-    p = seeded.run(rb, "nan")
+    phase = U.fault_phase("nan", "nan:rank=0:step=3", nproc=2)
+    env = None
+    if slow:
+        phase["env"]["NSA_TEST_SLOW_HALT"] = "1"
+        env = {"PYTHONPATH": os.pathsep.join([str(SITE_FAULTS), str(U.REPO)])}
+    rb = seeded.runbook(phase)
+    p = seeded.run(rb, "nan", env=env)
     rec = U.record(seeded.results, "nan")
     assert rec.status == "FAIL", rec
     assert "non-finite loss at step 3" in rec.reason, rec.reason

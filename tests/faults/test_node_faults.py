@@ -47,6 +47,21 @@ def _frozen(command: Command) -> Command:
     return Command([sys.executable, "-c", freeze, *command.argv[1:]], command.log_name, command.env)
 
 
+def _run_frozen(tmp_path: Path, runbook: str, launcher: dict):
+    """The point of two nodes whose node 1 is frozen (the caller freezes it), run through the
+    session in this process, and nothing of it left running."""
+    phase = {"name": "frozen_node", "kind": "train", "steps": 8, "timeout_s": 120, "stall_s": 16,
+             "startup_s": STARTUP_S, "env": {"OMP_NUM_THREADS": 1}, "launcher": launcher,
+             "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}
+    path = tmp_path / f"{runbook}.yaml"
+    path.write_text(yaml.safe_dump({"name": runbook, "profiles": ["cpu"], "trainer": NATIVE, "phases": [phase]},
+                                   sort_keys=False))
+    (point,) = expand(load_runbook(path), load_profile("cpu"))
+    rec = AcceptanceSession(SessionOptions(tmp_path / "results")).run_point(point)
+    U.assert_no_orphans(str(tmp_path))
+    return rec
+
+
 def test_a_node_whose_agent_is_frozen_before_the_rendezvous_is_named_once_the_other_gave_up(
         tmp_path, matrix, monkeypatch):
     matrix.start("node frozen before the rendezvous",
@@ -59,18 +74,9 @@ def test_a_node_whose_agent_is_frozen_before_the_rendezvous_is_named_once_the_ot
     real = local_nodes.agent_commands
     monkeypatch.setattr(local_nodes, "agent_commands",
                         lambda argv, devices: [c if i == 0 else _frozen(c) for i, c in enumerate(real(argv, devices))])
-    phase = {"name": "frozen_node", "kind": "train", "steps": 8, "timeout_s": 120, "stall_s": 16,
-             "startup_s": STARTUP_S, "env": {"OMP_NUM_THREADS": 1},
-             "launcher": {"kind": "torchrun", "nproc": 1, "nnodes": 2,
-                          "rdzv": {"endpoint": "localhost:0", "join_timeout_s": JOIN_S}},
-             "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}
-    path = tmp_path / "frozen.yaml"
-    path.write_text(yaml.safe_dump({"name": "frozen_node", "profiles": ["cpu"], "trainer": NATIVE,
-                                    "phases": [phase]}, sort_keys=False))
-    (point,) = expand(load_runbook(path), load_profile("cpu"))
     t0 = time.time()
-    rec = AcceptanceSession(SessionOptions(tmp_path / "results")).run_point(point)
-    U.assert_no_orphans(str(tmp_path))
+    rec = _run_frozen(tmp_path, "frozen_node", {"kind": "torchrun", "nproc": 1, "nnodes": 2,
+                                                "rdzv": {"endpoint": "localhost:0", "join_timeout_s": JOIN_S}})
     assert rec.status == Status.FAIL and rec.stalled_s is None and not rec.timed_out, rec.reason
     assert rec.reason == "trainer ended before its first step (exit code 1)", rec.reason
     node0, node1 = rec.evidence.nodes.nodes
@@ -121,18 +127,9 @@ def test_a_slurm_node_frozen_before_the_rendezvous_is_named_once_the_other_gave_
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    phase = {"name": "frozen_node", "kind": "train", "steps": 8, "timeout_s": 120, "stall_s": 16,
-             "startup_s": STARTUP_S, "env": {"OMP_NUM_THREADS": 1},
-             "launcher": {"kind": "slurm", "nodes": 2, "nproc_per_node": 1,
-                          "rdzv": {"port": port, "join_timeout_s": JOIN_S}},
-             "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}
-    path = tmp_path / "frozen_slurm.yaml"
-    path.write_text(yaml.safe_dump({"name": "frozen_slurm", "profiles": ["cpu"], "trainer": NATIVE,
-                                    "phases": [phase]}, sort_keys=False))
-    (point,) = expand(load_runbook(path), load_profile("cpu"))
     t0 = time.time()
-    rec = AcceptanceSession(SessionOptions(tmp_path / "results")).run_point(point)
-    U.assert_no_orphans(str(tmp_path))
+    rec = _run_frozen(tmp_path, "frozen_slurm", {"kind": "slurm", "nodes": 2, "nproc_per_node": 1,
+                                                 "rdzv": {"port": port, "join_timeout_s": JOIN_S}})
     assert rec.status == Status.FAIL and rec.stalled_s is None and not rec.timed_out, rec.reason
     assert rec.reason == "trainer ended before its first step (exit code 1)", rec.reason
     assert rec.evidence.nodes.launcher == "slurm" and rec.slurm_job_id == "4242", rec.evidence.nodes

@@ -64,6 +64,13 @@ def test_sigkilled_rank_ends_the_run(seeded, matrix):
 SITE_FAULTS = Path(__file__).parent / "site_faults"
 
 
+def _site_fault(phase: dict, variable: str) -> dict[str, str]:
+    """Turns on one of site_faults' injections in the phase's runs; returns the environment the
+    harness must run with for the trainer's processes to import it."""
+    phase["env"][variable] = "1"
+    return {"PYTHONPATH": os.pathsep.join([str(SITE_FAULTS), str(U.REPO)])}
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("teardown", ["gloo", "blocking"])
 def test_exception_on_one_rank(seeded, matrix, teardown):
@@ -77,10 +84,7 @@ def test_exception_on_one_rank(seeded, matrix, teardown):
                  + (", `destroy_process_group` made to block (`NSA_TEST_BLOCKING_TEARDOWN=1`)" if blocking else ""),
                  "FAIL with the exception, rank 1, step 2, stderr log")
     phase = U.fault_phase("crash", "crash:rank=1:step=2:stage=backward", nproc=2)
-    env = None
-    if blocking:
-        phase["env"]["NSA_TEST_BLOCKING_TEARDOWN"] = "1"
-        env = {"PYTHONPATH": os.pathsep.join([str(SITE_FAULTS), str(U.REPO)])}
+    env = _site_fault(phase, "NSA_TEST_BLOCKING_TEARDOWN") if blocking else None
     rb = seeded.runbook(phase)
     p = seeded.run(rb, "crash", env=env)
     rec = U.record(seeded.results, "crash")
@@ -106,10 +110,7 @@ def test_nan_loss_halts_with_the_rank_and_step(seeded, matrix, halt):
                  "torchrun x2" + (", rank 0's .HALT written 2 s late (`NSA_TEST_SLOW_HALT=1`)" if slow else ""),
                  "halt before the optimizer step, exit 4; FAIL 'non-finite loss at step 3' naming rank 0; not a stall")
     phase = U.fault_phase("nan", "nan:rank=0:step=3", nproc=2)
-    env = None
-    if slow:
-        phase["env"]["NSA_TEST_SLOW_HALT"] = "1"
-        env = {"PYTHONPATH": os.pathsep.join([str(SITE_FAULTS), str(U.REPO)])}
+    env = _site_fault(phase, "NSA_TEST_SLOW_HALT") if slow else None
     rb = seeded.runbook(phase)
     p = seeded.run(rb, "nan", env=env)
     rec = U.record(seeded.results, "nan")

@@ -231,6 +231,25 @@ def processes_with(marker: str) -> dict[int, str]:
     return out
 
 
+def assert_nan_halt_named(seeded: Any, rec: PhaseRecord, p: Proc, bound_s: float) -> tuple[float, Finding]:
+    """The NaN fault (``nan:rank=0:step=3``) judged right: FAIL 'non-finite loss at step 3', no stall
+    (not the watchdog, no stall finding), rank 0 and step 3 named, halted before the optimizer step
+    (the CSV stops at step 2), within ``bound_s`` of the fault, NO-GO. Returns the seconds from the
+    fault to the end and the finding."""
+    assert rec.status == "FAIL", rec
+    assert "non-finite loss at step 3" in rec.reason, rec.reason
+    assert "watchdog" not in rec.reason, "a NaN halt is not a watchdog stall"
+    took = fault_to_end_s(seeded.results / rec.out_dir, 0, 3, "forward")
+    assert took <= bound_s, f"{took:.1f}s from the fault to the end"
+    titles = [f.title for f in findings_of(seeded.results, rec.phase)]
+    assert not any(t.startswith("stall") for t in titles), titles
+    f = finding(seeded.results, rec.phase, f"non-finite loss in {rec.phase}")
+    assert "step 3" in f.title and "rank 0" in f.title, f.title
+    assert rec.metrics.steps_completed == 2  # no NaN row logged
+    assert_no_go_after(seeded, rec, p)
+    return took, f
+
+
 def fault_to_end_s(out_dir: Path, rank: int, step: int, stage: str) -> float:
     """Seconds from the fault (the faulted rank's first heartbeat at that step and stage) to the
     last write in the run's directory (torchrun's summary, or the harness's kill note): the

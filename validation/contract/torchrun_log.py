@@ -51,6 +51,22 @@ class RankFailure:
             return not _VICTIM.search(self.exception)
         return bool(self.signal) and self.signal != "SIGTERM"
 
+    @property
+    def cause(self) -> str | None:
+        """What ended it, in short: its exception without gloo's source path, else the signal
+        that killed it ('killed by SIGKILL'); None where torchrun said neither."""
+        if self.exception:
+            return short_exception(self.exception)
+        return f"killed by {self.signal}" if self.signal else None
+
+
+def short_exception(text: str) -> str:
+    """A rank's exception without gloo's source path: 'RuntimeError: Connection closed by peer [..]:1686'."""
+    m = re.match(r"^(?P<name>[\w.]+): (\[[^\]]*\] )?(?P<msg>.*)$", text)
+    if m is None:
+        return text[:160]
+    return f"{m['name'].split('.')[-1]}: {m['msg'].split('. ')[0][:160]}"
+
 
 def root_rank(failures: dict[int, RankFailure]) -> int | None:
     """The lowest rank that failed in its own right (RankFailure.own), else None."""

@@ -18,7 +18,7 @@ from validation.contract.stacks import (
 )
 from validation.contract.torchrun_log import log_exception, rank_failures, root_rank
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
-from validation.judge.nodes import node_evidence
+from validation.judge.nodes import node_evidence, node_failures
 from validation.judge.record import Beat, Evidence
 from validation.judge.stability import Rise, Spike, rise, spikes
 
@@ -48,8 +48,14 @@ def collect_halt(run: RunData) -> None:
     run.halt = read_halt(run.out_dir) if run.halted else None
 
 
+def collect_failures(run: RunData, stderr_path: Path) -> None:
+    """How each rank ended, from torchrun's log and every node's agent log, into ``run`` (the
+    verdict reads it: a rank that failed before the others' watchdog fired is the cause)."""
+    run.rank_failures = {**rank_failures(stderr_path), **node_failures(run.out_dir)}
+
+
 def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
-    """Stderr tail, .HALT, how each rank ended, where each rank was (last heartbeat, stack: only
+    """Stderr tail, .HALT, how each rank ended (``collect_failures``), where each rank was (last heartbeat, stack: only
     of ranks that exist, and those whose rank cannot be told), per-rank step times, fallback
     counters, first and last loss, the files written."""
     taken = read_index(run.out_dir)
@@ -60,8 +66,8 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
     beats = {r: _beat(recs) for r, recs in heartbeats.items() if recs}
     losses = run.csv["loss"].tolist() if run.csv is not None and not run.csv.empty else []
     step_times = {r: round(t, 6) for r, t in rank_step_times(heartbeats).items()}
-    nodes, node_failures = node_evidence(run.out_dir, heartbeats, step_times)  # each node's agent logs
-    failures = {**rank_failures(stderr_path), **node_failures}
+    nodes = node_evidence(run.out_dir, heartbeats, step_times)  # each node's agent logs
+    failures = run.rank_failures  # collect_failures
     # of several nodes, the log to read is that of the node whose rank failed in its own right;
     # which agent exits first after a kill is a race
     root = root_rank(failures)

@@ -21,6 +21,7 @@ import pandas as pd
 
 from nsa.contract import EXIT_NONFINITE, HALT_NONFINITE
 from validation.contract.files import HaltInfo, window_rows
+from validation.contract.torchrun_log import RankFailure
 from validation.judge.stability import StabilityRule, rise, spikes
 
 
@@ -43,6 +44,9 @@ class RunData:
     halted: bool = False
     halt: HaltInfo | None = None
     """The .HALT record when there is one (the loss guard's source says the loss went non-finite)."""
+    rank_failures: dict[int, RankFailure] = field(default_factory=dict)
+    """How ranks ended, as torchrun's log (every node's) reported them: a rank that failed in its
+    own right before the others' watchdog fired is the cause of that .HALT, not a stall."""
     steps_requested: int | None = None
     """The steps the phase asked for (train points)."""
     counts: dict[str, float] = field(default_factory=dict)

@@ -70,19 +70,28 @@ class NodesEvidence:
         return cls(**{**data, "nodes": [NodeEvidence(**n) for n in data["nodes"]]})
 
 
+def node_failures(out_dir: Path) -> dict[int, RankFailure]:
+    """How each rank ended, read from every node's agent log (torchrun reports each rank's end in
+    its own node's log); empty for a run of one node."""
+    launch = read_nodes(out_dir)
+    failures: dict[int, RankFailure] = {}
+    for n in launch.nodes if launch is not None else []:
+        failures.update(rank_failures(out_dir / n.stderr))
+    return failures
+
+
 def node_evidence(out_dir: Path, heartbeats: dict[int, list[dict[str, Any]]],
-                  rank_step_time_s: dict[int, float]) -> tuple[NodesEvidence | None, dict[int, RankFailure]]:
-    """The run's nodes (None for a run of one node) and how each rank ended, read from every
-    node's agent log (torchrun reports each rank's end in its own node's log)."""
+                  rank_step_time_s: dict[int, float]) -> NodesEvidence | None:
+    """The run's nodes (None for a run of one node): the ranks on each, their pace, and what each
+    node's agent said."""
     launch = read_nodes(out_dir)
     if launch is None:
-        return None, {}
+        return None
     placed = _ranks_by_node(launch, heartbeats)
     late = _lateness(heartbeats)
-    nodes, failures = [], {}
+    nodes = []
     for n in launch.nodes:
         log = out_dir / n.stderr
-        failures.update(rank_failures(log))
         ranks = placed.get(n.index, [])
         times = [rank_step_time_s[r] for r in ranks if r in rank_step_time_s]
         lates = [late[r] for r in ranks if r in late]
@@ -90,7 +99,7 @@ def node_evidence(out_dir: Path, heartbeats: dict[int, list[dict[str, Any]]],
                                   agent_said(log), round(statistics.median(times), 6) if times else None,
                                   round(max(lates), 6) if lates else None, n.state, n.devices))
     return NodesEvidence(launch.launcher, launch.rdzv_endpoint, launch.join_timeout_s, nodes, launch.slurm_job_id,
-                         launch.slurm_step), failures
+                         launch.slurm_step)
 
 
 def _ranks_by_node(launch: NodesLaunch, heartbeats: dict[int, list[dict[str, Any]]]) -> dict[int, list[int]]:

@@ -202,6 +202,15 @@ def routes(backends: Any) -> dict[str, Route]:
     return {s: Route.from_env(b) for s, b in (backends or {}).items() if isinstance(b, dict)}
 
 
+def died_before_watchdog(halt: HaltInfo | None, stopped: bool, failures: dict[int, RankFailure]) -> int | None:
+    """The rank that failed in its own right (torchrun's log) in a run whose trainer's watchdog
+    then wrote the .HALT, the harness not having ``stopped`` it; None otherwise (see
+    PhaseRecord.died_before_watchdog)."""
+    if halt is None or halt.source != "watchdog" or stopped:
+        return None
+    return root_rank(failures)
+
+
 @dataclass
 class PhaseRecord:
     key: PointKey
@@ -305,10 +314,8 @@ class PhaseRecord:
         the cause and no rank hung. Over NCCL a dead peer breaks no collective: with two nodes on
         two H200s (2026-11-27) rank 1 was SIGKILLed and rank 0's watchdog wrote the .HALT. None
         otherwise (a watchdog's own exit, 3, and torchrun's SIGTERM are no failure of their own)."""
-        ev = self.evidence
-        if ev.halt is None or ev.halt.source != "watchdog" or self.stalled_s is not None or self.timed_out:
-            return None
-        return root_rank(ev.rank_failures)
+        return died_before_watchdog(self.evidence.halt, self.stalled_s is not None or self.timed_out,
+                                    self.evidence.rank_failures)
 
     def failed_gates(self) -> list[GateResult]:
         return [g for g in self.gates if g.verdict in (GateVerdict.FAIL, GateVerdict.NO_DATA)]

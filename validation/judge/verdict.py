@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from validation.contract.files import HaltInfo
+from validation.contract.torchrun_log import RankFailure
 from validation.judge.gates import Gate, GateResult, GateVerdict, Pending, check
 from validation.judge.metrics import METRICS, RunData, Source, compute, reading, window_covered
-from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
+from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status, died_before_watchdog
 
 
 @dataclass(frozen=True)
@@ -35,12 +36,16 @@ class Outcome:
     stacks_tried: int | None = None
     """Processes of ranks whose stacks the harness took (or tried to) when it stopped the run; 0:
     no rank was left running (they had ended, a launcher kept the run open); None: not known."""
+    died_first: str | None = None
+    """'rank 1: killed by SIGKILL': a rank that failed in its own right before the other ranks'
+    watchdog wrote the .HALT while waiting for it (record.died_before_watchdog); None otherwise."""
 
     @classmethod
     def of_run(cls, kind: str, run: RunData, errors: Sequence[str]) -> Outcome:
         completed = compute("steps_completed", run, None)
+        died = died_before_watchdog(run.halt, run.stalled_s is not None or run.timed_out, run.rank_failures)
         return cls(kind, run.exit_code, run.timed_out, run.stalled_s, run.halt, tuple(errors), run.steps_requested,
-                   None if completed is None else int(completed), run.stacks_tried)
+                   None if completed is None else int(completed), run.stacks_tried, _died(died, run.rank_failures))
 
     @classmethod
     def of_record(cls, rec: PhaseRecord) -> Outcome:
@@ -48,7 +53,8 @@ class Outcome:
         stopped = rec.stalled_s is not None or rec.timed_out
         return cls(rec.kind, rec.exit_code, rec.timed_out, rec.stalled_s, rec.evidence.halt, tuple(rec.evidence.errors),
                    rec.steps if rec.kind in TRAINER_KINDS else None, None if completed is None else int(completed),
-                   len(rec.evidence.taken_stacks) if stopped else None)
+                   len(rec.evidence.taken_stacks) if stopped else None,
+                   _died(rec.died_before_watchdog, rec.evidence.rank_failures))
 
     @property
     def stopped_short(self) -> bool:
@@ -61,6 +67,12 @@ class Outcome:
 
     def short_text(self) -> str:
         return f"stopped after step {self.steps_completed} of {self.steps_requested}, exit 0, no .HALT"
+
+
+def _died(rank: int | None, failures: dict[int, RankFailure]) -> str | None:
+    if rank is None:
+        return None
+    return f"rank {rank}: {failures[rank].cause or f'exit code {failures[rank].exit_code}'}"
 
 
 def declared_unprovided(trainer: str, lacks: frozenset[str], provides: tuple[str, ...] | None) -> dict[str, str]:
@@ -133,6 +145,9 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
             said = (f": loss per rank {halt.losses}, grad_norm {halt.grad_norm}" if halt.losses is not None
                     else f" ({halt.text[:120]})")  # a trainer whose .HALT says less (the seed's)
             return Status.FAIL, f"non-finite loss at step {halt.step}{said} (trainer .HALT){torn}"
+        if halt.source == "watchdog" and outcome.died_first:
+            return Status.FAIL, (f"trainer crashed: {outcome.died_first}; the other ranks' watchdog then wrote .HALT "
+                                 f"waiting for it (exit code {outcome.exit_code}){torn}")
         if halt.source == "watchdog":
             return Status.FAIL, f"watchdog wrote .HALT: no rank made progress{torn}"
         if halt.torn and halt.source is None:

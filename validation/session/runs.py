@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from nsa.contract import PROFILE_JSON, PROFILE_STEPS_ENV
-from validation.judge.evidence import collect, collect_halt, collect_train
+from validation.judge.evidence import collect, collect_failures, collect_halt, collect_train
 from validation.judge.gates import GateResult
 from validation.judge.metrics import PROFILE_METRICS, RunData, unprovided_by_files
 from validation.judge.provenance import trainer_commit
@@ -69,6 +69,7 @@ def launch(point: PhasePoint, out_dir: Path, progress: Progress | None, leg: Leg
     if kind in TRAINER_KINDS:
         collect_train(run, errors)
     collect_halt(run)
+    collect_failures(run, proc.stderr_path)
     return Launched(run, proc, errors)
 
 

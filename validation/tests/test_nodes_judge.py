@@ -12,7 +12,7 @@ from validation.contract.files import HaltInfo
 from validation.contract.nodes import NodeLaunch, NodesLaunch, read_nodes, write_nodes
 from validation.contract.stacks import Frame, StackDump
 from validation.contract.torchrun_log import RankFailure, agent_said
-from validation.judge.evidence import collect, collect_train
+from validation.judge.evidence import collect, collect_failures, collect_train
 from validation.judge.findings import Severity, find, recommendations
 from validation.judge.metrics import RunData
 from validation.judge.nodes import NodeEvidence, NodesEvidence, node_evidence
@@ -49,14 +49,14 @@ def test_nodes_json_round_trip(tmp_path):
 def test_ranks_are_placed_by_host_where_every_node_has_its_own(tmp_path):
     _launch(tmp_path, [NodeLaunch(0, "a"), NodeLaunch(1, "b")], "slurm")
     beats = {0: _beats(0, 1, "b", 0.0), 1: _beats(1, 0, "a", 0.0)}  # rank 0 joined second: node rank 1
-    nodes, _ = node_evidence(tmp_path, beats, {})
+    nodes = node_evidence(tmp_path, beats, {})
     assert [n.ranks for n in nodes.nodes] == [[1], [0]]
 
 
 def test_ranks_are_placed_by_node_rank_on_one_host_and_the_straggler_is_late(tmp_path):
     _launch(tmp_path, [NodeLaunch(0, "vm", group_rank=1), NodeLaunch(1, "vm", group_rank=0)])
     beats = {0: _beats(0, 0, "vm", 0.001), 1: _beats(1, 1, "vm", 0.06)}
-    nodes, _ = node_evidence(tmp_path, beats, {0: 0.1, 1: 0.1})
+    nodes = node_evidence(tmp_path, beats, {0: 0.1, 1: 0.1})
     late = {n.index: (n.ranks, n.lateness_s) for n in nodes.nodes}
     assert late[1][0] == [0] and late[0][0] == [1]
     assert abs(late[0][1] - 0.059) < 1e-6 and late[1][1] == 0.0
@@ -143,11 +143,14 @@ def test_the_log_a_crash_points_at_is_the_killed_ranks_node_not_the_first_agent_
     (tmp_path / "node1.stderr.log").write_text(
         "  rank      : 1 (local_rank: 0)\n  exitcode  : -9 (pid: 12)\nagent of node 1 exits\n")
     run = RunData(tmp_path, world_size=2, exit_code=1)
-    ev = collect(run, tmp_path / "node0.stderr.log", [])  # node 0's agent happened to exit first
+    collect_failures(run, tmp_path / "node0.stderr.log")  # node 0's agent happened to exit first
+    ev = collect(run, tmp_path / "node0.stderr.log", [])
     assert ev.rank_failures[1].signal == "SIGKILL" and not ev.rank_failures[0].own
     assert ev.stderr_log == "node1.stderr.log" and "agent of node 1 exits" in ev.stderr_tail
     (tmp_path / "node1.stderr.log").write_text("")  # nobody failed in its own right: the first to exit
-    ev = collect(RunData(tmp_path, world_size=2, exit_code=1), tmp_path / "node0.stderr.log", [])
+    run = RunData(tmp_path, world_size=2, exit_code=1)
+    collect_failures(run, tmp_path / "node0.stderr.log")
+    ev = collect(run, tmp_path / "node0.stderr.log", [])
     assert ev.stderr_log == "node0.stderr.log"
 
 
@@ -222,9 +225,16 @@ def test_a_rank_killed_before_the_others_watchdog_fired_is_the_one_named():
     assert not [t for t in titles if t.startswith(("stall in", "node 0 hung"))], titles
     assert [t for t in titles if t.startswith("node 1's rank 1 was killed by SIGKILL in two [default]")], titles
     assert [t for t in titles if t.startswith("crash in two [default]: exit code 1: rank 1: killed by SIGKILL")], titles
+    # the verdict line says the same, from the record (the report) and from the run (the session)
+    said = ("trainer crashed: rank 1: killed by SIGKILL; the other ranks' watchdog then wrote .HALT waiting for it "
+            "(exit code 1)")
+    assert verdict(Outcome.of_record(rec), []) == (Status.FAIL, said)
+    run = RunData(Path("x"), world_size=2, exit_code=1, halt=HaltInfo(source="watchdog"), rank_failures=failures)
+    assert verdict(Outcome.of_run("train", run, []), []) == (Status.FAIL, said)
     # the harness's own stall kill: its SIGKILLs are no rank's own failure, and the stall stays the finding
     stopped = _record(nodes, status=Status.FAIL, exit_code=None, stalled_s=20.0, evidence=ev)
     assert stopped.died_before_watchdog is None
+    assert verdict(Outcome.of_record(stopped), [])[1].startswith("stalled: ")
     assert [f for f in find([stopped]) if f.title.startswith("stall in")]
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from nsa.contract import PROFILE_TOP_OPS
 from validation.contract.stacks import StackDump
-from validation.contract.torchrun_log import last_exception, root_rank
+from validation.contract.torchrun_log import last_exception, root_rank, short_exception
 from validation.judge.findings import stability
 from validation.judge.findings.departed import departed, departure, exited_0
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where, where_run
 from validation.judge.findings.hung import hung_ranks
-from validation.judge.findings.nodes import missing_node, short_exception
+from validation.judge.findings.nodes import missing_node
 from validation.judge.gates import GateVerdict
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
 from validation.judge.resume import METRICS as RESUME_METRICS
@@ -169,7 +169,7 @@ def _ended_before(r: PhaseRecord, rank: int, gone: list[int]) -> str | None:
     f = r.evidence.rank_failures.get(rank)
     if f is None or rank in r.evidence.stackdumps or (r.stalled_s is None and not r.timed_out):
         return None
-    return short_exception(f.exception) if f.exception else f"killed by {f.signal}" if f.signal else None
+    return f.cause
 
 
 def _hung_first(r: PhaseRecord, stuck: dict[str, str]) -> str | None:

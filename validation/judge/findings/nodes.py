@@ -7,7 +7,7 @@ import re
 import signal
 
 from validation.contract.stacks import StackDump
-from validation.contract.torchrun_log import gave_up, root_rank
+from validation.contract.torchrun_log import gave_up, root_rank, short_exception
 from validation.judge.findings.departed import departed, departure
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where
 from validation.judge.findings.hung import hung_ranks
@@ -78,8 +78,8 @@ def _lines(r: PhaseRecord, ev: NodesEvidence) -> list[str]:
 def _rank(r: PhaseRecord, rank: int) -> str:
     f = r.evidence.rank_failures.get(rank)
     text = f"rank {rank} {last_heartbeat(r, rank)}"
-    if f is not None and (f.exception or f.signal):
-        text += f", {short_exception(f.exception) if f.exception else 'killed by ' + str(f.signal)}"
+    if f is not None and f.cause:
+        text += f", {f.cause}"
     return text
 
 
@@ -297,10 +297,3 @@ def _said(text: str) -> str:
         return repr(text[:160])
     return m["name"] + (f": {m['msg'][:160]}" if m["msg"] else "")
 
-
-def short_exception(text: str) -> str:
-    """A rank's exception without gloo's source path: 'RuntimeError: Connection closed by peer [..]:1686'."""
-    m = re.match(r"^(?P<name>[\w.]+): (\[[^\]]*\] )?(?P<msg>.*)$", text)
-    if m is None:
-        return text[:160]
-    return f"{m['name'].split('.')[-1]}: {m['msg'].split('. ')[0][:160]}"

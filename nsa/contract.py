@@ -75,6 +75,10 @@ HEARTBEAT_RECOMMENDED = {
              "have completed it; a rank that never writes a record of a step done says by one within the last "
              "step only that it started it)",
     "gpu_util": "GPU utilisation in percent where readable",
+    "mem_alloc_gb": "accelerator memory this rank's process holds allocated, GiB: a GPU that reads idle while "
+                    "holding as much as a busy rank's is a rank waiting for its peers (an NCCL kernel spinning "
+                    "keeps the other GPU's reading up), not an idle one; without it a rank that reads ~0% "
+                    "beside one at 50% or more is counted idle",
     "fallbacks": "a mapping of counters: calls routed to a slower backend than wanted",
     "node": f"the writer's node: torchrun's node rank ({NODE_RANK_ENV}), 0 for a single node; the harness groups "
             "ranks by it (stragglers, a node's hang)",

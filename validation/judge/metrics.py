@@ -251,23 +251,32 @@ def ranks_progressing(heartbeats: dict[int, list[dict[str, Any]]]) -> set[int]:
 
 def _idle_ranks(run: RunData, last: int | None) -> float | None:
     """Ranks of the world that made no step progress, or whose GPU read ~idle at every sample
-    (heartbeat gpu_util < 5%) while another rank's was busy (median >= 50%): the seeds' FSDP run,
-    GPU 0 at 99%, GPU 1 at 0%. A small model's step is mostly host time, and NVML's readings of
-    it say little: in a healthy DDP run of the tiny preset over NCCL on two H200s (2026-11-27,
-    docs/measurements/2026-11-27-c/call6_16d74ab_nccl_faults.log) rank 0's GPU read 29% and rank
-    1's 1% at 25 of 27 steps, 13% and 16% at the last two; with the last reading alone and a busy
-    rank at 20%, such a run was NO-GO."""
+    (heartbeat gpu_util < 5%) while another rank's was busy (median >= 50%) and, where the
+    heartbeats say what memory each rank holds (mem_alloc_gb), held next to none of it (under 5%
+    of the busy rank's): the seeds' FSDP run, GPU 0 at 99% and 27 GB, GPU 1 at 0% and 4 MB.
+
+    NVML's reading is the share of time a kernel was resident, and a rank that waits for its peer
+    in an NCCL collective keeps a kernel resident while it spins: in a healthy DDP run of the tiny
+    preset over NCCL on two H200s (2026-11-27) rank 0's GPU read 29% / 56% and rank 1's 1% at 25
+    of 27 and 29 of 31 readings (docs/measurements/2026-11-27-c/call6_16d74ab_nccl_faults.log,
+    docs/measurements/2026-11-27-d/call1_829f279_nccl_faults.log): the rank that arrived late read
+    idle and was called so once (a false NO-GO). Both ranks held the same model and its memory."""
     if not run.heartbeats:
         return None
     idle = set(range(run.world_size)) - ranks_progressing(run.heartbeats)
-    util = {r: samples for r, recs in run.heartbeats.items() if (samples := _utils(recs))}
-    if util and max(statistics.median(u) for u in util.values()) >= 50:
-        idle |= {r for r, u in util.items() if max(u) < 5}
+    util = {r: u for r, recs in run.heartbeats.items() if (u := _readings(recs, "gpu_util"))}
+    busy = [r for r, u in util.items() if statistics.median(u) >= 50]
+    if busy:
+        held = {r: max(m) for r, recs in run.heartbeats.items() if (m := _readings(recs, "mem_alloc_gb"))}
+        most = max((held[r] for r in busy if r in held), default=None)
+        idle |= {r for r, u in util.items()
+                 if max(u) < 5 and (most is None or r not in held or held[r] < 0.05 * most)}
     return float(len(idle))
 
 
-def _utils(recs: list[dict[str, Any]]) -> list[float]:
-    return [float(r["gpu_util"]) for r in recs if _number(r.get("gpu_util"))]
+def _readings(recs: list[dict[str, Any]], name: str) -> list[float]:
+    """A heartbeat field's numeric readings across a rank's records."""
+    return [float(r[name]) for r in recs if _number(r.get(name))]
 
 
 def fallback_counters(run: RunData) -> dict[str, float]:
@@ -393,7 +402,8 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("rank_step_time_ratio", "slowest / fastest rank's median step time (heartbeats)",
            (_BEATS, Input(Source.HEARTBEAT, "time")), False, _rank_ratio),
     Metric("idle_ranks", "ranks with no step progress, or ~0% GPU use at every reading (heartbeat gpu_util < 5%, "
-                         "where written) while another rank's median is at least 50%", (_BEATS,), False, _idle_ranks),
+                         "where written) while another rank's median is at least 50%, holding under 5% of its "
+                         "memory where the heartbeats carry mem_alloc_gb", (_BEATS,), False, _idle_ranks),
     Metric("fallbacks_total", "sum of fallback counters in the last heartbeat of each rank",
            (Input(Source.HEARTBEAT, "fallbacks", True),), False, _fallbacks),
     Metric("backends_recorded", "1 when env.json records the attention backend per branch",

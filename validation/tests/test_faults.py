@@ -176,8 +176,9 @@ def test_one_low_gpu_reading_of_a_working_rank_is_no_idle_rank():
     >= 50%); one low NVML sample beside a busy one, or a small model's low readings, are noise."""
     from validation.judge.metrics import _idle_ranks
 
-    def run(utils: dict[int, list[float]]):
-        beats = {r: [{"step": i + 1, "stage": "step", "gpu_util": u} for i, u in enumerate(us)]
+    def run(utils: dict[int, list[float]], held_gb: dict[int, float] | None = None):
+        beats = {r: [{"step": i + 1, "stage": "step", "gpu_util": u,
+                      **({"mem_alloc_gb": held_gb[r]} if held_gb else {})} for i, u in enumerate(us)]
                  for r, us in utils.items()}
         return SimpleNamespace(heartbeats=beats, world_size=len(utils))
 
@@ -186,3 +187,9 @@ def test_one_low_gpu_reading_of_a_working_rank_is_no_idle_rank():
     # a healthy tiny run over NCCL on two H200s: rank 1 read 1% at most steps while rank 0 read 29%
     assert _idle_ranks(run({0: [29] * 5, 1: [1] * 5}), None) == 0
     assert _idle_ranks(run({0: [4, 3, 2], 1: [1, 0, 2]}), None) == 0  # nobody busy: a small model, not an idle rank
+    # the same run again (2026-11-27): rank 0 read 56% and rank 1 1% at 29 of 31 readings; each rank
+    # holds the same model (equal memory here): a rank waiting in NCCL keeps a kernel resident, and
+    # the one that came late reads idle. Without mem_alloc_gb in the heartbeats it is called idle.
+    assert _idle_ranks(run({0: [56] * 29, 1: [1] * 29}, {0: 0.3, 1: 0.3}), None) == 0
+    assert _idle_ranks(run({0: [56] * 29, 1: [1] * 29}), None) == 1
+    assert _idle_ranks(run({0: [99, 98, 99], 1: [0, 1, 0]}, {0: 27.0, 1: 0.004}), None) == 1  # the seeds', 27 GB / 4 MB

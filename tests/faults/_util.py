@@ -127,6 +127,12 @@ def fault_phase(name: str, fault: str = "", nproc: int = 1, steps: int = 6, **ex
     return phase
 
 
+#: the stalled-rank fault under each distributed mode: (its name, the matrix row). How rank 0
+#: waits for rank 1 differs: DDP's gradient all-reduce runs inside autograd (no collective on its
+#: stack), FSDP2 waits in the all-gather of the next layer's parameters
+DIST_MODES = {"ddp": ("DDP", "stalled rank"), "fsdp": ("FSDP2", "stalled rank, FSDP2")}
+
+
 #: the trainer's watchdog on the GPUs, as on CPU: each rank's CUDA context, NCCL communicator and
 #: kernels come up in set-up and the first step, under watchdog.startup_s (its default)
 NCCL_WATCHDOG_S = WATCHDOG_S

@@ -74,19 +74,22 @@ def _run_nccl(seeded, name: str, fault: str, **extra) -> tuple[U.Proc, object]:
     return p, U.record(seeded.results, name)
 
 
-def _assert_nccl(seeded, rec) -> None:
-    """The run really was DDP over NCCL on two GPUs (not a silent fall-back to gloo or one device)."""
+def _assert_nccl(seeded, rec, mode: str = "ddp") -> None:
+    """The run really was DDP (or ``mode``) over NCCL on two GPUs (not a silent fall-back to gloo or
+    one device)."""
     env = U.load_env(seeded.results / rec.out_dir)
-    assert env["dist"] == {"mode": "ddp", "backend": "nccl"}, env["dist"]
+    assert env["dist"] == {"mode": mode, "backend": "nccl"}, env["dist"]
     assert env["world_size"] == 2 and env["rank0_device"].startswith("cuda"), (env["world_size"], env["rank0_device"])
 
 
-def test_stalled_rank_is_halted_by_the_watchdog(seeded, matrix):
-    matrix.start("stalled rank", "`NSA_FAULT=stall:rank=1:step=3`, torchrun x2, DDP over NCCL on 2 GPUs",
+@pytest.mark.parametrize("mode", list(U.DIST_MODES))
+def test_stalled_rank_is_halted_by_the_watchdog(seeded, matrix, mode):
+    name, fault = U.DIST_MODES[mode]
+    matrix.start(fault, f"`NSA_FAULT=stall:rank=1:step=3`, torchrun x2, {name} over NCCL on 2 GPUs",
                  "watchdog fires on every rank (rank 0 waiting in a CUDA sync): stack dumps, .HALT, exit 3; FAIL "
                  "naming rank 1 stuck at step 3", section=SECTION)
-    p, rec = _run_nccl(seeded, "stall", "stall:rank=1:step=3")
-    _assert_nccl(seeded, rec)
+    p, rec = _run_nccl(seeded, "stall", "stall:rank=1:step=3", overrides={"dist.mode": mode})
+    _assert_nccl(seeded, rec, mode)
     assert rec.status == "FAIL" and "watchdog" in rec.reason, rec.reason
     assert not rec.timed_out, "the harness timeout fired: the watchdog did not end the run"
     took = U.fault_to_end_s(seeded.results / rec.out_dir, 1, 3, "forward")
@@ -97,7 +100,7 @@ def test_stalled_rank_is_halted_by_the_watchdog(seeded, matrix):
     assert ev.halt
     f = U.finding(seeded.results, "stall", "stall in stall")
     text = U.finding_text(f)
-    assert "rank 1 in at" in f.title, text  # the stalled rank, never rank 0 that waited for it
+    assert "hung: rank 1 in at" in f.title, text  # the stalled rank, never rank 0 that waited for it
     assert "rank 1: last heartbeat step 3, stage forward" in text and "faults.py" in text, text
     assert "rank 0: last heartbeat step 3" in text, text
     U.assert_no_go_after(seeded, rec, p)

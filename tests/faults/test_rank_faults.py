@@ -15,10 +15,12 @@ pytestmark = pytest.mark.faults
 
 
 @pytest.mark.distributed
-def test_stalled_rank_is_halted_by_the_watchdog(seeded, matrix):
-    matrix.start("stalled rank", "`NSA_FAULT=stall:rank=1:step=3`, torchrun x2 (DDP, gloo)",
+@pytest.mark.parametrize("mode", list(U.DIST_MODES))
+def test_stalled_rank_is_halted_by_the_watchdog(seeded, matrix, mode):
+    name, fault = U.DIST_MODES[mode]
+    matrix.start(fault, f"`NSA_FAULT=stall:rank=1:step=3`, torchrun x2 ({name}, gloo)",
                  "watchdog fires on every rank: stack dumps, .HALT, exit 3; FAIL naming rank 1 stuck at step 3")
-    rb = seeded.runbook(U.fault_phase("stall", "stall:rank=1:step=3", nproc=2))
+    rb = seeded.runbook(U.fault_phase("stall", "stall:rank=1:step=3", nproc=2, overrides={"dist.mode": mode}))
     p = seeded.run(rb, "stall")
     rec = U.record(seeded.results, "stall")
     assert rec.status == "FAIL" and "watchdog" in rec.reason, rec.reason
@@ -32,7 +34,7 @@ def test_stalled_rank_is_halted_by_the_watchdog(seeded, matrix):
     # the stalled rank is named with where it is stuck (the injected sleep) and its step
     f = U.finding(seeded.results, "stall", "stall in stall")
     text = f.title + "\n" + "\n".join(f.detail)
-    assert "rank 1 in at" in f.title, text
+    assert "hung: rank 1 in at; waiting for it: rank 0" in f.title, text
     assert "rank 1: last heartbeat step 3, stage forward" in text and "faults.py" in text, text
     assert "rank 0: last heartbeat step 3" in text, text
     U.assert_no_go_after(seeded, rec, p)

@@ -146,3 +146,11 @@ def closed_rendezvous(said: str | None) -> bool:
     """The agent whose last word this is gave up on a rendezvous that no rank can start from any
     more (``_CLOSED``): it waited its join timeout for the others, or found it closed."""
     return bool(_CLOSED.search(said or ""))
+
+
+def short_exception(text: str) -> str:
+    """A rank's exception without gloo's source path: 'RuntimeError: Connection closed by peer [..]:1686'."""
+    m = re.match(r"^(?P<name>[\w.]+): (\[[^\]]*\] )?(?P<msg>.*)$", text)
+    if m is None:
+        return text[:160]
+    return f"{m['name'].split('.')[-1]}: {m['msg'].split('. ')[0][:160]}"

@@ -29,7 +29,7 @@ may have done all its work, and is not named.
 from __future__ import annotations
 
 from nsa.contract import HEARTBEAT_STAGES_IN_STEP
-from validation.contract.torchrun_log import root_rank
+from validation.contract.torchrun_log import root_rank, short_exception
 from validation.judge.record import Beat, PhaseRecord
 
 
@@ -66,6 +66,20 @@ def exited_0(rec: PhaseRecord) -> list[int]:
     tells which ranks ended so (``_remained``)."""
     others = _remained(rec)
     return [k for k in range(rec.world_size) if others and k not in others and k in rec.evidence.last_heartbeat]
+
+
+def ended_before(rec: PhaseRecord, rank: int) -> str | None:
+    """How ``rank`` had ended before the run was stopped: 'exited 0' (``exited_0``: early or after
+    its steps), else, where the harness stopped the run, the failure torchrun reported of it; None
+    where it was still running (a stack of it was taken) or nothing says. A stack dump file without
+    frames (one a trainer opened for faulthandler and never wrote) is no sign that it ran."""
+    if rank in exited_0(rec):
+        return "exited 0"
+    f = rec.evidence.rank_failures.get(rank)
+    dump = rec.evidence.stackdumps.get(rank)
+    if f is None or (dump is not None and dump.frames) or (rec.stalled_s is None and not rec.timed_out):
+        return None
+    return short_exception(f.exception) if f.exception else f"killed by {f.signal}" if f.signal else None
 
 
 def _remained(rec: PhaseRecord) -> set[int]:

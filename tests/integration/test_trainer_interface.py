@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,9 +22,11 @@ import pytest
 import yaml
 
 from tests.faults import _util as U
+from validation import REPO_ROOT
 from validation.cli import _parser
 from validation.contract import check_command as check_artifacts
 from validation.contract.files import window_rows
+from validation.launch import commands
 from validation.errors import RunbookError
 from validation.judge.findings import find
 from validation.judge.record import Status
@@ -303,3 +306,48 @@ def test_metrics_a_trainer_does_not_list_or_its_files_lack_are_unmeasurable(tmp_
     (seed_point,) = expand(load_runbook(_runbook(tmp_path, SEEDLIKE, [_train("good")], name="seed")), load_profile("cpu"))
     assert unprovided_metrics(seed_point)["step_time_s_mean"] == "trainer seedlike's files lack step_time_s"
     assert "toks_per_s_mean" not in unprovided_metrics(seed_point)
+
+
+#: a trainer of another project whose own top-level package is named ``nsa``, in a src layout that
+#: its script appends to sys.path (so PYTHONPATH entries come before it)
+_SRC_NSA_TRAINER = {
+    "src/nsa/__init__.py": "OWNER = 'foreign'\n",
+    "src/nsa/loop.py": '''import json, os, time
+def train(steps, out):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "env.json"), "w") as f:
+        json.dump({"world_size": 1, "git_sha": "0123abc"}, f)
+    with open(os.path.join(out, "training.csv"), "w") as csv, open(os.path.join(out, "heartbeat_rank0.jsonl"), "w") as hb:
+        csv.write("step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb\\n")
+        for step in range(1, steps + 1):
+            csv.write(f"{step},{5 - 0.1 * step},0.001,100,0.01,1,0.1,0.1\\n")
+            hb.write(json.dumps({"time": time.time(), "step": step, "stage": "step", "pid": os.getpid()}) + "\\n")
+''',
+    "train.py": '''import pathlib, sys
+sys.path.append(str(pathlib.Path(__file__).parent / "src"))
+import nsa
+if getattr(nsa, "OWNER", None) != "foreign":
+    sys.exit(f"imported another project's nsa: {nsa.__file__}")
+from nsa.loop import train
+train(int(sys.argv[1]), sys.argv[2])
+'''}
+
+
+def test_a_trainer_whose_package_is_named_nsa_imports_its_own(tmp_path, monkeypatch):
+    """The harness run as ``PYTHONPATH=<this checkout> python -m validation`` passed that entry on
+    to another project's trainer, whose own ``nsa`` it then shadowed: 'No module named nsa.loop',
+    a NO-GO of the wrong code. Other inherited entries still reach the trainer."""
+    root = tmp_path / "other_project"
+    for rel, text in _SRC_NSA_TRAINER.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    monkeypatch.setenv("OTHER_TRAINER_ROOT", str(root))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO_ROOT), str(tmp_path / "site")]))
+    trainer = {"name": "other", "root": {"env": "OTHER_TRAINER_ROOT"}, "script": "train.py",
+               "args": ["{steps}", "{out_dir}"]}
+    rb = _runbook(tmp_path, trainer, [{"name": "single", "kind": "train", "gates": GATES[1:3]}],
+                  name="other_nsa")
+    rec = _run_all(rb, tmp_path / "results")["single"]
+    assert rec.status == Status.PASS, (rec.reason, rec.evidence.stderr_tail)
+    assert commands.child_env({}, root=root)["PYTHONPATH"].split(os.pathsep) == [str(root), str(tmp_path / "site")]
+    assert commands.child_env({})["PYTHONPATH"].split(os.pathsep)[:2] == [str(REPO_ROOT), str(REPO_ROOT)]

@@ -14,13 +14,27 @@ from validation import REPO_ROOT
 def child_env(extra: Mapping[str, str], root: Path = REPO_ROOT) -> dict[str, str]:
     """The parent's environment without inherited NSA_*/CONFIG (the runbook is the source of
     truth for those), plus the runbook's variables and what the harness needs; ``root`` (the
-    trainer's own checkout) comes first on PYTHONPATH, so nothing of this repository shadows it."""
+    trainer's own checkout) comes first on PYTHONPATH, and of the inherited PYTHONPATH only
+    what is not this repository (:func:`inherited_path`)."""
     env = {k: v for k, v in os.environ.items() if not (k.startswith("NSA_") or k == "CONFIG")}
     env.update(extra)
-    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *inherited_path(root)])
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"  # a fatal signal leaves a Python traceback in stderr
     return env
+
+
+def inherited_path(root: Path) -> list[str]:
+    """The harness's own PYTHONPATH entries a trainer rooted at ``root`` inherits: all of them for
+    this project's trainer, and for another trainer all but this repository, which the harness's
+    environment often carries (``PYTHONPATH=<checkout> python -m validation``, the fault tests):
+    its ``nsa`` package would shadow a trainer's own ``nsa`` that is not at its root (a src layout
+    appended to sys.path, an installed package). Nothing a foreign trainer runs needs this
+    repository; other entries (a sitecustomize folder, a site's own paths) go on."""
+    entries = [e for e in os.environ.get("PYTHONPATH", "").split(os.pathsep) if e]
+    if root.resolve() == REPO_ROOT:
+        return entries
+    return [e for e in entries if Path(e).resolve() != REPO_ROOT]
 
 
 Target = str | Sequence[str]

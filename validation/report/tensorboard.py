@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import tempfile
 from pathlib import Path
 
 from nsa.contract import CSV_COLUMNS
@@ -27,6 +28,22 @@ def missing() -> str | None:
     """Why the export cannot run here (the tensorboard package is not installed), or None."""
     if importlib.util.find_spec(PACKAGE) is None:
         return f"--tensorboard needs the {PACKAGE} package, which is not installed: {INSTALL_HINT}"
+    return None
+
+
+def unwritable(out: Path) -> str | None:
+    """Why event files cannot be written under ``out``, or None: ``out`` (or the nearest of its
+    parents that exists) must be a directory this process can create files in. Checked before a
+    run, which would otherwise end in a traceback after its points ran; nothing is created."""
+    here = out
+    while not here.exists() and here != here.parent:
+        here = here.parent
+    if not here.is_dir():
+        return f"{here} is not a directory"
+    try:
+        tempfile.TemporaryFile(dir=here).close()
+    except OSError as exc:
+        return f"cannot write in {here} ({exc.strerror or exc})"
     return None
 
 

@@ -407,7 +407,12 @@ def parse_phase(path: Path, data: Any, where: str, defaults: dict[str, Any], kno
     repeats = r.int_("repeats", 1, minimum=1)
     if repeats > 1 and kind != "train":
         r.fail(r.key("repeats"), f"only train phases are repeated (a mean with a confidence interval), not kind {kind!r}")
-    for i, g in enumerate(gates):  # a window no run of the phase can cover would always be NO_DATA
+    for i, g in enumerate(gates):
+        if g.window.last is not None and not METRICS[g.metric].windowed:
+            # it would be shown beside the gate and not applied
+            r.fail(r.key(f"gates[{i}].window"), f"metric {g.metric} takes no window (it reads the whole run); "
+                                                f"leave window out")
+        # a window no run of the phase can cover would always be NO_DATA
         if kind in TRAINER_KINDS and g.window.last is not None and g.window.last > steps and METRICS[g.metric].windowed:
             r.fail(r.key(f"gates[{i}].window"), f"{g.window.describe()} is longer than the phase's {steps} steps")
     stall_s = _watch_s(r, "stall_s", kind, timeout_s, defaults["stall_s"])

@@ -178,8 +178,11 @@ class AcceptanceSession:
         the baseline, when given, another store that holds at least one of ``pairs`` (default: the
         selected ones); a comparison that could compare nothing is an error before anything runs."""
         ResultStore(self.results_dir).check()
-        if self.options.tensorboard is not None and (why := tensorboard.missing()):
-            raise HarnessError(why)
+        if self.options.tensorboard is not None:
+            if why := tensorboard.missing():
+                raise HarnessError(why)
+            if why := tensorboard.unwritable(self.options.tensorboard):
+                raise HarnessError(f"--tensorboard {self.options.tensorboard}: {why}")
         base = self.options.baseline
         if base is None:
             return

@@ -78,7 +78,8 @@ def test_a_stall_with_no_rank_left_running_gets_no_py_spy_advice_and_no_hung_nod
     assert not [f for f in find([rec]) if f.kind == "node_hung"], [f.title for f in find([rec])]
     [stall] = [f for f in find([rec]) if f.kind == "stall"]
     assert stall.title.endswith(": no rank was left running to take a stack of"), stall.title
-    assert "rank 1: last heartbeat step 8, stage step; no process left to take a stack of: it had ended" in stall.detail
+    assert "rank 1: last heartbeat step 8, stage step; no process left to take a stack of: it had ended (exited 0)" \
+        in stall.detail
     # the same run where rank 1's last heartbeat is the 'data' record of step 8 (the step in progress,
     # not completed): it exited 0 inside the last step, and is the cause the stall finding names (it
     # had been passed over: 'no rank was left running', advice naming no rank)

@@ -8,12 +8,13 @@ import dataclasses
 import json
 
 from validation.contract.adapters import ADAPTERS, RunFacts
-from validation.contract.stacks import TakenStack
+from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure
 from validation.judge.evidence import collect, collect_train
 from validation.judge.findings import find, recommendations
 from validation.judge.findings.departed import departed, departure
 from validation.judge.metrics import RunData
+from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 from validation.judge.verdict import Outcome, verdict
 
@@ -168,3 +169,56 @@ def test_a_crash_after_a_rank_exited_0_having_done_its_steps_says_so_not_torchru
     assert "rank 1: last heartbeat step 8, stage step; exited 0 (torchrun reports no failure of it)" in crash.detail
     [advice] = recommendations([crash])
     assert "same collectives after the training loop" in advice and "traceback" not in advice, advice
+
+
+def _hung_after_the_last_step(rank1_ended: RankFailure | None = None, rank1_dump: StackDump | None = None,
+                              nodes: NodesEvidence | None = None) -> PhaseRecord:
+    """Two ranks stepped to 8 of 8; rank 0 then hung (the harness took its stack) while rank 1 ended:
+    with exit 0 (``rank1_ended`` None) or a failure of its own."""
+    rec = _record({1: rank1_ended} if rank1_ended else {}, {0: Beat(8, "step"), 1: Beat(8, "step")}, stalled=True,
+                  taken=(_taken(0),))
+    dumps = {0: StackDump("harness_stacks/rank0.txt", [Frame("trainer.py", 44, "save")], None, "py-spy")}
+    if rank1_dump is not None:
+        dumps[1] = rank1_dump
+    return dataclasses.replace(rec, evidence=dataclasses.replace(rec.evidence, stackdumps=dumps, nodes=nodes))
+
+
+def _two_nodes() -> NodesEvidence:
+    return NodesEvidence("torchrun", "localhost:1", 6.0, [NodeEvidence(0, "node0.stderr.log", "vm", None, None, 0, [0]),
+                                                          NodeEvidence(1, "node1.stderr.log", "vm", None, None, 1, [1])])
+
+
+def test_a_rank_that_did_its_steps_and_exited_0_is_said_to_have_ended_not_to_lack_a_stack():
+    """Rank 1 completed all 8 steps and exited 0; rank 0 hung after them. The stall finding said
+    'rank 1: ...; no stack dump' and the nodes finding had rank 1 'waiting for it' (no stack)."""
+    [stall] = [f for f in find([_hung_after_the_last_step(nodes=_two_nodes())]) if f.kind == "stall"]
+    assert ("rank 1: last heartbeat step 8, stage step; no process left to take a stack of: it had ended (exited 0)"
+            in stall.detail), stall.detail
+    [hung] = [f for f in find([_hung_after_the_last_step(nodes=_two_nodes())]) if f.kind == "node_hung"]
+    assert hung.title == ("node 0 hung in ddp [default] (no progress for 10 s): node 0's rank 0 in save (last heartbeat "
+                          "step 8, step); already ended: node 1's rank 1 (exited 0)"), hung.title
+    assert "node 1 (host vm, torchrun node rank 1, log node1.stderr.log): rank 1 last heartbeat step 8, stage step, " \
+           "exited 0;" in hung.detail[1], hung.detail
+
+
+#: rank 1's own failure, while rank 0 hung in a place that broke no collective
+CRASHED = RankFailure(exception="RuntimeError: injected crash on rank 1", exit_code=1)
+
+
+def test_an_empty_stack_dump_file_is_no_stack_of_the_rank():
+    """A trainer that opens stackdump_rank{R}.txt for faulthandler at start leaves it empty where the
+    rank never dumped: rank 1, which had failed, was listed as 'no stack dump' as if its stack had
+    been there to take, not as having ended with its exception."""
+    empty = StackDump("stackdump_rank1.txt", [], None, "trainer")
+    for rank1_dump in (None, empty):
+        [stall] = [f for f in find([_hung_after_the_last_step(CRASHED, rank1_dump)]) if f.kind == "stall"]
+        assert ("rank 1: last heartbeat step 8, stage step; no process left to take a stack of: it had ended "
+                "(RuntimeError: injected crash on rank 1)" in stall.detail), stall.detail
+
+
+def test_a_hung_node_finding_says_a_rank_that_had_failed_had_ended_not_that_it_waited():
+    """Node 0's rank hung outside any collective; node 1's rank had failed before: it was listed as
+    'waiting for it: node 1's rank 1 (no stack)'."""
+    [hung] = [f for f in find([_hung_after_the_last_step(CRASHED, nodes=_two_nodes())]) if f.kind == "node_hung"]
+    assert hung.title.endswith("already ended: node 1's rank 1 (RuntimeError: injected crash on rank 1)"), \
+        hung.title

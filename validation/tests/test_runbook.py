@@ -61,6 +61,9 @@ def _rb(**phase):
     (_rb(gates=[{"metric": "toks_per_s_mean", "op": "__import__('os')", "threshold": 1}]), "phases[0].gates[0].op", "unknown comparison"),
     (_rb(gates=[{"metric": "toks_per_s_mean", "op": ">=", "threshold": "39"}]), "phases[0].gates[0].threshold", "expected a number"),
     (_rb(gates=[{"metric": "toks_per_s_mean", "op": ">=", "threshold": 1, "window": "first 5"}]), "phases[0].gates[0].window", "not understood"),
+    # loss_finite reads every step: the window was shown beside the gate ('phases', the report) and not applied
+    (_rb(gates=[{"metric": "loss_finite", "op": "==", "threshold": 1, "window": "last 5 steps"}]), "phases[0].gates[0].window",
+     "metric loss_finite takes no window"),
     (_rb(env={"LD_PRELOAD": "/tmp/x.so"}), "phases[0].env.LD_PRELOAD", "may not be set"),
     # a user's own trainer's variable in a phase's env: the message says where it goes instead
     (_rb(env={"USERT_FAULT": "nan"}), "phases[0].env.USERT_FAULT",

@@ -66,3 +66,19 @@ def test_without_the_package_the_option_is_a_clear_error_before_anything_runs(tm
     assert "--tensorboard needs the tensorboard_not_installed_here package" in err
     assert "pip install -e '.[tensorboard]'" in err
     assert not (tmp_path / "res" / "runs").exists() and not (tmp_path / "tb").exists()
+
+
+@pytest.mark.parametrize("where", ["a_file", "a_file/below"])
+def test_a_directory_that_cannot_be_written_is_a_clear_error_before_anything_runs(tmp_path, capsys, monkeypatch, where):
+    """--tensorboard at a path that cannot be a directory (a file, or under one) ended a finished
+    run, or a report, in a NotADirectoryError traceback with exit 1 (the NO-GO status)."""
+    monkeypatch.setattr(tensorboard, "missing", lambda: None)
+    (tmp_path / "a_file").write_text("")
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase()])
+    bad = tmp_path / where
+    assert main(["run", "--runbook", str(rb), "--profile", "cpu", "--results-dir", str(tmp_path / "res"),
+                 "--tensorboard", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"nsa-validate: error: --tensorboard {bad}: " in err and "Traceback" not in err, err
+    assert f"{tmp_path / 'a_file'} is not a directory" in err, err
+    assert not (tmp_path / "res" / "runs").exists()

@@ -68,6 +68,20 @@ def exited_0(rec: PhaseRecord) -> list[int]:
     return [k for k in range(rec.world_size) if others and k not in others and k in rec.evidence.last_heartbeat]
 
 
+def ended_before(rec: PhaseRecord, rank: int) -> str | None:
+    """How ``rank`` had ended before the run was stopped: 'exited 0' (``exited_0``: early or after
+    its steps), else, where the harness stopped the run, the failure torchrun reported of it; None
+    where it was still running (a stack of it was taken) or nothing says. A stack dump file without
+    frames (one a trainer opened for faulthandler and never wrote) is no sign that it ran."""
+    if rank in exited_0(rec):
+        return "exited 0"
+    f = rec.evidence.rank_failures.get(rank)
+    dump = rec.evidence.stackdumps.get(rank)
+    if f is None or (dump is not None and dump.frames) or (rec.stalled_s is None and not rec.timed_out):
+        return None
+    return f.cause
+
+
 def _remained(rec: PhaseRecord) -> set[int]:
     """The ranks known not to have exited 0: those that failed (torchrun's logs) and those the
     harness found running when it stopped the run; empty where nothing tells which ranks left

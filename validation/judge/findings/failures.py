@@ -7,7 +7,7 @@ from nsa.contract import PROFILE_TOP_OPS
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import last_exception, root_rank, short_exception
 from validation.judge.findings import stability
-from validation.judge.findings.departed import departed, departure, exited_0
+from validation.judge.findings.departed import departed, departure, ended_before, exited_0
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where, where_run
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.findings.nodes import missing_node
@@ -128,7 +128,7 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
         known = set(ev.last_heartbeat) | set(ev.stackdumps) | {t.rank for t in ev.taken_stacks if t.rank is not None}
         for rank in sorted(k for k in known if k < r.world_size):
             line = f"rank {rank}: {last_heartbeat(r, rank)}"
-            end = _ended_before(r, rank, gone)
+            end = ended_before(r, rank)
             if end is not None or facts.no_rank_running:
                 detail.append(f"{line}; no process left to take a stack of: it had ended" + (f" ({end})" if end else ""))
                 continue
@@ -147,7 +147,7 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
             detail.append(f"stacks of {len(stuck)} of {r.world_size} ranks were recorded")
         if gone:  # the rank that left is the cause; the others failed or waited after it
             ended = [f"rank {k}: {end}" for k in sorted(ev.rank_failures) if k not in gone
-                     and (end := _ended_before(r, k, gone)) is not None]
+                     and (end := ended_before(r, k)) is not None]
             rest = "; ".join(stuck.values()) or "no rank was left running"
             at = f": {departure(r, gone)}; {rest}" + (f" ({'; '.join(ended)})" if ended else "")
         else:
@@ -159,17 +159,6 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
         out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail,
                            "departed" if gone else "stall", facts))
     return out
-
-
-def _ended_before(r: PhaseRecord, rank: int, gone: list[int]) -> str | None:
-    """How a rank had ended before the harness stopped the run ('exited 0' for one that left early,
-    else the failure torchrun reported of it); None where it was still running or nothing says."""
-    if rank in gone:
-        return "exited 0"
-    f = r.evidence.rank_failures.get(rank)
-    if f is None or rank in r.evidence.stackdumps or (r.stalled_s is None and not r.timed_out):
-        return None
-    return f.cause
 
 
 def _hung_first(r: PhaseRecord, stuck: dict[str, str]) -> str | None:

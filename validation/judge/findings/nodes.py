@@ -8,7 +8,7 @@ import signal
 
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import gave_up, root_rank, short_exception
-from validation.judge.findings.departed import departed, departure
+from validation.judge.findings.departed import departed, departure, ended_before, exited_0
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.nodes import NodeEvidence, NodesEvidence
@@ -80,6 +80,8 @@ def _rank(r: PhaseRecord, rank: int) -> str:
     text = f"rank {rank} {last_heartbeat(r, rank)}"
     if f is not None and f.cause:
         text += f", {f.cause}"
+    elif rank in exited_0(r):
+        text += ", exited 0"
     return text
 
 
@@ -166,8 +168,11 @@ def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
         return None  # no stall, or a rank died and the watchdog fired in those waiting for it (_failed)
     if Facts.of(r).no_rank_running:
         return None  # nothing hung: every rank had ended (or never started), a launcher kept the run open
-    stacks = r.evidence.stackdumps
-    beats = r.evidence.last_heartbeat
+    # a rank that had ended (exit 0, or a failure of its own) neither hung nor waited
+    ended = {k: e for k in sorted(set(r.evidence.stackdumps) | set(r.evidence.last_heartbeat))
+             if (e := ended_before(r, k)) is not None}
+    stacks = {k: d for k, d in r.evidence.stackdumps.items() if k not in ended}
+    beats = {k: b for k, b in r.evidence.last_heartbeat.items() if k not in ended}
     ranks = sorted(set(stacks) | set(beats))
     if not ranks:
         return None
@@ -181,7 +186,9 @@ def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     others = "; ".join(f"{_on(ev, k)}rank {k} {_where(stacks.get(k), beats.get(k))}" for k in waiting)
     nodes_hung = {ev.of_rank(k).index for k in hung if ev.of_rank(k) is not None}
     head = _names([n for n in ev.nodes if n.index in nodes_hung]) or "a node"
-    title = f"{head} hung in {where(r)} ({how}): {stuck}" + (f"; waiting for it: {others}" if others else "")
+    gone = "; ".join(f"{_on(ev, k)}rank {k} ({e})" for k, e in ended.items())
+    title = (f"{head} hung in {where(r)} ({how}): {stuck}" + (f"; waiting for it: {others}" if others else "")
+             + (f"; already ended: {gone}" if gone else ""))
     return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "node_hung")
 
 
@@ -296,4 +303,3 @@ def _said(text: str) -> str:
     if m is None:
         return repr(text[:160])
     return m["name"] + (f": {m['msg'][:160]}" if m["msg"] else "")
-

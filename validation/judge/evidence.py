@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP, TRAINING_CSV
+from nsa.contract import TRAINING_CSV
 from validation.contract import check as contract
 from validation.contract.files import read_halt, stackdumps, tail, torn_last_row, unranked_stackdumps
 from validation.contract.stacks import (
@@ -63,7 +63,7 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
     # the heartbeats of ranks that exist: a file of a rank at or above the world size is malformed
     # (the point's ERROR names it), and whoever wrote it is no rank of its own to place or time
     heartbeats = {r: recs for r, recs in run.heartbeats.items() if r < run.world_size}
-    beats = {r: _beat(recs) for r, recs in heartbeats.items() if recs}
+    beats = {r: Beat.of(recs) for r, recs in heartbeats.items() if recs}
     losses = run.csv["loss"].tolist() if run.csv is not None and not run.csv.empty else []
     step_times = {r: round(t, 6) for r, t in rank_step_times(heartbeats).items()}
     nodes = node_evidence(run.out_dir, heartbeats, step_times)  # each node's agent logs
@@ -128,12 +128,3 @@ def _read(out_dir: Path, rel: str, source: str, parse, pid: int | None = None) -
     frames = main_thread_frames(parse(text))[:MAX_FRAMES]
     header = next((ln.strip("= ").strip() for ln in text.splitlines() if ln.startswith("===")), None)
     return StackDump(rel, frames, header, source, pid)
-
-
-def _beat(recs: list[dict]) -> Beat:
-    """A rank's last heartbeat, and whether any of its records marks a step's end."""
-    rec = recs[-1]
-    step, util = rec.get("step"), rec.get("gpu_util")
-    return Beat(step if isinstance(step, int) else None, rec.get("stage"),
-                float(util) if isinstance(util, (int, float)) and not isinstance(util, bool) else None,
-                any(r.get("stage") in HEARTBEAT_STAGES_AFTER_STEP for r in recs))

@@ -12,8 +12,9 @@ import datetime as _dt
 import enum
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
+from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP
 from validation.contract.files import HaltInfo
 from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure, root_rank
@@ -110,6 +111,28 @@ class Beat:
     a step is done, nsa/contract.py HEARTBEAT_STAGES_AFTER_STEP, anywhere in its file). Where they
     do not (the seed's format: ranks other than 0 beat only as each step starts), a last record
     within a step does not say that the rank left the step unfinished."""
+
+    @classmethod
+    def of(cls, recs: list[dict[str, Any]]) -> Beat:
+        """A rank's last heartbeat of its records (at least one), and whether any marks a step's end."""
+        rec = recs[-1]
+        step, util = rec.get("step"), rec.get("gpu_util")
+        return cls(step if isinstance(step, int) and not isinstance(step, bool) else None, rec.get("stage"),
+                   float(util) if isinstance(util, (int, float)) and not isinstance(util, bool) else None,
+                   any(r.get("stage") in HEARTBEAT_STAGES_AFTER_STEP for r in recs))
+
+    @property
+    def done(self) -> int | None:
+        """The last step this record says the rank completed: its step where written once a step
+        is done, else the one before (a stage within a step, or no stage: the step had begun)."""
+        if self.step is None:
+            return None
+        return self.step if self.stage in HEARTBEAT_STAGES_AFTER_STEP else self.step - 1
+
+
+def last_step_done(beats: Iterable[Beat]) -> int | None:
+    """The furthest step any rank's last heartbeat says was completed (None: none says one)."""
+    return max((b.done for b in beats if b.done is not None), default=None)
 
 
 @dataclass

@@ -16,7 +16,7 @@ from validation.contract.files import HaltInfo
 from validation.contract.torchrun_log import RankFailure
 from validation.judge.gates import Gate, GateResult, GateVerdict, Pending, check
 from validation.judge.metrics import METRICS, RunData, Source, compute, reading, window_covered
-from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status, died_before_watchdog
+from validation.judge.record import TRAINER_KINDS, Beat, PhaseRecord, Status, died_before_watchdog, last_step_done
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,9 @@ class Outcome:
     stacks_tried: int | None = None
     """Processes of ranks whose stacks the harness took (or tried to) when it stopped the run; 0:
     no rank was left running (they had ended, a launcher kept the run open); None: not known."""
+    last_step_done: int | None = None
+    """The furthest step a rank's heartbeats say was completed: a stall's 'after step N' where the
+    CSV lags (a trainer that logs every k steps)."""
     died_first: str | None = None
     """'rank 1: killed by SIGKILL': a rank that failed in its own right before the other ranks'
     watchdog wrote the .HALT while waiting for it (record.died_before_watchdog); None otherwise."""
@@ -44,8 +47,10 @@ class Outcome:
     def of_run(cls, kind: str, run: RunData, errors: Sequence[str]) -> Outcome:
         completed = compute("steps_completed", run, None)
         died = died_before_watchdog(run.halt, run.stalled_s is not None or run.timed_out, run.rank_failures)
+        beats = [Beat.of(recs) for r, recs in run.heartbeats.items() if recs and r < run.world_size]
         return cls(kind, run.exit_code, run.timed_out, run.stalled_s, run.halt, tuple(errors), run.steps_requested,
-                   None if completed is None else int(completed), run.stacks_tried, _died(died, run.rank_failures))
+                   None if completed is None else int(completed), run.stacks_tried, last_step_done(beats),
+                   _died(died, run.rank_failures))
 
     @classmethod
     def of_record(cls, rec: PhaseRecord) -> Outcome:
@@ -53,7 +58,7 @@ class Outcome:
         stopped = rec.stalled_s is not None or rec.timed_out
         return cls(rec.kind, rec.exit_code, rec.timed_out, rec.stalled_s, rec.evidence.halt, tuple(rec.evidence.errors),
                    rec.steps if rec.kind in TRAINER_KINDS else None, None if completed is None else int(completed),
-                   len(rec.evidence.taken_stacks) if stopped else None,
+                   len(rec.evidence.taken_stacks) if stopped else None, last_step_done(rec.evidence.last_heartbeat.values()),
                    _died(rec.died_before_watchdog, rec.evidence.rank_failures))
 
     @property
@@ -130,11 +135,12 @@ def rejudge(rec: PhaseRecord, gates: list[GateResult]) -> PhaseRecord:
 def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
     """The verdict that how the process ended decides on its own, or None when it ran clean."""
     if outcome.stalled_s is not None:
-        at = (f"after step {outcome.steps_completed}" if outcome.steps_completed
-              else "before its first step (start-up)")
+        # the CSV's last row, or further where a rank's heartbeats say so (a trainer logging every k steps)
+        done = max((n for n in (outcome.steps_completed, outcome.last_step_done) if n is not None), default=None)
+        at = f"after step {done}" if done else "before its first step (start-up)"
         # before the first step no rank may ever have run ('left' would say they had ended)
         stacks = ("stacks taken" if outcome.stacks_tried != 0 else "no rank was left running to take a stack of"
-                  if outcome.steps_completed else "no rank was running to take a stack of")
+                  if done else "no rank was running to take a stack of")
         return Status.FAIL, f"stalled: no progress for {outcome.stalled_s:.0f}s {at}; {stacks} and the run killed by the harness"
     if outcome.timed_out:
         return Status.FAIL, "timed out: killed by the harness at the phase timeout"

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pandas as pd
+
 from validation.contract.adapters import ADAPTERS, RunFacts
 from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure
@@ -57,6 +59,27 @@ def test_a_rank_that_finished_its_steps_or_may_be_a_process_of_unknown_rank_did_
     assert departed(_record({}, {0: 8, 1: Beat(8, "step")}, stalled=True, taken=(_taken(0),))) == []
     assert departed(_record({}, {0: 3, 1: 2}, stalled=True, taken=(_taken(0), _taken(None, 9)))) == []
     assert departed(_record({}, {0: 3, 1: 2}, stalled=True)) == []  # nothing ran and nothing failed: no contrast
+
+
+def test_a_stall_says_the_last_step_a_rank_completed_where_the_csv_lags(tmp_path):
+    """A trainer that logs its CSV every 5 steps, rank 0 hung in step 8 (a user pass, 2026-11-27):
+    the verdict said 'after step 5', the CSV's last row, while the finding said 'last heartbeat
+    step 8, stage forward'. Step 7 was done."""
+    def beats(last_stage: str) -> list[dict]:
+        recs = [{"time": s, "step": s, "stage": st} for s in range(1, 8) for st in ("forward", "step")]
+        return recs + [{"time": 8, "step": 8, "stage": last_stage}]
+
+    run = RunData(tmp_path, world_size=2, stalled_s=8.0, steps_requested=12,
+                  heartbeats={0: beats("forward"), 1: beats("backward")},
+                  csv=pd.DataFrame({"step": [5], "loss": [2.0]}))
+    said = "stalled: no progress for 8s after step 7; stacks taken and the run killed by the harness"
+    assert verdict(Outcome.of_run("train", run, []), []) == (Status.FAIL, said)
+    rec = _record({}, {0: Beat(8, "forward"), 1: Beat(8, "backward")}, stalled=True, taken=(_taken(0),))
+    assert Outcome.of_record(rec).last_step_done == 7
+    # a record written once a step is done counts that step; the CSV decides where it is further
+    assert Outcome.of_record(_record({}, {0: Beat(8, "step")}, stalled=True)).last_step_done == 8
+    run.csv = pd.DataFrame({"step": [5, 9], "loss": [2.0, 1.9]})
+    assert "after step 9;" in verdict(Outcome.of_run("train", run, []), [])[1]
 
 
 def test_a_stall_with_no_rank_left_running_does_not_say_stacks_were_taken():

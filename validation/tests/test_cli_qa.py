@@ -349,3 +349,28 @@ def test_check_artifacts_names_a_step_that_is_no_step(tmp_path, capsys):
     (tmp_path / "env.json").write_text('{"world_size": 1}')
     assert main(["check-artifacts", str(tmp_path)]) == 1
     assert "training.csv: row 3, column step: 'nan' is not a step (an integer from 1)" in capsys.readouterr().out
+
+
+def test_a_results_dir_that_cannot_be_written_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    """A results directory on a read-only file system ran the session into an OSError traceback
+    (exit 1, which reads as NO-GO) as its first point made its directory."""
+    import errno
+    import os
+
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase()])
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real_open, real_mkdir = os.open, os.mkdir
+
+    def refuse(real):  # what a read-only mount does, for root too (chmod does not stop root)
+        def call(path, *args, **kwargs):
+            if Path(path).is_relative_to(ro):
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+            return real(path, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(os, "open", refuse(real_open))
+    monkeypatch.setattr(os, "mkdir", refuse(real_mkdir))
+    for results in (ro, ro / "new"):
+        assert main(["run", "--runbook", str(rb), "--results-dir", str(results), "--no-plots"]) == 2
+        assert f"results directory {results}: cannot write in {ro} (Read-only file system)" in capsys.readouterr().err

@@ -33,6 +33,8 @@ CSV_MEANING = {
     "mem_alloc_gb": "allocated accelerator memory, GiB (the process's resident set on CPU)",
     "mem_reserved_gb": "reserved accelerator memory, GiB (the process's resident set on CPU)",
 }
+#: columns that measure an amount, never below 0 (nan allowed: not measured); a negative value is malformed
+CSV_NON_NEGATIVE = ("toks_per_s", "step_time_s", "grad_norm", "mem_alloc_gb", "mem_reserved_gb")
 ENV_JSON = "env.json"
 HALT = ".HALT"
 PROFILE_JSON = "profile.json"

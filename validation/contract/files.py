@@ -18,6 +18,7 @@ import pandas as pd
 
 from nsa.contract import (
     CSV_COLUMNS,
+    CSV_NON_NEGATIVE,
     ENV_JSON,
     GPU_TIMELINE,
     HALT,
@@ -60,7 +61,8 @@ def read_training_csv(out_dir: Path) -> pd.DataFrame:
     """training.csv as a DataFrame of floats (step as int), sorted by step.
 
     The header must be exactly the contract's; every value must parse as a number (``nan`` and
-    ``inf`` parse, and the loss gate catches them). A last row without a line end was cut off
+    ``inf`` parse, and the loss gate catches them), a step as an integer from 1, and an amount
+    (CSV_NON_NEGATIVE) must not be negative. A last row without a line end was cut off
     mid-write (torn_last_row) and is not read."""
     path = Path(out_dir) / TRAINING_CSV
     if not path.is_file():
@@ -79,15 +81,23 @@ def read_training_csv(out_dir: Path) -> pd.DataFrame:
     out = pd.DataFrame()
     for col in CSV_COLUMNS:
         values = pd.to_numeric(df[col].str.strip(), errors="coerce")
-        bad = values.isna() & ~df[col].str.strip().str.lower().isin(["nan"])
-        if bad.any():
-            row = int(bad.to_numpy().nonzero()[0][0])
-            raise ArtifactError(f"{path}: row {row + 2}, column {col}: {df[col].iloc[row]!r} is not a number")
+        _refuse(path, df, col, values.isna() & ~df[col].str.strip().str.lower().isin(["nan"]), "is not a number")
+        if col == "step":
+            _refuse(path, df, col, ~(values >= 1) | (values % 1 != 0), "is not a step (an integer from 1)")
+        if col in CSV_NON_NEGATIVE:
+            _refuse(path, df, col, values < 0, "is negative")
         out[col] = values.astype(float)
     if out.empty:
         raise ArtifactError(f"{path}: header only, no steps logged")
     out["step"] = out["step"].astype(int)
     return out.sort_values("step", kind="stable").reset_index(drop=True)
+
+
+def _refuse(path: Path, df: pd.DataFrame, col: str, bad: pd.Series, what: str) -> None:
+    """An ArtifactError naming the first row of ``bad`` (its line in the file) and its value."""
+    if bad.any():
+        row = int(bad.to_numpy().nonzero()[0][0])
+        raise ArtifactError(f"{path}: row {row + 2}, column {col}: {df[col].iloc[row]!r} {what}")
 
 
 def window_rows(df: pd.DataFrame, last: int | None) -> pd.DataFrame:

@@ -465,10 +465,14 @@ def unprovided_by_files(run: RunData) -> dict[str, str]:
 
 
 def _carries(run: RunData, metric: Metric, inp: Input) -> bool:
+    # a required file that was not read (missing or malformed: its own error names it) says nothing
+    # of the fields it lacks; its metrics are no data, not UNMEASURED "training.csv has no ..."
     if inp.source == Source.CSV:
-        return run.csv is not None and inp.name in run.csv and bool(run.csv[inp.name].notna().any())
+        return run.csv is None or (inp.name in run.csv and bool(run.csv[inp.name].notna().any()))
     if inp.source == Source.ENV:
-        return run.env is not None and run.env.get(inp.name) is not None
+        return run.env is None or run.env.get(inp.name) is not None
+    if inp.source == Source.HEARTBEAT and not run.heartbeats:
+        return True
     if inp.source == Source.HEARTBEAT and inp.name == "fallbacks":
         return any(next(_counter_items(r), None) is not None for recs in run.heartbeats.values() for r in recs)
     if inp.source == Source.HEARTBEAT:

@@ -11,6 +11,7 @@ from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure
 from validation.judge.findings import Finding, Severity, find, recommendations
 from validation.judge.findings.finding import Facts
+from validation.judge.gates import GateResult, GateVerdict
 from validation.judge.metrics import RunData, compute
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
@@ -128,3 +129,35 @@ def test_loss_finite_fails_when_the_nan_step_was_never_logged(fake_run, tmp_path
     assert gate.metric == "loss_finite" and gate.value == 0.0 and gate.verdict == "FAIL"
     # the exit code alone says it too (contract: 4 = non-finite loss), whatever was logged
     assert compute("loss_finite", RunData(tmp_path, exit_code=4), None) == 0.0
+
+
+def _gate_failed(trainer: str, metric: str, value: float, threshold: float, **evidence) -> PhaseRecord:
+    """A run that exited 0 with one gate of a literal (runbook) threshold failed."""
+    gate = GateResult(metric, "==" if metric == "loss_finite" else "<=", threshold, "all steps", value,
+                      GateVerdict.FAIL)
+    return dataclasses.replace(_record(trainer, **evidence), exit_code=0, gates=[gate])
+
+
+def test_a_failed_gate_of_the_runbooks_own_threshold_is_not_sent_to_the_profile_file():
+    """"compare the value with the threshold's source (the profile file)" was said of every failed
+    gate, also of `toks_per_s_cv <= 0.2` written in the runbook itself."""
+    advice = _advice(_gate_failed(FOREIGN, "toks_per_s_cv", 0.33, 0.2))
+    assert "A gate failed" in advice and "(the profile file)" not in advice
+
+
+def test_a_nan_the_trainer_logged_and_went_on_from_gets_the_nonfinite_advice():
+    """A trainer that logged NaN from step 30 and exited 0 got "A gate failed: compare the value with
+    the threshold's source" for its loss_finite gate; and this project's trainer, had it gone on,
+    would have been told its last checkpoint is clean."""
+    for trainer in (FOREIGN, OWN):
+        advice = _advice(_gate_failed(trainer, "loss_finite", 0.0, 1.0, nonfinite_loss_step=30))
+        assert "The loss went non-finite" in advice and "did not stop on it" in advice, advice
+        assert "A gate failed" not in advice and "checkpoint is clean" not in advice
+
+
+def test_shared_timing_advice_does_not_offer_jobs_1():
+    """`nsa-validate run --jobs 1` was offered, though the CLI always runs timed points alone: they
+    share the machine only with another harness process (a second nsa-validate, pytest -n)."""
+    finding = Finding(Severity.WARNING, "several", "timings unreliable", [], "timing", Facts())
+    [advice] = recommendations([finding])
+    assert "--jobs 1" not in advice and "another" in advice

@@ -338,3 +338,39 @@ def test_a_runbook_given_as_a_marker_says_how_to_run_it():
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 4, proc.stdout[-2000:] + proc.stderr[-2000:]  # pytest's usage error
     assert "-m cpu_smoke: cpu_smoke is a runbook, not a marker; run it with --runbook cpu_smoke" in proc.stderr
+
+
+def test_check_artifacts_names_a_step_that_is_no_step(tmp_path, capsys):
+    """A `nan` in the step column crashed check-artifacts (and `run`) with pandas' IntCastingNaNError
+    instead of naming the row."""
+    (tmp_path / "training.csv").write_text("step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb\n"
+                                           "1,5.5,0.001,100,0.1,1,0.1,0.2\nnan,5.4,0.001,100,0.1,1,0.1,0.2\n")
+    (tmp_path / "heartbeat_rank0.jsonl").write_text('{"time": 1.0, "step": 1}\n')
+    (tmp_path / "env.json").write_text('{"world_size": 1}')
+    assert main(["check-artifacts", str(tmp_path)]) == 1
+    assert "training.csv: row 3, column step: 'nan' is not a step (an integer from 1)" in capsys.readouterr().out
+
+
+def test_a_results_dir_that_cannot_be_written_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    """A results directory on a read-only file system ran the session into an OSError traceback
+    (exit 1, which reads as NO-GO) as its first point made its directory."""
+    import errno
+    import os
+
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase()])
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real_open, real_mkdir = os.open, os.mkdir
+
+    def refuse(real):  # what a read-only mount does, for root too (chmod does not stop root)
+        def call(path, *args, **kwargs):
+            if Path(path).is_relative_to(ro):
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+            return real(path, *args, **kwargs)
+        return call
+
+    monkeypatch.setattr(os, "open", refuse(real_open))
+    monkeypatch.setattr(os, "mkdir", refuse(real_mkdir))
+    for results in (ro, ro / "new"):
+        assert main(["run", "--runbook", str(rb), "--results-dir", str(results), "--no-plots"]) == 2
+        assert f"results directory {results}: cannot write in {ro} (Read-only file system)" in capsys.readouterr().err

@@ -3,6 +3,7 @@ parsing, and the subprocess runner's argv and timeout."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 
@@ -56,10 +57,17 @@ def test_csv_rows_sorted_by_step(tmp_path):
     ("step,loss\n1,2\n", "header is step,loss"),
     (",".join(CSV_COLUMNS) + "\n1,2,3,four,5,6,7,8\n", "row 2, column toks_per_s: 'four' is not a number"),
     (",".join(CSV_COLUMNS) + '\n1,2,3,"4\n', "not a readable CSV"),
+    # a step that is no optimizer step crashed the reader (pandas' int cast) and with it the whole run
+    (",".join(CSV_COLUMNS) + "\n1,2,3,4,5,6,7,8\nnan,2,3,4,5,6,7,8\n", "row 3, column step: 'nan' is not a step (an integer from 1)"),
+    (",".join(CSV_COLUMNS) + "\n1.5,2,3,4,5,6,7,8\n", "row 2, column step: '1.5' is not a step (an integer from 1)"),
+    (",".join(CSV_COLUMNS) + "\n0,2,3,4,5,6,7,8\n", "row 2, column step: '0' is not a step (an integer from 1)"),
+    # tokens/s, times, norms and memory cannot be negative: a mean over such rows is no measurement
+    (",".join(CSV_COLUMNS) + "\n1,2,3,4,5,6,7,8\n2,2,3,-4,5,6,7,8\n", "row 3, column toks_per_s: '-4' is negative"),
+    (",".join(CSV_COLUMNS) + "\n1,2,3,4,5,6,-inf,8\n", "row 2, column mem_alloc_gb: '-inf' is negative"),
 ])
 def test_bad_csv_is_named(tmp_path, content, words):
     (tmp_path / "training.csv").write_text(content)
-    with pytest.raises(ArtifactError, match=words.replace("(", r"\(")):
+    with pytest.raises(ArtifactError, match=re.escape(words)):
         read_training_csv(tmp_path)
 
 

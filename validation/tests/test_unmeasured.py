@@ -48,6 +48,16 @@ def test_the_same_gates_pass_when_the_files_carry_them(fake_run):
     assert run.record.status == Status.PASS, run.record.reason
 
 
+def test_a_file_that_could_not_be_read_leaves_its_gates_no_data_not_unmeasured(fake_run):
+    """A training.csv with a wrong header made the point's memory gate UNMEASURED with "training.csv
+    has no mem_reserved_gb" in the report, though the column was there: the file was unreadable."""
+    run = fake_run([train_phase("sdpa_audit", fault="corrupt_csv:header=1", gates=GATES)])
+    assert run.record.status == Status.ERROR
+    by_metric = {g.metric: g for g in run.record.gates}
+    assert by_metric["mem_reserved_gb_max"].verdict == GateVerdict.NO_DATA
+    assert "has no mem_reserved_gb" not in run.report
+
+
 def _pending(reason: str, pending: Pending | None) -> PhaseRecord:
     rec = PhaseRecord(PointKey("rb", "cpu", "p"), "rb/cpu/p/default", "train", Status.UNMEASURED, reason)
     gate = {"metric": "backends_recorded", "op": "==", "threshold": 1.0, "window": "all steps", "value": None,

@@ -61,11 +61,16 @@ def _stall(f: Facts) -> str:
 
 
 def _nonfinite(f: Facts) -> str:
+    lower = "lower train.lr or keep train.grad_clip on" if f.own_trainer else \
+        "lower the trainer's learning rate or clip its gradients"
+    if not f.halted_nonfinite:
+        return (f"The loss went non-finite and the trainer did not stop on it (no .HALT): every step after it "
+                f"trained on non-finite values, so make it stop there; {lower}, and check the data of the step named.")
     if f.own_trainer:
-        return ("The loss went non-finite: lower train.lr or keep train.grad_clip on, and check the data of the "
-                "step named; the run halted before the optimizer step, so its last checkpoint is clean.")
-    return ("The loss went non-finite: lower the trainer's learning rate or clip its gradients, and check the "
-            "data of the step named; whether its last checkpoint predates the bad step is the trainer's to say.")
+        return (f"The loss went non-finite: {lower}, and check the data of the step named; the run halted before "
+                "the optimizer step, so its last checkpoint is clean.")
+    return (f"The loss went non-finite: {lower}, and check the data of the step named; whether its last checkpoint "
+            "predates the bad step is the trainer's to say.")
 
 
 def _short(f: Facts) -> str:
@@ -119,7 +124,8 @@ def _regression(f: Facts) -> str:
 
 
 def _gate(f: Facts) -> str:
-    return ("A gate failed: compare the value with the threshold's source (the profile file), and " + _RERUN
+    return ("A gate failed: compare the value with its threshold (the profile's where the Gates table names a "
+            "profile key beside it, else the runbook's own), and " + _RERUN
             + " once the cause is fixed; other points' records stay.")
 
 
@@ -145,8 +151,9 @@ def _resume(f: Facts) -> str:
 
 
 def _timing(f: Facts) -> str:
-    return ("Timed points ran at the same time on one machine, so their speeds are not comparable: re-run them "
-            "one at a time (`nsa-validate run --jobs 1`, or pytest without -n).")
+    return ("Timed points ran at the same time on one machine (another harness process beside this one: a second "
+            "`nsa-validate run`, or pytest -n), so their speeds are not comparable: re-run them with no other run "
+            "on the machine.")
 
 
 _ADVICE: dict[str, Callable[[Facts], str]] = {

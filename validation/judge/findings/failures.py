@@ -264,6 +264,7 @@ def failed_gates(records: list[PhaseRecord]) -> list[Finding]:
                          else "")
                 detail.append(f"the GPU sat idle {pauses:.2f} ms a profiled step in gaps of 1 ms or more: the host "
                               f"pausing it (a sync, an optimizer's launches, loading data){table}")
-            out.append(Finding(Severity.CRITICAL, r.phase, f"gate failed in {where(r)}: {g.text()}", detail, "gate",
+            kind = "nonfinite" if g.metric == "loss_finite" else "gate"  # its advice is the non-finite loss's
+            out.append(Finding(Severity.CRITICAL, r.phase, f"gate failed in {where(r)}: {g.text()}", detail, kind,
                                Facts.of(r)))
     return out

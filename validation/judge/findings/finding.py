@@ -35,6 +35,8 @@ class Facts:
     heartbeat or had an end reported: the agents never completed their rendezvous."""
     before_first_step: bool = False
     """No step was logged and no heartbeat carries a step: the run ended in its start-up."""
+    halted_nonfinite: bool = False
+    """The trainer stopped on a non-finite loss itself (.HALT source nonfinite)."""
 
     @classmethod
     def of(cls, rec: PhaseRecord) -> Facts:
@@ -44,7 +46,8 @@ class Facts:
             bool(ev.rank_failures) or bool(ev.taken_stacks)
         stepped = bool(rec.metrics.steps_completed) or any((b.step or 0) >= 1 for b in ev.last_heartbeat.values())
         return cls(rec.own_trainer, rec.world_size, stacks, rec.accelerator == "cuda",
-                   not stacks and Outcome.of_record(rec).stacks_tried == 0, not started, not stepped)
+                   not stacks and Outcome.of_record(rec).stacks_tried == 0, not started, not stepped,
+                   ev.halt is not None and ev.halt.source == "nonfinite")
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,12 @@ import fcntl
 import importlib.util
 import os
 import shutil
+import sys
+import traceback
 import uuid
 from pathlib import Path
 
-from validation.errors import StoreError
+from validation.errors import HarnessError, StoreError
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status, utc_now
 from validation.launch import foreign, slurm
 from validation.machine import Machine
@@ -149,6 +151,31 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
         with contextlib.suppress(OSError):
             out_dir.parent.rmdir()  # the point's directory, when this was its only run
         raise
+    except HarnessError:
+        raise  # a bad input (the store, a runbook): the session stops with its message
+    except Exception as exc:  # noqa: BLE001 - a defect of the harness, not of this point's run
+        return _harness_failed(point, out_dir, results_dir, hw, run_id, started, exc)
+
+
+#: the traceback of an unexpected error of the harness on a point, in the point's run directory
+HARNESS_ERROR_FILE = "harness_error.txt"
+
+
+def _harness_failed(point: PhasePoint, out_dir: Path, results_dir: Path, hw: Machine, run_id: str, started: str,
+                    exc: Exception) -> PhaseRecord:
+    """The point's record when the harness itself failed launching or judging it (its trainer's
+    processes were killed with the tree, launch/process.py): ERROR, never a verdict on the
+    trainer, with the traceback beside the run's files; the session goes on to the next point
+    rather than ending with a traceback and no report."""
+    text = "".join(traceback.format_exception(exc))
+    (out_dir / HARNESS_ERROR_FILE).write_text(text)
+    rel = runs.relative(out_dir, results_dir)
+    print(f"nsa-validate: the harness failed on {point.test_id}: {type(exc).__name__}: {exc} "
+          f"(traceback in {rel}/{HARNESS_ERROR_FILE})", file=sys.stderr)
+    return PhaseRecord.for_point(
+        point, Status.ERROR, f"the harness failed on this point, a defect of the harness: {type(exc).__name__}: "
+        f"{str(exc)[:200]} (traceback: {rel}/{HARNESS_ERROR_FILE})", hardware=hw, run_id=run_id, started=started,
+        out_dir=rel)
 
 
 def prune(results_dir: Path, point: PhasePoint, keep: str) -> None:

@@ -103,6 +103,33 @@ def test_a_point_that_cannot_launch_leaves_the_stored_record_and_its_run_directo
     assert kept.run_id == stored.run_id and kept.status == Status.PASS and (res / kept.out_dir).is_dir()
 
 
+def test_a_harness_defect_on_one_point_is_its_error_and_the_session_goes_on(tmp_path, monkeypatch, capsys):
+    """A NaN in training.csv's step column raised pandas' IntCastingNaNError while judging (a
+    user pass, 2026-11-27; since read as malformed): the whole session ended in a traceback, no
+    record and no report. An unexpected error of the harness on a point is now that point's ERROR,
+    with its traceback beside the run's files, and the next point runs."""
+    from validation.session import runs
+
+    real = runs.judge
+
+    def judge(point, done, hw, extra=None):
+        if point.phase.name == "first":
+            raise ValueError("cannot convert float NaN to integer")
+        return real(point, done, hw, extra)
+
+    monkeypatch.setattr(runs, "judge", judge)
+    rb = _runbook(tmp_path / "rb.yaml", [_phase("first"), _phase("second")])
+    res = tmp_path / "res"
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-plots"]) == 1  # NO-GO
+    err = capsys.readouterr().err
+    assert "the harness failed on mine/cpu/first/default: ValueError: cannot convert float NaN to integer" in err
+    first, second = sorted(ResultStore(res).records(), key=lambda r: r.phase)
+    assert first.status == Status.ERROR and "a defect of the harness: ValueError" in first.reason, first.reason
+    assert "ValueError: cannot convert float NaN to integer" in (res / first.out_dir / "harness_error.txt").read_text()
+    assert second.status == Status.PASS
+    assert (res / "reports" / "mine__cpu.md").is_file()
+
+
 def test_a_trainer_script_that_is_not_there_leaves_the_stored_record_and_its_run_directory(tmp_path, capsys):
     """A runbook's trainer.script misspelt (or its file gone) replaced the stored PASS with an
     ERROR record, deleted its run directory and exited 1 (NO-GO) instead of 2."""

@@ -122,7 +122,7 @@ def _backend_line(rows: list[dict[str, Any]]) -> str | None:
 
 def failure_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
     return [{"test_id": r.test_id, "phase": r.phase, "point": point_label(r), "status": str(r.status),
-             "reason": r.reason, "command": " ".join(r.command), "errors": r.evidence.errors,
+             "reason": r.reason, "command": process_line(r), "errors": r.evidence.errors,
              "stderr_tail": r.evidence.stderr_tail.strip(), "out_dir": r.out_dir}
             for r in records if r.failed]
 
@@ -150,18 +150,10 @@ def reproduce_rows(records: list[PhaseRecord], runbook: str | None = None, profi
     for r in records:
         if r.status == Status.SKIP or not r.command:
             continue
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(r.env.items()))
         # a sweep point by its test id: -k cannot take the '=' of its parameters
         select = (shlex.quote(f"{ACCEPTANCE_TESTS}::test_phase[{r.test_id}]") if r.key.params
                   else f"{shlex.quote(str(ACCEPTANCE_TESTS))} -m {r.phase}")
-        # a resume point's processes one after another (each of a repeated point's runs is the same)
-        commands = [s.command for s in r.runs if s.command] if r.kind == "resume" else [r.command]
-        process = " && ".join((env + " " if env else "") + shlex.join(c) for c in commands or [r.command])
         nodes = r.evidence.nodes
-        if nodes is not None and nodes.launcher == "torchrun" and len(nodes.nodes) > 1 and len(commands) == 1:
-            # every node's agent ran here, the same command: all of them side by side (a lone
-            # agent only waits out the join timeout for the others)
-            process = "{ " + " & ".join([process] * len(nodes.nodes)) + " & wait; }"
         # srun --jobid names the allocation it ran in, which the harness released if it asked for it
         note = (f"it ran in Slurm job {nodes.slurm_job_id}, whose allocation may be gone: paste it inside a live "
                 "allocation of the same shape with --jobid set to it, or re-run the point with the pytest line"
@@ -169,8 +161,25 @@ def reproduce_rows(records: list[PhaseRecord], runbook: str | None = None, profi
         rows.append({"phase": r.phase, "point": point_label(r), "note": note,
                      "rerun": f"pytest {select} --runbook {shlex.quote(runbook or r.key.runbook)} "
                               f"--profile {shlex.quote(profile or r.key.profile)}{store}",
-                     "process": (f"cd {shlex.quote(r.cwd)} && " if r.cwd else "") + process})
+                     "process": process_line(r)})
     return rows
+
+
+def process_line(r: PhaseRecord) -> str:
+    """The shell line that runs the point's process by hand: its directory, the environment the
+    runbook set, its command; a resume point's processes one after another; '' where it ran none."""
+    if not r.command:
+        return ""
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(r.env.items()))
+    # a resume point's processes one after another (each of a repeated point's runs is the same)
+    commands = [s.command for s in r.runs if s.command] if r.kind == "resume" else [r.command]
+    process = " && ".join((env + " " if env else "") + shlex.join(c) for c in commands or [r.command])
+    nodes = r.evidence.nodes
+    if nodes is not None and nodes.launcher == "torchrun" and len(nodes.nodes) > 1 and len(commands) == 1:
+        # every node's agent ran here, the same command: all of them side by side (a lone
+        # agent only waits out the join timeout for the others)
+        process = "{ " + " & ".join([process] * len(nodes.nodes)) + " & wait; }"
+    return (f"cd {shlex.quote(r.cwd)} && " if r.cwd else "") + process
 
 
 def toggles(records: list[PhaseRecord]) -> dict[str, list[str]]:

@@ -100,6 +100,9 @@ class Metric:
     windowed: bool
     """Honours a gate's window ('last N steps' of training.csv); otherwise it describes the run."""
     compute: Compute = field(repr=False, compare=False)
+    too_short: Callable[[RunData, int | None], str] | None = field(default=None, repr=False, compare=False)
+    """Why a run whose files cover the window still gives no value: too few logged steps for the
+    rule (a trainer that logs every k steps); None where that cannot happen."""
 
     def optional_inputs(self) -> tuple[Input, ...]:
         return tuple(i for i in self.reads if i.optional)
@@ -199,6 +202,22 @@ def _spike_count(col: str) -> Compute:
         found = spikes(rows["step"].tolist(), rows[col].tolist(), run.stability, col)
         return float(sum(1 for s in found if s.step in in_window))
     return f
+
+
+def _spikes_too_short(col: str) -> Callable[[RunData, int | None], str]:
+    def f(run: RunData, last: int | None) -> str:
+        n = len(_finite(run.csv, col)) if run.csv is not None and col in run.csv else 0
+        w = run.stability.window
+        return (f"the run logged {n} step(s) with a finite {col}; a step is scored against the {w} logged before "
+                f"it (spike_window), so more than {w} are needed")
+    return f
+
+
+def _diverging_too_short(run: RunData, last: int | None) -> str:
+    n = len(_finite(window_rows(run.csv, last), "loss")) if run.csv is not None else 0
+    w = run.stability.diverge_window
+    return (f"the window holds {n} logged step(s) with a finite loss; two disjoint windows of diverge_window = {w} "
+            f"logged steps are needed ({2 * w})")
 
 
 def _loss_diverging(run: RunData, last: int | None) -> float | None:
@@ -379,14 +398,15 @@ CATALOGUE: tuple[Metric, ...] = (
            (_LOSS, Input(Source.HALT, "source"), Input(Source.PROCESS, "exit code")), False, _loss_finite),
     Metric("loss_spikes", "logged steps of the window whose loss lies far above the steps before it: robust z-score "
                           "against the rolling median and MAD (at least 1% of the median) of the previous "
-                          "spike_window steps above spike_z (profile; defaults 20 steps, 6)", (_LOSS,), True, _spike_count("loss")),
+                          "spike_window steps above spike_z (profile; defaults 20 steps, 6)", (_LOSS,), True, _spike_count("loss"),
+           _spikes_too_short("loss")),
     Metric("grad_norm_spikes", "logged steps of the window whose gradient norm lies far above the steps before it "
                                "(the rule of loss_spikes)", (_csv("grad_norm", True),), True,
-           _spike_count("grad_norm")),
+           _spike_count("grad_norm"), _spikes_too_short("grad_norm")),
     Metric("loss_diverging", "1 when the loss rises without going NaN: the median loss of diverge_window logged steps "
                              "of the window lies more than diverge_rise nats above the lowest median of an earlier, "
                              "disjoint window (profile; defaults 20 steps, 0.2 nats)", (_LOSS,), True,
-           _loss_diverging),
+           _loss_diverging, _diverging_too_short),
     Metric("mem_reserved_gb_max", "peak reserved memory over the window", (_csv("mem_reserved_gb", True),), True,
            _reduce("mem_reserved_gb", pd.Series.max)),
     Metric("mem_alloc_gb_max", "peak allocated memory over the window", (_csv("mem_alloc_gb", True),), True,

@@ -112,11 +112,13 @@ def evaluate(gates: Sequence[Gate], run: RunData, unprovided: Mapping[str, str])
 
 
 def _uncovered(g: Gate, run: RunData) -> str:
-    """Why a windowed gate has no value, when it is that the run did not cover the window."""
-    if not METRICS[g.metric].windowed or g.window.last is None or run.csv is None or run.csv.empty:
+    """Why a windowed gate has no value, when it is that the run did not cover the window or
+    logged too few steps in it for the metric's rule."""
+    metric = METRICS[g.metric]
+    if not metric.windowed or run.csv is None or run.csv.empty:
         return ""
     if window_covered(run.csv, g.window.last):
-        return ""
+        return metric.too_short(run, g.window.last) if metric.too_short else ""
     first, last = int(run.csv["step"].min()), int(run.csv["step"].max())
     return f"the run logged steps {first}..{last}, which do not cover the {g.window.describe()}"
 

@@ -16,9 +16,11 @@ from validation import RUNBOOK_DIR
 from validation.errors import RunbookError
 from validation.judge.evidence import collect
 from validation.judge.findings import find
+from validation.judge.gates import Gate, GateVerdict
 from validation.judge.metrics import RunData, compute
 from validation.judge.record import PhaseRecord, PointKey, Status
 from validation.judge.stability import StabilityRule, rise, spikes
+from validation.judge.verdict import evaluate
 from validation.runbook.load import load_profile
 
 
@@ -69,6 +71,21 @@ def test_the_clean_curve_has_no_spike_and_the_first_steps_are_not_scored(tmp_pat
 def test_a_run_too_short_to_judge_has_no_value(tmp_path):
     run = RunData(tmp_path, csv=_csv(_noisy_descent(20)))  # default windows: 20 steps of history
     assert compute("loss_spikes", run, None) is None and compute("loss_diverging", run, None) is None
+
+
+def test_a_gate_with_too_few_logged_steps_for_its_rule_says_so(tmp_path):
+    """A trainer logging every 10 of 60 steps (a user pass, 2026-11-27): its spike and divergence
+    gates were NO_DATA with nothing to say why, though the CSV covered the whole run."""
+    csv = _csv(_noisy_descent(6))
+    csv["step"] = [10, 20, 30, 40, 50, 60]
+    gates = [Gate("loss_spikes", "==", 0), Gate("loss_diverging", "==", 0), Gate("grad_norm_spikes", "==", 0)]
+    spikes_, diverging, grad = evaluate(gates, RunData(tmp_path, csv=csv), {})
+    assert spikes_.verdict == GateVerdict.NO_DATA and spikes_.note == (
+        "the run logged 6 step(s) with a finite loss; a step is scored against the 20 logged before it "
+        "(spike_window), so more than 20 are needed"), spikes_.note
+    assert diverging.note == ("the window holds 6 logged step(s) with a finite loss; two disjoint windows of "
+                              "diverge_window = 20 logged steps are needed (40)"), diverging.note
+    assert "finite grad_norm" in grad.note
 
 
 def test_a_nan_free_divergence_is_found_with_the_window_and_the_rise(tmp_path):

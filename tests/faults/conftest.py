@@ -223,7 +223,7 @@ def _main_part(rows: list[dict[str, Any]], wall_s: float, workers: Any, skipped:
         "process of the run survives (a /proc scan for the test's unique directory) and that the records, "
         "artifacts and report of the earlier runs are byte-for-byte intact.",
         "",
-        "Regenerate (2 cores, about 3 minutes):",
+        "Regenerate (2 cores, about 5 minutes):",
         "",
         "```",
         "python -m pytest tests/faults -n 2 --reliability-report docs/reliability.md",

@@ -129,8 +129,14 @@ def test_slow_rank_is_imbalance_with_per_rank_step_times(fake_run):
     run = fake_run([train_phase(fault="slow:rank=1", env={"NSA_FAKE_WORLD": "2"},
                                 gates=[{"metric": "rank_step_time_ratio", "op": "<=", "threshold": 1.5}])])
     assert run.record.status == "FAIL"
+    # one finding of it, critical, naming the gate: it was a WARNING beside a 'gate failed' one (a user pass)
+    [crit] = run.findings("critical")
+    assert "rank 1 takes 3.0x as long per step as rank 0; gate rank_step_time_ratio = 3" in crit, crit
+    assert "needs <= 1.5" in crit and not run.findings("warning")
+    # without a gate on it, past IMBALANCE_RATIO, it is a warning
+    run = fake_run([train_phase(fault="slow:rank=1", env={"NSA_FAKE_WORLD": "2"}, gates=[])])
     [warn] = run.findings("warning")
-    assert "rank 1 takes 3.0x as long per step as rank 0" in warn
+    assert "rank 1 takes 3.0x as long per step as rank 0" in warn and "gate" not in warn
 
 
 def test_fallbacks_are_reported(fake_run):

@@ -11,13 +11,15 @@ from validation.judge.findings.departed import departed, departure, ended_before
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where, where_run
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.findings.nodes import missing_node
-from validation.judge.gates import GateVerdict
+from validation.judge.gates import GateResult, GateVerdict
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
 from validation.judge.resume import METRICS as RESUME_METRICS
 from validation.judge.verdict import Outcome
 
 #: slowest / fastest rank median step time above which ranks are called imbalanced
 IMBALANCE_RATIO = 1.5
+#: the metric of that ratio: a failed gate on it is stated by the imbalance finding
+IMBALANCE_METRIC = "rank_step_time_ratio"
 
 
 def crashes(records: list[PhaseRecord]) -> list[Finding]:
@@ -206,6 +208,7 @@ def imbalance(records: list[PhaseRecord]) -> list[Finding]:
             # went into a file of a rank that does not exist has none of its own, and did work
             continue
         times = ev.rank_step_time_s
+        gate = _imbalance_gate(r)  # a failed gate on the ratio makes the imbalance the point's critical finding
         if r.metrics.idle_ranks:
             detail = []
             for rank in range(r.world_size or 1):
@@ -219,13 +222,22 @@ def imbalance(records: list[PhaseRecord]) -> list[Finding]:
             out.append(Finding(Severity.CRITICAL, r.phase, f"idle rank in {where(r)}: "
                                f"{int(r.metrics.idle_ranks)} of {r.world_size} rank(s) did no work", detail, "idle",
                                Facts.of(r)))
-        elif len(times) >= 2 and min(times.values()) > 0 and max(times.values()) / min(times.values()) > IMBALANCE_RATIO:
+        elif len(times) >= 2 and min(times.values()) > 0 and (
+                max(times.values()) / min(times.values()) > IMBALANCE_RATIO or gate):
             slow, fast = max(times, key=times.get), min(times, key=times.get)
-            out.append(Finding(Severity.WARNING, r.phase, (
+            out.append(Finding(Severity.CRITICAL if gate else Severity.WARNING, r.phase, (
                 f"rank imbalance in {where(r)}: rank {slow} takes {times[slow] / times[fast]:.1f}x as long per step "
-                f"as rank {fast}"), [f"rank {k}: median step time {v:.3g}s" for k, v in sorted(times.items())],
-                "imbalance", Facts.of(r)))
+                f"as rank {fast}" + (f"; gate {gate.text()}" if gate else "")),
+                [f"rank {k}: median step time {v:.3g}s" for k, v in sorted(times.items())], "imbalance", Facts.of(r)))
     return out
+
+
+def _imbalance_gate(r: PhaseRecord) -> GateResult | None:
+    """The point's failed gate on the ranks' step-time ratio, which the imbalance finding states
+    (failed_gates leaves it out); None where it has none or the idle-rank finding speaks instead."""
+    if r.metrics.idle_ranks:
+        return None
+    return next((g for g in r.failed_gates() if g.metric == IMBALANCE_METRIC and g.verdict == GateVerdict.FAIL), None)
 
 
 def artifact_errors(records: list[PhaseRecord]) -> list[Finding]:
@@ -253,6 +265,8 @@ def failed_gates(records: list[PhaseRecord]) -> list[Finding]:
                 continue  # the spike or divergence finding names the step and the value
             if g.metric in RESUME_METRICS:
                 continue  # the resume finding names the first diverging step
+            if g.metric == IMBALANCE_METRIC and _imbalance_gate(r) is not None:
+                continue  # the imbalance finding names the slow rank and each rank's step time
             detail = [g.description] if g.description else []
             if g.metric == "loss_finite" and r.evidence.nonfinite_loss_step is not None:
                 detail.insert(0, f"first non-finite loss logged at step {r.evidence.nonfinite_loss_step}")

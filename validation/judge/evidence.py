@@ -20,7 +20,7 @@ from validation.contract.torchrun_log import log_exception, rank_failures, root_
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
 from validation.judge.nodes import node_evidence, node_failures
 from validation.judge.record import Beat, Evidence
-from validation.judge.stability import Rise, Spike, rise, spikes
+from validation.judge.stability import Rise, Spike, rise, slowdown, spikes
 
 STDERR_TAIL_LINES = 40
 
@@ -83,7 +83,8 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
         fallbacks=fallback_counters(run), files=sorted(p.name for p in run.out_dir.iterdir() if p.is_file()),
         loss_first=losses[0] if losses else None, loss_last=losses[-1] if losses else None,
         nonfinite_loss_step=_first_nonfinite(run),
-        top_ops=list(run.info.get("top_ops") or []), spikes=_spikes(run), divergence=_rise(run))
+        top_ops=list(run.info.get("top_ops") or []), spikes=_spikes(run), divergence=_rise(run),
+        slowdown=None if run.csv is None else slowdown(run.csv["step"].tolist(), run.csv["toks_per_s"].tolist()))
 
 
 def _first_nonfinite(run: RunData) -> int | None:

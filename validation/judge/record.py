@@ -22,7 +22,7 @@ from validation.errors import StoreError
 from validation.judge.gates import GateResult, GateVerdict
 from validation.judge.metrics import RunData, compute
 from validation.judge.nodes import NodesEvidence
-from validation.judge.stability import Rise, Spike
+from validation.judge.stability import Rise, Slowdown, Spike
 from validation.machine import Machine
 
 Scalar = str | int | float | bool
@@ -171,6 +171,8 @@ class Evidence:
     """Loss and grad-norm spikes over the whole run, by the profile's rule (judge/stability.py)."""
     divergence: Rise | None = None
     """The first NaN-free rise of the loss over the whole run, by the profile's rule."""
+    slowdown: Slowdown | None = None
+    """Tokens/s that fell and stayed down over the whole run (judge/stability.py)."""
 
 
 @dataclass(frozen=True)
@@ -370,7 +372,8 @@ class PhaseRecord:
                 fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},
                 files=list(ev.get("files") or []), nodes=NodesEvidence.from_json(ev.get("nodes")),
                 spikes=[Spike(**d) for d in ev.get("spikes") or []],
-                divergence=Rise(**ev["divergence"]) if ev.get("divergence") else None)
+                divergence=Rise(**ev["divergence"]) if ev.get("divergence") else None,
+                slowdown=Slowdown(**ev["slowdown"]) if ev.get("slowdown") else None)
             known = {f.name for f in dataclasses.fields(cls)}
             plain = {k: v for k, v in data.items() if k in known and k not in ("key", "evidence", "gates", "backends",
                                                                                "status", "hardware", "metrics", "runs")}

@@ -1,4 +1,5 @@
-"""Loss and grad-norm spikes, and NaN-free divergence, found in a run's training.csv.
+"""Loss and grad-norm spikes, NaN-free divergence, and tokens/s that fell and stayed down, found
+in a run's training.csv.
 
 A spike is a logged step whose value lies far above the steps just before it: its robust z-score
 against the rolling median of the previous ``window`` logged steps, with the median absolute
@@ -11,6 +12,12 @@ that falls faster than its neighbours is no problem).
 Divergence is a loss that rises without going NaN: the median loss of ``diverge_window`` logged
 steps lies more than ``diverge_rise`` nats above the lowest median of an earlier, disjoint window
 of the same length. Medians make one spike too little to call a run diverging.
+
+A slowdown is tokens/s that fell and did not come back: the run's logged steps split in two where
+one step change fits them best (least absolute deviation from each part's median), and the later
+part's median below SLOWDOWN_FRACTION of the earlier's. The later part runs to the end of the run, so
+a dip the run recovered from is none, and a slow first step or two (a compile) makes the earlier
+part slower, never a slowdown.
 
 The profile sets the rule (``spike_window``, ``spike_z``, ``diverge_window``, ``diverge_rise``);
 a key it lacks, or sets null, takes the default below.
@@ -29,6 +36,12 @@ MAD_SCALE = 1.4826
 #: real noise, and would make a wiggle of 0.6% a "spike" (seen on the tiny model at step 19 of 20);
 #: with it a spike lies at least spike_z per cent above the median (6% by default)
 MIN_SCALE = 0.01
+#: the later part's median tokens/s below this share of the earlier's is a slowdown
+SLOWDOWN_FRACTION = 0.7
+#: logged steps each part of a slowdown needs at least
+SLOWDOWN_MIN_STEPS = 5
+#: split points tried at most (evenly spaced): a run of thousands of logged steps stays quick
+SLOWDOWN_SPLITS = 200
 #: profile keys of the rule, each a field of StabilityRule
 PROFILE_KEYS = {"spike_window": "window", "spike_z": "z", "diverge_window": "diverge_window",
                 "diverge_rise": "diverge_rise"}
@@ -141,3 +154,42 @@ def rise(steps: Sequence[int], loss: Sequence[float], rule: StabilityRule) -> Ri
             return Rise(first, last, median, low[0], low[1], low[2], rule.diverge_rise)
     return None
 
+
+
+@dataclass(frozen=True)
+class Slowdown:
+    """Tokens/s that fell and stayed down: the median after the split against the median before."""
+
+    first_step: int
+    last_step: int
+    median: float
+    before_first_step: int
+    before_last_step: int
+    before: float
+
+    def text(self) -> str:
+        return (f"median {self.median:,.0f} tokens/s over steps {self.first_step}-{self.last_step}, "
+                f"{self.median / self.before:.2f}x the {self.before:,.0f} of steps {self.before_first_step}-"
+                f"{self.before_last_step}")
+
+
+def slowdown(steps: Sequence[int], toks: Sequence[float]) -> Slowdown | None:
+    """The step change of tokens/s that fits the logged steps best (see the module docstring), when
+    the later part's median is below SLOWDOWN_FRACTION of the earlier's; else None."""
+    rows = _finite(steps, toks)
+    n = len(rows)
+    if n < 2 * SLOWDOWN_MIN_STEPS:
+        return None
+    values = [v for _, v in rows]
+    stride = max(1, (n - 2 * SLOWDOWN_MIN_STEPS) // SLOWDOWN_SPLITS)
+
+    def cost(part: list[float]) -> float:
+        m = statistics.median(part)
+        return sum(abs(v - m) for v in part)
+
+    k = min(range(SLOWDOWN_MIN_STEPS, n - SLOWDOWN_MIN_STEPS + 1, stride),
+            key=lambda i: cost(values[:i]) + cost(values[i:]))
+    before, after = statistics.median(values[:k]), statistics.median(values[k:])
+    if before <= 0 or after >= SLOWDOWN_FRACTION * before:
+        return None
+    return Slowdown(rows[k][0], rows[-1][0], after, rows[0][0], rows[k - 1][0], before)

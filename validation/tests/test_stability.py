@@ -15,7 +15,7 @@ from nsa.contract import CSV_COLUMNS
 from validation import RUNBOOK_DIR
 from validation.errors import RunbookError
 from validation.judge.evidence import collect
-from validation.judge.findings import find
+from validation.judge.findings import find, recommendations
 from validation.judge.gates import Gate, GateVerdict
 from validation.judge.metrics import RunData, compute
 from validation.judge.record import PhaseRecord, PointKey, Status
@@ -102,6 +102,33 @@ def test_a_nan_free_divergence_is_found_with_the_window_and_the_rise(tmp_path):
     assert "(allowed rise 0.2 nats)" in crit[0].title
     assert compute("loss_diverging", run, 40) == 1.0  # the climb alone (steps 41-80) is a rise too
     assert PhaseRecord.from_json(rec.to_json(), "stored").evidence.divergence == found
+
+
+def test_tokens_per_second_that_fell_and_stayed_down_is_a_slowdown_with_its_step(tmp_path):
+    """Throughput halved at step 31 of 60 (a user pass, 2026-11-27): the report had only a spread
+    gate's 'toks_per_s_cv = ...' and nothing said where or by how much it fell."""
+    rng = random.Random(1)
+    csv = _csv(_noisy_descent(60))
+    csv["toks_per_s"] = [25_600 * (1 + rng.gauss(0, 0.02)) * (1 if s <= 30 else 0.5) for s in range(1, 61)]
+    rec = _judged(tmp_path, csv)
+    [f] = [f for f in find([rec]) if f.kind == "slowdown"]
+    assert f.severity == "warning" and f.title.startswith("tokens/s fell in long_run [default] from step 31: median ")
+    assert "tokens/s over steps 31-60, 0.50x the " in f.title and " of steps 1-30" in f.title, f.title
+    assert PhaseRecord.from_json(rec.to_json(), "stored").evidence.slowdown == rec.evidence.slowdown
+    assert any(line.startswith("long_run: Tokens/s fell during the run") for line in recommendations([f]))
+
+
+@pytest.mark.parametrize("toks", [
+    [5_000.0] * 2 + [25_600.0] * 58,  # a slow first step or two (a compile): the earlier part is the slower
+    [25_600.0] * 20 + [10_000.0] * 10 + [25_600.0] * 30,  # a dip the run came back from
+    [25_600.0 * (0.99 ** s) for s in range(60)],  # 45% slower by the end, but no step change: a trend
+    [25_600.0] * 30 + [20_000.0] * 30,  # 0.78x: under the rule's 0.7
+    [25_600.0] * 8 + [1_000.0] * 2,  # slow only for the last 2 steps: under SLOWDOWN_MIN_STEPS' majority
+])
+def test_no_slowdown_where_the_run_did_not_fall_and_stay_down(tmp_path, toks):
+    csv = _csv(_noisy_descent(len(toks)))
+    csv["toks_per_s"] = toks
+    assert _judged(tmp_path, csv).evidence.slowdown is None
 
 
 def test_one_spike_does_not_make_a_divergence(tmp_path):

@@ -32,11 +32,12 @@ from validation.judge.findings.throughput import (
     fallbacks,
     host_bound,
     shared_timings,
+    slowdowns,
 )
 from validation.judge.record import PhaseRecord
 
 DETECTORS = (crashes, stalls, nodes, short_runs, shared_timings, cliffs, host_bound, imbalance, fallbacks,
-             artifact_errors, failed_gates, best_setting, not_equivalent, nonfinite, divergence, spikes)
+             artifact_errors, failed_gates, best_setting, not_equivalent, nonfinite, divergence, spikes, slowdowns)
 _ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 

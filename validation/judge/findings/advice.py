@@ -150,6 +150,13 @@ def _resume(f: Facts) -> str:
             f"whether the learning rate and the data position continued. Then {_RERUN}.")
 
 
+def _slowdown(f: Facts) -> str:
+    return ("Tokens/s fell during the run and stayed down: a long run goes on at the later rate. Look at what "
+            "changes at the step named: memory near the device's limit (the allocator's retries, fragmentation), "
+            "a data loader that drains its prefetch, checkpoints or evaluation that start, another job on the "
+            "machine; the per-rank heartbeats say whether one rank fell behind.")
+
+
 def _timing(f: Facts) -> str:
     return ("Timed points ran at the same time on one machine (another harness process beside this one: a second "
             "`nsa-validate run`, or pytest -n), so their speeds are not comparable: re-run them with no other run "
@@ -161,7 +168,7 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "short_run": _short, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
     "artifacts": _artifacts, "regression": _regression, "gate": _gate, "timing": _timing, "spike": _spike,
-    "diverging": _diverging, "resume": _resume,
+    "diverging": _diverging, "resume": _resume, "slowdown": _slowdown,
     # a node's advice says the same for any trainer (nodes of one launch are torchrun's, not its)
     **{kind: (lambda f, text=text: text) for kind, text in NODE_ADVICE.items()},
 }

@@ -1,6 +1,6 @@
 """Findings about speed across the points of a phase: timings that shared the machine, throughput
 cliffs, host-bound sweeps, the best setting of a sweep, and fallbacks to slower attention
-backends. The cross-point speed findings read only points whose timings did not share the
+backends; and within one run, tokens/s that fell and stayed down. The cross-point speed findings read only points whose timings did not share the
 machine with another timed point (validation/judge/timing.py)."""
 from __future__ import annotations
 
@@ -55,6 +55,16 @@ def cliffs(records: list[PhaseRecord]) -> list[Finding]:
             if best is None or _toks(r) > _toks(best):
                 best = r
     return out
+
+
+def slowdowns(records: list[PhaseRecord]) -> list[Finding]:
+    """A warning per run whose tokens/s fell and stayed down (judge/stability.py ``slowdown``):
+    a long run would go on at the later rate. Its gates (a floor on tokens/s, their spread) judge;
+    this says where it happened."""
+    return [Finding(Severity.WARNING, r.phase, f"tokens/s fell in {where(r)} from step {r.evidence.slowdown.first_step}: "
+                    f"{r.evidence.slowdown.text()}", [f"CSV: {r.out_dir}/training.csv (toks_per_s column)"],
+                    "slowdown", Facts.of(r))
+            for r in records if r.evidence.slowdown is not None]
 
 
 def _tokens_per_step(rec: PhaseRecord) -> float | None:

@@ -236,6 +236,10 @@ def died_before_watchdog(halt: HaltInfo | None, stopped: bool, failures: dict[in
     return root_rank(failures)
 
 
+#: seconds without a new step that still count as progressing at a timeout, whatever the pace
+PROGRESS_FLOOR_S = 5.0
+
+
 @dataclass
 class PhaseRecord:
     key: PointKey
@@ -262,6 +266,8 @@ class PhaseRecord:
     timed_out: bool = False
     stalled_s: float | None = None
     """Seconds without progress when the harness stopped the run as stalled; None: no stall."""
+    timeout_quiet_s: float | None = None
+    """On a timeout: seconds since the run's files last showed a new step (None: no step yet)."""
     world_size: int = 1
     gates: list[GateResult] = field(default_factory=list)
     window: str = "all steps"
@@ -315,6 +321,17 @@ class PhaseRecord:
     def ran(self) -> bool:
         """A process ran and exited by itself (no timeout): its artifacts are complete."""
         return self.exit_code is not None and not self.timed_out
+
+    @property
+    def progressing_at_timeout(self) -> bool:
+        """Timed out while its steps still came at their pace: the last new step no longer before
+        the timeout than three of its mean step times (the CSV's; else the wall time per step),
+        with a floor for the harness's polling and the trainer's buffered writes. Such a run was
+        slow or its timeout short, not hung: no finding may call it a stall or a hang."""
+        if not self.timed_out or self.timeout_quiet_s is None or not self.metrics.steps_completed:
+            return False
+        step_s = self.metrics.step_time_s_mean or self.wall_s / self.metrics.steps_completed
+        return self.timeout_quiet_s <= max(3 * step_s, PROGRESS_FLOOR_S)
 
     @property
     def part(self) -> str:

@@ -96,6 +96,9 @@ class ProcResult:
     """Each launched process (one, or one torchrun agent per node)."""
     slurm_job_id: str | None = None
     """The Slurm job the run was a step of (kind slurm)."""
+    timeout_quiet_s: float | None = None
+    """On the timeout of a watched run: seconds since its files last showed a new step (None: no
+    step yet, no watch, or no timeout). Under stall_s by construction, else it would be a stall."""
 
     def stderr_tail(self, lines: int = STDERR_TAIL_LINES) -> str:
         return tail(self.stderr_path, lines)
@@ -116,6 +119,8 @@ class _Stop:
     why: _Why
     note: str
     stalled_s: float | None = None
+    quiet_s: float | None = None
+    """A timeout's seconds since the last new step (None: no step yet, or no watch)."""
 
 
 class LaunchOver(Protocol):
@@ -212,7 +217,8 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
     if stop is not None and stop.why == _Why.LAUNCH_OVER and over is not None and over.exit_code is not None:
         code = over.exit_code  # a task of the one launched process (srun) failed: the launch ended as it did
     return ProcResult(commands[0].argv, code, stop is not None and stop.why == _Why.TIMEOUT, wall, first.stdout_path,
-                      first.stderr_path, stop.stalled_s if stop else None, taken, parts)
+                      first.stderr_path, stop.stalled_s if stop else None, taken, parts,
+                      timeout_quiet_s=stop.quiet_s if stop else None)
 
 
 def _start(c: Command, env: Mapping[str, str], cwd: Path, out, err) -> subprocess.Popen | None:
@@ -290,7 +296,8 @@ def _supervise(procs: list[subprocess.Popen | None], over: LaunchOver, ended: di
                 last_progress = now
             stop = _stalled(steps, watch, now - last_progress)
         if stop is None and elapsed >= timeout_s:
-            stop = _Stop(_Why.TIMEOUT, f"killed after {timeout_s:.0f}s timeout")
+            quiet = round(now - last_progress, 1) if steps is not None and steps.highest is not None else None
+            stop = _Stop(_Why.TIMEOUT, f"killed after {timeout_s:.0f}s timeout", quiet_s=quiet)
         if over_s is not None and (stop is not None or over_s >= LAUNCH_OVER_GRACE_S):
             return _Stop(_Why.LAUNCH_OVER, over.note(over_s))
         if stop is not None:

@@ -118,7 +118,7 @@ def record(point: PhasePoint, j: Judged, hw: Machine, results_dir: Path, run_id:
         run_id=run_id, started=started, hardware=hw, wall_s=round(proc.wall_s, 2), command=proc.argv,
         steps=point.phase.steps if point.phase.kind in TRAINER_KINDS else None,
         out_dir=relative(run.out_dir, results_dir), exit_code=proc.exit_code, timed_out=proc.timed_out,
-        stalled_s=proc.stalled_s, world_size=run.world_size, gates=j.gates,
+        stalled_s=proc.stalled_s, timeout_quiet_s=proc.timeout_quiet_s, world_size=run.world_size, gates=j.gates,
         window=f"last {j.window} steps" if j.window else "all steps",
         metrics=j.metrics, evidence=collect(run, proc.stderr_path, j.errors),
         git_sha=run.info.get("git_sha") or env.get("git_sha"),

@@ -130,13 +130,31 @@ def test_no_stack_at_all_is_said_and_the_advice_does_not_cite_dumps(tmp_path, py
     assert "No stack could be taken" in hung.advice() and "stack dumps show" not in hung.advice()
 
 
-def test_timeout_of_a_slow_run_takes_the_stacks_too(tmp_path):
-    """Progress every 0.5 s: never a stall, but the phase timeout still ends it, stacks first."""
-    hung = Hung(tmp_path, _phase(4, {"NSA_STEP_S": "0.5"}, timeout_s=6))
-    rec = hung.rec
+def test_timeout_of_a_slow_run_takes_the_stacks_too_and_is_no_stall(tmp_path):
+    """Progress every 0.5 s: never a stall, but the phase timeout still ends it, stacks first. Its
+    finding says it timed out still progressing; it once read 'stall in hang (killed at the 6s
+    timeout)', sending the reader after a hang that never was."""
+    run = FakeRun(tmp_path, [_phase(4, {"NSA_STEP_S": "0.5"}, timeout_s=6)],
+                  defaults={"launcher": {"kind": "python", "module": HANG}})
+    rec = run.record
     assert rec.timed_out and rec.stalled_s is None and "timed out" in rec.reason
-    assert [t.method for t in rec.evidence.taken_stacks] == ["py-spy"] and "main" in hung.stack(0)
-    assert "killed at the 6s timeout" in hung.finding
+    assert rec.timeout_quiet_s is not None and rec.timeout_quiet_s < 4 and rec.progressing_at_timeout
+    assert [t.method for t in rec.evidence.taken_stacks] == ["py-spy"]
+    critical = run.findings("critical")
+    assert not [f for f in critical if "stall" in f.split(":")[0] or "hung" in f], critical
+    [finding] = [f for f in critical if f.startswith("timed out in hang")]
+    assert "while still progressing" in finding and "before the 6s timeout (not a stall)" in finding, finding
+    assert re.search(r"step \d+ of 1000 logged", finding), finding
+
+
+def test_a_hang_the_timeout_ends_before_stall_s_is_still_a_stall(tmp_path):
+    """Hung at step 20 (about 6 s in, steps of 0.3 s) with stall_s 15: the 20 s timeout ends it
+    before stall_s runs out, and the finding is a stall with the stack, as before: no new step for
+    about 14 s where steps took 0.3 s."""
+    hung = Hung(tmp_path, _phase(15, {"NSA_HANG_AT": "20", "NSA_STEP_S": "0.3"}, timeout_s=20))
+    rec = hung.rec
+    assert rec.timed_out and not rec.progressing_at_timeout, (rec.timeout_quiet_s, rec.metrics.step_time_s_mean)
+    assert "killed at the 20s timeout" in hung.finding and hung.stack(0)
 
 
 def test_pyspy_is_found_beside_the_interpreter():

@@ -52,6 +52,7 @@ def test_data_skipped_on_resume_fails_naming_the_first_step_after_it(fake_run):
     assert len(findings) == 1 and findings[0].startswith(
         "resume not equivalent in resume [default]: first diverging step 5 (the first step after the resume at step 4): "
         "loss 2.93 resumed vs 2.95 uninterrupted (rel 0.00678)"), findings
+    assert findings[0].split("\n")[0].endswith("; its data did not continue where the first half's ended")
     assert "resume_data_gap = 2, needs == 0" in findings[0]  # the other gates below it
     assert "first half (steps 1-4, stopped): runs/fake/cpu/resume/default/" in findings[0]
     assert "gate failed" not in "".join(run.findings())  # the resume finding explains its gates
@@ -120,3 +121,15 @@ def test_a_profile_without_the_resume_tolerance_is_refused_before_anything_runs(
                                        "thresholds": {"min_toks_per_s": 1}}))
     with pytest.raises(RunbookError, match="is a resume phase, but profile .* has no resume_loss_rtol threshold"):
         expand(load_runbook(write_runbook(tmp_path / "rb.yaml", [resume_phase()])), load_profile(profile))
+
+
+def test_the_resume_finding_says_which_of_data_schedule_or_restored_state_broke():
+    """Seen with a trainer that resumed wrong four ways: the title named only the loss (a reset
+    schedule's loss step came after its learning-rate step); it now says what the gates tell."""
+    from validation.judge.findings.resume import _cause
+    from validation.judge.gates import GateVerdict as V
+    ok, bad = V.PASS, V.FAIL
+    assert _cause({"resume_lr_rel_diff": bad, "resume_data_gap": ok}) == "its learning-rate schedule did not continue"
+    assert _cause({"resume_lr_rel_diff": ok, "resume_data_gap": bad}).startswith("its data did not continue")
+    assert "optimizer state, RNG state or model weights" in _cause({"resume_lr_rel_diff": ok, "resume_data_gap": ok})
+    assert "records no data position" in _cause({"resume_lr_rel_diff": ok})

@@ -157,6 +157,12 @@ def _slowdown(f: Facts) -> str:
             "machine; the per-rank heartbeats say whether one rank fell behind.")
 
 
+def _timeout(f: Facts) -> str:
+    return ("The run was still making steps when the phase's timeout stopped it: raise the phase's timeout_s to fit "
+            "its steps at the pace its table shows (or ask for fewer steps), and compare that pace with earlier runs. "
+            f"Then {_RERUN}.")
+
+
 def _timing(f: Facts) -> str:
     return ("Timed points ran at the same time on one machine (another harness process beside this one: a second "
             "`nsa-validate run`, or pytest -n), so their speeds are not comparable: re-run them with no other run "
@@ -164,7 +170,8 @@ def _timing(f: Facts) -> str:
 
 
 _ADVICE: dict[str, Callable[[Facts], str]] = {
-    "crash": _crash, "departed": _departed, "left_after": _left_after, "stall": _stall, "nonfinite": _nonfinite,
+    "crash": _crash, "departed": _departed, "left_after": _left_after, "stall": _stall, "timeout": _timeout,
+    "nonfinite": _nonfinite,
     "short_run": _short, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
     "artifacts": _artifacts, "regression": _regression, "gate": _gate, "timing": _timing, "spike": _spike,

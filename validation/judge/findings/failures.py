@@ -123,6 +123,9 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
         facts = Facts.of(r)
         how = (f"no progress for {r.stalled_s:.0f}s, stopped by the harness" if r.stalled_s is not None
                else "watchdog .HALT" if ev.halt is not None else f"killed at the {r.timeout_s:g}s timeout")
+        if r.progressing_at_timeout:
+            out.append(_timed_out_progressing(r, facts))
+            continue
         notes = {(t.rank, t.pid if t.rank is None else None): t.note for t in ev.taken_stacks if t.note}
         detail, stuck, gone = [], {}, departed(r)
         # the ranks something is known of (a heartbeat, a stack), and only ranks that exist: a rank
@@ -161,6 +164,18 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
         out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail,
                            "departed" if gone else "stall", facts))
     return out
+
+
+def _timed_out_progressing(r: PhaseRecord, facts: Facts) -> Finding:
+    """A run the timeout stopped while its steps still came: slow, or a timeout too short for its
+    steps; not a stall (the stacks say only where each rank happened to be)."""
+    done = int(r.metrics.steps_completed or 0)
+    of = f" of {r.steps}" if r.steps else ""
+    title = (f"timed out in {where_run(r)} while still progressing: step {done}{of} logged, the last new step "
+             f"{r.timeout_quiet_s:.1f}s before the {r.timeout_s:g}s timeout (not a stall): the trainer is slower than "
+             "the phase's timeout_s allows for its steps")
+    detail = [f"rank {k}: {last_heartbeat(r, k)}" for k in sorted(r.evidence.last_heartbeat) if k < r.world_size]
+    return Finding(Severity.CRITICAL, r.phase, title, detail, "timeout", facts)
 
 
 def _hung_first(r: PhaseRecord, stuck: dict[str, str]) -> str | None:

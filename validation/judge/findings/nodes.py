@@ -166,6 +166,8 @@ def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     watchdog = r.evidence.halt is not None and r.evidence.halt.source == "watchdog"
     if r.stalled_s is None and not r.timed_out and not watchdog or r.died_before_watchdog is not None:
         return None  # no stall, or a rank died and the watchdog fired in those waiting for it (_failed)
+    if r.progressing_at_timeout:
+        return None  # nothing hung: its steps still came when the timeout stopped it (findings/failures.py)
     if Facts.of(r).no_rank_running:
         return None  # nothing hung: every rank had ended (or never started), a launcher kept the run open
     # a rank that had ended (exit 0, or a failure of its own) neither hung nor waited

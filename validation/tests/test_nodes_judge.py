@@ -126,6 +126,17 @@ def test_a_late_node_is_a_straggler_and_a_punctual_one_is_not():
                           "Slurm job 9")
 
 
+def test_a_single_node_launch_says_nothing_of_lateness():
+    """A Slurm launch of one node (a user pass, 2026-11-27): its line read '5.6 ms behind the
+    earliest rank', a spread within the node that says nothing of nodes."""
+    one = NodesEvidence("slurm", "vm:1", 20.0, [NodeEvidence(0, "node0.stderr.log", "vm", 0, 3.0, 0, [0, 1],
+                                                             step_time_s=0.03, lateness_s=0.0056)], "9", "9.0")
+    [info] = [f for f in find([_record(one)]) if f.kind == "nodes"]
+    assert "median step 30 ms" in info.detail[0] and "behind the earliest rank" not in info.detail[0], info.detail
+    [two] = [f for f in find([_record(_nodes(n1=0.02))]) if f.kind == "nodes"]
+    assert "20 ms behind the earliest rank" in two.detail[1], two.detail
+
+
 def test_a_record_with_nodes_survives_the_store():
     rec = _record(_nodes(n1=0.06), slurm_job_id="9")
     back = PhaseRecord.from_json(json.loads(json.dumps(rec.to_json())), "test")

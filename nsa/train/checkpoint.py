@@ -8,7 +8,6 @@ wrappers (their prefixes are stripped from parameter names).
 """
 from __future__ import annotations
 
-import os
 import pickle
 import random
 from pathlib import Path
@@ -24,6 +23,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from .atomic import write_atomic
 from .distributed import DistInfo, barrier
 
 FORMAT = 1
@@ -69,17 +69,34 @@ def save(out_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
         rngs = [rng]
     path = ckpt_dir(out_dir) / f"step_{step:07d}.pt"
     if info.is_master:
-        path.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "format": FORMAT, "step": step, "data_position": data_position, "world_size": info.world_size,
             "model": model_sd, "optimizer": optim_sd, "rng": rngs, "config": config,
         }
-        tmp = path.with_suffix(".tmp")
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
-        (path.parent / "latest").write_text(path.name + "\n")
+        pointer = path.parent / "latest"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # through a Python file, so that a failed write raises its OSError (ENOSPC) rather
+            # than torch's "basic_ios::clear: iostream error"
+            write_atomic(path, lambda fh: torch.save(payload, fh))
+            write_atomic(pointer, (path.name + "\n").encode())
+        except (OSError, RuntimeError) as exc:
+            kept = pointer.read_text().strip() if pointer.exists() else "none"
+            raise CheckpointError(f"cannot write checkpoint {path}: {_reason(exc)}; the last checkpoint saved, "
+                                  f"{kept}, is intact") from None
     barrier(info)
     return path
+
+
+def _reason(exc: BaseException) -> str:
+    """The OS's reason for a failed write ("No space left on device"): torch's writer raises its
+    own "unexpected pos" RuntimeError while handling the OSError of the file's write."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.strerror:
+            return seen.strerror
+        seen = seen.__cause__ or seen.__context__
+    return str(exc).splitlines()[0]
 
 
 def find_resume(out_dir: Path, resume: str) -> Path | None:

@@ -404,6 +404,7 @@ class Trainer:
                 if self.step != self.last_saved and (tc.save_final or self.step < tc.steps):
                     self.save(self.step)
                 self.log(f"[done] {self.stop_reason}")
+                self.write_env()
                 self.finished_cleanly = True
                 return EXIT_INTERRUPTED if halted and self.ctrl_c.requested else contract.EXIT_OK
             except NonFiniteLoss as exc:
@@ -411,6 +412,7 @@ class Trainer:
                 self.halt_nonfinite(exc)
                 self.stop_reason = str(exc)
                 self.log_all(f"[halt] {exc}")
+                self.write_env()
                 return EXIT_NONFINITE
             except BaseException as exc:
                 self.log_before_exit()
@@ -421,9 +423,11 @@ class Trainer:
                     self.stop_reason = f"interrupted (Ctrl-C twice) during step {self.step + 1}"
                 else:
                     self.stop_reason = f"error at step {self.step + 1}: {exc!r}"
+                try:
+                    self.write_env()
+                except OSError as env_exc:  # the disk that failed the run: its error is the one to see
+                    self.log_all(f"[env] could not record the error in env.json: {env_exc}")
                 raise
-            finally:
-                self.write_env()
 
     def run_steps(self, last: int) -> None:
         """Runs the next step, or the profiled window's steps when it starts here; each

@@ -39,6 +39,7 @@ import torch
 
 from .. import contract
 from ..provenance import source_revision
+from .atomic import write_atomic
 from .checkpoint import CheckpointError
 
 CSV_HEADER = list(contract.CSV_COLUMNS)
@@ -239,6 +240,4 @@ def sdpa_flags() -> dict[str, bool]:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, (json.dumps(data, indent=2, default=str) + "\n").encode())

@@ -323,3 +323,51 @@ def test_resume_csv_rewrite_is_atomic_and_a_bad_header_is_a_checkpoint_error(tmp
     with pytest.raises(CheckpointError, match="training.csv: unexpected header"):
         truncate_csv(csv_path, 3)
     assert csv_path.read_text() == "when,what\n1,2\n"
+
+
+def test_a_full_disk_at_a_checkpoint_names_it_and_keeps_the_last_one(tmp_path: Path, monkeypatch):
+    """ENOSPC while a checkpoint is written: the error names the file and the reason, the half-written
+    file is gone (it held the space), `latest` still names the last good checkpoint, env.json says
+    why the run stopped, and the run resumes from that checkpoint."""
+    import errno
+
+    real_save, saves = torch.save, []
+
+    def disk_fills_at_the_third(obj, f, *args, **kwargs):
+        saves.append(f)
+        if len(saves) < 3:
+            return real_save(obj, f, *args, **kwargs)
+        fh = open(f, "wb") if isinstance(f, (str, Path)) else f
+        fh.write(b"\0" * 1000)
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:  # as torch's writer reports a failed write of the file
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+    monkeypatch.setattr(torch, "save", disk_fills_at_the_third)
+    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*step_0000003\.pt: No space left on "
+                                              r"device; the last checkpoint saved, step_0000002\.pt, is intact"):
+        train(tmp_path, "train.ckpt_every=1", steps=4)
+    ckpts = tmp_path / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_0000001.pt", "step_0000002.pt"]
+    assert (ckpts / "latest").read_text() == "step_0000002.pt\n"
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+    assert "cannot write checkpoint" in json.loads((tmp_path / "env.json").read_text())["status"]
+    monkeypatch.setattr(torch, "save", real_save)
+    assert train(tmp_path, "train.ckpt_every=1 train.resume=auto", steps=4) == 0
+    assert [r["step"] for r in csv_rows(tmp_path)] == ["1", "2", "3", "4"]
+
+
+def test_write_atomic_leaves_the_old_file_and_no_temp_when_the_write_fails(tmp_path: Path):
+    from nsa.train.atomic import write_atomic
+
+    target = tmp_path / "latest"
+    write_atomic(target, b"step_0000001.pt\n")
+
+    def half_then_fail(fh):
+        fh.write(b"step_00")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        write_atomic(target, half_then_fail)
+    assert target.read_text() == "step_0000001.pt\n" and [p.name for p in tmp_path.iterdir()] == ["latest"]

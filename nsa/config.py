@@ -12,6 +12,7 @@ plain data (dicts from YAML, ``key.sub=value`` strings) into such dataclasses:
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import typing
 from pathlib import Path
@@ -74,14 +75,18 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
     if typ is float:
         if isinstance(value, bool):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
+        number = None
         if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value.strip())
+                number = float(value.strip())
             except ValueError:
                 pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
+        # nan passes every range check (all its comparisons are false); inf means no setting here
+        if number is None or not math.isfinite(number):
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+        return number
     if typ is str:
         if isinstance(value, bool):  # YAML reads on/off/yes/no as booleans; the field's check judges
             return "true" if value else "false"

@@ -27,6 +27,7 @@ from .atomic import write_atomic
 from .distributed import DistInfo, barrier
 
 FORMAT = 1
+PAYLOAD_KEYS = ("step", "data_position", "world_size", "model", "optimizer", "rng", "config")
 
 
 class CheckpointError(RuntimeError):
@@ -123,7 +124,10 @@ def _latest(out_dir: Path) -> Path | None:
     pointer = ckpt_dir(out_dir) / "latest"
     if not pointer.exists():
         return None
-    path = ckpt_dir(out_dir) / pointer.read_text().strip()
+    name = pointer.read_text().strip()
+    if not name or Path(name).name != name:  # empty, or a path: it names a file beside it or nothing
+        raise CheckpointError(f"{pointer}: expected the file name of a checkpoint beside it, got {name!r}")
+    path = ckpt_dir(out_dir) / name
     if not path.exists():
         raise CheckpointError(f"{pointer} names {path.name}, which does not exist")
     return path
@@ -147,11 +151,17 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, i
     ``config`` is this run's (config_dict), to name what differs when the model does not fit."""
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
-        # UnpicklingError: garbage bytes, or a pickle that weights_only refuses to execute
-        raise CheckpointError(f"{path}: cannot load checkpoint ({str(exc).splitlines()[0]})") from None
+    except pickle.UnpicklingError:  # torch's advice, weights_only=False, would run what the file says
+        raise CheckpointError(f"{path}: cannot load checkpoint (not a torch checkpoint, or one holding "
+                              "objects that torch.load(weights_only=True) refuses)") from None
+    except Exception as exc:  # whatever torch.load raises on a file cut short (an empty one: IndexError)
+        raise CheckpointError(f"{path}: cannot load checkpoint ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else 'the file is cut short'})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a checkpoint of format {FORMAT}")
+    missing = [key for key in PAYLOAD_KEYS if key not in payload]
+    if missing:
+        raise CheckpointError(f"{path}: not a whole checkpoint of format {FORMAT}: no {', '.join(missing)}")
     opts = StateDictOptions(full_state_dict=True)
     try:
         set_model_state_dict(model, payload["model"], options=opts)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import math
 import socket
 import threading
@@ -371,3 +372,24 @@ def test_write_atomic_leaves_the_old_file_and_no_temp_when_the_write_fails(tmp_p
     with pytest.raises(OSError, match="No space left"):
         write_atomic(target, half_then_fail)
     assert target.read_text() == "step_0000001.pt\n" and [p.name for p in tmp_path.iterdir()] == ["latest"]
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda ck: ck.write_bytes(b""), r"step_0000002\.pt: cannot load checkpoint \(EOFError: the file is cut short\)"),
+    (lambda ck: ck.write_bytes(ck.read_bytes()[:5000]), r"step_0000002\.pt: cannot load checkpoint"),
+    (lambda ck: ck.write_text("garbage\n"), r"step_0000002\.pt: cannot load checkpoint \(not a torch checkpoint"),
+    (lambda ck: torch.save({"format": 1, "step": 2}, ck),
+     r"step_0000002\.pt: not a whole checkpoint of format 1: no data_position, world_size, model"),
+    (lambda ck: (ck.parent / "latest").write_text(""), r"latest: expected the file name of a checkpoint beside "
+                                                       r"it, got ''"),
+    (lambda ck: (ck.parent / "latest").write_text("../../x.pt\n"), r"latest: expected the file name .*'\.\./\.\./x\.pt'"),
+])
+def test_resume_from_a_damaged_checkpoint_is_a_one_line_error(tmp_path: Path, capsys, damage, message):
+    """An empty or cut checkpoint, one missing its keys, an empty or path-like `latest`: each once gave
+    a traceback (IndexError formatting an empty EOFError, KeyError) or named the wrong thing ("checkpoints: Is a directory")."""
+    assert train(tmp_path, steps=2) == 0
+    damage(tmp_path / "checkpoints" / "step_0000002.pt")
+    capsys.readouterr()
+    assert train(tmp_path, "train.resume=auto", steps=3) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(message, err[0]), err

@@ -145,6 +145,21 @@ def model_differences(saved: dict[str, Any], current: dict[str, Any], prefix: st
     return out
 
 
+def _check_data_position(path: Path, payload: dict[str, Any], batch: int, world: int) -> None:
+    """The data position counts global micro-batches of train.batch_size x world size rows
+    (nsa/train/data.py): under another product it would re-read or skip rows, silently."""
+    saved_batch, saved_world = payload["config"]["train"]["batch_size"], payload["world_size"]
+    if saved_batch * saved_world == batch * world:
+        return
+    fits = (f"train.batch_size={saved_batch * saved_world // world}"
+            if saved_batch * saved_world % world == 0 else f"a world size dividing {saved_batch * saved_world}")
+    raise CheckpointError(
+        f"{path}: its data position ({payload['data_position']} micro-batches) counts micro-batches of "
+        f"{saved_batch * saved_world} rows (train.batch_size={saved_batch} x world size {saved_world}), this "
+        f"run's have {batch * world} ({batch} x {world}): resumed, it would re-read or skip data; resume "
+        f"with {fits} here")
+
+
 def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo,
          config: dict[str, Any]) -> dict[str, Any]:
     """Restore model, optimizer and this rank's RNG; returns {step, data_position, config}.
@@ -162,6 +177,7 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, i
     missing = [key for key in PAYLOAD_KEYS if key not in payload]
     if missing:
         raise CheckpointError(f"{path}: not a whole checkpoint of format {FORMAT}: no {', '.join(missing)}")
+    _check_data_position(path, payload, config["train"]["batch_size"], info.world_size)
     opts = StateDictOptions(full_state_dict=True)
     try:
         set_model_state_dict(model, payload["model"], options=opts)

@@ -393,3 +393,20 @@ def test_resume_from_a_damaged_checkpoint_is_a_one_line_error(tmp_path: Path, ca
     assert train(tmp_path, "train.resume=auto", steps=3) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and re.search(message, err[0]), err
+
+
+def test_resume_under_another_global_micro_batch_is_refused_naming_the_batch_that_fits(tmp_path: Path, capsys):
+    """The data position counts global micro-batches; a run of 2 ranks resumed by one process at
+    the same per-rank batch once re-read the rows the first run had trained on, silently. A world
+    of 2 is simulated by the checkpoint's own world_size (torchrun runs: tests/integration)."""
+    assert train(tmp_path, "train.batch_size=2 train.run_steps=2", steps=4) == 0
+    ck = tmp_path / "checkpoints" / "step_0000002.pt"
+    payload = torch.load(ck, weights_only=True)
+    torch.save({**payload, "world_size": 2}, ck)
+    capsys.readouterr()
+    assert train(tmp_path, "train.batch_size=2 train.resume=auto", steps=4) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ("counts micro-batches of 4 rows (train.batch_size=2 x world size 2), this run's "
+                              "have 2 (2 x 1)") in err[0] and "resume with train.batch_size=4 here" in err[0], err
+    assert train(tmp_path, "train.batch_size=4 train.resume=auto", steps=4) == 0  # the same rows per micro-batch
+    assert [r["step"] for r in csv_rows(tmp_path)] == ["1", "2", "3", "4"]

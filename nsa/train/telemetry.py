@@ -125,6 +125,11 @@ def drop_torn_tail(path: Path) -> None:
             fh.truncate(data.rfind(b"\n") + 1)
 
 
+class OutputLost(RuntimeError):
+    """A file the run appends to was deleted under it (its out_dir removed): what it writes from
+    then on reaches no one, so the run stops rather than report success over files that are gone."""
+
+
 class Telemetry:
     def __init__(self, out_dir: Path, rank: int, is_master: bool, device: torch.device,
                  heartbeat: bool, nvtx: bool, resume_step: int = 0):
@@ -178,6 +183,7 @@ class Telemetry:
     def log_step(self, row: dict[str, float], extra: dict[str, Any], garbled: bool = False) -> None:
         """One logged step: a training.csv row (rank 0) and a step heartbeat (every rank).
         ``garbled``: the row's tokens/s is written as a word (the malformed fault)."""
+        self.check_linked()
         if self._csv is not None:
             cells = [f"{row[k]:.6g}" for k in CSV_HEADER[1:]]
             if garbled:
@@ -187,6 +193,13 @@ class Telemetry:
         self.util_reason = why
         self.last = {"toks_per_s": row["toks_per_s"], "gpu_util": util}
         self.heartbeat({"stage": "step", **row, **extra, "gpu_util": util})
+
+    def check_linked(self) -> None:
+        """Raise OutputLost when training.csv or this rank's heartbeat file no longer has a name."""
+        for fh in (self._csv_fh if self._csv is not None else None, self._hb):
+            if fh is not None and os.fstat(fh.fileno()).st_nlink == 0:
+                raise OutputLost(f"{fh.name} was deleted while the run wrote it (was {self.out_dir} removed?); "
+                                 "stopping, as the run's record from here on would be lost")
 
     def close(self) -> None:
         if self._csv is not None:

@@ -410,3 +410,26 @@ def test_resume_under_another_global_micro_batch_is_refused_naming_the_batch_tha
                               "have 2 (2 x 1)") in err[0] and "resume with train.batch_size=4 here" in err[0], err
     assert train(tmp_path, "train.batch_size=4 train.resume=auto", steps=4) == 0  # the same rows per micro-batch
     assert [r["step"] for r in csv_rows(tmp_path)] == ["1", "2", "3", "4"]
+
+
+def test_an_out_dir_deleted_during_the_run_stops_it_with_an_error(tmp_path: Path, monkeypatch):
+    """Deleted mid-run (rm -rf of the out_dir), a run once wrote on into the deleted files, made the
+    directory again for its checkpoints and ended with exit 0 and env.json 'completed', beside no
+    training.csv and no heartbeats (torchrun DDP x2 and one process)."""
+    import shutil
+
+    from nsa.train import telemetry
+
+    out = tmp_path / "run"
+    real_log_step = telemetry.Telemetry.log_step
+
+    def rm_rf_before_step_3(self, row, extra, garbled=False):
+        if row["step"] == 3:
+            shutil.rmtree(out)
+        real_log_step(self, row, extra, garbled)
+
+    monkeypatch.setattr(telemetry.Telemetry, "log_step", rm_rf_before_step_3)
+    with pytest.raises(RuntimeError, match=r"training\.csv was deleted while the run wrote it"):
+        train(out, "train.ckpt_every=1", steps=5)
+    env = out / "env.json"  # written into a directory the run made again, it must not claim success
+    assert not env.exists() or "OutputLost" in json.loads(env.read_text())["status"]

@@ -77,6 +77,10 @@ def save(out_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
         pointer = path.parent / "latest"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            # a process killed while writing (SIGTERM, SIGKILL: no cleanup) left a checkpoint-sized
+            # temp file; every preemption mid-save would leave one more
+            for stale in path.parent.glob(".*.tmp"):
+                stale.unlink(missing_ok=True)
             # through a Python file, so that a failed write raises its OSError (ENOSPC) rather
             # than torch's "basic_ios::clear: iostream error"
             write_atomic(path, lambda fh: torch.save(payload, fh))

@@ -433,3 +433,13 @@ def test_an_out_dir_deleted_during_the_run_stops_it_with_an_error(tmp_path: Path
         train(out, "train.ckpt_every=1", steps=5)
     env = out / "env.json"  # written into a directory the run made again, it must not claim success
     assert not env.exists() or "OutputLost" in json.loads(env.read_text())["status"]
+
+
+def test_temp_files_of_a_process_killed_mid_save_are_removed_at_the_next_save(tmp_path: Path):
+    """SIGTERM while a checkpoint was written left .step_N.pt.<pid>.tmp, as large as a checkpoint,
+    behind for good; a preemptible run killed mid-save again and again filled its disk with them."""
+    stale = tmp_path / "checkpoints" / ".step_0000001.pt.99999.tmp"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"\0" * 4096)
+    assert train(tmp_path, "train.ckpt_every=1", steps=1) == 0
+    assert sorted(p.name for p in stale.parent.iterdir()) == ["latest", "step_0000001.pt"]

@@ -123,6 +123,10 @@ class Trainer:
             if path is not None:
                 state = ckpt.load(path, self.wrapped, self.optimizer, info, config_dict(cfg))
                 self.step, data_position, self.resumed_from = state["step"], state["data_position"], str(path)
+                if self.step > cfg.train.steps:
+                    raise ckpt.CheckpointError(f"{path}: the checkpoint is at step {self.step}, past train.steps="
+                                               f"{cfg.train.steps}: nothing to train; resume with train.steps "
+                                               f"above {self.step}")
                 self.log(f"[ckpt] resumed from {path} at step {self.step} (data position {data_position})")
                 data_position = self._break_resume(data_position)
                 for diff in ckpt.model_differences(state["config"].get("model", {}), config_dict(cfg)["model"]):

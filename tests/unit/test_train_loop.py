@@ -443,3 +443,13 @@ def test_temp_files_of_a_process_killed_mid_save_are_removed_at_the_next_save(tm
     stale.write_bytes(b"\0" * 4096)
     assert train(tmp_path, "train.ckpt_every=1", steps=1) == 0
     assert sorted(p.name for p in stale.parent.iterdir()) == ["latest", "step_0000001.pt"]
+
+
+def test_resume_past_train_steps_is_an_error_not_a_run_that_stopped_at_step_3_of_2(tmp_path: Path, capsys):
+    assert train(tmp_path, steps=3) == 0
+    capsys.readouterr()
+    assert train(tmp_path, "train.resume=auto", steps=2) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the checkpoint is at step 3, past train.steps=2: nothing to train" in err[0], err
+    assert train(tmp_path, "train.resume=auto", steps=3) == 0  # at its end already: done, and said so
+    assert json.loads((tmp_path / "env.json").read_text())["status"] == "completed 3 steps"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,11 @@ class Trainer:
             except OSError as exc:  # a file of that name, a file on the path, no permission
                 raise ConfigError(f"train.out_dir={cfg.train.out_dir}: cannot make the output directory "
                                   f"({exc.strerror}: {exc.filename})") from None
+            try:  # one that exists but takes no files (read-only, not ours) fails here, not mid-setup
+                tempfile.TemporaryFile(dir=self.out).close()
+            except OSError as exc:
+                raise ConfigError(f"train.out_dir={cfg.train.out_dir}: cannot write into the output directory "
+                                  f"({exc.strerror})") from None
             self.stop_reason = "starting"
             self.ctrl_c = CtrlC(info.rank)
             self._clear_stale_halt()

@@ -269,6 +269,15 @@ def test_an_out_dir_that_is_a_file_is_a_one_line_error(tmp_path: Path, capsys):
         assert f"train.out_dir={out}: cannot make the output directory" in err and "Traceback" not in err
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc: a directory no one can write into")
+def test_an_out_dir_that_takes_no_files_is_a_one_line_error(capsys):
+    """An existing directory the run cannot write into (a read-only mount, another user's) once
+    gave a traceback from the watchdog's open of its stack dump file (exit 1)."""
+    assert main(["--config", "tiny", "--out-dir", "/proc/self", "--override", "train.device=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "train.out_dir=/proc/self: cannot write into the output directory" in err and "Traceback" not in err
+
+
 def test_resume_into_another_model_shape_names_the_keys(tmp_path: Path, capsys):
     assert train(tmp_path, steps=2) == 0
     capsys.readouterr()

@@ -175,12 +175,16 @@ def parse_overrides(items: list[str] | str | None) -> dict[str, Any]:
     return nested
 
 
-def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """Deep-merge ``update`` into a copy of ``base`` (update wins)."""
+def merge(base: Mapping[str, Any], update: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Deep-merge ``update`` into a copy of ``base`` (update wins). A section of ``base`` that is a
+    value where ``update`` has keys under it (``train: 5`` and ``train.steps=1``) is an error: the
+    override would drop it unseen."""
     out = dict(base)
     for k, v in update.items():
         if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
-            out[k] = merge(out[k], v)
+            out[k] = merge(out[k], v, f"{prefix}{k}.")
+        elif isinstance(v, Mapping) and out.get(k) is not None:
+            raise ConfigError(f"{prefix}{k}: expected a mapping, got {out[k]!r}")
         else:
             out[k] = v
     return out

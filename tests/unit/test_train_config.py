@@ -175,3 +175,13 @@ def test_values_that_only_fail_inside_torch_or_train_nonsense_are_config_errors(
     made), a NaN-loss halt, or a run with nan as its clip or timeout."""
     with pytest.raises(ConfigError, match=message):
         load_run_config("tiny", override, env={})
+
+
+def test_a_yaml_section_that_is_a_value_is_an_error_even_when_an_override_touches_it(tmp_path: Path):
+    """`train: 5` in a file was dropped unseen once any train.* override (or --steps) replaced the
+    section, and the run trained on the defaults."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: 5\nmodel:\n  attn: fast\n")
+    for override in ("train.steps=1", "model.attn.window=8"):
+        with pytest.raises(ConfigError, match=r"bad\.yaml: (train|model\.attn): expected a mapping, got (5|'fast')"):
+            load_run_config(str(bad), override, env={})

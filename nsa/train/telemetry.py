@@ -125,6 +125,17 @@ def drop_torn_tail(path: Path) -> None:
             fh.truncate(data.rfind(b"\n") + 1)
 
 
+@contextlib.contextmanager
+def _naming(fh):
+    """A failed write (a full disk) says which file: the OSError of a write to an open file has none."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror, fh.name) from None
+
+
 class OutputLost(RuntimeError):
     """A file the run appends to was deleted under it (its out_dir removed): what it writes from
     then on reaches no one, so the run stops rather than report success over files that are gone."""
@@ -164,7 +175,8 @@ class Telemetry:
     def heartbeat(self, record: dict[str, Any]) -> None:
         if self._hb is not None:
             rec = {"time": time.time(), "rank": self.rank, "pid": os.getpid(), **self.place, **record}
-            self._hb.write(json.dumps(rec) + "\n")
+            with _naming(self._hb):
+                self._hb.write(json.dumps(rec) + "\n")
 
     @contextlib.contextmanager
     def stage(self, step: int, name: str):
@@ -188,7 +200,8 @@ class Telemetry:
             cells = [f"{row[k]:.6g}" for k in CSV_HEADER[1:]]
             if garbled:
                 cells[CSV_HEADER.index("toks_per_s") - 1] = "fast"
-            self._csv.writerow([row["step"], *cells])
+            with _naming(self._csv_fh):
+                self._csv.writerow([row["step"], *cells])
         util, why = gpu_util(self.device)
         self.util_reason = why
         self.last = {"toks_per_s": row["toks_per_s"], "gpu_util": util}
@@ -202,10 +215,15 @@ class Telemetry:
                                  "stopping, as the run's record from here on would be lost")
 
     def close(self) -> None:
-        if self._csv is not None:
-            self._csv_fh.close()
-        if self._hb is not None:
-            self._hb.close()
+        for fh in (self._csv_fh if self._csv is not None else None, self._hb):
+            if fh is None:
+                continue
+            try:
+                fh.close()
+            except OSError as exc:
+                # the flush of a line whose write already failed (a full disk) and raised: raised
+                # again here, from the trainer's clean-up, it replaced that error and its traceback
+                print(f"[rank {self.rank}] could not close {fh.name}: {exc}", file=sys.stderr, flush=True)
 
 
 # --- env.json ---------------------------------------------------------------------------------

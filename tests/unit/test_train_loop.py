@@ -462,3 +462,54 @@ def test_resume_past_train_steps_is_an_error_not_a_run_that_stopped_at_step_3_of
     assert len(err) == 1 and "the checkpoint is at step 3, past train.steps=2: nothing to train" in err[0], err
     assert train(tmp_path, "train.resume=auto", steps=3) == 0  # at its end already: done, and said so
     assert json.loads((tmp_path / "env.json").read_text())["status"] == "completed 3 steps"
+
+
+def test_a_full_disk_while_logging_names_the_file(tmp_path: Path):
+    """ENOSPC on a heartbeat or training.csv write once ended the run with a bare "[Errno 28] No
+    space left on device" (tmpfs filled while a run logged), naming no file."""
+    import errno
+
+    from nsa.train.telemetry import Telemetry
+
+    class FullDisk:
+        def __init__(self, real):
+            self.name, self.fileno = real.name, real.fileno
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    tel = Telemetry(tmp_path, 0, True, torch.device("cpu"), heartbeat=True, nvtx=False)
+    real_hb = tel._hb
+    tel._hb = FullDisk(real_hb)
+    with pytest.raises(OSError, match=r"No space left on device: '.*heartbeat_rank0\.jsonl'"):
+        tel.heartbeat({"step": 1, "stage": "data"})
+    tel._hb = real_hb
+    real_csv, tel._csv_fh = tel._csv_fh, FullDisk(tel._csv_fh)
+    tel._csv = csv.writer(tel._csv_fh)
+    row = dict.fromkeys(CSV_HEADER, 1.0)
+    with pytest.raises(OSError, match=r"No space left on device: '.*training\.csv'"):
+        tel.log_step(row, {})
+    tel._csv_fh = real_csv
+    tel.close()
+
+
+def test_closing_a_file_on_a_full_disk_does_not_replace_the_error_that_stopped_the_run(tmp_path: Path, capsys):
+    """Its last flush failing again, telemetry's close raised from the trainer's clean-up, and the
+    error that stopped the run (naming its file) was printed nowhere: the clean-up's ExitStack drops
+    the exception in flight from the chain."""
+    from nsa.train.telemetry import Telemetry
+
+    tel = Telemetry(tmp_path, 0, True, torch.device("cpu"), heartbeat=True, nvtx=False)
+    real_hb = tel._hb
+
+    class FlushFails:
+        name = real_hb.name
+
+        def close(self):
+            real_hb.close()
+            raise OSError(28, "No space left on device")
+
+    tel._hb = FlushFails()
+    tel.close()
+    assert tel._csv_fh.closed and real_hb.closed
+    assert "could not close" in capsys.readouterr().err

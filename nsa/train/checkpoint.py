@@ -152,7 +152,11 @@ def model_differences(saved: dict[str, Any], current: dict[str, Any], prefix: st
 def _check_data_position(path: Path, payload: dict[str, Any], batch: int, world: int) -> None:
     """The data position counts global micro-batches of train.batch_size x world size rows
     (nsa/train/data.py): under another product it would re-read or skip rows, silently."""
-    saved_batch, saved_world = payload["config"]["train"]["batch_size"], payload["world_size"]
+    train = payload["config"].get("train") if isinstance(payload["config"], dict) else None
+    saved_batch, saved_world = (train or {}).get("batch_size"), payload["world_size"]
+    if not isinstance(saved_batch, int) or not isinstance(saved_world, int):
+        raise CheckpointError(f"{path}: not a whole checkpoint of format {FORMAT}: no train.batch_size in its "
+                              "config or no world_size, which its data position is counted in")
     if saved_batch * saved_world == batch * world:
         return
     fits = (f"train.batch_size={saved_batch * saved_world // world}"

@@ -389,6 +389,8 @@ def test_write_atomic_leaves_the_old_file_and_no_temp_when_the_write_fails(tmp_p
     (lambda ck: ck.write_text("garbage\n"), r"step_0000002\.pt: cannot load checkpoint \(not a torch checkpoint"),
     (lambda ck: torch.save({"format": 1, "step": 2}, ck),
      r"step_0000002\.pt: not a whole checkpoint of format 1: no data_position, world_size, model"),
+    (lambda ck: torch.save({**torch.load(ck, weights_only=True), "config": {}}, ck),
+     r"step_0000002\.pt: not a whole checkpoint of format 1: no train\.batch_size in its config"),
     (lambda ck: (ck.parent / "latest").write_text(""), r"latest: expected the file name of a checkpoint beside "
                                                        r"it, got ''"),
     (lambda ck: (ck.parent / "latest").write_text("../../x.pt\n"), r"latest: expected the file name .*'\.\./\.\./x\.pt'"),

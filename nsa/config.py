@@ -12,6 +12,7 @@ plain data (dicts from YAML, ``key.sub=value`` strings) into such dataclasses:
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import typing
 from pathlib import Path
@@ -74,14 +75,18 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
     if typ is float:
         if isinstance(value, bool):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
+        number = None
         if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value.strip())
+                number = float(value.strip())
             except ValueError:
                 pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
+        # nan passes every range check (all its comparisons are false); inf means no setting here
+        if number is None or not math.isfinite(number):
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+        return number
     if typ is str:
         if isinstance(value, bool):  # YAML reads on/off/yes/no as booleans; the field's check judges
             return "true" if value else "false"
@@ -170,12 +175,16 @@ def parse_overrides(items: list[str] | str | None) -> dict[str, Any]:
     return nested
 
 
-def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """Deep-merge ``update`` into a copy of ``base`` (update wins)."""
+def merge(base: Mapping[str, Any], update: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Deep-merge ``update`` into a copy of ``base`` (update wins). A section of ``base`` that is a
+    value where ``update`` has keys under it (``train: 5`` and ``train.steps=1``) is an error: the
+    override would drop it unseen."""
     out = dict(base)
     for k, v in update.items():
         if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
-            out[k] = merge(out[k], v)
+            out[k] = merge(out[k], v, f"{prefix}{k}.")
+        elif isinstance(v, Mapping) and out.get(k) is not None:
+            raise ConfigError(f"{prefix}{k}: expected a mapping, got {out[k]!r}")
         else:
             out[k] = v
     return out

@@ -51,8 +51,9 @@ class ModelConfig:
         self.attn.check_head_dim(self.head_dim)
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout}")
-        if self.norm_eps <= 0:
-            raise ValueError(f"model.norm_eps must be > 0, got {self.norm_eps}")
+        for name in ("norm_eps", "rope_theta", "init_std"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model.{name} must be > 0, got {getattr(self, name)}")
 
 
 def load_model_config(name_or_path: str, overrides: list[str] | str | None = None) -> ModelConfig:

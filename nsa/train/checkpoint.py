@@ -8,7 +8,6 @@ wrappers (their prefixes are stripped from parameter names).
 """
 from __future__ import annotations
 
-import os
 import pickle
 import random
 from pathlib import Path
@@ -24,9 +23,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from .atomic import write_atomic
 from .distributed import DistInfo, barrier
 
 FORMAT = 1
+PAYLOAD_KEYS = ("step", "data_position", "world_size", "model", "optimizer", "rng", "config")
 
 
 class CheckpointError(RuntimeError):
@@ -69,17 +70,38 @@ def save(out_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
         rngs = [rng]
     path = ckpt_dir(out_dir) / f"step_{step:07d}.pt"
     if info.is_master:
-        path.parent.mkdir(parents=True, exist_ok=True)
         payload = {
             "format": FORMAT, "step": step, "data_position": data_position, "world_size": info.world_size,
             "model": model_sd, "optimizer": optim_sd, "rng": rngs, "config": config,
         }
-        tmp = path.with_suffix(".tmp")
-        torch.save(payload, tmp)
-        os.replace(tmp, path)
-        (path.parent / "latest").write_text(path.name + "\n")
+        pointer = path.parent / "latest"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # a process killed while writing (SIGTERM, SIGKILL: no cleanup) left a checkpoint-sized
+            # temp file; every preemption mid-save would leave one more
+            for stale in path.parent.glob(".*.tmp"):
+                stale.unlink(missing_ok=True)
+            # through a Python file, so that a failed write raises its OSError (ENOSPC) rather
+            # than torch's "basic_ios::clear: iostream error"
+            write_atomic(path, lambda fh: torch.save(payload, fh))
+            write_atomic(pointer, (path.name + "\n").encode())
+        except (OSError, RuntimeError) as exc:
+            kept = pointer.read_text().strip() if pointer.exists() else "none"
+            raise CheckpointError(f"cannot write checkpoint {path}: {_reason(exc)}; the last checkpoint saved, "
+                                  f"{kept}, is intact") from None
     barrier(info)
     return path
+
+
+def _reason(exc: BaseException) -> str:
+    """The OS's reason for a failed write ("No space left on device"): torch's writer raises its
+    own "unexpected pos" RuntimeError while handling the OSError of the file's write."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.strerror:
+            return seen.strerror
+        seen = seen.__cause__ or seen.__context__
+    return str(exc).splitlines()[0]
 
 
 def find_resume(out_dir: Path, resume: str) -> Path | None:
@@ -106,7 +128,10 @@ def _latest(out_dir: Path) -> Path | None:
     pointer = ckpt_dir(out_dir) / "latest"
     if not pointer.exists():
         return None
-    path = ckpt_dir(out_dir) / pointer.read_text().strip()
+    name = pointer.read_text().strip()
+    if not name or Path(name).name != name:  # empty, or a path: it names a file beside it or nothing
+        raise CheckpointError(f"{pointer}: expected the file name of a checkpoint beside it, got {name!r}")
+    path = ckpt_dir(out_dir) / name
     if not path.exists():
         raise CheckpointError(f"{pointer} names {path.name}, which does not exist")
     return path
@@ -124,17 +149,43 @@ def model_differences(saved: dict[str, Any], current: dict[str, Any], prefix: st
     return out
 
 
+def _check_data_position(path: Path, payload: dict[str, Any], batch: int, world: int) -> None:
+    """The data position counts global micro-batches of train.batch_size x world size rows
+    (nsa/train/data.py): under another product it would re-read or skip rows, silently."""
+    train = payload["config"].get("train") if isinstance(payload["config"], dict) else None
+    saved_batch, saved_world = (train or {}).get("batch_size"), payload["world_size"]
+    if not isinstance(saved_batch, int) or not isinstance(saved_world, int):
+        raise CheckpointError(f"{path}: not a whole checkpoint of format {FORMAT}: no train.batch_size in its "
+                              "config or no world_size, which its data position is counted in")
+    if saved_batch * saved_world == batch * world:
+        return
+    fits = (f"train.batch_size={saved_batch * saved_world // world}"
+            if saved_batch * saved_world % world == 0 else f"a world size dividing {saved_batch * saved_world}")
+    raise CheckpointError(
+        f"{path}: its data position ({payload['data_position']} micro-batches) counts micro-batches of "
+        f"{saved_batch * saved_world} rows (train.batch_size={saved_batch} x world size {saved_world}), this "
+        f"run's have {batch * world} ({batch} x {world}): resumed, it would re-read or skip data; resume "
+        f"with {fits} here")
+
+
 def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo,
          config: dict[str, Any]) -> dict[str, Any]:
     """Restore model, optimizer and this rank's RNG; returns {step, data_position, config}.
     ``config`` is this run's (config_dict), to name what differs when the model does not fit."""
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
-        # UnpicklingError: garbage bytes, or a pickle that weights_only refuses to execute
-        raise CheckpointError(f"{path}: cannot load checkpoint ({str(exc).splitlines()[0]})") from None
+    except pickle.UnpicklingError:  # torch's advice, weights_only=False, would run what the file says
+        raise CheckpointError(f"{path}: cannot load checkpoint (not a torch checkpoint, or one holding "
+                              "objects that torch.load(weights_only=True) refuses)") from None
+    except Exception as exc:  # whatever torch.load raises on a file cut short (an empty one: IndexError)
+        raise CheckpointError(f"{path}: cannot load checkpoint ({type(exc).__name__}: "
+                              f"{str(exc).splitlines()[0] if str(exc) else 'the file is cut short'})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a checkpoint of format {FORMAT}")
+    missing = [key for key in PAYLOAD_KEYS if key not in payload]
+    if missing:
+        raise CheckpointError(f"{path}: not a whole checkpoint of format {FORMAT}: no {', '.join(missing)}")
+    _check_data_position(path, payload, config["train"]["batch_size"], info.world_size)
     opts = StateDictOptions(full_state_dict=True)
     try:
         set_model_state_dict(model, payload["model"], options=opts)

@@ -30,7 +30,10 @@ Out of memory (1) also writes oom_rank*.txt; a watchdog stall (3) leaves stack d
 stackdump_rank*.txt; the first Ctrl-C (130) stops after the step in flight and saves a
 checkpoint that train.resume=auto continues, a second one stops at once. Under torchrun these
 are the per-rank codes in torchrun's failure summary; torchrun itself exits 1 when any rank
-fails. Distributed runs are detected from torchrun's RANK / WORLD_SIZE / LOCAL_RANK only."""
+fails. A terminal's Ctrl-C under torchrun reaches torchrun too, which forwards SIGINT and then
+SIGTERM at once: the ranks stop at once and the last checkpoint saved is the one to resume from
+(SIGINT to torchrun's pid alone stops after the step in flight, with a checkpoint).
+Distributed runs are detected from torchrun's RANK / WORLD_SIZE / LOCAL_RANK only."""
 
 
 def run(config: str | None, overrides: list[str], env=None) -> int:

@@ -110,6 +110,11 @@ class TrainConfig:
             raise ValueError(f"train.lr must be > 0, got {self.lr}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.weight_decay < 0:
+            raise ValueError(f"train.weight_decay must be >= 0, got {self.weight_decay}")
         if self.grad_clip < 0:
             raise ValueError(f"train.grad_clip must be >= 0 (0 disables), got {self.grad_clip}")
         if self.dtype not in DTYPES:

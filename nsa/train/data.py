@@ -5,7 +5,8 @@ A source is a deterministic sequence of rows (LongTensor [seq_len + 1]). Global 
 holds rows [g*B*W, (g+1)*B*W); rank r takes rows g*B*W + r*B + [0, B). So the union over ranks
 of one micro-batch is the same rows a single process with batch B*W reads, which is what makes
 DDP/FSDP losses match one process, and the data position of a checkpoint is one integer (the
-micro-batches consumed) that resumes under any world size.
+micro-batches consumed) that resumes under any world size of the same B*W (a checkpoint of
+another B*W is refused, nsa/train/checkpoint.py).
 """
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +99,11 @@ class Trainer:
             except OSError as exc:  # a file of that name, a file on the path, no permission
                 raise ConfigError(f"train.out_dir={cfg.train.out_dir}: cannot make the output directory "
                                   f"({exc.strerror}: {exc.filename})") from None
+            try:  # one that exists but takes no files (read-only, not ours) fails here, not mid-setup
+                tempfile.TemporaryFile(dir=self.out).close()
+            except OSError as exc:
+                raise ConfigError(f"train.out_dir={cfg.train.out_dir}: cannot write into the output directory "
+                                  f"({exc.strerror})") from None
             self.stop_reason = "starting"
             self.ctrl_c = CtrlC(info.rank)
             self._clear_stale_halt()
@@ -123,6 +129,10 @@ class Trainer:
             if path is not None:
                 state = ckpt.load(path, self.wrapped, self.optimizer, info, config_dict(cfg))
                 self.step, data_position, self.resumed_from = state["step"], state["data_position"], str(path)
+                if self.step > cfg.train.steps:
+                    raise ckpt.CheckpointError(f"{path}: the checkpoint is at step {self.step}, past train.steps="
+                                               f"{cfg.train.steps}: nothing to train; resume with train.steps "
+                                               f"above {self.step}")
                 self.log(f"[ckpt] resumed from {path} at step {self.step} (data position {data_position})")
                 data_position = self._break_resume(data_position)
                 for diff in ckpt.model_differences(state["config"].get("model", {}), config_dict(cfg)["model"]):
@@ -404,6 +414,7 @@ class Trainer:
                 if self.step != self.last_saved and (tc.save_final or self.step < tc.steps):
                     self.save(self.step)
                 self.log(f"[done] {self.stop_reason}")
+                self.write_env()
                 self.finished_cleanly = True
                 return EXIT_INTERRUPTED if halted and self.ctrl_c.requested else contract.EXIT_OK
             except NonFiniteLoss as exc:
@@ -411,6 +422,7 @@ class Trainer:
                 self.halt_nonfinite(exc)
                 self.stop_reason = str(exc)
                 self.log_all(f"[halt] {exc}")
+                self.write_env()
                 return EXIT_NONFINITE
             except BaseException as exc:
                 self.log_before_exit()
@@ -421,9 +433,11 @@ class Trainer:
                     self.stop_reason = f"interrupted (Ctrl-C twice) during step {self.step + 1}"
                 else:
                     self.stop_reason = f"error at step {self.step + 1}: {exc!r}"
+                try:
+                    self.write_env()
+                except OSError as env_exc:  # the disk that failed the run: its error is the one to see
+                    self.log_all(f"[env] could not record the error in env.json: {env_exc}")
                 raise
-            finally:
-                self.write_env()
 
     def run_steps(self, last: int) -> None:
         """Runs the next step, or the profiled window's steps when it starts here; each

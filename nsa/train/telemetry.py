@@ -39,6 +39,7 @@ import torch
 
 from .. import contract
 from ..provenance import source_revision
+from .atomic import write_atomic
 from .checkpoint import CheckpointError
 
 CSV_HEADER = list(contract.CSV_COLUMNS)
@@ -124,6 +125,22 @@ def drop_torn_tail(path: Path) -> None:
             fh.truncate(data.rfind(b"\n") + 1)
 
 
+@contextlib.contextmanager
+def _naming(fh):
+    """A failed write (a full disk) says which file: the OSError of a write to an open file has none."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror, fh.name) from None
+
+
+class OutputLost(RuntimeError):
+    """A file the run appends to was deleted under it (its out_dir removed): what it writes from
+    then on reaches no one, so the run stops rather than report success over files that are gone."""
+
+
 class Telemetry:
     def __init__(self, out_dir: Path, rank: int, is_master: bool, device: torch.device,
                  heartbeat: bool, nvtx: bool, resume_step: int = 0):
@@ -158,7 +175,8 @@ class Telemetry:
     def heartbeat(self, record: dict[str, Any]) -> None:
         if self._hb is not None:
             rec = {"time": time.time(), "rank": self.rank, "pid": os.getpid(), **self.place, **record}
-            self._hb.write(json.dumps(rec) + "\n")
+            with _naming(self._hb):
+                self._hb.write(json.dumps(rec) + "\n")
 
     @contextlib.contextmanager
     def stage(self, step: int, name: str):
@@ -177,21 +195,35 @@ class Telemetry:
     def log_step(self, row: dict[str, float], extra: dict[str, Any], garbled: bool = False) -> None:
         """One logged step: a training.csv row (rank 0) and a step heartbeat (every rank).
         ``garbled``: the row's tokens/s is written as a word (the malformed fault)."""
+        self.check_linked()
         if self._csv is not None:
             cells = [f"{row[k]:.6g}" for k in CSV_HEADER[1:]]
             if garbled:
                 cells[CSV_HEADER.index("toks_per_s") - 1] = "fast"
-            self._csv.writerow([row["step"], *cells])
+            with _naming(self._csv_fh):
+                self._csv.writerow([row["step"], *cells])
         util, why = gpu_util(self.device)
         self.util_reason = why
         self.last = {"toks_per_s": row["toks_per_s"], "gpu_util": util}
         self.heartbeat({"stage": "step", **row, **extra, "gpu_util": util})
 
+    def check_linked(self) -> None:
+        """Raise OutputLost when training.csv or this rank's heartbeat file no longer has a name."""
+        for fh in (self._csv_fh if self._csv is not None else None, self._hb):
+            if fh is not None and os.fstat(fh.fileno()).st_nlink == 0:
+                raise OutputLost(f"{fh.name} was deleted while the run wrote it (was {self.out_dir} removed?); "
+                                 "stopping, as the run's record from here on would be lost")
+
     def close(self) -> None:
-        if self._csv is not None:
-            self._csv_fh.close()
-        if self._hb is not None:
-            self._hb.close()
+        for fh in (self._csv_fh if self._csv is not None else None, self._hb):
+            if fh is None:
+                continue
+            try:
+                fh.close()
+            except OSError as exc:
+                # the flush of a line whose write already failed (a full disk) and raised: raised
+                # again here, from the trainer's clean-up, it replaced that error and its traceback
+                print(f"[rank {self.rank}] could not close {fh.name}: {exc}", file=sys.stderr, flush=True)
 
 
 # --- env.json ---------------------------------------------------------------------------------
@@ -239,6 +271,4 @@ def sdpa_flags() -> dict[str, bool]:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, (json.dumps(data, indent=2, default=str) + "\n").encode())

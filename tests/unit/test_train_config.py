@@ -156,3 +156,32 @@ def test_fused_adamw_spellings(given, setting):
 def test_fused_adamw_refuses_other_words():
     with pytest.raises(ConfigError, match=r"train.fused_adamw must be one of \('auto', 'on', 'off'\)"):
         load_run_config("tiny", "train.fused_adamw=sometimes", env={})
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.lr=nan", r"train\.lr: expected a finite number, got 'nan'"),
+    ("train.lr=inf", r"train\.lr: expected a finite number, got 'inf'"),
+    ("train.grad_clip=nan", r"train\.grad_clip: expected a finite number"),
+    ("watchdog.timeout_s=inf", r"watchdog\.timeout_s: expected a finite number"),
+    ("dist.timeout_s=NaN", r"dist\.timeout_s: expected a finite number"),
+    ("train.beta1=1.5", r"train\.beta1 must be in \[0, 1\), got 1\.5"),
+    ("train.beta2=-0.1", r"train\.beta2 must be in \[0, 1\)"),
+    ("train.weight_decay=-1", r"train\.weight_decay must be >= 0, got -1"),
+    ("model.rope_theta=-5", r"model\.rope_theta must be > 0, got -5"),
+    ("model.init_std=-1", r"model\.init_std must be > 0, got -1"),
+])
+def test_values_that_only_fail_inside_torch_or_train_nonsense_are_config_errors(override, message):
+    """Each once passed the config: a traceback from torch.optim or faulthandler (exit 1, out_dir
+    made), a NaN-loss halt, or a run with nan as its clip or timeout."""
+    with pytest.raises(ConfigError, match=message):
+        load_run_config("tiny", override, env={})
+
+
+def test_a_yaml_section_that_is_a_value_is_an_error_even_when_an_override_touches_it(tmp_path: Path):
+    """`train: 5` in a file was dropped unseen once any train.* override (or --steps) replaced the
+    section, and the run trained on the defaults."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: 5\nmodel:\n  attn: fast\n")
+    for override in ("train.steps=1", "model.attn.window=8"):
+        with pytest.raises(ConfigError, match=r"bad\.yaml: (train|model\.attn): expected a mapping, got (5|'fast')"):
+            load_run_config(str(bad), override, env={})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import math
 import socket
 import threading
@@ -268,6 +269,15 @@ def test_an_out_dir_that_is_a_file_is_a_one_line_error(tmp_path: Path, capsys):
         assert f"train.out_dir={out}: cannot make the output directory" in err and "Traceback" not in err
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc: a directory no one can write into")
+def test_an_out_dir_that_takes_no_files_is_a_one_line_error(capsys):
+    """An existing directory the run cannot write into (a read-only mount, another user's) once
+    gave a traceback from the watchdog's open of its stack dump file (exit 1)."""
+    assert main(["--config", "tiny", "--out-dir", "/proc/self", "--override", "train.device=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "train.out_dir=/proc/self: cannot write into the output directory" in err and "Traceback" not in err
+
+
 def test_resume_into_another_model_shape_names_the_keys(tmp_path: Path, capsys):
     assert train(tmp_path, steps=2) == 0
     capsys.readouterr()
@@ -323,3 +333,185 @@ def test_resume_csv_rewrite_is_atomic_and_a_bad_header_is_a_checkpoint_error(tmp
     with pytest.raises(CheckpointError, match="training.csv: unexpected header"):
         truncate_csv(csv_path, 3)
     assert csv_path.read_text() == "when,what\n1,2\n"
+
+
+def test_a_full_disk_at_a_checkpoint_names_it_and_keeps_the_last_one(tmp_path: Path, monkeypatch):
+    """ENOSPC while a checkpoint is written: the error names the file and the reason, the half-written
+    file is gone (it held the space), `latest` still names the last good checkpoint, env.json says
+    why the run stopped, and the run resumes from that checkpoint."""
+    import errno
+
+    real_save, saves = torch.save, []
+
+    def disk_fills_at_the_third(obj, f, *args, **kwargs):
+        saves.append(f)
+        if len(saves) < 3:
+            return real_save(obj, f, *args, **kwargs)
+        fh = open(f, "wb") if isinstance(f, (str, Path)) else f
+        fh.write(b"\0" * 1000)
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:  # as torch's writer reports a failed write of the file
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+
+    monkeypatch.setattr(torch, "save", disk_fills_at_the_third)
+    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*step_0000003\.pt: No space left on "
+                                              r"device; the last checkpoint saved, step_0000002\.pt, is intact"):
+        train(tmp_path, "train.ckpt_every=1", steps=4)
+    ckpts = tmp_path / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_0000001.pt", "step_0000002.pt"]
+    assert (ckpts / "latest").read_text() == "step_0000002.pt\n"
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+    assert "cannot write checkpoint" in json.loads((tmp_path / "env.json").read_text())["status"]
+    monkeypatch.setattr(torch, "save", real_save)
+    assert train(tmp_path, "train.ckpt_every=1 train.resume=auto", steps=4) == 0
+    assert [r["step"] for r in csv_rows(tmp_path)] == ["1", "2", "3", "4"]
+
+
+def test_write_atomic_leaves_the_old_file_and_no_temp_when_the_write_fails(tmp_path: Path):
+    from nsa.train.atomic import write_atomic
+
+    target = tmp_path / "latest"
+    write_atomic(target, b"step_0000001.pt\n")
+
+    def half_then_fail(fh):
+        fh.write(b"step_00")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        write_atomic(target, half_then_fail)
+    assert target.read_text() == "step_0000001.pt\n" and [p.name for p in tmp_path.iterdir()] == ["latest"]
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda ck: ck.write_bytes(b""), r"step_0000002\.pt: cannot load checkpoint \(EOFError: the file is cut short\)"),
+    (lambda ck: ck.write_bytes(ck.read_bytes()[:5000]), r"step_0000002\.pt: cannot load checkpoint"),
+    (lambda ck: ck.write_text("garbage\n"), r"step_0000002\.pt: cannot load checkpoint \(not a torch checkpoint"),
+    (lambda ck: torch.save({"format": 1, "step": 2}, ck),
+     r"step_0000002\.pt: not a whole checkpoint of format 1: no data_position, world_size, model"),
+    (lambda ck: torch.save({**torch.load(ck, weights_only=True), "config": {}}, ck),
+     r"step_0000002\.pt: not a whole checkpoint of format 1: no train\.batch_size in its config"),
+    (lambda ck: (ck.parent / "latest").write_text(""), r"latest: expected the file name of a checkpoint beside "
+                                                       r"it, got ''"),
+    (lambda ck: (ck.parent / "latest").write_text("../../x.pt\n"), r"latest: expected the file name .*'\.\./\.\./x\.pt'"),
+])
+def test_resume_from_a_damaged_checkpoint_is_a_one_line_error(tmp_path: Path, capsys, damage, message):
+    """An empty or cut checkpoint, one missing its keys, an empty or path-like `latest`: each once gave
+    a traceback (IndexError formatting an empty EOFError, KeyError) or named the wrong thing ("checkpoints: Is a directory")."""
+    assert train(tmp_path, steps=2) == 0
+    damage(tmp_path / "checkpoints" / "step_0000002.pt")
+    capsys.readouterr()
+    assert train(tmp_path, "train.resume=auto", steps=3) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(message, err[0]), err
+
+
+def test_resume_under_another_global_micro_batch_is_refused_naming_the_batch_that_fits(tmp_path: Path, capsys):
+    """The data position counts global micro-batches; a run of 2 ranks resumed by one process at
+    the same per-rank batch once re-read the rows the first run had trained on, silently. A world
+    of 2 is simulated by the checkpoint's own world_size (torchrun runs: tests/integration)."""
+    assert train(tmp_path, "train.batch_size=2 train.run_steps=2", steps=4) == 0
+    ck = tmp_path / "checkpoints" / "step_0000002.pt"
+    payload = torch.load(ck, weights_only=True)
+    torch.save({**payload, "world_size": 2}, ck)
+    capsys.readouterr()
+    assert train(tmp_path, "train.batch_size=2 train.resume=auto", steps=4) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ("counts micro-batches of 4 rows (train.batch_size=2 x world size 2), this run's "
+                              "have 2 (2 x 1)") in err[0] and "resume with train.batch_size=4 here" in err[0], err
+    assert train(tmp_path, "train.batch_size=4 train.resume=auto", steps=4) == 0  # the same rows per micro-batch
+    assert [r["step"] for r in csv_rows(tmp_path)] == ["1", "2", "3", "4"]
+
+
+def test_an_out_dir_deleted_during_the_run_stops_it_with_an_error(tmp_path: Path, monkeypatch):
+    """Deleted mid-run (rm -rf of the out_dir), a run once wrote on into the deleted files, made the
+    directory again for its checkpoints and ended with exit 0 and env.json 'completed', beside no
+    training.csv and no heartbeats (torchrun DDP x2 and one process)."""
+    import shutil
+
+    from nsa.train import telemetry
+
+    out = tmp_path / "run"
+    real_log_step = telemetry.Telemetry.log_step
+
+    def rm_rf_before_step_3(self, row, extra, garbled=False):
+        if row["step"] == 3:
+            shutil.rmtree(out)
+        real_log_step(self, row, extra, garbled)
+
+    monkeypatch.setattr(telemetry.Telemetry, "log_step", rm_rf_before_step_3)
+    with pytest.raises(RuntimeError, match=r"training\.csv was deleted while the run wrote it"):
+        train(out, "train.ckpt_every=1", steps=5)
+    env = out / "env.json"  # written into a directory the run made again, it must not claim success
+    assert not env.exists() or "OutputLost" in json.loads(env.read_text())["status"]
+
+
+def test_temp_files_of_a_process_killed_mid_save_are_removed_at_the_next_save(tmp_path: Path):
+    """SIGTERM while a checkpoint was written left .step_N.pt.<pid>.tmp, as large as a checkpoint,
+    behind for good; a preemptible run killed mid-save again and again filled its disk with them."""
+    stale = tmp_path / "checkpoints" / ".step_0000001.pt.99999.tmp"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"\0" * 4096)
+    assert train(tmp_path, "train.ckpt_every=1", steps=1) == 0
+    assert sorted(p.name for p in stale.parent.iterdir()) == ["latest", "step_0000001.pt"]
+
+
+def test_resume_past_train_steps_is_an_error_not_a_run_that_stopped_at_step_3_of_2(tmp_path: Path, capsys):
+    assert train(tmp_path, steps=3) == 0
+    capsys.readouterr()
+    assert train(tmp_path, "train.resume=auto", steps=2) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the checkpoint is at step 3, past train.steps=2: nothing to train" in err[0], err
+    assert train(tmp_path, "train.resume=auto", steps=3) == 0  # at its end already: done, and said so
+    assert json.loads((tmp_path / "env.json").read_text())["status"] == "completed 3 steps"
+
+
+def test_a_full_disk_while_logging_names_the_file(tmp_path: Path):
+    """ENOSPC on a heartbeat or training.csv write once ended the run with a bare "[Errno 28] No
+    space left on device" (tmpfs filled while a run logged), naming no file."""
+    import errno
+
+    from nsa.train.telemetry import Telemetry
+
+    class FullDisk:
+        def __init__(self, real):
+            self.name, self.fileno = real.name, real.fileno
+
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    tel = Telemetry(tmp_path, 0, True, torch.device("cpu"), heartbeat=True, nvtx=False)
+    real_hb = tel._hb
+    tel._hb = FullDisk(real_hb)
+    with pytest.raises(OSError, match=r"No space left on device: '.*heartbeat_rank0\.jsonl'"):
+        tel.heartbeat({"step": 1, "stage": "data"})
+    tel._hb = real_hb
+    real_csv, tel._csv_fh = tel._csv_fh, FullDisk(tel._csv_fh)
+    tel._csv = csv.writer(tel._csv_fh)
+    row = dict.fromkeys(CSV_HEADER, 1.0)
+    with pytest.raises(OSError, match=r"No space left on device: '.*training\.csv'"):
+        tel.log_step(row, {})
+    tel._csv_fh = real_csv
+    tel.close()
+
+
+def test_closing_a_file_on_a_full_disk_does_not_replace_the_error_that_stopped_the_run(tmp_path: Path, capsys):
+    """Its last flush failing again, telemetry's close raised from the trainer's clean-up, and the
+    error that stopped the run (naming its file) was printed nowhere: the clean-up's ExitStack drops
+    the exception in flight from the chain."""
+    from nsa.train.telemetry import Telemetry
+
+    tel = Telemetry(tmp_path, 0, True, torch.device("cpu"), heartbeat=True, nvtx=False)
+    real_hb = tel._hb
+
+    class FlushFails:
+        name = real_hb.name
+
+        def close(self):
+            real_hb.close()
+            raise OSError(28, "No space left on device")
+
+    tel._hb = FlushFails()
+    tel.close()
+    assert tel._csv_fh.closed and real_hb.closed
+    assert "could not close" in capsys.readouterr().err

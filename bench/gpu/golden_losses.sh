@@ -17,11 +17,8 @@ set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/.device_out}
 RES=${RES:-/tmp/nsa_goldens}
-PHASES=$(python3 - <<'PY'
-from validation.runbook import load_runbook
-print(" ".join(f"--phase {p.name}" for p in load_runbook("h100_single").phases if p.golden_steps))
-PY
-)
+PHASES=$(python3 bench/gpu/loss_spread.py --runbook h100_single --profile h100 --golden-phases) || exit 1
+[ -n "$PHASES" ] || { echo "runbooks/h100_single.yaml has no phase with golden_steps" >&2; exit 1; }
 mkdir -p "$OUT"
 rm -rf "$RES"
 start=$(date +%s)

@@ -5,7 +5,12 @@ several results directories of the same runbook, profile and commit:
 
 Prints, per point, the largest absolute and relative difference between any two runs over steps
 1..golden_steps, and the first step at which they differ; this is the evidence for the profile's
-golden_loss_rtol. Exits 2 when a point is missing from a directory or its run did not finish."""
+golden_loss_rtol. Exits 2 when a point is missing from a directory or its run did not finish.
+
+    python bench/gpu/loss_spread.py --runbook h100_single --profile h100 --golden-phases
+
+prints the `--phase NAME` options of the runbook's golden phases instead (what
+bench/gpu/golden_losses.sh runs)."""
 from __future__ import annotations
 
 import argparse
@@ -23,9 +28,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runbook", required=True)
     p.add_argument("--profile", required=True)
-    p.add_argument("results_dirs", nargs="+", type=Path)
+    p.add_argument("--golden-phases", action="store_true",
+                   help="print the --phase options of the phases with golden_steps and exit")
+    p.add_argument("results_dirs", nargs="*", type=Path)
     args = p.parse_args(argv)
     rb, prof = load_runbook(args.runbook), load_profile(args.profile)
+    if args.golden_phases:
+        print(" ".join(f"--phase {phase.name}" for phase in rb.phases if phase.golden_steps))
+        return 0
+    if not args.results_dirs:
+        p.error("give one or more results directories (or --golden-phases)")
     stores = {d: {r.test_id: r for r in ResultStore(d).records(rb.name, prof.name)} for d in args.results_dirs}
     print(f"{'point':40s} {'runs':>4s} {'steps':>5s} {'max abs diff':>13s} {'max rel diff':>13s}  first differing step")
     for point in (pt for pt in expand(rb, prof) if pt.phase.golden_steps):

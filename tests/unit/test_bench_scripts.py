@@ -1,7 +1,8 @@
 """The benchmark scripts under bench/ run: each answers --help (its imports resolve), and the
 whole-model throughput bench runs a CPU cell with its profile. A GPU session is the wrong place
 to find that a script no longer imports (bench/train_throughput.py once imported a function
-from a module it had moved out of)."""
+from a module it had moved out of; bench/gpu/golden_losses.sh once listed its phases with an
+import that no longer resolved, so a device call ran the whole runbook instead)."""
 from __future__ import annotations
 
 import subprocess
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = sorted(p for p in (ROOT / "bench").glob("*.py") if '__name__ == "__main__"' in p.read_text())
+SCRIPTS = sorted(p for pattern in ("*.py", "gpu/*.py") for p in (ROOT / "bench").glob(pattern)
+                 if '__name__ == "__main__"' in p.read_text())
 
 
 def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -23,6 +25,15 @@ def test_bench_script_answers_help(script):
     r = _run(str(script.relative_to(ROOT)), "--help", timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "usage:" in r.stdout
+
+
+def test_golden_losses_lists_the_golden_phases():
+    """What bench/gpu/golden_losses.sh runs: the --phase options of h100_single's golden phases."""
+    r = _run("bench/gpu/loss_spread.py", "--runbook", "h100_single", "--profile", "h100", "--golden-phases")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["--phase", "determinism"]
+    assert "loss_spread.py --runbook h100_single --profile h100 --golden-phases" in \
+        (ROOT / "bench/gpu/golden_losses.sh").read_text()
 
 
 def test_train_throughput_profiles_a_cpu_cell():

@@ -72,6 +72,10 @@ class Pending(enum.StrEnum):
     """A gate on a metric that divides by the device's peak (mfu) on a profile without one."""
 
 
+#: the golden-loss gate's metric (validation/store/goldens.py evaluates it)
+GOLDEN_METRIC = "golden_loss_rel_diff"
+
+
 @dataclass(frozen=True)
 class GateResult:
     metric: str

@@ -30,13 +30,13 @@ import yaml
 
 from validation.contract.files import read_training_csv
 from validation.errors import ArtifactError, HarnessError
-from validation.judge.gates import GateResult, GateVerdict, Pending, check
+from validation.judge.gates import GOLDEN_METRIC, GateResult, GateVerdict, Pending, check
 from validation.machine import Machine
 from validation.runbook.plan import GOLDEN_RTOL as RTOL_KEY
 from validation.runbook.plan import PhasePoint
 
 SCHEMA = 1
-METRIC = "golden_loss_rel_diff"
+METRIC = GOLDEN_METRIC
 DESCRIPTION = "loss per step against the golden curve"
 
 
@@ -73,6 +73,11 @@ class Curve:
     """The trainer that ran (None in curves blessed before it was recorded)."""
     harness_commit: str | None = None
     """This repository's commit at the run, beside the trainer's."""
+
+    def origin(self) -> str:
+        """Where the curve came from, for a gate it failed: a run's commit against this tells a
+        change of the trainer's numerics from a run that does not repeat itself."""
+        return f"the golden: commit {(self.commit or 'not recorded')[:12]}, blessed {self.blessed[:10] or 'at an unrecorded date'}"
 
 
 @dataclass(frozen=True)
@@ -210,7 +215,7 @@ def gate(point: PhasePoint, csv: pd.DataFrame | None, machine: Machine) -> GateR
     if value is None:
         note = f"training.csv lacks a finite loss for one of steps 1-{len(curve.loss)}"
     elif first is not None:
-        note = first.text()
+        note = f"{first.text()}; {curve.origin()}"
     else:
         note = f"golden of commit {(curve.commit or '?')[:12]} on {hw}"
     if rtol is None:

@@ -163,3 +163,30 @@ def test_spread_of_several_runs():
     assert (s.runs, s.steps, s.first_step) == (3, 3, 2)
     assert abs(s.max_abs - 0.004) < 1e-12 and abs(s.max_rel - 0.001) < 1e-12
     assert spread([[1.0, 2.0], [1.0, 2.0, 3.0]]).first_step is None
+
+
+def test_a_drift_from_the_golden_names_both_commits_and_how_to_bless(tmp_path):
+    """A golden gate that failed says where the golden came from (commit, date) beside the run's
+    commit, and its advice tells a change of the trainer's numerics (check it repeats, bless)
+    from a run that does not repeat itself (bisect): an H100 golden blessed before a kernel change
+    failed with only the diverging step named."""
+    from validation.judge.findings import find, recommendations
+
+    rb, res = _golden_runbook(tmp_path), tmp_path / "res"
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report", "--phase", "long_run"]) == 0
+    assert main(["bless", "--runbook", str(rb), "--results-dir", str(res), "--phase", "long_run"]) == 0
+    path = tmp_path / "goldens" / "fake__cpu.yaml"
+    data = yaml.safe_load(path.read_text())
+    curve = data["points"]["long_run/default"]["cpu"]
+    curve.update(loss=[2.99, 2.98, 2.5, 2.96], commit="4e57f6d87d31a45b403e1e0b932c86e7270b2e92",
+                 blessed="2026-11-23T14:26:17+00:00")
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--phase", "long_run"]) == 1  # NO-GO
+    rec = next(r for r in ResultStore(res).records() if r.phase == "long_run")
+    assert "first diverging step 3: loss 2.97 vs golden 2.5" in rec.reason
+    assert "the golden: commit 4e57f6d87d31, blessed 2026-11-23" in rec.reason
+    finding, = (f for f in find([rec]) if f.kind == "golden")
+    assert f"this run: the trainer at commit {(rec.trainer_sha or rec.git_sha)[:12]}" in finding.detail
+    advice, = recommendations([finding])
+    assert advice.startswith("long_run: The loss left its golden curve") and "nsa-validate bless --point" in advice
+    assert ("bench/gpu/golden_losses.sh" in advice) == rec.own_trainer  # a script for this project's trainer only

@@ -129,6 +129,17 @@ def _gate(f: Facts) -> str:
             + " once the cause is fixed; other points' records stay.")
 
 
+def _golden(f: Facts) -> str:
+    how = (" (for this project's trainer on one H100, bench/gpu/golden_losses.sh runs it three times, prints the "
+           "spread and blesses)") if f.own_trainer else ""
+    return ("The loss left its golden curve at the step named, by more than the run-to-run spread the tolerance "
+            "allows. The finding names the golden's commit and this run's: where the trainer's numerics changed "
+            "on purpose between them (kernels, defaults, data), check that this commit repeats itself (run the "
+            f"phase twice: the two curves must agree){how}, then bless a new golden (`nsa-validate bless --point "
+            "<phase>/<point>` with the same --runbook, --profile and --results-dir); otherwise bisect the commits "
+            "between the two.")
+
+
 def _spike(f: Facts) -> str:
     lr = "lower train.lr or lengthen train.warmup_steps" if f.own_trainer else "lower the learning rate"
     return ("A step's loss or gradient norm jumped far above the steps before it: look at the data of the step "
@@ -174,7 +185,7 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "nonfinite": _nonfinite,
     "short_run": _short, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
-    "artifacts": _artifacts, "regression": _regression, "gate": _gate, "timing": _timing, "spike": _spike,
+    "artifacts": _artifacts, "regression": _regression, "gate": _gate, "golden": _golden, "timing": _timing, "spike": _spike,
     "diverging": _diverging, "resume": _resume, "slowdown": _slowdown,
     # a node's advice says the same for any trainer (nodes of one launch are torchrun's, not its)
     **{kind: (lambda f, text=text: text) for kind, text in NODE_ADVICE.items()},

@@ -11,7 +11,7 @@ from validation.judge.findings.departed import departed, departure, ended_before
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where, where_run
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.findings.nodes import missing_node
-from validation.judge.gates import GateResult, GateVerdict
+from validation.judge.gates import GOLDEN_METRIC, GateResult, GateVerdict
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
 from validation.judge.resume import METRICS as RESUME_METRICS
 from validation.judge.verdict import Outcome
@@ -293,7 +293,10 @@ def failed_gates(records: list[PhaseRecord]) -> list[Finding]:
                          else "")
                 detail.append(f"the GPU sat idle {pauses:.2f} ms a profiled step in gaps of 1 ms or more: the host "
                               f"pausing it (a sync, an optimizer's launches, loading data){table}")
-            kind = "nonfinite" if g.metric == "loss_finite" else "gate"  # its advice is the non-finite loss's
+            if g.metric == GOLDEN_METRIC and (r.trainer_sha or r.git_sha):
+                detail.append(f"this run: the trainer at commit {(r.trainer_sha or r.git_sha)[:12]}")
+            # a non-finite loss and a golden's drift have advice of their own
+            kind = {"loss_finite": "nonfinite", GOLDEN_METRIC: "golden"}.get(g.metric, "gate")
             out.append(Finding(Severity.CRITICAL, r.phase, f"gate failed in {where(r)}: {g.text()}", detail, kind,
                                Facts.of(r)))
     return out

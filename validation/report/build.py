@@ -171,6 +171,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
     status, why = status_of(records, missing, findings)
     hw = next((r.hardware for r in records if r.hardware), None)
     sha = next((r for r in records if r.git_sha), None)
+    shas = list(dict.fromkeys(r.git_sha for r in records if r.out_dir and r.git_sha))
     foreign = [r for r in records if r.trainer != OWN_TRAINER]
     trainer = next((r for r in foreign if r.trainer_sha), foreign[0] if foreign else None)
     return {
@@ -191,8 +192,9 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "torch": hw and hw.torch,
         "cuda": hw and hw.cuda,
         "python": hw and hw.python,
-        "git_sha": sha.git_sha if sha else None,
-        "git_sha_source": sha.git_sha_source if sha else None,
+        "git_sha": f"the points ran at {len(shas)} commits: {', '.join(shas)}" if len(shas) > 1
+                   else sha.git_sha if sha else None,
+        "git_sha_source": sha.git_sha_source if sha and len(shas) < 2 else None,
         "trainer": trainer and trainer.trainer,
         "trainer_sha": trainer and trainer.trainer_sha,
         "trainer_sha_source": trainer and trainer.trainer_sha_source,

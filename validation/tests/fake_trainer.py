@@ -26,7 +26,8 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
 NSA_FAKE_WORLD=N simulates N ranks from one process; NSA_FAKE_STEP_S=S sleeps S seconds a step;
 NSA_FAKE_TOKS_SCALE=F multiplies tokens/s by F (a staged throughput change); NSA_FAKE_TOKS_BY_REPEAT=a,b,c
 multiplies it by a in a repeated point's first repeat, b in its second, ... (its directory's name,
-``repeatK``, says which): run-to-run noise, made to order.
+``repeatK``, says which): run-to-run noise, made to order; NSA_FAKE_GIT_SHA=C writes commit C into
+env.json (a point re-run after a commit).
 
 Like the real trainer it stops after ``train.run_steps`` steps (writing checkpoints/latest) and
 resumes from the run directory ``train.resume`` names, logging the steps after its checkpoint's;
@@ -94,7 +95,8 @@ def main() -> int:
     if overrides.get("train.resume"):
         start = int((Path(overrides["train.resume"]) / "checkpoints" / "latest").read_text())
     skip = opts.get("steps", 0) if fault == "resume_skip" and start else 0
-    env_json = {"world_size": world, "env": env, "attention_backends": backends, "git_sha": "0" * 40,
+    env_json = {"world_size": world, "env": env, "attention_backends": backends,
+                "git_sha": os.environ.get("NSA_FAKE_GIT_SHA", "0" * 40),
                 "config": {"name": a.config, "overrides": overrides},
                 "data_position": {"start": start + skip, "end": stop + skip}}
     if fault == "lean":

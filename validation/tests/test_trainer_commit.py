@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import yaml
 
+from validation.cli import main
+from validation.judge.findings import Severity, find
 from validation.judge.findings.advice import recommendations
 from validation.judge.provenance import trainer_commit
 from validation.judge.record import PhaseRecord, PointKey, Status, Summary
@@ -85,3 +87,31 @@ def test_bless_records_the_trainers_commit_beside_this_repositorys(tmp_path):
     assert (curve.trainer, curve.commit, curve.harness_commit, curve.loss) == ("seed", "trainer1", "harness0", (5.0, 4.5))
     saved = yaml.safe_load((tmp_path / "goldens" / "fake__cpu.yaml").read_text())["points"]["long_run/default"]["cpu"]
     assert (saved["trainer"], saved["commit"], saved["harness_commit"]) == ("seed", "trainer1", "harness0")
+
+
+def test_points_run_at_different_commits_are_a_warning_naming_each(tmp_path):
+    """One phase re-run after a commit keeps the other points' records of the earlier commit: the
+    report said GO at one Git SHA (the first record's), as if the newest tree had run every point."""
+    new = {"NSA_FAKE_GIT_SHA": "1" * 40}  # the fake trainer's env.json git_sha: the tree after the commit
+    rb, res = tmp_path / "rb.yaml", tmp_path / "res"
+
+    def run(single_env: dict, *args: str) -> int:
+        write_runbook(rb, [train_phase("single_gpu", gates=[], env=single_env), train_phase("long_run", gates=[], env=new)])
+        return main(["run", "--runbook", str(rb), "--results-dir", str(res), *args])
+
+    assert run({}) == 0  # single_gpu at commit 0..., long_run at 1...
+    records = ResultStore(res).records()
+    [finding] = [f for f in find(records) if f.kind == "commits"]
+    assert finding.severity == Severity.WARNING and finding.phase == "single_gpu"
+    assert finding.title == ("the points ran at 2 commits of the trainer: 1 of them not at the newest, 111111111111, "
+                             "so this verdict is not one commit's")
+    assert finding.detail == ["commit 111111111111 (the newest): long_run [default]",
+                              "commit 000000000000: single_gpu [default]"]
+    [advice] = recommendations([finding])
+    assert advice.startswith("single_gpu: Points of this report ran at different commits")
+    text = (res / "reports" / "fake__cpu.md").read_text()
+    assert f"- **Git SHA**: the points ran at 2 commits: {'0' * 40}, {'1' * 40}\n" in text
+    # one commit again once the older point is re-run: no warning, one Git SHA
+    assert run(new, "--phase", "single_gpu") == 0
+    assert not [f for f in find(ResultStore(res).records()) if f.kind == "commits"]
+    assert f"- **Git SHA**: {'1' * 40}" in (res / "reports" / "fake__cpu.md").read_text()

@@ -4,7 +4,8 @@ Each detector reads stored records only, so findings can be recomputed for any r
 directory without re-running anything: process failures and failed gates (failures.py), the nodes
 of a launch of several nodes (nodes.py), speed across points (throughput.py), where NSA pays
 against dense (long_context.py), loss and grad-norm spikes, divergence and a logged non-finite
-loss (stability.py), resumed runs that do not continue the uninterrupted one (resume.py);
+loss (stability.py), resumed runs that do not continue the uninterrupted one (resume.py), points
+that ran at different commits of the trainer (commits.py);
 advice.py turns findings into what to do next, saying only what is true of the trainer that ran.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from validation.judge.findings.advice import recommendations
+from validation.judge.findings.commits import mixed_commits
 from validation.judge.findings.failures import (
     artifact_errors,
     crashes,
@@ -37,7 +39,8 @@ from validation.judge.findings.throughput import (
 from validation.judge.record import PhaseRecord
 
 DETECTORS = (crashes, stalls, nodes, short_runs, shared_timings, cliffs, host_bound, imbalance, fallbacks,
-             artifact_errors, failed_gates, best_setting, not_equivalent, nonfinite, divergence, spikes, slowdowns)
+             artifact_errors, failed_gates, best_setting, not_equivalent, nonfinite, divergence, spikes, slowdowns,
+             mixed_commits)
 _ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 

@@ -140,6 +140,12 @@ def _golden(f: Facts) -> str:
             "between the two.")
 
 
+def _commits(f: Facts) -> str:
+    return ("Points of this report ran at different commits of the trainer (kept records of earlier runs): re-run "
+            "the phases named, which ran at an older commit (`pytest -m <phase>` each, with the same --profile and "
+            "--results-dir), so that the verdict is the newest commit's alone.")
+
+
 def _spike(f: Facts) -> str:
     lr = "lower train.lr or lengthen train.warmup_steps" if f.own_trainer else "lower the learning rate"
     return ("A step's loss or gradient norm jumped far above the steps before it: look at the data of the step "
@@ -185,7 +191,7 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "nonfinite": _nonfinite,
     "short_run": _short, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
-    "artifacts": _artifacts, "regression": _regression, "gate": _gate, "golden": _golden, "timing": _timing, "spike": _spike,
+    "artifacts": _artifacts, "regression": _regression, "gate": _gate, "golden": _golden, "commits": _commits, "timing": _timing, "spike": _spike,
     "diverging": _diverging, "resume": _resume, "slowdown": _slowdown,
     # a node's advice says the same for any trainer (nodes of one launch are torchrun's, not its)
     **{kind: (lambda f, text=text: text) for kind, text in NODE_ADVICE.items()},

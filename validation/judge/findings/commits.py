@@ -1,0 +1,33 @@
+"""Points of one report that ran at different commits of the trainer. A selective re-run (one
+phase again after a fix) or a run split over several calls keeps the other points' records, so a
+report can join runs of several trees: its verdict then speaks for none of them alone, and a GO
+may rest on a point that the newest tree never ran."""
+from __future__ import annotations
+
+from validation.judge.findings.finding import Facts, Finding, Severity, where
+from validation.judge.record import PhaseRecord
+
+
+def _ran_at(rec: PhaseRecord) -> str | None:
+    """The commit of the trainer that ran the point (this repository's for its own trainer)."""
+    return rec.trainer_sha or rec.git_sha
+
+
+def mixed_commits(records: list[PhaseRecord]) -> list[Finding]:
+    """One warning when the points that ran a process did so at more than one trainer commit:
+    each commit with its points, the newest (by the latest start) first."""
+    groups: dict[str, list[PhaseRecord]] = {}
+    for r in records:
+        if r.out_dir and _ran_at(r):  # a skipped point ran no code
+            groups.setdefault(_ran_at(r), []).append(r)
+    if len(groups) < 2:
+        return []
+    order = sorted(groups, key=lambda sha: max(r.started for r in groups[sha]), reverse=True)
+    detail = [f"commit {sha[:12]}{' (the newest)' if i == 0 else ''}: "
+              + ", ".join(where(r) for r in groups[sha]) for i, sha in enumerate(order)]
+    older = [r for sha in order[1:] for r in groups[sha]]
+    phases = list(dict.fromkeys(r.phase for r in older))
+    return [Finding(Severity.WARNING, ", ".join(phases),
+                    f"the points ran at {len(groups)} commits of the trainer: {len(older)} of them not at the newest, "
+                    f"{order[0][:12]}, so this verdict is not one commit's",
+                    detail, "commits", Facts.of(older[0]))]

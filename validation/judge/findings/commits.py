@@ -5,7 +5,7 @@ may rest on a point that the newest tree never ran."""
 from __future__ import annotations
 
 from validation.judge.findings.finding import Facts, Finding, Severity, where
-from validation.judge.record import PhaseRecord
+from validation.judge.record import TRAINER_KINDS, PhaseRecord
 
 
 def _ran_at(rec: PhaseRecord) -> str | None:
@@ -14,11 +14,12 @@ def _ran_at(rec: PhaseRecord) -> str | None:
 
 
 def mixed_commits(records: list[PhaseRecord]) -> list[Finding]:
-    """One warning when the points that ran a process did so at more than one trainer commit:
-    each commit with its points, the newest (by the latest start) first."""
+    """One warning when the points that ran the trainer did so at more than one of its commits:
+    each commit with its points, the newest (by the latest start) first. Pytest and preflight
+    points are left out: they run this repository, which may not be the trainer's."""
     groups: dict[str, list[PhaseRecord]] = {}
     for r in records:
-        if r.out_dir and _ran_at(r):  # a skipped point ran no code
+        if r.kind in TRAINER_KINDS and r.out_dir and _ran_at(r):  # a skipped point ran nothing
             groups.setdefault(_ran_at(r), []).append(r)
     if len(groups) < 2:
         return []

@@ -72,8 +72,10 @@ class Pending(enum.StrEnum):
     """A gate on a metric that divides by the device's peak (mfu) on a profile without one."""
 
 
-#: the golden-loss gate's metric (validation/store/goldens.py evaluates it)
+#: the golden-loss gate's metric, and that of a golden point's repeats against each other
+#: (validation/store/goldens.py evaluates both)
 GOLDEN_METRIC = "golden_loss_rel_diff"
+REPEAT_LOSS_METRIC = "repeat_loss_rel_diff"
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,9 @@ PHASE = Section("phases[]", "One phase: a kind, how it launches, what it runs, i
     Key("resume_after", "resume phases: the step after which the interrupted run stops (1..steps-1); it resumes "
                         "from its checkpoint for the rest and is compared step by step with an uninterrupted run"),
     Key("repeats", "train phases: runs of each point (default 1); the report shows the mean with its 95% "
-                   "confidence interval, and a best setting or a regression only where the intervals separate"),
+                   "confidence interval, and a best setting or a regression only where the intervals separate; with "
+                   "golden_steps, the runs' losses are also gated against each other (repeat_loss_rel_diff <= "
+                   "golden_loss_rtol)"),
 ))
 
 LAUNCHER = Section("phases[].launcher", "How a phase starts its trainer (never a shell): python (one process), "

@@ -1,6 +1,7 @@
 """A repeated point (a train phase's ``repeats: K``): K runs of the same point, one after another,
 each in a directory of its own (``repeat1`` .. ``repeatK``) inside the point's run directory,
-each judged against the phase's gates as a run of its own.
+each judged against the phase's gates as a run of its own; a golden point's repeats are each also
+judged on how far the repeats' losses are apart (goldens.repeat_gate).
 
 The record keeps every repeat's verdict and numbers (its sub-runs); its own numbers are the
 means over the repeats (the report adds a t-interval, validation/judge/interval.py); its verdict,
@@ -18,6 +19,7 @@ from validation.machine import Machine
 from validation.runbook.plan import PhasePoint
 from validation.session import runs
 from validation.session.runs import Judged, Progress
+from validation.store import goldens
 
 #: which repeat decides the record: the first failed, else the first unmeasured, else the last
 _DECIDES = (Status.ERROR, Status.FAIL, Status.UNMEASURED)
@@ -27,13 +29,13 @@ def execute(point: PhasePoint, run_dir: Path, hw: Machine, results_dir: Path, ru
             progress: Progress | None) -> PhaseRecord:
     n = point.phase.repeats
     done: list[Judged] = []
-    sub_runs = []
     for k in range(1, n + 1):
         out_dir = run_dir / f"repeat{k}"
         out_dir.mkdir()
-        j = runs.judge(point, runs.launch(point, out_dir, progress), hw)
-        done.append(j)
-        sub_runs.append(runs.sub_run(j, out_dir.name, f"repeat {k} of {n}", results_dir))
+        done.append(runs.judge(point, runs.launch(point, out_dir, progress), hw))
+    if (agree := goldens.repeat_gate(point, [j.run.csv for j in done])) is not None:
+        done = [runs.judge(point, j, hw, extra=[agree]) for j in done]  # whichever repeat decides carries it
+    sub_runs = [runs.sub_run(j, f"repeat{k}", f"repeat {k} of {n}", results_dir) for k, j in enumerate(done, 1)]
     k, decides = next(((i, j) for status in _DECIDES for i, j in enumerate(done, 1) if j.status == status),
                       (n, done[-1]))
     return runs.record(point, decides, hw, results_dir, run_id, started, runs=sub_runs,

@@ -8,7 +8,10 @@ different order; null = to be measured). A run of such a point gets one more gat
 ``golden_loss_rel_diff <= golden_loss_rtol``: the largest relative difference from the golden over
 steps 1..N, with the first step beyond the tolerance named in the gate's note. Goldens are
 written only by ``nsa-validate bless`` (``bless`` below), never by a run; it replaces only the
-curves it is asked for.
+curves it is asked for. A golden point that also has ``repeats: K`` (K >= 2) gets
+``repeat_loss_rel_diff <= golden_loss_rtol`` as well (``repeat_gate``): its K runs of one commit
+against each other, which tells a trainer whose numbers changed since the golden's commit (the
+runs agree, the golden differs) from one that does not repeat itself (the runs differ).
 
 The file says its schema: 1 is read and written; another schema, or a file that is not a golden
 file of this runbook and profile, is an error naming the file (as the result store does).
@@ -30,7 +33,7 @@ import yaml
 
 from validation.contract.files import read_training_csv
 from validation.errors import ArtifactError, HarnessError
-from validation.judge.gates import GOLDEN_METRIC, GateResult, GateVerdict, Pending, check
+from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult, GateVerdict, Pending, check
 from validation.machine import Machine
 from validation.runbook.plan import GOLDEN_RTOL as RTOL_KEY
 from validation.runbook.plan import PhasePoint
@@ -38,6 +41,8 @@ from validation.runbook.plan import PhasePoint
 SCHEMA = 1
 METRIC = GOLDEN_METRIC
 DESCRIPTION = "loss per step against the golden curve"
+REPEAT_METRIC = REPEAT_LOSS_METRIC
+REPEAT_DESCRIPTION = "loss per step of the point's repeats against each other (one commit, one seed)"
 
 
 class GoldenError(HarnessError):
@@ -223,6 +228,26 @@ def gate(point: PhasePoint, csv: pd.DataFrame | None, machine: Machine) -> GateR
     verdict = check(value, "<=", rtol)
     return GateResult(METRIC, "<=", rtol, f"steps 1-{len(curve.loss)}", value, verdict, RTOL_KEY, DESCRIPTION,
                       note=note, pending=Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None)
+
+
+def repeat_gate(point: PhasePoint, csvs: list[pd.DataFrame | None]) -> GateResult | None:
+    """The repeats of a golden point against each other over its golden steps (None for a point
+    without golden_steps or with one run): the largest relative difference between any two."""
+    steps = point.phase.golden_steps
+    if not steps or len(csvs) < 2:
+        return None
+    rtol = point.profile.thresholds[RTOL_KEY]
+    curves = [losses(csv, steps) for csv in csvs]
+    where = f"steps 1-{steps}"
+    if any(v is None or not math.isfinite(v) for c in curves for v in c):
+        return GateResult(REPEAT_METRIC, "<=", rtol, where, None, GateVerdict.NO_DATA, RTOL_KEY, REPEAT_DESCRIPTION,
+                          note=f"a repeat's training.csv lacks a finite loss for one of steps 1-{steps}")
+    s = spread(curves)
+    note = f"{len(csvs)} runs " + ("identical at every step" if s.first_step is None else
+                                   f"first differ at step {s.first_step}, by up to {s.max_abs:.3g}")
+    verdict = check(s.max_rel, "<=", rtol)
+    return GateResult(REPEAT_METRIC, "<=", rtol, where, s.max_rel, verdict, RTOL_KEY, REPEAT_DESCRIPTION, note=note,
+                      pending=Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None)
 
 
 @dataclass(frozen=True)

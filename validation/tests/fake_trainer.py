@@ -26,8 +26,9 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
 NSA_FAKE_WORLD=N simulates N ranks from one process; NSA_FAKE_STEP_S=S sleeps S seconds a step;
 NSA_FAKE_TOKS_SCALE=F multiplies tokens/s by F (a staged throughput change); NSA_FAKE_TOKS_BY_REPEAT=a,b,c
 multiplies it by a in a repeated point's first repeat, b in its second, ... (its directory's name,
-``repeatK``, says which): run-to-run noise, made to order; NSA_FAKE_GIT_SHA=C writes commit C into
-env.json (a point re-run after a commit).
+``repeatK``, says which): run-to-run noise, made to order; NSA_FAKE_LOSS_BY_REPEAT=a,b,... multiplies the
+loss of step s by a**s in the first repeat, ...: runs of one seed that drift apart (not deterministic);
+NSA_FAKE_GIT_SHA=C writes commit C into env.json (a point re-run after a commit).
 
 Like the real trainer it stops after ``train.run_steps`` steps (writing checkpoints/latest) and
 resumes from the run directory ``train.resume`` names, logging the steps after its checkpoint's;
@@ -65,8 +66,9 @@ def backward_stuck(out: Path, rank: int) -> None:
         faulthandler.dump_traceback(fh, all_threads=True)
 
 
-def repeat_scale(out: Path) -> float:
-    scales = os.environ.get("NSA_FAKE_TOKS_BY_REPEAT")
+def repeat_scale(out: Path, variable: str = "NSA_FAKE_TOKS_BY_REPEAT") -> float:
+    """This repeat's factor from ``variable`` (a,b,c: a in repeat1, ...); 1 outside repeats."""
+    scales = os.environ.get(variable)
     if not scales or not out.name.startswith("repeat"):
         return 1.0
     return float(scales.split(",")[int(out.name[len("repeat"):]) - 1])
@@ -162,7 +164,8 @@ def main() -> int:
             elif fault == "nan_logged" and step >= opts.get("step", 1):
                 csv.write(f"{step},nan,1e-4,{toks},0.5,nan,0.5,1.0\n")
             else:
-                csv.write(f"{step},{3.0 - (step + skip) * 0.01:.4f},1e-4,{toks},{0.5},{1.0},{0.5},{1.0}\n")
+                loss = (3.0 - (step + skip) * 0.01) * repeat_scale(out, "NSA_FAKE_LOSS_BY_REPEAT") ** step
+                csv.write(f"{step},{loss:.4f},1e-4,{toks},{0.5},{1.0},{0.5},{1.0}\n")
         time.sleep(step_s)
     if stop < a.steps:
         (out / "checkpoints").mkdir(exist_ok=True)

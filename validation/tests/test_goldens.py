@@ -190,3 +190,37 @@ def test_a_drift_from_the_golden_names_both_commits_and_how_to_bless(tmp_path):
     advice, = recommendations([finding])
     assert advice.startswith("long_run: The loss left its golden curve") and "nsa-validate bless --point" in advice
     assert ("bench/gpu/golden_losses.sh" in advice) == rec.own_trainer  # a script for this project's trainer only
+
+
+@pytest.mark.parametrize("loss_by_repeat, repeats_agree", [("", True), ("1,1.001", False)])
+def test_a_golden_points_repeats_tell_changed_numbers_from_runs_that_do_not_repeat(tmp_path, loss_by_repeat,
+                                                                                   repeats_agree):
+    """With repeats, a golden point is also judged on its runs against each other: runs that agree
+    while the golden differs are this commit's numbers (bless after checking), runs that differ are
+    a trainer that does not repeat itself. On the H100 this was told apart by hand, from another
+    phase's run of the same steps."""
+    from validation.judge.findings import find, recommendations
+
+    env = {"NSA_FAKE_LOSS_BY_REPEAT": loss_by_repeat} if loss_by_repeat else {}
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("determinism", golden_steps=4, repeats=2, gates=[], env=env)])
+    res = tmp_path / "res"
+    golden = GoldenFile(tmp_path / "goldens" / "fake__cpu.yaml", "fake", "cpu")
+    golden.put("determinism/default", "cpu", Curve((2.99, 2.98, 2.5, 2.96), "4e57f6d87d31", "2026-11-23T14:26:17"))
+    golden.save()
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res)]) == 1  # NO-GO: the golden differs
+    rec, = ResultStore(res).records()
+    agree = next(g for g in rec.gates if g.metric == "repeat_loss_rel_diff")
+    golden_finding, = (f for f in find([rec]) if f.kind == "golden")
+    repeat_findings = [f for f in find([rec]) if f.kind == "repeats"]
+    if repeats_agree:
+        assert (agree.value, agree.note) == (0.0, "2 runs identical at every step")
+        assert ("the point's repeats agree with each other (2 runs identical at every step): this commit repeats "
+                "itself, so its numbers differ from those of the golden's commit") in golden_finding.detail
+        assert not repeat_findings
+    else:
+        assert agree.value > 1e-4 and agree.note.startswith("2 runs first differ at step 1, by up to ")
+        assert not any("repeats agree" in line for line in golden_finding.detail)
+        finding, = repeat_findings
+        assert finding.title.startswith("gate failed in determinism [default]: repeat_loss_rel_diff = ")
+        advice = recommendations([finding])[0]
+        assert "Runs of one commit with one seed gave different losses" in advice

@@ -146,6 +146,15 @@ def _commits(f: Facts) -> str:
             "--results-dir), so that the verdict is the newest commit's alone.")
 
 
+def _repeats(f: Facts) -> str:
+    keys = (" train.deterministic=true must give identical runs: a difference is a defect of this project's "
+            "kernels or trainer (nsa/kernels/, nsa/train/determinism.py).") if f.own_trainer else ""
+    return ("Runs of one commit with one seed gave different losses: something in the step is not deterministic "
+            "(atomic adds in kernels, an unseeded random number, the data order, a collective's reduction order), "
+            f"so no golden curve can hold for it.{keys} Find the first differing step the finding names, then "
+            + _RERUN + ".")
+
+
 def _spike(f: Facts) -> str:
     lr = "lower train.lr or lengthen train.warmup_steps" if f.own_trainer else "lower the learning rate"
     return ("A step's loss or gradient norm jumped far above the steps before it: look at the data of the step "
@@ -191,7 +200,7 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "nonfinite": _nonfinite,
     "short_run": _short, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
-    "artifacts": _artifacts, "regression": _regression, "gate": _gate, "golden": _golden, "commits": _commits, "timing": _timing, "spike": _spike,
+    "artifacts": _artifacts, "regression": _regression, "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing, "spike": _spike,
     "diverging": _diverging, "resume": _resume, "slowdown": _slowdown,
     # a node's advice says the same for any trainer (nodes of one launch are torchrun's, not its)
     **{kind: (lambda f, text=text: text) for kind, text in NODE_ADVICE.items()},

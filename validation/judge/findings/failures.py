@@ -11,7 +11,7 @@ from validation.judge.findings.departed import departed, departure, ended_before
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where, where_run
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.findings.nodes import missing_node
-from validation.judge.gates import GOLDEN_METRIC, GateResult, GateVerdict
+from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult, GateVerdict
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
 from validation.judge.resume import METRICS as RESUME_METRICS
 from validation.judge.verdict import Outcome
@@ -264,6 +264,17 @@ def artifact_errors(records: list[PhaseRecord]) -> list[Finding]:
 _EXPLAINED = {"idle_ranks", "halt"}
 
 
+def _golden_context(r: PhaseRecord) -> list[str]:
+    """What tells a drift from the golden apart: the run's commit (the golden's is in the gate's
+    note), and whether the point's repeats, where it has them, agree with each other."""
+    out = [f"this run: the trainer at commit {(r.trainer_sha or r.git_sha)[:12]}"] if r.trainer_sha or r.git_sha else []
+    agree = next((g for g in r.gates if g.metric == REPEAT_LOSS_METRIC and g.verdict == GateVerdict.PASS), None)
+    if agree is not None:
+        out.append(f"the point's repeats agree with each other ({agree.note}): this commit repeats itself, so its "
+                   "numbers differ from those of the golden's commit")
+    return out
+
+
 def failed_gates(records: list[PhaseRecord]) -> list[Finding]:
     """Every gate that failed (or had no data) in a point whose process finished: one finding
     each, with the gate's meaning and where its numbers are. In a run that stopped short, gates
@@ -293,10 +304,11 @@ def failed_gates(records: list[PhaseRecord]) -> list[Finding]:
                          else "")
                 detail.append(f"the GPU sat idle {pauses:.2f} ms a profiled step in gaps of 1 ms or more: the host "
                               f"pausing it (a sync, an optimizer's launches, loading data){table}")
-            if g.metric == GOLDEN_METRIC and (r.trainer_sha or r.git_sha):
-                detail.append(f"this run: the trainer at commit {(r.trainer_sha or r.git_sha)[:12]}")
-            # a non-finite loss and a golden's drift have advice of their own
-            kind = {"loss_finite": "nonfinite", GOLDEN_METRIC: "golden"}.get(g.metric, "gate")
+            if g.metric == GOLDEN_METRIC:
+                detail += _golden_context(r)
+            # a non-finite loss, a golden's drift and repeats that differ have advice of their own
+            kind = {"loss_finite": "nonfinite", GOLDEN_METRIC: "golden", REPEAT_LOSS_METRIC: "repeats"}.get(g.metric,
+                                                                                                          "gate")
             out.append(Finding(Severity.CRITICAL, r.phase, f"gate failed in {where(r)}: {g.text()}", detail, kind,
                                Facts.of(r)))
     return out

@@ -130,13 +130,13 @@ def _gate(f: Facts) -> str:
 
 
 def _golden(f: Facts) -> str:
-    how = (" (for this project's trainer on one H100, bench/gpu/golden_losses.sh runs it three times, prints the "
-           "spread and blesses)") if f.own_trainer else ""
+    how = ("; for this project's trainer on one H100, bench/gpu/golden_losses.sh runs it three times and prints "
+           "the spread") if f.own_trainer else ""
     return ("The loss left its golden curve at the step named, by more than the run-to-run spread the tolerance "
             "allows. The finding names the golden's commit and this run's: where the trainer's numerics changed "
-            "on purpose between them (kernels, defaults, data), check that this commit repeats itself (run the "
-            f"phase twice: the two curves must agree){how}, then bless a new golden (`nsa-validate bless --point "
-            "<phase>/<point>` with the same --runbook, --profile and --results-dir); otherwise bisect the commits "
+            "on purpose between them (kernels, defaults, data), check that this commit repeats itself (the phase's "
+            f"`repeats: 2` gates its runs against each other{how}), then bless a new golden (`nsa-validate bless "
+            "--phase {phase}` with the same --runbook, --profile and --results-dir); otherwise bisect the commits "
             "between the two.")
 
 

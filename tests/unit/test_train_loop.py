@@ -97,6 +97,26 @@ def test_resume_continues_the_loss_curve_exactly(tmp_path: Path):
     assert json.loads((b / "env.json").read_text())["resumed_from"].endswith("step_0000003.pt")
 
 
+def test_an_in_place_resume_drops_the_heartbeats_past_the_checkpoint_as_it_does_the_rows(tmp_path: Path):
+    """A run that crashed in step 5 after a checkpoint at step 3, resumed into its own out_dir:
+    training.csv was cut back to step 3, but the heartbeat file kept steps 4 and 5 of the crashed
+    run, so the harness read step 4 twice and step 5's stages twice. A record torn mid-line by the
+    crash is dropped too (appending after it would corrupt both lines)."""
+    extra = "train.ckpt_every=3"
+    with pytest.raises(InjectedFault):
+        train(tmp_path, extra + " fault.spec=crash:step=5", steps=6)
+    hb = tmp_path / "heartbeat_rank0.jsonl"
+    with open(hb, "a") as fh:
+        fh.write('{"time": 1, "step": 5, "sta')
+    assert train(tmp_path, extra + " train.resume=auto", steps=6) == 0
+    assert [int(r["step"]) for r in csv_rows(tmp_path)] == [1, 2, 3, 4, 5, 6]
+    records = heartbeats(tmp_path)
+    assert [r["step"] for r in records if r["stage"] == "step"] == [1, 2, 3, 4, 5, 6]
+    stages = [(r["step"], r["stage"]) for r in records]
+    assert len(stages) == len(set(stages)), stages  # each stage of each step once
+    assert [r["step"] for r in records] == sorted(r["step"] for r in records)
+
+
 def _data_position(out: Path) -> dict[str, int]:
     return json.loads((out / "env.json").read_text())["data_position"]
 

@@ -215,6 +215,18 @@ class Trainer:
             self.faults.at(step, name)
             yield
 
+    def where(self) -> str:
+        """Where the run is, for the message of what stopped it: 'at step 7' while step 7 runs,
+        'at the checkpoint of step 6' while a completed step's checkpoint (or profile) is written,
+        'after step 6' between steps. Taken from the last stage entered: ``self.step``, the last
+        step completed, plus one named a failed save of step 6 'error at step 7'."""
+        step, stage = self.watchdog.step, self.watchdog.stage
+        if step > self.step:
+            return f"at step {step}"
+        if stage in ("checkpoint", "profile") and step > 0:
+            return f"at the {stage} of step {step}"
+        return f"after step {self.step}"
+
     def operator_halt(self) -> bool:
         rec = read_halt(self.out)
         return rec is not None and rec.get("source") != contract.HALT_WATCHDOG
@@ -427,12 +439,12 @@ class Trainer:
             except BaseException as exc:
                 self.log_before_exit()
                 if isinstance(exc, torch.OutOfMemoryError):
-                    self.stop_reason = f"out of memory at step {self.step + 1}: {exc}"
+                    self.stop_reason = f"out of memory {self.where()}: {exc}"
                     self.oom_report(exc)
                 elif isinstance(exc, KeyboardInterrupt):
-                    self.stop_reason = f"interrupted (Ctrl-C twice) during step {self.step + 1}"
+                    self.stop_reason = f"interrupted (Ctrl-C twice) {self.where()}"
                 else:
-                    self.stop_reason = f"error at step {self.step + 1}: {exc!r}"
+                    self.stop_reason = f"error {self.where()}: {exc!r}"
                 try:
                     self.write_env()
                 except OSError as env_exc:  # the disk that failed the run: its error is the one to see
@@ -561,12 +573,12 @@ class Trainer:
 
     def oom_report(self, exc: BaseException) -> None:
         path = self.out / f"oom_rank{self.info.rank}.txt"
-        text = (f"out of memory on rank {self.info.rank} ({self.device}) at step {self.step + 1}, "
+        text = (f"out of memory on rank {self.info.rank} ({self.device}) {self.where()}, "
                 f"stage {self.watchdog.stage}: {exc}\n")
         if self.device.type == "cuda":
             text += torch.cuda.memory_summary(self.device)
         path.write_text(text)
-        self.log_all(f"[oom] out of memory at step {self.step + 1}; memory report in {path}")
+        self.log_all(f"[oom] out of memory {self.where()}; memory report in {path}")
 
     def close(self) -> None:
         """Stop the loader, close the files, stop the watchdog, destroy the process group."""

@@ -358,7 +358,8 @@ def test_resume_csv_rewrite_is_atomic_and_a_bad_header_is_a_checkpoint_error(tmp
 def test_a_full_disk_at_a_checkpoint_names_it_and_keeps_the_last_one(tmp_path: Path, monkeypatch):
     """ENOSPC while a checkpoint is written: the error names the file and the reason, the half-written
     file is gone (it held the space), `latest` still names the last good checkpoint, env.json says
-    why the run stopped, and the run resumes from that checkpoint."""
+    why the run stopped and where (the checkpoint of the step completed, not the next step), and
+    the run resumes from that checkpoint."""
     import errno
 
     real_save, saves = torch.save, []
@@ -382,7 +383,9 @@ def test_a_full_disk_at_a_checkpoint_names_it_and_keeps_the_last_one(tmp_path: P
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_0000001.pt", "step_0000002.pt"]
     assert (ckpts / "latest").read_text() == "step_0000002.pt\n"
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
-    assert "cannot write checkpoint" in json.loads((tmp_path / "env.json").read_text())["status"]
+    # the save of step 3 failed, after step 3 completed: once labelled "error at step 4"
+    assert json.loads((tmp_path / "env.json").read_text())["status"].startswith(
+        "error at the checkpoint of step 3: CheckpointError('cannot write checkpoint")
     monkeypatch.setattr(torch, "save", real_save)
     assert train(tmp_path, "train.ckpt_every=1 train.resume=auto", steps=4) == 0
     assert [r["step"] for r in csv_rows(tmp_path)] == ["1", "2", "3", "4"]

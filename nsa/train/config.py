@@ -9,6 +9,7 @@ nothing while another key is off) are accepted, recorded in env.json and reporte
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -364,7 +365,11 @@ def _get_dotted(cfg: RunConfig, key: str) -> Any:
 
 
 def choose_config(cli_config: str | None, env: Mapping[str, str]) -> str:
-    """--config, else $CONFIG, else the m7c_125m preset. Both given and different: an error."""
+    """--config, else $CONFIG, else the m7c_125m preset. Both given and different: an error, and
+    so is an empty --config (``--config "$CFG"`` with CFG unset), which once meant m7c_125m."""
+    if cli_config is not None and not cli_config.strip():
+        raise ConfigError("--config is empty: expected a preset name or a YAML path (leave --config out "
+                          "for $CONFIG, else the m7c_125m preset)")
     env_config = env.get(CONFIG_ENV) or None
     if cli_config and env_config and cli_config != env_config:
         raise ConfigError(
@@ -382,7 +387,7 @@ def load_run_config(
     Errors are ConfigError naming the file, the dotted key and, for toggles, the variable."""
     env = os.environ if env is None else env
     path = resolve_config_path(choose_config(config, env))
-    data = read_yaml(path)
+    data = read_yaml(path, sections=[f.name for f in dataclasses.fields(RunConfig)])
     extra = parse_overrides(overrides)
     env_tree: dict[str, Any] = {}
     applied, noops = {}, {}

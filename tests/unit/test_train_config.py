@@ -8,6 +8,7 @@ import pytest
 
 from nsa.config import ConfigError
 from nsa.train.cli import build_parser
+from nsa.model.config import load_model_config
 from nsa.train.config import ENV_TOGGLES, NOOP_TOGGLES, RunConfig, load_run_config
 
 RUNBOOK_TOGGLES = [
@@ -51,6 +52,30 @@ def test_bad_yaml_file_is_named(tmp_path: Path):
         load_run_config(str(tmp_path / "missing.yaml"), env={})
     with pytest.raises(ConfigError, match="unknown config preset"):
         load_run_config("no_such_preset", env={})
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# train:\n#   steps: 5\n"])
+def test_an_empty_config_file_is_an_error_naming_it_not_the_125m_defaults(tmp_path: Path, text):
+    """A config file with nothing in it (or only comments) once meant every default: a user who
+    passed their file got the m7c_125m model because the file was empty."""
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    said = re.escape(f"{path}: the file holds no settings (empty, or comments only); expected a mapping at the "
+                     "top level (sections: ")
+    with pytest.raises(ConfigError, match=said + "model, train, data"):
+        load_run_config(str(path), env={})
+    with pytest.raises(ConfigError, match=said + r"model\)"):
+        load_model_config(str(path))
+    path.write_text("train:\n  steps: 5\n")  # a file with settings: the rest from the defaults, as before
+    assert load_run_config(str(path), env={})[0].train.steps == 5
+
+
+def test_an_empty_config_argument_is_an_error_not_the_default_preset():
+    """``--config "$CFG"`` with CFG unset passed '' and ran the m7c_125m preset."""
+    for empty in ("", " "):
+        with pytest.raises(ConfigError, match="--config is empty: expected a preset name or a YAML path"):
+            load_run_config(empty, env={})
+    assert load_run_config(None, env={"CONFIG": "tiny"})[1].config_path.endswith("tiny.yaml")
 
 
 def test_file_datasets_need_a_local_path_but_text_has_a_default():

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from .. import contract
 from ..config import ConfigError
+from ..attention import check_requested
 from ..model import NSATransformer, backend_report, gate_stats
 from ..model.flops import TRAINING_MULTIPLIER, forward_flops_per_token
 from . import checkpoint as ckpt
@@ -36,7 +37,7 @@ from .distributed import all_gather_stats, barrier, init_distributed, teardown
 from .faults import FaultInjector
 from .interrupt import EXIT_INTERRUPTED, CtrlC
 from .optim import build_optimizer, fused_adamw, lr_at, set_lr
-from .parallelize import parallelize, set_grad_sync
+from .parallelize import compute_dtype, parallelize, set_grad_sync
 from .profile import ProfileStatus, cuda_kernel_names, profiled_window, summarize
 from .profile import write as write_profile
 from .telemetry import Telemetry, environment, memory_gb, memory_source, sdpa_flags, write_json_atomic
@@ -112,6 +113,9 @@ class Trainer:
             self.watchdog.start()
             self.faults = FaultInjector(cfg.fault.spec, info.rank, self.device, self.log_all)
             self._apply_sdpa_flags()
+
+            # a backend named in the config that cannot run here: refused before the model is built
+            check_requested(cfg.model.attn, self.device, compute_dtype(cfg))
 
             # model: identical init on every rank (DDP also broadcasts; FSDP2 shards this copy)
             self.watchdog.beat(0, "setup")

@@ -281,6 +281,29 @@ def test_bad_config_and_bad_data_give_one_line_errors(tmp_path: Path, capsys):
     assert "needs the NCCL backend" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("override, value", [
+    ("model.attn.backend_cmp=triton", "attn.backend_cmp='triton' cannot run on cpu/torch.float32: Triton kernels "
+                                      "need CUDA"),
+    ("model.attn.backend_win=flex", "attn.backend_win='flex' cannot run on cpu/torch.float32"),
+    ("model.attn.kind=dense model.attn.backend_dense=cudnn train.dtype=bfloat16",
+     "attn.backend_dense='cudnn' cannot run on cpu/torch.bfloat16"),
+])
+def test_a_backend_that_needs_cuda_is_refused_on_cpu_before_the_model_is_built(tmp_path: Path, capsys, monkeypatch,
+                                                                                override, value):
+    """A CUDA-only backend named in the config of a CPU run was refused at step 1: after the model
+    was built, and after the out_dir's earlier training.csv had been replaced by an empty one."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # with it, Triton runs on CPU
+    assert train(tmp_path, steps=2) == 0
+    before = (tmp_path / "training.csv").read_text()
+    capsys.readouterr()
+    assert train(tmp_path, override, steps=2) == contract.EXIT_INPUT
+    out, err = capsys.readouterr()
+    err = err.strip().splitlines()
+    assert len(err) == 1 and value in err[0] and err[0].endswith("what runs here: auto, torch"), err
+    assert "[model]" not in out, out  # the line the trainer prints once the model is built
+    assert (tmp_path / "training.csv").read_text() == before
+
+
 def test_an_out_dir_that_is_a_file_is_a_one_line_error(tmp_path: Path, capsys):
     (tmp_path / "afile").write_text("")
     for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):

@@ -144,8 +144,9 @@ class Trainer:
             elif (self.out / contract.TRAINING_CSV).exists():
                 # starting afresh over an earlier run: its training.csv is replaced, its checkpoints stay
                 self.log(f"[out] warning: {self.out} holds an earlier run; starting afresh at step 1 "
-                         "(train.resume=auto would continue it); its training.csv is replaced and its "
-                         "checkpoints stay beside the new ones")
+                         "(train.resume=auto would continue it); its training.csv, heartbeats and stack "
+                         "dumps are replaced and its checkpoints stay beside the new ones")
+            self._clear_earlier_rank_files(fresh=path is None)
             self.step_first = self.step + 1  # the first step this process runs
             self.graph_note = ""  # how graph capture went, for env.json
             self.profile_status: ProfileStatus | None = None  # train.profile_steps, planned by train()
@@ -185,6 +186,23 @@ class Trainer:
             halt_path(self.out).unlink(missing_ok=True)
             self.log(f"[halt] removed a stale .HALT from an earlier run: {self.previous_halt}")
         barrier(self.info)
+
+    def _clear_earlier_rank_files(self, fresh: bool) -> None:
+        """Remove what an earlier run in this out_dir left that would be read as this run's: the
+        heartbeats and stack dumps of ranks this run does not have (a file of a rank at or above
+        world_size breaks the artifact contract: a run of 2 ranks followed by one of 1 failed
+        nsa-validate check-artifacts) and, starting afresh, this rank's stack dump (an earlier
+        stall's dump beside a run that completed)."""
+        if fresh:
+            self.watchdog.clear_dump()
+        if not self.info.is_master:
+            return
+        for path in sorted(self.out.iterdir()):
+            numbered = contract.HEARTBEAT_PATTERN.match(path.name) or contract.STACKDUMP_PATTERN.match(path.name)
+            if numbered and int(numbered.group(1)) >= self.info.world_size:
+                path.unlink(missing_ok=True)
+                self.log(f"[out] removed {path.name}, left by an earlier run: this run has "
+                         f"{self.info.world_size} rank(s)")
 
     def _break_resume(self, data_position: int) -> int:
         """The injected resume faults (NSA_FAULT resume_skip, resume_reseed): the data position

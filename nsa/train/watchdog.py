@@ -127,6 +127,10 @@ class Watchdog:
         self.step, self.stage = step, stage
         self._arm_backstop()
 
+    def clear_dump(self) -> None:
+        """Empty this rank's stack dump file (a run starting afresh over an earlier one's dump)."""
+        self._dump.truncate(0)
+
     def _run(self) -> None:
         polled = time.monotonic()
         while not self._stop.wait(self.cfg.poll_s):

@@ -117,6 +117,25 @@ def test_an_in_place_resume_drops_the_heartbeats_past_the_checkpoint_as_it_does_
     assert [r["step"] for r in records] == sorted(r["step"] for r in records)
 
 
+def test_files_of_ranks_an_earlier_run_had_and_this_one_has_not_are_removed(tmp_path: Path):
+    """A run of 2 ranks (torchrun) that stalled, then a run of 1 into the same out_dir: its
+    heartbeat_rank1.jsonl and stackdump_rank1.txt stayed, and the contract check called the new
+    run's files malformed (rank 1 does not exist at world_size 1); the earlier stall's
+    stackdump_rank0.txt stayed beside a run that completed. Resumed, the rank-1 files go too."""
+    def earlier_run_of_two_ranks():
+        for name in ("heartbeat_rank1.jsonl", "stackdump_rank1.txt", "stackdump_rank0.txt", "stackdump_rank12.txt"):
+            (tmp_path / name).write_text('{"time": 1, "step": 2}\n' if name.endswith(".jsonl") else
+                                         "Thread 0x1 (most recent call first):\n")
+
+    earlier_run_of_two_ranks()
+    assert train(tmp_path, "train.run_steps=2", steps=4) == 0
+    assert sorted(p.name for p in tmp_path.glob("*_rank*")) == ["heartbeat_rank0.jsonl"]
+    earlier_run_of_two_ranks()
+    assert train(tmp_path, "train.resume=auto", steps=4) == 0
+    assert sorted(p.name for p in tmp_path.glob("*_rank*")) == ["heartbeat_rank0.jsonl", "stackdump_rank0.txt"]
+    assert [r["step"] for r in heartbeats(tmp_path) if r["stage"] == "step"] == [1, 2, 3, 4]
+
+
 def _data_position(out: Path) -> dict[str, int]:
     return json.loads((out / "env.json").read_text())["data_position"]
 

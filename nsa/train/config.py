@@ -131,6 +131,9 @@ class TrainConfig:
                              f"got {self.fused_adamw!r}")
         if self.device not in ("auto", "cuda", "cpu"):
             raise ValueError(f"train.device must be auto, cuda or cpu, got {self.device!r}")
+        if not self.out_dir.strip():  # Path("") is the current directory, wherever the run was started
+            raise ValueError("train.out_dir is empty: expected the directory for the run's files "
+                             "('.' for the current directory)")
 
 
 @dataclass

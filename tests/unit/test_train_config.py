@@ -78,6 +78,17 @@ def test_an_empty_config_argument_is_an_error_not_the_default_preset():
     assert load_run_config(None, env={"CONFIG": "tiny"})[1].config_path.endswith("tiny.yaml")
 
 
+def test_an_empty_out_dir_is_an_error_not_the_current_directory(tmp_path: Path, monkeypatch, capsys):
+    """``--out-dir "$OUT"`` with OUT unset trained into the directory the command ran in: its
+    training.csv, heartbeats, env.json and checkpoints/ among the user's files."""
+    from nsa.train.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["--config", "tiny", "--out-dir", "", "--steps", "1"]) == 2
+    assert "train.out_dir is empty: expected the directory for the run's files" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_file_datasets_need_a_local_path_but_text_has_a_default():
     for dataset in ("fineweb_edu", "parquet", "jsonl"):
         with pytest.raises(ConfigError, match=r"data\.path is required.*no downloads"):

@@ -367,6 +367,35 @@ def _get_dotted(cfg: RunConfig, key: str) -> Any:
     return node
 
 
+def _dotted_items(tree: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """('train.steps', '0') for each leaf of a nested override tree."""
+    out: list[tuple[str, Any]] = []
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out += _dotted_items(value, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
+
+
+def _named_in(message: str, key: str) -> bool:
+    """Whether a config error names ``key``: in full, or, for a nested section's own check (which
+    says 'attn.window' of model.attn.window), without its first part."""
+    parts = key.split(".")
+    return key in message or (len(parts) > 2 and ".".join(parts[1:]) in message)
+
+
+def _where_set(message: str, overrides: Mapping[str, Any], applied: Mapping[str, dict[str, str]]) -> str:
+    """' (set by ...)' for each key of a config error's message that the command line or an
+    environment toggle set: else the error names only the config file, whose value was replaced."""
+    by_env = {entry["key"]: var for var, entry in applied.items()}
+    notes = [f"set by environment variable {var}={applied[var]['value']!r}"
+             for key, var in by_env.items() if _named_in(message, key)]
+    notes += [f"set on the command line: {key}={value}" for key, value in _dotted_items(overrides)
+              if key not in by_env and _named_in(message, key)]
+    return "".join(f" ({note})" for note in notes)
+
+
 def choose_config(cli_config: str | None, env: Mapping[str, str]) -> str:
     """--config, else $CONFIG, else the m7c_125m preset. Both given and different: an error, and
     so is an empty --config (``--config "$CFG"`` with CFG unset), which once meant m7c_125m."""
@@ -403,11 +432,7 @@ def load_run_config(
     try:
         cfg = from_dict(RunConfig, merge(merge(data, extra), env_tree))
     except ConfigError as exc:
-        msg = str(exc)
-        for var, entry in applied.items():
-            if entry["key"] in msg:
-                msg += f" (set by environment variable {var}={entry['value']!r})"
-        raise ConfigError(f"{path}: {msg}") from None
+        raise ConfigError(f"{path}: {exc}{_where_set(str(exc), extra, applied)}") from None
     for var, (key, why) in NOOP_UNLESS.items():
         if var in applied and not _get_dotted(cfg, key):
             noops[var] = why

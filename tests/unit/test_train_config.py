@@ -89,6 +89,29 @@ def test_an_empty_out_dir_is_an_error_not_the_current_directory(tmp_path: Path, 
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_bad_value_from_the_command_line_is_said_to_come_from_there_not_the_config_file(tmp_path: Path):
+    """``--steps 0`` was reported as 'tiny.yaml: train: train.steps must be >= 1, got 0', as if the
+    preset held the value; a user looked in the file for it."""
+    with pytest.raises(ConfigError, match=re.escape("train.steps must be >= 1, got 0 (set on the command line: "
+                                                    "train.steps=0)")):
+        load_run_config("tiny", "train.steps=0", env={})
+    with pytest.raises(ConfigError, match=re.escape("attn.window must be >= 1, got 0 (set on the command line: "
+                                                    "model.attn.window=0)")):
+        load_run_config("tiny", "model.attn.window=0", env={})
+    # the environment overrides the command line: the variable is named, the override is not
+    with pytest.raises(ConfigError) as err:
+        load_run_config("tiny", "dist.ddp_bucket_mb=5", env={"NSA_DDP_BUCKET_MB": "0"})
+    assert str(err.value).endswith("got 0 (set by environment variable NSA_DDP_BUCKET_MB='0')"), err.value
+    with pytest.raises(ConfigError) as err:  # only the override at fault is named
+        load_run_config("tiny", "train.steps=5 train.lr=-1", env={})
+    assert str(err.value).endswith("train.lr must be > 0, got -1.0 (set on the command line: train.lr=-1)")
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  steps: 0\n")
+    with pytest.raises(ConfigError) as err:  # a value of the file itself: the file is where to look
+        load_run_config(str(path), "train.lr=0.1", env={})
+    assert str(err.value) == f"{path}: train: train.steps must be >= 1, got 0"
+
+
 def test_file_datasets_need_a_local_path_but_text_has_a_default():
     for dataset in ("fineweb_edu", "parquet", "jsonl"):
         with pytest.raises(ConfigError, match=r"data\.path is required.*no downloads"):

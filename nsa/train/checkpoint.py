@@ -137,6 +137,17 @@ def _latest(out_dir: Path) -> Path | None:
     return path
 
 
+#: the train keys the LR schedule is computed from (nsa/train/optim.py lr_at)
+SCHEDULE_KEYS = ("steps", "lr", "min_lr_ratio", "warmup_steps")
+
+
+def schedule_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """'train.steps: 100 in the checkpoint, 200 now' for each key of the LR schedule that differs
+    between the checkpoint's train config and this run's."""
+    return model_differences({k: saved.get(k) for k in SCHEDULE_KEYS}, {k: current[k] for k in SCHEDULE_KEYS},
+                             "train")
+
+
 def model_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "model") -> list[str]:
     """'model.dim: 64 in the checkpoint, 96 now' for each leaf of the model config that differs."""
     out = []

@@ -141,6 +141,9 @@ class Trainer:
                 data_position = self._break_resume(data_position)
                 for diff in ckpt.model_differences(state["config"].get("model", {}), config_dict(cfg)["model"]):
                     self.log(f"[ckpt] warning: the model config differs from the checkpoint's: {diff}")
+                for diff in ckpt.schedule_differences(state["config"].get("train", {}), config_dict(cfg)["train"]):
+                    self.log(f"[ckpt] warning: the LR schedule differs from the checkpoint's run: {diff}; the "
+                             "learning rate of every step from here is that of the new schedule")
             elif (self.out / contract.TRAINING_CSV).exists():
                 # starting afresh over an earlier run: its training.csv is replaced, its checkpoints stay
                 self.log(f"[out] warning: {self.out} holds an earlier run; starting afresh at step 1 "

@@ -348,6 +348,12 @@ def test_resume_into_another_model_shape_names_the_keys(tmp_path: Path, capsys):
     assert len(err) == 1 and "model.dim: 64 in the checkpoint, 96 now" in err[0], err
     assert train(tmp_path, "train.resume=auto model.attn.window=8", steps=3) == 0  # same shapes: a warning
     assert "the model config differs from the checkpoint's: model.attn.window" in capsys.readouterr().out
+    # the LR schedule spans train.steps: resumed with more steps (or another lr), every later step's
+    # learning rate differs from the first run's, which once went without a word
+    assert train(tmp_path, "train.resume=auto train.lr=0.02", steps=5) == 0
+    out = capsys.readouterr().out
+    assert ("the LR schedule differs from the checkpoint's run: train.lr: 0.01 in the checkpoint, 0.02 now" in out
+            and "train.steps: 3 in the checkpoint, 5 now" in out), out
     assert train(tmp_path, steps=2) == 0  # no resume: afresh, and said so
     assert f"{tmp_path} holds an earlier run; starting afresh at step 1" in capsys.readouterr().out
 

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import contract
-from ..config import ConfigError
 from ..attention import check_requested
+from ..config import ConfigError
 from ..model import NSATransformer, backend_report, gate_stats
 from ..model.flops import TRAINING_MULTIPLIER, forward_flops_per_token
 from . import checkpoint as ckpt
@@ -243,8 +243,8 @@ class Trainer:
     def where(self) -> str:
         """Where the run is, for the message of what stopped it: 'at step 7' while step 7 runs,
         'at the checkpoint of step 6' while a completed step's checkpoint (or profile) is written,
-        'after step 6' between steps. Taken from the last stage entered: ``self.step``, the last
-        step completed, plus one named a failed save of step 6 'error at step 7'."""
+        'after step 6' between steps. Taken from the last stage entered, not from the last step
+        completed plus one, which named a failed save of step 6 'error at step 7'."""
         step, stage = self.watchdog.step, self.watchdog.stage
         if step > self.step:
             return f"at step {step}"

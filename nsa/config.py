@@ -227,6 +227,9 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
         return preset
     if p.suffix in (".yaml", ".yml"):
         raise ConfigError(f"{p}: config file not found (presets: {', '.join(list_presets())})")
+    if p.exists():  # a path the user meant as a config, not a preset's name
+        raise ConfigError(f"{p}: not taken as a config file: expected a YAML path ending in .yaml or .yml, or a "
+                          f"preset name ({', '.join(list_presets())})")
     raise ConfigError(f"unknown config preset {str(name_or_path)!r}; presets: {', '.join(list_presets())}")
 
 

@@ -52,6 +52,11 @@ def test_bad_yaml_file_is_named(tmp_path: Path):
         load_run_config(str(tmp_path / "missing.yaml"), env={})
     with pytest.raises(ConfigError, match="unknown config preset"):
         load_run_config("no_such_preset", env={})
+    named_otherwise = tmp_path / "run.cfg"  # once "unknown config preset '.../run.cfg'", as if no file were there
+    named_otherwise.write_text("train:\n  steps: 2\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{named_otherwise}: not taken as a config file: expected a "
+                                                    "YAML path ending in .yaml or .yml, or a preset name")):
+        load_run_config(str(named_otherwise), env={})
 
 
 @pytest.mark.parametrize("text", ["", "\n\n", "# train:\n#   steps: 5\n"])

@@ -183,14 +183,14 @@ class Telemetry:
             self._csv = csv.writer(self._csv_fh)
             if new:
                 self._csv.writerow(CSV_HEADER)
-        self._hb = None
-        if heartbeat:
-            hb_path = self.out_dir / contract.heartbeat_name(rank)
-            if resume_step == 0:
-                hb_path.unlink(missing_ok=True)
-            else:
-                truncate_heartbeats(hb_path, resume_step)
-            self._hb = open(hb_path, "a", buffering=1)
+        # an earlier run's records past this run's start go whether or not this run writes any:
+        # left there, they are read as this run's
+        hb_path = self.out_dir / contract.heartbeat_name(rank)
+        if resume_step == 0:
+            hb_path.unlink(missing_ok=True)
+        else:
+            truncate_heartbeats(hb_path, resume_step)
+        self._hb = open(hb_path, "a", buffering=1) if heartbeat else None
         self.util_reason = ""
         # where this rank runs: the harness groups ranks by node (stragglers, a node's hang)
         self.place = {"node": int(os.environ.get(contract.NODE_RANK_ENV, "0")), "host": socket.gethostname()}

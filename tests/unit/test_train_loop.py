@@ -136,6 +136,19 @@ def test_files_of_ranks_an_earlier_run_had_and_this_one_has_not_are_removed(tmp_
     assert [r["step"] for r in heartbeats(tmp_path) if r["stage"] == "step"] == [1, 2, 3, 4]
 
 
+def test_a_run_without_heartbeats_leaves_none_of_an_earlier_runs_past_its_start(tmp_path: Path):
+    """telemetry.heartbeat=false over an out_dir with an earlier run's heartbeat file kept that file
+    whole: the harness read the earlier run's records (its last step, its pid) as this run's."""
+    assert train(tmp_path, "train.run_steps=2", steps=4) == 0
+    heartbeat = tmp_path / "heartbeat_rank0.jsonl"
+    with open(heartbeat, "a") as fh:  # as if the earlier run had gone on past its checkpoint
+        fh.write(json.dumps({"time": 1, "step": 3, "stage": "step"}) + "\n")
+    assert train(tmp_path, "train.resume=auto telemetry.heartbeat=false", steps=4) == 0
+    assert [r["step"] for r in heartbeats(tmp_path) if r["stage"] == "step"] == [1, 2]
+    assert train(tmp_path, "telemetry.heartbeat=false", steps=2) == 0  # afresh: none of the earlier run's
+    assert not heartbeat.exists()
+
+
 def _data_position(out: Path) -> dict[str, int]:
     return json.loads((out / "env.json").read_text())["data_position"]
 

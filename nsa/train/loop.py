@@ -139,7 +139,7 @@ class Trainer:
                                                f"above {self.step}")
                 self.log(f"[ckpt] resumed from {path} at step {self.step} (data position {data_position})")
                 data_position = self._break_resume(data_position)
-                for diff in ckpt.model_differences(state["config"].get("model", {}), config_dict(cfg)["model"]):
+                for diff in ckpt.config_differences(state["config"].get("model", {}), config_dict(cfg)["model"]):
                     self.log(f"[ckpt] warning: the model config differs from the checkpoint's: {diff}")
                 for diff in ckpt.schedule_differences(state["config"].get("train", {}), config_dict(cfg)["train"]):
                     self.log(f"[ckpt] warning: the LR schedule differs from the checkpoint's run: {diff}; the "

@@ -85,14 +85,15 @@ def test_startup_s_never_shortens_timeout_s(tmp_path: Path):
 def test_a_stall_fires_within_a_poll_of_timeout_s(tmp_path: Path):
     """The main thread stuck, the watchdog thread running: it fires once timeout_s has passed,
     within a poll or so, not later for the check of its own wait (a suspended process)."""
-    wd, fired = _watching(tmp_path, timeout_s=0.5, startup_s=0.5)
+    wd, fired = _watching(tmp_path, timeout_s=1.0, startup_s=1.0)
     fired_at: list[float] = []
     wd.fire = lambda reason: (fired.append(reason), fired_at.append(time.monotonic()), wd._stop.set())
     try:
         wd.beat(1, "forward")
         last_beat = time.monotonic()
-        time.sleep(1.5)
-        assert len(fired) == 1 and 0.5 <= fired_at[0] - last_beat < 0.5 + 0.5, (fired, fired_at[0] - last_beat)
+        time.sleep(2.2)
+        # a poll late under load is fine; a clock restarted by the stall itself would fire at 2.0 or later
+        assert len(fired) == 1 and 1.0 <= fired_at[0] - last_beat < 1.9, (fired, fired_at[0] - last_beat)
     finally:
         wd.close()
 

@@ -136,6 +136,20 @@ def test_files_of_ranks_an_earlier_run_had_and_this_one_has_not_are_removed(tmp_
     assert [r["step"] for r in heartbeats(tmp_path) if r["stage"] == "step"] == [1, 2, 3, 4]
 
 
+def test_heartbeats_of_a_profiled_window_are_cut_by_step_not_at_the_first_later_step(tmp_path: Path):
+    """A profiled window (train.profile_steps) runs steps 2..4 and logs them after: the records of
+    steps 2 and 3 done, and step 3's checkpoint, follow step 4's stages. A resume from step 3 keeps
+    them and drops step 4's and later, wherever they are in the file."""
+    from nsa.train.telemetry import truncate_heartbeats
+
+    order = [(1, "data"), (1, "step"), (2, "data"), (3, "data"), (4, "data"), (4, "profile"), (2, "step"),
+             (3, "step"), (3, "checkpoint"), (4, "step"), (5, "data")]
+    path = tmp_path / "heartbeat_rank0.jsonl"
+    path.write_text("".join(json.dumps({"time": 1, "step": n, "stage": st}) + "\n" for n, st in order))
+    truncate_heartbeats(path, 3)
+    assert [(r["step"], r["stage"]) for r in heartbeats(tmp_path)] == [r for r in order if r[0] <= 3]
+
+
 def test_a_run_without_heartbeats_leaves_none_of_an_earlier_runs_past_its_start(tmp_path: Path):
     """telemetry.heartbeat=false over an out_dir with an earlier run's heartbeat file kept that file
     whole: the harness read the earlier run's records (its last step, its pid) as this run's."""

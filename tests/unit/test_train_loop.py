@@ -339,10 +339,10 @@ def test_a_backend_that_needs_cuda_is_refused_on_cpu_before_the_model_is_built(t
     """A CUDA-only backend named in the config of a CPU run was refused at step 1: after the model
     was built, and after the out_dir's earlier training.csv had been replaced by an empty one."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # with it, Triton runs on CPU
-    assert train(tmp_path, steps=2) == 0
+    assert train(tmp_path, "train.device=cpu", steps=2) == 0  # a CPU run on a GPU box too
     before = (tmp_path / "training.csv").read_text()
     capsys.readouterr()
-    assert train(tmp_path, override, steps=2) == contract.EXIT_INPUT
+    assert train(tmp_path, f"train.device=cpu {override}", steps=2) == contract.EXIT_INPUT
     out, err = capsys.readouterr()
     err = err.strip().splitlines()
     assert len(err) == 1 and value in err[0] and err[0].endswith("what runs here: auto, torch"), err

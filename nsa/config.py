@@ -16,7 +16,7 @@ import math
 import re
 import typing
 from pathlib import Path
-from typing import Any, Mapping, TypeVar
+from typing import Any, Iterable, Mapping, TypeVar
 
 import yaml
 
@@ -190,8 +190,11 @@ def merge(base: Mapping[str, Any], update: Mapping[str, Any], prefix: str = "") 
     return out
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a YAML mapping with ``safe_load``; errors name the file."""
+def read_yaml(path: str | Path, sections: Iterable[str] = ()) -> dict[str, Any]:
+    """Read a YAML mapping with ``safe_load``; errors name the file and, when given, the
+    ``sections`` a mapping of it holds. An empty file (or one of comments only) is an error, not
+    an empty mapping: a config file passed on purpose and left empty meant every default, the
+    125M model among them, without a word."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -203,10 +206,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    expected = "a mapping at the top level" + (f" (sections: {', '.join(sections)})" if sections else "")
     if data is None:
-        return {}
+        raise ConfigError(f"{path}: the file holds no settings (empty, or comments only); expected {expected}")
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+        raise ConfigError(f"{path}: expected {expected}, got {type(data).__name__}")
     return data
 
 
@@ -223,6 +227,9 @@ def resolve_config_path(name_or_path: str | Path) -> Path:
         return preset
     if p.suffix in (".yaml", ".yml"):
         raise ConfigError(f"{p}: config file not found (presets: {', '.join(list_presets())})")
+    if p.exists():  # a path the user meant as a config, not a preset's name
+        raise ConfigError(f"{p}: not taken as a config file: expected a YAML path ending in .yaml or .yml, or a "
+                          f"preset name ({', '.join(list_presets())})")
     raise ConfigError(f"unknown config preset {str(name_or_path)!r}; presets: {', '.join(list_presets())}")
 
 

@@ -1,6 +1,6 @@
 """The NSA attention module, its float64 oracle (reference.py) and backend routing."""
-from .backends import BackendUnavailable, Route
+from .backends import BackendUnavailable, Route, check_requested
 from .config import NSAConfig
 from .module import NSAAttention, NSACache
 
-__all__ = ["NSAConfig", "NSAAttention", "NSACache", "BackendUnavailable", "Route"]
+__all__ = ["NSAConfig", "NSAAttention", "NSACache", "BackendUnavailable", "Route", "check_requested"]

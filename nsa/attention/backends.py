@@ -27,6 +27,7 @@ from nsa.kernels import CUDNN_MIN_QUERIES
 from . import kernel_branches as kb
 from . import sdpa
 from . import torch_branches as tb
+from .config import NSAConfig
 
 #: the stages of the NSA core (the dense stage is a model of its own, attn.kind=dense)
 STAGES = ("cmp", "select", "sel", "win")
@@ -216,8 +217,10 @@ def resolve_route(stage: str, requested: str, device: torch.device, dtype: torch
             )
         ok, why = impls[requested].available(device, dtype)
         if not ok:
+            runnable = ["auto"] + [name for name, impl in impls.items() if impl.available(device, dtype)[0]]
             raise BackendUnavailable(
-                f"attn.{STAGE_CONFIG_KEY[stage]}={requested!r} cannot run on {device.type}/{dtype}: {why}"
+                f"attn.{STAGE_CONFIG_KEY[stage]}={requested!r} cannot run on {device.type}/{dtype}: {why}; "
+                f"what runs here: {', '.join(runnable)}"
             )
         return Route(stage, requested, f"requested by config ({why})")
     skipped = []
@@ -228,6 +231,13 @@ def resolve_route(stage: str, requested: str, device: torch.device, dtype: torch
             return Route(stage, name, f"auto: {why}{note}", fallback=bool(skipped))
         skipped.append(f"{name} ({why})")
     raise BackendUnavailable(f"no backend can run the {stage} stage on {device.type}/{dtype}")
+
+
+def check_requested(cfg: NSAConfig, device: torch.device, dtype: torch.dtype) -> None:
+    """Raise BackendUnavailable for a backend the config names that cannot run on ``device`` and
+    ``dtype``, as the first forward's routing would; a trainer calls it before it builds the model."""
+    for stage in ("dense",) if cfg.kind == "dense" else STAGES:
+        resolve_route(stage, getattr(cfg, STAGE_CONFIG_KEY[stage]), device, dtype)
 
 
 def implementation(route: Route) -> Callable:

@@ -9,6 +9,15 @@ from nsa.kernels import MAX_HEAD_DIM, SEL_FORMS
 BRANCHES = ("cmp", "sel", "win")
 PHI_KINDS = ("mlp", "mean")
 ATTN_KINDS = ("nsa", "dense")
+#: the backends each backend key may name besides 'auto': the names of nsa.attention.backends.BACKENDS,
+#: kept here as plain data so that a config loads without torch (tests/unit/test_model_config.py
+#: checks that the two agree)
+BACKEND_CHOICES = {
+    "backend_cmp": ("torch", "triton", "cudnn"),
+    "backend_sel": ("torch", "triton"),
+    "backend_win": ("torch", "triton", "flex", "flash_attn"),
+    "backend_dense": ("torch", "cudnn", "flash"),
+}
 
 
 @dataclass
@@ -41,7 +50,7 @@ class NSAConfig:
     block against the queries that selected it, then a combine) or 'auto' (chosen by group size,
     head dim and length: nsa.kernels.selection.forward_form)."""
     backend_win: str = "auto"
-    """Backend of the window branch ('auto', 'torch', 'sdpa', 'flex', 'flash_attn', 'triton')."""
+    """Backend of the window branch ('auto', 'torch', 'triton', 'flex', 'flash_attn')."""
     backend_dense: str = "auto"
     """Backend of the dense attention of kind=dense ('auto', 'torch': SDPA's own choice of kernel,
     'cudnn', 'flash': that SDPA kernel)."""
@@ -71,6 +80,9 @@ class NSAConfig:
                 f"attn.n_selected={self.n_selected} must be >= 3 (block 0 and the two most recent "
                 "blocks are always selected)"
             )
+        for key, names in BACKEND_CHOICES.items():
+            if getattr(self, key) not in ("auto", *names):
+                raise ValueError(f"attn.{key} must be one of {('auto', *names)}, got {getattr(self, key)!r}")
         if self.sel_form not in SEL_FORMS:
             raise ValueError(f"attn.sel_form must be one of {SEL_FORMS}, got {self.sel_form!r}")
         if self.phi not in PHI_KINDS:

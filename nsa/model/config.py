@@ -62,7 +62,7 @@ def load_model_config(name_or_path: str, overrides: list[str] | str | None = Non
     from ..config import ConfigError, from_dict, merge, parse_overrides, read_yaml, resolve_config_path
 
     path = resolve_config_path(name_or_path)
-    data = read_yaml(path)
+    data = read_yaml(path, sections=["model"])
     section = data.get("model", {})
     extra = parse_overrides(overrides)
     unknown = sorted(set(extra) - {"model"})

@@ -137,13 +137,25 @@ def _latest(out_dir: Path) -> Path | None:
     return path
 
 
-def model_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "model") -> list[str]:
-    """'model.dim: 64 in the checkpoint, 96 now' for each leaf of the model config that differs."""
+#: the train keys the LR schedule is computed from (nsa/train/optim.py lr_at)
+SCHEDULE_KEYS = ("steps", "lr", "min_lr_ratio", "warmup_steps")
+
+
+def schedule_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """'train.steps: 100 in the checkpoint, 200 now' for each key of the LR schedule that differs
+    between the checkpoint's train config and this run's."""
+    return config_differences({k: saved.get(k) for k in SCHEDULE_KEYS}, {k: current[k] for k in SCHEDULE_KEYS},
+                             "train")
+
+
+def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: str = "model") -> list[str]:
+    """'model.dim: 64 in the checkpoint, 96 now' for each leaf of a config section (``prefix``)
+    that differs between the checkpoint's and this run's."""
     out = []
     for key in sorted(set(saved) | set(current)):
         a, b = saved.get(key), current.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
-            out += model_differences(a, b, f"{prefix}.{key}")
+            out += config_differences(a, b, f"{prefix}.{key}")
         elif a != b:
             out.append(f"{prefix}.{key}: {a!r} in the checkpoint, {b!r} now")
     return out
@@ -191,7 +203,7 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, i
         set_model_state_dict(model, payload["model"], options=opts)
     except RuntimeError as exc:
         saved = payload.get("config", {}).get("model")
-        diffs = model_differences(saved, config["model"]) if isinstance(saved, dict) else []
+        diffs = config_differences(saved, config["model"]) if isinstance(saved, dict) else []
         why = "; ".join(diffs) if diffs else str(exc).splitlines()[0]
         raise CheckpointError(f"{path}: model state does not fit this model ({why}); resume with the "
                               "config the checkpoint was written with, or use another out_dir") from None

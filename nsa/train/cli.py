@@ -52,10 +52,10 @@ def run(config: str | None, overrides: list[str], env=None) -> int:
     try:
         return trainer.train()
     except (DataError, BackendUnavailable) as exc:
-        print(f"[rank {rank}] error at step {trainer.step + 1}: {exc}", file=sys.stderr, flush=True)
+        print(f"[rank {rank}] error {trainer.where()}: {exc}", file=sys.stderr, flush=True)
         return EXIT_INPUT
     except KeyboardInterrupt:  # the second Ctrl-C: no checkpoint of the step in flight
-        print(f"[rank {rank}] interrupted (Ctrl-C twice) during step {trainer.step + 1}; the last checkpoint "
+        print(f"[rank {rank}] interrupted (Ctrl-C twice) {trainer.where()}; the last checkpoint "
               "saved is the one to resume from", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     except Exception:

@@ -9,6 +9,7 @@ nothing while another key is off) are accepted, recorded in env.json and reporte
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,6 +131,9 @@ class TrainConfig:
                              f"got {self.fused_adamw!r}")
         if self.device not in ("auto", "cuda", "cpu"):
             raise ValueError(f"train.device must be auto, cuda or cpu, got {self.device!r}")
+        if not self.out_dir.strip():  # Path("") is the current directory, wherever the run was started
+            raise ValueError("train.out_dir is empty: expected the directory for the run's files "
+                             "('.' for the current directory)")
 
 
 @dataclass
@@ -363,8 +367,41 @@ def _get_dotted(cfg: RunConfig, key: str) -> Any:
     return node
 
 
+def _dotted_items(tree: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """('train.steps', '0') for each leaf of a nested override tree."""
+    out: list[tuple[str, Any]] = []
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out += _dotted_items(value, f"{prefix}{key}.")
+        else:
+            out.append((f"{prefix}{key}", value))
+    return out
+
+
+def _named_in(message: str, key: str) -> bool:
+    """Whether a config error names ``key``: in full, or, for a nested section's own check (which
+    says 'attn.window' of model.attn.window), without its first part."""
+    parts = key.split(".")
+    return key in message or (len(parts) > 2 and ".".join(parts[1:]) in message)
+
+
+def _where_set(message: str, overrides: Mapping[str, Any], applied: Mapping[str, dict[str, str]]) -> str:
+    """' (set by ...)' for each key of a config error's message that the command line or an
+    environment toggle set: else the error names only the config file, whose value was replaced."""
+    by_env = {entry["key"]: var for var, entry in applied.items()}
+    notes = [f"set by environment variable {var}={applied[var]['value']!r}"
+             for key, var in by_env.items() if _named_in(message, key)]
+    notes += [f"set on the command line: {key}={value}" for key, value in _dotted_items(overrides)
+              if key not in by_env and _named_in(message, key)]
+    return "".join(f" ({note})" for note in notes)
+
+
 def choose_config(cli_config: str | None, env: Mapping[str, str]) -> str:
-    """--config, else $CONFIG, else the m7c_125m preset. Both given and different: an error."""
+    """--config, else $CONFIG, else the m7c_125m preset. Both given and different: an error, and
+    so is an empty --config (``--config "$CFG"`` with CFG unset), which once meant m7c_125m."""
+    if cli_config is not None and not cli_config.strip():
+        raise ConfigError("--config is empty: expected a preset name or a YAML path (leave --config out "
+                          "for $CONFIG, else the m7c_125m preset)")
     env_config = env.get(CONFIG_ENV) or None
     if cli_config and env_config and cli_config != env_config:
         raise ConfigError(
@@ -382,7 +419,7 @@ def load_run_config(
     Errors are ConfigError naming the file, the dotted key and, for toggles, the variable."""
     env = os.environ if env is None else env
     path = resolve_config_path(choose_config(config, env))
-    data = read_yaml(path)
+    data = read_yaml(path, sections=[f.name for f in dataclasses.fields(RunConfig)])
     extra = parse_overrides(overrides)
     env_tree: dict[str, Any] = {}
     applied, noops = {}, {}
@@ -395,11 +432,7 @@ def load_run_config(
     try:
         cfg = from_dict(RunConfig, merge(merge(data, extra), env_tree))
     except ConfigError as exc:
-        msg = str(exc)
-        for var, entry in applied.items():
-            if entry["key"] in msg:
-                msg += f" (set by environment variable {var}={entry['value']!r})"
-        raise ConfigError(f"{path}: {msg}") from None
+        raise ConfigError(f"{path}: {exc}{_where_set(str(exc), extra, applied)}") from None
     for var, (key, why) in NOOP_UNLESS.items():
         if var in applied and not _get_dotted(cfg, key):
             noops[var] = why

@@ -123,6 +123,17 @@ def _kind_of(path: Path, dataset: str) -> str:
     raise DataError(f"{path}: data.dataset={dataset} expects .parquet or .jsonl files")
 
 
+def _jsonl_text(path: Path, lineno: int, line: str, col: str) -> str:
+    """The document of one jsonl record: its ``col`` key (data.text_column)."""
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+    if not isinstance(rec, dict) or col not in rec:
+        raise DataError(f"{path}:{lineno}: no key {col!r} (data.text_column)")
+    return str(rec[col])
+
+
 class DocumentStream:
     """Documents from local text / jsonl / parquet files, byte-tokenised, separated by NUL and
     cut into rows of seq_len + 1; loops over the files forever (epochs). Text without data.path
@@ -165,10 +176,17 @@ class DocumentStream:
                 )
         else:
             try:
-                with open(path, "rb") as fh:
-                    fh.read(1)
+                with open(path, encoding="utf-8", errors="replace") as fh:
+                    if kind != "jsonl":
+                        fh.read(1)
+                        return
+                    first = next(((n, line) for n, line in enumerate(fh, 1) if line.strip()), None)
             except OSError as exc:
                 raise DataError(f"{path}: cannot read ({exc.strerror})") from None
+            # a file of another format, or records without the column, fail here rather than in
+            # step 1, after the model is built and an earlier run's training.csv replaced
+            if first is not None:
+                _jsonl_text(path, *first, col)
 
     def _documents(self, path: Path, kind: str) -> Iterator[str]:
         col = self.cfg.text_column
@@ -177,15 +195,8 @@ class DocumentStream:
         elif kind == "jsonl":
             with open(path, encoding="utf-8") as fh:
                 for lineno, line in enumerate(fh, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-                    if not isinstance(rec, dict) or col not in rec:
-                        raise DataError(f"{path}:{lineno}: no key {col!r} (data.text_column)")
-                    yield str(rec[col])
+                    if line.strip():
+                        yield _jsonl_text(path, lineno, line, col)
         else:
             import pyarrow as pa
             import pyarrow.parquet as pq

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import contract
+from ..attention import check_requested
 from ..config import ConfigError
 from ..model import NSATransformer, backend_report, gate_stats
 from ..model.flops import TRAINING_MULTIPLIER, forward_flops_per_token
@@ -36,7 +37,7 @@ from .distributed import all_gather_stats, barrier, init_distributed, teardown
 from .faults import FaultInjector
 from .interrupt import EXIT_INTERRUPTED, CtrlC
 from .optim import build_optimizer, fused_adamw, lr_at, set_lr
-from .parallelize import parallelize, set_grad_sync
+from .parallelize import compute_dtype, parallelize, set_grad_sync
 from .profile import ProfileStatus, cuda_kernel_names, profiled_window, summarize
 from .profile import write as write_profile
 from .telemetry import Telemetry, environment, memory_gb, memory_source, sdpa_flags, write_json_atomic
@@ -113,6 +114,9 @@ class Trainer:
             self.faults = FaultInjector(cfg.fault.spec, info.rank, self.device, self.log_all)
             self._apply_sdpa_flags()
 
+            # a backend named in the config that cannot run here: refused before the model is built
+            check_requested(cfg.model.attn, self.device, compute_dtype(cfg))
+
             # model: identical init on every rank (DDP also broadcasts; FSDP2 shards this copy)
             self.watchdog.beat(0, "setup")
             torch.manual_seed(cfg.train.seed)
@@ -135,13 +139,17 @@ class Trainer:
                                                f"above {self.step}")
                 self.log(f"[ckpt] resumed from {path} at step {self.step} (data position {data_position})")
                 data_position = self._break_resume(data_position)
-                for diff in ckpt.model_differences(state["config"].get("model", {}), config_dict(cfg)["model"]):
+                for diff in ckpt.config_differences(state["config"].get("model", {}), config_dict(cfg)["model"]):
                     self.log(f"[ckpt] warning: the model config differs from the checkpoint's: {diff}")
+                for diff in ckpt.schedule_differences(state["config"].get("train", {}), config_dict(cfg)["train"]):
+                    self.log(f"[ckpt] warning: the LR schedule differs from the checkpoint's run: {diff}; the "
+                             "learning rate of every step from here is that of the new schedule")
             elif (self.out / contract.TRAINING_CSV).exists():
                 # starting afresh over an earlier run: its training.csv is replaced, its checkpoints stay
                 self.log(f"[out] warning: {self.out} holds an earlier run; starting afresh at step 1 "
-                         "(train.resume=auto would continue it); its training.csv is replaced and its "
-                         "checkpoints stay beside the new ones")
+                         "(train.resume=auto would continue it); its training.csv, heartbeats and stack "
+                         "dumps are replaced and its checkpoints stay beside the new ones")
+            self._clear_earlier_rank_files(fresh=path is None)
             self.step_first = self.step + 1  # the first step this process runs
             self.graph_note = ""  # how graph capture went, for env.json
             self.profile_status: ProfileStatus | None = None  # train.profile_steps, planned by train()
@@ -182,6 +190,23 @@ class Trainer:
             self.log(f"[halt] removed a stale .HALT from an earlier run: {self.previous_halt}")
         barrier(self.info)
 
+    def _clear_earlier_rank_files(self, fresh: bool) -> None:
+        """Remove what an earlier run in this out_dir left that would be read as this run's: the
+        heartbeats and stack dumps of ranks this run does not have (a file of a rank at or above
+        world_size breaks the artifact contract: a run of 2 ranks followed by one of 1 failed
+        nsa-validate check-artifacts) and, starting afresh, this rank's stack dump (an earlier
+        stall's dump beside a run that completed)."""
+        if fresh:
+            self.watchdog.clear_dump()
+        if not self.info.is_master:
+            return
+        for path in sorted(self.out.iterdir()):
+            numbered = contract.HEARTBEAT_PATTERN.match(path.name) or contract.STACKDUMP_PATTERN.match(path.name)
+            if numbered and int(numbered.group(1)) >= self.info.world_size:
+                path.unlink(missing_ok=True)
+                self.log(f"[out] removed {path.name}, left by an earlier run: this run has "
+                         f"{self.info.world_size} rank(s)")
+
     def _break_resume(self, data_position: int) -> int:
         """The injected resume faults (NSA_FAULT resume_skip, resume_reseed): the data position
         the run goes on from, and the RNG reseeded instead of restored, as a buggy trainer would."""
@@ -214,6 +239,18 @@ class Trainer:
         with self.telemetry.stage(step, name):
             self.faults.at(step, name)
             yield
+
+    def where(self) -> str:
+        """Where the run is, for the message of what stopped it: 'at step 7' while step 7 runs,
+        'at the checkpoint of step 6' while a completed step's checkpoint (or profile) is written,
+        'after step 6' between steps. Taken from the last stage entered, not from the last step
+        completed plus one, which named a failed save of step 6 'error at step 7'."""
+        step, stage = self.watchdog.step, self.watchdog.stage
+        if step > self.step:
+            return f"at step {step}"
+        if stage in ("checkpoint", "profile") and step > 0:
+            return f"at the {stage} of step {step}"
+        return f"after step {self.step}"
 
     def operator_halt(self) -> bool:
         rec = read_halt(self.out)
@@ -427,12 +464,12 @@ class Trainer:
             except BaseException as exc:
                 self.log_before_exit()
                 if isinstance(exc, torch.OutOfMemoryError):
-                    self.stop_reason = f"out of memory at step {self.step + 1}: {exc}"
+                    self.stop_reason = f"out of memory {self.where()}: {exc}"
                     self.oom_report(exc)
                 elif isinstance(exc, KeyboardInterrupt):
-                    self.stop_reason = f"interrupted (Ctrl-C twice) during step {self.step + 1}"
+                    self.stop_reason = f"interrupted (Ctrl-C twice) {self.where()}"
                 else:
-                    self.stop_reason = f"error at step {self.step + 1}: {exc!r}"
+                    self.stop_reason = f"error {self.where()}: {exc!r}"
                 try:
                     self.write_env()
                 except OSError as env_exc:  # the disk that failed the run: its error is the one to see
@@ -561,12 +598,12 @@ class Trainer:
 
     def oom_report(self, exc: BaseException) -> None:
         path = self.out / f"oom_rank{self.info.rank}.txt"
-        text = (f"out of memory on rank {self.info.rank} ({self.device}) at step {self.step + 1}, "
+        text = (f"out of memory on rank {self.info.rank} ({self.device}) {self.where()}, "
                 f"stage {self.watchdog.stage}: {exc}\n")
         if self.device.type == "cuda":
             text += torch.cuda.memory_summary(self.device)
         path.write_text(text)
-        self.log_all(f"[oom] out of memory at step {self.step + 1}; memory report in {path}")
+        self.log_all(f"[oom] out of memory {self.where()}; memory report in {path}")
 
     def close(self) -> None:
         """Stop the loader, close the files, stop the watchdog, destroy the process group."""

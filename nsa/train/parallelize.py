@@ -25,7 +25,12 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
         model.layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
 
 
-def apply_compile(model: nn.Module, device: torch.device, compute_dtype: torch.dtype, backend: str = "inductor") -> None:
+def compute_dtype(cfg: RunConfig) -> torch.dtype:
+    """The dtype the model computes in: bfloat16 under autocast or FSDP2's policy, else float32."""
+    return torch.bfloat16 if cfg.train.dtype == "bfloat16" else torch.float32
+
+
+def apply_compile(model: nn.Module, device: torch.device, dtype: torch.dtype, backend: str = "inductor") -> None:
     """torch.compile each block in place (parameter names, and so checkpoints, do not change).
     The Triton NSA kernels are custom ops (nsa::*), opaque to the compiler; everything around
     them (projections, RoPE, compression, norms, MLP) is compiled. Backend routes are resolved
@@ -33,7 +38,7 @@ def apply_compile(model: nn.Module, device: torch.device, compute_dtype: torch.d
     from ..model.telemetry import attention_modules
 
     for attn in attention_modules(model):
-        attn.resolve_routes(device, compute_dtype)
+        attn.resolve_routes(device, dtype)
     for block in model.layers:
         block.compile(backend=backend)
 
@@ -44,7 +49,7 @@ def apply_fsdp(model: nn.Module, cfg: RunConfig, info: DistInfo) -> nn.Module:
 
     mesh = init_device_mesh(info.device.type, (info.world_size,))
     mp = MixedPrecisionPolicy(
-        param_dtype=torch.bfloat16 if cfg.train.dtype == "bfloat16" else torch.float32,
+        param_dtype=compute_dtype(cfg),
         reduce_dtype=torch.float32,
     )
     reshard = cfg.dist.fsdp_reshard_after_forward
@@ -96,8 +101,7 @@ def parallelize(model: nn.Module, cfg: RunConfig, info: DistInfo, log) -> nn.Mod
     if cfg.train.activation_checkpointing:
         apply_activation_checkpointing(model)
     if cfg.train.compile:
-        compute_dtype = torch.bfloat16 if cfg.train.dtype == "bfloat16" else torch.float32
-        apply_compile(model, info.device, compute_dtype)
+        apply_compile(model, info.device, compute_dtype(cfg))
     if info.mode == "fsdp":
         log(f"[fsdp] fully_shard per block over {info.world_size} ranks, param dtype {cfg.train.dtype}")
         return apply_fsdp(model, cfg, info)

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Callable
 
 import torch
 
@@ -98,31 +98,56 @@ def gpu_util(device: torch.device) -> tuple[float | None, str]:
         return None, f"torch.cuda.utilization unavailable: {exc}"
 
 
+def _step_of_row(line: bytes) -> int | None:
+    """The step of a training.csv row (None for the header or a row without one)."""
+    first = line.split(b",", 1)[0]
+    return int(first) if first.isdigit() else None
+
+
+def _step_of_record(line: bytes) -> int | None:
+    """The step of a heartbeat record (None for a line that is not a record with one)."""
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    step = rec.get("step") if isinstance(rec, dict) else None
+    return step if isinstance(step, int) else None
+
+
+def _keep_through_step(path: Path, keep_through_step: int, step_of: Callable[[bytes], int | None]) -> None:
+    """Rewrite ``path`` without the lines of steps after ``keep_through_step`` and without a torn
+    last line (a writer killed mid-line: appending after it would corrupt both). Streamed into a
+    file beside it and swapped in (write_atomic): a crash mid-rewrite loses no earlier line, and a
+    long run's heartbeat file is never read whole. Lines are filtered, not cut at the first later
+    step: a profiled window logs its steps after running them, so a record of step N can follow
+    one of step N + 1."""
+    def copy(out: BinaryIO) -> None:
+        with open(path, "rb") as src:
+            for line in src:
+                step = step_of(line)
+                if line.endswith(b"\n") and (step is None or step <= keep_through_step):
+                    out.write(line)
+
+    write_atomic(path, copy)
+
+
 def truncate_csv(path: Path, keep_through_step: int) -> None:
     """On resume: drop rows after the checkpoint's step (a crashed run may have logged more)."""
     if not path.exists():
         return
     with open(path, newline="") as fh:
-        rows = list(csv.reader(fh))
-    if not rows or rows[0] != CSV_HEADER:
-        raise CheckpointError(f"{path}: unexpected header {rows[:1]}, cannot resume into it "
+        header = fh.readline().rstrip("\r\n").split(",")
+    if header != CSV_HEADER:
+        raise CheckpointError(f"{path}: unexpected header {header}, cannot resume into it "
                               f"(expected {','.join(CSV_HEADER)})")
-    kept = [rows[0]] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= keep_through_step]
-    # write beside it and swap in: a crash mid-rewrite must not lose the earlier rows
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", newline="") as fh:
-        csv.writer(fh).writerows(kept)
-    os.replace(tmp, path)
+    _keep_through_step(path, keep_through_step, _step_of_row)
 
 
-def drop_torn_tail(path: Path) -> None:
-    """Cut a half-written last line (a writer killed mid-line) so appends start on a new line."""
-    if not path.exists():
-        return
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with open(path, "r+b") as fh:
-            fh.truncate(data.rfind(b"\n") + 1)
+def truncate_heartbeats(path: Path, keep_through_step: int) -> None:
+    """On resume: drop this rank's records of steps after the checkpoint's, as truncate_csv does
+    its rows; else the steps the resumed run does again appear twice."""
+    if path.exists():
+        _keep_through_step(path, keep_through_step, _step_of_record)
 
 
 @contextlib.contextmanager
@@ -158,14 +183,14 @@ class Telemetry:
             self._csv = csv.writer(self._csv_fh)
             if new:
                 self._csv.writerow(CSV_HEADER)
-        self._hb = None
-        if heartbeat:
-            hb_path = self.out_dir / contract.heartbeat_name(rank)
-            if resume_step == 0:
-                hb_path.unlink(missing_ok=True)
-            else:
-                drop_torn_tail(hb_path)  # appending after half a line would corrupt both
-            self._hb = open(hb_path, "a", buffering=1)
+        # an earlier run's records past this run's start go whether or not this run writes any:
+        # left there, they are read as this run's
+        hb_path = self.out_dir / contract.heartbeat_name(rank)
+        if resume_step == 0:
+            hb_path.unlink(missing_ok=True)
+        else:
+            truncate_heartbeats(hb_path, resume_step)
+        self._hb = open(hb_path, "a", buffering=1) if heartbeat else None
         self.util_reason = ""
         # where this rank runs: the harness groups ranks by node (stragglers, a node's hang)
         self.place = {"node": int(os.environ.get(contract.NODE_RANK_ENV, "0")), "host": socket.gethostname()}

@@ -17,6 +17,12 @@ waits in the same collectives for the slowest, so all ranks are on the start-up 
 A C-level backstop (faulthandler.dump_traceback_later with exit=True) fires a little later in
 case the Python thread cannot run (the GIL held by a hung extension). SIGUSR1 dumps stacks to
 the same file at any time without stopping the run (the runbook's "send SIGUSR1").
+
+A suspended process (Ctrl-Z, SIGSTOP) is no stall: the watchdog thread, stopped too, sees on
+resuming that its own wait overshot by far and does not count the time in which nothing ran.
+The backstop cannot tell: it measures wall time from the last beat, so a suspension longer than
+``timeout_s + grace_s + max(10, 4 * poll_s)`` still ends the run on resuming (exit 1 with a
+"Timeout" stack dump; no .HALT).
 """
 from __future__ import annotations
 
@@ -33,6 +39,9 @@ from .. import contract
 from .config import WatchdogConfig
 
 EXIT_WATCHDOG = contract.EXIT_WATCHDOG
+#: the watchdog thread's wait overshooting by more than this (and poll_s) means it did not run:
+#: the process was suspended. A thread kept waiting for the GIL is late by milliseconds.
+SUSPENDED_AFTER_S = 2.0
 HALT_NAME = contract.HALT
 
 
@@ -118,9 +127,23 @@ class Watchdog:
         self.step, self.stage = step, stage
         self._arm_backstop()
 
+    def clear_dump(self) -> None:
+        """Empty this rank's stack dump file (a run starting afresh over an earlier one's dump)."""
+        self._dump.truncate(0)
+
     def _run(self) -> None:
+        polled = time.monotonic()
         while not self._stop.wait(self.cfg.poll_s):
-            idle = time.monotonic() - self._last
+            now = time.monotonic()
+            overshoot = now - polled - self.cfg.poll_s  # the check and the wait: a poll, give or take
+            polled, last = now, self._last
+            if overshoot > max(self.cfg.poll_s, SUSPENDED_AFTER_S) and last < now - overshoot:
+                # This thread did not run for far longer than a poll: the process was suspended
+                # (Ctrl-Z, SIGSTOP) and has just been resumed, before the main thread's next beat.
+                # Time in which no thread ran is no stall of the main thread: the clock moves on
+                # by it, and the idle time from before the suspension still counts.
+                self._last = last + overshoot
+            idle = now - self._last
             limit, key = self.limit()
             if idle > limit:
                 self.fire(f"no progress for {idle:.1f}s ({key}={limit:g})")

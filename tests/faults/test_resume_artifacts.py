@@ -111,8 +111,8 @@ def test_second_ctrl_c_stops_at_once_without_a_traceback(tmp_path):
         proc.send_signal(signal.SIGINT)
     p = U.finish(proc, timeout=15, started=t0)  # not the 20 s of the stall
     assert p.rc == 130, f"exit {p.rc}\n{p.stderr[-2000:]}"
-    assert "Traceback" not in p.stderr and "interrupted (Ctrl-C twice) during step 2" in p.stderr, p.stderr[-2000:]
-    assert json.loads((d / "env.json").read_text())["status"] == "interrupted (Ctrl-C twice) during step 2"
+    assert "Traceback" not in p.stderr and "interrupted (Ctrl-C twice) at step 2" in p.stderr, p.stderr[-2000:]
+    assert json.loads((d / "env.json").read_text())["status"] == "interrupted (Ctrl-C twice) at step 2"
 
 
 def _refused(d: Path, needle: str, marker: Path | None = None) -> tuple[U.Proc, str]:

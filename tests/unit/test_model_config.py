@@ -17,6 +17,10 @@ from nsa.model.config import ModelConfig, load_model_config
         (["model.attn.n_selected=2"], "attn.n_selected=2 must be >= 3"),
         (["model.attn.phi=max"], "attn.phi must be one of"),
         (["model.attn.sel_form=rows"], "attn.sel_form must be one of ('auto', 'tiles', 'blocks')"),
+        # a backend name the stage has not: once refused only in the first forward, after set-up
+        (["model.attn.backend_win=sdpa"], "attn.backend_win must be one of ('auto', 'torch', 'triton', 'flex', "
+                                          "'flash_attn'), got 'sdpa'"),
+        (["model.attn.backend_sel=cudnn"], "attn.backend_sel must be one of ('auto', 'torch', 'triton'), got 'cudnn'"),
         (["model.head_dim=63"], "model.head_dim=63 must be even"),
         (["model.head_dim=320"], "model.head_dim=320: the NSA kernels take head dims up to 256"),
         (["model.head_dim=320", "model.attn.backend_cmp=torch", "model.attn.backend_sel=torch"],
@@ -105,6 +109,16 @@ def test_backend_routing_on_cpu_is_torch_without_fallback_and_forced_unavailable
         resolve_route("sel", "cudnn", torch.device("cpu"), torch.float32)
     with pytest.raises(BackendUnavailable, match="attn.backend_cmp='cudnn' cannot run on cpu"):
         resolve_route("cmp", "cudnn", torch.device("cpu"), torch.bfloat16)
+
+
+def test_the_backend_names_a_config_takes_are_the_backends_routing_knows():
+    """The config checks names without torch (nsa.attention.config.BACKEND_CHOICES); routing holds
+    the implementations (nsa.attention.backends.BACKENDS): a backend added to one only is a name the
+    config refuses, or one it takes and routing then refuses."""
+    from nsa.attention.backends import BACKENDS, STAGE_CONFIG_KEY
+    from nsa.attention.config import BACKEND_CHOICES
+
+    assert {STAGE_CONFIG_KEY[stage]: tuple(impls) for stage, impls in BACKENDS.items()} == BACKEND_CHOICES
 
 
 def test_cudnn_compressed_backend_is_a_candidate_for_half_precision_only():

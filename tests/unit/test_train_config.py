@@ -8,6 +8,7 @@ import pytest
 
 from nsa.config import ConfigError
 from nsa.train.cli import build_parser
+from nsa.model.config import load_model_config
 from nsa.train.config import ENV_TOGGLES, NOOP_TOGGLES, RunConfig, load_run_config
 
 RUNBOOK_TOGGLES = [
@@ -51,6 +52,69 @@ def test_bad_yaml_file_is_named(tmp_path: Path):
         load_run_config(str(tmp_path / "missing.yaml"), env={})
     with pytest.raises(ConfigError, match="unknown config preset"):
         load_run_config("no_such_preset", env={})
+    named_otherwise = tmp_path / "run.cfg"  # once "unknown config preset '.../run.cfg'", as if no file were there
+    named_otherwise.write_text("train:\n  steps: 2\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{named_otherwise}: not taken as a config file: expected a "
+                                                    "YAML path ending in .yaml or .yml, or a preset name")):
+        load_run_config(str(named_otherwise), env={})
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# train:\n#   steps: 5\n"])
+def test_an_empty_config_file_is_an_error_naming_it_not_the_125m_defaults(tmp_path: Path, text):
+    """A config file with nothing in it (or only comments) once meant every default: a user who
+    passed their file got the m7c_125m model because the file was empty."""
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    said = re.escape(f"{path}: the file holds no settings (empty, or comments only); expected a mapping at the "
+                     "top level (sections: ")
+    with pytest.raises(ConfigError, match=said + "model, train, data"):
+        load_run_config(str(path), env={})
+    with pytest.raises(ConfigError, match=said + r"model\)"):
+        load_model_config(str(path))
+    path.write_text("train:\n  steps: 5\n")  # a file with settings: the rest from the defaults, as before
+    assert load_run_config(str(path), env={})[0].train.steps == 5
+
+
+def test_an_empty_config_argument_is_an_error_not_the_default_preset():
+    """``--config "$CFG"`` with CFG unset passed '' and ran the m7c_125m preset."""
+    for empty in ("", " "):
+        with pytest.raises(ConfigError, match="--config is empty: expected a preset name or a YAML path"):
+            load_run_config(empty, env={})
+    assert load_run_config(None, env={"CONFIG": "tiny"})[1].config_path.endswith("tiny.yaml")
+
+
+def test_an_empty_out_dir_is_an_error_not_the_current_directory(tmp_path: Path, monkeypatch, capsys):
+    """``--out-dir "$OUT"`` with OUT unset trained into the directory the command ran in: its
+    training.csv, heartbeats, env.json and checkpoints/ among the user's files."""
+    from nsa.train.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["--config", "tiny", "--out-dir", "", "--steps", "1"]) == 2
+    assert "train.out_dir is empty: expected the directory for the run's files" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_bad_value_from_the_command_line_is_said_to_come_from_there_not_the_config_file(tmp_path: Path):
+    """``--steps 0`` was reported as 'tiny.yaml: train: train.steps must be >= 1, got 0', as if the
+    preset held the value; a user looked in the file for it."""
+    with pytest.raises(ConfigError, match=re.escape("train.steps must be >= 1, got 0 (set on the command line: "
+                                                    "train.steps=0)")):
+        load_run_config("tiny", "train.steps=0", env={})
+    with pytest.raises(ConfigError, match=re.escape("attn.window must be >= 1, got 0 (set on the command line: "
+                                                    "model.attn.window=0)")):
+        load_run_config("tiny", "model.attn.window=0", env={})
+    # the environment overrides the command line: the variable is named, the override is not
+    with pytest.raises(ConfigError) as err:
+        load_run_config("tiny", "dist.ddp_bucket_mb=5", env={"NSA_DDP_BUCKET_MB": "0"})
+    assert str(err.value).endswith("got 0 (set by environment variable NSA_DDP_BUCKET_MB='0')"), err.value
+    with pytest.raises(ConfigError) as err:  # only the override at fault is named
+        load_run_config("tiny", "train.steps=5 train.lr=-1", env={})
+    assert str(err.value).endswith("train.lr must be > 0, got -1.0 (set on the command line: train.lr=-1)")
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  steps: 0\n")
+    with pytest.raises(ConfigError) as err:  # a value of the file itself: the file is where to look
+        load_run_config(str(path), "train.lr=0.1", env={})
+    assert str(err.value) == f"{path}: train: train.steps must be >= 1, got 0"
 
 
 def test_file_datasets_need_a_local_path_but_text_has_a_default():

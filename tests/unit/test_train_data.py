@@ -101,6 +101,19 @@ def test_missing_column_and_bad_json_line_are_named(tmp_path: Path):
         take(src.rows(), 1)
 
 
+@pytest.mark.parametrize("text, message", [
+    ('\n{"content": "a document"}\n', r"c\.jsonl:2: no key 'text' \(data\.text_column\)"),
+    ("id,text\n1,a document\n", r"c\.jsonl:1: not valid JSON"),
+])
+def test_a_jsonl_file_whose_first_record_cannot_be_read_is_refused_at_start(tmp_path: Path, text, message):
+    """Records without data.text_column (a dataset whose column is 'content'), or a CSV named
+    .jsonl, were found only by the loader in step 1: after the model was built and the out_dir's
+    earlier training.csv replaced."""
+    (tmp_path / "c.jsonl").write_text(text)
+    with pytest.raises(DataError, match=message):
+        DocumentStream(DataConfig(dataset="jsonl", path=str(tmp_path / "c.jsonl")), T)
+
+
 def test_too_little_data_is_an_error_not_a_hang(tmp_path: Path):
     (tmp_path / "s.txt").write_text("short")
     src = DocumentStream(DataConfig(dataset="text", path=str(tmp_path / "s.txt")), T)

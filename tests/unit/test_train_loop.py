@@ -97,6 +97,72 @@ def test_resume_continues_the_loss_curve_exactly(tmp_path: Path):
     assert json.loads((b / "env.json").read_text())["resumed_from"].endswith("step_0000003.pt")
 
 
+def test_an_in_place_resume_drops_the_heartbeats_past_the_checkpoint_as_it_does_the_rows(tmp_path: Path):
+    """A run that crashed in step 5 after a checkpoint at step 3, resumed into its own out_dir:
+    training.csv was cut back to step 3, but the heartbeat file kept steps 4 and 5 of the crashed
+    run, so the harness read step 4 twice and step 5's stages twice. A record torn mid-line by the
+    crash is dropped too (appending after it would corrupt both lines)."""
+    extra = "train.ckpt_every=3"
+    with pytest.raises(InjectedFault):
+        train(tmp_path, extra + " fault.spec=crash:step=5", steps=6)
+    hb = tmp_path / "heartbeat_rank0.jsonl"
+    with open(hb, "a") as fh:
+        fh.write('{"time": 1, "step": 5, "sta')
+    assert train(tmp_path, extra + " train.resume=auto", steps=6) == 0
+    assert [int(r["step"]) for r in csv_rows(tmp_path)] == [1, 2, 3, 4, 5, 6]
+    records = heartbeats(tmp_path)
+    assert [r["step"] for r in records if r["stage"] == "step"] == [1, 2, 3, 4, 5, 6]
+    stages = [(r["step"], r["stage"]) for r in records]
+    assert len(stages) == len(set(stages)), stages  # each stage of each step once
+    assert [r["step"] for r in records] == sorted(r["step"] for r in records)
+
+
+def test_files_of_ranks_an_earlier_run_had_and_this_one_has_not_are_removed(tmp_path: Path):
+    """A run of 2 ranks (torchrun) that stalled, then a run of 1 into the same out_dir: its
+    heartbeat_rank1.jsonl and stackdump_rank1.txt stayed, and the contract check called the new
+    run's files malformed (rank 1 does not exist at world_size 1); the earlier stall's
+    stackdump_rank0.txt stayed beside a run that completed. Resumed, the rank-1 files go too."""
+    def earlier_run_of_two_ranks():
+        for name in ("heartbeat_rank1.jsonl", "stackdump_rank1.txt", "stackdump_rank0.txt", "stackdump_rank12.txt"):
+            (tmp_path / name).write_text('{"time": 1, "step": 2}\n' if name.endswith(".jsonl") else
+                                         "Thread 0x1 (most recent call first):\n")
+
+    earlier_run_of_two_ranks()
+    assert train(tmp_path, "train.run_steps=2", steps=4) == 0
+    assert sorted(p.name for p in tmp_path.glob("*_rank*")) == ["heartbeat_rank0.jsonl"]
+    earlier_run_of_two_ranks()
+    assert train(tmp_path, "train.resume=auto", steps=4) == 0
+    assert sorted(p.name for p in tmp_path.glob("*_rank*")) == ["heartbeat_rank0.jsonl", "stackdump_rank0.txt"]
+    assert [r["step"] for r in heartbeats(tmp_path) if r["stage"] == "step"] == [1, 2, 3, 4]
+
+
+def test_heartbeats_of_a_profiled_window_are_cut_by_step_not_at_the_first_later_step(tmp_path: Path):
+    """A profiled window (train.profile_steps) runs steps 2..4 and logs them after: the records of
+    steps 2 and 3 done, and step 3's checkpoint, follow step 4's stages. A resume from step 3 keeps
+    them and drops step 4's and later, wherever they are in the file."""
+    from nsa.train.telemetry import truncate_heartbeats
+
+    order = [(1, "data"), (1, "step"), (2, "data"), (3, "data"), (4, "data"), (4, "profile"), (2, "step"),
+             (3, "step"), (3, "checkpoint"), (4, "step"), (5, "data")]
+    path = tmp_path / "heartbeat_rank0.jsonl"
+    path.write_text("".join(json.dumps({"time": 1, "step": n, "stage": st}) + "\n" for n, st in order))
+    truncate_heartbeats(path, 3)
+    assert [(r["step"], r["stage"]) for r in heartbeats(tmp_path)] == [r for r in order if r[0] <= 3]
+
+
+def test_a_run_without_heartbeats_leaves_none_of_an_earlier_runs_past_its_start(tmp_path: Path):
+    """telemetry.heartbeat=false over an out_dir with an earlier run's heartbeat file kept that file
+    whole: the harness read the earlier run's records (its last step, its pid) as this run's."""
+    assert train(tmp_path, "train.run_steps=2", steps=4) == 0
+    heartbeat = tmp_path / "heartbeat_rank0.jsonl"
+    with open(heartbeat, "a") as fh:  # as if the earlier run had gone on past its checkpoint
+        fh.write(json.dumps({"time": 1, "step": 3, "stage": "step"}) + "\n")
+    assert train(tmp_path, "train.resume=auto telemetry.heartbeat=false", steps=4) == 0
+    assert [r["step"] for r in heartbeats(tmp_path) if r["stage"] == "step"] == [1, 2]
+    assert train(tmp_path, "telemetry.heartbeat=false", steps=2) == 0  # afresh: none of the earlier run's
+    assert not heartbeat.exists()
+
+
 def _data_position(out: Path) -> dict[str, int]:
     return json.loads((out / "env.json").read_text())["data_position"]
 
@@ -261,6 +327,29 @@ def test_bad_config_and_bad_data_give_one_line_errors(tmp_path: Path, capsys):
     assert "needs the NCCL backend" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("override, value", [
+    ("model.attn.backend_cmp=triton", "attn.backend_cmp='triton' cannot run on cpu/torch.float32: Triton kernels "
+                                      "need CUDA"),
+    ("model.attn.backend_win=flex", "attn.backend_win='flex' cannot run on cpu/torch.float32"),
+    ("model.attn.kind=dense model.attn.backend_dense=cudnn train.dtype=bfloat16",
+     "attn.backend_dense='cudnn' cannot run on cpu/torch.bfloat16"),
+])
+def test_a_backend_that_needs_cuda_is_refused_on_cpu_before_the_model_is_built(tmp_path: Path, capsys, monkeypatch,
+                                                                                override, value):
+    """A CUDA-only backend named in the config of a CPU run was refused at step 1: after the model
+    was built, and after the out_dir's earlier training.csv had been replaced by an empty one."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # with it, Triton runs on CPU
+    assert train(tmp_path, "train.device=cpu", steps=2) == 0  # a CPU run on a GPU box too
+    before = (tmp_path / "training.csv").read_text()
+    capsys.readouterr()
+    assert train(tmp_path, f"train.device=cpu {override}", steps=2) == contract.EXIT_INPUT
+    out, err = capsys.readouterr()
+    err = err.strip().splitlines()
+    assert len(err) == 1 and value in err[0] and err[0].endswith("what runs here: auto, torch"), err
+    assert "[model]" not in out, out  # the line the trainer prints once the model is built
+    assert (tmp_path / "training.csv").read_text() == before
+
+
 def test_an_out_dir_that_is_a_file_is_a_one_line_error(tmp_path: Path, capsys):
     (tmp_path / "afile").write_text("")
     for out in (tmp_path / "afile", tmp_path / "afile" / "sub"):
@@ -286,6 +375,12 @@ def test_resume_into_another_model_shape_names_the_keys(tmp_path: Path, capsys):
     assert len(err) == 1 and "model.dim: 64 in the checkpoint, 96 now" in err[0], err
     assert train(tmp_path, "train.resume=auto model.attn.window=8", steps=3) == 0  # same shapes: a warning
     assert "the model config differs from the checkpoint's: model.attn.window" in capsys.readouterr().out
+    # the LR schedule spans train.steps: resumed with more steps (or another lr), every later step's
+    # learning rate differs from the first run's, which once went without a word
+    assert train(tmp_path, "train.resume=auto train.lr=0.02", steps=5) == 0
+    out = capsys.readouterr().out
+    assert ("the LR schedule differs from the checkpoint's run: train.lr: 0.01 in the checkpoint, 0.02 now" in out
+            and "train.steps: 3 in the checkpoint, 5 now" in out), out
     assert train(tmp_path, steps=2) == 0  # no resume: afresh, and said so
     assert f"{tmp_path} holds an earlier run; starting afresh at step 1" in capsys.readouterr().out
 
@@ -338,7 +433,8 @@ def test_resume_csv_rewrite_is_atomic_and_a_bad_header_is_a_checkpoint_error(tmp
 def test_a_full_disk_at_a_checkpoint_names_it_and_keeps_the_last_one(tmp_path: Path, monkeypatch):
     """ENOSPC while a checkpoint is written: the error names the file and the reason, the half-written
     file is gone (it held the space), `latest` still names the last good checkpoint, env.json says
-    why the run stopped, and the run resumes from that checkpoint."""
+    why the run stopped and where (the checkpoint of the step completed, not the next step), and
+    the run resumes from that checkpoint."""
     import errno
 
     real_save, saves = torch.save, []
@@ -362,7 +458,9 @@ def test_a_full_disk_at_a_checkpoint_names_it_and_keeps_the_last_one(tmp_path: P
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_0000001.pt", "step_0000002.pt"]
     assert (ckpts / "latest").read_text() == "step_0000002.pt\n"
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
-    assert "cannot write checkpoint" in json.loads((tmp_path / "env.json").read_text())["status"]
+    # the save of step 3 failed, after step 3 completed: once labelled "error at step 4"
+    assert json.loads((tmp_path / "env.json").read_text())["status"].startswith(
+        "error at the checkpoint of step 3: CheckpointError('cannot write checkpoint")
     monkeypatch.setattr(torch, "save", real_save)
     assert train(tmp_path, "train.ckpt_every=1 train.resume=auto", steps=4) == 0
     assert [r["step"] for r in csv_rows(tmp_path)] == ["1", "2", "3", "4"]

@@ -82,6 +82,68 @@ def test_startup_s_never_shortens_timeout_s(tmp_path: Path):
         WatchdogConfig(startup_s=0)
 
 
+def test_a_stall_fires_within_a_poll_of_timeout_s(tmp_path: Path):
+    """The main thread stuck, the watchdog thread running: it fires once timeout_s has passed,
+    within a poll or so, not later for the check of its own wait (a suspended process)."""
+    wd, fired = _watching(tmp_path, timeout_s=1.0, startup_s=1.0)
+    fired_at: list[float] = []
+    wd.fire = lambda reason: (fired.append(reason), fired_at.append(time.monotonic()), wd._stop.set())
+    try:
+        wd.beat(1, "forward")
+        last_beat = time.monotonic()
+        time.sleep(2.2)
+        # a poll late under load is fine; a clock restarted by the stall itself would fire at 2.0 or later
+        assert len(fired) == 1 and 1.0 <= fired_at[0] - last_beat < 1.9, (fired, fired_at[0] - last_beat)
+    finally:
+        wd.close()
+
+
+# A process that beats, then works 1 s between beats (under the 1.5 s limit); each beat marks a
+# file, so the test can suspend it at the start of such a second.
+_BEATING = """
+import sys, time
+from pathlib import Path
+from nsa.train.config import WatchdogConfig
+from nsa.train.watchdog import Watchdog
+out = Path(sys.argv[1])
+wd = Watchdog(WatchdogConfig(timeout_s=1.5, startup_s=1.5, poll_s=0.1, grace_s=0.5), out, 0, 1)
+wd.start()
+for step in range(1, 7):
+    wd.beat(step, "forward")
+    (out / f"beat{step}").touch()
+    for _ in range(20):
+        time.sleep(0.05)
+wd.close()
+print("done")
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="no SIGSTOP on this platform")
+def test_a_process_suspended_longer_than_timeout_s_is_not_a_stall_on_resuming(tmp_path: Path):
+    """Ctrl-Z (SIGSTOP) for longer than watchdog.timeout_s, then SIGCONT: the watchdog thread,
+    stopped too, counted the whole suspension as time without progress and killed the run as a
+    stall the moment it resumed. (Shorter than the C backstop's timeout_s + grace_s + 10 s.)"""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _BEATING, str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "beat2").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(4.0)
+        proc.send_signal(signal.SIGCONT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0 and out.strip() == "done", (proc.returncode, err[-2000:])
+    assert read_halt(tmp_path) is None
+
+
 def test_halt_records(tmp_path: Path):
     assert read_halt(tmp_path) is None
     (tmp_path / ".HALT").touch()

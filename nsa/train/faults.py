@@ -8,6 +8,8 @@ Spec: one or more faults separated by commas, each ``KIND[:key=value]...``::
     NSA_FAULT="nan:rank=0:step=4"              rank 0's loss becomes NaN -> non-finite halt
     NSA_FAULT="oom:step=2"                     out of memory -> OOM report and exit
     NSA_FAULT="kill:rank=1:step=3"             rank 1 SIGKILLs itself -> dead-peer path
+    NSA_FAULT="freeze:rank=1:step=3"           rank 1 SIGSTOPs itself, every thread of it (a node
+                                               swapping or frozen) -> the peers' watchdog path
     NSA_FAULT="stall:rank=0:step=2:seconds=30" a finite stall (slow rank, no watchdog if short)
     NSA_FAULT="quit_early:step=4"              every rank stops after step 4, exit 0, no .HALT
     NSA_FAULT="malformed:step=3"               step 3's training.csv row holds a non-number
@@ -30,7 +32,9 @@ Each fault drives a real code path: stall really blocks the main thread (peers b
 next collective, and the watchdog must notice); crash raises in the loop; nan poisons the
 loss tensor, so backward and the non-finite guard see it; oom on CUDA really allocates more
 than the device holds (on CPU it raises torch.OutOfMemoryError, as allocating would invite the
-kernel's OOM killer instead); kill sends SIGKILL to its own process, as a dead node would;
+kernel's OOM killer instead); kill sends SIGKILL to its own process, as a dead node would; freeze
+sends SIGSTOP to its own process, so its watchdog, heartbeat and faulthandler threads stop with it
+and it leaves no stack dump of its own (only a harness that reads its stack from outside names it);
 quit_early ends the loop after its step as if the run were done (the step logged, a checkpoint
 saved, exit 0, no .HALT): a trainer that stops short and says nothing is a bug only the count of
 steps completed against steps requested can catch, so a harness must be tried on it. malformed
@@ -53,14 +57,14 @@ import torch
 
 from ..config import ConfigError
 
-KINDS = ("stall", "crash", "nan", "oom", "kill", "quit_early", "spike", "resume_skip", "resume_reseed", "malformed",
+KINDS = ("stall", "crash", "nan", "oom", "kill", "freeze", "quit_early", "spike", "resume_skip", "resume_reseed", "malformed",
          "missing_optional")
 #: env.json keys the contract recommends but does not require (nsa/contract.py ENV_RECOMMENDED):
 #: the missing_optional fault leaves these out
 OPTIONAL_ENV_KEYS = ("git_sha", "attention_backends", "tokens_per_step")
 STAGES = ("data", "forward", "backward", "optimizer")
 #: faults that act at a stage boundary (FaultInjector.at); the others act on the loss or on resume
-STAGE_KINDS = ("stall", "crash", "oom", "kill")
+STAGE_KINDS = ("stall", "crash", "oom", "kill", "freeze")
 #: the keys each fault kind takes (the general ones unless listed)
 GENERAL_KEYS = ("rank", "step", "stage", "seconds")
 KEYS = {"quit_early": ("step",), "spike": ("rank", "step", "scale"), "resume_skip": ("batches",), "resume_reseed": (),
@@ -173,6 +177,8 @@ class FaultInjector:
                 self._oom(step)
             elif f.kind == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
+            elif f.kind == "freeze":
+                os.kill(os.getpid(), signal.SIGSTOP)
 
     def corrupt_loss(self, loss: torch.Tensor, step: int) -> torch.Tensor:
         for f in self.faults:

@@ -61,6 +61,29 @@ def test_sigkilled_rank_ends_the_run(seeded, matrix):
     matrix.done(rec.status, rec.reason + " | " + f.title, took, U.STALL_BOUND_S)
 
 
+@pytest.mark.distributed
+def test_frozen_rank_is_named_though_it_leaves_no_stack(seeded, matrix):
+    """Rank 1 SIGSTOPs itself (a frozen node): its watchdog and faulthandler threads stop with it,
+    py-spy cannot read it and torchrun's SIGTERM cannot end it, so rank 0's watchdog fires, rank
+    0 dumps its stack (waiting in DDP's backward) and exits 3, and the harness stops torchrun
+    waiting for rank 1. The finding said "rank 0 exited 0 early", then "rank 0 in
+    _engine_run_backward": the rank that waited, not the one that hung."""
+    matrix.start("frozen rank", "`NSA_FAULT=freeze:rank=1:step=3` (SIGSTOP to itself), torchrun x2",
+                 "the harness's stall watch ends the run; FAIL naming rank 1 hung (no stack) and rank 0 waiting")
+    rb = seeded.runbook(U.fault_phase("freeze", "freeze:rank=1:step=3", nproc=2, stall_s=15))
+    p = seeded.run(rb, "freeze")
+    rec = U.record(seeded.results, "freeze")
+    assert rec.status == "FAIL" and rec.stalled_s is not None, rec.reason
+    took = U.fault_to_end_s(seeded.results / rec.out_dir, 1, 3, "forward")
+    assert took <= U.STALL_BOUND_S, f"freeze took {took:.1f}s from the fault to the end > {U.STALL_BOUND_S}s"
+    f = U.finding(seeded.results, "freeze", "stall in freeze")
+    text = f.title + "\n" + "\n".join(f.detail)
+    assert "hung: rank 1 (no stack; last heartbeat step 3, stage forward); waiting for it: rank 0 in " in f.title, text
+    assert "exited 0" not in text, text
+    U.assert_no_go_after(seeded, rec, p)
+    matrix.done(rec.status, rec.reason + " | " + f.title, took, U.STALL_BOUND_S)
+
+
 #: a folder whose sitecustomize injects faults below the trainer (NSA_TEST_BLOCKING_TEARDOWN=1: a
 #: destroy_process_group that blocks; NSA_TEST_SLOW_HALT=1: rank 0 slow to write a NaN's .HALT)
 SITE_FAULTS = Path(__file__).parent / "site_faults"

@@ -92,10 +92,21 @@ def _remained(rec: PhaseRecord) -> set[int]:
     if rec.stalled_s is not None or rec.timed_out:
         if any(t.rank is None for t in ev.taken_stacks):
             return set()  # a process of unknown rank may be the one that seems gone
-        return set(ev.rank_failures) | {t.rank for t in ev.taken_stacks}
+        return set(ev.rank_failures) | {t.rank for t in ev.taken_stacks} | _watchdog_dumped(rec)
     if rec.exit_code not in (0, None) and ev.rank_failures:
         return set(ev.rank_failures)
     return set()
+
+
+def _watchdog_dumped(rec: PhaseRecord) -> set[int]:
+    """Under a watchdog's .HALT, the ranks whose own stack dump holds frames: they took the
+    watchdog's way out (stacks, .HALT, its exit code), not exit 0, though torchrun's log may not
+    say so (the harness stopped torchrun while it waited for another rank, one frozen by SIGSTOP
+    that its SIGTERM cannot end)."""
+    ev = rec.evidence
+    if ev.halt is None or ev.halt.source != "watchdog":
+        return set()
+    return {k for k, dump in ev.stackdumps.items() if dump.frames}
 
 
 def _not_done(rec: PhaseRecord, ranks: set[int]) -> list[int]:

@@ -183,13 +183,20 @@ def _hung_first(r: PhaseRecord, stuck: dict[str, str]) -> str | None:
     run of several ranks tell the hung ones from those that waited for them (findings/hung.py)."""
     if r.world_size < 2:
         return None
-    ranked = {k for k in r.evidence.stackdumps if f"rank {k}" in stuck}
-    hung = [k for k in hung_ranks(r.evidence.stackdumps, r.evidence.last_heartbeat) if k in ranked]
-    if not hung or set(hung) == ranked:
+    ev = r.evidence
+    ranked = {k for k in ev.stackdumps if f"rank {k}" in stuck}
+    hung = hung_ranks(ev.stackdumps, ev.last_heartbeat)
+    # a hung rank of no stack (a process frozen by SIGSTOP, which neither py-spy nor its own
+    # handler can dump) is named by its heartbeat, where the others' stacks show them waiting
+    unstacked = [k for k in hung if k not in ranked and k in ev.last_heartbeat and k < r.world_size
+                 and ended_before(r, k) is None]
+    hung = [k for k in hung if k in ranked]
+    if not unstacked and (not hung or set(hung) == ranked):
         return None  # nothing tells them apart: every rank is listed alike
-    first = [stuck[f"rank {k}"] for k in hung]
+    first = [stuck[f"rank {k}"] for k in hung] + [f"rank {k} (no stack; {last_heartbeat(r, k)})" for k in unstacked]
     rest = [v for v in stuck.values() if v not in first]
-    return f": hung: {'; '.join(first)}; waiting for {'it' if len(hung) == 1 else 'them'}: {'; '.join(rest)}"
+    waiting = f"; waiting for {'it' if len(first) == 1 else 'them'}: {'; '.join(rest)}" if rest else ""
+    return f": hung: {'; '.join(first)}{waiting}"
 
 
 def _stack(who: str, dump: StackDump | None, note: str | None, stuck: dict[str, str]) -> str:

@@ -156,6 +156,26 @@ def test_sigkilled_rank_ends_the_run(seeded, matrix):
     matrix.done(rec.status, rec.reason + " | " + f.title, took, BOUND_S)
 
 
+def test_frozen_rank_is_named_though_it_leaves_no_stack(seeded, matrix):
+    """Rank 1 SIGSTOPs itself: no stack of its own, py-spy cannot read it, torchrun's SIGTERM cannot
+    end it; rank 0 waits in NCCL until its watchdog fires (tests/faults/test_rank_faults.py has the
+    gloo case)."""
+    matrix.start("frozen rank", "`NSA_FAULT=freeze:rank=1:step=3` (SIGSTOP to itself), torchrun x2, DDP over "
+                 "NCCL on 2 GPUs", "the harness's stall watch ends the run; FAIL naming rank 1 hung (no stack) "
+                 "and rank 0 waiting", section=SECTION)
+    p, rec = _run_nccl(seeded, "freeze", "freeze:rank=1:step=3", stall_s=20)
+    _assert_nccl(seeded, rec)
+    assert rec.status == "FAIL" and rec.stalled_s is not None, rec.reason
+    took = U.fault_to_end_s(seeded.results / rec.out_dir, 1, 3, "forward")
+    assert took <= BOUND_S, f"freeze took {took:.1f}s from the fault to the end > {BOUND_S}s"
+    f = U.finding(seeded.results, "freeze", "stall in freeze")
+    text = U.finding_text(f)
+    assert "hung: rank 1 (no stack; last heartbeat step 3, stage forward); waiting for it: rank 0 in " in f.title, text
+    assert "exited 0" not in text, text
+    U.assert_no_go_after(seeded, rec, p)
+    matrix.done(rec.status, rec.reason + " | " + f.title, took, BOUND_S)
+
+
 def test_exception_on_one_rank(seeded, matrix):
     matrix.start("exception on one rank", "`NSA_FAULT=crash:rank=1:step=2:stage=backward`, torchrun x2, DDP "
                  "over NCCL on 2 GPUs", "FAIL with the exception, rank 1, step 2, stderr log (rank 0, blocked "

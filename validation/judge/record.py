@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP
 from validation.contract.files import HaltInfo
+from validation.contract.reruns import Rerun
 from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure, root_rank
 from validation.errors import StoreError
@@ -165,6 +166,9 @@ class Evidence:
     """The first step whose logged loss is not finite (None: every logged loss is)."""
     top_ops: list[str] = field(default_factory=list)
     """The profile phase's kernels with the most device (or CPU) time, with their times."""
+    reruns: dict[str, list[Rerun]] = field(default_factory=dict)
+    """Per file, the steps a resume in place wrote again; everything above read their later
+    occurrence (validation/contract/reruns.py)."""
     nodes: NodesEvidence | None = None
     """Each node of a launch of several nodes (validation/judge/nodes.py); None for one node."""
     spikes: list[Spike] = field(default_factory=list)
@@ -388,6 +392,7 @@ class PhaseRecord:
                 rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
                 fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},
                 files=list(ev.get("files") or []), nodes=NodesEvidence.from_json(ev.get("nodes")),
+                reruns={str(f): [Rerun(**r) for r in rs] for f, rs in (ev.get("reruns") or {}).items()},
                 spikes=[Spike(**d) for d in ev.get("spikes") or []],
                 divergence=Rise(**ev["divergence"]) if ev.get("divergence") else None,
                 slowdown=Slowdown(**ev["slowdown"]) if ev.get("slowdown") else None)

@@ -150,6 +150,12 @@ def _resume(f: Facts) -> str:
             f"whether the learning rate and the data position continued. Then {_RERUN}.")
 
 
+def _resumed_in_place(f: Facts) -> str:
+    return ("A trainer process started again mid-run from its checkpoint: find in the trainer's log why the one "
+            "before it ended (a crash, a killed rank, a requeue) and fix that; a run of days meets it again. Then "
+            f"{_RERUN}.")
+
+
 def _slowdown(f: Facts) -> str:
     return ("Tokens/s fell during the run and stayed down: a long run goes on at the later rate. Look at what "
             "changes at the step named: memory near the device's limit (the allocator's retries, fragmentation), "
@@ -176,6 +182,7 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
     "artifacts": _artifacts, "regression": _regression, "gate": _gate, "timing": _timing, "spike": _spike,
     "diverging": _diverging, "resume": _resume, "slowdown": _slowdown,
+    "resumed_in_place": _resumed_in_place,
     # a node's advice says the same for any trainer (nodes of one launch are torchrun's, not its)
     **{kind: (lambda f, text=text: text) for kind, text in NODE_ADVICE.items()},
 }

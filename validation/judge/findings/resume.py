@@ -41,3 +41,25 @@ def _cause(verdicts: dict[str, GateVerdict]) -> str:
         return ("the learning rate continued; the trainer records no data position (env.json data_position), so the "
                 "data, the optimizer, RNG or model state, or the step count may be what differs")
     return "see the gates below"
+
+
+def resumed_in_place(records: list[PhaseRecord]) -> list[Finding]:
+    """A warning per run whose trainer went back to a checkpoint and wrote steps again into the
+    same files (a process restarted mid-run: torchrun's --max-restarts, a requeued job): the
+    acceptance run met a failure that a long run would meet too, and what the report reads of the
+    repeated steps is their later occurrence. One line per file that shows it."""
+    out = []
+    for r in records:
+        if not r.evidence.reruns:
+            continue
+        firsts = sorted({rerun.first for reruns in r.evidence.reruns.values() for rerun in reruns})
+        steps = ", ".join(str(s) for s in firsts)
+        detail = [f"{name}: {'; '.join(rerun.text() for rerun in reruns)}"
+                  for name, reruns in sorted(r.evidence.reruns.items())]
+        log = f" ({r.evidence.stderr_log})" if r.evidence.stderr_log else ""
+        detail.append("every number and finding of this run reads the occurrence written later; why the earlier "
+                      f"process ended is in the trainer's log{log}")
+        out.append(Finding(Severity.WARNING, r.phase, (
+            f"trainer resumed in place in {where(r)}: it went back to a checkpoint and wrote again from step "
+            f"{steps} into the same files"), detail, "resumed_in_place", Facts.of(r)))
+    return out

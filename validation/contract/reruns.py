@@ -1,0 +1,55 @@
+"""Steps a trainer wrote more than once. A trainer resumed in place (torchrun's ``--max-restarts``,
+a job requeued onto the same out_dir) logs the steps after its checkpoint again, after what the
+process before it wrote: into training.csv (unless it truncates it) and into its heartbeat files.
+What the later process wrote is what happened; the earlier occurrences of those steps, and any
+step the earlier process reached beyond them, are superseded. The readers (files.py) keep the
+latest occurrence and say what they dropped, so that windows, step counts, a stall's 'after step
+N', step times and loss curves read one history.
+
+A rerun begins at an entry whose step goes back: in training.csv a row whose step is not above
+the last kept row's (one row per step), in a heartbeat file a record whose step is below the
+last kept record's (several records share a step, one per stage), or one written by another
+process (its ``pid``) at a step not beyond it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class Rerun:
+    """One resume in place, as a file shows it."""
+
+    first: int
+    """The step the later process wrote again first."""
+    through: int
+    """The highest step the superseded entries had reached."""
+    dropped: int
+    """Entries (rows, records) of the earlier process that it superseded."""
+
+    def text(self) -> str:
+        steps = f"step {self.first}" if self.first == self.through else f"steps {self.first}-{self.through}"
+        return f"{steps} written again ({self.dropped} earlier entr{'y' if self.dropped == 1 else 'ies'} superseded)"
+
+
+def latest(steps: Sequence[int | None], *, one_per_step: bool,
+           new_process: Sequence[bool] | None = None) -> tuple[list[int], list[Rerun]]:
+    """The indices of the entries a rerun did not supersede, in file order, and the reruns found
+    (module docstring). ``steps``: each entry's step (None: an entry of no step, always kept);
+    ``one_per_step``: a repeated step begins a rerun (training.csv); ``new_process``: per entry,
+    whether a process other than the previous entry's wrote it."""
+    kept: list[int] = []
+    reruns: list[Rerun] = []
+    top: int | None = None
+    for i, step in enumerate(steps):
+        if step is not None and top is not None and (
+                step < top or (step == top and (one_per_step or (new_process is not None and new_process[i])))):
+            dropped = [k for k in kept if steps[k] is not None and steps[k] >= step]
+            kept = [k for k in kept if steps[k] is None or steps[k] < step]
+            reruns.append(Rerun(step, top, len(dropped)))
+            top = max((steps[k] for k in kept if steps[k] is not None), default=None)
+        kept.append(i)
+        if step is not None:
+            top = step if top is None else max(top, step)
+    return kept, reruns

@@ -21,6 +21,7 @@ from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure, root_rank
 from validation.errors import StoreError
 from validation.judge.gates import GateResult, GateVerdict
+from validation.judge.memory import MemoryGrowth
 from validation.judge.metrics import RunData, compute
 from validation.judge.nodes import NodesEvidence
 from validation.judge.stability import Rise, Slowdown, Spike
@@ -177,6 +178,8 @@ class Evidence:
     """The first NaN-free rise of the loss over the whole run, by the profile's rule."""
     slowdown: Slowdown | None = None
     """Tokens/s that fell and stayed down over the whole run (judge/stability.py)."""
+    memory_growth: list[MemoryGrowth] = field(default_factory=list)
+    """Ranks whose memory kept growing over the run (judge/memory.py)."""
 
 
 @dataclass(frozen=True)
@@ -395,7 +398,8 @@ class PhaseRecord:
                 reruns={str(f): [Rerun(**r) for r in rs] for f, rs in (ev.get("reruns") or {}).items()},
                 spikes=[Spike(**d) for d in ev.get("spikes") or []],
                 divergence=Rise(**ev["divergence"]) if ev.get("divergence") else None,
-                slowdown=Slowdown(**ev["slowdown"]) if ev.get("slowdown") else None)
+                slowdown=Slowdown(**ev["slowdown"]) if ev.get("slowdown") else None,
+                memory_growth=[MemoryGrowth(**m) for m in ev.get("memory_growth") or []])
             known = {f.name for f in dataclasses.fields(cls)}
             plain = {k: v for k, v in data.items() if k in known and k not in ("key", "evidence", "gates", "backends",
                                                                                "status", "hardware", "metrics", "runs")}

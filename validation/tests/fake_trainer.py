@@ -100,7 +100,7 @@ def main() -> int:
     skip = opts.get("steps", 0) if fault == "resume_skip" and start else 0
     env_json = {"world_size": world, "env": env, "attention_backends": backends, "git_sha": "0" * 40,
                 "config": {"name": a.config, "overrides": overrides},
-                "data_position": {"start": start + skip, "end": stop + skip}}
+                "data_position": {"start": start + skip, "end": stop + skip}, "device_mem_gb": 80.0}
     if fault == "lean":
         env_json = {"world_size": world}
     (out / "env.json").write_text(json.dumps(env_json))

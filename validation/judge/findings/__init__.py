@@ -5,7 +5,7 @@ directory without re-running anything: process failures and failed gates (failur
 of a launch of several nodes (nodes.py), speed across points (throughput.py), where NSA pays
 against dense (long_context.py), loss and grad-norm spikes, divergence and a logged non-finite
 loss (stability.py), resumed runs that do not continue the uninterrupted one and trainers that
-resumed in place mid-run (resume.py);
+resumed in place mid-run (resume.py), memory that keeps growing (memory.py);
 advice.py turns findings into what to do next, saying only what is true of the trainer that ran.
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ from validation.judge.findings.failures import (
 )
 from validation.judge.findings.finding import Finding, Severity, point_label, where
 from validation.judge.findings.long_context import long_context, planned_longest
+from validation.judge.findings.memory import memory_growth
 from validation.judge.findings.nodes import nodes
 from validation.judge.findings.resume import not_equivalent, resumed_in_place
 from validation.judge.findings.stability import divergence, nonfinite, spikes
@@ -39,7 +40,7 @@ from validation.judge.record import PhaseRecord
 
 DETECTORS = (crashes, stalls, nodes, short_runs, shared_timings, cliffs, host_bound, imbalance, fallbacks,
              artifact_errors, failed_gates, best_setting, not_equivalent, resumed_in_place, nonfinite, divergence,
-             spikes, slowdowns)
+             spikes, slowdowns, memory_growth)
 _ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 

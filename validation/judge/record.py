@@ -24,6 +24,7 @@ from validation.judge.gates import GateResult, GateVerdict
 from validation.judge.memory import MemoryGrowth
 from validation.judge.metrics import RunData, compute
 from validation.judge.nodes import NodesEvidence
+from validation.judge.resume import Clue, ClueKind
 from validation.judge.stability import Rise, Slowdown, Spike
 from validation.machine import Machine
 
@@ -180,6 +181,8 @@ class Evidence:
     """Tokens/s that fell and stayed down over the whole run (judge/stability.py)."""
     memory_growth: list[MemoryGrowth] = field(default_factory=list)
     """Ranks whose memory kept growing over the run (judge/memory.py)."""
+    resume_clue: Clue | None = None
+    """Of a resume point whose loss did not continue: what its curve says of why (judge/resume.py)."""
 
 
 @dataclass(frozen=True)
@@ -399,7 +402,9 @@ class PhaseRecord:
                 spikes=[Spike(**d) for d in ev.get("spikes") or []],
                 divergence=Rise(**ev["divergence"]) if ev.get("divergence") else None,
                 slowdown=Slowdown(**ev["slowdown"]) if ev.get("slowdown") else None,
-                memory_growth=[MemoryGrowth(**m) for m in ev.get("memory_growth") or []])
+                memory_growth=[MemoryGrowth(**m) for m in ev.get("memory_growth") or []],
+                resume_clue=Clue(**{**ev["resume_clue"], "kind": ClueKind(ev["resume_clue"]["kind"])})
+                if ev.get("resume_clue") else None)
             known = {f.name for f in dataclasses.fields(cls)}
             plain = {k: v for k, v in data.items() if k in known and k not in ("key", "evidence", "gates", "backends",
                                                                                "status", "hardware", "metrics", "runs")}

@@ -20,6 +20,9 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
     NSA_FAULT=nan_logged:step=3  logs a NaN loss from step 3 on and exits 0 (no loss guard)
     NSA_FAULT=resume_skip:steps=2  a resumed run's loss continues 2 steps too far along its curve
                                  (data skipped), and env.json says where its data started
+                                 (with :unrecorded=1 its env.json says the data continued)
+    NSA_FAULT=resume_optim       a resumed run's loss matches at its first step and drifts from the
+                                 next on (its optimizer state not restored)
     NSA_FAULT=crash_stopping:step=2  a run asked to stop early (train.run_steps) crashes at step 2
     NSA_FAULT=torn_last          runs every step, but its last row lacks its line end and its last
                                  columns (cut off mid-write), and exits 0
@@ -100,7 +103,8 @@ def main() -> int:
     skip = opts.get("steps", 0) if fault == "resume_skip" and start else 0
     env_json = {"world_size": world, "env": env, "attention_backends": backends, "git_sha": "0" * 40,
                 "config": {"name": a.config, "overrides": overrides},
-                "data_position": {"start": start + skip, "end": stop + skip}, "device_mem_gb": 80.0}
+                "data_position": {"start": start + skip * (not opts.get("unrecorded")),
+                                  "end": stop + skip * (not opts.get("unrecorded"))}, "device_mem_gb": 80.0}
     if fault == "lean":
         env_json = {"world_size": world}
     (out / "env.json").write_text(json.dumps(env_json))
@@ -177,6 +181,8 @@ def main() -> int:
                 csv.write(f"{step},nan,1e-4,{toks},0.5,nan,0.5,1.0\n")
             else:
                 loss = 3.0 - (step + skip) * 0.01 + (1.0 if superseded else 0.0)
+                if fault == "resume_optim" and start:
+                    loss += 0.05 * (step - start - 1)
                 csv.write(f"{step},{loss:.4f},1e-4,{toks},{0.5},{1.0},{mem / 2},{mem}\n")
         time.sleep(step_s)
     if stop < a.steps:

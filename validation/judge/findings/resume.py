@@ -6,7 +6,7 @@ from __future__ import annotations
 from validation.judge.findings.finding import Facts, Finding, Severity, where
 from validation.judge.gates import GateVerdict
 from validation.judge.record import PhaseRecord
-from validation.judge.resume import DATA_METRIC, LOSS_METRIC, LR_METRIC, METRICS
+from validation.judge.resume import DATA_METRIC, LOSS_METRIC, LR_METRIC, METRICS, Clue, ClueKind
 
 
 def not_equivalent(records: list[PhaseRecord]) -> list[Finding]:
@@ -22,18 +22,24 @@ def not_equivalent(records: list[PhaseRecord]) -> list[Finding]:
         lead = next((g for g in bad if g.metric == LOSS_METRIC), bad[0])
         detail = [g.text() for g in gates if g is not lead]
         detail += [f"{s.label}: {s.out_dir}/training.csv" for s in r.runs]
-        out.append(Finding(Severity.CRITICAL, r.phase, f"resume not equivalent in {where(r)}: {lead.note}; "
-                           f"{_cause({g.metric: g.verdict for g in gates})}", detail, "resume", Facts.of(r)))
+        cause = _cause({g.metric: g.verdict for g in gates}, r.evidence.resume_clue)
+        out.append(Finding(Severity.CRITICAL, r.phase, f"resume not equivalent in {where(r)}: {lead.note}; {cause}",
+                           detail, "resume", Facts.of(r)))
     return out
 
 
-def _cause(verdicts: dict[str, GateVerdict]) -> str:
-    """What the gates together tell of why: which of what a resume restores did not continue."""
+def _cause(verdicts: dict[str, GateVerdict], clue: Clue | None = None) -> str:
+    """What the gates and the loss curve (``clue``) together tell of why: which of what a resume
+    restores did not continue."""
     broke = [what for metric, what in ((DATA_METRIC, "its data did not continue where the first half's ended"),
                                        (LR_METRIC, "its learning-rate schedule did not continue"))
              if verdicts.get(metric) == GateVerdict.FAIL]
     if broke:
         return " and ".join(broke)
+    if clue is not None and verdicts.get(LR_METRIC) == GateVerdict.PASS:
+        recorded = ("; env.json's data_position says the data continued, which the curve does not bear out"
+                    if clue.kind == ClueKind.SHIFTED and verdicts.get(DATA_METRIC) == GateVerdict.PASS else "")
+        return f"the learning rate continued; {clue.text()}{recorded}"
     if verdicts.get(LR_METRIC) == GateVerdict.PASS and verdicts.get(DATA_METRIC) == GateVerdict.PASS:
         return ("learning rate and data position continued, so the state restored from the checkpoint differs "
                 "(optimizer state, RNG state or model weights) or the resumed run's step count is off")

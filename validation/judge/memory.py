@@ -3,7 +3,9 @@
 A rank's series is its memory at each logged step: rank 0's reserved memory from training.csv
 (``mem_reserved_gb``, else ``mem_alloc_gb``), every other rank's (and rank 0's, where the CSV has
 neither) from its heartbeats' ``mem_alloc_gb`` (the largest reading of each step: the records of
-one step are its stages). A series grows when, over its logged steps after the first quarter
+one step are its stages). Memory belongs to a process: of a trainer that resumed in place, only
+the steps of its last process count (those since the file's last rerun, and in the heartbeats
+those of the last ``pid``). A series grows when, over its logged steps after the first quarter
 (the allocator's warm-up, when memory legitimately climbs to its working set):
 
 * the medians of GROWTH_BLOCKS consecutive blocks of those steps each lie above the one before
@@ -25,6 +27,9 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import pandas as pd
+
+from nsa.contract import TRAINING_CSV, heartbeat_name
+from validation.contract.reruns import Rerun
 
 #: the share of the logged steps at a run's start left out (the allocator's warm-up)
 WARMUP_SHARE = 0.25
@@ -113,36 +118,48 @@ def _theil_sen(rows: list[tuple[int, float]]) -> tuple[float, float]:
     return slope, statistics.median(v - slope * s for s, v in pts)
 
 
-def rank_series(csv: pd.DataFrame | None, heartbeats: dict[int, list[dict[str, Any]]]
-                ) -> dict[int, tuple[str, list[int], list[float]]]:
+def rank_series(csv: pd.DataFrame | None, heartbeats: dict[int, list[dict[str, Any]]],
+                reruns: dict[str, list[Rerun]] | None = None) -> dict[int, tuple[str, list[int], list[float]]]:
     """Per rank, (source, steps, GiB): rank 0's from training.csv, the others' (and rank 0's where
-    the CSV holds no memory) from the heartbeats (the module's docstring)."""
+    the CSV holds no memory) from the heartbeats, each of the last process only (the module's
+    docstring; ``reruns``: per file, as the readers found them)."""
+    reruns = reruns or {}
     out: dict[int, tuple[str, list[int], list[float]]] = {}
     for col in ("mem_reserved_gb", "mem_alloc_gb"):
         if csv is not None and col in csv and csv[col].notna().any():
-            out[0] = (f"training.csv {col}", csv["step"].astype(int).tolist(), csv[col].astype(float).tolist())
+            rows = csv[csv["step"] >= _since(reruns.get(TRAINING_CSV))]
+            out[0] = (f"training.csv {col}", rows["step"].astype(int).tolist(), rows[col].astype(float).tolist())
             break
     for rank, recs in heartbeats.items():
         if rank in out:
             continue
+        since = _since(reruns.get(heartbeat_name(rank)))
+        pids = [r["pid"] for r in recs if _number(r.get("pid"))]
         peak: dict[int, float] = {}
         for r in recs:
+            if pids and r.get("pid") != pids[-1]:
+                continue
             step, mem = r.get("step"), r.get("mem_alloc_gb")
-            if _number(step) and _number(mem):
+            if _number(step) and _number(mem) and step >= since:
                 peak[int(step)] = max(peak.get(int(step), -math.inf), float(mem))
         if peak:
             out[rank] = ("heartbeat mem_alloc_gb", sorted(peak), [peak[s] for s in sorted(peak)])
     return out
 
 
+def _since(reruns: list[Rerun] | None) -> int:
+    """The first step of a file's last process: where its last rerun began (1 without one)."""
+    return reruns[-1].first if reruns else 1
+
+
 def growing_ranks(csv: pd.DataFrame | None, heartbeats: dict[int, list[dict[str, Any]]],
-                  env: dict[str, Any] | None) -> list[MemoryGrowth]:
+                  env: dict[str, Any] | None, reruns: dict[str, list[Rerun]] | None = None) -> list[MemoryGrowth]:
     """Every rank whose memory kept growing, with when it would run out where env.json says how
     much memory a device has."""
     device = (env or {}).get("device_mem_gb")
     device = float(device) if _number(device) and device > 0 else None
     out = []
-    for rank, (source, steps, gb) in sorted(rank_series(csv, heartbeats).items()):
+    for rank, (source, steps, gb) in sorted(rank_series(csv, heartbeats, reruns).items()):
         fit = growth(steps, gb)
         if fit is None:
             continue

@@ -7,6 +7,7 @@ import random
 import pandas as pd
 import pytest
 
+from validation.contract.reruns import Rerun
 from validation.judge.memory import growing_ranks, growth
 from validation.tests.conftest import train_phase
 
@@ -88,3 +89,22 @@ def test_a_leaking_trainer_gets_a_warning_naming_rank_rate_and_step(fake_run):
 def test_a_trainer_with_flat_memory_has_no_memory_finding(fake_run):
     run = fake_run([train_phase(steps=40)])
     assert not [f for f in run.findings() if "memory" in f]
+
+
+def test_of_a_trainer_resumed_in_place_only_its_last_process_counts():
+    """Memory belongs to a process: a trainer that leaked until step 40 and resumed in place from
+    step 30 starts low again. Read across the restart, the block medians fell and rose (no growth:
+    the leak went unseen); read from the last process's steps, it grows at its rate."""
+    old = [(s, 2.0 + 0.01 * s) for s in range(1, 41)]
+    new = [(s, 0.5 + 0.01 * (s - 30)) for s in range(31, 61)]
+    rows = old[:30] + new
+    csv = pd.DataFrame({"step": [s for s, _ in rows], "mem_reserved_gb": [v for _, v in rows]})
+    beats = [{"step": s, "pid": 1, "mem_alloc_gb": v} for s, v in old[:30]] + \
+            [{"step": s, "pid": 2, "mem_alloc_gb": v} for s, v in new]
+    reruns = {"training.csv": [Rerun(31, 40, 10)], "heartbeat_rank1.jsonl": [Rerun(31, 40, 10)]}
+    assert growing_ranks(csv, {}, None) == []
+    grown = growing_ranks(csv, {1: beats}, None, reruns)
+    assert [(g.rank, g.first_step, g.last_step, g.gb_per_1k_steps) for g in grown] == [
+        (0, 39, 60, pytest.approx(10.0)), (1, 39, 60, pytest.approx(10.0))]
+    # the heartbeats' pid says which records are the last process's where no rerun shows
+    assert [(g.rank, g.first_step) for g in growing_ranks(None, {1: beats}, None)] == [(1, 39)]

@@ -23,6 +23,7 @@ from nsa.contract import (
     GPU_TIMELINE,
     HALT,
     HEARTBEAT_PATTERN,
+    HEARTBEAT_STAGES_AFTER_STEP,
     PROFILE_JSON,
     STACKDUMP_PATTERN,
     TRAINING_CSV,
@@ -171,7 +172,8 @@ def _latest_records(records: list[dict[str, Any]]) -> HeartbeatLog:
     for pid in pids:
         new_process.append(pid is not None and last_pid is not None and pid != last_pid)
         last_pid = pid if pid is not None else last_pid
-    kept, reruns = latest(steps, one_per_step=False, new_process=new_process)
+    late = [r.get("stage") in HEARTBEAT_STAGES_AFTER_STEP for r in records]
+    kept, reruns = latest(steps, one_per_step=False, new_process=new_process, late=late)
     return HeartbeatLog([records[i] for i in kept], reruns)
 
 

@@ -7,9 +7,11 @@ latest occurrence and say what they dropped, so that windows, step counts, a sta
 N', step times and loss curves read one history.
 
 A rerun begins at an entry whose step goes back: in training.csv a row whose step is not above
-the last kept row's (one row per step), in a heartbeat file a record whose step is below the
-last kept record's (several records share a step, one per stage), or one written by another
-process (its ``pid``) at a step not beyond it.
+the last kept row's (one row per step); in a heartbeat file (several records share a step, one per
+stage) a record written by another process (its ``pid``) at a step not beyond the last kept
+record's, or a record of a stage within a step (or of no stage) below it. A record written once a
+step is done may come late (this project's trainer writes those of the steps it profiles after
+the profile's record: 3 profile, 2 step, 3 step), so its step going back alone is no rerun.
 """
 from __future__ import annotations
 
@@ -33,18 +35,21 @@ class Rerun:
         return f"{steps} written again ({self.dropped} earlier entr{'y' if self.dropped == 1 else 'ies'} superseded)"
 
 
-def latest(steps: Sequence[int | None], *, one_per_step: bool,
-           new_process: Sequence[bool] | None = None) -> tuple[list[int], list[Rerun]]:
+def latest(steps: Sequence[int | None], *, one_per_step: bool, new_process: Sequence[bool] | None = None,
+           late: Sequence[bool] | None = None) -> tuple[list[int], list[Rerun]]:
     """The indices of the entries a rerun did not supersede, in file order, and the reruns found
     (module docstring). ``steps``: each entry's step (None: an entry of no step, always kept);
     ``one_per_step``: a repeated step begins a rerun (training.csv); ``new_process``: per entry,
-    whether a process other than the previous entry's wrote it."""
+    whether a process other than the previous entry's wrote it; ``late``: per entry, whether it
+    may come after entries of later steps (a heartbeat record written once its step was done)."""
     kept: list[int] = []
     reruns: list[Rerun] = []
     top: int | None = None
     for i, step in enumerate(steps):
-        if step is not None and top is not None and (
-                step < top or (step == top and (one_per_step or (new_process is not None and new_process[i])))):
+        new = new_process is not None and new_process[i]
+        back = step is not None and top is not None and (
+            (step <= top and (one_per_step or new)) or (step < top and not (late is not None and late[i])))
+        if back:
             dropped = [k for k in kept if steps[k] is not None and steps[k] >= step]
             kept = [k for k in kept if steps[k] is None or steps[k] < step]
             reruns.append(Rerun(step, top, len(dropped)))

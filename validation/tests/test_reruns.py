@@ -58,6 +58,22 @@ def test_heartbeats_share_a_step_between_stages_and_go_back_only_on_a_rerun():
     assert latest([1, None, 2, 1], one_per_step=False)[0] == [1, 3]
 
 
+def test_records_of_steps_done_that_come_late_are_no_rerun(tmp_path):
+    """This project's trainer, profiling steps 2-3 (the CPU smoke runbook's nvtx phase), writes their
+    step records after the profile's: once read as a resume in place from step 2, a false warning."""
+    seq = [(1, "data"), (1, "step"), (2, "data"), (2, "optimizer"), (3, "data"), (3, "optimizer"), (3, "profile"),
+           (2, "step"), (3, "step"), (4, "data"), (4, "step")]
+    recs = [{"time": float(i), "rank": 0, "pid": 5500, "step": step, "stage": stage}
+            for i, (step, stage) in enumerate(seq)]
+    _write_beats(tmp_path, 0, recs)
+    assert read_heartbeats(tmp_path)[0] == recs
+    assert read_contract(tmp_path).reruns == {}
+    # the same order without a pid, and a stage within a step going back: that is a rerun
+    kept, reruns = latest([s for s, _ in seq] + [3], one_per_step=False,
+                          late=[st in ("step", "profile") for _, st in seq] + [False])
+    assert reruns == [Rerun(3, 4, 6)]
+
+
 def test_training_csv_of_a_resume_in_place_reads_the_later_rows(tmp_path):
     _write_csv(tmp_path, [_row(s) for s in range(1, 11)] + [_row(s, toks=50.0, loss=3.0) for s in range(7, 13)])
     df = read_training_csv(tmp_path)

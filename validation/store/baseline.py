@@ -85,9 +85,10 @@ class BaselineSource:
     @property
     def short(self) -> str:
         """The commit that ran: the trainer's when it is another project's."""
+        # the commit is cut to 12 characters, never the words that stand for a missing one
         if self.trainer is not None:
-            return f"{self.trainer} at {(self.trainer_commit or '(commit not recorded)')[:12]}"
-        return (self.commit or "(commit not recorded)")[:12]
+            return f"{self.trainer} at {self.trainer_commit[:12] if self.trainer_commit else '(commit not recorded)'}"
+        return self.commit[:12] if self.commit else "(commit not recorded)"
 
 
 @dataclass

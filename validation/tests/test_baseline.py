@@ -12,7 +12,7 @@ from validation.judge.findings import Severity
 from validation.judge.gates import GateVerdict
 from validation.report.build import build_context, render_text
 from validation.runbook.load import load_profile, load_runbook
-from validation.store.baseline import MetricDelta, compare
+from validation.store.baseline import BaselineSource, MetricDelta, compare
 from validation.store.results import ResultStore
 from validation.tests.conftest import train_phase, write_runbook
 
@@ -146,3 +146,11 @@ def test_pytest_baseline_without_the_pair_is_a_usage_error_before_anything_runs(
     assert out.returncode == 4, out.stdout + out.stderr  # pytest's usage error
     assert "no records of runbook fake, profile cpu (it holds: other/cpu)" in out.stderr
     assert not cur.exists() or not ResultStore(cur).records()
+
+def test_a_baseline_without_a_recorded_commit_is_named_in_whole_words():
+    """A runbook trainer's baseline with no commit recorded read 'baseline mytrain at (commit not ' in the
+    finding and the gates table: the words standing for no commit were cut to a commit's 12 characters."""
+    assert BaselineSource("/b", None, "2026-11-27", "CPU", "mytrain", None).short == "mytrain at (commit not recorded)"
+    assert BaselineSource("/b", None, "2026-11-27", "CPU").short == "(commit not recorded)"
+    assert BaselineSource("/b", "a" * 40, "2026-11-27", "CPU", "mytrain", "b" * 40).short == f"mytrain at {'b' * 12}"
+    assert BaselineSource("/b", "a" * 40, "2026-11-27", "CPU").short == "a" * 12

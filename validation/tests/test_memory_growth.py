@@ -108,3 +108,11 @@ def test_of_a_trainer_resumed_in_place_only_its_last_process_counts():
         (0, 39, 60, pytest.approx(10.0)), (1, 39, 60, pytest.approx(10.0))]
     # the heartbeats' pid says which records are the last process's where no rerun shows
     assert [(g.rank, g.first_step) for g in growing_ranks(None, {1: beats}, None)] == [(1, 39)]
+
+
+def test_one_growing_rank_is_named_with_its_rate(fake_run):
+    run = fake_run([train_phase(fault="leak:mb=50", steps=40)])
+    warnings = [f for f in run.findings("warning") if f.startswith("memory keeps growing")]
+    assert warnings and warnings[0].split("\n")[0] == (
+        "memory keeps growing in baseline_ddp [default]: rank 0 at 48.8 GiB per 1000 steps; at this rate rank 0 "
+        "reaches the device's 80 GiB at about step 1,618")

@@ -27,8 +27,8 @@ def memory_growth(records: list[PhaseRecord]) -> list[Finding]:
             detail.append("env.json records no device_mem_gb (one device's memory, GiB), so no step of running out "
                           "is projected")
         detail.append(f"CSV and heartbeats: {r.out_dir}")
-        out.append(Finding(Severity.WARNING, r.phase, (
-            f"memory keeps growing in {where(r)}: rank{'s' * (len(grown) > 1)} {ranks}, up to "
-            f"{fastest.gb_per_1k_steps:.3g} GiB per 1000 steps (rank {fastest.rank}){ends}"), detail, "memory_growth",
-            Facts.of(r)))
+        rate = (f"ranks {ranks}, up to {fastest.gb_per_1k_steps:.3g} GiB per 1000 steps (rank {fastest.rank})"
+                if len(grown) > 1 else f"rank {ranks} at {fastest.gb_per_1k_steps:.3g} GiB per 1000 steps")
+        out.append(Finding(Severity.WARNING, r.phase, f"memory keeps growing in {where(r)}: {rate}{ends}", detail,
+                           "memory_growth", Facts.of(r)))
     return out

@@ -189,7 +189,7 @@ def _csv_detail(log: TrainingLog, path: Path) -> str:
 
 
 def _rerun_detail(reruns: list[Rerun]) -> str:
-    """'; resumed in place: steps 7-10 written again (...), the later occurrence read'."""
+    """'; resumed in place: went back from step 10 to step 7 (...), the later occurrence read'."""
     if not reruns:
         return ""
     return f"; resumed in place: {'; '.join(r.text() for r in reruns)}, the later occurrence read"

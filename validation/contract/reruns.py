@@ -31,8 +31,10 @@ class Rerun:
     """Entries (rows, records) of the earlier process that it superseded."""
 
     def text(self) -> str:
-        steps = f"step {self.first}" if self.first == self.through else f"steps {self.first}-{self.through}"
-        return f"{steps} written again ({self.dropped} earlier entr{'y' if self.dropped == 1 else 'ies'} superseded)"
+        # 'went back', not 'wrote steps 36-37 again': a process that resumed at 36 and hung in 37 wrote
+        # only 36 again, and the earlier process's 37 is superseded all the same
+        return (f"went back from step {self.through} to step {self.first} ({self.dropped} earlier "
+                f"entr{'y' if self.dropped == 1 else 'ies'} superseded)")
 
 
 def latest(steps: Sequence[int | None], *, one_per_step: bool, new_process: Sequence[bool] | None = None,

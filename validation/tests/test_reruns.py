@@ -40,6 +40,7 @@ def test_a_step_logged_again_begins_a_rerun_and_supersedes_every_later_step():
     kept, reruns = latest([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 7, 8], one_per_step=True)
     assert kept == [0, 1, 2, 3, 4, 5, 10, 11]
     assert reruns == [Rerun(7, 10, 4)]
+    assert reruns[0].text() == "went back from step 10 to step 7 (4 earlier entries superseded)"
     # a rerun from the last step only, and none at all
     assert latest([1, 2, 3, 3, 4], one_per_step=True) == ([0, 1, 3, 4], [Rerun(3, 3, 1)])
     assert latest([1, 2, 3], one_per_step=True) == ([0, 1, 2], [])
@@ -85,7 +86,7 @@ def test_training_csv_of_a_resume_in_place_reads_the_later_rows(tmp_path):
     found = read_contract(tmp_path)
     assert found.reruns == {"training.csv": [Rerun(7, 10, 4)]}
     csv_item = next(i for i in found.items if i.file == "training.csv" and i.field is None)
-    assert "12 rows, steps 1..12; resumed in place: steps 7-10 written again (4 earlier entries superseded), " \
+    assert "12 rows, steps 1..12; resumed in place: went back from step 10 to step 7 (4 earlier entries superseded), " \
            "the later occurrence read" in csv_item.detail
 
 
@@ -130,8 +131,8 @@ def test_a_trainer_resumed_in_place_is_a_warning_and_its_numbers_are_the_later_o
     assert len(warnings) == 1
     assert warnings[0].startswith("trainer resumed in place in baseline_ddp [default]: it went back to a checkpoint "
                                   "and wrote again from step 4 into the same files")
-    assert "heartbeat_rank0.jsonl: steps 4-6 written again (3 earlier entries superseded)" in warnings[0]
-    assert "training.csv: steps 4-6 written again (3 earlier entries superseded)" in warnings[0]
+    assert "heartbeat_rank0.jsonl: went back from step 6 to step 4 (3 earlier entries superseded)" in warnings[0]
+    assert "training.csv: went back from step 6 to step 4 (3 earlier entries superseded)" in warnings[0]
     assert "why the earlier process ended is in the trainer's log" in run.report
 
 

@@ -5,8 +5,9 @@ Beside each summary metric of each point: the baseline's value and the relative 
 stored on only one side are listed, never dropped. The profile threshold ``max_toks_regression``
 (a fraction: 0.05 = 5%) turns a larger drop of a point's tokens/s into a failed gate and a
 critical finding ("tokens/s 8.1% below baseline <commit>"), so the report says NO-GO; without
-it the changes are shown and nothing is gated. Drops of NOTED_DROP or more that fail no gate are
-named in one note (an info finding, no verdict changes): a reader sees how close a point came. Points repeated on either side (a phase's
+it the changes are shown and nothing is gated. Drops of half the allowed one or more (at least
+NOTED_DROP) that fail no gate are named in one note (an info finding, no verdict changes): a reader
+sees how close a point came. Points repeated on either side (a phase's
 ``repeats``) compare by the rule the best-setting finding uses: a drop beyond the threshold is a
 regression only when the current point's t-interval over its repeats lies wholly below the
 baseline's (a point run once is an interval of no width); a drop inside the noise is shown,
@@ -28,8 +29,9 @@ from validation.store.results import ResultStore, record_key
 #: the profile threshold: the largest allowed fractional drop of tokens/s against the baseline
 REGRESSION_KEY = "max_toks_regression"
 THROUGHPUT = "toks_per_s_mean"
-#: a drop of tokens/s that no gate fails is still named (a note) from this fraction on: three runs of
-#: one commit on one H100 differed by up to 2.4% (docs/comparing-runs.md, golden loss curves)
+#: a drop of tokens/s that no gate fails is still named (a note) from half the allowed drop on, and
+#: never below this fraction: three runs of one commit on one H100 differed by up to 2.4%
+#: (docs/comparing-runs.md, golden loss curves)
 NOTED_DROP = 0.05
 #: points a note lists one by one; its title counts them all
 LISTED = 5
@@ -104,16 +106,21 @@ class Comparison:
     def regressions(self) -> list[PointDelta]:
         return [p for p in self.points if p.regression == GateVerdict.FAIL]
 
+    @property
+    def noted_drop(self) -> float:
+        """The drop from which a point no gate fails is noted: half the allowed one, at least NOTED_DROP."""
+        return max(NOTED_DROP, self.threshold / 2) if self.threshold is not None else NOTED_DROP
+
     def slower(self) -> list[PointDelta]:
-        """Points whose tokens/s fell by NOTED_DROP or more without failing the regression gate (within
-        the threshold, inside the repeats' noise, or no threshold set), the largest drop first."""
+        """Points whose tokens/s fell by ``noted_drop`` or more without failing the regression gate
+        (within the threshold, inside the repeats' noise, or no threshold set), the largest drop first."""
         found = [p for p in self.points if p.finished and p.regression != GateVerdict.FAIL and p.toks is not None
-                 and p.toks.change is not None and p.toks.change <= -NOTED_DROP]
+                 and p.toks.change is not None and p.toks.change <= -self.noted_drop]
         return sorted(found, key=lambda p: p.toks.change)
 
     def findings(self) -> list[Finding]:
         """One critical finding per point whose tokens/s fell more than the threshold, and one note
-        naming the points that fell by NOTED_DROP or more without failing it (no verdict changes)."""
+        naming the points that fell by ``noted_drop`` or more without failing it (no verdict changes)."""
         out = self._slower_note()
         for p in self.regressions():
             t = p.toks
@@ -142,7 +149,7 @@ class Comparison:
         first = slower[0]
         phases = {p.phase for p in slower}
         return [Finding(Severity.INFO, phases.pop() if len(phases) == 1 else "several", (
-            f"tokens/s {NOTED_DROP:.0%} or more below baseline {self.source.short} at {len(slower)} point(s), "
+            f"tokens/s {self.noted_drop:.0%} or more below baseline {self.source.short} at {len(slower)} point(s), "
             f"{allowed}: the largest {-first.toks.change:.1%} in {first.phase} [{first.point}]"), lines,
             "slower_than_baseline", self.facts)]
 

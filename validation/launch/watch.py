@@ -61,18 +61,23 @@ class _Tail:
         return lines
 
 
-def _step(line: bytes) -> int | None:
-    """The step of a heartbeat record (JSON) or a CSV row (its first cell); None for a header,
-    a torn line or anything else."""
+def _step(line: bytes) -> tuple[int | None, int | None]:
+    """The step of a heartbeat record (JSON) or a CSV row (its first cell), and the record's pid;
+    None for a header, a torn line or anything else."""
     text = line.strip()
     if text.startswith(b"{"):
         try:
-            step = json.loads(text).get("step")
+            rec = json.loads(text)
+            step, pid = rec.get("step"), rec.get("pid")
         except (ValueError, AttributeError):
-            return None
-        return step if isinstance(step, int) and not isinstance(step, bool) else None
+            return None, None
+        return _whole(step), _whole(pid)
     first = text.split(b",", 1)[0].strip()
-    return int(first) if first.isdigit() else None
+    return (int(first) if first.isdigit() else None), None
+
+
+def _whole(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 class StepWatch:
@@ -83,6 +88,8 @@ class StepWatch:
         self.highest: int | None = None
         self._tails: dict[Path, _Tail] = {}
         self._last: dict[Path, int] = {}
+        self.pids: dict[int, int] = {}
+        """pid -> rank: the pid of each rank's latest heartbeat that carries one."""
 
     def look(self) -> bool:
         """Read what was appended since the last look; True when a new step came: above the
@@ -92,8 +99,12 @@ class StepWatch:
         progressed = False
         for path in paths:
             tail = self._tails.setdefault(path, _Tail(path))
+            beat = HEARTBEAT_PATTERN.match(path.name)
             for line in tail.new_lines():
-                step = _step(line)
+                step, pid = _step(line)
+                if beat and pid is not None:
+                    rank = int(beat.group(1))
+                    self.pids = {p: r for p, r in self.pids.items() if r != rank} | {pid: rank}
                 if step is None:
                     continue
                 last = self._last.get(path)

@@ -172,7 +172,12 @@ def _latest_records(records: list[dict[str, Any]]) -> HeartbeatLog:
     for pid in pids:
         new_process.append(pid is not None and last_pid is not None and pid != last_pid)
         last_pid = pid if pid is not None else last_pid
-    late = [r.get("stage") in HEARTBEAT_STAGES_AFTER_STEP for r in records]
+    # a record of a step done may come late, once: the same stage of the same step written again is a rerun
+    late, seen = [], set()
+    for step, rec in zip(steps, records):
+        stage = rec.get("stage") if isinstance(rec.get("stage"), str) else None
+        late.append(stage in HEARTBEAT_STAGES_AFTER_STEP and (step, stage) not in seen)
+        seen.add((step, stage))
     kept, reruns = latest(steps, one_per_step=False, new_process=new_process, late=late)
     return HeartbeatLog([records[i] for i in kept], reruns)
 

@@ -9,9 +9,10 @@ N', step times and loss curves read one history.
 A rerun begins at an entry whose step goes back: in training.csv a row whose step is not above
 the last kept row's (one row per step); in a heartbeat file (several records share a step, one per
 stage) a record written by another process (its ``pid``) at a step not beyond the last kept
-record's, or a record of a stage within a step (or of no stage) below it. A record written once a
-step is done may come late (this project's trainer writes those of the steps it profiles after
-the profile's record: 3 profile, 2 step, 3 step), so its step going back alone is no rerun.
+record's, or a record below it of a stage within a step (or of no stage), or of a step done that
+the file holds already. A record written once a step is done may come late, once (this project's
+trainer writes those of the steps it profiles after the profile's record: 3 profile, 2 step, 3
+step), so its step going back alone is no rerun.
 """
 from __future__ import annotations
 

@@ -75,6 +75,15 @@ def test_records_of_steps_done_that_come_late_are_no_rerun(tmp_path):
     assert reruns == [Rerun(3, 4, 6)]
 
 
+def test_a_trainer_writing_only_step_records_without_a_pid_shows_its_rerun(tmp_path):
+    """Records of steps done may come late, but a step done that the file already holds, written again,
+    is a process that went back (a trainer whose heartbeats are one 'step' record a step, no pid)."""
+    steps = [1, 2, 3, 4, 5, 3, 4, 5, 6]
+    _write_beats(tmp_path, 0, [{"time": float(i), "step": s, "stage": "step"} for i, s in enumerate(steps)])
+    beats = read_heartbeats(tmp_path)[0]
+    assert [(r["step"], r["time"]) for r in beats] == [(1, 0.0), (2, 1.0), (3, 5.0), (4, 6.0), (5, 7.0), (6, 8.0)]
+
+
 def test_training_csv_of_a_resume_in_place_reads_the_later_rows(tmp_path):
     _write_csv(tmp_path, [_row(s) for s in range(1, 11)] + [_row(s, toks=50.0, loss=3.0) for s in range(7, 13)])
     df = read_training_csv(tmp_path)

@@ -88,8 +88,13 @@ class StepWatch:
         self.highest: int | None = None
         self._tails: dict[Path, _Tail] = {}
         self._last: dict[Path, int] = {}
-        self.pids: dict[int, int] = {}
-        """pid -> rank: the pid of each rank's latest heartbeat that carries one."""
+        self._pid_of: dict[int, int] = {}
+        """rank -> the pid of its latest heartbeat that carries one."""
+
+    @property
+    def pids(self) -> dict[int, int]:
+        """pid -> rank, as the ranks' latest heartbeats say."""
+        return {pid: rank for rank, pid in self._pid_of.items()}
 
     def look(self) -> bool:
         """Read what was appended since the last look; True when a new step came: above the
@@ -103,8 +108,7 @@ class StepWatch:
             for line in tail.new_lines():
                 step, pid = _step(line)
                 if beat and pid is not None:
-                    rank = int(beat.group(1))
-                    self.pids = {p: r for p, r in self.pids.items() if r != rank} | {pid: rank}
+                    self._pid_of[int(beat.group(1))] = pid
                 if step is None:
                     continue
                 last = self._last.get(path)

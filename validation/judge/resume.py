@@ -115,14 +115,16 @@ class Clue:
 
 def clue(reference: pd.DataFrame, resumed: pd.DataFrame, resume_after: int, rtol: float) -> Clue | None:
     """What the resumed run's loss after the resume says (the module's docstring), or None where it
-    continued, or says neither."""
+    continued, says neither, or either run did not log the first step after the resume."""
     ref = dict(zip(reference["step"].astype(int), reference["loss"].astype(float)))
     got = {s: v for s, v in zip(resumed["step"].astype(int), resumed["loss"].astype(float)) if s > resume_after}
     first = resume_after + 1
     diverged = next((s for s in sorted(got) if s in ref and _rel(got[s], ref[s]) > rtol), None)
-    if diverged is None:
+    # the first step after the resume is the witness: without it a drift that an update caused (a loss
+    # that falls more slowly) reads like data some steps back
+    if diverged is None or first not in got or first not in ref:
         return None
-    if diverged > first and first in got and first in ref:
+    if diverged > first:
         return Clue(ClueKind.UPDATE, resume_after, diverged=diverged)
     same = _mean_rel(got, ref, 0)
     shifts = [(k, m) for k in range(-MAX_SHIFT, MAX_SHIFT + 1) if k and (m := _mean_rel(got, ref, k)) is not None]

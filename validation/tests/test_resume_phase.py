@@ -177,3 +177,16 @@ def test_the_real_trainers_resumed_curves_say_which_state_was_lost(curve, expect
     resumed = pd.DataFrame({"step": range(1, 17), "loss": reference[:8] + curve})
     found = clue(ref, resumed, 8, 0.0)
     assert (found and (found.kind, found.shift)) == expected
+
+
+def test_without_the_first_step_after_the_resume_the_curve_names_nothing():
+    """A smooth loss whose resumed run falls more slowly (its optimizer state lost) lies close to the
+    uninterrupted run's a step back; only the first step after the resume tells the two apart, so a
+    trainer that did not log it gets no clue rather than 'data read again'."""
+    ref = pd.DataFrame({"step": range(1, 13), "loss": [3.0 - 0.1 * s for s in range(1, 13)]})
+    drift = [3.0 - 0.1 * s for s in range(1, 5)] + [3.0 - 0.1 * 4 - 0.1 * (s - 4) + 0.1 * min(s - 5, 1)
+                                                    for s in range(5, 13)]
+    resumed = pd.DataFrame({"step": range(1, 13), "loss": drift})
+    assert clue(ref, resumed, 4, 0.0).kind == ClueKind.UPDATE  # step 5 logged: matched, then drifted
+    unlogged = resumed[resumed["step"] != 5]
+    assert clue(ref, unlogged, 4, 0.0) is None

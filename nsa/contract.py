@@ -102,6 +102,9 @@ ENV_RECOMMENDED = {
                              "token: forward and backward, no recomputation; nsa/model/flops.py counts this "
                              "project's)",
     "data_position": "the resume phase judges the data position by the loss curve alone",
+    "device_mem_gb": "a rank whose memory keeps growing is named without the step at which it would run out (one "
+                     "device's memory in GiB: the accelerator's, or the host's where mem_*_gb is the process's "
+                     "resident set)",
 }
 #: env.json's ``data_position``: ``{"start": P0, "end": P1}``, the data the run had consumed before
 #: its first step and after its last, in the trainer's own unit (this project's trainer counts

@@ -40,7 +40,7 @@ from .optim import build_optimizer, fused_adamw, lr_at, set_lr
 from .parallelize import compute_dtype, parallelize, set_grad_sync
 from .profile import ProfileStatus, cuda_kernel_names, profiled_window, summarize
 from .profile import write as write_profile
-from .telemetry import Telemetry, environment, memory_gb, memory_source, sdpa_flags, write_json_atomic
+from .telemetry import Telemetry, device_memory_gb, environment, memory_gb, memory_source, sdpa_flags, write_json_atomic
 from .tensorboard import EventWriter
 from .watchdog import Watchdog, halt_path, read_halt, write_halt
 
@@ -290,6 +290,7 @@ class Trainer:
             "tensorboard": {"setting": cfg.telemetry.tensorboard, "writing": self.events.writing,
                             "note": self.events.note},
             "memory_source": memory_source(self.device),
+            "device_mem_gb": device_memory_gb(self.device),
             "gpu_util_note": self.telemetry.util_reason,
             "optimizer": {"name": "AdamW", "fused_setting": cfg.train.fused_adamw, "fused": self.fused_adamw},
             "cuda_graphs": {"setting": self.graph_plan.setting, "enabled": self.graph_plan.enabled,

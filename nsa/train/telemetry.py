@@ -79,6 +79,18 @@ def memory_gb(device: torch.device) -> dict[str, float]:
     return cuda_memory_gb(torch.cuda.memory_stats_as_nested_dict(device))
 
 
+def device_memory_gb(device: torch.device) -> float | None:
+    """One device's memory in GiB (env.json device_mem_gb: the harness projects when memory that keeps
+    growing would run out): the GPU's, or on CPU the host's physical memory, which the resident set
+    that mem_*_gb measures there is bounded by; None where it cannot be read."""
+    if device.type == "cuda":
+        return round(torch.cuda.get_device_properties(device).total_memory / GB, 3)
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB, 3)
+    except (OSError, ValueError):
+        return None
+
+
 def cuda_memory_gb(stats: dict[str, Any]) -> dict[str, float]:
     """memory_gb's figures from the allocator's nested statistics (zeros before the allocator has
     counted anything, as torch.cuda.memory_allocated gives)."""

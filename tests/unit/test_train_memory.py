@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nsa.train.telemetry import GB, cuda_memory_gb, memory_gb
+from nsa.train.telemetry import GB, cuda_memory_gb, device_memory_gb, memory_gb
 
 
 def test_cuda_memory_figures_from_the_allocators_nested_counters():
@@ -24,3 +24,12 @@ def test_memory_on_cuda_matches_torchs_one_call_figures():
     assert memory_gb(dev) == {"mem_alloc_gb": torch.cuda.memory_allocated(dev) / GB,
                               "mem_reserved_gb": torch.cuda.memory_reserved(dev) / GB,
                               "mem_peak_gb": torch.cuda.max_memory_allocated(dev) / GB}
+
+
+def test_device_memory_on_cpu_is_the_hosts_physical_memory():
+    """env.json device_mem_gb: on CPU, where mem_*_gb is the process's resident set, the host's memory
+    bounds it (the harness projects when memory that keeps growing would run out)."""
+    import os
+    total = device_memory_gb(torch.device("cpu"))
+    assert total == pytest.approx(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB, abs=1e-3)
+    assert total > memory_gb(torch.device("cpu"))["mem_reserved_gb"]

@@ -31,13 +31,16 @@ from nsa.contract import (
 )
 from validation.contract.files import (
     halted,
+    HeartbeatLog,
+    TrainingLog,
     read_env_json,
-    read_heartbeats,
-    read_training_csv,
+    read_heartbeat_logs,
+    read_training_log,
     stackdumps,
     torn_last_row,
     unranked_stackdumps,
 )
+from validation.contract.reruns import Rerun
 from validation.errors import ArtifactError
 
 HEARTBEAT_GLOB = "heartbeat_rank{R}.jsonl"
@@ -85,6 +88,9 @@ class ContractRead:
     env: dict[str, Any] | None = None
     halted: bool = False
     items: list[Item] = field(default_factory=list)
+    reruns: dict[str, list[Rerun]] = field(default_factory=dict)
+    """Per file (training.csv, heartbeat_rank{R}.jsonl), the steps a resume in place wrote again:
+    the rows and records above are the latest occurrence (validation/contract/reruns.py)."""
 
     @property
     def ok(self) -> bool:
@@ -113,12 +119,17 @@ def read(out_dir: Path, costs: Costs | None = None) -> ContractRead:
     out_dir = Path(out_dir)
     costs = costs or {}
     found = ContractRead(out_dir)
-    found.csv = _file(found, TRAINING_CSV, (out_dir / TRAINING_CSV).is_file(), read_training_csv,
-                      lambda df: _csv_detail(df, out_dir / TRAINING_CSV))
-    if found.csv is not None:
+    log: TrainingLog | None = _file(found, TRAINING_CSV, (out_dir / TRAINING_CSV).is_file(), read_training_log,
+                                    lambda log: _csv_detail(log, out_dir / TRAINING_CSV))
+    if log is not None:
+        found.csv = log.rows
+        if log.reruns:
+            found.reruns[TRAINING_CSV] = log.reruns
         _csv_columns(found, costs)
-    found.heartbeats = _file(found, HEARTBEAT_GLOB, any(out_dir.glob("heartbeat_rank*.jsonl")), read_heartbeats,
-                             _beats_detail) or {}
+    logs: dict[int, HeartbeatLog] = _file(found, HEARTBEAT_GLOB, any(out_dir.glob("heartbeat_rank*.jsonl")),
+                                          read_heartbeat_logs, _beats_detail) or {}
+    found.heartbeats = {rank: hb.records for rank, hb in logs.items()}
+    found.reruns.update({heartbeat_name(rank): hb.reruns for rank, hb in sorted(logs.items()) if hb.reruns})
     found.env = _file(found, ENV_JSON, (out_dir / ENV_JSON).is_file(), read_env_json, lambda env: f"{len(env)} keys")
     if found.env is not None:
         _env_fields(found, costs)
@@ -170,10 +181,18 @@ def _file(found: ContractRead, name: str, exists: bool, reader: Callable[[Path],
     return value
 
 
-def _csv_detail(df: pd.DataFrame, path: Path) -> str:
+def _csv_detail(log: TrainingLog, path: Path) -> str:
+    df = log.rows
     torn = torn_last_row(path)
     cut = f"; the last row has no line end (cut off mid-write), not read: {torn[:120]!r}" if torn else ""
-    return f"{len(df)} rows, steps {int(df['step'].min())}..{int(df['step'].max())}{cut}"
+    return f"{len(df)} rows, steps {int(df['step'].min())}..{int(df['step'].max())}{_rerun_detail(log.reruns)}{cut}"
+
+
+def _rerun_detail(reruns: list[Rerun]) -> str:
+    """'; resumed in place: went back from step 10 to step 7 (...), the later occurrence read'."""
+    if not reruns:
+        return ""
+    return f"; resumed in place: {'; '.join(r.text() for r in reruns)}, the later occurrence read"
 
 
 #: what an absent optional field costs when the caller did not name the metrics (check-artifacts)
@@ -194,8 +213,8 @@ def _csv_columns(found: ContractRead, costs: Costs) -> None:
                                     _unmeasured(costs, col, f"no value in any row ({_METRICS_UNMEASURED})"), False, col))
 
 
-def _beats_detail(beats: dict[int, list[dict[str, Any]]]) -> str:
-    return ", ".join(f"rank {r}: {len(recs)} records" for r, recs in sorted(beats.items()))
+def _beats_detail(logs: dict[int, HeartbeatLog]) -> str:
+    return ", ".join(f"rank {r}: {len(hb.records)} records{_rerun_detail(hb.reruns)}" for r, hb in sorted(logs.items()))
 
 
 def _heartbeat_fields(found: ContractRead, costs: Costs) -> None:

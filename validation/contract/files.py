@@ -23,10 +23,12 @@ from nsa.contract import (
     GPU_TIMELINE,
     HALT,
     HEARTBEAT_PATTERN,
+    HEARTBEAT_STAGES_AFTER_STEP,
     PROFILE_JSON,
     STACKDUMP_PATTERN,
     TRAINING_CSV,
 )
+from validation.contract.reruns import Rerun, latest
 from validation.contract.stacks import UNRANKED_DUMPS
 from validation.errors import ArtifactError
 
@@ -57,8 +59,24 @@ def torn_last_row(path: Path) -> str | None:
     return end.rsplit(b"\n", 1)[-1].decode("utf-8", errors="replace")
 
 
+@dataclass(frozen=True)
+class TrainingLog:
+    """training.csv as read: its rows, and the steps a resume in place wrote again (reruns.py)."""
+
+    rows: pd.DataFrame
+    """One row per step, sorted by step: of a step written twice, the row written later."""
+    reruns: list[Rerun]
+
+
 def read_training_csv(out_dir: Path) -> pd.DataFrame:
-    """training.csv as a DataFrame of floats (step as int), sorted by step.
+    """training.csv's rows (read_training_log): a DataFrame of floats (step as int), one row per
+    step, sorted by step."""
+    return read_training_log(out_dir).rows
+
+
+def read_training_log(out_dir: Path) -> TrainingLog:
+    """training.csv as a DataFrame of floats (step as int), sorted by step, with the rows a resume
+    in place superseded left out (validation/contract/reruns.py).
 
     The header must be exactly the contract's; every value must parse as a number (``nan`` and
     ``inf`` parse, and the loss gate catches them), a step as an integer from 1, and an amount
@@ -90,7 +108,8 @@ def read_training_csv(out_dir: Path) -> pd.DataFrame:
     if out.empty:
         raise ArtifactError(f"{path}: header only, no steps logged")
     out["step"] = out["step"].astype(int)
-    return out.sort_values("step", kind="stable").reset_index(drop=True)
+    kept, reruns = latest(out["step"].tolist(), one_per_step=True)
+    return TrainingLog(out.iloc[kept].sort_values("step", kind="stable").reset_index(drop=True), reruns)
 
 
 def _refuse(path: Path, df: pd.DataFrame, col: str, bad: pd.Series, what: str) -> None:
@@ -107,9 +126,24 @@ def window_rows(df: pd.DataFrame, last: int | None) -> pd.DataFrame:
 
 
 def read_heartbeats(out_dir: Path) -> dict[int, list[dict[str, Any]]]:
-    """Per rank, the heartbeat records in file order. A torn last line (a killed writer) is
-    skipped; any other undecodable line is an error naming file and line."""
-    beats: dict[int, list[dict[str, Any]]] = {}
+    """Per rank, the heartbeat records in file order (read_heartbeat_logs)."""
+    return {rank: log.records for rank, log in read_heartbeat_logs(out_dir).items()}
+
+
+@dataclass(frozen=True)
+class HeartbeatLog:
+    """One rank's heartbeat file as read: its records, and the steps a resume in place wrote again."""
+
+    records: list[dict[str, Any]]
+    """In file order, without those a resume in place superseded (reruns.py)."""
+    reruns: list[Rerun]
+
+
+def read_heartbeat_logs(out_dir: Path) -> dict[int, HeartbeatLog]:
+    """Per rank, the heartbeat records in file order, less those a resume in place superseded
+    (validation/contract/reruns.py). A torn last line (a killed writer) is skipped; any other
+    undecodable line is an error naming file and line."""
+    beats: dict[int, HeartbeatLog] = {}
     for path in sorted(Path(out_dir).glob("heartbeat_rank*.jsonl")):
         m = HEARTBEAT_PATTERN.match(path.name)
         if not m:
@@ -127,8 +161,29 @@ def read_heartbeats(out_dir: Path) -> dict[int, list[dict[str, Any]]]:
                 raise ArtifactError(f"{path}: line {i + 1} is not JSON") from None
             if isinstance(rec, dict):
                 records.append(rec)
-        beats[int(m.group(1))] = records
+        beats[int(m.group(1))] = _latest_records(records)
     return beats
+
+
+def _latest_records(records: list[dict[str, Any]]) -> HeartbeatLog:
+    steps = [r["step"] if _whole(r.get("step")) else None for r in records]
+    pids = [r.get("pid") if _whole(r.get("pid")) else None for r in records]
+    new_process, last_pid = [], None
+    for pid in pids:
+        new_process.append(pid is not None and last_pid is not None and pid != last_pid)
+        last_pid = pid if pid is not None else last_pid
+    # a record of a step done may come late, once: the same stage of the same step written again is a rerun
+    late, seen = [], set()
+    for step, rec in zip(steps, records):
+        stage = rec.get("stage") if isinstance(rec.get("stage"), str) else None
+        late.append(stage in HEARTBEAT_STAGES_AFTER_STEP and (step, stage) not in seen)
+        seen.add((step, stage))
+    kept, reruns = latest(steps, one_per_step=False, new_process=new_process, late=late)
+    return HeartbeatLog([records[i] for i in kept], reruns)
+
+
+def _whole(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def read_env_json(out_dir: Path) -> dict[str, Any] | None:

@@ -66,8 +66,9 @@ class TakenStack:
     rank: int | None
     """None: the rank cannot be told (reported as 'rank unknown', never guessed)."""
     rank_from: str
-    """How the rank is known: 'RANK' (the process's environment), 'single process' (the one
-    process a python launcher started is rank 0), or '' when unknown."""
+    """How the rank is known: 'RANK' (the process's environment), 'heartbeat pid' (the pid a rank's
+    heartbeats carry), 'single process' (the one process a python launcher started is rank 0), or
+    '' when unknown."""
     method: str
     """'py-spy' (``path`` holds its dump), 'SIGUSR1' (py-spy could not attach; the signal asked
     the trainer's own handler for a dump, which lands wherever the trainer writes it) or 'none'."""

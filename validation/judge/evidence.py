@@ -17,6 +17,7 @@ from validation.contract.stacks import (
     read_index,
 )
 from validation.contract.torchrun_log import log_exception, rank_failures, root_rank
+from validation.judge.memory import growing_ranks
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
 from validation.judge.nodes import node_evidence, node_failures
 from validation.judge.record import Beat, Evidence
@@ -34,6 +35,7 @@ def collect_train(run: RunData, errors: list[str]) -> None:
     killed) it is an error too: the trainer's last logged step is not in its file."""
     found = contract.read(run.out_dir, costs())
     run.csv, run.heartbeats, run.env, run.halted = found.csv, found.heartbeats, found.env, found.halted
+    run.reruns = found.reruns
     errors.extend(found.problems())
     run.world_size = found.world_size or run.world_size
     csv = run.out_dir / TRAINING_CSV
@@ -83,8 +85,9 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
         fallbacks=fallback_counters(run), files=sorted(p.name for p in run.out_dir.iterdir() if p.is_file()),
         loss_first=losses[0] if losses else None, loss_last=losses[-1] if losses else None,
         nonfinite_loss_step=_first_nonfinite(run),
-        top_ops=list(run.info.get("top_ops") or []), spikes=_spikes(run), divergence=_rise(run),
-        slowdown=None if run.csv is None else slowdown(run.csv["step"].tolist(), run.csv["toks_per_s"].tolist()))
+        top_ops=list(run.info.get("top_ops") or []), reruns=run.reruns, spikes=_spikes(run), divergence=_rise(run),
+        slowdown=None if run.csv is None else slowdown(run.csv["step"].tolist(), run.csv["toks_per_s"].tolist()),
+        memory_growth=growing_ranks(run.csv, heartbeats, run.env, run.reruns))
 
 
 def _first_nonfinite(run: RunData) -> int | None:

@@ -21,6 +21,7 @@ import pandas as pd
 
 from nsa.contract import EXIT_NONFINITE, HALT_NONFINITE
 from validation.contract.files import HaltInfo, window_rows
+from validation.contract.reruns import Rerun
 from validation.contract.torchrun_log import RankFailure
 from validation.judge.stability import StabilityRule, rise, spikes
 
@@ -33,6 +34,10 @@ class RunData:
     world_size: int = 1
     csv: pd.DataFrame | None = None
     heartbeats: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    """Per rank, its records in file order; csv and heartbeats hold the occurrence of a step
+    written last where a resume in place wrote it again (``reruns``)."""
+    reruns: dict[str, list[Rerun]] = field(default_factory=dict)
+    """Per file, the steps a resume in place wrote again (validation/contract/reruns.py)."""
     env: dict[str, Any] | None = None
     exit_code: int | None = None
     timed_out: bool = False

@@ -16,12 +16,15 @@ from typing import Any, Iterable
 
 from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP
 from validation.contract.files import HaltInfo
+from validation.contract.reruns import Rerun
 from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure, root_rank
 from validation.errors import StoreError
 from validation.judge.gates import GateResult, GateVerdict
+from validation.judge.memory import MemoryGrowth
 from validation.judge.metrics import RunData, compute
 from validation.judge.nodes import NodesEvidence
+from validation.judge.resume import Clue, ClueKind
 from validation.judge.stability import Rise, Slowdown, Spike
 from validation.machine import Machine
 
@@ -165,6 +168,9 @@ class Evidence:
     """The first step whose logged loss is not finite (None: every logged loss is)."""
     top_ops: list[str] = field(default_factory=list)
     """The profile phase's kernels with the most device (or CPU) time, with their times."""
+    reruns: dict[str, list[Rerun]] = field(default_factory=dict)
+    """Per file, the steps a resume in place wrote again; everything above read their later
+    occurrence (validation/contract/reruns.py)."""
     nodes: NodesEvidence | None = None
     """Each node of a launch of several nodes (validation/judge/nodes.py); None for one node."""
     spikes: list[Spike] = field(default_factory=list)
@@ -173,6 +179,10 @@ class Evidence:
     """The first NaN-free rise of the loss over the whole run, by the profile's rule."""
     slowdown: Slowdown | None = None
     """Tokens/s that fell and stayed down over the whole run (judge/stability.py)."""
+    memory_growth: list[MemoryGrowth] = field(default_factory=list)
+    """Ranks whose memory kept growing over the run (judge/memory.py)."""
+    resume_clue: Clue | None = None
+    """Of a resume point whose loss did not continue: what its curve says of why (judge/resume.py)."""
 
 
 @dataclass(frozen=True)
@@ -388,9 +398,13 @@ class PhaseRecord:
                 rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
                 fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},
                 files=list(ev.get("files") or []), nodes=NodesEvidence.from_json(ev.get("nodes")),
+                reruns={str(f): [Rerun(**r) for r in rs] for f, rs in (ev.get("reruns") or {}).items()},
                 spikes=[Spike(**d) for d in ev.get("spikes") or []],
                 divergence=Rise(**ev["divergence"]) if ev.get("divergence") else None,
-                slowdown=Slowdown(**ev["slowdown"]) if ev.get("slowdown") else None)
+                slowdown=Slowdown(**ev["slowdown"]) if ev.get("slowdown") else None,
+                memory_growth=[MemoryGrowth(**m) for m in ev.get("memory_growth") or []],
+                resume_clue=Clue(**{**ev["resume_clue"], "kind": ClueKind(ev["resume_clue"]["kind"])})
+                if ev.get("resume_clue") else None)
             known = {f.name for f in dataclasses.fields(cls)}
             plain = {k: v for k, v in data.items() if k in known and k not in ("key", "evidence", "gates", "backends",
                                                                                "status", "hardware", "metrics", "runs")}

@@ -26,7 +26,7 @@ import enum
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Protocol, Sequence
 
@@ -121,6 +121,8 @@ class _Stop:
     stalled_s: float | None = None
     quiet_s: float | None = None
     """A timeout's seconds since the last new step (None: no step yet, or no watch)."""
+    beat_pids: dict[int, int] = field(default_factory=dict)
+    """pid -> rank as the heartbeats said when the run was stopped (stacks.ranked reads it)."""
 
 
 class LaunchOver(Protocol):
@@ -193,8 +195,8 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
                 raise
             if stop is not None:
                 if watch is not None and stop.why != _Why.LAUNCH_OVER:  # a launch over has no rank to take
-                    taken = stacks.take(stacks.ranked(tree.members(), tree.roots, watch.single_process), watch.run_dir,
-                                        stop.note)
+                    taken = stacks.take(stacks.ranked(tree.members(), tree.roots, watch.single_process,
+                                                      stop.beat_pids), watch.run_dir, stop.note)
                 if cancel is not None:
                     cancel(lambda: all(p is None or p.poll() is not None for p in procs))
                 _record_ends(procs, ended, start)  # those the cancel ended exited by themselves
@@ -301,7 +303,7 @@ def _supervise(procs: list[subprocess.Popen | None], over: LaunchOver, ended: di
         if over_s is not None and (stop is not None or over_s >= LAUNCH_OVER_GRACE_S):
             return _Stop(_Why.LAUNCH_OVER, over.note(over_s))
         if stop is not None:
-            return stop
+            return replace(stop, beat_pids=dict(steps.pids)) if steps is not None else stop
 
 
 def _stalled(steps: StepWatch, watch: Watch, quiet: float) -> _Stop | None:

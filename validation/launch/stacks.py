@@ -7,8 +7,10 @@ trainer, and others using ``faulthandler.register``, then write their own dump. 
 run directory's ``harness_stacks/index.json`` says what was done for which process
 (validation/contract/stacks.py).
 
-Which process is which rank: the ``RANK`` in its environment (torchrun sets it for each worker),
-or, for the python launcher, the launched process itself is rank 0. A process below a rank
+Which process is which rank: the ``RANK`` in its environment (torchrun sets it for each worker);
+else the process whose ``pid`` a rank's heartbeats carry (the contract's field for this: a trainer
+that runs its training in a child of the process launched, a supervisor restarting it, is known by
+it); else, for the python launcher, the launched process itself is rank 0. A process below a rank
 (a data loader or compile worker) is that rank's helper, not a rank of its own, and is not
 dumped. torchrun's agents (the launched processes, or a ``torch.distributed.run`` that srun
 started) are launchers, not ranks. Any other Python process is "rank unknown": dumped, never
@@ -44,7 +46,7 @@ class RankedProcess:
     rank: int | None
     """None: rank unknown."""
     rank_from: str
-    """'RANK', 'single process', or '' when unknown (TakenStack.rank_from)."""
+    """'RANK', 'heartbeat pid', 'single process', or '' when unknown (TakenStack.rank_from)."""
     node: int | None = None
     """The launch's node index it ran on (several nodes); None for one node or unknown."""
 
@@ -56,18 +58,23 @@ def pyspy_executable() -> str | None:
     return str(beside) if beside.is_file() else shutil.which("py-spy")
 
 
-def ranked(members: list[psutil.Process], roots: Sequence[psutil.Process], single_process: bool) -> list[RankedProcess]:
+def ranked(members: list[psutil.Process], roots: Sequence[psutil.Process], single_process: bool,
+           beat_pids: dict[int, int] | None = None) -> list[RankedProcess]:
     """The processes whose stacks tell where each rank is: each rank's own process, and any other
-    Python process as rank unknown (see the module's docstring)."""
+    Python process as rank unknown (see the module's docstring). ``beat_pids``: pid -> rank, as the
+    ranks' heartbeats say (the last record of each rank's file)."""
     by_pid = {p.pid: p for p in members}
     launched = {r.pid for r in roots}
+    named = {pid: rank for pid, rank in (beat_pids or {}).items() if pid in by_pid}
     own: dict[int, tuple[int | None, str] | None] = {}
     for p in members:
         env = _environ(p)
         rank = env.get("RANK", "")
         if rank.isdigit():
             own[p.pid] = (int(rank), "RANK")
-        elif single_process and p.pid in launched:
+        elif p.pid in named:
+            own[p.pid] = (named[p.pid], "heartbeat pid")
+        elif single_process and p.pid in launched and 0 not in named.values():
             own[p.pid] = (0, "single process")
         elif p.pid in launched or _is_agent(p):
             own[p.pid] = None  # torchrun's agent (or srun): a launcher, not a rank

@@ -1,6 +1,8 @@
-"""Progress of a running trainer, watched by the harness itself: the highest step seen in its
-heartbeats (``heartbeat_rank*.jsonl``) and its training CSV. A trainer that hangs writes neither,
-whatever its own watchdog does, so no growth of that step for the phase's ``stall_s`` is a stall.
+"""Progress of a running trainer, watched by the harness itself: a new step in its heartbeats
+(``heartbeat_rank*.jsonl``) or its training CSV, above the highest seen, or in a file that went
+back (a trainer resumed in place writes the steps after its checkpoint again, below the highest,
+and is making progress while it does). A trainer that hangs writes neither, whatever its own
+watchdog does, so no new step for the phase's ``stall_s`` is a stall.
 
 Each look reads only the bytes appended since the last one (a file that shrank or was replaced
 is read again from its start), so watching a long run costs no more than its newest lines.
@@ -59,36 +61,60 @@ class _Tail:
         return lines
 
 
-def _step(line: bytes) -> int | None:
-    """The step of a heartbeat record (JSON) or a CSV row (its first cell); None for a header,
-    a torn line or anything else."""
+def _step(line: bytes) -> tuple[int | None, int | None]:
+    """The step of a heartbeat record (JSON) or a CSV row (its first cell), and the record's pid;
+    None for a header, a torn line or anything else."""
     text = line.strip()
     if text.startswith(b"{"):
         try:
-            step = json.loads(text).get("step")
+            rec = json.loads(text)
+            step, pid = rec.get("step"), rec.get("pid")
         except (ValueError, AttributeError):
-            return None
-        return step if isinstance(step, int) and not isinstance(step, bool) else None
+            return None, None
+        return _whole(step), _whole(pid)
     first = text.split(b",", 1)[0].strip()
-    return int(first) if first.isdigit() else None
+    return (int(first) if first.isdigit() else None), None
+
+
+def _whole(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 class StepWatch:
-    """The highest step any watched file has shown so far."""
+    """The highest step any watched file has shown so far, and each file's last step."""
 
     def __init__(self, progress_dir: Path, csv: Path):
         self.progress_dir, self.csv = progress_dir, csv
         self.highest: int | None = None
         self._tails: dict[Path, _Tail] = {}
+        self._last: dict[Path, int] = {}
+        self._pid_of: dict[int, int] = {}
+        """rank -> the pid of its latest heartbeat that carries one."""
+
+    @property
+    def pids(self) -> dict[int, int]:
+        """pid -> rank, as the ranks' latest heartbeats say."""
+        return {pid: rank for rank, pid in self._pid_of.items()}
 
     def look(self) -> bool:
-        """Read what was appended since the last look; True when the highest step grew."""
+        """Read what was appended since the last look; True when a new step came: above the
+        highest, or in a file that had gone back below it, another step than that file's last
+        (the records of one step's stages are no progress)."""
         paths = [self.csv, *(p for p in self.progress_dir.glob(HEARTBEATS) if HEARTBEAT_PATTERN.match(p.name))]
-        before = self.highest
+        progressed = False
         for path in paths:
             tail = self._tails.setdefault(path, _Tail(path))
+            beat = HEARTBEAT_PATTERN.match(path.name)
             for line in tail.new_lines():
-                step = _step(line)
-                if step is not None and (self.highest is None or step > self.highest):
-                    self.highest = step
-        return self.highest != before
+                step, pid = _step(line)
+                if beat and pid is not None:
+                    self._pid_of[int(beat.group(1))] = pid
+                if step is None:
+                    continue
+                last = self._last.get(path)
+                rerun = last is not None and step != last and (step < last or last < (self.highest or 0))
+                if self.highest is None or step > self.highest or rerun:
+                    progressed = True
+                self.highest = step if self.highest is None else max(self.highest, step)
+                self._last[path] = step
+        return progressed

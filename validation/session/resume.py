@@ -50,7 +50,9 @@ def execute(point: PhasePoint, run_dir: Path, hw: Machine, results_dir: Path, ru
                               point.phase.resume_after, rtol, done["first"].run.env, done["second"].run.env)
     second = done["second"]
     j = runs.judge(point, runs.Launched(resumed, second.proc, second.errors), hw, extra)
-    return runs.record(point, j, hw, results_dir, run_id, started, runs=sub_runs, wall_s=_wall(done))
+    rec = runs.record(point, j, hw, results_dir, run_id, started, runs=sub_runs, wall_s=_wall(done))
+    clue = equivalence.clue(done["reference"].run.csv, resumed.csv, point.phase.resume_after, rtol or 0.0)
+    return dataclasses.replace(rec, evidence=dataclasses.replace(rec.evidence, resume_clue=clue))
 
 
 def _resumed(point: PhasePoint, done: dict[str, Judged]) -> RunData:

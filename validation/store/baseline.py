@@ -5,7 +5,9 @@ Beside each summary metric of each point: the baseline's value and the relative 
 stored on only one side are listed, never dropped. The profile threshold ``max_toks_regression``
 (a fraction: 0.05 = 5%) turns a larger drop of a point's tokens/s into a failed gate and a
 critical finding ("tokens/s 8.1% below baseline <commit>"), so the report says NO-GO; without
-it the changes are shown and nothing is gated. Points repeated on either side (a phase's
+it the changes are shown and nothing is gated. Drops of half the allowed one or more (at least
+NOTED_DROP) that fail no gate are named in one note (an info finding, no verdict changes): a reader
+sees how close a point came. Points repeated on either side (a phase's
 ``repeats``) compare by the rule the best-setting finding uses: a drop beyond the threshold is a
 regression only when the current point's t-interval over its repeats lies wholly below the
 baseline's (a point run once is an interval of no width); a drop inside the noise is shown,
@@ -27,6 +29,12 @@ from validation.store.results import ResultStore, record_key
 #: the profile threshold: the largest allowed fractional drop of tokens/s against the baseline
 REGRESSION_KEY = "max_toks_regression"
 THROUGHPUT = "toks_per_s_mean"
+#: a drop of tokens/s that no gate fails is still named (a note) from half the allowed drop on, and
+#: never below this fraction: three runs of one commit on one H100 differed by up to 2.4%
+#: (docs/comparing-runs.md, golden loss curves)
+NOTED_DROP = 0.05
+#: points a note lists one by one; its title counts them all
+LISTED = 5
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,8 @@ class PointDelta:
     """Tokens/s over the repeats (current, baseline) where either side was repeated."""
     note: str = ""
     """Why a drop beyond the threshold is no regression (inside the repeats' noise)."""
+    finished: bool = True
+    """Both sides' processes ran and exited 0 (only such points are gated or noted)."""
 
     @property
     def toks(self) -> MetricDelta | None:
@@ -77,9 +87,10 @@ class BaselineSource:
     @property
     def short(self) -> str:
         """The commit that ran: the trainer's when it is another project's."""
+        # the commit is cut to 12 characters, never the words that stand for a missing one
         if self.trainer is not None:
-            return f"{self.trainer} at {(self.trainer_commit or '(commit not recorded)')[:12]}"
-        return (self.commit or "(commit not recorded)")[:12]
+            return f"{self.trainer} at {self.trainer_commit[:12] if self.trainer_commit else '(commit not recorded)'}"
+        return self.commit[:12] if self.commit else "(commit not recorded)"
 
 
 @dataclass
@@ -95,9 +106,22 @@ class Comparison:
     def regressions(self) -> list[PointDelta]:
         return [p for p in self.points if p.regression == GateVerdict.FAIL]
 
+    @property
+    def noted_drop(self) -> float:
+        """The drop from which a point no gate fails is noted: half the allowed one, at least NOTED_DROP."""
+        return max(NOTED_DROP, self.threshold / 2) if self.threshold is not None else NOTED_DROP
+
+    def slower(self) -> list[PointDelta]:
+        """Points whose tokens/s fell by ``noted_drop`` or more without failing the regression gate
+        (within the threshold, inside the repeats' noise, or no threshold set), the largest drop first."""
+        found = [p for p in self.points if p.finished and p.regression != GateVerdict.FAIL and p.toks is not None
+                 and p.toks.change is not None and p.toks.change <= -self.noted_drop]
+        return sorted(found, key=lambda p: p.toks.change)
+
     def findings(self) -> list[Finding]:
-        """One critical finding per point whose tokens/s fell more than the threshold."""
-        out = []
+        """One critical finding per point whose tokens/s fell more than the threshold, and one note
+        naming the points that fell by ``noted_drop`` or more without failing it (no verdict changes)."""
+        out = self._slower_note()
         for p in self.regressions():
             t = p.toks
             out.append(Finding(Severity.CRITICAL, p.phase, (
@@ -107,6 +131,27 @@ class Comparison:
                  + (f"; this repository at {(self.source.commit or '?')[:12]}" if self.source.trainer else "")],
                 "regression", self.facts))
         return out
+
+    def _slower_note(self) -> list[Finding]:
+        slower = self.slower()
+        if not slower:
+            return []
+        allowed = (f"within the allowed drop of {self.threshold:.0%} (profile {REGRESSION_KEY})" if self.threshold
+                   is not None else f"not gated: the profile sets no {REGRESSION_KEY}")
+        lines = []
+        for p in slower[:LISTED]:
+            t = p.toks
+            share = f", {-t.change / self.threshold:.0%} of the allowed drop" if self.threshold else ""
+            lines.append(f"{p.phase} [{p.point}]: {t.current:,.1f} vs {t.baseline:,.1f} toks/s "
+                         f"({-t.change:.1%} below{share})" + (f"; {p.note}" if p.note else ""))
+        if len(slower) > LISTED:
+            lines.append(f"... and {len(slower) - LISTED} more (the comparison table has every point)")
+        first = slower[0]
+        phases = {p.phase for p in slower}
+        return [Finding(Severity.INFO, phases.pop() if len(phases) == 1 else "several", (
+            f"tokens/s {self.noted_drop:.0%} or more below baseline {self.source.short} at {len(slower)} point(s), "
+            f"{allowed}: the largest {-first.toks.change:.1%} in {first.phase} [{first.point}]"), lines,
+            "slower_than_baseline", self.facts)]
 
     def rows(self) -> list[dict]:
         """Rows for the report's comparison table: one per metric of each point on both sides."""
@@ -171,9 +216,9 @@ def compare(current: list[PhaseRecord], baseline: list[PhaseRecord], baseline_di
 
 def _delta(r: PhaseRecord, b: PhaseRecord, deltas: list[MetricDelta], threshold: float | None) -> PointDelta:
     """One point against its baseline twin, with the regression gate's verdict."""
-    base = PointDelta(r.phase, point_label(r), str(r.status), str(b.status), deltas)
-    toks = next((d for d in deltas if d.metric == THROUGHPUT), None)
     finished = all(x.ran and x.exit_code == 0 for x in (r, b))
+    base = PointDelta(r.phase, point_label(r), str(r.status), str(b.status), deltas, finished=finished)
+    toks = next((d for d in deltas if d.metric == THROUGHPUT), None)
     if toks is None or toks.current is None or toks.baseline is None:
         return base
     pair = None

@@ -20,9 +20,16 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
     NSA_FAULT=nan_logged:step=3  logs a NaN loss from step 3 on and exits 0 (no loss guard)
     NSA_FAULT=resume_skip:steps=2  a resumed run's loss continues 2 steps too far along its curve
                                  (data skipped), and env.json says where its data started
+                                 (with :unrecorded=1 its env.json says the data continued)
+    NSA_FAULT=resume_optim       a resumed run's loss matches at its first step and drifts from the
+                                 next on (its optimizer state not restored)
     NSA_FAULT=crash_stopping:step=2  a run asked to stop early (train.run_steps) crashes at step 2
     NSA_FAULT=torn_last          runs every step, but its last row lacks its line end and its last
                                  columns (cut off mid-write), and exits 0
+    NSA_FAULT=rerun:step=K:back=J  resumes in place once: after logging step K its "restarted process"
+                                 (heartbeats of another pid) writes steps J+1.. again into the same files;
+                                 the first occurrence of those steps logs 1 token/s and a loss 1.0 higher
+    NSA_FAULT=leak:mb=M          memory (CSV and heartbeats) grows by M MiB a step from 1 GiB
 NSA_FAKE_WORLD=N simulates N ranks from one process; NSA_FAKE_STEP_S=S sleeps S seconds a step;
 NSA_FAKE_TOKS_SCALE=F multiplies tokens/s by F (a staged throughput change); NSA_FAKE_TOKS_BY_REPEAT=a,b,c
 multiplies it by a in a repeated point's first repeat, b in its second, ... (its directory's name,
@@ -100,7 +107,8 @@ def main() -> int:
     env_json = {"world_size": world, "env": env, "attention_backends": backends,
                 "git_sha": os.environ.get("NSA_FAKE_GIT_SHA", "0" * 40),
                 "config": {"name": a.config, "overrides": overrides},
-                "data_position": {"start": start + skip, "end": stop + skip}}
+                "data_position": {"start": start + skip * (not opts.get("unrecorded")),
+                                  "end": stop + skip * (not opts.get("unrecorded"))}, "device_mem_gb": 80.0}
     if fault == "lean":
         env_json = {"world_size": world}
     (out / "env.json").write_text(json.dumps(env_json))
@@ -115,7 +123,13 @@ def main() -> int:
         csv.write(("step,loss,toks\n" if fault == "corrupt_csv" and opts.get("header") else HEADER + "\n"))
     beats = {r: open(out / f"heartbeat_rank{r}.jsonl", "w") for r in range(world)}
     t0 = 1_000_000.0
-    for step in range(start + 1, stop + 1):
+    order = list(range(start + 1, stop + 1))
+    if fault == "rerun":
+        order = list(range(start + 1, opts["step"] + 1)) + list(range(opts["back"] + 1, stop + 1))
+    for i, step in enumerate(order):
+        tick = start + i + 1  # the clock goes on across a rerun
+        superseded = fault == "rerun" and i < opts["step"] - start and step > opts["back"]
+        mem = 1.0 + step * opts.get("mb", 0) / 1024
         if (fault == "crash" or fault == "crash_stopping" and stop < a.steps) and step == opts.get("step", 1):
             csv and csv.flush()
             raise RuntimeError("Expected to mark a variable ready only once (injected crash)")
@@ -127,14 +141,20 @@ def main() -> int:
         toks = (200.0 + (step % 3)) * float(os.environ.get("NSA_FAKE_TOKS_SCALE", "1")) * repeat_scale(out)
         if fault == "cliff" and batch >= 2:
             toks = 6.0 + (step % 2)
+        if superseded:
+            toks = 1.0
         for r, fh in beats.items():
             slow = 3.0 if fault == "slow" and r == opts.get("rank") else 1.0
             if fault == "idle" and r == opts.get("rank"):
                 if step == 1:
                     fh.write(json.dumps({"time": t0, "rank": r, "step": 0, "stage": "data", "gpu_util": 0}) + "\n")
                 continue
-            rec = {"time": t0 + step * 0.5 * slow, "rank": r, "step": step, "stage": "optimizer",
+            rec = {"time": t0 + tick * 0.5 * slow, "rank": r, "step": step, "stage": "optimizer",
                    "toks_per_s": toks, "mem": 1.0, "gpu_util": 99, "gates": {"cmp": 0.5, "sel": 0.5, "win": 0.5}}
+            if fault == "rerun":
+                rec["pid"] = os.getpid() + (i >= opts["step"] - start)
+            if fault == "leak":
+                rec["mem_alloc_gb"] = mem
             if fault == "fallback":
                 rec["fallbacks"] = {"sel_triton_fail": step}
             if fault == "stall" and r == opts.get("rank") and step >= opts.get("step", 1):
@@ -164,8 +184,11 @@ def main() -> int:
             elif fault == "nan_logged" and step >= opts.get("step", 1):
                 csv.write(f"{step},nan,1e-4,{toks},0.5,nan,0.5,1.0\n")
             else:
-                loss = (3.0 - (step + skip) * 0.01) * repeat_scale(out, "NSA_FAKE_LOSS_BY_REPEAT") ** step
-                csv.write(f"{step},{loss:.4f},1e-4,{toks},{0.5},{1.0},{0.5},{1.0}\n")
+                loss = 3.0 - (step + skip) * 0.01 + (1.0 if superseded else 0.0)
+                if fault == "resume_optim" and start:
+                    loss += 0.05 * (step - start - 1)
+                loss *= repeat_scale(out, "NSA_FAKE_LOSS_BY_REPEAT") ** step
+                csv.write(f"{step},{loss:.4f},1e-4,{toks},{0.5},{1.0},{mem / 2},{mem}\n")
         time.sleep(step_s)
     if stop < a.steps:
         (out / "checkpoints").mkdir(exist_ok=True)

@@ -8,10 +8,11 @@ import sys
 
 from validation import REPO_ROOT
 from validation.cli import main
+from validation.judge.findings import Severity
 from validation.judge.gates import GateVerdict
 from validation.report.build import build_context, render_text
 from validation.runbook.load import load_profile, load_runbook
-from validation.store.baseline import MetricDelta, compare
+from validation.store.baseline import BaselineSource, MetricDelta, compare
 from validation.store.results import ResultStore
 from validation.tests.conftest import train_phase, write_runbook
 
@@ -66,8 +67,34 @@ def test_report_compares_each_point_and_gates_the_staged_drop(tmp_path, capsys):
 def test_without_a_threshold_changes_are_shown_not_gated(tmp_path):
     base, cur, _ = _two_runs(tmp_path)
     comparison = compare(ResultStore(cur).records(), ResultStore(base).records(), base, threshold=None)
-    assert comparison.findings() == [] and comparison.gate_rows() == []
+    assert comparison.gate_rows() == []
+    assert [(f.severity, f.title) for f in comparison.findings()] == [(Severity.INFO, (
+        "tokens/s 5% or more below baseline 000000000000 at 1 point(s), not gated: the profile sets no "
+        "max_toks_regression: the largest 60.0% in slowed [default]"))]
     assert {p.phase: round(p.toks.change, 6) for p in comparison.points} == {"steady": 0.0, "slowed": -0.6}
+
+
+def test_a_drop_within_the_allowed_one_is_a_note_naming_point_values_and_tolerance(tmp_path):
+    """30% slower where the cpu profile allows 50%: GO, as before, but no longer only a table row (a
+    drop of half the allowed one or more is noted, at least 5%)."""
+    base, cur = tmp_path / "base", tmp_path / "cur"
+    rb_base = write_runbook(tmp_path / "base.yaml", [_gates("steady"), _gates("slowed")])
+    rb_cur = write_runbook(tmp_path / "cur.yaml", [_gates("steady"), _gates("slowed", env={"NSA_FAKE_TOKS_SCALE": "0.7"})])
+    assert main(["run", "--runbook", str(rb_base), "--results-dir", str(base), "--no-report"]) == 0
+    assert main(["run", "--runbook", str(rb_cur), "--results-dir", str(cur), "--no-report"]) == 0
+    ctx = build_context(cur, "fake", "cpu", runbook=load_runbook(rb_cur), profile=load_profile("cpu"),
+                        now="2026-01-01 00:00 UTC", baseline=base)
+    assert ctx["verdict"] == "GO"
+    notes = [f for f in ctx["findings"] if f.kind == "slower_than_baseline"]
+    assert [(f.severity, f.title, f.detail) for f in notes] == [(Severity.INFO, (
+        "tokens/s 25% or more below baseline 000000000000 at 1 point(s), within the allowed drop of 50% (profile "
+        "max_toks_regression): the largest 30.0% in slowed [default]"),
+        ["slowed [default]: 140.8 vs 201.1 toks/s (30.0% below, 60% of the allowed drop)"])]
+    text = render_text({**ctx, "results_prefix": ".."})
+    assert "**INFO**: tokens/s 25% or more below baseline" in text
+    # 20% slower is less than half the allowed drop: a table row only
+    quiet = compare(ResultStore(cur).records(), ResultStore(base).records(), base, threshold=0.75)
+    assert quiet.noted_drop == 0.375 and quiet.findings() == []
 
 
 def test_missing_baseline_store_is_a_usage_error(tmp_path, capsys):
@@ -123,3 +150,11 @@ def test_pytest_baseline_without_the_pair_is_a_usage_error_before_anything_runs(
     assert out.returncode == 4, out.stdout + out.stderr  # pytest's usage error
     assert "no records of runbook fake, profile cpu (it holds: other/cpu)" in out.stderr
     assert not cur.exists() or not ResultStore(cur).records()
+
+def test_a_baseline_without_a_recorded_commit_is_named_in_whole_words():
+    """A runbook trainer's baseline with no commit recorded read 'baseline mytrain at (commit not ' in the
+    finding and the gates table: the words standing for no commit were cut to a commit's 12 characters."""
+    assert BaselineSource("/b", None, "2026-11-27", "CPU", "mytrain", None).short == "mytrain at (commit not recorded)"
+    assert BaselineSource("/b", None, "2026-11-27", "CPU").short == "(commit not recorded)"
+    assert BaselineSource("/b", "a" * 40, "2026-11-27", "CPU", "mytrain", "b" * 40).short == f"mytrain at {'b' * 12}"
+    assert BaselineSource("/b", "a" * 40, "2026-11-27", "CPU").short == "a" * 12

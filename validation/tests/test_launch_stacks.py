@@ -187,3 +187,28 @@ def test_stall_advice_fits_what_is_known(world, dumps, advice):
     assert advice in line
     assert ("collective" in line) == (world > 1 and dumps)  # collective advice: more than one process
     assert line.split(": ", 1)[1].startswith("The stack") == dumps  # stacks cited only when they exist
+
+
+def test_the_process_a_ranks_heartbeats_name_is_that_rank_not_the_launcher_above_it(tree):
+    """A trainer whose launched process supervises a worker that trains (restarting it when it dies)
+    hung in the worker; the stall finding named rank 0 'in Popen._try_wait', the supervisor's wait.
+    The worker's heartbeats carry its pid (the contract's field for this): that process is rank 0."""
+    root = _spawn(tree, f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {SLEEP!r}]).wait()")
+    tree.adopt(root.pid)
+    members = _members(tree, 2)
+    worker = next(p for p in members if p.pid != root.pid)
+    found = stacks.ranked(members, tree.roots, single_process=True, beat_pids={worker.pid: 0})
+    assert [(r.proc.pid, r.rank, r.rank_from) for r in found] == [(worker.pid, 0, "heartbeat pid")]
+    # a pid of no process of the run changes nothing
+    found = stacks.ranked(members, tree.roots, single_process=True, beat_pids={1: 0})
+    assert [(r.proc.pid, r.rank, r.rank_from) for r in found] == [(root.pid, 0, "single process")]
+
+
+def test_the_watch_keeps_each_ranks_latest_heartbeat_pid(tmp_path):
+    from validation.launch.watch import StepWatch
+    (tmp_path / "heartbeat_rank0.jsonl").write_text(
+        '{"time": 1, "step": 1, "pid": 11}\n{"time": 2, "step": 2, "pid": 12}\n')
+    (tmp_path / "heartbeat_rank1.jsonl").write_text('{"time": 1, "step": 1, "pid": 21}\n{"time": 2, "step": 2}\n')
+    watch = StepWatch(tmp_path, tmp_path / "training.csv")
+    watch.look()
+    assert watch.pids == {12: 0, 21: 1}

@@ -90,3 +90,26 @@ def test_the_progress_line_says_how_long_no_step_came_instead_of_a_growing_eta(t
     assert lines[-1].endswith("ETA 97s")
     progress(20.0)
     assert lines[-1] == "rb/cpu/p/default:    20s step 3/100, 1,000 tok/s, no new step for 17s"
+
+
+def test_a_trainer_resumed_in_place_makes_progress_while_it_writes_steps_again(tmp_path):
+    """A trainer that went back to its checkpoint at step 6 after step 10 writes steps 7-10 again:
+    each is progress, though none is above the highest step seen (a restart that re-ran more steps
+    than stall_s allows was once stopped as a stall)."""
+    csv = tmp_path / "training.csv"
+    beats = tmp_path / "heartbeat_rank0.jsonl"
+    csv.write_text(HEADER + "".join(f"{s},5,0.1,10,0.1,1,0,0\n" for s in range(1, 11)))
+    beats.write_text("".join(_beat(s) for s in range(1, 11)))
+    watch = StepWatch(tmp_path, csv)
+    assert watch.look() and watch.highest == 10
+    assert not watch.look()
+    for step in (7, 8):
+        with open(beats, "a") as fh:
+            fh.write(_beat(step))
+        assert watch.look(), step
+        with open(beats, "a") as fh:
+            fh.write(_beat(step, stage="backward"))  # another stage of the step: none
+        assert not watch.look()
+    with open(csv, "a") as fh:
+        fh.write("7,5,0.1,10,0.1,1,0,0\n")  # the CSV goes back too
+    assert watch.look() and watch.highest == 10

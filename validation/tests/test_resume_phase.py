@@ -8,14 +8,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 
 from validation.errors import RunbookError
 from validation.judge.record import Status
+from validation.judge.resume import ClueKind, clue
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
-from validation.tests.conftest import write_runbook
+from validation.tests.conftest import FakeRun, write_runbook
 
 GATES = [{"metric": "loss_finite", "op": "==", "threshold": 1}]
 
@@ -133,3 +135,58 @@ def test_the_resume_finding_says_which_of_data_schedule_or_restored_state_broke(
     assert _cause({"resume_lr_rel_diff": ok, "resume_data_gap": bad}).startswith("its data did not continue")
     assert "optimizer state, RNG state or model weights" in _cause({"resume_lr_rel_diff": ok, "resume_data_gap": ok})
     assert "records no data position" in _cause({"resume_lr_rel_diff": ok})
+
+
+def test_a_lost_optimizer_state_is_told_from_a_data_position_one_step_off(fake_run):
+    """Both resumed runs continue the learning rate and say their data continued (env.json); the
+    finding used to give both the same list (optimizer, RNG or model state, or the step count).
+    The loss curve tells them apart: a lost optimizer state leaves the first step after the resume
+    (its loss is taken before its update) as it was; data one step on shifts the whole curve."""
+    optim = fake_run([resume_phase("resume_optim")])
+    title = optim.findings("critical")[0].split("\n")[0]
+    assert title.endswith("; the learning rate continued; step 5, the first after the resume, matches the "
+                          "uninterrupted run and step 6 does not: the weights and the data of step 5 were restored "
+                          "(its loss is taken before its update), its update was not the same: the optimizer's state "
+                          "(its moments, its step count) was not restored"), title
+    assert optim.record.evidence.resume_clue.kind == ClueKind.UPDATE
+
+
+def test_data_one_step_off_that_env_json_calls_continued_is_named_from_the_curve(tmp_path):
+    run = FakeRun(tmp_path, [resume_phase("resume_skip:steps=1:unrecorded=1", steps=12, resume_after=4)])
+    gates = {g.metric: g for g in run.record.gates}
+    assert gates["resume_data_gap"].verdict == "PASS"  # the trainer says its data continued
+    title = run.findings("critical")[0].split("\n")[0]
+    assert "; the learning rate continued; the resumed loss lies closer to the uninterrupted run's 1 step later (mean " \
+           "rel difference 0 over 7 steps, 0.00343 at the same step): its data likely starts 1 step past where the " \
+           "first half's ended; env.json's data_position says the data continued, which the curve does not bear out" \
+           in title, title
+
+
+@pytest.mark.parametrize("curve, expected", [
+    # the tiny model on CPU, resumed after step 8 of 16 (2026-11-27): the optimizer state zeroed in the
+    # checkpoint; the data one micro-batch on (NSA_FAULT resume_skip:batches=1); two on; the RNG reseeded
+    ([4.10011, 3.17805, 2.95581, 3.44187, 2.74663, 3.20861, 3.14139, 3.0748], (ClueKind.UPDATE, 0)),
+    ([3.36192, 3.23258, 3.39544, 3.04017, 3.10481, 3.14322, 3.11864, 2.49474], (ClueKind.SHIFTED, 1)),
+    ([3.35527, 3.42316, 3.13916, 3.14563, 3.17388, 3.11935, 2.50477, 2.9138], (ClueKind.SHIFTED, 2)),
+    ([4.10139, 3.27567, 3.16154, 3.25361, 3.00558, 3.06818, 3.03806, 3.01842], None),
+])
+def test_the_real_trainers_resumed_curves_say_which_state_was_lost(curve, expected):
+    reference = [5.6725, 5.19597, 5.74645, 5.89572, 4.41589, 4.66288, 3.41891, 3.84723, 4.10011, 3.27011, 3.1641,
+                 3.25321, 3.00366, 3.07155, 3.0411, 3.01237]
+    ref = pd.DataFrame({"step": range(1, 17), "loss": reference})
+    resumed = pd.DataFrame({"step": range(1, 17), "loss": reference[:8] + curve})
+    found = clue(ref, resumed, 8, 0.0)
+    assert (found and (found.kind, found.shift)) == expected
+
+
+def test_without_the_first_step_after_the_resume_the_curve_names_nothing():
+    """A smooth loss whose resumed run falls more slowly (its optimizer state lost) lies close to the
+    uninterrupted run's a step back; only the first step after the resume tells the two apart, so a
+    trainer that did not log it gets no clue rather than 'data read again'."""
+    ref = pd.DataFrame({"step": range(1, 13), "loss": [3.0 - 0.1 * s for s in range(1, 13)]})
+    drift = [3.0 - 0.1 * s for s in range(1, 5)] + [3.0 - 0.1 * 4 - 0.1 * (s - 4) + 0.1 * min(s - 5, 1)
+                                                    for s in range(5, 13)]
+    resumed = pd.DataFrame({"step": range(1, 13), "loss": drift})
+    assert clue(ref, resumed, 4, 0.0).kind == ClueKind.UPDATE  # step 5 logged: matched, then drifted
+    unlogged = resumed[resumed["step"] != 5]
+    assert clue(ref, unlogged, 4, 0.0) is None

@@ -4,8 +4,9 @@ Each detector reads stored records only, so findings can be recomputed for any r
 directory without re-running anything: process failures and failed gates (failures.py), the nodes
 of a launch of several nodes (nodes.py), speed across points (throughput.py), where NSA pays
 against dense (long_context.py), loss and grad-norm spikes, divergence and a logged non-finite
-loss (stability.py), resumed runs that do not continue the uninterrupted one (resume.py), points
-that ran at different commits of the trainer (commits.py);
+loss (stability.py), resumed runs that do not continue the uninterrupted one and trainers that
+resumed in place mid-run (resume.py), memory that keeps growing (memory.py), points that ran at
+different commits of the trainer (commits.py);
 advice.py turns findings into what to do next, saying only what is true of the trainer that ran.
 """
 from __future__ import annotations
@@ -24,8 +25,9 @@ from validation.judge.findings.failures import (
 )
 from validation.judge.findings.finding import Finding, Severity, point_label, where
 from validation.judge.findings.long_context import long_context, planned_longest
+from validation.judge.findings.memory import memory_growth
 from validation.judge.findings.nodes import nodes
-from validation.judge.findings.resume import not_equivalent
+from validation.judge.findings.resume import not_equivalent, resumed_in_place
 from validation.judge.findings.stability import divergence, nonfinite, spikes
 from validation.judge.findings.throughput import (
     CROSS_POINT,
@@ -39,8 +41,8 @@ from validation.judge.findings.throughput import (
 from validation.judge.record import PhaseRecord
 
 DETECTORS = (crashes, stalls, nodes, short_runs, shared_timings, cliffs, host_bound, imbalance, fallbacks,
-             artifact_errors, failed_gates, best_setting, not_equivalent, nonfinite, divergence, spikes, slowdowns,
-             mixed_commits)
+             artifact_errors, failed_gates, best_setting, not_equivalent, resumed_in_place, nonfinite, divergence,
+             spikes, slowdowns, memory_growth, mixed_commits)
 _ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 
 

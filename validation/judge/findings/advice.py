@@ -176,6 +176,20 @@ def _resume(f: Facts) -> str:
             f"whether the learning rate and the data position continued. Then {_RERUN}.")
 
 
+def _resumed_in_place(f: Facts) -> str:
+    return ("A trainer process started again mid-run from its checkpoint: find in the trainer's log why the one "
+            "before it ended (a crash, a killed rank, a requeue) and fix that; a run of days meets it again. Then "
+            f"{_RERUN}.")
+
+
+def _memory_growth(f: Facts) -> str:
+    where = ("torch.cuda.memory_summary() or a memory snapshot (torch.cuda.memory._record_memory_history) at two "
+             "steps of the growing rank" if f.cuda else "the tensors the growing rank holds alive at two steps")
+    return ("Memory kept growing at the rate the finding gives: a run of days meets the step named, where it says "
+            "one. Look for what the growing rank keeps from step to step (tensors held with their graph, such as a "
+            f"loss summed without .item() or .detach(), lists of per-step values, caches), comparing {where}.")
+
+
 def _slowdown(f: Facts) -> str:
     return ("Tokens/s fell during the run and stayed down: a long run goes on at the later rate. Look at what "
             "changes at the step named: memory near the device's limit (the allocator's retries, fragmentation), "
@@ -202,6 +216,7 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
     "artifacts": _artifacts, "regression": _regression, "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing, "spike": _spike,
     "diverging": _diverging, "resume": _resume, "slowdown": _slowdown,
+    "resumed_in_place": _resumed_in_place, "memory_growth": _memory_growth,
     # a node's advice says the same for any trainer (nodes of one launch are torchrun's, not its)
     **{kind: (lambda f, text=text: text) for kind, text in NODE_ADVICE.items()},
 }

@@ -6,7 +6,7 @@ from __future__ import annotations
 from validation.judge.findings.finding import Facts, Finding, Severity, where
 from validation.judge.gates import GateVerdict
 from validation.judge.record import PhaseRecord
-from validation.judge.resume import DATA_METRIC, LOSS_METRIC, LR_METRIC, METRICS
+from validation.judge.resume import DATA_METRIC, LOSS_METRIC, LR_METRIC, METRICS, Clue, ClueKind
 
 
 def not_equivalent(records: list[PhaseRecord]) -> list[Finding]:
@@ -22,18 +22,24 @@ def not_equivalent(records: list[PhaseRecord]) -> list[Finding]:
         lead = next((g for g in bad if g.metric == LOSS_METRIC), bad[0])
         detail = [g.text() for g in gates if g is not lead]
         detail += [f"{s.label}: {s.out_dir}/training.csv" for s in r.runs]
-        out.append(Finding(Severity.CRITICAL, r.phase, f"resume not equivalent in {where(r)}: {lead.note}; "
-                           f"{_cause({g.metric: g.verdict for g in gates})}", detail, "resume", Facts.of(r)))
+        cause = _cause({g.metric: g.verdict for g in gates}, r.evidence.resume_clue)
+        out.append(Finding(Severity.CRITICAL, r.phase, f"resume not equivalent in {where(r)}: {lead.note}; {cause}",
+                           detail, "resume", Facts.of(r)))
     return out
 
 
-def _cause(verdicts: dict[str, GateVerdict]) -> str:
-    """What the gates together tell of why: which of what a resume restores did not continue."""
+def _cause(verdicts: dict[str, GateVerdict], clue: Clue | None = None) -> str:
+    """What the gates and the loss curve (``clue``) together tell of why: which of what a resume
+    restores did not continue."""
     broke = [what for metric, what in ((DATA_METRIC, "its data did not continue where the first half's ended"),
                                        (LR_METRIC, "its learning-rate schedule did not continue"))
              if verdicts.get(metric) == GateVerdict.FAIL]
     if broke:
         return " and ".join(broke)
+    if clue is not None and verdicts.get(LR_METRIC) == GateVerdict.PASS:
+        recorded = ("; env.json's data_position says the data continued, which the curve does not bear out"
+                    if clue.kind == ClueKind.SHIFTED and verdicts.get(DATA_METRIC) == GateVerdict.PASS else "")
+        return f"the learning rate continued; {clue.text()}{recorded}"
     if verdicts.get(LR_METRIC) == GateVerdict.PASS and verdicts.get(DATA_METRIC) == GateVerdict.PASS:
         return ("learning rate and data position continued, so the state restored from the checkpoint differs "
                 "(optimizer state, RNG state or model weights) or the resumed run's step count is off")
@@ -41,3 +47,25 @@ def _cause(verdicts: dict[str, GateVerdict]) -> str:
         return ("the learning rate continued; the trainer records no data position (env.json data_position), so the "
                 "data, the optimizer, RNG or model state, or the step count may be what differs")
     return "see the gates below"
+
+
+def resumed_in_place(records: list[PhaseRecord]) -> list[Finding]:
+    """A warning per run whose trainer went back to a checkpoint and wrote steps again into the
+    same files (a process restarted mid-run: torchrun's --max-restarts, a requeued job): the
+    acceptance run met a failure that a long run would meet too, and what the report reads of the
+    repeated steps is their later occurrence. One line per file that shows it."""
+    out = []
+    for r in records:
+        if not r.evidence.reruns:
+            continue
+        firsts = sorted({rerun.first for reruns in r.evidence.reruns.values() for rerun in reruns})
+        steps = ", ".join(str(s) for s in firsts)
+        detail = [f"{name}: {'; '.join(rerun.text() for rerun in reruns)}"
+                  for name, reruns in sorted(r.evidence.reruns.items())]
+        log = f" ({r.evidence.stderr_log})" if r.evidence.stderr_log else ""
+        detail.append("every number and finding of this run reads the occurrence written later; why the earlier "
+                      f"process ended is in the trainer's log{log}")
+        out.append(Finding(Severity.WARNING, r.phase, (
+            f"trainer resumed in place in {where(r)}: it went back to a checkpoint and wrote again from step "
+            f"{steps} into the same files"), detail, "resumed_in_place", Facts.of(r)))
+    return out

@@ -42,7 +42,8 @@ class NodeLaunch:
     host: str | None = None
     """The machine it ran on, where known."""
     pid: int | None = None
-    """Its torchrun agent's process, where the harness started it (on this host)."""
+    """Its torchrun agent's process, where it ran on this host (one the harness started, or srun's
+    task here)."""
     exit_code: int | None = None
     """Its agent's exit code; None when the harness killed it still running, or it is not known."""
     ended_s: float | None = None

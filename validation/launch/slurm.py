@@ -41,6 +41,7 @@ from validation.errors import HarnessError
 from validation.launch import commands
 from validation.launch import process as runner
 from validation.launch.commands import Target
+from validation.launch.nodes import RankSeen
 from validation.launch.tree import ProcessTree
 from validation.launch.watch import Watch
 from validation.runbook.types import Launcher
@@ -117,14 +118,18 @@ def run(launcher: Launcher, target: Target, args: Sequence[str], *, env: Mapping
         argv = [*_srun(alloc, name, launcher), f"--output={out_dir}/node%t.stdout.log",
                 f"--error={out_dir}/node%t.stderr.log", *torchrun]
         step = _StepSeen(alloc.job_id, name)
+        # the ranks and agents of the nodes on this host: not srun's descendants (slurmstepd starts
+        # them), found by the token every process of the step inherits through srun's environment
+        seen = RankSeen(ProcessTree.members, STEP_LOOK_S)
         result = runner.run_group([runner.Command(argv, "srun")], env=env, cwd=cwd,
                                   timeout_s=max(1.0, timeout_s - (time.monotonic() - start)), log_dir=out_dir,
-                                  on_poll=on_poll, watch=watch, tree=tree, on_tree=step,
+                                  on_poll=on_poll, watch=watch, tree=tree, on_tree=lambda t: (step(t), seen(t)),
                                   cancel=_Cancel(alloc, step, kill_wait_s()),
                                   over=_RendezvousClosed(out_dir / "srun.stderr.log", out_dir))
         ends = task_ends(result.stderr_path)
         code = result.exit_code
-        nodes = [NodeLaunch(i, host, exit_code=ends.get(i, 0 if code == 0 else None)) for i, host in enumerate(hosts)]
+        nodes = [NodeLaunch(i, host, seen.agents.get(i), ends.get(i, 0 if code == 0 else None),
+                            group_rank=seen.group.get(i), ranks=seen.ranks.get(i, {})) for i, host in enumerate(hosts)]
         write_nodes(out_dir, NodesLaunch("slurm", launcher.nproc, endpoint, out_dir.name, launcher.rdzv.join_timeout_s,
                                          nodes, alloc.job_id, step.id))
         return dataclasses.replace(result, slurm_job_id=alloc.job_id)

@@ -24,7 +24,7 @@ import yaml
 from tests.faults import _util as U
 from tests.faults import fake_slurm
 from validation.contract.nodes import read_nodes
-from validation.judge.findings import find
+from validation.judge.findings import Severity, find, recommendations
 from validation.judge.record import Status
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
@@ -95,3 +95,23 @@ def test_a_hung_rank_under_slurm_is_named_with_its_node(tmp_path, fake_allocatio
     assert hung.title.startswith(f"node {hung_node} hung in srun_nodes [default] (no progress for "), hung.title
     assert f"node {hung_node}'s rank 1 in hang_forever" in hung.title, hung.title
     assert f"waiting for it: node {1 - hung_node}'s rank 0" in hung.title, hung.title
+
+
+def test_a_step_slurm_cancelled_is_no_crash_of_the_trainer(tmp_path, fake_allocation, monkeypatch):
+    """Someone's scancel of the job halfway (2026-11-27, Slurm 22.05 here): the report said 'crash in
+    srun_phase [default]: exit code 1' with advice to read the traceback and fix it, while slurmstepd
+    had written '*** STEP 14.1 ON vm CANCELLED AT ... ***' into the node's log and the agent had
+    only stopped its workers on Slurm's SIGTERM."""
+    monkeypatch.setenv(fake_slurm.CANCEL_ENV, "10")
+    rec, launch = _run(tmp_path, steps=100000)
+    assert rec.status == Status.FAIL and rec.stalled_s is None and not rec.timed_out, rec.reason
+    assert rec.reason.startswith("stopped by Slurm, not by the trainer or the harness: node 0: *** STEP 4343.1 ON "), \
+        rec.reason
+    assert " CANCELLED AT " in rec.reason and rec.reason.endswith("*** (exit code 1)"), rec.reason
+    found = find([rec])
+    assert [f.kind for f in found if f.severity == Severity.CRITICAL] == ["slurm_stopped"], [f.title for f in found]
+    [f] = [f for f in found if f.kind == "slurm_stopped"]
+    assert f.title.startswith("Slurm ended the step in srun_nodes [default], not the trainer and not the harness: "
+                              "node 0: *** STEP 4343.1 ON "), f.title
+    [advice] = recommendations(found)
+    assert "scancel" in advice and "traceback" not in advice, advice

@@ -81,6 +81,10 @@ class NodesLaunch:
     slurm_job_id: str | None = None
     slurm_step: str | None = None
     """``job.step`` of the srun that ran the trainer."""
+    slurm_stopped: str | None = None
+    """How Slurm ended the step when the harness did not ask it to (scancel by someone else, the
+    job's time limit, preemption, a node failure): slurmstepd's banner from a node's log, '*** STEP
+    14.1 ON vm CANCELLED AT 2026-11-27T14:04:13 ***', and the job's state; None otherwise."""
 
 
 def write_nodes(run_dir: Path, launch: NodesLaunch) -> None:

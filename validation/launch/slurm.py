@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from validation.contract.nodes import NodeLaunch, NodesLaunch, write_nodes
+from validation.contract.nodes import NodeLaunch, NodesLaunch, node_log, write_nodes
 from validation.contract.torchrun_log import agent_said, closed_rendezvous, gave_up
 from validation.errors import HarnessError
 from validation.launch import commands
@@ -60,6 +60,11 @@ PENDING_LOOK_S = 2.0
 #: (torch's default master port) and below Linux's ephemeral ports (32768 and up)
 PORT_BASE, PORT_SPAN = 20000, 9000
 _TASK_END = re.compile(r"^srun: error: (?P<host>\S+): tasks? (?P<tasks>[\d,-]+): (?P<what>.+)$")
+#: what slurmstepd writes into a task's stderr as Slurm ends its step or job (Slurm 22.05:
+#: '*** STEP 14.1 ON vm CANCELLED AT 2026-11-27T14:04:13 ***', with ' DUE TO TIME LIMIT' and the like)
+_STEPD_BANNER = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT .*?\*\*\*")
+#: the job states squeue shows of a job that has ended, other than COMPLETED
+JOB_ENDED = ("CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "DEADLINE", "BOOT_FAIL", "OUT_OF_MEMORY", "FAILED")
 _SIGNALS = {"Killed": -9, "Terminated": -15, "Aborted": -6, "Segmentation fault": -11}
 
 
@@ -121,17 +126,20 @@ def run(launcher: Launcher, target: Target, args: Sequence[str], *, env: Mapping
         # the ranks and agents of the nodes on this host: not srun's descendants (slurmstepd starts
         # them), found by the token every process of the step inherits through srun's environment
         seen = RankSeen(ProcessTree.members, STEP_LOOK_S)
+        cancel = _Cancel(alloc, step, kill_wait_s())
         result = runner.run_group([runner.Command(argv, "srun")], env=env, cwd=cwd,
                                   timeout_s=max(1.0, timeout_s - (time.monotonic() - start)), log_dir=out_dir,
                                   on_poll=on_poll, watch=watch, tree=tree, on_tree=lambda t: (step(t), seen(t)),
-                                  cancel=_Cancel(alloc, step, kill_wait_s()),
+                                  cancel=cancel,
                                   over=_RendezvousClosed(out_dir / "srun.stderr.log", out_dir))
         ends = task_ends(result.stderr_path)
         code = result.exit_code
         nodes = [NodeLaunch(i, host, seen.agents.get(i), ends.get(i, 0 if code == 0 else None),
                             group_rank=seen.group.get(i), ranks=seen.ranks.get(i, {})) for i, host in enumerate(hosts)]
+        # the harness's own cancel leaves the same banner in the nodes' logs: only one it did not send counts
+        stopped = None if cancel.sent or code == 0 else slurm_stopped(out_dir, launcher.nnodes, alloc.job_id)
         write_nodes(out_dir, NodesLaunch("slurm", launcher.nproc, endpoint, out_dir.name, launcher.rdzv.join_timeout_s,
-                                         nodes, alloc.job_id, step.id))
+                                         nodes, alloc.job_id, step.id, stopped))
         return dataclasses.replace(result, slurm_job_id=alloc.job_id)
     finally:
         if alloc.owned:
@@ -250,12 +258,15 @@ class _Cancel:
 
     def __init__(self, alloc: Allocation, step: _StepSeen, kill_wait: float):
         self.alloc, self.step, self.kill_wait = alloc, step, kill_wait
+        self.sent = False
+        """Whether the harness cancelled the step (or its job)."""
 
     def __call__(self, done: Callable[[], bool]) -> None:
         step = self.step.id or _step_id(self.alloc.job_id, self.step.name)
         target = step or (self.alloc.job_id if self.alloc.owned else None)
         if target is None or done():
             return  # nothing of the point runs in Slurm: the local kill ends srun
+        self.sent = True
         _query(["scancel", "--signal=TERM", target] if step else ["scancel", target])
         if not _wait(done, self.kill_wait + KILL_MARGIN_S):
             _query(["scancel", "--signal=KILL", target])
@@ -290,6 +301,23 @@ class _RendezvousClosed:
     def note(self, over_s: float) -> str:
         return (f"node {self.task}'s agent (srun's task {self.task}) gave up on the rendezvous ({gave_up(self.said)}), "
                 f"which no rank can start from any more, and srun still waited for the other tasks {over_s:.0f}s later")
+
+
+def slurm_stopped(out_dir: Path, nnodes: int, job_id: str) -> str | None:
+    """How Slurm ended the step, where it did: slurmstepd's banner in the first node log that
+    has one ('*** STEP 14.1 ON vm CANCELLED AT 2026-11-27T14:04:13 ***', '... DUE TO TIME LIMIT
+    ***'), with the job's state where it has ended (JOB_ENDED: a step cancelled alone leaves its job
+    RUNNING, and an ended job shows COMPLETING for a moment); None when no node's log has one."""
+    for i in range(nnodes):
+        try:
+            text = (out_dir / node_log(i, "stderr")).read_text(errors="replace")
+        except OSError:
+            continue
+        banner = _STEPD_BANNER.search(text)
+        if banner is not None:
+            state = _query(["squeue", "--noheader", "--states=all", f"--jobs={job_id}", "--format=%T"]).strip()
+            return f"node {i}: {banner.group(0)}" + (f"; job {job_id} {state}" if state in JOB_ENDED else "")
+    return None
 
 
 def _wait(done: Callable[[], bool], seconds: float) -> bool:

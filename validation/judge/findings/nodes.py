@@ -34,6 +34,10 @@ NODE_ADVICE = {
     "node_hung": "One node's rank stopped outside the collectives while the other nodes waited in them: its stack "
                  "(harness_stacks/) shows where; look at that host (I/O, a lock, a network interface) and at what "
                  "differs between the ranks' steps.",
+    "slurm_stopped": "Slurm ended the job step without the harness asking: someone's scancel of the job or the step, "
+                     "the job's time limit (srun_args --time, or the partition's), preemption or a node failure; "
+                     "slurmstepd's line in the finding says which. The trainer did not fail: re-run the point "
+                     "(with a longer --time where the time limit ended it).",
     "straggler": "One node is slower and every other node waits for it: compare that host's load, clocks, data "
                  "access and GPU health (preflight), or move the job off it.",
 }
@@ -45,7 +49,8 @@ def nodes(records: list[PhaseRecord]) -> list[Finding]:
         ev = r.evidence.nodes
         if ev is None:
             continue
-        first = missing_node(r, ev) or _departed(r, ev) or _hung(r, ev) or _failed(r, ev) or _agent_killed(r, ev)
+        first = (_slurm_stopped(r, ev) or missing_node(r, ev) or _departed(r, ev) or _hung(r, ev) or _failed(r, ev)
+                 or _agent_killed(r, ev))
         found = ([first] if first else []) + _stragglers(r, ev)
         # each finding lists every node; a run without one still says where each rank ran
         out += found or [Finding(Severity.INFO, r.phase, _summary(r, ev), _lines(r, ev), "nodes")]
@@ -104,6 +109,16 @@ def _agent(n: NodeEvidence, stopped: bool) -> str:
     else:
         ended = f"exit {n.exit_code}" + (f" after {n.ended_s:.1f} s" if n.ended_s is not None else "")
     return ended + (f" ({_said(n.said)})" if n.said else "")
+
+
+def _slurm_stopped(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
+    """Slurm ended the step without the harness asking (scancel by someone else, the job's time
+    limit, preemption): every rank was stopped, none failed in its own right."""
+    if ev.slurm_stopped is None or r.exit_code in (0, None):
+        return None
+    title = (f"Slurm ended the step in {where(r)}, not the trainer and not the harness: {ev.slurm_stopped}; the "
+             f"ranks were stopped at step {int(r.metrics.steps_completed or 0)}" + (f" of {r.steps}" if r.steps else ""))
+    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "slurm_stopped")
 
 
 def missing_node(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:

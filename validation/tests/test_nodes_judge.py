@@ -183,6 +183,23 @@ def test_a_hung_node_is_told_from_one_waiting_in_ddps_backward():
                            f"{waiting} in _engine_run_backward (last heartbeat step 3, backward)"), f.title
 
 
+def test_a_stall_of_a_one_node_launch_blames_no_node():
+    """A rank hung in a Slurm launch of one node (a user pass under Slurm, 2026-11-27): beside the
+    stall finding the report said 'node 0 hung ... waiting for it: node 0's rank 0' and advised that
+    'the other nodes waited in them: look at that host', of a run with no other node. A one-node
+    torchrun launch says only the stall; a one-node Slurm launch says that, and where its ranks ran."""
+    one = NodesEvidence("slurm", "vm:1", 20.0, [NodeEvidence(0, "node0.stderr.log", "vm", 1, None, 0, [0, 1])], "9",
+                        "9.1")
+    ev = Evidence(nodes=one, stackdumps={1: StackDump("harness_stacks/rank1.txt", [Frame("faults.py", 1, "hang_forever")]),
+                                         0: StackDump("harness_stacks/rank0.txt",
+                                                      [Frame("torch/distributed/distributed_c10d.py", 1, "all_reduce")])},
+                  last_heartbeat={1: Beat(3, "step"), 0: Beat(4, "forward")})
+    found = find([_record(one, status=Status.FAIL, exit_code=None, stalled_s=20.0, evidence=ev)])
+    assert [f.kind for f in found] == ["stall", "nodes"], [f.title for f in found]
+    assert "hung: rank 1 in hang_forever; waiting for it: rank 0 in all_reduce" in found[0].title, found[0].title
+    assert not [a for a in recommendations(found) if "other nodes" in a], recommendations(found)
+
+
 def test_a_node_whose_agent_was_killed_is_named():
     """kill -9 of one node's torchrun agent: its worker lives on in its own session and breaks
     later, or finishes while the other agent waits on the store that died with it; no rank failed

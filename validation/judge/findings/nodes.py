@@ -179,6 +179,8 @@ def _log_said(n: NodeEvidence) -> str:
 def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     """A stalled run (the harness's stall watch or timeout, or the trainer's own watchdog): the
     hung ranks (findings/hung.py) and their nodes; the others waited for them."""
+    if len(ev.nodes) < 2:
+        return None  # no other node waited: the stall finding says which rank hung, as for any one-node launch
     watchdog = r.evidence.halt is not None and r.evidence.halt.source == "watchdog"
     if r.stalled_s is None and not r.timed_out and not watchdog or r.died_before_watchdog is not None:
         return None  # no stall, or a rank died and the watchdog fired in those waiting for it (_failed)

@@ -31,6 +31,10 @@ NODE_ADVICE = {
     "node_failed": "A rank on one node died first and the others failed in their collectives after it: read that "
                    "node's log (named); SIGKILL with no traceback is usually the kernel's OOM killer (dmesg on that "
                    "host) or the scheduler.",
+    "agent_killed": "A node's torchrun agent itself was killed (no rank failed on its own first): kill -9 of the agent, "
+                    "the kernel's OOM killer on that host (dmesg there), the node going down, or the scheduler; its "
+                    "workers, in sessions of their own, then break or are left without it. Read that node's log "
+                    "(named) for what the agent said last.",
     "node_hung": "One node's rank stopped outside the collectives while the other nodes waited in them: its stack "
                  "(harness_stacks/) shows where; look at that host (I/O, a lock, a network interface) and at what "
                  "differs between the ranks' steps.",
@@ -264,7 +268,7 @@ def _agent_killed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     ended = _others(r, ev, node)
     title = (f"{node.name}'s torchrun agent was killed by {_signal(-node.exit_code)} in {where(r)}{after} "
              f"(log {node.log})" + (f"; the other nodes: {ended}" if ended else ""))
-    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "node_failed")
+    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "agent_killed")
 
 
 def _others(r: PhaseRecord, ev: NodesEvidence, node: NodeEvidence | None) -> str:

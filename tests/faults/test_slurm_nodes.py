@@ -115,3 +115,21 @@ def test_a_step_slurm_cancelled_is_no_crash_of_the_trainer(tmp_path, fake_alloca
                               "node 0: *** STEP 4343.1 ON "), f.title
     [advice] = recommendations(found)
     assert "scancel" in advice and "traceback" not in advice, advice
+
+
+def test_ranks_that_hang_before_their_first_heartbeat_under_slurm_are_no_unfinished_rendezvous(
+        tmp_path, fake_allocation, monkeypatch):
+    """Every rank hung before its first heartbeat under real Slurm (2026-11-27): with nodes.json's
+    rank maps empty, the report's critical finding was 'the nodes never completed the rendezvous
+    ... no rank started', and its advice about an agent stuck before any rank started, beside the
+    stall finding holding both ranks' stacks."""
+    monkeypatch.setenv("TEST_TRAINER_FAULT", "hang_all@1")
+    rec, launch = _run(tmp_path, steps=400)
+    assert rec.status == Status.FAIL and rec.stalled_s is not None, rec.reason
+    assert sorted(r for n in launch.nodes for r in n.ranks) == [0, 1], launch
+    found = find([rec])
+    kinds = [f.kind for f in found if f.severity == Severity.CRITICAL]
+    assert "stall" in kinds and "node_stuck" not in kinds, [f.title for f in found]
+    assert not [f for f in found if "rendezvous" in f.title], [f.title for f in found]
+    [hung] = [f for f in found if f.kind == "node_hung"]  # every rank hung: both nodes named
+    assert hung.title.startswith("node 0, node 1 hung in srun_nodes [default]"), hung.title

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -133,3 +134,18 @@ def test_ranks_that_hang_before_their_first_heartbeat_under_slurm_are_no_unfinis
     assert not [f for f in found if "rendezvous" in f.title], [f.title for f in found]
     [hung] = [f for f in found if f.kind == "node_hung"]  # every rank hung: both nodes named
     assert hung.title.startswith("node 0, node 1 hung in srun_nodes [default]"), hung.title
+
+
+def test_a_killed_rank_under_slurm_is_named_with_its_node(tmp_path, fake_allocation, monkeypatch):
+    """Rank 1 SIGKILLed: its node is the one named, and the record's log is that node's (with
+    nodes.json's rank maps empty, 'rank 1 (node unknown) was killed by SIGKILL')."""
+    monkeypatch.setenv("TEST_TRAINER_FAULT", "kill_rank:1@4")
+    rec, launch = _run(tmp_path, steps=400)
+    assert rec.status == Status.FAIL and rec.reason.startswith("trainer crashed"), rec.reason
+    run_dir = tmp_path / "results" / rec.out_dir
+    # the node whose torchrun agent reported rank 1's end (its failure summary: 'rank : 1 (local_rank: 0)')
+    [killed] = [i for i in (0, 1) if re.search(r"rank\s+: 1 \(local_rank", (run_dir / f"node{i}.stderr.log").read_text())]
+    [f] = [f for f in find([rec]) if f.kind == "node_failed"]
+    assert f.title.startswith(f"node {killed}'s rank 1 was killed by SIGKILL in srun_nodes [default] "
+                              f"(log node{killed}.stderr.log); the other nodes: node {1 - killed}: rank 0"), f.title
+    assert rec.evidence.stderr_log == f"node{killed}.stderr.log", rec.evidence.stderr_log

@@ -16,6 +16,12 @@ with ``scancel --signal=TERM`` (SIGTERM to the agents, which stop their workers)
 and a margin for srun to end, then ``scancel --signal=KILL``, then kills what runs on this host as
 for any point (docs/slurm.md measured each of these).
 
+srun propagates the environment, so every process of the step carries the run's token: the nodes'
+agents and ranks on this host (slurmstepd's children, not srun's) are found by it, for nodes.json
+and for the stacks of a stall. A step Slurm ends without the harness asking (someone's scancel, the
+job's time limit, preemption) leaves slurmstepd's '*** STEP ... CANCELLED AT ... ***' in the nodes'
+logs; nodes.json records it (``slurm_stopped``), so that the verdict says so instead of a crash.
+
 srun waits for every task, so a node's agent that gave up on the rendezvous does not end it while
 another node's lives: a node frozen before the rendezvous would hold the point until the start-up
 allowance. The launch is over (``_RendezvousClosed``, validation/launch/process.py's
@@ -54,6 +60,9 @@ QUERY_TIMEOUT_S = 30.0
 SHARED_CHECK_S = 60.0
 #: seconds between looks for the trainer's step while it is not listed yet
 STEP_LOOK_S = 2.0
+#: seconds between looks for the step's processes on this host by the run's token (a scan of every
+#: process here, a few ms per hundred): often enough to see workers that live only a few seconds
+RANK_LOOK_S = 0.5
 #: seconds between looks at why Slurm holds the harness's own allocation request pending
 PENDING_LOOK_S = 2.0
 #: the store's port on the first node when the runbook names none: from the job id, below 29500
@@ -125,12 +134,16 @@ def run(launcher: Launcher, target: Target, args: Sequence[str], *, env: Mapping
         step = _StepSeen(alloc.job_id, name)
         # the ranks and agents of the nodes on this host: not srun's descendants (slurmstepd starts
         # them), found by the token every process of the step inherits through srun's environment
-        seen = RankSeen(ProcessTree.members, STEP_LOOK_S)
+        seen = RankSeen(ProcessTree.members, RANK_LOOK_S)
+
+        def observe(t: ProcessTree) -> None:
+            step(t)
+            seen(t)
+
         cancel = _Cancel(alloc, step, kill_wait_s())
         result = runner.run_group([runner.Command(argv, "srun")], env=env, cwd=cwd,
                                   timeout_s=max(1.0, timeout_s - (time.monotonic() - start)), log_dir=out_dir,
-                                  on_poll=on_poll, watch=watch, tree=tree, on_tree=lambda t: (step(t), seen(t)),
-                                  cancel=cancel,
+                                  on_poll=on_poll, watch=watch, tree=tree, on_tree=observe, cancel=cancel,
                                   over=_RendezvousClosed(out_dir / "srun.stderr.log", out_dir))
         ends = task_ends(result.stderr_path)
         code = result.exit_code

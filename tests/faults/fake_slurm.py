@@ -103,7 +103,8 @@ def srun(args: list[str]) -> int:
     freeze = os.environ.get(FREEZE_ENV) if trainer else None
     cancel = [os.environ[CANCEL_ENV]] if trainer and os.environ.get(CANCEL_ENV) else []
     host = socket.gethostname().split(".")[0]
-    ends = Path(tempfile.mkdtemp(prefix="fake_srun_"))
+    # beside the fake's executables (a test's tmp_path): a srun the harness kills leaves it there, not in /tmp
+    ends = Path(tempfile.mkdtemp(prefix="fake_srun_", dir=Path(sys.argv[0]).resolve().parent))
     tasks = range(int(opts.get("--ntasks", "1")))
     for t in tasks:
         env = {**os.environ, "SLURM_PROCID": str(t), "SLURM_NODEID": str(t), "SLURM_STEP_ID": "0"}

@@ -55,7 +55,8 @@ class NodeLaunch:
     state: str | None = None
     """Its agent's process state when the harness stopped it still running (psutil's: 'stopped'
     for a SIGSTOP or a debugger, 'sleeping', 'disk-sleep', ...); None when it exited by itself,
-    or the harness could not see it (a node under Slurm)."""
+    or the harness could not see it (a node under Slurm on another host, or one srun reported the
+    end of)."""
     devices: str | None = None
     """The CUDA_VISIBLE_DEVICES the harness gave its agent (nodes on one GPU host, each with GPUs of
     its own); None where it gave none."""

@@ -11,6 +11,7 @@ can say which node a rank or a stack belongs to; its agent logs to ``node{i}.std
 """
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from validation.launch import commands
 from validation.launch import process as runner
 from validation.launch.commands import Target
 from validation.launch.stacks import is_agent
-from validation.launch.tree import ProcessTree
+from validation.launch.tree import ProcessTree, alive
 from validation.launch.watch import Watch
 from validation.runbook.types import Launcher
 
@@ -56,6 +57,7 @@ class RankSeen:
         self.ranks: dict[int, dict[int, int]] = {}
         self.group: dict[int, int] = {}
         self.agents: dict[int, int] = {}
+        self._agents: dict[int, psutil.Process] = {}
         self._processes, self._every_s = processes, every_s
         self._last: float | None = None
         self._read: set[int] = set()
@@ -77,12 +79,24 @@ class RankSeen:
             if node is not None and not rank and _own_agent(p):
                 self._read.add(p.pid)
                 self.agents.setdefault(node, p.pid)
+                self._agents.setdefault(node, p)
             if node is None or not rank.isdigit():
                 continue
             self._read.add(p.pid)
             self.ranks.setdefault(node, {}).setdefault(int(rank), p.pid)
             if group.isdigit():
                 self.group[node] = int(group)
+
+
+    def agent_states(self) -> dict[int, str]:
+        """Node -> its seen agent's process state now ('stopped' for a SIGSTOP or a debugger,
+        'sleeping', ...), of the agents still running."""
+        out = {}
+        for node, p in self._agents.items():
+            with contextlib.suppress(psutil.Error):
+                if alive(p):
+                    out[node] = p.status()
+        return out
 
 
 def _own_agent(p: psutil.Process) -> bool:

@@ -140,7 +140,7 @@ def run(launcher: Launcher, target: Target, args: Sequence[str], *, env: Mapping
             step(t)
             seen(t)
 
-        cancel = _Cancel(alloc, step, kill_wait_s())
+        cancel = _Cancel(alloc, step, seen, kill_wait_s())
         result = runner.run_group([runner.Command(argv, "srun")], env=env, cwd=cwd,
                                   timeout_s=max(1.0, timeout_s - (time.monotonic() - start)), log_dir=out_dir,
                                   on_poll=on_poll, watch=watch, tree=tree, on_tree=observe, cancel=cancel,
@@ -148,7 +148,9 @@ def run(launcher: Launcher, target: Target, args: Sequence[str], *, env: Mapping
         ends = task_ends(result.stderr_path)
         code = result.exit_code
         nodes = [NodeLaunch(i, host, seen.agents.get(i), ends.get(i, 0 if code == 0 else None),
-                            group_rank=seen.group.get(i), ranks=seen.ranks.get(i, {})) for i, host in enumerate(hosts)]
+                            group_rank=seen.group.get(i), ranks=seen.ranks.get(i, {}),
+                            state=None if i in ends or code == 0 else cancel.states.get(i))
+                 for i, host in enumerate(hosts)]
         # the harness's own cancel leaves the same banner in the nodes' logs: only one it did not send counts
         stopped = None if cancel.sent or code == 0 else slurm_stopped(out_dir, launcher.nnodes, alloc.job_id)
         write_nodes(out_dir, NodesLaunch("slurm", launcher.nproc, endpoint, out_dir.name, launcher.rdzv.join_timeout_s,
@@ -269,12 +271,16 @@ class _Cancel:
     (measured here, unlike a plain scancel of a job, which waits KillWait). With no step found,
     the harness's own job is cancelled (SIGTERM, then Slurm's SIGKILL after KillWait)."""
 
-    def __init__(self, alloc: Allocation, step: _StepSeen, kill_wait: float):
-        self.alloc, self.step, self.kill_wait = alloc, step, kill_wait
+    def __init__(self, alloc: Allocation, step: _StepSeen, seen: RankSeen, kill_wait: float):
+        self.alloc, self.step, self.seen, self.kill_wait = alloc, step, seen, kill_wait
         self.sent = False
         """Whether the harness cancelled the step (or its job)."""
+        self.states: dict[int, str] = {}
+        """Node -> the process state of its agent on this host as the harness stopped the run
+        ('stopped' tells a frozen agent from one that waits)."""
 
     def __call__(self, done: Callable[[], bool]) -> None:
+        self.states = self.seen.agent_states()
         step = self.step.id or _step_id(self.alloc.job_id, self.step.name)
         target = step or (self.alloc.job_id if self.alloc.owned else None)
         if target is None or done():

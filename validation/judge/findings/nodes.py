@@ -81,7 +81,7 @@ def _lines(r: PhaseRecord, ev: NodesEvidence) -> list[str]:
         late = n.lateness_s is not None and len(ev.nodes) > 1
         timing = "".join(x for x in (f"; median step {_ms(n.step_time_s)}" if n.step_time_s is not None else "",
                                      f", {_ms(n.lateness_s)} behind the earliest rank" if late else ""))
-        out.append(f"node {n.index} ({place}): {ranks}{timing}; agent {_agent(n, _agent_stopped(r, ev))}")
+        out.append(f"node {n.index} ({place}): {ranks}{timing}; agent {_agent(n, _agent_stopped(r, ev, n))}")
     return out
 
 
@@ -99,12 +99,13 @@ def _stopped(r: PhaseRecord) -> bool:
     return r.stalled_s is not None or r.timed_out
 
 
-def _agent_stopped(r: PhaseRecord, ev: NodesEvidence) -> bool:
+def _agent_stopped(r: PhaseRecord, ev: NodesEvidence, n: NodeEvidence) -> bool:
     """Whether an agent without an exit code is one the harness stopped still running: on this host
     always (the harness sees every agent it started end; it stops the others also when one failed
     and no rank was left under them), under Slurm (srun says only which tasks failed) when the
-    harness stopped the run."""
-    return ev.launcher == "torchrun" or _stopped(r)
+    harness stopped the run, or the harness saw the agent's process running here as it did (its
+    process state is recorded)."""
+    return ev.launcher == "torchrun" or _stopped(r) or n.state is not None
 
 
 def _agent(n: NodeEvidence, stopped: bool) -> str:
@@ -143,11 +144,11 @@ def missing_node(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
            else f"a node never joined the rendezvous (all {len(waited)} that started waited)")
     title = (f"{who} in {where(r)}: no rank started; the others gave up waiting (join timeout "
              f"{ev.join_timeout_s:g} s): {gave}, {', '.join(why)}")
-    alive = [n for n in missing if n.exit_code is None and _agent_stopped(r, ev)]
+    alive = [n for n in missing if n.exit_code is None and _agent_stopped(r, ev, n)]
     if alive:
         title += "; " + "; ".join(f"{n.name}'s agent was still running{_state(n)} and {_log_said(n)} when the harness "
                                   "stopped it" for n in alive)
-    detail = [f"{n.name} never joined: its agent {_agent(n, _agent_stopped(r, ev))}; log {n.log}"
+    detail = [f"{n.name} never joined: its agent {_agent(n, _agent_stopped(r, ev, n))}; log {n.log}"
               + ("" if n.said else " (empty)") for n in missing]
     return Finding(Severity.CRITICAL, r.phase, title, detail + _lines(r, ev), "node_stuck" if alive else "node_missing")
 
@@ -245,7 +246,7 @@ def _departed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
         return None
     nodes_gone = [n for n in ev.nodes if any(k in n.ranks for k in gone)]
     ended = "; ".join(f"{n.name}: " + (", ".join(_rank(r, k) for k in n.ranks if k not in gone) or "no other rank")
-                      + f", agent {_agent(n, _agent_stopped(r, ev))}" for n in ev.nodes)
+                      + f", agent {_agent(n, _agent_stopped(r, ev, n))}" for n in ev.nodes)
     head = "; ".join(f"{_on(ev, k)}{departure(r, [k])}" for k in gone)
     logs = ", ".join(n.log for n in nodes_gone)
     title = f"{head} in {where(r)}" + (f" (log {logs})" if logs else "") + f"; the nodes: {ended}"
@@ -274,7 +275,7 @@ def _agent_killed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
 def _others(r: PhaseRecord, ev: NodesEvidence, node: NodeEvidence | None) -> str:
     """How every node but ``node`` ended: its ranks and its agent."""
     return "; ".join(f"{n.name}: " + (", ".join(_rank(r, k) for k in n.ranks) or "no rank")
-                     + f", agent {_agent(n, _agent_stopped(r, ev))}" for n in ev.nodes if n is not node)
+                     + f", agent {_agent(n, _agent_stopped(r, ev, n))}" for n in ev.nodes if n is not node)
 
 
 def _signal(num: int) -> str:

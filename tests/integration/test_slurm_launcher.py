@@ -127,6 +127,9 @@ def test_a_hung_rank_under_srun_has_its_stack_taken_then_the_step_is_cancelled(s
     # scancel --signal=TERM reached torchrun's agent, which stopped its workers (the harness's own
     # kill of what runs here would have been a SIGKILL, which the agent cannot log)
     assert "Received 15 death signal" in (run_dir / "node0.stderr.log").read_text()
+    # the agent the harness's cancel ended had no exit of its own: recorded as running, with its state
+    [node] = read_nodes(run_dir).nodes
+    assert node.exit_code is None and node.state and node.pid and set(node.ranks) == {0, 1}, node
     assert _job_state(rec.slurm_job_id) in ("CANCELLED", ""), _job_state(rec.slurm_job_id)
     assert not _left(tmp_path)
     said = "; ".join(line for line in stderr.splitlines() if line.startswith("srun"))

@@ -147,10 +147,11 @@ def run(launcher: Launcher, target: Target, args: Sequence[str], *, env: Mapping
                                   over=_RendezvousClosed(out_dir / "srun.stderr.log", out_dir))
         ends = task_ends(result.stderr_path)
         code = result.exit_code
-        nodes = [NodeLaunch(i, host, seen.agents.get(i), ends.get(i, 0 if code == 0 else None),
-                            group_rank=seen.group.get(i), ranks=seen.ranks.get(i, {}),
-                            state=None if i in ends or code == 0 else cancel.states.get(i))
-                 for i, host in enumerate(hosts)]
+        nodes = []
+        for i, host in enumerate(hosts):
+            own = _agent_exit(i, ends, code, cancel)
+            nodes.append(NodeLaunch(i, host, seen.agents.get(i), own, group_rank=seen.group.get(i),
+                                    ranks=seen.ranks.get(i, {}), state=cancel.states.get(i) if own is None else None))
         # the harness's own cancel leaves the same banner in the nodes' logs: only one it did not send counts
         stopped = None if cancel.sent or code == 0 else slurm_stopped(out_dir, launcher.nnodes, alloc.job_id)
         write_nodes(out_dir, NodesLaunch("slurm", launcher.nproc, endpoint, out_dir.name, launcher.rdzv.join_timeout_s,
@@ -320,6 +321,15 @@ class _RendezvousClosed:
     def note(self, over_s: float) -> str:
         return (f"node {self.task}'s agent (srun's task {self.task}) gave up on the rendezvous ({gave_up(self.said)}), "
                 f"which no rank can start from any more, and srun still waited for the other tasks {over_s:.0f}s later")
+
+
+def _agent_exit(node: int, ends: Mapping[int, int], code: int | None, cancel: _Cancel) -> int | None:
+    """A node's agent's own exit code: srun's word on its task, 0 for one srun said nothing of in
+    a launch that ended 0; None where it is not known, or where the harness's cancel ended it still
+    running (what srun reports then is the cancel's doing, as a kill on this host would be)."""
+    if cancel.sent and node in cancel.states:
+        return None
+    return ends.get(node, 0 if code == 0 else None)
 
 
 def slurm_stopped(out_dir: Path, nnodes: int, job_id: str) -> str | None:

@@ -200,6 +200,25 @@ def test_a_stall_of_a_one_node_launch_blames_no_node():
     assert not [a for a in recommendations(found) if "other nodes" in a], recommendations(found)
 
 
+def test_a_step_slurm_ended_is_said_to_be_stopped_by_slurm_not_a_crash():
+    """slurmstepd's banner in nodes.json (a scancel from outside, a time limit): the verdict and the
+    one critical finding say Slurm stopped the ranks; no crash finding, no advice to fix a traceback."""
+    banner = "node 0: *** STEP 14.1 ON vm CANCELLED AT 2026-11-27T14:11:52 DUE TO TIME LIMIT ***"
+    one = NodesEvidence("slurm", "vm:1", 20.0, [NodeEvidence(0, "node0.stderr.log", "vm", 1, None, 0, [0, 1])], "14",
+                        "14.1", banner)
+    ev = Evidence(nodes=one, last_heartbeat={0: Beat(1, "forward"), 1: Beat(1, "forward")})
+    rec = _record(one, status=Status.FAIL, exit_code=1, steps=50, evidence=ev)
+    assert verdict(Outcome.of_record(rec), []) == (
+        Status.FAIL, f"stopped by Slurm, not by the trainer or the harness: {banner} (exit code 1)")
+    found = find([rec])
+    assert [f.kind for f in found if f.severity == Severity.CRITICAL] == ["slurm_stopped"], [f.title for f in found]
+    assert found[0].title == (f"Slurm ended the step in two [default], not the trainer and not the harness: {banner}; the "
+                              "ranks were stopped before their first step"), found[0].title
+    assert not [a for a in recommendations(found) if "traceback" in a], recommendations(found)
+    run = RunData(Path("x"), world_size=2, exit_code=1, slurm_stopped=banner)
+    assert verdict(Outcome.of_run("train", run, []), [])[1].startswith("stopped by Slurm, not by the trainer")
+
+
 def test_a_node_whose_agent_was_killed_is_named():
     """kill -9 of one node's torchrun agent: its worker lives on in its own session and breaks
     later, or finishes while the other agent waits on the store that died with it; no rank failed

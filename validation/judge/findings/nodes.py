@@ -121,8 +121,10 @@ def _slurm_stopped(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     limit, preemption): every rank was stopped, none failed in its own right."""
     if ev.slurm_stopped is None or r.exit_code in (0, None):
         return None
+    done = int(r.metrics.steps_completed or 0)
+    at = f"after step {done}" + (f" of {r.steps}" if r.steps else "") if done else "before their first step"
     title = (f"Slurm ended the step in {where(r)}, not the trainer and not the harness: {ev.slurm_stopped}; the "
-             f"ranks were stopped at step {int(r.metrics.steps_completed or 0)}" + (f" of {r.steps}" if r.steps else ""))
+             f"ranks were stopped {at}")
     return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "slurm_stopped")
 
 

@@ -97,7 +97,9 @@ def node_evidence(out_dir: Path, heartbeats: dict[int, list[dict[str, Any]]],
     if launch is None:
         return None
     placed = _ranks_by_node(launch, heartbeats)
-    late = _lateness(heartbeats)
+    # how late a node comes is against the other nodes; within one node it says nothing of nodes (a
+    # one-node torchrun launch, with no nodes.json, has no such figure either)
+    late = _lateness(heartbeats) if len(launch.nodes) > 1 else {}
     nodes = []
     for n in launch.nodes:
         log = out_dir / n.stderr

@@ -126,6 +126,15 @@ def test_a_late_node_is_a_straggler_and_a_punctual_one_is_not():
                           "Slurm job 9")
 
 
+def test_a_single_node_launch_records_no_lateness(tmp_path):
+    """A Slurm launch of one node (nodes: 1): its record carried 'lateness_s' (a spread between the
+    node's own ranks), a figure a one-node torchrun launch never has; its step time stays."""
+    _launch(tmp_path, [NodeLaunch(0, "vm", group_rank=0, ranks={0: 11, 1: 12})], "slurm")
+    nodes = node_evidence(tmp_path, {0: _beats(0, 0, "vm", 0.0), 1: _beats(1, 0, "vm", 0.03)}, {0: 0.1, 1: 0.1})
+    [node] = nodes.nodes
+    assert node.ranks == [0, 1] and node.step_time_s == 0.1 and node.lateness_s is None, node
+
+
 def test_a_single_node_launch_says_nothing_of_lateness():
     """A Slurm launch of one node (a user pass, 2026-11-27): its line read '5.6 ms behind the
     earliest rank', a spread within the node that says nothing of nodes."""

@@ -77,7 +77,8 @@ def _lines(r: PhaseRecord, ev: NodesEvidence) -> list[str]:
                                       f"torchrun node rank {n.group_rank}" if n.group_rank is not None else "",
                                       f"log {n.log}") if x)
         ranks = "; ".join(_rank(r, rank) for rank in n.ranks) or "no rank ran"
-        # how late a node's ranks come says something beside other nodes; of one node, nothing
+        # how late a node's ranks come says something beside other nodes; of one node, nothing (the
+        # judge records none for one node now: records stored before carry one)
         late = n.lateness_s is not None and len(ev.nodes) > 1
         timing = "".join(x for x in (f"; median step {_ms(n.step_time_s)}" if n.step_time_s is not None else "",
                                      f", {_ms(n.lateness_s)} behind the earliest rank" if late else ""))

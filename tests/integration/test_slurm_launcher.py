@@ -176,6 +176,9 @@ def test_a_job_someone_scancels_is_stopped_by_slurm_not_a_crash(slurm, tmp_path)
     assert rec.status == "FAIL" and rec.reason.startswith("stopped by Slurm, not by the trainer or the harness: node 0: "
                                                           f"*** STEP {job}."), rec.reason
     assert " CANCELLED AT " in rec.reason, rec.reason
+    deadline = time.monotonic() + 30
+    while _job_state(job) == "COMPLETING" and time.monotonic() < deadline:  # Slurm ending the job it cancelled
+        time.sleep(0.5)
     assert not _left(tmp_path) and _job_state(job) in ("CANCELLED", ""), _job_state(job)
     print(f"job {job}: scancel from outside -> {rec.reason}")
 

@@ -7,7 +7,8 @@ looked at the step's processes: they are not srun's descendants). With every nod
 the heartbeats' ``host`` cannot tell the nodes apart, and their ``node`` (torchrun's node rank)
 maps to a launch node only through the node rank nodes.json records: a healthy run's nodes
 finding said 'no rank ran' of both nodes, and a hung rank's finding named no node ('a node
-hung ... rank 1 in hang_forever').
+hung ... rank 1 in hang_forever'). And a step Slurm cancels without the harness asking (the fake's
+stand-in for someone's scancel) is no crash of the trainer.
 
 Test trainer outside the nsa package: tests/trainers/native_train.py.
 """

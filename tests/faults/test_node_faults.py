@@ -117,7 +117,7 @@ def test_a_slurm_node_frozen_before_the_rendezvous_is_named_once_the_other_gave_
                  f"(a stand-in Slurm, every node this host; join timeout {JOIN_S} s), `startup_s` {STARTUP_S:g} s",
                  "FAIL 'trainer ended before its first step (exit code 1)' within the grace after node 0's agent gave "
                  "up (RendezvousTimeoutError, as srun reported its task's end), not at startup_s; node 1 named as never "
-                 "having joined; no stall finding")
+                 "having joined, its agent (seen on this host) in process state 'stopped'; no stall finding")
     monkeypatch.delenv("TEST_TRAINER_FAULT", raising=False)
     bin_dir = fake_slurm.install(tmp_path / "slurm_bin")
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
@@ -135,18 +135,22 @@ def test_a_slurm_node_frozen_before_the_rendezvous_is_named_once_the_other_gave_
     assert rec.evidence.nodes.launcher == "slurm" and rec.slurm_job_id == "4242", rec.evidence.nodes
     node0, node1 = rec.evidence.nodes.nodes
     assert node0.exit_code == 1 and "RendezvousTimeoutError" in (node0.said or ""), node0
-    assert node1.exit_code is None and node1.said is None, node1
+    # node 1's agent runs on this host: the harness saw it (by the run's token) and its state as it stopped the run
+    assert node1.exit_code is None and node1.said is None and node1.state == "stopped", node1
     # node 0's agent gives up at the join timeout from its own start (after the harness's check step
     # and torchrun's imports: a few seconds on 2 busy cores), then the launch-over grace
     bound = JOIN_S + LAUNCH_OVER_GRACE_S + 15.0
     assert rec.wall_s < bound < STARTUP_S, (rec.wall_s, bound)
     found = find([rec])
-    assert [f.kind for f in found if f.severity == Severity.CRITICAL] == ["node_missing"], [f.title for f in found]
-    [f] = [f for f in found if f.kind == "node_missing"]
+    assert [f.kind for f in found if f.severity == Severity.CRITICAL] == ["node_stuck"], [f.title for f in found]
+    [f] = [f for f in found if f.kind == "node_stuck"]
     assert f.title == ("node 1 never joined the rendezvous in frozen_node [default]: no rank started; the others gave up "
-                       f"waiting (join timeout {JOIN_S} s): node 0, RendezvousTimeoutError"), f.title
-    # srun says nothing of a task that has not failed: whether node 1's agent still ran is not known here
-    assert "node 1 never joined: its agent end not known; log node1.stderr.log (empty)" in f.detail, f.detail
+                       f"waiting (join timeout {JOIN_S} s): node 0, RendezvousTimeoutError; node 1's agent was still "
+                       "running (process state stopped) and had written nothing in its log when the harness stopped "
+                       "it"), f.title
+    # srun says nothing of a task that has not failed; its agent's process, here, was seen stopped
+    assert ("node 1 never joined: its agent still running (process state stopped) when the harness stopped the run; "
+            "log node1.stderr.log (empty)") in f.detail, f.detail
     said = (tmp_path / "results" / rec.out_dir / "srun.stderr.log").read_text()
     assert ("node 0's agent (srun's task 0) gave up on the rendezvous (RendezvousTimeoutError), which no rank can "
             "start from any more") in said, said

@@ -5,9 +5,9 @@ types it, against a running Slurm whose node is this host (scripts/slurm/single_
 reason, unless ``-m`` names slurm and Slurm answers (tests/integration/conftest.py). Three runs of
 the test trainer (tests/trainers/native_train.py) as srun of torchrun in an allocation the
 harness asks for (salloc --no-shell): a healthy phase (GO, the job id in the record, the
-allocation released); a hung rank (the stall watch takes every rank's stack with its node, then
-scancel); and a run interrupted with SIGINT (scancel, exit 130, no process, job or run directory
-left).
+allocation released, each rank's pid in nodes.json); a hung rank (the stall watch takes every
+rank's stack with its node, then scancel); a run interrupted with SIGINT (scancel, exit 130, no
+process, job or run directory left); and a job someone else scancels (stopped by Slurm, no crash).
 """
 from __future__ import annotations
 
@@ -105,6 +105,8 @@ def test_a_phase_runs_as_srun_of_torchrun(slurm, tmp_path):
              for line in (run_dir / f"heartbeat_rank{r}.jsonl").read_text().splitlines()}
     assert ranks == {0, 1} and (run_dir / "node0.stderr.log").exists() and (run_dir / "srun.stderr.log").exists()
     assert rec.evidence.nodes.nodes[0].ranks == [0, 1]
+    # the step's processes, slurmstepd's children, were seen through the run's token
+    assert set(launch.nodes[0].ranks) == {0, 1} and launch.nodes[0].pid and launch.nodes[0].group_rank == 0, launch
     assert _job_state(rec.slurm_job_id) in ("CANCELLED", "COMPLETED", ""), "the allocation was not released"
     assert not _left(tmp_path)
     print(f"job {rec.slurm_job_id}: GO in {took:.1f} s of harness wall time ({rec.wall_s:.1f} s for the point)")
@@ -125,6 +127,9 @@ def test_a_hung_rank_under_srun_has_its_stack_taken_then_the_step_is_cancelled(s
     # scancel --signal=TERM reached torchrun's agent, which stopped its workers (the harness's own
     # kill of what runs here would have been a SIGKILL, which the agent cannot log)
     assert "Received 15 death signal" in (run_dir / "node0.stderr.log").read_text()
+    # the agent the harness's cancel ended had no exit of its own: recorded as running, with its state
+    [node] = read_nodes(run_dir).nodes
+    assert node.exit_code is None and node.state and node.pid and set(node.ranks) == {0, 1}, node
     assert _job_state(rec.slurm_job_id) in ("CANCELLED", ""), _job_state(rec.slurm_job_id)
     assert not _left(tmp_path)
     said = "; ".join(line for line in stderr.splitlines() if line.startswith("srun"))
@@ -151,6 +156,31 @@ def test_an_interrupted_phase_is_cancelled_and_leaves_nothing(slurm, tmp_path):
     listed = subprocess.run(["scontrol", "listpids", job], capture_output=True, text=True, timeout=30).stdout
     assert not [ln for ln in listed.splitlines()[1:] if ln.split() and ln.split()[0].isdigit()], listed
     print(f"job {job}: SIGINT -> harness exit 130, job cancelled, nothing left, in {took:.1f} s")
+
+
+def test_a_job_someone_scancels_is_stopped_by_slurm_not_a_crash(slurm, tmp_path):
+    """scancel of the harness's job from outside, halfway: the verdict says Slurm stopped the step
+    (slurmstepd's banner in the node's log), not 'trainer crashed (exit code 1)'."""
+    proc = _harness(tmp_path, _runbook(tmp_path, slurm, steps=100000))
+    runs = tmp_path / "results" / "runs"
+    deadline = time.monotonic() + 120
+    while not any(p.stat().st_size > 200 for p in runs.rglob("training.csv")):  # a few steps done
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+        time.sleep(0.2)
+    [job] = [j[0] for j in _jobs("") if j[2] == "RUNNING" and len(j[1]) == 32]  # named with the run token
+    subprocess.run(["scancel", job], check=True, timeout=30)
+    out, _ = proc.communicate(timeout=slurm["kill_wait"] + 60)
+    print(out)
+    assert proc.returncode == 1, out
+    rec = _record(tmp_path)
+    assert rec.status == "FAIL" and rec.reason.startswith("stopped by Slurm, not by the trainer or the harness: node 0: "
+                                                          f"*** STEP {job}."), rec.reason
+    assert " CANCELLED AT " in rec.reason, rec.reason
+    deadline = time.monotonic() + 30
+    while _job_state(job) == "COMPLETING" and time.monotonic() < deadline:  # Slurm ending the job it cancelled
+        time.sleep(0.5)
+    assert not _left(tmp_path) and _job_state(job) in ("CANCELLED", ""), _job_state(job)
+    print(f"job {job}: scancel from outside -> {rec.reason}")
 
 
 def test_more_nodes_than_the_partition_has_is_an_error_at_once_not_at_the_phase_timeout(slurm, tmp_path):

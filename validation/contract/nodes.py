@@ -42,7 +42,8 @@ class NodeLaunch:
     host: str | None = None
     """The machine it ran on, where known."""
     pid: int | None = None
-    """Its torchrun agent's process, where the harness started it (on this host)."""
+    """Its torchrun agent's process, where it ran on this host (one the harness started, or srun's
+    task here)."""
     exit_code: int | None = None
     """Its agent's exit code; None when the harness killed it still running, or it is not known."""
     ended_s: float | None = None
@@ -54,7 +55,8 @@ class NodeLaunch:
     state: str | None = None
     """Its agent's process state when the harness stopped it still running (psutil's: 'stopped'
     for a SIGSTOP or a debugger, 'sleeping', 'disk-sleep', ...); None when it exited by itself,
-    or the harness could not see it (a node under Slurm)."""
+    or the harness could not see it (a node under Slurm on another host, or one srun reported the
+    end of)."""
     devices: str | None = None
     """The CUDA_VISIBLE_DEVICES the harness gave its agent (nodes on one GPU host, each with GPUs of
     its own); None where it gave none."""
@@ -80,6 +82,10 @@ class NodesLaunch:
     slurm_job_id: str | None = None
     slurm_step: str | None = None
     """``job.step`` of the srun that ran the trainer."""
+    slurm_stopped: str | None = None
+    """How Slurm ended the step when the harness did not ask it to (scancel by someone else, the
+    job's time limit, preemption, a node failure): slurmstepd's banner from a node's log, '*** STEP
+    14.1 ON vm CANCELLED AT 2026-11-27T14:04:13 ***', and the job's state; None otherwise."""
 
 
 def write_nodes(run_dir: Path, launch: NodesLaunch) -> None:

@@ -19,7 +19,7 @@ from validation.contract.stacks import (
 from validation.contract.torchrun_log import log_exception, rank_failures, root_rank
 from validation.judge.memory import growing_ranks
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
-from validation.judge.nodes import node_evidence, node_failures
+from validation.judge.nodes import node_evidence, node_failures, slurm_stopped
 from validation.judge.record import Beat, Evidence
 from validation.judge.stability import Rise, Spike, rise, slowdown, spikes
 
@@ -51,9 +51,11 @@ def collect_halt(run: RunData) -> None:
 
 
 def collect_failures(run: RunData, stderr_path: Path) -> None:
-    """How each rank ended, from torchrun's log and every node's agent log, into ``run`` (the
-    verdict reads it: a rank that failed before the others' watchdog fired is the cause)."""
+    """How each rank ended, from torchrun's log and every node's agent log, and whether Slurm
+    stopped the step, into ``run`` (the verdict reads it: a rank that failed before the others'
+    watchdog fired is the cause; ranks Slurm stopped failed in nothing)."""
     run.rank_failures = {**rank_failures(stderr_path), **node_failures(run.out_dir)}
+    run.slurm_stopped = slurm_stopped(run.out_dir)
 
 
 def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:

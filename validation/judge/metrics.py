@@ -52,6 +52,9 @@ class RunData:
     rank_failures: dict[int, RankFailure] = field(default_factory=dict)
     """How ranks ended, as torchrun's log (every node's) reported them: a rank that failed in its
     own right before the others' watchdog fired is the cause of that .HALT, not a stall."""
+    slurm_stopped: str | None = None
+    """How Slurm ended the run's step without the harness asking (scancel by someone else, a time
+    limit, preemption): the ranks were stopped, not failed (validation/contract/nodes.py)."""
     steps_requested: int | None = None
     """The steps the phase asked for (train points)."""
     counts: dict[str, float] = field(default_factory=dict)

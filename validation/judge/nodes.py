@@ -59,6 +59,8 @@ class NodesEvidence:
     nodes: list[NodeEvidence]
     slurm_job_id: str | None = None
     slurm_step: str | None = None
+    slurm_stopped: str | None = None
+    """How Slurm ended the step without the harness asking (validation/contract/nodes.py)."""
 
     def of_rank(self, rank: int) -> NodeEvidence | None:
         return next((n for n in self.nodes if rank in n.ranks), None)
@@ -80,6 +82,13 @@ def node_failures(out_dir: Path) -> dict[int, RankFailure]:
     return failures
 
 
+def slurm_stopped(out_dir: Path) -> str | None:
+    """How Slurm ended the run's step without the harness asking; None where it did not, or the
+    run was no Slurm launch."""
+    launch = read_nodes(out_dir)
+    return launch.slurm_stopped if launch is not None else None
+
+
 def node_evidence(out_dir: Path, heartbeats: dict[int, list[dict[str, Any]]],
                   rank_step_time_s: dict[int, float]) -> NodesEvidence | None:
     """The run's nodes (None for a run of one node): the ranks on each, their pace, and what each
@@ -88,7 +97,9 @@ def node_evidence(out_dir: Path, heartbeats: dict[int, list[dict[str, Any]]],
     if launch is None:
         return None
     placed = _ranks_by_node(launch, heartbeats)
-    late = _lateness(heartbeats)
+    # how late a node comes is against the other nodes; within one node it says nothing of nodes (a
+    # one-node torchrun launch, with no nodes.json, has no such figure either)
+    late = _lateness(heartbeats) if len(launch.nodes) > 1 else {}
     nodes = []
     for n in launch.nodes:
         log = out_dir / n.stderr
@@ -99,7 +110,7 @@ def node_evidence(out_dir: Path, heartbeats: dict[int, list[dict[str, Any]]],
                                   agent_said(log), round(statistics.median(times), 6) if times else None,
                                   round(max(lates), 6) if lates else None, n.state, n.devices))
     return NodesEvidence(launch.launcher, launch.rdzv_endpoint, launch.join_timeout_s, nodes, launch.slurm_job_id,
-                         launch.slurm_step)
+                         launch.slurm_step, launch.slurm_stopped)
 
 
 def _ranks_by_node(launch: NodesLaunch, heartbeats: dict[int, list[dict[str, Any]]]) -> dict[int, list[int]]:

@@ -42,6 +42,8 @@ class Outcome:
     died_first: str | None = None
     """'rank 1: killed by SIGKILL': a rank that failed in its own right before the other ranks'
     watchdog wrote the .HALT while waiting for it (record.died_before_watchdog); None otherwise."""
+    slurm_stopped: str | None = None
+    """How Slurm ended the run's step without the harness asking (RunData.slurm_stopped)."""
 
     @classmethod
     def of_run(cls, kind: str, run: RunData, errors: Sequence[str]) -> Outcome:
@@ -50,7 +52,7 @@ class Outcome:
         beats = [Beat.of(recs) for r, recs in run.heartbeats.items() if recs and r < run.world_size]
         return cls(kind, run.exit_code, run.timed_out, run.stalled_s, run.halt, tuple(errors), run.steps_requested,
                    None if completed is None else int(completed), run.stacks_tried, last_step_done(beats),
-                   _died(died, run.rank_failures))
+                   _died(died, run.rank_failures), run.slurm_stopped)
 
     @classmethod
     def of_record(cls, rec: PhaseRecord) -> Outcome:
@@ -59,7 +61,8 @@ class Outcome:
         return cls(rec.kind, rec.exit_code, rec.timed_out, rec.stalled_s, rec.evidence.halt, tuple(rec.evidence.errors),
                    rec.steps if rec.kind in TRAINER_KINDS else None, None if completed is None else int(completed),
                    len(rec.evidence.taken_stacks) if stopped else None, last_step_done(rec.evidence.last_heartbeat.values()),
-                   _died(rec.died_before_watchdog, rec.evidence.rank_failures))
+                   _died(rec.died_before_watchdog, rec.evidence.rank_failures),
+                   rec.evidence.nodes.slurm_stopped if rec.evidence.nodes is not None else None)
 
     @property
     def stopped_short(self) -> bool:
@@ -163,6 +166,10 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
         # an operator's .HALT: empty, free text, or JSON from another source
         said = (halt.text[:200] or "an empty file") if halt.source is None else f"from {halt.source}: {halt.text[:200]}"
         return Status.FAIL, f"stopped by a .HALT ({said}){torn}"
+    if outcome.slurm_stopped and outcome.exit_code not in (0, None):
+        # someone's scancel, the job's time limit, preemption: the ranks were stopped, they did not fail
+        return Status.FAIL, (f"stopped by Slurm, not by the trainer or the harness: {outcome.slurm_stopped} "
+                             f"(exit code {outcome.exit_code})")
     if outcome.exit_code not in (0, None):
         what = {"pytest": "tests failed", "preflight": "preflight incomplete"}.get(outcome.kind)
         if what is None and not outcome.steps_completed:

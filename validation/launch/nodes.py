@@ -11,7 +11,9 @@ can say which node a rank or a stack belongs to; its agent logs to ``node{i}.std
 """
 from __future__ import annotations
 
+import contextlib
 import socket
+import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -21,7 +23,8 @@ from validation.contract.nodes import NODE_ENV, NodeLaunch, NodesLaunch, node_of
 from validation.launch import commands
 from validation.launch import process as runner
 from validation.launch.commands import Target
-from validation.launch.tree import ProcessTree
+from validation.launch.stacks import is_agent
+from validation.launch.tree import ProcessTree, alive
 from validation.launch.watch import Watch
 from validation.runbook.types import Launcher
 
@@ -39,30 +42,71 @@ def endpoint(text: str) -> str:
 
 
 class RankSeen:
-    """The workers seen under each node at the tree's polls: rank -> pid, and the node rank
-    (GROUP_RANK) torchrun gave them. A worker's environment is read once; a process without a
-    RANK is looked at again (a worker forked but not yet exec'd still shows its agent's)."""
+    """What the tree's polls showed of each node: rank -> pid of its workers, the node rank
+    (GROUP_RANK) torchrun gave them, and its torchrun agent's pid where the agent is not a process
+    the harness launched (srun's task on this host). A worker's environment is read once; a process
+    without a RANK is looked at again (a worker forked but not yet exec'd still shows its agent's).
 
-    def __init__(self) -> None:
+    The processes looked at are the launched processes' descendants (``ProcessTree.known``), which
+    is where a local launch's agents and workers are; srun's tasks are children of Slurm's
+    slurmstepd, not of srun, and only the launch's token finds them (``ProcessTree.members``, a
+    scan of every process on this host: ``every_s`` apart at most)."""
+
+    def __init__(self, processes: Callable[[ProcessTree], list[psutil.Process]] = ProcessTree.known,
+                 every_s: float = 0.0) -> None:
         self.ranks: dict[int, dict[int, int]] = {}
         self.group: dict[int, int] = {}
+        self.agents: dict[int, int] = {}
+        self._agents: dict[int, psutil.Process] = {}
+        self._processes, self._every_s = processes, every_s
+        self._last: float | None = None
         self._read: set[int] = set()
 
     def __call__(self, tree: ProcessTree) -> None:
-        for p in tree.known():
-            if p.pid in self._read:
+        now = time.monotonic()
+        if self._last is not None and now - self._last < self._every_s:
+            return
+        self._last = now
+        launched = {r.pid for r in tree.roots}
+        for p in self._processes(tree):
+            if p.pid in self._read or p.pid in launched:
                 continue
             try:
                 env = p.environ()
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue  # gone, or not readable yet: looked at again at the next poll
             node, rank, group = node_of(env), env.get("RANK", ""), env.get("GROUP_RANK", "")
+            if node is not None and not rank and _own_agent(p):
+                self._read.add(p.pid)
+                self.agents.setdefault(node, p.pid)
+                self._agents.setdefault(node, p)
             if node is None or not rank.isdigit():
                 continue
             self._read.add(p.pid)
             self.ranks.setdefault(node, {}).setdefault(int(rank), p.pid)
             if group.isdigit():
                 self.group[node] = int(group)
+
+
+    def agent_states(self) -> dict[int, str]:
+        """Node -> its seen agent's process state now ('stopped' for a SIGSTOP or a debugger,
+        'sleeping', ...), of the agents still running."""
+        out = {}
+        for node, p in self._agents.items():
+            with contextlib.suppress(psutil.Error):
+                if alive(p):
+                    out[node] = p.status()
+        return out
+
+
+def _own_agent(p: psutil.Process) -> bool:
+    """A torchrun agent, not a worker it forked that has not exec'd yet (which shows the agent's
+    command line and environment until it does)."""
+    try:
+        parent = p.parent()
+        return is_agent(p) and not (parent is not None and is_agent(parent))
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
 
 
 def node_devices(nnodes: int, nproc: int, env: Mapping[str, str]) -> list[str | None]:

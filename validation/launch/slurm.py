@@ -16,6 +16,12 @@ with ``scancel --signal=TERM`` (SIGTERM to the agents, which stop their workers)
 and a margin for srun to end, then ``scancel --signal=KILL``, then kills what runs on this host as
 for any point (docs/slurm.md measured each of these).
 
+srun propagates the environment, so every process of the step carries the run's token: the nodes'
+agents and ranks on this host (slurmstepd's children, not srun's) are found by it, for nodes.json
+and for the stacks of a stall. A step Slurm ends without the harness asking (someone's scancel, the
+job's time limit, preemption) leaves slurmstepd's '*** STEP ... CANCELLED AT ... ***' in the nodes'
+logs; nodes.json records it (``slurm_stopped``), so that the verdict says so instead of a crash.
+
 srun waits for every task, so a node's agent that gave up on the rendezvous does not end it while
 another node's lives: a node frozen before the rendezvous would hold the point until the start-up
 allowance. The launch is over (``_RendezvousClosed``, validation/launch/process.py's
@@ -35,12 +41,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from validation.contract.nodes import NodeLaunch, NodesLaunch, write_nodes
+from validation.contract.nodes import NodeLaunch, NodesLaunch, node_log, write_nodes
 from validation.contract.torchrun_log import agent_said, closed_rendezvous, gave_up
 from validation.errors import HarnessError
 from validation.launch import commands
 from validation.launch import process as runner
 from validation.launch.commands import Target
+from validation.launch.nodes import RankSeen
 from validation.launch.tree import ProcessTree
 from validation.launch.watch import Watch
 from validation.runbook.types import Launcher
@@ -53,12 +60,20 @@ QUERY_TIMEOUT_S = 30.0
 SHARED_CHECK_S = 60.0
 #: seconds between looks for the trainer's step while it is not listed yet
 STEP_LOOK_S = 2.0
+#: seconds between looks for the step's processes on this host by the run's token (a scan of every
+#: process here, a few ms per hundred): often enough to see workers that live only a few seconds
+RANK_LOOK_S = 0.5
 #: seconds between looks at why Slurm holds the harness's own allocation request pending
 PENDING_LOOK_S = 2.0
 #: the store's port on the first node when the runbook names none: from the job id, below 29500
 #: (torch's default master port) and below Linux's ephemeral ports (32768 and up)
 PORT_BASE, PORT_SPAN = 20000, 9000
 _TASK_END = re.compile(r"^srun: error: (?P<host>\S+): tasks? (?P<tasks>[\d,-]+): (?P<what>.+)$")
+#: what slurmstepd writes into a task's stderr as Slurm ends its step or job (Slurm 22.05:
+#: '*** STEP 14.1 ON vm CANCELLED AT 2026-11-27T14:04:13 ***', with ' DUE TO TIME LIMIT' and the like)
+_STEPD_BANNER = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT .*?\*\*\*")
+#: the job states squeue shows of a job that has ended, other than COMPLETED
+JOB_ENDED = ("CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "DEADLINE", "BOOT_FAIL", "OUT_OF_MEMORY", "FAILED")
 _SIGNALS = {"Killed": -9, "Terminated": -15, "Aborted": -6, "Segmentation fault": -11}
 
 
@@ -117,16 +132,30 @@ def run(launcher: Launcher, target: Target, args: Sequence[str], *, env: Mapping
         argv = [*_srun(alloc, name, launcher), f"--output={out_dir}/node%t.stdout.log",
                 f"--error={out_dir}/node%t.stderr.log", *torchrun]
         step = _StepSeen(alloc.job_id, name)
+        # the ranks and agents of the nodes on this host: not srun's descendants (slurmstepd starts
+        # them), found by the token every process of the step inherits through srun's environment
+        seen = RankSeen(ProcessTree.members, RANK_LOOK_S)
+
+        def observe(t: ProcessTree) -> None:
+            step(t)
+            seen(t)
+
+        cancel = _Cancel(alloc, step, seen, kill_wait_s())
         result = runner.run_group([runner.Command(argv, "srun")], env=env, cwd=cwd,
                                   timeout_s=max(1.0, timeout_s - (time.monotonic() - start)), log_dir=out_dir,
-                                  on_poll=on_poll, watch=watch, tree=tree, on_tree=step,
-                                  cancel=_Cancel(alloc, step, kill_wait_s()),
+                                  on_poll=on_poll, watch=watch, tree=tree, on_tree=observe, cancel=cancel,
                                   over=_RendezvousClosed(out_dir / "srun.stderr.log", out_dir))
         ends = task_ends(result.stderr_path)
         code = result.exit_code
-        nodes = [NodeLaunch(i, host, exit_code=ends.get(i, 0 if code == 0 else None)) for i, host in enumerate(hosts)]
+        nodes = []
+        for i, host in enumerate(hosts):
+            own = _agent_exit(i, ends, code, cancel)
+            nodes.append(NodeLaunch(i, host, seen.agents.get(i), own, group_rank=seen.group.get(i),
+                                    ranks=seen.ranks.get(i, {}), state=cancel.states.get(i) if own is None else None))
+        # the harness's own cancel leaves the same banner in the nodes' logs: only one it did not send counts
+        stopped = None if cancel.sent or code == 0 else slurm_stopped(out_dir, launcher.nnodes, alloc.job_id)
         write_nodes(out_dir, NodesLaunch("slurm", launcher.nproc, endpoint, out_dir.name, launcher.rdzv.join_timeout_s,
-                                         nodes, alloc.job_id, step.id))
+                                         nodes, alloc.job_id, step.id, stopped))
         return dataclasses.replace(result, slurm_job_id=alloc.job_id)
     finally:
         if alloc.owned:
@@ -243,14 +272,21 @@ class _Cancel:
     (measured here, unlike a plain scancel of a job, which waits KillWait). With no step found,
     the harness's own job is cancelled (SIGTERM, then Slurm's SIGKILL after KillWait)."""
 
-    def __init__(self, alloc: Allocation, step: _StepSeen, kill_wait: float):
-        self.alloc, self.step, self.kill_wait = alloc, step, kill_wait
+    def __init__(self, alloc: Allocation, step: _StepSeen, seen: RankSeen, kill_wait: float):
+        self.alloc, self.step, self.seen, self.kill_wait = alloc, step, seen, kill_wait
+        self.sent = False
+        """Whether the harness cancelled the step (or its job)."""
+        self.states: dict[int, str] = {}
+        """Node -> the process state of its agent on this host as the harness stopped the run
+        ('stopped' tells a frozen agent from one that waits)."""
 
     def __call__(self, done: Callable[[], bool]) -> None:
+        self.states = self.seen.agent_states()
         step = self.step.id or _step_id(self.alloc.job_id, self.step.name)
         target = step or (self.alloc.job_id if self.alloc.owned else None)
         if target is None or done():
             return  # nothing of the point runs in Slurm: the local kill ends srun
+        self.sent = True
         _query(["scancel", "--signal=TERM", target] if step else ["scancel", target])
         if not _wait(done, self.kill_wait + KILL_MARGIN_S):
             _query(["scancel", "--signal=KILL", target])
@@ -285,6 +321,32 @@ class _RendezvousClosed:
     def note(self, over_s: float) -> str:
         return (f"node {self.task}'s agent (srun's task {self.task}) gave up on the rendezvous ({gave_up(self.said)}), "
                 f"which no rank can start from any more, and srun still waited for the other tasks {over_s:.0f}s later")
+
+
+def _agent_exit(node: int, ends: Mapping[int, int], code: int | None, cancel: _Cancel) -> int | None:
+    """A node's agent's own exit code: srun's word on its task, 0 for one srun said nothing of in
+    a launch that ended 0; None where it is not known, or where the harness's cancel ended it still
+    running (what srun reports then is the cancel's doing, as a kill on this host would be)."""
+    if cancel.sent and node in cancel.states:
+        return None
+    return ends.get(node, 0 if code == 0 else None)
+
+
+def slurm_stopped(out_dir: Path, nnodes: int, job_id: str) -> str | None:
+    """How Slurm ended the step, where it did: slurmstepd's banner in the first node log that
+    has one ('*** STEP 14.1 ON vm CANCELLED AT 2026-11-27T14:04:13 ***', '... DUE TO TIME LIMIT
+    ***'), with the job's state where it has ended (JOB_ENDED: a step cancelled alone leaves its job
+    RUNNING, and an ended job shows COMPLETING for a moment); None when no node's log has one."""
+    for i in range(nnodes):
+        try:
+            text = (out_dir / node_log(i, "stderr")).read_text(errors="replace")
+        except OSError:
+            continue
+        banner = _STEPD_BANNER.search(text)
+        if banner is not None:
+            state = _query(["squeue", "--noheader", "--states=all", f"--jobs={job_id}", "--format=%T"]).strip()
+            return f"node {i}: {banner.group(0)}" + (f"; job {job_id} {state}" if state in JOB_ENDED else "")
+    return None
 
 
 def _wait(done: Callable[[], bool], seconds: float) -> bool:

@@ -76,7 +76,7 @@ def ranked(members: list[psutil.Process], roots: Sequence[psutil.Process], singl
             own[p.pid] = (named[p.pid], "heartbeat pid")
         elif single_process and p.pid in launched and 0 not in named.values():
             own[p.pid] = (0, "single process")
-        elif p.pid in launched or _is_agent(p):
+        elif p.pid in launched or is_agent(p):
             own[p.pid] = None  # torchrun's agent (or srun): a launcher, not a rank
         elif _is_python(p):
             own[p.pid] = (None, "")
@@ -95,7 +95,7 @@ def _environ(p: psutil.Process) -> dict[str, str]:
         return {}
 
 
-def _is_agent(p: psutil.Process) -> bool:
+def is_agent(p: psutil.Process) -> bool:
     """torchrun's agent that another launcher (srun) started: ``python -m torch.distributed.run``."""
     try:
         return "torch.distributed.run" in p.cmdline()

@@ -126,6 +126,15 @@ def test_a_late_node_is_a_straggler_and_a_punctual_one_is_not():
                           "Slurm job 9")
 
 
+def test_a_single_node_launch_records_no_lateness(tmp_path):
+    """A Slurm launch of one node (nodes: 1): its record carried 'lateness_s' (a spread between the
+    node's own ranks), a figure a one-node torchrun launch never has; its step time stays."""
+    _launch(tmp_path, [NodeLaunch(0, "vm", group_rank=0, ranks={0: 11, 1: 12})], "slurm")
+    nodes = node_evidence(tmp_path, {0: _beats(0, 0, "vm", 0.0), 1: _beats(1, 0, "vm", 0.03)}, {0: 0.1, 1: 0.1})
+    [node] = nodes.nodes
+    assert node.ranks == [0, 1] and node.step_time_s == 0.1 and node.lateness_s is None, node
+
+
 def test_a_single_node_launch_says_nothing_of_lateness():
     """A Slurm launch of one node (a user pass, 2026-11-27): its line read '5.6 ms behind the
     earliest rank', a spread within the node that says nothing of nodes."""
@@ -183,6 +192,42 @@ def test_a_hung_node_is_told_from_one_waiting_in_ddps_backward():
                            f"{waiting} in _engine_run_backward (last heartbeat step 3, backward)"), f.title
 
 
+def test_a_stall_of_a_one_node_launch_blames_no_node():
+    """A rank hung in a Slurm launch of one node (a user pass under Slurm, 2026-11-27): beside the
+    stall finding the report said 'node 0 hung ... waiting for it: node 0's rank 0' and advised that
+    'the other nodes waited in them: look at that host', of a run with no other node. A one-node
+    torchrun launch says only the stall; a one-node Slurm launch says that, and where its ranks ran."""
+    one = NodesEvidence("slurm", "vm:1", 20.0, [NodeEvidence(0, "node0.stderr.log", "vm", 1, None, 0, [0, 1])], "9",
+                        "9.1")
+    ev = Evidence(nodes=one, stackdumps={1: StackDump("harness_stacks/rank1.txt", [Frame("faults.py", 1, "hang_forever")]),
+                                         0: StackDump("harness_stacks/rank0.txt",
+                                                      [Frame("torch/distributed/distributed_c10d.py", 1, "all_reduce")])},
+                  last_heartbeat={1: Beat(3, "step"), 0: Beat(4, "forward")})
+    found = find([_record(one, status=Status.FAIL, exit_code=None, stalled_s=20.0, evidence=ev)])
+    assert [f.kind for f in found] == ["stall", "nodes"], [f.title for f in found]
+    assert "hung: rank 1 in hang_forever; waiting for it: rank 0 in all_reduce" in found[0].title, found[0].title
+    assert not [a for a in recommendations(found) if "other nodes" in a], recommendations(found)
+
+
+def test_a_step_slurm_ended_is_said_to_be_stopped_by_slurm_not_a_crash():
+    """slurmstepd's banner in nodes.json (a scancel from outside, a time limit): the verdict and the
+    one critical finding say Slurm stopped the ranks; no crash finding, no advice to fix a traceback."""
+    banner = "node 0: *** STEP 14.1 ON vm CANCELLED AT 2026-11-27T14:11:52 DUE TO TIME LIMIT ***"
+    one = NodesEvidence("slurm", "vm:1", 20.0, [NodeEvidence(0, "node0.stderr.log", "vm", 1, None, 0, [0, 1])], "14",
+                        "14.1", banner)
+    ev = Evidence(nodes=one, last_heartbeat={0: Beat(1, "forward"), 1: Beat(1, "forward")})
+    rec = _record(one, status=Status.FAIL, exit_code=1, steps=50, evidence=ev)
+    assert verdict(Outcome.of_record(rec), []) == (
+        Status.FAIL, f"stopped by Slurm, not by the trainer or the harness: {banner} (exit code 1)")
+    found = find([rec])
+    assert [f.kind for f in found if f.severity == Severity.CRITICAL] == ["slurm_stopped"], [f.title for f in found]
+    assert found[0].title == (f"Slurm ended the step in two [default], not the trainer and not the harness: {banner}; the "
+                              "ranks were stopped before their first step"), found[0].title
+    assert not [a for a in recommendations(found) if "traceback" in a], recommendations(found)
+    run = RunData(Path("x"), world_size=2, exit_code=1, slurm_stopped=banner)
+    assert verdict(Outcome.of_run("train", run, []), [])[1].startswith("stopped by Slurm, not by the trainer")
+
+
 def test_a_node_whose_agent_was_killed_is_named():
     """kill -9 of one node's torchrun agent: its worker lives on in its own session and breaks
     later, or finishes while the other agent waits on the store that died with it; no rank failed
@@ -196,9 +241,14 @@ def test_a_node_whose_agent_was_killed_is_named():
         failures = stopped.pop("rank_failures")
         ev = Evidence(nodes=nodes, rank_failures=failures, last_heartbeat={0: Beat(8, "backward"), 1: Beat(8, "backward")})
         rec = _record(nodes, status=Status.FAIL, evidence=ev, **stopped)
-        [f] = [f for f in find([rec]) if f.kind == "node_failed"]
+        found = find([rec])
+        [f] = [f for f in found if f.kind == "agent_killed"]
         assert f.title.startswith("node 1's torchrun agent was killed by SIGKILL in two [default] after 4.1 s "
                                   "(log node1.stderr.log); the other nodes: node 0: rank 0 last heartbeat step 8"), f.title
+        # the advice is of a killed agent, not of a rank that 'died first' (a user pass, 2026-11-27: kill -9 of
+        # the agent under Slurm was advised as 'A rank on one node died first and the others failed ...')
+        assert not [a for a in recommendations(found) if "rank on one node died first" in a], recommendations(found)
+        assert [a for a in recommendations(found) if "torchrun agent itself was killed" in a], recommendations(found)
 
 
 def test_a_hung_node_is_named_when_the_trainers_own_watchdog_stopped_the_run():

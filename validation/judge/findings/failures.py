@@ -38,6 +38,8 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
                                "nonfinite", Facts.of(r)))
         elif ev.nodes is not None and missing_node(r, ev.nodes) is not None:
             continue  # no rank started anywhere: the node that never joined is the finding, not a crash
+        elif ev.nodes is not None and ev.nodes.slurm_stopped is not None:
+            continue  # Slurm stopped the ranks (findings/nodes.py says how): nothing crashed
         elif (r.status == Status.FAIL and r.exit_code not in (0, None) and r.kind in TRAINER_KINDS
               and (ev.halt is None or r.died_before_watchdog is not None)):
             title = f"crash in {where_run(r)}: exit code {r.exit_code}"

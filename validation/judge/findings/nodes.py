@@ -31,9 +31,17 @@ NODE_ADVICE = {
     "node_failed": "A rank on one node died first and the others failed in their collectives after it: read that "
                    "node's log (named); SIGKILL with no traceback is usually the kernel's OOM killer (dmesg on that "
                    "host) or the scheduler.",
+    "agent_killed": "A node's torchrun agent itself was killed (no rank failed on its own first): kill -9 of the agent, "
+                    "the kernel's OOM killer on that host (dmesg there), the node going down, or the scheduler; its "
+                    "workers, in sessions of their own, then break or are left without it. Read that node's log "
+                    "(named) for what the agent said last.",
     "node_hung": "One node's rank stopped outside the collectives while the other nodes waited in them: its stack "
                  "(harness_stacks/) shows where; look at that host (I/O, a lock, a network interface) and at what "
                  "differs between the ranks' steps.",
+    "slurm_stopped": "Slurm ended the job step without the harness asking: someone's scancel of the job or the step, "
+                     "the job's time limit (srun_args --time, or the partition's), preemption or a node failure; "
+                     "slurmstepd's line in the finding says which. The trainer did not fail: re-run the point "
+                     "(with a longer --time where the time limit ended it).",
     "straggler": "One node is slower and every other node waits for it: compare that host's load, clocks, data "
                  "access and GPU health (preflight), or move the job off it.",
 }
@@ -45,7 +53,8 @@ def nodes(records: list[PhaseRecord]) -> list[Finding]:
         ev = r.evidence.nodes
         if ev is None:
             continue
-        first = missing_node(r, ev) or _departed(r, ev) or _hung(r, ev) or _failed(r, ev) or _agent_killed(r, ev)
+        first = (_slurm_stopped(r, ev) or missing_node(r, ev) or _departed(r, ev) or _hung(r, ev) or _failed(r, ev)
+                 or _agent_killed(r, ev))
         found = ([first] if first else []) + _stragglers(r, ev)
         # each finding lists every node; a run without one still says where each rank ran
         out += found or [Finding(Severity.INFO, r.phase, _summary(r, ev), _lines(r, ev), "nodes")]
@@ -68,11 +77,12 @@ def _lines(r: PhaseRecord, ev: NodesEvidence) -> list[str]:
                                       f"torchrun node rank {n.group_rank}" if n.group_rank is not None else "",
                                       f"log {n.log}") if x)
         ranks = "; ".join(_rank(r, rank) for rank in n.ranks) or "no rank ran"
-        # how late a node's ranks come says something beside other nodes; of one node, nothing
+        # how late a node's ranks come says something beside other nodes; of one node, nothing (the
+        # judge records none for one node now: records stored before carry one)
         late = n.lateness_s is not None and len(ev.nodes) > 1
         timing = "".join(x for x in (f"; median step {_ms(n.step_time_s)}" if n.step_time_s is not None else "",
                                      f", {_ms(n.lateness_s)} behind the earliest rank" if late else ""))
-        out.append(f"node {n.index} ({place}): {ranks}{timing}; agent {_agent(n, _agent_stopped(r, ev))}")
+        out.append(f"node {n.index} ({place}): {ranks}{timing}; agent {_agent(n, _agent_stopped(r, ev, n))}")
     return out
 
 
@@ -90,12 +100,13 @@ def _stopped(r: PhaseRecord) -> bool:
     return r.stalled_s is not None or r.timed_out
 
 
-def _agent_stopped(r: PhaseRecord, ev: NodesEvidence) -> bool:
+def _agent_stopped(r: PhaseRecord, ev: NodesEvidence, n: NodeEvidence) -> bool:
     """Whether an agent without an exit code is one the harness stopped still running: on this host
     always (the harness sees every agent it started end; it stops the others also when one failed
     and no rank was left under them), under Slurm (srun says only which tasks failed) when the
-    harness stopped the run."""
-    return ev.launcher == "torchrun" or _stopped(r)
+    harness stopped the run, or the harness saw the agent's process running here as it did (its
+    process state is recorded)."""
+    return ev.launcher == "torchrun" or _stopped(r) or n.state is not None
 
 
 def _agent(n: NodeEvidence, stopped: bool) -> str:
@@ -104,6 +115,18 @@ def _agent(n: NodeEvidence, stopped: bool) -> str:
     else:
         ended = f"exit {n.exit_code}" + (f" after {n.ended_s:.1f} s" if n.ended_s is not None else "")
     return ended + (f" ({_said(n.said)})" if n.said else "")
+
+
+def _slurm_stopped(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
+    """Slurm ended the step without the harness asking (scancel by someone else, the job's time
+    limit, preemption): every rank was stopped, none failed in its own right."""
+    if ev.slurm_stopped is None or r.exit_code in (0, None):
+        return None
+    done = int(r.metrics.steps_completed or 0)
+    at = f"after step {done}" + (f" of {r.steps}" if r.steps else "") if done else "before their first step"
+    title = (f"Slurm ended the step in {where(r)}, not the trainer and not the harness: {ev.slurm_stopped}; the "
+             f"ranks were stopped {at}")
+    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "slurm_stopped")
 
 
 def missing_node(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
@@ -124,11 +147,11 @@ def missing_node(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
            else f"a node never joined the rendezvous (all {len(waited)} that started waited)")
     title = (f"{who} in {where(r)}: no rank started; the others gave up waiting (join timeout "
              f"{ev.join_timeout_s:g} s): {gave}, {', '.join(why)}")
-    alive = [n for n in missing if n.exit_code is None and _agent_stopped(r, ev)]
+    alive = [n for n in missing if n.exit_code is None and _agent_stopped(r, ev, n)]
     if alive:
         title += "; " + "; ".join(f"{n.name}'s agent was still running{_state(n)} and {_log_said(n)} when the harness "
                                   "stopped it" for n in alive)
-    detail = [f"{n.name} never joined: its agent {_agent(n, _agent_stopped(r, ev))}; log {n.log}"
+    detail = [f"{n.name} never joined: its agent {_agent(n, _agent_stopped(r, ev, n))}; log {n.log}"
               + ("" if n.said else " (empty)") for n in missing]
     return Finding(Severity.CRITICAL, r.phase, title, detail + _lines(r, ev), "node_stuck" if alive else "node_missing")
 
@@ -164,6 +187,8 @@ def _log_said(n: NodeEvidence) -> str:
 def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     """A stalled run (the harness's stall watch or timeout, or the trainer's own watchdog): the
     hung ranks (findings/hung.py) and their nodes; the others waited for them."""
+    if len(ev.nodes) < 2:
+        return None  # no other node waited: the stall finding says which rank hung, as for any one-node launch
     watchdog = r.evidence.halt is not None and r.evidence.halt.source == "watchdog"
     if r.stalled_s is None and not r.timed_out and not watchdog or r.died_before_watchdog is not None:
         return None  # no stall, or a rank died and the watchdog fired in those waiting for it (_failed)
@@ -224,7 +249,7 @@ def _departed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
         return None
     nodes_gone = [n for n in ev.nodes if any(k in n.ranks for k in gone)]
     ended = "; ".join(f"{n.name}: " + (", ".join(_rank(r, k) for k in n.ranks if k not in gone) or "no other rank")
-                      + f", agent {_agent(n, _agent_stopped(r, ev))}" for n in ev.nodes)
+                      + f", agent {_agent(n, _agent_stopped(r, ev, n))}" for n in ev.nodes)
     head = "; ".join(f"{_on(ev, k)}{departure(r, [k])}" for k in gone)
     logs = ", ".join(n.log for n in nodes_gone)
     title = f"{head} in {where(r)}" + (f" (log {logs})" if logs else "") + f"; the nodes: {ended}"
@@ -247,13 +272,13 @@ def _agent_killed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     ended = _others(r, ev, node)
     title = (f"{node.name}'s torchrun agent was killed by {_signal(-node.exit_code)} in {where(r)}{after} "
              f"(log {node.log})" + (f"; the other nodes: {ended}" if ended else ""))
-    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "node_failed")
+    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "agent_killed")
 
 
 def _others(r: PhaseRecord, ev: NodesEvidence, node: NodeEvidence | None) -> str:
     """How every node but ``node`` ended: its ranks and its agent."""
     return "; ".join(f"{n.name}: " + (", ".join(_rank(r, k) for k in n.ranks) or "no rank")
-                     + f", agent {_agent(n, _agent_stopped(r, ev))}" for n in ev.nodes if n is not node)
+                     + f", agent {_agent(n, _agent_stopped(r, ev, n))}" for n in ev.nodes if n is not node)
 
 
 def _signal(num: int) -> str:

@@ -1,0 +1,152 @@
+"""Which rank ran on which node of a launch through the Slurm launcher (srun of torchrun), with
+Slurm's commands stood in for by tests/faults/fake_slurm.py: two nodes x one process, every node
+this host, each task started outside srun's process tree as slurmstepd starts it.
+
+nodes.json under Slurm once kept no ranks, no node rank and no agent pid (the launcher never
+looked at the step's processes: they are not srun's descendants). With every node on one host
+the heartbeats' ``host`` cannot tell the nodes apart, and their ``node`` (torchrun's node rank)
+maps to a launch node only through the node rank nodes.json records: a healthy run's nodes
+finding said 'no rank ran' of both nodes, and a hung rank's finding named no node ('a node
+hung ... rank 1 in hang_forever'). And a step Slurm cancels without the harness asking (the fake's
+stand-in for someone's scancel) is no crash of the trainer.
+
+Test trainer outside the nsa package: tests/trainers/native_train.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.faults import _util as U
+from tests.faults import fake_slurm
+from validation.contract.nodes import read_nodes
+from validation.judge.findings import Severity, find, recommendations
+from validation.judge.record import Status
+from validation.runbook.load import load_profile, load_runbook
+from validation.runbook.plan import expand
+from validation.session.session import AcceptanceSession, SessionOptions
+
+pytestmark = [pytest.mark.faults, pytest.mark.distributed, pytest.mark.multi_node]
+
+NATIVE = {"name": "native", "root": "tests/trainers", "script": "native_train.py",
+          "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"]}
+JOIN_S, STALL_S = 6, 16
+
+
+@pytest.fixture
+def fake_allocation(tmp_path, monkeypatch):
+    """Slurm's commands on PATH, the harness inside a two-node allocation of the fake Slurm."""
+    monkeypatch.delenv("TEST_TRAINER_FAULT", raising=False)
+    bin_dir = fake_slurm.install(tmp_path / "slurm_bin")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "4343")
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+
+
+def _run(tmp_path: Path, steps: int):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    phase = {"name": "srun_nodes", "kind": "train", "steps": steps, "timeout_s": 120, "stall_s": STALL_S,
+             "env": {"OMP_NUM_THREADS": 1},
+             "launcher": {"kind": "slurm", "nodes": 2, "nproc_per_node": 1,
+                          "rdzv": {"port": port, "join_timeout_s": JOIN_S}},
+             "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}
+    path = tmp_path / "slurm_nodes.yaml"
+    path.write_text(yaml.safe_dump({"name": "slurm_nodes", "profiles": ["cpu"], "trainer": NATIVE, "phases": [phase]},
+                                   sort_keys=False))
+    (point,) = expand(load_runbook(path), load_profile("cpu"))
+    rec = AcceptanceSession(SessionOptions(tmp_path / "results")).run_point(point)
+    U.assert_no_orphans(str(tmp_path))
+    return rec, read_nodes(tmp_path / "results" / rec.out_dir)
+
+
+def test_a_slurm_launch_records_each_nodes_ranks_and_agent(tmp_path, fake_allocation):
+    rec, launch = _run(tmp_path, steps=6)
+    assert rec.status == Status.PASS, rec.reason
+    # c10d gives ranks in the order the agents join, so either task may hold rank 0
+    assert sorted(r for n in launch.nodes for r in n.ranks) == [0, 1] and all(len(n.ranks) == 1 for n in launch.nodes), \
+        launch
+    agents = [n.pid for n in launch.nodes]
+    assert all(agents) and agents[0] != agents[1] and not set(agents) & {p for n in launch.nodes for p in
+                                                                             n.ranks.values()}, launch
+    for node in launch.nodes:  # each rank's pid and node rank are its own: its heartbeats carry them
+        [(rank, pid)] = node.ranks.items()
+        first = json.loads((tmp_path / "results" / rec.out_dir / f"heartbeat_rank{rank}.jsonl").open().readline())
+        assert (first["pid"], first["node"]) == (pid, node.group_rank), (first, launch)
+    [info] = [f for f in find([rec]) if f.kind == "nodes"]
+    for node, line in zip(launch.nodes, info.detail):
+        assert line.startswith(f"node {node.index} (host ") and f"rank {[*node.ranks][0]} last heartbeat step 6" in line, \
+            info.detail
+
+
+def test_a_hung_rank_under_slurm_is_named_with_its_node(tmp_path, fake_allocation, monkeypatch):
+    monkeypatch.setenv("TEST_TRAINER_FAULT", "hang_rank:1@4")
+    rec, launch = _run(tmp_path, steps=400)
+    assert rec.status == Status.FAIL and rec.stalled_s is not None, rec.reason
+    [hung_node] = [n.index for n in launch.nodes if 1 in n.ranks]
+    # the node Slurm's task id (SLURM_PROCID) gave the hung rank's stack, taken from its process
+    assert {t.rank: t.node for t in rec.evidence.taken_stacks}[1] == hung_node, rec.evidence.taken_stacks
+    [hung] = [f for f in find([rec]) if f.kind == "node_hung"]
+    assert hung.title.startswith(f"node {hung_node} hung in srun_nodes [default] (no progress for "), hung.title
+    assert f"node {hung_node}'s rank 1 in hang_forever" in hung.title, hung.title
+    assert f"waiting for it: node {1 - hung_node}'s rank 0" in hung.title, hung.title
+
+
+def test_a_step_slurm_cancelled_is_no_crash_of_the_trainer(tmp_path, fake_allocation, monkeypatch):
+    """Someone's scancel of the job halfway (2026-11-27, Slurm 22.05 here): the report said 'crash in
+    srun_phase [default]: exit code 1' with advice to read the traceback and fix it, while slurmstepd
+    had written '*** STEP 14.1 ON vm CANCELLED AT ... ***' into the node's log and the agent had
+    only stopped its workers on Slurm's SIGTERM."""
+    monkeypatch.setenv(fake_slurm.CANCEL_ENV, "10")
+    rec, launch = _run(tmp_path, steps=100000)
+    assert rec.status == Status.FAIL and rec.stalled_s is None and not rec.timed_out, rec.reason
+    assert rec.reason.startswith("stopped by Slurm, not by the trainer or the harness: node 0: *** STEP 4343.1 ON "), \
+        rec.reason
+    assert " CANCELLED AT " in rec.reason and rec.reason.endswith("*** (exit code 1)"), rec.reason
+    found = find([rec])
+    assert [f.kind for f in found if f.severity == Severity.CRITICAL] == ["slurm_stopped"], [f.title for f in found]
+    [f] = [f for f in found if f.kind == "slurm_stopped"]
+    assert f.title.startswith("Slurm ended the step in srun_nodes [default], not the trainer and not the harness: "
+                              "node 0: *** STEP 4343.1 ON "), f.title
+    [advice] = recommendations(found)
+    assert "scancel" in advice and "traceback" not in advice, advice
+
+
+def test_ranks_that_hang_before_their_first_heartbeat_under_slurm_are_no_unfinished_rendezvous(
+        tmp_path, fake_allocation, monkeypatch):
+    """Every rank hung before its first heartbeat under real Slurm (2026-11-27): with nodes.json's
+    rank maps empty, the report's critical finding was 'the nodes never completed the rendezvous
+    ... no rank started', and its advice about an agent stuck before any rank started, beside the
+    stall finding holding both ranks' stacks."""
+    monkeypatch.setenv("TEST_TRAINER_FAULT", "hang_all@1")
+    rec, launch = _run(tmp_path, steps=400)
+    assert rec.status == Status.FAIL and rec.stalled_s is not None, rec.reason
+    assert sorted(r for n in launch.nodes for r in n.ranks) == [0, 1], launch
+    found = find([rec])
+    kinds = [f.kind for f in found if f.severity == Severity.CRITICAL]
+    assert "stall" in kinds and "node_stuck" not in kinds, [f.title for f in found]
+    assert not [f for f in found if "rendezvous" in f.title], [f.title for f in found]
+    [hung] = [f for f in found if f.kind == "node_hung"]  # every rank hung: both nodes named
+    assert hung.title.startswith("node 0, node 1 hung in srun_nodes [default]"), hung.title
+
+
+def test_a_killed_rank_under_slurm_is_named_with_its_node(tmp_path, fake_allocation, monkeypatch):
+    """Rank 1 SIGKILLed: its node is the one named, and the record's log is that node's (with
+    nodes.json's rank maps empty, 'rank 1 (node unknown) was killed by SIGKILL')."""
+    monkeypatch.setenv("TEST_TRAINER_FAULT", "kill_rank:1@4")
+    rec, launch = _run(tmp_path, steps=400)
+    assert rec.status == Status.FAIL and rec.reason.startswith("trainer crashed"), rec.reason
+    run_dir = tmp_path / "results" / rec.out_dir
+    # the node whose torchrun agent reported rank 1's end (its failure summary: 'rank : 1 (local_rank: 0)')
+    [killed] = [i for i in (0, 1) if re.search(r"rank\s+: 1 \(local_rank", (run_dir / f"node{i}.stderr.log").read_text())]
+    [f] = [f for f in find([rec]) if f.kind == "node_failed"]
+    assert f.title.startswith(f"node {killed}'s rank 1 was killed by SIGKILL in srun_nodes [default] "
+                              f"(log node{killed}.stderr.log); the other nodes: node {1 - killed}: rank 0"), f.title
+    assert rec.evidence.stderr_log == f"node{killed}.stderr.log", rec.evidence.stderr_log

@@ -78,7 +78,8 @@ def test_frozen_rank_is_named_though_it_leaves_no_stack(seeded, matrix):
     assert took <= U.STALL_BOUND_S, f"freeze took {took:.1f}s from the fault to the end > {U.STALL_BOUND_S}s"
     f = U.finding(seeded.results, "freeze", "stall in freeze")
     text = f.title + "\n" + "\n".join(f.detail)
-    assert "hung: rank 1 (no stack; last heartbeat step 3, stage forward); waiting for it: rank 0 in " in f.title, text
+    assert ("hung: rank 1 (no stack; its process stopped, by SIGSTOP or a debugger; last heartbeat step 3, stage "
+            "forward); waiting for it: rank 0 in ") in f.title, text
     assert "exited 0" not in text, text
     U.assert_no_go_after(seeded, rec, p)
     matrix.done(rec.status, rec.reason + " | " + f.title, took, U.STALL_BOUND_S)

@@ -79,6 +79,9 @@ class TakenStack:
     """Why py-spy could not, and what was done instead."""
     node: int | None = None
     """The launch's node index the process ran on (a launch of several nodes); None otherwise."""
+    state: str = ""
+    """The process's state as the harness came to take its stack (psutil's: 'stopped' for a process
+    halted by SIGSTOP or a debugger, which runs nothing, no dump handler either); '' where unread."""
 
     @property
     def who(self) -> str:

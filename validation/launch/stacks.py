@@ -135,10 +135,12 @@ def take(processes: list[RankedProcess], run_dir: Path, after: str, pyspy: str |
     pyspy = pyspy or pyspy_executable()
     folder = run_dir / HARNESS_STACKS
     folder.mkdir(parents=True, exist_ok=True)
+    states = {r.proc.pid: _state(r.proc) for r in processes}  # before py-spy's attach halts them a moment
     dumps = _pyspy_all(pyspy, [r.proc.pid for r in processes])
     taken, signalled = [], False
     for r in processes:
         text, error = dumps[r.proc.pid]
+        state = states[r.proc.pid]
         name = f"rank{r.rank}.txt" if r.rank is not None else f"pid{r.proc.pid}.txt"
         who = f"rank {r.rank} ({r.rank_from})" if r.rank is not None else "rank unknown"
         if r.node is not None:
@@ -146,15 +148,20 @@ def take(processes: list[RankedProcess], run_dir: Path, after: str, pyspy: str |
         if text is not None:
             header = f"=== py-spy dump of pid {r.proc.pid}, {who}, taken by the harness: {after} ===\n"
             (folder / name).write_text(header + text)
-            taken.append(TakenStack(r.proc.pid, r.rank, r.rank_from, "py-spy", f"{HARNESS_STACKS}/{name}", node=r.node))
+            taken.append(TakenStack(r.proc.pid, r.rank, r.rank_from, "py-spy", f"{HARNESS_STACKS}/{name}", node=r.node,
+                                    state=state))
             continue
         note = f"py-spy could not take its stack ({error})"
-        if _handles(r.proc.pid, signal.SIGUSR1) and _signal(r.proc, signal.SIGUSR1):
+        if state == psutil.STATUS_STOPPED:
+            taken.append(TakenStack(r.proc.pid, r.rank, r.rank_from, "none", node=r.node, state=state,
+                                    note=note + "; its process is stopped (SIGSTOP, or a debugger): it runs no handler "
+                                                "of its own to write one"))
+        elif _handles(r.proc.pid, signal.SIGUSR1) and _signal(r.proc, signal.SIGUSR1):
             signalled = True
-            taken.append(TakenStack(r.proc.pid, r.rank, r.rank_from, "SIGUSR1", node=r.node,
+            taken.append(TakenStack(r.proc.pid, r.rank, r.rank_from, "SIGUSR1", node=r.node, state=state,
                                     note=note + "; SIGUSR1 sent instead: the trainer's own handler writes the dump"))
         else:
-            taken.append(TakenStack(r.proc.pid, r.rank, r.rank_from, "none", node=r.node,
+            taken.append(TakenStack(r.proc.pid, r.rank, r.rank_from, "none", node=r.node, state=state,
                                     note=note + "; it has no SIGUSR1 handler to ask instead"))
     if signalled:
         time.sleep(SIGUSR1_GRACE_S)  # the handlers write their dumps before the kill
@@ -206,6 +213,14 @@ def _handles(pid: int, sig: int) -> bool:
     except (OSError, ValueError, IndexError):
         pass
     return False
+
+
+def _state(proc: psutil.Process) -> str:
+    """psutil's state of the process ('' where it has ended)."""
+    try:
+        return proc.status()
+    except psutil.Error:
+        return ""
 
 
 def _signal(proc: psutil.Process, sig: int) -> bool:

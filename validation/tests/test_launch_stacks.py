@@ -5,6 +5,7 @@ holds, the python launcher's process as rank 0, helpers below a rank left out, a
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -78,11 +79,31 @@ def test_take_writes_each_ranks_pyspy_dump_and_the_index(tree, tmp_path):
     started = time.monotonic()
     taken = stacks.take(stacks.ranked(tree.members(), tree.roots, single_process=False), tmp_path, "a test")
     took = time.monotonic() - started
-    assert taken == [TakenStack(root.pid, 3, "RANK", "py-spy", "harness_stacks/rank3.txt")]
+    assert taken == [TakenStack(root.pid, 3, "RANK", "py-spy", "harness_stacks/rank3.txt", state="sleeping")]
     assert read_index(tmp_path) == taken
     text = (tmp_path / "harness_stacks" / "rank3.txt").read_text()
     assert text.startswith(f"=== py-spy dump of pid {root.pid}, rank 3 (RANK), taken by the harness: a test ===")
     assert parse_pyspy(text)[0].frames[0].func == "parked" and took < 5
+
+
+def test_a_stopped_process_is_recorded_so_and_sent_no_sigusr1(tree, tmp_path):
+    """A rank frozen by SIGSTOP: py-spy fails on it (a fake that always fails here), and a SIGUSR1
+    would wait unhandled, so the note must not promise the trainer's own dump."""
+    root = _spawn(tree, "import faulthandler, signal, sys, time\n"
+                        "faulthandler.register(signal.SIGUSR1, file=sys.stderr)\ntime.sleep(60)", env={"RANK": "1"})
+    tree.adopt(root.pid)
+    time.sleep(1.0)
+    os.kill(root.pid, signal.SIGSTOP)
+    fails = tmp_path / "py-spy"
+    fails.write_text("#!/bin/sh\necho 'Error: Failed to get stack traces' >&2\nexit 1\n")
+    fails.chmod(0o755)
+    try:
+        [t] = stacks.take(stacks.ranked(tree.members(), tree.roots, single_process=False), tmp_path, "a test",
+                          pyspy=str(fails))
+    finally:
+        os.kill(root.pid, signal.SIGCONT)
+    assert (t.rank, t.method, t.state) == (1, "none", "stopped"), t
+    assert t.note.endswith("its process is stopped (SIGSTOP, or a debugger): it runs no handler of its own to write one")
 
 
 def _record(**evidence) -> PhaseRecord:

@@ -195,7 +195,10 @@ def _hung_first(r: PhaseRecord, stuck: dict[str, str]) -> str | None:
     hung = [k for k in hung if k in ranked]
     if not unstacked and (not hung or set(hung) == ranked):
         return None  # nothing tells them apart: every rank is listed alike
-    first = [stuck[f"rank {k}"] for k in hung] + [f"rank {k} (no stack; {last_heartbeat(r, k)})" for k in unstacked]
+    stopped = {t.rank for t in ev.taken_stacks if t.state == "stopped"}
+    first = [stuck[f"rank {k}"] for k in hung] + [
+        f"rank {k} (no stack{'; its process stopped, by SIGSTOP or a debugger' if k in stopped else ''}; "
+        f"{last_heartbeat(r, k)})" for k in unstacked]
     rest = [v for v in stuck.values() if v not in first]
     waiting = f"; waiting for {'it' if len(first) == 1 else 'them'}: {'; '.join(rest)}" if rest else ""
     return f": hung: {'; '.join(first)}{waiting}"

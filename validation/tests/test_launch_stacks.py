@@ -233,3 +233,24 @@ def test_the_watch_keeps_each_ranks_latest_heartbeat_pid(tmp_path):
     watch = StepWatch(tmp_path, tmp_path / "training.csv")
     watch.look()
     assert watch.pids == {12: 0, 21: 1}
+
+
+@pytest.mark.parametrize("waiting", [
+    [Frame("/v/torch/autograd/graph.py", 979, "_engine_run_backward"), Frame("/w/train/loop.py", 351, "forward_backward")],
+    [Frame("/w/train/loop.py", 396, "train_step"), Frame("/w/train/loop.py", 529, "run_step")],
+], ids=["gloo", "nccl"])
+def test_a_frozen_rank_of_no_stack_is_the_hung_one_not_the_rank_that_waited(waiting):
+    """Rank 1 frozen by SIGSTOP at step 3's forward: no stack (py-spy fails, its handler is stopped);
+    rank 0 waits, over gloo in DDP's backward, over NCCL in a CUDA synchronisation in train_step,
+    which shows no collective frame (two H200s, 2026-11-27). Both read 'rank 0 in ...' as if rank 0
+    were the only rank to blame."""
+    rec = _record(
+        stackdumps={0: StackDump("stackdump_rank0.txt", waiting), 1: StackDump("stackdump_rank1.txt", [])},
+        taken_stacks=[TakenStack(12, 1, "RANK", "none", state="stopped",
+                                 note="py-spy could not take its stack (exit 1: Error: Failed to get stack traces)")],
+        last_heartbeat={0: Beat(3, "optimizer" if waiting[0].func == "train_step" else "backward"),
+                        1: Beat(3, "forward")})
+    [stall] = find([rec])
+    assert stall.title.endswith(
+        "hung: rank 1 (no stack; its process stopped, by SIGSTOP or a debugger; last heartbeat step 3, stage forward); "
+        f"waiting for it: rank 0 in {waiting[0].func}"), stall.title

@@ -26,15 +26,20 @@ def in_collective(dump: StackDump) -> bool:
 
 def hung_ranks(stacks: Mapping[int, StackDump], beats: Mapping[int, Beat]) -> list[int]:
     """The ranks outside the collectives while some rank waits in one; else, of the ranks outside
-    them (else of every rank with a heartbeat), those furthest behind (``behind``). Empty when
-    every rank waits in a collective and none is behind the others: nothing tells."""
+    them and those of no stack (else of every rank with a heartbeat), those furthest behind
+    (``behind``). Empty when every rank waits in a collective and none is behind the others:
+    nothing tells. A rank of no stack (frozen by SIGSTOP, or py-spy failed on it) may be anywhere,
+    so it is a candidate: over NCCL the rank that waits for it shows no collective frame (its wait
+    is a CUDA synchronisation inside the training step), and only the heartbeats tell them apart."""
     ranks = sorted(set(stacks) | set(beats))
     waiting = [k for k in ranks if k in stacks and in_collective(stacks[k])]
     outside = [k for k in ranks if k in stacks and stacks[k].frames and k not in waiting]
     if waiting and outside:
         return outside
+    unstacked = [k for k in ranks if k in beats and not (k in stacks and stacks[k].frames)]
+    candidates = sorted(outside + unstacked)
     known = [k for k in ranks if k in beats and beats[k].step is not None]
-    hung = behind(outside, beats) if outside else behind(known, beats)
+    hung = behind(candidates, beats) if candidates else behind(known, beats)
     return [] if not outside and len(hung) == len(known) else hung
 
 

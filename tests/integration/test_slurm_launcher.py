@@ -136,7 +136,9 @@ def test_a_hung_rank_under_srun_has_its_stack_taken_then_the_step_is_cancelled(s
     print(f"job {rec.slurm_job_id}, step {read_nodes(run_dir).slurm_step}: {rec.reason}; srun said: {said}")
 
 
-def test_an_interrupted_phase_is_cancelled_and_leaves_nothing(slurm, tmp_path):
+def _harness_in_a_job(slurm, tmp_path):
+    """A harness running a long phase in a Slurm job, once a few steps are done: (its process,
+    its runs directory, the job id)."""
     proc = _harness(tmp_path, _runbook(tmp_path, slurm, steps=100000))
     runs = tmp_path / "results" / "runs"
     deadline = time.monotonic() + 120
@@ -144,6 +146,11 @@ def test_an_interrupted_phase_is_cancelled_and_leaves_nothing(slurm, tmp_path):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
         time.sleep(0.2)
     [job] = [j[0] for j in _jobs("") if j[2] == "RUNNING" and len(j[1]) == 32]  # named with the run token
+    return proc, runs, job
+
+
+def test_an_interrupted_phase_is_cancelled_and_leaves_nothing(slurm, tmp_path):
+    proc, runs, job = _harness_in_a_job(slurm, tmp_path)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=slurm["kill_wait"] + 60)
@@ -161,13 +168,7 @@ def test_an_interrupted_phase_is_cancelled_and_leaves_nothing(slurm, tmp_path):
 def test_a_job_someone_scancels_is_stopped_by_slurm_not_a_crash(slurm, tmp_path):
     """scancel of the harness's job from outside, halfway: the verdict says Slurm stopped the step
     (slurmstepd's banner in the node's log), not 'trainer crashed (exit code 1)'."""
-    proc = _harness(tmp_path, _runbook(tmp_path, slurm, steps=100000))
-    runs = tmp_path / "results" / "runs"
-    deadline = time.monotonic() + 120
-    while not any(p.stat().st_size > 200 for p in runs.rglob("training.csv")):  # a few steps done
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
-        time.sleep(0.2)
-    [job] = [j[0] for j in _jobs("") if j[2] == "RUNNING" and len(j[1]) == 32]  # named with the run token
+    proc, _, job = _harness_in_a_job(slurm, tmp_path)
     subprocess.run(["scancel", job], check=True, timeout=30)
     out, _ = proc.communicate(timeout=slurm["kill_wait"] + 60)
     print(out)

@@ -26,20 +26,22 @@ def in_collective(dump: StackDump) -> bool:
 
 def hung_ranks(stacks: Mapping[int, StackDump], beats: Mapping[int, Beat]) -> list[int]:
     """The ranks outside the collectives while some rank waits in one; else, of the ranks outside
-    them and those of no stack (else of every rank with a heartbeat), those furthest behind
-    (``behind``). Empty when every rank waits in a collective and none is behind the others:
-    nothing tells. A rank of no stack (frozen by SIGSTOP, or py-spy failed on it) may be anywhere,
-    so it is a candidate: over NCCL the rank that waits for it shows no collective frame (its wait
-    is a CUDA synchronisation inside the training step), and only the heartbeats tell them apart."""
+    them and those of no stack that are furthest behind of all (else of every rank with a heartbeat),
+    those furthest behind (``behind``). Empty when every rank waits in a collective and none is behind
+    the others: nothing tells. A rank of no stack (frozen by SIGSTOP, or py-spy failed on it) may be
+    anywhere, so where its heartbeat is the furthest behind it is a candidate: over NCCL the rank that
+    waits for it shows no collective frame (its wait is a CUDA synchronisation inside the training
+    step), and only the heartbeats tell them apart."""
     ranks = sorted(set(stacks) | set(beats))
     waiting = [k for k in ranks if k in stacks and in_collective(stacks[k])]
     outside = [k for k in ranks if k in stacks and stacks[k].frames and k not in waiting]
     if waiting and outside:
         return outside
-    unstacked = [k for k in ranks if k in beats and not (k in stacks and stacks[k].frames)]
-    candidates = sorted(outside + unstacked)
     known = [k for k in ranks if k in beats and beats[k].step is not None]
-    hung = behind(candidates, beats) if candidates else behind(known, beats)
+    last = behind(known, beats)
+    unstacked = [k for k in last if not (k in stacks and stacks[k].frames)]  # of no stack, and furthest behind
+    candidates = sorted(outside + unstacked)
+    hung = behind(candidates, beats) if candidates else last
     return [] if not outside and len(hung) == len(known) else hung
 
 

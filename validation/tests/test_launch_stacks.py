@@ -94,6 +94,10 @@ def test_a_stopped_process_is_recorded_so_and_sent_no_sigusr1(tree, tmp_path):
     tree.adopt(root.pid)
     time.sleep(1.0)
     os.kill(root.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while psutil.Process(root.pid).status() != psutil.STATUS_STOPPED:  # the signal lands asynchronously
+        assert time.monotonic() < deadline, psutil.Process(root.pid).status()
+        time.sleep(0.05)
     fails = tmp_path / "py-spy"
     fails.write_text("#!/bin/sh\necho 'Error: Failed to get stack traces' >&2\nexit 1\n")
     fails.chmod(0o755)

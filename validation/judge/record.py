@@ -328,6 +328,11 @@ class PhaseRecord:
         return self.key.phase
 
     @property
+    def ran_at(self) -> str | None:
+        """The commit of the trainer that ran the point (this repository's for its own trainer)."""
+        return self.trainer_sha or self.git_sha
+
+    @property
     def ran(self) -> bool:
         """A process ran and exited by itself (no timeout): its artifacts are complete."""
         return self.exit_code is not None and not self.timed_out

@@ -186,7 +186,7 @@ def test_a_drift_from_the_golden_names_both_commits_and_how_to_bless(tmp_path):
     assert "first diverging step 3: loss 2.97 vs golden 2.5" in rec.reason
     assert "the golden: commit 4e57f6d87d31, blessed 2026-11-23" in rec.reason
     finding, = (f for f in find([rec]) if f.kind == "golden")
-    assert f"this run: the trainer at commit {(rec.trainer_sha or rec.git_sha)[:12]}" in finding.detail
+    assert f"this run: the trainer at commit {rec.ran_at[:12]}" in finding.detail
     advice, = recommendations([finding])
     assert advice.startswith("long_run: The loss left its golden curve") and "`nsa-validate bless --phase long_run`" in advice
     assert ("bench/gpu/golden_losses.sh" in advice) == rec.own_trainer  # a script for this project's trainer only

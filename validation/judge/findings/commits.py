@@ -8,19 +8,14 @@ from validation.judge.findings.finding import Facts, Finding, Severity, where
 from validation.judge.record import TRAINER_KINDS, PhaseRecord
 
 
-def _ran_at(rec: PhaseRecord) -> str | None:
-    """The commit of the trainer that ran the point (this repository's for its own trainer)."""
-    return rec.trainer_sha or rec.git_sha
-
-
 def mixed_commits(records: list[PhaseRecord]) -> list[Finding]:
     """One warning when the points that ran the trainer did so at more than one of its commits:
     each commit with its points, the newest (by the latest start) first. Pytest and preflight
     points are left out: they run this repository, which may not be the trainer's."""
     groups: dict[str, list[PhaseRecord]] = {}
     for r in records:
-        if r.kind in TRAINER_KINDS and r.out_dir and _ran_at(r):  # a skipped point ran nothing
-            groups.setdefault(_ran_at(r), []).append(r)
+        if r.kind in TRAINER_KINDS and r.out_dir and r.ran_at:  # a skipped point ran nothing
+            groups.setdefault(r.ran_at, []).append(r)
     if len(groups) < 2:
         return []
     order = sorted(groups, key=lambda sha: max(r.started for r in groups[sha]), reverse=True)

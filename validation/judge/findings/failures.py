@@ -279,7 +279,7 @@ _EXPLAINED = {"idle_ranks", "halt"}
 def _golden_context(r: PhaseRecord) -> list[str]:
     """What tells a drift from the golden apart: the run's commit (the golden's is in the gate's
     note), and whether the point's repeats, where it has them, agree with each other."""
-    out = [f"this run: the trainer at commit {(r.trainer_sha or r.git_sha)[:12]}"] if r.trainer_sha or r.git_sha else []
+    out = [f"this run: the trainer at commit {r.ran_at[:12]}"] if r.ran_at else []
     agree = next((g for g in r.gates if g.metric == REPEAT_LOSS_METRIC and g.verdict == GateVerdict.PASS), None)
     if agree is not None:
         out.append(f"the point's repeats agree with each other ({agree.note}): this commit repeats itself, so its "

@@ -28,13 +28,14 @@ _DECIDES = (Status.ERROR, Status.FAIL, Status.UNMEASURED)
 def execute(point: PhasePoint, run_dir: Path, hw: Machine, results_dir: Path, run_id: str, started: str,
             progress: Progress | None) -> PhaseRecord:
     n = point.phase.repeats
-    done: list[Judged] = []
+    launched = []
     for k in range(1, n + 1):
         out_dir = run_dir / f"repeat{k}"
         out_dir.mkdir()
-        done.append(runs.judge(point, runs.launch(point, out_dir, progress), hw))
-    if (agree := goldens.repeat_gate(point, [j.run.csv for j in done])) is not None:
-        done = [runs.judge(point, j, hw, extra=[agree]) for j in done]  # whichever repeat decides carries it
+        launched.append(runs.launch(point, out_dir, progress))
+    agree = goldens.repeat_gate(point, [d.run.csv for d in launched])
+    # each repeat carries the repeats' own gate, whichever of them decides the record
+    done: list[Judged] = [runs.judge(point, d, hw, extra=[agree] if agree else None) for d in launched]
     sub_runs = [runs.sub_run(j, f"repeat{k}", f"repeat {k} of {n}", results_dir) for k, j in enumerate(done, 1)]
     k, decides = next(((i, j) for status in _DECIDES for i, j in enumerate(done, 1) if j.status == status),
                       (n, done[-1]))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A single-host Slurm cluster on this machine: one node (this host, its real CPUs and memory),
-# one partition, munge authentication. For the harness's opt-in Slurm tests (pytest -m slurm) and
+# or SLURM_SH_NODES emulated nodes (one slurmd each on this host), one partition, munge
+# authentication. For the harness's opt-in Slurm tests (pytest -m slurm) and
 # for trying `srun ... torchrun` by hand. Debian/Ubuntu only (apt-get, Debian's package paths).
 #
 #   scripts/slurm/single_host.sh [start]   install if needed, write the config, start munged,
@@ -23,7 +24,12 @@
 #   SLURM_SH_PARTITION   partition name (default debug).
 #   SLURM_SH_NO_INSTALL  1: never run apt-get; fail naming the missing programs instead.
 #   SLURM_SH_FORCE       1: overwrite an /etc/slurm/slurm.conf that this script did not write.
-#   SLURM_SH_WAIT        seconds to wait for the node to become idle (default 60).
+#   SLURM_SH_WAIT        seconds to wait for the nodes to become idle (default 60).
+#   SLURM_SH_NODES       nodes (default 1). N > 1: nodes <host>n0 .. <host>n<N-1>, each a slurmd of
+#                        its own on this host (slurmd -N, port 17000 + i, its own pid file, spool
+#                        and log through %n), each declared with the host's CPUs and memory (they
+#                        share them), their names added to /etc/hosts at 127.0.0.1: multi-node srun
+#                        (one torchrun agent a node, c10d on the first) without a second machine.
 set -euo pipefail
 export PATH=$PATH:/usr/sbin:/sbin
 
@@ -42,9 +48,30 @@ PROCTRACK=${SLURM_SH_PROCTRACK:-auto}
 KILLWAIT=${SLURM_SH_KILLWAIT:-30}
 PARTITION=${SLURM_SH_PARTITION:-debug}
 WAIT=${SLURM_SH_WAIT:-60}
+NODES=${SLURM_SH_NODES:-1}
+NODE_PORT_BASE=17000
 
 say() { printf '[single_host] %s\n' "$*"; }
 die() { printf '[single_host] ERROR: %s\n' "$*" >&2; exit 1; }
+
+[[ $NODES =~ ^[1-9][0-9]*$ ]] || die "SLURM_SH_NODES must be a whole number >= 1 (got '$NODES')"
+
+node_names() {  # the nodes' names, one a line: this host's short name, or <host>n0 .. (emulated)
+    local host i
+    host=$(hostname -s)
+    if ((NODES == 1)); then echo "$host"; return; fi
+    for ((i = 0; i < NODES; i++)); do echo "${host}n$i"; done
+}
+
+node_list() { node_names | paste -sd,; }
+
+slurmd_pid() {  # slurmd_pid NODE: its pid file (SlurmdPidFile, %n expanded for emulated nodes)
+    if ((NODES == 1)); then echo "$SLURMD_PID"; else echo "/run/slurmd.$1.pid"; fi
+}
+
+slurmd_log() {  # slurmd_log NODE: its log (SlurmdLogFile, %n expanded for emulated nodes)
+    if ((NODES == 1)); then echo "$LOG_DIR/slurmd.log"; else echo "$LOG_DIR/slurmd.$1.log"; fi
+}
 
 need_root() { [[ $(id -u) -eq 0 ]] || die "must run as root (installs packages, writes $CONF_DIR, starts daemons)"; }
 
@@ -112,6 +139,17 @@ write_config() {  # write_config PROCTRACK(cgroup|linuxproc) WHY; sets CONFIG_CH
     cores=$(field CoresPerSocket); threads=$(field ThreadsPerCore); mem=$(field RealMemory)
     [[ -n $cpus && -n $mem ]] || die "cannot read this host's CPUs and memory from 'slurmd -C' (got: $hw)"
     if [[ $pt == cgroup ]]; then task=task/cgroup; else task=task/none; fi
+    local hwline="CPUs=$cpus Boards=$boards SocketsPerBoard=$sockets CoresPerSocket=$cores ThreadsPerCore=$threads RealMemory=$mem State=UNKNOWN"
+    local pidfile=$SLURMD_PID spool=$STATE_DIR/slurmd dlog=$LOG_DIR/slurmd.log nodes="" i=0 name
+    if ((NODES == 1)); then
+        nodes="NodeName=$host NodeAddr=127.0.0.1 $hwline"
+    else  # emulated nodes: slurmd -N NAME expands %n to NAME
+        pidfile=/run/slurmd.%n.pid spool=$STATE_DIR/slurmd.%n dlog=$LOG_DIR/slurmd.%n.log
+        for name in $(node_names); do
+            nodes+="${nodes:+$'\n'}NodeName=$name NodeHostname=$host NodeAddr=127.0.0.1 Port=$((NODE_PORT_BASE + i)) $hwline"
+            i=$((i + 1))
+        done
+    fi
     new_conf=$(cat <<EOF
 $MARK
 # proctrack: proctrack/$pt ($why)
@@ -127,11 +165,11 @@ TaskPlugin=$task
 JobAcctGatherType=jobacct_gather/none
 ReturnToService=2
 SlurmctldPidFile=$CTLD_PID
-SlurmdPidFile=$SLURMD_PID
-SlurmdSpoolDir=$STATE_DIR/slurmd
+SlurmdPidFile=$pidfile
+SlurmdSpoolDir=$spool
 StateSaveLocation=$STATE_DIR/slurmctld
 SlurmctldLogFile=$LOG_DIR/slurmctld.log
-SlurmdLogFile=$LOG_DIR/slurmd.log
+SlurmdLogFile=$dlog
 SlurmctldDebug=info
 SlurmdDebug=info
 SchedulerType=sched/backfill
@@ -141,8 +179,8 @@ KillWait=$KILLWAIT
 InactiveLimit=0
 MinJobAge=300
 Waittime=0
-NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus Boards=$boards SocketsPerBoard=$sockets CoresPerSocket=$cores ThreadsPerCore=$threads RealMemory=$mem State=UNKNOWN
-PartitionName=$PARTITION Nodes=$host Default=YES MaxTime=INFINITE State=UP
+$nodes
+PartitionName=$PARTITION Nodes=$(node_list) Default=YES MaxTime=INFINITE State=UP
 EOF
 )
     new_cgroup=$(cat <<EOF
@@ -160,7 +198,7 @@ EOF
     install -d -m 0755 "$CONF_DIR"
     if [[ ! -e $CONF ]] || [[ $(cat "$CONF") != "$new_conf" ]]; then
         printf '%s\n' "$new_conf" >"$CONF"; CONFIG_CHANGED=1
-        say "config: wrote $CONF (node $host: CPUs=$cpus RealMemory=${mem}MB, partition $PARTITION, proctrack/$pt, $task, KillWait=$KILLWAIT)"
+        say "config: wrote $CONF (nodes $(node_list): CPUs=$cpus RealMemory=${mem}MB each, partition $PARTITION, proctrack/$pt, $task, KillWait=$KILLWAIT)"
     else
         say "config: $CONF unchanged (proctrack/$pt)"
     fi
@@ -172,7 +210,6 @@ EOF
 
 start_daemons() {  # returns 1 (with the log's last lines) when a daemon does not start
     install -d -o slurm -g slurm -m 0755 "$LOG_DIR" "$STATE_DIR" "$STATE_DIR/slurmctld"
-    install -d -m 0755 "$STATE_DIR/slurmd"
     if alive "$CTLD_PID"; then say "slurmctld: already running (pid $(cat "$CTLD_PID"))"
     else
         say "slurmctld: starting (log $LOG_DIR/slurmctld.log)"
@@ -181,50 +218,78 @@ start_daemons() {  # returns 1 (with the log's last lines) when a daemon does no
             return 1
         fi
     fi
-    if alive "$SLURMD_PID"; then say "slurmd: already running (pid $(cat "$SLURMD_PID"))"
-    else
-        say "slurmd: starting (log $LOG_DIR/slurmd.log)"
-        if ! slurmd; then
-            say "slurmd failed to start; last log lines:"; tail -6 $LOG_DIR/slurmd.log | sed 's/^/[single_host]   /'
+    local name args
+    for name in $(node_names); do
+        if alive "$(slurmd_pid "$name")"; then say "slurmd $name: already running (pid $(cat "$(slurmd_pid "$name")"))"; continue; fi
+        if ((NODES == 1)); then args=(); install -d -m 0755 "$STATE_DIR/slurmd"
+        else args=(-N "$name"); install -d -m 0755 "$STATE_DIR/slurmd.$name"; fi
+        say "slurmd $name: starting (log $(slurmd_log "$name"))"
+        if ! slurmd "${args[@]}"; then
+            say "slurmd $name failed to start; last log lines:"; tail -6 "$(slurmd_log "$name")" | sed 's/^/[single_host]   /'
             return 1
         fi
-    fi
+    done
 }
 
-stop_daemons() {
-    stop_pidfile slurmd "$SLURMD_PID"
+all_slurmd_alive() {
+    local name
+    for name in $(node_names); do alive "$(slurmd_pid "$name")" || return 1; done
+}
+
+resolve_nodes() {  # emulated nodes' names resolve to 127.0.0.1 (srun's nodes; the harness's c10d store is on the first)
+    local name missing=()
+    ((NODES == 1)) && return 0
+    for name in $(node_names); do getent hosts "$name" >/dev/null || missing+=("$name"); done
+    ((${#missing[@]} == 0)) && return 0
+    echo "127.0.0.1 ${missing[*]}  $MARK" >>/etc/hosts
+    say "/etc/hosts: added ${missing[*]} at 127.0.0.1"
+}
+
+running_slurmd_pidfiles() {  # every slurmd's pid file that names a live process, whatever SLURM_SH_NODES was
+    local f
+    for f in "$SLURMD_PID" /run/slurmd.*.pid; do alive "$f" && echo "$f"; done
+    return 0
+}
+
+stop_daemons() {  # every slurmd this script may have started (also those of another SLURM_SH_NODES), then slurmctld
+    local f
+    for f in $(running_slurmd_pidfiles); do stop_pidfile "slurmd ($f)" "$f"; done
     stop_pidfile slurmctld "$CTLD_PID"
 }
 
-node_state() { sinfo -h -N -n "$(hostname -s)" -o '%T' 2>/dev/null | head -1; }
+node_state() {  # idle when every node is idle, else the first other state
+    local states
+    states=$(sinfo -h -N -n "$(node_list)" -o '%T' 2>/dev/null | sort -u)
+    if [[ $states == idle ]]; then echo idle; else grep -vx idle <<<"$states" | head -1; fi
+}
 
 wait_idle() {  # returns 1 (with the reason and log lines) when the node is not idle in time
     local i st=""
     for ((i = 0; i < WAIT * 2; i++)); do
         st=$(node_state || true)
         case $st in
-            idle) say "node $(hostname -s): idle"; return 0 ;;
+            idle) say "nodes $(node_list): idle"; return 0 ;;
             down*|drain*|fail*)
                 if ((i % 10 == 0)); then
-                    say "node $(hostname -s): $st, reason: $(sinfo -h -N -n "$(hostname -s)" -o '%E'); resuming"
-                    scontrol update NodeName="$(hostname -s)" State=RESUME 2>/dev/null || true
+                    say "nodes $(node_list): $st, reason: $(sinfo -h -N -n "$(node_list)" -o '%E' | sort -u | paste -sd' '); resuming"
+                    scontrol update NodeName="$(node_list)" State=RESUME 2>/dev/null || true
                 fi ;;
         esac
-        if ! alive "$SLURMD_PID"; then
-            say "slurmd died; last log lines:"; tail -8 $LOG_DIR/slurmd.log | sed 's/^/[single_host]   /'; return 1
+        if ! all_slurmd_alive; then
+            say "a slurmd died; last log lines:"; tail -8 $LOG_DIR/slurmd*.log | sed 's/^/[single_host]   /'; return 1
         fi
         if ! alive "$CTLD_PID"; then
             say "slurmctld died; last log lines:"; tail -8 $LOG_DIR/slurmctld.log | sed 's/^/[single_host]   /'; return 1
         fi
         sleep 0.5
     done
-    say "node $(hostname -s) not idle after ${WAIT}s (state: '${st:-none}'); logs: $LOG_DIR/slurmctld.log, $LOG_DIR/slurmd.log"
+    say "nodes $(node_list) not idle after ${WAIT}s (state: '${st:-none}'); logs: $LOG_DIR/slurmctld.log, $LOG_DIR/slurmd*.log"
     return 1
 }
 
-probe_step() {  # a one-task step must run: proves that the proctrack/task plugins work here
+probe_step() {  # a step of one task a node must run: proves that the proctrack/task plugins work here
     local out
-    out=$(timeout 60 srun -N1 -n1 -t 1 --job-name=single_host_probe true 2>&1) && return 0
+    out=$(timeout 60 srun -N"$NODES" -n"$NODES" -t 1 --job-name=single_host_probe true 2>&1) && return 0
     say "probe step failed: $out"
     tail -5 $LOG_DIR/slurmd.log | sed 's/^/[single_host]   slurmd.log: /'
     return 1
@@ -254,16 +319,17 @@ cmd_start() {
         fi
     fi
     write_config "$first" "$why"
+    resolve_nodes
     if ((CONFIG_CHANGED)); then
-        if alive "$CTLD_PID" || alive "$SLURMD_PID"; then
+        if alive "$CTLD_PID" || running_slurmd_pidfiles | grep -q .; then
             say "config changed: restarting slurmctld and slurmd (jobs now queued or running: $(squeue -h 2>/dev/null | wc -l))"
         fi
         stop_daemons
     fi
-    if ((!CONFIG_CHANGED)) && alive "$CTLD_PID" && alive "$SLURMD_PID"; then
+    if ((!CONFIG_CHANGED)) && alive "$CTLD_PID" && all_slurmd_alive; then
         # nothing to change: no probe step (it would queue behind running jobs, and a timeout must
         # not look like a cgroup failure); just report
-        say "ready (unchanged): node $(hostname -s) $(node_state), proctrack/$(configured_proctrack) ($(proctrack_why)), KillWait=$KILLWAIT"
+        say "ready (unchanged): nodes $(node_list) $(node_state), proctrack/$(configured_proctrack) ($(proctrack_why)), KillWait=$KILLWAIT"
         sinfo
         return 0
     fi
@@ -280,7 +346,7 @@ cmd_start() {
         fi
     fi
     wait_idle >/dev/null || die "the node did not return to idle after the probe step"
-    say "ready: partition $PARTITION, node $(hostname -s), proctrack/$(configured_proctrack) ($(proctrack_why)), KillWait=$KILLWAIT"
+    say "ready: partition $PARTITION, nodes $(node_list), proctrack/$(configured_proctrack) ($(proctrack_why)), KillWait=$KILLWAIT"
     sinfo
 }
 
@@ -292,7 +358,7 @@ cmd_stop() {
 
 cmd_status() {
     local rc=0
-    for d in munged:$MUNGE_PID slurmctld:$CTLD_PID slurmd:$SLURMD_PID; do
+    for d in munged:$MUNGE_PID slurmctld:$CTLD_PID $(for n in $(node_names); do echo "slurmd_$n:$(slurmd_pid "$n")"; done); do
         if alive "${d#*:}"; then say "${d%%:*}: running (pid $(cat "${d#*:}"))"; else say "${d%%:*}: not running"; rc=1; fi
     done
     [[ -e $CONF ]] && say "config: $CONF, proctrack/$(configured_proctrack) ($(proctrack_why))"

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -36,12 +37,12 @@ NATIVE = {"name": "native_test", "root": "tests/trainers", "script": "native_tra
 JOIN_S, STALL_S = 10, 25
 
 
-def _runbook(tmp_path: Path, slurm: dict, steps: int, nodes: int = 1) -> Path:
+def _runbook(tmp_path: Path, slurm: dict, steps: int, nodes: int = 1, nproc: int = 2) -> Path:
     data: dict[str, Any] = {
         "name": "slurm_nodes", "profiles": ["cpu"], "trainer": NATIVE,
         "defaults": {"steps": steps, "timeout_s": 240, "stall_s": STALL_S, "env": {"OMP_NUM_THREADS": 1}},
         "phases": [{"name": "srun_phase", "kind": "train",
-                    "launcher": {"kind": "slurm", "nodes": nodes, "nproc_per_node": 2, "rdzv": {"join_timeout_s": JOIN_S},
+                    "launcher": {"kind": "slurm", "nodes": nodes, "nproc_per_node": nproc, "rdzv": {"join_timeout_s": JOIN_S},
                                  "srun_args": slurm["srun_args"]},
                     "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1},
                               {"metric": "idle_ranks", "op": "==", "threshold": 0}]}]}
@@ -80,6 +81,15 @@ def _left(tmp_path: Path) -> list[str]:
             and str(tmp_path) in " ".join(p.info["cmdline"] or [])]
 
 
+def _two_idle_nodes() -> None:
+    """Skip unless two nodes are idle (a cluster, or SLURM_SH_NODES=2 scripts/slurm/single_host.sh)."""
+    out = subprocess.run(["sinfo", "--noheader", "--Node", "--states=idle", "--format=%N"], capture_output=True,
+                         text=True, timeout=30).stdout.split()
+    if len(set(out)) < 2:
+        pytest.skip(f"two idle Slurm nodes needed, {len(set(out))} idle "
+                    "(SLURM_SH_NODES=2 scripts/slurm/single_host.sh emulates two on this host)")
+
+
 def _record(tmp_path: Path):
     [rec] = ResultStore(tmp_path / "results").records()
     return rec
@@ -99,7 +109,9 @@ def test_a_phase_runs_as_srun_of_torchrun(slurm, tmp_path):
     run_dir = tmp_path / "results" / rec.out_dir
     launch = read_nodes(run_dir)
     assert launch.launcher == "slurm" and launch.slurm_job_id == rec.slurm_job_id and launch.nodes[0].exit_code == 0
-    assert launch.rdzv_endpoint.split(":")[0] == launch.nodes[0].host
+    # the store is on the first node: its Slurm name (the endpoint) is that host (one address, where
+    # emulated nodes on one host have names of their own)
+    assert socket.gethostbyname(launch.rdzv_endpoint.split(":")[0]) == socket.gethostbyname(launch.nodes[0].host)
     assert launch.slurm_step == f"{rec.slurm_job_id}.1"  # step 0 checked the shared run directory
     ranks = {json.loads(line)["rank"] for r in (0, 1)
              for line in (run_dir / f"heartbeat_rank{r}.jsonl").read_text().splitlines()}
@@ -203,3 +215,37 @@ def test_more_nodes_than_the_partition_has_is_an_error_at_once_not_at_the_phase_
     assert not [j for j in _jobs("") if j[2] == "PENDING"], "the request was left pending"
     assert not _left(tmp_path)
     print(f"nodes: {nodes}: {rec.reason} ({took:.1f} s)")
+
+
+def test_two_nodes_run_as_one_agent_each_and_a_killed_rank_names_its_node(slurm, tmp_path):
+    """Two Slurm nodes, one torchrun agent a node (c10d on the first): a healthy phase is GO with
+    each node's rank and pid in nodes.json; then rank 1 SIGKILLs itself at step 4 and the verdict
+    names rank 1 and the node it ran on, not the node whose rank failed in the all-reduce after it.
+    Measured on two slurmd emulated on one host (docs/slurm.md, "Two nodes")."""
+    _two_idle_nodes()
+    proc = _harness(tmp_path, _runbook(tmp_path, slurm, steps=12, nodes=2, nproc=1))
+    out, _ = proc.communicate(timeout=300)
+    print(out)
+    assert proc.returncode == 0, out
+    rec = _record(tmp_path)
+    assert rec.status == "PASS" and rec.world_size == 2 and "--nodes=2" in rec.command, rec.reason
+    launch = read_nodes(tmp_path / "results" / rec.out_dir)
+    assert len(launch.nodes) == 2 and all(n.exit_code == 0 and n.pid for n in launch.nodes), launch
+    assert sorted(r for n in launch.nodes for r in n.ranks) == [0, 1], launch
+    assert not _left(tmp_path)
+
+    faulted = tmp_path / "faulted"
+    faulted.mkdir()
+    proc = _harness(faulted, _runbook(faulted, slurm, steps=12, nodes=2, nproc=1), fault="kill_rank:1@4")
+    out, _ = proc.communicate(timeout=300)
+    print(out)
+    assert proc.returncode == 1, out
+    rec = _record(faulted)
+    launch = read_nodes(faulted / "results" / rec.out_dir)
+    [node] = [n.index for n in launch.nodes if 1 in n.ranks]
+    failure = rec.evidence.rank_failures.get(1)
+    assert rec.status == "FAIL" and failure and failure.signal == "SIGKILL", (rec.reason, rec.evidence.rank_failures)
+    report = (faulted / "results" / "reports" / "slurm_nodes__cpu.md").read_text()
+    assert f"node {node}'s rank 1 was killed by SIGKILL" in report, report
+    assert not _left(faulted)
+    print(f"job {rec.slurm_job_id}: {rec.reason}; rank 1 ran on node {node}, named in the report")

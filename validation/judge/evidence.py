@@ -20,7 +20,7 @@ from validation.contract.torchrun_log import log_exception, rank_failures, root_
 from validation.judge.memory import growing_ranks
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
 from validation.judge.nodes import node_evidence, node_failures, slurm_stopped
-from validation.judge.record import Beat, Evidence
+from validation.judge.record import Beat, Evidence, NotRun
 from validation.judge.stability import Rise, Spike, rise, slowdown, spikes
 
 STDERR_TAIL_LINES = 40
@@ -89,7 +89,8 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
         nonfinite_loss_step=_first_nonfinite(run),
         top_ops=list(run.info.get("top_ops") or []), reruns=run.reruns, spikes=_spikes(run), divergence=_rise(run),
         slowdown=None if run.csv is None else slowdown(run.csv["step"].tolist(), run.csv["toks_per_s"].tolist()),
-        memory_growth=growing_ranks(run.csv, heartbeats, run.env, run.reruns))
+        memory_growth=growing_ranks(run.csv, heartbeats, run.env, run.reruns),
+        not_run=None if run.launched else NotRun.LAUNCH)
 
 
 def _first_nonfinite(run: RunData) -> int | None:

@@ -3,6 +3,8 @@ imbalanced ranks, broken output contracts, and failed gates. Where each rank was
 ended, from the record's evidence."""
 from __future__ import annotations
 
+import shlex
+
 from nsa.contract import PROFILE_TOP_OPS
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import last_exception, root_rank, short_exception
@@ -13,7 +15,7 @@ from validation.judge.findings.finding import Facts, Finding, Severity, last_hea
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.findings.nodes import missing_node
 from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult, GateVerdict
-from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
+from validation.judge.record import HARNESS_ERROR_FILE, TRAINER_KINDS, NotRun, PhaseRecord, Status
 from validation.judge.resume import METRICS as RESUME_METRICS
 from validation.judge.verdict import Outcome
 
@@ -289,8 +291,37 @@ def _imbalance_gate(r: PhaseRecord) -> GateResult | None:
 
 
 def artifact_errors(records: list[PhaseRecord]) -> list[Finding]:
-    return [Finding(Severity.CRITICAL, r.phase, f"{where(r)}: {r.reason}", r.evidence.errors[1:], "artifacts",
-                    Facts.of(r)) for r in records if r.status == Status.ERROR]
+    """A finding per ERROR point: a process that never ran (the launch failed, or the harness
+    did) is said so, with its own kind, never as a trainer that broke its output contract."""
+    out = []
+    for r in records:
+        if r.status != Status.ERROR:
+            continue
+        ev = r.evidence
+        if ev.not_run == NotRun.LAUNCH:
+            logs = [f"{r.out_dir}/{name}" for name in ev.files if name.endswith(".log")]
+            out.append(Finding(Severity.CRITICAL, r.phase, f"{where(r)} was not launched, nothing ran: {r.reason}",
+                               ([f"the launcher's output: {', '.join(logs)}"] if logs else []) + [rerun_point(r)],
+                               "not_launched", Facts.of(r)))
+        elif ev.not_run == NotRun.HARNESS:
+            out.append(Finding(Severity.CRITICAL, r.phase, f"{where(r)}: {r.reason}",
+                               [f"traceback: {r.out_dir}/{HARNESS_ERROR_FILE}", rerun_point(r)],
+                               "harness_error", Facts.of(r)))
+        else:
+            out.append(Finding(Severity.CRITICAL, r.phase, f"{where(r)}: {r.reason}", ev.errors[1:], "artifacts",
+                               Facts.of(r)))
+    return out
+
+
+#: the acceptance test that runs one point (validation/report/tables.py's ACCEPTANCE_TESTS, by repository path)
+_POINT_TEST = "validation/tests/test_acceptance.py::test_phase"
+
+
+def rerun_point(r: PhaseRecord) -> str:
+    """'re-run only this point: pytest validation/tests/test_acceptance.py::test_phase[rb/cpu/p/default]
+    --runbook rb --profile cpu' (from the repository root; a record's point by its test id)."""
+    return (f"re-run only this point: pytest {shlex.quote(f'{_POINT_TEST}[{r.test_id}]')} --runbook "
+            f"{shlex.quote(r.runbook_arg or r.key.runbook)} --profile {shlex.quote(r.profile_arg or r.key.profile)}")
 
 
 #: gates whose failure another detector already explains (idle ranks; a .HALT is a stall or a NaN)

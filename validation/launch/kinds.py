@@ -166,6 +166,9 @@ def pytest_(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], p
     junit = out_dir / "junit.xml"
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
             f"--junitxml={junit}", *point.phase.tests, *point.phase.pytest_args]
+    # the tests run this repository's code: its commit is the one they ran at, recorded as a
+    # runbook trainer's point records the harness's (git describe at the root, else its stamp)
+    run.info["git_sha"], run.info["git_sha_source"] = trainer_launch.revision(REPO_ROOT, out_dir, "harness_git")
     proc = runner.run(argv, env=commands.child_env(point.env), cwd=REPO_ROOT, timeout_s=point.phase.timeout_s,
                       log_dir=out_dir, log_name="pytest", on_poll=_poll(point, out_dir, progress))
     run.counts.update(junit_counts(junit, errors))

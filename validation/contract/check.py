@@ -26,10 +26,12 @@ from nsa.contract import (
     ENV_REQUIRED,
     HALT,
     HEARTBEAT_REQUIRED,
+    STACKDUMP_PATTERN,
     TRAINING_CSV,
     heartbeat_name,
 )
 from validation.contract.files import (
+    empty_stackdumps,
     halted,
     HeartbeatLog,
     TrainingLog,
@@ -53,6 +55,9 @@ class Presence(enum.StrEnum):
     PRESENT = "present"
     MISSING = "missing"
     MALFORMED = "malformed"
+    EMPTY = "empty"
+    """An optional file that exists with nothing in it (a stack dump a rank opened and never
+    wrote): counted as absent."""
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,21 @@ def read(out_dir: Path, costs: Costs | None = None) -> ContractRead:
     for path in unranked_stackdumps(out_dir):
         found.items.append(Item(path.name, Presence.PRESENT, "stack dump of a rank the trainer's files do not name",
                                 False))
+    for path in empty_stackdumps(out_dir):
+        found.items.append(Item(path.name, Presence.EMPTY, _empty_dump_detail(path), False))
     return found
+
+
+def _empty_dump_detail(path: Path) -> str:
+    """What an empty stack dump file is counted as, and what it was to hold."""
+    m = STACKDUMP_PATTERN.match(path.name)
+    whose = f"rank {m.group(1)}" if m else "a rank the trainer's files do not name"
+    size = path.stat().st_size
+    held = "0 bytes" if size == 0 else f"{size} bytes, whitespace only"
+    return (f"{held}: counted as no stack dump of {whose}; expected Python faulthandler output of {whose}'s threads "
+            "('Thread 0x... (most recent call first):' and its 'File \"...\", line N in func' lines). A trainer "
+            "opens the file for faulthandler at start: a rank that never dumped, or was killed (SIGKILL) before it "
+            "could, leaves it so")
 
 
 def silent_ranks(found: ContractRead) -> list[Item]:

@@ -199,7 +199,21 @@ def read_env_json(out_dir: Path) -> dict[str, Any] | None:
     return data
 
 
+def blank(path: Path) -> bool:
+    """A file with nothing but whitespace in it (or nothing at all): what a trainer leaves of a
+    stack dump it opened for faulthandler and never wrote (a rank SIGKILLed, or one that never
+    dumped). Such a file is no stack dump."""
+    with open(path, "rb") as fh:
+        return not fh.read().strip()
+
+
 def stackdumps(out_dir: Path) -> dict[int, Path]:
+    """The trainer's stack dumps by rank (``stackdump_rank{R}.txt``), those that hold something:
+    an empty or whitespace-only file is no stack dump (``empty_stackdumps`` lists them)."""
+    return {rank: path for rank, path in _ranked_dumps(out_dir).items() if not blank(path)}
+
+
+def _ranked_dumps(out_dir: Path) -> dict[int, Path]:
     out = {}
     for path in sorted(Path(out_dir).glob("stackdump_rank*.txt")):
         m = STACKDUMP_PATTERN.match(path.name)
@@ -213,9 +227,19 @@ _UNRANKED = re.compile(r"^stackdump_unranked(\d+)\.txt$")
 
 def unranked_stackdumps(out_dir: Path) -> list[Path]:
     """The trainer's stack dumps whose rank its files do not tell (``stacks.UNRANKED_DUMP``, written
-    by an adapter rather than guess a rank), in their order."""
+    by an adapter rather than guess a rank), in their order; empty ones are none (``blank``)."""
+    return [p for p in _unranked_dumps(out_dir) if not blank(p)]
+
+
+def _unranked_dumps(out_dir: Path) -> list[Path]:
     found = [p for p in Path(out_dir).glob(UNRANKED_DUMPS) if _UNRANKED.match(p.name)]
     return sorted(found, key=lambda p: int(_UNRANKED.match(p.name).group(1)))
+
+
+def empty_stackdumps(out_dir: Path) -> list[Path]:
+    """The stack dump files (of a rank, or of a rank unknown) that hold nothing but whitespace:
+    counted as absent everywhere, and named by the contract check."""
+    return [p for p in [*_ranked_dumps(out_dir).values(), *_unranked_dumps(out_dir)] if blank(p)]
 
 
 def halted(out_dir: Path) -> bool:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from nsa.contract import TRAINING_CSV
 from validation.contract import check as contract
-from validation.contract.files import read_halt, stackdumps, tail, torn_last_row, unranked_stackdumps
+from validation.contract.files import blank, read_halt, stackdumps, tail, torn_last_row, unranked_stackdumps
 from validation.contract.stacks import (
     StackDump,
     TakenStack,
@@ -20,7 +20,7 @@ from validation.contract.torchrun_log import log_exception, rank_failures, root_
 from validation.judge.memory import growing_ranks
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
 from validation.judge.nodes import node_evidence, node_failures, slurm_stopped
-from validation.judge.record import Beat, Evidence
+from validation.judge.record import Beat, Evidence, NotRun
 from validation.judge.stability import Rise, Spike, rise, slowdown, spikes
 
 STDERR_TAIL_LINES = 40
@@ -89,7 +89,8 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
         nonfinite_loss_step=_first_nonfinite(run),
         top_ops=list(run.info.get("top_ops") or []), reruns=run.reruns, spikes=_spikes(run), divergence=_rise(run),
         slowdown=None if run.csv is None else slowdown(run.csv["step"].tolist(), run.csv["toks_per_s"].tolist()),
-        memory_growth=growing_ranks(run.csv, heartbeats, run.env, run.reruns))
+        memory_growth=growing_ranks(run.csv, heartbeats, run.env, run.reruns),
+        not_run=None if run.launched else NotRun.LAUNCH)
 
 
 def _first_nonfinite(run: RunData) -> int | None:
@@ -112,15 +113,16 @@ def _rise(run: RunData) -> Rise | None:
 
 def _stacks(out_dir: Path, taken: list[TakenStack]) -> tuple[dict[int, StackDump], list[StackDump]]:
     """Each rank's stack (the one the harness took when it stopped the run, else the trainer's
-    own dump), and the stacks of processes whose rank cannot be told."""
+    own dump), and the stacks of processes whose rank cannot be told. A dump file with nothing
+    but whitespace in it, the trainer's or the harness's, is no stack (files.blank)."""
     dumps = {rank: _read(out_dir, path.name, "trainer", parse_faulthandler)
              for rank, path in stackdumps(out_dir).items()}
     unranked = [_read(out_dir, p.name, "trainer", parse_faulthandler) for p in unranked_stackdumps(out_dir)]
     for t in taken:
         if t.method == "SIGUSR1" and t.rank in dumps:  # the trainer's own dump, written when the harness asked
             dumps[t.rank] = _read(out_dir, dumps[t.rank].path, "SIGUSR1", parse_faulthandler)
-        if t.path is None:
-            continue
+        if t.path is None or blank(out_dir / t.path):
+            continue  # no dump of its own, or an empty one (py-spy wrote nothing): no stack of the process
         dump = _read(out_dir, t.path, t.method, parse_pyspy, t.pid)
         if t.rank is None:
             unranked.append(dump)

@@ -57,6 +57,9 @@ class RunData:
     limit, preemption): the ranks were stopped, not failed (validation/contract/nodes.py)."""
     steps_requested: int | None = None
     """The steps the phase asked for (train points)."""
+    launched: bool = True
+    """False when the launcher could not start the point's process at all (salloc refused, a
+    trainer entry it could not build): nothing ran, so no file of it is missing."""
     counts: dict[str, float] = field(default_factory=dict)
     """Phase-kind specific numbers: pytest outcome counts, preflight files, profiler results."""
     info: dict[str, Any] = field(default_factory=dict)

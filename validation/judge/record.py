@@ -138,6 +138,20 @@ def last_step_done(beats: Iterable[Beat]) -> int | None:
     return max((b.done for b in beats if b.done is not None), default=None)
 
 
+class NotRun(enum.StrEnum):
+    """Why an ERROR point's process never ran, so that nothing of the trainer was judged."""
+
+    LAUNCH = "launch"
+    """The launcher could not start it (salloc refused, no shared directory, a trainer entry it
+    could not build); its error and output are in the point's directory."""
+    HARNESS = "harness"
+    """The harness itself failed on the point (a defect of the harness: ``HARNESS_ERROR_FILE``)."""
+
+
+#: the traceback of an unexpected error of the harness on a point, in the point's run directory
+HARNESS_ERROR_FILE = "harness_error.txt"
+
+
 @dataclass
 class Evidence:
     """What a person would otherwise dig for."""
@@ -183,6 +197,8 @@ class Evidence:
     """Ranks whose memory kept growing over the run (judge/memory.py)."""
     resume_clue: Clue | None = None
     """Of a resume point whose loss did not continue: what its curve says of why (judge/resume.py)."""
+    not_run: NotRun | None = None
+    """Of an ERROR point whose process never ran: why (the launch failed, or the harness did)."""
 
 
 @dataclass(frozen=True)
@@ -409,7 +425,8 @@ class PhaseRecord:
                 slowdown=Slowdown(**ev["slowdown"]) if ev.get("slowdown") else None,
                 memory_growth=[MemoryGrowth(**m) for m in ev.get("memory_growth") or []],
                 resume_clue=Clue(**{**ev["resume_clue"], "kind": ClueKind(ev["resume_clue"]["kind"])})
-                if ev.get("resume_clue") else None)
+                if ev.get("resume_clue") else None,
+                not_run=NotRun(ev["not_run"]) if ev.get("not_run") else None)
             known = {f.name for f in dataclasses.fields(cls)}
             plain = {k: v for k, v in data.items() if k in known and k not in ("key", "evidence", "gates", "backends",
                                                                                "status", "hardware", "metrics", "runs")}

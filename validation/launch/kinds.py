@@ -110,7 +110,7 @@ def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], pro
                                     out_dir=out_dir, on_poll=_poll(point, out_dir, progress),
                                     watch=_watch(point, out_dir, out_dir, out_dir / TRAINING_CSV))
     except HarnessError as exc:  # the launcher could not start it (no Slurm allocation, no shared directory)
-        return _not_launched(f"launch: {exc}", out_dir, errors)
+        return _not_launched(f"launch: {exc}", out_dir, run, errors)
 
 
 def _watch(point: PhasePoint, out_dir: Path, progress_dir: Path, csv: Path) -> Watch:
@@ -132,7 +132,7 @@ def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: Run
             raise HarnessError(why)
         launch = trainer_launch.build(point, spec, root, out_dir, trainer_dir, leg)
     except HarnessError as exc:
-        return _not_launched(f"trainer {spec.name}: {exc}", out_dir, errors)
+        return _not_launched(f"trainer {spec.name}: {exc}", out_dir, run, errors)
     sha, source = trainer_launch.revision(root, out_dir, "trainer_git")
     own_sha, own_source = trainer_launch.revision(REPO_ROOT, out_dir, "harness_git")
     run.info.update(trainer=spec.name, trainer_sha=sha, trainer_sha_source=source, git_sha=own_sha,
@@ -144,14 +144,15 @@ def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: Run
                                     on_poll=_poll(point, out_dir, progress, csv),
                                     watch=_watch(point, out_dir, trainer_dir, csv))
     except HarnessError as exc:
-        return _not_launched(f"launch: {exc}", out_dir, errors)
+        return _not_launched(f"launch: {exc}", out_dir, run, errors)
     if trainer_dir.is_dir():
         adapter.convert(trainer_dir, out_dir, RunFacts(point.nproc, spec.name, sha, source))
     return proc
 
 
-def _not_launched(why: str, out_dir: Path, errors: list[str]) -> runner.ProcResult:
+def _not_launched(why: str, out_dir: Path, run: RunData, errors: list[str]) -> runner.ProcResult:
     """A trainer that could not be started: the reason is the point's first error and its log."""
+    run.launched = False
     errors.append(why)
     stderr = out_dir / "trainer.stderr.log"
     stderr.write_text(f"[nsa-validate] not launched: {why}\n")
@@ -165,6 +166,9 @@ def pytest_(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], p
     junit = out_dir / "junit.xml"
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
             f"--junitxml={junit}", *point.phase.tests, *point.phase.pytest_args]
+    # the tests run this repository's code: its commit is the one they ran at, recorded as a
+    # runbook trainer's point records the harness's (git describe at the root, else its stamp)
+    run.info["git_sha"], run.info["git_sha_source"] = trainer_launch.revision(REPO_ROOT, out_dir, "harness_git")
     proc = runner.run(argv, env=commands.child_env(point.env), cwd=REPO_ROOT, timeout_s=point.phase.timeout_s,
                       log_dir=out_dir, log_name="pytest", on_poll=_poll(point, out_dir, progress))
     run.counts.update(junit_counts(junit, errors))

@@ -23,6 +23,7 @@ from validation import DEFAULT_RESULTS_DIR, REPO_ROOT, TEMPLATE_DIR
 from validation.judge.findings import find, planned_longest
 from validation.judge.findings.advice import recommendations
 from validation.judge.findings.finding import Finding, Severity, where
+from validation.judge.findings.headline import culprit
 from validation.judge.gates import Pending
 from validation.judge.record import OWN_TRAINER, PhaseRecord, Status
 from validation.judge.timing import shared_machine
@@ -79,7 +80,7 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
     critical = [f for f in findings if f.severity == Severity.CRITICAL]
     if failed:
         return Verdict.NO_GO, f"{len(failed)} of {len(records) + len(missing)} phase point(s) failed: " + ", ".join(
-            where(r) for r in failed[:6]) + (" ..." if len(failed) > 6 else "")
+            _failed_point(r) for r in failed[:6]) + (" ..." if len(failed) > 6 else "")
     if critical:
         return Verdict.NO_GO, f"{len(critical)} critical finding(s) across phase points: {critical[0].title}"
     pending = [r for r in records if r.status in (Status.SKIP, Status.UNMEASURED)]
@@ -94,6 +95,13 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
     if not records:
         return Verdict.INCOMPLETE, "no results stored"
     return Verdict.GO, f"all {len(records)} phase point(s) passed their gates"
+
+
+def _failed_point(r: PhaseRecord) -> str:
+    """'long_run [default] (rank 1 hung at step 5, stage backward (in wait))': the point, and the
+    rank (and node) its crash or stall finding blames."""
+    c = culprit(r)
+    return where(r) + (f" ({c.text()})" if c is not None else "")
 
 
 def _select(records: list[PhaseRecord], points: list[PhasePoint] | None):

@@ -7,6 +7,7 @@ from typing import Any
 
 from validation import REPO_ROOT
 from validation.judge.findings.finding import point_label
+from validation.judge.findings.headline import verdict_line
 from validation.judge.interval import CONFIDENCE, interval, repeat_values
 from validation.judge.metrics import METRICS
 from validation.judge.record import PhaseRecord, Status, SubRun
@@ -63,7 +64,7 @@ def phase_tables(records: list[PhaseRecord], shared: set[str] | frozenset[str] =
             ph["repeats"].append(f"[{point_label(r)}]: " + "; ".join(cell(v) for v in repeat_values(r, "toks_per_s_mean")))
         ph["rows"].append({
             "point": point_label(r), "params": [r.key.params.get(k) for k in ph["sweep_keys"]],
-            "status": str(r.status), "reason": r.reason,
+            "status": str(r.status), "reason": verdict_line(r),
             "mean": _marked(m.toks_per_s_mean if ci is None else f"{cell(ci.mean)} ± {cell(ci.half)}", mark),
             "stdev": m.toks_per_s_stdev, "step_time": _marked(m.step_time_s_mean, mark),
             "mem": m.mem_reserved_gb_max, "steps": m.steps_completed, "wall_s": r.wall_s,
@@ -122,7 +123,7 @@ def _backend_line(rows: list[dict[str, Any]]) -> str | None:
 
 def failure_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
     return [{"test_id": r.test_id, "phase": r.phase, "point": point_label(r), "status": str(r.status),
-             "reason": r.reason, "command": process_line(r), "errors": r.evidence.errors,
+             "reason": verdict_line(r), "command": process_line(r), "errors": r.evidence.errors,
              "stderr_tail": r.evidence.stderr_tail.strip(), "out_dir": r.out_dir}
             for r in records if r.failed]
 

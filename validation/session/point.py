@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 
 from validation.errors import HarnessError, StoreError
-from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status, utc_now
+from validation.judge.record import HARNESS_ERROR_FILE, TRAINER_KINDS, Evidence, NotRun, PhaseRecord, Status, utc_now
 from validation.launch import foreign, slurm
 from validation.machine import Machine
 from validation.runbook.hardware import mismatches, shortfalls
@@ -157,10 +157,6 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
         return _harness_failed(point, out_dir, results_dir, hw, run_id, started, exc)
 
 
-#: the traceback of an unexpected error of the harness on a point, in the point's run directory
-HARNESS_ERROR_FILE = "harness_error.txt"
-
-
 def _harness_failed(point: PhasePoint, out_dir: Path, results_dir: Path, hw: Machine, run_id: str, started: str,
                     exc: Exception) -> PhaseRecord:
     """The point's record when the harness itself failed launching or judging it (its trainer's
@@ -175,7 +171,8 @@ def _harness_failed(point: PhasePoint, out_dir: Path, results_dir: Path, hw: Mac
     return PhaseRecord.for_point(
         point, Status.ERROR, f"the harness failed on this point, a defect of the harness: {type(exc).__name__}: "
         f"{str(exc)[:200]} (traceback: {rel}/{HARNESS_ERROR_FILE})", hardware=hw, run_id=run_id, started=started,
-        out_dir=rel)
+        out_dir=rel, evidence=Evidence(not_run=NotRun.HARNESS,
+                                    files=sorted(p.name for p in out_dir.iterdir() if p.is_file())))
 
 
 def prune(results_dir: Path, point: PhasePoint, keep: str) -> None:

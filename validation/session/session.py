@@ -20,6 +20,7 @@ from typing import Callable, Iterator
 from validation import checkout_problem
 from validation.errors import HarnessError
 from validation.judge.findings import CROSS_POINT, Finding, Severity, find, planned_longest
+from validation.judge.findings.headline import verdict_line
 from validation.judge.record import PhaseRecord, Status
 from validation.launch.process import ABORT
 from validation.machine import Machine, detect
@@ -116,7 +117,7 @@ class Outcome:
 
     def line(self) -> str:
         r = self.record
-        return f"{self.point.test_id}: {r.status} ({r.wall_s:.1f}s) {r.reason}"
+        return f"{self.point.test_id}: {r.status} ({r.wall_s:.1f}s) {verdict_line(r)}"
 
 
 @dataclass

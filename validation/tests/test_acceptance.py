@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from validation.judge.findings import of_point
+from validation.judge.findings.headline import verdict_line
 from validation.pytest_plugin import session_findings
 
 
@@ -26,7 +27,7 @@ def test_phase(acceptance_point, harness, record_property):
         pytest.skip(f"ran and stored; {rec.reason}")
     if rec.status != "PASS":
         tail = "\n".join(rec.evidence.stderr_tail.splitlines()[-10:])
-        pytest.fail(f"{rec.status}: {rec.reason}\nartifacts: {harness.results_dir / rec.out_dir}\n{tail}",
+        pytest.fail(f"{rec.status}: {verdict_line(rec)}\nartifacts: {harness.results_dir / rec.out_dir}\n{tail}",
                     pytrace=False)
 
 

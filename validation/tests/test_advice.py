@@ -5,6 +5,7 @@ never logged."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from validation.contract.files import HaltInfo
 from validation.contract.stacks import Frame, StackDump, TakenStack
@@ -14,7 +15,8 @@ from validation.judge.findings.finding import Facts
 from validation.judge.gates import GateResult, GateVerdict
 from validation.judge.metrics import RunData, compute
 from validation.judge.nodes import NodeEvidence, NodesEvidence
-from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
+from validation.judge.record import HARNESS_ERROR_FILE, Beat, Evidence, NotRun, PhaseRecord, PointKey, Status
+from validation.session import runs
 from validation.tests.conftest import train_phase
 
 OWN = "nsa.train"
@@ -161,3 +163,59 @@ def test_shared_timing_advice_does_not_offer_jobs_1():
     finding = Finding(Severity.WARNING, "several", "timings unreliable", [], "timing", Facts())
     [advice] = recommendations([finding])
     assert "--jobs 1" not in advice and "another" in advice
+
+
+def _fake_slurm(tmp_path, monkeypatch) -> None:
+    """Slurm's tools on PATH, whose salloc refuses every request (what a wrong partition gets)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("srun", "squeue", "scancel", "scontrol"):
+        (bin_dir / tool).write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "salloc").write_text('#!/bin/sh\necho "salloc: error: invalid partition specified: gpu" >&2\nexit 1\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+
+
+def test_a_point_whose_launch_failed_is_not_launched_with_advice_of_its_own(tmp_path, monkeypatch, fake_run):
+    """salloc refused the allocation: the point's finding listed training.csv, heartbeats and
+    env.json as 'missing (not written)' and its advice said 'The trainer broke its output
+    contract ... fix the writer', of a trainer that never ran."""
+    _fake_slurm(tmp_path, monkeypatch)
+    run = fake_run([train_phase(stall_s=60, timeout_s=120, launcher={
+        "kind": "slurm", "nodes": 2, "nproc_per_node": 1, "module": "validation.tests.fake_trainer",
+        "rdzv": {"join_timeout_s": 5}})])
+    rec = run.record
+    assert rec.status == Status.ERROR and rec.evidence.not_run == NotRun.LAUNCH
+    assert rec.reason.startswith("launch: salloc --no-shell") and "invalid partition specified: gpu" in rec.reason
+    assert rec.evidence.errors == [rec.reason]  # no contract file is 'missing' of a run that never started
+    [f] = [f for f in run.context["findings"] if f.phase == "baseline_ddp"]  # read back from the store
+    assert f.kind == "not_launched" and "baseline_ddp [default] was not launched, nothing ran: launch: salloc" in f.title
+    assert f"the launcher's output: {rec.out_dir}/salloc.stderr.log" in f.detail[0]
+    assert f.detail[-1] == ("re-run only this point: pytest 'validation/tests/test_acceptance.py::test_phase"
+                            f"[fake/cpu/baseline_ddp/default]' --runbook {rec.runbook_arg} --profile cpu")
+    advice = " ".join(run.context["recommendations"])
+    assert "The point never started: its launch failed before any trainer process ran" in advice, advice
+    assert "output contract" not in advice and "fix the writer" not in advice
+
+
+def test_a_point_the_harness_failed_on_has_advice_of_its_own(tmp_path, monkeypatch, fake_run):
+    def broken(*args, **kwargs):
+        raise RuntimeError("judge broke")
+
+    monkeypatch.setattr(runs, "judge", broken)
+    run = fake_run([train_phase()])
+    assert run.record.status == Status.ERROR and run.record.evidence.not_run == NotRun.HARNESS
+    [f] = [f for f in run.context["findings"] if f.phase == "baseline_ddp"]
+    assert f.kind == "harness_error" and f.detail[0] == f"traceback: {run.record.out_dir}/{HARNESS_ERROR_FILE}"
+    advice = " ".join(run.context["recommendations"])
+    assert "The harness itself failed on the point (a defect of the harness, not of the trainer" in advice
+    assert "output contract" not in advice
+
+
+def test_a_broken_contract_keeps_the_artifacts_advice(fake_run):
+    run = fake_run([train_phase(fault="missing_csv")])
+    assert run.record.status == Status.ERROR and run.record.evidence.not_run is None
+    [f] = [f for f in run.context["findings"] if f.phase == "baseline_ddp"]
+    assert f.kind == "artifacts" and "The trainer broke its output contract" in " ".join(run.context["recommendations"])

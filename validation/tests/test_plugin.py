@@ -53,7 +53,9 @@ def test_failing_point_fails_its_test_with_the_reason(tmp_path):
     rb = write_runbook(tmp_path / "rb.yaml", [train_phase("long_run", fault="crash:step=2")])
     out = _pytest("validation/tests/test_acceptance.py", "--runbook", str(rb), "--results-dir", str(tmp_path / "r"))
     assert out.returncode == 1
-    assert "FAIL: trainer crashed (exit code 1)" in out.stdout and "RuntimeError" in out.stdout
+    # the verdict line names the rank first (validation/judge/findings/headline.py), then how the process ended
+    assert "FAIL: rank 0 crashed (last heartbeat step 1, stage optimizer): RuntimeError" in out.stdout, out.stdout
+    assert "— trainer crashed (exit code 1)" in out.stdout
 
 
 def test_a_point_that_passed_its_gates_with_a_critical_finding_fails_its_test_as_the_cli_says_no_go(tmp_path):

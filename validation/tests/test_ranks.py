@@ -12,6 +12,7 @@ from nsa.contract import CSV_COLUMNS
 from validation.contract import check as contract
 from validation.contract import check_command as check_artifacts
 from validation.contract.adapters import ADAPTERS, RunFacts
+from validation.contract.stacks import TakenStack, write_index
 from validation.judge.evidence import collect, collect_train
 from validation.judge.findings import find
 from validation.judge.metrics import RunData
@@ -69,6 +70,40 @@ def test_a_single_process_hang_names_no_rank_that_does_not_exist(tmp_path):
     [stall] = [f for f in find([rec]) if f.kind == "stall"]
     assert stall.title.endswith("rank 0 in wait_0") and "rank 1" not in stall.title + "".join(stall.detail)
     assert any("stackdump_rank1.txt: malformed" in e for e in rec.evidence.errors)
+
+
+def test_an_empty_stack_dump_is_named_as_empty_and_counted_as_absent(tmp_path):
+    """A SIGKILLed rank leaves the stackdump_rank{R}.txt it opened for faulthandler with nothing in
+    it: check-artifacts listed it as 'present ... stack dump of rank 1'."""
+    d = _contract_dir(tmp_path / "two", world=2, beats=(0, 1), dumps=(0,))
+    (d / "stackdump_rank1.txt").write_text("")
+    (d / "stackdump_unranked0.txt").write_text(" \n\t\n")
+    rc, text = _check(d)
+    assert rc == 0, text  # an optional file: absent, not broken
+    assert "present              stackdump_rank0.txt: stack dump of rank 0" in text
+    assert ("empty                stackdump_rank1.txt: 0 bytes: counted as no stack dump of rank 1; expected Python "
+            "faulthandler output of rank 1's threads") in text, text
+    assert ("empty                stackdump_unranked0.txt: 4 bytes, whitespace only: counted as no stack dump of a "
+            "rank the trainer's files do not name") in text, text
+    assert "present              stackdump_rank1.txt" not in text and "present              stackdump_unranked0" not in text
+
+
+def test_an_empty_stack_dump_is_no_stack_of_its_rank_in_the_judge(tmp_path):
+    """The judge read an empty trainer dump as rank 1's stack, and an empty py-spy dump of the
+    harness's own (py-spy wrote nothing) in place of rank 0's own dump, which held its frames: the
+    stall finding then said 'no stack dump' of rank 0."""
+    d = _contract_dir(tmp_path / "two", world=2, beats=(0, 1), dumps=(0,))
+    (d / "stackdump_rank1.txt").write_text("\n")
+    (d / "stackdump_unranked0.txt").write_text("")
+    write_index(d, [TakenStack(pid=11, rank=0, rank_from="RANK", method="py-spy", path="harness_stacks/rank0.txt")])
+    (d / "harness_stacks" / "rank0.txt").write_text("  \n")
+    rec = _stalled(RunData(d, world_size=2), tmp_path, 2)
+    assert set(rec.evidence.stackdumps) == {0} and rec.evidence.unranked_stacks == []
+    assert rec.evidence.stackdumps[0].path == "stackdump_rank0.txt" and rec.evidence.stackdumps[0].frames
+    [stall] = [f for f in find([rec]) if f.kind == "stall"]
+    assert "rank 0: last heartbeat step 1, stage ?; stack (stackdump_rank0.txt): wait_0" in "\n".join(stall.detail)
+    assert "rank 1: last heartbeat step 1, stage ?; no stack dump" in stall.detail, stall.detail
+    assert "rank unknown" not in "\n".join(stall.detail)
 
 
 # --- the seed adapter ----------------------------------------------------------------------------

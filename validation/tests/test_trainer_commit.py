@@ -4,8 +4,12 @@ repository's, and the regression advice bisects the trainer's commits, this repo
 when the trainer is this project's own."""
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+
 import yaml
 
+from validation import REPO_ROOT
 from validation.cli import main
 from validation.judge.findings import Severity, find
 from validation.judge.findings.advice import recommendations
@@ -115,3 +119,44 @@ def test_points_run_at_different_commits_are_a_warning_naming_each(tmp_path):
     assert run(new, "--phase", "single_gpu") == 0
     assert not [f for f in find(ResultStore(res).records()) if f.kind == "commits"]
     assert f"- **Git SHA**: {'1' * 40}" in (res / "reports" / "fake__cpu.md").read_text()
+
+
+def _git_describe() -> str:
+    return subprocess.run(["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty", "--abbrev=40"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_a_pytest_point_records_the_commit_it_ran_at(fake_run):
+    """A sanity or selection_parity point (kind pytest) recorded no commit: the report's Git SHA and
+    the mixed-commit warning could not say at which commit its tests passed."""
+    run = fake_run([{"name": "sanity", "kind": "pytest", "tests": ["validation/tests/test_layout.py::test_no_import_cycle"],
+                     "timeout_s": 120, "gates": [{"metric": "tests_failed", "op": "<=", "threshold": 0}]}])
+    rec = run.record
+    assert rec.status == Status.PASS, rec.reason
+    assert (rec.git_sha, rec.git_sha_source) == (_git_describe(), "git describe")
+    assert rec.ran_at == rec.git_sha
+    # read back from the store, as the report reads it
+    [stored] = ResultStore(run.results).records()
+    assert stored.git_sha == rec.git_sha and f"- **Git SHA**: {rec.git_sha} (from git describe)" in run.report
+
+
+def _point(phase: str, kind: str, sha: str, trainer: str = "nsa.train", started: str = "00") -> PhaseRecord:
+    return PhaseRecord(PointKey("rb", "cpu", phase), f"rb/cpu/{phase}/default", kind, Status.PASS, "", exit_code=0,
+                       out_dir=f"runs/{phase}", trainer=trainer, git_sha=sha,
+                       trainer_sha=sha if kind != "pytest" and trainer == "nsa.train" else None,
+                       started=f"2026-01-01T00:00:{started}.000+00:00")
+
+
+def test_the_mixed_commit_warning_covers_pytest_points_of_this_projects_trainer():
+    """sanity passed at an older commit and the train points ran at the newest: the report said GO
+    at the newest commit with no word that its tests had not run there."""
+    records = [_point("sanity", "pytest", "a" * 40), _point("long_run", "train", "b" * 40, started="10")]
+    [finding] = [f for f in find(records) if f.kind == "commits"]
+    assert finding.phase == "sanity"
+    assert finding.detail == ["commit bbbbbbbbbbbb (the newest): long_run [default]", "commit aaaaaaaaaaaa: sanity [default]"]
+    assert not [f for f in find([_point("sanity", "pytest", "b" * 40), records[1]]) if f.kind == "commits"]
+    # beside a runbook's own trainer, the tests are of this repository, not of the trainer: not its commit
+    foreign = [_point("sanity", "pytest", "a" * 40, trainer="nsa.train"),
+               dataclasses.replace(_point("long_run", "train", "h" * 40, trainer="seed", started="10"),
+                                   trainer_sha="b" * 40)]
+    assert not [f for f in find(foreign) if f.kind == "commits"]

@@ -7,7 +7,9 @@ against dense (long_context.py), loss and grad-norm spikes, divergence and a log
 loss (stability.py), resumed runs that do not continue the uninterrupted one and trainers that
 resumed in place mid-run (resume.py), memory that keeps growing (memory.py), points that ran at
 different commits of the trainer (commits.py);
-advice.py turns findings into what to do next, saying only what is true of the trainer that ran.
+advice.py turns findings into what to do next, saying only what is true of the trainer that ran;
+a crash or stall finding carries the rank(s) it blames (culprit.py), which the point's verdict line
+names first (headline.py).
 """
 from __future__ import annotations
 

@@ -115,6 +115,23 @@ def _artifacts(f: Facts) -> str:
     return "The trainer broke its output contract (the finding names the file): fix the writer, then " + _RERUN + "."
 
 
+_RERUN_POINT = "re-run only that point with the pytest line the finding gives (and the same --results-dir)"
+
+
+def _not_launched(f: Facts) -> str:
+    return ("The point never started: its launch failed before any trainer process ran, so no file of the trainer "
+            "is missing and no gate measured it. The finding gives the launcher's command and error, and the files "
+            "holding its output: fix what it names (the allocation asked for against what the cluster grants, a "
+            "path, the trainer's root or entry), then "
+            + _RERUN_POINT + ".")
+
+
+def _harness_error(f: Facts) -> str:
+    return ("The harness itself failed on the point (a defect of the harness, not of the trainer; its processes "
+            "were killed): the traceback file named in the finding says where; report it with that file. Once "
+            "fixed, " + _RERUN_POINT + ".")
+
+
 def _regression(f: Facts) -> str:
     commits = ("this repository's commits between the baseline's and this one" if f.own_trainer
                else "the trainer's commits between the baseline's and this one (this repository's commits change "
@@ -214,7 +231,7 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "nonfinite": _nonfinite,
     "short_run": _short, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
-    "artifacts": _artifacts, "regression": _regression, "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing, "spike": _spike,
+    "artifacts": _artifacts, "not_launched": _not_launched, "harness_error": _harness_error, "regression": _regression, "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing, "spike": _spike,
     "diverging": _diverging, "resume": _resume, "slowdown": _slowdown,
     "resumed_in_place": _resumed_in_place, "memory_growth": _memory_growth,
     # a node's advice says the same for any trainer (nodes of one launch are torchrun's, not its)

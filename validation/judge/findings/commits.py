@@ -1,20 +1,29 @@
 """Points of one report that ran at different commits of the trainer. A selective re-run (one
 phase again after a fix) or a run split over several calls keeps the other points' records, so a
 report can join runs of several trees: its verdict then speaks for none of them alone, and a GO
-may rest on a point that the newest tree never ran."""
+may rest on a point that the newest tree never ran. Pytest points (sanity, selection_parity) test
+this repository's code at the commit they record: they count where this repository is the
+trainer, as the points of this project's trainer say."""
 from __future__ import annotations
 
 from validation.judge.findings.finding import Facts, Finding, Severity, where
 from validation.judge.record import TRAINER_KINDS, PhaseRecord
 
+#: the kinds that run this repository's own tests (validation/launch/kinds.py ``pytest_``)
+PYTEST_KINDS = ("pytest",)
+
 
 def mixed_commits(records: list[PhaseRecord]) -> list[Finding]:
     """One warning when the points that ran the trainer did so at more than one of its commits:
-    each commit with its points, the newest (by the latest start) first. Pytest and preflight
-    points are left out: they run this repository, which may not be the trainer's."""
+    each commit with its points, the newest (by the latest start) first. Pytest points count where
+    every trainer point ran this project's trainer, whose code they test; beside a runbook's own
+    trainer they test the harness's repository, not the trainer, and are left out. Preflight
+    points are left out."""
+    own = all(r.own_trainer for r in records if r.kind in TRAINER_KINDS and r.out_dir)
+    kinds = TRAINER_KINDS + (PYTEST_KINDS if own else ())
     groups: dict[str, list[PhaseRecord]] = {}
     for r in records:
-        if r.kind in TRAINER_KINDS and r.out_dir and r.ran_at:  # a skipped point ran nothing
+        if r.kind in kinds and r.out_dir and r.ran_at:  # a skipped point ran nothing
             groups.setdefault(r.ran_at, []).append(r)
     if len(groups) < 2:
         return []

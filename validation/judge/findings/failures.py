@@ -3,16 +3,19 @@ imbalanced ranks, broken output contracts, and failed gates. Where each rank was
 ended, from the record's evidence."""
 from __future__ import annotations
 
+import shlex
+
 from nsa.contract import PROFILE_TOP_OPS
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import last_exception, root_rank, short_exception
 from validation.judge.findings import stability
+from validation.judge.findings.culprit import Culprit, Did, RankAt
 from validation.judge.findings.departed import departed, departure, ended_before, exited_0
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where, where_run
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.findings.nodes import missing_node
 from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult, GateVerdict
-from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
+from validation.judge.record import HARNESS_ERROR_FILE, TRAINER_KINDS, NotRun, PhaseRecord, Status
 from validation.judge.resume import METRICS as RESUME_METRICS
 from validation.judge.verdict import Outcome
 
@@ -45,13 +48,16 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
             title = f"crash in {where_run(r)}: exit code {r.exit_code}"
             root, gone, ended = root_rank(ev.rank_failures), departed(r), exited_0(r)
             kind = "departed" if gone else "crash"
+            culprit = None
             if root is not None:
                 fail = ev.rank_failures[root]
                 cause = (f"killed by {fail.signal}" if fail.signal and not fail.exception
                          else fail.exception or f"exit code {fail.exit_code}")
                 title += f": rank {root}: {cause}"
+                culprit = Culprit(Did.CRASHED, (RankAt.of(r, root, cause=cause),))
             elif gone:  # no rank failed in its own right: the others failed after one that left
                 title += f": {departure(r, gone)}; the other ranks failed without it"
+                culprit = Culprit(Did.LEFT, tuple(RankAt.of(r, k) for k in gone))
             elif ended:
                 # no rank failed in its own right, and none left early: one that may have done all its
                 # steps ended while the others still had a collective with it (after the loop: a barrier,
@@ -61,10 +67,13 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
                 title += (f": {_exits(r, ended)}, and the other ranks failed without {'it' if len(ended) == 1 else 'them'}"
                           + (f": {'; '.join(failed)}" if failed else ""))
                 kind = "left_after"
+                culprit = Culprit(Did.ENDED, tuple(RankAt.of(r, k) for k in ended))
             elif exception := ev.exception or last_exception(ev.stderr_tail):  # a record stored before 'exception'
                 title += f": {exception}"
+            if culprit is None and r.world_size == 1:  # the one process is rank 0, whatever launched it
+                culprit = Culprit(Did.CRASHED, (RankAt.of(r, 0, cause=exception or f"exit code {r.exit_code}"),))
             out.append(Finding(Severity.CRITICAL, r.phase, title, [f"stderr: {r.out_dir}/{ev.stderr_log}"] + _rank_lines(r),
-                               kind, Facts.of(r)))
+                               kind, Facts.of(r), culprit))
     return out
 
 
@@ -130,6 +139,7 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
             continue
         notes = {(t.rank, t.pid if t.rank is None else None): t.note for t in ev.taken_stacks if t.note}
         detail, stuck, gone = [], {}, departed(r)
+        stuck_at: dict[str, RankAt] = {}  # the same processes as ``stuck``, typed, for the verdict line
         # the ranks something is known of (a heartbeat, a stack), and only ranks that exist: a rank
         # nothing is known of is not listed beside stacks of unknown rank that may be its own
         known = set(ev.last_heartbeat) | set(ev.stackdumps) | {t.rank for t in ev.taken_stacks if t.rank is not None}
@@ -140,10 +150,14 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
                 detail.append(f"{line}; no process left to take a stack of: it had ended" + (f" ({end})" if end else ""))
                 continue
             detail.append(f"{line}; {_stack(f'rank {rank}', ev.stackdumps.get(rank), notes.get((rank, None)), stuck)}")
+            if f"rank {rank}" in stuck:
+                stuck_at[f"rank {rank}"] = RankAt.of(r, rank, frame=ev.stackdumps[rank].frames[0].func)
         dumped = {d.pid for d in ev.unranked_stacks}
         for dump in ev.unranked_stacks:
             who = "rank unknown" + (f" (pid {dump.pid})" if dump.pid is not None else "")
             detail.append(f"{who}: {_stack(who, dump, notes.get((None, dump.pid)), stuck)}")
+            if who in stuck:
+                stuck_at[who] = RankAt(None, frame=dump.frames[0].func, pid=dump.pid)
         for t in ev.taken_stacks:  # the harness tried and got no stack of its own
             if t.rank is None and t.pid not in dumped:
                 who = f"rank unknown (pid {t.pid})"
@@ -152,19 +166,25 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
             detail.append("no heartbeats and no stack dumps were written")
         if 0 < len(stuck) < r.world_size:
             detail.append(f"stacks of {len(stuck)} of {r.world_size} ranks were recorded")
+        culprit = None
         if gone:  # the rank that left is the cause; the others failed or waited after it
             ended = [f"rank {k}: {end}" for k in sorted(ev.rank_failures) if k not in gone
                      and (end := ended_before(r, k)) is not None]
             rest = "; ".join(stuck.values()) or "no rank was left running"
             at = f": {departure(r, gone)}; {rest}" + (f" ({'; '.join(ended)})" if ended else "")
+            culprit = Culprit(Did.LEFT, tuple(RankAt.of(r, k) for k in gone))
+        elif first := _hung_first(r, stuck):
+            at, culprit = first
         else:
-            at = _hung_first(r, stuck) or (f": {'; '.join(stuck.values())}" if stuck
-                                           else ": no rank started (no worker ran under any node's agent)"
-                                           if facts.no_rank_started and facts.no_rank_running
-                                           else ": no rank was left running to take a stack of"
-                                           if facts.no_rank_running else ": no stack was recorded")
+            at = (f": {'; '.join(stuck.values())}" if stuck
+                  else ": no rank started (no worker ran under any node's agent)"
+                  if facts.no_rank_started and facts.no_rank_running
+                  else ": no rank was left running to take a stack of"
+                  if facts.no_rank_running else ": no stack was recorded")
+            if stuck_at:  # each rank listed alike: nothing tells which hung first, except in a run of one
+                culprit = Culprit(Did.HUNG if r.world_size == 1 else Did.STALLED, tuple(stuck_at.values()))
         out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail,
-                           "departed" if gone else "stall", facts))
+                           "departed" if gone else "stall", facts, culprit))
     return out
 
 
@@ -180,9 +200,10 @@ def _timed_out_progressing(r: PhaseRecord, facts: Facts) -> Finding:
     return Finding(Severity.CRITICAL, r.phase, title, detail, "timeout", facts)
 
 
-def _hung_first(r: PhaseRecord, stuck: dict[str, str]) -> str | None:
+def _hung_first(r: PhaseRecord, stuck: dict[str, str]) -> tuple[str, Culprit] | None:
     """': hung: rank 1 in f; waiting for it: rank 0 in g' where the stacks and heartbeats of a
-    run of several ranks tell the hung ones from those that waited for them (findings/hung.py)."""
+    run of several ranks tell the hung ones from those that waited for them (findings/hung.py),
+    with the hung ranks as the culprit."""
     if r.world_size < 2:
         return None
     ev = r.evidence
@@ -201,7 +222,9 @@ def _hung_first(r: PhaseRecord, stuck: dict[str, str]) -> str | None:
         f"{last_heartbeat(r, k)})" for k in unstacked]
     rest = [v for v in stuck.values() if v not in first]
     waiting = f"; waiting for {'it' if len(first) == 1 else 'them'}: {'; '.join(rest)}" if rest else ""
-    return f": hung: {'; '.join(first)}{waiting}"
+    culprit = Culprit(Did.HUNG, tuple(RankAt.of(r, k, frame=ev.stackdumps[k].frames[0].func) for k in hung)
+                      + tuple(RankAt.of(r, k) for k in unstacked))
+    return f": hung: {'; '.join(first)}{waiting}", culprit
 
 
 def _stack(who: str, dump: StackDump | None, note: str | None, stuck: dict[str, str]) -> str:
@@ -268,8 +291,37 @@ def _imbalance_gate(r: PhaseRecord) -> GateResult | None:
 
 
 def artifact_errors(records: list[PhaseRecord]) -> list[Finding]:
-    return [Finding(Severity.CRITICAL, r.phase, f"{where(r)}: {r.reason}", r.evidence.errors[1:], "artifacts",
-                    Facts.of(r)) for r in records if r.status == Status.ERROR]
+    """A finding per ERROR point: a process that never ran (the launch failed, or the harness
+    did) is said so, with its own kind, never as a trainer that broke its output contract."""
+    out = []
+    for r in records:
+        if r.status != Status.ERROR:
+            continue
+        ev = r.evidence
+        if ev.not_run == NotRun.LAUNCH:
+            logs = [f"{r.out_dir}/{name}" for name in ev.files if name.endswith(".log")]
+            out.append(Finding(Severity.CRITICAL, r.phase, f"{where(r)} was not launched, nothing ran: {r.reason}",
+                               ([f"the launcher's output: {', '.join(logs)}"] if logs else []) + [rerun_point(r)],
+                               "not_launched", Facts.of(r)))
+        elif ev.not_run == NotRun.HARNESS:
+            out.append(Finding(Severity.CRITICAL, r.phase, f"{where(r)}: {r.reason}",
+                               [f"traceback: {r.out_dir}/{HARNESS_ERROR_FILE}", rerun_point(r)],
+                               "harness_error", Facts.of(r)))
+        else:
+            out.append(Finding(Severity.CRITICAL, r.phase, f"{where(r)}: {r.reason}", ev.errors[1:], "artifacts",
+                               Facts.of(r)))
+    return out
+
+
+#: the acceptance test that runs one point (validation/report/tables.py's ACCEPTANCE_TESTS, by repository path)
+_POINT_TEST = "validation/tests/test_acceptance.py::test_phase"
+
+
+def rerun_point(r: PhaseRecord) -> str:
+    """'re-run only this point: pytest validation/tests/test_acceptance.py::test_phase[rb/cpu/p/default]
+    --runbook rb --profile cpu' (from the repository root; a record's point by its test id)."""
+    return (f"re-run only this point: pytest {shlex.quote(f'{_POINT_TEST}[{r.test_id}]')} --runbook "
+            f"{shlex.quote(r.runbook_arg or r.key.runbook)} --profile {shlex.quote(r.profile_arg or r.key.profile)}")
 
 
 #: gates whose failure another detector already explains (idle ranks; a .HALT is a stall or a NaN)

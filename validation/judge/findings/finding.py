@@ -5,6 +5,7 @@ import enum
 from dataclasses import dataclass, field
 
 from nsa.contract import heartbeat_name
+from validation.judge.findings.culprit import Culprit
 from validation.judge.record import PhaseRecord
 from validation.judge.verdict import Outcome
 
@@ -60,6 +61,8 @@ class Finding:
     """Which detector found it (recommendations key on this)."""
     facts: Facts = Facts()
     """What is true of the run(s) it is about (the advice reads it)."""
+    culprit: Culprit | None = None
+    """Of a crash or a stall: the rank(s) it blames, which the point's verdict line names too."""
 
 
 def point_label(rec: PhaseRecord) -> str:

@@ -1,0 +1,77 @@
+"""Who a crash or stall finding blames, as typed data: which rank (on which node, where a launch
+spans several), at which step, and what it did (crashed, hung, stalled, exited 0 early). The
+crash and stall detectors (failures.py) attach it to their finding; the verdict line of the
+point (headline.py) and of the report say it from the same object, so that neither re-reads
+the finding's text."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from validation.judge.record import PhaseRecord
+
+
+class Did(enum.StrEnum):
+    CRASHED = "crashed"
+    HUNG = "hung"
+    """Named as the rank the others waited for (findings/hung.py), or the one process of its run."""
+    STALLED = "stalled"
+    """Made no progress with the others, where nothing tells which of them hung first."""
+    LEFT = "exited 0 early"
+    ENDED = "exited 0"
+    """Exited 0 (its steps may all be done) while the others still had a collective with it."""
+
+
+@dataclass(frozen=True)
+class RankAt:
+    """One rank a finding blames, and where it was."""
+
+    rank: int | None
+    """None: a process whose rank cannot be told (named by its pid)."""
+    node: str | None = None
+    """The node it ran on ('node 1'), of a launch of several nodes; None otherwise."""
+    step: int | None = None
+    """Its last heartbeat's step (None: it wrote none)."""
+    stage: str | None = None
+    frame: str | None = None
+    """Of a hung or stalled rank: the innermost function of its stack; None where none was taken."""
+    cause: str = ""
+    """Of a crashed rank: 'RuntimeError: boom', 'killed by SIGKILL', 'exit code 1'."""
+    pid: int | None = None
+
+    @classmethod
+    def of(cls, rec: PhaseRecord, rank: int, *, frame: str | None = None, cause: str = "") -> RankAt:
+        beat = rec.evidence.last_heartbeat.get(rank)
+        nodes = rec.evidence.nodes
+        node = nodes.of_rank(rank) if nodes is not None else None
+        return cls(rank, node.name if node is not None else None, beat.step if beat else None,
+                   beat.stage if beat else None, frame, cause)
+
+    @property
+    def who(self) -> str:
+        """'rank 1', "node 1's rank 3", 'rank unknown (pid 42)'."""
+        if self.rank is None:
+            return "rank unknown" + (f" (pid {self.pid})" if self.pid is not None else "")
+        return (f"{self.node}'s " if self.node else "") + f"rank {self.rank}"
+
+    @property
+    def beat(self) -> str:
+        """'last heartbeat step 3, stage forward' (the stall and crash findings' words)."""
+        if self.rank is None:
+            return ""
+        if self.step is None:
+            return "no heartbeat written"
+        return f"last heartbeat step {self.step}" + (f", stage {self.stage}" if self.stage else "")
+
+
+@dataclass(frozen=True)
+class Culprit:
+    did: Did
+    ranks: tuple[RankAt, ...]
+
+    def text(self) -> str:
+        """'rank 1 crashed (last heartbeat step 2, stage forward): RuntimeError: boom', 'rank 1 hung in
+        wait (last heartbeat step 3, stage backward)'; several ranks joined by '; '."""
+        return "; ".join(f"{r.who} {self.did}" + (f" in {r.frame}" if r.frame else "")
+                         + (f" ({r.beat})" if r.beat else "") + (f": {r.cause}" if r.cause else "")
+                         for r in self.ranks)

@@ -1,0 +1,27 @@
+"""A point's verdict line: its verdict (PhaseRecord.reason, how the process ended) led by the rank
+(and node) its crash or stall finding blames, so that a reader of the first line sees who:
+'rank 1 crashed at step 2, stage forward (RuntimeError: boom) — trainer crashed (exit code 1)'.
+
+The rank comes from the finding's own Culprit (culprit.py), never from its text, so the verdict
+line and the finding cannot name different ranks. It is derived from the stored record when
+shown, as every finding is: the stored reason stays how the process ended, and older stores get
+their ranks named too."""
+from __future__ import annotations
+
+from validation.judge.findings.culprit import Culprit
+from validation.judge.findings.failures import crashes, stalls
+from validation.judge.record import PhaseRecord, Status
+
+
+def culprit(rec: PhaseRecord) -> Culprit | None:
+    """The rank(s) the point's crash or stall finding blames; None where it names none (or the
+    point did not fail so)."""
+    if rec.status != Status.FAIL:
+        return None
+    return next((f.culprit for f in [*crashes([rec]), *stalls([rec])] if f.culprit is not None), None)
+
+
+def verdict_line(rec: PhaseRecord) -> str:
+    """The record's reason, led by who crashed or hung where a finding says."""
+    c = culprit(rec)
+    return f"{c.text()} — {rec.reason}" if c is not None else rec.reason

@@ -1,0 +1,92 @@
+"""The verdict line of a point (the CLI's line, the test's failure, the report's Reason) and of the
+report (its status line) name the rank, and on a launch of several nodes the node, that crashed
+or hung: it once said only 'trainer crashed (exit code 1)' and '1 of 2 phase point(s) failed:
+two [default]', the rank only in the findings further down. The rank comes from the finding's own
+Culprit, so the two cannot disagree."""
+from __future__ import annotations
+
+from validation.contract.files import HaltInfo
+from validation.contract.stacks import Frame, StackDump
+from validation.contract.torchrun_log import RankFailure
+from validation.judge.findings import find
+from validation.judge.findings.culprit import Did
+from validation.judge.findings.headline import culprit, verdict_line
+from validation.judge.nodes import NodeEvidence, NodesEvidence
+from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
+from validation.report.build import status_of
+from validation.runbook.plan import expand
+from validation.session.session import Outcome
+from validation.tests.conftest import train_phase
+
+STALLED = "stalled: no progress for 30s after step 5; stacks taken and the run killed by the harness"
+
+
+def _record(status: Status = Status.FAIL, reason: str = "trainer crashed (exit code 1)", **fields) -> PhaseRecord:
+    base = dict(key=PointKey("rb", "cpu", "two"), test_id="rb/cpu/two/default", kind="train", status=status,
+                reason=reason, exit_code=1, world_size=2, steps=8)
+    return PhaseRecord(**{**base, **fields})
+
+
+def _two_nodes() -> NodesEvidence:
+    return NodesEvidence("torchrun", "localhost:1", 20.0, [
+        NodeEvidence(0, "node0.stderr.log", "vm", 1, 3.0, 0, [0]),
+        NodeEvidence(1, "node1.stderr.log", "vm", 1, 3.1, 1, [1])], "9", "9.1")
+
+
+def test_the_verdict_line_names_the_node_and_rank_that_crashed():
+    ev = Evidence(rank_failures={1: RankFailure(exception="RuntimeError: injected crash on rank 1", exit_code=1),
+                                 0: RankFailure(exit_code=1, signal="SIGTERM")},
+                  last_heartbeat={0: Beat(2, "backward"), 1: Beat(2, "forward")}, nodes=_two_nodes())
+    rec = _record(evidence=ev)
+    [crash] = [f for f in find([rec]) if f.kind == "crash"]
+    assert crash.title.endswith("rank 1: RuntimeError: injected crash on rank 1"), crash.title
+    assert crash.culprit == culprit(rec) and crash.culprit.did == Did.CRASHED
+    line = ("node 1's rank 1 crashed (last heartbeat step 2, stage forward): RuntimeError: injected crash on rank 1 "
+            "— trainer crashed (exit code 1)")
+    assert verdict_line(rec) == line
+    verdict, reason = status_of([rec], [], find([rec]))
+    assert verdict == "NO-GO" and reason == (
+        "1 of 1 phase point(s) failed: two [default] (node 1's rank 1 crashed (last heartbeat step 2, stage forward): "
+        "RuntimeError: injected crash on rank 1)"), reason
+
+
+def test_the_verdict_line_names_the_rank_that_hung_not_the_one_waiting_for_it():
+    stacks = {0: StackDump("harness_stacks/rank0.txt", [Frame("torch/distributed/c10d.py", 1, "all_reduce")]),
+              1: StackDump("harness_stacks/rank1.txt", [Frame("/x/train.py", 7, "wait_forever")])}
+    ev = Evidence(stackdumps=stacks, last_heartbeat={0: Beat(5, "backward"), 1: Beat(5, "forward")})
+    rec = _record(reason=STALLED, exit_code=None, stalled_s=30.0, evidence=ev)
+    [stall] = [f for f in find([rec]) if f.kind == "stall"]
+    assert ": hung: rank 1 in wait_forever; waiting for it: rank 0 in all_reduce" in stall.title, stall.title
+    assert verdict_line(rec) == f"rank 1 hung in wait_forever (last heartbeat step 5, stage forward) — {STALLED}"
+    assert "two [default] (rank 1 hung in wait_forever" in status_of([rec], [], find([rec]))[1]
+
+
+def test_a_stall_that_nothing_tells_apart_names_every_rank_as_stalled_not_hung():
+    """Each rank outside any collective, at the same step: the finding lists them alike, and so
+    does the verdict line, claiming no rank hung first."""
+    stacks = {k: StackDump(f"stackdump_rank{k}.txt", [Frame("/x/train.py", 7, f"spin_{k}")]) for k in (0, 1)}
+    ev = Evidence(stackdumps=stacks, last_heartbeat={0: Beat(5, "forward"), 1: Beat(5, "forward")},
+                  halt=HaltInfo(source="watchdog"))
+    rec = _record(reason="watchdog wrote .HALT: no rank made progress", exit_code=3, evidence=ev)
+    [stall] = [f for f in find([rec]) if f.kind == "stall"]
+    assert stall.title.endswith(": rank 0 in spin_0; rank 1 in spin_1"), stall.title
+    assert verdict_line(rec).startswith("rank 0 stalled in spin_0 (last heartbeat step 5, stage forward); rank 1 "
+                                        "stalled in spin_1 (last heartbeat step 5, stage forward) — watchdog wrote")
+
+
+def test_a_point_that_passed_or_blames_no_rank_keeps_its_reason():
+    assert verdict_line(_record(Status.PASS, "2 gate(s) passed", exit_code=0)) == "2 gate(s) passed"
+    # several ranks, and nothing says which failed: the verdict names none, as the finding does
+    rec = _record(evidence=Evidence(exception="RuntimeError: x"))
+    assert culprit(rec) is None and verdict_line(rec) == "trainer crashed (exit code 1)"
+
+
+def test_a_crashed_run_names_its_rank_in_the_session_line_and_the_report(fake_run):
+    run = fake_run([train_phase(fault="crash:step=3")])
+    rec = run.record
+    assert rec.reason == "trainer crashed (exit code 1)"  # the stored verdict: how the process ended
+    who = "rank 0 crashed (last heartbeat step 2, stage optimizer): RuntimeError: Expected to mark a variable ready"
+    [point] = expand(run.runbook, run.profile)
+    assert Outcome(point, rec).line().startswith(f"fake/cpu/baseline_ddp/default: FAIL ({rec.wall_s:.1f}s) {who}")
+    assert f"1 of 1 phase point(s) failed: baseline_ddp [default] ({who}" in run.context["status_reason"]
+    assert f"- **Reason**: {who}" in run.report, run.report

@@ -98,21 +98,52 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
     return value
 
 
-def from_dict(cls: type[T], data: Mapping[str, Any] | None, prefix: str = "") -> T:
+def not_a_section(key: str, value: Any) -> ConfigError:
+    """The error for a section ``key`` whose value is not a mapping of its keys. An empty section
+    (``train:`` with nothing indented under it) is YAML's null; it is no shorthand for the
+    section's defaults (leaving the section out is), since a user who wrote it meant keys to follow
+    and commented them out or did not indent them."""
+    if value is None:
+        leaf = key.rsplit(".", 1)[-1]
+        return ConfigError(f"{key}: expected a mapping of its keys, got an empty section (`{leaf}:` with nothing "
+                           "indented under it, which YAML reads as null); indent its keys under it, or leave the "
+                           "line out for the section's defaults")
+    return ConfigError(f"{key}: expected a mapping, got {value!r}")
+
+
+def _homes(cls: type, name: str, prefix: str = "") -> list[str]:
+    """The dotted keys below ``cls`` whose last part is ``name`` (where a mis-indented key belongs)."""
+    hints = typing.get_type_hints(cls)
+    found = []
+    for f in dataclasses.fields(cls):
+        if f.init and dataclasses.is_dataclass(hints[f.name]):
+            section = f"{prefix}{f.name}."
+            sub = {g.name for g in dataclasses.fields(hints[f.name]) if g.init}
+            found += [f"{section}{name}"] if name in sub else []
+            found += _homes(hints[f.name], name, section)
+    return found
+
+
+def _unknown_keys(cls: type, unknown: list[str], prefix: str, allowed: Iterable[str]) -> ConfigError:
+    """Every unknown key of one mapping, the keys allowed there and, for a key that belongs to a
+    section below (``steps`` of a ``train:`` whose keys were not indented), that section's key."""
+    where = f"{prefix}." if prefix else ""
+    keys = ", ".join(f"{where}{k}" for k in unknown)
+    homes = [f"{k} is {' or '.join(_homes(cls, k))}" for k in unknown if _homes(cls, k)]
+    hint = f"; indented out of their section? {', '.join(homes)}" if homes else ""
+    return ConfigError(f"unknown config key{'s' if len(unknown) > 1 else ''} {keys}; allowed keys under "
+                       f"{prefix or 'the top level'}: {', '.join(sorted(allowed))}{hint}")
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
     """Build dataclass ``cls`` from a mapping, recursing into nested dataclass fields."""
-    if data is None:
-        data = {}
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{prefix or cls.__name__}: expected a mapping, got {type(data).__name__}")
+        raise not_a_section(prefix or cls.__name__, data)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(str(k) for k in set(data) - set(fields))
     if unknown:
-        where = f"{prefix}." if prefix else ""
-        raise ConfigError(
-            f"unknown config key {where}{unknown[0]!s}; allowed keys under "
-            f"{prefix or 'the top level'}: {', '.join(sorted(fields))}"
-        )
+        raise _unknown_keys(cls, unknown, prefix, fields)
     kwargs = {}
     for name, value in data.items():
         key = f"{prefix}.{name}" if prefix else name
@@ -177,14 +208,14 @@ def parse_overrides(items: list[str] | str | None) -> dict[str, Any]:
 
 def merge(base: Mapping[str, Any], update: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """Deep-merge ``update`` into a copy of ``base`` (update wins). A section of ``base`` that is a
-    value where ``update`` has keys under it (``train: 5`` and ``train.steps=1``) is an error: the
-    override would drop it unseen."""
+    value where ``update`` has keys under it (``train: 5``, or an empty ``train:``, and
+    ``train.steps=1``) is an error: the override would drop it unseen."""
     out = dict(base)
     for k, v in update.items():
         if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
             out[k] = merge(out[k], v, f"{prefix}{k}.")
-        elif isinstance(v, Mapping) and out.get(k) is not None:
-            raise ConfigError(f"{prefix}{k}: expected a mapping, got {out[k]!r}")
+        elif isinstance(v, Mapping) and k in out:
+            raise not_a_section(f"{prefix}{k}", out[k])
         else:
             out[k] = v
     return out

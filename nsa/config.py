@@ -31,20 +31,20 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def _coerce(value: Any, typ: Any, key: str) -> Any:
+def _coerce(value: Any, typ: Any, key: str, root: type) -> Any:
     origin = typing.get_origin(typ)
     if origin is typing.Union:  # Optional[X]
         args = [a for a in typing.get_args(typ) if a is not type(None)]
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
             return None
-        return _coerce(value, args[0], key)
+        return _coerce(value, args[0], key, root)
     if origin in (list, tuple):
         (inner, *_rest) = typing.get_args(typ) or (Any,)
         if isinstance(value, str):
             value = [v for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
-        return [_coerce(v, inner, key) for v in value]
+        return [_coerce(v, inner, key, root) for v in value]
     if origin is dict or typ is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
@@ -94,7 +94,7 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
             return str(value)
         raise ConfigError(f"{key}: expected a string, got {value!r}")
     if dataclasses.is_dataclass(typ):
-        return from_dict(typ, value, prefix=key)
+        return from_dict(typ, value, prefix=key, root=root)
     return value
 
 
@@ -124,30 +124,33 @@ def _homes(cls: type, name: str, prefix: str = "") -> list[str]:
     return found
 
 
-def _unknown_keys(cls: type, unknown: list[str], prefix: str, allowed: Iterable[str]) -> ConfigError:
-    """Every unknown key of one mapping, the keys allowed there and, for a key that belongs to a
-    section below (``steps`` of a ``train:`` whose keys were not indented), that section's key."""
+def _unknown_keys(root: type, unknown: list[str], prefix: str, allowed: Iterable[str]) -> ConfigError:
+    """Every unknown key of one mapping, the keys allowed there and, for a key of another section
+    of the whole config ``root`` (``steps`` of a ``train:`` whose keys were not indented, or put
+    under ``model:``), that section's key."""
     where = f"{prefix}." if prefix else ""
     keys = ", ".join(f"{where}{k}" for k in unknown)
-    homes = [f"{k} is {' or '.join(_homes(cls, k))}" for k in unknown if _homes(cls, k)]
-    hint = f"; indented out of their section? {', '.join(homes)}" if homes else ""
+    homes = [f"{k} is {' or '.join(_homes(root, k))}" for k in unknown if _homes(root, k)]
+    hint = f"; in the wrong section? {', '.join(homes)}" if homes else ""
     return ConfigError(f"unknown config key{'s' if len(unknown) > 1 else ''} {keys}; allowed keys under "
                        f"{prefix or 'the top level'}: {', '.join(sorted(allowed))}{hint}")
 
 
-def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "") -> T:
-    """Build dataclass ``cls`` from a mapping, recursing into nested dataclass fields."""
+def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "", root: type | None = None) -> T:
+    """Build dataclass ``cls`` from a mapping, recursing into nested dataclass fields; ``root`` is
+    the whole config's class (default ``cls``), where an unknown key's right section is looked up."""
+    root = root or cls
     if not isinstance(data, Mapping):
         raise not_a_section(prefix or cls.__name__, data)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(str(k) for k in set(data) - set(fields))
     if unknown:
-        raise _unknown_keys(cls, unknown, prefix, fields)
+        raise _unknown_keys(root, unknown, prefix, fields)
     kwargs = {}
     for name, value in data.items():
         key = f"{prefix}.{name}" if prefix else name
-        kwargs[name] = _coerce(value, hints[name], key)
+        kwargs[name] = _coerce(value, hints[name], key, root)
     try:
         return cls(**kwargs)
     except ConfigError:

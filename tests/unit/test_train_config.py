@@ -290,4 +290,12 @@ def test_keys_indented_out_of_their_section_name_the_section_they_belong_to(tmp_
     message = str(info.value)
     assert message.startswith(f"{path}: unknown config keys bogus, seq_len, steps, window; allowed keys under "
                                   "the top level: compat, data, "), message
-    assert "seq_len is train.seq_len, steps is train.steps, window is model.attn.window" in message, message
+    assert "; in the wrong section? seq_len is train.seq_len, steps is train.steps, window is model.attn.window" \
+        in message, message
+    path.write_text("model:\n  dim: 64\n  steps: 3\ntrain:\n  prefetch: 2\n")  # keys in another section
+    with pytest.raises(ConfigError, match=re.escape("unknown config key model.steps; allowed keys under model: attn, ")
+                       + ".*" + re.escape("; in the wrong section? steps is train.steps")):
+        load_run_config(str(path), env={})
+    path.write_text("train:\n  prefetch: 2\n")
+    with pytest.raises(ConfigError, match=r"train\.prefetch.*; in the wrong section\? prefetch is data\.prefetch$"):
+        load_run_config(str(path), env={})

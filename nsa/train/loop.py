@@ -32,7 +32,7 @@ from ..model.flops import TRAINING_MULTIPLIER, forward_flops_per_token
 from . import checkpoint as ckpt
 from . import determinism, graphs
 from .config import Resolved, RunConfig, config_dict
-from .data import DataError, DocumentStream, Loader, build_source, run_tokens
+from .data import DocumentStream, Loader, build_source, run_tokens
 from .distributed import all_gather_stats, barrier, init_distributed, teardown, torchrun_env
 from .faults import FaultInjector
 from .interrupt import EXIT_INTERRUPTED, CtrlC
@@ -97,17 +97,14 @@ class Trainer:
             try:
                 self.out.mkdir(parents=True, exist_ok=True)
             except OSError as exc:  # a file of that name, a file on the path, no permission
-                raise ConfigError(resolved.blame(f"train.out_dir={cfg.train.out_dir}: cannot make the output "
-                                                 f"directory ({exc.strerror}: {exc.filename})")) from None
+                raise ConfigError(f"train.out_dir={cfg.train.out_dir}: cannot make the output directory "
+                                  f"({exc.strerror}: {exc.filename})") from None
             try:  # one that exists but takes no files (read-only, not ours) fails here, not mid-setup
                 tempfile.TemporaryFile(dir=self.out).close()
             except OSError as exc:
-                raise ConfigError(resolved.blame(f"train.out_dir={cfg.train.out_dir}: cannot write into the "
-                                                 f"output directory ({exc.strerror})")) from None
-            try:  # a checkpoint that is not there: refused before the model is built
-                path = ckpt.find_resume(self.out, cfg.train.resume)
-            except ckpt.CheckpointError as exc:
-                raise ckpt.CheckpointError(resolved.blame(str(exc))) from None
+                raise ConfigError(f"train.out_dir={cfg.train.out_dir}: cannot write into the output directory "
+                                  f"({exc.strerror})") from None
+            path = ckpt.find_resume(self.out, cfg.train.resume)  # one that is not there: before the model
             self.stop_reason = "starting"
             self.ctrl_c = CtrlC(info.rank)
             self._clear_stale_halt()
@@ -178,9 +175,9 @@ class Trainer:
 
     def _checked_source(self):
         """The data source, its files opened and the records the run reads read as its loader will
-        (DocumentStream.check): a bad path, file or record fails now, naming the config file, the
-        key or the data file and line, not when the loader reaches it, hours into the run. Every
-        rank reads every row of a stream, so every rank checks what it will read."""
+        (DocumentStream.check): a bad path, file or record fails now, naming the key or the data
+        file and line, not when the loader reaches it, hours into the run. Every rank reads every
+        row of a stream, so every rank checks what it will read."""
         cfg = self.cfg
         rank, _, world = torchrun_env() or (0, 0, 1)
 
@@ -188,12 +185,9 @@ class Trainer:
             if rank == 0:
                 print(msg, flush=True)
 
-        try:
-            source = build_source(cfg.data, cfg.train.seq_len, cfg.model.vocab_size, cfg.train.seed)
-            if isinstance(source, DocumentStream):
-                source.check(run_tokens(cfg.train, world), say)
-        except DataError as exc:
-            raise DataError(self.resolved.blame(str(exc))) from None
+        source = build_source(cfg.data, cfg.train.seq_len, cfg.model.vocab_size, cfg.train.seed)
+        if isinstance(source, DocumentStream):
+            source.check(run_tokens(cfg.train, world), say)
         return source
 
     def log(self, msg: str) -> None:

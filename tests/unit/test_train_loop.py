@@ -345,7 +345,8 @@ def test_a_backend_that_needs_cuda_is_refused_on_cpu_before_the_model_is_built(t
     assert train(tmp_path, f"train.device=cpu {override}", steps=2) == contract.EXIT_INPUT
     out, err = capsys.readouterr()
     err = err.strip().splitlines()
-    assert len(err) == 1 and value in err[0] and err[0].endswith("what runs here: auto, torch"), err
+    assert len(err) == 1 and value in err[0] and "tiny.yaml: " in err[0], err
+    assert "; what runs here: auto, torch (set on the command line: model.attn.backend_" in err[0], err
     assert "[model]" not in out, out  # the line the trainer prints once the model is built
     assert (tmp_path / "training.csv").read_text() == before
 
@@ -644,11 +645,18 @@ def test_a_bad_record_the_run_reaches_fails_before_the_model_is_built(tmp_path: 
      "glob (set on the command line: data.path={tmp}/nope.jsonl)"),
     ("train.resume={tmp}/nockpt", "train.resume='{tmp}/nockpt': checkpoint file not found (set on the command line: "
                                   "train.resume={tmp}/nockpt)"),
-])
-def test_a_missing_data_file_or_checkpoint_names_the_config_file_the_key_and_comes_before_the_model(
+    ("dist.mode=ddp dist.ddp_compress=bf16", "dist.ddp_compress=bf16 needs the NCCL backend (CUDA); the gloo backend "
+                                             "cannot all-reduce compressed buckets. Set dist.ddp_compress=none (or "
+                                             "unset NSA_DDP_COMPRESS) (set on the command line: dist.ddp_compress=bf16)"),
+    ("train.device=cuda", "train.device=cuda but torch.cuda.is_available() is False; expected auto or cpu on a machine "
+                          "without a usable CUDA GPU (set on the command line: train.device=cuda)"),
+], ids=["data", "checkpoint", "ddp_compress", "device"])
+def test_a_value_found_wrong_in_set_up_names_the_config_file_the_key_and_comes_before_the_model(
         tmp_path: Path, capsys, override, said):
-    """They named the key but not the config file, and a missing checkpoint came after the model was
-    built."""
+    """They named the key but not the config file, and a missing checkpoint or a compression hook
+    that gloo cannot run came after the model was built."""
+    if "cuda" in override and torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here")
     assert train(tmp_path / "run", override.format(tmp=tmp_path), steps=2) == contract.EXIT_INPUT
     stdout, err = capsys.readouterr()
     assert "[model]" not in stdout, stdout

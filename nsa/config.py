@@ -31,20 +31,20 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def _coerce(value: Any, typ: Any, key: str) -> Any:
+def _coerce(value: Any, typ: Any, key: str, root: type) -> Any:
     origin = typing.get_origin(typ)
     if origin is typing.Union:  # Optional[X]
         args = [a for a in typing.get_args(typ) if a is not type(None)]
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
             return None
-        return _coerce(value, args[0], key)
+        return _coerce(value, args[0], key, root)
     if origin in (list, tuple):
         (inner, *_rest) = typing.get_args(typ) or (Any,)
         if isinstance(value, str):
             value = [v for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
-        return [_coerce(v, inner, key) for v in value]
+        return [_coerce(v, inner, key, root) for v in value]
     if origin is dict or typ is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
@@ -94,29 +94,63 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
             return str(value)
         raise ConfigError(f"{key}: expected a string, got {value!r}")
     if dataclasses.is_dataclass(typ):
-        return from_dict(typ, value, prefix=key)
+        return from_dict(typ, value, prefix=key, root=root)
     return value
 
 
-def from_dict(cls: type[T], data: Mapping[str, Any] | None, prefix: str = "") -> T:
-    """Build dataclass ``cls`` from a mapping, recursing into nested dataclass fields."""
-    if data is None:
-        data = {}
+def not_a_section(key: str, value: Any) -> ConfigError:
+    """The error for a section ``key`` whose value is not a mapping of its keys. An empty section
+    (``train:`` with nothing indented under it) is YAML's null; it is no shorthand for the
+    section's defaults (leaving the section out is), since a user who wrote it meant keys to follow
+    and commented them out or did not indent them."""
+    if value is None:
+        leaf = key.rsplit(".", 1)[-1]
+        return ConfigError(f"{key}: expected a mapping of its keys, got an empty section (`{leaf}:` with nothing "
+                           "indented under it, which YAML reads as null); indent its keys under it, or leave the "
+                           "line out for the section's defaults")
+    return ConfigError(f"{key}: expected a mapping, got {value!r}")
+
+
+def _homes(cls: type, name: str, prefix: str = "") -> list[str]:
+    """The dotted keys below ``cls`` whose last part is ``name`` (where a mis-indented key belongs)."""
+    hints = typing.get_type_hints(cls)
+    found = []
+    for f in dataclasses.fields(cls):
+        if f.init and dataclasses.is_dataclass(hints[f.name]):
+            section = f"{prefix}{f.name}."
+            sub = {g.name for g in dataclasses.fields(hints[f.name]) if g.init}
+            found += [f"{section}{name}"] if name in sub else []
+            found += _homes(hints[f.name], name, section)
+    return found
+
+
+def _unknown_keys(root: type, unknown: list[str], prefix: str, allowed: Iterable[str]) -> ConfigError:
+    """Every unknown key of one mapping, the keys allowed there and, for a key of another section
+    of the whole config ``root`` (``steps`` of a ``train:`` whose keys were not indented, or put
+    under ``model:``), that section's key."""
+    where = f"{prefix}." if prefix else ""
+    keys = ", ".join(f"{where}{k}" for k in unknown)
+    homes = [f"{k} is {' or '.join(_homes(root, k))}" for k in unknown if _homes(root, k)]
+    hint = f"; in the wrong section? {', '.join(homes)}" if homes else ""
+    return ConfigError(f"unknown config key{'s' if len(unknown) > 1 else ''} {keys}; allowed keys under "
+                       f"{prefix or 'the top level'}: {', '.join(sorted(allowed))}{hint}")
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "", root: type | None = None) -> T:
+    """Build dataclass ``cls`` from a mapping, recursing into nested dataclass fields; ``root`` is
+    the whole config's class (default ``cls``), where an unknown key's right section is looked up."""
+    root = root or cls
     if not isinstance(data, Mapping):
-        raise ConfigError(f"{prefix or cls.__name__}: expected a mapping, got {type(data).__name__}")
+        raise not_a_section(prefix or cls.__name__, data)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
+    unknown = sorted(str(k) for k in set(data) - set(fields))
     if unknown:
-        where = f"{prefix}." if prefix else ""
-        raise ConfigError(
-            f"unknown config key {where}{unknown[0]!s}; allowed keys under "
-            f"{prefix or 'the top level'}: {', '.join(sorted(fields))}"
-        )
+        raise _unknown_keys(root, unknown, prefix, fields)
     kwargs = {}
     for name, value in data.items():
         key = f"{prefix}.{name}" if prefix else name
-        kwargs[name] = _coerce(value, hints[name], key)
+        kwargs[name] = _coerce(value, hints[name], key, root)
     try:
         return cls(**kwargs)
     except ConfigError:
@@ -177,14 +211,14 @@ def parse_overrides(items: list[str] | str | None) -> dict[str, Any]:
 
 def merge(base: Mapping[str, Any], update: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """Deep-merge ``update`` into a copy of ``base`` (update wins). A section of ``base`` that is a
-    value where ``update`` has keys under it (``train: 5`` and ``train.steps=1``) is an error: the
-    override would drop it unseen."""
+    value where ``update`` has keys under it (``train: 5``, or an empty ``train:``, and
+    ``train.steps=1``) is an error: the override would drop it unseen."""
     out = dict(base)
     for k, v in update.items():
         if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
             out[k] = merge(out[k], v, f"{prefix}{k}.")
-        elif isinstance(v, Mapping) and out.get(k) is not None:
-            raise ConfigError(f"{prefix}{k}: expected a mapping, got {out[k]!r}")
+        elif isinstance(v, Mapping) and k in out:
+            raise not_a_section(f"{prefix}{k}", out[k])
         else:
             out[k] = v
     return out

@@ -63,12 +63,11 @@ def load_model_config(name_or_path: str, overrides: list[str] | str | None = Non
 
     path = resolve_config_path(name_or_path)
     data = read_yaml(path, sections=["model"])
-    section = data.get("model", {})
     extra = parse_overrides(overrides)
     unknown = sorted(set(extra) - {"model"})
     if unknown:
         raise ConfigError(f"override {unknown[0]}.*: only model.* keys apply to a model config")
     try:
-        return from_dict(ModelConfig, merge(section, extra.get("model", {})), prefix="model")
+        return from_dict(ModelConfig, merge(data, extra).get("model", {}), prefix="model")
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None

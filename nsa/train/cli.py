@@ -40,11 +40,14 @@ def run(config: str | None, overrides: list[str], env=None) -> int:
     """Load the config, build the trainer, train. Returns the exit status."""
     env = os.environ if env is None else env
     rank = env.get("RANK", "0")
+    resolved = None
     try:
         cfg, resolved = load_run_config(config, overrides, env)
         trainer = Trainer(cfg, resolved)
     except (ConfigError, DataError, CheckpointError, BackendUnavailable) as exc:
-        print(f"[rank {rank}] error: {exc}", file=sys.stderr, flush=True)
+        # a value found wrong while setting up (a path, a device, a backend): named with the config file
+        print(f"[rank {rank}] error: {exc if resolved is None else resolved.blame(str(exc))}", file=sys.stderr,
+              flush=True)
         return EXIT_INPUT
     except KeyboardInterrupt:
         print(f"[rank {rank}] interrupted (Ctrl-C) before training started", file=sys.stderr, flush=True)

@@ -351,6 +351,12 @@ class Resolved:
     env_seen: dict[str, str]
     """Every NSA_* and NCCL_* variable, CONFIG and every ENV_TOGGLES variable present."""
 
+    def blame(self, message: str) -> str:
+        """An error of a config value found after loading (a data path, a checkpoint, the output
+        directory) as the user reads it: the config file, the message naming the key and, where the
+        command line or an environment toggle set that key, that."""
+        return f"{self.config_path}: {message}{_where_set(message, self.overrides, self.env_applied)}"
+
 
 def _set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     *parents, leaf = key.split(".")

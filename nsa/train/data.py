@@ -15,17 +15,20 @@ import json
 import queue
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
-from .config import DataConfig
+from .config import DataConfig, TrainConfig
 from .corpus import StdlibCorpus
 
 SEPARATOR = 0
 """Byte inserted between documents (NUL never occurs in text)."""
+PROGRESS_S = 10.0
+"""The check of the records before the run says how far it got this often while it reads."""
 
 
 class DataError(RuntimeError):
@@ -52,7 +55,19 @@ class DataSummary:
 
 def byte_encode(text: str) -> torch.Tensor:
     """The byte tokenizer: UTF-8 bytes as token ids in [0, 256)."""
-    return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()
+    return _byte_tokens(text.encode("utf-8"))
+
+
+def _byte_tokens(data: bytes) -> torch.Tensor:
+    if not data:  # torch.frombuffer refuses an empty buffer
+        return torch.empty(0, dtype=torch.long)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+
+
+def run_tokens(train: TrainConfig, world: int) -> int:
+    """The tokens a run's train.steps read from the start of the data: every rank reads every row
+    of a stream (rank_rows), resumed or not."""
+    return train.steps * train.grad_accum * train.batch_size * world * (train.seq_len + 1)
 
 
 # --- sources -------------------------------------------------------------------------------
@@ -106,9 +121,10 @@ def expand_paths(spec: str) -> list[Path]:
     elif p.is_file():
         files = [p]
     else:
-        raise DataError(f"data.path={spec!r}: no such file or directory")
+        raise DataError(f"data.path={spec!r}: no such file or directory; expected a local file, a directory of "
+                        "files or a glob")
     if not files:
-        raise DataError(f"data.path={spec!r}: matched no files")
+        raise DataError(f"data.path={spec!r}: matched no files; expected a local file, a directory of files or a glob")
     return files
 
 
@@ -123,15 +139,36 @@ def _kind_of(path: Path, dataset: str) -> str:
     raise DataError(f"{path}: data.dataset={dataset} expects .parquet or .jsonl files")
 
 
-def _jsonl_text(path: Path, lineno: int, line: str, col: str) -> str:
-    """The document of one jsonl record: its ``col`` key (data.text_column)."""
+def _records(n: int) -> str:
+    return f"{n:,} record{'' if n == 1 else 's'}"
+
+
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", int: "a number", float: "a number",
+               bool: "a boolean", type(None): "null"}
+
+
+def _jsonl_document(path: Path, lineno: int, line: bytes, col: str) -> bytes:
+    """The UTF-8 bytes of one jsonl record's document: its ``col`` key (data.text_column), a string."""
+    expected = f"expected one JSON object per line with a string {col!r} (data.text_column)"
     try:
         rec = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-    if not isinstance(rec, dict) or col not in rec:
-        raise DataError(f"{path}:{lineno}: no key {col!r} (data.text_column)")
-    return str(rec[col])
+    except json.JSONDecodeError as exc:  # past the line's only line end: the record stopped short
+        where = f"column {exc.colno}" if exc.lineno == 1 else "at the end of the line"
+        raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}, {where}); {expected}") from None
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}:{lineno}: not valid UTF-8 (byte {exc.start + 1} of the line); {expected}") from None
+    if not isinstance(rec, dict):
+        raise DataError(f"{path}:{lineno}: a JSON {_JSON_TYPES[type(rec)].split()[-1]}; {expected}")
+    if col not in rec:
+        raise DataError(f"{path}:{lineno}: no key {col!r} (the record's keys: {', '.join(map(str, rec))}); {expected}")
+    text = rec[col]
+    if not isinstance(text, str):
+        raise DataError(f"{path}:{lineno}: {col!r} is {_JSON_TYPES[type(text)]}; {expected}")
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # JSON's \ud800 escapes decode to lone surrogates
+        raise DataError(f"{path}:{lineno}: {col!r} holds a lone surrogate (\\u{ord(text[exc.start]):04x}), which "
+                        f"UTF-8 cannot encode; {expected}") from None
 
 
 class DocumentStream:
@@ -160,7 +197,8 @@ class DocumentStream:
         return DataSummary(self.cfg.dataset, self.describe(), root, len(self.files))
 
     def _check(self, path: Path, kind: str) -> None:
-        """Fail at start-up, in the main thread, on unreadable files or a missing column."""
+        """Fail at once on unreadable files or a parquet file without its text column (the records
+        themselves: ``check``)."""
         col = self.cfg.text_column
         if kind == "parquet":
             import pyarrow as pa
@@ -174,29 +212,53 @@ class DocumentStream:
                 raise DataError(
                     f"{path}: no column {col!r} (data.text_column); columns: {', '.join(schema.names)}"
                 )
+            typ = schema.field(col).type
+            if not (pa.types.is_string(typ) or pa.types.is_large_string(typ)):
+                raise DataError(f"{path}: column {col!r} (data.text_column) holds {typ}; expected a string column")
         else:
             try:
-                with open(path, encoding="utf-8", errors="replace") as fh:
-                    if kind != "jsonl":
-                        fh.read(1)
-                        return
-                    first = next(((n, line) for n, line in enumerate(fh, 1) if line.strip()), None)
+                with open(path, "rb") as fh:
+                    fh.read(1)
             except OSError as exc:
                 raise DataError(f"{path}: cannot read ({exc.strerror})") from None
-            # a file of another format, or records without the column, fail here rather than in
-            # step 1, after the model is built and an earlier run's training.csv replaced
-            if first is not None:
-                _jsonl_text(path, *first, col)
 
-    def _documents(self, path: Path, kind: str) -> Iterator[str]:
+    def check(self, tokens: int, say: Callable[[str], None]) -> None:
+        """Read what a run of ``tokens`` tokens reads (run_tokens), as its loader will, before it
+        starts: a record the loader cannot use fails now, naming its file and line, not when the
+        loader reaches it hours into the run. At most one pass over the files: a long run's
+        epochs read them again, and a short run's pass costs what its own reading costs, never a
+        whole corpus it does not reach. Says how far it read, and every PROGRESS_S while it reads."""
+        start = shown = time.monotonic()
+        records = read = 0
+        for i, (path, kind) in enumerate(zip(self.files, self.kinds), 1):
+            for doc in self._documents(path, kind):
+                records, read = records + 1, read + len(doc) + 1
+                if read >= tokens:
+                    say(f"[data] checked {_records(records)} ({read:,} tokens) in {time.monotonic() - start:.2f} s: "
+                        f"what the run reads (its first {tokens:,} tokens) of {self.describe()}")
+                    return
+                if records % 1024 == 0 and time.monotonic() - shown > PROGRESS_S:
+                    shown = time.monotonic()
+                    say(f"[data] checking the records the run reads: {_records(records)} ({read:,} of {tokens:,} "
+                        f"tokens), file {i} of {len(self.files)}, {shown - start:.0f} s")
+        if read < self.seq_len + 1:
+            raise self._too_little()
+        say(f"[data] checked {_records(records)} ({read:,} tokens) in {time.monotonic() - start:.2f} s: every record "
+            f"of {self.describe()}")
+
+    def _too_little(self) -> DataError:
+        return DataError(f"{self.describe()}: fewer than seq_len+1={self.seq_len + 1} tokens in all files together")
+
+    def _documents(self, path: Path, kind: str) -> Iterator[bytes]:
+        """The UTF-8 bytes of each document of one file."""
         col = self.cfg.text_column
         if kind == "text":
-            yield path.read_text(encoding="utf-8", errors="replace")
+            yield path.read_text(encoding="utf-8", errors="replace").encode("utf-8")
         elif kind == "jsonl":
-            with open(path, encoding="utf-8") as fh:
+            with open(path, "rb") as fh:
                 for lineno, line in enumerate(fh, 1):
                     if line.strip():
-                        yield _jsonl_text(path, lineno, line, col)
+                        yield _jsonl_document(path, lineno, line, col)
         else:
             import pyarrow as pa
             import pyarrow.parquet as pq
@@ -205,7 +267,7 @@ class DocumentStream:
                 for batch in pq.ParquetFile(path).iter_batches(columns=[col], batch_size=1024):
                     for text in batch.column(0).to_pylist():
                         if text:
-                            yield text
+                            yield text.encode("utf-8")
             except (pa.ArrowException, OSError) as exc:
                 raise DataError(f"{path}: cannot read as parquet ({exc})") from None
 
@@ -216,15 +278,13 @@ class DocumentStream:
             produced = False
             for path, kind in zip(self.files, self.kinds):
                 for doc in self._documents(path, kind):
-                    buf = torch.cat([buf, byte_encode(doc), torch.tensor([SEPARATOR])])
+                    buf = torch.cat([buf, _byte_tokens(doc), torch.tensor([SEPARATOR])])
                     while buf.numel() >= n:
                         produced = True
                         yield buf[:n].clone()
                         buf = buf[n:]
             if not produced and buf.numel() < n:
-                raise DataError(
-                    f"{self.describe()}: fewer than seq_len+1={n} tokens in all files together"
-                )
+                raise self._too_little()
 
 
 def build_source(cfg: DataConfig, seq_len: int, vocab: int, seed: int):

@@ -68,7 +68,8 @@ def pick_device(train: TrainConfig, local_rank: int) -> torch.device:
         want = "cuda" if torch.cuda.is_available() else "cpu"
     if want == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError("train.device=cuda but torch.cuda.is_available() is False")
+            raise ConfigError("train.device=cuda but torch.cuda.is_available() is False; expected auto or cpu "
+                              "on a machine without a usable CUDA GPU")
         if local_rank >= torch.cuda.device_count():
             raise ConfigError(
                 f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} CUDA devices are visible"
@@ -86,8 +87,16 @@ def init_distributed(dcfg: DistConfig, train: TrainConfig) -> DistInfo:
     backend = None
     if launched is not None:
         backend = dcfg.backend if dcfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
-        if backend == "nccl" and device.type != "cuda":
-            raise ConfigError("dist.backend=nccl needs CUDA; use gloo (or auto) on CPU")
+    elif mode in ("ddp", "fsdp"):
+        backend = "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl" and device.type != "cuda":
+        raise ConfigError("dist.backend=nccl needs CUDA; use gloo (or auto) on CPU")
+    if mode == "ddp" and dcfg.ddp_compress != "none" and backend != "nccl":  # before the model is built
+        raise ConfigError(
+            f"dist.ddp_compress={dcfg.ddp_compress} needs the NCCL backend (CUDA); the {backend} backend cannot "
+            "all-reduce compressed buckets. Set dist.ddp_compress=none (or unset NSA_DDP_COMPRESS)"
+        )
+    if launched is not None:
         dist.init_process_group(
             backend=backend,
             timeout=datetime.timedelta(seconds=dcfg.timeout_s),
@@ -95,7 +104,6 @@ def init_distributed(dcfg: DistConfig, train: TrainConfig) -> DistInfo:
         )
     elif mode in ("ddp", "fsdp"):
         # one process: DDP/FSDP over a world of 1 still exercises the wrappers
-        backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(
             backend=backend,
             init_method="tcp://127.0.0.1:0",

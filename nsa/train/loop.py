@@ -32,8 +32,8 @@ from ..model.flops import TRAINING_MULTIPLIER, forward_flops_per_token
 from . import checkpoint as ckpt
 from . import determinism, graphs
 from .config import Resolved, RunConfig, config_dict
-from .data import Loader, build_source
-from .distributed import all_gather_stats, barrier, init_distributed, teardown
+from .data import DocumentStream, Loader, build_source, run_tokens
+from .distributed import all_gather_stats, barrier, init_distributed, teardown, torchrun_env
 from .faults import FaultInjector
 from .interrupt import EXIT_INTERRUPTED, CtrlC
 from .optim import build_optimizer, fused_adamw, lr_at, set_lr
@@ -76,8 +76,7 @@ class NonFiniteLoss(RuntimeError):
 class Trainer:
     def __init__(self, cfg: RunConfig, resolved: Resolved):
         self.cfg, self.resolved = cfg, resolved
-        # validate the data files before anything starts (a bad path fails fast and clearly)
-        source = build_source(cfg.data, cfg.train.seq_len, cfg.model.vocab_size, cfg.train.seed)
+        source = self._checked_source()  # before anything starts
         self.determinism = determinism.apply(cfg.train.deterministic)  # before any CUDA work
         with contextlib.ExitStack() as stack:  # on a setup error, undo what was started
             self.info = info = init_distributed(cfg.dist, cfg.train)
@@ -105,6 +104,7 @@ class Trainer:
             except OSError as exc:
                 raise ConfigError(f"train.out_dir={cfg.train.out_dir}: cannot write into the output directory "
                                   f"({exc.strerror})") from None
+            path = ckpt.find_resume(self.out, cfg.train.resume)  # one that is not there: before the model
             self.stop_reason = "starting"
             self.ctrl_c = CtrlC(info.rank)
             self._clear_stale_halt()
@@ -129,7 +129,6 @@ class Trainer:
             self.watchdog.beat(0, "setup")
 
             self.step, data_position, self.resumed_from = 0, 0, None
-            path = ckpt.find_resume(self.out, cfg.train.resume)
             if path is not None:
                 state = ckpt.load(path, self.wrapped, self.optimizer, info, config_dict(cfg))
                 self.step, data_position, self.resumed_from = state["step"], state["data_position"], str(path)
@@ -173,6 +172,23 @@ class Trainer:
             self._closers = stack.pop_all()
 
     # --- helpers --------------------------------------------------------------------------
+
+    def _checked_source(self):
+        """The data source, its files opened and the records the run reads read as its loader will
+        (DocumentStream.check): a bad path, file or record fails now, naming the key or the data
+        file and line, not when the loader reaches it, hours into the run. Every rank reads every
+        row of a stream, so every rank checks what it will read."""
+        cfg = self.cfg
+        rank, _, world = torchrun_env() or (0, 0, 1)
+
+        def say(msg: str) -> None:
+            if rank == 0:
+                print(msg, flush=True)
+
+        source = build_source(cfg.data, cfg.train.seq_len, cfg.model.vocab_size, cfg.train.seed)
+        if isinstance(source, DocumentStream):
+            source.check(run_tokens(cfg.train, world), say)
+        return source
 
     def log(self, msg: str) -> None:
         if self.info.is_master:

@@ -15,7 +15,6 @@ import torch
 import torch.nn as nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
-from ..config import ConfigError
 from .config import RunConfig
 from .distributed import DistInfo
 
@@ -66,12 +65,6 @@ def apply_ddp(model: nn.Module, cfg: RunConfig, info: DistInfo, log) -> nn.Modul
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     d = cfg.dist
-    if d.ddp_compress != "none" and info.backend != "nccl":
-        raise ConfigError(
-            f"dist.ddp_compress={d.ddp_compress} needs the NCCL backend (CUDA); the {info.backend} "
-            "backend cannot all-reduce compressed buckets. Set dist.ddp_compress=none "
-            "(or unset NSA_DDP_COMPRESS)"
-        )
     # the model's only buffers are per-rank call counters: no broadcast before every forward
     # (an extra collective per step); newer torch names this switch forward_sync_buffers
     no_buffer_sync = {"forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters

@@ -18,17 +18,29 @@ A C-level backstop (faulthandler.dump_traceback_later with exit=True) fires a li
 case the Python thread cannot run (the GIL held by a hung extension). SIGUSR1 dumps stacks to
 the same file at any time without stopping the run (the runbook's "send SIGUSR1").
 
-A suspended process (Ctrl-Z, SIGSTOP) is no stall: the watchdog thread, stopped too, sees on
-resuming that its own wait overshot by far and does not count the time in which nothing ran.
-The backstop cannot tell: it measures wall time from the last beat, so a suspension longer than
-``timeout_s + grace_s + max(10, 4 * poll_s)`` still ends the run on resuming (exit 1 with a
-"Timeout" stack dump; no .HALT).
+A suspended process is no stall: the watchdog thread, stopped too, sees on resuming that its
+own wait overshot by far and does not count the time in which nothing ran. The backstop cannot
+tell: faulthandler's C thread waits on the monotonic clock, which runs on while the process is
+stopped, so on resuming it finds its deadline passed and ends the process before any Python code
+runs (a SIGCONT handler included). Hence Ctrl-Z (SIGTSTP, which a process may catch) is taken by
+the watchdog: its thread, woken by the signal's byte on a wakeup pipe (signal.set_wakeup_fd; a
+main thread blocked in a collective or a CUDA sync need not return first), cancels the backstop,
+stops the process with SIGSTOP and, once resumed, arms the backstop afresh (for its whole delay:
+the idle time before the suspension is not counted against it, while the watchdog thread's
+timeout_s still counts it). SIGSTOP itself (``kill -STOP``, a debugger) cannot be caught: a
+SIGSTOP suspension longer than ``timeout_s + grace_s + max(10, 4 * poll_s)`` still ends the run on
+resuming (exit 1 with a "Timeout" stack dump; no .HALT), and so does a Ctrl-Z of a process whose
+Python threads cannot run (a hang holding the GIL, which the backstop ends anyway). Ctrl-Z is
+taken only while the watchdog is enabled, from the main thread, and where neither SIGTSTP is
+ignored nor a wakeup fd set already; a SIGTSTP then stops the process even in an orphaned process
+group (where the kernel discards a default one).
 """
 from __future__ import annotations
 
 import faulthandler
 import json
 import os
+import select
 import signal
 import sys
 import threading
@@ -84,6 +96,11 @@ def read_halt(out_dir: Path) -> dict | None:
     return rec if isinstance(rec, dict) and "source" in rec else {"source": "operator", "text": text[:200]}
 
 
+def _taken_by_the_watchdog_thread(signum, frame) -> None:
+    """SIGTSTP's Python handler: nothing to do in the main thread. Installed so that SIGTSTP's
+    default (stop at once, the backstop armed) is not taken and its byte reaches the wakeup pipe."""
+
+
 class Watchdog:
     def __init__(self, cfg: WatchdogConfig, out_dir: Path, rank: int, world_size: int):
         self.cfg, self.out_dir, self.rank, self.world = cfg, Path(out_dir), rank, world_size
@@ -93,6 +110,10 @@ class Watchdog:
         self._steady_step: int | None = None  # None: the start-up limit holds
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._backstop = threading.Lock()  # arming, and disarming for a Ctrl-Z, one thread at a time
+        self._suspending = False
+        self._wakeup: tuple[int, int] | None = None  # the pipe the signals' bytes arrive on, once Ctrl-Z is taken
+        self._tstp_previous = signal.SIG_DFL  # SIGTSTP's handler before, restored by close()
         self._sigusr1 = hasattr(signal, "SIGUSR1")
         if self._sigusr1:
             faulthandler.register(signal.SIGUSR1, file=self._dump, all_threads=True, chain=False)
@@ -100,9 +121,27 @@ class Watchdog:
     def start(self) -> None:
         if not self.cfg.enabled:
             return
+        self._take_ctrl_z()
         self._thread = threading.Thread(target=self._run, name="nsa-watchdog", daemon=True)
         self._thread.start()
         self._arm_backstop()
+
+    def _take_ctrl_z(self) -> None:
+        """Route SIGTSTP to the watchdog thread (see the module's docstring), where it can be."""
+        if (not hasattr(signal, "SIGTSTP") or threading.current_thread() is not threading.main_thread()
+                or signal.getsignal(signal.SIGTSTP) == signal.SIG_IGN):
+            return
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        os.set_blocking(write, False)
+        if signal.set_wakeup_fd(write, warn_on_full_buffer=False) != -1:  # someone else's: leave Ctrl-Z be
+            signal.set_wakeup_fd(-1)
+            os.close(read)
+            os.close(write)
+            return
+        self._wakeup = (read, write)
+        previous = signal.signal(signal.SIGTSTP, _taken_by_the_watchdog_thread)
+        self._tstp_previous = signal.SIG_DFL if previous is None else previous  # None: one set from C
 
     def steady_from(self, step: int) -> None:
         """From a beat at ``step`` on, the limit is timeout_s (the steps before it: startup_s)."""
@@ -117,9 +156,22 @@ class Watchdog:
         return self.cfg.timeout_s, "watchdog.timeout_s"
 
     def _arm_backstop(self) -> None:
-        if self.cfg.enabled:
-            delay = self.limit()[0] + self.cfg.grace_s + max(10.0, 4 * self.cfg.poll_s)
-            faulthandler.dump_traceback_later(delay, exit=True, file=self._dump)
+        with self._backstop:
+            if self.cfg.enabled and not self._suspending:
+                delay = self.limit()[0] + self.cfg.grace_s + max(10.0, 4 * self.cfg.poll_s)
+                faulthandler.dump_traceback_later(delay, exit=True, file=self._dump)
+
+    def _suspend(self) -> None:
+        """Ctrl-Z: stop the process with the backstop disarmed; armed again once resumed."""
+        with self._backstop:
+            self._suspending = True
+            faulthandler.cancel_dump_traceback_later()
+        try:
+            os.kill(os.getpid(), signal.SIGSTOP)  # returns once the process is continued
+        finally:
+            with self._backstop:
+                self._suspending = False
+            self._arm_backstop()
 
     def beat(self, step: int, stage: str) -> None:
         """Progress: called at every stage change."""
@@ -131,9 +183,19 @@ class Watchdog:
         """Empty this rank's stack dump file (a run starting afresh over an earlier one's dump)."""
         self._dump.truncate(0)
 
+    def _wait(self) -> bool:
+        """Wait a poll (less when a signal's byte arrives; Ctrl-Z's suspends the process first);
+        False once closed."""
+        if self._wakeup is None:
+            return not self._stop.wait(self.cfg.poll_s)
+        if select.select([self._wakeup[0]], [], [], self.cfg.poll_s)[0]:
+            if int(signal.SIGTSTP) in os.read(self._wakeup[0], 512):
+                self._suspend()
+        return not self._stop.is_set()
+
     def _run(self) -> None:
         polled = time.monotonic()
-        while not self._stop.wait(self.cfg.poll_s):
+        while self._wait():
             now = time.monotonic()
             overshoot = now - polled - self.cfg.poll_s  # the check and the wait: a poll, give or take
             polled, last = now, self._last
@@ -180,6 +242,12 @@ class Watchdog:
         faulthandler.cancel_dump_traceback_later()
         if self._thread is not None:
             self._thread.join(timeout=2 * self.cfg.poll_s + 1)
+        if self._wakeup is not None:  # Ctrl-Z back to its default, the backstop gone
+            signal.signal(signal.SIGTSTP, self._tstp_previous)
+            signal.set_wakeup_fd(-1)
+            for fd in self._wakeup:
+                os.close(fd)
+            self._wakeup = None
         if self._sigusr1:
             faulthandler.unregister(signal.SIGUSR1)
         self._dump.close()

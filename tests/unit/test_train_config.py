@@ -1,6 +1,7 @@
 """RunConfig: presets, overrides, the env-toggle table, the CLI surface."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -249,3 +250,52 @@ def test_a_yaml_section_that_is_a_value_is_an_error_even_when_an_override_touche
     for override in ("train.steps=1", "model.attn.window=8"):
         with pytest.raises(ConfigError, match=r"bad\.yaml: (train|model\.attn): expected a mapping, got (5|'fast')"):
             load_run_config(str(bad), override, env={})
+
+
+SECTIONS = [f.name for f in dataclasses.fields(RunConfig)]
+
+
+@pytest.mark.parametrize("section", SECTIONS + ["model.attn"])
+@pytest.mark.parametrize("override", [None, "train.steps=1"])
+def test_an_empty_section_is_an_error_naming_the_file_and_key_not_its_defaults(tmp_path: Path, section, override):
+    """`train:` with nothing indented under it is null in YAML, and it meant the section's defaults
+    (100 steps of the 125M model's schedule for a user whose keys were commented out or not
+    indented); an override of a key under it replaced the null unseen."""
+    path = tmp_path / "mine.yaml"
+    *parent, leaf = section.split(".")
+    path.write_text("".join(f"{p}:\n" for p in parent) + "  " * len(parent) + f"{leaf}:\n"
+                    + "  " * len(parent) + "#  steps: 3\n")
+    said = re.escape(f"{path}: {section}: expected a mapping of its keys, got an empty section (`{leaf}:` with "
+                     "nothing indented under it, which YAML reads as null)")
+    with pytest.raises(ConfigError, match=said):
+        load_run_config(str(path), override, env={})
+
+
+@pytest.mark.parametrize("section", ["model", "model.attn"])
+def test_an_empty_model_section_is_an_error_for_the_model_config_too(tmp_path: Path, section):
+    path = tmp_path / "mine.yaml"
+    path.write_text("model:\n" if section == "model" else "model:\n  dim: 64\n  attn:\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: {section}: expected a mapping of its keys, got an "
+                                                    "empty section")):
+        load_model_config(str(path))
+
+
+def test_keys_indented_out_of_their_section_name_the_section_they_belong_to(tmp_path: Path):
+    """`train:` followed by unindented keys: each lands at the top level. Every such key is named,
+    with the section that has it."""
+    path = tmp_path / "mine.yaml"
+    path.write_text("train:\nsteps: 3\nseq_len: 64\nwindow: 8\nbogus: 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_run_config(str(path), env={})
+    message = str(info.value)
+    assert message.startswith(f"{path}: unknown config keys bogus, seq_len, steps, window; allowed keys under "
+                                  "the top level: compat, data, "), message
+    assert "; in the wrong section? seq_len is train.seq_len, steps is train.steps, window is model.attn.window" \
+        in message, message
+    path.write_text("model:\n  dim: 64\n  steps: 3\ntrain:\n  prefetch: 2\n")  # keys in another section
+    with pytest.raises(ConfigError, match=re.escape("unknown config key model.steps; allowed keys under model: attn, ")
+                       + ".*" + re.escape("; in the wrong section? steps is train.steps")):
+        load_run_config(str(path), env={})
+    path.write_text("train:\n  prefetch: 2\n")
+    with pytest.raises(ConfigError, match=r"train\.prefetch.*; in the wrong section\? prefetch is data\.prefetch$"):
+        load_run_config(str(path), env={})

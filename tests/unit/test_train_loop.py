@@ -345,7 +345,8 @@ def test_a_backend_that_needs_cuda_is_refused_on_cpu_before_the_model_is_built(t
     assert train(tmp_path, f"train.device=cpu {override}", steps=2) == contract.EXIT_INPUT
     out, err = capsys.readouterr()
     err = err.strip().splitlines()
-    assert len(err) == 1 and value in err[0] and err[0].endswith("what runs here: auto, torch"), err
+    assert len(err) == 1 and value in err[0] and "tiny.yaml: " in err[0], err
+    assert "; what runs here: auto, torch (set on the command line: model.attn.backend_" in err[0], err
     assert "[model]" not in out, out  # the line the trainer prints once the model is built
     assert (tmp_path / "training.csv").read_text() == before
 
@@ -613,3 +614,50 @@ def test_closing_a_file_on_a_full_disk_does_not_replace_the_error_that_stopped_t
     tel.close()
     assert tel._csv_fh.closed and real_hb.closed
     assert "could not close" in capsys.readouterr().err
+
+
+def test_a_bad_record_the_run_reaches_fails_before_the_model_is_built(tmp_path: Path, capsys):
+    """A malformed line at line N of a jsonl corpus surfaced only when the loader reached it: here at
+    step 19 of 20, after the model was built and the out_dir's files replaced; on a real corpus,
+    hours into the run. Now the records the run reads are read first, and the error names the
+    config file, the data file, the line and what was expected."""
+    data = tmp_path / "corpus.jsonl"
+    lines = [json.dumps({"text": f"doc {i}"}) for i in range(1, 401)]  # 7-8 tokens each, 130 a step
+    lines[299] = '{"text": "doc 300", '
+    data.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "run"
+    assert train(out, f"data.dataset=jsonl data.path={data}", steps=20) == contract.EXIT_INPUT
+    stdout, err = capsys.readouterr()
+    assert "[model]" not in stdout and not (out / "training.csv").exists(), stdout
+    err = err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("[rank 0] error: ") and err[0].endswith(
+        f"tiny.yaml: {data}:300: not valid JSON (Expecting property name enclosed in double quotes, at the end of "
+        "the line); expected one JSON object per line with a string 'text' (data.text_column)"), err
+    # a run too short to reach it trains, and says how much of the data it checked
+    assert train(out, f"data.dataset=jsonl data.path={data}", steps=2) == 0
+    assert re.search(r"\[data\] checked 3\d records \(2\d\d tokens\) in \d+\.\d\d s: what the run reads \(its first "
+                     r"260 tokens\)", capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("override, said", [
+    ("data.dataset=jsonl data.path={tmp}/nope.jsonl",
+     "data.path='{tmp}/nope.jsonl': no such file or directory; expected a local file, a directory of files or a "
+     "glob (set on the command line: data.path={tmp}/nope.jsonl)"),
+    ("train.resume={tmp}/nockpt", "train.resume='{tmp}/nockpt': checkpoint file not found (set on the command line: "
+                                  "train.resume={tmp}/nockpt)"),
+    ("dist.mode=ddp dist.ddp_compress=bf16", "dist.ddp_compress=bf16 needs the NCCL backend (CUDA); the gloo backend "
+                                             "cannot all-reduce compressed buckets. Set dist.ddp_compress=none (or "
+                                             "unset NSA_DDP_COMPRESS) (set on the command line: dist.ddp_compress=bf16)"),
+    ("train.device=cuda", "train.device=cuda but torch.cuda.is_available() is False; expected auto or cpu on a machine "
+                          "without a usable CUDA GPU (set on the command line: train.device=cuda)"),
+], ids=["data", "checkpoint", "ddp_compress", "device"])
+def test_a_value_found_wrong_in_set_up_names_the_config_file_the_key_and_comes_before_the_model(
+        tmp_path: Path, capsys, override, said):
+    """They named the key but not the config file, and a missing checkpoint or a compression hook
+    that gloo cannot run came after the model was built."""
+    if "cuda" in override and torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here")
+    assert train(tmp_path / "run", override.format(tmp=tmp_path), steps=2) == contract.EXIT_INPUT
+    stdout, err = capsys.readouterr()
+    assert "[model]" not in stdout, stdout
+    assert err.strip().endswith(f"tiny.yaml: {said.format(tmp=tmp_path)}"), err

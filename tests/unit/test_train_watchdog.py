@@ -144,6 +144,91 @@ def test_a_process_suspended_longer_than_timeout_s_is_not_a_stall_on_resuming(tm
     assert read_halt(tmp_path) is None
 
 
+def _stopped(proc, within_s: float = 30.0) -> None:
+    """Wait until ``proc`` is stopped (a signal lands asynchronously); fail if it never is."""
+    import psutil
+
+    deadline = time.monotonic() + within_s
+    while psutil.Process(proc.pid).status() != psutil.STATUS_STOPPED:
+        assert proc.poll() is None and time.monotonic() < deadline, (proc.poll(), psutil.Process(proc.pid).status())
+        time.sleep(0.01)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGTSTP"), reason="no job control on this platform")
+def test_ctrl_z_longer_than_the_backstop_does_not_end_the_run(tmp_path: Path):
+    """Ctrl-Z (SIGTSTP) for longer than the C backstop's timeout_s + grace_s + 10 s (12 s here):
+    faulthandler's timer thread, its deadline passed, ended the process the moment it resumed (exit
+    1, a 'Timeout' dump), before any Python code could run. The watchdog now takes Ctrl-Z: it
+    disarms the backstop, stops the process, and arms it afresh once resumed."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _BEATING, str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "beat2").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTSTP)
+        _stopped(proc)
+        time.sleep(13.0)
+        proc.send_signal(signal.SIGCONT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0 and out.strip() == "done", (proc.returncode, err[-2000:])
+    assert read_halt(tmp_path) is None and not stackdump_path(tmp_path, 0).exists()
+
+
+# Beats until the test says go, then hangs holding the GIL (a C call through PyDLL): only the C
+# backstop can end it (the watchdog thread cannot run), timeout_s + grace_s + 10 s after the last beat.
+_HANGING = """
+import ctypes, sys, time
+from pathlib import Path
+from nsa.train.config import WatchdogConfig
+from nsa.train.watchdog import Watchdog
+out = Path(sys.argv[1])
+wd = Watchdog(WatchdogConfig(timeout_s=1.0, startup_s=1.0, poll_s=0.1, grace_s=0.5), out, 0, 1)
+wd.start()
+(out / "ready").touch()
+while not (out / "go").exists():
+    wd.beat(1, "forward")
+    time.sleep(0.05)
+ctypes.PyDLL(None).sleep(120)
+print("not ended")
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGTSTP"), reason="no job control on this platform")
+def test_the_backstop_still_ends_a_hang_holding_the_gil_after_a_ctrl_z(tmp_path: Path):
+    """Taking Ctrl-Z must not weaken the backstop: once resumed it is armed again, and a hang that
+    keeps the watchdog thread from running ends with the backstop's dump and exit 1."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _HANGING, str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "ready").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTSTP)
+        _stopped(proc)
+        proc.send_signal(signal.SIGCONT)
+        (tmp_path / "go").touch()
+        hung_at = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 1 and "not ended" not in out, (proc.returncode, out, err[-2000:])
+    assert time.monotonic() - hung_at < 11.5 + 10, "the backstop came late"
+    assert "Timeout (0:00:11.500000)!" in stackdump_path(tmp_path, 0).read_text()
+
+
 def test_halt_records(tmp_path: Path):
     assert read_halt(tmp_path) is None
     (tmp_path / ".HALT").touch()

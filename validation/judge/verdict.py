@@ -172,11 +172,15 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
                              f"(exit code {outcome.exit_code})")
     if outcome.exit_code not in (0, None):
         what = {"pytest": "tests failed", "preflight": "preflight incomplete"}.get(outcome.kind)
-        if what is None and not outcome.steps_completed:
+        # the CSV's last row, or the heartbeats' where a broken CSV gives no step count
+        done = outcome.steps_completed or outcome.last_step_done
+        if what is None and not done:
             # no step logged: a crash at start-up, or ranks that never started at all (a node that
             # never joined the rendezvous); the findings tell which, the verdict claims neither
             what = "trainer ended before its first step"
-        return Status.FAIL, f"{what or 'trainer crashed'} (exit code {outcome.exit_code})"
+        # a file the crashed run broke after it had stepped is said too: the step counts read from it are missing
+        broken = f"; {outcome.errors[0]}" if what is None and done and outcome.errors else ""
+        return Status.FAIL, f"{what or 'trainer crashed'} (exit code {outcome.exit_code}){broken}"
     if outcome.errors:
         return Status.ERROR, outcome.errors[0]
     if outcome.stopped_short:

@@ -8,6 +8,7 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
     NSA_FAULT=hang               never finishes; dumps stacks on SIGUSR1; leaves a child process
     NSA_FAULT=missing_csv        writes everything but training.csv
     NSA_FAULT=corrupt_csv        writes a training.csv with a bad header or a non-number
+                                 (with :crash=K it then raises RuntimeError at step K)
     NSA_FAULT=cliff              toks/s collapses when train.batch_size >= 2 (the seeds' 165 -> 6)
     NSA_FAULT=idle:rank=1        rank 1 never steps and reports 0% GPU utilisation
     NSA_FAULT=slow:rank=1        rank 1 takes 3x as long per step
@@ -130,7 +131,8 @@ def main() -> int:
         tick = start + i + 1  # the clock goes on across a rerun
         superseded = fault == "rerun" and i < opts["step"] - start and step > opts["back"]
         mem = 1.0 + step * opts.get("mb", 0) / 1024
-        if (fault == "crash" or fault == "crash_stopping" and stop < a.steps) and step == opts.get("step", 1):
+        if ((fault == "crash" or fault == "crash_stopping" and stop < a.steps) and step == opts.get("step", 1)
+                or fault == "corrupt_csv" and step == opts.get("crash")):
             csv and csv.flush()
             raise RuntimeError("Expected to mark a variable ready only once (injected crash)")
         if fault == "quit" and step > opts.get("step", 1):

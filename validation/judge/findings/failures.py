@@ -63,8 +63,13 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
                 kind = "left_after"
             elif exception := ev.exception or last_exception(ev.stderr_tail):  # a record stored before 'exception'
                 title += f": {exception}"
-            out.append(Finding(Severity.CRITICAL, r.phase, title, [f"stderr: {r.out_dir}/{ev.stderr_log}"] + _rank_lines(r),
-                               kind, Facts.of(r)))
+            # a file the run broke after it had stepped (a crash decides the verdict, and a start-up
+            # crash leaves files missing that say nothing more)
+            stepped = Outcome.of_record(r)
+            broken = ([f"broken contract file: {e}" for e in ev.errors]
+                      if stepped.steps_completed or stepped.last_step_done else [])
+            out.append(Finding(Severity.CRITICAL, r.phase, title,
+                               [f"stderr: {r.out_dir}/{ev.stderr_log}"] + broken + _rank_lines(r), kind, Facts.of(r)))
     return out
 
 

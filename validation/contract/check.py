@@ -148,14 +148,15 @@ def read(out_dir: Path, costs: Costs | None = None) -> ContractRead:
 
 
 def silent_ranks(found: ContractRead) -> list[Item]:
-    """A missing item per rank below env.json's world_size that wrote no heartbeat file (the
-    contract: every rank beats). For check-artifacts: in an acceptance run such a rank is an idle
-    rank (the idle_ranks gate, with its finding), not a broken file."""
+    """A missing item per rank below env.json's world_size that wrote no heartbeat file, or a file
+    without a record (the contract: every rank beats). For check-artifacts: in an acceptance run
+    such a rank is an idle rank (the idle_ranks gate, with its finding), not a broken file."""
     world = found.world_size
-    if world is None or not found.heartbeats:
+    if world is None or not any(found.heartbeats.values()):
         return []
-    return [Item(heartbeat_name(r), Presence.MISSING, f"not written (env.json says world_size {world})")
-            for r in range(world) if r not in found.heartbeats]
+    return [Item(heartbeat_name(r), Presence.MISSING,
+                 f"{'no record written' if r in found.heartbeats else 'not written'} (env.json says world_size {world})")
+            for r in range(world) if not found.heartbeats.get(r)]
 
 
 def _ranked(found: ContractRead, name: str, rank: int, what: str) -> Item:

@@ -11,6 +11,7 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
                                  (with :crash=K it then raises RuntimeError at step K)
     NSA_FAULT=cliff              toks/s collapses when train.batch_size >= 2 (the seeds' 165 -> 6)
     NSA_FAULT=idle:rank=1        rank 1 never steps and reports 0% GPU utilisation
+                                 (with :silent=1 its heartbeat file is created and never written)
     NSA_FAULT=slow:rank=1        rank 1 takes 3x as long per step
     NSA_FAULT=fallback           reports fallback counters and a fallback route
     NSA_FAULT=quit:step=4        exits 0 after logging step 4, without a .HALT (a run that stopped short)
@@ -148,7 +149,7 @@ def main() -> int:
         for r, fh in beats.items():
             slow = 3.0 if fault == "slow" and r == opts.get("rank") else 1.0
             if fault == "idle" and r == opts.get("rank"):
-                if step == 1:
+                if step == 1 and not opts.get("silent"):
                     fh.write(json.dumps({"time": t0, "rank": r, "step": 0, "stage": "data", "gpu_util": 0}) + "\n")
                 continue
             rec = {"time": t0 + tick * 0.5 * slow, "rank": r, "step": step, "stage": "optimizer",

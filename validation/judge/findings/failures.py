@@ -3,7 +3,7 @@ imbalanced ranks, broken output contracts, and failed gates. Where each rank was
 ended, from the record's evidence."""
 from __future__ import annotations
 
-from nsa.contract import PROFILE_TOP_OPS
+from nsa.contract import PROFILE_TOP_OPS, heartbeat_name
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import last_exception, root_rank, short_exception
 from validation.judge.findings import stability
@@ -245,8 +245,9 @@ def imbalance(records: list[PhaseRecord]) -> list[Finding]:
             detail = []
             for rank in range(r.world_size or 1):
                 hb = ev.last_heartbeat.get(rank)
-                if hb is None:
-                    detail.append(f"rank {rank}: {last_heartbeat(r, rank)}")
+                if hb is None:  # idle, or a trainer that does not beat on that rank: the files cannot tell
+                    detail.append(f"rank {rank}: {last_heartbeat(r, rank)}; if it did train, the trainer breaks the "
+                                  f"contract there (every rank writes {heartbeat_name(rank)})")
                     continue
                 detail.append(f"rank {rank}: last step {_q(hb.step)}, stage {_q(hb.stage)}"
                               + (f", GPU util {hb.gpu_util:g}%" if hb.gpu_util is not None else "")

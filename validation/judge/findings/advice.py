@@ -73,6 +73,13 @@ def _nonfinite(f: Facts) -> str:
             "predates the bad step is the trainer's to say.")
 
 
+def _short_rank(f: Facts) -> str:
+    return ("A rank exited 0 before the steps asked for while the other ranks ran them all (no collective after "
+            "it left told them): look for a stop condition that holds on that rank only (its data running out first, "
+            "a step count or a break of its own, sys.exit in one rank's path); every rank must run the same steps. "
+            f"Then {_RERUN}.")
+
+
 def _short(f: Facts) -> str:
     how = ("check --steps and any stop condition in its log" if f.own_trainer
            else "check that the runbook's `trainer.steps` reaches it, and any stop condition of its own")
@@ -212,7 +219,7 @@ def _timing(f: Facts) -> str:
 _ADVICE: dict[str, Callable[[Facts], str]] = {
     "crash": _crash, "departed": _departed, "left_after": _left_after, "stall": _stall, "timeout": _timeout,
     "nonfinite": _nonfinite,
-    "short_run": _short, "cliff": _cliff,
+    "short_run": _short, "short_rank": _short_rank, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
     "artifacts": _artifacts, "regression": _regression, "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing, "spike": _spike,
     "diverging": _diverging, "resume": _resume, "slowdown": _slowdown,

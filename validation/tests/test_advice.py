@@ -161,3 +161,17 @@ def test_shared_timing_advice_does_not_offer_jobs_1():
     finding = Finding(Severity.WARNING, "several", "timings unreliable", [], "timing", Facts())
     [advice] = recommendations([finding])
     assert "--jobs 1" not in advice and "another" in advice
+
+
+def test_a_rank_killed_by_a_signal_is_not_told_to_read_its_traceback():
+    """user7's pass: rank 1 SIGKILLed (os.kill(pid, 9)) was advised to 'Read the traceback in the
+    stderr log': a process killed so leaves none. A rank that raised keeps that advice."""
+    killed = dataclasses.replace(_record(FOREIGN, world=2, rank_failures={1: RankFailure(signal="SIGKILL", exit_code=-9)},
+                                         last_heartbeat={0: Beat(3, "backward"), 1: Beat(3, "forward")}), exit_code=1)
+    said = _advice(killed)
+    assert "Read the traceback" not in said and "Rank 1 was killed by SIGKILL" in said, said
+    assert "no traceback" in said and "out-of-memory killer" in said, said
+    raised = dataclasses.replace(_record(FOREIGN, world=2, rank_failures={1: RankFailure(exception="RuntimeError: x",
+                                                                                             exit_code=1)},
+                                         last_heartbeat={0: Beat(3, "backward"), 1: Beat(3, "forward")}), exit_code=1)
+    assert "Read the traceback" in _advice(raised), _advice(raised)

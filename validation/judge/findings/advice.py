@@ -13,6 +13,10 @@ _RERUN = "re-run only that phase: `pytest -m {phase}` with the same --profile an
 
 
 def _crash(f: Facts) -> str:
+    if f.killed:  # a signal leaves no traceback
+        return (f"{f.killed[0].upper()}{f.killed[1:]}, which leaves no traceback: look for who sent it (the kernel's "
+                "out-of-memory killer: `dmesg` and the host's memory over the run; a scheduler's limit; a person's "
+                f"kill), fix, then {_RERUN}.")
     return f"Read the traceback in the stderr log named in the finding, fix, then {_RERUN}."
 
 

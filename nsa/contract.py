@@ -89,7 +89,7 @@ HEARTBEAT_RECOMMENDED = {
 
 # --- env.json ------------------------------------------------------------------------------------
 
-ENV_REQUIRED = {"world_size": "processes of the run (an integer >= 1); every rank-numbered file is below it"}
+ENV_REQUIRED = {"world_size": "processes of the run (an integer >= 1, never fewer than the harness launched: torchrun's nproc x nnodes); every rank-numbered file is below it"}
 #: recommended keys, each with what its absence costs the trainer in a report
 ENV_RECOMMENDED = {
     "contract_version": "read as version 1 (no rank or provenance checks beyond v1's)",

@@ -32,8 +32,10 @@ from validation.session.session import (
     AcceptanceSession,
     ExitStatus,
     Outcome,
+    ReportInterrupted,
     SessionOptions,
     interrupted_note,
+    report_interrupted_note,
     report_line,
 )
 from validation.store import bless
@@ -192,7 +194,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not args.no_report:  # the points finished before the interrupt, in a report
             _render(session, interrupted=True)
         raise
-    return 0 if args.no_report else _render(session)
+    try:
+        return 0 if args.no_report else _render(session)
+    except KeyboardInterrupt as exc:  # every point was stored: only the report was stopped
+        raise ReportInterrupted(getattr(exc, "signum", signal.SIGINT)) from exc
+    except Exception as exc:  # a Ctrl-C inside C code while plots are drawn (see main)
+        if AcceptanceSession.stopping():
+            raise ReportInterrupted(signal.SIGINT) from exc
+        raise
 
 
 def _render(session: AcceptanceSession, pairs: list[tuple[str, str]] | None = None, interrupted: bool = False) -> int:
@@ -253,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         except HarnessError as exc:
             print(f"nsa-validate: error: {exc}", file=sys.stderr)
             return ExitStatus.USAGE
+        except ReportInterrupted as exc:
+            print(report_interrupted_note(exc.signum), file=sys.stderr)
+            return 128 + exc.signum
         except KeyboardInterrupt as exc:
             return _interrupted(getattr(exc, "signum", signal.SIGINT))
         except BrokenPipeError:

@@ -6,7 +6,9 @@ required file missing, or any file malformed, is the point's ERROR) and ``nsa-va
 check-artifacts`` prints it for trainer authors.
 
 Ranks come from env.json's ``world_size``: a heartbeat or stack dump of a rank at or above it
-is malformed (a rank that does not exist cannot have stalled). An optional field the files lack
+is malformed (a rank that does not exist cannot have stalled). The processes the harness launched
+(torchrun's nproc x nnodes) are ranks whatever env.json says: a world_size below them is env.json's
+error, and the ranks read are the launched ones. An optional field the files lack
 is named with the metrics it leaves UNMEASURED (the metric catalogue says which read it), so that
 this check, the verdict and the report say the same.
 """
@@ -96,16 +98,31 @@ class ContractRead:
     reruns: dict[str, list[Rerun]] = field(default_factory=dict)
     """Per file (training.csv, heartbeat_rank{R}.jsonl), the steps a resume in place wrote again:
     the rows and records above are the latest occurrence (validation/contract/reruns.py)."""
+    launched: int = 1
+    """Processes the harness launched (1: not known, or one): each is a rank."""
 
     @property
     def ok(self) -> bool:
         return not any(i.problem for i in self.items)
 
     @property
-    def world_size(self) -> int | None:
+    def env_world_size(self) -> int | None:
         """env.json's world_size when it is a whole number >= 1."""
         world = (self.env or {}).get("world_size")
         return world if isinstance(world, int) and not isinstance(world, bool) and world >= 1 else None
+
+    @property
+    def world_size(self) -> int | None:
+        """The run's ranks: env.json's world_size, and at least the processes launched (a trainer
+        may start more itself; fewer is env.json's error). None when env.json says none."""
+        world = self.env_world_size
+        return None if world is None else max(world, self.launched)
+
+    def world_text(self) -> str:
+        """Where the world size comes from, for messages: 'env.json world_size 2'."""
+        world = self.world_size
+        return (f"env.json world_size {world}" if world == self.env_world_size
+                else f"{world} processes launched")
 
     def problems(self) -> list[str]:
         """What breaks the contract, each naming the file: the harness's errors of the point."""
@@ -118,12 +135,13 @@ class ContractRead:
 Costs = dict[str, tuple[str, ...]]
 
 
-def read(out_dir: Path, costs: Costs | None = None) -> ContractRead:
+def read(out_dir: Path, costs: Costs | None = None, launched: int = 1) -> ContractRead:
     """Every contract file of ``out_dir``, checked. ``costs`` names, per optional field, the
-    metrics its absence leaves UNMEASURED (validation/judge/metrics.py ``reading``)."""
+    metrics its absence leaves UNMEASURED (validation/judge/metrics.py ``reading``); ``launched``:
+    the processes the harness started, every one a rank."""
     out_dir = Path(out_dir)
     costs = costs or {}
-    found = ContractRead(out_dir)
+    found = ContractRead(out_dir, launched=max(launched, 1))
     log: TrainingLog | None = _file(found, TRAINING_CSV, (out_dir / TRAINING_CSV).is_file(), read_training_log,
                                     lambda log: _csv_detail(log, out_dir / TRAINING_CSV))
     if log is not None:
@@ -167,21 +185,23 @@ def _empty_dump_detail(path: Path) -> str:
 
 
 def silent_ranks(found: ContractRead) -> list[Item]:
-    """A missing item per rank below env.json's world_size that wrote no heartbeat file (the
-    contract: every rank beats). For check-artifacts: in an acceptance run such a rank is an idle
-    rank (the idle_ranks gate, with its finding), not a broken file."""
+    """A missing item per rank below env.json's world_size that wrote no heartbeat file, or a file
+    without a record (the contract: every rank beats). For check-artifacts: in an acceptance run
+    such a rank is an idle rank (the idle_ranks gate, with its finding), not a broken file."""
     world = found.world_size
-    if world is None or not found.heartbeats:
+    if world is None or not any(found.heartbeats.values()):
         return []
-    return [Item(heartbeat_name(r), Presence.MISSING, f"not written (env.json says world_size {world})")
-            for r in range(world) if r not in found.heartbeats]
+    said = f"env.json says world_size {world}" if world == found.env_world_size else found.world_text()
+    return [Item(heartbeat_name(r), Presence.MISSING,
+                 f"{'no record written' if r in found.heartbeats else 'not written'} ({said})")
+            for r in range(world) if not found.heartbeats.get(r)]
 
 
 def _ranked(found: ContractRead, name: str, rank: int, what: str) -> Item:
     """A rank-numbered file: malformed when env.json says that rank does not exist."""
     world = found.world_size
     if world is not None and rank >= world:
-        return Item(name, Presence.MALFORMED, f"rank {rank} does not exist (env.json world_size {world})", False)
+        return Item(name, Presence.MALFORMED, f"rank {rank} does not exist ({found.world_text()})", False)
     return Item(name, Presence.PRESENT, f"{what} {rank}", False)
 
 
@@ -268,6 +288,10 @@ def _env_fields(found: ContractRead, costs: Costs) -> None:
         if found.world_size is None:
             found.items.append(Item(ENV_JSON, Presence.MISSING if key not in env else Presence.MALFORMED,
                                     f"expected an integer >= 1, got {env.get(key)!r}", field=key))
+        elif found.env_world_size < found.launched:
+            found.items.append(Item(ENV_JSON, Presence.MALFORMED,
+                                    f"{found.env_world_size}, but {found.launched} processes were launched "
+                                    "(each is a rank)", field=key))
     for key, cost in ENV_RECOMMENDED.items():
         if env.get(key) is None:
             found.items.append(Item(ENV_JSON, Presence.MISSING, _unmeasured(costs, key, cost), False, key))

@@ -40,7 +40,7 @@ def check(directory: Path, adapter: str = "native", world_size: int | None = Non
 
 def _read(directory: Path, adapter: str, world_size: int | None, costs: contract.Costs | None) -> contract.ContractRead:
     if not ADAPTERS[adapter].converts:  # the contract itself: read in place
-        found = contract.read(directory, costs)
+        found = contract.read(directory, costs, launched=world_size or 1)
     else:
         with tempfile.TemporaryDirectory(prefix="nsa-check-") as tmp:
             ranks = len(list(directory.glob("heartbeat_rank*.jsonl")))

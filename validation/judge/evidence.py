@@ -30,10 +30,11 @@ MAX_FRAMES = 8
 
 def collect_train(run: RunData, errors: list[str]) -> None:
     """Read a train point's contract files into ``run`` (validation/contract/check.py); what is
-    missing or broken is an error. The world size is env.json's when it says one. A training.csv
+    missing or broken is an error. The world size is env.json's when it says one, and at least the
+    processes launched. A training.csv
     row cut off mid-write is not read; of a run that ended by itself with exit 0 (no writer was
     killed) it is an error too: the trainer's last logged step is not in its file."""
-    found = contract.read(run.out_dir, costs())
+    found = contract.read(run.out_dir, costs(), launched=run.world_size)  # run.world_size: the processes launched
     run.csv, run.heartbeats, run.env, run.halted = found.csv, found.heartbeats, found.env, found.halted
     run.reruns = found.reruns
     errors.extend(found.problems())

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP
+from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP, HEARTBEAT_STAGES_IN_STEP
 from validation.contract.files import HaltInfo
 from validation.contract.reruns import Rerun
 from validation.contract.stacks import Frame, StackDump, TakenStack
@@ -131,6 +131,15 @@ class Beat:
         if self.step is None:
             return None
         return self.step if self.stage in HEARTBEAT_STAGES_AFTER_STEP else self.step - 1
+
+
+def short_of(beat: Beat, steps: int) -> bool:
+    """Whether a rank whose heartbeats record each step's end (``ends_steps``) says by its last
+    record that it did not complete ``steps``: a record of an earlier step, or one of a stage within
+    the last step. A rank whose records say no step's end (the seed's format) tells nothing here."""
+    if not beat.ends_steps or beat.step is None:
+        return False
+    return beat.step < steps or (beat.step == steps and beat.stage in HEARTBEAT_STAGES_IN_STEP)
 
 
 def last_step_done(beats: Iterable[Beat]) -> int | None:

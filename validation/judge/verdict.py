@@ -16,7 +16,15 @@ from validation.contract.files import HaltInfo
 from validation.contract.torchrun_log import RankFailure
 from validation.judge.gates import Gate, GateResult, GateVerdict, Pending, check
 from validation.judge.metrics import METRICS, RunData, Source, compute, reading, window_covered
-from validation.judge.record import TRAINER_KINDS, Beat, PhaseRecord, Status, died_before_watchdog, last_step_done
+from validation.judge.record import (
+    TRAINER_KINDS,
+    Beat,
+    PhaseRecord,
+    Status,
+    died_before_watchdog,
+    last_step_done,
+    short_of,
+)
 
 
 @dataclass(frozen=True)
@@ -44,37 +52,68 @@ class Outcome:
     watchdog wrote the .HALT while waiting for it (record.died_before_watchdog); None otherwise."""
     slurm_stopped: str | None = None
     """How Slurm ended the run's step without the harness asking (RunData.slurm_stopped)."""
+    short_ranks: tuple[tuple[int, Beat], ...] = ()
+    """Ranks whose heartbeats say they did not complete the steps requested (``short_of``), with
+    their last heartbeat: of a run of several ranks that exited 0, a rank that left early while the
+    others, sharing no collective with it after, went on (rank 0's training.csv then is complete)."""
 
     @classmethod
     def of_run(cls, kind: str, run: RunData, errors: Sequence[str]) -> Outcome:
         completed = compute("steps_completed", run, None)
         died = died_before_watchdog(run.halt, run.stalled_s is not None or run.timed_out, run.rank_failures)
-        beats = [Beat.of(recs) for r, recs in run.heartbeats.items() if recs and r < run.world_size]
+        beats = {r: Beat.of(recs) for r, recs in run.heartbeats.items() if recs and r < run.world_size}
         return cls(kind, run.exit_code, run.timed_out, run.stalled_s, run.halt, tuple(errors), run.steps_requested,
-                   None if completed is None else int(completed), run.stacks_tried, last_step_done(beats),
-                   _died(died, run.rank_failures), run.slurm_stopped)
+                   None if completed is None else int(completed), run.stacks_tried, last_step_done(beats.values()),
+                   _died(died, run.rank_failures), run.slurm_stopped,
+                   _short_ranks(beats, run.world_size, run.steps_requested))
 
     @classmethod
     def of_record(cls, rec: PhaseRecord) -> Outcome:
         completed = rec.metrics.steps_completed
         stopped = rec.stalled_s is not None or rec.timed_out
+        steps = rec.steps if rec.kind in TRAINER_KINDS else None
         return cls(rec.kind, rec.exit_code, rec.timed_out, rec.stalled_s, rec.evidence.halt, tuple(rec.evidence.errors),
-                   rec.steps if rec.kind in TRAINER_KINDS else None, None if completed is None else int(completed),
+                   steps, None if completed is None else int(completed),
                    len(rec.evidence.taken_stacks) if stopped else None, last_step_done(rec.evidence.last_heartbeat.values()),
                    _died(rec.died_before_watchdog, rec.evidence.rank_failures),
-                   rec.evidence.nodes.slurm_stopped if rec.evidence.nodes is not None else None)
+                   rec.evidence.nodes.slurm_stopped if rec.evidence.nodes is not None else None,
+                   _short_ranks(rec.evidence.last_heartbeat, rec.world_size, steps))
+
+    @property
+    def ended_clean(self) -> bool:
+        """A trainer run that exited 0 by itself: no .HALT, no timeout, no broken contract file."""
+        return (self.kind in TRAINER_KINDS and self.exit_code == 0 and self.halt is None and not self.timed_out
+                and not self.errors and self.steps_requested is not None)
 
     @property
     def stopped_short(self) -> bool:
         """Exit 0, no .HALT, no timeout, no broken contract file, and fewer steps logged than
         requested. A broken file decides the verdict first (process_verdict) and explains a step
         count read from it: a last row cut off is not read, so the CSV ends a step early."""
-        return (self.kind in TRAINER_KINDS and self.exit_code == 0 and self.halt is None and not self.timed_out
-                and not self.errors and self.steps_requested is not None and self.steps_completed is not None
+        return (self.ended_clean and self.steps_completed is not None
                 and self.steps_completed < self.steps_requested)
 
+    @property
+    def rank_stopped_short(self) -> bool:
+        """Exit 0 and every step logged in training.csv, but a rank's heartbeats say it left before
+        the last step (``short_ranks``)."""
+        return self.ended_clean and not self.stopped_short and bool(self.short_ranks)
+
     def short_text(self) -> str:
+        if not self.stopped_short and self.short_ranks:
+            ranks = "; ".join(f"rank {r} stopped after step {b.done} of {self.steps_requested} (its last heartbeat: "
+                              f"step {b.step}, stage {b.stage or '?'})" for r, b in self.short_ranks)
+            return f"{ranks}, exit 0, no .HALT"
         return f"stopped after step {self.steps_completed} of {self.steps_requested}, exit 0, no .HALT"
+
+
+def _short_ranks(beats: Mapping[int, Beat], world: int, steps: int | None) -> tuple[tuple[int, Beat], ...]:
+    """The ranks of a run of several whose last heartbeat says they did not complete ``steps``,
+    after completing one at least (a rank that completed none is an idle rank: idle_ranks)."""
+    if steps is None or world < 2:
+        return ()
+    return tuple((r, b) for r, b in sorted(beats.items())
+                 if r < world and short_of(b, steps) and (b.done or 0) >= 1)
 
 
 def _died(rank: int | None, failures: dict[int, RankFailure]) -> str | None:
@@ -172,14 +211,18 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
                              f"(exit code {outcome.exit_code})")
     if outcome.exit_code not in (0, None):
         what = {"pytest": "tests failed", "preflight": "preflight incomplete"}.get(outcome.kind)
-        if what is None and not outcome.steps_completed:
+        # the CSV's last row, or the heartbeats' where a broken CSV gives no step count
+        done = outcome.steps_completed or outcome.last_step_done
+        if what is None and not done:
             # no step logged: a crash at start-up, or ranks that never started at all (a node that
             # never joined the rendezvous); the findings tell which, the verdict claims neither
             what = "trainer ended before its first step"
-        return Status.FAIL, f"{what or 'trainer crashed'} (exit code {outcome.exit_code})"
+        # a file the crashed run broke after it had stepped is said too: the step counts read from it are missing
+        broken = f"; {outcome.errors[0]}" if what is None and done and outcome.errors else ""
+        return Status.FAIL, f"{what or 'trainer crashed'} (exit code {outcome.exit_code}){broken}"
     if outcome.errors:
         return Status.ERROR, outcome.errors[0]
-    if outcome.stopped_short:
+    if outcome.stopped_short or outcome.rank_stopped_short:
         return Status.FAIL, outcome.short_text()
     return None
 

@@ -62,6 +62,21 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
+class ReportInterrupted(KeyboardInterrupt):
+    """A stop signal that came once every selected point had run and was stored, while the report
+    was written: nothing was interrupted but the report."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def report_interrupted_note(signum: int) -> str:
+    """What a session stopped while its report was written did, as the CLI says it."""
+    return (f"nsa-validate: interrupted ({signal.Signals(signum).name}) while the report was written: every point "
+            "ran and was stored; `nsa-validate report` writes its report")
+
+
 def interrupted_note(signum: int) -> str:
     """What a session stopped by a signal did, as both doors say it."""
     return (f"nsa-validate: interrupted ({signal.Signals(signum).name}): running trainers killed; the interrupted "

@@ -8,11 +8,16 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
     NSA_FAULT=hang               never finishes; dumps stacks on SIGUSR1; leaves a child process
     NSA_FAULT=missing_csv        writes everything but training.csv
     NSA_FAULT=corrupt_csv        writes a training.csv with a bad header or a non-number
+                                 (with :crash=K it then raises RuntimeError at step K)
     NSA_FAULT=cliff              toks/s collapses when train.batch_size >= 2 (the seeds' 165 -> 6)
     NSA_FAULT=idle:rank=1        rank 1 never steps and reports 0% GPU utilisation
+                                 (with :silent=1 its heartbeat file is created and never written)
     NSA_FAULT=slow:rank=1        rank 1 takes 3x as long per step
     NSA_FAULT=fallback           reports fallback counters and a fallback route
     NSA_FAULT=quit:step=4        exits 0 after logging step 4, without a .HALT (a run that stopped short)
+    NSA_FAULT=quit_rank:rank=1:step=2  every rank records each step's end (stage step); rank 1's
+                                 heartbeats stop within step 3 (it left, exit 0) while the others
+                                 and training.csv go on to the last step, exit 0
     NSA_FAULT=lean               writes only what the contract requires: no attention_backends or
                                  git_sha in env.json, no values in the optional training.csv columns
     NSA_FAULT=nan_unlogged:step=3  the loss guard fires at step 3 before the row is logged: a
@@ -130,7 +135,8 @@ def main() -> int:
         tick = start + i + 1  # the clock goes on across a rerun
         superseded = fault == "rerun" and i < opts["step"] - start and step > opts["back"]
         mem = 1.0 + step * opts.get("mb", 0) / 1024
-        if (fault == "crash" or fault == "crash_stopping" and stop < a.steps) and step == opts.get("step", 1):
+        if ((fault == "crash" or fault == "crash_stopping" and stop < a.steps) and step == opts.get("step", 1)
+                or fault == "corrupt_csv" and step == opts.get("crash")):
             csv and csv.flush()
             raise RuntimeError("Expected to mark a variable ready only once (injected crash)")
         if fault == "quit" and step > opts.get("step", 1):
@@ -145,8 +151,12 @@ def main() -> int:
             toks = 1.0
         for r, fh in beats.items():
             slow = 3.0 if fault == "slow" and r == opts.get("rank") else 1.0
+            if fault == "quit_rank" and r == opts.get("rank") and step > opts.get("step", 1):
+                if step == opts.get("step", 1) + 1:
+                    fh.write(json.dumps({"time": t0 + tick * 0.5, "rank": r, "step": step, "stage": "forward"}) + "\n")
+                continue
             if fault == "idle" and r == opts.get("rank"):
-                if step == 1:
+                if step == 1 and not opts.get("silent"):
                     fh.write(json.dumps({"time": t0, "rank": r, "step": 0, "stage": "data", "gpu_util": 0}) + "\n")
                 continue
             rec = {"time": t0 + tick * 0.5 * slow, "rank": r, "step": step, "stage": "optimizer",
@@ -160,6 +170,8 @@ def main() -> int:
             if fault == "stall" and r == opts.get("rank") and step >= opts.get("step", 1):
                 rec.update(stage="backward", step=step)
             fh.write(json.dumps(rec) + "\n")
+            if fault == "quit_rank":
+                fh.write(json.dumps({**rec, "stage": "step", "time": rec["time"] + 0.1}) + "\n")
         if fault == "stall" and step >= opts.get("step", 1):
             for fh in beats.values():
                 fh.flush()

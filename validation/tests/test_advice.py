@@ -219,3 +219,17 @@ def test_a_broken_contract_keeps_the_artifacts_advice(fake_run):
     assert run.record.status == Status.ERROR and run.record.evidence.not_run is None
     [f] = [f for f in run.context["findings"] if f.phase == "baseline_ddp"]
     assert f.kind == "artifacts" and "The trainer broke its output contract" in " ".join(run.context["recommendations"])
+
+
+def test_a_rank_killed_by_a_signal_is_not_told_to_read_its_traceback():
+    """user7's pass: rank 1 SIGKILLed (os.kill(pid, 9)) was advised to 'Read the traceback in the
+    stderr log': a process killed so leaves none. A rank that raised keeps that advice."""
+    killed = dataclasses.replace(_record(FOREIGN, world=2, rank_failures={1: RankFailure(signal="SIGKILL", exit_code=-9)},
+                                         last_heartbeat={0: Beat(3, "backward"), 1: Beat(3, "forward")}), exit_code=1)
+    said = _advice(killed)
+    assert "Read the traceback" not in said and "Rank 1 was killed by SIGKILL" in said, said
+    assert "no traceback" in said and "out-of-memory killer" in said, said
+    raised = dataclasses.replace(_record(FOREIGN, world=2, rank_failures={1: RankFailure(exception="RuntimeError: x",
+                                                                                             exit_code=1)},
+                                         last_heartbeat={0: Beat(3, "backward"), 1: Beat(3, "forward")}), exit_code=1)
+    assert "Read the traceback" in _advice(raised), _advice(raised)

@@ -137,3 +137,22 @@ def test_an_interrupted_run_prints_no_status_line_that_reads_as_its_verdict(tmp_
     report = results / "reports" / "fake__cpu.md"
     assert f"nsa-validate: report of the points stored before the interrupt (no verdict of this run) -> {report}" in out
     assert "interrupted (SIGINT)" in err and "[1/2] fake/cpu/baseline_ddp/default: PASS" in err, err[-2000:]
+
+
+def test_an_interrupt_while_the_report_is_written_says_every_point_was_stored(tmp_path, capsys, monkeypatch):
+    """user7's pass: Ctrl-C after the last point was judged and stored, while its report was
+    rendered, printed 'the interrupted point was not recorded (its earlier record and artifacts
+    are kept), and the report shows the points finished before': no point had been interrupted,
+    every one was stored, and no report of them had been written."""
+    import validation.cli as cli
+
+    def interrupted(session, pairs=None, interrupted=False):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "_render", interrupted)
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase()])
+    assert main(["run", "--runbook", str(rb), "--profile", "cpu", "--results-dir", str(tmp_path / "r")]) == 130
+    err = capsys.readouterr().err
+    assert "fake/cpu/baseline_ddp/default: PASS" in err, err
+    assert "not recorded" not in err and "points finished before" not in err, err
+    assert ("nsa-validate: interrupted (SIGINT) while the report was written: every point ran and was stored; "
+            "`nsa-validate report` writes its report") in err, err

@@ -290,6 +290,11 @@ def test_check_artifacts_names_a_rank_without_heartbeats(tmp_path, capsys):
     assert main(["check-artifacts", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "missing              heartbeat_rank1.jsonl: not written (env.json says world_size 2)" in out
+    # user7's pass: a trainer whose rank 1 opened its file and never wrote a record got OK ("rank 1: 0 records")
+    (tmp_path / "heartbeat_rank1.jsonl").write_text("")
+    assert main(["check-artifacts", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "missing              heartbeat_rank1.jsonl: no record written (env.json says world_size 2)" in out, out
     (tmp_path / "heartbeat_rank1.jsonl").write_text('{"time": 1.0, "step": 1}\n')
     assert main(["check-artifacts", str(tmp_path)]) == 0
 

@@ -65,7 +65,9 @@ def _stalled(run: RunData, tmp_path: Path, world: int) -> PhaseRecord:
 
 def test_a_single_process_hang_names_no_rank_that_does_not_exist(tmp_path):
     d = _contract_dir(tmp_path / "one", world=1, beats=(0,), dumps=(0, 1))
-    rec = _stalled(RunData(d, world_size=2), tmp_path, 1)
+    # one process launched (the world size a point starts its RunData with); env.json says 1 too.
+    # (A launch of 2 with env.json saying 1 is env.json's error, and both are ranks: the test below.)
+    rec = _stalled(RunData(d, world_size=1), tmp_path, 1)
     assert rec.world_size == 1 and set(rec.evidence.stackdumps) == {0}
     [stall] = [f for f in find([rec]) if f.kind == "stall"]
     assert stall.title.endswith("rank 0 in wait_0") and "rank 1" not in stall.title + "".join(stall.detail)
@@ -209,3 +211,30 @@ def test_a_rank_whose_heartbeats_went_to_a_rank_that_does_not_exist_is_not_calle
                       metrics=Summary.of(run, None))
     assert rec.metrics.idle_ranks == 1
     assert [f.kind for f in find([rec])] == ["artifacts"], [f.title for f in find([rec])]
+
+
+def test_env_json_naming_fewer_ranks_than_were_launched_is_its_error_and_the_hang_keeps_its_rank(tmp_path):
+    """user7's pass: a trainer under torchrun x2 wrote env.json world_size 1, and its rank 1 hung
+    while rank 0 waited in a collective. Rank 1's heartbeats and the stack the harness took of it
+    were dropped as 'a rank that does not exist', the stall was blamed on rank 0 alone, and the
+    error named heartbeat_rank1.jsonl, not env.json. Two processes were launched: both are ranks,
+    and env.json's world_size is what is wrong."""
+    d = _contract_dir(tmp_path / "two", world=1, beats=(0, 1), dumps=(0, 1))
+    (d / "heartbeat_rank0.jsonl").write_text(json.dumps({"time": 2.0, "step": 3, "rank": 0, "stage": "backward"}) + "\n")
+    (d / "heartbeat_rank1.jsonl").write_text(json.dumps({"time": 1.0, "step": 3, "rank": 1, "stage": "forward"}) + "\n")
+    rec = _stalled(RunData(d, world_size=2), tmp_path, 2)  # launched: torchrun x2
+    assert rec.world_size == 2 and set(rec.evidence.stackdumps) == {0, 1}, rec.evidence.stackdumps
+    assert not any("heartbeat_rank1.jsonl" in e or "stackdump_rank1.txt" in e for e in rec.evidence.errors), \
+        rec.evidence.errors
+    assert any("env.json world_size: malformed" in e and "2 processes were launched" in e
+               for e in rec.evidence.errors), rec.evidence.errors
+    [stall] = [f for f in find([rec]) if f.kind == "stall"]
+    assert "rank 1" in stall.title, stall.title
+    # check-artifacts, told the world size, says the same of env.json
+    rc, text = _check_world(d, 2)
+    assert rc == 1 and "malformed            env.json world_size: 1, but 2 processes were launched" in text, text
+
+
+def _check_world(directory: Path, world: int) -> tuple[int, str]:
+    out = io.StringIO()
+    return check_artifacts.check(directory, world_size=world, out=out), out.getvalue()

@@ -119,7 +119,7 @@ def test_nogo_report_with_findings(tmp_path):
                halt={"source": "watchdog", "step": 17}, world_size=2, gate_values={"halt": 1.0}, stackdumps={"0": {"path": "stackdump_rank0.txt", "frames": FRAMES}},
                last_heartbeat={"0": {"step": 17, "stage": "backward"}, "1": {"step": 18, "stage": "optimizer"}}),
         record(pts["fsdp/default"], status="FAIL", idle_ranks=1.0, gate_values={"idle_ranks": 1.0}, world_size=2, reason="idle_ranks = 1, needs == 0",
-               last_heartbeat={"0": {"step": 6, "stage": "optimizer", "gpu_util": 99}, "1": {"step": 0, "stage": "data", "gpu_util": 0}},
+               last_heartbeat={"0": {"step": 6, "stage": "step", "gpu_util": 99}, "1": {"step": 0, "stage": "data", "gpu_util": 0}},
                rank_step_time_s={"0": 0.5}),
     ]
     for slug, tokens, toks in (("seq_len=32,batch_size=1", 32, 260.0), ("seq_len=32,batch_size=2", 64, 165.0),

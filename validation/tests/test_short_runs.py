@@ -84,3 +84,49 @@ def test_a_torn_last_row_is_the_error_not_a_run_that_stopped_short(fake_run):
     kinds = [f.kind for f in run.context["findings"]]
     assert "short_run" not in kinds and "artifacts" in kinds, kinds
     assert "stopped after step" not in run.report and "exited 0 before the steps asked for" not in run.report
+
+
+def test_a_crash_after_steps_whose_csv_is_malformed_is_not_called_a_start_up_failure():
+    """user7's pass: a trainer that logged steps 1..3, wrote a garbled row at step 4 and then
+    crashed read 'trainer ended before its first step (exit code 1)': the malformed CSV gives no
+    step count, but the heartbeats said step 4 was done."""
+    broken = Outcome("train", exit_code=1, steps_requested=8, steps_completed=None, last_step_done=4,
+                     errors=("training.csv: malformed (row 5, column lr: 'zz!!' is not a number)",))
+    status, reason = verdict(broken, [])
+    assert status == Status.FAIL and "before its first step" not in reason, reason
+    assert reason.startswith("trainer crashed (exit code 1)") and "training.csv: malformed" in reason, reason
+    # no step in either file: still a start-up failure, and a broken file is said beside it
+    early = Outcome("train", exit_code=1, steps_requested=8, steps_completed=None, last_step_done=None)
+    assert verdict(early, []) == (Status.FAIL, "trainer ended before its first step (exit code 1)")
+
+
+def test_a_crash_finding_names_the_malformed_csv_beside_the_exception(fake_run):
+    run = fake_run([train_phase("long_run", fault="corrupt_csv:crash=4", steps=8, gates=LAST_10[1:])])
+    rec = run.record
+    assert rec.status == Status.FAIL and "before its first step" not in rec.reason, rec.reason
+    [crash] = [f for f in run.context["findings"] if f.kind == "crash"]
+    assert "injected crash" in crash.title, crash.title
+    assert any("training.csv" in d and "malformed" in d for d in crash.detail), crash.detail
+
+
+def test_a_rank_that_exits_0_early_while_the_others_finish_is_not_GO(fake_run):
+    """user7's pass: ranks that share no collective (each trains on its own); rank 1 exited 0 in
+    step 3 of 8, rank 0 logged all 8 steps, torchrun exited 0: GO with 'No automatic findings'.
+    Its heartbeats record each step's end, so they say it completed 2 of the 8 steps asked for."""
+    run = fake_run([train_phase("ddp", fault="quit_rank:rank=1:step=2", steps=6, env={"NSA_FAKE_WORLD": "2"},
+                                gates=LAST_10[1:])])
+    rec = run.record
+    assert rec.exit_code == 0 and rec.metrics.steps_completed == 6
+    assert rec.status == Status.FAIL, rec.reason
+    assert rec.reason == ("rank 1 stopped after step 2 of 6 (its last heartbeat: step 3, stage forward), exit 0, "
+                          "no .HALT"), rec.reason
+    [short] = [f for f in run.context["findings"] if f.kind == "short_rank"]
+    assert "rank 1 stopped after step 2 of 6" in short.title
+    assert run.context["status"] == "NO-GO" and "No automatic findings" not in run.report
+    assert "every rank must run the same steps" in run.report
+
+
+def test_ranks_that_record_every_step_end_and_all_finish_are_GO(fake_run):
+    run = fake_run([train_phase("ddp", fault="quit_rank:rank=7:step=2", steps=6, env={"NSA_FAKE_WORLD": "2"},
+                                gates=LAST_10[1:])])
+    assert run.record.status == Status.PASS, run.record.reason

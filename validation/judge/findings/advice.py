@@ -13,6 +13,10 @@ _RERUN = "re-run only that phase: `pytest -m {phase}` with the same --profile an
 
 
 def _crash(f: Facts) -> str:
+    if f.killed:  # a signal leaves no traceback
+        return (f"{f.killed[0].upper()}{f.killed[1:]}, which leaves no traceback: look for who sent it (the kernel's "
+                "out-of-memory killer: `dmesg` and the host's memory over the run; a scheduler's limit; a person's "
+                f"kill), fix, then {_RERUN}.")
     return f"Read the traceback in the stderr log named in the finding, fix, then {_RERUN}."
 
 
@@ -71,6 +75,13 @@ def _nonfinite(f: Facts) -> str:
                 "the optimizer step, so its last checkpoint is clean.")
     return (f"The loss went non-finite: {lower}, and check the data of the step named; whether its last checkpoint "
             "predates the bad step is the trainer's to say.")
+
+
+def _short_rank(f: Facts) -> str:
+    return ("A rank exited 0 before the steps asked for while the other ranks ran them all (no collective after "
+            "it left told them): look for a stop condition that holds on that rank only (its data running out first, "
+            "a step count or a break of its own, sys.exit in one rank's path); every rank must run the same steps. "
+            f"Then {_RERUN}.")
 
 
 def _short(f: Facts) -> str:
@@ -229,7 +240,7 @@ def _timing(f: Facts) -> str:
 _ADVICE: dict[str, Callable[[Facts], str]] = {
     "crash": _crash, "departed": _departed, "left_after": _left_after, "stall": _stall, "timeout": _timeout,
     "nonfinite": _nonfinite,
-    "short_run": _short, "cliff": _cliff,
+    "short_run": _short, "short_rank": _short_rank, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
     "artifacts": _artifacts, "not_launched": _not_launched, "harness_error": _harness_error, "regression": _regression, "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing, "spike": _spike,
     "diverging": _diverging, "resume": _resume, "slowdown": _slowdown,

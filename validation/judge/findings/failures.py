@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 
-from nsa.contract import PROFILE_TOP_OPS
+from nsa.contract import PROFILE_TOP_OPS, heartbeat_name
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import last_exception, root_rank, short_exception
 from validation.judge.findings import stability
@@ -72,8 +72,14 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
                 title += f": {exception}"
             if culprit is None and r.world_size == 1:  # the one process is rank 0, whatever launched it
                 culprit = Culprit(Did.CRASHED, (RankAt.of(r, 0, cause=exception or f"exit code {r.exit_code}"),))
-            out.append(Finding(Severity.CRITICAL, r.phase, title, [f"stderr: {r.out_dir}/{ev.stderr_log}"] + _rank_lines(r),
-                               kind, Facts.of(r), culprit))
+            # a file the run broke after it had stepped (a crash decides the verdict, and a start-up
+            # crash leaves files missing that say nothing more)
+            stepped = Outcome.of_record(r)
+            broken = ([f"broken contract file: {e}" for e in ev.errors]
+                      if stepped.steps_completed or stepped.last_step_done else [])
+            out.append(Finding(Severity.CRITICAL, r.phase, title,
+                               [f"stderr: {r.out_dir}/{ev.stderr_log}"] + broken + _rank_lines(r), kind, Facts.of(r),
+                               culprit))
     return out
 
 
@@ -87,6 +93,10 @@ def short_runs(records: list[PhaseRecord]) -> list[Finding]:
             out.append(Finding(Severity.CRITICAL, r.phase, f"{where_run(r)}: {outcome.short_text()}",
                                [f"CSV: {r.out_dir}/training.csv", f"stderr: {r.out_dir}/{r.evidence.stderr_log}"],
                                "short_run", Facts.of(r)))
+        elif outcome.rank_stopped_short:  # training.csv (rank 0) is complete; a rank's own heartbeats are not
+            out.append(Finding(Severity.CRITICAL, r.phase, f"{where_run(r)}: {outcome.short_text()}",
+                               [f"heartbeats: {r.out_dir}/heartbeat_rank{k}.jsonl" for k, _ in outcome.short_ranks]
+                               + [f"stderr: {r.out_dir}/{r.evidence.stderr_log}"], "short_rank", Facts.of(r)))
     return out
 
 
@@ -263,8 +273,9 @@ def imbalance(records: list[PhaseRecord]) -> list[Finding]:
             detail = []
             for rank in range(r.world_size or 1):
                 hb = ev.last_heartbeat.get(rank)
-                if hb is None:
-                    detail.append(f"rank {rank}: {last_heartbeat(r, rank)}")
+                if hb is None:  # idle, or a trainer that does not beat on that rank: the files cannot tell
+                    detail.append(f"rank {rank}: {last_heartbeat(r, rank)}; if it did train, the trainer breaks the "
+                                  f"contract there (every rank writes {heartbeat_name(rank)})")
                     continue
                 detail.append(f"rank {rank}: last step {_q(hb.step)}, stage {_q(hb.stage)}"
                               + (f", GPU util {hb.gpu_util:g}%" if hb.gpu_util is not None else "")

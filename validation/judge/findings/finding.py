@@ -5,6 +5,7 @@ import enum
 from dataclasses import dataclass, field
 
 from nsa.contract import heartbeat_name
+from validation.contract.torchrun_log import root_rank
 from validation.judge.findings.culprit import Culprit
 from validation.judge.record import PhaseRecord
 from validation.judge.verdict import Outcome
@@ -38,6 +39,9 @@ class Facts:
     """No step was logged and no heartbeat carries a step: the run ended in its start-up."""
     halted_nonfinite: bool = False
     """The trainer stopped on a non-finite loss itself (.HALT source nonfinite)."""
+    killed: str | None = None
+    """'rank 1 was killed by SIGKILL': the rank that failed first in its own right was ended by a
+    signal and raised nothing (no traceback to read)."""
 
     @classmethod
     def of(cls, rec: PhaseRecord) -> Facts:
@@ -46,9 +50,12 @@ class Facts:
         started = ev.nodes is None or any(n.ranks for n in ev.nodes.nodes) or bool(ev.last_heartbeat) or \
             bool(ev.rank_failures) or bool(ev.taken_stacks)
         stepped = bool(rec.metrics.steps_completed) or any((b.step or 0) >= 1 for b in ev.last_heartbeat.values())
+        root = root_rank(ev.rank_failures)
+        fail = ev.rank_failures.get(root) if root is not None else None
+        killed = f"rank {root} was killed by {fail.signal}" if fail and fail.signal and not fail.exception else None
         return cls(rec.own_trainer, rec.world_size, stacks, rec.accelerator == "cuda",
                    not stacks and Outcome.of_record(rec).stacks_tried == 0, not started, not stepped,
-                   ev.halt is not None and ev.halt.source == "nonfinite")
+                   ev.halt is not None and ev.halt.source == "nonfinite", killed)
 
 
 @dataclass(frozen=True)

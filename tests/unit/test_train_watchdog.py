@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -118,30 +120,42 @@ print("done")
 """
 
 
+def _started(script: str, tmp_path: Path, marker: str) -> subprocess.Popen:
+    """``python -c script tmp_path``, once it has written tmp_path/marker (within 60 s)."""
+    proc = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / marker).exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"{marker} not written: {proc.communicate()}")
+        time.sleep(0.01)
+    return proc
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="no SIGSTOP on this platform")
 def test_a_process_suspended_longer_than_timeout_s_is_not_a_stall_on_resuming(tmp_path: Path):
     """Ctrl-Z (SIGSTOP) for longer than watchdog.timeout_s, then SIGCONT: the watchdog thread,
     stopped too, counted the whole suspension as time without progress and killed the run as a
     stall the moment it resumed. (Shorter than the C backstop's timeout_s + grace_s + 10 s.)"""
-    import subprocess
-    import sys
+    _beats_through_a_suspension(tmp_path, signal.SIGSTOP, 4.0)
+    assert read_halt(tmp_path) is None
 
-    proc = subprocess.Popen([sys.executable, "-c", _BEATING, str(tmp_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+
+def _beats_through_a_suspension(tmp_path: Path, sig: signal.Signals, seconds: float) -> None:
+    """_BEATING stopped by ``sig`` for ``seconds`` once it has beaten twice, then continued: it must
+    finish its beats and exit 0."""
+    proc = _started(_BEATING, tmp_path, "beat2")
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "beat2").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGSTOP)
-        time.sleep(4.0)
+        proc.send_signal(sig)
+        _stopped(proc)
+        time.sleep(seconds)
         proc.send_signal(signal.SIGCONT)
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
         proc.wait()
     assert proc.returncode == 0 and out.strip() == "done", (proc.returncode, err[-2000:])
-    assert read_halt(tmp_path) is None
 
 
 def _stopped(proc, within_s: float = 30.0) -> None:
@@ -160,25 +174,7 @@ def test_ctrl_z_longer_than_the_backstop_does_not_end_the_run(tmp_path: Path):
     faulthandler's timer thread, its deadline passed, ended the process the moment it resumed (exit
     1, a 'Timeout' dump), before any Python code could run. The watchdog now takes Ctrl-Z: it
     disarms the backstop, stops the process, and arms it afresh once resumed."""
-    import subprocess
-    import sys
-
-    proc = subprocess.Popen([sys.executable, "-c", _BEATING, str(tmp_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "beat2").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGTSTP)
-        _stopped(proc)
-        time.sleep(13.0)
-        proc.send_signal(signal.SIGCONT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == 0 and out.strip() == "done", (proc.returncode, err[-2000:])
+    _beats_through_a_suspension(tmp_path, signal.SIGTSTP, 13.0)
     assert read_halt(tmp_path) is None and not stackdump_path(tmp_path, 0).exists()
 
 
@@ -205,16 +201,8 @@ print("not ended")
 def test_the_backstop_still_ends_a_hang_holding_the_gil_after_a_ctrl_z(tmp_path: Path):
     """Taking Ctrl-Z must not weaken the backstop: once resumed it is armed again, and a hang that
     keeps the watchdog thread from running ends with the backstop's dump and exit 1."""
-    import subprocess
-    import sys
-
-    proc = subprocess.Popen([sys.executable, "-c", _HANGING, str(tmp_path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = _started(_HANGING, tmp_path, "ready")
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "ready").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.01)
         proc.send_signal(signal.SIGTSTP)
         _stopped(proc)
         proc.send_signal(signal.SIGCONT)

@@ -292,7 +292,8 @@ def _imbalance_gate(r: PhaseRecord) -> GateResult | None:
 
 def artifact_errors(records: list[PhaseRecord]) -> list[Finding]:
     """A finding per ERROR point: a process that never ran (the launch failed, or the harness
-    did) is said so, with its own kind, never as a trainer that broke its output contract."""
+    did) is said so, with its own kind, never as a trainer that broke its output contract; nor is
+    a pytest or preflight point that ran (findings/checks.py)."""
     out = []
     for r in records:
         if r.status != Status.ERROR:
@@ -307,7 +308,7 @@ def artifact_errors(records: list[PhaseRecord]) -> list[Finding]:
             out.append(Finding(Severity.CRITICAL, r.phase, f"{where(r)}: {r.reason}",
                                [f"traceback: {r.out_dir}/{HARNESS_ERROR_FILE}", rerun_point(r)],
                                "harness_error", Facts.of(r)))
-        else:
+        elif r.kind in TRAINER_KINDS:  # a pytest or preflight point has no output contract (findings/checks.py)
             out.append(Finding(Severity.CRITICAL, r.phase, f"{where(r)}: {r.reason}", ev.errors[1:], "artifacts",
                                Facts.of(r)))
     return out

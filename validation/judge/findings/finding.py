@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from nsa.contract import heartbeat_name
 from validation.judge.findings.culprit import Culprit
+from validation.judge.misses import Miss
 from validation.judge.record import PhaseRecord
 from validation.judge.verdict import Outcome
 
@@ -38,6 +39,8 @@ class Facts:
     """No step was logged and no heartbeat carries a step: the run ended in its start-up."""
     halted_nonfinite: bool = False
     """The trainer stopped on a non-finite loss itself (.HALT source nonfinite)."""
+    misses: tuple[Miss, ...] = ()
+    """Of a pytest or preflight point: what it failed to do (validation/judge/misses.py)."""
 
     @classmethod
     def of(cls, rec: PhaseRecord) -> Facts:
@@ -48,7 +51,7 @@ class Facts:
         stepped = bool(rec.metrics.steps_completed) or any((b.step or 0) >= 1 for b in ev.last_heartbeat.values())
         return cls(rec.own_trainer, rec.world_size, stacks, rec.accelerator == "cuda",
                    not stacks and Outcome.of_record(rec).stacks_tried == 0, not started, not stepped,
-                   ev.halt is not None and ev.halt.source == "nonfinite")
+                   ev.halt is not None and ev.halt.source == "nonfinite", tuple(ev.misses))
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from nsa.contract import PROFILE_TOP_OPS
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import last_exception, root_rank, short_exception
 from validation.judge.findings import stability
-from validation.judge.findings.culprit import Culprit, Did, RankAt
+from validation.judge.findings.culprit import Culprit, Did, NoStack, RankAt
 from validation.judge.findings.departed import departed, departure, ended_before, exited_0
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where, where_run
 from validation.judge.findings.hung import hung_ranks
@@ -223,7 +223,8 @@ def _hung_first(r: PhaseRecord, stuck: dict[str, str]) -> tuple[str, Culprit] | 
     rest = [v for v in stuck.values() if v not in first]
     waiting = f"; waiting for {'it' if len(first) == 1 else 'them'}: {'; '.join(rest)}" if rest else ""
     culprit = Culprit(Did.HUNG, tuple(RankAt.of(r, k, frame=ev.stackdumps[k].frames[0].func) for k in hung)
-                      + tuple(RankAt.of(r, k) for k in unstacked))
+                      + tuple(RankAt.of(r, k, no_stack=NoStack.STOPPED if k in stopped else NoStack.UNTAKEN)
+                              for k in unstacked))
     return f": hung: {'; '.join(first)}{waiting}", culprit
 
 

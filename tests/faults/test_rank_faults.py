@@ -81,6 +81,10 @@ def test_frozen_rank_is_named_though_it_leaves_no_stack(seeded, matrix):
     assert ("hung: rank 1 (no stack; its process stopped, by SIGSTOP or a debugger; last heartbeat step 3, stage "
             "forward); waiting for it: rank 0 in ") in f.title, text
     assert "exited 0" not in text, text
+    # the verdict line says so too, from the finding's culprit (it said only 'rank 1 hung (last heartbeat ...)')
+    said = p.stdout + p.stderr
+    assert "/freeze/default: FAIL (" in said and \
+        "s) rank 1 hung (stopped, no stack; last heartbeat step 3, stage forward) — stalled: " in said, said[-3000:]
     U.assert_no_go_after(seeded, rec, p)
     matrix.done(rec.status, rec.reason + " | " + f.title, took, U.STALL_BOUND_S)
 

@@ -91,7 +91,7 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
         top_ops=list(run.info.get("top_ops") or []), reruns=run.reruns, spikes=_spikes(run), divergence=_rise(run),
         slowdown=None if run.csv is None else slowdown(run.csv["step"].tolist(), run.csv["toks_per_s"].tolist()),
         memory_growth=growing_ranks(run.csv, heartbeats, run.env, run.reruns),
-        not_run=None if run.launched else NotRun.LAUNCH)
+        not_run=None if run.launched else NotRun.LAUNCH, misses=list(run.misses))
 
 
 def _first_nonfinite(run: RunData) -> int | None:

@@ -23,6 +23,7 @@ from nsa.contract import EXIT_NONFINITE, HALT_NONFINITE
 from validation.contract.files import HaltInfo, window_rows
 from validation.contract.reruns import Rerun
 from validation.contract.torchrun_log import RankFailure
+from validation.judge.misses import Miss
 from validation.judge.stability import StabilityRule, rise, spikes
 
 
@@ -60,6 +61,8 @@ class RunData:
     launched: bool = True
     """False when the launcher could not start the point's process at all (salloc refused, a
     trainer entry it could not build): nothing ran, so no file of it is missing."""
+    misses: list[Miss] = field(default_factory=list)
+    """What a pytest or preflight point failed to do (validation/judge/misses.py)."""
     counts: dict[str, float] = field(default_factory=dict)
     """Phase-kind specific numbers: pytest outcome counts, preflight files, profiler results."""
     info: dict[str, Any] = field(default_factory=dict)

@@ -23,6 +23,7 @@ from validation.errors import StoreError
 from validation.judge.gates import GateResult, GateVerdict
 from validation.judge.memory import MemoryGrowth
 from validation.judge.metrics import RunData, compute
+from validation.judge.misses import Miss
 from validation.judge.nodes import NodesEvidence
 from validation.judge.resume import Clue, ClueKind
 from validation.judge.stability import Rise, Slowdown, Spike
@@ -208,6 +209,8 @@ class Evidence:
     """Of a resume point whose loss did not continue: what its curve says of why (judge/resume.py)."""
     not_run: NotRun | None = None
     """Of an ERROR point whose process never ran: why (the launch failed, or the harness did)."""
+    misses: list[Miss] = field(default_factory=list)
+    """Of a pytest or preflight point: what it failed to do (validation/judge/misses.py)."""
 
 
 @dataclass(frozen=True)
@@ -435,7 +438,8 @@ class PhaseRecord:
                 memory_growth=[MemoryGrowth(**m) for m in ev.get("memory_growth") or []],
                 resume_clue=Clue(**{**ev["resume_clue"], "kind": ClueKind(ev["resume_clue"]["kind"])})
                 if ev.get("resume_clue") else None,
-                not_run=NotRun(ev["not_run"]) if ev.get("not_run") else None)
+                not_run=NotRun(ev["not_run"]) if ev.get("not_run") else None,
+                misses=[Miss(m) for m in ev.get("misses") or []])
             known = {f.name for f in dataclasses.fields(cls)}
             plain = {k: v for k, v in data.items() if k in known and k not in ("key", "evidence", "gates", "backends",
                                                                                "status", "hardware", "metrics", "runs")}

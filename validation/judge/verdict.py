@@ -16,6 +16,7 @@ from validation.contract.files import HaltInfo
 from validation.contract.torchrun_log import RankFailure
 from validation.judge.gates import Gate, GateResult, GateVerdict, Pending, check
 from validation.judge.metrics import METRICS, RunData, Source, compute, reading, window_covered
+from validation.judge.misses import pytest_ended
 from validation.judge.record import (
     TRAINER_KINDS,
     Beat,
@@ -210,7 +211,10 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
         return Status.FAIL, (f"stopped by Slurm, not by the trainer or the harness: {outcome.slurm_stopped} "
                              f"(exit code {outcome.exit_code})")
     if outcome.exit_code not in (0, None):
-        what = {"pytest": "tests failed", "preflight": "preflight incomplete"}.get(outcome.kind)
+        what = (pytest_ended(outcome.exit_code) if outcome.kind == "pytest" else
+                "preflight incomplete" if outcome.kind == "preflight" else None)
+        if what is not None and outcome.errors:  # what it failed to do: a path not found, git describe
+            what += f": {outcome.errors[0]}"
         # the CSV's last row, or the heartbeats' where a broken CSV gives no step count
         done = outcome.steps_completed or outcome.last_step_done
         if what is None and not done:

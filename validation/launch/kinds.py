@@ -24,6 +24,7 @@ from validation.contract.files import tail
 from validation.contract.files import read_gpu_timeline, read_profile
 from validation.errors import ArtifactError, HarnessError
 from validation.judge.metrics import RunData
+from validation.judge.misses import Miss
 from validation.judge.pace import device_idle
 from validation.judge.record import TRAINER_KINDS
 from validation.launch import commands
@@ -162,6 +163,7 @@ def _not_launched(why: str, out_dir: Path, run: RunData, errors: list[str]) -> r
 def pytest_(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress) -> runner.ProcResult:
     missing = [t for t in point.phase.tests if not (REPO_ROOT / t.split("::")[0]).exists()]
     if missing:
+        run.misses.append(Miss.TEST_PATHS)
         errors.append(f"test path(s) not found under {REPO_ROOT}: {', '.join(missing)}")
     junit = out_dir / "junit.xml"
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
@@ -171,7 +173,10 @@ def pytest_(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], p
     run.info["git_sha"], run.info["git_sha_source"] = trainer_launch.revision(REPO_ROOT, out_dir, "harness_git")
     proc = runner.run(argv, env=commands.child_env(point.env), cwd=REPO_ROOT, timeout_s=point.phase.timeout_s,
                       log_dir=out_dir, log_name="pytest", on_poll=_poll(point, out_dir, progress))
+    before = len(errors)
     run.counts.update(junit_counts(junit, errors))
+    if len(errors) > before:
+        run.misses.append(Miss.JUNIT)
     return proc
 
 
@@ -214,6 +219,7 @@ def preflight(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str],
         (out_dir / "git_sha.txt").write_text(sha + "\n")
     else:
         missing += 1
+        run.misses.append(Miss.GIT_SHA)
         errors.append(f"git describe failed (exit {last.exit_code}: {last.stderr_tail(3)}) and there is no "
                       f"{SOURCE_STAMP} stamp naming the commit")
     wanted = [("collect_env.txt", [sys.executable, "-m", "torch.utils.collect_env"], True),
@@ -222,6 +228,7 @@ def preflight(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str],
         if argv[0] == "nvidia-smi" and shutil.which("nvidia-smi") is None:
             if required:
                 missing += 1
+                run.misses.append(Miss.NVIDIA_SMI)
                 errors.append("nvidia-smi is not installed on this machine")
             continue
         last = runner.run(argv, env=env, cwd=REPO_ROOT, timeout_s=budget, log_dir=out_dir, log_name=Path(name).stem)
@@ -230,6 +237,7 @@ def preflight(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str],
             shutil.copyfile(last.stdout_path, out_dir / name)
         elif required:
             missing += 1
+            run.misses.append(Miss.NVIDIA_SMI if argv[0] == "nvidia-smi" else Miss.COLLECT_ENV)
             errors.append(f"{' '.join(argv[:3])} failed (exit {last.exit_code}): {last.stderr_tail(3)}")
     run.counts["preflight_missing"] = float(missing)
     run.info["git_sha"] = sha

@@ -13,7 +13,7 @@ from validation.errors import RunbookError
 from validation.judge.gates import OPS, Gate, Window
 from validation.judge.metrics import METRICS
 from validation.judge.record import TRAINER_KINDS
-from validation.runbook import keys
+from validation.runbook import empty, keys
 from validation.runbook.types import STALL_SHARE, Launcher, Phase, Rendezvous, Scalar
 
 PHASE_KINDS = ("train", "preflight", "pytest", "profile", "resume")
@@ -77,15 +77,36 @@ def read_yaml(path: Path) -> dict[str, Any]:
 
 
 class Reader:
-    """Reads one mapping strictly; every error names the file and the dotted key."""
+    """Reads one mapping strictly; every error names the file and the dotted key.
 
-    def __init__(self, path: Path, data: Any, where: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()):
+    ``allowed`` is the mapping's section of validation/runbook/keys.py (or, for a mapping no
+    section describes, its key names). A key present with nothing after it (YAML's null) is an
+    error saying what was expected, unless its section says what an empty value means
+    (validation/runbook/empty.py); a key of another section names the section it belongs to."""
+
+    def __init__(self, path: Path, data: Any, where: str, allowed: keys.Section | tuple[str, ...],
+                 required: tuple[str, ...] | None = None):
         self.path, self.where = path, where
+        section = allowed if isinstance(allowed, keys.Section) else None
+        if section is not None:
+            allowed = section.names
+            required = section.required if required is None else required
+        required = required or ()
+        if data is None and where:
+            self.fail(where, empty.empty_item(where) if where.endswith("]") else empty.EMPTY_MAPPING)
         if not isinstance(data, Mapping):
             self.fail(where or "top level", f"expected a mapping, got {type(data).__name__}")
-        unknown = [k for k in data if k not in allowed]
-        if unknown:
-            self.fail(self.key(str(unknown[0])), f"unknown key; allowed here: {', '.join(allowed)}")
+        nullable = section.nullable if section is not None else ()
+        for k, v in data.items():
+            if k not in allowed:
+                unknown = [u for u in data if u not in allowed]
+                said = "; ".join(f"{u}{empty.misplaced(u, section, allowed)}" for u in unknown[1:])
+                more = f"; also unknown here: {said}" if said else ""
+                self.fail(self.key(str(k)), f"unknown key{empty.misplaced(k, section, allowed)}{more}; "
+                                            f"allowed here: {', '.join(allowed)}")
+            if v is None and k not in nullable:
+                self.fail(self.key(str(k)), empty.empty_key(str(k), section.meaning(k) if section else "",
+                                                            k in required))
         for k in required:
             if k not in data:
                 self.fail(self.key(k), "required key is missing")
@@ -133,6 +154,8 @@ class Reader:
 
 
 def _scalar(r: Reader, key: str, v: Any) -> Scalar:
+    if v is None:
+        r.fail(key, empty.EMPTY_SCALAR)
     if isinstance(v, bool) or isinstance(v, (int, float)):
         return v
     if isinstance(v, str) and _SAFE_VALUE.match(v):
@@ -154,7 +177,7 @@ def parse_window(r: Reader, key: str, v: Any) -> Window:
 
 
 def _gate(path: Path, data: Any, where: str) -> Gate:
-    r = Reader(path, data, where, keys.GATE.names, keys.GATE.required)
+    r = Reader(path, data, where, keys.GATE)
     metric = r.str_("metric")
     if metric not in METRICS:
         r.fail(r.key("metric"), f"unknown metric {metric!r}; metrics: {', '.join(sorted(METRICS))}")
@@ -174,7 +197,7 @@ def _gate(path: Path, data: Any, where: str) -> Gate:
 
 
 def parse_launcher(path: Path, data: Any, where: str, base: Launcher) -> Launcher:
-    r = Reader(path, data, where, keys.LAUNCHER.names)
+    r = Reader(path, data, where, keys.LAUNCHER)
     kind = r.str_("kind", base.kind, choices=LAUNCHER_KINDS)
     for k in r.data:
         if k not in LAUNCHER_KEYS[kind]:
@@ -364,7 +387,7 @@ def _watch_s(r: Reader, key: str, kind: str, timeout_s: float, default: float | 
 _PYTEST_ARG = re.compile(r"^(-k|-m|-x|-q|-v|--maxfail=\d+|--hypothesis-seed=\d+|[A-Za-z0-9_ ().\[\]-]+)$")
 
 def parse_phase(path: Path, data: Any, where: str, defaults: dict[str, Any], known_markers: set[str] | None) -> Phase:
-    r = Reader(path, data, where, keys.PHASE.names, keys.PHASE.required)
+    r = Reader(path, data, where, keys.PHASE)
     name = r.str_("name", pattern=NAME)
     kind = r.str_("kind", choices=PHASE_KINDS)
     markers = r.list_("markers")

@@ -11,6 +11,9 @@ class Key:
     name: str
     meaning: str
     required: bool = False
+    empty: str = ""
+    """What the key written with nothing after it (YAML's null) means; "" (most keys): an error
+    naming the file and key, since the user meant a value or keys to follow (validation/runbook/empty.py)."""
 
 
 @dataclass(frozen=True)
@@ -30,12 +33,23 @@ class Section:
     def required(self) -> tuple[str, ...]:
         return tuple(k.name for k in self.keys if k.required)
 
+    @property
+    def nullable(self) -> tuple[str, ...]:
+        """Keys whose empty value means something (``Key.empty``) rather than being an error."""
+        return tuple(k.name for k in self.keys if k.empty)
+
+    def meaning(self, name: str) -> str:
+        return next((k.meaning for k in self.keys if k.name == name), "")
+
+
+#: what an empty text for people means
+TEXT_ONLY = "no text (a key for people only: nothing the harness does depends on it)"
 
 RUNBOOK = Section("(top level)", "A runbook: phases to run against a trainer, with the profiles whose thresholds "
                   "its gates read.", (
     Key("name", "the runbook's name (letters, digits, _ . -): reports and results are filed under it", True),
-    Key("description", "one line for people"),
-    Key("source", "what the runbook follows (cite the seed runbook by its title, not by a path)"),
+    Key("description", "one line for people", empty=TEXT_ONLY),
+    Key("source", "what the runbook follows (cite the seed runbook by its title, not by a path)", empty=TEXT_ONLY),
     Key("profiles", "hardware profiles it runs on (names under runbooks/profiles/); the first is the CLI's "
                     "default", True),
     Key("max_parallel", "untimed single-process points (pytest, preflight) the CLI may run at once; a timed point "
@@ -63,7 +77,7 @@ PHASE = Section("phases[]", "One phase: a kind, how it launches, what it runs, i
     Key("kind", "train (the trainer), profile (a train run asked for profile.json), resume (an uninterrupted run "
                 "against one stopped and resumed from its checkpoint), pytest (this project's own tests) or preflight "
                 "(git SHA, collect_env, nvidia-smi)", True),
-    Key("description", "one line for people"),
+    Key("description", "one line for people", empty=TEXT_ONLY),
     Key("markers", "more pytest markers, each registered in pytest.ini"),
     Key("launcher", "how the trainer starts: python, or torchrun with nproc processes"),
     Key("config", "this project's trainer: a preset name or YAML path"),
@@ -125,7 +139,7 @@ GATE = Section("phases[].gates[]", "One gate: `metric op threshold` over a windo
     Key("threshold", "a number, or {profile: KEY} for the profile's threshold (null there: to be measured, "
                      "UNMEASURED)", True),
     Key("window", "'last N steps' (step numbers, not rows; a run that did not cover it is no data) or 'all'"),
-    Key("description", "what the gate guards, for the report"),
+    Key("description", "what the gate guards, for the report", empty=TEXT_ONLY),
 ))
 
 TRAINER = Section("trainer", "A trainer other than this project's: how to launch it and what it supports. It is "
@@ -169,10 +183,10 @@ PROFILE = Section("(profile file)", "A hardware profile: the minimum hardware an
                   "name.", (
     Key("name", "the profile's name", True),
     Key("marker", "its pytest marker (`pytest -m h100`)", True),
-    Key("description", "one line for people"),
+    Key("description", "one line for people", empty=TEXT_ONLY),
     Key("hardware", "the minimum hardware", True),
     Key("thresholds", "name: number, or null (to be measured: a gate on it is UNMEASURED)", True),
-    Key("notes", "for people"),
+    Key("notes", "for people", empty=TEXT_ONLY),
 ))
 
 HARDWARE = Section("hardware", "What a profile's points need; a machine without it skips them.", (

@@ -44,9 +44,9 @@ def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None
     """Load and validate a runbook (a path, or a name under runbooks/)."""
     path = _resolve(path_or_name, RUNBOOK_DIR, "runbook")
     data = read_yaml(path)
-    r = Reader(path, data, "", keys.RUNBOOK.names, keys.RUNBOOK.required)
+    r = Reader(path, data, "", keys.RUNBOOK)
     trainer = parse_trainer(path, r.get("trainer"), METRICS, ADAPTERS) if "trainer" in r.data else None
-    d = Reader(path, r.get("defaults", {}), "defaults", keys.DEFAULTS.names)
+    d = Reader(path, r.get("defaults", {}), "defaults", keys.DEFAULTS)
     defaults = {
         "launcher": parse_launcher(path, d.get("launcher", {}), "defaults.launcher", Launcher()),
         "config": d.str_("config", "tiny", pattern=MODULE),
@@ -121,8 +121,8 @@ def _check_params(r: Reader, where: str, phase, trainer: TrainerSpec) -> None:
 def load_profile(path_or_name: str | Path) -> Profile:
     path = _resolve(path_or_name, PROFILE_DIR, "profile")
     data = read_yaml(path)
-    r = Reader(path, data, "", keys.PROFILE.names, keys.PROFILE.required)
-    h = Reader(path, r.get("hardware"), "hardware", keys.HARDWARE.names, keys.HARDWARE.required)
+    r = Reader(path, data, "", keys.PROFILE)
+    h = Reader(path, r.get("hardware"), "hardware", keys.HARDWARE)
     hw = Hardware(h.str_("accelerator", choices=ACCELERATORS), h.int_("min_gpus", 0),
                   h.num("min_gpu_mem_gb", 0.0), h.str_("gpu_name", None, pattern=NAME),
                   h.num("peak_bf16_tflops", None, minimum=1.0))

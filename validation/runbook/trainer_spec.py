@@ -34,7 +34,9 @@ import string
 from pathlib import Path
 from typing import Any, Mapping
 
+from validation.errors import RunbookError
 from validation.runbook import keys
+from validation.runbook.empty import EMPTY_MAPPING
 from validation.runbook.fields import MODULE, NAME, OVERRIDE_KEY, Reader, check_trainer_env_key, parse_env
 from validation.runbook.types import ConfigFile, Delivery, ResumeSpec, RootDir, TrainerSpec, Via
 
@@ -50,7 +52,7 @@ _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
 
 def parse_trainer(path: Path, data: Any, known_metrics: Mapping[str, Any], adapters: Mapping[str, Any]) -> TrainerSpec:
-    r = Reader(path, data, "trainer", keys.TRAINER.names, keys.TRAINER.required)
+    r = Reader(path, data, "trainer", keys.TRAINER)
     if ("script" in r.data) == ("module" in r.data):
         r.fail("trainer", "give exactly one of script (a .py path under the root) or module (a dotted name)")
     if "script" in r.data:
@@ -105,7 +107,7 @@ def parse_trainer(path: Path, data: Any, known_metrics: Mapping[str, Any], adapt
 
 
 def _resume(path: Path, data: Any, config: ConfigFile | None) -> ResumeSpec:
-    r = Reader(path, data, "trainer.resume", keys.TRAINER_RESUME.names, keys.TRAINER_RESUME.required)
+    r = Reader(path, data, "trainer.resume", keys.TRAINER_RESUME)
     return ResumeSpec(_delivery(path, r.get("stop_after"), "trainer.resume.stop_after", config),
                       _delivery(path, r.get("from"), "trainer.resume.from", config))
 
@@ -118,7 +120,7 @@ def _root(r: Reader) -> RootDir:
             r.fail(r.key("root"), f"{data!r} is outside this repository; name it through an environment variable: "
                                   "root: {env: MY_TRAINER_ROOT}, then export MY_TRAINER_ROOT=" + data)
         return RootDir(path=_relative(r, "root", data))
-    env = Reader(r.path, data, "trainer.root", keys.TRAINER_ROOT.names, keys.TRAINER_ROOT.required)
+    env = Reader(r.path, data, "trainer.root", keys.TRAINER_ROOT)
     # the harness reads this variable and never sets it: any upper-case name will do
     return RootDir(env=env.str_("env", pattern=_ENV_NAME))
 
@@ -148,7 +150,7 @@ def _arg(r: Reader, key: str, v: Any) -> str:
 
 
 def _config(path: Path, data: Any) -> ConfigFile:
-    r = Reader(path, data, "trainer.config", keys.TRAINER_CONFIG.names, keys.TRAINER_CONFIG.required)
+    r = Reader(path, data, "trainer.config", keys.TRAINER_CONFIG)
     template = _relative(r, "template", r.str_("template"))
     pass_as = _delivery(path, r.get("pass_as"), "trainer.config.pass_as", None) if "pass_as" in r.data else None
     if pass_as is not None and pass_as.via == Via.CONFIG:
@@ -157,6 +159,8 @@ def _config(path: Path, data: Any) -> ConfigFile:
 
 
 def _delivery(path: Path, data: Any, where: str, config: ConfigFile | None) -> Delivery:
+    if data is None:
+        raise RunbookError(f"{path}: {where}: {EMPTY_MAPPING}: one of flag: --name, env: NAME, config: dotted.key")
     r = Reader(path, data, where, tuple(Via))
     if len(r.data) != 1:
         r.fail(where, "give exactly one of flag: --name, env: NAME, config: dotted.key")

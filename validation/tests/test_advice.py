@@ -16,6 +16,9 @@ from validation.judge.gates import GateResult, GateVerdict
 from validation.judge.metrics import RunData, compute
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import HARNESS_ERROR_FILE, Beat, Evidence, NotRun, PhaseRecord, PointKey, Status
+from validation.judge.misses import Miss
+from validation.judge.verdict import Outcome, process_verdict
+from validation.launch import kinds
 from validation.session import runs
 from validation.tests.conftest import train_phase
 
@@ -233,3 +236,82 @@ def test_a_rank_killed_by_a_signal_is_not_told_to_read_its_traceback():
                                                                                              exit_code=1)},
                                          last_heartbeat={0: Beat(3, "backward"), 1: Beat(3, "forward")}), exit_code=1)
     assert "Read the traceback" in _advice(raised), _advice(raised)
+
+
+# --- points that run no trainer (pytest, preflight) and failed in their own way -------------------
+
+def _check_run(fake_run, monkeypatch, tmp_path, phase: dict, files: dict[str, str] | None = None):
+    """``phase`` run through the session with this repository's root replaced by a tree holding ``files``."""
+    if files is not None:
+        tree = tmp_path / "tree"
+        tree.mkdir()
+        for name, text in files.items():
+            (tree / name).write_text(text)
+        monkeypatch.setattr(kinds, "REPO_ROOT", tree)
+    run = fake_run([phase])
+    [f] = [f for f in run.context["findings"] if f.phase == phase["name"]]  # read back from the store
+    return run, f, " ".join(run.context["recommendations"])
+
+
+_SANITY = {"name": "sanity", "kind": "pytest", "gates": [{"metric": "tests_failed", "op": "<=", "threshold": 0}]}
+
+
+def test_a_pytest_point_without_junit_xml_is_no_broken_trainer_contract(fake_run, monkeypatch, tmp_path):
+    """A test that ended pytest with os._exit(0): the ERROR point's advice said 'The trainer broke
+    its output contract (the finding names the file): fix the writer', of a point that runs no trainer."""
+    run, f, advice = _check_run(fake_run, monkeypatch, tmp_path, {**_SANITY, "tests": ["test_quit.py"]},
+                                {"test_quit.py": "import os\ndef test_q():\n    os._exit(0)\n"})
+    rec = run.record
+    assert rec.status == Status.ERROR and rec.evidence.misses == [Miss.JUNIT]
+    assert f.kind == "no_junit" and f.title.startswith("no test outcome in sanity [default]: ") and \
+        "pytest wrote no JUnit XML (pytest exit code 0)" in f.title
+    assert f"pytest's output: {rec.out_dir}/pytest.stdout.log" in f.detail[0]
+    assert "run the tests alone, from the repository root: python -m pytest test_quit.py" in f.detail
+    assert f.detail[-1].startswith("re-run only this point: pytest 'validation/tests/test_acceptance.py::test_phase"
+                                   "[fake/cpu/sanity/default]'")
+    assert "pytest ended without a readable JUnit XML" in advice and "os._exit" in advice
+    assert "output contract" not in advice and "fix the writer" not in advice
+
+
+def test_a_pytest_point_whose_test_path_is_not_there_says_so(fake_run):
+    """pytest exits 4: the verdict said 'tests failed (exit code 4)', and there was no finding and no advice."""
+    run, f, advice = _check_run(fake_run, None, None, {**_SANITY, "tests": ["tests/no_such_file.py"]})
+    rec = run.record
+    assert rec.status == Status.FAIL and rec.evidence.misses == [Miss.TEST_PATHS]
+    assert rec.reason.startswith("pytest could not run the tests as asked (a usage error, or a test path not found): "
+                                 "test path(s) not found under ") and rec.reason.endswith("(exit code 4)")
+    assert f.kind == "tests_not_run" and "tests/no_such_file.py" in f.detail[0]
+    assert "A test path of the phase's `tests:` is not in this checkout" in advice
+    assert "output contract" not in advice
+
+
+def test_a_pytest_point_whose_tests_failed_names_its_junit_and_the_command(fake_run, monkeypatch, tmp_path):
+    run, f, advice = _check_run(fake_run, monkeypatch, tmp_path,
+                                {**_SANITY, "tests": ["test_f.py"], "pytest_args": ["-k", "bad or good"]},
+                                {"test_f.py": "def test_bad():\n    assert 0\n\ndef test_good():\n    pass\n"})
+    rec = run.record
+    assert (rec.status, rec.reason) == (Status.FAIL, "tests failed (exit code 1)")
+    assert f.kind == "tests_failed" and f.title == "tests failed in sanity [default]: 1 failed, 1 passed"
+    assert f.detail[0] == f"{rec.out_dir}/junit.xml"
+    assert "run the tests alone, from the repository root: python -m pytest test_f.py -k 'bad or good'" in f.detail
+    assert "Tests of this repository failed (no trainer ran" in advice
+
+
+def test_a_preflight_that_could_not_name_the_commit_says_what_to_do(fake_run, monkeypatch, tmp_path):
+    """No git checkout and no SOURCE_SHA stamp: no finding and no advice, a verdict of 'preflight
+    incomplete (exit code 1)' only."""
+    run, f, advice = _check_run(fake_run, monkeypatch, tmp_path, {
+        "name": "preflight", "kind": "preflight", "gates": [{"metric": "preflight_missing", "op": "==", "threshold": 0}]},
+        {})
+    rec = run.record
+    assert rec.status == Status.FAIL and rec.evidence.misses == [Miss.GIT_SHA]
+    assert rec.reason.startswith("preflight incomplete: git describe failed (exit 128")
+    assert f.kind == "preflight" and f"git describe's error output: {rec.out_dir}/git_describe.stderr.log" in f.detail
+    assert "`git describe` failed in the repository root" in advice and "SOURCE_SHA" in advice
+    assert "output contract" not in advice
+
+
+def test_a_pytest_point_killed_by_a_signal_is_not_said_to_have_failed_tests():
+    outcome = Outcome("pytest", -11, False, None, None, ("x/junit.xml: pytest wrote no JUnit XML",))
+    assert process_verdict(outcome) == (Status.FAIL, "pytest was killed by signal 11: x/junit.xml: pytest wrote no "
+                                                     "JUnit XML (exit code -11)")

@@ -66,7 +66,7 @@ def test_a_phase_inherits_the_defaults_nodes(tmp_path):
 
 
 @pytest.mark.parametrize("launcher, key, words", [
-    ({**NODES, "rdzv": None}, "launcher.rdzv", "expected a mapping"),
+    ({**NODES, "rdzv": None}, "launcher.rdzv", "empty (`rdzv:` with nothing after it"),
     ({k: v for k, v in NODES.items() if k != "rdzv"}, "launcher.rdzv", "nnodes > 1 needs a rendezvous"),
     ({**NODES, "nnodes": 1}, "launcher.rdzv", "for nnodes > 1"),
     ({**NODES, "rdzv": {"endpoint": "node0.cluster:29500", "join_timeout_s": 20}}, "launcher.rdzv.endpoint",

@@ -133,17 +133,18 @@ def test_a_pytest_point_records_the_commit_it_ran_at(fake_run):
                      "timeout_s": 120, "gates": [{"metric": "tests_failed", "op": "<=", "threshold": 0}]}])
     rec = run.record
     assert rec.status == Status.PASS, rec.reason
-    assert (rec.git_sha, rec.git_sha_source) == (_git_describe(), "git describe")
+    # the source says 'git describe', with a note where a stale SOURCE_SHA stamp lies in the checkout
+    assert rec.git_sha == _git_describe() and rec.git_sha_source.startswith("git describe"), rec.git_sha_source
     assert rec.ran_at == rec.git_sha
     # read back from the store, as the report reads it
     [stored] = ResultStore(run.results).records()
-    assert stored.git_sha == rec.git_sha and f"- **Git SHA**: {rec.git_sha} (from git describe)" in run.report
+    assert stored.git_sha == rec.git_sha and f"- **Git SHA**: {rec.git_sha} (from {rec.git_sha_source})" in run.report
 
 
 def _point(phase: str, kind: str, sha: str, trainer: str = "nsa.train", started: str = "00") -> PhaseRecord:
     return PhaseRecord(PointKey("rb", "cpu", phase), f"rb/cpu/{phase}/default", kind, Status.PASS, "", exit_code=0,
                        out_dir=f"runs/{phase}", trainer=trainer, git_sha=sha,
-                       trainer_sha=sha if kind != "pytest" and trainer == "nsa.train" else None,
+                       trainer_sha=sha if kind not in ("pytest", "preflight") and trainer == "nsa.train" else None,
                        started=f"2026-01-01T00:00:{started}.000+00:00")
 
 
@@ -157,6 +158,23 @@ def test_the_mixed_commit_warning_covers_pytest_points_of_this_projects_trainer(
     assert not [f for f in find([_point("sanity", "pytest", "b" * 40), records[1]]) if f.kind == "commits"]
     # beside a runbook's own trainer, the tests are of this repository, not of the trainer: not its commit
     foreign = [_point("sanity", "pytest", "a" * 40, trainer="nsa.train"),
+               dataclasses.replace(_point("long_run", "train", "h" * 40, trainer="seed", started="10"),
+                                   trainer_sha="b" * 40)]
+    assert not [f for f in find(foreign) if f.kind == "commits"]
+
+
+def test_the_mixed_commit_warning_covers_preflight_points_of_this_projects_trainer():
+    """preflight recorded the tree at an older commit (git describe, collect_env, nvidia-smi of
+    that tree) and the train points ran at the newest: no warning said the preflight described
+    another tree than the one judged."""
+    records = [_point("preflight", "preflight", "a" * 40), _point("long_run", "train", "b" * 40, started="10")]
+    [finding] = [f for f in find(records) if f.kind == "commits"]
+    assert finding.phase == "preflight"
+    assert finding.detail == ["commit bbbbbbbbbbbb (the newest): long_run [default]",
+                              "commit aaaaaaaaaaaa: preflight [default]"]
+    assert not [f for f in find([_point("preflight", "preflight", "b" * 40), records[1]]) if f.kind == "commits"]
+    # beside a runbook's own trainer, preflight records this repository (the harness), not the trainer
+    foreign = [_point("preflight", "preflight", "a" * 40, trainer="seed"),
                dataclasses.replace(_point("long_run", "train", "h" * 40, trainer="seed", started="10"),
                                    trainer_sha="b" * 40)]
     assert not [f for f in find(foreign) if f.kind == "commits"]

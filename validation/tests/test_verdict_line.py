@@ -6,10 +6,10 @@ Culprit, so the two cannot disagree."""
 from __future__ import annotations
 
 from validation.contract.files import HaltInfo
-from validation.contract.stacks import Frame, StackDump
+from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure
 from validation.judge.findings import find
-from validation.judge.findings.culprit import Did
+from validation.judge.findings.culprit import Did, NoStack
 from validation.judge.findings.headline import culprit, verdict_line
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
@@ -90,3 +90,29 @@ def test_a_crashed_run_names_its_rank_in_the_session_line_and_the_report(fake_ru
     assert Outcome(point, rec).line().startswith(f"fake/cpu/baseline_ddp/default: FAIL ({rec.wall_s:.1f}s) {who}")
     assert f"1 of 1 phase point(s) failed: baseline_ddp [default] ({who}" in run.context["status_reason"]
     assert f"- **Reason**: {who}" in run.report, run.report
+
+
+def _frozen(state: str) -> PhaseRecord:
+    """Rank 1 of no stack, furthest behind, while rank 0 waits in DDP's backward; ``state``: its
+    process's state as the harness came for its stack ('stopped': SIGSTOP or a debugger)."""
+    ev = Evidence(stackdumps={0: StackDump("stackdump_rank0.txt", [Frame("/v/torch/autograd/graph.py", 979,
+                                                                         "_engine_run_backward")]),
+                              1: StackDump("stackdump_rank1.txt", [])},
+                  taken_stacks=[TakenStack(11, 0, "RANK", "py-spy", "harness_stacks/rank0.txt", state="sleeping"),
+                                TakenStack(12, 1, "RANK", "none", state=state, note="py-spy could not take its stack")],
+                  last_heartbeat={0: Beat(3, "backward"), 1: Beat(3, "forward")})
+    return _record(reason=STALLED, exit_code=None, stalled_s=30.0, evidence=ev)
+
+
+def test_the_verdict_line_says_a_hung_rank_was_stopped_and_has_no_stack():
+    """Rank 1 frozen by SIGSTOP: the finding said 'no stack; its process stopped, by SIGSTOP or a
+    debugger', the verdict line only 'rank 1 hung (last heartbeat step 3, stage forward)'."""
+    rec = _frozen("stopped")
+    [stall] = [f for f in find([rec]) if f.kind == "stall"]
+    assert "hung: rank 1 (no stack; its process stopped, by SIGSTOP or a debugger;" in stall.title, stall.title
+    [rank] = stall.culprit.ranks
+    assert rank.no_stack == NoStack.STOPPED and culprit(rec) == stall.culprit
+    assert verdict_line(rec) == f"rank 1 hung (stopped, no stack; last heartbeat step 3, stage forward) — {STALLED}"
+    assert "two [default] (rank 1 hung (stopped, no stack; last heartbeat" in status_of([rec], [], find([rec]))[1]
+    # a rank of no stack that was not stopped (py-spy failed on it) says only that it has none
+    assert verdict_line(_frozen("sleeping")).startswith("rank 1 hung (no stack; last heartbeat step 3, stage forward) — ")

@@ -8,6 +8,7 @@ from typing import Callable
 
 from validation.judge.findings.finding import Facts, Finding, Severity
 from validation.judge.findings.nodes import NODE_ADVICE
+from validation.judge.misses import Miss
 
 _RERUN = "re-run only that phase: `pytest -m {phase}` with the same --profile and --results-dir"
 
@@ -143,6 +144,47 @@ def _harness_error(f: Facts) -> str:
             "fixed, " + _RERUN_POINT + ".")
 
 
+def _tests_failed(f: Facts) -> str:
+    return ("Tests of this repository failed (no trainer ran: the point runs a pytest suite): the JUnit XML and "
+            "pytest's output named in the finding say which and why. Run them alone with the command the finding "
+            "gives, fix the code or the test, then " + _RERUN_POINT + ".")
+
+
+def _tests_not_run(f: Facts) -> str:
+    paths = (" A test path of the phase's `tests:` is not in this checkout (the finding names it): paths are "
+             "relative to the repository root; fix the runbook's phase or check out the tree that has them."
+             if Miss.TEST_PATHS in f.misses else "")
+    return ("pytest could not run the phase's tests (no trainer ran, and no test outcome was counted): the "
+            f"finding gives pytest's exit status and its output.{paths} Check the phase's `tests:` and "
+            "`pytest_args:` (-k/-m that select at least one test) with the command the finding gives, then "
+            + _RERUN_POINT + ".")
+
+
+def _no_junit(f: Facts) -> str:
+    return ("pytest ended without a readable JUnit XML, so no test outcome was counted (no trainer ran): something "
+            "ended pytest before it wrote the file (os._exit or sys.exit in a test or conftest, a plugin, a killed "
+            "process). pytest's output named in the finding shows how far it got; run the tests alone with the "
+            "command the finding gives, then " + _RERUN_POINT + ".")
+
+
+_PREFLIGHT = {
+    Miss.GIT_SHA: "the commit: `git describe` failed in the repository root (not a git checkout, git not installed, or "
+                  "a repository git refuses as another user's: `git config --global --add safe.directory <root>`) "
+                  "and no SOURCE_SHA stamp names it; run from a clone, or stamp a tree before copying it "
+                  "(`git describe --always --dirty --abbrev=40 > SOURCE_SHA` in the clone, nsa/provenance.py)",
+    Miss.COLLECT_ENV: "collect_env: `python -m torch.utils.collect_env` failed (its log named in the finding; a "
+                      "broken torch install)",
+    Miss.NVIDIA_SMI: "nvidia-smi: not installed or failed on a CUDA profile (the driver's tools missing, or no GPU "
+                     "visible to this process)",
+}
+
+
+def _preflight(f: Facts) -> str:
+    what = "; ".join(_PREFLIGHT[m] for m in dict.fromkeys(f.misses)) or "see the finding"
+    return (f"Preflight could not record what it names (no trainer ran): {what}. Fix that on this machine, then "
+            + _RERUN_POINT + ".")
+
+
 def _regression(f: Facts) -> str:
     commits = ("this repository's commits between the baseline's and this one" if f.own_trainer
                else "the trainer's commits between the baseline's and this one (this repository's commits change "
@@ -242,7 +284,8 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "nonfinite": _nonfinite,
     "short_run": _short, "short_rank": _short_rank, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
-    "artifacts": _artifacts, "not_launched": _not_launched, "harness_error": _harness_error, "regression": _regression, "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing, "spike": _spike,
+    "artifacts": _artifacts, "not_launched": _not_launched, "harness_error": _harness_error,
+    "tests_failed": _tests_failed, "tests_not_run": _tests_not_run, "no_junit": _no_junit, "preflight": _preflight, "regression": _regression, "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing, "spike": _spike,
     "diverging": _diverging, "resume": _resume, "slowdown": _slowdown,
     "resumed_in_place": _resumed_in_place, "memory_growth": _memory_growth,
     # a node's advice says the same for any trainer (nodes of one launch are torchrun's, not its)

@@ -2,25 +2,28 @@
 phase again after a fix) or a run split over several calls keeps the other points' records, so a
 report can join runs of several trees: its verdict then speaks for none of them alone, and a GO
 may rest on a point that the newest tree never ran. Pytest points (sanity, selection_parity) test
-this repository's code at the commit they record: they count where this repository is the
-trainer, as the points of this project's trainer say."""
+this repository's code at the commit they record, and preflight points record that commit as the
+tree they describe (git describe, collect_env, nvidia-smi at this repository's root): both count
+where this repository is the trainer, as the points of this project's trainer do. A preflight at
+another commit than the trainer's points described another tree than the one judged."""
 from __future__ import annotations
 
 from validation.judge.findings.finding import Facts, Finding, Severity, where
 from validation.judge.record import TRAINER_KINDS, PhaseRecord
 
-#: the kinds that run this repository's own tests (validation/launch/kinds.py ``pytest_``)
-PYTEST_KINDS = ("pytest",)
+#: the kinds that run at this repository's root and record its commit (validation/launch/kinds.py
+#: ``pytest_``: its own tests; ``preflight``: the tree it describes), whatever the runbook's trainer
+THIS_REPOSITORY_KINDS = ("pytest", "preflight")
 
 
 def mixed_commits(records: list[PhaseRecord]) -> list[Finding]:
     """One warning when the points that ran the trainer did so at more than one of its commits:
-    each commit with its points, the newest (by the latest start) first. Pytest points count where
-    every trainer point ran this project's trainer, whose code they test; beside a runbook's own
-    trainer they test the harness's repository, not the trainer, and are left out. Preflight
-    points are left out."""
+    each commit with its points, the newest (by the latest start) first. Pytest and preflight
+    points count where every trainer point ran this project's trainer, whose tree they test and
+    describe; beside a runbook's own trainer they record the harness's repository, not the
+    trainer's, and are left out."""
     own = all(r.own_trainer for r in records if r.kind in TRAINER_KINDS and r.out_dir)
-    kinds = TRAINER_KINDS + (PYTEST_KINDS if own else ())
+    kinds = TRAINER_KINDS + (THIS_REPOSITORY_KINDS if own else ())
     groups: dict[str, list[PhaseRecord]] = {}
     for r in records:
         if r.kind in kinds and r.out_dir and r.ran_at:  # a skipped point ran nothing

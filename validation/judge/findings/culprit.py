@@ -22,6 +22,16 @@ class Did(enum.StrEnum):
     """Exited 0 (its steps may all be done) while the others still had a collective with it."""
 
 
+class NoStack(enum.StrEnum):
+    """Why a rank blamed as hung has no stack: the verdict line says so beside its heartbeat."""
+
+    UNTAKEN = "no stack"
+    """Neither the harness (py-spy, SIGUSR1) nor the trainer's own handler left one."""
+    STOPPED = "stopped, no stack"
+    """Its process was stopped (SIGSTOP, or a debugger) when the harness came for it: it runs
+    nothing, its own dump handler included, and py-spy cannot read it (TakenStack.state)."""
+
+
 @dataclass(frozen=True)
 class RankAt:
     """One rank a finding blames, and where it was."""
@@ -38,14 +48,18 @@ class RankAt:
     cause: str = ""
     """Of a crashed rank: 'RuntimeError: boom', 'killed by SIGKILL', 'exit code 1'."""
     pid: int | None = None
+    no_stack: NoStack | None = None
+    """Of a hung rank named by its heartbeat alone: why it has no stack (None: it has one, or it is
+    not blamed as hung)."""
 
     @classmethod
-    def of(cls, rec: PhaseRecord, rank: int, *, frame: str | None = None, cause: str = "") -> RankAt:
+    def of(cls, rec: PhaseRecord, rank: int, *, frame: str | None = None, cause: str = "",
+           no_stack: NoStack | None = None) -> RankAt:
         beat = rec.evidence.last_heartbeat.get(rank)
         nodes = rec.evidence.nodes
         node = nodes.of_rank(rank) if nodes is not None else None
         return cls(rank, node.name if node is not None else None, beat.step if beat else None,
-                   beat.stage if beat else None, frame, cause)
+                   beat.stage if beat else None, frame, cause, no_stack=no_stack)
 
     @property
     def who(self) -> str:
@@ -71,7 +85,13 @@ class Culprit:
 
     def text(self) -> str:
         """'rank 1 crashed (last heartbeat step 2, stage forward): RuntimeError: boom', 'rank 1 hung in
-        wait (last heartbeat step 3, stage backward)'; several ranks joined by '; '."""
-        return "; ".join(f"{r.who} {self.did}" + (f" in {r.frame}" if r.frame else "")
-                         + (f" ({r.beat})" if r.beat else "") + (f": {r.cause}" if r.cause else "")
-                         for r in self.ranks)
+        wait (last heartbeat step 3, stage backward)', 'rank 1 hung (stopped, no stack; last heartbeat
+        step 3, stage forward)'; several ranks joined by '; '."""
+        return "; ".join(f"{r.who} {self.did}" + (f" in {r.frame}" if r.frame else "") + _said(r)
+                         + (f": {r.cause}" if r.cause else "") for r in self.ranks)
+
+
+def _said(r: RankAt) -> str:
+    """' (stopped, no stack; last heartbeat step 3, stage forward)': why it has no stack, and its heartbeat."""
+    parts = [p for p in (r.no_stack, r.beat) if p]
+    return f" ({'; '.join(parts)})" if parts else ""

@@ -9,7 +9,7 @@ from nsa.contract import PROFILE_TOP_OPS, heartbeat_name
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import last_exception, root_rank, short_exception
 from validation.judge.findings import stability
-from validation.judge.findings.culprit import Culprit, Did, RankAt
+from validation.judge.findings.culprit import Culprit, Did, NoStack, RankAt
 from validation.judge.findings.departed import departed, departure, ended_before, exited_0
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where, where_run
 from validation.judge.findings.hung import hung_ranks
@@ -233,7 +233,8 @@ def _hung_first(r: PhaseRecord, stuck: dict[str, str]) -> tuple[str, Culprit] | 
     rest = [v for v in stuck.values() if v not in first]
     waiting = f"; waiting for {'it' if len(first) == 1 else 'them'}: {'; '.join(rest)}" if rest else ""
     culprit = Culprit(Did.HUNG, tuple(RankAt.of(r, k, frame=ev.stackdumps[k].frames[0].func) for k in hung)
-                      + tuple(RankAt.of(r, k) for k in unstacked))
+                      + tuple(RankAt.of(r, k, no_stack=NoStack.STOPPED if k in stopped else NoStack.UNTAKEN)
+                              for k in unstacked))
     return f": hung: {'; '.join(first)}{waiting}", culprit
 
 
@@ -303,7 +304,8 @@ def _imbalance_gate(r: PhaseRecord) -> GateResult | None:
 
 def artifact_errors(records: list[PhaseRecord]) -> list[Finding]:
     """A finding per ERROR point: a process that never ran (the launch failed, or the harness
-    did) is said so, with its own kind, never as a trainer that broke its output contract."""
+    did) is said so, with its own kind, never as a trainer that broke its output contract; nor is
+    a pytest or preflight point that ran (findings/checks.py)."""
     out = []
     for r in records:
         if r.status != Status.ERROR:
@@ -318,7 +320,7 @@ def artifact_errors(records: list[PhaseRecord]) -> list[Finding]:
             out.append(Finding(Severity.CRITICAL, r.phase, f"{where(r)}: {r.reason}",
                                [f"traceback: {r.out_dir}/{HARNESS_ERROR_FILE}", rerun_point(r)],
                                "harness_error", Facts.of(r)))
-        else:
+        elif r.kind in TRAINER_KINDS:  # a pytest or preflight point has no output contract (findings/checks.py)
             out.append(Finding(Severity.CRITICAL, r.phase, f"{where(r)}: {r.reason}", ev.errors[1:], "artifacts",
                                Facts.of(r)))
     return out

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from nsa.contract import heartbeat_name
 from validation.contract.torchrun_log import root_rank
 from validation.judge.findings.culprit import Culprit
+from validation.judge.misses import Miss
 from validation.judge.record import PhaseRecord
 from validation.judge.verdict import Outcome
 
@@ -42,6 +43,8 @@ class Facts:
     killed: str | None = None
     """'rank 1 was killed by SIGKILL': the rank that failed first in its own right was ended by a
     signal and raised nothing (no traceback to read)."""
+    misses: tuple[Miss, ...] = ()
+    """Of a pytest or preflight point: what it failed to do (validation/judge/misses.py)."""
 
     @classmethod
     def of(cls, rec: PhaseRecord) -> Facts:
@@ -55,7 +58,7 @@ class Facts:
         killed = f"rank {root} was killed by {fail.signal}" if fail and fail.signal and not fail.exception else None
         return cls(rec.own_trainer, rec.world_size, stacks, rec.accelerator == "cuda",
                    not stacks and Outcome.of_record(rec).stacks_tried == 0, not started, not stepped,
-                   ev.halt is not None and ev.halt.source == "nonfinite", killed)
+                   ev.halt is not None and ev.halt.source == "nonfinite", killed, tuple(ev.misses))
 
 
 @dataclass(frozen=True)

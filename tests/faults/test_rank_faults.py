@@ -43,6 +43,33 @@ def test_stalled_rank_is_halted_by_the_watchdog(seeded, matrix, mode):
 
 
 @pytest.mark.distributed
+def test_a_stalled_middle_rank_of_four_is_named_not_the_three_that_waited(seeded, matrix):
+    """World 4, rank 2 stalls: three ranks wait for it in DDP's backward, each watchdog fires and
+    dumps its stack. The finding must name rank 2, neither the lowest rank nor 'the other rank' of
+    a world of 2, and list every rank that waited as waiting."""
+    matrix.start("stalled rank, world of 4", "`NSA_FAULT=stall:rank=2:step=3`, torchrun x4 (DDP, gloo)",
+                 "watchdog fires on every rank: 4 stack dumps, .HALT; FAIL naming rank 2 stuck at step 3 and ranks 0, "
+                 "1 and 3 as waiting for it")
+    rb = seeded.runbook(U.fault_phase("stall4", "stall:rank=2:step=3", nproc=4))
+    p = seeded.run(rb, "stall4")
+    rec = U.record(seeded.results, "stall4")
+    assert rec.status == "FAIL" and "watchdog" in rec.reason, rec.reason
+    assert not rec.timed_out, "the harness timeout fired: the watchdog did not end the run"
+    took = U.fault_to_end_s(seeded.results / rec.out_dir, 2, 3, "forward")
+    assert took <= U.STALL_BOUND_S, f"stall took {took:.1f}s from the fault to the end > {U.STALL_BOUND_S}s"
+    assert set(rec.evidence.stackdumps) == {0, 1, 2, 3}, "every rank must leave a stack dump"
+    f = U.finding(seeded.results, "stall4", "stall in stall4")
+    text = U.finding_text(f)
+    assert "hung: rank 2 in at; waiting for it: rank 0 in " in f.title, text
+    assert "; rank 1 in " in f.title and "; rank 3 in " in f.title, text
+    assert "rank 2: last heartbeat step 3, stage forward" in text, text
+    assert [(r.rank, r.step) for r in f.culprit.ranks] == [(2, 3)], f.culprit
+    assert verdict_line(rec).startswith("rank 2 hung in at (last heartbeat step 3, stage forward)"), verdict_line(rec)
+    U.assert_no_go_after(seeded, rec, p)
+    matrix.done(rec.status, rec.reason + " | " + f.title, took, U.STALL_BOUND_S)
+
+
+@pytest.mark.distributed
 @pytest.mark.parametrize("rank", [1, 0])
 def test_sigkilled_rank_ends_the_run(seeded, matrix, rank):
     """rank 0: the lowest rank, so a blame that takes the lowest rank with an error, or assumes the

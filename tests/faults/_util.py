@@ -23,6 +23,7 @@ import yaml
 from validation.contract.files import read_training_csv
 from validation.judge.findings import find
 from validation.judge.findings.finding import Finding
+from validation.judge.findings.headline import verdict_line
 from validation.judge.record import PhaseRecord
 from validation.store.results import ResultStore
 
@@ -251,6 +252,14 @@ def assert_nan_halt_named(seeded: Any, rec: PhaseRecord, p: Proc, bound_s: float
     assert not any(t.startswith("stall") for t in titles), titles
     f = finding(seeded.results, rec.phase, f"non-finite loss in {rec.phase}")
     assert "step 3" in f.title and "rank 0" in f.title, f.title
+    # the verdict line and the report's summary name the rank, as for every other rank fault: not
+    # only its place in a list of losses (which, in a world of several, the reader must count)
+    assert [(r.rank, r.step) for r in f.culprit.ranks] == [(0, 3)], f.culprit
+    line = verdict_line(rec)
+    assert line.startswith("rank 0 had a non-finite loss (last heartbeat step 3, stage halt): loss nan at step 3 — "
+                           "non-finite loss at step 3"), line
+    report = (seeded.results / "reports" / "faults__cpu.md").read_text()
+    assert f"failed: {rec.phase} [default] (rank 0 had a non-finite loss" in report, report[:800]
     assert rec.metrics.steps_completed == 2  # no NaN row logged
     assert_no_go_after(seeded, rec, p)
     return took, f

@@ -32,7 +32,8 @@ REPORT_ENV = "NSA_RELIABILITY_REPORT"
 
 #: the order of the matrix (the issue's order); rows of unknown ids go last
 ORDER = [
-    "stalled rank", "stalled rank, watchdog off", "SIGKILLed rank", "exception on one rank",
+    "stalled rank", "stalled rank, watchdog off", "stalled rank, world of 4", "SIGKILLed rank",
+    "SIGKILLed rank, rank 0", "exception on one rank",
     "exception on one rank, teardown that blocks (as NCCL's)", "NaN loss", "inf loss", "out of memory (CPU)",
     "out of memory (CUDA)", "clean stop + resume", "truncated checkpoint", "corrupt checkpoint",
     "hostile checkpoint (pickle)", "checkpoint pointer to a missing file", "truncated training.csv (harness)",

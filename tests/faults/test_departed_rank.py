@@ -21,6 +21,7 @@ import yaml
 
 from tests.faults import _util as U
 from validation.judge.findings import find, recommendations
+from validation.judge.findings.headline import verdict_line
 from validation.judge.record import PhaseRecord, Status
 from validation.launch.process import LAUNCH_OVER_GRACE_S
 from validation.runbook.load import load_profile, load_runbook
@@ -69,20 +70,28 @@ def _titles(rec: PhaseRecord) -> str:
     return "\n".join(f"{f.kind}: {f.title}\n  " + "\n  ".join(f.detail) for f in find([rec]))
 
 
-def test_the_rank_that_exited_0_is_named_not_the_one_whose_collective_broke(tmp_path, matrix, monkeypatch):
-    matrix.start("rank exits 0 early", f"`TEST_TRAINER_FAULT={FAULT}` (native_train.py), torchrun x2 (gloo)",
-                 "FAIL; the crash finding names rank 1 as having exited 0 early (as step 3 started: its last "
-                 "heartbeat step 2), not rank 0's broken collective; advice about a rank's own stop condition, "
+@pytest.mark.parametrize("rank", [1, 0])
+def test_the_rank_that_exited_0_is_named_not_the_one_whose_collective_broke(tmp_path, matrix, monkeypatch, rank):
+    """rank 0: the rank that left is the lowest, and the one whose files (training.csv) stop first;
+    the rank left failing in its collective is rank 1."""
+    other, fault = 1 - rank, f"quit_rank:{rank}@{QUIT_STEP}"
+    matrix.start("rank exits 0 early" + (", rank 0" if rank == 0 else ""),
+                 f"`TEST_TRAINER_FAULT={fault}` (native_train.py), torchrun x2 (gloo)",
+                 f"FAIL; the crash finding names rank {rank} as having exited 0 early (as step 3 started: its last "
+                 f"heartbeat step 2), not rank {other}'s broken collective; advice about a rank's own stop condition, "
                  "not a traceback")
     t0 = time.time()
-    rec = _run(tmp_path, "native", {"kind": "torchrun", "nproc": 2}, monkeypatch)
+    rec = _run(tmp_path, "native", {"kind": "torchrun", "nproc": 2}, monkeypatch, fault=fault)
     assert rec.status == Status.FAIL and "crashed" in rec.reason, rec.reason
     text = _titles(rec)
     [f] = [f for f in find([rec]) if f.title.startswith("crash in")]
     assert f.kind == "departed", text
-    assert f"rank 1 exited 0 early (last heartbeat step {QUIT_STEP - 1} of {STEPS}" in f.title, text
+    assert f"rank {rank} exited 0 early (last heartbeat step {QUIT_STEP - 1} of {STEPS}" in f.title, text
+    assert f"rank {other}" not in f.title, text
     assert "ChildFailedError" not in f.title and "Connection closed" not in f.title, text
-    assert "rank 1: last heartbeat step 2, stage step; exited 0" in text, text
+    assert f"rank {rank}: last heartbeat step 2, stage step; exited 0" in text, text
+    assert [(r.rank, r.step) for r in f.culprit.ranks] == [(rank, QUIT_STEP - 1)], f.culprit
+    assert verdict_line(rec).startswith(f"rank {rank} exited 0 early (last heartbeat step 2"), verdict_line(rec)
     [advice] = recommendations(find([rec]))
     assert "exited 0 before the steps asked for" in advice and "traceback" not in advice, advice
     matrix.done(rec.status, rec.reason + " | " + f.title, time.time() - t0, None)

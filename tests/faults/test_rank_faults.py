@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults import _util as U
+from validation.judge.findings.headline import verdict_line
 
 pytestmark = pytest.mark.faults
 
@@ -42,21 +43,59 @@ def test_stalled_rank_is_halted_by_the_watchdog(seeded, matrix, mode):
 
 
 @pytest.mark.distributed
-def test_sigkilled_rank_ends_the_run(seeded, matrix):
-    matrix.start("SIGKILLed rank", "`NSA_FAULT=kill:rank=1:step=3` (SIGKILL to itself), torchrun x2",
-                 "torchrun ends the survivors; FAIL naming rank 1, its signal and its last step")
-    rb = seeded.runbook(U.fault_phase("kill", "kill:rank=1:step=3", nproc=2))
+def test_a_stalled_middle_rank_of_four_is_named_not_the_three_that_waited(seeded, matrix):
+    """World 4, rank 2 stalls: three ranks wait for it in DDP's backward, each watchdog fires and
+    dumps its stack. The finding must name rank 2, neither the lowest rank nor 'the other rank' of
+    a world of 2, and list every rank that waited as waiting."""
+    matrix.start("stalled rank, world of 4", "`NSA_FAULT=stall:rank=2:step=3`, torchrun x4 (DDP, gloo)",
+                 "watchdog fires on every rank: 4 stack dumps, .HALT; FAIL naming rank 2 stuck at step 3 and ranks 0, "
+                 "1 and 3 as waiting for it")
+    rb = seeded.runbook(U.fault_phase("stall4", "stall:rank=2:step=3", nproc=4))
+    p = seeded.run(rb, "stall4")
+    rec = U.record(seeded.results, "stall4")
+    assert rec.status == "FAIL" and "watchdog" in rec.reason, rec.reason
+    assert not rec.timed_out, "the harness timeout fired: the watchdog did not end the run"
+    took = U.fault_to_end_s(seeded.results / rec.out_dir, 2, 3, "forward")
+    assert took <= U.STALL_BOUND_S, f"stall took {took:.1f}s from the fault to the end > {U.STALL_BOUND_S}s"
+    assert set(rec.evidence.stackdumps) == {0, 1, 2, 3}, "every rank must leave a stack dump"
+    f = U.finding(seeded.results, "stall4", "stall in stall4")
+    text = U.finding_text(f)
+    assert "hung: rank 2 in at; waiting for it: rank 0 in " in f.title, text
+    assert "; rank 1 in " in f.title and "; rank 3 in " in f.title, text
+    assert "rank 2: last heartbeat step 3, stage forward" in text, text
+    assert [(r.rank, r.step) for r in f.culprit.ranks] == [(2, 3)], f.culprit
+    assert verdict_line(rec).startswith("rank 2 hung in at (last heartbeat step 3, stage forward)"), verdict_line(rec)
+    U.assert_no_go_after(seeded, rec, p)
+    matrix.done(rec.status, rec.reason + " | " + f.title, took, U.STALL_BOUND_S)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("rank", [1, 0])
+def test_sigkilled_rank_ends_the_run(seeded, matrix, rank):
+    """rank 0: the lowest rank, so a blame that takes the lowest rank with an error, or assumes the
+    faulty rank is not rank 0, passes it by luck or fails it; the survivor (rank 1) then fails with
+    its peer's 'Connection reset', which must read as a victim's error."""
+    other = 1 - rank
+    matrix.start("SIGKILLed rank" + (", rank 0" if rank == 0 else ""),
+                 f"`NSA_FAULT=kill:rank={rank}:step=3` (SIGKILL to itself), torchrun x2",
+                 f"torchrun ends the survivors; FAIL naming rank {rank}, its signal and its last step"
+                 + (", never rank 1 whose collective broke" if rank == 0 else ""))
+    rb = seeded.runbook(U.fault_phase("kill", f"kill:rank={rank}:step=3", nproc=2))
     p = seeded.run(rb, "kill")
     rec = U.record(seeded.results, "kill")
     assert rec.status == "FAIL" and "crashed" in rec.reason, rec.reason
     assert not rec.timed_out
-    took = U.fault_to_end_s(seeded.results / rec.out_dir, 1, 3, "forward")
+    took = U.fault_to_end_s(seeded.results / rec.out_dir, rank, 3, "forward")
     assert took <= U.STALL_BOUND_S, f"kill took {took:.1f}s from the fault to the end > {U.STALL_BOUND_S}s"
     f = U.finding(seeded.results, "kill", "crash in kill")
     text = f.title + "\n" + "\n".join(f.detail)
-    assert "rank 1" in f.title and "SIGKILL" in f.title, text
-    assert "rank 1: last heartbeat step 3" in text, text
+    assert f"exit code 1: rank {rank}: killed by SIGKILL" in f.title, text
+    assert f"rank {other}" not in f.title, text
+    assert f"rank {rank}: last heartbeat step 3" in text, text
     assert "trainer.stderr.log" in text
+    assert [(r.rank, r.step) for r in f.culprit.ranks] == [(rank, 3)], f.culprit
+    assert verdict_line(rec).startswith(f"rank {rank} crashed (last heartbeat step 3, stage forward): killed by "
+                                        "SIGKILL"), verdict_line(rec)
     U.assert_no_go_after(seeded, rec, p)
     matrix.done(rec.status, rec.reason + " | " + f.title, took, U.STALL_BOUND_S)
 

@@ -20,6 +20,8 @@ class Did(enum.StrEnum):
     LEFT = "exited 0 early"
     ENDED = "exited 0"
     """Exited 0 (its steps may all be done) while the others still had a collective with it."""
+    NONFINITE = "had a non-finite loss"
+    """Its own loss was non-finite where the others' were not (the trainer's .HALT, per rank)."""
 
 
 class NoStack(enum.StrEnum):

@@ -38,7 +38,7 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
                      f"{before}") if ev.halt.losses is not None else (
                 f"non-finite loss in {where_run(r)} at step {ev.halt.step}: the trainer's .HALT says {ev.halt.text[:120]!r}")
             out.append(Finding(Severity.CRITICAL, r.phase, title, [f".HALT: {r.out_dir}/.HALT"] + _rank_lines(r),
-                               "nonfinite", Facts.of(r)))
+                               "nonfinite", Facts.of(r), _nonfinite_ranks(r, bad)))
         elif ev.nodes is not None and missing_node(r, ev.nodes) is not None:
             continue  # no rank started anywhere: the node that never joined is the finding, not a crash
         elif ev.nodes is not None and ev.nodes.slurm_stopped is not None:
@@ -81,6 +81,17 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
                                [f"stderr: {r.out_dir}/{ev.stderr_log}"] + broken + _rank_lines(r), kind, Facts.of(r),
                                culprit))
     return out
+
+
+def _nonfinite_ranks(r: PhaseRecord, bad: list[int]) -> Culprit | None:
+    """The ranks whose own loss was non-finite, as the culprit of the NaN finding (so that the
+    verdict line names them, not only their place in the list of losses); None where the .HALT
+    says none, holds no loss of every rank (a list of another length: one rank's own, which says
+    nothing of the others'), or every rank of a world of several had one (nothing singles a rank out)."""
+    step, losses, world = r.evidence.halt.step, r.evidence.halt.losses or [], max(r.world_size or 1, 1)
+    if not bad or len(losses) != world or (world > 1 and len(bad) == world):
+        return None
+    return Culprit(Did.NONFINITE, tuple(RankAt.of(r, k, cause=f"loss {losses[k]} at step {step}") for k in bad))
 
 
 def short_runs(records: list[PhaseRecord]) -> list[Finding]:

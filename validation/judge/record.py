@@ -115,15 +115,23 @@ class Beat:
     a step is done, nsa/contract.py HEARTBEAT_STAGES_AFTER_STEP, anywhere in its file). Where they
     do not (the seed's format: ranks other than 0 beat only as each step starts), a last record
     within a step does not say that the rank left the step unfinished."""
+    every: int | None = None
+    """The rank's heartbeat interval in steps, measured from its own records: the largest rise of
+    the step from one record to the next (1: it beats every step). None where its records hold
+    fewer than two steps. The contract names no cadence (env.json carries none), so a rank whose
+    last record lags the run's last step by less than this may still have run every step."""
 
     @classmethod
     def of(cls, recs: list[dict[str, Any]]) -> Beat:
-        """A rank's last heartbeat of its records (at least one), and whether any marks a step's end."""
+        """A rank's last heartbeat of its records (at least one), whether any marks a step's end,
+        and the interval between its records' steps."""
         rec = recs[-1]
-        step, util = rec.get("step"), rec.get("gpu_util")
-        return cls(step if isinstance(step, int) and not isinstance(step, bool) else None, rec.get("stage"),
+        step, util = _step(rec), rec.get("gpu_util")
+        steps = [s for s in map(_step, recs) if s is not None]
+        rises = [b - a for a, b in zip(steps, steps[1:]) if b > a]
+        return cls(step, rec.get("stage"),
                    float(util) if isinstance(util, (int, float)) and not isinstance(util, bool) else None,
-                   any(r.get("stage") in HEARTBEAT_STAGES_AFTER_STEP for r in recs))
+                   any(r.get("stage") in HEARTBEAT_STAGES_AFTER_STEP for r in recs), max(rises, default=None))
 
     @property
     def done(self) -> int | None:
@@ -132,6 +140,11 @@ class Beat:
         if self.step is None:
             return None
         return self.step if self.stage in HEARTBEAT_STAGES_AFTER_STEP else self.step - 1
+
+
+def _step(rec: dict[str, Any]) -> int | None:
+    step = rec.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def short_of(beat: Beat, steps: int) -> bool:
@@ -426,7 +439,7 @@ class PhaseRecord:
                 unranked_stacks=[_dump(d) for d in ev.get("unranked_stacks") or []],
                 taken_stacks=[TakenStack(**t) for t in ev.get("taken_stacks") or []],
                 last_heartbeat={int(r): Beat(_int(b.get("step")), b.get("stage"), _num(b.get("gpu_util")),
-                                             b.get("ends_steps") is not False)
+                                             b.get("ends_steps") is not False, _int(b.get("every")))
                                 for r, b in (ev.get("last_heartbeat") or {}).items()},
                 rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
                 fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},

@@ -20,6 +20,7 @@ from validation.contract.reruns import Rerun
 from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure, root_rank
 from validation.errors import StoreError
+from validation.judge.asked import Asked
 from validation.judge.gates import GateResult, GateVerdict
 from validation.judge.memory import MemoryGrowth
 from validation.judge.metrics import RunData, compute
@@ -349,6 +350,9 @@ class PhaseRecord:
     profile_arg: str = ""
     slurm_job_id: str | None = None
     """The Slurm job the point ran in (launcher kind slurm)."""
+    asked: Asked | None = None
+    """What the runbook asked of the point when it ran (judge/asked.py): a report judges the
+    record against the runbook as it is now. None in records of older harnesses."""
     runs: list[SubRun] = field(default_factory=list)
     """The processes of a point that ran several, in the order they ran (empty for one process);
     the record's own exit code, command, evidence and out_dir are those of the one that decided
@@ -361,7 +365,8 @@ class PhaseRecord:
         base = dict(key=PointKey(**point.key()), test_id=point.test_id, kind=point.phase.kind, status=status,
                     reason=reason, sweep_index=point.index, params_order=list(point.params), env=dict(point.env),
                     overrides=dict(point.overrides), timeout_s=point.phase.timeout_s, world_size=point.nproc,
-                    runbook_arg=point.runbook.cli_name, profile_arg=point.profile.cli_name)
+                    runbook_arg=point.runbook.cli_name, profile_arg=point.profile.cli_name,
+                    asked=Asked.of(point, TRAINER_KINDS))
         return cls(**{**base, **fields})
 
     @property
@@ -455,9 +460,10 @@ class PhaseRecord:
                 misses=[Miss(m) for m in ev.get("misses") or []])
             known = {f.name for f in dataclasses.fields(cls)}
             plain = {k: v for k, v in data.items() if k in known and k not in ("key", "evidence", "gates", "backends",
-                                                                               "status", "hardware", "metrics", "runs")}
+                                                                               "status", "hardware", "metrics", "runs",
+                                                                               "asked")}
             return cls(key=PointKey(**data["key"]), status=Status(data["status"]), evidence=evidence,
-                       runs=[SubRun.from_json(d) for d in data.get("runs") or []],
+                       runs=[SubRun.from_json(d) for d in data.get("runs") or []], asked=Asked.from_json(data.get("asked")),
                        metrics=Summary.from_json(data.get("metrics") or {}),
                        gates=[GateResult.from_json(g) for g in data.get("gates") or []],
                        backends=routes(data.get("backends")),

@@ -20,6 +20,7 @@ from validation.contract.reruns import Rerun
 from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure, root_rank
 from validation.errors import StoreError
+from validation.judge.asked import Asked
 from validation.judge.gates import GateResult, GateVerdict
 from validation.judge.memory import MemoryGrowth
 from validation.judge.metrics import RunData, compute
@@ -115,15 +116,23 @@ class Beat:
     a step is done, nsa/contract.py HEARTBEAT_STAGES_AFTER_STEP, anywhere in its file). Where they
     do not (the seed's format: ranks other than 0 beat only as each step starts), a last record
     within a step does not say that the rank left the step unfinished."""
+    every: int | None = None
+    """The rank's heartbeat interval in steps, measured from its own records: the largest rise of
+    the step from one record to the next (1: it beats every step). None where its records hold
+    fewer than two steps. The contract names no cadence (env.json carries none), so a rank whose
+    last record lags the run's last step by less than this may still have run every step."""
 
     @classmethod
     def of(cls, recs: list[dict[str, Any]]) -> Beat:
-        """A rank's last heartbeat of its records (at least one), and whether any marks a step's end."""
+        """A rank's last heartbeat of its records (at least one), whether any marks a step's end,
+        and the interval between its records' steps."""
         rec = recs[-1]
-        step, util = rec.get("step"), rec.get("gpu_util")
-        return cls(step if isinstance(step, int) and not isinstance(step, bool) else None, rec.get("stage"),
+        step, util = _step(rec), rec.get("gpu_util")
+        steps = [s for s in map(_step, recs) if s is not None]
+        rises = [b - a for a, b in zip(steps, steps[1:]) if b > a]
+        return cls(step, rec.get("stage"),
                    float(util) if isinstance(util, (int, float)) and not isinstance(util, bool) else None,
-                   any(r.get("stage") in HEARTBEAT_STAGES_AFTER_STEP for r in recs))
+                   any(r.get("stage") in HEARTBEAT_STAGES_AFTER_STEP for r in recs), max(rises, default=None))
 
     @property
     def done(self) -> int | None:
@@ -132,6 +141,11 @@ class Beat:
         if self.step is None:
             return None
         return self.step if self.stage in HEARTBEAT_STAGES_AFTER_STEP else self.step - 1
+
+
+def _step(rec: dict[str, Any]) -> int | None:
+    step = rec.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def short_of(beat: Beat, steps: int) -> bool:
@@ -336,6 +350,9 @@ class PhaseRecord:
     profile_arg: str = ""
     slurm_job_id: str | None = None
     """The Slurm job the point ran in (launcher kind slurm)."""
+    asked: Asked | None = None
+    """What the runbook asked of the point when it ran (judge/asked.py): a report judges the
+    record against the runbook as it is now. None in records of older harnesses."""
     runs: list[SubRun] = field(default_factory=list)
     """The processes of a point that ran several, in the order they ran (empty for one process);
     the record's own exit code, command, evidence and out_dir are those of the one that decided
@@ -348,7 +365,8 @@ class PhaseRecord:
         base = dict(key=PointKey(**point.key()), test_id=point.test_id, kind=point.phase.kind, status=status,
                     reason=reason, sweep_index=point.index, params_order=list(point.params), env=dict(point.env),
                     overrides=dict(point.overrides), timeout_s=point.phase.timeout_s, world_size=point.nproc,
-                    runbook_arg=point.runbook.cli_name, profile_arg=point.profile.cli_name)
+                    runbook_arg=point.runbook.cli_name, profile_arg=point.profile.cli_name,
+                    asked=Asked.of(point, TRAINER_KINDS))
         return cls(**{**base, **fields})
 
     @property
@@ -426,7 +444,7 @@ class PhaseRecord:
                 unranked_stacks=[_dump(d) for d in ev.get("unranked_stacks") or []],
                 taken_stacks=[TakenStack(**t) for t in ev.get("taken_stacks") or []],
                 last_heartbeat={int(r): Beat(_int(b.get("step")), b.get("stage"), _num(b.get("gpu_util")),
-                                             b.get("ends_steps") is not False)
+                                             b.get("ends_steps") is not False, _int(b.get("every")))
                                 for r, b in (ev.get("last_heartbeat") or {}).items()},
                 rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
                 fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},
@@ -442,9 +460,10 @@ class PhaseRecord:
                 misses=[Miss(m) for m in ev.get("misses") or []])
             known = {f.name for f in dataclasses.fields(cls)}
             plain = {k: v for k, v in data.items() if k in known and k not in ("key", "evidence", "gates", "backends",
-                                                                               "status", "hardware", "metrics", "runs")}
+                                                                               "status", "hardware", "metrics", "runs",
+                                                                               "asked")}
             return cls(key=PointKey(**data["key"]), status=Status(data["status"]), evidence=evidence,
-                       runs=[SubRun.from_json(d) for d in data.get("runs") or []],
+                       runs=[SubRun.from_json(d) for d in data.get("runs") or []], asked=Asked.from_json(data.get("asked")),
                        metrics=Summary.from_json(data.get("metrics") or {}),
                        gates=[GateResult.from_json(g) for g in data.get("gates") or []],
                        backends=routes(data.get("backends")),

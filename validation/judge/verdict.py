@@ -24,8 +24,8 @@ from validation.judge.record import (
     Status,
     died_before_watchdog,
     last_step_done,
-    short_of,
 )
+from validation.judge.short_ranks import ShortRank, short_ranks
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ class Outcome:
     watchdog wrote the .HALT while waiting for it (record.died_before_watchdog); None otherwise."""
     slurm_stopped: str | None = None
     """How Slurm ended the run's step without the harness asking (RunData.slurm_stopped)."""
-    short_ranks: tuple[tuple[int, Beat], ...] = ()
-    """Ranks whose heartbeats say they did not complete the steps requested (``short_of``), with
+    short_ranks: tuple[ShortRank, ...] = ()
+    """Ranks whose heartbeats say they stopped before the run did (judge/short_ranks.py), with
     their last heartbeat: of a run of several ranks that exited 0, a rank that left early while the
     others, sharing no collective with it after, went on (rank 0's training.csv then is complete)."""
 
@@ -63,22 +63,24 @@ class Outcome:
         completed = compute("steps_completed", run, None)
         died = died_before_watchdog(run.halt, run.stalled_s is not None or run.timed_out, run.rank_failures)
         beats = {r: Beat.of(recs) for r, recs in run.heartbeats.items() if recs and r < run.world_size}
+        logged = None if completed is None else int(completed)
         return cls(kind, run.exit_code, run.timed_out, run.stalled_s, run.halt, tuple(errors), run.steps_requested,
-                   None if completed is None else int(completed), run.stacks_tried, last_step_done(beats.values()),
+                   logged, run.stacks_tried, last_step_done(beats.values()),
                    _died(died, run.rank_failures), run.slurm_stopped,
-                   _short_ranks(beats, run.world_size, run.steps_requested))
+                   short_ranks(beats, run.world_size, run.steps_requested, logged))
 
     @classmethod
     def of_record(cls, rec: PhaseRecord) -> Outcome:
         completed = rec.metrics.steps_completed
         stopped = rec.stalled_s is not None or rec.timed_out
         steps = rec.steps if rec.kind in TRAINER_KINDS else None
+        logged = None if completed is None else int(completed)
         return cls(rec.kind, rec.exit_code, rec.timed_out, rec.stalled_s, rec.evidence.halt, tuple(rec.evidence.errors),
-                   steps, None if completed is None else int(completed),
+                   steps, logged,
                    len(rec.evidence.taken_stacks) if stopped else None, last_step_done(rec.evidence.last_heartbeat.values()),
                    _died(rec.died_before_watchdog, rec.evidence.rank_failures),
                    rec.evidence.nodes.slurm_stopped if rec.evidence.nodes is not None else None,
-                   _short_ranks(rec.evidence.last_heartbeat, rec.world_size, steps))
+                   short_ranks(rec.evidence.last_heartbeat, rec.world_size, steps, logged))
 
     @property
     def ended_clean(self) -> bool:
@@ -102,19 +104,9 @@ class Outcome:
 
     def short_text(self) -> str:
         if not self.stopped_short and self.short_ranks:
-            ranks = "; ".join(f"rank {r} stopped after step {b.done} of {self.steps_requested} (its last heartbeat: "
-                              f"step {b.step}, stage {b.stage or '?'})" for r, b in self.short_ranks)
+            ranks = "; ".join(s.text(self.steps_requested) for s in self.short_ranks)
             return f"{ranks}, exit 0, no .HALT"
         return f"stopped after step {self.steps_completed} of {self.steps_requested}, exit 0, no .HALT"
-
-
-def _short_ranks(beats: Mapping[int, Beat], world: int, steps: int | None) -> tuple[tuple[int, Beat], ...]:
-    """The ranks of a run of several whose last heartbeat says they did not complete ``steps``,
-    after completing one at least (a rank that completed none is an idle rank: idle_ranks)."""
-    if steps is None or world < 2:
-        return ()
-    return tuple((r, b) for r, b in sorted(beats.items())
-                 if r < world and short_of(b, steps) and (b.done or 0) >= 1)
 
 
 def _died(rank: int | None, failures: dict[int, RankFailure]) -> str | None:

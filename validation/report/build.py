@@ -39,12 +39,13 @@ from validation.report.tables import (
     gate_rows,
     phase_tables,
     reproduce_rows,
+    rerun_line,
     toggles,
 )
 from validation.runbook.plan import PhasePoint, expand
 from validation.runbook.types import Profile, Runbook
 from validation.store import baseline as baseline_cmp
-from validation.store import goldens
+from validation.store import goldens, stale
 from validation.store.results import ResultStore
 
 
@@ -75,17 +76,25 @@ def _env() -> jinja2.Environment:
     return env
 
 
-def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Finding]) -> tuple[Verdict, str]:
+def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Finding],
+              outdated: list[stale.Outdated] | None = None) -> tuple[Verdict, str]:
+    """The report's verdict and why. ``missing``: the runbook's points without a record;
+    ``outdated``: those whose record is of a run the runbook asks something else of now (not run
+    either: their stored verdict is not of the point as it is asked)."""
+    outdated = outdated or []
     failed = [r for r in records if r.failed]
     critical = [f for f in findings if f.severity == Severity.CRITICAL]
     if failed:
-        return Verdict.NO_GO, f"{len(failed)} of {len(records) + len(missing)} phase point(s) failed: " + ", ".join(
+        return Verdict.NO_GO, f"{len(failed)} of {len(records) + len(missing) + len(outdated)} phase point(s) failed: " + ", ".join(
             _failed_point(r) for r in failed[:6]) + (" ..." if len(failed) > 6 else "")
     if critical:
         return Verdict.NO_GO, f"{len(critical)} critical finding(s) across phase points: {critical[0].title}"
     pending = [r for r in records if r.status in (Status.SKIP, Status.UNMEASURED)]
-    if missing or pending:
-        parts = [f"{len(missing)} point(s) not run"] if missing else []
+    if missing or pending or outdated:
+        parts = [f"{len(missing) + len(outdated)} point(s) not run"] if missing or outdated else []
+        if outdated:  # a stored run of another point than the runbook asks now: named, with what changed
+            parts[0] += (f" ({len(outdated)} of them stored from a run of what the runbook asks no longer: "
+                         f"{where(outdated[0].record)}, {outdated[0].text()})")
         if pending:
             parts.append(f"{len(pending)} skipped or without a measured threshold")
         unprovided = [r for r in pending if any(g.pending == Pending.NOT_PROVIDED for g in r.gates)]
@@ -165,9 +174,10 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
                   profile: Profile | None, plots: list[dict[str, str]] | None = None,
                   now: str | None = None, baseline: Path | None = None) -> dict[str, Any]:
     points = expand(runbook, profile) if runbook is not None and profile is not None else None
-    records, missing, stale = _select(ResultStore(results_dir).records(runbook_name, profile_name), points)
-    rechecked = None
+    records, missing, gone = _select(ResultStore(results_dir).records(runbook_name, profile_name), points)
+    rechecked, outdated = None, []
     if points is not None:
+        records, outdated = stale.split(records, points)
         records, rechecked = _recheck_goldens(records, points, results_dir, runbook, profile)
     comparison = None
     if baseline is not None:
@@ -176,7 +186,8 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         comparison = baseline_cmp.compare(records, base_records, baseline, threshold)
     findings = find(records, comparison.findings() if comparison else None, profile.thresholds if profile else None,
                     planned_longest((p.phase.name, p.params) for p in points) if points is not None else None)
-    status, why = status_of(records, missing, findings)
+    status, why = status_of(records, missing, findings, outdated)
+    store_arg = _store_arg(results_dir)
     hw = next((r.hardware for r in records if r.hardware), None)
     sha = next((r for r in records if r.git_sha), None)
     shas = list(dict.fromkeys(r.git_sha for r in records if r.out_dir and r.git_sha))
@@ -207,7 +218,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "trainer_sha": trainer and trainer.trainer_sha,
         "trainer_sha_source": trainer and trainer.trainer_sha_source,
         "goldens": rechecked,
-        "counts": counts(records, missing),
+        "counts": counts(records, missing + [o.record.test_id for o in outdated]),
         "toggles": toggles(records),
         "findings": findings,
         "recommendations": recommendations(findings),
@@ -218,10 +229,12 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "shared_mark": SHARED_MARK,
         "failures": failure_rows(records),
         "missing": missing,
-        "stale": stale,
+        "outdated": [{"test_id": o.record.test_id, "status": str(o.record.status), "why": o.text(),
+                      "rerun": rerun_line(o.record, runbook and runbook.cli_name, profile and profile.cli_name,
+                                          store_arg)} for o in outdated],
+        "stale": gone,
         "artifacts": artifact_rows(records),
-        "reproduce": reproduce_rows(records, runbook and runbook.cli_name, profile and profile.cli_name,
-                                    _store_arg(results_dir)),
+        "reproduce": reproduce_rows(records, runbook and runbook.cli_name, profile and profile.cli_name, store_arg),
         "plots": plots or [],
         "verdict": status,
     }
@@ -261,6 +274,8 @@ def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, run
     if plots:
         recs = ResultStore(results_dir).records(runbook_name, profile_name)
         points = expand(runbook, profile) if runbook is not None and profile is not None else None
+        if points is not None:  # a run of what the runbook asks no longer is not plotted as its point
+            recs = stale.split(recs, points)[0]
         plot_list = make_plots(results_dir, recs, report_dir / "plots", stem, points)
     ctx = build_context(results_dir, runbook_name, profile_name, runbook=runbook, profile=profile,
                         plots=plot_list, now=now, baseline=baseline)

@@ -146,24 +146,29 @@ def reproduce_rows(records: list[PhaseRecord], runbook: str | None = None, profi
     the process it ran, with the environment the runbook set. ``runbook`` and ``profile`` are how
     a command line names them (a path for a runbook outside runbooks/); the records' names when
     not given. ``results_dir``: the store the records are in, when not the default ./results."""
-    store = f" --results-dir={shlex.quote(results_dir)}" if results_dir else ""
     rows = []
     for r in records:
         if r.status == Status.SKIP or not r.command:
             continue
-        # a sweep point by its test id: -k cannot take the '=' of its parameters
-        select = (shlex.quote(f"{ACCEPTANCE_TESTS}::test_phase[{r.test_id}]") if r.key.params
-                  else f"{shlex.quote(str(ACCEPTANCE_TESTS))} -m {r.phase}")
         nodes = r.evidence.nodes
         # srun --jobid names the allocation it ran in, which the harness released if it asked for it
         note = (f"it ran in Slurm job {nodes.slurm_job_id}, whose allocation may be gone: paste it inside a live "
                 "allocation of the same shape with --jobid set to it, or re-run the point with the pytest line"
                 if nodes is not None and nodes.launcher == "slurm" else None)
         rows.append({"phase": r.phase, "point": point_label(r), "note": note,
-                     "rerun": f"pytest {select} --runbook {shlex.quote(runbook or r.key.runbook)} "
-                              f"--profile {shlex.quote(profile or r.key.profile)}{store}",
-                     "process": process_line(r)})
+                     "rerun": rerun_line(r, runbook, profile, results_dir), "process": process_line(r)})
     return rows
+
+
+def rerun_line(r: PhaseRecord, runbook: str | None = None, profile: str | None = None,
+               results_dir: str | None = None) -> str:
+    """The harness command that re-runs only ``r``'s point (its new record replaces ``r``)."""
+    store = f" --results-dir={shlex.quote(results_dir)}" if results_dir else ""
+    # a sweep point by its test id: -k cannot take the '=' of its parameters
+    select = (shlex.quote(f"{ACCEPTANCE_TESTS}::test_phase[{r.test_id}]") if r.key.params
+              else f"{shlex.quote(str(ACCEPTANCE_TESTS))} -m {r.phase}")
+    return (f"pytest {select} --runbook {shlex.quote(runbook or r.key.runbook)} "
+            f"--profile {shlex.quote(profile or r.key.profile)}{store}")
 
 
 def process_line(r: PhaseRecord) -> str:

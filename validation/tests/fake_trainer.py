@@ -18,6 +18,10 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
     NSA_FAULT=quit_rank:rank=1:step=2  every rank records each step's end (stage step); rank 1's
                                  heartbeats stop within step 3 (it left, exit 0) while the others
                                  and training.csv go on to the last step, exit 0
+                                 (with :plain=1 every record holds only time, rank and step: no
+                                 stage, so none records a step's end, as the contract allows; with
+                                 :every=E every rank writes a heartbeat only every E steps, the
+                                 last step not forced; rank=R of no rank: every rank finishes)
     NSA_FAULT=lean               writes only what the contract requires: no attention_backends or
                                  git_sha in env.json, no values in the optional training.csv columns
     NSA_FAULT=nan_unlogged:step=3  the loss guard fires at step 3 before the row is logged: a
@@ -151,6 +155,12 @@ def main() -> int:
             toks = 1.0
         for r, fh in beats.items():
             slow = 3.0 if fault == "slow" and r == opts.get("rank") else 1.0
+            if fault == "quit_rank" and step % opts.get("every", 1):
+                continue
+            if fault == "quit_rank" and opts.get("plain"):
+                if r != opts.get("rank") or step <= opts.get("step", 1) + 1:  # it begins step K+1, then leaves
+                    fh.write(json.dumps({"time": t0 + tick * 0.5, "rank": r, "step": step}) + "\n")
+                continue
             if fault == "quit_rank" and r == opts.get("rank") and step > opts.get("step", 1):
                 if step == opts.get("step", 1) + 1:
                     fh.write(json.dumps({"time": t0 + tick * 0.5, "rank": r, "step": step, "stage": "forward"}) + "\n")

@@ -130,3 +130,55 @@ def test_ranks_that_record_every_step_end_and_all_finish_are_GO(fake_run):
     run = fake_run([train_phase("ddp", fault="quit_rank:rank=7:step=2", steps=6, env={"NSA_FAKE_WORLD": "2"},
                                 gates=LAST_10[1:])])
     assert run.record.status == Status.PASS, run.record.reason
+
+
+def test_a_rank_whose_heartbeats_carry_no_stage_and_exits_0_early_is_not_GO(fake_run):
+    """gofalse9: the rule above held only for ranks whose heartbeats record each step's end. The
+    contract's records may carry only time and step (the seed's ranks beat only as a step starts):
+    rank 1 beat steps 1..3 and left, rank 0 and training.csv went on to step 6, exit 0: GO."""
+    run = fake_run([train_phase("ddp", fault="quit_rank:rank=1:step=2:plain=1", steps=6,
+                                env={"NSA_FAKE_WORLD": "2"}, gates=LAST_10[1:])])
+    rec = run.record
+    assert rec.exit_code == 0 and rec.metrics.steps_completed == 6
+    assert not rec.evidence.last_heartbeat[1].ends_steps
+    assert rec.status == Status.FAIL, rec.reason
+    assert rec.reason == ("rank 1 stopped early: its heartbeats end at step 3 while the run completed step 6 of 6 "
+                          "(it wrote one every step), exit 0, no .HALT"), rec.reason
+    [short] = [f for f in run.context["findings"] if f.kind == "short_rank"]
+    assert "rank 1 stopped early" in short.title
+    assert any("heartbeat_rank1.jsonl" in d for d in short.detail), short.detail
+    assert run.context["status"] == "NO-GO" and "No automatic findings" not in run.report
+
+
+def test_a_rank_that_beats_every_k_steps_and_stops_a_beat_early_is_not_GO(fake_run):
+    """Every rank beats every 2 steps (no stage); rank 1 beat steps 2 and 4 and left in step 5:
+    its records lag the run's step 10 by 6, more than its own interval of 2."""
+    run = fake_run([train_phase("ddp", fault="quit_rank:rank=1:step=4:plain=1:every=2", steps=10,
+                                env={"NSA_FAKE_WORLD": "2"}, gates=LAST_10[1:])])
+    assert run.record.status == Status.FAIL, run.record.reason
+    assert run.record.reason.startswith("rank 1 stopped early: its heartbeats end at step 4 while the run "
+                                        "completed step 10 of 10 (it wrote one every 2 steps)"), run.record.reason
+
+
+def test_ranks_that_beat_every_k_steps_behind_the_csv_are_GO(fake_run):
+    """A trainer that beats every 4 steps: every rank's last heartbeat is of step 8 of 10, 2 steps
+    behind training.csv, less than the interval its own records show: no rank stopped early."""
+    run = fake_run([train_phase("ddp", fault="quit_rank:rank=7:step=2:plain=1:every=4", steps=10,
+                                env={"NSA_FAKE_WORLD": "2"}, gates=LAST_10[1:])])
+    assert {r: b.step for r, b in run.record.evidence.last_heartbeat.items()} == {0: 8, 1: 8}
+    assert run.record.status == Status.PASS, run.record.reason
+    assert run.context["status"] == "GO"
+
+
+def test_a_stored_record_of_a_rank_that_left_early_is_judged_the_same(fake_run):
+    """The report re-judges stored records (a golden re-checked): the interval a rank's records
+    show is stored with its last heartbeat, so the stored record says the same."""
+    from validation.judge.record import PhaseRecord
+    from validation.judge.verdict import rejudge
+
+    run = fake_run([train_phase("ddp", fault="quit_rank:rank=1:step=2:plain=1", steps=6,
+                                env={"NSA_FAKE_WORLD": "2"}, gates=LAST_10[1:])])
+    stored = PhaseRecord.from_json(run.record.to_json(), "test")
+    assert stored.evidence.last_heartbeat == run.record.evidence.last_heartbeat
+    again = rejudge(stored, stored.gates)
+    assert (again.status, again.reason) == (run.record.status, run.record.reason)

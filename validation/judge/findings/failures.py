@@ -106,7 +106,7 @@ def short_runs(records: list[PhaseRecord]) -> list[Finding]:
                                "short_run", Facts.of(r)))
         elif outcome.rank_stopped_short:  # training.csv (rank 0) is complete; a rank's own heartbeats are not
             out.append(Finding(Severity.CRITICAL, r.phase, f"{where_run(r)}: {outcome.short_text()}",
-                               [f"heartbeats: {r.out_dir}/heartbeat_rank{k}.jsonl" for k, _ in outcome.short_ranks]
+                               [f"heartbeats: {r.out_dir}/heartbeat_rank{k.rank}.jsonl" for k in outcome.short_ranks]
                                + [f"stderr: {r.out_dir}/{r.evidence.stderr_log}"], "short_rank", Facts.of(r)))
     return out
 

@@ -1,0 +1,43 @@
+"""What the runbook asked of a point when it ran: the keys that decide what its result means.
+
+A record is judged by the runbook as it is when the report is written (validation/store/stale.py):
+a stored run of 6 steps is no result of a point that now asks for 60, nor one run with other
+overrides, config, environment or world size. The record keeps what was asked, so that the
+comparison needs no guess from what the run left (its ``world_size`` is env.json's, which may
+exceed the processes launched; a resume point that failed stores its failed half's steps).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+Scalar = str | int | float | bool
+
+
+@dataclass(frozen=True)
+class Asked:
+    steps: int | None = None
+    """The phase's steps (None: a phase kind that runs no trainer)."""
+    config: str = ""
+    overrides: dict[str, Scalar] = field(default_factory=dict)
+    """The phase's overrides and the sweep point's parameters."""
+    env: dict[str, str] = field(default_factory=dict)
+    """The environment the runbook set for the point (the phase's, the sweep's env.* parameters)."""
+    world_size: int = 1
+    """The processes the launcher was asked for, every node's together."""
+
+    @classmethod
+    def of(cls, point: Any, trainer_kinds: tuple[str, ...]) -> Asked:
+        """What ``point`` (a runbook.plan.PhasePoint) asks, as a record keeps it."""
+        return cls(point.phase.steps if point.phase.kind in trainer_kinds else None, point.phase.config,
+                   dict(point.overrides), dict(point.env), point.nproc)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Asked | None:
+        """A stored ``asked`` mapping; None in records of harnesses that kept none."""
+        if not isinstance(data, dict):
+            return None
+        steps = data.get("steps")
+        return cls(int(steps) if steps is not None else None, str(data.get("config") or ""),
+                   dict(data.get("overrides") or {}), {str(k): str(v) for k, v in (data.get("env") or {}).items()},
+                   int(data.get("world_size") or 1))

@@ -1,0 +1,77 @@
+"""Ranks of a run of several that exited 0 before the run's last step while the others ran on
+(sharing no collective with them after they left, so nothing failed): found by their heartbeats,
+in any format the contract accepts.
+
+- A rank whose records mark each step's end (a ``step`` record, nsa/contract.py
+  HEARTBEAT_STAGES_AFTER_STEP) says by its last one which step it completed: short of the steps
+  asked for is short (``record.short_of``; the contract asks for a ``step`` record of the last step).
+- A rank whose records mark no step's end (no stage at all, or only stages within a step: the seed's
+  ranks beat as each step starts) says only how far it got. Its last record may lag the run's last
+  step (training.csv's, the other ranks' heartbeats') by less than its own heartbeat interval, as
+  its records show it (``Beat.every``: the contract and env.json name no cadence); lagging by that
+  interval or more, it stopped writing before the run ended. A rank of fewer than two steps shows
+  no interval: it made no step progress, which the idle-rank metric judges.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Mapping
+
+from validation.judge.record import Beat, short_of
+
+
+class Shortfall(enum.StrEnum):
+    """How a rank's heartbeats say that it stopped early."""
+
+    ENDS = "ends"
+    """Its records of a step's end stop before the last step asked for."""
+    LAGS = "lags"
+    """Its records (of no step's end) stop behind the run's last step by its own interval or more."""
+
+
+@dataclass(frozen=True)
+class ShortRank:
+    rank: int
+    beat: Beat
+    """Its last heartbeat (with the interval its records show)."""
+    how: Shortfall
+    ran_to: int | None = None
+    """The last step the run completed, as training.csv and the other ranks' heartbeats say (LAGS)."""
+
+    def text(self, steps: int) -> str:
+        b = self.beat
+        if self.how == Shortfall.ENDS:
+            return (f"rank {self.rank} stopped after step {b.done} of {steps} (its last heartbeat: step {b.step}, "
+                    f"stage {b.stage or '?'})")
+        every = "every step" if b.every == 1 else f"every {b.every} steps"
+        return (f"rank {self.rank} stopped early: its heartbeats end at step {b.step} while the run completed step "
+                f"{self.ran_to} of {steps} (it wrote one {every})")
+
+
+def short_ranks(beats: Mapping[int, Beat], world: int, steps: int | None,
+                logged: int | None) -> tuple[ShortRank, ...]:
+    """The ranks below ``world`` (of several) whose last heartbeat says they stopped before the run
+    did. ``steps``: the steps asked for (None: not a trainer run); ``logged``: training.csv's last step."""
+    if steps is None or world < 2:
+        return ()
+    out = []
+    for r, b in sorted(beats.items()):
+        if r >= world:
+            continue
+        if short_of(b, steps) and (b.done or 0) >= 1:  # a rank that completed none is an idle rank
+            out.append(ShortRank(r, b, Shortfall.ENDS))
+            continue
+        ran = _ran_to(r, beats, logged)
+        if not b.ends_steps and b.step is not None and b.every is not None and ran is not None \
+                and ran - b.step >= b.every:
+            out.append(ShortRank(r, b, Shortfall.LAGS, ran))
+    return tuple(out)
+
+
+def _ran_to(rank: int, beats: Mapping[int, Beat], logged: int | None) -> int | None:
+    """The furthest step that training.csv or a rank other than ``rank`` says the run reached: a
+    record of a step's end says that step, one of no stage or of a stage within a step only the
+    step it began (taken as completed where it is the last: the contract's rule)."""
+    reached = [b.done if b.ends_steps else b.step for k, b in beats.items() if k != rank]
+    return max((n for n in [logged, *reached] if n is not None), default=None)

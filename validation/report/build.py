@@ -45,7 +45,7 @@ from validation.report.tables import (
 from validation.runbook.plan import PhasePoint, expand
 from validation.runbook.types import Profile, Runbook
 from validation.store import baseline as baseline_cmp
-from validation.store import goldens, stale
+from validation.store import goldens, stale, thresholds
 from validation.store.results import ResultStore
 
 
@@ -164,6 +164,22 @@ def _recheck_goldens(records: list[PhaseRecord], points: list[PhasePoint], resul
                               checked, changed, not_checked)
 
 
+def _recheck_thresholds(records: list[PhaseRecord], points: list[PhasePoint]) -> tuple[list[PhaseRecord], list[str]]:
+    """Every stored gate whose threshold or operator the runbook changed since the run, re-checked
+    against the gate as it is now (store/thresholds.py): the records, re-judged where one did, and
+    one line per such gate ('phase [point]: metric (window): >= 1 at the run, >= 2 now; PASS then,
+    FAIL now')."""
+    by_id = {p.test_id: p for p in points}
+    out, lines = [], []
+    for r in records:
+        point = by_id.get(r.test_id)
+        if point is not None and r.ran:
+            r, found = thresholds.recheck(r, point)
+            lines += [f"{where(r)}: {c.text()}" for c in found]
+        out.append(r)
+    return out, lines
+
+
 def _store_arg(results_dir: Path) -> str | None:
     """The results directory as a rerun command names it: None for the default ./results."""
     resolved = Path(results_dir).resolve()
@@ -175,9 +191,10 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
                   now: str | None = None, baseline: Path | None = None) -> dict[str, Any]:
     points = expand(runbook, profile) if runbook is not None and profile is not None else None
     records, missing, gone = _select(ResultStore(results_dir).records(runbook_name, profile_name), points)
-    rechecked, outdated = None, []
+    rechecked, outdated, regated = None, [], []
     if points is not None:
         records, outdated = stale.split(records, points)
+        records, regated = _recheck_thresholds(records, points)
         records, rechecked = _recheck_goldens(records, points, results_dir, runbook, profile)
     comparison = None
     if baseline is not None:
@@ -218,6 +235,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "trainer_sha": trainer and trainer.trainer_sha,
         "trainer_sha_source": trainer and trainer.trainer_sha_source,
         "goldens": rechecked,
+        "thresholds_changed": regated,
         "counts": counts(records, missing + [o.record.test_id for o in outdated]),
         "toggles": toggles(records),
         "findings": findings,

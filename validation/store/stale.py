@@ -5,6 +5,10 @@ GO). Such a point counts as not run (INCOMPLETE, never GO): the report names eac
 changed, its value at the run and now, and the command that re-runs only that point. Its stored
 verdict, whatever it was, is no verdict of the point the runbook asks for now.
 
+A passed point whose runbook now asks a gate its run never evaluated (a new metric, another
+window) is not run either: nothing stored can pass that gate (a changed threshold is re-checked
+from the stored value instead, thresholds.py).
+
 Records keep what was asked (judge/asked.py). Of records of older harnesses, which kept none,
 what they kept is read: their steps (not of a resume point that failed: it stores its failed
 half's), their overrides, and their world size where below the runbook's (env.json's world, which
@@ -19,6 +23,7 @@ from typing import Any, Iterable, Mapping
 from validation.judge.asked import Asked
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
 from validation.runbook.plan import PhasePoint
+from validation.store import thresholds
 
 
 class Key(enum.StrEnum):
@@ -29,6 +34,9 @@ class Key(enum.StrEnum):
     OVERRIDE = "override"
     ENV = "env"
     WORLD_SIZE = "world size"
+    GATE = "gate"
+    """A gate the runbook asks now that the run did not evaluate (a new metric, another window): no
+    stored value to re-check it by (a changed threshold is re-checked, thresholds.py)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,19 @@ def changes(rec: PhaseRecord, point: PhasePoint) -> tuple[Change, ...]:
     nothing ran; the hardware that skipped it is checked when the point runs)."""
     if rec.status == Status.SKIP:
         return ()
+    return (*_asked(rec, point), *_new_gates(rec, point))
+
+
+def _new_gates(rec: PhaseRecord, point: PhasePoint) -> list[Change]:
+    """Of a passed point: the gates it would have to pass now that its run never evaluated (a
+    failed point is no GO whatever they say)."""
+    if rec.status != Status.PASS:
+        return []
+    return [Change(Key.GATE, "not evaluated", f"{g.op} {'(to be measured)' if g.threshold is None else f'{g.threshold:g}'} "
+                   f"({g.window.describe()})", g.metric) for g in thresholds.not_evaluated(rec, point)]
+
+
+def _asked(rec: PhaseRecord, point: PhasePoint) -> tuple[Change, ...]:
     now = Asked.of(point, TRAINER_KINDS)
     then = rec.asked
     if then is None:

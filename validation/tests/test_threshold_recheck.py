@@ -1,0 +1,75 @@
+"""`report` re-checks stored gates against the runbook's gates as they are now (store/thresholds.py),
+as it re-checks golden gates: a stored PASS of 'steps_completed >= 4' re-rendered after the gate was
+raised to '>= 6' said GO, the verdict of a gate the runbook no longer asks (gofalse9's note). The
+value the run measured is checked against the threshold of now; a gate the run never evaluated
+leaves a passed point not run; a gate taken away never turns a FAIL into a PASS."""
+from __future__ import annotations
+
+from validation.cli import main
+from validation.report.build import build_context, render_text
+from validation.runbook.load import load_profile, load_runbook
+from validation.store.results import ResultStore
+from validation.tests.conftest import train_phase, write_runbook
+
+
+def _gates(threshold: int, *more: dict) -> list[dict]:
+    return [{"metric": "steps_completed", "op": ">=", "threshold": threshold}, *more]
+
+
+def _context(rb, res):
+    runbook, profile = load_runbook(rb), load_profile("cpu")
+    return build_context(res, runbook.name, profile.name, runbook=runbook, profile=profile)
+
+
+def _ran(tmp_path, gates: list[dict], status: str = "PASS"):
+    rb, res = tmp_path / "rb.yaml", tmp_path / "res"
+    write_runbook(rb, [train_phase("long_run", gates=gates, steps=4)])
+    main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"])
+    (stored,) = ResultStore(res).records()
+    assert stored.status == status, stored.reason
+    return rb, res
+
+
+def test_a_threshold_raised_since_the_run_fails_the_stored_value_and_says_so(tmp_path, capsys):
+    rb, res = _ran(tmp_path, _gates(4))
+    assert _context(rb, res)["verdict"] == "GO"
+    write_runbook(rb, [train_phase("long_run", gates=_gates(6), steps=4)])
+    ctx = _context(rb, res)
+    assert ctx["verdict"] == "NO-GO", ctx["status_reason"]
+    assert ctx["thresholds_changed"] == ["long_run [default]: steps_completed (all steps): >= 4 at the run, >= 6 now; "
+                                         "PASS then, FAIL now"]
+    [gate] = [g for g in ctx["gates"] if g["metric"] == "steps_completed"]
+    assert gate["verdict"] == "FAIL" and gate["threshold"] == 6
+    text = render_text({**ctx, "results_prefix": ".."})
+    assert "- **Gates changed since the run**: 1 stored gate(s) re-checked" in text
+    capsys.readouterr()
+    assert main(["report", "--runbook", str(rb), "--results-dir", str(res)]) == 1  # NO-GO
+    (stored,) = ResultStore(res).records()
+    assert stored.status == "PASS"  # the store keeps what the run found
+
+
+def test_a_threshold_lowered_since_the_run_passes_the_stored_value(tmp_path):
+    rb, res = _ran(tmp_path, _gates(8), status="FAIL")
+    assert _context(rb, res)["verdict"] == "NO-GO"
+    write_runbook(rb, [train_phase("long_run", gates=_gates(4), steps=4)])
+    ctx = _context(rb, res)
+    assert ctx["verdict"] == "GO", ctx["status_reason"]
+    assert ctx["thresholds_changed"][0].endswith("FAIL then, PASS now")
+
+
+def test_a_gate_the_run_never_evaluated_leaves_a_passed_point_not_run(tmp_path):
+    rb, res = _ran(tmp_path, _gates(4))
+    write_runbook(rb, [train_phase("long_run", gates=_gates(4, {"metric": "loss_finite", "op": "==", "threshold": 1}),
+                                   steps=4)])
+    ctx = _context(rb, res)
+    assert ctx["verdict"] == "INCOMPLETE", ctx["status_reason"]
+    [o] = ctx["outdated"]
+    assert o["why"] == "gate loss_finite not evaluated at the run, == 1 (all steps) in the runbook now", o["why"]
+
+
+def test_a_gate_taken_away_since_the_run_leaves_its_stored_fail(tmp_path):
+    rb, res = _ran(tmp_path, _gates(4, {"metric": "loss_finite", "op": "==", "threshold": 0}),
+                   status="FAIL")
+    write_runbook(rb, [train_phase("long_run", gates=_gates(4), steps=4)])
+    ctx = _context(rb, res)
+    assert ctx["verdict"] == "NO-GO" and not ctx["thresholds_changed"], ctx["status_reason"]

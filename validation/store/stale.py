@@ -5,7 +5,7 @@ GO). Such a point counts as not run (INCOMPLETE, never GO): the report names eac
 changed, its value at the run and now, and the command that re-runs only that point. Its stored
 verdict, whatever it was, is no verdict of the point the runbook asks for now.
 
-A passed point whose runbook now asks a gate its run never evaluated (a new metric, another
+A passed point whose runbook now asks a gate its run was not asked (a new metric, another
 window) is not run either: nothing stored can pass that gate (a changed threshold is re-checked
 from the stored value instead, thresholds.py).
 
@@ -23,7 +23,6 @@ from typing import Any, Iterable, Mapping
 from validation.judge.asked import Asked
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
 from validation.runbook.plan import PhasePoint
-from validation.store import thresholds
 
 
 class Key(enum.StrEnum):
@@ -74,12 +73,13 @@ def changes(rec: PhaseRecord, point: PhasePoint) -> tuple[Change, ...]:
 
 
 def _new_gates(rec: PhaseRecord, point: PhasePoint) -> list[Change]:
-    """Of a passed point: the gates it would have to pass now that its run never evaluated (a
-    failed point is no GO whatever they say)."""
-    if rec.status != Status.PASS:
+    """Of a passed point: the gates it would have to pass now that its run was not asked to (a
+    failed point is no GO whatever they say; a record that kept no gates cannot tell)."""
+    then = rec.asked.gates if rec.asked is not None else None
+    if rec.status != Status.PASS or then is None:
         return []
-    return [Change(Key.GATE, "not evaluated", f"{g.op} {'(to be measured)' if g.threshold is None else f'{g.threshold:g}'} "
-                   f"({g.window.describe()})", g.metric) for g in thresholds.not_evaluated(rec, point)]
+    return [Change(Key.GATE, "not asked", f"{g.op} {'(to be measured)' if g.threshold is None else f'{g.threshold:g}'} "
+                   f"({g.window.describe()})", g.metric) for g in point.gates() if Asked.gate_key(g) not in then]
 
 
 def _asked(rec: PhaseRecord, point: PhasePoint) -> tuple[Change, ...]:

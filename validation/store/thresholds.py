@@ -5,7 +5,7 @@ shows the verdict the runbook asks for now, not the one of the run (a stored PAS
 >= 20,000' is no PASS of '>= 30,000').
 
 The value is re-checked only where it means the same: the same metric over the same window. A gate
-the runbook asks now that the run did not evaluate (a new metric, another window) has no stored
+the runbook asks now that the run was not asked (a new metric, another window) has no stored
 value; stale.py counts a passed point with such a gate as not run. Gates the run evaluated and the
 runbook no longer asks stay as stored (never a PASS by taking a gate away), as do the golden and
 repeat gates (goldens.py) and the gates no threshold decides (a metric the trainer does not
@@ -46,12 +46,6 @@ def asked_now(point: PhasePoint, stored: GateResult) -> Gate | None:
     """The runbook's gate of the same metric and window as ``stored``, None where it asks none."""
     window = Window.parse(stored.window)
     return next((g for g in point.gates() if g.metric == stored.metric and g.window == window), None)
-
-
-def not_evaluated(rec: PhaseRecord, point: PhasePoint) -> list[Gate]:
-    """The runbook's gates for ``point`` that ``rec``'s run did not evaluate (no stored value)."""
-    stored = {(g.metric, Window.parse(g.window)) for g in rec.gates}
-    return [g for g in point.gates() if (g.metric, g.window) not in stored]
 
 
 def recheck(rec: PhaseRecord, point: PhasePoint) -> tuple[PhaseRecord, list[Rechecked]]:

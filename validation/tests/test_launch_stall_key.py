@@ -24,8 +24,7 @@ def test_default_is_a_quarter_of_the_timeout_and_a_phase_sets_its_own(tmp_path):
 
 def test_startup_s_defaults_to_the_stall_time(tmp_path):
     _, rb = _load(tmp_path, [{"name": "a", "kind": "train", "timeout_s": 120},
-                             {"name": "b", "kind": "train", "timeout_s": 120, "stall_s": 15, "startup_s": 90}],
-                  startup_s=None)
+                             {"name": "b", "kind": "train", "timeout_s": 120, "stall_s": 15, "startup_s": 90}])
     assert rb.phase("a").startup_after_s == 30 and rb.phase("b").startup_after_s == 90
 
 

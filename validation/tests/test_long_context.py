@@ -10,6 +10,7 @@ from validation.judge.findings.long_context import MIN_SPEEDUP_KEY, crossover, p
 from validation.judge.record import Evidence, PhaseRecord, PointKey, Status, Summary
 from validation.report.build import build_context
 from validation.runbook.load import load_profile, load_runbook
+from validation.runbook.plan import expand
 from validation.store.results import ResultStore
 
 #: measured 2026-11-24 on one H100 (docs/performance.md, thirteenth set), tok/s: (NSA, dense)
@@ -92,10 +93,15 @@ def test_the_planned_longest_length_of_each_phase():
 
 def test_a_report_of_a_partial_sweep_is_incomplete_not_no_go(tmp_path):
     """The report of long_context_h100 with its 64k points not run: INCOMPLETE, the finding INFO."""
+    runbook, profile = load_runbook("long_context_h100"), load_profile("h100")
+    points = {p.test_id: p for p in expand(runbook, profile)}
+    # records as that runbook's points stored them: with their overrides (a record of other
+    # overrides is no result of the point, validation/store/stale.py)
     store = ResultStore(tmp_path)
-    store.put_many(_records({k: v for k, v in H100.items() if k < 65536}, runbook="long_context_h100"))
-    ctx = build_context(tmp_path, "long_context_h100", "h100", runbook=load_runbook("long_context_h100"),
-                        profile=load_profile("h100"), now="2026-11-25 19:31 UTC")
+    store.put_many([replace(r, overrides=dict(points[r.test_id].overrides))
+                    for r in _records({k: v for k, v in H100.items() if k < 65536}, runbook="long_context_h100")])
+    ctx = build_context(tmp_path, "long_context_h100", "h100", runbook=runbook, profile=profile,
+                        now="2026-11-25 19:31 UTC")
     assert ctx["verdict"] == "INCOMPLETE", ctx["status_reason"]
     assert ctx["status_reason"] == "2 point(s) not run"
     (finding,) = [f for f in ctx["findings"] if f.kind == "long_context"]

@@ -78,7 +78,7 @@ def test_records_of_older_harnesses_without_what_was_asked_compare_what_they_kep
     rb, res = _ran(tmp_path, steps=6)
     (rec,) = ResultStore(res).records()
     old = PhaseRecord.from_json({k: v for k, v in rec.to_json().items() if k != "asked"}, "test")
-    assert old.asked is None and rec.asked == Asked(6, "tiny", {}, {}, 1)
+    assert old.asked is None and rec.asked == Asked(6, "tiny", {}, {}, 1, ("loss_finite (all steps)",))
     runbook, profile = load_runbook(rb), load_profile("cpu")
     [point] = expand(runbook, profile)
     assert stale.changes(old, point) == ()
@@ -95,4 +95,4 @@ def test_what_was_asked_survives_the_store(tmp_path):
     data = json.loads((res / "results.json").read_text())
     [stored] = data["records"].values()
     assert stored["asked"] == {"steps": 3, "config": "tiny", "overrides": {"train.lr": 0.001}, "env": {},
-                               "world_size": 1}
+                               "world_size": 1, "gates": ["loss_finite (all steps)"]}

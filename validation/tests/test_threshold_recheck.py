@@ -1,7 +1,7 @@
 """`report` re-checks stored gates against the runbook's gates as they are now (store/thresholds.py),
 as it re-checks golden gates: a stored PASS of 'steps_completed >= 4' re-rendered after the gate was
 raised to '>= 6' said GO, the verdict of a gate the runbook no longer asks (gofalse9's note). The
-value the run measured is checked against the threshold of now; a gate the run never evaluated
+value the run measured is checked against the threshold of now; a gate the run was not asked
 leaves a passed point not run; a gate taken away never turns a FAIL into a PASS."""
 from __future__ import annotations
 
@@ -57,14 +57,14 @@ def test_a_threshold_lowered_since_the_run_passes_the_stored_value(tmp_path):
     assert ctx["thresholds_changed"][0].endswith("FAIL then, PASS now")
 
 
-def test_a_gate_the_run_never_evaluated_leaves_a_passed_point_not_run(tmp_path):
+def test_a_gate_the_run_was_not_asked_leaves_a_passed_point_not_run(tmp_path):
     rb, res = _ran(tmp_path, _gates(4))
     write_runbook(rb, [train_phase("long_run", gates=_gates(4, {"metric": "loss_finite", "op": "==", "threshold": 1}),
                                    steps=4)])
     ctx = _context(rb, res)
     assert ctx["verdict"] == "INCOMPLETE", ctx["status_reason"]
     [o] = ctx["outdated"]
-    assert o["why"] == "gate loss_finite not evaluated at the run, == 1 (all steps) in the runbook now", o["why"]
+    assert o["why"] == "gate loss_finite not asked at the run, == 1 (all steps) in the runbook now", o["why"]
 
 
 def test_a_gate_taken_away_since_the_run_leaves_its_stored_fail(tmp_path):

@@ -107,8 +107,13 @@ class GateResult:
     def text(self) -> str:
         """'metric = value, needs op threshold (window)', then the note when there is one."""
         val = "no data" if self.value is None else f"{self.value:.4g}"
-        thr = "(to be measured)" if self.threshold is None else f"{self.threshold:g}"
-        return f"{self.metric} = {val}, needs {self.op} {thr} ({self.window})" + (f": {self.note}" if self.note else "")
+        return f"{self.metric} = {val}, needs {rule(self.op, self.threshold)} ({self.window})" + (
+            f": {self.note}" if self.note else "")
+
+
+def rule(op: str, threshold: float | None) -> str:
+    """'>= 4', or '>= (to be measured)' for a null threshold."""
+    return f"{op} {'(to be measured)' if threshold is None else f'{threshold:g}'}"
 
 
 def check(value: float | None, op: str, threshold: float | None) -> GateVerdict:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from validation.judge.asked import Asked
+from validation.judge.gates import rule
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
 from validation.runbook.plan import PhasePoint
 
@@ -78,8 +79,8 @@ def _new_gates(rec: PhaseRecord, point: PhasePoint) -> list[Change]:
     then = rec.asked.gates if rec.asked is not None else None
     if rec.status != Status.PASS or then is None:
         return []
-    return [Change(Key.GATE, "not asked", f"{g.op} {'(to be measured)' if g.threshold is None else f'{g.threshold:g}'} "
-                   f"({g.window.describe()})", g.metric) for g in point.gates() if Asked.gate_key(g) not in then]
+    return [Change(Key.GATE, "not asked", f"{rule(g.op, g.threshold)} ({g.window.describe()})", g.metric)
+            for g in point.gates() if Asked.gate_key(g) not in then]
 
 
 def _asked(rec: PhaseRecord, point: PhasePoint) -> tuple[Change, ...]:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, Gate, GateResult, GateVerdict, Pending, Window, check
+from validation.judge.gates import (GOLDEN_METRIC, REPEAT_LOSS_METRIC, Gate, GateResult, GateVerdict, Pending, Window,
+                                    check, rule)
 from validation.judge.record import PhaseRecord
 from validation.judge.verdict import rejudge
 from validation.runbook.plan import PhasePoint
@@ -34,12 +35,9 @@ class Rechecked:
     now: GateResult
 
     def text(self) -> str:
-        return (f"{self.then.metric} ({self.then.window}): {_rule(self.then)} at the run, {_rule(self.now)} now; "
+        return (f"{self.then.metric} ({self.then.window}): {rule(self.then.op, self.then.threshold)} at the run, "
+                f"{rule(self.now.op, self.now.threshold)} now; "
                 f"{self.then.verdict} then, {self.now.verdict} now")
-
-
-def _rule(g: GateResult) -> str:
-    return f"{g.op} {'(to be measured)' if g.threshold is None else f'{g.threshold:g}'}"
 
 
 def asked_now(point: PhasePoint, stored: GateResult) -> Gate | None:
@@ -62,8 +60,9 @@ def recheck(rec: PhaseRecord, point: PhasePoint) -> tuple[PhaseRecord, list[Rech
         again = dataclasses.replace(
             g, op=now.op, threshold=now.threshold, threshold_ref=now.threshold_ref, verdict=verdict,
             pending=Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None,
-            note="; ".join(filter(None, [g.note, f"re-checked at report time: the runbook's gate is {_rule(now)} "
-                                                  f"now, {_rule(g)} at the run ({g.verdict} then)"])))
+            note="; ".join(filter(None, [g.note, f"re-checked at report time: the runbook's gate is "
+                                                  f"{rule(now.op, now.threshold)} now, {rule(g.op, g.threshold)} "
+                                                  f"at the run ({g.verdict} then)"])))
         gates.append(again)
         found.append(Rechecked(g, again))
     return (rejudge(rec, gates) if found else rec), found

@@ -99,3 +99,63 @@ def test_float32_at_wide_heads_starts_from_small_tiles():
     for window in (False, True):
         assert band_attention._configs(256, False, window, wide=True) == (wide,) * 3
         assert wide not in band_attention._configs(256, False, window)
+
+
+def test_a_register_cap_is_a_launch_option_on_gpus_only():
+    """capped adds Triton's maxnreg to a launch where a cap is asked on a GPU; 0 and the CPU
+    interpreter (no registers to cap) leave the launch as it is."""
+    cfg = dict(BM=64, num_warps=4, num_stages=2)
+    assert _launch.capped(cfg, 128, interpret=False) == {**cfg, "maxnreg": 128}
+    assert _launch.capped(cfg, 0, interpret=False) == cfg
+    assert _launch.capped(cfg, 128, interpret=True) == cfg
+
+
+def test_register_caps_out_of_range_are_named():
+    from nsa.kernels.tuning import BandTiles, SelectionTuning, TopkTuning
+
+    for make, name in ((lambda r: SelectionTuning(dkv_regs=r), "SelectionTuning.dkv_regs"),
+                       (lambda r: SelectionTuning(blocks_regs=r), "SelectionTuning.blocks_regs"),
+                       (lambda r: TopkTuning(regs=r), "TopkTuning.regs"),
+                       (lambda r: BandTiles(dq_regs=r), "BandTiles.dq_regs")):
+        assert make(0).as_arg() == "" and make(128).as_arg().endswith("=128")
+        for bad in (-1, 16, 256):
+            with pytest.raises(ValueError, match=rf"{name} is {bad}; expected 0"):
+                make(bad)
+    assert BandTiles.from_arg(BandTiles(dkv_regs=168).as_arg()) == BandTiles(dkv_regs=168)
+
+
+@pytest.mark.gpu
+def test_register_caps_change_no_output():
+    """A register cap changes where values live, not what is computed: the selected branch
+    (key-block-major forward, dk/dv pass), top-n and the window, deterministic, capped and not,
+    give the same bits."""
+    from nsa.kernels import band_attention, selection, topk
+    from nsa.kernels.tuning import BandTiles, SelectionTuning, TopkTuning
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    B, T, H, G, K, ls, n = 1, 2048, 2, 6, 64, 64, 16
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, device="cuda").bfloat16()
+
+    q, k, v, do = rnd(B, T, H * G, K), rnd(B, T, H, K), rnd(B, T, H, K), rnd(B, T, H * G, K)
+    kc, lse = rnd(B, T // 16, H, K), torch.rand(B, T, H * G, generator=gen, device="cuda") + 5
+    idx = topk.select_blocks(q, kc, lse, 0, 32, 16, ls, n)
+    assert torch.equal(idx, topk.select_blocks(q, kc, lse, 0, 32, 16, ls, n, TopkTuning(regs=96)))
+
+    def sel(tune):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = selection.selected_attention(*leaves, idx, 0, ls, deterministic=True, form="blocks", tuning=tune)
+        o.backward(do)
+        return [o] + [t.grad for t in leaves]
+
+    def win(tiles):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = band_attention.band_attention(*leaves, 0, 1, 1, 512, True, True, tiles=tiles)[0]
+        o.backward(do)
+        return [o] + [t.grad for t in leaves]
+
+    for got, want in ((sel(SelectionTuning(tt=1, dkv_regs=128, blocks_regs=96)), sel(SelectionTuning(tt=1))),
+                      (win(BandTiles(fwd_regs=128, dq_regs=128, dkv_regs=128)), win(BandTiles()))):
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)

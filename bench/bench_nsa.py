@@ -294,15 +294,16 @@ def sweep(shapes, only=()):
                    dict(fwd_warps=8, fwd_stages=3), dict(blocks_rows=32), dict(blocks_rows=128),
                    dict(blocks_rows=128, fwd_warps=8)]
         # register caps (nsa.kernels._launch.capped): fewer registers a thread, more programs an SM,
-        # the rest spilled; with 1 stage the dk/dv kernel's shared memory also admits more programs
+        # the rest spilled; with 1 stage the dk/dv kernel's shared memory also admits more programs;
+        # each group starts with the defaults, timed in the same run
         regs = [
-            ("sel regs", [SelectionTuning(**v) for v in [dict(dkv_regs=168), dict(dkv_regs=128),
+            ("sel regs", [SelectionTuning(**v) for v in [dict(), dict(dkv_regs=168), dict(dkv_regs=128),
                                                          dict(dkv_regs=168, dkv_stages=1),
                                                          dict(dkv_regs=128, dkv_stages=1),
                                                          dict(dkv_regs=168, dkv_cells=4096),
                                                          dict(blocks_regs=96), dict(blocks_regs=80)]], [sel_fb]),
-            ("topk regs", [TopkTuning(regs=r) for r in (128, 96)], [tk]),
-            ("win regs", [BandTiles(**v) for v in [dict(fwd_regs=168), dict(fwd_regs=128), dict(dq_regs=128),
+            ("topk regs", [TopkTuning(regs=r) for r in (0, 128, 96)], [tk]),
+            ("win regs", [BandTiles(**v) for v in [dict(), dict(fwd_regs=168), dict(fwd_regs=128), dict(dq_regs=128),
                                                    dict(dkv_regs=168), dict(dkv_regs=128)]], [win_fb]),
         ]
         groups = band + regs + [

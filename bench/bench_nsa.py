@@ -293,20 +293,7 @@ def sweep(shapes, only=()):
         sel_fwd = [dict(fwd_warps=4, fwd_stages=3), dict(fwd_warps=2, fwd_stages=3), dict(fwd_warps=4, fwd_stages=2),
                    dict(fwd_warps=8, fwd_stages=3), dict(blocks_rows=32), dict(blocks_rows=128),
                    dict(blocks_rows=128, fwd_warps=8)]
-        # register caps (nsa.kernels._launch.capped): fewer registers a thread, more programs an SM,
-        # the rest spilled; with 1 stage the dk/dv kernel's shared memory also admits more programs;
-        # each group starts with the defaults, timed in the same run
-        regs = [
-            ("sel regs", [SelectionTuning(**v) for v in [dict(), dict(dkv_regs=168), dict(dkv_regs=128),
-                                                         dict(dkv_regs=168, dkv_stages=1),
-                                                         dict(dkv_regs=128, dkv_stages=1),
-                                                         dict(dkv_regs=168, dkv_cells=4096),
-                                                         dict(blocks_regs=96), dict(blocks_regs=80)]], [sel_fb]),
-            ("topk regs", [TopkTuning(regs=r) for r in (0, 128, 96)], [tk]),
-            ("win regs", [BandTiles(**v) for v in [dict(), dict(fwd_regs=168), dict(fwd_regs=128), dict(dq_regs=128),
-                                                   dict(dkv_regs=168), dict(dkv_regs=128)]], [win_fb]),
-        ]
-        groups = band + regs + [
+        groups = band + [
             ("sel tt (fwd, fwd+bwd)", [SelectionTuning(**v) for v in sel_tt], [sel_f, sel_fb]),
             ("sel bwd", [SelectionTuning(**v) for v in sel_bwd], [sel_fb]),
             ("sel fwd", [SelectionTuning(**v) for v in sel_fwd], [sel_f]),
@@ -319,7 +306,7 @@ def sweep(shapes, only=()):
             for tune in tunings:
                 try:
                     t = ", ".join(f"{_bench(make(tune)):.2f}" for make in timed)
-                    if label.startswith(("sel tt", "sel bwd", "sel regs")):
+                    if label.startswith(("sel tt", "sel bwd")):
                         TT, keep, split = _sel_split(x, q, do, idx, cfg, tune)
                         t += (f" | split (ms): TT={TT}{f' dq from kept {keep}' if keep else ''} "
                               + " ".join(f"{a} {b:.3f}" for a, b in split.items()))

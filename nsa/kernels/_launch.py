@@ -67,15 +67,6 @@ def ladder(base: dict, halve: Sequence[str] = (), floor: int = 16) -> list[dict]
         cfg = {**cfg, key: cfg[key] // 2}
 
 
-def capped(cfg: dict, maxnreg: int, interpret: bool) -> dict:
-    """``cfg`` with ptxas's register cap ``maxnreg`` (registers a thread; Triton's launch option
-    of that name) where maxnreg > 0 on a GPU; as it is otherwise (0: the compiler's choice, and
-    the CPU interpreter has no registers to cap). A cap below what a kernel wants spills the rest
-    to local memory but lets more programs share an SM: a trade only a measurement decides
-    (bench/bench_nsa.py --sweep, the 'regs' groups)."""
-    return {**cfg, "maxnreg": maxnreg} if maxnreg > 0 and not interpret else cfg
-
-
 def _describe(cfg: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in cfg.items())
 

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from ._autograd import kernel_op
 from .tuning import BAND, BandTiles
-from ._launch import capped, dot_precision, fp32_wide, launch
+from ._launch import dot_precision, fp32_wide, launch
 from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
 
 
@@ -337,7 +337,7 @@ def _configs(K: int, interpret: bool, window: bool, wide: bool = False,
     """The preferred launch of the fwd, dq and dk/dv kernels: dicts of BM, BN, num_warps and
     num_stages (nsa.kernels._launch.launch falls back from them where they do not fit); wide:
     float32 inputs at head dim > 64 (FP32_WIDE_TILES); given: the tiles a caller asks for, each
-    taken as it is (None: the rules here), and their register caps."""
+    taken as it is (None: the rules here)."""
     if interpret:
         tiles = (32, 16, 4, 1), (32, 16, 4, 1), (16, 32, 4, 1)
     elif wide:
@@ -347,8 +347,7 @@ def _configs(K: int, interpret: bool, window: bool, wide: bool = False,
         i = 0 if K <= 64 else 1
         tiles = table["fwd"][i], table["dq"][i], table["dkv"][i]
     tiles = tuple(t if g is None else g for t, g in zip(tiles, (given.fwd, given.dq, given.dkv)))
-    return tuple(capped(dict(BM=bm, BN=bn, num_warps=w, num_stages=st), regs, interpret)
-                 for (bm, bn, w, st), regs in zip(tiles, (given.fwd_regs, given.dq_regs, given.dkv_regs)))
+    return tuple(dict(BM=bm, BN=bn, num_warps=w, num_stages=st) for bm, bn, w, st in tiles)
 
 
 @functools.lru_cache(maxsize=None)

@@ -41,7 +41,7 @@ import triton.language as tl
 from . import SEL_FORMS
 from ._autograd import kernel_op
 from ._inverse import Inverse, as_outputs, fake_outputs, from_outputs, inverse_selection, item_rows
-from ._launch import capped, dot_precision, fp32_wide, launch
+from ._launch import dot_precision, fp32_wide, launch
 from .selection_blocks import blocks_forward, one_pass
 from ._tma import kv_desc, kv_tma_ok
 from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
@@ -449,8 +449,8 @@ def _sel_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tenso
     form = _resolve_form(q, k, idx, sel_block, form, tune)
     if form == "blocks" and Tq > 0:
         interpret = q.device.type == "cpu"
-        tiles = capped(dict(BM=32 if interpret else tune.blocks_rows, num_warps=4 if interpret else tune.fwd_warps,
-                            num_stages=1 if interpret else tune.fwd_stages), tune.blocks_regs, interpret)
+        tiles = dict(BM=32 if interpret else tune.blocks_rows, num_warps=4 if interpret else tune.fwd_warps,
+                     num_stages=1 if interpret else tune.fwd_stages)
         o, lse, inverse = blocks_forward(q, k, v, idx, sel_block, q_start, tiles,
                                          _dkv_qc(q.device, Tq, False, tune), tune.partials_budget)
         return o, lse, None if deterministic else inverse
@@ -500,8 +500,7 @@ def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, d
     # K <= 32 gets the 128 rows of K=64: more rows a step were never measured
     rows = 64 if interpret else min(tune.dkv_cells // meta["BK"], 128)
     warps = 8 if fp32_wide(q.dtype, meta["K"]) else tune.dkv_warps
-    cfg = capped(dict(ROWS=rows, num_warps=4 if interpret else warps, num_stages=1 if interpret else tune.dkv_stages),
-                 tune.dkv_regs, interpret)
+    cfg = dict(ROWS=rows, num_warps=4 if interpret else warps, num_stages=1 if interpret else tune.dkv_stages)
     launch(_sel_bwd_dkv_kernel, lambda c: (seg.numel(),),
            (q, k, v, do, lse, delta, keys_sorted, perm, seg, start, end, dk, dv, q if kept is None else kept,
             q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3])),

@@ -32,13 +32,6 @@ class _Tuning:
     def from_arg(cls, arg: str):
         return _from_arg(cls, arg)
 
-    def _check_regs(self, *names: str) -> None:
-        for name in names:
-            regs = getattr(self, name)
-            if regs != 0 and not 32 <= regs <= 255:
-                raise ValueError(f"{type(self).__name__}.{name} is {regs}; expected 0 (the compiler's choice) "
-                                 "or a register cap of 32..255 (nsa.kernels._launch.capped)")
-
     def _check_positive(self, *names: str) -> None:
         for name in names:
             if getattr(self, name) <= 0:
@@ -95,9 +88,7 @@ class SelectionTuning(_Tuning):
       what it keeps (dq_keep: 'dq' partials, 'ds' tiles, 'auto' selection._dq_source's rule),
       kept_budget bytes of them at a time (longer inputs a chunk of query tokens at a time);
     * partials_budget: bytes of the key-block-major forward's partial outputs held at once
-      (selection_blocks; longer inputs a chunk of query tokens at a time);
-    * blocks_regs, dkv_regs: register caps of the key-block-major forward and of the dk/dv kernel
-      (0: the compiler's choice; nsa.kernels._launch.capped)."""
+      (selection_blocks; longer inputs a chunk of query tokens at a time)."""
     fwd_warps: int = 4
     fwd_stages: int = 2
     blocks_rows: int = 64
@@ -116,8 +107,6 @@ class SelectionTuning(_Tuning):
     dq_keep: str = "auto"
     kept_budget: int = 16 << 30
     partials_budget: int = 4 << 30
-    blocks_regs: int = 0
-    dkv_regs: int = 0
 
     def __post_init__(self):
         if self.dq_keep not in ("auto", "dq", "ds"):
@@ -127,7 +116,6 @@ class SelectionTuning(_Tuning):
         self._check_positive("fwd_warps", "fwd_stages", "blocks_rows", "tma_stages", "tt_rows", "tt_max", "tt_nb",
                              "qc", "qc_interpret", "dkv_cells", "dkv_warps", "dkv_stages", "kept_budget",
                              "partials_budget")
-        self._check_regs("blocks_regs", "dkv_regs")
         self._set_arg()
 
 
@@ -141,8 +129,7 @@ class TopkTuning(_Tuning):
     when a floor leaves that few (topk._select_kernel); chunk_blocks, the selection blocks the
     score kernel takes a step (their compressed tokens are the columns of its product; 8 took
     1.82-1.86 against 1.89 ms for the top-n at the seeds' shape, S = 64k, within the spread,
-    docs/performance.md, nineteenth set); regs, the score kernel's register cap (0: the compiler's
-    choice; nsa.kernels._launch.capped)."""
+    docs/performance.md, nineteenth set)."""
     rows: int = 128
     rows_interpret: int = 64
     warps: int = 4
@@ -150,12 +137,10 @@ class TopkTuning(_Tuning):
     score_budget: int = 1 << 28
     select_candidates: int = 128
     chunk_blocks: int = 16
-    regs: int = 0
 
     def __post_init__(self):
         self._check_positive("rows", "rows_interpret", "warps", "stages", "score_budget", "select_candidates",
                              "chunk_blocks")
-        self._check_regs("regs")
         if self.chunk_blocks & (self.chunk_blocks - 1):
             raise ValueError(f"TopkTuning.chunk_blocks is {self.chunk_blocks}; expected a power of two")
         self._set_arg()
@@ -164,21 +149,16 @@ class TopkTuning(_Tuning):
 @dataclass(frozen=True)
 class BandTiles(_Tuning):
     """Launches of the band kernels (nsa.kernels.band_attention) for one call, each a Tile or None
-    for the measured table band_attention.TILES (and its float32 and interpreter rules); each
-    kernel's register cap (0: the compiler's choice; nsa.kernels._launch.capped)."""
+    for the measured table band_attention.TILES (and its float32 and interpreter rules)."""
     fwd: Tile | None = None
     dq: Tile | None = None
     dkv: Tile | None = None
-    fwd_regs: int = 0
-    dq_regs: int = 0
-    dkv_regs: int = 0
 
     def __post_init__(self):
         for name in ("fwd", "dq", "dkv"):
             tile = getattr(self, name)
             if tile is not None and (len(tile) != 4 or min(tile) <= 0):
                 raise ValueError(f"BandTiles.{name} is {tile!r}; expected (BM, BN, num_warps, num_stages), all > 0")
-        self._check_regs("fwd_regs", "dq_regs", "dkv_regs")
         self._set_arg()
 
 

@@ -17,18 +17,15 @@ import triton.language as tl
 @triton.jit
 def _selection_keys_kernel(idx, keys, Tq, total, NB, NSEG, H: tl.constexpr, N: tl.constexpr,
                            BLOCK: tl.constexpr):
-    """keys[e] = ((b*H + h)*NB + block) * Tq + t for entry e = ((b*Tq + t)*H + h)*N + slot of
-    idx; padding (-1) gets NSEG * Tq (NSEG = B*H*NB), above every real key. Sorted, the keys
-    list each (b, h, block) segment's tokens in ascending order."""
+    """keys[e] = (b*H + h)*NB + block, the segment of entry e = ((b*Tq + t)*H + h)*N + slot of
+    idx; padding (-1) gets NSEG = B*H*NB, above every segment. The entries of a segment come in
+    ascending t, so a stable sort lists each segment's tokens in ascending order."""
     e = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = e < total
     blk = tl.load(idx + e, mask=m, other=-1)
     h = (e // N) % H
-    bt = e // (N * H)  # b * Tq + t
-    b = bt // Tq
-    t = bt % Tq
-    seg = (b * H + h).to(tl.int64) * NB + blk
-    key = tl.where(blk >= 0, seg * Tq + t, (t * 0 + NSEG).to(tl.int64) * Tq)
+    b = e // (N * H * Tq)
+    key = tl.where(blk >= 0, (b * H + h) * NB + blk, NSEG)
     tl.store(keys + e, key.to(keys.dtype.element_ty), mask=m)
 
 
@@ -48,7 +45,7 @@ def _lower_bound(keys, n_keys, target, STEPS: tl.constexpr):
 
 
 @triton.jit
-def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, NB, IPB,
+def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, NB, IPB,
                        QC: tl.constexpr, NBP: tl.constexpr, STEPS: tl.constexpr, BW: tl.constexpr):
     """One program per (b, h): its NB segments' bounds in the sorted keys (binary search), cut
     into work items of at most QC tokens, written to the program's IPB item slots
@@ -57,8 +54,8 @@ def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, 
     j = tl.arange(0, NBP)
     jm = j < NB
     seg = bh * NB + j
-    start = _lower_bound(keys_sorted, n_keys, seg.to(tl.int64) * Tq, STEPS)
-    end = _lower_bound(keys_sorted, n_keys, (seg + 1).to(tl.int64) * Tq, STEPS)
+    start = _lower_bound(keys_sorted, n_keys, seg, STEPS)
+    end = _lower_bound(keys_sorted, n_keys, seg + 1, STEPS)
     chunks = tl.where(jm, (end - start + QC - 1) // QC, 0)
     first = tl.cumsum(chunks, 0) - chunks  # the segment's first item within the program
     base = bh.to(tl.int64) * IPB
@@ -78,30 +75,34 @@ def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, Tq, 
 
 
 @triton.jit
-def item_rows(keys_sorted, seg, Tc, r0, s1, G: tl.constexpr, ROWS: tl.constexpr):
-    """ROWS rows of a work item from row r0, in the items' order: row r0 + i is head g of the
-    item's sorted token u, (u, g) = ((r0 + i) // G, (r0 + i) % G), G rows a token, no padding.
-    Returns the rows' mask (u below the item's end s1), u, g and the token's index t in the
-    Tc tokens the keys were made from (a key is seg * Tc + t)."""
+def item_rows(perm, b, Tc, r0, s1, H: tl.constexpr, G: tl.constexpr, N: tl.constexpr, ROWS: tl.constexpr):
+    """ROWS rows of a work item of batch b from row r0, in the items' order: row r0 + i is head
+    g of the item's sorted entry u, (u, g) = ((r0 + i) // G, (r0 + i) % G), G rows a token, no
+    padding. Returns the rows' mask (u below the item's end s1), g, the idx entry e = ((b*Tc +
+    t)*H + h)*N + slot each row's token came from (perm[u]; its partial output or kept dq goes
+    there) and the token's index t in the Tc tokens of idx."""
     rho = r0 + tl.arange(0, ROWS)
     rmask = rho < s1 * G
-    u = rho // G
-    t = (tl.load(keys_sorted + u, mask=rmask, other=0) - seg.to(tl.int64) * Tc).to(tl.int32)
-    return rmask, u, rho % G, t
+    e = tl.load(perm + rho // G, mask=rmask, other=0)
+    t = (e // (H * N) - b.to(tl.int64) * Tc).to(tl.int32)
+    return rmask, rho % G, e, t
 
 
 class Inverse(NamedTuple):
     """An inverse selection (see inverse_selection)."""
-    keys: torch.Tensor  # the sorted keys, one per idx entry (key_dtype)
+    keys: torch.Tensor  # the sorted keys (segments), one per idx entry (key_dtype)
     perm: torch.Tensor  # the idx entry each sorted key came from (int64)
     items: torch.Tensor  # [3, n_items] int32: per work item its segment and the [start, end) of keys it owns
     NB: int  # key blocks
 
 
 def key_dtype(idx_shape: tuple[int, ...], NB: int) -> torch.dtype:
-    """The keys' dtype: int32 while every key, (B*H*NB + 1) * Tq at most, fits."""
-    B, Tq, H, _ = idx_shape
-    return torch.int32 if (B * H * NB + 1) * Tq < 2**31 else torch.int64
+    """The keys' dtype: int16 while every segment and the padding's key, B*H*NB, fit (the sort then
+    takes two 8-bit radix passes instead of four: on one H100 at S = 64k of the seeds' attention shape
+    the four took 119 us of the inverse selection's 0.22 ms, docs/performance.md, nineteenth set),
+    else int32."""
+    B, _, H, _ = idx_shape
+    return torch.int16 if B * H * NB < 2**15 else torch.int32
 
 
 def n_items(idx_shape: tuple[int, ...], NB: int, qc: int) -> int:
@@ -114,12 +115,12 @@ def n_items(idx_shape: tuple[int, ...], NB: int, qc: int) -> int:
 def inverse_selection(idx: torch.Tensor, Tk: int, ls: int, qc: int) -> Inverse:
     """Work items of the key-block-major passes: tokens grouped by the (b, h, block) they selected.
 
-    One kernel writes a key per idx entry, seg * Tq + token with seg = (b*H + h)*NB + block;
-    one sort puts each segment's tokens together in ascending order; one kernel per (b, h)
-    finds the segments' bounds and cuts them into items of at most qc tokens. Three launches,
-    no host sync. Returns the sorted keys, the idx entry each came from (the sort's
-    permutation), per work item its segment and the [start, end) range of the sorted keys it
-    owns, and NB. The item count (n_items) is an upper bound known on the host; items past a
+    One kernel writes a key per idx entry, its segment seg = (b*H + h)*NB + block; one stable
+    sort puts each segment's entries together, their tokens in ascending order; one kernel per
+    (b, h) finds the segments' bounds and cuts them into items of at most qc tokens. Three
+    launches, no host sync. Returns the sorted keys, the idx entry each came from (the sort's
+    permutation: the kernels read a row's token from it), per work item its segment and the
+    [start, end) range of the sorted keys it owns, and NB. The item count (n_items) is an upper bound known on the host; items past a
     (b, h)'s real ones are empty."""
     B, Tq, H, n = idx.shape
     NB = triton.cdiv(Tk, ls)
@@ -128,10 +129,10 @@ def inverse_selection(idx: torch.Tensor, Tk: int, ls: int, qc: int) -> Inverse:
     block = 1024
     _selection_keys_kernel[(triton.cdiv(total, block),)](idx, keys, Tq, total, NB, B * H * NB, H=H, N=n,
                                                            BLOCK=block)
-    keys_sorted, perm = torch.sort(keys)
+    keys_sorted, perm = torch.sort(keys, stable=True)
     items = torch.empty(3, n_items(idx.shape, NB, qc), device=idx.device, dtype=torch.int32)
     seg, start, end = items.unbind(0)
-    _work_items_kernel[(B * H,)](keys_sorted, total, seg, start, end, Tq, NB, items.shape[1] // (B * H),
+    _work_items_kernel[(B * H,)](keys_sorted, total, seg, start, end, NB, items.shape[1] // (B * H),
                                  QC=qc, NBP=triton.next_power_of_2(NB), STEPS=total.bit_length(), BW=256)
     return Inverse(keys_sorted, perm, items, NB)
 

@@ -232,7 +232,8 @@ def test_selection_tile_union(kdev, TT):
 def test_inverse_selection_work_items(kdev, qc):
     """The dk/dv pass's work items: each (b, h, block)'s tokens exactly once, ascending, cut
     into items of at most qc tokens in segment order; the slots past a (b, h)'s items are empty;
-    each sorted key names the idx entry it came from (where the dS tile of that entry goes)."""
+    each sorted key is its segment, and the permutation names the idx entry it came from (its
+    token, and where that entry's partial output or kept dq goes)."""
     from nsa.kernels._inverse import inverse_selection
 
     gen = torch.Generator().manual_seed(qc)
@@ -247,10 +248,12 @@ def test_inverse_selection_work_items(kdev, qc):
         if a == e:
             continue
         assert 0 < e - a <= qc and w // (seg.numel() // (B * H)) == s // NB  # in its (b, h)'s slots
-        got.setdefault(s, []).extend((keys[a:e] - s * Tq).tolist())
-        for u in range(a, e):  # entry ((b*Tq + t)*H + h)*n + slot holds this segment's block, token t
-            entry = int(perm[u])
-            assert idx.view(-1)[entry] == s % NB and (entry // (n * H)) % Tq == int(keys[u]) - s * Tq
+        assert (keys[a:e] == s).all()
+        # entry ((b*Tq + t)*H + h)*n + slot holds this segment's block, token t, of its (b, h)
+        entries = perm[a:e]
+        assert (idx.view(-1)[entries] == s % NB).all() and ((entries // n) % H == (s // NB) % H).all()
+        assert (entries // (n * H * Tq) == s // (NB * H)).all()
+        got.setdefault(s, []).extend(((entries // (n * H)) % Tq).tolist())
     want: dict[int, list[int]] = {}
     for b in range(B):
         for t in range(Tq):

@@ -137,3 +137,20 @@ def test_a_trainer_param_that_no_override_could_name_is_refused_and_the_format_p
     [row] = [ln for ln in (REPO_ROOT / "docs" / "runbook_format.md").read_text().splitlines()
              if ln.startswith("| `params` |")]
     assert "dotted lower-case name" in row and "train.lr" in row, row
+
+
+def test_a_key_written_twice_in_a_runbook_or_profile_is_an_error_naming_it_its_section_and_both_lines(tmp_path):
+    """PyYAML keeps the last value of a duplicated key: a phase with `gates:` twice was judged
+    against the second list alone, a profile with a threshold twice against the second number."""
+    rb = tmp_path / "rb.yaml"
+    rb.write_text("name: dup\nprofiles: [cpu]\nphases:\n  - name: p\n    kind: train\n"
+                  "    gates:\n      - {metric: steps_completed, op: '>=', threshold: 100}\n"
+                  "    gates:\n      - {metric: loss_finite, op: '==', threshold: 1}\n")
+    with pytest.raises(RunbookError, match=re.escape(f"{rb}: key 'gates' appears twice in phases[0] (lines 6 and 8)")):
+        load_runbook(rb)
+    prof = tmp_path / "prof.yaml"
+    prof.write_text("name: p\nmarker: cpu_profile\nhardware: {accelerator: cpu}\nthresholds:\n"
+                    "  min_toks_per_s: 100\n  max_loss: 3\n  min_toks_per_s: 1\n")
+    with pytest.raises(RunbookError, match=re.escape(f"{prof}: key 'min_toks_per_s' appears twice in thresholds "
+                                                     "(lines 5 and 7)")):
+        load_profile(prof)

@@ -154,3 +154,17 @@ def test_a_key_written_twice_in_a_runbook_or_profile_is_an_error_naming_it_its_s
     with pytest.raises(RunbookError, match=re.escape(f"{prof}: key 'min_toks_per_s' appears twice in thresholds "
                                                      "(lines 5 and 7)")):
         load_profile(prof)
+
+
+def test_a_trainer_entry_supporting_no_phase_kind_is_an_error_not_the_default(tmp_path):
+    """`trainer.phases: []` was read as the default [train]: a trainer said to support nothing ran
+    every train phase, GO."""
+    trainer = {"name": "mine", "root": "tests/trainers", "script": "native_train.py",
+               "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"], "phases": []}
+    path = _write(tmp_path, {**_rb(), "trainer": trainer})
+    with pytest.raises(RunbookError, match=re.escape(
+            f"{path}: trainer.phases: an empty list names no phase kind the trainer supports (every phase would be "
+            "SKIP); list the kinds it supports (train, profile, preflight, resume), or leave the key out for [train]")):
+        load_runbook(path)
+    del trainer["phases"]
+    assert load_runbook(_write(tmp_path, {**_rb(), "trainer": trainer})).trainer.phases == ("train",)

@@ -7,7 +7,8 @@ plain data (dicts from YAML, ``key.sub=value`` strings) into such dataclasses:
 * unknown keys are rejected, naming the full dotted key and the keys that are allowed;
 * values are coerced to the field's declared type (``"512"`` -> 512 for an ``int`` field,
   ``"true"``/``"1"`` -> True for a ``bool``), and a value that cannot be coerced is an error;
-* YAML is always read with ``yaml.safe_load``.
+* YAML is always read with ``yaml.safe_load``'s loader, a key written twice in one mapping being an
+  error naming it, its section and both lines (nsa/yaml_unique.py), never the last value kept.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, TypeVar
 
 import yaml
+
+from .yaml_unique import DuplicateKeyError, safe_load_unique
 
 T = TypeVar("T")
 
@@ -237,7 +240,9 @@ def read_yaml(path: str | Path, sections: Iterable[str] = ()) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
     try:
-        data = yaml.safe_load(text)
+        data = safe_load_unique(text)
+    except DuplicateKeyError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc})") from None
     expected = "a mapping at the top level" + (f" (sections: {', '.join(sections)})" if sections else "")

@@ -299,3 +299,22 @@ def test_keys_indented_out_of_their_section_name_the_section_they_belong_to(tmp_
     path.write_text("train:\n  prefetch: 2\n")
     with pytest.raises(ConfigError, match=r"train\.prefetch.*; in the wrong section\? prefetch is data\.prefetch$"):
         load_run_config(str(path), env={})
+
+
+def test_a_key_written_twice_is_an_error_naming_the_file_the_key_its_section_and_both_lines(tmp_path: Path):
+    """PyYAML keeps the last value of a duplicated key: `lr:` twice under train trained with the
+    second, silently (nsa/yaml_unique.py)."""
+    path = tmp_path / "mine.yaml"
+    path.write_text("model:\n  n_layers: 2\ntrain:\n  lr: 0.1\n  steps: 3\n  lr: 0.001\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: key 'lr' appears twice in train (lines 4 and 6)")):
+        load_run_config(str(path), env={})
+    path.write_text("model:\n  dim: 64\n  attn: {window: 8}\n  attn: {window: 16}\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: key 'attn' appears twice in model (lines 3 and 4)")):
+        load_model_config(str(path))
+    path.write_text("train:\n  steps: 3\ntrain:\n  steps: 4\n")
+    with pytest.raises(ConfigError, match=re.escape(f"{path}: key 'train' appears twice at the top level (lines 1 and 3)")):
+        load_run_config(str(path), env={})
+    # a merge's key set again is YAML's override, not a duplicate
+    path.write_text("base: &b {steps: 3, seq_len: 32}\ntrain:\n  <<: *b\n  steps: 4\n")
+    with pytest.raises(ConfigError, match="unknown config key base"):  # read whole; base is no section
+        load_run_config(str(path), env={})

@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from nsa.yaml_unique import DuplicateKeyError, safe_load_unique
 from validation.errors import RunbookError
 from validation.judge.gates import OPS, Gate, Window
 from validation.judge.metrics import METRICS
@@ -66,7 +67,9 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise RunbookError(f"{path}: not a readable YAML text file ({exc})") from None
     try:
-        data = yaml.safe_load(text)
+        data = safe_load_unique(text)
+    except DuplicateKeyError as exc:  # PyYAML would keep the last value: gates twice judged by the second
+        raise RunbookError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise RunbookError(f"{path}: not valid YAML ({exc})") from None
     if data is None:

@@ -158,7 +158,8 @@ TRAINER = Section("trainer", "A trainer other than this project's: how to launch
     Key("env", "variables it reads, of its own naming (not the loader's, the interpreters', PATH or the "
                "harness's own)"),
     Key("adapter", "native (it writes the contract) or seed (the seed system's format)"),
-    Key("phases", "phase kinds it supports (train, profile, resume, preflight); others are SKIP"),
+    Key("phases", "phase kinds it supports (train, profile, resume, preflight); others are SKIP (default [train]; "
+                  "an empty list is an error)"),
     Key("metrics", "metrics it provides (default: all its files can carry)"),
     Key("resume", "how it stops after N steps and resumes from its checkpoint (for resume phases)"),
 ))

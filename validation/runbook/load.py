@@ -1,4 +1,5 @@
-"""Runbooks and hardware profiles: YAML (``yaml.safe_load``) -> frozen dataclasses.
+"""Runbooks and hardware profiles: YAML (``yaml.safe_load``'s loader, a key written twice being an
+error: nsa/yaml_unique.py) -> frozen dataclasses.
 
 A runbook is the seed runbook as data: phases with a launcher, config, overrides, env, steps,
 timeout, a parameter sweep and gates. A hardware profile carries the minimum hardware and the

@@ -70,6 +70,40 @@ class PhasePoint:
         """The trainer's processes, every node's together (its world size)."""
         return self.phase.launcher.world_size if self.phase.kind in TRAINER_KINDS else 1
 
+    def launcher_asked(self) -> dict[str, str]:
+        """How the launcher starts the trainer apart from its world size (``nproc``), as a record
+        keeps it (judge/asked.py): one process or torchrun, how many nodes, the options passed
+        through. The rendezvous's endpoint and port say only where the agents meet; its join
+        timeout is an allowance, compared as one (store/stale.py)."""
+        launcher = self.phase.launcher
+        return _given({"kind": launcher.kind, "nodes": str(launcher.nnodes),
+                       "torchrun_args": " ".join(launcher.torchrun_args), "srun_args": " ".join(launcher.srun_args)})
+
+    def trainer_asked(self) -> dict[str, str]:
+        """The trainer the point launches, as a record keeps it: this project's trainer's module,
+        or the runbook's ``trainer:`` entry as far as it makes this point's run what it is (its
+        root, entry, args, config template, how steps, out_dir and this point's overrides reach
+        it, its env, its adapter, which of the point's gate metrics it cannot provide, and for a
+        resume point how it stops and resumes). Its name is only how reports call it."""
+        spec = self.runbook.trainer
+        if spec is None:
+            return {"module": self.phase.launcher.module}
+        out = {"root": spec.root.describe(), "entry": " ".join(spec.entry), "args": " ".join(spec.args),
+               "config": f"{spec.config.template} (as {_via(spec.config.pass_as)})" if spec.config else "none",
+               "steps": _via(spec.steps), "out_dir": _via(spec.out_dir), "adapter": spec.adapter}
+        out.update({f"params.{k}": _via(spec.params.get(k)) for k in self.overrides})
+        out.update({f"env.{k}": str(v) for k, v in spec.env.items()})
+        metrics = {g.metric for g in self.gates()}
+        out["not provided"] = ", ".join(sorted(m for m in unprovided_metrics(self) if m in metrics)) or "none"
+        if self.phase.kind == "resume":
+            out["resume"] = (f"stop_after {_via(spec.resume.stop_after)}, from {_via(spec.resume.resume_from)}"
+                             if spec.resume else "none")
+        return _given(out)
+
+    def pytest_asked(self) -> dict[str, str]:
+        """A pytest point's tests and arguments, as a record keeps them."""
+        return _given({"tests": " ".join(self.phase.tests), "pytest_args": " ".join(self.phase.pytest_args)})
+
     @property
     def slurm(self) -> bool:
         """A train point that Slurm runs, on the nodes of an allocation rather than this machine."""
@@ -129,6 +163,16 @@ class PhasePoint:
                 f"{self.runbook.path}: phase {self.phase.name} is a resume phase, but profile {self.profile.path} "
                 f"has no {RESUME_RTOL} threshold (a number, 0 for bit-identical, or null = to be measured)")
         return out
+
+
+def _given(keys: dict[str, str]) -> dict[str, str]:
+    """``keys`` without the empty ones (no arguments: the key unset, as a report names it)."""
+    return {k: v for k, v in keys.items() if v}
+
+
+def _via(d: Any) -> str:
+    """A runbook.types.Delivery as the runbook writes it ('{flag: --steps}'); 'none' for None."""
+    return "none" if d is None else f"{{{d.via}: {d.name}}}"
 
 
 def unprovided_metrics(point: PhasePoint) -> dict[str, str]:

@@ -86,7 +86,11 @@ def parse_trainer(path: Path, data: Any, known_metrics: Mapping[str, Any], adapt
                                           "overrides and sweeps name them")
         params[k] = _delivery(path, v, f"trainer.params.{k}", config)
     adapter = r.str_("adapter", "native", choices=tuple(adapters))
-    phases = r.list_("phases") or ["train"]
+    phases = r.list_("phases") if "phases" in r.data else ["train"]
+    if not phases:  # [] read as the default once: a trainer said to support nothing ran every train phase
+        r.fail("trainer.phases", f"an empty list names no phase kind the trainer supports (every phase would be "
+                                 f"SKIP); list the kinds it supports ({', '.join(FOREIGN_PHASE_KINDS)}), or leave the "
+                                 f"key out for [train]")
     for i, p in enumerate(phases):
         if p not in FOREIGN_PHASE_KINDS:
             r.fail(f"trainer.phases[{i}]", f"{p!r}: a trainer named here supports only {', '.join(FOREIGN_PHASE_KINDS)} "

@@ -31,6 +31,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from nsa.yaml_unique import safe_load_unique
 from validation.contract.files import read_training_csv
 from validation.errors import ArtifactError, HarnessError
 from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult, GateVerdict, Pending, check
@@ -117,7 +118,7 @@ class GoldenFile:
     @classmethod
     def load(cls, path: Path, runbook: str, profile: str) -> GoldenFile:
         try:
-            data = yaml.safe_load(path.read_text())
+            data = safe_load_unique(path.read_text())
         except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
             raise GoldenError(f"{path}: not a readable golden file ({exc})") from None
         if not isinstance(data, dict) or not isinstance(data.get("points"), dict):

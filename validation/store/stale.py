@@ -9,10 +9,37 @@ A passed point whose runbook now asks a gate its run was not asked (a new metric
 window) is not run either: nothing stored can pass that gate (a changed threshold is re-checked
 from the stored value instead, thresholds.py).
 
+So is a point whose run was of another phase kind, fewer repeats than the runbook asks now (a
+stored single run is no 3-run mean; a stored 3-run pass holds a pass of every run, so a runbook
+now asking 1 keeps it), another resume step, a golden comparison the run was not asked, another
+launcher (python or torchrun, nodes, options passed through), another trainer (this project's
+module, or the ``trainer:`` entry as it launches the point: root, entry, args, deliveries, env,
+adapter, the metrics it cannot provide; no longer supporting the kind), other pytest tests or
+arguments, or a machine below the point's hardware minimum now.
+
+The time allowances (timeout_s, stall_s, startup_s, the rendezvous's join timeout) change a
+stored result only where the direction of the change can: raised since the run, they change a run they
+may have ended (a timed-out run, a stall-stopped one quiet for less than the new allowance, a
+failed multi-node run that never logged a step) and no other (a crash, a failed gate or a pass
+happened within the old allowance, so within the new one too). Lowered, they change a run that
+did not fail and took longer than the new allowance (its wall time bounds every quiet spell, and
+the whole of each of its processes): it may have been stopped now; a failed run stays a failure
+(it fails the same or sooner), and a pass that took less than the new allowance passes within it.
+
 Records keep what was asked (judge/asked.py). Of records of older harnesses, which kept none,
 what they kept is read: their steps (not of a resume point that failed: it stores its failed
 half's), their overrides, and their world size where below the runbook's (env.json's world, which
-a record keeps, is never below the processes launched, and may be above them).
+a record keeps, is never below the processes launched, and may be above them), their kind, their
+timeout, wall time and how they ended, their repeats (their sub-runs), the step their passed
+resume first half stopped after, and their machine. A key a record did not keep is not compared.
+
+Not compared, because they do not change what a run measures: text for people (description,
+source, markers), max_parallel (untimed points only), the rendezvous's endpoint and port (where
+the agents meet), the trainer entry's name (what reports call it), a profile's gpu_name (a
+mismatch is reported, or skipped by an option of the session). Compared through other keys:
+sweep (the point's parameters are its overrides and env), profile_steps (CONTRACT_PROFILE_STEPS
+in its env), min_gpus and the profile's hardware (the machine that ran it), thresholds
+(re-checked, thresholds.py), golden curves (re-checked, report/build.py).
 """
 from __future__ import annotations
 
@@ -23,6 +50,7 @@ from typing import Any, Iterable, Mapping
 from validation.judge.asked import Asked
 from validation.judge.gates import rule
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
+from validation.runbook.hardware import shortfalls
 from validation.runbook.plan import PhasePoint
 
 
@@ -37,6 +65,22 @@ class Key(enum.StrEnum):
     GATE = "gate"
     """A gate the runbook asks now that the run did not evaluate (a new metric, another window): no
     stored value to re-check it by (a changed threshold is re-checked, thresholds.py)."""
+    KIND = "kind"
+    REPEATS = "repeats"
+    """More runs of the point than the run made (fewer keep a stored result: each run was judged)."""
+    RESUME_AFTER = "resume_after"
+    GOLDEN_STEPS = "golden_steps"
+    """A golden comparison the run was not asked (one asked over other steps is re-checked against
+    the golden file as it is now, report/build.py)."""
+    TIMEOUT = "timeout_s"
+    STALL = "stall_s"
+    STARTUP = "startup_s"
+    JOIN_TIMEOUT = "launcher.rdzv.join_timeout_s"
+    LAUNCHER = "launcher"
+    TRAINER = "trainer"
+    PYTEST = "pytest"
+    HARDWARE = "hardware"
+    """The machine that ran it is below the point's minimum now (it would be skipped there)."""
 
 
 @dataclass(frozen=True)
@@ -47,11 +91,13 @@ class Change:
     now: str
     """The value the runbook's point has now."""
     name: str = ""
-    """The override or variable (OVERRIDE, ENV)."""
+    """The override or variable (OVERRIDE, ENV), the launcher's or trainer's key (LAUNCHER, TRAINER)."""
+    why: str = ""
+    """Why the change matters to this run, where that depends on how it ran (an allowance)."""
 
     def text(self) -> str:
         what = f"{self.key} {self.name}" if self.name else str(self.key)
-        return f"{what} {self.stored} at the run, {self.now} in the runbook now"
+        return f"{what} {self.stored} at the run, {self.now} in the runbook now" + (f" ({self.why})" if self.why else "")
 
 
 @dataclass(frozen=True)
@@ -70,7 +116,8 @@ def changes(rec: PhaseRecord, point: PhasePoint) -> tuple[Change, ...]:
     nothing ran; the hardware that skipped it is checked when the point runs)."""
     if rec.status == Status.SKIP:
         return ()
-    return (*_asked(rec, point), *_new_gates(rec, point))
+    now = Asked.of(point, TRAINER_KINDS)
+    return (*_asked(rec, now), *_recorded(rec, point, now), *_new_gates(rec, point))
 
 
 def _new_gates(rec: PhaseRecord, point: PhasePoint) -> list[Change]:
@@ -79,12 +126,16 @@ def _new_gates(rec: PhaseRecord, point: PhasePoint) -> list[Change]:
     then = rec.asked.gates if rec.asked is not None else None
     if rec.status != Status.PASS or then is None:
         return []
-    return [Change(Key.GATE, "not asked", f"{rule(g.op, g.threshold)} ({g.window.describe()})", g.metric)
-            for g in point.gates() if Asked.gate_key(g) not in then]
+    out = [Change(Key.GATE, "not asked", f"{rule(g.op, g.threshold)} ({g.window.describe()})", g.metric)
+           for g in point.gates() if Asked.gate_key(g) not in then]
+    # the golden comparison, a gate of its own: one asked over other steps, or taken away, is
+    # re-checked against the golden file or stands as stored (report/build.py)
+    if rec.asked.golden_steps == 0 and point.phase.golden_steps:
+        out.append(Change(Key.GOLDEN_STEPS, "unset", str(point.phase.golden_steps)))
+    return out
 
 
-def _asked(rec: PhaseRecord, point: PhasePoint) -> tuple[Change, ...]:
-    now = Asked.of(point, TRAINER_KINDS)
+def _asked(rec: PhaseRecord, now: Asked) -> tuple[Change, ...]:
     then = rec.asked
     if then is None:
         return _older(rec, now)
@@ -97,7 +148,81 @@ def _asked(rec: PhaseRecord, point: PhasePoint) -> tuple[Change, ...]:
     out += _mapping(Key.ENV, then.env, now.env)
     if then.world_size != now.world_size:
         out.append(Change(Key.WORLD_SIZE, str(then.world_size), str(now.world_size)))
+    for key, was, asks in ((Key.LAUNCHER, then.launcher, now.launcher), (Key.TRAINER, then.trainer, now.trainer),
+                           (Key.PYTEST, then.pytest, now.pytest)):
+        if was is not None and asks is not None:  # None: not kept, or a kind that has none (KIND says)
+            out += _mapping(key, was, asks)
     return tuple(out)
+
+
+def _recorded(rec: PhaseRecord, point: PhasePoint, now: Asked) -> list[Change]:
+    """What every record keeps, whether or not it kept what was asked: its kind, its repeats (its
+    sub-runs), its timeout and how it ended, its machine; and whether the runbook's trainer still
+    runs its kind."""
+    phase, out = point.phase, []
+    if rec.kind != phase.kind:
+        out.append(Change(Key.KIND, rec.kind, phase.kind))
+    if rec.kind == phase.kind == "train":
+        ran = rec.asked.repeats if rec.asked is not None and rec.asked.repeats is not None else _repeats_run(rec)
+        if ran < phase.repeats:
+            out.append(Change(Key.REPEATS, str(ran), str(phase.repeats)))
+    if rec.kind == phase.kind == "resume":
+        kept = rec.asked.resume_after if rec.asked is not None else None
+        stopped = kept if kept is not None else _stopped_after(rec)
+        if stopped is not None and stopped != phase.resume_after:
+            out.append(Change(Key.RESUME_AFTER, str(stopped), str(phase.resume_after)))
+    out += _allowances(rec, point, now)
+    if rec.hardware is not None:
+        short = shortfalls(point.profile, rec.hardware, point.min_gpus)
+        if short:
+            out.append(Change(Key.HARDWARE, "met the point's minimum", "below it", why="; ".join(short)))
+    spec = point.runbook.trainer
+    if spec is not None and not spec.supports_phase(phase.kind):
+        out.append(Change(Key.TRAINER, f"{phase.kind} supported", f"{phase.kind} not supported", "phases"))
+    return out
+
+
+def _repeats_run(rec: PhaseRecord) -> int:
+    """The runs of a train point, from its sub-runs (a repeated point's are repeat1..repeatK)."""
+    return sum(1 for s in rec.runs if s.name.startswith("repeat")) or 1
+
+
+def _stopped_after(rec: PhaseRecord) -> int | None:
+    """The step a resume point's first half stopped after, from its sub-run where it passed (it
+    completed exactly the steps it was asked); None where it did not."""
+    first = next((s for s in rec.runs if s.name == "first" and s.status == Status.PASS), None)
+    return first.last_step if first is not None else None
+
+
+def _allowances(rec: PhaseRecord, point: PhasePoint, now: Asked) -> list[Change]:
+    """The time allowances changed since the run where the change may change its result: the
+    timeout (every record keeps it; 0 in hand-built ones: not kept) and, where the record kept
+    them, the stall watch's and the rendezvous's."""
+    then = rec.asked or Asked()
+    seen, stalled = bool(rec.metrics.steps_completed), rec.stalled_s
+    return [*_allowance(rec, Key.TIMEOUT, rec.timeout_s or None, point.phase.timeout_s, rec.timed_out),
+            *_allowance(rec, Key.STALL, then.stall_s, now.stall_s, stalled is not None and (now.stall_s or 0) > stalled),
+            # a run stopped before any step logged may have been stopped by either allowance
+            *_allowance(rec, Key.STARTUP, then.startup_s, now.startup_s,
+                        stalled is not None and not seen and (now.startup_s or 0) > stalled),
+            *_allowance(rec, Key.JOIN_TIMEOUT, then.join_timeout_s, now.join_timeout_s, rec.failed and not seen)]
+
+
+def _allowance(rec: PhaseRecord, key: Key, then: float | None, now: float | None, may_have_ended: bool) -> list[Change]:
+    """A time allowance changed since the run, where the change may change its result (the module's
+    docstring): raised, where it may have ended the run; lowered, where the run did not fail and
+    took longer than the new allowance."""
+    if then is None or now is None or then == now:
+        return []
+    if now > then and may_have_ended:
+        why = "the run timed out" if key == Key.TIMEOUT else (
+            f"the run was stopped as stalled after {rec.stalled_s:g} s without progress" if rec.stalled_s is not None
+            else "the run failed before its first step")
+    elif now < then and not rec.failed and rec.wall_s > now:
+        why = f"the run took {rec.wall_s:g} s"
+    else:
+        return []
+    return [Change(key, f"{then:g}", f"{now:g}", why=why)]
 
 
 def _older(rec: PhaseRecord, now: Asked) -> tuple[Change, ...]:

@@ -56,6 +56,16 @@ def test_foreign_future_or_malformed_file_is_an_error_naming_it(tmp_path, conten
     assert str(path) in str(err.value)
 
 
+def test_a_golden_point_written_twice_is_an_error_naming_it_not_the_second_curve(tmp_path):
+    path = tmp_path / "goldens" / "rb__cpu.yaml"
+    path.parent.mkdir()
+    path.write_text("schema: 1\nrunbook: rb\nprofile: cpu\npoints:\n  a/default:\n    cpu: {loss: [5.0]}\n"
+                    "  a/default:\n    cpu: {loss: [9.0]}\n")
+    with pytest.raises(GoldenError, match=re.escape(f"{path}: not a readable golden file (key 'a/default' appears "
+                                                    "twice in points (lines 5 and 7)")):
+        GoldenFile.for_pair(tmp_path / "rb.yaml", "rb", "cpu")
+
+
 def test_compare_names_the_first_step_beyond_the_tolerance():
     golden = Curve((5.0, 5.0, 5.0, 5.0))
     worst, first = compare([5.0, 5.0001, 5.02, 5.5], golden, rtol=1e-3)

@@ -137,3 +137,34 @@ def test_a_trainer_param_that_no_override_could_name_is_refused_and_the_format_p
     [row] = [ln for ln in (REPO_ROOT / "docs" / "runbook_format.md").read_text().splitlines()
              if ln.startswith("| `params` |")]
     assert "dotted lower-case name" in row and "train.lr" in row, row
+
+
+def test_a_key_written_twice_in_a_runbook_or_profile_is_an_error_naming_it_its_section_and_both_lines(tmp_path):
+    """PyYAML keeps the last value of a duplicated key: a phase with `gates:` twice was judged
+    against the second list alone, a profile with a threshold twice against the second number."""
+    rb = tmp_path / "rb.yaml"
+    rb.write_text("name: dup\nprofiles: [cpu]\nphases:\n  - name: p\n    kind: train\n"
+                  "    gates:\n      - {metric: steps_completed, op: '>=', threshold: 100}\n"
+                  "    gates:\n      - {metric: loss_finite, op: '==', threshold: 1}\n")
+    with pytest.raises(RunbookError, match=re.escape(f"{rb}: key 'gates' appears twice in phases[0] (lines 6 and 8)")):
+        load_runbook(rb)
+    prof = tmp_path / "prof.yaml"
+    prof.write_text("name: p\nmarker: cpu_profile\nhardware: {accelerator: cpu}\nthresholds:\n"
+                    "  min_toks_per_s: 100\n  max_loss: 3\n  min_toks_per_s: 1\n")
+    with pytest.raises(RunbookError, match=re.escape(f"{prof}: key 'min_toks_per_s' appears twice in thresholds "
+                                                     "(lines 5 and 7)")):
+        load_profile(prof)
+
+
+def test_a_trainer_entry_supporting_no_phase_kind_is_an_error_not_the_default(tmp_path):
+    """`trainer.phases: []` was read as the default [train]: a trainer said to support nothing ran
+    every train phase, GO."""
+    trainer = {"name": "mine", "root": "tests/trainers", "script": "native_train.py",
+               "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"], "phases": []}
+    path = _write(tmp_path, {**_rb(), "trainer": trainer})
+    with pytest.raises(RunbookError, match=re.escape(
+            f"{path}: trainer.phases: an empty list names no phase kind the trainer supports (every phase would be "
+            "SKIP); list the kinds it supports (train, profile, preflight, resume), or leave the key out for [train]")):
+        load_runbook(path)
+    del trainer["phases"]
+    assert load_runbook(_write(tmp_path, {**_rb(), "trainer": trainer})).trainer.phases == ("train",)

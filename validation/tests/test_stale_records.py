@@ -19,6 +19,7 @@ from validation.store.results import ResultStore
 from validation.tests.conftest import train_phase, write_runbook
 
 GATES = [{"metric": "loss_finite", "op": "==", "threshold": 1}]
+LAUNCHED = {"kind": "python", "nodes": "1"}
 
 
 def _context(rb, res):
@@ -62,7 +63,8 @@ def test_overrides_and_world_size_changed_since_the_run_are_named(tmp_path):
     assert ctx["verdict"] == "INCOMPLETE", ctx["status_reason"]
     [o] = ctx["outdated"]
     assert o["why"] == ("override train.lr 0.001 at the run, 0.002 in the runbook now; "
-                        "world size 1 at the run, 2 in the runbook now"), o["why"]
+                        "world size 1 at the run, 2 in the runbook now; "
+                        "launcher kind python at the run, torchrun in the runbook now"), o["why"]
 
 
 def test_a_stored_fail_of_another_point_is_not_run_either_and_a_point_as_asked_stays_GO(tmp_path):
@@ -78,7 +80,9 @@ def test_records_of_older_harnesses_without_what_was_asked_compare_what_they_kep
     rb, res = _ran(tmp_path, steps=6)
     (rec,) = ResultStore(res).records()
     old = PhaseRecord.from_json({k: v for k, v in rec.to_json().items() if k != "asked"}, "test")
-    assert old.asked is None and rec.asked == Asked(6, "tiny", {}, {}, 1, ("loss_finite (all steps)",))
+    assert old.asked is None and rec.asked == Asked(
+        6, "tiny", {}, {}, 1, ("loss_finite (all steps)",), repeats=1, resume_after=0, golden_steps=0, stall_s=7.5,
+        startup_s=7.5, launcher=LAUNCHED, trainer={"module": "validation.tests.fake_trainer"})
     runbook, profile = load_runbook(rb), load_profile("cpu")
     [point] = expand(runbook, profile)
     assert stale.changes(old, point) == ()
@@ -95,4 +99,7 @@ def test_what_was_asked_survives_the_store(tmp_path):
     data = json.loads((res / "results.json").read_text())
     [stored] = data["records"].values()
     assert stored["asked"] == {"steps": 3, "config": "tiny", "overrides": {"train.lr": 0.001}, "env": {},
-                               "world_size": 1, "gates": ["loss_finite (all steps)"]}
+                               "world_size": 1, "gates": ["loss_finite (all steps)"], "repeats": 1, "resume_after": 0,
+                               "golden_steps": 0, "stall_s": 7.5, "startup_s": 7.5, "join_timeout_s": None,
+                               "launcher": LAUNCHED, "trainer": {"module": "validation.tests.fake_trainer"},
+                               "pytest": None}

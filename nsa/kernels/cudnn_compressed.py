@@ -9,10 +9,8 @@ tokens, which cuDNN runs at full speed. For one sequence the fold is a strided v
 copy); the compressed keys and values are shared by the d folded queries through a zero stride
 (and by the G query heads of a KV group through a copy, G times the size of kc).
 
-The partial run at the end (fewer than d queries, one at every power-of-two length) sees every
-compressed token of the runs before it and one more: plain attention over them, a few small
-products in float32 (_tail). What cuDNN does not cover goes through the Triton band kernel
-(band_attention): deterministic runs, decode and chunked prefill (q_start > 0), runs shorter
+What cuDNN does not cover goes through the Triton band kernel (band_attention): deterministic
+runs, the partial run at the end (< d queries), decode and chunked prefill (q_start > 0), runs shorter
 than CUDNN_MIN_QUERIES, and head dims above 128. Queries before l - 1 get o = 0 and lse = -inf.
 """
 from __future__ import annotations
@@ -71,29 +69,11 @@ def cudnn_cmp_attention(q, kc, vc, q_start: int, l: int, d: int, deterministic: 
     return _folded_prefill(q, kc, vc, l, d, runs)
 
 
-def _tail(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention of q [B, T, HQ, K] to every compressed token of kc, vc [B, N, H, K], without a
-    mask: the partial last run of the fold, whose queries all see the same tokens. Products and
-    softmax in float32, a KV head's G query heads as the rows of one product. (The band kernel
-    took this in one program per KV head walking all N tokens: 134 us forward + backward for the
-    one tail query at S = 65536 of the seeds' attention shape on one H100, the nineteenth set's
-    kernel table.) Returns o (q's dtype) and lse [B, T, HQ] (float32, natural log)."""
-    B, T, HQ, K = q.shape
-    H = kc.shape[2]
-    G = HQ // H
-    rows = q.float().reshape(B, T, H, G, K).permute(0, 2, 1, 3, 4).reshape(B, H, T * G, K)
-    s = rows @ kc.float().permute(0, 2, 3, 1) * K ** -0.5  # [B, H, T*G, N]
-    o = torch.softmax(s, -1) @ vc.float().transpose(1, 2)
-    lse = torch.logsumexp(s.detach(), -1)
-    o = o.reshape(B, H, T, G, K).permute(0, 2, 1, 3, 4).reshape(B, T, HQ, K).to(q.dtype)
-    return o, lse.reshape(B, H, T, G).permute(0, 2, 1, 3).reshape(B, T, HQ)
-
-
 class _FoldedPrefill(torch.autograd.Function):
     """The folded prefill as one autograd node: o and lse are written into tensors of the whole
     sequence, and the backward writes dq into one tensor. (Through plain autograd, the slices
     q[b, l-1:end] and q[:, end:] each gave a full-size zero gradient to fill, copy into and add.)
-    Inside, each piece (one sequence's runs through cuDNN; the partial last run through _tail)
+    Inside, each piece (one sequence's runs through cuDNN; the tail through the band kernel)
     keeps its own autograd graph on detached leaves, which the backward runs."""
 
     @staticmethod
@@ -114,10 +94,10 @@ class _FoldedPrefill(torch.autograd.Function):
                 o[where[0]] = o_runs.detach()
                 lse[where[0]] = lse_runs.detach()
                 pieces.append((o_runs, leaves, where))
-            if end < Tq:  # the partial last run: fewer than d queries, seeing compressed tokens 0..runs
-                where = ((slice(None), slice(end, Tq)), (slice(None), slice(0, runs + 1)))
-                leaves = [t.detach().requires_grad_(keep_graph) for t in (q[where[0]], kc[where[1]], vc[where[1]])]
-                o_tail, lse_tail = _tail(*leaves)
+            if end < Tq:  # the partial last run: fewer than d queries, through the band kernel
+                where = ((slice(None), slice(end, Tq)), (slice(None),))
+                leaves = [t.detach().requires_grad_(keep_graph) for t in (q[where[0]], kc, vc)]
+                o_tail, lse_tail = band_attention(*leaves, end, l, d, 0, False)
                 o[where[0]] = o_tail.detach()
                 lse[where[0]] = lse_tail
                 pieces.append((o_tail, leaves, where))

@@ -167,12 +167,12 @@ def _sel_split(x, q, do, idx, cfg, tune: SelectionTuning = SELECTION) -> tuple[i
         dq_of_kept = ((lambda: S._sel_dq_from_parts(q, idx, kept)) if keep == "dq"
                       else (lambda: S._sel_dq_from_ds(q, k, idx, kept, ls, tune)))
         times.update(delta=_bench(lambda: S._row_delta(o, do)),
-                     dkv=_bench(lambda: S._dkv_pass(q, k, v, do, lse, delta, work, n, ls, 0, dk, dv, tune, keep, kept)),
+                     dkv=_bench(lambda: S._dkv_pass(q, k, v, do, lse, delta, work, ls, 0, dk, dv, tune, keep, kept)),
                      dq=_bench(dq_of_kept))
     else:
         _, delta = S._sel_bwd_dq(q, k, v, idx, o, lse, do, ls, 0, tune)
         times.update(dq=_bench(lambda: S._sel_bwd_dq(q, k, v, idx, o, lse, do, ls, 0, tune)),
-                     dkv=_bench(lambda: S._sel_bwd_dkv(q, k, v, do, lse, delta, work, n, ls, 0, tune)))
+                     dkv=_bench(lambda: S._sel_bwd_dkv(q, k, v, do, lse, delta, work, ls, 0, tune)))
     return TT, keep, times
 
 

@@ -75,24 +75,32 @@ def _work_items_kernel(keys_sorted, n_keys, item_seg, item_start, item_end, NB, 
 
 
 @triton.jit
-def item_rows(perm, b, Tc, r0, s1, H: tl.constexpr, G: tl.constexpr, N: tl.constexpr, ROWS: tl.constexpr):
-    """ROWS rows of a work item of batch b from row r0, in the items' order: row r0 + i is head
-    g of the item's sorted entry u, (u, g) = ((r0 + i) // G, (r0 + i) % G), G rows a token, no
-    padding. Returns the rows' mask (u below the item's end s1), g, the idx entry e = ((b*Tc +
-    t)*H + h)*N + slot each row's token came from (perm[u]; its partial output or kept dq goes
-    there) and the token's index t in the Tc tokens of idx."""
+def item_rows(tokens, r0, s1, G: tl.constexpr, ROWS: tl.constexpr):
+    """ROWS rows of a work item from row r0, in the items' order: row r0 + i is head g of the
+    item's sorted entry u, (u, g) = ((r0 + i) // G, (r0 + i) % G), G rows a token, no padding.
+    Returns the rows' mask (u below the item's end s1), u, g and the entry's token t (tokens[u]:
+    its index in the tokens of the idx the inverse selection was made from)."""
     rho = r0 + tl.arange(0, ROWS)
     rmask = rho < s1 * G
-    e = tl.load(perm + rho // G, mask=rmask, other=0)
-    t = (e // (H * N) - b.to(tl.int64) * Tc).to(tl.int32)
-    return rmask, rho % G, e, t
+    u = rho // G
+    t = tl.load(tokens + u, mask=rmask, other=0)
+    return rmask, u, rho % G, t
+
+
+@triton.jit
+def _sorted_tokens_kernel(perm, tokens, total, Tq, HN, BLOCK: tl.constexpr):
+    """tokens[u] = t of the idx entry perm[u] = ((b*Tq + t)*H + h)*N + slot (HN = H*N), int32."""
+    u = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = u < total
+    e = tl.load(perm + u, mask=m, other=0)
+    tl.store(tokens + u, ((e // HN) % Tq).to(tl.int32), mask=m)
 
 
 class Inverse(NamedTuple):
     """An inverse selection (see inverse_selection)."""
-    keys: torch.Tensor  # the sorted keys (segments), one per idx entry (key_dtype)
-    perm: torch.Tensor  # the idx entry each sorted key came from (int64)
-    items: torch.Tensor  # [3, n_items] int32: per work item its segment and the [start, end) of keys it owns
+    tokens: torch.Tensor  # the token of each sorted idx entry (int32)
+    perm: torch.Tensor  # the idx entry each sorted entry came from (int64)
+    items: torch.Tensor  # [3, n_items] int32: per work item its segment and the [start, end) of entries it owns
     NB: int  # key blocks
 
 
@@ -118,9 +126,12 @@ def inverse_selection(idx: torch.Tensor, Tk: int, ls: int, qc: int) -> Inverse:
     One kernel writes a key per idx entry, its segment seg = (b*H + h)*NB + block; one stable
     sort puts each segment's entries together, their tokens in ascending order; one kernel per
     (b, h) finds the segments' bounds and cuts them into items of at most qc tokens. Three
-    launches, no host sync. Returns the sorted keys, the idx entry each came from (the sort's
-    permutation: the kernels read a row's token from it), per work item its segment and the
-    [start, end) range of the sorted keys it owns, and NB. The item count (n_items) is an upper bound known on the host; items past a
+    launches, and a fourth that reads each sorted entry's token out of the idx entry it came from
+    (the sort's permutation), no host sync. Returns the tokens, the idx entry each came from, per
+    work item its segment and the [start, end) range of the sorted entries it owns, and NB. (The
+    kernels read a row's token from the int32 tokens, not from the int64 entries: held from there
+    for the stores at the entry, the entries raised the dk/dv kernel's spills at head dim 128 from
+    36 to 104 bytes, sm_90.) The item count (n_items) is an upper bound known on the host; items past a
     (b, h)'s real ones are empty."""
     B, Tq, H, n = idx.shape
     NB = triton.cdiv(Tk, ls)
@@ -134,15 +145,17 @@ def inverse_selection(idx: torch.Tensor, Tk: int, ls: int, qc: int) -> Inverse:
     seg, start, end = items.unbind(0)
     _work_items_kernel[(B * H,)](keys_sorted, total, seg, start, end, NB, items.shape[1] // (B * H),
                                  QC=qc, NBP=triton.next_power_of_2(NB), STEPS=total.bit_length(), BW=256)
-    return Inverse(keys_sorted, perm, items, NB)
+    tokens = torch.empty(total, device=idx.device, dtype=torch.int32)
+    _sorted_tokens_kernel[(triton.cdiv(total, block),)](perm, tokens, total, Tq, H * n, BLOCK=block)
+    return Inverse(tokens, perm, items, NB)
 
 
 def as_outputs(inverse: Inverse | None, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """An inverse selection as a custom op's outputs (keys, perm, items), empty tensors for none."""
+    """An inverse selection as a custom op's outputs (tokens, perm, items), empty tensors for none."""
     if inverse is None:
         return (torch.empty(0, device=device, dtype=torch.int32), torch.empty(0, device=device, dtype=torch.int64),
                 torch.empty(3, 0, device=device, dtype=torch.int32))
-    return inverse.keys, inverse.perm, inverse.items
+    return inverse.tokens, inverse.perm, inverse.items
 
 
 def fake_outputs(idx: torch.Tensor, Tk: int, ls: int, qc: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -150,11 +163,11 @@ def fake_outputs(idx: torch.Tensor, Tk: int, ls: int, qc: int) -> tuple[torch.Te
     if qc == 0:
         return as_outputs(None, idx.device)
     NB = triton.cdiv(Tk, ls)
-    return (idx.new_empty(idx.numel(), dtype=key_dtype(idx.shape, NB)), idx.new_empty(idx.numel(), dtype=torch.int64),
+    return (idx.new_empty(idx.numel(), dtype=torch.int32), idx.new_empty(idx.numel(), dtype=torch.int64),
             idx.new_empty(3, n_items(idx.shape, NB, qc), dtype=torch.int32))
 
 
-def from_outputs(keys: torch.Tensor, perm: torch.Tensor, items: torch.Tensor, Tk: int, ls: int) -> Inverse | None:
+def from_outputs(tokens: torch.Tensor, perm: torch.Tensor, items: torch.Tensor, Tk: int, ls: int) -> Inverse | None:
     """The inverse selection an op's outputs hold (see as_outputs), None for the empty ones."""
-    return Inverse(keys, perm, items, triton.cdiv(Tk, ls)) if keys.numel() else None
+    return Inverse(tokens, perm, items, triton.cdiv(Tk, ls)) if tokens.numel() else None
 

@@ -43,7 +43,7 @@ def _fwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch
          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                     torch.Tensor]:
     """o, and what the backward needs: o_sel, lse_sel, o_win, lse_win, and the selected
-    forward's inverse selection as three tensors (keys, perm, items; empty where none);
+    forward's inverse selection as three tensors (tokens, perm, items; empty where none);
     sel_tuning: a SelectionTuning.as_arg()."""
     # the ranges of the separate stages (nsa.attention.core), for the profile phase
     with record_function("nsa.sel"):
@@ -58,7 +58,7 @@ def _fwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch
 
 def _bwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch.Tensor, v_sel: torch.Tensor,
          k_win: torch.Tensor, v_win: torch.Tensor, idx: torch.Tensor, o: torch.Tensor, o_sel: torch.Tensor,
-         lse_sel: torch.Tensor, o_win: torch.Tensor, lse_win: torch.Tensor, keys: torch.Tensor, perm: torch.Tensor,
+         lse_sel: torch.Tensor, o_win: torch.Tensor, lse_win: torch.Tensor, tokens: torch.Tensor, perm: torch.Tensor,
          items: torch.Tensor, do: torch.Tensor, q_start: int, sel_block: int, window: int, deterministic: bool,
          sel_form: str, sel_tuning: str,
          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -69,7 +69,7 @@ def _bwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch
                                                           window, True, deterministic, delta_win)
     dq, dk_sel, dv_sel = selection.selection_backward(
         q, k_sel, v_sel, idx, o_sel, lse_sel_g, do, sel_block, q_start, deterministic, delta_sel, dq_win,
-        from_outputs(keys, perm, items, k_sel.shape[1], sel_block), SelectionTuning.from_arg(sel_tuning))
+        from_outputs(tokens, perm, items, k_sel.shape[1], sel_block), SelectionTuning.from_arg(sel_tuning))
     return dgates, do_cmp, dq, dk_sel, dv_sel, dk_win, dv_win
 
 

@@ -263,9 +263,9 @@ def _sel_dq_from_parts_kernel(idx, parts, dq_in, dq, n_rows, sm_scale, H: tl.con
 
 @triton.jit
 def _sel_bwd_dkv_kernel(
-    q, k, v, do, lse, delta, perm, item_seg, item_start, item_end, dk, dv, kept,
+    q, k, v, do, lse, delta, tokens, perm, item_seg, item_start, item_end, dk, dv, kept,
     Tq, Tk, NB, q_start, sm_scale,
-    H: tl.constexpr, G: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, ROWS: tl.constexpr, KEEP: tl.constexpr, DOT: tl.constexpr,
 ):
     """One work item of the dk/dv pass (see the module docstring), key-major: scores as
@@ -303,7 +303,7 @@ def _sel_bwd_dkv_kernel(
         dk_acc = tl.zeros([BS, BK], tl.float32)
         dv_acc = tl.zeros([BS, BK], tl.float32)
         for r0 in range(s0 * G, s1 * G, ROWS):
-            tmask, g, e, t = item_rows(perm, b, Tq, r0, s1, H, G, N, ROWS)
+            tmask, u, g, t = item_rows(tokens, r0, s1, G, ROWS)
             pos = q_start + t
             row = (b.to(tl.int64) * Tq + t) * HQ + h * G + g
             m2 = tmask[:, None] & kmask[None, :]
@@ -320,9 +320,11 @@ def _sel_bwd_dkv_kernel(
             dk_acc += tl.dot(dst.to(qt.dtype), qt, input_precision=DOT)
             # kept for the dq pass (KEEP, see _dq_source), at the idx entry (token, slot) the key came from
             if KEEP == "ds":  # the dS tile [G, l']
+                e = tl.load(perm + u, mask=tmask, other=0)
                 tl.store(kept + (e * G + g)[None, :] * LS + offs[:, None], dst.to(kept.dtype.element_ty),
                          mask=tmask[None, :] & (offs < LS)[:, None])
             if KEEP == "dq":  # the dq partial dS @ K [G, K], unscaled
+                e = tl.load(perm + u, mask=tmask, other=0)
                 dqp = tl.dot(tl.trans(dst.to(kt.dtype)), kt, input_precision=DOT)
                 tl.store(kept + (e * G + g)[:, None] * K + offk[None, :], dqp.to(kept.dtype.element_ty), mask=m2)
         kv_off = offs[:, None] * (H * K) + offk[None, :]
@@ -487,12 +489,12 @@ def _dkv_qc(device: torch.device, Tq: int, deterministic: bool, tune: SelectionT
     return tune.qc_interpret if device.type == "cpu" else tune.qc
 
 
-def _dkv_pass(q, k, v, do, lse, delta, work, n: int, sel_block: int, q_start: int, dk, dv, tune: SelectionTuning,
+def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, dv, tune: SelectionTuning,
               keep: str = "", kept=None):
     """Adds the dk, dv of the work items of inverse_selection(idx, Tk, sel_block, _dkv_qc(...))
     into the float32 buffers dk, dv; keep 'ds' / 'dq' (see _dq_source): it also keeps each
     (token, slot)'s dS tile / dq partial in kept (flat, B*Tq*H*n * G * _kept_width of q's dtype)."""
-    _, perm, (seg, start, end), NB = work
+    tokens, perm, (seg, start, end), NB = work
     meta = _meta(q, k, sel_block)
     interpret = q.device.type == "cpu"
     # K <= 32 gets the 128 rows of K=64: more rows a step were never measured
@@ -500,15 +502,15 @@ def _dkv_pass(q, k, v, do, lse, delta, work, n: int, sel_block: int, q_start: in
     warps = 8 if fp32_wide(q.dtype, meta["K"]) else tune.dkv_warps
     cfg = dict(ROWS=rows, num_warps=4 if interpret else warps, num_stages=1 if interpret else tune.dkv_stages)
     launch(_sel_bwd_dkv_kernel, lambda c: (seg.numel(),),
-           (q, k, v, do, lse, delta, perm, seg, start, end, dk, dv, q if kept is None else kept,
+           (q, k, v, do, lse, delta, tokens, perm, seg, start, end, dk, dv, q if kept is None else kept,
             q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3])),
-           dict(meta, N=n, KEEP=keep, DOT=dot_precision(q.dtype)), cfg, halve=("ROWS",))
+           dict(meta, KEEP=keep, DOT=dot_precision(q.dtype)), cfg, halve=("ROWS",))
 
 
-def _sel_bwd_dkv(q, k, v, do, lse, delta, work, n: int, sel_block: int, q_start: int, tune: SelectionTuning):
+def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, tune: SelectionTuning):
     """dk, dv (k's dtype) from the work items of _inverse_selection (see _dkv_pass)."""
     dk, dv = torch.zeros(2, *k.shape, device=k.device, dtype=torch.float32).unbind(0)  # one fill
-    _dkv_pass(q, k, v, do, lse, delta, work, n, sel_block, q_start, dk, dv, tune)
+    _dkv_pass(q, k, v, do, lse, delta, work, sel_block, q_start, dk, dv, tune)
     # separate tensors: a custom op's outputs may not share storage
     return dk.to(k.dtype, copy=True), dv.to(v.dtype, copy=True)
 
@@ -618,7 +620,7 @@ def _sel_bwd_kept(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, determ
         work = inverse if inverse is not None and chunk >= Tq else \
             inverse_selection(idxc, Tk, sel_block, _dkv_qc(q.device, qc.shape[1], deterministic, tune))
         kept = torch.empty(idxc.numel() * G * _kept_width(K, sel_block, keep), device=q.device, dtype=q.dtype)
-        _dkv_pass(qc, k, v, doc, lsec, dlc, work, n, sel_block, q_start + a, dk, dv, tune, keep, kept)
+        _dkv_pass(qc, k, v, doc, lsec, dlc, work, sel_block, q_start + a, dk, dv, tune, keep, kept)
         dqs.append(_sel_dq_from_parts(qc, idxc, kept, dq_addc) if keep == "dq"
                    else _sel_dq_from_ds(qc, k, idxc, kept, sel_block, tune, dq_addc))
         del kept, work  # before the next chunk's, so that one chunk's are held at a time
@@ -653,7 +655,7 @@ def selection_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: t
     dq, delta = _sel_bwd_dq(q, k, v, idx, o, lse, do, sel_block, q_start, tune, delta)
     work = inverse if inverse is not None else \
         inverse_selection(idx, Tk, sel_block, _dkv_qc(q.device, Tq, deterministic, tune))
-    dk, dv = _sel_bwd_dkv(q, k, v, do, lse, delta, work, idx.shape[-1], sel_block, q_start, tune)
+    dk, dv = _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block, q_start, tune)
     if dq_add is not None:  # short contexts: the dq kernel tiles several tokens; one add
         dq += dq_add
     return dq, dk, dv
@@ -670,12 +672,12 @@ def _sel_op_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Te
 
 
 def _sel_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, o: torch.Tensor,
-             lse: torch.Tensor, keys: torch.Tensor, perm: torch.Tensor, items: torch.Tensor, do: torch.Tensor,
+             lse: torch.Tensor, tokens: torch.Tensor, perm: torch.Tensor, items: torch.Tensor, do: torch.Tensor,
              sel_block: int, q_start: int, deterministic: bool, form: str,
              tuning: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """nsa::sel_bwd (see selection_backward; one backward whatever the forward's form)."""
     return selection_backward(q, k, v, idx, o, lse, do, sel_block, q_start, deterministic,
-                              inverse=from_outputs(keys, perm, items, k.shape[1], sel_block),
+                              inverse=from_outputs(tokens, perm, items, k.shape[1], sel_block),
                               tune=SelectionTuning.from_arg(tuning))
 
 

@@ -37,16 +37,16 @@ from ._softmax import LN2, LOG2E
 
 @triton.jit
 def _blocks_fwd_kernel(
-    q, k, v, perm, item_seg, item_start, item_end, o_part, lse_part,
+    q, k, v, tokens, perm, item_seg, item_start, item_end, o_part, lse_part,
     Tc, Tq, a, Tk, NB, q_start, sm_scale,
-    H: tl.constexpr, G: tl.constexpr, N: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+    H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, BM: tl.constexpr, DOT: tl.constexpr,
 ):
     """One work item: block j of KV head h of batch b against the (token, head) rows of the
-    entries in [item_start, item_end) of the sorted keys (segment seg = (b * H + h) * NB + j;
-    perm names each one's idx entry, so its token). The tokens are those of a chunk of Tc tokens
-    from token a of q [B, Tq, HQ, K] (positions q_start + a ..); o_part and lse_part are indexed
-    by the chunk's idx entry (token, h, slot) each key came from, and the head."""
+    entries in [item_start, item_end) of the inverse selection of segment seg = (b * H + h) * NB
+    + j (tokens: each sorted entry's token). The tokens are those of a chunk of Tc tokens from
+    token a of q [B, Tq, HQ, K] (positions q_start + a ..); o_part and lse_part are indexed by
+    the chunk's idx entry (token, h, slot) each entry came from (perm), and the head."""
     w = tl.program_id(0)
     s0 = tl.load(item_start + w)
     s1 = tl.load(item_end + w)
@@ -69,7 +69,7 @@ def _blocks_fwd_kernel(
         vt = tl.load(v + kv_base + kv_off, mask=kvm, other=0.0)
         qk_scale = sm_scale * LOG2E
         for r0 in range(s0 * G, s1 * G, BM):
-            rmask, g, e, t = item_rows(perm, b, Tc, r0, s1, H, G, N, BM)
+            rmask, u, g, t = item_rows(tokens, r0, s1, G, BM)
             row = (b.to(tl.int64) * Tq + a + t) * HQ + h * G + g
             qt = tl.load(q + row[:, None] * K + offk[None, :], mask=rmask[:, None] & kmask[None, :], other=0.0)
             s = tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale
@@ -82,7 +82,7 @@ def _blocks_fwd_kernel(
             acc = tl.dot(p.to(vt.dtype), vt, input_precision=DOT)
             has = l_sum > 0
             l_safe = tl.where(has, l_sum, 1.0)
-            part = e * G + g  # (idx entry, head)
+            part = tl.load(perm + u, mask=rmask, other=0) * G + g  # (idx entry, head)
             tl.store(o_part + part[:, None] * K + offk[None, :], (acc / l_safe[:, None]).to(o_part.dtype.element_ty),
                      mask=rmask[:, None] & kmask[None, :])
             tl.store(lse_part + part, tl.where(has, m_safe + tl.log2(l_safe), float("-inf")), mask=rmask)
@@ -173,12 +173,13 @@ def blocks_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch
         Tc = min(chunk, Tq - a)
         idx_c = idx[:, a:a + Tc].contiguous()
         inverse = inverse_selection(idx_c, Tk, sel_block, qc)
-        _, perm, (seg, start, end), NB = inverse
+        tokens, perm, (seg, start, end), NB = inverse
         o_part = torch.empty(idx_c.numel() * G * K, device=q.device, dtype=part_dtype)
         lse_part = torch.empty(idx_c.numel() * G, device=q.device, dtype=torch.float32)
         launch(_blocks_fwd_kernel, lambda c: (seg.numel(),),
-               (q, k, v, perm, seg, start, end, o_part, lse_part, Tc, Tq, a, Tk, NB, q_start, 1.0 / math.sqrt(K)),
-               dict(meta, N=n, LS=sel_block, BS=max(16, triton.next_power_of_2(sel_block)), DOT=dot_precision(q.dtype)),
+               (q, k, v, tokens, perm, seg, start, end, o_part, lse_part, Tc, Tq, a, Tk, NB, q_start,
+                1.0 / math.sqrt(K)),
+               dict(meta, LS=sel_block, BS=max(16, triton.next_power_of_2(sel_block)), DOT=dot_precision(q.dtype)),
                tiles, halve=("BM",))
         rows = B * Tc * HQ
         BR = max(1, 8192 // (triton.next_power_of_2(n) * BK))  # 64 partial values a thread on 4 warps

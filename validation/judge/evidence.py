@@ -75,7 +75,7 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
     failures = run.rank_failures  # collect_failures
     # of several nodes, the log to read is that of the node whose rank failed in its own right;
     # which agent exits first after a kill is a race
-    root = root_rank(failures)
+    root = root_rank(failures, run.halt.source if run.halt is not None else None)
     root_node = nodes.of_rank(root) if nodes is not None and root is not None else None
     if root_node is not None:
         stderr_path = run.out_dir / root_node.log

@@ -226,6 +226,13 @@ class Evidence:
     misses: list[Miss] = field(default_factory=list)
     """Of a pytest or preflight point: what it failed to do (validation/judge/misses.py)."""
 
+    @property
+    def root_rank(self) -> int | None:
+        """The rank that failed first in its own right (contract/torchrun_log.py ``root_rank``), an
+        exit code read against the run's .HALT (a watchdog's 3, a non-finite loss's 4 stop as the
+        contract asks)."""
+        return root_rank(self.rank_failures, self.halt.source if self.halt is not None else None)
+
 
 @dataclass(frozen=True)
 class SubRun:
@@ -285,7 +292,7 @@ def died_before_watchdog(halt: HaltInfo | None, stopped: bool, failures: dict[in
     PhaseRecord.died_before_watchdog)."""
     if halt is None or halt.source != "watchdog" or stopped:
         return None
-    return root_rank(failures)
+    return root_rank(failures, halt.source)
 
 
 #: seconds without a new step that still count as progressing at a timeout, whatever the pace

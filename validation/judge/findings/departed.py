@@ -29,7 +29,7 @@ may have done all its work, and is not named.
 from __future__ import annotations
 
 from nsa.contract import HEARTBEAT_STAGES_IN_STEP
-from validation.contract.torchrun_log import root_rank
+from validation.judge.findings.hung import in_collective
 from validation.judge.record import Beat, PhaseRecord
 
 
@@ -87,7 +87,7 @@ def _remained(rec: PhaseRecord) -> set[int]:
     harness found running when it stopped the run; empty where nothing tells which ranks left
     (see ``departed``)."""
     ev = rec.evidence
-    if rec.world_size < 2 or not rec.steps or root_rank(ev.rank_failures) is not None:
+    if rec.world_size < 2 or not rec.steps or ev.root_rank is not None:
         return set()
     if rec.stalled_s is not None or rec.timed_out:
         if any(t.rank is None for t in ev.taken_stacks):
@@ -130,3 +130,21 @@ def departure(rec: PhaseRecord, ranks: list[int]) -> str:
             within = f": step {hb.step} not completed" if hb.step == rec.steps else ""
         parts.append(f"rank {k} exited 0 early (last heartbeat step {hb.step} of {rec.steps}{stage}{within})")
     return "; ".join(parts)
+
+
+def failed_first(r: PhaseRecord) -> int | None:
+    """Of a run the harness stopped (its stall watch or the timeout): the rank that had failed in
+    its own right before it came (torchrun's log: an exception of its own, a signal other than the
+    agent's SIGTERM, or the one rank that exited non-zero), which the others then waited for: a
+    rank that dies before its process group leaves the others waiting in init_process_group, and
+    across nodes nothing ends the ranks waiting for a dead peer. None where no rank failed so, a
+    stack of that rank was taken (it was still running), or a rank still running was outside the
+    collectives (a hang of its own, which the stall finding names beside the rank that had ended)."""
+    if r.stalled_s is None and not r.timed_out:
+        return None
+    ev = r.evidence
+    root = ev.root_rank
+    if root is None or ended_before(r, root) is None:
+        return None
+    running = [d for k, d in ev.stackdumps.items() if k != root and d.frames and ended_before(r, k) is None]
+    return root if all(in_collective(d) for d in running) else None

@@ -7,10 +7,10 @@ import shlex
 
 from nsa.contract import PROFILE_TOP_OPS, heartbeat_name
 from validation.contract.stacks import StackDump
-from validation.contract.torchrun_log import last_exception, root_rank, short_exception
+from validation.contract.torchrun_log import last_exception, short_exception
 from validation.judge.findings import stability
 from validation.judge.findings.culprit import Culprit, Did, NoStack, RankAt
-from validation.judge.findings.departed import departed, departure, ended_before, exited_0
+from validation.judge.findings.departed import departed, departure, ended_before, exited_0, failed_first
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where, where_run
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.findings.nodes import missing_node
@@ -46,13 +46,12 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
         elif (r.status == Status.FAIL and r.exit_code not in (0, None) and r.kind in TRAINER_KINDS
               and (ev.halt is None or r.died_before_watchdog is not None)):
             title = f"crash in {where_run(r)}: exit code {r.exit_code}"
-            root, gone, ended = root_rank(ev.rank_failures), departed(r), exited_0(r)
+            root, gone, ended = ev.root_rank, departed(r), exited_0(r)
             kind = "departed" if gone else "crash"
             culprit = None
             if root is not None:
                 fail = ev.rank_failures[root]
-                cause = (f"killed by {fail.signal}" if fail.signal and not fail.exception
-                         else fail.exception or f"exit code {fail.exit_code}")
+                cause = fail.exception or fail.cause  # a signal, else its exit code
                 title += f": rank {root}: {cause}"
                 culprit = Culprit(Did.CRASHED, (RankAt.of(r, root, cause=cause),))
             elif gone:  # no rank failed in its own right: the others failed after one that left
@@ -121,7 +120,7 @@ def _exits(r: PhaseRecord, ranks: list[int]) -> str:
 def _rank_lines(r: PhaseRecord) -> list[str]:
     """Where each rank was (last heartbeat) and how it ended (torchrun's log)."""
     ev = r.evidence
-    lines, gone = [], exited_0(r)
+    lines, gone, root = [], exited_0(r), ev.root_rank
     for rank in sorted(set(ev.last_heartbeat) | set(ev.rank_failures)):
         f = ev.rank_failures.get(rank)
         line = f"rank {rank}: {last_heartbeat(r, rank)}"
@@ -129,10 +128,10 @@ def _rank_lines(r: PhaseRecord) -> list[str]:
             line += "; exited 0 (torchrun reports no failure of it)"
         elif f is not None and f.exception:
             line += f"; {f.exception}"
-        elif f is not None and f.signal:
-            line += f"; killed by {f.signal}"
-        elif f is not None and f.exit_code is not None:
-            line += f"; exit code {f.exit_code}"
+        elif f is not None and f.signal == "SIGTERM" and root is not None and root != rank:
+            line += f"; killed by SIGTERM from torchrun's agent, which ended the ranks still running once rank {root} had failed"
+        elif f is not None and f.cause:
+            line += f"; {f.cause}"
         lines.append(line)
     return lines
 
@@ -164,6 +163,9 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
         # the ranks something is known of (a heartbeat, a stack), and only ranks that exist: a rank
         # nothing is known of is not listed beside stacks of unknown rank that may be its own
         known = set(ev.last_heartbeat) | set(ev.stackdumps) | {t.rank for t in ev.taken_stacks if t.rank is not None}
+        root = failed_first(r)
+        if root is not None:  # it had ended before the harness came: listed with how, though it left no file
+            known.add(root)
         for rank in sorted(k for k in known if k < r.world_size):
             line = f"rank {rank}: {last_heartbeat(r, rank)}"
             end = ended_before(r, rank)
@@ -187,13 +189,21 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
             detail.append("no heartbeats and no stack dumps were written")
         if 0 < len(stuck) < r.world_size:
             detail.append(f"stacks of {len(stuck)} of {r.world_size} ranks were recorded")
-        culprit = None
+        culprit, kind = None, "departed" if gone else "stall"
         if gone:  # the rank that left is the cause; the others failed or waited after it
             ended = [f"rank {k}: {end}" for k in sorted(ev.rank_failures) if k not in gone
                      and (end := ended_before(r, k)) is not None]
             rest = "; ".join(stuck.values()) or "no rank was left running"
             at = f": {departure(r, gone)}; {rest}" + (f" ({'; '.join(ended)})" if ended else "")
             culprit = Culprit(Did.LEFT, tuple(RankAt.of(r, k) for k in gone))
+        elif root is not None:  # it failed in its own right, and the others waited for it until the harness came
+            fail = ev.rank_failures[root]
+            cause = fail.exception or fail.cause
+            rest = "; ".join(stuck.values())
+            at = (f": rank {root} failed first ({cause}; {last_heartbeat(r, root)}), and the other ranks waited for "
+                  f"it" + (f": {rest}" if rest else ""))
+            culprit, kind = Culprit(Did.CRASHED, (RankAt.of(r, root, cause=cause),)), "crash"
+            detail.insert(0, f"stderr: {r.out_dir}/{ev.stderr_log}")
         elif first := _hung_first(r, stuck):
             at, culprit = first
         else:
@@ -204,9 +214,10 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
                   if facts.no_rank_running else ": no stack was recorded")
             if stuck_at:  # each rank listed alike: nothing tells which hung first, except in a run of one
                 culprit = Culprit(Did.HUNG if r.world_size == 1 else Did.STALLED, tuple(stuck_at.values()))
-        out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail,
-                           "departed" if gone else "stall", facts, culprit))
+        out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail, kind, facts,
+                           culprit))
     return out
+
 
 
 def _timed_out_progressing(r: PhaseRecord, facts: Facts) -> Finding:

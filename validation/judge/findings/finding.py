@@ -5,7 +5,6 @@ import enum
 from dataclasses import dataclass, field
 
 from nsa.contract import heartbeat_name
-from validation.contract.torchrun_log import root_rank
 from validation.judge.findings.culprit import Culprit
 from validation.judge.misses import Miss
 from validation.judge.record import PhaseRecord
@@ -53,7 +52,7 @@ class Facts:
         started = ev.nodes is None or any(n.ranks for n in ev.nodes.nodes) or bool(ev.last_heartbeat) or \
             bool(ev.rank_failures) or bool(ev.taken_stacks)
         stepped = bool(rec.metrics.steps_completed) or any((b.step or 0) >= 1 for b in ev.last_heartbeat.values())
-        root = root_rank(ev.rank_failures)
+        root = ev.root_rank
         fail = ev.rank_failures.get(root) if root is not None else None
         killed = f"rank {root} was killed by {fail.signal}" if fail and fail.signal and not fail.exception else None
         return cls(rec.own_trainer, rec.world_size, stacks, rec.accelerator == "cuda",

@@ -7,8 +7,8 @@ import re
 import signal
 
 from validation.contract.stacks import StackDump
-from validation.contract.torchrun_log import gave_up, root_rank, short_exception
-from validation.judge.findings.departed import departed, departure, ended_before, exited_0
+from validation.contract.torchrun_log import gave_up, short_exception
+from validation.judge.findings.departed import departed, departure, ended_before, exited_0, failed_first
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.nodes import NodeEvidence, NodesEvidence
@@ -194,6 +194,8 @@ def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
         return None  # no stall, or a rank died and the watchdog fired in those waiting for it (_failed)
     if r.progressing_at_timeout:
         return None  # nothing hung: its steps still came when the timeout stopped it (findings/failures.py)
+    if failed_first(r) is not None:
+        return None  # a rank had failed in its own right and the others waited for it (_failed)
     if Facts.of(r).no_rank_running:
         return None  # nothing hung: every rank had ended (or never started), a launcher kept the run open
     # a rank that had ended (exit 0, or a failure of its own) neither hung nor waited
@@ -224,15 +226,15 @@ def _failed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     """A run that ended with a failure: the rank that failed in its own right (killed by a signal
     other than torchrun's SIGTERM, or an exception that is not a peer's collective breaking),
     its node, and how every other node ended."""
-    if r.exit_code in (0, None):
-        return None
+    if r.exit_code in (0, None) and failed_first(r) is None:
+        return None  # a failure ends the run, or the others waited for it until the harness stopped it
     failures = r.evidence.rank_failures
-    root = root_rank(failures)
+    root = r.evidence.root_rank
     if root is None:
         return None
     f = failures[root]
     node = ev.of_rank(root)
-    cause = f"was killed by {f.signal}" if f.signal and not f.exception else f"failed: {short_exception(f.exception)}"
+    cause = f"was killed by {f.signal}" if f.signal and not f.exception else f"failed: {short_exception(f.exception) if f.exception else f.cause}"
     ended = _others(r, ev, node)
     head = f"{node.name}'s rank {root}" if node is not None else f"rank {root} (node unknown)"
     title = f"{head} {cause} in {where(r)}" + (f" (log {node.log})" if node is not None else "") + (

@@ -1,0 +1,129 @@
+"""Who the verdict line blames, judged from torchrun logs as a real two-rank gloo run of a trainer
+of one's own left them (trimmed; nothing runs here): a rank that fails before init_process_group
+writes no ``[rankN]:`` line and no heartbeat, and torchrun's own summary is all that names it; the
+rank that merely waited for it is never the one blamed."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from validation.contract.files import HaltInfo
+from validation.contract.stacks import Frame, StackDump, TakenStack
+from validation.contract.torchrun_log import RankFailure, rank_failures, root_rank
+from validation.judge.findings import find
+from validation.judge.findings.culprit import Did
+from validation.judge.findings.headline import culprit, verdict_line
+from validation.judge.nodes import NodeEvidence, NodesEvidence
+from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
+
+_SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+============================================================
+/tmp/mine/train.py FAILED
+------------------------------------------------------------
+Failures:
+{others}
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-27_19:57:03
+  host      : localhost
+  rank      : 1 (local_rank: {local})
+  exitcode  : 1 (pid: 1693) 
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+_AGENT_TRACEBACK = """Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/venv/lib/python3.11/site-packages/torch/distributed/run.py", line 1032, in <module>
+    main()
+  File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
+    raise ChildFailedError(
+"""
+#: rank 1 raised before init_process_group: its traceback has no [rank1]: prefix
+_WORKER_TRACEBACK = """Traceback (most recent call last):
+  File "/tmp/mine/train.py", line 35, in <module>
+    raise RuntimeError("could not open my dataset shard /data/shard1")
+RuntimeError: could not open my dataset shard /data/shard1
+"""
+#: one node of two ranks: torchrun saw rank 1 fail, then ended rank 0 (waiting in init_process_group)
+ONE_NODE = ("*****************************************\nSetting OMP_NUM_THREADS environment variable for each "
+            "process to be 1 in default\n*****************************************\n" + _WORKER_TRACEBACK
+            + "W1127 19:57:03.266000 1687 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 1692 "
+              "closing signal SIGTERM\n"
+            + "E1127 19:57:03.274000 1687 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) "
+              "local_rank: 1 (pid: 1693) of binary: /venv/bin/python\n"
+            + _AGENT_TRACEBACK
+            + _SUMMARY.format(local=1, others="[1]:\n  time      : 2026-11-27_19:57:03\n  host      : localhost\n"
+                                              "  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 1692)  (SIGTERM)\n"
+                                              "  error_file: <N/A>\n  traceback : Signal 15 (SIGTERM) received by PID 1692"))
+#: node 1 of a launch of two nodes (one rank each): its rank failed; node 0's rank went on waiting
+NODE_1 = (_WORKER_TRACEBACK + "E1127 19:58:54.752000 2483 torch/distributed/elastic/multiprocessing/api.py:1002] "
+          "failed (exitcode: 1) local_rank: 0 (pid: 2497) of binary: /venv/bin/python\n"
+          + _AGENT_TRACEBACK + _SUMMARY.format(local=0, others="  <NO_OTHER_FAILURES>"))
+
+
+def _record(ev: Evidence, **fields) -> PhaseRecord:
+    base = dict(key=PointKey("mine", "cpu", "preinit"), test_id="mine/cpu/preinit/default", kind="train",
+                status=Status.FAIL, reason="trainer ended before its first step (exit code 1)", exit_code=1,
+                world_size=2, steps=6, evidence=ev)
+    return PhaseRecord(**{**base, **fields})
+
+
+def test_a_rank_that_failed_before_its_process_group_is_named_from_torchruns_summary(tmp_path: Path):
+    log = tmp_path / "trainer.stderr.log"
+    log.write_text(ONE_NODE)
+    failures = rank_failures(log)
+    assert failures[0].signal == "SIGTERM" and failures[1].exit_code == 1 and not failures[1].exception
+    rec = _record(Evidence(rank_failures=failures, stderr_log=log.name))
+    assert verdict_line(rec) == (
+        "rank 1 crashed (no heartbeat written): exit code 1; the log's only traceback that names no rank: "
+        "RuntimeError: could not open my dataset shard /data/shard1 — trainer ended before its first step "
+        "(exit code 1)")
+    [crash] = [f for f in find([rec]) if f.kind == "crash"]
+    assert crash.title.startswith("crash in preinit [default]: exit code 1: rank 1: exit code 1"), crash.title
+    assert any(line.startswith("rank 0: no heartbeat written") and "SIGTERM from torchrun's agent, which ended the "
+               "ranks still running once rank 1 had failed" in line for line in crash.detail), crash.detail
+
+
+def test_the_rank_that_waited_for_a_node_whose_rank_never_started_is_not_the_one_blamed(tmp_path: Path):
+    """Two nodes: node 1's rank failed before its process group and its agent exited; node 0's rank
+    waited in init_process_group until the harness's start-up allowance ran out. The verdict line
+    said "node 0's rank 0 stalled in _new_process_group_helper"."""
+    log = tmp_path / "node1.stderr.log"
+    log.write_text(NODE_1)
+    nodes = NodesEvidence("torchrun", "localhost:1", 30.0, [
+        NodeEvidence(0, "node0.stderr.log", "vm", None, None, 0, [0], state="sleeping"),
+        NodeEvidence(1, "node1.stderr.log", "vm", 1, 3.6, 1, [1], said="ChildFailedError")])
+    waiting = StackDump("harness_stacks/rank0.txt", [
+        Frame("/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 2169,
+              "_new_process_group_helper"),
+        Frame("/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 1899, "init_process_group")],
+        None, "py-spy")
+    rec = _record(Evidence(rank_failures=rank_failures(log), stackdumps={0: waiting}, nodes=nodes,
+                           taken_stacks=[TakenStack(2498, 0, "RANK", "py-spy", "harness_stacks/rank0.txt")],
+                           stderr_log=log.name),
+                  exit_code=None, stalled_s=40.0,
+                  reason="stalled: no progress for 40s before its first step (start-up); stacks taken and the run "
+                         "killed by the harness")
+    c = culprit(rec)
+    assert c is not None and c.did == Did.CRASHED and [r.rank for r in c.ranks] == [1], verdict_line(rec)
+    assert verdict_line(rec).startswith("node 1's rank 1 crashed (no heartbeat written): exit code 1"), verdict_line(rec)
+    findings = find([rec])
+    [stall] = [f for f in findings if f.title.startswith("stall in")]
+    assert ": rank 1 failed first (exit code 1" in stall.title and "waited for it: rank 0 in " in stall.title, stall.title
+    assert stall.kind == "crash"  # its advice: read the failed rank's log, not where the ranks' steps diverged
+    [node] = [f for f in findings if f.kind == "node_failed"]
+    assert node.title.startswith("node 1's rank 1 failed: exit code 1"), node.title
+
+
+def test_an_exit_code_is_the_failure_only_of_the_one_rank_that_exited_so_and_not_a_contract_stop():
+    term = RankFailure(signal="SIGTERM", exit_code=-15)
+    assert root_rank({0: term, 1: RankFailure(exit_code=2)}) == 1
+    assert root_rank({0: RankFailure(exit_code=1), 1: RankFailure(exit_code=1)}) is None  # nothing tells which
+    # a rank that ended as the contract asks with its .HALT: its watchdog's 3, a non-finite loss's 4
+    assert root_rank({0: RankFailure(exit_code=3), 1: term}, "watchdog") is None
+    assert root_rank({0: RankFailure(exit_code=4), 1: term}, "nonfinite") is None
+    assert root_rank({0: RankFailure(exit_code=3), 1: term}) == 0  # no .HALT: a crash like any other code
+    # a rank's own exception still comes first
+    assert root_rank({0: RankFailure(exit_code=1), 1: RankFailure(exception="ValueError: bad", exit_code=1)}) == 1
+

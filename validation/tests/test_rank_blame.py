@@ -127,3 +127,18 @@ def test_an_exit_code_is_the_failure_only_of_the_one_rank_that_exited_so_and_not
     # a rank's own exception still comes first
     assert root_rank({0: RankFailure(exit_code=1), 1: RankFailure(exception="ValueError: bad", exit_code=1)}) == 1
 
+
+def test_a_nan_rank_that_torchrun_then_ended_stopped_on_its_loss_not_by_sigterm():
+    """Rank 1's loss went NaN; the trainer wrote the .HALT and rank 0 exited first, so torchrun
+    SIGTERMed rank 1: its detail line read 'killed by SIGTERM', as if that had stopped it."""
+    ev = Evidence(halt=HaltInfo("nonfinite", 3, [3.85, float("nan")], 1.0),
+                  rank_failures={0: RankFailure(exit_code=4), 1: RankFailure(signal="SIGTERM", exit_code=-15)},
+                  last_heartbeat={0: Beat(3, "halt"), 1: Beat(3, "halt")})
+    rec = _record(ev, exit_code=4, reason="non-finite loss at step 3 (trainer .HALT)")
+    assert verdict_line(rec).startswith("rank 1 had a non-finite loss")
+    [nan] = [f for f in find([rec]) if f.kind == "nonfinite"]
+    [line] = [d for d in nan.detail if d.startswith("rank 1:")]
+    assert line == ("rank 1: last heartbeat step 3, stage halt; stopped on its non-finite loss at step 3 (loss nan: "
+                    "the trainer's .HALT), then killed by SIGTERM from torchrun's agent, which ends every rank still "
+                    "running once one has ended with a failure"), line
+    assert [d for d in nan.detail if d.startswith("rank 0:")] == ["rank 0: last heartbeat step 3, stage halt; exit code 4"]

@@ -37,7 +37,7 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
                      f"{', '.join(map(str, bad)) or '?'} (loss per rank {ev.halt.losses}, grad_norm {ev.halt.grad_norm})"
                      f"{before}") if ev.halt.losses is not None else (
                 f"non-finite loss in {where_run(r)} at step {ev.halt.step}: the trainer's .HALT says {ev.halt.text[:120]!r}")
-            out.append(Finding(Severity.CRITICAL, r.phase, title, [f".HALT: {r.out_dir}/.HALT"] + _rank_lines(r),
+            out.append(Finding(Severity.CRITICAL, r.phase, title, [f".HALT: {r.out_dir}/.HALT"] + _rank_lines(r, bad),
                                "nonfinite", Facts.of(r), _nonfinite_ranks(r, bad)))
         elif ev.nodes is not None and missing_node(r, ev.nodes) is not None:
             continue  # no rank started anywhere: the node that never joined is the finding, not a crash
@@ -117,14 +117,24 @@ def _exits(r: PhaseRecord, ranks: list[int]) -> str:
                      + (f", stage {beats[k].stage})" if beats[k].stage else ")") for k in ranks)
 
 
-def _rank_lines(r: PhaseRecord) -> list[str]:
-    """Where each rank was (last heartbeat) and how it ended (torchrun's log)."""
+def _rank_lines(r: PhaseRecord, nonfinite: list[int] = ()) -> list[str]:
+    """Where each rank was (last heartbeat) and how it ended (torchrun's log). ``nonfinite``: the
+    ranks whose own loss the trainer's .HALT says was non-finite: they stopped on it, and a SIGTERM
+    torchrun sent them after is how their process ended, not what stopped them."""
     ev = r.evidence
     lines, gone, root = [], exited_0(r), ev.root_rank
     for rank in sorted(set(ev.last_heartbeat) | set(ev.rank_failures)):
         f = ev.rank_failures.get(rank)
         line = f"rank {rank}: {last_heartbeat(r, rank)}"
-        if rank in gone:
+        if rank in nonfinite:
+            line += (f"; stopped on its non-finite loss at step {ev.halt.step} (loss {ev.halt.losses[rank]}: the "
+                     "trainer's .HALT)")
+            if f is not None and f.signal == "SIGTERM":
+                line += (", then killed by SIGTERM from torchrun's agent, which ends every rank still running once "
+                         "one has ended with a failure")
+            elif f is not None and f.cause:
+                line += f", then {f.cause}"
+        elif rank in gone:
             line += "; exited 0 (torchrun reports no failure of it)"
         elif f is not None and f.exception:
             line += f"; {f.exception}"

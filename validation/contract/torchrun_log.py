@@ -206,15 +206,20 @@ def whose_lines(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def agent_said(stderr_path: Path, max_bytes: int = 1 << 20) -> str | None:
+def agent_said(stderr_path: Path, workers_ran: bool = False, max_bytes: int = 1 << 20) -> str | None:
     """The last error the agent itself reported (its exception, e.g. torchrun's
-    ``...RendezvousTimeoutError``, not a worker's ``[rankN]:`` line), else the log's last line
-    (an agent that died before torchrun's own code ran says why there); None for an empty log."""
+    ``...RendezvousTimeoutError``), else its own last line (``whose_lines``); never a worker's
+    (a ``[rankN]:`` line, a worker's traceback printed before its process group, a worker's
+    logging). Where no worker ran (``workers_ran`` False: none was seen under this agent) and the
+    agent wrote nothing recognisably its own, the log's last line (an agent that died before
+    torchrun's own code ran says why there); None for an empty log."""
     text = _read(stderr_path, max_bytes)
     if text is None:
         return None
-    lines = text.splitlines()
-    own = [ln.strip() for ln in lines if ln.strip() and not _RANK_LINE.match(ln) and not ln.startswith(_HARNESS_NOTE)]
+    lines = whose_lines(text)
+    own = [ln.strip() for who, ln in lines if who == _AGENT]
+    if not own and not workers_ran and not any(who == _WORKER for who, _ in lines):
+        own = [ln.strip() for who, ln in lines if who == _UNKNOWN]
     errors = [ln for ln in own if _EXC.match(ln)]
     return (errors or own or [None])[-1]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from validation.contract.nodes import NodeLaunch, NodesLaunch, read_nodes
-from validation.contract.torchrun_log import RankFailure, agent_said, rank_failures
+from validation.contract.torchrun_log import RankFailure, agent_said, rank_failures, worker_said
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ class NodeEvidence:
     ranks: list[int] = field(default_factory=list)
     """Its ranks; [] when none of its workers ran (it never joined, or none were seen)."""
     said: str | None = None
-    """The last error its agent reported, else its log's last line."""
+    """The last error its agent itself reported, else its own last line (never a worker's:
+    contract/torchrun_log.py ``agent_said``)."""
     step_time_s: float | None = None
     """Median step time of its ranks."""
     lateness_s: float | None = None
@@ -45,6 +46,10 @@ class NodeEvidence:
     ...; validation/contract/nodes.py); None when it exited, or not known."""
     devices: str | None = None
     """The CUDA_VISIBLE_DEVICES the harness gave its agent; None where it gave none."""
+    worker_said: str | None = None
+    """The exception of the last traceback a worker of it wrote into its log without a rank prefix
+    (before its process group, or a handler of its own printing it; ``worker_said``); None where
+    there is none. A ``[rankN]:`` traceback is that rank's failure, read as such."""
 
     @property
     def name(self) -> str:
@@ -107,8 +112,9 @@ def node_evidence(out_dir: Path, heartbeats: dict[int, list[dict[str, Any]]],
         times = [rank_step_time_s[r] for r in ranks if r in rank_step_time_s]
         lates = [late[r] for r in ranks if r in late]
         nodes.append(NodeEvidence(n.index, n.stderr, n.host, n.exit_code, n.ended_s, n.group_rank, ranks,
-                                  agent_said(log), round(statistics.median(times), 6) if times else None,
-                                  round(max(lates), 6) if lates else None, n.state, n.devices))
+                                  agent_said(log, workers_ran=bool(n.ranks)),
+                                  round(statistics.median(times), 6) if times else None,
+                                  round(max(lates), 6) if lates else None, n.state, n.devices, worker_said(log)))
     return NodesEvidence(launch.launcher, launch.rdzv_endpoint, launch.join_timeout_s, nodes, launch.slurm_job_id,
                          launch.slurm_step, launch.slurm_stopped)
 

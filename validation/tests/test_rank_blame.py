@@ -142,3 +142,41 @@ def test_a_nan_rank_that_torchrun_then_ended_stopped_on_its_loss_not_by_sigterm(
                     "the trainer's .HALT), then killed by SIGTERM from torchrun's agent, which ends every rank still "
                     "running once one has ended with a failure"), line
     assert [d for d in nan.detail if d.startswith("rank 0:")] == ["rank 0: last heartbeat step 3, stage halt; exit code 4"]
+
+
+def test_a_workers_rankless_lines_are_not_what_its_agent_said(tmp_path: Path):
+    """Node 1's worker printed a caught ConnectionError's traceback before its process group, then
+    retried forever; the harness stopped the run with node 1's agent still running. The node line
+    read "agent still running ... (ConnectionError: shard server ...)": the worker's words as its
+    agent's."""
+    from validation.contract.nodes import NodeLaunch, NodesLaunch, write_nodes
+    from validation.contract.torchrun_log import agent_said
+    from validation.judge.nodes import node_evidence
+
+    write_nodes(tmp_path, NodesLaunch("torchrun", 1, "localhost:1", "x", 8.0, [
+        NodeLaunch(0, "vm", 11, group_rank=0, ranks={0: 21}, state="sleeping"),
+        NodeLaunch(1, "vm", 12, group_rank=1, ranks={1: 22}, state="sleeping")]))
+    (tmp_path / "node0.stderr.log").write_text("")
+    (tmp_path / "node1.stderr.log").write_text(
+        'Traceback (most recent call last):\n  File "/tmp/mine/train.py", line 38, in <module>\n'
+        '    raise ConnectionError("shard server /data/shard1 refused the connection")\n'
+        "ConnectionError: shard server /data/shard1 refused the connection\nretrying shard download...\n\n"
+        "[nsa-validate] no progress for 20s before its first step (startup_s 20): process tree killed\n")
+    node1 = node_evidence(tmp_path, {}, {}).nodes[1]
+    assert node1.said is None, node1.said
+    assert node1.worker_said == "ConnectionError: shard server /data/shard1 refused the connection"
+    rec = _record(Evidence(nodes=node_evidence(tmp_path, {}, {})), exit_code=None, stalled_s=20.0)
+    line = next(d for f in find([rec]) for d in f.detail if d.startswith("node 1 ("))
+    assert "still running (process state sleeping) when the harness stopped the run; a worker's traceback in its " \
+           "log, naming no rank: ConnectionError: shard server" in line, line
+    # the agent's own words: its traceback through torchrun's code after a worker's, its logging, not [rankN]:
+    log = tmp_path / "node1.stderr.log"
+    log.write_text(_WORKER_TRACEBACK + "[rank0]: ValueError: a worker's own\n" + _AGENT_TRACEBACK + "torch.distributed."
+                   "elastic.rendezvous.api.RendezvousTimeoutError: waited 8 s\n")
+    assert agent_said(log, workers_ran=True) == "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: waited 8 s"
+    log.write_text(_WORKER_TRACEBACK + "W1127 19:57:03.266000 1687 torch/distributed/elastic/multiprocessing/api.py:"
+                   "1028] Sending process 1692 closing signal SIGTERM\n")
+    assert agent_said(log, workers_ran=True) == "Sending process 1692 closing signal SIGTERM"
+    # an agent whose workers never started (nothing of a worker in its log) said its last line itself
+    log.write_text("/venv/bin/python: No module named torch.distributed.run\n")
+    assert agent_said(log) == "/venv/bin/python: No module named torch.distributed.run"

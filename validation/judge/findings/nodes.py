@@ -82,7 +82,9 @@ def _lines(r: PhaseRecord, ev: NodesEvidence) -> list[str]:
         late = n.lateness_s is not None and len(ev.nodes) > 1
         timing = "".join(x for x in (f"; median step {_ms(n.step_time_s)}" if n.step_time_s is not None else "",
                                      f", {_ms(n.lateness_s)} behind the earliest rank" if late else ""))
-        out.append(f"node {n.index} ({place}): {ranks}{timing}; agent {_agent(n, _agent_stopped(r, ev, n))}")
+        worker = (f"; a worker's traceback in its log, naming no rank: {_said(n.worker_said)}" if n.worker_said
+                  else "")
+        out.append(f"node {n.index} ({place}): {ranks}{timing}; agent {_agent(n, _agent_stopped(r, ev, n))}{worker}")
     return out
 
 

@@ -167,6 +167,13 @@ def _no_junit(f: Facts) -> str:
             "command the finding gives, then " + _RERUN_POINT + ".")
 
 
+#: why a preflight command does not finish, and how to find which
+_PREFLIGHT_SLOW = ("Run each by hand on this machine to see which: git on a hung or slow filesystem (a network "
+                   "mount) or waiting at a prompt; collect_env importing torch on a loaded machine; nvidia-smi on a "
+                   "GPU or driver that no longer answers (look for Xid errors in `dmesg`). Raise the phase's "
+                   "timeout_s where the command is only slow.")
+
+
 _PREFLIGHT = {
     Miss.GIT_SHA: "the commit: `git describe` failed in the repository root (not a git checkout, git not installed, or "
                   "a repository git refuses as another user's: `git config --global --add safe.directory <root>`) "
@@ -176,7 +183,25 @@ _PREFLIGHT = {
                       "broken torch install)",
     Miss.NVIDIA_SMI: "nvidia-smi: not installed or failed on a CUDA profile (the driver's tools missing, or no GPU "
                      "visible to this process)",
+    Miss.TIMED_OUT: "a command that did not finish within its time (a third of the phase's timeout_s, at least 5 s; "
+                    "the finding names it) and was killed, not one that failed: " + _PREFLIGHT_SLOW[0].lower()
+                    + _PREFLIGHT_SLOW[1:].rstrip("."),
 }
+
+
+def _tests_timeout(f: Facts) -> str:
+    return ("pytest was still running when the phase's timeout_s ran out (no trainer ran: the point runs this "
+            "repository's tests), so no test outcome was counted. Its output named in the finding shows how far it "
+            "got: run the tests alone with the command the finding gives (add `-v --durations=10` to "
+            "see where the time goes). A test that hangs (a lock, a subprocess or socket that never answers, a "
+            "GPU that does not) is a defect to fix; a suite that is only slow needs a larger timeout_s in the "
+            "runbook's phase. Then " + _RERUN_POINT + ".")
+
+
+def _preflight_timeout(f: Facts) -> str:
+    return ("Preflight was still running when the phase's timeout_s ran out (no trainer ran): one of its commands "
+            "(git describe, collect_env, nvidia-smi) did not finish. " + _PREFLIGHT_SLOW + " Then "
+            + _RERUN_POINT + ".")
 
 
 def _preflight(f: Facts) -> str:
@@ -285,7 +310,8 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "short_run": _short, "short_rank": _short_rank, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
     "artifacts": _artifacts, "not_launched": _not_launched, "harness_error": _harness_error,
-    "tests_failed": _tests_failed, "tests_not_run": _tests_not_run, "no_junit": _no_junit, "preflight": _preflight, "regression": _regression, "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing, "spike": _spike,
+    "tests_failed": _tests_failed, "tests_not_run": _tests_not_run, "no_junit": _no_junit, "preflight": _preflight,
+    "tests_timeout": _tests_timeout, "preflight_timeout": _preflight_timeout, "regression": _regression, "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing, "spike": _spike,
     "diverging": _diverging, "resume": _resume, "slowdown": _slowdown,
     "resumed_in_place": _resumed_in_place, "memory_growth": _memory_growth,
     # a node's advice says the same for any trainer (nodes of one launch are torchrun's, not its)

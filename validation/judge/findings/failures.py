@@ -159,6 +159,8 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
         ev = r.evidence
         if not (r.stalled_s is not None or r.timed_out or (ev.halt is not None and ev.halt.source == "watchdog")):
             continue  # no stall; a NaN guard's or an operator's .HALT is none either
+        if r.kind not in TRAINER_KINDS:
+            continue  # a pytest or preflight point ran no rank: its timeout is its own finding (findings/checks.py)
         if r.died_before_watchdog is not None:
             continue  # a rank died and the others' watchdog fired waiting for it: the crash finding names it
         facts = Facts.of(r)

@@ -9,7 +9,7 @@ from pathlib import Path
 from validation.contract.files import HaltInfo
 from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure, rank_failures, root_rank
-from validation.judge.findings import find
+from validation.judge.findings import find, recommendations
 from validation.judge.findings.culprit import Did
 from validation.judge.findings.headline import culprit, verdict_line
 from validation.judge.nodes import NodeEvidence, NodesEvidence
@@ -180,3 +180,32 @@ def test_a_workers_rankless_lines_are_not_what_its_agent_said(tmp_path: Path):
     # an agent whose workers never started (nothing of a worker in its log) said its last line itself
     log.write_text("/venv/bin/python: No module named torch.distributed.run\n")
     assert agent_said(log) == "/venv/bin/python: No module named torch.distributed.run"
+
+
+def _frozen(nodes: NodesEvidence | None = None) -> PhaseRecord:
+    """Rank 1 SIGSTOPped itself at step 3 (no stack: py-spy cannot read a stopped process, its own
+    handler cannot run); rank 0 waits for it in all_gather, as a two-rank gloo run left it."""
+    ev = Evidence(stackdumps={0: StackDump("harness_stacks/rank0.txt", [
+        Frame("/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 4287, "all_gather")],
+        None, "py-spy")},
+        taken_stacks=[TakenStack(11, 0, "RANK", "py-spy", "harness_stacks/rank0.txt", state="sleeping"),
+                      TakenStack(12, 1, "RANK", "none", state="stopped", note="py-spy could not take its stack")],
+        last_heartbeat={0: Beat(3, "forward"), 1: Beat(3, "forward")}, nodes=nodes)
+    return _record(ev, exit_code=None, stalled_s=15.0, reason="stalled: no progress for 15s after step 2")
+
+
+def test_a_frozen_ranks_advice_speaks_of_a_stopped_process_not_of_diverged_steps():
+    """The stall advice of a rank frozen by SIGSTOP said 'a rank inside a collective while another is
+    elsewhere means the ranks' steps diverged', and of its node 'its stack (harness_stacks/) shows
+    where', of a rank that has no stack."""
+    rec = _frozen()
+    assert verdict_line(rec).startswith("rank 1 hung (stopped, no stack; last heartbeat step 3, stage forward)")
+    [advice] = recommendations([f for f in find([rec]) if f.kind == "stall"])
+    assert "process was stopped" in advice and "SIGSTOP" in advice and "debugger" in advice and "cgroup" in advice
+    assert "diverged" not in advice.replace("not on steps that diverged", ""), advice
+    nodes = NodesEvidence("torchrun", "localhost:1", 8.0, [NodeEvidence(0, "node0.stderr.log", "vm", None, None, 0, [0]),
+                                                           NodeEvidence(1, "node1.stderr.log", "vm", None, None, 1, [1])])
+    [node] = [f for f in find([_frozen(nodes)]) if f.kind.startswith("node_")]
+    assert node.kind == "node_frozen" and "node 1's rank 1 (stopped, no stack" in node.title, (node.kind, node.title)
+    [advice] = recommendations([node])
+    assert "stopped process" in advice and "harness_stacks" not in advice, advice

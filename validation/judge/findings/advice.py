@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 from validation.judge.findings.finding import Facts, Finding, Severity
-from validation.judge.findings.nodes import NODE_ADVICE
+from validation.judge.findings.nodes import NODE_ADVICE, STOPPED_ADVICE
 from validation.judge.misses import Miss
 
 _RERUN = "re-run only that phase: `pytest -m {phase}` with the same --profile and --results-dir"
@@ -36,6 +36,13 @@ def _left_after(f: Facts) -> str:
 
 
 def _stall(f: Facts) -> str:
+    if f.stopped:
+        who = "The rank" if f.world_size == 1 else "A rank"
+        waited = "" if f.world_size == 1 else (", and the ranks waiting for it in their collectives waited on a "
+                                               "process that could not come, not on steps that diverged")
+        return (f"{who}'s process was stopped when the harness came for its stack (the finding names it): a stopped "
+                "process runs nothing, so it wrote no further heartbeat and no stack could be taken of it (py-spy cannot read "
+                f"it, its own handler cannot run){waited}. {STOPPED_ADVICE} Then {_RERUN}.")
     if f.no_rank_started and f.no_rank_running:
         where = ("No rank started before the harness stopped the run, so there was no stack to take: the nodes' "
                  "torchrun agents never completed their rendezvous. The node finding says how each agent was when the "

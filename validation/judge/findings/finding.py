@@ -44,6 +44,9 @@ class Facts:
     signal and raised nothing (no traceback to read)."""
     misses: tuple[Miss, ...] = ()
     """Of a pytest or preflight point: what it failed to do (validation/judge/misses.py)."""
+    stopped: bool = False
+    """A rank's process was stopped (SIGSTOP, a debugger, a frozen cgroup) when the harness came for
+    its stack (TakenStack.state): it ran nothing, and the others waited for it."""
 
     @classmethod
     def of(cls, rec: PhaseRecord) -> Facts:
@@ -55,9 +58,10 @@ class Facts:
         root = ev.root_rank
         fail = ev.rank_failures.get(root) if root is not None else None
         killed = f"rank {root} was killed by {fail.signal}" if fail and fail.signal and not fail.exception else None
+        stopped = any(t.state == "stopped" and t.rank is not None for t in ev.taken_stacks)
         return cls(rec.own_trainer, rec.world_size, stacks, rec.accelerator == "cuda",
                    not stacks and Outcome.of_record(rec).stacks_tried == 0, not started, not stepped,
-                   ev.halt is not None and ev.halt.source == "nonfinite", killed, tuple(ev.misses))
+                   ev.halt is not None and ev.halt.source == "nonfinite", killed, tuple(ev.misses), stopped)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,13 @@ from validation.judge.record import PhaseRecord
 STRAGGLER_SHARE = 0.25
 STRAGGLER_MIN_S = 0.05
 
+#: what stops a process, and how to see it
+STOPPED_ADVICE = ("Find what stopped it: a SIGSTOP or SIGTSTP (`kill -STOP`, Ctrl-Z of a shell job, a tool or "
+                  "script that pauses processes), a debugger or tracer attached to it (gdb, strace: TracerPid in "
+                  "/proc/<pid>/status), or a frozen cgroup (a container paused with `docker pause`, a job its "
+                  "scheduler suspended, such as Slurm's `scontrol suspend`; cgroup.freeze). `ps -o pid,stat,cmd` "
+                  "shows it as T (stopped) or t (traced) while it lasts.")
+
 NODE_ADVICE = {
     "node_missing": "A node never joined the rendezvous: read its log (named in the finding) for why its agent did not "
                     "start or reach the endpoint (host down, wrong endpoint, firewall, a broken environment on that "
@@ -38,6 +45,10 @@ NODE_ADVICE = {
     "node_hung": "One node's rank stopped outside the collectives while the other nodes waited in them: its stack "
                  "(harness_stacks/) shows where; look at that host (I/O, a lock, a network interface) and at what "
                  "differs between the ranks' steps.",
+    "node_frozen": "One node's rank was a stopped process when the harness came for its stack (the finding names it), "
+                   "and the other nodes waited for it in their collectives: it ran nothing, so it has no stack and "
+                   "nothing in the ranks' steps diverged. On that host: " + STOPPED_ADVICE[0].lower()
+                   + STOPPED_ADVICE[1:],
     "slurm_stopped": "Slurm ended the job step without the harness asking: someone's scancel of the job or the step, "
                      "the job's time limit (srun_args --time, or the partition's), preemption or a node failure; "
                      "slurmstepd's line in the finding says which. The trainer did not fail: re-run the point "
@@ -213,7 +224,9 @@ def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
         return None
     how = (f"no progress for {r.stalled_s:.0f} s" if r.stalled_s is not None
            else f"the {r.timeout_s:g} s timeout" if r.timed_out else "the trainer's watchdog .HALT")
-    stuck = "; ".join(f"{_on(ev, k)}rank {k} {_where(stacks.get(k), beats.get(k))}" for k in hung)
+    stopped = {t.rank for t in r.evidence.taken_stacks if t.state == "stopped" and t.rank is not None}
+    frozen = [k for k in hung if k in stopped and not (stacks.get(k) and stacks[k].frames)]
+    stuck = "; ".join(f"{_on(ev, k)}rank {k} {_where(stacks.get(k), beats.get(k), k in frozen)}" for k in hung)
     waiting = [k for k in ranks if k not in hung]
     others = "; ".join(f"{_on(ev, k)}rank {k} {_where(stacks.get(k), beats.get(k))}" for k in waiting)
     nodes_hung = {ev.of_rank(k).index for k in hung if ev.of_rank(k) is not None}
@@ -221,7 +234,8 @@ def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     gone = "; ".join(f"{_on(ev, k)}rank {k} ({e})" for k, e in ended.items())
     title = (f"{head} hung in {where(r)} ({how}): {stuck}" + (f"; waiting for it: {others}" if others else "")
              + (f"; already ended: {gone}" if gone else ""))
-    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "node_hung")
+    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev),
+                   "node_frozen" if frozen and len(frozen) == len(hung) else "node_hung")
 
 
 def _failed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
@@ -310,8 +324,9 @@ def _stragglers(r: PhaseRecord, ev: NodesEvidence) -> list[Finding]:
     return out
 
 
-def _where(dump: StackDump | None, beat) -> str:
-    at = f"in {dump.frames[0].func}" if dump and dump.frames else "(no stack)"
+def _where(dump: StackDump | None, beat, stopped: bool = False) -> str:
+    at = (f"in {dump.frames[0].func}" if dump and dump.frames
+          else "(stopped, no stack: its process was stopped when the harness came for it)" if stopped else "(no stack)")
     step = f" (last heartbeat step {beat.step}, {beat.stage})" if beat is not None and beat.step is not None else ""
     return at + step
 

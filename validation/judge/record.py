@@ -382,8 +382,13 @@ class PhaseRecord:
 
     @property
     def ran_at(self) -> str | None:
-        """The commit of the trainer that ran the point (this repository's for its own trainer)."""
-        return self.trainer_sha or self.git_sha
+        """The commit of the trainer that ran the point (this repository's for its own trainer, and
+        for a pytest or preflight point, which run this repository's code); None for a runbook's own
+        trainer whose commit nothing recorded (its env.json names none and its root is no repository
+        of its own): the harness's commit, in git_sha, is not the trainer's."""
+        if self.trainer_sha:
+            return self.trainer_sha
+        return self.git_sha if self.own_trainer or self.kind not in TRAINER_KINDS else None
 
     @property
     def ran(self) -> bool:

@@ -209,3 +209,19 @@ def test_a_frozen_ranks_advice_speaks_of_a_stopped_process_not_of_diverged_steps
     assert node.kind == "node_frozen" and "node 1's rank 1 (stopped, no stack" in node.title, (node.kind, node.title)
     [advice] = recommendations([node])
     assert "stopped process" in advice and "harness_stacks" not in advice, advice
+
+
+def test_a_rank_that_exits_non_zero_in_its_final_checkpoint_is_named_not_its_peers_broken_collective():
+    """All 6 steps done; rank 1 then exited 1 (printing no traceback) while saving its checkpoint, and
+    rank 0's final barrier broke ('Connection closed by peer'). The crash finding's title was rank 0's
+    exception, and the verdict line named no rank."""
+    peer = RankFailure(exception="RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                                 "[127.0.0.1]:1956", exit_code=1)
+    ev = Evidence(rank_failures={0: peer, 1: RankFailure(exit_code=1)},
+                  last_heartbeat={0: Beat(6, "step"), 1: Beat(6, "checkpoint")})
+    rec = _record(ev, reason="trainer crashed (exit code 1)")
+    assert verdict_line(rec) == ("rank 1 crashed (last heartbeat step 6, stage checkpoint): exit code 1 — trainer "
+                                 "crashed (exit code 1)")
+    [advice] = recommendations([f for f in find([rec]) if f.kind == "crash"])
+    assert advice.startswith("preinit: Rank 1 exited with code 1 and no traceback of its own in torchrun's log after its last "
+                             "heartbeat (step 6, stage checkpoint)"), advice

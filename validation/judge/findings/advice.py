@@ -18,6 +18,9 @@ def _crash(f: Facts) -> str:
         return (f"{f.killed[0].upper()}{f.killed[1:]}, which leaves no traceback: look for who sent it (the kernel's "
                 "out-of-memory killer: `dmesg` and the host's memory over the run; a scheduler's limit; a person's "
                 f"kill), fix, then {_RERUN}.")
+    if f.silent:
+        return (f"{f.silent[0].upper()}{f.silent[1:]}. Read what it printed in the stderr log named in the finding (and "
+                f"any log of its own) for why it exited, fix, then {_RERUN}.")
     return f"Read the traceback in the stderr log named in the finding, fix, then {_RERUN}."
 
 

@@ -71,7 +71,8 @@ def _stall(f: Facts) -> str:
                      "only (a rank-dependent branch, its data set-up, a download, a lock) holds it. ")
         else:
             where = (f"{shown}: a rank inside a collective while another is elsewhere means the ranks' steps diverged "
-                     "(a rank-dependent branch, data or shape). ")
+                     "(a rank-dependent branch, data or shape), or that one is stuck in code of its own (a loop or "
+                     "retry that never ends, I/O or a lock that never returns): its stack shows which. ")
     return where + f"Then {_RERUN}."
 
 

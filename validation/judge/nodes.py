@@ -104,7 +104,7 @@ def node_evidence(out_dir: Path, heartbeats: dict[int, list[dict[str, Any]]],
     placed = _ranks_by_node(launch, heartbeats)
     # how late a node comes is against the other nodes; within one node it says nothing of nodes (a
     # one-node torchrun launch, with no nodes.json, has no such figure either)
-    late = _lateness(heartbeats) if len(launch.nodes) > 1 else {}
+    late = lateness(heartbeats) if len(launch.nodes) > 1 else {}
     nodes = []
     for n in launch.nodes:
         log = out_dir / n.stderr
@@ -142,7 +142,7 @@ def _place(rec: dict[str, Any], nodes: list[NodeLaunch]) -> int | None:
     return nodes[0].index if len(nodes) == 1 else None
 
 
-def _lateness(heartbeats: dict[int, list[dict[str, Any]]]) -> dict[int, float]:
+def lateness(heartbeats: dict[int, list[dict[str, Any]]]) -> dict[int, float]:
     """Rank -> the median over steps of its largest delay entering a stage after the earliest rank."""
     first: dict[int, dict[tuple[int, str], float]] = {}
     for rank, recs in heartbeats.items():

@@ -198,6 +198,10 @@ class Evidence:
     """What the harness did for each process's stack when it stopped the run (py-spy, SIGUSR1)."""
     last_heartbeat: dict[int, Beat] = field(default_factory=dict)
     rank_step_time_s: dict[int, float] = field(default_factory=dict)
+    rank_lateness_s: dict[int, float] = field(default_factory=dict)
+    """Of a run of several ranks on one node: per rank, how late it enters the stages of a step
+    after the earliest rank (the median over steps; judge/nodes.py ``lateness``). In lock-step
+    training the step times agree, and only this tells the rank the others wait for."""
     fallbacks: dict[str, float] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     loss_first: float | None = None
@@ -459,6 +463,7 @@ class PhaseRecord:
                                              b.get("ends_steps") is not False, _int(b.get("every")))
                                 for r, b in (ev.get("last_heartbeat") or {}).items()},
                 rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
+                rank_lateness_s={int(r): float(t) for r, t in (ev.get("rank_lateness_s") or {}).items()},
                 fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},
                 files=list(ev.get("files") or []), nodes=NodesEvidence.from_json(ev.get("nodes")),
                 reruns={str(f): [Rerun(**r) for r in rs] for f, rs in (ev.get("reruns") or {}).items()},

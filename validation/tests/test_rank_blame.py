@@ -225,3 +225,39 @@ def test_a_rank_that_exits_non_zero_in_its_final_checkpoint_is_named_not_its_pee
     [advice] = recommendations([f for f in find([rec]) if f.kind == "crash"])
     assert advice.startswith("preinit: Rank 1 exited with code 1 and no traceback of its own in torchrun's log after its last "
                              "heartbeat (step 6, stage checkpoint)"), advice
+
+
+def _lockstep(rank: int, late: float, steps: int = 6, step_s: float = 0.35) -> list[dict]:
+    """A rank's heartbeats of lock-step training on one node: every rank starts and ends each step
+    together (the others wait for the slowest in the collective); this one enters 'backward' ``late``
+    seconds after the step began."""
+    out = []
+    for step in range(1, steps + 1):
+        t0 = 1000.0 + step * step_s
+        out += [{"time": t0, "step": step, "stage": "forward", "rank": rank},
+                {"time": t0 + 0.01 + late, "step": step, "stage": "backward", "rank": rank},
+                {"time": t0 + step_s * 0.99, "step": step, "stage": "step", "rank": rank}]
+    return out
+
+
+def test_a_straggler_rank_of_one_node_is_named(tmp_path: Path):
+    """Rank 1 spent 0.3 s more on each step's compute; rank 0 waited for it in the collective. Every
+    rank's step time was the same, so no imbalance was found and the run PASSed with no word of the
+    rank that set its pace."""
+    from validation.judge.evidence import collect
+    from validation.judge.metrics import RunData
+
+    run = RunData(tmp_path, world_size=2, exit_code=0)
+    run.heartbeats = {0: _lockstep(0, 0.0), 1: _lockstep(1, 0.3)}
+    ev = collect(run, tmp_path / "trainer.stderr.log", [])
+    assert ev.rank_lateness_s[0] == 0.0 and abs(ev.rank_lateness_s[1] - 0.3) < 1e-6, ev.rank_lateness_s
+    rec = _record(ev, status=Status.PASS, exit_code=0, reason="completed (no gates)")
+    [f] = [f for f in find([rec]) if f.kind == "straggler_rank"]
+    assert f.title.startswith("straggler rank 1 in preinit [default]: it enters each step's stages 300 ms after the "
+                              "earliest rank (86% of the 350 ms step)"), f.title
+    [advice] = recommendations([f])
+    assert "One rank comes late to every step" in advice, advice
+    # ranks that come together (jitter under the bar) make no straggler
+    run.heartbeats = {0: _lockstep(0, 0.0), 1: _lockstep(1, 0.02)}
+    rec = _record(collect(run, tmp_path / "trainer.stderr.log", []), status=Status.PASS, exit_code=0)
+    assert not [f for f in find([rec]) if f.kind == "straggler_rank"]

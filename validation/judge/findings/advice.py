@@ -127,6 +127,14 @@ def _imbalance(f: Facts) -> str:
     return f"One rank is slower: look for {shared} or uneven data per rank."
 
 
+def _straggler_rank(f: Facts) -> str:
+    shared = ("a shared or throttled GPU (nvidia-smi in the preflight record; its clocks and temperature)" if f.cuda
+              else "cores shared with other work")
+    return (f"One rank comes late to every step and the others wait for it, so the whole run goes at its pace: "
+            f"look for {shared}, more or longer data on that rank, or work only it does (logging, evaluation, a "
+            "save on rank 0).")
+
+
 def _fallback(f: Facts) -> str:
     if f.own_trainer:
         return ("An attention branch ran on a slower backend than 'auto' wanted: the route's reason names what was "
@@ -319,7 +327,7 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "crash": _crash, "departed": _departed, "left_after": _left_after, "stall": _stall, "timeout": _timeout,
     "nonfinite": _nonfinite,
     "short_run": _short, "short_rank": _short_rank, "cliff": _cliff,
-    "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
+    "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "straggler_rank": _straggler_rank, "fallback": _fallback,
     "artifacts": _artifacts, "not_launched": _not_launched, "harness_error": _harness_error,
     "tests_failed": _tests_failed, "tests_not_run": _tests_not_run, "no_junit": _no_junit, "preflight": _preflight,
     "tests_timeout": _tests_timeout, "preflight_timeout": _preflight_timeout, "regression": _regression, "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing, "spike": _spike,

@@ -13,7 +13,7 @@ from validation.judge.findings.culprit import Culprit, Did, NoStack, RankAt
 from validation.judge.findings.departed import departed, departure, ended_before, exited_0, failed_first
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where, where_run
 from validation.judge.findings.hung import hung_ranks
-from validation.judge.findings.nodes import missing_node
+from validation.judge.findings.nodes import STRAGGLER_MIN_S, STRAGGLER_SHARE, missing_node
 from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult, GateVerdict
 from validation.judge.record import HARNESS_ERROR_FILE, TRAINER_KINDS, NotRun, PhaseRecord, Status
 from validation.judge.resume import METRICS as RESUME_METRICS
@@ -325,7 +325,36 @@ def imbalance(records: list[PhaseRecord]) -> list[Finding]:
                 f"rank imbalance in {where(r)}: rank {slow} takes {times[slow] / times[fast]:.1f}x as long per step "
                 f"as rank {fast}" + (f"; gate {gate.text()}" if gate else "")),
                 [f"rank {k}: median step time {v:.3g}s" for k, v in sorted(times.items())], "imbalance", Facts.of(r)))
+        elif (late := _straggler_rank(r)) is not None:
+            out.append(late)
     return out
+
+
+def _straggler_rank(r: PhaseRecord) -> Finding | None:
+    """A rank of a one-node run that enters each step's stages late while the others wait for it in
+    their collectives (so every rank's step time is the same, and the step-time ratio says nothing):
+    by the node straggler's rule (findings/nodes.py), late by a quarter of the step and at least
+    STRAGGLER_MIN_S, and the only rank so late."""
+    late, times = r.evidence.rank_lateness_s, list(r.evidence.rank_step_time_s.values())
+    if len(late) < 2 or not times or r.evidence.nodes is not None:
+        return None
+    step = sorted(times)[len(times) // 2]
+    bar = max(STRAGGLER_MIN_S, STRAGGLER_SHARE * step)
+    slow = [k for k, s in late.items() if s >= bar]
+    if len(slow) != 1:
+        return None
+    [k] = slow
+    return Finding(Severity.WARNING, r.phase, (
+        f"straggler rank {k} in {where(r)}: it enters each step's stages {_ms(late[k])} after the earliest rank "
+        f"({late[k] / step:.0%} of the {_ms(step)} step); the other ranks wait for it in their collectives, so every "
+        "rank's step time is the same"),
+        [f"rank {j}: {_ms(s)} behind the earliest rank, median step time {_ms(r.evidence.rank_step_time_s[j])}"
+         if j in r.evidence.rank_step_time_s else f"rank {j}: {_ms(s)} behind the earliest rank"
+         for j, s in sorted(late.items())], "straggler_rank", Facts.of(r))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
 
 
 def _imbalance_gate(r: PhaseRecord) -> GateResult | None:

@@ -35,8 +35,8 @@ NODE_ADVICE = {
                   "'disk-sleep' is I/O that does not return (a hung shared filesystem under its imports); otherwise "
                   "`py-spy dump --pid` of that host's agent while it waits shows where. A node that is only slow to "
                   "start needs a longer rdzv.join_timeout_s (and startup_s).",
-    "node_failed": "A rank on one node died first and the others failed in their collectives after it: read that "
-                   "node's log (named); SIGKILL with no traceback is usually the kernel's OOM killer (dmesg on that "
+    "node_failed": "A rank on one node died first and the others failed in their collectives after it (or waited "
+                   "for it until the harness stopped the run): read that node's log (named); SIGKILL with no traceback is usually the kernel's OOM killer (dmesg on that "
                    "host) or the scheduler.",
     "agent_killed": "A node's torchrun agent itself was killed (no rank failed on its own first): kill -9 of the agent, "
                     "the kernel's OOM killer on that host (dmesg there), the node going down, or the scheduler; its "
@@ -93,8 +93,9 @@ def _lines(r: PhaseRecord, ev: NodesEvidence) -> list[str]:
         late = n.lateness_s is not None and len(ev.nodes) > 1
         timing = "".join(x for x in (f"; median step {_ms(n.step_time_s)}" if n.step_time_s is not None else "",
                                      f", {_ms(n.lateness_s)} behind the earliest rank" if late else ""))
-        worker = (f"; a worker's traceback in its log, naming no rank: {_said(n.worker_said)}" if n.worker_said
-                  else "")
+        told = any((f := r.evidence.rank_failures.get(k)) is not None and f.unranked == n.worker_said for k in n.ranks)
+        worker = (f"; a worker's traceback in its log, naming no rank: {_said(n.worker_said)}"
+                  if n.worker_said and not told else "")  # not twice where its rank's end already says it
         out.append(f"node {n.index} ({place}): {ranks}{timing}; agent {_agent(n, _agent_stopped(r, ev, n))}{worker}")
     return out
 

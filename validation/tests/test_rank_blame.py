@@ -261,3 +261,27 @@ def test_a_straggler_rank_of_one_node_is_named(tmp_path: Path):
     run.heartbeats = {0: _lockstep(0, 0.0), 1: _lockstep(1, 0.02)}
     rec = _record(collect(run, tmp_path / "trainer.stderr.log", []), status=Status.PASS, exit_code=0)
     assert not [f for f in find([rec]) if f.kind == "straggler_rank"]
+
+
+def test_a_rank_that_exited_0_before_its_process_group_is_named_not_the_rank_that_waited_for_it():
+    """Rank 1 returned (exit 0) before init_process_group; rank 0 waited there until the start-up
+    allowance ran out. The verdict line said 'rank 0 stalled in _new_process_group_helper', and the
+    report did not mention rank 1 at all (no heartbeat, no failure in torchrun's log)."""
+    def rec(frame: Frame, nodes: NodesEvidence | None = None) -> PhaseRecord:
+        ev = Evidence(stackdumps={0: StackDump("harness_stacks/rank0.txt", [frame], None, "py-spy")}, nodes=nodes,
+                      taken_stacks=[TakenStack(21, 0, "RANK", "py-spy", "harness_stacks/rank0.txt")])
+        return _record(ev, exit_code=None, stalled_s=20.0, reason="stalled: no progress for 20s before its first step")
+
+    init = Frame("/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", 2169,
+                 "_new_process_group_helper")
+    assert verdict_line(rec(init)).startswith("rank 1 exited 0 early (no heartbeat written) — stalled"), \
+        verdict_line(rec(init))
+    [stall] = [f for f in find([rec(init)]) if f.title.startswith("stall in")]
+    assert "rank 1: no heartbeat written (no heartbeat_rank1.jsonl); no process left to take a stack of: it had ended " \
+           "(exited 0)" in stall.detail, stall.detail
+    # rank 0 busy in code of its own: nothing says it waited for rank 1
+    assert culprit(rec(Frame("/tmp/mine/train.py", 40, "load_shard"))).ranks[0].rank == 0
+    # srun's nodes on other hosts: the harness sees no process there, which says nothing of how rank 1 ended
+    slurm = NodesEvidence("slurm", "n0:1", 8.0, [NodeEvidence(0, "node0.stderr.log", "n0", None, None, 0, [0]),
+                                                 NodeEvidence(1, "node1.stderr.log", "n1", None, None, 1, [1])])
+    assert culprit(rec(init, slurm)).did != Did.LEFT

@@ -57,7 +57,24 @@ def departed(rec: PhaseRecord) -> list[int]:
         return []
     beats, waiting = rec.evidence.last_heartbeat, _not_done(rec, others)
     return [k for k in range(rec.world_size) if k not in others
-            and (incomplete(beats.get(k), rec.steps) or (started_last(beats.get(k), rec.steps) and bool(waiting)))]
+            and (incomplete(beats.get(k), rec.steps) or (started_last(beats.get(k), rec.steps) and bool(waiting))
+                 or _left_unstarted(rec, k, others))]
+
+
+def _left_unstarted(rec: PhaseRecord, rank: int, others: set[int]) -> bool:
+    """``rank`` (not among ``others``, those known not to have exited 0) exited 0 before it wrote
+    any heartbeat while the others waited for it in their collectives (init_process_group, a first
+    barrier), until the harness stopped the run: it wrote no record, torchrun reports no failure of
+    it, and the harness found no process of it where it sees every rank (every agent on this host),
+    while each rank it found waited in a collective. A rank-dependent early return before the
+    process group leaves exactly this; the ranks that waited are not the ones to name."""
+    ev = rec.evidence
+    if rank in ev.last_heartbeat or (rec.stalled_s is None and not rec.timed_out):
+        return False
+    if ev.nodes is not None and ev.nodes.launcher != "torchrun":
+        return False  # srun's nodes on other hosts: the harness does not see their processes
+    found = [ev.stackdumps.get(k) for k in others]
+    return bool(found) and all(d is not None and d.frames and in_collective(d) for d in found)
 
 
 def exited_0(rec: PhaseRecord) -> list[int]:
@@ -73,7 +90,7 @@ def ended_before(rec: PhaseRecord, rank: int) -> str | None:
     its steps), else, where the harness stopped the run, the failure torchrun reported of it; None
     where it was still running (a stack of it was taken) or nothing says. A stack dump file without
     frames (one a trainer opened for faulthandler and never wrote) is no sign that it ran."""
-    if rank in exited_0(rec):
+    if rank in exited_0(rec) or (rank not in rec.evidence.last_heartbeat and rank in departed(rec)):
         return "exited 0"
     f = rec.evidence.rank_failures.get(rank)
     dump = rec.evidence.stackdumps.get(rank)
@@ -120,7 +137,11 @@ def departure(rec: PhaseRecord, ranks: list[int]) -> str:
     records say no step's end, that it started it and which ranks had not completed it)."""
     parts = []
     for k in ranks:
-        hb = rec.evidence.last_heartbeat[k]
+        hb = rec.evidence.last_heartbeat.get(k)
+        if hb is None:
+            parts.append(f"rank {k} exited 0 early (no heartbeat written: before its first step; torchrun reports no "
+                         "failure of it, and the harness found no process of it)")
+            continue
         stage = f", stage {hb.stage}" if hb.stage else ""
         if started_last(hb, rec.steps):
             who = ", ".join(map(str, _not_done(rec, _remained(rec))))

@@ -178,6 +178,7 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
         root = failed_first(r)
         if root is not None:  # it had ended before the harness came: listed with how, though it left no file
             known.add(root)
+        known |= set(gone)  # a rank that left before its first heartbeat too
         for rank in sorted(k for k in known if k < r.world_size):
             line = f"rank {rank}: {last_heartbeat(r, rank)}"
             end = ended_before(r, rank)

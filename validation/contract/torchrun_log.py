@@ -49,8 +49,10 @@ class RankFailure:
     exit_code: int | None = None
     unranked: str | None = None
     """Of a rank that failed silently (``silent``), the only one of its log: the exception of the
-    log's only worker traceback that names no rank (``worker_said``), most likely its own (printed
-    before its process group); the log does not say whose, and the report says so."""
+    log's worker tracebacks that name no rank (``worker_said``; one, or several that all end in it,
+    as where every rank failed one import and torchrun stopped the others before they exited),
+    most likely its own, printed before its process group; the log does not say whose, and the
+    report says so."""
 
     @property
     def own(self) -> bool:
@@ -79,7 +81,7 @@ class RankFailure:
         if self.exit_code is None:
             return None
         return f"exit code {self.exit_code}" + (
-            f"; the log's only traceback that names no rank: {short_exception(self.unranked)}" if self.unranked else "")
+            f"; the log's traceback that names no rank: {short_exception(self.unranked)}" if self.unranked else "")
 
 
 def short_exception(text: str) -> str:
@@ -134,9 +136,9 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, Rank
             rank = None
     failures = {r: RankFailure(**f) for r, f in found.items()}
     silent = [r for r, f in failures.items() if f.silent]
-    unranked = _worker_exceptions(text)
+    unranked = set(_worker_exceptions(text))
     if len(silent) == 1 and len(unranked) == 1:
-        failures[silent[0]] = RankFailure(**{**found[silent[0]], "unranked": unranked[0]})
+        failures[silent[0]] = RankFailure(**{**found[silent[0]], "unranked": unranked.pop()})
     return failures
 
 

@@ -76,7 +76,7 @@ def test_a_rank_that_failed_before_its_process_group_is_named_from_torchruns_sum
     assert failures[0].signal == "SIGTERM" and failures[1].exit_code == 1 and not failures[1].exception
     rec = _record(Evidence(rank_failures=failures, stderr_log=log.name))
     assert verdict_line(rec) == (
-        "rank 1 crashed (no heartbeat written): exit code 1; the log's only traceback that names no rank: "
+        "rank 1 crashed (no heartbeat written): exit code 1; the log's traceback that names no rank: "
         "RuntimeError: could not open my dataset shard /data/shard1 — trainer ended before its first step "
         "(exit code 1)")
     [crash] = [f for f in find([rec]) if f.kind == "crash"]

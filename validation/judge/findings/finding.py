@@ -65,7 +65,7 @@ class Facts:
         if fail is not None and fail.silent:
             beat = ev.last_heartbeat.get(root)
             silent = (f"rank {root} exited with code {fail.exit_code} and no traceback of its own in torchrun's log"
-                      + (": the log's only traceback that names no rank, in the finding, is most likely its, printed "
+                      + (": the log's traceback that names no rank, in the finding, is most likely its, printed "
                          "before its process group" if fail.unranked else
                          " (it failed before its process group, or exits on an error without raising it)"
                          if beat is None or beat.step is None else

@@ -7,10 +7,15 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from nsa.contract import EXIT_NONFINITE, EXIT_WATCHDOG
+
 _RANK_LINE = re.compile(r"^\[rank(\d+)\]: (.*)$")
 _TR_RANK = re.compile(r"^\s*rank\s*: (\d+) \(local_rank")
 _EXC = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Fault|Interrupt|Failure)\b")
 _TR_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+)")
+#: the exit code of the artifact contract (nsa/contract.py) that goes with a .HALT's source: a rank
+#: that stopped as the contract asks when its watchdog saw a stall, or its loss went non-finite
+_HALT_EXIT = {"watchdog": EXIT_WATCHDOG, "nonfinite": EXIT_NONFINITE}
 #: the harness's own notes in a log (validation/launch/process.py)
 _HARNESS_NOTE = "[nsa-validate]"
 #: torchrun's agent gave up on its rendezvous: the others never came within its join timeout
@@ -42,6 +47,12 @@ class RankFailure:
     exception: str | None = None
     signal: str | None = None
     exit_code: int | None = None
+    unranked: str | None = None
+    """Of a rank that failed silently (``silent``), the only one of its log: the exception of the
+    log's worker tracebacks that name no rank (``worker_said``; one, or several that all end in it,
+    as where every rank failed one import and torchrun stopped the others before they exited),
+    most likely its own, printed before its process group; the log does not say whose, and the
+    report says so."""
 
     @property
     def own(self) -> bool:
@@ -52,12 +63,25 @@ class RankFailure:
         return bool(self.signal) and self.signal != "SIGTERM"
 
     @property
+    def silent(self) -> bool:
+        """Exited with a code of its own (no signal) and no exception of it in the log: a rank that
+        failed before its process group (its traceback, if any, carries no ``[rankN]:``), or one
+        that printed its error its own way and exited non-zero."""
+        return not self.exception and not self.signal and self.exit_code is not None and self.exit_code > 0
+
+    @property
     def cause(self) -> str | None:
         """What ended it, in short: its exception without gloo's source path, else the signal
-        that killed it ('killed by SIGKILL'); None where torchrun said neither."""
+        that killed it ('killed by SIGKILL'), else its exit code ('exit code 1'); None where
+        torchrun said none of them."""
         if self.exception:
             return short_exception(self.exception)
-        return f"killed by {self.signal}" if self.signal else None
+        if self.signal:
+            return f"killed by {self.signal}"
+        if self.exit_code is None:
+            return None
+        return f"exit code {self.exit_code}" + (
+            f"; the log's traceback that names no rank: {short_exception(self.unranked)}" if self.unranked else "")
 
 
 def short_exception(text: str) -> str:
@@ -68,9 +92,21 @@ def short_exception(text: str) -> str:
     return f"{m['name'].split('.')[-1]}: {m['msg'].split('. ')[0][:160]}"
 
 
-def root_rank(failures: dict[int, RankFailure]) -> int | None:
-    """The lowest rank that failed in its own right (RankFailure.own), else None."""
-    return next((rank for rank, f in sorted(failures.items()) if f.own), None)
+def root_rank(failures: dict[int, RankFailure], halt: str | None = None) -> int | None:
+    """The lowest rank that failed in its own right (RankFailure.own); else the one rank that
+    exited non-zero silently (RankFailure.silent): a rank that fails before init_process_group
+    leaves no ``[rankN]:`` line, and torchrun ends the ranks waiting for it (SIGTERM) only once it
+    saw that one fail, so of the ranks torchrun reports it is the one that failed first (its
+    summary's "Root Cause"); else None (several silent failures: nothing tells). ``halt``: the
+    source of the run's .HALT, where it left one: the contract's exit code of that stop (3 of a
+    watchdog, 4 of a non-finite loss) is the trainer stopping as the contract asks, no failure of
+    its own; without a .HALT it is a crash like any other code."""
+    own = next((rank for rank, f in sorted(failures.items()) if f.own), None)
+    if own is not None:
+        return own
+    on_purpose = _HALT_EXIT.get(halt or "")
+    silent = [rank for rank, f in failures.items() if f.silent and f.exit_code != on_purpose]
+    return silent[0] if len(silent) == 1 else None
 
 
 def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, RankFailure]:
@@ -98,7 +134,12 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, Rank
             if code < 0:
                 entry["signal"] = _signal_name(-code)
             rank = None
-    return {r: RankFailure(**f) for r, f in found.items()}
+    failures = {r: RankFailure(**f) for r, f in found.items()}
+    silent = [r for r, f in failures.items() if f.silent]
+    unranked = set(_worker_exceptions(text))
+    if len(silent) == 1 and len(unranked) == 1:
+        failures[silent[0]] = RankFailure(**{**found[silent[0]], "unranked": unranked.pop()})
+    return failures
 
 
 def _signal_name(num: int) -> str:
@@ -108,17 +149,97 @@ def _signal_name(num: int) -> str:
         return f"signal {num}"
 
 
-def agent_said(stderr_path: Path, max_bytes: int = 1 << 20) -> str | None:
+#: a line of Python's logging in torchrun's (glog-like) format: level, date, time, pid, source path
+_LOG_LINE = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ (?P<path>\S+?):\d+\] (?P<msg>.*)$")
+#: torchrun's own code: its entry point, the launcher, the elastic agent and its rendezvous. A worker
+#: runs none of it (torchrun starts each worker as a plain `python script.py` or `python -m mod`)
+_LAUNCHER = re.compile(r"torch/distributed/(run\.py|launcher/|elastic/(agent|rendezvous)/|elastic/multiprocessing/api\.py)")
+#: the banner torchrun's agent prints as it starts its workers
+_BANNER = re.compile(r"^\*+$|^Setting OMP_NUM_THREADS")
+_AGENT, _WORKER, _UNKNOWN = "agent", "worker", "unknown"
+
+
+def _frame_file(ln: str) -> str | None:
+    m = re.match(r'^\s+File "([^"]*)"', ln)
+    return m.group(1).replace("\\", "/") if m else None
+
+
+def whose_lines(text: str) -> list[tuple[str, str]]:
+    """Each line of an agent's log (the harness's own notes and blank lines left out) with whose it
+    is: the agent's (torchrun's logging from its own code, its banner, a traceback through its
+    code or of one of its own exceptions, and that exception's message lines after it), a worker's
+    (a ``[rankN]:`` line, a traceback through no code of torchrun's, logging from elsewhere), or
+    unknown (a plain line: a worker's print or warning, or an agent that died before torchrun's
+    code ran)."""
+    lines = text.splitlines()
+    out: list[tuple[str, str]] = []
+    i, owner_after = 0, _UNKNOWN  # whose the plain lines after a traceback's exception line are
+    while i < len(lines):
+        ln = lines[i]
+        if not ln.strip() or ln.startswith(_HARNESS_NOTE):
+            i += 1
+            continue
+        if _RANK_LINE.match(ln):
+            out.append((_WORKER, ln))
+            i += 1
+            continue
+        if ln.startswith(_TRACEBACK):
+            j, files = i + 1, []
+            while j < len(lines) and (not lines[j] or lines[j][0].isspace()):
+                if (f := _frame_file(lines[j])) is not None:
+                    files.append(f)
+                j += 1
+            exc = lines[j] if j < len(lines) else ""
+            agent = any(_LAUNCHER.search(f) for f in files) or exc.startswith("torch.distributed.elastic.")
+            owner = _AGENT if agent else _WORKER
+            out += [(owner, x) for x in lines[i:j + 1] if x.strip()]
+            owner_after = owner if agent else _UNKNOWN
+            i = j + 1
+            continue
+        m = _LOG_LINE.match(ln)
+        if m:
+            out.append((_AGENT if _LAUNCHER.search(m["path"].replace("\\", "/")) else _WORKER, m["msg"]))
+            owner_after = _UNKNOWN
+        elif _BANNER.match(ln.strip()):
+            out.append((_AGENT, ln))
+        else:
+            out.append((owner_after, ln))
+        i += 1
+    return out
+
+
+def agent_said(stderr_path: Path, workers_ran: bool = False, max_bytes: int = 1 << 20) -> str | None:
     """The last error the agent itself reported (its exception, e.g. torchrun's
-    ``...RendezvousTimeoutError``, not a worker's ``[rankN]:`` line), else the log's last line
-    (an agent that died before torchrun's own code ran says why there); None for an empty log."""
+    ``...RendezvousTimeoutError``), else its own last line (``whose_lines``); never a worker's
+    (a ``[rankN]:`` line, a worker's traceback printed before its process group, a worker's
+    logging). Where no worker ran (``workers_ran`` False: none was seen under this agent) and the
+    agent wrote nothing recognisably its own, the log's last line (an agent that died before
+    torchrun's own code ran says why there); None for an empty log."""
     text = _read(stderr_path, max_bytes)
     if text is None:
         return None
-    lines = text.splitlines()
-    own = [ln.strip() for ln in lines if ln.strip() and not _RANK_LINE.match(ln) and not ln.startswith(_HARNESS_NOTE)]
+    lines = whose_lines(text)
+    own = [ln.strip() for who, ln in lines if who == _AGENT]
+    if not own and not workers_ran and not any(who == _WORKER for who, _ in lines):
+        own = [ln.strip() for who, ln in lines if who == _UNKNOWN]
     errors = [ln for ln in own if _EXC.match(ln)]
     return (errors or own or [None])[-1]
+
+
+def worker_said(stderr_path: Path, max_bytes: int = 1 << 20) -> str | None:
+    """The exception of the last traceback in an agent's log that is a worker's and names no rank
+    (no ``[rankN]:`` prefix: printed before the worker's process group, or by a handler of its own);
+    None where there is none. Whose it is, the log does not say."""
+    text = _read(stderr_path, max_bytes)
+    return None if text is None else next(reversed(_worker_exceptions(text)), None)
+
+
+def _worker_exceptions(text: str) -> list[str]:
+    """The exception of each worker traceback in a log that names no rank, in order."""
+    lines = [ln for who, ln in whose_lines(text) if who == _WORKER and not _RANK_LINE.match(ln)]
+    raised = [next((x.strip() for x in lines[i + 1:] if x and not x[0].isspace()), None)
+              for i, ln in enumerate(lines) if ln.startswith(_TRACEBACK)]
+    return [e for e in raised if e]
 
 
 def log_exception(stderr_path: Path, max_bytes: int = 1 << 20) -> str | None:

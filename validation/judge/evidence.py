@@ -19,7 +19,7 @@ from validation.contract.stacks import (
 from validation.contract.torchrun_log import log_exception, rank_failures, root_rank
 from validation.judge.memory import growing_ranks
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
-from validation.judge.nodes import node_evidence, node_failures, slurm_stopped
+from validation.judge.nodes import lateness, node_evidence, node_failures, slurm_stopped
 from validation.judge.record import Beat, Evidence, NotRun
 from validation.judge.stability import Rise, Spike, rise, slowdown, spikes
 
@@ -72,10 +72,12 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
     losses = run.csv["loss"].tolist() if run.csv is not None and not run.csv.empty else []
     step_times = {r: round(t, 6) for r, t in rank_step_times(heartbeats).items()}
     nodes = node_evidence(run.out_dir, heartbeats, step_times)  # each node's agent logs
+    # of one node, how late each rank comes (of several nodes, each node's figure is in ``nodes``)
+    late = {r: round(t, 6) for r, t in lateness(heartbeats).items()} if nodes is None and run.world_size > 1 else {}
     failures = run.rank_failures  # collect_failures
     # of several nodes, the log to read is that of the node whose rank failed in its own right;
     # which agent exits first after a kill is a race
-    root = root_rank(failures)
+    root = root_rank(failures, run.halt.source if run.halt is not None else None)
     root_node = nodes.of_rank(root) if nodes is not None and root is not None else None
     if root_node is not None:
         stderr_path = run.out_dir / root_node.log
@@ -84,7 +86,7 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
         exception=log_exception(stderr_path),
         halt=run.halt, rank_failures=failures,
         stackdumps={r: d for r, d in dumps.items() if r < run.world_size}, unranked_stacks=unranked,
-        taken_stacks=taken, last_heartbeat=beats, rank_step_time_s=step_times, nodes=nodes,
+        taken_stacks=taken, last_heartbeat=beats, rank_step_time_s=step_times, rank_lateness_s=late, nodes=nodes,
         fallbacks=fallback_counters(run), files=sorted(p.name for p in run.out_dir.iterdir() if p.is_file()),
         loss_first=losses[0] if losses else None, loss_last=losses[-1] if losses else None,
         nonfinite_loss_step=_first_nonfinite(run),

@@ -20,6 +20,9 @@ class Miss(enum.StrEnum):
     """Preflight: ``python -m torch.utils.collect_env`` failed or wrote nothing."""
     NVIDIA_SMI = "nvidia_smi"
     """Preflight of a CUDA profile: nvidia-smi is not installed, failed or wrote nothing."""
+    TIMED_OUT = "timed_out"
+    """Preflight: a command (git describe, collect_env, nvidia-smi) ran past its time and was killed;
+    recorded instead of that item's own miss (it did not fail: it did not finish)."""
 
 
 #: pytest's own exit codes other than 0 and 1 (tests failed): it could not run the tests as asked

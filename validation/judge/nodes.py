@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from validation.contract.nodes import NodeLaunch, NodesLaunch, read_nodes
-from validation.contract.torchrun_log import RankFailure, agent_said, rank_failures
+from validation.contract.torchrun_log import RankFailure, agent_said, rank_failures, worker_said
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ class NodeEvidence:
     ranks: list[int] = field(default_factory=list)
     """Its ranks; [] when none of its workers ran (it never joined, or none were seen)."""
     said: str | None = None
-    """The last error its agent reported, else its log's last line."""
+    """The last error its agent itself reported, else its own last line (never a worker's:
+    contract/torchrun_log.py ``agent_said``)."""
     step_time_s: float | None = None
     """Median step time of its ranks."""
     lateness_s: float | None = None
@@ -45,6 +46,10 @@ class NodeEvidence:
     ...; validation/contract/nodes.py); None when it exited, or not known."""
     devices: str | None = None
     """The CUDA_VISIBLE_DEVICES the harness gave its agent; None where it gave none."""
+    worker_said: str | None = None
+    """The exception of the last traceback a worker of it wrote into its log without a rank prefix
+    (before its process group, or a handler of its own printing it; ``worker_said``); None where
+    there is none. A ``[rankN]:`` traceback is that rank's failure, read as such."""
 
     @property
     def name(self) -> str:
@@ -99,7 +104,7 @@ def node_evidence(out_dir: Path, heartbeats: dict[int, list[dict[str, Any]]],
     placed = _ranks_by_node(launch, heartbeats)
     # how late a node comes is against the other nodes; within one node it says nothing of nodes (a
     # one-node torchrun launch, with no nodes.json, has no such figure either)
-    late = _lateness(heartbeats) if len(launch.nodes) > 1 else {}
+    late = lateness(heartbeats) if len(launch.nodes) > 1 else {}
     nodes = []
     for n in launch.nodes:
         log = out_dir / n.stderr
@@ -107,8 +112,9 @@ def node_evidence(out_dir: Path, heartbeats: dict[int, list[dict[str, Any]]],
         times = [rank_step_time_s[r] for r in ranks if r in rank_step_time_s]
         lates = [late[r] for r in ranks if r in late]
         nodes.append(NodeEvidence(n.index, n.stderr, n.host, n.exit_code, n.ended_s, n.group_rank, ranks,
-                                  agent_said(log), round(statistics.median(times), 6) if times else None,
-                                  round(max(lates), 6) if lates else None, n.state, n.devices))
+                                  agent_said(log, workers_ran=bool(n.ranks)),
+                                  round(statistics.median(times), 6) if times else None,
+                                  round(max(lates), 6) if lates else None, n.state, n.devices, worker_said(log)))
     return NodesEvidence(launch.launcher, launch.rdzv_endpoint, launch.join_timeout_s, nodes, launch.slurm_job_id,
                          launch.slurm_step, launch.slurm_stopped)
 
@@ -136,7 +142,7 @@ def _place(rec: dict[str, Any], nodes: list[NodeLaunch]) -> int | None:
     return nodes[0].index if len(nodes) == 1 else None
 
 
-def _lateness(heartbeats: dict[int, list[dict[str, Any]]]) -> dict[int, float]:
+def lateness(heartbeats: dict[int, list[dict[str, Any]]]) -> dict[int, float]:
     """Rank -> the median over steps of its largest delay entering a stage after the earliest rank."""
     first: dict[int, dict[tuple[int, str], float]] = {}
     for rank, recs in heartbeats.items():

@@ -198,6 +198,10 @@ class Evidence:
     """What the harness did for each process's stack when it stopped the run (py-spy, SIGUSR1)."""
     last_heartbeat: dict[int, Beat] = field(default_factory=dict)
     rank_step_time_s: dict[int, float] = field(default_factory=dict)
+    rank_lateness_s: dict[int, float] = field(default_factory=dict)
+    """Of a run of several ranks on one node: per rank, how late it enters the stages of a step
+    after the earliest rank (the median over steps; judge/nodes.py ``lateness``). In lock-step
+    training the step times agree, and only this tells the rank the others wait for."""
     fallbacks: dict[str, float] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     loss_first: float | None = None
@@ -225,6 +229,13 @@ class Evidence:
     """Of an ERROR point whose process never ran: why (the launch failed, or the harness did)."""
     misses: list[Miss] = field(default_factory=list)
     """Of a pytest or preflight point: what it failed to do (validation/judge/misses.py)."""
+
+    @property
+    def root_rank(self) -> int | None:
+        """The rank that failed first in its own right (contract/torchrun_log.py ``root_rank``), an
+        exit code read against the run's .HALT (a watchdog's 3, a non-finite loss's 4 stop as the
+        contract asks)."""
+        return root_rank(self.rank_failures, self.halt.source if self.halt is not None else None)
 
 
 @dataclass(frozen=True)
@@ -285,7 +296,7 @@ def died_before_watchdog(halt: HaltInfo | None, stopped: bool, failures: dict[in
     PhaseRecord.died_before_watchdog)."""
     if halt is None or halt.source != "watchdog" or stopped:
         return None
-    return root_rank(failures)
+    return root_rank(failures, halt.source)
 
 
 #: seconds without a new step that still count as progressing at a timeout, whatever the pace
@@ -375,8 +386,13 @@ class PhaseRecord:
 
     @property
     def ran_at(self) -> str | None:
-        """The commit of the trainer that ran the point (this repository's for its own trainer)."""
-        return self.trainer_sha or self.git_sha
+        """The commit of the trainer that ran the point (this repository's for its own trainer, and
+        for a pytest or preflight point, which run this repository's code); None for a runbook's own
+        trainer whose commit nothing recorded (its env.json names none and its root is no repository
+        of its own): the harness's commit, in git_sha, is not the trainer's."""
+        if self.trainer_sha:
+            return self.trainer_sha
+        return self.git_sha if self.own_trainer or self.kind not in TRAINER_KINDS else None
 
     @property
     def ran(self) -> bool:
@@ -447,6 +463,7 @@ class PhaseRecord:
                                              b.get("ends_steps") is not False, _int(b.get("every")))
                                 for r, b in (ev.get("last_heartbeat") or {}).items()},
                 rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
+                rank_lateness_s={int(r): float(t) for r, t in (ev.get("rank_lateness_s") or {}).items()},
                 fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},
                 files=list(ev.get("files") or []), nodes=NodesEvidence.from_json(ev.get("nodes")),
                 reruns={str(f): [Rerun(**r) for r in rs] for f, rs in (ev.get("reruns") or {}).items()},

@@ -112,7 +112,7 @@ class Outcome:
 def _died(rank: int | None, failures: dict[int, RankFailure]) -> str | None:
     if rank is None:
         return None
-    return f"rank {rank}: {failures[rank].cause or f'exit code {failures[rank].exit_code}'}"
+    return f"rank {rank}: {failures[rank].cause}"
 
 
 def declared_unprovided(trainer: str, lacks: frozenset[str], provides: tuple[str, ...] | None) -> dict[str, str]:

@@ -217,6 +217,11 @@ def preflight(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str],
     wall = sum(p.wall_s for p in git_runs)
     if sha:
         (out_dir / "git_sha.txt").write_text(sha + "\n")
+    elif slow := next((p for p in git_runs if p.timed_out), None):
+        missing += 1
+        run.misses.append(Miss.TIMED_OUT)
+        errors.append(f"{_ran(slow)} did not finish within {budget:g} s and was killed (its output: "
+                      f"{slow.stderr_path.name}); there is no {SOURCE_STAMP} stamp naming the commit")
     else:
         missing += 1
         run.misses.append(Miss.GIT_SHA)
@@ -235,6 +240,11 @@ def preflight(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str],
         wall += last.wall_s
         if last.exit_code == 0 and last.stdout_path.stat().st_size:
             shutil.copyfile(last.stdout_path, out_dir / name)
+        elif required and last.timed_out:
+            missing += 1
+            run.misses.append(Miss.TIMED_OUT)
+            errors.append(f"{_ran(last)} did not finish within {budget:g} s and was killed (its output: "
+                          f"{last.stderr_path.name})")
         elif required:
             missing += 1
             run.misses.append(Miss.NVIDIA_SMI if argv[0] == "nvidia-smi" else Miss.COLLECT_ENV)
@@ -243,6 +253,14 @@ def preflight(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str],
     run.info["git_sha"] = sha
     run.info["git_sha_source"] = source
     return runner.ProcResult(last.argv, 0 if not missing else 1, False, wall, last.stdout_path, last.stderr_path)
+
+
+def _ran(proc: runner.ProcResult) -> str:
+    """A preflight command as a person would type it: 'git describe', 'python -m torch.utils.collect_env'."""
+    argv = list(proc.argv)
+    if Path(argv[0]).name == "git":
+        return " ".join(argv[:2])
+    return " ".join(["python" if argv[0] == sys.executable else argv[0], *argv[1:]])
 
 
 #: how far the trainer's gpu_busy_frac may lie from the harness's own computation over the same

@@ -178,3 +178,13 @@ def test_the_mixed_commit_warning_covers_preflight_points_of_this_projects_train
                dataclasses.replace(_point("long_run", "train", "h" * 40, trainer="seed", started="10"),
                                    trainer_sha="b" * 40)]
     assert not [f for f in find(foreign) if f.kind == "commits"]
+
+
+def test_a_runbook_trainer_of_no_recorded_commit_did_not_run_at_the_harnesss():
+    """A runbook's own trainer crashed before it wrote env.json (no git_sha) from a root that is no
+    repository of its own: the mixed-commit warning listed that point at the harness's commit, beside
+    the trainer's own commit of the points that wrote one."""
+    unknown = _point("preinit", "train", "c" * 40, trainer="mine")  # git_sha: the harness's; no trainer_sha
+    assert unknown.ran_at is None
+    known = dataclasses.replace(_point("ddp", "train", "c" * 40, trainer="mine", started="10"), trainer_sha="d" * 40)
+    assert not [f for f in find([unknown, known]) if f.kind == "commits"]

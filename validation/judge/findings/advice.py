@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 from validation.judge.findings.finding import Facts, Finding, Severity
-from validation.judge.findings.nodes import NODE_ADVICE
+from validation.judge.findings.nodes import NODE_ADVICE, STOPPED_ADVICE
 from validation.judge.misses import Miss
 
 _RERUN = "re-run only that phase: `pytest -m {phase}` with the same --profile and --results-dir"
@@ -18,6 +18,9 @@ def _crash(f: Facts) -> str:
         return (f"{f.killed[0].upper()}{f.killed[1:]}, which leaves no traceback: look for who sent it (the kernel's "
                 "out-of-memory killer: `dmesg` and the host's memory over the run; a scheduler's limit; a person's "
                 f"kill), fix, then {_RERUN}.")
+    if f.silent:
+        return (f"{f.silent[0].upper()}{f.silent[1:]}. Read what it printed in the stderr log named in the finding (and "
+                f"any log of its own) for why it exited, fix, then {_RERUN}.")
     return f"Read the traceback in the stderr log named in the finding, fix, then {_RERUN}."
 
 
@@ -36,6 +39,13 @@ def _left_after(f: Facts) -> str:
 
 
 def _stall(f: Facts) -> str:
+    if f.stopped:
+        who = "The rank" if f.world_size == 1 else "A rank"
+        waited = "" if f.world_size == 1 else (", and the ranks waiting for it in their collectives waited on a "
+                                               "process that could not come, not on steps that diverged")
+        return (f"{who}'s process was stopped when the harness came for its stack (the finding names it): a stopped "
+                "process runs nothing, so it wrote no further heartbeat and no stack could be taken of it (py-spy cannot read "
+                f"it, its own handler cannot run){waited}. {STOPPED_ADVICE} Then {_RERUN}.")
     if f.no_rank_started and f.no_rank_running:
         where = ("No rank started before the harness stopped the run, so there was no stack to take: the nodes' "
                  "torchrun agents never completed their rendezvous. The node finding says how each agent was when the "
@@ -61,7 +71,8 @@ def _stall(f: Facts) -> str:
                      "only (a rank-dependent branch, its data set-up, a download, a lock) holds it. ")
         else:
             where = (f"{shown}: a rank inside a collective while another is elsewhere means the ranks' steps diverged "
-                     "(a rank-dependent branch, data or shape). ")
+                     "(a rank-dependent branch, data or shape), or that one is stuck in code of its own (a loop or "
+                     "retry that never ends, I/O or a lock that never returns): its stack shows which. ")
     return where + f"Then {_RERUN}."
 
 
@@ -116,6 +127,14 @@ def _imbalance(f: Facts) -> str:
     return f"One rank is slower: look for {shared} or uneven data per rank."
 
 
+def _straggler_rank(f: Facts) -> str:
+    shared = ("a shared or throttled GPU (nvidia-smi in the preflight record; its clocks and temperature)" if f.cuda
+              else "cores shared with other work")
+    return (f"One rank comes late to every step and the others wait for it, so the whole run goes at its pace: "
+            f"look for {shared}, more or longer data on that rank, or work only it does (logging, evaluation, a "
+            "save on rank 0).")
+
+
 def _fallback(f: Facts) -> str:
     if f.own_trainer:
         return ("An attention branch ran on a slower backend than 'auto' wanted: the route's reason names what was "
@@ -167,6 +186,13 @@ def _no_junit(f: Facts) -> str:
             "command the finding gives, then " + _RERUN_POINT + ".")
 
 
+#: why a preflight command does not finish, and how to find which
+_PREFLIGHT_SLOW = ("Run each by hand on this machine to see which: git on a hung or slow filesystem (a network "
+                   "mount) or waiting at a prompt; collect_env importing torch on a loaded machine; nvidia-smi on a "
+                   "GPU or driver that no longer answers (look for Xid errors in `dmesg`). Raise the phase's "
+                   "timeout_s where the command is only slow.")
+
+
 _PREFLIGHT = {
     Miss.GIT_SHA: "the commit: `git describe` failed in the repository root (not a git checkout, git not installed, or "
                   "a repository git refuses as another user's: `git config --global --add safe.directory <root>`) "
@@ -176,7 +202,25 @@ _PREFLIGHT = {
                       "broken torch install)",
     Miss.NVIDIA_SMI: "nvidia-smi: not installed or failed on a CUDA profile (the driver's tools missing, or no GPU "
                      "visible to this process)",
+    Miss.TIMED_OUT: "a command that did not finish within its time (a third of the phase's timeout_s, at least 5 s; "
+                    "the finding names it) and was killed, not one that failed: " + _PREFLIGHT_SLOW[0].lower()
+                    + _PREFLIGHT_SLOW[1:].rstrip("."),
 }
+
+
+def _tests_timeout(f: Facts) -> str:
+    return ("pytest was still running when the phase's timeout_s ran out (no trainer ran: the point runs this "
+            "repository's tests), so no test outcome was counted. Its output named in the finding shows how far it "
+            "got: run the tests alone with the command the finding gives (add `-v --durations=10` to "
+            "see where the time goes). A test that hangs (a lock, a subprocess or socket that never answers, a "
+            "GPU that does not) is a defect to fix; a suite that is only slow needs a larger timeout_s in the "
+            "runbook's phase. Then " + _RERUN_POINT + ".")
+
+
+def _preflight_timeout(f: Facts) -> str:
+    return ("Preflight was still running when the phase's timeout_s ran out (no trainer ran): one of its commands "
+            "(git describe, collect_env, nvidia-smi) did not finish. " + _PREFLIGHT_SLOW + " Then "
+            + _RERUN_POINT + ".")
 
 
 def _preflight(f: Facts) -> str:
@@ -283,9 +327,10 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "crash": _crash, "departed": _departed, "left_after": _left_after, "stall": _stall, "timeout": _timeout,
     "nonfinite": _nonfinite,
     "short_run": _short, "short_rank": _short_rank, "cliff": _cliff,
-    "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "fallback": _fallback,
+    "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "straggler_rank": _straggler_rank, "fallback": _fallback,
     "artifacts": _artifacts, "not_launched": _not_launched, "harness_error": _harness_error,
-    "tests_failed": _tests_failed, "tests_not_run": _tests_not_run, "no_junit": _no_junit, "preflight": _preflight, "regression": _regression, "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing, "spike": _spike,
+    "tests_failed": _tests_failed, "tests_not_run": _tests_not_run, "no_junit": _no_junit, "preflight": _preflight,
+    "tests_timeout": _tests_timeout, "preflight_timeout": _preflight_timeout, "regression": _regression, "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing, "spike": _spike,
     "diverging": _diverging, "resume": _resume, "slowdown": _slowdown,
     "resumed_in_place": _resumed_in_place, "memory_growth": _memory_growth,
     # a node's advice says the same for any trainer (nodes of one launch are torchrun's, not its)

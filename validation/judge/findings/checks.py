@@ -22,13 +22,15 @@ _PREFLIGHT_LOGS = {Miss.GIT_SHA: ("git describe", "git_describe.stderr.log"),
 
 
 def failed_checks(records: list[PhaseRecord]) -> list[Finding]:
-    """A finding per pytest or preflight point that ran and failed or erred on its own terms
-    (not a timeout or a stall, which have findings of their own, nor a point that never ran)."""
+    """A finding per pytest or preflight point that ran and failed or erred on its own terms, or
+    that the harness stopped at its timeout (its own finding, never a trainer's stall: no rank,
+    heartbeat or stack is any part of it); not a point that never ran."""
     out = []
     for r in records:
         if r.kind not in CHECK_KINDS or r.status not in (Status.FAIL, Status.ERROR) or r.evidence.not_run:
             continue
         if r.timed_out or r.stalled_s is not None:
+            out.append(_timed_out(r))
             continue
         finding = _pytest(r) if r.kind == "pytest" else _preflight(r)
         if finding is not None:
@@ -45,6 +47,23 @@ def tests_alone(r: PhaseRecord) -> str | None:
     command ran them (everything after its --junitxml), to run from the repository root."""
     at = next((i for i, a in enumerate(r.command) if a.startswith("--junitxml=")), None)
     return None if at is None else shlex.join(["python", "-m", "pytest", *r.command[at + 1:]])
+
+
+def _timed_out(r: PhaseRecord) -> Finding:
+    """A pytest or preflight point the harness killed at the phase's timeout_s: what ran, the
+    output it left (how far it got) and how to run it alone."""
+    if r.kind == "pytest":
+        alone = tests_alone(r)
+        logs = _files(r, "pytest.stdout.log", "pytest.stderr.log")
+        detail = ([f"pytest's output so far (how far it got): {', '.join(logs)}"] * bool(logs)
+                  + [f"run the tests alone, from the repository root: {alone}"] * bool(alone) + [rerun_point(r)])
+        return Finding(Severity.CRITICAL, r.phase, f"timed out in {where(r)}: pytest was still running at the phase's "
+                       f"{r.timeout_s:g} s timeout_s and was killed; no test outcome was counted", detail,
+                       "tests_timeout", Facts.of(r))
+    logs = [f"{cmd}'s error output: {r.out_dir}/{log}" for cmd, log in _PREFLIGHT_LOGS.values() if log in r.evidence.files]
+    return Finding(Severity.CRITICAL, r.phase, f"timed out in {where(r)}: preflight was still running at the phase's "
+                   f"{r.timeout_s:g} s timeout_s and was killed", logs + [rerun_point(r)], "preflight_timeout",
+                   Facts.of(r))
 
 
 def _pytest(r: PhaseRecord) -> Finding | None:
@@ -76,6 +95,6 @@ def _preflight(r: PhaseRecord) -> Finding | None:
     if not misses and not ev.errors:
         return None  # a gate failed on its counts: failed_gates says which
     logs = [f"{_PREFLIGHT_LOGS[m][0]}'s error output: {r.out_dir}/{_PREFLIGHT_LOGS[m][1]}" for m in misses
-            if _PREFLIGHT_LOGS[m][1] in ev.files]
+            if m in _PREFLIGHT_LOGS and _PREFLIGHT_LOGS[m][1] in ev.files]
     return Finding(Severity.CRITICAL, r.phase, f"preflight incomplete in {where(r)}: {'; '.join(ev.errors[:1])}",
                    ev.errors[1:] + logs + [rerun_point(r)], "preflight", Facts.of(r))

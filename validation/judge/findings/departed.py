@@ -29,7 +29,7 @@ may have done all its work, and is not named.
 from __future__ import annotations
 
 from nsa.contract import HEARTBEAT_STAGES_IN_STEP
-from validation.contract.torchrun_log import root_rank
+from validation.judge.findings.hung import in_collective
 from validation.judge.record import Beat, PhaseRecord
 
 
@@ -57,7 +57,24 @@ def departed(rec: PhaseRecord) -> list[int]:
         return []
     beats, waiting = rec.evidence.last_heartbeat, _not_done(rec, others)
     return [k for k in range(rec.world_size) if k not in others
-            and (incomplete(beats.get(k), rec.steps) or (started_last(beats.get(k), rec.steps) and bool(waiting)))]
+            and (incomplete(beats.get(k), rec.steps) or (started_last(beats.get(k), rec.steps) and bool(waiting))
+                 or _left_unstarted(rec, k, others))]
+
+
+def _left_unstarted(rec: PhaseRecord, rank: int, others: set[int]) -> bool:
+    """``rank`` (not among ``others``, those known not to have exited 0) exited 0 before it wrote
+    any heartbeat while the others waited for it in their collectives (init_process_group, a first
+    barrier), until the harness stopped the run: it wrote no record, torchrun reports no failure of
+    it, and the harness found no process of it where it sees every rank (every agent on this host),
+    while each rank it found waited in a collective. A rank-dependent early return before the
+    process group leaves exactly this; the ranks that waited are not the ones to name."""
+    ev = rec.evidence
+    if rank in ev.last_heartbeat or (rec.stalled_s is None and not rec.timed_out):
+        return False
+    if ev.nodes is not None and ev.nodes.launcher != "torchrun":
+        return False  # srun's nodes on other hosts: the harness does not see their processes
+    found = [ev.stackdumps.get(k) for k in others]
+    return bool(found) and all(d is not None and d.frames and in_collective(d) for d in found)
 
 
 def exited_0(rec: PhaseRecord) -> list[int]:
@@ -73,7 +90,7 @@ def ended_before(rec: PhaseRecord, rank: int) -> str | None:
     its steps), else, where the harness stopped the run, the failure torchrun reported of it; None
     where it was still running (a stack of it was taken) or nothing says. A stack dump file without
     frames (one a trainer opened for faulthandler and never wrote) is no sign that it ran."""
-    if rank in exited_0(rec):
+    if rank in exited_0(rec) or (rank not in rec.evidence.last_heartbeat and rank in departed(rec)):
         return "exited 0"
     f = rec.evidence.rank_failures.get(rank)
     dump = rec.evidence.stackdumps.get(rank)
@@ -87,7 +104,7 @@ def _remained(rec: PhaseRecord) -> set[int]:
     harness found running when it stopped the run; empty where nothing tells which ranks left
     (see ``departed``)."""
     ev = rec.evidence
-    if rec.world_size < 2 or not rec.steps or root_rank(ev.rank_failures) is not None:
+    if rec.world_size < 2 or not rec.steps or ev.root_rank is not None:
         return set()
     if rec.stalled_s is not None or rec.timed_out:
         if any(t.rank is None for t in ev.taken_stacks):
@@ -120,7 +137,11 @@ def departure(rec: PhaseRecord, ranks: list[int]) -> str:
     records say no step's end, that it started it and which ranks had not completed it)."""
     parts = []
     for k in ranks:
-        hb = rec.evidence.last_heartbeat[k]
+        hb = rec.evidence.last_heartbeat.get(k)
+        if hb is None:
+            parts.append(f"rank {k} exited 0 early (no heartbeat written: before its first step; torchrun reports no "
+                         "failure of it, and the harness found no process of it)")
+            continue
         stage = f", stage {hb.stage}" if hb.stage else ""
         if started_last(hb, rec.steps):
             who = ", ".join(map(str, _not_done(rec, _remained(rec))))
@@ -130,3 +151,21 @@ def departure(rec: PhaseRecord, ranks: list[int]) -> str:
             within = f": step {hb.step} not completed" if hb.step == rec.steps else ""
         parts.append(f"rank {k} exited 0 early (last heartbeat step {hb.step} of {rec.steps}{stage}{within})")
     return "; ".join(parts)
+
+
+def failed_first(r: PhaseRecord) -> int | None:
+    """Of a run the harness stopped (its stall watch or the timeout): the rank that had failed in
+    its own right before it came (torchrun's log: an exception of its own, a signal other than the
+    agent's SIGTERM, or the one rank that exited non-zero), which the others then waited for: a
+    rank that dies before its process group leaves the others waiting in init_process_group, and
+    across nodes nothing ends the ranks waiting for a dead peer. None where no rank failed so, a
+    stack of that rank was taken (it was still running), or a rank still running was outside the
+    collectives (a hang of its own, which the stall finding names beside the rank that had ended)."""
+    if r.stalled_s is None and not r.timed_out:
+        return None
+    ev = r.evidence
+    root = ev.root_rank
+    if root is None or ended_before(r, root) is None:
+        return None
+    running = [d for k, d in ev.stackdumps.items() if k != root and d.frames and ended_before(r, k) is None]
+    return root if all(in_collective(d) for d in running) else None

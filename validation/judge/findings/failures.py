@@ -7,13 +7,13 @@ import shlex
 
 from nsa.contract import PROFILE_TOP_OPS, heartbeat_name
 from validation.contract.stacks import StackDump
-from validation.contract.torchrun_log import last_exception, root_rank, short_exception
+from validation.contract.torchrun_log import last_exception, short_exception
 from validation.judge.findings import stability
 from validation.judge.findings.culprit import Culprit, Did, NoStack, RankAt
-from validation.judge.findings.departed import departed, departure, ended_before, exited_0
+from validation.judge.findings.departed import departed, departure, ended_before, exited_0, failed_first
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where, where_run
 from validation.judge.findings.hung import hung_ranks
-from validation.judge.findings.nodes import missing_node
+from validation.judge.findings.nodes import STRAGGLER_MIN_S, STRAGGLER_SHARE, missing_node
 from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult, GateVerdict
 from validation.judge.record import HARNESS_ERROR_FILE, TRAINER_KINDS, NotRun, PhaseRecord, Status
 from validation.judge.resume import METRICS as RESUME_METRICS
@@ -37,7 +37,7 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
                      f"{', '.join(map(str, bad)) or '?'} (loss per rank {ev.halt.losses}, grad_norm {ev.halt.grad_norm})"
                      f"{before}") if ev.halt.losses is not None else (
                 f"non-finite loss in {where_run(r)} at step {ev.halt.step}: the trainer's .HALT says {ev.halt.text[:120]!r}")
-            out.append(Finding(Severity.CRITICAL, r.phase, title, [f".HALT: {r.out_dir}/.HALT"] + _rank_lines(r),
+            out.append(Finding(Severity.CRITICAL, r.phase, title, [f".HALT: {r.out_dir}/.HALT"] + _rank_lines(r, bad),
                                "nonfinite", Facts.of(r), _nonfinite_ranks(r, bad)))
         elif ev.nodes is not None and missing_node(r, ev.nodes) is not None:
             continue  # no rank started anywhere: the node that never joined is the finding, not a crash
@@ -46,13 +46,12 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
         elif (r.status == Status.FAIL and r.exit_code not in (0, None) and r.kind in TRAINER_KINDS
               and (ev.halt is None or r.died_before_watchdog is not None)):
             title = f"crash in {where_run(r)}: exit code {r.exit_code}"
-            root, gone, ended = root_rank(ev.rank_failures), departed(r), exited_0(r)
+            root, gone, ended = ev.root_rank, departed(r), exited_0(r)
             kind = "departed" if gone else "crash"
             culprit = None
             if root is not None:
                 fail = ev.rank_failures[root]
-                cause = (f"killed by {fail.signal}" if fail.signal and not fail.exception
-                         else fail.exception or f"exit code {fail.exit_code}")
+                cause = fail.exception or fail.cause  # a signal, else its exit code
                 title += f": rank {root}: {cause}"
                 culprit = Culprit(Did.CRASHED, (RankAt.of(r, root, cause=cause),))
             elif gone:  # no rank failed in its own right: the others failed after one that left
@@ -118,21 +117,31 @@ def _exits(r: PhaseRecord, ranks: list[int]) -> str:
                      + (f", stage {beats[k].stage})" if beats[k].stage else ")") for k in ranks)
 
 
-def _rank_lines(r: PhaseRecord) -> list[str]:
-    """Where each rank was (last heartbeat) and how it ended (torchrun's log)."""
+def _rank_lines(r: PhaseRecord, nonfinite: list[int] = ()) -> list[str]:
+    """Where each rank was (last heartbeat) and how it ended (torchrun's log). ``nonfinite``: the
+    ranks whose own loss the trainer's .HALT says was non-finite: they stopped on it, and a SIGTERM
+    torchrun sent them after is how their process ended, not what stopped them."""
     ev = r.evidence
-    lines, gone = [], exited_0(r)
+    lines, gone, root = [], exited_0(r), ev.root_rank
     for rank in sorted(set(ev.last_heartbeat) | set(ev.rank_failures)):
         f = ev.rank_failures.get(rank)
         line = f"rank {rank}: {last_heartbeat(r, rank)}"
-        if rank in gone:
+        if rank in nonfinite:
+            line += (f"; stopped on its non-finite loss at step {ev.halt.step} (loss {ev.halt.losses[rank]}: the "
+                     "trainer's .HALT)")
+            if f is not None and f.signal == "SIGTERM":
+                line += (", then killed by SIGTERM from torchrun's agent, which ends every rank still running once "
+                         "one has ended with a failure")
+            elif f is not None and f.cause:
+                line += f", then {f.cause}"
+        elif rank in gone:
             line += "; exited 0 (torchrun reports no failure of it)"
         elif f is not None and f.exception:
             line += f"; {f.exception}"
-        elif f is not None and f.signal:
-            line += f"; killed by {f.signal}"
-        elif f is not None and f.exit_code is not None:
-            line += f"; exit code {f.exit_code}"
+        elif f is not None and f.signal == "SIGTERM" and root is not None and root != rank:
+            line += f"; killed by SIGTERM from torchrun's agent, which ended the ranks still running once rank {root} had failed"
+        elif f is not None and f.cause:
+            line += f"; {f.cause}"
         lines.append(line)
     return lines
 
@@ -150,6 +159,8 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
         ev = r.evidence
         if not (r.stalled_s is not None or r.timed_out or (ev.halt is not None and ev.halt.source == "watchdog")):
             continue  # no stall; a NaN guard's or an operator's .HALT is none either
+        if r.kind not in TRAINER_KINDS:
+            continue  # a pytest or preflight point ran no rank: its timeout is its own finding (findings/checks.py)
         if r.died_before_watchdog is not None:
             continue  # a rank died and the others' watchdog fired waiting for it: the crash finding names it
         facts = Facts.of(r)
@@ -164,6 +175,10 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
         # the ranks something is known of (a heartbeat, a stack), and only ranks that exist: a rank
         # nothing is known of is not listed beside stacks of unknown rank that may be its own
         known = set(ev.last_heartbeat) | set(ev.stackdumps) | {t.rank for t in ev.taken_stacks if t.rank is not None}
+        root = failed_first(r)
+        if root is not None:  # it had ended before the harness came: listed with how, though it left no file
+            known.add(root)
+        known |= set(gone)  # a rank that left before its first heartbeat too
         for rank in sorted(k for k in known if k < r.world_size):
             line = f"rank {rank}: {last_heartbeat(r, rank)}"
             end = ended_before(r, rank)
@@ -187,13 +202,21 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
             detail.append("no heartbeats and no stack dumps were written")
         if 0 < len(stuck) < r.world_size:
             detail.append(f"stacks of {len(stuck)} of {r.world_size} ranks were recorded")
-        culprit = None
+        culprit, kind = None, "departed" if gone else "stall"
         if gone:  # the rank that left is the cause; the others failed or waited after it
             ended = [f"rank {k}: {end}" for k in sorted(ev.rank_failures) if k not in gone
                      and (end := ended_before(r, k)) is not None]
             rest = "; ".join(stuck.values()) or "no rank was left running"
             at = f": {departure(r, gone)}; {rest}" + (f" ({'; '.join(ended)})" if ended else "")
             culprit = Culprit(Did.LEFT, tuple(RankAt.of(r, k) for k in gone))
+        elif root is not None:  # it failed in its own right, and the others waited for it until the harness came
+            fail = ev.rank_failures[root]
+            cause = fail.exception or fail.cause
+            rest = "; ".join(stuck.values())
+            at = (f": rank {root} failed first ({cause}; {last_heartbeat(r, root)}), and the other ranks waited for "
+                  f"it" + (f": {rest}" if rest else ""))
+            culprit, kind = Culprit(Did.CRASHED, (RankAt.of(r, root, cause=cause),)), "crash"
+            detail.insert(0, f"stderr: {r.out_dir}/{ev.stderr_log}")
         elif first := _hung_first(r, stuck):
             at, culprit = first
         else:
@@ -204,9 +227,10 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
                   if facts.no_rank_running else ": no stack was recorded")
             if stuck_at:  # each rank listed alike: nothing tells which hung first, except in a run of one
                 culprit = Culprit(Did.HUNG if r.world_size == 1 else Did.STALLED, tuple(stuck_at.values()))
-        out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail,
-                           "departed" if gone else "stall", facts, culprit))
+        out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail, kind, facts,
+                           culprit))
     return out
+
 
 
 def _timed_out_progressing(r: PhaseRecord, facts: Facts) -> Finding:
@@ -302,7 +326,36 @@ def imbalance(records: list[PhaseRecord]) -> list[Finding]:
                 f"rank imbalance in {where(r)}: rank {slow} takes {times[slow] / times[fast]:.1f}x as long per step "
                 f"as rank {fast}" + (f"; gate {gate.text()}" if gate else "")),
                 [f"rank {k}: median step time {v:.3g}s" for k, v in sorted(times.items())], "imbalance", Facts.of(r)))
+        elif (late := _straggler_rank(r)) is not None:
+            out.append(late)
     return out
+
+
+def _straggler_rank(r: PhaseRecord) -> Finding | None:
+    """A rank of a one-node run that enters each step's stages late while the others wait for it in
+    their collectives (so every rank's step time is the same, and the step-time ratio says nothing):
+    by the node straggler's rule (findings/nodes.py), late by a quarter of the step and at least
+    STRAGGLER_MIN_S, and the only rank so late."""
+    late, times = r.evidence.rank_lateness_s, list(r.evidence.rank_step_time_s.values())
+    if len(late) < 2 or not times or r.evidence.nodes is not None:
+        return None
+    step = sorted(times)[len(times) // 2]
+    bar = max(STRAGGLER_MIN_S, STRAGGLER_SHARE * step)
+    slow = [k for k, s in late.items() if s >= bar]
+    if len(slow) != 1:
+        return None
+    [k] = slow
+    return Finding(Severity.WARNING, r.phase, (
+        f"straggler rank {k} in {where(r)}: it enters each step's stages {_ms(late[k])} after the earliest rank "
+        f"({late[k] / step:.0%} of the {_ms(step)} step); the other ranks wait for it in their collectives, so every "
+        "rank's step time is the same"),
+        [f"rank {j}: {_ms(s)} behind the earliest rank, median step time {_ms(r.evidence.rank_step_time_s[j])}"
+         if j in r.evidence.rank_step_time_s else f"rank {j}: {_ms(s)} behind the earliest rank"
+         for j, s in sorted(late.items())], "straggler_rank", Facts.of(r))
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
 
 
 def _imbalance_gate(r: PhaseRecord) -> GateResult | None:

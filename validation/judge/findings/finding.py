@@ -5,7 +5,6 @@ import enum
 from dataclasses import dataclass, field
 
 from nsa.contract import heartbeat_name
-from validation.contract.torchrun_log import root_rank
 from validation.judge.findings.culprit import Culprit
 from validation.judge.misses import Miss
 from validation.judge.record import PhaseRecord
@@ -45,6 +44,12 @@ class Facts:
     signal and raised nothing (no traceback to read)."""
     misses: tuple[Miss, ...] = ()
     """Of a pytest or preflight point: what it failed to do (validation/judge/misses.py)."""
+    silent: str | None = None
+    """'rank 1 exited with code 1 ...': the rank that failed first exited non-zero with no
+    exception of it in torchrun's log (RankFailure.silent)."""
+    stopped: bool = False
+    """A rank's process was stopped (SIGSTOP, a debugger, a frozen cgroup) when the harness came for
+    its stack (TakenStack.state): it ran nothing, and the others waited for it."""
 
     @classmethod
     def of(cls, rec: PhaseRecord) -> Facts:
@@ -53,12 +58,23 @@ class Facts:
         started = ev.nodes is None or any(n.ranks for n in ev.nodes.nodes) or bool(ev.last_heartbeat) or \
             bool(ev.rank_failures) or bool(ev.taken_stacks)
         stepped = bool(rec.metrics.steps_completed) or any((b.step or 0) >= 1 for b in ev.last_heartbeat.values())
-        root = root_rank(ev.rank_failures)
+        root = ev.root_rank
         fail = ev.rank_failures.get(root) if root is not None else None
         killed = f"rank {root} was killed by {fail.signal}" if fail and fail.signal and not fail.exception else None
+        silent = None
+        if fail is not None and fail.silent:
+            beat = ev.last_heartbeat.get(root)
+            silent = (f"rank {root} exited with code {fail.exit_code} and no traceback of its own in torchrun's log"
+                      + (": the log's traceback that names no rank, in the finding, is most likely its, printed "
+                         "before its process group" if fail.unranked else
+                         " (it failed before its process group, or exits on an error without raising it)"
+                         if beat is None or beat.step is None else
+                         f" after its last heartbeat (step {beat.step}, stage {beat.stage or '?'}): the trainer exits "
+                         "on an error there without raising it"))
+        stopped = any(t.state == "stopped" and t.rank is not None for t in ev.taken_stacks)
         return cls(rec.own_trainer, rec.world_size, stacks, rec.accelerator == "cuda",
                    not stacks and Outcome.of_record(rec).stacks_tried == 0, not started, not stepped,
-                   ev.halt is not None and ev.halt.source == "nonfinite", killed, tuple(ev.misses))
+                   ev.halt is not None and ev.halt.source == "nonfinite", killed, tuple(ev.misses), silent, stopped)
 
 
 @dataclass(frozen=True)

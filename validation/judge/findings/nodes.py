@@ -7,8 +7,8 @@ import re
 import signal
 
 from validation.contract.stacks import StackDump
-from validation.contract.torchrun_log import gave_up, root_rank, short_exception
-from validation.judge.findings.departed import departed, departure, ended_before, exited_0
+from validation.contract.torchrun_log import gave_up, short_exception
+from validation.judge.findings.departed import departed, departure, ended_before, exited_0, failed_first
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.nodes import NodeEvidence, NodesEvidence
@@ -17,6 +17,13 @@ from validation.judge.record import PhaseRecord
 #: a node is a straggler when its ranks come this share of a step late (and at least STRAGGLER_MIN_S)
 STRAGGLER_SHARE = 0.25
 STRAGGLER_MIN_S = 0.05
+
+#: what stops a process, and how to see it
+STOPPED_ADVICE = ("Find what stopped it: a SIGSTOP or SIGTSTP (`kill -STOP`, Ctrl-Z of a shell job, a tool or "
+                  "script that pauses processes), a debugger or tracer attached to it (gdb, strace: TracerPid in "
+                  "/proc/<pid>/status), or a frozen cgroup (a container paused with `docker pause`, a job its "
+                  "scheduler suspended, such as Slurm's `scontrol suspend`; cgroup.freeze). `ps -o pid,stat,cmd` "
+                  "shows it as T (stopped) or t (traced) while it lasts.")
 
 NODE_ADVICE = {
     "node_missing": "A node never joined the rendezvous: read its log (named in the finding) for why its agent did not "
@@ -28,8 +35,8 @@ NODE_ADVICE = {
                   "'disk-sleep' is I/O that does not return (a hung shared filesystem under its imports); otherwise "
                   "`py-spy dump --pid` of that host's agent while it waits shows where. A node that is only slow to "
                   "start needs a longer rdzv.join_timeout_s (and startup_s).",
-    "node_failed": "A rank on one node died first and the others failed in their collectives after it: read that "
-                   "node's log (named); SIGKILL with no traceback is usually the kernel's OOM killer (dmesg on that "
+    "node_failed": "A rank on one node died first and the others failed in their collectives after it (or waited "
+                   "for it until the harness stopped the run): read that node's log (named); SIGKILL with no traceback is usually the kernel's OOM killer (dmesg on that "
                    "host) or the scheduler.",
     "agent_killed": "A node's torchrun agent itself was killed (no rank failed on its own first): kill -9 of the agent, "
                     "the kernel's OOM killer on that host (dmesg there), the node going down, or the scheduler; its "
@@ -38,6 +45,10 @@ NODE_ADVICE = {
     "node_hung": "One node's rank stopped outside the collectives while the other nodes waited in them: its stack "
                  "(harness_stacks/) shows where; look at that host (I/O, a lock, a network interface) and at what "
                  "differs between the ranks' steps.",
+    "node_frozen": "One node's rank was a stopped process when the harness came for its stack (the finding names it), "
+                   "and the other nodes waited for it in their collectives: it ran nothing, so it has no stack and "
+                   "nothing in the ranks' steps diverged. On that host: " + STOPPED_ADVICE[0].lower()
+                   + STOPPED_ADVICE[1:],
     "slurm_stopped": "Slurm ended the job step without the harness asking: someone's scancel of the job or the step, "
                      "the job's time limit (srun_args --time, or the partition's), preemption or a node failure; "
                      "slurmstepd's line in the finding says which. The trainer did not fail: re-run the point "
@@ -82,7 +93,10 @@ def _lines(r: PhaseRecord, ev: NodesEvidence) -> list[str]:
         late = n.lateness_s is not None and len(ev.nodes) > 1
         timing = "".join(x for x in (f"; median step {_ms(n.step_time_s)}" if n.step_time_s is not None else "",
                                      f", {_ms(n.lateness_s)} behind the earliest rank" if late else ""))
-        out.append(f"node {n.index} ({place}): {ranks}{timing}; agent {_agent(n, _agent_stopped(r, ev, n))}")
+        told = any((f := r.evidence.rank_failures.get(k)) is not None and f.unranked == n.worker_said for k in n.ranks)
+        worker = (f"; a worker's traceback in its log, naming no rank: {_said(n.worker_said)}"
+                  if n.worker_said and not told else "")  # not twice where its rank's end already says it
+        out.append(f"node {n.index} ({place}): {ranks}{timing}; agent {_agent(n, _agent_stopped(r, ev, n))}{worker}")
     return out
 
 
@@ -194,6 +208,8 @@ def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
         return None  # no stall, or a rank died and the watchdog fired in those waiting for it (_failed)
     if r.progressing_at_timeout:
         return None  # nothing hung: its steps still came when the timeout stopped it (findings/failures.py)
+    if failed_first(r) is not None:
+        return None  # a rank had failed in its own right and the others waited for it (_failed)
     if Facts.of(r).no_rank_running:
         return None  # nothing hung: every rank had ended (or never started), a launcher kept the run open
     # a rank that had ended (exit 0, or a failure of its own) neither hung nor waited
@@ -209,7 +225,9 @@ def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
         return None
     how = (f"no progress for {r.stalled_s:.0f} s" if r.stalled_s is not None
            else f"the {r.timeout_s:g} s timeout" if r.timed_out else "the trainer's watchdog .HALT")
-    stuck = "; ".join(f"{_on(ev, k)}rank {k} {_where(stacks.get(k), beats.get(k))}" for k in hung)
+    stopped = {t.rank for t in r.evidence.taken_stacks if t.state == "stopped" and t.rank is not None}
+    frozen = [k for k in hung if k in stopped and not (stacks.get(k) and stacks[k].frames)]
+    stuck = "; ".join(f"{_on(ev, k)}rank {k} {_where(stacks.get(k), beats.get(k), k in frozen)}" for k in hung)
     waiting = [k for k in ranks if k not in hung]
     others = "; ".join(f"{_on(ev, k)}rank {k} {_where(stacks.get(k), beats.get(k))}" for k in waiting)
     nodes_hung = {ev.of_rank(k).index for k in hung if ev.of_rank(k) is not None}
@@ -217,22 +235,23 @@ def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     gone = "; ".join(f"{_on(ev, k)}rank {k} ({e})" for k, e in ended.items())
     title = (f"{head} hung in {where(r)} ({how}): {stuck}" + (f"; waiting for it: {others}" if others else "")
              + (f"; already ended: {gone}" if gone else ""))
-    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "node_hung")
+    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev),
+                   "node_frozen" if frozen and len(frozen) == len(hung) else "node_hung")
 
 
 def _failed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     """A run that ended with a failure: the rank that failed in its own right (killed by a signal
     other than torchrun's SIGTERM, or an exception that is not a peer's collective breaking),
     its node, and how every other node ended."""
-    if r.exit_code in (0, None):
-        return None
+    if r.exit_code in (0, None) and failed_first(r) is None:
+        return None  # a failure ends the run, or the others waited for it until the harness stopped it
     failures = r.evidence.rank_failures
-    root = root_rank(failures)
+    root = r.evidence.root_rank
     if root is None:
         return None
     f = failures[root]
     node = ev.of_rank(root)
-    cause = f"was killed by {f.signal}" if f.signal and not f.exception else f"failed: {short_exception(f.exception)}"
+    cause = f"was killed by {f.signal}" if f.signal and not f.exception else f"failed: {short_exception(f.exception) if f.exception else f.cause}"
     ended = _others(r, ev, node)
     head = f"{node.name}'s rank {root}" if node is not None else f"rank {root} (node unknown)"
     title = f"{head} {cause} in {where(r)}" + (f" (log {node.log})" if node is not None else "") + (
@@ -306,8 +325,9 @@ def _stragglers(r: PhaseRecord, ev: NodesEvidence) -> list[Finding]:
     return out
 
 
-def _where(dump: StackDump | None, beat) -> str:
-    at = f"in {dump.frames[0].func}" if dump and dump.frames else "(no stack)"
+def _where(dump: StackDump | None, beat, stopped: bool = False) -> str:
+    at = (f"in {dump.frames[0].func}" if dump and dump.frames
+          else "(stopped, no stack: its process was stopped when the harness came for it)" if stopped else "(no stack)")
     step = f" (last heartbeat step {beat.step}, {beat.stage})" if beat is not None and beat.step is not None else ""
     return at + step
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import enum
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from validation.judge.record import OWN_TRAINER, PhaseRecord, Status
 from validation.judge.timing import shared_machine
 from validation.judge.verdict import rejudge
 from validation.machine import Machine
-from validation.report.plots import make_plots
+from validation.report.plots import make_plots, prune, publish
 from validation.report.tables import (
     SHARED_MARK,
     artifact_rows,
@@ -289,28 +290,42 @@ def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, run
     report_dir = results_dir / "reports"
     stem = f"{runbook_name}__{profile_name}"
     plot_list: list[dict[str, str]] = []
-    if plots:
-        recs = ResultStore(results_dir).records(runbook_name, profile_name)
-        points = expand(runbook, profile) if runbook is not None and profile is not None else None
-        if points is not None:  # a run of what the runbook asks no longer is not plotted as its point
-            recs = stale.split(recs, points)[0]
-        plot_list = make_plots(results_dir, recs, report_dir / "plots", stem, points)
-    ctx = build_context(results_dir, runbook_name, profile_name, runbook=runbook, profile=profile,
-                        plots=plot_list, now=now, baseline=baseline)
-    ctx["results_prefix"] = os.path.relpath(results_dir, report_dir)
-    text = render_text(ctx, template)
-    report_dir.mkdir(parents=True, exist_ok=True)
-    path = report_dir / f"{stem}.md"
-    # a unique temp file: two harness runs rendering the same report must not share one
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=report_dir)
-    try:
+    plot_dir = report_dir / "plots"
+    staging: Path | None = None
+    tmp: str | None = None
+    try:  # an interrupt at any moment leaves the previous report with every plot it names, and no temp file
+        if plots:
+            recs = ResultStore(results_dir).records(runbook_name, profile_name)
+            points = expand(runbook, profile) if runbook is not None and profile is not None else None
+            if points is not None:  # a run of what the runbook asks no longer is not plotted as its point
+                recs = stale.split(recs, points)[0]
+            # drawn beside the plots the previous report names, which stay until it is replaced
+            plot_dir.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=plot_dir))
+            plot_list = make_plots(results_dir, recs, plot_dir, stem, points, staging=staging)
+        ctx = build_context(results_dir, runbook_name, profile_name, runbook=runbook, profile=profile,
+                            plots=plot_list, now=now, baseline=baseline)
+        ctx["results_prefix"] = os.path.relpath(results_dir, report_dir)
+        text = render_text(ctx, template)
+        report_dir.mkdir(parents=True, exist_ok=True)
+        path = report_dir / f"{stem}.md"
+        # a unique temp file: two harness runs rendering the same report must not share one
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=report_dir)
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; a report is for everyone
+        # the new plots first (the old report names the same phases' or others, which stay), then
+        # the report, then the old report's plots the new one does not name
+        moved = publish(staging, plot_dir, stem) if staging is not None else None
         os.replace(tmp, path)
-    except BaseException:  # an interrupt leaves the previous report, and no temp file
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        tmp = None
+        if moved is not None:
+            prune(plot_dir, stem, keep=moved)
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
     return Rendered(path, ctx["verdict"], ctx["status_reason"])
 
 

@@ -16,3 +16,45 @@ def test_phases_given_out_of_order_run_in_runbook_order(tmp_path):
     session = AcceptanceSession(SessionOptions(tmp_path / "r", runbooks=(str(rb),),
                                                phases=("long_run", "baseline_ddp", "long_run")))
     assert [p.phase.name for p in session.points()] == ["baseline_ddp", "long_run"]
+
+
+def test_an_interrupt_while_plots_are_drawn_leaves_the_previous_report_whole(fake_run, monkeypatch):
+    """Ctrl-C during `nsa-validate report` (or the report at the end of a run) while its PNGs were
+    drawn: the previous report was kept, as promised, but its plots had been deleted before the
+    new ones were drawn, so the report on disk named images that were gone (seen as an empty
+    reports/plots/ after a Ctrl-C 1.2 s into `nsa-validate report`)."""
+    import pytest
+
+    import validation.report.plots as plots
+    from validation.report.build import render
+
+    run = fake_run([train_phase(steps=5)])
+    plot_dir = run.results / "reports" / "plots"  # the previous report and the plot it names
+    plot_dir.mkdir(parents=True)
+    before = {"fake__cpu__baseline_ddp.png": b"as drawn before"}
+    (plot_dir / "fake__cpu__baseline_ddp.png").write_bytes(b"as drawn before")
+    report = "![baseline_ddp](plots/fake__cpu__baseline_ddp.png)\n"
+    (plot_dir.parent / "fake__cpu.md").write_text(report)
+
+    def interrupted_half_way(plt, phase, series, path):
+        path.write_bytes(b"\x89PNG half")  # savefig cut short
+        raise KeyboardInterrupt
+    monkeypatch.setattr(plots, "_figure", interrupted_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        render(run.results, "fake", "cpu", runbook=run.runbook, profile=run.profile)
+    assert (plot_dir.parent / "fake__cpu.md").read_text() == report
+    assert {p.name: p.read_bytes() for p in plot_dir.iterdir()} == before  # no staging directory left either
+    assert sorted(p.name for p in plot_dir.parent.iterdir()) == ["fake__cpu.md", "plots"]
+
+
+def test_a_phase_no_longer_stored_loses_its_plot_once_the_new_report_is_written(fake_run):
+    from validation.report.build import render
+
+    run = fake_run([train_phase(steps=5)])
+    plot_dir = run.results / "reports" / "plots"
+    plot_dir.mkdir(parents=True)
+    (plot_dir / "fake__cpu__gone_phase.png").write_bytes(b"stale")
+    (plot_dir / "other__cpu__gone_phase.png").write_bytes(b"another report's")
+    out = render(run.results, "fake", "cpu", runbook=run.runbook, profile=run.profile)
+    assert "(plots/fake__cpu__baseline_ddp.png)" in out.path.read_text()
+    assert sorted(p.name for p in plot_dir.iterdir()) == ["fake__cpu__baseline_ddp.png", "other__cpu__gone_phase.png"]

@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             print(report_interrupted_note(exc.signum), file=sys.stderr)
             return 128 + exc.signum
         except KeyboardInterrupt as exc:
-            return _interrupted(getattr(exc, "signum", signal.SIGINT))
+            return _interrupted(args.command, getattr(exc, "signum", signal.SIGINT))
         except BrokenPipeError:
             # the reader went away (`nsa-validate phases | head -1`): stop quietly, as other command-line
             # tools do; stdout now points at /dev/null so that the interpreter's last flush cannot fail
@@ -277,12 +277,22 @@ def main(argv: list[str] | None = None) -> int:
             # first import (matplotlib's Agg backend, while plots are drawn) it becomes
             # "ImportError: initialization failed". It is still the user's interrupt.
             if AcceptanceSession.stopping():
-                return _interrupted(signal.SIGINT)
+                return _interrupted(args.command, signal.SIGINT)
             raise
 
 
-def _interrupted(signum: int) -> int:
-    print(f"{interrupted_note(signum)}, and the report shows the points finished before", file=sys.stderr)
+def _interrupted(command: str, signum: int) -> int:
+    """What the command stopped by ``signum`` did, said on stderr; its exit status. Only ``run``
+    runs trainers and points; ``report`` writes its report whole (a temporary file renamed) or
+    not at all, and changes no record."""
+    if command == "run":
+        print(f"{interrupted_note(signum)}, and the report shows the points finished before", file=sys.stderr)
+    elif command == "report":
+        print(f"nsa-validate: interrupted ({signal.Signals(signum).name}) while the report was written: no report "
+              "was written (one written before stays as it was); the stored records are unchanged; "
+              "`nsa-validate report` writes it", file=sys.stderr)
+    else:
+        print(f"nsa-validate: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
     return 128 + signum
 
 

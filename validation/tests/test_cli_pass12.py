@@ -18,6 +18,37 @@ def test_phases_given_out_of_order_run_in_runbook_order(tmp_path):
     assert [p.phase.name for p in session.points()] == ["baseline_ddp", "long_run"]
 
 
+def _skip_store(results: Path, runbook: Path) -> None:
+    """A store holding a SKIP record of every point of ``runbook`` on the cpu profile."""
+    from validation.judge.record import PhaseRecord, Status
+    from validation.machine import Machine
+    from validation.runbook.load import load_profile, load_runbook
+    from validation.runbook.plan import expand
+    from validation.store.results import ResultStore
+
+    ResultStore(results).put_many([PhaseRecord.for_point(p, Status.SKIP, "staged", hardware=Machine())
+                                   for p in expand(load_runbook(runbook), load_profile("cpu"))])
+
+
+def test_an_interrupted_report_command_says_what_it_stopped(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during `nsa-validate report` printed "running trainers killed; the interrupted point
+    was not recorded (its earlier record and artifacts are kept), and the report shows the points
+    finished before": report runs no trainer and no point, and the report was not written."""
+    import validation.cli as cli
+    from validation.cli import main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase()])
+    _skip_store(tmp_path / "r", rb)
+    monkeypatch.setattr(cli.AcceptanceSession, "render", interrupted)
+    assert main(["report", "--results-dir", str(tmp_path / "r")]) == 130
+    err = capsys.readouterr().err
+    assert "trainers" not in err and "point" not in err, err
+    assert ("nsa-validate: interrupted (SIGINT) while the report was written: no report was written (one written "
+            "before stays as it was); the stored records are unchanged; `nsa-validate report` writes it") in err, err
+
+
 def test_an_interrupt_while_plots_are_drawn_leaves_the_previous_report_whole(fake_run, monkeypatch):
     """Ctrl-C during `nsa-validate report` (or the report at the end of a run) while its PNGs were
     drawn: the previous report was kept, as promised, but its plots had been deleted before the

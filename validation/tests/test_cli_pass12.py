@@ -89,3 +89,26 @@ def test_a_phase_no_longer_stored_loses_its_plot_once_the_new_report_is_written(
     out = render(run.results, "fake", "cpu", runbook=run.runbook, profile=run.profile)
     assert "(plots/fake__cpu__baseline_ddp.png)" in out.path.read_text()
     assert sorted(p.name for p in plot_dir.iterdir()) == ["fake__cpu__baseline_ddp.png", "other__cpu__gone_phase.png"]
+
+
+def test_a_sweep_point_that_did_not_pass_says_why_under_its_table(tmp_path):
+    """`nsa-validate run --runbook nsa_ddp_a100 --phase bucket_sweep` on a CPU box: the report's
+    sweep table showed three rows of dashes and SKIP, and nowhere said why (the sweep table has no
+    Reason column; the reason, 'profile a100 needs 2 CUDA GPU(s); this machine has 0', was lost)."""
+    from validation.judge.record import PhaseRecord, Status
+    from validation.machine import Machine
+    from validation.report.build import build_context, render_text
+    from validation.runbook.load import load_profile, load_runbook
+    from validation.runbook.plan import expand
+    from validation.store.results import ResultStore
+
+    rb = load_runbook(write_runbook(tmp_path / "rb.yaml", [train_phase("bucket_sweep", sweep={"env.NSA_DDP_BUCKET_MB": [1, 4]})]))
+    prof = load_profile("cpu")
+    one, four = expand(rb, prof)
+    ResultStore(tmp_path / "r").put_many([
+        PhaseRecord.for_point(one, Status.SKIP, "profile cpu needs 2 CUDA GPU(s); this machine has 0", hardware=Machine()),
+        PhaseRecord.for_point(four, Status.UNMEASURED, "toks_per_s_mean: no threshold measured yet", hardware=Machine())])
+    text = render_text({**build_context(tmp_path / "r", rb.name, prof.name, runbook=rb, profile=prof), "results_prefix": ".."})
+    section = text.split("### bucket_sweep", 1)[1].split("\n## ", 1)[0]
+    assert "- NSA_DDP_BUCKET_MB=1: SKIP: profile cpu needs 2 CUDA GPU(s); this machine has 0" in section, section
+    assert "- NSA_DDP_BUCKET_MB=4: UNMEASURED: " in section, section

@@ -171,6 +171,26 @@ def rerun_line(r: PhaseRecord, runbook: str | None = None, profile: str | None =
             f"--profile {shlex.quote(profile or r.key.profile)}{store}")
 
 
+def missing_line(points: list[Any], missing: list[str], runbook: str | None, profile: str | None,
+                 results_dir: str | None) -> str:
+    """What the report says above the points with no record: that none is stored, and the
+    ``nsa-validate run`` line that runs them (their phases, or the whole runbook when every phase
+    lacks one). ``runbook`` and ``profile`` as a command line names them; ``results_dir``: the
+    store, when not the default ./results."""
+    ids = set(missing)
+    phases = list(dict.fromkeys(p.phase.name for p in points if p.test_id in ids))
+    if not phases or runbook is None or profile is None:
+        return "No record of these points is stored in this results directory:"
+    words = ["nsa-validate", "run", "--runbook", runbook, "--profile", profile]
+    words += ["--results-dir", results_dir] if results_dir else []
+    every = len(phases) == len({p.phase.name for p in points})
+    for ph in [] if every else phases:
+        words += ["--phase", ph]
+    return (f"No record of these points is stored in this results directory. `{shlex.join(words)}` runs them "
+            f"(every point of {'the runbook' if every else 'those phases'}; a new record replaces the point's "
+            "stored one):")
+
+
 def process_line(r: PhaseRecord) -> str:
     """The shell line that runs the point's process by hand: its directory, the environment the
     runbook set, its command; a resume point's processes one after another; '' where it ran none."""

@@ -112,3 +112,28 @@ def test_a_sweep_point_that_did_not_pass_says_why_under_its_table(tmp_path):
     section = text.split("### bucket_sweep", 1)[1].split("\n## ", 1)[0]
     assert "- NSA_DDP_BUCKET_MB=1: SKIP: profile cpu needs 2 CUDA GPU(s); this machine has 0" in section, section
     assert "- NSA_DDP_BUCKET_MB=4: UNMEASURED: " in section, section
+
+
+def test_not_run_says_why_and_the_command_that_runs_those_points(tmp_path):
+    """After `nsa-validate run --phase fused_adamw --phase preflight` the report listed 14 points
+    under "Not run" with neither why (no record of them in this store) nor how to run them."""
+    from validation.judge.record import PhaseRecord, Status
+    from validation.machine import Machine
+    from validation.report.build import build_context, render_text
+    from validation.runbook.load import load_profile, load_runbook
+    from validation.runbook.plan import expand
+    from validation.store.results import ResultStore
+
+    rb = load_runbook(write_runbook(tmp_path / "rb.yaml", [train_phase(), train_phase("sdpa_audit"), train_phase(
+        "bucket_sweep", sweep={"env.NSA_DDP_BUCKET_MB": [1, 4]}), train_phase("long_run")]))
+    prof = load_profile("cpu")
+    points = {p.test_id.split("/", 2)[2]: p for p in expand(rb, prof)}
+    ResultStore(tmp_path / "r").put_many([PhaseRecord.for_point(points[k], Status.SKIP, "staged", hardware=Machine())
+                                          for k in ("sdpa_audit/default", "bucket_sweep/NSA_DDP_BUCKET_MB=1")])
+    text = render_text({**build_context(tmp_path / "r", rb.name, prof.name, runbook=rb, profile=prof), "results_prefix": ".."})
+    section = text.split("### Not run", 1)[1].split("\n## ", 1)[0]
+    store = (tmp_path / "r").resolve()
+    assert (f"No record of these points is stored in this results directory. `nsa-validate run --runbook {rb.path} "
+            f"--profile cpu --results-dir {store} --phase baseline_ddp --phase bucket_sweep --phase long_run` runs "
+            "them (every point of those phases; a new record replaces the point's stored one):") in section, section
+    assert "- `fake/cpu/bucket_sweep/NSA_DDP_BUCKET_MB=4`" in section and "sdpa_audit" not in section, section

@@ -137,3 +137,33 @@ def test_not_run_says_why_and_the_command_that_runs_those_points(tmp_path):
             f"--profile cpu --results-dir {store} --phase baseline_ddp --phase bucket_sweep --phase long_run` runs "
             "them (every point of those phases; a new record replaces the point's stored one):") in section, section
     assert "- `fake/cpu/bucket_sweep/NSA_DDP_BUCKET_MB=4`" in section and "sdpa_audit" not in section, section
+
+
+def test_the_report_says_when_and_at_which_commit_each_point_ran(tmp_path):
+    """A phase re-run a day later into the same results directory: the report's only date was
+    when the report was written ('Date: ...'), so it read as if every point had just run, and no
+    line said when (or, at one commit, at which commit) a given point ran."""
+    import dataclasses
+
+    from validation.judge.record import PhaseRecord, Status
+    from validation.machine import Machine
+    from validation.report.build import build_context, render_text
+    from validation.runbook.load import load_profile, load_runbook
+    from validation.runbook.plan import expand
+    from validation.store.results import ResultStore
+
+    rb = load_runbook(write_runbook(tmp_path / "rb.yaml", [train_phase(), train_phase("long_run")]))
+    prof = load_profile("cpu")
+    base, long_run = expand(rb, prof)
+
+    def ran(point, started, sha):
+        return dataclasses.replace(PhaseRecord.for_point(point, Status.PASS, "passed", hardware=Machine()),
+                                   started=started, wall_s=90.0, out_dir=f"runs/{point.slug}", git_sha=sha)
+    ResultStore(tmp_path / "r").put_many([ran(base, "2026-11-26T09:15:02.100+00:00", "a" * 40),
+                                          ran(long_run, "2026-11-27T20:05:40.000+00:00", "a" * 40)])
+    text = render_text({**build_context(tmp_path / "r", rb.name, prof.name, runbook=rb, profile=prof,
+                                        now="2026-11-28 08:00 UTC"), "results_prefix": ".."})
+    assert ("- **Date**: report written 2026-11-28 08:00 UTC; its points ran from 2026-11-26 09:15 UTC to "
+            "2026-11-27 20:07 UTC\n") in text, text
+    assert "(baseline_ddp [default], ran 2026-11-26 09:15 UTC at aaaaaaaaaaaa)" in text, text
+    assert "(long_run [default], ran 2026-11-27 20:05 UTC at aaaaaaaaaaaa)" in text, text

@@ -167,3 +167,36 @@ def test_the_report_says_when_and_at_which_commit_each_point_ran(tmp_path):
             "2026-11-27 20:07 UTC\n") in text, text
     assert "(baseline_ddp [default], ran 2026-11-26 09:15 UTC at aaaaaaaaaaaa)" in text, text
     assert "(long_run [default], ran 2026-11-27 20:05 UTC at aaaaaaaaaaaa)" in text, text
+
+
+def test_bless_refuses_a_stored_run_of_what_the_runbook_asks_no_longer(tmp_path, capsys):
+    """A long_run stored at train.seq_len=64, the runbook then changed to 32: `report` rightly
+    called the record NOT RUN ("override train.seq_len 64 at the run, 32 in the runbook now"), but
+    `bless` wrote its seq_len=64 loss as the golden curve of the seq_len=32 point, and every later
+    run of the point was judged against a curve of another configuration."""
+    import dataclasses
+
+    from validation.cli import main
+    from validation.judge.record import PhaseRecord, Status
+    from validation.machine import detect
+    from validation.runbook.load import load_profile, load_runbook
+    from validation.runbook.plan import expand
+    from validation.store.results import ResultStore
+
+    def runbook(seq_len):
+        return write_runbook(tmp_path / "rb.yaml", [train_phase("long_run", golden_steps=3, steps=6,
+                                                                overrides={"train.seq_len": seq_len})])
+    (point,) = expand(load_runbook(runbook(64)), load_profile("cpu"))
+    run_dir = tmp_path / "r" / "runs" / "long_run"
+    run_dir.mkdir(parents=True)
+    (run_dir / "training.csv").write_text("step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb\n"
+                                          + "".join(f"{s},{6 - s / 10},0.001,100,0.1,1,0.1,0.1\n" for s in range(1, 7)))
+    ResultStore(tmp_path / "r").put(dataclasses.replace(
+        PhaseRecord.for_point(point, Status.PASS, "passed", hardware=detect()), out_dir="runs/long_run", exit_code=0,
+        steps=6, git_sha="a" * 40))
+    runbook(32)
+    assert main(["bless", "--runbook", str(tmp_path / "rb.yaml"), "--profile", "cpu", "--results-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert ("long_run/default: its stored run is of what the runbook asks no longer (override train.seq_len 64 at "
+            "the run, 32 in the runbook now); nothing blessed (re-run it first: nsa-validate run --runbook") in err, err
+    assert not (tmp_path / "goldens").exists()

@@ -99,10 +99,12 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
             parts[0] += (f" ({len(outdated)} of them stored from a run of what the runbook asks no longer: "
                          f"{where(outdated[0].record)}, {outdated[0].text()})")
         if pending:
-            parts.append(f"{len(pending)} skipped or without a measured threshold")
-        unprovided = [r for r in pending if any(g.pending == Pending.NOT_PROVIDED for g in r.gates)]
-        if unprovided:  # a metric the trainer lacks, named: the reader must not take it for a GO
-            parts.append(f"{where(unprovided[0])}: {unprovided[0].reason}")
+            parts.append(f"{len(pending)} skipped or unmeasured")
+            # why the first is not done (a metric the trainer lacks first: the reader must not
+            # take it for a GO), which says what to do (a skip's hardware, a curve to bless, ...)
+            unprovided = [r for r in pending if any(g.pending == Pending.NOT_PROVIDED for g in r.gates)]
+            first = (unprovided or pending)[0]
+            parts.append(f"{where(first)}: {first.reason}")
         return Verdict.INCOMPLETE, "; ".join(parts)
     if not records:
         return Verdict.INCOMPLETE, "no results stored"

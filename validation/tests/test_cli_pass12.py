@@ -200,3 +200,31 @@ def test_bless_refuses_a_stored_run_of_what_the_runbook_asks_no_longer(tmp_path,
     assert ("long_run/default: its stored run is of what the runbook asks no longer (override train.seq_len 64 at "
             "the run, 32 in the runbook now); nothing blessed (re-run it first: nsa-validate run --runbook") in err, err
     assert not (tmp_path / "goldens").exists()
+
+
+def test_an_incomplete_verdict_says_why_its_first_unfinished_point_is_not_done(tmp_path):
+    """A golden point run before its curve was blessed: the summary said "1 skipped or without a
+    measured threshold" (the profile's golden_loss_rtol is measured, 1e-4: what is missing is the
+    curve), the gates table showed its threshold as "to be measured", and neither said what to do."""
+    from validation.judge.record import PhaseRecord, Status
+    from validation.machine import Machine, detect
+    from validation.report.build import build_context, render_text
+    from validation.runbook.load import load_profile, load_runbook
+    from validation.runbook.plan import expand
+    from validation.store import goldens
+    from validation.store.results import ResultStore
+
+    rb = load_runbook(write_runbook(tmp_path / "rb.yaml", [train_phase(), train_phase("long_run", golden_steps=3)]))
+    prof = load_profile("cpu")
+    base, long_run = expand(rb, prof)
+    gate = goldens.gate(long_run, None, detect())
+    assert gate.threshold == prof.thresholds["golden_loss_rtol"] and "no golden for long_run/default" in gate.note
+    assert "to be measured" not in gate.text()
+    ResultStore(tmp_path / "r").put_many([
+        PhaseRecord.for_point(base, Status.SKIP, "profile cpu needs 2 CUDA GPU(s); this machine has 0", hardware=Machine()),
+        PhaseRecord.for_point(long_run, Status.UNMEASURED, f"{gate.metric}: {gate.note}", gates=[gate], hardware=Machine())])
+    ctx = build_context(tmp_path / "r", rb.name, prof.name, runbook=rb, profile=prof)
+    assert ctx["status_reason"] == ("2 skipped or unmeasured; baseline_ddp [default]: profile cpu needs 2 CUDA GPU(s); "
+                                    "this machine has 0"), ctx["status_reason"]
+    [row] = [g for g in ctx["gates"] if g["metric"] == "golden_loss_rel_diff"]
+    assert row["threshold"] == "0.0001 (golden_loss_rtol)", row

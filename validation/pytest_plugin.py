@@ -125,7 +125,7 @@ def results_dir_for(option: str | None, markexpr: str, runbook_opts: list[str] |
     --profile); otherwise, in a plain test run such as the README's test command, ``temp``, so
     that tests never overwrite the user's results."""
     if option:
-        return Path(option).resolve()
+        return Path(option).expanduser().resolve()
     words = set(markexpr.replace("(", " ").replace(")", " ").split())
     if runbook_opts or profile_opts or words & acceptance_markers:
         return DEFAULT_RESULTS_DIR
@@ -272,8 +272,8 @@ def _options(config: pytest.Config) -> SessionOptions:
                                     config.getoption("--runbook"), config.getoption("--profile"), acceptance,
                                     Path(os.environ.get(_SESSION_DIR_ENV) or tempfile.mkdtemp(prefix="nsa-validate-tests-"))),
         runbooks=runbooks, profiles=tuple(config.getoption("--profile") or ()),
-        mismatch=config.getoption("--hardware-mismatch"), baseline=Path(base).resolve() if base else None,
-        tensorboard=Path(events).resolve() if events else None,
+        mismatch=config.getoption("--hardware-mismatch"), baseline=Path(base).expanduser().resolve() if base else None,
+        tensorboard=Path(events).expanduser().resolve() if events else None,
         known_markers=frozenset(_ini_markers(config)))
 
 

@@ -228,3 +228,25 @@ def test_an_incomplete_verdict_says_why_its_first_unfinished_point_is_not_done(t
                                     "this machine has 0"), ctx["status_reason"]
     [row] = [g for g in ctx["gates"] if g["metric"] == "golden_loss_rel_diff"]
     assert row["threshold"] == "0.0001 (golden_loss_rtol)", row
+
+
+def test_a_results_dir_given_with_a_tilde_is_the_home_directory(tmp_path, monkeypatch, capsys):
+    """`nsa-validate run --results-dir=~/r` (the shell leaves a ~ after '=' alone) stored into a
+    directory literally named '~' under the working directory and printed '~/r/reports/...', a
+    path where the user's shell then found nothing; the pytest door did the same."""
+    from validation.cli import main
+    from validation.pytest_plugin import results_dir_for
+
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase()])
+    _skip_store(home / "r", rb)
+    assert main(["report", "--results-dir=~/r", "--no-plots", "--tensorboard=~/tb"]) == 3
+    assert f"-> {home / 'r' / 'reports' / 'fake__cpu.md'}" in capsys.readouterr().out
+    assert not (cwd / "~").exists()
+    assert main(["check-artifacts", "~/r"]) == 1  # a directory (not the contract's): 1, not 2 for no directory
+    assert results_dir_for("~/r", "", None, None, set(), tmp_path) == home / "r"
+    (home / "mine.yaml").write_text(rb.read_text())
+    assert main(["phases", "--runbook=~/mine.yaml"]) == 0

@@ -294,9 +294,9 @@ def _interrupted(command: str, signum: int) -> int:
     if command == "run":
         print(f"{interrupted_note(signum)}, and the report shows the points finished before", file=sys.stderr)
     elif command == "report":
-        print(f"nsa-validate: interrupted ({signal.Signals(signum).name}) while the report was written: no report "
-              "was written (one written before stays as it was); the stored records are unchanged; "
-              "`nsa-validate report` writes it", file=sys.stderr)
+        print(f"nsa-validate: interrupted ({signal.Signals(signum).name}) while the report was written: a report not "
+              "finished stays as it was before (with several runbooks or profiles, the ones finished were written); "
+              "the stored records are unchanged; `nsa-validate report` writes it", file=sys.stderr)
     else:
         print(f"nsa-validate: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
     return 128 + signum

@@ -45,8 +45,9 @@ def test_an_interrupted_report_command_says_what_it_stopped(tmp_path, capsys, mo
     assert main(["report", "--results-dir", str(tmp_path / "r")]) == 130
     err = capsys.readouterr().err
     assert "trainers" not in err and "point" not in err, err
-    assert ("nsa-validate: interrupted (SIGINT) while the report was written: no report was written (one written "
-            "before stays as it was); the stored records are unchanged; `nsa-validate report` writes it") in err, err
+    assert ("nsa-validate: interrupted (SIGINT) while the report was written: a report not finished stays as it "
+            "was before (with several runbooks or profiles, the ones finished were written); the stored records are "
+            "unchanged; `nsa-validate report` writes it") in err, err
 
 
 def test_an_interrupt_while_plots_are_drawn_leaves_the_previous_report_whole(fake_run, monkeypatch):

@@ -59,7 +59,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("nsa-validate", "NSA acceptance harness")
     g.addoption("--runbook", action="append", default=None, help="runbook name or YAML path (repeatable; default: all)")
     g.addoption("--profile", action="append", default=None, help="hardware profile (repeatable; default: the runbook's)")
-    g.addoption("--results-dir", default=None, help=f"result store directory (default: {DEFAULT_RESULTS_DIR})")
+    g.addoption("--results-dir", default=None,
+                help=f"result store directory (default: {DEFAULT_RESULTS_DIR} for an acceptance run, whose -m names a "
+                     "profile or phase marker or which gives --runbook or --profile; a temporary directory for a plain "
+                     "test run, its report's path printed at the end)")
     g.addoption("--hardware-mismatch", choices=MISMATCH_POLICIES, default="run",
                 help="run (and report) or skip when the GPUs differ from the profile's")
     g.addoption("--no-acceptance-report", action="store_true", help="do not render the report at session end")

@@ -251,3 +251,23 @@ def test_a_results_dir_given_with_a_tilde_is_the_home_directory(tmp_path, monkey
     assert results_dir_for("~/r", "", None, None, set(), tmp_path) == home / "r"
     (home / "mine.yaml").write_text(rb.read_text())
     assert main(["phases", "--runbook=~/mine.yaml"]) == 0
+
+
+def test_the_pytest_results_dir_help_names_both_defaults():
+    """`pytest --help` said "--results-dir: result store directory (default: <repo>/results)"; a
+    plain test run (no profile or phase in -m, no --runbook or --profile) stores into a temporary
+    directory instead (results_dir_for), as the README says."""
+    from validation.pytest_plugin import pytest_addoption
+
+    helps = {}
+
+    class Group:
+        def addoption(self, name, **kwargs):
+            helps[name] = kwargs.get("help", "")
+
+    class Parser:
+        def getgroup(self, *args):
+            return Group()
+    pytest_addoption(Parser())
+    text = helps["--results-dir"]
+    assert "results" in text and "temporary directory" in text and "plain test run" in text, text

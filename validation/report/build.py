@@ -80,10 +80,11 @@ def _env() -> jinja2.Environment:
 
 
 def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Finding],
-              outdated: list[stale.Outdated] | None = None) -> tuple[Verdict, str]:
+              outdated: list[stale.Outdated] | None = None, unknown: str | None = None) -> tuple[Verdict, str]:
     """The report's verdict and why. ``missing``: the runbook's points without a record;
     ``outdated``: those whose record is of a run the runbook asks something else of now (not run
-    either: their stored verdict is not of the point as it is asked)."""
+    either: their stored verdict is not of the point as it is asked); ``unknown``: why the
+    runbook's points are not known (it could not be loaded): no GO can be said then."""
     outdated = outdated or []
     failed = [r for r in records if r.failed]
     critical = [f for f in findings if f.severity == Severity.CRITICAL]
@@ -93,7 +94,7 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
     if critical:
         return Verdict.NO_GO, f"{len(critical)} critical finding(s) across phase points: {critical[0].title}"
     pending = [r for r in records if r.status in (Status.SKIP, Status.UNMEASURED)]
-    if missing or pending or outdated:
+    if missing or pending or outdated or unknown:
         parts = [f"{len(missing) + len(outdated)} point(s) not run"] if missing or outdated else []
         if outdated:  # a stored run of another point than the runbook asks now: named, with what changed
             parts[0] += (f" ({len(outdated)} of them stored from a run of what the runbook asks no longer: "
@@ -105,6 +106,8 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
             unprovided = [r for r in pending if any(g.pending == Pending.NOT_PROVIDED for g in r.gates)]
             first = (unprovided or pending)[0]
             parts.append(f"{where(first)}: {first.reason}")
+        if unknown:
+            parts.append(unknown)
         return Verdict.INCOMPLETE, "; ".join(parts)
     if not records:
         return Verdict.INCOMPLETE, "no results stored"
@@ -208,7 +211,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         comparison = baseline_cmp.compare(records, base_records, baseline, threshold)
     findings = find(records, comparison.findings() if comparison else None, profile.thresholds if profile else None,
                     planned_longest((p.phase.name, p.params) for p in points) if points is not None else None)
-    status, why = status_of(records, missing, findings, outdated)
+    status, why = status_of(records, missing, findings, outdated, _unknown_plan(records, runbook, profile))
     store_arg = _store_arg(results_dir)
     hw = next((r.hardware for r in records if r.hardware), None)
     sha = next((r for r in records if r.git_sha), None)
@@ -264,6 +267,18 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "plots": plots or [],
         "verdict": status,
     }
+
+
+def _unknown_plan(records: list[PhaseRecord], runbook: Runbook | None, profile: Profile | None) -> str | None:
+    """Why the runbook's points are unknown (its file, or its profile's, could not be loaded: the
+    report renders the stored records alone), or None. Which points were not run is unknown then."""
+    if runbook is not None and profile is not None or not records:
+        return None
+    latest = max(records, key=lambda r: r.started)
+    what = (f"the runbook these records ran from ({latest.runbook_arg or latest.key.runbook})" if runbook is None
+            else f"the profile these records ran with ({latest.profile_arg or latest.key.profile})")
+    return (f"{what} could not be loaded, so which of its points were not run is unknown "
+            f"(`nsa-validate report --runbook PATH` judges them against it)")
 
 
 def _rel(path: Path) -> str:

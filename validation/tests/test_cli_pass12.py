@@ -271,3 +271,26 @@ def test_the_pytest_results_dir_help_names_both_defaults():
     pytest_addoption(Parser())
     text = helps["--results-dir"]
     assert "results" in text and "temporary directory" in text and "plain test run" in text, text
+
+
+def test_a_store_whose_runbook_cannot_be_loaded_is_never_go(tmp_path, capsys):
+    """One phase of a two-phase runbook run (INCOMPLETE), the runbook file then moved: `report`
+    said GO, exit 0, "all 1 phase point(s) passed their gates", the missing phase unknown to it,
+    and only a note on stderr said that the runbook was not found."""
+    from validation.cli import main
+    from validation.judge.record import PhaseRecord, Status
+    from validation.machine import Machine
+    from validation.runbook.load import load_profile, load_runbook
+    from validation.runbook.plan import expand
+    from validation.store.results import ResultStore
+
+    path = write_runbook(tmp_path / "rb.yaml", [train_phase(), train_phase("long_run")])
+    first, _ = expand(load_runbook(path), load_profile("cpu"))
+    ResultStore(tmp_path / "r").put(PhaseRecord.for_point(first, Status.PASS, "passed", hardware=Machine()))
+    path.rename(tmp_path / "moved.yaml")
+    assert main(["report", "--results-dir", str(tmp_path / "r"), "--no-plots"]) == 3
+    out, err = capsys.readouterr()
+    assert "INCOMPLETE ->" in out and "file not found" in err, (out, err)
+    text = (tmp_path / "r" / "reports" / "fake__cpu.md").read_text()
+    assert (f"the runbook these records ran from ({path}) could not be loaded, so which of its points were not run "
+            f"is unknown (`nsa-validate report --runbook PATH` judges them against it)") in text, text

@@ -64,6 +64,12 @@ def _positive(text: str) -> int:
     return n
 
 
+def _path(text: str) -> Path:
+    """A path option's value, ``~`` expanded: the shell leaves it alone after '=' (``--results-dir=~/r``),
+    and a directory named '~' in the working directory is never what was meant."""
+    return Path(text).expanduser()
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nsa-validate", epilog=EXIT_STATUSES,
                                 description="NSA acceptance harness: runbook phases -> GO/NO-GO report")
@@ -74,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--profile", default=None, help="hardware profile name or YAML path (default: " + (
             "the runbook's first)" if runbook_default else "with --runbook its first; without, every stored pair)"))
         if results:
-            sp.add_argument("--results-dir", type=Path, default=DEFAULT_RESULTS_DIR,
+            sp.add_argument("--results-dir", type=_path, default=DEFAULT_RESULTS_DIR,
                             help="result store and run artifacts (default: %(default)s)")
 
     r = sub.add_parser("run", help="run phases, store results, render the report")
@@ -90,13 +96,13 @@ def _parser() -> argparse.ArgumentParser:
                    help="store results without rendering the report; exit 0 once stored (the verdict and its exit "
                         "status come from `nsa-validate report`)")
     r.add_argument("--no-plots", action="store_true", help="render the report without PNG plots")
-    r.add_argument("--tensorboard", type=Path, default=None, metavar="DIR", help=TENSORBOARD_HELP)
+    r.add_argument("--tensorboard", type=_path, default=None, metavar="DIR", help=TENSORBOARD_HELP)
 
     rep = sub.add_parser("report", help="render the report from stored results")
     common(rep, None)
     rep.add_argument("--no-plots", action="store_true", help="render the report without PNG plots")
-    rep.add_argument("--tensorboard", type=Path, default=None, metavar="DIR", help=TENSORBOARD_HELP)
-    rep.add_argument("--baseline", type=Path, default=None, metavar="DIR",
+    rep.add_argument("--tensorboard", type=_path, default=None, metavar="DIR", help=TENSORBOARD_HELP)
+    rep.add_argument("--baseline", type=_path, default=None, metavar="DIR",
                      help="another results directory to compare with, point by point (its commit, date and hardware "
                           "named); a tokens/s drop beyond the profile's max_toks_regression fails the report")
 
@@ -119,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
                                     "and print each file as present, missing or malformed. Exit 0 when it holds, 1 "
                                     "when a required file or field is missing or malformed, 2 for a DIR that is not "
                                     "a directory or a bad option.")
-    ca.add_argument("dir", type=Path, help="a run directory (with --adapter: the trainer's own output directory)")
+    ca.add_argument("dir", type=_path, help="a run directory (with --adapter: the trainer's own output directory)")
     ca.add_argument("--adapter", choices=sorted(ADAPTERS), default="native",
                     help="read DIR in a trainer's own format through this adapter (default: %(default)s, the contract)")
     ca.add_argument("--world-size", type=_positive, default=None,
@@ -266,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             print(report_interrupted_note(exc.signum), file=sys.stderr)
             return 128 + exc.signum
         except KeyboardInterrupt as exc:
-            return _interrupted(getattr(exc, "signum", signal.SIGINT))
+            return _interrupted(args.command, getattr(exc, "signum", signal.SIGINT))
         except BrokenPipeError:
             # the reader went away (`nsa-validate phases | head -1`): stop quietly, as other command-line
             # tools do; stdout now points at /dev/null so that the interpreter's last flush cannot fail
@@ -277,12 +283,22 @@ def main(argv: list[str] | None = None) -> int:
             # first import (matplotlib's Agg backend, while plots are drawn) it becomes
             # "ImportError: initialization failed". It is still the user's interrupt.
             if AcceptanceSession.stopping():
-                return _interrupted(signal.SIGINT)
+                return _interrupted(args.command, signal.SIGINT)
             raise
 
 
-def _interrupted(signum: int) -> int:
-    print(f"{interrupted_note(signum)}, and the report shows the points finished before", file=sys.stderr)
+def _interrupted(command: str, signum: int) -> int:
+    """What the command stopped by ``signum`` did, said on stderr; its exit status. Only ``run``
+    runs trainers and points; ``report`` writes its report whole (a temporary file renamed) or
+    not at all, and changes no record."""
+    if command == "run":
+        print(f"{interrupted_note(signum)}, and the report shows the points finished before", file=sys.stderr)
+    elif command == "report":
+        print(f"nsa-validate: interrupted ({signal.Signals(signum).name}) while the report was written: a report not "
+              "finished stays as it was before (with several runbooks or profiles, the ones finished were written); "
+              "the stored records are unchanged; `nsa-validate report` writes it", file=sys.stderr)
+    else:
+        print(f"nsa-validate: interrupted ({signal.Signals(signum).name})", file=sys.stderr)
     return 128 + signum
 
 

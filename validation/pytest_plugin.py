@@ -59,7 +59,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("nsa-validate", "NSA acceptance harness")
     g.addoption("--runbook", action="append", default=None, help="runbook name or YAML path (repeatable; default: all)")
     g.addoption("--profile", action="append", default=None, help="hardware profile (repeatable; default: the runbook's)")
-    g.addoption("--results-dir", default=None, help=f"result store directory (default: {DEFAULT_RESULTS_DIR})")
+    g.addoption("--results-dir", default=None,
+                help=f"result store directory (default: {DEFAULT_RESULTS_DIR} for an acceptance run, whose -m names a "
+                     "profile or phase marker or which gives --runbook or --profile; a temporary directory for a plain "
+                     "test run, its report's path printed at the end)")
     g.addoption("--hardware-mismatch", choices=MISMATCH_POLICIES, default="run",
                 help="run (and report) or skip when the GPUs differ from the profile's")
     g.addoption("--no-acceptance-report", action="store_true", help="do not render the report at session end")
@@ -125,7 +128,7 @@ def results_dir_for(option: str | None, markexpr: str, runbook_opts: list[str] |
     --profile); otherwise, in a plain test run such as the README's test command, ``temp``, so
     that tests never overwrite the user's results."""
     if option:
-        return Path(option).resolve()
+        return Path(option).expanduser().resolve()
     words = set(markexpr.replace("(", " ").replace(")", " ").split())
     if runbook_opts or profile_opts or words & acceptance_markers:
         return DEFAULT_RESULTS_DIR
@@ -272,8 +275,8 @@ def _options(config: pytest.Config) -> SessionOptions:
                                     config.getoption("--runbook"), config.getoption("--profile"), acceptance,
                                     Path(os.environ.get(_SESSION_DIR_ENV) or tempfile.mkdtemp(prefix="nsa-validate-tests-"))),
         runbooks=runbooks, profiles=tuple(config.getoption("--profile") or ()),
-        mismatch=config.getoption("--hardware-mismatch"), baseline=Path(base).resolve() if base else None,
-        tensorboard=Path(events).resolve() if events else None,
+        mismatch=config.getoption("--hardware-mismatch"), baseline=Path(base).expanduser().resolve() if base else None,
+        tensorboard=Path(events).expanduser().resolve() if events else None,
         known_markers=frozenset(_ini_markers(config)))
 
 

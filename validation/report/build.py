@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 import enum
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ from validation.judge.record import OWN_TRAINER, PhaseRecord, Status
 from validation.judge.timing import shared_machine
 from validation.judge.verdict import rejudge
 from validation.machine import Machine
-from validation.report.plots import make_plots
+from validation.report.plots import make_plots, prune, publish
 from validation.report.tables import (
     SHARED_MARK,
     artifact_rows,
@@ -37,7 +38,9 @@ from validation.report.tables import (
     counts,
     failure_rows,
     gate_rows,
+    missing_line,
     phase_tables,
+    ran_span,
     reproduce_rows,
     rerun_line,
     toggles,
@@ -77,10 +80,11 @@ def _env() -> jinja2.Environment:
 
 
 def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Finding],
-              outdated: list[stale.Outdated] | None = None) -> tuple[Verdict, str]:
+              outdated: list[stale.Outdated] | None = None, unknown: str | None = None) -> tuple[Verdict, str]:
     """The report's verdict and why. ``missing``: the runbook's points without a record;
     ``outdated``: those whose record is of a run the runbook asks something else of now (not run
-    either: their stored verdict is not of the point as it is asked)."""
+    either: their stored verdict is not of the point as it is asked); ``unknown``: why the
+    runbook's points are not known (it could not be loaded): no GO can be said then."""
     outdated = outdated or []
     failed = [r for r in records if r.failed]
     critical = [f for f in findings if f.severity == Severity.CRITICAL]
@@ -90,16 +94,20 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
     if critical:
         return Verdict.NO_GO, f"{len(critical)} critical finding(s) across phase points: {critical[0].title}"
     pending = [r for r in records if r.status in (Status.SKIP, Status.UNMEASURED)]
-    if missing or pending or outdated:
+    if missing or pending or outdated or unknown:
         parts = [f"{len(missing) + len(outdated)} point(s) not run"] if missing or outdated else []
         if outdated:  # a stored run of another point than the runbook asks now: named, with what changed
             parts[0] += (f" ({len(outdated)} of them stored from a run of what the runbook asks no longer: "
                          f"{where(outdated[0].record)}, {outdated[0].text()})")
         if pending:
-            parts.append(f"{len(pending)} skipped or without a measured threshold")
-        unprovided = [r for r in pending if any(g.pending == Pending.NOT_PROVIDED for g in r.gates)]
-        if unprovided:  # a metric the trainer lacks, named: the reader must not take it for a GO
-            parts.append(f"{where(unprovided[0])}: {unprovided[0].reason}")
+            parts.append(f"{len(pending)} skipped or unmeasured")
+            # why the first is not done (a metric the trainer lacks first: the reader must not
+            # take it for a GO), which says what to do (a skip's hardware, a curve to bless, ...)
+            unprovided = [r for r in pending if any(g.pending == Pending.NOT_PROVIDED for g in r.gates)]
+            first = (unprovided or pending)[0]
+            parts.append(f"{where(first)}: {first.reason}")
+        if unknown:
+            parts.append(unknown)
         return Verdict.INCOMPLETE, "; ".join(parts)
     if not records:
         return Verdict.INCOMPLETE, "no results stored"
@@ -203,7 +211,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         comparison = baseline_cmp.compare(records, base_records, baseline, threshold)
     findings = find(records, comparison.findings() if comparison else None, profile.thresholds if profile else None,
                     planned_longest((p.phase.name, p.params) for p in points) if points is not None else None)
-    status, why = status_of(records, missing, findings, outdated)
+    status, why = status_of(records, missing, findings, outdated, _unknown_plan(records, runbook, profile))
     store_arg = _store_arg(results_dir)
     hw = next((r.hardware for r in records if r.hardware), None)
     sha = next((r for r in records if r.git_sha), None)
@@ -216,6 +224,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "badge": _BADGE[status],
         "status_reason": why,
         "generated": now or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "ran_span": ran_span(records),
         "runbook": runbook_name,
         "runbook_path": _rel(runbook.path) if runbook else None,
         "runbook_source": runbook.source if runbook else None,
@@ -247,6 +256,8 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "shared_mark": SHARED_MARK,
         "failures": failure_rows(records),
         "missing": missing,
+        "missing_line": missing_line(points or [], missing, runbook and runbook.cli_name,
+                                     profile and profile.cli_name, store_arg),
         "outdated": [{"test_id": o.record.test_id, "status": str(o.record.status), "why": o.text(),
                       "rerun": rerun_line(o.record, runbook and runbook.cli_name, profile and profile.cli_name,
                                           store_arg)} for o in outdated],
@@ -256,6 +267,18 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "plots": plots or [],
         "verdict": status,
     }
+
+
+def _unknown_plan(records: list[PhaseRecord], runbook: Runbook | None, profile: Profile | None) -> str | None:
+    """Why the runbook's points are unknown (its file, or its profile's, could not be loaded: the
+    report renders the stored records alone), or None. Which points were not run is unknown then."""
+    if runbook is not None and profile is not None or not records:
+        return None
+    latest = max(records, key=lambda r: r.started)
+    what = (f"the runbook these records ran from ({latest.runbook_arg or latest.key.runbook})" if runbook is None
+            else f"the profile these records ran with ({latest.profile_arg or latest.key.profile})")
+    return (f"{what} could not be loaded, so which of its points were not run is unknown "
+            f"(`nsa-validate report --runbook PATH` judges them against it)")
 
 
 def _rel(path: Path) -> str:
@@ -289,28 +312,42 @@ def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, run
     report_dir = results_dir / "reports"
     stem = f"{runbook_name}__{profile_name}"
     plot_list: list[dict[str, str]] = []
-    if plots:
-        recs = ResultStore(results_dir).records(runbook_name, profile_name)
-        points = expand(runbook, profile) if runbook is not None and profile is not None else None
-        if points is not None:  # a run of what the runbook asks no longer is not plotted as its point
-            recs = stale.split(recs, points)[0]
-        plot_list = make_plots(results_dir, recs, report_dir / "plots", stem, points)
-    ctx = build_context(results_dir, runbook_name, profile_name, runbook=runbook, profile=profile,
-                        plots=plot_list, now=now, baseline=baseline)
-    ctx["results_prefix"] = os.path.relpath(results_dir, report_dir)
-    text = render_text(ctx, template)
-    report_dir.mkdir(parents=True, exist_ok=True)
-    path = report_dir / f"{stem}.md"
-    # a unique temp file: two harness runs rendering the same report must not share one
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=report_dir)
-    try:
+    plot_dir = report_dir / "plots"
+    staging: Path | None = None
+    tmp: str | None = None
+    try:  # an interrupt at any moment leaves the previous report with every plot it names, and no temp file
+        if plots:
+            recs = ResultStore(results_dir).records(runbook_name, profile_name)
+            points = expand(runbook, profile) if runbook is not None and profile is not None else None
+            if points is not None:  # a run of what the runbook asks no longer is not plotted as its point
+                recs = stale.split(recs, points)[0]
+            # drawn beside the plots the previous report names, which stay until it is replaced
+            plot_dir.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=plot_dir))
+            plot_list = make_plots(results_dir, recs, plot_dir, stem, points, staging=staging)
+        ctx = build_context(results_dir, runbook_name, profile_name, runbook=runbook, profile=profile,
+                            plots=plot_list, now=now, baseline=baseline)
+        ctx["results_prefix"] = os.path.relpath(results_dir, report_dir)
+        text = render_text(ctx, template)
+        report_dir.mkdir(parents=True, exist_ok=True)
+        path = report_dir / f"{stem}.md"
+        # a unique temp file: two harness runs rendering the same report must not share one
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=report_dir)
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
         os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; a report is for everyone
+        # the new plots first (the old report names the same phases' or others, which stay), then
+        # the report, then the old report's plots the new one does not name
+        moved = publish(staging, plot_dir, stem) if staging is not None else None
         os.replace(tmp, path)
-    except BaseException:  # an interrupt leaves the previous report, and no temp file
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        tmp = None
+        if moved is not None:
+            prune(plot_dir, stem, keep=moved)
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
     return Rendered(path, ctx["verdict"], ctx["status_reason"])
 
 

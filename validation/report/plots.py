@@ -29,10 +29,13 @@ _GOLDEN_STYLE = {"linewidth": 6.0, "alpha": 0.25, "solid_capstyle": "round"}
 
 
 def make_plots(results_dir: Path, records: list[PhaseRecord], plot_dir: Path, stem: str,
-               points: list[PhasePoint] | None = None) -> list[dict[str, str]]:
+               points: list[PhasePoint] | None = None, staging: Path | None = None) -> list[dict[str, str]]:
     """Write one PNG per train phase under ``plot_dir`` (the report's earlier PNGs there are
     removed first); return {phase, title, path relative to the report}. ``points``: the
-    runbook's points (their golden curves); points whose CSV is gone or unreadable are left out."""
+    runbook's points (their golden curves); points whose CSV is gone or unreadable are left out.
+    With ``staging`` (a directory of the same file system) the PNGs are drawn there and nothing
+    under ``plot_dir`` is touched: the report written before keeps every plot it names until
+    ``publish`` moves the new ones in (an interrupt while they are drawn changes nothing)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -45,16 +48,37 @@ def make_plots(results_dir: Path, records: list[PhaseRecord], plot_dir: Path, st
         s = point_series(results_dir, r, by_id.get(r.test_id))
         if s is not None:
             by_phase.setdefault(r.phase, []).append(s)
-    plot_dir.mkdir(parents=True, exist_ok=True)
-    for old in plot_dir.glob(f"{stem}__*.png"):  # a phase no longer stored, or plots of an older layout
-        old.unlink()
+    target = staging or plot_dir
+    target.mkdir(parents=True, exist_ok=True)
+    if staging is None:
+        prune(plot_dir, stem, keep=set())
     out = []
     for phase, series in by_phase.items():
-        path = plot_dir / f"{stem}__{phase}.png"
-        ranked = _figure(plt, phase, series, path)
+        name = f"{stem}__{phase}.png"
+        ranked = _figure(plt, phase, series, target / name)
         out.append({"phase": phase, "title": f"{phase}: loss, tokens/s, memory" + (", step time per rank" if ranked else ""),
-                    "path": os.path.relpath(path, plot_dir.parent)})
+                    "path": os.path.relpath(plot_dir / name, plot_dir.parent)})
     return out
+
+
+def publish(staging: Path, plot_dir: Path, stem: str) -> set[str]:
+    """Move the PNGs ``make_plots`` drew under ``staging`` into ``plot_dir`` (each a rename, whole
+    or not at all); the names moved. The report that names them is written after this, and the
+    earlier report's other plots are removed (``prune``) only after that."""
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    moved = set()
+    for png in sorted(staging.glob(f"{stem}__*.png")):
+        os.replace(png, plot_dir / png.name)
+        moved.add(png.name)
+    return moved
+
+
+def prune(plot_dir: Path, stem: str, keep: set[str]) -> None:
+    """Remove the report's PNGs under ``plot_dir`` other than ``keep``: a phase no longer stored,
+    or plots of an older layout."""
+    for old in plot_dir.glob(f"{stem}__*.png"):
+        if old.name not in keep:
+            old.unlink(missing_ok=True)
 
 
 def _figure(plt: Any, phase: str, series: list[PointSeries], path: Path) -> bool:

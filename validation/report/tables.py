@@ -2,6 +2,7 @@
 artifacts and the command that reproduces each point. Records in, plain rows out."""
 from __future__ import annotations
 
+import datetime as _dt
 import shlex
 from typing import Any
 
@@ -129,15 +130,41 @@ def failure_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
 
 
 def artifact_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
-    """Each point's directory and files; for a point of several processes, each one's."""
+    """Each point's directory and files, and when and at which commit it ran; for a point of
+    several processes, each one's."""
     rows = []
     for r in records:
+        when = _minute(started(r))
+        ran = None if when is None else when + (f" at {r.ran_at[:12]}" if r.ran_at else "")
         if r.runs:
-            rows += [{"phase": r.phase, "point": f"{point_label(r)}, {s.label}", "out_dir": s.out_dir, "files": s.files}
-                     for s in r.runs]
+            rows += [{"phase": r.phase, "point": f"{point_label(r)}, {s.label}", "out_dir": s.out_dir, "files": s.files,
+                      "ran": ran} for s in r.runs]
         elif r.out_dir:
-            rows.append({"phase": r.phase, "point": point_label(r), "out_dir": r.out_dir, "files": r.evidence.files})
+            rows.append({"phase": r.phase, "point": point_label(r), "out_dir": r.out_dir, "files": r.evidence.files,
+                         "ran": ran})
     return rows
+
+
+def started(r: PhaseRecord) -> _dt.datetime | None:
+    """When the point started (records of older harnesses: when it was stored); None if unreadable."""
+    try:
+        t = _dt.datetime.fromisoformat(r.started)
+    except ValueError:
+        return None
+    return t if t.tzinfo else t.replace(tzinfo=_dt.timezone.utc)
+
+
+def _minute(t: _dt.datetime | None) -> str | None:
+    return None if t is None else t.astimezone(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def ran_span(records: list[PhaseRecord]) -> str | None:
+    """When the points that ran did ('from A to B', or 'at A'), to the minute, UTC."""
+    spans = [(t, t + _dt.timedelta(seconds=r.wall_s)) for r in records if r.out_dir and (t := started(r))]
+    if not spans:
+        return None
+    first, last = _minute(min(a for a, _ in spans)), _minute(max(b for _, b in spans))
+    return f"at {first}" if first == last else f"from {first} to {last}"
 
 
 def reproduce_rows(records: list[PhaseRecord], runbook: str | None = None, profile: str | None = None,
@@ -169,6 +196,26 @@ def rerun_line(r: PhaseRecord, runbook: str | None = None, profile: str | None =
               else f"{shlex.quote(str(ACCEPTANCE_TESTS))} -m {r.phase}")
     return (f"pytest {select} --runbook {shlex.quote(runbook or r.key.runbook)} "
             f"--profile {shlex.quote(profile or r.key.profile)}{store}")
+
+
+def missing_line(points: list[Any], missing: list[str], runbook: str | None, profile: str | None,
+                 results_dir: str | None) -> str:
+    """What the report says above the points with no record: that none is stored, and the
+    ``nsa-validate run`` line that runs them (their phases, or the whole runbook when every phase
+    lacks one). ``runbook`` and ``profile`` as a command line names them; ``results_dir``: the
+    store, when not the default ./results."""
+    ids = set(missing)
+    phases = list(dict.fromkeys(p.phase.name for p in points if p.test_id in ids))
+    if not phases or runbook is None or profile is None:
+        return "No record of these points is stored in this results directory:"
+    words = ["nsa-validate", "run", "--runbook", runbook, "--profile", profile]
+    words += ["--results-dir", results_dir] if results_dir else []
+    every = len(phases) == len({p.phase.name for p in points})
+    for ph in [] if every else phases:
+        words += ["--phase", ph]
+    return (f"No record of these points is stored in this results directory. `{shlex.join(words)}` runs them "
+            f"(every point of {'the runbook' if every else 'those phases'}; a new record replaces the point's "
+            "stored one):")
 
 
 def process_line(r: PhaseRecord) -> str:

@@ -158,7 +158,7 @@ def runbook_profile(rb: Runbook, name: str) -> Profile:
 def _resolve(path_or_name: str | Path, directory: Path, what: str) -> Path:
     p = Path(path_or_name)
     if p.suffix in (".yaml", ".yml"):
-        return p
+        return p.expanduser()  # `--runbook=~/my.yaml`: the shell leaves a ~ after '=' alone
     if not NAME.match(str(path_or_name)):
         raise RunbookError(f"{path_or_name!r}: not a YAML path or a name under {directory}")
     path = directory / f"{p}.yaml"

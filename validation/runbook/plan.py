@@ -188,7 +188,10 @@ def expand(runbook: Runbook, profile: Profile, phases: list[str] | None = None) 
     if profile.name not in runbook.profiles:
         raise RunbookError(f"{runbook.path}: profile {profile.name!r} is not one of this runbook's "
                            f"profiles ({', '.join(runbook.profiles)})")
-    selected = runbook.phases if not phases else [runbook.phase(p) for p in phases]
+    # each phase named must exist (an unknown one is an error naming the runbook's phases); the
+    # selected ones run in the runbook's order, whatever order they were given in
+    wanted = {runbook.phase(p).name for p in phases or ()}
+    selected = [ph for ph in runbook.phases if not wanted or ph.name in wanted]
     points = [PhasePoint(runbook, profile, ph, params, i) for ph in selected for i, params in enumerate(ph.points())]
     for p in points:
         p.gates()

@@ -403,9 +403,12 @@ def _ran_from(store: ResultStore, rb_name: str, prof_name: str, notes: Callable[
     latest = max(store.records(rb_name, prof_name), key=lambda r: r.started, default=None)
     rb_arg = (latest.runbook_arg if latest else "") or rb_name
     prof_arg = (latest.profile_arg if latest else "") or prof_name
-    try:
-        return load_runbook(rb_arg), load_profile(prof_arg)
-    except HarnessError as exc:
-        if notes:
-            notes(f"{exc}; rendering stored records only")
-        return None, None
+    out: list = []
+    for load, arg in ((load_runbook, rb_arg), (load_profile, prof_arg)):
+        try:
+            out.append(load(arg))
+        except HarnessError as exc:  # the report says which could not be loaded, and is never GO
+            if notes:
+                notes(f"{exc}; rendering stored records only")
+            out.append(None)
+    return out[0], out[1]

@@ -23,6 +23,7 @@ from validation.store.goldens import (
     losses,
     point_id,
 )
+from validation.store import stale
 from validation.store.results import ResultStore
 
 
@@ -75,6 +76,15 @@ def bless(results_dir: Path, runbook: Runbook, profile: Profile, selected: list[
         if rec.runbook_arg and rec.runbook_arg != runbook.cli_name:  # another runbook file of this name
             raise GoldenError(f"{pid}: its stored run ran from runbook {rec.runbook_arg}, not {runbook.cli_name}; "
                               f"nothing blessed (bless it with --runbook {rec.runbook_arg})")
+        # a run the point as the runbook asks it now was not (other steps, config, overrides,
+        # environment or world size) gives another curve: the report calls it NOT RUN, and its
+        # loss is no golden of the point (a gate added since changes no loss, and does not count)
+        changed = [c for c in stale.changes(rec, point) if c.key != stale.Key.GATE]
+        if changed:
+            raise GoldenError(f"{pid}: its stored run is of what the runbook asks no longer "
+                              f"({'; '.join(c.text() for c in changed)}); nothing blessed (re-run it first: "
+                              f"nsa-validate run --runbook {runbook.cli_name} --profile {profile.cli_name} "
+                              f"--phase {point.phase.name} --results-dir {results_dir})")
         if not rec.ran or rec.exit_code != 0 or rec.hardware is None:
             raise GoldenError(f"{pid}: its stored run did not finish ({rec.status}: {rec.reason}); nothing blessed")
         loss = losses(read_training_csv(results_dir / rec.out_dir), n)

@@ -213,7 +213,8 @@ def gate(point: PhasePoint, csv: pd.DataFrame | None, machine: Machine) -> GateR
     if curve is None:
         bless_cmd = (f"nsa-validate bless --runbook {point.runbook.cli_name} --profile {point.profile.cli_name} "
                      f"--point {point_id(point)}")
-        return GateResult(METRIC, "<=", None, f"steps 1-{point.phase.golden_steps}", None, GateVerdict.UNMEASURED,
+        # the tolerance is the profile's (what is missing is the curve, not a threshold)
+        return GateResult(METRIC, "<=", rtol, f"steps 1-{point.phase.golden_steps}", None, GateVerdict.UNMEASURED,
                           RTOL_KEY, DESCRIPTION,
                           note=f"no golden for {point_id(point)} on {hw} in {goldens.path}; write one with `{bless_cmd}`",
                           pending=Pending.NO_GOLDEN)

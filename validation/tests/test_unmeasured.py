@@ -69,10 +69,12 @@ def test_the_report_knows_unmeasured_by_type_not_by_the_reasons_words():
     lacking = _pending("whatever the words", Pending.NOT_PROVIDED)
     verdict, why = status_of([lacking], [], [])
     assert verdict == Verdict.INCOMPLETE and "p [default]: whatever the words" in why
-    # a reason that happens to begin like one is not taken for it
-    unset = _pending("metric the trainer does not provide: a threshold to be measured", Pending.THRESHOLD)
-    verdict, why = status_of([unset], [], [])
-    assert verdict == Verdict.INCOMPLETE and "p [default]" not in why
+    # a reason that happens to begin like one is not taken for it: the point whose metric the
+    # trainer lacks is the one the verdict names, whatever the order
+    unset = dataclasses.replace(_pending("metric the trainer does not provide: a threshold to be measured",
+                                         Pending.THRESHOLD), key=PointKey("rb", "cpu", "q"), test_id="rb/cpu/q/default")
+    verdict, why = status_of([unset, lacking], [], [])
+    assert verdict == Verdict.INCOMPLETE and "p [default]: whatever the words" in why and "q [default]" not in why
 
 
 def test_a_threshold_two_gates_share_is_named_once():

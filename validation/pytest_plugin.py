@@ -43,6 +43,7 @@ import pytest
 from validation import DEFAULT_RESULTS_DIR, REPO_ROOT
 from validation.errors import HarnessError
 from validation.judge.record import PhaseRecord, Status
+from validation.report.build import Verdict
 from validation.runbook.load import available, load_profile, load_runbook
 from validation.runbook.plan import PhasePoint
 from validation.session.session import (
@@ -121,18 +122,21 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     os.execv(sys.executable, [*interpreter_args, *fixed])
 
 
-def results_dir_for(option: str | None, markexpr: str, runbook_opts: list[str] | None,
-                    profile_opts: list[str] | None, acceptance_markers: set[str], temp: Path) -> Path:
+def is_acceptance_run(markexpr: str, runbook_opts: list[str] | None, profile_opts: list[str] | None,
+                      acceptance_markers: set[str]) -> bool:
+    """Whether this pytest run is an acceptance run: a marker expression naming a profile or phase
+    marker, or --runbook / --profile; not a plain test run such as the README's test command."""
+    words = set(markexpr.replace("(", " ").replace(")", " ").split())
+    return bool(runbook_opts or profile_opts or words & acceptance_markers)
+
+
+def results_dir_for(option: str | None, acceptance_run: bool, temp: Path) -> Path:
     """Where phase points store their records: --results-dir when given; ./results for an
-    acceptance run (a marker expression naming a profile or phase marker, or --runbook /
-    --profile); otherwise, in a plain test run such as the README's test command, ``temp``, so
-    that tests never overwrite the user's results."""
+    acceptance run; otherwise, in a plain test run, ``temp``, so that tests never overwrite the
+    user's results."""
     if option:
         return Path(option).expanduser().resolve()
-    words = set(markexpr.replace("(", " ").replace(")", " ").split())
-    if runbook_opts or profile_opts or words & acceptance_markers:
-        return DEFAULT_RESULTS_DIR
-    return temp
+    return DEFAULT_RESULTS_DIR if acceptance_run else temp
 
 
 #: a plain test run's results directory, made by the controller and inherited by xdist workers
@@ -172,8 +176,8 @@ class AcceptancePlugin:
     acceptance tests with its points, noting which (runbook, profile) pairs ran (from test
     reports, so it works under xdist too), and rendering their reports once, on the controller."""
 
-    def __init__(self, config: pytest.Config, session: AcceptanceSession):
-        self.config, self.session = config, session
+    def __init__(self, config: pytest.Config, session: AcceptanceSession, acceptance_run: bool = False):
+        self.config, self.session, self.acceptance_run = config, session, acceptance_run
         self.pairs: set[tuple[str, str]] = set()
         self.reports: list[str] = []
         self.interrupted: str | None = None
@@ -240,16 +244,36 @@ class AcceptancePlugin:
         temp = os.environ.get(_SESSION_DIR_ENV)
         if temp and Path(temp).is_dir() and not any(Path(temp).iterdir()):
             os.rmdir(temp)  # no point ran: leave no empty directory behind
-        if self.config.getoption("--no-acceptance-report") or not self.pairs:
+        if self.config.getoption("--no-acceptance-report"):
             return
+        verdicts: list[Verdict | None] = []  # None: a pair's report not rendered
         for pair in sorted(self.pairs):
             try:
                 for out in self.session.render([pair], notes=lambda text: self.reports.append(f"note: {text}")):
                     self.reports.append(report_line(out, exitstatus == pytest.ExitCode.INTERRUPTED))
+                    verdicts.append(out.verdict)
                     if out.events is not None:
                         self.reports.append(f"TensorBoard events -> {out.events}")
             except HarnessError as exc:
                 self.reports.append(f"report for {pair[0]}/{pair[1]} not rendered: {exc}")
+                verdicts.append(None)
+        if self.acceptance_run and exitstatus == pytest.ExitCode.OK:
+            self._fail_unless_go(session, verdicts)
+
+    def _fail_unless_go(self, session: pytest.Session, verdicts: list[Verdict | None]) -> None:
+        """An acceptance run exits 1 unless every report it rendered is GO, as the CLI exits non-zero:
+        pytest alone exits 0 where a point skipped (a GPU missing), was not measured or did not run
+        here, and where a report is NO-GO from records this run did not write, so a CI job gated on
+        `pytest -m <profile>` passed on an INCOMPLETE report, or with no point run at all."""
+        if verdicts and all(v == Verdict.GO for v in verdicts):
+            return
+        if not verdicts:
+            why = "no phase point ran (each one was skipped or deselected): no report, no verdict"
+        else:
+            why = "the report is " + ", ".join(sorted({str(v) if v is not None else "not rendered" for v in verdicts}
+                                                       - {str(Verdict.GO)}))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        self.reports.append(f"exit status 1: this acceptance run is not GO: {why}")
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo) -> None:
         # pytest's own banner says only 'KeyboardInterrupt' (or 'Stopped: SIGTERM')
@@ -265,14 +289,17 @@ class AcceptancePlugin:
         self._signals.close()
 
 
-def _options(config: pytest.Config) -> SessionOptions:
+def _acceptance_run(config: pytest.Config, runbooks: tuple[str, ...]) -> bool:
+    return is_acceptance_run(config.getoption("-m") or "", config.getoption("--runbook"),
+                             config.getoption("--profile"), _acceptance_markers(config, runbooks))
+
+
+def _options(config: pytest.Config, acceptance_run: bool) -> SessionOptions:
     runbooks = tuple(config.getoption("--runbook") or available())
-    acceptance = _acceptance_markers(config, runbooks)
     base = config.getoption("--baseline")
     events = config.getoption("--tensorboard")
     return SessionOptions(
-        results_dir=results_dir_for(config.getoption("--results-dir"), config.getoption("-m") or "",
-                                    config.getoption("--runbook"), config.getoption("--profile"), acceptance,
+        results_dir=results_dir_for(config.getoption("--results-dir"), acceptance_run,
                                     Path(os.environ.get(_SESSION_DIR_ENV) or tempfile.mkdtemp(prefix="nsa-validate-tests-"))),
         runbooks=runbooks, profiles=tuple(config.getoption("--profile") or ()),
         mismatch=config.getoption("--hardware-mismatch"), baseline=Path(base).expanduser().resolve() if base else None,
@@ -338,13 +365,14 @@ def pytest_configure(config: pytest.Config) -> None:
     # own, whatever it inherited; its xdist workers inherit it
     if not hasattr(config, "workerinput"):
         os.environ[_SESSION_DIR_ENV] = tempfile.mkdtemp(prefix="nsa-validate-tests-")
-    session = AcceptanceSession(_options(config))
+    acceptance_run = _acceptance_run(config, runbooks)
+    session = AcceptanceSession(_options(config, acceptance_run))
     try:  # a bad runbook, profile, golden file, store or baseline stops the run before collection
         session.points()
         session.check_ready()
     except HarnessError as exc:
         raise pytest.UsageError(f"nsa-validate: {exc}") from None
-    plugin = AcceptancePlugin(config, session)
+    plugin = AcceptancePlugin(config, session, acceptance_run)
     # SIGTERM (a scheduler's cancel, `timeout`, `kill`) and SIGHUP (a closed terminal) stop the
     # run as Ctrl-C does, where nobody handles them yet; pytest keeps its own SIGINT handling
     plugin._signals.enter_context(AcceptanceSession.stop_signals((signal.SIGTERM, signal.SIGHUP), only_default=True))

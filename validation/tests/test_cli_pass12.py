@@ -248,7 +248,7 @@ def test_a_results_dir_given_with_a_tilde_is_the_home_directory(tmp_path, monkey
     assert f"-> {home / 'r' / 'reports' / 'fake__cpu.md'}" in capsys.readouterr().out
     assert not (cwd / "~").exists()
     assert main(["check-artifacts", "~/r"]) == 1  # a directory (not the contract's): 1, not 2 for no directory
-    assert results_dir_for("~/r", "", None, None, set(), tmp_path) == home / "r"
+    assert results_dir_for("~/r", False, tmp_path) == home / "r"
     (home / "mine.yaml").write_text(rb.read_text())
     assert main(["phases", "--runbook=~/mine.yaml"]) == 0
 

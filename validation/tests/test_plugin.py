@@ -11,7 +11,7 @@ import pytest
 
 from validation import DEFAULT_RESULTS_DIR, REPO_ROOT
 from validation.machine import Machine
-from validation.pytest_plugin import results_dir_for
+from validation.pytest_plugin import is_acceptance_run, results_dir_for
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
 from validation.session.point import why_skip
@@ -41,10 +41,12 @@ def test_run_stores_records_and_renders_report(tmp_path):
     res = tmp_path / "res"
     out = _pytest("validation/tests/test_acceptance.py", "--runbook", str(_runbook(tmp_path)), "--results-dir", str(res),
                   "-k", "bucket_sweep or test_report")
-    assert out.returncode == 0, out.stdout + out.stderr
+    # every test passed, but the report is INCOMPLETE (baseline_ddp not run): an acceptance run exits 1
+    assert out.returncode == 1, out.stdout + out.stderr
     assert "3 passed" in out.stdout  # two sweep points + the cross-point report check
     assert {r.key.phase for r in ResultStore(res).records()} == {"bucket_sweep"}
     assert f"nsa-validate report: INCOMPLETE -> {res}/reports/fake__cpu.md" in out.stdout
+    assert "nsa-validate report: exit status 1: this acceptance run is not GO: the report is INCOMPLETE" in out.stdout
     text = (res / "reports" / "fake__cpu.md").read_text()
     assert "**Status: INCOMPLETE**" in text and "`fake/cpu/baseline_ddp/default`" in text  # not run this time
 
@@ -81,9 +83,22 @@ def test_bad_runbook_is_a_usage_error(tmp_path):
 
 
 def test_gpu_profiles_skip_on_cpu_with_a_reason():
+    """Each point skips with its reason; the run exits 1, not 0: a CI job gated on `pytest -m a100`
+    on a box whose GPUs went missing passed with nothing run."""
     out = _pytest("validation/tests/test_acceptance.py", "-m", "a100 and preflight", "-rs")
-    assert out.returncode == 0 and "1 skipped" in out.stdout
+    assert out.returncode == 1 and "1 skipped" in out.stdout, out.stdout[-2000:]
     assert "needs a CUDA GPU" in out.stdout
+    assert "exit status 1: this acceptance run is not GO: no phase point ran (each one was skipped" in out.stdout
+
+
+def test_an_acceptance_run_of_a_go_report_exits_0_and_a_plain_run_keeps_pytests_status(tmp_path):
+    """An acceptance run of a GO report exits 0 (a plain test run, no profile or phase marker and no
+    --runbook, keeps pytest's status on an INCOMPLETE report:
+    test_a_plain_run_of_the_acceptance_tests_leaves_results_alone)."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("baseline_ddp")])
+    out = _pytest("validation/tests/test_acceptance.py", "--runbook", str(rb), "--results-dir", str(tmp_path / "r"))
+    assert out.returncode == 0 and "nsa-validate report: GO -> " in out.stdout, out.stdout[-2000:]
+    assert "exit status 1" not in out.stdout
 
 
 H100_BOX = Machine(gpu_names=("NVIDIA H100 80GB HBM3",) * 2, gpu_mem_gb=(79.1, 79.1))
@@ -118,7 +133,9 @@ def test_rerun_into_an_existing_results_dir_and_runbook_path(tmp_path, spelling,
     cwd, paths = (REPO_ROOT, []) if where == "repo" else (tmp_path, [str(REPO_ROOT)])
     for attempt in (1, 2):
         out = _pytest_in(cwd, *paths, *opts, "-m", "baseline_ddp", "-p", "no:randomly")
-        assert out.returncode == 0, f"attempt {attempt}: {out.stdout[-2000:]}{out.stderr[-2000:]}"
+        # the point passed; its report is INCOMPLETE (bucket_sweep not run), so the run exits 1
+        assert out.returncode == 1 and "this acceptance run is not GO: the report is INCOMPLETE" in out.stdout, \
+            f"attempt {attempt}: {out.stdout[-2000:]}{out.stderr[-2000:]}"
         assert "1 passed" in out.stdout and res.is_dir()
         assert "PytestUnknownMarkWarning" not in out.stdout, f"attempt {attempt}: pytest.ini not read"
     assert {r.key.phase for r in ResultStore(res).records()} == {"baseline_ddp"}
@@ -127,12 +144,16 @@ def test_rerun_into_an_existing_results_dir_and_runbook_path(tmp_path, spelling,
 def test_results_dir_for_a_plain_test_run_is_not_the_users(tmp_path):
     """The README's test command once replaced every record of the user's ./results."""
     temp, markers = tmp_path / "t", {"cpu_profile", "a100", "bucket_sweep"}
-    assert results_dir_for(None, "", None, None, markers, temp) == temp
-    assert results_dir_for(None, "not slow", None, None, markers, temp) == temp
-    assert results_dir_for(None, "cpu_profile", None, None, markers, temp) == DEFAULT_RESULTS_DIR
-    assert results_dir_for(None, "a100 and not (bucket_sweep)", None, None, markers, temp) == DEFAULT_RESULTS_DIR
-    assert results_dir_for(None, "", ["rb.yaml"], None, markers, temp) == DEFAULT_RESULTS_DIR
-    assert results_dir_for(str(tmp_path / "x"), "", None, None, markers, temp) == (tmp_path / "x").resolve()
+
+    def where(markexpr, runbooks=None, option=None):
+        return results_dir_for(option, is_acceptance_run(markexpr, runbooks, None, markers), temp)
+
+    assert where("") == temp
+    assert where("not slow") == temp
+    assert where("cpu_profile") == DEFAULT_RESULTS_DIR
+    assert where("a100 and not (bucket_sweep)") == DEFAULT_RESULTS_DIR
+    assert where("", ["rb.yaml"]) == DEFAULT_RESULTS_DIR
+    assert where("", option=str(tmp_path / "x")) == (tmp_path / "x").resolve()
 
 
 def test_a_plain_run_of_the_acceptance_tests_leaves_results_alone(tmp_path):

@@ -54,7 +54,8 @@ def test_a_phase_name_of_ones_own_runbook_is_a_marker_for_pytest(tmp_path):
     res = tmp_path / "res"
     out = _pytest(REPO_ROOT, "validation/tests/test_acceptance.py", "-m", "single", "--runbook", str(rb),
                   "--profile", "cpu", f"--results-dir={res}")
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    # the point passed; the report is INCOMPLETE (other_one not run), so the acceptance run exits 1
+    assert out.returncode == 1 and "the report is INCOMPLETE" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
     assert "1 passed" in out.stdout
     assert {r.key.phase for r in ResultStore(res).records()} == {"single"}
 
@@ -98,7 +99,8 @@ def test_a_point_that_cannot_launch_leaves_the_stored_record_and_its_run_directo
     assert "cannot launch here, nothing was run" in err and "export MY_TRAINER_ROOT=" in err
     out = _pytest(REPO_ROOT, "validation/tests/test_acceptance.py", "--runbook", str(rb), f"--results-dir={res}",
                   env={k: v for k, v in os.environ.items() if k != "MY_TRAINER_ROOT"})
-    assert out.returncode == 0 and "nothing run or stored" in out.stdout, out.stdout[-3000:]
+    assert out.returncode == 1 and "nothing run or stored" in out.stdout, out.stdout[-3000:]
+    assert "this acceptance run is not GO: no phase point ran" in out.stdout, out.stdout[-3000:]
     (kept,) = ResultStore(res).records()
     assert kept.run_id == stored.run_id and kept.status == Status.PASS and (res / kept.out_dir).is_dir()
 

@@ -43,12 +43,12 @@ import pytest
 from validation import DEFAULT_RESULTS_DIR, REPO_ROOT
 from validation.errors import HarnessError
 from validation.judge.record import PhaseRecord, Status
-from validation.report.build import Verdict
 from validation.runbook.load import available, load_profile, load_runbook
 from validation.runbook.plan import PhasePoint
 from validation.session.session import (
     MISMATCH_POLICIES,
     AcceptanceSession,
+    ExitStatus,
     NotLaunchable,
     SessionOptions,
     interrupted_note,
@@ -246,32 +246,32 @@ class AcceptancePlugin:
             os.rmdir(temp)  # no point ran: leave no empty directory behind
         if self.config.getoption("--no-acceptance-report"):
             return
-        verdicts: list[Verdict | None] = []  # None: a pair's report not rendered
+        rendered, unrendered = [], 0
         for pair in sorted(self.pairs):
             try:
                 for out in self.session.render([pair], notes=lambda text: self.reports.append(f"note: {text}")):
                     self.reports.append(report_line(out, exitstatus == pytest.ExitCode.INTERRUPTED))
-                    verdicts.append(out.verdict)
+                    rendered.append(out)
                     if out.events is not None:
                         self.reports.append(f"TensorBoard events -> {out.events}")
             except HarnessError as exc:
                 self.reports.append(f"report for {pair[0]}/{pair[1]} not rendered: {exc}")
-                verdicts.append(None)
+                unrendered += 1
         if self.acceptance_run and exitstatus == pytest.ExitCode.OK:
-            self._fail_unless_go(session, verdicts)
+            self._fail_unless_go(session, rendered, unrendered)
 
-    def _fail_unless_go(self, session: pytest.Session, verdicts: list[Verdict | None]) -> None:
+    def _fail_unless_go(self, session: pytest.Session, rendered: list, unrendered: int) -> None:
         """An acceptance run exits 1 unless every report it rendered is GO, as the CLI exits non-zero:
         pytest alone exits 0 where a point skipped (a GPU missing), was not measured or did not run
         here, and where a report is NO-GO from records this run did not write, so a CI job gated on
         `pytest -m <profile>` passed on an INCOMPLETE report, or with no point run at all."""
-        if verdicts and all(v == Verdict.GO for v in verdicts):
+        if rendered and not unrendered and self.session.exit_status(rendered) == ExitStatus.GO:
             return
-        if not verdicts:
+        if not rendered and not unrendered:
             why = "no phase point ran (each one was skipped or deselected): no report, no verdict"
         else:
-            why = "the report is " + ", ".join(sorted({str(v) if v is not None else "not rendered" for v in verdicts}
-                                                       - {str(Verdict.GO)}))
+            not_go = {str(r.verdict) for r in rendered if self.session.exit_status([r]) != ExitStatus.GO}
+            why = "the report is " + ", ".join(sorted(not_go) + (["not rendered"] if unrendered else []))
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self.reports.append(f"exit status 1: this acceptance run is not GO: {why}")
 

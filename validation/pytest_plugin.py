@@ -176,7 +176,7 @@ class AcceptancePlugin:
     acceptance tests with its points, noting which (runbook, profile) pairs ran (from test
     reports, so it works under xdist too), and rendering their reports once, on the controller."""
 
-    def __init__(self, config: pytest.Config, session: AcceptanceSession, acceptance_run: bool = False):
+    def __init__(self, config: pytest.Config, session: AcceptanceSession, acceptance_run: bool):
         self.config, self.session, self.acceptance_run = config, session, acceptance_run
         self.pairs: set[tuple[str, str]] = set()
         self.reports: list[str] = []

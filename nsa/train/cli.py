@@ -94,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--override", action="append", default=[], metavar="'KEY=VALUE ...'",
                    help="dotted config overrides, space separated, repeatable, e.g. "
                         "'train.seq_len=512 model.n_layers=2'")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help="dotted config overrides as words of their own (train.seq_len=512 model.n_layers=2), "
+                        "applied after those of --override")
     p.add_argument("--out-dir", default=None, help="output directory (train.out_dir)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (train.steps)")
     p.add_argument(contract.LIST_KEYS_FLAG, action="store_true",
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         from .keys import main as list_keys
 
         return list_keys()
-    overrides = list(args.override)
+    overrides = [*args.override, *args.overrides]
     if args.out_dir is not None:
         overrides.append(f"train.out_dir={args.out_dir}")
     if args.steps is not None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -209,6 +210,20 @@ def test_an_out_dir_with_a_space_reaches_the_trainer_whole(tmp_path: Path):
     assert main(["--config", "tiny", "--steps", "2", "--out-dir", str(out),
                  "--override", "train.seq_len=32 model.n_layers=1 data.dataset=synthetic train.save_final=false"]) == 0
     assert len((out / "training.csv").read_text().splitlines()) == 3
+
+
+def test_overrides_as_words_of_their_own(tmp_path: Path, capsys):
+    """`python -m nsa.train --config tiny train.seq_len=32` (the spelling of the design and of
+    every override in the docs) stopped with argparse's 'unrecognized arguments'; only
+    --override 'KEY=VALUE' reached the config. A word without '=' is the config's error, exit 2."""
+    from nsa.train.cli import main
+    out = tmp_path / "run"
+    assert main(["--config", "tiny", "--steps", "1", "--out-dir", str(out), "--override", "train.seq_len=64",
+                 "train.seq_len=32", "model.n_layers=1", "data.dataset=synthetic", "train.save_final=false"]) == 0
+    resolved = json.loads((out / "env.json").read_text())["config"]
+    assert resolved["train"]["seq_len"] == 32 and resolved["model"]["n_layers"] == 1  # the words win
+    assert main(["--config", "tiny", "--out-dir", str(tmp_path / "bad"), "seq_len"]) == 2
+    assert "override 'seq_len': expected key.path=value" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("given,setting", [("true", "on"), ("1", "on"), ("False", "off"), ("0", "off"),

@@ -276,6 +276,11 @@ class AcceptancePlugin:
         self.reports.append(f"exit status 1: this acceptance run is not GO: {why}")
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo) -> None:
+        if isinstance(excinfo.value, pytest.Session.Interrupted):
+            # pytest's own stop, a KeyboardInterrupt to its hooks: errors during collection (before
+            # any point ran) or a stop between two tests; no signal came and no point was cut short
+            self.interrupted = f"nsa-validate: pytest stopped the run ({excinfo.value}); no point was cut short"
+            return
         # pytest's own banner says only 'KeyboardInterrupt' (or 'Stopped: SIGTERM')
         self.interrupted = interrupted_note(getattr(excinfo.value, "signum", signal.SIGINT))
 

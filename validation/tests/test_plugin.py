@@ -258,3 +258,18 @@ def test_an_interrupted_pytest_run_prints_no_status_line_that_reads_as_its_verdi
     assert not re.search(r"^nsa-validate report: (GO|NO-GO|INCOMPLETE)\b", out, re.M), out[-2000:]
     assert "nsa-validate report: report of the points stored before the interrupt (no verdict of this run) -> " in out
     assert "nsa-validate: interrupted (SIGINT)" in out, out[-2000:]
+
+
+def test_a_collection_error_is_not_said_to_be_a_signal(tmp_path):
+    """pytest stops with 'Interrupted: 1 error during collection' through its KeyboardInterrupt
+    hook, and the plugin printed 'nsa-validate: interrupted (SIGINT): running trainers killed; the
+    interrupted point was not recorded' where no signal came and no trainer ran (seen with the
+    test extra but not the triton one: tests/kernels/test_launch.py imported triton)."""
+    broken = tmp_path / "test_broken.py"
+    broken.write_text("import no_such_module_of_this_test\n")
+    out = _pytest("validation/tests/test_acceptance.py", str(broken), "--runbook", str(_runbook(tmp_path)),
+                  "--results-dir", str(tmp_path / "r"), "-m", "bucket_sweep")
+    assert out.returncode == pytest.ExitCode.INTERRUPTED, out.stdout[-2000:]
+    assert "interrupted (SIGINT)" not in out.stdout + out.stderr
+    assert "nsa-validate: pytest stopped the run (1 error during collection); no point was cut short" in out.stdout
+    assert not (tmp_path / "r" / "runs").exists()  # nothing ran

@@ -10,7 +10,7 @@ from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import last_exception, short_exception
 from validation.judge.findings import stability
 from validation.judge.findings.culprit import Culprit, Did, NoStack, RankAt
-from validation.judge.findings.departed import departed, departure, ended_before, exited_0, failed_first
+from validation.judge.findings.departed import departed, departure, ended_before, exited_0, failed_first, root_of
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where, where_run
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.findings.nodes import STRAGGLER_MIN_S, STRAGGLER_SHARE, missing_node
@@ -46,7 +46,7 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
         elif (r.status == Status.FAIL and r.exit_code not in (0, None) and r.kind in TRAINER_KINDS
               and (ev.halt is None or r.died_before_watchdog is not None)):
             title = f"crash in {where_run(r)}: exit code {r.exit_code}"
-            root, gone, ended = ev.root_rank, departed(r), exited_0(r)
+            root, gone, ended = root_of(r), departed(r), exited_0(r)
             kind = "departed" if gone else "crash"
             culprit = None
             if root is not None:

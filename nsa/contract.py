@@ -62,6 +62,9 @@ HEARTBEAT_STAGES_IN_STEP = ("data", "forward", "backward", "optimizer", "graph")
 #: the stages of a record written once a step is done (``step``: the step logged; a checkpoint of
 #: it; a profiled window summarised after it): its ``step`` is the step completed
 HEARTBEAT_STAGES_AFTER_STEP = ("step", "checkpoint", "profile")
+#: the stage of a record a rank writes as the run stops (a non-finite loss, the watchdog): its
+#: ``step`` is the step at which it stopped
+HEARTBEAT_STAGE_HALT = "halt"
 #: what a record's ``step`` means, by its stage
 HEARTBEAT_STEP_MEANING = (
     "the optimizer step (from 1): in a record of a stage within a step (" + ", ".join(HEARTBEAT_STAGES_IN_STEP)

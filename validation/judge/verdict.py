@@ -171,6 +171,9 @@ def rejudge(rec: PhaseRecord, gates: list[GateResult]) -> PhaseRecord:
 
 def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
     """The verdict that how the process ended decides on its own, or None when it ran clean."""
+    halt = outcome.halt
+    if halt is not None and halt.source == "nonfinite":  # the trainer's NaN/inf guard, first whatever came after
+        return Status.FAIL, _nonfinite(halt) + _after_halt(outcome)
     if outcome.stalled_s is not None:
         # the CSV's last row, or further where a rank's heartbeats say so (a trainer logging every k steps)
         done = max((n for n in (outcome.steps_completed, outcome.last_step_done) if n is not None), default=None)
@@ -181,13 +184,8 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
         return Status.FAIL, f"stalled: no progress for {outcome.stalled_s:.0f}s {at}; {stacks} and the run killed by the harness"
     if outcome.timed_out:
         return Status.FAIL, "timed out: killed by the harness at the phase timeout"
-    halt = outcome.halt
     if halt is not None:
         torn = " (its record cut short)" if halt.torn else ""
-        if halt.source == "nonfinite":  # the trainer's NaN/inf guard, not a stall
-            said = (f": loss per rank {halt.losses}, grad_norm {halt.grad_norm}" if halt.losses is not None
-                    else f" ({halt.text[:120]})")  # a trainer whose .HALT says less (the seed's)
-            return Status.FAIL, f"non-finite loss at step {halt.step}{said} (trainer .HALT){torn}"
         if halt.source == "watchdog" and outcome.died_first:
             return Status.FAIL, (f"trainer crashed: {outcome.died_first}; the other ranks' watchdog then wrote .HALT "
                                  f"waiting for it (exit code {outcome.exit_code}){torn}")
@@ -221,6 +219,26 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
     if outcome.stopped_short or outcome.rank_stopped_short:
         return Status.FAIL, outcome.short_text()
     return None
+
+
+def _nonfinite(halt: HaltInfo) -> str:
+    """'non-finite loss at step 3: loss per rank [...], grad_norm nan (trainer .HALT)'."""
+    said = (f": loss per rank {halt.losses}, grad_norm {halt.grad_norm}" if halt.losses is not None
+            else f" ({halt.text[:120]})")  # a trainer whose .HALT says less (the seed's)
+    torn = " (its record cut short)" if halt.torn else ""
+    return f"non-finite loss at step {halt.step}{said} (trainer .HALT){torn}"
+
+
+def _after_halt(outcome: Outcome) -> str:
+    """What became of a run after its trainer's non-finite .HALT where it did not end by itself: a
+    rank that halted and stayed alive, the others waiting for it in a collective, until the harness
+    stopped it (its stall watch or the timeout); '' where it ended."""
+    if outcome.stalled_s is not None:
+        return (f"; the run did not end after it: no progress for {outcome.stalled_s:.0f}s, stopped by the "
+                "harness")
+    if outcome.timed_out:
+        return "; the run did not end after it: killed by the harness at the phase timeout"
+    return ""
 
 
 def gate_verdict(gates: Sequence[GateResult]) -> tuple[Status, str]:

@@ -76,6 +76,14 @@ def _stall(f: Facts) -> str:
     return where + f"Then {_RERUN}."
 
 
+def _halt_stall(f: Facts) -> str:
+    return ("A rank did not exit after the trainer's .HALT on the non-finite loss (the finding names where it was), "
+            "and the others waited for it in their collective until the harness stopped the run: a rank that halts "
+            "must exit (the contract's exit code 4), so that torchrun ends the ranks still waiting; or every rank "
+            "checks the same loss (all-reduced) and they halt together. The non-finite loss itself is the finding "
+            f"to fix first. Then {_RERUN}.")
+
+
 def _nonfinite(f: Facts) -> str:
     lower = "lower train.lr or keep train.grad_clip on" if f.own_trainer else \
         "lower the trainer's learning rate or clip its gradients"
@@ -325,7 +333,7 @@ def _timing(f: Facts) -> str:
 
 _ADVICE: dict[str, Callable[[Facts], str]] = {
     "crash": _crash, "departed": _departed, "left_after": _left_after, "stall": _stall, "timeout": _timeout,
-    "nonfinite": _nonfinite,
+    "nonfinite": _nonfinite, "halt_stall": _halt_stall,
     "short_run": _short, "short_rank": _short_rank, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "straggler_rank": _straggler_rank, "fallback": _fallback,
     "artifacts": _artifacts, "not_launched": _not_launched, "harness_error": _harness_error,

@@ -22,6 +22,10 @@ class Did(enum.StrEnum):
     """Exited 0 (its steps may all be done) while the others still had a collective with it."""
     NONFINITE = "had a non-finite loss"
     """Its own loss was non-finite where the others' were not (the trainer's .HALT, per rank)."""
+    HALTED = "halted on a non-finite loss"
+    """Its heartbeats end in a halt record at the step of the trainer's non-finite .HALT where the
+    others' do not, and the .HALT holds no loss per rank: it stopped on a non-finite loss (its own,
+    or one it alone checks) while the others went on into their next collective."""
 
 
 class NoStack(enum.StrEnum):

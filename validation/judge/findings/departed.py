@@ -77,6 +77,21 @@ def _left_unstarted(rec: PhaseRecord, rank: int, others: set[int]) -> bool:
     return bool(found) and all(d is not None and d.frames and in_collective(d) for d in found)
 
 
+def own_root(rec: PhaseRecord) -> int | None:
+    """The rank that failed first in its own right (``Evidence.root_rank``), but not one that only
+    exited non-zero silently (RankFailure.silent: an exit code, no exception, no signal): a rank
+    whose collective broke when a peer left may catch the error and exit 1 with a message of its
+    own, so a silent exit yields to a rank that left early (``departed``)."""
+    root = rec.evidence.root_rank
+    return None if root is None or rec.evidence.rank_failures[root].silent else root
+
+
+def root_of(rec: PhaseRecord) -> int | None:
+    """The rank a crash is blamed on as having failed first (``Evidence.root_rank``), None where a
+    rank left early and the one torchrun saw fail first only exited non-zero silently after it."""
+    return rec.evidence.root_rank if not departed(rec) else None
+
+
 def exited_0(rec: PhaseRecord) -> list[int]:
     """The ranks known to have ended with exit 0 that ran (wrote a heartbeat): those that left early
     (``departed``) and those that may have completed their steps, lowest first; [] where nothing
@@ -102,9 +117,9 @@ def ended_before(rec: PhaseRecord, rank: int) -> str | None:
 def _remained(rec: PhaseRecord) -> set[int]:
     """The ranks known not to have exited 0: those that failed (torchrun's logs) and those the
     harness found running when it stopped the run; empty where nothing tells which ranks left
-    (see ``departed``)."""
+    (see ``departed``) or a rank failed in its own right (``own_root``)."""
     ev = rec.evidence
-    if rec.world_size < 2 or not rec.steps or ev.root_rank is not None:
+    if rec.world_size < 2 or not rec.steps or own_root(rec) is not None:
         return set()
     if rec.stalled_s is not None or rec.timed_out:
         if any(t.rank is None for t in ev.taken_stacks):

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import shlex
 
-from nsa.contract import PROFILE_TOP_OPS, heartbeat_name
+from nsa.contract import HEARTBEAT_STAGE_HALT, PROFILE_TOP_OPS, heartbeat_name
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import last_exception, short_exception
 from validation.judge.findings import stability
 from validation.judge.findings.culprit import Culprit, Did, NoStack, RankAt
-from validation.judge.findings.departed import departed, departure, ended_before, exited_0, failed_first
+from validation.judge.findings.departed import departed, departure, ended_before, exited_0, failed_first, root_of
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where, where_run
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.findings.nodes import STRAGGLER_MIN_S, STRAGGLER_SHARE, missing_node
@@ -36,7 +36,8 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
             title = (f"non-finite loss in {where_run(r)} at step {ev.halt.step}: {'rank' if len(bad) == 1 else 'ranks'} "
                      f"{', '.join(map(str, bad)) or '?'} (loss per rank {ev.halt.losses}, grad_norm {ev.halt.grad_norm})"
                      f"{before}") if ev.halt.losses is not None else (
-                f"non-finite loss in {where_run(r)} at step {ev.halt.step}: the trainer's .HALT says {ev.halt.text[:120]!r}")
+                f"non-finite loss in {where_run(r)} at step {ev.halt.step}: {_halted_text(r)}the trainer's .HALT says "
+                f"{ev.halt.text[:120]!r}")
             out.append(Finding(Severity.CRITICAL, r.phase, title, [f".HALT: {r.out_dir}/.HALT"] + _rank_lines(r, bad),
                                "nonfinite", Facts.of(r), _nonfinite_ranks(r, bad)))
         elif ev.nodes is not None and missing_node(r, ev.nodes) is not None:
@@ -46,7 +47,7 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
         elif (r.status == Status.FAIL and r.exit_code not in (0, None) and r.kind in TRAINER_KINDS
               and (ev.halt is None or r.died_before_watchdog is not None)):
             title = f"crash in {where_run(r)}: exit code {r.exit_code}"
-            root, gone, ended = ev.root_rank, departed(r), exited_0(r)
+            root, gone, ended = root_of(r), departed(r), exited_0(r)
             kind = "departed" if gone else "crash"
             culprit = None
             if root is not None:
@@ -88,9 +89,33 @@ def _nonfinite_ranks(r: PhaseRecord, bad: list[int]) -> Culprit | None:
     says none, holds no loss of every rank (a list of another length: one rank's own, which says
     nothing of the others'), or every rank of a world of several had one (nothing singles a rank out)."""
     step, losses, world = r.evidence.halt.step, r.evidence.halt.losses or [], max(r.world_size or 1, 1)
-    if not bad or len(losses) != world or (world > 1 and len(bad) == world):
+    if len(losses) != world:  # no loss of every rank: the heartbeats may say which rank halted
+        halted = halted_ranks(r)
+        return Culprit(Did.HALTED, tuple(RankAt.of(r, k) for k in halted)) if halted else None
+    if not bad or (world > 1 and len(bad) == world):
         return None
     return Culprit(Did.NONFINITE, tuple(RankAt.of(r, k, cause=f"loss {losses[k]} at step {step}") for k in bad))
+
+
+def _halted_text(r: PhaseRecord) -> str:
+    """'rank 1 halted on it (a halt record), the other ranks did not; ' where ``halted_ranks`` names some."""
+    halted = halted_ranks(r)
+    if not halted:
+        return ""
+    return (f"{'rank' if len(halted) == 1 else 'ranks'} {', '.join(map(str, halted))} halted on it (a halt record), "
+            f"the other ranks did not; ")
+
+
+def halted_ranks(r: PhaseRecord) -> list[int]:
+    """Of a run of several ranks that its trainer halted on a non-finite loss: the ranks whose last
+    heartbeat is a halt record of the .HALT's step where some rank's is not (that one went on, into
+    its next collective); [] where every rank's is or none's (nothing singles a rank out)."""
+    halt, beats = r.evidence.halt, r.evidence.last_heartbeat
+    if halt is None or r.world_size < 2:
+        return []
+    halted = [k for k in range(r.world_size) if (b := beats.get(k)) is not None and b.stage == HEARTBEAT_STAGE_HALT
+              and b.step == halt.step]
+    return halted if len(halted) < r.world_size else []
 
 
 def short_runs(records: list[PhaseRecord]) -> list[Finding]:
@@ -203,7 +228,12 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
         if 0 < len(stuck) < r.world_size:
             detail.append(f"stacks of {len(stuck)} of {r.world_size} ranks were recorded")
         culprit, kind = None, "departed" if gone else "stall"
-        if gone:  # the rank that left is the cause; the others failed or waited after it
+        if ev.halt is not None and ev.halt.source == "nonfinite":
+            # the trainer's guard stopped the run first (the non-finite finding names the rank): what
+            # stalled is its end, a rank that halted and stayed alive with the others waiting for it
+            at, kind = _after_halt(r, stuck), "halt_stall"
+            how = f"after the non-finite .HALT at step {ev.halt.step}, {how}"
+        elif gone:  # the rank that left is the cause; the others failed or waited after it
             ended = [f"rank {k}: {end}" for k in sorted(ev.rank_failures) if k not in gone
                      and (end := ended_before(r, k)) is not None]
             rest = "; ".join(stuck.values()) or "no rank was left running"
@@ -231,6 +261,19 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
                            culprit))
     return out
 
+
+
+def _after_halt(r: PhaseRecord, stuck: dict[str, str]) -> str:
+    """': rank 1 halted at step 3 and did not exit (in loop); still waiting: rank 0 in all_gather':
+    the processes the harness found running after the trainer's non-finite .HALT, those that had
+    halted (``halted_ranks``) apart from the others."""
+    step, halted = r.evidence.halt.step, halted_ranks(r)
+    first = [f"rank {k} halted at step {step} and did not exit"
+             + (f" ({stuck[f'rank {k}'].removeprefix(f'rank {k} ')})" if f"rank {k}" in stuck else "") for k in halted]
+    rest = [v for k, v in stuck.items() if not any(k == f"rank {h}" for h in halted)]
+    if not first:
+        return f": still running: {'; '.join(rest)}" if rest else ": no stack was recorded"
+    return f": {'; '.join(first)}" + (f"; still waiting: {'; '.join(rest)}" if rest else "")
 
 
 def _timed_out_progressing(r: PhaseRecord, facts: Facts) -> Finding:

@@ -208,6 +208,8 @@ def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
         return None  # no stall, or a rank died and the watchdog fired in those waiting for it (_failed)
     if r.progressing_at_timeout:
         return None  # nothing hung: its steps still came when the timeout stopped it (findings/failures.py)
+    if r.evidence.halt is not None and r.evidence.halt.source == "nonfinite":
+        return None  # the trainer halted on a non-finite loss first: what stalled is its end (findings/failures.py)
     if failed_first(r) is not None:
         return None  # a rank had failed in its own right and the others waited for it (_failed)
     if Facts.of(r).no_rank_running:

@@ -92,7 +92,7 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
         return Verdict.NO_GO, f"{len(failed)} of {len(records) + len(missing) + len(outdated)} phase point(s) failed: " + ", ".join(
             _failed_point(r) for r in failed[:6]) + (" ..." if len(failed) > 6 else "")
     if critical:
-        return Verdict.NO_GO, f"{len(critical)} critical finding(s) across phase points: {critical[0].title}"
+        return Verdict.NO_GO, _critical_reason(critical)
     pending = [r for r in records if r.status in (Status.SKIP, Status.UNMEASURED)]
     if missing or pending or outdated or unknown:
         parts = [f"{len(missing) + len(outdated)} point(s) not run"] if missing or outdated else []
@@ -112,6 +112,15 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
     if not records:
         return Verdict.INCOMPLETE, "no results stored"
     return Verdict.GO, f"all {len(records)} phase point(s) passed their gates"
+
+
+def _critical_reason(critical: list[Finding]) -> str:
+    """'1 critical finding: <its title>' / '3 critical findings, the first: <title>'. The title names
+    the phase and point (a cliff names the sweep point it fell at); it said '1 critical finding(s)
+    across phase points' of a finding about one point."""
+    if len(critical) == 1:
+        return f"1 critical finding: {critical[0].title}"
+    return f"{len(critical)} critical findings, the first: {critical[0].title}"
 
 
 def _failed_point(r: PhaseRecord) -> str:

@@ -151,6 +151,9 @@ class GoldenRecheck:
     """One line per gate whose verdict changed since the run ('phase [point]: PASS at the run, FAIL now')."""
     not_checked: list[str]
     """One line per gate that could not be evaluated again (its training.csv is gone)."""
+    no_golden: list[str]
+    """One 'phase [point]' per gate with no golden curve in the file now: nothing to re-check
+    against (the gate is UNMEASURED, naming the bless command); not counted in ``checked``."""
 
 
 def _recheck_goldens(records: list[PhaseRecord], points: list[PhasePoint], results_dir: Path, runbook: Runbook,
@@ -159,7 +162,7 @@ def _recheck_goldens(records: list[PhaseRecord], points: list[PhasePoint], resul
     blessed or replaced since the run changes the verdict the report shows, and says so): the
     records, re-judged where a gate changed, and what was found."""
     by_id = {p.test_id: p for p in points}
-    out, checked, changed, not_checked = [], 0, [], []
+    out, checked, changed, not_checked, no_golden = [], 0, [], [], []
     for r in records:
         point = by_id.get(r.test_id)
         stored = next((g for g in r.gates if g.metric == goldens.METRIC), None)
@@ -169,16 +172,18 @@ def _recheck_goldens(records: list[PhaseRecord], points: list[PhasePoint], resul
         check = goldens.recheck(point, stored, Path(results_dir) / r.out_dir, r.hardware)
         if check.now is None:
             not_checked.append(f"{where(r)} ({check.why_not}; the gate as stored at the run is shown)")
+        elif check.now.pending == Pending.NO_GOLDEN:
+            no_golden.append(where(r))
         else:
             checked += 1
         if check.changed:
             changed.append(f"{where(r)}: {stored.verdict} at the run, {check.now.verdict} now")
             r = rejudge(r, [check.now if g is stored else g for g in r.gates])
         out.append(r)
-    if not checked and not not_checked:
+    if not checked and not not_checked and not no_golden:
         return out, None
     return out, GoldenRecheck(goldens.GoldenFile.for_pair(runbook.path, runbook.name, profile.name).path.name,
-                              checked, changed, not_checked)
+                              checked, changed, not_checked, no_golden)
 
 
 def _recheck_thresholds(records: list[PhaseRecord], points: list[PhasePoint]) -> tuple[list[PhaseRecord], list[str]]:

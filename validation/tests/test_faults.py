@@ -209,3 +209,14 @@ def test_one_low_gpu_reading_of_a_working_rank_is_no_idle_rank():
     assert _idle_ranks(run({0: [56] * 29, 1: [1] * 29}, {0: 0.3, 1: 0.3}), None) == 0
     assert _idle_ranks(run({0: [56] * 29, 1: [1] * 29}), None) == 1
     assert _idle_ranks(run({0: [99, 98, 99], 1: [0, 1, 0]}, {0: 27.0, 1: 0.004}), None) == 1  # the seeds', 27 GB / 4 MB
+
+
+def test_the_phase_table_says_what_its_stdev_and_peak_reserved_are(fake_run):
+    """user13: 'Stdev' is the population stdev over the window (step to step, not run to run) and
+    'Peak reserved' on CPU is the process's resident set; the report said neither."""
+    run = fake_run([train_phase()])
+    assert ("Stdev: the population standard deviation (`statistics.pstdev`, as the runbook's snippet computes it) of "
+            "the tokens/s of the window's logged steps: step to step within one run, not the spread between runs."
+            ) in run.report
+    assert ("Peak reserved: the largest `mem_reserved_gb` of the window's logged steps in training.csv; on CPU the "
+            "trainer process's resident set (RSS), not accelerator memory.") in run.report

@@ -316,6 +316,19 @@ def _hw_text(hw: Machine | None) -> str:
     return f"{hw.describe()} on {hw.hostname}"
 
 
+def report_path(results_dir: str | Path, runbook_name: str, profile_name: str) -> Path:
+    """<results>/reports/<runbook>__<profile>.md"""
+    return Path(results_dir) / "reports" / f"{runbook_name}__{profile_name}.md"
+
+
+def withdraw(results_dir: str | Path, runbook_name: str, profile_name: str) -> None:
+    """Remove the pair's report: a record of it is about to be replaced and the run directories the
+    old record names removed, which the report names too. A stop before the next report is
+    written then leaves no report rather than one naming runs that are gone (its plots stay until
+    the next render prunes them; the report is the index)."""
+    report_path(results_dir, runbook_name, profile_name).unlink(missing_ok=True)
+
+
 def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, runbook: Runbook | None = None,
            profile: Profile | None = None, plots: bool = True, now: str | None = None,
            template: str = "report.md.j2", baseline: Path | None = None) -> Rendered:
@@ -344,7 +357,7 @@ def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, run
         ctx["results_prefix"] = os.path.relpath(results_dir, report_dir)
         text = render_text(ctx, template)
         report_dir.mkdir(parents=True, exist_ok=True)
-        path = report_dir / f"{stem}.md"
+        path = report_path(results_dir, runbook_name, profile_name)
         # a unique temp file: two harness runs rendering the same report must not share one
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=report_dir)
         with os.fdopen(fd, "w") as fh:

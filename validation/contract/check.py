@@ -15,6 +15,7 @@ this check, the verdict and the report say the same.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -51,6 +52,10 @@ HEARTBEAT_GLOB = "heartbeat_rank{R}.jsonl"
 #: training.csv columns every row must fill with a number; the others may be nan throughout (a
 #: trainer that cannot measure memory), which leaves the metrics that read them UNMEASURED
 CSV_VALUED = ("step", "loss", "toks_per_s")
+#: training.csv columns whose every row must hold a finite number: a rate of nan or inf measured
+#: nothing (a loss may be nan: the loss gate catches it). An inf tokens/s passed every throughput
+#: floor, and a nan one outside a gate's window left the run GO.
+CSV_FINITE = ("toks_per_s",)
 
 
 class Presence(enum.StrEnum):
@@ -250,6 +255,19 @@ def _csv_columns(found: ContractRead, costs: Costs) -> None:
         elif df[col].isna().all():
             found.items.append(Item(TRAINING_CSV, Presence.MISSING,
                                     _unmeasured(costs, col, f"no value in any row ({_METRICS_UNMEASURED})"), False, col))
+        elif col in CSV_FINITE and (bad := _not_finite(df, col)):
+            found.items.append(Item(TRAINING_CSV, Presence.MALFORMED, bad, field=col))
+
+
+def _not_finite(df: pd.DataFrame, col: str) -> str:
+    """'step 7 holds nan (1 of 8 rows)': the first logged step whose ``col`` is not a finite
+    number, or '' when every row's is."""
+    bad = df[~df[col].map(math.isfinite)]
+    if bad.empty:
+        return ""
+    first = bad.iloc[0]
+    return (f"step {int(first['step'])} holds {first[col]} ({len(bad)} of {len(df)} rows): every logged step's "
+            f"{col} must be a finite number")
 
 
 def _beats_detail(logs: dict[int, HeartbeatLog]) -> str:

@@ -220,3 +220,10 @@ def test_the_phase_table_says_what_its_stdev_and_peak_reserved_are(fake_run):
             ) in run.report
     assert ("Peak reserved: the largest `mem_reserved_gb` of the window's logged steps in training.csv; on CPU the "
             "trainer process's resident set (RSS), not accelerator memory.") in run.report
+
+
+def test_a_trainer_that_logs_infinite_tokens_per_s_is_no_go(fake_run):
+    """user13: an infinite tokens/s (a step timed as 0 s) passed every throughput floor: GO."""
+    run = fake_run([train_phase(env={"NSA_FAKE_TOKS_SCALE": "inf"})])
+    assert run.record.status == "ERROR" and run.context["status"] == "NO-GO"
+    assert "training.csv toks_per_s: malformed (step 1 holds inf (8 of 8 rows)" in run.record.reason, run.record.reason

@@ -73,6 +73,22 @@ def test_bad_csv_is_named(tmp_path, content, words):
         read_training_csv(tmp_path)
 
 
+@pytest.mark.parametrize("bad", ["nan", "inf"])
+def test_a_tokens_per_s_that_is_not_finite_in_any_row_breaks_the_contract(tmp_path, bad):
+    """user13: a trainer that logged nan tokens/s at step 2 (outside the gate's window) was GO, and
+    check-artifacts said OK; one that logged it inside the window crashed the harness
+    (statistics.pstdev of a nan). Every logged step's tokens/s is a finite number."""
+    _csv(tmp_path, [_row(s, bad if s == 2 else 100.0) for s in range(1, 9)])
+    found = read_contract(tmp_path)
+    [item] = [i for i in found.items if i.field == "toks_per_s"]
+    assert item.problem and item.detail.startswith(f"step 2 holds {bad} (1 of 8 rows)"), item.line()
+
+
+def test_the_stdev_of_a_window_with_a_nan_is_no_value_not_a_crash(tmp_path):
+    df = _csv(tmp_path, [_row(s, "nan" if s == 7 else 100.0) for s in range(1, 9)])
+    assert compute("toks_per_s_stdev", RunData(tmp_path, csv=df), 4) is None
+
+
 def test_gates_use_the_operator_table_only():
     assert set(OPS) == {">=", ">", "<=", "<", "==", "!="}
     assert check(39.0, ">=", 39.0) == GateVerdict.PASS and check(38.9, ">=", 39.0) == GateVerdict.FAIL

@@ -47,7 +47,9 @@ def cannot_launch(point: PhasePoint) -> str | None:
         if point.phase.kind not in TRAINER_KINDS or not spec.supports_phase(point.phase.kind):
             return None
         root, why = spec.root.resolve()
-        return why or foreign.missing_file(spec, root)
+        why = why or foreign.missing_file(spec, root)
+        # the runbook's trainer entry is at fault: its file is named, as a bad key's is on loading
+        return None if why is None else f"{point.runbook.path}: {why}"
     if point.phase.kind not in TRAINER_KINDS:
         return None
     name = point.phase.launcher.module

@@ -15,6 +15,7 @@ this check, the verdict and the report say the same.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -51,6 +52,10 @@ HEARTBEAT_GLOB = "heartbeat_rank{R}.jsonl"
 #: training.csv columns every row must fill with a number; the others may be nan throughout (a
 #: trainer that cannot measure memory), which leaves the metrics that read them UNMEASURED
 CSV_VALUED = ("step", "loss", "toks_per_s")
+#: training.csv columns whose every row must hold a finite number: a rate of nan or inf measured
+#: nothing (a loss may be nan: the loss gate catches it). An inf tokens/s passed every throughput
+#: floor, and a nan one outside a gate's window left the run GO.
+CSV_FINITE = ("toks_per_s",)
 
 
 class Presence(enum.StrEnum):
@@ -156,6 +161,8 @@ def read(out_dir: Path, costs: Costs | None = None, launched: int = 1) -> Contra
     found.env = _file(found, ENV_JSON, (out_dir / ENV_JSON).is_file(), read_env_json, lambda env: f"{len(env)} keys")
     if found.env is not None:
         _env_fields(found, costs)
+        if found.csv is not None:
+            _global_rate(found)
     if found.heartbeats:
         _heartbeat_fields(found, costs)
     found.halted = halted(out_dir)
@@ -250,6 +257,19 @@ def _csv_columns(found: ContractRead, costs: Costs) -> None:
         elif df[col].isna().all():
             found.items.append(Item(TRAINING_CSV, Presence.MISSING,
                                     _unmeasured(costs, col, f"no value in any row ({_METRICS_UNMEASURED})"), False, col))
+        elif col in CSV_FINITE and (bad := _not_finite(df, col)):
+            found.items.append(Item(TRAINING_CSV, Presence.MALFORMED, bad, field=col))
+
+
+def _not_finite(df: pd.DataFrame, col: str) -> str:
+    """'step 7 holds nan (1 of 8 rows)': the first logged step whose ``col`` is not a finite
+    number, or '' when every row's is."""
+    bad = df[~df[col].map(math.isfinite)]
+    if bad.empty:
+        return ""
+    first = bad.iloc[0]
+    return (f"step {int(first['step'])} holds {first[col]} ({len(bad)} of {len(df)} rows): every logged step's "
+            f"{col} must be a finite number")
 
 
 def _beats_detail(logs: dict[int, HeartbeatLog]) -> str:
@@ -295,6 +315,34 @@ def _env_fields(found: ContractRead, costs: Costs) -> None:
     for key, cost in ENV_RECOMMENDED.items():
         if env.get(key) is None:
             found.items.append(Item(ENV_JSON, Presence.MISSING, _unmeasured(costs, key, cost), False, key))
+
+
+#: how far toks_per_s x step_time_s may lie from env.json's tokens_per_step (a factor either way)
+#: before the rate is not the global one: timing where the two are taken differs by far less, and
+#: a per-rank rate of two ranks is off by 2
+RATE_FACTOR = 1.5
+
+
+def _global_rate(found: ContractRead) -> None:
+    """training.csv's toks_per_s against env.json's tokens_per_step (global tokens per optimizer
+    step) over each row's step_time_s: a rate of one rank (or one micro-batch) beside the global
+    step size is malformed; where either is not written nothing is said."""
+    per_step = (found.env or {}).get("tokens_per_step")
+    df = found.csv
+    if not _number(per_step) or per_step <= 0 or df is None:
+        return
+    rows = df[df["step_time_s"].map(math.isfinite) & (df["step_time_s"] > 0) & df["toks_per_s"].map(math.isfinite)]
+    if rows.empty:
+        return
+    ratio = float((rows["toks_per_s"] * rows["step_time_s"]).median()) / per_step
+    if 1 / RATE_FACTOR <= ratio <= RATE_FACTOR:
+        return
+    world = found.world_size or 1
+    hint = (f"; {world} ranks: it reads as one rank's rate" if world > 1 and abs(ratio * world - 1) < 0.2 else "")
+    found.items.append(Item(TRAINING_CSV, Presence.MALFORMED, (
+        f"toks_per_s x step_time_s is {ratio:.3g}x env.json's tokens_per_step {per_step:g} (the median over "
+        f"{len(rows)} rows): toks_per_s is global, all ranks' tokens of all micro-batches over the step's wall "
+        f"time{hint}"), field="toks_per_s"))
 
 
 def _held(rec: dict[str, Any], fields: list[str]) -> str:

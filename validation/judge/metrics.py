@@ -149,8 +149,11 @@ def _reduce(col: str, reduce: Callable[[pd.Series], float]) -> Compute:
 
 
 def _pstdev(s: pd.Series) -> float:
-    # population stdev, as the runbook's snippet (statistics.pstdev) computes it
-    return statistics.pstdev(s.tolist())
+    """Population stdev, as the runbook's snippet (statistics.pstdev) computes it; nan where a value
+    is not finite, as the mean is (statistics.pstdev raised AttributeError on a nan and the point
+    became 'the harness failed')."""
+    values = s.tolist()
+    return statistics.pstdev(values) if all(math.isfinite(v) for v in values) else math.nan
 
 
 def _cv(run: RunData, last: int | None) -> float | None:

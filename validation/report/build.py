@@ -92,7 +92,7 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
         return Verdict.NO_GO, f"{len(failed)} of {len(records) + len(missing) + len(outdated)} phase point(s) failed: " + ", ".join(
             _failed_point(r) for r in failed[:6]) + (" ..." if len(failed) > 6 else "")
     if critical:
-        return Verdict.NO_GO, f"{len(critical)} critical finding(s) across phase points: {critical[0].title}"
+        return Verdict.NO_GO, _critical_reason(critical)
     pending = [r for r in records if r.status in (Status.SKIP, Status.UNMEASURED)]
     if missing or pending or outdated or unknown:
         parts = [f"{len(missing) + len(outdated)} point(s) not run"] if missing or outdated else []
@@ -112,6 +112,15 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
     if not records:
         return Verdict.INCOMPLETE, "no results stored"
     return Verdict.GO, f"all {len(records)} phase point(s) passed their gates"
+
+
+def _critical_reason(critical: list[Finding]) -> str:
+    """'1 critical finding: <its title>' / '3 critical findings, the first: <title>'. The title names
+    the phase and point (a cliff names the sweep point it fell at); it said '1 critical finding(s)
+    across phase points' of a finding about one point."""
+    if len(critical) == 1:
+        return f"1 critical finding: {critical[0].title}"
+    return f"{len(critical)} critical findings, the first: {critical[0].title}"
 
 
 def _failed_point(r: PhaseRecord) -> str:
@@ -142,6 +151,9 @@ class GoldenRecheck:
     """One line per gate whose verdict changed since the run ('phase [point]: PASS at the run, FAIL now')."""
     not_checked: list[str]
     """One line per gate that could not be evaluated again (its training.csv is gone)."""
+    no_golden: list[str]
+    """One 'phase [point]' per gate with no golden curve in the file now: nothing to re-check
+    against (the gate is UNMEASURED, naming the bless command); not counted in ``checked``."""
 
 
 def _recheck_goldens(records: list[PhaseRecord], points: list[PhasePoint], results_dir: Path, runbook: Runbook,
@@ -150,7 +162,7 @@ def _recheck_goldens(records: list[PhaseRecord], points: list[PhasePoint], resul
     blessed or replaced since the run changes the verdict the report shows, and says so): the
     records, re-judged where a gate changed, and what was found."""
     by_id = {p.test_id: p for p in points}
-    out, checked, changed, not_checked = [], 0, [], []
+    out, checked, changed, not_checked, no_golden = [], 0, [], [], []
     for r in records:
         point = by_id.get(r.test_id)
         stored = next((g for g in r.gates if g.metric == goldens.METRIC), None)
@@ -160,16 +172,18 @@ def _recheck_goldens(records: list[PhaseRecord], points: list[PhasePoint], resul
         check = goldens.recheck(point, stored, Path(results_dir) / r.out_dir, r.hardware)
         if check.now is None:
             not_checked.append(f"{where(r)} ({check.why_not}; the gate as stored at the run is shown)")
+        elif check.now.pending == Pending.NO_GOLDEN:
+            no_golden.append(where(r))
         else:
             checked += 1
         if check.changed:
             changed.append(f"{where(r)}: {stored.verdict} at the run, {check.now.verdict} now")
             r = rejudge(r, [check.now if g is stored else g for g in r.gates])
         out.append(r)
-    if not checked and not not_checked:
+    if not checked and not not_checked and not no_golden:
         return out, None
     return out, GoldenRecheck(goldens.GoldenFile.for_pair(runbook.path, runbook.name, profile.name).path.name,
-                              checked, changed, not_checked)
+                              checked, changed, not_checked, no_golden)
 
 
 def _recheck_thresholds(records: list[PhaseRecord], points: list[PhasePoint]) -> tuple[list[PhaseRecord], list[str]]:
@@ -302,6 +316,19 @@ def _hw_text(hw: Machine | None) -> str:
     return f"{hw.describe()} on {hw.hostname}"
 
 
+def report_path(results_dir: str | Path, runbook_name: str, profile_name: str) -> Path:
+    """<results>/reports/<runbook>__<profile>.md"""
+    return Path(results_dir) / "reports" / f"{runbook_name}__{profile_name}.md"
+
+
+def withdraw(results_dir: str | Path, runbook_name: str, profile_name: str) -> None:
+    """Remove the pair's report: a record of it is about to be replaced and the run directories the
+    old record names removed, which the report names too. A stop before the next report is
+    written then leaves no report rather than one naming runs that are gone (its plots stay until
+    the next render prunes them; the report is the index)."""
+    report_path(results_dir, runbook_name, profile_name).unlink(missing_ok=True)
+
+
 def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, runbook: Runbook | None = None,
            profile: Profile | None = None, plots: bool = True, now: str | None = None,
            template: str = "report.md.j2", baseline: Path | None = None) -> Rendered:
@@ -330,7 +357,7 @@ def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, run
         ctx["results_prefix"] = os.path.relpath(results_dir, report_dir)
         text = render_text(ctx, template)
         report_dir.mkdir(parents=True, exist_ok=True)
-        path = report_dir / f"{stem}.md"
+        path = report_path(results_dir, runbook_name, profile_name)
         # a unique temp file: two harness runs rendering the same report must not share one
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=report_dir)
         with os.fdopen(fd, "w") as fh:

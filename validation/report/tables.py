@@ -56,7 +56,8 @@ def phase_tables(records: list[PhaseRecord], shared: set[str] | frozenset[str] =
     for r in records:
         keys = r.params_order or sorted(r.key.params)
         ph = phases.setdefault(r.phase, {"name": r.phase, "kind": r.kind, "rows": [], "sweep_keys": keys,
-                                         "shared": False, "repeats": []})
+                                         "shared": False, "repeats": [], "cpu_memory": False})
+        ph["cpu_memory"] = ph["cpu_memory"] or r.accelerator == "cpu"
         m = r.metrics
         mark = SHARED_MARK if r.test_id in shared else ""
         ph["shared"] = ph["shared"] or bool(mark)

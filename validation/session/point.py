@@ -5,8 +5,9 @@ session/resume.py).
 
 Order of a point: it is checked launchable before anything is touched (a trainer root not set
 is no record at all); the store is checked readable; the point runs into a directory of its own,
-``runs/<runbook>/<profile>/<phase>/<point>/<run id>``; its record is stored, and only then are the
-point's older run directories removed (``prune``). A point this machine skips leaves a SKIP
+``runs/<runbook>/<profile>/<phase>/<point>/<run id>``; the pair's report, which names the older
+runs, is removed; its record is stored, and only then are the point's older run directories
+removed (``prune``). A point this machine skips leaves a SKIP
 record only where no run of it is stored: a record is replaced only by a run of that point that
 ran. After an interrupt at any moment the stored record and the artifacts it names agree.
 """
@@ -26,6 +27,7 @@ from validation.errors import HarnessError, StoreError
 from validation.judge.record import HARNESS_ERROR_FILE, TRAINER_KINDS, Evidence, NotRun, PhaseRecord, Status, utc_now
 from validation.launch import foreign, slurm
 from validation.machine import Machine
+from validation.report.build import withdraw
 from validation.runbook.hardware import mismatches, shortfalls
 from validation.runbook.plan import PhasePoint
 from validation.session import repeats, resume, runs
@@ -45,7 +47,9 @@ def cannot_launch(point: PhasePoint) -> str | None:
         if point.phase.kind not in TRAINER_KINDS or not spec.supports_phase(point.phase.kind):
             return None
         root, why = spec.root.resolve()
-        return why or foreign.missing_file(spec, root)
+        why = why or foreign.missing_file(spec, root)
+        # the runbook's trainer entry is at fault: its file is named, as a bad key's is on loading
+        return None if why is None else f"{point.runbook.path}: {why}"
     if point.phase.kind not in TRAINER_KINDS:
         return None
     name = point.phase.launcher.module
@@ -94,6 +98,7 @@ def run_point(point: PhasePoint, results_dir: Path, hw: Machine, skip: str | Non
             store.put_skip(record)
             return record
         record = execute(point, results_dir, hw, progress)
+        withdraw(results_dir, point.runbook.name, point.profile.name)  # it names the runs prune removes
         store.put(record)
         prune(results_dir, point, keep=record.out_dir)
     return record

@@ -156,3 +156,25 @@ def test_an_interrupt_while_the_report_is_written_says_every_point_was_stored(tm
     assert "not recorded" not in err and "points finished before" not in err, err
     assert ("nsa-validate: interrupted (SIGINT) while the report was written: every point ran and was stored; "
             "`nsa-validate report` writes its report") in err, err
+
+
+def test_an_interrupt_while_the_report_is_written_leaves_no_report_of_removed_runs(tmp_path, monkeypatch, capsys):
+    """user13: a second run stopped while it wrote its report left the first run's report, which
+    named run directories the second run had already removed (its records replaced them)."""
+    import validation.cli as cli
+
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase()])
+    results = tmp_path / "r"
+    args = ["run", "--runbook", str(rb), "--profile", "cpu", "--results-dir", str(results), "--no-plots"]
+    assert main(args) == 0
+    report = results / "reports" / "fake__cpu.md"
+    [first] = results.glob("runs/fake/cpu/baseline_ddp/default/*")
+    assert f"runs/fake/cpu/baseline_ddp/default/{first.name}/" in report.read_text()
+
+    def interrupted(session, pairs=None, interrupted=False):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "_render", interrupted)
+    assert main(args) == 130
+    assert not first.exists()  # the second run's record replaced it
+    assert not report.exists() or first.name not in report.read_text()
+    assert "`nsa-validate report` writes its report" in capsys.readouterr().err

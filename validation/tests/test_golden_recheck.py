@@ -63,3 +63,17 @@ def test_a_golden_unchanged_since_the_run_is_said_to_be_so(tmp_path):
     (res / stored.out_dir / "training.csv").unlink()
     ctx = _context(rb, res)
     assert ctx["verdict"] == "GO" and ctx["goldens"].not_checked[0].startswith("long_run [default] (")
+
+
+def test_a_gate_without_a_golden_curve_is_not_counted_as_re_checked(tmp_path):
+    """user13: a golden phase run before any curve was blessed read '1 golden gate(s) re-checked at
+    report time ...: none changed since the run': there was no curve to re-check it against."""
+    rb, res = write_runbook(tmp_path / "rb.yaml", [train_phase("long_run", golden_steps=4, gates=[])]), tmp_path / "res"
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"]) == 0
+    ctx = _context(rb, res)
+    assert ctx["verdict"] == "INCOMPLETE"
+    assert (ctx["goldens"].checked, ctx["goldens"].no_golden) == (0, ["long_run [default]"])
+    text = render_text({**ctx, "results_prefix": ".."})
+    assert "re-checked at report time against `fake__cpu.yaml` as it is now" not in text
+    assert ("- **Golden curves**: no golden gate re-checked at report time against `fake__cpu.yaml`; no golden curve "
+            "there for: long_run [default]") in text

@@ -73,6 +73,22 @@ def test_bad_csv_is_named(tmp_path, content, words):
         read_training_csv(tmp_path)
 
 
+@pytest.mark.parametrize("bad", ["nan", "inf"])
+def test_a_tokens_per_s_that_is_not_finite_in_any_row_breaks_the_contract(tmp_path, bad):
+    """user13: a trainer that logged nan tokens/s at step 2 (outside the gate's window) was GO, and
+    check-artifacts said OK; one that logged it inside the window crashed the harness
+    (statistics.pstdev of a nan). Every logged step's tokens/s is a finite number."""
+    _csv(tmp_path, [_row(s, bad if s == 2 else 100.0) for s in range(1, 9)])
+    found = read_contract(tmp_path)
+    [item] = [i for i in found.items if i.field == "toks_per_s"]
+    assert item.problem and item.detail.startswith(f"step 2 holds {bad} (1 of 8 rows)"), item.line()
+
+
+def test_the_stdev_of_a_window_with_a_nan_is_no_value_not_a_crash(tmp_path):
+    df = _csv(tmp_path, [_row(s, "nan" if s == 7 else 100.0) for s in range(1, 9)])
+    assert compute("toks_per_s_stdev", RunData(tmp_path, csv=df), 4) is None
+
+
 def test_gates_use_the_operator_table_only():
     assert set(OPS) == {">=", ">", "<=", "<", "==", "!="}
     assert check(39.0, ">=", 39.0) == GateVerdict.PASS and check(38.9, ">=", 39.0) == GateVerdict.FAIL
@@ -157,3 +173,18 @@ def test_run_timeout_kills_and_reports(tmp_path):
 def test_missing_executable_is_exit_127(tmp_path):
     res = runner.run(["/nonexistent/binary"], env={}, cwd=tmp_path, timeout_s=5, log_dir=tmp_path)
     assert res.exit_code == 127 and "cannot start" in res.stderr_tail()
+
+
+@pytest.mark.parametrize("world,scale,flagged", [(2, 0.5, True), (1, 2.0, True), (2, 1.0, False), (2, 1.2, False)])
+def test_a_tokens_per_s_that_is_not_the_global_rate_breaks_the_contract(tmp_path, world, scale, flagged):
+    """user13: my two-rank trainer logged one rank's tokens/s (half the global rate) and was GO,
+    check-artifacts OK. env.json's tokens_per_step (global tokens a step) over step_time_s is the
+    global rate; a toks_per_s off by more than RATE_FACTOR is malformed."""
+    _csv(tmp_path, [[s, 2.0, 1e-4, scale * 1000 / 0.5, 0.5, 1.0, 0.5, 1.0] for s in range(1, 9)])
+    (tmp_path / "env.json").write_text(json.dumps({"world_size": world, "tokens_per_step": 1000}))
+    items = [i for i in read_contract(tmp_path).items if i.field == "toks_per_s"]
+    assert bool(items) == flagged, [i.line() for i in items]
+    if flagged:
+        assert items[0].problem and items[0].detail.startswith(
+            f"toks_per_s x step_time_s is {scale:g}x env.json's tokens_per_step 1000 (the median over 8 rows)")
+        assert ("it reads as one rank's rate" in items[0].detail) == (world == 2)

@@ -144,6 +144,7 @@ def test_a_trainer_script_that_is_not_there_leaves_the_stored_record_and_its_run
     assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-plots"]) == 2
     err = capsys.readouterr().err
     assert "cannot launch here, nothing was run" in err and "trainer.script: 'native_trian.py'" in err, err
+    assert f"{rb}: trainer.script: 'native_trian.py'" in err, err  # user13: the runbook's file, as for a bad key
     (kept,) = ResultStore(res).records()
     assert kept.run_id == stored.run_id and kept.status == Status.PASS and (res / kept.out_dir).is_dir()
 

@@ -116,3 +116,17 @@ def test_the_verdict_line_says_a_hung_rank_was_stopped_and_has_no_stack():
     assert "two [default] (rank 1 hung (stopped, no stack; last heartbeat" in status_of([rec], [], find([rec]))[1]
     # a rank of no stack that was not stopped (py-spy failed on it) says only that it has none
     assert verdict_line(_frozen("sleeping")).startswith("rank 1 hung (no stack; last heartbeat step 3, stage forward) — ")
+
+
+def test_the_status_line_counts_critical_findings_in_words_that_fit_their_number():
+    """user13: one throughput cliff of one sweep point read '1 critical finding(s) across phase
+    points: ...'; the count is now said in the singular or the plural, and the title names where."""
+    from validation.judge.findings.finding import Finding, Severity
+
+    passed = _record(Status.PASS, "2 gate(s) passed", exit_code=0)
+    cliff = Finding(Severity.CRITICAL, "sweep", "throughput cliff in sweep at [batch_size=2]: 6.0 toks/s after 165.0")
+    spike = Finding(Severity.CRITICAL, "two", "loss diverging in two [default]")
+    verdict, reason = status_of([passed], [], [cliff])
+    assert str(verdict) == "NO-GO" and reason == f"1 critical finding: {cliff.title}", reason
+    _, reason = status_of([passed], [], [cliff, spike])
+    assert reason == f"2 critical findings, the first: {cliff.title}", reason

@@ -129,11 +129,11 @@ def fallbacks(records: list[PhaseRecord]) -> list[Finding]:
 
 def best_setting(records: list[PhaseRecord]) -> list[Finding]:
     """The runbook's rule for a sweep of one parameter: the highest mean wins; every point whose
-    process finished counts, gates passed or not. A winner is named only when it stands clear of
-    the runner-up: for repeated points, when their t-intervals over the repeats do not overlap
-    (validation/judge/interval.py); for points run once, when its lead is larger than the
-    run-to-run spread (the larger of the two points' stdev of tokens/s over the window).
-    Otherwise the finding says that the top points cannot be told apart."""
+    process finished counts, gates passed or not. A winner is named only when its lead beats the
+    run-to-run spread: when the two leading points ran repeatedly and their t-intervals over the
+    repeats do not overlap (validation/judge/interval.py). A point run once says nothing of that
+    spread (its stdev over the window is step to step within one run: three runs of one setting
+    named False, True and neither the best), so then the finding says it cannot tell."""
     out = []
     for phase, recs in _by_phase(reliable(records)).items():
         recs = [r for r in recs if len(r.key.params) == 1 and r.exit_code == 0 and _toks(r) is not None]
@@ -143,21 +143,20 @@ def best_setting(records: list[PhaseRecord]) -> list[Finding]:
         intervals = interval(best), interval(second)
         if None not in intervals:
             out.append(_best_by_intervals(phase, best, second, *intervals))
-            continue
-        spread = max(best.metrics.toks_per_s_stdev or 0.0, second.metrics.toks_per_s_stdev or 0.0)
-        lead = _toks(best) - _toks(second)
-        if lead > spread:
-            note = "" if best.status == Status.PASS else f"; its gates: {best.status}"
-            out.append(Finding(Severity.INFO, phase, (
-                f"best setting in {phase}: {point_label(best)} (mean {_toks(best):,.1f} toks/s, stdev "
-                f"{best.metrics.toks_per_s_stdev or 0:,.1f}, {best.window}; {lead:,.1f} ahead of {point_label(second)}, "
-                f"more than the spread {spread:,.1f}{note})"), kind="best", facts=Facts.of(best)))
         else:
-            out.append(Finding(Severity.INFO, phase, (
-                f"no best setting in {phase}: {point_label(best)} ({_toks(best):,.1f} toks/s) leads "
-                f"{point_label(second)} ({_toks(second):,.1f}) by {lead:,.1f}, within the run-to-run spread "
-                f"(stdev {spread:,.1f} toks/s, {best.window})"), kind="best", facts=Facts.of(best)))
+            out.append(_best_unknown(phase, best, second))
     return out
+
+
+def _best_unknown(phase: str, best: PhaseRecord, second: PhaseRecord) -> Finding:
+    """The best-setting finding where a leading point ran once: no run-to-run spread to judge by."""
+    once = [point_label(r) for r in (best, second) if interval(r) is None]
+    return Finding(Severity.INFO, phase, (
+        f"no best setting in {phase}: {point_label(best)} ({_toks(best):,.1f} toks/s) leads {point_label(second)} "
+        f"({_toks(second):,.1f}) by {_toks(best) - _toks(second):,.1f}, but {' and '.join(once)} ran once, which "
+        "cannot tell a lead from run-to-run noise (the stdev over the window is step to step within one run); "
+        "`repeats: 3` on the phase names a best setting when the intervals separate"), kind="best",
+        facts=Facts.of(best))
 
 
 def _best_by_intervals(phase: str, best: PhaseRecord, second: PhaseRecord, a: Interval, b: Interval) -> Finding:

@@ -12,6 +12,7 @@ from validation.judge.findings.headline import verdict_line
 from validation.judge.gates import REPEAT_LOSS_METRIC
 from validation.judge.interval import CONFIDENCE, interval, repeat_values
 from validation.judge.metrics import METRICS
+from validation.judge.provenance import short_commit
 from validation.judge.record import PhaseRecord, Status, SubRun
 
 #: the pytest test that runs one phase point (validation/tests/test_acceptance.py)
@@ -158,7 +159,7 @@ def artifact_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
     rows = []
     for r in records:
         when = _minute(started(r))
-        ran = None if when is None else when + (f" at {r.ran_at[:12]}" if r.ran_at else "")
+        ran = None if when is None else when + (f" at {short_commit(r.ran_at)}" if r.ran_at else "")
         if r.runs:
             rows += [{"phase": r.phase, "point": f"{point_label(r)}, {s.label}", "out_dir": s.out_dir, "files": s.files,
                       "ran": ran} for s in r.runs]

@@ -222,6 +222,14 @@ def rerun_line(r: PhaseRecord, runbook: str | None = None, profile: str | None =
             f"--profile {shlex.quote(profile or r.key.profile)}{store}")
 
 
+def rerun_phases_line(phases: list[str], runbook: str, profile: str, results_dir: str | None = None) -> str:
+    """The harness command (Markdown) that re-runs every point of ``phases`` of this report's
+    runbook (its new records replace theirs), as advice names it."""
+    store = f" --results-dir={shlex.quote(results_dir)}" if results_dir else ""
+    return (f"`pytest {shlex.quote(str(ACCEPTANCE_TESTS))} -m {shlex.quote(' or '.join(phases))} "
+            f"--runbook {shlex.quote(runbook)} --profile {shlex.quote(profile)}{store}`")
+
+
 def missing_line(points: list[Any], missing: list[str], runbook: str | None, profile: str | None,
                  results_dir: str | None) -> str:
     """What the report says above the points with no record: that none is stored, and the

@@ -15,6 +15,18 @@ from nsa.contract import ENV_JSON
 #: a revision names a commit: git describe's output or a hash, never words with spaces ('unknown
 #: (git unavailable ...)' is what a trainer writes when it could not tell)
 _REVISION = re.compile(r"^\S+$")
+#: git describe --always --dirty --abbrev=40: '<hash>', 'v1-3-g<hash>', either with '-dirty'
+_DESCRIBED = re.compile(r"(?:.*-g)?([0-9a-f]{7,40})(-dirty)?")
+#: the suffix git describe --dirty adds for a tree with uncommitted changes
+DIRTY = "-dirty"
+
+
+def short_commit(sha: str) -> str:
+    """A commit as the report names it: its hash to 12 digits, keeping git describe's '-dirty' (a
+    tree with uncommitted changes on that commit): '5bb667bbc52a-dirty', never '5bb667bbc52a' for
+    both the commit and its edited tree. Anything else (a tag alone) as it is."""
+    m = _DESCRIBED.fullmatch(sha)
+    return m.group(1)[:12] + (m.group(2) or "") if m else sha
 
 
 def trainer_commit(env: dict[str, Any] | None, found: str | None,

@@ -43,6 +43,7 @@ from validation.report.tables import (
     ran_span,
     reproduce_rows,
     rerun_line,
+    rerun_phases_line,
     toggles,
 )
 from validation.runbook.plan import PhasePoint, expand
@@ -262,7 +263,9 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "counts": counts(records, missing + [o.record.test_id for o in outdated]),
         "toggles": toggles(records),
         "findings": findings,
-        "recommendations": recommendations(findings),
+        "recommendations": recommendations(findings, lambda phases: rerun_phases_line(
+            phases, runbook.cli_name if runbook else runbook_name, profile.cli_name if profile else profile_name,
+            store_arg)),
         "gates": gate_rows(records) + (comparison.gate_rows() if comparison else []),
         "baseline": comparison,
         "regression_key": baseline_cmp.REGRESSION_KEY,

@@ -7,10 +7,12 @@ import shlex
 from typing import Any
 
 from validation import REPO_ROOT
-from validation.judge.findings.finding import point_label
+from validation.judge.findings.finding import point_label, repeat_part
 from validation.judge.findings.headline import verdict_line
+from validation.judge.gates import REPEAT_LOSS_METRIC
 from validation.judge.interval import CONFIDENCE, interval, repeat_values
 from validation.judge.metrics import METRICS
+from validation.judge.provenance import short_commit
 from validation.judge.record import PhaseRecord, Status, SubRun
 
 #: the pytest test that runs one phase point (validation/tests/test_acceptance.py)
@@ -28,10 +30,25 @@ def gate_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
                 thr = f"{cell(thr)} ({g.threshold_ref})"
             # the runbook's words for the gate, else the catalogue's for its metric
             meaning = g.description or (METRICS[g.metric].description if g.metric in METRICS else "")
-            rows.append({"phase": r.phase, "point": point_label(r), "metric": g.metric, "value": g.value, "op": g.op,
+            rows.append({"phase": r.phase, "point": point_label(r) if g.metric == REPEAT_LOSS_METRIC else gated_run(r),
+                         "metric": g.metric, "value": g.value, "op": g.op,
                          "threshold": thr, "window": g.window, "verdict": str(g.verdict), "csv": csv,
                          "description": meaning + (f" ({g.note})" if g.note else "")})
     return rows
+
+
+def gated_run(r: PhaseRecord) -> str:
+    """The gates table's name of the run whose values a record's gates hold: the point, and for a
+    repeated point the repeat that decided it and how every repeat fared ('fused_adamw=False,
+    repeat 3 of 3 (every repeat PASS)'): its gate values are that one run's, not the repeats' mean
+    that the phase table shows."""
+    part = repeat_part(r)
+    if not part:
+        return point_label(r)
+    statuses = [str(s.status) for s in r.runs if s.name.startswith("repeat")]
+    fared = (f"every repeat {statuses[0]}" if len(set(statuses)) == 1
+             else "repeats: " + ", ".join(f"{k} {st}" for k, st in enumerate(statuses, 1)))
+    return f"{point_label(r)}, {part} ({fared})"
 
 
 def _backends(r: PhaseRecord) -> str | None:
@@ -69,7 +86,7 @@ def phase_tables(records: list[PhaseRecord], shared: set[str] | frozenset[str] =
             "status": str(r.status), "reason": verdict_line(r),
             "mean": _marked(m.toks_per_s_mean if ci is None else f"{cell(ci.mean)} ± {cell(ci.half)}", mark),
             "stdev": m.toks_per_s_stdev, "step_time": _marked(m.step_time_s_mean, mark),
-            "mem": m.mem_reserved_gb_max, "steps": m.steps_completed, "wall_s": r.wall_s,
+            "mem": _peak_mem(r), "steps": m.steps_completed, "wall_s": r.wall_s,
             "window": r.window, "passed": m.tests_passed, "failed": m.tests_failed,
             "gpu_busy": _marked(m.gpu_busy_frac, mark), "host_pause": m.gpu_host_pause_ms,
             "python_overhead": m.python_overhead_frac,
@@ -85,6 +102,13 @@ def phase_tables(records: list[PhaseRecord], shared: set[str] | frozenset[str] =
         ph["flops"] = _flops_line(ph["rows"])
         ph["confidence"] = f"{CONFIDENCE:.0%}"
     return list(phases.values())
+
+
+def _peak_mem(r: PhaseRecord) -> float | None:
+    """Peak reserved memory: of a repeated point the highest of its repeats' peaks (its record
+    holds their mean, which is no run's peak)."""
+    peaks = [v for s in r.runs if s.name.startswith("repeat") and (v := s.metrics.mem_reserved_gb_max) is not None]
+    return max(peaks) if peaks else r.metrics.mem_reserved_gb_max
 
 
 def _percent(value: float | None) -> str | None:
@@ -136,7 +160,7 @@ def artifact_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
     rows = []
     for r in records:
         when = _minute(started(r))
-        ran = None if when is None else when + (f" at {r.ran_at[:12]}" if r.ran_at else "")
+        ran = None if when is None else when + (f" at {short_commit(r.ran_at)}" if r.ran_at else "")
         if r.runs:
             rows += [{"phase": r.phase, "point": f"{point_label(r)}, {s.label}", "out_dir": s.out_dir, "files": s.files,
                       "ran": ran} for s in r.runs]
@@ -197,6 +221,14 @@ def rerun_line(r: PhaseRecord, runbook: str | None = None, profile: str | None =
               else f"{shlex.quote(str(ACCEPTANCE_TESTS))} -m {r.phase}")
     return (f"pytest {select} --runbook {shlex.quote(runbook or r.key.runbook)} "
             f"--profile {shlex.quote(profile or r.key.profile)}{store}")
+
+
+def rerun_phases_line(phases: list[str], runbook: str, profile: str, results_dir: str | None = None) -> str:
+    """The harness command (Markdown) that re-runs every point of ``phases`` of this report's
+    runbook (its new records replace theirs), as advice names it."""
+    store = f" --results-dir={shlex.quote(results_dir)}" if results_dir else ""
+    return (f"`pytest {shlex.quote(str(ACCEPTANCE_TESTS))} -m {shlex.quote(' or '.join(phases))} "
+            f"--runbook {shlex.quote(runbook)} --profile {shlex.quote(profile)}{store}`")
 
 
 def missing_line(points: list[Any], missing: list[str], runbook: str | None, profile: str | None,

@@ -5,6 +5,7 @@ records; the few runs use the fake trainer (validation/tests/fake_trainer.py).""
 from __future__ import annotations
 
 import io
+import shlex
 import signal
 import subprocess
 import sys
@@ -379,3 +380,24 @@ def test_a_results_dir_that_cannot_be_written_is_a_usage_error(tmp_path, capsys,
     for results in (ro, ro / "new"):
         assert main(["run", "--runbook", str(rb), "--results-dir", str(results), "--no-plots"]) == 2
         assert f"results directory {results}: cannot write in {ro} (Read-only file system)" in capsys.readouterr().err
+
+
+def test_the_advice_re_runs_the_failed_phases_of_the_reports_own_runbook(tmp_path):
+    """Recommendations said 're-run only that phase: `pytest -m bucket_sweep` with the same
+    --profile and --results-dir': without --runbook that re-ran cpu_smoke's bucket_sweep (the
+    default runbook's phase of that name) into this store, never the failed point of a runbook
+    given by path; and advice shared by two phases named only the first's command. Run as printed
+    (collection only), it now selects exactly the failed phases' points of this report's runbook."""
+    path = write_runbook(tmp_path / "rb.yaml", [train_phase("bucket_sweep", fault="crash:step=2"),
+                                                train_phase("long_run", fault="crash:step=2"), train_phase("single")])
+    assert main(["run", "--runbook", str(path), "--results-dir", str(tmp_path / "res")]) == 1
+    advice = (tmp_path / "res" / "reports" / "fake__cpu.md").read_text().split("## Recommendations")[1]
+    [crash] = [line for line in advice.splitlines() if "Read the traceback" in line]
+    assert crash.startswith("1. bucket_sweep, long_run: ")
+    command = crash.split("re-run only that phase: `")[1].split("`")[0]
+    assert f"--runbook {path} --profile cpu --results-dir={tmp_path / 'res'}" in command
+    out = subprocess.run([*shlex.split(command.replace("pytest", f"{sys.executable} -m pytest", 1)), "--collect-only",
+                          "-q", "-p", "no:cacheprovider"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    collected = sorted(line for line in out.stdout.splitlines() if "::test_phase[" in line)
+    assert collected == ["validation/tests/test_acceptance.py::test_phase[fake/cpu/bucket_sweep/default]",
+                         "validation/tests/test_acceptance.py::test_phase[fake/cpu/long_run/default]"], out.stdout

@@ -4,13 +4,18 @@ baseline drop is a regression, only when the intervals separate. The fake traine
 noise is made to order (NSA_FAKE_TOKS_BY_REPEAT: a factor per repeat)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from validation.cli import main
-from validation.judge.gates import GateVerdict
+from validation.judge.gates import REPEAT_LOSS_METRIC, GateResult, GateVerdict
 from validation.judge.interval import Interval, interval
-from validation.judge.record import Status
+from validation.judge.findings import find
+from validation.judge.record import Evidence, PhaseRecord, PointKey, Status, SubRun, Summary
+from validation.judge.stability import Spike
 from validation.report.build import build_context
+from validation.report.tables import gate_rows, phase_tables
 from validation.runbook.load import load_profile, load_runbook
 from validation.tests.conftest import train_phase, write_runbook
 
@@ -84,3 +89,53 @@ def test_a_baseline_drop_inside_the_repeats_noise_is_no_regression(tmp_path, noi
     if not regression:
         assert point.note.startswith("a drop of 55.0% inside the repeats' noise: this run's 90.5 ± ")
         assert ctx["verdict"] == "GO"
+
+
+def _repeated(statuses: list[str], decides: int, peaks: list[float], **evidence) -> PhaseRecord:
+    """A stored record of a point run len(statuses) times whose record holds repeat ``decides``."""
+    subs = [SubRun(f"repeat{k}", f"repeat {k} of {len(statuses)}", f"runs/ab/repeat{k}", Status(st), "",
+                   metrics=Summary(toks_per_s_mean=100.0, mem_reserved_gb_max=peak))
+            for k, (st, peak) in enumerate(zip(statuses, peaks), 1)]
+    return PhaseRecord(PointKey("rb", "cpu", "ab"), "rb/cpu/ab/default", "train", Status(statuses[decides - 1]), "",
+                       out_dir=f"runs/ab/repeat{decides}", runs=subs, exit_code=0,
+                       metrics=Summary(toks_per_s_mean=100.0, mem_reserved_gb_max=sum(peaks) / len(peaks)),
+                       evidence=Evidence(**evidence))
+
+
+def test_the_gates_table_names_the_repeat_its_values_are_of(fake_run):
+    """The gates table showed a repeated point's gate values (the deciding repeat's) under the
+    point's name alone, beside a phase table of the repeats' mean: 120,778 tok/s in the gates,
+    123,122 ± 5,048 in the table (docs/examples/2026-11-27c_h100, fused_adamw)."""
+    gates = [{"metric": "toks_per_s_mean", "op": ">=", "threshold": 150, "window": "last 5 steps"}]
+    run = fake_run([train_phase("ab", gates=gates, repeats=3, env={"NSA_FAKE_TOKS_BY_REPEAT": "1.0,0.5,1.0"})])
+    assert "| ab | default, repeat 2 of 3 (repeats: 1 PASS, 2 FAIL, 3 PASS) | toks_per_s_mean | 100.6 |" in run.report
+    assert "gate failed in ab [default], repeat 2 of 3: toks_per_s_mean = 100.6, needs >= 150" in run.report
+    passed = fake_run([_sweep(WIDE, [1.0], repeats=2)])
+    assert "| sweep | NSA_FAKE_TOKS_SCALE=1.0, repeat 2 of 2 (every repeat PASS) | loss_finite |" in passed.report
+
+
+def test_a_repeated_points_findings_name_the_repeat_they_are_of():
+    """A spike found in one repeat's training.csv was said of the point ('gradient-norm spike in
+    fused_adamw [fused_adamw=True] at step 56'), as if every run of it had spiked."""
+    spike = Spike("grad_norm", 56, 25.83, 0.4341, 980.0, 6.0)
+    [title] = [f.title for f in find([_repeated(["PASS"] * 3, 3, [1.0] * 3, spikes=[spike])]) if f.kind == "spike"]
+    assert title.startswith("gradient-norm spike in ab [default], repeat 3 of 3 at step 56: 25.83")
+
+
+def test_a_repeated_points_peak_memory_is_the_highest_repeats():
+    """'Peak reserved (GB)' of a repeated point was the mean of its repeats' peaks: no run's peak,
+    and below the memory that one of them needed."""
+    rec = _repeated(["PASS"] * 3, 3, [4.0, 6.5, 4.5])
+    [row] = phase_tables([rec])[0]["rows"]
+    assert rec.metrics.mem_reserved_gb_max == 5.0 and row["mem"] == 6.5
+
+
+def test_the_repeats_own_gate_is_the_points_not_one_repeats():
+    """repeat_loss_rel_diff compares the repeats with each other: its row and its finding name the
+    point, while the gates of one run name the repeat they are of."""
+    agree = GateResult(REPEAT_LOSS_METRIC, "<=", 1e-4, "steps 1-4", 0.01, GateVerdict.FAIL)
+    finite = GateResult("loss_finite", "==", 1, "all steps", 1, GateVerdict.PASS)
+    rec = dataclasses.replace(_repeated(["FAIL", "FAIL"], 1, [1.0, 1.0]), gates=[agree, finite])
+    assert [row["point"] for row in gate_rows([rec])] == ["default", "default, repeat 1 of 2 (every repeat FAIL)"]
+    [title] = [f.title for f in find([rec]) if f.kind == "repeats"]
+    assert title.startswith("gate failed in ab [default]: repeat_loss_rel_diff = 0.01")

@@ -188,3 +188,21 @@ def test_a_runbook_trainer_of_no_recorded_commit_did_not_run_at_the_harnesss():
     assert unknown.ran_at is None
     known = dataclasses.replace(_point("ddp", "train", "c" * 40, trainer="mine", started="10"), trainer_sha="d" * 40)
     assert not [f for f in find([unknown, known]) if f.kind == "commits"]
+
+
+def test_a_tree_with_uncommitted_changes_is_named_apart_from_its_commit():
+    """Points run before and after an edit of the tree ran at '5bb667bb...' and '5bb667bb...-dirty':
+    the warning read '12 of them not at the newest, 5bb667bbc52a' and listed 'commit 5bb667bbc52a
+    (the newest): ...' above 'commit 5bb667bbc52a: ...', two commits of one name."""
+    sha = "5bb667bbc52a6ae707161cb1b511d522a5454efc"
+    records = [_point("sanity", "pytest", sha), _point("long_run", "train", sha + "-dirty", started="10")]
+    [finding] = [f for f in find(records) if f.kind == "commits"]
+    assert finding.title == ("the points ran at 2 commits of the trainer: 1 of them not at the newest, "
+                             "5bb667bbc52a-dirty, so this verdict is not one commit's")
+    assert finding.detail[:2] == ["commit 5bb667bbc52a-dirty (the newest): long_run [default]",
+                                  "commit 5bb667bbc52a: sanity [default]"]
+    assert finding.detail[2].startswith("-dirty: the tree had uncommitted changes when the point ran")
+    # git describe of a tagged history names the same commit by its hash
+    tagged = [_point("sanity", "pytest", "v1.0-3-g" + sha), _point("long_run", "train", "a" * 40, started="10")]
+    [finding] = [f for f in find(tagged) if f.kind == "commits"]
+    assert finding.detail == ["commit aaaaaaaaaaaa (the newest): long_run [default]", "commit 5bb667bbc52a: sanity [default]"]

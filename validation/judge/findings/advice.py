@@ -4,13 +4,16 @@ and its halting behaviour only for this project's trainer, collectives only for 
 stack dumps only where some were written, CUDA graphs only on CUDA."""
 from __future__ import annotations
 
+import shlex
 from typing import Callable
 
 from validation.judge.findings.finding import Facts, Finding, Severity
 from validation.judge.findings.nodes import NODE_ADVICE, STOPPED_ADVICE
 from validation.judge.misses import Miss
 
-_RERUN = "re-run only that phase: `pytest -m {phase}` with the same --profile and --results-dir"
+#: where advice says how to re-run the phases it names: the command that does
+#: (``recommendations``' ``rerun``), with this report's runbook, profile and results directory
+_RERUN = "re-run only that phase: {rerun}"
 
 
 def _crash(f: Facts) -> str:
@@ -113,7 +116,7 @@ def _short(f: Facts) -> str:
 
 def _cliff(f: Facts) -> str:
     return ("Throughput collapses at a larger shape: compare that point's peak memory and step time with the one "
-            "before (allocator thrash or recompilation); run the two points alone with `pytest -m {phase} -k ...`.")
+            "before (allocator thrash or recompilation); run the two points alone with their lines under Reproduce.")
 
 
 def _host_bound(f: Facts) -> str:
@@ -241,7 +244,7 @@ def _regression(f: Facts) -> str:
     commits = ("this repository's commits between the baseline's and this one" if f.own_trainer
                else "the trainer's commits between the baseline's and this one (this repository's commits change "
                     "only the harness)")
-    return ("Throughput fell against the baseline: re-run the phase (`pytest -m {phase}`) to rule out noise, then "
+    return ("Throughput fell against the baseline: re-run the phase ({rerun}) to rule out noise, then "
             f"bisect {commits}; a drop that is intended needs a new baseline directory, not a looser threshold.")
 
 
@@ -258,14 +261,13 @@ def _golden(f: Facts) -> str:
             "allows. The finding names the golden's commit and this run's: where the trainer's numerics changed "
             "on purpose between them (kernels, defaults, data), check that this commit repeats itself (the phase's "
             f"`repeats: 2` gates its runs against each other{how}), then bless a new golden (`nsa-validate bless "
-            "--phase {phase}` with the same --runbook, --profile and --results-dir); otherwise bisect the commits "
+            "{bless}` with the same --runbook, --profile and --results-dir); otherwise bisect the commits "
             "between the two.")
 
 
 def _commits(f: Facts) -> str:
     return ("Points of this report ran at different commits of the trainer (kept records of earlier runs): re-run "
-            "the phases named, which ran at an older commit (`pytest -m <phase>` each, with the same --profile and "
-            "--results-dir), so that the verdict is the newest commit's alone.")
+            "the phases named, which ran at an older commit ({rerun}), so that the verdict is the newest commit's alone.")
 
 
 def _repeats(f: Facts) -> str:
@@ -346,13 +348,23 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
 }
 
 
-def recommendations(findings: list[Finding]) -> list[str]:
+def same_options(phases: list[str]) -> str:
+    """How advice re-runs ``phases`` where the report's runbook and store are not known."""
+    return f"`pytest -m {shlex.quote(' or '.join(phases))}` with the same --runbook, --profile and --results-dir"
+
+
+def recommendations(findings: list[Finding], rerun: Callable[[list[str]], str] = same_options) -> list[str]:
     """One line of advice per kind of problem and what is true of its runs (phases named),
-    critical first; findings whose facts give the same advice share its line."""
+    critical first; findings whose facts give the same advice share its line. ``rerun``: the
+    command (Markdown) that re-runs the phases given, every one of them: the report's has its
+    runbook, profile and results directory (without --runbook, ``pytest -m PHASE`` runs the
+    default runbook's phase of that name, or none)."""
     phases: dict[str, list[str]] = {}
     for f in findings:
         if f.kind in _ADVICE and f.severity != Severity.INFO:
             names = phases.setdefault(_ADVICE[f.kind](f.facts), [])
-            if f.phase not in names:
-                names.append(f.phase)
-    return [f"{', '.join(names)}: {advice.replace('{phase}', names[0])}" for advice, names in phases.items()]
+            for name in f.phase.split(", "):  # a finding across phases names them all
+                if name not in names:
+                    names.append(name)
+    return [f"{', '.join(names)}: " + advice.replace("{rerun}", rerun(names)).replace(
+        "{bless}", " ".join(f"--phase {n}" for n in names)) for advice, names in phases.items()]

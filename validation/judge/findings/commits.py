@@ -9,6 +9,7 @@ another commit than the trainer's points described another tree than the one jud
 from __future__ import annotations
 
 from validation.judge.findings.finding import Facts, Finding, Severity, where
+from validation.judge.provenance import DIRTY, short_commit
 from validation.judge.record import TRAINER_KINDS, PhaseRecord
 
 #: the kinds that run at this repository's root and record its commit (validation/launch/kinds.py
@@ -31,11 +32,14 @@ def mixed_commits(records: list[PhaseRecord]) -> list[Finding]:
     if len(groups) < 2:
         return []
     order = sorted(groups, key=lambda sha: max(r.started for r in groups[sha]), reverse=True)
-    detail = [f"commit {sha[:12]}{' (the newest)' if i == 0 else ''}: "
+    detail = [f"commit {short_commit(sha)}{' (the newest)' if i == 0 else ''}: "
               + ", ".join(where(r) for r in groups[sha]) for i, sha in enumerate(order)]
+    if any(sha.endswith(DIRTY) for sha in order):
+        detail.append(f"{DIRTY}: the tree had uncommitted changes when the point ran; which ones no record says, so "
+                      f"points of one {DIRTY} commit may have run different code: commit the changes and re-run")
     older = [r for sha in order[1:] for r in groups[sha]]
     phases = list(dict.fromkeys(r.phase for r in older))
     return [Finding(Severity.WARNING, ", ".join(phases),
                     f"the points ran at {len(groups)} commits of the trainer: {len(older)} of them not at the newest, "
-                    f"{order[0][:12]}, so this verdict is not one commit's",
+                    f"{short_commit(order[0])}, so this verdict is not one commit's",
                     detail, "commits", Facts.of(older[0]))]

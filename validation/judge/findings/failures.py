@@ -11,10 +11,11 @@ from validation.contract.torchrun_log import last_exception, short_exception
 from validation.judge.findings import stability
 from validation.judge.findings.culprit import Culprit, Did, NoStack, RankAt
 from validation.judge.findings.departed import departed, departure, ended_before, exited_0, failed_first, root_of
-from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where, where_run
+from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where, where_gated, where_run
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.findings.nodes import STRAGGLER_MIN_S, STRAGGLER_SHARE, missing_node
 from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult, GateVerdict
+from validation.judge.provenance import short_commit
 from validation.judge.record import HARNESS_ERROR_FILE, TRAINER_KINDS, NotRun, PhaseRecord, Status
 from validation.judge.resume import METRICS as RESUME_METRICS
 from validation.judge.verdict import Outcome
@@ -451,7 +452,7 @@ _EXPLAINED = {"idle_ranks", "halt"}
 def _golden_context(r: PhaseRecord) -> list[str]:
     """What tells a drift from the golden apart: the run's commit (the golden's is in the gate's
     note), and whether the point's repeats, where it has them, agree with each other."""
-    out = [f"this run: the trainer at commit {r.ran_at[:12]}"] if r.ran_at else []
+    out = [f"this run: the trainer at commit {short_commit(r.ran_at)}"] if r.ran_at else []
     agree = next((g for g in r.gates if g.metric == REPEAT_LOSS_METRIC and g.verdict == GateVerdict.PASS), None)
     if agree is not None:
         out.append(f"the point's repeats agree with each other ({agree.note}): this commit repeats itself, so its "
@@ -490,9 +491,10 @@ def failed_gates(records: list[PhaseRecord]) -> list[Finding]:
                               f"pausing it (a sync, an optimizer's launches, loading data){table}")
             if g.metric == GOLDEN_METRIC:
                 detail += _golden_context(r)
-            # a non-finite loss, a golden's drift and repeats that differ have advice of their own
+            # a non-finite loss, a golden's drift and repeats that differ have advice of their own;
+            # the repeats' own gate is of all of them, any other the deciding repeat's (named)
             kind = {"loss_finite": "nonfinite", GOLDEN_METRIC: "golden", REPEAT_LOSS_METRIC: "repeats"}.get(g.metric,
                                                                                                           "gate")
-            out.append(Finding(Severity.CRITICAL, r.phase, f"gate failed in {where(r)}: {g.text()}", detail, kind,
+            out.append(Finding(Severity.CRITICAL, r.phase, f"gate failed in {where(r) if g.metric == REPEAT_LOSS_METRIC else where_gated(r)}: {g.text()}", detail, kind,
                                Facts.of(r)))
     return out

@@ -108,6 +108,19 @@ def where_run(rec: PhaseRecord) -> str:
     return where(rec) + (f", {rec.part}" if rec.part else "")
 
 
+def repeat_part(rec: PhaseRecord) -> str:
+    """Of a repeated point, the repeat whose gates and evidence its record holds ('repeat 2 of 3':
+    the first that failed, else the last); '' for any other point."""
+    return rec.part if any(s.name.startswith("repeat") for s in rec.runs) else ""
+
+
+def where_gated(rec: PhaseRecord) -> str:
+    """'phase [point]', and for a repeated point the repeat whose gate values the record holds
+    ('ab [default], repeat 2 of 3'); a resume point's gates are the whole point's."""
+    part = repeat_part(rec)
+    return where(rec) + (f", {part}" if part else "")
+
+
 def last_heartbeat(rec: PhaseRecord, rank: int) -> str:
     """'last heartbeat step 4, stage data'; for a rank that wrote none, the file it was to write
     and whether it exists: 'no heartbeat written (heartbeat_rank1.jsonl has no record)'."""

@@ -4,7 +4,7 @@ end long before a leak matters, a run of days does not. The mem_growth_gb gate, 
 has one, judges; this says who grows and when it would end."""
 from __future__ import annotations
 
-from validation.judge.findings.finding import Facts, Finding, Severity, where
+from validation.judge.findings.finding import Facts, Finding, Severity, where_run
 from validation.judge.record import PhaseRecord
 
 
@@ -29,6 +29,6 @@ def memory_growth(records: list[PhaseRecord]) -> list[Finding]:
         detail.append(f"CSV and heartbeats: {r.out_dir}")
         rate = (f"ranks {ranks}, up to {fastest.gb_per_1k_steps:.3g} GiB per 1000 steps (rank {fastest.rank})"
                 if len(grown) > 1 else f"rank {ranks} at {fastest.gb_per_1k_steps:.3g} GiB per 1000 steps")
-        out.append(Finding(Severity.WARNING, r.phase, f"memory keeps growing in {where(r)}: {rate}{ends}", detail,
+        out.append(Finding(Severity.WARNING, r.phase, f"memory keeps growing in {where_run(r)}: {rate}{ends}", detail,
                            "memory_growth", Facts.of(r)))
     return out

@@ -6,7 +6,7 @@ record's evidence, found by the profile's rule when the point was judged
 (validation/judge/stability.py)."""
 from __future__ import annotations
 
-from validation.judge.findings.finding import Facts, Finding, Severity, where
+from validation.judge.findings.finding import Facts, Finding, Severity, where_run
 from validation.judge.record import PhaseRecord
 from validation.judge.stability import Spike
 
@@ -38,7 +38,7 @@ def spikes(records: list[PhaseRecord]) -> list[Finding]:
             detail.append(f"CSV: {r.out_dir}/training.csv ({col} column)")
             severity = Severity.CRITICAL if GATED_BY[col] in failed else Severity.WARNING
             out.append(Finding(severity, r.phase, (
-                f"{many} in {where(r)} " + ("(the first) " if len(found) > 1 else "") + f"at {first.text()}"),
+                f"{many} in {where_run(r)} " + ("(the first) " if len(found) > 1 else "") + f"at {first.text()}"),
                 detail, "spike", Facts.of(r)))
     return out
 
@@ -50,7 +50,7 @@ def divergence(records: list[PhaseRecord]) -> list[Finding]:
         rise = r.evidence.divergence
         if rise is None:
             continue
-        out.append(Finding(Severity.CRITICAL, r.phase, f"loss diverging in {where(r)} from step {rise.first_step}: "
+        out.append(Finding(Severity.CRITICAL, r.phase, f"loss diverging in {where_run(r)} from step {rise.first_step}: "
                            f"{rise.text()}", [f"CSV: {r.out_dir}/training.csv"], "diverging", Facts.of(r)))
     return out
 
@@ -66,7 +66,7 @@ def nonfinite(records: list[PhaseRecord]) -> list[Finding]:
         if step is None or (halt is not None and halt.source == "nonfinite") or any(
                 g.metric == "loss_finite" for g in r.failed_gates()):
             continue
-        out.append(Finding(Severity.CRITICAL, r.phase, f"non-finite loss in {where(r)}: first logged at step {step}, "
+        out.append(Finding(Severity.CRITICAL, r.phase, f"non-finite loss in {where_run(r)}: first logged at step {step}, "
                            "and the trainer did not stop on it (no .HALT); no loss_finite gate of the phase checks it",
                            [f"CSV: {r.out_dir}/training.csv (loss column)"], "nonfinite", Facts.of(r)))
     return out

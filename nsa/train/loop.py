@@ -148,6 +148,9 @@ class Trainer:
                 for diff in ckpt.schedule_differences(state["config"].get("train", {}), config_dict(cfg)["train"]):
                     self.log(f"[ckpt] warning: the LR schedule differs from the checkpoint's run: {diff}; the "
                              "learning rate of every step from here is that of the new schedule")
+                for diff in ckpt.data_differences(state["config"].get("data", {}), config_dict(cfg)["data"]):
+                    self.log(f"[ckpt] warning: the data differs from the checkpoint's run: {diff}; this run reads "
+                             f"its data from micro-batch {data_position} of the new data")
             elif (self.out / contract.TRAINING_CSV).exists():
                 # starting afresh over an earlier run: its training.csv is replaced, its checkpoints stay
                 self.log(f"[out] warning: {self.out} holds an earlier run; starting afresh at step 1 "

@@ -522,6 +522,36 @@ def test_resume_under_another_global_micro_batch_is_refused_naming_the_batch_tha
     assert [r["step"] for r in csv_rows(tmp_path)] == ["1", "2", "3", "4"]
 
 
+def test_resume_under_another_seq_len_is_refused_naming_both(tmp_path: Path, capsys):
+    """The data position counts micro-batches of rows of train.seq_len + 1 tokens; resumed with
+    another seq_len, a run went on without a word from a point of its text that the first run had
+    not reached (a longer row) or had trained on already (a shorter one)."""
+    data = tmp_path / "doc.txt"
+    data.write_text("".join(f"line {i} of a text file long enough for a few rows\n" for i in range(200)))
+    text = f"data.dataset=text data.path={data}"
+    assert train(tmp_path / "run", f"{text} train.run_steps=2", steps=4) == 0
+    capsys.readouterr()
+    assert train(tmp_path / "run", f"{text} train.resume=auto train.seq_len=32", steps=4) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rows of train.seq_len=64 (+1) tokens, this run's of 32" in err[0], err
+    assert "resume with train.seq_len=64" in err[0], err
+    assert train(tmp_path / "run", f"{text} train.resume=auto", steps=4) == 0
+
+
+def test_resume_on_other_data_says_what_differs(tmp_path: Path, capsys):
+    """Resumed on another dataset (or files, or text column), the run reads the new data from the
+    checkpoint's data position; it once did so without a word, as it does not for a model or LR
+    schedule that differs."""
+    assert train(tmp_path, "data.dataset=pattern train.run_steps=2", steps=4) == 0
+    capsys.readouterr()
+    assert train(tmp_path, "data.dataset=synthetic train.resume=auto", steps=4) == 0
+    out = capsys.readouterr().out
+    assert ("the data differs from the checkpoint's run: data.dataset: 'pattern' in the checkpoint, 'synthetic' "
+            "now; this run reads its data from micro-batch 2") in out, out
+    assert train(tmp_path, "data.dataset=synthetic data.loader_timeout_s=60 train.resume=auto", steps=5) == 0
+    assert "the data differs" not in capsys.readouterr().out  # how it is read is no other data
+
+
 def test_an_out_dir_deleted_during_the_run_stops_it_with_an_error(tmp_path: Path, monkeypatch):
     """Deleted mid-run (rm -rf of the out_dir), a run once wrote on into the deleted files, made the
     directory again for its checkpoints and ended with exit 0 and env.json 'completed', beside no

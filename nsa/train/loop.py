@@ -33,7 +33,7 @@ from . import checkpoint as ckpt
 from . import determinism, graphs
 from .config import Resolved, RunConfig, config_dict
 from .data import DocumentStream, Loader, build_source, run_tokens
-from .distributed import all_gather_stats, barrier, init_distributed, teardown, torchrun_env
+from .distributed import all_gather_stats, barrier, init_distributed, launch_time, teardown, torchrun_env
 from .faults import FaultInjector
 from .interrupt import CtrlC, StopRequest
 from .optim import build_optimizer, fused_adamw, lr_at, set_lr
@@ -206,8 +206,18 @@ class Trainer:
         print(f"[rank {self.info.rank}] {msg}", file=sys.stderr, flush=True)
 
     def _clear_stale_halt(self) -> None:
-        # a .HALT left by an earlier run would stop this one at once; it is recorded instead
-        self.previous_halt = read_halt(self.out)
+        """A .HALT left by an earlier run would stop this one at once: it is recorded and removed.
+        An operator's written since this run was launched (a stop asked for while it starts) is
+        this run's: kept, it stops the run after its first step. A watchdog's or the non-finite
+        guard's is an earlier run's whenever written (this run's own come later)."""
+        halt = read_halt(self.out)
+        if halt is not None and halt.get("source") not in (contract.HALT_WATCHDOG, contract.HALT_NONFINITE):
+            try:
+                if halt_path(self.out).stat().st_mtime >= launch_time():
+                    halt = None
+            except FileNotFoundError:
+                halt = None
+        self.previous_halt = halt
         barrier(self.info)
         if self.info.is_master and self.previous_halt is not None:
             halt_path(self.out).unlink(missing_ok=True)

@@ -6,6 +6,7 @@ import csv
 import json
 import re
 import math
+import os
 import socket
 import threading
 import time
@@ -303,6 +304,29 @@ def test_a_stale_halt_from_an_earlier_run_is_cleared_and_recorded(tmp_path: Path
     (tmp_path / ".HALT").write_text(json.dumps({"source": "watchdog", "rank": 1}))
     assert train(tmp_path, "", steps=1) == 0
     assert json.loads((tmp_path / "env.json").read_text())["previous_halt"]["source"] == "watchdog"
+
+
+def test_an_operators_halt_written_while_the_run_starts_stops_it_after_its_first_step(tmp_path: Path):
+    """An operator who stops a run seconds after launching it (a wrong config seen in the first
+    log lines), while it still imports and builds: the .HALT was removed as an earlier run's and
+    the run trained to its end. One written since the launch is this run's (here: since this
+    process started, the launch of an in-process run)."""
+    (tmp_path / ".HALT").touch()
+    assert train(tmp_path, "", steps=6) == 0
+    assert [r["step"] for r in csv_rows(tmp_path)] == ["1"]
+    envj = json.loads((tmp_path / "env.json").read_text())
+    assert envj["status"] == "stopped by operator .HALT after step 1" and envj["previous_halt"] is None
+    assert (tmp_path / "checkpoints" / "step_0000001.pt").exists()
+
+
+def test_an_operators_halt_older_than_the_launch_is_an_earlier_runs_and_cleared(tmp_path: Path):
+    halt = tmp_path / ".HALT"
+    halt.touch()
+    an_hour_ago = time.time() - 3600
+    os.utime(halt, (an_hour_ago, an_hour_ago))
+    assert train(tmp_path, "", steps=2) == 0
+    assert [r["step"] for r in csv_rows(tmp_path)] == ["1", "2"] and not halt.exists()
+    assert json.loads((tmp_path / "env.json").read_text())["previous_halt"]["source"] == "operator"
 
 
 def test_injected_crash_raises(tmp_path: Path):

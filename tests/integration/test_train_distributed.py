@@ -129,6 +129,30 @@ def test_sigterm_to_torchrun_stops_every_rank_after_the_same_step_and_resumes_th
 
 @pytest.mark.distributed
 @pytest.mark.slow
+def test_ctrl_c_to_one_rank_stops_every_rank_for_the_same_reason(tmp_path: Path):
+    """SIGINT to rank 1's process alone: both ranks stop after the same step, both as interrupted.
+    Rank 0, which saw only that some rank asked to stop, said 'stopped by operator .HALT' in
+    env.json (rank 0 writes it) and exited 0 beside rank 1's 130."""
+    import signal
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NSA_") and k != "CONFIG"}
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", NSA_FAULT="stall:step=2:seconds=3")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "-m", "nsa.train", "--config", "tiny", "--out-dir", str(tmp_path),
+                             "--override", f"{COMMON} train.batch_size=2"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0, beats = time.monotonic(), tmp_path / "heartbeat_rank1.jsonl"
+    while not (beats.exists() and '"stage": "step"' in beats.read_text()):  # step 1 logged by rank 1
+        assert proc.poll() is None and time.monotonic() - t0 < 180, "the run ended or stalled before step 1"
+        time.sleep(0.1)
+    os.kill(json.loads(beats.read_text().splitlines()[0])["pid"], signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert json.loads((tmp_path / "env.json").read_text())["status"] == "interrupted (Ctrl-C) after step 2", err[-3000:]
+    assert "[rank 0] Ctrl-C" not in err and "[rank 1] Ctrl-C: stopping after this step" in err, err[-3000:]
+    assert max(steps(tmp_path, 0)) == max(steps(tmp_path, 1)) == 2
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_a_stalled_rank_ends_the_run_with_every_ranks_stacks(tmp_path: Path):
     timeout_s, grace_s = 10, 5  # 10 s: set-up on a loaded 2-core CI must not trip it
     t0 = time.monotonic()

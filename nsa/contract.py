@@ -137,9 +137,13 @@ EXIT_WATCHDOG = 3
 EXIT_NONFINITE = 4
 EXIT_INTERRUPTED = 130
 """Stopped by Ctrl-C (128 + SIGINT, the shell's convention)."""
+EXIT_TERMINATED = 143
+"""Stopped by SIGTERM (a preemption), after the step in flight and its checkpoint: the trainer
+ends by SIGTERM itself, which a shell reports as 143 (128 + SIGTERM) and torchrun as signal 15."""
 EXIT_MEANING = {EXIT_OK: "done (or an operator's .HALT)", EXIT_ERROR: "unexpected error",
                 EXIT_INPUT: "bad config, data, checkpoint or backend request", EXIT_WATCHDOG: "watchdog stall",
-                EXIT_NONFINITE: "non-finite loss", EXIT_INTERRUPTED: "Ctrl-C"}
+                EXIT_NONFINITE: "non-finite loss", EXIT_INTERRUPTED: "Ctrl-C",
+                EXIT_TERMINATED: "SIGTERM (preemption), with a checkpoint"}
 
 # --- profiling on request ------------------------------------------------------------------------
 

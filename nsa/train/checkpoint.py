@@ -161,14 +161,34 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any], prefix: s
     return out
 
 
-def _check_data_position(path: Path, payload: dict[str, Any], batch: int, world: int) -> None:
-    """The data position counts global micro-batches of train.batch_size x world size rows
-    (nsa/train/data.py): under another product it would re-read or skip rows, silently."""
+#: the data keys that say which data a run reads (the others say how: timeouts, prefetch)
+DATA_KEYS = ("dataset", "path", "text_column", "tokenizer", "pattern_period")
+
+
+def data_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """'data.dataset: 'pattern' in the checkpoint, 'text' now' for each key of DATA_KEYS that
+    differs between the checkpoint's data config and this run's."""
+    return config_differences({k: saved.get(k) for k in DATA_KEYS}, {k: current.get(k) for k in DATA_KEYS}, "data")
+
+
+def _check_data_position(path: Path, payload: dict[str, Any], batch: int, world: int, seq_len: int) -> None:
+    """The data position counts global micro-batches of train.batch_size x world size rows of
+    train.seq_len + 1 tokens (nsa/train/data.py): under another product or another row length it
+    would re-read or skip data, silently."""
     train = payload["config"].get("train") if isinstance(payload["config"], dict) else None
     saved_batch, saved_world = (train or {}).get("batch_size"), payload["world_size"]
-    if not isinstance(saved_batch, int) or not isinstance(saved_world, int):
-        raise CheckpointError(f"{path}: not a whole checkpoint of format {FORMAT}: no train.batch_size in its "
-                              "config or no world_size, which its data position is counted in")
+    saved_seq = (train or {}).get("seq_len")
+    missing = [name for name, v in (("train.batch_size in its config", saved_batch),
+                                    ("train.seq_len in its config", saved_seq), ("world_size", saved_world))
+               if not isinstance(v, int)]
+    if missing:
+        raise CheckpointError(f"{path}: not a whole checkpoint of format {FORMAT}: no {', no '.join(missing)}, "
+                              "which its data position is counted in")
+    if saved_seq != seq_len:
+        raise CheckpointError(
+            f"{path}: its data position ({payload['data_position']} micro-batches) counts rows of "
+            f"train.seq_len={saved_seq} (+1) tokens, this run's of {seq_len}: resumed, it would re-read or skip "
+            f"data; resume with train.seq_len={saved_seq}")
     if saved_batch * saved_world == batch * world:
         return
     fits = (f"train.batch_size={saved_batch * saved_world // world}"
@@ -197,7 +217,7 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, i
     missing = [key for key in PAYLOAD_KEYS if key not in payload]
     if missing:
         raise CheckpointError(f"{path}: not a whole checkpoint of format {FORMAT}: no {', '.join(missing)}")
-    _check_data_position(path, payload, config["train"]["batch_size"], info.world_size)
+    _check_data_position(path, payload, config["train"]["batch_size"], info.world_size, config["train"]["seq_len"])
     opts = StateDictOptions(full_state_dict=True)
     try:
         set_model_state_dict(model, payload["model"], options=opts)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import textwrap
 
@@ -12,8 +13,9 @@ from ..config import ConfigError, list_presets
 from .checkpoint import CheckpointError
 from .config import ENV_TOGGLES, NOOP_TOGGLES, NOOP_UNLESS, load_run_config
 from .data import DataError
-from .interrupt import EXIT_INTERRUPTED
+from .interrupt import EXIT_INTERRUPTED, EXIT_TERMINATED
 from .loop import Trainer
+from .watchdog import end_by_default
 
 EXIT_INPUT = contract.EXIT_INPUT
 """Bad config, data, checkpoint or backend request: a one-line error, no traceback."""
@@ -28,11 +30,14 @@ EXIT_HELP = textwrap.fill("exit status (nsa/contract.py): " + ", ".join(
     f"{code} {meaning}" for code, meaning in contract.EXIT_MEANING.items()) + ".", width=96) + """
 Out of memory (1) also writes oom_rank*.txt; a watchdog stall (3) leaves stack dumps in
 stackdump_rank*.txt; the first Ctrl-C (130) stops after the step in flight and saves a
-checkpoint that train.resume=auto continues, a second one stops at once. Under torchrun these
-are the per-rank codes in torchrun's failure summary; torchrun itself exits 1 when any rank
-fails. A terminal's Ctrl-C under torchrun reaches torchrun too, which forwards SIGINT and then
-SIGTERM at once: the ranks stop at once and the last checkpoint saved is the one to resume from
-(SIGINT to torchrun's pid alone stops after the step in flight, with a checkpoint).
+checkpoint that train.resume=auto continues, a second one stops at once. SIGTERM (a preemption:
+Slurm's scancel, Kubernetes, torchrun passing either on) stops after the step in flight too,
+saves a checkpoint and ends the process by SIGTERM (143 in a shell, signal 15 to torchrun);
+a run that has not stopped watchdog.term_grace_s (20 s) after the first SIGTERM ends by SIGTERM
+at once, the last checkpoint saved being the one to resume from (SIGTERM is taken while the
+watchdog is enabled; otherwise it ends the run at once). Under torchrun these are the per-rank
+codes in torchrun's failure summary; torchrun itself exits 1 when any rank fails. SIGINT or
+SIGTERM to torchrun reaches every rank, which then stops after the same step.
 Distributed runs are detected from torchrun's RANK / WORLD_SIZE / LOCAL_RANK only."""
 
 
@@ -115,4 +120,11 @@ def main(argv: list[str] | None = None) -> int:
         overrides.append(f"train.out_dir={args.out_dir}")
     if args.steps is not None:
         overrides.append(f"train.steps={args.steps}")
-    return run(args.config, overrides)
+    status = run(args.config, overrides)
+    if status == EXIT_TERMINATED:
+        # ended by SIGTERM itself, as the sender expects: torchrun reports the rank killed by
+        # SIGTERM (a stop it asked for), a shell 143, whether or not the run got to stop cleanly
+        sys.stdout.flush()
+        sys.stderr.flush()
+        end_by_default(signal.SIGTERM)
+    return status

@@ -267,11 +267,15 @@ class WatchdogConfig:
     """How often the watchdog thread checks progress and a peer's .HALT."""
     grace_s: float = 5.0
     """After firing, how long to wait for every rank's stack dump before exiting."""
+    term_grace_s: float = 20.0
+    """After a SIGTERM (preemption), how long the run may take to finish the step in flight and
+    save it; past this the process ends by SIGTERM at once (a rank blocked for a peer that is
+    gone). Below the 30 s after which torchrun, Slurm (KillWait) and Kubernetes send SIGKILL."""
 
     def __post_init__(self) -> None:
-        if self.timeout_s <= 0 or self.startup_s <= 0 or self.poll_s <= 0 or self.grace_s < 0:
+        if self.timeout_s <= 0 or self.startup_s <= 0 or self.poll_s <= 0 or self.grace_s < 0 or self.term_grace_s < 0:
             raise ValueError("watchdog.timeout_s, watchdog.startup_s and watchdog.poll_s must be > 0, "
-                             "watchdog.grace_s >= 0")
+                             "watchdog.grace_s and watchdog.term_grace_s >= 0")
 
 
 @dataclass

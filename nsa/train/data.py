@@ -6,7 +6,7 @@ holds rows [g*B*W, (g+1)*B*W); rank r takes rows g*B*W + r*B + [0, B). So the un
 of one micro-batch is the same rows a single process with batch B*W reads, which is what makes
 DDP/FSDP losses match one process, and the data position of a checkpoint is one integer (the
 micro-batches consumed) that resumes under any world size of the same B*W (a checkpoint of
-another B*W is refused, nsa/train/checkpoint.py).
+another B*W or seq_len is refused, nsa/train/checkpoint.py).
 """
 from __future__ import annotations
 

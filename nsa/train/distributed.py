@@ -51,6 +51,21 @@ def torchrun_env(env: Mapping[str, str] | None = None) -> tuple[int, int, int] |
     return rank, local, world
 
 
+def launch_time(env: Mapping[str, str] | None = None) -> float:
+    """When this run was launched (seconds since the epoch): this process's start, or under
+    torchrun (TORCHELASTIC_RUN_ID) its agent's, which started it."""
+    import psutil
+
+    env = os.environ if env is None else env
+    me = psutil.Process()
+    started = me.create_time()
+    if "TORCHELASTIC_RUN_ID" in env:
+        parent = me.parent()
+        if parent is not None:
+            started = min(started, parent.create_time())
+    return started
+
+
 def resolve_mode(mode: str, world_size: int) -> str:
     if mode == "auto":
         return "ddp" if world_size > 1 else "single"

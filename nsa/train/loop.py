@@ -33,9 +33,9 @@ from . import checkpoint as ckpt
 from . import determinism, graphs
 from .config import Resolved, RunConfig, config_dict
 from .data import DocumentStream, Loader, build_source, run_tokens
-from .distributed import all_gather_stats, barrier, init_distributed, teardown, torchrun_env
+from .distributed import all_gather_stats, barrier, init_distributed, launch_time, teardown, torchrun_env
 from .faults import FaultInjector
-from .interrupt import EXIT_INTERRUPTED, CtrlC
+from .interrupt import CtrlC, StopRequest
 from .optim import build_optimizer, fused_adamw, lr_at, set_lr
 from .parallelize import compute_dtype, parallelize, set_grad_sync
 from .profile import ProfileStatus, cuda_kernel_names, profiled_window, summarize
@@ -57,10 +57,15 @@ class StepResult:
     loss_rank: float
     lr: float
     grad_norm: float
-    halt: bool = False
-    """A rank saw an operator .HALT or Ctrl-C: the run stops after this step."""
+    stop: StopRequest = StopRequest.NONE
+    """The highest stop request of any rank (an operator .HALT, Ctrl-C, SIGTERM): the run stops
+    after this step."""
     seconds: float = 0.0
     """Wall time since the previous step ended (set by the loop, which times the steps)."""
+
+    @property
+    def halt(self) -> bool:
+        return self.stop is not StopRequest.NONE
 
 
 class NonFiniteLoss(RuntimeError):
@@ -143,6 +148,9 @@ class Trainer:
                 for diff in ckpt.schedule_differences(state["config"].get("train", {}), config_dict(cfg)["train"]):
                     self.log(f"[ckpt] warning: the LR schedule differs from the checkpoint's run: {diff}; the "
                              "learning rate of every step from here is that of the new schedule")
+                for diff in ckpt.data_differences(state["config"].get("data", {}), config_dict(cfg)["data"]):
+                    self.log(f"[ckpt] warning: the data differs from the checkpoint's run: {diff}; this run reads "
+                             f"its data from micro-batch {data_position} of the new data")
             elif (self.out / contract.TRAINING_CSV).exists():
                 # starting afresh over an earlier run: its training.csv is replaced, its checkpoints stay
                 self.log(f"[out] warning: {self.out} holds an earlier run; starting afresh at step 1 "
@@ -198,8 +206,18 @@ class Trainer:
         print(f"[rank {self.info.rank}] {msg}", file=sys.stderr, flush=True)
 
     def _clear_stale_halt(self) -> None:
-        # a .HALT left by an earlier run would stop this one at once; it is recorded instead
-        self.previous_halt = read_halt(self.out)
+        """A .HALT left by an earlier run would stop this one at once: it is recorded and removed.
+        An operator's written since this run was launched (a stop asked for while it starts) is
+        this run's: kept, it stops the run after its first step. A watchdog's or the non-finite
+        guard's is an earlier run's whenever written (this run's own come later)."""
+        halt = read_halt(self.out)
+        if halt is not None and halt.get("source") not in (contract.HALT_WATCHDOG, contract.HALT_NONFINITE):
+            try:
+                if halt_path(self.out).stat().st_mtime >= launch_time():
+                    halt = None
+            except FileNotFoundError:
+                halt = None
+        self.previous_halt = halt
         barrier(self.info)
         if self.info.is_master and self.previous_halt is not None:
             halt_path(self.out).unlink(missing_ok=True)
@@ -271,6 +289,14 @@ class Trainer:
     def operator_halt(self) -> bool:
         rec = read_halt(self.out)
         return rec is not None and rec.get("source") != contract.HALT_WATCHDOG
+
+    def stop_request(self) -> StopRequest:
+        """This rank's reason to stop after the step in flight, the highest if several."""
+        if self.watchdog.terminate_requested:
+            return StopRequest.SIGTERM
+        if self.ctrl_c.requested:
+            return StopRequest.CTRL_C
+        return StopRequest.HALT if self.operator_halt() else StopRequest.NONE
 
     # --- env.json -------------------------------------------------------------------------
 
@@ -408,12 +434,12 @@ class Trainer:
             norm = torch.nn.utils.clip_grad_norm_(self.wrapped.parameters(), max_norm)
             if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
                 norm = norm.full_tensor()
-            halt = float(self.operator_halt() or self.ctrl_c.requested)
-            stats = torch.stack([loss_mean, norm.float(), torch.tensor(halt, device=self.device)])
+            stop = float(self.stop_request())
+            stats = torch.stack([loss_mean, norm.float(), torch.tensor(stop, device=self.device)])
             gathered = all_gather_stats(self.info, stats)  # the step's one host sync point
             losses = [g[0] for g in gathered]
             result = StepResult(step, loss=sum(losses) / len(losses), loss_rank=losses[self.info.rank], lr=lr,
-                                grad_norm=gathered[0][1], halt=any(g[2] > 0 for g in gathered))
+                                grad_norm=gathered[0][1], stop=StopRequest(int(max(g[2] for g in gathered))))
             if not all(map(_finite, losses + [result.grad_norm])):
                 raise NonFiniteLoss(result, losses)
             self.optimizer.step()
@@ -450,6 +476,7 @@ class Trainer:
         self.last_result: StepResult | None = None  # the last step this process completed
         self.profile_status = self.plan_profile(last)
         self._t_prev = time.perf_counter()
+        self.stopped_by = StopRequest.NONE  # what the ranks agreed to stop for
         halted = False
         with self.ctrl_c:
             try:
@@ -464,13 +491,13 @@ class Trainer:
                     self.stop_reason = (f"completed {tc.steps} steps" if self.step == tc.steps else
                                         f"stopped after train.run_steps={tc.run_steps} at step {self.step} "
                                         f"of {tc.steps}")
-                # a run stopped early (run_steps, operator .HALT, Ctrl-C) always saves, or it could not resume
+                # a run stopped early (run_steps, operator .HALT, Ctrl-C, SIGTERM) always saves, or it could not resume
                 if self.step != self.last_saved and (tc.save_final or self.step < tc.steps):
                     self.save(self.step)
                 self.log(f"[done] {self.stop_reason}")
                 self.write_env()
                 self.finished_cleanly = True
-                return EXIT_INTERRUPTED if halted and self.ctrl_c.requested else contract.EXIT_OK
+                return self.stopped_by.exit_status
             except NonFiniteLoss as exc:
                 self.log_before_exit()
                 self.halt_nonfinite(exc)
@@ -529,7 +556,7 @@ class Trainer:
         end = first + p.profiled_steps - 1
         p.note = (f"steps {first}..{end}" + ("" if p.profiled_steps == p.requested_steps else
                   f": {p.profiled_steps} of the {p.requested_steps} asked, as the run "
-                  + ("was stopped (.HALT or Ctrl-C)" if result.halt else f"ends at step {end}")))
+                  + ("was stopped (.HALT, Ctrl-C or SIGTERM)" if result.halt else f"ends at step {end}")))
         if self.info.is_master:
             with self.stage(end, "profile"):  # a beat: summarising a long window takes a while
                 profile, timeline, table = summarize(window, p.profiled_steps, first, self.graphed,
@@ -564,8 +591,8 @@ class Trainer:
             self.save(r.step)
             self.last_saved = r.step
         if r.halt:
-            self.stop_reason = (f"interrupted (Ctrl-C) after step {r.step}" if self.ctrl_c.requested
-                                else f"stopped by operator .HALT after step {r.step}")
+            self.stopped_by = r.stop
+            self.stop_reason = r.stop.reason(r.step)
         return r.halt
 
     def log_before_exit(self) -> None:

@@ -34,9 +34,20 @@ Python threads cannot run (a hang holding the GIL, which the backstop ends anywa
 taken only while the watchdog is enabled, from the main thread, and where neither SIGTSTP is
 ignored nor a wakeup fd set already; a SIGTSTP then stops the process even in an orphaned process
 group (where the kernel discards a default one).
+
+SIGTERM (a scheduler's preemption: Slurm's scancel, Kubernetes' pod deletion, torchrun passing
+either on) is taken the same way, while the watchdog is enabled: its thread sets
+``terminate_requested``, which the loop reads at each step's stats exchange, so that every rank
+stops after the same step, saves it and ends by SIGTERM (nsa/train/cli.py). A main thread that
+cannot get there (blocked in a collective whose peer is gone: torchrun SIGTERMs the survivors of
+a failed rank) is ended by SIGTERM's default action from the watchdog's thread once
+``term_grace_s`` has passed since the first SIGTERM, before torchrun's or Slurm's SIGKILL (30 s
+after their SIGTERM by default): a rank killed by SIGTERM is a peer's collateral stop to torchrun
+and the harness, one killed by SIGKILL a failure of its own. Further SIGTERMs change nothing.
 """
 from __future__ import annotations
 
+import ctypes
 import faulthandler
 import json
 import os
@@ -97,8 +108,20 @@ def read_halt(out_dir: Path) -> dict | None:
 
 
 def _taken_by_the_watchdog_thread(signum, frame) -> None:
-    """SIGTSTP's Python handler: nothing to do in the main thread. Installed so that SIGTSTP's
-    default (stop at once, the backstop armed) is not taken and its byte reaches the wakeup pipe."""
+    """SIGTSTP's and SIGTERM's Python handler: nothing to do in the main thread. Installed so that
+    their default (stop at once, the backstop armed; end at once) is not taken and their byte
+    reaches the wakeup pipe."""
+
+
+def end_by_default(signum: int) -> None:
+    """End the process by ``signum``'s default action, from any thread: signal.signal works only
+    in the main thread, which may be the one that is blocked, so the disposition is reset in C."""
+    libc = ctypes.CDLL(None)
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.signal(int(signum), int(signal.SIG_DFL))
+    os.kill(os.getpid(), signum)
+    time.sleep(5)  # the signal is delivered at once; never go back to a loop that cannot stop
+    os._exit(128 + int(signum))
 
 
 class Watchdog:
@@ -112,8 +135,10 @@ class Watchdog:
         self._thread: threading.Thread | None = None
         self._backstop = threading.Lock()  # arming, and disarming for a Ctrl-Z, one thread at a time
         self._suspending = False
-        self._wakeup: tuple[int, int] | None = None  # the pipe the signals' bytes arrive on, once Ctrl-Z is taken
-        self._tstp_previous = signal.SIG_DFL  # SIGTSTP's handler before, restored by close()
+        self._wakeup: tuple[int, int] | None = None  # the pipe the signals' bytes arrive on, once taken
+        self._previous: dict[int, object] = {}  # each signal taken: its handler before, restored by close()
+        self.terminate_requested = False  # a SIGTERM arrived: the loop stops after the step in flight
+        self._term_at: float | None = None  # when the first one did
         self._sigusr1 = hasattr(signal, "SIGUSR1")
         if self._sigusr1:
             faulthandler.register(signal.SIGUSR1, file=self._dump, all_threads=True, chain=False)
@@ -121,27 +146,33 @@ class Watchdog:
     def start(self) -> None:
         if not self.cfg.enabled:
             return
-        self._take_ctrl_z()
+        self._take_signals()
         self._thread = threading.Thread(target=self._run, name="nsa-watchdog", daemon=True)
         self._thread.start()
         self._arm_backstop()
 
-    def _take_ctrl_z(self) -> None:
-        """Route SIGTSTP to the watchdog thread (see the module's docstring), where it can be."""
-        if (not hasattr(signal, "SIGTSTP") or threading.current_thread() is not threading.main_thread()
-                or signal.getsignal(signal.SIGTSTP) == signal.SIG_IGN):
+    def _take_signals(self) -> None:
+        """Route SIGTSTP and SIGTERM to the watchdog thread (see the module's docstring), where
+        they can be: from the main thread, where no one else set a wakeup fd, each signal unless
+        it is ignored (nohup, a parent's choice)."""
+        wanted = [s for s in ("SIGTSTP", "SIGTERM") if hasattr(signal, s)]
+        if not wanted or threading.current_thread() is not threading.main_thread():
+            return
+        wanted = [getattr(signal, s) for s in wanted if signal.getsignal(getattr(signal, s)) != signal.SIG_IGN]
+        if not wanted:
             return
         read, write = os.pipe()
         os.set_blocking(read, False)
         os.set_blocking(write, False)
-        if signal.set_wakeup_fd(write, warn_on_full_buffer=False) != -1:  # someone else's: leave Ctrl-Z be
+        if signal.set_wakeup_fd(write, warn_on_full_buffer=False) != -1:  # someone else's: leave the signals be
             signal.set_wakeup_fd(-1)
             os.close(read)
             os.close(write)
             return
         self._wakeup = (read, write)
-        previous = signal.signal(signal.SIGTSTP, _taken_by_the_watchdog_thread)
-        self._tstp_previous = signal.SIG_DFL if previous is None else previous  # None: one set from C
+        for signum in wanted:
+            previous = signal.signal(signum, _taken_by_the_watchdog_thread)
+            self._previous[signum] = signal.SIG_DFL if previous is None else previous  # None: one set from C
 
     def steady_from(self, step: int) -> None:
         """From a beat at ``step`` on, the limit is timeout_s (the steps before it: startup_s)."""
@@ -189,9 +220,26 @@ class Watchdog:
         if self._wakeup is None:
             return not self._stop.wait(self.cfg.poll_s)
         if select.select([self._wakeup[0]], [], [], self.cfg.poll_s)[0]:
-            if int(signal.SIGTSTP) in os.read(self._wakeup[0], 512):
+            arrived = os.read(self._wakeup[0], 512)
+            if int(signal.SIGTERM) in arrived and self._term_at is None:
+                self._term_at = time.monotonic()
+                self.terminate_requested = True
+                print(f"[rank {self.rank}] SIGTERM: stopping after this step and saving a checkpoint "
+                      f"(within watchdog.term_grace_s={self.cfg.term_grace_s:g}s, else ending at once)",
+                      file=sys.stderr, flush=True)
+            if int(signal.SIGTSTP) in arrived:
                 self._suspend()
         return not self._stop.is_set()
+
+    def _end_if_term_overdue(self, now: float) -> None:
+        """A SIGTERM the run has not stopped for within term_grace_s: end by SIGTERM now."""
+        if self._term_at is None or now - self._term_at <= self.cfg.term_grace_s:
+            return
+        print(f"[rank {self.rank}] SIGTERM: the run did not stop within watchdog.term_grace_s="
+              f"{self.cfg.term_grace_s:g}s (last progress: step {self.step}, stage {self.stage}); ending by "
+              "SIGTERM; the last checkpoint saved is the one to resume from", file=sys.stderr, flush=True)
+        faulthandler.cancel_dump_traceback_later()
+        end_by_default(signal.SIGTERM)
 
     def _run(self) -> None:
         polled = time.monotonic()
@@ -207,6 +255,7 @@ class Watchdog:
                 self._last = last + overshoot
             idle = now - self._last
             limit, key = self.limit()
+            self._end_if_term_overdue(now)
             if idle > limit:
                 self.fire(f"no progress for {idle:.1f}s ({key}={limit:g})")
             halt = read_halt(self.out_dir)
@@ -242,8 +291,10 @@ class Watchdog:
         faulthandler.cancel_dump_traceback_later()
         if self._thread is not None:
             self._thread.join(timeout=2 * self.cfg.poll_s + 1)
-        if self._wakeup is not None:  # Ctrl-Z back to its default, the backstop gone
-            signal.signal(signal.SIGTSTP, self._tstp_previous)
+        if self._wakeup is not None:  # Ctrl-Z and SIGTERM back to their handlers before, the backstop gone
+            for signum, previous in self._previous.items():
+                signal.signal(signum, previous)
+            self._previous = {}
             signal.set_wakeup_fd(-1)
             for fd in self._wakeup:
                 os.close(fd)

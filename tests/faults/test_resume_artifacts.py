@@ -115,6 +115,60 @@ def test_second_ctrl_c_stops_at_once_without_a_traceback(tmp_path):
     assert json.loads((d / "env.json").read_text())["status"] == "interrupted (Ctrl-C twice) at step 2"
 
 
+def _sigterm_while_step_3_runs(d: Path, fault: str, overrides: dict | None = None):
+    """A run of STEPS steps held at step 3 by ``fault``; SIGTERM (a scheduler's preemption) once
+    step 2 is in training.csv. Returns the process and the time of the signal."""
+    import signal
+    import time
+    proc = U.launch(U.trainer_argv(d, STEPS, overrides), timeout=90, env=U.clean_env({"NSA_FAULT": fault}))
+    t0 = time.monotonic()
+    csv = d / "training.csv"
+    while not (csv.exists() and "\n2," in csv.read_text()):
+        assert proc.poll() is None and time.monotonic() - t0 < 60, "the run ended or stalled before step 2"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    return proc, time.monotonic()
+
+
+def test_sigterm_stops_after_the_step_in_flight_with_a_checkpoint_and_resumes_exactly(runs, tmp_path):
+    """Slurm's scancel and Kubernetes' pod deletion send SIGTERM and SIGKILL a grace period later:
+    the run stops after the step in flight, saves it, and ends by SIGTERM (143 in a shell); a
+    second SIGTERM (Slurm's proctrack/linuxproc sends one from slurmstepd and one through
+    torchrun) does not cut the save short. It killed the run at once and lost every step since the
+    last checkpoint."""
+    import signal
+    d = tmp_path / "run"
+    proc, t_term = _sigterm_while_step_3_runs(d, "stall:step=3:seconds=3")
+    proc.send_signal(signal.SIGTERM)
+    p = U.finish(proc, timeout=60, started=t_term)
+    assert p.rc == -signal.SIGTERM, f"exit {p.rc}\n{p.stderr[-2000:]}"
+    assert "Traceback" not in p.stderr and "SIGTERM: stopping after this step" in p.stderr, p.stderr[-2000:]
+    assert (d / "checkpoints" / "latest").read_text().strip() == "step_0000003.pt"
+    assert [s for s, _ in _losses(d)] == [1, 2, 3]
+    assert json.loads((d / "env.json").read_text())["status"] == "stopped by SIGTERM after step 3"
+    r = _resume(d)
+    assert r.rc == 0, r.stderr[-2000:]
+    assert _losses(d) == _losses(runs["ref"]), "the resumed run does not continue the loss curve exactly"
+    U.assert_no_orphans(str(tmp_path))
+
+
+def test_sigterm_to_a_run_that_cannot_stop_ends_it_by_sigterm_after_the_grace(tmp_path):
+    """A rank blocked where Python never runs (a collective whose peer is gone) cannot stop after
+    its step: the watchdog's thread ends it by SIGTERM's default action once
+    watchdog.term_grace_s has passed, so that torchrun reports it killed by SIGTERM, a peer's
+    collateral stop, and not by the SIGKILL it sends after its own grace (a failure of its own)."""
+    import signal
+    import time
+    d = tmp_path / "run"
+    proc, t_term = _sigterm_while_step_3_runs(d, "stall:step=3:seconds=60", {"watchdog.term_grace_s": 2})
+    p = U.finish(proc, timeout=30, started=t_term)
+    assert p.rc == -signal.SIGTERM, f"exit {p.rc}\n{p.stderr[-2000:]}"
+    assert 2 <= p.elapsed < 15, p.elapsed
+    assert "did not stop within watchdog.term_grace_s=2" in p.stderr, p.stderr[-2000:]
+    assert not (d / "checkpoints").exists(), "no step completed after the SIGTERM: nothing to save"
+    U.assert_no_orphans(str(tmp_path))
+
+
 def _refused(d: Path, needle: str, marker: Path | None = None) -> tuple[U.Proc, str]:
     """Resume must fail with exit 2 and ONE error line naming ``needle``; the earlier run's
     artifacts are untouched."""

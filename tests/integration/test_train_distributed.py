@@ -97,6 +97,62 @@ def test_fsdp2_interrupted_and_resumed_matches_one_process(tmp_path: Path, refer
 
 @pytest.mark.distributed
 @pytest.mark.slow
+def test_sigterm_to_torchrun_stops_every_rank_after_the_same_step_and_resumes_the_curve(tmp_path: Path, reference):
+    """A preemption as Slurm and Kubernetes deliver it: SIGTERM to torchrun, which passes it on to
+    its workers. Both ranks stop after the step in flight (step 2, held by a stall), save it and
+    end by SIGTERM; train.resume=auto continues the one-process curve. The ranks were killed at
+    once, and the run resumed from its last checkpoint (here none: from step 1)."""
+    import signal
+    args = ["-m", "nsa.train", "--config", "tiny", "--out-dir", str(tmp_path),
+            "--override", f"{COMMON} train.batch_size=2"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NSA_") and k != "CONFIG"}
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", NSA_FAULT="stall:step=2:seconds=3")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             *args], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0, csv = time.monotonic(), tmp_path / "training.csv"
+    while not (csv.exists() and "\n1," in csv.read_text()):
+        assert proc.poll() is None and time.monotonic() - t0 < 180, "the run ended or stalled before step 1"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert "Signal 15 (SIGTERM) received" in err or "exitcode  : -15" in err or "got signal: 15" in err, err[-3000:]
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "step_0000002.pt", err[-3000:]
+    for rank in (0, 1):
+        assert f"[rank {rank}] SIGTERM: stopping after this step" in err, err[-3000:]
+        assert max(steps(tmp_path, rank)) == 2
+    assert json.loads((tmp_path / "env.json").read_text())["status"] == "stopped by SIGTERM after step 2"
+    p = launch(args + ["train.resume=auto"], {})
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert_same_curve(steps(tmp_path), reference)
+    assert_same_curve(steps(tmp_path, rank=1), reference)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_ctrl_c_to_one_rank_stops_every_rank_for_the_same_reason(tmp_path: Path):
+    """SIGINT to rank 1's process alone: both ranks stop after the same step, both as interrupted.
+    Rank 0, which saw only that some rank asked to stop, said 'stopped by operator .HALT' in
+    env.json (rank 0 writes it) and exited 0 beside rank 1's 130."""
+    import signal
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NSA_") and k != "CONFIG"}
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", NSA_FAULT="stall:step=2:seconds=3")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "-m", "nsa.train", "--config", "tiny", "--out-dir", str(tmp_path),
+                             "--override", f"{COMMON} train.batch_size=2"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0, beats = time.monotonic(), tmp_path / "heartbeat_rank1.jsonl"
+    while not (beats.exists() and '"stage": "step"' in beats.read_text()):  # step 1 logged by rank 1
+        assert proc.poll() is None and time.monotonic() - t0 < 180, "the run ended or stalled before step 1"
+        time.sleep(0.1)
+    os.kill(json.loads(beats.read_text().splitlines()[0])["pid"], signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert json.loads((tmp_path / "env.json").read_text())["status"] == "interrupted (Ctrl-C) after step 2", err[-3000:]
+    assert "[rank 0] Ctrl-C" not in err and "[rank 1] Ctrl-C: stopping after this step" in err, err[-3000:]
+    assert max(steps(tmp_path, 0)) == max(steps(tmp_path, 1)) == 2
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_a_stalled_rank_ends_the_run_with_every_ranks_stacks(tmp_path: Path):
     timeout_s, grace_s = 10, 5  # 10 s: set-up on a loaded 2-core CI must not trip it
     t0 = time.monotonic()

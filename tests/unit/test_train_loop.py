@@ -6,6 +6,7 @@ import csv
 import json
 import re
 import math
+import os
 import socket
 import threading
 import time
@@ -305,6 +306,29 @@ def test_a_stale_halt_from_an_earlier_run_is_cleared_and_recorded(tmp_path: Path
     assert json.loads((tmp_path / "env.json").read_text())["previous_halt"]["source"] == "watchdog"
 
 
+def test_an_operators_halt_written_while_the_run_starts_stops_it_after_its_first_step(tmp_path: Path):
+    """An operator who stops a run seconds after launching it (a wrong config seen in the first
+    log lines), while it still imports and builds: the .HALT was removed as an earlier run's and
+    the run trained to its end. One written since the launch is this run's (here: since this
+    process started, the launch of an in-process run)."""
+    (tmp_path / ".HALT").touch()
+    assert train(tmp_path, "", steps=6) == 0
+    assert [r["step"] for r in csv_rows(tmp_path)] == ["1"]
+    envj = json.loads((tmp_path / "env.json").read_text())
+    assert envj["status"] == "stopped by operator .HALT after step 1" and envj["previous_halt"] is None
+    assert (tmp_path / "checkpoints" / "step_0000001.pt").exists()
+
+
+def test_an_operators_halt_older_than_the_launch_is_an_earlier_runs_and_cleared(tmp_path: Path):
+    halt = tmp_path / ".HALT"
+    halt.touch()
+    an_hour_ago = time.time() - 3600
+    os.utime(halt, (an_hour_ago, an_hour_ago))
+    assert train(tmp_path, "", steps=2) == 0
+    assert [r["step"] for r in csv_rows(tmp_path)] == ["1", "2"] and not halt.exists()
+    assert json.loads((tmp_path / "env.json").read_text())["previous_halt"]["source"] == "operator"
+
+
 def test_injected_crash_raises(tmp_path: Path):
     with pytest.raises(InjectedFault, match="step 1 stage backward"):
         train(tmp_path, "fault.spec=crash:step=1:stage=backward", steps=2)
@@ -520,6 +544,36 @@ def test_resume_under_another_global_micro_batch_is_refused_naming_the_batch_tha
                               "have 2 (2 x 1)") in err[0] and "resume with train.batch_size=4 here" in err[0], err
     assert train(tmp_path, "train.batch_size=4 train.resume=auto", steps=4) == 0  # the same rows per micro-batch
     assert [r["step"] for r in csv_rows(tmp_path)] == ["1", "2", "3", "4"]
+
+
+def test_resume_under_another_seq_len_is_refused_naming_both(tmp_path: Path, capsys):
+    """The data position counts micro-batches of rows of train.seq_len + 1 tokens; resumed with
+    another seq_len, a run went on without a word from a point of its text that the first run had
+    not reached (a longer row) or had trained on already (a shorter one)."""
+    data = tmp_path / "doc.txt"
+    data.write_text("".join(f"line {i} of a text file long enough for a few rows\n" for i in range(200)))
+    text = f"data.dataset=text data.path={data}"
+    assert train(tmp_path / "run", f"{text} train.run_steps=2", steps=4) == 0
+    capsys.readouterr()
+    assert train(tmp_path / "run", f"{text} train.resume=auto train.seq_len=32", steps=4) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rows of train.seq_len=64 (+1) tokens, this run's of 32" in err[0], err
+    assert "resume with train.seq_len=64" in err[0], err
+    assert train(tmp_path / "run", f"{text} train.resume=auto", steps=4) == 0
+
+
+def test_resume_on_other_data_says_what_differs(tmp_path: Path, capsys):
+    """Resumed on another dataset (or files, or text column), the run reads the new data from the
+    checkpoint's data position; it once did so without a word, as it does not for a model or LR
+    schedule that differs."""
+    assert train(tmp_path, "data.dataset=pattern train.run_steps=2", steps=4) == 0
+    capsys.readouterr()
+    assert train(tmp_path, "data.dataset=synthetic train.resume=auto", steps=4) == 0
+    out = capsys.readouterr().out
+    assert ("the data differs from the checkpoint's run: data.dataset: 'pattern' in the checkpoint, 'synthetic' "
+            "now; this run reads its data from micro-batch 2") in out, out
+    assert train(tmp_path, "data.dataset=synthetic data.loader_timeout_s=60 train.resume=auto", steps=5) == 0
+    assert "the data differs" not in capsys.readouterr().out  # how it is read is no other data
 
 
 def test_an_out_dir_deleted_during_the_run_stops_it_with_an_error(tmp_path: Path, monkeypatch):

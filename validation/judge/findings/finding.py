@@ -89,6 +89,11 @@ class Finding:
     """What is true of the run(s) it is about (the advice reads it)."""
     culprit: Culprit | None = None
     """Of a crash or a stall: the rank(s) it blames, which the point's verdict line names too."""
+    rerun: PhaseRecord | None = None
+    """The point that a re-run of it alone may settle (a launch that failed, a pytest point): the
+    report adds its re-run line to the detail, built as its Reproduce lines are
+    (validation/report/tables.py ``rerun_line``: this report's runbook, profile and results
+    directory, the tests by absolute path), so that it runs as printed from any directory."""
 
 
 def point_label(rec: PhaseRecord) -> str:

@@ -71,6 +71,7 @@ class Summary:
     toks_per_s_mean: float | None = None
     toks_per_s_stdev: float | None = None
     step_time_s_mean: float | None = None
+    step_time_s_median: float | None = None
     mem_reserved_gb_max: float | None = None
     steps_completed: float | None = None
     loss_mean: float | None = None

@@ -20,8 +20,8 @@ from validation.contract.torchrun_log import log_exception, rank_failures, root_
 from validation.judge.memory import growing_ranks
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
 from validation.judge.nodes import lateness, node_evidence, node_failures, slurm_stopped
-from validation.judge.record import Beat, Evidence, NotRun
-from validation.judge.stability import Rise, Spike, rise, slowdown, spikes
+from validation.judge.record import Beat, Evidence, NotRun, RunSigns
+from validation.judge.stability import Rise, Slowdown, Spike, rise, slowdown, spikes
 
 STDERR_TAIL_LINES = 40
 
@@ -91,9 +91,20 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
         loss_first=losses[0] if losses else None, loss_last=losses[-1] if losses else None,
         nonfinite_loss_step=_first_nonfinite(run),
         top_ops=list(run.info.get("top_ops") or []), reruns=run.reruns, spikes=_spikes(run), divergence=_rise(run),
-        slowdown=None if run.csv is None else slowdown(run.csv["step"].tolist(), run.csv["toks_per_s"].tolist()),
-        memory_growth=growing_ranks(run.csv, heartbeats, run.env, run.reruns),
+        slowdown=_slowdown(run), memory_growth=growing_ranks(run.csv, heartbeats, run.env, run.reruns),
         not_run=None if run.launched else NotRun.LAUNCH, misses=list(run.misses))
+
+
+def signs(run: RunData, failed_gates: list[str]) -> RunSigns:
+    """What the run's whole training.csv and heartbeats say of how it trained, as ``collect`` puts
+    it in a record's evidence: for each process of a point of several (a repeat), whichever decides."""
+    heartbeats = {r: recs for r, recs in run.heartbeats.items() if r < run.world_size}
+    return RunSigns(_spikes(run), _rise(run), _slowdown(run), growing_ranks(run.csv, heartbeats, run.env, run.reruns),
+                    _first_nonfinite(run), run.halt is not None and run.halt.source == "nonfinite", list(failed_gates))
+
+
+def _slowdown(run: RunData) -> Slowdown | None:
+    return None if run.csv is None else slowdown(run.csv["step"].tolist(), run.csv["toks_per_s"].tolist())
 
 
 def _first_nonfinite(run: RunData) -> int | None:

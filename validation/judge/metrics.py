@@ -406,6 +406,9 @@ CATALOGUE: tuple[Metric, ...] = (
            (_TOKS, Input(Source.ENV, "world_size")), True, _per_gpu),
     Metric("step_time_s_mean", "mean step time over the window", (_csv("step_time_s", True),), True,
            _reduce("step_time_s", pd.Series.mean)),
+    Metric("step_time_s_median", "median step time over the window: the typical step, which a slow first step "
+                                 "(a compile, a warm-up) in the window does not move", (_csv("step_time_s", True),), True,
+           _reduce("step_time_s", pd.Series.median)),
     Metric("loss_mean", "mean loss over the window", (_LOSS,), True, _reduce("loss", pd.Series.mean)),
     Metric("loss_drop", f"mean loss of the window's first k logged steps minus the mean of its last k "
                         f"(k = {LOSS_DROP_ROWS}, or half the rows when fewer; nats): > 0 when the model learns",

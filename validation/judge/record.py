@@ -71,6 +71,7 @@ class Summary:
     toks_per_s_mean: float | None = None
     toks_per_s_stdev: float | None = None
     step_time_s_mean: float | None = None
+    step_time_s_median: float | None = None
     mem_reserved_gb_max: float | None = None
     steps_completed: float | None = None
     loss_mean: float | None = None
@@ -239,6 +240,42 @@ class Evidence:
 
 
 @dataclass(frozen=True)
+class RunSigns:
+    """What one run's whole training.csv and heartbeats say of how it trained, by the profile's
+    rules (judge/stability.py, judge/memory.py): the findings of spikes, divergence, a non-finite
+    loss, a slowdown and memory growth read it. A point of one process keeps it in its evidence;
+    a repeated point keeps each repeat's in its sub-run, so that a spike in a repeat other than the
+    one that decided the record is found and named with its repeat."""
+
+    spikes: list[Spike] = field(default_factory=list)
+    divergence: Rise | None = None
+    slowdown: Slowdown | None = None
+    memory_growth: list[MemoryGrowth] = field(default_factory=list)
+    nonfinite_loss_step: int | None = None
+    halted_nonfinite: bool = False
+    """The trainer stopped on a non-finite loss itself (.HALT source nonfinite)."""
+    failed_gates: list[str] = field(default_factory=list)
+    """The metrics of the run's gates that failed (or had no data): a failed gate on spikes makes
+    their finding critical, and a failed loss_finite gate names the non-finite loss itself."""
+
+    @classmethod
+    def of(cls, ev: Evidence, failed_gates: list[str]) -> RunSigns:
+        """A run's signs as its record's evidence holds them."""
+        return cls(list(ev.spikes), ev.divergence, ev.slowdown, list(ev.memory_growth), ev.nonfinite_loss_step,
+                   ev.halt is not None and ev.halt.source == "nonfinite", list(failed_gates))
+
+    @classmethod
+    def from_json(cls, d: Any) -> RunSigns | None:
+        """A stored sub-run's signs; None where a record of an older harness kept none."""
+        if not isinstance(d, dict):
+            return None
+        return cls([Spike(**x) for x in d.get("spikes") or []], Rise(**d["divergence"]) if d.get("divergence") else None,
+                   Slowdown(**d["slowdown"]) if d.get("slowdown") else None,
+                   [MemoryGrowth(**m) for m in d.get("memory_growth") or []], _int(d.get("nonfinite_loss_step")),
+                   bool(d.get("halted_nonfinite")), [str(m) for m in d.get("failed_gates") or []])
+
+
+@dataclass(frozen=True)
 class SubRun:
     """One process of a point that runs several (the repeats of a repeated point; the resume
     phase's uninterrupted reference, first half and resumed second half), each in a directory of
@@ -262,13 +299,16 @@ class SubRun:
     command: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     """The files it wrote into its directory."""
+    signs: RunSigns | None = None
+    """What its whole run says of how it trained (spikes, divergence, ...); None in records of
+    older harnesses, which kept only the deciding process's, in the record's evidence."""
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SubRun:
         return cls(d["name"], d["label"], d["out_dir"], Status(d["status"]), d.get("reason") or "", _int(d.get("exit_code")),
                    Summary.from_json(d.get("metrics") or {}), _int(d.get("first_step")), _int(d.get("last_step")),
                    _num(d.get("loss_first")), _num(d.get("loss_last")), list(d.get("command") or []),
-                   list(d.get("files") or []))
+                   list(d.get("files") or []), RunSigns.from_json(d.get("signs")))
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ out of the Markdown.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import enum
 import os
@@ -209,6 +210,15 @@ def _store_arg(results_dir: Path) -> str | None:
     return None if resolved == DEFAULT_RESULTS_DIR.resolve() else str(resolved)
 
 
+def _with_rerun(f: Finding, runbook: str | None, profile: str | None, results_dir: str | None) -> Finding:
+    """The finding with the re-run line of the point it names (``Finding.rerun``) last in its
+    detail: the Reproduce lines' command, with this report's runbook, profile and results directory."""
+    if f.rerun is None:
+        return f
+    line = rerun_line(f.rerun, runbook, profile, results_dir)
+    return dataclasses.replace(f, detail=[*f.detail, f"re-run only this point: `{line}`"])
+
+
 def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, runbook: Runbook | None,
                   profile: Profile | None, plots: list[dict[str, str]] | None = None,
                   now: str | None = None, baseline: Path | None = None) -> dict[str, Any]:
@@ -228,6 +238,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
                     planned_longest((p.phase.name, p.params) for p in points) if points is not None else None)
     status, why = status_of(records, missing, findings, outdated, _unknown_plan(records, runbook, profile))
     store_arg = _store_arg(results_dir)
+    findings = [_with_rerun(f, runbook and runbook.cli_name, profile and profile.cli_name, store_arg) for f in findings]
     hw = next((r.hardware for r in records if r.hardware), None)
     sha = next((r for r in records if r.git_sha), None)
     shas = list(dict.fromkeys(r.git_sha for r in records if r.out_dir and r.git_sha))

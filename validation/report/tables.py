@@ -13,7 +13,7 @@ from validation.judge.gates import REPEAT_LOSS_METRIC
 from validation.judge.interval import CONFIDENCE, interval, repeat_values
 from validation.judge.metrics import METRICS
 from validation.judge.provenance import short_commit
-from validation.judge.record import PhaseRecord, Status, SubRun
+from validation.judge.record import PhaseRecord, Status, SubRun, Summary
 
 #: the pytest test that runs one phase point (validation/tests/test_acceptance.py)
 #: the acceptance tests, named by absolute path: a Reproduce line runs as printed from any directory
@@ -85,7 +85,7 @@ def phase_tables(records: list[PhaseRecord], shared: set[str] | frozenset[str] =
             "point": point_label(r), "params": [r.key.params.get(k) for k in ph["sweep_keys"]],
             "status": str(r.status), "reason": verdict_line(r),
             "mean": _marked(m.toks_per_s_mean if ci is None else f"{cell(ci.mean)} ± {cell(ci.half)}", mark),
-            "stdev": m.toks_per_s_stdev, "step_time": _marked(m.step_time_s_mean, mark),
+            "stdev": m.toks_per_s_stdev, "step_time": _marked(_step_time(m), mark),
             "mem": _peak_mem(r), "steps": m.steps_completed, "wall_s": r.wall_s,
             "window": r.window, "passed": m.tests_passed, "failed": m.tests_failed,
             "gpu_busy": _marked(m.gpu_busy_frac, mark), "host_pause": m.gpu_host_pause_ms,
@@ -102,6 +102,14 @@ def phase_tables(records: list[PhaseRecord], shared: set[str] | frozenset[str] =
         ph["flops"] = _flops_line(ph["rows"])
         ph["confidence"] = f"{CONFIDENCE:.0%}"
     return list(phases.values())
+
+
+def _step_time(m: Summary) -> float | str | None:
+    """The window's median step time (the typical step, beside the mean tokens/s); a record of an
+    older harness holds only the mean, shown as the mean: '2.513 (mean)'."""
+    if m.step_time_s_median is not None or m.step_time_s_mean is None:
+        return m.step_time_s_median
+    return f"{cell(m.step_time_s_mean)} (mean)"
 
 
 def _peak_mem(r: PhaseRecord) -> float | None:

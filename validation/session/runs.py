@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Callable
 
 from nsa.contract import PROFILE_JSON, PROFILE_STEPS_ENV
-from validation.judge.evidence import collect, collect_failures, collect_halt, collect_train
-from validation.judge.gates import GateResult
+from validation.judge.evidence import collect, collect_failures, collect_halt, collect_train, signs
+from validation.judge.gates import GateResult, GateVerdict
 from validation.judge.metrics import PROFILE_METRICS, RunData, unprovided_by_files
 from validation.judge.provenance import trainer_commit
 from validation.judge.record import OWN_TRAINER, TRAINER_KINDS, PhaseRecord, Status, SubRun, Summary, routes
@@ -104,7 +104,8 @@ def sub_run(j: Judged, name: str, label: str, results_dir: Path, status: Status 
                   j.proc.exit_code, j.metrics,
                   int(csv["step"].min()) if logged else None, int(csv["step"].max()) if logged else None,
                   float(csv["loss"].iloc[0]) if logged else None, float(csv["loss"].iloc[-1]) if logged else None,
-                  list(j.proc.argv), sorted(p.name for p in j.run.out_dir.iterdir() if p.is_file()))
+                  list(j.proc.argv), sorted(p.name for p in j.run.out_dir.iterdir() if p.is_file()),
+                  signs(j.run, [g.metric for g in j.gates if g.verdict in (GateVerdict.FAIL, GateVerdict.NO_DATA)]))
 
 
 def record(point: PhasePoint, j: Judged, hw: Machine, results_dir: Path, run_id: str, started: str,

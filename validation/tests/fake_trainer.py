@@ -39,12 +39,14 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
                                  (heartbeats of another pid) writes steps J+1.. again into the same files;
                                  the first occurrence of those steps logs 1 token/s and a loss 1.0 higher
     NSA_FAULT=leak:mb=M          memory (CSV and heartbeats) grows by M MiB a step from 1 GiB
+    NSA_FAULT=spike:step=K       logs twice the loss at step K (one step; the loss goes on as before)
 NSA_FAKE_WORLD=N simulates N ranks from one process; NSA_FAKE_STEP_S=S sleeps S seconds a step;
 NSA_FAKE_TOKS_SCALE=F multiplies tokens/s by F (a staged throughput change); NSA_FAKE_TOKS_BY_REPEAT=a,b,c
 multiplies it by a in a repeated point's first repeat, b in its second, ... (its directory's name,
 ``repeatK``, says which): run-to-run noise, made to order; NSA_FAKE_LOSS_BY_REPEAT=a,b,... multiplies the
 loss of step s by a**s in the first repeat, ...: runs of one seed that drift apart (not deterministic);
-NSA_FAKE_GIT_SHA=C writes commit C into env.json (a point re-run after a commit).
+NSA_FAKE_GIT_SHA=C writes commit C into env.json (a point re-run after a commit);
+NSA_FAKE_FAULT_REPEATS=a,b,... injects NSA_FAULT only in a repeated point's repeats a, b, ... (1-based).
 
 Like the real trainer it stops after ``train.run_steps`` steps (writing checkpoints/latest) and
 resumes from the run directory ``train.resume`` names, logging the steps after its checkpoint's;
@@ -100,6 +102,9 @@ def main() -> int:
     out: Path = a.out_dir
     out.mkdir(parents=True, exist_ok=True)
     fault, opts = parse_fault(os.environ.get("NSA_FAULT", ""))
+    only = os.environ.get("NSA_FAKE_FAULT_REPEATS")
+    if only and not (out.name.startswith("repeat") and out.name[len("repeat"):] in only.split(",")):
+        fault, opts = "", {}
     world = int(os.environ.get("NSA_FAKE_WORLD", os.environ.get("WORLD_SIZE", "1")))
     overrides = dict(x.split("=", 1) for x in a.override.split())
     batch = int(overrides.get("train.batch_size", 1))
@@ -210,6 +215,8 @@ def main() -> int:
                 if fault == "resume_optim" and start:
                     loss += 0.05 * (step - start - 1)
                 loss *= repeat_scale(out, "NSA_FAKE_LOSS_BY_REPEAT") ** step
+                if fault == "spike" and step == opts.get("step"):
+                    loss *= 2
                 csv.write(f"{step},{loss:.4f},1e-4,{toks},{0.5},{1.0},{mem / 2},{mem}\n")
         time.sleep(step_s)
     if stop < a.steps:

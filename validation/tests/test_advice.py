@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from validation import REPO_ROOT
 from validation.contract.files import HaltInfo
 from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure
@@ -196,8 +197,11 @@ def test_a_point_whose_launch_failed_is_not_launched_with_advice_of_its_own(tmp_
     [f] = [f for f in run.context["findings"] if f.phase == "baseline_ddp"]  # read back from the store
     assert f.kind == "not_launched" and "baseline_ddp [default] was not launched, nothing ran: launch: salloc" in f.title
     assert f"the launcher's output: {rec.out_dir}/salloc.stderr.log" in f.detail[0]
-    assert f.detail[-1] == ("re-run only this point: pytest 'validation/tests/test_acceptance.py::test_phase"
-                            f"[fake/cpu/baseline_ddp/default]' --runbook {rec.runbook_arg} --profile cpu")
+    # the re-run line runs as printed from any directory and stores into this report's results
+    # directory: it named 'validation/tests/...' relative to the repository root and no --results-dir
+    assert f.detail[-1] == (f"re-run only this point: `pytest {REPO_ROOT}/validation/tests/test_acceptance.py -m "
+                            f"baseline_ddp --runbook {run.runbook.cli_name} --profile cpu "
+                            f"--results-dir={run.results.resolve()}`")
     advice = " ".join(run.context["recommendations"])
     assert "The point never started: its launch failed before any trainer process ran" in advice, advice
     assert "output contract" not in advice and "fix the writer" not in advice
@@ -267,8 +271,9 @@ def test_a_pytest_point_without_junit_xml_is_no_broken_trainer_contract(fake_run
         "pytest wrote no JUnit XML (pytest exit code 0)" in f.title
     assert f"pytest's output: {rec.out_dir}/pytest.stdout.log" in f.detail[0]
     assert "run the tests alone, from the repository root: python -m pytest test_quit.py" in f.detail
-    assert f.detail[-1].startswith("re-run only this point: pytest 'validation/tests/test_acceptance.py::test_phase"
-                                   "[fake/cpu/sanity/default]'")
+    assert f.detail[-1].startswith(f"re-run only this point: `pytest {REPO_ROOT}/validation/tests/test_acceptance.py "
+                                   "-m sanity --runbook ")
+    assert f.detail[-1].endswith(f" --profile cpu --results-dir={run.results.resolve()}`")
     assert "pytest ended without a readable JUnit XML" in advice and "os._exit" in advice
     assert "output contract" not in advice and "fix the writer" not in advice
 

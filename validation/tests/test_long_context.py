@@ -106,3 +106,22 @@ def test_a_report_of_a_partial_sweep_is_incomplete_not_no_go(tmp_path):
     assert ctx["status_reason"] == "2 point(s) not run"
     (finding,) = [f for f in ctx["findings"] if f.kind == "long_context"]
     assert finding.severity == Severity.INFO and finding.title.endswith("checked at S=65,536, not measured")
+
+
+def test_the_losses_compared_are_means_over_the_same_last_steps_of_both_models():
+    """'loss after 12 steps 3.512 vs 4.186' was one step's loss of each model, while NSA's steps
+    10-12 alone moved between 3.00 and 3.51 (docs/examples/2026-11-27_h100, seq_len=4096): the
+    finding compares the mean loss of the window the phase's gates read, the same steps of both."""
+    records = [replace(r, window="last 6 steps", evidence=Evidence(loss_last=3.51 if "nsa" in r.test_id else 4.19),
+                       metrics=replace(r.metrics, steps_completed=12.0,
+                                       loss_mean=3.25 if "nsa" in r.test_id else 3.9))
+               for r in _records({4096: H100[4096]})]
+    (f,) = [f for f in find(records) if f.kind == "long_context"]
+    assert "loss after" not in f.detail[0] and "3.510" not in f.detail[0]
+    assert f.detail[0].endswith("; mean loss over steps 7-12 (the last 6 steps, the gates' window) 3.250 vs 3.900")
+    # over every step when the gates read all steps; and said when the two did not log the same steps
+    whole = [replace(r, window="all steps", metrics=replace(r.metrics, steps_completed=12.0 if "nsa" in r.test_id
+                                                            else 9.0, loss_mean=3.5)) for r in records]
+    (g,) = [f for f in find(whole) if f.kind == "long_context"]
+    assert g.detail[0].endswith("; mean loss over all logged steps 3.500 vs 3.500 (not the same steps: NSA logged "
+                                "to step 12, dense to step 9)")

@@ -4,6 +4,7 @@ metrics by name only at the store boundary."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -57,3 +58,36 @@ def test_records_key_metrics_by_name_only_in_json():
     assert data["metrics"]["toks_per_s_mean"] == 12.5 and data["metrics"]["loss_drop"] == 1.5
     back = PhaseRecord.from_json({**data, "metrics": {**data["metrics"], "a_metric_since_retired": 3.0}}, "x")
     assert back.metrics == rec.metrics and isinstance(back.metrics, Summary)
+
+
+# sdpa_audit's training.csv (docs/examples/2026-11-27c_h100): step 1 compiles for 24 s, then ~0.063 s a step
+_SDPA = Path(__file__).resolve().parents[2] / "docs/examples/2026-11-27c_h100/runs/h100_single/h100/sdpa_audit/default"
+
+
+def test_the_train_table_shows_the_median_step_beside_the_mean_toks_and_says_what_each_is(tmp_path):
+    """Over a window with a warm-up step the table read 97,323 mean toks/s beside a 2.513 s mean
+    step (8,192 tokens a step: 3,260 tok/s), two figures no reader could reconcile; the mean step
+    time is the 24.1 s compile's share of the window. The step column is the window's median step
+    (0.0629 s, 130k tok/s, the steady rate), and the note says what each column is."""
+    from validation.report.build import build_context, render_text
+    from validation.store.results import ResultStore
+    from validation.report.tables import phase_tables
+
+    [csv_path] = _SDPA.glob("*/training.csv")
+    run = RunData(csv_path.parent, csv=pd.read_csv(csv_path))
+    assert compute("step_time_s_mean", run, None) == pytest.approx(2.513, abs=1e-3)  # what gates read: unchanged
+    assert compute("step_time_s_median", run, None) == pytest.approx(0.06293, abs=1e-5)
+    rec = PhaseRecord(PointKey("rb", "h100", "sdpa_audit"), "rb/h100/sdpa_audit/default", "train", Status.PASS, "",
+                      exit_code=0, out_dir="runs/x", metrics=Summary.of(run, None))
+    [ph] = phase_tables([rec])
+    assert ph["rows"][0]["step_time"] == pytest.approx(0.06293, abs=1e-5)
+    # a record of an older harness holds no median: its mean is shown as the mean
+    [old] = phase_tables([dataclasses.replace(rec, metrics=dataclasses.replace(rec.metrics, step_time_s_median=None))])
+    assert old["rows"][0]["step_time"] == "2.513 (mean)"
+    ResultStore(tmp_path).put(rec)
+    ctx = build_context(tmp_path, "rb", "h100", runbook=None, profile=None, now="2026-01-01 00:00 UTC")
+    text = render_text({**ctx, "results_prefix": ".."})
+    assert "| default | 97,323 | — | 51,637 | 0.06293 |" in text
+    assert "| Point | Mean toks/s | MFU | Stdev | Median step (s) |" in text
+    assert "Mean toks/s: the mean of the window's logged steps' own tokens/s" in text
+    assert "Median step: the median `step_time_s` of the window's logged steps" in text

@@ -139,3 +139,35 @@ def test_the_repeats_own_gate_is_the_points_not_one_repeats():
     assert [row["point"] for row in gate_rows([rec])] == ["default", "default, repeat 1 of 2 (every repeat FAIL)"]
     [title] = [f.title for f in find([rec]) if f.kind == "repeats"]
     assert title.startswith("gate failed in ab [default]: repeat_loss_rel_diff = 0.01")
+
+
+def test_every_repeat_is_looked_at_for_spikes_not_only_the_one_the_record_keeps(fake_run):
+    """Only the deciding repeat's run was looked at for spikes (and divergence, a non-finite loss,
+    memory growth, a slowdown): a loss spike in repeat 1 of a point whose repeat 3 decided (every
+    repeat passed its gates) was in no finding, and the report said nothing of it."""
+    run = fake_run([train_phase("ab", gates=GATES, repeats=3, steps=30,
+                                env={"NSA_FAULT": "spike:step=25", "NSA_FAKE_FAULT_REPEATS": "1"})])
+    rec = run.record
+    assert rec.status == Status.PASS and rec.part == "repeat 3 of 3" and rec.evidence.spikes == []
+    spikes = [f for f in run.context["findings"] if f.kind == "spike"]  # the store's records, read back
+    assert [f.title.split(": ")[0] for f in spikes] == ["loss spike in ab [default], repeat 1 of 3 at step 25"]
+    assert spikes[0].detail == [f"CSV: {rec.runs[0].out_dir}/training.csv (loss column)"]
+    assert "loss spike in ab [default], repeat 1 of 3 at step 25" in run.report
+
+
+def test_a_repeat_whose_loss_went_nan_is_a_critical_finding_of_that_repeat(fake_run):
+    run = fake_run([train_phase("ab", gates=[], repeats=2, env={"NSA_FAULT": "nan_logged:step=3",
+                                                                "NSA_FAKE_FAULT_REPEATS": "1"})])
+    [f] = [f for f in run.context["findings"] if f.kind == "nonfinite"]
+    assert f.severity == "critical" and f.title.startswith("non-finite loss in ab [default], repeat 1 of 2: first "
+                                                           "logged at step 3")
+    assert run.context["verdict"] == "NO-GO"
+
+
+def test_a_record_of_an_older_harness_without_each_repeats_signs_still_loads():
+    old = {"name": "repeat1", "label": "repeat 1 of 2", "out_dir": "runs/ab/repeat1", "status": "PASS"}
+    assert SubRun.from_json(old).signs is None
+    sub = SubRun.from_json({**old, "signs": {"spikes": [dataclasses.asdict(Spike("loss", 5, 9.0, 3.0, 40.0, 6.0))],
+                                             "nonfinite_loss_step": 7, "failed_gates": ["loss_spikes"]}})
+    assert sub.signs.spikes == [Spike("loss", 5, 9.0, 3.0, 40.0, 6.0)] and sub.signs.nonfinite_loss_step == 7
+    assert sub.signs.failed_gates == ["loss_spikes"] and sub.signs.divergence is None

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shlex
 
-from validation.judge.findings.failures import rerun_point
 from validation.judge.findings.finding import Facts, Finding, Severity, where
 from validation.judge.misses import Miss, pytest_ended
 from validation.judge.record import PhaseRecord, Status
@@ -56,14 +55,14 @@ def _timed_out(r: PhaseRecord) -> Finding:
         alone = tests_alone(r)
         logs = _files(r, "pytest.stdout.log", "pytest.stderr.log")
         detail = ([f"pytest's output so far (how far it got): {', '.join(logs)}"] * bool(logs)
-                  + [f"run the tests alone, from the repository root: {alone}"] * bool(alone) + [rerun_point(r)])
+                  + [f"run the tests alone, from the repository root: {alone}"] * bool(alone))
         return Finding(Severity.CRITICAL, r.phase, f"timed out in {where(r)}: pytest was still running at the phase's "
                        f"{r.timeout_s:g} s timeout_s and was killed; no test outcome was counted", detail,
-                       "tests_timeout", Facts.of(r))
+                       "tests_timeout", Facts.of(r), rerun=r)
     logs = [f"{cmd}'s error output: {r.out_dir}/{log}" for cmd, log in _PREFLIGHT_LOGS.values() if log in r.evidence.files]
     return Finding(Severity.CRITICAL, r.phase, f"timed out in {where(r)}: preflight was still running at the phase's "
-                   f"{r.timeout_s:g} s timeout_s and was killed", logs + [rerun_point(r)], "preflight_timeout",
-                   Facts.of(r))
+                   f"{r.timeout_s:g} s timeout_s and was killed", logs, "preflight_timeout",
+                   Facts.of(r), rerun=r)
 
 
 def _pytest(r: PhaseRecord) -> Finding | None:
@@ -74,19 +73,19 @@ def _pytest(r: PhaseRecord) -> Finding | None:
     if Miss.TEST_PATHS in misses or r.exit_code not in (0, 1, None):
         what = pytest_ended(r.exit_code) if r.exit_code not in (0, None) else "pytest could not run the tests"
         return Finding(Severity.CRITICAL, r.phase, f"tests not run in {where(r)}: {what}",
-                       ev.errors + [f"pytest's output: {', '.join(logs)}"] * bool(logs) + how + [rerun_point(r)],
-                       "tests_not_run", Facts.of(r))
+                       ev.errors + [f"pytest's output: {', '.join(logs)}"] * bool(logs) + how,
+                       "tests_not_run", Facts.of(r), rerun=r)
     if Miss.JUNIT in misses:
         return Finding(Severity.CRITICAL, r.phase, f"no test outcome in {where(r)}: {ev.errors[0] if ev.errors else ''}"
                        f" (pytest exit code {r.exit_code})",
-                       ev.errors[1:] + [f"pytest's output: {', '.join(logs)}"] * bool(logs) + how + [rerun_point(r)],
-                       "no_junit", Facts.of(r))
+                       ev.errors[1:] + [f"pytest's output: {', '.join(logs)}"] * bool(logs) + how,
+                       "no_junit", Facts.of(r), rerun=r)
     if r.exit_code == 1:
         failed, passed = r.metrics.tests_failed, r.metrics.tests_passed
         counts = (f": {failed:g} failed, {passed:g} passed" if failed is not None and passed is not None else "")
         return Finding(Severity.CRITICAL, r.phase, f"tests failed in {where(r)}{counts}",
-                       _files(r, "junit.xml") + [f"pytest's output: {', '.join(logs)}"] * bool(logs) + how
-                       + [rerun_point(r)], "tests_failed", Facts.of(r))
+                       _files(r, "junit.xml") + [f"pytest's output: {', '.join(logs)}"] * bool(logs) + how,
+                       "tests_failed", Facts.of(r), rerun=r)
     return None  # it ran clean and a gate failed: failed_gates says which
 
 
@@ -97,4 +96,4 @@ def _preflight(r: PhaseRecord) -> Finding | None:
     logs = [f"{_PREFLIGHT_LOGS[m][0]}'s error output: {r.out_dir}/{_PREFLIGHT_LOGS[m][1]}" for m in misses
             if m in _PREFLIGHT_LOGS and _PREFLIGHT_LOGS[m][1] in ev.files]
     return Finding(Severity.CRITICAL, r.phase, f"preflight incomplete in {where(r)}: {'; '.join(ev.errors[:1])}",
-                   ev.errors[1:] + logs + [rerun_point(r)], "preflight", Facts.of(r))
+                   ev.errors[1:] + logs, "preflight", Facts.of(r), rerun=r)

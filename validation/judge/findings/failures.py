@@ -3,7 +3,6 @@ imbalanced ranks, broken output contracts, and failed gates. Where each rank was
 ended, from the record's evidence."""
 from __future__ import annotations
 
-import shlex
 
 from nsa.contract import HEARTBEAT_STAGE_HALT, PROFILE_TOP_OPS, heartbeat_name
 from validation.contract.stacks import StackDump
@@ -422,27 +421,16 @@ def artifact_errors(records: list[PhaseRecord]) -> list[Finding]:
         if ev.not_run == NotRun.LAUNCH:
             logs = [f"{r.out_dir}/{name}" for name in ev.files if name.endswith(".log")]
             out.append(Finding(Severity.CRITICAL, r.phase, f"{where(r)} was not launched, nothing ran: {r.reason}",
-                               ([f"the launcher's output: {', '.join(logs)}"] if logs else []) + [rerun_point(r)],
-                               "not_launched", Facts.of(r)))
+                               [f"the launcher's output: {', '.join(logs)}"] if logs else [],
+                               "not_launched", Facts.of(r), rerun=r))
         elif ev.not_run == NotRun.HARNESS:
             out.append(Finding(Severity.CRITICAL, r.phase, f"{where(r)}: {r.reason}",
-                               [f"traceback: {r.out_dir}/{HARNESS_ERROR_FILE}", rerun_point(r)],
-                               "harness_error", Facts.of(r)))
+                               [f"traceback: {r.out_dir}/{HARNESS_ERROR_FILE}"],
+                               "harness_error", Facts.of(r), rerun=r))
         elif r.kind in TRAINER_KINDS:  # a pytest or preflight point has no output contract (findings/checks.py)
             out.append(Finding(Severity.CRITICAL, r.phase, f"{where(r)}: {r.reason}", ev.errors[1:], "artifacts",
                                Facts.of(r)))
     return out
-
-
-#: the acceptance test that runs one point (validation/report/tables.py's ACCEPTANCE_TESTS, by repository path)
-_POINT_TEST = "validation/tests/test_acceptance.py::test_phase"
-
-
-def rerun_point(r: PhaseRecord) -> str:
-    """'re-run only this point: pytest validation/tests/test_acceptance.py::test_phase[rb/cpu/p/default]
-    --runbook rb --profile cpu' (from the repository root; a record's point by its test id)."""
-    return (f"re-run only this point: pytest {shlex.quote(f'{_POINT_TEST}[{r.test_id}]')} --runbook "
-            f"{shlex.quote(r.runbook_arg or r.key.runbook)} --profile {shlex.quote(r.profile_arg or r.key.profile)}")
 
 
 #: gates whose failure another detector already explains (idle ranks; a .HALT is a stall or a NaN)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from nsa.contract import heartbeat_name
 from validation.judge.findings.culprit import Culprit
 from validation.judge.misses import Miss
-from validation.judge.record import PhaseRecord
+from validation.judge.record import PhaseRecord, RunSigns
 from validation.judge.verdict import Outcome
 
 
@@ -89,6 +89,11 @@ class Finding:
     """What is true of the run(s) it is about (the advice reads it)."""
     culprit: Culprit | None = None
     """Of a crash or a stall: the rank(s) it blames, which the point's verdict line names too."""
+    rerun: PhaseRecord | None = None
+    """The point that a re-run of it alone may settle (a launch that failed, a pytest point): the
+    report adds its re-run line to the detail, built as its Reproduce lines are
+    (validation/report/tables.py ``rerun_line``: this report's runbook, profile and results
+    directory, the tests by absolute path), so that it runs as printed from any directory."""
 
 
 def point_label(rec: PhaseRecord) -> str:
@@ -106,6 +111,27 @@ def where_run(rec: PhaseRecord) -> str:
     """'phase [point]', and which of its processes the record's evidence is of, for points that
     run several ('resume [default], first half (steps 1-3, stopped)')."""
     return where(rec) + (f", {rec.part}" if rec.part else "")
+
+
+@dataclass(frozen=True)
+class Watched:
+    """One run of a record whose whole training.csv findings read: where it is for people, its
+    directory and what it says of how it trained."""
+
+    where: str
+    out_dir: str
+    signs: RunSigns
+
+
+def watched_runs(rec: PhaseRecord) -> list[Watched]:
+    """The runs of a record that the findings of spikes, divergence, a non-finite loss, a slowdown
+    and memory growth look at: every repeat of a repeated point ('ab [default], repeat 1 of 3'),
+    not only the one whose evidence the record keeps; else the record's own run (and so for a
+    record of an older harness, whose repeats kept no signs)."""
+    repeats = [s for s in rec.runs if s.name.startswith("repeat") and s.signs is not None]
+    if repeats:
+        return [Watched(f"{where(rec)}, {s.label}", s.out_dir, s.signs) for s in repeats]
+    return [Watched(where_run(rec), rec.out_dir, RunSigns.of(rec.evidence, [g.metric for g in rec.failed_gates()]))]
 
 
 def repeat_part(rec: PhaseRecord) -> str:

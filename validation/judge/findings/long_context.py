@@ -3,7 +3,10 @@
 on the same data with the same trainer; per length, NSA's tokens/s over dense's.
 
 Findings: the length from which NSA is faster (at it and at every longer length measured), its
-speed-up at the longest length, and the loss of both at equal steps. With the profile threshold
+speed-up at the longest length, and the loss of both at equal steps: the mean loss of the steps the
+phase's gates read (its window, 'last 6 steps'; every logged step without one) of each model, the
+same steps of both. One step's loss of each says little: a model's loss moves from step to step by
+more than the difference (NSA at S=4,096 moved between 3.00 and 3.51 over steps 10-12). With the profile threshold
 ``MIN_SPEEDUP_KEY`` the speed-up at the sweep's longest length is also a check: below it is
 critical (a cross-point failure no single point's test can see). Where the runbook's sweep is
 known (``planned_longest``), the check waits for its longest length: a partial run (the longest
@@ -11,6 +14,7 @@ points cut off, not run, or without tokens/s) is not judged at a shorter length 
 threshold set for the longest."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -93,7 +97,7 @@ def long_context(records: list[PhaseRecord], thresholds: Mapping[str, float | No
         cross = crossover(measured)
         table = [f"S={p.seq_len:,}: NSA {p.nsa.metrics.toks_per_s_mean:,.0f} tok/s, dense "
                  f"{p.dense.metrics.toks_per_s_mean:,.0f} tok/s ({p.speedup:.2f}x); peak memory "
-                 f"{_gb(p.nsa)} vs {_gb(p.dense)} GB; loss after {p.nsa.steps} steps {_loss(p.nsa)} vs {_loss(p.dense)}"
+                 f"{_gb(p.nsa)} vs {_gb(p.dense)} GB; {_losses(p)}"
                  for p in measured]
         where = (f"NSA is faster from S={cross:,} on" if cross is not None
                  else f"NSA is not faster at every length up to S={longest_measured.seq_len:,}")
@@ -115,6 +119,25 @@ def _gb(r: PhaseRecord) -> str:
     return "?" if v is None else f"{v:.1f}"
 
 
-def _loss(r: PhaseRecord) -> str:
-    v = r.evidence.loss_last
+def _losses(p: LengthPair) -> str:
+    """'mean loss over steps 7-12 (the last 6 steps, the gates' window) 3.250 vs 3.900': each
+    model's loss_mean over the phase's window (the record's numbers are over it), and where the two
+    did not log to the same step, that their windows are not the same steps."""
+    ends = [r.metrics.steps_completed for r in (p.nsa, p.dense)]
+    match = re.fullmatch(r"last (\d+) steps", p.nsa.window)
+    last = int(match.group(1)) if match else None
+    values = " vs ".join(_mean_loss(r) for r in (p.nsa, p.dense))
+    if ends[0] is None or ends[0] != ends[1]:
+        n, d = ("?" if e is None else f"{e:g}" for e in ends)
+        told = f"NSA logged to step {n}, dense to step {d}"
+        span = f"their last {last} steps" if last else "all logged steps"
+        return f"mean loss over {span} {values} (not the same steps: {told})"
+    end = int(ends[0])
+    if last:
+        return f"mean loss over steps {max(end - last + 1, 1)}-{end} (the last {last} steps, the gates' window) {values}"
+    return f"mean loss over every logged step to step {end} (the gates' window: all steps) {values}"
+
+
+def _mean_loss(r: PhaseRecord) -> str:
+    v = r.metrics.loss_mean
     return "?" if v is None else f"{v:.3f}"

@@ -4,7 +4,7 @@ end long before a leak matters, a run of days does not. The mem_growth_gb gate, 
 has one, judges; this says who grows and when it would end."""
 from __future__ import annotations
 
-from validation.judge.findings.finding import Facts, Finding, Severity, where_run
+from validation.judge.findings.finding import Facts, Finding, Severity, Watched, watched_runs
 from validation.judge.record import PhaseRecord
 
 
@@ -14,21 +14,28 @@ def memory_growth(records: list[PhaseRecord]) -> list[Finding]:
     much memory a device has."""
     out = []
     for r in records:
-        grown = sorted(r.evidence.memory_growth, key=lambda g: -g.gb_per_1k_steps)
-        if not grown:
-            continue
-        ranks = ", ".join(str(g.rank) for g in sorted(grown, key=lambda g: g.rank))
-        fastest = grown[0]
-        soonest = min((g for g in grown if g.runs_out_at is not None), key=lambda g: g.runs_out_at, default=None)
-        ends = (f"; at this rate rank {soonest.rank} reaches the device's {soonest.device_gb:g} GiB at about step "
-                f"{soonest.runs_out_at:,}" if soonest is not None else "")
-        detail = [g.text() for g in grown]
-        if soonest is None:
-            detail.append("env.json records no device_mem_gb (one device's memory, GiB), so no step of running out "
-                          "is projected")
-        detail.append(f"CSV and heartbeats: {r.out_dir}")
-        rate = (f"ranks {ranks}, up to {fastest.gb_per_1k_steps:.3g} GiB per 1000 steps (rank {fastest.rank})"
-                if len(grown) > 1 else f"rank {ranks} at {fastest.gb_per_1k_steps:.3g} GiB per 1000 steps")
-        out.append(Finding(Severity.WARNING, r.phase, f"memory keeps growing in {where_run(r)}: {rate}{ends}", detail,
-                           "memory_growth", Facts.of(r)))
+        for run in watched_runs(r):  # every repeat of a repeated point
+            finding = _growth(r, run)
+            if finding is not None:
+                out.append(finding)
     return out
+
+
+def _growth(r: PhaseRecord, run: Watched) -> Finding | None:
+    grown = sorted(run.signs.memory_growth, key=lambda g: -g.gb_per_1k_steps)
+    if not grown:
+        return None
+    ranks = ", ".join(str(g.rank) for g in sorted(grown, key=lambda g: g.rank))
+    fastest = grown[0]
+    soonest = min((g for g in grown if g.runs_out_at is not None), key=lambda g: g.runs_out_at, default=None)
+    ends = (f"; at this rate rank {soonest.rank} reaches the device's {soonest.device_gb:g} GiB at about step "
+            f"{soonest.runs_out_at:,}" if soonest is not None else "")
+    detail = [g.text() for g in grown]
+    if soonest is None:
+        detail.append("env.json records no device_mem_gb (one device's memory, GiB), so no step of running out "
+                      "is projected")
+    detail.append(f"CSV and heartbeats: {run.out_dir}")
+    rate = (f"ranks {ranks}, up to {fastest.gb_per_1k_steps:.3g} GiB per 1000 steps (rank {fastest.rank})"
+            if len(grown) > 1 else f"rank {ranks} at {fastest.gb_per_1k_steps:.3g} GiB per 1000 steps")
+    return Finding(Severity.WARNING, r.phase, f"memory keeps growing in {run.where}: {rate}{ends}", detail,
+                   "memory_growth", Facts.of(r))

@@ -6,7 +6,7 @@ record's evidence, found by the profile's rule when the point was judged
 (validation/judge/stability.py)."""
 from __future__ import annotations
 
-from validation.judge.findings.finding import Facts, Finding, Severity, where_run
+from validation.judge.findings.finding import Facts, Finding, Severity, watched_runs
 from validation.judge.record import PhaseRecord
 from validation.judge.stability import Spike
 
@@ -20,53 +20,50 @@ EXPLAINED = frozenset({*GATED_BY.values(), "loss_diverging"})
 
 
 def spikes(records: list[PhaseRecord]) -> list[Finding]:
-    """One finding per run and column with spikes: the first named in the title (step, value,
-    rolling median, robust z), the first few in the detail. A warning, or critical where the
-    phase gates that column's spikes and the gate failed."""
+    """One finding per run (every repeat of a repeated point) and column with spikes: the first
+    named in the title (step, value, rolling median, robust z), the first few in the detail. A
+    warning, or critical where the phase gates that column's spikes and the run's gate failed."""
     out = []
     for r in records:
-        failed = {g.metric for g in r.failed_gates()}
-        by_col: dict[str, list[Spike]] = {}
-        for s in r.evidence.spikes:
-            by_col.setdefault(s.column, []).append(s)
-        for col, found in by_col.items():
-            many = f"{len(found)} {_WHAT[col]} spikes" if len(found) > 1 else f"{_WHAT[col]} spike"
-            first = found[0]
-            detail = [s.text() for s in found[:LISTED]] if len(found) > 1 else []
-            if len(found) > LISTED:
-                detail.append(f"... and {len(found) - LISTED} more")
-            detail.append(f"CSV: {r.out_dir}/training.csv ({col} column)")
-            severity = Severity.CRITICAL if GATED_BY[col] in failed else Severity.WARNING
-            out.append(Finding(severity, r.phase, (
-                f"{many} in {where_run(r)} " + ("(the first) " if len(found) > 1 else "") + f"at {first.text()}"),
-                detail, "spike", Facts.of(r)))
+        for run in watched_runs(r):
+            by_col: dict[str, list[Spike]] = {}
+            for s in run.signs.spikes:
+                by_col.setdefault(s.column, []).append(s)
+            for col, found in by_col.items():
+                many = f"{len(found)} {_WHAT[col]} spikes" if len(found) > 1 else f"{_WHAT[col]} spike"
+                first = found[0]
+                detail = [s.text() for s in found[:LISTED]] if len(found) > 1 else []
+                if len(found) > LISTED:
+                    detail.append(f"... and {len(found) - LISTED} more")
+                detail.append(f"CSV: {run.out_dir}/training.csv ({col} column)")
+                severity = Severity.CRITICAL if GATED_BY[col] in run.signs.failed_gates else Severity.WARNING
+                out.append(Finding(severity, r.phase, (
+                    f"{many} in {run.where} " + ("(the first) " if len(found) > 1 else "") + f"at {first.text()}"),
+                    detail, "spike", Facts.of(r)))
     return out
 
 
 def divergence(records: list[PhaseRecord]) -> list[Finding]:
-    """One critical finding per run whose loss rose (NaN-free) by more than the rule allows."""
-    out = []
-    for r in records:
-        rise = r.evidence.divergence
-        if rise is None:
-            continue
-        out.append(Finding(Severity.CRITICAL, r.phase, f"loss diverging in {where_run(r)} from step {rise.first_step}: "
-                           f"{rise.text()}", [f"CSV: {r.out_dir}/training.csv"], "diverging", Facts.of(r)))
-    return out
+    """One critical finding per run (every repeat of a repeated point) whose loss rose (NaN-free)
+    by more than the rule allows."""
+    return [Finding(Severity.CRITICAL, r.phase, f"loss diverging in {run.where} from step {rise.first_step}: "
+                    f"{rise.text()}", [f"CSV: {run.out_dir}/training.csv"], "diverging", Facts.of(r))
+            for r in records for run in watched_runs(r) if (rise := run.signs.divergence) is not None]
 
 
 def nonfinite(records: list[PhaseRecord]) -> list[Finding]:
-    """One critical finding per run whose training.csv logs a non-finite loss that nothing else
-    names: not where the trainer's own guard stopped on it (.HALT source nonfinite: the crash
-    finding's) nor where a loss_finite gate failed on it (the gate's finding names the step). A
-    runbook that gates only speed would otherwise pass a run whose loss went NaN."""
+    """One critical finding per run (every repeat of a repeated point) whose training.csv logs a
+    non-finite loss that nothing else names: not where the trainer's own guard stopped on it (.HALT
+    source nonfinite: the crash finding's) nor where a loss_finite gate failed on it (the gate's
+    finding names the step). A runbook that gates only speed would otherwise pass a run whose loss
+    went NaN."""
     out = []
     for r in records:
-        step, halt = r.evidence.nonfinite_loss_step, r.evidence.halt
-        if step is None or (halt is not None and halt.source == "nonfinite") or any(
-                g.metric == "loss_finite" for g in r.failed_gates()):
-            continue
-        out.append(Finding(Severity.CRITICAL, r.phase, f"non-finite loss in {where_run(r)}: first logged at step {step}, "
-                           "and the trainer did not stop on it (no .HALT); no loss_finite gate of the phase checks it",
-                           [f"CSV: {r.out_dir}/training.csv (loss column)"], "nonfinite", Facts.of(r)))
+        for run in watched_runs(r):
+            step = run.signs.nonfinite_loss_step
+            if step is None or run.signs.halted_nonfinite or "loss_finite" in run.signs.failed_gates:
+                continue
+            out.append(Finding(Severity.CRITICAL, r.phase, f"non-finite loss in {run.where}: first logged at step {step}, "
+                               "and the trainer did not stop on it (no .HALT); no loss_finite gate of the phase checks it",
+                               [f"CSV: {run.out_dir}/training.csv (loss column)"], "nonfinite", Facts.of(r)))
     return out

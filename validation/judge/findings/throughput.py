@@ -4,7 +4,7 @@ backends; and within one run, tokens/s that fell and stayed down. The cross-poin
 machine with another timed point (validation/judge/timing.py)."""
 from __future__ import annotations
 
-from validation.judge.findings.finding import Facts, Finding, Severity, point_label, where, where_run
+from validation.judge.findings.finding import Facts, Finding, Severity, point_label, watched_runs, where
 from validation.judge.findings.long_context import KIND_KEY
 from validation.judge.interval import Interval, interval
 from validation.judge.pace import fit_step_time
@@ -61,10 +61,9 @@ def slowdowns(records: list[PhaseRecord]) -> list[Finding]:
     """A warning per run whose tokens/s fell and stayed down (judge/stability.py ``slowdown``):
     a long run would go on at the later rate. Its gates (a floor on tokens/s, their spread) judge;
     this says where it happened."""
-    return [Finding(Severity.WARNING, r.phase, f"tokens/s fell in {where_run(r)} from step {r.evidence.slowdown.first_step}: "
-                    f"{r.evidence.slowdown.text()}", [f"CSV: {r.out_dir}/training.csv (toks_per_s column)"],
-                    "slowdown", Facts.of(r))
-            for r in records if r.evidence.slowdown is not None]
+    return [Finding(Severity.WARNING, r.phase, f"tokens/s fell in {run.where} from step {fell.first_step}: "
+                    f"{fell.text()}", [f"CSV: {run.out_dir}/training.csv (toks_per_s column)"], "slowdown", Facts.of(r))
+            for r in records for run in watched_runs(r) if (fell := run.signs.slowdown) is not None]
 
 
 def _tokens_per_step(rec: PhaseRecord) -> float | None:

@@ -1,0 +1,35 @@
+"""Two-node Slurm runs read back from the files they left (validation/tests/evidence/, each
+directory a run's nodes.json, agent logs and, where they matter, heartbeats): what the judge makes
+of each node. Recorded 2026-11-28 on the two-node single-host Slurm (scripts/slurm/single_host.sh,
+SLURM_SH_NODES=2), the trainer nsa.train --config tiny, 2 nodes x 1 process:
+
+- slurm_busy_port: rdzv.port 24999 held by a listener that accepts and never answers; neither
+  agent got through the rendezvous, the start-up allowance (30 s) ended the run, and the harness
+  cancelled the step (scancel --signal=TERM), which left slurmstepd's banner in node0.stderr.log.
+- slurm_netns_fqdn: node 1's slurmd in a network namespace of its own (veth 10.200.0.1 <->
+  10.200.0.2, /etc/hosts of its own, UTS host name vmn1.s13.test); a healthy run.
+- slurm_netns_blocked_port: the same, with node 1's connections to 10.200.0.1:20000-28999
+  rejected (iptables in its namespace): node 1 never reached the rendezvous; node 0 gave up at
+  the join timeout (15 s).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from validation.contract.torchrun_log import agent_said
+from validation.judge.nodes import node_evidence
+
+EVIDENCE = Path(__file__).parent / "evidence"
+
+
+def test_slurmstepds_cancel_banner_is_not_what_the_agent_said():
+    """The harness's own cancel of a step whose agents never started a worker left only
+    slurmstepd's line in node 0's log; the nodes finding quoted it as the agent's last word:
+    "node 0: agent still running (process state sleeping) when the harness stopped the run
+    ('slurmstepd-vmn0: error: *** STEP 7.1 ON vmn0 CANCELLED AT ... ***')". Slurm wrote it, not
+    torchrun's agent: the agent said nothing."""
+    run = EVIDENCE / "slurm_busy_port"
+    assert "*** STEP 7.1 ON vmn0 CANCELLED AT" in (run / "node0.stderr.log").read_text()  # the evidence is as said
+    assert agent_said(run / "node0.stderr.log") is None
+    ev = node_evidence(run, {}, {})
+    assert [n.said for n in ev.nodes] == [None, None], ev.nodes

@@ -14,8 +14,12 @@ SLURM_SH_NODES=2), the trainer nsa.train --config tiny, 2 nodes x 1 process:
 """
 from __future__ import annotations
 
+import dataclasses
+import shutil
 from pathlib import Path
 
+from validation.contract.files import read_heartbeats
+from validation.contract.nodes import read_nodes, write_nodes
 from validation.contract.torchrun_log import agent_said
 from validation.judge.nodes import node_evidence
 
@@ -33,3 +37,32 @@ def test_slurmstepds_cancel_banner_is_not_what_the_agent_said():
     assert agent_said(run / "node0.stderr.log") is None
     ev = node_evidence(run, {}, {})
     assert [n.said for n in ev.nodes] == [None, None], ev.nodes
+
+
+def _as_if_remote(run: Path, tmp_path: Path, node: int) -> Path:
+    """A copy of ``run`` whose nodes.json has none of ``node``'s ranks, node rank or agent: what the
+    harness records of a node on another host, whose processes it cannot see (on the single-host
+    Slurm every node's processes are visible here, and found by the run's token)."""
+    out = tmp_path / run.name
+    shutil.copytree(run, out)
+    launch = read_nodes(out)
+    launch.nodes[node] = dataclasses.replace(launch.nodes[node], pid=None, group_rank=None, ranks={})
+    write_nodes(out, launch)
+    return out
+
+
+def test_a_rank_on_a_host_whose_name_is_a_fqdn_is_placed_on_its_node(tmp_path):
+    """Slurm's check of the shared run directory records each node's ``hostname --short``
+    ('vmn1'); the trainer's heartbeats carry ``socket.gethostname()``, which is the whole name where
+    a host's name is a FQDN ('vmn1.s13.test', node 1's UTS name here). Where the harness cannot see
+    a node's processes (a cluster: they run on another host) the host is all that places its
+    ranks, and rank 1 was on no node ('no rank ran' of node 1, and a fault of rank 1 named no
+    node)."""
+    run = EVIDENCE / "slurm_netns_fqdn"
+    launch = read_nodes(run)
+    beats = read_heartbeats(run)
+    assert [n.host for n in launch.nodes] == ["vm", "vmn1"], launch  # the evidence is as said
+    assert {r["host"] for r in beats[1]} == {"vmn1.s13.test"}
+    assert [n.ranks for n in node_evidence(run, beats, {}).nodes] == [[0], [1]]  # seen here: placed by pid
+    remote = _as_if_remote(run, tmp_path, node=1)
+    assert [n.ranks for n in node_evidence(remote, read_heartbeats(remote), {}).nodes] == [[0], [1]]

@@ -21,7 +21,9 @@ from pathlib import Path
 from validation.contract.files import read_heartbeats
 from validation.contract.nodes import read_nodes, write_nodes
 from validation.contract.torchrun_log import agent_said
+from validation.judge.findings import Severity, find, recommendations
 from validation.judge.nodes import node_evidence
+from validation.judge.record import Evidence, PhaseRecord, PointKey, Status
 
 EVIDENCE = Path(__file__).parent / "evidence"
 
@@ -66,3 +68,32 @@ def test_a_rank_on_a_host_whose_name_is_a_fqdn_is_placed_on_its_node(tmp_path):
     assert [n.ranks for n in node_evidence(run, beats, {}).nodes] == [[0], [1]]  # seen here: placed by pid
     remote = _as_if_remote(run, tmp_path, node=1)
     assert [n.ranks for n in node_evidence(remote, read_heartbeats(remote), {}).nodes] == [[0], [1]]
+
+
+def test_a_node_that_cannot_reach_the_rendezvous_is_told_so_not_that_it_was_stopped():
+    """Node 1's connections to the first node's rendezvous port were rejected (a firewall between
+    the nodes): its agent, running and sleeping, said nothing but a c10d warning in the 15 s node 0
+    waited (torchrun's client tries to connect for 60 s, then says 'TCP client failed to
+    connect/validate to host 10.200.0.1:24500 - retrying', measured here). The advice read 'said
+    nothing of why: it was stopped or stuck before any rank started, not down' and sent the engineer
+    to SIGSTOP, a debugger and disk I/O; the likeliest cause of an agent that waits running, not
+    reaching the endpoint, went unsaid, and the finding did not say where the endpoint was."""
+    run = EVIDENCE / "slurm_netns_blocked_port"
+    ev = node_evidence(run, {}, {})
+    assert ev.rdzv_endpoint == "vmn0:20014" and [n.state for n in ev.nodes] == [None, "sleeping"], ev
+    rec = PhaseRecord(key=PointKey("slurm2", "cpu", "healthy"), test_id="slurm2/cpu/healthy/default", kind="train",
+                      status=Status.FAIL, reason="trainer ended before its first step (exit code 1)", exit_code=1,
+                      world_size=2, evidence=Evidence(nodes=ev))
+    [f] = [f for f in find([rec]) if f.severity == Severity.CRITICAL]
+    assert f.title.startswith("node 1 never joined the rendezvous in healthy [default]: no rank started; the others "
+                              "gave up waiting (join timeout 15 s): node 0, RendezvousTimeoutError; node 1's agent was "
+                              "still running (process state sleeping)"), f.title
+    assert f.title.endswith(" when the harness stopped it (the rendezvous: vmn0:20014)"), f.title
+    [advice] = recommendations([f])
+    assert "reach" in advice and "stopped or stuck" not in advice, advice
+    assert "60 s" in advice, advice
+    # an agent stopped (SIGSTOP) before the rendezvous keeps its own advice
+    frozen = dataclasses.replace(ev, nodes=[ev.nodes[0], dataclasses.replace(ev.nodes[1], state="stopped")])
+    [f] = [f for f in find([dataclasses.replace(rec, evidence=Evidence(nodes=frozen))])
+           if f.severity == Severity.CRITICAL]
+    assert f.kind == "node_stuck" and "'stopped' is a SIGSTOP" in recommendations([f])[0], f

@@ -35,6 +35,17 @@ NODE_ADVICE = {
                   "'disk-sleep' is I/O that does not return (a hung shared filesystem under its imports); otherwise "
                   "`py-spy dump --pid` of that host's agent while it waits shows where. A node that is only slow to "
                   "start needs a longer rdzv.join_timeout_s (and startup_s).",
+    "node_unreachable": "A node's torchrun agent was running, not stopped, but never joined the rendezvous the other "
+                        "nodes waited in until their join timeout: most likely it could not reach the endpoint (in the "
+                        "finding). torchrun's agent tries to connect to the rendezvous's store for 60 s before its log "
+                        "says so ('TCP client failed to connect/validate to host ... - retrying'; torch 2.13, measured "
+                        "2026-11-28), so within a shorter join timeout its log is silent. From that node, check that "
+                        "the endpoint's host name resolves to the first node's address there (`getent hosts HOST`: no "
+                        "127.x line for it in that node's /etc/hosts) and that the port is open between the nodes "
+                        "(`python -c \"import socket; socket.create_connection(('HOST', PORT), 5)\"`; a firewall, a "
+                        "security group; under Slurm the port is rdzv.port or one from the job id, 20000-28999). A node "
+                        "only slow to start (imports on a slow shared filesystem) shows where it is in `py-spy dump "
+                        "--pid` of its agent, and needs a longer rdzv.join_timeout_s (and startup_s).",
     "node_failed": "A rank on one node died first and the others failed in their collectives after it (or waited "
                    "for it until the harness stopped the run): read that node's log (named); SIGKILL with no traceback is usually the kernel's OOM killer (dmesg on that "
                    "host) or the scheduler.",
@@ -146,8 +157,9 @@ def _slurm_stopped(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
 def missing_node(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     """No rank ran anywhere, and some agents gave up on the rendezvous: those that did not are
     the nodes that never joined; an agent of them still running when the harness stopped the run
-    (it does once the rendezvous is closed for good, validation/launch/process.py) was stopped or
-    stuck before it, not down (kind ``node_stuck``). Where no agent gave up before the harness
+    (it does once the rendezvous is closed for good, validation/launch/process.py) was not down:
+    held before it (stopped, traced, in I/O: kind ``node_stuck``), else waiting, most likely unable
+    to reach the endpoint (kind ``node_unreachable``). Where no agent gave up before the harness
     stopped the run, ``_never_met``."""
     if any(n.ranks for n in ev.nodes) or r.evidence.last_heartbeat or r.exit_code == 0:
         return None
@@ -162,12 +174,22 @@ def missing_node(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     title = (f"{who} in {where(r)}: no rank started; the others gave up waiting (join timeout "
              f"{ev.join_timeout_s:g} s): {gave}, {', '.join(why)}")
     alive = [n for n in missing if n.exit_code is None and _agent_stopped(r, ev, n)]
+    # an agent held (stopped, traced, in I/O that does not return) is stuck; one that waits running
+    # most likely cannot reach the endpoint: torchrun's client retries its connection silently
+    stuck = [n for n in alive if n.state in _HELD]
     if alive:
         title += "; " + "; ".join(f"{n.name}'s agent was still running{_state(n)} and {_log_said(n)} when the harness "
                                   "stopped it" for n in alive)
+        if not stuck:
+            title += f" (the rendezvous: {ev.rdzv_endpoint})"
     detail = [f"{n.name} never joined: its agent {_agent(n, _agent_stopped(r, ev, n))}; log {n.log}"
               + ("" if n.said else " (empty)") for n in missing]
-    return Finding(Severity.CRITICAL, r.phase, title, detail + _lines(r, ev), "node_stuck" if alive else "node_missing")
+    kind = "node_missing" if not alive else "node_stuck" if stuck else "node_unreachable"
+    return Finding(Severity.CRITICAL, r.phase, title, detail + _lines(r, ev), kind)
+
+
+#: process states of an agent that something holds (psutil's names): it runs nothing of its own
+_HELD = ("stopped", "tracing-stop", "disk-sleep")
 
 
 def _never_met(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:

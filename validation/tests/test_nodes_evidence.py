@@ -97,3 +97,22 @@ def test_a_node_that_cannot_reach_the_rendezvous_is_told_so_not_that_it_was_stop
     [f] = [f for f in find([dataclasses.replace(rec, evidence=Evidence(nodes=frozen))])
            if f.severity == Severity.CRITICAL]
     assert f.kind == "node_stuck" and "'stopped' is a SIGSTOP" in recommendations([f])[0], f
+
+
+def test_agents_that_never_got_an_answer_from_the_rendezvous_are_told_to_check_the_endpoint():
+    """rdzv.port 24999 was held by another program (a listener that accepts and never answers):
+    both agents waited on it, running, neither gave up, and the start-up allowance ended the run.
+    The advice was the stuck-agent one ('said nothing of why: it was stopped or stuck ...',
+    SIGSTOP, debuggers, disk I/O), and no finding said where the rendezvous was."""
+    run = EVIDENCE / "slurm_busy_port"
+    ev = node_evidence(run, {}, {})
+    assert [n.state for n in ev.nodes] == ["sleeping", "sleeping"], ev  # the evidence is as said
+    rec = PhaseRecord(key=PointKey("slurm2b", "cpu", "busy_port"), test_id="slurm2b/cpu/busy_port/default",
+                      kind="train", status=Status.FAIL, reason="stalled", exit_code=None, world_size=2, stalled_s=30.0,
+                      evidence=Evidence(nodes=ev))
+    [f] = [f for f in find([rec]) if f.kind.startswith("node") or f.kind.startswith("rendezvous")]
+    assert f.title.startswith("the nodes never completed the rendezvous at vmn0:24999 in busy_port [default]: no rank "
+                              "started in the 30 s before the harness stopped the run, and no agent gave up on it"), \
+        f.title
+    [advice] = recommendations([f])
+    assert "stopped or stuck" not in advice and "24999" not in advice and "answer" in advice, advice

@@ -46,6 +46,13 @@ NODE_ADVICE = {
                         "security group; under Slurm the port is rdzv.port or one from the job id, 20000-28999). A node "
                         "only slow to start (imports on a slow shared filesystem) shows where it is in `py-spy dump "
                         "--pid` of its agent, and needs a longer rdzv.join_timeout_s (and startup_s).",
+    "rendezvous_unanswered": "No node's torchrun agent got through the rendezvous, none gave up on it, and none was "
+                             "stopped: each was still connecting to, or waiting on, the store at the endpoint (in the "
+                             "finding), which never answered. torchrun's client waits 60 s for a connection before "
+                             "its log says anything (torch 2.13, measured 2026-11-28). Look at the endpoint's port on "
+                             "its host: another program holding it (`ss -ltnp` there: measured with a listener that "
+                             "accepts and never answers), a first node that is not the host the endpoint names, or "
+                             "packets to it dropped (a firewall); then re-run.",
     "node_failed": "A rank on one node died first and the others failed in their collectives after it (or waited "
                    "for it until the harness stopped the run): read that node's log (named); SIGKILL with no traceback is usually the kernel's OOM killer (dmesg on that "
                    "host) or the scheduler.",
@@ -196,7 +203,8 @@ def _never_met(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     """The harness stopped a run (its start-up allowance, or the timeout) in which no rank started
     and no agent gave up on the rendezvous: the agents were still meeting, or waiting on one that
     holds the rendezvous's store. An agent whose process was stopped (SIGSTOP, a debugger) while
-    the others' were not is the one they waited for, and is named; else none is."""
+    the others' were not is the one they waited for, and is named; else none is, and where none
+    was held the endpoint never answered them (kind ``rendezvous_unanswered``)."""
     if not _stopped(r) or r.evidence.rank_failures or not ev.nodes:
         return None
     frozen = [n for n in ev.nodes if n.exit_code is None and n.state == "stopped"]
@@ -206,10 +214,12 @@ def _never_met(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     if frozen and len(frozen) < len(ev.nodes):
         title = (f"{_names(frozen)} held up the rendezvous in {where(r)}: its torchrun agent was stopped (process "
                  f"state stopped); {how} (join timeout {ev.join_timeout_s:g} s); {agents}")
-    else:
-        title = (f"the nodes never completed the rendezvous in {where(r)}: {how}, and no agent gave up on it (join "
-                 f"timeout {ev.join_timeout_s:g} s); {agents}")
-    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "node_stuck")
+        return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "node_stuck")
+    title = (f"the nodes never completed the rendezvous at {ev.rdzv_endpoint} in {where(r)}: {how}, and no agent gave "
+             f"up on it (join timeout {ev.join_timeout_s:g} s); {agents}")
+    # every agent held alike says nothing of the endpoint; agents all waiting running got no answer from it
+    held = any(n.exit_code is None and n.state in _HELD for n in ev.nodes)
+    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "node_stuck" if held else "rendezvous_unanswered")
 
 
 def _state(n: NodeEvidence) -> str:

@@ -18,6 +18,9 @@ _TR_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+)")
 _HALT_EXIT = {"watchdog": EXIT_WATCHDOG, "nonfinite": EXIT_NONFINITE}
 #: the harness's own notes in a log (validation/launch/process.py)
 _HARNESS_NOTE = "[nsa-validate]"
+#: Slurm's step daemon writing into a task's stderr ('slurmstepd-vmn0: error: *** STEP 7.1 ON vmn0
+#: CANCELLED AT ... ***', 'slurmstepd: error: ...'): neither the agent's word nor a worker's
+_SLURMSTEPD = re.compile(r"^slurmstepd(-\S+)?: ")
 #: torchrun's agent gave up on its rendezvous: the others never came within its join timeout
 #: (RendezvousTimeoutError), one that gave up had closed it (RendezvousClosedError), or the store
 #: host never answered or went away (RendezvousConnectionError, DistNetworkError)
@@ -165,9 +168,10 @@ def _frame_file(ln: str) -> str | None:
 
 
 def whose_lines(text: str) -> list[tuple[str, str]]:
-    """Each line of an agent's log (the harness's own notes and blank lines left out) with whose it
-    is: the agent's (torchrun's logging from its own code, its banner, a traceback through its
-    code or of one of its own exceptions, and that exception's message lines after it), a worker's
+    """Each line of an agent's log (the harness's own notes, slurmstepd's lines and blank lines left
+    out) with whose it is: the agent's (torchrun's logging from its own code, its banner, a
+    traceback through its code or of one of its own exceptions, and that exception's message lines
+    after it), a worker's
     (a ``[rankN]:`` line, a traceback through no code of torchrun's, logging from elsewhere), or
     unknown (a plain line: a worker's print or warning, or an agent that died before torchrun's
     code ran)."""
@@ -176,7 +180,7 @@ def whose_lines(text: str) -> list[tuple[str, str]]:
     i, owner_after = 0, _UNKNOWN  # whose the plain lines after a traceback's exception line are
     while i < len(lines):
         ln = lines[i]
-        if not ln.strip() or ln.startswith(_HARNESS_NOTE):
+        if not ln.strip() or ln.startswith(_HARNESS_NOTE) or _SLURMSTEPD.match(ln):
             i += 1
             continue
         if _RANK_LINE.match(ln):

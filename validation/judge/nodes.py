@@ -132,14 +132,24 @@ def _ranks_by_node(launch: NodesLaunch, heartbeats: dict[int, list[dict[str, Any
 
 def _place(rec: dict[str, Any], nodes: list[NodeLaunch]) -> int | None:
     """The node a heartbeat's writer ran on: by its host where each node has its own, by its
-    node rank where the launch saw that node's, the only node where there is one."""
-    hosts = [n.host for n in nodes]
-    if rec.get("host") is not None and hosts.count(rec.get("host")) == 1:
-        return hosts.index(rec["host"])
+    node rank where the launch saw that node's, the only node where there is one. A host is told
+    by its short name where the whole one is not the launch's: Slurm's launch records each node's
+    ``hostname --short``, and a trainer's ``socket.gethostname()`` is a FQDN on hosts named so."""
+    host = rec.get("host")
+    if isinstance(host, str) and host:
+        for name in (lambda h: h, _short):
+            hosts = [name(n.host) if n.host else None for n in nodes]
+            if hosts.count(name(host)) == 1:
+                return nodes[hosts.index(name(host))].index
     by_group = {n.group_rank: n.index for n in nodes if n.group_rank is not None}
     if isinstance(rec.get("node"), int) and rec["node"] in by_group:
         return by_group[rec["node"]]
     return nodes[0].index if len(nodes) == 1 else None
+
+
+def _short(host: str) -> str:
+    """A host name's first label ('gpu01' of 'gpu01.cluster.example'); an address as it is."""
+    return host if host.replace(".", "").isdigit() or ":" in host else host.split(".", 1)[0]
 
 
 def lateness(heartbeats: dict[int, list[dict[str, Any]]]) -> dict[int, float]:

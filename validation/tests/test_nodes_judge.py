@@ -369,6 +369,7 @@ def test_a_start_up_stall_of_agents_that_never_met_names_the_stopped_one_or_none
     # both agents waiting alike (none stopped): no node is named, and the finding says so
     alike = _unstarted(NodeEvidence(0, "node0.stderr.log", "vm", None, None, state="sleeping"),
                        NodeEvidence(1, "node1.stderr.log", "vm", None, None, state="sleeping"), **stall)
-    [node] = [f for f in find([alike]) if f.kind == "node_stuck"]
-    assert node.title.startswith("the nodes never completed the rendezvous in two [default]: no rank started in the "
-                                 "40 s before the harness stopped the run, and no agent gave up on it"), node.title
+    [node] = [f for f in find([alike]) if f.kind == "rendezvous_unanswered"]
+    assert node.title.startswith("the nodes never completed the rendezvous at localhost:1 in two [default]: no rank "
+                                 "started in the 40 s before the harness stopped the run, and no agent gave up on it"), \
+        node.title

@@ -35,6 +35,24 @@ NODE_ADVICE = {
                   "'disk-sleep' is I/O that does not return (a hung shared filesystem under its imports); otherwise "
                   "`py-spy dump --pid` of that host's agent while it waits shows where. A node that is only slow to "
                   "start needs a longer rdzv.join_timeout_s (and startup_s).",
+    "node_unreachable": "A node's torchrun agent was running, not stopped, but never joined the rendezvous the other "
+                        "nodes waited in until their join timeout: most likely it could not reach the endpoint (in the "
+                        "finding). torchrun's agent tries to connect to the rendezvous's store for 60 s before its log "
+                        "says so ('TCP client failed to connect/validate to host ... - retrying'; torch 2.13, measured "
+                        "2026-11-28), so within a shorter join timeout its log is silent. From that node, check that "
+                        "the endpoint's host name resolves to the first node's address there (`getent hosts HOST`: no "
+                        "127.x line for it in that node's /etc/hosts) and that the port is open between the nodes "
+                        "(`python -c \"import socket; socket.create_connection(('HOST', PORT), 5)\"`; a firewall, a "
+                        "security group; under Slurm the port is rdzv.port or one from the job id, 20000-28999). A node "
+                        "only slow to start (imports on a slow shared filesystem) shows where it is in `py-spy dump "
+                        "--pid` of its agent, and needs a longer rdzv.join_timeout_s (and startup_s).",
+    "rendezvous_unanswered": "No node's torchrun agent got through the rendezvous, none gave up on it, and none was "
+                             "stopped: each was still connecting to, or waiting on, the store at the endpoint (in the "
+                             "finding), which never answered. torchrun's client waits 60 s for a connection before "
+                             "its log says anything (torch 2.13, measured 2026-11-28). Look at the endpoint's port on "
+                             "its host: another program holding it (`ss -ltnp` there: measured with a listener that "
+                             "accepts and never answers), a first node that is not the host the endpoint names, or "
+                             "packets to it dropped (a firewall); then re-run.",
     "node_failed": "A rank on one node died first and the others failed in their collectives after it (or waited "
                    "for it until the harness stopped the run): read that node's log (named); SIGKILL with no traceback is usually the kernel's OOM killer (dmesg on that "
                    "host) or the scheduler.",
@@ -146,8 +164,9 @@ def _slurm_stopped(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
 def missing_node(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     """No rank ran anywhere, and some agents gave up on the rendezvous: those that did not are
     the nodes that never joined; an agent of them still running when the harness stopped the run
-    (it does once the rendezvous is closed for good, validation/launch/process.py) was stopped or
-    stuck before it, not down (kind ``node_stuck``). Where no agent gave up before the harness
+    (it does once the rendezvous is closed for good, validation/launch/process.py) was not down:
+    held before it (stopped, traced, in I/O: kind ``node_stuck``), else waiting, most likely unable
+    to reach the endpoint (kind ``node_unreachable``). Where no agent gave up before the harness
     stopped the run, ``_never_met``."""
     if any(n.ranks for n in ev.nodes) or r.evidence.last_heartbeat or r.exit_code == 0:
         return None
@@ -162,19 +181,30 @@ def missing_node(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     title = (f"{who} in {where(r)}: no rank started; the others gave up waiting (join timeout "
              f"{ev.join_timeout_s:g} s): {gave}, {', '.join(why)}")
     alive = [n for n in missing if n.exit_code is None and _agent_stopped(r, ev, n)]
+    # an agent held (stopped, traced, in I/O that does not return) is stuck; one that waits running
+    # most likely cannot reach the endpoint: torchrun's client retries its connection silently
+    stuck = [n for n in alive if n.state in _HELD]
     if alive:
         title += "; " + "; ".join(f"{n.name}'s agent was still running{_state(n)} and {_log_said(n)} when the harness "
                                   "stopped it" for n in alive)
+        if not stuck:
+            title += f" (the rendezvous: {ev.rdzv_endpoint})"
     detail = [f"{n.name} never joined: its agent {_agent(n, _agent_stopped(r, ev, n))}; log {n.log}"
               + ("" if n.said else " (empty)") for n in missing]
-    return Finding(Severity.CRITICAL, r.phase, title, detail + _lines(r, ev), "node_stuck" if alive else "node_missing")
+    kind = "node_missing" if not alive else "node_stuck" if stuck else "node_unreachable"
+    return Finding(Severity.CRITICAL, r.phase, title, detail + _lines(r, ev), kind)
+
+
+#: process states of an agent that something holds (psutil's names): it runs nothing of its own
+_HELD = ("stopped", "tracing-stop", "disk-sleep")
 
 
 def _never_met(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     """The harness stopped a run (its start-up allowance, or the timeout) in which no rank started
     and no agent gave up on the rendezvous: the agents were still meeting, or waiting on one that
     holds the rendezvous's store. An agent whose process was stopped (SIGSTOP, a debugger) while
-    the others' were not is the one they waited for, and is named; else none is."""
+    the others' were not is the one they waited for, and is named; else none is, and where none
+    was held the endpoint never answered them (kind ``rendezvous_unanswered``)."""
     if not _stopped(r) or r.evidence.rank_failures or not ev.nodes:
         return None
     frozen = [n for n in ev.nodes if n.exit_code is None and n.state == "stopped"]
@@ -184,10 +214,12 @@ def _never_met(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     if frozen and len(frozen) < len(ev.nodes):
         title = (f"{_names(frozen)} held up the rendezvous in {where(r)}: its torchrun agent was stopped (process "
                  f"state stopped); {how} (join timeout {ev.join_timeout_s:g} s); {agents}")
-    else:
-        title = (f"the nodes never completed the rendezvous in {where(r)}: {how}, and no agent gave up on it (join "
-                 f"timeout {ev.join_timeout_s:g} s); {agents}")
-    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "node_stuck")
+        return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "node_stuck")
+    title = (f"the nodes never completed the rendezvous at {ev.rdzv_endpoint} in {where(r)}: {how}, and no agent gave "
+             f"up on it (join timeout {ev.join_timeout_s:g} s); {agents}")
+    # every agent held alike says nothing of the endpoint; agents all waiting running got no answer from it
+    held = any(n.exit_code is None and n.state in _HELD for n in ev.nodes)
+    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "node_stuck" if held else "rendezvous_unanswered")
 
 
 def _state(n: NodeEvidence) -> str:

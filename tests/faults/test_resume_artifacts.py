@@ -69,21 +69,28 @@ def test_clean_stop_then_resume_continues_exactly(runs, tmp_path, matrix):
                 p.elapsed, 90.0)
 
 
-def test_ctrl_c_stops_after_the_step_in_flight_and_resumes_exactly(runs, tmp_path, matrix):
-    matrix.start("Ctrl-C", "SIGINT while step 3 runs (`NSA_FAULT=stall:step=3:seconds=3` holds it), then "
-                 "`train.resume=auto`", "exit 130 after step 3 with its checkpoint, one line and no traceback; "
-                 "the resumed loss curve equals an uninterrupted run's")
-    import signal
+def _signal_while_step_3_runs(d: Path, signum: int, fault: str, overrides: dict | None = None):
+    """A run of STEPS steps held at step 3 by ``fault``; ``signum`` (Ctrl-C's SIGINT, a scheduler's
+    SIGTERM) once step 2 is in training.csv. Returns the process, the time of its launch and that of
+    the signal."""
     import time
-    d = tmp_path / "run"
-    proc = U.launch(U.trainer_argv(d, STEPS), timeout=90,
-                    env=U.clean_env({"NSA_FAULT": "stall:step=3:seconds=3"}))
+    proc = U.launch(U.trainer_argv(d, STEPS, overrides), timeout=90, env=U.clean_env({"NSA_FAULT": fault}))
     t0 = time.monotonic()
     csv = d / "training.csv"
     while not (csv.exists() and "\n2," in csv.read_text()):
         assert proc.poll() is None and time.monotonic() - t0 < 60, "the run ended or stalled before step 2"
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
+    return proc, t0, time.monotonic()
+
+
+def test_ctrl_c_stops_after_the_step_in_flight_and_resumes_exactly(runs, tmp_path, matrix):
+    matrix.start("Ctrl-C", "SIGINT while step 3 runs (`NSA_FAULT=stall:step=3:seconds=3` holds it), then "
+                 "`train.resume=auto`", "exit 130 after step 3 with its checkpoint, one line and no traceback; "
+                 "the resumed loss curve equals an uninterrupted run's")
+    import signal
+    d = tmp_path / "run"
+    proc, t0, _ = _signal_while_step_3_runs(d, signal.SIGINT, "stall:step=3:seconds=3")
     p = U.finish(proc, timeout=60, started=t0)
     assert p.rc == 130, f"exit {p.rc}\n{p.stderr[-2000:]}"
     assert "Traceback" not in p.stderr and "Ctrl-C: stopping after this step" in p.stderr, p.stderr[-2000:]
@@ -115,21 +122,6 @@ def test_second_ctrl_c_stops_at_once_without_a_traceback(tmp_path):
     assert json.loads((d / "env.json").read_text())["status"] == "interrupted (Ctrl-C twice) at step 2"
 
 
-def _sigterm_while_step_3_runs(d: Path, fault: str, overrides: dict | None = None):
-    """A run of STEPS steps held at step 3 by ``fault``; SIGTERM (a scheduler's preemption) once
-    step 2 is in training.csv. Returns the process and the time of the signal."""
-    import signal
-    import time
-    proc = U.launch(U.trainer_argv(d, STEPS, overrides), timeout=90, env=U.clean_env({"NSA_FAULT": fault}))
-    t0 = time.monotonic()
-    csv = d / "training.csv"
-    while not (csv.exists() and "\n2," in csv.read_text()):
-        assert proc.poll() is None and time.monotonic() - t0 < 60, "the run ended or stalled before step 2"
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
-    return proc, time.monotonic()
-
-
 def test_sigterm_stops_after_the_step_in_flight_with_a_checkpoint_and_resumes_exactly(runs, tmp_path):
     """Slurm's scancel and Kubernetes' pod deletion send SIGTERM and SIGKILL a grace period later:
     the run stops after the step in flight, saves it, and ends by SIGTERM (143 in a shell); a
@@ -138,7 +130,7 @@ def test_sigterm_stops_after_the_step_in_flight_with_a_checkpoint_and_resumes_ex
     last checkpoint."""
     import signal
     d = tmp_path / "run"
-    proc, t_term = _sigterm_while_step_3_runs(d, "stall:step=3:seconds=3")
+    proc, _, t_term = _signal_while_step_3_runs(d, signal.SIGTERM, "stall:step=3:seconds=3")
     proc.send_signal(signal.SIGTERM)
     p = U.finish(proc, timeout=60, started=t_term)
     assert p.rc == -signal.SIGTERM, f"exit {p.rc}\n{p.stderr[-2000:]}"
@@ -160,7 +152,8 @@ def test_sigterm_to_a_run_that_cannot_stop_ends_it_by_sigterm_after_the_grace(tm
     import signal
     import time
     d = tmp_path / "run"
-    proc, t_term = _sigterm_while_step_3_runs(d, "stall:step=3:seconds=60", {"watchdog.term_grace_s": 2})
+    proc, _, t_term = _signal_while_step_3_runs(d, signal.SIGTERM, "stall:step=3:seconds=60",
+                                                 {"watchdog.term_grace_s": 2})
     p = U.finish(proc, timeout=30, started=t_term)
     assert p.rc == -signal.SIGTERM, f"exit {p.rc}\n{p.stderr[-2000:]}"
     assert 2 <= p.elapsed < 15, p.elapsed

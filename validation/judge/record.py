@@ -302,13 +302,19 @@ class SubRun:
     signs: RunSigns | None = None
     """What its whole run says of how it trained (spikes, divergence, ...); None in records of
     older harnesses, which kept only the deciding process's, in the record's evidence."""
+    gates: list[GateResult] = field(default_factory=list)
+    """Its own gates' results, as its process alone read them (empty in records of older harnesses).
+    A repeat is judged against the phase's gates, so that its failed gate is a finding of that
+    repeat whichever repeat decided the record; a resume point's gates are the point's, over the
+    resumed run (the record's), and no finding reads its processes' own."""
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SubRun:
         return cls(d["name"], d["label"], d["out_dir"], Status(d["status"]), d.get("reason") or "", _int(d.get("exit_code")),
                    Summary.from_json(d.get("metrics") or {}), _int(d.get("first_step")), _int(d.get("last_step")),
                    _num(d.get("loss_first")), _num(d.get("loss_last")), list(d.get("command") or []),
-                   list(d.get("files") or []), RunSigns.from_json(d.get("signs")))
+                   list(d.get("files") or []), RunSigns.from_json(d.get("signs")),
+                   [GateResult.from_json(g) for g in d.get("gates") or []])
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Callable
@@ -105,13 +106,14 @@ def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], pro
     if point.runbook.trainer is not None:
         return _foreign_train(point, point.runbook.trainer, out_dir, run, errors, progress, leg)
     args = override_args(point, leg) + ["--out-dir", str(out_dir)]
+    began = time.monotonic()
     try:
         return launcher.run_trainer(point.phase.launcher, point.phase.launcher.module, args,
                                     env=commands.child_env(point.env), cwd=REPO_ROOT, timeout_s=point.phase.timeout_s,
                                     out_dir=out_dir, on_poll=_poll(point, out_dir, progress),
                                     watch=_watch(point, out_dir, out_dir, out_dir / TRAINING_CSV))
     except HarnessError as exc:  # the launcher could not start it (no Slurm allocation, no shared directory)
-        return _not_launched(f"launch: {exc}", out_dir, run, errors)
+        return _not_launched(f"launch: {exc}", out_dir, run, errors, began)
 
 
 def _watch(point: PhasePoint, out_dir: Path, progress_dir: Path, csv: Path) -> Watch:
@@ -126,6 +128,7 @@ def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: Run
     """A runbook's own trainer: launched from its root into its own directory, then its adapter
     writes the contract files into ``out_dir``, which the harness reads as for its own trainer."""
     adapter = ADAPTERS[spec.adapter]
+    began = time.monotonic()
     root, why = spec.root.resolve()
     trainer_dir = adapter.trainer_dir(out_dir)
     try:
@@ -133,7 +136,7 @@ def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: Run
             raise HarnessError(why)
         launch = trainer_launch.build(point, spec, root, out_dir, trainer_dir, leg)
     except HarnessError as exc:
-        return _not_launched(f"trainer {spec.name}: {exc}", out_dir, run, errors)
+        return _not_launched(f"trainer {spec.name}: {exc}", out_dir, run, errors, began)
     sha, source = trainer_launch.revision(root, out_dir, "trainer_git")
     own_sha, own_source = trainer_launch.revision(REPO_ROOT, out_dir, "harness_git")
     run.info.update(trainer=spec.name, trainer_sha=sha, trainer_sha_source=source, git_sha=own_sha,
@@ -145,19 +148,21 @@ def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: Run
                                     on_poll=_poll(point, out_dir, progress, csv),
                                     watch=_watch(point, out_dir, trainer_dir, csv))
     except HarnessError as exc:
-        return _not_launched(f"launch: {exc}", out_dir, run, errors)
+        return _not_launched(f"launch: {exc}", out_dir, run, errors, began)
     if trainer_dir.is_dir():
         adapter.convert(trainer_dir, out_dir, RunFacts(point.nproc, spec.name, sha, source))
     return proc
 
 
-def _not_launched(why: str, out_dir: Path, run: RunData, errors: list[str]) -> runner.ProcResult:
-    """A trainer that could not be started: the reason is the point's first error and its log."""
+def _not_launched(why: str, out_dir: Path, run: RunData, errors: list[str], began: float) -> runner.ProcResult:
+    """A trainer that could not be started: the reason is the point's first error and its log; its
+    wall time is that of what ran before the error (``began``: time.monotonic() when the launch
+    began: a salloc that waited, then refused), not 0."""
     run.launched = False
     errors.append(why)
     stderr = out_dir / "trainer.stderr.log"
     stderr.write_text(f"[nsa-validate] not launched: {why}\n")
-    return runner.ProcResult([], None, False, 0.0, stderr, stderr)
+    return runner.ProcResult([], None, False, time.monotonic() - began, stderr, stderr)
 
 
 def pytest_(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress) -> runner.ProcResult:

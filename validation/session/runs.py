@@ -105,7 +105,8 @@ def sub_run(j: Judged, name: str, label: str, results_dir: Path, status: Status 
                   int(csv["step"].min()) if logged else None, int(csv["step"].max()) if logged else None,
                   float(csv["loss"].iloc[0]) if logged else None, float(csv["loss"].iloc[-1]) if logged else None,
                   list(j.proc.argv), sorted(p.name for p in j.run.out_dir.iterdir() if p.is_file()),
-                  signs(j.run, [g.metric for g in j.gates if g.verdict in (GateVerdict.FAIL, GateVerdict.NO_DATA)]))
+                  signs(j.run, [g.metric for g in j.gates if g.verdict in (GateVerdict.FAIL, GateVerdict.NO_DATA)]),
+                  list(j.gates))
 
 
 def record(point: PhasePoint, j: Judged, hw: Machine, results_dir: Path, run_id: str, started: str,

@@ -46,7 +46,9 @@ multiplies it by a in a repeated point's first repeat, b in its second, ... (its
 ``repeatK``, says which): run-to-run noise, made to order; NSA_FAKE_LOSS_BY_REPEAT=a,b,... multiplies the
 loss of step s by a**s in the first repeat, ...: runs of one seed that drift apart (not deterministic);
 NSA_FAKE_GIT_SHA=C writes commit C into env.json (a point re-run after a commit);
-NSA_FAKE_FAULT_REPEATS=a,b,... injects NSA_FAULT only in a repeated point's repeats a, b, ... (1-based).
+NSA_FAKE_FAULT_REPEATS=a,b,... injects NSA_FAULT only in a repeated point's repeats a, b, ... (1-based);
+NSA_FAKE_FAULT_DIRS=d,... injects it only in the runs whose output directory is named d, ... (a resume
+point's 'reference', 'first' or 'second').
 
 Like the real trainer it stops after ``train.run_steps`` steps (writing checkpoints/latest) and
 resumes from the run directory ``train.resume`` names, logging the steps after its checkpoint's;
@@ -104,6 +106,9 @@ def main() -> int:
     fault, opts = parse_fault(os.environ.get("NSA_FAULT", ""))
     only = os.environ.get("NSA_FAKE_FAULT_REPEATS")
     if only and not (out.name.startswith("repeat") and out.name[len("repeat"):] in only.split(",")):
+        fault, opts = "", {}
+    dirs = os.environ.get("NSA_FAKE_FAULT_DIRS")
+    if dirs and out.name not in dirs.split(","):
         fault, opts = "", {}
     world = int(os.environ.get("NSA_FAKE_WORLD", os.environ.get("WORLD_SIZE", "1")))
     overrides = dict(x.split("=", 1) for x in a.override.split())

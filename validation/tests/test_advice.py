@@ -169,13 +169,15 @@ def test_shared_timing_advice_does_not_offer_jobs_1():
     assert "--jobs 1" not in advice and "another" in advice
 
 
-def _fake_slurm(tmp_path, monkeypatch) -> None:
-    """Slurm's tools on PATH, whose salloc refuses every request (what a wrong partition gets)."""
+def _fake_slurm(tmp_path, monkeypatch, refuse_after_s: float = 0) -> None:
+    """Slurm's tools on PATH, whose salloc refuses every request (what a wrong partition gets),
+    after ``refuse_after_s`` seconds."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for tool in ("srun", "squeue", "scancel", "scontrol"):
         (bin_dir / tool).write_text("#!/bin/sh\nexit 0\n")
-    (bin_dir / "salloc").write_text('#!/bin/sh\necho "salloc: error: invalid partition specified: gpu" >&2\nexit 1\n')
+    (bin_dir / "salloc").write_text(f'#!/bin/sh\nsleep {refuse_after_s}\n'
+                                    'echo "salloc: error: invalid partition specified: gpu" >&2\nexit 1\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
@@ -320,3 +322,16 @@ def test_a_pytest_point_killed_by_a_signal_is_not_said_to_have_failed_tests():
     outcome = Outcome("pytest", -11, False, None, None, ("x/junit.xml: pytest wrote no JUnit XML",))
     assert process_verdict(outcome) == (Status.FAIL, "pytest was killed by signal 11: x/junit.xml: pytest wrote no "
                                                      "JUnit XML (exit code -11)")
+
+
+def test_a_point_whose_launch_failed_records_the_time_it_took(tmp_path, monkeypatch, fake_run, capsys):
+    """A point that could not launch was 'ERROR (0.0s)' though seconds went by before the launcher
+    gave up (a salloc that waits, then refuses): its record's wall time was the 0.0 of a process
+    that never started, not the time of what ran."""
+    _fake_slurm(tmp_path, monkeypatch, refuse_after_s=0.6)
+    run = fake_run([train_phase(stall_s=60, timeout_s=120, launcher={
+        "kind": "slurm", "nodes": 2, "nproc_per_node": 1, "module": "validation.tests.fake_trainer",
+        "rdzv": {"join_timeout_s": 5}})])
+    rec = run.record
+    assert rec.status == Status.ERROR and rec.evidence.not_run == NotRun.LAUNCH
+    assert 0.6 <= rec.wall_s < 30

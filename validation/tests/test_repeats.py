@@ -171,3 +171,35 @@ def test_a_record_of_an_older_harness_without_each_repeats_signs_still_loads():
                                              "nonfinite_loss_step": 7, "failed_gates": ["loss_spikes"]}})
     assert sub.signs.spikes == [Spike("loss", 5, 9.0, 3.0, 40.0, 6.0)] and sub.signs.nonfinite_loss_step == 7
     assert sub.signs.failed_gates == ["loss_spikes"] and sub.signs.divergence is None
+
+
+def test_every_repeat_whose_gate_failed_has_a_finding_of_its_own(fake_run):
+    """Repeats 1 and 2 of 3 both failed loss_finite, and only repeat 1's (the record's) failure
+    was a finding: repeat 2's failed gate was stored in its sub-run and said nowhere."""
+    run = fake_run([train_phase("ab", gates=GATES, repeats=3, env={"NSA_FAULT": "nan_logged:step=3",
+                                                                   "NSA_FAKE_FAULT_REPEATS": "1,2"})])
+    rec = run.record
+    assert rec.status == Status.FAIL and rec.reason.startswith("repeat 1 of 3: loss_finite")
+    assert [s.status for s in rec.runs] == ["FAIL", "FAIL", "PASS"]
+    gate = [f for f in run.context["findings"] if f.title.startswith("gate failed in ")]
+    assert [f.title.split(": ")[0] for f in gate] == ["gate failed in ab [default], repeat 1 of 3",
+                                                      "gate failed in ab [default], repeat 2 of 3"]
+    assert all(f.severity == "critical" and f.kind == "nonfinite" for f in gate)
+    assert all(f.title.split(": ", 1)[1].startswith("loss_finite = 0, needs == 1") for f in gate)
+    assert gate[1].detail[0] == "first non-finite loss logged at step 3"
+    assert f"CSV: {rec.runs[1].out_dir}/training.csv" in gate[1].detail
+    assert "gate failed in ab [default], repeat 2 of 3: loss_finite = 0" in run.report
+    assert run.context["verdict"] == "NO-GO"
+
+
+def test_a_failed_repeat_of_an_older_harness_without_its_gates_is_still_a_finding():
+    """A sub-run stored before sub-runs kept their gates: its verdict's reason names them."""
+    rec = _repeated(["FAIL", "FAIL", "PASS"], 1, [1.0] * 3)
+    data = rec.to_json()
+    for d in data["runs"]:
+        del d["gates"]
+        d["exit_code"], d["reason"] = 0, "loss_finite = 0, needs == 1 (all steps)"
+    old = PhaseRecord.from_json(data, "old.json")
+    assert [s.gates for s in old.runs] == [[], [], []]
+    titles = [f.title for f in find([old]) if f.title.startswith("gate failed")]
+    assert titles == ["gate failed in ab [default], repeat 2 of 3: loss_finite = 0, needs == 1 (all steps)"]

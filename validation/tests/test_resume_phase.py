@@ -190,3 +190,26 @@ def test_without_the_first_step_after_the_resume_the_curve_names_nothing():
     assert clue(ref, resumed, 4, 0.0).kind == ClueKind.UPDATE  # step 5 logged: matched, then drifted
     unlogged = resumed[resumed["step"] != 5]
     assert clue(ref, unlogged, 4, 0.0) is None
+
+
+def test_a_spike_in_the_reference_run_is_a_finding_naming_that_leg(fake_run):
+    """Only the record's own run (the resumed one) was looked at for spikes, divergence, a
+    non-finite loss, a slowdown and memory growth: a loss spike in the uninterrupted reference run,
+    whose signs its sub-run stored, was in no such finding."""
+    run = fake_run([resume_phase(steps=30, resume_after=15,
+                                 env={"NSA_FAULT": "spike:step=25", "NSA_FAKE_FAULT_DIRS": "reference"})])
+    rec = run.record
+    assert [s.name for s in rec.runs] == ["reference", "first", "second"]
+    assert rec.runs[0].signs.spikes and not rec.runs[2].signs.spikes and not rec.evidence.spikes
+    spikes = [f for f in run.context["findings"] if f.kind == "spike"]
+    assert [f.title.split(": ")[0] for f in spikes] == [
+        "loss spike in resume [default], uninterrupted run (steps 1-30) at step 25"]
+    assert spikes[0].detail == [f"CSV: {rec.runs[0].out_dir}/training.csv (loss column)"]
+    assert "loss spike in resume [default], uninterrupted run (steps 1-30) at step 25" in run.report
+
+
+def test_a_spike_in_the_second_half_is_named_once_with_its_leg(fake_run):
+    run = fake_run([resume_phase(steps=30, resume_after=15,
+                                 env={"NSA_FAULT": "spike:step=25", "NSA_FAKE_FAULT_DIRS": "second"})])
+    spikes = [f.title.split(": ")[0] for f in run.context["findings"] if f.kind == "spike"]
+    assert spikes == ["loss spike in resume [default], resumed second half (steps 16-30) at step 25"]

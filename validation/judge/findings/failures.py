@@ -450,39 +450,70 @@ def _golden_context(r: PhaseRecord) -> list[str]:
 
 def failed_gates(records: list[PhaseRecord]) -> list[Finding]:
     """Every gate that failed (or had no data) in a point whose process finished: one finding
-    each, with the gate's meaning and where its numbers are. In a run that stopped short, gates
-    without data are explained by that finding; those that failed on a number still show."""
+    each, with the gate's meaning and where its numbers are; of a repeated point, every repeat's
+    that ran clean, each named with its repeat (the record keeps the gates of one repeat only). In
+    a run that stopped short, gates without data are explained by that finding; those that failed
+    on a number still show."""
     out = []
     for r in records:
         if not r.ran or r.exit_code != 0 or r.evidence.halt is not None or r.status == Status.ERROR:
-            continue  # crashes, stalls, halts and contract violations have findings of their own
-        short = Outcome.of_record(r).stopped_short
-        for g in (g for g in r.failed_gates() if g.metric not in _EXPLAINED):
-            if short and g.verdict == GateVerdict.NO_DATA:
+            own = []  # crashes, stalls, halts and contract violations have findings of their own
+        else:
+            own = _gate_findings(r, r.failed_gates(), where_gated(r), r.out_dir, r.evidence.nonfinite_loss_step,
+                                 Outcome.of_record(r).stopped_short, kept=True)
+        out += own
+        for sub in r.runs:
+            if not sub.name.startswith("repeat") or sub.out_dir == r.out_dir or sub.status != Status.FAIL:
+                continue  # the record's own repeat is above; a repeat's failed process is no gate's finding
+            if sub.exit_code != 0 or ".HALT" in sub.files or (sub.signs is not None and sub.signs.halted_nonfinite):
                 continue
-            if g.metric in stability.EXPLAINED and g.verdict == GateVerdict.FAIL:
-                continue  # the spike or divergence finding names the step and the value
-            if g.metric in RESUME_METRICS:
-                continue  # the resume finding names the first diverging step
-            if g.metric == IMBALANCE_METRIC and _imbalance_gate(r) is not None:
-                continue  # the imbalance finding names the slow rank and each rank's step time
-            detail = [g.description] if g.description else []
-            if g.metric == "loss_finite" and r.evidence.nonfinite_loss_step is not None:
-                detail.insert(0, f"first non-finite loss logged at step {r.evidence.nonfinite_loss_step}")
-            if r.kind == "train":
-                detail.append(f"CSV: {r.out_dir}/training.csv")
-            pauses = r.metrics.gpu_host_pause_ms
-            if g.metric == "gpu_busy_frac" and pauses is not None:
-                table = (f"; the profiler's tables: {r.out_dir}/{PROFILE_TOP_OPS}" if PROFILE_TOP_OPS in r.evidence.files
-                         else "")
-                detail.append(f"the GPU sat idle {pauses:.2f} ms a profiled step in gaps of 1 ms or more: the host "
-                              f"pausing it (a sync, an optimizer's launches, loading data){table}")
-            if g.metric == GOLDEN_METRIC:
-                detail += _golden_context(r)
-            # a non-finite loss, a golden's drift and repeats that differ have advice of their own;
-            # the repeats' own gate is of all of them, any other the deciding repeat's (named)
-            kind = {"loss_finite": "nonfinite", GOLDEN_METRIC: "golden", REPEAT_LOSS_METRIC: "repeats"}.get(g.metric,
-                                                                                                          "gate")
-            out.append(Finding(Severity.CRITICAL, r.phase, f"gate failed in {where(r) if g.metric == REPEAT_LOSS_METRIC else where_gated(r)}: {g.text()}", detail, kind,
-                               Facts.of(r)))
+            if not sub.gates:  # a record of an older harness kept only the repeat's verdict: its reason says the gates
+                out.append(Finding(Severity.CRITICAL, r.phase, f"gate failed in {where(r)}, {sub.label}: {sub.reason}",
+                                   [f"CSV: {sub.out_dir}/training.csv"] if r.kind == "train" else [],
+                                   "nonfinite" if sub.signs is not None and "loss_finite" in sub.signs.failed_gates
+                                   else "gate", Facts.of(r)))
+                continue
+            failed = [g for g in sub.gates if g.verdict in (GateVerdict.FAIL, GateVerdict.NO_DATA)
+                      and g.metric != REPEAT_LOSS_METRIC]  # the repeats' own gate is the point's, named above
+            short = r.steps is not None and sub.last_step is not None and sub.last_step < r.steps
+            out += _gate_findings(r, failed, f"{where(r)}, {sub.label}", sub.out_dir,
+                                  sub.signs.nonfinite_loss_step if sub.signs is not None else None, short, kept=False)
+    return out
+
+
+def _gate_findings(r: PhaseRecord, failed: list[GateResult], at: str, out_dir: str, nonfinite_step: int | None,
+                   short: bool, kept: bool) -> list[Finding]:
+    """The findings of one run's failed gates: of the run whose gates the record keeps (``kept``),
+    else of another repeat of the point, in ``out_dir``, said to be ``at`` ('ab [default], repeat 2
+    of 3')."""
+    out = []
+    for g in (g for g in failed if g.metric not in _EXPLAINED):
+        if short and g.verdict == GateVerdict.NO_DATA:
+            continue
+        if g.metric in stability.EXPLAINED and g.verdict == GateVerdict.FAIL:
+            continue  # the spike or divergence finding (of every repeat) names the step and the value
+        if g.metric in RESUME_METRICS:
+            continue  # the resume finding names the first diverging step
+        if kept and g.metric == IMBALANCE_METRIC and _imbalance_gate(r) is not None:
+            continue  # the imbalance finding names the slow rank and each rank's step time
+        detail = [g.description] if g.description else []
+        if g.metric == "loss_finite" and nonfinite_step is not None:
+            detail.insert(0, f"first non-finite loss logged at step {nonfinite_step}")
+        if r.kind == "train":
+            detail.append(f"CSV: {out_dir}/training.csv")
+        pauses = r.metrics.gpu_host_pause_ms if kept else None
+        if g.metric == "gpu_busy_frac" and pauses is not None:
+            table = (f"; the profiler's tables: {r.out_dir}/{PROFILE_TOP_OPS}" if PROFILE_TOP_OPS in r.evidence.files
+                     else "")
+            detail.append(f"the GPU sat idle {pauses:.2f} ms a profiled step in gaps of 1 ms or more: the host "
+                          f"pausing it (a sync, an optimizer's launches, loading data){table}")
+        if g.metric == GOLDEN_METRIC:
+            detail += _golden_context(r)
+        # a non-finite loss, a golden's drift and repeats that differ have advice of their own;
+        # the repeats' own gate is of all of them, any other the repeat's it failed in (named)
+        kind = {"loss_finite": "nonfinite", GOLDEN_METRIC: "golden", REPEAT_LOSS_METRIC: "repeats"}.get(g.metric,
+                                                                                                      "gate")
+        out.append(Finding(Severity.CRITICAL, r.phase,
+                           f"gate failed in {where(r) if g.metric == REPEAT_LOSS_METRIC else at}: {g.text()}", detail,
+                           kind, Facts.of(r)))
     return out

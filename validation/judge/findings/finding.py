@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nsa.contract import heartbeat_name
 from validation.judge.findings.culprit import Culprit
@@ -126,12 +126,22 @@ class Watched:
 def watched_runs(rec: PhaseRecord) -> list[Watched]:
     """The runs of a record that the findings of spikes, divergence, a non-finite loss, a slowdown
     and memory growth look at: every repeat of a repeated point ('ab [default], repeat 1 of 3'),
-    not only the one whose evidence the record keeps; else the record's own run (and so for a
-    record of an older harness, whose repeats kept no signs)."""
+    not only the one whose evidence the record keeps; of a resume point, its uninterrupted
+    reference run ('resume [default], uninterrupted run (steps 1-30)', which no gate of the point
+    reads) and the resumed run its record holds (the first half's steps and the second's, named as
+    the second half); else the record's own run (and so for a record of an older harness, whose
+    processes kept no signs)."""
     repeats = [s for s in rec.runs if s.name.startswith("repeat") and s.signs is not None]
     if repeats:
         return [Watched(f"{where(rec)}, {s.label}", s.out_dir, s.signs) for s in repeats]
-    return [Watched(where_run(rec), rec.out_dir, RunSigns.of(rec.evidence, [g.metric for g in rec.failed_gates()]))]
+    own = Watched(where_run(rec), rec.out_dir, RunSigns.of(rec.evidence, [g.metric for g in rec.failed_gates()]))
+    reference = next((s for s in rec.runs if s.name == "reference" and s.signs is not None), None)
+    if rec.kind == "resume" and reference is not None and reference.out_dir != rec.out_dir:
+        # its own gates judge nothing of the point (no gate's finding names what it found): its spikes
+        # are warnings, its non-finite loss a finding of its own
+        return [Watched(f"{where(rec)}, {reference.label}", reference.out_dir,
+                        replace(reference.signs, failed_gates=[])), own]
+    return [own]
 
 
 def repeat_part(rec: PhaseRecord) -> str:

@@ -757,3 +757,34 @@ def test_prune_spares_what_latest_names_and_an_earlier_runs_later_steps(tmp_path
                                      "step_0000004.pt", "step_0000009.pt"]
     assert prune(tmp_path, 1, saved) == [folder / "step_0000001.pt", folder / "step_0000003.pt"]
     assert prune(tmp_path, 0, saved) == []
+
+
+def test_write_atomic_fsyncs_the_file_before_the_rename_and_the_directory_after(tmp_path: Path, monkeypatch):
+    """The rename of the temp file into place was never made durable: after a power cut `latest`
+    could name the checkpoint before (POSIX: a rename is durable once its directory is fsynced)."""
+    import stat
+    from nsa.train import atomic
+
+    calls: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        mode = os.fstat(fd).st_mode
+        calls.append(("fsync", "dir" if stat.S_ISDIR(mode) else "file"))
+        if stat.S_ISDIR(mode):
+            assert os.path.samestat(os.fstat(fd), os.stat(tmp_path))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        calls.append(("replace", Path(dst).name))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
+    monkeypatch.setattr(atomic.os, "replace", replace)
+    atomic.write_atomic(tmp_path / "latest", b"step_0000001.pt\n")
+    assert calls == [("fsync", "file"), ("replace", "latest"), ("fsync", "dir")]
+    assert (tmp_path / "latest").read_text() == "step_0000001.pt\n"
+    calls.clear()
+    with pytest.raises(OSError):  # a failed write renames nothing and fsyncs no directory
+        atomic.write_atomic(tmp_path / "latest", lambda fh: (_ for _ in ()).throw(OSError(28, "No space")))
+    assert calls == []

@@ -150,7 +150,9 @@ class DataConfig:
     parquet / jsonl (a text column), fineweb_edu (parquet or jsonl by file suffix)."""
     path: str = ""
     """Local file, directory or glob for text/parquet/jsonl/fineweb_edu. Never downloaded. Empty
-    for text: the standard library's sources of the Python that runs, read in place."""
+    for text: the standard library's sources of the Python that runs, read in place. Of a directory
+    or a glob only the dataset's files are read: parquet *.parquet, jsonl *.jsonl and *.json,
+    fineweb_edu all three, text every file; a file named alone is read whatever its suffix."""
     text_column: str = "text"
     """Column (parquet) or key (jsonl) holding the document text."""
     tokenizer: str = "byte"

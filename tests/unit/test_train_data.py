@@ -261,3 +261,30 @@ def test_a_long_check_says_how_far_it_got(tmp_path: Path, monkeypatch):
     assert re.fullmatch(r"\[data\] checking the records the run reads: 1,024 records \([\d,]+ of 1,000,000,000 "
                         r"tokens\), file 1 of 1, \d+ s", said[0]), said
     assert len(said) == 2 and said[1].startswith("[data] checked 2,000 records"), said
+
+
+def test_a_directory_or_glob_gives_only_the_files_of_the_datasets_kind(tmp_path: Path):
+    """data.dataset=jsonl data.path=DIR read every file of DIR: a stray a.parquet.bak was read as
+    jsonl. Now a directory or a glob gives the dataset's suffixes only; a file named alone is read."""
+    good = _corpus(tmp_path / "b.jsonl", 20)
+    (tmp_path / "a.parquet.bak").write_bytes(b"PAR1\x00\x01 not jsonl")
+    (tmp_path / "notes.md").write_text("# notes\n")
+    said: list[str] = []
+    for spec in (str(tmp_path), str(tmp_path / "*")):
+        src = DocumentStream(DataConfig(dataset="jsonl", path=spec), T)
+        assert src.files == [good], spec
+        src.check(10**9, say=said.append)
+    fine = DocumentStream(DataConfig(dataset="fineweb_edu", path=str(tmp_path)), T)
+    assert fine.files == [good]
+    assert len(DocumentStream(DataConfig(dataset="text", path=str(tmp_path)), T).files) == 3  # text: every file
+
+
+def test_a_directory_without_the_datasets_files_is_an_error_naming_it_and_the_suffixes(tmp_path: Path):
+    (tmp_path / "a.parquet.bak").write_bytes(b"PAR1\x00\x01 not jsonl")
+    with pytest.raises(DataError) as err:
+        DocumentStream(DataConfig(dataset="jsonl", path=str(tmp_path)), T)
+    assert str(err.value) == (f"data.path={str(tmp_path)!r}: the directory holds no .jsonl or .json file, which "
+                              "data.dataset=jsonl reads (it holds a.parquet.bak); name a file to read it whatever "
+                              "its suffix")
+    with pytest.raises(DataError, match=r"the glob holds no \.parquet file, which data\.dataset=parquet reads"):
+        DocumentStream(DataConfig(dataset="parquet", path=str(tmp_path / "a*")), T)

@@ -263,7 +263,23 @@ class DocumentStream:
             f"of {self.describe()}")
 
     def _too_little(self) -> DataError:
-        return DataError(f"{self.describe()}: fewer than seq_len+1={self.seq_len + 1} tokens in all files together")
+        """Raised once every file has been read and they hold less than one row: reading them again
+        to name the empty ones costs less than a row."""
+        tokens, hollow = 0, []
+        for path, kind in zip(self.files, self.kinds):
+            n = sum(len(doc) for doc in self._documents(path, kind))
+            tokens += n
+            if n == 0:
+                hollow.append(f"{path.name} is empty" if path.stat().st_size == 0 else f"{path.name} holds no text")
+        files = len(self.files)
+        where = f"data.path={self.cfg.path}" if self.cfg.path else self.describe()
+        why = ""
+        if hollow:
+            shown = ", ".join(hollow[:5]) + (f" (+{len(hollow) - 5} more)" if len(hollow) > 5 else "")
+            why = f" ({shown})" if len(hollow) == files or files == 1 else f" ({len(hollow)} of them: {shown})"
+        return DataError(f"{where}: {tokens:,} token{'' if tokens == 1 else 's'} of text in {files:,} "
+                         f"file{'' if files == 1 else 's'}{why}; a run needs at least train.seq_len+1="
+                         f"{self.seq_len + 1} (with one separator token after each document)")
 
     def _documents(self, path: Path, kind: str) -> Iterator[bytes]:
         """The UTF-8 bytes of each document of one file."""

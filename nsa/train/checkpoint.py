@@ -236,10 +236,28 @@ def _check_data_position(path: Path, payload: dict[str, Any], batch: int, world:
         f"with {fits} here")
 
 
+#: how a file torch.load reads begins: torch.save's zip archive, or a pickle (protocol 2 and up) of
+#: its legacy format (_use_new_zipfile_serialization=False)
+_TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+def _head(path: Path) -> bytes:
+    """The first bytes of ``path``; b'' where it cannot be read (torch.load then says why)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(8)
+    except OSError:
+        return b""
+
+
 def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo,
          config: dict[str, Any]) -> dict[str, Any]:
     """Restore model, optimizer and this rank's RNG; returns {step, data_position, config}.
     ``config`` is this run's (config_dict), to name what differs when the model does not fit."""
+    head = _head(path)
+    if head and not head.startswith(_TORCH_MAGIC):  # a text file gave "KeyError: 105" from torch's legacy reader
+        raise CheckpointError(f"{path}: cannot load checkpoint (not a torch checkpoint file: torch.save writes a zip "
+                              f"archive, which begins with {_TORCH_MAGIC[0]!r}, and this file begins with {head!r})")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:  # torch's advice, weights_only=False, would run what the file says

@@ -788,3 +788,17 @@ def test_write_atomic_fsyncs_the_file_before_the_rename_and_the_directory_after(
     with pytest.raises(OSError):  # a failed write renames nothing and fsyncs no directory
         atomic.write_atomic(tmp_path / "latest", lambda fh: (_ for _ in ()).throw(OSError(28, "No space")))
     assert calls == []
+
+
+@pytest.mark.parametrize("text", ["hello world\n", "step_0000002.pt\n", "i"])
+def test_resume_from_a_text_file_says_it_is_not_a_torch_checkpoint(tmp_path: Path, capsys, text):
+    """train.resume=/path/to/some.txt said 'cannot load checkpoint (KeyError: 105)' (torch's legacy
+    reader taking the text's first byte, 'i', for a magic number)."""
+    notes = tmp_path / "some.txt"
+    notes.write_text(text)
+    assert train(tmp_path / "run", f"train.resume={notes}", steps=2) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    expected = (f"{notes}: cannot load checkpoint (not a torch checkpoint file: torch.save writes a zip archive, "
+                f"which begins with b'PK\\x03\\x04', and this file begins with {text.encode()[:8]!r})")
+    assert len(err) == 1 and err[0].endswith(expected), err
+    assert not (tmp_path / "run" / "training.csv").exists()

@@ -2,6 +2,7 @@
 a signal) leaves as they were, with no temp file behind."""
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import BinaryIO, Callable
@@ -9,7 +10,9 @@ from typing import BinaryIO, Callable
 
 def write_atomic(path: Path, content: bytes | Callable[[BinaryIO], object]) -> None:
     """Write ``content`` (bytes, or a function writing to the open file) into a temp file beside
-    ``path``, flush it to disk and rename it over ``path``."""
+    ``path``, fsync it, rename it over ``path`` and fsync the directory: without the directory's
+    fsync the rename may not survive a power cut (POSIX), and after one ``latest`` could name the
+    checkpoint before, or a file pruned since (a killed process is fine either way)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -24,3 +27,23 @@ def write_atomic(path: Path, content: bytes | Callable[[BinaryIO], object]) -> N
     except BaseException:
         tmp.unlink(missing_ok=True)  # a half-written temp file would hold the space a full disk lacks
         raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename into ``folder`` durable. Where directories cannot be opened (Windows) or
+    their fsync is not supported (EINVAL, ENOTSUP: some network filesystems) there is nothing to
+    do; another failure (EIO) is raised."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        if os.name == "nt":
+            return
+        raise
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+    finally:
+        os.close(fd)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,41 @@ def save(out_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
                                   f"{kept}, is intact") from None
     barrier(info)
     return path
+
+
+_STEP_FILE = re.compile(r"step_(\d{7,})\.pt")
+
+
+def prune(out_dir: Path, keep: int, saved: Path, protect: tuple[Path, ...] = ()) -> list[Path]:
+    """Remove the checkpoints of out_dir older than the newest ``keep`` (train.keep_checkpoints; 0:
+    none removed); returns the files removed. Rank 0 alone, after ``save`` wrote ``saved`` and the
+    ``latest`` pointer. Never removes the checkpoint ``latest`` names, any in ``protect`` (the one
+    a resume read), ``saved`` itself, or one of a step past ``saved``'s (an earlier run's, left
+    beside a fresh run's). A file that cannot be removed is left, and not in the list."""
+    if keep <= 0:
+        return []
+    folder = ckpt_dir(out_dir)
+    match = _STEP_FILE.fullmatch(saved.name)
+    if match is None:
+        return []
+    newest = int(match.group(1))
+    pointer = folder / "latest"
+    named = pointer.read_text().strip() if pointer.exists() else ""
+    if named != saved.name:  # latest does not name what was just saved: nothing here is safe to judge
+        return []
+    spared = {saved.name, named} | {Path(p).name for p in protect if Path(p).parent.resolve() == folder.resolve()}
+    older = sorted((int(m.group(1)), f) for f in folder.iterdir()
+                   if (m := _STEP_FILE.fullmatch(f.name)) and int(m.group(1)) < newest)
+    removed = []
+    for _, f in older[:max(0, len(older) - (keep - 1))]:
+        if f.name in spared:
+            continue
+        try:
+            f.unlink()
+        except OSError:
+            continue
+        removed.append(f)
+    return removed
 
 
 def _reason(exc: BaseException) -> str:
@@ -200,10 +236,28 @@ def _check_data_position(path: Path, payload: dict[str, Any], batch: int, world:
         f"with {fits} here")
 
 
+#: how a file torch.load reads begins: torch.save's zip archive, or a pickle (protocol 2 and up) of
+#: its legacy format (_use_new_zipfile_serialization=False)
+_TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+def _head(path: Path) -> bytes:
+    """The first bytes of ``path``; b'' where it cannot be read (torch.load then says why)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(8)
+    except OSError:
+        return b""
+
+
 def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo,
          config: dict[str, Any]) -> dict[str, Any]:
     """Restore model, optimizer and this rank's RNG; returns {step, data_position, config}.
     ``config`` is this run's (config_dict), to name what differs when the model does not fit."""
+    head = _head(path)
+    if head and not head.startswith(_TORCH_MAGIC):  # a text file gave "KeyError: 105" from torch's legacy reader
+        raise CheckpointError(f"{path}: cannot load checkpoint (not a torch checkpoint file: torch.save writes a zip "
+                              f"archive, which begins with {_TORCH_MAGIC[0]!r}, and this file begins with {head!r})")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:  # torch's advice, weights_only=False, would run what the file says

@@ -88,6 +88,12 @@ class TrainConfig:
     """Print a progress line on rank 0 every N steps."""
     ckpt_every: int = 0
     """Save a checkpoint every N steps (0: only the final one, if save_final)."""
+    keep_checkpoints: int = 3
+    """Keep the newest N checkpoints of out_dir (by step) and remove older ones, each only after
+    the new checkpoint and the ``latest`` pointer are written; 0 keeps all. Never removed: the one
+    ``latest`` names, the one this run resumed from, and any of a step past the one just saved (an
+    earlier run's). 3: the newest, and two to go back to if it turns out damaged or saved after a
+    loss spike, where keeping every one fills the disk of a long run (one per train.ckpt_every)."""
     save_final: bool = True
     """Save a checkpoint when the run completes train.steps. A run stopped early (train.run_steps,
     operator .HALT) always saves, so that it can resume."""
@@ -104,7 +110,7 @@ class TrainConfig:
         for name in ("steps", "seq_len", "batch_size", "grad_accum", "log_every", "print_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "ckpt_every", "run_steps", "profile_steps"):
+        for name in ("warmup_steps", "ckpt_every", "keep_checkpoints", "run_steps", "profile_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:
@@ -144,7 +150,9 @@ class DataConfig:
     parquet / jsonl (a text column), fineweb_edu (parquet or jsonl by file suffix)."""
     path: str = ""
     """Local file, directory or glob for text/parquet/jsonl/fineweb_edu. Never downloaded. Empty
-    for text: the standard library's sources of the Python that runs, read in place."""
+    for text: the standard library's sources of the Python that runs, read in place. Of a directory
+    or a glob only the dataset's files are read: parquet *.parquet, jsonl *.jsonl and *.json,
+    fineweb_edu all three, text every file; a file named alone is read whatever its suffix."""
     text_column: str = "text"
     """Column (parquet) or key (jsonl) holding the document text."""
     tokenizer: str = "byte"

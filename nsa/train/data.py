@@ -111,21 +111,37 @@ class PatternSource:
         return (phase + torch.arange(self.seq_len + 1)) % self.period + base
 
 
-def expand_paths(spec: str) -> list[Path]:
-    """A file, a directory (its files, sorted) or a glob; an error when nothing matches."""
+#: the file names (lower case) each dataset takes from a directory or a glob; text takes every file
+SUFFIXES = {"parquet": (".parquet",), "jsonl": (".jsonl", ".json"), "fineweb_edu": (".parquet", ".jsonl", ".json")}
+
+
+def expand_paths(spec: str, dataset: str = "text") -> list[Path]:
+    """A file, a directory (its files, sorted) or a glob; an error when nothing matches. Of a
+    directory or a glob, only the files of the dataset's kind (SUFFIXES): a stray
+    ``a.parquet.bak`` beside jsonl files was read as jsonl. A file named alone is read whatever
+    its suffix."""
     p = Path(spec).expanduser()
     if p.is_dir():
         files = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith("."))
     elif any(c in spec for c in "*?["):
         files = sorted(Path(f) for f in glob.glob(str(p), recursive=True) if Path(f).is_file())
     elif p.is_file():
-        files = [p]
+        return [p]
     else:
         raise DataError(f"data.path={spec!r}: no such file or directory; expected a local file, a directory of "
                         "files or a glob")
     if not files:
         raise DataError(f"data.path={spec!r}: matched no files; expected a local file, a directory of files or a glob")
-    return files
+    suffixes = SUFFIXES.get(dataset)
+    if suffixes is None:
+        return files
+    kept = [f for f in files if f.name.lower().endswith(suffixes)]
+    if not kept:
+        where = "the directory" if p.is_dir() else "the glob"
+        names = ", ".join(f.name for f in files[:5]) + (f" (+{len(files) - 5} more)" if len(files) > 5 else "")
+        raise DataError(f"data.path={spec!r}: {where} holds no {' or '.join(suffixes)} file, which "
+                        f"data.dataset={dataset} reads (it holds {names}); name a file to read it whatever its suffix")
+    return kept
 
 
 def _kind_of(path: Path, dataset: str) -> str:
@@ -179,7 +195,7 @@ class DocumentStream:
     def __init__(self, cfg: DataConfig, seq_len: int):
         self.cfg, self.seq_len = cfg, seq_len
         self.corpus = StdlibCorpus.find() if cfg.dataset == "text" and not cfg.path else None
-        self.files = self.corpus.paths() if self.corpus is not None else expand_paths(cfg.path)
+        self.files = self.corpus.paths() if self.corpus is not None else expand_paths(cfg.path, cfg.dataset)
         if not self.files:
             raise DataError(f"{self.describe()}: no files to read")
         self.kinds = [_kind_of(f, cfg.dataset) for f in self.files]
@@ -247,7 +263,23 @@ class DocumentStream:
             f"of {self.describe()}")
 
     def _too_little(self) -> DataError:
-        return DataError(f"{self.describe()}: fewer than seq_len+1={self.seq_len + 1} tokens in all files together")
+        """Raised once every file has been read and they hold less than one row: reading them again
+        to name the empty ones costs less than a row."""
+        tokens, hollow = 0, []
+        for path, kind in zip(self.files, self.kinds):
+            n = sum(len(doc) for doc in self._documents(path, kind))
+            tokens += n
+            if n == 0:
+                hollow.append(f"{path.name} is empty" if path.stat().st_size == 0 else f"{path.name} holds no text")
+        files = len(self.files)
+        where = f"data.path={self.cfg.path}" if self.cfg.path else self.describe()
+        why = ""
+        if hollow:
+            shown = ", ".join(hollow[:5]) + (f" (+{len(hollow) - 5} more)" if len(hollow) > 5 else "")
+            why = f" ({shown})" if len(hollow) == files or files == 1 else f" ({len(hollow)} of them: {shown})"
+        return DataError(f"{where}: {tokens:,} token{'' if tokens == 1 else 's'} of text in {files:,} "
+                         f"file{'' if files == 1 else 's'}{why}; a run needs at least train.seq_len+1="
+                         f"{self.seq_len + 1} (with one separator token after each document)")
 
     def _documents(self, path: Path, kind: str) -> Iterator[bytes]:
         """The UTF-8 bytes of each document of one file."""

@@ -639,6 +639,12 @@ class Trainer:
             path = ckpt.save(self.out, self.wrapped, self.optimizer, self.info, step,
                              self.loader.position, config_dict(self.cfg))
         self.log(f"[ckpt] saved {path}")
+        if self.info.is_master:  # after save's barrier: the checkpoint and `latest` are on disk
+            protect = (Path(self.resumed_from),) if self.resumed_from else ()
+            removed = ckpt.prune(self.out, self.cfg.train.keep_checkpoints, path, protect)
+            if removed:
+                self.log(f"[ckpt] removed {', '.join(p.name for p in removed)} (train.keep_checkpoints="
+                         f"{self.cfg.train.keep_checkpoints})")
 
     def oom_report(self, exc: BaseException) -> None:
         path = self.out / f"oom_rank{self.info.rank}.txt"

@@ -118,8 +118,10 @@ def test_a_jsonl_file_whose_first_record_cannot_be_read_is_refused_at_start(tmp_
 def test_too_little_data_is_an_error_not_a_hang(tmp_path: Path):
     (tmp_path / "s.txt").write_text("short")
     src = DocumentStream(DataConfig(dataset="text", path=str(tmp_path / "s.txt")), T)
-    with pytest.raises(DataError, match="fewer than seq_len"):
+    with pytest.raises(DataError) as err:
         take(src.rows(), 1)
+    assert str(err.value) == (f"data.path={tmp_path / 's.txt'}: 5 tokens of text in 1 file; a run needs at least "
+                              "train.seq_len+1=17 (with one separator token after each document)")
 
 
 class _SlowSource:
@@ -227,7 +229,8 @@ def test_the_check_reads_only_what_the_run_reads_and_says_how_far(tmp_path: Path
 
 def test_too_little_data_is_found_by_the_check(tmp_path: Path):
     path = _corpus(tmp_path / "c.jsonl", 1)
-    with pytest.raises(DataError, match="fewer than seq_len"):
+    with pytest.raises(DataError, match=r"c\.jsonl: 5 tokens of text in 1 file; a run needs at least "
+                                        r"train\.seq_len\+1=17 "):
         DocumentStream(DataConfig(dataset="jsonl", path=str(path)), T).check(10**9, say=lambda _: None)
 
 
@@ -261,3 +264,50 @@ def test_a_long_check_says_how_far_it_got(tmp_path: Path, monkeypatch):
     assert re.fullmatch(r"\[data\] checking the records the run reads: 1,024 records \([\d,]+ of 1,000,000,000 "
                         r"tokens\), file 1 of 1, \d+ s", said[0]), said
     assert len(said) == 2 and said[1].startswith("[data] checked 2,000 records"), said
+
+
+def test_a_directory_or_glob_gives_only_the_files_of_the_datasets_kind(tmp_path: Path):
+    """data.dataset=jsonl data.path=DIR read every file of DIR: a stray a.parquet.bak was read as
+    jsonl. Now a directory or a glob gives the dataset's suffixes only; a file named alone is read."""
+    good = _corpus(tmp_path / "b.jsonl", 20)
+    (tmp_path / "a.parquet.bak").write_bytes(b"PAR1\x00\x01 not jsonl")
+    (tmp_path / "notes.md").write_text("# notes\n")
+    said: list[str] = []
+    for spec in (str(tmp_path), str(tmp_path / "*")):
+        src = DocumentStream(DataConfig(dataset="jsonl", path=spec), T)
+        assert src.files == [good], spec
+        src.check(10**9, say=said.append)
+    fine = DocumentStream(DataConfig(dataset="fineweb_edu", path=str(tmp_path)), T)
+    assert fine.files == [good]
+    assert len(DocumentStream(DataConfig(dataset="text", path=str(tmp_path)), T).files) == 3  # text: every file
+
+
+def test_a_directory_without_the_datasets_files_is_an_error_naming_it_and_the_suffixes(tmp_path: Path):
+    (tmp_path / "a.parquet.bak").write_bytes(b"PAR1\x00\x01 not jsonl")
+    with pytest.raises(DataError) as err:
+        DocumentStream(DataConfig(dataset="jsonl", path=str(tmp_path)), T)
+    assert str(err.value) == (f"data.path={str(tmp_path)!r}: the directory holds no .jsonl or .json file, which "
+                              "data.dataset=jsonl reads (it holds a.parquet.bak); name a file to read it whatever "
+                              "its suffix")
+    with pytest.raises(DataError, match=r"the glob holds no \.parquet file, which data\.dataset=parquet reads"):
+        DocumentStream(DataConfig(dataset="parquet", path=str(tmp_path / "a*")), T)
+
+
+def test_too_little_data_names_the_key_and_the_empty_files(tmp_path: Path):
+    """'fewer than seq_len+1=17 tokens in all files together' named neither train.seq_len nor the
+    file that was empty (a text file cut to nothing, a jsonl file of empty records)."""
+    (tmp_path / "x.txt").write_text("")
+    with pytest.raises(DataError) as err:
+        DocumentStream(DataConfig(dataset="text", path=str(tmp_path / "x.txt")), T).check(10**9, say=lambda _: None)
+    assert str(err.value) == (f"data.path={tmp_path / 'x.txt'}: 0 tokens of text in 1 file (x.txt is empty); a run "
+                              "needs at least train.seq_len+1=17 (with one separator token after each document)")
+    (tmp_path / "y.txt").write_text("hi")
+    src = DocumentStream(DataConfig(dataset="text", path=str(tmp_path)), T)
+    with pytest.raises(DataError, match=rf"^data\.path={re.escape(str(tmp_path))}: 2 tokens of text in 2 files "
+                                        r"\(1 of them: x\.txt is empty\); a run needs at least train\.seq_len\+1=17"):
+        take(src.rows(), 1)
+    d = tmp_path / "j"
+    d.mkdir()
+    (d / "e.jsonl").write_text('{"text": ""}\n')
+    with pytest.raises(DataError, match=r": 0 tokens of text in 1 file \(e\.jsonl holds no text\);"):
+        DocumentStream(DataConfig(dataset="jsonl", path=str(d)), T).check(10**9, say=lambda _: None)

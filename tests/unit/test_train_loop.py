@@ -715,3 +715,90 @@ def test_a_value_found_wrong_in_set_up_names_the_config_file_the_key_and_comes_b
     stdout, err = capsys.readouterr()
     assert "[model]" not in stdout, stdout
     assert err.strip().endswith(f"tiny.yaml: {said.format(tmp=tmp_path)}"), err
+
+
+def _ckpt_names(out: Path) -> list[str]:
+    return sorted(p.name for p in (out / "checkpoints").iterdir())
+
+
+def test_older_checkpoints_are_removed_past_train_keep_checkpoints(tmp_path: Path):
+    """Every train.ckpt_every checkpoint was kept, so a run of days filled its disk. Now the
+    newest train.keep_checkpoints (default 3) stay; 0 keeps all."""
+    assert train(tmp_path / "two", "train.ckpt_every=1 train.keep_checkpoints=2", steps=5) == 0
+    assert _ckpt_names(tmp_path / "two") == ["latest", "step_0000004.pt", "step_0000005.pt"]
+    assert (tmp_path / "two" / "checkpoints" / "latest").read_text() == "step_0000005.pt\n"
+    assert train(tmp_path / "default", "train.ckpt_every=1", steps=5) == 0
+    assert _ckpt_names(tmp_path / "default") == ["latest", "step_0000003.pt", "step_0000004.pt", "step_0000005.pt"]
+    assert train(tmp_path / "all", "train.ckpt_every=2 train.keep_checkpoints=0", steps=6) == 0
+    assert _ckpt_names(tmp_path / "all") == ["latest", "step_0000002.pt", "step_0000004.pt", "step_0000006.pt"]
+
+
+def test_the_checkpoint_a_run_resumed_from_is_never_removed(tmp_path: Path):
+    assert train(tmp_path, "train.ckpt_every=1 train.keep_checkpoints=0", steps=3) == 0
+    first = tmp_path / "checkpoints" / "step_0000001.pt"
+    assert train(tmp_path, f"train.ckpt_every=1 train.keep_checkpoints=1 train.resume={first}", steps=4) == 0
+    assert _ckpt_names(tmp_path) == ["latest", "step_0000001.pt", "step_0000004.pt"]
+
+
+def test_prune_spares_what_latest_names_and_an_earlier_runs_later_steps(tmp_path: Path):
+    from nsa.train.checkpoint import prune
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for step in (1, 2, 3, 4, 9):
+        (folder / f"step_{step:07d}.pt").write_bytes(b"x")
+    (folder / "notes.pt").write_bytes(b"x")
+    saved = folder / "step_0000004.pt"
+    (folder / "latest").write_text("step_0000003.pt\n")  # the pointer's write failed: judge nothing
+    assert prune(tmp_path, 1, saved) == [] and len(list(folder.iterdir())) == 7
+    (folder / "latest").write_text("step_0000004.pt\n")
+    assert prune(tmp_path, 2, saved, protect=(folder / "step_0000001.pt",)) == [folder / "step_0000002.pt"]
+    assert _ckpt_names(tmp_path) == ["latest", "notes.pt", "step_0000001.pt", "step_0000003.pt",
+                                     "step_0000004.pt", "step_0000009.pt"]
+    assert prune(tmp_path, 1, saved) == [folder / "step_0000001.pt", folder / "step_0000003.pt"]
+    assert prune(tmp_path, 0, saved) == []
+
+
+def test_write_atomic_fsyncs_the_file_before_the_rename_and_the_directory_after(tmp_path: Path, monkeypatch):
+    """The rename of the temp file into place was never made durable: after a power cut `latest`
+    could name the checkpoint before (POSIX: a rename is durable once its directory is fsynced)."""
+    import stat
+    from nsa.train import atomic
+
+    calls: list[tuple[str, str]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        mode = os.fstat(fd).st_mode
+        calls.append(("fsync", "dir" if stat.S_ISDIR(mode) else "file"))
+        if stat.S_ISDIR(mode):
+            assert os.path.samestat(os.fstat(fd), os.stat(tmp_path))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        calls.append(("replace", Path(dst).name))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
+    monkeypatch.setattr(atomic.os, "replace", replace)
+    atomic.write_atomic(tmp_path / "latest", b"step_0000001.pt\n")
+    assert calls == [("fsync", "file"), ("replace", "latest"), ("fsync", "dir")]
+    assert (tmp_path / "latest").read_text() == "step_0000001.pt\n"
+    calls.clear()
+    with pytest.raises(OSError):  # a failed write renames nothing and fsyncs no directory
+        atomic.write_atomic(tmp_path / "latest", lambda fh: (_ for _ in ()).throw(OSError(28, "No space")))
+    assert calls == []
+
+
+@pytest.mark.parametrize("text", ["hello world\n", "step_0000002.pt\n", "i"])
+def test_resume_from_a_text_file_says_it_is_not_a_torch_checkpoint(tmp_path: Path, capsys, text):
+    """train.resume=/path/to/some.txt said 'cannot load checkpoint (KeyError: 105)' (torch's legacy
+    reader taking the text's first byte, 'i', for a magic number)."""
+    notes = tmp_path / "some.txt"
+    notes.write_text(text)
+    assert train(tmp_path / "run", f"train.resume={notes}", steps=2) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    expected = (f"{notes}: cannot load checkpoint (not a torch checkpoint file: torch.save writes a zip archive, "
+                f"which begins with b'PK\\x03\\x04', and this file begins with {text.encode()[:8]!r})")
+    assert len(err) == 1 and err[0].endswith(expected), err
+    assert not (tmp_path / "run" / "training.csv").exists()

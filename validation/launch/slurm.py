@@ -132,7 +132,7 @@ def run(launcher: Launcher, target: Target, args: Sequence[str], *, env: Mapping
     try:
         hosts = _shared_hosts(alloc, launcher.nnodes, name, env, cwd, out_dir)
         port = launcher.rdzv.port or PORT_BASE + int(alloc.job_id) % PORT_SPAN
-        endpoint = f"{(_node_names(alloc.job_id) or hosts)[0]}:{port}"
+        endpoint = f"{rendezvous_host(alloc.job_id, hosts)}:{port}"
         torchrun = commands.nodes_torchrun_argv(target, launcher.nproc, args, nnodes=launcher.nnodes, endpoint=endpoint,
                                                 rdzv_id=out_dir.name, join_timeout_s=launcher.rdzv.join_timeout_s)
         argv = [*_srun(alloc, name, launcher), f"--output={out_dir}/node%t.stdout.log",
@@ -249,11 +249,27 @@ def _shared_hosts(alloc: Allocation, nnodes: int, name: str, env: Mapping[str, s
     return hosts
 
 
-def _node_names(job_id: str) -> list[str]:
-    """The allocation's nodes as Slurm names them; the first hosts the rendezvous (task 0 runs
-    there: one task per node, in block order)."""
+def rendezvous_host(job_id: str, hosts: list[str]) -> str:
+    """The host of the rendezvous's store: the allocation's first node (task 0 runs there: one task
+    per node, in block order) by the name Slurm gives it (squeue's node list through ``scontrol show
+    hostnames``), else as task 0's ``hostname --short`` said (``hosts``, the shared-directory step).
+
+    Its name, not its address (``NodeAddr`` of ``scontrol show node``), though on a cluster whose
+    node names do not resolve on the compute network the address would reach it: torchrun's c10d
+    backend has the agent whose machine the endpoint names host the store (torch 2.13's
+    ``_matches_machine_hostname``), and it takes a name equal to the machine's ``gethostname()`` as
+    itself outright (Slurm's node name is the host's short name unless slurmd runs with ``-N``), an
+    address only where that host name resolves to it there. Many hosts resolve their own name to a
+    loopback address (Debian's and Ubuntu's /etc/hosts: 127.0.1.1; this machine, 2026-11-28: 'vm' is
+    127.0.0.1, and torch did not take its own 192.0.2.2 as itself), so an address endpoint would leave
+    no agent hosting the store, and every node would wait out the join timeout where names work
+    today. Only the first node may be told it hosts (``--rdzv-conf is_host=1``), which takes a
+    command line of its own, and one srun of torchrun gives every task the same one. A name that
+    does not resolve on another node is the ``node_unreachable`` finding, whose advice says to check
+    it there (``getent hosts``)."""
     nodelist = _query(["squeue", "--noheader", f"--jobs={job_id}", "--format=%N"]).strip()
-    return _query(["scontrol", "show", "hostnames", nodelist]).split() if nodelist else []
+    names = _query(["scontrol", "show", "hostnames", nodelist]).split() if nodelist else []
+    return (names or hosts)[0]
 
 
 class _StepSeen:

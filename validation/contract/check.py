@@ -38,6 +38,7 @@ from validation.contract.files import (
     halted,
     HeartbeatLog,
     TrainingLog,
+    Writer,
     read_env_json,
     read_heartbeat_logs,
     read_training_log,
@@ -103,6 +104,8 @@ class ContractRead:
     reruns: dict[str, list[Rerun]] = field(default_factory=dict)
     """Per file (training.csv, heartbeat_rank{R}.jsonl), the steps a resume in place wrote again:
     the rows and records above are the latest occurrence (validation/contract/reruns.py)."""
+    shared: dict[int, tuple[Writer, ...]] = field(default_factory=dict)
+    """Per rank whose heartbeat file several processes wrote at once, those processes."""
     launched: int = 1
     """Processes the harness launched (1: not known, or one): each is a rank."""
 
@@ -158,6 +161,7 @@ def read(out_dir: Path, costs: Costs | None = None, launched: int = 1) -> Contra
                                           read_heartbeat_logs, _beats_detail) or {}
     found.heartbeats = {rank: hb.records for rank, hb in logs.items()}
     found.reruns.update({heartbeat_name(rank): hb.reruns for rank, hb in sorted(logs.items()) if hb.reruns})
+    found.shared = {rank: hb.shared for rank, hb in logs.items() if hb.shared}
     found.env = _file(found, ENV_JSON, (out_dir / ENV_JSON).is_file(), read_env_json, lambda env: f"{len(env)} keys")
     if found.env is not None:
         _env_fields(found, costs)
@@ -283,6 +287,9 @@ def _heartbeat_fields(found: ContractRead, costs: Costs) -> None:
         if ranked.problem:
             found.items.append(ranked)
             continue
+        if rank in found.shared:
+            found.items.append(Item(name, Presence.MALFORMED, _shared_detail(found.shared[rank])))
+            continue
         for i, rec in enumerate(recs):
             lacking = [f for f in HEARTBEAT_REQUIRED if not _number(rec.get(f))]
             said = rec.get("rank")
@@ -300,6 +307,15 @@ def _heartbeat_fields(found: ContractRead, costs: Costs) -> None:
         found.items.append(Item(HEARTBEAT_GLOB, Presence.MISSING,
                                 _unmeasured(costs, "fallbacks", f"no fallback counters ({_METRICS_UNMEASURED})"),
                                 False, "fallbacks"))
+
+
+def _shared_detail(writers: tuple[Writer, ...]) -> str:
+    """What a heartbeat file several processes wrote at once is, and what the contract asks."""
+    ranks = {w.rank for w in writers}
+    who = "ranks" if len(ranks) == len(writers) and None not in ranks else "processes"
+    return (f"{len(writers)} {who} wrote this one file at once, their records interleaved: "
+            f"{'; '.join(w.text() for w in writers)}. Every rank writes its own heartbeat_rank{{R}}.jsonl, R its "
+            "global rank (torchrun's RANK; LOCAL_RANK repeats on every node)")
 
 
 def _env_fields(found: ContractRead, costs: Costs) -> None:

@@ -131,17 +131,41 @@ def read_heartbeats(out_dir: Path) -> dict[int, list[dict[str, Any]]]:
 
 
 @dataclass(frozen=True)
+class Writer:
+    """A process that wrote heartbeat records, as its records say: its ``pid`` and ``rank`` (each
+    None where its records carry none), its first record's ``node`` and ``host``."""
+
+    pid: int | None
+    rank: int | None
+    node: int | None
+    host: str | None
+
+    def text(self) -> str:
+        """'pid 8308 (rank 1, node 1, host vm)', 'rank 1 (node 1)' (no pid said)."""
+        said = [f"rank {self.rank}" if self.pid is not None and self.rank is not None else "",
+                f"node {self.node}" if self.node is not None else "", f"host {self.host}" if self.host else ""]
+        said = [x for x in said if x]
+        return (f"pid {self.pid}" if self.pid is not None else f"rank {self.rank}") + (
+            f" ({', '.join(said)})" if said else "")
+
+
+@dataclass(frozen=True)
 class HeartbeatLog:
     """One rank's heartbeat file as read: its records, and the steps a resume in place wrote again."""
 
     records: list[dict[str, Any]]
     """In file order, without those a resume in place superseded (reruns.py)."""
     reruns: list[Rerun]
+    shared: tuple[Writer, ...] = ()
+    """The processes that wrote into the file at once (``_writers``), in the order of their first
+    record; empty where one process at a time did. Their records interleave, so none supersedes
+    another: ``records`` holds them all, and ``reruns`` is empty."""
 
 
 def read_heartbeat_logs(out_dir: Path) -> dict[int, HeartbeatLog]:
     """Per rank, the heartbeat records in file order, less those a resume in place superseded
-    (validation/contract/reruns.py). A torn last line (a killed writer) is skipped; any other
+    (validation/contract/reruns.py), or all of them where several processes wrote the file at once
+    (``HeartbeatLog.shared``). A torn last line (a killed writer) is skipped; any other
     undecodable line is an error naming file and line."""
     beats: dict[int, HeartbeatLog] = {}
     for path in sorted(Path(out_dir).glob("heartbeat_rank*.jsonl")):
@@ -166,6 +190,9 @@ def read_heartbeat_logs(out_dir: Path) -> dict[int, HeartbeatLog]:
 
 
 def _latest_records(records: list[dict[str, Any]]) -> HeartbeatLog:
+    shared = _writers(records)
+    if shared:
+        return HeartbeatLog(records, [], shared)
     steps = [r["step"] if _whole(r.get("step")) else None for r in records]
     pids = [r.get("pid") if _whole(r.get("pid")) else None for r in records]
     new_process, last_pid = [], None
@@ -180,6 +207,32 @@ def _latest_records(records: list[dict[str, Any]]) -> HeartbeatLog:
         seen.add((step, stage))
     kept, reruns = latest(steps, one_per_step=False, new_process=new_process, late=late)
     return HeartbeatLog([records[i] for i in kept], reruns)
+
+
+def _writers(records: list[dict[str, Any]]) -> tuple[Writer, ...]:
+    """The processes that wrote ``records`` at once: two or more, told apart by the ``pid``,
+    ``rank`` and ``host`` their records say, where one of them wrote again after another had
+    begun (two ranks writing one file, such as the file of their LOCAL_RANK on two nodes); () where
+    each process wrote only before the next began (a resume in place), or nothing tells them apart.
+    Records of neither a pid nor a rank are of no writer told."""
+    first: dict[tuple, dict[str, Any]] = {}
+    ended: set[tuple] = set()
+    last: tuple | None = None
+    interleaved = False
+    for rec in records:
+        pid, rank = (rec.get(k) if _whole(rec.get(k)) else None for k in ("pid", "rank"))
+        if pid is None and rank is None:
+            continue
+        key = (pid, rank, rec.get("host") if isinstance(rec.get("host"), str) else None)
+        if key != last and last is not None:
+            ended.add(last)
+        interleaved |= key in ended
+        first.setdefault(key, rec)
+        last = key
+    if not interleaved:
+        return ()
+    return tuple(Writer(pid, rank, rec.get("node") if _whole(rec.get("node")) else None, host)
+                 for (pid, rank, host), rec in first.items())
 
 
 def _whole(v: Any) -> bool:

@@ -74,6 +74,12 @@ _TASK_END = re.compile(r"^srun: error: (?P<host>\S+): tasks? (?P<tasks>[\d,-]+):
 _STEPD_BANNER = re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT .*?\*\*\*")
 #: the job states squeue shows of a job that has ended, other than COMPLETED
 JOB_ENDED = ("CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "DEADLINE", "BOOT_FAIL", "OUT_OF_MEMORY", "FAILED")
+#: the state squeue shows of a job Slurm is ending (its nodes not yet done with it), in place of the
+#: state it ends in
+JOB_ENDING = "COMPLETING"
+#: seconds the harness waits for an ending job to show the state it ended in, and between looks: srun
+#: has returned, so what remains is each node's epilog and slurmctld's word on it
+JOB_END_WAIT_S, JOB_END_LOOK_S = 10.0, 0.5
 _SIGNALS = {"Killed": -9, "Terminated": -15, "Aborted": -6, "Segmentation fault": -11}
 
 
@@ -98,7 +104,7 @@ def allocation_problem(launcher: Launcher) -> str | None:
         return (f"launcher.nodes is {launcher.nnodes}, but job {job}, the Slurm allocation the harness runs in, has "
                 f"{have} node{'s' if int(have) != 1 else ''} (SLURM_JOB_NUM_NODES): ask for {launcher.nnodes} nodes "
                 f"(salloc --nodes={launcher.nnodes}) or lower launcher.nodes")
-    state = _query(["squeue", "--noheader", "--states=all", f"--jobs={job}", "--format=%T"]).strip()
+    state = _job_state(job)
     if state != "RUNNING":
         return (f"SLURM_JOB_ID={job}, the Slurm allocation the harness runs in, is not a running job "
                 f"({state or 'Slurm knows no such job'}): run inside a live allocation, or unset SLURM_JOB_ID and "
@@ -126,7 +132,7 @@ def run(launcher: Launcher, target: Target, args: Sequence[str], *, env: Mapping
     try:
         hosts = _shared_hosts(alloc, launcher.nnodes, name, env, cwd, out_dir)
         port = launcher.rdzv.port or PORT_BASE + int(alloc.job_id) % PORT_SPAN
-        endpoint = f"{(_node_names(alloc.job_id) or hosts)[0]}:{port}"
+        endpoint = f"{rendezvous_host(alloc.job_id, hosts)}:{port}"
         torchrun = commands.nodes_torchrun_argv(target, launcher.nproc, args, nnodes=launcher.nnodes, endpoint=endpoint,
                                                 rdzv_id=out_dir.name, join_timeout_s=launcher.rdzv.join_timeout_s)
         argv = [*_srun(alloc, name, launcher), f"--output={out_dir}/node%t.stdout.log",
@@ -243,11 +249,27 @@ def _shared_hosts(alloc: Allocation, nnodes: int, name: str, env: Mapping[str, s
     return hosts
 
 
-def _node_names(job_id: str) -> list[str]:
-    """The allocation's nodes as Slurm names them; the first hosts the rendezvous (task 0 runs
-    there: one task per node, in block order)."""
+def rendezvous_host(job_id: str, hosts: list[str]) -> str:
+    """The host of the rendezvous's store: the allocation's first node (task 0 runs there: one task
+    per node, in block order) by the name Slurm gives it (squeue's node list through ``scontrol show
+    hostnames``), else as task 0's ``hostname --short`` said (``hosts``, the shared-directory step).
+
+    Its name, not its address (``NodeAddr`` of ``scontrol show node``), though on a cluster whose
+    node names do not resolve on the compute network the address would reach it: torchrun's c10d
+    backend has the agent whose machine the endpoint names host the store (torch 2.13's
+    ``_matches_machine_hostname``), and it takes a name equal to the machine's ``gethostname()`` as
+    itself outright (Slurm's node name is the host's short name unless slurmd runs with ``-N``), an
+    address only where that host name resolves to it there. Many hosts resolve their own name to a
+    loopback address (Debian's and Ubuntu's /etc/hosts: 127.0.1.1; this machine, 2026-11-28: 'vm' is
+    127.0.0.1, and torch did not take its own 192.0.2.2 as itself), so an address endpoint would leave
+    no agent hosting the store, and every node would wait out the join timeout where names work
+    today. Only the first node may be told it hosts (``--rdzv-conf is_host=1``), which takes a
+    command line of its own, and one srun of torchrun gives every task the same one. A name that
+    does not resolve on another node is the ``node_unreachable`` finding, whose advice says to check
+    it there (``getent hosts``)."""
     nodelist = _query(["squeue", "--noheader", f"--jobs={job_id}", "--format=%N"]).strip()
-    return _query(["scontrol", "show", "hostnames", nodelist]).split() if nodelist else []
+    names = _query(["scontrol", "show", "hostnames", nodelist]).split() if nodelist else []
+    return (names or hosts)[0]
 
 
 class _StepSeen:
@@ -335,8 +357,7 @@ def _agent_exit(node: int, ends: Mapping[int, int], code: int | None, cancel: _C
 def slurm_stopped(out_dir: Path, nnodes: int, job_id: str) -> str | None:
     """How Slurm ended the step, where it did: slurmstepd's banner in the first node log that
     has one ('*** STEP 14.1 ON vm CANCELLED AT 2026-11-27T14:04:13 ***', '... DUE TO TIME LIMIT
-    ***'), with the job's state where it has ended (JOB_ENDED: a step cancelled alone leaves its job
-    RUNNING, and an ended job shows COMPLETING for a moment); None when no node's log has one."""
+    ***'), with the job's state where it has ended (``_job_end``); None when no node's log has one."""
     for i in range(nnodes):
         try:
             text = (out_dir / node_log(i, "stderr")).read_text(errors="replace")
@@ -344,9 +365,28 @@ def slurm_stopped(out_dir: Path, nnodes: int, job_id: str) -> str | None:
             continue
         banner = _STEPD_BANNER.search(text)
         if banner is not None:
-            state = _query(["squeue", "--noheader", "--states=all", f"--jobs={job_id}", "--format=%T"]).strip()
-            return f"node {i}: {banner.group(0)}" + (f"; job {job_id} {state}" if state in JOB_ENDED else "")
+            return f"node {i}: {banner.group(0)}{_job_end(job_id)}"
     return None
+
+
+def _job_end(job_id: str) -> str:
+    """'; job 14 CANCELLED': the state the job ended in (JOB_ENDED), waited for up to JOB_END_WAIT_S
+    while Slurm is still ending it (JOB_ENDING, which hides that state), else that it was still
+    ending; '' for a job that did not end (a step cancelled alone leaves its job RUNNING)."""
+    deadline = time.monotonic() + JOB_END_WAIT_S
+    state = _job_state(job_id)
+    while state == JOB_ENDING and time.monotonic() < deadline:
+        time.sleep(JOB_END_LOOK_S)
+        state = _job_state(job_id)
+    if state == JOB_ENDING:
+        return (f"; job {job_id} still ending ({JOB_ENDING} {JOB_END_WAIT_S:g} s after its step ended): the state it "
+                "ended in is not final yet")
+    return f"; job {job_id} {state}" if state in JOB_ENDED else ""
+
+
+def _job_state(job_id: str) -> str:
+    """The job's state as squeue shows it ('' where squeue does not answer)."""
+    return _query(["squeue", "--noheader", "--states=all", f"--jobs={job_id}", "--format=%T"]).strip()
 
 
 def _wait(done: Callable[[], bool], seconds: float) -> bool:

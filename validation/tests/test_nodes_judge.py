@@ -4,6 +4,7 @@ node comes, what each agent said, srun's word on each task, and the record's rou
 the store."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from validation.judge.evidence import collect, collect_failures, collect_train
 from validation.judge.findings import Severity, find, recommendations
 from validation.judge.metrics import RunData
 from validation.judge.nodes import NodeEvidence, NodesEvidence, node_evidence
-from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
+from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status, Summary
 from validation.judge.verdict import Outcome, verdict
 from validation.launch.slurm import task_ends
 
@@ -172,6 +173,31 @@ def test_the_log_a_crash_points_at_is_the_killed_ranks_node_not_the_first_agent_
     collect_failures(run, tmp_path / "node0.stderr.log")
     ev = collect(run, tmp_path / "node0.stderr.log", [])
     assert ev.stderr_log == "node0.stderr.log"
+
+
+def test_the_log_a_departed_ranks_finding_cites_is_its_own_nodes():
+    """Rank 1 on node 1 exited 0 early (quit_rank:1@3, native_train.py, two agents x1, 2026-11-28);
+    rank 0 on node 0 failed in its collective after it, so no rank failed in its own right and the
+    record's stderr is node 0's. The crash finding blamed rank 1 and cited node0.stderr.log; so did
+    the finding of a rank that stopped short while the others ran on."""
+    nodes = NodesEvidence("torchrun", "localhost:1", 20.0, [
+        NodeEvidence(0, "node0.stderr.log", "vm", 1, 5.1, 0, [0]),
+        NodeEvidence(1, "node1.stderr.log", "vm", None, None, 1, [1], state="sleeping")])
+    peer = RankFailure(exception="RuntimeError: Read error [127.0.0.1]:14568: Connection reset by peer", exit_code=1)
+    ev = Evidence(nodes=nodes, rank_failures={0: peer}, stderr_log="node0.stderr.log",
+                  last_heartbeat={0: Beat(3, "forward"), 1: Beat(2, "step")})
+    rec = _record(nodes, status=Status.FAIL, exit_code=1, steps=8, evidence=ev)
+    [crash] = [f for f in find([rec]) if f.title.startswith("crash in")]
+    assert crash.kind == "departed" and "rank 1 exited 0 early" in crash.title, crash.title
+    assert [d for d in crash.detail if d.startswith("stderr: ")] == [f"stderr: {rec.out_dir}/node1.stderr.log"], \
+        crash.detail
+    # ranks that shared no collective after it: every agent exited 0, rank 1's heartbeats stop at step 2
+    ok = dataclasses.replace(nodes, nodes=[dataclasses.replace(n, exit_code=0, state=None) for n in nodes.nodes])
+    ev = Evidence(nodes=ok, stderr_log="node0.stderr.log", last_heartbeat={0: Beat(8, "step"), 1: Beat(2, "step")})
+    rec = _record(ok, status=Status.FAIL, steps=8, metrics=Summary(steps_completed=8), evidence=ev)
+    [short] = [f for f in find([rec]) if f.kind == "short_rank"]
+    assert [d for d in short.detail if d.startswith("stderr: ")] == [f"stderr: {rec.out_dir}/node1.stderr.log"], \
+        short.detail
 
 
 def test_a_hung_node_is_told_from_one_waiting_in_ddps_backward():

@@ -3,6 +3,7 @@ imbalanced ranks, broken output contracts, and failed gates. Where each rank was
 ended, from the record's evidence."""
 from __future__ import annotations
 
+from typing import Iterable
 
 from nsa.contract import HEARTBEAT_STAGE_HALT, PROFILE_TOP_OPS, heartbeat_name
 from validation.contract.stacks import StackDump
@@ -78,9 +79,18 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
             broken = ([f"broken contract file: {e}" for e in ev.errors]
                       if stepped.steps_completed or stepped.last_step_done else [])
             out.append(Finding(Severity.CRITICAL, r.phase, title,
-                               [f"stderr: {r.out_dir}/{ev.stderr_log}"] + broken + _rank_lines(r), kind, Facts.of(r),
-                               culprit))
+                               _logs(r, (k.rank for k in culprit.ranks) if culprit else ()) + broken + _rank_lines(r), kind, Facts.of(r), culprit))
     return out
+
+
+def _logs(r: PhaseRecord, ranks: Iterable[int | None]) -> list[str]:
+    """'stderr: DIR/LOG' per log a finding about ``ranks`` cites: of a launch of several nodes, the
+    log of each node one of them ran on (the record's stderr is that of the node whose rank failed in
+    its own right, else of the agent that ended first: a rank that left early, on another node, did
+    nothing there); else the record's stderr."""
+    nodes, ranks = r.evidence.nodes, set(ranks)
+    logs = [n.log for n in nodes.nodes if ranks & set(n.ranks)] if nodes is not None else []
+    return [f"stderr: {r.out_dir}/{log}" for log in logs or [r.evidence.stderr_log]]
 
 
 def _nonfinite_ranks(r: PhaseRecord, bad: list[int]) -> Culprit | None:
@@ -131,7 +141,7 @@ def short_runs(records: list[PhaseRecord]) -> list[Finding]:
         elif outcome.rank_stopped_short:  # training.csv (rank 0) is complete; a rank's own heartbeats are not
             out.append(Finding(Severity.CRITICAL, r.phase, f"{where_run(r)}: {outcome.short_text()}",
                                [f"heartbeats: {r.out_dir}/heartbeat_rank{k.rank}.jsonl" for k in outcome.short_ranks]
-                               + [f"stderr: {r.out_dir}/{r.evidence.stderr_log}"], "short_rank", Facts.of(r)))
+                               + _logs(r, (k.rank for k in outcome.short_ranks)), "short_rank", Facts.of(r)))
     return out
 
 

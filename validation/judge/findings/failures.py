@@ -79,7 +79,8 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
             broken = ([f"broken contract file: {e}" for e in ev.errors]
                       if stepped.steps_completed or stepped.last_step_done else [])
             out.append(Finding(Severity.CRITICAL, r.phase, title,
-                               _logs(r, (k.rank for k in culprit.ranks) if culprit else ()) + broken + _rank_lines(r), kind, Facts.of(r), culprit))
+                               _logs(r, (k.rank for k in culprit.ranks) if culprit else ()) + broken + _rank_lines(r),
+                               kind, Facts.of(r), culprit))
     return out
 
 

@@ -71,6 +71,32 @@ def test_a_crash_of_the_first_half_is_the_points_crash_and_nothing_resumes(fake_
     assert "resume/default/" in crash[0] and "/first/trainer.stderr.log" in crash[0]
 
 
+@pytest.mark.parametrize("step, half, other", [(14, "first", "second"), (18, "second", "first")])
+def test_a_spike_is_named_by_the_half_whose_step_it_is(fake_run, step, half, other):
+    """A user's trainer spiking at step 24 of a point resumed after step 25 got 'loss spike in resume
+    [default], resumed second half (steps 26-40) at step 24', its CSV second/training.csv, which
+    holds no step 24: the resumed run's signs were all named by the second half, whose evidence the
+    record keeps. Each is the half's whose step it is now, with that half's training.csv."""
+    run = fake_run([resume_phase(f"spike:step={step}", steps=24, resume_after=16, gates=[])])
+    spikes = [f for f in run.findings() if f.startswith("loss spike in")]
+    label = {"first": "first half (steps 1-16, stopped)", "second": "resumed second half (steps 17-24)"}[half]
+    assert len(spikes) == 2 and spikes[0].startswith("loss spike in resume [default], uninterrupted run"), spikes
+    assert spikes[1].startswith(f"loss spike in resume [default], {label} at step {step}: "), spikes
+    assert f"/{half}/training.csv (loss column)" in spikes[1] and f"/{other}/" not in spikes[1], spikes
+
+
+def test_a_non_finite_loss_of_the_first_half_is_the_first_halfs(fake_run):
+    """A NaN logged from step 3 on: the second half, NaN in every row, broke its training.csv
+    (ERROR) and the record kept that half alone; the first half's NaN at step 3, in its own
+    training.csv, was named nowhere (only the second half's, at step 5). It is the first half's."""
+    run = fake_run([resume_phase("nan_logged:step=3", gates=[])])
+    [nan] = [f for f in run.findings() if f.startswith("non-finite loss in resume [default], first")]
+    assert nan.startswith("non-finite loss in resume [default], first half (steps 1-4, stopped): first logged at "
+                          "step 3"), nan
+    assert "/first/training.csv (loss column)" in nan
+    assert not [f for f in run.findings() if "second half" in f.split("\n")[0] and "step 3" in f.split("\n")[0]]
+
+
 NATIVE = {"name": "native_test", "root": "tests/trainers", "script": "native_train.py",
           "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"]}
 

@@ -62,7 +62,7 @@ def slowdowns(records: list[PhaseRecord]) -> list[Finding]:
     a long run would go on at the later rate. Its gates (a floor on tokens/s, their spread) judge;
     this says where it happened."""
     return [Finding(Severity.WARNING, r.phase, f"tokens/s fell in {run.where} from step {fell.first_step}: "
-                    f"{fell.text()}", [f"CSV: {run.out_dir}/training.csv (toks_per_s column)"], "slowdown", Facts.of(r))
+                    f"{fell.text()}", [f"CSV: {run.path('training.csv')} (toks_per_s column)"], "slowdown", Facts.of(r))
             for r in records for run in watched_runs(r) if (fell := run.signs.slowdown) is not None]
 
 

@@ -189,6 +189,22 @@ def _halves(rec: PhaseRecord, own: Watched) -> list[Watched]:
                     part(2))]
 
 
+def processes(records: list[PhaseRecord]) -> list[PhaseRecord]:
+    """Each record, and of a repeated point each other repeat that kept its evidence as a record
+    of its own process (its exit code, how it ended, its evidence, numbers and gates): a repeat that
+    crashed, stalled or stopped short is a finding named with its repeat ('crash in ab [default],
+    repeat 2 of 3: ...'), whichever repeat decided the record."""
+    out = []
+    for r in records:
+        out.append(r)
+        out += [replace(r, out_dir=s.out_dir, status=s.status, reason=s.reason, exit_code=s.exit_code,
+                        timed_out=s.timed_out, stalled_s=s.stalled_s, timeout_quiet_s=s.timeout_quiet_s,
+                        wall_s=s.wall_s, command=list(s.command), metrics=s.metrics, gates=list(s.gates),
+                        evidence=s.evidence)
+                for s in r.runs if s.name.startswith("repeat") and s.out_dir != r.out_dir and s.evidence is not None]
+    return out
+
+
 def repeat_part(rec: PhaseRecord) -> str:
     """Of a repeated point, the repeat whose gates and evidence its record holds ('repeat 2 of 3':
     the first that failed, else the last); '' for any other point."""

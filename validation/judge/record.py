@@ -502,6 +502,17 @@ class PhaseRecord:
         return next((s.label for s in self.runs if s.out_dir == self.out_dir), "")
 
     @property
+    def halves(self) -> tuple[SubRun, SubRun] | None:
+        """Of a resume point whose record holds the resumed run (its second half ran clean, so its
+        gates read the first half's steps and the second's): the two halves' sub-runs; None for
+        any other record (a resume point whose first or second half failed holds that one alone)."""
+        first = next((s for s in self.runs if s.name == "first" and s.out_dir != self.out_dir), None)
+        second = next((s for s in self.runs if s.name == "second" and s.out_dir == self.out_dir), None)
+        if self.kind != "resume" or first is None or second is None or second.status != Status.PASS:
+            return None
+        return first, second
+
+    @property
     def failed(self) -> bool:
         return self.status in (Status.FAIL, Status.ERROR)
 

@@ -97,6 +97,20 @@ def test_a_non_finite_loss_of_the_first_half_is_the_first_halfs(fake_run):
     assert not [f for f in run.findings() if "second half" in f.split("\n")[0] and "step 3" in f.split("\n")[0]]
 
 
+def test_the_gates_table_links_both_halves_csvs_that_the_resumed_runs_gates_read(fake_run):
+    """The first half logged a NaN loss at step 3, the resumed run's loss_finite gate failed on it,
+    and the gates table's CSV column linked only second/training.csv, which holds steps 5-8: the
+    step that failed the gate was in none of the files it named. It links both halves' now."""
+    run = fake_run([resume_phase(env={"NSA_FAULT": "nan_logged:step=3", "NSA_FAKE_FAULT_DIRS": "first"})])
+    rec = run.record
+    assert {g.metric: str(g.verdict) for g in rec.gates}["loss_finite"] == "FAIL"
+    run_dir = Path(rec.out_dir).parent
+    [row] = [line for line in run.report.splitlines() if line.startswith("| resume | default | loss_finite |")]
+    assert row.endswith(f"| [first/training.csv](../{run_dir}/first/training.csv), "
+                        f"[second/training.csv](../{run_dir}/second/training.csv) |"), row
+    assert "nan" in (run.results / run_dir / "first" / "training.csv").read_text().splitlines()[3]
+
+
 NATIVE = {"name": "native_test", "root": "tests/trainers", "script": "native_train.py",
           "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"]}
 

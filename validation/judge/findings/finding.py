@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from nsa.contract import heartbeat_name
 from validation.judge.findings.culprit import Culprit
 from validation.judge.misses import Miss
-from validation.judge.record import PhaseRecord, RunSigns, Status
+from validation.judge.record import PhaseRecord, RunSigns
 from validation.judge.verdict import Outcome
 
 
@@ -157,14 +157,13 @@ def _halves(rec: PhaseRecord, own: Watched) -> list[Watched]:
     fitted across the resume) is the resumed run's, in both directories. Where the second half
     failed, the record holds it alone, beside the first half's own signs; where the first failed,
     the record is the first half's."""
-    first = next((s for s in rec.runs if s.name == "first" and s.out_dir != rec.out_dir), None)
-    second = next((s for s in rec.runs if s.name == "second" and s.out_dir == rec.out_dir), None)
-    if first is None or second is None:
-        return [own]
-    first_where = f"{where(rec)}, {first.label}"
-    if second.status != Status.PASS:  # its process failed: the point's gates read no resumed run
-        return ([Watched(first_where, (first.out_dir,), replace(first.signs, failed_gates=[]))]
-                if first.signs is not None else []) + [own]
+    if rec.halves is None:
+        first = next((s for s in rec.runs if s.name == "first" and s.out_dir != rec.out_dir), None)
+        if first is None or first.signs is None:  # the first half failed (the record's), or an older record
+            return [own]
+        # the second half failed: the record holds it alone, and no gate of the point read the first's
+        return [Watched(f"{where(rec)}, {first.label}", (first.out_dir,), replace(first.signs, failed_gates=[])), own]
+    first, _ = rec.halves
     last = rec.asked.resume_after if rec.asked is not None else None
     if not last:  # a record of an older harness: where the halves meet is not kept
         return [own]
@@ -184,7 +183,7 @@ def _halves(rec: PhaseRecord, own: Watched) -> list[Watched]:
             nonfinite_loss_step=nan if nan is not None and of(nan, nan) == k else None,
             halted_nonfinite=signs.halted_nonfinite and k == 1)  # a .HALT is the second half's, the record's
 
-    return [Watched(first_where, (first.out_dir,), part(0)), replace(own, signs=part(1)),
+    return [Watched(f"{where(rec)}, {first.label}", (first.out_dir,), part(0)), replace(own, signs=part(1)),
             Watched(f"{where(rec)}, the resumed run ({first.label}, then {rec.part})", (first.out_dir, rec.out_dir),
                     part(2))]
 

@@ -13,7 +13,10 @@ import pytest
 import yaml
 
 from validation.errors import RunbookError
-from validation.judge.record import Status
+from validation.judge.asked import Asked
+from validation.judge.findings.throughput import slowdowns
+from validation.judge.record import Evidence, PhaseRecord, PointKey, RunSigns, Status, SubRun
+from validation.judge.stability import Slowdown
 from validation.judge.resume import ClueKind, clue
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
@@ -109,6 +112,29 @@ def test_the_gates_table_links_both_halves_csvs_that_the_resumed_runs_gates_read
     assert row.endswith(f"| [first/training.csv](../{run_dir}/first/training.csv), "
                         f"[second/training.csv](../{run_dir}/second/training.csv) |"), row
     assert "nan" in (run.results / run_dir / "first" / "training.csv").read_text().splitlines()[3]
+
+
+def test_a_slowdown_across_the_resume_is_the_resumed_runs_in_both_halves_csvs():
+    """A sign over steps of both halves (tokens/s that fell at step 3 of a run resumed after step 4)
+    is no one half's: it names the resumed run and both halves' training.csv; one within the
+    second half is the second half's alone."""
+    def rec(slowdown: Slowdown) -> PhaseRecord:
+        runs = [SubRun(name, label, f"runs/resume/{name}", Status.PASS, "", signs=RunSigns())
+                for name, label in (("reference", "uninterrupted run (steps 1-8)"),
+                                    ("first", "first half (steps 1-4, stopped)"),
+                                    ("second", "resumed second half (steps 5-8)"))]
+        return PhaseRecord(PointKey("rb", "cpu", "resume", {}), "rb/cpu/resume/default", "resume", Status.PASS, "",
+                           out_dir="runs/resume/second", exit_code=0, runs=runs, asked=Asked(steps=8, resume_after=4),
+                           evidence=Evidence(slowdown=slowdown))
+
+    [across] = slowdowns([rec(Slowdown(3, 8, 50.0, 1, 2, 100.0))])
+    assert across.title.startswith("tokens/s fell in resume [default], the resumed run (first half (steps 1-4, "
+                                   "stopped), then resumed second half (steps 5-8)) from step 3"), across.title
+    assert across.detail == ["CSV: runs/resume/first/training.csv and runs/resume/second/training.csv "
+                             "(toks_per_s column)"]
+    [later] = slowdowns([rec(Slowdown(7, 8, 50.0, 5, 6, 100.0))])
+    assert later.title.startswith("tokens/s fell in resume [default], resumed second half (steps 5-8) from step 7")
+    assert later.detail == ["CSV: runs/resume/second/training.csv (toks_per_s column)"]
 
 
 NATIVE = {"name": "native_test", "root": "tests/trainers", "script": "native_train.py",

@@ -231,6 +231,34 @@ class Evidence:
     misses: list[Miss] = field(default_factory=list)
     """Of a pytest or preflight point: what it failed to do (validation/judge/misses.py)."""
 
+    @classmethod
+    def from_json(cls, ev: dict[str, Any]) -> Evidence:
+        """A stored record's (or sub-run's) ``evidence`` mapping."""
+        return cls(
+            errors=list(ev.get("errors") or []), stderr_tail=ev.get("stderr_tail") or "",
+            stderr_log=ev.get("stderr_log"), exception=ev.get("exception"), halt=_halt(ev), loss_first=ev.get("loss_first"),
+            loss_last=ev.get("loss_last"), nonfinite_loss_step=_int(ev.get("nonfinite_loss_step")), top_ops=list(ev.get("top_ops") or []),
+            rank_failures={int(r): RankFailure(**f) for r, f in (ev.get("rank_failures") or {}).items()},
+            stackdumps={int(r): _dump(d) for r, d in (ev.get("stackdumps") or {}).items()},
+            unranked_stacks=[_dump(d) for d in ev.get("unranked_stacks") or []],
+            taken_stacks=[TakenStack(**t) for t in ev.get("taken_stacks") or []],
+            last_heartbeat={int(r): Beat(_int(b.get("step")), b.get("stage"), _num(b.get("gpu_util")),
+                                         b.get("ends_steps") is not False, _int(b.get("every")))
+                            for r, b in (ev.get("last_heartbeat") or {}).items()},
+            rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
+            rank_lateness_s={int(r): float(t) for r, t in (ev.get("rank_lateness_s") or {}).items()},
+            fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},
+            files=list(ev.get("files") or []), nodes=NodesEvidence.from_json(ev.get("nodes")),
+            reruns={str(f): [Rerun(**r) for r in rs] for f, rs in (ev.get("reruns") or {}).items()},
+            spikes=[Spike(**d) for d in ev.get("spikes") or []],
+            divergence=Rise(**ev["divergence"]) if ev.get("divergence") else None,
+            slowdown=Slowdown(**ev["slowdown"]) if ev.get("slowdown") else None,
+            memory_growth=[MemoryGrowth(**m) for m in ev.get("memory_growth") or []],
+            resume_clue=Clue(**{**ev["resume_clue"], "kind": ClueKind(ev["resume_clue"]["kind"])})
+            if ev.get("resume_clue") else None,
+            not_run=NotRun(ev["not_run"]) if ev.get("not_run") else None,
+            misses=[Miss(m) for m in ev.get("misses") or []])
+
     @property
     def root_rank(self) -> int | None:
         """The rank that failed first in its own right (contract/torchrun_log.py ``root_rank``), an
@@ -307,6 +335,15 @@ class SubRun:
     A repeat is judged against the phase's gates, so that its failed gate is a finding of that
     repeat whichever repeat decided the record; a resume point's gates are the point's, over the
     resumed run (the record's), and no finding reads its processes' own."""
+    timed_out: bool = False
+    stalled_s: float | None = None
+    timeout_quiet_s: float | None = None
+    wall_s: float = 0.0
+    """How its process ended and how long it ran, as the record's own fields say of the one it keeps."""
+    evidence: Evidence | None = None
+    """Its process's evidence (where each rank was, how it ended), so that a repeat that crashed or
+    stalled is a finding of its own whichever repeat decided the record; None in records of older
+    harnesses."""
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SubRun:
@@ -314,7 +351,9 @@ class SubRun:
                    Summary.from_json(d.get("metrics") or {}), _int(d.get("first_step")), _int(d.get("last_step")),
                    _num(d.get("loss_first")), _num(d.get("loss_last")), list(d.get("command") or []),
                    list(d.get("files") or []), RunSigns.from_json(d.get("signs")),
-                   [GateResult.from_json(g) for g in d.get("gates") or []])
+                   [GateResult.from_json(g) for g in d.get("gates") or []], bool(d.get("timed_out")),
+                   _num(d.get("stalled_s")), _num(d.get("timeout_quiet_s")), _num(d.get("wall_s")) or 0.0,
+                   Evidence.from_json(d["evidence"]) if isinstance(d.get("evidence"), dict) else None)
 
 
 @dataclass(frozen=True)
@@ -463,6 +502,17 @@ class PhaseRecord:
         return next((s.label for s in self.runs if s.out_dir == self.out_dir), "")
 
     @property
+    def halves(self) -> tuple[SubRun, SubRun] | None:
+        """Of a resume point whose record holds the resumed run (its second half ran clean, so its
+        gates read the first half's steps and the second's): the two halves' sub-runs; None for
+        any other record (a resume point whose first or second half failed holds that one alone)."""
+        first = next((s for s in self.runs if s.name == "first" and s.out_dir != self.out_dir), None)
+        second = next((s for s in self.runs if s.name == "second" and s.out_dir == self.out_dir), None)
+        if self.kind != "resume" or first is None or second is None or second.status != Status.PASS:
+            return None
+        return first, second
+
+    @property
     def failed(self) -> bool:
         return self.status in (Status.FAIL, Status.ERROR)
 
@@ -496,31 +546,7 @@ class PhaseRecord:
         if not isinstance(data, dict) or not isinstance(data.get("key"), dict):
             raise StoreError(f"{where}: not a phase record (no 'key' object)")
         try:
-            ev = dict(data.get("evidence") or {})
-            evidence = Evidence(
-                errors=list(ev.get("errors") or []), stderr_tail=ev.get("stderr_tail") or "",
-                stderr_log=ev.get("stderr_log"), exception=ev.get("exception"), halt=_halt(ev), loss_first=ev.get("loss_first"),
-                loss_last=ev.get("loss_last"), nonfinite_loss_step=_int(ev.get("nonfinite_loss_step")), top_ops=list(ev.get("top_ops") or []),
-                rank_failures={int(r): RankFailure(**f) for r, f in (ev.get("rank_failures") or {}).items()},
-                stackdumps={int(r): _dump(d) for r, d in (ev.get("stackdumps") or {}).items()},
-                unranked_stacks=[_dump(d) for d in ev.get("unranked_stacks") or []],
-                taken_stacks=[TakenStack(**t) for t in ev.get("taken_stacks") or []],
-                last_heartbeat={int(r): Beat(_int(b.get("step")), b.get("stage"), _num(b.get("gpu_util")),
-                                             b.get("ends_steps") is not False, _int(b.get("every")))
-                                for r, b in (ev.get("last_heartbeat") or {}).items()},
-                rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
-                rank_lateness_s={int(r): float(t) for r, t in (ev.get("rank_lateness_s") or {}).items()},
-                fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},
-                files=list(ev.get("files") or []), nodes=NodesEvidence.from_json(ev.get("nodes")),
-                reruns={str(f): [Rerun(**r) for r in rs] for f, rs in (ev.get("reruns") or {}).items()},
-                spikes=[Spike(**d) for d in ev.get("spikes") or []],
-                divergence=Rise(**ev["divergence"]) if ev.get("divergence") else None,
-                slowdown=Slowdown(**ev["slowdown"]) if ev.get("slowdown") else None,
-                memory_growth=[MemoryGrowth(**m) for m in ev.get("memory_growth") or []],
-                resume_clue=Clue(**{**ev["resume_clue"], "kind": ClueKind(ev["resume_clue"]["kind"])})
-                if ev.get("resume_clue") else None,
-                not_run=NotRun(ev["not_run"]) if ev.get("not_run") else None,
-                misses=[Miss(m) for m in ev.get("misses") or []])
+            evidence = Evidence.from_json(dict(data.get("evidence") or {}))
             known = {f.name for f in dataclasses.fields(cls)}
             plain = {k: v for k, v in data.items() if k in known and k not in ("key", "evidence", "gates", "backends",
                                                                                "status", "hardware", "metrics", "runs",

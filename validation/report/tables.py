@@ -23,7 +23,7 @@ ACCEPTANCE_TESTS = REPO_ROOT / "validation" / "tests" / "test_acceptance.py"
 def gate_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
     rows = []
     for r in records:
-        csv = f"{r.out_dir}/training.csv" if r.kind in ("train", "resume") and r.out_dir else None
+        csvs = _gated_csvs(r)
         for g in r.gates:
             thr: Any = g.threshold if g.threshold is not None else "to be measured"
             if g.threshold_ref:
@@ -32,9 +32,19 @@ def gate_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
             meaning = g.description or (METRICS[g.metric].description if g.metric in METRICS else "")
             rows.append({"phase": r.phase, "point": point_label(r) if g.metric == REPEAT_LOSS_METRIC else gated_run(r),
                          "metric": g.metric, "value": g.value, "op": g.op,
-                         "threshold": thr, "window": g.window, "verdict": str(g.verdict), "csv": csv,
+                         "threshold": thr, "window": g.window, "verdict": str(g.verdict), "csvs": csvs,
                          "description": meaning + (f" ({g.note})" if g.note else "")})
     return rows
+
+
+def _gated_csvs(r: PhaseRecord) -> list[tuple[str, str]]:
+    """The training.csv files a record's gates read, each as (link text, path): of a resume point
+    whose gates read the resumed run, the first half's (its steps up to the resume) and the second
+    half's, each named by its directory; else the record's own run's; none for a point that runs no
+    trainer."""
+    if r.halves is not None:
+        return [(f"{s.name}/training.csv", f"{s.out_dir}/training.csv") for s in r.halves]
+    return [("training.csv", f"{r.out_dir}/training.csv")] if r.kind in ("train", "resume") and r.out_dir else []
 
 
 def gated_run(r: PhaseRecord) -> str:

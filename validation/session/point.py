@@ -19,6 +19,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import time
 import traceback
 import uuid
 from pathlib import Path
@@ -141,7 +142,7 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
     """Run the point into a fresh run directory and judge it: one process, or several (the
     repeats of a repeated point, the three processes of a resume point) in directories of their
     own inside it."""
-    run_id, started = uuid.uuid4().hex, utc_now()
+    run_id, started, clock = uuid.uuid4().hex, utc_now(), time.monotonic()
     out_dir = point_dir(results_dir, point) / run_id[:12]
     try:  # from the directory's creation on: an interrupt between the two would leave it behind
         out_dir.mkdir(parents=True)
@@ -159,15 +160,18 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
     except HarnessError:
         raise  # a bad input (the store, a runbook): the session stops with its message
     except Exception as exc:  # noqa: BLE001 - a defect of the harness, not of this point's run
-        return _harness_failed(point, out_dir, results_dir, hw, run_id, started, exc)
+        return _harness_failed(point, out_dir, results_dir, hw, run_id, started, round(time.monotonic() - clock, 2),
+                               exc)
 
 
 def _harness_failed(point: PhasePoint, out_dir: Path, results_dir: Path, hw: Machine, run_id: str, started: str,
-                    exc: Exception) -> PhaseRecord:
+                    wall_s: float, exc: Exception) -> PhaseRecord:
     """The point's record when the harness itself failed launching or judging it (its trainer's
     processes were killed with the tree, launch/process.py): ERROR, never a verdict on the
     trainer, with the traceback beside the run's files; the session goes on to the next point
-    rather than ending with a traceback and no report."""
+    rather than ending with a traceback and no report. ``wall_s``: how long the point ran until
+    then (its trainer's processes may have run their course: the timing findings read when each
+    timed point ran)."""
     text = "".join(traceback.format_exception(exc))
     (out_dir / HARNESS_ERROR_FILE).write_text(text)
     rel = runs.relative(out_dir, results_dir)
@@ -176,7 +180,7 @@ def _harness_failed(point: PhasePoint, out_dir: Path, results_dir: Path, hw: Mac
     return PhaseRecord.for_point(
         point, Status.ERROR, f"the harness failed on this point, a defect of the harness: {type(exc).__name__}: "
         f"{str(exc)[:200]} (traceback: {rel}/{HARNESS_ERROR_FILE})", hardware=hw, run_id=run_id, started=started,
-        out_dir=rel, evidence=Evidence(not_run=NotRun.HARNESS,
+        wall_s=wall_s, out_dir=rel, evidence=Evidence(not_run=NotRun.HARNESS,
                                     files=sorted(p.name for p in out_dir.iterdir() if p.is_file())))
 
 

@@ -4,9 +4,10 @@ each judged against the phase's gates as a run of its own; a golden point's repe
 judged on how far the repeats' losses are apart (goldens.repeat_gate).
 
 The record keeps every repeat's verdict and numbers (its sub-runs); its own numbers are the
-means over the repeats (the report adds a t-interval, validation/judge/interval.py); its verdict,
-exit code, gates and evidence are those of the first repeat that failed (the reason names it),
-else of the first still to be measured, else of the last.
+means over the repeats (the report adds a t-interval, validation/judge/interval.py), but for the
+last step logged, which is a step of the repeat that decides the record (a mean of 8, 2 and 8 is
+no step any repeat stopped at); its verdict, exit code, gates and evidence are that repeat's: the
+first that failed (the reason names it), else the first still to be measured, else the last.
 """
 from __future__ import annotations
 
@@ -42,7 +43,9 @@ def execute(point: PhasePoint, run_dir: Path, hw: Machine, results_dir: Path, ru
     return runs.record(point, decides, hw, results_dir, run_id, started, runs=sub_runs,
                        reason=f"repeat {k} of {n}: {decides.reason}" if decides.status in _DECIDES
                        else f"{n} repeats: {decides.reason}",
-                       metrics=mean([j.metrics for j in done]), wall_s=round(sum(j.proc.wall_s for j in done), 2))
+                       metrics=dataclasses.replace(mean([j.metrics for j in done]),
+                                                   steps_completed=decides.metrics.steps_completed),
+                       wall_s=round(sum(j.proc.wall_s for j in done), 2))
 
 
 def mean(summaries: list[Summary]) -> Summary:

@@ -106,7 +106,8 @@ def sub_run(j: Judged, name: str, label: str, results_dir: Path, status: Status 
                   float(csv["loss"].iloc[0]) if logged else None, float(csv["loss"].iloc[-1]) if logged else None,
                   list(j.proc.argv), sorted(p.name for p in j.run.out_dir.iterdir() if p.is_file()),
                   signs(j.run, [g.metric for g in j.gates if g.verdict in (GateVerdict.FAIL, GateVerdict.NO_DATA)]),
-                  list(j.gates))
+                  list(j.gates), j.proc.timed_out, j.proc.stalled_s, j.proc.timeout_quiet_s, round(j.proc.wall_s, 2),
+                  collect(j.run, j.proc.stderr_path, j.errors))
 
 
 def record(point: PhasePoint, j: Judged, hw: Machine, results_dir: Path, run_id: str, started: str,

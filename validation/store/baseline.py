@@ -171,7 +171,7 @@ class Comparison:
         """Rows for the report's gates table (its columns), one per gated point."""
         return [{"phase": p.phase, "point": p.point, "metric": f"{THROUGHPUT} change vs baseline",
                  "value": p.toks.change, "op": ">=", "threshold": f"{-self.threshold:g} ({REGRESSION_KEY})",
-                 "window": f"baseline {self.source.short}", "verdict": str(p.regression), "csv": None,
+                 "window": f"baseline {self.source.short}", "verdict": str(p.regression), "csvs": [],
                  "description": "tokens/s may not drop more than the profile allows against the baseline"
                                 + (f" ({p.note})" if p.note else "")}
                 for p in self.points if p.regression is not None]

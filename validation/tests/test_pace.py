@@ -25,7 +25,8 @@ RECORDED = Path(__file__).resolve().parents[2] / "tests" / "unit" / "data" / "gp
 def _rec(phase, tokens, step_s, i, exit_code=0, accelerator="cuda"):
     return PhaseRecord(PointKey("rb", "cpu", phase, {"train.batch_size": i}), f"rb/cpu/{phase}/{i}", "train",
                        Status.PASS, "", sweep_index=i, params_order=["train.batch_size"], exit_code=exit_code,
-                       metrics=Summary(tokens_per_step=tokens, step_time_s_mean=step_s, toks_per_s_mean=tokens / step_s),
+                       metrics=Summary(tokens_per_step=tokens, step_time_s_mean=step_s, step_time_s_median=step_s,
+                                       toks_per_s_mean=tokens / step_s),
                        out_dir=f"runs/{phase}/{i}", accelerator=accelerator)
 
 
@@ -57,10 +58,35 @@ def test_host_bound_finding(points, fires):
     if fires:
         (f,) = out
         assert f.severity == "warning" and f.phase == "scaling_sweep"
-        assert "step time 0.21-0.24 s while tokens per step grow 8.0x (2,048 -> 16,384)" in f.title
+        assert "median step time 0.21-0.24 s while tokens per step grow 8.0x (2,048 -> 16,384)" in f.title
         assert f"{fit.fixed_s * 1e3:.1f} ± {fit.fixed_se * 1e3:.1f} ms fixed" in f.detail[0]
         assert "least squares over 6 points" in f.detail[0]
         assert "train.cuda_graphs" in f.detail[1]  # this project's trainer, on CUDA
+
+
+def _warmed(phase, points, warmup_s=0.3, warm=2, steps=8):
+    """Sweep records of runs whose first ``warm`` steps take ``warmup_s`` (a compile, a warm-up:
+    the same at every point) and the rest the point's steady step time, with the mean and the
+    median of the steps as the window's metrics compute them."""
+    recs = []
+    for i, (tokens, step_s) in enumerate(points):
+        times = [warmup_s] * warm + [step_s] * (steps - warm)
+        rec = _rec(phase, tokens, step_s, i)
+        rec.metrics = dataclasses.replace(rec.metrics, step_time_s_mean=float(np.mean(times)),
+                                          step_time_s_median=float(np.median(times)))
+        recs.append(rec)
+    return recs
+
+
+def test_slow_warm_up_steps_make_no_host_bound_finding_of_a_sweep_whose_steps_grow_with_the_tokens():
+    """A user's trainer whose first two steps of eight took 0.3 s at every batch size and whose
+    other steps grew with the tokens (7.4, 13.8, 26.6 ms: the GPU sets the pace) was called
+    host-bound ('the fixed cost is 80% of the step'): the fit read the mean step times, which the
+    warm-up steps lift by the same amount at every point, a fixed cost per step that is not there.
+    It reads the medians; a sweep whose steady steps are flat is still host-bound, warm-up or not."""
+    assert findings.host_bound(_warmed("scaling_sweep", LINEAR)) == []
+    [f] = findings.host_bound(_warmed("scaling_sweep", FLAT))
+    assert "median step time 0.21-0.24 s" in f.title
 
 
 def test_host_bound_ignores_crashed_points_and_one_token_count():

@@ -12,6 +12,7 @@ from validation.cli import main
 from validation.judge.gates import REPEAT_LOSS_METRIC, GateResult, GateVerdict
 from validation.judge.interval import Interval, interval
 from validation.judge.findings import find
+from validation.judge.findings.headline import verdict_line
 from validation.judge.record import Evidence, PhaseRecord, PointKey, Status, SubRun, Summary
 from validation.judge.stability import Spike
 from validation.report.build import build_context
@@ -66,6 +67,35 @@ def test_the_repeat_that_fails_decides_the_point_and_is_named(fake_run):
     rec = run.records[0]
     assert rec.status == Status.FAIL and rec.reason.startswith("repeat 2 of 3: toks_per_s_mean = 100.6, needs >= 150")
     assert [s.status for s in rec.runs] == ["PASS", "FAIL", "PASS"] and rec.out_dir.endswith("/repeat2")
+
+
+@pytest.mark.parametrize("fault, title, detail", [
+    ("crash:step=3", "crash in ab [default], repeat 2 of 3: exit code 1: RuntimeError: ",
+     "/repeat2/trainer.stderr.log"),
+    ("stall:rank=0:step=3", "stall in ab [default], repeat 2 of 3 (watchdog .HALT): rank 0 in backward_stuck",
+     "rank 0: last heartbeat step 3, stage backward; stack (stackdump_rank0.txt)")])
+def test_a_repeat_that_crashed_or_stalled_is_a_finding_of_its_own_whichever_repeat_decided(fake_run, fault, title,
+                                                                                            detail):
+    """A user's trainer crashed in repeat 2 of 3 while repeat 1 had failed a speed gate: repeat 1
+    decided the record, and the crash was said nowhere (no finding, no verdict line); the report
+    called repeat 1, which ran its 8 steps, 'stopped after step 6 of 8', the mean of the repeats'
+    last steps (8, 2, 8). Each repeat's crash or stall is a finding naming it; the record's own
+    verdict line stays its repeat's, and its last step that repeat's."""
+    gates = [{"metric": "toks_per_s_mean", "op": ">=", "threshold": 150, "window": "last 5 steps"}]
+    run = fake_run([train_phase("ab", gates=gates, repeats=3, env={
+        "NSA_FAKE_TOKS_BY_REPEAT": "0.5,1.0,1.0", "NSA_FAULT": fault, "NSA_FAKE_FAULT_REPEATS": "2"})])
+    rec = run.record
+    assert rec.status == Status.FAIL and rec.reason.startswith("repeat 1 of 3: toks_per_s_mean = 100.6")
+    assert [s.status for s in rec.runs] == ["FAIL", "FAIL", "PASS"] and rec.runs[1].exit_code != 0
+    critical = [f for f in run.context["findings"] if f.severity == "critical"]
+    [failed] = [f for f in critical if f.kind in ("crash", "stall")]
+    assert failed.title.startswith(title), failed.title
+    assert detail in "\n".join(failed.detail), failed.detail
+    assert [f.title.split(":")[0] for f in critical if f.kind not in ("crash", "stall")] == [
+        "gate failed in ab [default], repeat 1 of 3"]
+    assert rec.metrics.steps_completed == 8 and "stopped after step" not in run.report
+    assert verdict_line(rec) == rec.reason  # repeat 2's rank is not the cause of repeat 1's verdict
+    assert run.context["verdict"] == "NO-GO"
 
 
 @pytest.mark.parametrize("noise, regression", [(WIDE, False), (NARROW, True)])

@@ -13,7 +13,10 @@ import pytest
 import yaml
 
 from validation.errors import RunbookError
-from validation.judge.record import Status
+from validation.judge.asked import Asked
+from validation.judge.findings.throughput import slowdowns
+from validation.judge.record import Evidence, PhaseRecord, PointKey, RunSigns, Status, SubRun
+from validation.judge.stability import Slowdown
 from validation.judge.resume import ClueKind, clue
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
@@ -69,6 +72,69 @@ def test_a_crash_of_the_first_half_is_the_points_crash_and_nothing_resumes(fake_
     assert len(crash) == 1 and crash[0].startswith(
         "crash in resume [default], first half (steps 1-4, stopped): exit code 1: RuntimeError: Expected to mark"), crash
     assert "resume/default/" in crash[0] and "/first/trainer.stderr.log" in crash[0]
+
+
+@pytest.mark.parametrize("step, half, other", [(14, "first", "second"), (18, "second", "first")])
+def test_a_spike_is_named_by_the_half_whose_step_it_is(fake_run, step, half, other):
+    """A user's trainer spiking at step 24 of a point resumed after step 25 got 'loss spike in resume
+    [default], resumed second half (steps 26-40) at step 24', its CSV second/training.csv, which
+    holds no step 24: the resumed run's signs were all named by the second half, whose evidence the
+    record keeps. Each is the half's whose step it is now, with that half's training.csv."""
+    run = fake_run([resume_phase(f"spike:step={step}", steps=24, resume_after=16, gates=[])])
+    spikes = [f for f in run.findings() if f.startswith("loss spike in")]
+    label = {"first": "first half (steps 1-16, stopped)", "second": "resumed second half (steps 17-24)"}[half]
+    assert len(spikes) == 2 and spikes[0].startswith("loss spike in resume [default], uninterrupted run"), spikes
+    assert spikes[1].startswith(f"loss spike in resume [default], {label} at step {step}: "), spikes
+    assert f"/{half}/training.csv (loss column)" in spikes[1] and f"/{other}/" not in spikes[1], spikes
+
+
+def test_a_non_finite_loss_of_the_first_half_is_the_first_halfs(fake_run):
+    """A NaN logged from step 3 on: the second half, NaN in every row, broke its training.csv
+    (ERROR) and the record kept that half alone; the first half's NaN at step 3, in its own
+    training.csv, was named nowhere (only the second half's, at step 5). It is the first half's."""
+    run = fake_run([resume_phase("nan_logged:step=3", gates=[])])
+    [nan] = [f for f in run.findings() if f.startswith("non-finite loss in resume [default], first")]
+    assert nan.startswith("non-finite loss in resume [default], first half (steps 1-4, stopped): first logged at "
+                          "step 3"), nan
+    assert "/first/training.csv (loss column)" in nan
+    assert not [f for f in run.findings() if "second half" in f.split("\n")[0] and "step 3" in f.split("\n")[0]]
+
+
+def test_the_gates_table_links_both_halves_csvs_that_the_resumed_runs_gates_read(fake_run):
+    """The first half logged a NaN loss at step 3, the resumed run's loss_finite gate failed on it,
+    and the gates table's CSV column linked only second/training.csv, which holds steps 5-8: the
+    step that failed the gate was in none of the files it named. It links both halves' now."""
+    run = fake_run([resume_phase(env={"NSA_FAULT": "nan_logged:step=3", "NSA_FAKE_FAULT_DIRS": "first"})])
+    rec = run.record
+    assert {g.metric: str(g.verdict) for g in rec.gates}["loss_finite"] == "FAIL"
+    run_dir = Path(rec.out_dir).parent
+    [row] = [line for line in run.report.splitlines() if line.startswith("| resume | default | loss_finite |")]
+    assert row.endswith(f"| [first/training.csv](../{run_dir}/first/training.csv), "
+                        f"[second/training.csv](../{run_dir}/second/training.csv) |"), row
+    assert "nan" in (run.results / run_dir / "first" / "training.csv").read_text().splitlines()[3]
+
+
+def test_a_slowdown_across_the_resume_is_the_resumed_runs_in_both_halves_csvs():
+    """A sign over steps of both halves (tokens/s that fell at step 3 of a run resumed after step 4)
+    is no one half's: it names the resumed run and both halves' training.csv; one within the
+    second half is the second half's alone."""
+    def rec(slowdown: Slowdown) -> PhaseRecord:
+        runs = [SubRun(name, label, f"runs/resume/{name}", Status.PASS, "", signs=RunSigns())
+                for name, label in (("reference", "uninterrupted run (steps 1-8)"),
+                                    ("first", "first half (steps 1-4, stopped)"),
+                                    ("second", "resumed second half (steps 5-8)"))]
+        return PhaseRecord(PointKey("rb", "cpu", "resume", {}), "rb/cpu/resume/default", "resume", Status.PASS, "",
+                           out_dir="runs/resume/second", exit_code=0, runs=runs, asked=Asked(steps=8, resume_after=4),
+                           evidence=Evidence(slowdown=slowdown))
+
+    [across] = slowdowns([rec(Slowdown(3, 8, 50.0, 1, 2, 100.0))])
+    assert across.title.startswith("tokens/s fell in resume [default], the resumed run (first half (steps 1-4, "
+                                   "stopped), then resumed second half (steps 5-8)) from step 3"), across.title
+    assert across.detail == ["CSV: runs/resume/first/training.csv and runs/resume/second/training.csv "
+                             "(toks_per_s column)"]
+    [later] = slowdowns([rec(Slowdown(7, 8, 50.0, 5, 6, 100.0))])
+    assert later.title.startswith("tokens/s fell in resume [default], resumed second half (steps 5-8) from step 7")
+    assert later.detail == ["CSV: runs/resume/second/training.csv (toks_per_s column)"]
 
 
 NATIVE = {"name": "native_test", "root": "tests/trainers", "script": "native_train.py",

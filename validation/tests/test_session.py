@@ -132,6 +132,24 @@ def test_a_harness_defect_on_one_point_is_its_error_and_the_session_goes_on(tmp_
     assert (res / "reports" / "mine__cpu.md").is_file()
 
 
+def test_a_point_the_harness_failed_on_records_how_long_it_ran(monkeypatch, fake_run):
+    """A point whose judging raised after its trainer had run its 8 steps was recorded as run for
+    0.0 s ('ERROR (0.0s)' in the progress line, wall_s 0.0 in the store), so the timing findings
+    could not see it overlap another timed point. Its wall time is the point's own now."""
+    from validation.session import runs
+    from validation.tests.conftest import train_phase
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("judge broke")
+
+    monkeypatch.setattr(runs, "judge", broken)
+    run = fake_run([train_phase(env={"NSA_FAKE_STEP_S": "0.1"})])  # 8 steps of 0.1 s
+    assert run.record.status == Status.ERROR and "judge broke" in run.record.reason
+    assert run.record.wall_s >= 0.8, run.record.wall_s
+    [stored] = ResultStore(run.results).records()
+    assert stored.wall_s == run.record.wall_s
+
+
 def test_a_trainer_script_that_is_not_there_leaves_the_stored_record_and_its_run_directory(tmp_path, capsys):
     """A runbook's trainer.script misspelt (or its file gone) replaced the stored PASS with an
     ERROR record, deleted its run directory and exited 1 (NO-GO) instead of 2."""

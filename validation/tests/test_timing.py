@@ -53,7 +53,8 @@ def _sweep(tokens_and_steps, start_s=None, accelerator="cpu"):
                                params_order=["train.batch_size"], exit_code=0, command=["python"], wall_s=5.0,
                                started=started, hardware=Machine(hostname="ci"), accelerator=accelerator,
                                metrics=Summary(tokens_per_step=tokens, step_time_s_mean=step_s,
-                                               toks_per_s_mean=tokens / step_s, toks_per_s_stdev=1.0),
+                                               step_time_s_median=step_s, toks_per_s_mean=tokens / step_s,
+                                               toks_per_s_stdev=1.0),
                                out_dir=f"runs/{i}"))
     return out
 

@@ -11,7 +11,16 @@ from validation.contract.torchrun_log import last_exception, short_exception
 from validation.judge.findings import stability
 from validation.judge.findings.culprit import Culprit, Did, NoStack, RankAt
 from validation.judge.findings.departed import departed, departure, ended_before, exited_0, failed_first, root_of
-from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where, where_gated, where_run
+from validation.judge.findings.finding import (
+    Facts,
+    Finding,
+    Severity,
+    last_heartbeat,
+    processes,
+    where,
+    where_gated,
+    where_run,
+)
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.findings.nodes import STRAGGLER_MIN_S, STRAGGLER_SHARE, missing_node
 from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult, GateVerdict
@@ -27,6 +36,12 @@ IMBALANCE_METRIC = "rank_step_time_ratio"
 
 
 def crashes(records: list[PhaseRecord]) -> list[Finding]:
+    """A crash (or a non-finite loss the trainer stopped on) of each process: every repeat's."""
+    return process_crashes(processes(records))
+
+
+def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
+    """A crash finding of each record's own process (the one whose evidence it keeps)."""
     out = []
     for r in records:
         ev = r.evidence
@@ -130,10 +145,10 @@ def halted_ranks(r: PhaseRecord) -> list[int]:
 
 
 def short_runs(records: list[PhaseRecord]) -> list[Finding]:
-    """A train point that exited 0 without a .HALT before the steps it was asked for: no crash,
-    no stall, and still not the run that was asked for."""
+    """A train point (every repeat of one) that exited 0 without a .HALT before the steps it was
+    asked for: no crash, no stall, and still not the run that was asked for."""
     out = []
-    for r in records:
+    for r in processes(records):
         outcome = Outcome.of_record(r)
         if outcome.stopped_short:
             out.append(Finding(Severity.CRITICAL, r.phase, f"{where_run(r)}: {outcome.short_text()}",
@@ -187,9 +202,15 @@ def _q(v) -> str:
 
 
 def stalls(records: list[PhaseRecord]) -> list[Finding]:
+    """A stall of each process: every repeat's."""
+    return process_stalls(processes(records))
+
+
+def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
     """A stall the harness saw (no progress for the phase's stall_s), a watchdog .HALT or the
-    harness timeout: where each rank was (heartbeat) and what it was doing (the innermost frames
-    of its stack), every process whose rank cannot be told as "rank unknown"."""
+    harness timeout of each record's own process: where each rank was (heartbeat) and what it was
+    doing (the innermost frames of its stack), every process whose rank cannot be told as "rank
+    unknown"."""
     out = []
     for r in records:
         ev = r.evidence

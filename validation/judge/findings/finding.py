@@ -115,12 +115,16 @@ def where_run(rec: PhaseRecord) -> str:
 
 @dataclass(frozen=True)
 class Watched:
-    """One run of a record whose whole training.csv findings read: where it is for people, its
-    directory and what it says of how it trained."""
+    """One run of a record whose whole training.csv findings read: where it is for people, the
+    directories of the processes whose steps it holds and what it says of how it trained."""
 
     where: str
-    out_dir: str
+    out_dirs: tuple[str, ...]
     signs: RunSigns
+
+    def path(self, name: str) -> str:
+        """The file ``name`` of each of its processes: 'runs/.../first/training.csv and ...'."""
+        return " and ".join(f"{d}/{name}" for d in self.out_dirs)
 
 
 def watched_runs(rec: PhaseRecord) -> list[Watched]:
@@ -128,20 +132,76 @@ def watched_runs(rec: PhaseRecord) -> list[Watched]:
     and memory growth look at: every repeat of a repeated point ('ab [default], repeat 1 of 3'),
     not only the one whose evidence the record keeps; of a resume point, its uninterrupted
     reference run ('resume [default], uninterrupted run (steps 1-30)', which no gate of the point
-    reads) and the resumed run its record holds (the first half's steps and the second's, named as
-    the second half); else the record's own run (and so for a record of an older harness, whose
+    reads) and the resumed run its record holds, each sign named by the half whose steps it is of
+    (``_halves``); else the record's own run (and so for a record of an older harness, whose
     processes kept no signs)."""
     repeats = [s for s in rec.runs if s.name.startswith("repeat") and s.signs is not None]
     if repeats:
-        return [Watched(f"{where(rec)}, {s.label}", s.out_dir, s.signs) for s in repeats]
-    own = Watched(where_run(rec), rec.out_dir, RunSigns.of(rec.evidence, [g.metric for g in rec.failed_gates()]))
+        return [Watched(f"{where(rec)}, {s.label}", (s.out_dir,), s.signs) for s in repeats]
+    own = Watched(where_run(rec), (rec.out_dir,), RunSigns.of(rec.evidence, [g.metric for g in rec.failed_gates()]))
     reference = next((s for s in rec.runs if s.name == "reference" and s.signs is not None), None)
     if rec.kind == "resume" and reference is not None and reference.out_dir != rec.out_dir:
         # its own gates judge nothing of the point (no gate's finding names what it found): its spikes
         # are warnings, its non-finite loss a finding of its own
-        return [Watched(f"{where(rec)}, {reference.label}", reference.out_dir,
-                        replace(reference.signs, failed_gates=[])), own]
+        return [Watched(f"{where(rec)}, {reference.label}", (reference.out_dir,),
+                        replace(reference.signs, failed_gates=[])), *_halves(rec, own)]
     return [own]
+
+
+def _halves(rec: PhaseRecord, own: Watched) -> list[Watched]:
+    """The runs of a resume point after its reference, each sign named by the half whose steps it
+    is of (a spike at a step of the first half is the first half's, in its directory, never the
+    second half's whose evidence the record keeps). Where the second half ran clean, the record
+    holds the resumed run (the first half's steps up to resume_after, the second's after it): its
+    signs are split by step, and one over steps of both halves (a rise, a slowdown, memory growth
+    fitted across the resume) is the resumed run's, in both directories. Where the second half
+    failed, the record holds it alone, beside the first half's own signs; where the first failed,
+    the record is the first half's."""
+    if rec.halves is None:
+        first = next((s for s in rec.runs if s.name == "first" and s.out_dir != rec.out_dir), None)
+        if first is None or first.signs is None:  # the first half failed (the record's), or an older record
+            return [own]
+        # the second half failed: the record holds it alone, and no gate of the point read the first's
+        return [Watched(f"{where(rec)}, {first.label}", (first.out_dir,), replace(first.signs, failed_gates=[])), own]
+    first, _ = rec.halves
+    last = rec.asked.resume_after if rec.asked is not None else None
+    if not last:  # a record of an older harness: where the halves meet is not kept
+        return [own]
+    signs = own.signs
+
+    def of(lo: int, hi: int) -> int:
+        """0: the steps lo-hi lie in the first half, 1: in the second, 2: in both."""
+        return 0 if hi <= last else 1 if lo > last else 2
+
+    def part(k: int) -> RunSigns:
+        div, slow, nan = signs.divergence, signs.slowdown, signs.nonfinite_loss_step
+        return replace(
+            signs, spikes=[x for x in signs.spikes if of(x.step, x.step) == k],
+            divergence=div if div is not None and of(div.low_first_step, div.last_step) == k else None,
+            slowdown=slow if slow is not None and of(slow.before_first_step, slow.last_step) == k else None,
+            memory_growth=[g for g in signs.memory_growth if of(g.first_step, g.last_step) == k],
+            nonfinite_loss_step=nan if nan is not None and of(nan, nan) == k else None,
+            halted_nonfinite=signs.halted_nonfinite and k == 1)  # a .HALT is the second half's, the record's
+
+    return [Watched(f"{where(rec)}, {first.label}", (first.out_dir,), part(0)), replace(own, signs=part(1)),
+            Watched(f"{where(rec)}, the resumed run ({first.label}, then {rec.part})", (first.out_dir, rec.out_dir),
+                    part(2))]
+
+
+def processes(records: list[PhaseRecord]) -> list[PhaseRecord]:
+    """Each record, and of a repeated point each other repeat that kept its evidence as a record
+    of its own process (its exit code, how it ended, its evidence, numbers and gates): a repeat that
+    crashed, stalled or stopped short is a finding named with its repeat ('crash in ab [default],
+    repeat 2 of 3: ...'), whichever repeat decided the record."""
+    out = []
+    for r in records:
+        out.append(r)
+        out += [replace(r, out_dir=s.out_dir, status=s.status, reason=s.reason, exit_code=s.exit_code,
+                        timed_out=s.timed_out, stalled_s=s.stalled_s, timeout_quiet_s=s.timeout_quiet_s,
+                        wall_s=s.wall_s, command=list(s.command), metrics=s.metrics, gates=list(s.gates),
+                        evidence=s.evidence)
+                for s in r.runs if s.name.startswith("repeat") and s.out_dir != r.out_dir and s.evidence is not None]
+    return out
 
 
 def repeat_part(rec: PhaseRecord) -> str:

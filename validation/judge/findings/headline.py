@@ -9,16 +9,18 @@ their ranks named too."""
 from __future__ import annotations
 
 from validation.judge.findings.culprit import Culprit
-from validation.judge.findings.failures import crashes, stalls
+from validation.judge.findings.failures import process_crashes, process_stalls
 from validation.judge.record import PhaseRecord, Status
 
 
 def culprit(rec: PhaseRecord) -> Culprit | None:
     """The rank(s) the point's crash or stall finding blames; None where it names none (or the
-    point did not fail so)."""
+    point did not fail so). Of a repeated point, only the repeat its record keeps (and its reason
+    names): another repeat's crash is a finding of its own, never this repeat's verdict's cause."""
     if rec.status != Status.FAIL:
         return None
-    return next((f.culprit for f in [*crashes([rec]), *stalls([rec])] if f.culprit is not None), None)
+    return next((f.culprit for f in [*process_crashes([rec]), *process_stalls([rec])] if f.culprit is not None),
+                None)
 
 
 def verdict_line(rec: PhaseRecord) -> str:

@@ -34,7 +34,7 @@ def _growth(r: PhaseRecord, run: Watched) -> Finding | None:
     if soonest is None:
         detail.append("env.json records no device_mem_gb (one device's memory, GiB), so no step of running out "
                       "is projected")
-    detail.append(f"CSV and heartbeats: {run.out_dir}")
+    detail.append(f"CSV and heartbeats: {' and '.join(run.out_dirs)}")
     rate = (f"ranks {ranks}, up to {fastest.gb_per_1k_steps:.3g} GiB per 1000 steps (rank {fastest.rank})"
             if len(grown) > 1 else f"rank {ranks} at {fastest.gb_per_1k_steps:.3g} GiB per 1000 steps")
     return Finding(Severity.WARNING, r.phase, f"memory keeps growing in {run.where}: {rate}{ends}", detail,

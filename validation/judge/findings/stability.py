@@ -35,7 +35,7 @@ def spikes(records: list[PhaseRecord]) -> list[Finding]:
                 detail = [s.text() for s in found[:LISTED]] if len(found) > 1 else []
                 if len(found) > LISTED:
                     detail.append(f"... and {len(found) - LISTED} more")
-                detail.append(f"CSV: {run.out_dir}/training.csv ({col} column)")
+                detail.append(f"CSV: {run.path('training.csv')} ({col} column)")
                 severity = Severity.CRITICAL if GATED_BY[col] in run.signs.failed_gates else Severity.WARNING
                 out.append(Finding(severity, r.phase, (
                     f"{many} in {run.where} " + ("(the first) " if len(found) > 1 else "") + f"at {first.text()}"),
@@ -47,7 +47,7 @@ def divergence(records: list[PhaseRecord]) -> list[Finding]:
     """One critical finding per run (every repeat of a repeated point) whose loss rose (NaN-free)
     by more than the rule allows."""
     return [Finding(Severity.CRITICAL, r.phase, f"loss diverging in {run.where} from step {rise.first_step}: "
-                    f"{rise.text()}", [f"CSV: {run.out_dir}/training.csv"], "diverging", Facts.of(r))
+                    f"{rise.text()}", [f"CSV: {run.path('training.csv')}"], "diverging", Facts.of(r))
             for r in records for run in watched_runs(r) if (rise := run.signs.divergence) is not None]
 
 
@@ -65,5 +65,5 @@ def nonfinite(records: list[PhaseRecord]) -> list[Finding]:
                 continue
             out.append(Finding(Severity.CRITICAL, r.phase, f"non-finite loss in {run.where}: first logged at step {step}, "
                                "and the trainer did not stop on it (no .HALT); no loss_finite gate of the phase checks it",
-                               [f"CSV: {run.out_dir}/training.csv (loss column)"], "nonfinite", Facts.of(r)))
+                               [f"CSV: {run.path('training.csv')} (loss column)"], "nonfinite", Facts.of(r)))
     return out

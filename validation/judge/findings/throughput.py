@@ -62,7 +62,7 @@ def slowdowns(records: list[PhaseRecord]) -> list[Finding]:
     a long run would go on at the later rate. Its gates (a floor on tokens/s, their spread) judge;
     this says where it happened."""
     return [Finding(Severity.WARNING, r.phase, f"tokens/s fell in {run.where} from step {fell.first_step}: "
-                    f"{fell.text()}", [f"CSV: {run.out_dir}/training.csv (toks_per_s column)"], "slowdown", Facts.of(r))
+                    f"{fell.text()}", [f"CSV: {run.path('training.csv')} (toks_per_s column)"], "slowdown", Facts.of(r))
             for r in records for run in watched_runs(r) if (fell := run.signs.slowdown) is not None]
 
 
@@ -81,19 +81,21 @@ def host_bound(records: list[PhaseRecord]) -> list[Finding]:
     """In each swept phase whose points differ in tokens per step: when the step time barely
     grows with the tokens (a meaningful fit whose fixed cost per step is at least half the step
     at the largest point, validation/judge/pace.py), a finding with the fit, so a reader knows
-    why tokens/s is low."""
+    why tokens/s is low. Each point's step time is its median over the window: the mean moves
+    with slow first steps (a compile, a warm-up) of the same length at every point, which a fit
+    takes for a fixed cost per step of a sweep whose steady steps grow with the tokens."""
     out = []
     for phase, recs in _by_phase(reliable(records)).items():
         done = [r for r in recs if r.kind == "train" and r.exit_code == 0 and not r.timed_out
-                and r.metrics.step_time_s_mean]
-        fit = fit_step_time([(t, r.metrics.step_time_s_mean) for r in done if (t := _tokens_per_step(r))])
+                and r.metrics.step_time_s_median]
+        fit = fit_step_time([(t, r.metrics.step_time_s_median) for r in done if (t := _tokens_per_step(r))])
         if fit is None or not fit.host_bound:
             continue
         facts = Facts.of(done[0])
         graphs = ("; on CUDA, graphs (train.cuda_graphs) remove the launch cost" if facts.cuda and facts.own_trainer
                   else "")
         out.append(Finding(Severity.WARNING, phase, (
-            f"host-bound steps in {phase}: step time {min(fit.step_s):.3g}-{max(fit.step_s):.3g} s while tokens "
+            f"host-bound steps in {phase}: median step time {min(fit.step_s):.3g}-{max(fit.step_s):.3g} s while tokens "
             f"per step grow {fit.token_range:.1f}x ({min(fit.tokens):,.0f} -> {max(fit.tokens):,.0f})"), [
             f"fitted step time = {fit.fixed_s * 1e3:.1f} ± {fit.fixed_se * 1e3:.1f} ms fixed + "
             f"{fit.per_token_s * 1e6:.3g} ± {fit.per_token_se * 1e6:.2g} ms per 1k tokens "

@@ -29,6 +29,7 @@ kill_rank:R@K  rank R SIGKILLs itself as step K starts; under torchrun the other
 quit_rank:R@K  rank R exits 0 as step K starts; under torchrun the others' all-reduce fails;
 quit_in_step:R@K  rank R exits 0 right after step K's ``forward`` record (step K in progress);
                under torchrun the others' all-reduce fails;
+mute_rank:R@K  rank R writes no heartbeat from step K on; it trains on in every all-reduce to the end;
 slow_rank:R@K  rank R spends 0.2 s more on every step from K, before its ``forward`` record (a
                straggler: the others wait for it in the all-reduce);
 nan@K          step K's loss is NaN: its row is logged (loss ``nan``), rank 0 writes the JSON
@@ -122,6 +123,8 @@ def main() -> int:
     place = {"node": int(os.environ.get("GROUP_RANK", 0)), "host": socket.gethostname()}
 
     def beat(record: dict) -> None:
+        if fault.mutes(rank, record["step"]):
+            return
         with open(out / f"heartbeat_rank{rank}.jsonl", "a") as f:
             f.write(json.dumps({"time": time.time(), "rank": rank, "pid": os.getpid(), **place, **record}) + "\n")
 

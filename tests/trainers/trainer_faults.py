@@ -21,6 +21,8 @@ format (its docstring says how).
                        quit_self): a stop condition checked inside the step; at the last step,
                        the rank whose last heartbeat carries the last step's number without having
                        completed it. The other ranks stop in step K as for quit_rank
+    mute_rank:R[@K]    rank R writes no heartbeat from step K on and trains on, in every collective,
+                       to the last step (native_train.py; a heartbeat writer that went quiet)
     slow_rank:R[@K]    rank R is a straggler: from step K on it spends SLOW_S more on each step, as
                        it starts (in straggle), before anything of the step is written
     nan[@K]            the loss of step K is NaN on every rank: logged, then the trainer's own
@@ -47,10 +49,10 @@ from pathlib import Path
 
 ENV = "TEST_TRAINER_FAULT"
 DEFAULT_STEP = 3
-KINDS = ("quit_early", "hang_rank", "hang_all", "kill_rank", "quit_rank", "quit_in_step", "slow_rank", "nan", "crash",
-         "malformed", "missing_optional")
+KINDS = ("quit_early", "hang_rank", "hang_all", "kill_rank", "quit_rank", "quit_in_step", "mute_rank", "slow_rank",
+         "nan", "crash", "malformed", "missing_optional")
 #: the kinds that name a rank (KIND:R)
-RANKED = ("hang_rank", "kill_rank", "quit_rank", "quit_in_step", "slow_rank")
+RANKED = ("hang_rank", "kill_rank", "quit_rank", "quit_in_step", "mute_rank", "slow_rank")
 #: the extra seconds a slow_rank spends on each step
 SLOW_S = 0.2
 #: what malformed writes where a number belongs
@@ -90,6 +92,10 @@ class Fault:
         """``rank`` exits 0 inside ``step``, after its first record of it (the trainer calls
         ``in_step`` there)."""
         return self.kind == "quit_in_step" and rank == self.rank and step == self.step
+
+    def mutes(self, rank: int, step: int) -> bool:
+        """``rank`` writes no heartbeat in ``step``."""
+        return self.kind == "mute_rank" and rank == self.rank and step >= self.step
 
     def slows(self, rank: int, step: int) -> bool:
         """``rank`` straggles in ``step``."""

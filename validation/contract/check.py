@@ -14,6 +14,7 @@ this check, the verdict and the report say the same.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import dataclass, field
@@ -162,6 +163,8 @@ def read(out_dir: Path, costs: Costs | None = None, launched: int = 1) -> Contra
     found.heartbeats = {rank: hb.records for rank, hb in logs.items()}
     found.reruns.update({heartbeat_name(rank): hb.reruns for rank, hb in sorted(logs.items()) if hb.reruns})
     found.shared = {rank: hb.shared for rank, hb in logs.items() if hb.shared}
+    if log is not None and TRAINING_CSV in found.reruns and not found.reruns.keys() - {TRAINING_CSV}:
+        _rows_again_of_one_process(found, log, logs.get(0))
     found.env = _file(found, ENV_JSON, (out_dir / ENV_JSON).is_file(), read_env_json, lambda env: f"{len(env)} keys")
     if found.env is not None:
         _env_fields(found, costs)
@@ -337,6 +340,36 @@ def _env_fields(found: ContractRead, costs: Costs) -> None:
 #: before the rate is not the global one: timing where the two are taken differs by far less, and
 #: a per-rank rate of two ranks is off by 2
 RATE_FACTOR = 1.5
+
+
+def _rows_again_of_one_process(found: ContractRead, log: TrainingLog, rank0: HeartbeatLog | None) -> None:
+    """training.csv went back (a step logged again) while rank 0's heartbeats, each carrying the
+    same pid, show one process from before the step it went back to through it, and no heartbeat
+    file went back: no resume in place, which starts a new process and writes the steps after its
+    checkpoint again. Malformed: a second writer (every rank appending its rows) or a step logged
+    twice, whose later rows the readers would take for what happened. Without pids, nothing is said."""
+    if rank0 is None:
+        return
+    pids = {r.get("pid") for r in rank0.records if "step" in r}
+    steps = [r["step"] for r in rank0.records if isinstance(r.get("step"), int)]
+    (pid,) = pids if len(pids) == 1 else (None,)
+    if not isinstance(pid, int) or isinstance(pid, bool) or not steps:
+        return
+    reruns = found.reruns[TRAINING_CSV]
+    seen = [r for r in reruns if min(steps) < r.first <= max(steps)]
+    if not seen:
+        return
+    del found.reruns[TRAINING_CSV]
+    # its line says no resume in place either
+    found.items = [dataclasses.replace(i, detail=_csv_detail(dataclasses.replace(log, reruns=[]),
+                                                             found.out_dir / TRAINING_CSV))
+                   if i.file == TRAINING_CSV and i.presence == Presence.PRESENT else i for i in found.items]
+    found.items.append(Item(TRAINING_CSV, Presence.MALFORMED, (
+        f"step {seen[0].first} logged again ({seen[0].text()}; {len(reruns)} such row(s) in all), yet one process "
+        f"wrote the run: rank 0's heartbeats, every one from pid {pid}, cover steps {min(steps)}..{max(steps)} and "
+        "never go back. Only a resume in place (a new process) may log a step again; training.csv is rank 0's "
+        "alone, one row per step: a second writer (every rank appending its rows?) or a step logged twice"),
+        field="step"))
 
 
 def _global_rate(found: ContractRead) -> None:

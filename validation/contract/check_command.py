@@ -30,7 +30,8 @@ def check(directory: Path, adapter: str = "native", world_size: int | None = Non
         return EXIT_USAGE
     code = _report(_read(directory, adapter, world_size, costs), directory, adapter, out)
     if code == EXIT_BROKEN:  # a directory of another format than the one named: say which reads it
-        fits = [name for name in sorted(ADAPTERS) if name != adapter and _read(directory, name, world_size, costs).ok]
+        fits = [name for name in sorted(ADAPTERS) if name != adapter and ADAPTERS[name].in_format(directory)
+                and _read(directory, name, world_size, costs).ok]
         for name in fits:
             print(f"hint: {directory} holds to the contract "
                   + ("as it is: check it without --adapter" if not ADAPTERS[name].converts

@@ -1,6 +1,7 @@
 """Ranks of a run of several that exited 0 before the run's last step while the others ran on
-(sharing no collective with them after they left, so nothing failed): found by their heartbeats,
-in any format the contract accepts.
+(sharing no collective with them after they left, so nothing failed), or that trained on and
+stopped writing their heartbeats (their files cannot tell which): found by their heartbeats, in any
+format the contract accepts.
 
 - A rank whose records mark each step's end (a ``step`` record, nsa/contract.py
   HEARTBEAT_STAGES_AFTER_STEP) says by its last one which step it completed: short of the steps
@@ -41,12 +42,15 @@ class ShortRank:
 
     def text(self, steps: int) -> str:
         b = self.beat
+        # the files cannot tell a rank that left from one that trained on and stopped writing its
+        # heartbeats (a DDP rank must have trained on: the others' collectives needed it): say both
+        either = "it left early or trained on without writing them"
         if self.how == Shortfall.ENDS:
-            return (f"rank {self.rank} stopped after step {b.done} of {steps} (its last heartbeat: step {b.step}, "
-                    f"stage {b.stage or '?'})")
+            return (f"rank {self.rank}'s heartbeats stop after step {b.done} of {steps} (its last heartbeat: step "
+                    f"{b.step}, stage {b.stage or '?'}; training.csv has every step): {either}")
         every = "every step" if b.every == 1 else f"every {b.every} steps"
-        return (f"rank {self.rank} stopped early: its heartbeats end at step {b.step} while the run completed step "
-                f"{self.ran_to} of {steps} (it wrote one {every})")
+        return (f"rank {self.rank}'s heartbeats end at step {b.step} while the run completed step {self.ran_to} of "
+                f"{steps} (it wrote one {every}): {either}")
 
 
 def short_ranks(beats: Mapping[int, Beat], world: int, steps: int | None,

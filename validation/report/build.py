@@ -45,6 +45,7 @@ from validation.report.tables import (
     reproduce_rows,
     rerun_line,
     rerun_phases_line,
+    root_assignment,
     toggles,
 )
 from validation.runbook.plan import PhasePoint, expand
@@ -210,12 +211,13 @@ def _store_arg(results_dir: Path) -> str | None:
     return None if resolved == DEFAULT_RESULTS_DIR.resolve() else str(resolved)
 
 
-def _with_rerun(f: Finding, runbook: str | None, profile: str | None, results_dir: str | None) -> Finding:
+def _with_rerun(f: Finding, runbook: str | None, profile: str | None, results_dir: str | None,
+                root: str) -> Finding:
     """The finding with the re-run line of the point it names (``Finding.rerun``) last in its
     detail: the Reproduce lines' command, with this report's runbook, profile and results directory."""
     if f.rerun is None:
         return f
-    line = rerun_line(f.rerun, runbook, profile, results_dir)
+    line = rerun_line(f.rerun, runbook, profile, results_dir, root)
     return dataclasses.replace(f, detail=[*f.detail, f"re-run only this point: `{line}`"])
 
 
@@ -238,7 +240,9 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
                     planned_longest((p.phase.name, p.params) for p in points) if points is not None else None)
     status, why = status_of(records, missing, findings, outdated, _unknown_plan(records, runbook, profile))
     store_arg = _store_arg(results_dir)
-    findings = [_with_rerun(f, runbook and runbook.cli_name, profile and profile.cli_name, store_arg) for f in findings]
+    root = root_assignment(runbook.trainer.root.env if runbook and runbook.trainer else None, records)
+    findings = [_with_rerun(f, runbook and runbook.cli_name, profile and profile.cli_name, store_arg, root)
+                for f in findings]
     hw = next((r.hardware for r in records if r.hardware), None)
     sha = next((r for r in records if r.git_sha), None)
     shas = list(dict.fromkeys(r.git_sha for r in records if r.out_dir and r.git_sha))
@@ -276,7 +280,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "findings": findings,
         "recommendations": recommendations(findings, lambda phases: rerun_phases_line(
             phases, runbook.cli_name if runbook else runbook_name, profile.cli_name if profile else profile_name,
-            store_arg)),
+            store_arg, root)),
         "gates": gate_rows(records) + (comparison.gate_rows() if comparison else []),
         "baseline": comparison,
         "regression_key": baseline_cmp.REGRESSION_KEY,
@@ -285,13 +289,14 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "failures": failure_rows(records),
         "missing": missing,
         "missing_line": missing_line(points or [], missing, runbook and runbook.cli_name,
-                                     profile and profile.cli_name, store_arg),
+                                     profile and profile.cli_name, store_arg, root),
         "outdated": [{"test_id": o.record.test_id, "status": str(o.record.status), "why": o.text(),
                       "rerun": rerun_line(o.record, runbook and runbook.cli_name, profile and profile.cli_name,
-                                          store_arg)} for o in outdated],
+                                          store_arg, root)} for o in outdated],
         "stale": gone,
         "artifacts": artifact_rows(records),
-        "reproduce": reproduce_rows(records, runbook and runbook.cli_name, profile and profile.cli_name, store_arg),
+        "reproduce": reproduce_rows(records, runbook and runbook.cli_name, profile and profile.cli_name, store_arg,
+                                    root),
         "plots": plots or [],
         "verdict": status,
     }

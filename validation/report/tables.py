@@ -3,6 +3,7 @@ artifacts and the command that reproduces each point. Records in, plain rows out
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import shlex
 from typing import Any
 
@@ -211,11 +212,13 @@ def ran_span(records: list[PhaseRecord]) -> str | None:
 
 
 def reproduce_rows(records: list[PhaseRecord], runbook: str | None = None, profile: str | None = None,
-                   results_dir: str | None = None) -> list[dict[str, Any]]:
+                   results_dir: str | None = None, root: str = "") -> list[dict[str, Any]]:
     """Per point: the harness command that re-runs its phase (its record replaces this one) and
     the process it ran, with the environment the runbook set. ``runbook`` and ``profile`` are how
     a command line names them (a path for a runbook outside runbooks/); the records' names when
-    not given. ``results_dir``: the store the records are in, when not the default ./results."""
+    not given. ``results_dir``: the store the records are in, when not the default ./results.
+    ``root``: the assignment of the trainer's root variable that the harness commands start with
+    (``root_assignment``), '' where the runbook names its trainer's root by no variable."""
     rows = []
     for r in records:
         if r.status == Status.SKIP or not r.command:
@@ -226,35 +229,49 @@ def reproduce_rows(records: list[PhaseRecord], runbook: str | None = None, profi
                 "allocation of the same shape with --jobid set to it, or re-run the point with the pytest line"
                 if nodes is not None and nodes.launcher == "slurm" else None)
         rows.append({"phase": r.phase, "point": point_label(r), "note": note,
-                     "rerun": rerun_line(r, runbook, profile, results_dir), "process": process_line(r)})
+                     "rerun": rerun_line(r, runbook, profile, results_dir, root), "process": process_line(r)})
     return rows
 
 
+def root_assignment(var: str | None, records: list[PhaseRecord]) -> str:
+    """'MY_TRAINER_ROOT=/its/checkout ' for a runbook whose trainer's root is the variable ``var``:
+    without it a harness command the report prints launches nothing (the root is not set), so each
+    starts with it. The root the newest of ``records`` ran in (its cwd), else the variable as this
+    process sees it; '' for no variable, or none known."""
+    if var is None:
+        return ""
+    ran = [(t, r.cwd) for r in records if r.cwd and r.out_dir and (t := started(r)) is not None]
+    root = max(ran)[1] if ran else os.environ.get(var, "")
+    return f"{var}={shlex.quote(root)} " if root else ""
+
+
 def rerun_line(r: PhaseRecord, runbook: str | None = None, profile: str | None = None,
-               results_dir: str | None = None) -> str:
-    """The harness command that re-runs only ``r``'s point (its new record replaces ``r``)."""
+               results_dir: str | None = None, root: str = "") -> str:
+    """The harness command that re-runs only ``r``'s point (its new record replaces ``r``);
+    ``root``: as reproduce_rows takes it."""
     store = f" --results-dir={shlex.quote(results_dir)}" if results_dir else ""
     # a sweep point by its test id: -k cannot take the '=' of its parameters
     select = (shlex.quote(f"{ACCEPTANCE_TESTS}::test_phase[{r.test_id}]") if r.key.params
               else f"{shlex.quote(str(ACCEPTANCE_TESTS))} -m {r.phase}")
-    return (f"pytest {select} --runbook {shlex.quote(runbook or r.key.runbook)} "
+    return (f"{root}pytest {select} --runbook {shlex.quote(runbook or r.key.runbook)} "
             f"--profile {shlex.quote(profile or r.key.profile)}{store}")
 
 
-def rerun_phases_line(phases: list[str], runbook: str, profile: str, results_dir: str | None = None) -> str:
+def rerun_phases_line(phases: list[str], runbook: str, profile: str, results_dir: str | None = None,
+                      root: str = "") -> str:
     """The harness command (Markdown) that re-runs every point of ``phases`` of this report's
-    runbook (its new records replace theirs), as advice names it."""
+    runbook (its new records replace theirs), as advice names it; ``root``: as reproduce_rows takes it."""
     store = f" --results-dir={shlex.quote(results_dir)}" if results_dir else ""
-    return (f"`pytest {shlex.quote(str(ACCEPTANCE_TESTS))} -m {shlex.quote(' or '.join(phases))} "
+    return (f"`{root}pytest {shlex.quote(str(ACCEPTANCE_TESTS))} -m {shlex.quote(' or '.join(phases))} "
             f"--runbook {shlex.quote(runbook)} --profile {shlex.quote(profile)}{store}`")
 
 
 def missing_line(points: list[Any], missing: list[str], runbook: str | None, profile: str | None,
-                 results_dir: str | None) -> str:
+                 results_dir: str | None, root: str = "") -> str:
     """What the report says above the points with no record: that none is stored, and the
     ``nsa-validate run`` line that runs them (their phases, or the whole runbook when every phase
     lacks one). ``runbook`` and ``profile`` as a command line names them; ``results_dir``: the
-    store, when not the default ./results."""
+    store, when not the default ./results; ``root``: as reproduce_rows takes it."""
     ids = set(missing)
     phases = list(dict.fromkeys(p.phase.name for p in points if p.test_id in ids))
     if not phases or runbook is None or profile is None:
@@ -264,7 +281,7 @@ def missing_line(points: list[Any], missing: list[str], runbook: str | None, pro
     every = len(phases) == len({p.phase.name for p in points})
     for ph in [] if every else phases:
         words += ["--phase", ph]
-    return (f"No record of these points is stored in this results directory. `{shlex.join(words)}` runs them "
+    return (f"No record of these points is stored in this results directory. `{root}{shlex.join(words)}` runs them "
             f"(every point of {'the runbook' if every else 'those phases'}; a new record replaces the point's "
             "stored one):")
 

@@ -178,6 +178,15 @@ def test_check_artifacts_names_the_adapter_that_reads_a_directory(tmp_path, caps
     assert f"hint: {native} holds to the contract as it is: check it without --adapter" in capsys.readouterr().out
     assert main(["check-artifacts", str(native)]) == 0
     assert "hint" not in capsys.readouterr().out
+    # user15's pass: a contract directory whose every rank appended its rows (1,1,2,2) is malformed,
+    # and the hint said 'holds to the contract through --adapter seed': the seed's reading keeps the
+    # rows after the last repeated step only, and the seed's training.csv has no header at all
+    (native / "training.csv").write_text("step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb\n"
+                                         + "".join(f"{s},5.5,0.001,100,0.1,1,0.1,0.2\n" for s in (1, 1, 2, 2)))
+    (native / "heartbeat_rank0.jsonl").write_text("".join(f'{{"time": {s}.0, "step": {s}, "pid": 7}}\n' for s in (1, 2)))
+    assert main(["check-artifacts", str(native)]) == 1
+    out = capsys.readouterr().out
+    assert "malformed            training.csv step" in out and "hint" not in out, out
 
 
 def test_a_baseline_of_some_stored_pairs_compares_those_and_renders_the_rest(tmp_path, capsys):

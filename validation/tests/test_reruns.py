@@ -149,3 +149,37 @@ def test_a_run_that_did_not_resume_says_nothing_of_it(fake_run):
     run = fake_run([train_phase()])
     assert not [f for f in run.findings() if "resumed in place" in f]
     assert run.record.evidence.reruns == {}
+
+
+def test_a_step_logged_again_by_one_process_is_no_resume_but_a_malformed_csv(tmp_path):
+    """user15's pass: a DDP trainer whose every rank appended its rows to training.csv (1,1,2,2,...)
+    got PASS with a WARNING 'trainer resumed in place ... went back to a checkpoint and wrote again
+    from step 1, 2, 3, 4, 5, 6, 7, 8', every later row (rank 1's) read as what happened. Rank 0's
+    heartbeats, one pid throughout and never going back, say no process started again."""
+    _write_csv(tmp_path, [_row(s) for s in range(1, 7) for _ in range(2)])
+    for rank, pid in ((0, 100), (1, 101)):
+        _write_beats(tmp_path, rank, [{**_beat(s, float(s), pid=pid), "rank": rank} for s in range(1, 7)])
+    (tmp_path / "env.json").write_text(json.dumps({"world_size": 2}))
+    found = read_contract(tmp_path)
+    assert not found.ok
+    (problem,) = found.problems()
+    assert "training.csv step: malformed (step 2 logged again" in problem, problem
+    assert "one process wrote the run: rank 0's heartbeats, every one from pid 100, cover steps 1..6" in problem
+    assert "a second writer" in problem
+    assert "training.csv" not in found.reruns
+    assert not [i for i in found.items if "resumed in place" in i.detail]
+
+
+@pytest.mark.parametrize("beats", [
+    # a resume in place: another process wrote steps 4.. again
+    [_beat(s, float(s), pid=100) for s in range(1, 7)] + [_beat(s, 10.0 + s, pid=200) for s in range(4, 9)],
+    # heartbeats without a pid say nothing of the processes
+    [_beat(s, float(s)) for s in range(1, 9)],
+])
+def test_a_step_logged_again_where_the_heartbeats_allow_a_resume_stays_a_rerun(tmp_path, beats):
+    _write_csv(tmp_path, [_row(s) for s in [1, 2, 3, 4, 5, 6, 4, 5, 6, 7, 8]])
+    _write_beats(tmp_path, 0, beats)
+    (tmp_path / "env.json").write_text(json.dumps({"world_size": 1}))
+    found = read_contract(tmp_path)
+    assert found.ok, found.problems()
+    assert found.reruns["training.csv"] == [Rerun(4, 6, 3)]

@@ -82,6 +82,33 @@ def test_every_reproduce_line_of_a_report_reruns_its_point_as_printed(tmp_path):
     assert set(after) == set(before) and all(after[t] != before[t] for t in before)
 
 
+def test_a_reproduce_line_of_a_trainer_rooted_by_a_variable_sets_it(tmp_path, monkeypatch):
+    """A user's trainer named `root: {env: MY_TRAINER_ROOT}` (docs/artifact_contract.md's own
+    example): the report's Reproduce line, pasted into a shell without the variable, skipped its
+    point ('the trainer's root is not set: export MY_TRAINER_ROOT=...', nothing run). The line now
+    starts with the root the point ran in."""
+    trainer = {**NATIVE, "root": {"env": "MY_TRAINER_ROOT"}}
+    rb = _runbook(tmp_path / "rb.yaml", [_phase("single")], trainer=trainer)
+    res = tmp_path / "res"
+    monkeypatch.setenv("MY_TRAINER_ROOT", str(REPO_ROOT / "tests" / "trainers"))
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-plots"]) == 0
+    (before,) = ResultStore(res).records()
+    monkeypatch.delenv("MY_TRAINER_ROOT")
+    ctx = build_context(res, "mine", "cpu", runbook=load_runbook(rb), profile=load_profile("cpu"))
+    (line,) = [r["rerun"] for r in ctx["reproduce"]]
+    assert line.startswith(f"MY_TRAINER_ROOT={REPO_ROOT / 'tests' / 'trainers'} pytest "), line
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    # as a user pastes it: through a shell whose environment lacks the variable
+    env = {k: v for k, v in os.environ.items() if k != "MY_TRAINER_ROOT"}
+    out = subprocess.run(["bash", "-c", line.replace("pytest ", f"{shlex.quote(sys.executable)} -m pytest ", 1)
+                          + " -p no:cacheprovider -q"], cwd=elsewhere, env=env, capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0 and "1 passed" in out.stdout, line + "\n" + out.stdout[-3000:] + out.stderr[-2000:]
+    (after,) = ResultStore(res).records()
+    assert after.run_id != before.run_id
+
+
 def test_a_point_that_cannot_launch_leaves_the_stored_record_and_its_run_directory(tmp_path, monkeypatch, capsys):
     """Re-running a phase with the trainer root's variable unset turned the stored PASS into SKIP
     and deleted its run directory."""

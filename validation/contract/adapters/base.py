@@ -27,6 +27,11 @@ class Adapter:
     """Contract fields (training.csv columns, env.json keys, 'fallbacks') the format cannot
     carry; metrics reading them are UNMEASURED (the catalogue's inputs, validation/judge/metrics.py)."""
 
+    def in_format(self, trainer_dir: Path) -> bool:
+        """Whether ``trainer_dir`` is written in this format at all (``check-artifacts`` hints at
+        an adapter only for a directory of its format): any directory may be the contract's."""
+        return True
+
     def trainer_dir(self, out_dir: Path) -> Path:
         """Where the trainer writes its files (the run directory itself, for the contract)."""
         return out_dir

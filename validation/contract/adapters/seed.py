@@ -59,6 +59,15 @@ class SeedAdapter(Adapter):
     lacks = frozenset({"step_time_s", "grad_norm", "mem_alloc_gb", "mem_reserved_gb", "attention_backends",
                        "tokens_per_step", "fallbacks"})
 
+    def in_format(self, trainer_dir: Path) -> bool:
+        """The seed's training.csv has no header: one that begins with the contract's is not the
+        seed's (read as the seed's, its rows would be split into 'runs' wherever a step repeats)."""
+        csv = trainer_dir / TRAINING_CSV
+        if not csv.is_file():
+            return True
+        with open(csv, errors="replace") as fh:
+            return fh.readline().strip() != ",".join(CSV_COLUMNS)
+
     def trainer_dir(self, out_dir: Path) -> Path:
         return out_dir / "trainer_out"
 

@@ -101,10 +101,13 @@ def _nonfinite(f: Facts) -> str:
 
 
 def _short_rank(f: Facts) -> str:
-    return ("A rank exited 0 before the steps asked for while the other ranks ran them all (no collective after "
-            "it left told them): look for a stop condition that holds on that rank only (its data running out first, "
-            "a step count or a break of its own, sys.exit in one rank's path); every rank must run the same steps. "
-            f"Then {_RERUN}.")
+    return ("A rank's heartbeats end before the run's last step while training.csv has every step (exit 0). Either "
+            "the rank exited early and no collective after it left told the others: look for a stop condition that "
+            "holds on that rank only (its data running out first, a step count or a break of its own, sys.exit in "
+            "one rank's path); every rank must run the same steps. Or it trained on and stopped writing its "
+            "heartbeat file (a writer turned off, closed or failing without a word on that rank): the contract asks "
+            "every rank for a record of each step it logs, its last one included; ranks that share a collective "
+            f"every step (DDP) say it is this. Then {_RERUN}.")
 
 
 def _short(f: Facts) -> str:

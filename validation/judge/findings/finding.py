@@ -206,7 +206,7 @@ def processes(records: list[PhaseRecord]) -> list[PhaseRecord]:
 
 def repeat_part(rec: PhaseRecord) -> str:
     """Of a repeated point, the repeat whose gates and evidence its record holds ('repeat 2 of 3':
-    the first that failed, else the last); '' for any other point."""
+    its most severe failure, session/repeats.py, else the last); '' for any other point."""
     return rec.part if any(s.name.startswith("repeat") for s in rec.runs) else ""
 
 

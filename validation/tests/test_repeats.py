@@ -102,6 +102,41 @@ def test_a_repeat_that_crashed_or_stalled_decides_the_point_before_one_that_fail
     assert run.context["verdict"] == "NO-GO"
 
 
+def test_every_repeat_that_broke_a_contract_file_is_a_finding_naming_the_repeat(fake_run):
+    """Repeats 1 and 3 of a user's trainer each wrote a training.csv with a non-number in it: the
+    report said only repeat 1's (the record's), so that repeat 3's broken file was nowhere. Each
+    repeat's broken file is a finding naming the repeat and the file, said once."""
+    run = fake_run([train_phase("ab", gates=GATES, repeats=3, env={
+        "NSA_FAULT": "corrupt_csv", "NSA_FAKE_FAULT_REPEATS": "1,3"})])
+    rec = run.record
+    assert rec.status == Status.ERROR and [s.status for s in rec.runs] == ["ERROR", "PASS", "ERROR"]
+    titles = [f.title for f in run.context["findings"] if f.kind == "artifacts"]
+    assert len(titles) == 2, titles
+    for k, title in zip((1, 3), titles):
+        assert title.startswith(f"ab [default], repeat {k} of 3: "), title
+        assert f"/repeat{k}/training.csv: malformed (row " in title, title
+
+
+def test_every_repeat_with_a_slow_rank_is_an_imbalance_finding_naming_the_repeat(fake_run):
+    """Rank 1 of repeat 2 took 3x as long per step, failing the gate on the ranks' step-time ratio,
+    while repeat 1, too slow overall, decided the record: the imbalance finding read only the
+    record's repeat, so the report said 'gate failed ... rank_step_time_ratio = 3' with neither the
+    slow rank nor each rank's step time. The imbalance finding covers every repeat, names the
+    repeat and states its gate once."""
+    gates = [{"metric": "toks_per_s_mean", "op": ">=", "threshold": 150, "window": "last 5 steps"},
+             {"metric": "rank_step_time_ratio", "op": "<=", "threshold": 1.5}]
+    run = fake_run([train_phase("ab", gates=gates, repeats=3, env={
+        "NSA_FAKE_WORLD": "2", "NSA_FAKE_TOKS_BY_REPEAT": "0.5,1.0,1.0", "NSA_FAULT": "slow:rank=1",
+        "NSA_FAKE_FAULT_REPEATS": "2"})])
+    rec = run.record
+    assert rec.reason.startswith("repeat 1 of 3: toks_per_s_mean") and rec.runs[1].status == Status.FAIL
+    critical = [f for f in run.context["findings"] if f.severity == "critical"]
+    assert [f.title.split(":")[0] for f in critical] == [
+        "rank imbalance in ab [default], repeat 2 of 3", "gate failed in ab [default], repeat 1 of 3"]
+    assert "rank 1 takes 3.0x as long per step as rank 0; gate rank_step_time_ratio = 3" in critical[0].title
+    assert critical[0].detail == ["rank 0: median step time 0.5s", "rank 1: median step time 1.5s"], critical[0].detail
+
+
 @pytest.mark.parametrize("noise, regression", [(WIDE, False), (NARROW, True)])
 def test_a_baseline_drop_inside_the_repeats_noise_is_no_regression(tmp_path, noise, regression):
     """0.45x the baseline's tokens/s: beyond the cpu profile's 50% allowed drop either way; a

@@ -452,7 +452,8 @@ class PhaseRecord:
     runs: list[SubRun] = field(default_factory=list)
     """The processes of a point that ran several, in the order they ran (empty for one process);
     the record's own exit code, command, evidence and out_dir are those of the one that decided
-    its verdict (the first that failed, else the last: the resumed second half of a resume point)."""
+    its verdict (of a repeated point its most severe failure, session/repeats.py; of a resume point
+    the first that failed, else the resumed second half)."""
 
     @classmethod
     def for_point(cls, point, status: Status, reason: str, **fields: Any) -> PhaseRecord:

@@ -149,6 +149,9 @@ class GoldenRecheck:
     """What re-checking the stored golden gates against the golden file as it is now found."""
 
     file: str
+    """The golden file's full path: goldens/ beside the runbook (a copy of it looks beside itself)."""
+    exists: bool
+    """Whether it exists: a runbook copied elsewhere without its goldens/ looks for it in vain."""
     checked: int
     changed: list[str]
     """One line per gate whose verdict changed since the run ('phase [point]: PASS at the run, FAIL now')."""
@@ -185,8 +188,8 @@ def _recheck_goldens(records: list[PhaseRecord], points: list[PhasePoint], resul
         out.append(r)
     if not checked and not not_checked and not no_golden:
         return out, None
-    return out, GoldenRecheck(goldens.GoldenFile.for_pair(runbook.path, runbook.name, profile.name).path.name,
-                              checked, changed, not_checked, no_golden)
+    file = goldens.GoldenFile.for_pair(runbook.path, runbook.name, profile.name)
+    return out, GoldenRecheck(str(file.path), file.exists, checked, changed, not_checked, no_golden)
 
 
 def _recheck_thresholds(records: list[PhaseRecord], points: list[PhasePoint]) -> tuple[list[PhaseRecord], list[str]]:

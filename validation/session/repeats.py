@@ -6,14 +6,18 @@ judged on how far the repeats' losses are apart (goldens.repeat_gate).
 The record keeps every repeat's verdict and numbers (its sub-runs); its own numbers are the
 means over the repeats (the report adds a t-interval, validation/judge/interval.py), but for the
 last step logged, which is a step of the repeat that decides the record (a mean of 8, 2 and 8 is
-no step any repeat stopped at); its verdict, exit code, gates and evidence are that repeat's: the
-first that failed (the reason names it), else the first still to be measured, else the last.
+no step any repeat stopped at); its verdict, exit code, gates and evidence are that repeat's (the
+reason names it): the most severe failure, as one run's verdict orders them (how its process ended
+decides before any gate, validation/judge/verdict.py): the first repeat whose process failed (a
+crash, a stall, a .HALT, a broken file), else the first that failed a gate, else the first still to
+be measured, else the last.
 """
 from __future__ import annotations
 
 import dataclasses
 import statistics
 from pathlib import Path
+from typing import Callable
 
 from validation.judge.record import PhaseRecord, Status, Summary
 from validation.machine import Machine
@@ -22,8 +26,9 @@ from validation.session import runs
 from validation.session.runs import Judged, Progress
 from validation.store import goldens
 
-#: which repeat decides the record: the first failed, else the first unmeasured, else the last
-_DECIDES = (Status.ERROR, Status.FAIL, Status.UNMEASURED)
+#: which repeat decides the record, the most severe first: its process failed, a gate failed, a gate unmeasured
+_DECIDES: tuple[Callable[[Judged], bool], ...] = (
+    lambda j: j.ended is not None, lambda j: j.status == Status.FAIL, lambda j: j.status == Status.UNMEASURED)
 
 
 def execute(point: PhasePoint, run_dir: Path, hw: Machine, results_dir: Path, run_id: str, started: str,
@@ -38,10 +43,9 @@ def execute(point: PhasePoint, run_dir: Path, hw: Machine, results_dir: Path, ru
     # each repeat carries the repeats' own gate, whichever of them decides the record
     done: list[Judged] = [runs.judge(point, d, hw, extra=[agree] if agree else None) for d in launched]
     sub_runs = [runs.sub_run(j, f"repeat{k}", f"repeat {k} of {n}", results_dir) for k, j in enumerate(done, 1)]
-    k, decides = next(((i, j) for status in _DECIDES for i, j in enumerate(done, 1) if j.status == status),
-                      (n, done[-1]))
+    k, decides = next(((i, j) for worse in _DECIDES for i, j in enumerate(done, 1) if worse(j)), (n, done[-1]))
     return runs.record(point, decides, hw, results_dir, run_id, started, runs=sub_runs,
-                       reason=f"repeat {k} of {n}: {decides.reason}" if decides.status in _DECIDES
+                       reason=f"repeat {k} of {n}: {decides.reason}" if decides.status != Status.PASS
                        else f"{n} repeats: {decides.reason}",
                        metrics=dataclasses.replace(mean([j.metrics for j in done]),
                                                    steps_completed=decides.metrics.steps_completed),

@@ -17,7 +17,6 @@ from pathlib import Path
 from validation.judge import resume as equivalence
 from validation.judge.metrics import RunData
 from validation.judge.record import PhaseRecord, Status
-from validation.judge.verdict import Outcome, process_verdict
 from validation.launch.legs import legs, resume_source
 from validation.machine import Machine
 from validation.runbook.plan import PhasePoint
@@ -37,10 +36,9 @@ def execute(point: PhasePoint, run_dir: Path, hw: Machine, results_dir: Path, ru
         j = runs.judge(point, runs.launch(point, out_dir, progress, leg), hw)
         done[leg.name] = j
         # a process is judged by how it ended; the phase's gates read the resumed run as a whole
-        failed = process_verdict(Outcome.of_run(point.phase.kind, j.run, j.errors))
-        status, reason = failed or (Status.PASS, f"exit 0 after step {j.run.csv['step'].max()}")
+        status, reason = j.ended or (Status.PASS, f"exit 0 after step {j.run.csv['step'].max()}")
         sub_runs.append(runs.sub_run(j, leg.name, leg.label, results_dir, status, reason))
-        if failed is not None:
+        if j.ended is not None:
             return runs.record(point, j, hw, results_dir, run_id, started, status=status,
                                reason=f"{leg.label}: {reason}", steps=leg.steps_expected, runs=sub_runs,
                                wall_s=_wall(done))

@@ -18,7 +18,7 @@ from validation.judge.metrics import PROFILE_METRICS, RunData, unprovided_by_fil
 from validation.judge.provenance import trainer_commit
 from validation.judge.record import OWN_TRAINER, TRAINER_KINDS, PhaseRecord, Status, SubRun, Summary, routes
 from validation.judge.stability import StabilityRule
-from validation.judge.verdict import Outcome, evaluate, verdict
+from validation.judge.verdict import Outcome, evaluate, gate_verdict, process_verdict
 from validation.launch import kinds
 from validation.launch.legs import Leg
 from validation.launch.process import ProcResult
@@ -45,6 +45,9 @@ class Judged(Launched):
     reason: str
     window: int | None
     """The phase's window in steps (None: all steps), over which its summary numbers are taken."""
+    ended: tuple[Status, str] | None = None
+    """The verdict how its process ended decided before any gate (verdict.process_verdict: a crash,
+    a stall, a .HALT, a broken file, a short run); None where it ran clean and its gates decided."""
 
     @property
     def metrics(self) -> Summary:
@@ -83,11 +86,12 @@ def judge(point: PhasePoint, done: Launched, hw: Machine, extra: list[GateResult
         unprovided.update({m: f"the trainer wrote no {PROFILE_JSON} (it does not honour {PROFILE_STEPS_ENV})"
                            for m in PROFILE_METRICS})
     gates = evaluate(point.gates(), run, unprovided) + ([golden] if golden else []) + list(extra or [])
-    status, reason = verdict(Outcome.of_run(kind, run, done.errors), gates)
+    ended = process_verdict(Outcome.of_run(kind, run, done.errors))
+    status, reason = ended or gate_verdict(gates)
     # the report's numbers are over the phase's window: the first gate that names one ('last 50
     # steps' for the bucket sweep); gates keep their own windowed values
     window = next((g.window.last for g in point.gates() if g.window.last), None)
-    return Judged(run, done.proc, done.errors, gates, status, reason, window)
+    return Judged(run, done.proc, done.errors, gates, status, reason, window, ended)
 
 
 def relative(path: Path, results_dir: Path) -> str:

@@ -140,6 +140,20 @@ class GoldenFile:
     def get(self, pid: str, hw_class: str) -> Curve | None:
         return self.curves.get(pid, {}).get(hw_class)
 
+    @property
+    def exists(self) -> bool:
+        return self.path.is_file()
+
+    def lacks(self, pid: str, hw_class: str) -> str:
+        """Why it holds no curve of ``pid`` on ``hw_class``, naming the exact path looked for: that
+        it does not exist (a runbook copied elsewhere looks in goldens/ beside itself), or that it
+        exists and has no curve of the point on that class (and the classes it has one on)."""
+        if not self.exists:
+            return f"{self.path} does not exist (golden files are looked for in goldens/ beside the runbook)"
+        others = sorted(self.curves.get(pid, {}))
+        return f"{self.path} exists but holds no such curve" + (f" (it has {pid} on {', '.join(others)})"
+                                                                  if others else "")
+
     def put(self, pid: str, hw_class: str, curve: Curve) -> None:
         self.curves.setdefault(pid, {})[hw_class] = curve
 
@@ -216,7 +230,8 @@ def gate(point: PhasePoint, csv: pd.DataFrame | None, machine: Machine) -> GateR
         # the tolerance is the profile's (what is missing is the curve, not a threshold)
         return GateResult(METRIC, "<=", rtol, f"steps 1-{point.phase.golden_steps}", None, GateVerdict.UNMEASURED,
                           RTOL_KEY, DESCRIPTION,
-                          note=f"no golden for {point_id(point)} on {hw} in {goldens.path}; write one with `{bless_cmd}`",
+                          note=f"no golden for {point_id(point)} on {hw}: {goldens.lacks(point_id(point), hw)}; "
+                               f"write one with `{bless_cmd}`",
                           pending=Pending.NO_GOLDEN)
     value, first = compare(losses(csv, len(curve.loss)), curve, rtol if rtol is not None else 0.0)
     if value is None:

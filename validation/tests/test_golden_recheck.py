@@ -11,7 +11,7 @@ from validation.judge.gates import GateVerdict
 from validation.judge.record import Status
 from validation.report.build import build_context, render_text
 from validation.runbook.load import load_profile, load_runbook
-from validation.store.goldens import GoldenFile
+from validation.store.goldens import Curve, GoldenFile
 from validation.store.results import ResultStore
 from validation.tests.conftest import train_phase, write_runbook
 
@@ -43,7 +43,7 @@ def test_report_judges_a_stored_run_against_the_golden_file_as_it_is_now(tmp_pat
     assert "re-checked at report time against fake__cpu.yaml, which changed since the run (then: UNMEASURED)" \
         in gate["description"]
     text = render_text({**ctx, "results_prefix": ".."})
-    assert ("- **Golden curves**: 1 golden gate(s) re-checked at report time against `fake__cpu.yaml` as it is now, "
+    assert (f"- **Golden curves**: 1 golden gate(s) re-checked at report time against `{goldens.path}` as it is now, "
             "from each run's training.csv: 1 changed since the run: long_run [default]: UNMEASURED at the run, FAIL now") \
         in text
     assert ResultStore(res).records() == [stored]  # the store keeps what the run found
@@ -57,7 +57,8 @@ def test_a_golden_unchanged_since_the_run_is_said_to_be_so(tmp_path):
     ctx = _context(rb, res)
     assert ctx["verdict"] == "GO" and (ctx["goldens"].checked, ctx["goldens"].changed) == (1, [])
     text = render_text({**ctx, "results_prefix": ".."})
-    assert "against `fake__cpu.yaml` as it is now, from each run's training.csv: none changed since the run" in text
+    assert (f"against `{tmp_path / 'goldens' / 'fake__cpu.yaml'}` as it is now, from each run's training.csv: none "
+            "changed since the run") in text
     # a run whose training.csv is gone keeps the gate it stored, and the report says it could not check
     (stored,) = ResultStore(res).records()
     (res / stored.out_dir / "training.csv").unlink()
@@ -67,13 +68,25 @@ def test_a_golden_unchanged_since_the_run_is_said_to_be_so(tmp_path):
 
 def test_a_gate_without_a_golden_curve_is_not_counted_as_re_checked(tmp_path):
     """user13: a golden phase run before any curve was blessed read '1 golden gate(s) re-checked at
-    report time ...: none changed since the run': there was no curve to re-check it against."""
+    report time ...: none changed since the run': there was no curve to re-check it against. A
+    runbook copied elsewhere looks for its goldens beside itself: the report named the file alone
+    and said 'no golden curve there', as if it existed. It names the path looked for and says
+    whether it exists."""
     rb, res = write_runbook(tmp_path / "rb.yaml", [train_phase("long_run", golden_steps=4, gates=[])]), tmp_path / "res"
     assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"]) == 0
+    path = tmp_path / "goldens" / "fake__cpu.yaml"
     ctx = _context(rb, res)
     assert ctx["verdict"] == "INCOMPLETE"
     assert (ctx["goldens"].checked, ctx["goldens"].no_golden) == (0, ["long_run [default]"])
     text = render_text({**ctx, "results_prefix": ".."})
-    assert "re-checked at report time against `fake__cpu.yaml` as it is now" not in text
-    assert ("- **Golden curves**: no golden gate re-checked at report time against `fake__cpu.yaml`; no golden curve "
-            "there for: long_run [default]") in text
+    assert "as it is now" not in text
+    assert (f"- **Golden curves**: no golden gate re-checked at report time against `{path}`, which does not exist; "
+            "no golden curve for: long_run [default]") in text
+
+    other = GoldenFile.for_pair(rb, "fake", "cpu")  # a golden of another hardware class only
+    other.put("long_run/default", "nvidia_h100_80gb_hbm3", Curve((3.0, 2.9, 2.8, 2.7)))
+    other.save()
+    ctx = _context(rb, res)
+    assert ctx["verdict"] == "INCOMPLETE"
+    assert (f"- **Golden curves**: no golden gate re-checked at report time against `{path}`; no golden curve in it "
+            "for: long_run [default]") in render_text({**ctx, "results_prefix": ".."})

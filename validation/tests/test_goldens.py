@@ -89,6 +89,26 @@ def _golden_runbook(tmp_path):
         train_phase("fsdp", gates=[])])
 
 
+def test_a_missing_golden_names_the_path_looked_for_and_whether_it_exists(tmp_path):
+    """A runbook copied elsewhere looks for its goldens in goldens/ beside itself: the gate said 'no
+    golden ... in <path>' whether that file was missing or held no curve of the point. It says
+    which, naming the path; either way the point is UNMEASURED (INCOMPLETE), never a GO on nothing."""
+    rb = load_runbook(_golden_runbook(tmp_path))
+    long_run = next(p for p in expand(rb, load_profile("cpu")) if p.phase.name == "long_run")
+    path = tmp_path / "goldens" / "fake__cpu.yaml"
+    record = AcceptanceSession(SessionOptions(tmp_path / "res")).run_point(long_run)
+    assert record.status == Status.UNMEASURED
+    assert f"no golden for long_run/default on cpu: {path} does not exist (golden files are looked for in " \
+           "goldens/ beside the runbook); write one with `nsa-validate bless " in record.reason, record.reason
+    other = GoldenFile.for_pair(rb.path, "fake", "cpu")
+    other.put("long_run/default", "nvidia_h100_80gb_hbm3", Curve((3.0, 2.9, 2.8, 2.7)))
+    other.save()
+    record = AcceptanceSession(SessionOptions(tmp_path / "res")).run_point(long_run)
+    assert record.status == Status.UNMEASURED
+    assert (f"no golden for long_run/default on cpu: {path} exists but holds no such curve (it has long_run/default "
+            "on nvidia_h100_80gb_hbm3); write one with") in record.reason, record.reason
+
+
 def test_bless_rewrites_only_the_points_asked_for(tmp_path, capsys):
     rb, res = _golden_runbook(tmp_path), tmp_path / "res"
     assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"]) == 0

@@ -16,6 +16,8 @@ from validation.judge.findings.finding import (
     Finding,
     Severity,
     last_heartbeat,
+    own_reason,
+    process,
     processes,
     where,
     where_gated,
@@ -370,8 +372,9 @@ def _short(path: str) -> str:
 
 
 def imbalance(records: list[PhaseRecord]) -> list[Finding]:
+    """Idle ranks, ranks of unequal step times and a straggler rank of each process: every repeat's."""
     out = []
-    for r in records:
+    for r in processes(records):
         ev = r.evidence
         if r.timed_out or r.stalled_s is not None or r.exit_code not in (0, None) or r.status == Status.ERROR:
             # a crash or stall has its own finding; its ranks are not 'idle'. Nor are those of a run
@@ -391,15 +394,15 @@ def imbalance(records: list[PhaseRecord]) -> list[Finding]:
                 detail.append(f"rank {rank}: last step {_q(hb.step)}, stage {_q(hb.stage)}"
                               + (f", GPU util {hb.gpu_util:g}%" if hb.gpu_util is not None else "")
                               + (f", median step time {times[rank]:.3g}s" if rank in times else ""))
-            out.append(Finding(Severity.CRITICAL, r.phase, f"idle rank in {where(r)}: "
+            out.append(Finding(Severity.CRITICAL, r.phase, f"idle rank in {where_run(r)}: "
                                f"{int(r.metrics.idle_ranks)} of {r.world_size} rank(s) did no work", detail, "idle",
                                Facts.of(r)))
         elif len(times) >= 2 and min(times.values()) > 0 and (
                 max(times.values()) / min(times.values()) > IMBALANCE_RATIO or gate):
             slow, fast = max(times, key=times.get), min(times, key=times.get)
             out.append(Finding(Severity.CRITICAL if gate else Severity.WARNING, r.phase, (
-                f"rank imbalance in {where(r)}: rank {slow} takes {times[slow] / times[fast]:.1f}x as long per step "
-                f"as rank {fast}" + (f"; gate {gate.text()}" if gate else "")),
+                f"rank imbalance in {where_run(r)}: rank {slow} takes {times[slow] / times[fast]:.1f}x as long per "
+                f"step as rank {fast}" + (f"; gate {gate.text()}" if gate else "")),
                 [f"rank {k}: median step time {v:.3g}s" for k, v in sorted(times.items())], "imbalance", Facts.of(r)))
         elif (late := _straggler_rank(r)) is not None:
             out.append(late)
@@ -421,7 +424,7 @@ def _straggler_rank(r: PhaseRecord) -> Finding | None:
         return None
     [k] = slow
     return Finding(Severity.WARNING, r.phase, (
-        f"straggler rank {k} in {where(r)}: it enters each step's stages {_ms(late[k])} after the earliest rank "
+        f"straggler rank {k} in {where_run(r)}: it enters each step's stages {_ms(late[k])} after the earliest rank "
         f"({late[k] / step:.0%} of the {_ms(step)} step); the other ranks wait for it in their collectives, so every "
         "rank's step time is the same"),
         [f"rank {j}: {_ms(s)} behind the earliest rank, median step time {_ms(r.evidence.rank_step_time_s[j])}"
@@ -442,26 +445,27 @@ def _imbalance_gate(r: PhaseRecord) -> GateResult | None:
 
 
 def artifact_errors(records: list[PhaseRecord]) -> list[Finding]:
-    """A finding per ERROR point: a process that never ran (the launch failed, or the harness
-    did) is said so, with its own kind, never as a trainer that broke its output contract; nor is
-    a pytest or preflight point that ran (findings/checks.py)."""
+    """A finding per ERROR process (every repeat's): a process that never ran (the launch failed,
+    or the harness did) is said so, with its own kind, never as a trainer that broke its output
+    contract; nor is a pytest or preflight point that ran (findings/checks.py)."""
     out = []
-    for r in records:
+    for r in processes(records):
         if r.status != Status.ERROR:
             continue
         ev = r.evidence
         if ev.not_run == NotRun.LAUNCH:
             logs = [f"{r.out_dir}/{name}" for name in ev.files if name.endswith(".log")]
-            out.append(Finding(Severity.CRITICAL, r.phase, f"{where(r)} was not launched, nothing ran: {r.reason}",
+            out.append(Finding(Severity.CRITICAL, r.phase,
+                               f"{where_run(r)} was not launched, nothing ran: {own_reason(r)}",
                                [f"the launcher's output: {', '.join(logs)}"] if logs else [],
                                "not_launched", Facts.of(r), rerun=r))
         elif ev.not_run == NotRun.HARNESS:
-            out.append(Finding(Severity.CRITICAL, r.phase, f"{where(r)}: {r.reason}",
+            out.append(Finding(Severity.CRITICAL, r.phase, f"{where_run(r)}: {own_reason(r)}",
                                [f"traceback: {r.out_dir}/{HARNESS_ERROR_FILE}"],
                                "harness_error", Facts.of(r), rerun=r))
         elif r.kind in TRAINER_KINDS:  # a pytest or preflight point has no output contract (findings/checks.py)
-            out.append(Finding(Severity.CRITICAL, r.phase, f"{where(r)}: {r.reason}", ev.errors[1:], "artifacts",
-                               Facts.of(r)))
+            out.append(Finding(Severity.CRITICAL, r.phase, f"{where_run(r)}: {own_reason(r)}", ev.errors[1:],
+                               "artifacts", Facts.of(r)))
     return out
 
 
@@ -492,7 +496,7 @@ def failed_gates(records: list[PhaseRecord]) -> list[Finding]:
             own = []  # crashes, stalls, halts and contract violations have findings of their own
         else:
             own = _gate_findings(r, r.failed_gates(), where_gated(r), r.out_dir, r.evidence.nonfinite_loss_step,
-                                 Outcome.of_record(r).stopped_short, kept=True)
+                                 Outcome.of_record(r).stopped_short, kept=True, stated=_imbalance_gate(r))
         out += own
         for sub in r.runs:
             if not sub.name.startswith("repeat") or sub.out_dir == r.out_dir or sub.status != Status.FAIL:
@@ -508,16 +512,20 @@ def failed_gates(records: list[PhaseRecord]) -> list[Finding]:
             failed = [g for g in sub.gates if g.verdict in (GateVerdict.FAIL, GateVerdict.NO_DATA)
                       and g.metric != REPEAT_LOSS_METRIC]  # the repeats' own gate is the point's, named above
             short = r.steps is not None and sub.last_step is not None and sub.last_step < r.steps
+            # the imbalance finding states its gate, of a repeat that kept its evidence (imbalance: processes)
+            stated = _imbalance_gate(process(r, sub)) if sub.evidence is not None else None
             out += _gate_findings(r, failed, f"{where(r)}, {sub.label}", sub.out_dir,
-                                  sub.signs.nonfinite_loss_step if sub.signs is not None else None, short, kept=False)
+                                  sub.signs.nonfinite_loss_step if sub.signs is not None else None, short, kept=False,
+                                  stated=stated)
     return out
 
 
 def _gate_findings(r: PhaseRecord, failed: list[GateResult], at: str, out_dir: str, nonfinite_step: int | None,
-                   short: bool, kept: bool) -> list[Finding]:
+                   short: bool, kept: bool, stated: GateResult | None) -> list[Finding]:
     """The findings of one run's failed gates: of the run whose gates the record keeps (``kept``),
     else of another repeat of the point, in ``out_dir``, said to be ``at`` ('ab [default], repeat 2
-    of 3')."""
+    of 3'); ``stated``: its failed gate on the ranks' step-time ratio that its imbalance finding
+    states (``_imbalance_gate``), None where that finding states none."""
     out = []
     for g in (g for g in failed if g.metric not in _EXPLAINED):
         if short and g.verdict == GateVerdict.NO_DATA:
@@ -526,7 +534,7 @@ def _gate_findings(r: PhaseRecord, failed: list[GateResult], at: str, out_dir: s
             continue  # the spike or divergence finding (of every repeat) names the step and the value
         if g.metric in RESUME_METRICS:
             continue  # the resume finding names the first diverging step
-        if kept and g.metric == IMBALANCE_METRIC and _imbalance_gate(r) is not None:
+        if g == stated:
             continue  # the imbalance finding names the slow rank and each rank's step time
         detail = [g.description] if g.description else []
         if g.metric == "loss_finite" and nonfinite_step is not None:

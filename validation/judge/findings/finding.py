@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from nsa.contract import heartbeat_name
 from validation.judge.findings.culprit import Culprit
 from validation.judge.misses import Miss
-from validation.judge.record import PhaseRecord, RunSigns
+from validation.judge.record import PhaseRecord, RunSigns, SubRun
 from validation.judge.verdict import Outcome
 
 
@@ -189,24 +189,36 @@ def _halves(rec: PhaseRecord, own: Watched) -> list[Watched]:
 
 
 def processes(records: list[PhaseRecord]) -> list[PhaseRecord]:
-    """Each record, and of a repeated point each other repeat that kept its evidence as a record
-    of its own process (its exit code, how it ended, its evidence, numbers and gates): a repeat that
-    crashed, stalled or stopped short is a finding named with its repeat ('crash in ab [default],
-    repeat 2 of 3: ...'), whichever repeat decided the record."""
+    """Each record, and of a repeated point each other repeat that kept its evidence, as a record
+    of its own process (``process``): a repeat that crashed, stalled, stopped short, broke a
+    contract file or ran with an idle or slow rank is a finding named with its repeat ('crash in
+    ab [default], repeat 2 of 3: ...'), whichever repeat decided the record."""
     out = []
     for r in records:
         out.append(r)
-        out += [replace(r, out_dir=s.out_dir, status=s.status, reason=s.reason, exit_code=s.exit_code,
-                        timed_out=s.timed_out, stalled_s=s.stalled_s, timeout_quiet_s=s.timeout_quiet_s,
-                        wall_s=s.wall_s, command=list(s.command), metrics=s.metrics, gates=list(s.gates),
-                        evidence=s.evidence)
-                for s in r.runs if s.name.startswith("repeat") and s.out_dir != r.out_dir and s.evidence is not None]
+        out += [process(r, s) for s in r.runs
+                if s.name.startswith("repeat") and s.out_dir != r.out_dir and s.evidence is not None]
     return out
+
+
+def process(rec: PhaseRecord, sub: SubRun) -> PhaseRecord:
+    """The record as one of its processes (``sub``, which kept its evidence) would have it: its exit
+    code, how it ended, its evidence, numbers and gates, and ``where_run`` naming it."""
+    return replace(rec, out_dir=sub.out_dir, status=sub.status, reason=sub.reason, exit_code=sub.exit_code,
+                   timed_out=sub.timed_out, stalled_s=sub.stalled_s, timeout_quiet_s=sub.timeout_quiet_s,
+                   wall_s=sub.wall_s, command=list(sub.command), metrics=sub.metrics, gates=list(sub.gates),
+                   evidence=sub.evidence)
+
+
+def own_reason(rec: PhaseRecord) -> str:
+    """The record's reason without the process it names first, which ``where_run`` names ('trainer
+    crashed (exit code 1)' of 'repeat 2 of 3: trainer crashed (exit code 1)')."""
+    return rec.reason.removeprefix(f"{rec.part}: ") if rec.part else rec.reason
 
 
 def repeat_part(rec: PhaseRecord) -> str:
     """Of a repeated point, the repeat whose gates and evidence its record holds ('repeat 2 of 3':
-    the first that failed, else the last); '' for any other point."""
+    its most severe failure, session/repeats.py, else the last); '' for any other point."""
     return rec.part if any(s.name.startswith("repeat") for s in rec.runs) else ""
 
 

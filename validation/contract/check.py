@@ -238,7 +238,9 @@ def _csv_detail(log: TrainingLog, path: Path) -> str:
     df = log.rows
     torn = torn_last_row(path)
     cut = f"; the last row has no line end (cut off mid-write), not read: {torn[:120]!r}" if torn else ""
-    return f"{len(df)} rows, steps {int(df['step'].min())}..{int(df['step'].max())}{_rerun_detail(log.reruns)}{cut}"
+    dropped = sum(r.dropped for r in log.reruns)
+    rows = f"{len(df)} rows read of {len(df) + dropped} in the file" if dropped else f"{len(df)} rows"
+    return f"{rows}, steps {int(df['step'].min())}..{int(df['step'].max())}{_rerun_detail(log.reruns)}{cut}"
 
 
 def _rerun_detail(reruns: list[Rerun]) -> str:

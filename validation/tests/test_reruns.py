@@ -95,7 +95,8 @@ def test_training_csv_of_a_resume_in_place_reads_the_later_rows(tmp_path):
     found = read_contract(tmp_path)
     assert found.reruns == {"training.csv": [Rerun(7, 10, 4)]}
     csv_item = next(i for i in found.items if i.file == "training.csv" and i.field is None)
-    assert "12 rows, steps 1..12; resumed in place: went back from step 10 to step 7 (4 earlier entries superseded), " \
+    # the file holds 16 rows: it said '12 rows', the rows kept, as though that were the file
+    assert "12 rows read of 16 in the file, steps 1..12; resumed in place: went back from step 10 to step 7 (4 earlier entries superseded), " \
            "the later occurrence read" in csv_item.detail
 
 

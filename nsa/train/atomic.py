@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 from pathlib import Path
 from typing import BinaryIO, Callable
 
@@ -14,7 +15,8 @@ def write_atomic(path: Path, content: bytes | Callable[[BinaryIO], object]) -> N
     fsync the rename may not survive a power cut (POSIX), and after one ``latest`` could name the
     checkpoint before, or a file pruned since (a killed process is fine either way)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # the thread too: the watchdog's thread writes env.json while the main thread may be writing it
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "wb") as fh:
             if isinstance(content, bytes):

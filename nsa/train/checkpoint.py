@@ -169,8 +169,20 @@ def _latest(out_dir: Path) -> Path | None:
         raise CheckpointError(f"{pointer}: expected the file name of a checkpoint beside it, got {name!r}")
     path = ckpt_dir(out_dir) / name
     if not path.exists():
-        raise CheckpointError(f"{pointer} names {path.name}, which does not exist")
+        raise CheckpointError(f"{pointer} names {path.name}, which does not exist{_others(path)}")
     return path
+
+
+def _others(path: Path) -> str:
+    """For a checkpoint that is gone or damaged: the other checkpoints beside it, newest first, and
+    how to resume the newest of them (train.keep_checkpoints keeps them for this), or ''."""
+    folder = path.parent
+    steps = sorted(((int(m.group(1)), f) for f in folder.glob("step_*.pt")
+                    if (m := _STEP_FILE.fullmatch(f.name)) and f.name != path.name), reverse=True)
+    if not steps:
+        return ""
+    return (f"; other checkpoints beside it: {', '.join(f.name for _, f in steps)}; to go back to one, "
+            f"resume with train.resume={steps[0][1]}")
 
 
 #: the train keys the LR schedule is computed from (nsa/train/optim.py lr_at)
@@ -250,10 +262,8 @@ def _head(path: Path) -> bytes:
         return b""
 
 
-def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo,
-         config: dict[str, Any]) -> dict[str, Any]:
-    """Restore model, optimizer and this rank's RNG; returns {step, data_position, config}.
-    ``config`` is this run's (config_dict), to name what differs when the model does not fit."""
+def _read(path: Path) -> dict[str, Any]:
+    """The checkpoint's payload, checked for its format and keys."""
     head = _head(path)
     if head and not head.startswith(_TORCH_MAGIC):  # a text file gave "KeyError: 105" from torch's legacy reader
         raise CheckpointError(f"{path}: cannot load checkpoint (not a torch checkpoint file: torch.save writes a zip "
@@ -271,6 +281,17 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, i
     missing = [key for key in PAYLOAD_KEYS if key not in payload]
     if missing:
         raise CheckpointError(f"{path}: not a whole checkpoint of format {FORMAT}: no {', '.join(missing)}")
+    return payload
+
+
+def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo,
+         config: dict[str, Any]) -> dict[str, Any]:
+    """Restore model, optimizer and this rank's RNG; returns {step, data_position, config}.
+    ``config`` is this run's (config_dict), to name what differs when the model does not fit."""
+    try:
+        payload = _read(path)
+    except CheckpointError as exc:  # a damaged file: name the ones to go back to
+        raise CheckpointError(f"{exc}{_others(path)}") from None
     _check_data_position(path, payload, config["train"]["batch_size"], info.world_size, config["train"]["seq_len"])
     opts = StateDictOptions(full_state_dict=True)
     try:

@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    # intermixed: override words may stand before and after options (`train.seq_len=64 --steps 3 ...`)
+    args = build_parser().parse_intermixed_args(argv)
     if args.list_keys:
         from .keys import main as list_keys
 

@@ -59,6 +59,7 @@ import time
 from pathlib import Path
 
 from .. import contract
+from .atomic import write_atomic
 from .config import WatchdogConfig
 
 EXIT_WATCHDOG = contract.EXIT_WATCHDOG
@@ -239,6 +240,8 @@ class Watchdog:
               f"{self.cfg.term_grace_s:g}s (last progress: step {self.step}, stage {self.stage}); ending by "
               "SIGTERM; the last checkpoint saved is the one to resume from", file=sys.stderr, flush=True)
         faulthandler.cancel_dump_traceback_later()
+        self._record_status(f"ended by SIGTERM at step {self.step} stage {self.stage}: not stopped within "
+                            f"watchdog.term_grace_s={self.cfg.term_grace_s:g}s")
         end_by_default(signal.SIGTERM)
 
     def _run(self) -> None:
@@ -278,6 +281,7 @@ class Watchdog:
         print(f"[watchdog] rank {self.rank}: {reason} at step {self.step} stage {self.stage}; "
               f"stacks in {stackdump_path(self.out_dir, self.rank)}; exiting {EXIT_WATCHDOG}",
               file=sys.stderr, flush=True)
+        self._record_status(f"watchdog: {reason} at step {self.step} stage {self.stage}; exit {EXIT_WATCHDOG}")
         deadline = time.monotonic() + self.cfg.grace_s
         while time.monotonic() < deadline and not all(
             stackdump_path(self.out_dir, r).exists() and stackdump_path(self.out_dir, r).stat().st_size > 0
@@ -285,6 +289,20 @@ class Watchdog:
         ):
             time.sleep(0.1)
         os._exit(EXIT_WATCHDOG)
+
+    def _record_status(self, status: str) -> None:
+        """Rank 0: env.json's status says why the run ended, when this thread ends it (the main
+        thread, stuck, never will; it said 'running'). Only that key changes: env.json is the
+        main thread's, and only its last full write is read here."""
+        if self.rank != 0:
+            return
+        path = self.out_dir / contract.ENV_JSON
+        try:
+            env = json.loads(path.read_text())
+            env["status"] = status
+            write_atomic(path, (json.dumps(env, indent=2, default=str) + "\n").encode())
+        except (OSError, ValueError) as exc:  # not written yet (a stall in set-up), or a failing disk
+            print(f"[watchdog] rank 0: could not record the status in {path}: {exc}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         self._stop.set()

@@ -181,6 +181,20 @@ def test_a_stalled_rank_ends_the_run_with_every_ranks_stacks(tmp_path: Path):
             os.kill(pid, 0)
 
 
+def test_a_watchdog_exit_is_the_status_in_env_json(tmp_path: Path):
+    """`NSA_FAULT=stall:step=2 python -m nsa.train --config tiny ...` ended with exit 3, .HALT and a
+    stack dump, and env.json's status still said 'running': the watchdog's thread ends the run with
+    os._exit, and only the main thread, stuck in the stall, ever wrote env.json."""
+    p = launch(["-m", "nsa.train", "--config", "tiny", "--out-dir", str(tmp_path), "--steps", "5",
+                "--override", "model.n_layers=1 watchdog.timeout_s=5 watchdog.startup_s=5 "
+                              "watchdog.poll_s=0.2 watchdog.grace_s=0.5"],
+               {"NSA_FAULT": "stall:step=2"}, nproc=None, timeout=120)
+    assert p.returncode == 3, p.stderr[-3000:]
+    env = json.loads((tmp_path / "env.json").read_text())
+    assert env["status"].startswith("watchdog: no progress for ") and "at step 2 stage forward; exit 3" in env["status"]
+    assert env["config"]["model"]["n_layers"] == 1  # the rest of env.json is the main thread's, kept
+
+
 @pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.parametrize("startup_s, fires", [(60, False), (1, True)], ids=["allowance", "none"])

@@ -226,6 +226,18 @@ def test_overrides_as_words_of_their_own(tmp_path: Path, capsys):
     assert "override 'seq_len': expected key.path=value" in capsys.readouterr().err
 
 
+def test_override_words_on_both_sides_of_an_option(tmp_path: Path):
+    """`python -m nsa.train --config tiny train.seq_len=32 --out-dir D model.n_layers=1` stopped with
+    "unrecognized arguments: model.n_layers=1": argparse took only the words before the first
+    option that followed them."""
+    from nsa.train.cli import main
+    out = tmp_path / "run"
+    assert main(["--config", "tiny", "train.seq_len=32", "--steps", "1", "data.dataset=synthetic",
+                 "--out-dir", str(out), "model.n_layers=1", "train.save_final=false"]) == 0
+    resolved = json.loads((out / "env.json").read_text())["config"]
+    assert resolved["train"]["seq_len"] == 32 and resolved["model"]["n_layers"] == 1
+
+
 @pytest.mark.parametrize("given,setting", [("true", "on"), ("1", "on"), ("False", "off"), ("0", "off"),
                                            ("auto", "auto"), ("on", "on")])
 def test_fused_adamw_spellings(given, setting):

@@ -802,3 +802,22 @@ def test_resume_from_a_text_file_says_it_is_not_a_torch_checkpoint(tmp_path: Pat
                 f"which begins with b'PK\\x03\\x04', and this file begins with {text.encode()[:8]!r})")
     assert len(err) == 1 and err[0].endswith(expected), err
     assert not (tmp_path / "run" / "training.csv").exists()
+
+
+def test_a_damaged_or_missing_latest_checkpoint_names_the_ones_to_go_back_to(tmp_path: Path, capsys):
+    """train.keep_checkpoints keeps two to go back to if the newest is damaged, yet
+    `train.resume=auto` over a cut-short step_N.pt, or with `latest` naming a deleted one, said only
+    what was wrong with it: which checkpoints remained, and how to resume one, the user had to find."""
+    out = tmp_path / "run"
+    assert train(out, "train.ckpt_every=2", steps=6) == 0
+    folder = out / "checkpoints"
+    earlier = ("other checkpoints beside it: step_0000004.pt, step_0000002.pt; to go back to one, resume with "
+               f"train.resume={folder / 'step_0000004.pt'}")
+    (folder / "step_0000006.pt").write_bytes((folder / "step_0000006.pt").read_bytes()[:1000])
+    assert train(out, "train.resume=auto", steps=8) == 2
+    err = capsys.readouterr().err
+    assert "step_0000006.pt: cannot load checkpoint" in err and earlier in err, err
+    (folder / "step_0000006.pt").unlink()
+    assert train(out, "train.resume=auto", steps=8) == 2
+    err = capsys.readouterr().err
+    assert "latest names step_0000006.pt, which does not exist; " + earlier in err, err

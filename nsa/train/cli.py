@@ -9,7 +9,7 @@ import textwrap
 
 from .. import contract
 from ..attention import BackendUnavailable
-from ..config import ConfigError, list_presets
+from ..config import ConfigError, list_presets, parse_overrides
 from .checkpoint import CheckpointError
 from .config import ENV_TOGGLES, NOOP_TOGGLES, NOOP_UNLESS, load_run_config
 from .data import DataError
@@ -109,6 +109,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _flag_overrides(overrides: list[str], flags: dict[str, object]) -> list[str]:
+    """The overrides of the flags given (--out-dir, --steps: train.out_dir, train.steps), applied
+    last. A flag beside an override of its key to another value is an error naming both: the flag
+    won without a word (`--steps 3 train.steps=-1` ran 3 steps)."""
+    typed = parse_overrides(overrides).get("train", {})
+    out = []
+    for key, value in flags.items():
+        if value is None:
+            continue
+        if key in typed and typed[key] != str(value):
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(f"{flag} {value} and the override train.{key}={typed[key]} disagree: give one of them")
+        out.append(f"train.{key}={value}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     # intermixed: override words may stand before and after options (`train.seq_len=64 --steps 3 ...`)
     args = build_parser().parse_intermixed_args(argv)
@@ -117,10 +133,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return list_keys()
     overrides = [*args.override, *args.overrides]
-    if args.out_dir is not None:
-        overrides.append(f"train.out_dir={args.out_dir}")
-    if args.steps is not None:
-        overrides.append(f"train.steps={args.steps}")
+    try:
+        overrides += _flag_overrides(overrides, {"out_dir": args.out_dir, "steps": args.steps})
+    except ConfigError as exc:
+        print(f"[rank {os.environ.get('RANK', '0')}] error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_INPUT
     status = run(args.config, overrides)
     if status == EXIT_TERMINATED:
         # ended by SIGTERM itself, as the sender expects: torchrun reports the rank killed by

@@ -345,3 +345,17 @@ def test_a_key_written_twice_is_an_error_naming_the_file_the_key_its_section_and
     path.write_text("base: &b {steps: 3, seq_len: 32}\ntrain:\n  <<: *b\n  steps: 4\n")
     with pytest.raises(ConfigError, match="unknown config key base"):  # read whole; base is no section
         load_run_config(str(path), env={})
+
+
+def test_a_flag_and_an_override_of_its_key_that_disagree_are_refused(tmp_path: Path, capsys):
+    """`python -m nsa.train --config tiny --steps 3 train.steps=-1` ran 3 steps without a word: the
+    flag's override was applied last and won. Now the two are refused, both named; agreeing, they run."""
+    from nsa.train.cli import main
+    assert main(["--config", "tiny", "--steps", "3", "train.steps=-1", "--out-dir", str(tmp_path / "a")]) == 2
+    assert "--steps 3 and the override train.steps=-1 disagree" in capsys.readouterr().err
+    assert main(["--config", "tiny", "--out-dir", str(tmp_path / "b"), "--override", f"train.out_dir={tmp_path}/c"]) == 2
+    assert f"--out-dir {tmp_path}/b and the override train.out_dir={tmp_path}/c disagree" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    out = tmp_path / "run"
+    assert main(["--config", "tiny", "--steps", "1", "train.steps=1", "--out-dir", str(out), "train.seq_len=32",
+                 "model.n_layers=1", "data.dataset=synthetic", "train.save_final=false"]) == 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -45,5 +46,8 @@ def config_keys() -> list[str]:
 
 
 def main() -> int:
-    print(json.dumps(config_keys()))
+    try:
+        print(json.dumps(config_keys()), flush=True)
+    except BrokenPipeError:  # `--list-keys | head -c 50`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
     return 0

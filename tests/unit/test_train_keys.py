@@ -34,3 +34,15 @@ def test_list_keys_prints_the_config_keys_as_json_without_importing_torch():
 def test_the_flag_through_the_full_cli_gives_the_same_list(capsys):
     assert main(["--list-keys"]) == 0
     assert json.loads(capsys.readouterr().out) == sorted(config_keys())
+
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    """`python -m nsa.train --list-keys | head -c 50` (a reader gone before the keys are written)
+    ended with a BrokenPipeError traceback. Here the read end is closed before the child writes."""
+    proc = subprocess.Popen([sys.executable, "-m", "nsa.train", "--list-keys"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

@@ -142,6 +142,11 @@ def test_a_node_whose_rank_exited_0_is_named_not_a_hung_node(tmp_path, matrix, m
     [first] = [f for f in find([rec]) if f.title.startswith("crash in")]
     assert first.kind == "departed" and "rank 1 exited 0 early" in first.title, text
     assert not any("py-spy" in a for a in recommendations(find([rec]))), recommendations(find([rec]))
+    # the log the record shows (the report's stderr tail and exception) is node 1's, not rank 0's that failed after it
+    leaver = rec.evidence.nodes.of_rank(1).log
+    assert rec.evidence.stderr_log == leaver and f"stderr: {rec.out_dir}/{leaver}" in first.detail, rec.evidence
+    assert "[rank0]:" not in rec.evidence.stderr_tail and "Connection" not in (rec.evidence.exception or ""), \
+        rec.evidence
     matrix.done(rec.status, rec.reason + " | " + node.title, after, bound)
 
 

@@ -93,9 +93,8 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
 
 def _logs(r: PhaseRecord, ranks: Iterable[int | None]) -> list[str]:
     """'stderr: DIR/LOG' per log a finding about ``ranks`` cites: of a launch of several nodes, the
-    log of each node one of them ran on (the record's stderr is that of the node whose rank failed in
-    its own right, else of the agent that ended first: a rank that left early, on another node, did
-    nothing there); else the record's stderr."""
+    log of each node one of them ran on (the record's stderr is that of the node its verdict names,
+    headline.py ``culprit_log``, else of the agent that ended first); else the record's stderr."""
     nodes, ranks = r.evidence.nodes, set(ranks)
     logs = [n.log for n in nodes.nodes if ranks & set(n.ranks)] if nodes is not None else []
     return [f"stderr: {r.out_dir}/{log}" for log in logs or [r.evidence.stderr_log]]

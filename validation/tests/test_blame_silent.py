@@ -16,6 +16,7 @@ from validation.contract.torchrun_log import rank_failures
 from validation.judge.findings import find, recommendations
 from validation.judge.findings.culprit import Did
 from validation.judge.findings.headline import culprit, verdict_line
+from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 
 EVIDENCE = Path(__file__).parent / "evidence"
@@ -165,3 +166,18 @@ def test_three_ranks_whose_leavers_exit_0_torchrun_saw_name_it_alone():
     assert 2 not in rec.evidence.rank_failures, rec.evidence.rank_failures  # the evidence is as said
     c = culprit(rec)
     assert c is not None and c.did == Did.LEFT and [r.rank for r in c.ranks] == [2] and c.or_else is None, c
+
+
+def test_the_node_finding_of_a_silent_exit_beside_a_sigtermed_rank_behind_it_names_both(tmp_path):
+    """The evidence of ``test_a_silent_exit_beside_a_sigtermed_rank_behind_it_names_both`` over two
+    nodes (rank 0 on node 0; ranks 1 and 2 on node 1): the node finding named node 0's rank 0 alone
+    as having failed, beside a verdict that names rank 1 too."""
+    rec = _record(tmp_path, _sigtermed(1))
+    rec.evidence.nodes = NodesEvidence("torchrun", "localhost:1", 6.0, [
+        NodeEvidence(0, "node0.stderr.log", "vm", None, None, 0, [0]),
+        NodeEvidence(1, "node1.stderr.log", "vm", None, None, 1, [1, 2])])
+    [node] = [f for f in find([rec]) if f.kind == "node_failed"]
+    assert node.title.startswith(
+        "node 0's rank 0 failed: exit code 1 in ddp [default] (log node0.stderr.log), or node 1's rank 1 exited 0 "
+        "early (last heartbeat step 2 of 8, stage step) and it failed after it: which came first cannot be told; "
+        "the other nodes: "), node.title

@@ -6,6 +6,7 @@ is no failure in its own right once a rank that torchrun lists no failure of had
 steps asked for: the one that left is named."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from validation.contract.files import read_heartbeats
 from validation.contract.torchrun_log import rank_failures
 from validation.judge.findings import find, recommendations
 from validation.judge.findings.culprit import Did
+from validation.judge.findings.departed import maybe_departed
 from validation.judge.findings.headline import culprit, verdict_line
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
@@ -104,6 +106,13 @@ def test_a_silent_exit_beside_a_sigtermed_rank_behind_it_names_both(tmp_path):
     assert verdict_line(rec).startswith(
         "rank 0 crashed (last heartbeat step 3, stage forward): exit code 1, or rank 1 exited 0 early (last heartbeat "
         "step 2, stage step) and the others failed after it: which came first cannot be told"), verdict_line(rec)
+
+
+def test_a_stopped_runs_sigterms_say_nothing_of_a_rank_that_may_have_left(tmp_path):
+    """The same evidence in a run the harness stopped (its stall watch): the SIGTERMs are its stop's,
+    and rank 1, behind, is no rank that may have been exiting."""
+    rec = dataclasses.replace(_record(tmp_path, _sigtermed(1)), stalled_s=10.0, exit_code=None)
+    assert maybe_departed(rec) == [], rec.evidence.rank_failures
 
 
 def test_a_silent_exit_beside_sigtermed_ranks_as_far_as_it_is_the_one_named(tmp_path):

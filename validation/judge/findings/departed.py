@@ -101,9 +101,10 @@ def maybe_departed(rec: PhaseRecord) -> list[int]:
     early and was still ending (its interpreter's exit, a process group's teardown, an atexit hook)
     when torchrun came for it, and the silent ones only caught their collective breaking. torchrun's
     log reads the same either way (SIGTERM, no exception), and so do the heartbeats: the crash names
-    both (``silent_first``)."""
+    both (``silent_first``). Not of a run the harness stopped: its stacks tell the ranks still running,
+    and the SIGTERMs its stop brings are no sign of an end already under way."""
     ev = rec.evidence
-    first = silent_first(rec)
+    first = silent_first(rec) if rec.stalled_s is None and not rec.timed_out else []
     at = [b.step for k in first if (b := ev.last_heartbeat.get(k)) is not None and b.step is not None]
     if not first or len(at) < len(first):
         return []

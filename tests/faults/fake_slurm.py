@@ -17,8 +17,9 @@ It does what the harness reads of Slurm, as docs/slurm.md measured Slurm 22.05 d
   ``FAKE_SLURM_FREEZE_TASK=N``: task N of a step that runs
   torchrun is SIGSTOPped before it starts (a frozen node: it lives, says nothing, never joins).
 - ``squeue``: the job ``RUNNING``, no steps and no node list (the harness then takes the hosts
-  from its check step, and has no step to scancel: its own kill ends the point).
-- ``scontrol show config``: ``KillWait = 1``; ``show hostnames``: nothing.
+  from its check step, and has no step to scancel: its own kill ends the point);
+  ``FAKE_SLURM_NODELIST=A,B``: that node list (``--format=%N``).
+- ``scontrol show config``: ``KillWait = 1``; ``show hostnames LIST``: LIST's names, a line each.
 - ``scancel``: nothing (no step is ever listed); ``salloc``: refuses (the test's allocation is
   the one the harness runs in).
 
@@ -40,6 +41,7 @@ from pathlib import Path
 TOOLS = ("srun", "squeue", "scancel", "scontrol", "salloc")
 FREEZE_ENV = "FAKE_SLURM_FREEZE_TASK"
 CANCEL_ENV = "FAKE_SLURM_CANCEL_AFTER"
+NODELIST_ENV = "FAKE_SLURM_NODELIST"
 _FREEZE = "import os, signal, sys; os.kill(os.getpid(), signal.SIGSTOP); os.execv(sys.argv[1], sys.argv[1:])"
 _SIGNALS = {signal.SIGKILL: "Killed", signal.SIGTERM: "Terminated"}
 #: slurmstepd's stand-in: forks, its first process exits (so the task is no descendant of srun),
@@ -78,8 +80,11 @@ def main(tool: str, args: list[str]) -> int:
     if tool == "srun":
         return srun(args)
     if tool == "squeue":
-        return _print("RUNNING" if "--format=%T" in args else "")
+        return _print("RUNNING" if "--format=%T" in args else
+                      os.environ.get(NODELIST_ENV, "") if "--format=%N" in args else "")
     if tool == "scontrol":
+        if args[:2] == ["show", "hostnames"]:
+            return _print("\n".join(args[2].split(",")))
         return _print("KillWait = 1" if args[:2] == ["show", "config"] else "")
     if tool == "scancel":
         return 0

@@ -21,7 +21,7 @@ import yaml
 
 from tests.faults import _util as U
 from validation.judge.findings import find, recommendations
-from validation.judge.findings.headline import verdict_line
+from validation.judge.findings.headline import culprit, verdict_line
 from validation.judge.record import PhaseRecord, Status
 from validation.launch.process import LAUNCH_OVER_GRACE_S
 from validation.runbook.load import load_profile, load_runbook
@@ -142,6 +142,11 @@ def test_a_node_whose_rank_exited_0_is_named_not_a_hung_node(tmp_path, matrix, m
     [first] = [f for f in find([rec]) if f.title.startswith("crash in")]
     assert first.kind == "departed" and "rank 1 exited 0 early" in first.title, text
     assert not any("py-spy" in a for a in recommendations(find([rec]))), recommendations(find([rec]))
+    # the log the record shows (the report's stderr tail and exception) is node 1's, not rank 0's that failed after it
+    leaver = rec.evidence.nodes.of_rank(1).log
+    assert rec.evidence.stderr_log == leaver and f"stderr: {rec.out_dir}/{leaver}" in first.detail, rec.evidence
+    assert "[rank0]:" not in rec.evidence.stderr_tail and "Connection" not in (rec.evidence.exception or ""), \
+        rec.evidence
     matrix.done(rec.status, rec.reason + " | " + node.title, after, bound)
 
 
@@ -209,3 +214,32 @@ def test_a_seed_format_rank_that_exited_0_inside_the_last_step_is_named(tmp_path
     [advice] = recommendations(find([rec]))
     assert "exited 0 before the steps asked for" in advice, advice
     matrix.done(rec.status, rec.reason + " | " + f.title, time.time() - t0, None)
+
+
+def test_a_rank_torchrun_ended_as_it_exited_0_early_is_named_beside_the_rank_that_swallowed_its_broken_collective(
+        tmp_path, matrix, monkeypatch):
+    """Three ranks; rank 2 leaves slowly (its process group gone, still exiting) and the others catch
+    their broken all-reduce and exit 1 silently: torchrun sees a silent exit 1 first and ends rank 2
+    with SIGTERM, so nothing says it had left, and the verdict named the rank that exited 1 alone
+    ('rank 1 crashed (last heartbeat step 3, stage forward): exit code 1'). Its log and heartbeats
+    read as those of a rank merely behind: the verdict names both, and says which came first cannot
+    be told (validation/tests/test_blame_silent.py has the runs' evidence of both orderings)."""
+    fault = f"quit_swallowed:2@{QUIT_STEP}"
+    matrix.start("rank exits 0 early, torchrun ends it before its exit, the others exit 1 silently",
+                 f"`TEST_TRAINER_FAULT={fault}` (native_train.py: rank 2's process group destroyed, its exit "
+                 "5 s later; the others print one line and exit 1), torchrun x3 (gloo)",
+                 "FAIL; the verdict names rank 2 as having exited 0 early (last heartbeat step 2) beside the ranks "
+                 "that exited 1, and says which came first cannot be told; never a silent rank alone")
+    t0 = time.time()
+    rec = _run(tmp_path, "native", {"kind": "torchrun", "nproc": 3}, monkeypatch, fault=fault)
+    assert rec.status == Status.FAIL and "crashed" in rec.reason, rec.reason
+    assert rec.evidence.rank_failures[2].signal == "SIGTERM", rec.evidence.rank_failures  # the ordering asked for
+    c = culprit(rec)
+    silent = sorted(k for k, f in rec.evidence.rank_failures.items() if f.silent)
+    assert c is not None and [r.rank for r in c.ranks] == silent and 2 not in silent, verdict_line(rec)
+    assert c.or_else is not None and [(r.rank, r.step) for r in c.or_else.ranks] == [(2, QUIT_STEP - 1)], c
+    assert "or rank 2 exited 0 early (last heartbeat step 2, stage step)" in verdict_line(rec), verdict_line(rec)
+    assert "which came first cannot be told" in verdict_line(rec), verdict_line(rec)
+    [advice] = recommendations(find([rec]))
+    assert "rank 2 may have exited 0 early" in advice, advice
+    matrix.done(rec.status, verdict_line(rec), time.time() - t0, None)

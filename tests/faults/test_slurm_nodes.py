@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 from pathlib import Path
 
@@ -50,6 +51,11 @@ def fake_allocation(tmp_path, monkeypatch):
 
 
 def _run(tmp_path: Path, steps: int):
+    rec = _record(tmp_path, steps)
+    return rec, read_nodes(tmp_path / "results" / rec.out_dir)
+
+
+def _record(tmp_path: Path, steps: int):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -64,7 +70,7 @@ def _run(tmp_path: Path, steps: int):
     (point,) = expand(load_runbook(path), load_profile("cpu"))
     rec = AcceptanceSession(SessionOptions(tmp_path / "results")).run_point(point)
     U.assert_no_orphans(str(tmp_path))
-    return rec, read_nodes(tmp_path / "results" / rec.out_dir)
+    return rec
 
 
 def test_a_slurm_launch_records_each_nodes_ranks_and_agent(tmp_path, fake_allocation):
@@ -150,3 +156,35 @@ def test_a_killed_rank_under_slurm_is_named_with_its_node(tmp_path, fake_allocat
     assert f.title.startswith(f"node {killed}'s rank 1 was killed by SIGKILL in srun_nodes [default] "
                               f"(log node{killed}.stderr.log); the other nodes: node {1 - killed}: rank 0"), f.title
     assert rec.evidence.stderr_log == f"node{killed}.stderr.log", rec.evidence.stderr_log
+
+
+def _no_name_on(tmp_path: Path, monkeypatch, task: int) -> None:
+    """``getent`` on PATH that finds no host on the node of ``task`` (SLURM_PROCID), as a node whose
+    resolver does not know the name would; the system's on the others."""
+    bin_dir = tmp_path / "resolver_bin"
+    bin_dir.mkdir()
+    real = shutil.which("getent")
+    (bin_dir / "getent").write_text(f'#!/bin/sh\n[ "$SLURM_PROCID" = {task} ] && exit 2\nexec {real} "$@"\n')
+    (bin_dir / "getent").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize("host, unresolved", [("localhost", [1]), ("nsa-no-such-node.invalid", [0, 1])])
+def test_a_rendezvous_host_a_node_cannot_resolve_is_named_before_the_trainer(tmp_path, fake_allocation, monkeypatch,
+                                                                             host, unresolved):
+    """Slurm's first node by a name that does not resolve on some node: its torchrun agent would
+    wait out the join timeout, the point a stall or a 'never joined' with no word of why. The
+    shared-directory step looks the name up on every node: an ERROR before the trainer, naming
+    each such node and the name (node 1 by a resolver of its own here; '.invalid' on every node)."""
+    monkeypatch.setenv(fake_slurm.NODELIST_ENV, f"{host},vmn1")
+    if unresolved == [1]:
+        _no_name_on(tmp_path, monkeypatch, 1)
+    rec = _record(tmp_path, steps=6)
+    assert rec.status == Status.ERROR, rec.reason
+    short = socket.gethostname().split(".")[0]
+    nodes = ", ".join(f"node {i} ({short})" for i in unresolved)
+    assert f"the rendezvous host '{host}' (the first node of job 4343) does not resolve on {nodes}: " in rec.reason, \
+        rec.reason
+    assert f"`getent hosts {host}` found nothing there" in rec.reason, rec.reason
+    assert rec.wall_s < JOIN_S, rec.wall_s  # before any agent waited for the rendezvous
+    assert not list((tmp_path / "results" / rec.out_dir).glob("node*.stderr.log")), "the trainer was launched"

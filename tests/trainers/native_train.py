@@ -30,6 +30,9 @@ quit_rank:R@K  rank R exits 0 as step K starts; under torchrun the others' all-r
 quit_in_step:R@K  rank R exits 0 right after step K's ``forward`` record (step K in progress);
                under torchrun the others' all-reduce fails;
 mute_rank:R@K  rank R writes no heartbeat from step K on; it trains on in every all-reduce to the end;
+quit_swallowed:R@K  under torchrun, rank R destroys its process group as step K starts and exits 0
+               EXIT_S later; the others catch their failed all-reduce, print one line, exit 1
+               (os._exit: a broken gloo group aborts an interpreter's exit); alone, as quit_rank;
 slow_rank:R@K  rank R spends 0.2 s more on every step from K, before its ``forward`` record (a
                straggler: the others wait for it in the all-reduce);
 nan@K          step K's loss is NaN: its row is logged (loss ``nan``), rank 0 writes the JSON
@@ -51,6 +54,7 @@ import json
 import math
 import os
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -132,13 +136,22 @@ def main() -> int:
     try:
         for step in range(first, last + 1):
             t0 = time.time()
+            if fault.kind == "quit_swallowed" and fault.quits(rank, step) and collective.dist is not None:
+                collective.close()  # the others' all-reduce fails now, while this rank is still exiting
+                time.sleep(trainer_faults.EXIT_S)
             fault.start_step(rank, step)
             beat({"step": step, "stage": "forward"})
             fault.in_step(rank, step)
             if fault.at("crash", step):
                 raise RuntimeError(f"injected crash at step {step} on rank {rank}")
             time.sleep(0.01)
-            loss = collective.mean(math.nan if fault.at("nan", step) else 5.0 / step)
+            try:
+                loss = collective.mean(math.nan if fault.at("nan", step) else 5.0 / step)
+            except RuntimeError:
+                if fault.kind != "quit_swallowed":
+                    raise
+                print(f"rank {rank}: lost a peer, giving up", file=sys.stderr, flush=True)
+                os._exit(1)
             dt = time.time() - t0
             beat({"step": step, "stage": "step", "loss": loss, "toks_per_s": TOKENS_PER_RANK * world / dt})
             if rank == 0:

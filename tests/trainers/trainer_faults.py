@@ -23,6 +23,12 @@ format (its docstring says how).
                        completed it. The other ranks stop in step K as for quit_rank
     mute_rank:R[@K]    rank R writes no heartbeat from step K on and trains on, in every collective,
                        to the last step (native_train.py; a heartbeat writer that went quiet)
+    quit_swallowed:R[@K]  rank R leaves as step K starts, as for quit_rank, but slowly, and the others
+                       swallow it: a trainer with a real collective (native_train.py under torchrun)
+                       destroys R's process group, then R spends EXIT_S in its exit before exit 0 (as
+                       an interpreter's exit with a slow atexit hook would: torchrun, seeing another
+                       rank fail first, ends it with SIGTERM), and each other rank catches its broken
+                       collective, prints one line and exits 1 (no traceback); elsewhere as quit_rank
     slow_rank:R[@K]    rank R is a straggler: from step K on it spends SLOW_S more on each step, as
                        it starts (in straggle), before anything of the step is written
     nan[@K]            the loss of step K is NaN on every rank: logged, then the trainer's own
@@ -49,12 +55,14 @@ from pathlib import Path
 
 ENV = "TEST_TRAINER_FAULT"
 DEFAULT_STEP = 3
-KINDS = ("quit_early", "hang_rank", "hang_all", "kill_rank", "quit_rank", "quit_in_step", "mute_rank", "slow_rank",
-         "nan", "crash", "malformed", "missing_optional")
+KINDS = ("quit_early", "hang_rank", "hang_all", "kill_rank", "quit_rank", "quit_in_step", "quit_swallowed",
+         "mute_rank", "slow_rank", "nan", "crash", "malformed", "missing_optional")
 #: the kinds that name a rank (KIND:R)
-RANKED = ("hang_rank", "kill_rank", "quit_rank", "quit_in_step", "mute_rank", "slow_rank")
+RANKED = ("hang_rank", "kill_rank", "quit_rank", "quit_in_step", "quit_swallowed", "mute_rank", "slow_rank")
 #: the extra seconds a slow_rank spends on each step
 SLOW_S = 0.2
+#: the seconds a quit_swallowed rank spends in its exit once its process group is gone
+EXIT_S = 5.0
 #: what malformed writes where a number belongs
 MALFORMED_CELL = "garbled"
 #: the optional env.json keys that missing_optional leaves out
@@ -86,7 +94,7 @@ class Fault:
 
     def quits(self, rank: int, step: int) -> bool:
         """``rank`` exits 0 as ``step`` starts."""
-        return self.kind == "quit_rank" and rank == self.rank and step == self.step
+        return self.kind in ("quit_rank", "quit_swallowed") and rank == self.rank and step == self.step
 
     def quits_in_step(self, rank: int, step: int) -> bool:
         """``rank`` exits 0 inside ``step``, after its first record of it (the trainer calls
@@ -119,7 +127,8 @@ class Fault:
 
     def peer_hangs(self, rank: int, step: int) -> bool:
         """Another rank blocks or quits in ``step``: this one stops there too (in a collective)."""
-        return step == self.step and self.kind in ("hang_rank", "quit_rank", "quit_in_step") and rank != self.rank
+        return (step == self.step and self.kind in ("hang_rank", "quit_rank", "quit_in_step", "quit_swallowed")
+                and rank != self.rank)
 
 
 def parse(spec: str, world_size: int) -> Fault:

@@ -107,9 +107,15 @@ def root_rank(failures: dict[int, RankFailure], halt: str | None = None) -> int 
     own = next((rank for rank, f in sorted(failures.items()) if f.own), None)
     if own is not None:
         return own
-    on_purpose = _HALT_EXIT.get(halt or "")
-    silent = [rank for rank, f in failures.items() if f.silent and f.exit_code != on_purpose]
+    silent = silent_ranks(failures, halt)
     return silent[0] if len(silent) == 1 else None
+
+
+def silent_ranks(failures: dict[int, RankFailure], halt: str | None = None) -> list[int]:
+    """The ranks that exited non-zero silently (RankFailure.silent), lowest first, but not with the
+    contract's exit code of the run's .HALT (``halt``, see ``root_rank``)."""
+    on_purpose = _HALT_EXIT.get(halt or "")
+    return sorted(rank for rank, f in failures.items() if f.silent and f.exit_code != on_purpose)
 
 
 def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, RankFailure]:

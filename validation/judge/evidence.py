@@ -2,6 +2,7 @@
 into the record's Evidence (for findings and the report)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from validation.contract.stacks import (
     parse_pyspy,
     read_index,
 )
-from validation.contract.torchrun_log import log_exception, rank_failures, root_rank
+from validation.contract.torchrun_log import log_exception, rank_failures
 from validation.judge.memory import growing_ranks
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
 from validation.judge.nodes import lateness, node_evidence, node_failures, slurm_stopped
@@ -75,16 +76,8 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
     # of one node, how late each rank comes (of several nodes, each node's figure is in ``nodes``)
     late = {r: round(t, 6) for r, t in lateness(heartbeats).items()} if nodes is None and run.world_size > 1 else {}
     failures = run.rank_failures  # collect_failures
-    # of several nodes, the log to read is that of the node whose rank failed in its own right;
-    # which agent exits first after a kill is a race
-    root = root_rank(failures, run.halt.source if run.halt is not None else None)
-    root_node = nodes.of_rank(root) if nodes is not None and root is not None else None
-    if root_node is not None:
-        stderr_path = run.out_dir / root_node.log
-    return Evidence(
-        errors=errors, stderr_tail=tail(stderr_path, STDERR_TAIL_LINES), stderr_log=stderr_path.name,
-        exception=log_exception(stderr_path),
-        halt=run.halt, rank_failures=failures,
+    return with_log(Evidence(
+        errors=errors, halt=run.halt, rank_failures=failures,
         stackdumps={r: d for r, d in dumps.items() if r < run.world_size}, unranked_stacks=unranked,
         taken_stacks=taken, last_heartbeat=beats, rank_step_time_s=step_times, rank_lateness_s=late, nodes=nodes,
         fallbacks=fallback_counters(run), files=sorted(p.name for p in run.out_dir.iterdir() if p.is_file()),
@@ -92,7 +85,14 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
         nonfinite_loss_step=_first_nonfinite(run),
         top_ops=list(run.info.get("top_ops") or []), reruns=run.reruns, spikes=_spikes(run), divergence=_rise(run),
         slowdown=_slowdown(run), memory_growth=growing_ranks(run.csv, heartbeats, run.env, run.reruns),
-        not_run=None if run.launched else NotRun.LAUNCH, misses=list(run.misses))
+        not_run=None if run.launched else NotRun.LAUNCH, misses=list(run.misses)), stderr_path)
+
+
+def with_log(ev: Evidence, stderr_path: Path) -> Evidence:
+    """``ev`` with its stderr (the log's tail, name and last exception) read from ``stderr_path``:
+    of a launch of several nodes, the log of the node the verdict blames (session/runs.py ``record``)."""
+    return dataclasses.replace(ev, stderr_tail=tail(stderr_path, STDERR_TAIL_LINES), stderr_log=stderr_path.name,
+                               exception=log_exception(stderr_path))
 
 
 def signs(run: RunData, failed_gates: list[str]) -> RunSigns:

@@ -18,7 +18,7 @@ from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP, HEARTBEAT_STAGES_IN_STEP
 from validation.contract.files import HaltInfo
 from validation.contract.reruns import Rerun
 from validation.contract.stacks import Frame, StackDump, TakenStack
-from validation.contract.torchrun_log import RankFailure, root_rank
+from validation.contract.torchrun_log import RankFailure, root_rank, silent_ranks
 from validation.errors import StoreError
 from validation.judge.asked import Asked
 from validation.judge.gates import GateResult, GateVerdict
@@ -265,6 +265,12 @@ class Evidence:
         exit code read against the run's .HALT (a watchdog's 3, a non-finite loss's 4 stop as the
         contract asks)."""
         return root_rank(self.rank_failures, self.halt.source if self.halt is not None else None)
+
+    @property
+    def silent_ranks(self) -> list[int]:
+        """The ranks that exited non-zero silently (contract/torchrun_log.py ``silent_ranks``), read
+        against the run's .HALT as ``root_rank`` is."""
+        return silent_ranks(self.rank_failures, self.halt.source if self.halt is not None else None)
 
 
 @dataclass(frozen=True)

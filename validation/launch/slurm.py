@@ -130,9 +130,10 @@ def run(launcher: Launcher, target: Target, args: Sequence[str], *, env: Mapping
     start = time.monotonic()
     alloc = _allocation(launcher, name, env, cwd, timeout_s, out_dir)
     try:
-        hosts = _shared_hosts(alloc, launcher.nnodes, name, env, cwd, out_dir)
+        host = rendezvous_host(alloc.job_id)
+        hosts = _shared_hosts(alloc, launcher.nnodes, name, env, cwd, out_dir, host)
         port = launcher.rdzv.port or PORT_BASE + int(alloc.job_id) % PORT_SPAN
-        endpoint = f"{rendezvous_host(alloc.job_id, hosts)}:{port}"
+        endpoint = f"{host or hosts[0]}:{port}"
         torchrun = commands.nodes_torchrun_argv(target, launcher.nproc, args, nnodes=launcher.nnodes, endpoint=endpoint,
                                                 rdzv_id=out_dir.name, join_timeout_s=launcher.rdzv.join_timeout_s)
         argv = [*_srun(alloc, name, launcher), f"--output={out_dir}/node%t.stdout.log",
@@ -227,32 +228,48 @@ class _Pending:
                                "for more than it allows (salloc.stderr.log)")
 
 
+#: the shared-directory step's command on each node: its short host name, then, given the rendezvous
+#: host ($1), getent's exit status for that name there (2: the name is not known there)
+_SHARED_CHECK = 'hostname --short && if [ -n "$1" ]; then getent hosts "$1" > /dev/null; echo "getent $?"; fi'
+_UNRESOLVED = "getent 2"
+
+
 def _shared_hosts(alloc: Allocation, nnodes: int, name: str, env: Mapping[str, str], cwd: Path,
-                  out_dir: Path) -> list[str]:
+                  out_dir: Path, rdzv_host: str | None) -> list[str]:
     """Each node's host, by task, from a step that writes ``hostname`` into the run directory
     through ``srun --output``: a node whose file does not appear here does not see the run
-    directory, and its ranks could not leave their files where the harness reads them."""
+    directory, and its ranks could not leave their files where the harness reads them. The same step
+    looks up ``rdzv_host`` on every node (``getent hosts``): a node that cannot resolve it is named at
+    once, where its torchrun agent would wait out the join timeout saying nothing of why."""
     check = out_dir / "slurm_shared_check"
     check.mkdir()
     argv = ["srun", f"--jobid={alloc.job_id}", f"--job-name={name}", f"--nodes={nnodes}", f"--ntasks={nnodes}",
-            "--ntasks-per-node=1", f"--output={check}/node%t.txt", "hostname", "--short"]
+            "--ntasks-per-node=1", f"--output={check}/node%t.txt", "sh", "-c", _SHARED_CHECK, "sh", rdzv_host or ""]
     got = runner.run(argv, env=env, cwd=cwd, timeout_s=SHARED_CHECK_S, log_dir=check, log_name="srun")
-    hosts = [(check / f"node{i}.txt").read_text().strip() if (check / f"node{i}.txt").is_file() else ""
-             for i in range(nnodes)]
+    said = [(check / f"node{i}.txt").read_text().splitlines() if (check / f"node{i}.txt").is_file() else []
+            for i in range(nnodes)]
+    hosts = [lines[0].strip() if lines else "" for lines in said]
     missing = [i for i, h in enumerate(hosts) if not h]
     if got.exit_code != 0 or missing:
         raise HarnessError(f"the run directory {out_dir} is not on a filesystem every node of job {alloc.job_id} sees "
                            f"(srun --output of `hostname` left nothing here from node(s) "
                            f"{', '.join(map(str, missing)) or '?'}; srun exit {got.exit_code}: "
                            f"{got.stderr_tail(2).strip()}): put --results-dir on a shared filesystem")
+    unresolved = [f"node {i} ({hosts[i]})" for i, lines in enumerate(said) if _UNRESOLVED in lines]
+    if unresolved:
+        raise HarnessError(f"the rendezvous host {rdzv_host!r} (the first node of job {alloc.job_id}) does not resolve "
+                           f"on {', '.join(unresolved)}: `getent hosts {rdzv_host}` found nothing there, so a "
+                           "torchrun agent there would wait out the rendezvous's join timeout: give each such node a "
+                           "name for it (DNS, /etc/hosts)")
     shutil.rmtree(check)
     return hosts
 
 
-def rendezvous_host(job_id: str, hosts: list[str]) -> str:
+def rendezvous_host(job_id: str) -> str | None:
     """The host of the rendezvous's store: the allocation's first node (task 0 runs there: one task
     per node, in block order) by the name Slurm gives it (squeue's node list through ``scontrol show
-    hostnames``), else as task 0's ``hostname --short`` said (``hosts``, the shared-directory step).
+    hostnames``); None where Slurm lists none, and the run then takes it as task 0's ``hostname
+    --short`` said (the shared-directory step).
 
     Its name, not its address (``NodeAddr`` of ``scontrol show node``), though on a cluster whose
     node names do not resolve on the compute network the address would reach it: torchrun's c10d
@@ -264,12 +281,11 @@ def rendezvous_host(job_id: str, hosts: list[str]) -> str:
     127.0.0.1, and torch did not take its own 192.0.2.2 as itself), so an address endpoint would leave
     no agent hosting the store, and every node would wait out the join timeout where names work
     today. Only the first node may be told it hosts (``--rdzv-conf is_host=1``), which takes a
-    command line of its own, and one srun of torchrun gives every task the same one. A name that
-    does not resolve on another node is the ``node_unreachable`` finding, whose advice says to check
-    it there (``getent hosts``)."""
+    command line of its own, and one srun of torchrun gives every task the same one. A node on which
+    the name does not resolve is named before the trainer starts (``_shared_hosts``)."""
     nodelist = _query(["squeue", "--noheader", f"--jobs={job_id}", "--format=%N"]).strip()
     names = _query(["scontrol", "show", "hostnames", nodelist]).split() if nodelist else []
-    return (names or hosts)[0]
+    return names[0] if names else None
 
 
 class _StepSeen:

@@ -169,7 +169,7 @@ def _backend_line(rows: list[dict[str, Any]]) -> str | None:
 def failure_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
     return [{"test_id": r.test_id, "phase": r.phase, "point": point_label(r), "status": str(r.status),
              "reason": verdict_line(r), "command": process_line(r), "errors": r.evidence.errors,
-             "stderr_tail": r.evidence.stderr_tail.strip(), "out_dir": r.out_dir}
+             "stderr_tail": r.evidence.stderr_tail.strip(), "stderr_log": r.evidence.stderr_log, "out_dir": r.out_dir}
             for r in records if r.failed]
 
 

@@ -7,12 +7,13 @@ session/repeats.py and session/resume.py combine several.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from nsa.contract import PROFILE_JSON, PROFILE_STEPS_ENV
-from validation.judge.evidence import collect, collect_failures, collect_halt, collect_train, signs
+from validation.judge.evidence import collect, collect_failures, collect_halt, collect_train, signs, with_log
+from validation.judge.findings.headline import culprit_log
 from validation.judge.gates import GateResult, GateVerdict
 from validation.judge.metrics import PROFILE_METRICS, RunData, unprovided_by_files
 from validation.judge.provenance import trainer_commit
@@ -136,4 +137,8 @@ def record(point: PhasePoint, j: Judged, hw: Machine, results_dir: Path, run_id:
         env=run.info.get("env") or dict(point.env), cwd=run.info.get("cwd") or "", slurm_job_id=proc.slurm_job_id)
     fields.update(over)
     status, reason = fields.pop("status", j.status), fields.pop("reason", j.reason)
-    return PhaseRecord.for_point(point, status, reason, **fields)
+    rec = PhaseRecord.for_point(point, status, reason, **fields)
+    log = culprit_log(rec)
+    if log in (None, rec.evidence.stderr_log):
+        return rec
+    return replace(rec, evidence=with_log(rec.evidence, run.out_dir / log))  # the log of the node it names

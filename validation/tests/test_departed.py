@@ -15,6 +15,7 @@ from validation.contract.torchrun_log import RankFailure
 from validation.judge.evidence import collect, collect_train
 from validation.judge.findings import find, recommendations
 from validation.judge.findings.departed import departed, departure
+from validation.judge.findings.headline import culprit_log, verdict_line
 from validation.judge.metrics import RunData
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
@@ -245,3 +246,20 @@ def test_a_hung_node_finding_says_a_rank_that_had_failed_had_ended_not_that_it_w
     [hung] = [f for f in find([_hung_after_the_last_step(CRASHED, nodes=_two_nodes())]) if f.kind == "node_hung"]
     assert hung.title.endswith("already ended: node 1's rank 1 (RuntimeError: injected crash on rank 1)"), \
         hung.title
+
+
+def test_the_log_a_record_shows_is_that_of_the_node_its_verdict_names():
+    """Two nodes, rank 1 (node 1) exited 0 early and rank 0 (node 0) failed after it: node 0's agent
+    ends first, and the record showed its log's tail and exception (rank 0's 'Connection closed by
+    peer') under a verdict naming node 1's rank 1. The log to show is node 1's; of a rank that failed
+    in its own right, its own node's."""
+    rec = _record({0: PEER}, {0: 3, 1: 2})
+    rec.evidence.nodes = _two_nodes()
+    assert culprit_log(rec) == "node1.stderr.log", verdict_line(rec)
+    rec = _record({0: PEER, 1: RankFailure(signal="SIGKILL", exit_code=-9)}, {0: 3, 1: 3})
+    rec.evidence.nodes = _two_nodes()
+    assert culprit_log(rec) == "node1.stderr.log", verdict_line(rec)
+    rec = _record({0: RankFailure(exception="ValueError: bad batch", exit_code=1)}, {0: 3, 1: 3})
+    rec.evidence.nodes = _two_nodes()
+    assert culprit_log(rec) == "node0.stderr.log", verdict_line(rec)
+    assert culprit_log(_record({0: PEER}, {0: 3, 1: 2})) is None  # one node: its one log

@@ -13,8 +13,9 @@ from validation.contract.files import HaltInfo
 from validation.contract.nodes import NodeLaunch, NodesLaunch, read_nodes, write_nodes
 from validation.contract.stacks import Frame, StackDump
 from validation.contract.torchrun_log import RankFailure, agent_said
-from validation.judge.evidence import collect, collect_failures, collect_train
+from validation.judge.evidence import collect, collect_failures, collect_train, with_log
 from validation.judge.findings import Severity, find, recommendations
+from validation.judge.findings.headline import culprit_log
 from validation.judge.metrics import RunData
 from validation.judge.nodes import NodeEvidence, NodesEvidence, node_evidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status, Summary
@@ -156,7 +157,8 @@ def test_a_record_with_nodes_survives_the_store():
 
 def test_the_log_a_crash_points_at_is_the_killed_ranks_node_not_the_first_agent_to_exit(tmp_path):
     """After a kill on one node, which agent exits first is a race; the record's stderr is the
-    log of the node whose rank failed in its own right (seen flaky before: the first to exit)."""
+    log of the node whose rank failed in its own right (seen flaky before: the first to exit): the
+    node its verdict names (headline.culprit_log, which session/runs.py's record reads)."""
     _launch(tmp_path, [NodeLaunch(0, "vm", group_rank=0, ranks={0: 11}), NodeLaunch(1, "vm", group_rank=1, ranks={1: 12})])
     (tmp_path / "node0.stderr.log").write_text(
         "[rank0]: torch.distributed.DistBackendError: Connection closed by peer\n"
@@ -167,11 +169,15 @@ def test_the_log_a_crash_points_at_is_the_killed_ranks_node_not_the_first_agent_
     collect_failures(run, tmp_path / "node0.stderr.log")  # node 0's agent happened to exit first
     ev = collect(run, tmp_path / "node0.stderr.log", [])
     assert ev.rank_failures[1].signal == "SIGKILL" and not ev.rank_failures[0].own
-    assert ev.stderr_log == "node1.stderr.log" and "agent of node 1 exits" in ev.stderr_tail
+    rec = _record(ev.nodes, status=Status.FAIL, exit_code=1, evidence=ev)
+    assert culprit_log(rec) == "node1.stderr.log"
+    shown = with_log(ev, tmp_path / "node1.stderr.log")
+    assert shown.stderr_log == "node1.stderr.log" and "agent of node 1 exits" in shown.stderr_tail
     (tmp_path / "node1.stderr.log").write_text("")  # nobody failed in its own right: the first to exit
     run = RunData(tmp_path, world_size=2, exit_code=1)
     collect_failures(run, tmp_path / "node0.stderr.log")
     ev = collect(run, tmp_path / "node0.stderr.log", [])
+    assert culprit_log(_record(ev.nodes, status=Status.FAIL, exit_code=1, evidence=ev)) is None
     assert ev.stderr_log == "node0.stderr.log"
 
 

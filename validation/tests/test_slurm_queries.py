@@ -74,13 +74,13 @@ def test_a_job_that_did_not_end_is_not_waited_for(monkeypatch, tmp_path, state):
 def test_the_rendezvous_is_on_the_first_nodes_name_not_its_address(monkeypatch, tmp_path):
     """The first node by the name Slurm gives it, though Slurm knows an address for it: torchrun's
     agent hosts the store where the endpoint names its machine, and takes an address as itself only
-    where its host name resolves to it there (rendezvous_host says why); its name, where squeue says
-    no node list, as the shared-directory step found it."""
+    where its host name resolves to it there (rendezvous_host says why); none where squeue says no
+    node list (the run then takes task 0's name, as the shared-directory step found it)."""
     _fake(monkeypatch, tmp_path, "squeue", {"": ["vmn[0-1]"]})
     scontrol = _fake(monkeypatch, tmp_path, "scontrol", {
         "show hostnames vmn[0-1]": ["vmn0\nvmn1"],
         "show node": ["NodeName=vmn0 Arch=x86_64 NodeAddr=10.200.0.1 NodeHostName=vmn0"]})
-    assert slurm.rendezvous_host("14", ["vm", "vm"]) == "vmn0"
+    assert slurm.rendezvous_host("14") == "vmn0"
     assert scontrol.read_text().splitlines() == ["show hostnames vmn[0-1]"]
     _fake(monkeypatch, tmp_path, "squeue", {"": [""]})
-    assert slurm.rendezvous_host("14", ["vmn1", "vmn0"]) == "vmn1"
+    assert slurm.rendezvous_host("14") is None

@@ -17,6 +17,13 @@ _RERUN = "re-run only that phase: {rerun}"
 
 
 def _crash(f: Facts) -> str:
+    if f.maybe_left:
+        who = " or ".join(f"rank {k}" for k in f.maybe_left)
+        return (f"Read what the ranks that exited non-zero printed in the stderr log named in the finding: where they "
+                f"say a collective failed (a peer lost), {who} may have exited 0 early before them (torchrun ended it "
+                "with SIGTERM, which tells a rank still running from one still exiting no more than its heartbeats "
+                "do): look for a stop condition that holds on that rank only; else fix why they exited. Then "
+                f"{_RERUN}.")
     if f.killed:  # a signal leaves no traceback
         return (f"{f.killed[0].upper()}{f.killed[1:]}, which leaves no traceback: look for who sent it (the kernel's "
                 "out-of-memory killer: `dmesg` and the host's memory over the run; a scheduler's limit; a person's "

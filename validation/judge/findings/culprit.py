@@ -88,13 +88,20 @@ class RankAt:
 class Culprit:
     did: Did
     ranks: tuple[RankAt, ...]
+    or_else: Culprit | None = None
+    """Another account the evidence fits as well, which the verdict names beside this one: the ranks
+    that may instead have ended first (findings/departed.py ``maybe_departed``); None where none does."""
 
     def text(self) -> str:
         """'rank 1 crashed (last heartbeat step 2, stage forward): RuntimeError: boom', 'rank 1 hung in
         wait (last heartbeat step 3, stage backward)', 'rank 1 hung (stopped, no stack; last heartbeat
-        step 3, stage forward)'; several ranks joined by '; '."""
-        return "; ".join(f"{r.who} {self.did}" + (f" in {r.frame}" if r.frame else "") + _said(r)
-                         + (f": {r.cause}" if r.cause else "") for r in self.ranks)
+        step 3, stage forward)'; several ranks joined by '; '; with ``or_else``, 'rank 0 crashed (...): exit
+        code 1, or rank 2 exited 0 early (...) and the others failed after it: which came first cannot be told'."""
+        own = "; ".join(f"{r.who} {self.did}" + (f" in {r.frame}" if r.frame else "") + _said(r)
+                        + (f": {r.cause}" if r.cause else "") for r in self.ranks)
+        if self.or_else is None:
+            return own
+        return f"{own}, or {self.or_else.text()} and the others failed after it: which came first cannot be told"
 
 
 def _said(r: RankAt) -> str:

@@ -92,6 +92,35 @@ def root_of(rec: PhaseRecord) -> int | None:
     return rec.evidence.root_rank if not departed(rec) else None
 
 
+def maybe_departed(rec: PhaseRecord) -> list[int]:
+    """Of a run whose first failures torchrun saw are silent exits (``Evidence.silent_ranks``; no rank
+    failed in its own right) and in which no rank is known to have left (``departed``): the ranks
+    torchrun then ended with SIGTERM whose last heartbeat had not reached the step of any silent one
+    (by at least their own heartbeat interval, ``Beat.every``), lowest first. Such a rank was still
+    running behind the others, and the silent ones failed in their own right; or it had exited 0
+    early and was still ending (its interpreter's exit, a process group's teardown, an atexit hook)
+    when torchrun came for it, and the silent ones only caught their collective breaking. torchrun's
+    log reads the same either way (SIGTERM, no exception), and so do the heartbeats: the crash names
+    both (``silent_first``). Not of a run the harness stopped: its stacks tell the ranks still running,
+    and the SIGTERMs its stop brings are no sign of an end already under way."""
+    ev = rec.evidence
+    first = silent_first(rec) if rec.stalled_s is None and not rec.timed_out else []
+    at = [b.step for k in first if (b := ev.last_heartbeat.get(k)) is not None and b.step is not None]
+    if not first or len(at) < len(first):
+        return []
+    return [k for k, f in sorted(ev.rank_failures.items()) if k not in first and f.signal == "SIGTERM"
+            and not f.exception and (b := ev.last_heartbeat.get(k)) is not None and b.step is not None
+            and b.step + (b.every or 1) <= min(at)]
+
+
+def silent_first(rec: PhaseRecord) -> list[int]:
+    """The ranks whose silent exits are the first failures torchrun saw: every rank that exited
+    non-zero silently where none failed in its own right and none is known to have left early."""
+    if rec.world_size < 2 or own_root(rec) is not None or departed(rec):
+        return []
+    return rec.evidence.silent_ranks
+
+
 def exited_0(rec: PhaseRecord) -> list[int]:
     """The ranks known to have ended with exit 0 that ran (wrote a heartbeat): those that left early
     (``departed``) and those that may have completed their steps, lowest first; [] where nothing

@@ -10,19 +10,10 @@ from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import last_exception, short_exception
 from validation.judge.findings import stability
 from validation.judge.findings.culprit import Culprit, Did, NoStack, RankAt
-from validation.judge.findings.departed import departed, departure, ended_before, exited_0, failed_first, root_of
-from validation.judge.findings.finding import (
-    Facts,
-    Finding,
-    Severity,
-    last_heartbeat,
-    own_reason,
-    process,
-    processes,
-    where,
-    where_gated,
-    where_run,
-)
+from validation.judge.findings.departed import (departed, departure, ended_before, exited_0, failed_first,
+                                                 maybe_departed, root_of, silent_first)
+from validation.judge.findings.finding import (Facts, Finding, Severity, last_heartbeat, own_reason, process,
+                                               processes, where, where_gated, where_run)
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.findings.nodes import STRAGGLER_MIN_S, STRAGGLER_SHARE, missing_node
 from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult, GateVerdict
@@ -65,14 +56,20 @@ def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
         elif (r.status == Status.FAIL and r.exit_code not in (0, None) and r.kind in TRAINER_KINDS
               and (ev.halt is None or r.died_before_watchdog is not None)):
             title = f"crash in {where_run(r)}: exit code {r.exit_code}"
-            root, gone, ended = root_of(r), departed(r), exited_0(r)
+            root, gone, ended, maybe = root_of(r), departed(r), exited_0(r), maybe_departed(r)
             kind = "departed" if gone else "crash"
             culprit = None
-            if root is not None:
-                fail = ev.rank_failures[root]
-                cause = fail.exception or fail.cause  # a signal, else its exit code
-                title += f": rank {root}: {cause}"
-                culprit = Culprit(Did.CRASHED, (RankAt.of(r, root, cause=cause),))
+            if root is not None or maybe:
+                first = silent_first(r) if maybe else [root]
+                # a signal, else its exit code
+                causes = {k: ev.rank_failures[k].exception or ev.rank_failures[k].cause for k in first}
+                title += ": " + "; ".join(f"rank {k}: {cause}" for k, cause in causes.items())
+                either = Culprit(Did.LEFT, tuple(RankAt.of(r, k) for k in maybe)) if maybe else None
+                if maybe:  # a silent exit may be a rank catching its collective broken by one that left
+                    title += (f", or {departure(r, maybe)} and {_ranks(first)} failed after it: torchrun's SIGTERM "
+                              f"of {_ranks(maybe)} once {_ranks(first)} had failed ends a rank still running and one "
+                              "still exiting alike, so which came first cannot be told")
+                culprit = Culprit(Did.CRASHED, tuple(RankAt.of(r, k, cause=c) for k, c in causes.items()), either)
             elif gone:  # no rank failed in its own right: the others failed after one that left
                 title += f": {departure(r, gone)}; the other ranks failed without it"
                 culprit = Culprit(Did.LEFT, tuple(RankAt.of(r, k) for k in gone))
@@ -103,9 +100,8 @@ def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
 
 def _logs(r: PhaseRecord, ranks: Iterable[int | None]) -> list[str]:
     """'stderr: DIR/LOG' per log a finding about ``ranks`` cites: of a launch of several nodes, the
-    log of each node one of them ran on (the record's stderr is that of the node whose rank failed in
-    its own right, else of the agent that ended first: a rank that left early, on another node, did
-    nothing there); else the record's stderr."""
+    log of each node one of them ran on (the record's stderr is that of the node its verdict names,
+    headline.py ``culprit_log``, else of the agent that ended first); else the record's stderr."""
     nodes, ranks = r.evidence.nodes, set(ranks)
     logs = [n.log for n in nodes.nodes if ranks & set(n.ranks)] if nodes is not None else []
     return [f"stderr: {r.out_dir}/{log}" for log in logs or [r.evidence.stderr_log]]
@@ -163,6 +159,11 @@ def short_runs(records: list[PhaseRecord]) -> list[Finding]:
     return out
 
 
+def _ranks(ranks: list[int]) -> str:
+    """'rank 2', 'ranks 1, 2'."""
+    return f"rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))}"
+
+
 def _exits(r: PhaseRecord, ranks: list[int]) -> str:
     """'rank 1 exited 0 (last heartbeat step 8 of 8, stage step)' for each of ``ranks``."""
     beats = r.evidence.last_heartbeat
@@ -175,7 +176,7 @@ def _rank_lines(r: PhaseRecord, nonfinite: list[int] = ()) -> list[str]:
     ranks whose own loss the trainer's .HALT says was non-finite: they stopped on it, and a SIGTERM
     torchrun sent them after is how their process ended, not what stopped them."""
     ev = r.evidence
-    lines, gone, root = [], exited_0(r), ev.root_rank
+    lines, gone, root, maybe = [], exited_0(r), ev.root_rank, maybe_departed(r)
     for rank in sorted(set(ev.last_heartbeat) | set(ev.rank_failures)):
         f = ev.rank_failures.get(rank)
         line = f"rank {rank}: {last_heartbeat(r, rank)}"
@@ -191,6 +192,9 @@ def _rank_lines(r: PhaseRecord, nonfinite: list[int] = ()) -> list[str]:
             line += "; exited 0 (torchrun reports no failure of it)"
         elif f is not None and f.exception:
             line += f"; {f.exception}"
+        elif f is not None and f.signal == "SIGTERM" and rank in maybe:
+            line += (f"; killed by SIGTERM from torchrun's agent once {_ranks(silent_first(r))} had failed: still "
+                     "running then, or still exiting after an exit 0 of its own (its heartbeats end before their step)")
         elif f is not None and f.signal == "SIGTERM" and root is not None and root != rank:
             line += f"; killed by SIGTERM from torchrun's agent, which ended the ranks still running once rank {root} had failed"
         elif f is not None and f.cause:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 
 from nsa.contract import heartbeat_name
 from validation.judge.findings.culprit import Culprit
+from validation.judge.findings.departed import maybe_departed
 from validation.judge.misses import Miss
 from validation.judge.record import PhaseRecord, RunSigns, SubRun
 from validation.judge.verdict import Outcome
@@ -50,6 +51,9 @@ class Facts:
     stopped: bool = False
     """A rank's process was stopped (SIGSTOP, a debugger, a frozen cgroup) when the harness came for
     its stack (TakenStack.state): it ran nothing, and the others waited for it."""
+    maybe_left: tuple[int, ...] = ()
+    """Ranks that may have exited 0 early before the silent exits that ended the run (findings/departed.py
+    ``maybe_departed``): the advice says where to look if so."""
 
     @classmethod
     def of(cls, rec: PhaseRecord) -> Facts:
@@ -74,7 +78,8 @@ class Facts:
         stopped = any(t.state == "stopped" and t.rank is not None for t in ev.taken_stacks)
         return cls(rec.own_trainer, rec.world_size, stacks, rec.accelerator == "cuda",
                    not stacks and Outcome.of_record(rec).stacks_tried == 0, not started, not stepped,
-                   ev.halt is not None and ev.halt.source == "nonfinite", killed, tuple(ev.misses), silent, stopped)
+                   ev.halt is not None and ev.halt.source == "nonfinite", killed, tuple(ev.misses), silent, stopped,
+                   tuple(maybe_departed(rec)))
 
 
 @dataclass(frozen=True)

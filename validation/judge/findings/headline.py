@@ -23,6 +23,18 @@ def culprit(rec: PhaseRecord) -> Culprit | None:
                 None)
 
 
+def culprit_log(rec: PhaseRecord) -> str | None:
+    """Of a launch of several nodes: the log of the node the point's verdict blames (the node of the
+    culprit's first rank), whose tail and exception the record shows; which agent ended first, and so
+    which log the launch handed over, is a race, and a rank that left early did so on a node of its
+    own. None where it names no rank, no node, or one of a single node."""
+    c, nodes = culprit(rec), rec.evidence.nodes
+    if c is None or nodes is None:
+        return None
+    node = next((n for r in c.ranks if r.rank is not None and (n := nodes.of_rank(r.rank)) is not None), None)
+    return node.log if node is not None else None
+
+
 def verdict_line(rec: PhaseRecord) -> str:
     """The record's reason, led by who crashed or hung where a finding says."""
     c = culprit(rec)

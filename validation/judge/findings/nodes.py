@@ -8,7 +8,8 @@ import signal
 
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import gave_up, short_exception
-from validation.judge.findings.departed import departed, departure, ended_before, exited_0, failed_first
+from validation.judge.findings.departed import (departed, departure, ended_before, exited_0, failed_first,
+                                                maybe_departed)
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where
 from validation.judge.findings.hung import hung_ranks
 from validation.judge.nodes import NodeEvidence, NodesEvidence
@@ -288,8 +289,11 @@ def _failed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     cause = f"was killed by {f.signal}" if f.signal and not f.exception else f"failed: {short_exception(f.exception) if f.exception else f.cause}"
     ended = _others(r, ev, node)
     head = f"{node.name}'s rank {root}" if node is not None else f"rank {root} (node unknown)"
-    title = f"{head} {cause} in {where(r)}" + (f" (log {node.log})" if node is not None else "") + (
-        f"; the other nodes: {ended}" if ended else "")
+    # a silent exit may be a rank catching its collective broken by one that left (findings/departed.py)
+    maybe = "".join(f", or {_on(ev, k)}{departure(r, [k])} and it failed after it" for k in maybe_departed(r))
+    title = (f"{head} {cause} in {where(r)}" + (f" (log {node.log})" if node is not None else "")
+             + (f"{maybe}: which came first cannot be told" if maybe else "")
+             + (f"; the other nodes: {ended}" if ended else ""))
     return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "node_failed")
 
 

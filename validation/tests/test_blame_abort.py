@@ -140,3 +140,28 @@ def test_the_node_finding_of_an_abort_after_a_broken_collective_says_so_beside_t
         "node 0's rank 0 failed: killed by SIGABRT in its exit after its collective broke (error: Connection closed "
         "by peer [127.0.0.1]:5860) in quit_rank [default] (log node0.stderr.log), or node 1's rank 1 exited 0 early "
         "(last heartbeat step 2 of 8, stage step) and it failed after it: which came first cannot be told"), node.title
+
+
+def test_three_ranks_one_aborting_after_its_broken_collective_name_the_leaver_beside_the_others(tmp_path):
+    """Three ranks (validation/tests/evidence/swallow3_two_silent: rank 2 left slowly and torchrun
+    SIGTERMed it, ranks 0 and 1 caught their broken all_reduce and exited 1), edited so that rank 1
+    printed gloo's error and its exit aborted, as in the two-rank run (no three-rank run of ours
+    aborted: torchrun ended the others once the first exited 1). Without the abort read as an exit
+    after a broken collective, 'rank 1 crashed (...): killed by SIGABRT' alone; now ranks 0 and 1 are
+    named as in the recorded run without the abort, beside rank 2, and which came first cannot be told."""
+    run = EVIDENCE / "swallow3_two_silent"
+    log = (run / "trainer.stderr.log").read_text()
+    log = log.replace("rank 1: lost a peer, giving up\n", f"{_ERROR}\n{_TERMINATE}\n")
+    log = log.replace("exitcode  : 1 (pid: 23115) ", "exitcode  : -6 (pid: 23115)  (SIGABRT)")
+    ev = Evidence(rank_failures=rank_failures(_write(tmp_path, log)), stderr_log="trainer.stderr.log",
+                  last_heartbeat={k: Beat.of(recs) for k, recs in read_heartbeats(run).items()})
+    rec = PhaseRecord(PointKey("swallow3", "cpu", "quit_rank"), "swallow3/cpu/quit_rank/default", "train",
+                      Status.FAIL, "trainer crashed (exit code 1)", steps=8, world_size=3, exit_code=1, evidence=ev,
+                      trainer="myt")
+    assert ev.rank_failures[1].signal == "SIGABRT" and ev.rank_failures[2].signal == "SIGTERM", ev.rank_failures
+    c = culprit(rec)
+    assert c is not None and c.did == Did.CRASHED and [r.rank for r in c.ranks] == [0, 1], verdict_line(rec)
+    assert c.or_else is not None and [r.rank for r in c.or_else.ranks] == [2], verdict_line(rec)
+    aborted = "rank 1 crashed (last heartbeat step 3, stage forward): killed by SIGABRT in its exit after its collective"
+    assert aborted in verdict_line(rec), verdict_line(rec)
+    assert "which came first cannot be told" in verdict_line(rec), verdict_line(rec)

@@ -64,11 +64,11 @@ class RankFailure:
     most likely its own, printed before its process group; the log does not say whose, and the
     report says so."""
     broken_collective: str | None = None
-    """Of a rank killed by SIGABRT with no exception of it in the log: the broken collective it had
-    caught ('error: [..pair.cc:553] Connection closed by peer [127.0.0.1]:5860'), where the log shows
-    each such abort following one (``_teardown_aborts``): the rank caught its collective broken by a
-    peer's failure and exited (sys.exit(1), as many trainers do), and its interpreter's exit aborted
-    on the broken process group's threads. It failed after its peer, not in its own right."""
+    """Of a rank killed by SIGABRT with no exception of it in the log: the error of a broken collective
+    that the log shows before its abort ('error: [..pair.cc:553] Connection closed by peer [..]:5860';
+    ``_teardown_aborts``), most likely its own, caught: the rank caught its collective broken by a
+    peer's failure and exited (sys.exit(1), as many trainers do), and its interpreter's exit aborted on
+    the broken process group's threads. It failed after a peer, not in its own right."""
 
     @property
     def own(self) -> bool:
@@ -97,8 +97,7 @@ class RankFailure:
         if self.exception:
             return short_exception(self.exception)
         if self.broken_collective is not None:
-            return (f"killed by {self.signal} in its exit after its collective broke "
-                    f"({short_exception(self.broken_collective)})")
+            return f"killed by {self.signal} after a collective broke ({short_exception(self.broken_collective)})"
         if self.signal:
             return f"killed by {self.signal}"
         if self.exit_code is None:
@@ -178,9 +177,11 @@ def _teardown_aborts(text: str, failures: dict[int, RankFailure]) -> dict[int, s
     after a broken collective, each with the line of that collective's error: those where a worker's
     line of a peer gone (``_PEER_GONE``) comes before the C++ runtime's abort line (``_TERMINATE``), and
     there are as many such abort lines as ranks torchrun saw killed by SIGABRT (each aborting process
-    prints its own), so every abort is accounted for. The log does not say whose line is whose: one abort
-    line fewer, or one before any such error (a real abort of a rank, which broke the others'
-    collectives), and none is taken for a teardown; a rank's abort stays its own failure."""
+    prints its own), so every abort is accounted for. An abort after a peer was already gone is not the
+    run's first failure, whatever joinable thread it was (a broken gloo group's, a data loader's at
+    shutdown). The log does not say whose line is whose: one abort line fewer, or one before any such
+    error (a rank's own abort, which then broke the others' collectives), and none is taken for an exit
+    after a broken collective; a rank's abort stays its own failure."""
     aborted = [r for r, f in failures.items() if f.signal == "SIGABRT"]
     if not aborted:
         return {}

@@ -68,9 +68,9 @@ def test_a_rank_whose_exit_aborted_after_its_collective_broke_is_named_beside_th
     assert c is not None and c.did == Did.CRASHED and [r.rank for r in c.ranks] == [0], verdict_line(rec)
     assert c.or_else is not None and c.or_else.did == Did.LEFT and [r.rank for r in c.or_else.ranks] == [1], c
     assert verdict_line(rec).startswith(
-        "rank 0 crashed (last heartbeat step 3, stage forward): killed by SIGABRT in its exit after its collective "
-        "broke (error: Connection closed by peer [127.0.0.1]:5860), or rank 1 exited 0 early (last heartbeat step 2, "
-        "stage step) and the others failed after it: which came first cannot be told"), verdict_line(rec)
+        "rank 0 crashed (last heartbeat step 3, stage forward): killed by SIGABRT after a collective broke (error: "
+        "Connection closed by peer [127.0.0.1]:5860), or rank 1 exited 0 early (last heartbeat step 2, stage step) "
+        "and the others failed after it: which came first cannot be told"), verdict_line(rec)
     [crash] = [f for f in find([rec]) if f.title.startswith("crash in")]
     [advice] = recommendations([crash])
     assert "rank 1 may have exited 0 early" in advice and "who sent it" not in advice, advice
@@ -87,7 +87,7 @@ def test_a_rank_whose_exit_aborted_after_its_collective_broke_yields_to_one_torc
     assert verdict_line(rec).startswith("rank 1 exited 0 early (last heartbeat step 2, stage step)"), verdict_line(rec)
     [crash] = [f for f in find([rec]) if f.title.startswith("crash in")]
     assert crash.kind == "departed" and "rank 0: killed by SIGABRT" not in crash.title, crash.title
-    assert ("rank 0: last heartbeat step 3, stage forward; killed by SIGABRT in its exit after its collective broke "
+    assert ("rank 0: last heartbeat step 3, stage forward; killed by SIGABRT after a collective broke "
             "(error: Connection closed by peer [127.0.0.1]:5860)") in crash.detail, crash.detail
 
 
@@ -137,7 +137,7 @@ def test_the_node_finding_of_an_abort_after_a_broken_collective_says_so_beside_t
         NodeEvidence(1, "node1.stderr.log", "vm", None, None, 1, [1])])
     [node] = [f for f in find([rec]) if f.kind == "node_failed"]
     assert node.title.startswith(
-        "node 0's rank 0 failed: killed by SIGABRT in its exit after its collective broke (error: Connection closed "
+        "node 0's rank 0 failed: killed by SIGABRT after a collective broke (error: Connection closed "
         "by peer [127.0.0.1]:5860) in quit_rank [default] (log node0.stderr.log), or node 1's rank 1 exited 0 early "
         "(last heartbeat step 2 of 8, stage step) and it failed after it: which came first cannot be told"), node.title
 
@@ -162,6 +162,6 @@ def test_three_ranks_one_aborting_after_its_broken_collective_name_the_leaver_be
     c = culprit(rec)
     assert c is not None and c.did == Did.CRASHED and [r.rank for r in c.ranks] == [0, 1], verdict_line(rec)
     assert c.or_else is not None and [r.rank for r in c.or_else.ranks] == [2], verdict_line(rec)
-    aborted = "rank 1 crashed (last heartbeat step 3, stage forward): killed by SIGABRT in its exit after its collective"
+    aborted = "rank 1 crashed (last heartbeat step 3, stage forward): killed by SIGABRT after a collective broke"
     assert aborted in verdict_line(rec), verdict_line(rec)
     assert "which came first cannot be told" in verdict_line(rec), verdict_line(rec)

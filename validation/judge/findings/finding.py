@@ -70,9 +70,10 @@ class Facts:
         killed = f"rank {root} was killed by {fail.signal}" if own_signal else None
         silent = None
         if fail is not None and fail.broken_collective is not None:
-            silent = (f"rank {root} caught its collective broken by a peer ({short_exception(fail.broken_collective)}) "
-                      f"and exited; its interpreter's exit then aborted ({fail.signal}) on the broken process group's "
-                      "threads: a failure after that of a peer (one that failed or left first), not its own")
+            silent = (f"rank {root} was killed by {fail.signal} after a collective broke "
+                      f"({short_exception(fail.broken_collective)}): an interpreter's exit aborting on a broken "
+                      "process group's threads, a failure after that of a peer (one that failed or left first), "
+                      "not its own")
         elif fail is not None and fail.silent:
             beat = ev.last_heartbeat.get(root)
             silent = (f"rank {root} exited with code {fail.exit_code} and no traceback of its own in torchrun's log"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nsa.contract import EXIT_NONFINITE, EXIT_WATCHDOG
@@ -41,6 +41,13 @@ _ERROR_LINE = re.compile(r"^\s*(\w+(\.\w+)*(Error|Exception|Interrupt)|RuntimeEr
 #: a rank's exception that is a peer's failure breaking its collective, not its own
 _VICTIM = re.compile(r"Connection closed by peer|remote worker|Connection reset|DistBackendError|NCCL|"
                      r"ProcessGroup|Broken pipe|Timed out waiting", re.IGNORECASE)
+#: a line a worker printed of its collective broken by a peer (a caught error, in the trainer's own words
+#: around gloo's or NCCL's): stricter than ``_VICTIM``, which reads a known exception, not any line
+_PEER_GONE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|remote (worker|process)|DistBackendError|"
+                        r"NCCL error", re.IGNORECASE)
+#: the C++ runtime's last word before it aborts a process (SIGABRT) whose threads were never joined: at an
+#: interpreter's exit, those of a process group whose collective broke (gloo's)
+_TERMINATE = "terminate called without an active exception"
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,12 @@ class RankFailure:
     as where every rank failed one import and torchrun stopped the others before they exited),
     most likely its own, printed before its process group; the log does not say whose, and the
     report says so."""
+    broken_collective: str | None = None
+    """Of a rank killed by SIGABRT with no exception of it in the log: the error of a broken collective
+    that the log shows before its abort ('error: [..pair.cc:553] Connection closed by peer [..]:5860';
+    ``_teardown_aborts``), most likely its own, caught: the rank caught its collective broken by a
+    peer's failure and exited (sys.exit(1), as many trainers do), and its interpreter's exit aborted on
+    the broken process group's threads. It failed after a peer, not in its own right."""
 
     @property
     def own(self) -> bool:
@@ -63,13 +76,17 @@ class RankFailure:
         exception that is not a peer's collective breaking under it."""
         if self.exception:
             return not _VICTIM.search(self.exception)
-        return bool(self.signal) and self.signal != "SIGTERM"
+        return bool(self.signal) and self.signal != "SIGTERM" and self.broken_collective is None
 
     @property
     def silent(self) -> bool:
         """Exited with a code of its own (no signal) and no exception of it in the log: a rank that
         failed before its process group (its traceback, if any, carries no ``[rankN]:``), or one
-        that printed its error its own way and exited non-zero."""
+        that printed its error its own way and exited non-zero; or one that did the latter after its
+        collective broke and whose exit then aborted (``broken_collective``): what torchrun saw of it
+        is an exit of its own choosing, after a peer's failure."""
+        if self.broken_collective is not None:
+            return True
         return not self.exception and not self.signal and self.exit_code is not None and self.exit_code > 0
 
     @property
@@ -79,6 +96,8 @@ class RankFailure:
         torchrun said none of them."""
         if self.exception:
             return short_exception(self.exception)
+        if self.broken_collective is not None:
+            return f"killed by {self.signal} after a collective broke ({short_exception(self.broken_collective)})"
         if self.signal:
             return f"killed by {self.signal}"
         if self.exit_code is None:
@@ -144,11 +163,42 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, Rank
                 entry["signal"] = _signal_name(-code)
             rank = None
     failures = {r: RankFailure(**f) for r, f in found.items()}
+    for r, broken in _teardown_aborts(text, failures).items():
+        failures[r] = replace(failures[r], broken_collective=broken)
     silent = [r for r, f in failures.items() if f.silent]
     unranked = set(_worker_exceptions(text))
     if len(silent) == 1 and len(unranked) == 1:
-        failures[silent[0]] = RankFailure(**{**found[silent[0]], "unranked": unranked.pop()})
+        failures[silent[0]] = replace(failures[silent[0]], unranked=unranked.pop())
     return failures
+
+
+def _teardown_aborts(text: str, failures: dict[int, RankFailure]) -> dict[int, str]:
+    """The ranks killed by SIGABRT with no exception of theirs in the log whose abort was their exit
+    after a broken collective, each with the line of that collective's error: those where a worker's
+    line of a peer gone (``_PEER_GONE``) comes before the C++ runtime's abort line (``_TERMINATE``), and
+    there are as many such abort lines as ranks torchrun saw killed by SIGABRT (each aborting process
+    prints its own), so every abort is accounted for. An abort after a peer was already gone is not the
+    run's first failure, whatever joinable thread it was (a broken gloo group's, a data loader's at
+    shutdown). The log does not say whose line is whose: one abort line fewer, or one before any such
+    error (a rank's own abort, which then broke the others' collectives), and none is taken for an exit
+    after a broken collective; a rank's abort stays its own failure."""
+    aborted = [r for r, f in failures.items() if f.signal == "SIGABRT"]
+    if not aborted:
+        return {}
+    broken, after = None, 0
+    for who, ln in whose_lines(text):
+        line = m.group(2) if (m := _RANK_LINE.match(ln)) else ln
+        if who == _AGENT:
+            continue
+        if _PEER_GONE.search(line):
+            broken = broken or line.strip()[:300]
+        elif _TERMINATE in line:
+            if broken is None:
+                return {}  # an abort before any peer was gone: a rank's own
+            after += 1
+    if after < len(aborted):
+        return {}
+    return {r: broken for r in aborted if not failures[r].exception}
 
 
 def _signal_name(num: int) -> str:

@@ -5,6 +5,7 @@ import enum
 from dataclasses import dataclass, field, replace
 
 from nsa.contract import heartbeat_name
+from validation.contract.torchrun_log import short_exception
 from validation.judge.findings.culprit import Culprit
 from validation.judge.findings.departed import maybe_departed
 from validation.judge.misses import Miss
@@ -64,9 +65,16 @@ class Facts:
         stepped = bool(rec.metrics.steps_completed) or any((b.step or 0) >= 1 for b in ev.last_heartbeat.values())
         root = ev.root_rank
         fail = ev.rank_failures.get(root) if root is not None else None
-        killed = f"rank {root} was killed by {fail.signal}" if fail and fail.signal and not fail.exception else None
+        # a signal of its own: not the abort of an exit after its collective broke (RankFailure.broken_collective)
+        own_signal = fail is not None and fail.own and fail.signal and not fail.exception
+        killed = f"rank {root} was killed by {fail.signal}" if own_signal else None
         silent = None
-        if fail is not None and fail.silent:
+        if fail is not None and fail.broken_collective is not None:
+            silent = (f"rank {root} was killed by {fail.signal} after a collective broke "
+                      f"({short_exception(fail.broken_collective)}): an interpreter's exit aborting on a broken "
+                      "process group's threads, a failure after that of a peer (one that failed or left first), "
+                      "not its own")
+        elif fail is not None and fail.silent:
             beat = ev.last_heartbeat.get(root)
             silent = (f"rank {root} exited with code {fail.exit_code} and no traceback of its own in torchrun's log"
                       + (": the log's traceback that names no rank, in the finding, is most likely its, printed "

@@ -286,7 +286,8 @@ def _failed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
         return None
     f = failures[root]
     node = ev.of_rank(root)
-    cause = f"was killed by {f.signal}" if f.signal and not f.exception else f"failed: {short_exception(f.exception) if f.exception else f.cause}"
+    cause = (f"was killed by {f.signal}" if f.own and f.signal and not f.exception
+             else f"failed: {short_exception(f.exception) if f.exception else f.cause}")
     ended = _others(r, ev, node)
     head = f"{node.name}'s rank {root}" if node is not None else f"rank {root} (node unknown)"
     # a silent exit may be a rank catching its collective broken by one that left (findings/departed.py)

@@ -48,7 +48,6 @@ from validation.runbook.plan import PhasePoint
 from validation.session.session import (
     MISMATCH_POLICIES,
     AcceptanceSession,
-    abort_on_sigint,
     ExitStatus,
     NotLaunchable,
     SessionOptions,
@@ -382,7 +381,6 @@ def pytest_configure(config: pytest.Config) -> None:
     # SIGTERM (a scheduler's cancel, `timeout`, `kill`) and SIGHUP (a closed terminal) stop the
     # run as Ctrl-C does, where nobody handles them yet; pytest keeps its own SIGINT handling
     plugin._signals.enter_context(AcceptanceSession.stop_signals((signal.SIGTERM, signal.SIGHUP), only_default=True))
-    plugin._signals.enter_context(abort_on_sigint())
     config.pluginmanager.register(plugin, _PLUGIN)
 
 

@@ -391,28 +391,6 @@ class AcceptanceSession:
                 signal.signal(sig, handler)
 
 
-@contextlib.contextmanager
-def abort_on_sigint() -> Iterator[None]:
-    """Where Python's own Ctrl-C handler is in place (pytest keeps it), set ``ABORT`` before it
-    raises KeyboardInterrupt: a running trainer's supervision then stops at its next poll even where
-    that one KeyboardInterrupt never reaches it (raised inside a finalizer, which Python reports as
-    'Exception ignored' and drops). Restored on the way out."""
-    if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-        yield
-        return
-
-    def interrupted(signum, frame) -> None:
-        ABORT.set()
-        signal.default_int_handler(signum, frame)
-
-    signal.signal(signal.SIGINT, interrupted)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 def _on_stop_signal(signum, frame) -> None:
     ABORT.set()  # worker threads running trainers kill their process trees
     raise Stopped(signum)

@@ -254,7 +254,7 @@ def test_an_interrupted_pytest_run_prints_no_status_line_that_reads_as_its_verdi
                              "validation/tests/test_acceptance.py", "--runbook", str(rb), "--results-dir", str(results),
                              "-k", "test_phase"], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = interrupt_when_training(proc, lambda: csvs(results))
-    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-2000:] + err[-3000:]
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-2000:]
     assert not re.search(r"^nsa-validate report: (GO|NO-GO|INCOMPLETE)\b", out, re.M), out[-2000:]
     assert "nsa-validate report: report of the points stored before the interrupt (no verdict of this run) -> " in out
     assert "nsa-validate: interrupted (SIGINT)" in out, out[-2000:]

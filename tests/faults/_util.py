@@ -26,6 +26,7 @@ from validation.judge.findings.finding import Finding
 from validation.judge.findings.headline import verdict_line
 from validation.judge.record import PhaseRecord
 from validation.store.results import ResultStore
+from validation.tests.conftest import default_sigint
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -62,7 +63,8 @@ class Proc:
 def launch(argv: Sequence[str], *, timeout: float, env: dict[str, str] | None = None,
            cwd: Path = REPO) -> subprocess.Popen:
     return subprocess.Popen([str(a) for a in argv], cwd=cwd, env=env or clean_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+                            preexec_fn=default_sigint)
 
 
 def finish(proc: subprocess.Popen, *, timeout: float, started: float) -> Proc:

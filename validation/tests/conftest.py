@@ -71,6 +71,13 @@ def slow_second_point(tmp_path: Path) -> tuple[Path, Callable[[Path], list[Path]
     return rb, lambda results: list(results.glob("runs/fake/cpu/long_run/default/*/training.csv"))
 
 
+def default_sigint() -> None:
+    """A child's Ctrl-C as a terminal gives it (``preexec_fn``): an ignored SIGINT is inherited across
+    exec, and a test process may hold one: in full-suite runs a SIGINT to the pytest run a test started
+    had no effect, and started under a parent that ignores SIGINT the same tests fail alone."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupt_when_training(proc: subprocess.Popen, csvs: Callable[[], list[Path]], rows: int = 3,
                             within_s: float = 90) -> tuple[str, str]:
     """SIGINT to ``proc`` once a training.csv of ``csvs()`` holds ``rows`` lines; its output."""

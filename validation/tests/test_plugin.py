@@ -16,7 +16,8 @@ from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
 from validation.session.point import why_skip
 from validation.store.results import ResultStore
-from validation.tests.conftest import interrupt_when_training, slow_second_point, train_phase, write_runbook
+from validation.tests.conftest import (default_sigint, interrupt_when_training, slow_second_point, train_phase,
+                                      write_runbook)
 
 
 def _pytest(*args, timeout=120):
@@ -252,7 +253,8 @@ def test_an_interrupted_pytest_run_prints_no_status_line_that_reads_as_its_verdi
     results = tmp_path / "r"
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
                              "validation/tests/test_acceptance.py", "--runbook", str(rb), "--results-dir", str(results),
-                             "-k", "test_phase"], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "-k", "test_phase"], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
     out, err = interrupt_when_training(proc, lambda: csvs(results))
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-2000:]
     assert not re.search(r"^nsa-validate report: (GO|NO-GO|INCOMPLETE)\b", out, re.M), out[-2000:]

@@ -97,7 +97,10 @@ def test_a_repeat_that_crashed_or_stalled_decides_the_point_before_one_that_fail
         "gate failed in ab [default], repeat 1 of 3"]
     assert rec.metrics.steps_completed == rec.runs[1].last_step < 8 and "stopped after step" not in run.report
     line = verdict_line(rec)
-    assert line.startswith(blamed) and line.endswith(f" — {rec.reason}"), line
+    own = rec.reason.removeprefix("repeat 2 of 3: ")
+    # the deciding repeat first, led by the rank it blames, then repeat 1's gate miss
+    assert line.startswith(f"repeat 2 of 3: {blamed}"), line
+    assert line.endswith(f" — {own}; repeat 1 of 3: {rec.runs[0].reason}"), line
     assert f"| FAIL | {line} |" in run.report
     assert run.context["verdict"] == "NO-GO"
 

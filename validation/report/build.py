@@ -176,7 +176,7 @@ def _recheck_goldens(records: list[PhaseRecord], points: list[PhasePoint], resul
         if point is None or stored is None or not r.ran or r.hardware is None:
             out.append(r)
             continue
-        check = goldens.recheck(point, stored, Path(results_dir) / r.out_dir, r.hardware)
+        check = goldens.recheck(point, stored, Path(results_dir), r.out_dir, r.hardware)
         if check.now is None:
             not_checked.append(f"{where(r)} ({check.why_not}; the gate as stored at the run is shown)")
         elif check.now.pending == Pending.NO_GOLDEN:

@@ -117,7 +117,7 @@ def test_every_repeat_that_broke_a_contract_file_is_a_finding_naming_the_repeat(
     assert len(titles) == 2, titles
     for k, title in zip((1, 3), titles):
         assert title.startswith(f"ab [default], repeat {k} of 3: "), title
-        assert f"/repeat{k}/training.csv: malformed (row " in title, title
+        assert f"/repeat{k}/training.csv: malformed (line " in title, title
 
 
 def test_every_repeat_with_a_slow_rank_is_an_imbalance_finding_naming_the_repeat(fake_run):

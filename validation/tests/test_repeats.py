@@ -275,3 +275,18 @@ def test_a_failed_repeat_of_an_older_harness_without_its_gates_is_still_a_findin
     assert [s.gates for s in old.runs] == [[], [], []]
     titles = [f.title for f in find([old]) if f.title.startswith("gate failed")]
     assert titles == ["gate failed in ab [default], repeat 2 of 3: loss_finite = 0, needs == 1 (all steps)"]
+
+
+def test_a_repeated_points_mean_says_how_many_repeats_it_is_of():
+    """Repeats 1 and 2 of a trainer of mine crashed at step 2, before the 'last 4 steps' window; the
+    phase table showed repeat 3's 69,750 tok/s as the point's mean, beside repeat 1's steps and loss,
+    and the line of each repeat's toks/s was left out (no interval of one value). The mean now says
+    it is of 1 of 3 repeats, and the line lists every repeat, '—' where it has no value."""
+    rec = _repeated(["FAIL", "FAIL", "PASS"], 1, [1.0] * 3)
+    subs = [dataclasses.replace(s, metrics=Summary(toks_per_s_mean=v)) for s, v in zip(rec.runs, (None, None, 69750.0))]
+    rec = dataclasses.replace(rec, runs=subs, metrics=Summary(toks_per_s_mean=69750.0))
+    [table] = phase_tables([rec])
+    assert table["rows"][0]["mean"] == "69,750 (1 of 3 repeats)"
+    assert table["repeats"] == ["[default]: —; —; 69,750"]
+    rec = _repeated(["PASS"] * 3, 3, [1.0] * 3)  # every repeat has one: the interval alone
+    assert phase_tables([rec])[0]["rows"][0]["mean"] == "100 ± 0"

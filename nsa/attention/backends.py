@@ -53,6 +53,10 @@ class Backend:
     """(device, dtype) -> (usable, reason); the reason says why not when unusable."""
     kernels: bool = True
     """Runs nsa.kernels code, which routing imports ahead of the first call (see preload)."""
+    runs: str | None = None
+    """The backend whose code runs, where it is not the one named: the select stage follows
+    attn.backend_cmp, and its 'cudnn' is the Triton top-n fed by cuDNN's compressed branch. Its
+    Route names what runs (env.json, the report), never a cuDNN top-n that does not exist."""
 
 
 @dataclass(frozen=True)
@@ -153,7 +157,7 @@ BACKENDS: dict[str, dict[str, Backend]] = {
     "select": {  # follows backend_cmp: cuDNN's compressed branch feeds the Triton top-n
         "torch": Backend(tb.torch_select_blocks, _always, kernels=False),
         "triton": Backend(kb.triton_select_blocks, _triton_available),
-        "cudnn": Backend(kb.triton_select_blocks, _cudnn_available),
+        "cudnn": Backend(kb.triton_select_blocks, _cudnn_available, runs="triton"),
     },
     "sel": {
         "torch": Backend(tb.torch_sel_attention, _always, kernels=False),
@@ -222,15 +226,24 @@ def resolve_route(stage: str, requested: str, device: torch.device, dtype: torch
                 f"attn.{STAGE_CONFIG_KEY[stage]}={requested!r} cannot run on {device.type}/{dtype}: {why}; "
                 f"what runs here: {', '.join(runnable)}"
             )
-        return Route(stage, requested, f"requested by config ({why})")
+        return _route(stage, requested, f"requested by config ({why})")
     skipped = []
     for name in auto_order(stage, device, dtype):
         ok, why = impls[name].available(device, dtype)
         if ok:
             note = f"; skipped {', '.join(skipped)}" if skipped else ""
-            return Route(stage, name, f"auto: {why}{note}", fallback=bool(skipped))
+            return _route(stage, name, f"auto: {why}{note}", fallback=bool(skipped))
         skipped.append(f"{name} ({why})")
     raise BackendUnavailable(f"no backend can run the {stage} stage on {device.type}/{dtype}")
+
+
+def _route(stage: str, name: str, reason: str, fallback: bool = False) -> Route:
+    """The route to backend ``name`` of ``stage``, named by the backend whose code runs
+    (``Backend.runs``): select's 'cudnn' is 'triton', its reason saying whose scores it reads."""
+    runs = BACKENDS[stage][name].runs
+    if runs is None:
+        return Route(stage, name, reason, fallback)
+    return Route(stage, runs, f"the {runs} code of attn.{STAGE_CONFIG_KEY[stage]}={name} ({reason})", fallback)
 
 
 def check_requested(cfg: NSAConfig, device: torch.device, dtype: torch.dtype) -> None:

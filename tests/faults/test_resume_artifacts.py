@@ -305,7 +305,7 @@ def test_corrupt_training_csv_is_error(runs, tmp_path, matrix):
     lines[3] = lines[3].replace(lines[3].split(",")[3], "fast", 1)
     (d / "training.csv").write_text("\n".join(lines) + "\n")
     status, reason = _harness_verdict(d)
-    assert status == Status.ERROR and "row 4, column toks_per_s: 'fast' is not a number" in reason, reason
+    assert status == Status.ERROR and "line 4 (step 3), column toks_per_s: 'fast' is not a number" in reason, reason
     (d / "training.csv").write_bytes(b"\x00\xff\xfe junk \x00" * 50)
     status2, reason2 = _harness_verdict(d)
     assert status2 == Status.ERROR and str(d / "training.csv") in reason2, reason2

@@ -216,7 +216,7 @@ def test_check_artifacts_good_missing_and_malformed(seedlike_results, tmp_path):
     with open(bad_rows / "training.csv", "a") as f:
         f.write("50,abc,0.1,100,nan,nan,nan,nan\n")
     rc, text = _check(bad_rows)
-    assert rc == 1 and "row 7, column loss: 'abc' is not a number" in text, text
+    assert rc == 1 and "line 7 (step 50), column loss: 'abc' is not a number" in text, text
 
 
 def test_check_artifacts_cli_exit_codes(seedlike_results, tmp_path):

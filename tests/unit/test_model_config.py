@@ -138,3 +138,25 @@ def test_cudnn_compressed_backend_is_a_candidate_for_half_precision_only():
     # no GPU here: every CUDA backend is skipped, and the reason lists the ones 'auto' tried
     assert half.reason.index("cudnn (") < half.reason.index("triton (")
     assert "cudnn" not in full.reason and "triton (" in full.reason
+
+
+@pytest.mark.parametrize("requested", ["cudnn", "auto"])
+def test_the_select_stage_under_the_cudnn_compressed_branch_is_named_by_the_triton_code_it_runs(monkeypatch, requested):
+    """attn.backend_cmp=cudnn routes the select stage to the Triton top-n, fed by cuDNN's compressed
+    branch: no cuDNN top-n exists. Its route said 'cudnn' and reports read 'select: cudnn'; it
+    names 'triton' now, and its reason says which config choice brought it there."""
+    import dataclasses
+
+    import torch
+
+    from nsa.attention import kernel_branches as kb
+    from nsa.attention.backends import BACKENDS, implementation, resolve_route
+
+    # cuDNN as if usable (this machine has no GPU): the route is what is checked, not the kernel
+    stub = dataclasses.replace(BACKENDS["select"]["cudnn"], available=lambda device, dtype: (True, "stub cuDNN"))
+    monkeypatch.setitem(BACKENDS["select"], "cudnn", stub)
+    monkeypatch.setattr("nsa.attention.backends.auto_order", lambda stage, device, dtype: ("cudnn", "torch"))
+    route = resolve_route("select", requested, torch.device("cuda"), torch.bfloat16)
+    assert route.backend == "triton", route
+    assert "attn.backend_cmp=cudnn" in route.reason and "stub cuDNN" in route.reason, route.reason
+    assert implementation(route) is kb.triton_select_blocks

@@ -113,10 +113,14 @@ def read_training_log(out_dir: Path) -> TrainingLog:
 
 
 def _refuse(path: Path, df: pd.DataFrame, col: str, bad: pd.Series, what: str) -> None:
-    """An ArtifactError naming the first row of ``bad`` (its line in the file) and its value."""
+    """An ArtifactError naming the first row of ``bad`` by its line in the file and, where that row's
+    step reads as one, its step ('line 3 (step 2), column grad_norm'), and its value. It said 'row 3',
+    which a reader took for the third row of steps (step 3) as readily as for line 3 (step 2)."""
     if bad.any():
         row = int(bad.to_numpy().nonzero()[0][0])
-        raise ArtifactError(f"{path}: row {row + 2}, column {col}: {df[col].iloc[row]!r} {what}")
+        step = df["step"].iloc[row].strip()
+        said = f" (step {step})" if col != "step" and step.isdigit() else ""
+        raise ArtifactError(f"{path}: line {row + 2}{said}, column {col}: {df[col].iloc[row]!r} {what}")
 
 
 def window_rows(df: pd.DataFrame, last: int | None) -> pd.DataFrame:

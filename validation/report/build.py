@@ -25,7 +25,7 @@ from validation import DEFAULT_RESULTS_DIR, REPO_ROOT, TEMPLATE_DIR
 from validation.judge.findings import find, planned_longest
 from validation.judge.findings.advice import recommendations
 from validation.judge.findings.finding import Finding, Severity, where
-from validation.judge.findings.headline import culprit
+from validation.judge.findings.headline import blame
 from validation.judge.gates import Pending
 from validation.judge.record import OWN_TRAINER, PhaseRecord, Status
 from validation.judge.timing import shared_machine
@@ -128,9 +128,10 @@ def _critical_reason(critical: list[Finding]) -> str:
 
 def _failed_point(r: PhaseRecord) -> str:
     """'long_run [default] (rank 1 hung at step 5, stage backward (in wait))': the point, and the
-    rank (and node) its crash or stall finding blames."""
-    c = culprit(r)
-    return where(r) + (f" ({c.text()})" if c is not None else "")
+    rank (and node) its crash or stall finding blames; of a repeated point, each failed repeat and
+    whom it blames (headline.blame)."""
+    who = blame(r)
+    return where(r) + (f" ({who})" if who else "")
 
 
 def _select(records: list[PhaseRecord], points: list[PhasePoint] | None):
@@ -175,7 +176,7 @@ def _recheck_goldens(records: list[PhaseRecord], points: list[PhasePoint], resul
         if point is None or stored is None or not r.ran or r.hardware is None:
             out.append(r)
             continue
-        check = goldens.recheck(point, stored, Path(results_dir) / r.out_dir, r.hardware)
+        check = goldens.recheck(point, stored, Path(results_dir), r.out_dir, r.hardware)
         if check.now is None:
             not_checked.append(f"{where(r)} ({check.why_not}; the gate as stored at the run is shown)")
         elif check.now.pending == Pending.NO_GOLDEN:

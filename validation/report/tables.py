@@ -11,7 +11,7 @@ from validation import REPO_ROOT
 from validation.judge.findings.finding import point_label, repeat_part
 from validation.judge.findings.headline import verdict_line
 from validation.judge.gates import REPEAT_LOSS_METRIC
-from validation.judge.interval import CONFIDENCE, interval, repeat_values
+from validation.judge.interval import CONFIDENCE, Interval, interval, repeat_values
 from validation.judge.metrics import METRICS
 from validation.judge.provenance import short_commit
 from validation.judge.record import PhaseRecord, Status, SubRun, Summary
@@ -90,12 +90,13 @@ def phase_tables(records: list[PhaseRecord], shared: set[str] | frozenset[str] =
         mark = SHARED_MARK if r.test_id in shared else ""
         ph["shared"] = ph["shared"] or bool(mark)
         ci = interval(r)
-        if ci is not None:
-            ph["repeats"].append(f"[{point_label(r)}]: " + "; ".join(cell(v) for v in repeat_values(r, "toks_per_s_mean")))
+        repeats = [s for s in r.runs if s.name.startswith("repeat")] if r.kind == "train" else []
+        if repeats:
+            ph["repeats"].append(f"[{point_label(r)}]: " + "; ".join(cell(s.metrics.toks_per_s_mean) for s in repeats))
         ph["rows"].append({
             "point": point_label(r), "params": [r.key.params.get(k) for k in ph["sweep_keys"]],
             "status": str(r.status), "reason": verdict_line(r),
-            "mean": _marked(m.toks_per_s_mean if ci is None else f"{cell(ci.mean)} ± {cell(ci.half)}", mark),
+            "mean": _marked(_repeats_mean(r, repeats, ci), mark),
             "stdev": m.toks_per_s_stdev, "step_time": _marked(_step_time(m), mark),
             "mem": _peak_mem(r), "steps": m.steps_completed, "wall_s": r.wall_s,
             "window": r.window, "passed": m.tests_passed, "failed": m.tests_failed,
@@ -113,6 +114,18 @@ def phase_tables(records: list[PhaseRecord], shared: set[str] | frozenset[str] =
         ph["flops"] = _flops_line(ph["rows"])
         ph["confidence"] = f"{CONFIDENCE:.0%}"
     return list(phases.values())
+
+
+def _repeats_mean(r: PhaseRecord, repeats: list[SubRun], ci: Interval | None) -> float | str | None:
+    """The point's mean tokens/s: of a repeated point its interval over the repeats, and how many
+    repeats it is of where some have none (a repeat that crashed before the window). A failed point
+    of 3 repeats, two crashed at step 2, showed the third's 69,750 tok/s as the point's, beside the
+    steps and loss of a crashed one, and no line said whose number it was."""
+    value: float | str | None = r.metrics.toks_per_s_mean if ci is None else f"{cell(ci.mean)} ± {cell(ci.half)}"
+    counted = len(repeat_values(r, "toks_per_s_mean"))
+    if value is None or not repeats or counted == len(repeats):
+        return value
+    return f"{cell(value)} ({counted} of {len(repeats)} repeats)"
 
 
 def _step_time(m: Summary) -> float | str | None:

@@ -23,6 +23,7 @@ from validation.errors import StoreError
 from validation.judge.findings.finding import Facts, Finding, Severity, point_label, where
 from validation.judge.gates import GateVerdict
 from validation.judge.interval import Interval, interval
+from validation.judge.metrics import METRICS
 from validation.judge.record import PhaseRecord
 from validation.store.results import ResultStore, record_key
 
@@ -66,6 +67,15 @@ class PointDelta:
     """Why a drop beyond the threshold is no regression (inside the repeats' noise)."""
     finished: bool = True
     """Both sides' processes ran and exited 0 (only such points are gated or noted)."""
+    window: str = "all steps"
+    """The steps each side's numbers are over (the phase's window: 'last 5 steps'): a gate on another
+    window reads other numbers ('loss_drop' over all steps in the gates table, over the last 5 here)."""
+    baseline_window: str = "all steps"
+
+    @property
+    def window_text(self) -> str:
+        """'last 5 steps', or 'last 5 steps (baseline: last 50 steps)' where the two sides' differ."""
+        return self.window if self.window == self.baseline_window else f"{self.window} (baseline: {self.baseline_window})"
 
     @property
     def toks(self) -> MetricDelta | None:
@@ -161,7 +171,9 @@ class Comparison:
                 cur, base = m.current, m.baseline
                 if m.metric == THROUGHPUT and p.intervals is not None:
                     cur, base = (i.text() for i in p.intervals)
-                rows.append({"phase": p.phase, "point": p.point, "metric": m.metric, "current": cur, "baseline": base,
+                window = p.window_text if METRICS[m.metric].windowed else "all steps"  # a count of the run's
+                rows.append({"phase": p.phase, "point": p.point, "metric": m.metric, "window": window,
+                             "current": cur, "baseline": base,
                              "change": "—" if m.change is None else f"{m.change:+.1%}",
                              "flag": "❌" if m.metric == THROUGHPUT and p.regression == GateVerdict.FAIL else
                              ("(inside the noise)" if m.metric == THROUGHPUT and p.note else "")})
@@ -217,7 +229,8 @@ def compare(current: list[PhaseRecord], baseline: list[PhaseRecord], baseline_di
 def _delta(r: PhaseRecord, b: PhaseRecord, deltas: list[MetricDelta], threshold: float | None) -> PointDelta:
     """One point against its baseline twin, with the regression gate's verdict."""
     finished = all(x.ran and x.exit_code == 0 for x in (r, b))
-    base = PointDelta(r.phase, point_label(r), str(r.status), str(b.status), deltas, finished=finished)
+    base = PointDelta(r.phase, point_label(r), str(r.status), str(b.status), deltas, finished=finished,
+                      window=r.window, baseline_window=b.window)
     toks = next((d for d in deltas if d.metric == THROUGHPUT), None)
     if toks is None or toks.current is None or toks.baseline is None:
         return base

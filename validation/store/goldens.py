@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as _dt
 import math
 import os
 import re
@@ -81,9 +82,23 @@ class Curve:
     """This repository's commit at the run, beside the trainer's."""
 
     def origin(self) -> str:
-        """Where the curve came from, for a gate it failed: a run's commit against this tells a
-        change of the trainer's numerics from a run that does not repeat itself."""
-        return f"the golden: commit {(self.commit or 'not recorded')[:12]}, blessed {self.blessed[:10] or 'at an unrecorded date'}"
+        """Where the curve came from ('commit 5038c55d0217, blessed 2026-11-28 05:05 UTC from
+        runs/cpu_smoke/cpu/baseline_ddp/default/9429440eecf9'): a run's commit against this tells a
+        change of the trainer's numerics from a run that does not repeat itself, and the time and
+        run tell one curve of the file from another blessed over it."""
+        return (f"commit {(self.commit or 'not recorded')[:12]}, blessed {_minute(self.blessed)}"
+                + (f" from {self.run}" if self.run else ""))
+
+
+def _minute(stamp: str) -> str:
+    """'2026-11-28 05:05 UTC' of an ISO 8601 time ('2026-11-28T05:05:31+00:00'); the text as it is
+    where it is no such time, 'at an unrecorded date' where it is empty."""
+    try:
+        t = _dt.datetime.fromisoformat(stamp)
+    except ValueError:
+        return stamp or "at an unrecorded date"
+    return (t if t.tzinfo else t.replace(tzinfo=_dt.timezone.utc)).astimezone(_dt.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M UTC")
 
 
 @dataclass(frozen=True)
@@ -237,9 +252,9 @@ def gate(point: PhasePoint, csv: pd.DataFrame | None, machine: Machine) -> GateR
     if value is None:
         note = f"training.csv lacks a finite loss for one of steps 1-{len(curve.loss)}"
     elif first is not None:
-        note = f"{first.text()}; {curve.origin()}"
+        note = f"{first.text()}; the golden: {curve.origin()}"
     else:
-        note = f"golden of commit {(curve.commit or '?')[:12]} on {hw}"
+        note = f"the golden on {hw}: {curve.origin()}"
     if rtol is None:
         note = f"tolerance to be measured (profile {RTOL_KEY}); " + note
     verdict = check(value, "<=", rtol)
@@ -282,21 +297,23 @@ class Recheck:
         return self.now is not None and (self.now.verdict, self.now.value) != (self.stored.verdict, self.stored.value)
 
 
-def recheck(point: PhasePoint, stored: GateResult, out_dir: Path, machine: Machine) -> Recheck:
-    """``stored`` (a record's golden gate) evaluated again from the run's own training.csv."""
+def recheck(point: PhasePoint, stored: GateResult, results_dir: Path, run: str, machine: Machine) -> Recheck:
+    """``stored`` (a record's golden gate) evaluated again from the run's own training.csv (``run``:
+    its directory, relative to ``results_dir``). Where the verdict changed, the note names the golden
+    file by its path, and says so where the curve was blessed from this very run (it matches itself)."""
     try:
-        csv = read_training_csv(out_dir)
+        csv = read_training_csv(Path(results_dir) / run)
     except ArtifactError as exc:
         return Recheck(stored, None, str(exc))
     now = gate(point, csv, machine)
     if now is not None and (now.verdict, now.value) != (stored.verdict, stored.value):
-        now = dataclasses.replace(now, note=f"{now.note}; re-checked at report time against {_shown(point)}, "
-                                            f"which changed since the run (then: {stored.verdict})")
+        goldens = GoldenFile.for_pair(point.runbook.path, point.runbook.name, point.profile.name)
+        curve = goldens.get(point_id(point), hardware_class(machine))
+        itself = ("; that curve was blessed from this very run, which it matches by construction"
+                  if curve is not None and curve.run == run else "")
+        now = dataclasses.replace(now, note=f"{now.note}; re-checked at report time against {goldens.path}, "
+                                            f"which changed since the run (then: {stored.verdict}){itself}")
     return Recheck(stored, now)
-
-
-def _shown(point: PhasePoint) -> str:
-    return GoldenFile.for_pair(point.runbook.path, point.runbook.name, point.profile.name).path.name
 
 
 def check_readable(runbook_path: Path, runbook: str, profile: str) -> None:

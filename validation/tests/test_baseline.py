@@ -51,8 +51,8 @@ def test_report_compares_each_point_and_gates_the_staged_drop(tmp_path, capsys):
     today = comparison.source.date
     assert f"- **Baseline commit**: {'0' * 40}" in text and f"- **Baseline date**: {today}" in text
     assert "- **Baseline hardware**: CPU only" in text
-    assert "| slowed | default | toks_per_s_mean | 80.45 | 201.1 | -60.0% ❌ |" in text
-    assert "| steady | default | toks_per_s_mean | 201.1 | 201.1 | +0.0% |" in text
+    assert "| slowed | default | toks_per_s_mean | all steps | 80.45 | 201.1 | -60.0% ❌ |" in text
+    assert "| steady | default | toks_per_s_mean | all steps | 201.1 | 201.1 | +0.0% |" in text
     assert "Points only in this run (no baseline to compare with): new [default]" in text
     assert "Points only in the baseline (not in this run): gone [default]" in text
     assert "| slowed | default | toks_per_s_mean change vs baseline | -0.6 | >= | -0.5 (max_toks_regression) |" in text
@@ -62,6 +62,28 @@ def test_report_compares_each_point_and_gates_the_staged_drop(tmp_path, capsys):
     assert "Comparison with Baseline" in (cur / "reports" / "fake__cpu.md").read_text()
     # without --baseline the same store is GO
     assert main(["report", "--runbook", str(rb), "--results-dir", str(cur), "--no-plots"]) == 0
+
+
+def test_the_comparison_says_the_window_its_numbers_are_over_and_where_the_baselines_differs(tmp_path):
+    """The CPU smoke runbook's report against a baseline gave baseline_ddp's loss_drop as 0.3085 in
+    the comparison table and 2.462 in the gates table: the comparison's numbers are over the phase's
+    window (last 5 steps), the gate's over all steps, and the table said neither. A baseline whose
+    runbook had another window compared numbers over other steps without a word. Each row now says
+    its window, and both where they differ."""
+    base, cur = tmp_path / "base", tmp_path / "cur"
+    gates = lambda last: [{"metric": "toks_per_s_mean", "op": ">=", "threshold": 1,  # noqa: E731
+                           "window": f"last {last} steps"}, {"metric": "loss_drop", "op": ">=", "threshold": 0}]
+    rb_base = write_runbook(tmp_path / "base.yaml", [train_phase("ab", gates=gates(5))])
+    rb_cur = write_runbook(tmp_path / "cur.yaml", [train_phase("ab", gates=gates(3))])
+    assert main(["run", "--runbook", str(rb_base), "--results-dir", str(base), "--no-report"]) == 0
+    assert main(["run", "--runbook", str(rb_cur), "--results-dir", str(cur), "--no-report"]) == 0
+    ctx = build_context(cur, "fake", "cpu", runbook=load_runbook(rb_cur), profile=load_profile("cpu"),
+                        now="2026-01-01 00:00 UTC", baseline=base)
+    text = render_text({**ctx, "results_prefix": ".."})
+    assert "| ab | default | toks_per_s_mean | last 3 steps (baseline: last 5 steps) | " in text
+    assert "| ab | default | loss_drop | last 3 steps (baseline: last 5 steps) | " in text
+    assert "| ab | default | steps_completed | all steps | 8 | 8 |" in text  # no window: the whole run's
+    assert "the Gates table's value of a metric may differ from this one" in text
 
 
 def test_without_a_threshold_changes_are_shown_not_gated(tmp_path):

@@ -363,7 +363,7 @@ def test_check_artifacts_names_a_step_that_is_no_step(tmp_path, capsys):
     (tmp_path / "heartbeat_rank0.jsonl").write_text('{"time": 1.0, "step": 1}\n')
     (tmp_path / "env.json").write_text('{"world_size": 1}')
     assert main(["check-artifacts", str(tmp_path)]) == 1
-    assert "training.csv: row 3, column step: 'nan' is not a step (an integer from 1)" in capsys.readouterr().out
+    assert "training.csv: line 3, column step: 'nan' is not a step (an integer from 1)" in capsys.readouterr().out
 
 
 def test_a_results_dir_that_cannot_be_written_is_a_usage_error(tmp_path, capsys, monkeypatch):

@@ -99,7 +99,7 @@ def test_missing_csv_is_error_naming_the_file(fake_run):
 def test_corrupt_csv_names_row_and_column(fake_run):
     run = fake_run([train_phase(fault="corrupt_csv")])
     assert run.record.status == "ERROR"
-    assert "row 3, column toks_per_s: 'fast' is not a number" in run.record.reason
+    assert "line 3 (step 2), column toks_per_s: 'fast' is not a number" in run.record.reason
 
 
 def test_wrong_csv_header_is_error(fake_run):

@@ -40,7 +40,7 @@ def test_report_judges_a_stored_run_against_the_golden_file_as_it_is_now(tmp_pat
     assert ctx["verdict"] == "NO-GO"
     [gate] = [g for g in ctx["gates"] if g["metric"] == "golden_loss_rel_diff"]
     assert gate["verdict"] == GateVerdict.FAIL and "first diverging step 1" in gate["description"]
-    assert "re-checked at report time against fake__cpu.yaml, which changed since the run (then: UNMEASURED)" \
+    assert f"re-checked at report time against {goldens.path}, which changed since the run (then: UNMEASURED)" \
         in gate["description"]
     text = render_text({**ctx, "results_prefix": ".."})
     assert (f"- **Golden curves**: 1 golden gate(s) re-checked at report time against `{goldens.path}` as it is now, "
@@ -90,3 +90,26 @@ def test_a_gate_without_a_golden_curve_is_not_counted_as_re_checked(tmp_path):
     assert ctx["verdict"] == "INCOMPLETE"
     assert (f"- **Golden curves**: no golden gate re-checked at report time against `{path}`; no golden curve in it "
             "for: long_run [default]") in render_text({**ctx, "results_prefix": ".."})
+
+
+def test_a_rechecked_golden_names_its_file_when_and_from_which_run_it_was_blessed(tmp_path):
+    """A run failed its golden, its curve was then blessed from that very run, and the report said
+    'PASS ... (golden of commit 5038c55d0217 on cpu; re-checked at report time against
+    cpu_smoke__cpu.yaml, which changed since the run (then: FAIL))': neither the golden file's path
+    (a runbook copied elsewhere has its own), nor when the curve was blessed, nor from which run,
+    so a reader could not tell that the run was being compared with itself. Found by blessing a
+    failed baseline_ddp run of a copy of cpu_smoke and rendering its report."""
+    rb, res = write_runbook(tmp_path / "rb.yaml", [train_phase("long_run", golden_steps=4, gates=[])]), tmp_path / "res"
+    main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"])
+    (stored,) = ResultStore(res).records()
+    assert main(["bless", "--runbook", str(rb), "--results-dir", str(res)]) == 0
+    goldens = GoldenFile.for_pair(rb, "fake", "cpu")
+    curve = goldens.get("long_run/default", "cpu")
+    assert curve.run == stored.out_dir
+    goldens.put("long_run/default", "cpu", dataclasses.replace(curve, blessed="2026-11-28T05:03:41+00:00"))
+    goldens.save()
+    [gate] = [g for g in _context(rb, res)["gates"] if g["metric"] == "golden_loss_rel_diff"]
+    assert (f"the golden on cpu: commit {curve.commit[:12]}, blessed 2026-11-28 05:03 UTC from {stored.out_dir}; "
+            f"re-checked at report time against {goldens.path}, which changed since the run (then: UNMEASURED); "
+            "that curve was blessed from this very run, which it matches by construction") in gate["description"], \
+        gate["description"]

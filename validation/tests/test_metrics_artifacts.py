@@ -57,15 +57,15 @@ def test_a_csv_step_that_goes_back_begins_a_rerun(tmp_path):
     ("", "empty file"),
     (",".join(CSV_COLUMNS) + "\n", "header only"),
     ("step,loss\n1,2\n", "header is step,loss"),
-    (",".join(CSV_COLUMNS) + "\n1,2,3,four,5,6,7,8\n", "row 2, column toks_per_s: 'four' is not a number"),
+    (",".join(CSV_COLUMNS) + "\n1,2,3,four,5,6,7,8\n", "line 2 (step 1), column toks_per_s: 'four' is not a number"),
     (",".join(CSV_COLUMNS) + '\n1,2,3,"4\n', "not a readable CSV"),
     # a step that is no optimizer step crashed the reader (pandas' int cast) and with it the whole run
-    (",".join(CSV_COLUMNS) + "\n1,2,3,4,5,6,7,8\nnan,2,3,4,5,6,7,8\n", "row 3, column step: 'nan' is not a step (an integer from 1)"),
-    (",".join(CSV_COLUMNS) + "\n1.5,2,3,4,5,6,7,8\n", "row 2, column step: '1.5' is not a step (an integer from 1)"),
-    (",".join(CSV_COLUMNS) + "\n0,2,3,4,5,6,7,8\n", "row 2, column step: '0' is not a step (an integer from 1)"),
+    (",".join(CSV_COLUMNS) + "\n1,2,3,4,5,6,7,8\nnan,2,3,4,5,6,7,8\n", "line 3, column step: 'nan' is not a step (an integer from 1)"),
+    (",".join(CSV_COLUMNS) + "\n1.5,2,3,4,5,6,7,8\n", "line 2, column step: '1.5' is not a step (an integer from 1)"),
+    (",".join(CSV_COLUMNS) + "\n0,2,3,4,5,6,7,8\n", "line 2, column step: '0' is not a step (an integer from 1)"),
     # tokens/s, times, norms and memory cannot be negative: a mean over such rows is no measurement
-    (",".join(CSV_COLUMNS) + "\n1,2,3,4,5,6,7,8\n2,2,3,-4,5,6,7,8\n", "row 3, column toks_per_s: '-4' is negative"),
-    (",".join(CSV_COLUMNS) + "\n1,2,3,4,5,6,-inf,8\n", "row 2, column mem_alloc_gb: '-inf' is negative"),
+    (",".join(CSV_COLUMNS) + "\n1,2,3,4,5,6,7,8\n2,2,3,-4,5,6,7,8\n", "line 3 (step 2), column toks_per_s: '-4' is negative"),
+    (",".join(CSV_COLUMNS) + "\n1,2,3,4,5,6,-inf,8\n", "line 2 (step 1), column mem_alloc_gb: '-inf' is negative"),
 ])
 def test_bad_csv_is_named(tmp_path, content, words):
     (tmp_path / "training.csv").write_text(content)

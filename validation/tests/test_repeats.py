@@ -97,7 +97,10 @@ def test_a_repeat_that_crashed_or_stalled_decides_the_point_before_one_that_fail
         "gate failed in ab [default], repeat 1 of 3"]
     assert rec.metrics.steps_completed == rec.runs[1].last_step < 8 and "stopped after step" not in run.report
     line = verdict_line(rec)
-    assert line.startswith(blamed) and line.endswith(f" — {rec.reason}"), line
+    own = rec.reason.removeprefix("repeat 2 of 3: ")
+    # the deciding repeat first, led by the rank it blames, then repeat 1's gate miss
+    assert line.startswith(f"repeat 2 of 3: {blamed}"), line
+    assert line.endswith(f" — {own}; repeat 1 of 3: {rec.runs[0].reason}"), line
     assert f"| FAIL | {line} |" in run.report
     assert run.context["verdict"] == "NO-GO"
 
@@ -114,7 +117,7 @@ def test_every_repeat_that_broke_a_contract_file_is_a_finding_naming_the_repeat(
     assert len(titles) == 2, titles
     for k, title in zip((1, 3), titles):
         assert title.startswith(f"ab [default], repeat {k} of 3: "), title
-        assert f"/repeat{k}/training.csv: malformed (row " in title, title
+        assert f"/repeat{k}/training.csv: malformed (line " in title, title
 
 
 def test_every_repeat_with_a_slow_rank_is_an_imbalance_finding_naming_the_repeat(fake_run):
@@ -272,3 +275,18 @@ def test_a_failed_repeat_of_an_older_harness_without_its_gates_is_still_a_findin
     assert [s.gates for s in old.runs] == [[], [], []]
     titles = [f.title for f in find([old]) if f.title.startswith("gate failed")]
     assert titles == ["gate failed in ab [default], repeat 2 of 3: loss_finite = 0, needs == 1 (all steps)"]
+
+
+def test_a_repeated_points_mean_says_how_many_repeats_it_is_of():
+    """Repeats 1 and 2 of a trainer of mine crashed at step 2, before the 'last 4 steps' window; the
+    phase table showed repeat 3's 69,750 tok/s as the point's mean, beside repeat 1's steps and loss,
+    and the line of each repeat's toks/s was left out (no interval of one value). The mean now says
+    it is of 1 of 3 repeats, and the line lists every repeat, '—' where it has no value."""
+    rec = _repeated(["FAIL", "FAIL", "PASS"], 1, [1.0] * 3)
+    subs = [dataclasses.replace(s, metrics=Summary(toks_per_s_mean=v)) for s, v in zip(rec.runs, (None, None, 69750.0))]
+    rec = dataclasses.replace(rec, runs=subs, metrics=Summary(toks_per_s_mean=69750.0))
+    [table] = phase_tables([rec])
+    assert table["rows"][0]["mean"] == "69,750 (1 of 3 repeats)"
+    assert table["repeats"] == ["[default]: —; —; 69,750"]
+    rec = _repeated(["PASS"] * 3, 3, [1.0] * 3)  # every repeat has one: the interval alone
+    assert phase_tables([rec])[0]["rows"][0]["mean"] == "100 ± 0"

@@ -91,7 +91,7 @@ def test_a_crash_after_steps_whose_csv_is_malformed_is_not_called_a_start_up_fai
     crashed read 'trainer ended before its first step (exit code 1)': the malformed CSV gives no
     step count, but the heartbeats said step 4 was done."""
     broken = Outcome("train", exit_code=1, steps_requested=8, steps_completed=None, last_step_done=4,
-                     errors=("training.csv: malformed (row 5, column lr: 'zz!!' is not a number)",))
+                     errors=("training.csv: malformed (line 5 (step 4), column lr: 'zz!!' is not a number)",))
     status, reason = verdict(broken, [])
     assert status == Status.FAIL and "before its first step" not in reason, reason
     assert reason.startswith("trainer crashed (exit code 1)") and "training.csv: malformed" in reason, reason

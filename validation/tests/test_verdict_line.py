@@ -12,7 +12,7 @@ from validation.judge.findings import find
 from validation.judge.findings.culprit import Did, NoStack
 from validation.judge.findings.headline import culprit, verdict_line
 from validation.judge.nodes import NodeEvidence, NodesEvidence
-from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
+from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status, SubRun
 from validation.report.build import status_of
 from validation.runbook.plan import expand
 from validation.session.session import Outcome
@@ -130,3 +130,44 @@ def test_the_status_line_counts_critical_findings_in_words_that_fit_their_number
     assert str(verdict) == "NO-GO" and reason == f"1 critical finding: {cliff.title}", reason
     _, reason = status_of([passed], [], [cliff, spike])
     assert reason == f"2 critical findings, the first: {cliff.title}", reason
+
+
+def test_a_repeated_point_names_every_failed_repeat_and_the_rank_each_blames():
+    """Repeat 1 of 3 crashed on rank 0 and repeat 2 on rank 1 (a trainer of mine under torchrun,
+    run through the CLI): the status line read 'ddp [default] (rank 0 crashed ...: boom in repeat1
+    on rank 0)' and the verdict line 'rank 0 crashed ... — repeat 1 of 3: trainer crashed', so a
+    reader of either blamed rank 0 alone, the repeat 2 crash of rank 1 only in the findings. Both
+    lines now name each failed repeat with the rank it blames, the deciding repeat first."""
+    def evidence(rank: int) -> Evidence:
+        other = 1 - rank
+        return Evidence(rank_failures={rank: RankFailure(exception=f"RuntimeError: boom on rank {rank}", exit_code=1),
+                                       other: RankFailure(exit_code=1, signal="SIGTERM")},
+                        last_heartbeat={0: Beat(3, "forward"), 1: Beat(3, "forward")})
+
+    crashed = "trainer crashed (exit code 1)"
+    runs = [SubRun(f"repeat{k}", f"repeat {k} of 3", f"runs/two/repeat{k}", st, reason, exit_code=code,
+                   evidence=ev)
+            for k, st, reason, code, ev in ((1, Status.FAIL, crashed, 1, evidence(0)),
+                                           (2, Status.FAIL, crashed, 1, evidence(1)),
+                                           (3, Status.PASS, "1 gate(s) passed", 0, Evidence()))]
+    rec = _record(reason=f"repeat 1 of 3: {crashed}", out_dir="runs/two/repeat1", runs=runs, evidence=evidence(0))
+    one = "rank 0 crashed (last heartbeat step 3, stage forward): RuntimeError: boom on rank 0"
+    two = "rank 1 crashed (last heartbeat step 3, stage forward): RuntimeError: boom on rank 1"
+    assert verdict_line(rec) == f"repeat 1 of 3: {one} — {crashed}; repeat 2 of 3: {two} — {crashed}"
+    verdict, reason = status_of([rec], [], find([rec]))
+    assert verdict == "NO-GO" and reason == (
+        f"1 of 1 phase point(s) failed: two [default] (repeat 1 of 3: {one}; repeat 2 of 3: {two})"), reason
+
+
+def test_a_repeat_of_an_older_record_without_evidence_is_named_by_its_reason_alone():
+    """A record of an older harness kept no evidence per repeat: its other failed repeat is named with
+    its reason, never blamed on the ranks of the deciding repeat's evidence."""
+    ev = Evidence(rank_failures={0: RankFailure(exception="RuntimeError: boom", exit_code=1)},
+                  last_heartbeat={0: Beat(3, "forward")})
+    runs = [SubRun("repeat1", "repeat 1 of 2", "runs/two/repeat1", Status.FAIL, "trainer crashed (exit code 1)"),
+            SubRun("repeat2", "repeat 2 of 2", "runs/two/repeat2", Status.FAIL, "trainer crashed (exit code 1)")]
+    rec = _record(reason="repeat 1 of 2: trainer crashed (exit code 1)", out_dir="runs/two/repeat1", runs=runs,
+                  evidence=ev)
+    assert verdict_line(rec) == ("repeat 1 of 2: rank 0 crashed (last heartbeat step 3, stage forward): "
+                                 "RuntimeError: boom — trainer crashed (exit code 1); "
+                                 "repeat 2 of 2: trainer crashed (exit code 1)")

@@ -9,9 +9,7 @@ their ranks named too.
 
 Of a repeated point, the line names each repeat that failed, the deciding one first, each led by
 its own culprit: 'repeat 1 of 3: rank 0 crashed (...) — trainer crashed (exit code 1); repeat 2 of
-3: rank 1 crashed (...) — trainer crashed (exit code 1)'. It once named the deciding repeat's rank
-alone, before the repeat ('rank 0 crashed ... — repeat 1 of 3: ...'), and the report's status line
-blamed rank 0 for a point whose second repeat rank 1 had crashed."""
+3: rank 1 crashed (...) — trainer crashed (exit code 1)'."""
 from __future__ import annotations
 
 from validation.judge.findings.culprit import Culprit

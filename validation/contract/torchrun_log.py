@@ -9,7 +9,9 @@ from pathlib import Path
 
 from nsa.contract import EXIT_NONFINITE, EXIT_WATCHDOG
 
-_RANK_LINE = re.compile(r"^\[rank(\d+)\]: (.*)$")
+#: a line a rank wrote with its prefix: Python's '[rank1]: Traceback ...' (the excepthook torch.distributed
+#: installs), C++ logging's '[rank1]:[E1128 04:58:52.554 ProcessGroupNCCL.cpp:689] ...' (no space)
+_RANK_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
 _TR_RANK = re.compile(r"^\s*rank\s*: (\d+) \(local_rank")
 _EXC = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Fault|Interrupt|Failure)\b")
 _TR_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+)")
@@ -48,6 +50,17 @@ _PEER_GONE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|remote (
 #: the C++ runtime's last word before it aborts a process (SIGABRT) whose threads were never joined: at an
 #: interpreter's exit, those of a process group whose collective broke (gloo's)
 _TERMINATE = "terminate called without an active exception"
+#: NCCL's watchdog, in the rank's own log lines (a ``[rankN]:`` prefix, or the default process group's
+#: rank in its message: '[PG ID 0 PG GUID 0(default_pg) Rank 1] Process group watchdog thread terminated
+#: with exception: ...'): the collective it watched timed out, or failed, and it takes the process down
+#: (SIGABRT, after 'terminate called after throwing an instance of 'c10::DistBackendError'')
+_WATCHDOG = re.compile(r"(\[PG [^\]]*\(default_pg\) Rank (?P<rank>\d+)\] )?(Process group|NCCL) watchdog thread "
+                       r"terminated with exception: (?P<why>.*)|(?P<timeout>Watchdog caught collective operation "
+                       r"timeout: .*)")
+#: of the watchdog's reasons, those of a peer: its collective timed out waiting for one that never came,
+#: or a peer went away under it (ncclRemoteError); not a fault of the rank's own (a CUDA error)
+_PEER_FAILED = re.compile(r"Watchdog caught collective operation timeout|ncclRemoteError|remote process exited|"
+                          r"Connection (closed|reset) by peer", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -69,6 +82,13 @@ class RankFailure:
     ``_teardown_aborts``), most likely its own, caught: the rank caught its collective broken by a
     peer's failure and exited (sys.exit(1), as many trainers do), and its interpreter's exit aborted on
     the broken process group's threads. It failed after a peer, not in its own right."""
+    nccl_watchdog: str | None = None
+    """Of a rank whose NCCL watchdog found its collective failed by a peer (``_WATCHDOG``, of that rank
+    in the log): it timed out waiting for a peer that never came ('Watchdog caught collective operation
+    timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, ...) ran for 15085 milliseconds before timing out'), or a
+    peer went away under it (ncclRemoteError). The watchdog then took the process down (SIGABRT), or its
+    next collective raised (DistBackendError): it failed waiting for a peer, not in its own right, and
+    the peer it waited for may have been still running (a hang: torchrun's SIGTERM ended it)."""
 
     @property
     def own(self) -> bool:
@@ -76,7 +96,8 @@ class RankFailure:
         exception that is not a peer's collective breaking under it."""
         if self.exception:
             return not _VICTIM.search(self.exception)
-        return bool(self.signal) and self.signal != "SIGTERM" and self.broken_collective is None
+        return (bool(self.signal) and self.signal != "SIGTERM" and self.broken_collective is None
+                and self.nccl_watchdog is None)
 
     @property
     def silent(self) -> bool:
@@ -87,6 +108,8 @@ class RankFailure:
         is an exit of its own choosing, after a peer's failure."""
         if self.broken_collective is not None:
             return True
+        if self.nccl_watchdog is not None:
+            return False
         return not self.exception and not self.signal and self.exit_code is not None and self.exit_code > 0
 
     @property
@@ -98,6 +121,8 @@ class RankFailure:
             return short_exception(self.exception)
         if self.broken_collective is not None:
             return f"killed by {self.signal} after a collective broke ({short_exception(self.broken_collective)})"
+        if self.nccl_watchdog is not None and self.signal:
+            return f"killed by {self.signal} by its NCCL watchdog ({self.nccl_watchdog[:200]})"
         if self.signal:
             return f"killed by {self.signal}"
         if self.exit_code is None:
@@ -163,6 +188,9 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, Rank
                 entry["signal"] = _signal_name(-code)
             rank = None
     failures = {r: RankFailure(**f) for r, f in found.items()}
+    for r, why in _watchdog_failures(text).items():
+        if r in failures:
+            failures[r] = replace(failures[r], nccl_watchdog=why)
     for r, broken in _teardown_aborts(text, failures).items():
         failures[r] = replace(failures[r], broken_collective=broken)
     silent = [r for r, f in failures.items() if f.silent]
@@ -170,6 +198,25 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, Rank
     if len(silent) == 1 and len(unranked) == 1:
         failures[silent[0]] = replace(failures[silent[0]], unranked=unranked.pop())
     return failures
+
+
+def _watchdog_failures(text: str) -> dict[int, str]:
+    """Per rank, the first word of its NCCL watchdog on a collective that a peer failed (``_WATCHDOG``,
+    ``_PEER_FAILED``): the line's ``[rankN]:`` prefix names the rank, else the default process group's
+    rank in the message (a group's rank is the global one only there). A watchdog's exception of the
+    rank's own (a CUDA error) is not taken."""
+    out: dict[int, str] = {}
+    for ln in text.splitlines():
+        m = _RANK_LINE.match(ln)
+        line = m.group(2) if m else ln.strip().removeprefix("what():").strip()
+        w = _WATCHDOG.search(line)
+        if w is None:
+            continue
+        rank = int(m.group(1)) if m else int(w["rank"]) if w["rank"] is not None else None
+        why = re.sub(r"^\[Rank \d+\] ", "", (w["timeout"] or w["why"]).strip())
+        if rank is not None and rank not in out and _PEER_FAILED.search(why):
+            out[rank] = why.split(". ")[0]
+    return out
 
 
 def _teardown_aborts(text: str, failures: dict[int, RankFailure]) -> dict[int, str]:

@@ -14,7 +14,7 @@ from validation.judge.findings.departed import (departed, departure, ended_befor
                                                  maybe_departed, root_of, silent_first)
 from validation.judge.findings.finding import (Facts, Finding, Severity, last_heartbeat, own_reason, process,
                                                processes, where, where_gated, where_run)
-from validation.judge.findings.hung import hung_ranks
+from validation.judge.findings.hung import hung_ranks, waited_for
 from validation.judge.findings.nodes import STRAGGLER_MIN_S, STRAGGLER_SHARE, missing_node
 from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult, GateVerdict
 from validation.judge.provenance import short_commit
@@ -83,6 +83,17 @@ def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
                           + (f": {'; '.join(failed)}" if failed else ""))
                 kind = "left_after"
                 culprit = Culprit(Did.ENDED, tuple(RankAt.of(r, k) for k in ended))
+            elif hung := waited_for(ev.rank_failures, ev.last_heartbeat):
+                # no rank failed in its own right: the ranks whose NCCL watchdog took them down waited in a
+                # collective for ranks still running outside it, which torchrun then ended (SIGTERM)
+                waited = sorted(k for k, f in ev.rank_failures.items() if f.nccl_watchdog)
+                said = ev.rank_failures[waited[0]].nccl_watchdog.removeprefix("Watchdog caught collective operation ")
+                cause = (f"{_ranks(waited)}'s NCCL watchdog gave up waiting for {'it' if len(hung) == 1 else 'them'} "
+                         f"in a collective ({said[:200]}); it was still running, outside that collective, when "
+                         "torchrun ended the run (SIGTERM)")
+                title += f": {_ranks(hung)} hung: {cause}"
+                kind = "waited"
+                culprit = Culprit(Did.HUNG, tuple(RankAt.of(r, k, cause=cause) for k in hung))
             elif exception := ev.exception or last_exception(ev.stderr_tail):  # a record stored before 'exception'
                 title += f": {exception}"
             if culprit is None and r.world_size == 1:  # the one process is rank 0, whatever launched it

@@ -14,7 +14,15 @@ from nsa.contract import EXIT_NONFINITE, EXIT_WATCHDOG
 _RANK_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
 _TR_RANK = re.compile(r"^\s*rank\s*: (\d+) \(local_rank")
 _EXC = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Fault|Interrupt|Failure)\b")
-_TR_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+)")
+_TR_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+)(?: \(pid: (\d+)\))?")
+#: torchrun's agent signalling a worker still running, once one had failed (or it was told to stop):
+#: 'Sending process 4149 closing signal SIGTERM' (workers it started as subprocesses), 'Closing process
+#: 4149 via signal SIGTERM' (as multiprocessing's), 'Unable to shutdown process 4149 via Signals.SIGTERM,
+#: forcefully exiting via Signals.SIGKILL' (one that outlived its SIGTERM)
+_AGENT_SIGNALLED = re.compile(r"^(Sending process|Closing process|Unable to shutdown process) (\d+) (closing signal|via)")
+#: torchrun's agent itself told to stop (SIGTERM, SIGINT): it signals its workers as it goes, and any of
+#: them may have had the signal from where the agent did
+_AGENT_TOLD = re.compile(r"^Received \S+ death signal, shutting down workers")
 #: the exit code of the artifact contract (nsa/contract.py) that goes with a .HALT's source: a rank
 #: that stopped as the contract asks when its watchdog saw a stall, or its loss went non-finite
 _HALT_EXIT = {"watchdog": EXIT_WATCHDOG, "nonfinite": EXIT_NONFINITE}
@@ -89,15 +97,32 @@ class RankFailure:
     peer went away under it (ncclRemoteError). The watchdog then took the process down (SIGABRT), or its
     next collective raised (DistBackendError): it failed waiting for a peer, not in its own right, and
     the peer it waited for may have been still running (a hang: torchrun's SIGTERM ended it)."""
+    pid: int | None = None
+    """Its process id, as torchrun's summary reports it."""
+    ended_by_agent: bool | None = None
+    """Whether torchrun's agent signalled this rank's process (``_AGENT_SIGNALLED``): True, its end was
+    the agent ending the ranks still running; False, the agent signalled other ranks (so its log shows
+    its signals) but not this one, which had ended before, and a SIGTERM that killed it came from
+    elsewhere (a person's kill, a scheduler, a preemption of one process); None where the log cannot
+    say (no pid, no signal of the agent's in it, or the agent was itself told to stop)."""
 
     @property
     def own(self) -> bool:
-        """Failed in its own right: killed by a signal other than torchrun's SIGTERM, or an
-        exception that is not a peer's collective breaking under it."""
+        """Failed in its own right: killed by a signal that was not torchrun's agent ending it
+        (``by_agent``), or an exception that is not a peer's collective breaking under it."""
         if self.exception:
             return not _VICTIM.search(self.exception)
-        return (bool(self.signal) and self.signal != "SIGTERM" and self.broken_collective is None
+        return (bool(self.signal) and not self.by_agent and self.broken_collective is None
                 and self.nccl_watchdog is None)
+
+    @property
+    def by_agent(self) -> bool:
+        """Ended by torchrun's agent, which ends the ranks still running once one has failed: its log
+        says it signalled this rank's process (``ended_by_agent``; a SIGKILL after a SIGTERM the rank
+        outlived too), else, where the log cannot say, a SIGTERM is taken for the agent's."""
+        if self.ended_by_agent is not None:
+            return self.ended_by_agent and bool(self.signal)
+        return self.signal == "SIGTERM"
 
     @property
     def silent(self) -> bool:
@@ -123,6 +148,10 @@ class RankFailure:
             return f"killed by {self.signal} after a collective broke ({short_exception(self.broken_collective)})"
         if self.nccl_watchdog is not None and self.signal:
             return f"killed by {self.signal} by its NCCL watchdog ({self.nccl_watchdog[:200]})"
+        if self.signal and self.ended_by_agent is True and self.signal != "SIGTERM":
+            return f"killed by {self.signal} from torchrun's agent, once its SIGTERM had not ended it"
+        if self.signal == "SIGTERM" and self.ended_by_agent is False:
+            return "killed by SIGTERM, not torchrun's (its agent signalled only ranks still running after it had ended)"
         if self.signal:
             return f"killed by {self.signal}"
         if self.exit_code is None:
@@ -184,10 +213,16 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, Rank
             code = int(e.group(1))
             entry = found.setdefault(rank, {})
             entry["exit_code"] = code
+            if e.group(2) is not None:
+                entry["pid"] = int(e.group(2))
             if code < 0:
                 entry["signal"] = _signal_name(-code)
             rank = None
     failures = {r: RankFailure(**f) for r, f in found.items()}
+    signalled = _agent_signalled(text)
+    if signalled:
+        failures = {r: replace(f, ended_by_agent=f.pid in signalled) if f.pid is not None else f
+                    for r, f in failures.items()}
     for r, why in _watchdog_failures(text).items():
         if r in failures:
             failures[r] = replace(failures[r], nccl_watchdog=why)
@@ -198,6 +233,21 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, Rank
     if len(silent) == 1 and len(unranked) == 1:
         failures[silent[0]] = replace(failures[silent[0]], unranked=unranked.pop())
     return failures
+
+
+def _agent_signalled(text: str) -> set[int]:
+    """The process ids torchrun's agent says it signalled (its own log lines, ``_AGENT_SIGNALLED``);
+    empty where it signalled none or was itself told to stop (``_AGENT_TOLD``): then any worker's signal
+    may have come from where the agent's did."""
+    pids: set[int] = set()
+    for who, ln in whose_lines(text):
+        if who != _AGENT:
+            continue
+        if _AGENT_TOLD.match(ln):
+            return set()
+        if m := _AGENT_SIGNALLED.match(ln):
+            pids.add(int(m.group(2)))
+    return pids
 
 
 def _watchdog_failures(text: str) -> dict[int, str]:

@@ -117,9 +117,13 @@ def test_a_watchdog_that_aborted_its_rank_for_a_fault_of_its_own_blames_that_ran
 
 def _three_ranks(log: str, rank0_stage: str) -> tuple[str, dict[int, list[dict]]]:
     """The recorded run as three ranks: rank 2 asleep at step 3 (rank 0's recorded heartbeats), rank 0
-    waiting in step 3 at ``rank0_stage`` and ended by torchrun's SIGTERM as rank 2 was, rank 1 aborted."""
+    waiting in step 3 at ``rank0_stage`` and ended by torchrun's SIGTERM as rank 2 was (the agent's line
+    that says so beside its SIGTERM of rank 0), rank 1 aborted."""
     term2 = _TERM0.replace("rank      : 0 (local_rank: 0)", "rank      : 2 (local_rank: 2)").replace("803", "805")
     log = log.replace(_TERM0, _TERM0 + "[2]:\n  time      : 2026-11-28_04:59:59\n  host      : localhost\n" + term2)
+    agent = "torch/distributed/elastic/multiprocessing/api.py:1012] Sending process"
+    log = log.replace(f"{agent} 803 closing signal SIGTERM\n",
+                      f"{agent} 803 closing signal SIGTERM\nW1128 04:59:59.664000 761 {agent} 805 closing signal SIGTERM\n")
     recorded = read_heartbeats(RANK0_HUNG)
     rank0 = [*recorded[0][:-1], {**recorded[0][-1], "stage": rank0_stage}]
     return log, {0: rank0, 1: recorded[1], 2: [{**b, "rank": 2} for b in recorded[0]]}

@@ -109,7 +109,7 @@ def maybe_departed(rec: PhaseRecord) -> list[int]:
     if not first or len(at) < len(first):
         return []
     return [k for k, f in sorted(ev.rank_failures.items()) if k not in first and f.signal == "SIGTERM"
-            and not f.exception and (b := ev.last_heartbeat.get(k)) is not None and b.step is not None
+            and f.by_agent and not f.exception and (b := ev.last_heartbeat.get(k)) is not None and b.step is not None
             and b.step + (b.every or 1) <= min(at)]
 
 

@@ -194,7 +194,7 @@ def _rank_lines(r: PhaseRecord, nonfinite: list[int] = ()) -> list[str]:
         if rank in nonfinite:
             line += (f"; stopped on its non-finite loss at step {ev.halt.step} (loss {ev.halt.losses[rank]}: the "
                      "trainer's .HALT)")
-            if f is not None and f.signal == "SIGTERM":
+            if f is not None and f.signal == "SIGTERM" and f.by_agent:
                 line += (", then killed by SIGTERM from torchrun's agent, which ends every rank still running once "
                          "one has ended with a failure")
             elif f is not None and f.cause:
@@ -203,10 +203,10 @@ def _rank_lines(r: PhaseRecord, nonfinite: list[int] = ()) -> list[str]:
             line += "; exited 0 (torchrun reports no failure of it)"
         elif f is not None and f.exception:
             line += f"; {f.exception}"
-        elif f is not None and f.signal == "SIGTERM" and rank in maybe:
+        elif f is not None and f.signal == "SIGTERM" and f.by_agent and rank in maybe:
             line += (f"; killed by SIGTERM from torchrun's agent once {_ranks(silent_first(r))} had failed: still "
                      "running then, or still exiting after an exit 0 of its own (its heartbeats end before their step)")
-        elif f is not None and f.signal == "SIGTERM" and root is not None and root != rank:
+        elif f is not None and f.signal == "SIGTERM" and f.by_agent and root is not None and root != rank:
             line += f"; killed by SIGTERM from torchrun's agent, which ended the ranks still running once rank {root} had failed"
         elif f is not None and f.cause:
             line += f"; {f.cause}"

@@ -235,6 +235,13 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, Rank
     return failures
 
 
+def agent_signalled(stderr_path: Path, max_bytes: int = 1 << 20) -> list[int]:
+    """The process ids torchrun's agent says in its log that it signalled (``_agent_signalled``),
+    lowest first."""
+    text = _read(stderr_path, max_bytes)
+    return [] if text is None else sorted(_agent_signalled(text))
+
+
 def _agent_signalled(text: str) -> set[int]:
     """The process ids torchrun's agent says it signalled (its own log lines, ``_AGENT_SIGNALLED``);
     empty where it signalled none or was itself told to stop (``_AGENT_TOLD``): then any worker's signal

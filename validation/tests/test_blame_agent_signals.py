@@ -6,7 +6,9 @@ a survivor's 'Connection reset by peer' as the crash's exception. And a rank the
 once it outlived the agent's SIGTERM (a preemption handler saving a checkpoint), was taken for a rank
 killed by SIGKILL in its own right, the out-of-memory killer's, ahead of the rank that raised first.
 Judged from the files real three- and two-rank gloo runs of a trainer of one's own left
-(validation/tests/evidence/sigterm3_*, agent_sigkill2_*); nothing runs here."""
+(validation/tests/evidence/sigterm3_*, agent_sigkill2_*, agent_stall2_*); nothing runs here. A rank the
+harness's stall watch found still in its end on the agent's SIGTERM (such a handler) was named as
+the rank that stalled."""
 from __future__ import annotations
 
 import re
@@ -14,10 +16,13 @@ from pathlib import Path
 
 from validation.contract.files import read_heartbeats
 from validation.contract.torchrun_log import rank_failures
+from validation.judge.evidence import collect, collect_failures, collect_halt, collect_train
 from validation.judge.findings import find, recommendations
 from validation.judge.findings.culprit import Did
 from validation.judge.findings.headline import culprit, verdict_line
-from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
+from validation.judge.metrics import RunData
+from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status, Summary
+from validation.judge.verdict import Outcome, verdict
 
 EVIDENCE = Path(__file__).parent / "evidence"
 #: torchrun x3, gloo, 2026-11-28: rank 1 sends itself SIGTERM as step 3 starts (stage data); ranks 0
@@ -102,3 +107,33 @@ def test_a_rank_the_agent_killed_after_its_sigterm_is_no_failure_of_its_own():
             "not ended it") in crash.detail, crash.detail
     [advice] = recommendations([crash])
     assert "SIGKILL" not in advice, advice
+
+
+#: the run of SLOW_HANDLER under a stall_s (12 s) shorter than the agent's wait: the harness's stall watch
+#: found rank 0 still in its SIGTERM handler, the agent having signalled it (pid 29215), took its stack and
+#: killed the run before torchrun wrote its summary
+STALLED = EVIDENCE / "agent_stall2_rank0_slow_handler"
+
+
+def test_a_rank_still_ending_on_the_agents_sigterm_when_the_harness_came_is_not_the_one_named(tmp_path):
+    """Judged as the harness judges a run it stopped: rank 1 raised first, and rank 0, found outside the
+    collectives (in its handler), had been signalled by the agent: rank 1 is named, rank 0 said to be
+    ending. Once 'rank 0 stalled in <lambda>' with rank 1's exception in the detail only."""
+    run = RunData(STALLED, world_size=2, exit_code=None, stalled_s=12.0, stacks_tried=1, steps_requested=8)
+    errors: list[str] = []
+    collect_train(run, errors)
+    collect_halt(run)
+    collect_failures(run, STALLED / "trainer.stderr.log")
+    status, reason = verdict(Outcome.of_run("train", run, errors), [])
+    rec = PhaseRecord(PointKey("mine", "cpu", "ddp"), "mine/cpu/ddp/default", "train", status, reason, steps=8,
+                      world_size=2, stalled_s=12.0, metrics=Summary.of(run, None),
+                      evidence=collect(run, STALLED / "trainer.stderr.log", errors), trainer="myt")
+    assert rec.evidence.signalled_pids == [29215], rec.evidence.signalled_pids
+    c = culprit(rec)
+    assert c is not None and c.did == Did.CRASHED and [r.rank for r in c.ranks] == [1], verdict_line(rec)
+    assert verdict_line(rec).startswith("rank 1 crashed (last heartbeat step 3, stage data): RuntimeError: boom on "
+                                        "rank 1 — stalled"), verdict_line(rec)
+    [stall] = [f for f in find([rec]) if f.title.startswith("stall in")]
+    assert stall.title.endswith("rank 1 failed first (RuntimeError: boom on rank 1; last heartbeat step 3, stage "
+                                "data), and the other ranks waited for it: rank 0 in <lambda> (ending: torchrun's agent "
+                                "had signalled it once rank 1 had failed)"), stall.title

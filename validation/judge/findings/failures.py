@@ -10,7 +10,7 @@ from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import last_exception, short_exception
 from validation.judge.findings import stability
 from validation.judge.findings.culprit import Culprit, Did, NoStack, RankAt
-from validation.judge.findings.departed import (departed, departure, ended_before, exited_0, failed_first,
+from validation.judge.findings.departed import (departed, departure, ended_before, ending, exited_0, failed_first,
                                                  maybe_departed, root_of, silent_first)
 from validation.judge.findings.finding import (Facts, Finding, Severity, last_heartbeat, own_reason, process,
                                                processes, where, where_gated, where_run)
@@ -291,7 +291,9 @@ def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
         elif root is not None:  # it failed in its own right, and the others waited for it until the harness came
             fail = ev.rank_failures[root]
             cause = fail.exception or fail.cause
-            rest = "; ".join(stuck.values())
+            signalled = {f"rank {k}" for k in ending(r)}  # in their end on the agent's signal, not waiting
+            rest = "; ".join(v + (f" (ending: torchrun's agent had signalled it once rank {root} had failed)"
+                                  if who in signalled else "") for who, v in stuck.items())
             at = (f": rank {root} failed first ({cause}; {last_heartbeat(r, root)}), and the other ranks waited for "
                   f"it" + (f": {rest}" if rest else ""))
             culprit, kind = Culprit(Did.CRASHED, (RankAt.of(r, root, cause=cause),)), "crash"

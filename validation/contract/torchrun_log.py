@@ -67,6 +67,9 @@ _WATCHDOG = re.compile(r"(\[PG [^\]]*\(default_pg\) Rank (?P<rank>\d+)\] )?(Proc
                        r"timeout: .*)")
 #: of the watchdog's reasons, those of a peer: its collective timed out waiting for one that never came,
 #: or a peer went away under it (ncclRemoteError); not a fault of the rank's own (a CUDA error)
+#: gloo's collective that gave up waiting for a peer, in the exception it raised in the rank that waited
+#: ('[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation to complete')
+_GLOO_TIMEOUT = re.compile(r"Timed out waiting \d+ms for (recv|send) operation")
 _PEER_FAILED = re.compile(r"Watchdog caught collective operation timeout|ncclRemoteError|remote process exited|"
                           r"Connection (closed|reset) by peer", re.IGNORECASE)
 
@@ -114,6 +117,18 @@ class RankFailure:
             return not _VICTIM.search(self.exception)
         return (bool(self.signal) and not self.by_agent and self.broken_collective is None
                 and self.nccl_watchdog is None)
+
+    @property
+    def gave_up_waiting(self) -> str | None:
+        """What says its collective gave up waiting for a peer that never came: its NCCL watchdog's
+        word ('its NCCL watchdog: timeout: WorkNCCL(SeqNum=3, ...) ran for 15085 milliseconds before
+        timing out.'), or gloo's exception ('RuntimeError: Timed out waiting 10000ms for recv operation
+        to complete'); None where nothing does."""
+        if self.nccl_watchdog is not None:
+            return "its NCCL watchdog: " + self.nccl_watchdog.removeprefix("Watchdog caught collective operation ")
+        if self.exception and _GLOO_TIMEOUT.search(self.exception):
+            return short_exception(self.exception)
+        return None
 
     @property
     def by_agent(self) -> bool:

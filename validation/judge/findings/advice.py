@@ -42,12 +42,12 @@ def _departed(f: Facts) -> str:
 
 
 def _waited(f: Facts) -> str:
-    return ("A rank's NCCL watchdog took its process down: its collective waited past the process group's timeout "
-            "for the rank the finding names as hung, which was still running, elsewhere, until torchrun ended it (its "
-            "SIGTERM leaves no stack). Its last heartbeat says where it was: look at what that rank does there that "
-            "the others do not (a loop or retry that never ends, I/O, a lock, a data loader, a collective of its own); "
-            "or set the phase's stall_s below the process group's timeout, so that the harness takes every rank's "
-            f"stack before the watchdog fires. Then {_RERUN}.")
+    return ("A collective gave up waiting past the process group's timeout for the rank the finding names as hung "
+            "(gloo raised in the ranks that waited, or the NCCL watchdog took them down): it was still running, "
+            "elsewhere, until torchrun ended it (its SIGTERM leaves no stack). Its last heartbeat says where it was: "
+            "look at what that rank does there that the others do not (a loop or retry that never ends, I/O, a lock, "
+            "a data loader, a collective of its own); or set the phase's stall_s below the process group's timeout, "
+            f"so that the harness takes every rank's stack before the timeout fires. Then {_RERUN}.")
 
 
 def _left_after(f: Facts) -> str:

@@ -84,13 +84,12 @@ def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
                 kind = "left_after"
                 culprit = Culprit(Did.ENDED, tuple(RankAt.of(r, k) for k in ended))
             elif hung := waited_for(ev.rank_failures, ev.last_heartbeat):
-                # no rank failed in its own right: the ranks whose NCCL watchdog took them down waited in a
-                # collective for ranks still running outside it, which torchrun then ended (SIGTERM)
-                waited = sorted(k for k, f in ev.rank_failures.items() if f.nccl_watchdog)
-                said = ev.rank_failures[waited[0]].nccl_watchdog.removeprefix("Watchdog caught collective operation ")
-                cause = (f"{_ranks(waited)}'s NCCL watchdog gave up waiting for {'it' if len(hung) == 1 else 'them'} "
-                         f"in a collective ({said[:200]}); it was still running, outside that collective, when "
-                         "torchrun ended the run (SIGTERM)")
+                # no rank failed in its own right: ranks whose collective gave up waiting (gloo's timeout, the
+                # NCCL watchdog) waited for ranks still running outside it, which torchrun then ended
+                waited = sorted(k for k, f in ev.rank_failures.items() if f.gave_up_waiting)
+                cause = (f"{_ranks(waited)} gave up waiting for {'it' if len(hung) == 1 else 'them'} in a collective "
+                         f"(rank {waited[0]}: {ev.rank_failures[waited[0]].gave_up_waiting[:200]}); it was still "
+                         "running, outside that collective, when torchrun ended the run (SIGTERM)")
                 title += f": {_ranks(hung)} hung: {cause}"
                 kind = "waited"
                 culprit = Culprit(Did.HUNG, tuple(RankAt.of(r, k, cause=cause) for k in hung))

@@ -3,8 +3,10 @@ timed out waiting for it ('Watchdog caught collective operation timeout'), the w
 c10::DistBackendError and the C++ runtime aborted the process (SIGABRT); torchrun then ended the hung
 rank, still running, with SIGTERM. The verdict named the rank that waited as having crashed ('rank 1
 crashed (...): killed by SIGABRT', with advice to look for the out-of-memory killer), and the one that
-hung not at all. Judged from the files a real two-rank NCCL run of a trainer of one's own left
-(validation/tests/evidence/nccl2_watchdog_*: torchrun's whole log and the heartbeats; nothing runs here).
+hung not at all; on gloo, whose collective raises in the ranks that waited ('Timed out waiting 10000ms
+for recv operation to complete'), no rank was named. Judged from the files real two-rank NCCL and
+three-rank gloo runs of a trainer of one's own left (validation/tests/evidence/nccl2_watchdog_*,
+gloo3_timeout_*: torchrun's whole log and the heartbeats; nothing runs here).
 A watchdog that took its rank down for a fault of its own (a CUDA error) still blames that rank."""
 from __future__ import annotations
 
@@ -65,9 +67,9 @@ def test_the_rank_the_watchdog_waited_for_is_named_hung_not_the_rank_it_aborted(
     c = culprit(rec)
     assert c is not None and c.did == Did.HUNG and [r.rank for r in c.ranks] == [0], verdict_line(rec)
     assert verdict_line(rec).startswith(
-        "rank 0 hung (last heartbeat step 3, stage forward): rank 1's NCCL watchdog gave up waiting for it in a "
-        "collective (timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=15000) ran "
-        "for 15085 milliseconds before timing out.)"), verdict_line(rec)
+        "rank 0 hung (last heartbeat step 3, stage forward): rank 1 gave up waiting for it in a collective (rank 1: "
+        "its NCCL watchdog: timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=15000) "
+        "ran for 15085 milliseconds before timing out.)"), verdict_line(rec)
     [crash] = [f for f in find([rec]) if f.title.startswith("crash in")]
     assert crash.kind == "waited" and "rank 1: killed by SIGABRT" not in crash.title, crash.title
     assert any(d.startswith("rank 1: last heartbeat step 4, stage backward; killed by SIGABRT by its NCCL watchdog")
@@ -85,8 +87,8 @@ def test_a_rank_whose_collective_raised_after_its_watchdog_gave_up_names_the_ran
     assert f0.exception and "DistBackendError" in f0.exception and f0.nccl_watchdog is not None, f0
     c = culprit(rec)
     assert c is not None and c.did == Did.HUNG and [r.rank for r in c.ranks] == [1], verdict_line(rec)
-    assert verdict_line(rec).startswith("rank 1 hung (last heartbeat step 3, stage forward): rank 0's NCCL "
-                                        "watchdog gave up waiting for it"), verdict_line(rec)
+    assert verdict_line(rec).startswith("rank 1 hung (last heartbeat step 3, stage forward): rank 0 gave up waiting "
+                                        "for it in a collective (rank 0: its NCCL watchdog: timeout:"), verdict_line(rec)
 
 
 def test_the_watchdog_of_a_torch_that_prefixes_no_rank_is_read_from_the_default_group_rank(tmp_path):
@@ -148,3 +150,27 @@ def test_of_three_ranks_two_still_running_alike_name_none_hung(tmp_path):
     rec = _record(RANK0_HUNG, log, beats, tmp_path, world=3)
     assert culprit(rec) is None, verdict_line(rec)
     assert verdict_line(rec) == "trainer crashed (exit code 1)", verdict_line(rec)
+
+
+#: torchrun x3, gloo, 2026-11-28, the process group's timeout 10 s: rank 1 sleeps as step 3 starts
+#: (stage data); ranks 0 and 2 raise gloo's 'Timed out waiting 10000ms for recv (send) operation to
+#: complete' in their all_reduce, and torchrun's agent ends rank 1, still asleep, and rank 2 with SIGTERM
+GLOO_TIMEOUT = EVIDENCE / "gloo3_timeout_rank1_hung"
+
+
+def test_on_gloo_the_rank_whose_peers_collective_timed_out_waiting_for_it_is_named_hung():
+    """The gloo form of the same: the ranks that waited raise (a peer's failure, not their own) and
+    the one torchrun ended, still running and furthest behind, is named hung. Once the verdict named no
+    rank and the finding's title was rank 2's 'Timed out waiting 10000ms for send operation'."""
+    rec = _record(GLOO_TIMEOUT, world=3)
+    f = rec.evidence.rank_failures
+    assert f[0].gave_up_waiting == "RuntimeError: Timed out waiting 10000ms for recv operation to complete", f[0]
+    assert f[1].signal == "SIGTERM" and f[1].by_agent and rec.evidence.root_rank is None, f
+    c = culprit(rec)
+    assert c is not None and c.did == Did.HUNG and [r.rank for r in c.ranks] == [1], verdict_line(rec)
+    assert verdict_line(rec).startswith(
+        "rank 1 hung (last heartbeat step 3, stage data): ranks 0, 2 gave up waiting for it in a collective (rank 0: "
+        "RuntimeError: Timed out waiting 10000ms for recv operation to complete)"), verdict_line(rec)
+    [crash] = [x for x in find([rec]) if x.title.startswith("crash in")]
+    assert crash.kind == "waited" and crash.title.startswith("crash in hang [default]: exit code 1: rank 1 hung: "), \
+        crash.title

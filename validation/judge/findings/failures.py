@@ -305,12 +305,25 @@ def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
                   if facts.no_rank_started and facts.no_rank_running
                   else ": no rank was left running to take a stack of"
                   if facts.no_rank_running else ": no stack was recorded")
-            if stuck_at:  # each rank listed alike: nothing tells which hung first, except in a run of one
-                culprit = Culprit(Did.HUNG if r.world_size == 1 else Did.STALLED, tuple(stuck_at.values()))
+            alone = _alone(r, stuck_at)
+            if alone:  # the one process left running: the others had ended, and it had not
+                at = f": hung: {'; '.join(stuck.values())}; the other ranks had ended"
+            if stuck_at:  # each rank listed alike: nothing tells which hung first, except of one process left
+                culprit = Culprit(Did.HUNG if r.world_size == 1 or alone else Did.STALLED, tuple(stuck_at.values()))
         out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail, kind, facts,
                            culprit))
     return out
 
+
+
+def _alone(r: PhaseRecord, stuck_at: dict[str, RankAt]) -> bool:
+    """Of a run of several ranks the harness stopped: one rank's process was all it found running, and
+    every other rank had ended before (``ended_before``: exited 0 after its steps, or failed): that
+    one hung, after the others were done with it (a save, a teardown, a loop of its own)."""
+    if r.world_size < 2 or len(stuck_at) != 1:
+        return False
+    [only] = stuck_at.values()
+    return only.rank is not None and all(ended_before(r, k) is not None for k in range(r.world_size) if k != only.rank)
 
 
 def _after_halt(r: PhaseRecord, stuck: dict[str, str]) -> str:

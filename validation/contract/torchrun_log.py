@@ -100,6 +100,12 @@ class RankFailure:
     peer went away under it (ncclRemoteError). The watchdog then took the process down (SIGABRT), or its
     next collective raised (DistBackendError): it failed waiting for a peer, not in its own right, and
     the peer it waited for may have been still running (a hang: torchrun's SIGTERM ended it)."""
+    caught_timeout: str | None = None
+    """Of a rank that exited non-zero with no exception of it in the log: gloo's timeout of a collective
+    that a worker printed ('rank 0: giving up: [..unbound_buffer.cc:78] Timed out waiting 10000ms for recv
+    operation to complete'; ``_caught_timeouts``), most likely its own, caught: its collective gave up
+    waiting for a peer that was there and never came (a peer that had left breaks it at once, 'Connection
+    closed by peer'), and it exited of its own choosing after. It failed waiting, not in its own right."""
     pid: int | None = None
     """Its process id, as torchrun's summary reports it."""
     ended_by_agent: bool | None = None
@@ -128,7 +134,7 @@ class RankFailure:
             return "its NCCL watchdog: " + self.nccl_watchdog.removeprefix("Watchdog caught collective operation ")
         if self.exception and _GLOO_TIMEOUT.search(self.exception):
             return short_exception(self.exception)
-        return None
+        return self.caught_timeout
 
     @property
     def by_agent(self) -> bool:
@@ -148,7 +154,7 @@ class RankFailure:
         is an exit of its own choosing, after a peer's failure."""
         if self.broken_collective is not None:
             return True
-        if self.nccl_watchdog is not None:
+        if self.nccl_watchdog is not None or self.caught_timeout is not None:
             return False
         return not self.exception and not self.signal and self.exit_code is not None and self.exit_code > 0
 
@@ -171,6 +177,8 @@ class RankFailure:
             return f"killed by {self.signal}"
         if self.exit_code is None:
             return None
+        if self.caught_timeout is not None:
+            return f"exit code {self.exit_code} after a collective timed out ({self.caught_timeout})"
         return f"exit code {self.exit_code}" + (
             f"; the log's traceback that names no rank: {short_exception(self.unranked)}" if self.unranked else "")
 
@@ -243,6 +251,8 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, Rank
             failures[r] = replace(failures[r], nccl_watchdog=why)
     for r, broken in _teardown_aborts(text, failures).items():
         failures[r] = replace(failures[r], broken_collective=broken)
+    for r, caught in _caught_timeouts(text, failures).items():
+        failures[r] = replace(failures[r], caught_timeout=caught)
     silent = [r for r, f in failures.items() if f.silent]
     unranked = set(_worker_exceptions(text))
     if len(silent) == 1 and len(unranked) == 1:
@@ -289,6 +299,20 @@ def _watchdog_failures(text: str) -> dict[int, str]:
         if rank is not None and rank not in out and _PEER_FAILED.search(why):
             out[rank] = why.split(". ")[0]
     return out
+
+
+def _caught_timeouts(text: str, failures: dict[int, RankFailure]) -> dict[int, str]:
+    """The ranks that exited non-zero silently (``silent``) after a collective timed out, each with gloo's
+    words of it: where the log holds a worker's line of gloo's timeout (``_GLOO_TIMEOUT``, not a
+    ``[rankN]:`` exception line: a rank's own print of the error it caught) for each such rank. The log
+    does not say whose line is whose: fewer such lines than silent ranks, and none is taken for a caught
+    timeout (a silent exit stays a failure of the rank's own)."""
+    silent = [r for r, f in failures.items() if f.silent]
+    said = [ln for who, ln in whose_lines(text) if who != _AGENT and not _RANK_LINE.match(ln) and _GLOO_TIMEOUT.search(ln)]
+    if not silent or len(said) < len(silent):
+        return {}
+    words = short_exception(said[0][_GLOO_TIMEOUT.search(said[0]).start():].strip())
+    return {r: words for r in silent}
 
 
 def _teardown_aborts(text: str, failures: dict[int, RankFailure]) -> dict[int, str]:

@@ -174,3 +174,33 @@ def test_on_gloo_the_rank_whose_peers_collective_timed_out_waiting_for_it_is_nam
     [crash] = [x for x in find([rec]) if x.title.startswith("crash in")]
     assert crash.kind == "waited" and crash.title.startswith("crash in hang [default]: exit code 1: rank 1 hung: "), \
         crash.title
+
+
+#: GLOO_TIMEOUT's run where ranks 0 and 2 catch the error, print 'rank 0: lost a peer, giving up: <it>' and
+#: exit 1 (sys.exit), as many trainers do: torchrun reports them as exit code 1, no traceback
+CAUGHT = EVIDENCE / "gloo3_timeout_caught_rank1_hung"
+
+
+def test_ranks_that_caught_their_collectives_timeout_and_exited_1_name_the_rank_they_waited_for():
+    """Each silent exit follows a printed gloo timeout (two lines for two exits): they waited for a peer
+    that was there and never came, and rank 1, ended by torchrun and furthest behind, is named hung.
+    Once the verdict named no rank ('trainer crashed (exit code 1)')."""
+    rec = _record(CAUGHT, world=3)
+    f = rec.evidence.rank_failures
+    assert f[0].caught_timeout and f[2].caught_timeout and not f[0].silent and not f[2].silent, f
+    c = culprit(rec)
+    assert c is not None and c.did == Did.HUNG and [r.rank for r in c.ranks] == [1], verdict_line(rec)
+    assert verdict_line(rec).startswith("rank 1 hung (last heartbeat step 3, stage data): ranks 0, 2 gave up waiting "
+                                        "for it in a collective"), verdict_line(rec)
+
+
+def test_a_silent_exit_that_no_printed_timeout_accounts_for_stays_the_ranks_own(tmp_path):
+    """One printed timeout for two silent exits: the log does not say whose it is, so neither exit is
+    taken for a caught timeout, and rank 1 is not named hung."""
+    log = (CAUGHT / "trainer.stderr.log").read_text()
+    log = "".join(ln for ln in log.splitlines(keepends=True) if not ln.startswith("rank 2: lost a peer"))
+    rec = _record(CAUGHT, log, tmp_path=tmp_path, world=3)
+    assert all(f.caught_timeout is None for f in rec.evidence.rank_failures.values()), rec.evidence.rank_failures
+    assert rec.evidence.rank_failures[0].silent and rec.evidence.rank_failures[2].silent
+    c = culprit(rec)
+    assert c is None or c.did != Did.HUNG, verdict_line(rec)

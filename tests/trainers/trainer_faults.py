@@ -61,7 +61,8 @@ DEFAULT_STEP = 3
 KINDS = ("quit_early", "hang_rank", "hang_all", "kill_rank", "term_rank", "quit_rank", "quit_in_step", "quit_swallowed",
          "mute_rank", "slow_rank", "nan", "crash", "malformed", "missing_optional")
 #: the kinds that name a rank (KIND:R)
-RANKED = ("hang_rank", "kill_rank", "term_rank", "quit_rank", "quit_in_step", "quit_swallowed", "mute_rank", "slow_rank")
+RANKED = ("hang_rank", "kill_rank", "term_rank", "quit_rank", "quit_in_step", "quit_swallowed", "mute_rank",
+          "slow_rank")
 #: the extra seconds a slow_rank spends on each step
 SLOW_S = 0.2
 #: the seconds a quit_swallowed rank spends in its exit once its process group is gone

@@ -19,7 +19,8 @@ _TR_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+)(?: \(pid: (\d+)\))?")
 #: 'Sending process 4149 closing signal SIGTERM' (workers it started as subprocesses), 'Closing process
 #: 4149 via signal SIGTERM' (as multiprocessing's), 'Unable to shutdown process 4149 via Signals.SIGTERM,
 #: forcefully exiting via Signals.SIGKILL' (one that outlived its SIGTERM)
-_AGENT_SIGNALLED = re.compile(r"^(Sending process|Closing process|Unable to shutdown process) (\d+) (closing signal|via)")
+_AGENT_SIGNALLED = re.compile(r"^(Sending process|Closing process|Unable to shutdown process) (\d+) "
+                              r"(closing signal|via)")
 #: torchrun's agent itself told to stop (SIGTERM, SIGINT): it signals its workers as it goes, and any of
 #: them may have had the signal from where the agent did
 _AGENT_TOLD = re.compile(r"^Received \S+ death signal, shutting down workers")
@@ -67,11 +68,11 @@ _WATCHDOG = re.compile(r"(\[PG [^\]]*\(default_pg\) Rank (?P<rank>\d+)\] )?(Proc
                        r"timeout: .*)")
 #: of the watchdog's reasons, those of a peer: its collective timed out waiting for one that never came,
 #: or a peer went away under it (ncclRemoteError); not a fault of the rank's own (a CUDA error)
+_PEER_FAILED = re.compile(r"Watchdog caught collective operation timeout|ncclRemoteError|remote process exited|"
+                          r"Connection (closed|reset) by peer", re.IGNORECASE)
 #: gloo's collective that gave up waiting for a peer, in the exception it raised in the rank that waited
 #: ('[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation to complete')
 _GLOO_TIMEOUT = re.compile(r"Timed out waiting \d+ms for (recv|send) operation")
-_PEER_FAILED = re.compile(r"Watchdog caught collective operation timeout|ncclRemoteError|remote process exited|"
-                          r"Connection (closed|reset) by peer", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -308,7 +309,8 @@ def _caught_timeouts(text: str, failures: dict[int, RankFailure]) -> dict[int, s
     does not say whose line is whose: fewer such lines than silent ranks, and none is taken for a caught
     timeout (a silent exit stays a failure of the rank's own)."""
     silent = [r for r, f in failures.items() if f.silent]
-    said = [ln for who, ln in whose_lines(text) if who != _AGENT and not _RANK_LINE.match(ln) and _GLOO_TIMEOUT.search(ln)]
+    said = [ln for who, ln in whose_lines(text)
+            if who != _AGENT and not _RANK_LINE.match(ln) and _GLOO_TIMEOUT.search(ln)]
     if not silent or len(said) < len(silent):
         return {}
     words = short_exception(said[0][_GLOO_TIMEOUT.search(said[0]).start():].strip())

@@ -135,5 +135,5 @@ def test_a_rank_still_ending_on_the_agents_sigterm_when_the_harness_came_is_not_
                                         "rank 1 — stalled"), verdict_line(rec)
     [stall] = [f for f in find([rec]) if f.title.startswith("stall in")]
     assert stall.title.endswith("rank 1 failed first (RuntimeError: boom on rank 1; last heartbeat step 3, stage "
-                                "data), and the other ranks waited for it: rank 0 in <lambda> (ending: torchrun's agent "
-                                "had signalled it once rank 1 had failed)"), stall.title
+                                "data), and the other ranks waited for it: rank 0 in <lambda> (ending: torchrun's "
+                                "agent had signalled it once rank 1 had failed)"), stall.title

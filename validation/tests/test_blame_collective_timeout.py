@@ -88,7 +88,8 @@ def test_a_rank_whose_collective_raised_after_its_watchdog_gave_up_names_the_ran
     c = culprit(rec)
     assert c is not None and c.did == Did.HUNG and [r.rank for r in c.ranks] == [1], verdict_line(rec)
     assert verdict_line(rec).startswith("rank 1 hung (last heartbeat step 3, stage forward): rank 0 gave up waiting "
-                                        "for it in a collective (rank 0: its NCCL watchdog: timeout:"), verdict_line(rec)
+                                        "for it in a collective (rank 0: its NCCL watchdog: timeout:"), \
+        verdict_line(rec)
 
 
 def test_the_watchdog_of_a_torch_that_prefixes_no_rank_is_read_from_the_default_group_rank(tmp_path):
@@ -124,8 +125,8 @@ def _three_ranks(log: str, rank0_stage: str) -> tuple[str, dict[int, list[dict]]
     term2 = _TERM0.replace("rank      : 0 (local_rank: 0)", "rank      : 2 (local_rank: 2)").replace("803", "805")
     log = log.replace(_TERM0, _TERM0 + "[2]:\n  time      : 2026-11-28_04:59:59\n  host      : localhost\n" + term2)
     agent = "torch/distributed/elastic/multiprocessing/api.py:1012] Sending process"
-    log = log.replace(f"{agent} 803 closing signal SIGTERM\n",
-                      f"{agent} 803 closing signal SIGTERM\nW1128 04:59:59.664000 761 {agent} 805 closing signal SIGTERM\n")
+    log = log.replace(f"{agent} 803 closing signal SIGTERM\n", f"{agent} 803 closing signal SIGTERM\n"
+                      f"W1128 04:59:59.664000 761 {agent} 805 closing signal SIGTERM\n")
     recorded = read_heartbeats(RANK0_HUNG)
     rank0 = [*recorded[0][:-1], {**recorded[0][-1], "stage": rank0_stage}]
     return log, {0: rank0, 1: recorded[1], 2: [{**b, "rank": 2} for b in recorded[0]]}

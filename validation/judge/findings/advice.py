@@ -353,7 +353,8 @@ def _timing(f: Facts) -> str:
 
 
 _ADVICE: dict[str, Callable[[Facts], str]] = {
-    "crash": _crash, "departed": _departed, "waited": _waited, "left_after": _left_after, "stall": _stall, "timeout": _timeout,
+    "crash": _crash, "departed": _departed, "waited": _waited, "left_after": _left_after, "stall": _stall,
+    "timeout": _timeout,
     "nonfinite": _nonfinite, "halt_stall": _halt_stall,
     "short_run": _short, "short_rank": _short_rank, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "straggler_rank": _straggler_rank, "fallback": _fallback,

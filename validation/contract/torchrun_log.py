@@ -168,8 +168,12 @@ class RankFailure:
             return short_exception(self.exception)
         if self.broken_collective is not None:
             return f"killed by {self.signal} after a collective broke ({short_exception(self.broken_collective)})"
-        if self.nccl_watchdog is not None and self.signal:
-            return f"killed by {self.signal} by its NCCL watchdog ({self.nccl_watchdog[:200]})"
+        if self.nccl_watchdog is not None and self.signal == "SIGABRT":  # the watchdog's own abort
+            return f"killed by SIGABRT by its NCCL watchdog ({self.nccl_watchdog[:200]})"
+        if self.nccl_watchdog is not None and self.signal:  # ended before its watchdog's abort came
+            sender = " from torchrun's agent" if self.by_agent else ""
+            return (f"killed by {self.signal}{sender}, its NCCL watchdog having given up on a collective "
+                    f"({self.nccl_watchdog[:200]})")
         if self.signal and self.ended_by_agent is True and self.signal != "SIGTERM":
             return f"killed by {self.signal} from torchrun's agent, once its SIGTERM had not ended it"
         if self.signal == "SIGTERM" and self.ended_by_agent is False:

@@ -4,9 +4,9 @@ c10::DistBackendError and the C++ runtime aborted the process (SIGABRT); torchru
 rank, still running, with SIGTERM. The verdict named the rank that waited as having crashed ('rank 1
 crashed (...): killed by SIGABRT', with advice to look for the out-of-memory killer), and the one that
 hung not at all; on gloo, whose collective raises in the ranks that waited ('Timed out waiting 10000ms
-for recv operation to complete'), no rank was named. Judged from the files real two-rank NCCL and
-three-rank gloo runs of a trainer of one's own left (validation/tests/evidence/nccl2_watchdog_*,
-gloo3_timeout_*: torchrun's whole log and the heartbeats; nothing runs here).
+for recv operation to complete'), no rank was named. Judged from the files real two- and four-rank NCCL
+and three-rank gloo runs of a trainer of one's own left (validation/tests/evidence/nccl2_watchdog_*,
+nccl4_watchdog_*, gloo3_timeout_*: torchrun's whole log and the heartbeats; nothing runs here).
 A watchdog that took its rank down for a fault of its own (a CUDA error) still blames that rank."""
 from __future__ import annotations
 
@@ -205,3 +205,28 @@ def test_a_silent_exit_that_no_printed_timeout_accounts_for_stays_the_ranks_own(
     assert rec.evidence.rank_failures[0].silent and rec.evidence.rank_failures[2].silent
     c = culprit(rec)
     assert c is None or c.did != Did.HUNG, verdict_line(rec)
+
+
+#: torchrun x4, NCCL 2.28.9, torch 2.11.0+cu130, four H200s, 2026-11-28, the same trainer: rank 2 sleeps
+#: as step 3 starts; the watchdogs of ranks 0, 1 and 3 catch the timeout; rank 1's aborts it first
+#: (SIGABRT), and torchrun ends ranks 0 and 2 with SIGTERM and finds rank 3 aborted too
+FOUR = EVIDENCE / "nccl4_watchdog_rank2_hung"
+
+
+def test_of_four_ranks_the_one_no_watchdog_waited_in_is_named_hung_and_the_others_say_how_they_ended():
+    """Rank 0 was SIGTERMed like rank 2, but its own watchdog had given up waiting: rank 2 alone is named.
+    Rank 0's end is torchrun's SIGTERM, its watchdog's word beside it (not 'killed by SIGTERM by its NCCL
+    watchdog'); rank 3's abort is its watchdog's."""
+    rec = _record(FOUR, world=4)
+    f = rec.evidence.rank_failures
+    assert all(f[k].nccl_watchdog for k in (0, 1, 3)) and f[2].nccl_watchdog is None, f
+    c = culprit(rec)
+    assert c is not None and c.did == Did.HUNG and [r.rank for r in c.ranks] == [2], verdict_line(rec)
+    assert verdict_line(rec).startswith("rank 2 hung (last heartbeat step 3, stage forward): ranks 0, 1, 3 gave up "
+                                        "waiting for it in a collective"), verdict_line(rec)
+    [crash] = [x for x in find([rec]) if x.title.startswith("crash in")]
+    assert any(d.startswith("rank 0: last heartbeat step 4, stage backward; killed by SIGTERM from torchrun's agent, "
+                            "its NCCL watchdog having given up on a collective (Watchdog caught") for d in crash.detail), \
+        crash.detail
+    assert any(d.startswith("rank 3: last heartbeat step 4, stage backward; killed by SIGABRT by its NCCL watchdog")
+               for d in crash.detail), crash.detail

@@ -21,6 +21,12 @@ _TR_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+)(?: \(pid: (\d+)\))?")
 #: forcefully exiting via Signals.SIGKILL' (one that outlived its SIGTERM)
 _AGENT_SIGNALLED = re.compile(r"^(Sending process|Closing process|Unable to shutdown process) (\d+) "
                               r"(closing signal|via)")
+#: a line of torchrun's own logging in the formats of torch before 2.4, which whose_lines does not read
+#: ('WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 59460 closing signal SIGTERM',
+#: '[2024-04-10 16:02:56,193] torch.distributed.elastic.multiprocessing.api: [WARNING] Sending process 270
+#: closing signal SIGTERM'): the module named is torchrun's, so the line is its agent's
+_OLD_AGENT_LINE = re.compile(r"^(?:[A-Z]+:|\[[^\]]*\] )torch\.distributed\.elastic\.[\w.]+:"
+                             r"(?: \[[A-Z]+\])? ?(?P<msg>.*)$")
 #: torchrun's agent itself told to stop (SIGTERM, SIGINT): it signals its workers as it goes, and any of
 #: them may have had the signal from where the agent did
 _AGENT_TOLD = re.compile(r"^Received \S+ death signal, shutting down workers")
@@ -279,7 +285,10 @@ def _agent_signalled(text: str) -> set[int]:
     pids: set[int] = set()
     for who, ln in whose_lines(text):
         if who != _AGENT:
-            continue
+            old = _OLD_AGENT_LINE.match(ln)
+            if old is None:
+                continue
+            ln = old["msg"]
         if _AGENT_TOLD.match(ln):
             return set()
         if m := _AGENT_SIGNALLED.match(ln):

@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from validation.contract.files import read_heartbeats
 from validation.contract.torchrun_log import rank_failures
 from validation.judge.evidence import collect, collect_failures, collect_halt, collect_train
@@ -137,3 +139,20 @@ def test_a_rank_still_ending_on_the_agents_sigterm_when_the_harness_came_is_not_
     assert stall.title.endswith("rank 1 failed first (RuntimeError: boom on rank 1; last heartbeat step 3, stage "
                                 "data), and the other ranks waited for it: rank 0 in <lambda> (ending: torchrun's "
                                 "agent had signalled it once rank 1 had failed)"), stall.title
+
+
+@pytest.mark.parametrize("old", [
+    lambda msg: f"WARNING:torch.distributed.elastic.multiprocessing.api:{msg}",  # torch before 2.2
+    lambda msg: f"[2024-04-10 16:02:56,193] torch.distributed.elastic.multiprocessing.api: [WARNING] {msg}",  # 2.2, 2.3
+])
+def test_the_agents_signals_are_read_in_the_log_formats_of_older_torch(tmp_path, old):
+    """The recorded log with the agent's lines in the logging formats of torch before 2.4: the same
+    ranks were signalled by it, and rank 1 is named as before."""
+    log = re.sub(r"^W\d{4} [\d:.]+ \d+ torch/distributed/elastic/multiprocessing/api\.py:\d+\] (Sending process .*)$",
+                 lambda m: old(m.group(1)), (OUTSIDE / "trainer.stderr.log").read_text(), flags=re.M)
+    assert "W1128 05:06:30.015000" not in log
+    rec = _record(OUTSIDE, log, tmp_path)
+    assert [rec.evidence.rank_failures[k].ended_by_agent for k in (0, 1, 2)] == [True, False, True], \
+        rec.evidence.rank_failures
+    c = culprit(rec)
+    assert c is not None and [r.rank for r in c.ranks] == [1], verdict_line(rec)

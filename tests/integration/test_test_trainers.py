@@ -193,13 +193,15 @@ def test_the_fault_grammar():
     assert not f.hangs(1, 6) and P("hang_all@2", 4).hangs(3, 2) and not P("hang_all@2", 4).peer_hangs(3, 2)
     k = P("kill_rank:1@2", 2)
     assert k.kills(1, 2) and not k.kills(0, 2) and not k.kills(1, 3) and not k.hangs(1, 2)
+    t = P("term_rank:1@2", 2)
+    assert t.terms(1, 2) and not t.terms(0, 2) and not t.terms(1, 3) and not t.kills(1, 2) and not t.peer_hangs(0, 2)
     q = P("quit_in_step:1@8", 2)
     assert q.quits_in_step(1, 8) and not q.quits_in_step(0, 8) and not q.quits_in_step(1, 7) and not q.quits(1, 8)
     assert q.peer_hangs(0, 8) and not q.peer_hangs(1, 8) and not q.peer_hangs(0, 7)
     slow = P("slow_rank:0@2", 2)
     assert slow.slows(0, 2) and slow.slows(0, 9) and not slow.slows(0, 1) and not slow.slows(1, 2)
     for bad, why in [("explode", "KIND"), ("hang_rank", "hang_rank:R"), ("nan:1", "only with them"),
-                     ("kill_rank", "kill_rank:R"), ("quit_in_step@3", "quit_in_step:R"),
+                     ("kill_rank", "kill_rank:R"), ("term_rank", "term_rank:R"), ("quit_in_step@3", "quit_in_step:R"),
                      ("slow_rank:2", "rank 2 does not exist"),
                      ("hang_rank:2", "rank 2 does not exist"), ("missing_optional@3", "no step"),
                      ("crash@0", "from 1"), ("crash@x", "KIND")]:
@@ -253,6 +255,14 @@ def test_a_hung_process_writes_nothing_after_the_step_before(tmp_path, trainer, 
 def test_kill_rank_is_a_sigkill_as_its_step_starts(tmp_path, trainer):
     o = run(trainer, tmp_path, "kill_rank:0@4")
     assert o.rc == -signal.SIGKILL and "injected" not in o.stderr, o.stderr
+    assert o.top_beat() == trainer.last_beat_before(4)
+
+
+@pytest.mark.parametrize("trainer", ALL)
+def test_term_rank_is_a_sigterm_as_its_step_starts(tmp_path, trainer):
+    o = run(trainer, tmp_path, "term_rank:0@4")
+    # the seed's handler dumps its stacks and exits 128 + 15; the others die of the signal
+    assert o.rc == (128 + signal.SIGTERM if trainer is SEEDLIKE else -signal.SIGTERM), (o.rc, o.stderr)
     assert o.top_beat() == trainer.last_beat_before(4)
 
 

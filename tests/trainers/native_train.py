@@ -19,6 +19,8 @@ when it ends, each with time, rank, pid, node (torchrun's GROUP_RANK), host and 
 
 ``TEST_TRAINER_BACKEND=nccl``: the all-reduce runs over NCCL on each rank's GPU (LOCAL_RANK), so a
 rank that stops leaves the others waiting in a CUDA sync (tests/faults/test_nccl_faults.py).
+``TEST_TRAINER_PG_TIMEOUT_S=S``: the process group's timeout: a collective that waits S seconds for a
+hung peer gives up (gloo raises 'Timed out waiting ...' in the ranks that waited).
 
 Faults: ``TEST_TRAINER_FAULT`` (grammar in trainer_faults.py), here:
 quit_early@K   exit 0 after step K's row;
@@ -26,6 +28,7 @@ hang_rank:R@K  rank R sleeps forever as step K starts; the others write step K's
                record, then block in its all-reduce (under torchrun) -- alone, R can only be 0;
 hang_all@K     every rank sleeps forever as step K starts;
 kill_rank:R@K  rank R SIGKILLs itself as step K starts; under torchrun the others' all-reduce fails;
+term_rank:R@K  rank R SIGTERMs itself as step K starts (a signal from outside); as kill_rank;
 quit_rank:R@K  rank R exits 0 as step K starts; under torchrun the others' all-reduce fails;
 quit_in_step:R@K  rank R exits 0 right after step K's ``forward`` record (step K in progress);
                under torchrun the others' all-reduce fails;
@@ -49,6 +52,7 @@ a 5 ms pause a step. A claim other than 0.5 is a trainer whose figure its own ti
 from __future__ import annotations
 
 import argparse
+import datetime
 import gzip
 import json
 import math
@@ -78,12 +82,16 @@ class Collective:
             import torch
             import torch.distributed as dist  # only here: alone, the trainer needs no torch
 
+            # TEST_TRAINER_PG_TIMEOUT_S: the process group's timeout (torch's default where unset): a
+            # collective waiting longer for a hung peer gives up (gloo raises, NCCL's watchdog aborts)
+            limit = os.environ.get("TEST_TRAINER_PG_TIMEOUT_S")
+            timeout = {"timeout": datetime.timedelta(seconds=float(limit))} if limit else {}
             if os.environ.get("TEST_TRAINER_BACKEND", "gloo") == "nccl":
                 self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
                 torch.cuda.set_device(self.device)
-                dist.init_process_group("nccl", device_id=self.device)
+                dist.init_process_group("nccl", device_id=self.device, **timeout)
             else:
-                dist.init_process_group("gloo")
+                dist.init_process_group("gloo", **timeout)
             self.dist = dist
 
     def mean(self, value: float) -> float:

@@ -13,6 +13,9 @@ format (its docstring says how).
     hang_all[@K]       every rank blocks forever as step K starts (in hang_forever)
     kill_rank:R[@K]    rank R is SIGKILLed as step K starts (it sends the signal to itself, as the
                        kernel's OOM killer would; in kill_self): no traceback, no exit code of its own
+    term_rank:R[@K]    rank R is sent SIGTERM as step K starts (it sends the signal to itself, as a
+                       person's kill of one process or a scheduler preempting it would; in term_self):
+                       torchrun reports its -15 as it does the SIGTERMs of its own agent
     quit_rank:R[@K]    rank R exits 0 as step K starts, writing nothing more (in quit_self): a rank
                        whose own stop condition ends it early; the other ranks stop in step K as
                        for hang_rank (a real collective fails without it, else wait_for_peers())
@@ -55,10 +58,11 @@ from pathlib import Path
 
 ENV = "TEST_TRAINER_FAULT"
 DEFAULT_STEP = 3
-KINDS = ("quit_early", "hang_rank", "hang_all", "kill_rank", "quit_rank", "quit_in_step", "quit_swallowed",
+KINDS = ("quit_early", "hang_rank", "hang_all", "kill_rank", "term_rank", "quit_rank", "quit_in_step", "quit_swallowed",
          "mute_rank", "slow_rank", "nan", "crash", "malformed", "missing_optional")
 #: the kinds that name a rank (KIND:R)
-RANKED = ("hang_rank", "kill_rank", "quit_rank", "quit_in_step", "quit_swallowed", "mute_rank", "slow_rank")
+RANKED = ("hang_rank", "kill_rank", "term_rank", "quit_rank", "quit_in_step", "quit_swallowed", "mute_rank",
+          "slow_rank")
 #: the extra seconds a slow_rank spends on each step
 SLOW_S = 0.2
 #: the seconds a quit_swallowed rank spends in its exit once its process group is gone
@@ -92,6 +96,10 @@ class Fault:
         """``rank`` is SIGKILLed as ``step`` starts."""
         return self.kind == "kill_rank" and rank == self.rank and step == self.step
 
+    def terms(self, rank: int, step: int) -> bool:
+        """``rank`` is sent SIGTERM as ``step`` starts."""
+        return self.kind == "term_rank" and rank == self.rank and step == self.step
+
     def quits(self, rank: int, step: int) -> bool:
         """``rank`` exits 0 as ``step`` starts."""
         return self.kind in ("quit_rank", "quit_swallowed") and rank == self.rank and step == self.step
@@ -115,6 +123,8 @@ class Fault:
             hang_forever()
         if self.kills(rank, step):
             kill_self()
+        if self.terms(rank, step):
+            term_self()
         if self.quits(rank, step):
             quit_self()
         if self.slows(rank, step):
@@ -169,6 +179,13 @@ def hang_forever() -> None:
 def kill_self() -> None:
     """Where a killed rank ends: SIGKILL, which no handler sees."""
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def term_self() -> None:
+    """Where a rank sent SIGTERM from outside ends: as the trainer handles SIGTERM (its default action:
+    killed by it, no traceback; seedlike_train.py's handler dumps its stacks and exits 143)."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    hang_forever()  # the signal is delivered before this returns; never reached
 
 
 def quit_self() -> None:

@@ -9,10 +9,27 @@ from pathlib import Path
 
 from nsa.contract import EXIT_NONFINITE, EXIT_WATCHDOG
 
-_RANK_LINE = re.compile(r"^\[rank(\d+)\]: (.*)$")
+#: a line a rank wrote with its prefix: Python's '[rank1]: Traceback ...' (the excepthook torch.distributed
+#: installs), C++ logging's '[rank1]:[E1128 04:58:52.554 ProcessGroupNCCL.cpp:689] ...' (no space)
+_RANK_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
 _TR_RANK = re.compile(r"^\s*rank\s*: (\d+) \(local_rank")
 _EXC = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Fault|Interrupt|Failure)\b")
-_TR_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+)")
+_TR_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+)(?: \(pid: (\d+)\))?")
+#: torchrun's agent signalling a worker still running, once one had failed (or it was told to stop):
+#: 'Sending process 4149 closing signal SIGTERM' (workers it started as subprocesses), 'Closing process
+#: 4149 via signal SIGTERM' (as multiprocessing's), 'Unable to shutdown process 4149 via Signals.SIGTERM,
+#: forcefully exiting via Signals.SIGKILL' (one that outlived its SIGTERM)
+_AGENT_SIGNALLED = re.compile(r"^(Sending process|Closing process|Unable to shutdown process) (\d+) "
+                              r"(closing signal|via)")
+#: a line of torchrun's own logging in the formats of torch before 2.4, which whose_lines does not read
+#: ('WARNING:torch.distributed.elastic.multiprocessing.api:Sending process 59460 closing signal SIGTERM',
+#: '[2024-04-10 16:02:56,193] torch.distributed.elastic.multiprocessing.api: [WARNING] Sending process 270
+#: closing signal SIGTERM'): the module named is torchrun's, so the line is its agent's
+_OLD_AGENT_LINE = re.compile(r"^(?:[A-Z]+:|\[[^\]]*\] )torch\.distributed\.elastic\.[\w.]+:"
+                             r"(?: \[[A-Z]+\])? ?(?P<msg>.*)$")
+#: torchrun's agent itself told to stop (SIGTERM, SIGINT): it signals its workers as it goes, and any of
+#: them may have had the signal from where the agent did
+_AGENT_TOLD = re.compile(r"^Received \S+ death signal, shutting down workers")
 #: the exit code of the artifact contract (nsa/contract.py) that goes with a .HALT's source: a rank
 #: that stopped as the contract asks when its watchdog saw a stall, or its loss went non-finite
 _HALT_EXIT = {"watchdog": EXIT_WATCHDOG, "nonfinite": EXIT_NONFINITE}
@@ -48,6 +65,20 @@ _PEER_GONE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|remote (
 #: the C++ runtime's last word before it aborts a process (SIGABRT) whose threads were never joined: at an
 #: interpreter's exit, those of a process group whose collective broke (gloo's)
 _TERMINATE = "terminate called without an active exception"
+#: NCCL's watchdog, in the rank's own log lines (a ``[rankN]:`` prefix, or the default process group's
+#: rank in its message: '[PG ID 0 PG GUID 0(default_pg) Rank 1] Process group watchdog thread terminated
+#: with exception: ...'): the collective it watched timed out, or failed, and it takes the process down
+#: (SIGABRT, after 'terminate called after throwing an instance of 'c10::DistBackendError'')
+_WATCHDOG = re.compile(r"(\[PG [^\]]*\(default_pg\) Rank (?P<rank>\d+)\] )?(Process group|NCCL) watchdog thread "
+                       r"terminated with exception: (?P<why>.*)|(?P<timeout>Watchdog caught collective operation "
+                       r"timeout: .*)")
+#: of the watchdog's reasons, those of a peer: its collective timed out waiting for one that never came,
+#: or a peer went away under it (ncclRemoteError); not a fault of the rank's own (a CUDA error)
+_PEER_FAILED = re.compile(r"Watchdog caught collective operation timeout|ncclRemoteError|remote process exited|"
+                          r"Connection (closed|reset) by peer", re.IGNORECASE)
+#: gloo's collective that gave up waiting for a peer, in the exception it raised in the rank that waited
+#: ('[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation to complete')
+_GLOO_TIMEOUT = re.compile(r"Timed out waiting \d+ms for (recv|send) operation")
 
 
 @dataclass(frozen=True)
@@ -69,14 +100,57 @@ class RankFailure:
     ``_teardown_aborts``), most likely its own, caught: the rank caught its collective broken by a
     peer's failure and exited (sys.exit(1), as many trainers do), and its interpreter's exit aborted on
     the broken process group's threads. It failed after a peer, not in its own right."""
+    nccl_watchdog: str | None = None
+    """Of a rank whose NCCL watchdog found its collective failed by a peer (``_WATCHDOG``, of that rank
+    in the log): it timed out waiting for a peer that never came ('Watchdog caught collective operation
+    timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, ...) ran for 15085 milliseconds before timing out'), or a
+    peer went away under it (ncclRemoteError). The watchdog then took the process down (SIGABRT), or its
+    next collective raised (DistBackendError): it failed waiting for a peer, not in its own right, and
+    the peer it waited for may have been still running (a hang: torchrun's SIGTERM ended it)."""
+    caught_timeout: str | None = None
+    """Of a rank that exited non-zero with no exception of it in the log: gloo's timeout of a collective
+    that a worker printed ('rank 0: giving up: [..unbound_buffer.cc:78] Timed out waiting 10000ms for recv
+    operation to complete'; ``_caught_timeouts``), most likely its own, caught: its collective gave up
+    waiting for a peer that was there and never came (a peer that had left breaks it at once, 'Connection
+    closed by peer'), and it exited of its own choosing after. It failed waiting, not in its own right."""
+    pid: int | None = None
+    """Its process id, as torchrun's summary reports it."""
+    ended_by_agent: bool | None = None
+    """Whether torchrun's agent signalled this rank's process (``_AGENT_SIGNALLED``): True, its end was
+    the agent ending the ranks still running; False, the agent signalled other ranks (so its log shows
+    its signals) but not this one, which had ended before, and a SIGTERM that killed it came from
+    elsewhere (a person's kill, a scheduler, a preemption of one process); None where the log cannot
+    say (no pid, no signal of the agent's in it, or the agent was itself told to stop)."""
 
     @property
     def own(self) -> bool:
-        """Failed in its own right: killed by a signal other than torchrun's SIGTERM, or an
-        exception that is not a peer's collective breaking under it."""
+        """Failed in its own right: killed by a signal that was not torchrun's agent ending it
+        (``by_agent``), or an exception that is not a peer's collective breaking under it."""
         if self.exception:
             return not _VICTIM.search(self.exception)
-        return bool(self.signal) and self.signal != "SIGTERM" and self.broken_collective is None
+        return (bool(self.signal) and not self.by_agent and self.broken_collective is None
+                and self.nccl_watchdog is None)
+
+    @property
+    def gave_up_waiting(self) -> str | None:
+        """What says its collective gave up waiting for a peer that never came: its NCCL watchdog's
+        word ('its NCCL watchdog: timeout: WorkNCCL(SeqNum=3, ...) ran for 15085 milliseconds before
+        timing out.'), or gloo's exception ('RuntimeError: Timed out waiting 10000ms for recv operation
+        to complete'); None where nothing does."""
+        if self.nccl_watchdog is not None:
+            return "its NCCL watchdog: " + self.nccl_watchdog.removeprefix("Watchdog caught collective operation ")
+        if self.exception and _GLOO_TIMEOUT.search(self.exception):
+            return short_exception(self.exception)
+        return self.caught_timeout
+
+    @property
+    def by_agent(self) -> bool:
+        """Ended by torchrun's agent, which ends the ranks still running once one has failed: its log
+        says it signalled this rank's process (``ended_by_agent``; a SIGKILL after a SIGTERM the rank
+        outlived too), else, where the log cannot say, a SIGTERM is taken for the agent's."""
+        if self.ended_by_agent is not None:
+            return self.ended_by_agent and bool(self.signal)
+        return self.signal == "SIGTERM"
 
     @property
     def silent(self) -> bool:
@@ -87,6 +161,8 @@ class RankFailure:
         is an exit of its own choosing, after a peer's failure."""
         if self.broken_collective is not None:
             return True
+        if self.nccl_watchdog is not None or self.caught_timeout is not None:
+            return False
         return not self.exception and not self.signal and self.exit_code is not None and self.exit_code > 0
 
     @property
@@ -98,10 +174,22 @@ class RankFailure:
             return short_exception(self.exception)
         if self.broken_collective is not None:
             return f"killed by {self.signal} after a collective broke ({short_exception(self.broken_collective)})"
+        if self.nccl_watchdog is not None and self.signal == "SIGABRT":  # the watchdog's own abort
+            return f"killed by SIGABRT by its NCCL watchdog ({self.nccl_watchdog[:200]})"
+        if self.nccl_watchdog is not None and self.signal:  # ended before its watchdog's abort came
+            sender = " from torchrun's agent" if self.by_agent else ""
+            return (f"killed by {self.signal}{sender}, its NCCL watchdog having given up on a collective "
+                    f"({self.nccl_watchdog[:200]})")
+        if self.signal and self.ended_by_agent is True and self.signal != "SIGTERM":
+            return f"killed by {self.signal} from torchrun's agent, once its SIGTERM had not ended it"
+        if self.signal == "SIGTERM" and self.ended_by_agent is False:
+            return "killed by SIGTERM, not torchrun's (its agent signalled only ranks still running after it had ended)"
         if self.signal:
             return f"killed by {self.signal}"
         if self.exit_code is None:
             return None
+        if self.caught_timeout is not None:
+            return f"exit code {self.exit_code} after a collective timed out ({self.caught_timeout})"
         return f"exit code {self.exit_code}" + (
             f"; the log's traceback that names no rank: {short_exception(self.unranked)}" if self.unranked else "")
 
@@ -159,17 +247,87 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, Rank
             code = int(e.group(1))
             entry = found.setdefault(rank, {})
             entry["exit_code"] = code
+            if e.group(2) is not None:
+                entry["pid"] = int(e.group(2))
             if code < 0:
                 entry["signal"] = _signal_name(-code)
             rank = None
     failures = {r: RankFailure(**f) for r, f in found.items()}
+    signalled = _agent_signalled(text)
+    if signalled:
+        failures = {r: replace(f, ended_by_agent=f.pid in signalled) if f.pid is not None else f
+                    for r, f in failures.items()}
+    for r, why in _watchdog_failures(text).items():
+        if r in failures:
+            failures[r] = replace(failures[r], nccl_watchdog=why)
     for r, broken in _teardown_aborts(text, failures).items():
         failures[r] = replace(failures[r], broken_collective=broken)
+    for r, caught in _caught_timeouts(text, failures).items():
+        failures[r] = replace(failures[r], caught_timeout=caught)
     silent = [r for r, f in failures.items() if f.silent]
     unranked = set(_worker_exceptions(text))
     if len(silent) == 1 and len(unranked) == 1:
         failures[silent[0]] = replace(failures[silent[0]], unranked=unranked.pop())
     return failures
+
+
+def agent_signalled(stderr_path: Path, max_bytes: int = 1 << 20) -> list[int]:
+    """The process ids torchrun's agent says in its log that it signalled (``_agent_signalled``),
+    lowest first."""
+    text = _read(stderr_path, max_bytes)
+    return [] if text is None else sorted(_agent_signalled(text))
+
+
+def _agent_signalled(text: str) -> set[int]:
+    """The process ids torchrun's agent says it signalled (its own log lines, ``_AGENT_SIGNALLED``);
+    empty where it signalled none or was itself told to stop (``_AGENT_TOLD``): then any worker's signal
+    may have come from where the agent's did."""
+    pids: set[int] = set()
+    for who, ln in whose_lines(text):
+        if who != _AGENT:
+            old = _OLD_AGENT_LINE.match(ln)
+            if old is None:
+                continue
+            ln = old["msg"]
+        if _AGENT_TOLD.match(ln):
+            return set()
+        if m := _AGENT_SIGNALLED.match(ln):
+            pids.add(int(m.group(2)))
+    return pids
+
+
+def _watchdog_failures(text: str) -> dict[int, str]:
+    """Per rank, the first word of its NCCL watchdog on a collective that a peer failed (``_WATCHDOG``,
+    ``_PEER_FAILED``): the line's ``[rankN]:`` prefix names the rank, else the default process group's
+    rank in the message (a group's rank is the global one only there). A watchdog's exception of the
+    rank's own (a CUDA error) is not taken."""
+    out: dict[int, str] = {}
+    for ln in text.splitlines():
+        m = _RANK_LINE.match(ln)
+        line = m.group(2) if m else ln.strip().removeprefix("what():").strip()
+        w = _WATCHDOG.search(line)
+        if w is None:
+            continue
+        rank = int(m.group(1)) if m else int(w["rank"]) if w["rank"] is not None else None
+        why = re.sub(r"^\[Rank \d+\] ", "", (w["timeout"] or w["why"]).strip())
+        if rank is not None and rank not in out and _PEER_FAILED.search(why):
+            out[rank] = why.split(". ")[0]
+    return out
+
+
+def _caught_timeouts(text: str, failures: dict[int, RankFailure]) -> dict[int, str]:
+    """The ranks that exited non-zero silently (``silent``) after a collective timed out, each with gloo's
+    words of it: where the log holds a worker's line of gloo's timeout (``_GLOO_TIMEOUT``, not a
+    ``[rankN]:`` exception line: a rank's own print of the error it caught) for each such rank. The log
+    does not say whose line is whose: fewer such lines than silent ranks, and none is taken for a caught
+    timeout (a silent exit stays a failure of the rank's own)."""
+    silent = [r for r, f in failures.items() if f.silent]
+    said = [ln for who, ln in whose_lines(text)
+            if who != _AGENT and not _RANK_LINE.match(ln) and _GLOO_TIMEOUT.search(ln)]
+    if not silent or len(said) < len(silent):
+        return {}
+    words = short_exception(said[0][_GLOO_TIMEOUT.search(said[0]).start():].strip())
+    return {r: words for r in silent}
 
 
 def _teardown_aborts(text: str, failures: dict[int, RankFailure]) -> dict[int, str]:

@@ -17,7 +17,7 @@ from validation.contract.stacks import (
     parse_pyspy,
     read_index,
 )
-from validation.contract.torchrun_log import log_exception, rank_failures
+from validation.contract.torchrun_log import agent_signalled, log_exception, rank_failures
 from validation.judge.memory import growing_ranks
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
 from validation.judge.nodes import lateness, node_evidence, node_failures, slurm_stopped
@@ -79,7 +79,8 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
     return with_log(Evidence(
         errors=errors, halt=run.halt, rank_failures=failures,
         stackdumps={r: d for r, d in dumps.items() if r < run.world_size}, unranked_stacks=unranked,
-        taken_stacks=taken, last_heartbeat=beats, rank_step_time_s=step_times, rank_lateness_s=late, nodes=nodes,
+        taken_stacks=taken, signalled_pids=agent_signalled(stderr_path), last_heartbeat=beats,
+        rank_step_time_s=step_times, rank_lateness_s=late, nodes=nodes,
         fallbacks=fallback_counters(run), files=sorted(p.name for p in run.out_dir.iterdir() if p.is_file()),
         loss_first=losses[0] if losses else None, loss_last=losses[-1] if losses else None,
         nonfinite_loss_step=_first_nonfinite(run),

@@ -197,6 +197,10 @@ class Evidence:
     trainer's own dumps that do not say their rank."""
     taken_stacks: list[TakenStack] = field(default_factory=list)
     """What the harness did for each process's stack when it stopped the run (py-spy, SIGUSR1)."""
+    signalled_pids: list[int] = field(default_factory=list)
+    """The processes torchrun's agent says it signalled, ending the ranks still running once one had
+    failed (contract/torchrun_log.py ``agent_signalled``): a rank the harness then found running among
+    them was ending on that signal (a handler of its own that outlasts it), not hung."""
     last_heartbeat: dict[int, Beat] = field(default_factory=dict)
     rank_step_time_s: dict[int, float] = field(default_factory=dict)
     rank_lateness_s: dict[int, float] = field(default_factory=dict)
@@ -242,6 +246,7 @@ class Evidence:
             stackdumps={int(r): _dump(d) for r, d in (ev.get("stackdumps") or {}).items()},
             unranked_stacks=[_dump(d) for d in ev.get("unranked_stacks") or []],
             taken_stacks=[TakenStack(**t) for t in ev.get("taken_stacks") or []],
+            signalled_pids=[int(p) for p in ev.get("signalled_pids") or []],
             last_heartbeat={int(r): Beat(_int(b.get("step")), b.get("stage"), _num(b.get("gpu_util")),
                                          b.get("ends_steps") is not False, _int(b.get("every")))
                             for r, b in (ev.get("last_heartbeat") or {}).items()},

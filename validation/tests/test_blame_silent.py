@@ -88,8 +88,12 @@ def test_a_rank_that_exited_0_early_is_named_not_the_one_that_swallowed_its_brok
 
 
 def _sigtermed(rank: int) -> str:
-    """SWALLOWED with torchrun listing ``rank`` too, SIGTERMed once rank 0 had failed."""
-    return SWALLOWED.replace("Failures:\n", f"Failures:\n[2]:\n  time      : 2026-11-27_23:26:59\n"
+    """SWALLOWED with torchrun listing ``rank`` too, SIGTERMed by its agent once rank 0 had failed (the
+    agent's line that says so beside its SIGTERM of rank 2)."""
+    agent = "torch/distributed/elastic/multiprocessing/api.py:1028] Sending process"
+    log = SWALLOWED.replace(f"{agent} 4077 closing signal SIGTERM\n", f"{agent} 4077 closing signal SIGTERM\n"
+                            f"W1127 23:26:59.306000 4064 {agent} 4076 closing signal SIGTERM\n")
+    return log.replace("Failures:\n", f"Failures:\n[2]:\n  time      : 2026-11-27_23:26:59\n"
                              f"  host      : localhost\n  rank      : {rank} (local_rank: {rank})\n"
                              "  exitcode  : -15 (pid: 4076)  (SIGTERM)\n  error_file: <N/A>\n"
                              "  traceback : Signal 15 (SIGTERM) received by PID 4076\n")

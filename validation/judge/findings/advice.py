@@ -41,6 +41,15 @@ def _departed(f: Facts) -> str:
             f"steps. Then {_RERUN}.")
 
 
+def _waited(f: Facts) -> str:
+    return ("A collective gave up waiting past the process group's timeout for the rank the finding names as hung "
+            "(gloo raised in the ranks that waited, or the NCCL watchdog took them down): it was still running, "
+            "elsewhere, until torchrun ended it (its SIGTERM leaves no stack). Its last heartbeat says where it was: "
+            "look at what that rank does there that the others do not (a loop or retry that never ends, I/O, a lock, "
+            "a data loader, a collective of its own); or set the phase's stall_s below the process group's timeout, "
+            f"so that the harness takes every rank's stack before the timeout fires. Then {_RERUN}.")
+
+
 def _left_after(f: Facts) -> str:
     return ("A rank exited 0 after its last step while the other ranks still had a collective with it, and they "
             "failed without it: every rank must take part in the same collectives after the training loop too (a "
@@ -344,7 +353,8 @@ def _timing(f: Facts) -> str:
 
 
 _ADVICE: dict[str, Callable[[Facts], str]] = {
-    "crash": _crash, "departed": _departed, "left_after": _left_after, "stall": _stall, "timeout": _timeout,
+    "crash": _crash, "departed": _departed, "waited": _waited, "left_after": _left_after, "stall": _stall,
+    "timeout": _timeout,
     "nonfinite": _nonfinite, "halt_stall": _halt_stall,
     "short_run": _short, "short_rank": _short_rank, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "straggler_rank": _straggler_rank, "fallback": _fallback,

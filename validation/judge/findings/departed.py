@@ -109,7 +109,7 @@ def maybe_departed(rec: PhaseRecord) -> list[int]:
     if not first or len(at) < len(first):
         return []
     return [k for k, f in sorted(ev.rank_failures.items()) if k not in first and f.signal == "SIGTERM"
-            and not f.exception and (b := ev.last_heartbeat.get(k)) is not None and b.step is not None
+            and f.by_agent and not f.exception and (b := ev.last_heartbeat.get(k)) is not None and b.step is not None
             and b.step + (b.every or 1) <= min(at)]
 
 
@@ -204,12 +204,23 @@ def failed_first(r: PhaseRecord) -> int | None:
     rank that dies before its process group leaves the others waiting in init_process_group, and
     across nodes nothing ends the ranks waiting for a dead peer. None where no rank failed so, a
     stack of that rank was taken (it was still running), or a rank still running was outside the
-    collectives (a hang of its own, which the stall finding names beside the rank that had ended)."""
+    collectives (a hang of its own, which the stall finding names beside the rank that had ended),
+    other than one torchrun's agent had already signalled (``ending``)."""
     if r.stalled_s is None and not r.timed_out:
         return None
     ev = r.evidence
     root = ev.root_rank
     if root is None or ended_before(r, root) is None:
         return None
-    running = [d for k, d in ev.stackdumps.items() if k != root and d.frames and ended_before(r, k) is None]
+    running = [d for k, d in ev.stackdumps.items() if k != root and d.frames and ended_before(r, k) is None
+               and k not in ending(r)]
     return root if all(in_collective(d) for d in running) else None
+
+
+def ending(rec: PhaseRecord) -> set[int]:
+    """The ranks the harness found running whose process torchrun's agent had already signalled
+    (``Evidence.signalled_pids``), ending the run once a rank had failed: each was in its end (a
+    handler of its own that outlasts the agent's SIGTERM: a checkpoint saved on preemption), not hung
+    of its own, wherever its stack shows it."""
+    signalled = set(rec.evidence.signalled_pids)
+    return {t.rank for t in rec.evidence.taken_stacks if t.rank is not None and t.pid in signalled}

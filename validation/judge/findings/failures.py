@@ -10,11 +10,11 @@ from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import last_exception, short_exception
 from validation.judge.findings import stability
 from validation.judge.findings.culprit import Culprit, Did, NoStack, RankAt
-from validation.judge.findings.departed import (departed, departure, ended_before, exited_0, failed_first,
+from validation.judge.findings.departed import (departed, departure, ended_before, ending, exited_0, failed_first,
                                                  maybe_departed, root_of, silent_first)
 from validation.judge.findings.finding import (Facts, Finding, Severity, last_heartbeat, own_reason, process,
                                                processes, where, where_gated, where_run)
-from validation.judge.findings.hung import hung_ranks
+from validation.judge.findings.hung import hung_ranks, waited_for
 from validation.judge.findings.nodes import STRAGGLER_MIN_S, STRAGGLER_SHARE, missing_node
 from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult, GateVerdict
 from validation.judge.provenance import short_commit
@@ -83,6 +83,16 @@ def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
                           + (f": {'; '.join(failed)}" if failed else ""))
                 kind = "left_after"
                 culprit = Culprit(Did.ENDED, tuple(RankAt.of(r, k) for k in ended))
+            elif hung := waited_for(ev.rank_failures, ev.last_heartbeat):
+                # no rank failed in its own right: ranks whose collective gave up waiting (gloo's timeout, the
+                # NCCL watchdog) waited for ranks still running outside it, which torchrun then ended
+                waited = sorted(k for k, f in ev.rank_failures.items() if f.gave_up_waiting)
+                cause = (f"{_ranks(waited)} gave up waiting for {'it' if len(hung) == 1 else 'them'} in a collective "
+                         f"(rank {waited[0]}: {ev.rank_failures[waited[0]].gave_up_waiting[:200]}); it was still "
+                         "running, outside that collective, when torchrun ended the run (SIGTERM)")
+                title += f": {_ranks(hung)} hung: {cause}"
+                kind = "waited"
+                culprit = Culprit(Did.HUNG, tuple(RankAt.of(r, k, cause=cause) for k in hung))
             elif exception := ev.exception or last_exception(ev.stderr_tail):  # a record stored before 'exception'
                 title += f": {exception}"
             if culprit is None and r.world_size == 1:  # the one process is rank 0, whatever launched it
@@ -183,7 +193,7 @@ def _rank_lines(r: PhaseRecord, nonfinite: list[int] = ()) -> list[str]:
         if rank in nonfinite:
             line += (f"; stopped on its non-finite loss at step {ev.halt.step} (loss {ev.halt.losses[rank]}: the "
                      "trainer's .HALT)")
-            if f is not None and f.signal == "SIGTERM":
+            if f is not None and f.signal == "SIGTERM" and f.by_agent:
                 line += (", then killed by SIGTERM from torchrun's agent, which ends every rank still running once "
                          "one has ended with a failure")
             elif f is not None and f.cause:
@@ -192,10 +202,10 @@ def _rank_lines(r: PhaseRecord, nonfinite: list[int] = ()) -> list[str]:
             line += "; exited 0 (torchrun reports no failure of it)"
         elif f is not None and f.exception:
             line += f"; {f.exception}"
-        elif f is not None and f.signal == "SIGTERM" and rank in maybe:
+        elif f is not None and f.signal == "SIGTERM" and f.by_agent and rank in maybe:
             line += (f"; killed by SIGTERM from torchrun's agent once {_ranks(silent_first(r))} had failed: still "
                      "running then, or still exiting after an exit 0 of its own (its heartbeats end before their step)")
-        elif f is not None and f.signal == "SIGTERM" and root is not None and root != rank:
+        elif f is not None and f.signal == "SIGTERM" and f.by_agent and root is not None and root != rank:
             line += f"; killed by SIGTERM from torchrun's agent, which ended the ranks still running once rank {root} had failed"
         elif f is not None and f.cause:
             line += f"; {f.cause}"
@@ -280,7 +290,9 @@ def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
         elif root is not None:  # it failed in its own right, and the others waited for it until the harness came
             fail = ev.rank_failures[root]
             cause = fail.exception or fail.cause
-            rest = "; ".join(stuck.values())
+            signalled = {f"rank {k}" for k in ending(r)}  # in their end on the agent's signal, not waiting
+            rest = "; ".join(v + (f" (ending: torchrun's agent had signalled it once rank {root} had failed)"
+                                  if who in signalled else "") for who, v in stuck.items())
             at = (f": rank {root} failed first ({cause}; {last_heartbeat(r, root)}), and the other ranks waited for "
                   f"it" + (f": {rest}" if rest else ""))
             culprit, kind = Culprit(Did.CRASHED, (RankAt.of(r, root, cause=cause),)), "crash"
@@ -293,12 +305,25 @@ def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
                   if facts.no_rank_started and facts.no_rank_running
                   else ": no rank was left running to take a stack of"
                   if facts.no_rank_running else ": no stack was recorded")
-            if stuck_at:  # each rank listed alike: nothing tells which hung first, except in a run of one
-                culprit = Culprit(Did.HUNG if r.world_size == 1 else Did.STALLED, tuple(stuck_at.values()))
+            alone = _alone(r, stuck_at)
+            if alone:  # the one process left running: the others had ended, and it had not
+                at = f": hung: {'; '.join(stuck.values())}; the other ranks had ended"
+            if stuck_at:  # each rank listed alike: nothing tells which hung first, except of one process left
+                culprit = Culprit(Did.HUNG if r.world_size == 1 or alone else Did.STALLED, tuple(stuck_at.values()))
         out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail, kind, facts,
                            culprit))
     return out
 
+
+
+def _alone(r: PhaseRecord, stuck_at: dict[str, RankAt]) -> bool:
+    """Of a run of several ranks the harness stopped: one rank's process was all it found running, and
+    every other rank had ended before (``ended_before``: exited 0 after its steps, or failed): that
+    one hung, after the others were done with it (a save, a teardown, a loop of its own)."""
+    if r.world_size < 2 or len(stuck_at) != 1:
+        return False
+    [only] = stuck_at.values()
+    return only.rank is not None and all(ended_before(r, k) is not None for k in range(r.world_size) if k != only.rank)
 
 
 def _after_halt(r: PhaseRecord, stuck: dict[str, str]) -> str:

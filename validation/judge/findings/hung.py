@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from validation.contract.stacks import StackDump
+from validation.contract.torchrun_log import RankFailure
 from validation.judge.record import Beat
 
 #: a frame of a collective: the rank waits there for the others
@@ -58,3 +59,17 @@ def behind(ranks: list[int], beats: Mapping[int, Beat]) -> list[int]:
         return ranks
     first = min(STAGE_ORDER.index(beats[k].stage) for k in ranks)
     return [k for k in ranks if STAGE_ORDER.index(beats[k].stage) == first]
+
+
+def waited_for(failures: Mapping[int, RankFailure], beats: Mapping[int, Beat]) -> list[int]:
+    """Of a run some of whose ranks' collective gave up waiting for a peer (RankFailure.gave_up_waiting:
+    gloo's timeout raised in them, or their NCCL watchdog took them down): the ranks they waited for.
+    Those torchrun's agent ended once the first of them was down (RankFailure.by_agent), with no
+    exception and no watchdog of their own, were still running and not in that collective; of them,
+    those furthest behind (``behind``): one left is the one. [] where no collective gave up so, no
+    rank was left running, or several were and no heartbeat tells them apart (nothing tells)."""
+    if not any(f.gave_up_waiting for f in failures.values()):
+        return []
+    running = sorted(k for k, f in failures.items() if f.by_agent and not f.exception and f.nccl_watchdog is None)
+    hung = behind(running, beats)
+    return [] if len(running) > 1 and len(hung) == len(running) else hung

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -146,6 +147,23 @@ def all_gather_stats(info: DistInfo, values: torch.Tensor) -> list[list[float]]:
     out = [torch.empty_like(t) for _ in range(info.world_size)]
     dist.all_gather(out, t)
     return torch.stack(out).tolist()
+
+
+#: what gloo and NCCL say when a peer of this rank's collective is gone: its process ended (killed,
+#: crashed, exited) or its host went away. gloo: "Read error [127.0.0.1]:6051: Connection reset by
+#: peer", "Connection closed by peer", a write's "Broken pipe"; NCCL: "remote process exited or there
+#: was a network error"
+_PEER_GONE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|remote process exited", re.IGNORECASE)
+
+
+def lost_peer(info: DistInfo, exc: BaseException) -> str | None:
+    """The peer an error of this rank's collective says is gone: 'rank 1' where it can be known (a
+    world of two: the other rank), else 'a peer rank (...)'; None for any other error. The
+    backend's own text names an address and a source line, not a rank."""
+    if not info.distributed or info.world_size < 2 or not _PEER_GONE.search(str(exc)):
+        return None
+    others = [r for r in range(info.world_size) if r != info.rank]
+    return f"rank {others[0]}" if len(others) == 1 else "a peer rank (the backend's error does not say which)"
 
 
 def teardown(info: DistInfo, synchronize: bool = False, timeout_s: float = 60.0, abandon: bool = False) -> None:

@@ -485,7 +485,7 @@ def test_a_full_disk_at_a_checkpoint_names_it_and_keeps_the_last_one(tmp_path: P
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
     # the save of step 3 failed, after step 3 completed: once labelled "error at step 4"
     assert json.loads((tmp_path / "env.json").read_text())["status"].startswith(
-        "error at the checkpoint of step 3: CheckpointError('cannot write checkpoint")
+        "error at the checkpoint of step 3: CheckpointError: cannot write checkpoint")
     monkeypatch.setattr(torch, "save", real_save)
     assert train(tmp_path, "train.ckpt_every=1 train.resume=auto", steps=4) == 0
     assert [r["step"] for r in csv_rows(tmp_path)] == ["1", "2", "3", "4"]

@@ -1,4 +1,5 @@
-"""teardown(): a clean finish waits for every rank (bounded), an unclean one does not wait."""
+"""teardown(): a clean finish waits for every rank (bounded), an unclean one does not wait.
+lost_peer(): which errors of a collective say that a peer is gone, and which peer."""
 from __future__ import annotations
 
 import subprocess
@@ -7,9 +8,10 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
-from nsa.train.distributed import DistInfo, teardown
+from nsa.train.distributed import DistInfo, lost_peer, teardown
 
 REPO = Path(__file__).resolve().parents[2]
 RANK_SCRIPT = textwrap.dedent("""
@@ -52,3 +54,22 @@ def test_the_exit_barrier_is_bounded_when_a_peer_never_arrives(tmp_path: Path):
     assert "torn down False" in proc.stdout
     assert "ranks did not meet before exit" in proc.stdout
     assert elapsed < 60, f"teardown waited {elapsed:.0f} s for a peer that had left"
+
+
+GLOO_RESET = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:6051: "
+              "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the application.")
+
+
+@pytest.mark.parametrize("rank, world, text, peer", [
+    (0, 2, GLOO_RESET, "rank 1"),
+    (1, 2, "[../gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:1686", "rank 0"),
+    (0, 2, "[../gloo/transport/tcp/pair.cc:410] writev [127.0.0.1]:1686: Broken pipe", "rank 1"),
+    (0, 3, GLOO_RESET, "a peer rank (the backend's error does not say which)"),
+    (0, 2, "NCCL error: remote process exited or there was a network error", "rank 1"),
+    (0, 2, "injected crash on rank 0 at step 2 stage forward", None),
+    (0, 1, GLOO_RESET, None),
+])
+def test_lost_peer_names_the_peer_of_an_error_that_says_it_is_gone(rank, world, text, peer):
+    info = DistInfo(rank, rank, world, "ddp" if world > 1 else "single", "gloo" if world > 1 else None,
+                    torch.device("cpu"))
+    assert lost_peer(info, RuntimeError(text)) == peer

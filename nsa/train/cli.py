@@ -66,8 +66,13 @@ def run(config: str | None, overrides: list[str], env=None) -> int:
         print(f"[rank {rank}] interrupted (Ctrl-C twice) {trainer.where()}; the last checkpoint "
               "saved is the one to resume from", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
-    except Exception:
+    except Exception as exc:
         if trainer.info.world_size < 2:
+            if isinstance(exc, (CheckpointError, OSError)):
+                # the machine, not the code (a full disk, a quota, a file too large): a traceback
+                # would bury the one line that matters, the file and the OS's reason
+                print(f"[rank {rank}] error {trainer.where()}: {exc}", file=sys.stderr, flush=True)
+                return contract.EXIT_ERROR
             raise  # no peer to wait for: the traceback as usual, on the way out
         # The traceback now, and no wait for the other ranks: over NCCL they may be blocked in a
         # collective this rank will never join, and destroying the process group (a collective

@@ -455,11 +455,11 @@ def test_resume_csv_rewrite_is_atomic_and_a_bad_header_is_a_checkpoint_error(tmp
     assert csv_path.read_text() == "when,what\n1,2\n"
 
 
-def test_a_full_disk_at_a_checkpoint_names_it_and_keeps_the_last_one(tmp_path: Path, monkeypatch):
-    """ENOSPC while a checkpoint is written: the error names the file and the reason, the half-written
-    file is gone (it held the space), `latest` still names the last good checkpoint, env.json says
-    why the run stopped and where (the checkpoint of the step completed, not the next step), and
-    the run resumes from that checkpoint."""
+def test_a_full_disk_at_a_checkpoint_names_it_and_keeps_the_last_one(tmp_path: Path, monkeypatch, capsys):
+    """ENOSPC while a checkpoint is written: one line names the file and the reason (no traceback,
+    exit 1), the half-written file is gone (it held the space), `latest` still names the last good
+    checkpoint, env.json says why the run stopped and where (the checkpoint of the step completed,
+    not the next step), and the run resumes from that checkpoint."""
     import errno
 
     real_save, saves = torch.save, []
@@ -476,9 +476,11 @@ def test_a_full_disk_at_a_checkpoint_names_it_and_keeps_the_last_one(tmp_path: P
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
 
     monkeypatch.setattr(torch, "save", disk_fills_at_the_third)
-    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*step_0000003\.pt: No space left on "
-                                              r"device; the last checkpoint saved, step_0000002\.pt, is intact"):
-        train(tmp_path, "train.ckpt_every=1", steps=4)
+    capsys.readouterr()
+    assert train(tmp_path, "train.ckpt_every=1", steps=4) == contract.EXIT_ERROR
+    said = capsys.readouterr().err
+    assert re.fullmatch(r"\[rank 0\] error at the checkpoint of step 3: cannot write checkpoint \S+step_0000003\.pt: "
+                        r"No space left on device; the last checkpoint saved, step_0000002\.pt, is intact\n", said), said
     ckpts = tmp_path / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_0000001.pt", "step_0000002.pt"]
     assert (ckpts / "latest").read_text() == "step_0000002.pt\n"
@@ -489,6 +491,57 @@ def test_a_full_disk_at_a_checkpoint_names_it_and_keeps_the_last_one(tmp_path: P
     monkeypatch.setattr(torch, "save", real_save)
     assert train(tmp_path, "train.ckpt_every=1 train.resume=auto", steps=4) == 0
     assert [r["step"] for r in csv_rows(tmp_path)] == ["1", "2", "3", "4"]
+
+
+def test_a_first_checkpoint_that_cannot_be_written_says_there_is_none_before_it(tmp_path: Path, monkeypatch,
+                                                                                  capsys):
+    """It said 'the last checkpoint saved, none, is intact'."""
+    def no_room(obj, f, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", no_room)
+    assert train(tmp_path, "train.ckpt_every=2", steps=4) == contract.EXIT_ERROR
+    assert capsys.readouterr().err.endswith(
+        f"cannot write checkpoint {tmp_path / 'checkpoints' / 'step_0000002.pt'}: No space left on device; no "
+        "checkpoint was saved before it\n")
+    assert [f.name for f in (tmp_path / "checkpoints").iterdir()] == []
+
+
+def test_a_real_checkpoint_write_past_the_file_size_limit_ends_with_one_line(tmp_path: Path):
+    """The real write path (torch.save into write_atomic's temp file) failing for want of room, in a
+    process of its own: RLIMIT_FSIZE below a checkpoint's size, SIGXFSZ ignored, so the write fails
+    with EFBIG as it would with ENOSPC. It ended in a full traceback; now one line names the file and
+    the OS's reason, exit 1, nothing half-written is left, and the run resumes from the checkpoint
+    before."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    assert train(tmp_path, "train.ckpt_every=2 train.run_steps=2", steps=6) == 0
+    ckpts = tmp_path / "checkpoints"
+    size = (ckpts / "step_0000002.pt").stat().st_size
+
+    def limited() -> None:  # the training.csv, heartbeats and env.json fit; a checkpoint does not
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, size // 2))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NSA_") and k != "CONFIG"}
+    p = subprocess.run([sys.executable, "-m", "nsa.train", "--config", "tiny", "--override",
+                        f"{TINY} train.steps=6 train.out_dir={tmp_path} train.ckpt_every=2 train.resume=auto"],
+                       env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120,
+                       preexec_fn=limited)
+    assert p.returncode == contract.EXIT_ERROR, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip().splitlines()[-1] == (
+        f"[rank 0] error at the checkpoint of step 4: cannot write checkpoint {ckpts / 'step_0000004.pt'}: File too "
+        "large; the last checkpoint saved, step_0000002.pt, is intact"), p.stderr
+    assert sorted(f.name for f in ckpts.iterdir()) == ["latest", "step_0000002.pt"]
+    assert json.loads((tmp_path / "env.json").read_text())["status"] == (
+        f"error at the checkpoint of step 4: CheckpointError: cannot write checkpoint {ckpts / 'step_0000004.pt'}: "
+        "File too large; the last checkpoint saved, step_0000002.pt, is intact")
+    assert train(tmp_path, "train.ckpt_every=2 train.resume=auto", steps=6) == 0
+    assert [r["step"] for r in csv_rows(tmp_path)] == ["1", "2", "3", "4", "5", "6"]
 
 
 def test_write_atomic_leaves_the_old_file_and_no_temp_when_the_write_fails(tmp_path: Path):

@@ -33,9 +33,10 @@ stackdump_rank*.txt; the first Ctrl-C (130) stops after the step in flight and s
 checkpoint that train.resume=auto continues, a second one stops at once. SIGTERM (a preemption:
 Slurm's scancel, Kubernetes, torchrun passing either on) stops after the step in flight too,
 saves a checkpoint and ends the process by SIGTERM (143 in a shell, signal 15 to torchrun);
-a run that has not stopped watchdog.term_grace_s (20 s) after the first SIGTERM ends by SIGTERM
-at once, the last checkpoint saved being the one to resume from (SIGTERM is taken while the
-watchdog is enabled; otherwise it ends the run at once). Under torchrun these are the per-rank
+one during set-up (before its first step starts) ends it at once, and a run that has not stopped
+watchdog.term_grace_s (20 s) after the first SIGTERM ends by SIGTERM at once, the last checkpoint
+saved being the one to resume from (SIGTERM is taken while the watchdog is enabled; otherwise it
+ends the run at once). Under torchrun these are the per-rank
 codes in torchrun's failure summary; torchrun itself exits 1 when any rank fails. SIGINT or
 SIGTERM to torchrun reaches every rank, which then stops after the same step.
 Distributed runs are detected from torchrun's RANK / WORLD_SIZE / LOCAL_RANK only."""

@@ -369,3 +369,11 @@ def test_a_config_path_that_does_not_exist_is_no_preset_of_its_name(given):
     with pytest.raises(ConfigError, match=rf"^{re.escape(given)}: config file not found \(presets: "):
         load_run_config(given, env={})
     assert load_run_config("configs/tiny.yaml", env={})[1].config_path.endswith("nsa/configs/tiny.yaml")
+
+
+def test_a_config_from_the_environment_that_cannot_be_found_says_where_it_came_from():
+    """CONFIG=nosuch with no --config said only "unknown config preset 'nosuch'": a person who gave
+    no config could not tell where the name came from."""
+    with pytest.raises(ConfigError, match=r"^unknown config preset 'nosuch'; presets: .* \(set by environment "
+                                          r"variable CONFIG='nosuch'\)$"):
+        load_run_config(None, env={"CONFIG": "nosuch"})

@@ -7,7 +7,7 @@ import datetime
 import os
 import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -34,6 +34,11 @@ class DistInfo:
     @property
     def distributed(self) -> bool:
         return self.backend is not None
+
+    @property
+    def peers(self) -> list[int]:
+        """The other ranks of the run."""
+        return [r for r in range(self.world_size) if r != self.rank]
 
 
 def torchrun_env(env: Mapping[str, str] | None = None) -> tuple[int, int, int] | None:
@@ -156,14 +161,18 @@ def all_gather_stats(info: DistInfo, values: torch.Tensor) -> list[list[float]]:
 _PEER_GONE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|remote process exited", re.IGNORECASE)
 
 
-def lost_peer(info: DistInfo, exc: BaseException) -> str | None:
+def lost_peer(info: DistInfo, exc: BaseException, gone: Sequence[int] = ()) -> str | None:
     """The peer an error of this rank's collective says is gone: 'rank 1' where it can be known (a
-    world of two: the other rank), else 'a peer rank (...)'; None for any other error. The
-    backend's own text names an address and a source line, not a rank."""
+    world of two: the other rank; else the ranks ``gone``, those whose processes are seen to have
+    ended), else 'a peer rank (...)'; None for any other error. The backend's own text names an
+    address and a source line, not a rank."""
     if not info.distributed or info.world_size < 2 or not _PEER_GONE.search(str(exc)):
         return None
-    others = [r for r in range(info.world_size) if r != info.rank]
-    return f"rank {others[0]}" if len(others) == 1 else "a peer rank (the backend's error does not say which)"
+    if len(info.peers) == 1:
+        return f"rank {info.peers[0]}"
+    if gone:
+        return (f"rank {gone[0]}" if len(gone) == 1 else f"ranks {', '.join(map(str, gone))}") + " (process gone)"
+    return "a peer rank (the backend's error does not say which)"
 
 
 def teardown(info: DistInfo, synchronize: bool = False, timeout_s: float = 60.0, abandon: bool = False) -> None:

@@ -40,7 +40,8 @@ from .optim import build_optimizer, fused_adamw, lr_at, set_lr
 from .parallelize import compute_dtype, parallelize, set_grad_sync
 from .profile import ProfileStatus, cuda_kernel_names, profiled_window, summarize
 from .profile import write as write_profile
-from .telemetry import Telemetry, device_memory_gb, environment, memory_gb, memory_source, sdpa_flags, write_json_atomic
+from .telemetry import (Telemetry, device_memory_gb, environment, memory_gb, memory_source, ranks_gone, sdpa_flags,
+                        write_json_atomic)
 from .tensorboard import EventWriter
 from .watchdog import Watchdog, halt_path, read_halt, write_halt
 
@@ -512,10 +513,10 @@ class Trainer:
                     self.oom_report(exc)
                 elif isinstance(exc, KeyboardInterrupt):
                     self.stop_reason = f"interrupted (Ctrl-C twice) {self.where()}"
-                elif (peer := lost_peer(self.info, exc)) is not None:
+                elif (peer := lost_peer(self.info, exc, ranks_gone(self.out, self.info.peers))) is not None:
                     # the backend's text (an address, a source line) kept as the detail of plain words
-                    lost = (f"lost {peer} {self.where()}: its connection to rank {self.info.rank} broke in a "
-                            "collective (its process ended, or its host went away)")
+                    lost = (f"lost {peer} {self.where()}: a connection of rank {self.info.rank}'s collective broke "
+                            "(a peer's process ended, or its host went away)")
                     self.log_all(lost)
                     self.stop_reason = f"{lost}; detail: {_described(exc)}"
                 else:

@@ -55,6 +55,9 @@ def run(config: str | None, overrides: list[str], env=None) -> int:
         print(f"[rank {rank}] error: {exc if resolved is None else resolved.blame(str(exc))}", file=sys.stderr,
               flush=True)
         return EXIT_INPUT
+    except OSError as exc:  # the machine (a full disk) while the run's first files are written: its reason
+        print(f"[rank {rank}] error while setting up: {exc}", file=sys.stderr, flush=True)
+        return contract.EXIT_ERROR
     except KeyboardInterrupt:
         print(f"[rank {rank}] interrupted (Ctrl-C) before training started", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED

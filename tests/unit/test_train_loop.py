@@ -507,30 +507,37 @@ def test_a_first_checkpoint_that_cannot_be_written_says_there_is_none_before_it(
     assert [f.name for f in (tmp_path / "checkpoints").iterdir()] == []
 
 
-def test_a_real_checkpoint_write_past_the_file_size_limit_ends_with_one_line(tmp_path: Path):
-    """The real write path (torch.save into write_atomic's temp file) failing for want of room, in a
-    process of its own: RLIMIT_FSIZE below a checkpoint's size, SIGXFSZ ignored, so the write fails
-    with EFBIG as it would with ENOSPC. It ended in a full traceback; now one line names the file and
-    the OS's reason, exit 1, nothing half-written is left, and the run resumes from the checkpoint
-    before."""
+def _train_under_file_size_limit(out: Path, limit: int, extra: str, steps: int):
+    """``python -m nsa.train`` in a process of its own whose files may not grow past ``limit`` bytes
+    (RLIMIT_FSIZE, SIGXFSZ ignored: a write past it fails with EFBIG, as one on a full disk fails
+    with ENOSPC), through the trainer's real write paths."""
     import resource
     import signal
     import subprocess
     import sys
 
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NSA_") and k != "CONFIG"}
+    # no repository for the git the trainer runs (env.json's git_sha): it inherits the limit, and its
+    # describe --dirty, refreshing the index, left index.lock behind in this checkout
+    env.update(OMP_NUM_THREADS="1", GIT_DIR=str(out / "no-repository"))
+    return subprocess.run([sys.executable, "-m", "nsa.train", "--config", "tiny", "--override",
+                           f"{TINY} train.steps={steps} train.out_dir={out} {extra}"],
+                          env=env, capture_output=True, text=True, timeout=120, preexec_fn=limited)
+
+
+def test_a_real_checkpoint_write_past_the_file_size_limit_ends_with_one_line(tmp_path: Path):
+    """The real write path (torch.save into write_atomic's temp file) failing for want of room. It
+    ended in a full traceback; now one line names the file and the OS's reason, exit 1, nothing
+    half-written is left, and the run resumes from the checkpoint before."""
     assert train(tmp_path, "train.ckpt_every=2 train.run_steps=2", steps=6) == 0
     ckpts = tmp_path / "checkpoints"
     size = (ckpts / "step_0000002.pt").stat().st_size
-
-    def limited() -> None:  # the training.csv, heartbeats and env.json fit; a checkpoint does not
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, size // 2))
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NSA_") and k != "CONFIG"}
-    p = subprocess.run([sys.executable, "-m", "nsa.train", "--config", "tiny", "--override",
-                        f"{TINY} train.steps=6 train.out_dir={tmp_path} train.ckpt_every=2 train.resume=auto"],
-                       env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120,
-                       preexec_fn=limited)
+    # the training.csv, heartbeats and env.json fit; a checkpoint does not
+    p = _train_under_file_size_limit(tmp_path, size // 2, "train.ckpt_every=2 train.resume=auto", steps=6)
     assert p.returncode == contract.EXIT_ERROR, p.stderr
     assert "Traceback" not in p.stderr, p.stderr
     assert p.stderr.strip().splitlines()[-1] == (
@@ -542,6 +549,16 @@ def test_a_real_checkpoint_write_past_the_file_size_limit_ends_with_one_line(tmp
         "File too large; the last checkpoint saved, step_0000002.pt, is intact")
     assert train(tmp_path, "train.ckpt_every=2 train.resume=auto", steps=6) == 0
     assert [r["step"] for r in csv_rows(tmp_path)] == ["1", "2", "3", "4", "5", "6"]
+
+
+def test_a_disk_full_while_setting_up_ends_with_one_line_naming_the_file(tmp_path: Path):
+    """env.json, the first file of some size the trainer writes, past the limit: a traceback ending in
+    'OSError: [Errno 27] File too large', naming no file (the temp file's close raised it)."""
+    p = _train_under_file_size_limit(tmp_path, 3000, "", steps=2)
+    assert p.returncode == contract.EXIT_ERROR, p.stderr
+    assert p.stderr.strip().splitlines()[-1] == (
+        f"[rank 0] error while setting up: [Errno 27] File too large: '{tmp_path / 'env.json'}'"), p.stderr
+    assert "Traceback" not in p.stderr and not list(tmp_path.glob(".*.tmp")), p.stderr
 
 
 def test_write_atomic_leaves_the_old_file_and_no_temp_when_the_write_fails(tmp_path: Path):

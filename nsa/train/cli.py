@@ -28,9 +28,11 @@ ENV_HELP = "environment toggles (each overrides its config key and is recorded i
 
 EXIT_HELP = textwrap.fill("exit status (nsa/contract.py): " + ", ".join(
     f"{code} {meaning}" for code, meaning in contract.EXIT_MEANING.items()) + ".", width=96) + """
-Out of memory (1) also writes oom_rank*.txt; a watchdog stall (3) leaves stack dumps in
-stackdump_rank*.txt; the first Ctrl-C (130) stops after the step in flight and saves a
-checkpoint that train.resume=auto continues, a second one stops at once. SIGTERM (a preemption:
+Out of memory (1) also writes oom_rank*.txt; a write the disk refuses (1: full, over a quota)
+ends a run of one process with one line naming the file and the OS's reason, the last checkpoint
+left whole; a watchdog stall (3) leaves stack dumps in stackdump_rank*.txt; the first Ctrl-C
+(130) stops after the step in flight and saves a checkpoint that train.resume=auto continues, a
+second one stops at once. SIGTERM (a preemption:
 Slurm's scancel, Kubernetes, torchrun passing either on) stops after the step in flight too,
 saves a checkpoint and ends the process by SIGTERM (143 in a shell, signal 15 to torchrun);
 one during set-up (before its first step starts) ends it at once, and a run that has not stopped

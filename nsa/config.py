@@ -257,12 +257,15 @@ PRESET_DIR = Path(__file__).parent / "configs"
 
 
 def resolve_config_path(name_or_path: str | Path) -> Path:
-    """A preset name (``m7c_125m``) or a path to a YAML file."""
+    """A preset name (``m7c_125m``) or a path to a YAML file. The seed runbook's path of a preset,
+    ``configs/<preset>.yaml`` (relative, absent here), is that preset; any other path that does not
+    exist is an error, never a preset of the same name (``/home/me/exp/tiny.yaml`` mistyped trained
+    the built-in tiny without a word)."""
     p = Path(name_or_path)
     if p.suffix in (".yaml", ".yml") and p.exists():
         return p
     preset = PRESET_DIR / f"{p.stem}.yaml"
-    if preset.exists():
+    if preset.exists() and (p == Path(p.name) or p.parent == Path(PRESET_DIR.name)):
         return preset
     if p.suffix in (".yaml", ".yml"):
         raise ConfigError(f"{p}: config file not found (presets: {', '.join(list_presets())})")

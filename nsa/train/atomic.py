@@ -26,8 +26,10 @@ def write_atomic(path: Path, content: bytes | Callable[[BinaryIO], object]) -> N
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)  # a half-written temp file would hold the space a full disk lacks
+        if isinstance(exc, OSError) and exc.filename is None:  # a write's or close's: it names no file
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
     _fsync_dir(path.parent)
 

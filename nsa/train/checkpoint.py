@@ -87,9 +87,9 @@ def save(out_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
             write_atomic(path, lambda fh: torch.save(payload, fh))
             write_atomic(pointer, (path.name + "\n").encode())
         except (OSError, RuntimeError) as exc:
-            kept = pointer.read_text().strip() if pointer.exists() else "none"
-            raise CheckpointError(f"cannot write checkpoint {path}: {_reason(exc)}; the last checkpoint saved, "
-                                  f"{kept}, is intact") from None
+            kept = (f"the last checkpoint saved, {pointer.read_text().strip()}, is intact" if pointer.exists()
+                    else "no checkpoint was saved before it")
+            raise CheckpointError(f"cannot write checkpoint {path}: {_reason(exc)}; {kept}") from None
     barrier(info)
     return path
 

@@ -28,14 +28,17 @@ ENV_HELP = "environment toggles (each overrides its config key and is recorded i
 
 EXIT_HELP = textwrap.fill("exit status (nsa/contract.py): " + ", ".join(
     f"{code} {meaning}" for code, meaning in contract.EXIT_MEANING.items()) + ".", width=96) + """
-Out of memory (1) also writes oom_rank*.txt; a watchdog stall (3) leaves stack dumps in
-stackdump_rank*.txt; the first Ctrl-C (130) stops after the step in flight and saves a
-checkpoint that train.resume=auto continues, a second one stops at once. SIGTERM (a preemption:
+Out of memory (1) also writes oom_rank*.txt; a write the disk refuses (1: full, over a quota)
+ends a run of one process with one line naming the file and the OS's reason, the last checkpoint
+left whole; a watchdog stall (3) leaves stack dumps in stackdump_rank*.txt; the first Ctrl-C
+(130) stops after the step in flight and saves a checkpoint that train.resume=auto continues, a
+second one stops at once. SIGTERM (a preemption:
 Slurm's scancel, Kubernetes, torchrun passing either on) stops after the step in flight too,
 saves a checkpoint and ends the process by SIGTERM (143 in a shell, signal 15 to torchrun);
-a run that has not stopped watchdog.term_grace_s (20 s) after the first SIGTERM ends by SIGTERM
-at once, the last checkpoint saved being the one to resume from (SIGTERM is taken while the
-watchdog is enabled; otherwise it ends the run at once). Under torchrun these are the per-rank
+one during set-up (before its first step starts) ends it at once, and a run that has not stopped
+watchdog.term_grace_s (20 s) after the first SIGTERM ends by SIGTERM at once, the last checkpoint
+saved being the one to resume from (SIGTERM is taken while the watchdog is enabled; otherwise it
+ends the run at once). Under torchrun these are the per-rank
 codes in torchrun's failure summary; torchrun itself exits 1 when any rank fails. SIGINT or
 SIGTERM to torchrun reaches every rank, which then stops after the same step.
 Distributed runs are detected from torchrun's RANK / WORLD_SIZE / LOCAL_RANK only."""
@@ -54,6 +57,9 @@ def run(config: str | None, overrides: list[str], env=None) -> int:
         print(f"[rank {rank}] error: {exc if resolved is None else resolved.blame(str(exc))}", file=sys.stderr,
               flush=True)
         return EXIT_INPUT
+    except OSError as exc:  # the machine (a full disk) while the run's first files are written: its reason
+        print(f"[rank {rank}] error while setting up: {exc}", file=sys.stderr, flush=True)
+        return contract.EXIT_ERROR
     except KeyboardInterrupt:
         print(f"[rank {rank}] interrupted (Ctrl-C) before training started", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
@@ -66,8 +72,13 @@ def run(config: str | None, overrides: list[str], env=None) -> int:
         print(f"[rank {rank}] interrupted (Ctrl-C twice) {trainer.where()}; the last checkpoint "
               "saved is the one to resume from", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
-    except Exception:
+    except Exception as exc:
         if trainer.info.world_size < 2:
+            if isinstance(exc, (CheckpointError, OSError)):
+                # the machine, not the code (a full disk, a quota, a file too large): a traceback
+                # would bury the one line that matters, the file and the OS's reason
+                print(f"[rank {rank}] error {trainer.where()}: {exc}", file=sys.stderr, flush=True)
+                return contract.EXIT_ERROR
             raise  # no peer to wait for: the traceback as usual, on the way out
         # The traceback now, and no wait for the other ranks: over NCCL they may be blocked in a
         # collective this rank will never join, and destroying the process group (a collective

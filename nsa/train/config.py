@@ -436,7 +436,13 @@ def load_run_config(
     """Build the RunConfig from a preset name or YAML path, dotted overrides and the environment.
     Errors are ConfigError naming the file, the dotted key and, for toggles, the variable."""
     env = os.environ if env is None else env
-    path = resolve_config_path(choose_config(config, env))
+    chosen = choose_config(config, env)
+    try:
+        path = resolve_config_path(chosen)
+    except ConfigError as exc:  # from $CONFIG: a run launched without --config names no config of its own
+        if config or not env.get(CONFIG_ENV):
+            raise
+        raise ConfigError(f"{exc} (set by environment variable {CONFIG_ENV}={chosen!r})") from None
     data = read_yaml(path, sections=[f.name for f in dataclasses.fields(RunConfig)])
     extra = parse_overrides(overrides)
     env_tree: dict[str, Any] = {}

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -33,6 +34,11 @@ class DistInfo:
     @property
     def distributed(self) -> bool:
         return self.backend is not None
+
+    @property
+    def peers(self) -> list[int]:
+        """The other ranks of the run."""
+        return [r for r in range(self.world_size) if r != self.rank]
 
 
 def torchrun_env(env: Mapping[str, str] | None = None) -> tuple[int, int, int] | None:
@@ -146,6 +152,27 @@ def all_gather_stats(info: DistInfo, values: torch.Tensor) -> list[list[float]]:
     out = [torch.empty_like(t) for _ in range(info.world_size)]
     dist.all_gather(out, t)
     return torch.stack(out).tolist()
+
+
+#: what gloo and NCCL say when a peer of this rank's collective is gone: its process ended (killed,
+#: crashed, exited) or its host went away. gloo: "Read error [127.0.0.1]:6051: Connection reset by
+#: peer", "Connection closed by peer", a write's "Broken pipe"; NCCL: "remote process exited or there
+#: was a network error"
+_PEER_GONE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|remote process exited", re.IGNORECASE)
+
+
+def lost_peer(info: DistInfo, exc: BaseException, gone: Sequence[int] = ()) -> str | None:
+    """The peer an error of this rank's collective says is gone: 'rank 1' where it can be known (a
+    world of two: the other rank; else the ranks ``gone``, those whose processes are seen to have
+    ended), else 'a peer rank (...)'; None for any other error. The backend's own text names an
+    address and a source line, not a rank."""
+    if not info.distributed or info.world_size < 2 or not _PEER_GONE.search(str(exc)):
+        return None
+    if len(info.peers) == 1:
+        return f"rank {info.peers[0]}"
+    if gone:
+        return (f"rank {gone[0]}" if len(gone) == 1 else f"ranks {', '.join(map(str, gone))}") + " (process gone)"
+    return "a peer rank (the backend's error does not say which)"
 
 
 def teardown(info: DistInfo, synchronize: bool = False, timeout_s: float = 60.0, abandon: bool = False) -> None:

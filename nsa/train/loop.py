@@ -33,14 +33,15 @@ from . import checkpoint as ckpt
 from . import determinism, graphs
 from .config import Resolved, RunConfig, config_dict
 from .data import DocumentStream, Loader, build_source, run_tokens
-from .distributed import all_gather_stats, barrier, init_distributed, launch_time, teardown, torchrun_env
+from .distributed import all_gather_stats, barrier, init_distributed, launch_time, lost_peer, teardown, torchrun_env
 from .faults import FaultInjector
 from .interrupt import CtrlC, StopRequest
 from .optim import build_optimizer, fused_adamw, lr_at, set_lr
 from .parallelize import compute_dtype, parallelize, set_grad_sync
 from .profile import ProfileStatus, cuda_kernel_names, profiled_window, summarize
 from .profile import write as write_profile
-from .telemetry import Telemetry, device_memory_gb, environment, memory_gb, memory_source, sdpa_flags, write_json_atomic
+from .telemetry import (Telemetry, device_memory_gb, environment, memory_gb, memory_source, ranks_gone, sdpa_flags,
+                        write_json_atomic)
 from .tensorboard import EventWriter
 from .watchdog import Watchdog, halt_path, read_halt, write_halt
 
@@ -512,8 +513,14 @@ class Trainer:
                     self.oom_report(exc)
                 elif isinstance(exc, KeyboardInterrupt):
                     self.stop_reason = f"interrupted (Ctrl-C twice) {self.where()}"
+                elif (peer := lost_peer(self.info, exc, ranks_gone(self.out, self.info.peers))) is not None:
+                    # the backend's text (an address, a source line) kept as the detail of plain words
+                    lost = (f"lost {peer} {self.where()}: a connection of rank {self.info.rank}'s collective broke "
+                            "(a peer's process ended, or its host went away)")
+                    self.log_all(lost)
+                    self.stop_reason = f"{lost}; detail: {_described(exc)}"
                 else:
-                    self.stop_reason = f"error {self.where()}: {exc!r}"
+                    self.stop_reason = f"error {self.where()}: {_described(exc)}"
                 try:
                     self.write_env()
                 except OSError as env_exc:  # the disk that failed the run: its error is the one to see
@@ -658,6 +665,12 @@ class Trainer:
     def close(self) -> None:
         """Stop the loader, close the files, stop the watchdog, destroy the process group."""
         self._closers.close()
+
+
+def _described(exc: BaseException) -> str:
+    """'OSError: [Errno 28] No space left on device: '/out/training.csv'': the type and the whole
+    message (an OSError's repr leaves out the file it names)."""
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _finite(v: float) -> bool:

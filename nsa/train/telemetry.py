@@ -162,6 +162,41 @@ def truncate_heartbeats(path: Path, keep_through_step: int) -> None:
         _keep_through_step(path, keep_through_step, _step_of_record)
 
 
+def ranks_gone(out_dir: Path, ranks: list[int], wait_s: float = 1.0, tail_bytes: int = 8192) -> list[int]:
+    """Of ``ranks``, those whose process, as the last record of their heartbeat file names it (pid
+    and host), ran on this host and has ended (gone, or a zombie not yet reaped). A rank on another
+    host, without heartbeats, or whose pid is taken again is not among them: nothing here tells.
+    A killed process closes its sockets before it ends, so a peer's broken collective may come
+    first: the first of up to ``wait_s`` of looks that finds one ended answers (later, the ranks
+    that fail on the broken collective end too)."""
+    import psutil
+
+    host, pids = socket.gethostname(), {}
+    for rank in ranks:
+        try:
+            with open(Path(out_dir) / contract.heartbeat_name(rank), "rb") as fh:
+                fh.seek(max(0, fh.seek(0, os.SEEK_END) - tail_bytes))
+                lines = fh.read().splitlines()
+            last = json.loads(lines[-1]) if lines else {}
+        except (OSError, ValueError):  # none, or a line torn by the kill
+            continue
+        if isinstance(last, dict) and last.get("host") == host and isinstance(last.get("pid"), int):
+            pids[rank] = last["pid"]
+
+    def ended(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+        except psutil.NoSuchProcess:
+            return True
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        gone = [rank for rank, pid in pids.items() if ended(pid)]
+        if gone or not pids or time.monotonic() >= deadline:
+            return gone
+        time.sleep(0.02)
+
+
 @contextlib.contextmanager
 def _naming(fh):
     """A failed write (a full disk) says which file: the OSError of a write to an open file has none."""

@@ -44,6 +44,9 @@ a failed rank) is ended by SIGTERM's default action from the watchdog's thread o
 ``term_grace_s`` has passed since the first SIGTERM, before torchrun's or Slurm's SIGKILL (30 s
 after their SIGTERM by default): a rank killed by SIGTERM is a peer's collateral stop to torchrun
 and the harness, one killed by SIGKILL a failure of its own. Further SIGTERMs change nothing.
+A SIGTERM during set-up (before the loop names its first steady step: reading the data, building
+and compiling the model, loading a checkpoint) ends the process by SIGTERM at once: there is no
+step to finish and nothing to save.
 """
 from __future__ import annotations
 
@@ -176,7 +179,8 @@ class Watchdog:
             self._previous[signum] = signal.SIG_DFL if previous is None else previous  # None: one set from C
 
     def steady_from(self, step: int) -> None:
-        """From a beat at ``step`` on, the limit is timeout_s (the steps before it: startup_s)."""
+        """The loop starts: from a beat at ``step`` on, the limit is timeout_s (the steps before it:
+        startup_s). Before this call a SIGTERM ends the process at once (set-up has nothing to save)."""
         self._steady_step = step
 
     def limit(self) -> tuple[float, str]:
@@ -224,6 +228,8 @@ class Watchdog:
             arrived = os.read(self._wakeup[0], 512)
             if int(signal.SIGTERM) in arrived and self._term_at is None:
                 self._term_at = time.monotonic()
+                if self._steady_step is None:
+                    self._end_in_set_up()
                 self.terminate_requested = True
                 print(f"[rank {self.rank}] SIGTERM: stopping after this step and saving a checkpoint "
                       f"(within watchdog.term_grace_s={self.cfg.term_grace_s:g}s, else ending at once)",
@@ -231,6 +237,17 @@ class Watchdog:
             if int(signal.SIGTSTP) in arrived:
                 self._suspend()
         return not self._stop.is_set()
+
+    def _end_in_set_up(self) -> None:
+        """A SIGTERM before the loop started (steady_from): no step to finish, nothing to save.
+        Waiting for a step that will not come held the process for term_grace_s, saying it would
+        save a checkpoint."""
+        print(f"[rank {self.rank}] SIGTERM during set-up, before the first step: nothing to save; ending by "
+              "SIGTERM now", file=sys.stderr, flush=True)
+        faulthandler.cancel_dump_traceback_later()
+        self._drop_empty_dump()
+        self._record_status("ended by SIGTERM during set-up, before the first step")
+        end_by_default(signal.SIGTERM)
 
     def _end_if_term_overdue(self, now: float) -> None:
         """A SIGTERM the run has not stopped for within term_grace_s: end by SIGTERM now."""
@@ -301,7 +318,9 @@ class Watchdog:
             env = json.loads(path.read_text())
             env["status"] = status
             write_atomic(path, (json.dumps(env, indent=2, default=str) + "\n").encode())
-        except (OSError, ValueError) as exc:  # not written yet (a stall in set-up), or a failing disk
+        except FileNotFoundError:  # not written yet (set-up): nothing to correct
+            return
+        except (OSError, ValueError) as exc:  # a failing disk, a file cut short
             print(f"[watchdog] rank 0: could not record the status in {path}: {exc}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
@@ -320,7 +339,10 @@ class Watchdog:
         if self._sigusr1:
             faulthandler.unregister(signal.SIGUSR1)
         self._dump.close()
-        # an empty dump file is noise, not evidence
+        self._drop_empty_dump()
+
+    def _drop_empty_dump(self) -> None:
+        """An empty dump file is noise, not evidence (the contract reads it as a rank with none)."""
         path = stackdump_path(self.out_dir, self.rank)
         if path.exists() and path.stat().st_size == 0:
             path.unlink()

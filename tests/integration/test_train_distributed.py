@@ -181,6 +181,25 @@ def test_a_stalled_rank_ends_the_run_with_every_ranks_stacks(tmp_path: Path):
             os.kill(pid, 0)
 
 
+@pytest.mark.distributed
+@pytest.mark.parametrize("nproc, peer", [(2, "rank 1"), (3, "rank 2 (process gone)")], ids=["two", "three"])
+def test_a_peer_killed_by_sigkill_is_named_as_lost_in_env_json(tmp_path: Path, nproc: int, peer: str):
+    """The last rank SIGKILLed (kill -9, a node gone) at step 3: rank 0's env.json status was gloo's
+    raw text ("error at step 3: RuntimeError('[/__w/pytorch/.../pair.cc:537] Read error
+    [127.0.0.1]:6051: Connection reset by peer. ...')"), naming neither the rank nor what happened in
+    words. Now it says which rank was lost (of two, the other; of more, the one whose process is
+    gone), with gloo's text kept as the detail, and rank 0 says so on stderr."""
+    p = launch(["-m", "nsa.train", "--config", "tiny", "--out-dir", str(tmp_path), "--steps", "6",
+                "--override", "model.n_layers=1 train.print_every=100"],
+               {"NSA_FAULT": f"kill:rank={nproc - 1}:step=3"}, nproc=nproc, timeout=180)
+    assert p.returncode != 0
+    said = (f"lost {peer} at step 3: a connection of rank 0's collective broke (a peer's process ended, or its "
+            "host went away)")
+    assert f"[rank 0] {said}\n" in p.stderr, p.stderr[-3000:]
+    status = json.loads((tmp_path / "env.json").read_text())["status"]
+    assert status.startswith(f"{said}; detail: RuntimeError: ") and "by peer" in status, status
+
+
 def test_a_watchdog_exit_is_the_status_in_env_json(tmp_path: Path):
     """`NSA_FAULT=stall:step=2 python -m nsa.train --config tiny ...` ended with exit 3, .HALT and a
     stack dump, and env.json's status still said 'running': the watchdog's thread ends the run with

@@ -359,3 +359,21 @@ def test_a_flag_and_an_override_of_its_key_that_disagree_are_refused(tmp_path: P
     out = tmp_path / "run"
     assert main(["--config", "tiny", "--steps", "1", "train.steps=1", "--out-dir", str(out), "train.seq_len=32",
                  "model.n_layers=1", "data.dataset=synthetic", "train.save_final=false"]) == 0
+
+
+@pytest.mark.parametrize("given", ["/nonexistent/exp/tiny.yaml", "exp/tiny.yaml", "../configs/tiny.yaml"])
+def test_a_config_path_that_does_not_exist_is_no_preset_of_its_name(given):
+    """`--config /nonexistent/exp/tiny.yaml` trained the built-in tiny preset without a word (env.json's
+    config_path named nsa/configs/tiny.yaml): a user's own copy, its path mistyped, was replaced by the
+    project's. Only the seed runbook's configs/<preset>.yaml stands for a preset."""
+    with pytest.raises(ConfigError, match=rf"^{re.escape(given)}: config file not found \(presets: "):
+        load_run_config(given, env={})
+    assert load_run_config("configs/tiny.yaml", env={})[1].config_path.endswith("nsa/configs/tiny.yaml")
+
+
+def test_a_config_from_the_environment_that_cannot_be_found_says_where_it_came_from():
+    """CONFIG=nosuch with no --config said only "unknown config preset 'nosuch'": a person who gave
+    no config could not tell where the name came from."""
+    with pytest.raises(ConfigError, match=r"^unknown config preset 'nosuch'; presets: .* \(set by environment "
+                                          r"variable CONFIG='nosuch'\)$"):
+        load_run_config(None, env={"CONFIG": "nosuch"})

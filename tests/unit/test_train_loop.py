@@ -455,11 +455,11 @@ def test_resume_csv_rewrite_is_atomic_and_a_bad_header_is_a_checkpoint_error(tmp
     assert csv_path.read_text() == "when,what\n1,2\n"
 
 
-def test_a_full_disk_at_a_checkpoint_names_it_and_keeps_the_last_one(tmp_path: Path, monkeypatch):
-    """ENOSPC while a checkpoint is written: the error names the file and the reason, the half-written
-    file is gone (it held the space), `latest` still names the last good checkpoint, env.json says
-    why the run stopped and where (the checkpoint of the step completed, not the next step), and
-    the run resumes from that checkpoint."""
+def test_a_full_disk_at_a_checkpoint_names_it_and_keeps_the_last_one(tmp_path: Path, monkeypatch, capsys):
+    """ENOSPC while a checkpoint is written: one line names the file and the reason (no traceback,
+    exit 1), the half-written file is gone (it held the space), `latest` still names the last good
+    checkpoint, env.json says why the run stopped and where (the checkpoint of the step completed,
+    not the next step), and the run resumes from that checkpoint."""
     import errno
 
     real_save, saves = torch.save, []
@@ -476,19 +476,89 @@ def test_a_full_disk_at_a_checkpoint_names_it_and_keeps_the_last_one(tmp_path: P
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
 
     monkeypatch.setattr(torch, "save", disk_fills_at_the_third)
-    with pytest.raises(CheckpointError, match=r"cannot write checkpoint .*step_0000003\.pt: No space left on "
-                                              r"device; the last checkpoint saved, step_0000002\.pt, is intact"):
-        train(tmp_path, "train.ckpt_every=1", steps=4)
+    capsys.readouterr()
+    assert train(tmp_path, "train.ckpt_every=1", steps=4) == contract.EXIT_ERROR
+    said = capsys.readouterr().err
+    assert re.fullmatch(r"\[rank 0\] error at the checkpoint of step 3: cannot write checkpoint \S+step_0000003\.pt: "
+                        r"No space left on device; the last checkpoint saved, step_0000002\.pt, is intact\n", said), said
     ckpts = tmp_path / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_0000001.pt", "step_0000002.pt"]
     assert (ckpts / "latest").read_text() == "step_0000002.pt\n"
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
     # the save of step 3 failed, after step 3 completed: once labelled "error at step 4"
     assert json.loads((tmp_path / "env.json").read_text())["status"].startswith(
-        "error at the checkpoint of step 3: CheckpointError('cannot write checkpoint")
+        "error at the checkpoint of step 3: CheckpointError: cannot write checkpoint")
     monkeypatch.setattr(torch, "save", real_save)
     assert train(tmp_path, "train.ckpt_every=1 train.resume=auto", steps=4) == 0
     assert [r["step"] for r in csv_rows(tmp_path)] == ["1", "2", "3", "4"]
+
+
+def test_a_first_checkpoint_that_cannot_be_written_says_there_is_none_before_it(tmp_path: Path, monkeypatch,
+                                                                                  capsys):
+    """It said 'the last checkpoint saved, none, is intact'."""
+    def no_room(obj, f, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", no_room)
+    assert train(tmp_path, "train.ckpt_every=2", steps=4) == contract.EXIT_ERROR
+    assert capsys.readouterr().err.endswith(
+        f"cannot write checkpoint {tmp_path / 'checkpoints' / 'step_0000002.pt'}: No space left on device; no "
+        "checkpoint was saved before it\n")
+    assert [f.name for f in (tmp_path / "checkpoints").iterdir()] == []
+
+
+def _train_under_file_size_limit(out: Path, limit: int, extra: str, steps: int):
+    """``python -m nsa.train`` in a process of its own whose files may not grow past ``limit`` bytes
+    (RLIMIT_FSIZE, SIGXFSZ ignored: a write past it fails with EFBIG, as one on a full disk fails
+    with ENOSPC), through the trainer's real write paths."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NSA_") and k != "CONFIG"}
+    # no repository for the git the trainer runs (env.json's git_sha): it inherits the limit, and its
+    # describe --dirty, refreshing the index, left index.lock behind in this checkout
+    env.update(OMP_NUM_THREADS="1", GIT_DIR=str(out / "no-repository"))
+    return subprocess.run([sys.executable, "-m", "nsa.train", "--config", "tiny", "--override",
+                           f"{TINY} train.steps={steps} train.out_dir={out} {extra}"],
+                          env=env, capture_output=True, text=True, timeout=120, preexec_fn=limited)
+
+
+def test_a_real_checkpoint_write_past_the_file_size_limit_ends_with_one_line(tmp_path: Path):
+    """The real write path (torch.save into write_atomic's temp file) failing for want of room. It
+    ended in a full traceback; now one line names the file and the OS's reason, exit 1, nothing
+    half-written is left, and the run resumes from the checkpoint before."""
+    assert train(tmp_path, "train.ckpt_every=2 train.run_steps=2", steps=6) == 0
+    ckpts = tmp_path / "checkpoints"
+    size = (ckpts / "step_0000002.pt").stat().st_size
+    # the training.csv, heartbeats and env.json fit; a checkpoint does not
+    p = _train_under_file_size_limit(tmp_path, size // 2, "train.ckpt_every=2 train.resume=auto", steps=6)
+    assert p.returncode == contract.EXIT_ERROR, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip().splitlines()[-1] == (
+        f"[rank 0] error at the checkpoint of step 4: cannot write checkpoint {ckpts / 'step_0000004.pt'}: File too "
+        "large; the last checkpoint saved, step_0000002.pt, is intact"), p.stderr
+    assert sorted(f.name for f in ckpts.iterdir()) == ["latest", "step_0000002.pt"]
+    assert json.loads((tmp_path / "env.json").read_text())["status"] == (
+        f"error at the checkpoint of step 4: CheckpointError: cannot write checkpoint {ckpts / 'step_0000004.pt'}: "
+        "File too large; the last checkpoint saved, step_0000002.pt, is intact")
+    assert train(tmp_path, "train.ckpt_every=2 train.resume=auto", steps=6) == 0
+    assert [r["step"] for r in csv_rows(tmp_path)] == ["1", "2", "3", "4", "5", "6"]
+
+
+def test_a_disk_full_while_setting_up_ends_with_one_line_naming_the_file(tmp_path: Path):
+    """env.json, the first file of some size the trainer writes, past the limit: a traceback ending in
+    'OSError: [Errno 27] File too large', naming no file (the temp file's close raised it)."""
+    p = _train_under_file_size_limit(tmp_path, 3000, "", steps=2)
+    assert p.returncode == contract.EXIT_ERROR, p.stderr
+    assert p.stderr.strip().splitlines()[-1] == (
+        f"[rank 0] error while setting up: [Errno 27] File too large: '{tmp_path / 'env.json'}'"), p.stderr
+    assert "Traceback" not in p.stderr and not list(tmp_path.glob(".*.tmp")), p.stderr
 
 
 def test_write_atomic_leaves_the_old_file_and_no_temp_when_the_write_fails(tmp_path: Path):

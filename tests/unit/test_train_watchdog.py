@@ -256,3 +256,36 @@ def test_halt_is_never_seen_half_written(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         write_halt(tmp_path, {"source": "watchdog", "rank": 0})
     assert read_halt(tmp_path) is None and list(tmp_path.iterdir()) == []
+
+
+# Set-up that takes a while (a corpus read, a compile, a checkpoint load): the loop has not started.
+_SETTING_UP = """
+import sys, time
+from pathlib import Path
+from nsa.train.config import WatchdogConfig
+from nsa.train.watchdog import Watchdog
+out = Path(sys.argv[1])
+wd = Watchdog(WatchdogConfig(timeout_s=60, startup_s=60, poll_s=0.1, term_grace_s=30), out, 0, 1)
+wd.start()
+wd.beat(0, "setup")
+(out / "ready").touch()
+time.sleep(60)
+print("not ended")
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGTERM") or os.name == "nt", reason="no POSIX signals here")
+def test_a_sigterm_during_set_up_ends_the_process_at_once(tmp_path: Path):
+    """`kill -TERM` of `python -m nsa.train` while it set up (before step 1) printed 'stopping after
+    this step and saving a checkpoint' and held the process for watchdog.term_grace_s (20 s) before
+    it ended by SIGTERM: there was no step to finish and nothing to save. It now ends at once,
+    leaving no empty stack dump and no complaint about an env.json not yet written."""
+    proc = _started(_SETTING_UP, tmp_path, "ready")
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, err)
+    assert time.monotonic() - t0 < 10, err
+    assert "SIGTERM during set-up, before the first step: nothing to save; ending by SIGTERM now" in err, err
+    assert "saving a checkpoint" not in err and "not ended" not in out
+    assert "could not record the status" not in err and not stackdump_path(tmp_path, 0).exists(), err

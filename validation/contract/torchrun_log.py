@@ -53,8 +53,10 @@ _CLOSED = re.compile(r"RendezvousTimeoutError|RendezvousClosedError")
 #: nothing of why
 _CHILD_FAILED = "ChildFailedError"
 _TRACEBACK = "Traceback (most recent call last):"
-#: a line that looks like an error where no traceback says one
+#: a line that looks like an error where no traceback says one: an exception's ('OSError: ...'), or a
+#: trainer's own one-line error ('error: ...', '[rank 0] error at step 6: ...'), its rank prefix dropped
 _ERROR_LINE = re.compile(r"^\s*(\w+(\.\w+)*(Error|Exception|Interrupt)|RuntimeError|AssertionError)\b.*")
+_SAID_ERROR = re.compile(r"^(\[rank \d+\] )?(?P<said>error\b.*:.*)$", re.IGNORECASE)
 #: a rank's exception that is a peer's failure breaking its collective, not its own
 _VICTIM = re.compile(r"Connection closed by peer|remote worker|Connection reset|DistBackendError|NCCL|"
                      r"ProcessGroup|Broken pipe|Timed out waiting", re.IGNORECASE)
@@ -470,14 +472,19 @@ def log_exception(stderr_path: Path, max_bytes: int = 1 << 20) -> str | None:
 def last_exception(text: str) -> str | None:
     """The exception of the last Python traceback in ``text`` ('pkg.Error: message', a '[rankN]: '
     prefix dropped) other than torchrun's report that a worker failed (ChildFailedError), else the
-    last line that looks like an error; None when there is neither."""
+    last line that looks like an error (``_ERROR_LINE``, ``_SAID_ERROR``); None when there is neither."""
     lines = [m.group(2) if (m := _RANK_LINE.match(ln)) else ln for ln in text.splitlines()]
     raised = [next((ln.strip() for ln in lines[i + 1:] if ln and not ln[0].isspace()), None)
               for i, ln in enumerate(lines) if ln.startswith(_TRACEBACK)]
     own = [e for e in raised if e and _CHILD_FAILED not in e.split(":")[0]]
     if own:
         return own[-1]
-    return next((ln.strip() for ln in reversed(lines) if _ERROR_LINE.match(ln) and _CHILD_FAILED not in ln), None)
+    for ln in reversed(lines):
+        if _ERROR_LINE.match(ln) and _CHILD_FAILED not in ln:
+            return ln.strip()
+        if said := _SAID_ERROR.match(ln):
+            return said["said"].strip()
+    return None
 
 
 def _read(path: Path, max_bytes: int) -> str | None:

@@ -285,3 +285,20 @@ def test_a_rank_that_exited_0_before_its_process_group_is_named_not_the_rank_tha
     slurm = NodesEvidence("slurm", "n0:1", 8.0, [NodeEvidence(0, "node0.stderr.log", "n0", None, None, 0, [0]),
                                                  NodeEvidence(1, "node1.stderr.log", "n1", None, None, 1, [1])])
     assert culprit(rec(init, slurm)).did != Did.LEFT
+
+
+def test_a_trainers_one_line_error_is_the_exception_where_no_traceback_says_one():
+    """A trainer that reports a failure of the machine in one line (nsa.train on a full disk:
+    '[rank 0] error at the checkpoint of step 2: cannot write checkpoint ...: No space left on
+    device') gave the crash finding no cause ('crash in train1: exit code 1'): only a traceback or
+    a line beginning with an exception's name was read. A traceback still wins over such a line;
+    torchrun's own 'error_file:' lines are no error."""
+    from validation.contract.torchrun_log import last_exception
+
+    said = ("error at the checkpoint of step 2: cannot write checkpoint /r/checkpoints/step_0000002.pt: No space "
+            "left on device; no checkpoint was saved before it")
+    assert last_exception(f"step 1/6 | loss 5.6\n[rank 0] {said}\n") == said
+    assert last_exception("Error: CUDA driver too old\n") == "Error: CUDA driver too old"
+    assert last_exception("  error_file: <N/A>\n[rank 0] errors logged: 0\n") is None
+    assert last_exception(f"[rank 0] {said}\nTraceback (most recent call last):\n  File \"t.py\", line 1\n"
+                          "OSError: [Errno 28] No space left on device\n") == "OSError: [Errno 28] No space left on device"

@@ -123,7 +123,8 @@ def _short_rank(f: Facts) -> str:
             "one rank's path); every rank must run the same steps. Or it trained on and stopped writing its "
             "heartbeat file (a writer turned off, closed or failing without a word on that rank): the contract asks "
             "every rank for a record of each step it logs, its last one included; ranks that share a collective "
-            f"every step (DDP) say it is this. Then {_RERUN}.")
+            "every step (DDP) say it is this. The finding says which where the harness saw the rank's process "
+            f"(the pid of its heartbeats) exit early. Then {_RERUN}.")
 
 
 def _short(f: Facts) -> str:

@@ -5,6 +5,7 @@ what is wrong with it. Nothing here interprets the numbers: validation/judge doe
 """
 from __future__ import annotations
 
+import csv
 import gzip
 import io
 import json
@@ -88,22 +89,15 @@ def read_training_log(out_dir: Path) -> TrainingLog:
     data = path.read_bytes()
     if not data.endswith(b"\n"):  # a last row cut off mid-write (torn_last_row): not read
         data = data[:data.rfind(b"\n") + 1]
-    try:
-        df = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False)
-    except pd.errors.EmptyDataError:
-        raise ArtifactError(f"{path}: empty file, expected header {','.join(CSV_COLUMNS)}") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
-        raise ArtifactError(f"{path}: not a readable CSV ({str(exc).strip()})") from None
-    if tuple(df.columns) != CSV_COLUMNS:
-        raise ArtifactError(f"{path}: header is {','.join(map(str, df.columns))}; expected {','.join(CSV_COLUMNS)}")
+    df, lines = _cells(path, data)
     out = pd.DataFrame()
     for col in CSV_COLUMNS:
         values = pd.to_numeric(df[col].str.strip(), errors="coerce")
-        _refuse(path, df, col, values.isna() & ~df[col].str.strip().str.lower().isin(["nan"]), "is not a number")
+        _refuse(path, df, lines, col, values.isna() & ~df[col].str.strip().str.lower().isin(["nan"]), "is not a number")
         if col == "step":
-            _refuse(path, df, col, ~(values >= 1) | (values % 1 != 0), "is not a step (an integer from 1)")
+            _refuse(path, df, lines, col, ~(values >= 1) | (values % 1 != 0), "is not a step (an integer from 1)")
         if col in CSV_NON_NEGATIVE:
-            _refuse(path, df, col, values < 0, "is negative")
+            _refuse(path, df, lines, col, values < 0, "is negative")
         out[col] = values.astype(float)
     if out.empty:
         raise ArtifactError(f"{path}: header only, no steps logged")
@@ -112,15 +106,41 @@ def read_training_log(out_dir: Path) -> TrainingLog:
     return TrainingLog(out.iloc[kept].sort_values("step", kind="stable").reset_index(drop=True), reruns)
 
 
-def _refuse(path: Path, df: pd.DataFrame, col: str, bad: pd.Series, what: str) -> None:
+def _cells(path: Path, data: bytes) -> tuple[pd.DataFrame, list[int]]:
+    """training.csv's rows as strings under the contract's header, and each row's line in the file.
+    Blank lines are skipped (and counted); a row of more or fewer fields than the header is named
+    by its line and step ('line 6 (step 5): 7 of 8 fields'). It was read with pandas, which filled
+    a short row's missing fields with '' ("column mem_reserved_gb: '' is not a number", of a value
+    the row never had) and numbered lines after a blank one a line too early."""
+    try:
+        reader = csv.reader(io.StringIO(data.decode("utf-8-sig"), newline=""), strict=True)
+        rows = [(reader.line_num, fields) for fields in reader if "".join(fields).strip() or len(fields) > 1]
+    except (csv.Error, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"{path}: not a readable CSV ({str(exc).strip()})") from None
+    if not rows:
+        raise ArtifactError(f"{path}: empty file, expected header {','.join(CSV_COLUMNS)}")
+    (_, header), body = rows[0], rows[1:]
+    if tuple(header) != CSV_COLUMNS:
+        raise ArtifactError(f"{path}: header is {','.join(header)}; expected {','.join(CSV_COLUMNS)}")
+    for line, fields in body:
+        if len(fields) != len(header):
+            raise ArtifactError(f"{path}: line {line}{_step_of(fields[0])}: {len(fields)} of {len(header)} fields")
+    return pd.DataFrame([f for _, f in body], columns=list(CSV_COLUMNS), dtype=str), [line for line, _ in body]
+
+
+def _step_of(value: str) -> str:
+    """' (step 5)' where a row's step reads as one, else ''."""
+    return f" (step {value.strip()})" if value.strip().isdigit() else ""
+
+
+def _refuse(path: Path, df: pd.DataFrame, lines: list[int], col: str, bad: pd.Series, what: str) -> None:
     """An ArtifactError naming the first row of ``bad`` by its line in the file and, where that row's
     step reads as one, its step ('line 3 (step 2), column grad_norm'), and its value. It said 'row 3',
     which a reader took for the third row of steps (step 3) as readily as for line 3 (step 2)."""
     if bad.any():
         row = int(bad.to_numpy().nonzero()[0][0])
-        step = df["step"].iloc[row].strip()
-        said = f" (step {step})" if col != "step" and step.isdigit() else ""
-        raise ArtifactError(f"{path}: line {row + 2}{said}, column {col}: {df[col].iloc[row]!r} {what}")
+        said = _step_of(df["step"].iloc[row]) if col != "step" else ""
+        raise ArtifactError(f"{path}: line {lines[row]}{said}, column {col}: {df[col].iloc[row]!r} {what}")
 
 
 def window_rows(df: pd.DataFrame, last: int | None) -> pd.DataFrame:

@@ -21,7 +21,7 @@ from validation.contract.torchrun_log import agent_signalled, log_exception, ran
 from validation.judge.memory import growing_ranks
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
 from validation.judge.nodes import lateness, node_evidence, node_failures, slurm_stopped
-from validation.judge.record import Beat, Evidence, NotRun, RunSigns
+from validation.judge.record import Beat, Evidence, NotRun, RunSigns, rank_processes
 from validation.judge.stability import Rise, Slowdown, Spike, rise, slowdown, spikes
 
 STDERR_TAIL_LINES = 40
@@ -86,7 +86,8 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
         nonfinite_loss_step=_first_nonfinite(run),
         top_ops=list(run.info.get("top_ops") or []), reruns=run.reruns, spikes=_spikes(run), divergence=_rise(run),
         slowdown=_slowdown(run), memory_growth=growing_ranks(run.csv, heartbeats, run.env, run.reruns),
-        not_run=None if run.launched else NotRun.LAUNCH, misses=list(run.misses)), stderr_path)
+        not_run=None if run.launched else NotRun.LAUNCH, misses=list(run.misses),
+        rank_processes=rank_processes(beats, run.processes)), stderr_path)
 
 
 def with_log(ev: Evidence, stderr_path: Path) -> Evidence:

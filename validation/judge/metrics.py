@@ -24,6 +24,7 @@ from validation.contract.files import HaltInfo, window_rows
 from validation.contract.reruns import Rerun
 from validation.contract.torchrun_log import RankFailure
 from validation.judge.misses import Miss
+from validation.judge.seen import ProcessSeen
 from validation.judge.stability import StabilityRule, rise, spikes
 
 
@@ -63,6 +64,8 @@ class RunData:
     trainer entry it could not build): nothing ran, so no file of it is missing."""
     misses: list[Miss] = field(default_factory=list)
     """What a pytest or preflight point failed to do (validation/judge/misses.py)."""
+    processes: dict[int, ProcessSeen] = field(default_factory=dict)
+    """By pid, each process of the run as the harness saw it while it ran (ProcessSeen)."""
     counts: dict[str, float] = field(default_factory=dict)
     """Phase-kind specific numbers: pytest outcome counts, preflight files, profiler results."""
     info: dict[str, Any] = field(default_factory=dict)

@@ -27,6 +27,7 @@ from validation.judge.metrics import RunData, compute
 from validation.judge.misses import Miss
 from validation.judge.nodes import NodesEvidence
 from validation.judge.resume import Clue, ClueKind
+from validation.judge.seen import ProcessSeen
 from validation.judge.stability import Rise, Slowdown, Spike
 from validation.machine import Machine
 
@@ -122,6 +123,8 @@ class Beat:
     the step from one record to the next (1: it beats every step). None where its records hold
     fewer than two steps. The contract names no cadence (env.json carries none), so a rank whose
     last record lags the run's last step by less than this may still have run every step."""
+    pid: int | None = None
+    """The writer's process id, as the record says it (the contract's optional ``pid``)."""
 
     @classmethod
     def of(cls, recs: list[dict[str, Any]]) -> Beat:
@@ -133,7 +136,8 @@ class Beat:
         rises = [b - a for a, b in zip(steps, steps[1:]) if b > a]
         return cls(step, rec.get("stage"),
                    float(util) if isinstance(util, (int, float)) and not isinstance(util, bool) else None,
-                   any(r.get("stage") in HEARTBEAT_STAGES_AFTER_STEP for r in recs), max(rises, default=None))
+                   any(r.get("stage") in HEARTBEAT_STAGES_AFTER_STEP for r in recs), max(rises, default=None),
+                   _whole(rec.get("pid")))
 
     @property
     def done(self) -> int | None:
@@ -145,8 +149,17 @@ class Beat:
 
 
 def _step(rec: dict[str, Any]) -> int | None:
-    step = rec.get("step")
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
+    return _whole(rec.get("step"))
+
+
+def _whole(v: Any) -> int | None:
+    """An integer a record holds as one (not a bool, not a float)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def rank_processes(beats: dict[int, Beat], seen: dict[int, ProcessSeen]) -> dict[int, ProcessSeen]:
+    """Per rank, the process its last heartbeat's pid names, where the harness saw it."""
+    return {r: seen[b.pid] for r, b in beats.items() if b.pid is not None and b.pid in seen}
 
 
 def short_of(beat: Beat, steps: int) -> bool:
@@ -234,6 +247,10 @@ class Evidence:
     """Of an ERROR point whose process never ran: why (the launch failed, or the harness did)."""
     misses: list[Miss] = field(default_factory=list)
     """Of a pytest or preflight point: what it failed to do (validation/judge/misses.py)."""
+    rank_processes: dict[int, ProcessSeen] = field(default_factory=dict)
+    """Per rank, its process as the harness saw it (``ProcessSeen``): whether a rank whose heartbeats
+    stop early had exited or ran on. Empty where no heartbeat's pid names a process it saw (a record
+    of an older harness, a trainer that writes no pid, a node on another host)."""
 
     @classmethod
     def from_json(cls, ev: dict[str, Any]) -> Evidence:
@@ -248,7 +265,7 @@ class Evidence:
             taken_stacks=[TakenStack(**t) for t in ev.get("taken_stacks") or []],
             signalled_pids=[int(p) for p in ev.get("signalled_pids") or []],
             last_heartbeat={int(r): Beat(_int(b.get("step")), b.get("stage"), _num(b.get("gpu_util")),
-                                         b.get("ends_steps") is not False, _int(b.get("every")))
+                                         b.get("ends_steps") is not False, _int(b.get("every")), _int(b.get("pid")))
                             for r, b in (ev.get("last_heartbeat") or {}).items()},
             rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
             rank_lateness_s={int(r): float(t) for r, t in (ev.get("rank_lateness_s") or {}).items()},
@@ -262,7 +279,8 @@ class Evidence:
             resume_clue=Clue(**{**ev["resume_clue"], "kind": ClueKind(ev["resume_clue"]["kind"])})
             if ev.get("resume_clue") else None,
             not_run=NotRun(ev["not_run"]) if ev.get("not_run") else None,
-            misses=[Miss(m) for m in ev.get("misses") or []])
+            misses=[Miss(m) for m in ev.get("misses") or []],
+            rank_processes={int(r): ProcessSeen(**p) for r, p in (ev.get("rank_processes") or {}).items()})
 
     @property
     def root_rank(self) -> int | None:

@@ -12,6 +12,16 @@ format the contract accepts.
   its records show it (``Beat.every``: the contract and env.json name no cadence); lagging by that
   interval or more, it stopped writing before the run ended. A rank of fewer than two steps shows
   no interval: it made no step progress, which the idle-rank metric judges.
+
+Which of the two it was, the files cannot say. The harness's own watch of the process tree can say
+one of them, where the rank's heartbeats carry its ``pid`` and the harness saw that process
+(``ProcessSeen``: torchrun's workers on this host): gone before the run got past a step short of
+its last, it left early. Seen running once the run had reached its last step, it did not exit
+early, but running is not training: a rank that left its loop and then waited for the others (a
+barrier, destroy_process_group) or took long to end (an interpreter and process group's teardown:
+0.5 s measured here for a gloo rank under torchrun, longer than a fast run's last steps) is running too, so the finding
+says it had not exited and names both. Otherwise (it ended about when the run did, or the harness
+never saw it), it says both, as the files do.
 """
 from __future__ import annotations
 
@@ -20,6 +30,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from validation.judge.record import Beat, short_of
+from validation.judge.seen import ProcessSeen
 
 
 class Shortfall(enum.StrEnum):
@@ -39,37 +50,51 @@ class ShortRank:
     how: Shortfall
     ran_to: int | None = None
     """The last step the run completed, as training.csv and the other ranks' heartbeats say (LAGS)."""
+    process: ProcessSeen | None = None
+    """Its process (the pid of its heartbeats) as the harness saw it; None where it saw none."""
 
     def text(self, steps: int) -> str:
         b = self.beat
-        # the files cannot tell a rank that left from one that trained on and stopped writing its
-        # heartbeats (a DDP rank must have trained on: the others' collectives needed it): say both
-        either = "it left early or trained on without writing them"
         if self.how == Shortfall.ENDS:
             return (f"rank {self.rank}'s heartbeats stop after step {b.done} of {steps} (its last heartbeat: step "
-                    f"{b.step}, stage {b.stage or '?'}; training.csv has every step): {either}")
+                    f"{b.step}, stage {b.stage or '?'}; training.csv has every step): {self._which(steps)}")
         every = "every step" if b.every == 1 else f"every {b.every} steps"
         return (f"rank {self.rank}'s heartbeats end at step {b.step} while the run completed step {self.ran_to} of "
-                f"{steps} (it wrote one {every}): {either}")
+                f"{steps} (it wrote one {every}): {self._which(self.ran_to)}")
+
+    def _which(self, last: int) -> str:
+        """Whether it left or trained on, by its process (``last``: the run's last step), else both."""
+        p = self.process
+        if p is not None and p.gone_at is not None and p.gone_at < last:
+            return (f"it left early: its process (pid {p.pid}, its heartbeats') had exited before the run got "
+                    f"past step {p.gone_at}")
+        if p is not None and p.alive_at >= last:  # running is not training: a process may take long to end
+            return (f"its process (pid {p.pid}, its heartbeats') had not exited when the run reached step "
+                    f"{p.alive_at}: it trained on without writing them, or stopped and took that long to end")
+        # the files cannot tell a rank that left from one that trained on and stopped writing its
+        # heartbeats (a DDP rank must have trained on: the others' collectives needed it): say both
+        return "it left early or trained on without writing them"
 
 
-def short_ranks(beats: Mapping[int, Beat], world: int, steps: int | None,
-                logged: int | None) -> tuple[ShortRank, ...]:
+def short_ranks(beats: Mapping[int, Beat], world: int, steps: int | None, logged: int | None,
+                processes: Mapping[int, ProcessSeen] | None = None) -> tuple[ShortRank, ...]:
     """The ranks below ``world`` (of several) whose last heartbeat says they stopped before the run
-    did. ``steps``: the steps asked for (None: not a trainer run); ``logged``: training.csv's last step."""
+    did. ``steps``: the steps asked for (None: not a trainer run); ``logged``: training.csv's last
+    step; ``processes``: per rank, its process as the harness saw it (Evidence.rank_processes)."""
     if steps is None or world < 2:
         return ()
+    processes = processes or {}
     out = []
     for r, b in sorted(beats.items()):
         if r >= world:
             continue
         if short_of(b, steps) and (b.done or 0) >= 1:  # a rank that completed none is an idle rank
-            out.append(ShortRank(r, b, Shortfall.ENDS))
+            out.append(ShortRank(r, b, Shortfall.ENDS, process=processes.get(r)))
             continue
         ran = _ran_to(r, beats, logged)
         if not b.ends_steps and b.step is not None and b.every is not None and ran is not None \
                 and ran - b.step >= b.every:
-            out.append(ShortRank(r, b, Shortfall.LAGS, ran))
+            out.append(ShortRank(r, b, Shortfall.LAGS, ran, processes.get(r)))
     return tuple(out)
 
 

@@ -24,6 +24,7 @@ from validation.judge.record import (
     Status,
     died_before_watchdog,
     last_step_done,
+    rank_processes,
 )
 from validation.judge.short_ranks import ShortRank, short_ranks
 
@@ -67,7 +68,7 @@ class Outcome:
         return cls(kind, run.exit_code, run.timed_out, run.stalled_s, run.halt, tuple(errors), run.steps_requested,
                    logged, run.stacks_tried, last_step_done(beats.values()),
                    _died(died, run.rank_failures), run.slurm_stopped,
-                   short_ranks(beats, run.world_size, run.steps_requested, logged))
+                   short_ranks(beats, run.world_size, run.steps_requested, logged, rank_processes(beats, run.processes)))
 
     @classmethod
     def of_record(cls, rec: PhaseRecord) -> Outcome:
@@ -80,7 +81,7 @@ class Outcome:
                    len(rec.evidence.taken_stacks) if stopped else None, last_step_done(rec.evidence.last_heartbeat.values()),
                    _died(rec.died_before_watchdog, rec.evidence.rank_failures),
                    rec.evidence.nodes.slurm_stopped if rec.evidence.nodes is not None else None,
-                   short_ranks(rec.evidence.last_heartbeat, rec.world_size, steps, logged))
+                   short_ranks(rec.evidence.last_heartbeat, rec.world_size, steps, logged, rec.evidence.rank_processes))
 
     @property
     def ended_clean(self) -> bool:

@@ -35,7 +35,9 @@ import psutil
 from validation.contract.files import tail
 from validation.contract.stacks import HARNESS_STACKS, TakenStack
 from validation.contract.torchrun_log import agent_said, closed_rendezvous, gave_up
+from validation.judge.seen import ProcessSeen
 from validation.launch import stacks
+from validation.launch.lives import Lives
 from validation.launch.tree import ProcessTree
 from validation.launch.watch import StepWatch, Watch
 
@@ -99,6 +101,9 @@ class ProcResult:
     timeout_quiet_s: float | None = None
     """On the timeout of a watched run: seconds since its files last showed a new step (None: no
     step yet, no watch, or no timeout). Under stall_s by construction, else it would be a stall."""
+    processes: dict[int, ProcessSeen] = field(default_factory=dict)
+    """Of a watched run: each process below the launched ones, by pid, as the harness saw it
+    against the steps its files showed (validation/launch/lives.py)."""
 
     def stderr_tail(self, lines: int = STDERR_TAIL_LINES) -> str:
         return tail(self.stderr_path, lines)
@@ -176,6 +181,7 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
     procs: list[subprocess.Popen | None] = []
     ended: dict[int, float] = {}
     states: dict[int, str] = {}
+    lives: Lives | None = None
     with contextlib.ExitStack() as logs:
         files = [(logs.enter_context(open(log_dir / f"{c.log_name}.stdout.log", "wb")),
                   logs.enter_context(open(log_dir / f"{c.log_name}.stderr.log", "wb"))) for c in commands]
@@ -188,7 +194,9 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
                 if any(p is not None for p in procs):
                     logs_err = [log_dir / f"{c.log_name}.stderr.log" for c in commands]
                     over = over or _LaunchOver(procs, logs_err)
-                    stop = _supervise(procs, over, ended, tree, start, timeout_s, poll_s, on_poll, on_tree, watch)
+                    lives = Lives({p.pid for p in procs if p is not None}) if watch is not None else None
+                    stop = _supervise(procs, over, ended, tree, start, timeout_s, poll_s, on_poll, on_tree, watch,
+                                      lives)
             except KeyboardInterrupt:
                 if cancel is not None:
                     cancel(lambda: all(p is None or p.poll() is not None for p in procs))
@@ -220,7 +228,7 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
         code = over.exit_code  # a task of the one launched process (srun) failed: the launch ended as it did
     return ProcResult(commands[0].argv, code, stop is not None and stop.why == _Why.TIMEOUT, wall, first.stdout_path,
                       first.stderr_path, stop.stalled_s if stop else None, taken, parts,
-                      timeout_quiet_s=stop.quiet_s if stop else None)
+                      timeout_quiet_s=stop.quiet_s if stop else None, processes=lives.seen() if lives else {})
 
 
 def _start(c: Command, env: Mapping[str, str], cwd: Path, out, err) -> subprocess.Popen | None:
@@ -266,16 +274,22 @@ def _record_ends(procs: list[subprocess.Popen | None], ended: dict[int, float], 
 def _supervise(procs: list[subprocess.Popen | None], over: LaunchOver, ended: dict[int, float],
                tree: ProcessTree, start: float, timeout_s: float, poll_s: float,
                on_poll: Callable[[float], None] | None, on_tree: Callable[[ProcessTree], None] | None,
-               watch: Watch | None) -> _Stop | None:
+               watch: Watch | None, lives: Lives | None = None) -> _Stop | None:
     """Poll until every process exits (None), the launch is over, the timeout or a stall (the
     reason to stop them). A launch that is over when the stall or the timeout comes is stopped as
-    over: no rank is left that could have stalled."""
+    over: no rank is left that could have stalled. ``lives`` (with ``watch``) follows each process
+    of the tree against the steps the files show, also once every launched process has exited."""
     steps = StepWatch(watch.progress_dir, watch.csv) if watch is not None else None
     last_progress = start
     while True:
         running = [p for p in procs if p is not None and p.poll() is None]
         _record_ends(procs, ended, start)
         if not running:
+            if steps is not None and lives is not None:
+                for _ in range(2):  # those found gone now are placed by the read of the files after
+                    steps.look()
+                    tree.poll()
+                    lives.poll(tree.known(), steps.highest)
             return None
         try:
             running[0].wait(timeout=poll_s)
@@ -296,6 +310,8 @@ def _supervise(procs: list[subprocess.Popen | None], over: LaunchOver, ended: di
         if steps is not None:
             if steps.look():
                 last_progress = now
+            if lives is not None:
+                lives.poll(tree.known(), steps.highest)  # after the read: see validation/launch/lives.py
             stop = _stalled(steps, watch, now - last_progress)
         if stop is None and elapsed >= timeout_s:
             quiet = round(now - last_progress, 1) if steps is not None and steps.highest is not None else None

@@ -83,11 +83,14 @@ def _env() -> jinja2.Environment:
 
 
 def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Finding],
-              outdated: list[stale.Outdated] | None = None, unknown: str | None = None) -> tuple[Verdict, str]:
+              outdated: list[stale.Outdated] | None = None, unknown: str | None = None,
+              unjudged: list[str] | None = None) -> tuple[Verdict, str]:
     """The report's verdict and why. ``missing``: the runbook's points without a record;
     ``outdated``: those whose record is of a run the runbook asks something else of now (not run
     either: their stored verdict is not of the point as it is asked); ``unknown``: why the
-    runbook's points are not known (it could not be loaded): no GO can be said then."""
+    runbook's points are not known (it could not be loaded): no GO can be said then;
+    ``unjudged``: gates outside the records that could not be judged ('long_run [default]: the
+    tokens/s regression gate against the baseline: ...'): no GO either."""
     outdated = outdated or []
     failed = [r for r in records if r.failed]
     critical = [f for f in findings if f.severity == Severity.CRITICAL]
@@ -97,7 +100,7 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
     if critical:
         return Verdict.NO_GO, _critical_reason(critical)
     pending = [r for r in records if r.status in (Status.SKIP, Status.UNMEASURED)]
-    if missing or pending or outdated or unknown:
+    if missing or pending or outdated or unknown or unjudged:
         parts = [f"{len(missing) + len(outdated)} point(s) not run"] if missing or outdated else []
         if outdated:  # a stored run of another point than the runbook asks now: named, with what changed
             parts[0] += (f" ({len(outdated)} of them stored from a run of what the runbook asks no longer: "
@@ -111,6 +114,8 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
             parts.append(f"{where(first)}: {first.reason}")
         if unknown:
             parts.append(unknown)
+        if unjudged:
+            parts.append(f"{len(unjudged)} gate(s) against the baseline not judged ({unjudged[0]})")
         return Verdict.INCOMPLETE, "; ".join(parts)
     if not records:
         return Verdict.INCOMPLETE, "no results stored"
@@ -242,7 +247,8 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         comparison = baseline_cmp.compare(records, base_records, baseline, threshold)
     findings = find(records, comparison.findings() if comparison else None, profile.thresholds if profile else None,
                     planned_longest((p.phase.name, p.params) for p in points) if points is not None else None)
-    status, why = status_of(records, missing, findings, outdated, _unknown_plan(records, runbook, profile))
+    status, why = status_of(records, missing, findings, outdated, _unknown_plan(records, runbook, profile),
+                            comparison.unjudged_lines() if comparison else None)
     store_arg = _store_arg(results_dir)
     root = root_assignment(runbook.trainer.root.env if runbook and runbook.trainer else None, records)
     findings = [_with_rerun(f, runbook and runbook.cli_name, profile and profile.cli_name, store_arg, root)

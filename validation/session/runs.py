@@ -68,6 +68,7 @@ def launch(point: PhasePoint, out_dir: Path, progress: Progress | None, leg: Leg
     else:
         proc = kinds.KINDS[kind](point, out_dir, run, errors, progress)
     run.exit_code, run.timed_out, run.stalled_s = proc.exit_code, proc.timed_out, proc.stalled_s
+    run.processes = proc.processes
     if proc.stalled_s is not None or proc.timed_out:
         run.stacks_tried = len(proc.stacks)
     if kind in TRAINER_KINDS and run.launched:  # a process that never started left no file to miss

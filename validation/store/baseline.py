@@ -11,8 +11,11 @@ sees how close a point came. Points repeated on either side (a phase's
 ``repeats``) compare by the rule the best-setting finding uses: a drop beyond the threshold is a
 regression only when the current point's t-interval over its repeats lies wholly below the
 baseline's (a point run once is an interval of no width); a drop inside the noise is shown,
-with its intervals, and not gated. Records in, typed comparison out; the report renders it
-(validation/report.py).
+with its intervals, and not gated. A point whose numbers are over other steps on the two sides
+(the runbook's window, or its steps where the window is all of them, changed since the baseline)
+is not judged: its gate is UNMEASURED, a warning finding names it and why, and the report is
+INCOMPLETE (never a GO or NO-GO from numbers that are not comparable). Records in, typed
+comparison out; the report renders it (validation/report.py).
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from pathlib import Path
 
 from validation.errors import StoreError
 from validation.judge.findings.finding import Facts, Finding, Severity, point_label, where
-from validation.judge.gates import GateVerdict
+from validation.judge.gates import GateVerdict, Window
 from validation.judge.interval import Interval, interval
 from validation.judge.metrics import METRICS
 from validation.judge.record import PhaseRecord
@@ -30,6 +33,8 @@ from validation.store.results import ResultStore, record_key
 #: the profile threshold: the largest allowed fractional drop of tokens/s against the baseline
 REGRESSION_KEY = "max_toks_regression"
 THROUGHPUT = "toks_per_s_mean"
+#: a record's window where its phase's gates name none, in the gates' words
+ALL_STEPS = Window().describe()
 #: a drop of tokens/s that no gate fails is still named (a note) from half the allowed drop on, and
 #: never below this fraction: three runs of one commit on one H100 differed by up to 2.4%
 #: (docs/comparing-runs.md, golden loss curves)
@@ -67,19 +72,51 @@ class PointDelta:
     """Why a drop beyond the threshold is no regression (inside the repeats' noise)."""
     finished: bool = True
     """Both sides' processes ran and exited 0 (only such points are gated or noted)."""
-    window: str = "all steps"
+    window: str = ALL_STEPS
     """The steps each side's numbers are over (the phase's window: 'last 5 steps'): a gate on another
     window reads other numbers ('loss_drop' over all steps in the gates table, over the last 5 here)."""
-    baseline_window: str = "all steps"
+    baseline_window: str = ALL_STEPS
+    steps: int | None = None
+    """Steps each side asked for: where the window is all steps, they are what it is over."""
+    baseline_steps: int | None = None
+
+    @property
+    def comparable(self) -> bool:
+        """Both sides' windowed numbers are over the same steps: the same window, and, where that is
+        all steps, the same steps asked for (the mean of 8 steps weighs a slow first step more than
+        that of 20)."""
+        return self.window == self.baseline_window and (
+            self.window != ALL_STEPS or None in (self.steps, self.baseline_steps) or self.steps == self.baseline_steps)
+
+    def _sides(self) -> tuple[str, str]:
+        """The steps this run's and the baseline's windowed numbers are over, in words."""
+        if self.window == self.baseline_window == ALL_STEPS and not self.comparable:
+            return f"all {self.steps} steps", f"all {self.baseline_steps} steps"
+        return self.window, self.baseline_window
 
     @property
     def window_text(self) -> str:
-        """'last 5 steps', or 'last 5 steps (baseline: last 50 steps)' where the two sides' differ."""
-        return self.window if self.window == self.baseline_window else f"{self.window} (baseline: {self.baseline_window})"
+        """'last 5 steps', or 'last 5 steps (baseline: last 50 steps)' where the two sides' differ
+        ('all 8 steps (baseline: all 20 steps)' where the window is all steps of runs of other lengths)."""
+        mine, theirs = self._sides()
+        return mine if mine == theirs else f"{mine} (baseline: {theirs})"
+
+    @property
+    def not_comparable(self) -> str:
+        """Why the two sides' windowed numbers cannot be compared ('' where they can)."""
+        mine, theirs = self._sides()
+        if mine == theirs:
+            return ""
+        return f"this run's numbers are over {_over(mine)}, the baseline's over {_over(theirs)}"
 
     @property
     def toks(self) -> MetricDelta | None:
         return next((m for m in self.metrics if m.metric == THROUGHPUT), None)
+
+
+def _over(window: str) -> str:
+    """'the last 5 steps', 'all 8 steps': a window as the object of 'over'."""
+    return window if window.startswith("all ") else f"the {window}"
 
 
 @dataclass(frozen=True)
@@ -116,6 +153,14 @@ class Comparison:
     def regressions(self) -> list[PointDelta]:
         return [p for p in self.points if p.regression == GateVerdict.FAIL]
 
+    def unjudged(self) -> list[PointDelta]:
+        """Points whose regression gate could not be judged: their two sides' numbers are over other steps."""
+        return [p for p in self.points if p.regression == GateVerdict.UNMEASURED]
+
+    def unjudged_lines(self) -> list[str]:
+        """'run1 [default]: this run's numbers are over the last 3 steps, ...' for the report's status."""
+        return [f"{p.phase} [{p.point}]: {p.note}" for p in self.unjudged()]
+
     @property
     def noted_drop(self) -> float:
         """The drop from which a point no gate fails is noted: half the allowed one, at least NOTED_DROP."""
@@ -124,14 +169,15 @@ class Comparison:
     def slower(self) -> list[PointDelta]:
         """Points whose tokens/s fell by ``noted_drop`` or more without failing the regression gate
         (within the threshold, inside the repeats' noise, or no threshold set), the largest drop first."""
-        found = [p for p in self.points if p.finished and p.regression != GateVerdict.FAIL and p.toks is not None
-                 and p.toks.change is not None and p.toks.change <= -self.noted_drop]
+        found = [p for p in self.points if p.finished and p.comparable and p.regression != GateVerdict.FAIL
+                 and p.toks is not None and p.toks.change is not None and p.toks.change <= -self.noted_drop]
         return sorted(found, key=lambda p: p.toks.change)
 
     def findings(self) -> list[Finding]:
-        """One critical finding per point whose tokens/s fell more than the threshold, and one note
+        """One critical finding per point whose tokens/s fell more than the threshold, one warning
+        naming the points it could not judge (their numbers are over other steps), and one note
         naming the points that fell by ``noted_drop`` or more without failing it (no verdict changes)."""
-        out = self._slower_note()
+        out = self._slower_note() + self._unjudged_warning()
         for p in self.regressions():
             t = p.toks
             out.append(Finding(Severity.CRITICAL, p.phase, (
@@ -141,6 +187,18 @@ class Comparison:
                  + (f"; this repository at {(self.source.commit or '?')[:12]}" if self.source.trainer else "")],
                 "regression", self.facts))
         return out
+
+    def _unjudged_warning(self) -> list[Finding]:
+        unjudged = self.unjudged()
+        if not unjudged:
+            return []
+        phases = list(dict.fromkeys(p.phase for p in unjudged))
+        return [Finding(Severity.WARNING, ", ".join(phases), (
+            f"tokens/s not compared with baseline {self.source.short} at {len(unjudged)} point(s): "
+            f"their numbers are over other steps than the baseline's, so the regression gate "
+            f"({REGRESSION_KEY}) was not judged"),
+            [f"{p.phase} [{p.point}]: {p.not_comparable} ({p.toks.current:,.1f} vs {p.toks.baseline:,.1f} toks/s)"
+             for p in unjudged], "not_comparable", self.facts)]
 
     def _slower_note(self) -> list[Finding]:
         slower = self.slower()
@@ -171,22 +229,34 @@ class Comparison:
                 cur, base = m.current, m.baseline
                 if m.metric == THROUGHPUT and p.intervals is not None:
                     cur, base = (i.text() for i in p.intervals)
-                window = p.window_text if METRICS[m.metric].windowed else "all steps"  # a count of the run's
-                rows.append({"phase": p.phase, "point": p.point, "metric": m.metric, "window": window,
-                             "current": cur, "baseline": base,
-                             "change": "—" if m.change is None else f"{m.change:+.1%}",
-                             "flag": "❌" if m.metric == THROUGHPUT and p.regression == GateVerdict.FAIL else
-                             ("(inside the noise)" if m.metric == THROUGHPUT and p.note else "")})
+                windowed = METRICS[m.metric].windowed  # else a count of the whole run's
+                change = ("— (other steps)" if windowed and not p.comparable else
+                          "—" if m.change is None else f"{m.change:+.1%}")
+                rows.append({"phase": p.phase, "point": p.point, "metric": m.metric,
+                             "window": p.window_text if windowed else ALL_STEPS,
+                             "current": cur, "baseline": base, "change": change,
+                             "flag": _flag(p) if m.metric == THROUGHPUT else ""})
         return rows
 
     def gate_rows(self) -> list[dict]:
         """Rows for the report's gates table (its columns), one per gated point."""
         return [{"phase": p.phase, "point": p.point, "metric": f"{THROUGHPUT} change vs baseline",
-                 "value": p.toks.change, "op": ">=", "threshold": f"{-self.threshold:g} ({REGRESSION_KEY})",
+                 "value": p.toks.change if p.comparable else None, "op": ">=",
+                 "threshold": f"{-self.threshold:g} ({REGRESSION_KEY})",
                  "window": f"baseline {self.source.short}", "verdict": str(p.regression), "csvs": [],
                  "description": "tokens/s may not drop more than the profile allows against the baseline"
                                 + (f" ({p.note})" if p.note else "")}
                 for p in self.points if p.regression is not None]
+
+
+def _flag(p: PointDelta) -> str:
+    """The comparison table's mark beside a point's tokens/s: its regression gate failed, was not
+    judged (numbers over other steps), or passed on a drop inside the repeats' noise."""
+    if p.regression == GateVerdict.FAIL:
+        return "❌"
+    if p.regression == GateVerdict.UNMEASURED:
+        return "(not judged)"
+    return "(inside the noise)" if p.note else ""
 
 
 def load(baseline_dir: Path, results_dir: Path, runbook: str, profile: str) -> list[PhaseRecord]:
@@ -230,7 +300,7 @@ def _delta(r: PhaseRecord, b: PhaseRecord, deltas: list[MetricDelta], threshold:
     """One point against its baseline twin, with the regression gate's verdict."""
     finished = all(x.ran and x.exit_code == 0 for x in (r, b))
     base = PointDelta(r.phase, point_label(r), str(r.status), str(b.status), deltas, finished=finished,
-                      window=r.window, baseline_window=b.window)
+                      window=r.window, baseline_window=b.window, steps=r.steps, baseline_steps=b.steps)
     toks = next((d for d in deltas if d.metric == THROUGHPUT), None)
     if toks is None or toks.current is None or toks.baseline is None:
         return base
@@ -240,6 +310,8 @@ def _delta(r: PhaseRecord, b: PhaseRecord, deltas: list[MetricDelta], threshold:
     base = replace(base, intervals=pair)
     if threshold is None or toks.change is None or not finished:
         return base
+    if not base.comparable:  # a drop (or none) between other steps says nothing of the trainer
+        return replace(base, regression=GateVerdict.UNMEASURED, note=base.not_comparable)
     if toks.change >= -threshold:
         return replace(base, regression=GateVerdict.PASS)
     if pair is not None and not pair[0].high < pair[1].low:

@@ -86,6 +86,60 @@ def test_the_comparison_says_the_window_its_numbers_are_over_and_where_the_basel
     assert "the Gates table's value of a metric may differ from this one" in text
 
 
+def _windowed(last: int | None, **extra) -> dict:
+    window = {"window": f"last {last} steps"} if last else {}
+    gate = {"metric": "toks_per_s_mean", "op": ">=", "threshold": 1, **window}
+    return train_phase("ab", gates=[gate], **extra)
+
+
+def _report_against(tmp_path, base_phase: dict, cur_phase: dict) -> dict:
+    base, cur = tmp_path / "base", tmp_path / "cur"
+    rb_base = write_runbook(tmp_path / "base.yaml", [base_phase])
+    rb_cur = write_runbook(tmp_path / "cur.yaml", [cur_phase])
+    assert main(["run", "--runbook", str(rb_base), "--results-dir", str(base), "--no-report"]) == 0
+    assert main(["run", "--runbook", str(rb_cur), "--results-dir", str(cur), "--no-report"]) == 0
+    ctx = build_context(cur, "fake", "cpu", runbook=load_runbook(rb_cur), profile=load_profile("cpu"),
+                        now="2026-01-01 00:00 UTC", baseline=base)
+    # the CLI's door says the same: INCOMPLETE exits 3, where the drop it could not judge made it NO-GO (1)
+    assert main(["report", "--runbook", str(rb_cur), "--results-dir", str(cur), "--baseline", str(base),
+                 "--no-plots"]) == 3
+    return ctx
+
+
+def test_a_baseline_over_another_window_is_not_judged_and_the_report_is_incomplete(tmp_path):
+    """Found with my own trainer (tokens/s 1000, then 100 over its last 3 of 8 steps) run twice, one
+    runbook gating the last 5 steps (the baseline), the other the last 3: the same trainer, the same
+    numbers, and `nsa-validate report --baseline` said NO-GO, 'tokens/s 78.3% below baseline' (100
+    over steps 6-8 against 460 over steps 4-8). A drop between other steps says nothing of the
+    trainer, either way: the gate is UNMEASURED with the reason, a warning names the point, the
+    report is INCOMPLETE (never GO on it), and the table shows no change for windowed numbers."""
+    ctx = _report_against(tmp_path, _windowed(5), _windowed(3, env=SLOWER))
+    assert ctx["verdict"] == "INCOMPLETE"
+    assert ctx["status_reason"] == ("1 gate(s) against the baseline not judged (ab [default]: this run's numbers "
+                                    "are over the last 3 steps, the baseline's over the last 5 steps)")
+    point = ctx["baseline"].points[0]
+    assert point.regression == GateVerdict.UNMEASURED and not point.comparable
+    warning = next(f for f in ctx["findings"] if f.kind == "not_comparable")
+    assert warning.severity == Severity.WARNING
+    assert "regression gate (max_toks_regression) was not judged" in warning.title
+    assert not [f for f in ctx["findings"] if f.kind in ("regression", "slower_than_baseline")]
+    text = render_text({**ctx, "results_prefix": ".."})
+    assert "| ab | default | toks_per_s_mean | last 3 steps (baseline: last 5 steps) | " in text
+    assert "| — (other steps) (not judged) |" in text
+    assert "| ab | default | toks_per_s_mean change vs baseline | — | >= | -0.5 (max_toks_regression) |" in text
+    assert "⏳ UNMEASURED" in text and "1 point(s) not judged" in text
+
+
+def test_a_baseline_of_all_steps_of_a_run_of_another_length_is_not_judged(tmp_path):
+    """A gate without a window reads all steps: of 6 steps here and 8 in the baseline, a mean in which
+    a slow first step weighs another share. Both sides said 'all steps' and were gated."""
+    ctx = _report_against(tmp_path, _windowed(None), _windowed(None, env=SLOWER, steps=6))
+    assert ctx["verdict"] == "INCOMPLETE" and "over all 6 steps, the baseline's over all 8 steps" in ctx[
+        "status_reason"]
+    text = render_text({**ctx, "results_prefix": ".."})
+    assert "| ab | default | toks_per_s_mean | all 6 steps (baseline: all 8 steps) | " in text
+
+
 def test_without_a_threshold_changes_are_shown_not_gated(tmp_path):
     base, cur, _ = _two_runs(tmp_path)
     comparison = compare(ResultStore(cur).records(), ResultStore(base).records(), base, threshold=None)

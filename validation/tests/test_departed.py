@@ -173,7 +173,8 @@ def test_the_seed_adapter_gives_a_steps_own_records_the_contracts_stages(tmp_pat
     collect_train(run, errors)
     assert not errors, errors
     beats = collect(run, tmp_path / "none.log", errors).last_heartbeat
-    assert beats == {0: Beat(2, "data", ends_steps=True, every=1), 1: Beat(2, "data", ends_steps=False, every=1)}
+    assert beats == {0: Beat(2, "data", ends_steps=True, every=1, pid=10),
+                     1: Beat(2, "data", ends_steps=False, every=1, pid=11)}
 
 
 def test_a_crash_after_a_rank_exited_0_having_done_its_steps_says_so_not_torchruns_child_failed_error():

@@ -66,6 +66,13 @@ def test_a_csv_step_that_goes_back_begins_a_rerun(tmp_path):
     # tokens/s, times, norms and memory cannot be negative: a mean over such rows is no measurement
     (",".join(CSV_COLUMNS) + "\n1,2,3,4,5,6,7,8\n2,2,3,-4,5,6,7,8\n", "line 3 (step 2), column toks_per_s: '-4' is negative"),
     (",".join(CSV_COLUMNS) + "\n1,2,3,4,5,6,-inf,8\n", "line 2 (step 1), column mem_alloc_gb: '-inf' is negative"),
+    # a row short of a field was read with the missing one as '': "column mem_reserved_gb: '' is not
+    # a number" of a value the row never had; one with a field too many, "Error tokenizing data. C
+    # error: Expected 8 fields in line 3, saw 9" from pandas
+    (",".join(CSV_COLUMNS) + "\n1,2,3,4,5,6,7,8\n2,2,3,4,5,6,7\n", "line 3 (step 2): 7 of 8 fields"),
+    (",".join(CSV_COLUMNS) + "\n1,2,3,4,5,6,7,8\n2,2,3,4,5,6,7,8,9\n", "line 3 (step 2): 9 of 8 fields"),
+    # lines after a blank one were numbered a line too early (pandas skips blank lines and counts rows)
+    (",".join(CSV_COLUMNS) + "\n\n1,2,3,four,5,6,7,8\n", "line 3 (step 1), column toks_per_s: 'four' is not a number"),
 ])
 def test_bad_csv_is_named(tmp_path, content, words):
     (tmp_path / "training.csv").write_text(content)

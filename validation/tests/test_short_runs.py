@@ -209,9 +209,12 @@ def test_a_rank_that_trains_on_without_heartbeats_is_not_said_to_have_stopped(tm
     (rec,) = ResultStore(res).records()
     assert rec.exit_code == 0 and rec.metrics.steps_completed == 8
     assert rec.status == Status.FAIL, rec.reason
-    assert rec.reason == ("rank 1's heartbeats stop after step 2 of 8 (its last heartbeat: step 2, stage step; "
-                          "training.csv has every step): it left early or trained on without writing them, exit 0, "
-                          "no .HALT"), rec.reason
+    assert rec.reason.startswith("rank 1's heartbeats stop after step 2 of 8 (its last heartbeat: step 2, stage step; "
+                                 "training.csv has every step): "), rec.reason
+    # its process ran to the end: where the harness saw it running once the run reached step 8, the
+    # finding says so; where the run's 80 ms of steps fell between two of its polls, it says both
+    # (validation/tests/test_rank_process_ends.py)
+    assert "trained on without writing them" in rec.reason and "it left early:" not in rec.reason, rec.reason
     report = (res / "reports" / "mine__cpu.md").read_text()
     assert "rank 1 stopped after step 2" not in report
     assert "Or it trained on and stopped writing its heartbeat file" in report, report

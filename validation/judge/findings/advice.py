@@ -123,7 +123,8 @@ def _short_rank(f: Facts) -> str:
             "one rank's path); every rank must run the same steps. Or it trained on and stopped writing its "
             "heartbeat file (a writer turned off, closed or failing without a word on that rank): the contract asks "
             "every rank for a record of each step it logs, its last one included; ranks that share a collective "
-            f"every step (DDP) say it is this. Then {_RERUN}.")
+            "every step (DDP) say it is this. The finding says which where the harness saw the rank's process "
+            f"(the pid of its heartbeats) exit early. Then {_RERUN}.")
 
 
 def _short(f: Facts) -> str:
@@ -267,6 +268,13 @@ def _regression(f: Facts) -> str:
             f"bisect {commits}; a drop that is intended needs a new baseline directory, not a looser threshold.")
 
 
+def _not_comparable(f: Facts) -> str:
+    return ("The baseline's numbers are over other steps than this run's (the runbook's gate window, or its steps, "
+            "changed since the baseline ran), so no regression could be judged: compare with a baseline run of the "
+            "runbook as it is now (the baseline's commit run into a new results directory), or run this commit "
+            "with the baseline's runbook.")
+
+
 def _gate(f: Facts) -> str:
     return ("A gate failed: compare the value with its threshold (the profile's where the Gates table names a "
             "profile key beside it, else the runbook's own), and " + _RERUN
@@ -360,7 +368,9 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "straggler_rank": _straggler_rank, "fallback": _fallback,
     "artifacts": _artifacts, "not_launched": _not_launched, "harness_error": _harness_error,
     "tests_failed": _tests_failed, "tests_not_run": _tests_not_run, "no_junit": _no_junit, "preflight": _preflight,
-    "tests_timeout": _tests_timeout, "preflight_timeout": _preflight_timeout, "regression": _regression, "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing, "spike": _spike,
+    "tests_timeout": _tests_timeout, "preflight_timeout": _preflight_timeout, "regression": _regression,
+    "not_comparable": _not_comparable,
+    "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing, "spike": _spike,
     "diverging": _diverging, "resume": _resume, "slowdown": _slowdown,
     "resumed_in_place": _resumed_in_place, "memory_growth": _memory_growth,
     # a node's advice says the same for any trainer (nodes of one launch are torchrun's, not its)

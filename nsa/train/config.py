@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .. import contract
-from ..config import (ConfigError, field_paths, from_dict, merge, parse_overrides, read_yaml, resolve_config_path,
-                      to_dict)
+from ..config import (ConfigError, disagree, field_paths, from_dict, merge, parse_overrides, read_yaml,
+                      resolve_config_path, to_dict)
 from ..model.config import ModelConfig
 
 DATASETS = ("synthetic", "pattern", "text", "parquet", "jsonl", "fineweb_edu")
@@ -422,9 +422,7 @@ def choose_config(cli_config: str | None, env: Mapping[str, str]) -> str:
                           "for $CONFIG, else the m7c_125m preset)")
     env_config = env.get(CONFIG_ENV) or None
     if cli_config and env_config and cli_config != env_config:
-        raise ConfigError(
-            f"--config {cli_config!r} and {CONFIG_ENV}={env_config!r} disagree; give one of them"
-        )
+        raise disagree(f"--config {cli_config!r}", f"{CONFIG_ENV}={env_config!r}")
     return cli_config or env_config or "m7c_125m"
 
 

@@ -11,7 +11,7 @@ import pytest
 from nsa.config import ConfigError
 from nsa.train.cli import build_parser
 from nsa.model.config import load_model_config
-from nsa.train.config import ENV_TOGGLES, NOOP_TOGGLES, RunConfig, load_run_config
+from nsa.train.config import ENV_TOGGLES, NOOP_TOGGLES, RunConfig, TrainConfig, load_run_config
 
 RUNBOOK_TOGGLES = [
     "NSA_DDP_BUCKET_MB", "NSA_DDP_COMPRESS", "NSA_DDP_STATIC_GRAPH", "NSA_DDP_FIND_UNUSED",
@@ -377,6 +377,19 @@ def test_a_key_overridden_twice_with_two_values_is_refused(tmp_path: Path, capsy
     out = tmp_path / "run"
     assert main(["--config", "tiny", "--override", "train.steps=1 train.seq_len=32", "train.steps=1", "--out-dir",
                  str(out), "model.n_layers=1", "data.dataset=synthetic", "train.save_final=false"]) == 0
+
+
+def test_a_sequence_longer_than_the_kernels_positions_is_refused_at_start(tmp_path: Path, capsys):
+    """`train.seq_len=1000000000000` hung set-up in the FLOPs count (nsa/model/flops.py, closed-form
+    since); a length past the int32 positions of the NSA kernels (2**31) is now refused at once,
+    naming the key and the bound. 2**31 itself is a config (memory is what refuses it)."""
+    from nsa.train.cli import main
+    for given in (10**12, 10**22, 2**31 + 1):
+        assert main(["--config", "tiny", f"train.seq_len={given}", "--out-dir", str(tmp_path / "a")]) == 2
+        assert f"train.seq_len must be at most {2**31} (2**31: the NSA kernels hold a position in int32), got {given}" \
+            in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
+    assert TrainConfig(seq_len=2**31).seq_len == 2**31
 
 
 @pytest.mark.parametrize("given", ["/nonexistent/exp/tiny.yaml", "exp/tiny.yaml", "../configs/tiny.yaml"])

@@ -188,7 +188,8 @@ def parse_overrides(items: list[str] | str | None) -> dict[str, Any]:
     """Turn ``["train.seq_len=512", "model.n_layers=2"]`` (or one space-separated string, as the
     seed runbooks pass to ``--override``) into a nested dict of raw string values. An item of
     several ``key=value`` words is several overrides; one whose words after the first are not
-    ``key=`` is a single value holding a space (``train.out_dir=/data/my runs``)."""
+    ``key=`` is a single value holding a space (``train.out_dir=/data/my runs``). A key given
+    twice with two values is an error naming both (``disagree``); twice with one value is fine."""
     if items is None:
         return {}
     if isinstance(items, str):
@@ -208,8 +209,19 @@ def parse_overrides(items: list[str] | str | None) -> dict[str, Any]:
                 node = node.setdefault(p, {})
                 if not isinstance(node, dict):
                     raise ConfigError(f"override {part!r}: {p} is already a value")
+            if isinstance(node.get(leaf), dict):
+                raise ConfigError(f"override {part!r}: earlier overrides set keys under {key}")
+            if leaf in node and node[leaf] != value:  # the last one won without a word
+                raise disagree(f"the overrides {key}={node[leaf]}", f"{key}={value}")
             node[leaf] = value
     return nested
+
+
+def disagree(first: str, second: str) -> ConfigError:
+    """The error for two settings of one key that disagree (a key overridden twice, a flag and an
+    override of its key, --config and $CONFIG), naming both: whichever came last used to win
+    without a word."""
+    return ConfigError(f"{first} and {second} disagree: give one of them")
 
 
 def merge(base: Mapping[str, Any], update: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -50,6 +50,15 @@ def stackdump_name(rank: int) -> str:
     return f"stackdump_rank{rank}.txt"
 
 
+# --- JSON files ----------------------------------------------------------------------------------
+
+#: how a non-finite number is written in a trainer's JSON files (env.json, heartbeats, .HALT,
+#: profile.json): as one of these strings (what Python's float() reads), since JSON has no NaN or
+#: infinity. Python's json module writes the bare NaN / Infinity, which jq, JavaScript's JSON.parse
+#: and Go's encoding/json refuse. The harness reads the strings (and a bare NaN / Infinity) as the
+#: numbers they name where it expects a number: a .HALT's losses and grad_norm, profile.json's fractions.
+JSON_NONFINITE = ("nan", "inf", "-inf")
+
 # --- heartbeat records ---------------------------------------------------------------------------
 
 #: torchrun's node rank of a worker (its agent's place in the rendezvous), in the worker's environment
@@ -121,8 +130,9 @@ HALT_NONFINITE = "nonfinite"
 HALT_FIELDS = {
     "source": f"'{HALT_WATCHDOG}', '{HALT_NONFINITE}' or an operator's own word",
     "step": "the step at which the run stopped",
-    "losses": "loss per rank at that step (the non-finite guard)",
-    "grad_norm": "gradient norm at that step (the non-finite guard)",
+    "losses": "loss per rank at that step (the non-finite guard); a non-finite one as the string \"nan\", \"inf\" "
+              "or \"-inf\"",
+    "grad_norm": "gradient norm at that step (the non-finite guard), a number or one of those strings",
     "text": "what the trainer said, for people",
 }
 

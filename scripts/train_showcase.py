@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None, help="train.batch_size (per rank, per micro-batch)")
     p.add_argument("--out-dir", default=None, help="train.out_dir")
     p.add_argument("--override", action="append", default=[], metavar="'KEY=VALUE ...'",
-                   help="dotted config overrides, space separated, repeatable; applied before the flags above")
+                   help="dotted config overrides, space separated, repeatable; one that disagrees with a flag "
+                        "above (or another override) of its key is refused")
     return p
 
 

@@ -37,6 +37,11 @@ from __future__ import annotations
 #: and launch configurations that do not fit the GPU at 256 fall back to smaller ones (_launch)
 MAX_HEAD_DIM = 256
 
+#: the most positions a sequence may have: the kernels hold a token's position in int32 (the
+#: inverse selection's tokens, _inverse.py; the token-major launches' program ids), so positions
+#: 0..2**31 - 1. RoPE takes any (float64 angles of int64 positions); memory ends a run far sooner.
+MAX_POSITIONS = 2**31
+
 #: the forms of the selected branch's forward (nsa.kernels.selection._sel_fwd): 'tiles'
 #: token-major, 'blocks' key-block-major (selection_blocks), 'auto' by shape (forward_form)
 SEL_FORMS = ("auto", "tiles", "blocks")

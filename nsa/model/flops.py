@@ -63,8 +63,45 @@ def dense_keys(t: int) -> int:
     return t + 1
 
 
-def _mean(f, seq_len: int) -> float:
-    return sum(f(t) for t in range(seq_len)) / seq_len
+# Each count summed over the positions 0..seq_len-1 in closed form: a sum position by position
+# took minutes of set-up at long sequences (hours at 2**31) before the first step.
+
+def _sum_floor(n: int, d: int) -> int:
+    """sum of u // d for u = 0..n-1: q = n // d whole runs of d equal values 0..q-1, then r = n % d of q."""
+    q, r = divmod(n, d)
+    return d * q * (q - 1) // 2 + r * q
+
+
+def _sum_min(n: int, c: int) -> int:
+    """sum of min(c, u) for u = 0..n-1."""
+    k = min(n, c)
+    return k * (k - 1) // 2 + (n - k) * c
+
+
+def compressed_visible_total(seq_len: int, block: int, stride: int) -> int:
+    """sum of compressed_visible(t) over t < seq_len: u = t + 1 - block runs 0..seq_len - block, each
+    seeing u // stride + 1 tokens."""
+    n = max(seq_len - block + 1, 0)
+    return n + _sum_floor(n, stride)
+
+
+def selected_keys_total(seq_len: int, sel_block: int, n_selected: int) -> int:
+    """sum of selected_keys(t) over t < seq_len: t % l' + 1 keys of t's own block, and l' keys of each
+    of min(n - 1, t // l') earlier ones."""
+    q, r = divmod(seq_len, sel_block)
+    own = q * sel_block * (sel_block + 1) // 2 + r * (r + 1) // 2
+    return own + sel_block * (sel_block * _sum_min(q, n_selected - 1) + r * min(n_selected - 1, q))
+
+
+def window_keys_total(seq_len: int, window: int) -> int:
+    """sum of window_keys(t) over t < seq_len: 1..w while the window fills, then w."""
+    m = min(seq_len, window)
+    return m * (m + 1) // 2 + (seq_len - m) * window
+
+
+def dense_keys_total(seq_len: int) -> int:
+    """sum of dense_keys(t) over t < seq_len."""
+    return seq_len * (seq_len + 1) // 2
 
 
 def forward_flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
@@ -78,15 +115,15 @@ def forward_flops_per_token(cfg: ModelConfig, seq_len: int) -> dict[str, float]:
     parts: dict[str, float] = {"q_proj": 2 * D * HQ * K, "o_proj": 2 * HQ * K * D}
     if a.kind == "dense":
         parts["kv_proj"] = 2 * D * 2 * H * K
-        parts["attn_dense"] = per_key * _mean(dense_keys, seq_len)
+        parts["attn_dense"] = per_key * dense_keys_total(seq_len) / seq_len
     else:
         parts["kv_proj"] = 2 * D * 6 * H * K
         parts["gates"] = 2 * D * 3 * HQ
         phi = 2 * (a.cmp_block * K) * K + 2 * K * K if a.phi == "mlp" else 0  # fc1, fc2 of one token, one head
         parts["compress_phi"] = 2 * H * phi * compressed_tokens(seq_len, a.cmp_block, a.cmp_stride) / seq_len
-        parts["attn_cmp"] = per_key * _mean(lambda t: compressed_visible(t, a.cmp_block, a.cmp_stride), seq_len)
-        parts["attn_sel"] = per_key * _mean(lambda t: selected_keys(t, a.sel_block, a.n_selected), seq_len)
-        parts["attn_win"] = per_key * _mean(lambda t: window_keys(t, a.window), seq_len)
+        parts["attn_cmp"] = per_key * compressed_visible_total(seq_len, a.cmp_block, a.cmp_stride) / seq_len
+        parts["attn_sel"] = per_key * selected_keys_total(seq_len, a.sel_block, a.n_selected) / seq_len
+        parts["attn_win"] = per_key * window_keys_total(seq_len, a.window) / seq_len
     parts["ffn"] = 2 * D * 2 * cfg.ffn_hidden + 2 * cfg.ffn_hidden * D
     out = {k: float(v * L) for k, v in parts.items()}
     out["lm_head"] = float(2 * D * cfg.vocab_size)

@@ -3,8 +3,8 @@
 Modules, by role: config (RunConfig and the env-toggle table), distributed (process group),
 parallelize (activation checkpointing, compile, DDP / FSDP2), data (sources, byte tokenizer,
 loader with timeout), corpus (the default text: the standard library's sources), optim (AdamW,
-cosine schedule), telemetry (training.csv, heartbeats, env.json), tensorboard (event files,
-opt-in), profile (profile.json on the
+cosine schedule), telemetry (training.csv, heartbeats, env.json), strict_json (those JSON files
+without a bare NaN or Infinity), tensorboard (event files, opt-in), profile (profile.json on the
 contract's request), watchdog (stall detection, stack dumps, .HALT), checkpoint (save / exact
 resume), faults (fault injection for tests; grammar in its docstring), loop (Trainer), cli (entry
 point), keys (``--list-keys``). What they write is nsa/contract.py's schema.

@@ -9,7 +9,7 @@ import textwrap
 
 from .. import contract
 from ..attention import BackendUnavailable
-from ..config import ConfigError, list_presets, parse_overrides
+from ..config import ConfigError, disagree, list_presets, parse_overrides
 from .checkpoint import CheckpointError
 from .config import ENV_TOGGLES, NOOP_TOGGLES, NOOP_UNLESS, load_run_config
 from .data import DataError
@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "'train.seq_len=512 model.n_layers=2'")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                    help="dotted config overrides as words of their own (train.seq_len=512 model.n_layers=2), "
-                        "applied after those of --override")
+                        "beside those of --override; a key given twice with two values is refused")
     p.add_argument("--out-dir", default=None, help="output directory (train.out_dir)")
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (train.steps)")
     p.add_argument(contract.LIST_KEYS_FLAG, action="store_true",
@@ -131,7 +131,7 @@ def _flag_overrides(overrides: list[str], flags: dict[str, object]) -> list[str]
             continue
         if key in typed and typed[key] != str(value):
             flag = "--" + key.replace("_", "-")
-            raise ConfigError(f"{flag} {value} and the override train.{key}={typed[key]} disagree: give one of them")
+            raise disagree(f"{flag} {value}", f"the override train.{key}={typed[key]}")
         out.append(f"train.{key}={value}")
     return out
 

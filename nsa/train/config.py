@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .. import contract
-from ..config import (ConfigError, field_paths, from_dict, merge, parse_overrides, read_yaml, resolve_config_path,
-                      to_dict)
+from ..config import (ConfigError, disagree, field_paths, from_dict, merge, parse_overrides, read_yaml,
+                      resolve_config_path, to_dict)
+from ..kernels import MAX_POSITIONS
 from ..model.config import ModelConfig
 
 DATASETS = ("synthetic", "pattern", "text", "parquet", "jsonl", "fineweb_edu")
@@ -37,7 +38,8 @@ class TrainConfig:
     """Stop this invocation after this many steps (checkpointing), e.g. for a preemptible slot;
     resume later with train.resume=auto. 0: run to train.steps."""
     seq_len: int = 2048
-    """Tokens per row (the model sees seq_len inputs and predicts seq_len targets)."""
+    """Tokens per row (the model sees seq_len inputs and predicts seq_len targets); at most 2**31,
+    the positions the NSA kernels index in int32 (nsa.kernels.MAX_POSITIONS)."""
     batch_size: int = 2
     """Rows per micro-batch PER RANK. Global batch = batch_size * grad_accum * world_size."""
     grad_accum: int = 1
@@ -110,6 +112,9 @@ class TrainConfig:
         for name in ("steps", "seq_len", "batch_size", "grad_accum", "log_every", "print_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.seq_len > MAX_POSITIONS:
+            raise ValueError(f"train.seq_len must be at most {MAX_POSITIONS} (2**31: the NSA kernels hold a position "
+                             f"in int32), got {self.seq_len}")
         for name in ("warmup_steps", "ckpt_every", "keep_checkpoints", "run_steps", "profile_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
@@ -422,9 +427,7 @@ def choose_config(cli_config: str | None, env: Mapping[str, str]) -> str:
                           "for $CONFIG, else the m7c_125m preset)")
     env_config = env.get(CONFIG_ENV) or None
     if cli_config and env_config and cli_config != env_config:
-        raise ConfigError(
-            f"--config {cli_config!r} and {CONFIG_ENV}={env_config!r} disagree; give one of them"
-        )
+        raise disagree(f"--config {cli_config!r}", f"{CONFIG_ENV}={env_config!r}")
     return cli_config or env_config or "m7c_125m"
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gzip
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from typing import Iterable, Iterator
 import torch
 
 from .. import contract
+from . import strict_json
 
 #: record_function names of the profiled window and of each step in it (not "nsa.": those
 #: would count as NSA ranges)
@@ -226,10 +226,10 @@ def write(out_dir: Path, profile: Profile, timeline: Timeline | None, table: str
     (out_dir / contract.PROFILE_TOP_OPS).write_text(table)
     if timeline is not None:
         with gzip.open(out_dir / contract.GPU_TIMELINE, "wt") as fh:
-            json.dump(dataclasses.asdict(timeline), fh)
+            fh.write(strict_json.dumps(dataclasses.asdict(timeline)))
         names.append(contract.GPU_TIMELINE)
     tmp = out_dir / (contract.PROFILE_JSON + ".tmp")
-    tmp.write_text(json.dumps(dataclasses.asdict(profile), indent=1) + "\n")
+    tmp.write_text(strict_json.dumps(dataclasses.asdict(profile), indent=1) + "\n")
     tmp.replace(out_dir / contract.PROFILE_JSON)
     return [contract.PROFILE_JSON] + names
 

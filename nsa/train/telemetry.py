@@ -39,6 +39,7 @@ import torch
 
 from .. import contract
 from ..provenance import source_revision
+from . import strict_json
 from .atomic import write_atomic
 from .checkpoint import CheckpointError
 
@@ -248,7 +249,7 @@ class Telemetry:
         if self._hb is not None:
             rec = {"time": time.time(), "rank": self.rank, "pid": os.getpid(), **self.place, **record}
             with _naming(self._hb):
-                self._hb.write(json.dumps(rec) + "\n")
+                self._hb.write(strict_json.dumps(rec) + "\n")
 
     @contextlib.contextmanager
     def stage(self, step: int, name: str):
@@ -343,4 +344,4 @@ def sdpa_flags() -> dict[str, bool]:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    write_atomic(path, (json.dumps(data, indent=2, default=str) + "\n").encode())
+    write_atomic(path, (strict_json.dumps(data, indent=2, default=str) + "\n").encode())

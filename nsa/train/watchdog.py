@@ -62,6 +62,7 @@ import time
 from pathlib import Path
 
 from .. import contract
+from . import strict_json
 from .atomic import write_atomic
 from .config import WatchdogConfig
 
@@ -87,7 +88,7 @@ def write_halt(out_dir: Path, record: dict) -> bool:
     path = halt_path(out_dir)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        tmp.write_text(json.dumps(record) + "\n")
+        tmp.write_text(strict_json.dumps(record) + "\n")
         os.link(tmp, path)
     except FileExistsError:
         return False
@@ -317,7 +318,7 @@ class Watchdog:
         try:
             env = json.loads(path.read_text())
             env["status"] = status
-            write_atomic(path, (json.dumps(env, indent=2, default=str) + "\n").encode())
+            write_atomic(path, (strict_json.dumps(env, indent=2, default=str) + "\n").encode())
         except FileNotFoundError:  # not written yet (set-up): nothing to correct
             return
         except (OSError, ValueError) as exc:  # a failing disk, a file cut short

@@ -9,8 +9,10 @@ import pytest
 
 from nsa.attention.config import NSAConfig
 from nsa.model.config import ModelConfig
-from nsa.model.flops import (compressed_tokens, compressed_visible, forward_flops_per_token, selected_keys,
-                             training_flops_per_token, window_keys)
+from nsa.model import flops
+from nsa.model.flops import (compressed_tokens, compressed_visible, compressed_visible_total, dense_keys,
+                             dense_keys_total, forward_flops_per_token, selected_keys, selected_keys_total,
+                             training_flops_per_token, window_keys, window_keys_total)
 from nsa.train.cli import run
 
 # dim D=8, 2 layers, HQ=2 query heads, H=1 KV head, head dim K=4, SwiGLU hidden F=12, vocab V=256
@@ -105,6 +107,30 @@ def test_per_position_counts_agree_with_the_semantics_enumerated(l, d, lp, n, w)
         chosen = [visible[-1]] + visible[:-1][:min(n, len(visible)) - 1]
         assert selected_keys(t, lp, n) == sum(1 for j in chosen for k in range(j * lp, (j + 1) * lp) if k <= t)
         assert window_keys(t, w) == sum(1 for k in range(t + 1) if k > t - w)
+
+
+@pytest.mark.parametrize("l,d,lp,n,w", [(32, 16, 64, 16, 512), (8, 4, 8, 4, 16), (4, 4, 12, 3, 7), (5, 3, 1, 1, 1)])
+def test_the_closed_form_totals_are_the_sums_over_the_positions(l, d, lp, n, w):
+    for seq_len in [*range(1, 80), 511, 512, 513, 4099]:
+        positions = range(seq_len)
+        assert compressed_visible_total(seq_len, l, d) == sum(compressed_visible(t, l, d) for t in positions)
+        assert selected_keys_total(seq_len, lp, n) == sum(selected_keys(t, lp, n) for t in positions)
+        assert window_keys_total(seq_len, w) == sum(window_keys(t, w) for t in positions)
+        assert dense_keys_total(seq_len) == sum(dense_keys(t) for t in positions)
+
+
+@pytest.mark.parametrize("kind", ["nsa", "dense"])
+def test_the_count_does_not_visit_every_position(kind, monkeypatch):
+    """`train.seq_len=1000000000000` hung the trainer's set-up: the count summed each branch's keys
+    position by position (minutes at 10**9, hours at 2**31, the longest sequence allowed). It is
+    closed-form now: the per-position counts are called a handful of times, whatever the length."""
+    calls = []
+    for name in ("compressed_visible", "selected_keys", "window_keys", "dense_keys"):
+        per_position = getattr(flops, name)
+        monkeypatch.setattr(flops, name, lambda *a, f=per_position: calls.append(a) or f(*a))
+    count = training_flops_per_token(tiny(kind), 10**6)
+    assert len(calls) < 10
+    assert count == training_flops_per_token(tiny(kind), 10**6)  # and a number, the same each time
 
 
 def test_the_trainer_writes_the_count_into_env_json(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from nsa.config import ConfigError
 from nsa.train.cli import build_parser
 from nsa.model.config import load_model_config
-from nsa.train.config import ENV_TOGGLES, NOOP_TOGGLES, RunConfig, load_run_config
+from nsa.train.config import ENV_TOGGLES, NOOP_TOGGLES, RunConfig, TrainConfig, load_run_config
 
 RUNBOOK_TOGGLES = [
     "NSA_DDP_BUCKET_MB", "NSA_DDP_COMPRESS", "NSA_DDP_STATIC_GRAPH", "NSA_DDP_FIND_UNUSED",
@@ -218,10 +218,10 @@ def test_overrides_as_words_of_their_own(tmp_path: Path, capsys):
     --override 'KEY=VALUE' reached the config. A word without '=' is the config's error, exit 2."""
     from nsa.train.cli import main
     out = tmp_path / "run"
-    assert main(["--config", "tiny", "--steps", "1", "--out-dir", str(out), "--override", "train.seq_len=64",
-                 "train.seq_len=32", "model.n_layers=1", "data.dataset=synthetic", "train.save_final=false"]) == 0
+    assert main(["--config", "tiny", "--steps", "1", "--out-dir", str(out), "--override", "model.n_layers=1",
+                 "train.seq_len=32", "data.dataset=synthetic", "train.save_final=false"]) == 0
     resolved = json.loads((out / "env.json").read_text())["config"]
-    assert resolved["train"]["seq_len"] == 32 and resolved["model"]["n_layers"] == 1  # the words win
+    assert resolved["train"]["seq_len"] == 32 and resolved["model"]["n_layers"] == 1  # both reach the config
     assert main(["--config", "tiny", "--out-dir", str(tmp_path / "bad"), "seq_len"]) == 2
     assert "override 'seq_len': expected key.path=value" in capsys.readouterr().err
 
@@ -359,6 +359,37 @@ def test_a_flag_and_an_override_of_its_key_that_disagree_are_refused(tmp_path: P
     out = tmp_path / "run"
     assert main(["--config", "tiny", "--steps", "1", "train.steps=1", "--out-dir", str(out), "train.seq_len=32",
                  "model.n_layers=1", "data.dataset=synthetic", "train.save_final=false"]) == 0
+
+
+def test_a_key_overridden_twice_with_two_values_is_refused(tmp_path: Path, capsys):
+    """`python -m nsa.train --config tiny train.steps=2 train.steps=3` ran 3 steps without a word:
+    the last override won. Now it exits 2 naming the key and both values, wherever the two stand
+    (words, --override strings); one value given twice runs."""
+    from nsa.train.cli import main
+    assert main(["--config", "tiny", "train.steps=2", "train.steps=3", "--out-dir", str(tmp_path / "a")]) == 2
+    assert "the overrides train.steps=2 and train.steps=3 disagree: give one of them" in capsys.readouterr().err
+    assert main(["--config", "tiny", "--override", "train.seq_len=32 model.n_layers=1", "train.seq_len=64",
+                 "--out-dir", str(tmp_path / "b")]) == 2
+    assert "the overrides train.seq_len=32 and train.seq_len=64 disagree" in capsys.readouterr().err
+    assert main(["--config", "tiny", "train.steps=1", "train=5", "--out-dir", str(tmp_path / "c")]) == 2
+    assert "earlier overrides set keys under train" in capsys.readouterr().err
+    assert not any((tmp_path / d).exists() for d in "abc")
+    out = tmp_path / "run"
+    assert main(["--config", "tiny", "--override", "train.steps=1 train.seq_len=32", "train.steps=1", "--out-dir",
+                 str(out), "model.n_layers=1", "data.dataset=synthetic", "train.save_final=false"]) == 0
+
+
+def test_a_sequence_longer_than_the_kernels_positions_is_refused_at_start(tmp_path: Path, capsys):
+    """`train.seq_len=1000000000000` hung set-up in the FLOPs count (nsa/model/flops.py, closed-form
+    since); a length past the int32 positions of the NSA kernels (2**31) is now refused at once,
+    naming the key and the bound. 2**31 itself is a config (memory is what refuses it)."""
+    from nsa.train.cli import main
+    for given in (10**12, 10**22, 2**31 + 1):
+        assert main(["--config", "tiny", f"train.seq_len={given}", "--out-dir", str(tmp_path / "a")]) == 2
+        assert f"train.seq_len must be at most {2**31} (2**31: the NSA kernels hold a position in int32), got {given}" \
+            in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
+    assert TrainConfig(seq_len=2**31).seq_len == 2**31
 
 
 @pytest.mark.parametrize("given", ["/nonexistent/exp/tiny.yaml", "exp/tiny.yaml", "../configs/tiny.yaml"])

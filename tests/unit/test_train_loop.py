@@ -237,17 +237,27 @@ def test_new_fault_kinds_take_only_their_keys(spec, message):
         parse_faults(spec)
 
 
+def strict_json(text: str):
+    """JSON as jq, JSON.parse and Go read it: a bare NaN / Infinity is an error."""
+    def refuse(name: str):
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
 def test_nan_loss_halts_with_step_and_values(tmp_path: Path):
+    """The .HALT and the halt heartbeat said "losses": [NaN], "grad_norm": NaN (Python's json
+    default), which strict readers refuse: now every JSON file is strict, a non-finite number
+    spelled as the contract's string."""
     assert train(tmp_path, "fault.spec=nan:step=2", steps=5) == contract.EXIT_NONFINITE == 4
-    halt = json.loads((tmp_path / ".HALT").read_text())
+    halt = strict_json((tmp_path / ".HALT").read_text())
     assert halt["source"] == contract.HALT_NONFINITE and halt["step"] == 2
-    assert math.isnan(halt["losses"][0]) and len(halt["losses"]) == 1
+    assert halt["losses"] == ["nan"] and halt["grad_norm"] == "nan"
     assert halt["text"].startswith("non-finite loss at step 2")
     # the halted step did not complete (no optimizer step): no row; its losses are in its halt beat
     assert [int(r["step"]) for r in csv_rows(tmp_path)] == [1]
-    beat = heartbeats(tmp_path)[-1]
-    assert beat["stage"] == "halt" and beat["step"] == 2 and math.isnan(beat["losses"][0])
-    envj = json.loads((tmp_path / "env.json").read_text())
+    beats = [strict_json(line) for line in (tmp_path / contract.heartbeat_name(0)).read_text().splitlines()]
+    assert beats[-1]["stage"] == "halt" and beats[-1]["step"] == 2 and beats[-1]["losses"] == ["nan"]
+    envj = strict_json((tmp_path / "env.json").read_text())
     assert "non-finite loss at step 2" in envj["status"] and envj["fault_injection"] == "nan:step=2"
 
 

@@ -249,10 +249,9 @@ def test_bad_fault_specs_name_the_problem(spec, msg):
 def test_halt_is_never_seen_half_written(tmp_path, monkeypatch):
     """A writer stopped mid-record (killed, or the record fails to serialize) leaves no .HALT, or
     another rank's watchdog would read the half record as an operator's stop."""
-    def torn(record, *fh):
+    def torn(record, **options):
         raise KeyboardInterrupt  # stopped before the record was complete
-    monkeypatch.setattr("nsa.train.watchdog.json.dumps", torn)
-    monkeypatch.setattr("nsa.train.watchdog.json.dump", torn)
+    monkeypatch.setattr("nsa.train.watchdog.strict_json.dumps", torn)
     with pytest.raises(KeyboardInterrupt):
         write_halt(tmp_path, {"source": "watchdog", "rank": 0})
     assert read_halt(tmp_path) is None and list(tmp_path.iterdir()) == []

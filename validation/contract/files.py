@@ -25,6 +25,7 @@ from nsa.contract import (
     HALT,
     HEARTBEAT_PATTERN,
     HEARTBEAT_STAGES_AFTER_STEP,
+    JSON_NONFINITE,
     PROFILE_JSON,
     STACKDUMP_PATTERN,
     TRAINING_CSV,
@@ -330,7 +331,8 @@ class HaltInfo:
     source: str | None = None
     """'watchdog', 'nonfinite', an operator's own word, or None (an empty or free-text file)."""
     step: int | None = None
-    losses: list[float] | None = None
+    losses: list[float | None] | None = None
+    """Loss per rank; None for an entry that is no number."""
     grad_norm: float | None = None
     text: str = ""
     """The file's content as written (a JSON record's own ``text`` field, when it has one)."""
@@ -362,8 +364,8 @@ def read_halt(out_dir: Path) -> HaltInfo | None:
         return HaltInfo(text=text.strip())
     losses = rec.get("losses")
     return HaltInfo(source=rec.get("source"), step=rec.get("step") if isinstance(rec.get("step"), int) else None,
-                    losses=losses if isinstance(losses, list) else None,
-                    grad_norm=rec.get("grad_norm") if isinstance(rec.get("grad_norm"), (int, float)) else None,
+                    losses=[json_number(v) for v in losses] if isinstance(losses, list) else None,
+                    grad_norm=json_number(rec.get("grad_norm")),
                     text=rec["text"] if isinstance(rec.get("text"), str) else text.strip())
 
 
@@ -395,7 +397,7 @@ def read_profile(out_dir: Path) -> ProfileRead | None:
             raise TypeError(f"profiled_steps is {steps!r}, expected an integer")
         ops = [f"{op['name'][:60]} {float(op['ms_per_step']):.2f} ms/step" for op in data.get("top_ops") or []]
         return ProfileRead(steps, [str(n) for n in data.get("nsa_ranges") or []], ops,
-                           _fraction(data.get("gpu_busy_frac")), _fraction(data.get("python_overhead_frac")),
+                           json_number(data.get("gpu_busy_frac")), json_number(data.get("python_overhead_frac")),
                            bool(data.get("cuda_graphs")), str(data.get("device") or "?"))
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ArtifactError(f"{path}: not a profile record ({exc})") from None
@@ -428,5 +430,10 @@ def read_gpu_timeline(out_dir: Path) -> TimelineRead | None:
         raise ArtifactError(f"{path}: not a GPU timeline ({exc})") from None
 
 
-def _fraction(v: Any) -> float | None:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+def json_number(v: Any) -> float | None:
+    """A number of a trainer's JSON file: an integer or a float (a bare NaN / Infinity, which
+    Python's json reads, among them), or the contract's string of a non-finite one
+    (``JSON_NONFINITE``: "nan", "inf", "-inf"); None for anything else."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return float(v)
+    return float(v) if isinstance(v, str) and v in JSON_NONFINITE else None

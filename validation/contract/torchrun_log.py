@@ -469,14 +469,36 @@ def log_exception(stderr_path: Path, max_bytes: int = 1 << 20) -> str | None:
     return None if text is None else last_exception(text)
 
 
+def log_has_traceback(stderr_path: Path, max_bytes: int = 1 << 20) -> bool | None:
+    """``has_traceback`` of a whole log (its last ``max_bytes``); None when it cannot be read."""
+    text = _read(stderr_path, max_bytes)
+    return None if text is None else has_traceback(text)
+
+
+def has_traceback(text: str) -> bool:
+    """Whether ``text`` holds a Python traceback of the trainer's own (torchrun's report that a
+    worker failed is none): a trainer that ends on a one-line error of its own prints none."""
+    return bool(_raised(_unprefixed(text)))
+
+
+def _unprefixed(text: str) -> list[str]:
+    """The lines of a log, each without its '[rankN]: ' prefix."""
+    return [m.group(2) if (m := _RANK_LINE.match(ln)) else ln for ln in text.splitlines()]
+
+
+def _raised(lines: list[str]) -> list[str]:
+    """The exception line of each Python traceback in ``lines`` but torchrun's ChildFailedError, in order."""
+    raised = [next((ln.strip() for ln in lines[i + 1:] if ln and not ln[0].isspace()), None)
+              for i, ln in enumerate(lines) if ln.startswith(_TRACEBACK)]
+    return [e for e in raised if e and _CHILD_FAILED not in e.split(":")[0]]
+
+
 def last_exception(text: str) -> str | None:
     """The exception of the last Python traceback in ``text`` ('pkg.Error: message', a '[rankN]: '
     prefix dropped) other than torchrun's report that a worker failed (ChildFailedError), else the
     last line that looks like an error (``_ERROR_LINE``, ``_SAID_ERROR``); None when there is neither."""
-    lines = [m.group(2) if (m := _RANK_LINE.match(ln)) else ln for ln in text.splitlines()]
-    raised = [next((ln.strip() for ln in lines[i + 1:] if ln and not ln[0].isspace()), None)
-              for i, ln in enumerate(lines) if ln.startswith(_TRACEBACK)]
-    own = [e for e in raised if e and _CHILD_FAILED not in e.split(":")[0]]
+    lines = _unprefixed(text)
+    own = _raised(lines)
     if own:
         return own[-1]
     for ln in reversed(lines):

@@ -17,7 +17,7 @@ from validation.contract.stacks import (
     parse_pyspy,
     read_index,
 )
-from validation.contract.torchrun_log import agent_signalled, log_exception, rank_failures
+from validation.contract.torchrun_log import agent_signalled, log_exception, log_has_traceback, rank_failures
 from validation.judge.memory import growing_ranks
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
 from validation.judge.nodes import lateness, node_evidence, node_failures, slurm_stopped
@@ -91,10 +91,11 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
 
 
 def with_log(ev: Evidence, stderr_path: Path) -> Evidence:
-    """``ev`` with its stderr (the log's tail, name and last exception) read from ``stderr_path``:
-    of a launch of several nodes, the log of the node the verdict blames (session/runs.py ``record``)."""
+    """``ev`` with its stderr (the log's tail, name, last exception and whether it holds a traceback)
+    read from ``stderr_path``: of a launch of several nodes, the log of the node the verdict blames
+    (session/runs.py ``record``)."""
     return dataclasses.replace(ev, stderr_tail=tail(stderr_path, STDERR_TAIL_LINES), stderr_log=stderr_path.name,
-                               exception=log_exception(stderr_path))
+                               exception=log_exception(stderr_path), traceback=log_has_traceback(stderr_path))
 
 
 def signs(run: RunData, failed_gates: list[str]) -> RunSigns:

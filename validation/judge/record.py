@@ -200,6 +200,9 @@ class Evidence:
     exception: str | None = None
     """The last exception a process of the run raised, from its whole stderr log (torchrun's own
     report that a worker failed skipped: contract/torchrun_log.py ``log_exception``)."""
+    traceback: bool | None = None
+    """Whether that log holds a Python traceback of the trainer's own (``log_has_traceback``): a
+    trainer that ends on a one-line error prints none. None: a record stored before it was read."""
     halt: HaltInfo | None = None
     rank_failures: dict[int, RankFailure] = field(default_factory=dict)
     stackdumps: dict[int, StackDump] = field(default_factory=dict)
@@ -257,7 +260,8 @@ class Evidence:
         """A stored record's (or sub-run's) ``evidence`` mapping."""
         return cls(
             errors=list(ev.get("errors") or []), stderr_tail=ev.get("stderr_tail") or "",
-            stderr_log=ev.get("stderr_log"), exception=ev.get("exception"), halt=_halt(ev), loss_first=ev.get("loss_first"),
+            stderr_log=ev.get("stderr_log"), exception=ev.get("exception"), traceback=ev.get("traceback"),
+            halt=_halt(ev), loss_first=ev.get("loss_first"),
             loss_last=ev.get("loss_last"), nonfinite_loss_step=_int(ev.get("nonfinite_loss_step")), top_ops=list(ev.get("top_ops") or []),
             rank_failures={int(r): RankFailure(**f) for r, f in (ev.get("rank_failures") or {}).items()},
             stackdumps={int(r): _dump(d) for r, d in (ev.get("stackdumps") or {}).items()},

@@ -244,6 +244,32 @@ def test_a_rank_killed_by_a_signal_is_not_told_to_read_its_traceback():
     assert "Read the traceback" in _advice(raised), _advice(raised)
 
 
+def test_a_crash_is_told_to_read_a_traceback_only_where_its_log_holds_one(tmp_path):
+    """trainer19's pass: `python -m nsa.train` ending on its one-line error (a data path that does not
+    exist: '[rank 0] error: ...', exit 2, no traceback) was advised to 'Read the traceback in the
+    stderr log'. The advice now follows what the log holds: a traceback, one error line, or neither;
+    a record stored before the log was read for a traceback is judged by its tail."""
+    from validation.judge.evidence import with_log
+    said = "[rank 0] error: tiny.yaml: data.path='nope/missing.txt': no such file or directory\n"
+    logs = {"one_line": f"[data] text\n{said}",
+            "traceback": f"{said}Traceback (most recent call last):\n  File \"t.py\", line 1\nValueError: bad\n",
+            "nothing": "step 1/6 | loss 5.6\n",
+            # torchrun's own traceback of a worker that failed says nothing of the worker's
+            "torchrun": f"{said}Traceback (most recent call last):\n  File \"run.py\", line 9\n"
+                        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"}
+    advice = {}
+    for name, text in logs.items():
+        (tmp_path / name).write_text(text)
+        rec = dataclasses.replace(_record(OWN), exit_code=2, evidence=with_log(Evidence(), tmp_path / name))
+        advice[name] = _advice(rec)
+        stored = dataclasses.replace(rec, evidence=dataclasses.replace(rec.evidence, traceback=None, exception=None))
+        assert _advice(stored) == advice[name], name
+    assert "Read the traceback" in advice["traceback"]
+    for name in ("one_line", "torchrun"):
+        assert "Read the traceback" not in advice[name] and "error it printed as one line, no traceback" in advice[name]
+    assert "Read the traceback" not in advice["nothing"] and "no traceback and no error line" in advice["nothing"]
+
+
 # --- points that run no trainer (pytest, preflight) and failed in their own way -------------------
 
 def _check_run(fake_run, monkeypatch, tmp_path, phase: dict, files: dict[str, str] | None = None):

@@ -47,3 +47,16 @@ def test_an_operators_free_text_and_empty_file(tmp_path):
     assert (halt.source, halt.torn, halt.text) == (None, False, "stopping for maintenance")
     assert verdict(Outcome("train", halt=halt), [])[1] == "stopped by a .HALT (stopping for maintenance)"
     assert verdict(Outcome("train", halt=_write(tmp_path, "")), [])[1] == "stopped by a .HALT (an empty file)"
+
+
+def test_a_nonfinite_record_in_strict_json_reads_as_the_numbers_it_names(tmp_path):
+    """The trainer wrote "losses": [NaN] (Python's json default), which jq, JSON.parse and Go refuse;
+    it now writes the contract's strings ("nan", "inf", "-inf"). Both spellings read as the same
+    numbers, and the verdict says the same of each."""
+    strict = _write(tmp_path, '{"source": "nonfinite", "step": 3, "losses": [5.25, "nan", "-inf"], "grad_norm": "inf"}')
+    reason = verdict(Outcome("train", halt=strict), [])[1]
+    assert reason == "non-finite loss at step 3: loss per rank [5.25, nan, -inf], grad_norm inf (trainer .HALT)"
+    bare = _write(tmp_path, '{"source": "nonfinite", "step": 3, "losses": [5.25, NaN, -Infinity], "grad_norm": Infinity}')
+    assert verdict(Outcome("train", halt=bare), [])[1] == reason
+    odd = _write(tmp_path, '{"source": "nonfinite", "step": 3, "losses": [5.25, "big"], "grad_norm": true}')
+    assert (odd.losses, odd.grad_norm) == ([5.25, None], None)  # no number: nothing made up

@@ -7,7 +7,7 @@ from __future__ import annotations
 import shlex
 from typing import Callable
 
-from validation.judge.findings.finding import Facts, Finding, Severity
+from validation.judge.findings.finding import Facts, Finding, LogSays, Severity
 from validation.judge.findings.nodes import NODE_ADVICE, STOPPED_ADVICE
 from validation.judge.misses import Miss
 
@@ -31,6 +31,12 @@ def _crash(f: Facts) -> str:
     if f.silent:
         return (f"{f.silent[0].upper()}{f.silent[1:]}. Read what it printed in the stderr log named in the finding (and "
                 f"any log of its own) for why it exited, fix, then {_RERUN}.")
+    if f.log_says == LogSays.ONE_LINE:
+        return (f"The trainer ended on an error it printed as one line, no traceback (the finding quotes it): fix what "
+                f"it names, then {_RERUN}.")
+    if f.log_says == LogSays.NOTHING:
+        return (f"The trainer exited non-zero with no traceback and no error line in the stderr log named in the finding: "
+                f"read what it printed there (and any log of its own) for why it exited, fix, then {_RERUN}.")
     return f"Read the traceback in the stderr log named in the finding, fix, then {_RERUN}."
 
 

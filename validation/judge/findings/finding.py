@@ -5,7 +5,7 @@ import enum
 from dataclasses import dataclass, field, replace
 
 from nsa.contract import heartbeat_name
-from validation.contract.torchrun_log import short_exception
+from validation.contract.torchrun_log import has_traceback, last_exception, short_exception
 from validation.judge.findings.culprit import Culprit
 from validation.judge.findings.departed import maybe_departed
 from validation.judge.misses import Miss
@@ -17,6 +17,17 @@ class Severity(enum.StrEnum):
     CRITICAL = "critical"
     WARNING = "warning"
     INFO = "info"
+
+
+class LogSays(enum.StrEnum):
+    """What a failed run's stderr log holds of why it ended."""
+
+    TRACEBACK = "traceback"
+    """A Python traceback of the trainer's own."""
+    ONE_LINE = "one line"
+    """No traceback, a line that reads as an error (a trainer's own 'error: ...', exit 2)."""
+    NOTHING = "nothing"
+    """Neither."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,9 @@ class Facts:
     maybe_left: tuple[int, ...] = ()
     """Ranks that may have exited 0 early before the silent exits that ended the run (findings/departed.py
     ``maybe_departed``): the advice says where to look if so."""
+    log_says: LogSays = LogSays.TRACEBACK
+    """What the run's stderr log holds of its error: the advice sends a reader to a traceback only
+    where there is one."""
 
     @classmethod
     def of(cls, rec: PhaseRecord) -> Facts:
@@ -84,10 +98,16 @@ class Facts:
                          f" after its last heartbeat (step {beat.step}, stage {beat.stage or '?'}): the trainer exits "
                          "on an error there without raising it"))
         stopped = any(t.state == "stopped" and t.rank is not None for t in ev.taken_stacks)
+        # the failed rank's exception is its traceback's (torchrun's log); a record stored before the
+        # whole log was read for one: its tail says
+        traced = bool(fail is not None and fail.exception) or (
+            ev.traceback if ev.traceback is not None else has_traceback(ev.stderr_tail))
+        says = LogSays.TRACEBACK if traced else \
+            LogSays.ONE_LINE if ev.exception or last_exception(ev.stderr_tail) else LogSays.NOTHING
         return cls(rec.own_trainer, rec.world_size, stacks, rec.accelerator == "cuda",
                    not stacks and Outcome.of_record(rec).stacks_tried == 0, not started, not stepped,
                    ev.halt is not None and ev.halt.source == "nonfinite", killed, tuple(ev.misses), silent, stopped,
-                   tuple(maybe_departed(rec)))
+                   tuple(maybe_departed(rec)), says)
 
 
 @dataclass(frozen=True)

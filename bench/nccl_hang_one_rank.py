@@ -3,15 +3,15 @@ others (validation/tests/evidence/nccl*_watchdog_rank*_hung, read by
 validation/tests/test_blame_collective_timeout.py). Run under torchrun by
 bench/gpu/nccl_watchdog_evidence.sh:
 
-    python -m torch.distributed.run --standalone --nproc_per_node=N bench/nccl_hang_one_rank.py OUT HANG_RANK
+    python -m torch.distributed.run --standalone --nproc_per_node=N bench/nccl_hang_one_rank.py OUT --hang-rank R
 
 Each rank writes the artifact contract's heartbeat_rank{r}.jsonl into OUT, all-reduces once a step,
-and rank HANG_RANK sleeps at step 3 before its all-reduce; the process group's timeout is 15 s.
+and rank R sleeps at step 3 before its all-reduce; the process group's timeout is 15 s.
 """
+import argparse
 import datetime
 import json
 import os
-import sys
 import time
 
 import torch
@@ -21,7 +21,11 @@ HANG_STEP, STEPS, TIMEOUT_S = 3, 8, 15
 
 
 def main() -> None:
-    out, hang = sys.argv[1], int(sys.argv[2])
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out", help="directory for the heartbeat files (exists)")
+    p.add_argument("--hang-rank", type=int, default=1, help="the rank that sleeps at step 3 (1)")
+    args = p.parse_args()
+    out, hang = args.out, args.hang_rank
     rank = int(os.environ["RANK"])
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=TIMEOUT_S))

@@ -9,5 +9,5 @@
 device_header "$OUT/header.log"
 mkdir -p "$OUT/run"
 timeout -k 10 "${LIMIT:-180}" python3 -m torch.distributed.run --standalone --nproc_per_node="${NPROC:-2}" \
-  bench/nccl_hang_one_rank.py "$OUT/run" "${HANG:-1}" > "$OUT/run/trainer.stderr.log" 2>&1
+  bench/nccl_hang_one_rank.py "$OUT/run" --hang-rank "${HANG:-1}" > "$OUT/run/trainer.stderr.log" 2>&1
 echo "torchrun exit $?" | tee "$OUT/exit.txt"

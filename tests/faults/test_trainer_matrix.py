@@ -198,7 +198,7 @@ def test_fault_matrix(trainer, fault, launcher, seeded, matrix, monkeypatch):
             assert f"rank {_hung_rank(launcher)}" in text, text
         said += " | " + text.splitlines()[0]
     elif fault == "malformed":
-        assert rec.status == Status.ERROR and "training.csv" in rec.reason and "row" in rec.reason, rec.reason
+        assert rec.status == Status.ERROR and "training.csv" in rec.reason and f"(step {FAULT_STEP}), column " in rec.reason, rec.reason
     else:
         assert rec.status == Status.UNMEASURED, (rec.status, rec.reason)
         assert "backends_recorded" in rec.reason, rec.reason

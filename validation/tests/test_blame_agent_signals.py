@@ -18,13 +18,11 @@ import pytest
 
 from validation.contract.files import read_heartbeats
 from validation.contract.torchrun_log import rank_failures
-from validation.judge.evidence import collect, collect_failures, collect_halt, collect_train
 from validation.judge.findings import find, recommendations
 from validation.judge.findings.culprit import Did
 from validation.judge.findings.headline import culprit, verdict_line
-from validation.judge.metrics import RunData
-from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status, Summary
-from validation.judge.verdict import Outcome, verdict
+from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
+from validation.tests.stopped_run import judged_stopped_run
 
 EVIDENCE = Path(__file__).parent / "evidence"
 #: torchrun x3, gloo, 2026-11-28: rank 1 sends itself SIGTERM as step 3 starts (stage data); ranks 0
@@ -121,15 +119,7 @@ def test_a_rank_still_ending_on_the_agents_sigterm_when_the_harness_came_is_not_
     """Judged as the harness judges a run it stopped: rank 1 raised first, and rank 0, found outside the
     collectives (in its handler), had been signalled by the agent: rank 1 is named, rank 0 said to be
     ending. Once 'rank 0 stalled in <lambda>' with rank 1's exception in the detail only."""
-    run = RunData(STALLED, world_size=2, exit_code=None, stalled_s=12.0, stacks_tried=1, steps_requested=8)
-    errors: list[str] = []
-    collect_train(run, errors)
-    collect_halt(run)
-    collect_failures(run, STALLED / "trainer.stderr.log")
-    status, reason = verdict(Outcome.of_run("train", run, errors), [])
-    rec = PhaseRecord(PointKey("mine", "cpu", "ddp"), "mine/cpu/ddp/default", "train", status, reason, steps=8,
-                      world_size=2, stalled_s=12.0, metrics=Summary.of(run, None),
-                      evidence=collect(run, STALLED / "trainer.stderr.log", errors), trainer="myt")
+    rec = judged_stopped_run(STALLED, STALLED / "trainer.stderr.log", stalled_s=12.0, stacks_tried=1)
     assert rec.evidence.signalled_pids == [29215], rec.evidence.signalled_pids
     c = culprit(rec)
     assert c is not None and c.did == Did.CRASHED and [r.rank for r in c.ranks] == [1], verdict_line(rec)

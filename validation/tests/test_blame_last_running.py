@@ -9,27 +9,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from validation.judge.evidence import collect, collect_failures, collect_halt, collect_train
 from validation.judge.findings import find
 from validation.judge.findings.culprit import Did
 from validation.judge.findings.headline import culprit, verdict_line
-from validation.judge.metrics import RunData
-from validation.judge.record import PhaseRecord, PointKey, Summary
-from validation.judge.verdict import Outcome, verdict
+from validation.judge.record import PhaseRecord
+from validation.tests.stopped_run import judged_stopped_run
 
 RUN = Path(__file__).parent / "evidence" / "alone2_rank1_hung_after_steps"
 
 
 def _judged() -> PhaseRecord:
-    run = RunData(RUN, world_size=2, exit_code=None, stalled_s=12.0, stacks_tried=1, steps_requested=8)
-    errors: list[str] = []
-    collect_train(run, errors)
-    collect_halt(run)
-    collect_failures(run, RUN / "trainer.stderr.log")
-    status, reason = verdict(Outcome.of_run("train", run, errors), [])
-    return PhaseRecord(PointKey("mine", "cpu", "ddp"), "mine/cpu/ddp/default", "train", status, reason, steps=8,
-                       world_size=2, stalled_s=12.0, metrics=Summary.of(run, None),
-                       evidence=collect(run, RUN / "trainer.stderr.log", errors), trainer="myt")
+    return judged_stopped_run(RUN, RUN / "trainer.stderr.log", stalled_s=12.0, stacks_tried=1)
 
 
 def test_the_one_rank_left_running_after_the_others_exited_is_named_hung():

@@ -9,13 +9,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from validation.judge.evidence import collect, collect_failures, collect_halt, collect_train
 from validation.judge.findings import find, recommendations
 from validation.judge.findings.culprit import Did
 from validation.judge.findings.headline import culprit, verdict_line
-from validation.judge.metrics import RunData
-from validation.judge.record import PhaseRecord, PointKey, Summary
-from validation.judge.verdict import Outcome, verdict
+from validation.judge.record import PhaseRecord, PointKey
+from validation.tests.stopped_run import judged_stopped_run
 
 
 def _beat(rank: int, step: int, stage: str, t: float, **extra) -> dict:
@@ -78,15 +76,8 @@ def _judged(tmp_path: Path) -> PhaseRecord:
     out = tmp_path / "run"
     out.mkdir()
     _write_run(out)
-    run = RunData(out, world_size=2, exit_code=None, stalled_s=15.0, stacks_tried=2, steps_requested=8)
-    errors: list[str] = []
-    collect_train(run, errors)
-    collect_halt(run)
-    collect_failures(run, out / "node0.stderr.log")
-    status, reason = verdict(Outcome.of_run("train", run, errors), [])
-    return PhaseRecord(PointKey("mine_nodes", "cpu", "ddp2n"), "mine_nodes/cpu/ddp2n/default", "train", status, reason,
-                       steps=8, world_size=2, stalled_s=15.0, out_dir="run", metrics=Summary.of(run, None),
-                       evidence=collect(run, out / "node0.stderr.log", errors), trainer="my.trainer")
+    return judged_stopped_run(out, out / "node0.stderr.log", stalled_s=15.0, stacks_tried=2,
+                              key=PointKey("mine_nodes", "cpu", "ddp2n"), trainer="my.trainer", out_dir="run")
 
 
 def test_the_verdict_is_the_non_finite_loss_of_the_rank_that_halted_not_a_stall(tmp_path):

@@ -12,9 +12,14 @@ checked before they are constructed: each mapping's keys are compared as YAML co
 (``1`` and ``"1"`` differ, ``yes`` and ``true`` do not), with the path of the mapping and the
 lines of both keys. A key that a merge (``<<: *anchor``) brings in and the mapping sets again is
 YAML's override, not a duplicate.
+
+A number in exponent form without a sign or a dot (``1.0e12``, ``1e-5``) is a float, as YAML 1.2
+reads it: PyYAML's YAML 1.1 rules read it as a string, so a threshold written ``1.0e12`` would be
+refused as text (or, in a mapping of strings, kept as one).
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -58,6 +63,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 first[key] = key_node
                 name = key if isinstance(key, str) else repr(key)
                 self._check(value_node, f"{where}.{name}" if where else name, seen)
+
+
+# YAML 1.2's float forms that YAML 1.1 reads as strings: an exponent without a sign, or a mantissa
+# without a dot; the 1.1 forms still match PyYAML's own resolver first
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
 
 
 def safe_load_unique(text: str) -> Any:

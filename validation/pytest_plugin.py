@@ -325,22 +325,34 @@ def _acceptance_markers(config: pytest.Config, runbooks: tuple[str, ...]) -> set
         for prof in rb.profiles:
             with contextlib.suppress(HarnessError):
                 out.add(load_profile(prof).marker)
+    for prof in config.getoption("--profile") or ():
+        with contextlib.suppress(HarnessError):
+            out.add(load_profile(prof).marker)
     return out
 
 
-def _register_phase_markers(config: pytest.Config, runbooks: tuple[str, ...]) -> None:
-    """Every selected runbook's phase names become markers (--strict-markers refuses a mark it
-    does not know, so `pytest -m single --runbook my.yaml` failed at collection otherwise)."""
+def _register_markers(config: pytest.Config, runbooks: tuple[str, ...]) -> None:
+    """Every selected runbook's phase names and the markers of its profiles and of the profiles
+    given with --profile become markers: --strict-markers refuses a mark it does not know, so
+    `pytest -m single --runbook my.yaml --profile mine.yaml` would fail at collection otherwise."""
     known = _ini_markers(config)
+
+    def add(marker: str, what: str) -> None:
+        if marker not in known:
+            config.addinivalue_line("markers", f"{marker}: {what}")
+            known.add(marker)
+
     for name in runbooks:
         try:
             rb = load_runbook(name, known_markers=known)
         except HarnessError:
             continue  # reported as a usage error when the points are loaded
         for ph in rb.phases:
-            if ph.name not in known:
-                config.addinivalue_line("markers", f"{ph.name}: runbook phase of {rb.name}")
-                known.add(ph.name)
+            add(ph.name, f"runbook phase of {rb.name}")
+    for prof in config.getoption("--profile") or ():
+        with contextlib.suppress(HarnessError):  # a bad profile is reported when the points are loaded
+            loaded = load_profile(prof)
+            add(loaded.marker, f"hardware profile {loaded.name}")
 
 
 def _runbook_given_as_marker(config: pytest.Config) -> str | None:
@@ -360,7 +372,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not ours and not config.getoption("--runbook"):
         return  # another project's session in this environment: the plugin stays out of its way
     runbooks = tuple(config.getoption("--runbook") or available())
-    _register_phase_markers(config, runbooks)
+    _register_markers(config, runbooks)
     named = _runbook_given_as_marker(config) if ours else None
     if named is not None:
         raise pytest.UsageError(f"-m {named}: {named} is a runbook, not a marker; run it with --runbook "

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from nsa.config import ConfigError
+from nsa.yaml_unique import safe_load_unique
 from nsa.train.cli import build_parser
 from nsa.model.config import load_model_config
 from nsa.train.config import ENV_TOGGLES, NOOP_TOGGLES, RunConfig, TrainConfig, load_run_config
@@ -408,3 +409,16 @@ def test_a_config_from_the_environment_that_cannot_be_found_says_where_it_came_f
     with pytest.raises(ConfigError, match=r"^unknown config preset 'nosuch'; presets: .* \(set by environment "
                                           r"variable CONFIG='nosuch'\)$"):
         load_run_config(None, env={"CONFIG": "nosuch"})
+
+
+@pytest.mark.parametrize("text, value", [("1.0e12", 1.0e12), ("1e-5", 1e-5), ("-2E3", -2000.0), (".5e1", 5.0),
+                                         ("1.0e+3", 1000.0), ("12", 12), ("1_000", 1000)])
+def test_a_number_in_exponent_form_is_a_number_as_yaml_1_2_reads_it(text, value):
+    # YAML 1.1 (PyYAML's safe_load) reads 1.0e12 as a string: a threshold typed that way was refused
+    read = safe_load_unique(f"x: {text}")["x"]
+    assert read == value and type(read) is type(value)
+
+
+@pytest.mark.parametrize("text", ["'1e5'", "v1e5", "1e", "e5", "1.2.3e4"])
+def test_text_that_only_looks_like_an_exponent_stays_text(text):
+    assert isinstance(safe_load_unique(f"x: {text}")["x"], str)

@@ -173,16 +173,22 @@ class AcceptanceSession:
     def pairs(self) -> list[tuple[Runbook, Profile]]:
         """The (runbook, profile) pairs selected, in the order given."""
         names = self.options.runbooks or tuple(available())
-        wanted = {w: load_profile(w).name for w in self.options.profiles}
+        # a profile given on the command line is used as given: a YAML path of a profile that shares
+        # its name with one under runbooks/profiles/ holds the user's thresholds, not the project's
+        given = {w: load_profile(w) for w in self.options.profiles}
+        by_name = {prof.name: prof for prof in given.values()}
+        if len(by_name) < len({prof.path.resolve() for prof in given.values()}):
+            raise HarnessError(f"--profile {', '.join(given)}: two files of one profile name; a point's profile "
+                               "must be one file")
         out: list[tuple[Runbook, Profile]] = []
         for name in names:
             rb = load_runbook(name, known_markers=set(self.options.known_markers) or None)
-            profiles = [p for p in rb.profiles if not wanted or p in wanted.values()]
-            if self.options.first_profile_only and not wanted:
+            profiles = [p for p in rb.profiles if not given or p in by_name]
+            if self.options.first_profile_only and not given:
                 profiles = profiles[:1]
-            out += [(rb, runbook_profile(rb, p)) for p in profiles]
+            out += [(rb, by_name[p] if p in by_name else runbook_profile(rb, p)) for p in profiles]
         used = {prof.name for _, prof in out}
-        unused = [w for w, n in wanted.items() if n not in used]
+        unused = [w for w, prof in given.items() if prof.name not in used]
         if unused:
             raise HarnessError(f"--profile {', '.join(unused)}: no selected runbook uses it (runbooks: "
                                f"{', '.join(names)}; their profiles: "

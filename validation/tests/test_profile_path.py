@@ -1,0 +1,75 @@
+"""A hardware profile given as a YAML path is the one that decides the gates, through both doors,
+even where it shares its name with a profile under runbooks/profiles/; its marker works in -m."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from validation import REPO_ROOT
+from validation.runbook.load import PROFILE_DIR, load_profile
+from validation.session.session import AcceptanceSession, SessionOptions
+from validation.store.results import ResultStore
+from validation.tests.conftest import train_phase, write_runbook
+
+UNREACHABLE = 1.0e12  # tokens/s no trainer reaches: a gate against it can only fail
+
+
+def _copy_of_cpu(path: Path, **changes) -> Path:
+    """runbooks/profiles/cpu.yaml with its tokens/s floor raised to UNREACHABLE, written with
+    ``1.0e12`` as a person types it (YAML 1.1 would read that as a string)."""
+    data = yaml.safe_load((PROFILE_DIR / "cpu.yaml").read_text())
+    data.update(changes)
+    data["thresholds"]["min_toks_per_s"] = "FLOOR"
+    path.write_text(yaml.safe_dump(data, sort_keys=False).replace("FLOOR", "1.0e12"))
+    return path
+
+
+def test_a_profile_path_of_a_project_profiles_name_decides_the_thresholds(tmp_path):
+    mine = _copy_of_cpu(tmp_path / "cpu.yaml")
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("baseline_ddp")])
+    session = AcceptanceSession(SessionOptions(tmp_path / "r", runbooks=(str(rb),), profiles=(str(mine),)))
+    [(_, prof)] = session.pairs()
+    assert prof.path == mine and prof.thresholds["min_toks_per_s"] == UNREACHABLE
+    assert load_profile("cpu").thresholds["min_toks_per_s"] < UNREACHABLE  # the project's own stays as it is
+
+
+def test_two_files_of_one_profile_name_are_refused(tmp_path):
+    a, b = _copy_of_cpu(tmp_path / "a.yaml"), _copy_of_cpu(tmp_path / "b.yaml")
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("baseline_ddp")])
+    session = AcceptanceSession(SessionOptions(tmp_path / "r", runbooks=(str(rb),), profiles=(str(a), str(b))))
+    try:
+        session.pairs()
+    except Exception as exc:  # noqa: BLE001 - the message is what a user reads
+        assert "two files of one profile name" in str(exc)
+    else:
+        raise AssertionError("two profiles named cpu were both accepted")
+
+
+def test_the_cli_fails_a_gate_the_users_profile_path_sets(tmp_path):
+    mine = _copy_of_cpu(tmp_path / "cpu.yaml")
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("baseline_ddp")])
+    out = subprocess.run([sys.executable, "-m", "validation", "run", "--runbook", str(rb), "--profile", str(mine),
+                          "--results-dir", str(tmp_path / "r"), "--no-plots"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr  # NO-GO
+    [record] = ResultStore(tmp_path / "r").records()
+    [floor] = [g for g in record.gates if g.metric == "toks_per_s_mean"]
+    assert (floor.threshold, floor.threshold_ref, floor.verdict.name) == (UNREACHABLE, "min_toks_per_s", "FAIL")
+    assert record.status.name == "FAIL"
+
+
+def test_pytest_knows_the_marker_of_a_profile_outside_the_checkout(tmp_path):
+    mine = _copy_of_cpu(tmp_path / "mine.yaml", name="mine", marker="mine_profile")
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("baseline_ddp")], profiles=["mine"])
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(REPO_ROOT),
+                          "-m", "mine_profile", "--runbook", str(rb), "--profile", str(mine),
+                          "--results-dir", str(tmp_path / "r")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert "not found in `markers`" not in out.stdout + out.stderr
+    assert out.returncode == 1, out.stdout + out.stderr  # the point ran, and the user's floor failed it
+    assert "1 failed" in out.stdout
+    [record] = ResultStore(tmp_path / "r").records()
+    assert record.key.profile == "mine" and record.status.name == "FAIL"

@@ -158,8 +158,13 @@ def read(out_dir: Path, costs: Costs | None = None, launched: int = 1) -> Contra
         if log.reruns:
             found.reruns[TRAINING_CSV] = log.reruns
         _csv_columns(found, costs)
-    logs: dict[int, HeartbeatLog] = _file(found, HEARTBEAT_GLOB, any(out_dir.glob("heartbeat_rank*.jsonl")),
-                                          read_heartbeat_logs, _beats_detail) or {}
+    beats = any(out_dir.glob("heartbeat_rank*.jsonl"))
+    if not beats and HEARTBEATS in _adapter_unmeasured(out_dir):
+        found.items.append(Item(HEARTBEAT_GLOB, Presence.MISSING, "UNMEASURED: rank_step_time_ratio, idle_ranks, "
+                                "fallbacks_total (the trainer's format writes none; its adapter said so)", False))
+    logs: dict[int, HeartbeatLog] = _file(found, HEARTBEAT_GLOB, beats, read_heartbeat_logs, _beats_detail) \
+        if beats or HEARTBEATS not in _adapter_unmeasured(out_dir) else {}
+    logs = logs or {}
     found.heartbeats = {rank: hb.records for rank, hb in logs.items()}
     found.reruns.update({heartbeat_name(rank): hb.reruns for rank, hb in sorted(logs.items()) if hb.reruns})
     found.shared = {rank: hb.shared for rank, hb in logs.items() if hb.shared}
@@ -260,14 +265,32 @@ def _unmeasured(costs: Costs, key: str, otherwise: str) -> str:
 
 def _csv_columns(found: ContractRead, costs: Costs) -> None:
     df = found.csv
+    underived = _adapter_unmeasured(found.out_dir)
     for col in CSV_COLUMNS:
-        if df[col].isna().all() and col in CSV_VALUED:
+        if df[col].isna().all() and col in CSV_VALUED and col not in underived:
             found.items.append(Item(TRAINING_CSV, Presence.MALFORMED, "no value in any row", field=col))
         elif df[col].isna().all():
             found.items.append(Item(TRAINING_CSV, Presence.MISSING,
                                     _unmeasured(costs, col, f"no value in any row ({_METRICS_UNMEASURED})"), False, col))
         elif col in CSV_FINITE and (bad := _not_finite(df, col)):
             found.items.append(Item(TRAINING_CSV, Presence.MALFORMED, bad, field=col))
+
+
+#: what an adapter names in ``adapter.unmeasured`` for a format without heartbeat files
+HEARTBEATS = "heartbeats"
+
+
+def _adapter_unmeasured(out_dir: Path) -> frozenset[str]:
+    """What an adapter said its trainer's files could not give (env.json's ``adapter.unmeasured``,
+    validation/contract/adapters): training.csv columns (nan throughout is then no data, not a
+    trainer's broken row) and ``heartbeats``; a trainer's own env.json carries no such key."""
+    try:
+        env = read_env_json(out_dir)
+    except (ArtifactError, OSError):
+        return frozenset()
+    said = (env or {}).get("adapter")
+    said = said.get("unmeasured") if isinstance(said, dict) else None
+    return frozenset(said) if isinstance(said, dict) else frozenset()
 
 
 def _not_finite(df: pd.DataFrame, col: str) -> str:

@@ -61,6 +61,21 @@ def build(point: PhasePoint, spec: TrainerSpec, root: Path, out_dir: Path, train
     return Launch(entry, args, commands.child_env(env, root=root), root, {**env, "PYTHONPATH": str(root)})
 
 
+def tokens_per_step(point: PhasePoint, spec: TrainerSpec) -> int | None:
+    """The run's global tokens per optimizer step from the runbook's factors (trainer.tokens_per_step)
+    times the world size; None where it gives none, or a key the point leaves to the trainer's
+    own default (which the harness does not know)."""
+    if spec.tokens_per_step is None:
+        return None
+    total = point.nproc
+    for f in spec.tokens_per_step:
+        v = f if isinstance(f, int) else point.overrides.get(f)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != int(v) or v < 1:
+            return None
+        total *= int(v)
+    return total
+
+
 def missing_file(spec: TrainerSpec, root: Path) -> str | None:
     """Why a file the trainer's command names (its script or module, its config template) is not
     there, or None. Checked before a point runs: a misspelt name is no run of the trainer, and

@@ -116,11 +116,12 @@ def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], pro
         return _not_launched(f"launch: {exc}", out_dir, run, errors, began)
 
 
-def _watch(point: PhasePoint, out_dir: Path, progress_dir: Path, csv: Path) -> Watch:
-    """A train point's progress (its heartbeats and CSV in ``progress_dir``) watched for stalls;
-    stacks go into the run directory ``out_dir``."""
+def _watch(point: PhasePoint, out_dir: Path, progress_dir: Path, csv: Path,
+           live_steps: Callable[[], int | None] | None = None) -> Watch:
+    """A train point's progress (its heartbeats and CSV in ``progress_dir``, or what its adapter's
+    ``live_steps`` reads there) watched for stalls; stacks go into the run directory ``out_dir``."""
     return Watch(progress_dir, csv, point.phase.stall_after_s, point.phase.startup_after_s, out_dir,
-                 point.phase.launcher.kind == "python")
+                 point.phase.launcher.kind == "python", live_steps)
 
 
 def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: RunData, errors: list[str],
@@ -146,11 +147,12 @@ def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: Run
         proc = launcher.run_trainer(point.phase.launcher, launch.entry, launch.args, env=launch.env, cwd=launch.cwd,
                                     timeout_s=point.phase.timeout_s, out_dir=out_dir,
                                     on_poll=_poll(point, out_dir, progress, csv),
-                                    watch=_watch(point, out_dir, trainer_dir, csv))
+                                    watch=_watch(point, out_dir, trainer_dir, csv, adapter.live_steps(trainer_dir)))
     except HarnessError as exc:
         return _not_launched(f"launch: {exc}", out_dir, run, errors, began)
     if trainer_dir.is_dir():
-        adapter.convert(trainer_dir, out_dir, RunFacts(point.nproc, spec.name, sha, source))
+        adapter.convert(trainer_dir, out_dir, RunFacts(point.nproc, spec.name, sha, source,
+                                                       trainer_launch.tokens_per_step(point, spec)))
     return proc
 
 

@@ -13,6 +13,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from nsa.contract import HEARTBEAT_PATTERN
 
@@ -38,6 +39,9 @@ class Watch:
     single_process: bool
     """The python launcher: the launched process itself is rank 0. Under torchrun the launched
     process is the agent, no rank; its workers carry RANK in their environment."""
+    live_steps: Callable[[], int | None] | None = None
+    """The highest step a trainer's own files show now, for a format with no line per step (its
+    adapter's reader: TensorBoard events, checkpoints); None: the CSV and heartbeats say it."""
 
 
 class _Tail:
@@ -83,8 +87,8 @@ def _whole(v: object) -> int | None:
 class StepWatch:
     """The highest step any watched file has shown so far, and each file's last step."""
 
-    def __init__(self, progress_dir: Path, csv: Path):
-        self.progress_dir, self.csv = progress_dir, csv
+    def __init__(self, progress_dir: Path, csv: Path, live_steps: Callable[[], int | None] | None = None):
+        self.progress_dir, self.csv, self.live_steps = progress_dir, csv, live_steps
         self.highest: int | None = None
         self._tails: dict[Path, _Tail] = {}
         self._last: dict[Path, int] = {}
@@ -117,4 +121,7 @@ class StepWatch:
                     progressed = True
                 self.highest = step if self.highest is None else max(self.highest, step)
                 self._last[path] = step
+        live = self.live_steps() if self.live_steps is not None else None
+        if live is not None and (self.highest is None or live > self.highest):
+            progressed, self.highest = True, live
         return progressed

@@ -157,7 +157,11 @@ TRAINER = Section("trainer", "A trainer other than this project's: how to launch
                   "overrides take it (train.lr, not lr): {train.lr: {flag|env|config: name}}"),
     Key("env", "variables it reads, of its own naming (not the loader's, the interpreters', PATH or the "
                "harness's own)"),
-    Key("adapter", "native (it writes the contract) or seed (the seed system's format)"),
+    Key("adapter", "native (it writes the contract), seed (the seed system's format) or hf_trainer (a Hugging Face "
+                   "Trainer's output folder)"),
+    Key("tokens_per_step", "what one rank takes per optimizer step, as factors: params keys (their values in each "
+                           "point's overrides) and integers, e.g. [train.batch_size, train.block_size]; times the "
+                           "world size, the run's global tokens per step (for an adapter that derives tokens/s)"),
     Key("phases", "phase kinds it supports (train, profile, resume, preflight); others are SKIP (default [train]; "
                   "an empty list is an error)"),
     Key("metrics", "metrics it provides (default: all its files can carry)"),

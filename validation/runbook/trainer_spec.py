@@ -17,6 +17,7 @@ trainer:
   adapter: seed                     # validation/adapters; 'native' writes the contract itself
   phases: [train, preflight]        # phase kinds it supports; others are SKIP
   metrics: [toks_per_s_mean, ...]   # optional: metrics it provides (default: all its adapter can)
+  tokens_per_step: [train.batch_size, train.seq_len]  # optional: one rank's tokens per step, as factors
   resume:                           # optional: how it stops and resumes (needed for phases: [resume])
     stop_after: {flag: --stop-after}  # receives N: train steps 1..N of the whole run, checkpoint, exit 0
     from: {flag: --resume-from}       # receives the first half's output directory to continue from
@@ -101,13 +102,28 @@ def parse_trainer(path: Path, data: Any, known_metrics: Mapping[str, Any], adapt
         for i, m in enumerate(metrics):
             if m not in known_metrics:
                 r.fail(f"trainer.metrics[{i}]", f"unknown metric {m!r}; metrics: {', '.join(sorted(known_metrics))}")
+    tokens = _tokens_per_step(r, params) if "tokens_per_step" in r.data else None
     resume = _resume(path, r.get("resume"), config) if "resume" in r.data else None
     if ("resume" in phases) != (resume is not None):
         r.fail("trainer.resume", "a trainer that supports resume phases says how it stops after N steps and "
                                  "resumes (trainer.resume: {stop_after: ..., from: ...}), and one that says so lists "
                                  "resume in trainer.phases")
     return TrainerSpec(r.str_("name", pattern=NAME), _root(r), entry, args, config, steps, out_dir,
-                       params, parse_env(r, "trainer.env", r.get("env"), check_trainer_env_key), adapter, tuple(phases), metrics, resume)
+                       params, parse_env(r, "trainer.env", r.get("env"), check_trainer_env_key), adapter, tuple(phases), metrics, resume,
+                       tokens)
+
+
+def _tokens_per_step(r: Reader, params: Mapping[str, Delivery]) -> tuple[str | int, ...]:
+    """``[train.batch_size, train.block_size]``: each factor a params key or an integer >= 1."""
+    factors = r.list_("tokens_per_step")
+    if not factors:
+        r.fail("trainer.tokens_per_step", "an empty list multiplies to nothing; give the factors of one rank's "
+                                          "tokens per step (params keys and integers), or leave the key out")
+    for i, f in enumerate(factors):
+        if isinstance(f, bool) or not (isinstance(f, int) and f >= 1 or isinstance(f, str) and f in params):
+            r.fail(f"trainer.tokens_per_step[{i}]", f"{f!r}: expected a key of trainer.params "
+                                                    f"({', '.join(sorted(params)) or 'none declared'}) or an integer >= 1")
+    return tuple(factors)
 
 
 def _resume(path: Path, data: Any, config: ConfigFile | None) -> ResumeSpec:

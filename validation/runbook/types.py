@@ -261,6 +261,9 @@ class TrainerSpec:
     """Metrics it provides; None: every metric its adapter's files allow."""
     resume: ResumeSpec | None = None
     """How it stops and resumes (resume phases); None: it does not say, and resume phases SKIP."""
+    tokens_per_step: tuple[str | int, ...] | None = None
+    """One rank's tokens per optimizer step as factors: params keys (the point's override values)
+    and integers; None: the runbook does not say."""
 
     def supports_phase(self, kind: str) -> bool:
         return kind in self.phases

@@ -8,9 +8,10 @@ CSV, whose first and fourth columns are step and tokens/s in every format adapte
 from __future__ import annotations
 
 from validation.contract.adapters.base import Adapter, RunFacts
+from validation.contract.adapters.hf_trainer import HfTrainerAdapter
 from validation.contract.adapters.seed import SeedAdapter
 
 #: the formats this harness knows, by the name a runbook's ``trainer.adapter`` gives
-ADAPTERS: dict[str, Adapter] = {a.name: a for a in (Adapter(), SeedAdapter())}
+ADAPTERS: dict[str, Adapter] = {a.name: a for a in (Adapter(), SeedAdapter(), HfTrainerAdapter())}
 
-__all__ = ["ADAPTERS", "Adapter", "RunFacts", "SeedAdapter"]
+__all__ = ["ADAPTERS", "Adapter", "HfTrainerAdapter", "RunFacts", "SeedAdapter"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from nsa.contract import TRAINING_CSV
 
@@ -15,6 +16,8 @@ class RunFacts:
     trainer: str
     trainer_sha: str | None = None
     trainer_sha_source: str | None = None
+    tokens_per_step: int | None = None
+    """Global tokens of one optimizer step, where the runbook says them (trainer.tokens_per_step)."""
 
 
 class Adapter:
@@ -38,6 +41,11 @@ class Adapter:
 
     def progress_csv(self, trainer_dir: Path) -> Path:
         return trainer_dir / TRAINING_CSV
+
+    def live_steps(self, trainer_dir: Path) -> Callable[[], int | None] | None:
+        """For a format with no line per step to watch: a reader of the highest step the trainer's
+        files show now, called at each look of the stall watch; None: its CSV and heartbeats say it."""
+        return None
 
     def convert(self, trainer_dir: Path, out_dir: Path, facts: RunFacts) -> None:
         """Write the contract files into ``out_dir``; a file the trainer did not write stays

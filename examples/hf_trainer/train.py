@@ -1,0 +1,85 @@
+"""Train a small Llama on bytes of Python source with the Hugging Face Trainer, as a user writes it.
+
+Nothing here knows about the acceptance harness: every flag is the Trainer's own
+(``TrainingArguments``, through ``HfArgumentParser``) or one of the data and model flags below.
+The model is built from a ``LlamaConfig`` (nothing downloaded); its text is the Python standard
+library's own source files, read in place, one byte a token.
+
+    python examples/hf_trainer/train.py --output_dir /tmp/hf --max_steps 20 --report_to tensorboard
+    torchrun --nproc_per_node 2 examples/hf_trainer/train.py --output_dir /tmp/hf --max_steps 20 --ddp_backend gloo
+
+The data is a stream: files are read once, in order, and a run that asks for more steps than
+``--max_bytes`` of text holds ends when the stream runs dry (the Trainer stops at the first epoch
+that yields no batch).
+"""
+from __future__ import annotations
+
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.utils.data import IterableDataset
+from transformers import HfArgumentParser, LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+
+@dataclass
+class DataArguments:
+    block_size: int = field(default=64, metadata={"help": "tokens (bytes) per sequence"})
+    max_bytes: int = field(default=0, metadata={"help": "bytes of source to read at most (0: the whole library)"})
+
+
+@dataclass
+class ModelArguments:
+    hidden_size: int = 64
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    intermediate_size: int = 128
+
+
+class SourceBytes(IterableDataset):
+    """Blocks of ``block_size + 1`` bytes of the standard library's .py files, read once."""
+
+    def __init__(self, block_size: int, max_bytes: int):
+        self.block_size, self.max_bytes = block_size, max_bytes
+        self._blocks = self._read()  # one pass: a second epoch gets what the first left
+
+    def _read(self):
+        root = Path(sysconfig.get_paths()["stdlib"])
+        buf, read = b"", 0
+        for path in sorted(root.glob("*.py")):
+            data = path.read_bytes()
+            if self.max_bytes:
+                data = data[: self.max_bytes - read]
+            read += len(data)
+            buf += data
+            while len(buf) > self.block_size:
+                ids = torch.tensor(list(buf[: self.block_size]), dtype=torch.long)
+                buf = buf[self.block_size:]
+                yield {"input_ids": ids, "labels": ids.clone()}
+            if self.max_bytes and read >= self.max_bytes:
+                return
+
+    def __iter__(self):
+        return self._blocks
+
+
+def main() -> None:
+    parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments))
+    model_args, data_args, training_args = parser.parse_args_into_dataclasses()
+    config = LlamaConfig(vocab_size=256, hidden_size=model_args.hidden_size,
+                         num_hidden_layers=model_args.num_hidden_layers,
+                         num_attention_heads=model_args.num_attention_heads,
+                         intermediate_size=model_args.intermediate_size,
+                         max_position_embeddings=data_args.block_size)
+    torch.manual_seed(training_args.seed)
+    model = LlamaForCausalLM(config)
+    trainer = Trainer(model=model, args=training_args,
+                      train_dataset=SourceBytes(data_args.block_size, data_args.max_bytes))
+    result = trainer.train()
+    trainer.log_metrics("train", result.metrics)
+    trainer.save_state()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""The Hugging Face ``Trainer`` (transformers) -> the contract, from what it writes unchanged.
+
+What a ``Trainer`` leaves in its ``output_dir``, and what becomes of it here:
+
+- ``trainer_state.json`` (``trainer.save_state()`` at the end; each ``checkpoint-N/`` holds one):
+  ``log_history``, one entry per logged step (``loss``, ``learning_rate``, ``grad_norm``,
+  ``step``) and, once ``train()`` returns, a summary (``train_runtime``, ``step``) -> the rows of
+  training.csv. The newest state is read: the output folder's own, else the latest checkpoint's.
+- TensorBoard events (``report_to tensorboard``: ``runs/<date>_<host>/events.out.tfevents.*``,
+  written by rank 0 and flushed at every log): ``train/loss``, ``train/learning_rate``,
+  ``train/grad_norm`` per logged step, each with its wall time -> the rows of steps that no saved
+  state holds (a run killed after its last checkpoint), and every row's step time: the time
+  between two logged steps over the steps between them (the first from the writer's first
+  record, written as training begins).
+- tokens/s: the runbook's tokens per step (``trainer.tokens_per_step``) over that step time;
+  without either it is UNMEASURED, never estimated from the run's average.
+- ``env.json``: world size from the launch, the trainer's commit, tokens per step where known,
+  and ``adapter``: which file gave which column, and the columns nothing gave.
+
+A ``Trainer`` writes no heartbeats, memory, attention backends, stack dumps or .HALT: their
+metrics are UNMEASURED (a non-finite loss is in its logs, which the loss gate reads). The run's
+last step is the last logged one: "done" only when it equals the steps asked, whatever the exit
+code (the ``Trainer`` ends with 0 when its data runs dry before ``max_steps``). While it runs, the
+stall watch reads progress from the same files growing: a new step in the events, a new
+checkpoint, a saved state (``live_steps``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from nsa.contract import CSV_COLUMNS, ENV_JSON, TRAINING_CSV
+from validation.contract.adapters.base import Adapter, RunFacts
+from validation.contract.adapters.tfevents import _fields, read_scalars
+from validation.contract.check import HEARTBEATS
+
+STATE = "trainer_state.json"
+EVENTS = "events.out.tfevents.*"
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+#: log_history keys and TensorBoard tags -> training.csv columns
+_LOGGED = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm"}
+_TAGS = {f"train/{k}": col for k, col in _LOGGED.items()}
+
+
+@dataclass
+class _Row:
+    step: int
+    values: dict[str, float] = field(default_factory=dict)
+    wall: float | None = None
+    """When rank 0 logged the step (its TensorBoard record), Unix seconds."""
+
+
+class HfTrainerAdapter(Adapter):
+    name = "hf_trainer"
+    converts = True
+    lacks = frozenset({"mem_alloc_gb", "mem_reserved_gb", "attention_backends", "fallbacks",
+                       "model_flops_per_token", "data_position", "device_mem_gb"})
+
+    def in_format(self, trainer_dir: Path) -> bool:
+        return (trainer_dir / STATE).is_file() or any(_checkpoints(trainer_dir)) or any(trainer_dir.rglob(EVENTS))
+
+    def trainer_dir(self, out_dir: Path) -> Path:
+        return out_dir / "trainer_out"
+
+    def live_steps(self, trainer_dir: Path) -> Callable[[], int | None]:
+        return _LiveSteps(trainer_dir)
+
+    def convert(self, trainer_dir: Path, out_dir: Path, facts: RunFacts) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        read: dict[str, str] = {}
+        state_path = _newest_state(trainer_dir)
+        rows: dict[int, _Row] = {}
+        summary_step = None
+        if state_path is not None:
+            history, summary_step = _log_history(state_path)
+            for step, values in history.items():
+                rows.setdefault(step, _Row(step)).values.update(values)
+            read[str(state_path.relative_to(trainer_dir))] = "log_history: loss, lr, grad_norm per logged step"
+        events = sorted(trainer_dir.rglob(EVENTS), key=lambda p: p.stat().st_mtime)
+        start = None
+        for path in events:
+            first = _first_wall(path)
+            start = first if start is None else min(start, first or start)
+            for s in read_scalars(path):
+                col = _TAGS.get(s.tag)
+                if col is None:
+                    continue
+                row = rows.setdefault(s.step, _Row(s.step))
+                row.values.setdefault(col, s.value)  # a saved state's float64 over the event's float32
+                if col == "loss":
+                    row.wall = s.wall_time
+            read[str(path.relative_to(trainer_dir))] = ("TensorBoard events: loss, lr, grad_norm and each logged "
+                                                        "step's wall time (step_time_s)")
+        logged = [rows[s] for s in sorted(rows) if "loss" in rows[s].values]
+        times = _step_times(logged, start)
+        per_step = facts.tokens_per_step
+        unmeasured = {"mem_alloc_gb": "a Trainer logs no memory", "mem_reserved_gb": "a Trainer logs no memory",
+                      HEARTBEATS: "a Trainer writes no per-rank records"}
+        if not events:
+            unmeasured["step_time_s"] = "no TensorBoard events (report_to tensorboard): no time per logged step"
+        if per_step is None:
+            unmeasured["toks_per_s"] = "the runbook gives no trainer.tokens_per_step for this point"
+        elif not events:
+            unmeasured["toks_per_s"] = unmeasured["step_time_s"]
+        if "grad_norm" not in {c for r in logged for c in r.values}:
+            unmeasured["grad_norm"] = "no grad_norm in the Trainer's logs"
+        lines = [",".join(CSV_COLUMNS)]
+        for row in logged:
+            t = times.get(row.step, math.nan)
+            rate = per_step / t if per_step and t > 0 else math.nan
+            cells = {"step": row.step, **row.values, "toks_per_s": rate, "step_time_s": t}
+            lines.append(",".join(_cell(cells.get(c, math.nan)) for c in CSV_COLUMNS))
+        if logged or state_path is not None or events:
+            _atomic(out_dir / TRAINING_CSV, "\n".join(lines) + "\n")
+        env: dict[str, Any] = {
+            "world_size": facts.world_size, "trainer": facts.trainer, "git_sha": facts.trainer_sha,
+            "git_sha_source": facts.trainer_sha_source and f"found by the harness at its root: {facts.trainer_sha_source}",
+            "adapter": {"name": self.name, "read": read or {"(nothing)": "no trainer_state.json, checkpoint or "
+                                                                         "TensorBoard events in the output folder"},
+                        "unmeasured": unmeasured, "summary_step": summary_step,
+                        "world_size": "the processes the harness launched"},
+        }
+        if per_step is not None:
+            env["tokens_per_step"] = per_step
+        _atomic(out_dir / ENV_JSON, json.dumps(env, indent=2, allow_nan=False))
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float) and not math.isfinite(v):
+        return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _checkpoints(trainer_dir: Path) -> list[tuple[int, Path]]:
+    if not trainer_dir.is_dir():
+        return []
+    return sorted((int(m.group(1)), p) for p in trainer_dir.iterdir() if (m := _CHECKPOINT.match(p.name)) and p.is_dir())
+
+
+def _newest_state(trainer_dir: Path) -> Path | None:
+    """The output folder's own trainer_state.json (written last, by save_state), else the latest
+    checkpoint's."""
+    own = trainer_dir / STATE
+    if own.is_file():
+        return own
+    for _, ckpt in reversed(_checkpoints(trainer_dir)):
+        if (ckpt / STATE).is_file():
+            return ckpt / STATE
+    return None
+
+
+def _log_history(path: Path) -> tuple[dict[int, dict[str, float]], int | None]:
+    """Per logged step its loss, lr and grad norm; and the step of the summary ``train()`` logs
+    as it returns (None: it did not return). An unreadable file gives nothing: its rows are then
+    the events' alone, or missing for the contract check to name."""
+    try:
+        state = json.loads(path.read_text(errors="replace"))  # NaN/Infinity as Python's json writes them
+    except (json.JSONDecodeError, OSError):
+        return {}, None
+    out: dict[int, dict[str, float]] = {}
+    summary = None
+    for entry in state.get("log_history", []) if isinstance(state, dict) else []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("step"), int):
+            continue
+        if "train_runtime" in entry:
+            summary = entry["step"]
+        values = {col: float(entry[k]) for k, col in _LOGGED.items() if isinstance(entry.get(k), (int, float))}
+        if "loss" in values:
+            out[entry["step"]] = values
+    return out, summary
+
+
+def _first_wall(path: Path) -> float | None:
+    """The wall time of an event file's first record (the writer's file_version event: the
+    ``Trainer`` opens it as training begins)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(12)
+            if len(head) < 12:
+                return None
+            (length,) = struct.unpack_from("<Q", head)
+            payload = fh.read(length)
+        for number, wire, value in _fields(payload):
+            if number == 1 and wire == 1:
+                return struct.unpack("<d", value)[0]
+    except (OSError, IndexError, struct.error):
+        return None
+    return None
+
+
+def _step_times(rows: list[_Row], start: float | None) -> dict[int, float]:
+    """Seconds per step of each logged step with a wall time: from the logged step before it (the
+    first from the events' first record), over the steps between them."""
+    out = {}
+    prev_step, prev_wall = 0, start
+    for row in rows:
+        if row.wall is None:
+            prev_wall = None
+            continue
+        if prev_wall is not None and row.step > prev_step:
+            out[row.step] = (row.wall - prev_wall) / (row.step - prev_step)
+        prev_step, prev_wall = row.step, row.wall
+    return out
+
+
+class _LiveSteps:
+    """The highest step the output folder shows while the ``Trainer`` runs: its events' latest
+    logged step, its latest checkpoint, a saved state's ``global_step``. An event file is read
+    again only when it grew."""
+
+    def __init__(self, trainer_dir: Path):
+        self.trainer_dir = trainer_dir
+        self._seen: dict[Path, tuple[int, int | None]] = {}
+
+    def __call__(self) -> int | None:
+        if not self.trainer_dir.is_dir():
+            return None
+        steps = [n for n, _ in _checkpoints(self.trainer_dir)]
+        for path in self.trainer_dir.rglob(EVENTS):
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            if path not in self._seen or self._seen[path][0] != size:
+                top = max((s.step for s in read_scalars(path) if s.tag in _TAGS), default=None)
+                self._seen[path] = (size, top)
+            if self._seen[path][1] is not None:
+                steps.append(self._seen[path][1])
+        state = self.trainer_dir / STATE
+        if state.is_file():
+            try:
+                step = json.loads(state.read_text(errors="replace")).get("global_step")
+            except (json.JSONDecodeError, OSError, AttributeError):
+                step = None
+            if isinstance(step, int):
+                steps.append(step)
+        return max(steps, default=None)

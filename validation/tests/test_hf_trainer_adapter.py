@@ -1,0 +1,151 @@
+"""The hf_trainer adapter on a Hugging Face Trainer's output folder as the Trainer writes it
+(trainer_state.json's log_history, TensorBoard events under runs/, checkpoint-N/): what becomes
+training.csv and env.json, what is UNMEASURED, and what the stall watch sees while it runs. The
+end-to-end runs of a real Trainer are tests/faults/test_hf_trainer.py."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from validation.cli import main
+from validation.contract import check as contract
+from validation.contract.adapters import ADAPTERS
+from validation.contract.adapters.base import RunFacts
+from validation.contract.files import read_training_csv
+from validation.launch.watch import StepWatch
+
+HF = ADAPTERS["hf_trainer"]
+needs_tb = pytest.mark.skipif(__import__("importlib").util.find_spec("tensorboard") is None,
+                              reason="writing event files needs the tensorboard package (pip install -e '.[test]')")
+
+
+def _log(step: int, loss: float) -> dict:
+    return {"epoch": step / 10, "grad_norm": 1.5 + step / 100, "learning_rate": 1e-3 / step, "loss": loss, "step": step}
+
+
+def _state(folder: Path, steps: list[int], losses: dict[int, float] | None = None, summary: int | None = None) -> None:
+    losses = losses or {}
+    history = [_log(s, losses.get(s, 5.0 - s / 10)) for s in steps]
+    if summary is not None:
+        history.append({"epoch": 1.0, "step": summary, "train_runtime": 1.5, "train_loss": 4.5,
+                        "train_steps_per_second": 3.0, "total_flos": 1.0})
+    folder.mkdir(parents=True, exist_ok=True)
+    # Python's json, as the Trainer writes it: a NaN loss as a bare NaN
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": max(steps, default=0), "log_history": history}))
+
+
+def _events(folder: Path, walls: dict[int, float], start: float) -> None:
+    """Rank 0's events as the Trainer's TensorBoard callback writes them: the writer opened as
+    training begins, then train/loss, train/grad_norm, train/learning_rate per logged step."""
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    run = folder / "runs" / "Dec01_12-00-00_host"
+    run.mkdir(parents=True, exist_ok=True)
+    with open(run / "events.out.tfevents.100.host.1.0", "ab") as fh:
+        writer = RecordWriter(fh)
+        if fh.tell() == 0:
+            writer.write(Event(wall_time=start, file_version="brain.Event:2").SerializeToString())
+        for step, wall in sorted(walls.items()):
+            for tag, value in (("train/loss", 5.0 - step / 10), ("train/grad_norm", 1.5 + step / 100),
+                               ("train/learning_rate", 1e-3 / step)):
+                event = Event(wall_time=wall, step=step, summary=Summary(value=[Summary.Value(tag=tag, simple_value=value)]))
+                writer.write(event.SerializeToString())
+
+
+def _convert(trainer_dir: Path, out: Path, tokens: int | None = 512, world: int = 1) -> contract.ContractRead:
+    HF.convert(trainer_dir, out, RunFacts(world, "hf.train", tokens_per_step=tokens))
+    return contract.read(out, launched=world)
+
+
+@needs_tb
+def test_log_history_and_events_become_the_contract(tmp_path):
+    trainer = tmp_path / "trainer_out"
+    _state(trainer, [1, 2, 3, 4], summary=4)
+    _events(trainer, {1: 100.5, 2: 100.75, 3: 101.0, 4: 101.5}, start=100.0)
+    found = _convert(trainer, tmp_path / "run", tokens=512, world=2)
+    assert not found.problems(), found.problems()
+    df = read_training_csv(tmp_path / "run")
+    assert list(df["step"]) == [1, 2, 3, 4]
+    assert list(df["loss"]) == pytest.approx([4.9, 4.8, 4.7, 4.6])  # log_history's float64
+    assert list(df["step_time_s"]) == pytest.approx([0.5, 0.25, 0.25, 0.5])
+    assert list(df["toks_per_s"]) == pytest.approx([1024, 2048, 2048, 1024])
+    assert list(df["lr"]) == pytest.approx([1e-3, 5e-4, 1e-3 / 3, 2.5e-4])
+    assert df["mem_alloc_gb"].isna().all()
+    env = json.loads((tmp_path / "run" / "env.json").read_text())
+    assert env["world_size"] == 2 and env["tokens_per_step"] == 512
+    assert env["adapter"]["name"] == "hf_trainer" and env["adapter"]["summary_step"] == 4
+    assert set(env["adapter"]["read"]) == {"trainer_state.json", "runs/Dec01_12-00-00_host/events.out.tfevents.100.host.1.0"}
+    # no heartbeats: the check says UNMEASURED, not a missing required file
+    beats = [i for i in found.items if i.file.startswith("heartbeat")]
+    assert beats and not beats[0].required and "UNMEASURED" in beats[0].detail
+
+
+@needs_tb
+def test_steps_after_the_last_saved_state_come_from_the_events(tmp_path):
+    """A run killed after checkpoint-2: its state stops at step 2, its events (flushed at every
+    log) at step 3; the last step is 3, and no summary says train() returned."""
+    trainer = tmp_path / "trainer_out"
+    _state(trainer / "checkpoint-2", [1, 2])
+    _events(trainer, {1: 10.5, 2: 11.0, 3: 11.5}, start=10.0)
+    _convert(trainer, tmp_path / "run")
+    df = read_training_csv(tmp_path / "run")
+    assert list(df["step"]) == [1, 2, 3]
+    env = json.loads((tmp_path / "run" / "env.json").read_text())
+    assert env["adapter"]["summary_step"] is None and "checkpoint-2/trainer_state.json" in env["adapter"]["read"]
+
+
+def test_without_events_or_tokens_the_rate_is_unmeasured_not_malformed(tmp_path):
+    trainer = tmp_path / "trainer_out"
+    _state(trainer, [1, 2, 3], summary=3)
+    found = _convert(trainer, tmp_path / "run", tokens=None)
+    assert not found.problems(), found.problems()
+    df = read_training_csv(tmp_path / "run")
+    assert df["toks_per_s"].isna().all() and df["step_time_s"].isna().all()
+    missing = {i.field for i in found.items if i.file == "training.csv" and i.presence == contract.Presence.MISSING}
+    assert {"toks_per_s", "step_time_s"} <= missing
+    env = json.loads((tmp_path / "run" / "env.json").read_text())
+    assert "tokens_per_step" not in env and "toks_per_s" in env["adapter"]["unmeasured"]
+
+
+def test_a_contract_trainer_that_leaves_tokens_per_s_empty_is_still_malformed(tmp_path):
+    """Only an adapter's word makes an empty rate column UNMEASURED: a trainer's own training.csv
+    without a rate is broken."""
+    (tmp_path / "training.csv").write_text("step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb\n"
+                                           "1,5.0,0.001,nan,0.1,1.0,nan,nan\n")
+    (tmp_path / "env.json").write_text(json.dumps({"world_size": 1}))
+    found = contract.read(tmp_path)
+    assert any(i.field == "toks_per_s" and i.presence == contract.Presence.MALFORMED for i in found.items)
+
+
+def test_a_nan_loss_is_kept_as_nan(tmp_path):
+    trainer = tmp_path / "trainer_out"
+    _state(trainer, [1, 2, 3], losses={3: math.nan}, summary=3)
+    _convert(trainer, tmp_path / "run", tokens=None)
+    df = read_training_csv(tmp_path / "run")
+    assert math.isnan(df["loss"].iloc[-1]) and df["loss"].iloc[0] == pytest.approx(4.9)
+
+
+def test_check_artifacts_reads_an_output_folder_through_the_adapter(tmp_path, capsys):
+    trainer = tmp_path / "out"
+    _state(trainer, [1, 2], summary=2)
+    assert main(["check-artifacts", str(trainer), "--adapter", "hf_trainer"]) == 0
+    said = capsys.readouterr().out
+    assert "(through adapter hf_trainer)" in said and "training.csv" in said
+
+
+@needs_tb
+def test_the_stall_watch_sees_the_output_folder_grow(tmp_path):
+    trainer = tmp_path / "trainer_out"
+    trainer.mkdir()
+    watch = StepWatch(trainer, trainer / "training.csv", HF.live_steps(trainer))
+    assert not watch.look() and watch.highest is None
+    _events(trainer, {1: 1.0, 2: 2.0}, start=0.5)
+    assert watch.look() and watch.highest == 2
+    assert not watch.look()  # nothing new
+    (trainer / "checkpoint-5").mkdir()
+    assert watch.look() and watch.highest == 5

@@ -1,0 +1,165 @@
+"""A real Hugging Face Trainer (examples/hf_trainer/train.py, transformers installed as users install
+it) judged through the hf_trainer adapter, end to end on CPU, through both doors (`nsa-validate run`
+and `pytest -m <phase> --runbook ...`): GO, and the faults of its own world, each judged right:
+one torchrun worker SIGKILLed, a learning rate that blows up (NaN), one rank frozen by SIGSTOP
+(a hang), the data running dry before max_steps (the Trainer ends with exit 0).
+
+The signals come from outside, as an out-of-memory killer or an operator sends them: a thread here
+waits until the output folder shows step 3, then signals the worker whose environment says RANK=1.
+Each run imports transformers in every rank (tens of seconds on a loaded 2-core box): slow."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from tests.faults import _util as U
+from validation.contract.adapters import ADAPTERS
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("transformers", "accelerate", "tensorboard")),
+                       reason="needs transformers, accelerate and tensorboard (pip install -e '.[test]')"),
+]
+
+RUNBOOK = U.REPO / "runbooks" / "hf_trainer_cpu.yaml"
+STEPS = 12
+FAULT_STEP = 3
+STALL_S = 20
+DOORS = ("cli", "pytest")
+
+
+def _runbook(root: Path, phase: dict[str, Any]) -> Path:
+    """The shipped runbook's trainer and defaults, with one phase of the test's."""
+    data = yaml.safe_load(RUNBOOK.read_text())
+    data["name"] = "hf_faults"
+    data["phases"] = [{"kind": "train", "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}], **phase}]
+    path = root / "hf_faults.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _run(door: str, rb: Path, phase: str, results: Path) -> U.Proc:
+    if door == "cli":
+        argv = [U.PY, "-m", "validation", "run", "--runbook", str(rb), "--profile", "cpu", "--results-dir",
+                str(results), "--phase", phase, "--no-plots"]
+    else:
+        argv = [U.PY, "-m", "pytest", "-p", "no:cacheprovider", "-q", "validation/tests/test_acceptance.py",
+                f"--runbook={rb}", f"--results-dir={results}", "-m", phase]
+    return U.run(argv, timeout=400)
+
+
+class _Signal(threading.Thread):
+    """Once the output folder of the run under ``results`` shows step ``at``, send ``sig`` to the
+    trainer process whose environment says RANK=``rank``."""
+
+    def __init__(self, results: Path, sig: signal.Signals, rank: int, at: int):
+        super().__init__(daemon=True)
+        self.results, self.sig, self.rank, self.at = results, sig, rank, at
+        self.sent: int | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        readers: dict[Path, Any] = {}
+        while not self.stop.wait(0.2):
+            for folder in (self.results / "runs").rglob("trainer_out"):
+                readers.setdefault(folder, ADAPTERS["hf_trainer"].live_steps(folder))
+            if any((r() or 0) >= self.at for r in readers.values()):
+                break
+        else:
+            return
+        marker = str(self.results)
+        for p in psutil.process_iter(["pid", "cmdline", "environ"]):
+            try:
+                if marker in " ".join(p.info["cmdline"] or []) and (p.info["environ"] or {}).get("RANK") == str(self.rank):
+                    os.kill(p.info["pid"], self.sig)
+                    self.sent = p.info["pid"]
+                    return
+            except (psutil.Error, TypeError, ProcessLookupError):
+                continue
+
+
+def _signalled(door: str, tmp_path: Path, phase: dict[str, Any], sig: signal.Signals):
+    results = tmp_path / "results"
+    rb = _runbook(tmp_path, phase)
+    sender = _Signal(results, sig, 1, FAULT_STEP)
+    sender.start()
+    try:
+        p = _run(door, rb, phase["name"], results)
+    finally:
+        sender.stop.set()
+        sender.join(5)
+    assert sender.sent is not None, f"rank 1 was never signalled:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+    return p, U.record(results, phase["name"]), results
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_go(door, tmp_path):
+    """The shipped runbook's single process point: every gate passes, the adapter says what it read."""
+    results = tmp_path / "results"
+    p = _run(door, RUNBOOK, "single_process", results)
+    rec = U.record(results, "single_process")
+    assert rec.status == "PASS", (rec.reason, p.stdout[-2000:], p.stderr[-2000:])
+    assert p.rc in (0, 3), p.stderr[-2000:]  # GO, or INCOMPLETE where the runbook's other point did not run
+    env = U.load_env(results / rec.out_dir)
+    assert env["adapter"]["name"] == "hf_trainer" and env["adapter"]["summary_step"] == STEPS
+    assert env["tokens_per_step"] == 4 * 64
+    assert "trainer_state.json" in env["adapter"]["read"]
+    assert any(k.startswith("runs/") for k in env["adapter"]["read"])
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("door", DOORS)
+def test_a_killed_rank(door, tmp_path):
+    phase = {"name": "killed", "launcher": {"kind": "torchrun", "nproc": 2}, "overrides": {"dist.backend": "gloo"}}
+    p, rec, results = _signalled(door, tmp_path, phase, signal.SIGKILL)
+    assert rec.status == "FAIL" and "crashed" in rec.reason, rec.reason
+    f = U.finding(results, "killed", "crash")
+    text = U.finding_text(f)
+    assert "rank 1" in f.title and "SIGKILL" in text, text
+    assert p.rc == 1
+    U.assert_no_orphans(str(tmp_path))
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("door", DOORS)
+def test_a_frozen_rank_is_a_stall(door, tmp_path):
+    phase = {"name": "frozen", "launcher": {"kind": "torchrun", "nproc": 2}, "overrides": {"dist.backend": "gloo"},
+             "stall_s": STALL_S}
+    p, rec, results = _signalled(door, tmp_path, phase, signal.SIGSTOP)
+    assert rec.status == "FAIL" and rec.reason.startswith("stalled"), rec.reason
+    assert p.rc == 1
+    U.assert_no_orphans(str(tmp_path))
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_a_learning_rate_that_blows_up(door, tmp_path):
+    results = tmp_path / "results"
+    rb = _runbook(tmp_path, {"name": "blowup", "overrides": {"train.lr": 1e30, "train.max_grad_norm": 0}})
+    p = _run(door, rb, "blowup", results)
+    rec = U.record(results, "blowup")
+    assert rec.status == "FAIL" and "non-finite loss" in rec.reason, rec.reason
+    assert p.rc == 1
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_data_that_runs_dry_is_not_done(door, tmp_path):
+    """Twelve blocks of text: the stream runs dry long before step 12; the Trainer (its batches
+    not dispatched from rank 0, accelerator_config.json: accelerate's dispatcher raises instead)
+    warns that an epoch had no sample, saves its state and exits 0."""
+    results = tmp_path / "results"
+    rb = _runbook(tmp_path, {"name": "dry", "overrides": {"data.max_bytes": 3 * 4 * 64 + 10,
+                                                        "train.accelerator_config": "accelerator_config.json"}})
+    p = _run(door, rb, "dry", results)
+    rec = U.record(results, "dry")
+    assert rec.exit_code == 0
+    assert rec.status == "FAIL" and f"of {STEPS}" in rec.reason and "stopped after step" in rec.reason, rec.reason
+    assert p.rc == 1

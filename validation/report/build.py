@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import enum
+import json
 import os
 import shutil
 import tempfile
@@ -24,7 +25,7 @@ import jinja2
 from validation import DEFAULT_RESULTS_DIR, REPO_ROOT, TEMPLATE_DIR
 from validation.judge.findings import find, planned_longest
 from validation.judge.findings.advice import recommendations
-from validation.judge.findings.finding import Finding, Severity, where
+from validation.judge.findings.finding import Finding, Severity, point_label, where
 from validation.judge.findings.headline import blame
 from validation.judge.gates import Pending
 from validation.judge.record import OWN_TRAINER, PhaseRecord, Status
@@ -214,6 +215,26 @@ def _recheck_thresholds(records: list[PhaseRecord], points: list[PhasePoint]) ->
     return out, lines
 
 
+def adapter_reads(records: list[PhaseRecord], results_dir: Path) -> list[str]:
+    """Per point of a trainer read through an adapter, what it read and what nothing gave, as the
+    adapter wrote it into the run's env.json (``adapter``: validation/contract/adapters)."""
+    out = []
+    for r in records:
+        try:
+            said = json.loads((results_dir / r.out_dir / "env.json").read_text()).get("adapter") if r.out_dir else None
+        except (OSError, ValueError, AttributeError):
+            continue
+        if not isinstance(said, dict) or not isinstance(said.get("read"), dict):
+            continue
+        line = f"{r.key.phase} [{point_label(r)}]: {said.get('name')} read " + "; ".join(
+            f"`{f}` ({what})" for f, what in said["read"].items())
+        gaps = said.get("unmeasured")
+        if isinstance(gaps, dict) and gaps:
+            line += "; UNMEASURED: " + "; ".join(f"{k} ({why})" for k, why in gaps.items())
+        out.append(line)
+    return out
+
+
 def _store_arg(results_dir: Path) -> str | None:
     """The results directory as a rerun command names it: None for the default ./results."""
     resolved = Path(results_dir).resolve()
@@ -283,6 +304,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "trainer": trainer and trainer.trainer,
         "trainer_sha": trainer and trainer.trainer_sha,
         "trainer_sha_source": trainer and trainer.trainer_sha_source,
+        "adapter_reads": adapter_reads(foreign, Path(results_dir)),
         "goldens": rechecked,
         "thresholds_changed": regated,
         "counts": counts(records, missing + [o.record.test_id for o in outdated]),

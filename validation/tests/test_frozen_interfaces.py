@@ -69,7 +69,7 @@ RUNBOOK_KEYS = {
     "phases[].launcher.rdzv": {"backend", "endpoint", "port", "join_timeout_s"},
     "phases[].gates[]": {"metric", "op", "threshold", "window", "description"},
     "trainer": {"name", "root", "script", "module", "args", "config", "steps", "out_dir", "params", "env", "adapter",
-                "phases", "metrics", "resume"},
+                "phases", "metrics", "resume", "tokens_per_step"},
     "trainer.root": {"env"},
     "trainer.config": {"template", "pass_as"},
     "trainer.resume": {"stop_after", "from"},

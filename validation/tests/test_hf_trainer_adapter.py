@@ -149,3 +149,25 @@ def test_the_stall_watch_sees_the_output_folder_grow(tmp_path):
     assert not watch.look()  # nothing new
     (trainer / "checkpoint-5").mkdir()
     assert watch.look() and watch.highest == 5
+
+
+def test_the_runbook_gives_global_tokens_per_step_from_its_factors(tmp_path):
+    from validation.errors import RunbookError
+    from validation.launch.foreign import tokens_per_step
+    from validation.runbook.load import load_profile, load_runbook
+    from validation.runbook.plan import expand
+
+    rb = load_runbook(Path(__file__).resolve().parents[2] / "runbooks" / "hf_trainer_cpu.yaml")
+    assert rb.trainer.adapter == "hf_trainer" and rb.trainer.tokens_per_step == ("train.batch_size", "train.block_size")
+    points = {p.phase.name: p for p in expand(rb, load_profile("cpu"))}
+    assert tokens_per_step(points["single_process"], rb.trainer) == 4 * 64
+    assert tokens_per_step(points["ddp"], rb.trainer) == 2 * 4 * 64  # both ranks' tokens
+
+    import yaml
+    data = yaml.safe_load(rb.path.read_text())
+    data["trainer"]["root"] = "examples/hf_trainer"
+    data["trainer"]["tokens_per_step"] = ["train.batch_size", "train.seq_len"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(RunbookError, match=r"trainer.tokens_per_step\[1\].*'train.seq_len': expected a key of trainer.params"):
+        load_runbook(bad)

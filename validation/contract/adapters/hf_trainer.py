@@ -95,7 +95,7 @@ class HfTrainerAdapter(Adapter):
                 if col == "loss":
                     row.wall = s.wall_time
             read[str(path.relative_to(trainer_dir))] = ("TensorBoard events: loss, lr, grad_norm and each logged "
-                                                        "step's wall time (step_time_s)")
+                                                        "step's wall time, for step_time_s and toks_per_s")
         logged = [rows[s] for s in sorted(rows) if "loss" in rows[s].values]
         times = _step_times(logged, start)
         per_step = facts.tokens_per_step

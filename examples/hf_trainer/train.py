@@ -7,6 +7,7 @@ library's own source files, read in place, one byte a token.
 
     python examples/hf_trainer/train.py --output_dir /tmp/hf --max_steps 20 --report_to tensorboard
     torchrun --nproc_per_node 2 examples/hf_trainer/train.py --output_dir /tmp/hf --max_steps 20 --ddp_backend gloo
+    python examples/hf_trainer/train.py --model nsa --output_dir /tmp/hf --max_steps 20 --bf16 true   # fla, CUDA
 
 The data is a stream: files are read once, in order, and a run that asks for more steps than
 ``--max_bytes`` of text holds ends when the stream runs dry (the Trainer stops at the first epoch
@@ -31,10 +32,14 @@ class DataArguments:
 
 @dataclass
 class ModelArguments:
+    model: str = field(default="llama", metadata={"help": "llama (transformers) or nsa (fla's NSAForCausalLM, CUDA)"})
     hidden_size: int = 64
     num_hidden_layers: int = 2
     num_attention_heads: int = 4
     intermediate_size: int = 128
+    num_kv_heads: int = field(default=1, metadata={"help": "nsa: key/value heads"})
+    head_dim: int = field(default=32, metadata={"help": "nsa: dimension of a head"})
+    window_size: int = field(default=512, metadata={"help": "nsa: sliding window (0: none; fla runs it with flash-attn)"})
 
 
 class SourceBytes(IterableDataset):
@@ -67,13 +72,22 @@ class SourceBytes(IterableDataset):
 def main() -> None:
     parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments))
     model_args, data_args, training_args = parser.parse_args_into_dataclasses()
-    config = LlamaConfig(vocab_size=256, hidden_size=model_args.hidden_size,
-                         num_hidden_layers=model_args.num_hidden_layers,
-                         num_attention_heads=model_args.num_attention_heads,
-                         intermediate_size=model_args.intermediate_size,
-                         max_position_embeddings=data_args.block_size)
     torch.manual_seed(training_args.seed)
-    model = LlamaForCausalLM(config)
+    if model_args.model == "nsa":
+        from fla.models import NSAConfig, NSAForCausalLM
+
+        model = NSAForCausalLM(NSAConfig(vocab_size=256, hidden_size=model_args.hidden_size,
+                                         num_hidden_layers=model_args.num_hidden_layers,
+                                         num_heads=model_args.num_attention_heads, num_kv_heads=model_args.num_kv_heads,
+                                         head_dim=model_args.head_dim, intermediate_size=model_args.intermediate_size,
+                                         window_size=model_args.window_size,
+                                         max_position_embeddings=data_args.block_size))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=model_args.hidden_size,
+                                             num_hidden_layers=model_args.num_hidden_layers,
+                                             num_attention_heads=model_args.num_attention_heads,
+                                             intermediate_size=model_args.intermediate_size,
+                                             max_position_embeddings=data_args.block_size))
     trainer = Trainer(model=model, args=training_args,
                       train_dataset=SourceBytes(data_args.block_size, data_args.max_bytes))
     result = trainer.train()

@@ -63,7 +63,7 @@ def test_a_stalled_middle_rank_of_four_is_named_not_the_three_that_waited(seeded
     assert "hung: rank 2 in at; waiting for it: rank 0 in " in f.title, text
     assert "; rank 1 in " in f.title and "; rank 3 in " in f.title, text
     assert "rank 2: last heartbeat step 3, stage forward" in text, text
-    assert [(r.rank, r.step) for r in f.culprit.ranks] == [(2, 3)], f.culprit
+    assert [(r.rank, r.step) for r in f.diagnosis.ranks] == [(2, 3)], f.diagnosis
     assert verdict_line(rec).startswith("rank 2 hung in at (last heartbeat step 3, stage forward)"), verdict_line(rec)
     U.assert_no_go_after(seeded, rec, p)
     matrix.done(rec.status, rec.reason + " | " + f.title, took, U.STALL_BOUND_S)
@@ -93,7 +93,7 @@ def test_sigkilled_rank_ends_the_run(seeded, matrix, rank):
     assert f"rank {other}" not in f.title, text
     assert f"rank {rank}: last heartbeat step 3" in text, text
     assert "trainer.stderr.log" in text
-    assert [(r.rank, r.step) for r in f.culprit.ranks] == [(rank, 3)], f.culprit
+    assert [(r.rank, r.step) for r in f.diagnosis.ranks] == [(rank, 3)], f.diagnosis
     assert verdict_line(rec).startswith(f"rank {rank} crashed (last heartbeat step 3, stage forward): killed by "
                                         "SIGKILL"), verdict_line(rec)
     U.assert_no_go_after(seeded, rec, p)
@@ -120,7 +120,7 @@ def test_frozen_rank_is_named_though_it_leaves_no_stack(seeded, matrix):
     assert ("hung: rank 1 (no stack; its process stopped, by SIGSTOP or a debugger; last heartbeat step 3, stage "
             "forward); waiting for it: rank 0 in ") in f.title, text
     assert "exited 0" not in text, text
-    # the verdict line says so too, from the finding's culprit (it said only 'rank 1 hung (last heartbeat ...)')
+    # the verdict line says so too, from the point's diagnosis (it said only 'rank 1 hung (last heartbeat ...)')
     said = p.stdout + p.stderr
     assert "/freeze/default: FAIL (" in said and \
         "s) rank 1 hung (stopped, no stack; last heartbeat step 3, stage forward) — stalled: " in said, said[-3000:]

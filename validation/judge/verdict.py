@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from validation.contract.files import HaltInfo
-from validation.contract.torchrun_log import RankFailure
+from validation.judge.diagnosis import Died, died_before_watchdog, died_first
 from validation.judge.gates import Gate, GateResult, GateVerdict, Pending, check
 from validation.judge.metrics import METRICS, RunData, Source, compute, reading, window_covered
 from validation.judge.misses import pytest_ended
@@ -22,7 +22,6 @@ from validation.judge.record import (
     Beat,
     PhaseRecord,
     Status,
-    died_before_watchdog,
     last_step_done,
     rank_processes,
 )
@@ -49,9 +48,9 @@ class Outcome:
     last_step_done: int | None = None
     """The furthest step a rank's heartbeats say was completed: a stall's 'after step N' where the
     CSV lags (a trainer that logs every k steps)."""
-    died_first: str | None = None
-    """'rank 1: killed by SIGKILL': a rank that failed in its own right before the other ranks'
-    watchdog wrote the .HALT while waiting for it (record.died_before_watchdog); None otherwise."""
+    died_first: Died | None = None
+    """A rank that failed in its own right before the other ranks' watchdog wrote the .HALT while
+    waiting for it (diagnosis.died_before_watchdog), and how; None otherwise."""
     slurm_stopped: str | None = None
     """How Slurm ended the run's step without the harness asking (RunData.slurm_stopped)."""
     short_ranks: tuple[ShortRank, ...] = ()
@@ -67,7 +66,7 @@ class Outcome:
         logged = None if completed is None else int(completed)
         return cls(kind, run.exit_code, run.timed_out, run.stalled_s, run.halt, tuple(errors), run.steps_requested,
                    logged, run.stacks_tried, last_step_done(beats.values()),
-                   _died(died, run.rank_failures), run.slurm_stopped,
+                   died, run.slurm_stopped,
                    short_ranks(beats, run.world_size, run.steps_requested, logged, rank_processes(beats, run.processes)))
 
     @classmethod
@@ -79,7 +78,7 @@ class Outcome:
         return cls(rec.kind, rec.exit_code, rec.timed_out, rec.stalled_s, rec.evidence.halt, tuple(rec.evidence.errors),
                    steps, logged,
                    len(rec.evidence.taken_stacks) if stopped else None, last_step_done(rec.evidence.last_heartbeat.values()),
-                   _died(rec.died_before_watchdog, rec.evidence.rank_failures),
+                   died_first(rec),
                    rec.evidence.nodes.slurm_stopped if rec.evidence.nodes is not None else None,
                    short_ranks(rec.evidence.last_heartbeat, rec.world_size, steps, logged, rec.evidence.rank_processes))
 
@@ -108,12 +107,6 @@ class Outcome:
             ranks = "; ".join(s.text(self.steps_requested) for s in self.short_ranks)
             return f"{ranks}, exit 0, no .HALT"
         return f"stopped after step {self.steps_completed} of {self.steps_requested}, exit 0, no .HALT"
-
-
-def _died(rank: int | None, failures: dict[int, RankFailure]) -> str | None:
-    if rank is None:
-        return None
-    return f"rank {rank}: {failures[rank].cause}"
 
 
 def declared_unprovided(trainer: str, lacks: frozenset[str], provides: tuple[str, ...] | None) -> dict[str, str]:
@@ -188,7 +181,8 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
     if halt is not None:
         torn = " (its record cut short)" if halt.torn else ""
         if halt.source == "watchdog" and outcome.died_first:
-            return Status.FAIL, (f"trainer crashed: {outcome.died_first}; the other ranks' watchdog then wrote .HALT "
+            died = outcome.died_first
+            return Status.FAIL, (f"trainer crashed: rank {died.rank}: {died.cause}; the other ranks' watchdog then wrote .HALT "
                                  f"waiting for it (exit code {outcome.exit_code}){torn}")
         if halt.source == "watchdog":
             return Status.FAIL, f"watchdog wrote .HALT: no rank made progress{torn}"

@@ -15,6 +15,7 @@ from validation.contract.stacks import Frame, StackDump
 from validation.contract.torchrun_log import RankFailure, agent_said
 from validation.judge.evidence import collect, collect_failures, collect_train, with_log
 from validation.judge.findings import Severity, find, recommendations
+from validation.judge.diagnosis import died_first
 from validation.judge.findings.headline import culprit_log
 from validation.judge.metrics import RunData
 from validation.judge.nodes import NodeEvidence, NodesEvidence, node_evidence
@@ -313,7 +314,7 @@ def test_a_rank_killed_before_the_others_watchdog_fired_is_the_one_named():
     ev = Evidence(nodes=nodes, halt=HaltInfo(source="watchdog"), stackdumps=stacks, rank_failures=failures,
                   last_heartbeat=beats)
     rec = _record(nodes, status=Status.FAIL, exit_code=1, evidence=ev)
-    assert rec.died_before_watchdog == 1
+    assert died_first(rec).rank == 1
     titles = [f.title for f in find([rec]) if f.severity == Severity.CRITICAL]
     assert not [t for t in titles if t.startswith(("stall in", "node 0 hung"))], titles
     assert [t for t in titles if t.startswith("node 1's rank 1 was killed by SIGKILL in two [default]")], titles
@@ -326,7 +327,7 @@ def test_a_rank_killed_before_the_others_watchdog_fired_is_the_one_named():
     assert verdict(Outcome.of_run("train", run, []), []) == (Status.FAIL, said)
     # the harness's own stall kill: its SIGKILLs are no rank's own failure, and the stall stays the finding
     stopped = _record(nodes, status=Status.FAIL, exit_code=None, stalled_s=20.0, evidence=ev)
-    assert stopped.died_before_watchdog is None
+    assert died_first(stopped) is None
     assert verdict(Outcome.of_record(stopped), [])[1].startswith("stalled: ")
     assert [f for f in find([stopped]) if f.title.startswith("stall in")]
 

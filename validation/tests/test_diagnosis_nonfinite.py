@@ -10,8 +10,9 @@ import json
 from pathlib import Path
 
 from validation.judge.findings import find, recommendations
-from validation.judge.findings.culprit import Did
-from validation.judge.findings.headline import culprit, verdict_line
+from validation.judge.diagnosis import Kind
+from validation.judge.diagnosis import diagnose
+from validation.judge.findings.headline import verdict_line
 from validation.judge.record import PhaseRecord, PointKey
 from validation.tests.stopped_run import judged_stopped_run
 
@@ -83,8 +84,8 @@ def _judged(tmp_path: Path) -> PhaseRecord:
 def test_the_verdict_is_the_non_finite_loss_of_the_rank_that_halted_not_a_stall(tmp_path):
     rec = _judged(tmp_path)
     assert rec.reason.startswith("non-finite loss at step 3"), rec.reason
-    c = culprit(rec)
-    assert c is not None and c.did == Did.HALTED and [(r.rank, r.node, r.step) for r in c.ranks] == [
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.HALTED and [(r.rank, r.node, r.step) for r in c.ranks] == [
         (1, "node 1", 3)], verdict_line(rec)
     assert verdict_line(rec).startswith("node 1's rank 1 halted on a non-finite loss (last heartbeat step 3, stage "
                                         "halt)"), verdict_line(rec)
@@ -99,7 +100,7 @@ def test_no_finding_calls_the_rank_that_halted_hung(tmp_path):
     assert "hung" not in text, text
     assert not [f for f in findings if f.kind in ("stall", "node_hung")], text
     [after] = [f for f in findings if f.kind == "halt_stall"]
-    assert after.culprit is None, after
+    assert after.diagnosis is None, after
     assert ("rank 1 halted at step 3 and did not exit (in loop); still waiting: rank 0 in all_gather"
             in after.title), after.title
     advice = recommendations(findings)

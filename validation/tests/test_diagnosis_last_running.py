@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from validation.judge.findings import find
-from validation.judge.findings.culprit import Did
-from validation.judge.findings.headline import culprit, verdict_line
+from validation.judge.diagnosis import Kind
+from validation.judge.diagnosis import diagnose
+from validation.judge.findings.headline import verdict_line
 from validation.judge.record import PhaseRecord
 from validation.tests.stopped_run import judged_stopped_run
 
@@ -24,8 +25,8 @@ def _judged() -> PhaseRecord:
 
 def test_the_one_rank_left_running_after_the_others_exited_is_named_hung():
     rec = _judged()
-    c = culprit(rec)
-    assert c is not None and c.did == Did.HUNG and [r.rank for r in c.ranks] == [1], verdict_line(rec)
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.HUNG and [r.rank for r in c.ranks] == [1], verdict_line(rec)
     assert verdict_line(rec).startswith("rank 1 hung in <module> (last heartbeat step 8, stage step) — stalled"), \
         verdict_line(rec)
     [stall] = [f for f in find([rec]) if f.title.startswith("stall in")]

@@ -15,9 +15,10 @@ import pytest
 from validation.contract.files import read_heartbeats
 from validation.contract.torchrun_log import rank_failures
 from validation.judge.findings import find, recommendations
-from validation.judge.findings.culprit import Did
-from validation.judge.findings.departed import maybe_departed
-from validation.judge.findings.headline import culprit, verdict_line
+from validation.judge.diagnosis import Kind
+from validation.judge.diagnosis import maybe_departed
+from validation.judge.diagnosis import diagnose
+from validation.judge.findings.headline import verdict_line
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 
@@ -75,8 +76,8 @@ def _record(tmp_path: Path, log: str = SWALLOWED) -> PhaseRecord:
 def test_a_rank_that_exited_0_early_is_named_not_the_one_that_swallowed_its_broken_collective(tmp_path):
     rec = _record(tmp_path)
     assert rec.evidence.rank_failures[0].silent  # exit code 1, no exception, no signal
-    c = culprit(rec)
-    assert c is not None and c.did == Did.LEFT and [r.rank for r in c.ranks] == [1], verdict_line(rec)
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.LEFT and [r.rank for r in c.ranks] == [1], verdict_line(rec)
     assert verdict_line(rec).startswith("rank 1 exited 0 early (last heartbeat step 2, stage step)"), verdict_line(rec)
     [crash] = [f for f in find([rec]) if f.title.startswith("crash in")]
     assert crash.kind == "departed", crash
@@ -104,9 +105,9 @@ def test_a_silent_exit_beside_a_sigtermed_rank_behind_it_names_both(tmp_path):
     failed: rank 1 may have been running behind (rank 0 failed in its own right) or still exiting
     after its exit 0 (rank 0 caught its collective broken). Once named rank 0 alone."""
     rec = _record(tmp_path, _sigtermed(1))
-    c = culprit(rec)
-    assert c is not None and c.did == Did.CRASHED and [r.rank for r in c.ranks] == [0], verdict_line(rec)
-    assert c.or_else is not None and c.or_else.did == Did.LEFT and [r.rank for r in c.or_else.ranks] == [1], c
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.CRASHED and [r.rank for r in c.ranks] == [0], verdict_line(rec)
+    assert c.or_else is not None and c.or_else.kind == Kind.LEFT and [r.rank for r in c.or_else.ranks] == [1], c
     assert verdict_line(rec).startswith(
         "rank 0 crashed (last heartbeat step 3, stage forward): exit code 1, or rank 1 exited 0 early (last heartbeat "
         "step 2, stage step) and the others failed after it: which came first cannot be told"), verdict_line(rec)
@@ -124,8 +125,8 @@ def test_a_silent_exit_beside_sigtermed_ranks_as_far_as_it_is_the_one_named(tmp_
     ended was behind the one that failed, and rank 0 alone is named."""
     rec = _record(tmp_path, _sigtermed(1))
     rec.evidence.last_heartbeat[1] = Beat.of(BEATS[0])
-    c = culprit(rec)
-    assert c is not None and c.did == Did.CRASHED and [r.rank for r in c.ranks] == [0], verdict_line(rec)
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.CRASHED and [r.rank for r in c.ranks] == [0], verdict_line(rec)
     assert c.or_else is None, verdict_line(rec)
 
 
@@ -134,7 +135,7 @@ def test_a_sigtermed_rank_within_its_heartbeat_interval_is_not_behind(tmp_path):
     of a rank in step 3 with the others, so it is not behind rank 0 and not named."""
     rec = _record(tmp_path, _sigtermed(1))
     rec.evidence.last_heartbeat[1] = Beat.of([{"step": 0, "stage": "step"}, {"step": 2, "stage": "step"}])
-    c = culprit(rec)
+    c = diagnose(rec)
     assert c is not None and [r.rank for r in c.ranks] == [0] and c.or_else is None, verdict_line(rec)
 
 
@@ -161,8 +162,8 @@ def test_three_ranks_whose_leaver_torchrun_sigtermed_name_it_beside_the_silent_o
     first cannot be told."""
     rec = _recorded(name)
     assert rec.evidence.rank_failures[2].signal == "SIGTERM", rec.evidence.rank_failures  # the evidence is as said
-    c = culprit(rec)
-    assert c is not None and [r.rank for r in c.ranks] == silent and c.did == Did.CRASHED, verdict_line(rec)
+    c = diagnose(rec)
+    assert c is not None and [r.rank for r in c.ranks] == silent and c.kind == Kind.CRASHED, verdict_line(rec)
     assert c.or_else is not None and [r.rank for r in c.or_else.ranks] == [2], verdict_line(rec)
     assert "rank 2 exited 0 early (last heartbeat step 2, stage step)" in verdict_line(rec), verdict_line(rec)
     assert "which came first cannot be told" in verdict_line(rec), verdict_line(rec)
@@ -177,8 +178,8 @@ def test_three_ranks_whose_leavers_exit_0_torchrun_saw_name_it_alone():
     others' exit 1 and lists no failure of it (swallow3_exit0_seen), so it left, and it alone is named."""
     rec = _recorded("swallow3_exit0_seen")
     assert 2 not in rec.evidence.rank_failures, rec.evidence.rank_failures  # the evidence is as said
-    c = culprit(rec)
-    assert c is not None and c.did == Did.LEFT and [r.rank for r in c.ranks] == [2] and c.or_else is None, c
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.LEFT and [r.rank for r in c.ranks] == [2] and c.or_else is None, c
 
 
 def test_the_node_finding_of_a_silent_exit_beside_a_sigtermed_rank_behind_it_names_both(tmp_path):

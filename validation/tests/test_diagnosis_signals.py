@@ -19,8 +19,9 @@ import pytest
 from validation.contract.files import read_heartbeats
 from validation.contract.torchrun_log import rank_failures
 from validation.judge.findings import find, recommendations
-from validation.judge.findings.culprit import Did
-from validation.judge.findings.headline import culprit, verdict_line
+from validation.judge.diagnosis import Kind, root_of_evidence
+from validation.judge.diagnosis import diagnose
+from validation.judge.findings.headline import verdict_line
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 from validation.tests.stopped_run import judged_stopped_run
 
@@ -50,9 +51,10 @@ def test_a_rank_killed_by_a_sigterm_that_was_not_the_agents_is_named():
     rec = _record(OUTSIDE)
     f = rec.evidence.rank_failures
     assert [f[k].ended_by_agent for k in (0, 1, 2)] == [True, False, True], f
-    assert f[1].own and not f[0].own and not f[2].own and rec.evidence.root_rank == 1, f
-    c = culprit(rec)
-    assert c is not None and c.did == Did.CRASHED and [r.rank for r in c.ranks] == [1], verdict_line(rec)
+    assert f[1].own and not f[0].own and not f[2].own and root_of_evidence(rec.evidence) == 1, f
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.KILLED and [r.rank for r in c.ranks] == [1], verdict_line(rec)
+    assert c.cause.startswith("killed by SIGTERM, not torchrun's") and (c.step, c.stage) == (3, "data"), c
     assert verdict_line(rec).startswith("rank 1 crashed (last heartbeat step 3, stage data): killed by SIGTERM, not "
                                         "torchrun's"), verdict_line(rec)
     [crash] = [x for x in find([rec]) if x.title.startswith("crash in")]
@@ -70,7 +72,7 @@ def test_where_the_log_shows_no_signal_of_the_agents_a_sigterm_is_taken_for_its(
     rec = _record(OUTSIDE, log, tmp_path)
     assert all(f.ended_by_agent is None and not f.own for f in rec.evidence.rank_failures.values()), \
         rec.evidence.rank_failures
-    assert culprit(rec) is None, verdict_line(rec)
+    assert diagnose(rec) is None, verdict_line(rec)
 
 
 def test_an_agent_told_to_stop_says_nothing_of_whose_signal_a_rank_had(tmp_path):
@@ -82,7 +84,7 @@ def test_an_agent_told_to_stop_says_nothing_of_whose_signal_a_rank_had(tmp_path)
     i = text.index("W1128 05:06:30.015000")
     rec = _record(OUTSIDE, text[:i] + told + text[i:], tmp_path)
     assert all(f.ended_by_agent is None for f in rec.evidence.rank_failures.values()), rec.evidence.rank_failures
-    assert culprit(rec) is None, verdict_line(rec)
+    assert diagnose(rec) is None, verdict_line(rec)
 
 
 #: torchrun x2, gloo, 2026-11-28: rank 1 raises as step 3 starts; rank 0, busy in its own work then,
@@ -98,8 +100,8 @@ def test_a_rank_the_agent_killed_after_its_sigterm_is_no_failure_of_its_own():
     rec = _record(SLOW_HANDLER, world=2)
     f0 = rec.evidence.rank_failures[0]
     assert f0.signal == "SIGKILL" and f0.ended_by_agent is True and f0.by_agent and not f0.own, f0
-    c = culprit(rec)
-    assert c is not None and c.did == Did.CRASHED and [r.rank for r in c.ranks] == [1], verdict_line(rec)
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.CRASHED and [r.rank for r in c.ranks] == [1], verdict_line(rec)
     assert verdict_line(rec).startswith("rank 1 crashed (last heartbeat step 3, stage data): RuntimeError: boom on "
                                         "rank 1"), verdict_line(rec)
     [crash] = [x for x in find([rec]) if x.title.startswith("crash in")]
@@ -121,8 +123,8 @@ def test_a_rank_still_ending_on_the_agents_sigterm_when_the_harness_came_is_not_
     ending. Once 'rank 0 stalled in <lambda>' with rank 1's exception in the detail only."""
     rec = judged_stopped_run(STALLED, STALLED / "trainer.stderr.log", stalled_s=12.0, stacks_tried=1)
     assert rec.evidence.signalled_pids == [29215], rec.evidence.signalled_pids
-    c = culprit(rec)
-    assert c is not None and c.did == Did.CRASHED and [r.rank for r in c.ranks] == [1], verdict_line(rec)
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.CRASHED and [r.rank for r in c.ranks] == [1], verdict_line(rec)
     assert verdict_line(rec).startswith("rank 1 crashed (last heartbeat step 3, stage data): RuntimeError: boom on "
                                         "rank 1 — stalled"), verdict_line(rec)
     [stall] = [f for f in find([rec]) if f.title.startswith("stall in")]
@@ -144,5 +146,5 @@ def test_the_agents_signals_are_read_in_the_log_formats_of_older_torch(tmp_path,
     rec = _record(OUTSIDE, log, tmp_path)
     assert [rec.evidence.rank_failures[k].ended_by_agent for k in (0, 1, 2)] == [True, False, True], \
         rec.evidence.rank_failures
-    c = culprit(rec)
+    c = diagnose(rec)
     assert c is not None and [r.rank for r in c.ranks] == [1], verdict_line(rec)

@@ -16,8 +16,9 @@ from pathlib import Path
 from validation.contract.files import read_heartbeats
 from validation.contract.torchrun_log import rank_failures
 from validation.judge.findings import find, recommendations
-from validation.judge.findings.culprit import Did
-from validation.judge.findings.headline import culprit, verdict_line
+from validation.judge.diagnosis import Kind, root_of_evidence
+from validation.judge.diagnosis import diagnose
+from validation.judge.findings.headline import verdict_line
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 
 EVIDENCE = Path(__file__).parent / "evidence"
@@ -63,9 +64,9 @@ def test_the_rank_the_watchdog_waited_for_is_named_hung_not_the_rank_it_aborted(
     f0, f1 = rec.evidence.rank_failures[0], rec.evidence.rank_failures[1]
     assert f0.signal == "SIGTERM" and f1.signal == "SIGABRT" and not f1.exception, rec.evidence.rank_failures
     assert f1.nccl_watchdog is not None and "Watchdog caught collective operation timeout" in f1.nccl_watchdog, f1
-    assert not f1.own and rec.evidence.root_rank is None, f1
-    c = culprit(rec)
-    assert c is not None and c.did == Did.HUNG and [r.rank for r in c.ranks] == [0], verdict_line(rec)
+    assert not f1.own and root_of_evidence(rec.evidence) is None, f1
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.HUNG and [r.rank for r in c.ranks] == [0], verdict_line(rec)
     assert verdict_line(rec).startswith(
         "rank 0 hung (last heartbeat step 3, stage forward): rank 1 gave up waiting for it in a collective (rank 1: "
         "its NCCL watchdog: timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=15000) "
@@ -85,8 +86,8 @@ def test_a_rank_whose_collective_raised_after_its_watchdog_gave_up_names_the_ran
     rec = _record(RANK1_HUNG)
     f0 = rec.evidence.rank_failures[0]
     assert f0.exception and "DistBackendError" in f0.exception and f0.nccl_watchdog is not None, f0
-    c = culprit(rec)
-    assert c is not None and c.did == Did.HUNG and [r.rank for r in c.ranks] == [1], verdict_line(rec)
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.HUNG and [r.rank for r in c.ranks] == [1], verdict_line(rec)
     assert verdict_line(rec).startswith("rank 1 hung (last heartbeat step 3, stage forward): rank 0 gave up waiting "
                                         "for it in a collective (rank 0: its NCCL watchdog: timeout:"), \
         verdict_line(rec)
@@ -100,8 +101,8 @@ def test_the_watchdog_of_a_torch_that_prefixes_no_rank_is_read_from_the_default_
     assert "[rank1]:[E" not in log and "(default_pg) Rank 1] Process group watchdog" in log
     rec = _record(RANK0_HUNG, log, tmp_path=tmp_path)
     assert rec.evidence.rank_failures[1].nccl_watchdog is not None, rec.evidence.rank_failures
-    c = culprit(rec)
-    assert c is not None and c.did == Did.HUNG and [r.rank for r in c.ranks] == [0], verdict_line(rec)
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.HUNG and [r.rank for r in c.ranks] == [0], verdict_line(rec)
 
 
 def test_a_watchdog_that_aborted_its_rank_for_a_fault_of_its_own_blames_that_rank(tmp_path):
@@ -113,8 +114,9 @@ def test_a_watchdog_that_aborted_its_rank_for_a_fault_of_its_own_blames_that_ran
     rec = _record(RANK0_HUNG, log, tmp_path=tmp_path)
     f1 = rec.evidence.rank_failures[1]
     assert f1.nccl_watchdog is None and f1.own, f1
-    c = culprit(rec)
-    assert c is not None and c.did == Did.CRASHED and [r.rank for r in c.ranks] == [1], verdict_line(rec)
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.KILLED and [r.rank for r in c.ranks] == [1], verdict_line(rec)
+    assert (c.cause, c.step, c.stage, c.logs) == ("killed by SIGABRT", 4, "backward", ("/trainer.stderr.log",)), c
     assert "killed by SIGABRT" in verdict_line(rec), verdict_line(rec)
 
 
@@ -139,8 +141,8 @@ def test_of_three_ranks_the_one_furthest_behind_of_those_still_running_is_named(
     log, beats = _three_ranks((RANK0_HUNG / "trainer.stderr.log").read_text(), "backward")
     rec = _record(RANK0_HUNG, log, beats, tmp_path, world=3)
     assert sorted(rec.evidence.rank_failures) == [0, 1, 2], rec.evidence.rank_failures
-    c = culprit(rec)
-    assert c is not None and c.did == Did.HUNG and [r.rank for r in c.ranks] == [2], verdict_line(rec)
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.HUNG and [r.rank for r in c.ranks] == [2], verdict_line(rec)
     assert verdict_line(rec).startswith("rank 2 hung (last heartbeat step 3, stage forward)"), verdict_line(rec)
 
 
@@ -149,7 +151,7 @@ def test_of_three_ranks_two_still_running_alike_name_none_hung(tmp_path):
     waited for, and neither is named; nor is rank 1, whose abort was its watchdog's."""
     log, beats = _three_ranks((RANK0_HUNG / "trainer.stderr.log").read_text(), "forward")
     rec = _record(RANK0_HUNG, log, beats, tmp_path, world=3)
-    assert culprit(rec) is None, verdict_line(rec)
+    assert diagnose(rec) is None, verdict_line(rec)
     assert verdict_line(rec) == "trainer crashed (exit code 1)", verdict_line(rec)
 
 
@@ -166,9 +168,9 @@ def test_on_gloo_the_rank_whose_peers_collective_timed_out_waiting_for_it_is_nam
     rec = _record(GLOO_TIMEOUT, world=3)
     f = rec.evidence.rank_failures
     assert f[0].gave_up_waiting == "RuntimeError: Timed out waiting 10000ms for recv operation to complete", f[0]
-    assert f[1].signal == "SIGTERM" and f[1].by_agent and rec.evidence.root_rank is None, f
-    c = culprit(rec)
-    assert c is not None and c.did == Did.HUNG and [r.rank for r in c.ranks] == [1], verdict_line(rec)
+    assert f[1].signal == "SIGTERM" and f[1].by_agent and root_of_evidence(rec.evidence) is None, f
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.HUNG and [r.rank for r in c.ranks] == [1], verdict_line(rec)
     assert verdict_line(rec).startswith(
         "rank 1 hung (last heartbeat step 3, stage data): ranks 0, 2 gave up waiting for it in a collective (rank 0: "
         "RuntimeError: Timed out waiting 10000ms for recv operation to complete)"), verdict_line(rec)
@@ -189,8 +191,8 @@ def test_ranks_that_caught_their_collectives_timeout_and_exited_1_name_the_rank_
     rec = _record(CAUGHT, world=3)
     f = rec.evidence.rank_failures
     assert f[0].caught_timeout and f[2].caught_timeout and not f[0].silent and not f[2].silent, f
-    c = culprit(rec)
-    assert c is not None and c.did == Did.HUNG and [r.rank for r in c.ranks] == [1], verdict_line(rec)
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.HUNG and [r.rank for r in c.ranks] == [1], verdict_line(rec)
     assert verdict_line(rec).startswith("rank 1 hung (last heartbeat step 3, stage data): ranks 0, 2 gave up waiting "
                                         "for it in a collective"), verdict_line(rec)
 
@@ -203,8 +205,8 @@ def test_a_silent_exit_that_no_printed_timeout_accounts_for_stays_the_ranks_own(
     rec = _record(CAUGHT, log, tmp_path=tmp_path, world=3)
     assert all(f.caught_timeout is None for f in rec.evidence.rank_failures.values()), rec.evidence.rank_failures
     assert rec.evidence.rank_failures[0].silent and rec.evidence.rank_failures[2].silent
-    c = culprit(rec)
-    assert c is None or c.did != Did.HUNG, verdict_line(rec)
+    c = diagnose(rec)
+    assert c is None or c.kind != Kind.HUNG, verdict_line(rec)
 
 
 #: torchrun x4, NCCL 2.28.9, torch 2.11.0+cu130, four H200s, 2026-11-28, the same trainer: rank 2 sleeps
@@ -220,8 +222,8 @@ def test_of_four_ranks_the_one_no_watchdog_waited_in_is_named_hung_and_the_other
     rec = _record(FOUR, world=4)
     f = rec.evidence.rank_failures
     assert all(f[k].nccl_watchdog for k in (0, 1, 3)) and f[2].nccl_watchdog is None, f
-    c = culprit(rec)
-    assert c is not None and c.did == Did.HUNG and [r.rank for r in c.ranks] == [2], verdict_line(rec)
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.HUNG and [r.rank for r in c.ranks] == [2], verdict_line(rec)
     assert verdict_line(rec).startswith("rank 2 hung (last heartbeat step 3, stage forward): ranks 0, 1, 3 gave up "
                                         "waiting for it in a collective"), verdict_line(rec)
     [crash] = [x for x in find([rec]) if x.title.startswith("crash in")]

@@ -15,8 +15,9 @@ import pytest
 from validation.contract.files import read_heartbeats
 from validation.contract.torchrun_log import rank_failures
 from validation.judge.findings import find, recommendations
-from validation.judge.findings.culprit import Did
-from validation.judge.findings.headline import culprit, verdict_line
+from validation.judge.diagnosis import Kind
+from validation.judge.diagnosis import diagnose
+from validation.judge.findings.headline import verdict_line
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 
@@ -64,9 +65,9 @@ def test_a_rank_whose_exit_aborted_after_its_collective_broke_is_named_beside_th
     rec = _record(None)
     f0 = rec.evidence.rank_failures[0]
     assert f0.signal == "SIGABRT" and rec.evidence.rank_failures[1].signal == "SIGTERM", rec.evidence.rank_failures
-    c = culprit(rec)
-    assert c is not None and c.did == Did.CRASHED and [r.rank for r in c.ranks] == [0], verdict_line(rec)
-    assert c.or_else is not None and c.or_else.did == Did.LEFT and [r.rank for r in c.or_else.ranks] == [1], c
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.CRASHED and [r.rank for r in c.ranks] == [0], verdict_line(rec)
+    assert c.or_else is not None and c.or_else.kind == Kind.LEFT and [r.rank for r in c.or_else.ranks] == [1], c
     assert verdict_line(rec).startswith(
         "rank 0 crashed (last heartbeat step 3, stage forward): killed by SIGABRT after a collective broke (error: "
         "Connection closed by peer [127.0.0.1]:5860), or rank 1 exited 0 early (last heartbeat step 2, stage step) "
@@ -82,8 +83,8 @@ def test_a_rank_whose_exit_aborted_after_its_collective_broke_yields_to_one_torc
     rank 1): rank 1 left, and it alone is named."""
     rec = _record(tmp_path, _log().replace(_RANK1_FAILURE, "  <NO_OTHER_FAILURES>\n"))
     assert 1 not in rec.evidence.rank_failures, rec.evidence.rank_failures  # the evidence is as said
-    c = culprit(rec)
-    assert c is not None and c.did == Did.LEFT and [r.rank for r in c.ranks] == [1] and c.or_else is None, c
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.LEFT and [r.rank for r in c.ranks] == [1] and c.or_else is None, c
     assert verdict_line(rec).startswith("rank 1 exited 0 early (last heartbeat step 2, stage step)"), verdict_line(rec)
     [crash] = [f for f in find([rec]) if f.title.startswith("crash in")]
     assert crash.kind == "departed" and "rank 0: killed by SIGABRT" not in crash.title, crash.title
@@ -104,8 +105,9 @@ def test_a_sigabrt_that_no_broken_collective_explains_is_blamed_on_its_rank(tmp_
     exit after a broken collective, and the SIGABRT is rank 0's own, named alone."""
     rec = _record(tmp_path, log(_log()))
     assert rec.evidence.rank_failures[0].broken_collective is None, (case, rec.evidence.rank_failures)
-    c = culprit(rec)
-    assert c is not None and c.did == Did.CRASHED and [r.rank for r in c.ranks] == [0] and c.or_else is None, case
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.KILLED and [r.rank for r in c.ranks] == [0] and c.or_else is None, case
+    assert (c.cause, c.step, c.stage) == ("killed by SIGABRT", 3, "forward"), c
     assert verdict_line(rec).startswith("rank 0 crashed (last heartbeat step 3, stage forward): killed by SIGABRT"
                                         " — "), (case, verdict_line(rec))
 
@@ -161,8 +163,8 @@ def test_three_ranks_one_aborting_after_its_broken_collective_name_the_leaver_be
                       Status.FAIL, "trainer crashed (exit code 1)", steps=8, world_size=3, exit_code=1, evidence=ev,
                       trainer="myt")
     assert ev.rank_failures[1].signal == "SIGABRT" and ev.rank_failures[2].signal == "SIGTERM", ev.rank_failures
-    c = culprit(rec)
-    assert c is not None and c.did == Did.CRASHED and [r.rank for r in c.ranks] == [0, 1], verdict_line(rec)
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.CRASHED and [r.rank for r in c.ranks] == [0, 1], verdict_line(rec)
     assert c.or_else is not None and [r.rank for r in c.or_else.ranks] == [2], verdict_line(rec)
     aborted = "rank 1 crashed (last heartbeat step 3, stage forward): killed by SIGABRT after a collective broke"
     assert aborted in verdict_line(rec), verdict_line(rec)

@@ -8,10 +8,11 @@ from pathlib import Path
 
 from validation.contract.files import HaltInfo
 from validation.contract.stacks import Frame, StackDump, TakenStack
-from validation.contract.torchrun_log import RankFailure, rank_failures, root_rank
+from validation.contract.torchrun_log import RankFailure, rank_failures
 from validation.judge.findings import find, recommendations
-from validation.judge.findings.culprit import Did
-from validation.judge.findings.headline import culprit, verdict_line
+from validation.judge.diagnosis import Kind, root_rank
+from validation.judge.diagnosis import diagnose
+from validation.judge.findings.headline import verdict_line
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 
@@ -105,8 +106,8 @@ def test_the_rank_that_waited_for_a_node_whose_rank_never_started_is_not_the_one
                   exit_code=None, stalled_s=40.0,
                   reason="stalled: no progress for 40s before its first step (start-up); stacks taken and the run "
                          "killed by the harness")
-    c = culprit(rec)
-    assert c is not None and c.did == Did.CRASHED and [r.rank for r in c.ranks] == [1], verdict_line(rec)
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.CRASHED and [r.rank for r in c.ranks] == [1], verdict_line(rec)
     assert verdict_line(rec).startswith("node 1's rank 1 crashed (no heartbeat written): exit code 1"), verdict_line(rec)
     findings = find([rec])
     [stall] = [f for f in findings if f.title.startswith("stall in")]
@@ -280,11 +281,11 @@ def test_a_rank_that_exited_0_before_its_process_group_is_named_not_the_rank_tha
     assert "rank 1: no heartbeat written (no heartbeat_rank1.jsonl); no process left to take a stack of: it had ended " \
            "(exited 0)" in stall.detail, stall.detail
     # rank 0 busy in code of its own: nothing says it waited for rank 1
-    assert culprit(rec(Frame("/tmp/mine/train.py", 40, "load_shard"))).ranks[0].rank == 0
+    assert diagnose(rec(Frame("/tmp/mine/train.py", 40, "load_shard"))).ranks[0].rank == 0
     # srun's nodes on other hosts: the harness sees no process there, which says nothing of how rank 1 ended
     slurm = NodesEvidence("slurm", "n0:1", 8.0, [NodeEvidence(0, "node0.stderr.log", "n0", None, None, 0, [0]),
                                                  NodeEvidence(1, "node1.stderr.log", "n1", None, None, 1, [1])])
-    assert culprit(rec(init, slurm)).did != Did.LEFT
+    assert diagnose(rec(init, slurm)).kind != Kind.LEFT
 
 
 def test_a_trainers_one_line_error_is_the_exception_where_no_traceback_says_one():

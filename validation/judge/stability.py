@@ -193,3 +193,27 @@ def slowdown(steps: Sequence[int], toks: Sequence[float]) -> Slowdown | None:
     if before <= 0 or after >= SLOWDOWN_FRACTION * before:
         return None
     return Slowdown(rows[k][0], rows[-1][0], after, rows[0][0], rows[k - 1][0], before)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """What a run's whole training.csv says of how it trained, by the profile's rule."""
+
+    spikes: tuple[Spike, ...] = ()
+    """Loss and grad-norm spikes."""
+    divergence: Rise | None = None
+    slowdown: Slowdown | None = None
+    nonfinite_step: int | None = None
+    """The first step whose logged loss is not finite (None: every logged loss is)."""
+
+
+def curve(csv, rule: StabilityRule) -> Curve:
+    """``Curve`` of a training.csv as read (a DataFrame with step, loss, toks_per_s and maybe
+    grad_norm columns); an empty Curve where there is none."""
+    if csv is None:
+        return Curve()
+    steps = csv["step"].tolist()
+    found = tuple(s for col in ("loss", "grad_norm") if col in csv for s in spikes(steps, csv[col].tolist(), rule, col))
+    bad = [s for s, v in zip(steps, csv["loss"].tolist()) if not math.isfinite(v)]
+    return Curve(found, rise(steps, csv["loss"].tolist(), rule), slowdown(steps, csv["toks_per_s"].tolist()),
+                 int(bad[0]) if bad else None)

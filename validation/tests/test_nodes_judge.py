@@ -13,7 +13,7 @@ from validation.contract.files import HaltInfo
 from validation.contract.nodes import NodeLaunch, NodesLaunch, read_nodes, write_nodes
 from validation.contract.stacks import Frame, StackDump
 from validation.contract.torchrun_log import RankFailure, agent_said
-from validation.judge.evidence import collect, collect_failures, collect_train, with_log
+from validation.judge.evidence import collect, read_ended, read_train, with_log
 from validation.judge.findings import Severity, find, recommendations
 from validation.judge.diagnosis import died_first
 from validation.judge.findings.headline import culprit_log
@@ -77,7 +77,9 @@ def test_a_heartbeat_file_of_a_rank_that_does_not_exist_places_no_rank_on_a_node
             "".join(json.dumps({**b, "rank": min(rank, 1)}) + "\n" for b in _beats(rank, node, "vm", 0.0)))
     run = RunData(tmp_path, world_size=2, exit_code=0)
     errors: list[str] = []
-    collect_train(run, errors)
+    files = read_train(run)
+    run = files.onto(run)
+    errors += files.problems
     assert [e for e in errors if "heartbeat_rank5.jsonl: malformed" in e], errors
     ev = collect(run, tmp_path / "node0.stderr.log", errors)
     assert [n.ranks for n in ev.nodes.nodes] == [[0], [1]]
@@ -167,7 +169,7 @@ def test_the_log_a_crash_points_at_is_the_killed_ranks_node_not_the_first_agent_
     (tmp_path / "node1.stderr.log").write_text(
         "  rank      : 1 (local_rank: 0)\n  exitcode  : -9 (pid: 12)\nagent of node 1 exits\n")
     run = RunData(tmp_path, world_size=2, exit_code=1)
-    collect_failures(run, tmp_path / "node0.stderr.log")  # node 0's agent happened to exit first
+    run = read_ended(run, tmp_path / "node0.stderr.log").onto(run)  # node 0's agent happened to exit first
     ev = collect(run, tmp_path / "node0.stderr.log", [])
     assert ev.rank_failures[1].signal == "SIGKILL" and not ev.rank_failures[0].own
     rec = _record(ev.nodes, status=Status.FAIL, exit_code=1, evidence=ev)
@@ -176,7 +178,7 @@ def test_the_log_a_crash_points_at_is_the_killed_ranks_node_not_the_first_agent_
     assert shown.stderr_log == "node1.stderr.log" and "agent of node 1 exits" in shown.stderr_tail
     (tmp_path / "node1.stderr.log").write_text("")  # nobody failed in its own right: the first to exit
     run = RunData(tmp_path, world_size=2, exit_code=1)
-    collect_failures(run, tmp_path / "node0.stderr.log")
+    run = read_ended(run, tmp_path / "node0.stderr.log").onto(run)
     ev = collect(run, tmp_path / "node0.stderr.log", [])
     assert culprit_log(_record(ev.nodes, status=Status.FAIL, exit_code=1, evidence=ev)) is None
     assert ev.stderr_log == "node0.stderr.log"

@@ -90,29 +90,31 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
     """Stderr tail, .HALT, how each rank ended (``read_ended``), where each rank was (last heartbeat, stack: only
     of ranks that exist, and those whose rank cannot be told), per-rank step times, fallback
     counters, first and last loss, the files written."""
-    taken, dumps, unranked = read_stacks(run.out_dir, MAX_FRAMES)
     # the heartbeats of ranks that exist: a file of a rank at or above the world size is malformed
     # (the point's ERROR names it), and whoever wrote it is no rank of its own to place or time
     heartbeats = {r: recs for r, recs in run.heartbeats.items() if r < run.world_size}
     beats = {r: Beat.of(recs) for r, recs in heartbeats.items() if recs}
+    seen = rank_processes(beats, run.processes)
     losses = run.csv["loss"].tolist() if run.csv is not None and not run.csv.empty else []
+    trained = signs(run, [])
+    taken, dumps, unranked = read_stacks(run.out_dir, MAX_FRAMES)
     step_times = {r: round(t, 6) for r, t in rank_step_times(heartbeats).items()}
+    fallbacks = fallback_counters(run)
+    signalled = agent_signalled(stderr_path)
     nodes = node_evidence(run.out_dir, heartbeats, step_times)  # each node's agent logs
     # of one node, how late each rank comes (of several nodes, each node's figure is in ``nodes``)
     late = {r: round(t, 6) for r, t in lateness(heartbeats).items()} if nodes is None and run.world_size > 1 else {}
-    trained = signs(run, [])
     return with_log(Evidence(
         errors=errors, halt=run.halt, rank_failures=dict(run.rank_failures),
         stackdumps={r: d for r, d in dumps.items() if r < run.world_size}, unranked_stacks=unranked,
-        taken_stacks=taken, signalled_pids=agent_signalled(stderr_path), last_heartbeat=beats,
+        taken_stacks=taken, signalled_pids=signalled, last_heartbeat=beats,
         rank_step_time_s=step_times, rank_lateness_s=late, nodes=nodes,
-        fallbacks=fallback_counters(run), files=sorted(p.name for p in run.out_dir.iterdir() if p.is_file()),
+        fallbacks=fallbacks, files=sorted(p.name for p in run.out_dir.iterdir() if p.is_file()),
         loss_first=losses[0] if losses else None, loss_last=losses[-1] if losses else None,
         nonfinite_loss_step=trained.nonfinite_loss_step,
         top_ops=list(run.info.get("top_ops") or []), reruns=run.reruns, spikes=trained.spikes,
         divergence=trained.divergence, slowdown=trained.slowdown, memory_growth=trained.memory_growth,
-        not_run=None if run.launched else NotRun.LAUNCH, misses=list(run.misses),
-        rank_processes=rank_processes(beats, run.processes)), stderr_path)
+        not_run=None if run.launched else NotRun.LAUNCH, misses=list(run.misses), rank_processes=seen), stderr_path)
 
 
 def with_log(ev: Evidence, stderr_path: Path) -> Evidence:

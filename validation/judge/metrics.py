@@ -541,3 +541,24 @@ def costs() -> dict[str, tuple[str, ...]]:
         for i in m.optional_inputs():
             out.setdefault(i.name, []).append(m.name)
     return {k: tuple(v) for k, v in out.items()}
+
+
+def declared_unprovided(trainer: str, lacks: frozenset[str], provides: tuple[str, ...] | None) -> dict[str, str]:
+    """Metrics a runbook's trainer says it cannot provide: those reading a field its adapter's
+    format lacks, and (when it lists the metrics it provides) every metric it does not list."""
+    out = {m: f"trainer {trainer}'s files lack {', '.join(sorted(f))}" for m, f in reading(lacks).items()}
+    if provides is not None:
+        out.update({m: f"trainer {trainer} does not list it among its metrics"
+                    for m in METRICS if m not in provides and m not in out})
+    return out
+
+
+def uncovered(metric: Metric, window, run: RunData) -> str:
+    """Why a windowed gate on ``metric`` over ``window`` (a gate's Window) has no value, when it is
+    that the run did not cover the window or logged too few steps in it for the metric's rule."""
+    if not metric.windowed or run.csv is None or run.csv.empty:
+        return ""
+    if window_covered(run.csv, window.last):
+        return metric.too_short(run, window.last) if metric.too_short else ""
+    first, last = int(run.csv["step"].min()), int(run.csv["step"].max())
+    return f"the run logged steps {first}..{last}, which do not cover the {window.describe()}"

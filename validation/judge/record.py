@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP, HEARTBEAT_STAGES_IN_STEP
+from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP
 from validation.contract.files import HaltInfo
 from validation.contract.reruns import Rerun
 from validation.contract.stacks import Frame, StackDump, TakenStack
@@ -160,15 +160,6 @@ def _whole(v: Any) -> int | None:
 def rank_processes(beats: dict[int, Beat], seen: dict[int, ProcessSeen]) -> dict[int, ProcessSeen]:
     """Per rank, the process its last heartbeat's pid names, where the harness saw it."""
     return {r: seen[b.pid] for r, b in beats.items() if b.pid is not None and b.pid in seen}
-
-
-def short_of(beat: Beat, steps: int) -> bool:
-    """Whether a rank whose heartbeats record each step's end (``ends_steps``) says by its last
-    record that it did not complete ``steps``: a record of an earlier step, or one of a stage within
-    the last step. A rank whose records say no step's end (the seed's format) tells nothing here."""
-    if not beat.ends_steps or beat.step is None:
-        return False
-    return beat.step < steps or (beat.step == steps and beat.stage in HEARTBEAT_STAGES_IN_STEP)
 
 
 def last_step_done(beats: Iterable[Beat]) -> int | None:

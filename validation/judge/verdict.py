@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 from validation.contract.files import HaltInfo
 from validation.judge.diagnosis import Died, died_before_watchdog, died_first
 from validation.judge.gates import Gate, GateResult, GateVerdict, Pending, check
-from validation.judge.metrics import METRICS, RunData, Source, compute, reading, window_covered
+from validation.judge.metrics import METRICS, RunData, Source, compute, uncovered
 from validation.judge.misses import pytest_ended
 from validation.judge.record import (
     TRAINER_KINDS,
@@ -60,14 +60,14 @@ class Outcome:
 
     @classmethod
     def of_run(cls, kind: str, run: RunData, errors: Sequence[str]) -> Outcome:
-        completed = compute("steps_completed", run, None)
-        died = died_before_watchdog(run.halt, run.stalled_s is not None or run.timed_out, run.rank_failures)
         beats = {r: Beat.of(recs) for r, recs in run.heartbeats.items() if recs and r < run.world_size}
+        done, seen = last_step_done(beats.values()), rank_processes(beats, run.processes)
+        completed = compute("steps_completed", run, None)
         logged = None if completed is None else int(completed)
+        died = died_before_watchdog(run.halt, run.stalled_s is not None or run.timed_out, run.rank_failures)
         return cls(kind, run.exit_code, run.timed_out, run.stalled_s, run.halt, tuple(errors), run.steps_requested,
-                   logged, run.stacks_tried, last_step_done(beats.values()),
-                   died, run.slurm_stopped,
-                   short_ranks(beats, run.world_size, run.steps_requested, logged, rank_processes(beats, run.processes)))
+                   logged, run.stacks_tried, done, died, run.slurm_stopped,
+                   short_ranks(beats, run.world_size, run.steps_requested, logged, seen))
 
     @classmethod
     def of_record(cls, rec: PhaseRecord) -> Outcome:
@@ -109,16 +109,6 @@ class Outcome:
         return f"stopped after step {self.steps_completed} of {self.steps_requested}, exit 0, no .HALT"
 
 
-def declared_unprovided(trainer: str, lacks: frozenset[str], provides: tuple[str, ...] | None) -> dict[str, str]:
-    """Metrics a runbook's trainer says it cannot provide: those reading a field its adapter's
-    format lacks, and (when it lists the metrics it provides) every metric it does not list."""
-    out = {m: f"trainer {trainer}'s files lack {', '.join(sorted(f))}" for m, f in reading(lacks).items()}
-    if provides is not None:
-        out.update({m: f"trainer {trainer} does not list it among its metrics"
-                    for m in METRICS if m not in provides and m not in out})
-    return out
-
-
 def evaluate(gates: Sequence[Gate], run: RunData, unprovided: Mapping[str, str]) -> list[GateResult]:
     """Each gate's value and verdict. ``unprovided``: metric -> what the trainer lacks for it."""
     out = []
@@ -135,21 +125,9 @@ def evaluate(gates: Sequence[Gate], run: RunData, unprovided: Mapping[str, str])
             continue
         value = compute(g.metric, run, g.window.last)
         verdict = check(value, g.op, g.threshold)
-        out.append(GateResult(**base, value=value, verdict=verdict, note=_uncovered(g, run) if value is None else "",
+        out.append(GateResult(**base, value=value, verdict=verdict, note=uncovered(METRICS[g.metric], g.window, run) if value is None else "",
                               pending=Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None))
     return out
-
-
-def _uncovered(g: Gate, run: RunData) -> str:
-    """Why a windowed gate has no value, when it is that the run did not cover the window or
-    logged too few steps in it for the metric's rule."""
-    metric = METRICS[g.metric]
-    if not metric.windowed or run.csv is None or run.csv.empty:
-        return ""
-    if window_covered(run.csv, g.window.last):
-        return metric.too_short(run, g.window.last) if metric.too_short else ""
-    first, last = int(run.csv["step"].min()), int(run.csv["step"].max())
-    return f"the run logged steps {first}..{last}, which do not cover the {g.window.describe()}"
 
 
 def verdict(outcome: Outcome, gates: Sequence[GateResult]) -> tuple[Status, str]:

@@ -9,7 +9,8 @@ import signal
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import gave_up, short_exception
 from validation.judge.diagnosis import (died_first, departed, ended_before, exited_0, failed_first, hung_ranks,
-                                        killed_by_signal, maybe_departed, no_rank_running, root_of_evidence)
+                                        killed_by_signal, maybe_departed, no_rank_running, no_rank_started,
+                                        root_of_evidence)
 from validation.judge.findings.departed import departure
 from validation.judge.findings.finding import Finding, Severity, last_heartbeat, where
 from validation.judge.nodes import NodeEvidence, NodesEvidence
@@ -169,7 +170,7 @@ def missing_node(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     held before it (stopped, traced, in I/O: kind ``node_stuck``), else waiting, most likely unable
     to reach the endpoint (kind ``node_unreachable``). Where no agent gave up before the harness
     stopped the run, ``_never_met``."""
-    if any(n.ranks for n in ev.nodes) or r.evidence.last_heartbeat or r.exit_code == 0:
+    if not no_rank_started(r):  # the diagnosis's own test (validation/judge/diagnosis.py)
         return None
     waited = [n for n in ev.nodes if gave_up(n.said)]
     if not waited:

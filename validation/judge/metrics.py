@@ -295,11 +295,9 @@ def _idle_ranks(run: RunData, last: int | None) -> float | None:
     of the busy rank's): the seeds' FSDP run, GPU 0 at 99% and 27 GB, GPU 1 at 0% and 4 MB.
 
     NVML's reading is the share of time a kernel was resident, and a rank that waits for its peer
-    in an NCCL collective keeps a kernel resident while it spins: in a healthy DDP run of the tiny
-    preset over NCCL on two H200s (2026-11-27) rank 0's GPU read 29% / 56% and rank 1's 1% at 25
-    of 27 and 29 of 31 readings (docs/measurements/2026-11-27-c/call6_16d74ab_nccl_faults.log,
-    docs/measurements/2026-11-27-d/call1_829f279_nccl_faults.log): the rank that arrived late read
-    idle and was called so once (a false NO-GO). Both ranks held the same model and its memory."""
+    in an NCCL collective keeps a kernel resident while it spins: in a healthy DDP run one rank's GPU
+    may read busy and the other's near idle at almost every sample, the rank that arrives late reading
+    idle. Both ranks hold the same model and its memory, which is what tells them from an idle rank."""
     if not run.heartbeats:
         return None
     idle = set(range(run.world_size)) - ranks_progressing(run.heartbeats)

@@ -33,8 +33,8 @@ from typing import Mapping, Sequence
 MAD_SCALE = 1.4826
 #: the scale never falls below this share of the rolling median: a history that clusters tightly
 #: (a loss flat on random data, where half the steps agree to 3 digits) has a MAD far below its
-#: real noise, and would make a wiggle of 0.6% a "spike" (seen on the tiny model at step 19 of 20);
-#: with it a spike lies at least spike_z per cent above the median (6% by default)
+#: real noise, and would make a wiggle of 0.6% a "spike"; with it a spike lies at least spike_z per
+#: cent above the median (6% by default)
 MIN_SCALE = 0.01
 #: the later part's median tokens/s below this share of the earlier's is a slowdown
 SLOWDOWN_FRACTION = 0.7

@@ -14,15 +14,14 @@ import pytest
 
 from validation.contract.files import read_heartbeats
 from validation.contract.torchrun_log import rank_failures
+from validation.judge.diagnosis import Kind, diagnose
 from validation.judge.findings import find, recommendations
-from validation.judge.diagnosis import Kind
-from validation.judge.diagnosis import diagnose
 from validation.judge.findings.headline import verdict_line
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 
 EVIDENCE = Path(__file__).parent / "evidence"
-#: torchrun x2, gloo, 2026-11-28, a trainer of one's own (not in this repository): rank 1 destroys its
+#: torchrun x2, gloo, a trainer of one's own (not in this repository): rank 1 destroys its
 #: process group as step 3 starts and exits 0 two seconds later (sys.exit); rank 0 catches its broken
 #: all_reduce, prints 'error: <the RuntimeError>' and calls sys.exit(1), and its exit aborts (about one
 #: run in five: the others exit 1). torchrun saw rank 0 fail first and ended rank 1, still exiting,

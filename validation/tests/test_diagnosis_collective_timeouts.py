@@ -15,14 +15,13 @@ from pathlib import Path
 
 from validation.contract.files import read_heartbeats
 from validation.contract.torchrun_log import rank_failures
+from validation.judge.diagnosis import Kind, diagnose, root_of_evidence
 from validation.judge.findings import find, recommendations
-from validation.judge.diagnosis import Kind, root_of_evidence
-from validation.judge.diagnosis import diagnose
 from validation.judge.findings.headline import verdict_line
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 
 EVIDENCE = Path(__file__).parent / "evidence"
-#: torchrun x2, NCCL 2.28.9, torch 2.11.0+cu130, two H200s, 2026-11-28, a trainer of one's own (not in
+#: torchrun x2, NCCL 2.28.9, torch 2.11.0+cu130, two H200s, a trainer of one's own (not in
 #: this repository): init_process_group("nccl", timeout=15 s); every step writes heartbeats of stage
 #: forward, backward (before an all_reduce and .item()) and step. Rank 0 sleeps as step 3 starts
 #: (stage forward); rank 1's all_reduce times out, its watchdog dumps its debug info (a minute) and
@@ -155,7 +154,7 @@ def test_of_three_ranks_two_still_running_alike_name_none_hung(tmp_path):
     assert verdict_line(rec) == "trainer crashed (exit code 1)", verdict_line(rec)
 
 
-#: torchrun x3, gloo, 2026-11-28, the process group's timeout 10 s: rank 1 sleeps as step 3 starts
+#: torchrun x3, gloo, the process group's timeout 10 s: rank 1 sleeps as step 3 starts
 #: (stage data); ranks 0 and 2 raise gloo's 'Timed out waiting 10000ms for recv (send) operation to
 #: complete' in their all_reduce, and torchrun's agent ends rank 1, still asleep, and rank 2 with SIGTERM
 GLOO_TIMEOUT = EVIDENCE / "gloo3_timeout_rank1_hung"
@@ -209,7 +208,7 @@ def test_a_silent_exit_that_no_printed_timeout_accounts_for_stays_the_ranks_own(
     assert c is None or c.kind != Kind.HUNG, verdict_line(rec)
 
 
-#: torchrun x4, NCCL 2.28.9, torch 2.11.0+cu130, four H200s, 2026-11-28, the same trainer: rank 2 sleeps
+#: torchrun x4, NCCL 2.28.9, torch 2.11.0+cu130, four H200s, the same trainer: rank 2 sleeps
 #: as step 3 starts; the watchdogs of ranks 0, 1 and 3 catch the timeout; rank 1's aborts it first
 #: (SIGABRT), and torchrun ends ranks 0 and 2 with SIGTERM and finds rank 3 aborted too
 FOUR = EVIDENCE / "nccl4_watchdog_rank2_hung"

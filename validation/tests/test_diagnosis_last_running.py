@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from validation.judge.diagnosis import Kind, diagnose
 from validation.judge.findings import find
-from validation.judge.diagnosis import Kind
-from validation.judge.diagnosis import diagnose
 from validation.judge.findings.headline import verdict_line
 from validation.judge.record import PhaseRecord
 from validation.tests.stopped_run import judged_stopped_run

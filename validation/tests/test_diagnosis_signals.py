@@ -18,15 +18,14 @@ import pytest
 
 from validation.contract.files import read_heartbeats
 from validation.contract.torchrun_log import rank_failures
+from validation.judge.diagnosis import Kind, diagnose, root_of_evidence
 from validation.judge.findings import find, recommendations
-from validation.judge.diagnosis import Kind, root_of_evidence
-from validation.judge.diagnosis import diagnose
 from validation.judge.findings.headline import verdict_line
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 from validation.tests.stopped_run import judged_stopped_run
 
 EVIDENCE = Path(__file__).parent / "evidence"
-#: torchrun x3, gloo, 2026-11-28: rank 1 sends itself SIGTERM as step 3 starts (stage data); ranks 0
+#: torchrun x3, gloo: rank 1 sends itself SIGTERM as step 3 starts (stage data); ranks 0
 #: and 2 raise 'Connection reset by peer' in their all_reduce, and torchrun's agent, seeing rank 1 fail,
 #: sends SIGTERM to ranks 0 and 2 (pids 24693, 24695), still exiting: torchrun reports all three -15
 OUTSIDE = EVIDENCE / "sigterm3_rank1_outside"
@@ -87,7 +86,7 @@ def test_an_agent_told_to_stop_says_nothing_of_whose_signal_a_rank_had(tmp_path)
     assert diagnose(rec) is None, verdict_line(rec)
 
 
-#: torchrun x2, gloo, 2026-11-28: rank 1 raises as step 3 starts; rank 0, busy in its own work then,
+#: torchrun x2, gloo: rank 1 raises as step 3 starts; rank 0, busy in its own work then,
 #: gets the agent's SIGTERM, and its handler saves a checkpoint for 45 s (a preemption handler); the
 #: agent waits its 30 s and kills it: 'Unable to shutdown process 29603 via 15, forcefully exiting via 9'
 SLOW_HANDLER = EVIDENCE / "agent_sigkill2_rank0_slow_handler"

@@ -14,17 +14,15 @@ import pytest
 
 from validation.contract.files import read_heartbeats
 from validation.contract.torchrun_log import rank_failures
+from validation.judge.diagnosis import Kind, diagnose, maybe_departed
 from validation.judge.findings import find, recommendations
-from validation.judge.diagnosis import Kind
-from validation.judge.diagnosis import maybe_departed
-from validation.judge.diagnosis import diagnose
 from validation.judge.findings.headline import verdict_line
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 
 EVIDENCE = Path(__file__).parent / "evidence"
 #: MYT_FAULT=return:1@3 (rank 1 returns from main as step 3 starts), every other rank catches its
-#: broken all_gather, prints one line and exits 1; torchrun x3, gloo (2026-11-27)
+#: broken all_gather, prints one line and exits 1; torchrun x3, gloo
 SWALLOWED = """rank 2: lost a peer, giving up
 rank 0: lost a peer, giving up
 W1127 23:26:59.306000 4064 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 4077 closing signal SIGTERM
@@ -151,7 +149,7 @@ def _recorded(name: str) -> PhaseRecord:
 
 @pytest.mark.parametrize("name, silent", [("swallow3_leaver_sigtermed", [1]), ("swallow3_two_silent", [0, 1])])
 def test_three_ranks_whose_leaver_torchrun_sigtermed_name_it_beside_the_silent_ones(name, silent):
-    """Real runs, torchrun x3 on gloo, 2026-11-28, of a trainer of one's own (not in this repository):
+    """Real runs, torchrun x3 on gloo, of a trainer of one's own (not in this repository):
     rank 2 destroys its process group and returns from main as step 3 starts, its interpreter's exit
     then taking 1 s (an atexit hook); the other ranks catch their broken all_reduce, print one line
     and exit 1 (os._exit). Before rank 2 had ended, torchrun saw a silent exit and ended rank 2 with

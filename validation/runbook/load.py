@@ -25,7 +25,6 @@ from validation.runbook import keys
 from validation.judge.record import TRAINER_KINDS
 from validation.judge.stability import StabilityRule
 from validation.runbook.fields import (
-    MODULE,
     NAME,
     Reader,
     parse_env,
@@ -48,17 +47,11 @@ def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None
     r = Reader(path, data, "", keys.RUNBOOK)
     trainer = parse_trainer(path, r.get("trainer"), METRICS, ADAPTERS) if "trainer" in r.data else None
     d = Reader(path, r.get("defaults", {}), "defaults", keys.DEFAULTS)
-    defaults = {
-        "launcher": parse_launcher(path, d.get("launcher", {}), "defaults.launcher", Launcher()),
-        "config": d.str_("config", "tiny", pattern=MODULE),
-        "overrides": parse_overrides(d, "defaults.overrides", d.get("overrides")),
-        "env": parse_env(d, "defaults.env", d.get("env")),
-        "steps": d.int_("steps", 20, minimum=1),
-        "timeout_s": d.num("timeout_s", 600.0, minimum=1.0),
-        "stall_s": d.num("stall_s", None, minimum=1.0),
-        "startup_s": d.num("startup_s", None, minimum=1.0),
-        "min_gpus": d.int_("min_gpus", 0),
-    }
+    # the keys of ``defaults:``: the structured ones read as a phase reads them, the scalars as declared
+    defaults = {k.name: d.value(k.name) for k in keys.DEFAULTS.keys if k.type is not None}
+    defaults |= {"launcher": parse_launcher(path, d.get("launcher", {}), "defaults.launcher", Launcher()),
+                 "overrides": parse_overrides(d, "defaults.overrides", d.get("overrides")),
+                 "env": parse_env(d, "defaults.env", d.get("env"))}
     profiles = r.list_("profiles")
     for i, p in enumerate(profiles):
         if not isinstance(p, str) or not NAME.match(p):
@@ -77,7 +70,7 @@ def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None
         else:
             _check_params(r, f"phases[{i}]", p, trainer)
     return Runbook(r.str_("name", pattern=NAME), path, r.str_("description", "") or "",
-                   r.str_("source", "") or "", tuple(profiles), phases, r.int_("max_parallel", 1, minimum=1), trainer)
+                   r.str_("source", "") or "", tuple(profiles), phases, r.value("max_parallel"), trainer)
 
 
 def _check_trainer_keys(r: Reader, where: str, phase) -> None:

@@ -16,7 +16,7 @@ from validation.judge.metrics import METRICS
 from validation.judge.record import TRAINER_KINDS
 from validation.runbook import empty, keys
 from validation.runbook.schema import MODULE, NAME, Limit
-from validation.runbook.types import PHASE_KINDS, Launcher, Phase, Rendezvous, Scalar
+from validation.runbook.types import Launcher, Phase, Rendezvous, Scalar
 
 LAUNCHER_KINDS = ("python", "torchrun", "slurm")
 #: each launcher kind's keys (torchrun's nproc is per node; Slurm says nodes and nproc_per_node)

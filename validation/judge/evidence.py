@@ -18,13 +18,13 @@ from validation.contract.stacks import (
     read_index,
 )
 from validation.contract.torchrun_log import agent_signalled, log_exception, log_has_traceback, rank_failures
+from validation.excerpt import EXCERPT_CHARS, STDERR_TAIL_LINES
 from validation.judge.memory import growing_ranks
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
 from validation.judge.nodes import lateness, node_evidence, node_failures, slurm_stopped
 from validation.judge.record import Beat, Evidence, NotRun, RunSigns, rank_processes
 from validation.judge.stability import Rise, Slowdown, Spike, rise, slowdown, spikes
 
-STDERR_TAIL_LINES = 40
 
 MAX_FRAMES = 8
 
@@ -44,7 +44,7 @@ def collect_train(run: RunData, errors: list[str]) -> None:
     ended_itself = run.exit_code == 0 and not run.timed_out and run.stalled_s is None
     if ended_itself and found.csv is not None and (torn := torn_last_row(csv)) is not None:
         errors.append(f"{csv}: the last row has no line end though the trainer exited 0 (a row cut off mid-write, "
-                      f"or rows not ended: every row must end with one): {torn[:120]!r}")
+                      f"or rows not ended: every row must end with one): {torn[:EXCERPT_CHARS]!r}")
 
 
 def collect_halt(run: RunData) -> None:

@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 
 from validation.contract.files import HaltInfo
 from validation.contract.torchrun_log import RankFailure
+from validation.excerpt import EXCERPT_CHARS
 from validation.judge.gates import Gate, GateResult, GateVerdict, Pending, check
 from validation.judge.metrics import METRICS, RunData, Source, compute, reading, window_covered
 from validation.judge.misses import pytest_ended
@@ -193,9 +194,9 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
         if halt.source == "watchdog":
             return Status.FAIL, f"watchdog wrote .HALT: no rank made progress{torn}"
         if halt.torn and halt.source is None:
-            return Status.FAIL, f"stopped by a .HALT whose JSON record is cut short, no source in it: {halt.text[:200]}"
+            return Status.FAIL, f"stopped by a .HALT whose JSON record is cut short, no source in it: {halt.text[:EXCERPT_CHARS]}"
         # an operator's .HALT: empty, free text, or JSON from another source
-        said = (halt.text[:200] or "an empty file") if halt.source is None else f"from {halt.source}: {halt.text[:200]}"
+        said = (halt.text[:EXCERPT_CHARS] or "an empty file") if halt.source is None else f"from {halt.source}: {halt.text[:EXCERPT_CHARS]}"
         return Status.FAIL, f"stopped by a .HALT ({said}){torn}"
     if outcome.slurm_stopped and outcome.exit_code not in (0, None):
         # someone's scancel, the job's time limit, preemption: the ranks were stopped, they did not fail
@@ -225,7 +226,7 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
 def _nonfinite(halt: HaltInfo) -> str:
     """'non-finite loss at step 3: loss per rank [...], grad_norm nan (trainer .HALT)'."""
     said = (f": loss per rank {halt.losses}, grad_norm {halt.grad_norm}" if halt.losses is not None
-            else f" ({halt.text[:120]})")  # a trainer whose .HALT says less (the seed's)
+            else f" ({halt.text[:EXCERPT_CHARS]})")  # a trainer whose .HALT says less (the seed's)
     torn = " (its record cut short)" if halt.torn else ""
     return f"non-finite loss at step {halt.step}{said} (trainer .HALT){torn}"
 

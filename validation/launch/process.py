@@ -35,6 +35,7 @@ import psutil
 from validation.contract.files import tail
 from validation.contract.stacks import HARNESS_STACKS, TakenStack
 from validation.contract.torchrun_log import agent_said, closed_rendezvous, gave_up
+from validation.excerpt import STDERR_TAIL_LINES
 from validation.judge.seen import ProcessSeen
 from validation.launch import stacks
 from validation.launch.lives import Lives
@@ -44,7 +45,6 @@ from validation.launch.watch import StepWatch, Watch
 #: set on an interrupt (the CLI's stop-signal handler): every running ``run`` kills its tree and
 #: raises KeyboardInterrupt, also in worker threads, which never see the signal
 ABORT = threading.Event()
-STDERR_TAIL_LINES = 40
 #: seconds a launch of several processes may stay open once one of them failed and no other
 #: process of it runs: time for the others to end by themselves (a torchrun agent at its exit
 #: barrier whose store went with the failed agent ended 1.6 s after it, measured here) before

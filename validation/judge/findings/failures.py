@@ -8,6 +8,7 @@ from typing import Iterable
 from nsa.contract import HEARTBEAT_STAGE_HALT, PROFILE_TOP_OPS, heartbeat_name
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import last_exception, short_exception
+from validation.excerpt import EXCERPT_CHARS
 from validation.judge.findings import stability
 from validation.judge.findings.culprit import Culprit, Did, NoStack, RankAt
 from validation.judge.findings.departed import (departed, departure, ended_before, ending, exited_0, failed_first,
@@ -46,7 +47,7 @@ def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
                      f"{', '.join(map(str, bad)) or '?'} (loss per rank {ev.halt.losses}, grad_norm {ev.halt.grad_norm})"
                      f"{before}") if ev.halt.losses is not None else (
                 f"non-finite loss in {where_run(r)} at step {ev.halt.step}: {_halted_text(r)}the trainer's .HALT says "
-                f"{ev.halt.text[:120]!r}")
+                f"{ev.halt.text[:EXCERPT_CHARS]!r}")
             out.append(Finding(Severity.CRITICAL, r.phase, title, [f".HALT: {r.out_dir}/.HALT"] + _rank_lines(r, bad),
                                "nonfinite", Facts.of(r), _nonfinite_ranks(r, bad)))
         elif ev.nodes is not None and missing_node(r, ev.nodes) is not None:
@@ -88,7 +89,7 @@ def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
                 # NCCL watchdog) waited for ranks still running outside it, which torchrun then ended
                 waited = sorted(k for k, f in ev.rank_failures.items() if f.gave_up_waiting)
                 cause = (f"{_ranks(waited)} gave up waiting for {'it' if len(hung) == 1 else 'them'} in a collective "
-                         f"(rank {waited[0]}: {ev.rank_failures[waited[0]].gave_up_waiting[:200]}); it was still "
+                         f"(rank {waited[0]}: {ev.rank_failures[waited[0]].gave_up_waiting[:EXCERPT_CHARS]}); it was still "
                          "running, outside that collective, when torchrun ended the run (SIGTERM)")
                 title += f": {_ranks(hung)} hung: {cause}"
                 kind = "waited"

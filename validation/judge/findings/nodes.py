@@ -8,6 +8,7 @@ import signal
 
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import gave_up, short_exception
+from validation.excerpt import EXCERPT_CHARS
 from validation.judge.findings.departed import (departed, departure, ended_before, exited_0, failed_first,
                                                 maybe_departed)
 from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where
@@ -388,5 +389,5 @@ def _said(text: str) -> str:
     """An agent's error as its class name and message: 'RendezvousTimeoutError'."""
     m = re.match(r"^(?:[A-Za-z_][\w]*\.)*(?P<name>[A-Za-z_]\w*(Error|Exception|Failure))\b:?\s*(?P<msg>.*)$", text)
     if m is None:
-        return repr(text[:160])
-    return m["name"] + (f": {m['msg'][:160]}" if m["msg"] else "")
+        return repr(text[:EXCERPT_CHARS])
+    return m["name"] + (f": {m['msg'][:EXCERPT_CHARS]}" if m["msg"] else "")

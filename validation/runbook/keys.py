@@ -1,7 +1,7 @@
 """Every key a runbook or a hardware profile may hold, with what it means: the one table the
 loader reads (which keys a mapping allows, which it requires) and docs/runbook_format.md is
 generated from (validation/report/reference.py), so the two cannot drift. The keys of a phase,
-of ``defaults:``, of a rendezvous and the runbook's max_parallel are the fields of their
+of ``defaults:``, of a rendezvous, of a profile's hardware and the runbook's max_parallel are the fields of their
 dataclasses (validation/runbook/types.py, declared with validation/runbook/schema.py's ``key``)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from validation.runbook.schema import TEXT_ONLY, Key, keys_of
-from validation.runbook.types import Phase, Rendezvous, Runbook
+from validation.runbook.types import Hardware, Phase, Rendezvous, Runbook
 
 
 @dataclass(frozen=True)
@@ -153,15 +153,7 @@ PROFILE = Section("(profile file)", "A hardware profile: the minimum hardware an
     Key("notes", "for people", empty=TEXT_ONLY),
 ))
 
-HARDWARE = Section("hardware", "What a profile's points need; a machine without it skips them.", (
-    Key("accelerator", "cuda or cpu", True),
-    Key("min_gpus", "GPUs at least"),
-    Key("min_gpu_mem_gb", "memory per GPU at least"),
-    Key("gpu_name", "a substring of the GPU's name (H100): another GPU runs and is reported, or skips with "
-                    "--hardware-mismatch=skip"),
-    Key("peak_bf16_tflops", "the GPU's dense bf16 peak in TFLOP/s, from its data sheet: mfu divides by it "
-                            "(without it mfu is UNMEASURED)"),
-))
+HARDWARE = Section("hardware", "What a profile's points need; a machine without it skips them.", keys_of(Hardware))
 
 SECTIONS = (RUNBOOK, DEFAULTS, PHASE, LAUNCHER, RDZV, GATE, TRAINER, TRAINER_ROOT, TRAINER_CONFIG, TRAINER_RESUME,
             PROFILE, HARDWARE)

@@ -37,8 +37,6 @@ from validation.runbook.trainer_keys import published_keys
 from validation.runbook.trainer_spec import TrainerSpec, parse_trainer
 from validation.runbook.types import Hardware, Launcher, Phase, Profile, Runbook
 
-ACCELERATORS = ("cuda", "cpu")
-
 
 def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None) -> Runbook:
     """Load and validate a runbook (a path, or a name under runbooks/)."""
@@ -117,9 +115,7 @@ def load_profile(path_or_name: str | Path) -> Profile:
     data = read_yaml(path)
     r = Reader(path, data, "", keys.PROFILE)
     h = Reader(path, r.get("hardware"), "hardware", keys.HARDWARE)
-    hw = Hardware(h.str_("accelerator", choices=ACCELERATORS), h.int_("min_gpus", 0),
-                  h.num("min_gpu_mem_gb", 0.0), h.str_("gpu_name", None, pattern=NAME),
-                  h.num("peak_bf16_tflops", None, minimum=1.0))
+    hw = Hardware(**{k.name: h.value(k.name) for k in keys.HARDWARE.keys})
     thr = r.get("thresholds")
     if not isinstance(thr, Mapping):
         r.fail("thresholds", "expected a mapping of name: number (or null = to be measured)")

@@ -16,6 +16,7 @@ from validation.runbook.schema import MODULE, NAME, TEXT_ONLY, Limit, Stale, key
 
 Scalar = str | int | float | bool
 PHASE_KINDS = ("train", "preflight", "pytest", "profile", "resume")
+ACCELERATORS = ("cuda", "cpu")
 #: a phase without its own stall allowance stalls after timeout_s / STALL_SHARE without progress
 STALL_SHARE = 4
 
@@ -190,15 +191,16 @@ class Runbook:
 
 @dataclass(frozen=True)
 class Hardware:
-    accelerator: str = "cpu"
-    min_gpus: int = 0
-    min_gpu_mem_gb: float = 0.0
-    gpu_name: str | None = None
-    """Substring expected in the GPU name (e.g. 'A100'); a mismatch is reported, or skipped
-    with --hardware-mismatch=skip."""
-    peak_bf16_tflops: float | None = None
-    """One device's dense bf16 peak, TFLOP/s (the vendor's number, without sparsity): what mfu
-    divides by. None: mfu is UNMEASURED on this profile."""
+    """A profile's ``hardware:``: what its points need; each field is a key of it."""
+
+    accelerator: str = key("cpu", meaning="cuda or cpu", required=True, choices=ACCELERATORS)
+    min_gpus: int = key(0, meaning="GPUs at least", minimum=0)
+    min_gpu_mem_gb: float = key(0.0, meaning="memory per GPU at least", minimum=0.0)
+    gpu_name: str | None = key(None, meaning="a substring of the GPU's name (H100): another GPU runs and is reported, "
+                                             "or skips with --hardware-mismatch=skip", pattern=NAME)
+    peak_bf16_tflops: float | None = key(None, meaning="the GPU's dense bf16 peak in TFLOP/s, from its data sheet: mfu "
+                                                       "divides by it (without it mfu is UNMEASURED)", minimum=1.0)
+    """One device's dense peak (the vendor's number, without sparsity)."""
 
     @property
     def peak_flops(self) -> float | None:

@@ -80,8 +80,8 @@ class Curve:
     """This repository's commit at the run, beside the trainer's."""
 
     def origin(self) -> str:
-        """Where the curve came from ('commit 5038c55d0217, blessed 2026-11-28 05:05 UTC from
-        runs/cpu_smoke/cpu/baseline_ddp/default/9429440eecf9'): a run's commit against this tells a
+        """Where the curve came from ('commit <12 hex digits>, blessed YYYY-MM-DD HH:MM UTC from
+        runs/<runbook>/<profile>/<phase>/<point>/<run id>'): a run's commit against this tells a
         change of the trainer's numerics from a run that does not repeat itself, and the time and
         run tell one curve of the file from another blessed over it."""
         return (f"commit {(self.commit or 'not recorded')[:12]}, blessed {_minute(self.blessed)}"
@@ -89,7 +89,7 @@ class Curve:
 
 
 def _minute(stamp: str) -> str:
-    """'2026-11-28 05:05 UTC' of an ISO 8601 time ('2026-11-28T05:05:31+00:00'); the text as it is
+    """'YYYY-MM-DD HH:MM UTC' of an ISO 8601 time ('YYYY-MM-DDTHH:MM:SS+00:00'); the text as it is
     where it is no such time, 'at an unrecorded date' where it is empty."""
     try:
         t = _dt.datetime.fromisoformat(stamp)

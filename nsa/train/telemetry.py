@@ -40,7 +40,7 @@ import torch
 from .. import contract
 from ..provenance import source_revision
 from . import strict_json
-from .atomic import write_atomic
+from nsa.atomic import write_atomic
 from .checkpoint import CheckpointError
 
 CSV_HEADER = list(contract.CSV_COLUMNS)

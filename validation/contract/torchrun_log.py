@@ -7,6 +7,8 @@ import signal
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from validation.excerpt import EXCERPT_CHARS
+
 #: a line a rank wrote with its prefix: Python's '[rank1]: Traceback ...' (the excepthook torch.distributed
 #: installs), C++ logging's '[rank1]:[E1128 04:58:52.554 ProcessGroupNCCL.cpp:689] ...' (no space)
 _RANK_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
@@ -172,11 +174,11 @@ class RankFailure:
         if self.broken_collective is not None:
             return f"killed by {self.signal} after a collective broke ({short_exception(self.broken_collective)})"
         if self.nccl_watchdog is not None and self.signal == "SIGABRT":  # the watchdog's own abort
-            return f"killed by SIGABRT by its NCCL watchdog ({self.nccl_watchdog[:200]})"
+            return f"killed by SIGABRT by its NCCL watchdog ({self.nccl_watchdog[:EXCERPT_CHARS]})"
         if self.nccl_watchdog is not None and self.signal:  # ended before its watchdog's abort came
             sender = " from torchrun's agent" if self.by_agent else ""
             return (f"killed by {self.signal}{sender}, its NCCL watchdog having given up on a collective "
-                    f"({self.nccl_watchdog[:200]})")
+                    f"({self.nccl_watchdog[:EXCERPT_CHARS]})")
         if self.signal and self.ended_by_agent is True and self.signal != "SIGTERM":
             return f"killed by {self.signal} from torchrun's agent, once its SIGTERM had not ended it"
         if self.signal == "SIGTERM" and self.ended_by_agent is False:
@@ -195,8 +197,8 @@ def short_exception(text: str) -> str:
     """A rank's exception without gloo's source path: 'RuntimeError: Connection closed by peer [..]:1686'."""
     m = re.match(r"^(?P<name>[\w.]+): (\[[^\]]*\] )?(?P<msg>.*)$", text)
     if m is None:
-        return text[:160]
-    return f"{m['name'].split('.')[-1]}: {m['msg'].split('. ')[0][:160]}"
+        return text[:EXCERPT_CHARS]
+    return f"{m['name'].split('.')[-1]}: {m['msg'].split('. ')[0][:EXCERPT_CHARS]}"
 
 
 def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, RankFailure]:
@@ -323,7 +325,7 @@ def _teardown_aborts(text: str, failures: dict[int, RankFailure]) -> dict[int, s
         if who == _AGENT:
             continue
         if _PEER_GONE.search(line):
-            broken = broken or line.strip()[:300]
+            broken = broken or line.strip()[:EXCERPT_CHARS]
         elif _TERMINATE in line:
             if broken is None:
                 return {}  # an abort before any peer was gone: a rank's own

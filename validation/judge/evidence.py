@@ -22,8 +22,8 @@ from validation.judge.metrics import RunData, costs, fallback_counters, rank_ste
 from validation.judge.nodes import lateness, node_evidence, node_failures, slurm_stopped
 from validation.judge.record import Beat, Evidence, NotRun, RunSigns, rank_processes
 from validation.judge.stability import curve
+from validation.excerpt import EXCERPT_CHARS, STDERR_TAIL_LINES
 
-STDERR_TAIL_LINES = 40
 
 MAX_FRAMES = 8
 
@@ -59,7 +59,7 @@ def read_train(run: RunData) -> TrainFiles:
     ended_itself = run.exit_code == 0 and not run.timed_out and run.stalled_s is None
     if ended_itself and found.csv is not None and (torn := torn_last_row(csv)) is not None:
         problems.append(f"{csv}: the last row has no line end though the trainer exited 0 (a row cut off mid-write, "
-                        f"or rows not ended: every row must end with one): {torn[:120]!r}")
+                        f"or rows not ended: every row must end with one): {torn[:EXCERPT_CHARS]!r}")
     return TrainFiles(found.csv, found.heartbeats, found.env, found.halted, found.reruns,
                       found.world_size or run.world_size, tuple(problems))
 

@@ -26,6 +26,7 @@ from validation.judge.record import (
     rank_processes,
 )
 from validation.judge.short_ranks import ShortRank, short_ranks
+from validation.excerpt import EXCERPT_CHARS
 
 
 @dataclass(frozen=True)
@@ -165,9 +166,9 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
         if halt.source == "watchdog":
             return Status.FAIL, f"watchdog wrote .HALT: no rank made progress{torn}"
         if halt.torn and halt.source is None:
-            return Status.FAIL, f"stopped by a .HALT whose JSON record is cut short, no source in it: {halt.text[:200]}"
+            return Status.FAIL, f"stopped by a .HALT whose JSON record is cut short, no source in it: {halt.text[:EXCERPT_CHARS]}"
         # an operator's .HALT: empty, free text, or JSON from another source
-        said = (halt.text[:200] or "an empty file") if halt.source is None else f"from {halt.source}: {halt.text[:200]}"
+        said = (halt.text[:EXCERPT_CHARS] or "an empty file") if halt.source is None else f"from {halt.source}: {halt.text[:EXCERPT_CHARS]}"
         return Status.FAIL, f"stopped by a .HALT ({said}){torn}"
     if outcome.slurm_stopped and outcome.exit_code not in (0, None):
         # someone's scancel, the job's time limit, preemption: the ranks were stopped, they did not fail
@@ -197,7 +198,7 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
 def _nonfinite(halt: HaltInfo) -> str:
     """'non-finite loss at step 3: loss per rank [...], grad_norm nan (trainer .HALT)'."""
     said = (f": loss per rank {halt.losses}, grad_norm {halt.grad_norm}" if halt.losses is not None
-            else f" ({halt.text[:120]})")  # a trainer whose .HALT says less (the seed's)
+            else f" ({halt.text[:EXCERPT_CHARS]})")  # a trainer whose .HALT says less (the seed's)
     torn = " (its record cut short)" if halt.torn else ""
     return f"non-finite loss at step {halt.step}{said} (trainer .HALT){torn}"
 

@@ -4,6 +4,7 @@ the other's text and both say the same."""
 from __future__ import annotations
 
 from validation.judge.diagnosis import Diagnosis, Kind, RankAt
+from validation.excerpt import EXCERPT_CHARS
 
 #: what a blamed rank did, by the kind of the diagnosis
 DID = {Kind.CRASHED: "crashed", Kind.KILLED: "crashed", Kind.HUNG: "hung", Kind.STALLED: "stalled",
@@ -36,7 +37,7 @@ def waited_cause(d: Diagnosis) -> str:
     """Of ranks others gave up waiting for: 'rank 1 gave up waiting for it in a collective (rank 1:
     ...); it was still running, outside that collective, when torchrun ended the run (SIGTERM)'."""
     return (f"{ranks(d.waited)} gave up waiting for {'it' if len(d.ranks) == 1 else 'them'} in a collective "
-            f"(rank {d.waited[0]}: {(d.cause or '')[:200]}); it was still running, outside that collective, when "
+            f"(rank {d.waited[0]}: {(d.cause or '')[:EXCERPT_CHARS]}); it was still running, outside that collective, when "
             "torchrun ended the run (SIGTERM)")
 
 

@@ -21,6 +21,7 @@ from validation.judge.provenance import short_commit
 from validation.judge.record import HARNESS_ERROR_FILE, TRAINER_KINDS, NotRun, PhaseRecord, Status
 from validation.judge.resume import METRICS as RESUME_METRICS
 from validation.judge.verdict import Outcome
+from validation.excerpt import EXCERPT_CHARS
 
 #: slowest / fastest rank median step time above which ranks are called imbalanced
 IMBALANCE_RATIO = 1.5
@@ -47,7 +48,7 @@ def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
                      f"{', '.join(map(str, bad)) or '?'} (loss per rank {ev.halt.losses}, grad_norm {ev.halt.grad_norm})"
                      f"{before}") if ev.halt.losses is not None else (
                 f"non-finite loss in {where_run(r)} at step {ev.halt.step}: {_halted_text(d)}the trainer's .HALT says "
-                f"{ev.halt.text[:120]!r}")
+                f"{ev.halt.text[:EXCERPT_CHARS]!r}")
             out.append(Finding(Severity.CRITICAL, r.phase, title, [f".HALT: {r.out_dir}/.HALT"] + _rank_lines(r, bad),
                                "nonfinite", Facts.of(r), d if d.ranks else None))
             continue

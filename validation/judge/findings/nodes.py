@@ -15,6 +15,7 @@ from validation.judge.findings.departed import departure
 from validation.judge.findings.finding import Finding, Severity, last_heartbeat, where
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import PhaseRecord
+from validation.excerpt import EXCERPT_CHARS
 
 #: a node is a straggler when its ranks come this share of a step late (and at least STRAGGLER_MIN_S)
 STRAGGLER_SHARE = 0.25
@@ -389,5 +390,5 @@ def _said(text: str) -> str:
     """An agent's error as its class name and message: 'RendezvousTimeoutError'."""
     m = re.match(r"^(?:[A-Za-z_][\w]*\.)*(?P<name>[A-Za-z_]\w*(Error|Exception|Failure))\b:?\s*(?P<msg>.*)$", text)
     if m is None:
-        return repr(text[:160])
-    return m["name"] + (f": {m['msg'][:160]}" if m["msg"] else "")
+        return repr(text[:EXCERPT_CHARS])
+    return m["name"] + (f": {m['msg'][:EXCERPT_CHARS]}" if m["msg"] else "")

@@ -1,5 +1,8 @@
 """Whole-file writes that no reader ever sees half done, and that a failed write (a full disk,
-a signal) leaves as they were, with no temp file behind."""
+a signal) leaves as they were, with no temp file behind.
+
+A leaf module (the standard library only): the trainer (nsa/train) and the harness (validation/),
+which never imports the trainer it judges, both write through it."""
 from __future__ import annotations
 
 import errno
@@ -9,12 +12,15 @@ from pathlib import Path
 from typing import BinaryIO, Callable
 
 
-def write_atomic(path: Path, content: bytes | Callable[[BinaryIO], object]) -> None:
-    """Write ``content`` (bytes, or a function writing to the open file) into a temp file beside
-    ``path``, fsync it, rename it over ``path`` and fsync the directory: without the directory's
-    fsync the rename may not survive a power cut (POSIX), and after one ``latest`` could name the
-    checkpoint before, or a file pruned since (a killed process is fine either way)."""
+def write_atomic(path: Path, content: str | bytes | Callable[[BinaryIO], object], *, mode: int | None = None) -> None:
+    """Write ``content`` (text as UTF-8, bytes, or a function writing to the open binary file) into
+    a temp file beside ``path``, fsync it, rename it over ``path`` and fsync the directory: without
+    the directory's fsync the rename may not survive a power cut (POSIX), and after one ``latest``
+    could name the checkpoint before, or a file pruned since (a killed process is fine either way).
+    ``mode``: the file's permissions whatever the umask (the harness's outputs are for everyone)."""
     path = Path(path)
+    if isinstance(content, str):
+        content = content.encode()
     # the thread too: the watchdog's thread writes env.json while the main thread may be writing it
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
@@ -25,6 +31,8 @@ def write_atomic(path: Path, content: bytes | Callable[[BinaryIO], object]) -> N
                 content(fh)
             fh.flush()
             os.fsync(fh.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException as exc:
         tmp.unlink(missing_ok=True)  # a half-written temp file would hold the space a full disk lacks

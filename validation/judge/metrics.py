@@ -297,8 +297,7 @@ def _idle_ranks(run: RunData, last: int | None) -> float | None:
     NVML's reading is the share of time a kernel was resident, and a rank that waits for its peer
     in an NCCL collective keeps a kernel resident while it spins: in a healthy DDP run of the tiny
     preset over NCCL on two H200s (2026-11-27) rank 0's GPU read 29% / 56% and rank 1's 1% at 25
-    of 27 and 29 of 31 readings (docs/measurements/2026-11-27-c/call6_16d74ab_nccl_faults.log,
-    docs/measurements/2026-11-27-d/call1_829f279_nccl_faults.log): the rank that arrived late read
+    of 27 and 29 of 31 readings (bash bench/gpu/nccl_faults.sh shows it): the rank that arrived late read
     idle and was called so once (a false NO-GO). Both ranks held the same model and its memory."""
     if not run.heartbeats:
         return None

@@ -81,10 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", help="hardware profile (default: the runbook's first)")
     p.add_argument("--from-results", type=Path, metavar="DIR",
                    help="copy the report already rendered in this results directory instead of running")
+    p.add_argument("--results-dir", type=Path, metavar="DIR",
+                   help="run into this results directory and keep it (default: a temporary one, removed after); "
+                        "a point that failed for the machine's sake can then be re-run with nsa-validate run "
+                        "--phase PHASE --results-dir DIR and the example copied with --from-results DIR")
     p.add_argument("--out", type=Path, default=EXAMPLES, help="examples folder (default: docs/examples)")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="nsa-example-") as tmp:
-        results = args.from_results or Path(tmp) / "results"
+        results = args.from_results or args.results_dir or Path(tmp) / "results"
         if args.from_results is None:
             status = run_runbook(args.runbook, args.profile, results)
             if status not in (0, 1, 3):  # GO, NO-GO, INCOMPLETE all render a report

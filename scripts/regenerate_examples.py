@@ -30,7 +30,8 @@ def copy_report(report: Path, out_dir: Path, results_dir: Path | None = None) ->
     """Copy ``report`` and the images it names into ``out_dir`` (images under ``plots/``). A link
     whose target is not copied (the result store's runs and results.json) keeps its label as
     plain text; an image whose file is missing is dropped with its line. ``results_dir``'s path,
-    where the report prints it, becomes ``results``. Returns the copied report's path."""
+    where the report prints it, becomes ``results``, and this checkout's paths are written from
+    its root (``validation/tests/...``, ``.venv/bin/python``). Returns the copied report's path."""
     text = report.read_text()
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = out_dir / "plots"
@@ -59,6 +60,7 @@ def copy_report(report: Path, out_dir: Path, results_dir: Path | None = None) ->
     text = "".join(lines)
     if results_dir is not None:
         text = text.replace(str(results_dir.resolve()), "results").replace(str(results_dir), "results")
+    text = text.replace(f"{ROOT}/", "").replace(str(ROOT), ".")  # paths of this checkout, as from its root
     dest = out_dir / report.name
     for old in out_dir.glob("*__*.md"):  # an earlier report of this runbook (another profile too)
         old.unlink()

@@ -30,6 +30,7 @@ def test_the_copy_keeps_its_plots_and_no_link_into_the_store(tmp_path):
         "![long_run](plots/rb__cpu__long_run.png)\n"
         "![gone](plots/rb__cpu__gone.png)\n"
         f"Reproduce: nsa-validate run --results-dir {results}\n"
+        f"Process: {ROOT}/.venv/bin/python -m pytest {ROOT}/validation/tests/test_acceptance.py\n"
         "See [the paper](https://arxiv.org/abs/2502.11089).\n")
     out = tmp_path / "examples" / "rb"
     out.mkdir(parents=True)
@@ -40,6 +41,7 @@ def test_the_copy_keeps_its_plots_and_no_link_into_the_store(tmp_path):
     assert "| long_run | training.csv |" in text and "../runs" not in text
     assert "![long_run](plots/rb__cpu__long_run.png)" in text and "gone" not in text
     assert "--results-dir results" in text and str(results) not in text
+    assert "Process: .venv/bin/python -m pytest validation/tests/test_acceptance.py" in text
     assert "[the paper](https://arxiv.org/abs/2502.11089)" in text
     for target in re.findall(r"\]\(([^)]+)\)", text):
         assert target.startswith("https://") or (out / target).is_file(), target

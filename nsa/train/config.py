@@ -420,7 +420,8 @@ def _where_set(message: str, overrides: Mapping[str, Any], applied: Mapping[str,
 
 def choose_config(cli_config: str | None, env: Mapping[str, str]) -> str:
     """--config, else $CONFIG, else the m7c_125m preset. Both given and different: an error, and
-    so is an empty --config (``--config "$CFG"`` with CFG unset), which once meant m7c_125m."""
+    so is an empty --config (``--config "$CFG"`` with CFG unset), which would otherwise silently mean
+    m7c_125m."""
     if cli_config is not None and not cli_config.strip():
         raise ConfigError("--config is empty: expected a preset name or a YAML path (leave --config out "
                           "for $CONFIG, else the m7c_125m preset)")

@@ -145,8 +145,8 @@ def _site_fault(phase: dict, variable: str) -> dict[str, str]:
 def test_exception_on_one_rank(seeded, matrix, teardown):
     """Rank 1 raises. 'blocking': its process group's destroy blocks, as over NCCL, where it waited
     for rank 0, itself waiting for rank 1 in the step's all-gather; the rank that raised must still
-    be the one named, not rank 0 whose watchdog fires in the end (two H200s, docs/performance.md,
-    twentieth set)."""
+    be the one named, not rank 0 whose watchdog fires in the end (as over NCCL on two GPUs,
+    tests/faults/test_nccl_faults.py)."""
     blocking = teardown == "blocking"
     matrix.start("exception on one rank" + (", teardown that blocks (as NCCL's)" if blocking else ""),
                  "`NSA_FAULT=crash:rank=1:step=2:stage=backward`, torchrun x2"

@@ -50,8 +50,8 @@ run_case() {  # name root args...: torchtitan into $E/name, in the background
 
 signal_at_step() {  # name signal: once the case's log shows step 5, signal its rank (the agent's child)
   local name=$1 sig=$2 agent worker
-  agent=$(pgrep -P "$(cat $E/$name/agent_pid)" -f torch.distributed.run | head -1)
   for _ in $(seq 600); do grep -q "step:  5" $E/$name/stdout.log 2>/dev/null && break; sleep 0.2; done
+  agent=$(pgrep -P "$(cat $E/$name/agent_pid)" -f torch.distributed.run | head -1)
   worker=$(pgrep -P "$agent" | head -1)
   echo "$name: kill -$sig $worker (agent $agent) at $(grep -c 'step:' $E/$name/stdout.log) logged steps" | tee -a "$LOG"
   kill -"$sig" "$worker"

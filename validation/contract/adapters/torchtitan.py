@@ -69,7 +69,7 @@ _TAGS = {
     "step_time_s": ("time_metrics/end_to_end(s)",),
     "mem_alloc_gb": ("memory/max_active(GiB)",),
     "mem_reserved_gb": ("memory/max_reserved(GiB)",),
-    "lr": ("optimizer/lr",),
+    "lr": ("lr", "optimizer/lr"),
 }
 
 

@@ -137,7 +137,7 @@ class TorchtitanAdapter(Adapter):
                 "comm_traces": traces}
         env: dict[str, Any] = {"contract_version": VERSION, "world_size": world, "trainer": facts.trainer,
                                "git_sha": facts.trainer_sha,
-                               "git_sha_source": facts.trainer_sha_source and
+                               "git_sha_source": facts.trainer_sha and
                                f"found by the harness at its root: {facts.trainer_sha_source}",
                                "adapter": {"name": self.name, "read": read}}
         if log.tokens_per_step:

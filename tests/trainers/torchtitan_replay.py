@@ -39,7 +39,7 @@ def _shift_structured(folder: Path, by_s: float) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--evidence", required=True)
-    ap.add_argument("--dump_folder", required=True)
+    ap.add_argument("--job.dump_folder", "--dump_folder", dest="dump_folder", required=True)  # 0.2.x, 0.3.x
     ap.add_argument("--line-s", type=float, default=0.05)
     args, _ = ap.parse_known_args()
     case = EVIDENCE / f"torchtitan_{args.evidence}"

@@ -1,4 +1,4 @@
-"""torchtitan (pytorch/torchtitan 0.3.x, and the older format fla's flame pins) -> the contract.
+"""torchtitan (pytorch/torchtitan 0.2.x and 0.3.x, and the older format fla's flame pins) -> the contract.
 
 The trainer runs unchanged; its ``--job.dump_folder`` is the point's ``torchtitan/`` directory.
 What it writes, and what becomes of it here:

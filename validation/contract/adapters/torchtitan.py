@@ -6,18 +6,18 @@ What it writes, and what becomes of it here:
 - Its log on stdout (the harness keeps it as ``trainer.stdout.log``; by hand, a ``*.log`` in the
   dump folder, e.g. ``... | tee outputs/train.log``), one metrics line per logged step:
   ``step: 5  loss:  7.12345  grad_norm:  1.2345  memory:  1.23GiB(0.87%)  tps: 12,345
-  tflops: 1.23  mfu: 0.16%`` (0.3.x; the older format has no ``grad_norm`` there, and flame
+  tflops: 1.23  mfu: 0.16%`` (0.2.x, 0.3.x; the older format has no ``grad_norm`` there, and flame
   prints ``lr: 3.0000e-04 gnorm:  1.23 [...]`` on the line after). Colour codes are dropped; of
   ranks printing the same step (every rank logs it) the first line is kept. ``tps`` is per
   device (torchtitan divides by the non-data-parallel degree), so tokens/s here are ``tps`` times
   the world size: the data-parallel degree times the non-data-parallel one.
 - TensorBoard events (``--metrics.enable_tensorboard``; ``tb/<time>/events.out.tfevents.*``):
-  ``loss_metrics/global_avg_loss`` (float32, finer than the log's 5 decimals), ``lr/<optimizer>``
-  (flame: ``optimizer/lr``), ``grad_norm`` (``optimizer/grad_norm``), ``throughput(tps)``,
+  ``loss_metrics/global_avg_loss`` (float32, finer than the log's 5 decimals), ``lr`` (0.3.x:
+  ``lr/<optimizer>``; flame: ``optimizer/lr``), ``grad_norm`` (flame: ``optimizer/grad_norm``), ``throughput(tps)``,
   ``time_metrics/end_to_end(s)``, ``memory/max_active(GiB)``, ``memory/max_reserved(GiB)``. Where
   both say a value the events' is taken; without events, step time comes from the log lines'
   timestamps and lr and allocated memory are ``nan`` (UNMEASURED).
-- Structured logs (``--debug.enable_structured_logging``; ``structured_logs/*.global_rank_R.*.jsonl``,
+- 0.3.x's structured logs (``--debug.enable_structured_logging``, on by default; ``structured_logs/*.global_rank_R.*.jsonl``,
   every rank, with pid and host) -> ``heartbeat_rank{R}.jsonl``: a ``step_end`` record says the
   step is done, any other record of a step that it is in progress. Without them rank 0's
   heartbeats are its metrics lines (a run of several ranks then has silent ranks: enable them).

@@ -298,7 +298,7 @@ def _supervise(procs: list[subprocess.Popen | None], over: LaunchOver, ended: di
     reason to stop them). A launch that is over when the stall or the timeout comes is stopped as
     over: no rank is left that could have stalled. ``lives`` (with ``watch``) follows each process
     of the tree against the steps the files show, also once every launched process has exited."""
-    steps = StepWatch(watch.progress_dir, watch.csv) if watch is not None else None
+    steps = StepWatch(watch.progress_dir, watch.csv, watch.step_of) if watch is not None else None
     last_progress = start
     while True:
         running = [p for p in procs if p is not None and p.poll() is None]

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from validation.contract.adapters.base import Adapter, RunFacts
 from validation.contract.adapters.seed import SeedAdapter
+from validation.contract.adapters.torchtitan import TorchtitanAdapter
 
 #: the formats this harness knows, by the name a runbook's ``trainer.adapter`` gives
-ADAPTERS: dict[str, Adapter] = {a.name: a for a in (Adapter(), SeedAdapter())}
+ADAPTERS: dict[str, Adapter] = {a.name: a for a in (Adapter(), SeedAdapter(), TorchtitanAdapter())}
 
 __all__ = ["ADAPTERS", "Adapter", "RunFacts", "SeedAdapter"]

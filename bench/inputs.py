@@ -1,7 +1,7 @@
 """Inputs of the NSA core for the benchmarks, and how local their selections are.
 
-* random: normal q, compressed and per-token k/v, gates in (0, 1) (what the tables before the
-  thirteenth set of docs/performance.md ran on). Their top-n picks blocks that neighbouring
+* random: normal q, compressed and per-token k/v, gates in (0, 1) (what the kernel tables of
+  docs/performance.md run on). Their top-n picks blocks that neighbouring
   tokens hardly share beyond the three forced ones.
 * trained: the q, k, v and gates one layer of a trained model makes on real text, written by
   bench/trained_inputs.py as ``<dir>/layer<L>_S<S>.pt``; their selections carry the structure

@@ -2,10 +2,9 @@
 names each step slower than SLOW x the median with how much longer each of its stages took
 (heartbeat gaps against their medians) and the garbage collections that ran during it.
 
-A long_context point at 4k failed its toks_per_s_cv gate on an H100 (2026-11-25): two steps of
-twelve at 1.4x the median, every host stage of them (data, graph launch, optimizer) slower at
-once. This tells a stall of the whole host (another thread holding the GIL, a collection, the
-machine) from one stage's work.
+For a point that fails its toks_per_s_cv gate on a few slow steps: it tells a stall of the whole
+host (every host stage of a step slower at once: another thread holding the GIL, a collection,
+the machine) from one stage's work.
 
     python3 bench/step_jitter.py --seq-len 4096 --kind dense --steps 40 --runs 2 --dataset text synthetic
 """

@@ -1,7 +1,8 @@
 """The NSA acceptance harness: runbooks as data, phases run as subprocesses, gates, a result
-store and GO/NO-GO reports. Layers: runbook -> runner/evidence -> metrics/gates -> store ->
-findings/report -> cli / pytest_plugin. Nothing here imports the trainer; it drives it through
-the output contract of DESIGN.md ("Trainer outputs")."""
+store and GO/NO-GO reports. Stages, each a folder that imports only the ones before it:
+contract -> judge -> runbook -> launch -> store -> report -> session, then the two doors
+(cli.py, pytest_plugin.py). Nothing here imports the trainer; it drives it through the artifact
+contract (nsa/contract.py; docs/design.md, "The artifact contract")."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -14,6 +14,7 @@ Exit statuses: ``EXIT_STATUSES`` below, also shown by ``nsa-validate --help``.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import sys
@@ -178,8 +179,8 @@ class _Progress:
             self.stream.flush()
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    session = AcceptanceSession(_options(args, args.runbook))
+def cmd_run(args: argparse.Namespace, abort: threading.Event) -> int:
+    session = AcceptanceSession(_options(args, args.runbook), abort)
     points = session.points()
     session.check_ready()
     progress = _Progress()
@@ -205,7 +206,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as exc:  # every point was stored: only the report was stopped
         raise ReportInterrupted(getattr(exc, "signum", signal.SIGINT)) from exc
     except Exception as exc:  # a Ctrl-C inside C code while plots are drawn (see main)
-        if AcceptanceSession.stopping():
+        if session.stopping():
             raise ReportInterrupted(signal.SIGINT) from exc
         raise
 
@@ -223,8 +224,8 @@ def _note(text: str) -> None:
     print(f"nsa-validate: note: {text}", file=sys.stderr)
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    session = AcceptanceSession(_options(args, args.runbook))
+def cmd_report(args: argparse.Namespace, abort: threading.Event) -> int:
+    session = AcceptanceSession(_options(args, args.runbook), abort)
     return _render(session, session.report_pairs())
 
 
@@ -257,13 +258,15 @@ def cmd_check_artifacts(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    with AcceptanceSession.stop_signals():
+    abort = threading.Event()  # the flag of the session a command builds, set by a stop signal
+    with AcceptanceSession.stop_signals(abort):
         try:
             problem = checkout_problem()
             if problem:
                 raise HarnessError(problem)
-            command = {"run": cmd_run, "report": cmd_report, "phases": cmd_phases, "bless": cmd_bless,
-                       "check-artifacts": cmd_check_artifacts}[args.command]
+            command = {"run": functools.partial(cmd_run, abort=abort),
+                       "report": functools.partial(cmd_report, abort=abort), "phases": cmd_phases,
+                       "bless": cmd_bless, "check-artifacts": cmd_check_artifacts}[args.command]
             return int(command(args))
         except HarnessError as exc:
             print(f"nsa-validate: error: {exc}", file=sys.stderr)
@@ -282,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             # A Ctrl-C that lands inside C code can surface as another error: during a C extension's
             # first import (matplotlib's Agg backend, while plots are drawn) it becomes
             # "ImportError: initialization failed". It is still the user's interrupt.
-            if AcceptanceSession.stopping():
+            if abort.is_set():
                 return _interrupted(args.command, signal.SIGINT)
             raise
 

@@ -392,7 +392,8 @@ def pytest_configure(config: pytest.Config) -> None:
     plugin = AcceptancePlugin(config, session, acceptance_run)
     # SIGTERM (a scheduler's cancel, `timeout`, `kill`) and SIGHUP (a closed terminal) stop the
     # run as Ctrl-C does, where nobody handles them yet; pytest keeps its own SIGINT handling
-    plugin._signals.enter_context(AcceptanceSession.stop_signals((signal.SIGTERM, signal.SIGHUP), only_default=True))
+    plugin._signals.enter_context(AcceptanceSession.stop_signals(session.abort, (signal.SIGTERM, signal.SIGHUP),
+                                                                 only_default=True))
     config.pluginmanager.register(plugin, _PLUGIN)
 
 

@@ -2,8 +2,7 @@
 # Scaling of the trainer on two GPUs, in one device call: m7c_125m, synthetic data, one GPU vs
 # DDP vs FSDP2 variants at the same per-GPU batch, each with torch.compile (the inductor cache
 # makes the later runs compile fast) and fused AdamW (with FSDP2's sharded DTensor parameters the
-# unfused step costs tens of ms of CPU: FSDP2 went from 1.07x to 1.34x one GPU at 2x2x2048 with
-# it, docs/performance.md). Prints global tokens/s (mean of the last 20 of 40 steps) and
+# unfused step costs tens of ms of CPU). Prints global tokens/s (mean of the last 20 of 40 steps) and
 # per-rank median step times from the heartbeats.
 #   bash bench/gpu/ddp_fsdp_scaling.sh     (OUT=<dir>; SHAPE="train.batch_size=2 train.grad_accum=2";
 #                                           TAG=<prefix> for the run names; RUNS="single ddp ddp_fp32

@@ -7,7 +7,7 @@
 # PYTHONPATH).
 #   TESTS=1 SHAPES="2k m7c_125m 32k 64k" bash bench/gpu/kernels.sh
 # OUT=<dir> for results (kernels.log, bench.json); TESTS=0 skips the tests; TEST_PATHS limits
-# them (tests/kernels by default: about 310 s on one H100, 2026-11-23, so raise TESTS_TIMEOUT and
+# them (tests/kernels by default: about 310 s on one H100, so raise TESTS_TIMEOUT and
 # limit SHAPES to run both); SHAPES limits the benchmark (all shapes by default); TESTS_TIMEOUT /
 # BENCH_TIMEOUT (seconds, 240 / 280 by default) bound the two parts.
 set -uo pipefail

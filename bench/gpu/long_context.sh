@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Long context at the seeds' model shape (docs/performance.md, thirteenth set), in device calls
+# Long context at the seeds' model shape (docs/performance.md's kernel and model tables), in device calls
 # of under 10 minutes on one H100. PARTS, space separated, run in this order:
 #   tests       the GPU shape matrix (dtype x head dim x G x odd S against float64), bf16 parity
 #               S=1..65536, the selected forward's forms; WORKERS pytest workers (3: compiles in

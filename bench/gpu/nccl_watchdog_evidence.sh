@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # How NCCL's watchdog ends the ranks of a job in which one rank hangs (bench/nccl_hang_one_rank.py):
-# the recorded evidence under validation/tests/evidence/nccl*_watchdog_rank*_hung came from runs of
-# this on two and four H200s (torch 2.11, NCCL 2.28), 2026-11-28.
+# it records the evidence under validation/tests/evidence/nccl*_watchdog_rank*_hung (two and four GPUs).
 #   NPROC=2 HANG=1 bash bench/gpu/nccl_watchdog_evidence.sh     (kind nvidia-h100-x2; NPROC=4: -x4)
 # Writes $OUT/run/ (heartbeats), $OUT/run/trainer.stderr.log (torchrun's and the ranks' output) and
 # $OUT/exit.txt. The watchdog takes about 75 s from the hang to the abort; LIMIT bounds the run (180).

@@ -2,7 +2,7 @@
 
 It is the judge of every faster path (the vectorised PyTorch branches, the Triton kernels,
 decode). It takes what the module has already projected (rotated q and per-branch k/v, the
-gates, the compression parameters) and applies the semantics of DESIGN.md directly:
+gates, the compression parameters) and applies the semantics of docs/design.md directly:
 
 * compressed token i summarises positions [i*d, i*d + l) and is visible to query t only when
   i*d + l - 1 <= t; a query with no visible compressed token gets a zero compressed output;

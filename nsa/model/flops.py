@@ -64,7 +64,7 @@ def dense_keys(t: int) -> int:
 
 
 # Each count summed over the positions 0..seq_len-1 in closed form: a sum position by position
-# took minutes of set-up at long sequences (hours at 2**31) before the first step.
+# costs minutes of set-up at long sequences (hours at 2**31) before the first step.
 
 def _sum_floor(n: int, d: int) -> int:
     """sum of u // d for u = 0..n-1: q = n // d whole runs of d equal values 0..q-1, then r = n % d of q."""

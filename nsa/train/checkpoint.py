@@ -24,7 +24,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from .atomic import write_atomic
+from nsa.atomic import write_atomic
 from .distributed import DistInfo, barrier
 
 FORMAT = 1

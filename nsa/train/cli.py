@@ -82,8 +82,8 @@ def run(config: str | None, overrides: list[str], env=None) -> int:
             raise  # no peer to wait for: the traceback as usual, on the way out
         # The traceback now, and no wait for the other ranks: over NCCL they may be blocked in a
         # collective this rank will never join, and destroying the process group (a collective
-        # there) hung this rank, its watchdog already closed, until a peer's watchdog fired and
-        # the stall was blamed on the peer (two H200s, tests/faults/test_nccl_faults.py). Printed
+        # there) would hang this rank, its watchdog already closed, until a peer's watchdog fired
+        # and the stall read as the peer's (tests/faults/test_nccl_faults.py checks it). Printed
         # by sys.excepthook, as an uncaught exception would be: under torch.distributed that hook
         # prefixes each line with [rankN]:, which is how a reader of the log (the harness) tells
         # whose traceback it is. The process ends with os._exit once its files are closed;

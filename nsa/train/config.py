@@ -64,11 +64,10 @@ class TrainConfig:
     """torch.compile each block."""
     fused_adamw: str = "auto"
     """AdamW's kernels (env NSA_OPT_FUSED): auto (the fused kernel on CUDA, the foreach kernels
-    elsewhere), on, off; 1/0 and true/false mean on/off. On one H100 at the seeds' production shape,
-    compiled with CUDA-graph steps, the foreach kernels' launches left the GPU idle 7.9 ms a step
-    against 0.4 with the fused kernel (busy 0.79 against 0.91, step 52.3 against 42.6 ms;
-    docs/performance.md, seventeenth set). The seed ran the foreach kernels and made fused AdamW
-    an optional A/B, which its runbook's fused_adamw phase still sweeps; env.json records which ran."""
+    elsewhere), on, off; 1/0 and true/false mean on/off. Fused on CUDA because the foreach kernels'
+    launches leave the GPU idle between a CUDA-graph step's replays (bash bench/gpu/optimizer_gaps.sh
+    measures the gap); the seed runbook's fused_adamw phase still sweeps both, and env.json records
+    which ran."""
     cuda_graphs: str = "auto"
     """Replay each step's forward and backward as one CUDA graph (env NSA_CUDA_GRAPHS): auto (on
     where it works, eager with the reason recorded in env.json elsewhere: CPU, FSDP2, fault
@@ -421,7 +420,8 @@ def _where_set(message: str, overrides: Mapping[str, Any], applied: Mapping[str,
 
 def choose_config(cli_config: str | None, env: Mapping[str, str]) -> str:
     """--config, else $CONFIG, else the m7c_125m preset. Both given and different: an error, and
-    so is an empty --config (``--config "$CFG"`` with CFG unset), which once meant m7c_125m."""
+    so is an empty --config (``--config "$CFG"`` with CFG unset), which would otherwise silently mean
+    m7c_125m."""
     if cli_config is not None and not cli_config.strip():
         raise ConfigError("--config is empty: expected a preset name or a YAML path (leave --config out "
                           "for $CONFIG, else the m7c_125m preset)")

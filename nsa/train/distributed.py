@@ -177,8 +177,8 @@ def lost_peer(info: DistInfo, exc: BaseException, gone: Sequence[int] = ()) -> s
 
 def teardown(info: DistInfo, synchronize: bool = False, timeout_s: float = 60.0, abandon: bool = False) -> None:
     """Destroy the process group. With synchronize (a clean finish on every rank), first wait for
-    all ranks: a gloo rank that destroyed its group while its peer still had traffic in flight
-    aborted at exit ("terminate called without an active exception", seen once in CI). The wait
+    all ranks: a gloo rank that destroys its group while its peer still has traffic in flight can
+    abort at exit ("terminate called without an active exception"). The wait
     is bounded on gloo (monitored_barrier); after an error it is skipped, as a peer may be gone.
     abandon (an unexpected error on this rank, whose process then ends with os._exit): the group
     is left alone, as destroying it is collective on NCCL and waits for peers that may be blocked

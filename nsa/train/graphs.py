@@ -3,7 +3,7 @@ optimizer step, captured once and replayed at every step after.
 
 Why: at the seeds' production shape (m7c_125m, 2 rows x 2 micro-batches of 2048 tokens) an
 eager step launches thousands of small kernels, and the host launching them, not the GPU
-running them, sets the pace (docs/performance.md). A replay launches them all with one call.
+running them, sets the pace. A replay launches them all with one call.
 
 What stays outside the graph: loading the data (copied into the graph's static input buffers
 before each replay), the gradient clip, the step's one host sync (loss, grad norm and the
@@ -102,7 +102,7 @@ class StepGraph:
     def release(self) -> None:
         """Free the graph once the device is done with it. Before the process group goes: a
         graph holding NCCL kernels keeps its communicator busy, and destroying the group with
-        the graph alive hung at exit (two H200s, DDP)."""
+        the graph alive hangs at exit (DDP over NCCL)."""
         if self.graph is not None:
             torch.cuda.synchronize()
             self.graph.reset()

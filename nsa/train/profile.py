@@ -38,6 +38,7 @@ from typing import Iterable, Iterator
 import torch
 
 from .. import contract
+from ..atomic import write_atomic
 from . import strict_json
 
 #: record_function names of the profiled window and of each step in it (not "nsa.": those
@@ -228,9 +229,7 @@ def write(out_dir: Path, profile: Profile, timeline: Timeline | None, table: str
         with gzip.open(out_dir / contract.GPU_TIMELINE, "wt") as fh:
             fh.write(strict_json.dumps(dataclasses.asdict(timeline)))
         names.append(contract.GPU_TIMELINE)
-    tmp = out_dir / (contract.PROFILE_JSON + ".tmp")
-    tmp.write_text(strict_json.dumps(dataclasses.asdict(profile), indent=1) + "\n")
-    tmp.replace(out_dir / contract.PROFILE_JSON)
+    write_atomic(out_dir / contract.PROFILE_JSON, strict_json.dumps(dataclasses.asdict(profile), indent=1) + "\n")
     return [contract.PROFILE_JSON] + names
 
 

@@ -40,7 +40,7 @@ import torch
 from .. import contract
 from ..provenance import source_revision
 from . import strict_json
-from .atomic import write_atomic
+from nsa.atomic import write_atomic
 from .checkpoint import CheckpointError
 
 CSV_HEADER = list(contract.CSV_COLUMNS)
@@ -70,10 +70,8 @@ def memory_gb(device: torch.device) -> dict[str, float]:
 
     On CUDA from one read of the allocator's counters (``torch.cuda.memory_stats_as_nested_dict``):
     torch.cuda.memory_allocated, memory_reserved and max_memory_allocated each build and flatten the
-    whole statistics dict in Python, and every stage's heartbeat reads this. On one H100 at the
-    seeds' production shape (CUDA-graph steps) those three calls at each stage took about 4% of
-    the steps' host time, most of it while the GPU waited for the next step (py-spy,
-    bench/gpu/host_stacks.sh; docs/performance.md, seventeenth set)."""
+    whole statistics dict in Python, and every stage's heartbeat reads this: three calls a stage
+    are a visible share of a CUDA-graph step's host time (bash bench/gpu/host_stacks.sh shows it)."""
     if device.type != "cuda":
         rss, peak = _rss_bytes()
         return {"mem_alloc_gb": rss / GB, "mem_reserved_gb": rss / GB, "mem_peak_gb": peak / GB}

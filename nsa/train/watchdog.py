@@ -63,7 +63,7 @@ from pathlib import Path
 
 from .. import contract
 from . import strict_json
-from .atomic import write_atomic
+from nsa.atomic import write_atomic
 from .config import WatchdogConfig
 
 EXIT_WATCHDOG = contract.EXIT_WATCHDOG

@@ -6,7 +6,7 @@ signal they receive (PROBE_SIGNAL_LOG), finds the job id by its name (squeue), l
 processes (`scontrol listpids`), then does the --action and prints a timeline: the signals each
 rank received, when each process of the step ended, srun's exit code and last lines, and any
 process of the step that survived (those are then SIGKILLed). Needs a running Slurm
-(scripts/slurm/single_host.sh). What docs/slurm.md reports under (c) was measured with it:
+(scripts/slurm/single_host.sh). docs/guides/multi-node.md ("What torchrun and Slurm do") rests on it:
 
   python scripts/slurm/probe_cancel.py --action scancel
   python scripts/slurm/probe_cancel.py --action scancel --ignore-term     # ranks ignore SIGTERM

@@ -2,7 +2,7 @@
 
 Prints a timeline: when each agent ended, its exit code, and the last lines of its log (torchrun's
 own stderr and the workers' output), and lists any process of the run still alive at the end.
-What docs/slurm.md reports under (b) was measured with this script:
+docs/guides/multi-node.md ("What torchrun and Slurm do") rests on it:
 
   python scripts/slurm/probe_two_agents.py                          # healthy
   python scripts/slurm/probe_two_agents.py --only-node 0 --rdzv-conf join_timeout=10

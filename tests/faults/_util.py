@@ -256,7 +256,7 @@ def assert_nan_halt_named(seeded: Any, rec: PhaseRecord, p: Proc, bound_s: float
     assert "step 3" in f.title and "rank 0" in f.title, f.title
     # the verdict line and the report's summary name the rank, as for every other rank fault: not
     # only its place in a list of losses (which, in a world of several, the reader must count)
-    assert [(r.rank, r.step) for r in f.culprit.ranks] == [(0, 3)], f.culprit
+    assert [(r.rank, r.step) for r in f.diagnosis.ranks] == [(0, 3)], f.diagnosis
     line = verdict_line(rec)
     assert line.startswith("rank 0 had a non-finite loss (last heartbeat step 3, stage halt): loss nan at step 3 — "
                            "non-finite loss at step 3"), line

@@ -2,7 +2,7 @@
 (validation/launch/slurm.py) in the fault suite: the harness runs inside an allocation
 (``SLURM_JOB_ID`` set by the test), and every node of it is this host.
 
-It does what the harness reads of Slurm, as docs/slurm.md measured Slurm 22.05 doing it:
+It does what the harness reads of Slurm, as Slurm 22.05 does it (docs/guides/multi-node.md):
 
 - ``srun``: one task per ``--ntasks`` (each a process here, with ``SLURM_PROCID`` and
   ``SLURM_NODEID`` its task id; not srun's descendant, as Slurm's slurmstepd, not srun, starts a

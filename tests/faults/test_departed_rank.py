@@ -21,7 +21,8 @@ import yaml
 
 from tests.faults import _util as U
 from validation.judge.findings import find, recommendations
-from validation.judge.findings.headline import culprit, verdict_line
+from validation.judge.diagnosis import diagnose
+from validation.judge.findings.headline import verdict_line
 from validation.judge.record import PhaseRecord, Status
 from validation.launch.process import LAUNCH_OVER_GRACE_S
 from validation.runbook.load import load_profile, load_runbook
@@ -90,7 +91,7 @@ def test_the_rank_that_exited_0_is_named_not_the_one_whose_collective_broke(tmp_
     assert f"rank {other}" not in f.title, text
     assert "ChildFailedError" not in f.title and "Connection closed" not in f.title, text
     assert f"rank {rank}: last heartbeat step 2, stage step; exited 0" in text, text
-    assert [(r.rank, r.step) for r in f.culprit.ranks] == [(rank, QUIT_STEP - 1)], f.culprit
+    assert [(r.rank, r.step) for r in f.diagnosis.ranks] == [(rank, QUIT_STEP - 1)], f.diagnosis
     assert verdict_line(rec).startswith(f"rank {rank} exited 0 early (last heartbeat step 2"), verdict_line(rec)
     [advice] = recommendations(find([rec]))
     assert "exited 0 before the steps asked for" in advice and "traceback" not in advice, advice
@@ -234,7 +235,7 @@ def test_a_rank_torchrun_ended_as_it_exited_0_early_is_named_beside_the_rank_tha
     rec = _run(tmp_path, "native", {"kind": "torchrun", "nproc": 3}, monkeypatch, fault=fault)
     assert rec.status == Status.FAIL and "crashed" in rec.reason, rec.reason
     assert rec.evidence.rank_failures[2].signal == "SIGTERM", rec.evidence.rank_failures  # the ordering asked for
-    c = culprit(rec)
+    c = diagnose(rec)
     silent = sorted(k for k, f in rec.evidence.rank_failures.items() if f.silent)
     assert c is not None and [r.rank for r in c.ranks] == silent and 2 not in silent, verdict_line(rec)
     assert c.or_else is not None and [(r.rank, r.step) for r in c.or_else.ranks] == [(2, QUIT_STEP - 1)], c

@@ -13,8 +13,9 @@ import pytest
 import yaml
 
 from tests.faults import _util as U
-from validation.judge.findings.culprit import Did
-from validation.judge.findings.headline import culprit, verdict_line
+from validation.judge.diagnosis import Kind
+from validation.judge.diagnosis import diagnose
+from validation.judge.findings.headline import verdict_line
 from validation.judge.record import PhaseRecord, Status
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
@@ -50,8 +51,8 @@ def test_a_rank_killed_by_a_sigterm_of_its_own_is_named_of_three(tmp_path, matri
     t0 = time.time()
     rec = _run(tmp_path, monkeypatch, "term_rank:1@3", 3)
     assert rec.status == Status.FAIL and "crashed" in rec.reason, rec.reason
-    c = culprit(rec)
-    assert c is not None and c.did == Did.CRASHED and [r.rank for r in c.ranks] == [1], verdict_line(rec)
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.CRASHED and [r.rank for r in c.ranks] == [1], verdict_line(rec)
     assert "killed by SIGTERM, not torchrun's" in verdict_line(rec), verdict_line(rec)
     matrix.done(rec.status, verdict_line(rec), time.time() - t0, None)
 
@@ -65,8 +66,8 @@ def test_a_rank_its_peers_collective_timed_out_waiting_for_is_named_hung(tmp_pat
     t0 = time.time()
     rec = _run(tmp_path, monkeypatch, "hang_rank:1@3", 2, stall_s=STALL_S)
     assert rec.status == Status.FAIL and rec.stalled_s is None, rec.reason  # gloo's timeout, not the stall watch
-    c = culprit(rec)
-    assert c is not None and c.did == Did.HUNG and [(r.rank, r.step) for r in c.ranks] == [(1, 2)], verdict_line(rec)
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.HUNG and [(r.rank, r.step) for r in c.ranks] == [(1, 2)], verdict_line(rec)
     assert "rank 0 gave up waiting for it in a collective (rank 0: RuntimeError: Timed out waiting" in \
         verdict_line(rec), verdict_line(rec)
     matrix.done(rec.status, verdict_line(rec), time.time() - t0, None)

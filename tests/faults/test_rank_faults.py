@@ -63,7 +63,7 @@ def test_a_stalled_middle_rank_of_four_is_named_not_the_three_that_waited(seeded
     assert "hung: rank 2 in at; waiting for it: rank 0 in " in f.title, text
     assert "; rank 1 in " in f.title and "; rank 3 in " in f.title, text
     assert "rank 2: last heartbeat step 3, stage forward" in text, text
-    assert [(r.rank, r.step) for r in f.culprit.ranks] == [(2, 3)], f.culprit
+    assert [(r.rank, r.step) for r in f.diagnosis.ranks] == [(2, 3)], f.diagnosis
     assert verdict_line(rec).startswith("rank 2 hung in at (last heartbeat step 3, stage forward)"), verdict_line(rec)
     U.assert_no_go_after(seeded, rec, p)
     matrix.done(rec.status, rec.reason + " | " + f.title, took, U.STALL_BOUND_S)
@@ -93,7 +93,7 @@ def test_sigkilled_rank_ends_the_run(seeded, matrix, rank):
     assert f"rank {other}" not in f.title, text
     assert f"rank {rank}: last heartbeat step 3" in text, text
     assert "trainer.stderr.log" in text
-    assert [(r.rank, r.step) for r in f.culprit.ranks] == [(rank, 3)], f.culprit
+    assert [(r.rank, r.step) for r in f.diagnosis.ranks] == [(rank, 3)], f.diagnosis
     assert verdict_line(rec).startswith(f"rank {rank} crashed (last heartbeat step 3, stage forward): killed by "
                                         "SIGKILL"), verdict_line(rec)
     U.assert_no_go_after(seeded, rec, p)
@@ -120,7 +120,7 @@ def test_frozen_rank_is_named_though_it_leaves_no_stack(seeded, matrix):
     assert ("hung: rank 1 (no stack; its process stopped, by SIGSTOP or a debugger; last heartbeat step 3, stage "
             "forward); waiting for it: rank 0 in ") in f.title, text
     assert "exited 0" not in text, text
-    # the verdict line says so too, from the finding's culprit (it said only 'rank 1 hung (last heartbeat ...)')
+    # the verdict line says so too, from the point's diagnosis (it said only 'rank 1 hung (last heartbeat ...)')
     said = p.stdout + p.stderr
     assert "/freeze/default: FAIL (" in said and \
         "s) rank 1 hung (stopped, no stack; last heartbeat step 3, stage forward) — stalled: " in said, said[-3000:]
@@ -145,8 +145,8 @@ def _site_fault(phase: dict, variable: str) -> dict[str, str]:
 def test_exception_on_one_rank(seeded, matrix, teardown):
     """Rank 1 raises. 'blocking': its process group's destroy blocks, as over NCCL, where it waited
     for rank 0, itself waiting for rank 1 in the step's all-gather; the rank that raised must still
-    be the one named, not rank 0 whose watchdog fires in the end (two H200s, docs/performance.md,
-    twentieth set)."""
+    be the one named, not rank 0 whose watchdog fires in the end (as over NCCL on two GPUs,
+    tests/faults/test_nccl_faults.py)."""
     blocking = teardown == "blocking"
     matrix.start("exception on one rank" + (", teardown that blocks (as NCCL's)" if blocking else ""),
                  "`NSA_FAULT=crash:rank=1:step=2:stage=backward`, torchrun x2"

@@ -13,7 +13,7 @@ import pytest
 
 from tests.faults import _util as U
 from validation.contract.files import read_heartbeats, read_training_csv
-from validation.judge.evidence import collect_train
+from validation.judge.evidence import read_train
 from validation.judge.metrics import RunData
 from validation.judge.record import Status
 from validation.judge.verdict import Outcome, verdict
@@ -264,7 +264,9 @@ def _harness_verdict(d: Path, exit_code: int = 0) -> tuple[str, str]:
     run = RunData(out_dir=d, world_size=1, steps_requested=STEPS)
     run.exit_code, run.timed_out = exit_code, False
     errors: list[str] = []
-    collect_train(run, errors)
+    files = read_train(run)
+    run = files.onto(run)
+    errors += files.problems
     return verdict(Outcome.of_run("train", run, errors), [])
 
 

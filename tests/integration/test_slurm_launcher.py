@@ -221,7 +221,7 @@ def test_two_nodes_run_as_one_agent_each_and_a_killed_rank_names_its_node(slurm,
     """Two Slurm nodes, one torchrun agent a node (c10d on the first): a healthy phase is GO with
     each node's rank and pid in nodes.json; then rank 1 SIGKILLs itself at step 4 and the verdict
     names rank 1 and the node it ran on, not the node whose rank failed in the all-reduce after it.
-    Measured on two slurmd emulated on one host (docs/slurm.md, "Two nodes")."""
+    Runs on two slurmd on one host (SLURM_SH_NODES=2 scripts/slurm/single_host.sh)."""
     _two_idle_nodes()
     proc = _harness(tmp_path, _runbook(tmp_path, slurm, steps=12, nodes=2, nproc=1))
     out, _ = proc.communicate(timeout=300)

@@ -1,6 +1,6 @@
 """The NSA module against its float64 oracle (nsa/attention/reference.py).
 
-Each property here would have caught one of the bugs DESIGN.md lists for public NSA ports:
+Each property here would have caught one of the bugs docs/design.md lists for public NSA ports:
 outputs and gradients equal to the oracle, causality through every branch and the selection
 scores, group-shared selection with forced blocks, single-query and decode == prefill, and q/k
 rotated with the same RoPE frequencies.

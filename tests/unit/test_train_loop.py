@@ -572,7 +572,7 @@ def test_a_disk_full_while_setting_up_ends_with_one_line_naming_the_file(tmp_pat
 
 
 def test_write_atomic_leaves_the_old_file_and_no_temp_when_the_write_fails(tmp_path: Path):
-    from nsa.train.atomic import write_atomic
+    from nsa.atomic import write_atomic
 
     target = tmp_path / "latest"
     write_atomic(target, b"step_0000001.pt\n")
@@ -843,7 +843,7 @@ def test_write_atomic_fsyncs_the_file_before_the_rename_and_the_directory_after(
     """The rename of the temp file into place was never made durable: after a power cut `latest`
     could name the checkpoint before (POSIX: a rename is durable once its directory is fsynced)."""
     import stat
-    from nsa.train import atomic
+    from nsa import atomic
 
     calls: list[tuple[str, str]] = []
     real_fsync, real_replace = os.fsync, os.replace

@@ -49,6 +49,7 @@ from validation.contract.files import (
 )
 from validation.contract.reruns import Rerun
 from validation.errors import ArtifactError
+from validation.excerpt import EXCERPT_CHARS
 
 HEARTBEAT_GLOB = "heartbeat_rank{R}.jsonl"
 #: training.csv columns every row must fill with a number; the others may be nan throughout (a
@@ -180,7 +181,7 @@ def read(out_dir: Path, costs: Costs | None = None, launched: int = 1) -> Contra
     found.halted = halted(out_dir)
     if found.halted:
         text = (out_dir / HALT).read_text(errors="replace").strip()
-        found.items.append(Item(HALT, Presence.PRESENT, f"run stopped: {text[:120] or 'empty file'}", False))
+        found.items.append(Item(HALT, Presence.PRESENT, f"run stopped: {text[:EXCERPT_CHARS] or 'empty file'}", False))
     for rank, path in stackdumps(out_dir).items():
         found.items.append(_ranked(found, path.name, rank, "stack dump of rank"))
     for path in unranked_stackdumps(out_dir):
@@ -242,7 +243,7 @@ def _file(found: ContractRead, name: str, exists: bool, reader: Callable[[Path],
 def _csv_detail(log: TrainingLog, path: Path) -> str:
     df = log.rows
     torn = torn_last_row(path)
-    cut = f"; the last row has no line end (cut off mid-write), not read: {torn[:120]!r}" if torn else ""
+    cut = f"; the last row has no line end (cut off mid-write), not read: {torn[:EXCERPT_CHARS]!r}" if torn else ""
     dropped = sum(r.dropped for r in log.reruns)
     rows = f"{len(df)} rows read of {len(df) + dropped} in the file" if dropped else f"{len(df)} rows"
     return f"{rows}, steps {int(df['step'].min())}..{int(df['step'].max())}{_rerun_detail(log.reruns)}{cut}"

@@ -31,7 +31,8 @@ from nsa.contract import (
     TRAINING_CSV,
 )
 from validation.contract.reruns import Rerun, latest
-from validation.contract.stacks import UNRANKED_DUMPS
+from validation.contract.stacks import (UNRANKED_DUMPS, StackDump, TakenStack, main_thread_frames, parse_faulthandler,
+                                        parse_pyspy, read_index)
 from validation.errors import ArtifactError
 
 
@@ -318,6 +319,38 @@ def empty_stackdumps(out_dir: Path) -> list[Path]:
     """The stack dump files (of a rank, or of a rank unknown) that hold nothing but whitespace:
     counted as absent everywhere, and named by the contract check."""
     return [p for p in [*_ranked_dumps(out_dir).values(), *_unranked_dumps(out_dir)] if blank(p)]
+
+
+def read_stacks(out_dir: Path, max_frames: int) -> tuple[list[TakenStack], dict[int, StackDump], list[StackDump]]:
+    """What the harness did for each process's stack when it stopped the run (its index), each
+    rank's stack (the one the harness took, else the trainer's own dump), and the stacks of
+    processes whose rank cannot be told, each with its main thread's innermost ``max_frames``
+    frames. A dump file with nothing but whitespace in it, the trainer's or the harness's, is no
+    stack (``blank``)."""
+    taken = read_index(out_dir)
+    ranked, unranked_paths = stackdumps(out_dir), unranked_stackdumps(out_dir)
+    empty = {t.path for t in taken if t.path is not None and blank(out_dir / t.path)}
+    dumps = {rank: _stack(out_dir, path.name, "trainer", parse_faulthandler, max_frames)
+             for rank, path in ranked.items()}
+    unranked = [_stack(out_dir, p.name, "trainer", parse_faulthandler, max_frames) for p in unranked_paths]
+    for t in taken:
+        if t.method == "SIGUSR1" and t.rank in dumps:  # the trainer's own dump, written when the harness asked
+            dumps[t.rank] = _stack(out_dir, dumps[t.rank].path, "SIGUSR1", parse_faulthandler, max_frames)
+        if t.path is None or t.path in empty:
+            continue  # no dump of its own, or an empty one (py-spy wrote nothing): no stack of the process
+        dump = _stack(out_dir, t.path, t.method, parse_pyspy, max_frames, t.pid)
+        if t.rank is None:
+            unranked.append(dump)
+        else:
+            dumps[t.rank] = dump
+    return taken, dumps, unranked
+
+
+def _stack(out_dir: Path, rel: str, source: str, parse, max_frames: int, pid: int | None = None) -> StackDump:
+    text = (out_dir / rel).read_text(errors="replace")
+    frames = main_thread_frames(parse(text))[:max_frames]
+    header = next((ln.strip("= ").strip() for ln in text.splitlines() if ln.startswith("===")), None)
+    return StackDump(rel, frames, header, source, pid)
 
 
 def halted(out_dir: Path) -> bool:

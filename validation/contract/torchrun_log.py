@@ -7,7 +7,7 @@ import signal
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from nsa.contract import EXIT_NONFINITE, EXIT_WATCHDOG
+from validation.excerpt import EXCERPT_CHARS
 
 #: a line a rank wrote with its prefix: Python's '[rank1]: Traceback ...' (the excepthook torch.distributed
 #: installs), C++ logging's '[rank1]:[E1128 04:58:52.554 ProcessGroupNCCL.cpp:689] ...' (no space)
@@ -30,9 +30,6 @@ _OLD_AGENT_LINE = re.compile(r"^(?:[A-Z]+:|\[[^\]]*\] )torch\.distributed\.elast
 #: torchrun's agent itself told to stop (SIGTERM, SIGINT): it signals its workers as it goes, and any of
 #: them may have had the signal from where the agent did
 _AGENT_TOLD = re.compile(r"^Received \S+ death signal, shutting down workers")
-#: the exit code of the artifact contract (nsa/contract.py) that goes with a .HALT's source: a rank
-#: that stopped as the contract asks when its watchdog saw a stall, or its loss went non-finite
-_HALT_EXIT = {"watchdog": EXIT_WATCHDOG, "nonfinite": EXIT_NONFINITE}
 #: the harness's own notes in a log (validation/launch/process.py)
 _HARNESS_NOTE = "[nsa-validate]"
 #: Slurm's step daemon writing into a task's stderr ('slurmstepd-vmn0: error: *** STEP 7.1 ON vmn0
@@ -46,7 +43,7 @@ _GAVE_UP = re.compile(r"RendezvousTimeoutError|RendezvousConnectionError|DistNet
 #: waited in it (or found it closed) and, exiting on an error that is no signal, torchrun's
 #: launch_agent shuts its rendezvous handler down, which closes the rendezvous for good; an agent
 #: still in it sees that at its next sync (RendezvousClosedError, or RendezvousConnectionError
-#: once the store went with the agent that held it: 1.0 s after, measured here). A connection
+#: once the store went with the agent that held it, about a second after). A connection
 #: error alone may be the agent's own (it never reached the store): the others are not told.
 _CLOSED = re.compile(r"RendezvousTimeoutError|RendezvousClosedError")
 #: torchrun's own report that a worker failed (its agent's traceback, last in its log): it says
@@ -177,11 +174,11 @@ class RankFailure:
         if self.broken_collective is not None:
             return f"killed by {self.signal} after a collective broke ({short_exception(self.broken_collective)})"
         if self.nccl_watchdog is not None and self.signal == "SIGABRT":  # the watchdog's own abort
-            return f"killed by SIGABRT by its NCCL watchdog ({self.nccl_watchdog[:200]})"
+            return f"killed by SIGABRT by its NCCL watchdog ({self.nccl_watchdog[:EXCERPT_CHARS]})"
         if self.nccl_watchdog is not None and self.signal:  # ended before its watchdog's abort came
             sender = " from torchrun's agent" if self.by_agent else ""
             return (f"killed by {self.signal}{sender}, its NCCL watchdog having given up on a collective "
-                    f"({self.nccl_watchdog[:200]})")
+                    f"({self.nccl_watchdog[:EXCERPT_CHARS]})")
         if self.signal and self.ended_by_agent is True and self.signal != "SIGTERM":
             return f"killed by {self.signal} from torchrun's agent, once its SIGTERM had not ended it"
         if self.signal == "SIGTERM" and self.ended_by_agent is False:
@@ -200,31 +197,8 @@ def short_exception(text: str) -> str:
     """A rank's exception without gloo's source path: 'RuntimeError: Connection closed by peer [..]:1686'."""
     m = re.match(r"^(?P<name>[\w.]+): (\[[^\]]*\] )?(?P<msg>.*)$", text)
     if m is None:
-        return text[:160]
-    return f"{m['name'].split('.')[-1]}: {m['msg'].split('. ')[0][:160]}"
-
-
-def root_rank(failures: dict[int, RankFailure], halt: str | None = None) -> int | None:
-    """The lowest rank that failed in its own right (RankFailure.own); else the one rank that
-    exited non-zero silently (RankFailure.silent): a rank that fails before init_process_group
-    leaves no ``[rankN]:`` line, and torchrun ends the ranks waiting for it (SIGTERM) only once it
-    saw that one fail, so of the ranks torchrun reports it is the one that failed first (its
-    summary's "Root Cause"); else None (several silent failures: nothing tells). ``halt``: the
-    source of the run's .HALT, where it left one: the contract's exit code of that stop (3 of a
-    watchdog, 4 of a non-finite loss) is the trainer stopping as the contract asks, no failure of
-    its own; without a .HALT it is a crash like any other code."""
-    own = next((rank for rank, f in sorted(failures.items()) if f.own), None)
-    if own is not None:
-        return own
-    silent = silent_ranks(failures, halt)
-    return silent[0] if len(silent) == 1 else None
-
-
-def silent_ranks(failures: dict[int, RankFailure], halt: str | None = None) -> list[int]:
-    """The ranks that exited non-zero silently (RankFailure.silent), lowest first, but not with the
-    contract's exit code of the run's .HALT (``halt``, see ``root_rank``)."""
-    on_purpose = _HALT_EXIT.get(halt or "")
-    return sorted(rank for rank, f in failures.items() if f.silent and f.exit_code != on_purpose)
+        return text[:EXCERPT_CHARS]
+    return f"{m['name'].split('.')[-1]}: {m['msg'].split('. ')[0][:EXCERPT_CHARS]}"
 
 
 def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, RankFailure]:
@@ -351,7 +325,7 @@ def _teardown_aborts(text: str, failures: dict[int, RankFailure]) -> dict[int, s
         if who == _AGENT:
             continue
         if _PEER_GONE.search(line):
-            broken = broken or line.strip()[:300]
+            broken = broken or line.strip()[:EXCERPT_CHARS]
         elif _TERMINATE in line:
             if broken is None:
                 return {}  # an abort before any peer was gone: a rank's own

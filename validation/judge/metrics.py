@@ -295,11 +295,9 @@ def _idle_ranks(run: RunData, last: int | None) -> float | None:
     of the busy rank's): the seeds' FSDP run, GPU 0 at 99% and 27 GB, GPU 1 at 0% and 4 MB.
 
     NVML's reading is the share of time a kernel was resident, and a rank that waits for its peer
-    in an NCCL collective keeps a kernel resident while it spins: in a healthy DDP run of the tiny
-    preset over NCCL on two H200s (2026-11-27) rank 0's GPU read 29% / 56% and rank 1's 1% at 25
-    of 27 and 29 of 31 readings (docs/measurements/2026-11-27-c/call6_16d74ab_nccl_faults.log,
-    docs/measurements/2026-11-27-d/call1_829f279_nccl_faults.log): the rank that arrived late read
-    idle and was called so once (a false NO-GO). Both ranks held the same model and its memory."""
+    in an NCCL collective keeps a kernel resident while it spins: in a healthy DDP run one rank's GPU
+    may read busy and the other's near idle at almost every sample, the rank that arrives late reading
+    idle. Both ranks hold the same model and its memory, which is what tells them from an idle rank."""
     if not run.heartbeats:
         return None
     idle = set(range(run.world_size)) - ranks_progressing(run.heartbeats)
@@ -541,3 +539,24 @@ def costs() -> dict[str, tuple[str, ...]]:
         for i in m.optional_inputs():
             out.setdefault(i.name, []).append(m.name)
     return {k: tuple(v) for k, v in out.items()}
+
+
+def declared_unprovided(trainer: str, lacks: frozenset[str], provides: tuple[str, ...] | None) -> dict[str, str]:
+    """Metrics a runbook's trainer says it cannot provide: those reading a field its adapter's
+    format lacks, and (when it lists the metrics it provides) every metric it does not list."""
+    out = {m: f"trainer {trainer}'s files lack {', '.join(sorted(f))}" for m, f in reading(lacks).items()}
+    if provides is not None:
+        out.update({m: f"trainer {trainer} does not list it among its metrics"
+                    for m in METRICS if m not in provides and m not in out})
+    return out
+
+
+def uncovered(metric: Metric, window, run: RunData) -> str:
+    """Why a windowed gate on ``metric`` over ``window`` (a gate's Window) has no value, when it is
+    that the run did not cover the window or logged too few steps in it for the metric's rule."""
+    if not metric.windowed or run.csv is None or run.csv.empty:
+        return ""
+    if window_covered(run.csv, window.last):
+        return metric.too_short(run, window.last) if metric.too_short else ""
+    first, last = int(run.csv["step"].min()), int(run.csv["step"].max())
+    return f"the run logged steps {first}..{last}, which do not cover the {window.describe()}"

@@ -101,20 +101,22 @@ def node_evidence(out_dir: Path, heartbeats: dict[int, list[dict[str, Any]]],
     launch = read_nodes(out_dir)
     if launch is None:
         return None
+    # what each node's agent and its workers said last, in its log
+    said = {n.index: (agent_said(out_dir / n.stderr, workers_ran=bool(n.ranks)), worker_said(out_dir / n.stderr))
+            for n in launch.nodes}
     placed = _ranks_by_node(launch, heartbeats)
     # how late a node comes is against the other nodes; within one node it says nothing of nodes (a
     # one-node torchrun launch, with no nodes.json, has no such figure either)
     late = lateness(heartbeats) if len(launch.nodes) > 1 else {}
     nodes = []
     for n in launch.nodes:
-        log = out_dir / n.stderr
         ranks = placed.get(n.index, [])
         times = [rank_step_time_s[r] for r in ranks if r in rank_step_time_s]
         lates = [late[r] for r in ranks if r in late]
-        nodes.append(NodeEvidence(n.index, n.stderr, n.host, n.exit_code, n.ended_s, n.group_rank, ranks,
-                                  agent_said(log, workers_ran=bool(n.ranks)),
+        agent, worker = said[n.index]
+        nodes.append(NodeEvidence(n.index, n.stderr, n.host, n.exit_code, n.ended_s, n.group_rank, ranks, agent,
                                   round(statistics.median(times), 6) if times else None,
-                                  round(max(lates), 6) if lates else None, n.state, n.devices, worker_said(log)))
+                                  round(max(lates), 6) if lates else None, n.state, n.devices, worker))
     return NodesEvidence(launch.launcher, launch.rdzv_endpoint, launch.join_timeout_s, nodes, launch.slurm_job_id,
                          launch.slurm_step, launch.slurm_stopped)
 

@@ -14,11 +14,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP, HEARTBEAT_STAGES_IN_STEP
+from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP
 from validation.contract.files import HaltInfo
 from validation.contract.reruns import Rerun
 from validation.contract.stacks import Frame, StackDump, TakenStack
-from validation.contract.torchrun_log import RankFailure, root_rank, silent_ranks
+from validation.contract.torchrun_log import RankFailure
 from validation.errors import StoreError
 from validation.judge.asked import Asked
 from validation.judge.gates import GateResult, GateVerdict
@@ -162,15 +162,6 @@ def rank_processes(beats: dict[int, Beat], seen: dict[int, ProcessSeen]) -> dict
     return {r: seen[b.pid] for r, b in beats.items() if b.pid is not None and b.pid in seen}
 
 
-def short_of(beat: Beat, steps: int) -> bool:
-    """Whether a rank whose heartbeats record each step's end (``ends_steps``) says by its last
-    record that it did not complete ``steps``: a record of an earlier step, or one of a stage within
-    the last step. A rank whose records say no step's end (the seed's format) tells nothing here."""
-    if not beat.ends_steps or beat.step is None:
-        return False
-    return beat.step < steps or (beat.step == steps and beat.stage in HEARTBEAT_STAGES_IN_STEP)
-
-
 def last_step_done(beats: Iterable[Beat]) -> int | None:
     """The furthest step any rank's last heartbeat says was completed (None: none says one)."""
     return max((b.done for b in beats if b.done is not None), default=None)
@@ -286,19 +277,6 @@ class Evidence:
             misses=[Miss(m) for m in ev.get("misses") or []],
             rank_processes={int(r): ProcessSeen(**p) for r, p in (ev.get("rank_processes") or {}).items()})
 
-    @property
-    def root_rank(self) -> int | None:
-        """The rank that failed first in its own right (contract/torchrun_log.py ``root_rank``), an
-        exit code read against the run's .HALT (a watchdog's 3, a non-finite loss's 4 stop as the
-        contract asks)."""
-        return root_rank(self.rank_failures, self.halt.source if self.halt is not None else None)
-
-    @property
-    def silent_ranks(self) -> list[int]:
-        """The ranks that exited non-zero silently (contract/torchrun_log.py ``silent_ranks``), read
-        against the run's .HALT as ``root_rank`` is."""
-        return silent_ranks(self.rank_failures, self.halt.source if self.halt is not None else None)
-
 
 @dataclass(frozen=True)
 class RunSigns:
@@ -406,15 +384,6 @@ class Route:
 def routes(backends: Any) -> dict[str, Route]:
     """env.json's attention_backends ({branch: {backend, reason, calls, fallback}}) as Routes."""
     return {s: Route.from_env(b) for s, b in (backends or {}).items() if isinstance(b, dict)}
-
-
-def died_before_watchdog(halt: HaltInfo | None, stopped: bool, failures: dict[int, RankFailure]) -> int | None:
-    """The rank that failed in its own right (torchrun's log) in a run whose trainer's watchdog
-    then wrote the .HALT, the harness not having ``stopped`` it; None otherwise (see
-    PhaseRecord.died_before_watchdog)."""
-    if halt is None or halt.source != "watchdog" or stopped:
-        return None
-    return root_rank(failures, halt.source)
 
 
 #: seconds without a new step that still count as progressing at a timeout, whatever the pace
@@ -554,17 +523,6 @@ class PhaseRecord:
     def own_trainer(self) -> bool:
         """Whether this project's trainer ran (its config keys and behaviour may be named)."""
         return self.trainer == OWN_TRAINER
-
-    @property
-    def died_before_watchdog(self) -> int | None:
-        """The rank that failed in its own right (torchrun's log: killed by a signal, or an
-        exception of its own) in a run that the trainer's watchdog then halted, the harness not
-        having stopped it: the watchdog fired in the ranks left waiting for it, so that rank is
-        the cause and no rank hung. Over NCCL a dead peer breaks no collective: with two nodes on
-        two H200s (2026-11-27) rank 1 was SIGKILLed and rank 0's watchdog wrote the .HALT. None
-        otherwise (a watchdog's own exit, 3, and torchrun's SIGTERM are no failure of their own)."""
-        return died_before_watchdog(self.evidence.halt, self.stalled_s is not None or self.timed_out,
-                                    self.evidence.rank_failures)
 
     def failed_gates(self) -> list[GateResult]:
         return [g for g in self.gates if g.verdict in (GateVerdict.FAIL, GateVerdict.NO_DATA)]

@@ -5,7 +5,7 @@ format the contract accepts.
 
 - A rank whose records mark each step's end (a ``step`` record, nsa/contract.py
   HEARTBEAT_STAGES_AFTER_STEP) says by its last one which step it completed: short of the steps
-  asked for is short (``record.short_of``; the contract asks for a ``step`` record of the last step).
+  asked for is short (``short_of``; the contract asks for a ``step`` record of the last step).
 - A rank whose records mark no step's end (no stage at all, or only stages within a step: the seed's
   ranks beat as each step starts) says only how far it got. Its last record may lag the run's last
   step (training.csv's, the other ranks' heartbeats') by less than its own heartbeat interval, as
@@ -18,8 +18,8 @@ one of them, where the rank's heartbeats carry its ``pid`` and the harness saw t
 (``ProcessSeen``: torchrun's workers on this host): gone before the run got past a step short of
 its last, it left early. Seen running once the run had reached its last step, it did not exit
 early, but running is not training: a rank that left its loop and then waited for the others (a
-barrier, destroy_process_group) or took long to end (an interpreter and process group's teardown:
-0.5 s measured here for a gloo rank under torchrun, longer than a fast run's last steps) is running too, so the finding
+barrier, destroy_process_group) or took long to end (an interpreter and process group's teardown,
+which can outlast a fast run's last steps) is running too, so the finding
 says it had not exited and names both. Otherwise (it ended about when the run did, or the harness
 never saw it), it says both, as the files do.
 """
@@ -29,7 +29,8 @@ import enum
 from dataclasses import dataclass
 from typing import Mapping
 
-from validation.judge.record import Beat, short_of
+from nsa.contract import HEARTBEAT_STAGES_IN_STEP
+from validation.judge.record import Beat
 from validation.judge.seen import ProcessSeen
 
 
@@ -74,6 +75,15 @@ class ShortRank:
         # the files cannot tell a rank that left from one that trained on and stopped writing its
         # heartbeats (a DDP rank must have trained on: the others' collectives needed it): say both
         return "it left early or trained on without writing them"
+
+
+def short_of(beat: Beat, steps: int) -> bool:
+    """Whether a rank whose heartbeats record each step's end (``ends_steps``) says by its last
+    record that it did not complete ``steps``: a record of an earlier step, or one of a stage within
+    the last step. A rank whose records say no step's end (the seed's format) tells nothing here."""
+    if not beat.ends_steps or beat.step is None:
+        return False
+    return beat.step < steps or (beat.step == steps and beat.stage in HEARTBEAT_STAGES_IN_STEP)
 
 
 def short_ranks(beats: Mapping[int, Beat], world: int, steps: int | None, logged: int | None,

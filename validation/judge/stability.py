@@ -33,8 +33,8 @@ from typing import Mapping, Sequence
 MAD_SCALE = 1.4826
 #: the scale never falls below this share of the rolling median: a history that clusters tightly
 #: (a loss flat on random data, where half the steps agree to 3 digits) has a MAD far below its
-#: real noise, and would make a wiggle of 0.6% a "spike" (seen on the tiny model at step 19 of 20);
-#: with it a spike lies at least spike_z per cent above the median (6% by default)
+#: real noise, and would make a wiggle of 0.6% a "spike"; with it a spike lies at least spike_z per
+#: cent above the median (6% by default)
 MIN_SCALE = 0.01
 #: the later part's median tokens/s below this share of the earlier's is a slowdown
 SLOWDOWN_FRACTION = 0.7
@@ -193,3 +193,27 @@ def slowdown(steps: Sequence[int], toks: Sequence[float]) -> Slowdown | None:
     if before <= 0 or after >= SLOWDOWN_FRACTION * before:
         return None
     return Slowdown(rows[k][0], rows[-1][0], after, rows[0][0], rows[k - 1][0], before)
+
+
+@dataclass(frozen=True)
+class Curve:
+    """What a run's whole training.csv says of how it trained, by the profile's rule."""
+
+    spikes: tuple[Spike, ...] = ()
+    """Loss and grad-norm spikes."""
+    divergence: Rise | None = None
+    slowdown: Slowdown | None = None
+    nonfinite_step: int | None = None
+    """The first step whose logged loss is not finite (None: every logged loss is)."""
+
+
+def curve(csv, rule: StabilityRule) -> Curve:
+    """``Curve`` of a training.csv as read (a DataFrame with step, loss, toks_per_s and maybe
+    grad_norm columns); an empty Curve where there is none."""
+    if csv is None:
+        return Curve()
+    steps = csv["step"].tolist()
+    found = tuple(s for col in ("loss", "grad_norm") if col in csv for s in spikes(steps, csv[col].tolist(), rule, col))
+    bad = [s for s, v in zip(steps, csv["loss"].tolist()) if not math.isfinite(v)]
+    return Curve(found, rise(steps, csv["loss"].tolist(), rule), slowdown(steps, csv["toks_per_s"].tolist()),
+                 int(bad[0]) if bad else None)

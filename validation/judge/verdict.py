@@ -13,20 +13,20 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from validation.contract.files import HaltInfo
-from validation.contract.torchrun_log import RankFailure
+from validation.judge.diagnosis import Died, died_before_watchdog, died_first
 from validation.judge.gates import Gate, GateResult, GateVerdict, Pending, check
-from validation.judge.metrics import METRICS, RunData, Source, compute, reading, window_covered
+from validation.judge.metrics import METRICS, RunData, Source, compute, uncovered
 from validation.judge.misses import pytest_ended
 from validation.judge.record import (
     TRAINER_KINDS,
     Beat,
     PhaseRecord,
     Status,
-    died_before_watchdog,
     last_step_done,
     rank_processes,
 )
 from validation.judge.short_ranks import ShortRank, short_ranks
+from validation.excerpt import EXCERPT_CHARS
 
 
 @dataclass(frozen=True)
@@ -49,9 +49,9 @@ class Outcome:
     last_step_done: int | None = None
     """The furthest step a rank's heartbeats say was completed: a stall's 'after step N' where the
     CSV lags (a trainer that logs every k steps)."""
-    died_first: str | None = None
-    """'rank 1: killed by SIGKILL': a rank that failed in its own right before the other ranks'
-    watchdog wrote the .HALT while waiting for it (record.died_before_watchdog); None otherwise."""
+    died_first: Died | None = None
+    """A rank that failed in its own right before the other ranks' watchdog wrote the .HALT while
+    waiting for it (diagnosis.died_before_watchdog), and how; None otherwise."""
     slurm_stopped: str | None = None
     """How Slurm ended the run's step without the harness asking (RunData.slurm_stopped)."""
     short_ranks: tuple[ShortRank, ...] = ()
@@ -61,14 +61,14 @@ class Outcome:
 
     @classmethod
     def of_run(cls, kind: str, run: RunData, errors: Sequence[str]) -> Outcome:
-        completed = compute("steps_completed", run, None)
-        died = died_before_watchdog(run.halt, run.stalled_s is not None or run.timed_out, run.rank_failures)
         beats = {r: Beat.of(recs) for r, recs in run.heartbeats.items() if recs and r < run.world_size}
+        done, seen = last_step_done(beats.values()), rank_processes(beats, run.processes)
+        completed = compute("steps_completed", run, None)
         logged = None if completed is None else int(completed)
+        died = died_before_watchdog(run.halt, run.stalled_s is not None or run.timed_out, run.rank_failures)
         return cls(kind, run.exit_code, run.timed_out, run.stalled_s, run.halt, tuple(errors), run.steps_requested,
-                   logged, run.stacks_tried, last_step_done(beats.values()),
-                   _died(died, run.rank_failures), run.slurm_stopped,
-                   short_ranks(beats, run.world_size, run.steps_requested, logged, rank_processes(beats, run.processes)))
+                   logged, run.stacks_tried, done, died, run.slurm_stopped,
+                   short_ranks(beats, run.world_size, run.steps_requested, logged, seen))
 
     @classmethod
     def of_record(cls, rec: PhaseRecord) -> Outcome:
@@ -79,7 +79,7 @@ class Outcome:
         return cls(rec.kind, rec.exit_code, rec.timed_out, rec.stalled_s, rec.evidence.halt, tuple(rec.evidence.errors),
                    steps, logged,
                    len(rec.evidence.taken_stacks) if stopped else None, last_step_done(rec.evidence.last_heartbeat.values()),
-                   _died(rec.died_before_watchdog, rec.evidence.rank_failures),
+                   died_first(rec),
                    rec.evidence.nodes.slurm_stopped if rec.evidence.nodes is not None else None,
                    short_ranks(rec.evidence.last_heartbeat, rec.world_size, steps, logged, rec.evidence.rank_processes))
 
@@ -110,22 +110,6 @@ class Outcome:
         return f"stopped after step {self.steps_completed} of {self.steps_requested}, exit 0, no .HALT"
 
 
-def _died(rank: int | None, failures: dict[int, RankFailure]) -> str | None:
-    if rank is None:
-        return None
-    return f"rank {rank}: {failures[rank].cause}"
-
-
-def declared_unprovided(trainer: str, lacks: frozenset[str], provides: tuple[str, ...] | None) -> dict[str, str]:
-    """Metrics a runbook's trainer says it cannot provide: those reading a field its adapter's
-    format lacks, and (when it lists the metrics it provides) every metric it does not list."""
-    out = {m: f"trainer {trainer}'s files lack {', '.join(sorted(f))}" for m, f in reading(lacks).items()}
-    if provides is not None:
-        out.update({m: f"trainer {trainer} does not list it among its metrics"
-                    for m in METRICS if m not in provides and m not in out})
-    return out
-
-
 def evaluate(gates: Sequence[Gate], run: RunData, unprovided: Mapping[str, str]) -> list[GateResult]:
     """Each gate's value and verdict. ``unprovided``: metric -> what the trainer lacks for it."""
     out = []
@@ -142,21 +126,9 @@ def evaluate(gates: Sequence[Gate], run: RunData, unprovided: Mapping[str, str])
             continue
         value = compute(g.metric, run, g.window.last)
         verdict = check(value, g.op, g.threshold)
-        out.append(GateResult(**base, value=value, verdict=verdict, note=_uncovered(g, run) if value is None else "",
+        out.append(GateResult(**base, value=value, verdict=verdict, note=uncovered(METRICS[g.metric], g.window, run) if value is None else "",
                               pending=Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None))
     return out
-
-
-def _uncovered(g: Gate, run: RunData) -> str:
-    """Why a windowed gate has no value, when it is that the run did not cover the window or
-    logged too few steps in it for the metric's rule."""
-    metric = METRICS[g.metric]
-    if not metric.windowed or run.csv is None or run.csv.empty:
-        return ""
-    if window_covered(run.csv, g.window.last):
-        return metric.too_short(run, g.window.last) if metric.too_short else ""
-    first, last = int(run.csv["step"].min()), int(run.csv["step"].max())
-    return f"the run logged steps {first}..{last}, which do not cover the {g.window.describe()}"
 
 
 def verdict(outcome: Outcome, gates: Sequence[GateResult]) -> tuple[Status, str]:
@@ -188,14 +160,15 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
     if halt is not None:
         torn = " (its record cut short)" if halt.torn else ""
         if halt.source == "watchdog" and outcome.died_first:
-            return Status.FAIL, (f"trainer crashed: {outcome.died_first}; the other ranks' watchdog then wrote .HALT "
+            died = outcome.died_first
+            return Status.FAIL, (f"trainer crashed: rank {died.rank}: {died.cause}; the other ranks' watchdog then wrote .HALT "
                                  f"waiting for it (exit code {outcome.exit_code}){torn}")
         if halt.source == "watchdog":
             return Status.FAIL, f"watchdog wrote .HALT: no rank made progress{torn}"
         if halt.torn and halt.source is None:
-            return Status.FAIL, f"stopped by a .HALT whose JSON record is cut short, no source in it: {halt.text[:200]}"
+            return Status.FAIL, f"stopped by a .HALT whose JSON record is cut short, no source in it: {halt.text[:EXCERPT_CHARS]}"
         # an operator's .HALT: empty, free text, or JSON from another source
-        said = (halt.text[:200] or "an empty file") if halt.source is None else f"from {halt.source}: {halt.text[:200]}"
+        said = (halt.text[:EXCERPT_CHARS] or "an empty file") if halt.source is None else f"from {halt.source}: {halt.text[:EXCERPT_CHARS]}"
         return Status.FAIL, f"stopped by a .HALT ({said}){torn}"
     if outcome.slurm_stopped and outcome.exit_code not in (0, None):
         # someone's scancel, the job's time limit, preemption: the ranks were stopped, they did not fail
@@ -225,7 +198,7 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
 def _nonfinite(halt: HaltInfo) -> str:
     """'non-finite loss at step 3: loss per rank [...], grad_norm nan (trainer .HALT)'."""
     said = (f": loss per rank {halt.losses}, grad_norm {halt.grad_norm}" if halt.losses is not None
-            else f" ({halt.text[:120]})")  # a trainer whose .HALT says less (the seed's)
+            else f" ({halt.text[:EXCERPT_CHARS]})")  # a trainer whose .HALT says less (the seed's)
     torn = " (its record cut short)" if halt.torn else ""
     return f"non-finite loss at step {halt.step}{said} (trainer .HALT){torn}"
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from nsa.atomic import write_atomic
 from nsa.provenance import source_revision
 from validation.errors import RunbookError
 from validation.launch import commands
@@ -155,7 +156,5 @@ def _write_config(root: Path, spec: TrainerSpec, out_dir: Path, keys: list[tuple
                 raise RunbookError(f"{template}: cannot set {dotted}: {part} is not a mapping")
         node[leaf] = yaml.safe_load(value) if value else value
     path = out_dir / CONFIG_COPY
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-    tmp.replace(path)
+    write_atomic(path, yaml.safe_dump(data, sort_keys=False))
     return path

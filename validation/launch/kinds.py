@@ -20,7 +20,7 @@ from nsa.contract import GPU_TIMELINE, PROFILE_JSON, TRAINING_CSV
 from nsa.provenance import SOURCE_STAMP, source_revision
 from validation import REPO_ROOT
 from validation.contract.adapters import ADAPTERS
-from validation.contract.adapters.base import RunFacts
+from validation.contract.adapters.base import Adapter, RunFacts
 from validation.contract.files import tail
 from validation.contract.files import read_gpu_timeline, read_profile
 from validation.errors import ArtifactError, HarnessError
@@ -48,18 +48,23 @@ class StepProgress:
     QUIET_STEPS = 3
     QUIET_MIN_S = 10.0
 
-    def __init__(self, point: PhasePoint, csv: Path, progress: Progress):
+    #: lines read back from the file's end for its last step (a trainer's own log has other
+    #: lines between its metrics lines)
+    TAIL_LINES = 40
+
+    def __init__(self, point: PhasePoint, csv: Path, progress: Progress, read: Callable[[str], Any] | None = None):
         self.point, self.csv, self.progress = point, csv, progress
+        self.read = read or Adapter().progress
         self.total = point.phase.steps if point.phase.kind in TRAINER_KINDS else None
         self.first: tuple[float, int] | None = None  # (elapsed, step) when a step was first seen
         self.latest: tuple[float, int] | None = None  # (elapsed, step) when the last step was first seen
 
     def __call__(self, elapsed: float) -> None:
-        row = tail(self.csv, 1).split(",")
+        seen = next((r for r in map(self.read, reversed(tail(self.csv, self.TAIL_LINES).splitlines())) if r), None)
         line = f"{self.point.test_id}: {elapsed:5.0f}s"
-        if row[0].isdigit() and len(row) > 3:
-            step = int(row[0])
-            line += f" step {step}/{self.total}, {_number(row[3])} tok/s"
+        if seen is not None:
+            step, rate = seen
+            line += f" step {step}/{self.total}, {_number(rate)} tok/s"
             if self.first is None:
                 self.first = (elapsed, step)
             if self.latest is None or step != self.latest[1]:
@@ -74,16 +79,16 @@ class StepProgress:
         self.progress(line)
 
 
-def _number(text: str) -> str:
-    try:
-        return f"{float(text):,.0f}"
-    except ValueError:
-        return "?"
+def _number(rate: float | None) -> str:
+    return "?" if rate is None or rate != rate else f"{rate:,.0f}"
 
 
-def _poll(point: PhasePoint, out_dir: Path, progress: Progress | None, csv: Path | None = None):
-    """Progress from ``csv`` (the contract's training.csv in out_dir unless a trainer's own)."""
-    return None if progress is None else StepProgress(point, csv or out_dir / TRAINING_CSV, progress)
+def _poll(point: PhasePoint, out_dir: Path, progress: Progress | None, csv: Path | None = None,
+          adapter: Adapter | None = None):
+    """Progress from ``csv`` (the contract's training.csv in out_dir unless a trainer's own, read
+    by its adapter)."""
+    read = adapter.progress if adapter is not None else None
+    return None if progress is None else StepProgress(point, csv or out_dir / TRAINING_CSV, progress, read)
 
 
 def _fmt(v: Any) -> str:
@@ -116,12 +121,18 @@ def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], pro
         return _not_launched(f"launch: {exc}", out_dir, run, errors, began)
 
 
-def _watch(point: PhasePoint, out_dir: Path, progress_dir: Path, csv: Path,
-           live_steps: Callable[[], int | None] | None = None) -> Watch:
-    """A train point's progress (its heartbeats and CSV in ``progress_dir``, or what its adapter's
-    ``live_steps`` reads there) watched for stalls; stacks go into the run directory ``out_dir``."""
+def _watch(point: PhasePoint, out_dir: Path, progress_dir: Path, csv: Path, adapter: Adapter | None = None) -> Watch:
+    """A train point's progress (its heartbeats and CSV in ``progress_dir``, or the file its
+    adapter reads progress from, or what its adapter's ``live_steps`` reads there) watched for
+    stalls; stacks go into the run directory ``out_dir``."""
+    step_of = None
+    if adapter is not None and adapter.progress_csv(progress_dir).name != TRAINING_CSV:
+        def step_of(line: str) -> int | None:
+            seen = adapter.progress(line)
+            return seen[0] if seen else None
+    live_steps = adapter.live_steps(progress_dir) if adapter is not None else None
     return Watch(progress_dir, csv, point.phase.stall_after_s, point.phase.startup_after_s, out_dir,
-                 point.phase.launcher.kind == "python", live_steps)
+                 point.phase.launcher.kind == "python", step_of, live_steps)
 
 
 def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: RunData, errors: list[str],
@@ -146,8 +157,8 @@ def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: Run
     try:
         proc = launcher.run_trainer(point.phase.launcher, launch.entry, launch.args, env=launch.env, cwd=launch.cwd,
                                     timeout_s=point.phase.timeout_s, out_dir=out_dir,
-                                    on_poll=_poll(point, out_dir, progress, csv),
-                                    watch=_watch(point, out_dir, trainer_dir, csv, adapter.live_steps(trainer_dir)))
+                                    on_poll=_poll(point, out_dir, progress, csv, adapter),
+                                    watch=_watch(point, out_dir, trainer_dir, csv, adapter))
     except HarnessError as exc:
         return _not_launched(f"launch: {exc}", out_dir, run, errors, began)
     if trainer_dir.is_dir():

@@ -4,7 +4,8 @@ caller and never leaving a process of it behind.
 The child starts in its own session; its whole tree is tracked (validation/launch/tree.py) and
 killed when the run ends in any way: on the phase timeout, on a stall (a watched trainer whose
 step stops growing for ``stall_s``, validation/launch/watch.py), on an interrupt (Ctrl-C,
-SIGTERM or SIGHUP in the CLI: ``ABORT``, or a KeyboardInterrupt in the calling thread), and after
+SIGTERM or SIGHUP in the CLI: the session's abort flag, handed down by ``aborted_by``, or a
+KeyboardInterrupt in the calling thread), and after
 a normal exit (whatever the trainer left running). Before killing a stalled or timed-out trainer
 the harness takes every rank's stack (validation/launch/stacks.py). No shell is involved: every
 argv element is passed to exec as is. Several processes (one torchrun agent per node) run as one
@@ -22,34 +23,52 @@ timeout. A launcher whose one process runs every node (srun) says when its launc
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import enum
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Mapping, Protocol, Sequence
+from typing import Callable, Iterator, Mapping, Protocol, Sequence
 
 import psutil
 
 from validation.contract.files import tail
 from validation.contract.stacks import HARNESS_STACKS, TakenStack
 from validation.contract.torchrun_log import agent_said, closed_rendezvous, gave_up
+from validation.excerpt import STDERR_TAIL_LINES
 from validation.judge.seen import ProcessSeen
 from validation.launch import stacks
 from validation.launch.lives import Lives
 from validation.launch.tree import ProcessTree
 from validation.launch.watch import StepWatch, Watch
 
-#: set on an interrupt (the CLI's stop-signal handler): every running ``run`` kills its tree and
-#: raises KeyboardInterrupt, also in worker threads, which never see the signal
-ABORT = threading.Event()
-STDERR_TAIL_LINES = 40
+#: the abort flag of the session whose point runs in this context (``aborted_by``)
+_ABORT: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("abort", default=None)
 #: seconds a launch of several processes may stay open once one of them failed and no other
 #: process of it runs: time for the others to end by themselves (a torchrun agent at its exit
 #: barrier whose store went with the failed agent ended 1.6 s after it, measured here) before
 #: the harness stops them
 LAUNCH_OVER_GRACE_S = 5.0
+
+
+@contextlib.contextmanager
+def aborted_by(flag: threading.Event) -> Iterator[None]:
+    """Within it (in this thread), every ``run`` watches ``flag``, the abort flag of the session
+    running the point (validation/session/session.py): once it is set (a stop signal), a running
+    ``run`` kills its tree and raises KeyboardInterrupt, also in worker threads, which never see the
+    signal, and a new one starts nothing."""
+    token = _ABORT.set(flag)
+    try:
+        yield
+    finally:
+        _ABORT.reset(token)
+
+
+def _aborted() -> bool:
+    flag = _ABORT.get()
+    return flag is not None and flag.is_set()
 
 
 @dataclass(frozen=True)
@@ -172,7 +191,7 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
     ``cancel`` runs before the kill of a stopped or interrupted run. The result names the first
     command (all of a launch's agents run the same argv) and the log of the first that failed."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    if ABORT.is_set():  # interrupted before this point started: start nothing
+    if _aborted():  # interrupted before this point started: start nothing
         raise KeyboardInterrupt
     tree = tree or ProcessTree()
     start = time.monotonic()
@@ -279,7 +298,7 @@ def _supervise(procs: list[subprocess.Popen | None], over: LaunchOver, ended: di
     reason to stop them). A launch that is over when the stall or the timeout comes is stopped as
     over: no rank is left that could have stalled. ``lives`` (with ``watch``) follows each process
     of the tree against the steps the files show, also once every launched process has exited."""
-    steps = StepWatch(watch.progress_dir, watch.csv, watch.live_steps) if watch is not None else None
+    steps = StepWatch(watch.progress_dir, watch.csv, watch.step_of, watch.live_steps) if watch is not None else None
     last_progress = start
     while True:
         running = [p for p in procs if p is not None and p.poll() is None]
@@ -296,7 +315,7 @@ def _supervise(procs: list[subprocess.Popen | None], over: LaunchOver, ended: di
             continue
         except subprocess.TimeoutExpired:
             pass
-        if ABORT.is_set():  # Ctrl-C in the CLI while this runs in a worker thread
+        if _aborted():  # Ctrl-C in the CLI while this runs in a worker thread
             raise KeyboardInterrupt
         tree.poll()
         if on_tree is not None:

@@ -14,7 +14,7 @@ host runs which task.
 When the harness stops the run (a stall, the phase timeout) or is interrupted, it cancels the step
 with ``scancel --signal=TERM`` (SIGTERM to the agents, which stop their workers), waits KillWait
 and a margin for srun to end, then ``scancel --signal=KILL``, then kills what runs on this host as
-for any point (docs/slurm.md measured each of these).
+for any point (docs/guides/multi-node.md, "What torchrun and Slurm do").
 
 srun propagates the environment, so every process of the step carries the run's token: the nodes'
 agents and ranks on this host (slurmstepd's children, not srun's) are found by it, for nodes.json

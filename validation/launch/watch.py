@@ -39,6 +39,9 @@ class Watch:
     single_process: bool
     """The python launcher: the launched process itself is rank 0. Under torchrun the launched
     process is the agent, no rank; its workers carry RANK in their environment."""
+    step_of: Callable[[str], int | None] | None = None
+    """The step a line of ``csv`` shows, where the file is a trainer's own log rather than a CSV
+    (its adapter's reading); None: the first cell of a row."""
     live_steps: Callable[[], int | None] | None = None
     """The highest step a trainer's own files show now, for a format with no line per step (its
     adapter's reader: TensorBoard events, checkpoints); None: the CSV and heartbeats say it."""
@@ -87,8 +90,9 @@ def _whole(v: object) -> int | None:
 class StepWatch:
     """The highest step any watched file has shown so far, and each file's last step."""
 
-    def __init__(self, progress_dir: Path, csv: Path, live_steps: Callable[[], int | None] | None = None):
-        self.progress_dir, self.csv, self.live_steps = progress_dir, csv, live_steps
+    def __init__(self, progress_dir: Path, csv: Path, step_of: Callable[[str], int | None] | None = None,
+                 live_steps: Callable[[], int | None] | None = None):
+        self.progress_dir, self.csv, self.step_of, self.live_steps = progress_dir, csv, step_of, live_steps
         self.highest: int | None = None
         self._tails: dict[Path, _Tail] = {}
         self._last: dict[Path, int] = {}
@@ -110,7 +114,10 @@ class StepWatch:
             tail = self._tails.setdefault(path, _Tail(path))
             beat = HEARTBEAT_PATTERN.match(path.name)
             for line in tail.new_lines():
-                step, pid = _step(line)
+                if path == self.csv and self.step_of is not None:
+                    step, pid = self.step_of(line.decode(errors="replace")), None
+                else:
+                    step, pid = _step(line)
                 if beat and pid is not None:
                     self._pid_of[int(beat.group(1))] = pid
                 if step is None:

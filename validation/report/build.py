@@ -22,6 +22,7 @@ from typing import Any
 
 import jinja2
 
+from nsa.atomic import write_atomic
 from validation import DEFAULT_RESULTS_DIR, REPO_ROOT, TEMPLATE_DIR
 from validation.judge.findings import find, planned_longest
 from validation.judge.findings.advice import recommendations
@@ -392,7 +393,6 @@ def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, run
     plot_list: list[dict[str, str]] = []
     plot_dir = report_dir / "plots"
     staging: Path | None = None
-    tmp: str | None = None
     try:  # an interrupt at any moment leaves the previous report with every plot it names, and no temp file
         if plots:
             recs = ResultStore(results_dir).records(runbook_name, profile_name)
@@ -409,21 +409,14 @@ def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, run
         text = render_text(ctx, template)
         report_dir.mkdir(parents=True, exist_ok=True)
         path = report_path(results_dir, runbook_name, profile_name)
-        # a unique temp file: two harness runs rendering the same report must not share one
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=report_dir)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; a report is for everyone
         # the new plots first (the old report names the same phases' or others, which stay), then
-        # the report, then the old report's plots the new one does not name
+        # the report (whole or not at all, for everyone to read), then the old report's plots the
+        # new one does not name
         moved = publish(staging, plot_dir, stem) if staging is not None else None
-        os.replace(tmp, path)
-        tmp = None
+        write_atomic(path, text, mode=0o644)
         if moved is not None:
             prune(plot_dir, stem, keep=moved)
     finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
     return Rendered(path, ctx["verdict"], ctx["status_reason"])

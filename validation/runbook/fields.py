@@ -15,9 +15,9 @@ from validation.judge.gates import OPS, Gate, Window
 from validation.judge.metrics import METRICS
 from validation.judge.record import TRAINER_KINDS
 from validation.runbook import empty, keys
-from validation.runbook.types import STALL_SHARE, Launcher, Phase, Rendezvous, Scalar
+from validation.runbook.schema import MODULE, NAME, Limit
+from validation.runbook.types import Launcher, Phase, Rendezvous, Scalar
 
-PHASE_KINDS = ("train", "preflight", "pytest", "profile", "resume")
 LAUNCHER_KINDS = ("python", "torchrun", "slurm")
 #: each launcher kind's keys (torchrun's nproc is per node; Slurm says nodes and nproc_per_node)
 LAUNCHER_KEYS = {"python": ("kind", "nproc", "module", "torchrun_args"),
@@ -38,8 +38,6 @@ _SRUN_ARG = re.compile(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9_.:,/@%+=-]+)?$")
 SRUN_OWN = ("--job-name", "--jobid", "--nodes", "--ntasks", "--ntasks-per-node", "--output", "--error", "--input",
             "--export", "--chdir", "--overlap", "--label", "--kill-on-bad-exit")
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 OVERRIDE_KEY = re.compile(r"^[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+$")
 _ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 #: environment variables a runbook may set; anything else (LD_PRELOAD, PATH, PYTHONPATH...) is
@@ -79,6 +77,9 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+_OWN = object()  # Reader.value's default: the key's declared default
+
+
 class Reader:
     """Reads one mapping strictly; every error names the file and the dotted key.
 
@@ -91,6 +92,7 @@ class Reader:
                  required: tuple[str, ...] | None = None):
         self.path, self.where = path, where
         section = allowed if isinstance(allowed, keys.Section) else None
+        self.section = section
         if section is not None:
             allowed = section.names
             required = section.required if required is None else required
@@ -148,6 +150,18 @@ class Reader:
         if v is not None and (isinstance(v, bool) or not isinstance(v, types) or v < minimum):
             self.fail(self.key(k), f"expected {what} >= {minimum}, got {v!r}")
         return v
+
+    def value(self, k: str, default: Any = _OWN) -> Any:
+        """The scalar key ``k`` checked as its declaration says (its type, minimum, pattern or
+        choices; validation/runbook/schema.py), or ``default`` (else its declared default) without it."""
+        spec = self.section.key(k)
+        if default is _OWN:
+            default = spec.default
+        if spec.type is int:
+            return self.int_(k, default, minimum=int(spec.minimum or 0))
+        if spec.type is float:
+            return self.num(k, default, minimum=float(spec.minimum or 0))
+        return self.str_(k, default, pattern=spec.pattern, choices=spec.choices)
 
     def list_(self, k: str) -> list:
         v = self.data.get(k, [])
@@ -372,10 +386,10 @@ def _test_path(r: Reader, key: str, v: Any) -> str:
 
 
 def _watch_s(r: Reader, key: str, kind: str, timeout_s: float, default: float | None) -> float | None:
-    """A watch time of a phase that runs the trainer (``stall_s``, ``startup_s``): at least 1 s
+    """A watch allowance of a phase that runs the trainer (``WATCHED``): at least its minimum
     and below its timeout (else the timeout always comes first); only those phases are watched,
     and only they take the defaults' value."""
-    own = r.num(key, None, minimum=1.0)
+    own = r.value(key, None)
     if own is not None and kind not in TRAINER_KINDS:
         r.fail(r.key(key), f"only phases that run the trainer ({', '.join(TRAINER_KINDS)}) are watched for "
                            f"stalls, not kind {kind!r}")
@@ -387,12 +401,14 @@ def _watch_s(r: Reader, key: str, kind: str, timeout_s: float, default: float | 
     return value
 
 
+#: what the stall watch ends (validation/launch/watch.py): its allowances are keys of phases that run the trainer
+WATCHED = (Limit.QUIET, Limit.START)
 _PYTEST_ARG = re.compile(r"^(-k|-m|-x|-q|-v|--maxfail=\d+|--hypothesis-seed=\d+|[A-Za-z0-9_ ().\[\]-]+)$")
 
 def parse_phase(path: Path, data: Any, where: str, defaults: dict[str, Any], known_markers: set[str] | None) -> Phase:
     r = Reader(path, data, where, keys.PHASE)
-    name = r.str_("name", pattern=NAME)
-    kind = r.str_("kind", choices=PHASE_KINDS)
+    name = r.value("name")
+    kind = r.value("kind")
     markers = r.list_("markers")
     for i, m in enumerate(markers):
         if not isinstance(m, str) or not NAME.match(m):
@@ -410,27 +426,27 @@ def parse_phase(path: Path, data: Any, where: str, defaults: dict[str, Any], kno
             r.fail(r.key(f"pytest_args[{i}]"), f"{a!r} is not an allowed pytest argument")
     if kind == "pytest" and not tests:
         r.fail(r.key("tests"), "a pytest phase needs at least one test path")
-    config = r.str_("config", defaults["config"], pattern=MODULE)
-    golden_steps = r.int_("golden_steps", 0)
+    config = r.value("config", defaults["config"])
+    golden_steps = r.value("golden_steps")
     if golden_steps and kind != "train":
         r.fail(r.key("golden_steps"), f"golden loss curves need a train phase, not kind {kind!r}")
-    steps = r.int_("steps", defaults["steps"], minimum=1)
+    steps = r.value("steps", defaults["steps"])
     if golden_steps > steps:
         r.fail(r.key("golden_steps"), f"{golden_steps} is more than the phase's {steps} steps")
-    timeout_s = r.num("timeout_s", defaults["timeout_s"], minimum=1.0)
-    profile_steps = r.int_("profile_steps", 0)
+    timeout_s = r.value("timeout_s", defaults["timeout_s"])
+    profile_steps = r.value("profile_steps")
     if kind == "profile" and not 1 <= profile_steps <= steps:
         r.fail(r.key("profile_steps"), f"a profile phase names the steps to profile, 1..steps ({steps}), the trainer "
                                        f"profiling them once steady (warm-up and graph capture done); got {profile_steps}")
     if profile_steps and kind != "profile":
         r.fail(r.key("profile_steps"), f"only profile phases profile steps, not kind {kind!r}")
-    resume_after = r.int_("resume_after", 0)
+    resume_after = r.value("resume_after")
     if kind == "resume" and not 1 <= resume_after < steps:
         r.fail(r.key("resume_after"), f"a resume phase stops after resume_after steps and resumes for the rest of its "
                                       f"{steps} steps: 1..{steps - 1}; got {resume_after}")
     if resume_after and kind != "resume":
         r.fail(r.key("resume_after"), f"only resume phases stop and resume, not kind {kind!r}")
-    repeats = r.int_("repeats", 1, minimum=1)
+    repeats = r.value("repeats")
     if repeats > 1 and kind != "train":
         r.fail(r.key("repeats"), f"only train phases are repeated (a mean with a confidence interval), not kind {kind!r}")
     for i, g in enumerate(gates):
@@ -441,19 +457,18 @@ def parse_phase(path: Path, data: Any, where: str, defaults: dict[str, Any], kno
         # a window no run of the phase can cover would always be NO_DATA
         if kind in TRAINER_KINDS and g.window.last is not None and g.window.last > steps and METRICS[g.metric].windowed:
             r.fail(r.key(f"gates[{i}].window"), f"{g.window.describe()} is longer than the phase's {steps} steps")
-    stall_s = _watch_s(r, "stall_s", kind, timeout_s, defaults["stall_s"])
-    startup_s = _watch_s(r, "startup_s", kind, timeout_s, defaults["startup_s"])
+    # the stall watch's allowances, between steps and before the first
+    watches = {k.name: _watch_s(r, k.name, kind, timeout_s, defaults[k.name]) for k in r.section.keys
+               if k.limit in WATCHED}
+    phase = Phase(
+        name=name, kind=kind, description=r.value("description") or "", markers=tuple(markers),
+        launcher=launcher, config=config, overrides=overrides, env=env, steps=steps, timeout_s=timeout_s,
+        sweep=_sweep(r, r.key("sweep"), r.get("sweep")), gates=gates, tests=tests, pytest_args=tuple(pargs),
+        min_gpus=r.value("min_gpus", defaults["min_gpus"]), golden_steps=golden_steps, profile_steps=profile_steps,
+        resume_after=resume_after, repeats=repeats, **watches,
+    )
     if kind in TRAINER_KINDS:
         # the nodes meet before the first step: the start-up allowance must leave the join timeout
         key = r.key("launcher") if "launcher" in r.data else f"defaults.launcher (for {r.where})"
-        stall_after = stall_s if stall_s is not None else timeout_s / STALL_SHARE
-        check_join_timeout(r, key, launcher, startup_s if startup_s is not None else stall_after)
-    return Phase(
-        name=name, kind=kind, description=r.str_("description", "") or "", markers=tuple(markers),
-        launcher=launcher, config=config, overrides=overrides, env=env,
-        steps=steps,
-        timeout_s=timeout_s, stall_s=stall_s, startup_s=startup_s,
-        sweep=_sweep(r, r.key("sweep"), r.get("sweep")), gates=gates, tests=tests, pytest_args=tuple(pargs),
-        min_gpus=r.int_("min_gpus", defaults["min_gpus"]), golden_steps=golden_steps, profile_steps=profile_steps,
-        resume_after=resume_after, repeats=repeats,
-    )
+        check_join_timeout(r, key, launcher, phase.startup_after_s)
+    return phase

@@ -1,19 +1,15 @@
 """Every key a runbook or a hardware profile may hold, with what it means: the one table the
 loader reads (which keys a mapping allows, which it requires) and docs/runbook_format.md is
-generated from (validation/report/reference.py), so the two cannot drift."""
+generated from (validation/report/reference.py), so the two cannot drift. The keys of a phase,
+of ``defaults:``, of a rendezvous, of a profile's hardware and the runbook's max_parallel are the fields of their
+dataclasses (validation/runbook/types.py, declared with validation/runbook/schema.py's ``key``)."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class Key:
-    name: str
-    meaning: str
-    required: bool = False
-    empty: str = ""
-    """What the key written with nothing after it (YAML's null) means; "" (most keys): an error
-    naming the file and key, since the user meant a value or keys to follow (validation/runbook/empty.py)."""
+from validation.runbook.schema import TEXT_ONLY, Key, keys_of
+from validation.runbook.types import Hardware, Phase, Rendezvous, Runbook
 
 
 @dataclass(frozen=True)
@@ -41,9 +37,22 @@ class Section:
     def meaning(self, name: str) -> str:
         return next((k.meaning for k in self.keys if k.name == name), "")
 
+    def key(self, name: str) -> Key:
+        return next(k for k in self.keys if k.name == name)
 
-#: what an empty text for people means
-TEXT_ONLY = "no text (a key for people only: nothing the harness does depends on it)"
+    @property
+    def shows_defaults(self) -> bool:
+        """Whether the reference page gives the section a column of defaults."""
+        return any(k.shown_default for k in self.keys)
+
+    @property
+    def shows_staleness(self) -> bool:
+        """Whether the reference page says what a change to each key means for a stored record."""
+        return any(k.stale is not None for k in self.keys)
+
+
+#: the keys of ``phases[]``, as the Phase dataclass declares them
+_PHASE_KEYS = keys_of(Phase)
 
 RUNBOOK = Section("(top level)", "A runbook: phases to run against a trainer, with the profiles whose thresholds "
                   "its gates read.", (
@@ -52,63 +61,19 @@ RUNBOOK = Section("(top level)", "A runbook: phases to run against a trainer, wi
     Key("source", "what the runbook follows (cite the seed runbook by its title, not by a path)", empty=TEXT_ONLY),
     Key("profiles", "hardware profiles it runs on (names under runbooks/profiles/); the first is the CLI's "
                     "default", True),
-    Key("max_parallel", "untimed single-process points (pytest, preflight) the CLI may run at once; a timed point "
-                        "(train, profile) always runs alone (default 1)"),
+    *(k for k in keys_of(Runbook) if k.name == "max_parallel"),
     Key("defaults", "values every phase takes unless it sets its own (the keys of `defaults`)"),
     Key("phases", "the phases, in the order they run", True),
     Key("trainer", "the trainer its train phases launch, when not this project's own (`python -m nsa.train`)"),
 ))
 
-DEFAULTS = Section("defaults", "Values every phase takes unless it sets its own.", (
-    Key("launcher", "see `phases[].launcher`"),
-    Key("config", "this project's trainer: a preset name or YAML path (default tiny)"),
-    Key("overrides", "dotted config keys and values, merged under each phase's own"),
-    Key("env", "environment variables, merged under each phase's own"),
-    Key("steps", "optimizer steps (default 20)"),
-    Key("timeout_s", "hard limit of a point in seconds (default 600)"),
-    Key("stall_s", "see `phases[].stall_s`"),
-    Key("startup_s", "see `phases[].startup_s`"),
-    Key("min_gpus", "GPUs a point needs at least (default 0)"),
-))
+DEFAULTS = Section("defaults", "Values every phase takes unless it sets its own.",
+                   tuple(dataclasses.replace(k, meaning=k.defaults, stale=None) for k in _PHASE_KEYS
+                         if k.defaults is not None))
 
 PHASE = Section("phases[]", "One phase: a kind, how it launches, what it runs, its sweep and its gates. Each point "
-                "of its sweep is one pytest test and one stored record.", (
-    Key("name", "the phase's name; it is a pytest marker too (`pytest -m NAME`)", True),
-    Key("kind", "train (the trainer), profile (a train run asked for profile.json), resume (an uninterrupted run "
-                "against one stopped and resumed from its checkpoint), pytest (this project's own tests) or preflight "
-                "(git SHA, collect_env, nvidia-smi)", True),
-    Key("description", "one line for people", empty=TEXT_ONLY),
-    Key("markers", "more pytest markers, each registered in pytest.ini"),
-    Key("launcher", "how the trainer starts: python, or torchrun with nproc processes"),
-    Key("config", "this project's trainer: a preset name or YAML path"),
-    Key("overrides", "dotted config keys of the trainer (checked against its --list-keys, or a runbook trainer's "
-                     "params)"),
-    Key("env", "environment variables (names starting NSA_, NCCL_, TORCH_, PYTORCH_, CUDA_, OMP_, MKL_, TRITON_, "
-               "or CONFIG)"),
-    Key("steps", "optimizer steps the trainer is asked for; a run that completes fewer is a FAIL"),
-    Key("timeout_s", "hard limit of the point in seconds: the harness takes stacks, kills the tree, records FAIL"),
-    Key("stall_s", "train and profile phases: no new step for this long after the first is a stall (stacks of "
-                   "every rank, the tree killed, FAIL); default a quarter of timeout_s"),
-    Key("startup_s", "train and profile phases: no first step this long after the launch is a stall too "
-                     "(imports, compilation, graph capture); default stall_s"),
-    Key("sweep", "parameters to sweep: {dotted.key: [values]} or {env.NAME: [values]}; the points are their "
-                 "cartesian product in YAML order"),
-    Key("gates", "checks of the point's metrics against thresholds"),
-    Key("tests", "pytest phases: test paths inside this repository"),
-    Key("pytest_args", "pytest phases: allowed extra arguments (-k, -m, -x, -q, -v, --maxfail=N, "
-                       "--hypothesis-seed=N)"),
-    Key("min_gpus", "GPUs a point needs at least (a CUDA profile's point needs one per process too)"),
-    Key("golden_steps", "train phases: compare the loss of steps 1..N with the golden curve within the profile's "
-                        "golden_loss_rtol"),
-    Key("profile_steps", "profile phases: steps the trainer profiles once steady (1..steps), asked through the "
-                         "contract's CONTRACT_PROFILE_STEPS"),
-    Key("resume_after", "resume phases: the step after which the interrupted run stops (1..steps-1); it resumes "
-                        "from its checkpoint for the rest and is compared step by step with an uninterrupted run"),
-    Key("repeats", "train phases: runs of each point (default 1); the report shows the mean with its 95% "
-                   "confidence interval, and a best setting or a regression only where the intervals separate; with "
-                   "golden_steps, the runs' losses are also gated against each other (repeat_loss_rel_diff <= "
-                   "golden_loss_rtol)"),
-))
+                "of its sweep is one pytest test and one stored record; the last column says what a change to a "
+                "key since a point's stored run means for that record (validation/store/stale.py).", _PHASE_KEYS)
 
 LAUNCHER = Section("phases[].launcher", "How a phase starts its trainer (never a shell): python (one process), "
                    "torchrun (nproc per node; with nnodes, one agent per node on this host) or slurm (srun of "
@@ -128,9 +93,7 @@ RDZV = Section("phases[].launcher.rdzv", "The c10d rendezvous of a launch of sev
                "is named from the others' rendezvous timeout; join_timeout_s + 10 s must fit in the phase's start-up "
                "allowance (startup_s, else stall_s).", (
     Key("backend", "c10d (the only one)"),
-    Key("endpoint", "torchrun: host:port on this host (localhost or 127.x; port 0: a free one at launch)"),
-    Key("port", "slurm: the port on the first node (default: from the job id, 20000-28999)"),
-    Key("join_timeout_s", "seconds the nodes wait for each other", True),
+    *keys_of(Rendezvous),
 ))
 
 GATE = Section("phases[].gates[]", "One gate: `metric op threshold` over a window. No expression is evaluated.", (
@@ -194,15 +157,7 @@ PROFILE = Section("(profile file)", "A hardware profile: the minimum hardware an
     Key("notes", "for people", empty=TEXT_ONLY),
 ))
 
-HARDWARE = Section("hardware", "What a profile's points need; a machine without it skips them.", (
-    Key("accelerator", "cuda or cpu", True),
-    Key("min_gpus", "GPUs at least"),
-    Key("min_gpu_mem_gb", "memory per GPU at least"),
-    Key("gpu_name", "a substring of the GPU's name (H100): another GPU runs and is reported, or skips with "
-                    "--hardware-mismatch=skip"),
-    Key("peak_bf16_tflops", "the GPU's dense bf16 peak in TFLOP/s, from its data sheet: mfu divides by it "
-                            "(without it mfu is UNMEASURED)"),
-))
+HARDWARE = Section("hardware", "What a profile's points need; a machine without it skips them.", keys_of(Hardware))
 
 SECTIONS = (RUNBOOK, DEFAULTS, PHASE, LAUNCHER, RDZV, GATE, TRAINER, TRAINER_ROOT, TRAINER_CONFIG, TRAINER_RESUME,
             PROFILE, HARDWARE)

@@ -25,7 +25,6 @@ from validation.runbook import keys
 from validation.judge.record import TRAINER_KINDS
 from validation.judge.stability import StabilityRule
 from validation.runbook.fields import (
-    MODULE,
     NAME,
     Reader,
     parse_env,
@@ -38,8 +37,6 @@ from validation.runbook.trainer_keys import published_keys
 from validation.runbook.trainer_spec import TrainerSpec, parse_trainer
 from validation.runbook.types import Hardware, Launcher, Phase, Profile, Runbook
 
-ACCELERATORS = ("cuda", "cpu")
-
 
 def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None) -> Runbook:
     """Load and validate a runbook (a path, or a name under runbooks/)."""
@@ -48,17 +45,11 @@ def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None
     r = Reader(path, data, "", keys.RUNBOOK)
     trainer = parse_trainer(path, r.get("trainer"), METRICS, ADAPTERS) if "trainer" in r.data else None
     d = Reader(path, r.get("defaults", {}), "defaults", keys.DEFAULTS)
-    defaults = {
-        "launcher": parse_launcher(path, d.get("launcher", {}), "defaults.launcher", Launcher()),
-        "config": d.str_("config", "tiny", pattern=MODULE),
-        "overrides": parse_overrides(d, "defaults.overrides", d.get("overrides")),
-        "env": parse_env(d, "defaults.env", d.get("env")),
-        "steps": d.int_("steps", 20, minimum=1),
-        "timeout_s": d.num("timeout_s", 600.0, minimum=1.0),
-        "stall_s": d.num("stall_s", None, minimum=1.0),
-        "startup_s": d.num("startup_s", None, minimum=1.0),
-        "min_gpus": d.int_("min_gpus", 0),
-    }
+    # the keys of ``defaults:``: the structured ones read as a phase reads them, the scalars as declared
+    defaults = {k.name: d.value(k.name) for k in keys.DEFAULTS.keys if k.type is not None}
+    defaults |= {"launcher": parse_launcher(path, d.get("launcher", {}), "defaults.launcher", Launcher()),
+                 "overrides": parse_overrides(d, "defaults.overrides", d.get("overrides")),
+                 "env": parse_env(d, "defaults.env", d.get("env"))}
     profiles = r.list_("profiles")
     for i, p in enumerate(profiles):
         if not isinstance(p, str) or not NAME.match(p):
@@ -77,7 +68,7 @@ def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None
         else:
             _check_params(r, f"phases[{i}]", p, trainer)
     return Runbook(r.str_("name", pattern=NAME), path, r.str_("description", "") or "",
-                   r.str_("source", "") or "", tuple(profiles), phases, r.int_("max_parallel", 1, minimum=1), trainer)
+                   r.str_("source", "") or "", tuple(profiles), phases, r.value("max_parallel"), trainer)
 
 
 def _check_trainer_keys(r: Reader, where: str, phase) -> None:
@@ -124,9 +115,7 @@ def load_profile(path_or_name: str | Path) -> Profile:
     data = read_yaml(path)
     r = Reader(path, data, "", keys.PROFILE)
     h = Reader(path, r.get("hardware"), "hardware", keys.HARDWARE)
-    hw = Hardware(h.str_("accelerator", choices=ACCELERATORS), h.int_("min_gpus", 0),
-                  h.num("min_gpu_mem_gb", 0.0), h.str_("gpu_name", None, pattern=NAME),
-                  h.num("peak_bf16_tflops", None, minimum=1.0))
+    hw = Hardware(**{k.name: h.value(k.name) for k in keys.HARDWARE.keys})
     thr = r.get("thresholds")
     if not isinstance(thr, Mapping):
         r.fail("thresholds", "expected a mapping of name: number (or null = to be measured)")

@@ -13,7 +13,7 @@ from validation.errors import RunbookError
 from validation.judge.gates import Gate
 from validation.judge.record import TRAINER_KINDS
 from validation.judge.resume import RTOL_KEY as RESUME_RTOL
-from validation.judge.verdict import declared_unprovided
+from validation.judge.metrics import declared_unprovided
 from validation.runbook.types import Phase, Profile, Runbook, Scalar
 
 #: the profile threshold that sets the golden-loss tolerance of phases with golden_steps

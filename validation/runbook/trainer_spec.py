@@ -47,7 +47,7 @@ PLACEHOLDERS = ("steps", "out_dir", "config", "nproc")
 #: profile phase is a train run that asks for profile.json through the contract)
 FOREIGN_PHASE_KINDS = ("train", "profile", "preflight", "resume")
 _ARG_CHARS = frozenset(string.ascii_letters + string.digits + "_.:,+/@=-{}")
-_FLAG = re.compile(r"^--?[A-Za-z][A-Za-z0-9_-]*$")
+_FLAG = re.compile(r"^--?[A-Za-z][A-Za-z0-9_.-]*$")  # dotted: torchtitan's --training.steps
 _CONFIG_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 

@@ -12,9 +12,12 @@ from typing import Mapping
 from validation import PROFILE_DIR, REPO_ROOT, RUNBOOK_DIR
 from validation.errors import RunbookError
 from validation.judge.gates import Gate
+from validation.runbook.schema import MODULE, NAME, TEXT_ONLY, Limit, Stale, key
 
 Scalar = str | int | float | bool
-#: a phase without its own stall_s stalls after timeout_s / STALL_SHARE without progress
+PHASE_KINDS = ("train", "preflight", "pytest", "profile", "resume")
+ACCELERATORS = ("cuda", "cpu")
+#: a phase without its own stall allowance stalls after timeout_s / STALL_SHARE without progress
 STALL_SHARE = 4
 
 
@@ -22,14 +25,16 @@ STALL_SHARE = 4
 class Rendezvous:
     """torchrun's c10d rendezvous of a launch of several nodes (one torchrun agent per node)."""
 
-    join_timeout_s: float
+    join_timeout_s: float = key(meaning="seconds the nodes wait for each other", required=True, minimum=1.0,
+                                stale=Stale.ALLOWANCE, limit=Limit.JOIN)
     """How long an agent waits for the others to join (torchrun's ``join_timeout``): a node that
     never joins is found this long after the first agent started, not at the phase timeout."""
-    endpoint: str = ""
-    """``host:port`` of the store (kind torchrun: a loopback host, every agent runs here; port 0:
-    a free port chosen at launch); '' under Slurm: the allocation's first node."""
-    port: int | None = None
-    """Slurm: the store's port on the first node; None: derived from the job id at launch."""
+    endpoint: str = key("", meaning="torchrun: host:port on this host (localhost or 127.x; port 0: a free one at "
+                                    "launch)", stale=Stale.NEVER, note="where the agents meet")
+    """'' under Slurm: the allocation's first node."""
+    port: int | None = key(None, meaning="slurm: the port on the first node (default: from the job id, "
+                                         "20000-28999)", minimum=1, stale=Stale.NEVER, note="where the agents meet")
+    """None: derived from the job id at launch."""
 
 
 @dataclass(frozen=True)
@@ -63,39 +68,82 @@ class Launcher:
 
 @dataclass(frozen=True)
 class Phase:
-    name: str
-    kind: str
-    description: str = ""
-    markers: tuple[str, ...] = ()
-    launcher: Launcher = Launcher()
-    config: str = "tiny"
-    overrides: Mapping[str, Scalar] = field(default_factory=dict)
-    env: Mapping[str, str] = field(default_factory=dict)
-    steps: int = 20
-    timeout_s: float = 600.0
-    stall_s: float | None = None
-    """Train phases: no new step (heartbeats, training CSV) for this long is a stall, and the
-    harness takes every rank's stack and kills the run; counted from the launch, so it must
-    cover the trainer's start-up. None: a quarter of timeout_s (``stall_after_s``)."""
-    startup_s: float | None = None
-    """Phases that run the trainer: the time allowed before its first step (imports, model build,
-    compilation, graph capture), after which no step is a stall too. None: ``stall_s``."""
-    sweep: Mapping[str, tuple[Scalar, ...]] = field(default_factory=dict)
-    gates: tuple[Gate, ...] = ()
-    tests: tuple[str, ...] = ()
-    pytest_args: tuple[str, ...] = ()
-    min_gpus: int = 0
-    golden_steps: int = 0
-    """Compare the loss of steps 1..N with the golden curve (validation/store/goldens.py); 0: no golden."""
-    profile_steps: int = 0
-    """Profile phases: steps the trainer profiles once steady (the harness asks through the
-    contract's CONTRACT_PROFILE_STEPS); ``steps`` is the whole run, warm-up included."""
-    resume_after: int = 0
-    """Resume phases: the first half stops after this many of ``steps`` (checkpointing), the
-    second resumes from it for the rest; both are compared with an uninterrupted run of ``steps``."""
-    repeats: int = 1
-    """Train phases: runs of each point, judged one by one and reported as a mean with a
-    confidence interval (validation/judge/interval.py)."""
+    """One phase of a runbook. Each field made by ``key`` is a key of ``phases[]`` (and, with
+    ``defaults=``, of ``defaults:``), declared once here (validation/runbook/schema.py)."""
+
+    name: str = key(meaning="the phase's name; it is a pytest marker too (`pytest -m NAME`)", required=True,
+                    pattern=NAME, stale=Stale.NEVER, note="another name is another point")
+    kind: str = key(meaning="train (the trainer), profile (a train run asked for profile.json), resume (an "
+                            "uninterrupted run against one stopped and resumed from its checkpoint), pytest (this "
+                            "project's own tests) or preflight (git SHA, collect_env, nvidia-smi)",
+                    required=True, choices=PHASE_KINDS, stale=Stale.EXACT)
+    description: str = key("", meaning="one line for people", empty=TEXT_ONLY, stale=Stale.NEVER,
+                           note="text for people")
+    markers: tuple[str, ...] = key((), meaning="more pytest markers, each registered in pytest.ini",
+                                   stale=Stale.NEVER, note="pytest's selection, not what runs")
+    launcher: Launcher = key(Launcher(), meaning="how the trainer starts: python, or torchrun with nproc processes",
+                             defaults="see `phases[].launcher`", stale=Stale.EXACT,
+                             note="its kind, nodes and options passed through; the processes it asks for (world "
+                                  "size); not the rendezvous's endpoint and port (where the agents meet)")
+    config: str = key("tiny", meaning="this project's trainer: a preset name or YAML path", pattern=MODULE,
+                      defaults="see `phases[].config`", stale=Stale.EXACT)
+    overrides: Mapping[str, Scalar] = key(
+        factory=dict, meaning="dotted config keys of the trainer (checked against its --list-keys, or a runbook "
+                              "trainer's params)",
+        defaults="dotted config keys and values, merged under each phase's own", stale=Stale.EXACT,
+        note="with the sweep point's parameters")
+    env: Mapping[str, str] = key(
+        factory=dict, meaning="environment variables (names starting NSA_, NCCL_, TORCH_, PYTORCH_, CUDA_, OMP_, MKL_, "
+                              "TRITON_, or CONFIG)",
+        defaults="environment variables, merged under each phase's own", stale=Stale.EXACT,
+        note="with the sweep point's env.* parameters")
+    steps: int = key(20, meaning="optimizer steps the trainer is asked for; a run that completes fewer is a FAIL",
+                     minimum=1, defaults="see `phases[].steps`", stale=Stale.EXACT)
+    timeout_s: float = key(600.0, meaning="hard limit of the point in seconds: the harness takes stacks, kills the "
+                                          "tree, records FAIL",
+                           minimum=1.0, defaults="see `phases[].timeout_s`", stale=Stale.ALLOWANCE, limit=Limit.RUN)
+    stall_s: float | None = key(
+        None, meaning="train and profile phases: no new step for this long after the first is a stall (stacks of every "
+                "rank, the tree killed, FAIL); default a quarter of timeout_s",
+        minimum=1.0, defaults="see `phases[].stall_s`", stale=Stale.ALLOWANCE, limit=Limit.QUIET)
+    """Counted from the launch, so it must cover the trainer's start-up; None: ``stall_after_s``."""
+    startup_s: float | None = key(
+        None, meaning="train and profile phases: no first step this long after the launch is a stall too (imports, "
+                "compilation, graph capture); default stall_s",
+        minimum=1.0, defaults="see `phases[].startup_s`", stale=Stale.ALLOWANCE, limit=Limit.START)
+    """None: ``stall_after_s``."""
+    sweep: Mapping[str, tuple[Scalar, ...]] = key(
+        factory=dict, meaning="parameters to sweep: {dotted.key: [values]} or {env.NAME: [values]}; the points are "
+                              "their cartesian product in YAML order",
+        stale=Stale.THROUGH, note="a point's parameters are its overrides and env")
+    gates: tuple[Gate, ...] = key((), meaning="checks of the point's metrics against thresholds", stale=Stale.ADDED,
+                                  note="a new metric or window; a changed threshold is re-checked from the stored "
+                                       "value")
+    tests: tuple[str, ...] = key((), meaning="pytest phases: test paths inside this repository", stale=Stale.EXACT)
+    pytest_args: tuple[str, ...] = key((), meaning="pytest phases: allowed extra arguments (-k, -m, -x, -q, -v, "
+                                                   "--maxfail=N, --hypothesis-seed=N)", stale=Stale.EXACT)
+    min_gpus: int = key(0, meaning="GPUs a point needs at least (a CUDA profile's point needs one per process too)",
+                        minimum=0, defaults="GPUs a point needs at least", stale=Stale.THROUGH,
+                        note="the machine that ran it, against the point's hardware minimum now")
+    golden_steps: int = key(0, meaning="train phases: compare the loss of steps 1..N with the golden curve within "
+                                       "the profile's golden_loss_rtol",
+                            minimum=0, stale=Stale.ADDED, note="one asked over other steps is re-checked against the "
+                                                               "golden file")
+    """0: no golden (validation/store/goldens.py)."""
+    profile_steps: int = key(0, meaning="profile phases: steps the trainer profiles once steady (1..steps), asked "
+                                        "through the contract's CONTRACT_PROFILE_STEPS",
+                             minimum=0, stale=Stale.THROUGH, note="CONTRACT_PROFILE_STEPS in the point's env")
+    """``steps`` is the whole run, warm-up included."""
+    resume_after: int = key(0, meaning="resume phases: the step after which the interrupted run stops (1..steps-1); "
+                                       "it resumes from its checkpoint for the rest and is compared step by step "
+                                       "with an uninterrupted run",
+                            minimum=0, stale=Stale.EXACT)
+    repeats: int = key(1, meaning="train phases: runs of each point; the report shows the mean with its 95% "
+                                  "confidence interval, and a best setting or a regression only where the intervals "
+                                  "separate; with golden_steps, the runs' losses are also gated against each other "
+                                  "(repeat_loss_rel_diff <= golden_loss_rtol)",
+                       minimum=1, stale=Stale.MORE)
+    """validation/judge/interval.py."""
 
     @property
     def stall_after_s(self) -> float:
@@ -123,9 +171,9 @@ class Runbook:
     source: str
     profiles: tuple[str, ...]
     phases: tuple[Phase, ...]
-    max_parallel: int = 1
-    """How many untimed points (pytest, preflight) may run at once; timed points (train,
-    profile) always run alone, so no two timings share the machine (plan.batches)."""
+    max_parallel: int = key(1, meaning="untimed single-process points (pytest, preflight) the CLI may run at once; "
+                                       "a timed point (train, profile) always runs alone", minimum=1)
+    """Timed points run alone so that no two timings share the machine (plan.batches)."""
     trainer: TrainerSpec | None = None
     """The trainer its train phases launch; None: this project's own (python -m nsa.train)."""
 
@@ -143,15 +191,16 @@ class Runbook:
 
 @dataclass(frozen=True)
 class Hardware:
-    accelerator: str = "cpu"
-    min_gpus: int = 0
-    min_gpu_mem_gb: float = 0.0
-    gpu_name: str | None = None
-    """Substring expected in the GPU name (e.g. 'A100'); a mismatch is reported, or skipped
-    with --hardware-mismatch=skip."""
-    peak_bf16_tflops: float | None = None
-    """One device's dense bf16 peak, TFLOP/s (the vendor's number, without sparsity): what mfu
-    divides by. None: mfu is UNMEASURED on this profile."""
+    """A profile's ``hardware:``: what its points need; each field is a key of it."""
+
+    accelerator: str = key("cpu", meaning="cuda or cpu", required=True, choices=ACCELERATORS)
+    min_gpus: int = key(0, meaning="GPUs at least", minimum=0)
+    min_gpu_mem_gb: float = key(0.0, meaning="memory per GPU at least", minimum=0.0)
+    gpu_name: str | None = key(None, meaning="a substring of the GPU's name (H100): another GPU runs and is reported, "
+                                             "or skips with --hardware-mismatch=skip", pattern=NAME)
+    peak_bf16_tflops: float | None = key(None, meaning="the GPU's dense bf16 peak in TFLOP/s, from its data sheet: mfu "
+                                                       "divides by it (without it mfu is UNMEASURED)", minimum=1.0)
+    """One device's dense peak (the vendor's number, without sparsity)."""
 
     @property
     def peak_flops(self) -> float | None:

@@ -25,6 +25,7 @@ import uuid
 from pathlib import Path
 
 from validation.errors import HarnessError, StoreError
+from validation.excerpt import EXCERPT_CHARS
 from validation.judge.record import HARNESS_ERROR_FILE, TRAINER_KINDS, Evidence, NotRun, PhaseRecord, Status, utc_now
 from validation.launch import foreign, slurm
 from validation.machine import Machine
@@ -179,7 +180,7 @@ def _harness_failed(point: PhasePoint, out_dir: Path, results_dir: Path, hw: Mac
           f"(traceback in {rel}/{HARNESS_ERROR_FILE})", file=sys.stderr)
     return PhaseRecord.for_point(
         point, Status.ERROR, f"the harness failed on this point, a defect of the harness: {type(exc).__name__}: "
-        f"{str(exc)[:200]} (traceback: {rel}/{HARNESS_ERROR_FILE})", hardware=hw, run_id=run_id, started=started,
+        f"{str(exc)[:EXCERPT_CHARS]} (traceback: {rel}/{HARNESS_ERROR_FILE})", hardware=hw, run_id=run_id, started=started,
         wall_s=wall_s, out_dir=rel, evidence=Evidence(not_run=NotRun.HARNESS,
                                     files=sorted(p.name for p in out_dir.iterdir() if p.is_file())))
 

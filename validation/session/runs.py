@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from nsa.contract import PROFILE_JSON, PROFILE_STEPS_ENV
-from validation.judge.evidence import collect, collect_failures, collect_halt, collect_train, signs, with_log
+from validation.judge.evidence import collect, read_ended, read_train, signs, with_log
 from validation.judge.findings.headline import culprit_log
 from validation.judge.gates import GateResult, GateVerdict
 from validation.judge.metrics import PROFILE_METRICS, RunData, unprovided_by_files
@@ -67,14 +67,14 @@ def launch(point: PhasePoint, out_dir: Path, progress: Progress | None, leg: Leg
         proc = kinds.train(point, out_dir, run, errors, progress, leg)
     else:
         proc = kinds.KINDS[kind](point, out_dir, run, errors, progress)
-    run.exit_code, run.timed_out, run.stalled_s = proc.exit_code, proc.timed_out, proc.stalled_s
-    run.processes = proc.processes
-    if proc.stalled_s is not None or proc.timed_out:
-        run.stacks_tried = len(proc.stacks)
+    stopped = proc.stalled_s is not None or proc.timed_out
+    run = replace(run, exit_code=proc.exit_code, timed_out=proc.timed_out, stalled_s=proc.stalled_s,
+                  processes=proc.processes, stacks_tried=len(proc.stacks) if stopped else run.stacks_tried)
     if kind in TRAINER_KINDS and run.launched:  # a process that never started left no file to miss
-        collect_train(run, errors)
-    collect_halt(run)
-    collect_failures(run, proc.stderr_path)
+        files = read_train(run)
+        run = files.onto(run)
+        errors += files.problems
+    run = read_ended(run, proc.stderr_path).onto(run)
     return Launched(run, proc, errors)
 
 

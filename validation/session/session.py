@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import functools
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from validation.errors import HarnessError
 from validation.judge.findings import CROSS_POINT, Finding, Severity, find, planned_longest
 from validation.judge.findings.headline import verdict_line
 from validation.judge.record import PhaseRecord, Status
-from validation.launch.process import ABORT
+from validation.launch.process import aborted_by
 from validation.machine import Machine, detect
 from validation.report import tensorboard
 from validation.report.build import Rendered, Verdict, render
@@ -138,6 +139,9 @@ class Outcome:
 @dataclass
 class AcceptanceSession:
     options: SessionOptions
+    abort: threading.Event = field(default_factory=threading.Event)
+    """Set by a stop signal (``stop_signals``): the points running in any thread kill their trainers'
+    trees, and no new one starts (each point runs under ``aborted_by`` it, launch/process.py)."""
     ran: dict[str, PhaseRecord] = field(default_factory=dict)
     """Records of the points run in this process, by test id (cross-point findings read them)."""
     _points: list[PhasePoint] | None = None
@@ -235,8 +239,10 @@ class AcceptanceSession:
         why = cannot_launch(point)
         if why:
             raise NotLaunchable(f"{point.test_id}: {why}")
-        record = run_point(point, self.results_dir, self.machine, why_skip(point, self.machine, self.options.mismatch),
-                           None if progress is None else (lambda line: progress(point.test_id, line)))
+        with aborted_by(self.abort):
+            record = run_point(point, self.results_dir, self.machine,
+                               why_skip(point, self.machine, self.options.mismatch),
+                               None if progress is None else (lambda line: progress(point.test_id, line)))
         self.ran[point.test_id] = record
         return record
 
@@ -368,18 +374,20 @@ class AcceptanceSession:
 
     # --- stopping ---------------------------------------------------------------------------------
 
-    @staticmethod
-    def stopping() -> bool:
+    def stopping(self) -> bool:
         """Whether a stop signal has arrived (an error raised after it is still the user's stop)."""
-        return ABORT.is_set()
+        return self.abort.is_set()
 
     @staticmethod
     @contextlib.contextmanager
-    def stop_signals(signals: tuple[int, ...] = STOP_SIGNALS, only_default: bool = False) -> Iterator[None]:
+    def stop_signals(abort: threading.Event, signals: tuple[int, ...] = STOP_SIGNALS,
+                     only_default: bool = False) -> Iterator[None]:
         """SIGINT, SIGTERM and SIGHUP (unless ignored, as `nohup` ignores SIGHUP) stop the session
-        as Ctrl-C does: the running trainers' trees are killed (worker threads see ``ABORT``) and
-        ``Stopped`` is raised in the main thread. With ``only_default``, only signals nobody
-        handles yet (pytest keeps its own SIGINT handling). Restored on the way out."""
+        whose flag is ``abort`` as Ctrl-C does: the flag is set, so the running trainers' trees are
+        killed (worker threads watch it), and ``Stopped`` is raised in the main thread. With
+        ``only_default``, only signals nobody handles yet (pytest keeps its own SIGINT handling).
+        Restored on the way out. A door enters it before it builds its session, and gives the
+        session the same flag."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -389,7 +397,7 @@ class AcceptanceSession:
             if only_default and current is not signal.SIG_DFL:
                 continue
             if sig == signal.SIGINT or current is not signal.SIG_IGN:
-                saved[sig] = signal.signal(sig, _on_stop_signal)
+                saved[sig] = signal.signal(sig, functools.partial(_on_stop_signal, abort))
         try:
             yield
         finally:
@@ -397,8 +405,8 @@ class AcceptanceSession:
                 signal.signal(sig, handler)
 
 
-def _on_stop_signal(signum, frame) -> None:
-    ABORT.set()  # worker threads running trainers kill their process trees
+def _on_stop_signal(abort: threading.Event, signum, frame) -> None:
+    abort.set()  # worker threads running trainers kill their process trees
     raise Stopped(signum)
 
 

@@ -37,7 +37,7 @@ THROUGHPUT = "toks_per_s_mean"
 ALL_STEPS = Window().describe()
 #: a drop of tokens/s that no gate fails is still named (a note) from half the allowed drop on, and
 #: never below this fraction: three runs of one commit on one H100 differed by up to 2.4%
-#: (docs/comparing-runs.md, golden loss curves)
+#: (docs/guides/comparing-runs.md, golden loss curves)
 NOTED_DROP = 0.05
 #: points a note lists one by one; its title counts them all
 LISTED = 5

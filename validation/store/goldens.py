@@ -18,13 +18,10 @@ file of this runbook and profile, is an error naming the file (as the result sto
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as _dt
 import math
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +29,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from nsa.atomic import write_atomic
 from nsa.yaml_unique import safe_load_unique
 from validation.contract.files import read_training_csv
 from validation.errors import ArtifactError, HarnessError
@@ -82,8 +80,8 @@ class Curve:
     """This repository's commit at the run, beside the trainer's."""
 
     def origin(self) -> str:
-        """Where the curve came from ('commit 5038c55d0217, blessed 2026-11-28 05:05 UTC from
-        runs/cpu_smoke/cpu/baseline_ddp/default/9429440eecf9'): a run's commit against this tells a
+        """Where the curve came from ('commit <12 hex digits>, blessed YYYY-MM-DD HH:MM UTC from
+        runs/<runbook>/<profile>/<phase>/<point>/<run id>'): a run's commit against this tells a
         change of the trainer's numerics from a run that does not repeat itself, and the time and
         run tell one curve of the file from another blessed over it."""
         return (f"commit {(self.commit or 'not recorded')[:12]}, blessed {_minute(self.blessed)}"
@@ -91,7 +89,7 @@ class Curve:
 
 
 def _minute(stamp: str) -> str:
-    """'2026-11-28 05:05 UTC' of an ISO 8601 time ('2026-11-28T05:05:31+00:00'); the text as it is
+    """'YYYY-MM-DD HH:MM UTC' of an ISO 8601 time ('YYYY-MM-DDTHH:MM:SS+00:00'); the text as it is
     where it is no such time, 'at an unrecorded date' where it is empty."""
     try:
         t = _dt.datetime.fromisoformat(stamp)
@@ -173,7 +171,7 @@ class GoldenFile:
         self.curves.setdefault(pid, {})[hw_class] = curve
 
     def save(self) -> None:
-        """Write atomically (temp file in the same directory, then rename)."""
+        """Write atomically (nsa/atomic.py)."""
         data = {"schema": SCHEMA, "runbook": self.runbook, "profile": self.profile, "points": {
             pid: {hw: _curve_data(c) for hw, c in sorted(by_class.items())}
             for pid, by_class in sorted(self.curves.items())}}
@@ -181,18 +179,7 @@ class GoldenFile:
                 "do not edit by hand.\n"
                 + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100))
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        write_atomic(self.path, text, mode=0o644)
 
 
 def _curve_data(c: Curve) -> dict[str, Any]:

@@ -5,8 +5,7 @@ read, anything else (or a file that is no store at all) is an error naming the f
 
 Writes are read-modify-write under an exclusive ``fcntl`` lock on ``results.json.lock`` (so two
 harness runs, or pytest-xdist workers, on the same directory cannot lose each other's records),
-and the new file replaces the old one atomically (temp file in the same directory, fsync,
-``os.replace``), so a reader never sees half a file and needs no lock: reading writes nothing (a
+and the new file replaces the old one atomically (nsa/atomic.py), so a reader never sees half a file and needs no lock: reading writes nothing (a
 baseline may be someone else's read-only directory). ``put`` replaces only the record with the
 same key; every other record is kept as it was.
 """
@@ -15,11 +14,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from nsa.atomic import write_atomic
 from validation.errors import StoreError
 from validation.judge.record import PhaseRecord, PointKey, Status
 
@@ -79,18 +78,8 @@ class ResultStore:
         return [PhaseRecord.from_json(r, f"{self.path}: record {k}") for k, r in data["records"].items()]
 
     def _write(self, data: dict[str, Any]) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=".results.", suffix=".tmp", dir=self.dir)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                json.dump(data, fh, indent=1, sort_keys=True, default=str)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; like the reports beside it, it is for everyone
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        # like the reports beside it, it is for everyone (a colleague's store serves as a --baseline)
+        write_atomic(self.path, json.dumps(data, indent=1, sort_keys=True, default=str), mode=0o644)
 
     def put(self, record: PhaseRecord) -> None:
         """Insert or replace the one record with this record's key."""

@@ -1,30 +1,27 @@
 """Stored records judged against the runbook as it is now, where it matters: a record whose run was
-asked for other steps, another config, other overrides, another environment or another world size
-than the runbook's point asks now is no result of that point (a stored 6-step GO is no 60-step
-GO). Such a point counts as not run (INCOMPLETE, never GO): the report names each key that
-changed, its value at the run and now, and the command that re-runs only that point. Its stored
-verdict, whatever it was, is no verdict of the point the runbook asks for now.
+asked for something other than what the runbook's point asks now (a stored 6-step GO is no 60-step
+GO) counts as not run (INCOMPLETE, never GO): the report names each key that changed, its value at
+the run and now, and the command that re-runs only that point. Its stored verdict, whatever it was,
+is no verdict of the point the runbook asks for now.
 
-A passed point whose runbook now asks a gate its run was not asked (a new metric, another
-window) is not run either: nothing stored can pass that gate (a changed threshold is re-checked
-from the stored value instead, thresholds.py).
+What a change to each key of a phase means is declared with the key (``Stale`` in
+validation/runbook/schema.py, on the fields of validation/runbook/types.py; docs/runbook_format.md
+shows it): any change (steps, config, overrides, env, kind, launcher and world size, resume step,
+pytest tests and arguments, and the ``trainer:`` entry as it launches the point), only more
+(repeats: a stored 3-run pass holds a pass of every run, so a runbook now asking 1 keeps it), only
+one asked now of a passed point (a gate of a new metric or window, a golden comparison: a changed
+threshold or golden file is re-checked from what is stored, thresholds.py and report/build.py),
+through other keys, or never (text for people, where the agents meet). A machine now below the
+point's hardware minimum, and a trainer that no longer supports the kind, change it too.
 
-So is a point whose run was of another phase kind, fewer repeats than the runbook asks now (a
-stored single run is no 3-run mean; a stored 3-run pass holds a pass of every run, so a runbook
-now asking 1 keeps it), another resume step, a golden comparison the run was not asked, another
-launcher (python or torchrun, nodes, options passed through), another trainer (this project's
-module, or the ``trainer:`` entry as it launches the point: root, entry, args, deliveries, env,
-adapter, the metrics it cannot provide; no longer supporting the kind), other pytest tests or
-arguments, or a machine below the point's hardware minimum now.
-
-The time allowances (timeout_s, stall_s, startup_s, the rendezvous's join timeout) change a
-stored result only where the direction of the change can: raised since the run, they change a run they
-may have ended (a timed-out run, a stall-stopped one quiet for less than the new allowance, a
-failed multi-node run that never logged a step) and no other (a crash, a failed gate or a pass
-happened within the old allowance, so within the new one too). Lowered, they change a run that
-did not fail and took longer than the new allowance (its wall time bounds every quiet spell, and
-the whole of each of its processes): it may have been stopped now; a failed run stays a failure
-(it fails the same or sooner), and a pass that took less than the new allowance passes within it.
+The time allowances (``ALLOWANCES``) change a stored result only where the direction of the change
+can: raised since the run, they change a run they may have ended (``Limit``: a timed-out run, a
+stall-stopped one quiet for less than the new allowance, a failed multi-node run that never logged
+a step) and no other (a crash, a failed gate or a pass happened within the old allowance, so within
+the new one too). Lowered, they change a run that did not fail and took longer than the new
+allowance (its wall time bounds every quiet spell, and the whole of each of its processes): it may
+have been stopped now; a failed run stays a failure (it fails the same or sooner), and a pass that
+took less than the new allowance passes within it.
 
 Records keep what was asked (judge/asked.py). Of records of older harnesses, which kept none,
 what they kept is read: their steps (not of a resume point that failed: it stores its failed
@@ -32,14 +29,6 @@ half's), their overrides, and their world size where below the runbook's (env.js
 a record keeps, is never below the processes launched, and may be above them), their kind, their
 timeout, wall time and how they ended, their repeats (their sub-runs), the step their passed
 resume first half stopped after, and their machine. A key a record did not keep is not compared.
-
-Not compared, because they do not change what a run measures: text for people (description,
-source, markers), max_parallel (untimed points only), the rendezvous's endpoint and port (where
-the agents meet), the trainer entry's name (what reports call it), a profile's gpu_name (a
-mismatch is reported, or skipped by an option of the session). Compared through other keys:
-sweep (the point's parameters are its overrides and env), profile_steps (CONTRACT_PROFILE_STEPS
-in its env), min_gpus and the profile's hardware (the machine that ran it), thresholds
-(re-checked, thresholds.py), golden curves (re-checked, report/build.py).
 """
 from __future__ import annotations
 
@@ -52,6 +41,9 @@ from validation.judge.gates import rule
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
 from validation.runbook.hardware import shortfalls
 from validation.runbook.plan import PhasePoint
+from validation.runbook.schema import Key as SchemaKey
+from validation.runbook.schema import Limit, Stale, keys_of
+from validation.runbook.types import Phase, Rendezvous
 
 
 class Key(enum.StrEnum):
@@ -72,10 +64,6 @@ class Key(enum.StrEnum):
     GOLDEN_STEPS = "golden_steps"
     """A golden comparison the run was not asked (one asked over other steps is re-checked against
     the golden file as it is now, report/build.py)."""
-    TIMEOUT = "timeout_s"
-    STALL = "stall_s"
-    STARTUP = "startup_s"
-    JOIN_TIMEOUT = "launcher.rdzv.join_timeout_s"
     LAUNCHER = "launcher"
     TRAINER = "trainer"
     PYTEST = "pytest"
@@ -83,9 +71,18 @@ class Key(enum.StrEnum):
     """The machine that ran it is below the point's minimum now (it would be skipped there)."""
 
 
+#: the time allowances, by their dotted runbook key: every key declared ``Stale.ALLOWANCE``
+#: (validation/runbook/schema.py), judged against how the run ended (``_allowance``)
+ALLOWANCES: dict[str, SchemaKey] = {
+    **{k.name: k for k in keys_of(Phase) if k.stale is Stale.ALLOWANCE},
+    **{f"launcher.rdzv.{k.name}": k for k in keys_of(Rendezvous) if k.stale is Stale.ALLOWANCE},
+}
+
+
 @dataclass(frozen=True)
 class Change:
-    key: Key
+    key: Key | str
+    """A Key, or the dotted runbook key of a time allowance (``ALLOWANCES``)."""
     stored: str
     """The value at the run ('unset': the run had none)."""
     now: str
@@ -197,25 +194,41 @@ def _stopped_after(rec: PhaseRecord) -> int | None:
 def _allowances(rec: PhaseRecord, point: PhasePoint, now: Asked) -> list[Change]:
     """The time allowances changed since the run where the change may change its result: the
     timeout (every record keeps it; 0 in hand-built ones: not kept) and, where the record kept
-    them, the stall watch's and the rendezvous's."""
+    them, the others (the record's ``asked`` keeps each by its key's last name)."""
     then = rec.asked or Asked()
+    out = []
+    for name, spec in ALLOWANCES.items():
+        if spec.limit is Limit.RUN:
+            was, asks = rec.timeout_s or None, point.phase.timeout_s
+        else:
+            attr = name.rsplit(".", 1)[-1]
+            was, asks = getattr(then, attr), getattr(now, attr)
+        out += _allowance(rec, name, spec.limit, was, asks)
+    return out
+
+
+def _may_have_ended(rec: PhaseRecord, limit: Limit, now: float) -> bool:
+    """Whether the allowance, raised to ``now``, may have ended the stored run: it ended the way
+    this allowance ends a run (a run stopped before any step logged may have been stopped by
+    either of the stall watch's allowances)."""
     seen, stalled = bool(rec.metrics.steps_completed), rec.stalled_s
-    return [*_allowance(rec, Key.TIMEOUT, rec.timeout_s or None, point.phase.timeout_s, rec.timed_out),
-            *_allowance(rec, Key.STALL, then.stall_s, now.stall_s, stalled is not None and (now.stall_s or 0) > stalled),
-            # a run stopped before any step logged may have been stopped by either allowance
-            *_allowance(rec, Key.STARTUP, then.startup_s, now.startup_s,
-                        stalled is not None and not seen and (now.startup_s or 0) > stalled),
-            *_allowance(rec, Key.JOIN_TIMEOUT, then.join_timeout_s, now.join_timeout_s, rec.failed and not seen)]
+    if limit is Limit.RUN:
+        return rec.timed_out
+    if limit is Limit.QUIET:
+        return stalled is not None and now > stalled
+    if limit is Limit.START:
+        return stalled is not None and not seen and now > stalled
+    return rec.failed and not seen
 
 
-def _allowance(rec: PhaseRecord, key: Key, then: float | None, now: float | None, may_have_ended: bool) -> list[Change]:
+def _allowance(rec: PhaseRecord, key: str, limit: Limit, then: float | None, now: float | None) -> list[Change]:
     """A time allowance changed since the run, where the change may change its result (the module's
     docstring): raised, where it may have ended the run; lowered, where the run did not fail and
     took longer than the new allowance."""
     if then is None or now is None or then == now:
         return []
-    if now > then and may_have_ended:
-        why = "the run timed out" if key == Key.TIMEOUT else (
+    if now > then and _may_have_ended(rec, limit, now):
+        why = "the run timed out" if limit is Limit.RUN else (
             f"the run was stopped as stalled after {rec.stalled_s:g} s without progress" if rec.stalled_s is not None
             else "the run failed before its first step")
     elif now < then and not rec.failed and rec.wall_s > now:

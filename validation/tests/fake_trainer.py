@@ -1,4 +1,4 @@
-"""A stand-in trainer that writes the trainer's output contract (DESIGN.md, "Trainer outputs")
+"""A stand-in trainer that writes the trainer's output contract (nsa/contract.py, docs/artifact_contract.md)
 quickly and without torch, with faults injected through ``NSA_FAULT``. It tests the harness's
 logic, not the model: runbooks in these tests point ``launcher.module`` here.
 

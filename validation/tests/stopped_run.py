@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from validation.judge.evidence import collect, collect_failures, collect_halt, collect_train
+from validation.judge.evidence import collect, read_ended, read_train
 from validation.judge.metrics import RunData
 from validation.judge.record import PhaseRecord, PointKey, Summary
 from validation.judge.verdict import Outcome, verdict
@@ -17,9 +17,10 @@ def judged_stopped_run(out: Path, log: Path, *, world: int = 2, stalled_s: float
     run = RunData(out, world_size=world, exit_code=None, stalled_s=stalled_s, stacks_tried=stacks_tried,
                   steps_requested=8)
     errors: list[str] = []
-    collect_train(run, errors)
-    collect_halt(run)
-    collect_failures(run, log)
+    files = read_train(run)
+    run = files.onto(run)
+    errors += files.problems
+    run = read_ended(run, log).onto(run)
     status, reason = verdict(Outcome.of_run("train", run, errors), [])
     return PhaseRecord(key, f"{key.runbook}/{key.profile}/{key.phase}/default", "train", status, reason, steps=8,
                        world_size=world, stalled_s=stalled_s, metrics=Summary.of(run, None),

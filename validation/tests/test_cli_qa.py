@@ -144,9 +144,8 @@ def test_the_reports_rerun_command_names_a_runbook_given_by_path(tmp_path):
 def test_check_artifacts_world_size_without_an_adapter_is_refused(tmp_path, capsys):
     """It was accepted and ignored: the contract's env.json says the world size."""
     assert main(["check-artifacts", str(tmp_path), "--world-size=2"]) == 2
-    from validation.contract.adapters import ADAPTERS
-    converting = "/".join(sorted(n for n, a in ADAPTERS.items() if a.converts))
-    assert f"--world-size is for an adapter (--adapter {converting})" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--world-size is for an adapter (--adapter " in err and "seed" in err.split("(--adapter ")[1], err
     assert main(["check-artifacts", str(tmp_path), "--adapter", "seed", "--world-size", "2"]) == 1
 
 

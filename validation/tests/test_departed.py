@@ -12,9 +12,10 @@ import pandas as pd
 from validation.contract.adapters import ADAPTERS, RunFacts
 from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure
-from validation.judge.evidence import collect, collect_train
+from validation.judge.evidence import collect, read_train
 from validation.judge.findings import find, recommendations
-from validation.judge.findings.departed import departed, departure
+from validation.judge.diagnosis import departed
+from validation.judge.findings.departed import departure
 from validation.judge.findings.headline import culprit_log, verdict_line
 from validation.judge.metrics import RunData
 from validation.judge.nodes import NodeEvidence, NodesEvidence
@@ -170,7 +171,9 @@ def test_the_seed_adapter_gives_a_steps_own_records_the_contracts_stages(tmp_pat
     assert recs[1]["phase"] == "step_start"
     run = RunData(out, world_size=2, exit_code=None, stalled_s=5.0)
     errors: list[str] = []
-    collect_train(run, errors)
+    files = read_train(run)
+    run = files.onto(run)
+    errors += files.problems
     assert not errors, errors
     beats = collect(run, tmp_path / "none.log", errors).last_heartbeat
     assert beats == {0: Beat(2, "data", ends_steps=True, every=1, pid=10),

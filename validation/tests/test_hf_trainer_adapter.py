@@ -142,7 +142,7 @@ def test_check_artifacts_reads_an_output_folder_through_the_adapter(tmp_path, ca
 def test_the_stall_watch_sees_the_output_folder_grow(tmp_path):
     trainer = tmp_path / "trainer_out"
     trainer.mkdir()
-    watch = StepWatch(trainer, trainer / "training.csv", HF.live_steps(trainer))
+    watch = StepWatch(trainer, trainer / "training.csv", live_steps=HF.live_steps(trainer))
     assert not watch.look() and watch.highest is None
     _events(trainer, {1: 1.0, 2: 2.0}, start=0.5)
     assert watch.look() and watch.highest == 2

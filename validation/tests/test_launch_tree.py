@@ -135,18 +135,20 @@ def test_a_process_without_the_token_is_killed_when_a_poll_saw_it(tmp_path, mark
 
 
 def test_abort_kills_the_tree_and_raises_in_a_worker_thread(tmp_path, marker):
-    """The CLI's stop signals set ABORT; a point running in a worker thread kills its tree and
-    raises KeyboardInterrupt there."""
+    """The CLI's stop signals set the session's abort flag; a point running under it in a worker
+    thread kills its tree and raises KeyboardInterrupt there."""
     body = f"""
         import subprocess, time
         subprocess.Popen({_sleeper(marker)}, start_new_session=True)
         time.sleep(120)
         """
-    raised = []
+    raised, abort = [], threading.Event()
 
     def point():
         try:
-            runner.run(_script(body, marker), env=commands.child_env({}), cwd=tmp_path, timeout_s=60, log_dir=tmp_path)
+            with runner.aborted_by(abort):
+                runner.run(_script(body, marker), env=commands.child_env({}), cwd=tmp_path, timeout_s=60,
+                           log_dir=tmp_path)
         except KeyboardInterrupt:
             raised.append(True)
 
@@ -154,22 +156,19 @@ def test_abort_kills_the_tree_and_raises_in_a_worker_thread(tmp_path, marker):
     worker.start()
     try:
         _wait_for(lambda: len(_running(marker)) == 2)
-        runner.ABORT.set()
-        worker.join(20)
     finally:
-        runner.ABORT.clear()
+        abort.set()
+        worker.join(20)
     assert raised and not worker.is_alive()
     assert not _running(marker)
 
 
 def test_nothing_starts_once_aborted(tmp_path, marker):
-    runner.ABORT.set()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            runner.run(_script("import time; time.sleep(120)", marker), env=commands.child_env({}), cwd=tmp_path,
-                       timeout_s=60, log_dir=tmp_path)
-    finally:
-        runner.ABORT.clear()
+    abort = threading.Event()
+    abort.set()
+    with runner.aborted_by(abort), pytest.raises(KeyboardInterrupt):
+        runner.run(_script("import time; time.sleep(120)", marker), env=commands.child_env({}), cwd=tmp_path,
+                   timeout_s=60, log_dir=tmp_path)
     assert not _running(marker) and not list(tmp_path.glob("*.log")), "a process was started"
 
 

@@ -13,7 +13,7 @@ from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
 from validation.store.results import ResultStore
 
-#: measured 2026-11-24 on one H100 (docs/performance.md, thirteenth set), tok/s: (NSA, dense)
+#: an H100's long-context tokens/s of an earlier kernel tree (bench/train_throughput.py --kinds nsa dense): (NSA, dense)
 H100 = {4096: (126_589, 196_172), 16384: (147_112, 166_967), 32768: (149_038, 119_696), 65536: (139_955, 76_215)}
 
 
@@ -110,7 +110,7 @@ def test_a_report_of_a_partial_sweep_is_incomplete_not_no_go(tmp_path):
 
 def test_the_losses_compared_are_means_over_the_same_last_steps_of_both_models():
     """'loss after 12 steps 3.512 vs 4.186' was one step's loss of each model, while NSA's steps
-    10-12 alone moved between 3.00 and 3.51 (docs/examples/2026-11-27_h100, seq_len=4096): the
+    10-12 alone moved between 3.00 and 3.51 (an H100's long_context run, seq_len=4096): the
     finding compares the mean loss of the window the phase's gates read, the same steps of both."""
     records = [replace(r, window="last 6 steps", evidence=Evidence(loss_last=3.51 if "nsa" in r.test_id else 4.19),
                        metrics=replace(r.metrics, steps_completed=12.0,

@@ -60,8 +60,8 @@ def test_records_key_metrics_by_name_only_in_json():
     assert back.metrics == rec.metrics and isinstance(back.metrics, Summary)
 
 
-# sdpa_audit's training.csv (docs/examples/2026-11-27c_h100): step 1 compiles for 24 s, then ~0.063 s a step
-_SDPA = Path(__file__).resolve().parents[2] / "docs/examples/2026-11-27c_h100/runs/h100_single/h100/sdpa_audit/default"
+# an H100 sdpa_audit point's training.csv (h100_single): step 1 compiles for 24 s, then ~0.063 s a step
+_SDPA = Path(__file__).resolve().parent / "evidence" / "h100_sdpa_audit_compile_step"
 
 
 def test_the_train_table_shows_the_median_step_beside_the_mean_toks_and_says_what_each_is(tmp_path):
@@ -73,7 +73,7 @@ def test_the_train_table_shows_the_median_step_beside_the_mean_toks_and_says_wha
     from validation.store.results import ResultStore
     from validation.report.tables import phase_tables
 
-    [csv_path] = _SDPA.glob("*/training.csv")
+    csv_path = _SDPA / "training.csv"
     run = RunData(csv_path.parent, csv=pd.read_csv(csv_path))
     assert compute("step_time_s_mean", run, None) == pytest.approx(2.513, abs=1e-3)  # what gates read: unchanged
     assert compute("step_time_s_median", run, None) == pytest.approx(0.06293, abs=1e-5)

@@ -13,8 +13,9 @@ from validation.contract.files import HaltInfo
 from validation.contract.nodes import NodeLaunch, NodesLaunch, read_nodes, write_nodes
 from validation.contract.stacks import Frame, StackDump
 from validation.contract.torchrun_log import RankFailure, agent_said
-from validation.judge.evidence import collect, collect_failures, collect_train, with_log
+from validation.judge.evidence import collect, read_ended, read_train, with_log
 from validation.judge.findings import Severity, find, recommendations
+from validation.judge.diagnosis import died_first
 from validation.judge.findings.headline import culprit_log
 from validation.judge.metrics import RunData
 from validation.judge.nodes import NodeEvidence, NodesEvidence, node_evidence
@@ -76,7 +77,9 @@ def test_a_heartbeat_file_of_a_rank_that_does_not_exist_places_no_rank_on_a_node
             "".join(json.dumps({**b, "rank": min(rank, 1)}) + "\n" for b in _beats(rank, node, "vm", 0.0)))
     run = RunData(tmp_path, world_size=2, exit_code=0)
     errors: list[str] = []
-    collect_train(run, errors)
+    files = read_train(run)
+    run = files.onto(run)
+    errors += files.problems
     assert [e for e in errors if "heartbeat_rank5.jsonl: malformed" in e], errors
     ev = collect(run, tmp_path / "node0.stderr.log", errors)
     assert [n.ranks for n in ev.nodes.nodes] == [[0], [1]]
@@ -166,7 +169,7 @@ def test_the_log_a_crash_points_at_is_the_killed_ranks_node_not_the_first_agent_
     (tmp_path / "node1.stderr.log").write_text(
         "  rank      : 1 (local_rank: 0)\n  exitcode  : -9 (pid: 12)\nagent of node 1 exits\n")
     run = RunData(tmp_path, world_size=2, exit_code=1)
-    collect_failures(run, tmp_path / "node0.stderr.log")  # node 0's agent happened to exit first
+    run = read_ended(run, tmp_path / "node0.stderr.log").onto(run)  # node 0's agent happened to exit first
     ev = collect(run, tmp_path / "node0.stderr.log", [])
     assert ev.rank_failures[1].signal == "SIGKILL" and not ev.rank_failures[0].own
     rec = _record(ev.nodes, status=Status.FAIL, exit_code=1, evidence=ev)
@@ -175,7 +178,7 @@ def test_the_log_a_crash_points_at_is_the_killed_ranks_node_not_the_first_agent_
     assert shown.stderr_log == "node1.stderr.log" and "agent of node 1 exits" in shown.stderr_tail
     (tmp_path / "node1.stderr.log").write_text("")  # nobody failed in its own right: the first to exit
     run = RunData(tmp_path, world_size=2, exit_code=1)
-    collect_failures(run, tmp_path / "node0.stderr.log")
+    run = read_ended(run, tmp_path / "node0.stderr.log").onto(run)
     ev = collect(run, tmp_path / "node0.stderr.log", [])
     assert culprit_log(_record(ev.nodes, status=Status.FAIL, exit_code=1, evidence=ev)) is None
     assert ev.stderr_log == "node0.stderr.log"
@@ -313,7 +316,7 @@ def test_a_rank_killed_before_the_others_watchdog_fired_is_the_one_named():
     ev = Evidence(nodes=nodes, halt=HaltInfo(source="watchdog"), stackdumps=stacks, rank_failures=failures,
                   last_heartbeat=beats)
     rec = _record(nodes, status=Status.FAIL, exit_code=1, evidence=ev)
-    assert rec.died_before_watchdog == 1
+    assert died_first(rec).rank == 1
     titles = [f.title for f in find([rec]) if f.severity == Severity.CRITICAL]
     assert not [t for t in titles if t.startswith(("stall in", "node 0 hung"))], titles
     assert [t for t in titles if t.startswith("node 1's rank 1 was killed by SIGKILL in two [default]")], titles
@@ -326,7 +329,7 @@ def test_a_rank_killed_before_the_others_watchdog_fired_is_the_one_named():
     assert verdict(Outcome.of_run("train", run, []), []) == (Status.FAIL, said)
     # the harness's own stall kill: its SIGKILLs are no rank's own failure, and the stall stays the finding
     stopped = _record(nodes, status=Status.FAIL, exit_code=None, stalled_s=20.0, evidence=ev)
-    assert stopped.died_before_watchdog is None
+    assert died_first(stopped) is None
     assert verdict(Outcome.of_record(stopped), [])[1].startswith("stalled: ")
     assert [f for f in find([stopped]) if f.title.startswith("stall in")]
 

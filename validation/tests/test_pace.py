@@ -33,7 +33,7 @@ def _rec(phase, tokens, step_s, i, exit_code=0, accelerator="cuda"):
 #: the seed runbook's scaling sweep on two H200s before CUDA graphs (issue 12): 0.21-0.24 s per
 #: step from 1,024 to 8,192 tokens per rank
 FLAT = [(2048, 0.210), (4096, 0.214), (4096, 0.218), (8192, 0.226), (8192, 0.229), (16384, 0.240)]
-#: the same sweep with CUDA graphs (docs/examples/2026-11-23_nsa_ddp_a100__a100.md)
+#: the same sweep with CUDA graphs (docs/examples/nsa_ddp_a100/)
 GRAPHED = [(2048, 0.03515), (4096, 0.03762), (4096, 0.03901), (8192, 0.04641), (8192, 0.04987), (16384, 0.06627)]
 LINEAR = [(t, 2e-6 * t + 0.001) for t in (2048, 4096, 8192, 16384)]
 

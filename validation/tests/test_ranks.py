@@ -13,7 +13,7 @@ from validation.contract import check as contract
 from validation.contract import check_command as check_artifacts
 from validation.contract.adapters import ADAPTERS, RunFacts
 from validation.contract.stacks import TakenStack, write_index
-from validation.judge.evidence import collect, collect_train
+from validation.judge.evidence import collect, read_train
 from validation.judge.findings import find
 from validation.judge.metrics import RunData
 from validation.judge.record import PhaseRecord, PointKey, Status, Summary
@@ -57,7 +57,9 @@ def test_a_heartbeat_of_a_rank_that_does_not_exist_is_malformed(tmp_path):
 
 def _stalled(run: RunData, tmp_path: Path, world: int) -> PhaseRecord:
     errors: list[str] = []
-    collect_train(run, errors)
+    files = read_train(run)
+    run = files.onto(run)
+    errors += files.problems
     return PhaseRecord(PointKey("rb", "cpu", "long_run"), "rb/cpu/long_run/default", "train", Status.FAIL, "timed out",
                        timed_out=True, timeout_s=60, world_size=run.world_size,
                        evidence=collect(run, tmp_path / "none.log", errors), out_dir="x")
@@ -204,7 +206,9 @@ def test_a_rank_whose_heartbeats_went_to_a_rank_that_does_not_exist_is_not_calle
             json.dumps({"time": float(s), "step": s, "rank": min(r, 1)}) + "\n" for s in (1, 2)))
     run = RunData(d, world_size=2, exit_code=0)
     errors: list[str] = []
-    collect_train(run, errors)
+    files = read_train(run)
+    run = files.onto(run)
+    errors += files.problems
     assert errors and "heartbeat_rank5.jsonl" in errors[0]
     rec = PhaseRecord(PointKey("rb", "cpu", "ddp"), "rb/cpu/ddp/default", "train", Status.ERROR, errors[0],
                       exit_code=0, world_size=2, evidence=collect(run, tmp_path / "none.log", errors), out_dir="x",
@@ -274,5 +278,7 @@ def test_two_ranks_writing_one_heartbeat_file_is_said_once_not_as_steps_gone_bac
     # the judge reads the same: the point's error names the file
     run = RunData(tmp_path / "local", world_size=2)
     errors: list[str] = []
-    collect_train(run, errors)
+    files = read_train(run)
+    run = files.onto(run)
+    errors += files.problems
     assert [e for e in errors if "heartbeat_rank0.jsonl: malformed (2 processes wrote this one file" in e], errors

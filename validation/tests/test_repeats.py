@@ -177,7 +177,7 @@ def _repeated(statuses: list[str], decides: int, peaks: list[float], **evidence)
 def test_the_gates_table_names_the_repeat_its_values_are_of(fake_run):
     """The gates table showed a repeated point's gate values (the deciding repeat's) under the
     point's name alone, beside a phase table of the repeats' mean: 120,778 tok/s in the gates,
-    123,122 ± 5,048 in the table (docs/examples/2026-11-27c_h100, fused_adamw)."""
+    123,122 ± 5,048 in the table (an H100's h100_single run, fused_adamw)."""
     gates = [{"metric": "toks_per_s_mean", "op": ">=", "threshold": 150, "window": "last 5 steps"}]
     run = fake_run([train_phase("ab", gates=gates, repeats=3, env={"NSA_FAKE_TOKS_BY_REPEAT": "1.0,0.5,1.0"})])
     assert "| ab | default, repeat 2 of 3 (repeats: 1 PASS, 2 FAIL, 3 PASS) | toks_per_s_mean | 100.6 |" in run.report

@@ -11,7 +11,7 @@ from nsa.contract import CSV_COLUMNS
 from validation.contract.check import read as read_contract
 from validation.contract.files import read_heartbeats, read_training_csv
 from validation.contract.reruns import Rerun, latest
-from validation.judge.evidence import collect_train
+from validation.judge.evidence import read_train
 from validation.judge.metrics import RunData, compute, rank_step_times
 from validation.judge.verdict import Outcome, process_verdict
 from validation.tests.conftest import train_phase
@@ -109,7 +109,9 @@ def test_a_stall_after_a_resume_in_place_is_after_the_step_the_later_process_rea
                  + [_beat(s, 200.0 + s, pid=12) for s in (7, 8)] + [_beat(9, 209.0, 12, "data")])
     run = RunData(tmp_path, exit_code=None, stalled_s=60.0, stacks_tried=1, steps_requested=20)
     errors: list[str] = []
-    collect_train(run, errors)
+    files = read_train(run)
+    run = files.onto(run)
+    errors += files.problems
     assert not errors
     status, reason = process_verdict(Outcome.of_run("train", run, errors))
     assert "no progress for 60s after step 8;" in reason

@@ -242,3 +242,23 @@ def test_report_of_an_empty_or_missing_results_directory_is_the_same_usage_error
     assert "no results in" in capsys.readouterr().err
     assert main(["report", "--results-dir", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_sessions_abort_flag_is_its_own_and_reaches_the_points_it_runs_in_worker_threads(tmp_path):
+    """The abort flag was a module global of the launch code: the session owns it now and hands it
+    to every point it runs, in whatever thread; once set, a point of that session starts nothing
+    (KeyboardInterrupt), while another session's points run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from validation.session.session import AcceptanceSession, SessionOptions
+
+    rb = _runbook(tmp_path / "my.yaml", [_phase("one")])
+    stopped = AcceptanceSession(SessionOptions(tmp_path / "a", runbooks=(str(rb),), profiles=("cpu",)))
+    other = AcceptanceSession(SessionOptions(tmp_path / "b", runbooks=(str(rb),), profiles=("cpu",)))
+    stopped.abort.set()
+    assert stopped.stopping() and not other.stopping()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        with pytest.raises(KeyboardInterrupt):
+            pool.submit(stopped.run_point, stopped.points()[0]).result()
+        assert pool.submit(other.run_point, other.points()[0]).result().status == Status.PASS
+    assert not (tmp_path / "a" / "results.json").exists()

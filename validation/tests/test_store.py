@@ -86,7 +86,7 @@ def test_a_corrupt_store_stops_a_run_before_any_point_runs(tmp_path, capsys):
 
 
 def test_a_schema_1_store_still_reads(tmp_path):
-    """What harness versions before the typed record wrote (docs/examples came from such stores)."""
+    """What harness versions before the typed record wrote (stores kept from before it must still read)."""
     old = {"key": {"runbook": "rb", "profile": "cpu", "phase": "long_run", "params": {}}, "test_id": "rb/cpu/long_run/default",
            "kind": "train", "status": "FAIL", "reason": "watchdog wrote .HALT", "run_id": "x", "sweep_index": 0,
            "params_order": [], "started": "2026-11-22T00:00:00+00:00", "wall_s": 3.0, "command": ["python"], "env": {},

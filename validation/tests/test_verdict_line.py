@@ -2,15 +2,16 @@
 report (its status line) name the rank, and on a launch of several nodes the node, that crashed
 or hung: it once said only 'trainer crashed (exit code 1)' and '1 of 2 phase point(s) failed:
 two [default]', the rank only in the findings further down. The rank comes from the finding's own
-Culprit, so the two cannot disagree."""
+diagnosis, so the two cannot disagree."""
 from __future__ import annotations
 
 from validation.contract.files import HaltInfo
 from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure
 from validation.judge.findings import find
-from validation.judge.findings.culprit import Did, NoStack
-from validation.judge.findings.headline import culprit, verdict_line
+from validation.judge.diagnosis import Kind, NoStack
+from validation.judge.diagnosis import diagnose
+from validation.judge.findings.headline import verdict_line
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status, SubRun
 from validation.report.build import status_of
@@ -40,7 +41,7 @@ def test_the_verdict_line_names_the_node_and_rank_that_crashed():
     rec = _record(evidence=ev)
     [crash] = [f for f in find([rec]) if f.kind == "crash"]
     assert crash.title.endswith("rank 1: RuntimeError: injected crash on rank 1"), crash.title
-    assert crash.culprit == culprit(rec) and crash.culprit.did == Did.CRASHED
+    assert crash.diagnosis == diagnose(rec) and crash.diagnosis.kind == Kind.CRASHED
     line = ("node 1's rank 1 crashed (last heartbeat step 2, stage forward): RuntimeError: injected crash on rank 1 "
             "— trainer crashed (exit code 1)")
     assert verdict_line(rec) == line
@@ -78,7 +79,7 @@ def test_a_point_that_passed_or_blames_no_rank_keeps_its_reason():
     assert verdict_line(_record(Status.PASS, "2 gate(s) passed", exit_code=0)) == "2 gate(s) passed"
     # several ranks, and nothing says which failed: the verdict names none, as the finding does
     rec = _record(evidence=Evidence(exception="RuntimeError: x"))
-    assert culprit(rec) is None and verdict_line(rec) == "trainer crashed (exit code 1)"
+    assert diagnose(rec) is None and verdict_line(rec) == "trainer crashed (exit code 1)"
 
 
 def test_a_crashed_run_names_its_rank_in_the_session_line_and_the_report(fake_run):
@@ -110,8 +111,8 @@ def test_the_verdict_line_says_a_hung_rank_was_stopped_and_has_no_stack():
     rec = _frozen("stopped")
     [stall] = [f for f in find([rec]) if f.kind == "stall"]
     assert "hung: rank 1 (no stack; its process stopped, by SIGSTOP or a debugger;" in stall.title, stall.title
-    [rank] = stall.culprit.ranks
-    assert rank.no_stack == NoStack.STOPPED and culprit(rec) == stall.culprit
+    [rank] = stall.diagnosis.ranks
+    assert rank.no_stack == NoStack.STOPPED and diagnose(rec) == stall.diagnosis
     assert verdict_line(rec) == f"rank 1 hung (stopped, no stack; last heartbeat step 3, stage forward) — {STALLED}"
     assert "two [default] (rank 1 hung (stopped, no stack; last heartbeat" in status_of([rec], [], find([rec]))[1]
     # a rank of no stack that was not stopped (py-spy failed on it) says only that it has none

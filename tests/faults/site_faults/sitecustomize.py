@@ -2,8 +2,8 @@
 faults the trainer's own fault spec cannot inject, because they sit in the libraries under it.
 
 NSA_TEST_BLOCKING_TEARDOWN=1: torch.distributed.destroy_process_group blocks, as it can over NCCL: there
-destroying the communicator waits for peers that may themselves wait in a collective for this rank (two
-H200s, docs/performance.md, twentieth set). Gloo on the CPU does not, so the fault suite stands it in this
+destroying the communicator waits for peers that may themselves wait in a collective for this rank
+(tests/faults/test_nccl_faults.py on two GPUs). Gloo on the CPU does not, so the fault suite stands it in this
 way.
 
 NSA_TEST_SLOW_HALT=1: rank 0 takes 2 s to write a non-finite loss's .HALT (a slow or loaded file

@@ -10,8 +10,9 @@ from __future__ import annotations
 from validation.contract.adapters.base import Adapter, RunFacts
 from validation.contract.adapters.hf_trainer import HfTrainerAdapter
 from validation.contract.adapters.seed import SeedAdapter
+from validation.contract.adapters.torchtitan import TorchtitanAdapter
 
 #: the formats this harness knows, by the name a runbook's ``trainer.adapter`` gives
-ADAPTERS: dict[str, Adapter] = {a.name: a for a in (Adapter(), SeedAdapter(), HfTrainerAdapter())}
+ADAPTERS: dict[str, Adapter] = {a.name: a for a in (Adapter(), SeedAdapter(), TorchtitanAdapter(), HfTrainerAdapter())}
 
-__all__ = ["ADAPTERS", "Adapter", "HfTrainerAdapter", "RunFacts", "SeedAdapter"]
+__all__ = ["ADAPTERS", "Adapter", "HfTrainerAdapter", "RunFacts", "SeedAdapter", "TorchtitanAdapter"]

@@ -40,12 +40,25 @@ class Adapter:
         return out_dir
 
     def progress_csv(self, trainer_dir: Path) -> Path:
+        """The file the harness watches while the trainer runs (its stall watch and progress line)."""
         return trainer_dir / TRAINING_CSV
 
     def live_steps(self, trainer_dir: Path) -> Callable[[], int | None] | None:
         """For a format with no line per step to watch: a reader of the highest step the trainer's
         files show now, called at each look of the stall watch; None: its CSV and heartbeats say it."""
         return None
+
+    def progress(self, line: str) -> tuple[int, float | None] | None:
+        """The step, and tokens/s where it says them, that one line of ``progress_csv`` shows; None
+        for a line of no step (a header, a torn row). A CSV row: its first and fourth cells."""
+        cells = line.strip().split(",")
+        if not cells[0].strip().isdigit():
+            return None
+        try:
+            rate = float(cells[3]) if len(cells) > 3 else None
+        except ValueError:
+            rate = None
+        return int(cells[0]), rate
 
     def convert(self, trainer_dir: Path, out_dir: Path, facts: RunFacts) -> None:
         """Write the contract files into ``out_dir``; a file the trainer did not write stays

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nsa.atomic import write_atomic
 from nsa.contract import CSV_COLUMNS, ENV_JSON, HALT, TRAINING_CSV, stackdump_name
 from validation.contract.adapters.base import Adapter, RunFacts
 from validation.contract.stacks import UNRANKED_DUMP
@@ -82,12 +83,6 @@ class SeedAdapter(Adapter):
         _stackdumps(trainer_dir, out_dir, world_size, beats)
 
 
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def _csv(src: Path, dst: Path) -> int | None:
     """The last run's rows under the contract's header; returns the last step logged."""
     if not src.is_file():
@@ -107,7 +102,7 @@ def _csv(src: Path, dst: Path) -> int | None:
     pad = ["nan"] * (len(CSV_COLUMNS) - len(SEED_COLUMNS))
     # a row of another width is kept as is: the contract check names it, rather than this guess
     lines = [",".join(r + pad if len(r) == len(SEED_COLUMNS) else r) for r in rows]
-    _atomic(dst, "\n".join([",".join(CSV_COLUMNS), *lines]) + "\n")
+    write_atomic(dst, "\n".join([",".join(CSV_COLUMNS), *lines]) + "\n")
     return prev
 
 
@@ -130,7 +125,7 @@ def _heartbeats(trainer_dir: Path, out_dir: Path) -> dict[int, list[dict[str, An
             rec = {"time": rec.get("ts"), "rank": int(m.group(1)), "stage": stage, **rec}
             out.append(rec)
         beats[int(m.group(1))] = out
-        _atomic(out_dir / src.name, "".join(json.dumps(rec) + "\n" for rec in out))
+        write_atomic(out_dir / src.name, "".join(json.dumps(rec) + "\n" for rec in out))
     return beats
 
 
@@ -142,7 +137,7 @@ def _env(src: Path, dst: Path, facts: RunFacts) -> int:
     try:
         env = json.loads(src.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
-        _atomic(dst, src.read_text(errors="replace"))  # malformed stays malformed, for the check to name
+        write_atomic(dst, src.read_text(errors="replace"))  # malformed stays malformed, for the check to name
         return facts.world_size
     world = facts.world_size
     found = facts.trainer_sha_source and f"found by the harness at its root: {facts.trainer_sha_source}"
@@ -154,7 +149,7 @@ def _env(src: Path, dst: Path, facts: RunFacts) -> int:
                "world_size": world, "trainer": facts.trainer,
                "git_sha": facts.trainer_sha,
                "git_sha_source": found}
-    _atomic(dst, json.dumps(env, indent=2))
+    write_atomic(dst, json.dumps(env, indent=2))
     return world
 
 
@@ -166,7 +161,7 @@ def _halt(trainer_dir: Path, dst: Path, step: int | None) -> None:
     anomaly = trainer_dir / ".anomaly_type"
     word = anomaly.read_text(errors="replace").strip() if anomaly.is_file() else text.removeprefix("halt:").strip()
     record: dict[str, Any] = {"source": _HALT_SOURCES.get(word, word or "operator"), "step": step, "text": text}
-    _atomic(dst, json.dumps(record))
+    write_atomic(dst, json.dumps(record))
 
 
 @dataclass(frozen=True)
@@ -203,12 +198,12 @@ def _stackdumps(trainer_dir: Path, out_dir: Path, world_size: int, beats: dict[i
         said = f"rank {rank} ({how})"
         if earlier:
             said += "; earlier dumps of this rank: " + ", ".join(e.file for e in earlier)
-        _atomic(out_dir / stackdump_name(rank), _faulthandler_text(latest, said))
+        write_atomic(out_dir / stackdump_name(rank), _faulthandler_text(latest, said))
     for i, d in enumerate(unranked):
         # the file is named by the second: ranks dumping in the same second truncate each other's
         said = ("rank unknown: the trainer's signal dumps record neither rank nor pid, and ranks dumping in the "
                 "same second write one file (a dump overwritten there is lost)")
-        _atomic(out_dir / UNRANKED_DUMP.format(i=i), _faulthandler_text(d, said))
+        write_atomic(out_dir / UNRANKED_DUMP.format(i=i), _faulthandler_text(d, said))
 
 
 def _rank_of(d: _Dump, announced: dict[str, int], world_size: int) -> int | None:

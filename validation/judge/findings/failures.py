@@ -3,24 +3,25 @@ imbalanced ranks, broken output contracts, and failed gates. Where each rank was
 ended, from the record's evidence."""
 from __future__ import annotations
 
-from typing import Iterable
-
-from nsa.contract import HEARTBEAT_STAGE_HALT, PROFILE_TOP_OPS, heartbeat_name
+from nsa.contract import PROFILE_TOP_OPS, heartbeat_name
 from validation.contract.stacks import StackDump
-from validation.contract.torchrun_log import last_exception, short_exception
+from validation.contract.torchrun_log import short_exception
 from validation.judge.findings import stability
-from validation.judge.findings.culprit import Culprit, Did, NoStack, RankAt
-from validation.judge.findings.departed import (departed, departure, ended_before, ending, exited_0, failed_first,
-                                                 maybe_departed, root_of, silent_first)
+from validation.judge.diagnosis import (FAILED, Diagnosis, Kind, NoStack, crash, ended_before, ending, exited_0,
+                                        logs_of, maybe_departed, nonfinite, nonfinite_ranks, root_of_evidence,
+                                        silent_first, stall)
+from validation.judge.findings.culprit import ranks as _ranks
+from validation.judge.findings.culprit import waited_cause
+from validation.judge.findings.departed import departure
 from validation.judge.findings.finding import (Facts, Finding, Severity, last_heartbeat, own_reason, process,
                                                processes, where, where_gated, where_run)
-from validation.judge.findings.hung import hung_ranks, waited_for
-from validation.judge.findings.nodes import STRAGGLER_MIN_S, STRAGGLER_SHARE, missing_node
+from validation.judge.findings.nodes import STRAGGLER_MIN_S, STRAGGLER_SHARE
 from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult, GateVerdict
 from validation.judge.provenance import short_commit
 from validation.judge.record import HARNESS_ERROR_FILE, TRAINER_KINDS, NotRun, PhaseRecord, Status
 from validation.judge.resume import METRICS as RESUME_METRICS
 from validation.judge.verdict import Outcome
+from validation.excerpt import EXCERPT_CHARS
 
 #: slowest / fastest rank median step time above which ranks are called imbalanced
 IMBALANCE_RATIO = 1.5
@@ -34,122 +35,67 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
 
 
 def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
-    """A crash finding of each record's own process (the one whose evidence it keeps)."""
+    """A crash finding of each record's own process (the one whose evidence it keeps), in the words
+    of its diagnosis (validation/judge/diagnosis.py ``nonfinite``, ``crash``)."""
     out = []
     for r in records:
         ev = r.evidence
-        if r.kind in TRAINER_KINDS and ev.halt is not None and ev.halt.source == "nonfinite":
-            bad = [i for i, v in enumerate(ev.halt.losses or []) if not (isinstance(v, (int, float)) and abs(v) < float("inf"))]
+        if (d := nonfinite(r)) is not None:
+            bad = nonfinite_ranks(r)
             # this project's guard halts before the optimizer step; of another trainer that is not known
             before = "; halted before the optimizer step" if r.own_trainer else ""
             title = (f"non-finite loss in {where_run(r)} at step {ev.halt.step}: {'rank' if len(bad) == 1 else 'ranks'} "
                      f"{', '.join(map(str, bad)) or '?'} (loss per rank {ev.halt.losses}, grad_norm {ev.halt.grad_norm})"
                      f"{before}") if ev.halt.losses is not None else (
-                f"non-finite loss in {where_run(r)} at step {ev.halt.step}: {_halted_text(r)}the trainer's .HALT says "
-                f"{ev.halt.text[:120]!r}")
+                f"non-finite loss in {where_run(r)} at step {ev.halt.step}: {_halted_text(d)}the trainer's .HALT says "
+                f"{ev.halt.text[:EXCERPT_CHARS]!r}")
             out.append(Finding(Severity.CRITICAL, r.phase, title, [f".HALT: {r.out_dir}/.HALT"] + _rank_lines(r, bad),
-                               "nonfinite", Facts.of(r), _nonfinite_ranks(r, bad)))
-        elif ev.nodes is not None and missing_node(r, ev.nodes) is not None:
-            continue  # no rank started anywhere: the node that never joined is the finding, not a crash
-        elif ev.nodes is not None and ev.nodes.slurm_stopped is not None:
-            continue  # Slurm stopped the ranks (findings/nodes.py says how): nothing crashed
-        elif (r.status == Status.FAIL and r.exit_code not in (0, None) and r.kind in TRAINER_KINDS
-              and (ev.halt is None or r.died_before_watchdog is not None)):
-            title = f"crash in {where_run(r)}: exit code {r.exit_code}"
-            root, gone, ended, maybe = root_of(r), departed(r), exited_0(r), maybe_departed(r)
-            kind = "departed" if gone else "crash"
-            culprit = None
-            if root is not None or maybe:
-                first = silent_first(r) if maybe else [root]
-                # a signal, else its exit code
-                causes = {k: ev.rank_failures[k].exception or ev.rank_failures[k].cause for k in first}
-                title += ": " + "; ".join(f"rank {k}: {cause}" for k, cause in causes.items())
-                either = Culprit(Did.LEFT, tuple(RankAt.of(r, k) for k in maybe)) if maybe else None
-                if maybe:  # a silent exit may be a rank catching its collective broken by one that left
-                    title += (f", or {departure(r, maybe)} and {_ranks(first)} failed after it: torchrun's SIGTERM "
-                              f"of {_ranks(maybe)} once {_ranks(first)} had failed ends a rank still running and one "
-                              "still exiting alike, so which came first cannot be told")
-                culprit = Culprit(Did.CRASHED, tuple(RankAt.of(r, k, cause=c) for k, c in causes.items()), either)
-            elif gone:  # no rank failed in its own right: the others failed after one that left
-                title += f": {departure(r, gone)}; the other ranks failed without it"
-                culprit = Culprit(Did.LEFT, tuple(RankAt.of(r, k) for k in gone))
-            elif ended:
-                # no rank failed in its own right, and none left early: one that may have done all its
-                # steps ended while the others still had a collective with it (after the loop: a barrier,
-                # a save, teardown). torchrun's own line (ChildFailedError) would say nothing of either.
-                failed = [f"rank {k}: {short_exception(f.exception)}" for k, f in sorted(ev.rank_failures.items())
-                          if f.exception]
-                title += (f": {_exits(r, ended)}, and the other ranks failed without {'it' if len(ended) == 1 else 'them'}"
-                          + (f": {'; '.join(failed)}" if failed else ""))
-                kind = "left_after"
-                culprit = Culprit(Did.ENDED, tuple(RankAt.of(r, k) for k in ended))
-            elif hung := waited_for(ev.rank_failures, ev.last_heartbeat):
-                # no rank failed in its own right: ranks whose collective gave up waiting (gloo's timeout, the
-                # NCCL watchdog) waited for ranks still running outside it, which torchrun then ended
-                waited = sorted(k for k, f in ev.rank_failures.items() if f.gave_up_waiting)
-                cause = (f"{_ranks(waited)} gave up waiting for {'it' if len(hung) == 1 else 'them'} in a collective "
-                         f"(rank {waited[0]}: {ev.rank_failures[waited[0]].gave_up_waiting[:200]}); it was still "
-                         "running, outside that collective, when torchrun ended the run (SIGTERM)")
-                title += f": {_ranks(hung)} hung: {cause}"
-                kind = "waited"
-                culprit = Culprit(Did.HUNG, tuple(RankAt.of(r, k, cause=cause) for k in hung))
-            elif exception := ev.exception or last_exception(ev.stderr_tail):  # a record stored before 'exception'
-                title += f": {exception}"
-            if culprit is None and r.world_size == 1:  # the one process is rank 0, whatever launched it
-                culprit = Culprit(Did.CRASHED, (RankAt.of(r, 0, cause=exception or f"exit code {r.exit_code}"),))
-            # a file the run broke after it had stepped (a crash decides the verdict, and a start-up
-            # crash leaves files missing that say nothing more)
-            stepped = Outcome.of_record(r)
-            broken = ([f"broken contract file: {e}" for e in ev.errors]
-                      if stepped.steps_completed or stepped.last_step_done else [])
-            out.append(Finding(Severity.CRITICAL, r.phase, title,
-                               _logs(r, (k.rank for k in culprit.ranks) if culprit else ()) + broken + _rank_lines(r),
-                               kind, Facts.of(r), culprit))
+                               "nonfinite", Facts.of(r), d if d.ranks else None))
+            continue
+        if (d := crash(r)) is None:
+            continue
+        title = f"crash in {where_run(r)}: exit code {r.exit_code}"
+        kind = {Kind.LEFT: "departed", Kind.ENDED: "left_after", Kind.HUNG: "waited"}.get(d.kind, "crash")
+        if d.kind in FAILED and d.ranks and not d.from_log:
+            title += ": " + "; ".join(f"rank {at.rank}: {at.cause}" for at in d.ranks)
+            if d.or_else is not None:  # a silent exit may be a rank catching its collective broken by one that left
+                first, maybe = [at.rank for at in d.ranks], [at.rank for at in d.or_else.ranks]
+                title += (f", or {departure(r, maybe)} and {_ranks(first)} failed after it: torchrun's SIGTERM "
+                          f"of {_ranks(maybe)} once {_ranks(first)} had failed ends a rank still running and one "
+                          "still exiting alike, so which came first cannot be told")
+        elif d.kind == Kind.LEFT:  # no rank failed in its own right: the others failed after one that left
+            title += f": {departure(r, [at.rank for at in d.ranks])}; the other ranks failed without it"
+        elif d.kind == Kind.ENDED:
+            # no rank failed in its own right, and none left early: one that may have done all its
+            # steps ended while the others still had a collective with it (after the loop: a barrier,
+            # a save, teardown). torchrun's own line (ChildFailedError) would say nothing of either.
+            ended = [at.rank for at in d.ranks]
+            failed = [f"rank {k}: {short_exception(f.exception)}" for k, f in sorted(ev.rank_failures.items())
+                      if f.exception]
+            title += (f": {_exits(r, ended)}, and the other ranks failed without {'it' if len(ended) == 1 else 'them'}"
+                      + (f": {'; '.join(failed)}" if failed else ""))
+        elif d.kind == Kind.HUNG:
+            title += f": {_ranks([at.rank for at in d.ranks])} hung: {waited_cause(d)}"
+        elif d.from_log and d.cause:
+            title += f": {d.cause}"
+        # a file the run broke after it had stepped (a crash decides the verdict, and a start-up
+        # crash leaves files missing that say nothing more)
+        stepped = Outcome.of_record(r)
+        broken = ([f"broken contract file: {e}" for e in ev.errors]
+                  if stepped.steps_completed or stepped.last_step_done else [])
+        out.append(Finding(Severity.CRITICAL, r.phase, title, [f"stderr: {p}" for p in d.logs] + broken
+                           + _rank_lines(r), kind, Facts.of(r), d if d.ranks else None))
     return out
 
 
-def _logs(r: PhaseRecord, ranks: Iterable[int | None]) -> list[str]:
-    """'stderr: DIR/LOG' per log a finding about ``ranks`` cites: of a launch of several nodes, the
-    log of each node one of them ran on (the record's stderr is that of the node its verdict names,
-    headline.py ``culprit_log``, else of the agent that ended first); else the record's stderr."""
-    nodes, ranks = r.evidence.nodes, set(ranks)
-    logs = [n.log for n in nodes.nodes if ranks & set(n.ranks)] if nodes is not None else []
-    return [f"stderr: {r.out_dir}/{log}" for log in logs or [r.evidence.stderr_log]]
-
-
-def _nonfinite_ranks(r: PhaseRecord, bad: list[int]) -> Culprit | None:
-    """The ranks whose own loss was non-finite, as the culprit of the NaN finding (so that the
-    verdict line names them, not only their place in the list of losses); None where the .HALT
-    says none, holds no loss of every rank (a list of another length: one rank's own, which says
-    nothing of the others'), or every rank of a world of several had one (nothing singles a rank out)."""
-    step, losses, world = r.evidence.halt.step, r.evidence.halt.losses or [], max(r.world_size or 1, 1)
-    if len(losses) != world:  # no loss of every rank: the heartbeats may say which rank halted
-        halted = halted_ranks(r)
-        return Culprit(Did.HALTED, tuple(RankAt.of(r, k) for k in halted)) if halted else None
-    if not bad or (world > 1 and len(bad) == world):
-        return None
-    return Culprit(Did.NONFINITE, tuple(RankAt.of(r, k, cause=f"loss {losses[k]} at step {step}") for k in bad))
-
-
-def _halted_text(r: PhaseRecord) -> str:
-    """'rank 1 halted on it (a halt record), the other ranks did not; ' where ``halted_ranks`` names some."""
-    halted = halted_ranks(r)
-    if not halted:
+def _halted_text(d: Diagnosis) -> str:
+    """'rank 1 halted on it (a halt record), the other ranks did not; ' where the diagnosis names ranks
+    that halted (Kind.HALTED)."""
+    if d.kind != Kind.HALTED or not d.ranks:
         return ""
+    halted = [at.rank for at in d.ranks]
     return (f"{'rank' if len(halted) == 1 else 'ranks'} {', '.join(map(str, halted))} halted on it (a halt record), "
             f"the other ranks did not; ")
-
-
-def halted_ranks(r: PhaseRecord) -> list[int]:
-    """Of a run of several ranks that its trainer halted on a non-finite loss: the ranks whose last
-    heartbeat is a halt record of the .HALT's step where some rank's is not (that one went on, into
-    its next collective); [] where every rank's is or none's (nothing singles a rank out)."""
-    halt, beats = r.evidence.halt, r.evidence.last_heartbeat
-    if halt is None or r.world_size < 2:
-        return []
-    halted = [k for k in range(r.world_size) if (b := beats.get(k)) is not None and b.stage == HEARTBEAT_STAGE_HALT
-              and b.step == halt.step]
-    return halted if len(halted) < r.world_size else []
 
 
 def short_runs(records: list[PhaseRecord]) -> list[Finding]:
@@ -165,13 +111,8 @@ def short_runs(records: list[PhaseRecord]) -> list[Finding]:
         elif outcome.rank_stopped_short:  # training.csv (rank 0) is complete; a rank's own heartbeats are not
             out.append(Finding(Severity.CRITICAL, r.phase, f"{where_run(r)}: {outcome.short_text()}",
                                [f"heartbeats: {r.out_dir}/heartbeat_rank{k.rank}.jsonl" for k in outcome.short_ranks]
-                               + _logs(r, (k.rank for k in outcome.short_ranks)), "short_rank", Facts.of(r)))
+                               + [f"stderr: {p}" for p in logs_of(r, [k.rank for k in outcome.short_ranks])], "short_rank", Facts.of(r)))
     return out
-
-
-def _ranks(ranks: list[int]) -> str:
-    """'rank 2', 'ranks 1, 2'."""
-    return f"rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks))}"
 
 
 def _exits(r: PhaseRecord, ranks: list[int]) -> str:
@@ -186,7 +127,7 @@ def _rank_lines(r: PhaseRecord, nonfinite: list[int] = ()) -> list[str]:
     ranks whose own loss the trainer's .HALT says was non-finite: they stopped on it, and a SIGTERM
     torchrun sent them after is how their process ended, not what stopped them."""
     ev = r.evidence
-    lines, gone, root, maybe = [], exited_0(r), ev.root_rank, maybe_departed(r)
+    lines, gone, root, maybe = [], exited_0(r), root_of_evidence(ev), maybe_departed(r)
     for rank in sorted(set(ev.last_heartbeat) | set(ev.rank_failures)):
         f = ev.rank_failures.get(rank)
         line = f"rank {rank}: {last_heartbeat(r, rank)}"
@@ -224,34 +165,28 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
 
 def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
     """A stall the harness saw (no progress for the phase's stall_s), a watchdog .HALT or the
-    harness timeout of each record's own process: where each rank was (heartbeat) and what it was
+    harness timeout of each record's own process, in the words of its diagnosis
+    (validation/judge/diagnosis.py ``stall``): where each rank was (heartbeat) and what it was
     doing (the innermost frames of its stack), every process whose rank cannot be told as "rank
-    unknown"."""
+    unknown". A pytest or preflight point ran no rank (its timeout is its own finding,
+    findings/checks.py); a rank that died before the others' watchdog fired is the crash's."""
     out = []
     for r in records:
+        if (d := stall(r)) is None:
+            continue
         ev = r.evidence
-        if not (r.stalled_s is not None or r.timed_out or (ev.halt is not None and ev.halt.source == "watchdog")):
-            continue  # no stall; a NaN guard's or an operator's .HALT is none either
-        if r.kind not in TRAINER_KINDS:
-            continue  # a pytest or preflight point ran no rank: its timeout is its own finding (findings/checks.py)
-        if r.died_before_watchdog is not None:
-            continue  # a rank died and the others' watchdog fired waiting for it: the crash finding names it
         facts = Facts.of(r)
         how = (f"no progress for {r.stalled_s:.0f}s, stopped by the harness" if r.stalled_s is not None
                else "watchdog .HALT" if ev.halt is not None else f"killed at the {r.timeout_s:g}s timeout")
-        if r.progressing_at_timeout:
+        if d.kind == Kind.TIMED_OUT:
             out.append(_timed_out_progressing(r, facts))
             continue
         notes = {(t.rank, t.pid if t.rank is None else None): t.note for t in ev.taken_stacks if t.note}
-        detail, stuck, gone = [], {}, departed(r)
-        stuck_at: dict[str, RankAt] = {}  # the same processes as ``stuck``, typed, for the verdict line
+        detail, stuck = [], {}
         # the ranks something is known of (a heartbeat, a stack), and only ranks that exist: a rank
         # nothing is known of is not listed beside stacks of unknown rank that may be its own
         known = set(ev.last_heartbeat) | set(ev.stackdumps) | {t.rank for t in ev.taken_stacks if t.rank is not None}
-        root = failed_first(r)
-        if root is not None:  # it had ended before the harness came: listed with how, though it left no file
-            known.add(root)
-        known |= set(gone)  # a rank that left before its first heartbeat too
+        known |= {at.rank for at in d.ranks if d.kind in (Kind.LEFT, *FAILED)}  # a rank that left no file too
         for rank in sorted(k for k in known if k < r.world_size):
             line = f"rank {rank}: {last_heartbeat(r, rank)}"
             end = ended_before(r, rank)
@@ -259,14 +194,10 @@ def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
                 detail.append(f"{line}; no process left to take a stack of: it had ended" + (f" ({end})" if end else ""))
                 continue
             detail.append(f"{line}; {_stack(f'rank {rank}', ev.stackdumps.get(rank), notes.get((rank, None)), stuck)}")
-            if f"rank {rank}" in stuck:
-                stuck_at[f"rank {rank}"] = RankAt.of(r, rank, frame=ev.stackdumps[rank].frames[0].func)
-        dumped = {d.pid for d in ev.unranked_stacks}
+        dumped = {dump.pid for dump in ev.unranked_stacks}
         for dump in ev.unranked_stacks:
             who = "rank unknown" + (f" (pid {dump.pid})" if dump.pid is not None else "")
             detail.append(f"{who}: {_stack(who, dump, notes.get((None, dump.pid)), stuck)}")
-            if who in stuck:
-                stuck_at[who] = RankAt(None, frame=dump.frames[0].func, pid=dump.pid)
         for t in ev.taken_stacks:  # the harness tried and got no stack of its own
             if t.rank is None and t.pid not in dumped:
                 who = f"rank unknown (pid {t.pid})"
@@ -275,62 +206,54 @@ def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
             detail.append("no heartbeats and no stack dumps were written")
         if 0 < len(stuck) < r.world_size:
             detail.append(f"stacks of {len(stuck)} of {r.world_size} ranks were recorded")
-        culprit, kind = None, "departed" if gone else "stall"
-        if ev.halt is not None and ev.halt.source == "nonfinite":
+        kind = {Kind.HALT_STALL: "halt_stall", Kind.LEFT: "departed", Kind.CRASHED: "crash",
+                Kind.KILLED: "crash"}.get(d.kind, "stall")
+        if d.kind == Kind.HALT_STALL:
             # the trainer's guard stopped the run first (the non-finite finding names the rank): what
             # stalled is its end, a rank that halted and stayed alive with the others waiting for it
-            at, kind = _after_halt(r, stuck), "halt_stall"
+            at = _after_halt(d, stuck)
             how = f"after the non-finite .HALT at step {ev.halt.step}, {how}"
-        elif gone:  # the rank that left is the cause; the others failed or waited after it
+        elif d.kind == Kind.LEFT:  # the rank that left is the cause; the others failed or waited after it
+            gone = [x.rank for x in d.ranks]
             ended = [f"rank {k}: {end}" for k in sorted(ev.rank_failures) if k not in gone
                      and (end := ended_before(r, k)) is not None]
             rest = "; ".join(stuck.values()) or "no rank was left running"
             at = f": {departure(r, gone)}; {rest}" + (f" ({'; '.join(ended)})" if ended else "")
-            culprit = Culprit(Did.LEFT, tuple(RankAt.of(r, k) for k in gone))
-        elif root is not None:  # it failed in its own right, and the others waited for it until the harness came
-            fail = ev.rank_failures[root]
-            cause = fail.exception or fail.cause
+        elif d.kind in FAILED:  # it failed in its own right, and the others waited for it until the harness came
+            root = d.rank
             signalled = {f"rank {k}" for k in ending(r)}  # in their end on the agent's signal, not waiting
             rest = "; ".join(v + (f" (ending: torchrun's agent had signalled it once rank {root} had failed)"
                                   if who in signalled else "") for who, v in stuck.items())
-            at = (f": rank {root} failed first ({cause}; {last_heartbeat(r, root)}), and the other ranks waited for "
+            at = (f": rank {root} failed first ({d.cause}; {last_heartbeat(r, root)}), and the other ranks waited for "
                   f"it" + (f": {rest}" if rest else ""))
-            culprit, kind = Culprit(Did.CRASHED, (RankAt.of(r, root, cause=cause),)), "crash"
-            detail.insert(0, f"stderr: {r.out_dir}/{ev.stderr_log}")
-        elif first := _hung_first(r, stuck):
-            at, culprit = first
+            detail.insert(0, f"stderr: {d.logs[0]}")
+        elif d.kind == Kind.HUNG and r.world_size > 1 and not _alone(r, d, stuck):
+            at = _hung_first(r, d, stuck)
         else:
             at = (f": {'; '.join(stuck.values())}" if stuck
                   else ": no rank started (no worker ran under any node's agent)"
                   if facts.no_rank_started and facts.no_rank_running
                   else ": no rank was left running to take a stack of"
                   if facts.no_rank_running else ": no stack was recorded")
-            alone = _alone(r, stuck_at)
-            if alone:  # the one process left running: the others had ended, and it had not
+            if _alone(r, d, stuck):  # the one process left running: the others had ended, and it had not
                 at = f": hung: {'; '.join(stuck.values())}; the other ranks had ended"
-            if stuck_at:  # each rank listed alike: nothing tells which hung first, except of one process left
-                culprit = Culprit(Did.HUNG if r.world_size == 1 or alone else Did.STALLED, tuple(stuck_at.values()))
         out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail, kind, facts,
-                           culprit))
+                           d if d.ranks and d.kind != Kind.HALT_STALL else None))
     return out
 
 
-
-def _alone(r: PhaseRecord, stuck_at: dict[str, RankAt]) -> bool:
-    """Of a run of several ranks the harness stopped: one rank's process was all it found running, and
-    every other rank had ended before (``ended_before``: exited 0 after its steps, or failed): that
-    one hung, after the others were done with it (a save, a teardown, a loop of its own)."""
-    if r.world_size < 2 or len(stuck_at) != 1:
-        return False
-    [only] = stuck_at.values()
-    return only.rank is not None and all(ended_before(r, k) is not None for k in range(r.world_size) if k != only.rank)
+def _alone(r: PhaseRecord, d: Diagnosis, stuck: dict[str, str]) -> bool:
+    """Of a run of several ranks: the diagnosis names as hung the one process the harness found
+    running, the others having ended (its one rank, with a stack, the only one listed)."""
+    return (r.world_size >= 2 and d.kind == Kind.HUNG and len(d.ranks) == 1 and len(stuck) == 1
+            and d.ranks[0].no_stack is None and f"rank {d.rank}" in stuck)
 
 
-def _after_halt(r: PhaseRecord, stuck: dict[str, str]) -> str:
+def _after_halt(d: Diagnosis, stuck: dict[str, str]) -> str:
     """': rank 1 halted at step 3 and did not exit (in loop); still waiting: rank 0 in all_gather':
     the processes the harness found running after the trainer's non-finite .HALT, those that had
-    halted (``halted_ranks``) apart from the others."""
-    step, halted = r.evidence.halt.step, halted_ranks(r)
+    halted (the diagnosis's ranks) apart from the others."""
+    step, halted = d.step, [at.rank for at in d.ranks]
     first = [f"rank {k} halted at step {step} and did not exit"
              + (f" ({stuck[f'rank {k}'].removeprefix(f'rank {k} ')})" if f"rank {k}" in stuck else "") for k in halted]
     rest = [v for k, v in stuck.items() if not any(k == f"rank {h}" for h in halted)]
@@ -351,32 +274,15 @@ def _timed_out_progressing(r: PhaseRecord, facts: Facts) -> Finding:
     return Finding(Severity.CRITICAL, r.phase, title, detail, "timeout", facts)
 
 
-def _hung_first(r: PhaseRecord, stuck: dict[str, str]) -> tuple[str, Culprit] | None:
-    """': hung: rank 1 in f; waiting for it: rank 0 in g' where the stacks and heartbeats of a
-    run of several ranks tell the hung ones from those that waited for them (findings/hung.py),
-    with the hung ranks as the culprit."""
-    if r.world_size < 2:
-        return None
-    ev = r.evidence
-    ranked = {k for k in ev.stackdumps if f"rank {k}" in stuck}
-    hung = hung_ranks(ev.stackdumps, ev.last_heartbeat)
-    # a hung rank of no stack (a process frozen by SIGSTOP, which neither py-spy nor its own
-    # handler can dump) is named by its heartbeat, where the others' stacks show them waiting
-    unstacked = [k for k in hung if k not in ranked and k in ev.last_heartbeat and k < r.world_size
-                 and ended_before(r, k) is None]
-    hung = [k for k in hung if k in ranked]
-    if not unstacked and (not hung or set(hung) == ranked):
-        return None  # nothing tells them apart: every rank is listed alike
-    stopped = {t.rank for t in ev.taken_stacks if t.state == "stopped"}
-    first = [stuck[f"rank {k}"] for k in hung] + [
-        f"rank {k} (no stack{'; its process stopped, by SIGSTOP or a debugger' if k in stopped else ''}; "
-        f"{last_heartbeat(r, k)})" for k in unstacked]
+def _hung_first(r: PhaseRecord, d: Diagnosis, stuck: dict[str, str]) -> str:
+    """': hung: rank 1 in f; waiting for it: rank 0 in g': the hung ranks the diagnosis names (by their
+    stacks, or by their heartbeat where they have none) apart from those that waited for them."""
+    first = [stuck[f"rank {at.rank}"] for at in d.ranks if at.no_stack is None] + [
+        f"rank {at.rank} (no stack{'; its process stopped, by SIGSTOP or a debugger' if at.no_stack == NoStack.STOPPED else ''}; "
+        f"{last_heartbeat(r, at.rank)})" for at in d.ranks if at.no_stack is not None]
     rest = [v for v in stuck.values() if v not in first]
     waiting = f"; waiting for {'it' if len(first) == 1 else 'them'}: {'; '.join(rest)}" if rest else ""
-    culprit = Culprit(Did.HUNG, tuple(RankAt.of(r, k, frame=ev.stackdumps[k].frames[0].func) for k in hung)
-                      + tuple(RankAt.of(r, k, no_stack=NoStack.STOPPED if k in stopped else NoStack.UNTAKEN)
-                              for k in unstacked))
-    return f": hung: {'; '.join(first)}{waiting}", culprit
+    return f": hung: {'; '.join(first)}{waiting}"
 
 
 def _stack(who: str, dump: StackDump | None, note: str | None, stuck: dict[str, str]) -> str:

@@ -6,11 +6,9 @@ from dataclasses import dataclass, field, replace
 
 from nsa.contract import heartbeat_name
 from validation.contract.torchrun_log import has_traceback, last_exception, short_exception
-from validation.judge.findings.culprit import Culprit
-from validation.judge.findings.departed import maybe_departed
+from validation.judge.diagnosis import Diagnosis, killed_by_signal, maybe_departed, no_rank_running, root_of_evidence
 from validation.judge.misses import Miss
 from validation.judge.record import PhaseRecord, RunSigns, SubRun
-from validation.judge.verdict import Outcome
 
 
 class Severity(enum.StrEnum):
@@ -77,11 +75,10 @@ class Facts:
         started = ev.nodes is None or any(n.ranks for n in ev.nodes.nodes) or bool(ev.last_heartbeat) or \
             bool(ev.rank_failures) or bool(ev.taken_stacks)
         stepped = bool(rec.metrics.steps_completed) or any((b.step or 0) >= 1 for b in ev.last_heartbeat.values())
-        root = ev.root_rank
+        root = root_of_evidence(ev)
         fail = ev.rank_failures.get(root) if root is not None else None
         # a signal of its own: not the abort of an exit after its collective broke (RankFailure.broken_collective)
-        own_signal = fail is not None and fail.own and fail.signal and not fail.exception
-        killed = f"rank {root} was killed by {fail.signal}" if own_signal else None
+        killed = f"rank {root} was killed by {fail.signal}" if killed_by_signal(rec) is not None else None
         silent = None
         if fail is not None and fail.broken_collective is not None:
             silent = (f"rank {root} was killed by {fail.signal} after a collective broke "
@@ -105,7 +102,7 @@ class Facts:
         says = LogSays.TRACEBACK if traced else \
             LogSays.ONE_LINE if ev.exception or last_exception(ev.stderr_tail) else LogSays.NOTHING
         return cls(rec.own_trainer, rec.world_size, stacks, rec.accelerator == "cuda",
-                   not stacks and Outcome.of_record(rec).stacks_tried == 0, not started, not stepped,
+                   no_rank_running(rec), not started, not stepped,
                    ev.halt is not None and ev.halt.source == "nonfinite", killed, tuple(ev.misses), silent, stopped,
                    tuple(maybe_departed(rec)), says)
 
@@ -120,8 +117,9 @@ class Finding:
     """Which detector found it (recommendations key on this)."""
     facts: Facts = Facts()
     """What is true of the run(s) it is about (the advice reads it)."""
-    culprit: Culprit | None = None
-    """Of a crash or a stall: the rank(s) it blames, which the point's verdict line names too."""
+    diagnosis: Diagnosis | None = None
+    """Of a crash or a stall: what happened and the rank(s) it blames (validation/judge/diagnosis.py),
+    which the point's verdict line names too; None where it blames no rank."""
     rerun: PhaseRecord | None = None
     """The point that a re-run of it alone may settle (a launch that failed, a pytest point): the
     report adds its re-run line to the detail, built as its Reproduce lines are

@@ -2,8 +2,9 @@
 (and node) its crash or stall finding blames, so that a reader of the first line sees who:
 'rank 1 crashed at step 2, stage forward (RuntimeError: boom) — trainer crashed (exit code 1)'.
 
-The rank comes from the finding's own Culprit (culprit.py), never from its text, so the verdict
-line and the finding cannot name different ranks. It is derived from the stored record when
+The rank comes from the point's diagnosis (validation/judge/diagnosis.py), which its crash or stall
+finding renders too, never from a finding's text, so the verdict line and the finding cannot name
+different ranks. It is derived from the stored record when
 shown, as every finding is: the stored reason stays how the process ended, and older stores get
 their ranks named too.
 
@@ -12,20 +13,10 @@ its own culprit: 'repeat 1 of 3: rank 0 crashed (...) — trainer crashed (exit 
 3: rank 1 crashed (...) — trainer crashed (exit code 1)'."""
 from __future__ import annotations
 
-from validation.judge.findings.culprit import Culprit
-from validation.judge.findings.failures import process_crashes, process_stalls
+from validation.judge.diagnosis import diagnose
+from validation.judge.findings.culprit import text
 from validation.judge.findings.finding import own_reason, process, repeat_part
 from validation.judge.record import PhaseRecord, Status
-
-
-def culprit(rec: PhaseRecord) -> Culprit | None:
-    """The rank(s) the point's crash or stall finding blames; None where it names none (or the
-    point did not fail so). Of a repeated point, only the repeat its record keeps (and its reason
-    names): another repeat's crash is a finding of its own, never this repeat's verdict's cause."""
-    if rec.status != Status.FAIL:
-        return None
-    return next((f.culprit for f in [*process_crashes([rec]), *process_stalls([rec])] if f.culprit is not None),
-                None)
 
 
 def culprit_log(rec: PhaseRecord) -> str | None:
@@ -33,7 +24,7 @@ def culprit_log(rec: PhaseRecord) -> str | None:
     culprit's first rank), whose tail and exception the record shows; which agent ended first, and so
     which log the launch handed over, is a race, and a rank that left early did so on a node of its
     own. None where it names no rank, no node, or one of a single node."""
-    c, nodes = culprit(rec), rec.evidence.nodes
+    c, nodes = diagnose(rec), rec.evidence.nodes
     if c is None or nodes is None:
         return None
     node = next((n for r in c.ranks if r.rank is not None and (n := nodes.of_rank(r.rank)) is not None), None)
@@ -53,9 +44,9 @@ def blame(rec: PhaseRecord) -> str:
     no finding names a rank); of a repeated point, each failed repeat by name with its culprit, else
     its reason ('repeat 1 of 3: rank 0 crashed (...); repeat 2 of 3: rank 1 crashed (...)')."""
     if not repeat_part(rec):
-        c = culprit(rec)
-        return c.text() if c is not None else ""
-    return "; ".join(f"{part}: {c.text() if r is not None and (c := culprit(r)) is not None else reason}"
+        c = diagnose(rec)
+        return text(c) if c is not None else ""
+    return "; ".join(f"{part}: {text(c) if r is not None and (c := diagnose(r)) is not None else reason}"
                      for part, r, reason in failed_repeats(rec))
 
 
@@ -71,5 +62,5 @@ def failed_repeats(rec: PhaseRecord) -> list[tuple[str, PhaseRecord | None, str]
 
 
 def _led(rec: PhaseRecord | None, reason: str) -> str:
-    c = culprit(rec) if rec is not None else None
-    return f"{c.text()} — {reason}" if c is not None else reason
+    c = diagnose(rec) if rec is not None else None
+    return f"{text(c)} — {reason}" if c is not None else reason

@@ -8,12 +8,14 @@ import signal
 
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import gave_up, short_exception
-from validation.judge.findings.departed import (departed, departure, ended_before, exited_0, failed_first,
-                                                maybe_departed)
-from validation.judge.findings.finding import Facts, Finding, Severity, last_heartbeat, where
-from validation.judge.findings.hung import hung_ranks
+from validation.judge.diagnosis import (died_first, departed, ended_before, exited_0, failed_first, hung_ranks,
+                                        killed_by_signal, maybe_departed, no_rank_running, no_rank_started,
+                                        root_of_evidence)
+from validation.judge.findings.departed import departure
+from validation.judge.findings.finding import Finding, Severity, last_heartbeat, where
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import PhaseRecord
+from validation.excerpt import EXCERPT_CHARS
 
 #: a node is a straggler when its ranks come this share of a step late (and at least STRAGGLER_MIN_S)
 STRAGGLER_SHARE = 0.25
@@ -39,8 +41,8 @@ NODE_ADVICE = {
     "node_unreachable": "A node's torchrun agent was running, not stopped, but never joined the rendezvous the other "
                         "nodes waited in until their join timeout: most likely it could not reach the endpoint (in the "
                         "finding). torchrun's agent tries to connect to the rendezvous's store for 60 s before its log "
-                        "says so ('TCP client failed to connect/validate to host ... - retrying'; torch 2.13, measured "
-                        "2026-11-28), so within a shorter join timeout its log is silent. From that node, check that "
+                        "says so ('TCP client failed to connect/validate to host ... - retrying'; torch 2.13), so "
+                        "within a shorter join timeout its log is silent. From that node, check that "
                         "the endpoint's host name resolves to the first node's address there (`getent hosts HOST`: no "
                         "127.x line for it in that node's /etc/hosts) and that the port is open between the nodes "
                         "(`python -c \"import socket; socket.create_connection(('HOST', PORT), 5)\"`; a firewall, a "
@@ -50,9 +52,9 @@ NODE_ADVICE = {
     "rendezvous_unanswered": "No node's torchrun agent got through the rendezvous, none gave up on it, and none was "
                              "stopped: each was still connecting to, or waiting on, the store at the endpoint (in the "
                              "finding), which never answered. torchrun's client waits 60 s for a connection before "
-                             "its log says anything (torch 2.13, measured 2026-11-28). Look at the endpoint's port on "
-                             "its host: another program holding it (`ss -ltnp` there: measured with a listener that "
-                             "accepts and never answers), a first node that is not the host the endpoint names, or "
+                             "its log says anything (torch 2.13). Look at the endpoint's port on "
+                             "its host: another program holding it (`ss -ltnp` there: a listener that accepts and "
+                             "never answers reads the same), a first node that is not the host the endpoint names, or "
                              "packets to it dropped (a firewall); then re-run.",
     "node_failed": "A rank on one node died first and the others failed in their collectives after it (or waited "
                    "for it until the harness stopped the run): read that node's log (named); SIGKILL with no traceback is usually the kernel's OOM killer (dmesg on that "
@@ -169,7 +171,7 @@ def missing_node(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     held before it (stopped, traced, in I/O: kind ``node_stuck``), else waiting, most likely unable
     to reach the endpoint (kind ``node_unreachable``). Where no agent gave up before the harness
     stopped the run, ``_never_met``."""
-    if any(n.ranks for n in ev.nodes) or r.evidence.last_heartbeat or r.exit_code == 0:
+    if not no_rank_started(r):  # the diagnosis's own test (validation/judge/diagnosis.py)
         return None
     waited = [n for n in ev.nodes if gave_up(n.said)]
     if not waited:
@@ -233,11 +235,11 @@ def _log_said(n: NodeEvidence) -> str:
 
 def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     """A stalled run (the harness's stall watch or timeout, or the trainer's own watchdog): the
-    hung ranks (findings/hung.py) and their nodes; the others waited for them."""
+    hung ranks (judge/diagnosis.py ``hung_ranks``) and their nodes; the others waited for them."""
     if len(ev.nodes) < 2:
         return None  # no other node waited: the stall finding says which rank hung, as for any one-node launch
     watchdog = r.evidence.halt is not None and r.evidence.halt.source == "watchdog"
-    if r.stalled_s is None and not r.timed_out and not watchdog or r.died_before_watchdog is not None:
+    if r.stalled_s is None and not r.timed_out and not watchdog or died_first(r) is not None:
         return None  # no stall, or a rank died and the watchdog fired in those waiting for it (_failed)
     if r.progressing_at_timeout:
         return None  # nothing hung: its steps still came when the timeout stopped it (findings/failures.py)
@@ -245,7 +247,7 @@ def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
         return None  # the trainer halted on a non-finite loss first: what stalled is its end (findings/failures.py)
     if failed_first(r) is not None:
         return None  # a rank had failed in its own right and the others waited for it (_failed)
-    if Facts.of(r).no_rank_running:
+    if no_rank_running(r):
         return None  # nothing hung: every rank had ended (or never started), a launcher kept the run open
     # a rank that had ended (exit 0, or a failure of its own) neither hung nor waited
     ended = {k: e for k in sorted(set(r.evidence.stackdumps) | set(r.evidence.last_heartbeat))
@@ -281,12 +283,12 @@ def _failed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     if r.exit_code in (0, None) and failed_first(r) is None:
         return None  # a failure ends the run, or the others waited for it until the harness stopped it
     failures = r.evidence.rank_failures
-    root = r.evidence.root_rank
+    root = root_of_evidence(r.evidence)
     if root is None:
         return None
     f = failures[root]
     node = ev.of_rank(root)
-    cause = (f"was killed by {f.signal}" if f.own and f.signal and not f.exception
+    cause = (f"was killed by {f.signal}" if killed_by_signal(r) == root
              else f"failed: {short_exception(f.exception) if f.exception else f.cause}")
     ended = _others(r, ev, node)
     head = f"{node.name}'s rank {root}" if node is not None else f"rank {root} (node unknown)"
@@ -388,5 +390,5 @@ def _said(text: str) -> str:
     """An agent's error as its class name and message: 'RendezvousTimeoutError'."""
     m = re.match(r"^(?:[A-Za-z_][\w]*\.)*(?P<name>[A-Za-z_]\w*(Error|Exception|Failure))\b:?\s*(?P<msg>.*)$", text)
     if m is None:
-        return repr(text[:160])
-    return m["name"] + (f": {m['msg'][:160]}" if m["msg"] else "")
+        return repr(text[:EXCERPT_CHARS])
+    return m["name"] + (f": {m['msg'][:EXCERPT_CHARS]}" if m["msg"] else "")

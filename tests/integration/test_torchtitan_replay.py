@@ -1,0 +1,115 @@
+"""torchtitan judged end to end on CPU from what a real run wrote: torchtitan needs CUDA, so a
+stand-in (tests/trainers/torchtitan_replay.py) plays back the output recorded from torchtitan
+0.2.2 on one H200 (validation/tests/evidence/torchtitan_*) under torchrun, as the runbook's
+trainer: its log line by line into the harness's capture, its TensorBoard events and
+flight-recorder dump into its dump folder, and its end (exit 0, SIGKILL, or stopped for good).
+The harness launches it, watches its log for progress, converts it through the torchtitan
+adapter and judges it: the run to GO passes its gates (the cpu profile's short stability windows
+also flag its loss bump at step 24), and each fault is the right NO-GO."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from validation import REPO_ROOT
+from validation.cli import main
+from validation.judge.findings import find
+from validation.judge.record import Status
+from validation.runbook.load import load_profile, load_runbook
+from validation.runbook.plan import expand
+from validation.session.session import AcceptanceSession, SessionOptions
+from validation.store.results import ResultStore
+
+TRAINER: dict[str, Any] = {
+    "name": "torchtitan", "root": "tests/trainers", "script": "torchtitan_replay.py",
+    "args": ["--metrics.enable_tensorboard", "--metrics.log_freq", "1"],
+    "steps": {"flag": "--training.steps"}, "out_dir": {"flag": "--job.dump_folder"},
+    "params": {"replay.case": {"flag": "--evidence"}}, "adapter": "torchtitan"}
+GATES = [{"metric": "loss_finite", "op": "==", "threshold": 1},
+         {"metric": "steps_completed", "op": ">=", "threshold": 30},
+         {"metric": "toks_per_s_mean", "op": ">", "threshold": 0, "window": "last 10 steps"},
+         {"metric": "mem_alloc_gb_max", "op": ">", "threshold": 0}]
+
+
+def _point(name: str, case: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "kind": "train", "overrides": {"replay.case": case}, "gates": GATES, **extra}
+
+
+def _runbook(path: Path, phases: list[dict[str, Any]]) -> Path:
+    path.write_text(yaml.safe_dump({
+        "name": "torchtitan_replay", "profiles": ["cpu"], "trainer": TRAINER,
+        "defaults": {"launcher": {"kind": "torchrun", "nproc": 1}, "steps": 30, "timeout_s": 150,
+                     "stall_s": 10, "startup_s": 120, "env": {"OMP_NUM_THREADS": 1}},
+        "phases": phases}, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("torchtitan")
+    rb = _runbook(tmp / "torchtitan_replay.yaml", [
+        _point("go", "go"), _point("short", "go", steps=40), _point("nan", "nan", steps=20),
+        _point("kill", "kill"), _point("hang", "hang")])
+    points = expand(load_runbook(rb), load_profile("cpu"))
+    session = AcceptanceSession(SessionOptions(tmp / "results"))
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return dict(zip((p.phase.name for p in points), pool.map(session.run_point, points)))
+
+
+def test_the_recorded_run_passes_its_gates_through_the_torchtitan_adapter(records):
+    go = records["go"]
+    assert go.status == Status.PASS, go.reason
+    values = {g.metric: g.value for g in go.gates}
+    assert go.trainer == "torchtitan" and values["steps_completed"] == 30
+    assert values["mem_alloc_gb_max"] > 0  # from its TensorBoard events: the log has no allocated memory
+
+
+def test_a_run_ending_short_with_exit_0_is_no_GO(records):
+    """torchtitan logs 'Training completed' and exits 0 when its data runs out: the recorded run,
+    asked for 40 steps, ran 30."""
+    short = records["short"]
+    assert short.status == Status.FAIL and short.exit_code == 0
+    assert "30" in short.reason and "40" in short.reason, short.reason
+
+
+def test_a_blown_up_learning_rate_fails_loss_finite(records):
+    nan = records["nan"]
+    assert nan.status == Status.FAIL and nan.exit_code == 0, nan.reason
+    assert {g.metric: g.verdict.name for g in nan.gates}["loss_finite"] == "FAIL"
+
+
+def test_a_killed_rank_is_a_crash_by_its_signal(records):
+    kill = records["kill"]
+    assert kill.status == Status.FAIL and kill.exit_code not in (0, None)
+    (finding,) = find([kill])
+    assert finding.title.startswith("crash") and "rank 0: killed by SIGKILL" in finding.title, finding.title
+
+
+def test_a_stopped_rank_is_a_stall_and_the_flight_recorder_dump_is_named(records):
+    hang = records["hang"]
+    assert hang.status == Status.FAIL and hang.stalled_s is not None, hang.reason
+    assert "stall" in hang.reason, hang.reason
+    assert "comm_trace_rank0" in hang.evidence.files
+
+
+def test_both_doors_judge_it_alike(tmp_path):
+    """``nsa-validate run`` and ``pytest -m``: GO for the recorded run, NO-GO for it cut short."""
+    rb = _runbook(tmp_path / "doors.yaml", [_point("go", "go"), _point("short", "go", steps=40)])
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(tmp_path / "cli"), "--no-plots"]) == 1
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                          "validation/tests/test_acceptance.py", "--runbook", str(rb), "--profile", "cpu",
+                          f"--results-dir={tmp_path / 'door'}"], cwd=REPO_ROOT, capture_output=True, text=True,
+                         timeout=400)
+    assert out.returncode == 1 and "FAIL: stopped after step 30 of 40, exit 0" in out.stdout, \
+        out.stdout[-3000:] + out.stderr[-2000:]
+    # the cpu profile's 10-step stability windows see the debug model's loss bump at step 24 (a rise
+    # of 0.22 nats over steps 21-30): a critical finding, which fails the point at pytest's door
+    assert "PASS by its gates, but critical: loss diverging in go" in out.stdout, out.stdout[-3000:]
+    for store in (tmp_path / "cli", tmp_path / "door"):
+        assert {r.key.phase: r.status for r in ResultStore(store).records()} == {"go": Status.PASS, "short": Status.FAIL}

@@ -1,0 +1,291 @@
+"""torchtitan (pytorch/torchtitan 0.2.x and 0.3.x, and the older format fla's flame pins) -> the contract.
+
+The trainer runs unchanged; its ``--job.dump_folder`` is the point's ``torchtitan/`` directory.
+What it writes, and what becomes of it here:
+
+- Its log on stdout (the harness keeps it as ``trainer.stdout.log``; by hand, a ``*.log`` in the
+  dump folder, e.g. ``... | tee outputs/train.log``), one metrics line per logged step:
+  ``step: 5  loss:  7.12345  grad_norm:  1.2345  memory:  1.23GiB(0.87%)  tps: 12,345
+  tflops: 1.23  mfu: 0.16%`` (0.2.x, 0.3.x; the older format has no ``grad_norm`` there, and flame
+  prints ``lr: 3.0000e-04 gnorm:  1.23 [...]`` on the line after). Colour codes are dropped; of
+  ranks printing the same step (every rank logs it) the first line is kept. ``tps`` is per
+  device (torchtitan divides by the non-data-parallel degree), so tokens/s here are ``tps`` times
+  the world size: the data-parallel degree times the non-data-parallel one.
+- TensorBoard events (``--metrics.enable_tensorboard``; ``tb/<time>/events.out.tfevents.*``):
+  ``loss_metrics/global_avg_loss`` (float32, finer than the log's 5 decimals), ``lr`` (0.3.x:
+  ``lr/<optimizer>``; flame: ``optimizer/lr``), ``grad_norm`` (flame: ``optimizer/grad_norm``), ``throughput(tps)``,
+  ``time_metrics/end_to_end(s)``, ``memory/max_active(GiB)``, ``memory/max_reserved(GiB)``. Where
+  both say a value the events' is taken; without events, step time comes from the log lines'
+  timestamps and lr and allocated memory are ``nan`` (UNMEASURED).
+- 0.3.x's structured logs (``--debug.enable_structured_logging``, on by default; ``structured_logs/*.global_rank_R.*.jsonl``,
+  every rank, with pid and host) -> ``heartbeat_rank{R}.jsonl``: a ``step_end`` record says the
+  step is done, any other record of a step that it is in progress. Without them rank 0's
+  heartbeats are its metrics lines (a run of several ranks then has silent ranks: enable them).
+- ``Loss is not finite (global_avg_loss=nan) at step N`` (0.3.x raises it) -> a ``nonfinite``
+  ``.HALT`` at step N. ``Training completed`` is printed also after ``Ran out of data``: completion
+  is the last logged step against the steps asked, which the harness checks, never that line.
+- The flight recorder's dumps (``comm_traces/rank_R``, written by NCCL's watchdog when a
+  collective times out) -> ``comm_trace_rank{R}`` in the run directory, named in the report's list
+  of the point's files.
+
+Never written by torchtitan, so UNMEASURED: attention backends, fallback counters, the model's
+FLOPs per token (its log prints TFLOP/s rounded to 2 decimals, too coarse to divide back).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from nsa.contract import CSV_COLUMNS, ENV_JSON, HALT, HALT_NONFINITE, TRAINING_CSV, VERSION
+from validation.contract.adapters.base import Adapter, RunFacts
+from validation.contract.adapters.tfevents import read_scalars
+
+#: where the harness keeps the trainer's stdout, beside the run directory's contract files
+HARNESS_STDOUT = ("trainer.stdout.log", "trainer.stderr.log")
+COMM_TRACES = "comm_traces"
+COMM_TRACE_OUT = "comm_trace_rank{rank}"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_TIME = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
+_METRICS = re.compile(
+    r"(?<!validate )\bstep:\s*(?P<step>\d+)\s+loss:\s*(?P<loss>\S+)\s+(?:grad_norm:\s*(?P<grad_norm>\S+)\s+)?"
+    r"memory:\s*(?P<mem>[-\d.]+)GiB\([^)]*\)\s+tps:\s*(?P<tps>[\d,]+)\s+tflops:\s*\S+\s+mfu:\s*\S+")
+_FLAME = re.compile(r"\blr:\s*(?P<lr>\S+)\s+gnorm:\s*(?P<gnorm>\S+)")
+_NONFINITE = re.compile(r"Loss is not finite \(global_avg_loss=(?P<loss>[^)]*)\) at step (?P<step>\d+)")
+_BATCH = re.compile(r"global batch size (?P<batch>\d+).*?sequence length (?P<seq>\d+)")
+_CAPACITY = re.compile(r"capacity: .* with (?P<gib>[\d.]+)GiB memory")
+_RANK_FILE = re.compile(r"\.global_rank_(\d+)\.")
+_TRACE_FILE = re.compile(r"^(?:.*?)(\d+)$")
+#: TensorBoard tags, first found wins: torchtitan 0.3.x's, then the older format's and flame's
+_TAGS = {
+    "loss": ("loss_metrics/global_avg_loss",),
+    "grad_norm": ("grad_norm", "optimizer/grad_norm"),
+    "tps": ("throughput(tps)",),
+    "step_time_s": ("time_metrics/end_to_end(s)",),
+    "mem_alloc_gb": ("memory/max_active(GiB)",),
+    "mem_reserved_gb": ("memory/max_reserved(GiB)",),
+    "lr": ("lr", "optimizer/lr"),
+}
+
+
+@dataclass
+class _Step:
+    """One logged step, from the log and the events."""
+
+    step: int
+    time: float | None = None
+    loss: float = math.nan
+    lr: float = math.nan
+    tps: float = math.nan
+    step_time_s: float = math.nan
+    grad_norm: float = math.nan
+    mem_alloc_gb: float = math.nan
+    mem_reserved_gb: float = math.nan
+
+
+@dataclass
+class _Log:
+    """What the trainer's log says."""
+
+    steps: dict[int, _Step] = field(default_factory=dict)
+    tokens_per_step: int | None = None
+    device_mem_gb: float | None = None
+    nonfinite: tuple[int, str, str] | None = None
+    """(step, loss as printed, the line) of torchtitan's non-finite loss error."""
+    files: list[str] = field(default_factory=list)
+
+
+class TorchtitanAdapter(Adapter):
+    name = "torchtitan"
+    converts = True
+    lacks = frozenset({"attention_backends", "fallbacks", "model_flops_per_token"})
+
+    def in_format(self, trainer_dir: Path) -> bool:
+        return bool(_log_files(trainer_dir, None)) or any(trainer_dir.rglob("events.out.tfevents.*"))
+
+    def trainer_dir(self, out_dir: Path) -> Path:
+        return out_dir / "torchtitan"
+
+    def progress_csv(self, trainer_dir: Path) -> Path:
+        """Its stdout, which the harness keeps beside the dump folder while it runs."""
+        return trainer_dir.parent / HARNESS_STDOUT[0]
+
+    def progress(self, line: str) -> tuple[int, float | None] | None:
+        m = _METRICS.search(_ANSI.sub("", line))
+        return (int(m["step"]), _number(m["tps"])) if m else None
+
+    def convert(self, trainer_dir: Path, out_dir: Path, facts: RunFacts) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        log = _read_log(_log_files(trainer_dir, out_dir))
+        events = _events(trainer_dir)
+        steps = _merge(log.steps, events)
+        beats, ranks_seen = _structured_heartbeats(trainer_dir)
+        world = max(facts.world_size, max(ranks_seen, default=-1) + 1)
+        _write_csv(out_dir / TRAINING_CSV, steps, world)
+        if not beats:
+            beats = {0: [{"time": s.time, "step": s.step, "rank": 0, "stage": "step"} for s in steps if s.time]}
+        for rank, recs in beats.items():
+            _atomic(out_dir / f"heartbeat_rank{rank}.jsonl", "".join(json.dumps(r) + "\n" for r in recs))
+        traces = _comm_traces(trainer_dir, out_dir)
+        read = {"log": log.files, "tensorboard": sorted(str(p.relative_to(trainer_dir)) for p in events),
+                "structured_logs": sorted(str(p.relative_to(trainer_dir)) for p in _structured_files(trainer_dir)),
+                "comm_traces": traces}
+        env: dict[str, Any] = {"contract_version": VERSION, "world_size": world, "trainer": facts.trainer,
+                               "git_sha": facts.trainer_sha,
+                               "git_sha_source": facts.trainer_sha and
+                               f"found by the harness at its root: {facts.trainer_sha_source}",
+                               "adapter": {"name": self.name, "read": read}}
+        if log.tokens_per_step:
+            env["tokens_per_step"] = log.tokens_per_step
+        if log.device_mem_gb:
+            env["device_mem_gb"] = log.device_mem_gb
+        _atomic(out_dir / ENV_JSON, json.dumps(env, indent=2))
+        if log.nonfinite:
+            step, loss, line = log.nonfinite
+            halt: dict[str, Any] = {"source": HALT_NONFINITE, "step": step, "text": line}
+            if world == 1:  # torchtitan prints the global loss: a rank's own only when there is one
+                halt["losses"] = [loss]
+            _atomic(out_dir / HALT, json.dumps(halt))
+
+
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _number(text: str | None) -> float:
+    if text is None:
+        return math.nan
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return math.nan
+
+
+def _log_files(trainer_dir: Path, out_dir: Path | None) -> list[Path]:
+    """The harness's capture of the trainer's output where it ran it, else the ``*.log`` files
+    kept in the dump folder."""
+    kept = [out_dir / n for n in HARNESS_STDOUT] if out_dir is not None else []
+    kept = [p for p in kept if p.is_file()]
+    return kept or (sorted(trainer_dir.glob("*.log")) if trainer_dir.is_dir() else [])
+
+
+def _read_log(paths: list[Path]) -> _Log:
+    log = _Log(files=[p.name for p in paths])
+    last: _Step | None = None
+    for path in paths:
+        for raw in path.read_text(errors="replace").splitlines():
+            line = _ANSI.sub("", raw)
+            if m := _METRICS.search(line):
+                step = int(m["step"])
+                if step in log.steps:  # another rank's line of the same step
+                    last = None
+                    continue
+                t = _TIME.search(line)
+                last = log.steps[step] = _Step(
+                    step, datetime.strptime(t[1], "%Y-%m-%d %H:%M:%S,%f").timestamp() if t else None,
+                    loss=_number(m["loss"]), grad_norm=_number(m["grad_norm"]), tps=_number(m["tps"]),
+                    mem_reserved_gb=_number(m["mem"]))
+            elif (m := _FLAME.search(line)) and last is not None:
+                last.lr, last.grad_norm = _number(m["lr"]), _number(m["gnorm"])
+                last = None
+            elif m := _NONFINITE.search(line):
+                log.nonfinite = log.nonfinite or (int(m["step"]), m["loss"].strip(), line.strip())
+            elif m := _BATCH.search(line):
+                log.tokens_per_step = int(m["batch"]) * int(m["seq"])
+            elif m := _CAPACITY.search(line):
+                log.device_mem_gb = float(m["gib"])
+    return log
+
+
+def _events(trainer_dir: Path) -> list[Path]:
+    """Rank 0's event files (all of them when ranks are not told apart), oldest first."""
+    files = sorted(trainer_dir.rglob("events.out.tfevents.*")) if trainer_dir.is_dir() else []
+    ranked = [p for p in files if any(part.startswith("rank_") for part in p.parts)]
+    if ranked:
+        files = [p for p in files if p not in ranked or "rank_0" in p.parts]
+    return files
+
+
+def _merge(logged: dict[int, _Step], events: list[Path]) -> list[_Step]:
+    steps = dict(logged)
+    lr_tag: str | None = None
+    for path in events:
+        for s in read_scalars(path):
+            row = steps.setdefault(s.step, _Step(s.step))
+            if row.time is None:
+                row.time = s.wall_time
+            for name, tags in _TAGS.items():
+                if s.tag in tags:
+                    setattr(row, name, s.value)
+            if s.tag.startswith("lr/") and (lr_tag is None or s.tag == lr_tag):
+                lr_tag, row.lr = s.tag, s.value  # the first optimizer's learning rate
+    ordered = [steps[k] for k in sorted(steps) if k > 0]
+    prev: _Step | None = None
+    for row in ordered:
+        if math.isnan(row.step_time_s) and prev is not None and row.time and prev.time:
+            row.step_time_s = max(row.time - prev.time, 0.0) / (row.step - prev.step)
+        prev = row
+    return ordered
+
+
+def _write_csv(path: Path, steps: list[_Step], world: int) -> None:
+    lines = [",".join(CSV_COLUMNS)]
+    for s in steps:
+        values = [s.loss, s.lr, s.tps * world, s.step_time_s, s.grad_norm, s.mem_alloc_gb, s.mem_reserved_gb]
+        lines.append(",".join([str(s.step), *(repr(float(v)) for v in values)]))
+    _atomic(path, "\n".join(lines) + "\n")
+
+
+def _structured_files(trainer_dir: Path) -> list[Path]:
+    folder = trainer_dir / "structured_logs"
+    return sorted(folder.glob("*.jsonl")) if folder.is_dir() else []
+
+
+def _stage(name: str) -> str:
+    """A structured record's span -> the contract's stage: ``step_end`` is a step done."""
+    if name == "step_end":
+        return "step"
+    first = name.split("_")[0]  # fwd_bwd_start: the forward and backward of a step, begun
+    return {"fwd": "forward", "forward": "forward", "bwd": "backward", "backward": "backward",
+            "optimizer": "optimizer", "optim": "optimizer"}.get(first, "data")
+
+
+def _structured_heartbeats(trainer_dir: Path) -> tuple[dict[int, list[dict[str, Any]]], set[int]]:
+    beats: dict[int, list[dict[str, Any]]] = {}
+    for path in _structured_files(trainer_dir):
+        m = _RANK_FILE.search(path.name)
+        if not m:
+            continue
+        rank = int(m.group(1))
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn line of a killed writer
+            if not isinstance(rec, dict) or not isinstance(rec.get("step"), int) or rec["step"] < 1:
+                continue
+            beats.setdefault(rank, []).append({
+                "time": rec.get("time_ms", 0) / 1000 if rec.get("time_ms") else rec.get("time"),
+                "step": rec["step"], "rank": rank, "pid": rec.get("pid"), "host": rec.get("host_name"),
+                "stage": _stage(str(rec.get("log_type_name") or "")), "event": rec.get("log_type_name")})
+    return beats, set(beats)
+
+
+def _comm_traces(trainer_dir: Path, out_dir: Path) -> list[str]:
+    """The flight recorder's dumps, copied into the run directory by rank; their names there."""
+    folder = trainer_dir / COMM_TRACES
+    names = []
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        m = _TRACE_FILE.match(path.name)
+        if path.is_file() and path.stat().st_size and m:
+            name = COMM_TRACE_OUT.format(rank=int(m.group(1)))
+            shutil.copyfile(path, out_dir / name)
+            names.append(name)
+    return names

@@ -1,0 +1,711 @@
+"""Who failed, how and where: the one place a failed run's blame is decided, as typed data.
+
+``diagnose(rec)`` reads a record's evidence (torchrun's account of how each rank ended, the last
+heartbeats, the stacks the harness took, the .HALT) and returns a frozen ``Diagnosis``: the kind of
+failure, the rank(s) it blames with their node, step, stage, innermost frame and cause, another
+account the evidence fits as well where which came first cannot be told, and the files that show
+it. The findings (validation/judge/findings/) and the point's verdict line render a Diagnosis into
+words and decide nothing of their own; tests assert on it.
+
+How a rank is known to have left early with exit 0, under torchrun (its agent is what reports ends):
+
+- the run failed: torchrun lists every worker that did not succeed, those it stopped with SIGTERM
+  too; a rank of the world it does not list had exited 0 before the others failed;
+- the harness stopped a stalled or timed-out run: it looked for every rank's process to take its
+  stack (TakenStack), so a rank it found no process of had ended; with no failure of it in
+  torchrun's logs, with exit 0 (torchrun ends every worker when one fails).
+
+Only ranks that wrote a heartbeat (they ran) and whose last heartbeat says they did not complete
+the last step asked for count (``incomplete``): a step before it, or the last step itself in a
+record of a stage within a step, whose ``step`` is the step in progress (the contract,
+nsa/contract.py ``HEARTBEAT_STAGES_IN_STEP``). A rank whose last record may say it completed the
+last step did not leave early: it finished its steps and exited while another hung after them.
+
+A rank whose heartbeats never record a step's end (``Beat.ends_steps``; the seed's format, where
+ranks other than 0 beat only as each step starts) says by a last record within the last step only
+that it started it (``started_last``). It is named only where a rank that remained (running or
+failed) shows by its own records that it had not completed the last step either.
+"""
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from nsa.contract import EXIT_NONFINITE, EXIT_WATCHDOG, HEARTBEAT_STAGE_HALT, HEARTBEAT_STAGES_IN_STEP
+from validation.contract.files import HaltInfo
+from validation.contract.stacks import StackDump
+from validation.contract.torchrun_log import RankFailure, gave_up, last_exception
+from validation.judge.record import TRAINER_KINDS, Beat, Evidence, PhaseRecord, Status
+
+
+class Kind(enum.StrEnum):
+    """What happened to the run, as the blame reads it."""
+
+    CRASHED = "crashed"
+    """A rank raised, or exited non-zero of its own choosing."""
+    KILLED = "killed"
+    """A rank was ended by a signal that was not torchrun's agent ending it, and raised nothing."""
+    HUNG = "hung"
+    """Named as the rank the others waited for, or the one process of its run still running."""
+    STALLED = "stalled"
+    """Made no progress with the others, where nothing tells which of them hung first."""
+    LEFT = "left early"
+    """Exited 0 before the steps asked for while the others still needed it."""
+    ENDED = "ended"
+    """Exited 0 (its steps may all be done) while the others still had a collective with it."""
+    NONFINITE = "non-finite loss"
+    """The trainer stopped on a non-finite loss; the ranks blamed are those whose own loss was."""
+    HALTED = "halted"
+    """Its heartbeats end in a halt record at the step of the trainer's non-finite .HALT where the
+    others' do not, and the .HALT holds no loss per rank: it stopped on a non-finite loss (its own,
+    or one it alone checks) while the others went on into their next collective."""
+    HALT_STALL = "halt stall"
+    """The trainer halted on a non-finite loss and the run did not end after it."""
+    TIMED_OUT = "timed out"
+    """The phase timeout stopped a run whose steps still came at their pace: slow, not hung."""
+    SHORT = "fewer steps"
+    """Exit 0, no .HALT, fewer steps logged than asked for."""
+    SHORT_RANK = "rank fewer steps"
+    """Exit 0 and every step logged, but a rank's heartbeats say it left before the last step."""
+
+
+#: the kinds whose blamed ranks failed first in their own right
+FAILED = (Kind.CRASHED, Kind.KILLED)
+
+
+class NoStack(enum.StrEnum):
+    """Why a rank blamed as hung has no stack: the verdict line says so beside its heartbeat."""
+
+    UNTAKEN = "no stack"
+    """Neither the harness (py-spy, SIGUSR1) nor the trainer's own handler left one."""
+    STOPPED = "stopped, no stack"
+    """Its process was stopped (SIGSTOP, or a debugger) when the harness came for it: it runs
+    nothing, its own dump handler included, and py-spy cannot read it (TakenStack.state)."""
+
+
+@dataclass(frozen=True)
+class RankAt:
+    """One rank a diagnosis blames, and where it was."""
+
+    rank: int | None
+    """None: a process whose rank cannot be told (named by its pid)."""
+    node: str | None = None
+    """The node it ran on ('node 1'), of a launch of several nodes; None otherwise."""
+    step: int | None = None
+    """Its last heartbeat's step (None: it wrote none)."""
+    stage: str | None = None
+    frame: str | None = None
+    """Of a hung or stalled rank: the innermost function of its stack; None where none was taken."""
+    cause: str = ""
+    """Of a failed rank: 'RuntimeError: boom', 'killed by SIGKILL', 'exit code 1'."""
+    pid: int | None = None
+    no_stack: NoStack | None = None
+    """Of a hung rank named by its heartbeat alone: why it has no stack (None: it has one, or it is
+    not blamed as hung)."""
+
+    @classmethod
+    def of(cls, rec: PhaseRecord, rank: int, *, frame: str | None = None, cause: str = "",
+           no_stack: NoStack | None = None) -> RankAt:
+        beat = rec.evidence.last_heartbeat.get(rank)
+        nodes = rec.evidence.nodes
+        node = nodes.of_rank(rank) if nodes is not None else None
+        return cls(rank, node.name if node is not None else None, beat.step if beat else None,
+                   beat.stage if beat else None, frame, cause, no_stack=no_stack)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What happened to one process of a point, decided once from its evidence."""
+
+    kind: Kind
+    ranks: tuple[RankAt, ...] = ()
+    """The ranks blamed, first the one the verdict line leads with; () where the evidence names none."""
+    or_else: Diagnosis | None = None
+    """Another account the evidence fits as well (ranks that may instead have left first,
+    ``maybe_departed``): which came first cannot be told. None where none does."""
+    cause: str | None = None
+    """What ended the run where no rank is blamed for it (the log's last exception), else the first
+    blamed rank's cause."""
+    step: int | None = None
+    """The step it happened at: the .HALT's step, else the first blamed rank's last heartbeat's."""
+    logs: tuple[str, ...] = ()
+    """The stderr logs that show it, relative to the results directory."""
+    files: tuple[str, ...] = ()
+    """The other files that show it (.HALT, stack dumps, heartbeats), relative to the results directory."""
+    from_log: bool = False
+    """No account of any rank's own end says it: ``cause`` is the last exception of the run's stderr
+    (None where it holds none), and a run of one process blames its rank 0."""
+    waited: tuple[int, ...] = ()
+    """Of ranks blamed as hung because the others' collective gave up waiting for them (``waited_for``):
+    the ranks that gave up; ``cause`` is the first one's word of it."""
+
+    @property
+    def rank(self) -> int | None:
+        return self.ranks[0].rank if self.ranks else None
+
+    @property
+    def stage(self) -> str | None:
+        return self.ranks[0].stage if self.ranks else None
+
+    @property
+    def node(self) -> str | None:
+        return self.ranks[0].node if self.ranks else None
+
+    @property
+    def undecided(self) -> bool:
+        """Whether the first failure cannot be told (``or_else``)."""
+        return self.or_else is not None
+
+
+def _diagnosis(kind: Kind, ranks: tuple[RankAt, ...], rec: PhaseRecord, *, or_else: Diagnosis | None = None,
+               cause: str | None = None, step: int | None = None, logs: tuple[str, ...] = (),
+               files: tuple[str, ...] = (), waited: tuple[int, ...] = ()) -> Diagnosis:
+    first = ranks[0] if ranks else None
+    return Diagnosis(kind, ranks, or_else, cause if cause is not None else (first.cause or None) if first else None,
+                     step if step is not None else first.step if first else None, logs,
+                     files or _files(rec, ranks), waited=waited)
+
+
+def _files(rec: PhaseRecord, ranks: tuple[RankAt, ...]) -> tuple[str, ...]:
+    """The stack dumps and heartbeat files of ``ranks`` that the run directory holds, and its .HALT."""
+    ev, out = rec.evidence, []
+    for at in ranks:
+        if at.rank is None:
+            continue
+        dump = ev.stackdumps.get(at.rank)
+        if dump is not None and dump.frames:
+            out.append(f"{rec.out_dir}/{dump.path}")
+        beat = f"heartbeat_rank{at.rank}.jsonl"
+        if beat in ev.files:
+            out.append(f"{rec.out_dir}/{beat}")
+    if ev.halt is not None and ".HALT" in ev.files:
+        out.append(f"{rec.out_dir}/.HALT")
+    return tuple(out)
+
+
+# --- the rank that failed first, from torchrun's account of each rank's end ------------------------
+
+#: the exit code of the artifact contract (nsa/contract.py) that goes with a .HALT's source: a rank
+#: that stopped as the contract asks when its watchdog saw a stall, or its loss went non-finite
+_HALT_EXIT = {"watchdog": EXIT_WATCHDOG, "nonfinite": EXIT_NONFINITE}
+
+
+def root_rank(failures: Mapping[int, RankFailure], halt: str | None = None) -> int | None:
+    """The lowest rank that failed in its own right (RankFailure.own); else the one rank that
+    exited non-zero silently (RankFailure.silent): a rank that fails before init_process_group
+    leaves no ``[rankN]:`` line, and torchrun ends the ranks waiting for it (SIGTERM) only once it
+    saw that one fail, so of the ranks torchrun reports it is the one that failed first (its
+    summary's "Root Cause"); else None (several silent failures: nothing tells). ``halt``: the
+    source of the run's .HALT, where it left one: the contract's exit code of that stop (3 of a
+    watchdog, 4 of a non-finite loss) is the trainer stopping as the contract asks, no failure of
+    its own; without a .HALT it is a crash like any other code."""
+    own = next((rank for rank, f in sorted(failures.items()) if f.own), None)
+    if own is not None:
+        return own
+    silent = silent_ranks(failures, halt)
+    return silent[0] if len(silent) == 1 else None
+
+
+def silent_ranks(failures: Mapping[int, RankFailure], halt: str | None = None) -> list[int]:
+    """The ranks that exited non-zero silently (RankFailure.silent), lowest first, but not with the
+    contract's exit code of the run's .HALT (``halt``, see ``root_rank``)."""
+    on_purpose = _HALT_EXIT.get(halt or "")
+    return sorted(rank for rank, f in failures.items() if f.silent and f.exit_code != on_purpose)
+
+
+def _halt_source(ev: Evidence) -> str | None:
+    return ev.halt.source if ev.halt is not None else None
+
+
+def root_of_evidence(ev: Evidence) -> int | None:
+    """``root_rank`` of a record's evidence, its exit codes read against the run's .HALT."""
+    return root_rank(ev.rank_failures, _halt_source(ev))
+
+
+def silent_of_evidence(ev: Evidence) -> list[int]:
+    """``silent_ranks`` of a record's evidence, read against the run's .HALT."""
+    return silent_ranks(ev.rank_failures, _halt_source(ev))
+
+
+@dataclass(frozen=True)
+class Died:
+    """A rank that failed in its own right before the other ranks' watchdog wrote the .HALT while
+    waiting for it (``died_before_watchdog``), and how it ended (RankFailure.cause)."""
+
+    rank: int
+    cause: str | None
+
+
+def died_before_watchdog(halt: HaltInfo | None, stopped: bool, failures: Mapping[int, RankFailure]) -> Died | None:
+    """The rank that failed in its own right (torchrun's log: killed by a signal, or an exception
+    of its own) in a run that the trainer's watchdog then halted, the harness not having
+    ``stopped`` it: the watchdog fired in the ranks left waiting for it, so that rank is the cause
+    and no rank hung. Over NCCL a dead peer breaks no collective, so the others' watchdog is what
+    ends such a run. None otherwise (a watchdog's own exit, 3, and torchrun's SIGTERM are no
+    failure of their own)."""
+    if halt is None or halt.source != "watchdog" or stopped:
+        return None
+    rank = root_rank(failures, halt.source)
+    return None if rank is None else Died(rank, failures[rank].cause)
+
+
+def died_first(rec: PhaseRecord) -> Died | None:
+    """``died_before_watchdog`` of a stored record."""
+    return died_before_watchdog(rec.evidence.halt, rec.stalled_s is not None or rec.timed_out,
+                                rec.evidence.rank_failures)
+
+
+def killed_by_signal(rec: PhaseRecord) -> int | None:
+    """The rank that failed first in its own right (``root_rank``) where a signal of its own ended
+    it and it raised nothing (not the abort of an exit after its collective broke); else None."""
+    root = root_of_evidence(rec.evidence)
+    fail = rec.evidence.rank_failures.get(root) if root is not None else None
+    return root if fail is not None and fail.own and fail.signal and not fail.exception else None
+
+
+# --- hung ranks, from the stacks and the heartbeats -----------------------------------------------
+
+#: a frame of a collective: the rank waits there for the others
+_COLLECTIVE = "torch/distributed/"
+#: the autograd engine as a stack's innermost frame: DDP's reducer waits there, in C++ frames
+#: py-spy does not show, for the gradient all-reduce of the ranks that have not come
+_BACKWARD_ENGINE = "_engine_run_backward"
+#: the stages of one step in the order a rank enters them (nsa/contract.py's heartbeat ``stage``)
+STAGE_ORDER = ("data", "forward", "backward", "optimizer", "step")
+
+
+def in_collective(dump: StackDump) -> bool:
+    """The rank was waiting for the others (a torch.distributed frame, or DDP's backward)."""
+    if dump.frames and dump.frames[0].func == _BACKWARD_ENGINE:
+        return True
+    return any(_COLLECTIVE in fr.file.replace("\\", "/") for fr in dump.frames)
+
+
+def hung_ranks(stacks: Mapping[int, StackDump], beats: Mapping[int, Beat]) -> list[int]:
+    """The ranks outside the collectives while some rank waits in one; else, of the ranks outside
+    them and those of no stack that are furthest behind of all (else of every rank with a heartbeat),
+    those furthest behind (``behind``). Empty when every rank waits in a collective and none is behind
+    the others: nothing tells. A rank of no stack (frozen by SIGSTOP, or py-spy failed on it) may be
+    anywhere, so where its heartbeat is the furthest behind it is a candidate: over NCCL the rank that
+    waits for it shows no collective frame (its wait is a CUDA synchronisation inside the training
+    step), and only the heartbeats tell them apart."""
+    ranks = sorted(set(stacks) | set(beats))
+    waiting = [k for k in ranks if k in stacks and in_collective(stacks[k])]
+    outside = [k for k in ranks if k in stacks and stacks[k].frames and k not in waiting]
+    if waiting and outside:
+        return outside
+    known = [k for k in ranks if k in beats and beats[k].step is not None]
+    last = behind(known, beats)
+    unstacked = [k for k in last if not (k in stacks and stacks[k].frames)]  # of no stack, and furthest behind
+    candidates = sorted(outside + unstacked)
+    hung = behind(candidates, beats) if candidates else last
+    return [] if not outside and len(hung) == len(known) else hung
+
+
+def behind(ranks: list[int], beats: Mapping[int, Beat]) -> list[int]:
+    """Those of ``ranks`` furthest behind by their last heartbeat: the lowest step, then the
+    earliest stage of it (where every stage is one whose order is known); all of them when one
+    has no heartbeat. Where no stack tells (every rank outside the collectives in frames py-spy
+    shows, or none recorded), the hung rank is the one that never got as far in the step."""
+    if not ranks or any(k not in beats or beats[k].step is None for k in ranks):
+        return ranks
+    low = min(beats[k].step for k in ranks)
+    ranks = [k for k in ranks if beats[k].step == low]
+    if any(beats[k].stage not in STAGE_ORDER for k in ranks):
+        return ranks
+    first = min(STAGE_ORDER.index(beats[k].stage) for k in ranks)
+    return [k for k in ranks if STAGE_ORDER.index(beats[k].stage) == first]
+
+
+def waited_for(failures: Mapping[int, RankFailure], beats: Mapping[int, Beat]) -> list[int]:
+    """Of a run some of whose ranks' collective gave up waiting for a peer (RankFailure.gave_up_waiting:
+    gloo's timeout raised in them, or their NCCL watchdog took them down): the ranks they waited for.
+    Those torchrun's agent ended once the first of them was down (RankFailure.by_agent), with no
+    exception and no watchdog of their own, were still running and not in that collective; of them,
+    those furthest behind (``behind``): one left is the one. [] where no collective gave up so, no
+    rank was left running, or several were and no heartbeat tells them apart (nothing tells)."""
+    if not any(f.gave_up_waiting for f in failures.values()):
+        return []
+    running = sorted(k for k, f in failures.items() if f.by_agent and not f.exception and f.nccl_watchdog is None)
+    hung = behind(running, beats)
+    return [] if len(running) > 1 and len(hung) == len(running) else hung
+
+
+# --- ranks that left early (the module's docstring) ------------------------------------------------
+
+def incomplete(beat: Beat | None, steps: int) -> bool:
+    """The rank whose last heartbeat is ``beat`` did not complete ``steps``: its last record is of
+    an earlier step, or of a stage within the last one (that step in progress). False where the
+    record may say the last step was completed, or says no step."""
+    if beat is None or beat.step is None:
+        return False
+    return beat.step < steps or (beat.step == steps and beat.stage in HEARTBEAT_STAGES_IN_STEP and beat.ends_steps)
+
+
+def started_last(beat: Beat | None, steps: int) -> bool:
+    """``beat`` is a record within the last step of a rank whose heartbeats record no step's end:
+    it started the last step, and its records cannot say whether it completed it."""
+    return (beat is not None and beat.step == steps and beat.stage in HEARTBEAT_STAGES_IN_STEP
+            and not beat.ends_steps)
+
+
+def departed(rec: PhaseRecord) -> list[int]:
+    """The ranks that left early (the module's docstring), lowest first; [] when none did or
+    nothing tells (one process, a failure of some rank's own, a process of unknown rank)."""
+    others = remained(rec)
+    if not others:
+        return []
+    beats, waiting = rec.evidence.last_heartbeat, not_done(rec, others)
+    return [k for k in range(rec.world_size) if k not in others
+            and (incomplete(beats.get(k), rec.steps) or (started_last(beats.get(k), rec.steps) and bool(waiting))
+                 or _left_unstarted(rec, k, others))]
+
+
+def _left_unstarted(rec: PhaseRecord, rank: int, others: set[int]) -> bool:
+    """``rank`` (not among ``others``, those known not to have exited 0) exited 0 before it wrote
+    any heartbeat while the others waited for it in their collectives (init_process_group, a first
+    barrier), until the harness stopped the run: it wrote no record, torchrun reports no failure of
+    it, and the harness found no process of it where it sees every rank (every agent on this host),
+    while each rank it found waited in a collective. A rank-dependent early return before the
+    process group leaves exactly this; the ranks that waited are not the ones to name."""
+    ev = rec.evidence
+    if rank in ev.last_heartbeat or (rec.stalled_s is None and not rec.timed_out):
+        return False
+    if ev.nodes is not None and ev.nodes.launcher != "torchrun":
+        return False  # srun's nodes on other hosts: the harness does not see their processes
+    found = [ev.stackdumps.get(k) for k in others]
+    return bool(found) and all(d is not None and d.frames and in_collective(d) for d in found)
+
+
+def own_root(rec: PhaseRecord) -> int | None:
+    """The rank that failed first in its own right (``root_rank``), but not one that only exited
+    non-zero silently (RankFailure.silent: an exit code, no exception, no signal): a rank whose
+    collective broke when a peer left may catch the error and exit 1 with a message of its own, so
+    a silent exit yields to a rank that left early (``departed``)."""
+    root = root_of_evidence(rec.evidence)
+    return None if root is None or rec.evidence.rank_failures[root].silent else root
+
+
+def root_of(rec: PhaseRecord) -> int | None:
+    """The rank a crash is blamed on as having failed first (``root_rank``), None where a rank left
+    early and the one torchrun saw fail first only exited non-zero silently after it."""
+    return root_of_evidence(rec.evidence) if not departed(rec) else None
+
+
+def maybe_departed(rec: PhaseRecord) -> list[int]:
+    """Of a run whose first failures torchrun saw are silent exits (``silent_ranks``; no rank
+    failed in its own right) and in which no rank is known to have left (``departed``): the ranks
+    torchrun then ended with SIGTERM whose last heartbeat had not reached the step of any silent one
+    (by at least their own heartbeat interval, ``Beat.every``), lowest first. Such a rank was still
+    running behind the others, and the silent ones failed in their own right; or it had exited 0
+    early and was still ending (its interpreter's exit, a process group's teardown, an atexit hook)
+    when torchrun came for it, and the silent ones only caught their collective breaking. torchrun's
+    log reads the same either way (SIGTERM, no exception), and so do the heartbeats: the crash names
+    both (``silent_first``). Not of a run the harness stopped: its stacks tell the ranks still running,
+    and the SIGTERMs its stop brings are no sign of an end already under way."""
+    ev = rec.evidence
+    first = silent_first(rec) if rec.stalled_s is None and not rec.timed_out else []
+    at = [b.step for k in first if (b := ev.last_heartbeat.get(k)) is not None and b.step is not None]
+    if not first or len(at) < len(first):
+        return []
+    return [k for k, f in sorted(ev.rank_failures.items()) if k not in first and f.signal == "SIGTERM"
+            and f.by_agent and not f.exception and (b := ev.last_heartbeat.get(k)) is not None and b.step is not None
+            and b.step + (b.every or 1) <= min(at)]
+
+
+def silent_first(rec: PhaseRecord) -> list[int]:
+    """The ranks whose silent exits are the first failures torchrun saw: every rank that exited
+    non-zero silently where none failed in its own right and none is known to have left early."""
+    if rec.world_size < 2 or own_root(rec) is not None or departed(rec):
+        return []
+    return silent_of_evidence(rec.evidence)
+
+
+def exited_0(rec: PhaseRecord) -> list[int]:
+    """The ranks known to have ended with exit 0 that ran (wrote a heartbeat): those that left early
+    (``departed``) and those that may have completed their steps, lowest first; [] where nothing
+    tells which ranks ended so (``remained``)."""
+    others = remained(rec)
+    return [k for k in range(rec.world_size) if others and k not in others and k in rec.evidence.last_heartbeat]
+
+
+def ended_before(rec: PhaseRecord, rank: int) -> str | None:
+    """How ``rank`` had ended before the run was stopped: 'exited 0' (``exited_0``: early or after
+    its steps), else, where the harness stopped the run, the failure torchrun reported of it; None
+    where it was still running (a stack of it was taken) or nothing says. A stack dump file without
+    frames (one a trainer opened for faulthandler and never wrote) is no sign that it ran."""
+    if rank in exited_0(rec) or (rank not in rec.evidence.last_heartbeat and rank in departed(rec)):
+        return "exited 0"
+    f = rec.evidence.rank_failures.get(rank)
+    dump = rec.evidence.stackdumps.get(rank)
+    if f is None or (dump is not None and dump.frames) or (rec.stalled_s is None and not rec.timed_out):
+        return None
+    return f.cause
+
+
+def remained(rec: PhaseRecord) -> set[int]:
+    """The ranks known not to have exited 0: those that failed (torchrun's logs) and those the
+    harness found running when it stopped the run; empty where nothing tells which ranks left
+    (see ``departed``) or a rank failed in its own right (``own_root``)."""
+    ev = rec.evidence
+    if rec.world_size < 2 or not rec.steps or own_root(rec) is not None:
+        return set()
+    if rec.stalled_s is not None or rec.timed_out:
+        if any(t.rank is None for t in ev.taken_stacks):
+            return set()  # a process of unknown rank may be the one that seems gone
+        return set(ev.rank_failures) | {t.rank for t in ev.taken_stacks} | _watchdog_dumped(rec)
+    if rec.exit_code not in (0, None) and ev.rank_failures:
+        return set(ev.rank_failures)
+    return set()
+
+
+def _watchdog_dumped(rec: PhaseRecord) -> set[int]:
+    """Under a watchdog's .HALT, the ranks whose own stack dump holds frames: they took the
+    watchdog's way out (stacks, .HALT, its exit code), not exit 0, though torchrun's log may not
+    say so (the harness stopped torchrun while it waited for another rank, one frozen by SIGSTOP
+    that its SIGTERM cannot end)."""
+    ev = rec.evidence
+    if ev.halt is None or ev.halt.source != "watchdog":
+        return set()
+    return {k for k, dump in ev.stackdumps.items() if dump.frames}
+
+
+def not_done(rec: PhaseRecord, ranks: set[int]) -> list[int]:
+    """Those of ``ranks`` whose own records say they had not completed the last step."""
+    return sorted(k for k in ranks if incomplete(rec.evidence.last_heartbeat.get(k), rec.steps))
+
+
+def failed_first(r: PhaseRecord) -> int | None:
+    """Of a run the harness stopped (its stall watch or the timeout): the rank that had failed in
+    its own right before it came (torchrun's log: an exception of its own, a signal other than the
+    agent's SIGTERM, or the one rank that exited non-zero), which the others then waited for: a
+    rank that dies before its process group leaves the others waiting in init_process_group, and
+    across nodes nothing ends the ranks waiting for a dead peer. None where no rank failed so, a
+    stack of that rank was taken (it was still running), or a rank still running was outside the
+    collectives (a hang of its own, which the stall finding names beside the rank that had ended),
+    other than one torchrun's agent had already signalled (``ending``)."""
+    if r.stalled_s is None and not r.timed_out:
+        return None
+    ev = r.evidence
+    root = root_of_evidence(ev)
+    if root is None or ended_before(r, root) is None:
+        return None
+    running = [d for k, d in ev.stackdumps.items() if k != root and d.frames and ended_before(r, k) is None
+               and k not in ending(r)]
+    return root if all(in_collective(d) for d in running) else None
+
+
+def ending(rec: PhaseRecord) -> set[int]:
+    """The ranks the harness found running whose process torchrun's agent had already signalled
+    (``Evidence.signalled_pids``), ending the run once a rank had failed: each was in its end (a
+    handler of its own that outlasts the agent's SIGTERM: a checkpoint saved on preemption), not hung
+    of its own, wherever its stack shows it."""
+    signalled = set(rec.evidence.signalled_pids)
+    return {t.rank for t in rec.evidence.taken_stacks if t.rank is not None and t.pid in signalled}
+
+
+def halted_ranks(r: PhaseRecord) -> list[int]:
+    """Of a run of several ranks that its trainer halted on a non-finite loss: the ranks whose last
+    heartbeat is a halt record of the .HALT's step where some rank's is not (that one went on, into
+    its next collective); [] where every rank's is or none's (nothing singles a rank out)."""
+    halt, beats = r.evidence.halt, r.evidence.last_heartbeat
+    if halt is None or r.world_size < 2:
+        return []
+    halted = [k for k in range(r.world_size) if (b := beats.get(k)) is not None and b.stage == HEARTBEAT_STAGE_HALT
+              and b.step == halt.step]
+    return halted if len(halted) < r.world_size else []
+
+
+def nonfinite_ranks(r: PhaseRecord) -> list[int]:
+    """The ranks whose own loss the trainer's non-finite .HALT says was not finite, by their place
+    in its list of losses per rank."""
+    losses = r.evidence.halt.losses or [] if r.evidence.halt is not None else []
+    return [i for i, v in enumerate(losses) if not (isinstance(v, (int, float)) and abs(v) < float("inf"))]
+
+
+def no_rank_started(r: PhaseRecord) -> bool:
+    """Of a launch of several nodes: no rank ran anywhere and the run failed, where some agent gave
+    up on the rendezvous (the others never joined), or the harness stopped the agents still meeting
+    with no rank's end reported: the node that never joined is what happened, not a crash."""
+    nodes = r.evidence.nodes
+    if nodes is None or any(n.ranks for n in nodes.nodes) or r.evidence.last_heartbeat or r.exit_code == 0:
+        return False
+    if any(gave_up(n.said) for n in nodes.nodes):
+        return True
+    return (r.stalled_s is not None or r.timed_out) and not r.evidence.rank_failures and bool(nodes.nodes)
+
+
+# --- the diagnosis of each way a process fails -------------------------------------------------------
+
+def logs_of(r: PhaseRecord, ranks) -> tuple[str, ...]:
+    """The stderr logs that show ``ranks``: of a launch of several nodes, the log of each node one
+    of them ran on (the record's stderr is that of the node its verdict names, else of the agent
+    that ended first); else the record's stderr."""
+    nodes, ranks = r.evidence.nodes, {k for k in ranks if k is not None}
+    logs = [n.log for n in nodes.nodes if ranks & set(n.ranks)] if nodes is not None else []
+    return tuple(f"{r.out_dir}/{log}" for log in logs or [r.evidence.stderr_log])
+
+
+def nonfinite(r: PhaseRecord) -> Diagnosis | None:
+    """The trainer stopped on a non-finite loss (.HALT source nonfinite): the ranks whose own loss
+    was (the .HALT's losses per rank), else those whose heartbeats say they halted on it where the
+    others did not; no rank where nothing singles one out."""
+    ev = r.evidence
+    if r.kind not in TRAINER_KINDS or ev.halt is None or ev.halt.source != "nonfinite":
+        return None
+    step, losses, world = ev.halt.step, ev.halt.losses or [], max(r.world_size or 1, 1)
+    bad = nonfinite_ranks(r)
+    files = (f"{r.out_dir}/.HALT",)
+    if len(losses) != world:  # no loss of every rank: the heartbeats may say which rank halted
+        halted = halted_ranks(r)
+        return _diagnosis(Kind.HALTED if halted else Kind.NONFINITE, tuple(RankAt.of(r, k) for k in halted), r,
+                          step=step, files=files)
+    if not bad or (world > 1 and len(bad) == world):
+        return _diagnosis(Kind.NONFINITE, (), r, step=step, files=files)
+    return _diagnosis(Kind.NONFINITE, tuple(RankAt.of(r, k, cause=f"loss {losses[k]} at step {step}") for k in bad),
+                      r, step=step, files=files)
+
+
+def crash(r: PhaseRecord) -> Diagnosis | None:
+    """A trainer process that failed with a non-zero exit (and no .HALT, or a watchdog's that a
+    rank's death brought about): the rank that failed first in its own right, else the ranks whose
+    silent exits came first (or ranks that may have left before them: which came first cannot be
+    told), else ranks that left early or exited 0 while the others still needed them, else ranks
+    the others' collective gave up waiting for, else the one process of its run; no rank where
+    nothing tells (the log's last exception is the cause)."""
+    ev = r.evidence
+    if r.kind in TRAINER_KINDS and ev.halt is not None and ev.halt.source == "nonfinite":
+        return None
+    if no_rank_started(r) or (ev.nodes is not None and ev.nodes.slurm_stopped is not None):
+        return None  # a node never joined, or Slurm stopped the ranks (findings/nodes.py says how): no crash
+    if not (r.status == Status.FAIL and r.exit_code not in (0, None) and r.kind in TRAINER_KINDS
+            and (ev.halt is None or died_first(r) is not None)):
+        return None
+    root, gone, ended, maybe = root_of(r), departed(r), exited_0(r), maybe_departed(r)
+    if root is not None or maybe:
+        first = silent_first(r) if maybe else [root]
+        causes = {k: ev.rank_failures[k].exception or ev.rank_failures[k].cause for k in first}
+        either = _diagnosis(Kind.LEFT, tuple(RankAt.of(r, k) for k in maybe), r) if maybe else None
+        kind = Kind.KILLED if not maybe and killed_by_signal(r) == root else Kind.CRASHED
+        ranks = tuple(RankAt.of(r, k, cause=c) for k, c in causes.items())
+        return _diagnosis(kind, ranks, r, or_else=either, logs=logs_of(r, first))
+    if gone:  # no rank failed in its own right: the others failed after one that left
+        return _diagnosis(Kind.LEFT, tuple(RankAt.of(r, k) for k in gone), r, logs=logs_of(r, gone))
+    if ended:  # none left early: one that may have done all its steps ended while the others still needed it
+        return _diagnosis(Kind.ENDED, tuple(RankAt.of(r, k) for k in ended), r, logs=logs_of(r, ended))
+    if hung := waited_for(ev.rank_failures, ev.last_heartbeat):
+        waited = sorted(k for k, f in ev.rank_failures.items() if f.gave_up_waiting)
+        return _diagnosis(Kind.HUNG, tuple(RankAt.of(r, k) for k in hung), r,
+                          cause=ev.rank_failures[waited[0]].gave_up_waiting, logs=logs_of(r, hung),
+                          waited=tuple(waited))
+    exception = ev.exception or last_exception(ev.stderr_tail)  # a record stored before 'exception'
+    # the one process is rank 0, whatever launched it
+    ranks = (RankAt.of(r, 0, cause=exception or f"exit code {r.exit_code}"),) if r.world_size == 1 else ()
+    return Diagnosis(Kind.CRASHED, ranks, cause=exception, step=ranks[0].step if ranks else None,
+                     logs=logs_of(r, [0] if ranks else ()), files=_files(rec=r, ranks=ranks), from_log=True)
+
+
+def stalled(r: PhaseRecord) -> bool:
+    """A trainer process the harness stopped (its stall watch, the timeout) or whose watchdog wrote
+    the .HALT, where no rank had died first (then the crash is what happened)."""
+    ev = r.evidence
+    if not (r.stalled_s is not None or r.timed_out or (ev.halt is not None and ev.halt.source == "watchdog")):
+        return False
+    return r.kind in TRAINER_KINDS and died_first(r) is None
+
+
+def no_rank_running(r: PhaseRecord) -> bool:
+    """The harness stopped the run and found no rank's process to take a stack of, and no stack
+    was recorded otherwise: the ranks had ended (or never started) while a launcher kept the run open."""
+    ev = r.evidence
+    stacks = sum(1 for d in [*ev.stackdumps.values(), *ev.unranked_stacks] if d.frames)
+    stopped = r.stalled_s is not None or r.timed_out
+    return not stacks and stopped and len(ev.taken_stacks) == 0
+
+
+def running(r: PhaseRecord) -> list[RankAt]:
+    """The processes the harness found running with a stack when it stopped the run, each at its
+    innermost frame: every rank of the world it took a stack of that had not ended before
+    (``ended_before``), then every process whose rank cannot be told."""
+    ev = r.evidence
+    if no_rank_running(r):
+        return []
+    known = set(ev.last_heartbeat) | set(ev.stackdumps) | {t.rank for t in ev.taken_stacks if t.rank is not None}
+    out = [RankAt.of(r, k, frame=ev.stackdumps[k].frames[0].func) for k in sorted(known)
+           if k < r.world_size and ended_before(r, k) is None and (d := ev.stackdumps.get(k)) is not None and d.frames]
+    out += [RankAt(None, frame=d.frames[0].func, pid=d.pid) for d in ev.unranked_stacks if d.frames]
+    return out
+
+
+def stall(r: PhaseRecord) -> Diagnosis | None:
+    """A stalled trainer process (``stalled``): slow at its timeout but progressing, else a rank that
+    stayed alive after the trainer's non-finite .HALT, else ranks that left early, else the rank that
+    had failed first in its own right (the others waited for it), else the ranks that hung while the
+    others waited for them (their stacks and heartbeats tell), else the one process left running,
+    else every rank found running alike (stalled: nothing tells which hung first)."""
+    if not stalled(r):
+        return None
+    ev = r.evidence
+    if r.progressing_at_timeout:
+        return _diagnosis(Kind.TIMED_OUT, (), r)
+    found = running(r)
+    if ev.halt is not None and ev.halt.source == "nonfinite":
+        halted = halted_ranks(r)
+        return _diagnosis(Kind.HALT_STALL, tuple(RankAt.of(r, k) for k in halted), r, step=ev.halt.step)
+    if gone := departed(r):
+        return _diagnosis(Kind.LEFT, tuple(RankAt.of(r, k) for k in gone), r)
+    if (root := failed_first(r)) is not None:
+        fail = ev.rank_failures[root]
+        kind = Kind.KILLED if killed_by_signal(r) == root else Kind.CRASHED
+        return _diagnosis(kind, (RankAt.of(r, root, cause=fail.exception or fail.cause),), r,
+                          logs=(f"{r.out_dir}/{ev.stderr_log}",))
+    if (hung := _hung_first(r, found)) is not None:
+        return hung
+    if len(found) == 1 and _alone(r, found[0]):  # the one process left running: the others had ended
+        return _diagnosis(Kind.HUNG, tuple(found), r)
+    return _diagnosis(Kind.HUNG if r.world_size == 1 and found else Kind.STALLED, tuple(found), r)
+
+
+def _hung_first(r: PhaseRecord, found: list[RankAt]) -> Diagnosis | None:
+    """The ranks that hung while the others waited for them, where the stacks and heartbeats of a
+    run of several ranks tell them apart (``hung_ranks``); a hung rank of no stack (a process frozen
+    by SIGSTOP, which neither py-spy nor its own handler can dump) is named by its heartbeat. None
+    where nothing tells them apart: every rank is listed alike."""
+    if r.world_size < 2:
+        return None
+    ev = r.evidence
+    ranked = {at.rank for at in found if at.rank is not None}
+    hung = hung_ranks(ev.stackdumps, ev.last_heartbeat)
+    unstacked = [k for k in hung if k not in ranked and k in ev.last_heartbeat and k < r.world_size
+                 and ended_before(r, k) is None]
+    hung = [k for k in hung if k in ranked]
+    if not unstacked and (not hung or set(hung) == ranked):
+        return None
+    stopped = {t.rank for t in ev.taken_stacks if t.state == "stopped"}
+    return _diagnosis(Kind.HUNG, tuple(RankAt.of(r, k, frame=ev.stackdumps[k].frames[0].func) for k in hung)
+                      + tuple(RankAt.of(r, k, no_stack=NoStack.STOPPED if k in stopped else NoStack.UNTAKEN)
+                              for k in unstacked), r)
+
+
+def _alone(r: PhaseRecord, only: RankAt) -> bool:
+    """Of a run of several ranks the harness stopped: ``only`` was the one process it found running,
+    and every other rank had ended before (``ended_before``: exited 0 after its steps, or failed):
+    that one hung, after the others were done with it (a save, a teardown, a loop of its own)."""
+    if r.world_size < 2 or only.rank is None:
+        return False
+    return all(ended_before(r, k) is not None for k in range(r.world_size) if k != only.rank)
+
+
+def diagnose(rec: PhaseRecord) -> Diagnosis | None:
+    """What happened to the point's process that the verdict line leads with: its crash's diagnosis
+    (a non-finite loss the trainer stopped on included) where it blames a rank, else its stall's;
+    None where neither blames one, or the point did not fail. Of a repeated point, the repeat its
+    record keeps (another repeat's failure is a finding of its own, never this one's cause)."""
+    if rec.status != Status.FAIL:
+        return None
+    for found in (nonfinite(rec), crash(rec), stall(rec)):
+        # a stall after the trainer's non-finite .HALT is the end of a run the non-finite loss decided
+        if found is not None and found.ranks and found.kind != Kind.HALT_STALL:
+            return found
+    return None

@@ -1,0 +1,163 @@
+"""The torchtitan adapter on what torchtitan itself wrote: output recorded from torchtitan 0.2.2 on
+one H200 (validation/tests/evidence/torchtitan_*, bench/gpu/torchtitan_evidence.sh), and the
+metrics lines of 0.3.x and of the older format fla's flame pins, written by their own format
+strings (torchtitan/components/metrics.py ``MetricsProcessor.log``; flame/train.py)."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from nsa.contract import HALT, TRAINING_CSV
+from validation.contract import check_command
+from validation.contract.adapters import ADAPTERS, RunFacts
+from validation.contract.adapters.tfevents import read_scalars
+from validation.launch.watch import StepWatch
+
+EVIDENCE = Path(__file__).parent / "evidence"
+ADAPTER = ADAPTERS["torchtitan"]
+
+
+def _convert(tmp_path: Path, case: str, world: int = 1) -> Path:
+    """The recorded case as the harness holds it after a run: its stdout captured beside the
+    dump folder, then converted into the run directory."""
+    src = EVIDENCE / f"torchtitan_{case}"
+    run = tmp_path / case
+    shutil.copytree(src / "torchtitan", ADAPTER.trainer_dir(run))
+    shutil.copy(src / "stdout.log", run / "trainer.stdout.log")
+    ADAPTER.convert(ADAPTER.trainer_dir(run), run, RunFacts(world, "torchtitan"))
+    return run
+
+
+def _csv(run: Path) -> pd.DataFrame:
+    return pd.read_csv(run / TRAINING_CSV)
+
+
+def test_the_loss_is_tensorboards_full_precision_and_agrees_with_the_log(tmp_path):
+    run = _convert(tmp_path, "go")
+    csv = _csv(run)
+    assert list(csv["step"]) == list(range(1, 31))
+    (events,) = sorted((EVIDENCE / "torchtitan_go").rglob("events.out.tfevents.*"))
+    tb = {s.step: s.value for s in read_scalars(events) if s.tag == "loss_metrics/global_avg_loss"}
+    assert len(tb) == 30 and list(csv["loss"]) == [tb[s] for s in range(1, 31)]
+    # the log prints 5 decimals: the same numbers, rounded
+    logged = [line for line in (run / "trainer.stdout.log").read_text().splitlines() if "step: 30" in line]
+    assert f"{tb[30]:8.5f}" in logged[0]
+    assert (csv["mem_alloc_gb"] > 0).all() and (csv["lr"] > 0).all() and (csv["grad_norm"] > 0).all()
+
+
+def test_tokens_per_second_are_global_from_the_world_size(tmp_path):
+    one, two = _csv(_convert(tmp_path / "a", "go", world=1)), _csv(_convert(tmp_path / "b", "go", world=2))
+    assert (two["toks_per_s"] == 2 * one["toks_per_s"]).all()
+    env = json.loads((tmp_path / "b" / "go" / "env.json").read_text())
+    assert env["world_size"] == 2 and env["tokens_per_step"] == 8 * 2048
+
+
+def test_the_converted_run_holds_to_the_contract_and_says_what_was_read(tmp_path, capsys):
+    run = _convert(tmp_path, "go")
+    env = json.loads((run / "env.json").read_text())
+    read = env["adapter"]["read"]
+    assert read["log"] == ["trainer.stdout.log"] and len(read["tensorboard"]) == 1 and read["comm_traces"] == []
+    assert env["device_mem_gb"] == pytest.approx(139.8)
+    beats = [json.loads(line) for line in (run / "heartbeat_rank0.jsonl").read_text().splitlines()]
+    assert [b["step"] for b in beats] == list(range(1, 31)) and {b["stage"] for b in beats} == {"step"}
+    # by hand: the dump folder with its log kept beside it (``| tee .../train.log``)
+    folder = tmp_path / "byhand"
+    shutil.copytree(EVIDENCE / "torchtitan_go" / "torchtitan", folder)
+    shutil.copy(EVIDENCE / "torchtitan_go" / "stdout.log", folder / "train.log")
+    assert check_command.check(folder, "torchtitan") == 0
+    assert "through adapter torchtitan" in capsys.readouterr().out
+
+
+def test_faults_as_torchtitan_wrote_them(tmp_path):
+    nan = _csv(_convert(tmp_path, "nan"))
+    assert math.isfinite(nan["loss"].iloc[0]) and nan["loss"].isna().iloc[-1] and len(nan) == 20
+    assert _csv(_convert(tmp_path, "kill"))["step"].max() == 6
+    hang = _convert(tmp_path, "hang")
+    assert _csv(hang)["step"].max() == 8
+    # the flight recorder's dump is copied into the run directory by rank, and named
+    assert (hang / "comm_trace_rank0").read_bytes() == (EVIDENCE / "torchtitan_hang/torchtitan/comm_traces/rank_0").read_bytes()
+    assert json.loads((hang / "env.json").read_text())["adapter"]["read"]["comm_traces"] == ["comm_trace_rank0"]
+
+
+#: torchtitan 0.3.x's metrics line and its non-finite loss error, by its format strings (colour on)
+_V03 = ("[titan] 2026-01-05 10:00:0{s},000 - root - INFO - \x1b[31mstep: {step:2}  \x1b[32mloss: {loss:8.5f}  "
+        "\x1b[33mgrad_norm: {gn:7.4f}  \x1b[36mmemory: {mem:5.2f}GiB(1.00%)  \x1b[34mtps: {tps:,}  "
+        "\x1b[36mtflops: 1.00  \x1b[35mmfu: N/A\x1b[39m")
+#: the older format (fla's flame pins torchtitan 0b44d4c): no grad_norm there; flame's own line after it
+_OLD = ("[titan] 2026-01-05 10:00:0{s},000 - root - INFO - step: {step:2}  loss: {loss:7.4f}  "
+        "memory: {mem:5.2f}GiB(1.00%)  tps: {tps:,}  tflops: 1.00  mfu: 0.10%")
+_FLAME = "[titan] 2026-01-05 10:00:0{s},100 - root - INFO - lr: {lr:.4e} gnorm: {gn:5.2f} [0:00:0{s}<0:01:00]"
+
+
+def _run_of_log(tmp_path: Path, lines: list[str], world: int = 1) -> Path:
+    run = tmp_path / "run"
+    ADAPTER.trainer_dir(run).mkdir(parents=True)
+    (run / "trainer.stdout.log").write_text("\n".join(lines) + "\n")
+    ADAPTER.convert(ADAPTER.trainer_dir(run), run, RunFacts(world, "torchtitan"))
+    return run
+
+
+def test_v03_lines_a_second_rank_and_the_nonfinite_error_without_tensorboard(tmp_path):
+    lines = []
+    for step in (1, 2, 3):
+        line = _V03.format(s=step, step=step, loss=9.0 - step, gn=1.5, mem=2.0, tps=1000 * step)
+        lines += [line, line.replace("tps: ", "tps: 9")]  # rank 1's line of the same step comes second
+    lines.append("RuntimeError: Loss is not finite (global_avg_loss=nan) at step 4. Stopping training.")
+    run = _run_of_log(tmp_path, lines)
+    csv = _csv(run)
+    assert list(csv["step"]) == [1, 2, 3] and list(csv["toks_per_s"]) == [1000.0, 2000.0, 3000.0]
+    assert list(csv["loss"]) == [8.0, 7.0, 6.0] and list(csv["grad_norm"]) == [1.5] * 3
+    # without events: step time from the lines' timestamps, lr and allocated memory unmeasured
+    assert csv["step_time_s"].iloc[1] == pytest.approx(1.0) and csv["lr"].isna().all() and csv["mem_alloc_gb"].isna().all()
+    halt = json.loads((run / HALT).read_text())
+    assert halt["source"] == "nonfinite" and halt["step"] == 4 and halt["losses"] == ["nan"]
+
+
+def test_the_older_format_with_flames_lr_line(tmp_path):
+    lines = []
+    for step in (1, 2):
+        lines += [_OLD.format(s=step, step=step, loss=5.0 / step, mem=3.0, tps=2500),
+                  _FLAME.format(s=step, lr=3e-4 * step, gn=0.5 * step)]
+    csv = _csv(_run_of_log(tmp_path, lines, world=4))
+    assert list(csv["lr"]) == pytest.approx([3e-4, 6e-4]) and list(csv["grad_norm"]) == [0.5, 1.0]
+    assert list(csv["toks_per_s"]) == [10000.0, 10000.0] and list(csv["mem_reserved_gb"]) == [3.0, 3.0]
+
+
+def test_structured_logs_are_every_ranks_heartbeats(tmp_path):
+    run = tmp_path / "run"
+    folder = ADAPTER.trainer_dir(run) / "structured_logs"
+    folder.mkdir(parents=True)
+    for rank in (0, 1):
+        recs = [{"rank": rank, "pid": 100 + rank, "host_name": "h", "step": step, "time_ms": 1000 * step + i,
+                 "log_type_name": name}
+                for step in (1, 2) for i, name in enumerate(("step_start", "fwd_bwd_start", "fwd_bwd_end", "step_end"))]
+        (folder / f"training.global_rank_{rank}.20260105-100000-ABCDEF.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in recs))
+    (run / "trainer.stdout.log").write_text(_V03.format(s=1, step=1, loss=2.0, gn=1.0, mem=1.0, tps=10) + "\n")
+    ADAPTER.convert(ADAPTER.trainer_dir(run), run, RunFacts(1, "torchtitan"))
+    beats = [json.loads(line) for line in (run / "heartbeat_rank1.jsonl").read_text().splitlines()]
+    assert [b["stage"] for b in beats[:4]] == ["data", "forward", "forward", "step"]
+    assert {b["pid"] for b in beats} == {101} and beats[-1]["time"] == pytest.approx(2.003)
+    assert json.loads((run / "env.json").read_text())["world_size"] == 2  # the ranks the logs show
+
+
+def test_the_stall_watch_reads_progress_from_the_log(tmp_path):
+    log = tmp_path / "trainer.stdout.log"
+    log.write_text("[titan] starting\n")
+
+    def step_of(line: str) -> int | None:
+        seen = ADAPTER.progress(line)
+        return seen[0] if seen else None
+
+    watch = StepWatch(tmp_path, log, step_of)
+    assert not watch.look()
+    with open(log, "a") as fh:
+        fh.write(_V03.format(s=1, step=7, loss=2.0, gn=1.0, mem=1.0, tps=12345) + "\n")
+    assert watch.look() and watch.highest == 7
+    assert ADAPTER.progress(_V03.format(s=1, step=7, loss=2.0, gn=1.0, mem=1.0, tps=12345)) == (7, 12345.0)
+    assert ADAPTER.progress("[titan] validate step:  7  loss: 2.0") is None

@@ -12,9 +12,9 @@ from validation import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "validation"
 #: bottom to top; a module may import its own stage and the ones before it. The package's own
-#: top-level modules (paths, errors, the machine) are below every stage.
+#: top-level modules (paths, errors, excerpt widths, the machine) are below every stage.
 STAGES = ("contract", "judge", "runbook", "launch", "store", "report", "session")
-BASE = ("validation", "validation.errors", "validation.machine")
+BASE = ("validation", "validation.errors", "validation.excerpt", "validation.machine")
 DOORS = ("validation.cli", "validation.pytest_plugin", "validation.__main__")
 #: what a door may import: the session and the types it hands out (points, records), and the
 #: commands that are not a session (listing a runbook's phases, blessing goldens, checking a

@@ -48,7 +48,7 @@ TRAINERS = {
                  "args": ["--dataset", "synthetic"],
                  "config": {"template": "configs/seedlike.yaml", "pass_as": {"env": "CONFIG"}},
                  "steps": {"flag": "--steps"}, "out_dir": {"config": "train.out_dir"},
-                 "env": {"NSA_HEARTBEAT_EVERY": 1}, "adapter": "seed"},
+                 "env": {"NSA_HEARTBEAT_EVERY": 1}, "format": "seed"},
 }
 
 

@@ -56,7 +56,7 @@ TRAINERS = [
                          "config": {"template": "configs/seedlike.yaml", "pass_as": {"env": "CONFIG"}},
                          "steps": {"flag": "--steps"}, "out_dir": {"config": "train.out_dir"},
                          "params": {"train.log_every": {"config": "train.log_every"}},
-                         "env": {"NSA_HEARTBEAT_EVERY": 1}, "adapter": "seed"},
+                         "env": {"NSA_HEARTBEAT_EVERY": 1}, "format": "seed"},
             {"overrides": {"train.log_every": 1}}),
     Trainer("minimal", {"name": "minimal", "root": "tests/trainers", "script": "minimal_train.py",
                         "steps": {"env": "MINIMAL_STEPS"}, "out_dir": {"env": "MINIMAL_OUT_DIR"},

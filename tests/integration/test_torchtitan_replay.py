@@ -30,7 +30,7 @@ TRAINER: dict[str, Any] = {
     "name": "torchtitan", "root": "tests/trainers", "script": "torchtitan_replay.py",
     "args": ["--metrics.enable_tensorboard", "--metrics.log_freq", "1"],
     "steps": {"flag": "--training.steps"}, "out_dir": {"flag": "--job.dump_folder"},
-    "params": {"replay.case": {"flag": "--evidence"}}, "adapter": "torchtitan"}
+    "params": {"replay.case": {"flag": "--evidence"}}, "format": "torchtitan"}
 GATES = [{"metric": "loss_finite", "op": "==", "threshold": 1},
          {"metric": "steps_completed", "op": ">=", "threshold": 30},
          {"metric": "toks_per_s_mean", "op": ">", "threshold": 0, "window": "last 10 steps"},

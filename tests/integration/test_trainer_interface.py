@@ -43,7 +43,7 @@ SEEDLIKE: dict[str, Any] = {
     "config": {"template": "configs/seedlike.yaml", "pass_as": {"env": "CONFIG"}},
     "steps": {"flag": "--steps"}, "out_dir": {"config": "train.out_dir"},
     "params": {"train.log_every": {"config": "train.log_every"}, "train.seq_len": {"config": "train.seq_len"}},
-    "env": {"NSA_HEARTBEAT_EVERY": 1}, "adapter": "seed", "phases": ["train"]}
+    "env": {"NSA_HEARTBEAT_EVERY": 1}, "format": "seed", "phases": ["train"]}
 NATIVE: dict[str, Any] = {
     "name": "native_test", "root": "tests/trainers", "script": "native_train.py",
     "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"], "params": {"optim.lr": {"flag": "--lr"}}}
@@ -255,7 +255,7 @@ def test_seed_csv_appended_across_runs_keeps_the_last_run(tmp_path):
     ({"root": "/etc"}, "trainer.root"),
     ({"args": ["--x", "{steps.__class__}"]}, "trainer.args[1]"),
     ({"args": ["--x", "a b"]}, "trainer.args[1]"),
-    ({"adapter": "nope"}, "trainer.adapter"),
+    ({"format": "nope"}, "trainer.format"),
     ({"phases": ["pytest"]}, "trainer.phases[0]"),
     ({"steps": {"config": "train.steps"}, "config": None}, "trainer.steps.config"),
     ({"env": {"LD_PRELOAD": "x"}}, "trainer.env.LD_PRELOAD"),

@@ -120,8 +120,10 @@ TRAINER = Section("trainer", "A trainer other than this project's: how to launch
                   "overrides take it (train.lr, not lr): {train.lr: {flag|env|config: name}}"),
     Key("env", "variables it reads, of its own naming (not the loader's, the interpreters', PATH or the "
                "harness's own)"),
-    Key("adapter", "native (it writes the contract), seed (the seed system's format) or hf_trainer (a Hugging Face "
-                   "Trainer's output folder)"),
+    Key("format", "what its output directory holds, read through the adapter of that name: contract (it writes the "
+                  "contract itself; the default), seed (the seed system's files), torchtitan (torchtitan's or flame's "
+                  "log, TensorBoard events and flight-recorder dumps) or hf_trainer (a Hugging Face Trainer's output "
+                  "folder)"),
     Key("tokens_per_step", "what one rank takes per optimizer step, as factors: params keys (their values in each "
                            "point's overrides) and integers, e.g. [train.batch_size, train.block_size]; times the "
                            "world size, the run's global tokens per step (for an adapter that derives tokens/s)"),

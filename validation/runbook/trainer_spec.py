@@ -14,7 +14,7 @@ trainer:
   out_dir: {config: train.out_dir}
   params: {train.seq_len: {config: train.seq_len}}   # every override/sweep key the runbook uses
   env: {NSA_HEARTBEAT_EVERY: 1}
-  adapter: seed                     # validation/adapters; 'native' writes the contract itself
+  format: seed                      # its files: contract (written natively), seed, torchtitan, hf_trainer
   phases: [train, preflight]        # phase kinds it supports; others are SKIP
   metrics: [toks_per_s_mean, ...]   # optional: metrics it provides (default: all its adapter can)
   tokens_per_step: [train.batch_size, train.seq_len]  # optional: one rank's tokens per step, as factors
@@ -40,6 +40,10 @@ from validation.runbook import keys
 from validation.runbook.empty import EMPTY_MAPPING
 from validation.runbook.fields import MODULE, NAME, OVERRIDE_KEY, Reader, check_trainer_env_key, parse_env
 from validation.runbook.types import ConfigFile, Delivery, ResumeSpec, RootDir, TrainerSpec, Via
+
+#: the runbook's name of an adapter's format where it differs from the adapter's own name: the
+#: adapter of a trainer that writes the contract itself is "native", its files are "contract"
+FORMAT_OF = {"native": "contract"}
 
 #: values the harness fills into ``args``
 PLACEHOLDERS = ("steps", "out_dir", "config", "nproc")
@@ -86,7 +90,9 @@ def parse_trainer(path: Path, data: Any, known_metrics: Mapping[str, Any], adapt
             r.fail(f"trainer.params.{k}", "parameter names are dotted lower-case keys like train.lr, as the phases' "
                                           "overrides and sweeps name them")
         params[k] = _delivery(path, v, f"trainer.params.{k}", config)
-    adapter = r.str_("adapter", "native", choices=tuple(adapters))
+    # the runbook names the format of the trainer's own files; "contract" is the registry's native adapter
+    fmt = r.str_("format", "contract", choices=tuple(FORMAT_OF.get(a, a) for a in adapters))
+    adapter = next(a for a in adapters if FORMAT_OF.get(a, a) == fmt)
     phases = r.list_("phases") if "phases" in r.data else ["train"]
     if not phases:  # [] read as the default once: a trainer said to support nothing ran every train phase
         r.fail("trainer.phases", f"an empty list names no phase kind the trainer supports (every phase would be "

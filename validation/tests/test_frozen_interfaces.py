@@ -68,7 +68,7 @@ RUNBOOK_KEYS = {
                           "srun_args"},
     "phases[].launcher.rdzv": {"backend", "endpoint", "port", "join_timeout_s"},
     "phases[].gates[]": {"metric", "op", "threshold", "window", "description"},
-    "trainer": {"name", "root", "script", "module", "args", "config", "steps", "out_dir", "params", "env", "adapter",
+    "trainer": {"name", "root", "script", "module", "args", "config", "steps", "out_dir", "params", "env", "format",
                 "phases", "metrics", "resume", "tokens_per_step"},
     "trainer.root": {"env"},
     "trainer.config": {"template", "pass_as"},

@@ -12,7 +12,8 @@ from validation.contract.adapters.hf_trainer import HfTrainerAdapter
 from validation.contract.adapters.seed import SeedAdapter
 from validation.contract.adapters.torchtitan import TorchtitanAdapter
 
-#: the formats this harness knows, by the name a runbook's ``trainer.adapter`` gives
+#: the formats this harness reads, by adapter name (a runbook's ``trainer.format``; the native
+#: adapter's format is called "contract" there)
 ADAPTERS: dict[str, Adapter] = {a.name: a for a in (Adapter(), SeedAdapter(), TorchtitanAdapter(), HfTrainerAdapter())}
 
 __all__ = ["ADAPTERS", "Adapter", "HfTrainerAdapter", "RunFacts", "SeedAdapter", "TorchtitanAdapter"]

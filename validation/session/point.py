@@ -111,7 +111,12 @@ def _point_lock(point: PhasePoint, results_dir: Path):
     description of the holder when another process has it."""
     out_dir = point_dir(results_dir, point)
     lock_path = out_dir.with_name(out_dir.name + ".lock")
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    try:  # a folder of runs/ made read-only after the store's check: one line, not a traceback
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        open(lock_path, "a+").close()
+    except OSError as exc:
+        raise StoreError(f"results directory {results_dir}: cannot write the point's run directory "
+                         f"{lock_path.parent} ({exc.strerror or exc})") from None
     with open(lock_path, "a+") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)

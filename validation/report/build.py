@@ -81,7 +81,6 @@ def _env() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
     env.filters["cell"] = cell
-    env.filters["capitalize_first"] = lambda text: text[:1].upper() + text[1:]
     return env
 
 

@@ -149,6 +149,14 @@ def _options(args: argparse.Namespace, runbook: str | None) -> SessionOptions:
                           plots=not args.no_plots, tensorboard=getattr(args, "tensorboard", None))
 
 
+class RunStopped(KeyboardInterrupt):
+    """A stop signal while ``run``'s points ran, with what the session says it did by then."""
+
+    def __init__(self, signum: int, note: str):
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.note = signum, note
+
+
 class _Progress:
     """Progress of the running points: each point's latest line (step N/total, tokens/s, ETA),
     shown every few seconds; on a terminal in place, one line, the points side by side."""
@@ -197,10 +205,11 @@ def cmd_run(args: argparse.Namespace, abort: threading.Event) -> int:
 
     try:
         session.run(progress.update, started, finished)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if not args.no_report:  # the points finished before the interrupt, in a report
             _render(session, interrupted=True)
-        raise
+        signum = getattr(exc, "signum", signal.SIGINT)
+        raise RunStopped(signum, session.interrupted_note(signum)) from exc
     try:
         return 0 if args.no_report else _render(session)
     except KeyboardInterrupt as exc:  # every point was stored: only the report was stopped
@@ -273,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
             return ExitStatus.USAGE
         except ReportInterrupted as exc:
             print(report_interrupted_note(exc.signum), file=sys.stderr)
+            return 128 + exc.signum
+        except RunStopped as exc:
+            print(f"{exc.note}, and the report shows the points finished before", file=sys.stderr)
             return 128 + exc.signum
         except KeyboardInterrupt as exc:
             return _interrupted(args.command, getattr(exc, "signum", signal.SIGINT))

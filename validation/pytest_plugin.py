@@ -51,7 +51,6 @@ from validation.session.session import (
     ExitStatus,
     NotLaunchable,
     SessionOptions,
-    interrupted_note,
     report_line,
 )
 
@@ -247,7 +246,9 @@ class AcceptancePlugin:
         if self.config.getoption("--no-acceptance-report"):
             return
         rendered, unrendered = [], 0
-        for pair in sorted(self.pairs):
+        # and the pair of a point stopped as its record was stored: it has no test report, and it
+        # had removed its pair's report
+        for pair in sorted(self.pairs | self.session.withdrawn):
             try:
                 for out in self.session.render([pair], notes=lambda text: self.reports.append(f"note: {text}")):
                     self.reports.append(report_line(out, exitstatus == pytest.ExitCode.INTERRUPTED))
@@ -282,7 +283,7 @@ class AcceptancePlugin:
             self.interrupted = f"nsa-validate: pytest stopped the run ({excinfo.value}); no point was cut short"
             return
         # pytest's own banner says only 'KeyboardInterrupt' (or 'Stopped: SIGTERM')
-        self.interrupted = interrupted_note(getattr(excinfo.value, "signum", signal.SIGINT))
+        self.interrupted = self.session.interrupted_note(getattr(excinfo.value, "signum", signal.SIGINT))
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
         for line in self.reports:

@@ -95,7 +95,17 @@ class Outcome:
         requested. A broken file decides the verdict first (process_verdict) and explains a step
         count read from it: a last row cut off is not read, so the CSV ends a step early."""
         return (self.ended_clean and self.steps_completed is not None
-                and self.steps_completed < self.steps_requested)
+                and self.steps_completed < self.steps_requested and not self.csv_behind)
+
+    @property
+    def csv_behind(self) -> str | None:
+        """'training.csv ends at step 10 while the trainer reached step 12 (its heartbeats)': of a
+        run that exited 0 having done every step its heartbeats record, a CSV that ends earlier (a
+        trainer that logs every N steps, not one that stopped early); None otherwise."""
+        done, logged = self.last_step_done, self.steps_completed
+        if not self.ended_clean or done is None or logged is None or done < self.steps_requested or logged >= done:
+            return None
+        return f"training.csv ends at step {logged} while the trainer reached step {done} (its heartbeats)"
 
     @property
     def rank_stopped_short(self) -> bool:
@@ -107,7 +117,9 @@ class Outcome:
         if not self.stopped_short and self.short_ranks:
             ranks = "; ".join(s.text(self.steps_requested) for s in self.short_ranks)
             return f"{ranks}, exit 0, no .HALT"
-        return f"stopped after step {self.steps_completed} of {self.steps_requested}, exit 0, no .HALT"
+        beats = (f" (training.csv; its heartbeats reached step {self.last_step_done})"
+                 if self.last_step_done is not None and self.last_step_done > self.steps_completed else "")
+        return f"stopped after step {self.steps_completed}{beats} of {self.steps_requested}, exit 0, no .HALT"
 
 
 def evaluate(gates: Sequence[Gate], run: RunData, unprovided: Mapping[str, str]) -> list[GateResult]:

@@ -41,6 +41,8 @@ from validation.report.tables import (
     counts,
     failure_rows,
     gate_rows,
+    glossary,
+    metric_legend,
     missing_line,
     phase_tables,
     ran_span,
@@ -280,6 +282,8 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
     shas = list(dict.fromkeys(r.git_sha for r in records if r.out_dir and r.git_sha))
     foreign = [r for r in records if r.trainer != OWN_TRAINER]
     trainer = next((r for r in foreign if r.trainer_sha), foreign[0] if foreign else None)
+    gates = gate_rows(records) + (comparison.gate_rows() if comparison else [])
+    phases = phase_tables(records, set(shared_machine(records)))
     return {
         "title": f"NSA Acceptance Report: {runbook_name} on {profile_name}",
         "status": str(status),
@@ -314,10 +318,12 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "recommendations": recommendations(findings, lambda phases: rerun_phases_line(
             phases, runbook.cli_name if runbook else runbook_name, profile.cli_name if profile else profile_name,
             store_arg, root)),
-        "gates": gate_rows(records) + (comparison.gate_rows() if comparison else []),
+        "gates": gates,
+        "metric_legend": metric_legend(gates),
+        "glossary": glossary(phases),
         "baseline": comparison,
         "regression_key": baseline_cmp.REGRESSION_KEY,
-        "phases": phase_tables(records, set(shared_machine(records))),
+        "phases": phases,
         "shared_mark": SHARED_MARK,
         "failures": failure_rows(records),
         "missing": missing,

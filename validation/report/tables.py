@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 import shlex
+from pathlib import Path
 from typing import Any
 
 from validation import REPO_ROOT
@@ -15,6 +17,7 @@ from validation.judge.interval import CONFIDENCE, Interval, interval, repeat_val
 from validation.judge.metrics import METRICS
 from validation.judge.provenance import short_commit
 from validation.judge.record import PhaseRecord, Status, SubRun, Summary
+from validation.launch.foreign import CONFIG_COPY
 
 #: the pytest test that runs one phase point (validation/tests/test_acceptance.py)
 #: the acceptance tests, named by absolute path: a Reproduce line runs as printed from any directory
@@ -22,10 +25,13 @@ ACCEPTANCE_TESTS = REPO_ROOT / "validation" / "tests" / "test_acceptance.py"
 
 
 def gate_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
+    """One row per gate: what differs from gate to gate (its value, threshold, window, verdict and
+    its own note); what its metric checks is said once, under the table (``metric_legend``), and
+    the training.csv files a point's gates read are linked on its first row."""
     rows = []
     for r in records:
         csvs = _gated_csvs(r)
-        for g in r.gates:
+        for i, g in enumerate(r.gates):
             thr: Any = g.threshold if g.threshold is not None else "to be measured"
             if g.threshold_ref:
                 thr = f"{cell(thr)} ({g.threshold_ref})"
@@ -33,9 +39,22 @@ def gate_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
             meaning = g.description or (METRICS[g.metric].description if g.metric in METRICS else "")
             rows.append({"phase": r.phase, "point": point_label(r) if g.metric == REPEAT_LOSS_METRIC else gated_run(r),
                          "metric": g.metric, "value": g.value, "op": g.op,
-                         "threshold": thr, "window": g.window, "verdict": str(g.verdict), "csvs": csvs,
-                         "description": meaning + (f" ({g.note})" if g.note else "")})
+                         "threshold": thr, "window": g.window, "verdict": str(g.verdict), "csvs": [] if i else csvs,
+                         "description": meaning, "note": g.note})
     return rows
+
+
+def metric_legend(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What each metric of the gates table checks, once, in the order the table first names it; a
+    metric whose gates carry different words (a runbook's own) once per wording, with its phases."""
+    words: dict[str, dict[str, list[str]]] = {}
+    for row in rows:
+        if row["description"]:
+            phases = words.setdefault(row["metric"], {}).setdefault(row["description"], [])
+            if row["phase"] not in phases:
+                phases.append(row["phase"])
+    return [{"metric": metric, "description": text, "phases": phases if len(by_text) > 1 else []}
+            for metric, by_text in words.items() for text, phases in by_text.items()]
 
 
 def _gated_csvs(r: PhaseRecord) -> list[tuple[str, str]]:
@@ -114,6 +133,21 @@ def phase_tables(records: list[PhaseRecord], shared: set[str] | frozenset[str] =
         ph["flops"] = _flops_line(ph["rows"])
         ph["confidence"] = f"{CONFIDENCE:.0%}"
     return list(phases.values())
+
+
+def glossary(phases: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the report's closing 'Reading the tables' explains, once, for the kinds of phase table
+    it holds; and the attention backends where every train phase used the same (said once, in
+    the environment, instead of under each phase)."""
+    train = [ph for ph in phases if ph["kind"] == "train"]
+    backends = {(ph["backends"] or "").removesuffix(" (every point)") for ph in train if ph["backends"]}
+    one = len(backends) == 1 and all(ph["backends"] for ph in train) and all(
+        ";" not in ph["backends"] for ph in train)
+    return {"train": bool(train), "cpu_memory": any(ph["cpu_memory"] for ph in train),
+            "repeats": any(ph["repeats"] for ph in train), "confidence": f"{CONFIDENCE:.0%}",
+            "profile": any(ph["kind"] == "profile" for ph in phases),
+            "resume": any(ph["kind"] == "resume" for ph in phases),
+            "backends": next(iter(backends)) + (" (every train point)" if len(train) > 1 else "") if one else None}
 
 
 def _repeats_mean(r: PhaseRecord, repeats: list[SubRun], ci: Interval | None) -> float | str | None:
@@ -242,7 +276,7 @@ def reproduce_rows(records: list[PhaseRecord], runbook: str | None = None, profi
                 "allocation of the same shape with --jobid set to it, or re-run the point with the pytest line"
                 if nodes is not None and nodes.launcher == "slurm" else None)
         rows.append({"phase": r.phase, "point": point_label(r), "note": note,
-                     "rerun": rerun_line(r, runbook, profile, results_dir, root), "process": process_line(r)})
+                     "rerun": rerun_line(r, runbook, profile, results_dir, root), "process": process_line(r, fresh=True)})
     return rows
 
 
@@ -299,21 +333,80 @@ def missing_line(points: list[Any], missing: list[str], runbook: str | None, pro
             "stored one):")
 
 
-def process_line(r: PhaseRecord) -> str:
+def process_line(r: PhaseRecord, fresh: bool = False) -> str:
     """The shell line that runs the point's process by hand: its directory, the environment the
-    runbook set, its command; a resume point's processes one after another; '' where it ran none."""
+    runbook set, its command; a resume point's processes one after another; '' where it ran none.
+    As it ran (the failure evidence), or with ``fresh`` (the Reproduce line) into a new directory
+    (``fresh_dir``), never into the stored run's, which its files are the evidence of."""
     if not r.command:
         return ""
-    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(r.env.items()))
+    root = _run_root(r) if fresh else None
+    quote = shlex.quote if root is None else (lambda text: _quoted(text, root))
+    env = " ".join(f"{k}={quote(v)}" for k, v in sorted(r.env.items()))
     # a resume point's processes one after another (each of a repeated point's runs is the same)
     commands = [s.command for s in r.runs if s.command] if r.kind == "resume" else [r.command]
-    process = " && ".join((env + " " if env else "") + shlex.join(c) for c in commands or [r.command])
+    process = " && ".join((env + " " if env else "") + " ".join(quote(w) for w in c) for c in commands or [r.command])
     nodes = r.evidence.nodes
     if nodes is not None and nodes.launcher == "torchrun" and len(nodes.nodes) > 1 and len(commands) == 1:
         # every node's agent ran here, the same command: all of them side by side (a lone
         # agent only waits out the join timeout for the others)
         process = "{ " + " & ".join([process] * len(nodes.nodes)) + " & wait; }"
-    return (f"cd {shlex.quote(r.cwd)} && " if r.cwd else "") + process
+    line = (f"cd {shlex.quote(r.cwd)} && " if r.cwd else "") + process
+    if root is None:
+        return line
+    named = [w for c in commands for w in c] + list(r.env.values())
+    return f"{FRESH_DIR}=$(mktemp -d \"${{TMPDIR:-/tmp}}/nsa-reproduce.XXXXXX\") && " + \
+        f"echo \"writing into ${FRESH_DIR}\" >&2 && " + "".join(_inputs(named, root)) + line
+
+
+#: the shell variable of the new directory a Reproduce line's process writes into
+FRESH_DIR = "out"
+
+
+def _run_root(r: PhaseRecord) -> str | None:
+    """The stored run's directory as its command names it (absolute), the directory of a point of
+    several processes (a resume point's, a repeated one's) rather than the one process's; None
+    where its command names none (nothing to write elsewhere)."""
+    if not r.out_dir:
+        return None
+    rel = Path(r.out_dir)
+    if any(s.out_dir == r.out_dir for s in r.runs):
+        rel = rel.parent
+    words = [w for c in [r.command, *(s.command for s in r.runs)] if c for w in c] + list(r.env.values())
+    return next((m.group(0) for w in words if (m := _path_of(str(rel)).search(w))), None)
+
+
+def _path_of(rel: str) -> re.Pattern[str]:
+    """An absolute path ending in ``rel`` inside a word ('--out-dir=/r/runs/x', 'a=1 b=/r/runs/x/first')."""
+    return re.compile(r"(?<![^\s=:,])/(?:[^\s=:,]*/)?" + re.escape(rel) + r"(?=[/\s=:,]|$)")
+
+
+def _quoted(word: str, root: str) -> str:
+    """``word`` for the shell with the stored run's directory ``root`` as the new one's variable."""
+    if root not in word:
+        return shlex.quote(word)
+    return '"' + f"${{{FRESH_DIR}}}".join(re.sub(r'([\\$`"])', r"\\\1", part) for part in word.split(root)) + '"'
+
+
+def _inputs(words: list[str], root: str) -> list[str]:
+    """Shell steps that give the new directory what the process reads from the stored run's: its
+    sub-directories the commands name (a resume point's halves), and the config copy the harness
+    wrote there before the launch (validation/launch/foreign.py), with the stored run's directory
+    in it made the new one."""
+    steps, seen = [], set()
+    for w in words:
+        for m in re.finditer(re.escape(root) + r"(/[^\s=:,]*)?", w):
+            path, rest = Path(m.group(0)), m.group(1) or ""
+            if rest in seen or not rest:
+                continue
+            seen.add(rest)
+            target = _quoted(m.group(0), root)
+            if path.is_dir():
+                steps.append(f"mkdir -p {target} && ")
+            elif path.name == CONFIG_COPY and path.is_file():
+                steps.append(f"mkdir -p \"$(dirname {target})\" && sed {shlex.quote(f's|{root}|')}\"${FRESH_DIR}\"'|g' "
+                             f"{shlex.quote(str(path))} > {target} && ")
+    return steps
 
 
 def toggles(records: list[PhaseRecord]) -> dict[str, list[str]]:

@@ -18,6 +18,7 @@ import fcntl
 import importlib.util
 import os
 import shutil
+import signal
 import sys
 import time
 import traceback
@@ -100,10 +101,38 @@ def run_point(point: PhasePoint, results_dir: Path, hw: Machine, skip: str | Non
             store.put_skip(record)
             return record
         record = execute(point, results_dir, hw, progress)
-        withdraw(results_dir, point.runbook.name, point.profile.name)  # it names the runs prune removes
-        store.put(record)
-        prune(results_dir, point, keep=record.out_dir)
+        try:
+            withdraw(results_dir, point.runbook.name, point.profile.name)  # it names the runs prune removes
+            store.put(record)
+            prune(results_dir, point, keep=record.out_dir)
+        except KeyboardInterrupt as exc:
+            # a stop while the record was stored: the store decides what stands, and the run
+            # directories are made to agree with it before the stop goes on
+            stored = _holds(store, record)
+            if stored:
+                prune(results_dir, point, keep=record.out_dir)
+            else:
+                shutil.rmtree(point_dir(results_dir, point) / record.run_id[:12], ignore_errors=True)
+            raise StoppedWhileStoring(point.test_id, record if stored else None,
+                                      getattr(exc, "signum", signal.SIGINT)) from exc
     return record
+
+
+class StoppedWhileStoring(KeyboardInterrupt):
+    """A stop signal that came after the point's run had ended, while its record was stored.
+    ``record``: the new record where the store holds it (its run kept, the point's earlier run
+    directories removed); None where it did not get in (the new run's directory removed, the
+    earlier record and its artifacts kept)."""
+
+    def __init__(self, test_id: str, record: PhaseRecord | None, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.test_id, self.record, self.signum = test_id, record, signum
+
+
+def _holds(store: ResultStore, record: PhaseRecord) -> bool:
+    """Whether the store's record of ``record``'s point is ``record`` (by its run id)."""
+    stored = {r.test_id: r for r in store.records(record.key.runbook, record.key.profile)}.get(record.test_id)
+    return stored is not None and stored.run_id == record.run_id
 
 
 @contextlib.contextmanager
@@ -112,7 +141,12 @@ def _point_lock(point: PhasePoint, results_dir: Path):
     description of the holder when another process has it."""
     out_dir = point_dir(results_dir, point)
     lock_path = out_dir.with_name(out_dir.name + ".lock")
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    try:  # a folder of runs/ made read-only after the store's check: one line, not a traceback
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        open(lock_path, "a+").close()
+    except OSError as exc:
+        raise StoreError(f"results directory {results_dir}: cannot write the point's run directory "
+                         f"{lock_path.parent} ({exc.strerror or exc})") from None
     with open(lock_path, "a+") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -88,8 +88,11 @@ def judge(point: PhasePoint, done: Launched, hw: Machine, extra: list[GateResult
         unprovided.update({m: f"the trainer wrote no {PROFILE_JSON} (it does not honour {PROFILE_STEPS_ENV})"
                            for m in PROFILE_METRICS})
     gates = evaluate(point.gates(), run, unprovided) + ([golden] if golden else []) + list(extra or [])
-    ended = process_verdict(Outcome.of_run(kind, run, done.errors))
+    outcome = Outcome.of_run(kind, run, done.errors)
+    ended = process_verdict(outcome)
     status, reason = ended or gate_verdict(gates)
+    if ended is None and outcome.csv_behind:  # it logs every N steps: said, not judged a short run
+        reason += f"; {outcome.csv_behind}"
     # the report's numbers are over the phase's window: the first gate that names one ('last 50
     # steps' for the bucket sweep); gates keep their own windowed values
     window = next((g.window.last for g in point.gates() if g.window.last), None)

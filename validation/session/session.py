@@ -16,7 +16,7 @@ import signal
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from validation import checkout_problem
 from validation.errors import HarnessError
@@ -31,7 +31,7 @@ from validation.runbook.hardware import mismatches
 from validation.runbook.load import available, load_profile, load_runbook, runbook_profile
 from validation.runbook.plan import PhasePoint, batches, expand
 from validation.runbook.types import Profile, Runbook
-from validation.session.point import cannot_launch, run_point, why_skip
+from validation.session.point import StoppedWhileStoring, cannot_launch, run_point, why_skip
 from validation.store import baseline as baseline_store
 from validation.store import goldens
 from validation.store.results import ResultStore
@@ -78,10 +78,15 @@ def report_interrupted_note(signum: int) -> str:
             "ran and was stored; `nsa-validate report` writes its report")
 
 
-def interrupted_note(signum: int) -> str:
-    """What a session stopped by a signal did, as both doors say it."""
-    return (f"nsa-validate: interrupted ({signal.Signals(signum).name}): running trainers killed; the interrupted "
-            "point was not recorded (its earlier record and artifacts are kept)")
+def interrupted_note(signum: int, recorded: Sequence[str] = ()) -> str:
+    """What a session stopped by a signal did, as both doors say it. ``recorded``: the points whose
+    new record was stored as the signal came (``StoppedWhileStoring``)."""
+    head = f"nsa-validate: interrupted ({signal.Signals(signum).name}): running trainers killed"
+    if recorded:
+        return (f"{head}; the signal came as the record of {', '.join(recorded)} was stored: "
+                f"{'that point is' if len(recorded) == 1 else 'those points are'} recorded (the new run kept, "
+                "the earlier run directory removed)")
+    return f"{head}; the interrupted point was not recorded (its earlier record and artifacts are kept)"
 
 
 def report_line(out: Rendered, interrupted: bool) -> str:
@@ -144,6 +149,11 @@ class AcceptanceSession:
     trees, and no new one starts (each point runs under ``aborted_by`` it, launch/process.py)."""
     ran: dict[str, PhaseRecord] = field(default_factory=dict)
     """Records of the points run in this process, by test id (cross-point findings read them)."""
+    withdrawn: set[tuple[str, str]] = field(default_factory=set)
+    """The (runbook, profile) pairs whose report a point stopped while it stored its record had
+    removed (it names the runs the new record replaces): their reports are to be written again."""
+    recorded_at_stop: list[str] = field(default_factory=list)
+    """Test ids of the points whose new record was stored as a stop signal came."""
     _points: list[PhasePoint] | None = None
     _machine: Machine | None = None
 
@@ -239,12 +249,23 @@ class AcceptanceSession:
         why = cannot_launch(point)
         if why:
             raise NotLaunchable(f"{point.test_id}: {why}")
-        with aborted_by(self.abort):
-            record = run_point(point, self.results_dir, self.machine,
-                               why_skip(point, self.machine, self.options.mismatch),
-                               None if progress is None else (lambda line: progress(point.test_id, line)))
+        try:
+            with aborted_by(self.abort):
+                record = run_point(point, self.results_dir, self.machine,
+                                   why_skip(point, self.machine, self.options.mismatch),
+                                   None if progress is None else (lambda line: progress(point.test_id, line)))
+        except StoppedWhileStoring as stop:
+            self.withdrawn.add((point.runbook.name, point.profile.name))
+            if stop.record is not None:
+                self.ran[point.test_id] = stop.record
+                self.recorded_at_stop.append(point.test_id)
+            raise
         self.ran[point.test_id] = record
         return record
+
+    def interrupted_note(self, signum: int) -> str:
+        """What this session did by the time a stop signal came, as both doors say it."""
+        return interrupted_note(signum, self.recorded_at_stop)
 
     def run(self, progress: Progress | None = None,
             started: Callable[[int, int, PhasePoint], None] | None = None,

@@ -244,8 +244,8 @@ class Comparison:
                  "value": p.toks.change if p.comparable else None, "op": ">=",
                  "threshold": f"{-self.threshold:g} ({REGRESSION_KEY})",
                  "window": f"baseline {self.source.short}", "verdict": str(p.regression), "csvs": [],
-                 "description": "tokens/s may not drop more than the profile allows against the baseline"
-                                + (f" ({p.note})" if p.note else "")}
+                 "description": "tokens/s may not drop more than the profile allows against the baseline",
+                 "note": p.note or ""}
                 for p in self.points if p.regression is not None]
 
 

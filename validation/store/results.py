@@ -68,10 +68,16 @@ class ResultStore:
         existing = next(p for p in (self.dir, *self.dir.parents) if p.exists())
         if not existing.is_dir():
             raise StoreError(f"results directory {self.dir}: {existing} is a file, not a directory")
-        try:  # a read-only one would end the run in a traceback once its first point wants a directory
-            tempfile.TemporaryFile(dir=existing).close()
-        except OSError as exc:
-            raise StoreError(f"results directory {self.dir}: cannot write in {existing} ({exc.strerror or exc})") from None
+        # a read-only one (or a read-only runs/ or reports/ in it) would end the run in a traceback
+        # once its first point wants a directory
+        for folder in (existing, *(d for d in (self.dir / "runs", self.dir / "reports") if d.exists())):
+            if not folder.is_dir():
+                raise StoreError(f"results directory {self.dir}: {folder} is a file, not a directory")
+            try:
+                tempfile.TemporaryFile(dir=folder).close()
+            except OSError as exc:
+                raise StoreError(f"results directory {self.dir}: cannot write in {folder} "
+                                 f"({exc.strerror or exc})") from None
         self._typed(self._read())
 
     def _typed(self, data: dict[str, Any]) -> list[PhaseRecord]:

@@ -40,6 +40,8 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
                                  the first occurrence of those steps logs 1 token/s and a loss 1.0 higher
     NSA_FAULT=leak:mb=M          memory (CSV and heartbeats) grows by M MiB a step from 1 GiB
     NSA_FAULT=spike:step=K       logs twice the loss at step K (one step; the loss goes on as before)
+NSA_FAKE_LOG_EVERY=N writes a training.csv row only every N steps (the last step not forced) while every rank's
+heartbeats record each step's end, as a trainer that logs every N steps does;
 NSA_FAKE_WORLD=N simulates N ranks from one process; NSA_FAKE_STEP_S=S sleeps S seconds a step;
 NSA_FAKE_TOKS_SCALE=F multiplies tokens/s by F (a staged throughput change); NSA_FAKE_TOKS_BY_REPEAT=a,b,c
 multiplies it by a in a repeated point's first repeat, b in its second, ... (its directory's name,
@@ -142,6 +144,7 @@ def main() -> int:
         csv.write(("step,loss,toks\n" if fault == "corrupt_csv" and opts.get("header") else HEADER + "\n"))
     beats = {r: open(out / f"heartbeat_rank{r}.jsonl", "w") for r in range(world)}
     t0 = 1_000_000.0
+    log_every = int(os.environ.get("NSA_FAKE_LOG_EVERY", "1"))
     order = list(range(start + 1, stop + 1))
     if fault == "rerun":
         order = list(range(start + 1, opts["step"] + 1)) + list(range(opts["back"] + 1, stop + 1))
@@ -190,7 +193,7 @@ def main() -> int:
             if fault == "stall" and r == opts.get("rank") and step >= opts.get("step", 1):
                 rec.update(stage="backward", step=step)
             fh.write(json.dumps(rec) + "\n")
-            if fault == "quit_rank":
+            if fault == "quit_rank" or log_every > 1:
                 fh.write(json.dumps({**rec, "stage": "step", "time": rec["time"] + 0.1}) + "\n")
         if fault == "stall" and step >= opts.get("step", 1):
             for fh in beats.values():
@@ -206,7 +209,7 @@ def main() -> int:
             (out / ".HALT").write_text(json.dumps({"source": "watchdog", "step": step, "stage": "backward"}))
             print(f"[watchdog] no rank progressed; stack dumps written; halting at step {step}", file=sys.stderr)
             return 3
-        if csv:
+        if csv and not step % log_every:
             if fault == "corrupt_csv" and not opts.get("header") and step == 2:
                 csv.write(f"{step},2.0,1e-4,fast,0.1,1.0,0.5,1.0\n")
             elif fault == "lean":

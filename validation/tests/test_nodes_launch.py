@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -147,12 +148,13 @@ def test_the_reports_process_line_of_a_two_node_point_runs_every_node_as_printed
     run = TwoNodes(tmp_path)
     assert run.rec.status == "PASS", run.rec.reason
     [row] = reproduce_rows([run.rec])
-    for beats in run.dir.glob("heartbeat_rank*.jsonl"):
-        beats.unlink()
+    stored = {p.name: p.read_bytes() for p in run.dir.iterdir() if p.is_file()}
     out = subprocess.run(["bash", "-c", row["process"]], cwd=tmp_path, capture_output=True, text=True,
                          timeout=JOIN_S + 60, env={k: v for k, v in os.environ.items() if k != FAULT})
     assert out.returncode == 0, row["process"] + "\n" + out.stderr[-3000:]
-    assert {p.name for p in run.dir.glob("heartbeat_rank*.jsonl")} == {"heartbeat_rank0.jsonl", "heartbeat_rank1.jsonl"}
+    [new] = re.findall(r"^writing into (\S+)$", out.stderr, re.M)  # a new directory: the stored run stays as it was
+    assert {p.name: p.read_bytes() for p in run.dir.iterdir() if p.is_file()} == stored
+    assert {p.name for p in Path(new).glob("heartbeat_rank*.jsonl")} == {"heartbeat_rank0.jsonl", "heartbeat_rank1.jsonl"}
     assert_nothing_left(tmp_path)
 
 

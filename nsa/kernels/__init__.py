@@ -13,6 +13,8 @@ gated_branches    gated_branches                  the selected and window branch
                                                   as one op, without the glue between their backwards
 cudnn_compressed  cudnn_cmp_attention             the compressed branch on cuDNN's fused attention
                                                   (long bf16/fp16 prefill), band kernel otherwise
+rope              rope_split                      RoPE on the projections and their split into the
+                                                  branches' contiguous tensors, one kernel each way
 window            flex_window_attention,          the window branch on FlexAttention / flash-attn
                   flash_attn_window_attention
 
@@ -59,9 +61,9 @@ def triton_kernel_names() -> set[str]:
     ``*_kernel`` functions."""
     from triton.runtime.jit import JITFunction
 
-    from . import _inverse, band_attention, combine, selection, selection_blocks, topk
+    from . import _inverse, band_attention, combine, rope, selection, selection_blocks, topk
 
     return {obj.fn.__name__
-            for module in (_inverse, band_attention, combine, selection, selection_blocks, topk)
+            for module in (_inverse, band_attention, combine, rope, selection, selection_blocks, topk)
             for obj in vars(module).values()
             if isinstance(obj, JITFunction) and obj.fn.__name__.endswith("_kernel")}

@@ -272,6 +272,25 @@ def gate_combine(route: Route) -> Callable:
     return kb.triton_gate_combine if route.backend == "triton" else torch_gate_combine
 
 
+def import_kernels_ahead() -> None:
+    """Import the kernels when a layer is built on a machine where they can run on CUDA: a model
+    that torch.compile traces before any eager call resolves its routes inside the trace, and
+    a first import there would break the graph (see preload)."""
+    if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
+        kb.import_kernels()
+
+
+def rope_kernel(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether an attention layer on ``device`` in ``dtype`` rotates and splits its projections
+    with the RoPE kernel (nsa.kernels.rope): on CUDA, where the Triton kernels run, for the
+    kernels' dtypes. The kernel is imported here, ahead of a first call that torch.compile may
+    trace (see preload)."""
+    if device.type != "cuda" or not _triton_available(device, dtype)[0]:
+        return False
+    kb.import_kernels()
+    return True
+
+
 def preload(route: Route) -> None:
     """Import the route's kernels now: the kernel functions import their modules on first call,
     and that first call must not happen while torch.compile traces (a graph break at every NSA

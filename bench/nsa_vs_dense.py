@@ -14,6 +14,7 @@ NSA is faster).
     python bench/nsa_vs_dense.py                                  # 4k 16k 32k 64k 128k
     python bench/nsa_vs_dense.py --lengths 4k 16k --compile-lengths 16k
     python bench/nsa_vs_dense.py --lengths 16k --parts launches --kernels 40   # the launches by kernel
+    python bench/nsa_vs_dense.py --lengths 16k 32k --parts layer host --nsa-set model.attn.backend_cmp=triton
 
 The shape is a model preset's (m7c_125m: 12 query heads, 2 KV heads, head dim 64, 12 layers).
 """
@@ -106,10 +107,18 @@ def launches(fn) -> tuple[int, int, collections.Counter]:
     return sum(names.values()), other, names
 
 
+#: overrides of the NSA model's config (--nsa-set)
+NSA_SET: list[str] = []
+
+
+def _config(model_name: str, kind: str):
+    return load_model_config(model_name, [f"model.attn.kind={kind}"] + (NSA_SET if kind == "nsa" else []))
+
+
 def layer_step(kind: str, S: int, model_name: str, device: torch.device):
     """One attention layer of the preset's shape and its forward + backward under bf16 autocast
     (gradients of the input and every parameter, as a training step takes them)."""
-    cfg = load_model_config(model_name, [f"model.attn.kind={kind}"])
+    cfg = _config(model_name, kind)
     cls = NSAAttention if kind == "nsa" else DenseAttention
     layer = cls(cfg.dim, cfg.n_heads, cfg.n_kv_groups, cfg.head_dim, cfg.attn, cfg.rope_theta).to(device)
     x = torch.randn(1, S, cfg.dim, device=device, requires_grad=True)
@@ -127,7 +136,7 @@ def layer_step(kind: str, S: int, model_name: str, device: torch.device):
 def model_step(kind: str, S: int, model_name: str, device: torch.device, compiled: bool):
     """The preset's model and one training step on S random tokens: bf16 autocast forward,
     cross entropy, backward, fused AdamW."""
-    cfg = load_model_config(model_name, [f"model.attn.kind={kind}"])
+    cfg = _config(model_name, kind)
     torch.manual_seed(0)
     model = NSATransformer(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -235,7 +244,10 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
     ap.add_argument("--model", default="m7c_125m", help="the model preset whose shape is measured")
     ap.add_argument("--kernels", type=int, default=0, help="print the NSA layer's N most launched kernels")
+    ap.add_argument("--nsa-set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="overrides of the NSA model's config (model.attn.backend_cmp=triton)")
     args = ap.parse_args(argv)
+    NSA_SET[:] = args.nsa_set
     if not torch.cuda.is_available():
         ap.error("this benchmark needs a CUDA GPU")
     device = torch.device("cuda")
@@ -245,7 +257,7 @@ def main(argv=None) -> int:
         rows.append(measure(S, args.model, set(args.parts), compile_lengths, device, args.kernels))
         print(table(rows[-1:]), flush=True)
     print(f"\n# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.model}, batch 1, bf16 autocast; "
-          "ratio = dense ms / NSA ms")
+          f"ratio = dense ms / NSA ms{'; NSA with ' + ' '.join(NSA_SET) if NSA_SET else ''}")
     print(table(rows))
     return 0
 

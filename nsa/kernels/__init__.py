@@ -49,9 +49,7 @@ MAX_POSITIONS = 2**31
 SEL_FORMS = ("auto", "tiles", "blocks")
 
 #: the cuDNN compressed branch hands sequences shorter than this to the Triton band kernel, which
-#: is faster there. H100, 64 query / 4 KV heads, head dim 128, bf16, cmp branch fwd+bwd
-#: (bench/gpu/cudnn_fold_probe.py of commit 1e5e4bd, retired since; docs/measurements/2026-11-23-d/):
-#: 8k 2.03 ms cuDNN vs 1.25 band, 16k 3.62 vs 3.83, 32k 10.51 vs 12.90, 64k 34.92 vs 51.80
+#: is faster there (the compressed branch's fwd+bwd on each: bench/bench_nsa.py --breakdown)
 CUDNN_MIN_QUERIES = 16384
 
 

@@ -28,8 +28,8 @@ MAX_HEAD_DIM = 128
 
 def _fold_kv(x: torch.Tensor, G: int, d: int) -> torch.Tensor:
     """x [R, H, K] (one sequence) -> [d, H*G, R, K]: each KV head repeated for its G query
-    heads (a copy), then shared by the d folded queries through a zero batch stride (the same
-    outputs and gradients as d copies: max |diff| 0, docs/performance.md, fourth set)."""
+    heads (a copy), then shared by the d folded queries through a zero batch stride (cuDNN
+    gives the same outputs and gradients as for d copies, bit for bit)."""
     R, H, K = x.shape
     per_head = x.permute(1, 0, 2).unsqueeze(1).expand(H, G, R, K).reshape(H * G, R, K)
     return per_head.unsqueeze(0).expand(d, H * G, R, K)

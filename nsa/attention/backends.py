@@ -270,12 +270,15 @@ def gate_combine(route: Route) -> Callable:
     return kb.triton_gate_combine if route.backend == "triton" else torch_gate_combine
 
 
-def import_kernels_ahead() -> None:
-    """Import the kernels when a layer is built on a machine where they can run on CUDA: a model
-    that torch.compile traces before any eager call resolves its routes inside the trace, and
-    a first import there would break the graph (see preload)."""
-    if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
-        kb.import_kernels()
+def ahead() -> list[tuple[torch.device, torch.dtype]]:
+    """The (device, dtype) pairs an attention layer resolves its routes for when it is built: CUDA
+    in the kernels' dtypes, where CUDA is available. A model that torch.compile traces before any
+    eager call then finds its routes resolved: routing reads the device (cuDNN's version, the
+    compute capability, installed packages) through calls a trace cannot hold in one graph, and
+    imports the kernels, which must not first happen inside a trace (see preload)."""
+    if not torch.cuda.is_available():
+        return []
+    return [(torch.device("cuda"), dtype) for dtype in _KERNEL_DTYPES]
 
 
 def rope_kernel(device: torch.device, dtype: torch.dtype) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .backends import Route, implementation, import_kernels_ahead, resolve_route, rope_kernel
+from .backends import BackendUnavailable, Route, ahead, implementation, resolve_route, rope_kernel
 from .config import NSAConfig
 from .module import NSACache
 from .rope import apply_rope, rope_tables
@@ -33,7 +33,13 @@ class DenseAttention(nn.Module):
         self.routes: dict[str, Route] = {}
         # forward calls so far, for the backend audit (a tensor: see NSAAttention)
         self.register_buffer("calls", torch.zeros((), dtype=torch.int64), persistent=False)
-        import_kernels_ahead()
+        # (device type, dtype) -> the routes and whether the RoPE kernel runs (see _resolve)
+        self._resolved: dict[tuple[str, torch.dtype], tuple[dict[str, Route], bool]] = {}
+        for device, dtype in ahead():
+            try:
+                self._resolved[(device.type, dtype)] = self._routes_for(device, dtype)
+            except BackendUnavailable:  # a backend named that cannot run so: refused by the call that would
+                pass
         self.track_gates = False  # no gates: nothing to track
         self.last_gate_mean = None
 
@@ -41,16 +47,20 @@ class DenseAttention(nn.Module):
         return self._resolve(device, dtype)[0]
 
     def _resolve(self, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, Route], bool]:
-        """The route and whether the RoPE kernel runs, kept in eager mode only (see
-        NSAAttention._resolve)."""
+        """The route and whether the RoPE kernel runs (see NSAAttention._resolve)."""
         key = (device.type, dtype)
-        if getattr(self, "_routes_key", None) == key:
-            return self.routes, self._rope_kernel
-        routes = {"dense": resolve_route("dense", self.cfg.backend_dense, device, dtype)}
-        fused_rope = dtype != torch.float64 and rope_kernel(device, dtype)
+        found = self._resolved.get(key)
+        if found is None:
+            found = self._routes_for(device, dtype)
+            if not torch.compiler.is_compiling():
+                self._resolved[key] = found
         if not torch.compiler.is_compiling():
-            self.routes, self._rope_kernel, self._routes_key = routes, fused_rope, key
-        return routes, fused_rope
+            self.routes = found[0]
+        return found
+
+    def _routes_for(self, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, Route], bool]:
+        routes = {"dense": resolve_route("dense", self.cfg.backend_dense, device, dtype)}
+        return routes, dtype != torch.float64 and rope_kernel(device, dtype)
 
     def rope(self, start: int, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, K/2] of positions start..start+T-1 (float64)."""

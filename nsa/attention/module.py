@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from .backends import STAGE_CONFIG_KEY, STAGES, Route, import_kernels_ahead, preload, resolve_route, rope_kernel
+from .backends import (
+    STAGE_CONFIG_KEY, STAGES, BackendUnavailable, Route, ahead, preload, resolve_route, rope_kernel,
+)
 from .compress import Compressor
 from .config import NSAConfig
 from .core import nsa_core
@@ -57,7 +59,13 @@ class NSAAttention(nn.Module):
         # forward calls so far (each runs every stage once on its route), for the backend audit;
         # a tensor, so that torch.compile neither guards on it nor recompiles as it grows
         self.register_buffer("calls", torch.zeros((), dtype=torch.int64), persistent=False)
-        import_kernels_ahead()
+        # (device type, dtype) -> the routes and whether the RoPE kernel runs (see _resolve)
+        self._resolved: dict[tuple[str, torch.dtype], tuple[dict[str, Route], bool]] = {}
+        for device, dtype in ahead():
+            try:
+                self._resolved[(device.type, dtype)] = self._routes_for(device, dtype)
+            except BackendUnavailable:  # a backend named that cannot run so: refused by the call that would
+                pass
         # the mean gate per branch of the last forward (detached, no sync), kept only while
         # track_gates is on (nsa.model.telemetry.track_gates): off, a forward adds no work for it
         self.track_gates = False
@@ -69,20 +77,25 @@ class NSAAttention(nn.Module):
         return self._resolve(device, dtype)[0]
 
     def _resolve(self, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, Route], bool]:
-        """The routes, and whether RoPE and the split run as one kernel (nsa.kernels.rope). Kept
-        in eager mode only: a value kept while torch.compile traces its first graph would fail
-        that graph's guards on the next call and compile it again (a model compiled before any
-        eager call resolves inside its trace; the trainer resolves first, apply_compile)."""
+        """The routes, and whether RoPE and the split run as one kernel (nsa.kernels.rope):
+        resolved once per (device type, dtype), when the layer is built for CUDA (backends.ahead)
+        or at the first eager call. Nothing is kept while torch.compile traces: a value kept in a
+        trace would fail that graph's guards on the next call and compile it again."""
         key = (device.type, dtype)
-        if getattr(self, "_routes_key", None) == key:
-            return self.routes, self._rope_kernel
+        found = self._resolved.get(key)
+        if found is None:
+            found = self._routes_for(device, dtype)
+            if not torch.compiler.is_compiling():
+                self._resolved[key] = found
+        if not torch.compiler.is_compiling():
+            self.routes = found[0]  # the last eager call's, for the backend audit
+        return found
+
+    def _routes_for(self, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, Route], bool]:
         routes = {s: resolve_route(s, getattr(self.cfg, STAGE_CONFIG_KEY[s]), device, dtype) for s in STAGES}
         for route in routes.values():
             preload(route)
-        fused_rope = dtype != torch.float64 and (rope_kernel(device, dtype) or routes["sel"].backend == "triton")
-        if not torch.compiler.is_compiling():
-            self.routes, self._rope_kernel, self._routes_key = routes, fused_rope, key
-        return routes, fused_rope
+        return routes, dtype != torch.float64 and (rope_kernel(device, dtype) or routes["sel"].backend == "triton")
 
     def rope(self, start: int, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, K/2] of positions start..start+T-1 (float64)."""

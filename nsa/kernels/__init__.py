@@ -51,6 +51,10 @@ SEL_FORMS = ("auto", "tiles", "blocks")
 #: the cuDNN compressed branch hands sequences shorter than this to the Triton band kernel, which
 #: is faster there (the compressed branch's fwd+bwd on each: bench/bench_nsa.py --breakdown)
 CUDNN_MIN_QUERIES = 16384
+#: and it takes cuDNN only where the queries hold at least this many elements (Tq * HQ * K): with
+#: few heads the fold's host work costs more than cuDNN saves on the GPU (the m7c_125m layer at
+#: 16k and 32k: bench/nsa_vs_dense.py --parts layer host, with --nsa-set model.attn.backend_cmp=triton)
+CUDNN_MIN_ELEMENTS = 2**25
 
 
 def triton_kernel_names() -> set[str]:

@@ -11,15 +11,15 @@ copy); the compressed keys and values are shared by the d folded queries through
 
 What cuDNN does not cover goes through the Triton band kernel (band_attention): deterministic
 runs, the partial run at the end (< d queries), decode and chunked prefill (q_start > 0), runs shorter
-than CUDNN_MIN_QUERIES, head dims above 128, and calls that torch.compile traces (the fold's
-per-sequence autograd graphs are not a custom op, so a compiled model takes the band kernel's and
-stays one graph, fullgraph=True included). Queries before l - 1 get o = 0 and lse = -inf.
+than CUDNN_MIN_QUERIES or queries of fewer than CUDNN_MIN_ELEMENTS elements, head dims above 128,
+and calls that torch.compile traces (the fold's per-sequence autograd graphs are not a custom op,
+so a compiled model takes the band kernel and stays one graph, fullgraph=True included). Queries before l - 1 get o = 0 and lse = -inf.
 """
 from __future__ import annotations
 
 import torch
 
-from . import CUDNN_MIN_QUERIES
+from . import CUDNN_MIN_ELEMENTS, CUDNN_MIN_QUERIES
 from .band_attention import band_attention
 
 #: head dims cuDNN's fused attention takes
@@ -66,8 +66,8 @@ def cudnn_cmp_attention(q, kc, vc, q_start: int, l: int, d: int, deterministic: 
     B, Tq, HQ, K = q.shape
     first = l - 1  # the first query that sees a compressed token
     runs = max(0, (Tq - first) // d)
-    if (deterministic or q_start != 0 or Tq < CUDNN_MIN_QUERIES or K > MAX_HEAD_DIM or runs == 0
-            or torch.compiler.is_compiling()):
+    if (deterministic or q_start != 0 or Tq < CUDNN_MIN_QUERIES or Tq * HQ * K < CUDNN_MIN_ELEMENTS
+            or K > MAX_HEAD_DIM or runs == 0 or torch.compiler.is_compiling()):
         return band_attention(q, kc, vc, q_start, l, d, 0, False, deterministic)
     return _folded_prefill(q, kc, vc, l, d, runs)
 

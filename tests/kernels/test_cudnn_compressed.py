@@ -30,6 +30,7 @@ def cudnn_cmp(kdev, monkeypatch):
     from nsa.kernels import cudnn_compressed
 
     monkeypatch.setattr(cudnn_compressed, "CUDNN_MIN_QUERIES", 1)  # fold even tiny sequences
+    monkeypatch.setattr(cudnn_compressed, "CUDNN_MIN_ELEMENTS", 1)
     if kdev.type == "cpu":
         monkeypatch.setattr(cudnn_compressed, "_fused_causal", _math_causal)
     from nsa.attention.kernel_branches import cudnn_cmp_attention

@@ -14,11 +14,17 @@ from nsa.model.model import NSATransformer
 
 pytestmark = pytest.mark.gpu
 
-#: device kernels of one NSA layer forward + backward (m7c_125m's attention, bf16 autocast, a
-#: length where every stage runs its prefill path); the count the per-call path is held to
-MAX_LAUNCHES = 140
+#: device kernels of one NSA layer forward + backward (m7c_125m's attention, bf16 autocast); the
+#: count the per-call path is held to (bench/nsa_vs_dense.py --parts launches prints it)
+MAX_LAUNCHES = 125
 #: memsets and device-to-device copies of the same call
-MAX_MEMSETS_AND_COPIES = 40
+MAX_MEMSETS_AND_COPIES = 30
+
+
+@pytest.fixture(autouse=True)
+def _nan_poisoned_empty():
+    """No NaN-filled torch.empty here (tests/kernels/conftest.py): its fills would be counted."""
+    yield
 
 
 def _layer_step(S: int):

@@ -189,8 +189,8 @@ def torch_gate_combine(gates, o_cmp, o_sel, o_win):
 
 
 def auto_order(stage: str, device: torch.device, dtype: torch.dtype) -> tuple[str, ...]:
-    """The backends 'auto' tries for a stage, fastest first (measured on H100,
-    docs/performance.md); the PyTorch path last, so it always ends the list.
+    """The backends 'auto' tries for a stage, fastest first (bench/bench_nsa.py compares them);
+    the PyTorch path last, so it always ends the list.
 
     Off CUDA that is the PyTorch path alone: the Triton interpreter runs on CPU, but only when a
     test asks for it by name. Backends not meant for this dtype (cuDNN without bf16/fp16) or not
@@ -203,9 +203,8 @@ def auto_order(stage: str, device: torch.device, dtype: torch.dtype) -> tuple[st
         "select": ("cudnn",) * half + ("triton",),
         "sel": ("triton",),
         "win": ("triton",) + ("flash_attn",) * _flash_installed() + ("flex",),
-        # cuDNN's fused attention over flash: fwd+bwd 27.75 against 47.94 ms at S=16k, HQ=64,
-        # H=4, K=128 on one H100; the m7c_125m dense model trained 166,967 against 134,226 tok/s
-        # at 16k and 76,215 against 55,988 at 64k (docs/performance.md, first and thirteenth sets)
+        # cuDNN's fused attention before flash: the faster of the two for the dense baseline's
+        # fwd+bwd and training step (bench/bench_nsa.py --ops sdpa_cudnn sdpa_flash)
         "dense": ("cudnn",) * half,
     }[stage]
     return order + ("torch",)
@@ -259,9 +258,8 @@ def implementation(route: Route) -> Callable:
 
 def gated_branches(routes: dict[str, Route]) -> Callable | None:
     """The one op for the selected and window branches and the gated sum (nsa.kernels.gated_branches)
-    when the routes allow it (both branches on Triton), else None: the stages run one by one. On one
-    H100 the one op took the core to 0.988x / 0.974x / 0.986x of the three ops at 16k / 32k / 64k
-    (docs/performance.md, twelfth set)."""
+    when the routes allow it (both branches on Triton), else None: the stages run one by one. The
+    one op leaves out the glue between the three ops' backwards and their launches."""
     if routes["sel"].backend == "triton" and routes["win"].backend == "triton":
         return kb.triton_gated_branches
     return None
@@ -270,6 +268,28 @@ def gated_branches(routes: dict[str, Route]) -> Callable | None:
 def gate_combine(route: Route) -> Callable:
     """The gated sum that goes with the selected branch's route: fused when it runs on Triton."""
     return kb.triton_gate_combine if route.backend == "triton" else torch_gate_combine
+
+
+def ahead() -> list[tuple[torch.device, torch.dtype]]:
+    """The (device, dtype) pairs an attention layer resolves its routes for when it is built: CUDA
+    in the kernels' dtypes, where CUDA is available. A model that torch.compile traces before any
+    eager call then finds its routes resolved: routing reads the device (cuDNN's version, the
+    compute capability, installed packages) through calls a trace cannot hold in one graph, and
+    imports the kernels, which must not first happen inside a trace (see preload)."""
+    if not torch.cuda.is_available():
+        return []
+    return [(torch.device("cuda"), dtype) for dtype in _KERNEL_DTYPES]
+
+
+def rope_kernel(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether an attention layer on ``device`` in ``dtype`` rotates and splits its projections
+    with the RoPE kernel (nsa.kernels.rope): on CUDA, where the Triton kernels run, for the
+    kernels' dtypes. The kernel is imported here, ahead of a first call that torch.compile may
+    trace (see preload)."""
+    if device.type != "cuda" or not _triton_available(device, dtype)[0]:
+        return False
+    kb.import_kernels()
+    return True
 
 
 def preload(route: Route) -> None:

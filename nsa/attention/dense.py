@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .backends import Route, implementation, resolve_route
+from .backends import BackendUnavailable, Route, ahead, implementation, resolve_route, rope_kernel
 from .config import NSAConfig
 from .module import NSACache
-from .rope import apply_rope, rope_angles
+from .rope import apply_rope, rope_tables
 
 
 class DenseAttention(nn.Module):
@@ -33,18 +33,38 @@ class DenseAttention(nn.Module):
         self.routes: dict[str, Route] = {}
         # forward calls so far, for the backend audit (a tensor: see NSAAttention)
         self.register_buffer("calls", torch.zeros((), dtype=torch.int64), persistent=False)
-        self.last_gate_mean = None  # no gates
+        # (device type, dtype) -> the routes and whether the RoPE kernel runs (see _resolve)
+        self._resolved: dict[tuple[str, torch.dtype], tuple[dict[str, Route], bool]] = {}
+        for device, dtype in ahead():
+            try:
+                self._resolved[(device.type, dtype)] = self._routes_for(device, dtype)
+            except BackendUnavailable:  # a backend named that cannot run so: refused by the call that would
+                pass
+        self.track_gates = False  # no gates: nothing to track
+        self.last_gate_mean = None
 
     def resolve_routes(self, device: torch.device, dtype: torch.dtype) -> dict[str, Route]:
+        return self._resolve(device, dtype)[0]
+
+    def _resolve(self, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, Route], bool]:
+        """The route and whether the RoPE kernel runs (see NSAAttention._resolve)."""
         key = (device.type, dtype)
-        if getattr(self, "_routes_key", None) != key:
-            self.routes = {"dense": resolve_route("dense", self.cfg.backend_dense, device, dtype)}
-            self._routes_key = key
-        return self.routes
+        found = self._resolved.get(key)
+        if found is None:
+            found = self._routes_for(device, dtype)
+            if not torch.compiler.is_compiling():
+                self._resolved[key] = found
+        if not torch.compiler.is_compiling():
+            self.routes = found[0]
+        return found
+
+    def _routes_for(self, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, Route], bool]:
+        routes = {"dense": resolve_route("dense", self.cfg.backend_dense, device, dtype)}
+        return routes, dtype != torch.float64 and rope_kernel(device, dtype)
 
     def rope(self, start: int, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, K/2] of positions start..start+T-1 (float64)."""
-        return rope_angles(torch.arange(start, start + T, device=device), self.head_dim, self.rope_theta)
+        return rope_tables(start, T, self.head_dim, self.rope_theta, device)
 
     def forward(self, x: torch.Tensor, cache: NSACache | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -54,13 +74,21 @@ class DenseAttention(nn.Module):
         H, HQ, K = self.n_kv, self.n_heads, self.head_dim
         start = cache.length if cache is not None else 0
         cos, sin = rope if rope is not None else self.rope(start, T, x.device)
-        q = apply_rope(self.q_proj(x).view(B, T, HQ, K), cos, sin)
-        k, v = self.kv_proj(x).view(B, T, 2, H, K).unbind(2)
-        k = apply_rope(k, cos, sin)
+        q = self.q_proj(x).view(B, T, HQ, K)
+        kv = self.kv_proj(x).view(B, T, 2, H, K)
+        routes, fused_rope = self._resolve(x.device, q.dtype)
+        if fused_rope:  # the same RoPE kernel as NSAAttention's
+            from nsa.kernels.rope import rope_split
+
+            q, kv = rope_split(q, kv, cos, sin)
+            k, v = kv.unbind(0)
+        else:
+            q = apply_rope(q, cos, sin)
+            k, v = kv.unbind(2)
+            k = apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.append("k", k), cache.append("v", v)
             cache.length += T
-        route = self.resolve_routes(x.device, q.dtype)["dense"]
         self.calls += 1
-        o = implementation(route)(q, k, v, start)
+        o = implementation(routes["dense"])(q, k, v, start)
         return self.o_proj(o.reshape(B, T, -1))

@@ -2,7 +2,9 @@
 
 Each branch has its own key/value projection (the paper's guard against shortcut learning);
 they are stored as one fused Linear whose output is split six ways, which is the same function
-with fewer kernel launches. Gates are per query head and per branch: sigmoid(W_g x).
+with fewer kernel launches. Where the kernels run, RoPE and that split are one kernel each way
+(nsa.kernels.rope): the per-call path of a layer is its matmuls and a few kernels per stage.
+Gates are per query head and per branch: sigmoid(W_g x).
 """
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from .backends import STAGE_CONFIG_KEY, STAGES, Route, preload, resolve_route
+from .backends import (
+    STAGE_CONFIG_KEY, STAGES, BackendUnavailable, Route, ahead, preload, resolve_route, rope_kernel,
+)
 from .compress import Compressor
 from .config import NSAConfig
 from .core import nsa_core
-from .rope import apply_rope, rope_angles
+from .rope import apply_rope, rope_tables
 
 
 @dataclass
@@ -55,32 +59,69 @@ class NSAAttention(nn.Module):
         # forward calls so far (each runs every stage once on its route), for the backend audit;
         # a tensor, so that torch.compile neither guards on it nor recompiles as it grows
         self.register_buffer("calls", torch.zeros((), dtype=torch.int64), persistent=False)
-        # detached mean gate per branch from the last forward, for telemetry (no sync here)
+        # (device type, dtype) -> the routes and whether the RoPE kernel runs (see _resolve)
+        self._resolved: dict[tuple[str, torch.dtype], tuple[dict[str, Route], bool]] = {}
+        for device, dtype in ahead():
+            try:
+                self._resolved[(device.type, dtype)] = self._routes_for(device, dtype)
+            except BackendUnavailable:  # a backend named that cannot run so: refused by the call that would
+                pass
+        # the mean gate per branch of the last forward (detached, no sync), kept only while
+        # track_gates is on (nsa.model.telemetry.track_gates): off, a forward adds no work for it
+        self.track_gates = False
         self.last_gate_mean: torch.Tensor | None = None
 
     def resolve_routes(self, device: torch.device, dtype: torch.dtype) -> dict[str, Route]:
+        """The stages' routes for inputs on ``device`` in ``dtype``, resolved on the first call
+        of each (device type, dtype) and kept: a later call compares one key."""
+        return self._resolve(device, dtype)[0]
+
+    def _resolve(self, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, Route], bool]:
+        """The routes, and whether RoPE and the split run as one kernel (nsa.kernels.rope):
+        resolved once per (device type, dtype), when the layer is built for CUDA (backends.ahead)
+        or at the first eager call. Nothing is kept while torch.compile traces: a value kept in a
+        trace would fail that graph's guards on the next call and compile it again."""
         key = (device.type, dtype)
-        if getattr(self, "_routes_key", None) != key:
-            self.routes = {s: resolve_route(s, getattr(self.cfg, STAGE_CONFIG_KEY[s]), device, dtype)
-                           for s in STAGES}
-            for route in self.routes.values():
-                preload(route)
-            self._routes_key = key
-        return self.routes
+        found = self._resolved.get(key)
+        if found is None:
+            found = self._routes_for(device, dtype)
+            if not torch.compiler.is_compiling():
+                self._resolved[key] = found
+        if not torch.compiler.is_compiling():
+            self.routes = found[0]  # the last eager call's, for the backend audit
+        return found
+
+    def _routes_for(self, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, Route], bool]:
+        routes = {s: resolve_route(s, getattr(self.cfg, STAGE_CONFIG_KEY[s]), device, dtype) for s in STAGES}
+        for route in routes.values():
+            preload(route)
+        return routes, dtype != torch.float64 and (rope_kernel(device, dtype) or routes["sel"].backend == "triton")
 
     def rope(self, start: int, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, K/2] of positions start..start+T-1 (float64)."""
-        return rope_angles(torch.arange(start, start + T, device=device), self.head_dim, self.rope_theta)
+        return rope_tables(start, T, self.head_dim, self.rope_theta, device)
 
-    def project(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None = None):
+    def project(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                fused_rope: bool | None = None):
         """Rotated q [B,T,HQ,K], the six per-branch k/v [B,T,H,K] and gates [B,T,HQ,3].
-        ``rope``: precomputed (cos, sin) of positions start..start+T-1 (see forward)."""
+        ``rope``: precomputed (cos, sin) of positions start..start+T-1 (see forward);
+        ``fused_rope``: whether the RoPE kernel runs (None: as routed for x's device and dtype)."""
         B, T, _ = x.shape
         HQ, H, K = self.n_heads, self.n_kv, self.head_dim
         cos, sin = rope if rope is not None else self.rope(start, T, x.device)
-        q = apply_rope(self.q_proj(x).view(B, T, HQ, K), cos, sin)
-        k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = self.kv_proj(x).view(B, T, 6, H, K).unbind(2)
-        k_cmp, k_sel, k_win = (apply_rope(k, cos, sin) for k in (k_cmp, k_sel, k_win))
+        q = self.q_proj(x).view(B, T, HQ, K)
+        kv = self.kv_proj(x).view(B, T, 6, H, K)
+        if fused_rope is None:
+            fused_rope = self._resolve(x.device, q.dtype)[1]
+        if fused_rope:
+            from nsa.kernels.rope import rope_split
+
+            q, kv = rope_split(q, kv, cos, sin)
+            k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = kv.unbind(0)
+        else:
+            q = apply_rope(q, cos, sin)
+            k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = kv.unbind(2)
+            k_cmp, k_sel, k_win = (apply_rope(k, cos, sin) for k in (k_cmp, k_sel, k_win))
         gates = torch.sigmoid(self.gate_proj(x)).view(B, T, HQ, 3)
         return q, (k_cmp, v_cmp, k_sel, v_sel, k_win, v_win), gates
 
@@ -106,8 +147,9 @@ class NSAAttention(nn.Module):
             cache.vc = new_v if cache.vc is None else torch.cat([cache.vc, new_v], dim=1)
             cache.length += T
             kc, vc = cache.kc, cache.vc
-        routes = self.resolve_routes(x.device, q.dtype)
+        routes = self._resolve(x.device, q.dtype)[0]
         self.calls += 1
         o = nsa_core(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, self.cfg, routes, q_start=start)
-        self.last_gate_mean = gates.detach().float().mean(dim=(0, 1, 2))
+        if self.track_gates:
+            self.last_gate_mean = gates.detach().float().mean(dim=(0, 1, 2))
         return self.o_proj(o.reshape(B, T, -1))

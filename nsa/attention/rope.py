@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import torch
 
+#: the last few tables made by rope_tables, by (start, T, head dim, theta, device)
+_TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_TABLES_KEPT = 4
+
 
 def rope_angles(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape [T, K/2] in float64 for the given absolute positions [T]; apply_rope
@@ -27,3 +31,20 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x1, x2 = xf[..., 0::2], xf[..., 1::2]
     out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
     return out.to(x.dtype)
+
+
+def rope_tables(start: int, T: int, head_dim: int, theta: float,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """rope_angles of positions start..start+T-1, kept for the next calls with the same arguments
+    in eager mode (an attention layer called without its model's tables would otherwise make them
+    again on every call, a handful of launches); made afresh while torch.compile traces."""
+    if torch.compiler.is_compiling():
+        return rope_angles(torch.arange(start, start + T, device=device), head_dim, theta)
+    key = (start, T, head_dim, theta, torch.device(device))
+    tables = _TABLES.get(key)
+    if tables is None:
+        tables = rope_angles(torch.arange(start, start + T, device=device), head_dim, theta)
+        while len(_TABLES) >= _TABLES_KEPT:
+            _TABLES.pop(next(iter(_TABLES)))
+        _TABLES[key] = tables
+    return tables

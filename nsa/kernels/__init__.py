@@ -13,6 +13,8 @@ gated_branches    gated_branches                  the selected and window branch
                                                   as one op, without the glue between their backwards
 cudnn_compressed  cudnn_cmp_attention             the compressed branch on cuDNN's fused attention
                                                   (long bf16/fp16 prefill), band kernel otherwise
+rope              rope_split                      RoPE on the projections and their split into the
+                                                  branches' contiguous tensors, one kernel each way
 window            flex_window_attention,          the window branch on FlexAttention / flash-attn
                   flash_attn_window_attention
 
@@ -47,10 +49,12 @@ MAX_POSITIONS = 2**31
 SEL_FORMS = ("auto", "tiles", "blocks")
 
 #: the cuDNN compressed branch hands sequences shorter than this to the Triton band kernel, which
-#: is faster there. H100, 64 query / 4 KV heads, head dim 128, bf16, cmp branch fwd+bwd
-#: (bench/gpu/cudnn_fold_probe.py of commit 1e5e4bd, retired since; docs/measurements/2026-11-23-d/):
-#: 8k 2.03 ms cuDNN vs 1.25 band, 16k 3.62 vs 3.83, 32k 10.51 vs 12.90, 64k 34.92 vs 51.80
+#: is faster there (the compressed branch's fwd+bwd on each: bench/bench_nsa.py --breakdown)
 CUDNN_MIN_QUERIES = 16384
+#: and it takes cuDNN only where the queries hold at least this many elements (Tq * HQ * K): with
+#: few heads the fold's host work costs more than cuDNN saves on the GPU (the m7c_125m layer at
+#: 16k and 32k: bench/nsa_vs_dense.py --parts layer host, with --nsa-set model.attn.backend_cmp=triton)
+CUDNN_MIN_ELEMENTS = 2**25
 
 
 def triton_kernel_names() -> set[str]:
@@ -59,9 +63,9 @@ def triton_kernel_names() -> set[str]:
     ``*_kernel`` functions."""
     from triton.runtime.jit import JITFunction
 
-    from . import _inverse, band_attention, combine, selection, selection_blocks, topk
+    from . import _inverse, band_attention, combine, rope, selection, selection_blocks, topk
 
     return {obj.fn.__name__
-            for module in (_inverse, band_attention, combine, selection, selection_blocks, topk)
+            for module in (_inverse, band_attention, combine, rope, selection, selection_blocks, topk)
             for obj in vars(module).values()
             if isinstance(obj, JITFunction) and obj.fn.__name__.endswith("_kernel")}

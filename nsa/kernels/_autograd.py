@@ -6,8 +6,8 @@
 launch. In eager mode, where small NSA calls are bound by their launches, the dispatcher's
 custom-op path is skipped (``run_op``): the forward runs through a plain autograd.Function that
 shares the op's setup_context and backward, and the backward formula calls the plain backward
-implementation. On the H100 box the op path cost 271 against 211 us host time per band_bwd
-call, 93 against 54 us per select_blocks call (`python bench/host_profile.py --op-overhead`).
+implementation: the dispatcher's path costs host time a call that this one does not
+(`python bench/host_profile.py --op-overhead` measures both).
 
 The contract of a pair: forward(*tensors, *args) returns one tensor or a tuple whose first
 element is the differentiable output (the rest, such as a log-sum-exp, carry no gradient);
@@ -28,8 +28,7 @@ def _eager_function(name: str, forward: Callable, setup_context: Callable, backw
     """An autograd.Function running ``forward`` (the kernels, directly) with the custom op's
     ``setup_context`` and ``backward``. It is an old-style Function (the context set up inside
     forward): with a separate setup_context, Function.apply binds its arguments through
-    inspect.signature on every call, 109-123 us against 33-43 us per call measured on this
-    project's CPU box."""
+    inspect.signature on every call, several times the host time of this path."""
     def run(ctx, *args):
         output = forward(*args)
         setup_context(ctx, args, output)

@@ -106,9 +106,7 @@ class Inverse(NamedTuple):
 
 def key_dtype(idx_shape: tuple[int, ...], NB: int) -> torch.dtype:
     """The keys' dtype: int16 while every segment and the padding's key, B*H*NB, fit (the sort then
-    takes two 8-bit radix passes instead of four: on one H100 at S = 64k of the seeds' attention shape
-    the four took 119 us of the inverse selection's 0.22 ms, docs/performance.md, nineteenth set),
-    else int32."""
+    takes two 8-bit radix passes instead of four), else int32."""
     B, _, H, _ = idx_shape
     return torch.int16 if B * H * NB < 2**15 else torch.int32
 

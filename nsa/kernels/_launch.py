@@ -7,9 +7,8 @@ which ``torch.set_float32_matmul_precision('high')`` sets). The kernels take the
 ``input_precision`` from ``dot_precision`` (a constexpr, so each setting compiles once).
 
 Fit: a launch configuration (tile sizes, pipeline stages, warps) tuned for bf16 at head dim 128
-can need more shared memory than the GPU has at float32 or head dim 256 (an fp32 model with head
-dim 128 raised ``OutOfResources: shared memory, Required: 262144, Hardware limit: 232448`` on one
-H100). ``launch`` takes the preferred configuration and its smaller fallbacks (``ladder``), tries
+can need more shared memory than the GPU has at float32 or head dim 256 (Triton raises
+``OutOfResources: shared memory``). ``launch`` takes the preferred configuration and its smaller fallbacks (``ladder``), tries
 them in order until one compiles within the GPU's limits, remembers the one that did for that
 kernel and specialisation, and records the fallback with its reason (``fallbacks``). Triton
 raises OutOfResources when it loads the compiled kernel, before anything runs, so a failed try
@@ -43,13 +42,9 @@ def fp32_wide(dtype: torch.dtype, K: int) -> bool:
     BM * BN * K / threads FMAs a thread, and the tiles tuned for bf16 gave ptxas programs that
     it compiled for minutes, with 32 registers a thread and the rest spilled, most of them at
     K = 256 needing more shared memory than the GPU has (the ladder then compiled the next one).
-    sm_90 compiles with Triton 3.6 (ptxas 12.8), S=401, G=3 (docs/performance.md, sixteenth
-    set): at K = 256 the band dq kernel at (64, 64, 4, 2) took 112 s and 278528 bytes, its dk/dv
-    kernel at (64, 64, 4, 3) over 400 s, and at 8 warps and 32 x 32 tiles every kernel of the NSA
-    core compiled in 2.5-14 s and fit; at K = 128 the compressed branch's fwd / dq / dk/dv
-    kernels took 8.7 / 19.2 / 60.0 s (57788 / 64740 / 157856 bytes of spill stores) at their
-    tuned tiles and 1.3 / 1.9 / 3.0 s at 32 x 32 and 8 warps. TF32 products (tensor cores)
-    compile quickly but their tuned tiles do not fit at K = 256 either."""
+    At 32 x 32 tiles and 8 warps (FP32_WIDE_TILES) every kernel of the NSA core compiles in
+    seconds and fits, at K = 128 and 256 alike. TF32 products (tensor cores) compile quickly but
+    their tuned tiles do not fit at K = 256 either."""
     return dtype == torch.float32 and K > 64
 
 

@@ -1,7 +1,6 @@
 """TMA descriptors for K/V blocks: on sm_90 and later a block of keys comes into shared memory by
-one bulk copy of a box, where pointer loads need an address per lane (an sm_90 compile of the
-selected forward: 126 registers and no spills through descriptors, 255 and spills by pointers;
-docs/performance.md, eleventh set). Used by the selected branch's forward (selection._tma).
+one bulk copy of a box, where pointer loads need an address per lane (in an sm_90 compile of the
+selected forward, descriptors leave registers to spare where pointers spill). Used by the selected branch's forward (selection._tma).
 Triton's interpreter runs descriptor loads too, so the CPU tests cover both paths.
 """
 from __future__ import annotations

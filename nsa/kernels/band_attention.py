@@ -249,11 +249,8 @@ def _band_bwd_dkv_kernel(
     offk = tl.arange(0, BK)
     kmask = offk < K
     # the key tile's offsets: a scalar int64 base and int32 offsets inside the tile, formed
-    # again for the stores after the loops. A compile for sm_90 (Triton 3.6, (64, 64, 4, 3))
-    # spills 3048 bytes a thread this way, 3996 with [BN, BK] int64 offsets held across the
-    # loops; not timed alone on a GPU (the tables since docs/performance.md's tenth set ran it),
-    # and the same change in the forward and dq kernels bought nothing there, so compile spills
-    # do not predict time here (the retired bench/gpu/variants_probe.py; docs/performance.md, tenth set)
+    # again for the stores after the loops, so that no [BN, BK] int64 offsets stay live across
+    # the loops (fewer register spills in an sm_90 compile)
     kv_base = (b.to(tl.int64) * Tk * H + h) * K + n0.to(tl.int64) * (H * K)
     kv_off = tl.arange(0, BN)[:, None] * (H * K) + offk[None, :]
     kvm = cmask[:, None] & kmask[None, :]
@@ -308,27 +305,24 @@ def _band_bwd_dkv_kernel(
 
 
 #: (BM, BN, num_warps, num_stages) of the fwd, dq and dk/dv kernels on CUDA, by use (compressed
-#: keys, sliding window) and head dim (<= 64, larger); chosen by measurement on H100
-#: (bench/bench_nsa.py --sweep, the retired bench/gpu/variants_probe.py)
+#: keys, sliding window) and head dim (<= 64, larger); the fastest of `python bench/bench_nsa.py
+#: --sweep` at the benchmark shape (K=128) and the m7c shape (K=64)
 TILES = {
     "cmp": {
         "fwd": ((128, 64, 4, 3), (128, 64, 8, 3)),
         "dq": ((64, 64, 4, 2), (64, 64, 4, 2)),
-        "dkv": ((128, 64, 8, 2), (128, 64, 8, 2)),  # H100, K=128: 51 ms vs 74 ms (cmp, 64k)
+        "dkv": ((128, 64, 8, 2), (128, 64, 8, 2)),
     },
-    "win": {  # K=128 on H100, S=64k / 16k (docs/measurements/2026-11-23-d/variants_ee3ccf7.log):
-        "fwd": ((128, 64, 4, 3), (128, 32, 8, 4)),  # 3.20 / 0.81 ms against 3.66 / 0.91 at (128, 64, 8, 3)
+    "win": {
+        "fwd": ((128, 64, 4, 3), (128, 32, 8, 4)),
         "dq": ((64, 64, 4, 2), (64, 64, 4, 2)),
-        # K=128: bwd 11.21 / 2.88 ms against 11.86 / 3.16 at (128, 64, 8, 2); K=64 (the seeds' m7c_125m
-        # attention, S=64k, bench_nsa.py --sweep): window fwd+bwd 1.45 ms against 1.68 at (128, 64, 8, 2)
-        # (docs/measurements/2026-11-27/call3_54ce13e_long_context.log)
         "dkv": ((64, 64, 4, 3), (64, 64, 4, 3)),
     },
 }
 
 
 #: (BM, BN, num_warps, num_stages) of all three kernels for float32 inputs at head dim > 64
-#: (nsa.kernels._launch.fp32_wide): sm_90 compiles of 3.3-14 s each at K = 256, at most 135424 bytes of shared memory
+#: (nsa.kernels._launch.fp32_wide): each compiles in seconds for sm_90 and fits its shared memory at K = 256
 FP32_WIDE_TILES = (32, 32, 8, 2)
 
 

@@ -11,13 +11,15 @@ copy); the compressed keys and values are shared by the d folded queries through
 
 What cuDNN does not cover goes through the Triton band kernel (band_attention): deterministic
 runs, the partial run at the end (< d queries), decode and chunked prefill (q_start > 0), runs shorter
-than CUDNN_MIN_QUERIES, and head dims above 128. Queries before l - 1 get o = 0 and lse = -inf.
+than CUDNN_MIN_QUERIES or queries of fewer than CUDNN_MIN_ELEMENTS elements, head dims above 128,
+and calls that torch.compile traces (the fold's per-sequence autograd graphs are not a custom op,
+so a compiled model takes the band kernel and stays one graph, fullgraph=True included). Queries before l - 1 get o = 0 and lse = -inf.
 """
 from __future__ import annotations
 
 import torch
 
-from . import CUDNN_MIN_QUERIES
+from . import CUDNN_MIN_ELEMENTS, CUDNN_MIN_QUERIES
 from .band_attention import band_attention
 
 #: head dims cuDNN's fused attention takes
@@ -26,8 +28,8 @@ MAX_HEAD_DIM = 128
 
 def _fold_kv(x: torch.Tensor, G: int, d: int) -> torch.Tensor:
     """x [R, H, K] (one sequence) -> [d, H*G, R, K]: each KV head repeated for its G query
-    heads (a copy), then shared by the d folded queries through a zero batch stride (the same
-    outputs and gradients as d copies: max |diff| 0, docs/performance.md, fourth set)."""
+    heads (a copy), then shared by the d folded queries through a zero batch stride (cuDNN
+    gives the same outputs and gradients as for d copies, bit for bit)."""
     R, H, K = x.shape
     per_head = x.permute(1, 0, 2).unsqueeze(1).expand(H, G, R, K).reshape(H * G, R, K)
     return per_head.unsqueeze(0).expand(d, H * G, R, K)
@@ -64,7 +66,8 @@ def cudnn_cmp_attention(q, kc, vc, q_start: int, l: int, d: int, deterministic: 
     B, Tq, HQ, K = q.shape
     first = l - 1  # the first query that sees a compressed token
     runs = max(0, (Tq - first) // d)
-    if deterministic or q_start != 0 or Tq < CUDNN_MIN_QUERIES or K > MAX_HEAD_DIM or runs == 0:
+    if (deterministic or q_start != 0 or Tq < CUDNN_MIN_QUERIES or Tq * HQ * K < CUDNN_MIN_ELEMENTS
+            or K > MAX_HEAD_DIM or runs == 0 or torch.compiler.is_compiling()):
         return band_attention(q, kc, vc, q_start, l, d, 0, False, deterministic)
     return _folded_prefill(q, kc, vc, l, d, runs)
 
@@ -124,9 +127,8 @@ class _FoldedPrefill(torch.autograd.Function):
         return dq, dkc, dvc, None, None, None, None
 
 
-# Inductor fails to lower this function's views around the cuDNN op (InductorError CantSplit,
-# torch 2.11, trainer at S=32768 on an H100), so torch.compile runs it eagerly: one graph
-# break per layer at the lengths where cuDNN pays (autograd still runs cuDNN's backward)
+# Inductor fails to lower this function's views around the cuDNN op (InductorError CantSplit), so
+# it is never traced: cudnn_cmp_attention sends traced calls to the band kernel
 @torch.compiler.disable
 def _folded_prefill(q, kc, vc, l: int, d: int, runs: int):
     keep_graph = torch.is_grad_enabled() and any(t.requires_grad for t in (q, kc, vc))

@@ -15,8 +15,7 @@ Backward:
   its partial dk/dv into float32 buffers atomically (a popular block, such as block 0, is
   split over several items so no program serialises the whole sequence);
 * dq, at one token a program (long contexts): the forward and a recomputing dq kernel, which
-  gather K and V (32 KB a block at K=128), are bound by the bytes they pull from L2
-  (docs/performance.md, ninth set). Instead the dk/dv pass keeps, per (token, block), either
+  gather K and V (32 KB a block at K=128), are bound by the bytes they pull from L2. Instead the dk/dv pass keeps, per (token, block), either
   its dq partial dS @ K (G x K values; the block's keys are in its registers already) and a
   second kernel sums a token's partials in slot order, gathering nothing; or its dS tile
   (G x l' values) and a second kernel sums dS @ K over the token's blocks, gathering K alone
@@ -215,9 +214,8 @@ def _sel_dq_from_ds_kernel(
 ):
     """dq of one token's G heads (TT = 1 grid) from the dS tiles the dk/dv pass kept: the sum
     over its selected blocks of dS @ K, so only K is gathered (not K, V, and the recomputation);
-    ACC: plus dq_in (another branch's dq, added here instead of by a pass of its own).
-    (Through TMA descriptors, K's blocks and the dS tiles made the whole selected backward
-    0.997x / 0.990x as long at 64k / 16k on one H100, tma_344fb95.log: it gathers by pointers.)"""
+    ACC: plus dq_in (another branch's dq, added here instead of by a pass of its own). It
+    gathers by pointers: TMA descriptors bought nothing measurable here."""
     pos, row, rmask, q_off, m2, pos_last, offk, kmask, b, h, ubase, n_valid, mine = _sel_tile(
         idx, idx, Tq, Tk, 0, H, G, GP, K, BK, N, NP, 1, ROWS, N, NP)
     g = tl.arange(0, ROWS) % GP
@@ -271,14 +269,11 @@ def _sel_bwd_dkv_kernel(
     """One work item of the dk/dv pass (see the module docstring), key-major: scores as
     S^T = K Q^T [BS, ROWS], so that P^T and dS^T come out of one tensor-core product in the
     layout the next takes as its register operand (dV += P^T dO, dK += dS^T Q) rather than
-    transposed through shared memory. On one H100 at 64 rows and 4 warps the whole selected
-    backward took 27.10 ms at S=64k against 28.48 for S = Q K^T at its best tiles (128 rows,
-    8 warps), 6.42 against 6.70 at 16k; key-major at 128 rows and 8 warps took 42.72
-    (docs/measurements/2026-11-23-e/dkv_forms_6e43bc5.log). The ROWS rows of a step are the
-    items' (token, head) pairs in order, G a token (as in selection_blocks' forward): no
-    padding of a group to a power of two, which at G = 6 left a quarter of every product idle
-    (on one H100 at the seeds' shape, S = 64k: 2.52 against 2.93-2.98 ms, docs/performance.md,
-    nineteenth set)."""
+    transposed through shared memory (faster than S = Q K^T at its best tiles; the rows a step
+    and warps are SelectionTuning's dkv_cells / dkv_warps, bench/bench_nsa.py --sweep). The
+    ROWS rows of a step are the items' (token, head) pairs in order, G a token (as in
+    selection_blocks' forward): no padding of a group to a power of two, which at G = 6 would
+    leave a quarter of every product idle."""
     w = tl.program_id(0)
     s0 = tl.load(item_start + w)
     s1 = tl.load(item_end + w)
@@ -376,10 +371,9 @@ def _tile_union(idx, TT: int, NB: int):
 
 def _tma(k: torch.Tensor, v: torch.Tensor, sel_block: int, TT: int, tune: SelectionTuning = SELECTION) -> bool:
     """Whether the forward and dq kernels load K/V blocks through TMA descriptors (see
-    nsa.kernels._tma) rather than pointer gathers: tune.tma, at one token a tile (measured
-    there: on one H100 the forward took 0.935x / 0.896x as long at 64k / 16k with
-    tma_stages = 3; at TT > 1, 0.845x at 2k but 1.156x at the m7c_125m shape,
-    tma_344fb95.log), where k and v take boxes of l' keys."""
+    nsa.kernels._tma) rather than pointer gathers: tune.tma, at one token a tile (where the
+    descriptors shorten the forward; at several tokens a tile they do not at every shape),
+    where k and v take boxes of l' keys."""
     return tune.tma and TT == 1 and kv_tma_ok(k, sel_block) and kv_tma_ok(v, sel_block)
 
 
@@ -408,10 +402,9 @@ def forward_form(G: int, TT: int) -> str:
     """The selected forward for a query group of G heads and TT tokens a token tile
     (_tokens_per_tile): 'blocks', key-block-major (nsa.kernels.selection_blocks), or 'tiles',
     token-major (this module's forward kernel). Key-block-major at one token a tile (long
-    contexts) and groups of up to 8 heads: on one H100, K=64, random inputs, the selected forward
-    took 3.53 against 4.86 ms at S=64k with G=6 (0.73x), 0.92 against 1.22 at 16k; 2.43 against
-    5.25 ms with G=4 and 4.46 against 4.86 with G=8 at 64k (docs/performance.md, thirteenth set).
-    Short contexts tile several tokens a program over the union of their blocks instead."""
+    contexts) and groups of up to 8 heads, where it is the faster of the two
+    (`python bench/bench_nsa.py --ops sel --sel-forms tiles blocks` compares them). Short
+    contexts tile several tokens a program over the union of their blocks instead."""
     return "blocks" if TT == 1 and G <= 8 else "tiles"
 
 
@@ -432,8 +425,7 @@ def _shared_qc(q: torch.Tensor, k: torch.Tensor, idx: torch.Tensor, sel_block: i
     """Tokens per work item of the inverse selection the forward hands to the backward, 0 for
     none: where the forward runs key-block-major over all tokens in one pass (one inverse
     selection, of the work items the dk/dv pass takes; not deterministic, whose dk/dv pass
-    takes one item per block). The backward's dk/dv pass then sorts nothing (on one H100 the
-    inverse selection took 0.23 ms a call at the seeds' attention shape, S=64k)."""
+    takes one item per block). The backward's dk/dv pass then sorts nothing."""
     if deterministic or q.shape[1] == 0 or _resolve_form(q, k, idx, sel_block, form, tune) != "blocks":
         return 0
     return _dkv_qc(q.device, q.shape[1], False, tune) if one_pass(q, idx.shape[-1], tune.partials_budget) else 0

@@ -5,7 +5,7 @@ keys, which are loaded once (FSA, arXiv 2508.18224; FlashMoBA, arXiv 2511.11571)
 The token-major forward (nsa.kernels.selection) gives one program a token's G query heads as
 the rows of its tiles and gathers the token's n blocks of K and V: at G = 6 ten of its sixteen
 rows idle, and every (token, KV head) pulls n * l' * K * 2 values out of L2 (128 KiB at n = 16,
-l' = 64, K = 64, bf16), which bounds it (docs/performance.md, ninth set). Here a program takes a
+l' = 64, K = 64, bf16), which bounds it. Here a program takes a
 work item of the inverse selection (nsa.kernels._inverse: up to qc tokens that chose one block),
 loads the block's keys and values once and runs the items' (token, head) rows through them BM at
 a time, G rows a token, no padding. Each (token, head, slot) gets a partial output, normalised,
@@ -15,8 +15,7 @@ float32. No atomics: the result does not depend on the order programs run in.
 Cost: the partials, B * Tq * HQ * n * K values written and read once, instead of the gather.
 They are stored in q's dtype when it has 16 bits (float32 otherwise): a normalised partial is a
 convex combination of value rows, so rounding it adds at most one rounding of the output's own
-dtype, while float32 partials doubled the traffic (3.2 GB at S = 64k, HQ = 12, K = 64: the
-combine kernel alone took 1.2 ms a layer on one H100, docs/performance.md, fifteenth set). The
+dtype, while float32 partials would double the combine kernel's traffic. The
 partials of at most ``budget`` bytes (nsa.kernels.tuning.SelectionTuning.partials_budget) are held
 at once: longer inputs are taken a chunk of query tokens at a time.
 
@@ -97,9 +96,8 @@ def _blocks_combine_kernel(
     exp2(lse_s - LSE) * o_s with LSE = log2 sum exp2(lse_s) (base-2 partial lse), in slot
     order, in float32; o and the natural-log lse go to the rows of the chunk's tokens in o, lse
     [B, Tq, HQ(, K)]. The slot loop is unrolled and no load waits on another, so that a row's
-    n loads are in flight together: as a loop they waited on each other (ncu at the seeds'
-    shape, S = 64k, on one H100: 842 us for 1.8 GB, stalled on memory latency; 675 us unrolled,
-    docs/performance.md, nineteenth set)."""
+    n loads are in flight together: as a loop they wait on each other, stalled on memory
+    latency."""
     HQ: tl.constexpr = H * G
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     rm = r < n_rows

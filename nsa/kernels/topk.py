@@ -12,11 +12,8 @@ chunk). It writes one float32 score per (token, group, block): forced blocks (0,
 holding t and the one before) get +inf, blocks after the query's own get -1 (never chosen over
 a visible block). The [S, S/d] probability matrix never reaches device memory; the
 [S, H, S/l'] scores do, a query chunk at a time (TopkTuning.score_budget bounds them, so memory
-stays linear in S). Compiled for sm_90 (Triton 3.6) at the seeds' shape (G = 6, K = 64), the
-loop over whole chunks is 451 instructions a chunk against 995 for the earlier masked loop with
-token-major rows, whose head sum took 200 shuffles and 200 adds; on one H100 the whole top-n took
-1.91 against 2.91 ms at that shape, S = 64k, and 7.63 against 8.78 ms at HQ = 64, H = 4, K = 128
-(docs/performance.md, nineteenth set).
+stays linear in S). The unmasked loop over whole chunks and the head-major row order keep the
+instructions a chunk and the head sum's shuffles few.
 
 Select: one program owns BR rows of scores, whole rows in registers. Non-negative float32 scores
 order like their bit patterns, so a binary search on the bits (31 steps) finds the n-th largest
@@ -24,14 +21,12 @@ score x; the blocks above x are taken, then the blocks equal to x by ascending i
 taken (a tie goes to the lower block index), and a running count (cumsum) writes them in
 ascending order, -1 padded when fewer than n blocks are visible. Long rows first take a floor
 under x (the least of the maxima of n interleaved sets of blocks); where it leaves at most
-TopkTuning.select_candidates scores, the search runs over those alone: on one H100 at the seeds' shape,
-S = 64k, the select kernel took 0.739 ms a call against 1.019 for the search over whole rows
-(docs/performance.md, fifteenth set).
+TopkTuning.select_candidates scores, the search runs over those alone (shorter than the search
+over whole rows).
 
-Two kernels instead of one fused kernel with a running top-n in registers: on one H100 the
-fused kernel took 13.41 ms at S=65536 (HQ=64, H=4, K=128) and 0.168 ms at the m7c_125m shape;
-scores + select took 7.24 + 2.84 and 0.041 + 0.027 ms, with the same indices
-(bench/gpu/topk_probe.py, retired; docs/performance.md, seventh set).
+Two kernels instead of one fused kernel with a running top-n in registers: the running top-n
+costs more than writing the scores and reading them back, at the benchmark shape and at
+m7c_125m's (`python bench/bench_nsa.py --breakdown` times the two kernels).
 
 Shapes: q [B, Tq, HQ, K]; kc [B, Nc, H, K]; lse [B, Tq, HQ]; output idx [B, Tq, H, n] int64,
 ascending, -1 padded (the contract of nsa.attention.torch_branches.torch_select_blocks).
@@ -249,12 +244,7 @@ def _select_launch(nbp: int) -> tuple[int, int]:
     """(rows per program, warps) of the select kernel. From S=16k (256 blocks a row) one warp and
     about 16 scores per thread, so that the 31 row counts of the search stay inside a warp
     (shuffles; 4 warps per row cross warps through shared memory, 10 barriers in the PTX at
-    S=64k); below, four rows on 4 warps. On one H100 (the retired bench/gpu/topk_probe.py,
-    docs/measurements/2026-11-23-c/): the select kernel alone, same run, 2.05 vs 2.86 ms at
-    S=64k and 0.153 vs 0.209 at 16k; the whole top-n 9.31 and 0.683 ms against 9.94 and 0.745
-    with 4 warps in a run 12-15 minutes earlier. At m7c_125m one warp was faster alone (0.019 vs
-    0.026 ms) but the whole top-n took 0.093 ms against 0.065 in that earlier run, so short inputs
-    keep 4 warps."""
+    S=64k); below, four rows on 4 warps, which kept the whole top-n of short inputs shorter."""
     if nbp < 256:
         return 4, 4
     return max(1, 512 // nbp), max(1, nbp // 1024)  # past S=64k (not timed): 2+ warps, <= 140 registers

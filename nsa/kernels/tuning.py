@@ -67,8 +67,8 @@ def _value(kind: str, text: str):
 
 @dataclass(frozen=True)
 class SelectionTuning(_Tuning):
-    """The selected branch (nsa.kernels.selection, selection_blocks) on CUDA, bench/bench_nsa.py
-    --sweep; on one H100 unless said otherwise:
+    """The selected branch (nsa.kernels.selection, selection_blocks) on CUDA; the defaults are
+    the fastest of `python bench/bench_nsa.py --sweep` at the benchmark and m7c shapes:
 
     * forward and dq kernels: fwd_warps, fwd_stages; the key-block-major forward's query rows a
       step, blocks_rows; K/V blocks through TMA descriptors at one token a tile (tma; see
@@ -76,14 +76,10 @@ class SelectionTuning(_Tuning):
     * token tiles of the token-major forward / dq (selection._tokens_per_tile): tt > 0 forces TT,
       else TT = tt_rows // next_pow2(G), at most tt_max, where the keys hold at most tt_nb * n
       blocks, else 1;
-    * dk/dv pass: qc tokens per work item (1024 against 512 took the selected branch's fwd+bwd
-      from 6.49 to 6.40 ms at the seeds' attention shape, S=64k, and from 43.65 to 43.29 at the
-      benchmark shape, docs/performance.md sixteenth set; qc_interpret on the CPU interpreter,
-      where popular blocks are split at small sizes too); query rows a step times the padded
-      head dim, dkv_cells (so that the two [l', K] accumulators and a step's tiles fit the
-      registers of dkv_warps: 64 rows at K=128, 128 at K=64; 64 beat 32 and 128 at K=128, 128
-      beat 64 at the m7c_125m shape, 1.036 against 1.199 ms for the selected backward, 4 warps
-      beat 8, the retired bench/gpu/variants_probe.py --parts sel-dkv); dkv_warps, dkv_stages;
+    * dk/dv pass: qc tokens per work item (qc_interpret on the CPU interpreter, where popular
+      blocks are split at small sizes too); query rows a step times the padded head dim,
+      dkv_cells (so that the two [l', K] accumulators and a step's tiles fit the registers of
+      dkv_warps: 64 rows at K=128, 128 at K=64); dkv_warps, dkv_stages;
     * dq from what the dk/dv pass keeps at one token a tile (dq_from_pass; selection._dq_from_pass),
       what it keeps (dq_keep: 'dq' partials, 'ds' tiles, 'auto' selection._dq_source's rule),
       kept_budget bytes of them at a time (longer inputs a chunk of query tokens at a time);
@@ -122,14 +118,12 @@ class SelectionTuning(_Tuning):
 @dataclass(frozen=True)
 class TopkTuning(_Tuning):
     """Top-n selection (nsa.kernels.topk) on CUDA: the score kernel's query rows (tokens x padded
-    group) a program, warps and pipeline stages (rows 128 / 4 warps / 2 stages best at 2k, 16k,
-    64k and m7c_125m, the retired bench/gpu/topk_probe.py); rows_interpret, its rows on the CPU
+    group) a program, warps and pipeline stages (the fastest of `python bench/bench_nsa.py
+    --sweep` at 2k to 64k and m7c_125m); rows_interpret, its rows on the CPU
     interpreter; score_budget bytes of float32 block scores held at once (longer inputs are scored
     a query chunk at a time); select_candidates, the scores a row the select kernel searches over
     when a floor leaves that few (topk._select_kernel); chunk_blocks, the selection blocks the
-    score kernel takes a step (their compressed tokens are the columns of its product; 8 took
-    1.82-1.86 against 1.89 ms for the top-n at the seeds' shape, S = 64k, within the spread,
-    docs/performance.md, nineteenth set)."""
+    score kernel takes a step (their compressed tokens are the columns of its product)."""
     rows: int = 128
     rows_interpret: int = 64
     warps: int = 4

@@ -1,6 +1,6 @@
 """LLaMA-style decoder with NSA attention."""
 from .config import ModelConfig
 from .model import NSATransformer
-from .telemetry import backend_report, gate_stats
+from .telemetry import backend_report, gate_stats, track_gates
 
-__all__ = ["ModelConfig", "NSATransformer", "gate_stats", "backend_report"]
+__all__ = ["ModelConfig", "NSATransformer", "gate_stats", "backend_report", "track_gates"]

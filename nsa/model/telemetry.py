@@ -18,9 +18,17 @@ def attention_modules(model: nn.Module) -> list[NSAAttention | DenseAttention]:
     return [m for m in model.modules() if isinstance(m, (NSAAttention, DenseAttention))]
 
 
+def track_gates(model: nn.Module, on: bool = True) -> None:
+    """Have every attention layer keep the mean gate per branch of its last forward (a small
+    reduction a forward), which gate_stats reads; off by default, so that a model nobody asks
+    statistics of does no work for them."""
+    for m in attention_modules(model):
+        m.track_gates = on
+
+
 def gate_stats(model: nn.Module) -> dict[str, float]:
-    """Mean gate value per branch over all layers from the last forward ({} before any, and for
-    dense attention, which has no gates).
+    """Mean gate value per branch over all layers from the last forward while track_gates was on
+    ({} before any, and for dense attention, which has no gates).
     Reading it synchronises with the device: call it on logging steps only."""
     means = [m.last_gate_mean for m in attention_modules(model) if m.last_gate_mean is not None]
     if not means:

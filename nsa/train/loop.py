@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from .. import contract
 from ..attention import check_requested
 from ..config import ConfigError
-from ..model import NSATransformer, backend_report, gate_stats
+from ..model import NSATransformer, backend_report, gate_stats, track_gates
 from ..model.flops import TRAINING_MULTIPLIER, forward_flops_per_token
 from . import checkpoint as ckpt
 from . import determinism, graphs
@@ -127,6 +127,7 @@ class Trainer:
             self.watchdog.beat(0, "setup")
             torch.manual_seed(cfg.train.seed)
             self.model = NSATransformer(cfg.model).to(self.device)
+            track_gates(self.model, not cfg.telemetry.disable_aux_stats)  # the logged steps' gate means
             self.log(f"[model] {self.model.num_params():,} parameters; dist mode {info.mode}, "
                      f"world {info.world_size}, device {self.device}, backend {info.backend}")
             self.wrapped = parallelize(self.model, cfg, info, self.log)

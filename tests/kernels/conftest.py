@@ -17,7 +17,8 @@ import sys
 import pytest
 import torch
 
-KERNEL_MODULES = ("band_attention", "topk", "selection", "window", "combine", "cudnn_compressed", "gated_branches")
+KERNEL_MODULES = ("band_attention", "topk", "selection", "window", "combine", "cudnn_compressed", "gated_branches",
+                  "rope")
 
 
 def _prepare_interpreter() -> str | None:

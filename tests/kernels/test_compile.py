@@ -96,3 +96,37 @@ def test_compiled_blocks_match_eager_without_graph_breaks(kdev):
     attn = model.layers[0].attn
     assert attn.routes["sel"].backend == "triton"
     assert int(attn.calls) == 2  # the two compiled calls
+
+
+def test_whole_model_compiles_in_one_graph_as_a_user_compiles_it(kdev):
+    """torch.compile(model, fullgraph=True) of the whole model, before any eager call (routing
+    happens inside the first trace), as a user's script compiles it: one graph, no break, and
+    the eager model's loss and gradients."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    cfg = load_model_config("tiny", TRITON_ROUTES + ["model.n_layers=2"])
+    torch.manual_seed(0)
+    model = NSATransformer(cfg).to(kdev)
+    torch.manual_seed(0)
+    eager_model = NSATransformer(cfg).to(kdev)
+    x = torch.randint(0, cfg.vocab_size, (1, 40), device=kdev)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="inductor" if kdev.type == "cuda" else "aot_eager", fullgraph=True)
+
+    def loss_and_grads(fn, params):
+        for p in params.values():
+            p.grad = None
+        loss = fn(x).float().logsumexp(-1).mean()
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in params.items()}
+
+    got = [loss_and_grads(compiled, dict(model.named_parameters())) for _ in range(2)]
+    ref_loss, ref_grads = loss_and_grads(eager_model, dict(eager_model.named_parameters()))
+    for loss, grads in got:
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+        for name, g in grads.items():
+            torch.testing.assert_close(g, ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"], dict(counters["graph_break"])

@@ -6,7 +6,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from nsa.model import NSATransformer, backend_report, gate_stats
+from nsa.model import NSATransformer, backend_report, gate_stats, track_gates
 from nsa.model.config import load_model_config
 
 
@@ -21,6 +21,7 @@ def test_m7c_125m_builds_and_learns_a_pattern():
     torch.manual_seed(0)
     cfg = load_model_config("m7c_125m")
     model = NSATransformer(cfg)
+    track_gates(model)
     n = model.num_params()
     print(f"m7c_125m parameters: {n:,}")
     assert 100e6 < n < 130e6
@@ -39,6 +40,10 @@ def test_m7c_125m_builds_and_learns_a_pattern():
     assert losses[-1] < 0.5 * losses[0], losses
     stats = gate_stats(model)
     assert set(stats) == {"cmp", "sel", "win"} and all(0 < v < 1 for v in stats.values())
+    # untracked (the default), a forward keeps no statistics
+    untracked = NSATransformer(load_model_config("tiny"))
+    untracked(batch[:, :-1])
+    assert gate_stats(untracked) == {}
     assert backend_report(model)["sel"]["backend"] == "torch"
 
 

@@ -1,0 +1,266 @@
+"""NSA attention against dense attention of the same shape, as a user of the module sees them:
+one attention layer (projections, RoPE and gates included) and the whole model's training step,
+on one GPU, batch 1, bf16 autocast, NSA and dense measured in the same run.
+
+For each length: the layer's forward + backward in eager mode (NSAAttention against
+DenseAttention, SDPA on its 'dense' route) with the peak memory of each; the model's training
+step (forward, backward, fused AdamW) eager and ``torch.compile(model, fullgraph=True)`` (no
+CUDA graphs) with the peak memory of each; the host time to enqueue one NSA layer forward +
+backward (the device left to run behind); and the kernel launches of one NSA layer forward +
+backward (torch.profiler's device kernels, memsets and copies counted apart). Times are
+triton.testing.do_bench medians after a warm-up; ratios are dense time over NSA time (above 1:
+NSA is faster).
+
+    python bench/nsa_vs_dense.py                                  # 4k 16k 32k 64k 128k
+    python bench/nsa_vs_dense.py --lengths 4k 16k --compile-lengths 16k
+    python bench/nsa_vs_dense.py --lengths 16k --parts launches --kernels 40   # the launches by kernel
+    python bench/nsa_vs_dense.py --lengths 16k 32k --parts layer host --nsa-set model.attn.backend_cmp=triton
+
+The shape is a model preset's (m7c_125m: 12 query heads, 2 KV heads, head dim 64, 12 layers).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from nsa.attention import NSAAttention  # noqa: E402
+from nsa.attention.dense import DenseAttention  # noqa: E402
+from nsa.model.config import load_model_config  # noqa: E402
+from nsa.model.model import NSATransformer  # noqa: E402
+
+PARTS = ("layer", "model", "compiled", "host", "launches")
+KINDS = ("nsa", "dense")
+
+
+def length(text: str) -> int:
+    """'16k' -> 16384; plain integers as they are."""
+    try:
+        return int(text[:-1]) * 1024 if text.lower().endswith("k") else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"length {text!r}: an integer, or one with a k suffix (16k)") from None
+
+
+def _median_ms(fn) -> float:
+    """do_bench median (ms), warm-up and repetitions scaled to one call's time."""
+    import triton
+
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    est = (time.perf_counter() - t0) * 1e3
+    return triton.testing.do_bench(fn, warmup=max(25, 2 * est), rep=max(100, 6 * est), return_mode="median")
+
+
+def _peak_gb(fn) -> float:
+    """Peak memory allocated during one call (GB, all of it: parameters and optimizer state too)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() / 1e9
+
+
+def _host_ms(fn, n: int = 20) -> float:
+    """Median host time (ms) to enqueue one call, the device left to run behind."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return sorted(times)[n // 2]
+
+
+def launches(fn) -> tuple[int, int, collections.Counter]:
+    """(kernels, memsets and copies, kernels by name) the device ran for one call of fn."""
+    fn()
+    torch.cuda.synchronize()
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = collections.Counter()
+    other = 0
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        if e.name.startswith(("Memset", "Memcpy")):
+            other += 1
+        else:
+            names[e.name] += 1
+    return sum(names.values()), other, names
+
+
+#: overrides of the NSA model's config (--nsa-set)
+NSA_SET: list[str] = []
+
+
+def _config(model_name: str, kind: str):
+    return load_model_config(model_name, [f"model.attn.kind={kind}"] + (NSA_SET if kind == "nsa" else []))
+
+
+def layer_step(kind: str, S: int, model_name: str, device: torch.device):
+    """One attention layer of the preset's shape and its forward + backward under bf16 autocast
+    (gradients of the input and every parameter, as a training step takes them)."""
+    cfg = _config(model_name, kind)
+    cls = NSAAttention if kind == "nsa" else DenseAttention
+    layer = cls(cfg.dim, cfg.n_heads, cfg.n_kv_groups, cfg.head_dim, cfg.attn, cfg.rope_theta).to(device)
+    x = torch.randn(1, S, cfg.dim, device=device, requires_grad=True)
+    do = torch.randn(1, S, cfg.dim, device=device, dtype=torch.bfloat16)
+    leaves = [x, *layer.parameters()]
+
+    def run():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            o = layer(x)
+        torch.autograd.grad(o, leaves, do)
+
+    return layer, run
+
+
+def model_step(kind: str, S: int, model_name: str, device: torch.device, compiled: bool):
+    """The preset's model and one training step on S random tokens: bf16 autocast forward,
+    cross entropy, backward, fused AdamW."""
+    cfg = _config(model_name, kind)
+    torch.manual_seed(0)
+    model = NSATransformer(cfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    fwd = torch.compile(model, fullgraph=True) if compiled else model
+    tokens = torch.randint(0, cfg.vocab_size, (1, S + 1), device=device)
+
+    def run():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = fwd(tokens[:, :-1])
+        loss = F.cross_entropy(logits.float().view(-1, cfg.vocab_size), tokens[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+
+    return model, run
+
+
+@dataclass
+class Row:
+    S: int
+    cells: dict[str, str] = field(default_factory=dict)
+
+
+def _free():
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def _ratio(dense_ms: float, nsa_ms: float) -> str:
+    return f"{dense_ms / nsa_ms:.2f}x ({nsa_ms:.2f} vs {dense_ms:.2f} ms)"
+
+
+def measure(S: int, model_name: str, parts: set[str], compile_lengths: set[int], device, kernels: int) -> Row:
+    row = Row(S)
+    if "layer" in parts:
+        ms, gb = {}, {}
+        for kind in KINDS:
+            _, run = layer_step(kind, S, model_name, device)
+            ms[kind] = _median_ms(run)
+            gb[kind] = _peak_gb(run)
+            del run
+            _free()
+        row.cells["layer fwd+bwd (dense/NSA)"] = _ratio(ms["dense"], ms["nsa"])
+        row.cells["layer peak GB (NSA / dense)"] = f"{gb['nsa']:.2f} / {gb['dense']:.2f}"
+    if parts & {"host", "launches"}:
+        _, run = layer_step("nsa", S, model_name, device)
+        if "host" in parts:
+            row.cells["NSA layer host ms"] = f"{_host_ms(run):.2f}"
+        if "launches" in parts:
+            n, other, names = launches(run)
+            _, dense_run = layer_step("dense", S, model_name, device)
+            dn, dother, _ = launches(dense_run)
+            row.cells["launches NSA (dense)"] = f"{n}+{other} ({dn}+{dother})"
+            if kernels:
+                print(f"# S={S}: the NSA layer's fwd+bwd, {n} kernels and {other} memsets/copies; by name:")
+                for name, count in names.most_common(kernels):
+                    print(f"#   {count:3d}  {name[:150]}")
+            del dense_run
+        del run
+        _free()
+    for compiled, part in ((False, "model"), (True, "compiled")):
+        if part not in parts or (compiled and S not in compile_lengths):
+            continue
+        ms, gb = {}, {}
+        label = "model compiled" if compiled else "model eager"
+        try:
+            for kind in KINDS:
+                torch._dynamo.reset()
+                t0 = time.perf_counter()
+                model, run = model_step(kind, S, model_name, device, compiled)
+                run()
+                torch.cuda.synchronize()
+                first = time.perf_counter() - t0
+                ms[kind] = _median_ms(run)
+                gb[kind] = _peak_gb(run)
+                print(f"# S={S} {label} {kind}: first step {first:.1f} s, {ms[kind]:.2f} ms, {gb[kind]:.2f} GB",
+                      flush=True)
+                del model, run
+                _free()
+        except Exception as exc:  # a compile that fails is a result of this table, not the end of it
+            row.cells[f"{label} (dense/NSA)"] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+            _free()
+            continue
+        row.cells[f"{label} (dense/NSA)"] = _ratio(ms["dense"], ms["nsa"])
+        row.cells[f"{label} peak GB (NSA / dense)"] = f"{gb['nsa']:.2f} / {gb['dense']:.2f}"
+    return row
+
+
+def table(rows: list[Row]) -> str:
+    cols = []
+    for r in rows:
+        cols += [c for c in r.cells if c not in cols]
+    lines = ["| S | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for r in rows:
+        lines.append(f"| {r.S // 1024}k | " + " | ".join(r.cells.get(c, "-") for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lengths", nargs="+", type=length, default=[length(s) for s in ("4k", "16k", "32k", "64k",
+                                                                                    "128k")])
+    ap.add_argument("--compile-lengths", nargs="*", type=length, default=None,
+                    help="lengths of the compiled model's rows (default: --lengths)")
+    ap.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
+    ap.add_argument("--model", default="m7c_125m", help="the model preset whose shape is measured")
+    ap.add_argument("--kernels", type=int, default=0, help="print the NSA layer's N most launched kernels")
+    ap.add_argument("--nsa-set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="overrides of the NSA model's config (model.attn.backend_cmp=triton)")
+    args = ap.parse_args(argv)
+    NSA_SET[:] = args.nsa_set
+    if not torch.cuda.is_available():
+        ap.error("this benchmark needs a CUDA GPU")
+    device = torch.device("cuda")
+    compile_lengths = set(args.lengths if args.compile_lengths is None else args.compile_lengths)
+    rows = []
+    for S in args.lengths:
+        rows.append(measure(S, args.model, set(args.parts), compile_lengths, device, args.kernels))
+        print(table(rows[-1:]), flush=True)
+    print(f"\n# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.model}, batch 1, bf16 autocast; "
+          f"ratio = dense ms / NSA ms{'; NSA with ' + ' '.join(NSA_SET) if NSA_SET else ''}")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,160 @@
+"""RoPE on the projections of an attention layer and their split into per-branch tensors, as one
+differentiable op (nsa::rope_split_fwd / nsa::rope_split_bwd): one kernel forward, one backward.
+
+In PyTorch the same work is a dozen elementwise kernels per rotated tensor (casts, the even/odd
+products, the stack), each forward saving float32 copies for its backward, and a copy per
+branch tensor the attention kernels want contiguous. Here one pass reads the query projection
+and the key/value projection once and writes the rotated queries and every branch's keys
+(rotated) and values as contiguous tensors; the backward applies the inverse rotation in one
+pass and writes the gradients of both projections. Nothing is saved but the angle tables.
+
+Pairs (x[2m], x[2m+1]) rotate by the angle of cos/sin[t, m] (nsa.attention.rope.apply_rope's
+convention), computed in float32 and rounded to the input's dtype.
+
+Shapes: q [B, T, HQ, K]; kv [B, T, 2P, H, K], the P (key, value) pairs in order (key of pair 0,
+its value, key of pair 1, ...); cos, sin [T, K/2] float32. Outputs: q rotated [B, T, HQ, K] and
+kv_out [2P, B, T, H, K] (each kv_out[i] contiguous; keys rotated, values copied).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._autograd import run_op
+
+
+@triton.jit
+def _rotate_rows(src, dst, rows, rmask, c, s, m, mmask, SRC_STRIDE: tl.constexpr, DST_STRIDE: tl.constexpr,
+                 HALF: tl.constexpr, ROTATE: tl.constexpr):
+    """Rows ``rows`` of src (row r at src + r * SRC_STRIDE, K = 2 HALF values) to dst, the pairs
+    rotated by (c, s) [BT, BH] when ROTATE, else copied."""
+    pair = tl.arange(0, 2)
+    off = 2 * m[None, :, None] + pair[None, None, :]
+    mask = (rmask[:, None] & mmask[None, :])[:, :, None] & (pair[None, None, :] < 2)
+    x = tl.load(src + rows.to(tl.int64)[:, None, None] * SRC_STRIDE + off, mask=mask, other=0.0)
+    if ROTATE:
+        x1, x2 = tl.split(x.to(tl.float32))
+        y = tl.join(x1 * c - x2 * s, x1 * s + x2 * c)
+    else:
+        y = x
+    tl.store(dst + rows.to(tl.int64)[:, None, None] * DST_STRIDE + off, y.to(dst.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope_split_kernel(q_in, kv_in, cos, sin, q_out, kv_out, n_tokens, T, sign,
+                       HQ: tl.constexpr, H: tl.constexpr, P: tl.constexpr, HALF: tl.constexpr, BH: tl.constexpr,
+                       BT: tl.constexpr, PACK: tl.constexpr):
+    """BT tokens a program. Forward (PACK False): q_in, kv_in packed as the projections make
+    them -> q_out and the split kv_out. Backward (PACK True, sign -1: the inverse rotation): the
+    gradients q_in (of q_out) and kv_in (split, as kv_out) -> q_out and kv_out packed."""
+    tok = tl.program_id(0) * BT + tl.arange(0, BT)
+    tmask = tok < n_tokens
+    m = tl.arange(0, BH)
+    mmask = m < HALF
+    t = tok % T
+    tab = t.to(tl.int64)[:, None] * HALF + m[None, :]
+    tmask2 = tmask[:, None] & mmask[None, :]
+    c = tl.load(cos + tab, mask=tmask2, other=1.0)
+    s = tl.load(sin + tab, mask=tmask2, other=0.0) * sign
+    K: tl.constexpr = 2 * HALF
+    for h in tl.static_range(HQ):
+        _rotate_rows(q_in + h * K, q_out + h * K, tok, tmask, c, s, m, mmask, HQ * K, HQ * K, HALF, True)
+    for j in tl.static_range(2 * P):
+        for h in tl.static_range(H):
+            packed = (j * H + h) * K
+            split = j * n_tokens * (H * K) + h * K
+            if PACK:
+                _rotate_rows(kv_in + split, kv_out + packed, tok, tmask, c, s, m, mmask, H * K, 2 * P * H * K,
+                             HALF, j % 2 == 0)
+            else:
+                _rotate_rows(kv_in + packed, kv_out + split, tok, tmask, c, s, m, mmask, 2 * P * H * K, H * K,
+                             HALF, j % 2 == 0)
+
+
+def _launch(q_in, kv_in, cos, sin, q_out, kv_out, HQ: int, H: int, P: int, K: int, pack: bool):
+    n_tokens, T = q_in.shape[0] * q_in.shape[1], cos.shape[0]
+    if n_tokens == 0:
+        return
+    half = K // 2
+    BH = triton.next_power_of_2(half)
+    BT = max(1, min(64, 2048 // BH))
+    _rope_split_kernel[(triton.cdiv(n_tokens, BT),)](
+        q_in, kv_in, cos, sin, q_out, kv_out, n_tokens, T, -1.0 if pack else 1.0,
+        HQ=HQ, H=H, P=P, HALF=half, BH=BH, BT=BT, PACK=pack, num_warps=4)
+
+
+def _fwd(q: torch.Tensor, kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    B, T, HQ, K = q.shape
+    P, H = kv.shape[2] // 2, kv.shape[3]
+    q_out = torch.empty_like(q)
+    kv_out = kv.new_empty(2 * P, B, T, H, K)
+    _launch(q, kv, cos, sin, q_out, kv_out, HQ, H, P, K, pack=False)
+    return q_out, kv_out
+
+
+def _bwd(cos: torch.Tensor, sin: torch.Tensor, dq: torch.Tensor, dkv: torch.Tensor
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    B, T, HQ, K = dq.shape
+    P2, H = dkv.shape[0], dkv.shape[3]
+    dq_in = torch.empty_like(dq)
+    dkv_in = dkv.new_empty(B, T, P2, H, K)
+    _launch(dq, dkv, cos, sin, dq_in, dkv_in, HQ, H, P2 // 2, K, pack=True)
+    return dq_in, dkv_in
+
+
+rope_split_fwd = torch.library.custom_op("nsa::rope_split_fwd", _fwd, mutates_args=())
+rope_split_bwd = torch.library.custom_op("nsa::rope_split_bwd", _bwd, mutates_args=())
+
+
+@rope_split_fwd.register_fake
+def _(q, kv, cos, sin):
+    B, T, P2, H, K = kv.shape
+    return torch.empty_like(q), kv.new_empty(P2, B, T, H, K)
+
+
+@rope_split_bwd.register_fake
+def _(cos, sin, dq, dkv):
+    P2, B, T, H, K = dkv.shape
+    return torch.empty_like(dq), dkv.new_empty(B, T, P2, H, K)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(inputs[2], inputs[3])
+
+
+def _backward(ctx, dq, dkv):
+    cos, sin = ctx.saved_tensors
+    dq_in, dkv_in = run_op(rope_split_bwd, _bwd, cos, sin, dq.contiguous(), dkv.contiguous())
+    return dq_in, dkv_in, None, None
+
+
+rope_split_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _Eager(torch.autograd.Function):
+    """The op's forward and backward without the dispatcher's custom-op path (eager calls, as
+    nsa.kernels._autograd's pairs)."""
+
+    @staticmethod
+    def forward(ctx, q, kv, cos, sin):
+        out = _fwd(q, kv, cos, sin)
+        _setup_context(ctx, (q, kv, cos, sin), out)
+        return out
+
+    @staticmethod
+    def backward(ctx, dq, dkv):
+        return _backward(ctx, dq, dkv)
+
+
+def rope_split(q: torch.Tensor, kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [B, T, HQ, K] rotated, and kv [B, T, 2P, H, K] ((key, value) pairs) split into
+    [2P, B, T, H, K] with the keys rotated (see the module docstring); cos, sin [T, K/2] (cast
+    to float32). Under torch.compile it runs as the custom op nsa::rope_split_fwd."""
+    if q.shape[-1] % 2 or kv.shape[2] % 2:
+        raise ValueError(f"rope_split: head dim {q.shape[-1]} must be even and kv {tuple(kv.shape)} must hold "
+                         "(key, value) pairs on dim 2")
+    args = (q.contiguous(), kv.contiguous(), cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous())
+    return run_op(rope_split_fwd, _Eager.apply, *args)

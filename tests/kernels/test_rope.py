@@ -1,0 +1,51 @@
+"""nsa.kernels.rope: the one-kernel RoPE and split computes what apply_rope and the split of the
+projections compute, forward and backward, and passes opcheck as a custom op."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nsa.attention.rope import apply_rope, rope_angles
+
+pytestmark = pytest.mark.triton_interp
+
+
+def _inputs(dev, dtype, B=2, T=37, HQ=6, H=2, P=3, K=16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, T, HQ, K, generator=gen).to(dev, dtype)
+    kv = torch.randn(B, T, 2 * P, H, K, generator=gen).to(dev, dtype)
+    cos, sin = rope_angles(torch.arange(5, 5 + T), K, 10000.0)
+    return q, kv, cos.to(dev, torch.float32), sin.to(dev, torch.float32)
+
+
+def _reference(q, kv, cos, sin):
+    """apply_rope on q and every key, the values as they are, split as kv_out is."""
+    P2 = kv.shape[2]
+    parts = [apply_rope(kv[:, :, j], cos, sin) if j % 2 == 0 else kv[:, :, j] for j in range(P2)]
+    return apply_rope(q, cos, sin), torch.stack(parts)
+
+
+@pytest.mark.parametrize("P,K", [(3, 16), (1, 64), (3, 24)], ids=["nsa-K16", "dense-K64", "nsa-K24"])
+def test_rope_split_matches_apply_rope(kdev, P, K):
+    from nsa.kernels.rope import rope_split
+
+    q, kv, cos, sin = _inputs(kdev, torch.float32, P=P, K=K)
+    q1, kv1 = (t.clone().requires_grad_() for t in (q, kv))
+    q2, kv2 = (t.clone().requires_grad_() for t in (q, kv))
+    got_q, got_kv = rope_split(q1, kv1, cos, sin)
+    ref_q, ref_kv = _reference(q2, kv2, cos, sin)
+    assert got_kv.shape == ref_kv.shape and all(got_kv[i].is_contiguous() for i in range(2 * P))
+    torch.testing.assert_close(got_q, ref_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_kv, ref_kv, rtol=1e-5, atol=1e-5)
+    gq, gkv = torch.randn_like(got_q), torch.randn_like(got_kv)
+    torch.autograd.backward((got_q, got_kv), (gq, gkv))
+    torch.autograd.backward((ref_q, ref_kv), (gq, gkv))
+    torch.testing.assert_close(q1.grad, q2.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kv1.grad, kv2.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_rope_split_passes_opcheck(kdev):
+    from nsa.kernels.rope import rope_split_fwd
+
+    q, kv, cos, sin = _inputs(kdev, torch.float32, T=9)
+    torch.library.opcheck(rope_split_fwd, (q.requires_grad_(), kv.requires_grad_(), cos, sin))

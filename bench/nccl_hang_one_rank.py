@@ -1,6 +1,6 @@
 """A trainer-shaped NCCL job in which one rank hangs: the evidence of how NCCL's watchdog ends the
 others (validation/tests/evidence/nccl*_watchdog_rank*_hung, read by
-validation/tests/test_blame_collective_timeout.py). Run under torchrun by
+validation/tests/judge/test_diagnosis_collective_timeouts.py). Run under torchrun by
 bench/gpu/nccl_watchdog_evidence.sh:
 
     python -m torch.distributed.run --standalone --nproc_per_node=N bench/nccl_hang_one_rank.py OUT --hang-rank R

@@ -224,7 +224,7 @@ def test_a_rank_torchrun_ended_as_it_exited_0_early_is_named_beside_the_rank_tha
     with SIGTERM, so nothing says it had left, and the verdict named the rank that exited 1 alone
     ('rank 1 crashed (last heartbeat step 3, stage forward): exit code 1'). Its log and heartbeats
     read as those of a rank merely behind: the verdict names both, and says which came first cannot
-    be told (validation/tests/test_blame_silent.py has the runs' evidence of both orderings)."""
+    be told (validation/tests/judge/test_diagnosis_silent_exits.py has the runs' evidence of both orderings)."""
     fault = f"quit_swallowed:2@{QUIT_STEP}"
     matrix.start("rank exits 0 early, torchrun ends it before its exit, the others exit 1 silently",
                  f"`TEST_TRAINER_FAULT={fault}` (native_train.py: rank 2's process group destroyed, its exit "

@@ -1,7 +1,7 @@
 """Rank faults whose blame hangs on whose signal ended a rank and on what a rank's broken collective
 says, through the real harness with a test trainer outside the nsa package (tests/trainers/
 native_train.py, gloo all-reduce each step, under torchrun). The unit tests with recorded runs
-(validation/tests/test_blame_agent_signals.py, test_blame_collective_timeout.py) say why each once
+(validation/tests/judge/test_diagnosis_signals.py, test_diagnosis_collective_timeouts.py) say why each once
 named the wrong rank or none; these run the faults end to end.
 """
 from __future__ import annotations

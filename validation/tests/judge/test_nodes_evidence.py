@@ -25,7 +25,7 @@ from validation.judge.findings import Severity, find, recommendations
 from validation.judge.nodes import node_evidence
 from validation.judge.record import Evidence, PhaseRecord, PointKey, Status
 
-EVIDENCE = Path(__file__).parent / "evidence"
+EVIDENCE = Path(__file__).parents[1] / "evidence"
 
 
 def test_slurmstepds_cancel_banner_is_not_what_the_agent_said():

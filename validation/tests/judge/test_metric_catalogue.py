@@ -61,7 +61,7 @@ def test_records_key_metrics_by_name_only_in_json():
 
 
 # an H100 sdpa_audit point's training.csv (h100_single): step 1 compiles for 24 s, then ~0.063 s a step
-_SDPA = Path(__file__).resolve().parent / "evidence" / "h100_sdpa_audit_compile_step"
+_SDPA = Path(__file__).resolve().parents[1] / "evidence" / "h100_sdpa_audit_compile_step"
 
 
 def test_the_train_table_shows_the_median_step_beside_the_mean_toks_and_says_what_each_is(tmp_path):

@@ -21,7 +21,7 @@ from validation.judge.metrics import RunData
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 from validation.tests.stopped_run import judged_stopped_run
 
-EVIDENCE = Path(__file__).parent / "evidence"
+EVIDENCE = Path(__file__).parents[1] / "evidence"
 #: rank 1 sends itself SIGTERM as step 3 starts; the others fail in their all_reduce after it
 OUTSIDE = EVIDENCE / "sigterm3_rank1_outside"
 #: rank 1 sleeps after its 8th step; rank 0 exited 0; the harness's stall watch stopped the run

@@ -18,7 +18,7 @@ from validation.contract.adapters import ADAPTERS, RunFacts
 from validation.contract.adapters.tfevents import read_scalars
 from validation.launch.watch import StepWatch
 
-EVIDENCE = Path(__file__).parent / "evidence"
+EVIDENCE = Path(__file__).parents[1] / "evidence"
 ADAPTER = ADAPTERS["torchtitan"]
 
 

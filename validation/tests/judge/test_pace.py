@@ -20,7 +20,7 @@ from validation.judge.record import PhaseRecord, PointKey, Status, Summary
 from validation.launch.kinds import read_profile_evidence
 
 #: a timeline this project's trainer left on an H100 (nvtx, compiled, CUDA graphs; tests/unit)
-RECORDED = Path(__file__).resolve().parents[2] / "tests" / "unit" / "data" / "gpu_timeline_h100_compiled.json.gz"
+RECORDED = Path(__file__).resolve().parents[3] / "tests" / "unit" / "data" / "gpu_timeline_h100_compiled.json.gz"
 
 def _rec(phase, tokens, step_s, i, exit_code=0, accelerator="cuda"):
     return PhaseRecord(PointKey("rb", "cpu", phase, {"train.batch_size": i}), f"rb/cpu/{phase}/{i}", "train",

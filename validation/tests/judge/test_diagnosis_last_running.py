@@ -15,7 +15,7 @@ from validation.judge.findings.headline import verdict_line
 from validation.judge.record import PhaseRecord
 from validation.tests.stopped_run import judged_stopped_run
 
-RUN = Path(__file__).parent / "evidence" / "alone2_rank1_hung_after_steps"
+RUN = Path(__file__).parents[1] / "evidence" / "alone2_rank1_hung_after_steps"
 
 
 def _judged() -> PhaseRecord:

@@ -20,7 +20,7 @@ from validation.judge.findings.headline import verdict_line
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 
-EVIDENCE = Path(__file__).parent / "evidence"
+EVIDENCE = Path(__file__).parents[1] / "evidence"
 #: MYT_FAULT=return:1@3 (rank 1 returns from main as step 3 starts), every other rank catches its
 #: broken all_gather, prints one line and exits 1; torchrun x3, gloo
 SWALLOWED = """rank 2: lost a peer, giving up

@@ -24,7 +24,7 @@ from validation.judge.findings.headline import verdict_line
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 from validation.tests.stopped_run import judged_stopped_run
 
-EVIDENCE = Path(__file__).parent / "evidence"
+EVIDENCE = Path(__file__).parents[1] / "evidence"
 #: torchrun x3, gloo: rank 1 sends itself SIGTERM as step 3 starts (stage data); ranks 0
 #: and 2 raise 'Connection reset by peer' in their all_reduce, and torchrun's agent, seeing rank 1 fail,
 #: sends SIGTERM to ranks 0 and 2 (pids 24693, 24695), still exiting: torchrun reports all three -15

@@ -1,6 +1,6 @@
 """Report rendering against golden Markdown files. Records are fabricated, so the output is
 byte-for-byte stable; regenerate after an intended template change with
-``UPDATE_GOLDEN=1 pytest validation/tests/test_report_golden.py`` and review the diff."""
+``UPDATE_GOLDEN=1 pytest validation/tests/report/test_report_golden.py`` and review the diff."""
 from __future__ import annotations
 
 import os
@@ -16,7 +16,7 @@ from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
 from validation.store.results import ResultStore
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 HW = {"hostname": "ci", "python": "3.11.7", "torch": "2.13.0+cpu", "cuda": None, "cpu_count": 2, "gpu_names": [],
       "gpu_mem_gb": []}
 FRAMES = [{"file": "/x/torch/autograd/graph.py", "line": 825, "func": "_engine_run_backward"},

@@ -20,7 +20,7 @@ from validation.judge.record import PhaseRecord, PointKey, Status, Summary
 from validation.store.results import ResultStore
 from validation.tests.conftest import train_phase, write_runbook
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _rec(phase, params=None, reason="r", runbook="rb", profile="cpu"):

@@ -20,7 +20,7 @@ from validation.judge.findings.headline import verdict_line
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 
-EVIDENCE = Path(__file__).parent / "evidence"
+EVIDENCE = Path(__file__).parents[1] / "evidence"
 #: torchrun x2, gloo, a trainer of one's own (not in this repository): rank 1 destroys its
 #: process group as step 3 starts and exits 0 two seconds later (sys.exit); rank 0 catches its broken
 #: all_reduce, prints 'error: <the RuntimeError>' and calls sys.exit(1), and its exit aborts (about one

@@ -20,7 +20,7 @@ from validation.judge.findings import find, recommendations
 from validation.judge.findings.headline import verdict_line
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 
-EVIDENCE = Path(__file__).parent / "evidence"
+EVIDENCE = Path(__file__).parents[1] / "evidence"
 #: torchrun x2, NCCL 2.28.9, torch 2.11.0+cu130, two H200s, a trainer of one's own (not in
 #: this repository): init_process_group("nccl", timeout=15 s); every step writes heartbeats of stage
 #: forward, backward (before an all_reduce and .item()) and step. Rank 0 sleeps as step 3 starts

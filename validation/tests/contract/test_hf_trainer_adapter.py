@@ -157,7 +157,7 @@ def test_the_runbook_gives_global_tokens_per_step_from_its_factors(tmp_path):
     from validation.runbook.load import load_profile, load_runbook
     from validation.runbook.plan import expand
 
-    rb = load_runbook(Path(__file__).resolve().parents[2] / "runbooks" / "hf_trainer_cpu.yaml")
+    rb = load_runbook(Path(__file__).resolve().parents[3] / "runbooks" / "hf_trainer_cpu.yaml")
     assert rb.trainer.adapter == "hf_trainer" and rb.trainer.tokens_per_step == ("train.batch_size", "train.block_size")
     points = {p.phase.name: p for p in expand(rb, load_profile("cpu"))}
     assert tokens_per_step(points["single_process"], rb.trainer) == 4 * 64

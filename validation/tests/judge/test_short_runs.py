@@ -213,7 +213,7 @@ def test_a_rank_that_trains_on_without_heartbeats_is_not_said_to_have_stopped(tm
                                  "training.csv has every step): "), rec.reason
     # its process ran to the end: where the harness saw it running once the run reached step 8, the
     # finding says so; where the run's 80 ms of steps fell between two of its polls, it says both
-    # (validation/tests/test_rank_process_ends.py)
+    # (validation/tests/launch/test_rank_process_ends.py)
     assert "trained on without writing them" in rec.reason and "it left early:" not in rec.reason, rec.reason
     report = (res / "reports" / "mine__cpu.md").read_text()
     assert "rank 1 stopped after step 2" not in report

@@ -48,7 +48,7 @@ def test_memory_plateau_and_loss_finite(tmp_path):
 
 def test_a_csv_step_that_goes_back_begins_a_rerun(tmp_path):
     # a row of step 1 after step 2 is a process that resumed in place from the start: it supersedes
-    # the earlier process's step 2 (validation/tests/test_reruns.py), it is not sorted in before it
+    # the earlier process's step 2 (validation/tests/contract/test_reruns.py), it is not sorted in before it
     df = _csv(tmp_path, [_row(2, 20), _row(1, 10)])
     assert df["step"].tolist() == [1] and df["toks_per_s"].tolist() == [10]
 

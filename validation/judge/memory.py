@@ -38,8 +38,8 @@ GROWTH_BLOCKS = 4
 #: logged steps each block needs at least
 BLOCK_MIN_STEPS = 3
 #: GiB the memory must rise at least over the steps judged (the CUDA caching allocator reserves
-#: in segments of 2 and 20 MiB; a CPU process's resident set wanders by a few MiB: 2.3 MiB over the
-#: CPU smoke runbook's long_run, 40 steps, on 2026-11-27)
+#: in segments of 2 and 20 MiB; a CPU process's resident set wanders by a few MiB over the CPU
+#: smoke runbook's 40-step long_run: `nsa-validate run --phase long_run` shows it)
 MIN_RISE_GB = 0.01
 #: the rise must exceed this many times the robust scatter around the fitted line
 RISE_NOISE = 3.0

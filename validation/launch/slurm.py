@@ -277,8 +277,8 @@ def rendezvous_host(job_id: str) -> str | None:
     ``_matches_machine_hostname``), and it takes a name equal to the machine's ``gethostname()`` as
     itself outright (Slurm's node name is the host's short name unless slurmd runs with ``-N``), an
     address only where that host name resolves to it there. Many hosts resolve their own name to a
-    loopback address (Debian's and Ubuntu's /etc/hosts: 127.0.1.1; this machine, 2026-11-28: 'vm' is
-    127.0.0.1, and torch did not take its own 192.0.2.2 as itself), so an address endpoint would leave
+    loopback address (Debian's and Ubuntu's /etc/hosts: 127.0.1.1), and torch does not then take the
+    host's own network address as itself, so an address endpoint would leave
     no agent hosting the store, and every node would wait out the join timeout where names work
     today. Only the first node may be told it hosts (``--rdzv-conf is_host=1``), which takes a
     command line of its own, and one srun of torchrun gives every task the same one. A node on which

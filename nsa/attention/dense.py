@@ -12,13 +12,13 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .backends import BackendUnavailable, Route, ahead, implementation, resolve_route, rope_kernel
+from .backends import Route, implementation, resolve_route, rope_kernel
 from .config import NSAConfig
-from .module import NSACache
-from .rope import apply_rope, rope_tables
+from .module import NSACache, RoutedAttention
+from .rope import apply_rope
 
 
-class DenseAttention(nn.Module):
+class DenseAttention(RoutedAttention):
     def __init__(self, dim: int, n_heads: int, n_kv_groups: int, head_dim: int,
                  cfg: NSAConfig, rope_theta: float = 10000.0):
         super().__init__()
@@ -30,41 +30,15 @@ class DenseAttention(nn.Module):
         self.q_proj = nn.Linear(dim, n_heads * head_dim, bias=False)
         self.kv_proj = nn.Linear(dim, 2 * n_kv_groups * head_dim, bias=False)
         self.o_proj = nn.Linear(n_heads * head_dim, dim, bias=False)
-        self.routes: dict[str, Route] = {}
         # forward calls so far, for the backend audit (a tensor: see NSAAttention)
         self.register_buffer("calls", torch.zeros((), dtype=torch.int64), persistent=False)
-        # (device type, dtype) -> the routes and whether the RoPE kernel runs (see _resolve)
-        self._resolved: dict[tuple[str, torch.dtype], tuple[dict[str, Route], bool]] = {}
-        for device, dtype in ahead():
-            try:
-                self._resolved[(device.type, dtype)] = self._routes_for(device, dtype)
-            except BackendUnavailable:  # a backend named that cannot run so: refused by the call that would
-                pass
+        self._init_routes()
         self.track_gates = False  # no gates: nothing to track
         self.last_gate_mean = None
-
-    def resolve_routes(self, device: torch.device, dtype: torch.dtype) -> dict[str, Route]:
-        return self._resolve(device, dtype)[0]
-
-    def _resolve(self, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, Route], bool]:
-        """The route and whether the RoPE kernel runs (see NSAAttention._resolve)."""
-        key = (device.type, dtype)
-        found = self._resolved.get(key)
-        if found is None:
-            found = self._routes_for(device, dtype)
-            if not torch.compiler.is_compiling():
-                self._resolved[key] = found
-        if not torch.compiler.is_compiling():
-            self.routes = found[0]
-        return found
 
     def _routes_for(self, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, Route], bool]:
         routes = {"dense": resolve_route("dense", self.cfg.backend_dense, device, dtype)}
         return routes, dtype != torch.float64 and rope_kernel(device, dtype)
-
-    def rope(self, start: int, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, K/2] of positions start..start+T-1 (float64)."""
-        return rope_tables(start, T, self.head_dim, self.rope_theta, device)
 
     def forward(self, x: torch.Tensor, cache: NSACache | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:

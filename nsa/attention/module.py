@@ -38,27 +38,14 @@ class NSACache:
         return self.tokens[name]
 
 
-class NSAAttention(nn.Module):
-    def __init__(self, dim: int, n_heads: int, n_kv_groups: int, head_dim: int,
-                 cfg: NSAConfig, rope_theta: float = 10000.0):
-        super().__init__()
-        if n_heads % n_kv_groups:
-            raise ValueError(f"n_heads={n_heads} must be divisible by n_kv_groups={n_kv_groups}")
-        self.cfg = cfg
-        self.n_heads, self.n_kv, self.head_dim = n_heads, n_kv_groups, head_dim
-        self.rope_theta = rope_theta
-        self.q_proj = nn.Linear(dim, n_heads * head_dim, bias=False)
-        # k and v for each of cmp, sel, win: six separate projections fused into one matrix
-        self.kv_proj = nn.Linear(dim, 6 * n_kv_groups * head_dim, bias=False)
-        self.gate_proj = nn.Linear(dim, n_heads * 3)
-        nn.init.zeros_(self.gate_proj.bias)
-        self.o_proj = nn.Linear(n_heads * head_dim, dim, bias=False)
-        self.compress_k = Compressor(head_dim, cfg)
-        self.compress_v = Compressor(head_dim, cfg)
+class RoutedAttention(nn.Module):
+    """What NSA and dense attention share: their backend routes and whether RoPE and the split of
+    the projections run as one kernel, resolved once per (device type, dtype), and the RoPE tables.
+    A subclass gives ``_routes_for``; it sets ``head_dim``, ``rope_theta`` and ``cfg`` and calls
+    ``_init_routes`` from its ``__init__``."""
+
+    def _init_routes(self) -> None:
         self.routes: dict[str, Route] = {}
-        # forward calls so far (each runs every stage once on its route), for the backend audit;
-        # a tensor, so that torch.compile neither guards on it nor recompiles as it grows
-        self.register_buffer("calls", torch.zeros((), dtype=torch.int64), persistent=False)
         # (device type, dtype) -> the routes and whether the RoPE kernel runs (see _resolve)
         self._resolved: dict[tuple[str, torch.dtype], tuple[dict[str, Route], bool]] = {}
         for device, dtype in ahead():
@@ -66,10 +53,9 @@ class NSAAttention(nn.Module):
                 self._resolved[(device.type, dtype)] = self._routes_for(device, dtype)
             except BackendUnavailable:  # a backend named that cannot run so: refused by the call that would
                 pass
-        # the mean gate per branch of the last forward (detached, no sync), kept only while
-        # track_gates is on (nsa.model.telemetry.track_gates): off, a forward adds no work for it
-        self.track_gates = False
-        self.last_gate_mean: torch.Tensor | None = None
+
+    def _routes_for(self, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, Route], bool]:
+        raise NotImplementedError
 
     def resolve_routes(self, device: torch.device, dtype: torch.dtype) -> dict[str, Route]:
         """The stages' routes for inputs on ``device`` in ``dtype``, resolved on the first call
@@ -91,15 +77,42 @@ class NSAAttention(nn.Module):
             self.routes = found[0]  # the last eager call's, for the backend audit
         return found
 
+    def rope(self, start: int, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, K/2] of positions start..start+T-1 (float64)."""
+        return rope_tables(start, T, self.head_dim, self.rope_theta, device)
+
+
+class NSAAttention(RoutedAttention):
+    def __init__(self, dim: int, n_heads: int, n_kv_groups: int, head_dim: int,
+                 cfg: NSAConfig, rope_theta: float = 10000.0):
+        super().__init__()
+        if n_heads % n_kv_groups:
+            raise ValueError(f"n_heads={n_heads} must be divisible by n_kv_groups={n_kv_groups}")
+        self.cfg = cfg
+        self.n_heads, self.n_kv, self.head_dim = n_heads, n_kv_groups, head_dim
+        self.rope_theta = rope_theta
+        self.q_proj = nn.Linear(dim, n_heads * head_dim, bias=False)
+        # k and v for each of cmp, sel, win: six separate projections fused into one matrix
+        self.kv_proj = nn.Linear(dim, 6 * n_kv_groups * head_dim, bias=False)
+        self.gate_proj = nn.Linear(dim, n_heads * 3)
+        nn.init.zeros_(self.gate_proj.bias)
+        self.o_proj = nn.Linear(n_heads * head_dim, dim, bias=False)
+        self.compress_k = Compressor(head_dim, cfg)
+        self.compress_v = Compressor(head_dim, cfg)
+        # forward calls so far (each runs every stage once on its route), for the backend audit;
+        # a tensor, so that torch.compile neither guards on it nor recompiles as it grows
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64), persistent=False)
+        self._init_routes()
+        # the mean gate per branch of the last forward (detached, no sync), kept only while
+        # track_gates is on (nsa.model.telemetry.track_gates): off, a forward adds no work for it
+        self.track_gates = False
+        self.last_gate_mean: torch.Tensor | None = None
+
     def _routes_for(self, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, Route], bool]:
         routes = {s: resolve_route(s, getattr(self.cfg, STAGE_CONFIG_KEY[s]), device, dtype) for s in STAGES}
         for route in routes.values():
             preload(route)
         return routes, dtype != torch.float64 and (rope_kernel(device, dtype) or routes["sel"].backend == "triton")
-
-    def rope(self, start: int, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, K/2] of positions start..start+T-1 (float64)."""
-        return rope_tables(start, T, self.head_dim, self.rope_theta, device)
 
     def project(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                 fused_rope: bool | None = None):

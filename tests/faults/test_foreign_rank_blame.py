@@ -52,7 +52,7 @@ def test_a_rank_killed_by_a_sigterm_of_its_own_is_named_of_three(tmp_path, matri
     rec = _run(tmp_path, monkeypatch, "term_rank:1@3", 3)
     assert rec.status == Status.FAIL and "crashed" in rec.reason, rec.reason
     c = diagnose(rec)
-    assert c is not None and c.kind == Kind.CRASHED and [r.rank for r in c.ranks] == [1], verdict_line(rec)
+    assert c is not None and c.kind == Kind.KILLED and [r.rank for r in c.ranks] == [1], verdict_line(rec)
     assert "killed by SIGTERM, not torchrun's" in verdict_line(rec), verdict_line(rec)
     matrix.done(rec.status, verdict_line(rec), time.time() - t0, None)
 

@@ -215,11 +215,11 @@ def test_the_phase_table_says_what_its_stdev_and_peak_reserved_are(fake_run):
     """user13: 'Stdev' is the population stdev over the window (step to step, not run to run) and
     'Peak reserved' on CPU is the process's resident set; the report said neither."""
     run = fake_run([train_phase()])
-    assert ("Stdev: the population standard deviation (`statistics.pstdev`, as the runbook's snippet computes it) of "
+    assert ("**Stdev**: the population standard deviation (`statistics.pstdev`, as the runbook's snippet computes it) of "
             "the tokens/s of the window's logged steps: step to step within one run, not the spread between runs."
             ) in run.report
-    assert ("Peak reserved: the largest `mem_reserved_gb` of the window's logged steps in training.csv; on CPU the "
-            "trainer process's resident set (RSS), not accelerator memory.") in run.report
+    assert ("**Peak reserved**: the largest `mem_reserved_gb` of the window's logged steps in training.csv; on CPU the "
+            "trainer process's resident set (RSS), not accelerator memory") in run.report
 
 
 def test_a_trainer_that_logs_infinite_tokens_per_s_is_no_go(fake_run):

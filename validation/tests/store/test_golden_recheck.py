@@ -39,9 +39,9 @@ def test_report_judges_a_stored_run_against_the_golden_file_as_it_is_now(tmp_pat
     ctx = _context(rb, res)
     assert ctx["verdict"] == "NO-GO"
     [gate] = [g for g in ctx["gates"] if g["metric"] == "golden_loss_rel_diff"]
-    assert gate["verdict"] == GateVerdict.FAIL and "first diverging step 1" in gate["description"]
+    assert gate["verdict"] == GateVerdict.FAIL and "first diverging step 1" in gate["note"]
     assert f"re-checked at report time against {goldens.path}, which changed since the run (then: UNMEASURED)" \
-        in gate["description"]
+        in gate["note"]
     text = render_text({**ctx, "results_prefix": ".."})
     assert (f"- **Golden curves**: 1 golden gate(s) re-checked at report time against `{goldens.path}` as it is now, "
             "from each run's training.csv: 1 changed since the run: long_run [default]: UNMEASURED at the run, FAIL now") \
@@ -111,5 +111,5 @@ def test_a_rechecked_golden_names_its_file_when_and_from_which_run_it_was_blesse
     [gate] = [g for g in _context(rb, res)["gates"] if g["metric"] == "golden_loss_rel_diff"]
     assert (f"the golden on cpu: commit {curve.commit[:12]}, blessed 2026-11-28 05:03 UTC from {stored.out_dir}; "
             f"re-checked at report time against {goldens.path}, which changed since the run (then: UNMEASURED); "
-            "that curve was blessed from this very run, which it matches by construction") in gate["description"], \
-        gate["description"]
+            "that curve was blessed from this very run, which it matches by construction") in gate["note"], \
+        gate["note"]

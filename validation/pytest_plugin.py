@@ -129,6 +129,19 @@ def is_acceptance_run(markexpr: str, runbook_opts: list[str] | None, profile_opt
     return bool(runbook_opts or profile_opts or words & acceptance_markers)
 
 
+#: the test module whose tests are the phase points (they request ``acceptance_point``)
+ACCEPTANCE_TESTS = REPO_ROOT / "validation" / "tests" / "test_acceptance.py"
+
+
+def selects_only_points(markexpr: str, acceptance_markers: set[str], suite_markers: set[str]) -> bool:
+    """Whether ``-m markexpr`` can select nothing but phase points: it names only profile and phase
+    markers, none that this repository's own tests carry, and negates none (``not h200`` selects
+    every unit test). Then nothing but the acceptance module need be collected: the rest of the
+    suite takes longer to import than a short acceptance run takes to run."""
+    words = set(re.findall(r"[A-Za-z_]\w*", markexpr)) - {"and", "or"}
+    return bool(words) and words <= acceptance_markers and not words & suite_markers
+
+
 def results_dir_for(option: str | None, acceptance_run: bool, temp: Path) -> Path:
     """Where phase points store their records: --results-dir when given; ./results for an
     acceptance run; otherwise, in a plain test run, ``temp``, so that tests never overwrite the
@@ -175,8 +188,10 @@ class AcceptancePlugin:
     acceptance tests with its points, noting which (runbook, profile) pairs ran (from test
     reports, so it works under xdist too), and rendering their reports once, on the controller."""
 
-    def __init__(self, config: pytest.Config, session: AcceptanceSession, acceptance_run: bool):
+    def __init__(self, config: pytest.Config, session: AcceptanceSession, acceptance_run: bool,
+                 only_points: bool = False):
         self.config, self.session, self.acceptance_run = config, session, acceptance_run
+        self.only_points = only_points
         self.pairs: set[tuple[str, str]] = set()
         self.reports: list[str] = []
         self.interrupted: str | None = None
@@ -201,6 +216,13 @@ class AcceptancePlugin:
         return record
 
     # --- hooks -----------------------------------------------------------------------------------
+
+    def pytest_ignore_collect(self, collection_path: Path, config: pytest.Config) -> bool | None:
+        """A run that selects only phase points (``selects_only_points``) collects the acceptance
+        module and the folders on its way, nothing else."""
+        if not self.only_points or collection_path == ACCEPTANCE_TESTS or collection_path in ACCEPTANCE_TESTS.parents:
+            return None
+        return True if collection_path.is_relative_to(REPO_ROOT) else None
 
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "acceptance_point" in metafunc.fixturenames:
@@ -295,9 +317,9 @@ class AcceptancePlugin:
         self._signals.close()
 
 
-def _acceptance_run(config: pytest.Config, runbooks: tuple[str, ...]) -> bool:
+def _acceptance_run(config: pytest.Config, acceptance_markers: set[str]) -> bool:
     return is_acceptance_run(config.getoption("-m") or "", config.getoption("--runbook"),
-                             config.getoption("--profile"), _acceptance_markers(config, runbooks))
+                             config.getoption("--profile"), acceptance_markers)
 
 
 def _options(config: pytest.Config, acceptance_run: bool) -> SessionOptions:
@@ -383,14 +405,16 @@ def pytest_configure(config: pytest.Config) -> None:
     # own, whatever it inherited; its xdist workers inherit it
     if not hasattr(config, "workerinput"):
         os.environ[_SESSION_DIR_ENV] = tempfile.mkdtemp(prefix="nsa-validate-tests-")
-    acceptance_run = _acceptance_run(config, runbooks)
+    markers = _acceptance_markers(config, runbooks)
+    acceptance_run = _acceptance_run(config, markers)
     session = AcceptanceSession(_options(config, acceptance_run))
     try:  # a bad runbook, profile, golden file, store or baseline stops the run before collection
         session.points()
         session.check_ready()
     except HarnessError as exc:
         raise pytest.UsageError(f"nsa-validate: {exc}") from None
-    plugin = AcceptancePlugin(config, session, acceptance_run)
+    only_points = ours and selects_only_points(config.option.markexpr or "", markers, _ini_markers(config) - markers)
+    plugin = AcceptancePlugin(config, session, acceptance_run, only_points)
     # SIGTERM (a scheduler's cancel, `timeout`, `kill`) and SIGHUP (a closed terminal) stop the
     # run as Ctrl-C does, where nobody handles them yet; pytest keeps its own SIGINT handling
     plugin._signals.enter_context(AcceptanceSession.stop_signals(session.abort, (signal.SIGTERM, signal.SIGHUP),

@@ -16,13 +16,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from nsa.atomic import write_atomic
 from .distributed import DistInfo, barrier
@@ -60,6 +53,10 @@ def _py_state_to_list(s: tuple) -> list:
 def save(out_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, info: DistInfo,
          step: int, data_position: int, config: dict[str, Any]) -> Path:
     """Collective: every rank must call it. Returns the checkpoint path."""
+    # imported where used: torch.distributed.checkpoint pulls in DTensor and sympy, seconds of a
+    # trainer's start-up that a run which never saves would pay for nothing
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
+
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_sd = get_model_state_dict(model, options=opts)
     optim_sd = get_optimizer_state_dict(model, optimizer, options=opts)
@@ -293,6 +290,8 @@ def load(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, i
     except CheckpointError as exc:  # a damaged file: name the ones to go back to
         raise CheckpointError(f"{exc}{_others(path)}") from None
     _check_data_position(path, payload, config["train"]["batch_size"], info.world_size, config["train"]["seq_len"])
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
     opts = StateDictOptions(full_state_dict=True)
     try:
         set_model_state_dict(model, payload["model"], options=opts)

@@ -35,6 +35,10 @@ PY = sys.executable
 #: stall and kill paths: watchdog limit + 30 s
 WATCHDOG_S = 10.0
 STALL_BOUND_S = WATCHDOG_S + 30.0
+#: the harness's allowance before a faulted run's first step (a runbook's startup_s): every rank
+#: importing torch at once on a loaded two-core CI box takes longer than these tests' stall times,
+#: and no test of a stall after the first step is about a slow start
+STARTUP_S = 60.0
 #: the trainer's model/data overrides for every run: tiny preset, seq_len 64, synthetic data
 TINY = {"data.dataset": "synthetic", "train.seq_len": 64, "train.batch_size": 2, "train.device": "cpu",
         "watchdog.timeout_s": WATCHDOG_S, "watchdog.poll_s": 0.5, "watchdog.grace_s": 3}

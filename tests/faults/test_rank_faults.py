@@ -109,7 +109,8 @@ def test_frozen_rank_is_named_though_it_leaves_no_stack(seeded, matrix):
     _engine_run_backward": the rank that waited, not the one that hung."""
     matrix.start("frozen rank", "`NSA_FAULT=freeze:rank=1:step=3` (SIGSTOP to itself), torchrun x2",
                  "the harness's stall watch ends the run; FAIL naming rank 1 hung (no stack) and rank 0 waiting")
-    rb = seeded.runbook(U.fault_phase("freeze", "freeze:rank=1:step=3", nproc=2, stall_s=15))
+    rb = seeded.runbook(U.fault_phase("freeze", "freeze:rank=1:step=3", nproc=2, stall_s=15,
+                                      startup_s=U.STARTUP_S))
     p = seeded.run(rb, "freeze")
     rec = U.record(seeded.results, "freeze")
     assert rec.status == "FAIL" and rec.stalled_s is not None, rec.reason
@@ -208,13 +209,14 @@ def test_stalled_rank_without_watchdog_is_stopped_by_the_harness_stall_watch(see
     """The trainer's watchdog is off: the harness's own progress watch sees no new step for the
     phase's stall_s, takes both ranks' stacks with py-spy and kills the tree (torchrun starts
     each rank in a session of its own), within stall_s + 10 s of the fault, not at the timeout."""
-    stall_s, timeout = 30.0, 120.0  # stall_s covers the start-up of a loaded 2-core box
+    stall_s, timeout = 15.0, 120.0
     bound = stall_s + 10
     matrix.start("stalled rank, watchdog off", "`NSA_FAULT=stall:rank=1:step=3`, `watchdog.enabled=false`, "
                  f"`stall_s` {stall_s:g} s, phase timeout {timeout:g} s, torchrun x2", "the harness's stall watch: "
                  "py-spy stacks of both ranks, then the whole tree killed; FAIL 'stalled' naming rank 1 in the "
                  "injected stall")
-    phase = U.fault_phase("hang", "stall:rank=1:step=3", nproc=2, timeout_s=timeout, stall_s=stall_s)
+    phase = U.fault_phase("hang", "stall:rank=1:step=3", nproc=2, timeout_s=timeout, stall_s=stall_s,
+                          startup_s=U.STARTUP_S)
     phase["overrides"]["watchdog.enabled"] = False
     rb = seeded.runbook(phase)
     p = seeded.run(rb, "hang")

@@ -110,7 +110,8 @@ def test_second_ctrl_c_stops_at_once_without_a_traceback(tmp_path):
     d = tmp_path / "run"
     proc = U.launch(U.trainer_argv(d, STEPS), timeout=90, env=U.clean_env({"NSA_FAULT": "stall:step=2:seconds=20"}))
     t0 = time.monotonic()
-    while not (d / "training.csv").exists():
+    csv = d / "training.csv"  # written with its header before step 1: step 1's row says step 2 runs
+    while not (csv.exists() and csv.read_text().count("\n") >= 2):
         assert proc.poll() is None and time.monotonic() - t0 < 60, "the run ended or stalled before step 1"
         time.sleep(0.1)
     for _ in range(2):

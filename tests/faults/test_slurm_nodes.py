@@ -60,7 +60,7 @@ def _record(tmp_path: Path, steps: int):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     phase = {"name": "srun_nodes", "kind": "train", "steps": steps, "timeout_s": 120, "stall_s": STALL_S,
-             "env": {"OMP_NUM_THREADS": 1},
+             "startup_s": U.STARTUP_S, "env": {"OMP_NUM_THREADS": 1},
              "launcher": {"kind": "slurm", "nodes": 2, "nproc_per_node": 1,
                           "rdzv": {"port": port, "join_timeout_s": JOIN_S}},
              "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}

@@ -195,7 +195,8 @@ def test_a_peer_killed_by_sigkill_is_named_as_lost_in_env_json(tmp_path: Path, n
     assert p.returncode != 0
     said = (f"lost {peer} at step 3: a connection of rank 0's collective broke (a peer's process ended, or its "
             "host went away)")
-    assert f"[rank 0] {said}\n" in p.stderr, p.stderr[-3000:]
+    rank0 = [line for line in p.stderr.splitlines() if line.startswith(("[rank 0]", "[rank0]"))]
+    assert f"[rank 0] {said}" in rank0, "\n".join(rank0[:40])
     status = json.loads((tmp_path / "env.json").read_text())["status"]
     assert status.startswith(f"{said}; detail: RuntimeError: ") and "by peer" in status, status
 
@@ -205,9 +206,9 @@ def test_a_watchdog_exit_is_the_status_in_env_json(tmp_path: Path):
     stack dump, and env.json's status still said 'running': the watchdog's thread ends the run with
     os._exit, and only the main thread, stuck in the stall, ever wrote env.json."""
     p = launch(["-m", "nsa.train", "--config", "tiny", "--out-dir", str(tmp_path), "--steps", "5",
-                "--override", "model.n_layers=1 watchdog.timeout_s=5 watchdog.startup_s=5 "
+                "--override", "model.n_layers=1 watchdog.timeout_s=5 watchdog.startup_s=60 "
                               "watchdog.poll_s=0.2 watchdog.grace_s=0.5"],
-               {"NSA_FAULT": "stall:step=2"}, nproc=None, timeout=120)
+               {"NSA_FAULT": "stall:step=2"}, nproc=None, timeout=120)  # startup_s: a loaded box's set-up
     assert p.returncode == 3, p.stderr[-3000:]
     env = json.loads((tmp_path / "env.json").read_text())
     assert env["status"].startswith("watchdog: no progress for ") and "at step 2 stage forward; exit 3" in env["status"]
@@ -220,7 +221,8 @@ def test_a_watchdog_exit_is_the_status_in_env_json(tmp_path: Path):
 def test_a_slow_first_step_is_not_a_stall(tmp_path: Path, startup_s: int, fires: bool):
     """Rank 0's first step takes 6 s (as a compile or autotune does) against a 2 s
     watchdog.timeout_s: with watchdog.startup_s the run completes; with none (startup_s below
-    timeout_s) the watchdog fires in step 1, as it did before the allowance existed."""
+    timeout_s) the watchdog fires by step 1, as it did before the allowance existed (in step 1, or in
+    set-up already where a loaded box takes longer than 2 s to build the model)."""
     p = launch(["-m", "nsa.train", "--config", "tiny", "--out-dir", str(tmp_path), "--steps", "3",
                 "--override", f"model.n_layers=1 watchdog.timeout_s=2 watchdog.startup_s={startup_s} "
                               "watchdog.poll_s=0.25 watchdog.grace_s=2"],
@@ -228,7 +230,7 @@ def test_a_slow_first_step_is_not_a_stall(tmp_path: Path, startup_s: int, fires:
     if fires:
         assert "exitcode  : 3" in p.stderr, p.stderr[-3000:]
         halt = json.loads((tmp_path / ".HALT").read_text())
-        assert halt["step"] == 1 and "watchdog.timeout_s=2" in halt["reason"]
+        assert halt["step"] <= 1 and "watchdog.timeout_s=2" in halt["reason"], halt
     else:
         assert p.returncode == 0, p.stderr[-3000:]
         assert not (tmp_path / ".HALT").exists()

@@ -11,7 +11,7 @@ import pytest
 
 from validation import DEFAULT_RESULTS_DIR, REPO_ROOT
 from validation.machine import Machine
-from validation.pytest_plugin import is_acceptance_run, results_dir_for
+from validation.pytest_plugin import is_acceptance_run, results_dir_for, selects_only_points
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
 from validation.session.point import why_skip
@@ -155,6 +155,26 @@ def test_results_dir_for_a_plain_test_run_is_not_the_users(tmp_path):
     assert where("a100 and not (bucket_sweep)") == DEFAULT_RESULTS_DIR
     assert where("", ["rb.yaml"]) == DEFAULT_RESULTS_DIR
     assert where("", option=str(tmp_path / "x")) == (tmp_path / "x").resolve()
+
+
+def test_a_marker_of_phases_and_profiles_alone_selects_only_points():
+    points, suite = {"cpu_profile", "h200", "sanity", "long_run"}, {"slow", "gpu", "distributed"}
+    assert selects_only_points("h200", points, suite)
+    assert selects_only_points("cpu_profile and (sanity or long_run)", points, suite)
+    assert not selects_only_points("", points, suite)  # the README's test command: the whole suite
+    assert not selects_only_points("not h200", points, suite)  # every unit test is not h200
+    assert not selects_only_points("h200 or slow", points, suite)  # slow unit tests too
+    assert not selects_only_points("sanity", points, {"sanity"})  # a phase named as a suite marker
+
+
+def test_an_acceptance_run_collects_the_phase_points_alone(tmp_path):
+    """`pytest -m baseline_ddp` imported all ~140 test modules of the suite before it ran one
+    point (half a minute on a two-core box)."""
+    out = _pytest("-m", "baseline_ddp", "--collect-only", "--results-dir", str(tmp_path / "r"))
+    ids = [line for line in out.stdout.splitlines() if "::" in line]
+    assert ids and all(i.startswith("validation/tests/test_acceptance.py::") for i in ids), out.stdout[-2000:]
+    assert re.search(r"\d+/\d+ tests collected", out.stdout) and not re.search(r"/1\d{3} tests", out.stdout), \
+        out.stdout[-500:]
 
 
 def test_a_plain_run_of_the_acceptance_tests_leaves_results_alone(tmp_path):

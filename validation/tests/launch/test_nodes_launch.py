@@ -37,6 +37,9 @@ NATIVE = {"name": "native_test", "root": "tests/trainers", "script": "native_tra
 JOIN_S = 6
 #: the stall time the runbook check allows beside JOIN_S (join + 10 s for the agents)
 STALL_S = 16
+#: before the first step: four processes importing torch at once on a loaded two-core CI box take
+#: longer than STALL_S, and no test here is about a slow start
+STARTUP_S = 60
 #: seconds beyond the join timeout (or the stall time) within which the harness must report
 SLACK_S = 10.0
 FAULT = "TEST_TRAINER_FAULT"
@@ -45,7 +48,8 @@ FAULT = "TEST_TRAINER_FAULT"
 def _runbook(tmp_path: Path, steps: int) -> Path:
     data: dict[str, Any] = {
         "name": "nodes", "profiles": ["cpu"], "trainer": NATIVE,
-        "defaults": {"steps": steps, "timeout_s": 120, "stall_s": STALL_S, "env": {"OMP_NUM_THREADS": 1}},
+        "defaults": {"steps": steps, "timeout_s": 120, "stall_s": STALL_S, "startup_s": STARTUP_S,
+                     "env": {"OMP_NUM_THREADS": 1}},
         "phases": [{"name": "two_nodes", "kind": "train", "gates": [
             {"metric": "loss_finite", "op": "==", "threshold": 1},
             {"metric": "idle_ranks", "op": "==", "threshold": 0}],

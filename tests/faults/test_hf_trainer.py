@@ -34,7 +34,7 @@ pytestmark = [
 RUNBOOK = U.REPO / "runbooks" / "hf_trainer_cpu.yaml"
 STEPS = 12
 FAULT_STEP = 3
-STALL_S = 20
+STALL_S = 10
 DOORS = ("cli", "pytest")
 
 

@@ -117,7 +117,7 @@ def test_second_ctrl_c_stops_at_once_without_a_traceback(tmp_path):
     for _ in range(2):
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
-    p = U.finish(proc, timeout=15, started=t0)  # not the 20 s of the stall
+    p = U.finish(proc, timeout=15, started=time.monotonic())  # not the 20 s of the stall
     assert p.rc == 130, f"exit {p.rc}\n{p.stderr[-2000:]}"
     assert "Traceback" not in p.stderr and "interrupted (Ctrl-C twice) at step 2" in p.stderr, p.stderr[-2000:]
     assert json.loads((d / "env.json").read_text())["status"] == "interrupted (Ctrl-C twice) at step 2"

@@ -115,7 +115,9 @@ def test_a_step_slurm_cancelled_is_no_crash_of_the_trainer(tmp_path, fake_alloca
     assert rec.status == Status.FAIL and rec.stalled_s is None and not rec.timed_out, rec.reason
     assert rec.reason.startswith("stopped by Slurm, not by the trainer or the harness: node 0: *** STEP 4343.1 ON "), \
         rec.reason
-    assert " CANCELLED AT " in rec.reason and rec.reason.endswith("*** (exit code 1)"), rec.reason
+    # srun's exit: 1 where the agent stopped its workers on Slurm's SIGTERM, 143 where the SIGTERM came
+    # while the agent was still starting (a loaded box) and ended it
+    assert " CANCELLED AT " in rec.reason and re.search(r"\*\*\* \(exit code (1|143)\)$", rec.reason), rec.reason
     found = find([rec])
     assert [f.kind for f in found if f.severity == Severity.CRITICAL] == ["slurm_stopped"], [f.title for f in found]
     [f] = [f for f in found if f.kind == "slurm_stopped"]

@@ -1,4 +1,4 @@
-"""Interrupt hygiene through the real CLI: SIGINT at 20 different moments of a torchrun point's
+"""Interrupt hygiene through the real CLI: SIGINT at 16 different moments of a torchrun point's
 start and run, from the harness's own start-up, through torchrun's before it spawns its
 workers, to mid-training. After each, no process of the run survives (the test looks for its
 own token, which every process of the run inherits, and for the run's directory in command
@@ -41,8 +41,7 @@ MOMENTS = [("point", 0.0), ("point", 0.05),
            ("launch", 0.0), ("launch", 0.05), ("launch", 0.2), ("launch", 0.5), ("launch", 1.0), ("launch", 1.5),
            ("launch", 2.0), ("launch", 2.5),
            ("worker", 0.0), ("worker", 0.05),
-           ("step 1", 0.0), ("step 5", 0.0), ("step 20", 0.0), ("step 50", 0.0), ("step 100", 0.0),
-           ("step 150", 0.0), ("step 200", 0.0), ("step 300", 0.0)]
+           ("step 1", 0.0), ("step 20", 0.0), ("step 100", 0.0), ("step 300", 0.0)]
 EVENT_TIMEOUT_S = 90.0
 #: how long the harness may take to exit after the SIGINT (its trees killed first)
 EXIT_BOUND_S = 20.0
@@ -138,7 +137,7 @@ def _interrupt_once(root: Path, event: str, delay: float) -> Outcome:
                    run_dirs)
 
 
-def test_sigint_at_20_moments_of_a_torchrun_point_leaves_nothing_behind(tmp_path):
+def test_sigint_at_16_moments_of_a_torchrun_point_leaves_nothing_behind(tmp_path):
     with ThreadPoolExecutor(max_workers=2) as pool:
         outcomes = list(pool.map(lambda im: _interrupt_once(tmp_path / f"run{im[0]}", *im[1]), enumerate(MOMENTS)))
     bad = [o for o in outcomes if o.survivors or o.records or o.run_dirs or o.exit_s > EXIT_BOUND_S

@@ -86,12 +86,13 @@ def _bench(fn) -> float:
 
 
 def _host_ms(fn, n: int = 20) -> float:
-    """Median host time (ms) to enqueue one call, the device left to run behind: when it is
-    close to the measured time, the call is bound by its launches, not by the GPU."""
+    """Median host time (ms) to enqueue one call onto an idle device (no queue to wait behind):
+    when it is close to the measured time, the call is bound by its launches, not by the GPU."""
     fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(n):
+        torch.cuda.synchronize()
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)

@@ -33,6 +33,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.bench_nsa import _bench as _median_ms  # noqa: E402
+from bench.bench_nsa import _host_ms  # noqa: E402
 from nsa.attention import NSAAttention  # noqa: E402
 from nsa.attention.dense import DenseAttention  # noqa: E402
 from nsa.model.config import load_model_config  # noqa: E402
@@ -50,19 +52,6 @@ def length(text: str) -> int:
         raise argparse.ArgumentTypeError(f"length {text!r}: an integer, or one with a k suffix (16k)") from None
 
 
-def _median_ms(fn) -> float:
-    """do_bench median (ms), warm-up and repetitions scaled to one call's time."""
-    import triton
-
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    est = (time.perf_counter() - t0) * 1e3
-    return triton.testing.do_bench(fn, warmup=max(25, 2 * est), rep=max(100, 6 * est), return_mode="median")
-
-
 def _peak_gb(fn) -> float:
     """Peak memory allocated during one call (GB, all of it: parameters and optimizer state too)."""
     torch.cuda.synchronize()
@@ -70,20 +59,6 @@ def _peak_gb(fn) -> float:
     fn()
     torch.cuda.synchronize()
     return torch.cuda.max_memory_allocated() / 1e9
-
-
-def _host_ms(fn, n: int = 20) -> float:
-    """Median host time (ms) to enqueue one call, the device left to run behind."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    torch.cuda.synchronize()
-    return sorted(times)[n // 2]
 
 
 def launches(fn) -> tuple[int, int, collections.Counter]:

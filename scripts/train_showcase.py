@@ -17,22 +17,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the runbook sets PYTHONPATH=.; not required
 
-from nsa.config import list_presets  # noqa: E402
-from nsa.train.cli import ENV_HELP, EXIT_HELP, run  # noqa: E402
+from nsa.train.cli import config_parser, run  # noqa: E402
 
 DATASETS = {"synthetic": "synthetic", "pattern": "pattern", "text": "text", "parquet": "parquet",
             "jsonl": "jsonl", "fineweb_edu": "fineweb_edu"}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="scripts/train_showcase.py",
-        description="Seed-runbook front end of nsa.train: each flag below is a config override.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=ENV_HELP + "\n\n" + EXIT_HELP,
-    )
-    p.add_argument("--config", default=None,
-                   help=f"preset ({', '.join(list_presets())}) or YAML path; default $CONFIG, else m7c_125m")
+    p = config_parser("scripts/train_showcase.py",
+                      "Seed-runbook front end of nsa.train: each flag below is a config override.")
     p.add_argument("--dataset", choices=sorted(DATASETS), default=None,
                    help="data.dataset. fineweb_edu/parquet/jsonl/text read local files named by "
                         "data.path (e.g. --override data.path=/data/fwe/*.parquet); nothing is downloaded")

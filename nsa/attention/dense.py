@@ -21,18 +21,8 @@ from .rope import apply_rope
 class DenseAttention(RoutedAttention):
     def __init__(self, dim: int, n_heads: int, n_kv_groups: int, head_dim: int,
                  cfg: NSAConfig, rope_theta: float = 10000.0):
-        super().__init__()
-        if n_heads % n_kv_groups:
-            raise ValueError(f"n_heads={n_heads} must be divisible by n_kv_groups={n_kv_groups}")
-        self.cfg = cfg
-        self.n_heads, self.n_kv, self.head_dim = n_heads, n_kv_groups, head_dim
-        self.rope_theta = rope_theta
-        self.q_proj = nn.Linear(dim, n_heads * head_dim, bias=False)
-        self.kv_proj = nn.Linear(dim, 2 * n_kv_groups * head_dim, bias=False)
+        super().__init__(dim, n_heads, n_kv_groups, head_dim, cfg, rope_theta, kv_streams=2)
         self.o_proj = nn.Linear(n_heads * head_dim, dim, bias=False)
-        # forward calls so far, for the backend audit (a tensor: see NSAAttention)
-        self.register_buffer("calls", torch.zeros((), dtype=torch.int64), persistent=False)
-        self._init_routes()
         self.track_gates = False  # no gates: nothing to track
         self.last_gate_mean = None
 

@@ -39,10 +39,27 @@ class NSACache:
 
 
 class RoutedAttention(nn.Module):
-    """What NSA and dense attention share: their backend routes and whether RoPE and the split of
-    the projections run as one kernel, resolved once per (device type, dtype), and the RoPE tables.
-    A subclass gives ``_routes_for``; it sets ``head_dim``, ``rope_theta`` and ``cfg`` and calls
-    ``_init_routes`` from its ``__init__``."""
+    """What NSA and dense attention share: the shape (query heads, KV heads, head dim), the query
+    projection and one fused projection of ``kv_streams`` key/value streams per KV head, a forward
+    count for the backend audit, their backend routes and whether RoPE and the split of the
+    projections run as one kernel, resolved once per (device type, dtype), and the RoPE tables. A
+    subclass gives ``_routes_for`` and builds the rest of its layers after ``__init__`` (in the
+    order that keeps a seed's initial weights)."""
+
+    def __init__(self, dim: int, n_heads: int, n_kv_groups: int, head_dim: int, cfg: NSAConfig,
+                 rope_theta: float, kv_streams: int):
+        super().__init__()
+        if n_heads % n_kv_groups:
+            raise ValueError(f"n_heads={n_heads} must be divisible by n_kv_groups={n_kv_groups}")
+        self.cfg = cfg
+        self.n_heads, self.n_kv, self.head_dim = n_heads, n_kv_groups, head_dim
+        self.rope_theta = rope_theta
+        self.q_proj = nn.Linear(dim, n_heads * head_dim, bias=False)
+        self.kv_proj = nn.Linear(dim, kv_streams * n_kv_groups * head_dim, bias=False)
+        # forward calls so far (each runs every stage once on its route), for the backend audit;
+        # a tensor, so that torch.compile neither guards on it nor recompiles as it grows
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64), persistent=False)
+        self._init_routes()
 
     def _init_routes(self) -> None:
         self.routes: dict[str, Route] = {}
@@ -85,24 +102,13 @@ class RoutedAttention(nn.Module):
 class NSAAttention(RoutedAttention):
     def __init__(self, dim: int, n_heads: int, n_kv_groups: int, head_dim: int,
                  cfg: NSAConfig, rope_theta: float = 10000.0):
-        super().__init__()
-        if n_heads % n_kv_groups:
-            raise ValueError(f"n_heads={n_heads} must be divisible by n_kv_groups={n_kv_groups}")
-        self.cfg = cfg
-        self.n_heads, self.n_kv, self.head_dim = n_heads, n_kv_groups, head_dim
-        self.rope_theta = rope_theta
-        self.q_proj = nn.Linear(dim, n_heads * head_dim, bias=False)
         # k and v for each of cmp, sel, win: six separate projections fused into one matrix
-        self.kv_proj = nn.Linear(dim, 6 * n_kv_groups * head_dim, bias=False)
+        super().__init__(dim, n_heads, n_kv_groups, head_dim, cfg, rope_theta, kv_streams=6)
         self.gate_proj = nn.Linear(dim, n_heads * 3)
         nn.init.zeros_(self.gate_proj.bias)
         self.o_proj = nn.Linear(n_heads * head_dim, dim, bias=False)
         self.compress_k = Compressor(head_dim, cfg)
         self.compress_v = Compressor(head_dim, cfg)
-        # forward calls so far (each runs every stage once on its route), for the backend audit;
-        # a tensor, so that torch.compile neither guards on it nor recompiles as it grows
-        self.register_buffer("calls", torch.zeros((), dtype=torch.int64), persistent=False)
-        self._init_routes()
         # the mean gate per branch of the last forward (detached, no sync), kept only while
         # track_gates is on (nsa.model.telemetry.track_gates): off, a forward adds no work for it
         self.track_gates = False

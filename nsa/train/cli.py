@@ -98,15 +98,18 @@ def run(config: str | None, overrides: list[str], env=None) -> int:
         trainer.close()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m nsa.train",
-        description="Train an NSA model from a config (single process, or DDP / FSDP2 under torchrun).",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=ENV_HELP + "\n\n" + EXIT_HELP,
-    )
+def config_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A front end's parser: --config, and the environment and exit statuses in its help."""
+    p = argparse.ArgumentParser(prog=prog, description=description, epilog=ENV_HELP + "\n\n" + EXIT_HELP,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=None,
                    help=f"preset name ({', '.join(list_presets())}) or YAML path; default $CONFIG, else m7c_125m")
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = config_parser("python -m nsa.train",
+                      "Train an NSA model from a config (single process, or DDP / FSDP2 under torchrun).")
     p.add_argument("--override", action="append", default=[], metavar="'KEY=VALUE ...'",
                    help="dotted config overrides, space separated, repeatable, e.g. "
                         "'train.seq_len=512 model.n_layers=2'")

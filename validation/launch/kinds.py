@@ -130,32 +130,30 @@ def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], pro
     the harness reads as for this project's trainer."""
     spec = point.runbook.trainer
     began = time.monotonic()
-    if spec is None:
-        adapter, trainer_dir = None, out_dir
-        target, args = point.phase.launcher.module, override_args(point, leg) + ["--out-dir", str(out_dir)]
-        env, cwd = point.env, REPO_ROOT
-    else:
-        adapter = ADAPTERS[spec.adapter]
-        root, why = spec.root.resolve()
-        trainer_dir = adapter.trainer_dir(out_dir)
-        try:
+    adapter = ADAPTERS[spec.adapter] if spec is not None else None
+    trainer_dir = adapter.trainer_dir(out_dir) if adapter is not None else out_dir
+    csv = adapter.progress_csv(trainer_dir) if adapter is not None else out_dir / TRAINING_CSV
+    doing = "launch" if spec is None else f"trainer {spec.name}"  # what a HarnessError stopped, as it says
+    try:
+        if spec is None:
+            target, args = point.phase.launcher.module, override_args(point, leg) + ["--out-dir", str(out_dir)]
+            env, cwd = point.env, REPO_ROOT
+        else:
+            root, why = spec.root.resolve()
             if root is None:
                 raise HarnessError(why)
             plan = trainer_launch.build(point, spec, root, out_dir, trainer_dir, leg)
-        except HarnessError as exc:
-            return _not_launched(f"trainer {spec.name}: {exc}", out_dir, run, errors, began)
-        run.info.update(trainer=spec.name, trainer_sha=plan.trainer_sha, trainer_sha_source=plan.trainer_sha_source,
-                        git_sha=plan.harness_sha, git_sha_source=plan.harness_sha_source, env=plan.set_env,
-                        cwd=str(plan.cwd))
-        target, args, env, cwd = plan.entry, plan.args, plan.env, plan.cwd
-    csv = adapter.progress_csv(trainer_dir) if adapter is not None else out_dir / TRAINING_CSV
-    try:
+            run.info.update(trainer=spec.name, trainer_sha=plan.trainer_sha,
+                            trainer_sha_source=plan.trainer_sha_source, git_sha=plan.harness_sha,
+                            git_sha_source=plan.harness_sha_source, env=plan.set_env, cwd=str(plan.cwd))
+            target, args, env, cwd = plan.entry, plan.args, plan.env, plan.cwd
+        doing = "launch"  # the launcher could not start it (no Slurm allocation, no shared directory)
         proc = launcher.run_trainer(point.phase.launcher, target, args, env=commands.child_env(env, root=cwd), cwd=cwd,
                                     timeout_s=point.phase.timeout_s, out_dir=out_dir,
                                     on_poll=_poll(point, out_dir, progress, csv, adapter),
                                     watch=_watch(point, out_dir, trainer_dir, csv, adapter))
-    except HarnessError as exc:  # the launcher could not start it (no Slurm allocation, no shared directory)
-        return _not_launched(f"launch: {exc}", out_dir, run, errors, began)
+    except HarnessError as exc:
+        return _not_launched(f"{doing}: {exc}", out_dir, run, errors, began)
     if adapter is not None and trainer_dir.is_dir():
         adapter.convert(trainer_dir, out_dir, RunFacts(point.nproc, spec.name, plan.trainer_sha,
                                                        plan.trainer_sha_source, plan.tokens_per_step))

@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import Callable
 
 from nsa.contract import PROFILE_JSON, PROFILE_STEPS_ENV
-from validation.judge.evidence import collect, read_ended, read_train, signs, with_log
+from validation.judge.evidence import collect, read_ended, read_train, with_log
 from validation.judge.findings.headline import culprit_log
-from validation.judge.gates import GateResult, GateVerdict
+from validation.judge.gates import GateResult, GateVerdict, evaluate
 from validation.judge.metrics import PROFILE_METRICS, RunData, unprovided_by_files
 from validation.judge.provenance import trainer_commit
 from validation.judge.record import (HARNESS_ERROR_FILE, OWN_TRAINER, TRAINER_KINDS, Evidence, NotRun, PhaseRecord,
-                                     Status, SubRun, Summary, routes)
+                                     RunSigns, Status, SubRun, Summary, routes)
 from validation.judge.stability import StabilityRule
-from validation.judge.verdict import Outcome, evaluate, gate_verdict, process_verdict
+from validation.judge.verdict import Outcome, gate_verdict, process_verdict
 from validation.excerpt import EXCERPT_CHARS
 from validation.launch import kinds
 from validation.launch.legs import Leg
@@ -121,12 +121,13 @@ def sub_run(j: Judged, name: str, label: str, results_dir: Path, status: Status 
     given (how a resume point's process ended, its gates being the whole point's)."""
     csv = j.run.csv
     logged = csv is not None and not csv.empty
+    failed = [g.metric for g in j.gates if g.verdict in (GateVerdict.FAIL, GateVerdict.NO_DATA)]
     return SubRun(name, label, relative(j.run.out_dir, results_dir), status or j.status, reason or j.reason,
                   j.proc.exit_code, j.metrics,
                   int(csv["step"].min()) if logged else None, int(csv["step"].max()) if logged else None,
                   float(csv["loss"].iloc[0]) if logged else None, float(csv["loss"].iloc[-1]) if logged else None,
                   list(j.proc.argv), sorted(p.name for p in j.run.out_dir.iterdir() if p.is_file()),
-                  signs(j.run, [g.metric for g in j.gates if g.verdict in (GateVerdict.FAIL, GateVerdict.NO_DATA)]),
+                  RunSigns.of(j.evidence, failed),
                   list(j.gates), j.proc.timed_out, j.proc.stalled_s, j.proc.timeout_quiet_s, round(j.proc.wall_s, 2),
                   j.evidence)
 

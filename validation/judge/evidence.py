@@ -127,7 +127,7 @@ def with_log(ev: Evidence, stderr_path: Path) -> Evidence:
 
 def signs(run: RunData, failed_gates: list[str]) -> RunSigns:
     """What the run's whole training.csv and heartbeats say of how it trained, as ``collect`` puts
-    it in a record's evidence: for each process of a point of several (a repeat), whichever decides."""
+    it in its evidence (a sub-run's signs are read back from there: RunSigns.of)."""
     heartbeats = {r: recs for r, recs in run.heartbeats.items() if r < run.world_size}
     c = curve(run.csv, run.stability)
     return RunSigns(list(c.spikes), c.divergence, c.slowdown, growing_ranks(run.csv, heartbeats, run.env, run.reruns),

@@ -2,6 +2,11 @@
 
 No expression is ever evaluated: the comparison is looked up in OPS by its symbol, and the
 runbook loader refuses any symbol that is not a key of OPS.
+
+A gate on a metric the trainer does not provide is UNMEASURED (``Pending.NOT_PROVIDED``), never
+FAIL and never PASS: what it lacks is found in its files at judge time, beside what its runbook
+entry declares. A windowed gate whose window the run did not cover is NO_DATA, which fails: four
+logged steps are no 'last 10 steps'.
 """
 from __future__ import annotations
 
@@ -10,7 +15,9 @@ import math
 import operator
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
+
+from validation.judge.metrics import METRICS, RunData, Source, compute, uncovered
 
 OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge,
@@ -122,3 +129,24 @@ def check(value: float | None, op: str, threshold: float | None) -> GateVerdict:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return GateVerdict.NO_DATA
     return GateVerdict.PASS if OPS[op](value, threshold) else GateVerdict.FAIL
+
+
+def evaluate(gates: Sequence[Gate], run: RunData, unprovided: Mapping[str, str]) -> list[GateResult]:
+    """Each gate's value and verdict. ``unprovided``: metric -> what the trainer lacks for it."""
+    out = []
+    for g in gates:
+        base = dict(metric=g.metric, op=g.op, threshold=g.threshold, window=g.window.describe(),
+                    threshold_ref=g.threshold_ref, description=g.description)
+        if g.metric in unprovided:
+            out.append(GateResult(**base, value=None, verdict=GateVerdict.UNMEASURED, note=unprovided[g.metric],
+                                  pending=Pending.NOT_PROVIDED))
+            continue
+        if run.peak_flops is None and any(i.source == Source.HARDWARE for i in METRICS[g.metric].reads):
+            out.append(GateResult(**base, value=None, verdict=GateVerdict.UNMEASURED, pending=Pending.NO_PEAK,
+                                  note="the profile's hardware section names no peak_bf16_tflops"))
+            continue
+        value = compute(g.metric, run, g.window.last)
+        verdict = check(value, g.op, g.threshold)
+        out.append(GateResult(**base, value=value, verdict=verdict, note=uncovered(METRICS[g.metric], g.window, run) if value is None else "",
+                              pending=Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None))
+    return out

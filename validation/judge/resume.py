@@ -26,6 +26,7 @@ same step; with the optimizer state lost, the same step was the closest).
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ import pandas as pd
 
 from nsa.contract import DATA_POSITION
 from validation.judge.gates import GateResult, GateVerdict, Pending, check
+from validation.judge.metrics import RunData
 
 #: the profile threshold: the largest relative difference of loss and learning rate per step
 RTOL_KEY = "resume_loss_rtol"
@@ -152,6 +154,12 @@ def resumed_curve(first: pd.DataFrame, second: pd.DataFrame, resume_after: int) 
     after it (a trainer that copies the earlier rows into its new directory is read the same)."""
     rows = pd.concat([first[first["step"] <= resume_after], second[second["step"] > resume_after]])
     return rows.sort_values("step", kind="stable").reset_index(drop=True)
+
+
+def resumed_run(first: RunData, second: RunData, resume_after: int, steps: int) -> RunData:
+    """The resumed run as the phase's gates read it: the second half's process and files, with
+    the first half's steps before its own in training.csv, asked for all ``steps``."""
+    return dataclasses.replace(second, csv=resumed_curve(first.csv, second.csv, resume_after), steps_requested=steps)
 
 
 def compare(resumed: pd.DataFrame, reference: pd.DataFrame, column: str, rtol: float) -> Comparison:

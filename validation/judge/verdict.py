@@ -1,21 +1,17 @@
-"""A finished point's gates and verdict: how the process ended first (a timeout, a .HALT, a crash,
-a broken contract, a run that stopped short: each explains everything after it), then the gates.
-
-A gate on a metric the trainer does not provide is UNMEASURED (``Pending.NOT_PROVIDED``), never
-FAIL and never PASS: what it lacks is found in its files at judge time, beside what its runbook
-entry declares. A windowed gate whose window the run did not cover is NO_DATA, which fails: four
-logged steps are no 'last 10 steps'.
+"""A finished point's verdict: how the process ended first (a timeout, a .HALT, a crash, a broken
+contract, a run that stopped short: each explains everything after it), then its gates
+(evaluated in validation/judge/gates.py).
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Sequence
 
 from validation.contract.files import HaltInfo
 from validation.judge.diagnosis import Died, died_before_watchdog, died_first
-from validation.judge.gates import Gate, GateResult, GateVerdict, Pending, check
-from validation.judge.metrics import METRICS, RunData, Source, compute, uncovered
+from validation.judge.gates import GateResult, GateVerdict, Pending
+from validation.judge.metrics import RunData, compute
 from validation.judge.misses import pytest_ended
 from validation.judge.record import (
     TRAINER_KINDS,
@@ -120,27 +116,6 @@ class Outcome:
         beats = (f" (training.csv; its heartbeats reached step {self.last_step_done})"
                  if self.last_step_done is not None and self.last_step_done > self.steps_completed else "")
         return f"stopped after step {self.steps_completed}{beats} of {self.steps_requested}, exit 0, no .HALT"
-
-
-def evaluate(gates: Sequence[Gate], run: RunData, unprovided: Mapping[str, str]) -> list[GateResult]:
-    """Each gate's value and verdict. ``unprovided``: metric -> what the trainer lacks for it."""
-    out = []
-    for g in gates:
-        base = dict(metric=g.metric, op=g.op, threshold=g.threshold, window=g.window.describe(),
-                    threshold_ref=g.threshold_ref, description=g.description)
-        if g.metric in unprovided:
-            out.append(GateResult(**base, value=None, verdict=GateVerdict.UNMEASURED, note=unprovided[g.metric],
-                                  pending=Pending.NOT_PROVIDED))
-            continue
-        if run.peak_flops is None and any(i.source == Source.HARDWARE for i in METRICS[g.metric].reads):
-            out.append(GateResult(**base, value=None, verdict=GateVerdict.UNMEASURED, pending=Pending.NO_PEAK,
-                                  note="the profile's hardware section names no peak_bf16_tflops"))
-            continue
-        value = compute(g.metric, run, g.window.last)
-        verdict = check(value, g.op, g.threshold)
-        out.append(GateResult(**base, value=value, verdict=verdict, note=uncovered(METRICS[g.metric], g.window, run) if value is None else "",
-                              pending=Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None))
-    return out
 
 
 def verdict(outcome: Outcome, gates: Sequence[GateResult]) -> tuple[Status, str]:

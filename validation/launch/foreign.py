@@ -1,5 +1,6 @@
-"""One point of a runbook's ``trainer:`` (validation/trainer_spec.py) as a command: the argument
-list, the environment, the per-point copy of the trainer's YAML config, and its commit.
+"""One point of a runbook's ``trainer:`` (validation/trainer_spec.py) as a launch plan, built once:
+the argument list, the environment, the per-point copy of the trainer's YAML config, the commits
+of the trainer's tree and of the harness, and the run's tokens per step.
 
 Nothing here goes through a shell: placeholders are replaced inside single arguments, and
 every value the runbook gives was checked against a conservative pattern when it loaded.
@@ -15,12 +16,13 @@ import yaml
 
 from nsa.atomic import write_atomic
 from nsa.provenance import source_revision
+from validation import REPO_ROOT
 from validation.errors import RunbookError
 from validation.launch import commands
 from validation.launch import process as runner
-from validation.launch.legs import Leg, foreign_sets
+from validation.launch.legs import Leg
 from validation.runbook.plan import PhasePoint
-from validation.runbook.types import Delivery, TrainerSpec, Via
+from validation.runbook.types import Delivery, ResumeSpec, TrainerSpec, Via
 from validation.runbook.types import Scalar
 
 CONFIG_COPY = "trainer_config.yaml"
@@ -32,21 +34,36 @@ class Launch:
     """The trainer's entry (``['-m', module]`` or its script), after ``python`` or torchrun's options."""
     args: list[str]
     env: dict[str, str]
-    """The whole environment of the process."""
+    """What the harness sets on top of the inherited environment (launch/commands.child_env makes
+    the whole environment, the trainer's root first on PYTHONPATH)."""
     cwd: Path
-    set_env: dict[str, str]
-    """What the harness set on top of the inherited environment (the record shows it)."""
+    """The trainer's root."""
+    trainer_sha: str | None
+    trainer_sha_source: str
+    """The commit of the trainer's tree and where it was read (git describe, or its SOURCE_SHA stamp)."""
+    harness_sha: str | None
+    harness_sha_source: str
+    """The harness's own commit, read the same way."""
+    tokens_per_step: int | None
+    """The run's global tokens per optimizer step, where the runbook gives its factors."""
+
+    @property
+    def set_env(self) -> dict[str, str]:
+        """What the harness set on top of the inherited environment, as the record shows it."""
+        return {**self.env, "PYTHONPATH": str(self.cwd)}
 
 
 def build(point: PhasePoint, spec: TrainerSpec, root: Path, out_dir: Path, trainer_dir: Path,
           leg: Leg | None = None) -> Launch:
-    """The command of one point (``leg``: of one process of a resume point); the config copy (if
-    any) is written into ``out_dir``. A template that is missing or not a mapping is a
-    RunbookError naming it."""
+    """The launch of one point (``leg``: of one process of a resume point); the config copy (if
+    any) is written into ``out_dir``, and the commits are read with their git logs there. A
+    template that is missing or not a mapping is a RunbookError naming it."""
+    entry = list(spec.entry) if spec.entry[0] == "-m" else [str(_inside(root, spec.entry[0], "trainer.script"))]
     values: dict[str, str] = {"steps": str(point.phase.steps), "out_dir": str(trainer_dir), "nproc": str(point.nproc)}
     sets: list[tuple[Delivery, str]] = [(d, values[w]) for w, d in (("steps", spec.steps), ("out_dir", spec.out_dir)) if d]
     sets += [(spec.params[k], _text(v)) for k, v in point.overrides.items()]
-    sets += foreign_sets(spec.resume, leg)
+    sets += _resume_sets(spec.resume, leg)
+    tokens = tokens_per_step(point, spec)
     if spec.config is not None:
         values["config"] = str(_write_config(root, spec, out_dir, [(d.name, v) for d, v in sets if d.via == Via.CONFIG]))
         if spec.config.pass_as is not None:
@@ -58,8 +75,21 @@ def build(point: PhasePoint, spec: TrainerSpec, root: Path, out_dir: Path, train
             args += [d.name, v]
         elif d.via == Via.ENV:
             env[d.name] = v
-    entry = list(spec.entry) if spec.entry[0] == "-m" else [str(_inside(root, spec.entry[0], "trainer.script"))]
-    return Launch(entry, args, commands.child_env(env, root=root), root, {**env, "PYTHONPATH": str(root)})
+    sha, source = revision(root, out_dir, "trainer_git")
+    own_sha, own_source = revision(REPO_ROOT, out_dir, "harness_git")
+    return Launch(entry, args, env, root, sha, source, own_sha, own_source, tokens)
+
+
+def _resume_sets(spec: ResumeSpec | None, leg: Leg | None) -> list[tuple[Delivery, str]]:
+    """The values that stop or resume a runbook's trainer, each with how it reaches it."""
+    if leg is None or spec is None:
+        return []
+    out = []
+    if leg.stop_after is not None:
+        out.append((spec.stop_after, str(leg.stop_after)))
+    if leg.resume_from is not None:
+        out.append((spec.resume_from, str(leg.resume_from)))
+    return out
 
 
 def tokens_per_step(point: PhasePoint, spec: TrainerSpec) -> int | None:

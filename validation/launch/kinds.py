@@ -31,13 +31,17 @@ from validation.judge.record import TRAINER_KINDS
 from validation.launch import commands
 from validation.launch import foreign as trainer_launch
 from validation.launch import launcher
-from validation.launch.legs import Leg, own_overrides
+from validation.launch.legs import Leg
 from validation.launch import process as runner
 from validation.launch.watch import Watch
 from validation.runbook.plan import PhasePoint
-from validation.runbook.types import TrainerSpec
+from validation.runbook.types import Scalar
 
 Progress = Callable[[str], None]
+
+#: this project's trainer: stop after N steps (checkpointing), and resume from a run directory
+OWN_STOP_AFTER = "train.run_steps"
+OWN_RESUME_FROM = "train.resume"
 
 
 class StepProgress:
@@ -105,20 +109,55 @@ def override_args(point: PhasePoint, leg: Leg | None = None) -> list[str]:
     return args
 
 
+def own_overrides(leg: Leg | None) -> dict[str, Scalar]:
+    """The config keys that stop or resume this project's trainer."""
+    if leg is None:
+        return {}
+    out: dict[str, Scalar] = {}
+    if leg.stop_after is not None:
+        out[OWN_STOP_AFTER] = leg.stop_after
+    if leg.resume_from is not None:
+        out[OWN_RESUME_FROM] = str(leg.resume_from)
+    return out
+
+
 def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], progress,
           leg: Leg | None = None) -> runner.ProcResult:
-    """A train run of the point into ``out_dir``; ``leg``: which process of a resume point."""
-    if point.runbook.trainer is not None:
-        return _foreign_train(point, point.runbook.trainer, out_dir, run, errors, progress, leg)
-    args = override_args(point, leg) + ["--out-dir", str(out_dir)]
+    """A train run of the point into ``out_dir``; ``leg``: which process of a resume point. This
+    project's trainer runs from this repository and writes the contract's files itself; a
+    runbook's own trainer is launched from its root into its own directory as its launch plan
+    says (launch/foreign.py), then its adapter writes the contract files into ``out_dir``, which
+    the harness reads as for this project's trainer."""
+    spec = point.runbook.trainer
     began = time.monotonic()
+    adapter = ADAPTERS[spec.adapter] if spec is not None else None
+    trainer_dir = adapter.trainer_dir(out_dir) if adapter is not None else out_dir
+    csv = adapter.progress_csv(trainer_dir) if adapter is not None else out_dir / TRAINING_CSV
+    doing = "launch" if spec is None else f"trainer {spec.name}"  # what a HarnessError stopped, as it says
     try:
-        return launcher.run_trainer(point.phase.launcher, point.phase.launcher.module, args,
-                                    env=commands.child_env(point.env), cwd=REPO_ROOT, timeout_s=point.phase.timeout_s,
-                                    out_dir=out_dir, on_poll=_poll(point, out_dir, progress),
-                                    watch=_watch(point, out_dir, out_dir, out_dir / TRAINING_CSV))
-    except HarnessError as exc:  # the launcher could not start it (no Slurm allocation, no shared directory)
-        return _not_launched(f"launch: {exc}", out_dir, run, errors, began)
+        if spec is None:
+            target, args = point.phase.launcher.module, override_args(point, leg) + ["--out-dir", str(out_dir)]
+            env, cwd = point.env, REPO_ROOT
+        else:
+            root, why = spec.root.resolve()
+            if root is None:
+                raise HarnessError(why)
+            plan = trainer_launch.build(point, spec, root, out_dir, trainer_dir, leg)
+            run.info.update(trainer=spec.name, trainer_sha=plan.trainer_sha,
+                            trainer_sha_source=plan.trainer_sha_source, git_sha=plan.harness_sha,
+                            git_sha_source=plan.harness_sha_source, env=plan.set_env, cwd=str(plan.cwd))
+            target, args, env, cwd = plan.entry, plan.args, plan.env, plan.cwd
+        doing = "launch"  # the launcher could not start it (no Slurm allocation, no shared directory)
+        proc = launcher.run_trainer(point.phase.launcher, target, args, env=commands.child_env(env, root=cwd), cwd=cwd,
+                                    timeout_s=point.phase.timeout_s, out_dir=out_dir,
+                                    on_poll=_poll(point, out_dir, progress, csv, adapter),
+                                    watch=_watch(point, out_dir, trainer_dir, csv, adapter))
+    except HarnessError as exc:
+        return _not_launched(f"{doing}: {exc}", out_dir, run, errors, began)
+    if adapter is not None and trainer_dir.is_dir():
+        adapter.convert(trainer_dir, out_dir, RunFacts(point.nproc, spec.name, plan.trainer_sha,
+                                                       plan.trainer_sha_source, plan.tokens_per_step))
+    return proc
 
 
 def _watch(point: PhasePoint, out_dir: Path, progress_dir: Path, csv: Path, adapter: Adapter | None = None) -> Watch:
@@ -133,38 +172,6 @@ def _watch(point: PhasePoint, out_dir: Path, progress_dir: Path, csv: Path, adap
     live_steps = adapter.live_steps(progress_dir) if adapter is not None else None
     return Watch(progress_dir, csv, point.phase.stall_after_s, point.phase.startup_after_s, out_dir,
                  point.phase.launcher.kind == "python", step_of, live_steps)
-
-
-def _foreign_train(point: PhasePoint, spec: TrainerSpec, out_dir: Path, run: RunData, errors: list[str],
-                   progress, leg: Leg | None) -> runner.ProcResult:
-    """A runbook's own trainer: launched from its root into its own directory, then its adapter
-    writes the contract files into ``out_dir``, which the harness reads as for its own trainer."""
-    adapter = ADAPTERS[spec.adapter]
-    began = time.monotonic()
-    root, why = spec.root.resolve()
-    trainer_dir = adapter.trainer_dir(out_dir)
-    try:
-        if root is None:
-            raise HarnessError(why)
-        launch = trainer_launch.build(point, spec, root, out_dir, trainer_dir, leg)
-    except HarnessError as exc:
-        return _not_launched(f"trainer {spec.name}: {exc}", out_dir, run, errors, began)
-    sha, source = trainer_launch.revision(root, out_dir, "trainer_git")
-    own_sha, own_source = trainer_launch.revision(REPO_ROOT, out_dir, "harness_git")
-    run.info.update(trainer=spec.name, trainer_sha=sha, trainer_sha_source=source, git_sha=own_sha,
-                    git_sha_source=own_source, env=launch.set_env, cwd=str(launch.cwd))
-    csv = adapter.progress_csv(trainer_dir)
-    try:
-        proc = launcher.run_trainer(point.phase.launcher, launch.entry, launch.args, env=launch.env, cwd=launch.cwd,
-                                    timeout_s=point.phase.timeout_s, out_dir=out_dir,
-                                    on_poll=_poll(point, out_dir, progress, csv, adapter),
-                                    watch=_watch(point, out_dir, trainer_dir, csv, adapter))
-    except HarnessError as exc:
-        return _not_launched(f"launch: {exc}", out_dir, run, errors, began)
-    if trainer_dir.is_dir():
-        adapter.convert(trainer_dir, out_dir, RunFacts(point.nproc, spec.name, sha, source,
-                                                       trainer_launch.tokens_per_step(point, spec)))
-    return proc
 
 
 def _not_launched(why: str, out_dir: Path, run: RunData, errors: list[str], began: float) -> runner.ProcResult:

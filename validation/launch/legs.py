@@ -3,8 +3,8 @@
 ``reference`` runs all of the phase's steps uninterrupted; ``first`` runs the same command but
 stops after ``resume_after`` steps, leaving a checkpoint (its schedule still spans every step);
 ``second`` resumes from the first half's output directory for the rest, writing into its own.
-This project's trainer takes both as config keys (``train.run_steps``, ``train.resume``); a
-runbook's own trainer as its ``trainer.resume`` entry says (validation/runbook/trainer_spec.py).
+This project's trainer takes both as config keys (``train.run_steps``, ``train.resume``:
+launch/kinds.py); a runbook's own trainer as its ``trainer.resume`` entry says (launch/foreign.py).
 """
 from __future__ import annotations
 
@@ -13,12 +13,7 @@ from pathlib import Path
 
 from validation.contract.adapters import ADAPTERS
 from validation.runbook.plan import PhasePoint
-from validation.runbook.types import Delivery, Phase, ResumeSpec, Scalar
-
-#: this project's trainer: stop after N steps (checkpointing), and resume from a run directory
-OWN_STOP_AFTER = "train.run_steps"
-OWN_RESUME_FROM = "train.resume"
-
+from validation.runbook.types import Phase
 
 @dataclass(frozen=True)
 class Leg:
@@ -47,27 +42,3 @@ def resume_source(point: PhasePoint, first_out: Path) -> Path:
     it (a runbook trainer with an adapter writes into a directory of its own inside it)."""
     spec = point.runbook.trainer
     return first_out if spec is None else ADAPTERS[spec.adapter].trainer_dir(first_out)
-
-
-def own_overrides(leg: Leg | None) -> dict[str, Scalar]:
-    """The config keys that stop or resume this project's trainer."""
-    if leg is None:
-        return {}
-    out: dict[str, Scalar] = {}
-    if leg.stop_after is not None:
-        out[OWN_STOP_AFTER] = leg.stop_after
-    if leg.resume_from is not None:
-        out[OWN_RESUME_FROM] = str(leg.resume_from)
-    return out
-
-
-def foreign_sets(spec: ResumeSpec | None, leg: Leg | None) -> list[tuple[Delivery, str]]:
-    """The values that stop or resume a runbook's trainer, each with how it reaches it."""
-    if leg is None or spec is None:
-        return []
-    out = []
-    if leg.stop_after is not None:
-        out.append((spec.stop_after, str(leg.stop_after)))
-    if leg.resume_from is not None:
-        out.append((spec.resume_from, str(leg.resume_from)))
-    return out

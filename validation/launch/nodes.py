@@ -140,10 +140,10 @@ def run_local(launcher: Launcher, target: Target, args: Sequence[str], *, env: M
     The rendezvous id is the run's directory name (its run id): unique per run."""
     rdzv = launcher.rdzv
     at = endpoint(rdzv.endpoint)
+    devices = node_devices(launcher.nnodes, launcher.nproc, env)
     argv = commands.nodes_torchrun_argv(target, launcher.nproc, args, nnodes=launcher.nnodes, endpoint=at,
                                         rdzv_id=out_dir.name, join_timeout_s=rdzv.join_timeout_s)
     seen = RankSeen()
-    devices = node_devices(launcher.nnodes, launcher.nproc, env)
     result = runner.run_group(agent_commands(argv, devices), env=env, cwd=cwd, timeout_s=timeout_s,
                               log_dir=out_dir, on_poll=on_poll, watch=watch, on_tree=seen)
     host = socket.gethostname()

@@ -19,15 +19,12 @@ import importlib.util
 import os
 import shutil
 import signal
-import sys
 import time
-import traceback
 import uuid
 from pathlib import Path
 
 from validation.errors import HarnessError, StoreError
-from validation.excerpt import EXCERPT_CHARS
-from validation.judge.record import HARNESS_ERROR_FILE, TRAINER_KINDS, Evidence, NotRun, PhaseRecord, Status, utc_now
+from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status, utc_now
 from validation.launch import foreign, slurm
 from validation.machine import Machine
 from validation.report.build import withdraw
@@ -195,28 +192,8 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
     except HarnessError:
         raise  # a bad input (the store, a runbook): the session stops with its message
     except Exception as exc:  # noqa: BLE001 - a defect of the harness, not of this point's run
-        return _harness_failed(point, out_dir, results_dir, hw, run_id, started, round(time.monotonic() - clock, 2),
-                               exc)
-
-
-def _harness_failed(point: PhasePoint, out_dir: Path, results_dir: Path, hw: Machine, run_id: str, started: str,
-                    wall_s: float, exc: Exception) -> PhaseRecord:
-    """The point's record when the harness itself failed launching or judging it (its trainer's
-    processes were killed with the tree, launch/process.py): ERROR, never a verdict on the
-    trainer, with the traceback beside the run's files; the session goes on to the next point
-    rather than ending with a traceback and no report. ``wall_s``: how long the point ran until
-    then (its trainer's processes may have run their course: the timing findings read when each
-    timed point ran)."""
-    text = "".join(traceback.format_exception(exc))
-    (out_dir / HARNESS_ERROR_FILE).write_text(text)
-    rel = runs.relative(out_dir, results_dir)
-    print(f"nsa-validate: the harness failed on {point.test_id}: {type(exc).__name__}: {exc} "
-          f"(traceback in {rel}/{HARNESS_ERROR_FILE})", file=sys.stderr)
-    return PhaseRecord.for_point(
-        point, Status.ERROR, f"the harness failed on this point, a defect of the harness: {type(exc).__name__}: "
-        f"{str(exc)[:EXCERPT_CHARS]} (traceback: {rel}/{HARNESS_ERROR_FILE})", hardware=hw, run_id=run_id, started=started,
-        wall_s=wall_s, out_dir=rel, evidence=Evidence(not_run=NotRun.HARNESS,
-                                    files=sorted(p.name for p in out_dir.iterdir() if p.is_file())))
+        return runs.harness_failed(point, out_dir, results_dir, hw, run_id, started,
+                                   round(time.monotonic() - clock, 2), exc)
 
 
 def prune(results_dir: Path, point: PhasePoint, keep: str) -> None:

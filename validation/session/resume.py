@@ -15,7 +15,6 @@ import dataclasses
 from pathlib import Path
 
 from validation.judge import resume as equivalence
-from validation.judge.metrics import RunData
 from validation.judge.record import PhaseRecord, Status
 from validation.launch.legs import legs, resume_source
 from validation.machine import Machine
@@ -42,23 +41,15 @@ def execute(point: PhasePoint, run_dir: Path, hw: Machine, results_dir: Path, ru
             return runs.record(point, j, hw, results_dir, run_id, started, status=status,
                                reason=f"{leg.label}: {reason}", steps=leg.steps_expected, runs=sub_runs,
                                wall_s=_wall(done))
-    resumed = _resumed(point, done)
+    reference, first, second = done["reference"], done["first"], done["second"]
+    resumed = equivalence.resumed_run(first.run, second.run, point.phase.resume_after, point.phase.steps)
     rtol = point.profile.thresholds[equivalence.RTOL_KEY]  # present: PhasePoint.gates checked it
-    extra = equivalence.gates(done["reference"].run.csv, done["first"].run.csv, done["second"].run.csv,
-                              point.phase.resume_after, rtol, done["first"].run.env, done["second"].run.env)
-    second = done["second"]
+    clue = equivalence.clue(reference.run.csv, resumed.csv, point.phase.resume_after, rtol or 0.0)
+    extra = equivalence.gates(reference.run.csv, first.run.csv, second.run.csv, point.phase.resume_after, rtol,
+                              first.run.env, second.run.env)
     j = runs.judge(point, runs.Launched(resumed, second.proc, second.errors), hw, extra)
     rec = runs.record(point, j, hw, results_dir, run_id, started, runs=sub_runs, wall_s=_wall(done))
-    clue = equivalence.clue(done["reference"].run.csv, resumed.csv, point.phase.resume_after, rtol or 0.0)
     return dataclasses.replace(rec, evidence=dataclasses.replace(rec.evidence, resume_clue=clue))
-
-
-def _resumed(point: PhasePoint, done: dict[str, Judged]) -> RunData:
-    """The resumed run as the phase's gates read it: the second half's process and files, with
-    the first half's steps before its own in training.csv."""
-    second = done["second"].run
-    csv = equivalence.resumed_curve(done["first"].run.csv, second.csv, point.phase.resume_after)
-    return dataclasses.replace(second, csv=csv, steps_requested=point.phase.steps)
 
 
 def _wall(done: dict[str, Judged]) -> float:

@@ -1,25 +1,30 @@
 """One process of a point: launched into a directory of its own by its kind's runner, its files
 read, judged against the point's gates, and made into a record (or into one of the sub-runs of a
-record, for points that run several processes: repeats, resume).
+record, for points that run several processes: repeats, resume); and the record of a point the
+harness itself failed on.
 
 A point of one process is ``record(point, judge(point, launch(point, out_dir, ...), hw), ...)``;
 session/repeats.py and session/resume.py combine several.
 """
 from __future__ import annotations
 
+import sys
+import traceback
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 from nsa.contract import PROFILE_JSON, PROFILE_STEPS_ENV
-from validation.judge.evidence import collect, read_ended, read_train, signs, with_log
+from validation.judge.evidence import collect, read_ended, read_train, with_log
 from validation.judge.findings.headline import culprit_log
-from validation.judge.gates import GateResult, GateVerdict
+from validation.judge.gates import GateResult, GateVerdict, evaluate
 from validation.judge.metrics import PROFILE_METRICS, RunData, unprovided_by_files
 from validation.judge.provenance import trainer_commit
-from validation.judge.record import OWN_TRAINER, TRAINER_KINDS, PhaseRecord, Status, SubRun, Summary, routes
+from validation.judge.record import (HARNESS_ERROR_FILE, OWN_TRAINER, TRAINER_KINDS, Evidence, NotRun, PhaseRecord,
+                                     RunSigns, Status, SubRun, Summary, routes)
 from validation.judge.stability import StabilityRule
-from validation.judge.verdict import Outcome, evaluate, gate_verdict, process_verdict
+from validation.judge.verdict import Outcome, gate_verdict, process_verdict
+from validation.excerpt import EXCERPT_CHARS
 from validation.launch import kinds
 from validation.launch.legs import Leg
 from validation.launch.process import ProcResult
@@ -46,6 +51,8 @@ class Judged(Launched):
     reason: str
     window: int | None
     """The phase's window in steps (None: all steps), over which its summary numbers are taken."""
+    evidence: Evidence
+    """What its files and logs show (judge/evidence.py), collected once for its record."""
     ended: tuple[Status, str] | None = None
     """The verdict how its process ended decided before any gate (verdict.process_verdict: a crash,
     a stall, a .HALT, a broken file, a short run); None where it ran clean and its gates decided."""
@@ -81,22 +88,27 @@ def launch(point: PhasePoint, out_dir: Path, progress: Progress | None, leg: Leg
 def judge(point: PhasePoint, done: Launched, hw: Machine, extra: list[GateResult] | None = None) -> Judged:
     """The point's gates (and its golden gate, and ``extra``) over the run, and its verdict."""
     run, kind = done.run, point.phase.kind
-    golden = goldens.gate(point, run.csv, hw)
-    # a metric is unprovided when the trainer's files lack what it reads, or its runbook entry says so
-    unprovided = {**unprovided_by_files(run), **unprovided_metrics(point)}
+    asked = point.gates()
+    # a metric is unprovided when its runbook entry says so, or the trainer's files lack what it reads
+    declared = unprovided_metrics(point)
+    unprovided = {**unprovided_by_files(run), **declared}
     if kind == "profile" and "profiled_steps" not in run.counts:
         unprovided.update({m: f"the trainer wrote no {PROFILE_JSON} (it does not honour {PROFILE_STEPS_ENV})"
                            for m in PROFILE_METRICS})
-    gates = evaluate(point.gates(), run, unprovided) + ([golden] if golden else []) + list(extra or [])
+    golden = goldens.gate(point, run.csv, hw)
+    gates = evaluate(asked, run, unprovided) + ([golden] if golden else []) + list(extra or [])
+    # how the process ended decides first; its gates decide a run that ended clean
+    by_gates = gate_verdict(gates)
     outcome = Outcome.of_run(kind, run, done.errors)
     ended = process_verdict(outcome)
-    status, reason = ended or gate_verdict(gates)
+    status, reason = ended or by_gates
     if ended is None and outcome.csv_behind:  # it logs every N steps: said, not judged a short run
         reason += f"; {outcome.csv_behind}"
     # the report's numbers are over the phase's window: the first gate that names one ('last 50
     # steps' for the bucket sweep); gates keep their own windowed values
-    window = next((g.window.last for g in point.gates() if g.window.last), None)
-    return Judged(run, done.proc, done.errors, gates, status, reason, window, ended)
+    window = next((g.window.last for g in asked if g.window.last), None)
+    return Judged(run, done.proc, done.errors, gates, status, reason, window,
+                  collect(run, done.proc.stderr_path, done.errors), ended)
 
 
 def relative(path: Path, results_dir: Path) -> str:
@@ -109,14 +121,15 @@ def sub_run(j: Judged, name: str, label: str, results_dir: Path, status: Status 
     given (how a resume point's process ended, its gates being the whole point's)."""
     csv = j.run.csv
     logged = csv is not None and not csv.empty
+    failed = [g.metric for g in j.gates if g.verdict in (GateVerdict.FAIL, GateVerdict.NO_DATA)]
     return SubRun(name, label, relative(j.run.out_dir, results_dir), status or j.status, reason or j.reason,
                   j.proc.exit_code, j.metrics,
                   int(csv["step"].min()) if logged else None, int(csv["step"].max()) if logged else None,
                   float(csv["loss"].iloc[0]) if logged else None, float(csv["loss"].iloc[-1]) if logged else None,
                   list(j.proc.argv), sorted(p.name for p in j.run.out_dir.iterdir() if p.is_file()),
-                  signs(j.run, [g.metric for g in j.gates if g.verdict in (GateVerdict.FAIL, GateVerdict.NO_DATA)]),
+                  RunSigns.of(j.evidence, failed),
                   list(j.gates), j.proc.timed_out, j.proc.stalled_s, j.proc.timeout_quiet_s, round(j.proc.wall_s, 2),
-                  collect(j.run, j.proc.stderr_path, j.errors))
+                  j.evidence)
 
 
 def record(point: PhasePoint, j: Judged, hw: Machine, results_dir: Path, run_id: str, started: str,
@@ -132,7 +145,7 @@ def record(point: PhasePoint, j: Judged, hw: Machine, results_dir: Path, run_id:
         out_dir=relative(run.out_dir, results_dir), exit_code=proc.exit_code, timed_out=proc.timed_out,
         stalled_s=proc.stalled_s, timeout_quiet_s=proc.timeout_quiet_s, world_size=run.world_size, gates=j.gates,
         window=f"last {j.window} steps" if j.window else "all steps",
-        metrics=j.metrics, evidence=collect(run, proc.stderr_path, j.errors),
+        metrics=j.metrics, evidence=j.evidence,
         git_sha=run.info.get("git_sha") or env.get("git_sha"),
         git_sha_source=run.info.get("git_sha_source") or env.get("git_sha_source"),
         backends=routes(env.get("attention_backends")), env_seen=dict(env.get("env") or {}),
@@ -146,3 +159,23 @@ def record(point: PhasePoint, j: Judged, hw: Machine, results_dir: Path, run_id:
     if log in (None, rec.evidence.stderr_log):
         return rec
     return replace(rec, evidence=with_log(rec.evidence, run.out_dir / log))  # the log of the node it names
+
+
+def harness_failed(point: PhasePoint, out_dir: Path, results_dir: Path, hw: Machine, run_id: str, started: str,
+                   wall_s: float, exc: Exception) -> PhaseRecord:
+    """The point's record when the harness itself failed launching or judging it (its trainer's
+    processes were killed with the tree, launch/process.py): ERROR, never a verdict on the
+    trainer, with the traceback beside the run's files; the session goes on to the next point
+    rather than ending with a traceback and no report. ``wall_s``: how long the point ran until
+    then (its trainer's processes may have run their course: the timing findings read when each
+    timed point ran)."""
+    text = "".join(traceback.format_exception(exc))
+    (out_dir / HARNESS_ERROR_FILE).write_text(text)
+    rel = relative(out_dir, results_dir)
+    print(f"nsa-validate: the harness failed on {point.test_id}: {type(exc).__name__}: {exc} "
+          f"(traceback in {rel}/{HARNESS_ERROR_FILE})", file=sys.stderr)
+    return PhaseRecord.for_point(
+        point, Status.ERROR, f"the harness failed on this point, a defect of the harness: {type(exc).__name__}: "
+        f"{str(exc)[:EXCERPT_CHARS]} (traceback: {rel}/{HARNESS_ERROR_FILE})", hardware=hw, run_id=run_id, started=started,
+        wall_s=wall_s, out_dir=rel, evidence=Evidence(not_run=NotRun.HARNESS,
+                                    files=sorted(p.name for p in out_dir.iterdir() if p.is_file())))

@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from nsa.contract import CSV_COLUMNS
-from validation.judge.gates import Gate, GateVerdict, Pending, Window
+from validation.judge.gates import Gate, GateVerdict, Pending, Window, evaluate
 from validation.judge.metrics import RunData, compute
-from validation.judge.verdict import evaluate, gate_verdict
+from validation.judge.verdict import gate_verdict
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
 from validation.session.session import AcceptanceSession, SessionOptions

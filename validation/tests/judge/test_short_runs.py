@@ -7,10 +7,10 @@ import pandas as pd
 
 from nsa.contract import CSV_COLUMNS
 from validation.contract.files import HaltInfo
-from validation.judge.gates import Gate, GateVerdict, Window
+from validation.judge.gates import Gate, GateVerdict, Window, evaluate
 from validation.judge.metrics import RunData
 from validation.judge.record import Status
-from validation.judge.verdict import Outcome, evaluate, verdict
+from validation.judge.verdict import Outcome, verdict
 from validation.tests.conftest import train_phase
 
 LAST_10 = [{"metric": "toks_per_s_mean", "op": ">=", "threshold": 1, "window": "last 10 steps"},

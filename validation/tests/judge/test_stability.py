@@ -16,11 +16,10 @@ from validation import RUNBOOK_DIR
 from validation.errors import RunbookError
 from validation.judge.evidence import collect
 from validation.judge.findings import find, recommendations
-from validation.judge.gates import Gate, GateVerdict
+from validation.judge.gates import Gate, GateVerdict, evaluate
 from validation.judge.metrics import RunData, compute
 from validation.judge.record import PhaseRecord, PointKey, Status
 from validation.judge.stability import StabilityRule, rise, spikes
-from validation.judge.verdict import evaluate
 from validation.runbook.load import load_profile
 
 

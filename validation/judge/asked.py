@@ -9,7 +9,8 @@ keeps what was asked, so that the comparison needs no guess from what the run le
 stores its failed half's steps).
 
 Each field names the runbook key it keeps (``Kept``): the comparison reads that key's ``Stale``
-rule from its declaration (validation/runbook/schema.py). Every field marked ``optional`` was added
+rule from its declaration (validation/runbook/schema.py, a layer above this one, so the rule is
+not named here). Every field marked ``optional`` was added
 after the first of these records: None is a record of a harness that did not keep it, and is not
 compared (never a change made up from a key nobody kept).
 """
@@ -19,7 +20,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from validation.runbook.schema import Stale
 
 Scalar = str | int | float | bool
 
@@ -34,7 +34,8 @@ class Kept:
     """What a field of ``Asked`` keeps, and how the staleness check compares it."""
 
     key: str
-    """The dotted runbook key of a phase whose declared ``Stale`` rule compares it ('' with ``rule``)."""
+    """The dotted runbook key of a phase whose declared ``Stale`` rule compares it ('': none, the
+    ``trainer:`` entry; store/stale.py gives its rule)."""
     label: str
     """The word the report names a change of it by."""
     ask: Ask
@@ -44,16 +45,13 @@ class Kept:
     """None is not kept (a key added after the first records), never compared."""
     kinds: tuple[str, ...] = ()
     """Compared only where the run's kind and the point's are one of these (none: every kind)."""
-    rule: Stale | None = None
-    """The rule of a field that keeps no key of a phase (the runbook's ``trainer:`` entry)."""
     also: tuple[str, ...] = ()
     """More keys it keeps, each declared with ``key``'s rule."""
 
 
 def kept(key: str, ask: Ask, load: Callable[[Any], Any], *, label: str = "", default: Any = None,
-         factory: Any = None, optional: bool = True, kinds: tuple[str, ...] = (), rule: Stale | None = None,
-         also: tuple[str, ...] = ()) -> Any:
-    meta = {_KEPT: Kept(key, label or key, ask, load, optional, kinds, rule, also)}
+         factory: Any = None, optional: bool = True, kinds: tuple[str, ...] = (), also: tuple[str, ...] = ()) -> Any:
+    meta = {_KEPT: Kept(key, label or key, ask, load, optional, kinds, also)}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -92,7 +90,7 @@ class Asked:
     """How the trainer was launched apart from its world size: kind, nodes, torchrun_args,
     srun_args, those without a value left out (points that run a trainer; None for others)."""
     trainer: dict[str, str] | None = kept("", lambda p, t: p.trainer_asked() if t else None, _strings,
-                                          label="trainer", rule=Stale.EXACT)
+                                          label="trainer")
     """The trainer the runbook named, as it launches it: this project's module, or a ``trainer:``
     entry's root, entry, args, deliveries, env, adapter and the metrics it cannot provide of the
     point's gates (points that run a trainer; None for others)."""

@@ -12,7 +12,7 @@ passed point (a gate of a new metric or window, a golden comparison: a changed t
 file is re-checked from what is stored, thresholds.py and report/build.py); an allowance; or none
 (through other keys, never). The value compared is what a record keeps of the key: a field of
 ``Asked`` (judge/asked.py) that names the key, or one every record keeps (``RECORDED``); the
-``trainer:`` entry, no key of a phase, declares its own rule there. A machine now below the point's
+``trainer:`` entry, no key of a phase, has its rule here (``UNDECLARED``). A machine now below the point's
 hardware minimum, and a trainer that no longer supports the kind, change it too.
 
 The time allowances (``ALLOWANCES``) change a stored result only where the direction of the change
@@ -50,6 +50,10 @@ DECLARED: dict[str, Key] = {**{k.name: k for k in keys_of(Phase)},
 
 #: the time allowances: every key declared ``Stale.ALLOWANCE``, judged against how the run ended
 ALLOWANCES: dict[str, Key] = {name: k for name, k in DECLARED.items() if k.stale is Stale.ALLOWANCE}
+
+#: the rule of what a record keeps of no key of a phase, by its field of ``Asked``: the runbook's
+#: ``trainer:`` entry, as it launches the point
+UNDECLARED: dict[str, Stale] = {"trainer": Stale.EXACT}
 
 #: the rules no stored value is compared by (``Key.note`` says what stands for them)
 UNCOMPARED = (Stale.THROUGH, Stale.NEVER)
@@ -100,8 +104,8 @@ class Compared:
     rule: Stale
     then: Any
     now: Any
-    key: str = ""
-    """The dotted runbook key (an allowance's ``Limit`` is its declaration's)."""
+    key: str
+    """The dotted runbook key ('' for the ``trainer:`` entry); an allowance's ``Limit`` is its declaration's."""
 
 
 def _repeats_run(rec: PhaseRecord) -> int:
@@ -150,7 +154,8 @@ def _fields(rec: PhaseRecord, point: PhasePoint) -> list[Compared]:
     for name, kept in Asked.fields():
         if kept.kinds and not (rec.kind == kind and kind in kept.kinds):
             continue
-        rule_of, was = kept.rule or DECLARED[kept.key].stale, getattr(then, name) if then is not None else None
+        rule_of = DECLARED[kept.key].stale if kept.key else UNDECLARED[name]
+        was = getattr(then, name) if then is not None else None
         if then is None or (kept.optional and was is None):  # not kept: what the record kept instead
             if name not in OLDER:
                 continue

@@ -26,14 +26,14 @@ def test_every_compared_key_of_a_phase_is_kept_by_a_record_and_asked_keeps_only_
     assert compared == kept | set(stale.RECORDED)
     assert set(stale.RECORDED) <= {f.name for f in dataclasses.fields(Phase)}
     for name, k in Asked.fields():
-        assert bool(k.key) != (k.rule is not None), name  # a declared key's rule, or its own
-        assert (k.rule or stale.DECLARED[k.key].stale) in stale.COMPARE, name
+        assert bool(k.key) != (name in stale.UNDECLARED), name  # a declared key's rule, or its own
+        assert (stale.DECLARED[k.key].stale if k.key else stale.UNDECLARED[name]) in stale.COMPARE, name
         assert set(k.kinds) <= set(PHASE_KINDS), name
         assert all(stale.DECLARED[key].stale is stale.DECLARED[k.key].stale for key in k.also), name
     assert set(stale.OLDER) <= {name for name, _ in Asked.fields()}
     # a member asked now and not at the run is named by its field's renderer
     members = {k.label for f, (_, k) in zip(dataclasses.fields(Asked), Asked.fields())
-               if (k.rule or stale.DECLARED[k.key].stale) is Stale.ADDED and str(f.type).startswith("tuple")}
+               if k.key and stale.DECLARED[k.key].stale is Stale.ADDED and str(f.type).startswith("tuple")}
     assert members == set(stale.ADDED_ITEMS) == {stale.GATE}
 
 

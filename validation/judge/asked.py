@@ -8,54 +8,113 @@ keeps what was asked, so that the comparison needs no guess from what the run le
 ``world_size`` is env.json's, which may exceed the processes launched; a resume point that failed
 stores its failed half's steps).
 
-Every key added after the first of these records is optional: None is a record of a harness that
-did not keep it, and is not compared (never a change made up from a key nobody kept).
+Each field names the runbook key it keeps (``Kept``): the comparison reads that key's ``Stale``
+rule from its declaration (validation/runbook/schema.py, a layer above this one, so the rule is
+not named here). Every field marked ``optional`` was added
+after the first of these records: None is a record of a harness that did not keep it, and is not
+compared (never a change made up from a key nobody kept).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
 
 Scalar = str | int | float | bool
+
+_KEPT = "asked_key"
+
+#: what a point (a runbook.plan.PhasePoint) asks of a field, given whether its kind runs a trainer
+Ask = Callable[[Any, bool], Any]
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What a field of ``Asked`` keeps, and how the staleness check compares it."""
+
+    key: str
+    """The dotted runbook key of a phase whose declared ``Stale`` rule compares it ('': none, the
+    ``trainer:`` entry; store/stale.py gives its rule)."""
+    label: str
+    """The word the report names a change of it by."""
+    ask: Ask
+    load: Callable[[Any], Any]
+    """A stored value (not None) as the field holds it."""
+    optional: bool = True
+    """None is not kept (a key added after the first records), never compared."""
+    kinds: tuple[str, ...] = ()
+    """Compared only where the run's kind and the point's are one of these (none: every kind)."""
+    also: tuple[str, ...] = ()
+    """More keys it keeps, each declared with ``key``'s rule."""
+
+
+def kept(key: str, ask: Ask, load: Callable[[Any], Any], *, label: str = "", default: Any = None,
+         factory: Any = None, optional: bool = True, kinds: tuple[str, ...] = (), also: tuple[str, ...] = ()) -> Any:
+    meta = {_KEPT: Kept(key, label or key, ask, load, optional, kinds, also)}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _strings(v: Any) -> dict[str, str] | None:
+    return {str(k): str(x) for k, x in v.items()} if isinstance(v, dict) else None
+
+
+def _gate_keys(point: Any, _: bool) -> tuple[str, ...]:
+    return tuple(sorted(Asked.gate_key(g) for g in point.gates()))
+
+
+def _join_timeout(point: Any, runs_trainer: bool) -> float | None:
+    rdzv = point.phase.launcher.rdzv if runs_trainer else None
+    return rdzv.join_timeout_s if rdzv is not None else None
 
 
 @dataclass(frozen=True)
 class Asked:
-    steps: int | None = None
+    steps: int | None = kept("steps", lambda p, t: p.phase.steps if t else None, int, optional=False)
     """The phase's steps (None: a phase kind that runs no trainer)."""
-    config: str = ""
-    overrides: dict[str, Scalar] = field(default_factory=dict)
+    config: str = kept("config", lambda p, t: p.phase.config, str, default="", optional=False)
+    overrides: dict[str, Scalar] = kept("overrides", lambda p, t: dict(p.overrides), dict, label="override",
+                                        factory=dict, optional=False)
     """The phase's overrides and the sweep point's parameters."""
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = kept("env", lambda p, t: dict(p.env), _strings, factory=dict, optional=False)
     """The environment the runbook set for the point (the phase's, the sweep's env.* parameters)."""
-    world_size: int = 1
+    world_size: int = kept("launcher", lambda p, t: p.nproc, int, label="world size", default=1, optional=False)
     """The processes the launcher was asked for, every node's together."""
-    gates: tuple[str, ...] | None = None
+    gates: tuple[str, ...] | None = kept("gates", _gate_keys, lambda v: tuple(map(str, v)), label="gate")
     """Each gate the run was asked to pass, as its metric and window (gate_key); a changed threshold
     is re-checked from the stored value (store/thresholds.py), a gate not here has none. None: a
     record of a harness that kept none."""
-    repeats: int | None = None
-    """Runs of the point (the phase's ``repeats``)."""
-    resume_after: int | None = None
-    """The step after which a resume point's first half stopped (0: not a resume phase)."""
-    golden_steps: int | None = None
-    """Steps compared with the golden curve (0: none)."""
-    stall_s: float | None = None
-    """The stall allowance in force (the phase's stall_s, else its default): points that run a
-    trainer (None for others: nothing watched them)."""
-    startup_s: float | None = None
-    """The allowance before the first step in force (startup_s, else the stall allowance)."""
-    join_timeout_s: float | None = None
-    """The rendezvous's join timeout of a launch of several nodes (None: no rendezvous)."""
-    launcher: dict[str, str] | None = None
+    launcher: dict[str, str] | None = kept("launcher", lambda p, t: p.launcher_asked() if t else None, _strings)
     """How the trainer was launched apart from its world size: kind, nodes, torchrun_args,
     srun_args, those without a value left out (points that run a trainer; None for others)."""
-    trainer: dict[str, str] | None = None
+    trainer: dict[str, str] | None = kept("", lambda p, t: p.trainer_asked() if t else None, _strings,
+                                          label="trainer")
     """The trainer the runbook named, as it launches it: this project's module, or a ``trainer:``
     entry's root, entry, args, deliveries, env, adapter and the metrics it cannot provide of the
     point's gates (points that run a trainer; None for others)."""
-    pytest: dict[str, str] | None = None
+    pytest: dict[str, str] | None = kept("tests", lambda p, t: p.pytest_asked() if p.phase.kind == "pytest" else None,
+                                         _strings, label="pytest", also=("pytest_args",))
     """A pytest point's tests and pytest_args (None for other kinds)."""
+    repeats: int | None = kept("repeats", lambda p, t: p.phase.repeats, int, kinds=("train",))
+    """Runs of the point (the phase's ``repeats``)."""
+    resume_after: int | None = kept("resume_after", lambda p, t: p.phase.resume_after, int, kinds=("resume",))
+    """The step after which a resume point's first half stopped (0: not a resume phase)."""
+    golden_steps: int | None = kept("golden_steps", lambda p, t: p.phase.golden_steps, int)
+    """Steps compared with the golden curve (0: none)."""
+    stall_s: float | None = kept("stall_s", lambda p, t: p.phase.stall_after_s if t else None, float)
+    """The stall allowance in force (the phase's stall_s, else its default): points that run a
+    trainer (None for others: nothing watched them)."""
+    startup_s: float | None = kept("startup_s", lambda p, t: p.phase.startup_after_s if t else None, float)
+    """The allowance before the first step in force (startup_s, else the stall allowance)."""
+    join_timeout_s: float | None = kept("launcher.rdzv.join_timeout_s", _join_timeout, float)
+    """The rendezvous's join timeout of a launch of several nodes (None: no rendezvous)."""
+
+    @staticmethod
+    def fields() -> tuple[tuple[str, Kept], ...]:
+        """Each field's name and what it keeps, in declaration order."""
+        return tuple((f.name, f.metadata[_KEPT]) for f in dataclasses.fields(Asked))
 
     @staticmethod
     def gate_key(gate: Any) -> str:
@@ -65,43 +124,16 @@ class Asked:
     @classmethod
     def of(cls, point: Any, trainer_kinds: tuple[str, ...]) -> Asked:
         """What ``point`` (a runbook.plan.PhasePoint) asks, as a record keeps it."""
-        phase = point.phase
-        runs_trainer = phase.kind in trainer_kinds
-        rdzv = phase.launcher.rdzv if runs_trainer else None
-        return cls(phase.steps if runs_trainer else None, phase.config, dict(point.overrides), dict(point.env),
-                   point.nproc, tuple(sorted(cls.gate_key(g) for g in point.gates())),
-                   repeats=phase.repeats, resume_after=phase.resume_after, golden_steps=phase.golden_steps,
-                   stall_s=phase.stall_after_s if runs_trainer else None,
-                   startup_s=phase.startup_after_s if runs_trainer else None,
-                   join_timeout_s=rdzv.join_timeout_s if rdzv is not None else None,
-                   launcher=point.launcher_asked() if runs_trainer else None,
-                   trainer=point.trainer_asked() if runs_trainer else None,
-                   pytest=point.pytest_asked() if phase.kind == "pytest" else None)
+        runs_trainer = point.phase.kind in trainer_kinds
+        return cls(**{name: k.ask(point, runs_trainer) for name, k in cls.fields()})
 
     @classmethod
     def from_json(cls, data: Any) -> Asked | None:
         """A stored ``asked`` mapping; None in records of harnesses that kept none. A key it lacks
-        is None (not kept), never its default."""
+        (or, of the first keys, stores empty) takes the field's default: None (not kept) for every
+        optional one."""
         if not isinstance(data, dict):
             return None
-        steps, gates = data.get("steps"), data.get("gates")
-        return cls(int(steps) if steps is not None else None, str(data.get("config") or ""),
-                   dict(data.get("overrides") or {}), {str(k): str(v) for k, v in (data.get("env") or {}).items()},
-                   int(data.get("world_size") or 1), tuple(map(str, gates)) if gates is not None else None,
-                   repeats=_int(data.get("repeats")), resume_after=_int(data.get("resume_after")),
-                   golden_steps=_int(data.get("golden_steps")), stall_s=_num(data.get("stall_s")),
-                   startup_s=_num(data.get("startup_s")), join_timeout_s=_num(data.get("join_timeout_s")),
-                   launcher=_strings(data.get("launcher")), trainer=_strings(data.get("trainer")),
-                   pytest=_strings(data.get("pytest")))
-
-
-def _int(v: Any) -> int | None:
-    return None if v is None else int(v)
-
-
-def _num(v: Any) -> float | None:
-    return None if v is None else float(v)
-
-
-def _strings(v: Any) -> dict[str, str] | None:
-    return {str(k): str(x) for k, x in v.items()} if isinstance(v, dict) else None
+        values = {name: k.load(data[name]) for name, k in cls.fields()
+                  if (data.get(name) is not None if k.optional else data.get(name))}
+        return cls(**values)

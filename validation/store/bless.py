@@ -79,7 +79,7 @@ def bless(results_dir: Path, runbook: Runbook, profile: Profile, selected: list[
         # a run the point as the runbook asks it now was not (other steps, config, overrides,
         # environment or world size) gives another curve: the report calls it NOT RUN, and its
         # loss is no golden of the point (a gate added since changes no loss, and does not count)
-        changed = [c for c in stale.changes(rec, point) if c.key != stale.Key.GATE]
+        changed = [c for c in stale.changes(rec, point) if c.key != stale.GATE]
         if changed:
             raise GoldenError(f"{pid}: its stored run is of what the runbook asks no longer "
                               f"({'; '.join(c.text() for c in changed)}); nothing blessed (re-run it first: "

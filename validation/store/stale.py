@@ -6,13 +6,14 @@ is no verdict of the point the runbook asks for now.
 
 What a change to each key of a phase means is declared with the key (``Stale`` in
 validation/runbook/schema.py, on the fields of validation/runbook/types.py; docs/runbook_format.md
-shows it): any change (steps, config, overrides, env, kind, launcher and world size, resume step,
-pytest tests and arguments, and the ``trainer:`` entry as it launches the point), only more
-(repeats: a stored 3-run pass holds a pass of every run, so a runbook now asking 1 keeps it), only
-one asked now of a passed point (a gate of a new metric or window, a golden comparison: a changed
-threshold or golden file is re-checked from what is stored, thresholds.py and report/build.py),
-through other keys, or never (text for people, where the agents meet). A machine now below the
-point's hardware minimum, and a trainer that no longer supports the kind, change it too.
+shows it), and each rule has one comparison here (``COMPARE``): any change; only more (a stored
+3-run pass holds a pass of every run, so a runbook now asking 1 keeps it); only one asked now of a
+passed point (a gate of a new metric or window, a golden comparison: a changed threshold or golden
+file is re-checked from what is stored, thresholds.py and report/build.py); an allowance; or none
+(through other keys, never). The value compared is what a record keeps of the key: a field of
+``Asked`` (judge/asked.py) that names the key, or one every record keeps (``RECORDED``); the
+``trainer:`` entry, no key of a phase, has its rule here (``UNDECLARED``). A machine now below the point's
+hardware minimum, and a trainer that no longer supports the kind, change it too.
 
 The time allowances (``ALLOWANCES``) change a stored result only where the direction of the change
 can: raised since the run, they change a run they may have ended (``Limit``: a timed-out run, a
@@ -23,72 +24,58 @@ allowance (its wall time bounds every quiet spell, and the whole of each of its 
 have been stopped now; a failed run stays a failure (it fails the same or sooner), and a pass that
 took less than the new allowance passes within it.
 
-Records keep what was asked (judge/asked.py). Of records of older harnesses, which kept none,
-what they kept is read: their steps (not of a resume point that failed: it stores its failed
-half's), their overrides, and their world size where below the runbook's (env.json's world, which
-a record keeps, is never below the processes launched, and may be above them), their kind, their
-timeout, wall time and how they ended, their repeats (their sub-runs), the step their passed
-resume first half stopped after, and their machine. A key a record did not keep is not compared.
+Of records of older harnesses, which kept no ``asked`` (or not yet one of its keys), what they
+kept is read instead (``OLDER``): their steps (not of a resume point that failed: it stores its
+failed half's), their overrides, their world size where below the runbook's (env.json's world,
+which a record keeps, is never below the processes launched, and may be above them), their repeats
+(their sub-runs) and the step their passed resume first half stopped after. A key a record did not
+keep is not compared.
 """
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from validation.judge.asked import Asked
 from validation.judge.gates import rule
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
 from validation.runbook.hardware import shortfalls
 from validation.runbook.plan import PhasePoint
-from validation.runbook.schema import Key as SchemaKey
-from validation.runbook.schema import Limit, Stale, keys_of
+from validation.runbook.schema import Key, Limit, Stale, keys_of
 from validation.runbook.types import Phase, Rendezvous
 
+#: every key of a stored point, by its dotted runbook key (validation/runbook/schema.py)
+DECLARED: dict[str, Key] = {**{k.name: k for k in keys_of(Phase)},
+                            **{f"launcher.rdzv.{k.name}": k for k in keys_of(Rendezvous)}}
 
-class Key(enum.StrEnum):
-    """A key of the runbook whose value decides what a point's result means."""
+#: the time allowances: every key declared ``Stale.ALLOWANCE``, judged against how the run ended
+ALLOWANCES: dict[str, Key] = {name: k for name, k in DECLARED.items() if k.stale is Stale.ALLOWANCE}
 
-    STEPS = "steps"
-    CONFIG = "config"
-    OVERRIDE = "override"
-    ENV = "env"
-    WORLD_SIZE = "world size"
-    GATE = "gate"
-    """A gate the runbook asks now that the run did not evaluate (a new metric, another window): no
-    stored value to re-check it by (a changed threshold is re-checked, thresholds.py)."""
-    KIND = "kind"
-    REPEATS = "repeats"
-    """More runs of the point than the run made (fewer keep a stored result: each run was judged)."""
-    RESUME_AFTER = "resume_after"
-    GOLDEN_STEPS = "golden_steps"
-    """A golden comparison the run was not asked (one asked over other steps is re-checked against
-    the golden file as it is now, report/build.py)."""
-    LAUNCHER = "launcher"
-    TRAINER = "trainer"
-    PYTEST = "pytest"
-    HARDWARE = "hardware"
-    """The machine that ran it is below the point's minimum now (it would be skipped there)."""
+#: the rule of what a record keeps of no key of a phase, by its field of ``Asked``: the runbook's
+#: ``trainer:`` entry, as it launches the point
+UNDECLARED: dict[str, Stale] = {"trainer": Stale.EXACT}
 
+#: the rules no stored value is compared by (``Key.note`` says what stands for them)
+UNCOMPARED = (Stale.THROUGH, Stale.NEVER)
 
-#: the time allowances, by their dotted runbook key: every key declared ``Stale.ALLOWANCE``
-#: (validation/runbook/schema.py), judged against how the run ended (``_allowance``)
-ALLOWANCES: dict[str, SchemaKey] = {
-    **{k.name: k for k in keys_of(Phase) if k.stale is Stale.ALLOWANCE},
-    **{f"launcher.rdzv.{k.name}": k for k in keys_of(Rendezvous) if k.stale is Stale.ALLOWANCE},
-}
+GATE = dict(Asked.fields())["gates"].label
+"""A gate the runbook asks now that the run did not evaluate (a new metric, another window)."""
+
+HARDWARE = "hardware"
+"""The machine that ran it is below the point's minimum now (it would be skipped there)."""
 
 
 @dataclass(frozen=True)
 class Change:
-    key: Key | str
-    """A Key, or the dotted runbook key of a time allowance (``ALLOWANCES``)."""
+    key: str
+    """The word naming what changed: a field's label (``asked.Kept.label``), the dotted runbook key of a
+    time allowance or of a key every record keeps, or ``HARDWARE``."""
     stored: str
     """The value at the run ('unset': the run had none)."""
     now: str
     """The value the runbook's point has now."""
     name: str = ""
-    """The override or variable (OVERRIDE, ENV), the launcher's or trainer's key (LAUNCHER, TRAINER)."""
+    """The entry of a mapping (an override, a variable, the launcher's or trainer's key), the metric of a gate."""
     why: str = ""
     """Why the change matters to this run, where that depends on how it ran (an allowance)."""
 
@@ -108,75 +95,17 @@ class Outdated:
         return "; ".join(c.text() for c in self.changes)
 
 
-def changes(rec: PhaseRecord, point: PhasePoint) -> tuple[Change, ...]:
-    """What the runbook's ``point`` asks now that ``rec``'s run was not asked (none of a SKIP:
-    nothing ran; the hardware that skipped it is checked when the point runs)."""
-    if rec.status == Status.SKIP:
-        return ()
-    now = Asked.of(point, TRAINER_KINDS)
-    return (*_asked(rec, now), *_recorded(rec, point, now), *_new_gates(rec, point))
+@dataclass(frozen=True)
+class Compared:
+    """One value compared between a record and the point: ``then`` read from the record (None: not
+    kept), ``now`` from what the point asks, by ``rule``."""
 
-
-def _new_gates(rec: PhaseRecord, point: PhasePoint) -> list[Change]:
-    """Of a passed point: the gates it would have to pass now that its run was not asked to (a
-    failed point is no GO whatever they say; a record that kept no gates cannot tell)."""
-    then = rec.asked.gates if rec.asked is not None else None
-    if rec.status != Status.PASS or then is None:
-        return []
-    out = [Change(Key.GATE, "not asked", f"{rule(g.op, g.threshold)} ({g.window.describe()})", g.metric)
-           for g in point.gates() if Asked.gate_key(g) not in then]
-    # the golden comparison, a gate of its own: one asked over other steps, or taken away, is
-    # re-checked against the golden file or stands as stored (report/build.py)
-    if rec.asked.golden_steps == 0 and point.phase.golden_steps:
-        out.append(Change(Key.GOLDEN_STEPS, "unset", str(point.phase.golden_steps)))
-    return out
-
-
-def _asked(rec: PhaseRecord, now: Asked) -> tuple[Change, ...]:
-    then = rec.asked
-    if then is None:
-        return _older(rec, now)
-    out = []
-    if then.steps != now.steps:
-        out.append(Change(Key.STEPS, _v(then.steps), _v(now.steps)))
-    if then.config != now.config:
-        out.append(Change(Key.CONFIG, then.config or "unset", now.config or "unset"))
-    out += _mapping(Key.OVERRIDE, then.overrides, now.overrides)
-    out += _mapping(Key.ENV, then.env, now.env)
-    if then.world_size != now.world_size:
-        out.append(Change(Key.WORLD_SIZE, str(then.world_size), str(now.world_size)))
-    for key, was, asks in ((Key.LAUNCHER, then.launcher, now.launcher), (Key.TRAINER, then.trainer, now.trainer),
-                           (Key.PYTEST, then.pytest, now.pytest)):
-        if was is not None and asks is not None:  # None: not kept, or a kind that has none (KIND says)
-            out += _mapping(key, was, asks)
-    return tuple(out)
-
-
-def _recorded(rec: PhaseRecord, point: PhasePoint, now: Asked) -> list[Change]:
-    """What every record keeps, whether or not it kept what was asked: its kind, its repeats (its
-    sub-runs), its timeout and how it ended, its machine; and whether the runbook's trainer still
-    runs its kind."""
-    phase, out = point.phase, []
-    if rec.kind != phase.kind:
-        out.append(Change(Key.KIND, rec.kind, phase.kind))
-    if rec.kind == phase.kind == "train":
-        ran = rec.asked.repeats if rec.asked is not None and rec.asked.repeats is not None else _repeats_run(rec)
-        if ran < phase.repeats:
-            out.append(Change(Key.REPEATS, str(ran), str(phase.repeats)))
-    if rec.kind == phase.kind == "resume":
-        kept = rec.asked.resume_after if rec.asked is not None else None
-        stopped = kept if kept is not None else _stopped_after(rec)
-        if stopped is not None and stopped != phase.resume_after:
-            out.append(Change(Key.RESUME_AFTER, str(stopped), str(phase.resume_after)))
-    out += _allowances(rec, point, now)
-    if rec.hardware is not None:
-        short = shortfalls(point.profile, rec.hardware, point.min_gpus)
-        if short:
-            out.append(Change(Key.HARDWARE, "met the point's minimum", "below it", why="; ".join(short)))
-    spec = point.runbook.trainer
-    if spec is not None and not spec.supports_phase(phase.kind):
-        out.append(Change(Key.TRAINER, f"{phase.kind} supported", f"{phase.kind} not supported", "phases"))
-    return out
+    label: str
+    rule: Stale
+    then: Any
+    now: Any
+    key: str
+    """The dotted runbook key ('' for the ``trainer:`` entry); an allowance's ``Limit`` is its declaration's."""
 
 
 def _repeats_run(rec: PhaseRecord) -> int:
@@ -191,20 +120,102 @@ def _stopped_after(rec: PhaseRecord) -> int | None:
     return first.last_step if first is not None else None
 
 
-def _allowances(rec: PhaseRecord, point: PhasePoint, now: Asked) -> list[Change]:
-    """The time allowances changed since the run where the change may change its result: the
-    timeout (every record keeps it; 0 in hand-built ones: not kept) and, where the record kept
-    them, the others (the record's ``asked`` keeps each by its key's last name)."""
-    then = rec.asked or Asked()
-    out = []
-    for name, spec in ALLOWANCES.items():
-        if spec.limit is Limit.RUN:
-            was, asks = rec.timeout_s or None, point.phase.timeout_s
-        else:
-            attr = name.rsplit(".", 1)[-1]
-            was, asks = getattr(then, attr), getattr(now, attr)
-        out += _allowance(rec, name, spec.limit, was, asks)
+def _steps_run(rec: PhaseRecord) -> int | None:
+    """The steps of a point that ran a trainer (not of a resume point that failed: it stores its
+    failed half's)."""
+    return rec.steps if rec.kind in TRAINER_KINDS and not (rec.kind == "resume" and rec.failed) else None
+
+
+#: of a record that did not keep a field of ``Asked`` (a harness older than the field), what it
+#: kept instead, and the rule that compares it (env.json's world is never below the processes
+#: launched, and may be above them: only more is a change)
+OLDER: dict[str, tuple[Callable[[PhaseRecord], Any], Stale]] = {
+    "steps": (_steps_run, Stale.EXACT),
+    "overrides": (lambda rec: rec.overrides, Stale.EXACT),
+    "world_size": (lambda rec: rec.world_size, Stale.MORE),
+    "repeats": (_repeats_run, Stale.MORE),
+    "resume_after": (_stopped_after, Stale.EXACT),
+}
+
+#: keys of a phase every record keeps outside ``asked``, read from the record (0 timeout in
+#: hand-built ones: not kept)
+RECORDED: dict[str, Callable[[PhaseRecord], Any]] = {
+    "kind": lambda rec: rec.kind,
+    "timeout_s": lambda rec: rec.timeout_s or None,
+}
+
+
+def _fields(rec: PhaseRecord, point: PhasePoint) -> list[Compared]:
+    """Every value to compare, in the order the report names changes: what every record keeps,
+    then what it kept of what was asked, each by its key's declared rule."""
+    now, then, kind = Asked.of(point, TRAINER_KINDS), rec.asked, point.phase.kind
+    out = [Compared(key, DECLARED[key].stale, read(rec), getattr(point.phase, key), key)
+           for key, read in RECORDED.items()]
+    for name, kept in Asked.fields():
+        if kept.kinds and not (rec.kind == kind and kind in kept.kinds):
+            continue
+        rule_of = DECLARED[kept.key].stale if kept.key else UNDECLARED[name]
+        was = getattr(then, name) if then is not None else None
+        if then is None or (kept.optional and was is None):  # not kept: what the record kept instead
+            if name not in OLDER:
+                continue
+            read, rule_of = OLDER[name]
+            was = read(rec)
+            if was is None:
+                continue
+        out.append(Compared(kept.label, rule_of, was, getattr(now, name), kept.key))
     return out
+
+
+def _exact(rec: PhaseRecord, point: PhasePoint, c: Compared) -> list[Change]:
+    """Any change (of a mapping: each entry; a mapping not kept, or not asked of the kind, is not compared)."""
+    if isinstance(c.then, Mapping) or isinstance(c.now, Mapping):
+        return _mapping(c.label, c.then, c.now) if c.then is not None and c.now is not None else []
+    return [Change(c.label, _scalar(c.then), _scalar(c.now))] if c.then != c.now else []
+
+
+def _more(rec: PhaseRecord, point: PhasePoint, c: Compared) -> list[Change]:
+    """Only more than the run made."""
+    return [Change(c.label, _scalar(c.then), _scalar(c.now))] if c.then < c.now else []
+
+
+def _gates(point: PhasePoint) -> dict[str, tuple[str, str]]:
+    """Each gate the point asks, by what a record keeps of it: its metric and its rule and window."""
+    return {Asked.gate_key(g): (g.metric, f"{rule(g.op, g.threshold)} ({g.window.describe()})") for g in point.gates()}
+
+
+#: how a member asked now and not at the run is named (its name, its value): by the label of its field
+ADDED_ITEMS: dict[str, Callable[[PhasePoint], dict[str, tuple[str, str]]]] = {"gate": _gates}
+
+
+def _added(rec: PhaseRecord, point: PhasePoint, c: Compared) -> list[Change]:
+    """Of a passed point, only what is asked now and was not at the run: a new member, or a value
+    where the run had none (a failed point is no GO whatever they say; one that changed is
+    re-checked from what is stored, store/thresholds.py and report/build.py)."""
+    if rec.status != Status.PASS:
+        return []
+    if isinstance(c.now, tuple):
+        return [Change(c.label, "not asked", value, name)
+                for member, (name, value) in ADDED_ITEMS[c.label](point).items() if member not in c.then]
+    return [Change(c.label, _scalar(c.then or None), _scalar(c.now))] if not c.then and c.now else []
+
+
+def _allowance(rec: PhaseRecord, point: PhasePoint, c: Compared) -> list[Change]:
+    """A time allowance changed since the run, where the change may change its result (the module's
+    docstring): raised, where it may have ended the run; lowered, where the run did not fail and
+    took longer than the new allowance."""
+    then, now, limit = c.then, c.now, DECLARED[c.key].limit
+    if then is None or now is None or then == now:
+        return []
+    if now > then and _may_have_ended(rec, limit, now):
+        why = "the run timed out" if limit is Limit.RUN else (
+            f"the run was stopped as stalled after {rec.stalled_s:g} s without progress" if rec.stalled_s is not None
+            else "the run failed before its first step")
+    elif now < then and not rec.failed and rec.wall_s > now:
+        why = f"the run took {rec.wall_s:g} s"
+    else:
+        return []
+    return [Change(c.key, f"{then:g}", f"{now:g}", why=why)]
 
 
 def _may_have_ended(rec: PhaseRecord, limit: Limit, now: float) -> bool:
@@ -221,40 +232,51 @@ def _may_have_ended(rec: PhaseRecord, limit: Limit, now: float) -> bool:
     return rec.failed and not seen
 
 
-def _allowance(rec: PhaseRecord, key: str, limit: Limit, then: float | None, now: float | None) -> list[Change]:
-    """A time allowance changed since the run, where the change may change its result (the module's
-    docstring): raised, where it may have ended the run; lowered, where the run did not fail and
-    took longer than the new allowance."""
-    if then is None or now is None or then == now:
-        return []
-    if now > then and _may_have_ended(rec, limit, now):
-        why = "the run timed out" if limit is Limit.RUN else (
-            f"the run was stopped as stalled after {rec.stalled_s:g} s without progress" if rec.stalled_s is not None
-            else "the run failed before its first step")
-    elif now < then and not rec.failed and rec.wall_s > now:
-        why = f"the run took {rec.wall_s:g} s"
-    else:
-        return []
-    return [Change(key, f"{then:g}", f"{now:g}", why=why)]
+#: one comparison per rule a stored value is compared by, in the order the report names their changes
+COMPARE: dict[Stale, Callable[[PhaseRecord, PhasePoint, Compared], list[Change]]] = {
+    Stale.EXACT: _exact, Stale.MORE: _more, Stale.ALLOWANCE: _allowance, Stale.ADDED: _added}
 
 
-def _older(rec: PhaseRecord, now: Asked) -> tuple[Change, ...]:
-    out = []
-    if rec.kind in TRAINER_KINDS and not (rec.kind == "resume" and rec.failed) and rec.steps != now.steps:
-        out.append(Change(Key.STEPS, _v(rec.steps), _v(now.steps)))
-    out += _mapping(Key.OVERRIDE, rec.overrides, now.overrides)
-    if rec.world_size < now.world_size:
-        out.append(Change(Key.WORLD_SIZE, str(rec.world_size), str(now.world_size)))
+def changes(rec: PhaseRecord, point: PhasePoint) -> tuple[Change, ...]:
+    """What the runbook's ``point`` asks now that ``rec``'s run was not asked (none of a SKIP:
+    nothing ran; the hardware that skipped it is checked when the point runs)."""
+    if rec.status == Status.SKIP:
+        return ()
+    compared = _fields(rec, point)
+    out: list[Change] = []
+    for rule_of, compare in COMPARE.items():
+        if rule_of is Stale.ADDED:
+            out += _machine(rec, point)
+        out += [ch for c in compared if c.rule is rule_of for ch in compare(rec, point, c)]
     return tuple(out)
 
 
-def _mapping(key: Key, then: Mapping[str, Any], now: Mapping[str, Any]) -> list[Change]:
-    return [Change(key, _v(then.get(k)), _v(now.get(k)), k) for k in sorted(set(then) | set(now))
+def _machine(rec: PhaseRecord, point: PhasePoint) -> list[Change]:
+    """The machine that ran it, below the point's hardware minimum now; and the runbook's trainer
+    no longer running the point's kind."""
+    out = []
+    if rec.hardware is not None:
+        short = shortfalls(point.profile, rec.hardware, point.min_gpus)
+        if short:
+            out.append(Change(HARDWARE, "met the point's minimum", "below it", why="; ".join(short)))
+    spec, kind = point.runbook.trainer, point.phase.kind
+    if spec is not None and not spec.supports_phase(kind):
+        out.append(Change("trainer", f"{kind} supported", f"{kind} not supported", "phases"))
+    return out
+
+
+def _mapping(label: str, then: Mapping[str, Any], now: Mapping[str, Any]) -> list[Change]:
+    return [Change(label, _v(then.get(k)), _v(now.get(k)), k) for k in sorted(set(then) | set(now))
             if then.get(k) != now.get(k) or (k in then) != (k in now)]
 
 
 def _v(value: Any) -> str:
     return "unset" if value is None else str(value)
+
+
+def _scalar(value: Any) -> str:
+    """A scalar key's value as the report shows it (an empty config: 'unset')."""
+    return "unset" if value is None or value == "" else str(value)
 
 
 def split(records: Iterable[PhaseRecord], points: Iterable[PhasePoint]) -> tuple[list[PhaseRecord], list[Outdated]]:

@@ -33,7 +33,7 @@ def test_m7c_125m_builds_and_learns_a_pattern():
     # seq 80 > l=32: compressed tokens exist; 2 selection blocks of 64
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses = []
-    for step in range(6):
+    for step in range(4):
         batch = pattern_batch(1, 80, seed=step)
         logits = model(batch[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, cfg.vocab_size), batch[:, 1:].reshape(-1))

@@ -19,12 +19,20 @@ pytestmark = pytest.mark.triton_interp
 
 TRITON_ROUTES = ["model.attn.backend_cmp=triton", "model.attn.backend_sel=triton",
                  "model.attn.backend_win=triton"]
+# the smallest model that runs every NSA stage's custom op (compressed band, top-n, the selected
+# and window branches with the gated sum as one op): one layer, one KV head of two query heads,
+# blocks of 4 keys, so that 16 tokens hold 7 compressed tokens and 4 selection blocks, of which
+# the later tokens choose 3
+SMALL = TRITON_ROUTES + ["model.n_layers=1", "model.dim=32", "model.n_heads=2", "model.n_kv_groups=1",
+                         "model.ffn_hidden=32", "model.attn.cmp_block=4", "model.attn.cmp_stride=2",
+                         "model.attn.sel_block=4", "model.attn.n_selected=3", "model.attn.window=4"]
+SEQ = 16
 
 
 def _opcheck_inputs(dev):
     gen = torch.Generator().manual_seed(0)
-    B, T, H, G, K = 1, 24, 2, 3, 16
-    cfg = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, n_selected=3, window=8)
+    B, T, H, G, K = 1, 16, 1, 3, 16
+    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=3, window=4)
     q = torch.randn(B, T, H * G, K, generator=gen).to(dev)
     k, v = (torch.randn(B, T, H, K, generator=gen).to(dev) for _ in range(2))
     nc = (T - cfg.cmp_block) // cfg.cmp_stride + 1
@@ -70,12 +78,12 @@ def test_compiled_blocks_match_eager_without_graph_breaks(kdev):
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    cfg = load_model_config("tiny", TRITON_ROUTES + ["model.n_layers=1"])
+    cfg = load_model_config("tiny", SMALL)
     torch.manual_seed(0)
     model = NSATransformer(cfg).to(kdev)
     torch.manual_seed(0)
     eager_model = NSATransformer(cfg).to(kdev)
-    x = torch.randint(0, cfg.vocab_size, (2, 36), device=kdev)
+    x = torch.randint(0, cfg.vocab_size, (1, SEQ), device=kdev)
     torch._dynamo.reset()
     counters.clear()
     backend = "inductor" if kdev.type == "cuda" else "aot_eager"
@@ -105,12 +113,12 @@ def test_whole_model_compiles_in_one_graph_as_a_user_compiles_it(kdev):
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    cfg = load_model_config("tiny", TRITON_ROUTES + ["model.n_layers=2"])
+    cfg = load_model_config("tiny", SMALL)
     torch.manual_seed(0)
     model = NSATransformer(cfg).to(kdev)
     torch.manual_seed(0)
     eager_model = NSATransformer(cfg).to(kdev)
-    x = torch.randint(0, cfg.vocab_size, (1, 40), device=kdev)
+    x = torch.randint(0, cfg.vocab_size, (1, SEQ), device=kdev)
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(model, backend="inductor" if kdev.type == "cuda" else "aot_eager", fullgraph=True)

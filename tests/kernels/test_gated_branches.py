@@ -38,31 +38,40 @@ def _fused(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg, q_start, deter
                           deterministic, sel_tuning=tune)
 
 
+DQ_PATHS = {"dq-from-partials": (1, "dq"), "dq-from-dS": (1, "ds"), "dq-kernel": (2, "auto")}
+CASES = [("dq-from-partials", False, 0), ("dq-from-partials", True, 6), ("dq-from-dS", False, 6),
+         ("dq-from-dS", True, 0), ("dq-kernel", False, 6), ("dq-kernel", True, 0)]
+
+
 @pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")  # the zero gates
-@pytest.mark.parametrize("tt,keep", [(1, "dq"), (1, "ds"), (2, "auto")],
-                         ids=["dq-from-partials", "dq-from-dS", "dq-kernel"])
-@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
-@pytest.mark.parametrize("q_start", [0, 6])
-def test_gated_branches_match_separate_ops(kdev, tt, keep, deterministic, q_start):
+@pytest.mark.parametrize("path,deterministic,q_start", CASES,
+                         ids=[f"{q}-{'deterministic' if d else 'atomic'}-{p}" for p, d, q in CASES])
+def test_gated_branches_match_separate_ops(kdev, path, deterministic, q_start):
+    """Each dq path with and without the deterministic dk/dv order, and each of those in a
+    prefill (q_start = 0) and a continuation (q_start = 6): every pair of the three choices
+    meets in some case (the other six of the full product add no path)."""
+    tt, keep = DQ_PATHS[path]
     _match_separate_ops(kdev, SelectionTuning(tt=tt, dq_keep=keep), deterministic, q_start)
 
 
 @pytest.mark.filterwarnings("ignore:divide by zero encountered in log:RuntimeWarning")  # the zero gates
 @pytest.mark.parametrize("keep", ["dq", "ds"])
 def test_gated_branches_keep_a_chunk_of_tokens_at_a_time(kdev, keep):
-    """The selected backward takes what its dk/dv pass keeps 7 tokens at a time (two batches: the
-    chunks are strided slices of q, do and of the window's dq it adds)."""
-    per_token = 2 * 6 * 4 * (16 if keep == "dq" else 4) * torch.empty(0, device=kdev).element_size()
-    _match_separate_ops(kdev, SelectionTuning(tt=1, dq_keep=keep, kept_budget=7 * per_token), False, 0)
+    """The selected backward takes what its dk/dv pass keeps 7 tokens at a time (7, 7 and 1 of
+    15; two batches: the chunks are strided slices of q, do and of the window's dq it adds)."""
+    B, HQ, n = 2, 3, 4
+    per_token = B * HQ * n * (16 if keep == "dq" else 4) * torch.empty(0, device=kdev).element_size()
+    _match_separate_ops(kdev, SelectionTuning(tt=1, dq_keep=keep, kept_budget=7 * per_token), False, 0, B=B, H=1)
 
 
-def _match_separate_ops(kdev, tune: SelectionTuning, deterministic, q_start):
-    """The one op against the three separate ops, both at the selected branch's ``tune``."""
+def _match_separate_ops(kdev, tune: SelectionTuning, deterministic, q_start, B=1, H=2):
+    """The one op against the three separate ops, both at the selected branch's ``tune``: 15
+    tokens (no multiple of l' = 4 nor of a token tile), G = 3."""
     from nsa.kernels import selection
 
     tt = tune.tt
     cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=4, window=5)
-    B, T, H, G, K = 2, 23, 2, 3, 16
+    T, G, K = 15, 3, 16
     Tk = q_start + T
     gen = torch.Generator().manual_seed(tt + 2 * q_start + deterministic)
     leaves = [torch.rand(B, T, H * G, 3, generator=gen).to(kdev),  # gates
@@ -151,7 +160,7 @@ def test_backward_takes_the_forwards_inverse_selection(kdev, monkeypatch, op, de
     monkeypatch.setattr(selection_blocks, "inverse_selection", counted)
     tune = SelectionTuning(tt=1)
     cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=4, window=5)
-    B, T, H, G, K = 1, 21, 2, 3, 16
+    B, T, H, G, K = 1, 13, 2, 3, 16
     gen = torch.Generator().manual_seed(11)
     leaves = [torch.rand(B, T, H * G, 3, generator=gen).to(kdev), rnd(gen, B, T, H * G, K, device=kdev),
               rnd(gen, B, T, H * G, K, device=kdev), *(rnd(gen, B, T, H, K, device=kdev) for _ in range(4))]

@@ -49,7 +49,10 @@ _ABORT: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
 #: seconds a launch of several processes may stay open once one of them failed and no other
 #: process of it runs: time for the others to end by themselves (a torchrun agent at its exit
 #: barrier whose store went with the failed agent ended 1.6 s after it, measured here) before
-#: the harness stops them
+#: the harness stops them. A stall found once every rank under the launched processes has ended
+#: waits as long from the moment they had all gone: a torchrun agent on a loaded machine can take
+#: longer than a short ``stall_s`` to see its workers' exits and end as they did (a crash would
+#: otherwise be called a stall)
 LAUNCH_OVER_GRACE_S = 5.0
 
 
@@ -300,6 +303,9 @@ def _supervise(procs: list[subprocess.Popen | None], over: LaunchOver, ended: di
     of the tree against the steps the files show, also once every launched process has exited."""
     steps = StepWatch(watch.progress_dir, watch.csv, watch.step_of, watch.live_steps) if watch is not None else None
     last_progress = start
+    launched = {p.pid for p in procs if p is not None}
+    ranks_ran = False
+    ranks_gone_at: float | None = None
     while True:
         running = [p for p in procs if p is not None and p.poll() is None]
         _record_ends(procs, ended, start)
@@ -325,6 +331,7 @@ def _supervise(procs: list[subprocess.Popen | None], over: LaunchOver, ended: di
         if on_poll is not None:
             on_poll(elapsed)
         over_s = over.look(tree, now)
+        ranks_ran = ranks_ran or any(p.pid not in launched for p in tree.known())
         stop = None
         if steps is not None:
             if steps.look():
@@ -337,6 +344,12 @@ def _supervise(procs: list[subprocess.Popen | None], over: LaunchOver, ended: di
             stop = _Stop(_Why.TIMEOUT, f"killed after {timeout_s:.0f}s timeout", quiet_s=quiet)
         if over_s is not None and (stop is not None or over_s >= LAUNCH_OVER_GRACE_S):
             return _Stop(_Why.LAUNCH_OVER, over.note(over_s))
+        if stop is not None and stop.why == _Why.STALL and ranks_ran:
+            # every rank has ended: the launcher is reporting how, not stalled (LAUNCH_OVER_GRACE_S)
+            gone = all(m.pid in launched for m in tree.members())
+            ranks_gone_at = (ranks_gone_at or now) if gone else None
+            if gone and now - ranks_gone_at < LAUNCH_OVER_GRACE_S:
+                continue
         if stop is not None:
             return replace(stop, beat_pids=dict(steps.pids)) if steps is not None else stop
 

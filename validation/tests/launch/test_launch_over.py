@@ -69,3 +69,22 @@ def test_agents_that_never_started_a_rank_are_left_to_their_rendezvous(tmp_path)
     result = _run(tmp_path, [meeting, down])
     assert [p.exit_code for p in result.parts] == [1, 1] and result.exit_code == 1, result.parts
     assert "RendezvousTimeoutError" in (tmp_path / "node0.stderr.log").read_text()
+
+
+def test_a_launcher_whose_ranks_have_ended_is_given_time_to_end_as_they_did(tmp_path):
+    """One launcher (a torchrun agent) whose worker has failed, slower than ``stall_s`` to see it and
+    end (a loaded machine): the run ends as the launcher does, a crash, not a stall of ranks that
+    had all ended. A rank that exited 0 inside the last step was once called 'stalled ... no rank
+    was left running' in CI rather than the crash its peer's broken collective was."""
+    slow = Command(_agent(0.3, "time.sleep(2.5); sys.exit(1)"), "node0")
+    result = _run(tmp_path, [slow], stall_s=1.0)
+    assert result.exit_code == 1 and result.stalled_s is None and not result.timed_out, result
+
+
+def test_a_launcher_that_outlives_its_ranks_past_the_grace_is_stopped_as_stalled(tmp_path):
+    lingering = Command(_agent(0.3, f"time.sleep({FAR_S * 2})"), "node0")
+    t0 = time.monotonic()
+    result = _run(tmp_path, [lingering], stall_s=1.0)
+    took = time.monotonic() - t0
+    assert result.stalled_s is not None and result.exit_code is None and not result.stacks, result
+    assert LAUNCH_OVER_GRACE_S <= took <= 1.0 + LAUNCH_OVER_GRACE_S + 5.0, f"stopped {took:.1f}s after it started"

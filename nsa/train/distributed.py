@@ -7,7 +7,7 @@ import datetime
 import os
 import re
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -161,16 +161,16 @@ def all_gather_stats(info: DistInfo, values: torch.Tensor) -> list[list[float]]:
 _PEER_GONE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|remote process exited", re.IGNORECASE)
 
 
-def lost_peer(info: DistInfo, exc: BaseException, gone: Sequence[int] = ()) -> str | None:
+def lost_peer(info: DistInfo, exc: BaseException, gone: Callable[[], Sequence[int]] = tuple) -> str | None:
     """The peer an error of this rank's collective says is gone: 'rank 1' where it can be known (a
-    world of two: the other rank; else the ranks ``gone``, those whose processes are seen to have
-    ended), else 'a peer rank (...)'; None for any other error. The backend's own text names an
-    address and a source line, not a rank."""
+    world of two: the other rank; else the ranks ``gone()`` returns, those whose processes are seen
+    to have ended, looked up only for such an error), else 'a peer rank (...)'; None for any other
+    error. The backend's own text names an address and a source line, not a rank."""
     if not info.distributed or info.world_size < 2 or not _PEER_GONE.search(str(exc)):
         return None
     if len(info.peers) == 1:
         return f"rank {info.peers[0]}"
-    if gone:
+    if gone := gone():
         return (f"rank {gone[0]}" if len(gone) == 1 else f"ranks {', '.join(map(str, gone))}") + " (process gone)"
     return "a peer rank (the backend's error does not say which)"
 

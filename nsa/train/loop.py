@@ -508,13 +508,16 @@ class Trainer:
                 self.write_env()
                 return EXIT_NONFINITE
             except BaseException as exc:
+                # first, before anything this rank writes: the peers that failed on the same broken
+                # collective end within moments, and a later look would find them gone too
+                peer = lost_peer(self.info, exc, lambda: ranks_gone(self.out, self.info.peers))
                 self.log_before_exit()
                 if isinstance(exc, torch.OutOfMemoryError):
                     self.stop_reason = f"out of memory {self.where()}: {exc}"
                     self.oom_report(exc)
                 elif isinstance(exc, KeyboardInterrupt):
                     self.stop_reason = f"interrupted (Ctrl-C twice) {self.where()}"
-                elif (peer := lost_peer(self.info, exc, ranks_gone(self.out, self.info.peers))) is not None:
+                elif peer is not None:
                     # the backend's text (an address, a source line) kept as the detail of plain words
                     lost = (f"lost {peer} {self.where()}: a connection of rank {self.info.rank}'s collective broke "
                             "(a peer's process ended, or its host went away)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -182,23 +183,26 @@ def test_a_stalled_rank_ends_the_run_with_every_ranks_stacks(tmp_path: Path):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("nproc, peer", [(2, "rank 1"), (3, "rank 2 (process gone)")], ids=["two", "three"])
+@pytest.mark.parametrize("nproc, peer", [(2, r"rank 1"), (3, r"(rank 2|ranks 1, 2) \(process gone\)")],
+                         ids=["two", "three"])
 def test_a_peer_killed_by_sigkill_is_named_as_lost_in_env_json(tmp_path: Path, nproc: int, peer: str):
     """The last rank SIGKILLed (kill -9, a node gone) at step 3: rank 0's env.json status was gloo's
     raw text ("error at step 3: RuntimeError('[/__w/pytorch/.../pair.cc:537] Read error
     [127.0.0.1]:6051: Connection reset by peer. ...')"), naming neither the rank nor what happened in
-    words. Now it says which rank was lost (of two, the other; of more, the one whose process is
-    gone), with gloo's text kept as the detail, and rank 0 says so on stderr."""
+    words. Now it says which rank was lost (of two, the other; of more, those whose processes are
+    gone), with gloo's text kept as the detail, and rank 0 says so on stderr. Of three, rank 1 fails
+    on the same broken collective and ends too: on a loaded machine it may have ended before rank 0
+    looked (rank 0 looks first thing, before it logs), and then both are named; never rank 0."""
     p = launch(["-m", "nsa.train", "--config", "tiny", "--out-dir", str(tmp_path), "--steps", "6",
                 "--override", "model.n_layers=1 train.print_every=100"],
                {"NSA_FAULT": f"kill:rank={nproc - 1}:step=3"}, nproc=nproc, timeout=180)
     assert p.returncode != 0
-    said = (f"lost {peer} at step 3: a connection of rank 0's collective broke (a peer's process ended, or its "
-            "host went away)")
+    said = (rf"lost {peer} at step 3: a connection of rank 0's collective broke \(a peer's process ended, or its "
+            r"host went away\)")
     rank0 = [line for line in p.stderr.splitlines() if line.startswith(("[rank 0]", "[rank0]"))]
-    assert f"[rank 0] {said}" in rank0, "\n".join(rank0[:40])
+    assert any(re.fullmatch(rf"\[rank 0\] {said}", line) for line in rank0), "\n".join(rank0[:40])
     status = json.loads((tmp_path / "env.json").read_text())["status"]
-    assert status.startswith(f"{said}; detail: RuntimeError: ") and "by peer" in status, status
+    assert re.match(rf"{said}; detail: RuntimeError: ", status) and "by peer" in status, status
 
 
 def test_a_watchdog_exit_is_the_status_in_env_json(tmp_path: Path):

@@ -74,8 +74,15 @@ GLOO_RESET = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc
 def test_lost_peer_names_the_peer_of_an_error_that_says_it_is_gone(rank, world, text, peer):
     info = DistInfo(rank, rank, world, "ddp" if world > 1 else "single", "gloo" if world > 1 else None,
                     torch.device("cpu"))
-    gone = {(1, 4): [2], (0, 4): [1, 3]}.get((rank, world), [])
+    looked = []
+
+    def gone() -> list[int]:
+        looked.append(True)
+        return {(1, 4): [2], (0, 4): [1, 3]}.get((rank, world), [])
+
     assert lost_peer(info, RuntimeError(text), gone) == peer
+    # the processes are looked up only where they decide: an error that says a peer is gone, of several
+    assert bool(looked) == (peer is not None and world > 2)
 
 
 def test_ranks_gone_are_those_whose_heartbeats_name_a_process_of_this_host_that_ended(tmp_path: Path):

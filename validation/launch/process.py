@@ -344,8 +344,9 @@ def _supervise(procs: list[subprocess.Popen | None], over: LaunchOver, ended: di
             stop = _Stop(_Why.TIMEOUT, f"killed after {timeout_s:.0f}s timeout", quiet_s=quiet)
         if over_s is not None and (stop is not None or over_s >= LAUNCH_OVER_GRACE_S):
             return _Stop(_Why.LAUNCH_OVER, over.note(over_s))
-        if stop is not None and stop.why == _Why.STALL and ranks_ran:
-            # every rank has ended: the launcher is reporting how, not stalled (LAUNCH_OVER_GRACE_S)
+        if stop is not None and stop.why == _Why.STALL and ranks_ran and not watch.single_process:
+            # every rank under the launcher has ended: it is reporting how, not stalled
+            # (LAUNCH_OVER_GRACE_S); a python launch's own process is its rank
             gone = all(m.pid in launched for m in tree.members())
             ranks_gone_at = (ranks_gone_at or now) if gone else None
             if gone and now - ranks_gone_at < LAUNCH_OVER_GRACE_S:

@@ -31,8 +31,8 @@ def _agent(worker_s: float, then: str) -> list[str]:
     return [sys.executable, "-c", textwrap.dedent(body)]
 
 
-def _run(tmp_path: Path, commands: list[Command], stall_s: float = FAR_S) -> runner.ProcResult:
-    watch = Watch(tmp_path, tmp_path / "training.csv", stall_s, stall_s, tmp_path, single_process=False)
+def _run(tmp_path: Path, commands: list[Command], stall_s: float = FAR_S, single_process: bool = False) -> runner.ProcResult:
+    watch = Watch(tmp_path, tmp_path / "training.csv", stall_s, stall_s, tmp_path, single_process=single_process)
     return runner.run_group(commands, env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, timeout_s=FAR_S + 30,
                             log_dir=tmp_path, poll_s=0.1, watch=watch)
 
@@ -87,4 +87,13 @@ def test_a_launcher_that_outlives_its_ranks_past_the_grace_is_stopped_as_stalled
     result = _run(tmp_path, [lingering], stall_s=1.0)
     took = time.monotonic() - t0
     assert result.stalled_s is not None and result.exit_code is None and not result.stacks, result
-    assert LAUNCH_OVER_GRACE_S <= took <= 1.0 + LAUNCH_OVER_GRACE_S + 5.0, f"stopped {took:.1f}s after it started"
+    assert result.stalled_s >= 1.0 + LAUNCH_OVER_GRACE_S, result.stalled_s  # stall_s, then the grace
+    assert took <= 1.0 + LAUNCH_OVER_GRACE_S + 5.0, f"stopped {took:.1f}s after it started"
+
+
+def test_a_python_launch_whose_own_child_ended_is_stalled_at_stall_s(tmp_path):
+    """A python launch's process is rank 0 itself: a child of its that ended (a data-loader worker)
+    leaves the rank running, and its hang is a stall at ``stall_s``, given no launcher's grace."""
+    hung = Command(_agent(0.3, f"time.sleep({FAR_S * 2})"), "trainer")
+    result = _run(tmp_path, [hung], stall_s=1.0, single_process=True)
+    assert result.stalled_s is not None and result.stalled_s < LAUNCH_OVER_GRACE_S, result

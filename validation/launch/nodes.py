@@ -26,6 +26,7 @@ from validation.launch.commands import Target
 from validation.launch.stacks import is_agent
 from validation.launch.tree import ProcessTree, alive
 from validation.launch.watch import Watch
+from validation.machine import no_gpu_here
 from validation.runbook.types import Launcher
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -117,6 +118,8 @@ def node_devices(nnodes: int, nproc: int, env: Mapping[str, str]) -> list[str | 
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         gpus = [g.strip() for g in visible.split(",") if g.strip()]
+    elif no_gpu_here():
+        gpus = []
     else:
         import torch  # device_count reads NVML: no CUDA context in the harness
 

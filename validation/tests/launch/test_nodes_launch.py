@@ -138,6 +138,9 @@ def test_each_node_on_a_gpu_host_gets_gpus_of_its_own(visible, expected):
 
 def test_a_cpu_host_pins_no_gpus(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(local_nodes, "no_gpu_here", lambda: True)  # no device node: torch is not asked
+    assert local_nodes.node_devices(2, 1, {}) == [None, None]
+    monkeypatch.setattr(local_nodes, "no_gpu_here", lambda: False)
     import torch
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert local_nodes.node_devices(2, 1, {}) == [None, None]

@@ -1,0 +1,39 @@
+"""What the harness knows of its machine (validation/machine.py): on a host where no GPU can be
+reached it says so without importing torch, which took seconds in every harness process (the CLI,
+each pytest acceptance run) only to hear that there is no GPU."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from validation import REPO_ROOT, machine
+
+
+def test_a_host_with_no_gpu_device_node_is_known_without_torch():
+    if not machine.no_gpu_here():
+        pytest.skip("this host has a GPU device node (/dev/nvidia*, /dev/kfd or /dev/dxg): torch is asked")
+    probe = ("import json, sys; from validation.machine import detect; m = detect(); "
+             "print(json.dumps(['torch' in sys.modules, m.torch, m.cuda, m.gpu_names]))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    imported, version, cuda, gpus = json.loads(out.stdout)
+    import torch
+
+    assert not imported, "detect() imported torch on a host with no GPU device node"
+    assert (version, cuda, gpus) == (str(torch.__version__), torch.version.cuda, [])
+
+
+@pytest.mark.parametrize("platform, nodes, none_here", [
+    ("linux", [], True),
+    ("linux", ["/dev/nvidia0"], False),
+    ("linux", ["/dev/kfd"], False),
+    ("linux", ["/dev/dxg"], False),
+    ("darwin", [], False),  # only torch can say (Windows alike)
+])
+def test_no_gpu_is_certain_only_on_linux_without_a_device_node(monkeypatch, platform, nodes, none_here):
+    monkeypatch.setattr(machine.sys, "platform", platform)
+    monkeypatch.setattr(machine.glob, "glob", lambda pattern: [n for n in nodes if n.startswith(pattern.rstrip("*"))])
+    monkeypatch.setattr(machine.os.path, "exists", lambda path: path in nodes)
+    assert machine.no_gpu_here() is none_here

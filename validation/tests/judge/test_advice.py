@@ -333,9 +333,10 @@ def test_a_pytest_point_whose_tests_failed_names_its_junit_and_the_command(fake_
 def test_a_preflight_that_could_not_name_the_commit_says_what_to_do(fake_run, monkeypatch, tmp_path):
     """No git checkout and no SOURCE_SHA stamp: no finding and no advice, a verdict of 'preflight
     incomplete (exit code 1)' only."""
+    # timeout_s: each command's third of it is collect_env's allowance (its torch import, on a loaded box)
     run, f, advice = _check_run(fake_run, monkeypatch, tmp_path, {
-        "name": "preflight", "kind": "preflight", "gates": [{"metric": "preflight_missing", "op": "==", "threshold": 0}]},
-        {})
+        "name": "preflight", "kind": "preflight", "timeout_s": 180,
+        "gates": [{"metric": "preflight_missing", "op": "==", "threshold": 0}]}, {})
     rec = run.record
     assert rec.status == Status.FAIL and rec.evidence.misses == [Miss.GIT_SHA]
     assert rec.reason.startswith("preflight incomplete: git describe failed (exit 128")

@@ -79,6 +79,33 @@ def torch_cmp_attention(q, kc, vc, cfg: NSAConfig, q_start: int = 0, chunk: int 
     return torch.cat(outs, dim=1), torch.cat(lses, dim=1)
 
 
+def _block_scores(q, kc, lse, cfg: NSAConfig, q_start: int, n_blocks: int) -> torch.Tensor:
+    """p_cmp over the visible compressed tokens (from lse), summed over each KV group's heads and
+    mapped onto the first n_blocks selection blocks by overlap weight: [B, Tq, H, n_blocks], in
+    q's accumulation dtype, nothing forced or masked."""
+    B, Tq, HQ, K = q.shape
+    H = kc.shape[2]
+    l, d, ls = cfg.cmp_block, cfg.cmp_stride, cfg.sel_block
+    r, left = ls // d, l // d - 1
+    acc = torch.promote_types(q.dtype, torch.float32)
+    w = overlap_kernel(cfg, q.device, acc)
+    s, visible = _cmp_scores(q.to(acc), kc.to(acc), q_start, cfg)
+    lse_c = lse.reshape(B, Tq, H, HQ // H).to(acc)
+    p = torch.exp(s - lse_c.unsqueeze(-1).clamp_min(-1e30))
+    p = p.masked_fill(~visible[None, :, None, None, :], 0.0).sum(dim=3)  # [B, t, H, Nc]
+    need = (n_blocks - 1) * r + len(w)
+    p = F.pad(p, (left, max(0, need - left - p.shape[-1])))[..., :need]
+    return p.unfold(-1, len(w), r) @ w
+
+
+def _forced_and_visible(pos: torch.Tensor, n_blocks: int, cfg: NSAConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """[t, n_blocks] masks: the blocks every query takes (0, its own, the one before) and the blocks
+    it may see (up to its own)."""
+    jt = torch.div(pos, cfg.sel_block, rounding_mode="floor")[:, None]
+    j = torch.arange(n_blocks, device=pos.device)[None, :]
+    return (j == 0) | (j == jt) | (j == jt - 1), j <= jt
+
+
 @torch.no_grad()
 def torch_select_blocks(q, kc, lse, cfg: NSAConfig, q_start: int = 0, chunk: int | None = None):
     """Importance scores -> selected block indices [B, Tq, H, n] (int64, ascending, -1 padded).
@@ -86,29 +113,16 @@ def torch_select_blocks(q, kc, lse, cfg: NSAConfig, q_start: int = 0, chunk: int
     p_cmp over visible compressed tokens (from lse), summed over the G heads of each KV group,
     mapped onto selection blocks by overlap weight; block 0 and the two most recent blocks are
     forced; ties go to the lower block index. Selection is discrete: no gradient flows here."""
-    B, Tq, HQ, K = q.shape
-    H = kc.shape[2]
+    Tq = q.shape[1]
     n = cfg.n_selected
-    l, d, ls = cfg.cmp_block, cfg.cmp_stride, cfg.sel_block
-    r, left = ls // d, l // d - 1
-    acc = torch.promote_types(q.dtype, torch.float32)
-    w = overlap_kernel(cfg, q.device, acc)
-    n_blocks = (q_start + Tq + ls - 1) // ls
+    n_blocks = (q_start + Tq + cfg.sel_block - 1) // cfg.sel_block
     out = []
     for a, b in _chunks(Tq, chunk or cfg.query_chunk):
-        s, visible = _cmp_scores(q[:, a:b].to(acc), kc.to(acc), q_start + a, cfg)
-        lse_c = lse[:, a:b].reshape(B, b - a, H, HQ // H).to(acc)
-        p = torch.exp(s - lse_c.unsqueeze(-1).clamp_min(-1e30))
-        p = p.masked_fill(~visible[None, :, None, None, :], 0.0).sum(dim=3)  # [B, t, H, Nc]
-        need = (n_blocks - 1) * r + len(w)
-        p = F.pad(p, (left, max(0, need - left - p.shape[-1])))[..., :need]
-        scores = p.unfold(-1, len(w), r) @ w  # [B, t, H, n_blocks]
+        scores = _block_scores(q[:, a:b], kc, lse[:, a:b], cfg, q_start + a, n_blocks)
         pos = torch.arange(q_start + a, q_start + b, device=q.device)
-        jt = torch.div(pos, ls, rounding_mode="floor")[:, None]
-        j = torch.arange(n_blocks, device=q.device)[None, :]
-        forced = (j == 0) | (j == jt) | (j == jt - 1)
+        forced, visible = _forced_and_visible(pos, n_blocks, cfg)
         scores = scores.masked_fill(forced[None, :, None, :], float("inf"))
-        scores = scores.masked_fill((j > jt)[None, :, None, :], float("-inf"))
+        scores = scores.masked_fill(~visible[None, :, None, :], float("-inf"))
         order = torch.sort(scores, dim=-1, descending=True, stable=True)
         take = min(n, n_blocks)
         idx = order.indices[..., :take]
@@ -119,6 +133,26 @@ def torch_select_blocks(q, kc, lse, cfg: NSAConfig, q_start: int = 0, chunk: int
             idx = F.pad(idx, (0, n - take), value=-1)
         out.append(idx)
     return torch.cat(out, dim=1)
+
+
+@torch.no_grad()
+def near_tie_violations(q, kc, lse, idx, cfg: NSAConfig, q_start: int = 0, tie: float = 1e-5) -> torch.Tensor:
+    """[B, Tq, H] bool: where the selection ``idx`` passed over a visible block whose exact
+    (float64) score exceeds a chosen block's by more than ``tie`` times the row's top score, the
+    forced blocks aside. Two blocks closer than that are a near-tie that rounding may order
+    either way; anything wider is a wrong choice."""
+    Tq = q.shape[1]
+    n_blocks = (q_start + Tq + cfg.sel_block - 1) // cfg.sel_block
+    scores = _block_scores(q.double(), kc.double(), lse.double(), cfg, q_start, n_blocks)
+    forced, visible = _forced_and_visible(torch.arange(q_start, q_start + Tq, device=q.device), n_blocks, cfg)
+    free = (visible & ~forced)[None, :, None, :]
+    chosen = torch.zeros_like(scores, dtype=torch.bool)
+    idx = idx.to(q.device)
+    chosen.scatter_(-1, idx.clamp_min(0), idx >= 0)
+    lowest_chosen = scores.masked_fill(~(free & chosen), float("inf")).amin(-1)
+    highest_passed = scores.masked_fill(~(free & ~chosen), float("-inf")).amax(-1)
+    top = scores.masked_fill(~free, float("-inf")).amax(-1)
+    return highest_passed - lowest_chosen > tie * top
 
 
 def torch_sel_attention(q, k, v, idx, cfg: NSAConfig, q_start: int = 0, chunk: int | None = None):

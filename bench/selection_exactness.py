@@ -1,0 +1,66 @@
+"""How often the kernels' float32 selection differs from the exact (float64) top-n by more than a
+near-tie, per group size: the lse from the compressed-branch kernel or the exact one, TF32 off or on.
+
+A row (query token, KV head) violates when an unchosen visible block's exact score exceeds a chosen
+block's by more than ``tie`` times the row's top score (forced blocks aside). Random normal q and
+compressed keys, the default NSAConfig, batch 1.
+
+    python bench/selection_exactness.py                          # S 2100, G 1 2 3 4 6 8 12 16
+    python bench/selection_exactness.py --S 4096 --groups 6 --tf32 off
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from nsa.attention.config import NSAConfig  # noqa: E402
+from nsa.attention.kernel_branches import triton_cmp_attention, triton_select_blocks  # noqa: E402
+from nsa.attention.torch_branches import near_tie_violations, torch_cmp_attention, visible_compressed  # noqa: E402
+
+
+def one(S: int, G: int, H: int, K: int, seed: int, device: str) -> dict[str, int]:
+    cfg = NSAConfig()
+    gen = torch.Generator().manual_seed(seed)
+    Nc = int(visible_compressed(torch.tensor([S - 1]), cfg).item())
+    q = torch.randn(1, S, H * G, K, generator=gen, dtype=torch.float64)
+    kc = torch.randn(1, Nc, H, K, generator=gen, dtype=torch.float64)
+    _, lse64 = torch_cmp_attention(q, kc, kc, cfg)
+    qd, kd = q.float().to(device), kc.float().to(device)
+    _, lse_kernel = triton_cmp_attention(qd, kd, kd, cfg)
+    out = {"rows": S * H}
+    for name, lse in (("kernel lse", lse_kernel), ("exact lse", lse64.float().to(device))):
+        idx = triton_select_blocks(qd, kd, lse, cfg).cpu()
+        out[name] = int(near_tie_violations(q, kc, lse64, idx, cfg).sum())
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--S", type=int, default=2100)
+    ap.add_argument("--groups", type=int, nargs="+", default=[1, 2, 3, 4, 6, 8, 12, 16])
+    ap.add_argument("--K", type=int, default=64)
+    ap.add_argument("--tf32", nargs="+", default=["off", "on"], choices=["off", "on"])
+    ap.add_argument("--seeds", type=int, default=2)
+    args = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(f"S {args.S}, K {args.K}, {args.seeds} seeds; rows violating a near-tie of 1e-5 of the row's top score")
+    print("| TF32 | G | H | rows | kernel lse | exact lse |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for tf32 in args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = tf32 == "on"
+        for G in args.groups:
+            H = 2 if G < 12 else 1
+            tot = {"rows": 0, "kernel lse": 0, "exact lse": 0}
+            for seed in range(args.seeds):
+                for k, v in one(args.S, G, H, args.K, seed, device).items():
+                    tot[k] += v
+            print(f"| {tf32} | {G} | {H} | {tot['rows']} | {tot['kernel lse']} | {tot['exact lse']} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -136,11 +136,10 @@ def torch_select_blocks(q, kc, lse, cfg: NSAConfig, q_start: int = 0, chunk: int
 
 
 @torch.no_grad()
-def near_tie_violations(q, kc, lse, idx, cfg: NSAConfig, q_start: int = 0, tie: float = 1e-5) -> torch.Tensor:
-    """[B, Tq, H] bool: where the selection ``idx`` passed over a visible block whose exact
-    (float64) score exceeds a chosen block's by more than ``tie`` times the row's top score, the
-    forced blocks aside. Two blocks closer than that are a near-tie that rounding may order
-    either way; anything wider is a wrong choice."""
+def selection_regret(q, kc, lse, idx, cfg: NSAConfig, q_start: int = 0) -> torch.Tensor:
+    """[B, Tq, H] float64: by how much the best visible block that ``idx`` passed over beats the
+    worst block it chose, in exact (float64) scores, as a fraction of the row's top score (the
+    forced blocks aside; <= 0 where the choice is the exact top-n)."""
     Tq = q.shape[1]
     n_blocks = (q_start + Tq + cfg.sel_block - 1) // cfg.sel_block
     scores = _block_scores(q.double(), kc.double(), lse.double(), cfg, q_start, n_blocks)
@@ -152,7 +151,15 @@ def near_tie_violations(q, kc, lse, idx, cfg: NSAConfig, q_start: int = 0, tie: 
     lowest_chosen = scores.masked_fill(~(free & chosen), float("inf")).amin(-1)
     highest_passed = scores.masked_fill(~(free & ~chosen), float("-inf")).amax(-1)
     top = scores.masked_fill(~free, float("-inf")).amax(-1)
-    return highest_passed - lowest_chosen > tie * top
+    regret = (highest_passed - lowest_chosen) / top
+    return regret.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def near_tie_violations(q, kc, lse, idx, cfg: NSAConfig, q_start: int = 0, tie: float = 1e-5) -> torch.Tensor:
+    """[B, Tq, H] bool: where the selection passed over a block that beats a chosen one by more
+    than ``tie`` of the row's top score (selection_regret). Two blocks closer than that are a
+    near-tie that rounding may order either way; anything wider is a wrong choice."""
+    return selection_regret(q, kc, lse, idx, cfg, q_start) > tie
 
 
 def torch_sel_attention(q, k, v, idx, cfg: NSAConfig, q_start: int = 0, chunk: int | None = None):

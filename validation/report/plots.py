@@ -151,6 +151,9 @@ def _level_panel(ax: Any, series: list[PointSeries], colours: dict[str, str], co
             ax.hlines(lv.value, lv.first_step, lv.last_step, colors="black" if shared else colours[s.label],
                       linestyles="--", linewidth=1.2, label=lv.label)
     ax.set_ylabel(label)
+    if all(s.csv[col].isna().all() for s in series):  # a trainer whose own output has no such column
+        ax.text(0.5, 0.5, f"not measured: no {col} in the trainer's output", transform=ax.transAxes,
+                ha="center", va="center", fontsize=9, color="grey")
     other = sorted({g for s in series for g in s.undrawn.get(col, [])})
     if other:
         ax.set_title("gates that are no line here: " + "; ".join(other), fontsize=8)

@@ -3,6 +3,8 @@ curve with its first diverging step, gate thresholds over their windows, each ra
 and that the figure is written and embedded under its phase."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pandas as pd
 import pytest
 
@@ -41,6 +43,24 @@ def test_gate_thresholds_become_levels_over_their_windows():
                                                                          "the window's end at most here")]
     cv = _gate("toks_per_s_cv", "<=", 0.1, "last 5 steps")
     assert undrawn([cv], levels([cv], csv, 1)) == {"toks_per_s": ["toks_per_s_cv <= 0.1, last 5 steps"]}
+
+
+def test_a_column_the_trainer_never_logged_says_so_in_its_panel():
+    """A Hugging Face Trainer logs no memory: its panel said nothing, an empty axis."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from validation.report.plots import _level_panel
+
+    csv = _csv(4)
+    csv["mem_reserved_gb"] = float("nan")
+    fig, (mem, toks) = plt.subplots(2, 1)
+    for ax, col in ((mem, "mem_reserved_gb"), (toks, "toks_per_s")):
+        _level_panel(ax, [SimpleNamespace(label="default", csv=csv, levels={}, undrawn={})], {"default": "C0"}, col, col)
+    assert [t.get_text() for t in mem.texts] == ["not measured: no mem_reserved_gb in the trainer's output"]
+    assert not toks.texts
+    plt.close(fig)
 
 
 def test_rank_step_series_from_the_trainers_own_field_else_from_heartbeat_times():

@@ -67,7 +67,12 @@ def test_one_nsa_layer_enqueues_few_launches_without_syncs(S):
 
 def test_reduce_overhead_model_equals_eager():
     """A user's shape (not the trainer's): 4 layers, 2 KV heads of head dim 64, S = 4096, bf16
-    autocast; the compiled model's loss and gradients are the eager model's."""
+    autocast; the compiled model's loss and gradients are the eager model's. A gradient that is zero
+    in exact arithmetic is rounding noise in both runs, with no relative error to speak of: the
+    compressed keys' output bias (compress_k.fc2.bias) shifts every key a query sees alike, which
+    its softmax ignores (its float32 gradient is ~1e-10 of the largest). Such parameters, found by
+    an eager float32 pass on the CPU (a float32 first call on the GPU compiles for minutes), are
+    held to the whole gradient's relative error instead."""
     cfg = load_model_config("m7c_125m", ["model.n_layers=4"])
     torch.manual_seed(0)
     model = NSATransformer(cfg).cuda()
@@ -83,11 +88,22 @@ def test_reduce_overhead_model_equals_eager():
         loss.backward()
         return loss.detach().clone(), {n: p.grad.float().clone() for n, p in m.named_parameters()}
 
+    torch.manual_seed(0)
+    on_cpu = NSATransformer(cfg)
+    on_cpu(x[:, :512].cpu()).logsumexp(-1).mean().backward()
+    exact = {n: p.grad for n, p in on_cpu.named_parameters()}
+    largest = max(g.norm() for g in exact.values())
+    zero_by_symmetry = {n for n, g in exact.items() if g.norm() < 1e-8 * largest}
+    assert zero_by_symmetry == {f"layers.{i}.attn.compress_k.fc2.bias" for i in range(cfg.n_layers)}
     ref_loss, ref_grads = loss_and_grads(eager, eager)
     for _ in range(3):  # warm-up, recording, replay
         loss, grads = loss_and_grads(compiled, model)
     torch.testing.assert_close(loss, ref_loss, rtol=2e-2, atol=2e-2)
+    whole = torch.cat([grads[n].flatten() - ref_grads[n].flatten() for n in grads]).norm()
+    assert whole < 5e-2 * torch.cat([g.flatten() for g in ref_grads.values()]).norm()
     for name, g in grads.items():
+        if name in zero_by_symmetry:
+            continue
         ref = ref_grads[name]
         err = (g - ref).norm() / ref.norm().clamp_min(1e-12)
         assert err < 5e-2, f"{name}: relative error {err:.3g}"

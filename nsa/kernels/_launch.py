@@ -36,16 +36,17 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
-def fp32_wide(dtype: torch.dtype, K: int) -> bool:
-    """Whether a launch takes the small configurations of float32 inputs at head dim > 64.
-    Strict float32 products ('ieee') run on no tensor core: Triton unrolls each tl.dot into
-    BM * BN * K / threads FMAs a thread, and the tiles tuned for bf16 gave ptxas programs that
-    it compiled for minutes, with 32 registers a thread and the rest spilled, most of them at
-    K = 256 needing more shared memory than the GPU has (the ladder then compiled the next one).
-    At 32 x 32 tiles and 8 warps (FP32_WIDE_TILES) every kernel of the NSA core compiles in
-    seconds and fits, at K = 128 and 256 alike. TF32 products (tensor cores) compile quickly but
-    their tuned tiles do not fit at K = 256 either."""
-    return dtype == torch.float32 and K > 64
+def fp32_small_tiles(dtype: torch.dtype, K: int) -> bool:
+    """Whether a launch starts from the small configurations (band_attention.FP32_SMALL_TILES,
+    8 warps): float32 inputs with strict IEEE products at any head dim, or float32 at head dim > 64
+    in any precision. Strict float32 products run on no tensor core: Triton unrolls each tl.dot
+    into BM * BN * K / threads FMAs a thread, and with the tiles tuned for bf16 a band kernel at
+    K = 64 compiles four to nine times as long as at 32 x 32 tiles (`python
+    bench/compile_offline.py`, no GPU needed), and at K = 256 spills and mostly needs more shared
+    memory than the GPU has (the ladder then compiles the next). `python bench/first_call.py`
+    times a whole first call on a GPU. TF32 products (tensor cores) compile
+    quickly, but their tuned tiles do not fit at K = 256 either."""
+    return dtype == torch.float32 and (K > 64 or dot_precision(dtype) == "ieee")
 
 
 def ladder(base: dict, halve: Sequence[str] = (), floor: int = 16) -> list[dict]:

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from ._autograd import kernel_op
 from .tuning import BAND, BandTiles
-from ._launch import dot_precision, fp32_wide, launch
+from ._launch import dot_precision, fp32_small_tiles, launch
 from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
 
 
@@ -321,21 +321,21 @@ TILES = {
 }
 
 
-#: (BM, BN, num_warps, num_stages) of all three kernels for float32 inputs at head dim > 64
-#: (nsa.kernels._launch.fp32_wide): each compiles in seconds for sm_90 and fits its shared memory at K = 256
-FP32_WIDE_TILES = (32, 32, 8, 2)
+#: (BM, BN, num_warps, num_stages) of all three kernels for the float32 launches of
+#: nsa.kernels._launch.fp32_small_tiles: each compiles in seconds for sm_90 and fits its shared memory at K = 256
+FP32_SMALL_TILES = (32, 32, 8, 2)
 
 
-def _configs(K: int, interpret: bool, window: bool, wide: bool = False,
+def _configs(K: int, interpret: bool, window: bool, small: bool = False,
              given: BandTiles = BAND) -> tuple[dict, dict, dict]:
     """The preferred launch of the fwd, dq and dk/dv kernels: dicts of BM, BN, num_warps and
-    num_stages (nsa.kernels._launch.launch falls back from them where they do not fit); wide:
-    float32 inputs at head dim > 64 (FP32_WIDE_TILES); given: the tiles a caller asks for, each
+    num_stages (nsa.kernels._launch.launch falls back from them where they do not fit); small:
+    the float32 launches of fp32_small_tiles (FP32_SMALL_TILES); given: the tiles a caller asks for, each
     taken as it is (None: the rules here)."""
     if interpret:
         tiles = (32, 16, 4, 1), (32, 16, 4, 1), (16, 32, 4, 1)
-    elif wide:
-        tiles = (FP32_WIDE_TILES,) * 3
+    elif small:
+        tiles = (FP32_SMALL_TILES,) * 3
     else:
         table = TILES["win" if window else "cmp"]
         i = 0 if K <= 64 else 1
@@ -370,7 +370,7 @@ def band_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int
         o.zero_()
         lse.fill_(float("-inf"))
         return o, lse
-    fwd, _, _ = _configs(K, _is_interpret(q), window, fp32_wide(q.dtype, K), tiles)
+    fwd, _, _ = _configs(K, _is_interpret(q), window, fp32_small_tiles(q.dtype, K), tiles)
     launch(_band_fwd_kernel, lambda c: (triton.cdiv(Tq * G, c["BM"]), B * H),
            (q, k, v, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K)),
            dict(H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BK=max(16, triton.next_power_of_2(K)),
@@ -408,7 +408,7 @@ def band_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
     delta_given = delta is not None
     if not delta_given:
         delta = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
-    _, dq_cfg, dkv_cfg = _configs(K, _is_interpret(q), window, fp32_wide(q.dtype, K), tiles)
+    _, dq_cfg, dkv_cfg = _configs(K, _is_interpret(q), window, fp32_small_tiles(q.dtype, K), tiles)
     meta = dict(H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BK=max(16, triton.next_power_of_2(K)),
                 DOT=dot_precision(q.dtype))
     sm = 1.0 / math.sqrt(K)

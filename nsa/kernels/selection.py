@@ -40,7 +40,7 @@ import triton.language as tl
 from . import SEL_FORMS
 from ._autograd import kernel_op
 from ._inverse import Inverse, as_outputs, fake_outputs, from_outputs, inverse_selection, item_rows
-from ._launch import dot_precision, fp32_wide, launch
+from ._launch import dot_precision, fp32_small_tiles, launch
 from .selection_blocks import blocks_forward, one_pass
 from ._tma import kv_desc, kv_tma_ok
 from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
@@ -393,7 +393,7 @@ def _tile_launch(q, k, v, idx, sel_block: int, tune: SelectionTuning):
     kv = (kv_desc(k, sel_block), kv_desc(v, sel_block)) if tma else (k, v)
     interpret = q.device.type == "cpu"
     meta["DOT"] = dot_precision(q.dtype)
-    cfg = dict(num_warps=4 if interpret else 8 if fp32_wide(q.dtype, meta["K"]) else tune.fwd_warps,
+    cfg = dict(num_warps=4 if interpret else 8 if fp32_small_tiles(q.dtype, meta["K"]) else tune.fwd_warps,
                num_stages=1 if interpret else tune.tma_stages if tma else tune.fwd_stages)
     return (triton.cdiv(Tq, TT), B * meta["H"]), blocks, kv, meta, cfg
 
@@ -491,7 +491,7 @@ def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, d
     interpret = q.device.type == "cpu"
     # K <= 32 gets the 128 rows of K=64: more rows a step were never measured
     rows = 64 if interpret else min(tune.dkv_cells // meta["BK"], 128)
-    warps = 8 if fp32_wide(q.dtype, meta["K"]) else tune.dkv_warps
+    warps = 8 if fp32_small_tiles(q.dtype, meta["K"]) else tune.dkv_warps
     cfg = dict(ROWS=rows, num_warps=4 if interpret else warps, num_stages=1 if interpret else tune.dkv_stages)
     launch(_sel_bwd_dkv_kernel, lambda c: (seg.numel(),),
            (q, k, v, do, lse, delta, tokens, perm, seg, start, end, dk, dv, q if kept is None else kept,

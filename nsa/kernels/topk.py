@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from ._autograd import run_op
-from ._launch import dot_precision, fp32_wide, launch
+from ._launch import dot_precision, fp32_small_tiles, launch
 from ._softmax import LOG2E, lse_log2
 from .tuning import TOPK, TopkTuning
 
@@ -295,7 +295,7 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int, tu
                (qa, kc, lsea, sc, t, Nc, NB, q_start + a, 1.0 / math.sqrt(K)),
                dict(H=H, G=G, GP=GP, K=K, BK=BK, L=L, D=D, LS=LS, BJ=BJ, RP=RP,
                     DOT=dot_precision(q.dtype)),
-               dict(BT=BT, num_warps=4 if interpret else 8 if fp32_wide(q.dtype, K) else tune.warps,
+               dict(BT=BT, num_warps=4 if interpret else 8 if fp32_small_tiles(q.dtype, K) else tune.warps,
                     num_stages=1 if interpret else tune.stages), halve=("BT",), floor=max(1, 16 // GP))
         rows = B * t * H
         out = idx[:, a:a + t] if t == Tq else torch.empty(B, t, H, n, device=q.device, dtype=torch.int64)

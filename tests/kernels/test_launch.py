@@ -88,17 +88,25 @@ def test_float32_products_follow_pytorchs_matmul_precision():
         torch.set_float32_matmul_precision(before)
 
 
-def test_float32_at_wide_heads_starts_from_small_tiles():
-    """float32 at head dim > 64: strict products unroll into FMAs, and the tiles tuned for bf16
-    compiled for minutes each on sm_90, spilling, and at 256 mostly did not fit (the ladder
-    compiled the next); such launches start from FP32_WIDE_TILES / 8 warps. Other dtypes and
-    head dims keep theirs."""
+def test_float32_launches_that_compile_slowly_start_from_small_tiles():
+    """Strict float32 products unroll into FMAs: with the tiles tuned for bf16 a band kernel took
+    21-27 s to compile for sm_90 at head dim 64 (over a minute each, spilling, at 256, where most
+    did not fit and the ladder compiled the next). Such launches (float32 with TF32 off at any head
+    dim; float32 at head dim > 64 either way) start from FP32_SMALL_TILES / 8 warps; bf16, and
+    TF32 products at head dim <= 64 (tensor cores, quick to compile), keep theirs."""
     from nsa.kernels import band_attention
 
-    assert _launch.fp32_wide(torch.float32, 256) and _launch.fp32_wide(torch.float32, 128)
-    assert not _launch.fp32_wide(torch.float32, 64) and not _launch.fp32_wide(torch.bfloat16, 256)
-    bm, bn, warps, stages = band_attention.FP32_WIDE_TILES
-    wide = dict(BM=bm, BN=bn, num_warps=warps, num_stages=stages)
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")  # strict products
+        assert all(_launch.fp32_small_tiles(torch.float32, K) for K in (32, 64, 128, 256))
+        torch.set_float32_matmul_precision("high")  # TF32
+        assert _launch.fp32_small_tiles(torch.float32, 128) and not _launch.fp32_small_tiles(torch.float32, 64)
+        assert not any(_launch.fp32_small_tiles(dt, 256) for dt in (torch.bfloat16, torch.float16))
+    finally:
+        torch.set_float32_matmul_precision(before)
+    bm, bn, warps, stages = band_attention.FP32_SMALL_TILES
+    small = dict(BM=bm, BN=bn, num_warps=warps, num_stages=stages)
     for window in (False, True):
-        assert band_attention._configs(256, False, window, wide=True) == (wide,) * 3
-        assert wide not in band_attention._configs(256, False, window)
+        assert band_attention._configs(64, False, window, small=True) == (small,) * 3
+        assert small not in band_attention._configs(64, False, window)

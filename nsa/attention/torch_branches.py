@@ -151,8 +151,9 @@ def selection_regret(q, kc, lse, idx, cfg: NSAConfig, q_start: int = 0) -> torch
     lowest_chosen = scores.masked_fill(~(free & chosen), float("inf")).amin(-1)
     highest_passed = scores.masked_fill(~(free & ~chosen), float("-inf")).amax(-1)
     top = scores.masked_fill(~free, float("-inf")).amax(-1)
-    regret = (highest_passed - lowest_chosen) / top
-    return regret.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    regret = ((highest_passed - lowest_chosen) / top).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    short = (chosen.sum(-1) < min(cfg.n_selected, n_blocks)) & (free & ~chosen).any(-1)
+    return regret.masked_fill(short, float("inf"))
 
 
 def near_tie_violations(q, kc, lse, idx, cfg: NSAConfig, q_start: int = 0, tie: float = 1e-5) -> torch.Tensor:

@@ -8,6 +8,7 @@ and torch.profiler's table of host time per op (self CPU time, top rows) of 20 f
     python bench/host_profile.py --shapes 2k --rows 40
     python bench/host_profile.py --shapes 2k --cprofile   # also Python functions (cProfile)
     python bench/host_profile.py --shapes m7c_125m --batch 32 --cuda   # GPU time per kernel
+    python bench/host_profile.py --layer --shapes 4k 16k --cprofile    # the whole m7c layer, bf16 autocast
 """
 from __future__ import annotations
 
@@ -101,6 +102,9 @@ def main(argv=None):
                     help="profile the GPU kernels instead of the host ops (table by CUDA time)")
     ap.add_argument("--op-overhead", action="store_true",
                     help="also time each custom op against its plain implementation (host us per call)")
+    ap.add_argument("--layer", action="store_true",
+                    help="profile one m7c_125m NSAAttention layer (projections included, bf16 autocast, "
+                         "bench/nsa_vs_dense.py's layer) instead of the core; --shapes are then lengths (4k)")
     ap.add_argument("--cprofile", action="store_true",
                     help="also print cProfile's Python functions by own time (Triton's launcher included)")
     a = ap.parse_args(argv)
@@ -108,16 +112,21 @@ def main(argv=None):
         sys.exit("host_profile.py needs a CUDA GPU")
     cfg = NSAConfig()
     for name in a.shapes:
-        B, S, HQ, H, K = shape_of(name)
-        x = random_inputs(a.batch or B, S, HQ, H, K, cfg)
-        fwd, leaves = OPS["nsa_core"].build(x, cfg)
-        fb = _fwd_bwd(fwd, leaves, x.do)
+        if a.layer:
+            from bench.nsa_vs_dense import layer_step, length
+
+            B, (_, fb) = 1, layer_step("nsa", length(name), "m7c_125m", torch.device("cuda"))
+        else:
+            B, S, HQ, H, K = shape_of(name)
+            x = random_inputs(a.batch or B, S, HQ, H, K, cfg)
+            fwd, leaves = OPS["nsa_core"].build(x, cfg)
+            fb = _fwd_bwd(fwd, leaves, x.do)
         host, dev = _host_ms(fb, n=50), _bench(fb)
         try:
             graph = f"{graph_ms(fb):.3f}"
         except Exception as e:  # a capture failure is a finding, not a crash
             graph = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
-        if a.op_overhead:
+        if a.op_overhead and not a.layer:
             op_overhead(x, cfg)
         print(f"# {name} (B={a.batch or B}): host {host:.3f} ms | do_bench {dev:.3f} ms | CUDA graph replay {graph} ms")
         from torch.profiler import ProfilerActivity, profile
@@ -140,6 +149,7 @@ def main(argv=None):
             torch.cuda.synchronize()
             pr.disable()
             pstats.Stats(pr).sort_stats("tottime").print_stats(a.rows)
+            pstats.Stats(pr).sort_stats("cumulative").print_stats(a.rows)
         x = None
         torch.cuda.empty_cache()
 

@@ -8,5 +8,5 @@ LOG="$OUT/nsa_user_checks.log"
 device_header "$LOG"
 timeout 240 python3 -m pytest -q -p no:cacheprovider -rA --tb=short tests/kernels/test_launches.py \
   tests/kernels/test_selection_exact.py >"$OUT/nsa_user_tests.log" 2>&1
-timeout 60 python3 bench/selection_exactness.py --seeds 1 --tf32 off 2>&1 | tee -a "$LOG"
-timeout 200 python3 bench/first_call.py --timeout 180 2>&1 | tee -a "$LOG"
+timeout ${SELECTION_S:-60} python3 bench/selection_exactness.py --seeds 1 --tf32 off 2>&1 | tee -a "$LOG"
+timeout ${FIRST_CALL_S:-200} python3 bench/first_call.py ${FIRST_CALL_ARGS:---timeout 180} 2>&1 | tee -a "$LOG"

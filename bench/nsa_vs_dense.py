@@ -3,11 +3,13 @@ one attention layer (projections, RoPE and gates included) and the whole model's
 on one GPU, batch 1, bf16 autocast, NSA and dense measured in the same run.
 
 For each length: the layer's forward + backward in eager mode (NSAAttention against
-DenseAttention, SDPA on its 'dense' route) with the peak memory of each; the model's training
+DenseAttention, SDPA on its 'dense' route) with the peak memory of each, the NSA layer as it runs
+by default (replaying its own CUDA graphs up to nsa.attention.graphed.GRAPH_TOKENS tokens) and
+without its graphs; the model's training
 step (forward, backward, fused AdamW) eager and ``torch.compile(model, fullgraph=True)`` (no
 CUDA graphs) with the peak memory of each; the host time to enqueue one NSA layer forward +
-backward (the device left to run behind); and the kernel launches of one NSA layer forward +
-backward (torch.profiler's device kernels, memsets and copies counted apart). Times are
+backward (the device left to run behind), with and without its graphs; and the kernel launches
+of one NSA layer forward + backward without its graphs (torch.profiler's device kernels, memsets and copies counted apart). Times are
 triton.testing.do_bench medians after a warm-up; ratios are dense time over NSA time (above 1:
 NSA is faster).
 
@@ -90,12 +92,14 @@ def _config(model_name: str, kind: str):
     return load_model_config(model_name, [f"model.attn.kind={kind}"] + (NSA_SET if kind == "nsa" else []))
 
 
-def layer_step(kind: str, S: int, model_name: str, device: torch.device):
+def layer_step(kind: str, S: int, model_name: str, device: torch.device, graphs: bool = True):
     """One attention layer of the preset's shape and its forward + backward under bf16 autocast
-    (gradients of the input and every parameter, as a training step takes them)."""
+    (gradients of the input and every parameter, as a training step takes them). ``graphs``:
+    whether the NSA layer replays its own CUDA graphs (nsa.attention.graphed) as it does by default."""
     cfg = _config(model_name, kind)
-    cls = NSAAttention if kind == "nsa" else DenseAttention
-    layer = cls(cfg.dim, cfg.n_heads, cfg.n_kv_groups, cfg.head_dim, cfg.attn, cfg.rope_theta).to(device)
+    args = (cfg.dim, cfg.n_heads, cfg.n_kv_groups, cfg.head_dim, cfg.attn, cfg.rope_theta)
+    layer = (NSAAttention(*args, **({} if graphs else {"graph_tokens": 0})) if kind == "nsa"
+             else DenseAttention(*args)).to(device)
     x = torch.randn(1, S, cfg.dim, device=device, requires_grad=True)
     do = torch.randn(1, S, cfg.dim, device=device, dtype=torch.bfloat16)
     leaves = [x, *layer.parameters()]
@@ -154,23 +158,30 @@ def measure(S: int, model_name: str, parts: set[str], compile_lengths: set[int],
             gb[kind] = _peak_gb(run)
             del run
             _free()
-        row.cells["layer fwd+bwd (dense/NSA)"] = _ratio(ms["dense"], ms["nsa"])
-        row.cells["layer peak GB (NSA / dense)"] = f"{gb['nsa']:.2f} / {gb['dense']:.2f}"
-    if parts & {"host", "launches"}:
-        _, run = layer_step("nsa", S, model_name, device)
-        if "host" in parts:
-            row.cells["NSA layer host ms"] = f"{_host_ms(run):.2f}"
-        if "launches" in parts:
-            n, other, names = launches(run)
-            _, dense_run = layer_step("dense", S, model_name, device)
-            dn, dother, _ = launches(dense_run)
-            row.cells["launches NSA (dense)"] = f"{n}+{other} ({dn}+{dother})"
-            if kernels:
-                print(f"# S={S}: the NSA layer's fwd+bwd, {n} kernels and {other} memsets/copies; by name:")
-                for name, count in names.most_common(kernels):
-                    print(f"#   {count:3d}  {name[:150]}")
-            del dense_run
+        _, run = layer_step("nsa", S, model_name, device, graphs=False)
+        eager_ms = _median_ms(run)
         del run
+        _free()
+        row.cells["layer fwd+bwd (dense/NSA)"] = _ratio(ms["dense"], ms["nsa"])
+        row.cells["layer without its graphs (dense/NSA)"] = _ratio(ms["dense"], eager_ms)
+        row.cells["layer peak GB (NSA / dense)"] = f"{gb['nsa']:.2f} / {gb['dense']:.2f}"
+    if "host" in parts:
+        for graphs, label in ((True, "NSA layer host ms"), (False, "without its graphs")):
+            _, run = layer_step("nsa", S, model_name, device, graphs)
+            row.cells[label] = f"{_host_ms(run):.2f}"
+            del run
+            _free()
+    if "launches" in parts:
+        _, run = layer_step("nsa", S, model_name, device, graphs=False)  # the kernels, not graph launches
+        n, other, names = launches(run)
+        _, dense_run = layer_step("dense", S, model_name, device)
+        dn, dother, _ = launches(dense_run)
+        row.cells["launches NSA (dense)"] = f"{n}+{other} ({dn}+{dother})"
+        if kernels:
+            print(f"# S={S}: the NSA layer's fwd+bwd, {n} kernels and {other} memsets/copies; by name:")
+            for name, count in names.most_common(kernels):
+                print(f"#   {count:3d}  {name[:150]}")
+        del run, dense_run
         _free()
     for compiled, part in ((False, "model"), (True, "compiled")):
         if part not in parts or (compiled and S not in compile_lengths):

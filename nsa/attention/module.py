@@ -19,6 +19,7 @@ from .backends import (
 from .compress import Compressor
 from .config import NSAConfig
 from .core import nsa_core
+from .graphed import GRAPH_TOKENS, LayerGraphs
 from .rope import apply_rope, rope_tables
 
 
@@ -100,8 +101,14 @@ class RoutedAttention(nn.Module):
 
 
 class NSAAttention(RoutedAttention):
+    """NSA attention. On CUDA, in eager mode, a training forward + backward of up to
+    ``graph_tokens`` tokens replays as two CUDA graphs after its first call at a shape
+    (nsa.attention.graphed; 0: never): the same kernels on the same inputs, without the host
+    time of enqueueing them one by one. ``nsa.attention.graphed.set_graph_tokens`` sets it for
+    every NSA layer of a model."""
+
     def __init__(self, dim: int, n_heads: int, n_kv_groups: int, head_dim: int,
-                 cfg: NSAConfig, rope_theta: float = 10000.0):
+                 cfg: NSAConfig, rope_theta: float = 10000.0, graph_tokens: int = GRAPH_TOKENS):
         # k and v for each of cmp, sel, win: six separate projections fused into one matrix
         super().__init__(dim, n_heads, n_kv_groups, head_dim, cfg, rope_theta, kv_streams=6)
         self.gate_proj = nn.Linear(dim, n_heads * 3)
@@ -113,6 +120,7 @@ class NSAAttention(RoutedAttention):
         # track_gates is on (nsa.model.telemetry.track_gates): off, a forward adds no work for it
         self.track_gates = False
         self.last_gate_mean: torch.Tensor | None = None
+        self.graphs = LayerGraphs(graph_tokens)
 
     def _routes_for(self, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, Route], bool]:
         routes = {s: resolve_route(s, getattr(self.cfg, STAGE_CONFIG_KEY[s]), device, dtype) for s in STAGES}
@@ -146,6 +154,14 @@ class NSAAttention(RoutedAttention):
 
     def forward(self, x: torch.Tensor, cache: NSACache | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x [B, T, dim] -> [B, T, dim]: eager_forward's result, replayed from this layer's CUDA
+        graphs where they apply (see the class docstring)."""
+        if cache is None and not self.track_gates and self.graphs.applies(x):
+            return self.graphs(self, x, rope)
+        return self.eager_forward(x, cache, rope)
+
+    def eager_forward(self, x: torch.Tensor, cache: NSACache | None = None,
+                      rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """x [B, T, dim] -> [B, T, dim]. With a cache, x holds the positions after the cached
         ones (one token for decode) and the cache is extended in place. ``rope``: the (cos, sin)
         tables of these positions, from ``self.rope``. A model computes them once for all its

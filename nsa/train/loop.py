@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import contract
-from ..attention import check_requested
+from ..attention import check_requested, set_graph_tokens
 from ..config import ConfigError
 from ..model import NSATransformer, backend_report, gate_stats, track_gates
 from ..model.flops import TRAINING_MULTIPLIER, forward_flops_per_token
@@ -128,6 +128,9 @@ class Trainer:
             torch.manual_seed(cfg.train.seed)
             self.model = NSATransformer(cfg.model).to(self.device)
             track_gates(self.model, not cfg.telemetry.disable_aux_stats)  # the logged steps' gate means
+            # the trainer graphs whole steps itself (train.cuda_graphs), and its eager steps (FSDP2,
+            # fault injection, DDP's warm-up) stay eager: no layer keeps graphs of its own
+            set_graph_tokens(self.model, 0)
             self.log(f"[model] {self.model.num_params():,} parameters; dist mode {info.mode}, "
                      f"world {info.world_size}, device {self.device}, backend {info.backend}")
             self.wrapped = parallelize(self.model, cfg, info, self.log)

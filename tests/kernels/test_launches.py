@@ -1,6 +1,7 @@
 """On the GPU, NSA attention as a user's own model runs it: one NSA layer's forward + backward
-enqueues at most MAX_LAUNCHES device kernels (plus memsets and copies, counted apart) and
-never waits for the device; and a model of a user's shape compiled with
+runs at most MAX_LAUNCHES device kernels eagerly (plus memsets and copies, counted apart), is
+enqueued by at most MAX_HOST_LAUNCHES launches from the host once its CUDA graphs are captured
+(nsa.attention.graphed), and never waits for the device either way; and a model of a user's shape compiled with
 mode="reduce-overhead" (CUDA graphs through the compiler) computes what the eager model does.
 bench/nsa_vs_dense.py --parts launches --kernels 60 prints the count and its kernels by name."""
 from __future__ import annotations
@@ -19,6 +20,12 @@ pytestmark = pytest.mark.gpu
 MAX_LAUNCHES = 125
 #: memsets and device-to-device copies of the same call
 MAX_MEMSETS_AND_COPIES = 30
+#: launches the host makes for that call (kernels, graphs, memsets, copies): two graph replays and
+#: the copies around them (input, output, output gradient, input gradient, one per gradient dtype)
+MAX_HOST_LAUNCHES = 8
+#: the CUDA runtime and driver calls that enqueue work
+_LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch",
+                 "cudaMemcpyAsync", "cudaMemsetAsync")
 
 
 @pytest.fixture(autouse=True)
@@ -27,9 +34,10 @@ def _nan_poisoned_empty():
     yield
 
 
-def _layer_step(S: int):
+def _layer_step(S: int, graphs: bool = True):
     cfg = load_model_config("m7c_125m")
-    layer = NSAAttention(cfg.dim, cfg.n_heads, cfg.n_kv_groups, cfg.head_dim, cfg.attn, cfg.rope_theta).cuda()
+    layer = NSAAttention(cfg.dim, cfg.n_heads, cfg.n_kv_groups, cfg.head_dim, cfg.attn, cfg.rope_theta,
+                         graph_tokens=S if graphs else 0).cuda()
     x = torch.randn(1, S, cfg.dim, device="cuda", requires_grad=True)
     do = torch.randn(1, S, cfg.dim, device="cuda", dtype=torch.bfloat16)
     leaves = [x, *layer.parameters()]
@@ -46,23 +54,30 @@ def _layer_step(S: int):
 def test_one_nsa_layer_enqueues_few_launches_without_syncs(S):
     from torch.profiler import ProfilerActivity, profile
 
-    run = _layer_step(S)
-    run()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")  # a host synchronisation in the call raises
-    try:
-        run()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run()
+    for graphs in (False, True):  # eagerly, and replayed
+        run = _layer_step(S, graphs)
+        run()  # Triton compiles and tunes
+        run()  # with graphs: the capture, which synchronises once
         torch.cuda.synchronize()
-    device = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    other = [n for n in device if n.startswith(("Memset", "Memcpy"))]
-    kernels = len(device) - len(other)
-    assert kernels <= MAX_LAUNCHES, f"{kernels} kernels: {sorted(set(device))}"
-    assert len(other) <= MAX_MEMSETS_AND_COPIES, other
+        torch.cuda.set_sync_debug_mode("error")  # a host synchronisation in the call raises
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            run()
+            torch.cuda.synchronize()
+        if graphs:
+            host = [e.name for e in prof.events()
+                    if e.device_type == torch.autograd.DeviceType.CPU and e.name in _LAUNCH_CALLS]
+            assert len(host) <= MAX_HOST_LAUNCHES, f"{len(host)} host launches: {sorted(host)}"
+            continue
+        device = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        other = [n for n in device if n.startswith(("Memset", "Memcpy"))]
+        kernels = len(device) - len(other)
+        assert kernels <= MAX_LAUNCHES, f"{kernels} kernels: {sorted(set(device))}"
+        assert len(other) <= MAX_MEMSETS_AND_COPIES, other
 
 
 def test_reduce_overhead_model_equals_eager():

@@ -1,0 +1,278 @@
+"""An NSA layer's forward and backward replayed as two CUDA graphs, in a user's eager model.
+
+Below ~32k tokens an eager NSA layer is bound by the host: its forward + backward enqueues over a
+hundred kernels through Python (projections, compression, three branches, gates), which takes
+longer than the GPU needs to run them. Replaying the layer as one forward graph and one backward
+graph turns that into two launches and a few copies. The trainer captures whole steps itself;
+this is for everyone else's model (`python bench/nsa_vs_dense.py --parts layer host` measures
+both paths).
+
+A layer's graphs are captured on its second call at a new key (the first runs eagerly, so
+Triton compiles and tunes outside the capture): input shape and dtype, autocast state, the
+deterministic switch, which tensors need gradients, and the parameters' storage. Each layer
+holds its own memory pool: its activations and gradients stay allocated between steps, which
+is why only short inputs (``NSAConfig.graph_tokens``) are graphed.
+
+The graphs hold one forward's activations at a time, so a call replays them only when the
+layer has no forward waiting for its backward; anything else runs eagerly and is exact:
+
+* a second forward before the first one's backward (two micro-batches in flight) runs eagerly;
+* a backward whose activations were overwritten since (a later replay) or already consumed
+  (a second backward through a retained graph) recomputes the layer eagerly from its saved
+  input and differentiates that, unless a parameter changed in place since the forward, which
+  it refuses as autograd does;
+* torch.compile, a graph being captured already (the trainer's CUDA graphs), a dispatch mode,
+  saved-tensor hooks (activation checkpointing), no gradient, a decode cache or gate
+  telemetry: eager.
+"""
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+#: inputs of up to this many tokens (batch x length) are graphed by default: where the host, not
+#: the GPU, sets an eager layer's pace at the seeds' shape (`python bench/nsa_vs_dense.py --parts
+#: layer host` prints both); longer inputs would keep large activations allocated between steps
+GRAPH_TOKENS = 16384
+#: captures a layer may make before it stops graphing (parameters that move every step, such as
+#: a sharded model's, would otherwise capture on every call)
+MAX_CAPTURES = 4
+#: captured keys a layer keeps (the oldest is dropped, and its memory freed, past this)
+MAX_KEPT = 2
+
+@dataclass
+class _Captured:
+    """One key's graphs and their static tensors: what a replay reads and writes."""
+    fwd: torch.cuda.CUDAGraph
+    bwd: torch.cuda.CUDAGraph
+    x: torch.Tensor
+    rope: tuple[torch.Tensor, torch.Tensor] | None
+    out: torch.Tensor
+    grad_out: torch.Tensor
+    #: the gradient of x the backward graph writes (None when x needs none)
+    grad_x: torch.Tensor | None
+    #: the parameters' gradients, packed by the backward graph into one buffer per dtype
+    grad_params: _Packed
+    #: the autocast state captured (enabled, dtype), which a recomputation takes again
+    autocast: tuple[bool, torch.dtype] = (False, torch.bfloat16)
+    #: forward replays so far; a backward replays only for the latest, once
+    generation: int = 0
+    consumed: bool = True
+    #: the autograd context of the latest replay while its backward is owed (see _pending)
+    owed: Callable[[], object] = field(default=lambda: None)
+
+    def pending(self) -> bool:
+        """Whether the latest replay's backward has not run and still can (its graph is alive)."""
+        return not self.consumed and self.owed() is not None
+
+
+@dataclass
+class _Packed:
+    """Gradients packed into one flat buffer per dtype, so that a replay hands out fresh copies
+    of them all in one copy per dtype (a caller may keep a gradient past the next replay)."""
+    flats: dict[torch.dtype, torch.Tensor]
+    #: per gradient: None, or its dtype, offset and shape in that dtype's buffer
+    where: list[tuple[torch.dtype, int, torch.Size] | None]
+
+    @staticmethod
+    def pack(grads: list[torch.Tensor | None]) -> _Packed:
+        """Inside the capture: the flat buffers the backward graph fills."""
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        where: list[tuple[torch.dtype, int, torch.Size] | None] = []
+        for g in grads:
+            if g is None:
+                where.append(None)
+                continue
+            parts = by_dtype.setdefault(g.dtype, [])
+            where.append((g.dtype, sum(t.numel() for t in parts), g.shape))
+            parts.append(g)
+        return _Packed({d: torch.cat([t.reshape(-1) for t in parts]) for d, parts in by_dtype.items()}, where)
+
+    def copies(self) -> list[torch.Tensor | None]:
+        fresh = {d: flat.clone() for d, flat in self.flats.items()}
+        return [None if w is None else fresh[w[0]][w[1]:w[1] + w[2].numel()].view(w[2]) for w in self.where]
+
+
+def _saved_tensor_hooks() -> bool:
+    """Whether saved-tensor hooks are active (activation checkpointing, offloading): they expect
+    a recomputation to save what the first forward saved, which a replay does not."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+
+
+def _autocast_state(device_type: str) -> tuple[bool, torch.dtype]:
+    return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
+
+
+class LayerGraphs:
+    """The CUDA graphs of one layer (see the module docstring), for inputs of up to ``max_tokens``
+    tokens (0: none). The layer gives ``eager_forward(x, None, rope)``, ``parameters()`` and
+    its ``calls`` counter. A copy or a pickle of the layer starts without graphs."""
+
+    def __init__(self, max_tokens: int = GRAPH_TOKENS):
+        if max_tokens < 0:
+            raise ValueError(f"graph max_tokens must be >= 0, got {max_tokens}")
+        self.max_tokens = max_tokens
+        self.captured: OrderedDict[tuple, _Captured] = OrderedDict()
+        self.seen: set[tuple] = set()
+        self.captures = 0
+        self.disabled = False
+
+    def __deepcopy__(self, memo) -> LayerGraphs:
+        return LayerGraphs(self.max_tokens)
+
+    def __getstate__(self) -> dict:
+        return {"max_tokens": self.max_tokens}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["max_tokens"])
+
+    def applies(self, x: torch.Tensor) -> bool:
+        """Whether this call may replay or capture graphs at all."""
+        return (not self.disabled and x.is_cuda and 0 < x.shape[0] * x.shape[1] <= self.max_tokens
+                and torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+                and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None
+                and type(x) is torch.Tensor and not torch.cuda.is_current_stream_capturing()
+                and not _saved_tensor_hooks())
+
+    @staticmethod
+    def _key(x: torch.Tensor, rope, params: list[torch.Tensor]) -> tuple:
+        from nsa.attention.kernel_branches import deterministic
+
+        return (tuple(x.shape), x.dtype, x.device, x.requires_grad, _autocast_state("cuda"), deterministic(),
+                None if rope is None else tuple((t.shape, t.dtype, t.device) for t in rope),
+                tuple((p.data_ptr(), p.dtype, p.requires_grad) for p in params))
+
+    def __call__(self, layer, x: torch.Tensor, rope) -> torch.Tensor:
+        params = list(layer.parameters())
+        if not (x.requires_grad or any(p.requires_grad for p in params)):
+            return layer.eager_forward(x, None, rope)
+        key = self._key(x, rope, params)
+        entry = self.captured.get(key)
+        if entry is None:
+            if key not in self.seen:  # the first call compiles and tunes the kernels, eagerly
+                self.seen.add(key)
+                return layer.eager_forward(x, None, rope)
+            entry = self._capture(layer, key, x, rope, params)
+            if entry is None:
+                return layer.eager_forward(x, None, rope)
+        if entry.pending():
+            return layer.eager_forward(x, None, rope)
+        self.captured.move_to_end(key)
+        return _Replay.apply(layer, entry, x, *(rope or (None, None)), *params)
+
+    def _capture(self, layer, key: tuple, x: torch.Tensor, rope, params: list[torch.Tensor]) -> _Captured | None:
+        if self.captures >= MAX_CAPTURES:
+            self._disable(f"{MAX_CAPTURES} captures made (its parameters or inputs keep changing)")
+            return None
+        self.captures += 1
+        while len(self.captured) >= MAX_KEPT:  # before the capture, so that its memory can be reused
+            self.captured.popitem(last=False)
+        try:
+            entry = _record(layer, x, rope, params)
+        except Exception as exc:  # a layer that cannot be captured runs eagerly, as without graphs
+            self._disable(f"capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+            return None
+        self.captured[key] = entry
+        return entry
+
+    def _disable(self, why: str) -> None:
+        self.disabled = True
+        self.captured.clear()
+        warnings.warn(f"NSA layer CUDA graphs off for this layer, which now runs eagerly: {why}", stacklevel=5)
+
+
+def _record(layer, x: torch.Tensor, rope, params: list[torch.Tensor]) -> _Captured:
+    """Warm up on a side stream, then capture the forward and the backward into one pool."""
+    enabled, dtype = _autocast_state("cuda")
+    static_x = x.detach().clone().requires_grad_(x.requires_grad)
+    static_rope = None if rope is None else tuple(t.detach().clone() for t in rope)
+    wrt = ([static_x] if x.requires_grad else []) + [p for p in params if p.requires_grad]
+
+    def forward() -> torch.Tensor:
+        # the autocast cache would keep casts made inside a capture alive past it
+        with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False):
+            return layer.eager_forward(static_x, None, static_rope)
+
+    calls = layer.calls.clone()  # the warm-up's forwards are not the caller's
+    stream = torch.cuda.Stream(x.device)
+    stream.wait_stream(torch.cuda.current_stream(x.device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # cuBLAS and the allocator set up on the capture stream, outside it
+            out = forward()
+            torch.autograd.grad(out, wrt, torch.zeros_like(out), allow_unused=True)
+        layer.calls.copy_(calls)
+    torch.cuda.current_stream(x.device).wait_stream(stream)
+    fwd, bwd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+    with torch.cuda.graph(fwd, stream=stream):
+        out = forward()
+    grad_out = torch.empty_like(out)
+    with torch.cuda.graph(bwd, pool=fwd.pool(), stream=stream):
+        got = iter(torch.autograd.grad(out, wrt, grad_out, allow_unused=True))
+        grad_x = next(got) if x.requires_grad else None
+        packed = _Packed.pack([next(got) if p.requires_grad else None for p in params])
+    return _Captured(fwd, bwd, static_x, static_rope, out, grad_out, grad_x, packed, autocast=(enabled, dtype))
+
+
+class _Replay(torch.autograd.Function):
+    """The replayed layer as autograd sees it: x, the rope tables and the parameters in, the
+    layer's output out."""
+
+    @staticmethod
+    def forward(ctx, layer, entry: _Captured, x, cos, sin, *params):
+        entry.x.copy_(x)
+        if entry.rope is not None:
+            entry.rope[0].copy_(cos)
+            entry.rope[1].copy_(sin)
+        entry.fwd.replay()
+        entry.generation += 1
+        entry.consumed = False
+        entry.owed = weakref.ref(ctx)
+        ctx.layer, ctx.entry, ctx.generation = layer, entry, entry.generation
+        ctx.versions = [p._version for p in params]
+        ctx.save_for_backward(x, cos, sin, *params)
+        # the static output is overwritten by the next replay; the caller's must not be
+        return entry.out.clone()
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        entry = ctx.entry
+        if ctx.generation == entry.generation and not entry.consumed:
+            entry.consumed = True
+            entry.grad_out.copy_(grad_out)
+            entry.bwd.replay()
+            gx = None if entry.grad_x is None else entry.grad_x.clone()  # the next replay overwrites it
+            gparams = entry.grad_params.copies()
+        else:
+            gx, *gparams = _recompute(ctx, grad_out)
+        return (None, None, gx, None, None, *gparams)
+
+
+def _recompute(ctx, grad_out) -> list[torch.Tensor | None]:
+    """The gradients of an earlier forward whose activations the graphs no longer hold: the layer
+    run again, eagerly, on the saved input, and differentiated."""
+    x, cos, sin, *params = ctx.saved_tensors
+    if any(p._version != v for p, v in zip(params, ctx.versions)):
+        raise RuntimeError("one of the NSA layer's parameters was modified in place after its forward and "
+                           "before this backward, which needs their values of the forward")
+    rope = None if cos is None else (cos, sin)
+    enabled, dtype = ctx.entry.autocast
+    with torch.enable_grad(), torch.autocast("cuda", dtype=dtype, enabled=enabled):
+        xd = x.detach().requires_grad_(x.requires_grad)
+        out = ctx.layer.eager_forward(xd, None, rope)
+    wrt = ([xd] if x.requires_grad else []) + [p for p in params if p.requires_grad]
+    got = iter(torch.autograd.grad(out, wrt, grad_out, allow_unused=True))
+    return [next(got) if x.requires_grad else None, *(next(got) if p.requires_grad else None for p in params)]
+
+
+def set_graph_tokens(model: torch.nn.Module, max_tokens: int) -> None:
+    """Graph every NSA layer of ``model`` for inputs of up to ``max_tokens`` tokens (0: never),
+    dropping the graphs they hold."""
+    for module in model.modules():
+        if isinstance(getattr(module, "graphs", None), LayerGraphs):
+            module.graphs = LayerGraphs(max_tokens)

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_nsa import _bench as _median_ms  # noqa: E402
 from bench.bench_nsa import _host_ms  # noqa: E402
-from nsa.attention import NSAAttention  # noqa: E402
+from nsa.attention import NSAAttention, graphed  # noqa: E402
 from nsa.attention.dense import DenseAttention  # noqa: E402
 from nsa.model.config import load_model_config  # noqa: E402
 from nsa.model.model import NSATransformer  # noqa: E402
@@ -86,6 +86,8 @@ def launches(fn) -> tuple[int, int, collections.Counter]:
 
 #: overrides of the NSA model's config (--nsa-set)
 NSA_SET: list[str] = []
+#: the NSA layers' graph_tokens (--graph-tokens)
+GRAPH_TOKENS = [graphed.GRAPH_TOKENS]
 
 
 def _config(model_name: str, kind: str):
@@ -98,7 +100,7 @@ def layer_step(kind: str, S: int, model_name: str, device: torch.device, graphs:
     whether the NSA layer replays its own CUDA graphs (nsa.attention.graphed) as it does by default."""
     cfg = _config(model_name, kind)
     args = (cfg.dim, cfg.n_heads, cfg.n_kv_groups, cfg.head_dim, cfg.attn, cfg.rope_theta)
-    layer = (NSAAttention(*args, **({} if graphs else {"graph_tokens": 0})) if kind == "nsa"
+    layer = (NSAAttention(*args, graph_tokens=GRAPH_TOKENS[0] if graphs else 0) if kind == "nsa"
              else DenseAttention(*args)).to(device)
     x = torch.randn(1, S, cfg.dim, device=device, requires_grad=True)
     do = torch.randn(1, S, cfg.dim, device=device, dtype=torch.bfloat16)
@@ -118,6 +120,7 @@ def model_step(kind: str, S: int, model_name: str, device: torch.device, compile
     cfg = _config(model_name, kind)
     torch.manual_seed(0)
     model = NSATransformer(cfg).to(device)
+    graphed.set_graph_tokens(model, GRAPH_TOKENS[0])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     fwd = torch.compile(model, fullgraph=True) if compiled else model
     tokens = torch.randint(0, cfg.vocab_size, (1, S + 1), device=device)
@@ -232,8 +235,12 @@ def main(argv=None) -> int:
     ap.add_argument("--kernels", type=int, default=0, help="print the NSA layer's N most launched kernels")
     ap.add_argument("--nsa-set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="overrides of the NSA model's config (model.attn.backend_cmp=triton)")
+    ap.add_argument("--graph-tokens", type=int, default=graphed.GRAPH_TOKENS,
+                    help="the NSA layers' own CUDA graphs up to this many tokens (0: none; "
+                         "default %(default)s, the layer's)")
     args = ap.parse_args(argv)
     NSA_SET[:] = args.nsa_set
+    GRAPH_TOKENS[0] = args.graph_tokens
     if not torch.cuda.is_available():
         ap.error("this benchmark needs a CUDA GPU")
     device = torch.device("cuda")
@@ -243,7 +250,8 @@ def main(argv=None) -> int:
         rows.append(measure(S, args.model, set(args.parts), compile_lengths, device, args.kernels))
         print(table(rows[-1:]), flush=True)
     print(f"\n# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.model}, batch 1, bf16 autocast; "
-          f"ratio = dense ms / NSA ms{'; NSA with ' + ' '.join(NSA_SET) if NSA_SET else ''}")
+          f"ratio = dense ms / NSA ms; NSA layers graphed up to {GRAPH_TOKENS[0]} tokens"
+          f"{'; NSA with ' + ' '.join(NSA_SET) if NSA_SET else ''}")
     print(table(rows))
     return 0
 

@@ -8,3 +8,7 @@ timeout ${TESTS_S:-200} python3 -m pytest -q -p no:cacheprovider -rA --tb=short 
 tail -15 "$OUT/nsa_graphs_tests.log"
 timeout ${TABLE_S:-380} python3 bench/nsa_vs_dense.py --lengths ${LENGTHS:-4k 16k 32k} \
   --parts ${PARTS:-layer host model compiled} --compile-lengths ${COMPILE_LENGTHS:-16k} 2>&1 | tee -a "$OUT/nsa_graphs_table.log"
+if [ -n "${GRAPH32:-}" ]; then
+  timeout 120 python3 bench/nsa_vs_dense.py --lengths 32k --parts layer host --graph-tokens 32768 2>&1 \
+    | tee -a "$OUT/nsa_graphs_table.log"
+fi

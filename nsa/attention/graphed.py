@@ -122,6 +122,7 @@ class LayerGraphs:
         self.seen: set[tuple] = set()
         self.captures = 0
         self.disabled = False
+        self.recording = False  # while a capture runs the layer, it runs eagerly
 
     def __deepcopy__(self, memo) -> LayerGraphs:
         return LayerGraphs(self.max_tokens)
@@ -134,10 +135,10 @@ class LayerGraphs:
 
     def applies(self, x: torch.Tensor) -> bool:
         """Whether this call may replay or capture graphs at all."""
-        return (not self.disabled and x.is_cuda and 0 < x.shape[0] * x.shape[1] <= self.max_tokens
+        return (not torch.compiler.is_compiling() and not self.disabled and not self.recording and x.is_cuda
+                and 0 < x.shape[0] * x.shape[1] <= self.max_tokens
                 and torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
-                and not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None
-                and type(x) is torch.Tensor and not torch.cuda.is_current_stream_capturing()
+                and _get_current_dispatch_mode() is None and type(x) is torch.Tensor and not torch.cuda.is_current_stream_capturing()
                 and not _saved_tensor_hooks())
 
     @staticmethod
@@ -173,11 +174,14 @@ class LayerGraphs:
         self.captures += 1
         while len(self.captured) >= MAX_KEPT:  # before the capture, so that its memory can be reused
             self.captured.popitem(last=False)
+        self.recording = True
         try:
             entry = _record(layer, x, rope, params)
         except Exception as exc:  # a layer that cannot be captured runs eagerly, as without graphs
             self._disable(f"capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
             return None
+        finally:
+            self.recording = False
         self.captured[key] = entry
         return entry
 
@@ -188,29 +192,37 @@ class LayerGraphs:
 
 
 def _record(layer, x: torch.Tensor, rope, params: list[torch.Tensor]) -> _Captured:
-    """Warm up on a side stream, then capture the forward and the backward into one pool."""
+    """Warm up on a side stream, then capture the forward and the backward into one pool.
+
+    The captured forward reads x and the parameters through views made inside it, and the
+    backward stops at those views: the parameters' own gradient accumulators (made on the
+    default stream by an earlier step, and alive while its graph is) take no part in the
+    capture, where their stream would be synchronised with the capture stream."""
     enabled, dtype = _autocast_state("cuda")
     static_x = x.detach().clone().requires_grad_(x.requires_grad)
     static_rope = None if rope is None else tuple(t.detach().clone() for t in rope)
-    wrt = ([static_x] if x.requires_grad else []) + [p for p in params if p.requires_grad]
+    names = [n for n, _ in layer.named_parameters()]
 
-    def forward() -> torch.Tensor:
+    def forward() -> tuple[torch.Tensor, list[torch.Tensor]]:
+        x_in = static_x.view_as(static_x)
+        views = {n: p.view_as(p) for n, p in zip(names, params) if p.requires_grad}
         # the autocast cache would keep casts made inside a capture alive past it
         with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False):
-            return layer.eager_forward(static_x, None, static_rope)
+            out = torch.func.functional_call(layer, views, (x_in,), {"rope": static_rope})
+        return out, ([x_in] if x.requires_grad else []) + list(views.values())
 
     calls = layer.calls.clone()  # the warm-up's forwards are not the caller's
     stream = torch.cuda.Stream(x.device)
     stream.wait_stream(torch.cuda.current_stream(x.device))
     with torch.cuda.stream(stream):
         for _ in range(2):  # cuBLAS and the allocator set up on the capture stream, outside it
-            out = forward()
+            out, wrt = forward()
             torch.autograd.grad(out, wrt, torch.zeros_like(out), allow_unused=True)
         layer.calls.copy_(calls)
     torch.cuda.current_stream(x.device).wait_stream(stream)
     fwd, bwd = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
     with torch.cuda.graph(fwd, stream=stream):
-        out = forward()
+        out, wrt = forward()
     grad_out = torch.empty_like(out)
     with torch.cuda.graph(bwd, pool=fwd.pool(), stream=stream):
         got = iter(torch.autograd.grad(out, wrt, grad_out, allow_unused=True))

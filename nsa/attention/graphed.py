@@ -21,8 +21,8 @@ layer has no forward waiting for its backward; anything else runs eagerly and is
   (a second backward through a retained graph) recomputes the layer eagerly from its saved
   input and differentiates that, unless a parameter changed in place since the forward, which
   it refuses as autograd does;
-* torch.compile, a graph being captured already (the trainer's CUDA graphs), a dispatch mode,
-  saved-tensor hooks (activation checkpointing), no gradient, a decode cache or gate
+* torch.compile, a graph being captured already (the trainer's CUDA graphs), a dispatch mode
+  or a torch.func transform, saved-tensor hooks (activation checkpointing), no gradient, a decode cache or gate
   telemetry: eager.
 """
 from __future__ import annotations
@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
+from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 #: inputs of up to this many tokens (batch x length) are graphed by default: where the host, not
@@ -122,7 +123,6 @@ class LayerGraphs:
         self.seen: set[tuple] = set()
         self.captures = 0
         self.disabled = False
-        self.recording = False  # while a capture runs the layer, it runs eagerly
 
     def __deepcopy__(self, memo) -> LayerGraphs:
         return LayerGraphs(self.max_tokens)
@@ -135,10 +135,11 @@ class LayerGraphs:
 
     def applies(self, x: torch.Tensor) -> bool:
         """Whether this call may replay or capture graphs at all."""
-        return (not torch.compiler.is_compiling() and not self.disabled and not self.recording and x.is_cuda
+        return (not torch.compiler.is_compiling() and not self.disabled and x.is_cuda
                 and 0 < x.shape[0] * x.shape[1] <= self.max_tokens
                 and torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
-                and _get_current_dispatch_mode() is None and type(x) is torch.Tensor and not torch.cuda.is_current_stream_capturing()
+                and _get_current_dispatch_mode() is None and type(x) is torch.Tensor
+                and not torch._C._functorch.is_functorch_wrapped_tensor(x) and not torch.cuda.is_current_stream_capturing()
                 and not _saved_tensor_hooks())
 
     @staticmethod
@@ -174,14 +175,12 @@ class LayerGraphs:
         self.captures += 1
         while len(self.captured) >= MAX_KEPT:  # before the capture, so that its memory can be reused
             self.captured.popitem(last=False)
-        self.recording = True
         try:
-            entry = _record(layer, x, rope, params)
+            with torch.cuda.device(x.device):
+                entry = _record(layer, x, rope, params)
         except Exception as exc:  # a layer that cannot be captured runs eagerly, as without graphs
             self._disable(f"capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
             return None
-        finally:
-            self.recording = False
         self.captured[key] = entry
         return entry
 
@@ -206,9 +205,11 @@ def _record(layer, x: torch.Tensor, rope, params: list[torch.Tensor]) -> _Captur
     def forward() -> tuple[torch.Tensor, list[torch.Tensor]]:
         x_in = static_x.view_as(static_x)
         views = {n: p.view_as(p) for n, p in zip(names, params) if p.requires_grad}
-        # the autocast cache would keep casts made inside a capture alive past it
-        with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False):
-            out = torch.func.functional_call(layer, views, (x_in,), {"rope": static_rope})
+        # the autocast cache would keep casts made inside a capture alive past it; the layer's
+        # own forward, not its __call__: a forward hook runs on the replay's output, once
+        with torch.autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=False), \
+                _reparametrize_module(layer, views):
+            out = layer.eager_forward(x_in, None, static_rope)
         return out, ([x_in] if x.requires_grad else []) + list(views.values())
 
     calls = layer.calls.clone()  # the warm-up's forwards are not the caller's

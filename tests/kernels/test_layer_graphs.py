@@ -140,3 +140,13 @@ def test_no_grad_and_inference_run_eagerly_and_agree():
     for ctx in (torch.no_grad, torch.inference_mode):
         with ctx(), torch.autocast("cuda", dtype=torch.bfloat16):
             _close(graphed(xs[0]), eager(xs[0]), ctx.__name__)
+
+
+def test_a_forward_hook_runs_once_on_the_replayed_output():
+    graphed, eager = _pair()
+    for layer in (graphed, eager):
+        layer.register_forward_hook(lambda module, args, out: out * 2)
+    for step in range(3):
+        xs, dos = _inputs(60 + step)
+        _same(_step(graphed, xs, dos), _step(eager, xs, dos))
+    assert graphed.graphs.captured

@@ -10,8 +10,9 @@ both paths).
 A layer's graphs are captured on its second call at a new key (the first runs eagerly, so
 Triton compiles and tunes outside the capture): input shape and dtype, autocast state, the
 deterministic switch, which tensors need gradients, and the parameters' storage. Each layer
-holds its own memory pool: its activations and gradients stay allocated between steps, which
-is why only short inputs (``NSAConfig.graph_tokens``) are graphed.
+holds its own memory pool: its activations and its backward's buffers stay allocated between
+steps, which is why only short inputs are graphed (``GRAPH_TOKENS``, the layer's
+``graph_tokens``) and all layers' graphs together hold at most ``MEMORY_SHARE`` of the GPU.
 
 The graphs hold one forward's activations at a time, so a call replays them only when the
 layer has no forward waiting for its backward; anything else runs eagerly and is exact:
@@ -22,8 +23,8 @@ layer has no forward waiting for its backward; anything else runs eagerly and is
   input and differentiates that, unless a parameter changed in place since the forward, which
   it refuses as autograd does;
 * torch.compile, a graph being captured already (the trainer's CUDA graphs), a dispatch mode
-  or a torch.func transform, saved-tensor hooks (activation checkpointing), no gradient, a decode cache or gate
-  telemetry: eager.
+  or a torch.func transform, saved-tensor hooks (activation checkpointing), no gradient, a
+  decode cache or gate telemetry: eager.
 """
 from __future__ import annotations
 
@@ -46,6 +47,36 @@ GRAPH_TOKENS = 16384
 MAX_CAPTURES = 4
 #: captured keys a layer keeps (the oldest is dropped, and its memory freed, past this)
 MAX_KEPT = 2
+#: the share of a GPU's memory the layer graphs of one process may hold, all layers together: a
+#: layer's pool keeps its activations and its backward's buffers allocated between steps (about
+#: one GB a layer of m7c_125m at 16k tokens, `python bench/nsa_vs_dense.py --parts model`); past
+#: the share, or where free memory is short, a layer stays eager
+MEMORY_SHARE = 0.25
+
+#: device index -> bytes held by the captured graphs alive, and the last capture's bytes (what
+#: the next one is expected to take)
+_held: dict[int, int] = {}
+_typical: dict[int, int] = {}
+
+
+def _room(device: torch.device) -> bool:
+    """Whether another capture fits MEMORY_SHARE and the memory free now (twice its expected size)."""
+    need = _typical.get(device.index, 0)
+    if _held.get(device.index, 0) + need > MEMORY_SHARE * torch.cuda.get_device_properties(device).total_memory:
+        return False
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device) >= 2 * need
+
+
+def _hold(device: torch.device, entry: object, nbytes: int) -> None:
+    """Count ``nbytes`` as held until ``entry`` is garbage."""
+    _held[device.index] = _held.get(device.index, 0) + nbytes
+    _typical[device.index] = nbytes
+    weakref.finalize(entry, _release, device.index, nbytes)
+
+
+def _release(index: int, nbytes: int) -> None:
+    _held[index] -= nbytes
 
 @dataclass
 class _Captured:
@@ -123,6 +154,8 @@ class LayerGraphs:
         self.seen: set[tuple] = set()
         self.captures = 0
         self.disabled = False
+        #: whether the last capture this layer wanted did not fit (see MEMORY_SHARE)
+        self.short_of_memory = False
 
     def __deepcopy__(self, memo) -> LayerGraphs:
         return LayerGraphs(self.max_tokens)
@@ -172,15 +205,23 @@ class LayerGraphs:
         if self.captures >= MAX_CAPTURES:
             self._disable(f"{MAX_CAPTURES} captures made (its parameters or inputs keep changing)")
             return None
-        self.captures += 1
         while len(self.captured) >= MAX_KEPT:  # before the capture, so that its memory can be reused
             self.captured.popitem(last=False)
+        device = torch.device("cuda", x.device.index if x.device.index is not None else torch.cuda.current_device())
+        if not _room(device):
+            self.short_of_memory = True
+            return None
+        self.captures += 1
         try:
-            with torch.cuda.device(x.device):
+            with torch.cuda.device(device):
+                torch.cuda.empty_cache()  # as the capture does: what it reserves is then its pool
+                before = torch.cuda.memory_reserved(device)
                 entry = _record(layer, x, rope, params)
+                _hold(device, entry, torch.cuda.memory_reserved(device) - before)
         except Exception as exc:  # a layer that cannot be captured runs eagerly, as without graphs
             self._disable(f"capture failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
             return None
+        self.short_of_memory = False
         self.captured[key] = entry
         return entry
 

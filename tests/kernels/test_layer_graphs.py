@@ -150,3 +150,15 @@ def test_a_forward_hook_runs_once_on_the_replayed_output():
         xs, dos = _inputs(60 + step)
         _same(_step(graphed, xs, dos), _step(eager, xs, dos))
     assert graphed.graphs.captured
+
+
+def test_past_the_memory_share_a_layer_stays_eager_and_exact(monkeypatch):
+    from nsa.attention import graphed as G
+
+    monkeypatch.setattr(G, "MEMORY_SHARE", 0.0)
+    monkeypatch.setitem(G._typical, torch.cuda.current_device(), 1)
+    graphed, eager = _pair()
+    for step in range(3):
+        xs, dos = _inputs(70 + step)
+        _same(_step(graphed, xs, dos), _step(eager, xs, dos))
+    assert not graphed.graphs.captured and graphed.graphs.short_of_memory

@@ -34,6 +34,7 @@ import dataclasses  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from nsa.attention import set_graph_tokens  # noqa: E402
 from nsa.model import NSATransformer, backend_report  # noqa: E402
 from nsa.train.config import load_run_config  # noqa: E402
 from nsa.train.optim import build_optimizer, fused_adamw  # noqa: E402
@@ -63,6 +64,7 @@ def _run_cell(kind, cfg, batch, seq_len, args, device, stream) -> dict:
     torch.manual_seed(0)
     model_cfg = dataclasses.replace(cfg.model, attn=dataclasses.replace(cfg.model.attn, kind=kind))
     model = NSATransformer(model_cfg).to(device)
+    set_graph_tokens(model, 0)  # as the trainer: whole steps are graphed, or none
     if tc.activation_checkpointing:
         apply_activation_checkpointing(model)
     if tc.compile:

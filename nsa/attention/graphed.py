@@ -96,7 +96,7 @@ class _Captured:
     #: forward replays so far; a backward replays only for the latest, once
     generation: int = 0
     consumed: bool = True
-    #: the autograd context of the latest replay while its backward is owed (see _pending)
+    #: the autograd context of the latest replay while its backward is owed (see pending)
     owed: Callable[[], object] = field(default=lambda: None)
 
     def pending(self) -> bool:
@@ -172,7 +172,8 @@ class LayerGraphs:
                 and 0 < x.shape[0] * x.shape[1] <= self.max_tokens
                 and torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
                 and _get_current_dispatch_mode() is None and type(x) is torch.Tensor
-                and not torch._C._functorch.is_functorch_wrapped_tensor(x) and not torch.cuda.is_current_stream_capturing()
+                and not torch._C._functorch.is_functorch_wrapped_tensor(x)
+                and not torch.cuda.is_current_stream_capturing()
                 and not _saved_tensor_hooks())
 
     @staticmethod

@@ -206,12 +206,12 @@ class LayerGraphs:
         if self.captures >= MAX_CAPTURES:
             self._disable(f"{MAX_CAPTURES} captures made (its parameters or inputs keep changing)")
             return None
-        while len(self.captured) >= MAX_KEPT:  # before the capture, so that its memory can be reused
-            self.captured.popitem(last=False)
         device = torch.device("cuda", x.device.index if x.device.index is not None else torch.cuda.current_device())
         if not _room(device):
             self.short_of_memory = True
             return None
+        while len(self.captured) >= MAX_KEPT:  # before the capture, so that its memory can be reused
+            self.captured.popitem(last=False)
         self.captures += 1
         try:
             with torch.cuda.device(device):

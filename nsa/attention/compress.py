@@ -9,8 +9,16 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from .config import NSAConfig
+
+
+#: from this many tokens a training forward does not keep fc1's input (every token l/d times) for
+#: the backward but recomputes it there from the per-token keys, which the attention kernels keep
+#: anyway: activation memory counts at long context, and below it the recomputation's kernel
+#: launches would cost more host time than its memory is worth
+RECOMPUTE_TOKENS = 32768
 
 
 class Compressor(nn.Module):
@@ -42,6 +50,13 @@ class Compressor(nn.Module):
         blocks = x[:, first * d :].unfold(1, l, d)
         if self.kind == "mean":
             return blocks.mean(dim=-1)
-        blocks = blocks.permute(0, 1, 2, 4, 3) + self.pos.to(x.dtype)  # [B, Nc, H, l, K]
-        hidden = F.silu(self.fc1(blocks.flatten(-2)))
+        if torch.is_grad_enabled() and T >= RECOMPUTE_TOKENS:
+            hidden = checkpoint(self._hidden, blocks, use_reentrant=False, preserve_rng_state=False)
+        else:
+            hidden = self._hidden(blocks)
         return self.fc2(hidden)
+
+    def _hidden(self, blocks: torch.Tensor) -> torch.Tensor:
+        """silu(fc1(the flattened block + pos)) of windows [B, Nc, H, K, l]."""
+        blocks = blocks.permute(0, 1, 2, 4, 3) + self.pos.to(blocks.dtype)  # [B, Nc, H, l, K]
+        return F.silu(self.fc1(blocks.flatten(-2)))

@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from .backends import Route, implementation, resolve_route, rope_kernel
 from .config import NSAConfig
-from .module import NSACache, RoutedAttention
+from .module import NSACache, RoutedAttention, autocast_input
 from .rope import apply_rope
 
 
@@ -38,6 +38,7 @@ class DenseAttention(RoutedAttention):
         H, HQ, K = self.n_kv, self.n_heads, self.head_dim
         start = cache.length if cache is not None else 0
         cos, sin = rope if rope is not None else self.rope(start, T, x.device)
+        x = autocast_input(x)
         q = self.q_proj(x).view(B, T, HQ, K)
         kv = self.kv_proj(x).view(B, T, 2, H, K)
         routes, fused_rope = self._resolve(x.device, q.dtype)

@@ -39,6 +39,17 @@ class NSACache:
         return self.tokens[name]
 
 
+def autocast_input(x: torch.Tensor) -> torch.Tensor:
+    """x in the autocast dtype where autocast is on for x's device, else x. Autocast casts a
+    Linear's activation input anew at each call (it caches only the casts of weights), and each
+    Linear saves its own copy for the backward: a layer whose projections all read x keeps one
+    copy instead of one per projection (`python bench/saved_memory.py` lists what a layer saves)."""
+    kind = x.device.type
+    if torch.is_autocast_enabled(kind) and x.is_floating_point():
+        return x.to(torch.get_autocast_dtype(kind))
+    return x
+
+
 class RoutedAttention(nn.Module):
     """What NSA and dense attention share: the shape (query heads, KV heads, head dim), the query
     projection and one fused projection of ``kv_streams`` key/value streams per KV head, a forward
@@ -136,6 +147,7 @@ class NSAAttention(RoutedAttention):
         B, T, _ = x.shape
         HQ, H, K = self.n_heads, self.n_kv, self.head_dim
         cos, sin = rope if rope is not None else self.rope(start, T, x.device)
+        x = autocast_input(x)
         q = self.q_proj(x).view(B, T, HQ, K)
         kv = self.kv_proj(x).view(B, T, 6, H, K)
         if fused_rope is None:

@@ -35,26 +35,33 @@ def _fold_kv(x: torch.Tensor, G: int, d: int) -> torch.Tensor:
     return per_head.unsqueeze(0).expand(d, H * G, R, K)
 
 
+def _fold_q(x: torch.Tensor, d: int) -> torch.Tensor:
+    """x [R*d, HQ, K] (one sequence's whole runs) -> [d, HQ, R, K]: the d queries of a run become
+    the batch (a view of a contiguous x)."""
+    T, HQ, K = x.shape
+    return x.reshape(T // d, d, HQ, K).permute(1, 2, 0, 3)
+
+
+def _unfold_kv_grad(g: torch.Tensor, H: int) -> torch.Tensor:
+    """The gradient [d, H*G, R, K] of _fold_kv's output -> that of its input [R, H, K]."""
+    d, HQ, R, K = g.shape
+    return g.sum(0).view(H, HQ // H, R, K).sum(1).permute(1, 0, 2)
+
+
 def _fused_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
     """Top-left causal attention, [batch, heads, R, K] each: cuDNN's fused kernel through torch's
     private op, the only public route that also returns the log-sum-exp (the selection scores
-    need it). Differentiable: autograd runs cuDNN's fused backward."""
+    need it). Returns o, lse (float32, batch x heads x R elements) and the state
+    _fused_causal_backward takes with o."""
     out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True, False, scale=scale)
-    return out[0], out[1]
+    return out[0], out[1], out[1:8]
 
 
-def _causal_runs(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, d: int):
-    """One sequence: q [R*d, HQ, K] (R whole runs), kc/vc [R, H, K]. Returns o [R*d, HQ, K]
-    and lse [R*d, HQ]."""
-    T, HQ, K = q.shape
-    R, H = kc.shape[0], kc.shape[1]
-    # [R, d, HQ, K] -> [d, HQ, R, K]: the d queries of a run become the batch (a view)
-    qf = q.reshape(R, d, HQ, K).permute(1, 2, 0, 3)
-    kf, vf = _fold_kv(kc, HQ // H, d), _fold_kv(vc, HQ // H, d)
-    o, lse = _fused_causal(qf, kf, vf, K ** -0.5)
-    o = o.permute(2, 0, 1, 3).reshape(T, HQ, K)  # a view when cuDNN kept q's layout
-    lse = lse.reshape(d, HQ, R).permute(2, 0, 1).reshape(T, HQ)
-    return o, lse.float()
+def _fused_causal_backward(do, q, k, v, o, state, scale: float):
+    """dq, dk, dv of _fused_causal, from its o and state: cuDNN's fused backward."""
+    lse, cum_q, cum_k, max_q, max_k, seed, offset = state
+    return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+        do, q, k, v, o, lse, seed, offset, None, cum_q, cum_k, max_q, max_k, 0.0, True, scale=scale)
 
 
 def cudnn_cmp_attention(q, kc, vc, q_start: int, l: int, d: int, deterministic: bool = False):
@@ -74,56 +81,70 @@ def cudnn_cmp_attention(q, kc, vc, q_start: int, l: int, d: int, deterministic: 
 
 class _FoldedPrefill(torch.autograd.Function):
     """The folded prefill as one autograd node: o and lse are written into tensors of the whole
-    sequence, and the backward writes dq into one tensor. (Through plain autograd, the slices
-    q[b, l-1:end] and q[:, end:] each gave a full-size zero gradient to fill, copy into and add.)
-    Inside, each piece (one sequence's runs through cuDNN; the tail through the band kernel)
-    keeps its own autograd graph on detached leaves, which the backward runs."""
+    sequence, and the backward writes dq into one tensor. The backward calls cuDNN's backward on
+    views of the saved q and of o itself, so nothing of the fold outlives the forward but
+    cuDNN's per-run lse: cuDNN's own output (o's size again) and the folded compressed keys
+    (recomputed) are not kept. The partial last run keeps its own autograd graph through the
+    band kernel, on detached leaves."""
 
     @staticmethod
     def forward(ctx, q, kc, vc, l: int, d: int, runs: int, keep_graph: bool):
         B, Tq, HQ, K = q.shape
+        G = HQ // kc.shape[2]
         first = l - 1
         end = first + runs * d
         o = q.new_empty(q.shape)
         lse = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
         o[:, :first] = 0
         lse[:, :first] = float("-inf")
-        pieces = []  # (a piece's output, its leaves, the index of its part of q and of kc/vc)
-        with torch.set_grad_enabled(keep_graph):
-            for b in range(B):
-                where = ((b, slice(first, end)), (b, slice(0, runs)))
-                leaves = [t.detach().requires_grad_(keep_graph) for t in (q[where[0]], kc[where[1]], vc[where[1]])]
-                o_runs, lse_runs = _causal_runs(*leaves, d)
-                o[where[0]] = o_runs.detach()
-                lse[where[0]] = lse_runs.detach()
-                pieces.append((o_runs, leaves, where))
-            if end < Tq:  # the partial last run: fewer than d queries, through the band kernel
-                where = ((slice(None), slice(end, Tq)), (slice(None),))
-                leaves = [t.detach().requires_grad_(keep_graph) for t in (q[where[0]], kc, vc)]
+        states = []
+        for b in range(B):
+            o_runs, lse_runs, state = _fused_causal(
+                _fold_q(q[b, first:end], d), _fold_kv(kc[b, :runs], G, d), _fold_kv(vc[b, :runs], G, d), K ** -0.5)
+            _fold_q(o[b, first:end], d).copy_(o_runs)
+            lse[b, first:end] = lse_runs.reshape(d, HQ, runs).permute(2, 0, 1).reshape(-1, HQ)
+            states.append(state)
+        tail = None
+        if end < Tq:  # the partial last run: fewer than d queries, through the band kernel
+            with torch.set_grad_enabled(keep_graph):
+                leaves = [t.detach().requires_grad_(keep_graph) for t in (q[:, end:], kc, vc)]
                 o_tail, lse_tail = band_attention(*leaves, end, l, d, 0, False)
-                o[where[0]] = o_tail.detach()
-                lse[where[0]] = lse_tail
-                pieces.append((o_tail, leaves, where))
-        ctx.pieces = pieces if keep_graph else None
-        ctx.first = first
-        ctx.shapes = (q.shape, kc.shape, kc.dtype)
+            o[:, end:] = o_tail.detach()
+            lse[:, end:] = lse_tail
+            tail = (o_tail, leaves)
+        if keep_graph:
+            ctx.save_for_backward(q, kc, vc, o)
+            ctx.states, ctx.tail = states, tail
+        ctx.geometry = (first, end, runs, d)
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do, _dlse):
-        q_shape, kc_shape, kc_dtype = ctx.shapes
-        dq = do.new_empty(q_shape)
-        dq[:, :ctx.first] = 0
-        dkc, dvc = (do.new_zeros(kc_shape, dtype=kc_dtype) for _ in range(2))
-        for o_piece, leaves, (q_at, kc_at) in ctx.pieces:
-            gq, gk, gv = torch.autograd.grad(o_piece, leaves, do[q_at], allow_unused=True)
-            dq[q_at] = 0 if gq is None else gq
+        q, kc, vc, o = ctx.saved_tensors
+        first, end, runs, d = ctx.geometry
+        H = kc.shape[2]
+        G = q.shape[2] // H
+        dq = do.new_empty(q.shape)
+        dq[:, :first] = 0
+        dkc, dvc = torch.zeros_like(kc), torch.zeros_like(vc)
+        run = slice(first, end)
+        for b, state in enumerate(ctx.states):
+            gq, gk, gv = _fused_causal_backward(
+                _fold_q(do[b, run], d), _fold_q(q[b, run], d), _fold_kv(kc[b, :runs], G, d),
+                _fold_kv(vc[b, :runs], G, d), _fold_q(o[b, run], d), state, q.shape[-1] ** -0.5)
+            _fold_q(dq[b, run], d).copy_(gq)
+            dkc[b, :runs] += _unfold_kv_grad(gk, H)
+            dvc[b, :runs] += _unfold_kv_grad(gv, H)
+        if ctx.tail is not None:
+            o_tail, leaves = ctx.tail
+            gq, gk, gv = torch.autograd.grad(o_tail, leaves, do[:, end:], allow_unused=True)
+            dq[:, end:] = 0 if gq is None else gq
             for acc, g in ((dkc, gk), (dvc, gv)):
-                if g is not None:  # None: no query of the piece saw a compressed token
-                    acc[kc_at] += g
-        ctx.pieces = None
+                if g is not None:  # None: no query of the tail saw a compressed token
+                    acc += g
+        ctx.states = ctx.tail = None
         return dq, dkc, dvc, None, None, None, None
 
 

@@ -16,13 +16,22 @@ pytestmark = pytest.mark.triton_interp
 
 
 def _math_causal(q, k, v, scale):
-    """What cuDNN computes, in plain torch: top-left causal attention with its lse."""
+    """What cuDNN computes, in plain torch: top-left causal attention with its lse (and no state)."""
     s = torch.einsum("bhqk,bhnk->bhqn", q, k) * scale
     R = s.shape[-1]
     mask = torch.ones(R, R, dtype=torch.bool, device=q.device).tril()
     s = s.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(s, -1)
-    return torch.einsum("bhqn,bhnk->bhqk", torch.softmax(s, -1), v), lse
+    return torch.einsum("bhqn,bhnk->bhqk", torch.softmax(s, -1), v), lse, None
+
+
+def _math_causal_backward(do, q, k, v, o, state, scale):
+    """Its gradients, through autograd of the same math recomputed."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    with torch.enable_grad():
+        out = _math_causal(*leaves, scale)[0]
+    torch.testing.assert_close(out.detach(), o)  # the o the fold saved is the forward's
+    return torch.autograd.grad(out, leaves, do)
 
 
 @pytest.fixture
@@ -33,6 +42,7 @@ def cudnn_cmp(kdev, monkeypatch):
     monkeypatch.setattr(cudnn_compressed, "CUDNN_MIN_ELEMENTS", 1)
     if kdev.type == "cpu":
         monkeypatch.setattr(cudnn_compressed, "_fused_causal", _math_causal)
+        monkeypatch.setattr(cudnn_compressed, "_fused_causal_backward", _math_causal_backward)
     from nsa.attention.kernel_branches import cudnn_cmp_attention
 
     return cudnn_cmp_attention

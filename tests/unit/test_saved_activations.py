@@ -1,0 +1,71 @@
+"""What an attention layer keeps for its backward: one autocast copy of its input however many
+projections read it, and, at long context, no copy of the compressor's overlapping blocks (it
+recomputes them from the per-token keys); the gradients are those of the layer that keeps them.
+(`python bench/saved_memory.py` lists a layer's saved tensors on a GPU.)"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nsa.attention import NSAAttention, NSAConfig, compress
+from nsa.attention.dense import DenseAttention
+
+
+def saved_storages(fn) -> list[torch.Tensor]:
+    """One tensor per storage autograd saves while fn() runs (fn's result is dropped)."""
+    seen: dict[int, torch.Tensor] = {}
+
+    def pack(t):
+        seen.setdefault(t.untyped_storage().data_ptr(), t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return list(seen.values())
+
+
+@pytest.mark.parametrize("kind", ["nsa", "dense"])
+def test_projections_keep_one_autocast_copy_of_the_input(kind):
+    cfg = NSAConfig(kind=kind, cmp_block=8, cmp_stride=4, sel_block=8, n_selected=3, window=8)
+    # model width 48, attention width 4 x 16: an input copy is told from the heads' tensors by shape
+    layer = (NSAAttention(48, 4, 2, 16, cfg, graph_tokens=0) if kind == "nsa"
+             else DenseAttention(48, 4, 2, 16, cfg))
+    x0 = torch.randn(1, 32, 48, requires_grad=True)
+    x = x0 * 1.0  # a block's normalised input: no leaf, so autocast's cache does not share its casts
+
+    def forward():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return layer(x)
+
+    copies = [t for t in saved_storages(forward) if t.dtype == torch.bfloat16 and t.shape[-1] == 48
+              and t.numel() == x.numel()]
+    assert len(copies) == 1, [tuple(t.shape) for t in copies]
+
+
+def _compressor_grads(recompute_from: int, monkeypatch):
+    monkeypatch.setattr(compress, "RECOMPUTE_TOKENS", recompute_from)
+    cfg = NSAConfig(cmp_block=8, cmp_stride=4)
+    torch.manual_seed(0)
+    comp = compress.Compressor(16, cfg)
+    with torch.no_grad():
+        comp.pos.normal_()
+    x = torch.randn(1, 64, 2, 16, requires_grad=True)
+    out = {}
+    saved = saved_storages(lambda: out.setdefault("y", comp(x)))
+    leaves = [x, *comp.parameters()]
+    grads = torch.autograd.grad(out["y"], leaves, torch.randn_like(out["y"]))
+    return out["y"], grads, saved
+
+
+def test_the_compressor_recomputes_its_blocks_at_long_context(monkeypatch):
+    """Nc = 15 blocks of l = 8 tokens, every d = 4: fc1's input holds each token twice. From
+    RECOMPUTE_TOKENS tokens no saved tensor holds it, and the output and gradients are bit for
+    bit those of the compressor that keeps it."""
+    kept_y, kept_grads, kept = _compressor_grads(10**9, monkeypatch)
+    y, grads, saved = _compressor_grads(64, monkeypatch)
+    blocks = 15 * 2 * 8 * 16  # Nc x H x l x K
+    assert any(t.untyped_storage().nbytes() == blocks * 4 for t in kept)  # what the short sequence keeps
+    assert not any(t.untyped_storage().nbytes() >= blocks * 4 for t in saved), [tuple(t.shape) for t in saved]
+    assert torch.equal(y, kept_y)
+    for g, ref in zip(grads, kept_grads):
+        assert torch.equal(g, ref)

@@ -19,9 +19,10 @@ layer has no forward waiting for its backward; anything else runs eagerly and is
 
 * a second forward before the first one's backward (two micro-batches in flight) runs eagerly;
 * a backward whose activations were overwritten since (a later replay) or already consumed
-  (a second backward through a retained graph) recomputes the layer eagerly from its saved
-  input and differentiates that, unless a parameter changed in place since the forward, which
-  it refuses as autograd does;
+  (a second backward through a retained graph), or whose parameters are no longer where the
+  graphs read them (FSDP2 frees them after the forward and gathers them again for the
+  backward), recomputes the layer eagerly from its saved input and differentiates that, unless
+  a parameter changed in place since the forward, which it refuses as autograd does;
 * torch.compile, a graph being captured already (the trainer's CUDA graphs), a dispatch mode
   or a torch.func transform, saved-tensor hooks (activation checkpointing), no gradient, a
   decode cache or gate telemetry: eager.
@@ -91,6 +92,9 @@ class _Captured:
     grad_x: torch.Tensor | None
     #: the parameters' gradients, packed by the backward graph into one buffer per dtype
     grad_params: _Packed
+    #: the parameters' data_ptrs the graphs read: a sharded model's parameters are gathered
+    #: anew before the backward, maybe elsewhere, and the backward graph cannot follow them
+    param_ptrs: tuple[int, ...] = ()
     #: the autocast state captured (enabled, dtype), which a recomputation takes again
     autocast: tuple[bool, torch.dtype] = (False, torch.bfloat16)
     #: forward replays so far; a backward replays only for the latest, once
@@ -271,7 +275,8 @@ def _record(layer, x: torch.Tensor, rope, params: list[torch.Tensor]) -> _Captur
         got = iter(torch.autograd.grad(out, wrt, grad_out, allow_unused=True))
         grad_x = next(got) if x.requires_grad else None
         packed = _Packed.pack([next(got) if p.requires_grad else None for p in params])
-    return _Captured(fwd, bwd, static_x, static_rope, out, grad_out, grad_x, packed, autocast=(enabled, dtype))
+    return _Captured(fwd, bwd, static_x, static_rope, out, grad_out, grad_x, packed,
+                     param_ptrs=tuple(p.data_ptr() for p in params), autocast=(enabled, dtype))
 
 
 class _Replay(torch.autograd.Function):
@@ -297,7 +302,10 @@ class _Replay(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         entry = ctx.entry
-        if ctx.generation == entry.generation and not entry.consumed:
+        moved = tuple(p.data_ptr() for p in ctx.saved_tensors[3:]) != entry.param_ptrs
+        if moved:  # so on every step: each would replay a forward and then recompute it
+            ctx.layer.graphs._disable("its parameters moved between its forward and its backward (a sharded model)")
+        if ctx.generation == entry.generation and not entry.consumed and not moved:
             entry.consumed = True
             entry.grad_out.copy_(grad_out)
             entry.bwd.replay()

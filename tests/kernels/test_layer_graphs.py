@@ -162,3 +162,27 @@ def test_past_the_memory_share_a_layer_stays_eager_and_exact(monkeypatch):
         xs, dos = _inputs(70 + step)
         _same(_step(graphed, xs, dos), _step(eager, xs, dos))
     assert not graphed.graphs.captured and graphed.graphs.short_of_memory
+
+
+def test_a_deleted_layer_gives_its_graphs_memory_back():
+    """A user who drops a model gets its graphs' pools back, and the share they counted."""
+    import gc
+
+    from nsa.attention import graphed as G
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    device = torch.cuda.current_device()
+    reserved, held = torch.cuda.memory_reserved(), G._held.get(device, 0)
+    graphed, _ = _pair()
+    for step in range(3):
+        xs, dos = _inputs(80 + step)
+        _step(graphed, xs, dos)
+    assert graphed.graphs.captured and G._held[device] > held
+    del graphed, xs, dos
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    assert G._held.get(device, 0) == held
+    assert torch.cuda.memory_reserved() <= reserved + 64 * 2**20, (torch.cuda.memory_reserved(), reserved)

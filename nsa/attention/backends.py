@@ -259,9 +259,10 @@ def implementation(route: Route) -> Callable:
 def gated_branches(routes: dict[str, Route]) -> Callable | None:
     """The one op for the selected and window branches and the gated sum (nsa.kernels.gated_branches)
     when the routes allow it (both branches on Triton), else None: the stages run one by one. The
-    one op leaves out the glue between the three ops' backwards and their launches."""
+    one op leaves out the glue between the three ops' backwards and their launches. It returns o
+    and the selected and window branches' outputs."""
     if routes["sel"].backend == "triton" and routes["win"].backend == "triton":
-        return kb.triton_gated_branches
+        return kb.triton_gated_branches_outputs
     return None
 
 

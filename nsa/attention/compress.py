@@ -14,10 +14,11 @@ from torch.utils.checkpoint import checkpoint
 from .config import NSAConfig
 
 
-#: from this many tokens a training forward does not keep fc1's input (every token l/d times) for
-#: the backward but recomputes it there from the per-token keys, which the attention kernels keep
-#: anyway: activation memory counts at long context, and below it the recomputation's kernel
-#: launches would cost more host time than its memory is worth
+#: from this many tokens (batch x length) an NSA layer's training forward recomputes in the
+#: backward what it can make again cheaply from tensors kept anyway, instead of keeping it: here
+#: fc1's input (every token l/d times, from the per-token keys), in NSAAttention the input of the
+#: output projection (from the branches' outputs). Activation memory counts at long context;
+#: below it the recomputation's kernel launches would cost more host time than its memory is worth
 RECOMPUTE_TOKENS = 32768
 
 
@@ -50,7 +51,7 @@ class Compressor(nn.Module):
         blocks = x[:, first * d :].unfold(1, l, d)
         if self.kind == "mean":
             return blocks.mean(dim=-1)
-        if torch.is_grad_enabled() and T >= RECOMPUTE_TOKENS:
+        if torch.is_grad_enabled() and B * T >= RECOMPUTE_TOKENS:
             hidden = checkpoint(self._hidden, blocks, use_reentrant=False, preserve_rng_state=False)
         else:
             hidden = self._hidden(blocks)

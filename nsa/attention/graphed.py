@@ -135,7 +135,7 @@ class _Packed:
         return [None if w is None else fresh[w[0]][w[1]:w[1] + w[2].numel()].view(w[2]) for w in self.where]
 
 
-def _saved_tensor_hooks() -> bool:
+def saved_tensor_hooks_active() -> bool:
     """Whether saved-tensor hooks are active (activation checkpointing, offloading): they expect
     a recomputation to save what the first forward saved, which a replay does not."""
     return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
@@ -178,7 +178,7 @@ class LayerGraphs:
                 and _get_current_dispatch_mode() is None and type(x) is torch.Tensor
                 and not torch._C._functorch.is_functorch_wrapped_tensor(x)
                 and not torch.cuda.is_current_stream_capturing()
-                and not _saved_tensor_hooks())
+                and not saved_tensor_hooks_active())
 
     @staticmethod
     def _key(x: torch.Tensor, rope, params: list[torch.Tensor]) -> tuple:

@@ -111,7 +111,13 @@ def triton_gate_combine(gates, o_cmp, o_sel, o_win):
 def triton_gated_branches(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg: NSAConfig, q_start: int = 0):
     """The selected and window branches and the gated sum of all three as one op, whose backward
     leaves out the glue between them (nsa.kernels.gated_branches); returns o [B, Tq, HQ, K]."""
-    from nsa.kernels.gated_branches import gated_branches
+    return triton_gated_branches_outputs(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg, q_start)[0]
 
-    return gated_branches(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start, cfg.sel_block, cfg.window,
-                          deterministic(), cfg.sel_form)
+
+def triton_gated_branches_outputs(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg: NSAConfig,
+                                  q_start: int = 0):
+    """triton_gated_branches' o, and the selected and window branches' outputs its backward keeps."""
+    from nsa.kernels.gated_branches import gated_branches_outputs
+
+    return gated_branches_outputs(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start, cfg.sel_block,
+                                  cfg.window, deterministic(), cfg.sel_form)

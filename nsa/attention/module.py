@@ -16,10 +16,11 @@ import torch.nn as nn
 from .backends import (
     STAGE_CONFIG_KEY, STAGES, BackendUnavailable, Route, ahead, preload, resolve_route, rope_kernel,
 )
+from . import compress
 from .compress import Compressor
 from .config import NSAConfig
-from .core import nsa_core
-from .graphed import GRAPH_TOKENS, LayerGraphs
+from .core import nsa_core_remade
+from .graphed import GRAPH_TOKENS, LayerGraphs, saved_tensor_hooks_active
 from .rope import apply_rope, rope_tables
 
 
@@ -48,6 +49,25 @@ def autocast_input(x: torch.Tensor) -> torch.Tensor:
     if torch.is_autocast_enabled(kind) and x.is_floating_point():
         return x.to(torch.get_autocast_dtype(kind))
     return x
+
+
+def _keeping_remade(o: torch.Tensor, remade):
+    """Saved-tensor hooks under which a tensor saved for the backward that is a view of o is kept
+    as ``remade`` (a function giving o again, bit for bit) and its view's geometry."""
+    storage = o.untyped_storage().data_ptr()
+
+    def pack(t: torch.Tensor):
+        if t.untyped_storage().data_ptr() != storage:
+            return t
+        return remade, t.shape, t.stride(), t.storage_offset()
+
+    def unpack(packed):
+        if isinstance(packed, torch.Tensor):
+            return packed
+        make, shape, stride, offset = packed
+        return make().as_strided(shape, stride, offset)
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
 
 class RoutedAttention(nn.Module):
@@ -196,7 +216,13 @@ class NSAAttention(RoutedAttention):
             kc, vc = cache.kc, cache.vc
         routes = self._resolve(x.device, q.dtype)[0]
         self.calls += 1
-        o = nsa_core(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, self.cfg, routes, q_start=start)
+        o, remade = nsa_core_remade(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, self.cfg, routes, q_start=start)
         if self.track_gates:
             self.last_gate_mean = gates.detach().float().mean(dim=(0, 1, 2))
+        if (B * T >= compress.RECOMPUTE_TOKENS and torch.is_grad_enabled() and not torch.compiler.is_compiling()
+                and not saved_tensor_hooks_active()):
+            # the projection keeps how to make o again from what the branches' backward keeps
+            # anyway; hooks of the caller's (checkpointing, offloading) decide alone what is kept
+            with _keeping_remade(o, remade):
+                return self.o_proj(o.reshape(B, T, -1))
         return self.o_proj(o.reshape(B, T, -1))

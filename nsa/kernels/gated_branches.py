@@ -93,9 +93,20 @@ def gated_branches(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start: in
     compute in three calls (sel_form: the selected forward, one of nsa.kernels.SEL_FORMS;
     sel_tuning: its launch parameters and variants, nsa.kernels.tuning). Returns o [B, Tq, HQ, K]
     in o_cmp's dtype."""
+    return gated_branches_outputs(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start, sel_block, window,
+                                  deterministic, sel_form, sel_tuning)[0]
+
+
+def gated_branches_outputs(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start: int, sel_block: int,
+                           window: int, deterministic: bool = False, sel_form: str = "auto",
+                           sel_tuning: SelectionTuning = SELECTION
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """gated_branches' o, and the selected and window branches' outputs that its backward keeps
+    (no gradient): gate_combine(gates, o_cmp, o_sel, o_win) gives o again, bit for bit."""
     if q.shape[2] % k_sel.shape[2] or q.shape[2] % k_win.shape[2]:
         raise ValueError(f"query heads {q.shape[2]} must be a multiple of KV heads "
                          f"({k_sel.shape[2]} selected, {k_win.shape[2]} window)")
     tensors = (t.contiguous() for t in (gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx))
-    return gated_branches_op(*tensors, int(q_start), int(sel_block), int(window), bool(deterministic),
-                             str(sel_form), sel_tuning.as_arg())[0]
+    o, o_sel, _, o_win, *_ = gated_branches_op(*tensors, int(q_start), int(sel_block), int(window),
+                                               bool(deterministic), str(sel_form), sel_tuning.as_arg())
+    return o, o_sel, o_win

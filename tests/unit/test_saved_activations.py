@@ -69,3 +69,47 @@ def test_the_compressor_recomputes_its_blocks_at_long_context(monkeypatch):
     assert torch.equal(y, kept_y)
     for g, ref in zip(grads, kept_grads):
         assert torch.equal(g, ref)
+
+
+def test_the_output_projection_keeps_how_to_make_its_input_at_long_context(monkeypatch):
+    """From RECOMPUTE_TOKENS tokens nothing keeps the gated sum o past the forward (the output
+    projection makes it again from the branches' outputs, which their backward keeps), and the
+    output and gradients are the same bit for bit (the PyTorch route; the kernels' in
+    tests/kernels/test_gated_branches.py)."""
+    assert_output_remade(NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, n_selected=3, window=8),
+                         torch.device("cpu"), monkeypatch, exact=True)
+
+
+def assert_output_remade(cfg: NSAConfig, device: torch.device, monkeypatch, exact: bool) -> None:
+    """The layer's o is kept past the forward below RECOMPUTE_TOKENS and not from it; output and
+    gradients the same (bit for bit where ``exact``, else within bf16 rounding under autocast)."""
+    import weakref
+
+    from nsa.attention import module
+
+    torch.manual_seed(0)
+    layer = NSAAttention(48, 4, 2, 16, cfg, graph_tokens=0).to(device)
+    x = torch.randn(1, 64, 48, device=device, requires_grad=True)
+    dy = torch.randn(1, 64, 48, device=device)
+    core = module.nsa_core_remade
+
+    def run(recompute_from: int):
+        monkeypatch.setattr(compress, "RECOMPUTE_TOKENS", recompute_from)
+        outputs = []
+        monkeypatch.setattr(module, "nsa_core_remade", lambda *a, **k: outputs.append(core(*a, **k)) or outputs[-1])
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            y = layer(x)
+        o = weakref.ref(outputs.pop()[0])
+        kept = o() is not None  # by the graph, for the backward
+        grads = torch.autograd.grad(y, [x, *layer.parameters()], dy.to(y.dtype))
+        return y, grads, kept
+
+    y_kept, grads_kept, o_kept = run(10**9)
+    y, grads, o_alive = run(64)
+    assert o_kept and not o_alive
+    assert torch.equal(y, y_kept)
+    for g, ref in zip(grads, grads_kept):
+        if exact:
+            assert torch.equal(g, ref)
+        else:
+            assert (g.float() - ref.float()).norm() <= 2e-2 * ref.float().norm() + 1e-6

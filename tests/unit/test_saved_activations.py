@@ -1,6 +1,7 @@
 """What an attention layer keeps for its backward: one autocast copy of its input however many
-projections read it, and, at long context, no copy of the compressor's overlapping blocks (it
-recomputes them from the per-token keys); the gradients are those of the layer that keeps them.
+projections read it, and, at long context, neither the compressor's overlapping blocks nor the
+gated sum the output projection reads (both made again in the backward, from the per-token keys
+and from the branch outputs); the outputs and gradients are those of the layer that keeps them.
 (`python bench/saved_memory.py` lists a layer's saved tensors on a GPU.)"""
 from __future__ import annotations
 

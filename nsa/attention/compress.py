@@ -22,6 +22,13 @@ from .config import NSAConfig
 RECOMPUTE_TOKENS = 32768
 
 
+def recompute_applies(x: torch.Tensor) -> bool:
+    """Whether a forward on x [B, T, ...] recomputes in the backward (see RECOMPUTE_TOKENS): with
+    gradients, eagerly, and outside torch.func transforms, which take no saved-tensor hooks."""
+    return (x.shape[0] * x.shape[1] >= RECOMPUTE_TOKENS and torch.is_grad_enabled()
+            and not torch.compiler.is_compiling() and not torch._C._functorch.is_functorch_wrapped_tensor(x))
+
+
 class Compressor(nn.Module):
     def __init__(self, head_dim: int, cfg: NSAConfig):
         super().__init__()
@@ -51,7 +58,7 @@ class Compressor(nn.Module):
         blocks = x[:, first * d :].unfold(1, l, d)
         if self.kind == "mean":
             return blocks.mean(dim=-1)
-        if torch.is_grad_enabled() and B * T >= RECOMPUTE_TOKENS:
+        if recompute_applies(x):
             hidden = checkpoint(self._hidden, blocks, use_reentrant=False, preserve_rng_state=False)
         else:
             hidden = self._hidden(blocks)

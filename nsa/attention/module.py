@@ -16,8 +16,7 @@ import torch.nn as nn
 from .backends import (
     STAGE_CONFIG_KEY, STAGES, BackendUnavailable, Route, ahead, preload, resolve_route, rope_kernel,
 )
-from . import compress
-from .compress import Compressor
+from .compress import Compressor, recompute_applies
 from .config import NSAConfig
 from .core import nsa_core_remade
 from .graphed import GRAPH_TOKENS, LayerGraphs, saved_tensor_hooks_active
@@ -219,10 +218,9 @@ class NSAAttention(RoutedAttention):
         o, remade = nsa_core_remade(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, self.cfg, routes, q_start=start)
         if self.track_gates:
             self.last_gate_mean = gates.detach().float().mean(dim=(0, 1, 2))
-        if (B * T >= compress.RECOMPUTE_TOKENS and torch.is_grad_enabled() and not torch.compiler.is_compiling()
-                and not saved_tensor_hooks_active()):
+        if recompute_applies(x) and not saved_tensor_hooks_active():
             # the projection keeps how to make o again from what the branches' backward keeps
-            # anyway; hooks of the caller's (checkpointing, offloading) decide alone what is kept
+            # anyway; the caller's hooks (checkpointing, offloading) decide alone what is kept
             with _keeping_remade(o, remade):
                 return self.o_proj(o.reshape(B, T, -1))
         return self.o_proj(o.reshape(B, T, -1))

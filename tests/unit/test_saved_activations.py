@@ -114,3 +114,15 @@ def assert_output_remade(cfg: NSAConfig, device: torch.device, monkeypatch, exac
             assert torch.equal(g, ref)
         else:
             assert (g.float() - ref.float()).norm() <= 2e-2 * ref.float().norm() + 1e-6
+
+
+def test_a_torch_func_transform_of_a_long_input_runs_without_recomputation(monkeypatch):
+    """torch.func takes no saved-tensor hooks (checkpointing's): under it the compressor keeps
+    its blocks as below RECOMPUTE_TOKENS, and its gradient is the one autograd gives."""
+    monkeypatch.setattr(compress, "RECOMPUTE_TOKENS", 64)
+    torch.manual_seed(0)
+    comp = compress.Compressor(16, NSAConfig(cmp_block=8, cmp_stride=4))
+    x = torch.randn(1, 64, 2, 16, requires_grad=True)
+    got = torch.func.grad(lambda t: comp(t).square().sum())(x)
+    want, = torch.autograd.grad(comp(x).square().sum(), x)
+    torch.testing.assert_close(got, want)

@@ -7,6 +7,11 @@ view saved twice counts once), in bytes per token, with the op that produced it;
 layer and for the preset's model (forward, cross entropy, backward), the memory the forward leaves
 allocated (its activations) and the peak above that during the backward, in GB.
 
+The listing counts through saved-tensor hooks of its own, and an NSA layer defers to a caller's
+hooks: under them it keeps the gated sum for its output projection even from 32k tokens, where
+it otherwise recomputes it (nsa.attention.compress.RECOMPUTE_TOKENS). The listing then shows
+that tensor; the layer and model parts, which set no hooks, measure the layer as it runs.
+
     python bench/saved_memory.py                       # 32k, m7c_125m
     python bench/saved_memory.py --lengths 32k 64k --parts layer
 """

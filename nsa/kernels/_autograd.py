@@ -66,11 +66,12 @@ class KernelOp:
 
 
 def kernel_op(name: str, forward: Callable, backward: Callable, fake_forward: Callable, *,
-              tensors: int, grads: int, save_outputs: bool = True) -> KernelOp:
+              tensors: int, grads: int, saved_outputs: slice = slice(None)) -> KernelOp:
     """Register nsa::<name>_fwd / nsa::<name>_bwd (schemas from the type hints of ``forward``
     and ``backward``). ``tensors``: how many leading arguments are tensors (the rest are ints,
-    bools and strs); ``grads``: how many of them get a gradient; ``save_outputs``: the backward needs
-    the forward's outputs (attention: o and its lse; a weighted sum: none)."""
+    bools and strs); ``grads``: how many of them get a gradient; ``saved_outputs``: which of the
+    forward's outputs the backward reads, and so keeps alive past the forward (attention: o and
+    its lse; a weighted sum: none; the gated branches: each branch's, not their sum's)."""
     fwd = torch.library.custom_op(f"nsa::{name}_fwd", forward, mutates_args=())
     fwd.register_fake(fake_forward)
     bwd = torch.library.custom_op(f"nsa::{name}_bwd", backward, mutates_args=())
@@ -78,7 +79,7 @@ def kernel_op(name: str, forward: Callable, backward: Callable, fake_forward: Ca
 
     def setup_context(ctx, inputs, output):
         outputs = output if isinstance(output, tuple) else (output,)
-        ctx.save_for_backward(*inputs[:tensors], *(outputs if save_outputs else ()))
+        ctx.save_for_backward(*inputs[:tensors], *outputs[saved_outputs])
         ctx.args = inputs[tensors:]
         ctx.mark_non_differentiable(*outputs[1:])
         # no zero-filled gradients for the other outputs (a log-sum-exp, saved branch outputs):

@@ -124,7 +124,7 @@ def combine_bwd_folded(gates, oc, os_, ow, do, lse_sel, lse_win):
 
 #: the custom ops nsa::gate_combine_fwd / nsa::gate_combine_bwd (see nsa.kernels._autograd)
 gate_combine_op = kernel_op("gate_combine", _combine_fwd, _combine_bwd,
-                            lambda gates, oc, os_, ow: torch.empty_like(oc), tensors=4, grads=4, save_outputs=False)
+                            lambda gates, oc, os_, ow: torch.empty_like(oc), tensors=4, grads=4, saved_outputs=slice(0))
 
 
 def gate_combine(gates, o_cmp, o_sel, o_win):

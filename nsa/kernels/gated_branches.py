@@ -57,7 +57,7 @@ def _fwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch
 
 
 def _bwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch.Tensor, v_sel: torch.Tensor,
-         k_win: torch.Tensor, v_win: torch.Tensor, idx: torch.Tensor, o: torch.Tensor, o_sel: torch.Tensor,
+         k_win: torch.Tensor, v_win: torch.Tensor, idx: torch.Tensor, o_sel: torch.Tensor,
          lse_sel: torch.Tensor, o_win: torch.Tensor, lse_win: torch.Tensor, tokens: torch.Tensor, perm: torch.Tensor,
          items: torch.Tensor, do: torch.Tensor, q_start: int, sel_block: int, window: int, deterministic: bool,
          sel_form: str, sel_tuning: str,
@@ -81,8 +81,11 @@ def _fake(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start, sel_block, 
                                     SelectionTuning.from_arg(sel_tuning)))
 
 
-#: the custom ops nsa::gated_branches_fwd / _bwd (see nsa.kernels._autograd); idx gets no gradient
-gated_branches_op = kernel_op("gated_branches", _fwd, _bwd, _fake, tensors=8, grads=7)
+#: the custom ops nsa::gated_branches_fwd / _bwd (see nsa.kernels._autograd); idx gets no gradient.
+#: The backward keeps the branches' outputs, not o: a consumer of o may keep how to make it again
+#: (nsa.attention.core.nsa_core_remade), and o's memory is then free after that consumer's forward
+gated_branches_op = kernel_op("gated_branches", _fwd, _bwd, _fake, tensors=8, grads=7,
+                              saved_outputs=slice(1, None))
 
 
 def gated_branches(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start: int, sel_block: int, window: int,

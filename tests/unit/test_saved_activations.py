@@ -25,6 +25,26 @@ def saved_storages(fn) -> list[torch.Tensor]:
     return list(seen.values())
 
 
+def storages_kept_by(y: torch.Tensor) -> set[int]:
+    """The storages (data pointers) of the tensors y's autograd graph keeps for its backward, as
+    its nodes give them back: a tensor kept as a recipe comes back in a new storage. The storage,
+    not the tensor object: autograd keeps an op's own output as a new tensor on the same memory."""
+    kept, seen, todo = set(), set(), [y.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        values = list(getattr(node, "saved_tensors", ()))  # a Python autograd.Function's
+        values += [getattr(node, name) for name in dir(node) if name.startswith("_saved_")]
+        for value in values:
+            for t in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(t, torch.Tensor):
+                    kept.add(t.untyped_storage().data_ptr())
+        todo += [next_node for next_node, _ in node.next_functions]
+    return kept
+
+
 @pytest.mark.parametrize("kind", ["nsa", "dense"])
 def test_projections_keep_one_autocast_copy_of_the_input(kind):
     cfg = NSAConfig(kind=kind, cmp_block=8, cmp_stride=4, sel_block=8, n_selected=3, window=8)
@@ -84,8 +104,6 @@ def test_the_output_projection_keeps_how_to_make_its_input_at_long_context(monke
 def assert_output_remade(cfg: NSAConfig, device: torch.device, monkeypatch, exact: bool) -> None:
     """The layer's o is kept past the forward below RECOMPUTE_TOKENS and not from it; output and
     gradients the same (bit for bit where ``exact``, else within bf16 rounding under autocast)."""
-    import weakref
-
     from nsa.attention import module
 
     torch.manual_seed(0)
@@ -100,8 +118,8 @@ def assert_output_remade(cfg: NSAConfig, device: torch.device, monkeypatch, exac
         monkeypatch.setattr(module, "nsa_core_remade", lambda *a, **k: outputs.append(core(*a, **k)) or outputs[-1])
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             y = layer(x)
-        o = weakref.ref(outputs.pop()[0])
-        kept = o() is not None  # by the graph, for the backward
+        o = outputs.pop()[0]  # held here, so no other tensor takes its memory while the graph is read
+        kept = o.untyped_storage().data_ptr() in storages_kept_by(y)
         grads = torch.autograd.grad(y, [x, *layer.parameters()], dy.to(y.dtype))
         return y, grads, kept
 

@@ -58,6 +58,9 @@ MEMORY_SHARE = 0.25
 #: the next one is expected to take)
 _held: dict[int, int] = {}
 _typical: dict[int, int] = {}
+#: device index -> the one stream every layer captures on: cuBLAS keeps a workspace per stream it
+#: has run on for the life of the process, so a stream per capture would leave one behind each
+_capture_streams: dict[int, torch.cuda.Stream] = {}
 
 
 def _room(device: torch.device) -> bool:
@@ -259,7 +262,9 @@ def _record(layer, x: torch.Tensor, rope, params: list[torch.Tensor]) -> _Captur
         return out, ([x_in] if x.requires_grad else []) + list(views.values())
 
     calls = layer.calls.clone()  # the warm-up's forwards are not the caller's
-    stream = torch.cuda.Stream(x.device)
+    stream = _capture_streams.get(x.device.index)
+    if stream is None:
+        stream = _capture_streams[x.device.index] = torch.cuda.Stream(x.device)
     stream.wait_stream(torch.cuda.current_stream(x.device))
     with torch.cuda.stream(stream):
         for _ in range(2):  # cuBLAS and the allocator set up on the capture stream, outside it

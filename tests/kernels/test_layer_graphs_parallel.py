@@ -2,7 +2,11 @@
 (nsa.attention.graphed), wrapped in DDP or FSDP2 as a user wraps it, trains as the same model with
 the graphs off: the same losses and gradients step after step. One rank (NCCL, world size 1): the
 wrappers' hooks, buckets and, under FSDP2, parameters gathered for the forward, freed after it
-and gathered again for the backward, which the backward graph cannot follow."""
+and gathered again for the backward, which the backward graph cannot follow. Both models run
+with deterministic algorithms, so that they can differ only where the graphs compute something
+else: with the kernels' atomic sums, a gradient that sums to about zero (the compressed keys'
+bias: each query's attention gradients over its keys sum to zero) differs between two eager runs
+by far more than a tolerance relative to it."""
 from __future__ import annotations
 
 import copy
@@ -25,6 +29,16 @@ STEPS = 4
 def _nan_poisoned_empty():
     """Plain torch.empty (tests/kernels/conftest.py would fill it with NaN on every call)."""
     yield
+
+
+@pytest.fixture
+def deterministic(monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # what deterministic cuBLAS asks for
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(False)
 
 
 @pytest.fixture
@@ -72,7 +86,7 @@ def _train(model, how: str) -> tuple[list[float], list[dict[str, torch.Tensor]]]
 
 
 @pytest.mark.parametrize("how", ["ddp", "fsdp2"])
-def test_a_wrapped_model_trains_as_it_does_without_the_graphs(one_rank, how):
+def test_a_wrapped_model_trains_as_it_does_without_the_graphs(one_rank, deterministic, how):
     cfg = load_model_config("m7c_125m", ["model.n_layers=2"])
     torch.manual_seed(0)
     with_graphs = NSATransformer(cfg).cuda()

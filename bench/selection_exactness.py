@@ -7,6 +7,7 @@ compressed keys, the default NSAConfig, batch 1.
 
     python bench/selection_exactness.py                          # S 2100, G 1 2 3 4 6 8 12 16
     python bench/selection_exactness.py --S 4096 --groups 6 --tf32 off
+    python bench/selection_exactness.py --groups 2 --tf32 off --explain   # where the scores err
 """
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from nsa.attention.config import NSAConfig  # noqa: E402
 from nsa.attention.kernel_branches import triton_cmp_attention, triton_select_blocks  # noqa: E402
-from nsa.attention.torch_branches import selection_regret, torch_cmp_attention, visible_compressed  # noqa: E402
+from nsa.attention.torch_branches import (  # noqa: E402
+    _block_scores, _forced_and_visible, selection_regret, torch_cmp_attention, visible_compressed)
+from nsa.kernels import topk  # noqa: E402
 
 
 TIE = 1e-5
@@ -44,6 +47,57 @@ def one(S: int, G: int, H: int, K: int, seed: int, device: str) -> dict[str, int
     return out
 
 
+def _kernel_scores(qd, kd, lse, cfg: NSAConfig) -> torch.Tensor:
+    """The top-n kernel's block scores [B, S, H, NB] as its score kernel writes them (before the
+    select kernel, which overwrites them): +inf forced, -1 after a query's own block."""
+    kept = []
+    select_top = topk.select_top
+
+    def keeping(scores, idx, *args):
+        kept.append(scores.clone())
+        return select_top(scores, idx, *args)
+
+    topk.select_top = keeping
+    try:
+        triton_select_blocks(qd, kd, lse, cfg)
+    finally:
+        topk.select_top = select_top
+    B, S, H = qd.shape[0], qd.shape[1], kd.shape[2]
+    return torch.cat(kept).view(B, S, H, -1).double().cpu()
+
+
+def explain(S: int, G: int, H: int, K: int, seed: int, device: str, worst: int = 8) -> None:
+    """The kernel's block scores against the exact ones (float64), free blocks only: the largest
+    errors as a fraction of the row's top free score, where they are (token t, KV head h, block j,
+    j's distance below the token's own block jt) and the rows that violate a near-tie."""
+    cfg = NSAConfig()
+    gen = torch.Generator().manual_seed(seed)
+    Nc = int(visible_compressed(torch.tensor([S - 1]), cfg).item())
+    q = torch.randn(1, S, H * G, K, generator=gen, dtype=torch.float64)
+    kc = torch.randn(1, Nc, H, K, generator=gen, dtype=torch.float64)
+    _, lse64 = torch_cmp_attention(q, kc, kc, cfg)
+    qd, kd = q.float().to(device), kc.float().to(device)
+    got = _kernel_scores(qd, kd, lse64.float().to(device), cfg)
+    NB = got.shape[-1]
+    want = _block_scores(q, kc, lse64, cfg, 0, NB)
+    forced, visible = _forced_and_visible(torch.arange(S), NB, cfg)
+    free = (visible & ~forced)[None, :, None, :].expand_as(want)
+    top = want.masked_fill(~free, float("-inf")).amax(-1, keepdim=True)
+    err = ((got - want).abs() / top).masked_fill(~free, 0.0).nan_to_num(0.0)
+    rel = ((got - want).abs() / want.abs().clamp_min(1e-300)).masked_fill(~free | (want < 1e-3 * top), 0.0)
+    print(f"G {G}, H {H}, seed {seed}: free-block score error, max {float(err.max()):.2e} of the row's top "
+          f"(median {float(err[free].median()):.2e}); max {float(rel.max()):.2e} of the block's own score")
+    flat = err.flatten()
+    for i in flat.topk(worst).indices.tolist():
+        b, t, h, j = (int(v) for v in torch.unravel_index(torch.tensor(i), err.shape))
+        jt = t // cfg.sel_block
+        print(f"  t {t} h {h} j {j} (jt - j = {jt - j}): kernel {float(got[b, t, h, j]):.9g} "
+              f"exact {float(want[b, t, h, j]):.9g} top {float(top[b, t, h, 0]):.6g}")
+    idx = triton_select_blocks(qd, kd, lse64.float().to(device), cfg).cpu()
+    bad = (selection_regret(q, kc, lse64, idx, cfg) > TIE).nonzero().tolist()
+    print(f"  rows violating a near-tie: {bad[:worst]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--S", type=int, default=2100)
@@ -51,8 +105,18 @@ def main() -> None:
     ap.add_argument("--K", type=int, default=64)
     ap.add_argument("--tf32", nargs="+", default=["off", "on"], choices=["off", "on"])
     ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--explain", action="store_true",
+                    help="instead of the table: where the top-n kernel's block scores differ from the exact ones")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.explain:
+        for tf32 in args.tf32:
+            torch.backends.cuda.matmul.allow_tf32 = tf32 == "on"
+            for G in args.groups:
+                print(f"TF32 {tf32}")
+                for seed in range(args.seeds):
+                    explain(args.S, G, 2 if G < 12 else 1, args.K, seed, device)
+        return
     print(f"S {args.S}, K {args.K}, {args.seeds} seeds; rows violating a near-tie of {TIE:g} of the row's top score "
           "(the worst regret in brackets, as a fraction of the top score)")
     print("| TF32 | G | H | rows | kernel lse | exact lse |")

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -45,6 +47,31 @@ def one(S: int, G: int, H: int, K: int, seed: int, device: str) -> dict[str, int
         out[name] = int((regret > TIE).sum())
         out[f"{name} worst"] = float(regret.max())
     return out
+
+
+@triton.jit
+def _dot_exp2_kernel(a, b, s_out, p_out, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, DOT: tl.constexpr):
+    m, n, k = tl.arange(0, M), tl.arange(0, N), tl.arange(0, K)
+    at = tl.load(a + m[:, None] * K + k[None, :])
+    bt = tl.load(b + n[:, None] * K + k[None, :])
+    s = tl.dot(at, tl.trans(bt), input_precision=DOT)
+    tl.store(s_out + m[:, None] * N + n[None, :], s)
+    tl.store(p_out + m[:, None] * N + n[None, :], tl.exp2(s))
+
+
+def primitive_errors(device: str) -> None:
+    """How exact a [128, 64] x [64, 64] float32 tl.dot and tl.exp2 of its result are here, per
+    input_precision (the score kernel's products and probabilities), against float64."""
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(n, 64, generator=gen, dtype=torch.float64) / 4 for n in (128, 64))
+    want_s = a @ b.T
+    for precision in ("ieee", "tf32x3", "tf32"):
+        s, p = (torch.empty(128, 64, device=device) for _ in range(2))
+        _dot_exp2_kernel[(1,)](a.float().to(device), b.float().to(device), s, p, M=128, N=64, K=64, DOT=precision)
+        ds = (s.double().cpu() - want_s).abs().max()
+        dp = ((p.double().cpu() - torch.exp2(s.double().cpu())) / torch.exp2(s.double().cpu())).abs().max()
+        print(f"tl.dot input_precision={precision}: max |error| {float(ds):.2e} (|s| up to "
+              f"{float(want_s.abs().max()):.2f}); tl.exp2 of its result: max relative error {float(dp):.2e}")
 
 
 def _kernel_scores(qd, kd, lse, cfg: NSAConfig) -> torch.Tensor:
@@ -110,6 +137,7 @@ def main() -> None:
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.explain:
+        primitive_errors(device)
         for tf32 in args.tf32:
             torch.backends.cuda.matmul.allow_tf32 = tf32 == "on"
             for G in args.groups:

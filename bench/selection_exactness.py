@@ -66,12 +66,14 @@ def primitive_errors(device: str) -> None:
     a, b = (torch.randn(n, 64, generator=gen, dtype=torch.float64) / 4 for n in (128, 64))
     want_s = a @ b.T
     for precision in ("ieee", "tf32x3", "tf32"):
-        s, p = (torch.empty(128, 64, device=device) for _ in range(2))
-        _dot_exp2_kernel[(1,)](a.float().to(device), b.float().to(device), s, p, M=128, N=64, K=64, DOT=precision)
-        ds = (s.double().cpu() - want_s).abs().max()
-        dp = ((p.double().cpu() - torch.exp2(s.double().cpu())) / torch.exp2(s.double().cpu())).abs().max()
-        print(f"tl.dot input_precision={precision}: max |error| {float(ds):.2e} (|s| up to "
-              f"{float(want_s.abs().max()):.2f}); tl.exp2 of its result: max relative error {float(dp):.2e}")
+        for warps in (4, 8):
+            s, p = (torch.empty(128, 64, device=device) for _ in range(2))
+            _dot_exp2_kernel[(1,)](a.float().to(device), b.float().to(device), s, p, M=128, N=64, K=64,
+                                   DOT=precision, num_warps=warps)
+            ds = (s.double().cpu() - want_s).abs().max()
+            dp = ((p.double().cpu() - torch.exp2(s.double().cpu())) / torch.exp2(s.double().cpu())).abs().max()
+            print(f"tl.dot input_precision={precision}, {warps} warps: max |error| {float(ds):.2e} (|s| up to "
+                  f"{float(want_s.abs().max()):.2f}); tl.exp2 of its result: max relative error {float(dp):.2e}")
 
 
 def _kernel_scores(qd, kd, lse, cfg: NSAConfig) -> torch.Tensor:
@@ -134,8 +136,12 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--explain", action="store_true",
                     help="instead of the table: where the top-n kernel's block scores differ from the exact ones")
+    ap.add_argument("--dot", choices=["ieee", "tf32x3", "tf32"],
+                    help="the top-n kernel's float32 tl.dot precision (default: as TF32 is allowed or not)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.dot:
+        topk.dot_precision = lambda dtype: args.dot
     if args.explain:
         primitive_errors(device)
         for tf32 in args.tf32:

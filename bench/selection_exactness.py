@@ -27,6 +27,7 @@ from nsa.attention.kernel_branches import triton_cmp_attention, triton_select_bl
 from nsa.attention.torch_branches import (  # noqa: E402
     _block_scores, _forced_and_visible, selection_regret, torch_cmp_attention, visible_compressed)
 from nsa.kernels import topk, tuning  # noqa: E402
+from nsa.kernels._softmax import LOG2E, lse_log2  # noqa: E402
 
 
 TIE = 1e-5
@@ -58,6 +59,34 @@ def _dot_exp2_kernel(a, b, s_out, p_out, M: tl.constexpr, N: tl.constexpr, K: tl
     s = tl.dot(at, tl.trans(bt), input_precision=DOT)
     tl.store(s_out + m[:, None] * N + n[None, :], s)
     tl.store(p_out + m[:, None] * N + n[None, :], tl.exp2(s * 8.0 - 16.0))  # 2^(-32..0), as p_cmp
+
+
+@triton.jit
+def _probability_kernel(q, kc, lse, p_out, sm_scale, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
+                        DOT: tl.constexpr):
+    """p = exp(q . kc * sm_scale - lse) for M rows and N keys, in the score kernel's arithmetic."""
+    m, n, k = tl.arange(0, M), tl.arange(0, N), tl.arange(0, K)
+    qt = tl.load(q + m[:, None] * K + k[None, :])
+    kt = tl.load(kc + n[:, None] * K + k[None, :])
+    lse2 = lse_log2(tl.load(lse + m))
+    p = tl.exp2(tl.dot(qt, tl.trans(kt), input_precision=DOT) * (sm_scale * LOG2E) - lse2[:, None])
+    tl.store(p_out + m[:, None] * N + n[None, :], p)
+
+
+def probability_errors(q, kc, lse, device: str) -> None:
+    """The score kernel's probabilities for 128 (token, head) rows of these inputs (the last 64 tokens' first two query heads, KV head 0's first 64 compressed
+    tokens, or 16 where there are fewer), in its arithmetic alone, against float64: max relative error where p > 1e-3."""
+    N = 64 if kc.shape[1] >= 64 else 16
+    rows, keys = q[0, -64:, :2].reshape(128, -1), kc[0, :N, 0]
+    want = torch.exp(rows @ keys.T / rows.shape[-1] ** 0.5 - lse[0, -64:, :2].reshape(128, 1))
+    got = torch.empty(128, N, device=device)
+    _probability_kernel[(1,)](rows.float().to(device), keys.float().to(device), lse[0, -64:, :2].reshape(128).float()
+                              .to(device).contiguous(), got, 1.0 / rows.shape[-1] ** 0.5, M=128, N=N,
+                              K=rows.shape[-1], DOT="ieee")
+    big = want > 1e-3
+    err = ((got.double().cpu() - want) / want)[big]
+    print(f"  p in the score kernel's arithmetic, {int(big.sum())} values > 1e-3: max relative error "
+          f"{float(err.abs().max()):.2e}, mean {float(err.mean()):.2e}")
 
 
 def primitive_errors(device: str) -> None:
@@ -108,6 +137,7 @@ def explain(S: int, G: int, H: int, K: int, seed: int, device: str, worst: int =
     kc = torch.randn(1, Nc, H, K, generator=gen, dtype=torch.float64)
     _, lse64 = torch_cmp_attention(q, kc, kc, cfg)
     qd, kd = q.float().to(device), kc.float().to(device)
+    probability_errors(q, kc, lse64, device)
     got = _kernel_scores(qd, kd, lse64.float().to(device), cfg)
     NB = got.shape[-1]
     want = _block_scores(q, kc, lse64, cfg, 0, NB)

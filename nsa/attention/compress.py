@@ -11,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .autograd_state import func_transform_active
 from .config import NSAConfig
 
 
@@ -26,7 +27,7 @@ def recompute_applies(x: torch.Tensor) -> bool:
     """Whether a forward on x [B, T, ...] recomputes in the backward (see RECOMPUTE_TOKENS): with
     gradients, eagerly, and outside torch.func transforms, which take no saved-tensor hooks."""
     return (x.shape[0] * x.shape[1] >= RECOMPUTE_TOKENS and torch.is_grad_enabled()
-            and not torch.compiler.is_compiling() and not torch._C._functorch.is_functorch_wrapped_tensor(x))
+            and not torch.compiler.is_compiling() and not func_transform_active())
 
 
 class Compressor(nn.Module):

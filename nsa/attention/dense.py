@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from .autograd_state import count_call
 from .backends import Route, implementation, resolve_route, rope_kernel
 from .config import NSAConfig
 from .module import NSACache, RoutedAttention, autocast_input
@@ -54,6 +55,6 @@ class DenseAttention(RoutedAttention):
         if cache is not None:
             k, v = cache.append("k", k), cache.append("v", v)
             cache.length += T
-        self.calls += 1
+        count_call(self.calls)
         o = implementation(routes["dense"])(q, k, v, start)
         return self.o_proj(o.reshape(B, T, -1))

@@ -39,6 +39,8 @@ import torch
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from .autograd_state import func_transform_active, saved_tensor_hooks_active
+
 #: inputs of up to this many tokens (batch x length) are graphed by default: where the host, not
 #: the GPU, sets an eager layer's pace at the seeds' shape (`python bench/nsa_vs_dense.py --parts
 #: layer host` prints both); longer inputs would keep large activations allocated between steps
@@ -138,12 +140,6 @@ class _Packed:
         return [None if w is None else fresh[w[0]][w[1]:w[1] + w[2].numel()].view(w[2]) for w in self.where]
 
 
-def saved_tensor_hooks_active() -> bool:
-    """Whether saved-tensor hooks are active (activation checkpointing, offloading): they expect
-    a recomputation to save what the first forward saved, which a replay does not."""
-    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
-
-
 def _autocast_state(device_type: str) -> tuple[bool, torch.dtype]:
     return torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
 
@@ -179,7 +175,7 @@ class LayerGraphs:
                 and 0 < x.shape[0] * x.shape[1] <= self.max_tokens
                 and torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
                 and _get_current_dispatch_mode() is None and type(x) is torch.Tensor
-                and not torch._C._functorch.is_functorch_wrapped_tensor(x)
+                and not func_transform_active()
                 and not torch.cuda.is_current_stream_capturing()
                 and not saved_tensor_hooks_active())
 

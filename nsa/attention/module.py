@@ -19,7 +19,8 @@ from .backends import (
 from .compress import Compressor, recompute_applies
 from .config import NSAConfig
 from .core import nsa_core_remade
-from .graphed import GRAPH_TOKENS, LayerGraphs, saved_tensor_hooks_active
+from .autograd_state import count_call, saved_tensor_hooks_active
+from .graphed import GRAPH_TOKENS, LayerGraphs
 from .rope import apply_rope, rope_tables
 
 
@@ -214,7 +215,7 @@ class NSAAttention(RoutedAttention):
             cache.length += T
             kc, vc = cache.kc, cache.vc
         routes = self._resolve(x.device, q.dtype)[0]
-        self.calls += 1
+        count_call(self.calls)
         o, remade = nsa_core_remade(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, self.cfg, routes, q_start=start)
         if self.track_gates:
             self.last_gate_mean = gates.detach().float().mean(dim=(0, 1, 2))

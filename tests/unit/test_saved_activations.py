@@ -144,3 +144,27 @@ def test_a_torch_func_transform_of_a_long_input_runs_without_recomputation(monke
     got = torch.func.grad(lambda t: comp(t).square().sum())(x)
     want, = torch.autograd.grad(comp(x).square().sum(), x)
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("kind", ["nsa", "dense"])
+@pytest.mark.parametrize("recompute_from", [64, 10**9], ids=["long", "short"])
+def test_a_layer_under_torch_func_grad_of_its_parameters(kind, recompute_from, monkeypatch):
+    """torch.func.grad through functional_call (the parameters wrapped, the input not): the same
+    gradients as autograd's, the recomputation off, and the forward counted for the audit."""
+    monkeypatch.setattr(compress, "RECOMPUTE_TOKENS", recompute_from)
+    cfg = NSAConfig(kind=kind, cmp_block=8, cmp_stride=4, sel_block=8, n_selected=3, window=8)
+    torch.manual_seed(0)
+    layer = (NSAAttention(48, 4, 2, 16, cfg, graph_tokens=0) if kind == "nsa"
+             else DenseAttention(48, 4, 2, 16, cfg))
+    x = torch.randn(1, 64, 48)
+    params = dict(layer.named_parameters())
+
+    def loss(p):
+        return torch.func.functional_call(layer, p, (x,)).square().sum()
+
+    before = int(layer.calls)
+    got = torch.func.grad(loss)(params)
+    assert int(layer.calls) == before + 1
+    want = torch.autograd.grad(loss(params), list(params.values()))
+    for (name, g), ref in zip(got.items(), want):
+        torch.testing.assert_close(g, ref, msg=name)

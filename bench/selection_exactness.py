@@ -170,16 +170,17 @@ def main() -> None:
                     help="instead of the table: where the top-n kernel's block scores differ from the exact ones")
     ap.add_argument("--rows", type=int, help="the score kernel's rows a program (TopkTuning.rows)")
     ap.add_argument("--warps", type=int, help="the score kernel's warps (default: 8 for strict float32)")
+    ap.add_argument("--stages", type=int, help="the score kernel's pipeline stages (TopkTuning.stages)")
     ap.add_argument("--dot", choices=["ieee", "tf32x3", "tf32"],
                     help="the top-n kernel's float32 tl.dot precision (default: as TF32 is allowed or not)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.dot:
         topk.dot_precision = lambda dtype: args.dot
-    if args.rows or args.warps:
-        tuning.TOPK = dataclasses.replace(tuning.TOPK, **({"rows": args.rows} if args.rows else {}),
-                                        **({"warps": args.warps} if args.warps else {}))
-        topk.fp32_small_tiles = lambda *a: False
+    launch = {k: v for k, v in (("rows", args.rows), ("warps", args.warps), ("stages", args.stages)) if v}
+    if launch:
+        tuning.TOPK = dataclasses.replace(tuning.TOPK, **launch)
+        topk.fp32_small_tiles = lambda *a: False  # the warps as given
     if args.explain:
         primitive_errors(device)
         for tf32 in args.tf32:

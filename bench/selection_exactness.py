@@ -154,6 +154,11 @@ def explain(S: int, G: int, H: int, K: int, seed: int, device: str, worst: int =
         jt = t // cfg.sel_block
         print(f"  t {t} h {h} j {j} (jt - j = {jt - j}): kernel {float(got[b, t, h, j]):.9g} "
               f"exact {float(want[b, t, h, j]):.9g} top {float(top[b, t, h, 0]):.6g}")
+    b, t, h = (int(v) for v in torch.unravel_index(err.flatten().argmax(), err.shape)[:3])
+    jt = t // cfg.sel_block
+    print(f"  the worst row (t {t}, h {h}): kernel - exact, as a fraction of each block's exact score, blocks 0..{jt}:")
+    print("   ", " ".join(f"{float((got[b, t, h, j] - want[b, t, h, j]) / want[b, t, h, j]):+.1e}"
+                          for j in range(jt + 1) if bool(free[b, t, h, j])))
     idx = triton_select_blocks(qd, kd, lse64.float().to(device), cfg).cpu()
     bad = (selection_regret(q, kc, lse64, idx, cfg) > TIE).nonzero().tolist()
     print(f"  rows violating a near-tie: {bad[:worst]}")

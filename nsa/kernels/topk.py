@@ -99,8 +99,10 @@ def _chunk_scores(p, carry, c, jt, w_in, w_out, out_rows, tok_ok, NB, BT: tl.con
     sc = tl.sum(ps * w_in[None, :, :], 2)  # [BT, BJ]
     out = tl.sum(ps * w_out[None, :, :], 2)  # what each block hands to the next
     jj = tl.arange(0, BJ)
-    nxt = (jj[:, None] + 1 == jj[None, :]).to(tl.float32)  # [BJ, BJ]: block i to block i + 1
-    sc += tl.sum(out[:, :, None] * nxt[None, :, :], 1) + tl.where(jj[None, :] == 0, carry[:, None], 0.0)
+    # block i hands to block i + 1: a select, not a product with a 0/1 matrix, which Triton turns
+    # into a tl.dot of its default float32 precision (TF32 on some versions: 10 mantissa bits)
+    nxt = jj[:, None] + 1 == jj[None, :]  # [BJ, BJ]
+    sc += tl.sum(tl.where(nxt[None, :, :], out[:, :, None], 0.0), 1) + tl.where(jj[None, :] == 0, carry[:, None], 0.0)
     j = c * BJ + jj
     forced = (j[None, :] == 0) | (j[None, :] == jt[:, None]) | (j[None, :] == jt[:, None] - 1)
     sc = tl.where(forced, float("inf"), sc)

@@ -12,13 +12,10 @@ compressed keys, the default NSAConfig, batch 1.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
 import torch
-import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -26,21 +23,26 @@ from nsa.attention.config import NSAConfig  # noqa: E402
 from nsa.attention.kernel_branches import triton_cmp_attention, triton_select_blocks  # noqa: E402
 from nsa.attention.torch_branches import (  # noqa: E402
     _block_scores, _forced_and_visible, selection_regret, torch_cmp_attention, visible_compressed)
-from nsa.kernels import topk, tuning  # noqa: E402
-from nsa.kernels._softmax import LOG2E, lse_log2  # noqa: E402
+from nsa.kernels import topk  # noqa: E402
 
 
 TIE = 1e-5
 
 
-def one(S: int, G: int, H: int, K: int, seed: int, device: str) -> dict[str, int]:
+def _inputs(S: int, G: int, H: int, K: int, seed: int, device: str):
+    """The default NSAConfig, random normal q and compressed keys in float64 with their exact lse,
+    and q and the keys in float32 on ``device``."""
     cfg = NSAConfig()
     gen = torch.Generator().manual_seed(seed)
     Nc = int(visible_compressed(torch.tensor([S - 1]), cfg).item())
     q = torch.randn(1, S, H * G, K, generator=gen, dtype=torch.float64)
     kc = torch.randn(1, Nc, H, K, generator=gen, dtype=torch.float64)
     _, lse64 = torch_cmp_attention(q, kc, kc, cfg)
-    qd, kd = q.float().to(device), kc.float().to(device)
+    return cfg, q, kc, lse64, q.float().to(device), kc.float().to(device)
+
+
+def one(S: int, G: int, H: int, K: int, seed: int, device: str) -> dict[str, int]:
+    cfg, q, kc, lse64, qd, kd = _inputs(S, G, H, K, seed, device)
     _, lse_kernel = triton_cmp_attention(qd, kd, kd, cfg)
     out = {"rows": S * H}
     for name, lse in (("kernel lse", lse_kernel), ("exact lse", lse64.float().to(device))):
@@ -49,62 +51,6 @@ def one(S: int, G: int, H: int, K: int, seed: int, device: str) -> dict[str, int
         out[name] = int((regret > TIE).sum())
         out[f"{name} worst"] = float(regret.max())
     return out
-
-
-@triton.jit
-def _dot_exp2_kernel(a, b, s_out, p_out, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, DOT: tl.constexpr):
-    m, n, k = tl.arange(0, M), tl.arange(0, N), tl.arange(0, K)
-    at = tl.load(a + m[:, None] * K + k[None, :])
-    bt = tl.load(b + n[:, None] * K + k[None, :])
-    s = tl.dot(at, tl.trans(bt), input_precision=DOT)
-    tl.store(s_out + m[:, None] * N + n[None, :], s)
-    tl.store(p_out + m[:, None] * N + n[None, :], tl.exp2(s * 8.0 - 16.0))  # 2^(-32..0), as p_cmp
-
-
-@triton.jit
-def _probability_kernel(q, kc, lse, p_out, sm_scale, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr,
-                        DOT: tl.constexpr):
-    """p = exp(q . kc * sm_scale - lse) for M rows and N keys, in the score kernel's arithmetic."""
-    m, n, k = tl.arange(0, M), tl.arange(0, N), tl.arange(0, K)
-    qt = tl.load(q + m[:, None] * K + k[None, :])
-    kt = tl.load(kc + n[:, None] * K + k[None, :])
-    lse2 = lse_log2(tl.load(lse + m))
-    p = tl.exp2(tl.dot(qt, tl.trans(kt), input_precision=DOT) * (sm_scale * LOG2E) - lse2[:, None])
-    tl.store(p_out + m[:, None] * N + n[None, :], p)
-
-
-def probability_errors(q, kc, lse, device: str) -> None:
-    """The score kernel's probabilities for 128 (token, head) rows of these inputs (the last 64 tokens' first two query heads, KV head 0's first 64 compressed
-    tokens, or 16 where there are fewer), in its arithmetic alone, against float64: max relative error where p > 1e-3."""
-    N = 64 if kc.shape[1] >= 64 else 16
-    rows, keys = q[0, -64:, :2].reshape(128, -1), kc[0, :N, 0]
-    want = torch.exp(rows @ keys.T / rows.shape[-1] ** 0.5 - lse[0, -64:, :2].reshape(128, 1))
-    got = torch.empty(128, N, device=device)
-    _probability_kernel[(1,)](rows.float().to(device), keys.float().to(device), lse[0, -64:, :2].reshape(128).float()
-                              .to(device).contiguous(), got, 1.0 / rows.shape[-1] ** 0.5, M=128, N=N,
-                              K=rows.shape[-1], DOT="ieee")
-    big = want > 1e-3
-    err = ((got.double().cpu() - want) / want)[big]
-    print(f"  p in the score kernel's arithmetic, {int(big.sum())} values > 1e-3: max relative error "
-          f"{float(err.abs().max()):.2e}, mean {float(err.mean()):.2e}")
-
-
-def primitive_errors(device: str) -> None:
-    """How exact a [128, 64] x [64, 64] float32 tl.dot and tl.exp2 of its result are here, per
-    input_precision (the score kernel's products and probabilities), against float64."""
-    gen = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(n, 64, generator=gen, dtype=torch.float64) / 4 for n in (128, 64))
-    want_s = a @ b.T
-    for precision in ("ieee", "tf32x3", "tf32"):
-        for warps in (4, 8):
-            s, p = (torch.empty(128, 64, device=device) for _ in range(2))
-            _dot_exp2_kernel[(1,)](a.float().to(device), b.float().to(device), s, p, M=128, N=64, K=64,
-                                   DOT=precision, num_warps=warps)
-            ds = (s.double().cpu() - want_s).abs().max()
-            exact_p = torch.exp2(s.double().cpu() * 8.0 - 16.0)
-            dp = ((p.double().cpu() - exact_p) / exact_p).abs().max()
-            print(f"tl.dot input_precision={precision}, {warps} warps: max |error| {float(ds):.2e} (|s| up to "
-                  f"{float(want_s.abs().max()):.2f}); tl.exp2 of 8 times it less 16: max relative error {float(dp):.2e}")
 
 
 def _kernel_scores(qd, kd, lse, cfg: NSAConfig) -> torch.Tensor:
@@ -130,14 +76,7 @@ def explain(S: int, G: int, H: int, K: int, seed: int, device: str, worst: int =
     """The kernel's block scores against the exact ones (float64), free blocks only: the largest
     errors as a fraction of the row's top free score, where they are (token t, KV head h, block j,
     j's distance below the token's own block jt) and the rows that violate a near-tie."""
-    cfg = NSAConfig()
-    gen = torch.Generator().manual_seed(seed)
-    Nc = int(visible_compressed(torch.tensor([S - 1]), cfg).item())
-    q = torch.randn(1, S, H * G, K, generator=gen, dtype=torch.float64)
-    kc = torch.randn(1, Nc, H, K, generator=gen, dtype=torch.float64)
-    _, lse64 = torch_cmp_attention(q, kc, kc, cfg)
-    qd, kd = q.float().to(device), kc.float().to(device)
-    probability_errors(q, kc, lse64, device)
+    cfg, q, kc, lse64, qd, kd = _inputs(S, G, H, K, seed, device)
     got = _kernel_scores(qd, kd, lse64.float().to(device), cfg)
     NB = got.shape[-1]
     want = _block_scores(q, kc, lse64, cfg, 0, NB)
@@ -173,21 +112,13 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--explain", action="store_true",
                     help="instead of the table: where the top-n kernel's block scores differ from the exact ones")
-    ap.add_argument("--rows", type=int, help="the score kernel's rows a program (TopkTuning.rows)")
-    ap.add_argument("--warps", type=int, help="the score kernel's warps (default: 8 for strict float32)")
-    ap.add_argument("--stages", type=int, help="the score kernel's pipeline stages (TopkTuning.stages)")
     ap.add_argument("--dot", choices=["ieee", "tf32x3", "tf32"],
                     help="the top-n kernel's float32 tl.dot precision (default: as TF32 is allowed or not)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.dot:
         topk.dot_precision = lambda dtype: args.dot
-    launch = {k: v for k, v in (("rows", args.rows), ("warps", args.warps), ("stages", args.stages)) if v}
-    if launch:
-        tuning.TOPK = dataclasses.replace(tuning.TOPK, **launch)
-        topk.fp32_small_tiles = lambda *a: False  # the warps as given
     if args.explain:
-        primitive_errors(device)
         for tf32 in args.tf32:
             torch.backends.cuda.matmul.allow_tf32 = tf32 == "on"
             for G in args.groups:

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
+from .autograd_state import count_call, saved_tensor_hooks_active
 from .backends import (
     STAGE_CONFIG_KEY, STAGES, BackendUnavailable, Route, ahead, preload, resolve_route, rope_kernel,
 )
 from .compress import Compressor, recompute_applies
 from .config import NSAConfig
 from .core import nsa_core_remade
-from .autograd_state import count_call, saved_tensor_hooks_active
 from .graphed import GRAPH_TOKENS, LayerGraphs
 from .rope import apply_rope, rope_tables
 

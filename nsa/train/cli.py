@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import signal
 import sys
@@ -139,7 +140,18 @@ def _flag_overrides(overrides: list[str], flags: dict[str, object]) -> list[str]
     return out
 
 
+def whole_lines() -> None:
+    """Each line printed to stdout and stderr leaves in one write. Under PYTHONUNBUFFERED (set
+    by the harness and common under torchrun) print() writes a line's text and its newline apart,
+    and a line of another rank or of torchrun's agent, sharing the stream, could land between
+    them: on rank 0's line, which a reader matching whole lines then misses."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(line_buffering=True, write_through=False)
+
+
 def main(argv: list[str] | None = None) -> int:
+    whole_lines()
     # intermixed: override words may stand before and after options (`train.seq_len=64 --steps 3 ...`)
     args = build_parser().parse_intermixed_args(argv)
     if args.list_keys:

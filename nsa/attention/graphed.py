@@ -50,6 +50,9 @@ GRAPH_TOKENS = 16384
 MAX_CAPTURES = 4
 #: captured keys a layer keeps (the oldest is dropped, and its memory freed, past this)
 MAX_KEPT = 2
+#: keys seen once and not captured that a layer remembers, the latest: a model whose parameters
+#: move every step (FSDP2 gathers them anew) never sees a key twice and would add one a step
+MAX_SEEN = 16
 #: the share of a GPU's memory the layer graphs of one process may hold, all layers together: a
 #: layer's pool keeps its activations and its backward's buffers allocated between steps (about
 #: one GB a layer of m7c_125m at 16k tokens, `python bench/nsa_vs_dense.py --parts model`); past
@@ -154,7 +157,7 @@ class LayerGraphs:
             raise ValueError(f"graph max_tokens must be >= 0, got {max_tokens}")
         self.max_tokens = max_tokens
         self.captured: OrderedDict[tuple, _Captured] = OrderedDict()
-        self.seen: set[tuple] = set()
+        self.seen: OrderedDict[tuple, None] = OrderedDict()
         self.captures = 0
         self.disabled = False
         #: whether the last capture this layer wanted did not fit (see MEMORY_SHARE)
@@ -195,7 +198,9 @@ class LayerGraphs:
         entry = self.captured.get(key)
         if entry is None:
             if key not in self.seen:  # the first call compiles and tunes the kernels, eagerly
-                self.seen.add(key)
+                self.seen[key] = None
+                if len(self.seen) > MAX_SEEN:
+                    self.seen.popitem(last=False)
                 return layer.eager_forward(x, None, rope)
             entry = self._capture(layer, key, x, rope, params)
             if entry is None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nsa.attention import NSAAttention, NSAConfig, set_graph_tokens
-from nsa.attention.graphed import GRAPH_TOKENS, LayerGraphs, _Packed
+from nsa.attention.graphed import GRAPH_TOKENS, MAX_SEEN, LayerGraphs, _Packed
 from nsa.model.config import load_model_config
 from nsa.model.model import NSATransformer
 
@@ -29,10 +29,22 @@ def test_a_cpu_input_is_never_graphed_and_runs_the_eager_forward():
 
 def test_a_copy_or_a_pickle_of_a_layer_starts_without_graphs():
     layer = _layer(graph_tokens=4096)
-    layer.graphs.seen.add(("a key",))
+    layer.graphs.seen[("a key",)] = None
     for other in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
         assert other.graphs is not layer.graphs
         assert other.graphs.max_tokens == 4096 and not other.graphs.seen and not other.graphs.captured
+
+
+def test_a_layer_whose_parameters_move_every_call_remembers_few_keys():
+    """FSDP2 gathers the parameters anew for each step, maybe elsewhere: every call is a new key,
+    run eagerly, and the layer remembers only the latest MAX_SEEN of them, not one a step."""
+    layer = _layer()
+    x = torch.randn(1, 64, 64, requires_grad=True)
+    for _ in range(3 * MAX_SEEN):
+        for p in layer.parameters():
+            p.data = p.data.clone()  # a new address, as a new all-gather buffer gives
+        torch.testing.assert_close(layer.graphs(layer, x, None), layer.eager_forward(x))
+    assert len(layer.graphs.seen) == MAX_SEEN and not layer.graphs.captured
 
 
 def test_graph_tokens_default_setting_and_refusal():

@@ -34,11 +34,12 @@ def _nan_poisoned_empty():
 @pytest.fixture
 def deterministic(monkeypatch):
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # what deterministic cuBLAS asks for
+    was = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
     torch.use_deterministic_algorithms(True)
     try:
         yield
     finally:
-        torch.use_deterministic_algorithms(False)
+        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
 
 
 @pytest.fixture

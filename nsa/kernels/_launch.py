@@ -2,7 +2,7 @@
 configurations that fit the GPU.
 
 Precision: a float32 ``tl.dot`` runs TF32 products by default in Triton, while PyTorch's float32
-matmuls are full IEEE precision unless TF32 is allowed (``torch.backends.cuda.matmul.allow_tf32``,
+matmuls are full float32 precision unless TF32 is allowed (``torch.backends.cuda.matmul.allow_tf32``,
 which ``torch.set_float32_matmul_precision('high')`` sets). The kernels take their dots'
 ``input_precision`` from ``dot_precision`` (a constexpr, so each setting compiles once).
 
@@ -27,26 +27,30 @@ _FITTED: dict[tuple, dict] = {}
 _FALLBACKS: dict[str, str] = {}
 
 
+#: the float32 products' precision where PyTorch allows no TF32 (see dot_precision)
+STRICT = "tf32x3"
+
+
 def dot_precision(dtype: torch.dtype) -> str:
-    """The ``input_precision`` of the kernels' tl.dot for inputs of ``dtype``: 'ieee' for float32
-    unless PyTorch allows TF32 for float32 matmuls, then 'tf32' (Triton's default, which half
-    precision inputs ignore)."""
+    """The ``input_precision`` of the kernels' tl.dot for inputs of ``dtype``: for float32 unless
+    PyTorch allows TF32 for float32 matmuls, 'tf32x3' (three TF32 products per product, on the
+    tensor cores: float32's accuracy, measured on an H200 by `python bench/selection_exactness.py
+    --explain --dot tf32x3`; 'ieee' unrolls into FMAs, which compile several times as long, see
+    fp32_small_tiles); else 'tf32' (Triton's default, which half precision inputs ignore)."""
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
-        return "ieee"
+        return STRICT
     return "tf32"
 
 
 def fp32_small_tiles(dtype: torch.dtype, K: int) -> bool:
     """Whether a launch starts from the small configurations (band_attention.FP32_SMALL_TILES,
-    8 warps): float32 inputs with strict IEEE products at any head dim, or float32 at head dim > 64
-    in any precision. Strict float32 products run on no tensor core: Triton unrolls each tl.dot
-    into BM * BN * K / threads FMAs a thread, and with the tiles tuned for bf16 a band kernel at
-    K = 64 compiles four to nine times as long as at 32 x 32 tiles (`python
-    bench/compile_offline.py`, no GPU needed), and at K = 256 spills and mostly needs more shared
-    memory than the GPU has (the ladder then compiles the next). `python bench/first_call.py`
-    times a whole first call on a GPU. TF32 products (tensor cores) compile
-    quickly, but their tuned tiles do not fit at K = 256 either."""
-    return dtype == torch.float32 and (K > 64 or dot_precision(dtype) == "ieee")
+    8 warps): float32 inputs with strict products at any head dim, or float32 at head dim > 64
+    in any precision. A strict product is three TF32 ones, and with the tiles tuned for bf16 a band
+    kernel at K = 64 compiles about four times as long as at 32 x 32 tiles (`python
+    bench/compile_offline.py --precision tf32x3`, no GPU needed); at K = 256 the tuned tiles
+    need more shared memory than the GPU has in any float32 precision (the ladder then compiles
+    the next). `python bench/first_call.py` times a whole first call on a GPU."""
+    return dtype == torch.float32 and (K > 64 or dot_precision(dtype) == STRICT)
 
 
 def ladder(base: dict, halve: Sequence[str] = (), floor: int = 16) -> list[dict]:

@@ -78,12 +78,12 @@ def test_float32_products_follow_pytorchs_matmul_precision():
     before = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("highest")  # PyTorch's default: no TF32
-        assert _launch.dot_precision(torch.float32) == "ieee"
+        assert _launch.dot_precision(torch.float32) == "tf32x3"
         assert _launch.dot_precision(torch.bfloat16) == "tf32"  # ignored by half-precision products
         torch.set_float32_matmul_precision("high")
         assert _launch.dot_precision(torch.float32) == "tf32"
         torch.backends.cuda.matmul.allow_tf32 = False
-        assert _launch.dot_precision(torch.float32) == "ieee"
+        assert _launch.dot_precision(torch.float32) == "tf32x3"
     finally:
         torch.set_float32_matmul_precision(before)
 

@@ -4,8 +4,8 @@ gated sum as one op) against the PyTorch path in float64 with the same selected 
 and every gradient by relative RMS error. No launch may fail for want of shared memory
 (nsa.kernels._launch falls back where a tuned launch does not fit; fallbacks are printed).
 
-float32 runs strict IEEE products unless PyTorch allows TF32 (nsa.kernels._launch.dot_precision):
-held to 2e-5 against float64 by default, and the TF32 case shows the switch takes effect.
+float32 runs strict products (three TF32 products each, float32's accuracy) unless PyTorch allows
+TF32 (nsa.kernels._launch.dot_precision): held to 2e-5 against float64 by default, and the TF32 case shows the switch takes effect.
 """
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def test_core_shape_matrix(dtype, K, G, S, record_property):
     from nsa.kernels._launch import fallbacks
 
     before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")  # PyTorch's default: float32 products are IEEE
+    torch.set_float32_matmul_precision("highest")  # PyTorch's default: strict float32 products
     try:
         errs, agree = _core_errors(DTYPES[dtype], K, G, S)
     finally:
@@ -103,14 +103,14 @@ def test_core_shape_matrix(dtype, K, G, S, record_property):
 
 def test_float32_with_tf32_allowed_uses_it():
     """torch.set_float32_matmul_precision('high') lets the kernels' float32 products run as TF32:
-    the error against float64 rises from IEEE's (< 2e-5) to TF32's, within the bf16 bound."""
+    the error against float64 rises from strict products' (< 2e-5) to TF32's, within the bf16 bound."""
     before = torch.get_float32_matmul_precision()
     try:
         torch.set_float32_matmul_precision("high")
         tf32, _ = _core_errors(torch.float32, 64, 6, 555)
         torch.set_float32_matmul_precision("highest")
-        ieee, _ = _core_errors(torch.float32, 64, 6, 555)
+        strict, _ = _core_errors(torch.float32, 64, 6, 555)
     finally:
         torch.set_float32_matmul_precision(before)
-    print(f"\n[tf32] o {tf32['o']:.2e} (ieee {ieee['o']:.2e}), dq {tf32['dq']:.2e} (ieee {ieee['dq']:.2e})")
-    assert ieee["o"] < 2e-5 < tf32["o"] < 5e-3
+    print(f"\n[tf32] o {tf32['o']:.2e} (strict {strict['o']:.2e}), dq {tf32['dq']:.2e} (strict {strict['dq']:.2e})")
+    assert strict["o"] < 2e-5 < tf32["o"] < 5e-3

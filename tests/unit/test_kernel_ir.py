@@ -26,7 +26,7 @@ from nsa.kernels import topk
 kernel = topk._score_kernel
 signature = {n: "*fp32" for n in ("q", "kc", "lse", "scores")} | {n: "i32" for n in ("Tq", "Nc", "NB", "q_start")}
 G, GP, BT = map(int, sys.argv[1:])
-constexprs = dict(H=2, G=G, GP=GP, K=64, BK=64, L=32, D=16, LS=64, BJ=16, BT=BT, RP=4, DOT="ieee")
+constexprs = dict(H=2, G=G, GP=GP, K=64, BK=64, L=32, D=16, LS=64, BJ=16, BT=BT, RP=4, DOT="tf32x3")
 source = ASTSource(fn=kernel, signature=signature | {"sm_scale": "fp32"} | {n: "constexpr" for n in constexprs},
                    constexprs={(kernel.arg_names.index(n),): v for n, v in constexprs.items()})
 compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8, num_stages=2))

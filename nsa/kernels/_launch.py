@@ -10,7 +10,8 @@ Fit: a launch configuration (tile sizes, pipeline stages, warps) tuned for bf16 
 can need more shared memory than the GPU has at float32 or head dim 256 (Triton raises
 ``OutOfResources: shared memory``). ``launch`` takes the preferred configuration and its smaller fallbacks (``ladder``), tries
 them in order until one compiles within the GPU's limits, remembers the one that did for that
-kernel and specialisation, and records the fallback with its reason (``fallbacks``). Triton
+kernel and specialisation, and records the fallback with its reason (``fallbacks``); strict
+float32 products that fit in no configuration fall back to FMAs (see ``launch``). Triton
 raises OutOfResources when it loads the compiled kernel, before anything runs, so a failed try
 has no effect on the outputs.
 """
@@ -74,28 +75,32 @@ def _describe(cfg: dict) -> str:
 def launch(kernel, grid: Callable[[dict], tuple], args: Sequence, constexprs: dict, base: dict,
            halve: Sequence[str] = (), floor: int = 16) -> dict:
     """kernel[grid(cfg)](*args, **constexprs, **cfg) for ``base``, or, where base does not fit
-    the GPU, for the first of its fallbacks (``ladder(base, halve, floor)``) that does; returns the cfg
-    launched. A fallback is remembered per kernel, tensor dtypes, constexprs and base (later
-    calls launch it directly) and recorded with its reason (``fallbacks``). Raises base's
-    OutOfResources when nothing fits."""
+    the GPU, for the first of its fallbacks (``ladder(base, halve, floor)``) that does; where
+    none fits with strict float32 products (DOT = STRICT, whose operands stage through shared
+    memory), the same ladder again with 'ieee' products (FMAs, as accurate). Returns the cfg
+    launched (with the DOT it overrode). A fallback is remembered per kernel, tensor dtypes,
+    constexprs and base (later calls launch it directly) and recorded with its reason
+    (``fallbacks``). Raises base's OutOfResources when nothing fits."""
     dtypes = tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
     key = (kernel.fn.__name__, dtypes, tuple(constexprs.items()), tuple(base.items()))
-    cfg = _FITTED.get(key, base)
-    try:
-        kernel[grid(cfg)](*args, **constexprs, **cfg)
-        return cfg
-    except OutOfResources as exc:
-        if cfg is not base:
-            raise
-        why = exc
-    for cfg in ladder(base, halve, floor)[1:]:
+    fitted = _FITTED.get(key)
+    if fitted is not None:
+        kernel[grid(fitted)](*args, **{**constexprs, **fitted})
+        return fitted
+    tries = ladder(base, halve, floor)
+    if constexprs.get("DOT") == STRICT:
+        tries += [{**cfg, "DOT": "ieee"} for cfg in tries]
+    why = None
+    for cfg in tries:
         try:
-            kernel[grid(cfg)](*args, **constexprs, **cfg)
-        except OutOfResources:
+            kernel[grid(cfg)](*args, **{**constexprs, **cfg})
+        except OutOfResources as exc:
+            why = why or exc
             continue
-        _FITTED[key] = cfg
-        name = f"{kernel.fn.__name__} ({_describe(constexprs)}; {', '.join(map(str, dtypes))})"
-        _FALLBACKS[name] = f"{_describe(base)}: {why}; launched {_describe(cfg)}"
+        if cfg is not tries[0]:
+            _FITTED[key] = cfg
+            name = f"{kernel.fn.__name__} ({_describe(constexprs)}; {', '.join(map(str, dtypes))})"
+            _FALLBACKS[name] = f"{_describe(base)}: {why}; launched {_describe(cfg)}"
         return cfg
     raise why
 

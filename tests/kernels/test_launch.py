@@ -17,7 +17,8 @@ from nsa.kernels import _launch  # noqa: E402  (imports triton)
 
 class FakeKernel:
     """Stands in for a @triton.jit kernel: kernel[grid](*args, **kw) 'compiles' only when the
-    shared memory its tiles would take, BM * 1024 * num_stages bytes, is within the limit."""
+    shared memory its tiles would take, BM * 1024 * num_stages bytes (four times that with
+    tf32x3 products, whose split operands stage through shared memory), is within the limit."""
 
     fn = SimpleNamespace(__name__="_fake_kernel")
 
@@ -27,10 +28,10 @@ class FakeKernel:
     def __getitem__(self, grid):
         def run(*args, **kw):
             self.tried += 1
-            need = kw["BM"] * 1024 * kw["num_stages"]
+            need = kw["BM"] * 1024 * kw["num_stages"] * (4 if kw.get("DOT") == "tf32x3" else 1)
             if need > self.limit:
                 raise OutOfResources(need, self.limit, "shared memory")
-            self.launched.append((grid, {k: kw[k] for k in ("BM", "num_stages")}))
+            self.launched.append((grid, {k: kw[k] for k in ("BM", "num_stages", "DOT") if k in kw}))
         return run
 
 
@@ -65,6 +66,26 @@ def test_launch_falls_back_remembers_and_records():
     assert _launch.launch(kernel, lambda c: (1,), args, dict(K=64), dict(BM=32, num_warps=4, num_stages=2)) == \
         dict(BM=32, num_warps=4, num_stages=2)
     assert len(_launch.fallbacks()) == 1
+
+
+def test_strict_float32_products_that_fit_nowhere_fall_back_to_fmas():
+    """tf32x3 products at the smallest tiles still need more shared memory than the GPU has (the
+    selected branch's dk/dv kernel at head dim 256 asked 393,600 B of an H200's 232,448): the
+    ladder runs again with 'ieee' products, which are as accurate, and remembers it."""
+    kernel = FakeKernel(limit=32 * 1024)
+    base = dict(BM=32, num_warps=8, num_stages=2)
+    args = (torch.zeros(2, dtype=torch.float32),)
+    cfg = _launch.launch(kernel, lambda c: (1,), args, dict(K=256, DOT="tf32x3"), base, halve=("BM",))
+    # tf32x3: 32 x 2, 1 and 16 x 2, 1 stages need 64-256 KiB; ieee at 32 rows, 2 stages: 64 KiB; 1 stage fits
+    assert cfg == dict(BM=32, num_warps=8, num_stages=1, DOT="ieee") and kernel.tried == 6
+    assert kernel.launched == [((1,), dict(BM=32, num_stages=1, DOT="ieee"))]
+    (name, why), = _launch.fallbacks().items()
+    assert "DOT=tf32x3" in name and "launched BM=32, num_warps=8, num_stages=1, DOT=ieee" in why
+    assert _launch.launch(kernel, lambda c: (1,), args, dict(K=256, DOT="tf32x3"), base, halve=("BM",)) == cfg
+    assert kernel.tried == 7
+    # other products never change their precision: nothing fits, the first failure is raised
+    with pytest.raises(OutOfResources):
+        _launch.launch(kernel, lambda c: (1,), args, dict(K=256, DOT="tf32"), dict(BM=64, num_warps=8, num_stages=1))
 
 
 def test_launch_raises_when_nothing_fits():

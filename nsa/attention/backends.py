@@ -259,11 +259,17 @@ def implementation(route: Route) -> Callable:
 def gated_branches(routes: dict[str, Route]) -> Callable | None:
     """The one op for the selected and window branches and the gated sum (nsa.kernels.gated_branches)
     when the routes allow it (both branches on Triton), else None: the stages run one by one. The
-    one op leaves out the glue between the three ops' backwards and their launches. It returns o
-    and the selected and window branches' outputs."""
+    one op leaves out the glue between the three ops' backwards and their launches. It returns o,
+    the selected and window branches' outputs and the window's lse."""
     if routes["sel"].backend == "triton" and routes["win"].backend == "triton":
         return kb.triton_gated_branches_outputs
     return None
+
+
+def fused_window_again(routes: dict[str, Route]) -> Callable:
+    """The window branch's forward inside the op of ``gated_branches(routes)``, alone: its
+    (o_win, lse_win) again, bit for bit."""
+    return kb.triton_window_again
 
 
 def gate_combine(route: Route) -> Callable:

@@ -7,12 +7,14 @@ wires the stages together, so every backend is judged by the same oracle tests.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
 from torch.profiler import record_function
 
-from .backends import Route, gate_combine, gated_branches, implementation
+from .backends import Route, fused_window_again, gate_combine, gated_branches, implementation
 from .config import NSAConfig
 
 
@@ -32,14 +34,28 @@ def nsa_core(
     """q [B, Tq, HQ, K] at positions q_start..; kc/vc [B, Nc, H, K] compressed tokens;
     k_*/v_* [B, Tk, H, K] per-token keys of positions 0..Tk-1; gates [B, Tq, HQ, 3] in
     (cmp, sel, win) order. Returns o [B, Tq, HQ, K]."""
-    return nsa_core_remade(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, cfg, routes, q_start)[0]
+    return nsa_core_parts(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, cfg, routes, q_start).o
 
 
-def nsa_core_remade(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, cfg: NSAConfig, routes: dict[str, Route],
-                    q_start: int = 0) -> tuple[torch.Tensor, Callable[[], torch.Tensor]]:
-    """nsa_core's o, and a function that computes o again, bit for bit, from the branches'
-    outputs and the gates, which the branches' backward keeps anyway: a consumer of o (the
-    output projection) can keep that instead of o."""
+@dataclass(frozen=True)
+class CoreParts:
+    """nsa_core's o and what makes parts of it again, bit for bit, for a layer that keeps
+    recipes instead of tensors (nsa.attention.remade): ``combine(gates, o_cmp, o_sel, o_win)``
+    gives o; where the window branch ran inside the fused op, ``window_again(q, k_win, v_win)``
+    gives its (o_win, lse_win), which that op's backward keeps (else None, and lse_win None)."""
+
+    o: torch.Tensor
+    o_cmp: torch.Tensor
+    o_sel: torch.Tensor
+    o_win: torch.Tensor
+    lse_win: torch.Tensor | None
+    combine: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+    window_again: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None
+
+
+def nsa_core_parts(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, cfg: NSAConfig, routes: dict[str, Route],
+                   q_start: int = 0) -> CoreParts:
+    """nsa_core's o, with its branches' outputs and the functions that make them again."""
     # named ranges: torch.profiler attributes time to each stage (the NVTX phase checks them),
     # and under torch.autograd.profiler.emit_nvtx they become NVTX ranges for Nsight users
     with record_function("nsa.cmp"):
@@ -49,7 +65,8 @@ def nsa_core_remade(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, cfg: NSAConfig
     combine = gate_combine(routes["sel"])
     fused = gated_branches(routes)
     if fused is not None:  # the stages below as one op (the same ranges inside)
-        o, o_sel, o_win = fused(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg, q_start)
+        o, o_sel, o_win, lse_win = fused(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg, q_start)
+        window_again = partial(fused_window_again(routes), cfg=cfg, q_start=q_start)
     else:
         with record_function("nsa.sel"):
             o_sel = implementation(routes["sel"])(q, k_sel, v_sel, idx, cfg, q_start)
@@ -57,10 +74,5 @@ def nsa_core_remade(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, cfg: NSAConfig
             o_win = implementation(routes["win"])(q, k_win, v_win, cfg, q_start)
         with record_function("nsa.gate_combine"):
             o = combine(gates, o_cmp, o_sel, o_win)
-    branches = (gates.detach(), o_cmp.detach(), o_sel.detach(), o_win.detach())
-
-    def remade() -> torch.Tensor:
-        with torch.no_grad():
-            return combine(*branches)
-
-    return o, remade
+        lse_win = window_again = None
+    return CoreParts(o, o_cmp, o_sel, o_win, lse_win, combine, window_again)

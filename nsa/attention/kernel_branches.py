@@ -116,8 +116,17 @@ def triton_gated_branches(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg:
 
 def triton_gated_branches_outputs(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg: NSAConfig,
                                   q_start: int = 0):
-    """triton_gated_branches' o, and the selected and window branches' outputs its backward keeps."""
+    """triton_gated_branches' o, and the selected and window branches' outputs and the window's
+    lse, which its backward keeps."""
     from nsa.kernels.gated_branches import gated_branches_outputs
 
     return gated_branches_outputs(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start, cfg.sel_block,
                                   cfg.window, deterministic(), cfg.sel_form)
+
+
+def triton_window_again(q, k_win, v_win, cfg: NSAConfig, q_start: int = 0):
+    """The window branch's (o, lse) as triton_gated_branches_outputs computes them, bit for bit
+    (no gradient)."""
+    from nsa.kernels.gated_branches import window_forward
+
+    return window_forward(q, k_win, v_win, q_start, cfg.window)

@@ -19,8 +19,9 @@ from .backends import (
 )
 from .compress import Compressor, recompute_applies
 from .config import NSAConfig
-from .core import nsa_core_remade
+from .core import CoreParts, nsa_core_parts
 from .graphed import GRAPH_TOKENS, LayerGraphs
+from .remade import Remaking
 from .rope import apply_rope, rope_tables
 
 
@@ -49,25 +50,6 @@ def autocast_input(x: torch.Tensor) -> torch.Tensor:
     if torch.is_autocast_enabled(kind) and x.is_floating_point():
         return x.to(torch.get_autocast_dtype(kind))
     return x
-
-
-def _keeping_remade(o: torch.Tensor, remade):
-    """Saved-tensor hooks under which a tensor saved for the backward that is a view of o is kept
-    as ``remade`` (a function giving o again, bit for bit) and its view's geometry."""
-    storage = o.untyped_storage().data_ptr()
-
-    def pack(t: torch.Tensor):
-        if t.untyped_storage().data_ptr() != storage:
-            return t
-        return remade, t.shape, t.stride(), t.storage_offset()
-
-    def unpack(packed):
-        if isinstance(packed, torch.Tensor):
-            return packed
-        make, shape, stride, offset = packed
-        return make().as_strided(shape, stride, offset)
-
-    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
 
 class RoutedAttention(nn.Module):
@@ -198,10 +180,26 @@ class NSAAttention(RoutedAttention):
         ones (one token for decode) and the cache is extended in place. ``rope``: the (cos, sin)
         tables of these positions, from ``self.rope``. A model computes them once for all its
         layers (inductor otherwise recomputes the float64 angles per element of q and k in
-        every layer); they are computed here when not given."""
+        every layer); they are computed here when not given.
+
+        From RECOMPUTE_TOKENS tokens a training forward keeps, instead of some tensors its ops
+        save, how to make them again (``_keep_projections``, ``_keep_core``); the caller's own saved-tensor hooks
+        (checkpointing, offloading) decide alone what is kept."""
+        if cache is None and recompute_applies(x) and not saved_tensor_hooks_active():
+            with Remaking() as remaking:
+                return self._forward(x, None, rope, remaking)
+        return self._forward(x, cache, rope, None)
+
+    def _forward(self, x: torch.Tensor, cache: NSACache | None, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                 remaking: Remaking | None) -> torch.Tensor:
         B, T, _ = x.shape
         start = cache.length if cache is not None else 0
+        x = autocast_input(x)
+        if rope is None:
+            rope = self.rope(start, T, x.device)
         q, kv, gates = self.project(x, start, rope)
+        if remaking is not None:
+            self._keep_projections(remaking, x, rope, q, kv)
         k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = kv
         if cache is None:
             kc, vc = self.compress_k(k_cmp), self.compress_v(v_cmp)
@@ -216,12 +214,41 @@ class NSAAttention(RoutedAttention):
             kc, vc = cache.kc, cache.vc
         routes = self._resolve(x.device, q.dtype)[0]
         count_call(self.calls)
-        o, remade = nsa_core_remade(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, self.cfg, routes, q_start=start)
+        core = nsa_core_parts(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, self.cfg, routes, q_start=start)
         if self.track_gates:
             self.last_gate_mean = gates.detach().float().mean(dim=(0, 1, 2))
-        if recompute_applies(x) and not saved_tensor_hooks_active():
-            # the projection keeps how to make o again from what the branches' backward keeps
-            # anyway; the caller's hooks (checkpointing, offloading) decide alone what is kept
-            with _keeping_remade(o, remade):
-                return self.o_proj(o.reshape(B, T, -1))
-        return self.o_proj(o.reshape(B, T, -1))
+        if remaking is not None:
+            self._keep_core(remaking, core, q, k_win, v_win, gates)
+        return self.o_proj(core.o.reshape(B, T, -1))
+
+    def _keep_projections(self, remaking: Remaking, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                          q: torch.Tensor, kv: tuple[torch.Tensor, ...]) -> None:
+        """q and the six key/value streams are made again from x (the projections' autocast
+        input, which they keep anyway): the projections' matmuls and the RoPE kernel. (The gates
+        are kept: their sigmoid keeps them for its own backward.)"""
+        kind = x.device.type
+        autocast = dict(device_type=kind, dtype=torch.get_autocast_dtype(kind),
+                        enabled=torch.is_autocast_enabled(kind))
+
+        def again() -> list[torch.Tensor]:
+            with torch.autocast(**autocast):
+                q2, kv2, _ = self.project(x, 0, rope)
+            return [q2, *kv2]
+
+        remaking.add(again, [q, *kv])
+
+    @staticmethod
+    def _keep_core(remaking: Remaking, core: CoreParts, q: torch.Tensor, k_win: torch.Tensor, v_win: torch.Tensor,
+                   gates: torch.Tensor) -> None:
+        """The window branch's output and lse, where the fused op computed them, are made again
+        by its forward kernel from q, k_win, v_win; the gated sum o, the output projection's
+        input, from the gates and the branches' outputs (the branches' backward keeps o_cmp and
+        o_sel anyway)."""
+        # the recipes hold functions and kept tensors, never `core`: it holds o and o_win
+        if core.window_again is not None:
+            window_again, inputs = core.window_again, [remaking.value(t) for t in (q, k_win, v_win)]
+            remaking.add(lambda: window_again(*(m() for m in inputs)), [core.o_win, core.lse_win])
+        combine = core.combine
+        parts = [remaking.value(gates), remaking.value(core.o_cmp.detach()), remaking.value(core.o_sel.detach()),
+                 remaking.value(core.o_win)]
+        remaking.add(lambda: [combine(*(m() for m in parts))], [core.o])

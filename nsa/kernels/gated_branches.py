@@ -37,6 +37,13 @@ from ._inverse import as_outputs, from_outputs
 from .tuning import SELECTION, SelectionTuning
 
 
+def window_forward(q: torch.Tensor, k_win: torch.Tensor, v_win: torch.Tensor, q_start: int, window: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The window branch's o_win and lse_win, as the op's forward computes them."""
+    return band_attention.band_forward(q.contiguous(), k_win.contiguous(), v_win.contiguous(), q_start, 1, 1,
+                                       window, True)
+
+
 def _fwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch.Tensor, v_sel: torch.Tensor,
          k_win: torch.Tensor, v_win: torch.Tensor, idx: torch.Tensor, q_start: int, sel_block: int, window: int,
          deterministic: bool, sel_form: str, sel_tuning: str,
@@ -50,7 +57,7 @@ def _fwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch
         o_sel, lse_sel, inverse = selection._sel_fwd(q, k_sel, v_sel, idx, sel_block, q_start, deterministic,
                                                      sel_form, SelectionTuning.from_arg(sel_tuning))
     with record_function("nsa.win"):
-        o_win, lse_win = band_attention.band_forward(q, k_win, v_win, q_start, 1, 1, window, True)
+        o_win, lse_win = window_forward(q, k_win, v_win, q_start, window)
     with record_function("nsa.gate_combine"):
         o = combine._combine_fwd(gates, o_cmp, o_sel.to(o_cmp.dtype), o_win.to(o_cmp.dtype))
     return (o, o_sel, lse_sel, o_win, lse_win, *as_outputs(inverse, q.device))
@@ -103,13 +110,14 @@ def gated_branches(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start: in
 def gated_branches_outputs(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start: int, sel_block: int,
                            window: int, deterministic: bool = False, sel_form: str = "auto",
                            sel_tuning: SelectionTuning = SELECTION
-                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """gated_branches' o, and the selected and window branches' outputs that its backward keeps
-    (no gradient): gate_combine(gates, o_cmp, o_sel, o_win) gives o again, bit for bit."""
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """gated_branches' o, and the selected and window branches' outputs and the window's lse,
+    which its backward keeps (no gradient): gate_combine(gates, o_cmp, o_sel, o_win) gives o
+    again, bit for bit, and window_forward(q, k_win, v_win, q_start, window) (o_win, lse_win)."""
     if q.shape[2] % k_sel.shape[2] or q.shape[2] % k_win.shape[2]:
         raise ValueError(f"query heads {q.shape[2]} must be a multiple of KV heads "
                          f"({k_sel.shape[2]} selected, {k_win.shape[2]} window)")
     tensors = (t.contiguous() for t in (gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx))
-    o, o_sel, _, o_win, *_ = gated_branches_op(*tensors, int(q_start), int(sel_block), int(window),
-                                               bool(deterministic), str(sel_form), sel_tuning.as_arg())
-    return o, o_sel, o_win
+    o, o_sel, _, o_win, lse_win, *_ = gated_branches_op(*tensors, int(q_start), int(sel_block), int(window),
+                                                        bool(deterministic), str(sel_form), sel_tuning.as_arg())
+    return o, o_sel, o_win, lse_win

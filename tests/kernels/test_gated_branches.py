@@ -175,12 +175,13 @@ def test_backward_takes_the_forwards_inverse_selection(kdev, monkeypatch, op, de
     assert calls[1:] == ([T] if deterministic else []), "the backward sorts again only when deterministic"
 
 
-def test_the_layer_remakes_the_gated_sum_for_its_output_projection(kdev, monkeypatch):
-    """Every stage on the kernels (the gated sum inside the one op): from RECOMPUTE_TOKENS tokens
-    the output projection keeps how to make o again, not o, and the layer computes the same (bit
-    for bit interpreted; on a GPU the backward's atomics reorder sums)."""
-    from tests.unit.test_saved_activations import assert_output_remade
+def test_the_layer_remakes_its_projections_window_and_gated_sum(kdev, monkeypatch):
+    """Every stage on the kernels (the window branch and the gated sum inside the one op): from
+    RECOMPUTE_TOKENS tokens q, the key/value streams, the window branch's output and lse and the
+    gated sum are freed after the forward and made again in the backward, and the layer computes
+    the same (bit for bit interpreted; on a GPU the backward's atomics reorder sums)."""
+    from tests.unit.test_saved_activations import REMADE, assert_layer_remakes
 
     routes = {"backend_cmp": "triton", "backend_sel": "triton", "backend_win": "triton"}
     cfg = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, n_selected=3, window=8, **routes)
-    assert_output_remade(cfg, kdev, monkeypatch, exact=kdev.type == "cpu")
+    assert_layer_remakes(cfg, kdev, monkeypatch, exact=kdev.type == "cpu", remade=REMADE | {"o_win", "lse_win"})

@@ -1,12 +1,16 @@
 """What an attention layer keeps for its backward: one autocast copy of its input however many
 projections read it, and, at long context, neither the compressor's overlapping blocks nor the
-gated sum the output projection reads (both made again in the backward, from the per-token keys
-and from the branch outputs); the outputs and gradients are those of the layer that keeps them.
+gated sum the output projection reads, nor q and the key/value streams (all made again in the
+backward: from the per-token keys, the branch outputs, the projections' input); the outputs and
+gradients are those of the layer that keeps them.
 (`python bench/saved_memory.py` lists a layer's saved tensors on a GPU.)"""
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from nsa.attention import NSAAttention, NSAConfig, compress
 from nsa.attention.dense import DenseAttention
@@ -92,40 +96,64 @@ def test_the_compressor_recomputes_its_blocks_at_long_context(monkeypatch):
         assert torch.equal(g, ref)
 
 
-def test_the_output_projection_keeps_how_to_make_its_input_at_long_context(monkeypatch):
-    """From RECOMPUTE_TOKENS tokens nothing keeps the gated sum o past the forward (the output
-    projection makes it again from the branches' outputs, which their backward keeps), and the
-    output and gradients are the same bit for bit (the PyTorch route; the kernels' in
-    tests/kernels/test_gated_branches.py)."""
-    assert_output_remade(NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, n_selected=3, window=8),
-                         torch.device("cpu"), monkeypatch, exact=True)
+def test_the_layer_keeps_how_to_make_its_projections_and_gated_sum_at_long_context(monkeypatch):
+    """From RECOMPUTE_TOKENS tokens none of the key/value streams and the gated sum o that the
+    PyTorch route keeps below it outlives the forward (that route's attention keeps its own
+    copies of q and the compressor's keys; the kernels' route, with the window branch's output,
+    in tests/kernels/test_gated_branches.py), and output and gradients are the same bit for bit."""
+    assert_layer_remakes(NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, n_selected=3, window=8),
+                         torch.device("cpu"), monkeypatch, exact=True,
+                         remade={"v_cmp", "k_sel", "v_sel", "k_win", "v_win", "o"})
 
 
-def assert_output_remade(cfg: NSAConfig, device: torch.device, monkeypatch, exact: bool) -> None:
-    """The layer's o is kept past the forward below RECOMPUTE_TOKENS and not from it; output and
-    gradients the same (bit for bit where ``exact``, else within bf16 rounding under autocast)."""
+#: what an NSA layer keeps below RECOMPUTE_TOKENS and makes again from it (nsa.attention.remade)
+REMADE = {"q", "k_cmp", "v_cmp", "k_sel", "v_sel", "k_win", "v_win", "o"}
+
+
+def assert_layer_remakes(cfg: NSAConfig, device: torch.device, monkeypatch, exact: bool,
+                         remade: set[str] = REMADE) -> None:
+    """The tensors named in ``remade`` (REMADE, o_win, lse_win) are alive after the forward
+    below RECOMPUTE_TOKENS and freed from it; the output and gradients are the same (bit for bit
+    where ``exact``, else within bf16 rounding under autocast)."""
     from nsa.attention import module
 
     torch.manual_seed(0)
     layer = NSAAttention(48, 4, 2, 16, cfg, graph_tokens=0).to(device)
     x = torch.randn(1, 64, 48, device=device, requires_grad=True)
     dy = torch.randn(1, 64, 48, device=device)
-    core = module.nsa_core_remade
+    project, core = layer.project, module.nsa_core_parts
 
     def run(recompute_from: int):
         monkeypatch.setattr(compress, "RECOMPUTE_TOKENS", recompute_from)
-        outputs = []
-        monkeypatch.setattr(module, "nsa_core_remade", lambda *a, **k: outputs.append(core(*a, **k)) or outputs[-1])
+        made: dict[str, torch.Tensor] = {}
+
+        def watched_project(*args, **kwargs):
+            q, kv, gates = project(*args, **kwargs)
+            made.setdefault("q", q)
+            for name, t in zip(("k_cmp", "v_cmp", "k_sel", "v_sel", "k_win", "v_win"), kv):
+                made.setdefault(name, t)
+            return q, kv, gates
+
+        def watched_core(*args, **kwargs):
+            parts = core(*args, **kwargs)
+            made.update(o=parts.o, o_win=parts.o_win, lse_win=parts.lse_win)
+            return parts
+
+        monkeypatch.setattr(layer, "project", watched_project)
+        monkeypatch.setattr(module, "nsa_core_parts", watched_core)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             y = layer(x)
-        o = outputs.pop()[0]  # held here, so no other tensor takes its memory while the graph is read
-        kept = o.untyped_storage().data_ptr() in storages_kept_by(y)
+        storages = {name: StorageWeakRef(t.untyped_storage()) for name, t in made.items() if t is not None}
+        made.clear()
+        gc.collect()
+        alive = {name for name, ref in storages.items() if not ref.expired()}
         grads = torch.autograd.grad(y, [x, *layer.parameters()], dy.to(y.dtype))
-        return y, grads, kept
+        return y, grads, alive
 
-    y_kept, grads_kept, o_kept = run(10**9)
-    y, grads, o_alive = run(64)
-    assert o_kept and not o_alive
+    y_kept, grads_kept, kept = run(10**9)
+    y, grads, alive = run(64)
+    assert remade <= kept, f"below RECOMPUTE_TOKENS the layer keeps {sorted(kept)}"
+    assert not remade & alive, f"alive after the forward: {sorted(remade & alive)}"
     assert torch.equal(y, y_kept)
     for g, ref in zip(grads, grads_kept):
         if exact:

@@ -54,17 +54,18 @@ def length(text: str) -> int:
         raise argparse.ArgumentTypeError(f"length {text!r}: an integer, or one with a k suffix (16k)") from None
 
 
-def _peak_gb(fn) -> float:
-    """Peak memory the allocator reserves during one call, the unused cache emptied first (GB,
-    all of it: parameters and optimizer state too). Reserved, not allocated: a CUDA graph's
-    pool holds its activations between replays, and while a replay writes them the allocator
-    counts that memory as reserved only."""
+def _peak_gb(fn) -> tuple[float, float]:
+    """Peak memory the allocator reserves and that tensors hold during one call, the unused
+    cache emptied first (GB, all of it: parameters and optimizer state too). Reserved is what
+    the process takes from the GPU (a CUDA graph's pool holds its activations between replays,
+    and while a replay writes them the allocator counts that memory as reserved only); allocated
+    leaves out the allocator's unused cached blocks."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     fn()
     torch.cuda.synchronize()
-    return torch.cuda.max_memory_reserved() / 1e9
+    return torch.cuda.max_memory_reserved() / 1e9, torch.cuda.max_memory_allocated() / 1e9
 
 
 def launches(fn) -> tuple[int, int, collections.Counter]:
@@ -162,7 +163,7 @@ def measure(S: int, model_name: str, parts: set[str], compile_lengths: set[int],
         for kind in KINDS:
             _, run = layer_step(kind, S, model_name, device)
             ms[kind] = _median_ms(run)
-            gb[kind] = _peak_gb(run)
+            gb[kind] = _peak_gb(run)[0]
             del run
             _free()
         _, run = layer_step("nsa", S, model_name, device, graphs=False)
@@ -205,8 +206,8 @@ def measure(S: int, model_name: str, parts: set[str], compile_lengths: set[int],
                 first = time.perf_counter() - t0
                 ms[kind] = _median_ms(run)
                 gb[kind] = _peak_gb(run)
-                print(f"# S={S} {label} {kind}: first step {first:.1f} s, {ms[kind]:.2f} ms, {gb[kind]:.2f} GB",
-                      flush=True)
+                print(f"# S={S} {label} {kind}: first step {first:.1f} s, {ms[kind]:.2f} ms, "
+                      f"{gb[kind][0]:.2f} GB reserved, {gb[kind][1]:.2f} GB allocated", flush=True)
                 del model, run
                 _free()
         except Exception as exc:  # a compile that fails is a result of this table, not the end of it
@@ -214,7 +215,8 @@ def measure(S: int, model_name: str, parts: set[str], compile_lengths: set[int],
             _free()
             continue
         row.cells[f"{label} (dense/NSA)"] = _ratio(ms["dense"], ms["nsa"])
-        row.cells[f"{label} peak GB reserved (NSA / dense)"] = f"{gb['nsa']:.2f} / {gb['dense']:.2f}"
+        for i, what in enumerate(("reserved", "allocated")):
+            row.cells[f"{label} peak GB {what} (NSA / dense)"] = f"{gb['nsa'][i]:.2f} / {gb['dense'][i]:.2f}"
     return row
 
 

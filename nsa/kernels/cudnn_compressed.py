@@ -107,7 +107,9 @@ class _FoldedPrefill(torch.autograd.Function):
         tail = None
         if end < Tq:  # the partial last run: fewer than d queries, through the band kernel
             with torch.set_grad_enabled(keep_graph):
-                leaves = [t.detach().requires_grad_(keep_graph) for t in (q[:, end:], kc, vc)]
+                # q's few tail rows as a copy: a view would keep all of q's memory past the
+                # forward (its caller may free q and make it again for the backward)
+                leaves = [t.detach().requires_grad_(keep_graph) for t in (q[:, end:].clone(), kc, vc)]
                 o_tail, lse_tail = band_attention(*leaves, end, l, d, 0, False)
             o[:, end:] = o_tail.detach()
             lse[:, end:] = lse_tail

@@ -88,6 +88,33 @@ def test_cudnn_cmp_matches_torch(kdev, cudnn_cmp, case):
         assert_close(g, gr, tol, name)
 
 
+def test_the_fold_keeps_q_only_as_a_saved_tensor(kdev, cudnn_cmp):
+    """A layer may keep q as how to make it again (nsa.attention.remade): the fold then holds no
+    view of q past the forward (its band-kernel tail included), and the gradients are the same."""
+    import gc
+
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from nsa.attention.remade import Remaking
+
+    cfg, B, T, HQ, H, K, q_start = CASES["paper-cfg-tail1"]
+    dtype = torch.bfloat16 if kdev.type == "cuda" else torch.float32
+    gen = torch.Generator().manual_seed(5)
+    leaves = [rnd(gen, B, n, h, K, device=kdev, dtype=dtype).requires_grad_() for n, h in ((T, HQ), (2, H), (2, H))]
+    do = rnd(gen, B, T, HQ, K, device=kdev, dtype=dtype)
+    want = torch.autograd.grad(cudnn_cmp(leaves[0] * 1, *leaves[1:], cfg, q_start)[0], leaves, do)
+    with Remaking() as remaking:
+        q = leaves[0] * 1  # a tensor of the layer's own, as its projection makes q
+        remaking.add(lambda: [leaves[0].detach() * 1], [q])
+        o, _ = cudnn_cmp(q, *leaves[1:], cfg, q_start)
+    ref = StorageWeakRef(q.untyped_storage())
+    del q
+    gc.collect()
+    assert ref.expired(), "the fold holds q's memory"
+    for g, w in zip(torch.autograd.grad(o, leaves, do), want):
+        assert torch.equal(g, w)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("S", [8192, 32768 + 5])
 def test_cudnn_cmp_long_bf16_parity(S):

@@ -16,10 +16,11 @@ from .config import NSAConfig
 
 
 #: from this many tokens (batch x length) an NSA layer's training forward recomputes in the
-#: backward what it can make again cheaply from tensors kept anyway, instead of keeping it: here
-#: fc1's input (every token l/d times, from the per-token keys), in NSAAttention the input of the
-#: output projection (from the branches' outputs). Activation memory counts at long context;
-#: below it the recomputation's kernel launches would cost more host time than its memory is worth
+#: backward what it can make again from tensors kept anyway, instead of keeping it: here fc1's
+#: input (every token l/d times, from the per-token keys); in NSAAttention q, the key/value
+#: streams, the window branch's output and the output projection's input (nsa.attention.remade).
+#: Activation memory counts at long context; below it the recomputation's kernel launches would
+#: cost more host time than its memory is worth
 RECOMPUTE_TOKENS = 32768
 
 

@@ -90,7 +90,7 @@ def _fake(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start, sel_block, 
 
 #: the custom ops nsa::gated_branches_fwd / _bwd (see nsa.kernels._autograd); idx gets no gradient.
 #: The backward keeps the branches' outputs, not o: a consumer of o may keep how to make it again
-#: (nsa.attention.core.nsa_core_remade), and o's memory is then free after that consumer's forward
+#: (as NSAAttention does from 32k tokens), and o's memory is then free after that consumer's forward
 gated_branches_op = kernel_op("gated_branches", _fwd, _bwd, _fake, tensors=8, grads=7,
                               saved_outputs=slice(1, None))
 

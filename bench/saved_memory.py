@@ -8,9 +8,10 @@ layer and for the preset's model (forward, cross entropy, backward), the memory 
 allocated (its activations) and the peak above that during the backward, in GB.
 
 The listing counts through saved-tensor hooks of its own, and an NSA layer defers to a caller's
-hooks: under them it keeps the gated sum for its output projection even from 32k tokens, where
-it otherwise recomputes it (nsa.attention.compress.RECOMPUTE_TOKENS). The listing then shows
-that tensor; the layer and model parts, which set no hooks, measure the layer as it runs.
+hooks: under them it keeps q, the key/value streams, the window branch's output and the gated sum
+even from 32k tokens, where it otherwise keeps how to make them again
+(nsa.attention.compress.RECOMPUTE_TOKENS, nsa.attention.remade). The listing then shows those
+tensors; the layer and model parts, which set no hooks, measure the layer as it runs.
 
     python bench/saved_memory.py                       # 32k, m7c_125m
     python bench/saved_memory.py --lengths 32k 64k --parts layer

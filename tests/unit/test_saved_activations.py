@@ -196,3 +196,26 @@ def test_a_layer_under_torch_func_grad_of_its_parameters(kind, recompute_from, m
     want = torch.autograd.grad(loss(params), list(params.values()))
     for (name, g), ref in zip(got.items(), want):
         torch.testing.assert_close(g, ref, msg=name)
+
+
+def test_under_a_callers_checkpoint_the_layer_keeps_its_tensors(monkeypatch):
+    """Activation checkpointing recomputes the layer and expects its forward to save what it saved
+    the first time: from RECOMPUTE_TOKENS tokens, under the caller's hooks, the layer keeps no
+    recipes of its own, and the gradients are those of the layer without checkpointing."""
+    from torch.utils.checkpoint import checkpoint
+
+    from nsa.attention import remade
+
+    monkeypatch.setattr(compress, "RECOMPUTE_TOKENS", 64)
+    torch.manual_seed(0)
+    layer = NSAAttention(48, 4, 2, 16, NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, n_selected=3, window=8),
+                         graph_tokens=0)
+    x = torch.randn(1, 64, 48, requires_grad=True)
+    leaves = [x, *layer.parameters()]
+    want = torch.autograd.grad(layer(x).square().sum(), leaves)
+    recipes = []
+    monkeypatch.setattr(remade.Remaking, "add", lambda self, make, tensors: recipes.append(make))
+    got = torch.autograd.grad(checkpoint(layer, x, use_reentrant=False).square().sum(), leaves)
+    assert recipes == []
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_nsa import _bench as _median_ms  # noqa: E402
 from bench.bench_nsa import _host_ms  # noqa: E402
-from nsa.attention import NSAAttention, graphed  # noqa: E402
+from nsa.attention import NSAAttention, compress, graphed  # noqa: E402
 from nsa.attention.dense import DenseAttention  # noqa: E402
 from nsa.model.config import load_model_config  # noqa: E402
 from nsa.model.model import NSATransformer  # noqa: E402
@@ -244,7 +244,11 @@ def main(argv=None) -> int:
     ap.add_argument("--graph-tokens", type=int, default=graphed.GRAPH_TOKENS,
                     help="the NSA layers' own CUDA graphs up to this many tokens (0: none; "
                          "default %(default)s, the layer's)")
+    ap.add_argument("--recompute-tokens", type=length, default=compress.RECOMPUTE_TOKENS,
+                    help="the NSA layers recompute in the backward from this many tokens (nsa.attention.compress."
+                         "RECOMPUTE_TOKENS; a length above --lengths' turns it off; default %(default)s)")
     args = ap.parse_args(argv)
+    compress.RECOMPUTE_TOKENS = args.recompute_tokens
     NSA_SET[:] = args.nsa_set
     GRAPH_TOKENS[0] = args.graph_tokens
     if not torch.cuda.is_available():
@@ -256,7 +260,8 @@ def main(argv=None) -> int:
         rows.append(measure(S, args.model, set(args.parts), compile_lengths, device, args.kernels))
         print(table(rows[-1:]), flush=True)
     print(f"\n# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.model}, batch 1, bf16 autocast; "
-          f"ratio = dense ms / NSA ms; NSA layers graphed up to {GRAPH_TOKENS[0]} tokens"
+          f"ratio = dense ms / NSA ms; NSA layers graphed up to {GRAPH_TOKENS[0]} tokens, recomputing from "
+          f"{compress.RECOMPUTE_TOKENS}"
           f"{'; NSA with ' + ' '.join(NSA_SET) if NSA_SET else ''}")
     print(table(rows))
     return 0

@@ -37,20 +37,26 @@ def nsa_core(
     return nsa_core_parts(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, cfg, routes, q_start).o
 
 
+Pair = tuple[torch.Tensor, torch.Tensor]
+
+
 @dataclass(frozen=True)
 class CoreParts:
     """nsa_core's o and what makes parts of it again, bit for bit, for a layer that keeps
-    recipes instead of tensors (nsa.attention.remade): ``combine(gates, o_cmp, o_sel, o_win)``
-    gives o; where the window branch ran inside the fused op, ``window_again(q, k_win, v_win)``
-    gives its (o_win, lse_win), which that op's backward keeps (else None, and lse_win None)."""
+    recipes instead of tensors (nsa.attention.remade): ``cmp_again(q, kc, vc)`` gives the
+    compressed branch's (o_cmp, lse_cmp); ``combine(gates, o_cmp, o_sel, o_win)`` gives o; where
+    the window branch ran inside the fused op, ``window_again(q, k_win, v_win)`` gives its
+    (o_win, lse_win), which that op's backward keeps (else None, and lse_win None)."""
 
     o: torch.Tensor
     o_cmp: torch.Tensor
+    lse_cmp: torch.Tensor
     o_sel: torch.Tensor
     o_win: torch.Tensor
     lse_win: torch.Tensor | None
+    cmp_again: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Pair]
     combine: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-    window_again: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None
+    window_again: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Pair] | None
 
 
 def nsa_core_parts(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, cfg: NSAConfig, routes: dict[str, Route],
@@ -58,8 +64,9 @@ def nsa_core_parts(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, cfg: NSAConfig,
     """nsa_core's o, with its branches' outputs and the functions that make them again."""
     # named ranges: torch.profiler attributes time to each stage (the NVTX phase checks them),
     # and under torch.autograd.profiler.emit_nvtx they become NVTX ranges for Nsight users
+    cmp_again = partial(implementation(routes["cmp"]), cfg=cfg, q_start=q_start)
     with record_function("nsa.cmp"):
-        o_cmp, lse = implementation(routes["cmp"])(q, kc, vc, cfg, q_start)
+        o_cmp, lse = cmp_again(q, kc, vc)
     with record_function("nsa.select"):
         idx = implementation(routes["select"])(q, kc, lse, cfg, q_start)
     combine = gate_combine(routes["sel"])
@@ -75,4 +82,4 @@ def nsa_core_parts(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, cfg: NSAConfig,
         with record_function("nsa.gate_combine"):
             o = combine(gates, o_cmp, o_sel, o_win)
         lse_win = window_again = None
-    return CoreParts(o, o_cmp, o_sel, o_win, lse_win, combine, window_again)
+    return CoreParts(o, o_cmp, lse, o_sel, o_win, lse_win, cmp_again, combine, window_again)

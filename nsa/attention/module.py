@@ -218,7 +218,7 @@ class NSAAttention(RoutedAttention):
         if self.track_gates:
             self.last_gate_mean = gates.detach().float().mean(dim=(0, 1, 2))
         if remaking is not None:
-            self._keep_core(remaking, core, q, k_win, v_win, gates)
+            self._keep_core(remaking, core, q, kc, vc, k_win, v_win, gates)
         return self.o_proj(core.o.reshape(B, T, -1))
 
     def _keep_projections(self, remaking: Remaking, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
@@ -238,17 +238,18 @@ class NSAAttention(RoutedAttention):
         remaking.add(again, [q, *kv])
 
     @staticmethod
-    def _keep_core(remaking: Remaking, core: CoreParts, q: torch.Tensor, k_win: torch.Tensor, v_win: torch.Tensor,
-                   gates: torch.Tensor) -> None:
-        """The window branch's output and lse, where the fused op computed them, are made again
-        by its forward kernel from q, k_win, v_win; the gated sum o, the output projection's
-        input, from the gates and the branches' outputs (the branches' backward keeps o_cmp and
-        o_sel anyway)."""
-        # the recipes hold functions and kept tensors, never `core`: it holds o and o_win
+    def _keep_core(remaking: Remaking, core: CoreParts, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
+                   k_win: torch.Tensor, v_win: torch.Tensor, gates: torch.Tensor) -> None:
+        """The compressed branch's output and lse are made again by its forward from q and the
+        compressed tokens (which its backward keeps; the branch attends to one token in
+        cmp_stride, so its forward costs a fraction of the others'); the window branch's, where
+        the fused op computed them, by its forward kernel from q, k_win, v_win; the gated sum o,
+        the output projection's input, from the gates and the branches' outputs (the selected
+        branch's backward keeps o_sel anyway)."""
+        # the recipes hold functions and kept tensors, never `core`: it holds the outputs
+        remaking.add_call(core.cmp_again, (q, kc, vc), [core.o_cmp, core.lse_cmp])
         if core.window_again is not None:
-            window_again, inputs = core.window_again, [remaking.value(t) for t in (q, k_win, v_win)]
-            remaking.add(lambda: window_again(*(m() for m in inputs)), [core.o_win, core.lse_win])
+            remaking.add_call(core.window_again, (q, k_win, v_win), [core.o_win, core.lse_win])
         combine = core.combine
-        parts = [remaking.value(gates), remaking.value(core.o_cmp.detach()), remaking.value(core.o_sel.detach()),
-                 remaking.value(core.o_win)]
-        remaking.add(lambda: [combine(*(m() for m in parts))], [core.o])
+        remaking.add_call(lambda *parts: [combine(*parts)],
+                          (gates, core.o_cmp.detach(), core.o_sel.detach(), core.o_win), [core.o])

@@ -107,6 +107,13 @@ class Remaking:
                 packed.remake_with(*found)
         self._kept = still
 
+    def add_call(self, fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
+                 tensors: Sequence[torch.Tensor]) -> None:
+        """``add`` with the recipe fn(*inputs), each input's value in the backward as ``value``
+        gives it."""
+        values = [self.value(t) for t in inputs]
+        self.add(lambda: fn(*(v() for v in values)), tensors)
+
     def value(self, t: torch.Tensor) -> Callable[[], torch.Tensor]:
         """A function giving t's value in the backward, for another recipe: made again by the
         recipe t's memory is registered with (no reference to t kept), else t itself."""

@@ -34,15 +34,21 @@ def _math_causal_backward(do, q, k, v, o, state, scale):
     return torch.autograd.grad(out, leaves, do)
 
 
-@pytest.fixture
-def cudnn_cmp(kdev, monkeypatch):
+def fold_every_length(kdev, monkeypatch) -> None:
+    """The cuDNN compressed branch folds even tiny sequences; on the CPU the math stand-in
+    replaces the fused call."""
     from nsa.kernels import cudnn_compressed
 
-    monkeypatch.setattr(cudnn_compressed, "CUDNN_MIN_QUERIES", 1)  # fold even tiny sequences
+    monkeypatch.setattr(cudnn_compressed, "CUDNN_MIN_QUERIES", 1)
     monkeypatch.setattr(cudnn_compressed, "CUDNN_MIN_ELEMENTS", 1)
     if kdev.type == "cpu":
         monkeypatch.setattr(cudnn_compressed, "_fused_causal", _math_causal)
         monkeypatch.setattr(cudnn_compressed, "_fused_causal_backward", _math_causal_backward)
+
+
+@pytest.fixture
+def cudnn_cmp(kdev, monkeypatch):
+    fold_every_length(kdev, monkeypatch)
     from nsa.attention.kernel_branches import cudnn_cmp_attention
 
     return cudnn_cmp_attention

@@ -175,13 +175,27 @@ def test_backward_takes_the_forwards_inverse_selection(kdev, monkeypatch, op, de
     assert calls[1:] == ([T] if deterministic else []), "the backward sorts again only when deterministic"
 
 
-def test_the_layer_remakes_its_projections_window_and_gated_sum(kdev, monkeypatch):
-    """Every stage on the kernels (the window branch and the gated sum inside the one op): from
-    RECOMPUTE_TOKENS tokens q, the key/value streams, the window branch's output and lse and the
-    gated sum are freed after the forward and made again in the backward, and the layer computes
-    the same (bit for bit interpreted; on a GPU the backward's atomics reorder sums)."""
+@pytest.mark.parametrize("backend_cmp", ["triton", "cudnn"])
+def test_the_layer_remakes_its_projections_branches_and_gated_sum(kdev, monkeypatch, backend_cmp):
+    """Every stage on the kernels (the window branch and the gated sum inside the one op; the
+    compressed branch on the band kernel or folded for cuDNN): from RECOMPUTE_TOKENS tokens q,
+    the key/value streams, the compressed and window branches' outputs and lse and the gated sum
+    are freed after the forward and made again in the backward, and the layer computes the same
+    (bit for bit interpreted; on a GPU the backward's atomics reorder sums)."""
+    from nsa.attention import backends
     from tests.unit.test_saved_activations import REMADE, assert_layer_remakes
 
-    routes = {"backend_cmp": "triton", "backend_sel": "triton", "backend_win": "triton"}
+    if backend_cmp == "cudnn":
+        from tests.kernels.test_cudnn_compressed import fold_every_length
+
+        fold_every_length(kdev, monkeypatch)
+        if kdev.type == "cpu":  # the fold with its stand-in for cuDNN (test_cudnn_compressed)
+            for stage, fn in (("cmp", backends.kb.cudnn_cmp_attention), ("select", backends.kb.triton_select_blocks)):
+                stand_in = backends.Backend(fn, lambda d, t: (True, "the stand-in for cuDNN"),
+                                            runs=backends.BACKENDS[stage]["cudnn"].runs)
+                monkeypatch.setitem(backends.BACKENDS[stage], "cudnn", stand_in)
+    routes = {"backend_cmp": backend_cmp, "backend_sel": "triton", "backend_win": "triton"}
     cfg = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, n_selected=3, window=8, **routes)
-    assert_layer_remakes(cfg, kdev, monkeypatch, exact=kdev.type == "cpu", remade=REMADE | {"o_win", "lse_win"})
+    # the fold keeps cuDNN's own lse of each run, not lse_cmp
+    remade = REMADE | {"o_win", "lse_win"} | ({"lse_cmp"} if backend_cmp == "triton" else set())
+    assert_layer_remakes(cfg, kdev, monkeypatch, exact=kdev.type == "cpu", remade=remade)

@@ -1,8 +1,9 @@
 """What an attention layer keeps for its backward: one autocast copy of its input however many
 projections read it, and, at long context, neither the compressor's overlapping blocks nor the
-gated sum the output projection reads, nor q and the key/value streams (all made again in the
-backward: from the per-token keys, the branch outputs, the projections' input); the outputs and
-gradients are those of the layer that keeps them.
+gated sum the output projection reads, nor q, the key/value streams and the compressed branch's
+output (all made again in the backward: from the per-token keys, the branch outputs, the
+projections' input, q and the compressed tokens); the outputs and gradients are those of the
+layer that keeps them.
 (`python bench/saved_memory.py` lists a layer's saved tensors on a GPU.)"""
 from __future__ import annotations
 
@@ -97,22 +98,22 @@ def test_the_compressor_recomputes_its_blocks_at_long_context(monkeypatch):
 
 
 def test_the_layer_keeps_how_to_make_its_projections_and_gated_sum_at_long_context(monkeypatch):
-    """From RECOMPUTE_TOKENS tokens none of the key/value streams and the gated sum o that the
-    PyTorch route keeps below it outlives the forward (that route's attention keeps its own
+    """From RECOMPUTE_TOKENS tokens none of the key/value streams, the compressed branch's output
+    and the gated sum o that the PyTorch route keeps below it outlives the forward (that route's attention keeps its own
     copies of q and the compressor's keys; the kernels' route, with the window branch's output,
     in tests/kernels/test_gated_branches.py), and output and gradients are the same bit for bit."""
     assert_layer_remakes(NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, n_selected=3, window=8),
                          torch.device("cpu"), monkeypatch, exact=True,
-                         remade={"v_cmp", "k_sel", "v_sel", "k_win", "v_win", "o"})
+                         remade={"v_cmp", "k_sel", "v_sel", "k_win", "v_win", "o_cmp", "o"})
 
 
 #: what an NSA layer keeps below RECOMPUTE_TOKENS and makes again from it (nsa.attention.remade)
-REMADE = {"q", "k_cmp", "v_cmp", "k_sel", "v_sel", "k_win", "v_win", "o"}
+REMADE = {"q", "k_cmp", "v_cmp", "k_sel", "v_sel", "k_win", "v_win", "o_cmp", "o"}
 
 
 def assert_layer_remakes(cfg: NSAConfig, device: torch.device, monkeypatch, exact: bool,
                          remade: set[str] = REMADE) -> None:
-    """The tensors named in ``remade`` (REMADE, o_win, lse_win) are alive after the forward
+    """The tensors named in ``remade`` (REMADE, lse_cmp, o_win, lse_win) are alive after the forward
     below RECOMPUTE_TOKENS and freed from it; the output and gradients are the same (bit for bit
     where ``exact``, else within bf16 rounding under autocast)."""
     from nsa.attention import module
@@ -136,7 +137,8 @@ def assert_layer_remakes(cfg: NSAConfig, device: torch.device, monkeypatch, exac
 
         def watched_core(*args, **kwargs):
             parts = core(*args, **kwargs)
-            made.update(o=parts.o, o_win=parts.o_win, lse_win=parts.lse_win)
+            made.update(o=parts.o, o_cmp=parts.o_cmp, lse_cmp=parts.lse_cmp, o_win=parts.o_win,
+                        lse_win=parts.lse_win)
             return parts
 
         monkeypatch.setattr(layer, "project", watched_project)

@@ -146,6 +146,14 @@ class NSAAttention(RoutedAttention):
         """Rotated q [B,T,HQ,K], the six per-branch k/v [B,T,H,K] and gates [B,T,HQ,3].
         ``rope``: precomputed (cos, sin) of positions start..start+T-1 (see forward);
         ``fused_rope``: whether the RoPE kernel runs (None: as routed for x's device and dtype)."""
+        q, kv = self.project_qkv(x, start, rope, fused_rope)
+        B, T, _ = x.shape
+        gates = torch.sigmoid(self.gate_proj(autocast_input(x))).view(B, T, self.n_heads, 3)
+        return q, kv, gates
+
+    def project_qkv(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    fused_rope: bool | None = None):
+        """project's q and six key/value streams, without the gates."""
         B, T, _ = x.shape
         HQ, H, K = self.n_heads, self.n_kv, self.head_dim
         cos, sin = rope if rope is not None else self.rope(start, T, x.device)
@@ -163,8 +171,7 @@ class NSAAttention(RoutedAttention):
             q = apply_rope(q, cos, sin)
             k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = kv.unbind(2)
             k_cmp, k_sel, k_win = (apply_rope(k, cos, sin) for k in (k_cmp, k_sel, k_win))
-        gates = torch.sigmoid(self.gate_proj(x)).view(B, T, HQ, 3)
-        return q, (k_cmp, v_cmp, k_sel, v_sel, k_win, v_win), gates
+        return q, (k_cmp, v_cmp, k_sel, v_sel, k_win, v_win)
 
     def forward(self, x: torch.Tensor, cache: NSACache | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -232,7 +239,7 @@ class NSAAttention(RoutedAttention):
 
         def again() -> list[torch.Tensor]:
             with torch.autocast(**autocast):
-                q2, kv2, _ = self.project(x, 0, rope)
+                q2, kv2 = self.project_qkv(x, 0, rope)
             return [q2, *kv2]
 
         remaking.add(again, [q, *kv])

@@ -17,8 +17,9 @@ from .config import NSAConfig
 
 #: from this many tokens (batch x length) an NSA layer's training forward recomputes in the
 #: backward what it can make again from tensors kept anyway, instead of keeping it: here fc1's
-#: input (every token l/d times, from the per-token keys); in NSAAttention q, the key/value
-#: streams, the window branch's output and the output projection's input (nsa.attention.remade).
+#: input (every token l/d times, from the per-token keys); in NSAAttention also q, the key/value
+#: streams, the compressed and window branches' outputs and the output projection's input
+#: (nsa.attention.remade).
 #: Activation memory counts at long context; below it the recomputation's kernel launches would
 #: cost more host time than its memory is worth
 RECOMPUTE_TOKENS = 32768
@@ -49,24 +50,41 @@ class Compressor(nn.Module):
         return {"pos": self.pos, "w1": self.fc1.weight, "b1": self.fc1.bias,
                 "w2": self.fc2.weight, "b2": self.fc2.bias}
 
-    def forward(self, x: torch.Tensor, first: int = 0) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, first: int = 0, fc1_inputs: list[torch.Tensor] | None = None
+                ) -> torch.Tensor:
         """x [B, T, H, K] per-token keys/values at positions 0..T-1 -> compressed tokens
-        [B, Nc - first, H, K] for blocks first..Nc-1 (Nc blocks fit entirely in T)."""
-        l, d = self.cfg.cmp_block, self.cfg.cmp_stride
-        B, T, H, K = x.shape
-        if T < l or (T - l) // d + 1 <= first:
-            return x.new_zeros(B, 0, H, K)
-        # [B, Nc, H, K, l] windows of l tokens every d tokens, starting at block `first`
-        blocks = x[:, first * d :].unfold(1, l, d)
+        [B, Nc - first, H, K] for blocks first..Nc-1 (Nc blocks fit entirely in T).
+        ``fc1_inputs``: a caller that keeps how to make x again (NSAAttention's recipes) gets
+        fc1's input appended to it, to make it again from x with ``fc1_input``; otherwise from
+        RECOMPUTE_TOKENS tokens fc1 runs under checkpointing, so that its input is not kept."""
+        blocks = self.blocks(x, first)
+        if blocks is None:
+            return x.new_zeros(x.shape[0], 0, *x.shape[2:])
         if self.kind == "mean":
             return blocks.mean(dim=-1)
-        if recompute_applies(x):
+        if fc1_inputs is not None:
+            flat = self.fc1_input(blocks)
+            fc1_inputs.append(flat)
+            hidden = F.silu(self.fc1(flat))
+        elif recompute_applies(x):
             hidden = checkpoint(self._hidden, blocks, use_reentrant=False, preserve_rng_state=False)
         else:
             hidden = self._hidden(blocks)
         return self.fc2(hidden)
 
+    def blocks(self, x: torch.Tensor, first: int = 0) -> torch.Tensor | None:
+        """[B, Nc - first, H, K, l] windows of l tokens every d tokens of x [B, T, H, K], from block
+        ``first`` (a view of x), or None where no block from ``first`` fits in T."""
+        l, d = self.cfg.cmp_block, self.cfg.cmp_stride
+        T = x.shape[1]
+        if T < l or (T - l) // d + 1 <= first:
+            return None
+        return x[:, first * d :].unfold(1, l, d)
+
+    def fc1_input(self, blocks: torch.Tensor) -> torch.Tensor:
+        """The flattened blocks + pos [B, Nc, H, l*K] of windows [B, Nc, H, K, l]."""
+        return (blocks.permute(0, 1, 2, 4, 3) + self.pos.to(blocks.dtype)).flatten(-2)
+
     def _hidden(self, blocks: torch.Tensor) -> torch.Tensor:
-        """silu(fc1(the flattened block + pos)) of windows [B, Nc, H, K, l]."""
-        blocks = blocks.permute(0, 1, 2, 4, 3) + self.pos.to(blocks.dtype)  # [B, Nc, H, l, K]
-        return F.silu(self.fc1(blocks.flatten(-2)))
+        """silu(fc1(fc1_input(blocks)))."""
+        return F.silu(self.fc1(self.fc1_input(blocks)))

@@ -205,11 +205,12 @@ class NSAAttention(RoutedAttention):
         if rope is None:
             rope = self.rope(start, T, x.device)
         q, kv, gates = self.project(x, start, rope)
-        if remaking is not None:
-            self._keep_projections(remaking, x, rope, q, kv)
         k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = kv
         if cache is None:
-            kc, vc = self.compress_k(k_cmp), self.compress_v(v_cmp)
+            fc1_k, fc1_v = ([], []) if remaking is not None else (None, None)
+            kc, vc = self.compress_k(k_cmp, fc1_inputs=fc1_k), self.compress_v(v_cmp, fc1_inputs=fc1_v)
+            if remaking is not None:
+                self._keep_projections(remaking, x, rope, q, kv, fc1_k, fc1_v)
         else:
             names = ("k_cmp", "v_cmp", "k_sel", "v_sel", "k_win", "v_win")
             k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = (cache.append(n, t) for n, t in zip(names, kv))
@@ -229,20 +230,24 @@ class NSAAttention(RoutedAttention):
         return self.o_proj(core.o.reshape(B, T, -1))
 
     def _keep_projections(self, remaking: Remaking, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                          q: torch.Tensor, kv: tuple[torch.Tensor, ...]) -> None:
+                          q: torch.Tensor, kv: tuple[torch.Tensor, ...], fc1_k: list[torch.Tensor],
+                          fc1_v: list[torch.Tensor]) -> None:
         """q and the six key/value streams are made again from x (the projections' autocast
-        input, which they keep anyway): the projections' matmuls and the RoPE kernel. (The gates
-        are kept: their sigmoid keeps them for its own backward.)"""
+        input, which they keep anyway): the projections' matmuls and the RoPE kernel; and the
+        compressors' fc1 inputs in ``fc1_k`` and ``fc1_v`` (none for mean pooling) from the key
+        and value streams, in the same recipe, so that the streams are made once for both. (The
+        gates are kept: their sigmoid keeps them for its own backward.)"""
         kind = x.device.type
         autocast = dict(device_type=kind, dtype=torch.get_autocast_dtype(kind),
                         enabled=torch.is_autocast_enabled(kind))
+        compressors = [(self.compress_k, 0)] * len(fc1_k) + [(self.compress_v, 1)] * len(fc1_v)
 
         def again() -> list[torch.Tensor]:
             with torch.autocast(**autocast):
                 q2, kv2 = self.project_qkv(x, 0, rope)
-            return [q2, *kv2]
+            return [q2, *kv2, *(c.fc1_input(c.blocks(kv2[i])) for c, i in compressors)]
 
-        remaking.add(again, [q, *kv])
+        remaking.add(again, [q, *kv, *fc1_k, *fc1_v])
 
     @staticmethod
     def _keep_core(remaking: Remaking, core: CoreParts, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,

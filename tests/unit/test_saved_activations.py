@@ -113,20 +113,34 @@ REMADE = {"q", "k_cmp", "v_cmp", "k_sel", "v_sel", "k_win", "v_win", "o_cmp", "o
 
 def assert_layer_remakes(cfg: NSAConfig, device: torch.device, monkeypatch, exact: bool,
                          remade: set[str] = REMADE) -> None:
-    """The tensors named in ``remade`` (REMADE, lse_cmp, o_win, lse_win) are alive after the forward
-    below RECOMPUTE_TOKENS and freed from it; the output and gradients are the same (bit for bit
-    where ``exact``, else within bf16 rounding under autocast)."""
+    """The tensors named in ``remade`` (REMADE, lse_cmp, o_win, lse_win) and the compressors' fc1
+    inputs are alive after the forward below RECOMPUTE_TOKENS and freed from it, the projections
+    run once more in the backward, and the output and gradients are the same (bit for bit where
+    ``exact``, else within bf16 rounding under autocast)."""
     from nsa.attention import module
 
     torch.manual_seed(0)
     layer = NSAAttention(48, 4, 2, 16, cfg, graph_tokens=0).to(device)
     x = torch.randn(1, 64, 48, device=device, requires_grad=True)
     dy = torch.randn(1, 64, 48, device=device)
-    project, core = layer.project, module.nsa_core_parts
+    project, project_qkv, core = layer.project, layer.project_qkv, module.nsa_core_parts
+    fc1_inputs = {name: getattr(layer, name).fc1_input for name in ("compress_k", "compress_v")}
 
     def run(recompute_from: int):
         monkeypatch.setattr(compress, "RECOMPUTE_TOKENS", recompute_from)
         made: dict[str, torch.Tensor] = {}
+        projections = []
+
+        def counted_project_qkv(*args, **kwargs):
+            projections.append(1)
+            return project_qkv(*args, **kwargs)
+
+        def watched_fc1_input(name):
+            def fc1_input(blocks):
+                flat = fc1_inputs[name](blocks)
+                made.setdefault(f"fc1 input of {name}", flat)
+                return flat
+            return fc1_input
 
         def watched_project(*args, **kwargs):
             q, kv, gates = project(*args, **kwargs)
@@ -142,6 +156,9 @@ def assert_layer_remakes(cfg: NSAConfig, device: torch.device, monkeypatch, exac
             return parts
 
         monkeypatch.setattr(layer, "project", watched_project)
+        monkeypatch.setattr(layer, "project_qkv", counted_project_qkv)
+        for name in fc1_inputs:
+            monkeypatch.setattr(getattr(layer, name), "fc1_input", watched_fc1_input(name))
         monkeypatch.setattr(module, "nsa_core_parts", watched_core)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             y = layer(x)
@@ -149,13 +166,16 @@ def assert_layer_remakes(cfg: NSAConfig, device: torch.device, monkeypatch, exac
         made.clear()
         gc.collect()
         alive = {name for name, ref in storages.items() if not ref.expired()}
+        forward_projections = len(projections)
         grads = torch.autograd.grad(y, [x, *layer.parameters()], dy.to(y.dtype))
-        return y, grads, alive
+        return y, grads, alive, len(projections) - forward_projections
 
-    y_kept, grads_kept, kept = run(10**9)
-    y, grads, alive = run(64)
+    y_kept, grads_kept, kept, _ = run(10**9)
+    y, grads, alive, projected_again = run(64)
+    remade = remade | {"fc1 input of compress_k", "fc1 input of compress_v"}
     assert remade <= kept, f"below RECOMPUTE_TOKENS the layer keeps {sorted(kept)}"
     assert not remade & alive, f"alive after the forward: {sorted(remade & alive)}"
+    assert projected_again == 1, "q, the key/value streams and fc1's inputs are made once in the backward"
     assert torch.equal(y, y_kept)
     for g, ref in zip(grads, grads_kept):
         if exact:

@@ -11,3 +11,12 @@ device_header() {
   { cat SOURCE_SHA 2>/dev/null; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; date -u; } \
     | tee "$1"
 }
+
+# device_tests SECONDS TEST_LOG LOG PYTEST_ARGS...: the GPU tests, their output in TEST_LOG and
+# their summary lines appended to LOG
+device_tests() {
+  local seconds=$1 test_log=$2 log=$3
+  shift 3
+  timeout "$seconds" python3 -m pytest -q -p no:cacheprovider -rA --tb=short "$@" >"$test_log" 2>&1
+  grep -E "passed|failed|^FAILED" "$test_log" | tail -6 | tee -a "$log"
+}

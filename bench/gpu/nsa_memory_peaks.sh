@@ -6,10 +6,9 @@
 . bench/gpu/device_prologue.sh
 LOG="$OUT/nsa_memory_peaks.log"
 device_header "$LOG"
-timeout ${TESTS_S:-150} python3 -m pytest -q -p no:cacheprovider -rA --tb=short \
+device_tests ${TESTS_S:-150} "$OUT/nsa_memory_peaks_tests.log" "$LOG" \
   ${TESTS:-tests/kernels/test_cudnn_compressed.py tests/kernels/test_launches.py tests/kernels/test_compile.py} \
-  -k "${TESTS_K:-not nothing}" >"$OUT/nsa_memory_peaks_tests.log" 2>&1
-grep -E "passed|failed|^FAILED" "$OUT/nsa_memory_peaks_tests.log" | tail -6 | tee -a "$LOG"
+  -k "${TESTS_K:-not nothing}"
 timeout ${TABLE_S:-200} python3 bench/nsa_vs_dense.py --lengths ${LENGTHS:-32k 64k 128k} --parts model 2>&1 \
   | tee -a "$LOG"
 echo "# PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" | tee -a "$LOG"

@@ -8,10 +8,8 @@
 . bench/gpu/device_prologue.sh
 LOG="$OUT/recompute.log"
 device_header "$LOG"
-timeout ${TESTS_S:-120} python3 -m pytest -q -p no:cacheprovider -rA --tb=short tests/kernels/test_gated_branches.py \
-  tests/kernels/test_cudnn_compressed.py tests/kernels/test_launches.py -k "${TESTS_K:-not nothing}" \
-  >"$OUT/recompute_tests.log" 2>&1
-grep -E "passed|failed|^FAILED" "$OUT/recompute_tests.log" | tail -6 | tee -a "$LOG"
+device_tests ${TESTS_S:-150} "$OUT/recompute_tests.log" "$LOG" tests/kernels/test_gated_branches.py \
+  tests/kernels/test_cudnn_compressed.py tests/kernels/test_launches.py -k "${TESTS_K:-remakes or cudnn or launch}"
 timeout ${TABLE_S:-200} python3 bench/nsa_vs_dense.py --lengths ${LENGTHS:-32k 64k 128k} --parts ${PARTS:-layer host model} \
   2>&1 | tee -a "$LOG"
 echo "# without the recomputation" | tee -a "$LOG"

@@ -146,9 +146,10 @@ class NSAAttention(RoutedAttention):
         """Rotated q [B,T,HQ,K], the six per-branch k/v [B,T,H,K] and gates [B,T,HQ,3].
         ``rope``: precomputed (cos, sin) of positions start..start+T-1 (see forward);
         ``fused_rope``: whether the RoPE kernel runs (None: as routed for x's device and dtype)."""
+        x = autocast_input(x)  # one copy for every projection
         q, kv = self.project_qkv(x, start, rope, fused_rope)
         B, T, _ = x.shape
-        gates = torch.sigmoid(self.gate_proj(autocast_input(x))).view(B, T, self.n_heads, 3)
+        gates = torch.sigmoid(self.gate_proj(x)).view(B, T, self.n_heads, 3)
         return q, kv, gates
 
     def project_qkv(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
@@ -253,11 +254,10 @@ class NSAAttention(RoutedAttention):
     def _keep_core(remaking: Remaking, core: CoreParts, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
                    k_win: torch.Tensor, v_win: torch.Tensor, gates: torch.Tensor) -> None:
         """The compressed branch's output and lse are made again by its forward from q and the
-        compressed tokens (which its backward keeps; the branch attends to one token in
-        cmp_stride, so its forward costs a fraction of the others'); the window branch's, where
-        the fused op computed them, by its forward kernel from q, k_win, v_win; the gated sum o,
-        the output projection's input, from the gates and the branches' outputs (the selected
-        branch's backward keeps o_sel anyway)."""
+        compressed tokens (which its backward keeps); the window branch's, where the fused op
+        computed them, by its forward kernel from q, k_win, v_win; the gated sum o, the output
+        projection's input, from the gates and the branches' outputs (the selected branch's
+        backward keeps o_sel anyway)."""
         # the recipes hold functions and kept tensors, never `core`: it holds the outputs
         remaking.add_call(core.cmp_again, (q, kc, vc), [core.o_cmp, core.lse_cmp])
         if core.window_again is not None:

@@ -99,9 +99,10 @@ def test_the_compressor_recomputes_its_blocks_at_long_context(monkeypatch):
 
 def test_the_layer_keeps_how_to_make_its_projections_and_gated_sum_at_long_context(monkeypatch):
     """From RECOMPUTE_TOKENS tokens none of the key/value streams, the compressed branch's output
-    and the gated sum o that the PyTorch route keeps below it outlives the forward (that route's attention keeps its own
-    copies of q and the compressor's keys; the kernels' route, with the window branch's output,
-    in tests/kernels/test_gated_branches.py), and output and gradients are the same bit for bit."""
+    and the gated sum o that the PyTorch route keeps below it outlives the forward (that route's
+    attention keeps its own copies of q and the compressor's keys; the kernels' route, with the
+    window branch's output, in tests/kernels/test_gated_branches.py), and output and gradients
+    are the same bit for bit."""
     assert_layer_remakes(NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, n_selected=3, window=8),
                          torch.device("cpu"), monkeypatch, exact=True,
                          remade={"v_cmp", "k_sel", "v_sel", "k_win", "v_win", "o_cmp", "o"})

@@ -83,24 +83,27 @@ def launch(kernel, grid: Callable[[dict], tuple], args: Sequence, constexprs: di
     (``fallbacks``). Raises base's OutOfResources when nothing fits."""
     dtypes = tuple(a.dtype for a in args if isinstance(a, torch.Tensor))
     key = (kernel.fn.__name__, dtypes, tuple(constexprs.items()), tuple(base.items()))
-    fitted = _FITTED.get(key)
-    if fitted is not None:
-        kernel[grid(fitted)](*args, **{**constexprs, **fitted})
-        return fitted
+    cfg = _FITTED.get(key, base)
+    try:
+        kernel[grid(cfg)](*args, **{**constexprs, **cfg})
+        return cfg
+    except OutOfResources as exc:
+        if cfg is not base:
+            raise
+        why = exc
+    # the ladder is built only here: on the per-call path it would cost more host time than the
+    # launch itself
     tries = ladder(base, halve, floor)
     if constexprs.get("DOT") == STRICT:
         tries += [{**cfg, "DOT": "ieee"} for cfg in tries]
-    why = None
-    for cfg in tries:
+    for cfg in tries[1:]:
         try:
             kernel[grid(cfg)](*args, **{**constexprs, **cfg})
-        except OutOfResources as exc:
-            why = why or exc
+        except OutOfResources:
             continue
-        if cfg is not tries[0]:
-            _FITTED[key] = cfg
-            name = f"{kernel.fn.__name__} ({_describe(constexprs)}; {', '.join(map(str, dtypes))})"
-            _FALLBACKS[name] = f"{_describe(base)}: {why}; launched {_describe(cfg)}"
+        _FITTED[key] = cfg
+        name = f"{kernel.fn.__name__} ({_describe(constexprs)}; {', '.join(map(str, dtypes))})"
+        _FALLBACKS[name] = f"{_describe(base)}: {why}; launched {_describe(cfg)}"
         return cfg
     raise why
 

@@ -12,7 +12,9 @@ Pairs (x[2m], x[2m+1]) rotate by the angle of cos/sin[t, m] (nsa.attention.rope.
 convention), computed in float32 and rounded to the input's dtype.
 
 Shapes: q [B, T, HQ, K]; kv [B, T, 2P, H, K], the P (key, value) pairs in order (key of pair 0,
-its value, key of pair 1, ...); cos, sin [T, K/2] float32. Outputs: q rotated [B, T, HQ, K] and
+its value, key of pair 1, ...), each read in place where a token's values are contiguous and
+tokens evenly spaced (q and kv as slices of one projection's output), else from a copy; cos, sin
+[T, K/2] float32. Outputs: q rotated [B, T, HQ, K] and
 kv_out [2P, B, T, H, K] (each kv_out[i] contiguous; keys rotated, values copied).
 """
 from __future__ import annotations
@@ -25,30 +27,34 @@ from ._autograd import run_op
 
 
 @triton.jit
-def _rotate_rows(src, dst, rows, rmask, c, s, m, mmask, SRC_STRIDE: tl.constexpr, DST_STRIDE: tl.constexpr,
-                 HALF: tl.constexpr, ROTATE: tl.constexpr):
-    """Rows ``rows`` of src (row r at src + r * SRC_STRIDE, K = 2 HALF values) to dst, the pairs
-    rotated by (c, s) [BT, BH] when ROTATE, else copied."""
+def _rotate_rows(src, dst, rows, rmask, c, s, m, mmask, src_stride, dst_stride, rotate):
+    """Rows ``rows`` of src (row r at src + r * src_stride, K values) to dst, the pairs rotated by
+    (c, s) [BT, BH] where ``rotate``, else copied (through float32, so exactly)."""
     pair = tl.arange(0, 2)
     off = 2 * m[None, :, None] + pair[None, None, :]
     mask = (rmask[:, None] & mmask[None, :])[:, :, None] & (pair[None, None, :] < 2)
-    x = tl.load(src + rows.to(tl.int64)[:, None, None] * SRC_STRIDE + off, mask=mask, other=0.0)
-    if ROTATE:
-        x1, x2 = tl.split(x.to(tl.float32))
-        y = tl.join(x1 * c - x2 * s, x1 * s + x2 * c)
-    else:
-        y = x
-    tl.store(dst + rows.to(tl.int64)[:, None, None] * DST_STRIDE + off, y.to(dst.dtype.element_ty), mask=mask)
+    at = rows.to(tl.int64)[:, None, None]
+    x = tl.load(src + at * src_stride + off, mask=mask, other=0.0).to(tl.float32)
+    x1, x2 = tl.split(x)
+    y = tl.where(rotate, tl.join(x1 * c - x2 * s, x1 * s + x2 * c), x)
+    tl.store(dst + at * dst_stride + off, y.to(dst.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _rope_split_kernel(q_in, kv_in, cos, sin, q_out, kv_out, n_tokens, T, sign,
+def _rope_split_kernel(q_in, kv_in, cos, sin, q_out, kv_out, n_tokens, T, sign, q_in_stride, kv_packed_stride,
                        HQ: tl.constexpr, H: tl.constexpr, P: tl.constexpr, HALF: tl.constexpr, BH: tl.constexpr,
                        BT: tl.constexpr, PACK: tl.constexpr):
-    """BT tokens a program. Forward (PACK False): q_in, kv_in packed as the projections make
-    them -> q_out and the split kv_out. Backward (PACK True, sign -1: the inverse rotation): the
-    gradients q_in (of q_out) and kv_in (split, as kv_out) -> q_out and kv_out packed."""
+    """BT tokens of one row a program: row r < HQ is query head r, row HQ + j * H + h is head h of
+    kv stream j (keys on even j, rotated; values on odd j, copied). Forward (PACK False): q_in,
+    kv_in packed as the projections make them -> q_out and the split kv_out. Backward (PACK True,
+    sign -1: the inverse rotation): the gradients q_in (of q_out) and kv_in (split, as kv_out) ->
+    q_out and kv_out packed. A token's rows in q_in and the packed kv are q_in_stride and
+    kv_packed_stride elements apart (slices of one projection's output), the split kv's and q_out's
+    H * K and HQ * K. One row a program rather than every row of its tokens: the rows'
+    loads and stores then overlap across programs instead of waiting on each other in a loop."""
+    K: tl.constexpr = 2 * HALF
     tok = tl.program_id(0) * BT + tl.arange(0, BT)
+    row = tl.program_id(1)
     tmask = tok < n_tokens
     m = tl.arange(0, BH)
     mmask = m < HALF
@@ -57,40 +63,52 @@ def _rope_split_kernel(q_in, kv_in, cos, sin, q_out, kv_out, n_tokens, T, sign,
     tmask2 = tmask[:, None] & mmask[None, :]
     c = tl.load(cos + tab, mask=tmask2, other=1.0)
     s = tl.load(sin + tab, mask=tmask2, other=0.0) * sign
-    K: tl.constexpr = 2 * HALF
-    for h in tl.static_range(HQ):
-        _rotate_rows(q_in + h * K, q_out + h * K, tok, tmask, c, s, m, mmask, HQ * K, HQ * K, HALF, True)
-    for j in tl.static_range(2 * P):
-        for h in tl.static_range(H):
-            packed = (j * H + h) * K
-            split = j * n_tokens * (H * K) + h * K
-            if PACK:
-                _rotate_rows(kv_in + split, kv_out + packed, tok, tmask, c, s, m, mmask, H * K, 2 * P * H * K,
-                             HALF, j % 2 == 0)
-            else:
-                _rotate_rows(kv_in + packed, kv_out + split, tok, tmask, c, s, m, mmask, 2 * P * H * K, H * K,
-                             HALF, j % 2 == 0)
+    if row < HQ:
+        _rotate_rows(q_in + row * K, q_out + row * K, tok, tmask, c, s, m, mmask, q_in_stride, HQ * K, True)
+    else:
+        j = (row - HQ) // H
+        h = (row - HQ) % H
+        packed = (j * H + h) * K
+        split = j.to(tl.int64) * n_tokens * (H * K) + h * K
+        if PACK:
+            _rotate_rows(kv_in + split, kv_out + packed, tok, tmask, c, s, m, mmask, H * K, kv_packed_stride,
+                         j % 2 == 0)
+        else:
+            _rotate_rows(kv_in + packed, kv_out + split, tok, tmask, c, s, m, mmask, kv_packed_stride, H * K,
+                         j % 2 == 0)
 
 
-def _launch(q_in, kv_in, cos, sin, q_out, kv_out, HQ: int, H: int, P: int, K: int, pack: bool):
+def _launch(q_in, kv_in, cos, sin, q_out, kv_out, HQ: int, H: int, P: int, K: int, pack: bool,
+            q_in_stride: int, kv_packed_stride: int):
     n_tokens, T = q_in.shape[0] * q_in.shape[1], cos.shape[0]
     if n_tokens == 0:
         return
     half = K // 2
     BH = triton.next_power_of_2(half)
     BT = max(1, min(64, 2048 // BH))
-    _rope_split_kernel[(triton.cdiv(n_tokens, BT),)](
-        q_in, kv_in, cos, sin, q_out, kv_out, n_tokens, T, -1.0 if pack else 1.0,
+    _rope_split_kernel[(triton.cdiv(n_tokens, BT), HQ + 2 * P * H)](
+        q_in, kv_in, cos, sin, q_out, kv_out, n_tokens, T, -1.0 if pack else 1.0, q_in_stride, kv_packed_stride,
         HQ=HQ, H=H, P=P, HALF=half, BH=BH, BT=BT, PACK=pack, num_warps=4)
+
+
+def _token_rows(t: torch.Tensor) -> torch.Tensor:
+    """t [B, T, ...] laid out as the kernel reads it: each token's values contiguous, tokens
+    evenly spaced (a slice of a projection's output along its last dim is); else a copy."""
+    inner = t[0, 0] if t.shape[0] and t.shape[1] else t
+    if inner.is_contiguous() and (t.shape[0] == 1 or t.stride(0) == t.shape[1] * t.stride(1)):
+        return t
+    return t.contiguous()
 
 
 def _fwd(q: torch.Tensor, kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
          ) -> tuple[torch.Tensor, torch.Tensor]:
     B, T, HQ, K = q.shape
     P, H = kv.shape[2] // 2, kv.shape[3]
-    q_out = torch.empty_like(q)
+    q, kv = _token_rows(q), _token_rows(kv)
+    q_out = q.new_empty(q.shape)
     kv_out = kv.new_empty(2 * P, B, T, H, K)
-    _launch(q, kv, cos, sin, q_out, kv_out, HQ, H, P, K, pack=False)
+    _launch(q, kv, cos, sin, q_out, kv_out, HQ, H, P, K, pack=False, q_in_stride=q.stride(1),
+            kv_packed_stride=kv.stride(1))
     return q_out, kv_out
 
 
@@ -98,9 +116,10 @@ def _bwd(cos: torch.Tensor, sin: torch.Tensor, dq: torch.Tensor, dkv: torch.Tens
          ) -> tuple[torch.Tensor, torch.Tensor]:
     B, T, HQ, K = dq.shape
     P2, H = dkv.shape[0], dkv.shape[3]
-    dq_in = torch.empty_like(dq)
+    dq_in = dq.new_empty(dq.shape)
     dkv_in = dkv.new_empty(B, T, P2, H, K)
-    _launch(dq, dkv, cos, sin, dq_in, dkv_in, HQ, H, P2 // 2, K, pack=True)
+    _launch(dq, dkv, cos, sin, dq_in, dkv_in, HQ, H, P2 // 2, K, pack=True, q_in_stride=HQ * K,
+            kv_packed_stride=P2 * H * K)
     return dq_in, dkv_in
 
 
@@ -111,13 +130,13 @@ rope_split_bwd = torch.library.custom_op("nsa::rope_split_bwd", _bwd, mutates_ar
 @rope_split_fwd.register_fake
 def _(q, kv, cos, sin):
     B, T, P2, H, K = kv.shape
-    return torch.empty_like(q), kv.new_empty(P2, B, T, H, K)
+    return q.new_empty(q.shape), kv.new_empty(P2, B, T, H, K)
 
 
 @rope_split_bwd.register_fake
 def _(cos, sin, dq, dkv):
     P2, B, T, H, K = dkv.shape
-    return torch.empty_like(dq), dkv.new_empty(B, T, P2, H, K)
+    return dq.new_empty(dq.shape), dkv.new_empty(B, T, P2, H, K)
 
 
 def _setup_context(ctx, inputs, output):
@@ -156,5 +175,5 @@ def rope_split(q: torch.Tensor, kv: torch.Tensor, cos: torch.Tensor, sin: torch.
     if q.shape[-1] % 2 or kv.shape[2] % 2:
         raise ValueError(f"rope_split: head dim {q.shape[-1]} must be even and kv {tuple(kv.shape)} must hold "
                          "(key, value) pairs on dim 2")
-    args = (q.contiguous(), kv.contiguous(), cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous())
+    args = (q, kv, cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous())
     return run_op(rope_split_fwd, _Eager.apply, *args)

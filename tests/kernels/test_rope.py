@@ -49,3 +49,26 @@ def test_rope_split_passes_opcheck(kdev):
 
     q, kv, cos, sin = _inputs(kdev, torch.float32, T=9)
     torch.library.opcheck(rope_split_fwd, (q.requires_grad_(), kv.requires_grad_(), cos, sin))
+
+
+def test_rope_split_reads_slices_of_one_projection_in_place(kdev):
+    """q and kv as slices of one [B, T, N] projection output (as NSAAttention makes them) are read
+    where they lie, with the outputs and gradients of contiguous copies, bit for bit."""
+    from nsa.kernels.rope import _token_rows, rope_split
+
+    q, kv, cos, sin = _inputs(kdev, torch.float32)
+    B, T, HQ, K = q.shape
+    P2, H = kv.shape[2], kv.shape[3]
+    gates = torch.randn(B, T, 5, device=kdev)
+    y = torch.cat([q.flatten(2), kv.flatten(2), gates], dim=-1).requires_grad_()
+    q_view, kv_view, _ = y.split((HQ * K, P2 * H * K, 5), dim=-1)
+    q_view, kv_view = q_view.view(B, T, HQ, K), kv_view.view(B, T, P2, H, K)
+    assert _token_rows(q_view) is q_view and _token_rows(kv_view) is kv_view
+    q1, kv1 = q.clone().requires_grad_(), kv.clone().requires_grad_()
+    got_q, got_kv = rope_split(q_view, kv_view, cos, sin)
+    ref_q, ref_kv = rope_split(q1, kv1, cos, sin)
+    assert torch.equal(got_q, ref_q) and torch.equal(got_kv, ref_kv)
+    gq, gkv = torch.randn_like(got_q), torch.randn_like(got_kv)
+    torch.autograd.backward((got_q, got_kv), (gq, gkv))
+    torch.autograd.backward((ref_q, ref_kv), (gq, gkv))
+    assert torch.equal(y.grad, torch.cat([q1.grad.flatten(2), kv1.grad.flatten(2), torch.zeros_like(gates)], -1))

@@ -9,6 +9,7 @@ and torch.profiler's table of host time per op (self CPU time, top rows) of 20 f
     python bench/host_profile.py --shapes 2k --cprofile   # also Python functions (cProfile)
     python bench/host_profile.py --shapes m7c_125m --batch 32 --cuda   # GPU time per kernel
     python bench/host_profile.py --layer --shapes 4k 16k --cprofile    # the whole m7c layer, bf16 autocast
+    python bench/host_profile.py --layer --shapes 4k 32k --graph-tokens 0   # the layer without its graphs
 """
 from __future__ import annotations
 
@@ -105,6 +106,9 @@ def main(argv=None):
     ap.add_argument("--layer", action="store_true",
                     help="profile one m7c_125m NSAAttention layer (projections included, bf16 autocast, "
                          "bench/nsa_vs_dense.py's layer) instead of the core; --shapes are then lengths (4k)")
+    ap.add_argument("--graph-tokens", type=int, default=None,
+                    help="with --layer: the layer's own CUDA graphs up to this many tokens (0: none; default: the "
+                         "layer's)")
     ap.add_argument("--cprofile", action="store_true",
                     help="also print cProfile's Python functions by own time (Triton's launcher included)")
     a = ap.parse_args(argv)
@@ -113,8 +117,10 @@ def main(argv=None):
     cfg = NSAConfig()
     for name in a.shapes:
         if a.layer:
-            from bench.nsa_vs_dense import layer_step, length
+            from bench.nsa_vs_dense import GRAPH_TOKENS, layer_step, length
 
+            if a.graph_tokens is not None:
+                GRAPH_TOKENS[0] = a.graph_tokens
             B, (_, fb) = 1, layer_step("nsa", length(name), "m7c_125m", torch.device("cuda"))
         else:
             B, S, HQ, H, K = shape_of(name)

@@ -148,27 +148,24 @@ class NSAAttention(RoutedAttention):
         ``rope``: precomputed (cos, sin) of positions start..start+T-1 (see forward);
         ``fused_rope``: whether the RoPE kernel runs (None: as routed for x's device and dtype)."""
         x = autocast_input(x)  # one copy for every projection
-        q, kv, logits = self._project(x, start, rope, fused_rope)
+        q, kv = self.project_qkv(x, start, rope, fused_rope)
         B, T, _ = x.shape
-        gates = torch.sigmoid(logits + self.gate_proj.bias.to(logits.dtype)).view(B, T, self.n_heads, 3)
+        gates = torch.sigmoid(self.gate_proj(x)).view(B, T, self.n_heads, 3)
         return q, kv, gates
 
     def project_qkv(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                     fused_rope: bool | None = None):
-        """project's q and six key/value streams, without the gates (bit for bit project's: the
-        same matmul makes them)."""
-        return self._project(autocast_input(x), start, rope, fused_rope)[:2]
-
-    def _project(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None,
-                 fused_rope: bool | None):
-        """q, the six key/value streams and the gates' logits (without their bias), from one
-        matmul of x with the query, key/value and gate projections' weights stacked: one launch
-        each way instead of three, and one gradient of x instead of three summed."""
+        """project's q and six key/value streams, without the gates: one matmul of x with the
+        query and key/value projections' weights stacked (one launch each way instead of two, and
+        one gradient of x instead of two summed). The gates' projection stays apart: with its
+        3 * HQ columns a token's row of the product would lose the 16-byte alignment that the
+        matmuls and the RoPE kernel read fastest."""
         B, T, _ = x.shape
         HQ, H, K = self.n_heads, self.n_kv, self.head_dim
         cos, sin = rope if rope is not None else self.rope(start, T, x.device)
-        weight = torch.cat((self.q_proj.weight, self.kv_proj.weight, self.gate_proj.weight))
-        q, kv, logits = F.linear(x, weight).split((HQ * K, 6 * H * K, 3 * HQ), dim=-1)
+        x = autocast_input(x)
+        weight = torch.cat((self.q_proj.weight, self.kv_proj.weight))
+        q, kv = F.linear(x, weight).split((HQ * K, 6 * H * K), dim=-1)
         q, kv = q.view(B, T, HQ, K), kv.view(B, T, 6, H, K)
         if fused_rope is None:
             fused_rope = self._resolve(x.device, q.dtype)[1]
@@ -181,7 +178,7 @@ class NSAAttention(RoutedAttention):
             q = apply_rope(q, cos, sin)
             k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = kv.unbind(2)
             k_cmp, k_sel, k_win = (apply_rope(k, cos, sin) for k in (k_cmp, k_sel, k_win))
-        return q, (k_cmp, v_cmp, k_sel, v_sel, k_win, v_win), logits
+        return q, (k_cmp, v_cmp, k_sel, v_sel, k_win, v_win)
 
     def forward(self, x: torch.Tensor, cache: NSACache | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:

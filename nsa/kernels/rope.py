@@ -27,17 +27,19 @@ from ._autograd import run_op
 
 
 @triton.jit
-def _rotate_rows(src, dst, rows, rmask, c, s, m, mmask, src_stride, dst_stride, rotate):
-    """Rows ``rows`` of src (row r at src + r * src_stride, K values) to dst, the pairs rotated by
-    (c, s) [BT, BH] where ``rotate``, else copied (through float32, so exactly)."""
-    pair = tl.arange(0, 2)
-    off = 2 * m[None, :, None] + pair[None, None, :]
-    mask = (rmask[:, None] & mmask[None, :])[:, :, None] & (pair[None, None, :] < 2)
-    at = rows.to(tl.int64)[:, None, None]
-    x = tl.load(src + at * src_stride + off, mask=mask, other=0.0).to(tl.float32)
-    x1, x2 = tl.split(x)
-    y = tl.where(rotate, tl.join(x1 * c - x2 * s, x1 * s + x2 * c), x)
-    tl.store(dst + at * dst_stride + off, y.to(dst.dtype.element_ty), mask=mask)
+def _rotate_rows(src, dst, rows, rmask, c, s, src_stride, dst_stride, rotate, HALF: tl.constexpr,
+                 BH: tl.constexpr):
+    """Rows ``rows`` of src (row r at src + r * src_stride, K = 2 HALF values) to dst, the pairs
+    rotated by (c, s) [BT, BH] where ``rotate``, else copied (through float32, so exactly). A row
+    is read and written whole, [BT, 2 BH] (wide contiguous accesses), and split into its pairs
+    in registers."""
+    k = tl.arange(0, 2 * BH)
+    mask = rmask[:, None] & (k[None, :] < 2 * HALF)
+    at = rows.to(tl.int64)[:, None]
+    x = tl.load(src + at * src_stride + k[None, :], mask=mask, other=0.0).to(tl.float32)
+    x1, x2 = tl.split(tl.reshape(x, [rows.shape[0], BH, 2]))
+    y = tl.where(rotate, tl.reshape(tl.join(x1 * c - x2 * s, x1 * s + x2 * c), [rows.shape[0], 2 * BH]), x)
+    tl.store(dst + at * dst_stride + k[None, :], y.to(dst.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -57,25 +59,24 @@ def _rope_split_kernel(q_in, kv_in, cos, sin, q_out, kv_out, n_tokens, T, sign, 
     row = tl.program_id(1)
     tmask = tok < n_tokens
     m = tl.arange(0, BH)
-    mmask = m < HALF
     t = tok % T
     tab = t.to(tl.int64)[:, None] * HALF + m[None, :]
-    tmask2 = tmask[:, None] & mmask[None, :]
+    tmask2 = tmask[:, None] & (m[None, :] < HALF)
     c = tl.load(cos + tab, mask=tmask2, other=1.0)
     s = tl.load(sin + tab, mask=tmask2, other=0.0) * sign
     if row < HQ:
-        _rotate_rows(q_in + row * K, q_out + row * K, tok, tmask, c, s, m, mmask, q_in_stride, HQ * K, True)
+        _rotate_rows(q_in + row * K, q_out + row * K, tok, tmask, c, s, q_in_stride, HQ * K, True, HALF, BH)
     else:
         j = (row - HQ) // H
         h = (row - HQ) % H
         packed = (j * H + h) * K
         split = j.to(tl.int64) * n_tokens * (H * K) + h * K
         if PACK:
-            _rotate_rows(kv_in + split, kv_out + packed, tok, tmask, c, s, m, mmask, H * K, kv_packed_stride,
-                         j % 2 == 0)
+            _rotate_rows(kv_in + split, kv_out + packed, tok, tmask, c, s, H * K, kv_packed_stride,
+                         j % 2 == 0, HALF, BH)
         else:
-            _rotate_rows(kv_in + packed, kv_out + split, tok, tmask, c, s, m, mmask, kv_packed_stride, H * K,
-                         j % 2 == 0)
+            _rotate_rows(kv_in + packed, kv_out + split, tok, tmask, c, s, kv_packed_stride, H * K,
+                         j % 2 == 0, HALF, BH)
 
 
 def _launch(q_in, kv_in, cos, sin, q_out, kv_out, HQ: int, H: int, P: int, K: int, pack: bool,

@@ -299,7 +299,8 @@ def sweep(shapes, only=()):
             ("sel bwd", [SelectionTuning(**v) for v in sel_bwd], [sel_fb]),
             ("sel fwd", [SelectionTuning(**v) for v in sel_fwd], [sel_f]),
             ("topk", [TopkTuning(rows=r, warps=w) for r, w in [(128, 8), (256, 8), (64, 4), (128, 4)]]
-             + [TopkTuning(chunk_blocks=8), TopkTuning(chunk_blocks=8, stages=3), TopkTuning(stages=3)], [tk]),
+             + [TopkTuning(chunk_blocks=8), TopkTuning(chunk_blocks=8, stages=3), TopkTuning(stages=3)]
+             + [TopkTuning(select_warps=w) for w in (1, 2, 4, 8)], [tk]),
         ]
         for label, tunings, timed in groups:
             if only and not any(o in label for o in only):

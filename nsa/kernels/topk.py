@@ -242,25 +242,27 @@ def _select_kernel(scores, idx, NROWS, NB, N: tl.constexpr, NP: tl.constexpr, NB
              mask=rm[:, None] & (col[None, :] >= n_taken[:, None]) & (col[None, :] < N))
 
 
-def _select_launch(nbp: int) -> tuple[int, int]:
-    """(rows per program, warps) of the select kernel. From S=16k (256 blocks a row) one warp and
-    about 16 scores per thread, so that the 31 row counts of the search stay inside a warp
-    (shuffles; 4 warps per row cross warps through shared memory, 10 barriers in the PTX at
-    S=64k); below, four rows on 4 warps, which kept the whole top-n of short inputs shorter."""
+def _select_launch(nbp: int, warps: int = 0) -> tuple[int, int]:
+    """(rows per program, warps) of the select kernel; ``warps`` > 0 overrides the rule's. From
+    S=16k (256 blocks a row) one row a program on one warp, about 16 scores per thread, so that
+    the 31 row counts of the search stay inside a warp (shuffles; 4 warps per row cross warps
+    through shared memory, 10 barriers in the PTX at S=64k); below, four rows on 4 warps, which
+    kept the whole top-n of short inputs shorter."""
     if nbp < 256:
-        return 4, 4
-    return max(1, 512 // nbp), max(1, nbp // 1024)  # past S=64k (not timed): 2+ warps, <= 140 registers
+        return 4, warps or 4
+    return max(1, 512 // nbp), warps or max(1, nbp // 1024)  # past S=64k: 2+ warps, <= 140 registers
 
 
-def select_top(scores: torch.Tensor, idx: torch.Tensor, candidates: int = TOPK.select_candidates) -> None:
+def select_top(scores: torch.Tensor, idx: torch.Tensor, candidates: int = TOPK.select_candidates,
+               warps: int = 0) -> None:
     """idx [rows, n] (int64): the n best of each row of block scores [rows, NB] (float32, as the
     score kernel writes them: -1 for a block the row may not choose), ascending, -1 padded, ties
-    to the lower block (see the module docstring); ``candidates``: TopkTuning.select_candidates.
-    Overwrites the scores."""
+    to the lower block (see the module docstring); ``candidates``: TopkTuning.select_candidates;
+    ``warps``: TopkTuning.select_warps. Overwrites the scores."""
     rows, NB = scores.shape
     n = idx.shape[1]
     NBP = triton.next_power_of_2(NB)
-    BR, warps = _select_launch(NBP)
+    BR, warps = _select_launch(NBP, warps)
     # the search over at most CAP candidates a row, for rows of 4 CAP blocks and more (shorter
     # rows search in registers cheaply enough); NS interleaved sets give the floor (NS <= n)
     NS = min(1 << (n.bit_length() - 1), NBP)
@@ -301,7 +303,7 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int, tu
                     num_stages=1 if interpret else tune.stages), halve=("BT",), floor=max(1, 16 // GP))
         rows = B * t * H
         out = idx[:, a:a + t] if t == Tq else torch.empty(B, t, H, n, device=q.device, dtype=torch.int64)
-        select_top(sc.view(rows, NB), out.view(rows, n), tune.select_candidates)
+        select_top(sc.view(rows, NB), out.view(rows, n), tune.select_candidates, tune.select_warps)
         if t < Tq:
             idx[:, a:a + t] = out
     return idx

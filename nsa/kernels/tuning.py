@@ -123,7 +123,8 @@ class TopkTuning(_Tuning):
     interpreter; score_budget bytes of float32 block scores held at once (longer inputs are scored
     a query chunk at a time); select_candidates, the scores a row the select kernel searches over
     when a floor leaves that few (topk._select_kernel); chunk_blocks, the selection blocks the
-    score kernel takes a step (their compressed tokens are the columns of its product)."""
+    score kernel takes a step (their compressed tokens are the columns of its product);
+    select_warps, the select kernel's warps a row (0: topk._select_launch's rule by row length)."""
     rows: int = 128
     rows_interpret: int = 64
     warps: int = 4
@@ -131,10 +132,13 @@ class TopkTuning(_Tuning):
     score_budget: int = 1 << 28
     select_candidates: int = 128
     chunk_blocks: int = 16
+    select_warps: int = 0
 
     def __post_init__(self):
         self._check_positive("rows", "rows_interpret", "warps", "stages", "score_budget", "select_candidates",
                              "chunk_blocks")
+        if self.select_warps < 0 or self.select_warps & (self.select_warps - 1):
+            raise ValueError(f"TopkTuning.select_warps is {self.select_warps}; expected 0 or a power of two")
         if self.chunk_blocks & (self.chunk_blocks - 1):
             raise ValueError(f"TopkTuning.chunk_blocks is {self.chunk_blocks}; expected a power of two")
         self._set_arg()

@@ -127,13 +127,14 @@ def _score_rows(rows: int, NB: int, n: int) -> torch.Tensor:
     return scores
 
 
-@pytest.mark.parametrize("NB,n,cap", [(300, 16, 64), (1024, 16, 64), (70, 4, 16)],
-                         ids=["NB300", "NB1024", "NB70-n4"])
-def test_select_top_searches_few_candidates_or_the_whole_row(kdev, NB, n, cap):
+@pytest.mark.parametrize("NB,n,cap,warps", [(300, 16, 64, 0), (1024, 16, 64, 0), (70, 4, 16, 0), (2048, 16, 64, 4)],
+                         ids=["NB300", "NB1024", "NB70-n4", "NB2048-4warps"])
+def test_select_top_searches_few_candidates_or_the_whole_row(kdev, NB, n, cap, warps):
     """The select kernel on rows of scores as the score kernel writes them (+inf forced blocks,
     -1 for the blocks a row may not choose, ties): rows whose floor leaves at most `cap`
     candidates (the short search) and rows where it does not (all scores tied, most blocks
-    invisible, fewer than n visible) give the reference's blocks."""
+    invisible, fewer than n visible) give the reference's blocks, with the rule's warps and
+    with others (TopkTuning.select_warps)."""
     from nsa.kernels import topk
 
     rows = 24
@@ -141,7 +142,7 @@ def test_select_top_searches_few_candidates_or_the_whole_row(kdev, NB, n, cap):
     ref = _top_reference(scores, n)
     got = torch.empty(rows, n, dtype=torch.int64, device=kdev)
     work = scores.clone().to(kdev)
-    topk.select_top(work, got, cap)
+    topk.select_top(work, got, cap, warps)
     assert torch.equal(got.cpu(), ref)
     # the short search moves a row's candidates to its front; the whole-row search writes nothing.
     # Which rows take it: the floor is the least maximum of 16 interleaved sets of blocks

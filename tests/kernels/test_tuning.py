@@ -27,6 +27,8 @@ def test_bad_tunings_are_refused_with_the_field_named():
         TopkTuning(rows=-1)
     with pytest.raises(ValueError, match=r"TopkTuning.chunk_blocks is 12; expected a power of two"):
         TopkTuning(chunk_blocks=12)
+    with pytest.raises(ValueError, match=r"TopkTuning.select_warps is 3; expected 0 or a power of two"):
+        TopkTuning(select_warps=3)
     with pytest.raises(ValueError, match=r"BandTiles.fwd is \(64, 32\)"):
         BandTiles(fwd=(64, 32))
     with pytest.raises(ValueError, match="no bool"):

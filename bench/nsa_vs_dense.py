@@ -17,6 +17,7 @@ NSA is faster).
     python bench/nsa_vs_dense.py --lengths 4k 16k --compile-lengths 16k
     python bench/nsa_vs_dense.py --lengths 16k --parts launches --kernels 40   # the launches by kernel
     python bench/nsa_vs_dense.py --lengths 16k 32k --parts layer host --nsa-set model.attn.backend_cmp=triton
+    python bench/nsa_vs_dense.py --lengths 128k --parts layer --topk select_warps=4   # another top-n launch
 
 The shape is a model preset's (m7c_125m: 12 query heads, 2 KV heads, head dim 64, 12 layers).
 """
@@ -38,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_nsa import _bench as _median_ms  # noqa: E402
 from bench.bench_nsa import _host_ms  # noqa: E402
 from nsa.attention import NSAAttention, compress, graphed  # noqa: E402
+from nsa.kernels import tuning  # noqa: E402
 from nsa.attention.dense import DenseAttention  # noqa: E402
 from nsa.model.config import load_model_config  # noqa: E402
 from nsa.model.model import NSATransformer  # noqa: E402
@@ -247,8 +249,12 @@ def main(argv=None) -> int:
     ap.add_argument("--recompute-tokens", type=length, default=compress.RECOMPUTE_TOKENS,
                     help="the NSA layers recompute in the backward from this many tokens (nsa.attention.compress."
                          "RECOMPUTE_TOKENS; a length above --lengths' turns it off; default %(default)s)")
+    ap.add_argument("--topk", default="", metavar="KEY=VALUE,...",
+                    help="the NSA layers' top-n launch parameters instead of the defaults (nsa.kernels.tuning."
+                         "TopkTuning fields, as bench/bench_nsa.py --sweep prints them)")
     args = ap.parse_args(argv)
     compress.RECOMPUTE_TOKENS = args.recompute_tokens
+    tuning.TOPK = tuning.TopkTuning.from_arg(args.topk)
     NSA_SET[:] = args.nsa_set
     GRAPH_TOKENS[0] = args.graph_tokens
     if not torch.cuda.is_available():
@@ -262,7 +268,7 @@ def main(argv=None) -> int:
     print(f"\n# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.model}, batch 1, bf16 autocast; "
           f"ratio = dense ms / NSA ms; NSA layers graphed up to {GRAPH_TOKENS[0]} tokens, recomputing from "
           f"{compress.RECOMPUTE_TOKENS}"
-          f"{'; NSA with ' + ' '.join(NSA_SET) if NSA_SET else ''}")
+          f"{'; NSA with ' + ' '.join(NSA_SET) if NSA_SET else ''}{'; top-n ' + args.topk if args.topk else ''}")
     print(table(rows))
     return 0
 

@@ -244,13 +244,15 @@ def _select_kernel(scores, idx, NROWS, NB, N: tl.constexpr, NP: tl.constexpr, NB
 
 def _select_launch(nbp: int, warps: int = 0) -> tuple[int, int]:
     """(rows per program, warps) of the select kernel; ``warps`` > 0 overrides the rule's. From
-    S=16k (256 blocks a row) one row a program on one warp, about 16 scores per thread, so that
-    the 31 row counts of the search stay inside a warp (shuffles; 4 warps per row cross warps
-    through shared memory, 10 barriers in the PTX at S=64k); below, four rows on 4 warps, which
-    kept the whole top-n of short inputs shorter."""
+    S=16k (256 blocks a row) one row a program on one warp, so that the 31 row counts of the
+    search stay inside a warp (shuffles; more warps a row cross warps through shared memory, 10
+    barriers in the PTX on 4 warps at S=64k): the fastest of `python bench/bench_nsa.py --sweep
+    --sweep-only topk` up to m7c@128k, 2048 blocks a row, 64 scores a thread. Below 16k, four rows
+    on 4 warps, which kept the whole top-n of short inputs shorter. Past 2048 blocks (not timed)
+    a warp per 2048, to bound the registers a thread."""
     if nbp < 256:
         return 4, warps or 4
-    return max(1, 512 // nbp), warps or max(1, nbp // 1024)  # past S=64k: 2+ warps, <= 140 registers
+    return max(1, 512 // nbp), warps or max(1, nbp // 2048)
 
 
 def select_top(scores: torch.Tensor, idx: torch.Tensor, candidates: int = TOPK.select_candidates,

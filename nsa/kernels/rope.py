@@ -14,8 +14,8 @@ convention), computed in float32 and rounded to the input's dtype.
 Shapes: q [B, T, HQ, K]; kv [B, T, 2P, H, K], the P (key, value) pairs in order (key of pair 0,
 its value, key of pair 1, ...), each read in place where a token's values are contiguous and
 tokens evenly spaced (q and kv as slices of one projection's output), else from a copy; cos, sin
-[T, K/2] float32. Outputs: q rotated [B, T, HQ, K] and
-kv_out [2P, B, T, H, K] (each kv_out[i] contiguous; keys rotated, values copied).
+[T, K/2] float32. Outputs: q rotated [B, T, HQ, K] and kv_out [2P, B, T, H, K] (each kv_out[i]
+contiguous; keys rotated, values copied).
 """
 from __future__ import annotations
 
@@ -52,8 +52,7 @@ def _rope_split_kernel(q_in, kv_in, cos, sin, q_out, kv_out, n_tokens, T, sign, 
     sign -1: the inverse rotation): the gradients q_in (of q_out) and kv_in (split, as kv_out) ->
     q_out and kv_out packed. A token's rows in q_in and the packed kv are q_in_stride and
     kv_packed_stride elements apart (slices of one projection's output), the split kv's and q_out's
-    H * K and HQ * K. One row a program rather than every row of its tokens: the rows'
-    loads and stores then overlap across programs instead of waiting on each other in a loop."""
+    H * K and HQ * K."""
     K: tl.constexpr = 2 * HALF
     tok = tl.program_id(0) * BT + tl.arange(0, BT)
     row = tl.program_id(1)

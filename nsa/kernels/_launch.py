@@ -91,8 +91,8 @@ def launch(kernel, grid: Callable[[dict], tuple], args: Sequence, constexprs: di
         if cfg is not base:
             raise
         why = exc
-    # the ladder is built only here: on the per-call path it would cost more host time than the
-    # launch itself
+    # the ladder is built here only, off the per-call path, where building it would cost host time
+    # at every launch
     tries = ladder(base, halve, floor)
     if constexprs.get("DOT") == STRICT:
         tries += [{**cfg, "DOT": "ieee"} for cfg in tries]

@@ -72,3 +72,17 @@ def test_rope_split_reads_slices_of_one_projection_in_place(kdev):
     torch.autograd.backward((got_q, got_kv), (gq, gkv))
     torch.autograd.backward((ref_q, ref_kv), (gq, gkv))
     assert torch.equal(y.grad, torch.cat([q1.grad.flatten(2), kv1.grad.flatten(2), torch.zeros_like(gates)], -1))
+
+
+def test_rope_split_copies_tokens_that_are_not_evenly_spaced(kdev):
+    """A batch whose tokens are not evenly spaced across its rows (the first T - 1 tokens of each
+    sequence) is read from a copy, with the same outputs as from a contiguous tensor."""
+    from nsa.kernels.rope import _token_rows, rope_split
+
+    q, kv, cos, sin = _inputs(kdev, torch.float32)
+    T = q.shape[1]
+    q_part, kv_part = q[:, : T - 1], kv[:, : T - 1]
+    assert _token_rows(q_part) is not q_part and _token_rows(kv_part) is not kv_part
+    got = rope_split(q_part, kv_part, cos[: T - 1], sin[: T - 1])
+    ref = rope_split(q_part.contiguous(), kv_part.contiguous(), cos[: T - 1], sin[: T - 1])
+    assert all(torch.equal(a, b) for a, b in zip(got, ref))

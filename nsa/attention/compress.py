@@ -6,6 +6,8 @@ heads; 'mean' is mean pooling (no parameters).
 """
 from __future__ import annotations
 
+from enum import Enum
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -18,18 +20,31 @@ from .config import NSAConfig
 #: from this many tokens (batch x length) an NSA layer's training forward recomputes in the
 #: backward what it can make again from tensors kept anyway, instead of keeping it: here fc1's
 #: input (every token l/d times, from the per-token keys); in NSAAttention also q, the key/value
-#: streams, the compressed and window branches' outputs and the output projection's input
-#: (nsa.attention.remade).
+#: streams, the compressed and window branches' outputs and the output projection's input.
 #: Activation memory counts at long context; below it the recomputation's kernel launches would
 #: cost more host time than its memory is worth
 RECOMPUTE_TOKENS = 32768
 
 
-def recompute_applies(x: torch.Tensor) -> bool:
-    """Whether a forward on x [B, T, ...] recomputes in the backward (see RECOMPUTE_TOKENS): with
-    gradients, eagerly, and outside torch.func transforms, which take no saved-tensor hooks."""
-    return (x.shape[0] * x.shape[1] >= RECOMPUTE_TOKENS and torch.is_grad_enabled()
-            and not torch.compiler.is_compiling() and not func_transform_active())
+class Recompute(Enum):
+    """How a training forward recomputes in the backward (see RECOMPUTE_TOKENS)."""
+
+    #: not at all: below RECOMPUTE_TOKENS, without gradients, under a torch.func transform
+    NONE = "none"
+    #: eagerly, through saved-tensor hooks that keep how to make a tensor again (nsa.attention.remade)
+    RECIPES = "recipes"
+    #: while torch.compile traces (which takes no saved-tensor hooks of a layer's own): selective
+    #: activation checkpointing tags what the compiler's partitioner makes again in the backward
+    CHECKPOINT = "checkpoint"
+
+
+def recompute_for(x: torch.Tensor) -> Recompute:
+    """How a forward on x [B, T, ...] recomputes in the backward."""
+    if x.shape[0] * x.shape[1] < RECOMPUTE_TOKENS or not torch.is_grad_enabled():
+        return Recompute.NONE
+    if torch.compiler.is_compiling():
+        return Recompute.CHECKPOINT
+    return Recompute.NONE if func_transform_active() else Recompute.RECIPES
 
 
 class Compressor(nn.Module):
@@ -55,8 +70,9 @@ class Compressor(nn.Module):
         """x [B, T, H, K] per-token keys/values at positions 0..T-1 -> compressed tokens
         [B, Nc - first, H, K] for blocks first..Nc-1 (Nc blocks fit entirely in T).
         ``fc1_inputs``: a caller that keeps how to make x again (NSAAttention's recipes) gets
-        fc1's input appended to it, to make it again from x with ``fc1_input``; otherwise from
-        RECOMPUTE_TOKENS tokens fc1 runs under checkpointing, so that its input is not kept."""
+        fc1's input appended to it, to make it again from x with ``fc1_input``; otherwise, where an
+        eager forward recomputes (Recompute.RECIPES), fc1 runs under checkpointing, so that its
+        input is not kept; a traced forward's recomputation is its caller's."""
         blocks = self.blocks(x, first)
         if blocks is None:
             return x.new_zeros(x.shape[0], 0, *x.shape[2:])
@@ -66,7 +82,7 @@ class Compressor(nn.Module):
             flat = self.fc1_input(blocks)
             fc1_inputs.append(flat)
             hidden = F.silu(self.fc1(flat))
-        elif recompute_applies(x):
+        elif recompute_for(x) is Recompute.RECIPES:
             hidden = checkpoint(self._hidden, blocks, use_reentrant=False, preserve_rng_state=False)
         else:
             hidden = self._hidden(blocks)

@@ -60,8 +60,11 @@ class CoreParts:
 
 
 def nsa_core_parts(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, cfg: NSAConfig, routes: dict[str, Route],
-                   q_start: int = 0) -> CoreParts:
-    """nsa_core's o, with its branches' outputs and the functions that make them again."""
+                   q_start: int = 0, one_op: bool = True) -> CoreParts:
+    """nsa_core's o, with its branches' outputs and the functions that make them again.
+    ``one_op``: the selected and window branches and the gated sum as one op where the routes
+    allow it (backends.gated_branches); False: as three, whose outputs a caller can keep or make
+    again one by one."""
     # named ranges: torch.profiler attributes time to each stage (the NVTX phase checks them),
     # and under torch.autograd.profiler.emit_nvtx they become NVTX ranges for Nsight users
     cmp_again = partial(implementation(routes["cmp"]), cfg=cfg, q_start=q_start)
@@ -70,7 +73,7 @@ def nsa_core_parts(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, cfg: NSAConfig,
     with record_function("nsa.select"):
         idx = implementation(routes["select"])(q, kc, lse, cfg, q_start)
     combine = gate_combine(routes["sel"])
-    fused = gated_branches(routes)
+    fused = gated_branches(routes) if one_op else None
     if fused is not None:  # the stages below as one op (the same ranges inside)
         o, o_sel, o_win, lse_win = fused(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg, q_start)
         window_again = partial(fused_window_again(routes), cfg=cfg, q_start=q_start)

@@ -18,7 +18,8 @@ from .autograd_state import count_call, saved_tensor_hooks_active
 from .backends import (
     STAGE_CONFIG_KEY, STAGES, BackendUnavailable, Route, ahead, preload, resolve_route, rope_kernel,
 )
-from .compress import Compressor, recompute_applies
+from .checkpointed import keep_selection_only
+from .compress import Compressor, Recompute, recompute_for
 from .config import NSAConfig
 from .core import CoreParts, nsa_core_parts
 from .graphed import GRAPH_TOKENS, LayerGraphs
@@ -198,17 +199,27 @@ class NSAAttention(RoutedAttention):
 
         From RECOMPUTE_TOKENS tokens a training forward keeps, instead of some tensors its ops
         save, how to make them again (``_keep_projections``, ``_keep_core``); the caller's own saved-tensor hooks
-        (checkpointing, offloading) decide alone what is kept."""
-        if cache is None and recompute_applies(x) and not saved_tensor_hooks_active():
+        (checkpointing, offloading) decide alone what is kept. While torch.compile traces, the
+        compiler makes the same tensors again (nsa.attention.checkpointed)."""
+        count_call(self.calls)
+        x = autocast_input(x)  # outside a checkpoint's recomputation: the copy every projection reads
+        recompute = recompute_for(x) if cache is None else Recompute.NONE
+        if recompute is Recompute.RECIPES and not saved_tensor_hooks_active():
             with Remaking() as remaking:
-                return self._forward(x, None, rope, remaking)
-        return self._forward(x, cache, rope, None)
+                out, gates = self._forward(x, None, rope, remaking)
+        elif recompute is Recompute.CHECKPOINT:
+            out, gates = keep_selection_only(self._forward, x, None, rope, None, False)
+        else:
+            out, gates = self._forward(x, cache, rope, None)
+        if self.track_gates:
+            self.last_gate_mean = gates.detach().float().mean(dim=(0, 1, 2))
+        return out
 
     def _forward(self, x: torch.Tensor, cache: NSACache | None, rope: tuple[torch.Tensor, torch.Tensor] | None,
-                 remaking: Remaking | None) -> torch.Tensor:
+                 remaking: Remaking | None, one_op: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output and the gates (see eager_forward; ``one_op``: nsa.attention.core's)."""
         B, T, _ = x.shape
         start = cache.length if cache is not None else 0
-        x = autocast_input(x)
         if rope is None:
             rope = self.rope(start, T, x.device)
         q, kv, gates = self.project(x, start, rope)
@@ -228,13 +239,11 @@ class NSAAttention(RoutedAttention):
             cache.length += T
             kc, vc = cache.kc, cache.vc
         routes = self._resolve(x.device, q.dtype)[0]
-        count_call(self.calls)
-        core = nsa_core_parts(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, self.cfg, routes, q_start=start)
-        if self.track_gates:
-            self.last_gate_mean = gates.detach().float().mean(dim=(0, 1, 2))
+        core = nsa_core_parts(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, self.cfg, routes, q_start=start,
+                              one_op=one_op)
         if remaking is not None:
             self._keep_core(remaking, core, q, kc, vc, k_win, v_win, gates)
-        return self.o_proj(core.o.reshape(B, T, -1))
+        return self.o_proj(core.o.reshape(B, T, -1)), gates
 
     def _keep_projections(self, remaking: Remaking, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                           q: torch.Tensor, kv: tuple[torch.Tensor, ...], fc1_k: list[torch.Tensor],

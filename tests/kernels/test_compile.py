@@ -7,6 +7,8 @@ no code generation), which is what checks the custom-op registration and the tra
 the same test uses inductor."""
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
 
@@ -138,3 +140,49 @@ def test_whole_model_compiles_in_one_graph_as_a_user_compiles_it(kdev):
             torch.testing.assert_close(g, ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+def test_a_traced_layer_at_long_context_keeps_only_the_selection(kdev, monkeypatch):
+    """From RECOMPUTE_TOKENS tokens a compiled NSA layer's forward saves for its backward, besides
+    its input and parameters, only the outputs of the top-n selection and of the selected branch
+    (nsa.attention.checkpointed): q, the key/value streams, the compressed tokens, the compressed
+    and window branches' outputs, the gates and the gated sum are made again by the compiler, as
+    the eager layer's recipes make them. Output and gradients are the eager layer's."""
+    import torch._dynamo
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+
+    from nsa.attention import compress
+    from nsa.attention.module import NSAAttention
+
+    T = 32
+    monkeypatch.setattr(compress, "RECOMPUTE_TOKENS", T)
+    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=3, window=4, backend_cmp="triton",
+                    backend_sel="triton", backend_win="triton")
+    saved_by: list[str] = []
+
+    def partition(joint, inputs, *, num_fwd_outputs, **kwargs):
+        fw, bw = min_cut_rematerialization_partition(joint, inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
+        outputs = next(n for n in fw.graph.nodes if n.op == "output").args[0][num_fwd_outputs:]
+        for node in outputs:
+            if isinstance(node, torch.fx.Node) and node.op != "placeholder":
+                made_by = node.args[0] if node.target is operator.getitem else node
+                saved_by.append(made_by.target.name() if hasattr(made_by.target, "name") else str(made_by.target))
+        return fw, bw
+
+    torch.manual_seed(0)
+    layer = NSAAttention(32, 2, 1, 16, cfg, graph_tokens=0).to(kdev)
+    x = torch.randn(1, T, 32, device=kdev)
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, fullgraph=True,
+                             backend=aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm), partition_fn=partition))
+    results = []
+    for fn in (compiled, layer):
+        layer.zero_grad(set_to_none=True)
+        xi = x.clone().requires_grad_()
+        y = fn(xi)
+        y.square().mean().backward()
+        results.append([y.detach(), xi.grad, *(p.grad for p in layer.parameters())])
+    assert saved_by and set(saved_by) <= {"nsa::select_blocks", "nsa::sel_fwd"}, saved_by
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -1,10 +1,13 @@
-"""Root pytest configuration: GPU auto-skip by marker, and the harness plugin.
+"""Root pytest configuration: GPU auto-skip by marker, the harness plugin, and one compute
+thread per xdist worker.
 
 Markers are registered in pytest.ini (``--strict-markers``). A test marked ``gpu`` skips
 without CUDA; ``multi_gpu`` skips with fewer than two GPUs; hardware-profile markers
 (``a100``/``h100``/``h200``) need CUDA too. The skip reason says what was missing.
 """
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -19,6 +22,16 @@ def _cuda_count() -> int:
     except ImportError:
         return 0
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config: pytest.Config, specs: list) -> None:
+    """Under xdist several test processes share the machine's cores, and torch's OpenMP pool and
+    numpy's OpenBLAS pool in each would take every core: with one thread each they compute side by
+    side instead of spinning against each other (the subprocesses the tests start mostly set
+    OMP_NUM_THREADS=1 already). Set before the workers start, so that the pools read it as the
+    libraries load; a value the caller set is kept."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

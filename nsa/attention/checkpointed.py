@@ -5,10 +5,10 @@ An eager layer keeps how to make tensors again through saved-tensor hooks of its
 forward runs instead under torch.utils.checkpoint with a policy that tags every op to be made
 again in the backward except the top-n selection and the selected branch: the ops whose work is
 the largest of the layer's forward and whose outputs (the indices, o_sel and its log-sum-exp, the
-inverse selection) its backward reads. The compiler's partitioner then keeps those outputs, the
-layer's input and its gates, and makes q, the key/value streams, the compressed tokens, the
-compressed and window branches' outputs and the gated sum again from them, as the eager recipes
-do. The stages run as separate ops (nsa.attention.core, ``one_op=False``): the one op of the
+inverse selection) its backward reads. The compiler's partitioner then keeps those outputs and the
+layer's input, and makes q, the key/value streams, the compressed tokens, the compressed and
+window branches' outputs, the gated sum and the gates again from them (the eager recipes make the
+same tensors again, but the gates). The stages run as separate ops (nsa.attention.core, ``one_op=False``): the one op of the
 selected and window branches would keep the window's output with the selected branch's.
 """
 from __future__ import annotations

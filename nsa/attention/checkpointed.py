@@ -8,8 +8,9 @@ the largest of the layer's forward and whose outputs (the indices, o_sel and its
 inverse selection) its backward reads. The compiler's partitioner then keeps those outputs and the
 layer's input, and makes q, the key/value streams, the compressed tokens, the compressed and
 window branches' outputs, the gated sum and the gates again from them (the eager recipes make the
-same tensors again, but the gates). The stages run as separate ops (nsa.attention.core, ``one_op=False``): the one op of the
-selected and window branches would keep the window's output with the selected branch's.
+same tensors again, but the gates). The stages run as separate ops (nsa.attention.core,
+``one_op=False``): the one op of the selected and window branches would keep the window's output
+with the selected branch's.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def _keep_selection(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if name in KEPT_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def keep_selection_only(fn: Callable, *args):
-    """fn(*args), its backward making again everything but the outputs of KEPT_OPS."""
+def keep_selection_only(fn: Callable, *args, **kwargs):
+    """fn(*args, **kwargs), its backward making again everything but the outputs of KEPT_OPS."""
     return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False,
-                      context_fn=partial(create_selective_checkpoint_contexts, _keep_selection))
+                      context_fn=partial(create_selective_checkpoint_contexts, _keep_selection), **kwargs)

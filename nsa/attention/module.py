@@ -208,7 +208,7 @@ class NSAAttention(RoutedAttention):
             with Remaking() as remaking:
                 out, gates = self._forward(x, None, rope, remaking)
         elif recompute is Recompute.CHECKPOINT:
-            out, gates = keep_selection_only(self._forward, x, None, rope, None, False)
+            out, gates = keep_selection_only(self._forward, x, cache=None, rope=rope, remaking=None, one_op=False)
         else:
             out, gates = self._forward(x, cache, rope, None)
         if self.track_gates:

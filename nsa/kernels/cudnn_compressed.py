@@ -9,18 +9,23 @@ tokens, which cuDNN runs at full speed. For one sequence the fold is a strided v
 copy); the compressed keys and values are shared by the d folded queries through a zero stride
 (and by the G query heads of a KV group through a copy, G times the size of kc).
 
+The fold is the custom-op pair nsa::cmp_fold_fwd / nsa::cmp_fold_bwd (nsa.kernels._autograd), so
+a compiled model runs it as one opaque call, fullgraph=True included. Its backward makes cuDNN's
+state again from the lse it returns (cuDNN's per-run lse is the same values, folded), so nothing of
+the fold but o and lse outlives the forward.
+
 What cuDNN does not cover goes through the Triton band kernel (band_attention): deterministic
-runs, the partial run at the end (< d queries), decode and chunked prefill (q_start > 0), runs shorter
-than CUDNN_MIN_QUERIES or queries of fewer than CUDNN_MIN_ELEMENTS elements, head dims above 128,
-and calls that torch.compile traces (the fold's per-sequence autograd graphs are not a custom op,
-so a compiled model takes the band kernel and stays one graph, fullgraph=True included). Queries before l - 1 get o = 0 and lse = -inf.
+runs, the partial run at the end (< d queries, inside the same op), decode and chunked prefill
+(q_start > 0), runs shorter than CUDNN_MIN_QUERIES or queries of fewer than CUDNN_MIN_ELEMENTS
+elements, and head dims above 128. Queries before l - 1 get o = 0 and lse = -inf.
 """
 from __future__ import annotations
 
 import torch
 
 from . import CUDNN_MIN_ELEMENTS, CUDNN_MIN_QUERIES
-from .band_attention import band_attention
+from ._autograd import kernel_op
+from .band_attention import band_attention, band_backward, band_forward
 
 #: head dims cuDNN's fused attention takes
 MAX_HEAD_DIM = 128
@@ -51,17 +56,27 @@ def _unfold_kv_grad(g: torch.Tensor, H: int) -> torch.Tensor:
 def _fused_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
     """Top-left causal attention, [batch, heads, R, K] each: cuDNN's fused kernel through torch's
     private op, the only public route that also returns the log-sum-exp (the selection scores
-    need it). Returns o, lse (float32, batch x heads x R elements) and the state
-    _fused_causal_backward takes with o."""
+    need it). Returns o and lse (float32, batch x heads x R elements)."""
     out = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True, False, scale=scale)
-    return out[0], out[1], out[1:8]
+    return out[0], out[1]
 
 
 def _fused_causal_backward(do, q, k, v, o, state, scale: float):
-    """dq, dk, dv of _fused_causal, from its o and state: cuDNN's fused backward."""
+    """dq, dk, dv of _fused_causal, from its o and state (_state): cuDNN's fused backward."""
     lse, cum_q, cum_k, max_q, max_k, seed, offset = state
     return torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
         do, q, k, v, o, lse, seed, offset, None, cum_q, cum_k, max_q, max_k, 0.0, True, scale=scale)
+
+
+def _state(lse_runs: torch.Tensor, d: int) -> tuple:
+    """_fused_causal's state for one sequence, made from its lse in this module's layout
+    ([runs * d, HQ], natural log): cuDNN's lse ([d, HQ, runs, 1], the same values), no
+    cumulative lengths (one dense batch) and, without dropout, a zero seed and offset."""
+    T, HQ = lse_runs.shape
+    runs = T // d
+    folded = lse_runs.reshape(runs, d, HQ).permute(1, 2, 0).contiguous().unsqueeze(-1)
+    zero = torch.zeros((), dtype=torch.int64, device=lse_runs.device)
+    return folded, None, None, runs, runs, zero, zero
 
 
 def cudnn_cmp_attention(q, kc, vc, q_start: int, l: int, d: int, deterministic: bool = False):
@@ -71,88 +86,72 @@ def cudnn_cmp_attention(q, kc, vc, q_start: int, l: int, d: int, deterministic: 
     deterministic: the band kernel's fixed-order backward throughout (this code does not
     vouch for the summation order of cuDNN's fused backward)."""
     B, Tq, HQ, K = q.shape
-    first = l - 1  # the first query that sees a compressed token
-    runs = max(0, (Tq - first) // d)
+    runs = max(0, (Tq - (l - 1)) // d)
     if (deterministic or q_start != 0 or Tq < CUDNN_MIN_QUERIES or Tq * HQ * K < CUDNN_MIN_ELEMENTS
-            or K > MAX_HEAD_DIM or runs == 0 or torch.compiler.is_compiling()):
+            or K > MAX_HEAD_DIM or runs == 0):
         return band_attention(q, kc, vc, q_start, l, d, 0, False, deterministic)
-    return _folded_prefill(q, kc, vc, l, d, runs)
+    return fold_op(q.contiguous(), kc.contiguous(), vc.contiguous(), int(l), int(d))
 
 
-class _FoldedPrefill(torch.autograd.Function):
-    """The folded prefill as one autograd node: o and lse are written into tensors of the whole
-    sequence, and the backward writes dq into one tensor. The backward calls cuDNN's backward on
-    views of the saved q and of o itself, so nothing of the fold outlives the forward but
-    cuDNN's per-run lse: cuDNN's own output (o's size again) and the folded compressed keys
-    (recomputed) are not kept. The partial last run keeps its own autograd graph through the
-    band kernel, on detached leaves."""
-
-    @staticmethod
-    def forward(ctx, q, kc, vc, l: int, d: int, runs: int, keep_graph: bool):
-        B, Tq, HQ, K = q.shape
-        G = HQ // kc.shape[2]
-        first = l - 1
-        end = first + runs * d
-        o = q.new_empty(q.shape)
-        lse = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
-        o[:, :first] = 0
-        lse[:, :first] = float("-inf")
-        states = []
-        for b in range(B):
-            o_runs, lse_runs, state = _fused_causal(
-                _fold_q(q[b, first:end], d), _fold_kv(kc[b, :runs], G, d), _fold_kv(vc[b, :runs], G, d), K ** -0.5)
-            _fold_q(o[b, first:end], d).copy_(o_runs)
-            lse[b, first:end] = lse_runs.reshape(d, HQ, runs).permute(2, 0, 1).reshape(-1, HQ)
-            states.append(state)
-        tail = None
-        if end < Tq:  # the partial last run: fewer than d queries, through the band kernel
-            with torch.set_grad_enabled(keep_graph):
-                # q's few tail rows as a copy: a view would keep all of q's memory past the
-                # forward (its caller may free q and make it again for the backward)
-                leaves = [t.detach().requires_grad_(keep_graph) for t in (q[:, end:].clone(), kc, vc)]
-                o_tail, lse_tail = band_attention(*leaves, end, l, d, 0, False)
-            o[:, end:] = o_tail.detach()
-            lse[:, end:] = lse_tail
-            tail = (o_tail, leaves)
-        if keep_graph:
-            ctx.save_for_backward(q, kc, vc, o)
-            ctx.states, ctx.tail = states, tail
-        ctx.geometry = (first, end, runs, d)
-        ctx.mark_non_differentiable(lse)
-        return o, lse
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, do, _dlse):
-        q, kc, vc, o = ctx.saved_tensors
-        first, end, runs, d = ctx.geometry
-        H = kc.shape[2]
-        G = q.shape[2] // H
-        dq = do.new_empty(q.shape)
-        dq[:, :first] = 0
-        dkc, dvc = torch.zeros_like(kc), torch.zeros_like(vc)
-        run = slice(first, end)
-        for b, state in enumerate(ctx.states):
-            gq, gk, gv = _fused_causal_backward(
-                _fold_q(do[b, run], d), _fold_q(q[b, run], d), _fold_kv(kc[b, :runs], G, d),
-                _fold_kv(vc[b, :runs], G, d), _fold_q(o[b, run], d), state, q.shape[-1] ** -0.5)
-            _fold_q(dq[b, run], d).copy_(gq)
-            dkc[b, :runs] += _unfold_kv_grad(gk, H)
-            dvc[b, :runs] += _unfold_kv_grad(gv, H)
-        if ctx.tail is not None:
-            o_tail, leaves = ctx.tail
-            gq, gk, gv = torch.autograd.grad(o_tail, leaves, do[:, end:], allow_unused=True)
-            dq[:, end:] = 0 if gq is None else gq
-            for acc, g in ((dkc, gk), (dvc, gv)):
-                if g is not None:  # None: no query of the tail saw a compressed token
-                    acc += g
-        ctx.states = ctx.tail = None
-        return dq, dkc, dvc, None, None, None, None
+def _geometry(Tq: int, l: int, d: int) -> tuple[int, int, int]:
+    """The first query that sees a compressed token, the end of the whole runs, their count."""
+    first = l - 1
+    runs = (Tq - first) // d
+    return first, first + runs * d, runs
 
 
-# Inductor fails to lower this function's views around the cuDNN op (InductorError CantSplit), so
-# it is never traced: cudnn_cmp_attention sends traced calls to the band kernel
-@torch.compiler.disable
-def _folded_prefill(q, kc, vc, l: int, d: int, runs: int):
-    keep_graph = torch.is_grad_enabled() and any(t.requires_grad for t in (q, kc, vc))
-    return _FoldedPrefill.apply(q, kc, vc, l, d, runs, keep_graph)
+def _fold_forward(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, l: int, d: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """nsa::cmp_fold_fwd: o and lse of the whole sequence; the whole runs through cuDNN, one
+    sequence a call, the partial last run through the band kernel."""
+    B, Tq, HQ, K = q.shape
+    G = HQ // kc.shape[2]
+    first, end, runs = _geometry(Tq, l, d)
+    o = q.new_empty(q.shape)
+    lse = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
+    o[:, :first] = 0
+    lse[:, :first] = float("-inf")
+    for b in range(B):
+        o_runs, lse_runs = _fused_causal(
+            _fold_q(q[b, first:end], d), _fold_kv(kc[b, :runs], G, d), _fold_kv(vc[b, :runs], G, d), K ** -0.5)
+        _fold_q(o[b, first:end], d).copy_(o_runs)
+        lse[b, first:end] = lse_runs.reshape(d, HQ, runs).permute(2, 0, 1).reshape(-1, HQ)
+    if end < Tq:
+        o[:, end:], lse[:, end:] = band_forward(q[:, end:].contiguous(), kc, vc, end, l, d, 0, False)
+    return o, lse
+
+
+def _fold_backward(q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                   do: torch.Tensor, l: int, d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """nsa::cmp_fold_bwd: dq, dkc, dvc; cuDNN's backward on views of q, o and do, the band
+    kernel's on the partial last run."""
+    B, Tq, HQ, K = q.shape
+    H = kc.shape[2]
+    G = HQ // H
+    first, end, runs = _geometry(Tq, l, d)
+    do = do.contiguous()
+    dq = do.new_empty(q.shape)
+    dq[:, :first] = 0
+    dkc, dvc = torch.zeros_like(kc), torch.zeros_like(vc)
+    run = slice(first, end)
+    for b in range(B):
+        gq, gk, gv = _fused_causal_backward(
+            _fold_q(do[b, run], d), _fold_q(q[b, run], d), _fold_kv(kc[b, :runs], G, d),
+            _fold_kv(vc[b, :runs], G, d), _fold_q(o[b, run], d), _state(lse[b, run], d), K ** -0.5)
+        _fold_q(dq[b, run], d).copy_(gq)
+        dkc[b, :runs] += _unfold_kv_grad(gk, H)
+        dvc[b, :runs] += _unfold_kv_grad(gv, H)
+    if end < Tq:
+        q_t, o_t, lse_t, do_t = (t[:, end:].contiguous() for t in (q, o, lse, do))
+        dq[:, end:], gk, gv = band_backward(q_t, kc, vc, o_t, lse_t, do_t, end, l, d, 0, False, False)
+        dkc += gk
+        dvc += gv
+    return dq, dkc, dvc
+
+
+def _fold_fake(q, kc, vc, *args):
+    return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+#: the custom ops nsa::cmp_fold_fwd / nsa::cmp_fold_bwd (see nsa.kernels._autograd)
+fold_op = kernel_op("cmp_fold", _fold_forward, _fold_backward, _fold_fake, tensors=3, grads=3)

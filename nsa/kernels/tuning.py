@@ -146,17 +146,22 @@ class TopkTuning(_Tuning):
 
 @dataclass(frozen=True)
 class BandTiles(_Tuning):
-    """Launches of the band kernels (nsa.kernels.band_attention) for one call, each a Tile or None
-    for the measured table band_attention.TILES (and its float32 and interpreter rules)."""
+    """Launches of the band kernels (nsa.kernels.band_attention) for one call: fwd, dq, dkv each a
+    Tile or None for the measured table band_attention.TILES (and its float32 and interpreter
+    rules); dkv_waves, the dk/dv pass's programs per SM that its row split aims at
+    (band_attention._dkv_splits); heavy_first, the longest rows and row splits launched first."""
     fwd: Tile | None = None
     dq: Tile | None = None
     dkv: Tile | None = None
+    dkv_waves: int = 4
+    heavy_first: bool = False
 
     def __post_init__(self):
         for name in ("fwd", "dq", "dkv"):
             tile = getattr(self, name)
             if tile is not None and (len(tile) != 4 or min(tile) <= 0):
                 raise ValueError(f"BandTiles.{name} is {tile!r}; expected (BM, BN, num_warps, num_stages), all > 0")
+        self._check_positive("dkv_waves")
         self._set_arg()
 
 

@@ -15,23 +15,31 @@ from tests.kernels._util import assert_close, rnd
 pytestmark = pytest.mark.triton_interp
 
 
-def _math_causal(q, k, v, scale):
-    """What cuDNN computes, in plain torch: top-left causal attention with its lse (and no state)."""
+def _math_scores(q, k, scale):
+    """Top-left causal attention scores, -inf above the diagonal, [batch, heads, R, R]."""
     s = torch.einsum("bhqk,bhnk->bhqn", q, k) * scale
     R = s.shape[-1]
     mask = torch.ones(R, R, dtype=torch.bool, device=q.device).tril()
-    s = s.masked_fill(~mask, float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    return torch.einsum("bhqn,bhnk->bhqk", torch.softmax(s, -1), v), lse, None
+    return s.masked_fill(~mask, float("-inf"))
+
+
+def _math_causal(q, k, v, scale):
+    """What cuDNN computes, in plain torch: top-left causal attention and its lse."""
+    s = _math_scores(q, k, scale)
+    return torch.einsum("bhqn,bhnk->bhqk", torch.softmax(s, -1), v), torch.logsumexp(s, -1).unsqueeze(-1)
 
 
 def _math_causal_backward(do, q, k, v, o, state, scale):
-    """Its gradients, through autograd of the same math recomputed."""
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    with torch.enable_grad():
-        out = _math_causal(*leaves, scale)[0]
-    torch.testing.assert_close(out.detach(), o)  # the o the fold saved is the forward's
-    return torch.autograd.grad(out, leaves, do)
+    """Its gradients in closed form (the op's backward runs below autograd, so not through it),
+    from the o the fold saved and cuDNN's lse made again from the fold's (state[0])."""
+    s = _math_scores(q, k, scale)
+    torch.testing.assert_close(torch.logsumexp(s, -1).unsqueeze(-1), state[0])
+    p = torch.softmax(s, -1)
+    torch.testing.assert_close(torch.einsum("bhqn,bhnk->bhqk", p, v), o)
+    dp = torch.einsum("bhqk,bhnk->bhqn", do, v)
+    ds = p * (dp - (do * o).sum(-1, keepdim=True))
+    return (torch.einsum("bhqn,bhnk->bhqk", ds, k) * scale, torch.einsum("bhqn,bhqk->bhnk", ds, q) * scale,
+            torch.einsum("bhqn,bhqk->bhnk", p, do))
 
 
 def fold_every_length(kdev, monkeypatch) -> None:
@@ -158,26 +166,27 @@ def test_cudnn_cmp_long_bf16_parity(S):
 
 
 def test_cudnn_cmp_under_torch_compile(kdev, cudnn_cmp):
-    """torch.compile never traces the folded cuDNN path (inductor cannot lower its views, and a
-    graph break would end fullgraph=True): a traced call takes the band kernel, the result of
-    the band kernel's eager call bit for bit and of the folded eager path up to rounding."""
-    from nsa.attention.kernel_branches import triton_cmp_attention
-
+    """torch.compile(fullgraph=True) keeps the fold as its custom op nsa::cmp_fold_fwd (decode
+    takes the band kernel): output and gradients are those of the eager call bit for bit."""
     import torch._dynamo
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
 
     cfg = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, n_selected=4)
     gen = torch.Generator().manual_seed(5)
     dtype = torch.bfloat16 if kdev.type == "cuda" else torch.float32
     q, kc, vc = (rnd(gen, 1, n, h, 16, device=kdev, dtype=dtype) for n, h in ((61, 6), (14, 2), (14, 2)))
-    backend = "inductor" if kdev.type == "cuda" else "aot_eager"
-    for q_start, qq in ((0, q), (45, q[:, 45:])):  # folded prefill, then decode (band kernel)
+    for q_start, qq, op in ((0, q, "cmp_fold_fwd"), (45, q[:, 45:], "band_fwd")):  # folded prefill, decode
         leaves = [t.clone().requires_grad_() for t in (qq, kc, vc)]
         torch._dynamo.reset()
-        compiled = torch.compile(lambda a, b, c: cudnn_cmp(a, b, c, cfg, q_start)[0], backend=backend)
+        graphs = AotEagerAndRecordGraphs()
+        compiled = torch.compile(lambda a, b, c: cudnn_cmp(a, b, c, cfg, q_start)[0], backend=graphs,
+                                 fullgraph=True)
         o = compiled(*leaves)
-        o_eager = cudnn_cmp(*[t.detach() for t in leaves], cfg, q_start)[0]
-        assert torch.equal(o.detach(), triton_cmp_attention(*[t.detach() for t in leaves], cfg, q_start)[0])
-        tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
-        torch.testing.assert_close(o.detach(), o_eager, rtol=tol, atol=tol)
+        assert f"torch.ops.nsa.{op}.default" in graphs.fw_graphs[0].code
+        eager_leaves = [t.detach().clone().requires_grad_() for t in leaves]
+        o_eager = cudnn_cmp(*eager_leaves, cfg, q_start)[0]
+        assert torch.equal(o.detach(), o_eager.detach())
         grads = torch.autograd.grad(o.float().square().sum(), leaves)
-        assert all(torch.isfinite(g).all() for g in grads)
+        for name, g, g_eager in zip(("dq", "dkc", "dvc"), grads,
+                                    torch.autograd.grad(o_eager.float().square().sum(), eager_leaves)):
+            assert torch.equal(g, g_eager), name

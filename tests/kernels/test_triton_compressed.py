@@ -8,6 +8,7 @@ from hypothesis import given
 
 from nsa.attention.config import NSAConfig
 from nsa.attention.torch_branches import torch_cmp_attention
+from nsa.kernels.tuning import BandTiles
 from tests.kernels._util import INTERP_SETTINGS, KCase, assert_close, kcases, rnd
 
 pytestmark = pytest.mark.triton_interp
@@ -17,7 +18,7 @@ def _tol(dev):
     return 2e-5 if dev.type == "cpu" else 5e-3  # fp32 dots are tf32 on the GPU
 
 
-def _check(kdev, case: KCase):
+def _check(kdev, case: KCase, tuning=None):
     from nsa.attention.kernel_branches import triton_cmp_attention
 
     gen = torch.Generator().manual_seed(case.seed)
@@ -26,7 +27,8 @@ def _check(kdev, case: KCase):
     kc = rnd(gen, B, Nc, H, K, device=kdev).requires_grad_()
     vc = rnd(gen, B, Nc, H, K, device=kdev).requires_grad_()
     do = rnd(gen, B, T, H * G, K, device=kdev)
-    o, lse = triton_cmp_attention(q, kc, vc, case.cfg, case.q_start)
+    o, lse = triton_cmp_attention(q, kc, vc, case.cfg, case.q_start,
+                                  **({} if tuning is None else dict(tuning=tuning)))
     refs = [t.detach().double().cpu().requires_grad_() for t in (q, kc, vc)]
     o_ref, lse_ref = torch_cmp_attention(*refs, case.cfg, case.q_start)
     tol = _tol(kdev)
@@ -63,3 +65,13 @@ def test_cmp_with_whole_tiles(kdev):
     mask on the tiles every row of a block sees whole, next to masked edge tiles."""
     cfg = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, n_selected=4, window=8)
     _check(kdev, KCase(cfg, B=1, T=260, H=2, G=3, K=16, q_start=5, seed=3))
+
+
+@pytest.mark.parametrize("tiles", [BandTiles(heavy_first=True), BandTiles(dkv_waves=1),
+                                   BandTiles(dkv_waves=64, heavy_first=True)],
+                         ids=["heavy-first", "one-wave", "many-splits-heavy-first"])
+def test_cmp_launch_orders_and_splits_agree(kdev, tiles):
+    """The longest row blocks and row splits first, and the dk/dv pass split into few or many
+    programs a key tile: the same attention and gradients."""
+    cfg = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=16, n_selected=4, window=8)
+    _check(kdev, KCase(cfg, B=2, T=260, H=2, G=3, K=16, q_start=0, seed=4), tiles)

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_nsa import _bench as _median_ms  # noqa: E402
 from bench.bench_nsa import _host_ms  # noqa: E402
 from nsa.attention import NSAAttention, compress, graphed  # noqa: E402
-from nsa.kernels import tuning  # noqa: E402
+from nsa.kernels import cudnn_compressed, tuning  # noqa: E402
 from nsa.attention.dense import DenseAttention  # noqa: E402
 from nsa.model.config import load_model_config  # noqa: E402
 from nsa.model.model import NSATransformer  # noqa: E402
@@ -252,9 +252,16 @@ def main(argv=None) -> int:
     ap.add_argument("--topk", default="", metavar="KEY=VALUE,...",
                     help="the NSA layers' top-n launch parameters instead of the defaults (nsa.kernels.tuning."
                          "TopkTuning fields, as bench/bench_nsa.py --sweep prints them)")
+    ap.add_argument("--band", default="", metavar="KEY=VALUE,...",
+                    help="the band kernels' launches instead of the defaults (nsa.kernels.tuning.BandTiles fields)")
+    ap.add_argument("--cudnn-min-elements", type=int, default=cudnn_compressed.CUDNN_MIN_ELEMENTS,
+                    help="the compressed branch folds for cuDNN from this many query elements (nsa.kernels."
+                         "CUDNN_MIN_ELEMENTS; default %(default)s)")
     args = ap.parse_args(argv)
     compress.RECOMPUTE_TOKENS = args.recompute_tokens
     tuning.TOPK = tuning.TopkTuning.from_arg(args.topk)
+    tuning.BAND = tuning.BandTiles.from_arg(args.band)
+    cudnn_compressed.CUDNN_MIN_ELEMENTS = args.cudnn_min_elements
     NSA_SET[:] = args.nsa_set
     GRAPH_TOKENS[0] = args.graph_tokens
     if not torch.cuda.is_available():
@@ -268,7 +275,9 @@ def main(argv=None) -> int:
     print(f"\n# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.model}, batch 1, bf16 autocast; "
           f"ratio = dense ms / NSA ms; NSA layers graphed up to {GRAPH_TOKENS[0]} tokens, recomputing from "
           f"{compress.RECOMPUTE_TOKENS}"
-          f"{'; NSA with ' + ' '.join(NSA_SET) if NSA_SET else ''}{'; top-n ' + args.topk if args.topk else ''}")
+          f"{'; NSA with ' + ' '.join(NSA_SET) if NSA_SET else ''}{'; top-n ' + args.topk if args.topk else ''}"
+          f"{'; band ' + args.band if args.band else ''}; cuDNN fold from {cudnn_compressed.CUDNN_MIN_ELEMENTS} "
+          "query elements")
     print(table(rows))
     return 0
 

@@ -56,8 +56,9 @@ def cudnn_cmp_attention(q, kc, vc, cfg: NSAConfig, q_start: int = 0):
     """Compressed branch on cuDNN's fused attention over folded query runs (long bf16/fp16
     prefill), the band kernel otherwise; returns what triton_cmp_attention returns."""
     from nsa.kernels.cudnn_compressed import cudnn_cmp_attention as cudnn
+    from nsa.kernels.tuning import BAND
 
-    return cudnn(q, kc, vc, q_start, cfg.cmp_block, cfg.cmp_stride, deterministic())
+    return cudnn(q, kc, vc, q_start, cfg.cmp_block, cfg.cmp_stride, deterministic(), BAND)
 
 
 def triton_select_blocks(q, kc, lse, cfg: NSAConfig, q_start: int = 0, tuning: TopkTuning | None = None):

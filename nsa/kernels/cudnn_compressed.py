@@ -26,6 +26,7 @@ import torch
 from . import CUDNN_MIN_ELEMENTS, CUDNN_MIN_QUERIES
 from ._autograd import kernel_op
 from .band_attention import band_attention, band_backward, band_forward
+from .tuning import BAND, BandTiles
 
 #: head dims cuDNN's fused attention takes
 MAX_HEAD_DIM = 128
@@ -79,17 +80,19 @@ def _state(lse_runs: torch.Tensor, d: int) -> tuple:
     return folded, None, None, runs, runs, zero, zero
 
 
-def cudnn_cmp_attention(q, kc, vc, q_start: int, l: int, d: int, deterministic: bool = False):
+def cudnn_cmp_attention(q, kc, vc, q_start: int, l: int, d: int, deterministic: bool = False,
+                        tiles: BandTiles = BAND):
     """q [B, Tq, HQ, K] at positions q_start..; kc, vc [B, Nc, H, K], compressed token i
     covering [i*d, i*d + l). Returns o [B, Tq, HQ, K] and lse [B, Tq, HQ] (float32, natural
     log, no gradient), as band_attention(q, kc, vc, q_start, l, d, 0, False) does.
     deterministic: the band kernel's fixed-order backward throughout (this code does not
-    vouch for the summation order of cuDNN's fused backward)."""
+    vouch for the summation order of cuDNN's fused backward). tiles: the band kernel's launches
+    where it runs instead (nsa.kernels.tuning.BandTiles)."""
     B, Tq, HQ, K = q.shape
     runs = max(0, (Tq - (l - 1)) // d)
     if (deterministic or q_start != 0 or Tq < CUDNN_MIN_QUERIES or Tq * HQ * K < CUDNN_MIN_ELEMENTS
             or K > MAX_HEAD_DIM or runs == 0):
-        return band_attention(q, kc, vc, q_start, l, d, 0, False, deterministic)
+        return band_attention(q, kc, vc, q_start, l, d, 0, False, deterministic, tiles)
     return fold_op(q.contiguous(), kc.contiguous(), vc.contiguous(), int(l), int(d))
 
 

@@ -38,6 +38,11 @@ pytestmark = [pytest.mark.faults, pytest.mark.distributed, pytest.mark.multi_nod
 NATIVE = {"name": "native", "root": "tests/trainers", "script": "native_train.py",
           "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"]}
 JOIN_S, STALL_S = 6, 16
+#: startup_s of the launch whose every rank hangs before its first step: its stall is declared only
+#: once startup_s has passed, so the test waits it out whole. Its ranks need only be running by
+#: then (agents joined, ranks spawned and listed in nodes.json), which took under 10 s on two cores
+#: with four busy loops beside it; the shared U.STARTUP_S would make it wait a minute.
+HUNG_AT_START_STARTUP_S = 30.0
 
 
 @pytest.fixture
@@ -50,17 +55,17 @@ def fake_allocation(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
 
 
-def _run(tmp_path: Path, steps: int):
-    rec = _record(tmp_path, steps)
+def _run(tmp_path: Path, steps: int, startup_s: float = U.STARTUP_S):
+    rec = _record(tmp_path, steps, startup_s)
     return rec, read_nodes(tmp_path / "results" / rec.out_dir)
 
 
-def _record(tmp_path: Path, steps: int):
+def _record(tmp_path: Path, steps: int, startup_s: float = U.STARTUP_S):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     phase = {"name": "srun_nodes", "kind": "train", "steps": steps, "timeout_s": 120, "stall_s": STALL_S,
-             "startup_s": U.STARTUP_S, "env": {"OMP_NUM_THREADS": 1},
+             "startup_s": startup_s, "env": {"OMP_NUM_THREADS": 1},
              "launcher": {"kind": "slurm", "nodes": 2, "nproc_per_node": 1,
                           "rdzv": {"port": port, "join_timeout_s": JOIN_S}},
              "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}
@@ -134,7 +139,7 @@ def test_ranks_that_hang_before_their_first_heartbeat_under_slurm_are_no_unfinis
     ... no rank started', and its advice about an agent stuck before any rank started, beside the
     stall finding holding both ranks' stacks."""
     monkeypatch.setenv("TEST_TRAINER_FAULT", "hang_all@1")
-    rec, launch = _run(tmp_path, steps=400)
+    rec, launch = _run(tmp_path, steps=400, startup_s=HUNG_AT_START_STARTUP_S)
     assert rec.status == Status.FAIL and rec.stalled_s is not None, rec.reason
     assert sorted(r for n in launch.nodes for r in n.ranks) == [0, 1], launch
     found = find([rec])

@@ -19,9 +19,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Callable
 
 from nsa.contract import (
     CSV_COLUMNS,
@@ -50,6 +48,10 @@ from validation.contract.files import (
 from validation.contract.reruns import Rerun
 from validation.errors import ArtifactError
 from validation.excerpt import EXCERPT_CHARS
+
+if TYPE_CHECKING:
+    # types only: pandas is imported where a frame is made (validation/contract/files.py says why)
+    import pandas as pd
 
 HEARTBEAT_GLOB = "heartbeat_rank{R}.jsonl"
 #: training.csv columns every row must fill with a number; the others may be nan throughout (a

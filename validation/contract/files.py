@@ -13,9 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from nsa.contract import (
     CSV_COLUMNS,
@@ -34,6 +32,12 @@ from validation.contract.reruns import Rerun, latest
 from validation.contract.stacks import (UNRANKED_DUMPS, StackDump, TakenStack, main_thread_frames, parse_faulthandler,
                                         parse_pyspy, read_index)
 from validation.errors import ArtifactError
+
+if TYPE_CHECKING:
+    # pandas (most of a second to import) is imported where a frame is made: the commands and
+    # processes that read no CSV (`nsa-validate phases`, --help, the pytest plugin in every pytest
+    # process) never import it. Here it names types only (annotations are strings).
+    import pandas as pd
 
 
 def tail(path: Path, lines: int) -> str:
@@ -85,6 +89,8 @@ def read_training_log(out_dir: Path) -> TrainingLog:
     ``inf`` parse, and the loss gate catches them), a step as an integer from 1, and an amount
     (CSV_NON_NEGATIVE) must not be negative. A last row without a line end was cut off
     mid-write (torn_last_row) and is not read."""
+    import pandas as pd
+
     path = Path(out_dir) / TRAINING_CSV
     if not path.is_file():
         raise ArtifactError(f"{path}: missing (the trainer wrote no {TRAINING_CSV})")
@@ -127,6 +133,8 @@ def _cells(path: Path, data: bytes) -> tuple[pd.DataFrame, list[int]]:
     for line, fields in body:
         if len(fields) != len(header):
             raise ArtifactError(f"{path}: line {line}{_step_of(fields[0])}: {len(fields)} of {len(header)} fields")
+    import pandas as pd
+
     return pd.DataFrame([f for _, f in body], columns=list(CSV_COLUMNS), dtype=str), [line for line, _ in body]
 
 

@@ -7,9 +7,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from nsa.contract import TRAINING_CSV
 from validation.contract import check as contract
@@ -23,6 +21,10 @@ from validation.judge.nodes import lateness, node_evidence, node_failures, slurm
 from validation.judge.record import Beat, Evidence, NotRun, RunSigns, rank_processes
 from validation.judge.stability import curve
 from validation.excerpt import EXCERPT_CHARS, STDERR_TAIL_LINES
+
+if TYPE_CHECKING:
+    # types only: pandas is imported where a frame is made (validation/contract/files.py says why)
+    import pandas as pd
 
 
 MAX_FRAMES = 8

@@ -24,12 +24,14 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Any, Sequence
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Sequence
 
 from nsa.contract import TRAINING_CSV, heartbeat_name
 from validation.contract.reruns import Rerun
+
+if TYPE_CHECKING:
+    # types only: pandas is imported where a frame is made (validation/contract/files.py says why)
+    import pandas as pd
 
 #: the share of the logged steps at a run's start left out (the allocator's warm-up)
 WARMUP_SHARE = 0.25

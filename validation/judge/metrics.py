@@ -13,11 +13,10 @@ from __future__ import annotations
 import enum
 import math
 import statistics
+from operator import methodcaller
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from nsa.contract import EXIT_NONFINITE, HALT_NONFINITE
 from validation.contract.files import HaltInfo, window_rows
@@ -26,6 +25,10 @@ from validation.contract.torchrun_log import RankFailure
 from validation.judge.misses import Miss
 from validation.judge.seen import ProcessSeen
 from validation.judge.stability import StabilityRule, rise, spikes
+
+if TYPE_CHECKING:
+    # types only: pandas is imported where a frame is made (validation/contract/files.py says why)
+    import pandas as pd
 
 
 @dataclass
@@ -399,18 +402,18 @@ _BEATS = Input(Source.HEARTBEAT, "step")
 
 CATALOGUE: tuple[Metric, ...] = (
     Metric("toks_per_s_mean", "mean global tokens/s over the window", (_TOKS,), True,
-           _reduce("toks_per_s", pd.Series.mean)),
+           _reduce("toks_per_s", methodcaller("mean"))),
     Metric("toks_per_s_stdev", "population stdev of tokens/s over the window", (_TOKS,), True,
            _reduce("toks_per_s", _pstdev)),
     Metric("toks_per_s_cv", "stdev / mean of tokens/s over the window (steadiness)", (_TOKS,), True, _cv),
     Metric("toks_per_s_per_gpu", "mean tokens/s over the window divided by world size",
            (_TOKS, Input(Source.ENV, "world_size")), True, _per_gpu),
     Metric("step_time_s_mean", "mean step time over the window", (_csv("step_time_s", True),), True,
-           _reduce("step_time_s", pd.Series.mean)),
+           _reduce("step_time_s", methodcaller("mean"))),
     Metric("step_time_s_median", "median step time over the window: the typical step, which a slow first step "
                                  "(a compile, a warm-up) in the window does not move", (_csv("step_time_s", True),), True,
-           _reduce("step_time_s", pd.Series.median)),
-    Metric("loss_mean", "mean loss over the window", (_LOSS,), True, _reduce("loss", pd.Series.mean)),
+           _reduce("step_time_s", methodcaller("median"))),
+    Metric("loss_mean", "mean loss over the window", (_LOSS,), True, _reduce("loss", methodcaller("mean"))),
     Metric("loss_drop", f"mean loss of the window's first k logged steps minus the mean of its last k "
                         f"(k = {LOSS_DROP_ROWS}, or half the rows when fewer; nats): > 0 when the model learns",
            (_LOSS,), True, _loss_drop),
@@ -429,9 +432,9 @@ CATALOGUE: tuple[Metric, ...] = (
                              "disjoint window (profile; defaults 20 steps, 0.2 nats)", (_LOSS,), True,
            _loss_diverging, _diverging_too_short),
     Metric("mem_reserved_gb_max", "peak reserved memory over the window", (_csv("mem_reserved_gb", True),), True,
-           _reduce("mem_reserved_gb", pd.Series.max)),
+           _reduce("mem_reserved_gb", methodcaller("max"))),
     Metric("mem_alloc_gb_max", "peak allocated memory over the window", (_csv("mem_alloc_gb", True),), True,
-           _reduce("mem_alloc_gb", pd.Series.max)),
+           _reduce("mem_alloc_gb", methodcaller("max"))),
     Metric("mem_growth_gb", "reserved memory growth across the window (plateau ~ 0)",
            (_csv("mem_reserved_gb", True),), True, _mem_growth),
     Metric("steps_completed", "last step logged in training.csv", (_STEP,), False, _steps),

@@ -16,8 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-import numpy as np
-
 #: a sweep is host-bound when the fitted fixed cost is at least this share of the step time at
 #: its largest point
 HOST_BOUND_FIXED_SHARE = 0.5
@@ -114,6 +112,8 @@ def fit_step_time(points: Sequence[tuple[float, float]]) -> StepTimeFit | None:
     pts = [(float(t), float(s)) for t, s in points if t > 0 and s > 0]
     if len(pts) < 3 or len({t for t, _ in pts}) < 2:
         return None
+    import numpy as np  # here, not at the top: every findings import (the CLI's start) would pay for it
+
     tokens, steps = np.array([t for t, _ in pts]), np.array([s for _, s in pts])
     design = np.column_stack([np.ones_like(tokens), tokens])
     (fixed, per_token), *_ = np.linalg.lstsq(design, steps, rcond=None)

@@ -30,13 +30,15 @@ import dataclasses
 import enum
 import math
 from dataclasses import dataclass
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from nsa.contract import DATA_POSITION
 from validation.judge.gates import GateResult, GateVerdict, Pending, check
 from validation.judge.metrics import RunData
+
+if TYPE_CHECKING:
+    # types only: pandas is imported where a frame is made (validation/contract/files.py says why)
+    import pandas as pd
 
 #: the profile threshold: the largest relative difference of loss and learning rate per step
 RTOL_KEY = "resume_loss_rtol"
@@ -152,6 +154,8 @@ def _mean_rel(got: dict[int, float], ref: dict[int, float], shift: int) -> tuple
 def resumed_curve(first: pd.DataFrame, second: pd.DataFrame, resume_after: int) -> pd.DataFrame:
     """The resumed run's training.csv rows: the first half's up to ``resume_after``, the second's
     after it (a trainer that copies the earlier rows into its new directory is read the same)."""
+    import pandas as pd
+
     rows = pd.concat([first[first["step"] <= resume_after], second[second["step"] > resume_after]])
     return rows.sort_values("step", kind="stable").reset_index(drop=True)
 

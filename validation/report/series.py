@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from validation.contract.files import read_heartbeats, read_training_csv
 from validation.errors import ArtifactError
@@ -18,6 +16,10 @@ from validation.judge.metrics import METRICS, Source
 from validation.judge.record import PhaseRecord
 from validation.runbook.plan import GOLDEN_RTOL, PhasePoint
 from validation.store import goldens
+
+if TYPE_CHECKING:
+    # types only: pandas is imported where a frame is made (validation/contract/files.py says why)
+    import pandas as pd
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,8 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import yaml
 
 from nsa.atomic import write_atomic
@@ -37,6 +36,10 @@ from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult
 from validation.machine import Machine
 from validation.runbook.plan import GOLDEN_RTOL as RTOL_KEY
 from validation.runbook.plan import PhasePoint
+
+if TYPE_CHECKING:
+    # types only: pandas is imported where a frame is made (validation/contract/files.py says why)
+    import pandas as pd
 
 SCHEMA = 1
 METRIC = GOLDEN_METRIC

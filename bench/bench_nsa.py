@@ -274,7 +274,6 @@ def sweep(shapes, only=()):
             ("band dkv", [BandTiles(dkv=t) for t in [(64, 64, 8, 2), (32, 128, 8, 2), (64, 128, 8, 2),
                                                      (128, 64, 8, 2)]], [cmp_fb]),
             ("band split", [BandTiles(dkv_waves=w) for w in (2, 4, 8, 16, 32)], [cmp_fb]),
-            ("band order", [BandTiles(heavy_first=h, dkv_waves=w) for h in (False, True) for w in (4, 16)], [cmp_fb]),
             ("win fwd", [BandTiles(fwd=t) for t in [(128, 64, 8, 3), (128, 32, 4, 4), (256, 64, 8, 3),
                                                     (64, 64, 4, 3)]], [win_fb]),
             ("win dq", [BandTiles(dq=t) for t in [(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 64, 4, 2),

@@ -63,19 +63,15 @@ def _row_block_segments(pid_m, Tq, Tk, q_start, G: tl.constexpr, L: tl.constexpr
 @triton.jit
 def _row_block(k, v, Tq, Tk, q_start, H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, L: tl.constexpr,
                D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-               BK: tl.constexpr, HEAVY_FIRST: tl.constexpr):
+               BK: tl.constexpr):
     """What the forward and the dq kernel share: the program's BM query rows (grid: row blocks,
     B * H). Returns where its rows are in q/o/do/dq: the offset of the block's first row
     (qb) and each row's offset from it (row_off, [BM]; add the head-dim lanes for the tile),
     and the tile's mask; the offsets of its rows in lse/delta and their mask; k and v at its
     KV head; the head-dim lanes; each row's visible key interval [lo, hi]; and the key
-    segments of _row_block_segments. HEAVY_FIRST: the first programs take the last row blocks,
-    which see the most keys of a compressed band. (The forward addresses its tile as
-    q + qb + row_off + lanes, pointer first: forming qb + row_off first doubled its register
-    spills on sm_90.)"""
+    segments of _row_block_segments. (The forward addresses its tile as q + qb + row_off + lanes,
+    pointer first: forming qb + row_off first doubled its register spills on sm_90.)"""
     pid_m = tl.program_id(0)
-    if HEAVY_FIRST:
-        pid_m = tl.num_programs(0) - 1 - pid_m
     pid_bh = tl.program_id(1)
     b = pid_bh // H
     h = pid_bh % H
@@ -131,10 +127,10 @@ def _band_fwd_kernel(
     q, k, v, o, lse, Tq, Tk, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, HEAVY_FIRST: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
 ):
     qb, row_off, m2, l_off, rmask, k_base, v_base, offk, kmask, lo, hi, start, whole_lo, whole_hi, end = \
-        _row_block(k, v, Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK, HEAVY_FIRST)
+        _row_block(k, v, Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK)
     qt = tl.load(q + qb + row_off[:, None] + offk[None, :], mask=m2, other=0.0)
     qk_scale = sm_scale * LOG2E
     m_i = tl.full([BM], float("-inf"), tl.float32)
@@ -176,10 +172,9 @@ def _band_bwd_dq_kernel(
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DELTA_GIVEN: tl.constexpr, DOT: tl.constexpr,
-    HEAVY_FIRST: tl.constexpr,
 ):
     qb, row_off, m2, l_off, rmask, k_base, v_base, offk, kmask, lo, hi, start, whole_lo, whole_hi, end = \
-        _row_block(k, v, Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK, HEAVY_FIRST)
+        _row_block(k, v, Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK)
     q_off = qb + row_off[:, None] + offk[None, :]
     qt = tl.load(q + q_off, mask=m2, other=0.0)
     dot_, dl, lse2 = dq_rows(do, o, lse, delta, q_off, m2, l_off, rmask, DELTA_GIVEN)
@@ -241,12 +236,9 @@ def _band_bwd_dkv_kernel(
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, ATOMIC: tl.constexpr, DOT: tl.constexpr,
-    HEAVY_FIRST: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
-    if HEAVY_FIRST:  # the last row splits see every key tile of a compressed band
-        pid_s = tl.num_programs(1) - 1 - pid_s
     pid_bh = tl.program_id(2)
     b = pid_bh // H
     h = pid_bh % H
@@ -382,7 +374,7 @@ def band_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int
     launch(_band_fwd_kernel, lambda c: (triton.cdiv(Tq * G, c["BM"]), B * H),
            (q, k, v, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K)),
            dict(H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BK=max(16, triton.next_power_of_2(K)),
-                DOT=dot_precision(q.dtype), HEAVY_FIRST=tiles.heavy_first), fwd, halve=("BM", "BN"))
+                DOT=dot_precision(q.dtype)), fwd, halve=("BM", "BN"))
     return o, lse
 
 
@@ -393,8 +385,8 @@ def _dkv_splits(key_tiles: int, row_blocks: int, device: torch.device, window: b
     the partial dk/dv added with float32 atomics, whose order varies from run to run. A window
     has S keys (enough tiles), and a deterministic run takes the fixed order of one program per
     key tile (slower where the split paid: the compressed branch at long S). waves: the
-    programs per SM the split aims at (BandTiles.dkv_waves); about half of them hold rows of
-    their key tile, the band being a triangle."""
+    programs per SM the split aims at (BandTiles.dkv_waves): about half of them hold rows of
+    their key tile (the band is a triangle), and many small programs even out the SMs' shares."""
     if window or deterministic:
         return 1
     return min(64, triton.cdiv(waves * _sm_count(device), key_tiles), row_blocks)
@@ -421,7 +413,7 @@ def band_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
         delta = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)
     _, dq_cfg, dkv_cfg = _configs(K, _is_interpret(q), window, fp32_small_tiles(q.dtype, K), tiles)
     meta = dict(H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BK=max(16, triton.next_power_of_2(K)),
-                DOT=dot_precision(q.dtype), HEAVY_FIRST=tiles.heavy_first)
+                DOT=dot_precision(q.dtype))
     sm = 1.0 / math.sqrt(K)
     launch(_band_bwd_dq_kernel, lambda c: (triton.cdiv(Tq * G, c["BM"]), B * H),
            (q, k, v, o, do, lse, delta, dq, Tq, Tk, q_start, sm), dict(meta, DELTA_GIVEN=delta_given), dq_cfg,

@@ -149,12 +149,12 @@ class BandTiles(_Tuning):
     """Launches of the band kernels (nsa.kernels.band_attention) for one call: fwd, dq, dkv each a
     Tile or None for the measured table band_attention.TILES (and its float32 and interpreter
     rules); dkv_waves, the dk/dv pass's programs per SM that its row split aims at
-    (band_attention._dkv_splits); heavy_first, the longest rows and row splits launched first."""
+    (band_attention._dkv_splits; 16 was the fastest of 2 to 32 in `python bench/bench_nsa.py
+    --sweep --sweep-only "band split"` at m7c@32k and m7c@64k)."""
     fwd: Tile | None = None
     dq: Tile | None = None
     dkv: Tile | None = None
-    dkv_waves: int = 4
-    heavy_first: bool = False
+    dkv_waves: int = 16
 
     def __post_init__(self):
         for name in ("fwd", "dq", "dkv"):

@@ -89,15 +89,15 @@ def cudnn_cmp_attention(q, kc, vc, q_start: int, l: int, d: int, deterministic: 
     vouch for the summation order of cuDNN's fused backward). tiles: the band kernel's launches
     where it runs instead (nsa.kernels.tuning.BandTiles)."""
     B, Tq, HQ, K = q.shape
-    runs = max(0, (Tq - (l - 1)) // d)
     if (deterministic or q_start != 0 or Tq < CUDNN_MIN_QUERIES or Tq * HQ * K < CUDNN_MIN_ELEMENTS
-            or K > MAX_HEAD_DIM or runs == 0):
+            or K > MAX_HEAD_DIM or _geometry(Tq, l, d)[2] <= 0):
         return band_attention(q, kc, vc, q_start, l, d, 0, False, deterministic, tiles)
     return fold_op(q.contiguous(), kc.contiguous(), vc.contiguous(), int(l), int(d))
 
 
 def _geometry(Tq: int, l: int, d: int) -> tuple[int, int, int]:
-    """The first query that sees a compressed token, the end of the whole runs, their count."""
+    """The first query that sees a compressed token, the end of the whole runs, their count
+    (negative when no query sees one)."""
     first = l - 1
     runs = (Tq - first) // d
     return first, first + runs * d, runs

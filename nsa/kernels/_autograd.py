@@ -1,9 +1,9 @@
-"""How the Triton kernels meet autograd and torch.compile, written once for every kernel pair.
+"""How the kernels meet autograd and torch.compile, written once for every kernel pair.
 
 ``kernel_op`` turns a forward and a backward implementation into two torch custom ops,
 ``nsa::<name>_fwd`` (with its autograd formula, calling ``nsa::<name>_bwd``) and
 ``nsa::<name>_bwd``, so torch.compile treats each as one opaque call: it cannot trace a Triton
-launch. In eager mode, where small NSA calls are bound by their launches, the dispatcher's
+launch, nor lower the views around the cuDNN fold of the compressed branch (cudnn_compressed). In eager mode, where small NSA calls are bound by their launches, the dispatcher's
 custom-op path is skipped (``run_op``): the forward runs through a plain autograd.Function that
 shares the op's setup_context and backward, and the backward formula calls the plain backward
 implementation: the dispatcher's path costs host time a call that this one does not

@@ -232,6 +232,18 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def _tuning(kind):
+    """An argparse type: a KEY=VALUE,... string read as a ``kind`` tuning, a bad field or value
+    reported as a usage error naming it."""
+    def parse(text: str):
+        try:
+            return kind.from_arg(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", nargs="+", type=length, default=[length(s) for s in ("4k", "16k", "32k", "64k",
@@ -249,18 +261,18 @@ def main(argv=None) -> int:
     ap.add_argument("--recompute-tokens", type=length, default=compress.RECOMPUTE_TOKENS,
                     help="the NSA layers recompute in the backward from this many tokens (nsa.attention.compress."
                          "RECOMPUTE_TOKENS; a length above --lengths' turns it off; default %(default)s)")
-    ap.add_argument("--topk", default="", metavar="KEY=VALUE,...",
+    ap.add_argument("--topk", type=_tuning(tuning.TopkTuning), default=tuning.TopkTuning(), metavar="KEY=VALUE,...",
                     help="the NSA layers' top-n launch parameters instead of the defaults (nsa.kernels.tuning."
                          "TopkTuning fields, as bench/bench_nsa.py --sweep prints them)")
-    ap.add_argument("--band", default="", metavar="KEY=VALUE,...",
+    ap.add_argument("--band", type=_tuning(tuning.BandTiles), default=tuning.BandTiles(), metavar="KEY=VALUE,...",
                     help="the band kernels' launches instead of the defaults (nsa.kernels.tuning.BandTiles fields)")
     ap.add_argument("--cudnn-min-elements", type=int, default=cudnn_compressed.CUDNN_MIN_ELEMENTS,
                     help="the compressed branch folds for cuDNN from this many query elements (nsa.kernels."
                          "CUDNN_MIN_ELEMENTS; default %(default)s)")
     args = ap.parse_args(argv)
     compress.RECOMPUTE_TOKENS = args.recompute_tokens
-    tuning.TOPK = tuning.TopkTuning.from_arg(args.topk)
-    tuning.BAND = tuning.BandTiles.from_arg(args.band)
+    tuning.TOPK = args.topk
+    tuning.BAND = args.band
     cudnn_compressed.CUDNN_MIN_ELEMENTS = args.cudnn_min_elements
     NSA_SET[:] = args.nsa_set
     GRAPH_TOKENS[0] = args.graph_tokens
@@ -275,9 +287,9 @@ def main(argv=None) -> int:
     print(f"\n# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.model}, batch 1, bf16 autocast; "
           f"ratio = dense ms / NSA ms; NSA layers graphed up to {GRAPH_TOKENS[0]} tokens, recomputing from "
           f"{compress.RECOMPUTE_TOKENS}"
-          f"{'; NSA with ' + ' '.join(NSA_SET) if NSA_SET else ''}{'; top-n ' + args.topk if args.topk else ''}"
-          f"{'; band ' + args.band if args.band else ''}; cuDNN fold from {cudnn_compressed.CUDNN_MIN_ELEMENTS} "
-          "query elements")
+          f"{'; NSA with ' + ' '.join(NSA_SET) if NSA_SET else ''}"
+          + "".join(f"; {name} {t.as_arg()}" for name, t in (("top-n", args.topk), ("band", args.band)) if t.as_arg())
+          + f"; cuDNN fold from {cudnn_compressed.CUDNN_MIN_ELEMENTS} query elements")
     print(table(rows))
     return 0
 

@@ -1,8 +1,8 @@
 """DenseAttention: causal attention over every earlier token, of the same shape as NSAAttention
 (query heads, KV heads, head dim, RoPE), the baseline NSA is measured against (attn.kind=dense).
 
-A LLaMA-style GQA attention: a query projection and a fused key/value projection (applied as
-one matmul, as NSAAttention applies its own), RoPE on q and k, SDPA on the route of the 'dense' stage (attn.backend_dense; cuDNN's fused attention on
+A LLaMA-style GQA attention: one query projection, one fused key/value projection, RoPE on q
+and k, SDPA on the route of the 'dense' stage (attn.backend_dense; cuDNN's fused attention on
 CUDA for bf16/fp16 by default), an output projection. It has the interface the model and the
 trainer use of NSAAttention (rope, resolve_routes, routes, calls, last_gate_mean, the decode
 cache), so the same model, trainer and contract run either kind.
@@ -16,6 +16,7 @@ from .autograd_state import count_call
 from .backends import Route, implementation, resolve_route, rope_kernel
 from .config import NSAConfig
 from .module import NSACache, RoutedAttention, autocast_input
+from .rope import apply_rope
 
 
 class DenseAttention(RoutedAttention):
@@ -35,10 +36,22 @@ class DenseAttention(RoutedAttention):
         """x [B, T, dim] -> [B, T, dim]; with a cache, x holds the positions after the cached
         ones and the cache is extended in place (see NSAAttention.forward)."""
         B, T, _ = x.shape
+        H, HQ, K = self.n_kv, self.n_heads, self.head_dim
         start = cache.length if cache is not None else 0
+        cos, sin = rope if rope is not None else self.rope(start, T, x.device)
         x = autocast_input(x)
-        q, (k, v) = self.project_qkv(x, start, rope)  # the same RoPE kernel as NSAAttention's where routed
-        routes = self._resolve(x.device, q.dtype)[0]
+        q = self.q_proj(x).view(B, T, HQ, K)
+        kv = self.kv_proj(x).view(B, T, 2, H, K)
+        routes, fused_rope = self._resolve(x.device, q.dtype)
+        if fused_rope:  # the same RoPE kernel as NSAAttention's
+            from nsa.kernels.rope import rope_split
+
+            q, kv = rope_split(q, kv, cos, sin)
+            k, v = kv.unbind(0)
+        else:
+            q = apply_rope(q, cos, sin)
+            k, v = kv.unbind(2)
+            k = apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.append("k", k), cache.append("v", v)
             cache.length += T

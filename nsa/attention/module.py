@@ -110,32 +110,6 @@ class RoutedAttention(nn.Module):
             self.routes = found[0]  # the last eager call's, for the backend audit
         return found
 
-    def project_qkv(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                    fused_rope: bool | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        """Rotated q [B, T, HQ, K] and the key/value streams [B, T, H, K] (keys rotated), in the
-        order kv_proj makes them: one matmul of x with the query and key/value projections' weights
-        stacked (one launch each way instead of two, and one gradient of x instead of two summed).
-        ``rope``: precomputed (cos, sin) of positions start..start+T-1; ``fused_rope``: whether the
-        RoPE kernel runs (None: as routed for x's device and dtype), which splits the product and
-        takes its gradient whole, with no concatenation in the backward. A gate projection stays
-        apart: with its 3 * HQ columns a token's row of the product would lose the 16-byte
-        alignment that the matmuls and the RoPE kernel read fastest."""
-        B, T, _ = x.shape
-        HQ, H, K = self.n_heads, self.n_kv, self.head_dim
-        cos, sin = rope if rope is not None else self.rope(start, T, x.device)
-        x = autocast_input(x)
-        qkv = F.linear(x, torch.cat((self.q_proj.weight, self.kv_proj.weight)))
-        if fused_rope is None:
-            fused_rope = self._resolve(x.device, qkv.dtype)[1]
-        if fused_rope:
-            from nsa.kernels.rope import rope_split
-
-            q, kv = rope_split(qkv, cos, sin, HQ, H, K)
-            return q, kv.unbind(0)
-        q, kv = qkv.split((HQ * K, qkv.shape[-1] - HQ * K), dim=-1)
-        q, streams = apply_rope(q.view(B, T, HQ, K), cos, sin), kv.view(B, T, -1, H, K).unbind(2)
-        return q, tuple(apply_rope(t, cos, sin) if i % 2 == 0 else t for i, t in enumerate(streams))
-
     def rope(self, start: int, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, K/2] of positions start..start+T-1 (float64)."""
         return rope_tables(start, T, self.head_dim, self.rope_theta, device)
@@ -175,10 +149,37 @@ class NSAAttention(RoutedAttention):
         ``rope``: precomputed (cos, sin) of positions start..start+T-1 (see forward);
         ``fused_rope``: whether the RoPE kernel runs (None: as routed for x's device and dtype)."""
         x = autocast_input(x)  # one copy for every projection
-        q, kv = self.project_qkv(x, start, rope, fused_rope)  # k and v of cmp, sel, win in that order
+        q, kv = self.project_qkv(x, start, rope, fused_rope)
         B, T, _ = x.shape
         gates = torch.sigmoid(self.gate_proj(x)).view(B, T, self.n_heads, 3)
         return q, kv, gates
+
+    def project_qkv(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                    fused_rope: bool | None = None):
+        """project's q and six key/value streams, without the gates: one matmul of x with the
+        query and key/value projections' weights stacked (one launch each way instead of two, and
+        one gradient of x instead of two summed). The gates' projection stays apart: with its
+        3 * HQ columns a token's row of the product would lose the 16-byte alignment that the
+        matmuls and the RoPE kernel read fastest."""
+        B, T, _ = x.shape
+        HQ, H, K = self.n_heads, self.n_kv, self.head_dim
+        cos, sin = rope if rope is not None else self.rope(start, T, x.device)
+        x = autocast_input(x)
+        weight = torch.cat((self.q_proj.weight, self.kv_proj.weight))
+        q, kv = F.linear(x, weight).split((HQ * K, 6 * H * K), dim=-1)
+        q, kv = q.view(B, T, HQ, K), kv.view(B, T, 6, H, K)
+        if fused_rope is None:
+            fused_rope = self._resolve(x.device, q.dtype)[1]
+        if fused_rope:
+            from nsa.kernels.rope import rope_split
+
+            q, kv = rope_split(q, kv, cos, sin)
+            k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = kv.unbind(0)
+        else:
+            q = apply_rope(q, cos, sin)
+            k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = kv.unbind(2)
+            k_cmp, k_sel, k_win = (apply_rope(k, cos, sin) for k in (k_cmp, k_sel, k_win))
+        return q, (k_cmp, v_cmp, k_sel, v_sel, k_win, v_win)
 
     def forward(self, x: torch.Tensor, cache: NSACache | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:

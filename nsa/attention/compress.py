@@ -7,6 +7,8 @@ heads; 'mean' is mean pooling (no parameters).
 from __future__ import annotations
 
 from enum import Enum
+from operator import attrgetter
+from typing import Sequence
 
 import torch
 import torch.nn as nn
@@ -48,6 +50,8 @@ def recompute_for(x: torch.Tensor) -> Recompute:
 
 
 class Compressor(nn.Module):
+    """phi over the blocks of one key or value stream (``compress`` runs several at once)."""
+
     def __init__(self, head_dim: int, cfg: NSAConfig):
         super().__init__()
         self.cfg = cfg
@@ -65,42 +69,118 @@ class Compressor(nn.Module):
         return {"pos": self.pos, "w1": self.fc1.weight, "b1": self.fc1.bias,
                 "w2": self.fc2.weight, "b2": self.fc2.bias}
 
-    def forward(self, x: torch.Tensor, first: int = 0, fc1_inputs: list[torch.Tensor] | None = None
-                ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, first: int = 0) -> torch.Tensor:
         """x [B, T, H, K] per-token keys/values at positions 0..T-1 -> compressed tokens
-        [B, Nc - first, H, K] for blocks first..Nc-1 (Nc blocks fit entirely in T).
-        ``fc1_inputs``: a caller that keeps how to make x again (NSAAttention's recipes) gets
-        fc1's input appended to it, to make it again from x with ``fc1_input``; otherwise, where an
-        eager forward recomputes (Recompute.RECIPES), fc1 runs under checkpointing, so that its
-        input is not kept; a traced forward's recomputation is its caller's."""
-        blocks = self.blocks(x, first)
-        if blocks is None:
-            return x.new_zeros(x.shape[0], 0, *x.shape[2:])
-        if self.kind == "mean":
-            return blocks.mean(dim=-1)
-        if fc1_inputs is not None:
-            flat = self.fc1_input(blocks)
-            fc1_inputs.append(flat)
-            hidden = F.silu(self.fc1(flat))
-        elif recompute_for(x) is Recompute.RECIPES:
-            hidden = checkpoint(self._hidden, blocks, use_reentrant=False, preserve_rng_state=False)
-        else:
-            hidden = self._hidden(blocks)
-        return self.fc2(hidden)
+        [B, Nc - first, H, K] for blocks first..Nc-1 (Nc blocks fit entirely in T)."""
+        return compress([self], [x], first)[0]
 
-    def blocks(self, x: torch.Tensor, first: int = 0) -> torch.Tensor | None:
-        """[B, Nc - first, H, K, l] windows of l tokens every d tokens of x [B, T, H, K], from block
-        ``first`` (a view of x), or None where no block from ``first`` fits in T."""
-        l, d = self.cfg.cmp_block, self.cfg.cmp_stride
-        T = x.shape[1]
-        if T < l or (T - l) // d + 1 <= first:
-            return None
-        return x[:, first * d :].unfold(1, l, d)
 
-    def fc1_input(self, blocks: torch.Tensor) -> torch.Tensor:
-        """The flattened blocks + pos [B, Nc, H, l*K] of windows [B, Nc, H, K, l]."""
-        return (blocks.permute(0, 1, 2, 4, 3) + self.pos.to(blocks.dtype)).flatten(-2)
+def compress(compressors: Sequence[Compressor], xs: Sequence[torch.Tensor], first: int = 0,
+             fc1_inputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    """Each compressor's tokens of its stream (``Compressor.forward``), those of one config and
+    shape together: an MLP phi runs once for all, its parameters stacked, so that a layer's key
+    and value compressors cost the launches of one.
 
-    def _hidden(self, blocks: torch.Tensor) -> torch.Tensor:
-        """silu(fc1(fc1_input(blocks)))."""
-        return F.silu(self.fc1(self.fc1_input(blocks)))
+    ``fc1_inputs``: a caller that keeps how to make the streams again (NSAAttention's recipes)
+    gets fc1's input appended to it, to make it again from them with ``fc1_input``; otherwise,
+    where an eager forward recomputes (Recompute.RECIPES), the MLP's first layer runs under
+    checkpointing, so that its input is not kept; a traced forward's recomputation is its
+    caller's."""
+    cfg, x = compressors[0].cfg, xs[0]
+    n = blocks_in(cfg, x.shape[1], first)
+    if n == 0:
+        return [t.new_zeros(t.shape[0], 0, *t.shape[2:]) for t in xs]
+    if cfg.phi == "mean":
+        return [unfold_blocks(cfg, t, first).mean(dim=-1) for t in xs]
+    kind = x.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+    w1, pos, b1, w2, b2 = _stacked(compressors, dtype, "fc1.weight", "pos", "fc1.bias", "fc2.weight", "fc2.bias")
+    if fc1_inputs is not None:
+        flat = fc1_input(cfg, xs, first)
+        fc1_inputs.append(flat)
+        hidden = _hidden(flat, n, w1, pos, b1)
+    elif recompute_for(x) is Recompute.RECIPES:
+        hidden = checkpoint(_hidden_of, cfg, xs, first, n, w1, pos, b1, use_reentrant=False, preserve_rng_state=False)
+    else:
+        hidden = _hidden_of(cfg, xs, first, n, w1, pos, b1)
+    out = torch.baddbmm(b2.unsqueeze(1), hidden.flatten(1, -2), w2.transpose(1, 2))
+    return list(out.view(hidden.shape).unbind(0))
+
+
+def blocks_in(cfg: NSAConfig, T: int, first: int = 0) -> int:
+    """Compressed tokens from block ``first`` of a stream of T tokens (blocks that fit whole)."""
+    l, d = cfg.cmp_block, cfg.cmp_stride
+    return max(0, (T - l) // d + 1 - first) if T >= l else 0
+
+
+def unfold_blocks(cfg: NSAConfig, x: torch.Tensor, first: int = 0) -> torch.Tensor:
+    """[B, n, H, K, l] windows of l tokens every d tokens of x [B, T, H, K] from block ``first``
+    (a view of x; n = ``blocks_in``, at least one)."""
+    return x[:, first * cfg.cmp_stride :].unfold(1, cfg.cmp_block, cfg.cmp_stride)
+
+
+def fc1_input(cfg: NSAConfig, xs: Sequence[torch.Tensor], first: int = 0) -> torch.Tensor:
+    """What the MLP's first matmul reads for blocks ``first``.. of the streams xs [B, T, H, K]
+    (at least one block): their chunks of d tokens, stacked [len(xs), B, n + r - 1, H, d*K].
+    The stride divides the block (l = r*d, NSAConfig checks it), so block i is chunks i..i+r-1,
+    and fc1(flatten(block + pos)) is sum_q W1_q chunk_{i+q} + (W1 flatten(pos) + b1), W1_q the
+    q-th d*K columns of W1: each token is read once, and the blocks, which hold each token r
+    times, are never built."""
+    l, d = cfg.cmp_block, cfg.cmp_stride
+    T = xs[0].shape[1]
+    m = blocks_in(cfg, T, first) + l // d - 1
+    start, end = first * d, (first + m) * d
+    views = [(t if (start, end) == (0, T) else t[:, start:end]).unflatten(1, (m, d)).transpose(2, 3) for t in xs]
+    return torch.stack(views).flatten(-2)
+
+
+def _stacked(compressors: Sequence[Compressor], dtype: torch.dtype, *names: str) -> list[torch.Tensor]:
+    """The named parameters of every compressor, each stacked [len(compressors), ...] in dtype:
+    one concatenation and one cast for all, each way (autocast would cast each on its own, and
+    slices of one buffer would each get a gradient of the whole buffer)."""
+    params = [[attrgetter(name)(c) for c in compressors] for name in names]
+    flat = torch.cat([p.flatten() for group in params for p in group]).to(dtype)
+    parts = flat.split([group[0].numel() * len(group) for group in params])
+    return [part.view(len(group), *group[0].shape) for part, group in zip(parts, params)]
+
+
+def _hidden(flat: torch.Tensor, n: int, w1: torch.Tensor, pos: torch.Tensor, b1: torch.Tensor) -> torch.Tensor:
+    """silu(fc1(flatten(block + pos))) [G, B, n, H, K_out] of the n blocks whose fc1 input is
+    ``flat`` (``fc1_input``'s), from the G compressors' stacked fc1 parameters."""
+    G, B, m, H, width = flat.shape
+    r = m - n + 1
+    # W1 [K_out, r * width] read as [K_out * r, width]: row o*r + q holds W1_q's row o
+    terms = torch.bmm(flat.view(G, -1, width), w1.view(G, -1, width).transpose(1, 2))
+    # pos is the same in every block: its term joins the bias
+    bias = torch.baddbmm(b1.unsqueeze(1), pos.view(G, 1, -1), w1.transpose(1, 2))
+    return F.silu(_BlockSum.apply(terms.view(G, B, m, H, -1, r), bias.view(G, 1, 1, 1, -1), n))
+
+
+def _hidden_of(cfg: NSAConfig, xs: Sequence[torch.Tensor], first: int, n: int, *fc1_params: torch.Tensor
+               ) -> torch.Tensor:
+    return _hidden(fc1_input(cfg, xs, first), n, *fc1_params)
+
+
+class _BlockSum(torch.autograd.Function):
+    """bias + sum_q terms[:, :, i + q, ..., q] for blocks i < n, of terms [G, B, n + r - 1, H,
+    K_out, r]: each block's fc1 pre-activation from its chunks' terms. Written out, its backward
+    makes the terms' gradient in one buffer, where autograd's would build and add one per chunk."""
+
+    @staticmethod
+    def forward(terms: torch.Tensor, bias: torch.Tensor, n: int) -> torch.Tensor:
+        out = terms[:, :, :n, ..., 0] + bias
+        for q in range(1, terms.shape[-1]):
+            out += terms[:, :, q : q + n, ..., q]
+        return out
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        ctx.terms_shape = inputs[0].shape
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        n, r = grad.shape[2], ctx.terms_shape[-1]
+        d_terms = grad.new_zeros(ctx.terms_shape)
+        for q in range(r):
+            d_terms[:, :, q : q + n, ..., q] = grad
+        return d_terms, grad.sum((1, 2, 3), keepdim=True), None

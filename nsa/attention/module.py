@@ -19,7 +19,7 @@ from .backends import (
     STAGE_CONFIG_KEY, STAGES, BackendUnavailable, Route, ahead, preload, resolve_route, rope_kernel,
 )
 from .checkpointed import keep_selection_only
-from .compress import Compressor, Recompute, recompute_for
+from .compress import Compressor, Recompute, compress, fc1_input, recompute_for
 from .config import NSAConfig
 from .core import CoreParts, nsa_core_parts
 from .graphed import GRAPH_TOKENS, LayerGraphs
@@ -137,6 +137,11 @@ class NSAAttention(RoutedAttention):
         self.last_gate_mean: torch.Tensor | None = None
         self.graphs = LayerGraphs(graph_tokens)
 
+    @property
+    def compressors(self) -> tuple[Compressor, Compressor]:
+        """The key and value streams' compressors, in the order ``compress`` takes them."""
+        return self.compress_k, self.compress_v
+
     def _routes_for(self, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, Route], bool]:
         routes = {s: resolve_route(s, getattr(self.cfg, STAGE_CONFIG_KEY[s]), device, dtype) for s in STAGES}
         for route in routes.values():
@@ -225,15 +230,15 @@ class NSAAttention(RoutedAttention):
         q, kv, gates = self.project(x, start, rope)
         k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = kv
         if cache is None:
-            fc1_k, fc1_v = ([], []) if remaking is not None else (None, None)
-            kc, vc = self.compress_k(k_cmp, fc1_inputs=fc1_k), self.compress_v(v_cmp, fc1_inputs=fc1_v)
+            fc1 = [] if remaking is not None else None
+            kc, vc = compress(self.compressors, (k_cmp, v_cmp), fc1_inputs=fc1)
             if remaking is not None:
-                self._keep_projections(remaking, x, rope, q, kv, fc1_k, fc1_v)
+                self._keep_projections(remaking, x, rope, q, kv, fc1)
         else:
             names = ("k_cmp", "v_cmp", "k_sel", "v_sel", "k_win", "v_win")
             k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = (cache.append(n, t) for n, t in zip(names, kv))
             first = 0 if cache.kc is None else cache.kc.shape[1]
-            new_k, new_v = self.compress_k(k_cmp, first), self.compress_v(v_cmp, first)
+            new_k, new_v = compress(self.compressors, (k_cmp, v_cmp), first)
             cache.kc = new_k if cache.kc is None else torch.cat([cache.kc, new_k], dim=1)
             cache.vc = new_v if cache.vc is None else torch.cat([cache.vc, new_v], dim=1)
             cache.length += T
@@ -246,24 +251,23 @@ class NSAAttention(RoutedAttention):
         return self.o_proj(core.o.reshape(B, T, -1)), gates
 
     def _keep_projections(self, remaking: Remaking, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                          q: torch.Tensor, kv: tuple[torch.Tensor, ...], fc1_k: list[torch.Tensor],
-                          fc1_v: list[torch.Tensor]) -> None:
+                          q: torch.Tensor, kv: tuple[torch.Tensor, ...], fc1: list[torch.Tensor]) -> None:
         """q and the six key/value streams are made again from x (the projections' autocast
         input, which they keep anyway): the projections' matmuls and the RoPE kernel; and the
-        compressors' fc1 inputs in ``fc1_k`` and ``fc1_v`` (none for mean pooling) from the key
-        and value streams, in the same recipe, so that the streams are made once for both. (The
-        gates are kept: their sigmoid keeps them for its own backward.)"""
+        compressors' fc1 input in ``fc1`` (none for mean pooling) from the key and value streams,
+        in the same recipe, so that the streams are made once for both. (The gates are kept: their
+        sigmoid keeps them for its own backward.)"""
         kind = x.device.type
         autocast = dict(device_type=kind, dtype=torch.get_autocast_dtype(kind),
                         enabled=torch.is_autocast_enabled(kind))
-        compressors = [(self.compress_k, 0)] * len(fc1_k) + [(self.compress_v, 1)] * len(fc1_v)
+        compressed = bool(fc1)  # the recipe holds no reference to fc1's tensors: they are what it frees
 
         def again() -> list[torch.Tensor]:
             with torch.autocast(**autocast):
                 q2, kv2 = self.project_qkv(x, 0, rope)
-            return [q2, *kv2, *(c.fc1_input(c.blocks(kv2[i])) for c, i in compressors)]
+            return [q2, *kv2, *([fc1_input(self.cfg, kv2[:2])] if compressed else [])]
 
-        remaking.add(again, [q, *kv, *fc1_k, *fc1_v])
+        remaking.add(again, [q, *kv, *fc1])
 
     @staticmethod
     def _keep_core(remaking: Remaking, core: CoreParts, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,

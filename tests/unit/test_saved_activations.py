@@ -11,6 +11,7 @@ import gc
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from nsa.attention import NSAAttention, NSAConfig, compress
@@ -68,14 +69,14 @@ def test_projections_keep_one_autocast_copy_of_the_input(kind):
     assert len(copies) == 1, [tuple(t.shape) for t in copies]
 
 
-def _compressor_grads(recompute_from: int, monkeypatch):
+def _compressor_grads(recompute_from: int, monkeypatch, T: int = 70):
     monkeypatch.setattr(compress, "RECOMPUTE_TOKENS", recompute_from)
     cfg = NSAConfig(cmp_block=8, cmp_stride=4)
     torch.manual_seed(0)
     comp = compress.Compressor(16, cfg)
     with torch.no_grad():
         comp.pos.normal_()
-    x = torch.randn(1, 64, 2, 16, requires_grad=True)
+    x = torch.randn(1, T, 2, 16, requires_grad=True)
     out = {}
     saved = saved_storages(lambda: out.setdefault("y", comp(x)))
     leaves = [x, *comp.parameters()]
@@ -83,18 +84,47 @@ def _compressor_grads(recompute_from: int, monkeypatch):
     return out["y"], grads, saved
 
 
-def test_the_compressor_recomputes_its_blocks_at_long_context(monkeypatch):
-    """Nc = 15 blocks of l = 8 tokens, every d = 4: fc1's input holds each token twice. From
-    RECOMPUTE_TOKENS tokens no saved tensor holds it, and the output and gradients are bit for
-    bit those of the compressor that keeps it."""
+def test_the_compressor_recomputes_its_chunks_at_long_context(monkeypatch):
+    """T = 70: Nc = 16 blocks of l = 8 tokens, every d = 4, read by fc1 as 17 chunks of d tokens
+    (68 of x's 70). From RECOMPUTE_TOKENS tokens no saved tensor holds the chunks, and the output
+    and gradients are bit for bit those of the compressor that keeps them."""
     kept_y, kept_grads, kept = _compressor_grads(10**9, monkeypatch)
     y, grads, saved = _compressor_grads(64, monkeypatch)
-    blocks = 15 * 2 * 8 * 16  # Nc x H x l x K
-    assert any(t.untyped_storage().nbytes() == blocks * 4 for t in kept)  # what the short sequence keeps
-    assert not any(t.untyped_storage().nbytes() >= blocks * 4 for t in saved), [tuple(t.shape) for t in saved]
+    chunks = 17 * 2 * 4 * 16 * 4  # bytes of m x H x d x K float32
+    assert chunks in {t.untyped_storage().nbytes() for t in kept}  # what the short sequence keeps
+    assert chunks not in {t.untyped_storage().nbytes() for t in saved}, [tuple(t.shape) for t in saved]
     assert torch.equal(y, kept_y)
     for g, ref in zip(grads, kept_grads):
         assert torch.equal(g, ref)
+
+
+@pytest.mark.parametrize("cmp_block, cmp_stride, T", [(8, 4, 70), (8, 4, 64), (12, 4, 41), (4, 4, 9), (32, 16, 100)])
+def test_the_compressor_matches_its_blocks_formula(cmp_block, cmp_stride, T):
+    """fc1 over chunks of d tokens (l = r*d) gives what the paper's formula gives, W2 silu(W1
+    flatten(block + pos) + b1) + b2 of each block, in float64, with its gradients; and the key and
+    value compressors run together as each alone."""
+    cfg = NSAConfig(cmp_block=cmp_block, cmp_stride=cmp_stride)
+    torch.manual_seed(0)
+    comps = [compress.Compressor(8, cfg).double() for _ in range(2)]
+    for c in comps:
+        with torch.no_grad():
+            c.pos.normal_()
+    xs = [torch.randn(2, T, 3, 8, dtype=torch.float64, requires_grad=True) for _ in comps]
+
+    def formula(c, x):
+        blocks = x.unfold(1, cfg.cmp_block, cfg.cmp_stride).transpose(-1, -2)  # [B, Nc, H, l, K]
+        return c.fc2(F.silu(c.fc1((blocks + c.pos).flatten(-2))))
+
+    got = compress.compress(comps, xs)
+    dy = [torch.randn_like(t) for t in got]
+    leaves = [*xs, *(p for c in comps for p in c.parameters())]
+    got_grads = torch.autograd.grad(got, leaves, dy)
+    want = [formula(c, x) for c, x in zip(comps, xs)]
+    want_grads = torch.autograd.grad(want, leaves, dy)
+    for g, w in zip([*got, *got_grads], [*want, *want_grads]):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    alone = comps[1](xs[1], first=1)
+    torch.testing.assert_close(alone, want[1][:, 1:], rtol=1e-12, atol=1e-12)
 
 
 def test_the_layer_keeps_how_to_make_its_projections_and_gated_sum_at_long_context(monkeypatch):
@@ -125,7 +155,7 @@ def assert_layer_remakes(cfg: NSAConfig, device: torch.device, monkeypatch, exac
     x = torch.randn(1, 64, 48, device=device, requires_grad=True)
     dy = torch.randn(1, 64, 48, device=device)
     project, project_qkv, core = layer.project, layer.project_qkv, module.nsa_core_parts
-    fc1_inputs = {name: getattr(layer, name).fc1_input for name in ("compress_k", "compress_v")}
+    fc1_input = compress.fc1_input
 
     def run(recompute_from: int):
         monkeypatch.setattr(compress, "RECOMPUTE_TOKENS", recompute_from)
@@ -136,12 +166,10 @@ def assert_layer_remakes(cfg: NSAConfig, device: torch.device, monkeypatch, exac
             projections.append(1)
             return project_qkv(*args, **kwargs)
 
-        def watched_fc1_input(name):
-            def fc1_input(blocks):
-                flat = fc1_inputs[name](blocks)
-                made.setdefault(f"fc1 input of {name}", flat)
-                return flat
-            return fc1_input
+        def watched_fc1_input(*args, **kwargs):
+            flat = fc1_input(*args, **kwargs)
+            made.setdefault("fc1 input", flat)
+            return flat
 
         def watched_project(*args, **kwargs):
             q, kv, gates = project(*args, **kwargs)
@@ -158,8 +186,8 @@ def assert_layer_remakes(cfg: NSAConfig, device: torch.device, monkeypatch, exac
 
         monkeypatch.setattr(layer, "project", watched_project)
         monkeypatch.setattr(layer, "project_qkv", counted_project_qkv)
-        for name in fc1_inputs:
-            monkeypatch.setattr(getattr(layer, name), "fc1_input", watched_fc1_input(name))
+        monkeypatch.setattr(compress, "fc1_input", watched_fc1_input)
+        monkeypatch.setattr(module, "fc1_input", watched_fc1_input)
         monkeypatch.setattr(module, "nsa_core_parts", watched_core)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             y = layer(x)
@@ -173,7 +201,7 @@ def assert_layer_remakes(cfg: NSAConfig, device: torch.device, monkeypatch, exac
 
     y_kept, grads_kept, kept, _ = run(10**9)
     y, grads, alive, projected_again = run(64)
-    remade = remade | {"fc1 input of compress_k", "fc1 input of compress_v"}
+    remade = remade | {"fc1 input"}
     assert remade <= kept, f"below RECOMPUTE_TOKENS the layer keeps {sorted(kept)}"
     assert not remade & alive, f"alive after the forward: {sorted(remade & alive)}"
     assert projected_again == 1, "q, the key/value streams and fc1's inputs are made once in the backward"

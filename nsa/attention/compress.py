@@ -153,34 +153,17 @@ def _hidden(flat: torch.Tensor, n: int, w1: torch.Tensor, pos: torch.Tensor, b1:
     terms = torch.bmm(flat.view(G, -1, width), w1.view(G, -1, width).transpose(1, 2))
     # pos is the same in every block: its term joins the bias
     bias = torch.baddbmm(b1.unsqueeze(1), pos.view(G, 1, -1), w1.transpose(1, 2))
-    return F.silu(_BlockSum.apply(terms.view(G, B, m, H, -1, r), bias.view(G, 1, 1, 1, -1), n))
+    return F.silu(_block_sum(terms.view(G, B, m, H, -1, r)) + bias.view(G, 1, 1, 1, -1))
+
+
+def _block_sum(terms: torch.Tensor) -> torch.Tensor:
+    """sum_q terms[:, :, i + q, ..., q] [G, B, n, H, K_out] for each block i of terms [G, B, n + r - 1,
+    H, K_out, r]: its chunks' terms, read through windows of r chunks (a view) and their diagonal,
+    one reduction each way (slices would each build and add a gradient of all the terms)."""
+    r = terms.shape[-1]
+    return terms.unfold(2, r, 1).diagonal(dim1=-2, dim2=-1).sum(-1)
 
 
 def _hidden_of(cfg: NSAConfig, xs: Sequence[torch.Tensor], first: int, n: int, *fc1_params: torch.Tensor
                ) -> torch.Tensor:
     return _hidden(fc1_input(cfg, xs, first), n, *fc1_params)
-
-
-class _BlockSum(torch.autograd.Function):
-    """bias + sum_q terms[:, :, i + q, ..., q] for blocks i < n, of terms [G, B, n + r - 1, H,
-    K_out, r]: each block's fc1 pre-activation from its chunks' terms. Written out, its backward
-    makes the terms' gradient in one buffer, where autograd's would build and add one per chunk."""
-
-    @staticmethod
-    def forward(terms: torch.Tensor, bias: torch.Tensor, n: int) -> torch.Tensor:
-        out = terms[:, :, :n, ..., 0] + bias
-        for q in range(1, terms.shape[-1]):
-            out += terms[:, :, q : q + n, ..., q]
-        return out
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:
-        ctx.terms_shape = inputs[0].shape
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        n, r = grad.shape[2], ctx.terms_shape[-1]
-        d_terms = grad.new_zeros(ctx.terms_shape)
-        for q in range(r):
-            d_terms[:, :, q : q + n, ..., q] = grad
-        return d_terms, grad.sum((1, 2, 3), keepdim=True), None

@@ -166,4 +166,5 @@ def _block_sum(terms: torch.Tensor) -> torch.Tensor:
 
 def _hidden_of(cfg: NSAConfig, xs: Sequence[torch.Tensor], first: int, n: int, *fc1_params: torch.Tensor
                ) -> torch.Tensor:
+    """``_hidden`` from the streams themselves: what a checkpoint makes again, fc1's input with it."""
     return _hidden(fc1_input(cfg, xs, first), n, *fc1_params)

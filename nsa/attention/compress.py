@@ -159,9 +159,11 @@ def _hidden(flat: torch.Tensor, n: int, w1: torch.Tensor, pos: torch.Tensor, b1:
 def _block_sum(terms: torch.Tensor) -> torch.Tensor:
     """sum_q terms[:, :, i + q, ..., q] [G, B, n, H, K_out] for each block i of terms [G, B, n + r - 1,
     H, K_out, r]: its chunks' terms, read through windows of r chunks (a view) and their diagonal,
-    one reduction each way (slices would each build and add a gradient of all the terms)."""
+    one reduction each way (slices would each build and add a gradient of all the terms). The
+    dtype is named: CUDA's autocast would sum into float32, and silu would then keep a float32
+    copy for its backward."""
     r = terms.shape[-1]
-    return terms.unfold(2, r, 1).diagonal(dim1=-2, dim2=-1).sum(-1)
+    return terms.unfold(2, r, 1).diagonal(dim1=-2, dim2=-1).sum(-1, dtype=terms.dtype)
 
 
 def _hidden_of(cfg: NSAConfig, xs: Sequence[torch.Tensor], first: int, n: int, *fc1_params: torch.Tensor

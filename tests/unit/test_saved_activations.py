@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.multiprocessing.reductions import StorageWeakRef
+from torch.overrides import TorchFunctionMode
 
 from nsa.attention import NSAAttention, NSAConfig, compress
 from nsa.attention.dense import DenseAttention
@@ -125,6 +126,32 @@ def test_the_compressor_matches_its_blocks_formula(cmp_block, cmp_stride, T):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
     alone = comps[1](xs[1], first=1)
     torch.testing.assert_close(alone, want[1][:, 1:], rtol=1e-12, atol=1e-12)
+
+
+class _SumsIntoFloat32(TorchFunctionMode):
+    """A sum with no dtype named, of a 16-bit tensor, into float32: what CUDA's autocast does (its
+    fp32_set_opt_dtype policy), which CPU's autocast does not."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.sum, torch.Tensor.sum) and args[0].dtype == torch.bfloat16 and "dtype" not in kwargs:
+            kwargs = {**kwargs, "dtype": torch.float32}
+        return func(*args, **kwargs)
+
+
+def test_the_compressors_keep_no_float32_tensor_under_autocast():
+    """Under bfloat16 autocast the compressors keep only bfloat16 tensors for their backward (their
+    parameters' float32 copies aside), also where autocast sums into float32 as on CUDA: a float32
+    sum of the blocks' terms would have silu keep a float32 copy of them."""
+    cfg = NSAConfig(cmp_block=8, cmp_stride=4)
+    comps = [compress.Compressor(16, cfg) for _ in range(2)]
+    xs = [torch.randn(1, 64, 2, 16, dtype=torch.bfloat16, requires_grad=True) for _ in comps]
+    params = {p.untyped_storage().data_ptr() for c in comps for p in c.parameters()}
+    with _SumsIntoFloat32():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            saved = saved_storages(lambda: compress.compress(comps, xs))
+    wide = [tuple(t.shape) for t in saved if t.dtype != torch.bfloat16 and t.untyped_storage().data_ptr() not in params]
+    assert not wide, wide
 
 
 def test_the_layer_keeps_how_to_make_its_projections_and_gated_sum_at_long_context(monkeypatch):

@@ -21,7 +21,7 @@ from .config import NSAConfig
 
 #: from this many tokens (batch x length) an NSA layer's training forward recomputes in the
 #: backward what it can make again from tensors kept anyway, instead of keeping it: here fc1's
-#: input (every token l/d times, from the per-token keys); in NSAAttention also q, the key/value
+#: input (the key/value streams' chunks, from the streams); in NSAAttention also q, the key/value
 #: streams, the compressed and window branches' outputs and the output projection's input.
 #: Activation memory counts at long context; below it the recomputation's kernel launches would
 #: cost more host time than its memory is worth

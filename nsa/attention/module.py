@@ -4,7 +4,8 @@ Each branch has its own key/value projection (the paper's guard against shortcut
 they are stored as one fused Linear whose output is split six ways, which is the same function
 with fewer kernel launches. Where the kernels run, RoPE and that split are one kernel each way
 (nsa.kernels.rope): the per-call path of a layer is its matmuls and a few kernels per stage.
-Gates are per query head and per branch: sigmoid(W_g x).
+Gates are per query head and per branch: sigmoid(W_g x + b_g); their projection runs in the same
+matmul as the query and key/value projections.
 """
 from __future__ import annotations
 
@@ -131,6 +132,8 @@ class NSAAttention(RoutedAttention):
         self.o_proj = nn.Linear(n_heads * head_dim, dim, bias=False)
         self.compress_k = Compressor(head_dim, cfg)
         self.compress_v = Compressor(head_dim, cfg)
+        # (device, dtype) -> zero rows padding the stacked projection weights (_zero_rows)
+        self._pads: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
         # the mean gate per branch of the last forward (detached, no sync), kept only while
         # track_gates is on (nsa.model.telemetry.track_gates): off, a forward adds no work for it
         self.track_gates = False
@@ -153,25 +156,33 @@ class NSAAttention(RoutedAttention):
         """Rotated q [B,T,HQ,K], the six per-branch k/v [B,T,H,K] and gates [B,T,HQ,3].
         ``rope``: precomputed (cos, sin) of positions start..start+T-1 (see forward);
         ``fused_rope``: whether the RoPE kernel runs (None: as routed for x's device and dtype)."""
-        x = autocast_input(x)  # one copy for every projection
-        q, kv = self.project_qkv(x, start, rope, fused_rope)
+        q, kv, gate_logits = self._project(x, start, rope, fused_rope)
         B, T, _ = x.shape
-        gates = torch.sigmoid(self.gate_proj(x)).view(B, T, self.n_heads, 3)
+        bias = self.gate_proj.bias
+        gates = torch.sigmoid(gate_logits + bias.to(gate_logits.dtype)).view(B, T, self.n_heads, 3)
         return q, kv, gates
 
     def project_qkv(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                     fused_rope: bool | None = None):
-        """project's q and six key/value streams, without the gates: one matmul of x with the
-        query and key/value projections' weights stacked (one launch each way instead of two, and
-        one gradient of x instead of two summed). The gates' projection stays apart: with its
-        3 * HQ columns a token's row of the product would lose the 16-byte alignment that the
-        matmuls and the RoPE kernel read fastest."""
+        """project's q and six key/value streams, without the gates (what the backward makes
+        again: the gates are kept)."""
+        return self._project(x, start, rope, fused_rope)[:2]
+
+    def _project(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                 fused_rope: bool | None):
+        """Rotated q, the six key/value streams and the gates' logits (without their bias) from one
+        matmul of x with the query, key/value and gate projections' weights stacked: one launch
+        each way instead of two, and one gradient of x instead of two summed. Zero rows pad the
+        stack to a multiple of 8, so that a token's row of the product keeps the 16-byte
+        alignment the matmuls and the RoPE kernel read fastest (the gates' 3 * HQ columns alone
+        would break it)."""
         B, T, _ = x.shape
         HQ, H, K = self.n_heads, self.n_kv, self.head_dim
         cos, sin = rope if rope is not None else self.rope(start, T, x.device)
         x = autocast_input(x)
-        weight = torch.cat((self.q_proj.weight, self.kv_proj.weight))
-        q, kv = F.linear(x, weight).split((HQ * K, 6 * H * K), dim=-1)
+        pad = self._zero_rows(self.q_proj.weight)
+        weight = torch.cat((self.q_proj.weight, self.kv_proj.weight, self.gate_proj.weight, pad))
+        q, kv, gate_logits, _ = F.linear(x, weight).split((HQ * K, 6 * H * K, 3 * HQ, pad.shape[0]), dim=-1)
         q, kv = q.view(B, T, HQ, K), kv.view(B, T, 6, H, K)
         if fused_rope is None:
             fused_rope = self._resolve(x.device, q.dtype)[1]
@@ -184,7 +195,21 @@ class NSAAttention(RoutedAttention):
             q = apply_rope(q, cos, sin)
             k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = kv.unbind(2)
             k_cmp, k_sel, k_win = (apply_rope(k, cos, sin) for k in (k_cmp, k_sel, k_win))
-        return q, (k_cmp, v_cmp, k_sel, v_sel, k_win, v_win)
+        return q, (k_cmp, v_cmp, k_sel, v_sel, k_win, v_win), gate_logits
+
+    def _zero_rows(self, weight: torch.Tensor) -> torch.Tensor:
+        """The zero rows (maybe none) that pad the stacked projection weights to a multiple of 8
+        rows, like ``weight``. Made once per device and dtype outside a torch.compile trace (a
+        plain attribute, not a buffer: a model built on the meta device and materialised with
+        ``to_empty`` would leave a buffer's zeros uninitialised)."""
+        rows = -(self.q_proj.out_features + self.kv_proj.out_features + self.gate_proj.out_features) % 8
+        if torch.compiler.is_compiling():
+            return weight.new_zeros(rows, weight.shape[1])
+        key = (weight.device, weight.dtype)
+        pad = self._pads.get(key)
+        if pad is None:
+            pad = self._pads[key] = weight.new_zeros(rows, weight.shape[1])
+        return pad
 
     def forward(self, x: torch.Tensor, cache: NSACache | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:

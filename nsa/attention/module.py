@@ -156,11 +156,14 @@ class NSAAttention(RoutedAttention):
         """Rotated q [B,T,HQ,K], the six per-branch k/v [B,T,H,K] and gates [B,T,HQ,3].
         ``rope``: precomputed (cos, sin) of positions start..start+T-1 (see forward);
         ``fused_rope``: whether the RoPE kernel runs (None: as routed for x's device and dtype)."""
+        x = autocast_input(x)  # one copy for every projection
         q, kv, gate_logits = self._project(x, start, rope, fused_rope)
         B, T, _ = x.shape
-        bias = self.gate_proj.bias
-        gates = torch.sigmoid(gate_logits + bias.to(gate_logits.dtype)).view(B, T, self.n_heads, 3)
-        return q, kv, gates
+        if gate_logits is None:
+            gates = torch.sigmoid(self.gate_proj(x))
+        else:
+            gates = torch.sigmoid(gate_logits + self.gate_proj.bias.to(gate_logits.dtype))
+        return q, kv, gates.view(B, T, self.n_heads, 3)
 
     def project_qkv(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                     fused_rope: bool | None = None):
@@ -175,14 +178,22 @@ class NSAAttention(RoutedAttention):
         each way instead of two, and one gradient of x instead of two summed. Zero rows pad the
         stack to a multiple of 8, so that a token's row of the product keeps the 16-byte
         alignment the matmuls and the RoPE kernel read fastest (the gates' 3 * HQ columns alone
-        would break it)."""
+        would break it). While torch.compile traces, the gates keep their own projection (None
+        for their logits): the compiler fuses what the stack saves the eager layer, and with the
+        gates in the stack the compiled model's backward peaks higher (docs/performance.md, the
+        compiled model's memory)."""
         B, T, _ = x.shape
         HQ, H, K = self.n_heads, self.n_kv, self.head_dim
         cos, sin = rope if rope is not None else self.rope(start, T, x.device)
         x = autocast_input(x)
-        pad = self._zero_rows(self.q_proj.weight)
-        weight = torch.cat((self.q_proj.weight, self.kv_proj.weight, self.gate_proj.weight, pad))
-        q, kv, gate_logits, _ = F.linear(x, weight).split((HQ * K, 6 * H * K, 3 * HQ, pad.shape[0]), dim=-1)
+        if torch.compiler.is_compiling():
+            weights, sizes = (self.q_proj.weight, self.kv_proj.weight), (HQ * K, 6 * H * K)
+        else:
+            pad = self._zero_rows(self.q_proj.weight)
+            weights = (self.q_proj.weight, self.kv_proj.weight, self.gate_proj.weight, pad)
+            sizes = (HQ * K, 6 * H * K, 3 * HQ, pad.shape[0])
+        q, kv, *gates = F.linear(x, torch.cat(weights)).split(sizes, dim=-1)
+        gate_logits = gates[0] if gates else None
         q, kv = q.view(B, T, HQ, K), kv.view(B, T, 6, H, K)
         if fused_rope is None:
             fused_rope = self._resolve(x.device, q.dtype)[1]
@@ -199,12 +210,10 @@ class NSAAttention(RoutedAttention):
 
     def _zero_rows(self, weight: torch.Tensor) -> torch.Tensor:
         """The zero rows (maybe none) that pad the stacked projection weights to a multiple of 8
-        rows, like ``weight``. Made once per device and dtype outside a torch.compile trace (a
-        plain attribute, not a buffer: a model built on the meta device and materialised with
-        ``to_empty`` would leave a buffer's zeros uninitialised)."""
+        rows, like ``weight``, made once per device and dtype (a plain attribute, not a buffer: a
+        model built on the meta device and materialised with ``to_empty`` would leave a buffer's
+        zeros uninitialised)."""
         rows = -(self.q_proj.out_features + self.kv_proj.out_features + self.gate_proj.out_features) % 8
-        if torch.compiler.is_compiling():
-            return weight.new_zeros(rows, weight.shape[1])
         key = (weight.device, weight.dtype)
         pad = self._pads.get(key)
         if pad is None:

@@ -167,8 +167,8 @@ class NSAAttention(RoutedAttention):
 
     def project_qkv(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                     fused_rope: bool | None = None):
-        """project's q and six key/value streams, without the gates (what the backward makes
-        again: the gates are kept)."""
+        """project's q and six key/value streams (what the backward makes again: the gates are
+        kept, and the gates' columns of the product are dropped)."""
         return self._project(x, start, rope, fused_rope)[:2]
 
     def _project(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None,

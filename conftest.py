@@ -34,22 +34,6 @@ def pytest_xdist_setupnodes(config: pytest.Config, specs: list) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-@pytest.hookimpl(optionalhook=True, tryfirst=True)
-def pytest_xdist_make_scheduler(config: pytest.Config, log):
-    """``-n`` (xdist's 'load': the next test to whichever worker is free) runs the workers through
-    the same stretch of the suite at once: all of them in the in-process kernel and unit tests,
-    three CPU-bound processes on a two-core CI box, then all of them in the fault and launch tests,
-    which mostly wait on the processes they start. Work stealing starts each worker on its own
-    contiguous third of the tests and moves tests only when a worker runs dry, so those kinds run
-    side by side, and a module's tests mostly stay on one worker, which builds its module-scoped
-    fixtures (trainer runs) once. An explicit ``--dist`` other than load is kept."""
-    if config.getvalue("dist") != "load":
-        return None
-    from xdist.scheduler import WorkStealingScheduling
-
-    return WorkStealingScheduling(config, log)
-
-
 def pytest_runtest_setup(item: pytest.Item) -> None:
     names = {m.name for m in item.iter_markers()}
     count = None

@@ -162,9 +162,7 @@ def test_a_rank_that_does_not_profile_only_runs_the_steps():
 # --- the trainer's window, on CPU -----------------------------------------------------------------
 
 # on CPU wherever they run: what these tests pin (steady from step 2, no GPU timeline) is the CPU case
-# watchdog.poll_s: a run's end waits for the watchdog thread's current poll (1 s by default), and a
-# run here takes a fraction of that
-TINY = "model.n_layers=1 train.seq_len=32 train.print_every=100 train.save_final=false train.device=cpu watchdog.poll_s=0.1"
+TINY = "model.n_layers=1 train.seq_len=32 train.print_every=100 train.save_final=false train.device=cpu"
 
 
 def _train(out: Path, extra: str, steps: int, profile_steps: int) -> int:

@@ -12,9 +12,7 @@ import pytest
 
 from nsa.train.cli import run
 
-# watchdog.poll_s: a run's end waits for the watchdog thread's current poll (1 s by default), and a
-# run here takes a fraction of that
-TINY = "model.n_layers=1 train.seq_len=32 train.print_every=100 train.save_final=false watchdog.poll_s=0.1"
+TINY = "model.n_layers=1 train.seq_len=32 train.print_every=100 train.save_final=false"
 needs_tb = pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,
                               reason="the tensorboard package is not installed (pip install -e '.[tensorboard]')")
 

@@ -22,9 +22,7 @@ from nsa.train.checkpoint import CheckpointError, find_resume
 from nsa.train.faults import InjectedFault, parse_faults
 from nsa.train.telemetry import CSV_HEADER
 
-# watchdog.poll_s: a run's end waits for the watchdog thread's current poll (1 s by default), and a
-# run here takes a fraction of that
-TINY = "model.n_layers=1 train.print_every=100 watchdog.poll_s=0.1"
+TINY = "model.n_layers=1 train.print_every=100"
 
 
 def train(out: Path, extra: str = "", steps: int = 4, env: dict | None = None) -> int:

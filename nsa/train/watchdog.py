@@ -70,6 +70,8 @@ EXIT_WATCHDOG = contract.EXIT_WATCHDOG
 #: the watchdog thread's wait overshooting by more than this (and poll_s) means it did not run:
 #: the process was suspended. A thread kept waiting for the GIL is late by milliseconds.
 SUSPENDED_AFTER_S = 2.0
+#: the byte close() writes to the wakeup pipe: no signal's number, so the thread reads it as none
+_CLOSING = 0
 HALT_NAME = contract.HALT
 
 
@@ -326,6 +328,11 @@ class Watchdog:
 
     def close(self) -> None:
         self._stop.set()
+        if self._wakeup is not None:  # the thread waits in select on the pipe, not on _stop: wake it
+            try:
+                os.write(self._wakeup[1], bytes([_CLOSING]))
+            except OSError:  # a full pipe wakes it anyway
+                pass
         faulthandler.cancel_dump_traceback_later()
         if self._thread is not None:
             self._thread.join(timeout=2 * self.cfg.poll_s + 1)

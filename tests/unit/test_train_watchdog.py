@@ -39,6 +39,19 @@ def test_unused_empty_dump_files_are_removed(tmp_path: Path):
     assert not stackdump_path(tmp_path, 0).exists()
 
 
+def test_close_ends_the_thread_without_waiting_out_its_poll(tmp_path: Path):
+    """A run's end does not wait for the watchdog thread's poll (a select on the signals' wakeup
+    pipe where the main thread could take it, else an Event's wait)."""
+    wd = Watchdog(WatchdogConfig(timeout_s=60, poll_s=30), tmp_path, rank=0, world_size=1)
+    wd.start()
+    wd.beat(1, "forward")
+    time.sleep(0.1)  # the thread is in its wait
+    t0 = time.monotonic()
+    wd.close()
+    assert time.monotonic() - t0 < 5
+    assert not wd._thread.is_alive()
+
+
 def _watching(tmp_path: Path, **cfg) -> tuple[Watchdog, list[str]]:
     """A started Watchdog whose firing is recorded (and stops it) instead of ending the process."""
     wd = Watchdog(WatchdogConfig(poll_s=0.05, **cfg), tmp_path, rank=0, world_size=1)

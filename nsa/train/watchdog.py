@@ -223,8 +223,8 @@ class Watchdog:
         self._dump.truncate(0)
 
     def _wait(self) -> bool:
-        """Wait a poll (less when a signal's byte arrives; Ctrl-Z's suspends the process first);
-        False once closed."""
+        """Wait a poll (less when a signal's byte or close()'s arrives; Ctrl-Z's suspends the process
+        first); False once closed."""
         if self._wakeup is None:
             return not self._stop.wait(self.cfg.poll_s)
         if select.select([self._wakeup[0]], [], [], self.cfg.poll_s)[0]:

@@ -10,6 +10,7 @@ and torch.profiler's table of host time per op (self CPU time, top rows) of 20 f
     python bench/host_profile.py --shapes m7c_125m --batch 32 --cuda   # GPU time per kernel
     python bench/host_profile.py --layer --shapes 4k 16k --cprofile    # the whole m7c layer, bf16 autocast
     python bench/host_profile.py --layer --shapes 4k 32k --graph-tokens 0   # the layer without its graphs
+    python bench/host_profile.py --layer --shapes 32k --graph-tokens 0 --origins   # launches by source line
 """
 from __future__ import annotations
 
@@ -94,6 +95,51 @@ def print_kernels(prof, calls: int, rows: int):
     print(f"| total | {total / calls / 1e3:.3f} | | |")
 
 
+#: ops that allocate or only describe memory: no kernel
+_NO_KERNEL = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "detach", "alias",
+              "lift_fresh", "_local_scalar_dense", "set_", "resize_", "_unsafe_view"}
+
+
+def op_origins(fb, calls: int = 5) -> dict[str, int]:
+    """The aten ops that run kernels (no views, no allocations) in ``calls`` runs of fb, per
+    call, keyed by the op and the innermost frame of this repository's nsa/ package that called
+    it; an op of the backward that autograd's engine runs (no Python frame) is keyed by its
+    autograd node. Triton launches are not aten ops: the profiler's kernel table counts them."""
+    import traceback
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts: dict[str, int] = {}
+
+    class Origins(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if not func.is_view and name not in _NO_KERNEL:
+                frames = [f for f in traceback.extract_stack() if "/nsa/" in f.filename]
+                if frames:
+                    f = frames[-1]
+                    where = f"{f.filename[f.filename.rindex('/nsa/') + 1:]}:{f.lineno} {f.name}"
+                else:
+                    node = torch._C._current_autograd_node()
+                    where = f"autograd {node.name()}" if node is not None else "(no nsa frame)"
+                key = f"{name} < {where}"
+                counts[key] = counts.get(key, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    with Origins():
+        for _ in range(calls):
+            fb()
+    return {k: n // calls for k, n in counts.items()}
+
+
+def print_origins(fb, rows: int):
+    counts = op_origins(fb)
+    print("| aten ops per fwd+bwd | op < where |\n|---:|---|")
+    for key, n in sorted(counts.items(), key=lambda kv: -kv[1])[:rows]:
+        print(f"| {n} | {key[:160]} |")
+    print(f"| {sum(counts.values())} | total |")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["2k", "m7c_125m"], help="bench/bench_nsa.py's shape names")
@@ -109,6 +155,8 @@ def main(argv=None):
     ap.add_argument("--graph-tokens", type=int, default=None,
                     help="with --layer: the layer's own CUDA graphs up to this many tokens (0: none; default: the "
                          "layer's)")
+    ap.add_argument("--origins", action="store_true",
+                    help="also the aten ops that run kernels grouped by the source line they come from")
     ap.add_argument("--cprofile", action="store_true",
                     help="also print cProfile's Python functions by own time (Triton's launcher included)")
     a = ap.parse_args(argv)
@@ -137,6 +185,8 @@ def main(argv=None):
         print(f"# {name} (B={a.batch or B}): host {host:.3f} ms | do_bench {dev:.3f} ms | CUDA graph replay {graph} ms")
         from torch.profiler import ProfilerActivity, profile
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.cuda else [])
+        if a.origins:
+            print_origins(fb, rows=a.rows)
         with profile(activities=acts) as prof:
             for _ in range(20):
                 fb()

@@ -16,7 +16,7 @@ from .autograd_state import count_call
 from .backends import Route, implementation, resolve_route, rope_kernel
 from .config import NSAConfig
 from .module import NSACache, RoutedAttention, autocast_input
-from .rope import apply_rope
+from .rope import apply_rope, table_dtype
 
 
 class DenseAttention(RoutedAttention):
@@ -38,8 +38,8 @@ class DenseAttention(RoutedAttention):
         B, T, _ = x.shape
         H, HQ, K = self.n_kv, self.n_heads, self.head_dim
         start = cache.length if cache is not None else 0
-        cos, sin = rope if rope is not None else self.rope(start, T, x.device)
         x = autocast_input(x)
+        cos, sin = rope if rope is not None else self.rope(start, T, x.device, table_dtype(x.dtype))
         q = self.q_proj(x).view(B, T, HQ, K)
         kv = self.kv_proj(x).view(B, T, 2, H, K)
         routes, fused_rope = self._resolve(x.device, q.dtype)

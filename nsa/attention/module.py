@@ -25,7 +25,7 @@ from .config import NSAConfig
 from .core import CoreParts, nsa_core_parts
 from .graphed import GRAPH_TOKENS, LayerGraphs
 from .remade import Remaking
-from .rope import apply_rope, rope_tables
+from .rope import apply_rope, rope_tables, table_dtype
 
 
 @dataclass
@@ -111,9 +111,11 @@ class RoutedAttention(nn.Module):
             self.routes = found[0]  # the last eager call's, for the backend audit
         return found
 
-    def rope(self, start: int, T: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [T, K/2] of positions start..start+T-1 (float64)."""
-        return rope_tables(start, T, self.head_dim, self.rope_theta, device)
+    def rope(self, start: int, T: int, device: torch.device, dtype: torch.dtype = torch.float64
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, K/2] of positions start..start+T-1 in ``dtype`` (table_dtype of the
+        inputs' dtype is what RoPE computes in)."""
+        return rope_tables(start, T, self.head_dim, self.rope_theta, device, dtype)
 
 
 class NSAAttention(RoutedAttention):
@@ -157,46 +159,51 @@ class NSAAttention(RoutedAttention):
         ``rope``: precomputed (cos, sin) of positions start..start+T-1 (see forward);
         ``fused_rope``: whether the RoPE kernel runs (None: as routed for x's device and dtype)."""
         x = autocast_input(x)  # one copy for every projection
-        q, kv, gate_logits = self._project(x, start, rope, fused_rope)
+        q, kv, gates = self._project(x, start, rope, fused_rope)
         B, T, _ = x.shape
-        if gate_logits is None:
+        if gates is None:
             gates = torch.sigmoid(self.gate_proj(x))
-        else:
-            gates = torch.sigmoid(gate_logits + self.gate_proj.bias.to(gate_logits.dtype))
         return q, kv, gates.view(B, T, self.n_heads, 3)
 
     def project_qkv(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
                     fused_rope: bool | None = None):
         """project's q and six key/value streams (what the backward makes again: the gates are
-        kept, and the gates' columns of the product are dropped)."""
+        kept)."""
         return self._project(x, start, rope, fused_rope)[:2]
 
     def _project(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None,
                  fused_rope: bool | None):
-        """Rotated q, the six key/value streams and the gates' logits (without their bias) from one
-        matmul of x with the query, key/value and gate projections' weights stacked: one launch
-        each way instead of two, and one gradient of x instead of two summed. Zero rows pad the
-        stack to a multiple of 8, so that a token's row of the product keeps the 16-byte
-        alignment the matmuls and the RoPE kernel read fastest (the gates' 3 * HQ columns alone
-        would break it). While torch.compile traces, the gates keep their own projection (None
-        for their logits): the compiler fuses what the stack saves the eager layer, and with the
-        gates in the stack the compiled model's backward peaks higher (docs/performance.md, the
-        compiled model's memory)."""
+        """Rotated q, the six key/value streams and the gates [B, T, 3 * HQ] from one matmul of x
+        with the query, key/value and gate projections' weights stacked: one launch each way
+        instead of two, and one gradient of x instead of two summed. Zero rows pad the stack to a
+        multiple of 8, so that a token's row of the product keeps the 16-byte alignment the
+        matmuls and the RoPE kernel read fastest (the gates' 3 * HQ columns alone would break
+        it). Where the RoPE kernel runs, it also makes the gates (nsa.kernels.rope.project_split)
+        and its backward writes the product's gradient whole. While torch.compile traces, the
+        gates keep their own projection (None for them): the compiler fuses what the stack saves
+        the eager layer, and with the gates in the stack the compiled model's backward peaks
+        higher (docs/performance.md, the compiled model's memory)."""
         B, T, _ = x.shape
         HQ, H, K = self.n_heads, self.n_kv, self.head_dim
-        cos, sin = rope if rope is not None else self.rope(start, T, x.device)
         x = autocast_input(x)
+        cos, sin = rope if rope is not None else self.rope(start, T, x.device, table_dtype(x.dtype))
+        if fused_rope is None:
+            fused_rope = self._resolve(x.device, x.dtype)[1]
         if torch.compiler.is_compiling():
-            weights, sizes = (self.q_proj.weight, self.kv_proj.weight), (HQ * K, 6 * H * K)
+            q, kv = F.linear(x, torch.cat((self.q_proj.weight, self.kv_proj.weight))).split(
+                (HQ * K, 6 * H * K), dim=-1)
+            gates = None
         else:
             pad = self._zero_rows(self.q_proj.weight)
-            weights = (self.q_proj.weight, self.kv_proj.weight, self.gate_proj.weight, pad)
-            sizes = (HQ * K, 6 * H * K, 3 * HQ, pad.shape[0])
-        q, kv, *gates = F.linear(x, torch.cat(weights)).split(sizes, dim=-1)
-        gate_logits = gates[0] if gates else None
+            prod = F.linear(x, torch.cat((self.q_proj.weight, self.kv_proj.weight, self.gate_proj.weight, pad)))
+            if fused_rope:
+                from nsa.kernels.rope import project_split
+
+                q, kv, gates = project_split(prod, self.gate_proj.bias, cos, sin, HQ, H, 3, K)
+                return q, tuple(kv.unbind(0)), gates
+            q, kv, logits, _ = prod.split((HQ * K, 6 * H * K, 3 * HQ, pad.shape[0]), dim=-1)
+            gates = torch.sigmoid(logits + self.gate_proj.bias.to(logits.dtype))
         q, kv = q.view(B, T, HQ, K), kv.view(B, T, 6, H, K)
-        if fused_rope is None:
-            fused_rope = self._resolve(x.device, q.dtype)[1]
         if fused_rope:
             from nsa.kernels.rope import rope_split
 
@@ -206,7 +213,7 @@ class NSAAttention(RoutedAttention):
             q = apply_rope(q, cos, sin)
             k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = kv.unbind(2)
             k_cmp, k_sel, k_win = (apply_rope(k, cos, sin) for k in (k_cmp, k_sel, k_win))
-        return q, (k_cmp, v_cmp, k_sel, v_sel, k_win, v_win), gate_logits
+        return q, (k_cmp, v_cmp, k_sel, v_sel, k_win, v_win), gates
 
     def _zero_rows(self, weight: torch.Tensor) -> torch.Tensor:
         """The zero rows (maybe none) that pad the stacked projection weights to a multiple of 8
@@ -260,7 +267,7 @@ class NSAAttention(RoutedAttention):
         B, T, _ = x.shape
         start = cache.length if cache is not None else 0
         if rope is None:
-            rope = self.rope(start, T, x.device)
+            rope = self.rope(start, T, x.device, table_dtype(x.dtype))
         q, kv, gates = self.project(x, start, rope)
         k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = kv
         if cache is None:

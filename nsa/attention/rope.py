@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-#: the last few tables made by rope_tables, by (start, T, head dim, theta, device)
+#: the last few tables made by rope_tables, by (start, T, head dim, theta, device, dtype)
 _TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 _TABLES_KEPT = 4
 
@@ -33,17 +33,25 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return out.to(x.dtype)
 
 
-def rope_tables(start: int, T: int, head_dim: int, theta: float,
-                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """rope_angles of positions start..start+T-1, kept for the next calls with the same arguments
-    in eager mode (an attention layer called without its model's tables would otherwise make them
-    again on every call, a handful of launches); made afresh while torch.compile traces."""
+def table_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype RoPE computes in for inputs of ``dtype``, and so its tables' (apply_rope's rule)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def rope_tables(start: int, T: int, head_dim: int, theta: float, device: torch.device,
+                dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """rope_angles of positions start..start+T-1 in ``dtype``, kept for the next calls with the
+    same arguments in eager mode (an attention layer called without its model's tables would
+    otherwise make and cast them again on every call, a handful of launches); made afresh while
+    torch.compile traces."""
     if torch.compiler.is_compiling():
-        return rope_angles(torch.arange(start, start + T, device=device), head_dim, theta)
-    key = (start, T, head_dim, theta, torch.device(device))
+        cos, sin = rope_angles(torch.arange(start, start + T, device=device), head_dim, theta)
+        return cos.to(dtype), sin.to(dtype)
+    key = (start, T, head_dim, theta, torch.device(device), dtype)
     tables = _TABLES.get(key)
     if tables is None:
-        tables = rope_angles(torch.arange(start, start + T, device=device), head_dim, theta)
+        tables = tuple(t.to(dtype) for t in rope_angles(torch.arange(start, start + T, device=device), head_dim,
+                                                         theta))
         while len(_TABLES) >= _TABLES_KEPT:
             _TABLES.pop(next(iter(_TABLES)))
         _TABLES[key] = tables

@@ -19,11 +19,13 @@ contiguous; keys rotated, values copied).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from ._autograd import run_op
+from ._autograd import _eager_function, run_op
 
 
 @triton.jit
@@ -43,52 +45,98 @@ def _rotate_rows(src, dst, rows, rmask, c, s, src_stride, dst_stride, rotate, HA
 
 
 @triton.jit
-def _rope_split_kernel(q_in, kv_in, cos, sin, q_out, kv_out, n_tokens, T, sign, q_in_stride, kv_packed_stride,
+def _gate_rows(g_in, saved, g_out, tok, tmask, bias, g_in_stride, g_out_stride, PACK: tl.constexpr,
+               NG: tl.constexpr, PAD: tl.constexpr, BG: tl.constexpr):
+    """The gates of BT tokens: forward, sigmoid(logits + bias) of the logits g_in (a token's NG
+    values g_in_stride apart) -> g_out (NG a token); backward (PACK), the gradient of the
+    logits dg * g * (1 - g) of the gates' gradient g_in and the saved gates -> g_out (a token's
+    g_out_stride apart), with the PAD columns after them (the projection's zero rows) zeroed."""
+    c = tl.arange(0, BG)
+    at = tok.to(tl.int64)[:, None]
+    mask = tmask[:, None] & (c[None, :] < NG)
+    x = tl.load(g_in + at * g_in_stride + c[None, :], mask=mask, other=0.0).to(tl.float32)
+    if PACK:
+        g = tl.load(saved + at * NG + c[None, :], mask=mask, other=0.0).to(tl.float32)
+        y = tl.where(c[None, :] < NG, x * g * (1.0 - g), 0.0)
+        tl.store(g_out + at * g_out_stride + c[None, :], y.to(g_out.dtype.element_ty),
+                 mask=tmask[:, None] & (c[None, :] < NG + PAD))
+    else:
+        b = tl.load(bias + c, mask=c < NG, other=0.0).to(tl.float32)
+        y = tl.sigmoid(x + b[None, :])
+        tl.store(g_out + at * g_out_stride + c[None, :], y.to(g_out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rope_split_kernel(q_in, kv_in, cos, sin, q_out, kv_out, g_in, g_saved, g_out, bias, n_tokens, T, sign,
+                       q_in_stride, q_out_stride, kv_packed_stride, g_in_stride, g_out_stride,
                        HQ: tl.constexpr, H: tl.constexpr, P: tl.constexpr, HALF: tl.constexpr, BH: tl.constexpr,
-                       BT: tl.constexpr, PACK: tl.constexpr):
+                       BT: tl.constexpr, PACK: tl.constexpr, NG: tl.constexpr, PAD: tl.constexpr,
+                       BG: tl.constexpr):
     """BT tokens of one row a program: row r < HQ is query head r, row HQ + j * H + h is head h of
-    kv stream j (keys on even j, rotated; values on odd j, copied). Forward (PACK False): q_in,
-    kv_in packed as the projections make them -> q_out and the split kv_out. Backward (PACK True,
-    sign -1: the inverse rotation): the gradients q_in (of q_out) and kv_in (split, as kv_out) ->
-    q_out and kv_out packed. A token's rows in q_in and the packed kv are q_in_stride and
-    kv_packed_stride elements apart (slices of one projection's output), the split kv's and q_out's
-    H * K and HQ * K."""
+    kv stream j (keys on even j, rotated; values on odd j, copied), and with NG gates the last
+    row is the gates' (_gate_rows). Forward (PACK False): q_in, kv_in packed as the projections
+    make them -> q_out and the split kv_out. Backward (PACK True, sign -1: the inverse rotation):
+    the gradients q_in (of q_out) and kv_in (split, as kv_out) -> q_out and kv_out packed. A
+    token's rows in q_in, q_out and the packed kv are q_in_stride, q_out_stride and
+    kv_packed_stride elements apart (slices of one projection's output, or contiguous), the
+    split kv's H * K."""
     K: tl.constexpr = 2 * HALF
     tok = tl.program_id(0) * BT + tl.arange(0, BT)
     row = tl.program_id(1)
     tmask = tok < n_tokens
-    m = tl.arange(0, BH)
-    t = tok % T
-    tab = t.to(tl.int64)[:, None] * HALF + m[None, :]
-    tmask2 = tmask[:, None] & (m[None, :] < HALF)
-    c = tl.load(cos + tab, mask=tmask2, other=1.0)
-    s = tl.load(sin + tab, mask=tmask2, other=0.0) * sign
-    if row < HQ:
-        _rotate_rows(q_in + row * K, q_out + row * K, tok, tmask, c, s, q_in_stride, HQ * K, True, HALF, BH)
+    if row == HQ + 2 * P * H:  # only in a grid with the gates' row (NG > 0)
+        _gate_rows(g_in, g_saved, g_out, tok, tmask, bias, g_in_stride, g_out_stride, PACK, NG, PAD, BG)
     else:
-        j = (row - HQ) // H
-        h = (row - HQ) % H
-        packed = (j * H + h) * K
-        split = j.to(tl.int64) * n_tokens * (H * K) + h * K
-        if PACK:
-            _rotate_rows(kv_in + split, kv_out + packed, tok, tmask, c, s, H * K, kv_packed_stride,
-                         j % 2 == 0, HALF, BH)
+        m = tl.arange(0, BH)
+        t = tok % T
+        tab = t.to(tl.int64)[:, None] * HALF + m[None, :]
+        tmask2 = tmask[:, None] & (m[None, :] < HALF)
+        c = tl.load(cos + tab, mask=tmask2, other=1.0)
+        s = tl.load(sin + tab, mask=tmask2, other=0.0) * sign
+        if row < HQ:
+            _rotate_rows(q_in + row * K, q_out + row * K, tok, tmask, c, s, q_in_stride, q_out_stride, True, HALF, BH)
         else:
-            _rotate_rows(kv_in + packed, kv_out + split, tok, tmask, c, s, kv_packed_stride, H * K,
-                         j % 2 == 0, HALF, BH)
+            j = (row - HQ) // H
+            h = (row - HQ) % H
+            packed = (j * H + h) * K
+            split = j.to(tl.int64) * n_tokens * (H * K) + h * K
+            if PACK:
+                _rotate_rows(kv_in + split, kv_out + packed, tok, tmask, c, s, H * K, kv_packed_stride,
+                             j % 2 == 0, HALF, BH)
+            else:
+                _rotate_rows(kv_in + packed, kv_out + split, tok, tmask, c, s, kv_packed_stride, H * K,
+                             j % 2 == 0, HALF, BH)
+
+
+@dataclass(frozen=True)
+class _Gates:
+    """The gate columns of a launch: logits (forward) or the gates' gradient (backward) in
+    ``src``, a token's values ``src_stride`` apart; the saved gates (backward); the output,
+    ``dst_stride`` a token, followed by ``pad`` zeroed columns (backward); the bias (forward)."""
+    src: torch.Tensor
+    dst: torch.Tensor
+    src_stride: int
+    dst_stride: int
+    bias: torch.Tensor | None = None
+    saved: torch.Tensor | None = None
+    pad: int = 0
 
 
 def _launch(q_in, kv_in, cos, sin, q_out, kv_out, HQ: int, H: int, P: int, K: int, pack: bool,
-            q_in_stride: int, kv_packed_stride: int):
+            q_in_stride: int, q_out_stride: int, kv_packed_stride: int, gates: _Gates | None = None):
     n_tokens, T = q_in.shape[0] * q_in.shape[1], cos.shape[0]
     if n_tokens == 0:
         return
     half = K // 2
     BH = triton.next_power_of_2(half)
     BT = max(1, min(64, 2048 // BH))
-    _rope_split_kernel[(triton.cdiv(n_tokens, BT), HQ + 2 * P * H)](
-        q_in, kv_in, cos, sin, q_out, kv_out, n_tokens, T, -1.0 if pack else 1.0, q_in_stride, kv_packed_stride,
-        HQ=HQ, H=H, P=P, HALF=half, BH=BH, BT=BT, PACK=pack, num_warps=4)
+    NG = gates.src.shape[-1] if gates is not None else 0
+    g = gates or _Gates(q_in, q_in, 0, 0)  # valid pointers the kernel does not read
+    _rope_split_kernel[(triton.cdiv(n_tokens, BT), HQ + 2 * P * H + (NG > 0))](
+        q_in, kv_in, cos, sin, q_out, kv_out, g.src, g.saved if g.saved is not None else g.src, g.dst,
+        g.bias if g.bias is not None else g.src, n_tokens, T, -1.0 if pack else 1.0, q_in_stride, q_out_stride,
+        kv_packed_stride, g.src_stride, g.dst_stride, HQ=HQ, H=H, P=P, HALF=half, BH=BH, BT=BT, PACK=pack, NG=NG,
+        PAD=g.pad, BG=triton.next_power_of_2(max(1, NG + g.pad)), num_warps=4)
 
 
 def _token_rows(t: torch.Tensor) -> torch.Tensor:
@@ -107,7 +155,7 @@ def _fwd(q: torch.Tensor, kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     q, kv = _token_rows(q), _token_rows(kv)
     q_out = q.new_empty(q.shape)
     kv_out = kv.new_empty(2 * P, B, T, H, K)
-    _launch(q, kv, cos, sin, q_out, kv_out, HQ, H, P, K, pack=False, q_in_stride=q.stride(1),
+    _launch(q, kv, cos, sin, q_out, kv_out, HQ, H, P, K, pack=False, q_in_stride=q.stride(1), q_out_stride=HQ * K,
             kv_packed_stride=kv.stride(1))
     return q_out, kv_out
 
@@ -118,7 +166,7 @@ def _bwd(cos: torch.Tensor, sin: torch.Tensor, dq: torch.Tensor, dkv: torch.Tens
     P2, H = dkv.shape[0], dkv.shape[3]
     dq_in = dq.new_empty(dq.shape)
     dkv_in = dkv.new_empty(B, T, P2, H, K)
-    _launch(dq, dkv, cos, sin, dq_in, dkv_in, HQ, H, P2 // 2, K, pack=True, q_in_stride=HQ * K,
+    _launch(dq, dkv, cos, sin, dq_in, dkv_in, HQ, H, P2 // 2, K, pack=True, q_in_stride=HQ * K, q_out_stride=HQ * K,
             kv_packed_stride=P2 * H * K)
     return dq_in, dkv_in
 
@@ -152,19 +200,7 @@ def _backward(ctx, dq, dkv):
 rope_split_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-class _Eager(torch.autograd.Function):
-    """The op's forward and backward without the dispatcher's custom-op path (eager calls, as
-    nsa.kernels._autograd's pairs)."""
-
-    @staticmethod
-    def forward(ctx, q, kv, cos, sin):
-        out = _fwd(q, kv, cos, sin)
-        _setup_context(ctx, (q, kv, cos, sin), out)
-        return out
-
-    @staticmethod
-    def backward(ctx, dq, dkv):
-        return _backward(ctx, dq, dkv)
+_Eager = _eager_function("RopeSplit", _fwd, _setup_context, _backward)
 
 
 def rope_split(q: torch.Tensor, kv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -177,3 +213,79 @@ def rope_split(q: torch.Tensor, kv: torch.Tensor, cos: torch.Tensor, sin: torch.
                          "(key, value) pairs on dim 2")
     args = (q, kv, cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous())
     return run_op(rope_split_fwd, _Eager.apply, *args)
+
+
+def _project_fwd(prod: torch.Tensor, bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, HQ: int, H: int,
+                 P: int, K: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    B, T, W = prod.shape
+    G, qw, kvw = bias.shape[0], HQ * K, 2 * P * H * K
+    prod = _token_rows(prod)
+    q_out = prod.new_empty(B, T, HQ, K)
+    kv_out = prod.new_empty(2 * P, B, T, H, K)
+    gates = prod.new_empty(B, T, G)
+    _launch(prod, prod[..., qw:], cos, sin, q_out, kv_out, HQ, H, P, K, pack=False, q_in_stride=prod.stride(1),
+            q_out_stride=qw, kv_packed_stride=prod.stride(1),
+            gates=_Gates(prod[..., qw + kvw:qw + kvw + G], gates, prod.stride(1), G, bias=bias))
+    return q_out, kv_out, gates
+
+
+def _project_bwd(cos: torch.Tensor, sin: torch.Tensor, bias: torch.Tensor, gates: torch.Tensor, dq: torch.Tensor,
+                 dkv: torch.Tensor, dgates: torch.Tensor, W: int) -> tuple[torch.Tensor, torch.Tensor]:
+    B, T, HQ, K = dq.shape
+    P2, H, G = dkv.shape[0], dkv.shape[3], gates.shape[-1]
+    qw, kvw = HQ * K, P2 * H * K
+    d_prod = dq.new_empty(B, T, W)
+    _launch(dq, dkv, cos, sin, d_prod, d_prod[..., qw:], HQ, H, P2 // 2, K, pack=True, q_in_stride=qw,
+            q_out_stride=W, kv_packed_stride=W,
+            gates=_Gates(dgates, d_prod[..., qw + kvw:], G, W, saved=gates, pad=W - qw - kvw - G))
+    d_bias = d_prod[..., qw + kvw:qw + kvw + G].sum((0, 1), dtype=torch.float32).to(bias.dtype)
+    return d_prod, d_bias
+
+
+project_split_fwd = torch.library.custom_op("nsa::project_split_fwd", _project_fwd, mutates_args=())
+project_split_bwd = torch.library.custom_op("nsa::project_split_bwd", _project_bwd, mutates_args=())
+
+
+@project_split_fwd.register_fake
+def _(prod, bias, cos, sin, HQ, H, P, K):
+    B, T, _ = prod.shape
+    return prod.new_empty(B, T, HQ, K), prod.new_empty(2 * P, B, T, H, K), prod.new_empty(B, T, bias.shape[0])
+
+
+@project_split_bwd.register_fake
+def _(cos, sin, bias, gates, dq, dkv, dgates, W):
+    B, T = dq.shape[:2]
+    return dq.new_empty(B, T, W), bias.new_empty(bias.shape)
+
+
+def _project_setup_context(ctx, inputs, output):
+    ctx.save_for_backward(inputs[2], inputs[3], inputs[1], output[2])
+    ctx.width = inputs[0].shape[-1]
+
+
+def _project_backward(ctx, dq, dkv, dgates):
+    cos, sin, bias, gates = ctx.saved_tensors
+    d_prod, d_bias = run_op(project_split_bwd, _project_bwd, cos, sin, bias, gates, dq.contiguous(),
+                            dkv.contiguous(), dgates.contiguous(), ctx.width)
+    return d_prod, d_bias, None, None, None, None, None, None
+
+
+project_split_fwd.register_autograd(_project_backward, setup_context=_project_setup_context)
+_EagerProject = _eager_function("ProjectSplit", _project_fwd, _project_setup_context, _project_backward)
+
+
+def project_split(prod: torch.Tensor, bias: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, HQ: int, H: int,
+                  P: int, K: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """rope_split of the query and key/value columns of one projection's output prod [B, T, W]
+    (HQ * K query columns, then P (key, value) pairs of H * K columns each, then the G gate
+    logits of bias [G], then columns nothing reads), and gates = sigmoid(logits + bias) [B, T, G] in
+    prod's dtype, in the same kernel. Its backward writes the gradient of prod as one tensor (the
+    unread columns zero), so the projection's matmul takes it without a concatenation, and the
+    bias's gradient, summed over the tokens in float32. Under torch.compile it runs as the
+    custom op nsa::project_split_fwd."""
+    G = bias.shape[0]
+    if K % 2 or prod.shape[-1] < (HQ + 2 * P * H) * K + G:
+        raise ValueError(f"project_split: head dim {K} must be even and prod's {prod.shape[-1]} columns must hold "
+                         f"{HQ} query heads, {P} (key, value) pairs of {H} heads and {G} gate logits")
+    args = (prod, bias, cos.to(torch.float32).contiguous(), sin.to(torch.float32).contiguous(), HQ, H, P, K)
+    return run_op(project_split_fwd, _EagerProject.apply, *args)

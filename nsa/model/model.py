@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from ..attention import NSAAttention, NSACache
 from ..attention.dense import DenseAttention
+from ..attention.rope import table_dtype
 from .config import ModelConfig
 
 
@@ -97,8 +98,7 @@ class NSATransformer(nn.Module):
         attn = self.layers[0].attn if len(self.layers) else None
         rope = None
         if attn is not None:
-            dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-            rope = tuple(t.to(dtype) for t in attn.rope(start, idx.shape[1], idx.device))
+            rope = attn.rope(start, idx.shape[1], idx.device, table_dtype(x.dtype))
         for i, layer in enumerate(self.layers):
             x = layer(x, None if caches is None else caches[i], rope)
         return self.head(self.norm(x))

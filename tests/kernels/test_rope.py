@@ -86,3 +86,71 @@ def test_rope_split_copies_tokens_that_are_not_evenly_spaced(kdev):
     got = rope_split(q_part, kv_part, cos[: T - 1], sin[: T - 1])
     ref = rope_split(q_part.contiguous(), kv_part.contiguous(), cos[: T - 1], sin[: T - 1])
     assert all(torch.equal(a, b) for a, b in zip(got, ref))
+
+
+def _projection(dev, HQ=6, H=2, P=3, K=16, G=18, pad=6, B=2, T=37, seed=1):
+    """One projection's output [B, T, W] (query, key/value, gate-logit and unread columns) and a
+    gate bias."""
+    gen = torch.Generator().manual_seed(seed)
+    prod = torch.randn(B, T, (HQ + 2 * P * H) * K + G + pad, generator=gen).to(dev)
+    bias = torch.randn(G, generator=gen).to(dev)
+    return prod, bias
+
+
+@pytest.mark.parametrize("pad", [6, 0], ids=["padded", "unpadded"])
+def test_project_split_is_rope_split_and_the_gates_and_its_gradient_is_one_tensor(kdev, pad):
+    """project_split gives rope_split's q and streams of its slices and sigmoid(logits + bias),
+    and the gradients of prod (the unread columns zero) and of the bias that the same ops in
+    PyTorch give."""
+    from nsa.kernels.rope import project_split, rope_split
+
+    HQ, H, P, K, G = 6, 2, 3, 16, 18
+    prod, bias = _projection(kdev, HQ, H, P, K, G, pad)
+    _, _, cos, sin = _inputs(kdev, torch.float32, T=prod.shape[1])
+    B, T, _ = prod.shape
+    prod1, bias1 = prod.clone().requires_grad_(), bias.clone().requires_grad_()
+    prod2, bias2 = prod.clone().requires_grad_(), bias.clone().requires_grad_()
+    q, kv, gates = project_split(prod1, bias1, cos, sin, HQ, H, P, K)
+    q_ref, kv_ref, logits, _ = prod2.split((HQ * K, 2 * P * H * K, G, pad), dim=-1)
+    q_ref, kv_ref = rope_split(q_ref.reshape(B, T, HQ, K), kv_ref.reshape(B, T, 2 * P, H, K), cos, sin)
+    gates_ref = torch.sigmoid(logits + bias2)
+    assert torch.equal(q, q_ref) and torch.equal(kv, kv_ref)
+    torch.testing.assert_close(gates, gates_ref, rtol=1e-6, atol=1e-6)
+    grads = [torch.randn_like(t) for t in (q, kv, gates)]
+    torch.autograd.backward((q, kv, gates), grads)
+    torch.autograd.backward((q_ref, kv_ref, gates_ref), grads)
+    torch.testing.assert_close(prod1.grad, prod2.grad, rtol=1e-5, atol=1e-6)
+    assert not prod1.grad[..., prod.shape[-1] - pad:].any()
+    torch.testing.assert_close(bias1.grad, bias2.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_project_split_passes_opcheck(kdev):
+    from nsa.kernels.rope import project_split_fwd
+
+    prod, bias = _projection(kdev, T=9)
+    _, _, cos, sin = _inputs(kdev, torch.float32, T=9)
+    torch.library.opcheck(project_split_fwd, (prod.requires_grad_(), bias.requires_grad_(), cos, sin, 6, 2, 3, 16))
+
+
+@pytest.mark.parametrize("heads", [(4, 2, 16), (8, 2, 16)], ids=["padded", "unpadded"])
+def test_layer_projections_through_the_kernel_match_pytorch(kdev, heads):
+    """NSAAttention.project with the kernel (project_split) gives what its PyTorch path gives:
+    q, the six streams, the gates, and the gradients of the input and every projection weight
+    and bias."""
+    from nsa.attention import NSAAttention
+    from nsa.attention.config import NSAConfig
+
+    torch.manual_seed(0)
+    HQ, H, K = heads
+    layer = NSAAttention(48, HQ, H, K, NSAConfig(), graph_tokens=0).to(kdev)
+    torch.nn.init.normal_(layer.gate_proj.bias)
+    x = torch.randn(2, 24, 48, device=kdev, requires_grad=True)
+    leaves = [x, layer.q_proj.weight, layer.kv_proj.weight, layer.gate_proj.weight, layer.gate_proj.bias]
+    outs = {}
+    for fused in (True, False):
+        q, kv, gates = layer.project(x, 3, fused_rope=fused)
+        flat = [q, *kv, gates]
+        grads = torch.autograd.grad(flat, leaves, [torch.ones_like(t) * (i + 1) for i, t in enumerate(flat)])
+        outs[fused] = (flat, grads)
+    for got, want in zip(*([*outs[f][0], *outs[f][1]] for f in (True, False))):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -40,13 +40,18 @@ def _eager_function(name: str, forward: Callable, setup_context: Callable, backw
     })
 
 
+#: the tensor types an eager call passes as they are
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def _traced(args) -> bool:
     """True while a graph is being traced (torch.compile, AOT autograd, make_fx, opcheck):
     dynamo is compiling, a dispatch mode (fake, functional, proxy) is active, or an argument is
-    a tensor subclass such as FakeTensor. The graph must then hold the custom op."""
+    a tensor subclass such as FakeTensor (a module's own parameter, an nn.Parameter, is not
+    one). The graph must then hold the custom op."""
     if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
         return True
-    return any(isinstance(a, torch.Tensor) and type(a) is not torch.Tensor for a in args)
+    return any(isinstance(a, torch.Tensor) and type(a) not in _PLAIN for a in args)
 
 
 def run_op(op, implementation: Callable, *args):

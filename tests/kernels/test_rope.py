@@ -149,6 +149,8 @@ def test_layer_projections_through_the_kernel_match_pytorch(kdev, heads):
     outs = {}
     for fused in (True, False):
         q, kv, gates = layer.project(x, 3, fused_rope=fused)
+        if fused:  # the eager path, not the custom op's (the gate bias is an nn.Parameter)
+            assert type(q.grad_fn).__name__ == "ProjectSplitBackward"
         flat = [q, *kv, gates]
         grads = torch.autograd.grad(flat, leaves, [torch.ones_like(t) * (i + 1) for i, t in enumerate(flat)])
         outs[fused] = (flat, grads)

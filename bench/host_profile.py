@@ -100,44 +100,76 @@ _NO_KERNEL = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_st
               "lift_fresh", "_local_scalar_dense", "set_", "resize_", "_unsafe_view"}
 
 
-def op_origins(fb, calls: int = 5) -> dict[str, int]:
+def _nsa_frame(frames) -> str | None:
+    """The innermost frame of this repository's nsa/ package among ``frames`` (traceback's
+    FrameSummary objects, or the lines traceback.format_stack gives), as 'nsa/path.py:line
+    function'."""
+    import re
+
+    found = None
+    for f in frames:
+        if isinstance(f, str):
+            m = re.search(r'File "([^"]+)", line (\d+), in (\S+)', f)
+            if m is None:
+                continue
+            filename, lineno, name = m.group(1), m.group(2), m.group(3)
+        else:
+            filename, lineno, name = f.filename, f.lineno, f.name
+        if "/nsa/" in filename:
+            found = f"{filename[filename.rindex('/nsa/') + 1:]}:{lineno} {name}"
+    return found
+
+
+def op_origins(fb, calls: int = 5) -> tuple[dict[str, int], dict[str, int]]:
     """The aten ops that run kernels (no views, no allocations) in ``calls`` runs of fb, per
     call, keyed by the op and the innermost frame of this repository's nsa/ package that called
-    it; an op of the backward that autograd's engine runs (no Python frame) is keyed by its
-    autograd node. Triton launches are not aten ops: the profiler's kernel table counts them."""
+    it; an op of the backward that autograd's engine runs is keyed by its autograd node and the
+    frame whose forward made that node (anomaly mode records it). And the autograd nodes that ran
+    any op, per call, by node and that frame: each costs the engine host time, a view's too.
+    Triton launches are not aten ops: the profiler's kernel table counts them."""
     import traceback
 
     from torch.utils._python_dispatch import TorchDispatchMode
 
     counts: dict[str, int] = {}
+    nodes: dict[int, str] = {}  # id of a node that ran -> its key (nodes are kept alive below)
+    alive = []
+
+    def node_key(node) -> str:
+        made = node.metadata.get("traceback_")
+        return f"{node.name()} of {_nsa_frame(made) if made else '(no forward stack)'}"
 
     class Origins(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = func.overloadpacket.__name__
+            node = torch._C._current_autograd_node()
+            if node is not None and id(node) not in nodes:
+                nodes[id(node)] = node_key(node)
+                alive.append(node)
             if not func.is_view and name not in _NO_KERNEL:
-                frames = [f for f in traceback.extract_stack() if "/nsa/" in f.filename]
-                if frames:
-                    f = frames[-1]
-                    where = f"{f.filename[f.filename.rindex('/nsa/') + 1:]}:{f.lineno} {f.name}"
-                else:
-                    node = torch._C._current_autograd_node()
-                    where = f"autograd {node.name()}" if node is not None else "(no nsa frame)"
+                where = _nsa_frame(traceback.extract_stack())
+                if where is None and node is not None:
+                    where = node_key(node)
                 key = f"{name} < {where}"
                 counts[key] = counts.get(key, 0) + 1
             return func(*args, **(kwargs or {}))
 
-    with Origins():
+    with Origins(), torch.autograd.detect_anomaly(check_nan=False):
         for _ in range(calls):
             fb()
-    return {k: n // calls for k, n in counts.items()}
+    per_node: dict[str, int] = {}
+    for key in nodes.values():
+        per_node[key] = per_node.get(key, 0) + 1
+    return ({k: n // calls for k, n in counts.items()}, {k: n // calls for k, n in per_node.items()})
 
 
 def print_origins(fb, rows: int):
-    counts = op_origins(fb)
-    print("| aten ops per fwd+bwd | op < where |\n|---:|---|")
-    for key, n in sorted(counts.items(), key=lambda kv: -kv[1])[:rows]:
-        print(f"| {n} | {key[:160]} |")
-    print(f"| {sum(counts.values())} | total |")
+    ops, nodes = op_origins(fb)
+    for title, counts in (("aten ops per fwd+bwd", ops), ("autograd nodes per fwd+bwd", nodes)):
+        print(f"| {title} | op < where |\n|---:|---|")
+        for key, n in sorted(counts.items(), key=lambda kv: -kv[1])[:rows]:
+            print(f"| {n} | {key[:160]} |")
+        print(f"| {sum(counts.values())} | total |")
 
 
 def main(argv=None):

@@ -17,6 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .autograd_state import func_transform_active
 from .config import NSAConfig
+from .phi_node import phi_mlp
 
 
 #: from this many tokens (batch x length) an NSA layer's training forward recomputes in the
@@ -76,7 +77,7 @@ class Compressor(nn.Module):
 
 
 def compress(compressors: Sequence[Compressor], xs: Sequence[torch.Tensor], first: int = 0,
-             fc1_inputs: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+             fc1_inputs: list[torch.Tensor] | None = None, one_node: bool = False) -> list[torch.Tensor]:
     """Each compressor's tokens of its stream (``Compressor.forward``), those of one config and
     shape together: an MLP phi runs once for all, its parameters stacked, so that a layer's key
     and value compressors cost the launches of one.
@@ -85,7 +86,11 @@ def compress(compressors: Sequence[Compressor], xs: Sequence[torch.Tensor], firs
     gets fc1's input appended to it, to make it again from them with ``fc1_input``; otherwise,
     where an eager forward recomputes (Recompute.RECIPES), the MLP's first layer runs under
     checkpointing, so that its input is not kept; a traced forward's recomputation is its
-    caller's."""
+    caller's.
+
+    ``one_node``: in eager mode (no torch.compile trace, no torch.func transform) and where
+    fc1's input is kept or handed to the caller, the MLP runs as one autograd node with a
+    written-out backward (nsa.attention.phi_node), for the host time of an eager layer."""
     cfg, x = compressors[0].cfg, xs[0]
     n = blocks_in(cfg, x.shape[1], first)
     if n == 0:
@@ -94,6 +99,13 @@ def compress(compressors: Sequence[Compressor], xs: Sequence[torch.Tensor], firs
         return [unfold_blocks(cfg, t, first).mean(dim=-1) for t in xs]
     kind = x.device.type
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+    if (one_node and not torch.compiler.is_compiling() and not func_transform_active()
+            and (fc1_inputs is not None or recompute_for(x) is Recompute.NONE)):
+        with torch.no_grad():
+            flat = fc1_input(cfg, xs, first).to(dtype)
+        if fc1_inputs is not None:
+            fc1_inputs.append(flat)
+        return phi_mlp(compressors, xs, flat, first * cfg.cmp_stride, n, cfg.cmp_stride, dtype)
     w1, pos, b1, w2, b2 = _stacked(compressors, dtype, "fc1.weight", "pos", "fc1.bias", "fc2.weight", "fc2.bias")
     if fc1_inputs is not None:
         flat = fc1_input(cfg, xs, first)

@@ -272,7 +272,7 @@ class NSAAttention(RoutedAttention):
         k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = kv
         if cache is None:
             fc1 = [] if remaking is not None else None
-            kc, vc = compress(self.compressors, (k_cmp, v_cmp), fc1_inputs=fc1)
+            kc, vc = compress(self.compressors, (k_cmp, v_cmp), fc1_inputs=fc1, one_node=True)
             if remaking is not None:
                 self._keep_projections(remaking, x, rope, q, kv, fc1)
         else:

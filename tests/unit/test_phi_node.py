@@ -1,0 +1,66 @@
+"""The compressors' MLP as one autograd node (nsa.attention.phi_node), as an eager NSA layer runs
+it: the outputs of the traced MLP, bit for bit, and its gradients up to rounding, for every
+stream and parameter, at whole and partial chunks and from a later block; and one node in the
+graph where the traced MLP records dozens."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nsa.attention import compress
+from nsa.attention.config import NSAConfig
+
+
+def _compressors(cfg: NSAConfig, K: int, dtype: torch.dtype):
+    torch.manual_seed(0)
+    comps = [compress.Compressor(K, cfg).to(dtype) for _ in range(2)]
+    for c in comps:
+        with torch.no_grad():
+            c.pos.normal_()
+            c.fc1.bias.normal_()
+            c.fc2.bias.normal_()
+    return comps
+
+
+def _run(comps, xs, first, one_node, autocast=False):
+    leaves = [*xs, *(p for c in comps for p in c.parameters())]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = compress.compress(comps, xs, first, one_node=one_node)
+    gen = torch.Generator().manual_seed(1)
+    dy = [torch.randn(t.shape, generator=gen, dtype=t.dtype) for t in out]
+    return out, torch.autograd.grad(out, leaves, dy)
+
+
+@pytest.mark.parametrize("cmp_block, cmp_stride, T, first",
+                         [(8, 4, 70, 0), (8, 4, 64, 1), (12, 4, 41, 0), (4, 4, 9, 0), (32, 16, 100, 2)])
+def test_one_node_is_the_traced_mlp(cmp_block, cmp_stride, T, first):
+    cfg = NSAConfig(cmp_block=cmp_block, cmp_stride=cmp_stride)
+    comps = _compressors(cfg, 8, torch.float64)
+    xs = [torch.randn(2, T, 3, 8, dtype=torch.float64, requires_grad=True) for _ in comps]
+    out, grads = _run(comps, xs, first, one_node=True)
+    want, want_grads = _run(comps, xs, first, one_node=False)
+    assert all(torch.equal(a, b) for a, b in zip(out, want))
+    for g, w in zip(grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+
+
+def test_one_node_under_autocast_keeps_the_traced_rounding():
+    """bf16 autocast (parameters float32): the same outputs, and gradients within bf16 rounding,
+    in the parameters' dtype."""
+    cfg = NSAConfig(cmp_block=8, cmp_stride=4)
+    comps = _compressors(cfg, 16, torch.float32)
+    xs = [torch.randn(1, 64, 2, 16, dtype=torch.bfloat16, requires_grad=True) for _ in comps]
+    out, grads = _run(comps, xs, 0, one_node=True, autocast=True)
+    want, want_grads = _run(comps, xs, 0, one_node=False, autocast=True)
+    assert all(torch.equal(a, b) for a, b in zip(out, want))
+    for g, w in zip(grads, want_grads):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        assert (g.float() - w.float()).norm() <= 1e-2 * w.float().norm()
+
+
+def test_one_node_records_one_node():
+    cfg = NSAConfig(cmp_block=8, cmp_stride=4)
+    comps = _compressors(cfg, 8, torch.float32)
+    xs = [torch.randn(1, 40, 2, 8, requires_grad=True) for _ in comps]
+    kc, vc = compress.compress(comps, xs, one_node=True)
+    assert kc.grad_fn is vc.grad_fn and type(kc.grad_fn).__name__ == "_PhiMLPBackward"

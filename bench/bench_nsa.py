@@ -88,6 +88,13 @@ def _bench(fn) -> float:
 def _host_ms(fn, n: int = 20) -> float:
     """Median host time (ms) to enqueue one call onto an idle device (no queue to wait behind):
     when it is close to the measured time, the call is bound by its launches, not by the GPU."""
+    times = host_times(fn, n)
+    return times[n // 2]
+
+
+def host_times(fn, n: int = 20) -> list[float]:
+    """The host times (ms, sorted) of n calls of fn, each enqueued onto an idle device. Their
+    least is the call's own host work where other work on a shared machine slows some calls."""
     fn()
     torch.cuda.synchronize()
     times = []
@@ -97,7 +104,7 @@ def _host_ms(fn, n: int = 20) -> float:
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     torch.cuda.synchronize()
-    return sorted(times)[n // 2]
+    return sorted(times)
 
 
 def _peak_gib(fn) -> float:

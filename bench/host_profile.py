@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_nsa import _bench, _fwd_bwd, _host_ms, shape_of  # noqa: E402
+from bench.bench_nsa import _bench, _fwd_bwd, host_times, shape_of  # noqa: E402
 from bench.inputs import random_inputs  # noqa: E402
 from bench.ops import OPS  # noqa: E402
 from nsa.attention.config import NSAConfig  # noqa: E402
@@ -207,14 +207,16 @@ def main(argv=None):
             x = random_inputs(a.batch or B, S, HQ, H, K, cfg)
             fwd, leaves = OPS["nsa_core"].build(x, cfg)
             fb = _fwd_bwd(fwd, leaves, x.do)
-        host, dev = _host_ms(fb, n=50), _bench(fb)
+        times = host_times(fb, n=50)
+        host, host_min, dev = times[25], times[0], _bench(fb)
         try:
             graph = f"{graph_ms(fb):.3f}"
         except Exception as e:  # a capture failure is a finding, not a crash
             graph = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
         if a.op_overhead and not a.layer:
             op_overhead(x, cfg)
-        print(f"# {name} (B={a.batch or B}): host {host:.3f} ms | do_bench {dev:.3f} ms | CUDA graph replay {graph} ms")
+        print(f"# {name} (B={a.batch or B}): host {host:.3f} ms (least {host_min:.3f}) | do_bench {dev:.3f} ms | "
+              f"CUDA graph replay {graph} ms")
         from torch.profiler import ProfilerActivity, profile
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.cuda else [])
         if a.origins:

@@ -83,7 +83,7 @@ class _PhiMLP(torch.autograd.Function):
         T, K = shape[1], shape[3]
         end = start + m * d
         dx = torch.empty(G, B, T, H, K, device=flat.device, dtype=x_dtype)
-        dx[:, :, start:end] = dflat.view(G, B, m, H, d, K).transpose(3, 4).reshape(G, B, m * d, H, K)
+        dx[:, :, start:end].view(G, B, m, d, H, K).copy_(dflat.view(G, B, m, H, d, K).transpose(3, 4))
         if start > 0 or end < T:
             dx[:, :, :start] = 0
             dx[:, :, end:] = 0

@@ -13,8 +13,11 @@ gated_branches    gated_branches                  the selected and window branch
                                                   as one op, without the glue between their backwards
 cudnn_compressed  cudnn_cmp_attention             the compressed branch on cuDNN's fused attention
                                                   (long bf16/fp16 prefill), band kernel otherwise
-rope              rope_split                      RoPE on the projections and their split into the
-                                                  branches' contiguous tensors, one kernel each way
+rope              rope_split, project_split       RoPE on the projections and their split into the
+                                                  branches' contiguous tensors, one kernel each way;
+                                                  project_split also makes the gates from one
+                                                  stacked projection's output, whose gradient its
+                                                  backward writes whole
 window            flex_window_attention,          the window branch on FlexAttention / flash-attn
                   flash_attn_window_attention
 

@@ -6,10 +6,16 @@ products, the stack), each forward saving float32 copies for its backward, and a
 branch tensor the attention kernels want contiguous. Here one pass reads the query projection
 and the key/value projection once and writes the rotated queries and every branch's keys
 (rotated) and values as contiguous tensors; the backward applies the inverse rotation in one
-pass and writes the gradients of both projections. Nothing is saved but the angle tables.
+pass and writes the gradients of both projections. Nothing is saved but the angle tables (and
+project_split's gates and bias).
 
 Pairs (x[2m], x[2m+1]) rotate by the angle of cos/sin[t, m] (nsa.attention.rope.apply_rope's
 convention), computed in float32 and rounded to the input's dtype.
+
+project_split takes one stacked projection's output [B, T, W] (q's columns, the pairs', the gates'
+logits, padding) and makes the gates, sigmoid(logits + bias), in the same kernel; its backward
+writes the gradient of that output as one tensor, so the stacked matmul's backward takes it as it
+is (no concatenation of the parts' gradients, no zeros for the padding).
 
 Shapes: q [B, T, HQ, K]; kv [B, T, 2P, H, K], the P (key, value) pairs in order (key of pair 0,
 its value, key of pair 1, ...), each read in place where a token's values are contiguous and

@@ -78,7 +78,9 @@ class Remaking:
     def __init__(self):
         # storage data_ptr -> the recipe, the index of the tensor it makes there, and its dtype
         self._registered: dict[int, tuple[Recipe, int, torch.dtype]] = {}
-        self._kept: list[_Packed] = []  # saved so far and kept as tensors
+        # storage data_ptr -> what was saved on it so far and kept as tensors: a registration
+        # looks up its own tensors' memory, not every tensor saved before it
+        self._kept: dict[int, list[_Packed]] = {}
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _Packed.unpack)
 
     def __enter__(self) -> Remaking:
@@ -98,14 +100,16 @@ class Remaking:
             storage = t.untyped_storage().data_ptr()
             if storage:  # an empty tensor has no memory to recognise
                 self._registered.setdefault(storage, (recipe, index, t.dtype))
-        still = []
-        for packed in self._kept:
-            found = self._found(packed.tensor)
-            if found is None:
-                still.append(packed)
-            else:
-                packed.remake_with(*found)
-        self._kept = still
+                kept = self._kept.get(storage)
+                if kept:
+                    still = []
+                    for packed in kept:
+                        found = self._found(packed.tensor)
+                        if found is None:
+                            still.append(packed)
+                        else:
+                            packed.remake_with(*found)
+                    self._kept[storage] = still
 
     def add_call(self, fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
                  tensors: Sequence[torch.Tensor]) -> None:
@@ -134,7 +138,7 @@ class Remaking:
         packed = _Packed(t)
         found = self._found(t)
         if found is None:
-            self._kept.append(packed)
+            self._kept.setdefault(t.untyped_storage().data_ptr(), []).append(packed)
         else:
             packed.remake_with(*found)
         return packed

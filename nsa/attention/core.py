@@ -12,7 +12,8 @@ from functools import partial
 from typing import Callable
 
 import torch
-from torch.profiler import record_function
+
+from nsa.kernels._ranges import stage_range
 
 from .backends import Route, fused_window_again, gate_combine, gated_branches, implementation
 from .config import NSAConfig
@@ -68,9 +69,9 @@ def nsa_core_parts(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, cfg: NSAConfig,
     # named ranges: torch.profiler attributes time to each stage (the NVTX phase checks them),
     # and under torch.autograd.profiler.emit_nvtx they become NVTX ranges for Nsight users
     cmp_again = partial(implementation(routes["cmp"]), cfg=cfg, q_start=q_start)
-    with record_function("nsa.cmp"):
+    with stage_range("nsa.cmp"):
         o_cmp, lse = cmp_again(q, kc, vc)
-    with record_function("nsa.select"):
+    with stage_range("nsa.select"):
         idx = implementation(routes["select"])(q, kc, lse, cfg, q_start)
     combine = gate_combine(routes["sel"])
     fused = gated_branches(routes) if one_op else None
@@ -78,11 +79,11 @@ def nsa_core_parts(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, cfg: NSAConfig,
         o, o_sel, o_win, lse_win = fused(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg, q_start)
         window_again = partial(fused_window_again(routes), cfg=cfg, q_start=q_start)
     else:
-        with record_function("nsa.sel"):
+        with stage_range("nsa.sel"):
             o_sel = implementation(routes["sel"])(q, k_sel, v_sel, idx, cfg, q_start)
-        with record_function("nsa.win"):
+        with stage_range("nsa.win"):
             o_win = implementation(routes["win"])(q, k_win, v_win, cfg, q_start)
-        with record_function("nsa.gate_combine"):
+        with stage_range("nsa.gate_combine"):
             o = combine(gates, o_cmp, o_sel, o_win)
         lse_win = window_again = None
     return CoreParts(o, o_cmp, lse, o_sel, o_win, lse_win, cmp_again, combine, window_again)

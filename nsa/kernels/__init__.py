@@ -28,7 +28,8 @@ descriptors over K/V, which the selected forward loads its blocks through on sm_
 _launch.py (the float32 products' precision, launch configurations that fit the GPU);
 _inverse.py (the inverse of a selection: the tokens that chose each key block); tuning.py (launch
 parameters and kernel variants as frozen dataclasses, handed to the public functions as
-``tuning`` arguments: the measured defaults, or what a sweep or a test asks for).
+``tuning`` arguments: the measured defaults, or what a sweep or a test asks for); _ranges.py (the
+stages' named profiler ranges, entered only while a profiler records).
 
 Importing this package is cheap and imports no Triton: whether Triton interprets a kernel
 (TRITON_INTERPRET=1, CPU) is fixed when its @triton.jit runs, so the kernel modules are imported

@@ -29,10 +29,10 @@ K]; idx [B, Tq, H, n].
 from __future__ import annotations
 
 import torch
-from torch.profiler import record_function
 
 from . import band_attention, combine, selection
 from ._autograd import kernel_op
+from ._ranges import stage_range
 from ._inverse import as_outputs, from_outputs
 from .tuning import SELECTION, SelectionTuning
 
@@ -53,12 +53,12 @@ def _fwd(gates: torch.Tensor, o_cmp: torch.Tensor, q: torch.Tensor, k_sel: torch
     forward's inverse selection as three tensors (tokens, perm, items; empty where none);
     sel_tuning: a SelectionTuning.as_arg()."""
     # the ranges of the separate stages (nsa.attention.core), for the profile phase
-    with record_function("nsa.sel"):
+    with stage_range("nsa.sel"):
         o_sel, lse_sel, inverse = selection._sel_fwd(q, k_sel, v_sel, idx, sel_block, q_start, deterministic,
                                                      sel_form, SelectionTuning.from_arg(sel_tuning))
-    with record_function("nsa.win"):
+    with stage_range("nsa.win"):
         o_win, lse_win = window_forward(q, k_win, v_win, q_start, window)
-    with record_function("nsa.gate_combine"):
+    with stage_range("nsa.gate_combine"):
         o = combine._combine_fwd(gates, o_cmp, o_sel.to(o_cmp.dtype), o_win.to(o_cmp.dtype))
     return (o, o_sel, lse_sel, o_win, lse_win, *as_outputs(inverse, q.device))
 

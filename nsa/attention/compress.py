@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .autograd_state import func_transform_active
 from .config import NSAConfig
-from .phi_node import phi_mlp
+from . import phi_mlp
 
 
 #: from this many tokens (batch x length) an NSA layer's training forward recomputes in the
@@ -90,7 +90,7 @@ def compress(compressors: Sequence[Compressor], xs: Sequence[torch.Tensor], firs
 
     ``one_node``: in eager mode (no torch.compile trace, no torch.func transform) and where
     fc1's input is kept or handed to the caller, the MLP runs as one autograd node with a
-    written-out backward (nsa.attention.phi_node), for the host time of an eager layer."""
+    written-out backward (nsa.attention.phi_mlp.one_node), for the host time of an eager layer."""
     cfg, x = compressors[0].cfg, xs[0]
     n = blocks_in(cfg, x.shape[1], first)
     if n == 0:
@@ -105,7 +105,7 @@ def compress(compressors: Sequence[Compressor], xs: Sequence[torch.Tensor], firs
             flat = fc1_input(cfg, xs, first).to(dtype)
         if fc1_inputs is not None:
             fc1_inputs.append(flat)
-        return phi_mlp(compressors, xs, flat, first * cfg.cmp_stride, n, cfg.cmp_stride, dtype)
+        return phi_mlp.one_node(compressors, xs, flat, first * cfg.cmp_stride, n, cfg.cmp_stride, dtype)
     w1, pos, b1, w2, b2 = _stacked(compressors, dtype, "fc1.weight", "pos", "fc1.bias", "fc2.weight", "fc2.bias")
     if fc1_inputs is not None:
         flat = fc1_input(cfg, xs, first)
@@ -115,8 +115,7 @@ def compress(compressors: Sequence[Compressor], xs: Sequence[torch.Tensor], firs
         hidden = checkpoint(_hidden_of, cfg, xs, first, n, w1, pos, b1, use_reentrant=False, preserve_rng_state=False)
     else:
         hidden = _hidden_of(cfg, xs, first, n, w1, pos, b1)
-    out = torch.baddbmm(b2.unsqueeze(1), hidden.flatten(1, -2), w2.transpose(1, 2))
-    return list(out.view(hidden.shape).unbind(0))
+    return list(phi_mlp.fc2(hidden, w2, b2).unbind(0))
 
 
 def blocks_in(cfg: NSAConfig, T: int, first: int = 0) -> int:
@@ -147,35 +146,15 @@ def fc1_input(cfg: NSAConfig, xs: Sequence[torch.Tensor], first: int = 0) -> tor
 
 
 def _stacked(compressors: Sequence[Compressor], dtype: torch.dtype, *names: str) -> list[torch.Tensor]:
-    """The named parameters of every compressor, each stacked [len(compressors), ...] in dtype:
-    one concatenation and one cast for all, each way (autocast would cast each on its own, and
-    slices of one buffer would each get a gradient of the whole buffer)."""
-    params = [[attrgetter(name)(c) for c in compressors] for name in names]
-    flat = torch.cat([p.flatten() for group in params for p in group]).to(dtype)
-    parts = flat.split([group[0].numel() * len(group) for group in params])
-    return [part.view(len(group), *group[0].shape) for part, group in zip(parts, params)]
+    """The named parameters of every compressor, each stacked [len(compressors), ...] in dtype
+    (phi_mlp.stack)."""
+    return phi_mlp.stack([attrgetter(name)(c) for name in names for c in compressors], len(compressors), dtype)
 
 
 def _hidden(flat: torch.Tensor, n: int, w1: torch.Tensor, pos: torch.Tensor, b1: torch.Tensor) -> torch.Tensor:
     """silu(fc1(flatten(block + pos))) [G, B, n, H, K_out] of the n blocks whose fc1 input is
     ``flat`` (``fc1_input``'s), from the G compressors' stacked fc1 parameters."""
-    G, B, m, H, width = flat.shape
-    r = m - n + 1
-    # W1 [K_out, r * width] read as [K_out * r, width]: row o*r + q holds W1_q's row o
-    terms = torch.bmm(flat.view(G, -1, width), w1.view(G, -1, width).transpose(1, 2))
-    # pos is the same in every block: its term joins the bias
-    bias = torch.baddbmm(b1.unsqueeze(1), pos.view(G, 1, -1), w1.transpose(1, 2))
-    return F.silu(_block_sum(terms.view(G, B, m, H, -1, r)) + bias.view(G, 1, 1, 1, -1))
-
-
-def _block_sum(terms: torch.Tensor) -> torch.Tensor:
-    """sum_q terms[:, :, i + q, ..., q] [G, B, n, H, K_out] for each block i of terms [G, B, n + r - 1,
-    H, K_out, r]: its chunks' terms, read through windows of r chunks (a view) and their diagonal,
-    one reduction each way (slices would each build and add a gradient of all the terms). The
-    dtype is named: CUDA's autocast would sum into float32, and silu would then keep a float32
-    copy for its backward."""
-    r = terms.shape[-1]
-    return terms.unfold(2, r, 1).diagonal(dim1=-2, dim2=-1).sum(-1, dtype=terms.dtype)
+    return F.silu(phi_mlp.pre_activation(flat, n, w1, pos, b1))
 
 
 def _hidden_of(cfg: NSAConfig, xs: Sequence[torch.Tensor], first: int, n: int, *fc1_params: torch.Tensor

@@ -1,4 +1,4 @@
-"""The compressors' MLP as one autograd node (nsa.attention.phi_node), as an eager NSA layer runs
+"""The compressors' MLP as one autograd node (nsa.attention.phi_mlp.one_node), as an eager NSA layer runs
 it: the outputs of the traced MLP, bit for bit, and its gradients up to rounding, for every
 stream and parameter, at whole and partial chunks and from a later block; and one node in the
 graph where the traced MLP records dozens."""

@@ -1,20 +1,24 @@
-"""The compressors' MLP (nsa.attention.compress) as one autograd node with a written-out backward,
-for an eager NSA layer.
+"""The compressors' MLP phi (nsa.attention.compress), G compressors at once on their stacked
+parameters: its math, and that math as one autograd node with a written-out backward for an eager
+NSA layer.
+
+fc1 reads fc1's input as compress.fc1_input makes it: each token once, in chunks of d tokens (a
+block of l = r*d tokens is r chunks), so block i's pre-activation is the sum of its r chunks'
+terms, sum_q terms[i + q, ..., q], plus W1 flatten(pos) + b1 (pos is the same in every block: its
+term joins the bias); hidden = silu(pre), out = W2 hidden + b2.
 
 Traced by autograd op by op, the MLP of a layer's key and value compressors is some thirty-five
 nodes (the parameters' stack and cast, fc1's chunk views, the block sum's windows, silu, fc2) and
-about twenty kernels each way, a sizeable share of an eager layer's host time where the host
-sets its pace. Here the forward runs the same ops without recording them, and the backward runs
-the matching products in about fifteen kernels: each parameter's gradient lands in one buffer,
-cast once, and the streams' gradient is one copy out of fc1's chunk layout.
-
-The math is compress._hidden's and the fc2 product after it (see there for the chunk layout):
-pre = sum_q terms[i + q, ..., q] + W1 flatten(pos) + b1, hidden = silu(pre), out = W2 hidden + b2,
-in the same ops, so the outputs are the traced version's bit for bit; the gradients agree with
-its up to the rounding of sums taken in another order. It keeps what the traced version keeps.
+about twenty kernels each way, a sizeable share of an eager layer's host time where the host sets
+its pace. ``one_node`` runs the same ops without recording them, so its outputs are the traced
+version's bit for bit, and its backward runs the matching products in about fifteen kernels: each
+parameter's gradient lands in one buffer, cast once, and the streams' gradient is one copy out of
+fc1's chunk layout. The gradients agree with the traced version's up to the rounding of sums taken
+in another order; it keeps what the traced version keeps.
 """
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Sequence
 
 import torch
@@ -37,20 +41,16 @@ class _PhiMLP(torch.autograd.Function):
         start, n, d, dtype = geometry
         G = flat.shape[0]
         params, streams = tensors[:len(NAMES) * G], tensors[len(NAMES) * G:]
-        w1, pos, b1, w2, b2 = _stack(params, G, dtype)
-        _, B, m, H, width = flat.shape
-        r = m - n + 1
-        terms = torch.bmm(flat.view(G, -1, width), w1.view(G, -1, width).transpose(1, 2)).view(G, B, m, H, -1, r)
-        bias = torch.baddbmm(b1.unsqueeze(1), pos.view(G, 1, -1), w1.transpose(1, 2))
-        pre = terms.unfold(2, r, 1).diagonal(dim1=-2, dim2=-1).sum(-1, dtype=terms.dtype) + bias.view(G, 1, 1, 1, -1)
+        w1, pos, b1, w2, b2 = stack(params, G, dtype)
+        pre = pre_activation(flat, n, w1, pos, b1)
         hidden = F.silu(pre)
-        out = torch.baddbmm(b2.unsqueeze(1), hidden.flatten(1, -2), w2.transpose(1, 2))
+        out = fc2(hidden, w2, b2)
         # what the traced MLP keeps: fc1's input and weight, silu's input, fc2's input and weight
         ctx.save_for_backward(flat, w1, pos, w2, pre, hidden)
         ctx.geometry = geometry
         ctx.params = [(t.shape, t.dtype) for t in params]
         ctx.stream = (streams[0].shape, streams[0].dtype)
-        return out.view(hidden.shape).unbind(0)
+        return out.unbind(0)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -60,7 +60,7 @@ class _PhiMLP(torch.autograd.Function):
         r = m - n + 1
         K_out = w1.shape[1]
         dout = torch.stack(grads).to(dtype).view(G, -1, w2.shape[1])
-        # the parameters' gradients in one buffer of the compute dtype, in _stack's layout
+        # the parameters' gradients in one buffer of the compute dtype, in stack's layout
         sizes = [w1.numel(), pos.numel(), K_out * G, w2.numel(), w2.shape[1] * G]
         buf = torch.empty(sum(sizes), device=flat.device, dtype=dtype)
         dw1, dpos, db1, dw2, db2 = buf.split(sizes)
@@ -90,17 +90,46 @@ class _PhiMLP(torch.autograd.Function):
         return (None, None, *_unstack(buf, ctx.params), *dx.unbind(0))
 
 
-def _stack(params: Sequence[torch.Tensor], G: int, dtype: torch.dtype) -> list[torch.Tensor]:
-    """params (G compressors' NAMES, name by name) stacked per name [G, ...] in dtype: one
-    concatenation and one cast for all."""
-    flat = torch.cat([p.detach().reshape(-1) for p in params]).to(dtype)
-    groups = [params[i * G:(i + 1) * G] for i in range(len(NAMES))]
+def pre_activation(flat: torch.Tensor, n: int, w1: torch.Tensor, pos: torch.Tensor, b1: torch.Tensor
+                   ) -> torch.Tensor:
+    """fc1(flatten(block + pos)) [G, B, n, H, K_out] of the n blocks whose fc1 input is ``flat``
+    ([G, B, m, H, d*K], compress.fc1_input's), from the G compressors' stacked fc1 parameters."""
+    G, B, m, H, width = flat.shape
+    r = m - n + 1
+    # W1 [K_out, r * width] read as [K_out * r, width]: row o*r + q holds W1_q's row o
+    terms = torch.bmm(flat.view(G, -1, width), w1.view(G, -1, width).transpose(1, 2))
+    bias = torch.baddbmm(b1.unsqueeze(1), pos.view(G, 1, -1), w1.transpose(1, 2))
+    return block_sum(terms.view(G, B, m, H, -1, r)) + bias.view(G, 1, 1, 1, -1)
+
+
+def block_sum(terms: torch.Tensor) -> torch.Tensor:
+    """sum_q terms[:, :, i + q, ..., q] [G, B, n, H, K_out] for each block i of terms [G, B, n + r - 1,
+    H, K_out, r]: its chunks' terms, read through windows of r chunks (a view) and their diagonal,
+    one reduction each way (slices would each build and add a gradient of all the terms). The
+    dtype is named: CUDA's autocast would sum into float32, and silu would then keep a float32
+    copy for its backward."""
+    r = terms.shape[-1]
+    return terms.unfold(2, r, 1).diagonal(dim1=-2, dim2=-1).sum(-1, dtype=terms.dtype)
+
+
+def fc2(hidden: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
+    """W2 hidden + b2 [G, B, n, H, K] of hidden [G, B, n, H, K_out]."""
+    return torch.baddbmm(b2.unsqueeze(1), hidden.flatten(1, -2), w2.transpose(1, 2)).view(*hidden.shape[:-1], -1)
+
+
+def stack(params: Sequence[torch.Tensor], G: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """params (G compressors' parameters, name by name: G of the first name, then of the next)
+    stacked per name [G, ...] in dtype: one concatenation and one cast for all, each way
+    (autocast would cast each on its own, and slices of one buffer would each get a gradient of
+    the whole buffer)."""
+    flat = torch.cat([p.reshape(-1) for p in params]).to(dtype)
+    groups = [params[i:i + G] for i in range(0, len(params), G)]
     parts = flat.split([g[0].numel() * G for g in groups])
     return [part.view(G, *g[0].shape) for part, g in zip(parts, groups)]
 
 
 def _unstack(buf: torch.Tensor, params: list[tuple[torch.Size, torch.dtype]]) -> list[torch.Tensor]:
-    """The parameters' gradients from buf (``_stack``'s layout): views of one cast copy."""
+    """The parameters' gradients from buf (``stack``'s layout): views of one cast copy."""
     buf = buf.to(params[0][1])
     out, at = [], 0
     for shape, _ in params:
@@ -110,12 +139,10 @@ def _unstack(buf: torch.Tensor, params: list[tuple[torch.Size, torch.dtype]]) ->
     return out
 
 
-def phi_mlp(compressors: Sequence, xs: Sequence[torch.Tensor], flat: torch.Tensor, start: int, n: int, d: int,
-            dtype: torch.dtype) -> list[torch.Tensor]:
+def one_node(compressors: Sequence, xs: Sequence[torch.Tensor], flat: torch.Tensor, start: int, n: int, d: int,
+             dtype: torch.dtype) -> list[torch.Tensor]:
     """The compressed tokens of each stream in xs ([B, n, H, K] each) from flat, fc1's input made
     from xs from token ``start`` without gradient (compress.fc1_input), through the
     compressors' MLP as one autograd node."""
-    from operator import attrgetter
-
     params = [attrgetter(name)(c) for name in NAMES for c in compressors]
     return list(_PhiMLP.apply((start, n, d, dtype), flat, *params, *xs))

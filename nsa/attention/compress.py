@@ -99,10 +99,13 @@ def compress(compressors: Sequence[Compressor], xs: Sequence[torch.Tensor], firs
         return [unfold_blocks(cfg, t, first).mean(dim=-1) for t in xs]
     kind = x.device.type
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+    # the streams in the compute dtype before fc1's input stacks them: autocast's rule for a stack
+    # of another 16-bit dtype (float16 streams under bfloat16 autocast) is an error
+    xs = [t.to(dtype) for t in xs]
     if (one_node and not torch.compiler.is_compiling() and not func_transform_active()
             and (fc1_inputs is not None or recompute_for(x) is Recompute.NONE)):
         with torch.no_grad():
-            flat = fc1_input(cfg, xs, first).to(dtype)
+            flat = fc1_input(cfg, xs, first)
         if fc1_inputs is not None:
             fc1_inputs.append(flat)
         return phi_mlp.one_node(compressors, xs, flat, first * cfg.cmp_stride, n, cfg.cmp_stride, dtype)

@@ -64,3 +64,17 @@ def test_one_node_records_one_node():
     xs = [torch.randn(1, 40, 2, 8, requires_grad=True) for _ in comps]
     kc, vc = compress.compress(comps, xs, one_node=True)
     assert kc.grad_fn is vc.grad_fn and type(kc.grad_fn).__name__ == "_PhiMLPBackward"
+
+
+@pytest.mark.parametrize("one_node", [True, False], ids=["one node", "traced"])
+def test_float16_streams_under_bfloat16_autocast(one_node):
+    """Streams of another 16-bit dtype than autocast's are taken in autocast's (a stack of them
+    under autocast was an error), and their gradient comes back in their own."""
+    cfg = NSAConfig(cmp_block=8, cmp_stride=4)
+    comps = _compressors(cfg, 16, torch.float32)
+    xs = [torch.randn(1, 64, 2, 16, dtype=torch.float16, requires_grad=True) for _ in comps]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = compress.compress(comps, xs, one_node=one_node)
+    assert all(t.dtype == torch.bfloat16 for t in out)
+    grads = torch.autograd.grad(out, xs, [torch.ones_like(t) for t in out])
+    assert all(g.dtype == torch.float16 and g.shape == x.shape for g, x in zip(grads, xs))

@@ -80,6 +80,22 @@ def test_one_nsa_layer_enqueues_few_launches_without_syncs(S):
         assert len(other) <= MAX_MEMSETS_AND_COPIES, other
 
 
+@pytest.mark.parametrize("S", [32768, 65536])
+def test_long_context_layer_never_waits_for_the_device(S):
+    """The paths the counted lengths above do not take: from 32k the layer makes tensors again in
+    its backward (compress.RECOMPUTE_TOKENS), from 64k the compressed branch runs on the cuDNN fold.
+    A host synchronisation on either would cost the eager layer its overlap of host and GPU."""
+    run = _layer_step(S, graphs=False)
+    run()  # Triton compiles and tunes
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        run()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
 def test_reduce_overhead_model_equals_eager():
     """A user's shape (not the trainer's): 4 layers, 2 KV heads of head dim 64, S = 4096, bf16
     autocast; the compiled model's loss and gradients are the eager model's. A gradient that is zero

@@ -154,25 +154,36 @@ class NSAAttention(RoutedAttention):
         return routes, dtype != torch.float64 and (rope_kernel(device, dtype) or routes["sel"].backend == "triton")
 
     def project(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                fused_rope: bool | None = None):
+                fused_rope: bool | None = None, weight: torch.Tensor | None = None):
         """Rotated q [B,T,HQ,K], the six per-branch k/v [B,T,H,K] and gates [B,T,HQ,3].
         ``rope``: precomputed (cos, sin) of positions start..start+T-1 (see forward);
-        ``fused_rope``: whether the RoPE kernel runs (None: as routed for x's device and dtype)."""
+        ``fused_rope``: whether the RoPE kernel runs (None: as routed for x's device and dtype);
+        ``weight``: the stacked weight to read (None: ``_stacked_weight``'s, made here)."""
         x = autocast_input(x)  # one copy for every projection
-        q, kv, gates = self._project(x, start, rope, fused_rope)
+        q, kv, gates = self._project(x, start, rope, fused_rope, weight)
         B, T, _ = x.shape
         if gates is None:
             gates = torch.sigmoid(self.gate_proj(x))
         return q, kv, gates.view(B, T, self.n_heads, 3)
 
     def project_qkv(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
-                    fused_rope: bool | None = None):
+                    fused_rope: bool | None = None, weight: torch.Tensor | None = None):
         """project's q and six key/value streams (what the backward makes again: the gates are
-        kept)."""
-        return self._project(x, start, rope, fused_rope)[:2]
+        kept); ``weight``: the stacked weight a forward read (``_stacked_weight``), to make its
+        streams again from the same values."""
+        return self._project(x, start, rope, fused_rope, weight)[:2]
+
+    def _stacked_weight(self, x: torch.Tensor) -> torch.Tensor:
+        """The query, key/value and gate projections' weights stacked, with the zero rows that pad
+        them (``_zero_rows``), in the dtype the matmul reads under autocast: the cast autocast
+        would make, made once here so that a recomputation reads the forward's own copy."""
+        w = torch.cat((self.q_proj.weight, self.kv_proj.weight, self.gate_proj.weight,
+                       self._zero_rows(self.q_proj.weight)))
+        kind = x.device.type
+        return w.to(torch.get_autocast_dtype(kind)) if torch.is_autocast_enabled(kind) else w
 
     def _project(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None,
-                 fused_rope: bool | None):
+                 fused_rope: bool | None, weight: torch.Tensor | None = None):
         """Rotated q, the six key/value streams and the gates [B, T, 3 * HQ] from one matmul of x
         with the query, key/value and gate projections' weights stacked: one launch each way
         instead of two, and one gradient of x instead of two summed. Zero rows pad the stack to a
@@ -194,14 +205,14 @@ class NSAAttention(RoutedAttention):
                 (HQ * K, 6 * H * K), dim=-1)
             gates = None
         else:
-            pad = self._zero_rows(self.q_proj.weight)
-            prod = F.linear(x, torch.cat((self.q_proj.weight, self.kv_proj.weight, self.gate_proj.weight, pad)))
+            prod = F.linear(x, self._stacked_weight(x) if weight is None else weight)
             if fused_rope:
                 from nsa.kernels.rope import project_split
 
                 q, kv, gates = project_split(prod, self.gate_proj.bias, cos, sin, HQ, H, 3, K)
                 return q, tuple(kv.unbind(0)), gates
-            q, kv, logits, _ = prod.split((HQ * K, 6 * H * K, 3 * HQ, pad.shape[0]), dim=-1)
+            q, kv, logits, _ = prod.split((HQ * K, 6 * H * K, 3 * HQ, prod.shape[-1] - (HQ + 6 * H) * K - 3 * HQ),
+                                          dim=-1)
             gates = torch.sigmoid(logits + self.gate_proj.bias.to(logits.dtype))
         q, kv = q.view(B, T, HQ, K), kv.view(B, T, 6, H, K)
         if fused_rope:
@@ -268,13 +279,15 @@ class NSAAttention(RoutedAttention):
         start = cache.length if cache is not None else 0
         if rope is None:
             rope = self.rope(start, T, x.device, table_dtype(x.dtype))
-        q, kv, gates = self.project(x, start, rope)
+        # a recomputing forward hands its backward's remake the stacked weight it read
+        weight = self._stacked_weight(x) if remaking is not None else None
+        q, kv, gates = self.project(x, start, rope, weight=weight)
         k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = kv
         if cache is None:
             fc1 = [] if remaking is not None else None
             kc, vc = compress(self.compressors, (k_cmp, v_cmp), fc1_inputs=fc1, one_node=True)
             if remaking is not None:
-                self._keep_projections(remaking, x, rope, q, kv, fc1)
+                self._keep_projections(remaking, x, rope, weight, q, kv, fc1)
         else:
             names = ("k_cmp", "v_cmp", "k_sel", "v_sel", "k_win", "v_win")
             k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = (cache.append(n, t) for n, t in zip(names, kv))
@@ -292,9 +305,12 @@ class NSAAttention(RoutedAttention):
         return self.o_proj(core.o.reshape(B, T, -1)), gates
 
     def _keep_projections(self, remaking: Remaking, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                          q: torch.Tensor, kv: tuple[torch.Tensor, ...], fc1: list[torch.Tensor]) -> None:
-        """q and the six key/value streams are made again from x (the projections' autocast
-        input, which they keep anyway): the projections' matmuls and the RoPE kernel; and the
+                          weight: torch.Tensor, q: torch.Tensor, kv: tuple[torch.Tensor, ...],
+                          fc1: list[torch.Tensor]) -> None:
+        """q and the six key/value streams are made again from x and the stacked weight (the
+        projection's autocast input and weight, which its matmul keeps anyway, so that the
+        weights are neither stacked nor cast again and the values are the forward's even if a
+        parameter changed since): the projections' matmul and the RoPE kernel; and the
         compressors' fc1 input in ``fc1`` (none for mean pooling) from the key and value streams,
         in the same recipe, so that the streams are made once for both. (The gates are kept: their
         sigmoid keeps them for its own backward.)"""
@@ -305,7 +321,7 @@ class NSAAttention(RoutedAttention):
 
         def again() -> list[torch.Tensor]:
             with torch.autocast(**autocast):
-                q2, kv2 = self.project_qkv(x, 0, rope)
+                q2, kv2 = self.project_qkv(x, 0, rope, weight=weight)
             return [q2, *kv2, *([fc1_input(self.cfg, kv2[:2])] if compressed else [])]
 
         remaking.add(again, [q, *kv, *fc1])

@@ -297,3 +297,24 @@ def test_under_a_callers_checkpoint_the_layer_keeps_its_tensors(monkeypatch):
     assert recipes == []
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
+
+
+def test_the_remade_projections_read_the_forwards_weights(monkeypatch):
+    """From RECOMPUTE_TOKENS tokens the backward makes q and the key/value streams again from the
+    stacked weight the forward read, not from the parameters as they are by then: a weight changed
+    in place between the forward and the backward (which autograd does not see, as the matmul
+    keeps a stacked copy) leaves the gradients those of the forward's values."""
+    monkeypatch.setattr(compress, "RECOMPUTE_TOKENS", 64)
+    torch.manual_seed(0)
+    layer = NSAAttention(48, 4, 2, 16, NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, n_selected=3, window=8),
+                         graph_tokens=0)
+    x = torch.randn(1, 64, 48, requires_grad=True)
+    leaves = [x, *layer.parameters()]
+    want = torch.autograd.grad(layer(x).square().sum(), leaves)
+    y = layer(x).square().sum()
+    with torch.no_grad():
+        layer.q_proj.weight.mul_(2.0)
+        layer.kv_proj.weight.add_(1.0)
+    got = torch.autograd.grad(y, leaves)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)

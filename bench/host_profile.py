@@ -11,11 +11,13 @@ and torch.profiler's table of host time per op (self CPU time, top rows) of 20 f
     python bench/host_profile.py --layer --shapes 4k 16k --cprofile    # the whole m7c layer, bf16 autocast
     python bench/host_profile.py --layer --shapes 4k 32k --graph-tokens 0   # the layer without its graphs
     python bench/host_profile.py --layer --shapes 32k --graph-tokens 0 --origins   # launches by source line
+    python bench/host_profile.py --layer --shapes 32k --graph-tokens 0 --gaps   # where the GPU waits for the host
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -172,6 +174,57 @@ def print_origins(fb, rows: int):
         print(f"| {sum(counts.values())} | total |")
 
 
+@dataclass
+class Idle:
+    """The GPU's idle time in a profiled window: the window (first kernel's start to the last
+    one's end), the time kernels ran, and each gap before a kernel by the host ops that launched
+    it (the innermost three, launch calls left out), all in us."""
+    window: float
+    busy: float
+    gaps: dict[str, list[float]]
+
+
+def gpu_idle(events) -> Idle | None:
+    """Idle of torch.profiler events (CPU ops and CUDA kernels, memsets and copies); None
+    without two device events."""
+    by_id = {e.id: e for e in events if e.device_type.name == "CPU"}
+    work = sorted((e for e in events if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+    if len(work) < 2:
+        return None
+
+    def owner(kernel) -> str:
+        chain, e = [], by_id.get(kernel.linked_correlation_id)
+        while e is not None and len(chain) < 3:
+            if not e.name.startswith(("cuda", "cu")):
+                chain.append(e.name[:60])
+            e = e.cpu_parent
+        return " < ".join(chain) or "(no host op)"
+
+    gaps: dict[str, list[float]] = {}
+    end = work[0].time_range.end
+    busy = end - work[0].time_range.start
+    for k in work[1:]:
+        if k.time_range.start > end:
+            gaps.setdefault(owner(k), []).append(k.time_range.start - end)
+        busy += max(0.0, k.time_range.end - max(k.time_range.start, end))
+        end = max(end, k.time_range.end)
+    return Idle(end - work[0].time_range.start, busy, gaps)
+
+
+def print_gaps(prof, calls: int, rows: int):
+    """Where the GPU waited for the host in ``calls`` back-to-back calls (gpu_idle), per call."""
+    idle = gpu_idle(prof.events())
+    if idle is None:
+        print("# gaps: fewer than two kernels profiled")
+        return
+    total = sum(sum(g) for g in idle.gaps.values())
+    print(f"# gaps: GPU busy {idle.busy / idle.window:.1%} of {idle.window / calls / 1e3:.3f} ms a call; idle "
+          f"{total / calls / 1e3:.3f} ms a call")
+    print("| idle ms a call | gaps a call | kernel launched by |\n|---:|---:|---|")
+    for name, gaps in sorted(idle.gaps.items(), key=lambda kv: -sum(kv[1]))[:rows]:
+        print(f"| {sum(gaps) / calls / 1e3:.3f} | {len(gaps) / calls:g} | {name} |")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=["2k", "m7c_125m"], help="bench/bench_nsa.py's shape names")
@@ -189,6 +242,9 @@ def main(argv=None):
                          "layer's)")
     ap.add_argument("--origins", action="store_true",
                     help="also the aten ops that run kernels grouped by the source line they come from")
+    ap.add_argument("--gaps", action="store_true",
+                    help="also where the GPU waits for the host in 10 back-to-back calls (idle time before a "
+                         "kernel, by the host ops that launched it)")
     ap.add_argument("--cprofile", action="store_true",
                     help="also print cProfile's Python functions by own time (Triton's launcher included)")
     a = ap.parse_args(argv)
@@ -221,6 +277,14 @@ def main(argv=None):
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.cuda else [])
         if a.origins:
             print_origins(fb, rows=a.rows)
+        if a.gaps:
+            fb()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(10):
+                    fb()
+                torch.cuda.synchronize()
+            print_gaps(prof, calls=10, rows=a.rows)
         with profile(activities=acts) as prof:
             for _ in range(20):
                 fb()

@@ -93,3 +93,32 @@ def test_kernel_counters_tabulates_an_ncu_csv(tmp_path):
     score = [c.strip() for c in lines[0].split("|")]
     assert score[2:7] == ["_score_kernel", "2000.0", "80.0%", "1.500", "750"]  # us, share, GB, GB/s
     assert score[-3] == "xu 90, fma 20" and score[-2] == "math_pipe_throttle 3.2, long_scoreboard 1.5"
+
+
+def test_gpu_idle_sums_the_gaps_by_the_host_ops_that_launched_the_next_kernel():
+    """bench/host_profile.py --gaps: the time before each kernel that the previous one left
+    idle, under the host ops that launched it (a launch call named by its callers)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from bench.host_profile import gpu_idle
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def ev(id_, name, start, end, device=cpu, parent=None, linked=0):
+        return SimpleNamespace(id=id_, name=name, device_type=device, cpu_parent=parent, linked_correlation_id=linked,
+                               time_range=SimpleNamespace(start=start, end=end))
+
+    node = ev(1, "gated_branchesBackward", 0, 100)
+    launch = ev(2, "cuLaunchKernelEx", 40, 45, parent=node)
+    mm = ev(3, "aten::mm", 0, 5)
+    events = [node, launch, mm,
+              ev(10, "nvjet_mm", 5, 20, cuda, linked=3),
+              ev(11, "_band_bwd_dq_kernel", 50, 70, cuda, linked=2),
+              ev(12, "Memset (Device)", 65, 80, cuda, linked=2)]  # overlaps the kernel before it
+    idle = gpu_idle(events)
+    assert idle.window == 75 and idle.busy == 45
+    assert idle.gaps == {"gated_branchesBackward": [30]}
+    assert gpu_idle(events[:4]) is None

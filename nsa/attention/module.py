@@ -209,8 +209,7 @@ class NSAAttention(RoutedAttention):
             if fused_rope:
                 from nsa.kernels.rope import project_split
 
-                q, kv, gates = project_split(prod, self.gate_proj.bias, cos, sin, HQ, H, 3, K)
-                return q, tuple(kv.unbind(0)), gates
+                return project_split(prod, self.gate_proj.bias, cos, sin, HQ, H, 3, K)
             q, kv, logits, _ = prod.split((HQ * K, 6 * H * K, 3 * HQ, prod.shape[-1] - (HQ + 6 * H) * K - 3 * HQ),
                                           dim=-1)
             gates = torch.sigmoid(logits + self.gate_proj.bias.to(logits.dtype))

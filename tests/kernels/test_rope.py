@@ -114,11 +114,12 @@ def test_project_split_is_rope_split_and_the_gates_and_its_gradient_is_one_tenso
     q_ref, kv_ref, logits, _ = prod2.split((HQ * K, 2 * P * H * K, G, pad), dim=-1)
     q_ref, kv_ref = rope_split(q_ref.reshape(B, T, HQ, K), kv_ref.reshape(B, T, 2 * P, H, K), cos, sin)
     gates_ref = torch.sigmoid(logits + bias2)
-    assert torch.equal(q, q_ref) and torch.equal(kv, kv_ref)
+    assert len(kv) == 2 * P and all(t.is_contiguous() for t in kv)
+    assert torch.equal(q, q_ref) and torch.equal(torch.stack(kv), kv_ref)
     torch.testing.assert_close(gates, gates_ref, rtol=1e-6, atol=1e-6)
-    grads = [torch.randn_like(t) for t in (q, kv, gates)]
-    torch.autograd.backward((q, kv, gates), grads)
-    torch.autograd.backward((q_ref, kv_ref, gates_ref), grads)
+    grads = [torch.randn_like(t) for t in (q, *kv, gates)]
+    torch.autograd.backward((q, *kv, gates), grads)
+    torch.autograd.backward((q_ref, *kv_ref.unbind(0), gates_ref), grads)
     torch.testing.assert_close(prod1.grad, prod2.grad, rtol=1e-5, atol=1e-6)
     assert not prod1.grad[..., prod.shape[-1] - pad:].any()
     torch.testing.assert_close(bias1.grad, bias2.grad, rtol=1e-5, atol=1e-5)
@@ -135,8 +136,8 @@ def test_project_split_passes_opcheck(kdev):
 @pytest.mark.parametrize("heads", [(4, 2, 16), (8, 2, 16)], ids=["padded", "unpadded"])
 def test_layer_projections_through_the_kernel_match_pytorch(kdev, heads):
     """NSAAttention.project with the kernel (project_split) gives what its PyTorch path gives:
-    q, the six streams, the gates, and the gradients of the input and every projection weight
-    and bias."""
+    q, the six streams (outputs of the kernel's autograd node itself), the gates, and the
+    gradients of the input and every projection weight and bias."""
     from nsa.attention import NSAAttention
     from nsa.attention.config import NSAConfig
 
@@ -151,6 +152,8 @@ def test_layer_projections_through_the_kernel_match_pytorch(kdev, heads):
         q, kv, gates = layer.project(x, 3, fused_rope=fused)
         if fused:  # the eager path, not the custom op's (the gate bias is an nn.Parameter)
             assert type(q.grad_fn).__name__ == "ProjectSplitBackward"
+            # the streams are the node's own outputs: no unbind whose backward stacks their gradients
+            assert all(t.grad_fn is q.grad_fn for t in kv)
         flat = [q, *kv, gates]
         grads = torch.autograd.grad(flat, leaves, [torch.ones_like(t) * (i + 1) for i, t in enumerate(flat)])
         outs[fused] = (flat, grads)

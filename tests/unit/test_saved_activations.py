@@ -170,9 +170,10 @@ REMADE = {"q", "k_cmp", "v_cmp", "k_sel", "v_sel", "k_win", "v_win", "o_cmp", "o
 
 
 def assert_layer_remakes(cfg: NSAConfig, device: torch.device, monkeypatch, exact: bool,
-                         remade: set[str] = REMADE) -> None:
+                         remade: set[str] = REMADE, never_kept: set[str] = frozenset()) -> None:
     """The tensors named in ``remade`` (REMADE, lse_cmp, o_win, lse_win) and the compressors' fc1
-    inputs are alive after the forward below RECOMPUTE_TOKENS and freed from it, the projections
+    inputs are alive after the forward below RECOMPUTE_TOKENS and freed from it, those named in
+    ``never_kept`` freed after the forward at either length, the projections
     run once more in the backward, and the output and gradients are the same (bit for bit where
     ``exact``, else within bf16 rounding under autocast)."""
     from nsa.attention import module
@@ -231,6 +232,7 @@ def assert_layer_remakes(cfg: NSAConfig, device: torch.device, monkeypatch, exac
     remade = remade | {"fc1 input"}
     assert remade <= kept, f"below RECOMPUTE_TOKENS the layer keeps {sorted(kept)}"
     assert not remade & alive, f"alive after the forward: {sorted(remade & alive)}"
+    assert not never_kept & (kept | alive), f"kept: {sorted(never_kept & (kept | alive))}"
     assert projected_again == 1, "q, the key/value streams and fc1's inputs are made once in the backward"
     assert torch.equal(y, y_kept)
     for g, ref in zip(grads, grads_kept):

@@ -4,7 +4,7 @@
 A LLaMA-style GQA attention: one query projection, one fused key/value projection, RoPE on q
 and k, SDPA on the route of the 'dense' stage (attn.backend_dense; cuDNN's fused attention on
 CUDA for bf16/fp16 by default), an output projection. It has the interface the model and the
-trainer use of NSAAttention (rope, resolve_routes, routes, calls, last_gate_mean, the decode
+trainer use of NSAAttention (rope, resolve_routes, routes, calls and count_calls, last_gate_mean, the decode
 cache), so the same model, trainer and contract run either kind.
 """
 from __future__ import annotations
@@ -55,6 +55,7 @@ class DenseAttention(RoutedAttention):
         if cache is not None:
             k, v = cache.append("k", k), cache.append("v", v)
             cache.length += T
-        count_call(self.calls)
+        if self.count_calls:
+            count_call(self.calls)
         o = implementation(routes["dense"])(q, k, v, start)
         return self.o_proj(o.reshape(B, T, -1))

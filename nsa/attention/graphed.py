@@ -9,7 +9,8 @@ both paths).
 
 A layer's graphs are captured on its second call at a new key (the first runs eagerly, so
 Triton compiles and tunes outside the capture): input shape and dtype, autocast state, the
-deterministic switch, which tensors need gradients, and the parameters' storage. Each layer
+deterministic switch, whether the layer counts its calls, which tensors need gradients, and the
+parameters' storage. Each layer
 holds its own memory pool: its activations and its backward's buffers stay allocated between
 steps, which is why only short inputs are graphed (``GRAPH_TOKENS``, the layer's
 ``graph_tokens``) and all layers' graphs together hold at most ``MEMORY_SHARE`` of the GPU.
@@ -149,8 +150,8 @@ def _autocast_state(device_type: str) -> tuple[bool, torch.dtype]:
 
 class LayerGraphs:
     """The CUDA graphs of one layer (see the module docstring), for inputs of up to ``max_tokens``
-    tokens (0: none). The layer gives ``eager_forward(x, None, rope)``, ``parameters()`` and
-    its ``calls`` counter. A copy or a pickle of the layer starts without graphs."""
+    tokens (0: none). The layer gives ``eager_forward(x, None, rope)``, ``parameters()``, its
+    ``calls`` counter and ``count_calls``. A copy or a pickle of the layer starts without graphs."""
 
     def __init__(self, max_tokens: int = GRAPH_TOKENS):
         if max_tokens < 0:
@@ -183,10 +184,10 @@ class LayerGraphs:
                 and not saved_tensor_hooks_active())
 
     @staticmethod
-    def _key(x: torch.Tensor, rope, params: list[torch.Tensor]) -> tuple:
+    def _key(x: torch.Tensor, rope, params: list[torch.Tensor], counting: bool) -> tuple:
         from nsa.attention.kernel_branches import deterministic
 
-        return (tuple(x.shape), x.dtype, x.device, x.requires_grad, _autocast_state("cuda"), deterministic(),
+        return (tuple(x.shape), x.dtype, x.device, x.requires_grad, _autocast_state("cuda"), deterministic(), counting,
                 None if rope is None else tuple((t.shape, t.dtype, t.device) for t in rope),
                 tuple((p.data_ptr(), p.dtype, p.requires_grad) for p in params))
 
@@ -194,7 +195,7 @@ class LayerGraphs:
         params = list(layer.parameters())
         if not (x.requires_grad or any(p.requires_grad for p in params)):
             return layer.eager_forward(x, None, rope)
-        key = self._key(x, rope, params)
+        key = self._key(x, rope, params, layer.count_calls)
         entry = self.captured.get(key)
         if entry is None:
             if key not in self.seen:  # the first call compiles and tunes the kernels, eagerly

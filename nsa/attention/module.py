@@ -73,9 +73,12 @@ class RoutedAttention(nn.Module):
         self.rope_theta = rope_theta
         self.q_proj = nn.Linear(dim, n_heads * head_dim, bias=False)
         self.kv_proj = nn.Linear(dim, kv_streams * n_kv_groups * head_dim, bias=False)
-        # forward calls so far (each runs every stage once on its route), for the backend audit;
-        # a tensor, so that torch.compile neither guards on it nor recompiles as it grows
+        # forward calls so far (each runs every stage once on its route), for the backend audit,
+        # counted only while count_calls is on (nsa.model.telemetry.count_calls: off, a forward
+        # launches nothing for it); a tensor, so that torch.compile neither guards on it nor
+        # recompiles as it grows, and the layer's CUDA graphs count their replays
         self.register_buffer("calls", torch.zeros((), dtype=torch.int64), persistent=False)
+        self.count_calls = False
         self._init_routes()
 
     def _init_routes(self) -> None:
@@ -257,7 +260,8 @@ class NSAAttention(RoutedAttention):
         save, how to make them again (``_keep_projections``, ``_keep_core``); the caller's own saved-tensor hooks
         (checkpointing, offloading) decide alone what is kept. While torch.compile traces, the
         compiler makes the same tensors again (nsa.attention.checkpointed)."""
-        count_call(self.calls)
+        if self.count_calls:
+            count_call(self.calls)
         x = autocast_input(x)  # outside a checkpoint's recomputation: the copy every projection reads
         recompute = recompute_for(x) if cache is None else Recompute.NONE
         if recompute is Recompute.RECIPES and not saved_tensor_hooks_active():

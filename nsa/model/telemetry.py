@@ -26,6 +26,14 @@ def track_gates(model: nn.Module, on: bool = True) -> None:
         m.track_gates = on
 
 
+def count_calls(model: nn.Module, on: bool = True) -> None:
+    """Have every attention layer count its forward calls (a one-element add a forward, which
+    torch.compile and the layer's CUDA graphs keep), which backend_report reads; off by default,
+    so that a model nobody audits launches nothing for it."""
+    for m in attention_modules(model):
+        m.count_calls = on
+
+
 def gate_stats(model: nn.Module) -> dict[str, float]:
     """Mean gate value per branch over all layers from the last forward while track_gates was on
     ({} before any, and for dense attention, which has no gates).
@@ -39,16 +47,19 @@ def gate_stats(model: nn.Module) -> dict[str, float]:
 
 def backend_report(model: nn.Module) -> dict[str, dict]:
     """Per stage: the backend chosen, why, whether 'auto' fell back past a backend meant for
-    this device, and how many layer-calls ran it. Reading the call counts synchronises with the
-    device: call it on logging steps only."""
+    this device, and how many layer-calls ran it (the layers counting calls, count_calls; None
+    where none does). Reading the call counts synchronises with the device: call it on logging
+    steps only."""
     report: dict[str, dict] = {}
     modules = attention_modules(model)
-    calls = torch.stack([m.calls for m in modules]).tolist() if modules else []
+    counting = any(m.count_calls for m in modules)
+    calls = torch.stack([m.calls for m in modules]).tolist() if counting else [0] * len(modules)
     for m, n in zip(modules, calls):
         for stage, route in m.routes.items():
             entry = report.setdefault(stage, {"backend": route.backend, "reason": route.reason,
-                                              "fallback": route.fallback, "calls": 0})
+                                              "fallback": route.fallback, "calls": 0 if counting else None})
             if entry["backend"] != route.backend:
                 entry["backend"] = "mixed"
-            entry["calls"] += n
+            if m.count_calls:
+                entry["calls"] += n
     return report

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from .. import contract
 from ..attention import check_requested, set_graph_tokens
 from ..config import ConfigError
-from ..model import NSATransformer, backend_report, gate_stats, track_gates
+from ..model import NSATransformer, backend_report, count_calls, gate_stats, track_gates
 from ..model.flops import TRAINING_MULTIPLIER, forward_flops_per_token
 from . import checkpoint as ckpt
 from . import determinism, graphs
@@ -128,6 +128,7 @@ class Trainer:
             torch.manual_seed(cfg.train.seed)
             self.model = NSATransformer(cfg.model).to(self.device)
             track_gates(self.model, not cfg.telemetry.disable_aux_stats)  # the logged steps' gate means
+            count_calls(self.model)  # the backend audit's layer-calls (env.json, the logged steps' routes)
             # the trainer graphs whole steps itself (train.cuda_graphs), and its eager steps (FSDP2,
             # fault injection, DDP's warm-up) stay eager: no layer keeps graphs of its own
             set_graph_tokens(self.model, 0)

@@ -15,6 +15,7 @@ import torch
 from nsa.attention.config import NSAConfig
 from nsa.model.config import load_model_config
 from nsa.model.model import NSATransformer
+from nsa.model.telemetry import count_calls
 from nsa.train.parallelize import apply_compile
 
 pytestmark = pytest.mark.triton_interp
@@ -83,6 +84,7 @@ def test_compiled_blocks_match_eager_without_graph_breaks(kdev):
     cfg = load_model_config("tiny", SMALL)
     torch.manual_seed(0)
     model = NSATransformer(cfg).to(kdev)
+    count_calls(model)
     torch.manual_seed(0)
     eager_model = NSATransformer(cfg).to(kdev)
     x = torch.randint(0, cfg.vocab_size, (1, SEQ), device=kdev)

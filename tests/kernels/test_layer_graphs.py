@@ -29,6 +29,7 @@ def _pair():
     cfg = load_model_config("m7c_125m")
     torch.manual_seed(0)
     graphed = NSAAttention(cfg.dim, cfg.n_heads, cfg.n_kv_groups, cfg.head_dim, cfg.attn, cfg.rope_theta).cuda()
+    graphed.count_calls = True
     eager = copy.deepcopy(graphed)
     eager.graphs.max_tokens = 0
     return graphed, eager

@@ -12,7 +12,7 @@ from nsa.attention.backends import BackendUnavailable, resolve_route
 from nsa.attention.dense import DenseAttention
 from nsa.attention.sdpa import causal_attention
 from nsa.config import ConfigError
-from nsa.model import NSATransformer, backend_report, gate_stats
+from nsa.model import NSATransformer, backend_report, count_calls, gate_stats
 from nsa.model.config import load_model_config
 from tests.unit.test_model_train import pattern_batch
 
@@ -53,6 +53,7 @@ def test_dense_kind_learns_and_reports_its_route():
     torch.manual_seed(0)
     cfg = load_model_config("tiny", "model.attn.kind=dense")
     model = NSATransformer(cfg)
+    count_calls(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     losses = []
     for step in range(8):
@@ -125,3 +126,19 @@ def test_trainer_runs_the_dense_kind_under_the_same_contract(tmp_path):
     beats = [json.loads(line) for line in (out / "heartbeat_rank0.jsonl").read_text().splitlines()]
     step = [b for b in beats if b["stage"] == "step"][-1]
     assert step["routes"]["dense"]["calls"] > 0 and step["gates"] == {}
+
+
+@pytest.mark.parametrize("kind", ["nsa", "dense"])
+def test_a_model_counts_its_attention_calls_only_when_asked(kind):
+    """The backend audit's call count is a one-element add a forward: a model nobody audits does
+    not run it (its report has no count), and count_calls turns it on for every layer."""
+    torch.manual_seed(0)
+    model = NSATransformer(load_model_config("tiny", f"model.attn.kind={kind}"))
+    batch = pattern_batch(2, 48, seed=0)[:, :-1]
+    model(batch)
+    assert all(int(layer.attn.calls) == 0 for layer in model.layers)
+    assert all(entry["calls"] is None for entry in backend_report(model).values())
+    count_calls(model)
+    model(batch)
+    model(batch)
+    assert all(entry["calls"] == 2 * len(model.layers) for entry in backend_report(model).values())

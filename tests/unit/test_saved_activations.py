@@ -264,6 +264,7 @@ def test_a_layer_under_torch_func_grad_of_its_parameters(kind, recompute_from, m
     torch.manual_seed(0)
     layer = (NSAAttention(48, 4, 2, 16, cfg, graph_tokens=0) if kind == "nsa"
              else DenseAttention(48, 4, 2, 16, cfg))
+    layer.count_calls = True
     x = torch.randn(1, 64, 48)
     params = dict(layer.named_parameters())
 

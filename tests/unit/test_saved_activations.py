@@ -279,6 +279,18 @@ def test_a_layer_under_torch_func_grad_of_its_parameters(kind, recompute_from, m
         torch.testing.assert_close(g, ref, msg=name)
 
 
+def _recomputing_layer_and_its_gradients(monkeypatch):
+    """A small layer recomputing from 64 tokens, an input of 64 tokens, the leaves (the input and
+    the parameters) and their gradients of the layer's output's squared sum."""
+    monkeypatch.setattr(compress, "RECOMPUTE_TOKENS", 64)
+    torch.manual_seed(0)
+    layer = NSAAttention(48, 4, 2, 16, NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, n_selected=3, window=8),
+                         graph_tokens=0)
+    x = torch.randn(1, 64, 48, requires_grad=True)
+    leaves = [x, *layer.parameters()]
+    return layer, x, leaves, torch.autograd.grad(layer(x).square().sum(), leaves)
+
+
 def test_under_a_callers_checkpoint_the_layer_keeps_its_tensors(monkeypatch):
     """Activation checkpointing recomputes the layer and expects its forward to save what it saved
     the first time: from RECOMPUTE_TOKENS tokens, under the caller's hooks, the layer keeps no
@@ -287,13 +299,7 @@ def test_under_a_callers_checkpoint_the_layer_keeps_its_tensors(monkeypatch):
 
     from nsa.attention import remade
 
-    monkeypatch.setattr(compress, "RECOMPUTE_TOKENS", 64)
-    torch.manual_seed(0)
-    layer = NSAAttention(48, 4, 2, 16, NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, n_selected=3, window=8),
-                         graph_tokens=0)
-    x = torch.randn(1, 64, 48, requires_grad=True)
-    leaves = [x, *layer.parameters()]
-    want = torch.autograd.grad(layer(x).square().sum(), leaves)
+    layer, x, leaves, want = _recomputing_layer_and_its_gradients(monkeypatch)
     recipes = []
     monkeypatch.setattr(remade.Remaking, "add", lambda self, make, tensors: recipes.append(make))
     got = torch.autograd.grad(checkpoint(layer, x, use_reentrant=False).square().sum(), leaves)
@@ -307,13 +313,7 @@ def test_the_remade_projections_read_the_forwards_weights(monkeypatch):
     stacked weight the forward read, not from the parameters as they are by then: a weight changed
     in place between the forward and the backward (which autograd does not see, as the matmul
     keeps a stacked copy) leaves the gradients those of the forward's values."""
-    monkeypatch.setattr(compress, "RECOMPUTE_TOKENS", 64)
-    torch.manual_seed(0)
-    layer = NSAAttention(48, 4, 2, 16, NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, n_selected=3, window=8),
-                         graph_tokens=0)
-    x = torch.randn(1, 64, 48, requires_grad=True)
-    leaves = [x, *layer.parameters()]
-    want = torch.autograd.grad(layer(x).square().sum(), leaves)
+    layer, x, leaves, want = _recomputing_layer_and_its_gradients(monkeypatch)
     y = layer(x).square().sum()
     with torch.no_grad():
         layer.q_proj.weight.mul_(2.0)

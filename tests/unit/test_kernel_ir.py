@@ -1,5 +1,7 @@
 """What Triton's compiler makes of a kernel's source, for sm_90 and without a GPU: the top-n score
-kernel (nsa.kernels.topk) multiplies only where its source calls tl.dot. Triton rewrites
+kernel (nsa.kernels.topk) multiplies only where its source calls tl.dot; the RoPE and split kernel
+(nsa.kernels.rope) picks a key/value stream's tensor at run time and reads or writes each row
+once. Triton rewrites
 sum(a[:, :, None] * b[None, :, :], 1) into a tl.dot of its default float32 precision, which is
 TF32 on some versions: the score kernel's hand-over from one selection block to the next, written
 so, lost 13 mantissa bits and chose wrong blocks in float32 on an H200. The interpreter computes
@@ -34,15 +36,51 @@ print(compiled.asm["ttir"].count("tt.dot "))
 """
 
 
-@pytest.mark.parametrize("G,GP,BT", [(2, 2, 64), (6, 8, 16)], ids=["G2", "G6"])
-def test_the_score_kernel_multiplies_only_where_it_calls_tl_dot(tmp_path, G, GP, BT):
+ROPE = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from nsa.kernels import rope
+
+kernel = rope._rope_split_kernel
+pointers = ("q_in", "q_out", "packed", "s0", "s1", "s2", "s3", "s4", "s5", "g_in", "g_saved", "g_out", "bias")
+ints = ("n_tokens", "T", "q_in_stride", "q_out_stride", "kv_packed_stride", "g_in_stride", "g_out_stride")
+signature = ({n: "*bf16" for n in pointers} | {"cos": "*fp32", "sin": "*fp32", "sign": "fp32"}
+             | {n: "i32" for n in ints})
+constexprs = dict(HQ=12, H=2, P=3, HALF=32, BH=32, BT=32, PACK=sys.argv[1] == "backward", NG=36, PAD=4, BG=64)
+source = ASTSource(fn=kernel, signature=signature | {n: "constexpr" for n in constexprs},
+                   constexprs={(kernel.arg_names.index(n),): v for n, v in constexprs.items()})
+ttir = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4)).asm["ttir"]
+print(ttir.count("tt.load"), ttir.count("tt.store"))
+"""
+
+
+def _compile(tmp_path, program: str, *args: str) -> str:
+    """stdout of ``program`` (a compile for sm_90) run in a process of its own; skips where this
+    machine has no ptxas."""
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env |= {"TRITON_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT), "TRITON_DEFAULT_FP_FUSION": "1"}
-    run = subprocess.run([sys.executable, "-c", COMPILE, str(G), str(GP), str(BT)], env=env, cwd=ROOT,
+    run = subprocess.run([sys.executable, "-c", program, *args], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     if run.returncode and "ptxas" in run.stderr:
         pytest.skip(f"no ptxas to compile for sm_90 here: {run.stderr.strip().splitlines()[-1]}")
     assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout
+
+
+@pytest.mark.parametrize("G,GP,BT", [(2, 2, 64), (6, 8, 16)], ids=["G2", "G6"])
+def test_the_score_kernel_multiplies_only_where_it_calls_tl_dot(tmp_path, G, GP, BT):
     # its two q . kc products (the chunks every row sees whole, then the masked ones)
-    assert int(run.stdout.split()[-1]) == 2
+    assert int(_compile(tmp_path, COMPILE, str(G), str(GP), str(BT)).split()[-1]) == 2
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_the_rope_kernel_moves_each_row_once_whichever_stream_it_picks(tmp_path, direction):
+    """One load and one store of a row wherever it goes (a query head, the key/value stream
+    picked among s0 .. s5, the gates), beside the angle tables' two loads and the gates' second
+    input (their bias forward, the saved gates backward): the stream's pointer is chosen before
+    the row moves, not the row moved once per candidate stream."""
+    loads, stores = map(int, _compile(tmp_path, ROPE, direction).split()[-2:])
+    assert (loads, stores) == (6, 3)

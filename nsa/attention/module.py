@@ -213,8 +213,8 @@ class NSAAttention(RoutedAttention):
                 from nsa.kernels.rope import project_split
 
                 return project_split(prod, self.gate_proj.bias, cos, sin, HQ, H, 3, K)
-            q, kv, logits, _ = prod.split((HQ * K, 6 * H * K, 3 * HQ, prod.shape[-1] - (HQ + 6 * H) * K - 3 * HQ),
-                                          dim=-1)
+            widths = (HQ * K, 6 * H * K, 3 * HQ)  # then the padding rows' columns
+            q, kv, logits, _ = prod.split((*widths, prod.shape[-1] - sum(widths)), dim=-1)
             gates = torch.sigmoid(logits + self.gate_proj.bias.to(logits.dtype))
         q, kv = q.view(B, T, HQ, K), kv.view(B, T, 6, H, K)
         if fused_rope:

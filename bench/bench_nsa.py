@@ -298,10 +298,12 @@ def sweep(shapes, only=()):
         sel_bwd = [dict(dq_keep="dq"), dict(dq_keep="ds"), dict(qc=256), dict(qc=128), dict(qc=1024),
                    dict(dkv_cells=4096), dict(dkv_cells=16384), dict(dkv_warps=8), dict(dkv_stages=3),
                    dict(dkv_stages=1)]
-        # fwd_warps / fwd_stages: both forms; blocks_rows: the key-block-major forward's rows a step
+        # fwd_warps / fwd_stages: both forms; blocks_rows: the key-block-major forward's rows a step;
+        # combine_values / combine_warps: the kernel combining its partials
         sel_fwd = [dict(fwd_warps=4, fwd_stages=3), dict(fwd_warps=2, fwd_stages=3), dict(fwd_warps=4, fwd_stages=2),
                    dict(fwd_warps=8, fwd_stages=3), dict(blocks_rows=32), dict(blocks_rows=128),
-                   dict(blocks_rows=128, fwd_warps=8)]
+                   dict(blocks_rows=128, fwd_warps=8), dict(combine_values=4096), dict(combine_values=16384),
+                   dict(combine_warps=2), dict(combine_warps=8), dict(combine_values=16384, combine_warps=8)]
         groups = band + [
             ("sel tt (fwd, fwd+bwd)", [SelectionTuning(**v) for v in sel_tt], [sel_f, sel_fb]),
             ("sel bwd", [SelectionTuning(**v) for v in sel_bwd], [sel_fb]),

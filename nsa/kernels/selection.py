@@ -444,7 +444,8 @@ def _sel_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tenso
         tiles = dict(BM=32 if interpret else tune.blocks_rows, num_warps=4 if interpret else tune.fwd_warps,
                      num_stages=1 if interpret else tune.fwd_stages)
         o, lse, inverse = blocks_forward(q, k, v, idx, sel_block, q_start, tiles,
-                                         _dkv_qc(q.device, Tq, False, tune), tune.partials_budget)
+                                         _dkv_qc(q.device, Tq, False, tune), tune.partials_budget,
+                                         (tune.combine_values, tune.combine_warps))
         return o, lse, None if deterministic else inverse
     o = torch.empty_like(q)
     lse = torch.empty(B, Tq, HQ, device=q.device, dtype=torch.float32)

@@ -150,13 +150,14 @@ def one_pass(q: torch.Tensor, n: int, budget: int) -> bool:
 
 
 def blocks_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, sel_block: int,
-                   q_start: int, tiles: dict, qc: int, budget: int,
+                   q_start: int, tiles: dict, qc: int, budget: int, combine: tuple[int, int] = (8192, 4),
                    ) -> tuple[torch.Tensor, torch.Tensor, Inverse | None]:
     """o [B, Tq, HQ, K] (q's dtype) and lse [B, Tq, HQ] (float32, natural log) of the selected
     branch, key-block-major (see the module docstring), from work items of at most ``qc`` tokens;
     and idx's inverse selection where one pass took all tokens (else None), which the dk/dv pass
     of the backward can use again. ``tiles``: the forward kernel's preferred launch, BM rows a
-    step, num_warps, num_stages; ``budget``: bytes of partials held at once."""
+    step, num_warps, num_stages; ``budget``: bytes of partials held at once; ``combine``: the
+    combining kernel's partial values in flight a program and its warps."""
     B, Tq, HQ, K = q.shape
     Tk, H = k.shape[1], k.shape[2]
     G, n = HQ // H, idx.shape[-1]
@@ -180,7 +181,8 @@ def blocks_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch
                dict(meta, LS=sel_block, BS=max(16, triton.next_power_of_2(sel_block)), DOT=dot_precision(q.dtype)),
                tiles, halve=("BM",))
         rows = B * Tc * HQ
-        BR = max(1, 8192 // (triton.next_power_of_2(n) * BK))  # 64 partial values a thread on 4 warps
+        values, warps = combine  # by default 64 partial values a thread on 4 warps
+        BR = max(1, values // (triton.next_power_of_2(n) * BK))
         _blocks_combine_kernel[(triton.cdiv(rows, BR),)](idx_c, o_part, lse_part, o, lse, rows, Tc, Tq, a, N=n,
-                                                         BR=BR, **meta)
+                                                         BR=BR, num_warps=warps, **meta)
     return o, lse, inverse if chunk >= Tq else None

@@ -84,7 +84,9 @@ class SelectionTuning(_Tuning):
       what it keeps (dq_keep: 'dq' partials, 'ds' tiles, 'auto' selection._dq_source's rule),
       kept_budget bytes of them at a time (longer inputs a chunk of query tokens at a time);
     * partials_budget: bytes of the key-block-major forward's partial outputs held at once
-      (selection_blocks; longer inputs a chunk of query tokens at a time)."""
+      (selection_blocks; longer inputs a chunk of query tokens at a time); the kernel combining a
+      row's partials: combine_values partial values in flight a program (its rows, n * K each),
+      on combine_warps."""
     fwd_warps: int = 4
     fwd_stages: int = 2
     blocks_rows: int = 64
@@ -103,6 +105,8 @@ class SelectionTuning(_Tuning):
     dq_keep: str = "auto"
     kept_budget: int = 16 << 30
     partials_budget: int = 4 << 30
+    combine_values: int = 8192
+    combine_warps: int = 4
 
     def __post_init__(self):
         if self.dq_keep not in ("auto", "dq", "ds"):
@@ -111,7 +115,7 @@ class SelectionTuning(_Tuning):
             raise ValueError(f"SelectionTuning.tt is {self.tt}; expected 0 (the rule) or a forced tile > 0")
         self._check_positive("fwd_warps", "fwd_stages", "blocks_rows", "tma_stages", "tt_rows", "tt_max", "tt_nb",
                              "qc", "qc_interpret", "dkv_cells", "dkv_warps", "dkv_stages", "kept_budget",
-                             "partials_budget")
+                             "partials_budget", "combine_values", "combine_warps")
         self._set_arg()
 
 

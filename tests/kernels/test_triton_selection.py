@@ -287,6 +287,21 @@ def test_selection_blocks_forward_a_chunk_of_tokens_at_a_time(kdev, B):
                  tune=SelectionTuning(partials_budget=5 * per_token + 11))
 
 
+def test_selection_blocks_forward_combines_the_same_however_many_rows_a_program(kdev):
+    """The kernel combining the partials (SelectionTuning.combine_values, combine_warps) sums each
+    row's slots in slot order whatever its rows a program: the outputs are those of the
+    default launch, bit for bit (here one row a program against eight)."""
+    from nsa.kernels import selection
+
+    gen = torch.Generator().manual_seed(11)
+    q = rnd(gen, 1, 21, 6, 16, device=kdev)
+    k, v = rnd(gen, 1, 21, 2, 16, device=kdev), rnd(gen, 1, 21, 2, 16, device=kdev)
+    idx = _random_idx(gen, 1, 21, 2, 4, 4, 0).to(kdev)
+    want = selection._sel_fwd(q, k, v, idx, 4, 0, False, "blocks", SELECTION)[:2]
+    got = selection._sel_fwd(q, k, v, idx, 4, 0, False, "blocks", SelectionTuning(combine_values=64, combine_warps=2))
+    assert all(torch.equal(a, b) for a, b in zip(got[:2], want))
+
+
 def test_selection_blocks_forward_16_bit_partials(kdev):
     """fp16 inputs: the partial outputs are stored in fp16 (half the traffic of float32) and
     combined in float32; the output stays within fp16's error of the float64 reference, and

@@ -150,7 +150,7 @@ def one_pass(q: torch.Tensor, n: int, budget: int) -> bool:
 
 
 def blocks_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch.Tensor, sel_block: int,
-                   q_start: int, tiles: dict, qc: int, budget: int, combine: tuple[int, int] = (8192, 4),
+                   q_start: int, tiles: dict, qc: int, budget: int, combine: tuple[int, int],
                    ) -> tuple[torch.Tensor, torch.Tensor, Inverse | None]:
     """o [B, Tq, HQ, K] (q's dtype) and lse [B, Tq, HQ] (float32, natural log) of the selected
     branch, key-block-major (see the module docstring), from work items of at most ``qc`` tokens;
@@ -181,7 +181,7 @@ def blocks_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch
                dict(meta, LS=sel_block, BS=max(16, triton.next_power_of_2(sel_block)), DOT=dot_precision(q.dtype)),
                tiles, halve=("BM",))
         rows = B * Tc * HQ
-        values, warps = combine  # by default 64 partial values a thread on 4 warps
+        values, warps = combine  # SelectionTuning's defaults: 64 partial values a thread on 4 warps
         BR = max(1, values // (triton.next_power_of_2(n) * BK))
         _blocks_combine_kernel[(triton.cdiv(rows, BR),)](idx_c, o_part, lse_part, o, lse, rows, Tc, Tq, a, N=n,
                                                          BR=BR, num_warps=warps, **meta)

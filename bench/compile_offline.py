@@ -34,7 +34,7 @@ def compile_seconds(kind: str, tiles: tuple[int, int, int, int], K: int, precisi
     bm, bn, warps, stages = tiles
     sig = {name: "*fp32" for name in ARGS[kind]} | {"Tq": "i32", "Tk": "i32", "q_start": "i32", "sm_scale": "fp32"}
     constexprs = dict(H=2, G=6, K=K, L=32, D=16, W=0, WINDOW=False, BM=bm, BN=bn,
-                      BK=max(16, triton.next_power_of_2(K)), DOT=precision)
+                      BK=max(16, triton.next_power_of_2(K)), DOT=precision, WIDE=False)
     if kind == "dq":
         constexprs["DELTA_GIVEN"] = False
     sig |= {name: "constexpr" for name in constexprs}

@@ -1,6 +1,11 @@
 """How the Triton kernels are launched: the precision of their float32 products, and launch
 configurations that fit the GPU.
 
+Offsets: a kernel addresses the tiles of one sequence with int32 offsets from an int64 base where
+they fit (``wide_offsets``): an int64 offset per element of a [rows, head dim] tile holds two
+registers per lane, and in an sm_90 compile of the band kernels at the m7c shape those offsets
+made their register spills several times as large.
+
 Precision: a float32 ``tl.dot`` runs TF32 products by default in Triton, while PyTorch's float32
 matmuls are full float32 precision unless TF32 is allowed (``torch.backends.cuda.matmul.allow_tf32``,
 which ``torch.set_float32_matmul_precision('high')`` sets). The kernels take their dots'
@@ -30,6 +35,12 @@ _FALLBACKS: dict[str, str] = {}
 
 #: the float32 products' precision where PyTorch allows no TF32 (see dot_precision)
 STRICT = "tf32x3"
+
+
+def wide_offsets(n_elements: int) -> bool:
+    """Whether offsets into a span of ``n_elements`` elements (a sequence's keys or query rows,
+    from its int64 base) need int64: the kernels' WIDE constexpr."""
+    return n_elements >= 2**31
 
 
 def dot_precision(dtype: torch.dtype) -> str:

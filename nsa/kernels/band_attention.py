@@ -26,7 +26,7 @@ import triton.language as tl
 
 from ._autograd import kernel_op
 from .tuning import BAND, BandTiles
-from ._launch import dot_precision, fp32_small_tiles, launch
+from ._launch import dot_precision, fp32_small_tiles, launch, wide_offsets
 from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
 
 
@@ -94,12 +94,16 @@ def _row_block(k, v, Tq, Tk, q_start, H: tl.constexpr, G: tl.constexpr, K: tl.co
 
 @triton.jit
 def _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr,
-              MASK: tl.constexpr):
-    """The BN keys and values from n0 (k_base, v_base: k and v at the KV head) and, MASK, the
-    rows' visibility of them [BM, BN] (unmasked: every row sees every key of the tile, returned
-    as True)."""
+              MASK: tl.constexpr, WIDE: tl.constexpr):
+    """The BN keys and values from n0 (k_base, v_base: k and v at the KV head and batch) and,
+    MASK, the rows' visibility of them [BM, BN] (unmasked: every row sees every key of the tile,
+    returned as True). WIDE: a sequence's keys span 2^31 elements or more (int64 offsets;
+    nsa.kernels._launch.wide_offsets)."""
     cols = n0 + tl.arange(0, BN)
-    kv_off = cols.to(tl.int64)[:, None] * (H * K) + offk[None, :]
+    if WIDE:
+        kv_off = cols.to(tl.int64)[:, None] * (H * K) + offk[None, :]
+    else:
+        kv_off = cols[:, None] * (H * K) + offk[None, :]
     if MASK:
         lm = (cols < end)[:, None] & kmask[None, :]
         vis = (cols[None, :] <= hi[:, None]) & (cols[None, :] >= lo[:, None])
@@ -113,9 +117,10 @@ def _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H: tl.constexpr, K: 
 
 @triton.jit
 def _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-              H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr, DOT: tl.constexpr):
+              H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr, DOT: tl.constexpr,
+              WIDE: tl.constexpr):
     """One key tile of the forward's online softmax; MASK: apply the rows' visibility."""
-    kt, vt, vis = _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H, K, BN, MASK)
+    kt, vt, vis = _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H, K, BN, MASK, WIDE)
     s = tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale
     if MASK:
         s = tl.where(vis, s, float("-inf"))
@@ -127,7 +132,7 @@ def _band_fwd_kernel(
     q, k, v, o, lse, Tq, Tk, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DOT: tl.constexpr, WIDE: tl.constexpr,
 ):
     qb, row_off, m2, l_off, rmask, k_base, v_base, offk, kmask, lo, hi, start, whole_lo, whole_hi, end = \
         _row_block(k, v, Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK)
@@ -139,13 +144,13 @@ def _band_fwd_kernel(
     # unmasked tiles first: every row then has a finite maximum before the masked edges
     for n0 in range(whole_lo, whole_hi, BN):
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                                  H, K, BN, False, DOT)
+                                  H, K, BN, False, DOT, WIDE)
     for n0 in range(start, whole_lo, BN):
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                                  H, K, BN, True, DOT)
+                                  H, K, BN, True, DOT, WIDE)
     for n0 in range(whole_hi, end, BN):
         acc, m_i, l_i = _fwd_tile(acc, m_i, l_i, qt, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                                  H, K, BN, True, DOT)
+                                  H, K, BN, True, DOT, WIDE)
     out, lse_row = finish(acc, m_i, l_i)
     tl.store(o + qb + row_off[:, None] + offk[None, :], out.to(o.dtype.element_ty), mask=m2)
     tl.store(lse + l_off, lse_row, mask=rmask)
@@ -153,10 +158,11 @@ def _band_fwd_kernel(
 
 @triton.jit
 def _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-             H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr, DOT: tl.constexpr):
+             H: tl.constexpr, K: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr, DOT: tl.constexpr,
+             WIDE: tl.constexpr):
     """One key tile of dq; MASK: apply the rows' visibility. Unmasked, the rows past Tq (zero
     do and delta) add nothing."""
-    kt, vt, vis = _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H, K, BN, MASK)
+    kt, vt, vis = _key_tile(k_base, v_base, n0, end, lo, hi, offk, kmask, H, K, BN, MASK, WIDE)
     s = tl.dot(qt, tl.trans(kt), input_precision=DOT) * qk_scale
     if MASK:
         p = tl.where(vis & rmask[:, None], tl.exp2(s - lse2[:, None]), 0.0)
@@ -172,6 +178,7 @@ def _band_bwd_dq_kernel(
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr,
     L: tl.constexpr, D: tl.constexpr, W: tl.constexpr, WINDOW: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, DELTA_GIVEN: tl.constexpr, DOT: tl.constexpr,
+    WIDE: tl.constexpr,
 ):
     qb, row_off, m2, l_off, rmask, k_base, v_base, offk, kmask, lo, hi, start, whole_lo, whole_hi, end = \
         _row_block(k, v, Tq, Tk, q_start, H, G, K, L, D, W, WINDOW, BM, BN, BK)
@@ -182,13 +189,13 @@ def _band_bwd_dq_kernel(
     acc = tl.zeros([BM, BK], tl.float32)
     for n0 in range(whole_lo, whole_hi, BN):
         acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                       H, K, BN, False, DOT)
+                       H, K, BN, False, DOT, WIDE)
     for n0 in range(start, whole_lo, BN):
         acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                       H, K, BN, True, DOT)
+                       H, K, BN, True, DOT, WIDE)
     for n0 in range(whole_hi, end, BN):
         acc = _dq_tile(acc, qt, dot_, lse2, dl, rmask, k_base, v_base, n0, end, lo, hi, qk_scale, offk, kmask,
-                       H, K, BN, True, DOT)
+                       H, K, BN, True, DOT, WIDE)
     tl.store(dq + q_off, (acc * sm_scale).to(dq.dtype.element_ty), mask=m2)
 
 
@@ -374,7 +381,7 @@ def band_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int
     launch(_band_fwd_kernel, lambda c: (triton.cdiv(Tq * G, c["BM"]), B * H),
            (q, k, v, o, lse, Tq, Tk, q_start, 1.0 / math.sqrt(K)),
            dict(H=H, G=G, K=K, L=L, D=D, W=W, WINDOW=window, BK=max(16, triton.next_power_of_2(K)),
-                DOT=dot_precision(q.dtype)), fwd, halve=("BM", "BN"))
+                DOT=dot_precision(q.dtype), WIDE=wide_offsets(Tk * H * K)), fwd, halve=("BM", "BN"))
     return o, lse
 
 
@@ -416,8 +423,8 @@ def band_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
                 DOT=dot_precision(q.dtype))
     sm = 1.0 / math.sqrt(K)
     launch(_band_bwd_dq_kernel, lambda c: (triton.cdiv(Tq * G, c["BM"]), B * H),
-           (q, k, v, o, do, lse, delta, dq, Tq, Tk, q_start, sm), dict(meta, DELTA_GIVEN=delta_given), dq_cfg,
-           halve=("BM", "BN"))
+           (q, k, v, o, do, lse, delta, dq, Tq, Tk, q_start, sm),
+           dict(meta, DELTA_GIVEN=delta_given, WIDE=wide_offsets(Tk * H * K)), dq_cfg, halve=("BM", "BN"))
     # the split and the key tiles stay those of the preferred launch, whatever the fallback (the
     # kernel spreads the rows over its splits in blocks of its own BM)
     key_tiles = triton.cdiv(Tk, dkv_cfg["BN"]) * B * H

@@ -40,7 +40,7 @@ import triton.language as tl
 from . import SEL_FORMS
 from ._autograd import kernel_op
 from ._inverse import Inverse, as_outputs, fake_outputs, from_outputs, inverse_selection, item_rows
-from ._launch import dot_precision, fp32_small_tiles, launch
+from ._launch import dot_precision, fp32_small_tiles, launch, wide_offsets
 from .selection_blocks import blocks_forward, one_pass
 from ._tma import kv_desc, kv_tma_ok
 from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
@@ -265,6 +265,7 @@ def _sel_bwd_dkv_kernel(
     Tq, Tk, NB, q_start, sm_scale,
     H: tl.constexpr, G: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
     LS: tl.constexpr, BS: tl.constexpr, ROWS: tl.constexpr, KEEP: tl.constexpr, DOT: tl.constexpr,
+    WIDE: tl.constexpr,
 ):
     """One work item of the dk/dv pass (see the module docstring), key-major: scores as
     S^T = K Q^T [BS, ROWS], so that P^T and dS^T come out of one tensor-core product in the
@@ -295,6 +296,14 @@ def _sel_bwd_dkv_kernel(
         kt = tl.load(k + kv_base + kv_off, mask=kvm, other=0.0)
         vt = tl.load(v + kv_base + kv_off, mask=kvm, other=0.0)
         qk_scale = sm_scale * LOG2E
+        # the rows' q and dO: int32 offsets from the batch's base unless WIDE
+        # (nsa.kernels._launch.wide_offsets)
+        if WIDE:
+            q_b = q
+            do_b = do
+        else:
+            q_b = q + b.to(tl.int64) * Tq * HQ * K
+            do_b = do + b.to(tl.int64) * Tq * HQ * K
         dk_acc = tl.zeros([BS, BK], tl.float32)
         dv_acc = tl.zeros([BS, BK], tl.float32)
         for r0 in range(s0 * G, s1 * G, ROWS):
@@ -302,9 +311,12 @@ def _sel_bwd_dkv_kernel(
             pos = q_start + t
             row = (b.to(tl.int64) * Tq + t) * HQ + h * G + g
             m2 = tmask[:, None] & kmask[None, :]
-            ptrs = row[:, None] * K + offk[None, :]
-            qt = tl.load(q + ptrs, mask=m2, other=0.0)
-            dot_ = tl.load(do + ptrs, mask=m2, other=0.0)
+            if WIDE:
+                ptrs = row[:, None] * K + offk[None, :]
+            else:
+                ptrs = (t * HQ + h * G + g)[:, None] * K + offk[None, :]
+            qt = tl.load(q_b + ptrs, mask=m2, other=0.0)
+            dot_ = tl.load(do_b + ptrs, mask=m2, other=0.0)
             lse2 = lse_log2(tl.load(lse + row, mask=tmask, other=0.0))
             dl = tl.load(delta + row, mask=tmask, other=0.0)
             vis = tmask[None, :] & kval[:, None] & (kpos[:, None] <= pos[None, :])
@@ -497,7 +509,8 @@ def _dkv_pass(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, dk, d
     launch(_sel_bwd_dkv_kernel, lambda c: (seg.numel(),),
            (q, k, v, do, lse, delta, tokens, perm, seg, start, end, dk, dv, q if kept is None else kept,
             q.shape[1], k.shape[1], NB, q_start, 1.0 / math.sqrt(q.shape[3])),
-           dict(meta, KEEP=keep, DOT=dot_precision(q.dtype)), cfg, halve=("ROWS",))
+           dict(meta, KEEP=keep, DOT=dot_precision(q.dtype), WIDE=wide_offsets(q[0].numel())), cfg,
+           halve=("ROWS",))
 
 
 def _sel_bwd_dkv(q, k, v, do, lse, delta, work, sel_block: int, q_start: int, tune: SelectionTuning):

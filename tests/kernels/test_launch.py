@@ -131,3 +131,44 @@ def test_float32_launches_that_compile_slowly_start_from_small_tiles():
     for window in (False, True):
         assert band_attention._configs(64, False, window, small=True) == (small,) * 3
         assert small not in band_attention._configs(64, False, window)
+
+
+def test_offsets_are_int64_from_two_to_the_31_elements():
+    assert not _launch.wide_offsets(2**31 - 1) and _launch.wide_offsets(2**31)
+
+
+@pytest.mark.triton_interp
+@pytest.mark.parametrize("branch", ["cmp", "win", "sel"])
+def test_int64_offsets_address_what_int32_offsets_do(kdev, monkeypatch, branch):
+    """The band kernels' key tiles and the selected dk/dv pass's query rows take int32 offsets
+    from a batch's base unless a sequence spans 2^31 elements (WIDE, wide_offsets). Forced to
+    int64 at a small shape of two batches (the base moves) and a group of 6, the outputs and
+    gradients are the same bits."""
+    from nsa.attention.config import NSAConfig
+    from nsa.attention.kernel_branches import triton_cmp_attention, triton_sel_attention, triton_win_attention
+    from nsa.attention.torch_branches import torch_cmp_attention, torch_select_blocks
+    from nsa.kernels import band_attention, selection
+
+    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=3, window=6)
+    gen = torch.Generator().manual_seed(3)
+    B, T, H, G, K = 2, 23, 1, 6, 16
+    q, k, v, do = (torch.randn(B, T, h, K, generator=gen) for h in (H * G, H, H, H * G))
+    kc = torch.randn(B, (T - cfg.cmp_block) // cfg.cmp_stride + 1, H, K, generator=gen)
+    q64, kc64 = q.double(), kc.double()
+    idx = torch_select_blocks(q64, kc64, torch_cmp_attention(q64, kc64, kc64, cfg)[1], cfg)
+    run = {"cmp": lambda q, k, v: triton_cmp_attention(q, k, v, cfg)[0],
+           "win": lambda q, k, v: triton_win_attention(q, k, v, cfg),
+           "sel": lambda q, k, v: triton_sel_attention(q, k, v, idx, cfg)}[branch]
+    kv_len = kc.shape[1] if branch == "cmp" else T
+
+    def outputs_and_grads():
+        leaves = [t.to(kdev).requires_grad_() for t in (q, k[:, :kv_len], v[:, :kv_len])]
+        o = run(*leaves)
+        return [o.detach(), *torch.autograd.grad(o, leaves, do.to(kdev))]
+
+    narrow = outputs_and_grads()
+    monkeypatch.setattr(band_attention, "wide_offsets", lambda n: True)
+    monkeypatch.setattr(selection, "wide_offsets", lambda n: True)
+    wide = outputs_and_grads()
+    for a, b in zip(narrow, wide):
+        assert torch.equal(a, b)

@@ -1,7 +1,8 @@
 """What Triton's compiler makes of a kernel's source, for sm_90 and without a GPU: the top-n score
 kernel (nsa.kernels.topk) multiplies only where its source calls tl.dot; the RoPE and split kernel
 (nsa.kernels.rope) picks a key/value stream's tensor at run time and reads or writes each row
-once. Triton rewrites
+once; the band kernels and the selected dk/dv pass, at their tuned tiles, spill at most two thirds
+of the registers with int32 tile offsets that they do with int64 ones. Triton rewrites
 sum(a[:, :, None] * b[None, :, :], 1) into a tl.dot of its default float32 precision, which is
 TF32 on some versions: the score kernel's hand-over from one selection block to the next, written
 so, lost 13 mantissa bits and chose wrong blocks in float32 on an H200. The interpreter computes
@@ -84,3 +85,65 @@ def test_the_rope_kernel_moves_each_row_once_whichever_stream_it_picks(tmp_path,
     the row moves, not the row moved once per candidate stream."""
     loads, stores = map(int, _compile(tmp_path, ROPE, direction).split()[-2:])
     assert (loads, stores) == (6, 3)
+
+
+SPILLS = """
+import os, re, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from nsa.kernels import band_attention as band, selection
+from nsa.kernels.tuning import SELECTION
+
+name, wide = sys.argv[1], sys.argv[2] == "wide"
+m7c = dict(H=2, G=6, K=64, BK=64, DOT="tf32", WIDE=wide)
+ints = {n: "i32" for n in ("Tq", "Tk", "NB", "q_start")}
+if name == "band_fwd":  # the compressed branch's launch
+    kernel = band._band_fwd_kernel
+    bm, bn, warps, stages = band.TILES["cmp"]["fwd"][0]
+    pointers = dict(q="*bf16", k="*bf16", v="*bf16", o="*bf16", lse="*fp32")
+    constexprs = dict(m7c, L=32, D=16, W=0, WINDOW=False, BM=bm, BN=bn)
+elif name == "band_dq":  # the window's launch
+    kernel = band._band_bwd_dq_kernel
+    bm, bn, warps, stages = band.TILES["win"]["dq"][0]
+    pointers = dict(q="*bf16", k="*bf16", v="*bf16", o="*bf16", do="*bf16", lse="*fp32", delta="*fp32", dq="*bf16")
+    constexprs = dict(m7c, L=1, D=1, W=512, WINDOW=True, BM=bm, BN=bn, DELTA_GIVEN=True)
+else:
+    kernel = selection._sel_bwd_dkv_kernel
+    warps, stages = SELECTION.dkv_warps, SELECTION.dkv_stages
+    pointers = dict(q="*bf16", k="*bf16", v="*bf16", do="*bf16", lse="*fp32", delta="*fp32", tokens="*i32",
+                    perm="*i64", item_seg="*i32", item_start="*i32", item_end="*i32", dk="*fp32", dv="*fp32",
+                    kept="*bf16")
+    constexprs = dict(m7c, LS=64, BS=64, ROWS=min(SELECTION.dkv_cells // 64, 128), KEEP="dq")
+signature = {}
+for p in kernel.arg_names:
+    signature[p] = pointers.get(p) or ("constexpr" if p in constexprs else ints.get(p, "fp32"))
+source = ASTSource(fn=kernel, signature=signature,
+                   constexprs={(kernel.arg_names.index(n),): v for n, v in constexprs.items()})
+options = dict(num_warps=warps, num_stages=stages)
+ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "k.ptx")
+    with open(path, "w") as f:
+        f.write(ptx)
+    for ptxas in sorted(n for n in os.listdir(bin_dir) if n.startswith("ptxas")):
+        run = subprocess.run([os.path.join(bin_dir, ptxas), "-arch=sm_90a", "-v", path, "-o", path + ".cubin"],
+                             capture_output=True, text=True)
+        if run.returncode == 0:
+            print(sum(map(int, re.findall(r"(\\d+) bytes spill stores", run.stdout + run.stderr))))
+            break
+    else:
+        sys.exit("no ptxas here takes this PTX: " + run.stderr.strip()[-300:])
+"""
+
+
+@pytest.mark.parametrize("kernel", ["band_fwd", "band_dq", "sel_dkv"])
+def test_int32_tile_offsets_spill_at_most_two_thirds_of_int64_ones(tmp_path, kernel):
+    """An int64 offset per element of a [rows, head dim] tile takes two registers a lane: at the
+    m7c shape (bf16, G = 6, K = 64) and the tuned tiles these kernels spill several times as much
+    with them (nsa.kernels._launch.wide_offsets, the kernels' WIDE), so they take int32 offsets
+    from an int64 base wherever a sequence's span fits. (Spill stores, int32 against int64, Triton
+    3.9: 44 / 500, 0 / 196, 372 / 964 bytes; 3.6: 32 / 428, 0 / 200, 452 / 804.)"""
+    narrow, wide = (int(_compile(tmp_path / form, SPILLS, kernel, form).split()[-1]) for form in ("narrow", "wide"))
+    assert wide > 0 and narrow <= wide * 2 / 3, f"spill stores: {narrow} bytes with int32 offsets, {wide} with int64"

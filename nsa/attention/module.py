@@ -327,7 +327,7 @@ class NSAAttention(RoutedAttention):
                 q2, kv2 = self.project_qkv(x, 0, rope, weight=weight)
             return [q2, *kv2, *([fc1_input(self.cfg, kv2[:2])] if compressed else [])]
 
-        remaking.add(again, [q, *kv, *fc1])
+        remaking.add(again, [q, *kv, *fc1], reads=[x, weight, *rope])
 
     @staticmethod
     def _keep_core(remaking: Remaking, core: CoreParts, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,

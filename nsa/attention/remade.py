@@ -9,6 +9,11 @@ unpacked (another backward through a retained graph makes it again).
 
 Every registered tensor must stay alive while the hooks are active (the caller holds it): its
 memory is how a saved tensor is recognised, and a freed block could be handed to another tensor.
+
+Autograd checks no version counter of a tensor saved through hooks, so the hooks check their own:
+a tensor kept as itself, and each tensor a recipe reads as it is, must be at the version it had
+when it was kept, or the backward raises autograd's in-place error (a layer's input changed in
+place between its forward and its backward would otherwise give wrong gradients silently).
 """
 from __future__ import annotations
 
@@ -17,12 +22,29 @@ from typing import Callable, Sequence
 import torch
 
 
+def _version(t: torch.Tensor) -> int | None:
+    """t's version counter (None for an inference tensor, which has none)."""
+    return None if t.is_inference() else t._version
+
+
+def _check_version(t: torch.Tensor, kept: int | None) -> None:
+    """Autograd's error for a saved tensor changed in place since it was kept."""
+    now = _version(t)
+    if now != kept:
+        raise RuntimeError(
+            "one of the variables needed for gradient computation has been modified by an inplace operation: "
+            f"[{t.dtype} {list(t.shape)}] is at version {now}; expected version {kept} instead (kept for an "
+            "NSA layer's backward that makes tensors again, nsa.attention.remade)")
+
+
 class Recipe:
     """``make()`` (run without gradients) gives tensors with the values and the memory layout of
-    the ones it was registered for, in the same order."""
+    the ones it was registered for, in the same order; ``reads``, the tensors it reads as they
+    are, are checked to be at their versions of when it was registered."""
 
-    def __init__(self, make: Callable[[], Sequence[torch.Tensor]]):
+    def __init__(self, make: Callable[[], Sequence[torch.Tensor]], reads: Sequence[torch.Tensor] = ()):
         self._make = make
+        self._reads = [(t, _version(t)) for t in reads]
         self._made: list[torch.Tensor] | None = None
         self.pending = 0  # tensors packed with this recipe and not yet unpacked
 
@@ -31,6 +53,8 @@ class Recipe:
         packed tensor awaits them."""
         made = self._made
         if made is None:
+            for t, version in self._reads:
+                _check_version(t, version)
             with torch.no_grad():
                 made = list(self._make())
             if self.pending > 0:
@@ -47,10 +71,11 @@ class _Packed:
     """A saved tensor as the hooks keep it: the tensor itself, or (once its memory is
     registered, also after it was saved) its recipe, index and view geometry."""
 
-    __slots__ = ("tensor", "recipe", "index", "geometry")
+    __slots__ = ("tensor", "version", "recipe", "index", "geometry")
 
     def __init__(self, tensor: torch.Tensor):
         self.tensor: torch.Tensor | None = tensor
+        self.version = _version(tensor)
         self.recipe: Recipe | None = None
         self.index = 0
         self.geometry: tuple = ()
@@ -63,6 +88,7 @@ class _Packed:
 
     def unpack(self) -> torch.Tensor:
         if self.tensor is not None:
+            _check_version(self.tensor, self.version)
             return self.tensor
         shape, stride, offset = self.geometry
         t = self.recipe.made()[self.index].as_strided(shape, stride, offset)
@@ -92,10 +118,12 @@ class Remaking:
         self._registered.clear()  # the memory may now go to other tensors
         self._kept.clear()
 
-    def add(self, make: Callable[[], Sequence[torch.Tensor]], tensors: Sequence[torch.Tensor]) -> None:
+    def add(self, make: Callable[[], Sequence[torch.Tensor]], tensors: Sequence[torch.Tensor],
+            reads: Sequence[torch.Tensor] = ()) -> None:
         """Keep each saved tensor on the memory of one of ``tensors`` as ``make``'s tensor of
-        the same index (a view of it, where the saved tensor is a view)."""
-        recipe = Recipe(make)
+        the same index (a view of it, where the saved tensor is a view); ``reads``: the tensors
+        make reads as they are (see Recipe)."""
+        recipe = Recipe(make, reads)
         for index, t in enumerate(tensors):
             storage = t.untyped_storage().data_ptr()
             if storage:  # an empty tensor has no memory to recognise
@@ -116,7 +144,8 @@ class Remaking:
         """``add`` with the recipe fn(*inputs), each input's value in the backward as ``value``
         gives it."""
         values = [self.value(t) for t in inputs]
-        self.add(lambda: fn(*(v() for v in values)), tensors)
+        self.add(lambda: fn(*(v() for v in values)), tensors,
+                 reads=[t for t in inputs if self._found(t) is None])
 
     def value(self, t: torch.Tensor) -> Callable[[], torch.Tensor]:
         """A function giving t's value in the backward, for another recipe: made again by the

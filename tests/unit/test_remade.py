@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 
+import pytest
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -72,3 +73,26 @@ def test_a_value_read_by_another_recipe_and_tensors_not_registered():
     assert torch.equal(kept(), x.double())
     dx, = torch.autograd.grad(y, x)
     torch.testing.assert_close(dx, 6 * (x * 3).exp() ** 2 + 2 * x)
+
+
+def test_a_tensor_changed_in_place_after_it_was_kept_is_refused():
+    """Autograd checks no version of a tensor saved through hooks: the hooks refuse, as autograd
+    does, a kept tensor changed in place before the backward reads it, and a recipe whose input
+    (read as it is) was."""
+    x = torch.randn(6, requires_grad=True)
+    with Remaking():
+        h = x * 2.0
+        y = (h.sin() * 3.0).sum()  # sin keeps h as itself
+    h.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+    w = torch.randn(6)
+    with Remaking() as remaking:
+        h = x * w
+        remaking.add(lambda: [x.detach() * w], [h], reads=[w])
+        y = h.sin().sum()
+    del h
+    w.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()

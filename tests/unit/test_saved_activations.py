@@ -301,7 +301,7 @@ def test_under_a_callers_checkpoint_the_layer_keeps_its_tensors(monkeypatch):
 
     layer, x, leaves, want = _recomputing_layer_and_its_gradients(monkeypatch)
     recipes = []
-    monkeypatch.setattr(remade.Remaking, "add", lambda self, make, tensors: recipes.append(make))
+    monkeypatch.setattr(remade.Remaking, "add", lambda self, make, tensors, reads=(): recipes.append(make))
     got = torch.autograd.grad(checkpoint(layer, x, use_reentrant=False).square().sum(), leaves)
     assert recipes == []
     for g, w in zip(got, want):
@@ -321,3 +321,20 @@ def test_the_remade_projections_read_the_forwards_weights(monkeypatch):
     got = torch.autograd.grad(y, leaves)
     for g, w in zip(got, want):
         assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("recompute", [False, True], ids=["kept", "remade"])
+def test_an_input_changed_in_place_before_the_backward_is_refused(monkeypatch, recompute):
+    """A block that adds the attention's output into its input in place (h += attn(h)) changes
+    what the layer's backward reads: autograd refuses it for the tensors a layer keeps, and the
+    layer that makes them again from h (from RECOMPUTE_TOKENS tokens) refuses it alike, rather
+    than making them from the changed h and giving wrong gradients."""
+    monkeypatch.setattr(compress, "RECOMPUTE_TOKENS", 64 if recompute else 1 << 40)
+    torch.manual_seed(0)
+    layer = NSAAttention(48, 4, 2, 16, NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, n_selected=3, window=8),
+                         graph_tokens=0)
+    x = torch.randn(1, 64, 48, requires_grad=True)
+    h = x * 1.0
+    h += layer(h)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        h.square().sum().backward()

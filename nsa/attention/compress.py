@@ -63,6 +63,14 @@ class Compressor(nn.Module):
             self.fc1 = nn.Linear(l * head_dim, head_dim)
             self.fc2 = nn.Linear(head_dim, head_dim)
 
+    def reset_parameters(self) -> None:
+        """The initial values (pos zero, the Linears' own), for a model built on the meta
+        device and materialised with ``to_empty``."""
+        if self.kind == "mlp":
+            nn.init.zeros_(self.pos)
+            self.fc1.reset_parameters()
+            self.fc2.reset_parameters()
+
     def phi_params(self) -> dict | None:
         """The parameters in the oracle's layout (see reference.reference_phi)."""
         if self.kind != "mlp":

@@ -20,8 +20,14 @@ BACKEND_CHOICES = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class NSAConfig:
+    """NSA's hyper-parameters and backends, checked when made and frozen after (a layer resolves
+    its routes and sizes its parameters from them once). The paper's names: cmp_block l,
+    cmp_stride d, sel_block l', n_selected n, window w; phi the compression function; backend_*
+    the implementation of each branch ('auto': the fastest that runs on the inputs' device and
+    dtype); kind='dense' makes the dense baseline of the same shape."""
+
     kind: str = "nsa"
     """'nsa', or 'dense': causal attention over all earlier tokens with the same heads, head dim,
     q/k/v projections and RoPE (one k/v pair, no gates), the baseline NSA is measured against;
@@ -61,7 +67,10 @@ class NSAConfig:
         if self.kind not in ATTN_KINDS:
             raise ValueError(f"attn.kind must be one of {ATTN_KINDS}, got {self.kind!r}")
         for name in ("cmp_block", "cmp_stride", "sel_block", "n_selected", "window", "query_chunk"):
-            if getattr(self, name) < 1:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ValueError(f"attn.{name} must be an integer, got {value!r}")
+            if value < 1:
                 raise ValueError(f"attn.{name} must be >= 1, got {getattr(self, name)}")
         if self.cmp_block % self.cmp_stride:
             raise ValueError(

@@ -35,6 +35,7 @@ class DenseAttention(RoutedAttention):
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """x [B, T, dim] -> [B, T, dim]; with a cache, x holds the positions after the cached
         ones and the cache is extended in place (see NSAAttention.forward)."""
+        self.check_input(x, cache, rope)
         B, T, _ = x.shape
         H, HQ, K = self.n_kv, self.n_heads, self.head_dim
         start = cache.length if cache is not None else 0

@@ -9,6 +9,8 @@ matmul as the query and key/value projections.
 """
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass, field
 
 import torch
@@ -55,6 +57,15 @@ def autocast_input(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _check_positive_int(name: str, value) -> None:
+    try:
+        ok = operator.index(value) >= 1 and not isinstance(value, bool)
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
 class RoutedAttention(nn.Module):
     """What NSA and dense attention share: the shape (query heads, KV heads, head dim), the query
     projection and one fused projection of ``kv_streams`` key/value streams per KV head, a forward
@@ -66,8 +77,16 @@ class RoutedAttention(nn.Module):
     def __init__(self, dim: int, n_heads: int, n_kv_groups: int, head_dim: int, cfg: NSAConfig,
                  rope_theta: float, kv_streams: int):
         super().__init__()
+        for name, value in (("dim", dim), ("n_heads", n_heads), ("n_kv_groups", n_kv_groups), ("head_dim", head_dim)):
+            _check_positive_int(name, value)
         if n_heads % n_kv_groups:
             raise ValueError(f"n_heads={n_heads} must be divisible by n_kv_groups={n_kv_groups}")
+        if head_dim % 2:
+            raise ValueError(f"head_dim={head_dim} must be even (RoPE rotates pairs)")
+        if not isinstance(cfg, NSAConfig):
+            raise TypeError(f"cfg must be an nsa.attention.NSAConfig, got {type(cfg).__name__}")
+        if not (isinstance(rope_theta, (int, float)) and math.isfinite(rope_theta) and rope_theta > 0):
+            raise ValueError(f"rope_theta must be a finite number > 0, got {rope_theta!r}")
         self.cfg = cfg
         self.n_heads, self.n_kv, self.head_dim = n_heads, n_kv_groups, head_dim
         self.rope_theta = rope_theta
@@ -80,6 +99,27 @@ class RoutedAttention(nn.Module):
         self.register_buffer("calls", torch.zeros((), dtype=torch.int64), persistent=False)
         self.count_calls = False
         self._init_routes()
+
+    def check_input(self, x: torch.Tensor, cache: NSACache | None, rope) -> None:
+        """Refuse what forward cannot take, naming it (a wrong shape would otherwise fail deep
+        inside, in a matmul or a broadcast)."""
+        dim = self.q_proj.in_features
+        if x.dim() != 3 or x.shape[-1] != dim:
+            raise ValueError(f"x must be [batch, tokens, {dim}], got {list(x.shape)}")
+        if x.shape[0] == 0 or x.shape[1] == 0:
+            raise ValueError(f"x holds no tokens: {list(x.shape)}")
+        if cache is not None:
+            if not isinstance(cache, NSACache):
+                raise TypeError(f"cache must be an nsa.attention.NSACache or None, got {type(cache).__name__}")
+            held = next(iter(cache.tokens.values()), None)
+            if held is not None and held.shape[0] != x.shape[0]:
+                raise ValueError(f"x's batch of {x.shape[0]} continues a cache of batch {held.shape[0]}")
+        if rope is not None:
+            want = (x.shape[1], self.head_dim // 2)
+            if len(rope) != 2 or any(tuple(t.shape) != want for t in rope):
+                got = [list(t.shape) for t in rope] if isinstance(rope, (tuple, list)) else type(rope).__name__
+                raise ValueError(f"rope must be the (cos, sin) tables of x's positions, each {list(want)} "
+                                 f"(the layer's rope(start, T, device)), got {got}")
 
     def _init_routes(self) -> None:
         self.routes: dict[str, Route] = {}
@@ -244,6 +284,7 @@ class NSAAttention(RoutedAttention):
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """x [B, T, dim] -> [B, T, dim]: eager_forward's result, replayed from this layer's CUDA
         graphs where they apply (see the class docstring)."""
+        self.check_input(x, cache, rope)
         if cache is None and not self.track_gates and self.graphs.applies(x):
             return self.graphs(self, x, rope)
         return self.eager_forward(x, cache, rope)

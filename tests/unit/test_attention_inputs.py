@@ -1,0 +1,87 @@
+"""What an attention layer refuses, naming it, before it would fail deep inside or compute
+silently wrong values: bad constructor arguments, an NSAConfig of wrong types (and frozen once
+made, so that no layer runs on fields changed after its checks), inputs of the wrong shape, a
+cache of another kind or batch, RoPE tables of other positions' count. And a layer built on the
+meta device is whole again after ``to_empty`` and its modules' ``reset_parameters``."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from nsa.attention import NSAAttention, NSACache, NSAConfig
+from nsa.attention.dense import DenseAttention
+
+CFG = NSAConfig(cmp_block=8, cmp_stride=4, sel_block=8, n_selected=3, window=16)
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (dict(dim=0), ValueError, "dim must be an integer >= 1"),
+    (dict(n_heads=0), ValueError, "n_heads must be an integer >= 1"),
+    (dict(n_kv_groups=0), ValueError, "n_kv_groups must be an integer >= 1"),
+    (dict(head_dim=2.0), ValueError, "head_dim must be an integer >= 1"),
+    (dict(head_dim=15), ValueError, "head_dim=15 must be even"),
+    (dict(n_kv_groups=3), ValueError, "n_heads=4 must be divisible by n_kv_groups=3"),
+    (dict(cfg=None), TypeError, "cfg must be an nsa.attention.NSAConfig, got NoneType"),
+    (dict(rope_theta=0.0), ValueError, "rope_theta must be a finite number > 0"),
+    (dict(rope_theta=-1.0), ValueError, "rope_theta must be a finite number > 0"),
+    (dict(rope_theta=math.nan), ValueError, "rope_theta must be a finite number > 0"),
+])
+@pytest.mark.parametrize("kind", [NSAAttention, DenseAttention])
+def test_bad_constructor_arguments_are_refused_by_name(kind, change, error, match):
+    args = dict(dim=64, n_heads=4, n_kv_groups=2, head_dim=16, cfg=CFG, rope_theta=10000.0) | change
+    with pytest.raises(error, match=match):
+        kind(**args)
+
+
+@pytest.mark.parametrize("field, value", [("window", 16.5), ("cmp_block", "8"), ("n_selected", True)])
+def test_an_nsa_config_takes_integers_and_is_frozen(field, value):
+    with pytest.raises(ValueError, match=f"attn.{field} must be an integer"):
+        dataclasses.replace(CFG, **{field: value})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        CFG.window = 0  # type: ignore[misc]
+
+
+def _layer(kind):
+    torch.manual_seed(0)
+    return kind(64, 4, 2, 16, CFG)
+
+
+@pytest.mark.parametrize("kind", [NSAAttention, DenseAttention])
+def test_inputs_of_the_wrong_shape_are_refused_by_name(kind):
+    layer = _layer(kind)
+    for x in (torch.randn(2, 10, 32), torch.randn(10, 64), torch.randn(64)):
+        with pytest.raises(ValueError, match=r"x must be \[batch, tokens, 64\]"):
+            layer(x)
+    for x in (torch.randn(2, 0, 64), torch.randn(0, 10, 64)):
+        with pytest.raises(ValueError, match="x holds no tokens"):
+            layer(x)
+    with pytest.raises(TypeError, match="cache must be an nsa.attention.NSACache or None, got dict"):
+        layer(torch.randn(2, 10, 64), {})
+    cache = NSACache()
+    layer(torch.randn(2, 10, 64), cache)
+    with pytest.raises(ValueError, match="x's batch of 3 continues a cache of batch 2"):
+        layer(torch.randn(3, 1, 64), cache)
+    with pytest.raises(ValueError, match=r"rope must be the \(cos, sin\) tables of x's positions, each \[10, 8\]"):
+        layer(torch.randn(2, 10, 64), None, layer.rope(0, 9, torch.device("cpu"), torch.float32))
+    rope = layer.rope(0, 10, torch.device("cpu"), torch.float32)
+    assert layer(torch.randn(2, 10, 64), None, rope).shape == (2, 10, 64)
+
+
+def test_a_layer_built_on_the_meta_device_is_whole_after_reset_parameters():
+    """The usual way to build a large model: on the meta device, then ``to_empty`` and every
+    module's ``reset_parameters``; the compressors' position embeddings start at zero as a layer
+    built directly does (to_empty leaves whatever the memory held)."""
+    with torch.device("meta"):
+        layer = NSAAttention(64, 4, 2, 16, CFG)
+    layer.to_empty(device="cpu")
+    for compressor in (layer.compress_k, layer.compress_v):
+        compressor.pos.data.fill_(123.0)  # what to_empty may leave
+    for module in layer.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    for compressor in (layer.compress_k, layer.compress_v):
+        assert torch.equal(compressor.pos, torch.zeros_like(compressor.pos))
+    assert torch.isfinite(layer(torch.randn(1, 40, 64))).all()

@@ -54,6 +54,11 @@ class _PhiMLP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
+        if torch.is_grad_enabled():  # create_graph: the buffers below are written through out=
+            raise RuntimeError(
+                "NSA's compressor MLP has no double backward (create_graph=True) on an eager layer's "
+                "one-node path; under torch.func (torch.func.grad, vjp, jacrev) the layer runs it op by op, "
+                "which has one (or use NSAConfig(phi='mean'))")
         start, n, d, dtype = ctx.geometry
         flat, w1, pos, w2, pre, hidden = ctx.saved_tensors
         G, B, m, H, width = flat.shape

@@ -78,3 +78,29 @@ def test_float16_streams_under_bfloat16_autocast(one_node):
     assert all(t.dtype == torch.bfloat16 for t in out)
     grads = torch.autograd.grad(out, xs, [torch.ones_like(t) for t in out])
     assert all(g.dtype == torch.float16 and g.shape == x.shape for g, x in zip(grads, xs))
+
+
+def test_double_backward_is_refused_by_name_and_runs_under_torch_func():
+    """A gradient penalty through an eager layer (a backward with create_graph=True) meets the
+    one-node MLP, whose backward writes its buffers through out= and has no derivative of its own:
+    refused with what to do instead, not failed inside. Under torch.func the MLP runs op by op: the penalty's gradient there matches
+    its finite difference in float64."""
+    from torch.func import grad
+
+    from nsa.attention import NSAAttention, NSAConfig
+
+    torch.manual_seed(0)
+    layer = NSAAttention(8, 2, 1, 4, NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=3, window=4),
+                         graph_tokens=0).double()
+    x = torch.randn(1, 13, 8, dtype=torch.float64)
+    xg = x.clone().requires_grad_()
+    with pytest.raises(RuntimeError, match="no double backward .* under torch.func"):
+        torch.autograd.grad(layer(xg).square().sum(), xg, create_graph=True)
+
+    def penalty(x):
+        return grad(lambda x: layer(x).square().sum())(x).square().sum()
+
+    direction = torch.randn_like(x)
+    eps = 1e-6
+    numeric = (penalty(x + eps * direction) - penalty(x - eps * direction)) / (2 * eps)
+    torch.testing.assert_close((grad(penalty)(x) * direction).sum(), numeric, rtol=1e-6, atol=1e-8)

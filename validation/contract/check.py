@@ -7,8 +7,9 @@ check-artifacts`` prints it for trainer authors.
 
 Ranks come from env.json's ``world_size``: a heartbeat or stack dump of a rank at or above it
 is malformed (a rank that does not exist cannot have stalled). The processes the harness launched
-(torchrun's nproc x nnodes) are ranks whatever env.json says: a world_size below them is env.json's
-error, and the ranks read are the launched ones. An optional field the files lack
+(torchrun's nproc x nnodes) are ranks whatever env.json says: where it launched several, their
+count is the world (torchrun fixes it), so a world_size other than it is env.json's error, and the
+ranks read are the launched ones; one process (the python launcher) may start ranks of its own. An optional field the files lack
 is named with the metrics it leaves UNMEASURED (the metric catalogue says which read it), so that
 this check, the verdict and the report say the same.
 """
@@ -355,10 +356,10 @@ def _env_fields(found: ContractRead, costs: Costs) -> None:
         if found.world_size is None:
             found.items.append(Item(ENV_JSON, Presence.MISSING if key not in env else Presence.MALFORMED,
                                     f"expected an integer >= 1, got {env.get(key)!r}", field=key))
-        elif found.env_world_size < found.launched:
+        elif found.launched > 1 and found.env_world_size != found.launched:
             found.items.append(Item(ENV_JSON, Presence.MALFORMED,
-                                    f"{found.env_world_size}, but {found.launched} processes were launched "
-                                    "(each is a rank)", field=key))
+                                    f"{found.env_world_size}, but {found.launched} processes were launched, "
+                                    "and every one is a rank", field=key))
     for key, cost in ENV_RECOMMENDED.items():
         if env.get(key) is None:
             found.items.append(Item(ENV_JSON, Presence.MISSING, _unmeasured(costs, key, cost), False, key))

@@ -50,15 +50,17 @@ class ShortRank:
     """Its last heartbeat (with the interval its records show)."""
     how: Shortfall
     ran_to: int | None = None
-    """The last step the run completed, as training.csv and the other ranks' heartbeats say (LAGS)."""
+    """The last step the run completed, as training.csv and the other ranks' heartbeats say."""
     process: ProcessSeen | None = None
     """Its process (the pid of its heartbeats) as the harness saw it; None where it saw none."""
 
     def text(self, steps: int) -> str:
         b = self.beat
         if self.how == Shortfall.ENDS:
+            went = ("no other file of the run goes further" if self.ran_to is None or self.ran_to <= (b.done or 0)
+                    else f"the run completed step {self.ran_to}")
             return (f"rank {self.rank}'s heartbeats stop after step {b.done} of {steps} (its last heartbeat: step "
-                    f"{b.step}, stage {b.stage or '?'}; training.csv has every step): {self._which(steps)}")
+                    f"{b.step}, stage {b.stage or '?'}; {went}): {self._which(steps)}")
         every = "every step" if b.every == 1 else f"every {b.every} steps"
         return (f"rank {self.rank}'s heartbeats end at step {b.step} while the run completed step {self.ran_to} of "
                 f"{steps} (it wrote one {every}): {self._which(self.ran_to)}")
@@ -98,10 +100,10 @@ def short_ranks(beats: Mapping[int, Beat], world: int, steps: int | None, logged
     for r, b in sorted(beats.items()):
         if r >= world:
             continue
-        if short_of(b, steps) and (b.done or 0) >= 1:  # a rank that completed none is an idle rank
-            out.append(ShortRank(r, b, Shortfall.ENDS, process=processes.get(r)))
-            continue
         ran = _ran_to(r, beats, logged)
+        if short_of(b, steps) and (b.done or 0) >= 1:  # a rank that completed none is an idle rank
+            out.append(ShortRank(r, b, Shortfall.ENDS, ran, processes.get(r)))
+            continue
         if not b.ends_steps and b.step is not None and b.every is not None and ran is not None \
                 and ran - b.step >= b.every:
             out.append(ShortRank(r, b, Shortfall.LAGS, ran, processes.get(r)))

@@ -123,7 +123,7 @@ def _nonfinite(f: Facts) -> str:
 
 
 def _short_rank(f: Facts) -> str:
-    return ("A rank's heartbeats end before the run's last step while training.csv has every step (exit 0). Either "
+    return ("A rank's heartbeats end before the run's last step, and the run exited 0. Either "
             "the rank exited early and no collective after it left told the others: look for a stop condition that "
             "holds on that rank only (its data running out first, a step count or a break of its own, sys.exit in "
             "one rank's path); every rank must run the same steps. Or it trained on and stopped writing its "

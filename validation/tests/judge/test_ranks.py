@@ -282,3 +282,16 @@ def test_two_ranks_writing_one_heartbeat_file_is_said_once_not_as_steps_gone_bac
     run = files.onto(run)
     errors += files.problems
     assert [e for e in errors if "heartbeat_rank0.jsonl: malformed (2 processes wrote this one file" in e], errors
+
+
+def test_env_json_naming_more_ranks_than_were_launched_is_its_error(tmp_path):
+    """A user's pass: under torchrun x2 a trainer wrote world_size 4. Ranks 2 and 3 were then
+    counted idle ('did no work') and the point passed its gates; torchrun's world is the processes
+    it started, so env.json is what is wrong. One process (the python launcher) may start its own
+    ranks: there a world_size above one is the trainer's to say."""
+    d = _contract_dir(tmp_path / "four", world=4, beats=(0, 1), dumps=())
+    rc, text = _check_world(d, 2)
+    assert rc == 1 and "malformed            env.json world_size: 4, but 2 processes were launched" in text, text
+    spawned = _contract_dir(tmp_path / "spawned", world=2, beats=(0, 1), dumps=())
+    rc, text = _check_world(spawned, 1)
+    assert rc == 0 and "malformed" not in text, text

@@ -119,7 +119,7 @@ def test_a_rank_that_exits_0_early_while_the_others_finish_is_not_GO(fake_run):
     assert rec.exit_code == 0 and rec.metrics.steps_completed == 6
     assert rec.status == Status.FAIL, rec.reason
     assert rec.reason == ("rank 1's heartbeats stop after step 2 of 6 (its last heartbeat: step 3, stage forward; "
-                          "training.csv has every step): it left early or trained on without writing them, exit 0, "
+                          "the run completed step 6): it left early or trained on without writing them, exit 0, "
                           "no .HALT"), rec.reason
     [short] = [f for f in run.context["findings"] if f.kind == "short_rank"]
     assert "rank 1's heartbeats stop after step 2 of 6" in short.title
@@ -210,7 +210,7 @@ def test_a_rank_that_trains_on_without_heartbeats_is_not_said_to_have_stopped(tm
     assert rec.exit_code == 0 and rec.metrics.steps_completed == 8
     assert rec.status == Status.FAIL, rec.reason
     assert rec.reason.startswith("rank 1's heartbeats stop after step 2 of 8 (its last heartbeat: step 2, stage step; "
-                                 "training.csv has every step): "), rec.reason
+                                 "the run completed step 8): "), rec.reason
     # its process ran to the end: where the harness saw it running once the run reached step 8, the
     # finding says so; where the run's 80 ms of steps fell between two of its polls, it says both
     # (validation/tests/launch/test_rank_process_ends.py)
@@ -218,3 +218,17 @@ def test_a_rank_that_trains_on_without_heartbeats_is_not_said_to_have_stopped(tm
     report = (res / "reports" / "mine__cpu.md").read_text()
     assert "rank 1 stopped after step 2" not in report
     assert "Or it trained on and stopped writing its heartbeat file" in report, report
+
+
+def test_a_short_rank_is_told_against_how_far_the_run_got_not_a_full_training_csv():
+    """A user's pass: rank 0, which writes training.csv, left after step 3 while rank 1 trained
+    all 8; the finding said 'training.csv has every step' of a file that ends at step 3. It says
+    how far the run's other files got, or that none goes further."""
+    from validation.judge.record import Beat
+    from validation.judge.short_ranks import short_ranks
+
+    left, finished = Beat(step=3, stage="step"), Beat(step=8, stage="step")
+    [short] = short_ranks({0: left, 1: finished}, world=2, steps=8, logged=3)
+    assert short.rank == 0 and "(its last heartbeat: step 3, stage step; the run completed step 8)" in short.text(8)
+    both = short_ranks({0: left, 1: Beat(step=3, stage="step")}, world=2, steps=8, logged=3)
+    assert all("no other file of the run goes further" in s.text(8) for s in both)

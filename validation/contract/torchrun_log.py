@@ -50,10 +50,11 @@ _CLOSED = re.compile(r"RendezvousTimeoutError|RendezvousClosedError")
 #: nothing of why
 _CHILD_FAILED = "ChildFailedError"
 _TRACEBACK = "Traceback (most recent call last):"
-#: a line that looks like an error where no traceback says one: an exception's ('OSError: ...'), or a
-#: trainer's own one-line error ('error: ...', '[rank 0] error at step 6: ...'), its rank prefix dropped
+#: a line that looks like an error where no traceback says one: an exception's ('OSError: ...'), a
+#: trainer's own one-line error ('error: ...', '[rank 0] error at step 6: ...'), its rank prefix dropped,
+#: or argparse's refusal of a command line ('train.py: error: unrecognized arguments: --bogus 1')
 _ERROR_LINE = re.compile(r"^\s*(\w+(\.\w+)*(Error|Exception|Interrupt)|RuntimeError|AssertionError)\b.*")
-_SAID_ERROR = re.compile(r"^(\[rank \d+\] )?(?P<said>error\b.*:.*)$", re.IGNORECASE)
+_SAID_ERROR = re.compile(r"^(\[rank \d+\] )?(?P<said>([\w.-]+: )?error\b.*:.*)$", re.IGNORECASE)
 #: a rank's exception that is a peer's failure breaking its collective, not its own
 _VICTIM = re.compile(r"Connection closed by peer|remote worker|Connection reset|DistBackendError|NCCL|"
                      r"ProcessGroup|Broken pipe|Timed out waiting", re.IGNORECASE)

@@ -45,6 +45,13 @@ def _entry(target: Target) -> list[str]:
     return ["-m", target] if isinstance(target, str) else [str(t) for t in target]
 
 
+def _torchrun_entry(target: Target) -> list[str]:
+    """The target after torchrun's options: '--' ends them, or torchrun's parser would read a
+    trainer flag that abbreviates one of its own (--nproc, --node, --log) as that option, or
+    refuse it as ambiguous, before the trainer starts."""
+    return ["-m", "--", target] if isinstance(target, str) else ["--", *map(str, target)]
+
+
 def python_argv(target: Target, args: Sequence[str]) -> list[str]:
     return [sys.executable, *_entry(target), *args]
 
@@ -53,7 +60,8 @@ def torchrun_argv(target: Target, nproc: int, args: Sequence[str], torchrun_args
     """torchrun, invoked as ``python -m torch.distributed.run`` (the same program, no PATH lookup).
     Rendezvous options from the runbook replace --standalone, so a phase scales to several nodes."""
     rdzv = list(torchrun_args) or ["--standalone"]
-    return [sys.executable, "-m", "torch.distributed.run", *rdzv, f"--nproc_per_node={nproc}", *_entry(target), *args]
+    return [sys.executable, "-m", "torch.distributed.run", *rdzv, f"--nproc_per_node={nproc}", *_torchrun_entry(target),
+            *args]
 
 
 def nodes_torchrun_argv(target: Target, nproc: int, args: Sequence[str], *, nnodes: int, endpoint: str,
@@ -64,4 +72,4 @@ def nodes_torchrun_argv(target: Target, nproc: int, args: Sequence[str], *, nnod
     is 600 s; its ``timeout`` option is read by the static and etcd backends only)."""
     return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
             "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", f"--rdzv_id={rdzv_id}",
-            f"--rdzv_conf=join_timeout={math.ceil(join_timeout_s)}", *_entry(target), *args]
+            f"--rdzv_conf=join_timeout={math.ceil(join_timeout_s)}", *_torchrun_entry(target), *args]

@@ -163,6 +163,21 @@ def test_torchrun_argv_is_a_list_with_standalone_and_nproc():
     assert "--standalone" not in multi and "--nnodes=2" in multi
 
 
+def test_a_trainer_flag_that_abbreviates_a_torchrun_option_reaches_the_trainer(tmp_path):
+    """A user's pass: a trainer taking --nproc failed under the torchrun launcher with torchrun's
+    'ambiguous option: --nproc could match --nproc-per-node, --nproc_per_node' (exit 2, before the
+    trainer started). '--' ends torchrun's options, for a script and a module alike."""
+    import subprocess
+
+    script = tmp_path / "show_args.py"
+    script.write_text("import sys\nprint(sys.argv[1:])\n")
+    for target in ([str(script)], "show_args"):
+        argv = commands.torchrun_argv(target, 1, ["--nproc", "2", "--log", "x"])
+        run = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr[-1000:]
+        assert "['--nproc', '2', '--log', 'x']" in run.stdout, run.stdout
+
+
 def test_child_env_drops_inherited_nsa_vars(monkeypatch):
     monkeypatch.setenv("NSA_FAULT", "crash")
     env = commands.child_env({"NSA_NVTX": "1"})

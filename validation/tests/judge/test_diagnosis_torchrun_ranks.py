@@ -300,5 +300,8 @@ def test_a_trainers_one_line_error_is_the_exception_where_no_traceback_says_one(
     assert last_exception(f"step 1/6 | loss 5.6\n[rank 0] {said}\n") == said
     assert last_exception("Error: CUDA driver too old\n") == "Error: CUDA driver too old"
     assert last_exception("  error_file: <N/A>\n[rank 0] errors logged: 0\n") is None
+    # argparse's refusal, after its usage line (a user's pass: the finding said only 'exit code 2')
+    assert last_exception("usage: train.py [-h] [--steps STEPS]\ntrain.py: error: unrecognized arguments: --bogus 1\n") \
+        == "train.py: error: unrecognized arguments: --bogus 1"
     assert last_exception(f"[rank 0] {said}\nTraceback (most recent call last):\n  File \"t.py\", line 1\n"
                           "OSError: [Errno 28] No space left on device\n") == "OSError: [Errno 28] No space left on device"

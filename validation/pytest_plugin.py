@@ -82,6 +82,20 @@ _PATH_OPTIONS = ("--results-dir", "--baseline", "--runbook", "--profile", "--ten
 _REEXEC_ENV = "VALIDATION_PYTEST_REEXEC"
 
 
+#: the acceptance tests: what an acceptance run outside the checkout collects (see
+#: pytest_load_initial_conftests)
+ACCEPTANCE_TESTS = REPO_ROOT / "validation" / "tests" / "test_acceptance.py"
+
+
+def _with_acceptance_tests(args: list[str]) -> list[str]:
+    """``args`` of an acceptance run (--runbook or --profile given) that names no test path, with
+    the acceptance tests named: from another directory pytest would collect that directory's tests
+    (none) and run nothing."""
+    given = any(a.split("=")[0] in ("--runbook", "--profile") for a in args)
+    paths = [a for a in args if not a.startswith("-") and Path(a.split("::")[0]).exists()]
+    return [*args, str(ACCEPTANCE_TESTS)] if given and not paths else args
+
+
 def _joined_path_options(args: list[str]) -> list[str] | None:
     """``args`` with each ``--opt PATH`` of an existing PATH written ``--opt=PATH``; None when
     there is none."""
@@ -98,18 +112,20 @@ def _joined_path_options(args: list[str]) -> list[str] | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
-    """``pytest -m long_run --results-dir /data/r`` into an existing /data/r: pytest took /data/r
-    for a test path, found no ini file above it and ran without this repository's pytest.ini
-    (markers unknown, --strict-markers off). The command line is run again, as it was typed,
-    with ``--results-dir=/data/r``; only a command-line pytest (never one run in-process by
+    """Outside this repository (no ini file found): ``pytest -m long_run --results-dir /data/r``
+    into an existing /data/r, where pytest took /data/r for a test path and ran without this
+    repository's pytest.ini (markers unknown, --strict-markers off), and ``pytest -m my_phase
+    --runbook my.yaml`` from the directory of my.yaml, where pytest collected nothing. The command
+    line is run again, as it was typed, with ``--results-dir=/data/r`` and the acceptance tests
+    named (``_with_acceptance_tests``); only a command-line pytest (never one run in-process by
     another program), and only once."""
     if os.environ.pop(_REEXEC_ENV, None):  # run again already: the variable goes no further
         return
     if early_config.inipath is not None or not (REPO_ROOT / "pytest.ini").is_file():
         return
     typed = list(early_config.invocation_params.args)
-    fixed = _joined_path_options(typed)
-    if fixed is None or sys.argv[1:] != typed or hasattr(early_config, "workerinput"):
+    fixed = _with_acceptance_tests(_joined_path_options(typed) or typed)
+    if fixed == typed or sys.argv[1:] != typed or hasattr(early_config, "workerinput"):
         return
     interpreter_args = sys.orig_argv[:len(sys.orig_argv) - len(typed)]  # python [-m pytest | .../pytest]
     capture = early_config.pluginmanager.getplugin("capturemanager")

@@ -121,17 +121,20 @@ def _pytest_in(cwd, *args, timeout=120):
 
 
 @pytest.mark.parametrize("spelling", ["separate", "equals"])
-@pytest.mark.parametrize("where", ["repo", "elsewhere"])
+@pytest.mark.parametrize("where", ["repo", "elsewhere", "elsewhere, no test path"])
 def test_rerun_into_an_existing_results_dir_and_runbook_path(tmp_path, spelling, where):
     """The documented re-run, twice into the same directory: once the directory (or a runbook
     path) exists, pytest once took it for a test path, made /tmp the rootdir, never read this
     repository's conftest and failed with 'unrecognized arguments: --results-dir'; later it ran,
     but without this repository's pytest.ini (its markers unknown, --strict-markers off). From
-    outside the repository, its path is the test path."""
+    outside the repository, its path is the test path, or none is given: a user's pass ran
+    'pytest -m <phase> --runbook R --profile P' from the runbook's directory, as the docs say
+    works from any directory, and pytest collected nothing there."""
     rb, res = _runbook(tmp_path), tmp_path / "res"
     opts = ([f"--results-dir={res}", f"--runbook={rb}"] if spelling == "equals"
             else ["--results-dir", str(res), "--runbook", str(rb)])
-    cwd, paths = (REPO_ROOT, []) if where == "repo" else (tmp_path, [str(REPO_ROOT)])
+    cwd, paths = {"repo": (REPO_ROOT, []), "elsewhere": (tmp_path, [str(REPO_ROOT)]),
+                  "elsewhere, no test path": (tmp_path, [])}[where]
     for attempt in (1, 2):
         out = _pytest_in(cwd, *paths, *opts, "-m", "baseline_ddp", "-p", "no:randomly")
         # the point passed; its report is INCOMPLETE (bucket_sweep not run), so the run exits 1

@@ -59,8 +59,8 @@ RUNBOOK = Section("(top level)", "A runbook: phases to run against a trainer, wi
     Key("name", "the runbook's name (letters, digits, _ . -): reports and results are filed under it", True),
     Key("description", "one line for people", empty=TEXT_ONLY),
     Key("source", "what the runbook follows (cite the seed runbook by its title, not by a path)", empty=TEXT_ONLY),
-    Key("profiles", "hardware profiles it runs on (names under runbooks/profiles/); the first is the CLI's "
-                    "default", True),
+    Key("profiles", "hardware profiles it runs on, by name (one under runbooks/profiles/, or the name: of a file "
+                    "of your own given with --profile PATH); the first is the CLI's default", True),
     *(k for k in keys_of(Runbook) if k.name == "max_parallel"),
     Key("defaults", "values every phase takes unless it sets its own (the keys of `defaults`)"),
     Key("phases", "the phases, in the order they run", True),

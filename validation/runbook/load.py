@@ -52,6 +52,9 @@ def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None
                  "env": parse_env(d, "defaults.env", d.get("env"))}
     profiles = r.list_("profiles")
     for i, p in enumerate(profiles):
+        if isinstance(p, str) and Path(p).suffix in (".yaml", ".yml"):
+            r.fail(f"profiles[{i}]", f"{p!r} is a path: profiles names profiles by their name: (one under "
+                                     "runbooks/profiles/, or a file of your own given with --profile PATH)")
         if not isinstance(p, str) or not NAME.match(p):
             r.fail(f"profiles[{i}]", f"bad profile name {p!r}")
     raw = r.list_("phases")
@@ -138,10 +141,15 @@ def runbook_profile(rb: Runbook, name: str) -> Profile:
     """A profile the runbook names under ``profiles``; one that does not exist is an error naming
     the runbook's file and the key (a name there is checked only when used: --profile may give
     a YAML path of that name instead)."""
+    where = f"{rb.path}: profiles[{rb.profiles.index(name)}]"
+    if not (PROFILE_DIR / f"{name}.yaml").is_file():
+        raise RunbookError(f"{where}: no profile {name!r} under {PROFILE_DIR} (profiles there: "
+                           f"{', '.join(available(PROFILE_DIR))}); a profile file of your own is given with "
+                           f"--profile PATH, its name: {name!r}")
     try:
         return load_profile(name)
     except RunbookError as exc:
-        raise RunbookError(f"{rb.path}: profiles[{rb.profiles.index(name)}]: {exc}") from None
+        raise RunbookError(f"{where}: {exc}") from None
 
 
 def _resolve(path_or_name: str | Path, directory: Path, what: str) -> Path:

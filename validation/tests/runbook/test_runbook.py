@@ -113,6 +113,22 @@ def test_profile_not_in_runbook_is_refused():
         expand(load_runbook("cpu_smoke"), load_profile("a100"))
 
 
+def test_a_runbooks_profiles_are_names_and_a_missing_one_says_how_to_give_a_file(tmp_path):
+    """A user's pass: a runbook naming its own profile 'mycpu' was told '(or give a YAML path)';
+    written as a path in the runbook, the profile was then 'not one of this runbook's profiles
+    (profile.yaml)' even with --profile profile.yaml. A profile file of one's own is given with
+    --profile and named in the runbook by its name:."""
+    from validation.runbook.load import runbook_profile
+
+    with pytest.raises(RunbookError, match=r"profiles\[0\]: 'profile\.yaml' is a path: profiles names profiles by "
+                                           r"their name: .* given with --profile PATH"):
+        load_runbook(_write(tmp_path, {**_rb(), "profiles": ["profile.yaml"]}))
+    rb = load_runbook(_write(tmp_path, {**_rb(), "profiles": ["mycpu"]}))
+    with pytest.raises(RunbookError, match=r"profiles\[0\]: no profile 'mycpu' under .*; a profile file of your own "
+                                           r"is given with --profile PATH, its name: 'mycpu'"):
+        runbook_profile(rb, "mycpu")
+
+
 def test_bad_profile_names_key(tmp_path):
     p = tmp_path / "prof.yaml"
     p.write_text(yaml.safe_dump({"name": "x", "marker": "x", "hardware": {"accelerator": "tpu"}, "thresholds": {}}))

@@ -191,6 +191,21 @@ def test_a_profile_without_the_resume_tolerance_is_refused_before_anything_runs(
         expand(load_runbook(write_runbook(tmp_path / "rb.yaml", [resume_phase()])), load_profile(profile))
 
 
+def test_a_resume_phase_its_trainer_does_not_run_needs_no_resume_tolerance(tmp_path):
+    """A user's pass: a trainer that cannot resume (its runbook entry's phases: [train]) makes its
+    resume phase a SKIP, yet a profile without resume_loss_rtol refused the runbook, and with it a
+    run of any other phase. A tolerance no point reads is not asked for."""
+    profile = tmp_path / "p.yaml"
+    profile.write_text(yaml.safe_dump({"name": "cpu", "marker": "cpu_profile", "hardware": {"accelerator": "cpu"},
+                                       "thresholds": {"min_toks_per_s": 1}}))
+    trainer = {"name": "mine", "root": "tests/trainers", "script": "native_train.py",
+               "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"], "phases": ["train"]}
+    rb = write_runbook(tmp_path / "rb.yaml", [{"name": "resume", "kind": "resume", "steps": 8, "resume_after": 4}],
+                       trainer=trainer, defaults={"launcher": {"kind": "python"}})
+    [point] = expand(load_runbook(rb), load_profile(profile))
+    assert point.gates() == []
+
+
 def test_the_resume_finding_says_which_of_data_schedule_or_restored_state_broke():
     """Seen with a trainer that resumed wrong four ways: the title named only the loss (a reset
     schedule's loss step came after its learning-rate step); it now says what the gates tell."""

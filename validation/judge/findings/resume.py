@@ -3,6 +3,7 @@ uninterrupted run, with the first diverging step (the resume gates' notes, valid
 and where each of its three processes left its files."""
 from __future__ import annotations
 
+from validation.judge.diagnosis import root_of_evidence
 from validation.judge.findings.finding import Facts, Finding, Severity, where
 from validation.judge.gates import GateVerdict
 from validation.judge.record import PhaseRecord
@@ -63,9 +64,15 @@ def resumed_in_place(records: list[PhaseRecord]) -> list[Finding]:
         detail = [f"{name}: {'; '.join(rerun.text() for rerun in reruns)}"
                   for name, reruns in sorted(r.evidence.reruns.items())]
         log = f" ({r.evidence.stderr_log})" if r.evidence.stderr_log else ""
-        detail.append("every number and finding of this run reads the occurrence written later; why the earlier "
-                      f"process ended is in the trainer's log{log}")
+        root = root_of_evidence(r.evidence)
+        failed = r.evidence.rank_failures[root].exception if root is not None else None
+        why = (f"the earlier process ended as rank {root} failed: {failed}" if failed else
+               f"why the earlier process ended is in the trainer's log{log}")
+        detail.append(f"every number and finding of this run reads the occurrence written later; {why}")
+        # from step 1 it began again from nothing: no checkpoint was restored
+        how = ("started again from step 1 and wrote its steps again" if firsts == [1] else
+               f"went back to a checkpoint and wrote again from step {steps}")
         out.append(Finding(Severity.WARNING, r.phase, (
-            f"trainer resumed in place in {where(r)}: it went back to a checkpoint and wrote again from step "
-            f"{steps} into the same files"), detail, "resumed_in_place", Facts.of(r)))
+            f"trainer resumed in place in {where(r)}: it {how} into the same files"), detail, "resumed_in_place",
+            Facts.of(r)))
     return out

@@ -186,3 +186,23 @@ def test_a_step_logged_again_where_the_heartbeats_allow_a_resume_stays_a_rerun(t
     found = read_contract(tmp_path)
     assert found.ok, found.problems()
     assert found.reruns["training.csv"] == [Rerun(4, 6, 3)]
+
+
+def test_a_restart_from_the_first_step_names_the_rank_that_failed_not_a_checkpoint():
+    """A user's pass: under torchrun --max-restarts=1 rank 1 crashed at step 3 and the restarted
+    ranks trained from step 1. The warning said the trainer 'went back to a checkpoint' (there was
+    none) and named neither the rank nor its exception, which the record held."""
+    from validation.contract.torchrun_log import RankFailure
+    from validation.judge.findings.resume import resumed_in_place
+    from validation.judge.record import Evidence, PhaseRecord, PointKey, Status
+
+    evidence = Evidence(reruns={"training.csv": [Rerun(first=1, through=3, dropped=3)]}, rank_failures={
+        0: RankFailure(exception="RuntimeError: Connection closed by peer [127.0.0.1]:4702"),
+        1: RankFailure(exception="RuntimeError: injected one-time crash on rank 1 at step 3")})
+    rec = PhaseRecord(PointKey("rb", "cpu", "ddp"), "rb/cpu/ddp/default", "train", Status.PASS, "", steps=8,
+                      evidence=evidence)
+    [warning] = resumed_in_place([rec])
+    assert warning.title == ("trainer resumed in place in ddp [default]: it started again from step 1 and wrote its "
+                             "steps again into the same files"), warning.title
+    assert any("the earlier process ended as rank 1 failed: RuntimeError: injected one-time crash on rank 1 at step 3"
+               in d for d in warning.detail), warning.detail

@@ -60,11 +60,19 @@ print(ttir.count("tt.load"), ttir.count("tt.store"))
 def _compile(tmp_path, program: str, *args: str) -> str:
     """stdout of ``program`` (a compile for sm_90) run in a process of its own; skips where this
     machine has no ptxas."""
+    return _run(tmp_path, ["-c", program, *args])
+
+
+def _run_bench(tmp_path, script: str, *args: str) -> str:
+    """stdout of bench/``script`` (a compile for sm_90), as _compile's."""
+    return _run(tmp_path, [str(ROOT / "bench" / script), *args])
+
+
+def _run(tmp_path, argv: list[str]) -> str:
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env |= {"TRITON_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT), "TRITON_DEFAULT_FP_FUSION": "1"}
-    run = subprocess.run([sys.executable, "-c", program, *args], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, *argv], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     if run.returncode and "ptxas" in run.stderr:
         pytest.skip(f"no ptxas to compile for sm_90 here: {run.stderr.strip().splitlines()[-1]}")
     assert run.returncode == 0, run.stderr[-2000:]
@@ -87,63 +95,13 @@ def test_the_rope_kernel_moves_each_row_once_whichever_stream_it_picks(tmp_path,
     assert (loads, stores) == (6, 3)
 
 
-SPILLS = """
-import os, re, subprocess, sys, tempfile
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from nsa.kernels import band_attention as band, selection
-from nsa.kernels.tuning import SELECTION
-
-name, wide = sys.argv[1], sys.argv[2] == "wide"
-m7c = dict(H=2, G=6, K=64, BK=64, DOT="tf32", WIDE=wide)
-ints = {n: "i32" for n in ("Tq", "Tk", "NB", "q_start")}
-if name == "band_fwd":  # the compressed branch's launch
-    kernel = band._band_fwd_kernel
-    bm, bn, warps, stages = band.TILES["cmp"]["fwd"][0]
-    pointers = dict(q="*bf16", k="*bf16", v="*bf16", o="*bf16", lse="*fp32")
-    constexprs = dict(m7c, L=32, D=16, W=0, WINDOW=False, BM=bm, BN=bn)
-elif name == "band_dq":  # the window's launch
-    kernel = band._band_bwd_dq_kernel
-    bm, bn, warps, stages = band.TILES["win"]["dq"][0]
-    pointers = dict(q="*bf16", k="*bf16", v="*bf16", o="*bf16", do="*bf16", lse="*fp32", delta="*fp32", dq="*bf16")
-    constexprs = dict(m7c, L=1, D=1, W=512, WINDOW=True, BM=bm, BN=bn, DELTA_GIVEN=True)
-else:
-    kernel = selection._sel_bwd_dkv_kernel
-    warps, stages = SELECTION.dkv_warps, SELECTION.dkv_stages
-    pointers = dict(q="*bf16", k="*bf16", v="*bf16", do="*bf16", lse="*fp32", delta="*fp32", tokens="*i32",
-                    perm="*i64", item_seg="*i32", item_start="*i32", item_end="*i32", dk="*fp32", dv="*fp32",
-                    kept="*bf16")
-    constexprs = dict(m7c, LS=64, BS=64, ROWS=min(SELECTION.dkv_cells // 64, 128), KEEP="dq")
-signature = {}
-for p in kernel.arg_names:
-    signature[p] = pointers.get(p) or ("constexpr" if p in constexprs else ints.get(p, "fp32"))
-source = ASTSource(fn=kernel, signature=signature,
-                   constexprs={(kernel.arg_names.index(n),): v for n, v in constexprs.items()})
-options = dict(num_warps=warps, num_stages=stages)
-ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
-bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-with tempfile.TemporaryDirectory() as tmp:
-    path = os.path.join(tmp, "k.ptx")
-    with open(path, "w") as f:
-        f.write(ptx)
-    for ptxas in sorted(n for n in os.listdir(bin_dir) if n.startswith("ptxas")):
-        run = subprocess.run([os.path.join(bin_dir, ptxas), "-arch=sm_90a", "-v", path, "-o", path + ".cubin"],
-                             capture_output=True, text=True)
-        if run.returncode == 0:
-            print(sum(map(int, re.findall(r"(\\d+) bytes spill stores", run.stdout + run.stderr))))
-            break
-    else:
-        sys.exit("no ptxas here takes this PTX: " + run.stderr.strip()[-300:])
-"""
-
-
 @pytest.mark.parametrize("kernel", ["band_fwd", "band_dq", "sel_dkv"])
 def test_int32_tile_offsets_spill_at_most_two_thirds_of_int64_ones(tmp_path, kernel):
     """An int64 offset per element of a [rows, head dim] tile takes two registers a lane: at the
     m7c shape (bf16, G = 6, K = 64) and the tuned tiles these kernels spill several times as much
     with them (nsa.kernels._launch.wide_offsets, the kernels' WIDE), so they take int32 offsets
-    from an int64 base wherever a sequence's span fits. (Spill stores, int32 against int64, Triton
-    3.9: 44 / 500, 0 / 196, 372 / 964 bytes; 3.6: 32 / 428, 0 / 200, 452 / 804.)"""
-    narrow, wide = (int(_compile(tmp_path / form, SPILLS, kernel, form).split()[-1]) for form in ("narrow", "wide"))
+    from an int64 base wherever a sequence's span fits (`python bench/kernel_spills.py` prints the
+    registers and spills of each)."""
+    narrow, wide = (int(_run_bench(tmp_path / form, "kernel_spills.py", kernel, form).split()[-2])
+                    for form in ("narrow", "wide"))
     assert wide > 0 and narrow <= wide * 2 / 3, f"spill stores: {narrow} bytes with int32 offsets, {wide} with int64"

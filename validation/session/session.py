@@ -86,7 +86,7 @@ def interrupted_note(signum: int, recorded: Sequence[str] = ()) -> str:
         return (f"{head}; the signal came as the record of {', '.join(recorded)} was stored: "
                 f"{'that point is' if len(recorded) == 1 else 'those points are'} recorded (the new run kept, "
                 "the earlier run directory removed)")
-    return f"{head}; the interrupted point was not recorded (its earlier record and artifacts are kept)"
+    return f"{head}; the interrupted point was not recorded (an earlier record of it, if any, is kept with its artifacts)"
 
 
 def report_line(out: Rendered, interrupted: bool) -> str:

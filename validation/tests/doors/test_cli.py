@@ -41,7 +41,7 @@ def test_a_runbook_profile_that_does_not_exist_is_named_with_its_file_and_key(tm
     for argv in (["phases", "--runbook", str(bad)], ["run", "--runbook", str(bad), "--results-dir", str(tmp_path / "r")]):
         assert main(argv) == 2
         err = capsys.readouterr().err
-        assert f"{bad}: profiles[0]: no profile 'cpuu' under " in err and "profiles: a100, cpu, h100, h200" in err, err
+        assert f"{bad}: profiles[0]: no profile 'cpuu' under " in err and "profiles there: a100, cpu, h100, h200" in err, err
     assert not (tmp_path / "r").exists()
 
 

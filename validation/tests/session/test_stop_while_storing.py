@@ -62,7 +62,8 @@ def test_cli_stopped_before_the_record_got_in_keeps_the_earlier_one(tmp_path, mo
     assert main(args) == 130
     assert _stored_dir(results) == before
     assert [p.name for p in (results / RUNS).iterdir()] == [Path(before).name]  # the new run's directory removed
-    assert "the interrupted point was not recorded (its earlier record and artifacts are kept)" in capsys.readouterr().err
+    assert "the interrupted point was not recorded (an earlier record of it, if any, is kept with its artifacts)" \
+        in capsys.readouterr().err
 
 
 def test_pytest_door_says_so_and_writes_the_report_again(tmp_path):

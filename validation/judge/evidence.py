@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nsa.contract import TRAINING_CSV
+from nsa.contract import TRAINING_CSV, heartbeat_name
 from validation.contract import check as contract
 from validation.contract.files import HaltInfo, read_halt, read_stacks, tail, torn_last_row
 from validation.contract.reruns import Rerun
@@ -53,15 +53,18 @@ class TrainFiles:
 
 def read_train(run: RunData) -> TrainFiles:
     """Read a train point's contract files; what is missing or broken is a problem. A training.csv
-    row cut off mid-write is not read; of a run that ended by itself with exit 0 (no writer was
-    killed) it is a problem too: the trainer's last logged step is not in its file."""
+    row or a heartbeat record cut off mid-write is not read; of a run that ended by itself with
+    exit 0 (no writer was killed) it is a problem too: the trainer's last step is not in its file."""
     found = contract.read(run.out_dir, costs(), launched=run.world_size)  # run.world_size: the processes launched
     problems = list(found.problems())
-    csv = run.out_dir / TRAINING_CSV
     ended_itself = run.exit_code == 0 and not run.timed_out and run.stalled_s is None
-    if ended_itself and found.csv is not None and (torn := torn_last_row(csv)) is not None:
-        problems.append(f"{csv}: the last row has no line end though the trainer exited 0 (a row cut off mid-write, "
-                        f"or rows not ended: every row must end with one): {torn[:EXCERPT_CHARS]!r}")
+    written = ([(run.out_dir / TRAINING_CSV, "row")] if found.csv is not None else []) + \
+        [(run.out_dir / heartbeat_name(rank), "record") for rank in sorted(found.heartbeats)]
+    for path, entry in written if ended_itself else []:
+        if (torn := torn_last_row(path)) is not None:
+            problems.append(f"{path}: the last {entry} has no line end though the trainer exited 0 (a {entry} cut "
+                            f"off mid-write, or {entry}s not ended: every {entry} must end with one): "
+                            f"{torn[:EXCERPT_CHARS]!r}")
     return TrainFiles(found.csv, found.heartbeats, found.env, found.halted, found.reruns,
                       found.world_size or run.world_size, tuple(problems))
 

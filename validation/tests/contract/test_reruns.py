@@ -206,3 +206,20 @@ def test_a_restart_from_the_first_step_names_the_rank_that_failed_not_a_checkpoi
                              "steps again into the same files"), warning.title
     assert any("the earlier process ended as rank 1 failed: RuntimeError: injected one-time crash on rank 1 at step 3"
                in d for d in warning.detail), warning.detail
+
+
+def test_a_heartbeat_record_cut_off_in_a_run_that_exited_0_is_a_problem_as_a_cut_off_row_is(tmp_path):
+    """A user's pass: a trainer that exited 0 with its last heartbeat record of rank 1 (step 8 of 8)
+    lacking its line end was judged 'heartbeats stop after step 7 of 8 ... trained on without
+    writing them', the torn record never named, while a torn training.csv row is the point's error.
+    A record cut off mid-write is not read; of a trainer that exited 0, it is the error."""
+    _write_csv(tmp_path, [_row(s) for s in range(1, 9)])
+    (tmp_path / "env.json").write_text(json.dumps({"world_size": 2}))
+    _write_beats(tmp_path, 0, [_beat(s, float(s)) for s in range(1, 9)])
+    last = json.dumps({**_beat(8, 8.0), "rank": 1})
+    (tmp_path / "heartbeat_rank1.jsonl").write_text(
+        "".join(json.dumps({**_beat(s, float(s)), "rank": 1}) + "\n" for s in range(1, 8)) + last)
+    files = read_train(RunData(tmp_path, world_size=2, exit_code=0))
+    [torn] = [p for p in files.problems if "heartbeat_rank1.jsonl" in p]
+    assert "the last record has no line end though the trainer exited 0" in torn and last[:40] in torn, torn
+    assert not read_train(RunData(tmp_path, world_size=2, exit_code=None, stalled_s=30.0)).problems  # a killed writer

@@ -10,6 +10,7 @@ matmul as the query and key/value projections.
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from dataclasses import dataclass, field
 
@@ -85,7 +86,8 @@ class RoutedAttention(nn.Module):
             raise ValueError(f"head_dim={head_dim} must be even (RoPE rotates pairs)")
         if not isinstance(cfg, NSAConfig):
             raise TypeError(f"cfg must be an nsa.attention.NSAConfig, got {type(cfg).__name__}")
-        if not (isinstance(rope_theta, (int, float)) and math.isfinite(rope_theta) and rope_theta > 0):
+        if not (isinstance(rope_theta, numbers.Real) and not isinstance(rope_theta, bool) and math.isfinite(rope_theta)
+                and rope_theta > 0):
             raise ValueError(f"rope_theta must be a finite number > 0, got {rope_theta!r}")
         self.cfg = cfg
         self.n_heads, self.n_kv, self.head_dim = n_heads, n_kv_groups, head_dim
@@ -116,7 +118,7 @@ class RoutedAttention(nn.Module):
                 raise ValueError(f"x's batch of {x.shape[0]} continues a cache of batch {held.shape[0]}")
         if rope is not None:
             want = (x.shape[1], self.head_dim // 2)
-            if len(rope) != 2 or any(tuple(t.shape) != want for t in rope):
+            if not isinstance(rope, (tuple, list)) or len(rope) != 2 or any(tuple(t.shape) != want for t in rope):
                 got = [list(t.shape) for t in rope] if isinstance(rope, (tuple, list)) else type(rope).__name__
                 raise ValueError(f"rope must be the (cos, sin) tables of x's positions, each {list(want)} "
                                  f"(the layer's rope(start, T, device)), got {got}")

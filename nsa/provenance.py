@@ -48,11 +48,11 @@ def source_revision(root: Path, git: GitRunner) -> tuple[str | None, str]:
         return None, (f"none: {foreign}, and there is no {SOURCE_STAMP} stamp" if foreign else
                       f"none: git cannot answer here and there is no {SOURCE_STAMP} stamp")
     if not stamp or stamp == described:
-        return described, "git describe" + (f" (= {SOURCE_STAMP})" if stamp else "")
+        return described, "git describe" + (f", as {SOURCE_STAMP} says" if stamp else "")
     if not described:
-        return stamp, f"{SOURCE_STAMP} ({foreign or 'git cannot answer here'})"
+        return stamp, f"{SOURCE_STAMP}: {foreign or 'git cannot answer here'}"
     commit = re.search(r"[0-9a-f]{40}", stamp)
     if git("merge-base", "--is-ancestor", commit.group(0) if commit else stamp, "HEAD") is not None:
-        return described, f"git describe ({SOURCE_STAMP} {stamp} is an older commit of this history)"
-    return stamp, (f"{SOURCE_STAMP} (git here says {described}, whose history lacks the stamp's commit: "
-                   "a stale repository beside a newer tree)")
+        return described, f"git describe; {SOURCE_STAMP} names {stamp}, an older commit of this history"
+    return stamp, (f"{SOURCE_STAMP}; git here says {described}, whose history lacks the stamp's commit: "
+                   "a stale repository beside a newer tree")

@@ -108,7 +108,7 @@ def test_an_exported_tree_inside_another_repository_never_reports_its_commit(tmp
     # the tree's own stamp names its commit
     (tree / "SOURCE_SHA").write_text(NEW + "\n")
     sha, source = source_revision(tree, _runner(tree))
-    assert sha == NEW and source.startswith("SOURCE_SHA (git here answers for the repository at"), source
+    assert sha == NEW and source.startswith("SOURCE_SHA: git here answers for the repository at"), source
     # and so does env.json, through the trainer's own git runner
     monkeypatch.setattr(telemetry, "REPO_ROOT", tree)
     assert telemetry.environment()["git_sha"] == NEW

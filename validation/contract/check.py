@@ -166,7 +166,8 @@ def read(out_dir: Path, costs: Costs | None = None, launched: int = 1) -> Contra
     if not beats and HEARTBEATS in _adapter_unmeasured(out_dir):
         found.items.append(Item(HEARTBEAT_GLOB, Presence.MISSING, "UNMEASURED: rank_step_time_ratio, idle_ranks, "
                                 "fallbacks_total (the trainer's format writes none; its adapter said so)", False))
-    logs: dict[int, HeartbeatLog] = _file(found, HEARTBEAT_GLOB, beats, read_heartbeat_logs, _beats_detail) \
+    logs: dict[int, HeartbeatLog] = _file(found, HEARTBEAT_GLOB, beats, read_heartbeat_logs,
+                                          lambda logs: _beats_detail(logs, out_dir)) \
         if beats or HEARTBEATS not in _adapter_unmeasured(out_dir) else {}
     logs = logs or {}
     found.heartbeats = {rank: hb.records for rank, hb in logs.items()}
@@ -308,8 +309,13 @@ def _not_finite(df: pd.DataFrame, col: str) -> str:
             f"{col} must be a finite number")
 
 
-def _beats_detail(logs: dict[int, HeartbeatLog]) -> str:
-    return ", ".join(f"rank {r}: {len(hb.records)} records{_rerun_detail(hb.reruns)}" for r, hb in sorted(logs.items()))
+def _beats_detail(logs: dict[int, HeartbeatLog], out_dir: Path) -> str:
+    def one(rank: int, hb: HeartbeatLog) -> str:
+        torn = torn_last_row(out_dir / heartbeat_name(rank))
+        cut = f"; its last record has no line end (cut off mid-write?): {torn[:EXCERPT_CHARS]!r}" if torn else ""
+        return f"rank {rank}: {len(hb.records)} records{_rerun_detail(hb.reruns)}{cut}"
+
+    return ", ".join(one(r, hb) for r, hb in sorted(logs.items()))
 
 
 def _heartbeat_fields(found: ContractRead, costs: Costs) -> None:

@@ -20,7 +20,7 @@ from typing import Callable, Iterator, Sequence
 
 from validation import checkout_problem
 from validation.errors import HarnessError
-from validation.judge.findings import CROSS_POINT, Finding, Severity, find, planned_longest
+from validation.judge.findings import CROSS_POINT, Finding, Severity, find, of_point, planned_longest
 from validation.judge.findings.headline import verdict_line
 from validation.judge.record import PhaseRecord, Status
 from validation.launch.process import aborted_by
@@ -137,8 +137,12 @@ class Outcome:
     record: PhaseRecord
 
     def line(self) -> str:
+        """The point's status and why; of one that passed its gates, the critical findings that
+        make the report NO-GO all the same (the pytest door fails its test for them)."""
         r = self.record
-        return f"{self.point.test_id}: {r.status} ({r.wall_s:.1f}s) {verdict_line(r)}"
+        critical = of_point(r) if r.status in (Status.PASS, Status.UNMEASURED) else []
+        but = "; but critical: " + "; ".join(f.title for f in critical) if critical else ""
+        return f"{self.point.test_id}: {r.status} ({r.wall_s:.1f}s) {verdict_line(r)}{but}"
 
 
 @dataclass

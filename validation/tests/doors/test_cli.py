@@ -27,6 +27,18 @@ def test_run_nogo_exit_code_and_report_with_plots(tmp_path, capsys):
     assert main(["report", "--results-dir", str(results), "--no-plots"]) == 1
 
 
+def test_a_point_that_passed_its_gates_with_a_critical_finding_says_so_in_its_line(tmp_path, capsys):
+    """A user's pass: a point whose gates passed while a critical finding made the run NO-GO (a NaN
+    loss no gate checks) printed 'PASS (4.6s) 1 gate(s) passed' and nothing of why the run was
+    NO-GO until the report; the pytest door fails its test for it. Its line says it, as pytest's."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("long_run", fault="nan_logged:step=3", gates=[
+        {"metric": "toks_per_s_mean", "op": ">=", "threshold": {"profile": "min_toks_per_s"}, "window": "last 5 steps"}])])
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(tmp_path / "r"), "--no-plots"]) == 1
+    said = capsys.readouterr()
+    [line] = [ln for ln in (said.out + said.err).splitlines() if "long_run/default: PASS" in ln]
+    assert "1 gate(s) passed; but critical: non-finite loss in long_run [default]: first logged at step 3" in line, line
+
+
 def test_bad_runbook_exit_2_names_key(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nprofiles: [cpu]\nphases:\n  - {name: p, kind: train, steps: -1}\n")

@@ -93,10 +93,6 @@ def main() -> None:
     result = trainer.train()
     trainer.log_metrics("train", result.metrics)
     trainer.save_state()
-    # the process group's threads left to the interpreter's exit can abort it under gloo
-    # ("terminate called without an active exception", SIGABRT after the last step)
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

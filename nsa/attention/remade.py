@@ -143,14 +143,18 @@ class Remaking:
                  tensors: Sequence[torch.Tensor]) -> None:
         """``add`` with the recipe fn(*inputs), each input's value in the backward as ``value``
         gives it."""
-        values = [self.value(t) for t in inputs]
+        found = [self._found(t) for t in inputs]
+        values = [self._value(t, f) for t, f in zip(inputs, found)]
         self.add(lambda: fn(*(v() for v in values)), tensors,
-                 reads=[t for t in inputs if self._found(t) is None])
+                 reads=[t for t, f in zip(inputs, found) if f is None])
 
     def value(self, t: torch.Tensor) -> Callable[[], torch.Tensor]:
         """A function giving t's value in the backward, for another recipe: made again by the
         recipe t's memory is registered with (no reference to t kept), else t itself."""
-        found = self._found(t)
+        return self._value(t, self._found(t))
+
+    @staticmethod
+    def _value(t: torch.Tensor, found: tuple[Recipe, int] | None) -> Callable[[], torch.Tensor]:
         if found is None:
             return lambda: t
         recipe, index = found

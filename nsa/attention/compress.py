@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .autocast import autocast_dtype
 from .autograd_state import func_transform_active
 from .config import NSAConfig
 from . import phi_mlp
@@ -105,8 +106,7 @@ def compress(compressors: Sequence[Compressor], xs: Sequence[torch.Tensor], firs
         return [t.new_zeros(t.shape[0], 0, *t.shape[2:]) for t in xs]
     if cfg.phi == "mean":
         return [unfold_blocks(cfg, t, first).mean(dim=-1) for t in xs]
-    kind = x.device.type
-    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+    dtype = autocast_dtype(x.device.type) or x.dtype
     # the streams in the compute dtype before fc1's input stacks them: autocast's rule for a stack
     # of another 16-bit dtype (float16 streams under bfloat16 autocast) is an error
     xs = [t.to(dtype) for t in xs]

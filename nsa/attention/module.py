@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .autocast import autocast_dtype
 from .autograd_state import count_call, saved_tensor_hooks_active
 from .backends import (
     STAGE_CONFIG_KEY, STAGES, BackendUnavailable, Route, ahead, preload, resolve_route, rope_kernel,
@@ -52,10 +53,8 @@ def autocast_input(x: torch.Tensor) -> torch.Tensor:
     Linear's activation input anew at each call (it caches only the casts of weights), and each
     Linear saves its own copy for the backward: a layer whose projections all read x keeps one
     copy instead of one per projection (`python bench/saved_memory.py` lists what a layer saves)."""
-    kind = x.device.type
-    if torch.is_autocast_enabled(kind) and x.is_floating_point():
-        return x.to(torch.get_autocast_dtype(kind))
-    return x
+    dtype = autocast_dtype(x.device.type)
+    return x.to(dtype) if dtype is not None and x.is_floating_point() else x
 
 
 def _check_positive_int(name: str, value) -> None:
@@ -224,8 +223,8 @@ class NSAAttention(RoutedAttention):
         would make, made once here so that a recomputation reads the forward's own copy."""
         w = torch.cat((self.q_proj.weight, self.kv_proj.weight, self.gate_proj.weight,
                        self._zero_rows(self.q_proj.weight)))
-        kind = x.device.type
-        return w.to(torch.get_autocast_dtype(kind)) if torch.is_autocast_enabled(kind) else w
+        dtype = autocast_dtype(x.device.type)
+        return w if dtype is None else w.to(dtype)
 
     def _project(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None,
                  fused_rope: bool | None, weight: torch.Tensor | None = None):
@@ -360,9 +359,8 @@ class NSAAttention(RoutedAttention):
         compressors' fc1 input in ``fc1`` (none for mean pooling) from the key and value streams,
         in the same recipe, so that the streams are made once for both. (The gates are kept: their
         sigmoid keeps them for its own backward.)"""
-        kind = x.device.type
-        autocast = dict(device_type=kind, dtype=torch.get_autocast_dtype(kind),
-                        enabled=torch.is_autocast_enabled(kind))
+        dtype = autocast_dtype(x.device.type)
+        autocast = dict(device_type=x.device.type, dtype=dtype, enabled=dtype is not None)
         compressed = bool(fc1)  # the recipe holds no reference to fc1's tensors: they are what it frees
 
         def again() -> list[torch.Tensor]:

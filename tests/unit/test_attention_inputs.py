@@ -2,7 +2,8 @@
 silently wrong values: bad constructor arguments, an NSAConfig of wrong types (and frozen once
 made, so that no layer runs on fields changed after its checks), inputs of the wrong shape, a
 cache of another kind or batch, RoPE tables of other positions' count. And a layer built on the
-meta device is whole again after ``to_empty`` and its modules' ``reset_parameters``."""
+meta device is whole again after ``to_empty`` and its modules' ``reset_parameters``, and runs
+forward and backward on meta tensors (shapes only, as tools that trace a model's shapes run it)."""
 from __future__ import annotations
 
 import dataclasses
@@ -85,3 +86,22 @@ def test_a_layer_built_on_the_meta_device_is_whole_after_reset_parameters():
     for compressor in (layer.compress_k, layer.compress_v):
         assert torch.equal(compressor.pos, torch.zeros_like(compressor.pos))
     assert torch.isfinite(layer(torch.randn(1, 40, 64))).all()
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_a_model_on_the_meta_device_runs_forward_and_backward(monkeypatch, recompute):
+    """Autocast knows no meta device (torch.is_autocast_enabled("meta") raises): a layer asks
+    whether autocast applies before it asks whether it is on. Also on the recomputing path."""
+    from nsa.attention import compress
+    from nsa.model.config import load_model_config
+    from nsa.model.model import NSATransformer
+
+    if recompute:
+        monkeypatch.setattr(compress, "RECOMPUTE_TOKENS", 64)
+    cfg = load_model_config("tiny", [])
+    with torch.device("meta"):
+        model = NSATransformer(cfg)
+    logits = model(torch.randint(0, cfg.vocab_size, (2, 300), device="meta"))
+    assert logits.shape == (2, 300, cfg.vocab_size) and logits.is_meta
+    logits.float().mean().backward()
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in model.parameters())

@@ -184,16 +184,24 @@ class Idle:
     gaps: dict[str, list[float]]
 
 
-def gpu_idle(events) -> Idle | None:
-    """Idle of torch.profiler events (CPU ops and CUDA kernels, memsets and copies); None
-    without two device events."""
-    by_id = {e.id: e for e in events if e.device_type.name == "CPU"}
-    work = sorted((e for e in events if e.device_type.name == "CUDA"), key=lambda e: e.time_range.start)
+def device_work(prof) -> list[tuple[float, float, int]]:
+    """A torch.profiler profile's CUDA kernels, memsets and copies as (start us, end us, the
+    launching CPU event's id), from its kineto events (FunctionEvent does not carry that id in
+    every torch version)."""
+    return [(k.start_ns() / 1e3, k.end_ns() / 1e3, k.linked_correlation_id())
+            for k in prof.profiler.kineto_results.events() if k.device_type().name == "CUDA"]
+
+
+def gpu_idle(cpu_events, work: list[tuple[float, float, int]]) -> Idle | None:
+    """Idle of the device ``work`` (device_work), each gap named by the CPU ops among
+    ``cpu_events`` (a profile's events()) that launched its kernel; None without two device events."""
+    by_id = {e.id: e for e in cpu_events if e.device_type.name == "CPU"}
+    work = sorted(work)
     if len(work) < 2:
         return None
 
-    def owner(kernel) -> str:
-        chain, e = [], by_id.get(kernel.linked_correlation_id)
+    def owner(launch_id: int) -> str:
+        chain, e = [], by_id.get(launch_id)
         while e is not None and len(chain) < 3:
             if not e.name.startswith(("cuda", "cu")):
                 chain.append(e.name[:60])
@@ -201,19 +209,19 @@ def gpu_idle(events) -> Idle | None:
         return " < ".join(chain) or "(no host op)"
 
     gaps: dict[str, list[float]] = {}
-    end = work[0].time_range.end
-    busy = end - work[0].time_range.start
-    for k in work[1:]:
-        if k.time_range.start > end:
-            gaps.setdefault(owner(k), []).append(k.time_range.start - end)
-        busy += max(0.0, k.time_range.end - max(k.time_range.start, end))
-        end = max(end, k.time_range.end)
-    return Idle(end - work[0].time_range.start, busy, gaps)
+    first, end = work[0][0], work[0][1]
+    busy = end - first
+    for start, stop, launch_id in work[1:]:
+        if start > end:
+            gaps.setdefault(owner(launch_id), []).append(start - end)
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    return Idle(end - first, busy, gaps)
 
 
 def print_gaps(prof, calls: int, rows: int):
     """Where the GPU waited for the host in ``calls`` back-to-back calls (gpu_idle), per call."""
-    idle = gpu_idle(prof.events())
+    idle = gpu_idle(prof.events(), device_work(prof))
     if idle is None:
         print("# gaps: fewer than two kernels profiled")
         return

@@ -105,20 +105,17 @@ def test_gpu_idle_sums_the_gaps_by_the_host_ops_that_launched_the_next_kernel():
     sys.path.insert(0, str(ROOT))
     from bench.host_profile import gpu_idle
 
-    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    cpu = torch.autograd.DeviceType.CPU
 
-    def ev(id_, name, start, end, device=cpu, parent=None, linked=0):
-        return SimpleNamespace(id=id_, name=name, device_type=device, cpu_parent=parent, linked_correlation_id=linked,
-                               time_range=SimpleNamespace(start=start, end=end))
+    def ev(id_, name, parent=None):
+        return SimpleNamespace(id=id_, name=name, device_type=cpu, cpu_parent=parent)
 
-    node = ev(1, "gated_branchesBackward", 0, 100)
-    launch = ev(2, "cuLaunchKernelEx", 40, 45, parent=node)
-    mm = ev(3, "aten::mm", 0, 5)
-    events = [node, launch, mm,
-              ev(10, "nvjet_mm", 5, 20, cuda, linked=3),
-              ev(11, "_band_bwd_dq_kernel", 50, 70, cuda, linked=2),
-              ev(12, "Memset (Device)", 65, 80, cuda, linked=2)]  # overlaps the kernel before it
-    idle = gpu_idle(events)
+    node = ev(1, "gated_branchesBackward")
+    launch = ev(2, "cuLaunchKernelEx", parent=node)
+    mm = ev(3, "aten::mm")
+    # (start, end, the launching CPU event's id): an mm, a kernel, a memset overlapping it
+    work = [(50, 70, 2), (5, 20, 3), (65, 80, 2)]
+    idle = gpu_idle([node, launch, mm], work)
     assert idle.window == 75 and idle.busy == 45
     assert idle.gaps == {"gated_branchesBackward": [30]}
-    assert gpu_idle(events[:4]) is None
+    assert gpu_idle([node, launch, mm], work[:1]) is None

@@ -273,18 +273,23 @@ def sweep(shapes, only=()):
             return lambda: triton_select_blocks(q, x["kc"], lse, cfg, tuning=tune)
 
         # (label, tuning of each variant, what to time under it): one knob group at a time
+        # each group's first row is the defaults' (BandTiles()), the baseline of its variants
         band = [
-            ("band fwd", [BandTiles(fwd=t) for t in [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3),
-                                                     (128, 64, 4, 3)]], [cmp_fb]),
-            ("band dq", [BandTiles(dq=t) for t in [(64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 8, 3),
-                                                   (64, 32, 4, 3)]], [cmp_fb]),
+            ("band fwd", [BandTiles()] + [BandTiles(fwd=t) for t in [(128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3),
+                                                                     (128, 64, 4, 3)]], [cmp_fb]),
+            ("band dq", [BandTiles()] + [BandTiles(dq=t) for t in [(64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 8, 3),
+                                                                   (64, 32, 4, 3), (64, 64, 4, 3)]], [cmp_fb]),
             ("band dkv", [BandTiles(dkv=t) for t in [(64, 64, 8, 2), (32, 128, 8, 2), (64, 128, 8, 2),
                                                      (128, 64, 8, 2)]], [cmp_fb]),
             ("band split", [BandTiles(dkv_waves=w) for w in (2, 4, 8, 16, 32)], [cmp_fb]),
-            ("win fwd", [BandTiles(fwd=t) for t in [(128, 64, 8, 3), (128, 32, 4, 4), (256, 64, 8, 3),
-                                                    (64, 64, 4, 3)]], [win_fb]),
-            ("win dq", [BandTiles(dq=t) for t in [(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 64, 4, 2),
-                                                  (64, 64, 4, 3)]], [win_fb]),
+            ("win fwd", [BandTiles()] + [BandTiles(fwd=t) for t in [(128, 64, 8, 3), (128, 32, 4, 4), (256, 64, 8, 3),
+                                                                    (64, 64, 4, 3), (64, 32, 4, 3), (64, 64, 4, 2)]],
+             [win_fb]),
+            ("win dq", [BandTiles()] + [BandTiles(dq=t) for t in [(128, 64, 8, 2), (64, 32, 4, 3), (128, 64, 4, 2),
+                                                                  (64, 64, 4, 3), (64, 32, 4, 2)]], [win_fb]),
+            ("win fwd+dq", [BandTiles()] + [BandTiles(fwd=f, dq=d) for f, d in [
+                ((64, 64, 4, 3), (64, 64, 4, 3)), ((64, 64, 4, 3), (64, 32, 4, 3)), ((64, 32, 4, 3), (64, 64, 4, 3))]],
+             [win_fb]),
             ("win dkv", [BandTiles(dkv=t) for t in [(128, 64, 8, 2), (64, 64, 4, 2), (128, 32, 8, 2), (64, 64, 4, 3),
                                                     (128, 64, 4, 2), (64, 128, 4, 2)]], [win_fb]),
         ]

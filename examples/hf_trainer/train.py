@@ -97,3 +97,12 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Under torchrun, destroy the process group once main() has returned: the Trainer and its
+    # DDP model (whose reducer also holds the group) are gone by then, so the group dies here, in
+    # a call that lets go of the GIL while gloo's worker threads finish. Destroyed inside main(),
+    # the group would die later with the DDP model, the GIL held: a worker still freeing the last
+    # all_gather's tensors waits for that GIL, and the process hangs; never destroyed, the same
+    # worker is killed at the interpreter's exit (SIGABRT, "terminate called without an active
+    # exception").
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -285,17 +285,23 @@ def _csv_columns(found: ContractRead, costs: Costs) -> None:
 HEARTBEATS = "heartbeats"
 
 
+def adapter_unmeasured(env: dict | None) -> dict[str, str]:
+    """What an adapter said its trainer's files could not give, and why (env.json's
+    ``adapter.unmeasured``, validation/contract/adapters): training.csv columns (nan throughout is
+    then no data, not a trainer's broken row) and ``heartbeats``; a trainer's own env.json carries
+    no such key."""
+    said = (env or {}).get("adapter")
+    said = said.get("unmeasured") if isinstance(said, dict) else None
+    return {str(k): str(v) for k, v in said.items()} if isinstance(said, dict) else {}
+
+
 def _adapter_unmeasured(out_dir: Path) -> frozenset[str]:
-    """What an adapter said its trainer's files could not give (env.json's ``adapter.unmeasured``,
-    validation/contract/adapters): training.csv columns (nan throughout is then no data, not a
-    trainer's broken row) and ``heartbeats``; a trainer's own env.json carries no such key."""
+    """adapter_unmeasured's keys, of ``out_dir``'s env.json."""
     try:
         env = read_env_json(out_dir)
     except (ArtifactError, OSError):
         return frozenset()
-    said = (env or {}).get("adapter")
-    said = said.get("unmeasured") if isinstance(said, dict) else None
-    return frozenset(said) if isinstance(said, dict) else frozenset()
+    return frozenset(adapter_unmeasured(env if isinstance(env, dict) else None))
 
 
 def _not_finite(df: pd.DataFrame, col: str) -> str:

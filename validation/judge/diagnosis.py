@@ -103,6 +103,9 @@ class RankAt:
     no_stack: NoStack | None = None
     """Of a hung rank named by its heartbeat alone: why it has no stack (None: it has one, or it is
     not blamed as hung)."""
+    beats: bool = True
+    """Whether its trainer's format has heartbeats at all (Evidence.no_heartbeats): without them
+    step None says nothing."""
 
     @classmethod
     def of(cls, rec: PhaseRecord, rank: int, *, frame: str | None = None, cause: str = "",
@@ -111,7 +114,8 @@ class RankAt:
         nodes = rec.evidence.nodes
         node = nodes.of_rank(rank) if nodes is not None else None
         return cls(rank, node.name if node is not None else None, beat.step if beat else None,
-                   beat.stage if beat else None, frame, cause, no_stack=no_stack)
+                   beat.stage if beat else None, frame, cause, no_stack=no_stack,
+                   beats=not rec.evidence.no_heartbeats)
 
 
 @dataclass(frozen=True)

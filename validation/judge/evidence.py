@@ -113,6 +113,7 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
         errors=errors, halt=run.halt, rank_failures=dict(run.rank_failures),
         stackdumps={r: d for r, d in dumps.items() if r < run.world_size}, unranked_stacks=unranked,
         taken_stacks=taken, signalled_pids=signalled, last_heartbeat=beats,
+        no_heartbeats="" if beats else contract.adapter_unmeasured(run.env).get(contract.HEARTBEATS, ""),
         rank_step_time_s=step_times, rank_lateness_s=late, nodes=nodes,
         fallbacks=fallbacks, files=sorted(p.name for p in run.out_dir.iterdir() if p.is_file()),
         loss_first=losses[0] if losses else None, loss_last=losses[-1] if losses else None,

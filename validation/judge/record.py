@@ -209,6 +209,10 @@ class Evidence:
     failed (contract/torchrun_log.py ``agent_signalled``): a rank the harness then found running among
     them was ending on that signal (a handler of its own that outlasts it), not hung."""
     last_heartbeat: dict[int, Beat] = field(default_factory=dict)
+    no_heartbeats: str = ""
+    """Why the trainer's files hold no heartbeats at all, as its adapter said ('a Trainer writes no
+    per-rank records'); '' where its format has them. A rank without one then says nothing of
+    where it was."""
     rank_step_time_s: dict[int, float] = field(default_factory=dict)
     rank_lateness_s: dict[int, float] = field(default_factory=dict)
     """Of a run of several ranks on one node: per rank, how late it enters the stages of a step
@@ -262,6 +266,7 @@ class Evidence:
             last_heartbeat={int(r): Beat(_int(b.get("step")), b.get("stage"), _num(b.get("gpu_util")),
                                          b.get("ends_steps") is not False, _int(b.get("every")), _int(b.get("pid")))
                             for r, b in (ev.get("last_heartbeat") or {}).items()},
+            no_heartbeats=str(ev.get("no_heartbeats") or ""),
             rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
             rank_lateness_s={int(r): float(t) for r, t in (ev.get("rank_lateness_s") or {}).items()},
             fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},

@@ -26,7 +26,7 @@ def who(at: RankAt) -> str:
 
 def beat(at: RankAt) -> str:
     """'last heartbeat step 3, stage forward' (the stall and crash findings' words)."""
-    if at.rank is None:
+    if at.rank is None or (at.step is None and not at.beats):
         return ""
     if at.step is None:
         return "no heartbeat written"

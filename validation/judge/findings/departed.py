@@ -13,6 +13,10 @@ def departure(rec: PhaseRecord, ranks: list[int]) -> str:
     parts = []
     for k in ranks:
         hb = rec.evidence.last_heartbeat.get(k)
+        if hb is None and rec.evidence.no_heartbeats:
+            parts.append(f"rank {k} exited 0 early (where it stopped is not known: {rec.evidence.no_heartbeats}; "
+                         "torchrun reports no failure of it, and the harness found no process of it)")
+            continue
         if hb is None:
             parts.append(f"rank {k} exited 0 early (no heartbeat written: before its first step; torchrun reports no "
                          "failure of it, and the harness found no process of it)")

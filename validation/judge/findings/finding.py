@@ -262,8 +262,12 @@ def where_gated(rec: PhaseRecord) -> str:
 
 def last_heartbeat(rec: PhaseRecord, rank: int) -> str:
     """'last heartbeat step 4, stage data'; for a rank that wrote none, the file it was to write
-    and whether it exists: 'no heartbeat written (heartbeat_rank1.jsonl has no record)'."""
+    and whether it exists: 'no heartbeat written (heartbeat_rank1.jsonl has no record)'; of a
+    trainer whose format has none, what its adapter said: 'no heartbeats (a Trainer writes no
+    per-rank records)'."""
     hb = rec.evidence.last_heartbeat.get(rank)
+    if hb is None and rec.evidence.no_heartbeats:
+        return f"no heartbeats ({rec.evidence.no_heartbeats})"
     if hb is None:
         name = heartbeat_name(rank)
         return f"no heartbeat written ({f'{name} has no record' if name in rec.evidence.files else f'no {name}'})"

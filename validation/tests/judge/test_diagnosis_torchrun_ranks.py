@@ -305,3 +305,32 @@ def test_a_trainers_one_line_error_is_the_exception_where_no_traceback_says_one(
         == "train.py: error: unrecognized arguments: --bogus 1"
     assert last_exception(f"[rank 0] {said}\nTraceback (most recent call last):\n  File \"t.py\", line 1\n"
                           "OSError: [Errno 28] No space left on device\n") == "OSError: [Errno 28] No space left on device"
+
+
+#: a Hugging Face Trainer's rank 0 aborted at the interpreter's exit after its last step (gloo)
+ABORTED_AT_EXIT = _SUMMARY.replace("  rank      : 1 (local_rank: {local})\n  exitcode  : 1 (pid: 1693) \n",
+                                   "  rank      : 0 (local_rank: {local})\n  exitcode  : -6 (pid: 6992)  (SIGABRT)\n"
+                                   ).replace("  traceback : To enable traceback see: https://pytorch.org/docs/stable/"
+                                             "elastic/errors.html", "  traceback : Signal 6 (SIGABRT) received by PID 6992")
+
+
+def test_a_rank_of_a_trainer_whose_format_has_no_heartbeats_is_not_said_to_have_written_none(tmp_path: Path):
+    """A format without heartbeats (an adapter's: a Hugging Face Trainer writes none) leaves
+    nothing to say of where a rank was: its crash line gives no '(no heartbeat written)', which
+    reads as a rank that never started, and the finding says what the adapter said."""
+    log = tmp_path / "trainer.stderr.log"
+    log.write_text("terminate called without an active exception\n" + ABORTED_AT_EXIT.format(
+        local=0, others="  <NO_OTHER_FAILURES>"))
+    failures = rank_failures(log)
+    assert failures[0].signal == "SIGABRT"
+    fields = dict(reason="trainer crashed (exit code 1)", steps=12)
+    native = _record(Evidence(rank_failures=failures, stderr_log=log.name), **fields)
+    assert verdict_line(native).startswith("rank 0 crashed (no heartbeat written): killed by SIGABRT"), \
+        verdict_line(native)
+    said = "a Trainer writes no per-rank records"
+    adapted = _record(Evidence(rank_failures=failures, stderr_log=log.name, no_heartbeats=said), **fields)
+    assert verdict_line(adapted).startswith("rank 0 crashed: killed by SIGABRT"), verdict_line(adapted)
+    text = " ".join(" ".join([f.title, *f.detail]) for f in find([adapted]))
+    assert "no heartbeat written" not in text and f"no heartbeats ({said})" in text, text
+    stored = PhaseRecord.from_json(adapted.to_json(), "test")
+    assert stored.evidence.no_heartbeats == said

@@ -27,6 +27,10 @@ class DenseAttention(RoutedAttention):
         self.track_gates = False  # no gates: nothing to track
         self.last_gate_mean = None
 
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        self.o_proj.reset_parameters()
+
     def _routes_for(self, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, Route], bool]:
         routes = {"dense": resolve_route("dense", self.cfg.backend_dense, device, dtype)}
         return routes, dtype != torch.float64 and rope_kernel(device, dtype)

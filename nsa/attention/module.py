@@ -101,6 +101,14 @@ class RoutedAttention(nn.Module):
         self.count_calls = False
         self._init_routes()
 
+    def reset_parameters(self) -> None:
+        """Every parameter and buffer as the constructor sets them, drawn from the RNG in the
+        constructor's order: a layer built on the meta device, materialised with ``to_empty`` and
+        reset so is the layer built directly under the same seed (on the same device)."""
+        self.q_proj.reset_parameters()
+        self.kv_proj.reset_parameters()
+        self.calls.zero_()
+
     def check_input(self, x: torch.Tensor, cache: NSACache | None, rope) -> None:
         """Refuse what forward cannot take, naming it (a wrong shape would otherwise fail deep
         inside, in a matmul or a broadcast)."""
@@ -185,6 +193,15 @@ class NSAAttention(RoutedAttention):
         self.track_gates = False
         self.last_gate_mean: torch.Tensor | None = None
         self.graphs = LayerGraphs(graph_tokens)
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        self.gate_proj.reset_parameters()
+        nn.init.zeros_(self.gate_proj.bias)
+        self.o_proj.reset_parameters()
+        self.compress_k.reset_parameters()
+        self.compress_v.reset_parameters()
+        self._pads.clear()
 
     @property
     def compressors(self) -> tuple[Compressor, Compressor]:

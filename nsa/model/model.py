@@ -23,6 +23,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xf = x.float() if x.dtype != torch.float64 else x
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
@@ -33,6 +36,10 @@ class SwiGLU(nn.Module):
         super().__init__()
         self.gate_up = nn.Linear(dim, 2 * hidden, bias=False)
         self.down = nn.Linear(hidden, dim, bias=False)
+
+    def reset_parameters(self) -> None:
+        self.gate_up.reset_parameters()
+        self.down.reset_parameters()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
@@ -48,6 +55,10 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn = SwiGLU(cfg.dim, cfg.ffn_hidden)
         self.dropout = cfg.dropout
+
+    def reset_parameters(self) -> None:
+        for module in (self.attn_norm, self.attn, self.ffn_norm, self.ffn):
+            module.reset_parameters()
 
     def forward(self, x: torch.Tensor, cache: NSACache | None = None,
                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -67,17 +78,34 @@ class NSATransformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        self.reset_parameters()
+        self._init_weights()
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
 
     def reset_parameters(self) -> None:
+        """Every parameter and buffer as the constructor sets them, drawn from the RNG in the
+        constructor's order: a model built on the meta device (``with torch.device("meta")``),
+        materialised with ``to_empty`` and reset so is the model built directly under the same
+        seed, on the same device. Tied embeddings are tied again: ``to_empty`` unties them."""
+        if self.cfg.tie_embeddings and self.head.weight is not self.embed.weight:
+            self.head.weight = self.embed.weight
+        for module in (self.embed, *self.layers, self.norm, self.head):
+            module.reset_parameters()
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """The model's own initialisation over the modules' defaults. With tied embeddings (after
+        the constructor) the head's weight is the embedding's: its draw, which the constructor
+        made into a tensor of its own before tying, goes to a scratch tensor, so that the draws
+        after it and the embedding's values are the constructor's."""
         std = self.cfg.init_std
-        for name, p in self.named_parameters():
+        seen: set[int] = set()
+        for name, p in self.named_parameters(remove_duplicate=False):
             if name.endswith("norm.weight"):
                 continue
             if p.dim() >= 2 and "compress" not in name:
-                nn.init.normal_(p, mean=0.0, std=std)
+                nn.init.normal_(torch.empty_like(p) if id(p) in seen else p, mean=0.0, std=std)
+            seen.add(id(p))
         # scale residual outputs by depth (GPT-2 style) so the residual stream starts small
         for block in self.layers:
             for lin in (block.attn.o_proj, block.ffn.down):

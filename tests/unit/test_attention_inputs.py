@@ -2,7 +2,7 @@
 silently wrong values: bad constructor arguments, an NSAConfig of wrong types (and frozen once
 made, so that no layer runs on fields changed after its checks), inputs of the wrong shape, a
 cache of another kind or batch, RoPE tables of other positions' count. And a layer built on the
-meta device is whole again after ``to_empty`` and its modules' ``reset_parameters``, and runs
+meta device, materialised with ``to_empty`` and reset is the layer (and the model) built directly, and runs
 forward and backward on meta tensors (shapes only, as tools that trace a model's shapes run it)."""
 from __future__ import annotations
 
@@ -71,21 +71,55 @@ def test_inputs_of_the_wrong_shape_are_refused_by_name(kind):
     assert layer(torch.randn(2, 10, 64), None, rope).shape == (2, 10, 64)
 
 
-def test_a_layer_built_on_the_meta_device_is_whole_after_reset_parameters():
-    """The usual way to build a large model: on the meta device, then ``to_empty`` and every
-    module's ``reset_parameters``; the compressors' position embeddings start at zero as a layer
-    built directly does (to_empty leaves whatever the memory held)."""
+@pytest.mark.parametrize("kind", [NSAAttention, DenseAttention])
+def test_a_layer_built_on_the_meta_device_and_reset_is_the_layer_built_directly(kind):
+    """The usual way to build a large model: on the meta device, then ``to_empty`` (which leaves
+    whatever the memory held: the compressors' position embeddings, the gate bias, the call
+    counter) and ``reset_parameters``: the same values, bit for bit, as the layer built directly
+    under the same seed, drawn in the constructor's order."""
+    torch.manual_seed(5)
+    direct = kind(64, 4, 2, 16, CFG)
+    torch.manual_seed(5)
     with torch.device("meta"):
-        layer = NSAAttention(64, 4, 2, 16, CFG)
+        layer = kind(64, 4, 2, 16, CFG)
     layer.to_empty(device="cpu")
-    for compressor in (layer.compress_k, layer.compress_v):
-        compressor.pos.data.fill_(123.0)  # what to_empty may leave
-    for module in layer.modules():
-        if hasattr(module, "reset_parameters"):
-            module.reset_parameters()
-    for compressor in (layer.compress_k, layer.compress_v):
-        assert torch.equal(compressor.pos, torch.zeros_like(compressor.pos))
-    assert torch.isfinite(layer(torch.randn(1, 40, 64))).all()
+    for t in (*layer.parameters(), *layer.buffers()):
+        t.data.fill_(123)  # what to_empty may leave
+    layer.reset_parameters()
+    want = dict(direct.named_parameters()) | dict(direct.named_buffers())
+    got = dict(layer.named_parameters()) | dict(layer.named_buffers())
+    assert want.keys() == got.keys()
+    for name, t in got.items():
+        assert torch.equal(t, want[name]), name
+    x = torch.randn(1, 40, 64)
+    assert torch.equal(layer(x), direct(x))
+
+
+@pytest.mark.parametrize("overrides", [[], ["model.tie_embeddings=false"], ["model.attn.kind=dense"]])
+def test_a_model_built_on_the_meta_device_and_reset_is_the_model_built_directly(overrides):
+    """NSATransformer.reset_parameters after ``to_empty`` gives the directly built model's values
+    under the same seed (the norms' ones, the gate biases' zeros, the depth-scaled output
+    projections), ties the embeddings again (``to_empty`` unties them), and a built model reset
+    under the seed starts over from the same values."""
+    from nsa.model.config import load_model_config
+    from nsa.model.model import NSATransformer
+
+    cfg = load_model_config("tiny", overrides)
+    torch.manual_seed(11)
+    direct = NSATransformer(cfg)
+    torch.manual_seed(11)
+    with torch.device("meta"):
+        model = NSATransformer(cfg)
+    model.to_empty(device="cpu")
+    model.reset_parameters()
+    assert (model.head.weight is model.embed.weight) == cfg.tie_embeddings
+    want = direct.state_dict()
+    for name, t in model.state_dict().items():
+        assert torch.equal(t, want[name]), name
+    torch.manual_seed(11)
+    direct.reset_parameters()
+    for name, t in direct.state_dict().items():
+        assert torch.equal(t, want[name]), name
 
 
 @pytest.mark.parametrize("recompute", [False, True])

@@ -7,13 +7,7 @@
 # this checkout and the other in turn, then `bench/nsa_vs_dense.py --parts PARTS --lengths LENGTHS`
 # for each. Back in $OUT: checkout_compare.log, checkout_compare_tests.log.
 . bench/gpu/device_prologue.sh
-LOG="$OUT/checkout_compare.log"
-OLD=${OLD:-_old}
-device_header "$LOG"
-[ -d "$OLD/nsa" ] || { echo "no earlier checkout in $OLD (git archive REV nsa bench | tar -x -C $OLD)" | tee -a "$LOG"; exit 2; }
-if [ "${TESTS:-none}" != "none" ]; then
-  device_tests ${TESTS_S:-240} "$OUT/checkout_compare_tests.log" "$LOG" $TESTS
-fi
+compare_start checkout_compare 240
 # run_in SECONDS CHECKOUT ARGS...: python3 with CHECKOUT's nsa/ and bench/ first on the path
 run_in() {
   local seconds=$1 where=$2

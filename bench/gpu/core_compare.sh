@@ -7,13 +7,7 @@
 # in this checkout's layer without graphs at GAPS_LENGTH (`bench/host_profile.py --gaps`).
 # Back in $OUT: core_compare.log, core_compare_tests.log.
 . bench/gpu/device_prologue.sh
-LOG="$OUT/core_compare.log"
-OLD=${OLD:-_old}
-device_header "$LOG"
-[ -d "$OLD/nsa" ] || { echo "no earlier checkout in $OLD" | tee -a "$LOG"; exit 2; }
-if [ "${TESTS:-none}" != "none" ]; then
-  device_tests ${TESTS_S:-200} "$OUT/core_compare_tests.log" "$LOG" $TESTS ${TESTS_K:+-k "$TESTS_K"}
-fi
+compare_start core_compare 200
 for where in . "$OLD"; do
   echo "== ${where}: bench_nsa.py --shapes ${SHAPES:-m7c@32k 32k}" | tee -a "$LOG"
   PYTHONPATH="$PWD/$where:$PWD" timeout ${BENCH_S:-150} python3 "$where/bench/bench_nsa.py" \

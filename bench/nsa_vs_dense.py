@@ -18,6 +18,7 @@ NSA is faster).
     python bench/nsa_vs_dense.py --lengths 16k --parts launches --kernels 40   # the launches by kernel
     python bench/nsa_vs_dense.py --lengths 16k 32k --parts layer host --nsa-set model.attn.backend_cmp=triton
     python bench/nsa_vs_dense.py --lengths 128k --parts layer --topk select_warps=4   # another top-n launch
+    python bench/nsa_vs_dense.py --lengths 32k --parts compiled --sel partials_budget=268435456   # smaller chunks
 
 The shape is a model preset's (m7c_125m: 12 query heads, 2 KV heads, head dim 64, 12 layers).
 """
@@ -266,6 +267,9 @@ def main(argv=None) -> int:
                          "TopkTuning fields, as bench/bench_nsa.py --sweep prints them)")
     ap.add_argument("--band", type=_tuning(tuning.BandTiles), default=tuning.BandTiles(), metavar="KEY=VALUE,...",
                     help="the band kernels' launches instead of the defaults (nsa.kernels.tuning.BandTiles fields)")
+    ap.add_argument("--sel", type=_tuning(tuning.SelectionTuning), default=tuning.SelectionTuning(),
+                    metavar="KEY=VALUE,...", help="the selected branch's launches and budgets instead of the defaults "
+                                                  "(nsa.kernels.tuning.SelectionTuning fields)")
     ap.add_argument("--cudnn-min-elements", type=int, default=cudnn_compressed.CUDNN_MIN_ELEMENTS,
                     help="the compressed branch folds for cuDNN from this many query elements (nsa.kernels."
                          "CUDNN_MIN_ELEMENTS; default %(default)s)")
@@ -273,6 +277,7 @@ def main(argv=None) -> int:
     compress.RECOMPUTE_TOKENS = args.recompute_tokens
     tuning.TOPK = args.topk
     tuning.BAND = args.band
+    tuning.SELECTION = args.sel
     cudnn_compressed.CUDNN_MIN_ELEMENTS = args.cudnn_min_elements
     NSA_SET[:] = args.nsa_set
     GRAPH_TOKENS[0] = args.graph_tokens
@@ -288,7 +293,8 @@ def main(argv=None) -> int:
           f"ratio = dense ms / NSA ms; NSA layers graphed up to {GRAPH_TOKENS[0]} tokens, recomputing from "
           f"{compress.RECOMPUTE_TOKENS}"
           f"{'; NSA with ' + ' '.join(NSA_SET) if NSA_SET else ''}"
-          + "".join(f"; {name} {t.as_arg()}" for name, t in (("top-n", args.topk), ("band", args.band)) if t.as_arg())
+          + "".join(f"; {name} {t.as_arg()}" for name, t in (("top-n", args.topk), ("band", args.band),
+                                                              ("selected", args.sel)) if t.as_arg())
           + f"; cuDNN fold from {cudnn_compressed.CUDNN_MIN_ELEMENTS} query elements")
     print(table(rows))
     return 0

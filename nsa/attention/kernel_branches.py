@@ -116,13 +116,14 @@ def triton_gated_branches(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg:
 
 
 def triton_gated_branches_outputs(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, cfg: NSAConfig,
-                                  q_start: int = 0):
+                                  q_start: int = 0, tuning: SelectionTuning | None = None):
     """triton_gated_branches' o, and the selected and window branches' outputs and the window's
     lse, which its backward keeps."""
     from nsa.kernels.gated_branches import gated_branches_outputs
+    from nsa.kernels.tuning import SELECTION
 
     return gated_branches_outputs(gates, o_cmp, q, k_sel, v_sel, k_win, v_win, idx, q_start, cfg.sel_block,
-                                  cfg.window, deterministic(), cfg.sel_form)
+                                  cfg.window, deterministic(), cfg.sel_form, tuning or SELECTION)
 
 
 def triton_window_again(q, k_win, v_win, cfg: NSAConfig, q_start: int = 0):

@@ -120,6 +120,27 @@ def test_core_runs_the_fused_op_on_triton_routes(kdev, monkeypatch):
         assert_close(a, b, 1e-5 if kdev.type == "cpu" else 5e-3, "fused vs separate")
 
 
+def test_core_takes_the_selection_tuning_of_the_call(kdev, monkeypatch):
+    """The fused op launches with nsa.kernels.tuning.SELECTION as it is when the core runs (a
+    benchmark's override, `bench/nsa_vs_dense.py --sel`), not as it was at import."""
+    from nsa.kernels import gated_branches, tuning
+
+    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=3, window=6)
+    B, T, H, G, K = 1, 9, 1, 2, 16
+    gen = torch.Generator().manual_seed(6)
+    Nc = (T - cfg.cmp_block) // cfg.cmp_stride + 1
+    inputs = [rnd(gen, B, T, H * G, K, device=kdev), rnd(gen, B, Nc, H, K, device=kdev),
+              rnd(gen, B, Nc, H, K, device=kdev), *(rnd(gen, B, T, H, K, device=kdev) for _ in range(4)),
+              torch.rand(B, T, H * G, 3, generator=gen).to(kdev)]
+    tuned = SelectionTuning(partials_budget=1 << 20, kept_budget=1 << 20)
+    monkeypatch.setattr(tuning, "SELECTION", tuned)
+    args = []
+    real = gated_branches.gated_branches_op
+    monkeypatch.setattr(gated_branches, "gated_branches_op", lambda *a: args.append(a[-1]) or real(*a))
+    nsa_core(*inputs[:7], inputs[7], cfg, TRITON)
+    assert args == [tuned.as_arg()]
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered in log:RuntimeWarning")
 def test_negative_gate_gives_nan_not_a_wrong_gradient(kdev):
     """The one op folds each gate into a log-sum-exp (ln g): gates are sigmoid outputs. A

@@ -93,21 +93,29 @@ def _match_separate_ops(kdev, tune: SelectionTuning, deterministic, q_start, B=1
         assert_close(a, b, tol, what)
 
 
+#: a small config for the core's routing tests (nsa_core on the inputs of _core_inputs)
+CORE_CFG = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=3, window=6)
+
+
+def _core_inputs(gen, T: int, G: int, device, K: int = 16) -> list[torch.Tensor]:
+    """nsa_core's tensors for CORE_CFG, batch 1, one KV head: q, kc, vc, k_sel, v_sel, k_win,
+    v_win, gates."""
+    Nc = (T - CORE_CFG.cmp_block) // CORE_CFG.cmp_stride + 1
+    return [rnd(gen, 1, T, G, K, device=device), rnd(gen, 1, Nc, 1, K, device=device),
+            rnd(gen, 1, Nc, 1, K, device=device), *(rnd(gen, 1, T, 1, K, device=device) for _ in range(4)),
+            torch.rand(1, T, G, 3, generator=gen).to(device)]
+
+
 def test_core_runs_the_fused_op_on_triton_routes(kdev, monkeypatch):
     """nsa_core takes the one op when the selected and window branches are both on Triton, and
     the three ops otherwise (here the window on the PyTorch path), with the same output and
     gradients."""
     from nsa.kernels import gated_branches
 
-    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=3, window=6)
-    B, T, H, G, K = 1, 19, 1, 4, 16
+    cfg, T, G = CORE_CFG, 19, 4
     gen = torch.Generator().manual_seed(5)
-    Nc = (T - cfg.cmp_block) // cfg.cmp_stride + 1
-    leaves = [rnd(gen, B, T, H * G, K, device=kdev), rnd(gen, B, Nc, H, K, device=kdev),
-              rnd(gen, B, Nc, H, K, device=kdev), *(rnd(gen, B, T, H, K, device=kdev) for _ in range(4)),
-              torch.rand(B, T, H * G, 3, generator=gen).to(kdev)]
-    leaves = [t.requires_grad_() for t in leaves]
-    do = rnd(gen, B, T, H * G, K, device=kdev)
+    leaves = [t.requires_grad_() for t in _core_inputs(gen, T, G, kdev)]
+    do = rnd(gen, 1, T, G, 16, device=kdev)
     calls = []
     real = gated_branches.gated_branches_op
     monkeypatch.setattr(gated_branches, "gated_branches_op", lambda *a: calls.append(1) or real(*a))
@@ -125,19 +133,13 @@ def test_core_takes_the_selection_tuning_of_the_call(kdev, monkeypatch):
     benchmark's override, `bench/nsa_vs_dense.py --sel`), not as it was at import."""
     from nsa.kernels import gated_branches, tuning
 
-    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=3, window=6)
-    B, T, H, G, K = 1, 9, 1, 2, 16
-    gen = torch.Generator().manual_seed(6)
-    Nc = (T - cfg.cmp_block) // cfg.cmp_stride + 1
-    inputs = [rnd(gen, B, T, H * G, K, device=kdev), rnd(gen, B, Nc, H, K, device=kdev),
-              rnd(gen, B, Nc, H, K, device=kdev), *(rnd(gen, B, T, H, K, device=kdev) for _ in range(4)),
-              torch.rand(B, T, H * G, 3, generator=gen).to(kdev)]
+    inputs = _core_inputs(torch.Generator().manual_seed(6), 9, 2, kdev)
     tuned = SelectionTuning(partials_budget=1 << 20, kept_budget=1 << 20)
     monkeypatch.setattr(tuning, "SELECTION", tuned)
     args = []
     real = gated_branches.gated_branches_op
     monkeypatch.setattr(gated_branches, "gated_branches_op", lambda *a: args.append(a[-1]) or real(*a))
-    nsa_core(*inputs[:7], inputs[7], cfg, TRITON)
+    nsa_core(*inputs[:7], inputs[7], CORE_CFG, TRITON)
     assert args == [tuned.as_arg()]
 
 

@@ -107,6 +107,45 @@ def host_times(fn, n: int = 20) -> list[float]:
     return sorted(times)
 
 
+#: GPU clock cycles a millisecond of torch.cuda._sleep, per device (measured once, _sleep_cycles)
+_CYCLES_PER_MS: dict[int, float] = {}
+
+
+def _sleep_cycles(ms: float) -> int:
+    """The cycles for which torch.cuda._sleep keeps the current GPU busy for about ``ms``."""
+    dev = torch.cuda.current_device()
+    if dev not in _CYCLES_PER_MS:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(10**6)  # its first call loads the kernel
+        start.record()
+        torch.cuda._sleep(10**7)
+        end.record()
+        end.synchronize()
+        _CYCLES_PER_MS[dev] = 10**7 / start.elapsed_time(end)
+    return int(ms * _CYCLES_PER_MS[dev])
+
+
+def host_behind_busy_gpu(fn, busy_ms: float = 50.0, n: int = 5) -> float:
+    """Median host time (ms) to enqueue one call of fn behind ``busy_ms`` of work already queued
+    on the GPU (a sleep kernel). Where fn never waits for the GPU this is its own host work, as
+    on an idle device; where something in it synchronises (a copy to the host, ``.item()``, the
+    caching allocator returning memory with cudaFree), it waits out the queue and takes about
+    ``busy_ms`` more, which an idle device hides (host_times: the wait is then for fn's own
+    kernels and looks like host work)."""
+    fn()
+    torch.cuda.synchronize()
+    cycles = _sleep_cycles(busy_ms)
+    times = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(cycles)
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return sorted(times)[n // 2]
+
+
 def _peak_gib(fn) -> float:
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()

@@ -2,7 +2,9 @@
 
 For each shape: the median host time to enqueue one fwd+bwd, its measured time (do_bench),
 the time of the same fwd+bwd replayed as one CUDA graph (the GPU's own time, no launch cost),
-and torch.profiler's table of host time per op (self CPU time, top rows) of 20 fwd+bwd calls.
+whether a call waits for the GPU (its host time behind 50 ms of queued GPU work: a host time
+close to the GPU's on an idle device is either host work or such a wait), and torch.profiler's
+table of host time per op (self CPU time, top rows) of 20 fwd+bwd calls.
 
     python bench/host_profile.py                       # 2k and m7c_125m
     python bench/host_profile.py --shapes 2k --rows 40
@@ -24,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench_nsa import _bench, _fwd_bwd, host_times, shape_of  # noqa: E402
+from bench.bench_nsa import _bench, _fwd_bwd, host_behind_busy_gpu, host_times, shape_of  # noqa: E402
 from bench.inputs import random_inputs  # noqa: E402
 from bench.ops import OPS  # noqa: E402
 from nsa.attention.config import NSAConfig  # noqa: E402
@@ -82,6 +84,34 @@ def op_overhead(x, cfg, n: int = 200):
                     torch.cuda.synchronize()  # keep the launch queue short
             row.append(f"{label} {sorted(t)[n // 2] * 1e6:.0f} us")
         print(f"# host per call, {name}: " + ", ".join(row))
+
+
+#: the GPU work (ms) queued ahead of a call to find whether the call waits for the GPU
+BUSY_MS = 50.0
+
+
+def print_waits(fb, behind: float):
+    """Whether one call of fb waits for the GPU (bench.bench_nsa.host_behind_busy_gpu: its host
+    time behind BUSY_MS of queued work, against BUSY_MS / 2) and, where it does, the synchronising
+    calls torch's sync debug mode reports in one more call (a cudaFree of the allocator is not
+    among them)."""
+    import warnings
+
+    waits = behind > BUSY_MS / 2
+    print(f"# host time behind {BUSY_MS:.0f} ms of queued GPU work: {behind:.3f} ms "
+          f"({'waits for the GPU' if waits else 'never waits for the GPU'})")
+    if not waits:
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fb()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+    syncs = [str(w.message).splitlines()[0] for w in caught if "synchroniz" in str(w.message)]
+    print(f"#   synchronising calls torch reports: {len(syncs)}" + "".join(f"\n#   {m}" for m in syncs[:10]))
 
 
 def print_kernels(prof, calls: int, rows: int):
@@ -273,6 +303,7 @@ def main(argv=None):
             fb = _fwd_bwd(fwd, leaves, x.do)
         times = host_times(fb, n=50)
         host, host_min, dev = times[25], times[0], _bench(fb)
+        behind = host_behind_busy_gpu(fb, BUSY_MS)
         try:
             graph = f"{graph_ms(fb):.3f}"
         except Exception as e:  # a capture failure is a finding, not a crash
@@ -281,6 +312,7 @@ def main(argv=None):
             op_overhead(x, cfg)
         print(f"# {name} (B={a.batch or B}): host {host:.3f} ms (least {host_min:.3f}) | do_bench {dev:.3f} ms | "
               f"CUDA graph replay {graph} ms")
+        print_waits(fb, behind)
         from torch.profiler import ProfilerActivity, profile
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if a.cuda else [])
         if a.origins:

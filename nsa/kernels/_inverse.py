@@ -88,6 +88,31 @@ def item_rows(tokens, r0, s1, G: tl.constexpr, ROWS: tl.constexpr):
 
 
 @triton.jit
+def item_block(k, v, seg, Tk, NB, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, LS: tl.constexpr,
+               BS: tl.constexpr):
+    """The key block of a work item of segment seg = (b * H + h) * NB + j: block j of l' = LS
+    keys of KV head h of batch b in k and v [B, Tk, H, K], loaded once, [BS, BK] each (zeros
+    past Tk and past K). Returns b, h, the block's lanes offs and their key positions kpos and
+    validity kval, the head-dim lanes offk and their mask, the block's int64 base in k and v,
+    and its keys and values."""
+    bh = seg // NB
+    j = seg % NB
+    b = bh // H
+    h = bh % H
+    offs = tl.arange(0, BS)
+    kpos = j * LS + offs
+    kval = (offs < LS) & (kpos < Tk)
+    offk = tl.arange(0, BK)
+    kmask = offk < K
+    kv_base = (b.to(tl.int64) * Tk * H + h) * K + j.to(tl.int64) * LS * (H * K)
+    kv_off = offs[:, None] * (H * K) + offk[None, :]  # int32 within the block
+    kvm = kval[:, None] & kmask[None, :]
+    kt = tl.load(k + kv_base + kv_off, mask=kvm, other=0.0)
+    vt = tl.load(v + kv_base + kv_off, mask=kvm, other=0.0)
+    return b, h, offs, kpos, kval, offk, kmask, kv_base, kt, vt
+
+
+@triton.jit
 def _sorted_tokens_kernel(perm, tokens, total, Tq, HN, BLOCK: tl.constexpr):
     """tokens[u] = t of the idx entry perm[u] = ((b*Tq + t)*H + h)*N + slot (HN = H*N), int32."""
     u = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

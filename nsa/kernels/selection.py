@@ -39,7 +39,8 @@ import triton.language as tl
 
 from . import SEL_FORMS
 from ._autograd import kernel_op
-from ._inverse import Inverse, as_outputs, fake_outputs, from_outputs, inverse_selection, item_rows
+from ._inverse import (Inverse, as_outputs, fake_outputs, from_outputs, inverse_selection, item_block,
+                       item_rows)
 from ._launch import dot_precision, fp32_small_tiles, launch, wide_offsets
 from .selection_blocks import blocks_forward, one_pass
 from ._tma import kv_desc, kv_tma_ok
@@ -279,22 +280,9 @@ def _sel_bwd_dkv_kernel(
     s0 = tl.load(item_start + w)
     s1 = tl.load(item_end + w)
     if s0 < s1:
-        seg = tl.load(item_seg + w)
-        bh = seg // NB
-        j = seg % NB
-        b = bh // H
-        h = bh % H
+        b, h, offs, kpos, kval, offk, kmask, kv_base, kt, vt = item_block(
+            k, v, tl.load(item_seg + w), Tk, NB, H, K, BK, LS, BS)
         HQ: tl.constexpr = H * G
-        offs = tl.arange(0, BS)
-        kpos = j * LS + offs
-        kval = (offs < LS) & (kpos < Tk)
-        offk = tl.arange(0, BK)
-        kmask = offk < K
-        kv_base = (b.to(tl.int64) * Tk * H + h) * K + j.to(tl.int64) * LS * (H * K)
-        kv_off = offs[:, None] * (H * K) + offk[None, :]  # int32 within the block
-        kvm = kval[:, None] & kmask[None, :]
-        kt = tl.load(k + kv_base + kv_off, mask=kvm, other=0.0)
-        vt = tl.load(v + kv_base + kv_off, mask=kvm, other=0.0)
         qk_scale = sm_scale * LOG2E
         # the rows' q and dO: int32 offsets from the batch's base unless WIDE
         # (nsa.kernels._launch.wide_offsets)

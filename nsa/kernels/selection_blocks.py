@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._inverse import Inverse, inverse_selection, item_rows
+from ._inverse import Inverse, inverse_selection, item_block, item_rows
 from ._launch import dot_precision, launch
 from ._softmax import LN2, LOG2E
 
@@ -50,22 +50,9 @@ def _blocks_fwd_kernel(
     s0 = tl.load(item_start + w)
     s1 = tl.load(item_end + w)
     if s0 < s1:
-        seg = tl.load(item_seg + w)
-        bh = seg // NB
-        j = seg % NB
-        b = bh // H
-        h = bh % H
+        b, h, offs, kpos, kval, offk, kmask, kv_base, kt, vt = item_block(
+            k, v, tl.load(item_seg + w), Tk, NB, H, K, BK, LS, BS)
         HQ: tl.constexpr = H * G
-        offs = tl.arange(0, BS)
-        kpos = j * LS + offs
-        kval = (offs < LS) & (kpos < Tk)
-        offk = tl.arange(0, BK)
-        kmask = offk < K
-        kv_base = (b.to(tl.int64) * Tk * H + h) * K + j.to(tl.int64) * LS * (H * K)
-        kv_off = offs[:, None] * (H * K) + offk[None, :]
-        kvm = kval[:, None] & kmask[None, :]
-        kt = tl.load(k + kv_base + kv_off, mask=kvm, other=0.0)
-        vt = tl.load(v + kv_base + kv_off, mask=kvm, other=0.0)
         qk_scale = sm_scale * LOG2E
         for r0 in range(s0 * G, s1 * G, BM):
             rmask, u, g, t = item_rows(tokens, r0, s1, G, BM)

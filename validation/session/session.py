@@ -337,7 +337,13 @@ class AcceptanceSession:
         in_baseline = set(ResultStore(self.options.baseline).pairs()) if self.options.baseline else set()
         out = []
         for rb_name, prof_name in wanted:
-            rb, prof = selected.get((rb_name, prof_name)) or _ran_from(store, rb_name, prof_name, notes)
+            rb, prof = selected.get((rb_name, prof_name), (None, None))
+            if rb is None or prof is None or not self.options.profiles:
+                # without --profile the records' own profile judges them: the store keys a pair by
+                # the profile's name, and a profile file of that name (`--profile PATH` at the run)
+                # may hold other thresholds than the runbook's built-in profile
+                ran_rb, prof = _ran_from(store, rb_name, prof_name, notes, runbook=rb is None)
+                rb = rb or ran_rb
             base = self.options.baseline
             # a pair the baseline lacks renders without a comparison (check_ready made sure it
             # holds some of the pairs)
@@ -435,15 +441,19 @@ def _on_stop_signal(abort: threading.Event, signum, frame) -> None:
     raise Stopped(signum)
 
 
-def _ran_from(store: ResultStore, rb_name: str, prof_name: str, notes: Callable[[str], None] | None
-              ) -> tuple[Runbook | None, Profile | None]:
-    """The runbook and profile the pair's latest record ran from (a path for a runbook outside
-    runbooks/); (None, None) when they cannot be loaded any more: the report renders what is stored."""
+def _ran_from(store: ResultStore, rb_name: str, prof_name: str, notes: Callable[[str], None] | None,
+              runbook: bool = True) -> tuple[Runbook | None, Profile | None]:
+    """The runbook (unless not ``runbook``) and profile the pair's latest record ran from (a path
+    for a runbook or profile file given at the run); None for one that cannot be loaded any more:
+    the report renders what is stored."""
     latest = max(store.records(rb_name, prof_name), key=lambda r: r.started, default=None)
     rb_arg = (latest.runbook_arg if latest else "") or rb_name
     prof_arg = (latest.profile_arg if latest else "") or prof_name
     out: list = []
-    for load, arg in ((load_runbook, rb_arg), (load_profile, prof_arg)):
+    for load, arg in ((load_runbook, rb_arg if runbook else None), (load_profile, prof_arg)):
+        if arg is None:
+            out.append(None)
+            continue
         try:
             out.append(load(arg))
         except HarnessError as exc:  # the report says which could not be loaded, and is never GO

@@ -46,6 +46,12 @@ def asked_now(point: PhasePoint, stored: GateResult) -> Gate | None:
     return next((g for g in point.gates() if g.metric == stored.metric and g.window == window), None)
 
 
+def _source(now: Gate) -> str:
+    """Where the gate's threshold now comes from: a profile key, or the runbook's own number."""
+    return (f"the profile's {now.threshold_ref} makes the gate" if now.threshold_ref
+            else "the runbook's gate is")
+
+
 def recheck(rec: PhaseRecord, point: PhasePoint) -> tuple[PhaseRecord, list[Rechecked]]:
     """``rec`` with each gate whose threshold or operator changed re-checked against the runbook's
     gate now, its verdict derived again where one did; what changed."""
@@ -60,7 +66,7 @@ def recheck(rec: PhaseRecord, point: PhasePoint) -> tuple[PhaseRecord, list[Rech
         again = dataclasses.replace(
             g, op=now.op, threshold=now.threshold, threshold_ref=now.threshold_ref, verdict=verdict,
             pending=Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None,
-            note="; ".join(filter(None, [g.note, f"re-checked at report time: the runbook's gate is "
+            note="; ".join(filter(None, [g.note, f"re-checked at report time: {_source(now)} "
                                                   f"{rule(now.op, now.threshold)} now, {rule(g.op, g.threshold)} "
                                                   f"at the run ({g.verdict} then)"])))
         gates.append(again)

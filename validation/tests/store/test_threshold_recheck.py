@@ -73,3 +73,26 @@ def test_a_gate_taken_away_since_the_run_leaves_its_stored_fail(tmp_path):
     write_runbook(rb, [train_phase("long_run", gates=_gates(4), steps=4)])
     ctx = _context(rb, res)
     assert ctx["verdict"] == "NO-GO" and not ctx["thresholds_changed"], ctx["status_reason"]
+
+
+def test_report_judges_by_the_profile_file_the_run_used_not_the_built_in_of_its_name(tmp_path, capsys):
+    """A run with `--profile PATH` (a file named 'cpu' with a floor the run misses) is NO-GO; a
+    `report --runbook R` without --profile must judge the stored records by that file again, not
+    by the built-in 'cpu' profile of the same name (which turned the NO-GO into a GO)."""
+    import yaml
+
+    prof = tmp_path / "strict.yaml"
+    data = yaml.safe_load(load_profile("cpu").path.read_text())
+    data["thresholds"]["min_toks_per_s"] = 1.0e12
+    prof.write_text(yaml.safe_dump(data))
+    rb, res = tmp_path / "rb.yaml", tmp_path / "res"
+    write_runbook(rb, [train_phase("long_run", steps=6)])
+    assert main(["run", "--runbook", str(rb), "--profile", str(prof), "--results-dir", str(res)]) == 1
+    capsys.readouterr()
+    assert main(["report", "--runbook", str(rb), "--results-dir", str(res)]) == 1  # NO-GO, as at the run
+    assert "nsa-validate: NO-GO" in capsys.readouterr().out
+    assert main(["report", "--results-dir", str(res)]) == 1
+    # a profile asked for by name re-judges them by it, and the report says the profile moved the gate
+    assert main(["report", "--runbook", str(rb), "--profile", "cpu", "--results-dir", str(res)]) == 0
+    text = (res / "reports" / "fake__cpu.md").read_text()
+    assert "the profile's min_toks_per_s makes the gate >= 1 now, >= 1e+12 at the run (FAIL then)" in text

@@ -13,6 +13,7 @@ a hiccup) its title names those steps and the longest time. Series come from val
 """
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from pathlib import Path
@@ -109,8 +110,9 @@ def _figure(plt: Any, phase: str, series: list[PointSeries], path: Path) -> bool
 def _from_zero(ax: Any, top: float | None = None) -> None:
     """x and y from 0; y up to ``top`` or a little above the highest value drawn (matplotlib
     would put a flat line on the frame)."""
-    ys = [y for line in ax.get_lines() for y in line.get_ydata() if y == y]
+    ys = [y for line in ax.get_lines() for y in line.get_ydata()]
     ys += [y for c in ax.collections for seg in getattr(c, "get_segments", lambda: [])() for _, y in seg]
+    ys = [float(y) for y in ys if math.isfinite(y)]  # an inf or NaN loss is drawn as no point (see _loss)
     ax.set_xlim(left=0)
     ax.set_ylim(0, top if top is not None else 1.12 * max(ys) if ys and max(ys) > 0 else 1)
 
@@ -121,6 +123,10 @@ def _loss(ax: Any, series: list[PointSeries], colours: dict[str, str]) -> None:
         ax.plot(range(1, len(s.golden.loss) + 1), s.golden.loss, color=colours[s.label], **_GOLDEN_STYLE)
     for s in series:
         ax.plot(s.csv["step"], s.csv["loss"], color=colours[s.label], linewidth=1.2)
+        bad = s.csv["step"][~s.csv["loss"].map(math.isfinite)]
+        if len(bad):  # matplotlib draws no point for an inf or NaN: mark where they start
+            ax.axvline(bad.iloc[0], color=colours[s.label], linestyle=":", linewidth=1.0,
+                       label=(f"{s.label}: " if len(series) > 1 else "") + f"non-finite loss from step {bad.iloc[0]}")
     for s in goldens:
         d = s.golden.diverging
         if d is not None:

@@ -26,7 +26,8 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
                                  git_sha in env.json, no values in the optional training.csv columns
     NSA_FAULT=nan_unlogged:step=3  the loss guard fires at step 3 before the row is logged: a
                                  nonfinite .HALT and exit code 4, every logged loss finite
-    NSA_FAULT=nan_logged:step=3  logs a NaN loss from step 3 on and exits 0 (no loss guard)
+    NSA_FAULT=nan_logged:step=3  logs a NaN loss from step 3 on and exits 0 (no loss guard);
+                                 with :inf=1 an inf loss
     NSA_FAULT=resume_skip:steps=2  a resumed run's loss continues 2 steps too far along its curve
                                  (data skipped), and env.json says where its data started
                                  (with :unrecorded=1 its env.json says the data continued)
@@ -217,7 +218,7 @@ def main() -> int:
             elif fault == "torn_last" and step == stop:
                 csv.write(f"{step},{3.0 - step * 0.01:.4f},1e-4,{toks},0.5,1.")
             elif fault == "nan_logged" and step >= opts.get("step", 1):
-                csv.write(f"{step},nan,1e-4,{toks},0.5,nan,0.5,1.0\n")
+                csv.write(f"{step},{'inf' if opts.get('inf') else 'nan'},1e-4,{toks},0.5,nan,0.5,1.0\n")
             else:
                 loss = 3.0 - (step + skip) * 0.01 + (1.0 if superseded else 0.0)
                 if fault == "resume_optim" and start:

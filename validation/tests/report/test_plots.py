@@ -96,3 +96,28 @@ def test_a_diverging_run_with_an_idle_rank_is_drawn_and_embedded(fake_run, tmp_p
     text = render_text({**run.context, "plots": [plot], "results_prefix": ".."})
     phase = text.split("### long_run", 1)[1].split("\n## ", 1)[0]
     assert "![long_run: loss, tokens/s, memory, step time per rank](plots/fake__cpu__long_run.png)" in phase
+
+
+@pytest.mark.parametrize("loss", ["nan", "inf"])
+def test_a_non_finite_loss_is_drawn_and_marked_where_it_starts(fake_run, loss):
+    """An inf loss made the loss axis's limits infinite: matplotlib raised and no report was
+    written, through either door. The figure is drawn, with a line where the non-finite loss begins."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from validation.report.plots import _from_zero, _loss
+
+    run = fake_run([train_phase("long_run", fault=f"nan_logged:step=3{':inf=1' * (loss == 'inf')}", steps=5)])
+    points = expand(run.runbook, run.profile)
+    assert run.record.status == "FAIL"
+    series = point_series(run.results, run.record, points[0])
+    fig, ax = plt.subplots()
+    _loss(ax, [series], {series.label: "C0"})
+    _from_zero(ax)
+    assert ax.get_ylim() == (0, pytest.approx(1.12 * 2.99))
+    assert "non-finite loss from step 3" in ax.get_legend_handles_labels()[1]
+    plt.close(fig)
+    plot_dir = run.results / "reports" / "plots"
+    [plot] = make_plots(run.results, run.records, plot_dir, "fake__cpu", points)
+    assert (plot_dir / "fake__cpu__long_run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

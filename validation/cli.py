@@ -149,12 +149,25 @@ def _options(args: argparse.Namespace, runbook: str | None) -> SessionOptions:
                           plots=not args.no_plots, tensorboard=getattr(args, "tensorboard", None))
 
 
-class RunStopped(KeyboardInterrupt):
-    """A stop signal while ``run``'s points ran, with what the session says it did by then."""
+#: what ``run`` says of its report after a stop signal, by whether it wrote one (None: --no-report)
+_REPORT_AFTER_STOP = {
+    True: ", and the report shows the points finished before",
+    False: "; no report was written (stopped again while it was): `nsa-validate report` writes it from the stored "
+           "records",
+    None: ", and no report was asked (--no-report)",
+}
 
-    def __init__(self, signum: int, note: str):
+
+class RunStopped(KeyboardInterrupt):
+    """A stop signal while ``run``'s points ran, with what the session says it did by then and
+    whether the report of the points finished before was written (None: none was asked)."""
+
+    def __init__(self, signum: int, note: str, reported: bool | None):
         super().__init__(signal.Signals(signum).name)
-        self.signum, self.note = signum, note
+        self.signum, self.note, self.reported = signum, note, reported
+
+    def text(self) -> str:
+        return self.note + _REPORT_AFTER_STOP[self.reported]
 
 
 class _Progress:
@@ -206,10 +219,19 @@ def cmd_run(args: argparse.Namespace, abort: threading.Event) -> int:
     try:
         session.run(progress.update, started, finished)
     except KeyboardInterrupt as exc:
-        if not args.no_report:  # the points finished before the interrupt, in a report
-            _render(session, interrupted=True)
         signum = getattr(exc, "signum", signal.SIGINT)
-        raise RunStopped(signum, session.interrupted_note(signum)) from exc
+        reported = None
+        if not args.no_report:  # the points finished before the interrupt, in a report
+            try:
+                _render(session, interrupted=True)
+                reported = True
+            except KeyboardInterrupt:  # a second stop signal: the report stays unwritten
+                reported = False
+            except Exception:  # a stop inside C code while plots are drawn (see main)
+                if not session.stopping():
+                    raise
+                reported = False
+        raise RunStopped(signum, session.interrupted_note(signum), reported) from exc
     try:
         return 0 if args.no_report else _render(session)
     except KeyboardInterrupt as exc:  # every point was stored: only the report was stopped
@@ -284,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             print(report_interrupted_note(exc.signum), file=sys.stderr)
             return 128 + exc.signum
         except RunStopped as exc:
-            print(f"{exc.note}, and the report shows the points finished before", file=sys.stderr)
+            print(exc.text(), file=sys.stderr)
             return 128 + exc.signum
         except KeyboardInterrupt as exc:
             return _interrupted(args.command, getattr(exc, "signum", signal.SIGINT))
@@ -306,8 +328,8 @@ def _interrupted(command: str, signum: int) -> int:
     """What the command stopped by ``signum`` did, said on stderr; its exit status. Only ``run``
     runs trainers and points; ``report`` writes its report whole (a temporary file renamed) or
     not at all, and changes no record."""
-    if command == "run":
-        print(f"{interrupted_note(signum)}, and the report shows the points finished before", file=sys.stderr)
+    if command == "run":  # stopped outside its points' run (RunStopped says what a stop among them did)
+        print(interrupted_note(signum) + _REPORT_AFTER_STOP[False], file=sys.stderr)
     elif command == "report":
         print(f"nsa-validate: interrupted ({signal.Signals(signum).name}) while the report was written: a report not "
               "finished stays as it was before (with several runbooks or profiles, the ones finished were written); "

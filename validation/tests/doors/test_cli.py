@@ -190,3 +190,34 @@ def test_an_interrupt_while_the_report_is_written_leaves_no_report_of_removed_ru
     assert not first.exists()  # the second run's record replaced it
     assert not report.exists() or first.name not in report.read_text()
     assert "`nsa-validate report` writes its report" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("second_stop, flags, said", [
+    (False, [], ", and the report shows the points finished before"),
+    (True, [], "; no report was written (stopped again while it was): `nsa-validate report` writes it from the "
+               "stored records"),
+    (False, ["--no-report"], ", and no report was asked (--no-report)"),
+])
+def test_a_stopped_run_says_whether_it_wrote_the_report_of_the_points_before(tmp_path, capsys, monkeypatch,
+                                                                              second_stop, flags, said):
+    """A second Ctrl-C while a stopped run wrote the report of its finished points left no report
+    (the record it replaced had withdrawn the old one), yet the run said 'the report shows the
+    points finished before'; so did a run with --no-report."""
+    import validation.cli as cli
+
+    def stopped(self, *args, **kwargs):
+        raise KeyboardInterrupt
+    rendered = []
+
+    def render(session, pairs=None, interrupted=False):
+        if second_stop:
+            raise KeyboardInterrupt
+        rendered.append(interrupted)
+        return 0
+    monkeypatch.setattr(cli.AcceptanceSession, "run", stopped)
+    monkeypatch.setattr(cli, "_render", render)
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase()])
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(tmp_path / "r"), *flags]) == 130
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("nsa-validate: interrupted (SIGINT): running trainers killed") and err.endswith(said), err
+    assert rendered == ([True] if not second_stop and not flags else [])

@@ -3,6 +3,7 @@ value for its type and, for names that end up in paths, override strings or envi
 variables, for a conservative pattern. Every error names the file and the dotted key."""
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Mapping
@@ -147,7 +148,7 @@ class Reader:
 
     def _number(self, k: str, default, minimum, types: tuple[type, ...], what: str) -> Any:
         v = self.data.get(k, default)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, types) or v < minimum):
+        if v is not None and (not is_number(v, types) or v < minimum):
             self.fail(self.key(k), f"expected {what} >= {minimum}, got {v!r}")
         return v
 
@@ -193,6 +194,12 @@ def parse_window(r: Reader, key: str, v: Any) -> Window:
     r.fail(key, f"window {v!r} not understood; write 'last N steps', {{last: N}} or 'all'")
 
 
+def is_number(v: Any, types: tuple[type, ...] = (int, float)) -> bool:
+    """Whether v is a finite number of ``types``: YAML's .nan and .inf are floats, but a gate
+    against NaN never holds (and != always does) and one against an infinity asks nothing."""
+    return isinstance(v, types) and not isinstance(v, bool) and (isinstance(v, int) or math.isfinite(v))
+
+
 def _gate(path: Path, data: Any, where: str) -> Gate:
     r = Reader(path, data, where, keys.GATE)
     metric = r.str_("metric")
@@ -205,8 +212,8 @@ def _gate(path: Path, data: Any, where: str) -> Gate:
     if isinstance(thr, Mapping):
         tr = Reader(path, thr, r.key("threshold"), ("profile",), ("profile",))
         ref, thr = tr.str_("profile", pattern=NAME), None
-    elif isinstance(thr, bool) or not isinstance(thr, (int, float)):
-        r.fail(r.key("threshold"), f"expected a number or {{profile: KEY}}, got {thr!r}")
+    elif not is_number(thr):
+        r.fail(r.key("threshold"), f"expected a finite number or {{profile: KEY}}, got {thr!r}")
     else:
         thr = float(thr)
     window = parse_window(r, r.key("window"), r.get("window"))

@@ -27,6 +27,7 @@ from validation.judge.stability import StabilityRule
 from validation.runbook.fields import (
     NAME,
     Reader,
+    is_number,
     parse_env,
     parse_launcher,
     parse_overrides,
@@ -126,8 +127,8 @@ def load_profile(path_or_name: str | Path) -> Profile:
     for k, v in thr.items():
         if not isinstance(k, str) or not NAME.match(k):
             r.fail(f"thresholds.{k}", "bad threshold name")
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            r.fail(f"thresholds.{k}", f"expected a number or null (to be measured), got {v!r}")
+        if v is not None and not is_number(v):
+            r.fail(f"thresholds.{k}", f"expected a finite number or null (to be measured), got {v!r}")
         thresholds[k] = None if v is None else float(v)
     try:
         StabilityRule.of(thresholds)

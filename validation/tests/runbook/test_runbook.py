@@ -59,7 +59,7 @@ def _rb(**phase):
     (_rb(stepz=3), "phases[0].stepz", "unknown key"),
     (_rb(gates=[{"metric": "toks", "op": ">=", "threshold": 1}]), "phases[0].gates[0].metric", "unknown metric"),
     (_rb(gates=[{"metric": "toks_per_s_mean", "op": "__import__('os')", "threshold": 1}]), "phases[0].gates[0].op", "unknown comparison"),
-    (_rb(gates=[{"metric": "toks_per_s_mean", "op": ">=", "threshold": "39"}]), "phases[0].gates[0].threshold", "expected a number"),
+    (_rb(gates=[{"metric": "toks_per_s_mean", "op": ">=", "threshold": "39"}]), "phases[0].gates[0].threshold", "expected a finite number"),
     (_rb(gates=[{"metric": "toks_per_s_mean", "op": ">=", "threshold": 1, "window": "first 5"}]), "phases[0].gates[0].window", "not understood"),
     # loss_finite reads every step: the window was shown beside the gate ('phases', the report) and not applied
     (_rb(gates=[{"metric": "loss_finite", "op": "==", "threshold": 1, "window": "last 5 steps"}]), "phases[0].gates[0].window",
@@ -135,8 +135,26 @@ def test_bad_profile_names_key(tmp_path):
     with pytest.raises(RunbookError, match=r"prof\.yaml: hardware\.accelerator: 'tpu' is not one of"):
         load_profile(p)
     p.write_text(yaml.safe_dump({"name": "x", "marker": "x", "hardware": {"accelerator": "cpu"}, "thresholds": {"t": "fast"}}))
-    with pytest.raises(RunbookError, match=r"thresholds\.t: expected a number or null"):
+    with pytest.raises(RunbookError, match=r"thresholds\.t: expected a finite number or null"):
         load_profile(p)
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
+def test_a_non_finite_number_is_refused_where_a_number_is_asked(tmp_path, value):
+    """A profile's `min_toks_per_s: .nan` loaded: its gate failed as 'needs >= nan' and the report
+    said the gate had changed since the run (nan != nan); `!=` against it always holds."""
+    p = tmp_path / "prof.yaml"
+    p.write_text(f"name: x\nmarker: x\nhardware: {{accelerator: cpu}}\nthresholds: {{min_toks_per_s: {value}}}\n")
+    with pytest.raises(RunbookError, match=r"thresholds\.min_toks_per_s: expected a finite number or null \(to be "
+                                           r"measured\), got -?(nan|inf)"):
+        load_profile(p)
+    p.write_text(f"name: x\nmarker: x\nhardware: {{accelerator: cpu, peak_bf16_tflops: {value}}}\nthresholds: {{}}\n")
+    with pytest.raises(RunbookError, match=r"hardware\.peak_bf16_tflops: expected"):
+        load_profile(p)
+    rb = _rb()
+    rb["phases"][0]["gates"] = [{"metric": "loss_finite", "op": "!=", "threshold": float(value.replace(".", ""))}]
+    with pytest.raises(RunbookError, match=r"gates\[0\]\.threshold: expected a finite number or \{profile: KEY\}"):
+        load_runbook(_write(tmp_path, rb))
 
 
 @pytest.mark.parametrize("key", ["lr", "Train.LR"])

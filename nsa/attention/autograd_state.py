@@ -4,6 +4,8 @@ graphs (nsa.attention.graphed), add to its call count. A caller's own saved-tens
 torch.func transforms each rule some of these out."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -20,11 +22,18 @@ def func_transform_active() -> bool:
     return torch._C._functorch.peek_interpreter_stack() is not None
 
 
+def unwrapped():
+    """A context in which tensors are made plain even under a torch.func transform, which wraps
+    what it sees made for its own level (a factory's output too): one kept past the transform (a
+    cache) breaks the next transform's call that reads it."""
+    return torch._C._DisableFuncTorch() if func_transform_active() else contextlib.nullcontext()
+
+
 def count_call(calls: torch.Tensor) -> None:
     """calls += 1 (a layer's forward count for the backend audit), also under a torch.func
     transform, where the buffer is a captured tensor: the count then bypasses the transform."""
-    if not torch.compiler.is_compiling() and func_transform_active():
-        with torch._C._DisableFuncTorch():
-            calls += 1
-    else:
+    if torch.compiler.is_compiling():
         calls += 1
+    else:
+        with unwrapped():
+            calls += 1

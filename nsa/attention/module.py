@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .autocast import autocast_dtype
-from .autograd_state import count_call, saved_tensor_hooks_active
+from .autograd_state import count_call, saved_tensor_hooks_active, unwrapped
 from .backends import (
     STAGE_CONFIG_KEY, STAGES, BackendUnavailable, Route, ahead, preload, resolve_route, rope_kernel,
 )
@@ -295,7 +295,8 @@ class NSAAttention(RoutedAttention):
         key = (weight.device, weight.dtype)
         pad = self._pads.get(key)
         if pad is None:
-            pad = self._pads[key] = weight.new_zeros(rows, weight.shape[1])
+            with unwrapped():  # kept past a torch.func transform
+                pad = self._pads[key] = torch.zeros(rows, weight.shape[1], device=weight.device, dtype=weight.dtype)
         return pad
 
     def forward(self, x: torch.Tensor, cache: NSACache | None = None,

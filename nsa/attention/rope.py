@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from .autograd_state import unwrapped
+
 #: the last few tables made by rope_tables, by (start, T, head dim, theta, device, dtype)
 _TABLES: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 _TABLES_KEPT = 4
@@ -50,8 +52,9 @@ def rope_tables(start: int, T: int, head_dim: int, theta: float, device: torch.d
     key = (start, T, head_dim, theta, torch.device(device), dtype)
     tables = _TABLES.get(key)
     if tables is None:
-        tables = tuple(t.to(dtype) for t in rope_angles(torch.arange(start, start + T, device=device), head_dim,
-                                                         theta))
+        with unwrapped():  # kept past a torch.func transform
+            tables = tuple(t.to(dtype) for t in rope_angles(torch.arange(start, start + T, device=device), head_dim,
+                                                             theta))
         while len(_TABLES) >= _TABLES_KEPT:
             _TABLES.pop(next(iter(_TABLES)))
         _TABLES[key] = tables

@@ -104,3 +104,32 @@ def test_double_backward_is_refused_by_name_and_runs_under_torch_func():
     eps = 1e-6
     numeric = (penalty(x + eps * direction) - penalty(x - eps * direction)) / (2 * eps)
     torch.testing.assert_close((grad(penalty)(x) * direction).sum(), numeric, rtol=1e-6, atol=1e-8)
+
+
+def test_a_second_order_gradient_under_torch_func_runs_again_on_the_next_call():
+    """The layer's first call under nested torch.func transforms kept what it made for later calls
+    (the zero rows padding its stacked weights, its RoPE tables), wrapped for the transform's
+    level: the next penalty's gradient failed inside functorch ('escaped?'). A fresh layer and a
+    RoPE theta no other test uses, so that both are made under the transform here."""
+    from torch.func import functional_call, grad
+
+    from nsa.attention import NSAAttention, NSAConfig
+
+    torch.manual_seed(0)
+    layer = NSAAttention(8, 2, 1, 4, NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=3, window=4),
+                         rope_theta=12345.0, graph_tokens=0)
+    x = torch.randn(2, 11, 8)
+
+    def penalty(x):
+        return grad(lambda x: layer(x).square().sum())(x).square().sum()
+
+    first = grad(penalty)(x)
+    torch.testing.assert_close(grad(penalty)(x), first, rtol=0, atol=0)
+    params = dict(layer.named_parameters())
+
+    def inner_step(params, x):  # one MAML-style step of the parameters, differentiated through
+        g = grad(lambda p: functional_call(layer, p, (x,)).square().mean())(params)
+        return functional_call(layer, {k: v - 0.1 * g[k] for k, v in params.items()}, (x,)).square().mean()
+
+    meta = [grad(inner_step)(params, x) for _ in range(2)]
+    torch.testing.assert_close(meta[1], meta[0], rtol=0, atol=0)

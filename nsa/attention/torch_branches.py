@@ -46,6 +46,12 @@ def _grouped(q: torch.Tensor, H: int) -> torch.Tensor:
 
 
 def _chunks(Tq: int, size: int):
+    """The query ranges [a, b) of at most ``size`` queries. One range when all fit, decided by a
+    comparison, so that a symbolic length of torch.compile stays symbolic (a range over it would
+    fix the compiled graph to one length: a recompilation per length)."""
+    if Tq <= size:
+        yield 0, Tq
+        return
     for s in range(0, Tq, size):
         yield s, min(Tq, s + size)
 

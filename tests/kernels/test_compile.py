@@ -188,3 +188,32 @@ def test_a_traced_layer_at_long_context_keeps_only_the_selection(kdev, monkeypat
     assert saved_by and set(saved_by) <= {"nsa::select_blocks", "nsa::sel_fwd"}, saved_by
     for got, want in zip(*results):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("route", ["torch", "triton"])
+def test_a_compiled_layer_takes_new_lengths_without_a_graph_each(kdev, route):
+    """torch.compile(layer, fullgraph=True) recompiled at every new sequence length (the PyTorch
+    path's query chunks ranged over the length, fixing it): the ninth length failed on dynamo's
+    recompile limit. The first length compiles a static graph, the second a dynamic one that the
+    later lengths of the same regime reuse: here, as many selection blocks as n or more, a multiple
+    of the stride, and for the selected kernels' tiles more than SelectionTuning.tt_nb * n blocks
+    (one token a tile)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from nsa.attention import NSAAttention
+
+    if route == "torch" and kdev.type == "cuda":
+        pytest.skip("the PyTorch path's chunks are the same code on any device: checked on the CPU")
+    backends = {f"backend_{s}": route for s in ("cmp", "sel", "win")}
+    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=3, window=4, **backends)
+    torch.manual_seed(0)
+    layer = NSAAttention(32, 2, 1, 16, cfg, graph_tokens=0).to(kdev)
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(layer, fullgraph=True, backend="inductor" if kdev.type == "cuda" else "aot_eager")
+    lengths = (28, 32, 36) if route == "triton" else (28, 32, 36, 40, 48, 56, 64, 72, 80, 88)
+    for T in lengths:
+        x = torch.randn(1, T, 32, device=kdev)
+        torch.testing.assert_close(compiled(x), layer(x), rtol=1e-5, atol=1e-6, msg=f"T={T}")
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])

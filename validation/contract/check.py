@@ -148,6 +148,27 @@ class ContractRead:
 Costs = dict[str, tuple[str, ...]]
 
 
+@dataclass(frozen=True)
+class Unended:
+    """A contract file whose last entry has no line end: cut off mid-write, or never ended."""
+
+    path: Path
+    entry: str
+    """'row' (training.csv) or 'record' (a heartbeat file)"""
+    text: str
+
+    def why(self) -> str:
+        return f"the last {self.entry} has no line end (every {self.entry} must end with one): {self.text[:EXCERPT_CHARS]!r}"
+
+
+def unended(found: ContractRead) -> list[Unended]:
+    """The files of ``found`` (training.csv, each rank's heartbeats) whose last entry has no line
+    end; it is not read. A writer killed mid-write leaves one; a trainer that exits 0 must not."""
+    written = ([(found.out_dir / TRAINING_CSV, "row")] if found.csv is not None else []) + \
+        [(found.out_dir / heartbeat_name(rank), "record") for rank in sorted(found.heartbeats)]
+    return [Unended(path, entry, torn) for path, entry in written if (torn := torn_last_row(path)) is not None]
+
+
 def read(out_dir: Path, costs: Costs | None = None, launched: int = 1) -> ContractRead:
     """Every contract file of ``out_dir``, checked. ``costs`` names, per optional field, the
     metrics its absence leaves UNMEASURED (validation/judge/metrics.py ``reading``); ``launched``:

@@ -41,13 +41,24 @@ def check(directory: Path, adapter: str = "native", world_size: int | None = Non
 
 def _read(directory: Path, adapter: str, world_size: int | None, costs: contract.Costs | None) -> contract.ContractRead:
     if not ADAPTERS[adapter].converts:  # the contract itself: read in place
-        found = contract.read(directory, costs, launched=world_size or 1)
+        found = _read_ended(directory, costs, world_size or 1)
     else:
         with tempfile.TemporaryDirectory(prefix="nsa-check-") as tmp:
             ranks = len(list(directory.glob("heartbeat_rank*.jsonl")))
             ADAPTERS[adapter].convert(directory, Path(tmp), RunFacts(world_size or max(ranks, 1), "(checked by hand)"))
-            found = contract.read(Path(tmp), costs)
+            found = _read_ended(Path(tmp), costs, 1)
     found.items += contract.silent_ranks(found)
+    return found
+
+
+def _read_ended(directory: Path, costs: contract.Costs | None, launched: int) -> contract.ContractRead:
+    """The contract files of a run that has ended (one checked by hand): an entry with no line end
+    is then malformed, as the acceptance run of a trainer that exits 0 finds it (a trainer killed
+    mid-write leaves one too)."""
+    found = contract.read(directory, costs, launched=launched)
+    found.items += [contract.Item(cut.path.name, contract.Presence.MALFORMED,
+                                  f"{cut.why()}; an acceptance run whose trainer exits 0 is an ERROR for it")
+                    for cut in contract.unended(found)]
     return found
 
 

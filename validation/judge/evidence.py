@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nsa.contract import TRAINING_CSV, heartbeat_name
 from validation.contract import check as contract
-from validation.contract.files import HaltInfo, read_halt, read_stacks, tail, torn_last_row
+from validation.contract.files import HaltInfo, read_halt, read_stacks, tail
 from validation.contract.reruns import Rerun
 from validation.contract.torchrun_log import (RankFailure, agent_signalled, log_exception, log_has_traceback,
                                               rank_failures)
@@ -58,13 +57,10 @@ def read_train(run: RunData) -> TrainFiles:
     found = contract.read(run.out_dir, costs(), launched=run.world_size)  # run.world_size: the processes launched
     problems = list(found.problems())
     ended_itself = run.exit_code == 0 and not run.timed_out and run.stalled_s is None
-    written = ([(run.out_dir / TRAINING_CSV, "row")] if found.csv is not None else []) + \
-        [(run.out_dir / heartbeat_name(rank), "record") for rank in sorted(found.heartbeats)]
-    for path, entry in written if ended_itself else []:
-        if (torn := torn_last_row(path)) is not None:
-            problems.append(f"{path}: the last {entry} has no line end though the trainer exited 0 (a {entry} cut "
-                            f"off mid-write, or {entry}s not ended: every {entry} must end with one): "
-                            f"{torn[:EXCERPT_CHARS]!r}")
+    for cut in contract.unended(found) if ended_itself else []:
+        problems.append(f"{cut.path}: the last {cut.entry} has no line end though the trainer exited 0 (a {cut.entry} "
+                        f"cut off mid-write, or {cut.entry}s not ended: every {cut.entry} must end with one): "
+                        f"{cut.text[:EXCERPT_CHARS]!r}")
     return TrainFiles(found.csv, found.heartbeats, found.env, found.halted, found.reruns,
                       found.world_size or run.world_size, tuple(problems))
 

@@ -84,6 +84,16 @@ def test_a_torn_last_row_is_the_error_not_a_run_that_stopped_short(fake_run):
     kinds = [f.kind for f in run.context["findings"]]
     assert "short_run" not in kinds and "artifacts" in kinds, kinds
     assert "stopped after step" not in run.report and "exited 0 before the steps asked for" not in run.report
+    # check-artifacts, the check to pass before the first acceptance run, refuses the directory too
+    # (it said OK: every file present and well-formed)
+    import io
+
+    from validation.contract.check_command import check
+
+    out = io.StringIO()
+    assert check(run.results / rec.out_dir, out=out) == 1, out.getvalue()
+    assert "malformed            training.csv: the last row has no line end (every row must end with one)" in \
+        out.getvalue() and "an acceptance run whose trainer exits 0 is an ERROR for it" in out.getvalue(), out.getvalue()
 
 
 def test_a_crash_after_steps_whose_csv_is_malformed_is_not_called_a_start_up_failure():

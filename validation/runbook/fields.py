@@ -56,7 +56,7 @@ _TORCHRUN_ARG = re.compile(r"^--[a-z][a-z0-9_-]*(=[A-Za-z0-9_.:,/@-]+)?$")
 _WINDOW = re.compile(r"^\s*last\s+(\d+)\s+steps?\s*$", re.IGNORECASE)
 
 
-def read_yaml(path: Path) -> dict[str, Any]:
+def read_yaml(path: Path, section: keys.Section) -> dict[str, Any]:
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -72,7 +72,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as exc:
         raise RunbookError(f"{path}: not valid YAML ({exc})") from None
     if data is None:
-        raise RunbookError(f"{path}: the file is empty; expected a mapping of keys (name, profiles, phases, ...)")
+        raise RunbookError(f"{path}: the file is empty; expected a mapping of keys ({', '.join(section.required or section.names)}, "
+                           "...)")
     if not isinstance(data, dict):
         raise RunbookError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data

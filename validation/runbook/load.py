@@ -42,7 +42,7 @@ from validation.runbook.types import Hardware, Launcher, Phase, Profile, Runbook
 def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None) -> Runbook:
     """Load and validate a runbook (a path, or a name under runbooks/)."""
     path = _resolve(path_or_name, RUNBOOK_DIR, "runbook")
-    data = read_yaml(path)
+    data = read_yaml(path, keys.RUNBOOK)
     r = Reader(path, data, "", keys.RUNBOOK)
     trainer = parse_trainer(path, r.get("trainer"), METRICS, ADAPTERS) if "trainer" in r.data else None
     d = Reader(path, r.get("defaults", {}), "defaults", keys.DEFAULTS)
@@ -116,7 +116,7 @@ def _check_params(r: Reader, where: str, phase, trainer: TrainerSpec) -> None:
 
 def load_profile(path_or_name: str | Path) -> Profile:
     path = _resolve(path_or_name, PROFILE_DIR, "profile")
-    data = read_yaml(path)
+    data = read_yaml(path, keys.PROFILE)
     r = Reader(path, data, "", keys.PROFILE)
     h = Reader(path, r.get("hardware"), "hardware", keys.HARDWARE)
     hw = Hardware(**{k.name: h.value(k.name) for k in keys.HARDWARE.keys})

@@ -272,7 +272,7 @@ def test_progress_in_a_log_has_no_line_per_point_at_0s():
 @pytest.mark.parametrize("make, message", [
     (lambda p: p.mkdir(), "a directory, expected a YAML file"),
     (lambda p: p.write_bytes(b"\xff\xfe name: x"), "not a readable YAML text file ("),
-    (lambda p: p.write_text(""), "the file is empty; expected a mapping of keys"),
+    (lambda p: p.write_text(""), "the file is empty; expected a mapping of keys (name, profiles, phases, ...)"),
 ], ids=["directory", "not-utf8", "empty"])
 def test_a_runbook_that_is_no_yaml_text_is_an_error_naming_it(tmp_path, capsys, make, message):
     """A directory or a binary file given as --runbook ended in a traceback; an empty one said 'got NoneType'."""
@@ -280,6 +280,15 @@ def test_a_runbook_that_is_no_yaml_text_is_an_error_naming_it(tmp_path, capsys, 
     make(path)
     assert main(["run", "--runbook", str(path)]) == 2
     assert f"nsa-validate: error: {path}: {message}" in capsys.readouterr().err
+
+
+def test_an_empty_profile_file_names_a_profile_s_keys(tmp_path, capsys):
+    """It named a runbook's (name, profiles, phases)."""
+    path = tmp_path / "prof.yaml"
+    path.write_text("")
+    assert main(["run", "--profile", str(path)]) == 2
+    assert (f"nsa-validate: error: {path}: the file is empty; expected a mapping of keys (name, marker, hardware, "
+            "thresholds, ...)") in capsys.readouterr().err
 
 
 def test_the_report_names_a_relative_baseline_by_its_absolute_path(tmp_path, monkeypatch):

@@ -70,7 +70,7 @@ class NSAConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"attn.{name} must be an integer, got {value!r}")
-            if value < 1:
+            if value < 1 and name != "n_selected":  # n_selected's own minimum is 3 (below)
                 raise ValueError(f"attn.{name} must be >= 1, got {getattr(self, name)}")
         if self.cmp_block % self.cmp_stride:
             raise ValueError(
@@ -97,14 +97,15 @@ class NSAConfig:
         if self.phi not in PHI_KINDS:
             raise ValueError(f"attn.phi must be one of {PHI_KINDS}, got {self.phi!r}")
 
-    def check_head_dim(self, head_dim: int) -> None:
+    def check_head_dim(self, head_dim: int, key: str = "model.head_dim") -> None:
         """Refuse a head dim the routes could send to a kernel that does not take it: above
-        nsa.kernels.MAX_HEAD_DIM unless every NSA stage is on the PyTorch path."""
+        nsa.kernels.MAX_HEAD_DIM unless every NSA stage is on the PyTorch path. ``key``: the head
+        dim's name in the error (the model config's, or a layer's argument)."""
         backends = {k: getattr(self, k) for k in ("backend_cmp", "backend_sel", "backend_win")}
         if self.kind == "nsa" and head_dim > MAX_HEAD_DIM and set(backends.values()) != {"torch"}:
             on = ", ".join(f"attn.{k}={v}" for k, v in backends.items() if v != "torch")
             raise ValueError(
-                f"model.head_dim={head_dim}: the NSA kernels take head dims up to {MAX_HEAD_DIM} ({on} may "
+                f"{key}={head_dim}: the NSA kernels take head dims up to {MAX_HEAD_DIM} ({on} may "
                 "route to them); use a smaller head dim or set attn.backend_cmp, attn.backend_sel and "
                 "attn.backend_win to torch"
             )

@@ -154,8 +154,9 @@ class LayerGraphs:
     ``calls`` counter and ``count_calls``. A copy or a pickle of the layer starts without graphs."""
 
     def __init__(self, max_tokens: int = GRAPH_TOKENS):
-        if max_tokens < 0:
-            raise ValueError(f"graph max_tokens must be >= 0, got {max_tokens}")
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
+            raise ValueError(f"graph_tokens (the most tokens a layer graphs) must be an integer >= 0 (0: never), "
+                             f"got {max_tokens!r}")
         self.max_tokens = max_tokens
         self.captured: OrderedDict[tuple, _Captured] = OrderedDict()
         self.seen: OrderedDict[tuple, None] = OrderedDict()

@@ -117,6 +117,10 @@ class RoutedAttention(nn.Module):
             raise ValueError(f"x must be [batch, tokens, {dim}], got {list(x.shape)}")
         if x.shape[0] == 0 or x.shape[1] == 0:
             raise ValueError(f"x holds no tokens: {list(x.shape)}")
+        weight = self.q_proj.weight
+        if not x.is_floating_point() or (autocast_dtype(x.device.type) is None and x.dtype != weight.dtype):
+            raise TypeError(f"x is {x.dtype}, the layer's parameters {weight.dtype}: give x in their dtype (or run "
+                            "under torch.autocast)")
         if cache is not None:
             if not isinstance(cache, NSACache):
                 raise TypeError(f"cache must be an nsa.attention.NSACache or None, got {type(cache).__name__}")
@@ -125,10 +129,13 @@ class RoutedAttention(nn.Module):
                 raise ValueError(f"x's batch of {x.shape[0]} continues a cache of batch {held.shape[0]}")
         if rope is not None:
             want = (x.shape[1], self.head_dim // 2)
-            if not isinstance(rope, (tuple, list)) or len(rope) != 2 or any(tuple(t.shape) != want for t in rope):
-                got = [list(t.shape) for t in rope] if isinstance(rope, (tuple, list)) else type(rope).__name__
-                raise ValueError(f"rope must be the (cos, sin) tables of x's positions, each {list(want)} "
-                                 f"(the layer's rope(start, T, device)), got {got}")
+            tables = isinstance(rope, (tuple, list)) and len(rope) == 2 and all(
+                isinstance(t, torch.Tensor) and t.is_floating_point() and tuple(t.shape) == want for t in rope)
+            if not tables:
+                got = ([f"{list(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__ for t in rope]
+                       if isinstance(rope, (tuple, list)) else type(rope).__name__)
+                raise ValueError(f"rope must be the (cos, sin) tables of x's positions, each a floating-point "
+                                 f"{list(want)} (the layer's rope(start, T, device)), got {got}")
 
     def _init_routes(self) -> None:
         self.routes: dict[str, Route] = {}
@@ -179,8 +186,12 @@ class NSAAttention(RoutedAttention):
 
     def __init__(self, dim: int, n_heads: int, n_kv_groups: int, head_dim: int,
                  cfg: NSAConfig, rope_theta: float = 10000.0, graph_tokens: int = GRAPH_TOKENS):
+        if isinstance(cfg, NSAConfig) and cfg.kind != "nsa":
+            raise ValueError(f"cfg.kind={cfg.kind!r}: NSAAttention is the NSA layer; the dense baseline of the same "
+                             "shape is nsa.attention.dense.DenseAttention (nsa.model.NSATransformer picks by kind)")
         # k and v for each of cmp, sel, win: six separate projections fused into one matrix
         super().__init__(dim, n_heads, n_kv_groups, head_dim, cfg, rope_theta, kv_streams=6)
+        cfg.check_head_dim(head_dim, key="head_dim")
         self.gate_proj = nn.Linear(dim, n_heads * 3)
         nn.init.zeros_(self.gate_proj.bias)
         self.o_proj = nn.Linear(n_heads * head_dim, dim, bias=False)

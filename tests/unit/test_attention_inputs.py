@@ -65,10 +65,44 @@ def test_inputs_of_the_wrong_shape_are_refused_by_name(kind):
     layer(torch.randn(2, 10, 64), cache)
     with pytest.raises(ValueError, match="x's batch of 3 continues a cache of batch 2"):
         layer(torch.randn(3, 1, 64), cache)
-    with pytest.raises(ValueError, match=r"rope must be the \(cos, sin\) tables of x's positions, each \[10, 8\]"):
+    with pytest.raises(ValueError, match=r"rope must be the \(cos, sin\) tables of x's positions, each a "
+                                         r"floating-point \[10, 8\]"):
         layer(torch.randn(2, 10, 64), None, layer.rope(0, 9, torch.device("cpu"), torch.float32))
     rope = layer.rope(0, 10, torch.device("cpu"), torch.float32)
     assert layer(torch.randn(2, 10, 64), None, rope).shape == (2, 10, 64)
+    # a third table, and integer tables (accepted: they rotated by wrong angles), named with what came
+    with pytest.raises(ValueError, match=r"got \['\[10, 8\] torch.float32', '\[10, 8\] torch.float32', 'NoneType'\]"):
+        layer(torch.randn(2, 10, 64), None, (*rope, None))
+    with pytest.raises(ValueError, match=r"got \['\[10, 8\] torch.int64', '\[10, 8\] torch.int64'\]"):
+        layer(torch.randn(2, 10, 64), None, tuple(t.long() for t in rope))
+    # x of another dtype than the parameters (outside autocast), or not floating point, named
+    for x in (torch.randn(2, 10, 64, dtype=torch.float64), torch.ones(2, 10, 64, dtype=torch.int64)):
+        with pytest.raises(TypeError, match=f"x is {x.dtype}, the layer's parameters torch.float32"):
+            layer(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts x as it casts the weights
+        assert layer(torch.randn(2, 10, 64, dtype=torch.float64)).dtype == torch.bfloat16
+
+
+def test_an_nsa_layer_refuses_what_only_the_model_or_another_layer_takes():
+    """NSAAttention ran a config of kind 'dense' as NSA (no word of it), took any graph_tokens
+    (None failed at the first call's comparison, 1.5 was taken), and a head dim the kernels do not
+    take on their routes (the model config refused it); NSAConfig(n_selected=0) said '>= 1', and 1
+    then '>= 3'."""
+    args = dict(dim=64, n_heads=4, n_kv_groups=2, head_dim=16, cfg=CFG)
+    with pytest.raises(ValueError, match="cfg.kind='dense': NSAAttention is the NSA layer; the dense baseline"):
+        NSAAttention(**args | dict(cfg=dataclasses.replace(CFG, kind="dense")))
+    for tokens in (None, "16k", 1.5, -1, True):
+        with pytest.raises(ValueError, match=rf"graph_tokens \(the most tokens a layer graphs\) must be an integer >= 0 "
+                                             rf"\(0: never\), got {tokens!r}"):
+            NSAAttention(**args, graph_tokens=tokens)
+    wide = dict(dim=512, n_heads=1, n_kv_groups=1, head_dim=512)
+    with pytest.raises(ValueError, match="head_dim=512: the NSA kernels take head dims up to 256"):
+        NSAAttention(**args | wide)  # 'auto' routes to them on CUDA
+    torch_only = dataclasses.replace(CFG, backend_cmp="torch", backend_sel="torch", backend_win="torch")
+    NSAAttention(**args | wide | dict(cfg=torch_only))
+    for n in (0, 1):
+        with pytest.raises(ValueError, match=f"attn.n_selected={n} must be >= 3"):
+            dataclasses.replace(CFG, n_selected=n)
 
 
 @pytest.mark.parametrize("kind", [NSAAttention, DenseAttention])

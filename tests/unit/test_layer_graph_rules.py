@@ -53,7 +53,7 @@ def test_graph_tokens_default_setting_and_refusal():
     set_graph_tokens(model, 0)
     layers = [m for m in model.modules() if isinstance(m, NSAAttention)]
     assert layers and all(m.graphs.max_tokens == 0 for m in layers)
-    with pytest.raises(ValueError, match="max_tokens must be >= 0"):
+    with pytest.raises(ValueError, match=r"graph_tokens \(the most tokens a layer graphs\) must be an integer >= 0"):
         LayerGraphs(-1)
 
 

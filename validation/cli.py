@@ -152,8 +152,8 @@ def _options(args: argparse.Namespace, runbook: str | None) -> SessionOptions:
 #: what ``run`` says of its report after a stop signal, by whether it wrote one (None: --no-report)
 _REPORT_AFTER_STOP = {
     True: ", and the report shows the points finished before",
-    False: "; no report was written (stopped again while it was): `nsa-validate report` writes it from the stored "
-           "records",
+    False: "; no report was written (a second stop came while it was): `nsa-validate report` writes it from the "
+           "stored records",
     None: ", and no report was asked (--no-report)",
 }
 
@@ -329,7 +329,8 @@ def _interrupted(command: str, signum: int) -> int:
     runs trainers and points; ``report`` writes its report whole (a temporary file renamed) or
     not at all, and changes no record."""
     if command == "run":  # stopped outside its points' run (RunStopped says what a stop among them did)
-        print(interrupted_note(signum) + _REPORT_AFTER_STOP[False], file=sys.stderr)
+        print(f"{interrupted_note(signum)}; no report was written: `nsa-validate report` writes it from the stored "
+              "records", file=sys.stderr)
     elif command == "report":
         print(f"nsa-validate: interrupted ({signal.Signals(signum).name}) while the report was written: a report not "
               "finished stays as it was before (with several runbooks or profiles, the ones finished were written); "

@@ -194,8 +194,8 @@ def test_an_interrupt_while_the_report_is_written_leaves_no_report_of_removed_ru
 
 @pytest.mark.parametrize("second_stop, flags, said", [
     (False, [], ", and the report shows the points finished before"),
-    (True, [], "; no report was written (stopped again while it was): `nsa-validate report` writes it from the "
-               "stored records"),
+    (True, [], "; no report was written (a second stop came while it was): `nsa-validate report` writes it from "
+               "the stored records"),
     (False, ["--no-report"], ", and no report was asked (--no-report)"),
 ])
 def test_a_stopped_run_says_whether_it_wrote_the_report_of_the_points_before(tmp_path, capsys, monkeypatch,

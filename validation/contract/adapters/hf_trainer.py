@@ -18,7 +18,12 @@ What a ``Trainer`` leaves in its ``output_dir``, and what becomes of it here:
   and ``adapter``: which file gave which column, and the columns nothing gave.
 
 A ``Trainer`` writes no heartbeats, memory, attention backends, stack dumps or .HALT: their
-metrics are UNMEASURED (a non-finite loss is in its logs, which the loss gate reads). The run's
+metrics are UNMEASURED (a non-finite loss is in its logs, which the loss gate reads). By default
+(``logging_nan_inf_filter``) it logs a non-finite step's loss as the mean of the finite ones in
+its logging window, 0 where the window is that step alone, while the step's gradient norm stays
+as it was: a step logged with loss 0 and a non-finite gradient norm is read as a non-finite loss
+(with a wider window the filtered loss cannot be told apart, hence the guide's
+``--logging_nan_inf_filter false``). The run's
 last step is the last logged one: "done" only when it equals the steps asked, whatever the exit
 code (the ``Trainer`` ends with 0 when its data runs dry before ``max_steps``). While it runs, the
 stall watch reads progress from the same files growing: a new step in the events, a new
@@ -97,6 +102,10 @@ class HfTrainerAdapter(Adapter):
             read[str(path.relative_to(trainer_dir))] = ("TensorBoard events: loss, lr, grad_norm and each logged "
                                                         "step's wall time, for step_time_s and toks_per_s")
         logged = [rows[s] for s in sorted(rows) if "loss" in rows[s].values]
+        filtered = [row.step for row in logged if _filtered_nonfinite(row.values)]
+        for row in logged:
+            if row.step in filtered:
+                row.values["loss"] = math.nan
         times = _step_times(logged, start)
         per_step = facts.tokens_per_step
         unmeasured = {"mem_alloc_gb": "a Trainer logs no memory", "mem_reserved_gb": "a Trainer logs no memory",
@@ -123,6 +132,10 @@ class HfTrainerAdapter(Adapter):
             "adapter": {"name": self.name, "read": read or {"(nothing)": "no trainer_state.json, checkpoint or "
                                                                          "TensorBoard events in the output folder"},
                         "unmeasured": unmeasured, "summary_step": summary_step,
+                        **({"filtered_nonfinite_loss": f"steps {', '.join(map(str, filtered))}: logged with loss 0 "
+                                                       "and a non-finite grad_norm (the Trainer's "
+                                                       "logging_nan_inf_filter), read as a non-finite loss"}
+                           if filtered else {}),
                         "world_size": "the processes the harness launched"},
         }
         if per_step is not None:
@@ -158,6 +171,13 @@ def _newest_state(trainer_dir: Path) -> Path | None:
         if (ckpt / STATE).is_file():
             return ckpt / STATE
     return None
+
+
+def _filtered_nonfinite(values: dict[str, float]) -> bool:
+    """Whether a logged step's loss is the Trainer's non-finite filter's 0 (see the module
+    docstring): loss exactly 0 beside a non-finite gradient norm."""
+    grad = values.get("grad_norm")
+    return values.get("loss") == 0.0 and grad is not None and not math.isfinite(grad)
 
 
 def _log_history(path: Path) -> tuple[dict[int, dict[str, float]], int | None]:

@@ -130,6 +130,25 @@ def test_a_nan_loss_is_kept_as_nan(tmp_path):
     assert math.isnan(df["loss"].iloc[-1]) and df["loss"].iloc[0] == pytest.approx(4.9)
 
 
+def test_a_loss_the_trainers_nan_filter_logged_as_0_beside_a_nan_grad_norm_is_read_as_nan(tmp_path):
+    """By default the Trainer logs a non-finite step's loss as the mean of its window's finite
+    ones, 0 for a window of that step alone, and keeps the gradient norm: a run whose loss went
+    NaN from step 3 was GO. A loss of 0 beside a finite gradient norm stays 0."""
+    trainer = tmp_path / "trainer_out"
+    _state(trainer, [1, 2, 3, 4, 5], losses={3: 0.0, 4: 0.0, 5: 0.0}, summary=5)
+    state = json.loads((trainer / "trainer_state.json").read_text())
+    for entry in state["log_history"]:
+        if entry["step"] in (3, 4):
+            entry["grad_norm"] = math.nan
+    (trainer / "trainer_state.json").write_text(json.dumps(state))
+    _convert(trainer, tmp_path / "run", tokens=None)
+    df = read_training_csv(tmp_path / "run")
+    assert [math.isnan(v) for v in df["loss"]] == [False, False, True, True, False]
+    assert df["loss"].iloc[-1] == 0.0
+    env = json.loads((tmp_path / "run" / "env.json").read_text())
+    assert env["adapter"]["filtered_nonfinite_loss"].startswith("steps 3, 4: logged with loss 0")
+
+
 def test_check_artifacts_reads_an_output_folder_through_the_adapter(tmp_path, capsys):
     trainer = tmp_path / "out"
     _state(trainer, [1, 2], summary=2)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from nsa.contract import EXIT_NONFINITE, HALT_NONFINITE
+from validation.contract.check import adapter_unmeasured
 from validation.contract.files import HaltInfo, window_rows
 from validation.contract.reruns import Rerun
 from validation.contract.torchrun_log import RankFailure
@@ -499,10 +500,16 @@ def compute(name: str, run: RunData, last: int | None) -> float | None:
 def unprovided_by_files(run: RunData) -> dict[str, str]:
     """The metrics whose optional inputs this run's files do not carry, each with what is missing:
     a training.csv column with no value in any row, an env.json key that is absent (or null),
-    heartbeats without any fallback counter, a profile field the trainer did not write."""
+    heartbeats without any fallback counter, a profile field the trainer did not write; and those
+    reading a training.csv column an adapter said its trainer's files cannot give, a required one
+    too (a Hugging Face Trainer's tokens/s without the runbook's tokens per step: UNMEASURED, not
+    no data)."""
     out = {}
+    said = adapter_unmeasured(run.env)  # an adapter's columns its trainer's files cannot give, required ones too
     for m in CATALOGUE:
         missing = [f"{i.source} has no {i.name}" for i in m.optional_inputs() if not _carries(run, m, i)]
+        missing += [f"{i.source} has no {i.name}: {said[i.name]}" for i in m.reads
+                    if i.source == Source.CSV and i.name in said and not i.optional]
         if missing:
             out[m.name] = "; ".join(missing)
     return out

@@ -110,6 +110,15 @@ def test_without_events_or_tokens_the_rate_is_unmeasured_not_malformed(tmp_path)
     assert {"toks_per_s", "step_time_s"} <= missing
     env = json.loads((tmp_path / "run" / "env.json").read_text())
     assert "tokens_per_step" not in env and "toks_per_s" in env["adapter"]["unmeasured"]
+    # and its gates are UNMEASURED with the adapter's reason (they were no data: a FAIL, NO-GO)
+    from validation.judge.gates import Gate, GateVerdict, Window, evaluate
+    from validation.judge.metrics import RunData, unprovided_by_files
+
+    run = RunData(tmp_path / "run", csv=found.csv, env=found.env)
+    gate = Gate("toks_per_s_mean", ">=", 1.0, Window(None))
+    [result] = evaluate([gate], run, unprovided_by_files(run))
+    assert result.verdict == GateVerdict.UNMEASURED, result
+    assert "the runbook gives no trainer.tokens_per_step for this point" in result.note
 
 
 def test_a_contract_trainer_that_leaves_tokens_per_s_empty_is_still_malformed(tmp_path):

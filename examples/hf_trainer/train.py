@@ -10,8 +10,10 @@ library's own source files, read in place, one byte a token.
     python examples/hf_trainer/train.py --model nsa --output_dir /tmp/hf --max_steps 20 --bf16 true   # fla, CUDA
 
 The data is a stream: files are read once, in order, and a run that asks for more steps than
-``--max_bytes`` of text holds ends when the stream runs dry (the Trainer stops at the first epoch
-that yields no batch).
+``--max_bytes`` of text holds ends when the stream runs dry: with accelerate's dispatcher (the
+default for an iterable dataset) the Trainer raises "Batch does not contain any data"; with
+``--accelerator_config`` naming a file of ``{"dispatch_batches": false}`` it stops at the first
+epoch that yields no batch and exits 0.
 """
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
+from validation.contract.check import HEARTBEATS, adapter_unmeasured
 from validation.contract.files import HaltInfo
 from validation.judge.diagnosis import Died, died_before_watchdog, died_first
 from validation.judge.gates import GateResult, GateVerdict, Pending
@@ -54,6 +55,10 @@ class Outcome:
     """Ranks whose heartbeats say they stopped before the run did (judge/short_ranks.py), with
     their last heartbeat: of a run of several ranks that exited 0, a rank that left early while the
     others, sharing no collective with it after, went on (rank 0's training.csv then is complete)."""
+    records_steps: bool = True
+    """Whether the trainer's files record each step as it runs (heartbeats). An adapter's format
+    without them (a Hugging Face Trainer's) holds a step only once logged or saved: a run with no
+    step in its files may still have stepped."""
 
     @classmethod
     def of_run(cls, kind: str, run: RunData, errors: Sequence[str]) -> Outcome:
@@ -64,7 +69,8 @@ class Outcome:
         died = died_before_watchdog(run.halt, run.stalled_s is not None or run.timed_out, run.rank_failures)
         return cls(kind, run.exit_code, run.timed_out, run.stalled_s, run.halt, tuple(errors), run.steps_requested,
                    logged, run.stacks_tried, done, died, run.slurm_stopped,
-                   short_ranks(beats, run.world_size, run.steps_requested, logged, seen))
+                   short_ranks(beats, run.world_size, run.steps_requested, logged, seen),
+                   HEARTBEATS not in adapter_unmeasured(run.env))
 
     @classmethod
     def of_record(cls, rec: PhaseRecord) -> Outcome:
@@ -77,7 +83,8 @@ class Outcome:
                    len(rec.evidence.taken_stacks) if stopped else None, last_step_done(rec.evidence.last_heartbeat.values()),
                    died_first(rec),
                    rec.evidence.nodes.slurm_stopped if rec.evidence.nodes is not None else None,
-                   short_ranks(rec.evidence.last_heartbeat, rec.world_size, steps, logged, rec.evidence.rank_processes))
+                   short_ranks(rec.evidence.last_heartbeat, rec.world_size, steps, logged, rec.evidence.rank_processes),
+                   not rec.evidence.no_heartbeats)
 
     @property
     def ended_clean(self) -> bool:
@@ -170,8 +177,9 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
         done = outcome.steps_completed or outcome.last_step_done
         if what is None and not done:
             # no step logged: a crash at start-up, or ranks that never started at all (a node that
-            # never joined the rendezvous); the findings tell which, the verdict claims neither
-            what = "trainer ended before its first step"
+            # never joined the rendezvous); the findings tell which, the verdict claims neither. A
+            # format that records steps only when it logs them cannot say even that much
+            what = "trainer ended before its first step" if outcome.records_steps else "trainer ended with no step logged"
         # a file the crashed run broke after it had stepped is said too: the step counts read from it are missing
         broken = f"; {outcome.errors[0]}" if what is None and done and outcome.errors else ""
         return Status.FAIL, f"{what or 'trainer crashed'} (exit code {outcome.exit_code}){broken}"

@@ -25,7 +25,8 @@ as it was: a step logged with loss 0 and a non-finite gradient norm is read as a
 (with a wider window the filtered loss cannot be told apart, hence the guide's
 ``--logging_nan_inf_filter false``). The run's
 last step is the last logged one: "done" only when it equals the steps asked, whatever the exit
-code (the ``Trainer`` ends with 0 when its data runs dry before ``max_steps``). While it runs, the
+code (a ``Trainer`` whose batches are not dispatched from rank 0 ends with 0 when its data runs
+dry before ``max_steps``). While it runs, the
 stall watch reads progress from the same files growing: a new step in the events, a new
 checkpoint, a saved state (``live_steps``).
 """

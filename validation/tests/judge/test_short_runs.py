@@ -3,6 +3,8 @@
 computed over the 4 steps there were."""
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 
 from nsa.contract import CSV_COLUMNS
@@ -108,6 +110,10 @@ def test_a_crash_after_steps_whose_csv_is_malformed_is_not_called_a_start_up_fai
     # no step in either file: still a start-up failure, and a broken file is said beside it
     early = Outcome("train", exit_code=1, steps_requested=8, steps_completed=None, last_step_done=None)
     assert verdict(early, []) == (Status.FAIL, "trainer ended before its first step (exit code 1)")
+    # a format whose files hold a step only once it is logged (a Hugging Face Trainer's, no
+    # heartbeats): five unlogged steps and a crash read 'before its first step'
+    unlogged = dataclasses.replace(early, records_steps=False)
+    assert verdict(unlogged, []) == (Status.FAIL, "trainer ended with no step logged (exit code 1)")
 
 
 def test_a_crash_finding_names_the_malformed_csv_beside_the_exception(fake_run):

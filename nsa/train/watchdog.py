@@ -206,7 +206,14 @@ class Watchdog:
             self._suspending = True
             faulthandler.cancel_dump_traceback_later()
         try:
+            stopped_at = time.monotonic()
             os.kill(os.getpid(), signal.SIGSTOP)  # returns once the process is continued
+            last = self._last
+            if last <= stopped_at:
+                # no beat since: the time stopped is no idle time. _run's own test for a suspension
+                # misses it where the main thread beat after this thread's poll was due (it kept
+                # the GIL while this thread, woken by the signal, waited for it)
+                self._last = last + (time.monotonic() - stopped_at)
         finally:
             with self._backstop:
                 self._suspending = False

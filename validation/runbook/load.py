@@ -67,15 +67,23 @@ def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None
         if p.name in seen:
             r.fail(f"phases[{i}].name", f"duplicate phase name {p.name!r}")
         seen.add(p.name)
+        own = raw[i].get("overrides") if isinstance(raw[i], dict) else None
+        # a key the phase takes from defaults.overrides is named there (unless the phase sets it too)
+        inherited = set(defaults["overrides"]) - set(own if isinstance(own, dict) else ()) - set(p.sweep)
         if trainer is None:
-            _check_trainer_keys(r, f"phases[{i}]", p)
+            _check_trainer_keys(r, f"phases[{i}]", p, inherited)
         else:
-            _check_params(r, f"phases[{i}]", p, trainer)
+            _check_params(r, f"phases[{i}]", p, trainer, inherited)
     return Runbook(r.str_("name", pattern=NAME), path, r.str_("description", "") or "",
                    r.str_("source", "") or "", tuple(profiles), phases, r.value("max_parallel"), trainer)
 
 
-def _check_trainer_keys(r: Reader, where: str, phase) -> None:
+def _key_where(where: str, key: str, inherited: set[str]) -> str:
+    """Where an override key was written: the phase's own overrides or sweep, or defaults.overrides."""
+    return f"defaults.overrides (override {key})" if key in inherited else f"{where} (override {key})"
+
+
+def _check_trainer_keys(r: Reader, where: str, phase, inherited: set[str]) -> None:
     """Override and sweep keys must be keys of the trainer's config, as the trainer publishes them
     (validation/runbook/trainer_keys.py): a typo is found when the runbook loads, not point by
     point as crashes."""
@@ -95,11 +103,11 @@ def _check_trainer_keys(r: Reader, where: str, phase) -> None:
             near = difflib.get_close_matches(key, known, n=1)
             hint = f"did you mean {near[0]!r}? " if near else ""
             keys = sorted(k for k in known if k.startswith(section + "."))
-            r.fail(f"{where} (override {key})", f"{key!r} is not a key of the trainer's config; {hint}keys under "
+            r.fail(_key_where(where, key, inherited), f"{key!r} is not a key of the trainer's config; {hint}keys under "
                                                 f"{section}: {', '.join(keys) or 'none (no such section)'}")
 
 
-def _check_params(r: Reader, where: str, phase, trainer: TrainerSpec) -> None:
+def _check_params(r: Reader, where: str, phase, trainer: TrainerSpec, inherited: set[str]) -> None:
     """Every override and sweep key of a phase must be a parameter the named trainer takes; the
     module and config of this project's trainer mean nothing to it."""
     if phase.kind not in ("train", "resume"):
@@ -109,7 +117,7 @@ def _check_params(r: Reader, where: str, phase, trainer: TrainerSpec) -> None:
                            "runs trainer.script/module with trainer.config")
     for key in [*phase.overrides, *(k for k in phase.sweep if not k.startswith("env."))]:
         if key not in trainer.params:
-            r.fail(f"{where} (override {key})", f"trainer {trainer.name} takes no parameter {key!r}; say how it "
+            r.fail(_key_where(where, key, inherited), f"trainer {trainer.name} takes no parameter {key!r}; say how it "
                                                 f"reaches it under trainer.params (its params: "
                                                 f"{', '.join(trainer.params) or 'none'})")
 

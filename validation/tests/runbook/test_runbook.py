@@ -202,3 +202,19 @@ def test_a_trainer_entry_supporting_no_phase_kind_is_an_error_not_the_default(tm
         load_runbook(path)
     del trainer["phases"]
     assert load_runbook(_write(tmp_path, {**_rb(), "trainer": trainer})).trainer.phases == ("train",)
+
+
+def test_a_bad_key_in_defaults_overrides_is_named_there(tmp_path):
+    """It was said to be phases[0]'s, where the user wrote none."""
+    from validation.tests.conftest import train_phase, write_runbook
+
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("a"), train_phase("b", overrides={"train.seq_lenn": 64})],
+                       defaults={"launcher": {"kind": "python", "module": "nsa.train"},
+                                 "overrides": {"train.seq_lenx": 32}})
+    with pytest.raises(RunbookError, match=r"rb\.yaml: defaults\.overrides \(override train\.seq_lenx\): "
+                                           r"'train\.seq_lenx' is not a key of the trainer's config"):
+        load_runbook(rb)
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("a"), train_phase("b", overrides={"train.seq_lenn": 64})],
+                       defaults={"launcher": {"kind": "python", "module": "nsa.train"}})
+    with pytest.raises(RunbookError, match=r"phases\[1\] \(override train\.seq_lenn\)"):
+        load_runbook(rb)

@@ -32,6 +32,19 @@ def ckpt_dir(out_dir: Path) -> Path:
     return Path(out_dir) / "checkpoints"
 
 
+def set_aside(out_dir: Path) -> Path | None:
+    """Move an earlier run's checkpoints folder to ``checkpoints.earlier-<k>`` beside it (the first
+    k free), for a run starting afresh in the same out_dir; None where there is none."""
+    folder = ckpt_dir(out_dir)
+    if not folder.is_dir():
+        return None
+    k = 1
+    while (aside := folder.with_name(f"{folder.name}.earlier-{k}")).exists():
+        k += 1
+    folder.rename(aside)
+    return aside
+
+
 def rng_state(device: torch.device) -> dict[str, Any]:
     state = {"torch": torch.get_rng_state(), "python": _py_state_to_list(random.getstate())}
     if device.type == "cuda":

@@ -157,11 +157,14 @@ class Trainer:
                 for diff in ckpt.data_differences(state["config"].get("data", {}), config_dict(cfg)["data"]):
                     self.log(f"[ckpt] warning: the data differs from the checkpoint's run: {diff}; this run reads "
                              f"its data from micro-batch {data_position} of the new data")
-            elif (self.out / contract.TRAINING_CSV).exists():
-                # starting afresh over an earlier run: its training.csv is replaced, its checkpoints stay
+            elif (self.out / contract.TRAINING_CSV).exists() or ckpt.ckpt_dir(self.out).exists():
+                # starting afresh over an earlier run: its training.csv is replaced and its checkpoints
+                # are moved aside, neither overwritten by this run's of the same step nor taken by a
+                # later train.resume=auto (its `latest` pointer) as this run's
+                kept = ckpt.set_aside(self.out) if info.is_master else None
                 self.log(f"[out] warning: {self.out} holds an earlier run; starting afresh at step 1 "
                          "(train.resume=auto would continue it); its training.csv, heartbeats and stack "
-                         "dumps are replaced and its checkpoints stay beside the new ones")
+                         "dumps are replaced" + (f" and its checkpoints moved to {kept}" if kept else ""))
             self._clear_earlier_rank_files(fresh=path is None)
             self.step_first = self.step + 1  # the first step this process runs
             self.graph_note = ""  # how graph capture went, for env.json

@@ -420,6 +420,28 @@ def test_resume_into_another_model_shape_names_the_keys(tmp_path: Path, capsys):
     assert f"{tmp_path} holds an earlier run; starting afresh at step 1" in capsys.readouterr().out
 
 
+def test_a_fresh_run_over_an_earlier_one_sets_its_checkpoints_aside(tmp_path: Path, capsys):
+    """A run started afresh in an earlier run's out_dir said the earlier checkpoints stayed beside
+    its own, and overwrote the one of the same step: the folder mixed two runs, and a
+    train.resume=auto after a crash before its first save continued the earlier run."""
+    import hashlib
+
+    from nsa.train import checkpoint as ckpt
+
+    assert train(tmp_path, "train.ckpt_every=2", steps=4) == 0
+    folder = ckpt.ckpt_dir(tmp_path)
+    digest = hashlib.md5((folder / "step_0000002.pt").read_bytes()).hexdigest()
+    capsys.readouterr()
+    assert train(tmp_path, "train.ckpt_every=2", steps=2) == 0
+    aside = tmp_path / "checkpoints.earlier-1"
+    assert f"its checkpoints moved to {aside}" in capsys.readouterr().out
+    assert hashlib.md5((aside / "step_0000002.pt").read_bytes()).hexdigest() == digest
+    assert (aside / "step_0000004.pt").is_file() and not (folder / "step_0000004.pt").exists()
+    assert ckpt.find_resume(tmp_path, "auto") == folder / "step_0000002.pt"  # this run's, not the earlier one's
+    assert train(tmp_path, steps=1) == 0
+    assert (tmp_path / "checkpoints.earlier-2" / "step_0000002.pt").is_file()
+
+
 def test_injected_oom_is_reported_with_a_memory_file(tmp_path: Path):
     import torch
 

@@ -103,10 +103,11 @@ class HfTrainerAdapter(Adapter):
             read[str(path.relative_to(trainer_dir))] = ("TensorBoard events: loss, lr, grad_norm and each logged "
                                                         "step's wall time, for step_time_s and toks_per_s")
         logged = [rows[s] for s in sorted(rows) if "loss" in rows[s].values]
-        filtered = [row.step for row in logged if _filtered_nonfinite(row.values)]
+        filtered = []
         for row in logged:
-            if row.step in filtered:
+            if _filtered_nonfinite(row.values):
                 row.values["loss"] = math.nan
+                filtered.append(row.step)
         times = _step_times(logged, start)
         per_step = facts.tokens_per_step
         unmeasured = {"mem_alloc_gb": "a Trainer logs no memory", "mem_reserved_gb": "a Trainer logs no memory",

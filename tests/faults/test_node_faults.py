@@ -104,6 +104,60 @@ def test_a_node_whose_agent_is_frozen_before_the_rendezvous_is_named_once_the_ot
           f"it ({time.time() - t0:.1f} s with the harness); {f.title}")
 
 
+def _killed_at(command: Command, step: int) -> Command:
+    """The agent's command, its own process SIGKILLed (as kill -9 of it, or the OOM killer, would)
+    once its rank's heartbeats reach ``step``: a watcher forked before torchrun starts does it,
+    the agent's workers, in sessions of their own, living on."""
+    kill = ("import os, signal, sys, time\n"
+            "out = sys.argv[sys.argv.index('--out-dir') + 1]\n"
+            "agent = os.getpid()\n"
+            "if os.fork() == 0:\n"
+            "    beat = os.path.join(out, 'heartbeat_rank1.jsonl')\n"
+            f"    while not (os.path.exists(beat) and '\"step\": {step},' in open(beat).read()):\n"
+            "        time.sleep(0.05)\n"
+            "    os.kill(agent, signal.SIGKILL)\n"
+            "    os._exit(0)\n"
+            "os.execv(sys.executable, [sys.executable] + sys.argv[1:])\n")
+    return Command([sys.executable, "-c", kill, *command.argv[1:]], command.log_name, command.env)
+
+
+def test_a_node_whose_agent_is_killed_while_its_rank_trains_on_is_named_not_a_crash(tmp_path, matrix, monkeypatch):
+    """kill -9 of node 1's torchrun agent mid-run: its rank, in a session of its own, trains on;
+    whichever way the run then ends (the ranks finish and node 0's agent waits on a store gone with
+    node 1's, or a rank loses its peer), no rank failed in its own right. The verdict said 'trainer
+    crashed (exit code -9)' beside a crash finding advising to read a traceback no rank wrote."""
+    matrix.start("node whose torchrun agent is SIGKILLed",
+                 "node 1's torchrun agent SIGKILLed once its rank reached step 3 of 60, two agents x1 (c10d on "
+                 "localhost); its rank lives on",
+                 "FAIL 'node 1's torchrun agent was killed by SIGKILL (exit code -9)'; the one critical finding the "
+                 "killed agent's, with its own advice; no crash finding")
+    monkeypatch.delenv("TEST_TRAINER_FAULT", raising=False)
+    real = local_nodes.agent_commands
+    monkeypatch.setattr(local_nodes, "agent_commands",
+                        lambda argv, devices: [c if i == 0 else _killed_at(c, 3) for i, c in enumerate(real(argv, devices))])
+    phase = {"name": "agent_killed", "kind": "train", "steps": 60, "timeout_s": 120, "stall_s": 20,
+             "env": {"OMP_NUM_THREADS": 1}, "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}],
+             "launcher": {"kind": "torchrun", "nproc": 1, "nnodes": 2,
+                          "rdzv": {"endpoint": "localhost:0", "join_timeout_s": JOIN_S}}}
+    path = tmp_path / "agent_killed.yaml"
+    path.write_text(yaml.safe_dump({"name": "agent_killed", "profiles": ["cpu"], "trainer": NATIVE,
+                                    "phases": [phase]}, sort_keys=False))
+    (point,) = expand(load_runbook(path), load_profile("cpu"))
+    rec = AcceptanceSession(SessionOptions(tmp_path / "results")).run_point(point)
+    U.assert_no_orphans(str(tmp_path))
+    node1 = rec.evidence.nodes.nodes[1]
+    assert node1.exit_code == -9, rec.evidence.nodes
+    assert rec.status == Status.FAIL and rec.reason.startswith("node 1's torchrun agent was killed by SIGKILL (exit "
+                                                               "code "), rec.reason
+    found = find([rec])
+    assert [f.kind for f in found if f.severity == Severity.CRITICAL] == ["agent_killed"], [f.title for f in found]
+    [f] = [f for f in found if f.kind == "agent_killed"]
+    assert f.title.startswith("node 1's torchrun agent was killed by SIGKILL in agent_killed [default]"), f.title
+    [advice] = recommendations([f])
+    assert "torchrun agent itself was killed" in advice, advice
+    matrix.done(rec.status, rec.reason + " | " + f.title, rec.wall_s, phase["timeout_s"])
+
+
 def test_a_slurm_node_frozen_before_the_rendezvous_is_named_once_the_other_gave_up(tmp_path, matrix, monkeypatch):
     """The same frozen node under the Slurm launcher (srun of torchrun, one task per node; Slurm's
     commands are tests/faults/fake_slurm.py's, every node this host). srun waits for every task:

@@ -316,6 +316,15 @@ def adapter_unmeasured(env: dict | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in said.items()} if isinstance(said, dict) else {}
 
 
+def adapter_summary_step(env: dict | None) -> int | None:
+    """The step at which the trainer's own summary says its run ended (env.json's
+    ``adapter.summary_step``: a Hugging Face Trainer's, as ``train()`` returns); None where an
+    adapter read none, and of a trainer's own env.json."""
+    said = (env or {}).get("adapter")
+    step = said.get("summary_step") if isinstance(said, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
 def _adapter_unmeasured(out_dir: Path) -> frozenset[str]:
     """adapter_unmeasured's keys, of ``out_dir``'s env.json."""
     try:

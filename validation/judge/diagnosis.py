@@ -36,6 +36,7 @@ from nsa.contract import EXIT_NONFINITE, EXIT_WATCHDOG, HEARTBEAT_STAGE_HALT, HE
 from validation.contract.files import HaltInfo
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import RankFailure, gave_up, last_exception
+from validation.judge.nodes import killed_agent
 from validation.judge.record import TRAINER_KINDS, Beat, Evidence, PhaseRecord, Status
 
 
@@ -256,7 +257,7 @@ def died_before_watchdog(halt: HaltInfo | None, stopped: bool, failures: Mapping
 
 def died_first(rec: PhaseRecord) -> Died | None:
     """``died_before_watchdog`` of a stored record."""
-    return died_before_watchdog(rec.evidence.halt, rec.stalled_s is not None or rec.timed_out,
+    return died_before_watchdog(rec.evidence.halt, rec.stopped_by_harness,
                                 rec.evidence.rank_failures)
 
 
@@ -455,13 +456,21 @@ def remained(rec: PhaseRecord) -> set[int]:
     ev = rec.evidence
     if rec.world_size < 2 or not rec.steps or own_root(rec) is not None:
         return set()
-    if rec.stalled_s is not None or rec.timed_out:
+    if rec.stopped_by_harness:
         if any(t.rank is None for t in ev.taken_stacks):
             return set()  # a process of unknown rank may be the one that seems gone
         return set(ev.rank_failures) | {t.rank for t in ev.taken_stacks} | _watchdog_dumped(rec)
     if rec.exit_code not in (0, None) and ev.rank_failures:
-        return set(ev.rank_failures)
+        return set(ev.rank_failures) | signalled_ranks(rec)
     return set()
+
+
+def signalled_ranks(rec: PhaseRecord) -> set[int]:
+    """The ranks whose process an agent says it signalled (``Evidence.signalled_pids``): running
+    when it came for them, whether or not it reported their end (an agent that lost the rendezvous
+    store ends its workers and raises, with no word of how they ended)."""
+    signalled = set(rec.evidence.signalled_pids)
+    return {k for k, seen in rec.evidence.rank_processes.items() if seen.pid in signalled}
 
 
 def _watchdog_dumped(rec: PhaseRecord) -> set[int]:
@@ -537,7 +546,7 @@ def no_rank_started(r: PhaseRecord) -> bool:
         return False
     if any(gave_up(n.said) for n in nodes.nodes):
         return True
-    return (r.stalled_s is not None or r.timed_out) and not r.evidence.rank_failures and bool(nodes.nodes)
+    return r.stopped_by_harness and not r.evidence.rank_failures and bool(nodes.nodes)
 
 
 # --- the diagnosis of each way a process fails -------------------------------------------------------
@@ -603,6 +612,8 @@ def crash(r: PhaseRecord) -> Diagnosis | None:
         return _diagnosis(Kind.HUNG, tuple(RankAt.of(r, k) for k in hung), r,
                           cause=ev.rank_failures[waited[0]].gave_up_waiting, logs=logs_of(r, hung),
                           waited=tuple(waited))
+    if ev.nodes is not None and killed_agent(ev.nodes.launcher, ev.nodes.nodes, r.stopped_by_harness) is not None:
+        return None  # no rank failed: a node's agent was killed (findings/nodes.py names it), no crash of the trainer
     exception = ev.exception or last_exception(ev.stderr_tail)  # a record stored before 'exception'
     # the one process is rank 0, whatever launched it
     ranks = (RankAt.of(r, 0, cause=exception or f"exit code {r.exit_code}"),) if r.world_size == 1 else ()
@@ -614,7 +625,7 @@ def stalled(r: PhaseRecord) -> bool:
     """A trainer process the harness stopped (its stall watch, the timeout) or whose watchdog wrote
     the .HALT, where no rank had died first (then the crash is what happened)."""
     ev = r.evidence
-    if not (r.stalled_s is not None or r.timed_out or (ev.halt is not None and ev.halt.source == "watchdog")):
+    if not (r.stopped_by_harness or (ev.halt is not None and ev.halt.source == "watchdog")):
         return False
     return r.kind in TRAINER_KINDS and died_first(r) is None
 
@@ -624,7 +635,7 @@ def no_rank_running(r: PhaseRecord) -> bool:
     was recorded otherwise: the ranks had ended (or never started) while a launcher kept the run open."""
     ev = r.evidence
     stacks = sum(1 for d in [*ev.stackdumps.values(), *ev.unranked_stacks] if d.frames)
-    stopped = r.stalled_s is not None or r.timed_out
+    stopped = r.stopped_by_harness
     return not stacks and stopped and len(ev.taken_stacks) == 0
 
 

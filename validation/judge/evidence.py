@@ -16,7 +16,8 @@ from validation.contract.torchrun_log import (RankFailure, agent_signalled, log_
                                               rank_failures)
 from validation.judge.memory import growing_ranks
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
-from validation.judge.nodes import lateness, node_evidence, node_failures, slurm_stopped
+from validation.judge.nodes import (launch_agent_killed, lateness, node_evidence, node_failures, node_logs,
+                                    slurm_stopped)
 from validation.judge.record import Beat, Evidence, NotRun, RunSigns, rank_processes
 from validation.judge.stability import curve
 from validation.excerpt import EXCERPT_CHARS, STDERR_TAIL_LINES
@@ -75,16 +76,19 @@ class Ended:
     halt: HaltInfo | None
     rank_failures: Mapping[int, RankFailure]
     slurm_stopped: str | None
+    agent_killed: str | None
+    """A node's torchrun agent that a signal ended (RunData.agent_killed)."""
 
     def onto(self, run: RunData) -> RunData:
         return dataclasses.replace(run, halt=self.halt, rank_failures=dict(self.rank_failures),
-                                   slurm_stopped=self.slurm_stopped)
+                                   slurm_stopped=self.slurm_stopped, agent_killed=self.agent_killed)
 
 
 def read_ended(run: RunData, stderr_path: Path) -> Ended:
     """``Ended`` of a run whose contract files were read (``read_train``: whether it left a .HALT)."""
     return Ended(read_halt(run.out_dir) if run.halted else None,
-                 {**rank_failures(stderr_path), **node_failures(run.out_dir)}, slurm_stopped(run.out_dir))
+                 {**rank_failures(stderr_path), **node_failures(run.out_dir)}, slurm_stopped(run.out_dir),
+                 launch_agent_killed(run.out_dir, run.stalled_s is not None or run.timed_out))
 
 
 def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
@@ -101,7 +105,8 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
     taken, dumps, unranked = read_stacks(run.out_dir, MAX_FRAMES)
     step_times = {r: round(t, 6) for r, t in rank_step_times(heartbeats).items()}
     fallbacks = fallback_counters(run)
-    signalled = agent_signalled(stderr_path)
+    # every agent's word of the workers it signalled: one node's agent ends its own ranks
+    signalled = sorted({pid for path in [stderr_path, *node_logs(run.out_dir)] for pid in agent_signalled(path)})
     nodes = node_evidence(run.out_dir, heartbeats, step_times)  # each node's agent logs
     # of one node, how late each rank comes (of several nodes, each node's figure is in ``nodes``)
     late = {r: round(t, 6) for r, t in lateness(heartbeats).items()} if nodes is None and run.world_size > 1 else {}
@@ -110,6 +115,7 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
         stackdumps={r: d for r, d in dumps.items() if r < run.world_size}, unranked_stacks=unranked,
         taken_stacks=taken, signalled_pids=signalled, last_heartbeat=beats,
         no_heartbeats="" if beats else contract.adapter_unmeasured(run.env).get(contract.HEARTBEATS, ""),
+        summary_step=None if beats else contract.adapter_summary_step(run.env),
         rank_step_time_s=step_times, rank_lateness_s=late, nodes=nodes,
         fallbacks=fallbacks, files=sorted(p.name for p in run.out_dir.iterdir() if p.is_file()),
         loss_first=losses[0] if losses else None, loss_last=losses[-1] if losses else None,

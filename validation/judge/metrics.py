@@ -61,6 +61,9 @@ class RunData:
     slurm_stopped: str | None = None
     """How Slurm ended the run's step without the harness asking (scancel by someone else, a time
     limit, preemption): the ranks were stopped, not failed (validation/contract/nodes.py)."""
+    agent_killed: str | None = None
+    """'node 1's torchrun agent was killed by SIGKILL': a node's agent itself ended by a signal
+    (validation/judge/nodes.py ``agent_killed``)."""
     steps_requested: int | None = None
     """The steps the phase asked for (train points)."""
     launched: bool = True

@@ -12,10 +12,11 @@ writes a stage record before its collectives (nsa.train does: forward, backward,
 """
 from __future__ import annotations
 
+import signal
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from validation.contract.nodes import NodeLaunch, NodesLaunch, read_nodes
 from validation.contract.torchrun_log import RankFailure, agent_said, rank_failures, worker_said
@@ -77,14 +78,50 @@ class NodesEvidence:
         return cls(**{**data, "nodes": [NodeEvidence(**n) for n in data["nodes"]]})
 
 
+def node_logs(out_dir: Path) -> list[Path]:
+    """Every node's agent log of a launch of several nodes ([] for a run of one node)."""
+    launch = read_nodes(out_dir)
+    return [out_dir / n.stderr for n in launch.nodes] if launch is not None else []
+
+
 def node_failures(out_dir: Path) -> dict[int, RankFailure]:
     """How each rank ended, read from every node's agent log (torchrun reports each rank's end in
     its own node's log); empty for a run of one node."""
-    launch = read_nodes(out_dir)
     failures: dict[int, RankFailure] = {}
-    for n in launch.nodes if launch is not None else []:
-        failures.update(rank_failures(out_dir / n.stderr))
+    for log in node_logs(out_dir):
+        failures.update(rank_failures(log))
     return failures
+
+
+def killed_agent(launcher: str, nodes: Sequence[NodeLaunch | NodeEvidence], stopped: bool) -> NodeLaunch | NodeEvidence | None:
+    """The node whose torchrun agent itself a signal ended (its exit code < 0: kill -9 of the agent,
+    the kernel's OOM killer, the node going down), the first to end; None where none was. Under
+    Slurm the task ends srun reports include the harness's own cancel, so there only a run the
+    harness did not stop (``stopped``: its stall watch or timeout) counts."""
+    if launcher != "torchrun" and stopped:
+        return None
+    killed = [n for n in nodes if n.exit_code is not None and n.exit_code < 0]
+    return min(killed, key=lambda n: n.ended_s if n.ended_s is not None else float("inf"), default=None)
+
+
+def signal_name(num: int) -> str:
+    """'SIGKILL' of 9; 'signal 64' of a number no signal has here."""
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"signal {num}"
+
+
+def agent_killed(launcher: str, nodes: Sequence[NodeLaunch | NodeEvidence], stopped: bool) -> str | None:
+    """'node 1's torchrun agent was killed by SIGKILL' where ``killed_agent`` finds one; else None."""
+    node = killed_agent(launcher, nodes, stopped)
+    return None if node is None else f"node {node.index}'s torchrun agent was killed by {signal_name(-node.exit_code)}"
+
+
+def launch_agent_killed(out_dir: Path, stopped: bool) -> str | None:
+    """``agent_killed`` of the launch that nodes.json records (None for a run of one node)."""
+    launch = read_nodes(out_dir)
+    return agent_killed(launch.launcher, launch.nodes, stopped) if launch is not None else None
 
 
 def slurm_stopped(out_dir: Path) -> str | None:

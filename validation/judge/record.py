@@ -213,6 +213,10 @@ class Evidence:
     """Why the trainer's files hold no heartbeats at all, as its adapter said ('a Trainer writes no
     per-rank records'); '' where its format has them. A rank without one then says nothing of
     where it was."""
+    summary_step: int | None = None
+    """Of a format without heartbeats: the step at which the trainer's own summary says its run
+    ended (``contract.check.adapter_summary_step``), the furthest step known done where the last
+    one logged is earlier; None where it has heartbeats or wrote no summary."""
     rank_step_time_s: dict[int, float] = field(default_factory=dict)
     rank_lateness_s: dict[int, float] = field(default_factory=dict)
     """Of a run of several ranks on one node: per rank, how late it enters the stages of a step
@@ -267,6 +271,7 @@ class Evidence:
                                          b.get("ends_steps") is not False, _int(b.get("every")), _int(b.get("pid")))
                             for r, b in (ev.get("last_heartbeat") or {}).items()},
             no_heartbeats=str(ev.get("no_heartbeats") or ""),
+            summary_step=_int(ev.get("summary_step")),
             rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
             rank_lateness_s={int(r): float(t) for r, t in (ev.get("rank_lateness_s") or {}).items()},
             fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},
@@ -491,6 +496,11 @@ class PhaseRecord:
     def ran(self) -> bool:
         """A process ran and exited by itself (no timeout): its artifacts are complete."""
         return self.exit_code is not None and not self.timed_out
+
+    @property
+    def stopped_by_harness(self) -> bool:
+        """The harness ended the run: its stall watch, or the phase timeout."""
+        return self.stalled_s is not None or self.timed_out
 
     @property
     def progressing_at_timeout(self) -> bool:

@@ -8,12 +8,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
-from validation.contract.check import HEARTBEATS, adapter_unmeasured
+from validation.contract.check import HEARTBEATS, adapter_summary_step, adapter_unmeasured
 from validation.contract.files import HaltInfo
-from validation.judge.diagnosis import Died, died_before_watchdog, died_first
+from validation.judge.diagnosis import Died, died_before_watchdog, died_first, root_of_evidence, root_rank
 from validation.judge.gates import GateResult, GateVerdict, Pending
 from validation.judge.metrics import RunData, compute
 from validation.judge.misses import pytest_ended
+from validation.judge.nodes import agent_killed
 from validation.judge.record import (
     TRAINER_KINDS,
     Beat,
@@ -44,8 +45,9 @@ class Outcome:
     """Processes of ranks whose stacks the harness took (or tried to) when it stopped the run; 0:
     no rank was left running (they had ended, a launcher kept the run open); None: not known."""
     last_step_done: int | None = None
-    """The furthest step a rank's heartbeats say was completed: a stall's 'after step N' where the
-    CSV lags (a trainer that logs every k steps)."""
+    """The furthest step a rank's heartbeats say was completed, else, of a format without them, the
+    step of the trainer's own end-of-run summary (Evidence.summary_step): a stall's 'after step N'
+    where the CSV lags (a trainer that logs every k steps)."""
     died_first: Died | None = None
     """A rank that failed in its own right before the other ranks' watchdog wrote the .HALT while
     waiting for it (diagnosis.died_before_watchdog), and how; None otherwise."""
@@ -59,38 +61,54 @@ class Outcome:
     """Whether the trainer's files record each step as it runs (heartbeats). An adapter's format
     without them (a Hugging Face Trainer's) holds a step only once logged or saved: a run with no
     step in its files may still have stepped."""
+    agent_killed: str | None = None
+    """'node 1's torchrun agent was killed by SIGKILL', of a run where no rank failed in its own
+    right: what ended it (validation/judge/nodes.py ``agent_killed``)."""
 
     @classmethod
     def of_run(cls, kind: str, run: RunData, errors: Sequence[str]) -> Outcome:
         beats = {r: Beat.of(recs) for r, recs in run.heartbeats.items() if recs and r < run.world_size}
         done, seen = last_step_done(beats.values()), rank_processes(beats, run.processes)
+        if not beats:
+            done = adapter_summary_step(run.env)
         completed = compute("steps_completed", run, None)
         logged = None if completed is None else int(completed)
         died = died_before_watchdog(run.halt, run.stalled_s is not None or run.timed_out, run.rank_failures)
         return cls(kind, run.exit_code, run.timed_out, run.stalled_s, run.halt, tuple(errors), run.steps_requested,
                    logged, run.stacks_tried, done, died, run.slurm_stopped,
                    short_ranks(beats, run.world_size, run.steps_requested, logged, seen),
-                   HEARTBEATS not in adapter_unmeasured(run.env))
+                   HEARTBEATS not in adapter_unmeasured(run.env),
+                   run.agent_killed if root_rank(run.rank_failures, run.halt.source if run.halt else None) is None
+                   else None)
 
     @classmethod
     def of_record(cls, rec: PhaseRecord) -> Outcome:
         completed = rec.metrics.steps_completed
-        stopped = rec.stalled_s is not None or rec.timed_out
+        stopped = rec.stopped_by_harness
         steps = rec.steps if rec.kind in TRAINER_KINDS else None
         logged = None if completed is None else int(completed)
         return cls(rec.kind, rec.exit_code, rec.timed_out, rec.stalled_s, rec.evidence.halt, tuple(rec.evidence.errors),
                    steps, logged,
-                   len(rec.evidence.taken_stacks) if stopped else None, last_step_done(rec.evidence.last_heartbeat.values()),
+                   len(rec.evidence.taken_stacks) if stopped else None,
+                   last_step_done(rec.evidence.last_heartbeat.values()) if rec.evidence.last_heartbeat
+                   else rec.evidence.summary_step,
                    died_first(rec),
                    rec.evidence.nodes.slurm_stopped if rec.evidence.nodes is not None else None,
                    short_ranks(rec.evidence.last_heartbeat, rec.world_size, steps, logged, rec.evidence.rank_processes),
-                   not rec.evidence.no_heartbeats)
+                   not rec.evidence.no_heartbeats,
+                   agent_killed(nodes.launcher, nodes.nodes, stopped)
+                   if (nodes := rec.evidence.nodes) is not None and root_of_evidence(rec.evidence) is None else None)
 
     @property
     def ended_clean(self) -> bool:
         """A trainer run that exited 0 by itself: no .HALT, no timeout, no broken contract file."""
         return (self.kind in TRAINER_KINDS and self.exit_code == 0 and self.halt is None and not self.timed_out
                 and not self.errors and self.steps_requested is not None)
+
+    @property
+    def done_by(self) -> str:
+        """What says ``last_step_done``: the ranks' heartbeats, else the trainer's own summary."""
+        return "its heartbeats" if self.records_steps else "its own summary"
 
     @property
     def stopped_short(self) -> bool:
@@ -108,7 +126,7 @@ class Outcome:
         done, logged = self.last_step_done, self.steps_completed
         if not self.ended_clean or done is None or logged is None or done < self.steps_requested or logged >= done:
             return None
-        return f"training.csv ends at step {logged} while the trainer reached step {done} (its heartbeats)"
+        return f"training.csv ends at step {logged} while the trainer reached step {done} ({self.done_by})"
 
     @property
     def rank_stopped_short(self) -> bool:
@@ -120,7 +138,7 @@ class Outcome:
         if not self.stopped_short and self.short_ranks:
             ranks = "; ".join(s.text(self.steps_requested) for s in self.short_ranks)
             return f"{ranks}, exit 0, no .HALT"
-        beats = (f" (training.csv; its heartbeats reached step {self.last_step_done})"
+        beats = (f" (training.csv; {self.done_by} reached step {self.last_step_done})"
                  if self.last_step_done is not None and self.last_step_done > self.steps_completed else "")
         return f"stopped after step {self.steps_completed}{beats} of {self.steps_requested}, exit 0, no .HALT"
 
@@ -175,6 +193,8 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
             what += f": {outcome.errors[0]}"
         # the CSV's last row, or the heartbeats' where a broken CSV gives no step count
         done = outcome.steps_completed or outcome.last_step_done
+        if what is None and outcome.agent_killed:  # no rank failed of its own: the launch lost a node's agent
+            what = outcome.agent_killed
         if what is None and not done:
             # no step logged: a crash at start-up, or ranks that never started at all (a node that
             # never joined the rendezvous); the findings tell which, the verdict claims neither. A

@@ -4,7 +4,6 @@ how the other nodes ended), a straggler node; and, for every such run, where eac
 from __future__ import annotations
 
 import re
-import signal
 
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import gave_up, short_exception
@@ -13,7 +12,7 @@ from validation.judge.diagnosis import (died_first, departed, ended_before, exit
                                         root_of_evidence)
 from validation.judge.findings.departed import departure
 from validation.judge.findings.finding import Finding, Severity, last_heartbeat, where
-from validation.judge.nodes import NodeEvidence, NodesEvidence
+from validation.judge.nodes import NodeEvidence, NodesEvidence, killed_agent, signal_name
 from validation.judge.record import PhaseRecord
 from validation.excerpt import EXCERPT_CHARS
 
@@ -131,17 +130,13 @@ def _rank(r: PhaseRecord, rank: int) -> str:
     return text
 
 
-def _stopped(r: PhaseRecord) -> bool:
-    return r.stalled_s is not None or r.timed_out
-
-
 def _agent_stopped(r: PhaseRecord, ev: NodesEvidence, n: NodeEvidence) -> bool:
     """Whether an agent without an exit code is one the harness stopped still running: on this host
     always (the harness sees every agent it started end; it stops the others also when one failed
     and no rank was left under them), under Slurm (srun says only which tasks failed) when the
     harness stopped the run, or the harness saw the agent's process running here as it did (its
     process state is recorded)."""
-    return ev.launcher == "torchrun" or _stopped(r) or n.state is not None
+    return ev.launcher == "torchrun" or r.stopped_by_harness or n.state is not None
 
 
 def _agent(n: NodeEvidence, stopped: bool) -> str:
@@ -208,7 +203,7 @@ def _never_met(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     holds the rendezvous's store. An agent whose process was stopped (SIGSTOP, a debugger) while
     the others' were not is the one they waited for, and is named; else none is, and where none
     was held the endpoint never answered them (kind ``rendezvous_unanswered``)."""
-    if not _stopped(r) or r.evidence.rank_failures or not ev.nodes:
+    if not r.stopped_by_harness or r.evidence.rank_failures or not ev.nodes:
         return None
     frozen = [n for n in ev.nodes if n.exit_code is None and n.state == "stopped"]
     how = (f"no rank started in the {r.stalled_s:.0f} s before the harness stopped the run" if r.stalled_s is not None
@@ -317,20 +312,16 @@ def _departed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
 
 
 def _agent_killed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
-    """No rank failed in its own right, but a node's torchrun agent was killed by a signal (kill -9
-    of the agent, a node going down): its worker, in a session of its own, lives on and breaks
-    later or finishes while the other agents wait on a store gone with it, so the run ends in a
-    peer's error or a stall. Under Slurm the task ends srun reports include the harness's own
-    cancel, so there only a run the harness did not stop counts."""
-    if ev.launcher != "torchrun" and _stopped(r):
+    """No rank failed in its own right, but a node's torchrun agent was killed by a signal
+    (``killed_agent``): its worker, in a session of its own, lives on and breaks later or finishes
+    while the other agents wait on a store gone with it, so the run ends in a peer's error, a stall,
+    or the harness ending the agents left waiting."""
+    node = killed_agent(ev.launcher, ev.nodes, r.stopped_by_harness)
+    if node is None:
         return None
-    killed = [n for n in ev.nodes if n.exit_code is not None and n.exit_code < 0]
-    if not killed:
-        return None
-    node = min(killed, key=lambda n: n.ended_s if n.ended_s is not None else float("inf"))
     after = f" after {node.ended_s:.1f} s" if node.ended_s is not None else ""
     ended = _others(r, ev, node)
-    title = (f"{node.name}'s torchrun agent was killed by {_signal(-node.exit_code)} in {where(r)}{after} "
+    title = (f"{node.name}'s torchrun agent was killed by {signal_name(-node.exit_code)} in {where(r)}{after} "
              f"(log {node.log})" + (f"; the other nodes: {ended}" if ended else ""))
     return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), "agent_killed")
 
@@ -339,13 +330,6 @@ def _others(r: PhaseRecord, ev: NodesEvidence, node: NodeEvidence | None) -> str
     """How every node but ``node`` ended: its ranks and its agent."""
     return "; ".join(f"{n.name}: " + (", ".join(_rank(r, k) for k in n.ranks) or "no rank")
                      + f", agent {_agent(n, _agent_stopped(r, ev, n))}" for n in ev.nodes if n is not node)
-
-
-def _signal(num: int) -> str:
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"
 
 
 def _stragglers(r: PhaseRecord, ev: NodesEvidence) -> list[Finding]:

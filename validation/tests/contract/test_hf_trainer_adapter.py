@@ -199,3 +199,34 @@ def test_the_runbook_gives_global_tokens_per_step_from_its_factors(tmp_path):
     bad.write_text(yaml.safe_dump(data))
     with pytest.raises(RunbookError, match=r"trainer.tokens_per_step\[1\].*'train.seq_len': expected a key of trainer.params"):
         load_runbook(bad)
+
+
+def test_a_run_logged_every_5_steps_of_12_is_said_to_have_ended_at_its_summarys_step(tmp_path):
+    """logging_steps 5 of max_steps 12: the logs hold steps 5 and 10 and the summary train() logs as
+    it returns says 12. The verdict read 'stopped after step 10 of 12', a run that stopped early; it
+    says training.csv ends at step 10 while the Trainer reached step 12, and the gates judge."""
+    from validation.judge.evidence import collect, read_train
+    from validation.judge.metrics import RunData
+    from validation.judge.record import PhaseRecord, PointKey, Status, Summary
+    from validation.judge.verdict import Outcome, process_verdict
+
+    _state(tmp_path / "trainer_out", [5, 10], summary=12)
+    _convert(tmp_path / "trainer_out", tmp_path / "run")
+    run = RunData(tmp_path / "run", exit_code=0, steps_requested=12)
+    run = read_train(run).onto(run)
+    outcome = Outcome.of_run("train", run, [])
+    assert process_verdict(outcome) is None and not outcome.stopped_short, process_verdict(outcome)
+    assert outcome.csv_behind == "training.csv ends at step 10 while the trainer reached step 12 (its own summary)"
+    ev = collect(run, tmp_path / "run" / "trainer.stderr.log", [])
+    assert ev.summary_step == 12 and not ev.last_heartbeat, ev
+    rec = PhaseRecord(key=PointKey("rb", "cpu", "hf"), test_id="rb/cpu/hf/default", kind="train", status=Status.FAIL,
+                      reason="", exit_code=0, steps=12, evidence=ev, metrics=Summary(steps_completed=10))
+    rec = PhaseRecord.from_json(rec.to_json(), "the store")  # the stored record keeps the summary step
+    assert Outcome.of_record(rec).csv_behind == outcome.csv_behind
+    # a run whose summary says it ended early is a short run, and its summary says where
+    _state(tmp_path / "short", [5], summary=7)
+    _convert(tmp_path / "short", tmp_path / "run2")
+    short = RunData(tmp_path / "run2", exit_code=0, steps_requested=12)
+    short = read_train(short).onto(short)
+    assert process_verdict(Outcome.of_run("train", short, [])) == (
+        Status.FAIL, "stopped after step 5 (training.csv; its own summary reached step 7) of 12, exit 0, no .HALT")

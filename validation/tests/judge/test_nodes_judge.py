@@ -286,6 +286,37 @@ def test_a_node_whose_agent_was_killed_is_named():
         assert [a for a in recommendations(found) if "torchrun agent itself was killed" in a], recommendations(found)
 
 
+def test_a_killed_agent_whose_ranks_finished_is_the_verdict_not_a_crash_of_the_trainer(tmp_path):
+    """kill -9 of node 1's agent while both ranks went on to their last step (its worker in a session of
+    its own); node 0's agent then waited on the store gone with it until the harness ended it. The
+    verdict said 'trainer crashed (exit code -9)' beside a crash finding advising to read a traceback
+    that no rank wrote: it names the killed agent, and the one critical finding is the agent's."""
+    _launch(tmp_path, [NodeLaunch(0, "vm", 101, None, None, 0, {0: 111}, state="sleeping"),
+                       NodeLaunch(1, "vm", 102, -9, 12.8, 1, {1: 112})])
+    (tmp_path / "training.csv").write_text(",".join(CSV_COLUMNS) + "\n"
+                                           + "".join(f"{k},2.0,1e-4,100,0.1,1,0.5,1\n" for k in range(1, 13)))
+    (tmp_path / "env.json").write_text(json.dumps({"world_size": 2}))
+    for rank in (0, 1):
+        (tmp_path / f"heartbeat_rank{rank}.jsonl").write_text(
+            "".join(json.dumps({**b, "rank": rank}) + "\n" for b in _beats(rank, rank, "vm", 0.0, steps=12)))
+    run = RunData(tmp_path, world_size=2, exit_code=-9, steps_requested=12)
+    run = read_train(run).onto(run)
+    run = read_ended(run, tmp_path / "node0.stderr.log").onto(run)
+    assert run.agent_killed == "node 1's torchrun agent was killed by SIGKILL", run.agent_killed
+    said = (Status.FAIL, "node 1's torchrun agent was killed by SIGKILL (exit code -9)")
+    assert verdict(Outcome.of_run("train", run, []), []) == said
+    ev = collect(run, tmp_path / "node0.stderr.log", [])
+    rec = _record(ev.nodes, status=Status.FAIL, exit_code=-9, steps=12, evidence=ev)
+    assert verdict(Outcome.of_record(rec), []) == said
+    found = find([rec])
+    assert [f.kind for f in found if f.severity == Severity.CRITICAL] == ["agent_killed"], [f.title for f in found]
+    assert not [a for a in recommendations(found) if "no traceback" in a], recommendations(found)
+    # stopped by the harness under Slurm, an agent's signal may be the harness's own cancel: not named
+    slurm = dataclasses.replace(rec, stalled_s=20.0, evidence=dataclasses.replace(
+        ev, nodes=dataclasses.replace(ev.nodes, launcher="slurm")))
+    assert Outcome.of_record(slurm).agent_killed is None
+
+
 def test_a_hung_node_is_named_when_the_trainers_own_watchdog_stopped_the_run():
     """nsa.train's watchdog (watchdog.timeout_s below the phase's stall_s) halts every rank with
     its own stack dumps: the report listed both ranks' stacks and named no node."""

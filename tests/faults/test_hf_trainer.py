@@ -158,6 +158,20 @@ def test_a_learning_rate_that_blows_up(door, tmp_path):
     assert p.rc == 1
 
 
+def test_a_model_that_does_not_learn_fails_the_shipped_gates(tmp_path):
+    """The shipped runbook at learning rate 1e6: the first update leaves the model dead, its loss
+    flat at 5.545 from step 2 (finite, every step done, fast), and the point passed."""
+    data = yaml.safe_load(RUNBOOK.read_text())
+    data["defaults"]["overrides"]["train.lr"] = 1e6
+    rb = tmp_path / "hf_dead.yaml"
+    rb.write_text(yaml.safe_dump(data, sort_keys=False))
+    results = tmp_path / "results"
+    p = _run("cli", rb, "single_process", results)
+    rec = U.record(results, "single_process")
+    assert rec.status == "FAIL" and rec.reason.startswith("loss_drop = "), (rec.reason, p.stdout[-2000:])
+    assert p.rc == 1
+
+
 @pytest.mark.parametrize("door", DOORS)
 def test_data_that_runs_dry_is_not_done(door, tmp_path):
     """Twelve blocks of text: the stream runs dry long before step 12; the Trainer (its batches

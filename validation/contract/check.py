@@ -177,7 +177,7 @@ def read(out_dir: Path, costs: Costs | None = None, launched: int = 1) -> Contra
     costs = costs or {}
     found = ContractRead(out_dir, launched=max(launched, 1))
     log: TrainingLog | None = _file(found, TRAINING_CSV, (out_dir / TRAINING_CSV).is_file(), read_training_log,
-                                    lambda log: _csv_detail(log, out_dir / TRAINING_CSV))
+                                    lambda log: _csv_detail(log, out_dir / TRAINING_CSV), _adapter_found_nothing(out_dir))
     if log is not None:
         found.csv = log.rows
         if log.reruns:
@@ -251,9 +251,9 @@ def _ranked(found: ContractRead, name: str, rank: int, what: str) -> Item:
 
 
 def _file(found: ContractRead, name: str, exists: bool, reader: Callable[[Path], Any],
-          detail: Callable[[Any], str]) -> Any:
+          detail: Callable[[Any], str], why_missing: str | None = None) -> Any:
     if not exists:
-        found.items.append(Item(name, Presence.MISSING, "not written"))
+        found.items.append(Item(name, Presence.MISSING, "not written" + (f": {why_missing}" if why_missing else "")))
         return None
     try:
         value = reader(found.out_dir)
@@ -304,6 +304,9 @@ def _csv_columns(found: ContractRead, costs: Costs) -> None:
 
 #: what an adapter names in ``adapter.unmeasured`` for a format without heartbeat files
 HEARTBEATS = "heartbeats"
+#: the one key of ``adapter.read`` where an adapter found none of its trainer's files; its value
+#: says what it looked for
+ADAPTER_READ_NOTHING = "(nothing)"
 
 
 def adapter_unmeasured(env: dict | None) -> dict[str, str]:
@@ -325,13 +328,29 @@ def adapter_summary_step(env: dict | None) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
-def _adapter_unmeasured(out_dir: Path) -> frozenset[str]:
-    """adapter_unmeasured's keys, of ``out_dir``'s env.json."""
+def _adapter_env(out_dir: Path) -> dict | None:
+    """``out_dir``'s env.json, where it is readable (None otherwise: its own item says why)."""
     try:
         env = read_env_json(out_dir)
     except (ArtifactError, OSError):
-        return frozenset()
-    return frozenset(adapter_unmeasured(env if isinstance(env, dict) else None))
+        return None
+    return env if isinstance(env, dict) else None
+
+
+def _adapter_unmeasured(out_dir: Path) -> frozenset[str]:
+    """adapter_unmeasured's keys, of ``out_dir``'s env.json."""
+    return frozenset(adapter_unmeasured(_adapter_env(out_dir)))
+
+
+def _adapter_found_nothing(out_dir: Path) -> str | None:
+    """'hf_trainer found no trainer_state.json, ...': where an adapter wrote the contract from a
+    trainer's output folder that held none of its files (env.json's ``adapter.read`` names nothing),
+    what it looked for; None otherwise."""
+    said = (_adapter_env(out_dir) or {}).get("adapter")
+    read = said.get("read") if isinstance(said, dict) else None
+    if not isinstance(read, dict) or set(read) != {ADAPTER_READ_NOTHING}:
+        return None
+    return f"its adapter ({said.get('name')}) found {read[ADAPTER_READ_NOTHING]}"
 
 
 def _not_finite(df: pd.DataFrame, col: str) -> str:

@@ -43,7 +43,7 @@ from typing import Any, Callable
 from nsa.contract import CSV_COLUMNS, ENV_JSON, TRAINING_CSV
 from validation.contract.adapters.base import Adapter, RunFacts
 from validation.contract.adapters.tfevents import _fields, read_scalars
-from validation.contract.check import HEARTBEATS
+from validation.contract.check import ADAPTER_READ_NOTHING, HEARTBEATS
 
 STATE = "trainer_state.json"
 EVENTS = "events.out.tfevents.*"
@@ -131,8 +131,9 @@ class HfTrainerAdapter(Adapter):
         env: dict[str, Any] = {
             "world_size": facts.world_size, "trainer": facts.trainer, "git_sha": facts.trainer_sha,
             "git_sha_source": facts.trainer_sha_source and f"found by the harness at its root: {facts.trainer_sha_source}",
-            "adapter": {"name": self.name, "read": read or {"(nothing)": "no trainer_state.json, checkpoint or "
-                                                                         "TensorBoard events in the output folder"},
+            "adapter": {"name": self.name,
+                        "read": read or {ADAPTER_READ_NOTHING: "no trainer_state.json, checkpoint or TensorBoard "
+                                                               "events in the output folder"},
                         "unmeasured": unmeasured, "summary_step": summary_step,
                         **({"filtered_nonfinite_loss": f"steps {', '.join(map(str, filtered))}: logged with loss 0 "
                                                        "and a non-finite grad_norm (the Trainer's "

@@ -45,6 +45,7 @@ from typing import Any
 from nsa.contract import CSV_COLUMNS, ENV_JSON, HALT, HALT_NONFINITE, TRAINING_CSV, VERSION
 from validation.contract.adapters.base import Adapter, RunFacts
 from validation.contract.adapters.tfevents import read_scalars
+from validation.contract.check import ADAPTER_READ_NOTHING
 
 #: where the harness keeps the trainer's stdout, beside the run directory's contract files
 HARNESS_STDOUT = ("trainer.stdout.log", "trainer.stderr.log")
@@ -126,15 +127,22 @@ class TorchtitanAdapter(Adapter):
         steps = _merge(log.steps, events)
         beats, ranks_seen = _structured_heartbeats(trainer_dir)
         world = max(facts.world_size, max(ranks_seen, default=-1) + 1)
-        _write_csv(out_dir / TRAINING_CSV, steps, world)
-        if not beats:
-            beats = {0: [{"time": s.time, "step": s.step, "rank": 0, "stage": "step"} for s in steps if s.time]}
+        structured = sorted(str(p.relative_to(trainer_dir)) for p in _structured_files(trainer_dir))
+        # a folder with none of torchtitan's files gets no training.csv or heartbeats: the contract
+        # check then says what was looked for, not 'header only'
+        found = bool(log.files or events or structured)
+        if found:
+            _write_csv(out_dir / TRAINING_CSV, steps, world)
+            if not beats:
+                beats = {0: [{"time": s.time, "step": s.step, "rank": 0, "stage": "step"} for s in steps if s.time]}
         for rank, recs in beats.items():
             _atomic(out_dir / f"heartbeat_rank{rank}.jsonl", "".join(json.dumps(r) + "\n" for r in recs))
         traces = _comm_traces(trainer_dir, out_dir)
-        read = {"log": log.files, "tensorboard": sorted(str(p.relative_to(trainer_dir)) for p in events),
-                "structured_logs": sorted(str(p.relative_to(trainer_dir)) for p in _structured_files(trainer_dir)),
-                "comm_traces": traces}
+        read: dict[str, Any] = (
+            {"log": log.files, "tensorboard": sorted(str(p.relative_to(trainer_dir)) for p in events),
+             "structured_logs": structured, "comm_traces": traces} if found else
+            {ADAPTER_READ_NOTHING: "no torchtitan log (its stdout, or *.log files), TensorBoard events or structured "
+                                   "logs in the folder"})
         env: dict[str, Any] = {"contract_version": VERSION, "world_size": world, "trainer": facts.trainer,
                                "git_sha": facts.trainer_sha,
                                "git_sha_source": facts.trainer_sha and

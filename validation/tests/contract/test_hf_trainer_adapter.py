@@ -230,3 +230,13 @@ def test_a_run_logged_every_5_steps_of_12_is_said_to_have_ended_at_its_summarys_
     short = read_train(short).onto(short)
     assert process_verdict(Outcome.of_run("train", short, [])) == (
         Status.FAIL, "stopped after step 5 (training.csv; its own summary reached step 7) of 12, exit 0, no .HALT")
+
+
+def test_a_folder_without_the_trainers_files_says_what_was_looked_for(tmp_path, capsys):
+    """check-artifacts --adapter hf_trainer on an empty output folder said only 'training.csv: not
+    written', naming a file the Trainer never writes."""
+    (tmp_path / "out").mkdir()
+    assert main(["check-artifacts", "--adapter", "hf_trainer", str(tmp_path / "out")]) == 1
+    out = capsys.readouterr().out
+    assert ("missing              training.csv: not written: its adapter (hf_trainer) found no trainer_state.json, "
+            "checkpoint or TensorBoard events in the output folder") in out, out

@@ -73,6 +73,17 @@ def test_the_converted_run_holds_to_the_contract_and_says_what_was_read(tmp_path
     assert "through adapter torchtitan" in capsys.readouterr().out
 
 
+def test_a_folder_without_torchtitans_files_says_what_was_looked_for(tmp_path, capsys):
+    """check-artifacts --adapter torchtitan on a folder holding none of its files (a wrong path): it
+    said 'training.csv: header only, no steps logged' of a CSV the adapter had made up."""
+    (tmp_path / "empty").mkdir()
+    assert check_command.check(tmp_path / "empty", "torchtitan") == 1
+    out = capsys.readouterr().out
+    assert ("missing              training.csv: not written: its adapter (torchtitan) found no torchtitan log (its "
+            "stdout, or *.log files), TensorBoard events or structured logs in the folder") in out, out
+    assert "header only" not in out, out
+
+
 def test_faults_as_torchtitan_wrote_them(tmp_path):
     nan = _csv(_convert(tmp_path, "nan"))
     assert math.isfinite(nan["loss"].iloc[0]) and nan["loss"].isna().iloc[-1] and len(nan) == 20

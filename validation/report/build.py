@@ -66,6 +66,8 @@ class Verdict(enum.StrEnum):
 
 
 _BADGE = {Verdict.GO: "✅", Verdict.NO_GO: "❌", Verdict.INCOMPLETE: "⏳"}
+#: outdated points the summary names where one change is every one's (the Not run list has all)
+OUTDATED_NAMED = 4
 
 
 @dataclass(frozen=True)
@@ -107,8 +109,7 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
     if missing or pending or outdated or unknown or unjudged:
         parts = [f"{len(missing) + len(outdated)} point(s) not run"] if missing or outdated else []
         if outdated:  # a stored run of another point than the runbook asks now: named, with what changed
-            parts[0] += (f" ({len(outdated)} of them stored from a run of what the runbook asks no longer: "
-                         f"{where(outdated[0].record)}, {outdated[0].text()})")
+            parts[0] += f" ({len(outdated)} of them stored from a run of what the runbook asks no longer: {_outdated_text(outdated)})"
         if pending:
             parts.append(f"{len(pending)} skipped or unmeasured")
             # why the first is not done (a metric the trainer lacks first: the reader must not
@@ -124,6 +125,19 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
     if not records:
         return Verdict.INCOMPLETE, "no results stored"
     return Verdict.GO, f"all {len(records)} phase point(s) passed their gates"
+
+
+def _outdated_text(outdated: list[stale.Outdated]) -> str:
+    """'alpha [default], beta [default]: steps 6 at the run, 8 in the runbook now' where one change
+    is every point's; else the first point's and how many others changed otherwise."""
+    names = [where(o.record) for o in outdated]
+    if len({o.text() for o in outdated}) == 1:
+        listed = ", ".join(names[:OUTDATED_NAMED]) + (f" and {len(names) - OUTDATED_NAMED} more"
+                                                      if len(names) > OUTDATED_NAMED else "")
+        return f"{listed}: {outdated[0].text()}"
+    more = len(names) - 1
+    return (f"{names[0]}: {outdated[0].text()}; {more} more with {'its' if more == 1 else 'their'} own "
+            f"change{'s' if more > 1 else ''} (listed under Not run)")
 
 
 def _critical_reason(critical: list[Finding]) -> str:
@@ -143,15 +157,18 @@ def _failed_point(r: PhaseRecord) -> str:
     return where(r) + (f" ({who})" if who else "")
 
 
-def _select(records: list[PhaseRecord], points: list[PhasePoint] | None):
+def _select(records: list[PhaseRecord], points: list[PhasePoint] | None
+            ) -> tuple[list[PhaseRecord], list[str], list[PhaseRecord]]:
     """The records of the runbook's current points in runbook order, the points without one,
-    and how many stored records belong to points the runbook no longer has."""
+    and the stored records of points the runbook no longer has (a phase renamed or removed, a
+    sweep value dropped)."""
     if points is None:
-        return sorted(records, key=lambda r: (r.phase, r.sweep_index)), [], 0
+        return sorted(records, key=lambda r: (r.phase, r.sweep_index)), [], []
     order = {p.test_id: i for i, p in enumerate(points)}
     current = sorted((r for r in records if r.test_id in order), key=lambda r: order[r.test_id])
     have = {r.test_id for r in current}
-    return current, [t for t in order if t not in have], len(records) - len(current)
+    gone = sorted((r for r in records if r.test_id not in order), key=lambda r: r.test_id)
+    return current, [t for t in order if t not in have], gone
 
 
 @dataclass(frozen=True)
@@ -332,7 +349,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "outdated": [{"test_id": o.record.test_id, "status": str(o.record.status), "why": o.text(),
                       "rerun": rerun_line(o.record, runbook and runbook.cli_name, profile and profile.cli_name,
                                           store_arg, root)} for o in outdated],
-        "stale": gone,
+        "stale": [f"`{r.test_id}` ({r.status} at the run)" for r in gone],
         "artifacts": artifact_rows(records),
         "reproduce": reproduce_rows(records, runbook and runbook.cli_name, profile and profile.cli_name, store_arg,
                                     root),

@@ -49,7 +49,7 @@ def test_a_stored_single_run_is_not_GO_against_a_runbook_now_asking_3_repeats(tm
     capsys.readouterr()
     assert main(["report", "--runbook", str(rb), "--results-dir", str(res)]) == 3  # INCOMPLETE, was GO
     report = (res / "reports" / "fake__cpu.md").read_text()
-    assert "ab [default], repeats 1 at the run, 3 in the runbook now" in report
+    assert "ab [default]: repeats 1 at the run, 3 in the runbook now" in report
     assert f"-m ab --runbook {rb} --profile cpu" in report
 
 

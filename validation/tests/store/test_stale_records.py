@@ -41,7 +41,7 @@ def test_a_stored_6_step_run_is_not_GO_against_a_runbook_that_asks_60(tmp_path, 
     ctx = _context(rb, res)
     assert ctx["verdict"] == "INCOMPLETE", ctx["status_reason"]
     assert ctx["status_reason"] == ("1 point(s) not run (1 of them stored from a run of what the runbook asks no "
-                                    "longer: long_run [default], steps 6 at the run, 60 in the runbook now)")
+                                    "longer: long_run [default]: steps 6 at the run, 60 in the runbook now)")
     assert ctx["counts"]["NOT RUN"] == 1 and ctx["counts"]["PASS"] == 0
     assert not ctx["phases"] and not ctx["gates"]  # its numbers are not shown as the point's
     text = render_text({**ctx, "results_prefix": ".."})
@@ -53,6 +53,27 @@ def test_a_stored_6_step_run_is_not_GO_against_a_runbook_that_asks_60(tmp_path, 
     assert "INCOMPLETE" in capsys.readouterr().out
     (stored,) = ResultStore(res).records()
     assert stored.status == Status.PASS  # the store keeps what the run found
+
+
+def test_every_outdated_point_and_every_renamed_phases_record_is_named(tmp_path):
+    """Two points outdated by one change read as if only the first was ('... asks no longer: a
+    [default], steps 4 at the run, 6 in the runbook now'), and a renamed phase's stored record as
+    '1 stored record(s) ... are not shown', naming none."""
+    rb, res = tmp_path / "rb.yaml", tmp_path / "res"
+    write_runbook(rb, [train_phase(n, gates=GATES, steps=4) for n in ("a", "b", "g")])
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"]) == 0
+    write_runbook(rb, [train_phase(n, gates=GATES, steps=6) for n in ("a", "b", "g2")])
+    ctx = _context(rb, res)
+    assert ctx["status_reason"] == ("3 point(s) not run (2 of them stored from a run of what the runbook asks no "
+                                    "longer: a [default], b [default]: steps 4 at the run, 6 in the runbook now)")
+    text = render_text({**ctx, "results_prefix": ".."})
+    assert ("_1 stored record(s) of phases or points no longer in this runbook (renamed, removed, or a value no longer "
+            "swept) are not shown: `fake/cpu/g/default` (PASS at the run)._") in text, text
+    write_runbook(rb, [train_phase("a", gates=GATES, steps=6), train_phase("b", gates=GATES, steps=4, repeats=1,
+                                                                          overrides={"train.lr": 0.5})])
+    assert _context(rb, res)["status_reason"] == (
+        "2 point(s) not run (2 of them stored from a run of what the runbook asks no longer: a [default]: steps 4 at "
+        "the run, 6 in the runbook now; 1 more with its own change (listed under Not run))")
 
 
 def test_overrides_and_world_size_changed_since_the_run_are_named(tmp_path):

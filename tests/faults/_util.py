@@ -25,6 +25,9 @@ from validation.judge.findings import find
 from validation.judge.findings.finding import Finding
 from validation.judge.findings.headline import verdict_line
 from validation.judge.record import PhaseRecord
+from validation.runbook.load import load_profile, load_runbook
+from validation.runbook.plan import expand
+from validation.session.session import AcceptanceSession, SessionOptions
 from validation.store.results import ResultStore
 from validation.tests.conftest import default_sigint
 
@@ -111,6 +114,18 @@ def harness(*args: str, timeout: float = 240, env: dict[str, str] | None = None)
 
 
 # ------------------------------------------------------------------------------- runbooks
+def run_one_point(tmp_path: Path, name: str, trainer: dict[str, Any], phase: dict[str, Any]) -> PhaseRecord:
+    """The runbook ``name`` of one phase (its one point, on the cpu profile) run through the session in
+    this process, its results under tmp_path/results; nothing of it left running."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "profiles": ["cpu"], "trainer": trainer, "phases": [phase]},
+                                   sort_keys=False))
+    (point,) = expand(load_runbook(path), load_profile("cpu"))
+    rec = AcceptanceSession(SessionOptions(tmp_path / "results")).run_point(point)
+    assert_no_orphans(str(tmp_path))
+    return rec
+
+
 def write_runbook(path: Path, phases: list[dict[str, Any]], name: str = "faults") -> Path:
     data = {"name": name, "description": "fault-injection suite (tests/faults)", "profiles": ["cpu"],
             "defaults": {"launcher": {"kind": "python"}, "config": "tiny",

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.faults import _util as U
 from validation.judge.findings import find, recommendations
@@ -25,9 +24,6 @@ from validation.judge.diagnosis import diagnose
 from validation.judge.findings.headline import verdict_line
 from validation.judge.record import PhaseRecord, Status
 from validation.launch.process import LAUNCH_OVER_GRACE_S
-from validation.runbook.load import load_profile, load_runbook
-from validation.runbook.plan import expand
-from validation.session.session import AcceptanceSession, SessionOptions
 
 pytestmark = [pytest.mark.faults, pytest.mark.distributed]
 
@@ -58,13 +54,7 @@ def _run(tmp_path: Path, trainer: str, launcher: dict[str, Any], monkeypatch, st
     phase = {"name": "quit_rank", "kind": "train", "steps": STEPS, "timeout_s": 120, "stall_s": stall_s,
              "startup_s": 60, "launcher": launcher, "env": {"OMP_NUM_THREADS": 1},
              "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}
-    path = tmp_path / "departed.yaml"
-    path.write_text(yaml.safe_dump({"name": f"departed_{trainer}", "profiles": ["cpu"], "trainer": TRAINERS[trainer],
-                                    "phases": [phase]}, sort_keys=False))
-    (point,) = expand(load_runbook(path), load_profile("cpu"))
-    rec = AcceptanceSession(SessionOptions(tmp_path / "results")).run_point(point)
-    U.assert_no_orphans(str(tmp_path))
-    return rec
+    return U.run_one_point(tmp_path, f"departed_{trainer}", TRAINERS[trainer], phase)
 
 
 def _titles(rec: PhaseRecord) -> str:

@@ -10,16 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.faults import _util as U
 from validation.judge.diagnosis import Kind
 from validation.judge.diagnosis import diagnose
 from validation.judge.findings.headline import verdict_line
 from validation.judge.record import PhaseRecord, Status
-from validation.runbook.load import load_profile, load_runbook
-from validation.runbook.plan import expand
-from validation.session.session import AcceptanceSession, SessionOptions
 
 pytestmark = [pytest.mark.faults, pytest.mark.distributed]
 
@@ -34,13 +30,7 @@ def _run(tmp_path: Path, monkeypatch, fault: str, nproc: int, stall_s: float = 1
     phase = {"name": "blame", "kind": "train", "steps": 8, "timeout_s": 90, "stall_s": stall_s, "startup_s": 60,
              "launcher": {"kind": "torchrun", "nproc": nproc}, "env": {"OMP_NUM_THREADS": 1},
              "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}
-    path = tmp_path / "blame.yaml"
-    path.write_text(yaml.safe_dump({"name": "foreign_blame", "profiles": ["cpu"], "trainer": TRAINER,
-                                    "phases": [phase]}, sort_keys=False))
-    (point,) = expand(load_runbook(path), load_profile("cpu"))
-    rec = AcceptanceSession(SessionOptions(tmp_path / "results")).run_point(point)
-    U.assert_no_orphans(str(tmp_path))
-    return rec
+    return U.run_one_point(tmp_path, "foreign_blame", TRAINER, phase)
 
 
 def test_a_rank_killed_by_a_sigterm_of_its_own_is_named_of_three(tmp_path, matrix, monkeypatch):

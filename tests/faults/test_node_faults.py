@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.faults import _util as U
 from tests.faults import fake_slurm
@@ -26,9 +25,6 @@ from validation.judge.findings import Severity, find, recommendations
 from validation.judge.record import Status
 from validation.launch import nodes as local_nodes
 from validation.launch.process import LAUNCH_OVER_GRACE_S, Command
-from validation.runbook.load import load_profile, load_runbook
-from validation.runbook.plan import expand
-from validation.session.session import AcceptanceSession, SessionOptions
 
 pytestmark = [pytest.mark.faults, pytest.mark.distributed, pytest.mark.multi_node]
 
@@ -53,13 +49,7 @@ def _run_frozen(tmp_path: Path, runbook: str, launcher: dict):
     phase = {"name": "frozen_node", "kind": "train", "steps": 8, "timeout_s": 120, "stall_s": 16,
              "startup_s": STARTUP_S, "env": {"OMP_NUM_THREADS": 1}, "launcher": launcher,
              "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}
-    path = tmp_path / f"{runbook}.yaml"
-    path.write_text(yaml.safe_dump({"name": runbook, "profiles": ["cpu"], "trainer": NATIVE, "phases": [phase]},
-                                   sort_keys=False))
-    (point,) = expand(load_runbook(path), load_profile("cpu"))
-    rec = AcceptanceSession(SessionOptions(tmp_path / "results")).run_point(point)
-    U.assert_no_orphans(str(tmp_path))
-    return rec
+    return U.run_one_point(tmp_path, runbook, NATIVE, phase)
 
 
 def test_a_node_whose_agent_is_frozen_before_the_rendezvous_is_named_once_the_other_gave_up(
@@ -139,12 +129,7 @@ def test_a_node_whose_agent_is_killed_while_its_rank_trains_on_is_named_not_a_cr
              "env": {"OMP_NUM_THREADS": 1}, "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}],
              "launcher": {"kind": "torchrun", "nproc": 1, "nnodes": 2,
                           "rdzv": {"endpoint": "localhost:0", "join_timeout_s": JOIN_S}}}
-    path = tmp_path / "agent_killed.yaml"
-    path.write_text(yaml.safe_dump({"name": "agent_killed", "profiles": ["cpu"], "trainer": NATIVE,
-                                    "phases": [phase]}, sort_keys=False))
-    (point,) = expand(load_runbook(path), load_profile("cpu"))
-    rec = AcceptanceSession(SessionOptions(tmp_path / "results")).run_point(point)
-    U.assert_no_orphans(str(tmp_path))
+    rec = U.run_one_point(tmp_path, "agent_killed", NATIVE, phase)
     node1 = rec.evidence.nodes.nodes[1]
     assert node1.exit_code == -9, rec.evidence.nodes
     assert rec.status == Status.FAIL and rec.reason.startswith("node 1's torchrun agent was killed by SIGKILL (exit "

@@ -259,14 +259,10 @@ def test_an_error_on_every_rank_before_the_process_group_heads_the_crash(tmp_pat
     tracebacks carry no [rankN] prefix): the crash was headed by torchrun's own line,
     'torch.distributed.elastic.multiprocessing.errors.ChildFailedError:', whose traceback comes
     last in its log, and the ranks' error was 40 lines above the stderr tail the record keeps."""
-    import yaml
-
+    
     from validation.judge.findings import find
     from validation.judge.record import Status
-    from validation.runbook.load import load_profile, load_runbook
-    from validation.runbook.plan import expand
-    from validation.session.session import AcceptanceSession, SessionOptions
-
+            
     matrix.start("import error on every rank", "a trainer whose first line imports a module that is not there, "
                  "torchrun x2", "FAIL 'trainer ended before its first step'; the crash finding names the ImportError, "
                  "not torchrun's ChildFailedError")
@@ -279,12 +275,7 @@ def test_an_error_on_every_rank_before_the_process_group_heads_the_crash(tmp_pat
              "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}
     trainer = {"name": "broken", "root": {"env": "BROKEN_TRAINER_ROOT"}, "script": "train.py",
                "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"]}
-    path = tmp_path / "broken.yaml"
-    path.write_text(yaml.safe_dump({"name": "broken", "profiles": ["cpu"], "trainer": trainer, "phases": [phase]},
-                                   sort_keys=False))
-    (point,) = expand(load_runbook(path), load_profile("cpu"))
-    rec = AcceptanceSession(SessionOptions(tmp_path / "results")).run_point(point)
-    U.assert_no_orphans(str(tmp_path))
+    rec = U.run_one_point(tmp_path, "broken", trainer, phase)
     assert rec.status == Status.FAIL and rec.exit_code == 1, rec.reason
     [crash] = [f for f in find([rec]) if f.title.startswith("crash in")]
     # every rank failed alike ('ModuleNotFoundError' closing the title); where torchrun stopped one rank before

@@ -22,16 +22,12 @@ import socket
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.faults import _util as U
 from tests.faults import fake_slurm
 from validation.contract.nodes import read_nodes
 from validation.judge.findings import Severity, find, recommendations
 from validation.judge.record import Status
-from validation.runbook.load import load_profile, load_runbook
-from validation.runbook.plan import expand
-from validation.session.session import AcceptanceSession, SessionOptions
 
 pytestmark = [pytest.mark.faults, pytest.mark.distributed, pytest.mark.multi_node]
 
@@ -69,13 +65,7 @@ def _record(tmp_path: Path, steps: int, startup_s: float = U.STARTUP_S):
              "launcher": {"kind": "slurm", "nodes": 2, "nproc_per_node": 1,
                           "rdzv": {"port": port, "join_timeout_s": JOIN_S}},
              "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}
-    path = tmp_path / "slurm_nodes.yaml"
-    path.write_text(yaml.safe_dump({"name": "slurm_nodes", "profiles": ["cpu"], "trainer": NATIVE, "phases": [phase]},
-                                   sort_keys=False))
-    (point,) = expand(load_runbook(path), load_profile("cpu"))
-    rec = AcceptanceSession(SessionOptions(tmp_path / "results")).run_point(point)
-    U.assert_no_orphans(str(tmp_path))
-    return rec
+    return U.run_one_point(tmp_path, "slurm_nodes", NATIVE, phase)
 
 
 def test_a_slurm_launch_records_each_nodes_ranks_and_agent(tmp_path, fake_allocation):

@@ -211,6 +211,7 @@ def _recheck_goldens(records: list[PhaseRecord], points: list[PhasePoint], resul
             checked += 1
         if check.changed:
             changed.append(f"{where(r)}: {stored.verdict} at the run, {check.now.verdict} now")
+        if check.now is not None and check.now != stored:  # a new verdict, or what it says now (a file blessed since)
             r = rejudge(r, [check.now if g is stored else g for g in r.gates])
         out.append(r)
     if not checked and not not_checked and not no_golden:

@@ -182,7 +182,7 @@ def execute(point: PhasePoint, results_dir: Path, hw: Machine, progress: Progres
             return resume.execute(point, out_dir, hw, results_dir, run_id, started, progress)
         if point.phase.repeats > 1:
             return repeats.execute(point, out_dir, hw, results_dir, run_id, started, progress)
-        return runs.record(point, runs.judge(point, runs.launch(point, out_dir, progress), hw), hw, results_dir,
+        return runs.record(point, runs.judge(point, runs.launch(point, out_dir, progress), hw, results_dir), hw, results_dir,
                            run_id, started)
     except KeyboardInterrupt:  # its trainer is dead (launch/process.py); nothing will record this run
         shutil.rmtree(out_dir, ignore_errors=True)

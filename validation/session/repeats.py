@@ -41,7 +41,7 @@ def execute(point: PhasePoint, run_dir: Path, hw: Machine, results_dir: Path, ru
         launched.append(runs.launch(point, out_dir, progress))
     agree = goldens.repeat_gate(point, [d.run.csv for d in launched])
     # each repeat carries the repeats' own gate, whichever of them decides the record
-    done: list[Judged] = [runs.judge(point, d, hw, extra=[agree] if agree else None) for d in launched]
+    done: list[Judged] = [runs.judge(point, d, hw, results_dir, extra=[agree] if agree else None) for d in launched]
     sub_runs = [runs.sub_run(j, f"repeat{k}", f"repeat {k} of {n}", results_dir) for k, j in enumerate(done, 1)]
     k, decides = next(((i, j) for worse in _DECIDES for i, j in enumerate(done, 1) if worse(j)), (n, done[-1]))
     return runs.record(point, decides, hw, results_dir, run_id, started, runs=sub_runs,

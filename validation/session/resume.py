@@ -32,7 +32,7 @@ def execute(point: PhasePoint, run_dir: Path, hw: Machine, results_dir: Path, ru
             leg = leg.resuming(resume_source(point, done["first"].run.out_dir))
         out_dir = run_dir / leg.name
         out_dir.mkdir()
-        j = runs.judge(point, runs.launch(point, out_dir, progress, leg), hw)
+        j = runs.judge(point, runs.launch(point, out_dir, progress, leg), hw, results_dir)
         done[leg.name] = j
         # a process is judged by how it ended; the phase's gates read the resumed run as a whole
         status, reason = j.ended or (Status.PASS, f"exit 0 after step {j.run.csv['step'].max()}")
@@ -47,7 +47,7 @@ def execute(point: PhasePoint, run_dir: Path, hw: Machine, results_dir: Path, ru
     clue = equivalence.clue(reference.run.csv, resumed.csv, point.phase.resume_after, rtol or 0.0)
     extra = equivalence.gates(reference.run.csv, first.run.csv, second.run.csv, point.phase.resume_after, rtol,
                               first.run.env, second.run.env)
-    j = runs.judge(point, runs.Launched(resumed, second.proc, second.errors), hw, extra)
+    j = runs.judge(point, runs.Launched(resumed, second.proc, second.errors), hw, results_dir, extra)
     rec = runs.record(point, j, hw, results_dir, run_id, started, runs=sub_runs, wall_s=_wall(done))
     return dataclasses.replace(rec, evidence=dataclasses.replace(rec.evidence, resume_clue=clue))
 

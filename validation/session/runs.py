@@ -85,7 +85,8 @@ def launch(point: PhasePoint, out_dir: Path, progress: Progress | None, leg: Leg
     return Launched(run, proc, errors)
 
 
-def judge(point: PhasePoint, done: Launched, hw: Machine, extra: list[GateResult] | None = None) -> Judged:
+def judge(point: PhasePoint, done: Launched, hw: Machine, results_dir: Path,
+          extra: list[GateResult] | None = None) -> Judged:
     """The point's gates (and its golden gate, and ``extra``) over the run, and its verdict."""
     run, kind = done.run, point.phase.kind
     asked = point.gates()
@@ -95,7 +96,7 @@ def judge(point: PhasePoint, done: Launched, hw: Machine, extra: list[GateResult
     if kind == "profile" and "profiled_steps" not in run.counts:
         unprovided.update({m: f"the trainer wrote no {PROFILE_JSON} (it does not honour {PROFILE_STEPS_ENV})"
                            for m in PROFILE_METRICS})
-    golden = goldens.gate(point, run.csv, hw)
+    golden = goldens.gate(point, run.csv, hw, results_dir)
     gates = evaluate(asked, run, unprovided) + ([golden] if golden else []) + list(extra or [])
     # how the process ended decides first; its gates decide a run that ended clean
     by_gates = gate_verdict(gates)

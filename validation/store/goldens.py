@@ -31,6 +31,7 @@ import yaml
 from nsa.atomic import write_atomic
 from nsa.yaml_unique import safe_load_unique
 from validation.contract.files import read_training_csv
+from validation import DEFAULT_RESULTS_DIR
 from validation.errors import ArtifactError, HarnessError
 from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult, GateVerdict, Pending, check
 from validation.machine import Machine
@@ -221,26 +222,40 @@ def compare(loss: list[float | None], golden: Curve, rtol: float) -> tuple[float
     return worst, first
 
 
-def gate(point: PhasePoint, csv: pd.DataFrame | None, machine: Machine) -> GateResult | None:
-    """The golden-loss gate of a point with ``golden_steps`` (None for other points)."""
-    if not point.phase.golden_steps:
+def bless_line(point: PhasePoint, results_dir: Path) -> str:
+    """The command that blesses ``point``'s stored run in ``results_dir`` (named unless it is the
+    default store: a line without it would bless another store's run of the point)."""
+    store = Path(results_dir).resolve()
+    at = "" if store == DEFAULT_RESULTS_DIR.resolve() else f" --results-dir {store}"
+    return (f"nsa-validate bless --runbook {point.runbook.cli_name} --profile {point.profile.cli_name} "
+            f"--point {point_id(point)}{at}")
+
+
+def gate(point: PhasePoint, csv: pd.DataFrame | None, machine: Machine, results_dir: Path) -> GateResult | None:
+    """The golden-loss gate of a point with ``golden_steps`` (None for other points): its loss at
+    steps 1..golden_steps against the golden curve's (of at least as many steps; one of fewer, blessed
+    when the point asked fewer, is no golden of these steps)."""
+    steps = point.phase.golden_steps
+    if not steps:
         return None
     rtol = point.profile.thresholds[RTOL_KEY]  # present: PhasePoint.gates checked it
     goldens = GoldenFile.for_pair(point.runbook.path, point.runbook.name, point.profile.name)
     hw = hardware_class(machine)
-    curve = goldens.get(point_id(point), hw)
-    if curve is None:
-        bless_cmd = (f"nsa-validate bless --runbook {point.runbook.cli_name} --profile {point.profile.cli_name} "
-                     f"--point {point_id(point)}")
+    pid = point_id(point)
+    curve = goldens.get(pid, hw)
+    where = f"steps 1-{steps}"
+    if curve is None or len(curve.loss) < steps:
+        lacks = (goldens.lacks(pid, hw) if curve is None else
+                 f"the curve in {goldens.path} holds steps 1-{len(curve.loss)}, fewer than golden_steps {steps}")
         # the tolerance is the profile's (what is missing is the curve, not a threshold)
-        return GateResult(METRIC, "<=", rtol, f"steps 1-{point.phase.golden_steps}", None, GateVerdict.UNMEASURED,
-                          RTOL_KEY, DESCRIPTION,
-                          note=f"no golden for {point_id(point)} on {hw}: {goldens.lacks(point_id(point), hw)}; "
-                               f"write one with `{bless_cmd}`",
+        return GateResult(METRIC, "<=", rtol, where, None, GateVerdict.UNMEASURED, RTOL_KEY, DESCRIPTION,
+                          note=f"no golden for {pid} on {hw}: {lacks}; write one with "
+                               f"`{bless_line(point, results_dir)}`",
                           pending=Pending.NO_GOLDEN)
-    value, first = compare(losses(csv, len(curve.loss)), curve, rtol if rtol is not None else 0.0)
+    golden = dataclasses.replace(curve, loss=curve.loss[:steps])
+    value, first = compare(losses(csv, steps), golden, rtol if rtol is not None else 0.0)
     if value is None:
-        note = f"training.csv lacks a finite loss for one of steps 1-{len(curve.loss)}"
+        note = f"training.csv lacks a finite loss for one of steps 1-{steps}"
     elif first is not None:
         note = f"{first.text()}; the golden: {curve.origin()}"
     else:
@@ -248,7 +263,7 @@ def gate(point: PhasePoint, csv: pd.DataFrame | None, machine: Machine) -> GateR
     if rtol is None:
         note = f"tolerance to be measured (profile {RTOL_KEY}); " + note
     verdict = check(value, "<=", rtol)
-    return GateResult(METRIC, "<=", rtol, f"steps 1-{len(curve.loss)}", value, verdict, RTOL_KEY, DESCRIPTION,
+    return GateResult(METRIC, "<=", rtol, where, value, verdict, RTOL_KEY, DESCRIPTION,
                       note=note, pending=Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None)
 
 
@@ -295,7 +310,7 @@ def recheck(point: PhasePoint, stored: GateResult, results_dir: Path, run: str, 
         csv = read_training_csv(Path(results_dir) / run)
     except ArtifactError as exc:
         return Recheck(stored, None, str(exc))
-    now = gate(point, csv, machine)
+    now = gate(point, csv, machine, results_dir)
     if now is not None and (now.verdict, now.value) != (stored.verdict, stored.value):
         goldens = GoldenFile.for_pair(point.runbook.path, point.runbook.name, point.profile.name)
         curve = goldens.get(point_id(point), hardware_class(machine))

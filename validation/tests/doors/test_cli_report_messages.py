@@ -218,7 +218,7 @@ def test_an_incomplete_verdict_says_why_its_first_unfinished_point_is_not_done(t
     rb = load_runbook(write_runbook(tmp_path / "rb.yaml", [train_phase(), train_phase("long_run", golden_steps=3)]))
     prof = load_profile("cpu")
     base, long_run = expand(rb, prof)
-    gate = goldens.gate(long_run, None, detect())
+    gate = goldens.gate(long_run, None, detect(), tmp_path / "r")
     assert gate.threshold == prof.thresholds["golden_loss_rtol"] and "no golden for long_run/default" in gate.note
     assert "to be measured" not in gate.text()
     ResultStore(tmp_path / "r").put_many([

@@ -124,8 +124,10 @@ def test_bless_commands_name_a_runbook_given_by_path(tmp_path):
     (tmp_path / "res").mkdir()
     with pytest.raises(GoldenError, match=f"nsa-validate run --runbook {path} --profile cpu --phase long_run"):
         bless.bless(tmp_path / "res", rb, prof, bless.select(rb, prof, None, None))
-    note = goldens.gate(expand(rb, prof)[0], None, Machine()).note
-    assert f"`nsa-validate bless --runbook {path} --profile cpu --point long_run/default`" in note
+    note = goldens.gate(expand(rb, prof)[0], None, Machine(), tmp_path / "res").note
+    # the store is named: pasted without it, bless would take another store's run of the point
+    assert (f"`nsa-validate bless --runbook {path} --profile cpu --point long_run/default --results-dir "
+            f"{(tmp_path / 'res').resolve()}`") in note
 
 
 def test_the_reports_rerun_command_names_a_runbook_given_by_path(tmp_path):

@@ -258,3 +258,46 @@ def test_a_golden_points_repeats_tell_changed_numbers_from_runs_that_do_not_repe
         assert finding.title.startswith("gate failed in determinism [default]: repeat_loss_rel_diff = ")
         advice = recommendations([finding])[0]
         assert "Runs of one commit with one seed gave different losses" in advice
+
+
+def test_the_golden_gate_compares_the_steps_golden_steps_asks_whatever_the_curve_holds(tmp_path):
+    """The gate compared as many steps as the blessed curve held: a 4-step golden passed a point now
+    asking golden_steps 6 whose steps 5-6 were never compared, and a 6-step golden failed a point now
+    asking 4 ('lacks a finite loss for one of steps 1-6'). It compares steps 1..golden_steps; a curve
+    of fewer is no golden of them (UNMEASURED, naming its steps and the bless line with the store)."""
+    rb, res = tmp_path / "rb.yaml", tmp_path / "res"
+    write_runbook(rb, [train_phase("long_run", golden_steps=4, gates=[], steps=6)])
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"]) == 0  # no golden yet
+    assert main(["bless", "--runbook", str(rb), "--results-dir", str(res), "--phase", "long_run"]) == 0
+    curve = GoldenFile.for_pair(rb, "fake", "cpu").get("long_run/default", "cpu")
+    assert len(curve.loss) == 4
+    write_runbook(rb, [train_phase("long_run", golden_steps=6, gates=[], steps=6)])
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"]) == 0
+    rec = next(r for r in ResultStore(res).records() if r.phase == "long_run")
+    [gate] = rec.gates
+    assert rec.status == Status.UNMEASURED and gate.window == "steps 1-6", (rec.reason, gate)
+    assert (f"no golden for long_run/default on cpu: the curve in {tmp_path / 'goldens' / 'fake__cpu.yaml'} holds "
+            f"steps 1-4, fewer than golden_steps 6; write one with `nsa-validate bless --runbook {rb} --profile cpu "
+            f"--point long_run/default --results-dir {res.resolve()}`") in gate.note, gate.note
+    assert main(["bless", "--runbook", str(rb), "--results-dir", str(res), "--phase", "long_run"]) == 0
+    write_runbook(rb, [train_phase("long_run", golden_steps=3, gates=[], steps=3)])  # a shorter point, same numbers
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"]) == 0
+    rec = next(r for r in ResultStore(res).records() if r.phase == "long_run")
+    assert rec.status == Status.PASS and rec.gates[0].window == "steps 1-3", rec.reason
+
+
+def test_a_report_after_a_bless_says_what_the_golden_file_holds_now(tmp_path):
+    """After blessing one point of two, the report still said of the other 'goldens/... does not
+    exist' (its note as stored at the run), beside an environment line saying the file exists."""
+    from validation.report.build import build_context
+
+    rb, res = _golden_runbook(tmp_path), tmp_path / "res"
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report",
+                 "--phase", "scaling_sweep"]) == 0
+    assert main(["bless", "--runbook", str(rb), "--results-dir", str(res), "--point",
+                 "scaling_sweep/batch_size=1"]) == 0
+    runbook, profile = load_runbook(rb), load_profile("cpu")
+    ctx = build_context(res, runbook.name, profile.name, runbook=runbook, profile=profile)
+    [row] = [g for g in ctx["gates"] if g["point"] == "batch_size=2" and g["metric"] == "golden_loss_rel_diff"]
+    text = str(row)
+    assert "does not exist" not in text and "exists but holds no such curve" in text, text

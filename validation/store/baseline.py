@@ -12,9 +12,11 @@ sees how close a point came. Points repeated on either side (a phase's
 regression only when the current point's t-interval over its repeats lies wholly below the
 baseline's (a point run once is an interval of no width); a drop inside the noise is shown,
 with its intervals, and not gated. A point whose numbers are over other steps on the two sides
-(the runbook's window, or its steps where the window is all of them, changed since the baseline)
-is not judged: its gate is UNMEASURED, a warning finding names it and why, and the report is
-INCOMPLETE (never a GO or NO-GO from numbers that are not comparable). Records in, typed
+(the runbook's window, or its steps where the window is all of them, changed since the baseline),
+or whose runs the runbook asked differently where that decides their speed (config, overrides,
+environment, world size, launcher: ``SPEED_ASKED``), is not judged: its gate is UNMEASURED, a
+warning finding names it and why, and the report is INCOMPLETE (never a GO or NO-GO from numbers
+that are not comparable, nor advice to bisect the trainer for a change of settings). Records in, typed
 comparison out; the report renders it (validation/report.py).
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from validation.errors import StoreError
+from validation.judge.asked import Asked
 from validation.judge.findings.finding import Facts, Finding, Severity, point_label, where
 from validation.judge.gates import GateVerdict, Window
 from validation.judge.interval import Interval, interval
@@ -41,6 +44,10 @@ ALL_STEPS = Window().describe()
 NOTED_DROP = 0.05
 #: points a note lists one by one; its title counts them all
 LISTED = 5
+#: what the runbook asked of a run (judge/asked.py) that decides its speed: two runs asked these
+#: differently measure the settings, not the trainer (its commit, its steps' window and its
+#: repeats are compared on their own)
+SPEED_ASKED = ("config", "overrides", "env", "world_size", "launcher")
 
 
 @dataclass(frozen=True)
@@ -79,18 +86,27 @@ class PointDelta:
     steps: int | None = None
     """Steps each side asked for: where the window is all steps, they are what it is over."""
     baseline_steps: int | None = None
+    asked_apart: str = ""
+    """How the runbook asked the two runs differently ('override sim.step_s 0.01 here, 0.002 in the
+    baseline'), of what decides a run's speed (``SPEED_ASKED``); '' where it asked them alike or a
+    side kept no record of it."""
 
     @property
-    def comparable(self) -> bool:
+    def same_steps(self) -> bool:
         """Both sides' windowed numbers are over the same steps: the same window, and, where that is
         all steps, the same steps asked for (the mean of 8 steps weighs a slow first step more than
         that of 20)."""
         return self.window == self.baseline_window and (
             self.window != ALL_STEPS or None in (self.steps, self.baseline_steps) or self.steps == self.baseline_steps)
 
+    @property
+    def comparable(self) -> bool:
+        """Both sides' numbers say the same of the trainer: over the same steps of runs asked alike."""
+        return self.same_steps and not self.asked_apart
+
     def _sides(self) -> tuple[str, str]:
         """The steps this run's and the baseline's windowed numbers are over, in words."""
-        if self.window == self.baseline_window == ALL_STEPS and not self.comparable:
+        if self.window == self.baseline_window == ALL_STEPS and not self.same_steps:
             return f"all {self.steps} steps", f"all {self.baseline_steps} steps"
         return self.window, self.baseline_window
 
@@ -103,11 +119,11 @@ class PointDelta:
 
     @property
     def not_comparable(self) -> str:
-        """Why the two sides' windowed numbers cannot be compared ('' where they can)."""
+        """Why the two sides' numbers cannot be compared ('' where they can)."""
         mine, theirs = self._sides()
-        if mine == theirs:
-            return ""
-        return f"this run's numbers are over {_over(mine)}, the baseline's over {_over(theirs)}"
+        apart = [f"the runbook asked the runs differently: {self.asked_apart}"] if self.asked_apart else []
+        steps = [f"this run's numbers are over {_over(mine)}, the baseline's over {_over(theirs)}"] if mine != theirs else []
+        return "; ".join(apart + steps)
 
     @property
     def toks(self) -> MetricDelta | None:
@@ -193,10 +209,11 @@ class Comparison:
         if not unjudged:
             return []
         phases = list(dict.fromkeys(p.phase for p in unjudged))
+        why = ("the runbook asked their runs differently, or their numbers are over other steps" if any(
+            p.asked_apart for p in unjudged) else "their numbers are over other steps than the baseline's")
         return [Finding(Severity.WARNING, ", ".join(phases), (
             f"tokens/s not compared with baseline {self.source.short} at {len(unjudged)} point(s): "
-            f"their numbers are over other steps than the baseline's, so the regression gate "
-            f"({REGRESSION_KEY}) was not judged"),
+            f"{why}, so the regression gate ({REGRESSION_KEY}) was not judged"),
             [f"{p.phase} [{p.point}]: {p.not_comparable} ({p.toks.current:,.1f} vs {p.toks.baseline:,.1f} toks/s)"
              for p in unjudged], "not_comparable", self.facts)]
 
@@ -230,7 +247,7 @@ class Comparison:
                 if m.metric == THROUGHPUT and p.intervals is not None:
                     cur, base = (i.text() for i in p.intervals)
                 windowed = METRICS[m.metric].windowed  # else a count of the whole run's
-                change = ("— (other steps)" if windowed and not p.comparable else
+                change = ("— (asked differently)" if p.asked_apart else "— (other steps)" if windowed and not p.comparable else
                           "—" if m.change is None else f"{m.change:+.1%}")
                 rows.append({"phase": p.phase, "point": p.point, "metric": m.metric,
                              "window": p.window_text if windowed else ALL_STEPS,
@@ -300,7 +317,8 @@ def _delta(r: PhaseRecord, b: PhaseRecord, deltas: list[MetricDelta], threshold:
     """One point against its baseline twin, with the regression gate's verdict."""
     finished = all(x.ran and x.exit_code == 0 for x in (r, b))
     base = PointDelta(r.phase, point_label(r), str(r.status), str(b.status), deltas, finished=finished,
-                      window=r.window, baseline_window=b.window, steps=r.steps, baseline_steps=b.steps)
+                      window=r.window, baseline_window=b.window, steps=r.steps, baseline_steps=b.steps,
+                      asked_apart=asked_apart(r.asked, b.asked))
     toks = next((d for d in deltas if d.metric == THROUGHPUT), None)
     if toks is None or toks.current is None or toks.baseline is None:
         return base
@@ -310,7 +328,7 @@ def _delta(r: PhaseRecord, b: PhaseRecord, deltas: list[MetricDelta], threshold:
     base = replace(base, intervals=pair)
     if threshold is None or toks.change is None or not finished:
         return base
-    if not base.comparable:  # a drop (or none) between other steps says nothing of the trainer
+    if not base.comparable:  # a drop (or none) between other steps or other settings says nothing of the trainer
         return replace(base, regression=GateVerdict.UNMEASURED, note=base.not_comparable)
     if toks.change >= -threshold:
         return replace(base, regression=GateVerdict.PASS)
@@ -319,6 +337,27 @@ def _delta(r: PhaseRecord, b: PhaseRecord, deltas: list[MetricDelta], threshold:
             f"a drop of {-toks.change:.1%} inside the repeats' noise: this run's {pair[0].text()} overlaps the "
             f"baseline's {pair[1].text()}"))
     return replace(base, regression=GateVerdict.FAIL)
+
+
+def asked_apart(mine: Asked | None, theirs: Asked | None) -> str:
+    """'override sim.step_s 0.01 here, 0.002 in the baseline; world size 2 here, 1 in the baseline':
+    how two runs were asked differently, of the fields that decide a run's speed; '' where they were
+    asked alike, or either record kept nothing of it (a harness before ``asked``)."""
+    if mine is None or theirs is None:
+        return ""
+    labels = dict(Asked.fields())
+    out = []
+    for name in SPEED_ASKED:
+        a, b = getattr(mine, name), getattr(theirs, name)
+        if a is None or b is None or a == b:
+            continue
+        label = labels[name].label
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [f"{label} {k} {a.get(k, 'unset')} here, {b.get(k, 'unset')} in the baseline"
+                    for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+        else:
+            out.append(f"{label} {a} here, {b} in the baseline")
+    return "; ".join(out)
 
 
 def _source(records: list[PhaseRecord], baseline_dir: Path) -> BaselineSource:

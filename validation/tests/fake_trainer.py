@@ -44,7 +44,9 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
 NSA_FAKE_LOG_EVERY=N writes a training.csv row only every N steps (the last step not forced) while every rank's
 heartbeats record each step's end, as a trainer that logs every N steps does;
 NSA_FAKE_WORLD=N simulates N ranks from one process; NSA_FAKE_STEP_S=S sleeps S seconds a step;
-NSA_FAKE_TOKS_SCALE=F multiplies tokens/s by F (a staged throughput change); NSA_FAKE_TOKS_BY_REPEAT=a,b,c
+NSA_FAKE_TOKS_SCALE=F multiplies tokens/s by F (a staged throughput change); FAKE_TRAINER_TOKS_SCALE_OF=P:F,...
+multiplies it by F in the points of phase P only (set in the harness's environment, which passes no NSA_*
+variable on, not the runbook's: a change of the trainer between two stores, as a baseline comparison sees it); NSA_FAKE_TOKS_BY_REPEAT=a,b,c
 multiplies it by a in a repeated point's first repeat, b in its second, ... (its directory's name,
 ``repeatK``, says which): run-to-run noise, made to order; NSA_FAKE_LOSS_BY_REPEAT=a,b,... multiplies the
 loss of step s by a**s in the first repeat, ...: runs of one seed that drift apart (not deterministic);
@@ -87,6 +89,15 @@ def allreduce_wait(seconds: float) -> None:
 def backward_stuck(out: Path, rank: int) -> None:
     with open(out / f"stackdump_rank{rank}.txt", "w") as fh:
         faulthandler.dump_traceback(fh, all_threads=True)
+
+
+def phase_scale(out: Path) -> float:
+    """FAKE_TRAINER_TOKS_SCALE_OF's factor of this run's phase (results/runs/RB/PROFILE/PHASE/POINT/RUN)."""
+    scales = dict(item.split(":") for item in os.environ.get("FAKE_TRAINER_TOKS_SCALE_OF", "").split(",") if item)
+    parts = out.parts
+    runs = len(parts) - 1 - parts[::-1].index("runs") if "runs" in parts else None
+    phase = parts[runs + 3] if runs is not None and len(parts) > runs + 3 else ""
+    return float(scales.get(phase, 1.0))
 
 
 def repeat_scale(out: Path, variable: str = "NSA_FAKE_TOKS_BY_REPEAT") -> float:
@@ -162,7 +173,8 @@ def main() -> int:
         if fault == "nan_unlogged" and step == opts.get("step", 1):
             (out / ".HALT").write_text(json.dumps({"source": "nonfinite", "step": step}))
             return 4
-        toks = (200.0 + (step % 3)) * float(os.environ.get("NSA_FAKE_TOKS_SCALE", "1")) * repeat_scale(out)
+        toks = ((200.0 + (step % 3)) * float(os.environ.get("NSA_FAKE_TOKS_SCALE", "1")) * repeat_scale(out)
+                * phase_scale(out))
         if fault == "cliff" and batch >= 2:
             toks = 6.0 + (step % 2)
         if superseded:

@@ -3,6 +3,7 @@ baseline's commit/date/hardware named, one-sided points listed, and a staged tok
 beyond the profile's max_toks_regression (cpu: 0.5) failing the report (CLI and pytest)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -16,26 +17,32 @@ from validation.store.baseline import BaselineSource, MetricDelta, compare
 from validation.store.results import ResultStore
 from validation.tests.conftest import train_phase, write_runbook
 
-#: the staged drop: the fake trainer's tokens/s times 0.4 (60% below, the cpu profile allows 50%)
-SLOWER = {"NSA_FAKE_TOKS_SCALE": "0.4"}
+#: a drop of the fake trainer's tokens/s to 0.4x (60% below, the cpu profile allows 50%) as a change of
+#: the trainer between the stores (the harness's environment, not the runbook's): the runbook asks both
+#: stores' runs alike
+SLOWER_TRAINER = ("FAKE_TRAINER_TOKS_SCALE_OF", "slowed:0.4")
+#: the same drop asked by the runbook (its environment for the trainer): a change of settings, not of the trainer
+SLOWER_ASKED = {"NSA_FAKE_TOKS_SCALE": "0.4"}
 
 
 def _gates(name: str, **extra) -> dict:
     return train_phase(name, gates=[{"metric": "loss_finite", "op": "==", "threshold": 1}], **extra)
 
 
-def _two_runs(tmp_path):
-    """Baseline: steady, slowed, gone. This run: steady, slowed (0.4x tokens/s), new."""
+def _two_runs(tmp_path, monkeypatch, scale: str = "0.4"):
+    """Baseline: steady, slowed, gone. This run: steady, slowed (its trainer at ``scale`` x tokens/s), new."""
     base, cur = tmp_path / "base", tmp_path / "cur"
     rb_base = write_runbook(tmp_path / "base.yaml", [_gates("steady"), _gates("slowed"), _gates("gone")])
-    rb_cur = write_runbook(tmp_path / "cur.yaml", [_gates("steady"), _gates("slowed", env=SLOWER), _gates("new")])
+    rb_cur = write_runbook(tmp_path / "cur.yaml", [_gates("steady"), _gates("slowed"), _gates("new")])
     assert main(["run", "--runbook", str(rb_base), "--results-dir", str(base), "--no-report"]) == 0
+    monkeypatch.setenv(SLOWER_TRAINER[0], f"slowed:{scale}")
     assert main(["run", "--runbook", str(rb_cur), "--results-dir", str(cur), "--no-report"]) == 0
+    monkeypatch.delenv(SLOWER_TRAINER[0])
     return base, cur, rb_cur
 
 
-def test_report_compares_each_point_and_gates_the_staged_drop(tmp_path, capsys):
-    base, cur, rb = _two_runs(tmp_path)
+def test_report_compares_each_point_and_gates_the_staged_drop(tmp_path, capsys, monkeypatch):
+    base, cur, rb = _two_runs(tmp_path, monkeypatch)
     runbook, profile = load_runbook(rb), load_profile("cpu")
     ctx = build_context(cur, "fake", "cpu", runbook=runbook, profile=profile, now="2026-01-01 00:00 UTC", baseline=base)
     assert ctx["verdict"] == "NO-GO"
@@ -113,7 +120,7 @@ def test_a_baseline_over_another_window_is_not_judged_and_the_report_is_incomple
     over steps 6-8 against 460 over steps 4-8). A drop between other steps says nothing of the
     trainer, either way: the gate is UNMEASURED with the reason, a warning names the point, the
     report is INCOMPLETE (never GO on it), and the table shows no change for windowed numbers."""
-    ctx = _report_against(tmp_path, _windowed(5), _windowed(3, env=SLOWER))
+    ctx = _report_against(tmp_path, _windowed(5), _windowed(3))
     assert ctx["verdict"] == "INCOMPLETE"
     assert ctx["status_reason"] == ("1 gate(s) against the baseline not judged (ab [default]: this run's numbers "
                                     "are over the last 3 steps, the baseline's over the last 5 steps)")
@@ -130,18 +137,34 @@ def test_a_baseline_over_another_window_is_not_judged_and_the_report_is_incomple
     assert "⏳ UNMEASURED" in text and "1 point(s) not judged" in text
 
 
+def test_a_baseline_whose_runs_the_runbook_asked_differently_is_not_judged(tmp_path):
+    """The same trainer and commit, the runbook's override (here its environment for the trainer)
+    changed between the stores: 'tokens/s 60.0% below baseline', NO-GO, and advice to bisect the
+    trainer's commits. Numbers of other settings say nothing of the trainer: the gate is UNMEASURED
+    naming what was asked differently, and the report INCOMPLETE."""
+    ctx = _report_against(tmp_path, _gates("slowed"), _gates("slowed", env=SLOWER_ASKED))
+    assert ctx["verdict"] == "INCOMPLETE", ctx["status_reason"]
+    assert ctx["status_reason"] == ("1 gate(s) against the baseline not judged (slowed [default]: the runbook asked "
+                                    "the runs differently: env NSA_FAKE_TOKS_SCALE 0.4 here, unset in the baseline)")
+    assert not [f for f in ctx["findings"] if f.kind in ("regression", "slower_than_baseline")]
+    [warning] = [f for f in ctx["findings"] if f.kind == "not_comparable"]
+    assert "the runbook asked their runs differently" in warning.title, warning.title
+    text = render_text({**ctx, "results_prefix": ".."})
+    assert "| — (asked differently) (not judged) |" in text and "bisect" not in text
+
+
 def test_a_baseline_of_all_steps_of_a_run_of_another_length_is_not_judged(tmp_path):
     """A gate without a window reads all steps: of 6 steps here and 8 in the baseline, a mean in which
     a slow first step weighs another share. Both sides said 'all steps' and were gated."""
-    ctx = _report_against(tmp_path, _windowed(None), _windowed(None, env=SLOWER, steps=6))
+    ctx = _report_against(tmp_path, _windowed(None), _windowed(None, steps=6))
     assert ctx["verdict"] == "INCOMPLETE" and "over all 6 steps, the baseline's over all 8 steps" in ctx[
         "status_reason"]
     text = render_text({**ctx, "results_prefix": ".."})
     assert "| ab | default | toks_per_s_mean | all 6 steps (baseline: all 8 steps) | " in text
 
 
-def test_without_a_threshold_changes_are_shown_not_gated(tmp_path):
-    base, cur, _ = _two_runs(tmp_path)
+def test_without_a_threshold_changes_are_shown_not_gated(tmp_path, monkeypatch):
+    base, cur, _ = _two_runs(tmp_path, monkeypatch)
     comparison = compare(ResultStore(cur).records(), ResultStore(base).records(), base, threshold=None)
     assert comparison.gate_rows() == []
     assert [(f.severity, f.title) for f in comparison.findings()] == [(Severity.INFO, (
@@ -150,14 +173,10 @@ def test_without_a_threshold_changes_are_shown_not_gated(tmp_path):
     assert {p.phase: round(p.toks.change, 6) for p in comparison.points} == {"steady": 0.0, "slowed": -0.6}
 
 
-def test_a_drop_within_the_allowed_one_is_a_note_naming_point_values_and_tolerance(tmp_path):
+def test_a_drop_within_the_allowed_one_is_a_note_naming_point_values_and_tolerance(tmp_path, monkeypatch):
     """30% slower where the cpu profile allows 50%: GO, as before, but no longer only a table row (a
     drop of half the allowed one or more is noted, at least 5%)."""
-    base, cur = tmp_path / "base", tmp_path / "cur"
-    rb_base = write_runbook(tmp_path / "base.yaml", [_gates("steady"), _gates("slowed")])
-    rb_cur = write_runbook(tmp_path / "cur.yaml", [_gates("steady"), _gates("slowed", env={"NSA_FAKE_TOKS_SCALE": "0.7"})])
-    assert main(["run", "--runbook", str(rb_base), "--results-dir", str(base), "--no-report"]) == 0
-    assert main(["run", "--runbook", str(rb_cur), "--results-dir", str(cur), "--no-report"]) == 0
+    base, cur, rb_cur = _two_runs(tmp_path, monkeypatch, "0.7")
     ctx = build_context(cur, "fake", "cpu", runbook=load_runbook(rb_cur), profile=load_profile("cpu"),
                         now="2026-01-01 00:00 UTC", baseline=base)
     assert ctx["verdict"] == "GO"
@@ -189,11 +208,11 @@ def test_pytest_baseline_option_fails_the_report_check_on_a_drop(tmp_path):
     base = tmp_path / "base"
     rb = write_runbook(tmp_path / "rb.yaml", [_gates("long_run")])  # pytest needs a registered marker
     assert main(["run", "--runbook", str(rb), "--results-dir", str(base), "--no-report"]) == 0
-    write_runbook(rb, [_gates("long_run", env=SLOWER)])
     out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
                           "validation/tests/test_acceptance.py", "--runbook", str(rb), "--results-dir",
                           str(tmp_path / "cur"), "--baseline", str(base)],
-                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, SLOWER_TRAINER[0]: "long_run:0.4"})
     assert out.returncode == 1, out.stdout + out.stderr
     assert "1 passed" in out.stdout and "1 failed" in out.stdout  # the point passes its gates; the comparison fails
     assert "tokens/s 60.0% below baseline" in out.stdout

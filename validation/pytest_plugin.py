@@ -281,8 +281,8 @@ class AcceptancePlugin:
         temp = os.environ.get(_SESSION_DIR_ENV)
         if temp and Path(temp).is_dir() and not any(Path(temp).iterdir()):
             os.rmdir(temp)  # no point ran: leave no empty directory behind
-        if self.config.getoption("--no-acceptance-report"):
-            return
+        if self.config.getoption("--no-acceptance-report") or self.config.option.collectonly:
+            return  # listing the points runs none: no report, no verdict
         rendered, unrendered = [], 0
         # and the pair of a point stopped as its record was stored: it has no test report, and it
         # had removed its pair's report

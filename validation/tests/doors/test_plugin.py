@@ -178,6 +178,9 @@ def test_an_acceptance_run_collects_the_phase_points_alone(tmp_path):
     assert ids and all(i.startswith("validation/tests/test_acceptance.py::") for i in ids), out.stdout[-2000:]
     assert re.search(r"\d+/\d+ tests collected", out.stdout) and not re.search(r"/1\d{3} tests", out.stdout), \
         out.stdout[-500:]
+    # listing runs nothing: no verdict, exit 0 (it said 'this acceptance run is not GO' and exited 1)
+    assert out.returncode == 0 and "nsa-validate report" not in out.stdout, out.stdout[-1000:]
+    assert not (tmp_path / "r").exists()
 
 
 def test_a_plain_run_of_the_acceptance_tests_leaves_results_alone(tmp_path):

@@ -438,7 +438,33 @@ class AcceptanceSession:
 
 def _on_stop_signal(abort: threading.Event, signum, frame) -> None:
     abort.set()  # worker threads running trainers kill their process trees
+    if _drops_exceptions(frame):
+        threading.Timer(REDELIVER_S, _redeliver, (signum,)).start()
+        return
     raise Stopped(signum)
+
+
+#: seconds after which a stop signal that landed where its exception would be dropped is sent again
+REDELIVER_S = 0.05
+
+
+def _drops_exceptions(frame) -> bool:
+    """Whether the main thread is in code whose exceptions Python prints and drops ('Exception
+    ignored in ...'): the weakref callback of an import's module lock, a finalizer, or code they
+    called. A stop raised there is lost, its traceback printed."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.startswith("<frozen importlib") or code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _redeliver(signum: int) -> None:
+    """The stop signal again, to the main thread, while the session's handler still takes it."""
+    handler = signal.getsignal(signum)
+    if isinstance(handler, functools.partial) and handler.func is _on_stop_signal:
+        signal.pthread_kill(threading.main_thread().ident, signum)
 
 
 def _ran_from(store: ResultStore, rb_name: str, prof_name: str, notes: Callable[[str], None] | None,

@@ -67,8 +67,19 @@ def _positive(text: str) -> int:
 
 def _path(text: str) -> Path:
     """A path option's value, ``~`` expanded: the shell leaves it alone after '=' (``--results-dir=~/r``),
-    and a directory named '~' in the working directory is never what was meant."""
+    and a directory named '~' in the working directory is never what was meant. An empty value (an
+    unset shell variable) is refused: Path('') is the working directory."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (an unset shell variable?)")
     return Path(text).expanduser()
+
+
+def _named(text: str) -> str:
+    """A runbook's or profile's name or path; empty (an unset shell variable) is refused: it would
+    read as the option not given (every runbook, or the runbook's first profile)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty name (an unset shell variable?)")
+    return text
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -77,8 +88,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp: argparse.ArgumentParser, runbook_default: str | None, results: bool = True) -> None:
-        sp.add_argument("--runbook", default=runbook_default, help=f"runbook name under runbooks/ or a YAML path (default: {runbook_default or 'all stored'})")
-        sp.add_argument("--profile", default=None, help="hardware profile name or YAML path (default: " + (
+        sp.add_argument("--runbook", type=_named, default=runbook_default, help=f"runbook name under runbooks/ or a YAML path (default: {runbook_default or 'all stored'})")
+        sp.add_argument("--profile", type=_named, default=None, help="hardware profile name or YAML path (default: " + (
             "the runbook's first)" if runbook_default else "with --runbook its first; without, every stored pair)"))
         if results:
             sp.add_argument("--results-dir", type=_path, default=DEFAULT_RESULTS_DIR,

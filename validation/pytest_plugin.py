@@ -339,6 +339,10 @@ def _acceptance_run(config: pytest.Config, acceptance_markers: set[str]) -> bool
 
 
 def _options(config: pytest.Config, acceptance_run: bool) -> SessionOptions:
+    for opt in _PATH_OPTIONS:  # an unset shell variable: '' would be the working directory, or ignored
+        value = config.getoption(opt)
+        if value == "" or (isinstance(value, list) and "" in value):
+            raise pytest.UsageError(f"{opt}: an empty path (an unset shell variable?)")
     runbooks = tuple(config.getoption("--runbook") or available())
     base = config.getoption("--baseline")
     events = config.getoption("--tensorboard")

@@ -422,3 +422,15 @@ def test_the_advice_re_runs_the_failed_phases_of_the_reports_own_runbook(tmp_pat
     collected = sorted(line for line in out.stdout.splitlines() if "::test_phase[" in line)
     assert collected == ["validation/tests/test_acceptance.py::test_phase[fake/cpu/bucket_sweep/default]",
                          "validation/tests/test_acceptance.py::test_phase[fake/cpu/long_run/default]"], out.stdout
+
+
+@pytest.mark.parametrize("args", [["run", "--results-dir", ""], ["run", "--runbook", ""], ["report", "--profile="],
+                                  ["report", "--baseline", " "], ["check-artifacts", ""]])
+def test_an_empty_path_or_name_is_refused(args, capsys, tmp_path, monkeypatch):
+    """An unset shell variable ('--results-dir $R'): `run --results-dir ""` wrote results.json,
+    reports/ and runs/ into the working directory, and `--runbook ""` ran every runbook."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2
+    assert "an empty " in capsys.readouterr().err and not any(tmp_path.iterdir())

@@ -301,3 +301,11 @@ def test_a_collection_error_is_not_said_to_be_a_signal(tmp_path):
     assert "interrupted (SIGINT)" not in out.stdout + out.stderr
     assert "nsa-validate: pytest stopped the run (1 error during collection); no point was cut short" in out.stdout
     assert not (tmp_path / "r" / "runs").exists()  # nothing ran
+
+
+@pytest.mark.parametrize("option", ["--results-dir=", "--runbook=", "--baseline="])
+def test_an_empty_path_option_is_a_usage_error(option):
+    """`pytest --results-dir=$R` with R unset stored into ./results, the option silently dropped."""
+    out = _pytest("validation/tests/test_acceptance.py", "-m", "sanity", option)
+    assert out.returncode == 4 and f"{option[:-1]}: an empty path (an unset shell variable?)" in out.stderr, \
+        (out.returncode, out.stderr[-1000:])

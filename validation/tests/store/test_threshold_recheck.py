@@ -96,3 +96,31 @@ def test_report_judges_by_the_profile_file_the_run_used_not_the_built_in_of_its_
     assert main(["report", "--runbook", str(rb), "--profile", "cpu", "--results-dir", str(res)]) == 0
     text = (res / "reports" / "fake__cpu.md").read_text()
     assert "the profile's min_toks_per_s makes the gate >= 1 now, >= 1e+12 at the run (FAIL then)" in text
+
+
+def test_two_gates_of_one_metric_and_window_are_each_judged_by_their_own_rule(tmp_path):
+    """A floor and a ceiling on one metric and window: the run failed the ceiling (steps_completed 4,
+    needs <= 3), and the report, re-checking the stored gates against the first runbook gate of the
+    metric and window, judged both by the floor: GO, exit 0, for a point that had failed."""
+    band = _gates(1, {"metric": "steps_completed", "op": "<=", "threshold": 3})
+    rb, res = _ran(tmp_path, band, status="FAIL")
+    ctx = _context(rb, res)
+    assert ctx["verdict"] == "NO-GO" and ctx["thresholds_changed"] == [], ctx["status_reason"]
+    assert main(["report", "--runbook", str(rb), "--results-dir", str(res), "--no-plots"]) == 1
+    # the runbook gates in the other order: the same verdicts
+    write_runbook(rb, [train_phase("long_run", gates=band[::-1], steps=4)])
+    assert _context(rb, res)["verdict"] == "NO-GO"
+
+
+def test_a_gate_added_beside_a_stored_one_of_its_metric_and_window_is_judged_from_the_stored_value(tmp_path):
+    """A ceiling added after a run that passed its floor on the same metric and window: the report
+    stayed GO and showed one gate; the ceiling was neither judged nor counted as not run."""
+    rb, res = _ran(tmp_path, _gates(1))
+    write_runbook(rb, [train_phase("long_run", gates=_gates(1, {"metric": "steps_completed", "op": "<=",
+                                                                 "threshold": 3}), steps=4)])
+    ctx = _context(rb, res)
+    assert ctx["verdict"] == "NO-GO", ctx["status_reason"]
+    assert ctx["thresholds_changed"] == ["long_run [default]: steps_completed (all steps): <= 3 asked now, not at the "
+                                         "run; FAIL now"]
+    rows = [g for g in ctx["gates"] if g["metric"] == "steps_completed"]
+    assert sorted((g["op"], g["verdict"]) for g in rows) == [("<=", "FAIL"), (">=", "PASS")], rows

@@ -357,14 +357,19 @@ def _supervise(procs: list[subprocess.Popen | None], over: LaunchOver, ended: di
 
 def _stalled(steps: StepWatch, watch: Watch, quiet: float) -> _Stop | None:
     """A stall when the files showed no new step for ``quiet`` seconds, the allowance (startup_s
-    before the first step, else stall_s) or more."""
-    first = steps.highest is None
+    until a first step is done, else stall_s) or more."""
+    first = not steps.stepped
     limit = watch.startup_s if first else watch.stall_s
     if quiet < limit:
         return None
     # the highest step any file showed: a heartbeat's step in progress, not the last one
     # training.csv logged (the verdict's 'after step N')
-    at = "before its first step" if first else f"at step {steps.highest} (the highest its files showed)"
+    if not first:
+        at = f"at step {steps.highest} (the highest its files showed)"
+    elif steps.highest is None:
+        at = "before its first step"
+    else:
+        at = f"before its first step was done (its files showed step {steps.highest} begun)"
     key = "startup_s" if first else "stall_s"
     return _Stop(_Why.STALL, f"no progress for {quiet:.0f}s {at} ({key} {limit:g})", round(quiet, 1))
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from nsa.contract import HEARTBEAT_PATTERN
+from nsa.contract import HEARTBEAT_PATTERN, HEARTBEAT_STAGES_AFTER_STEP
 
 HEARTBEATS = "heartbeat_rank*.jsonl"
 
@@ -32,8 +32,8 @@ class Watch:
     """No growth of the highest step for this long, once a first step was seen, is a stall:
     stacks are taken and the tree killed."""
     startup_s: float
-    """Before the first step: no step this long after the launch is a stall too (start-up takes
-    longer than a step: imports, compilation, graph capture)."""
+    """Before the first step is done: no new step this long is a stall too (start-up and the first
+    step take longer than a step: imports, compilation, graph capture)."""
     run_dir: Path
     """Where the stacks the harness takes go (``harness_stacks/``)."""
     single_process: bool
@@ -68,19 +68,21 @@ class _Tail:
         return lines
 
 
-def _step(line: bytes) -> tuple[int | None, int | None]:
-    """The step of a heartbeat record (JSON) or a CSV row (its first cell), and the record's pid;
-    None for a header, a torn line or anything else."""
+def _step(line: bytes) -> tuple[int | None, int | None, bool]:
+    """The step of a heartbeat record (JSON) or a CSV row (its first cell), the record's pid, and
+    whether it says that step was completed (a CSV row, or a heartbeat of a stage written once a
+    step is done: nsa/contract.py; a record within a step says only that the step began); None for
+    a header, a torn line or anything else."""
     text = line.strip()
     if text.startswith(b"{"):
         try:
             rec = json.loads(text)
-            step, pid = rec.get("step"), rec.get("pid")
+            step, pid, stage = rec.get("step"), rec.get("pid"), rec.get("stage")
         except (ValueError, AttributeError):
-            return None, None
-        return _whole(step), _whole(pid)
+            return None, None, False
+        return _whole(step), _whole(pid), stage in HEARTBEAT_STAGES_AFTER_STEP
     first = text.split(b",", 1)[0].strip()
-    return (int(first) if first.isdigit() else None), None
+    return (int(first) if first.isdigit() else None), None, True
 
 
 def _whole(v: object) -> int | None:
@@ -94,6 +96,9 @@ class StepWatch:
                  live_steps: Callable[[], int | None] | None = None):
         self.progress_dir, self.csv, self.step_of, self.live_steps = progress_dir, csv, step_of, live_steps
         self.highest: int | None = None
+        self.stepped = False
+        """Whether a file showed a step completed (not one only begun): until then the run is
+        starting up (its first step may take a compilation's time)."""
         self._tails: dict[Path, _Tail] = {}
         self._last: dict[Path, int] = {}
         self._pid_of: dict[int, int] = {}
@@ -107,21 +112,25 @@ class StepWatch:
     def look(self) -> bool:
         """Read what was appended since the last look; True when a new step came: above the
         highest, or in a file that had gone back below it, another step than that file's last
-        (the records of one step's stages are no progress)."""
+        (the records of one step's stages are no progress), or the first step was done (the end
+        of start-up: the stall clock starts there, not at that step's first record)."""
         paths = [self.csv, *(p for p in self.progress_dir.glob(HEARTBEATS) if HEARTBEAT_PATTERN.match(p.name))]
         progressed = False
         for path in paths:
             tail = self._tails.setdefault(path, _Tail(path))
             beat = HEARTBEAT_PATTERN.match(path.name)
             for line in tail.new_lines():
-                if path == self.csv and self.step_of is not None:
-                    step, pid = self.step_of(line.decode(errors="replace")), None
+                if path == self.csv and self.step_of is not None:  # a trainer's log line of a step it did
+                    step, pid, done = self.step_of(line.decode(errors="replace")), None, True
                 else:
-                    step, pid = _step(line)
+                    step, pid, done = _step(line)
                 if beat and pid is not None:
                     self._pid_of[int(beat.group(1))] = pid
                 if step is None:
                     continue
+                # a record within step k > 1 says step k - 1 was done
+                if not self.stepped and (done or step > 1):
+                    self.stepped = progressed = True
                 last = self._last.get(path)
                 rerun = last is not None and step != last and (step < last or last < (self.highest or 0))
                 if self.highest is None or step > self.highest or rerun:
@@ -129,6 +138,6 @@ class StepWatch:
                 self.highest = step if self.highest is None else max(self.highest, step)
                 self._last[path] = step
         live = self.live_steps() if self.live_steps is not None else None
-        if live is not None and (self.highest is None or live > self.highest):
-            progressed, self.highest = True, live
+        if live is not None and live >= 1 and (self.highest is None or live > self.highest or not self.stepped):
+            progressed, self.highest, self.stepped = True, max(live, self.highest or live), True
         return progressed

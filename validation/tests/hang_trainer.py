@@ -9,6 +9,8 @@ RANK and WORLD_SIZE).
     NSA_HANG_SIGUSR1=0     no SIGUSR1 handler (default: faulthandler writes stackdump_rank{R}.txt)
     NSA_STEP_S=F           seconds a step takes (default 0.02)
     NSA_START_S=F          seconds of start-up before the first step (default 0)
+    NSA_FIRST_STEP_S=F     seconds the first step takes after its ``forward`` record, as a first forward
+                           that compiles does (default 0: no such record)
 
 Every step ends at a barrier through the heartbeat files (``wait_for_peers``): a healthy rank
 waits for a hung one, as it would in a collective.
@@ -71,9 +73,14 @@ def main() -> int:
     if rank == 0:
         (out / "env.json").write_text(json.dumps({"world_size": world, "git_sha": "test"}))
         (out / "training.csv").write_text(COLUMNS + "\n")
+    first_step_s = float(os.environ.get("NSA_FIRST_STEP_S", "0"))
     for step in range(1, args.steps + 1):
         if hangs and step == hang_at:
             stuck_here()
+        if step == 1 and first_step_s:
+            with open(out / f"heartbeat_rank{rank}.jsonl", "a") as fh:
+                fh.write(json.dumps({"time": time.time(), "rank": rank, "step": 1, "stage": "forward"}) + "\n")
+            time.sleep(first_step_s)
         time.sleep(step_s)
         with open(out / f"heartbeat_rank{rank}.jsonl", "a") as fh:
             fh.write(json.dumps({"time": time.time(), "rank": rank, "step": step, "stage": "optimizer"}) + "\n")

@@ -185,6 +185,21 @@ def test_a_slow_start_within_startup_s_is_no_stall_and_a_hang_after_it_still_is(
     assert "after step 4;" in hung.rec.reason, hung.rec.reason
 
 
+def test_a_first_step_begun_and_slow_is_still_start_up(tmp_path):
+    """The project's trainer writes step 1's 'data' and 'forward' records before its first step
+    runs (a compiling first forward takes long): the allowance switched to stall_s at those records,
+    and a 12 s first step under startup_s 60, stall_s 5 was killed as a stall after 5 s. Until a
+    step is done (a record of a stage after it, a CSV row) startup_s applies; after it, stall_s."""
+    slow_first = {"NSA_FIRST_STEP_S": "7", "NSA_STEP_S": "0.01"}
+    ok = FakeRun(tmp_path, [_phase(PYTHON_STALL_S, slow_first, steps=10, startup_s=30)],
+                 defaults={"launcher": {"kind": "python", "module": HANG}}).record
+    assert ok.status == "PASS" and ok.stalled_s is None, ok.reason
+    (tmp_path / "short").mkdir()
+    early = FakeRun(tmp_path / "short", [_phase(PYTHON_STALL_S, slow_first, steps=10)],
+                    defaults={"launcher": {"kind": "python", "module": HANG}}).record
+    assert early.status == "FAIL" and "before its first step" in early.reason, early.reason
+
+
 def test_a_trainer_that_never_logs_a_step_is_said_to_have_written_no_heartbeat(tmp_path):
     """Stalled before its first step: each rank's line read 'last heartbeat step ?, stage ?', as
     if a heartbeat of unknown content had been written; it names the file that never came."""

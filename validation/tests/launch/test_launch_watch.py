@@ -28,6 +28,31 @@ def test_progress_is_the_highest_step_of_heartbeats_and_csv(tmp_path):
     assert not watch.look() and watch.highest == 2
 
 
+def test_a_step_begun_is_still_start_up_and_its_end_is_progress(tmp_path):
+    """The project's trainer writes step 1's 'data' and 'forward' records before its first step runs:
+    the stall allowance switched from startup_s to stall_s there. A step is done once a record of a
+    stage after it, a CSV row or a record of a later step says so; that end is progress (the stall
+    clock starts there, not at the step's first record)."""
+    watch = StepWatch(tmp_path, tmp_path / "training.csv")
+    (tmp_path / "heartbeat_rank0.jsonl").write_text(_beat(1, stage="data") + _beat(1))
+    assert watch.look() and watch.highest == 1 and not watch.stepped
+    with open(tmp_path / "heartbeat_rank0.jsonl", "a") as fh:
+        fh.write(_beat(1, stage="backward"))
+    assert not watch.look() and not watch.stepped
+    with open(tmp_path / "heartbeat_rank0.jsonl", "a") as fh:
+        fh.write(_beat(1, stage="step"))
+    assert watch.look() and watch.stepped  # the first step done: progress, though no new step number
+    with open(tmp_path / "heartbeat_rank0.jsonl", "a") as fh:
+        fh.write(_beat(1, stage="checkpoint"))
+    assert not watch.look()
+    later = StepWatch(tmp_path / "x", tmp_path / "x" / "training.csv")  # a format whose records begin steps only
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "heartbeat_rank0.jsonl").write_text(_beat(1))
+    assert later.look() and not later.stepped
+    (tmp_path / "x" / "heartbeat_rank0.jsonl").write_text(_beat(1) + _beat(2))
+    assert later.look() and later.stepped
+
+
 def test_a_line_is_read_once_complete(tmp_path):
     path = tmp_path / "heartbeat_rank0.jsonl"
     watch = StepWatch(tmp_path, tmp_path / "training.csv")

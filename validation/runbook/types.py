@@ -108,8 +108,8 @@ class Phase:
         minimum=1.0, defaults="see `phases[].stall_s`", stale=Stale.ALLOWANCE, limit=Limit.QUIET)
     """Counted from the launch, so it must cover the trainer's start-up; None: ``stall_after_s``."""
     startup_s: float | None = key(
-        None, meaning="train and profile phases: no first step this long after the launch is a stall too (imports, "
-                "compilation, graph capture); default stall_s",
+        None, meaning="train and profile phases: the stall allowance until a first step is done (imports, "
+                "compilation, graph capture: records of step 1 begun do not end it); default stall_s",
         minimum=1.0, defaults="see `phases[].startup_s`", stale=Stale.ALLOWANCE, limit=Limit.START)
     """None: ``stall_after_s``."""
     sweep: Mapping[str, tuple[Scalar, ...]] = key(

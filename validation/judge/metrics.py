@@ -135,14 +135,19 @@ class Metric:
 # --- training.csv --------------------------------------------------------------------------------
 
 def window_covered(csv: pd.DataFrame | None, last: int | None) -> bool:
-    """Whether the run's logged steps cover a window of the last ``last`` steps: its lower end
-    lies at or after the step before the first logged one (a run from step 1 covers 'last 10
-    steps' once it logged step 10). The whole run (None) is covered when anything was logged."""
+    """Whether the run's logged steps cover a window of the last ``last`` steps: its lower end lies
+    at or after the first step the first logged row stands for. A row stands for the steps since
+    the row before; the first, for as many as the gap between the first two rows (a trainer that
+    logs every 4 steps logs step 4 for steps 1-4), one where a single row was logged. So a run from
+    step 1 covers 'last 10 steps' once it logged step 10, and one resumed after step 100 covers
+    none reaching below step 101. The whole run (None) is covered when anything was logged."""
     if csv is None or csv.empty:
         return False
     if last is None:
         return True
-    return int(csv["step"].max()) - last >= int(csv["step"].min()) - 1
+    steps = sorted(set(int(s) for s in csv["step"]))
+    every = steps[1] - steps[0] if len(steps) > 1 else 1
+    return steps[-1] - last >= steps[0] - every
 
 
 def _col(run: RunData, col: str, last: int | None) -> pd.Series | None:

@@ -248,3 +248,25 @@ def test_a_short_rank_is_told_against_how_far_the_run_got_not_a_full_training_cs
     assert short.rank == 0 and "(its last heartbeat: step 3, stage step; the run completed step 8)" in short.text(8)
     both = short_ranks({0: left, 1: Beat(step=3, stage="step")}, world=2, steps=8, logged=3)
     assert all("no other file of the run goes further" in s.text(8) for s in both)
+
+
+def test_a_window_of_a_run_that_logs_every_4_steps_is_covered_from_step_1():
+    """A 12-step run logging every 4 steps (rows 4, 8, 12) had 'last 12 steps' and 'last 10 steps'
+    as no data, NO-GO, though it ran every step: its first row stands for steps 1-4. A run resumed
+    after step 100 still covers no window reaching below step 101."""
+    from validation.judge.metrics import window_covered
+
+    def csv(steps):
+        return pd.DataFrame({"step": steps, "toks_per_s": [100.0] * len(steps)})
+
+    every_4 = csv([4, 8, 12])
+    assert all(window_covered(every_4, last) for last in (12, 10, 9, None))
+    assert not window_covered(every_4, 13)
+    every_20 = csv([20, 40, 60])  # docs/runbook_format.md: three rows in 'last 50 steps'
+    assert window_covered(every_20, 50) and window_covered(every_20, 60) and not window_covered(every_20, 61)
+    resumed = csv(list(range(101, 121)))
+    assert window_covered(resumed, 20) and not window_covered(resumed, 21)
+    assert window_covered(csv(list(range(1, 13))), 12) and not window_covered(csv(list(range(1, 13))), 13)
+    run = RunData(out_dir=None, csv=every_4)
+    [g] = evaluate([Gate("toks_per_s_mean", ">=", 1, window=Window(last=12))], run, {})
+    assert g.verdict == GateVerdict.PASS and g.value == 100.0, g

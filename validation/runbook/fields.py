@@ -17,7 +17,7 @@ from validation.judge.metrics import METRICS
 from validation.judge.record import TRAINER_KINDS
 from validation.runbook import empty, keys
 from validation.runbook.schema import MODULE, NAME, Limit
-from validation.runbook.types import Launcher, Phase, Rendezvous, Scalar
+from validation.runbook.types import Launcher, Phase, Rendezvous, Scalar, sweep_part
 
 LAUNCHER_KINDS = ("python", "torchrun", "slurm")
 #: each launcher kind's keys (torchrun's nproc is per node; Slurm says nodes and nproc_per_node)
@@ -379,8 +379,18 @@ def _sweep(r: Reader, key: str, data: Any) -> dict[str, tuple[Scalar, ...]]:
         if not isinstance(values, list) or not values:
             r.fail(kk, f"expected a non-empty list of values, got {values!r}")
         out[k] = tuple(_scalar(r, kk, v) for v in values)
+        named: dict[str, Scalar] = {}
         for v in out[k]:
             _check_path(r, kk, k, v)
+            part = sweep_part(k, v)
+            if part in named:  # two points of one id: one would run twice, the other never be stored
+                r.fail(kk, f"values {named[part]!r} and {v!r} make the same point ({part}): list each value once")
+            named[part] = v
+    short = {}
+    for k in out:  # the points name a parameter by its key's last part
+        if (name := k.split(".")[-1]) in short:
+            r.fail(key, f"{short[name]} and {k} would name their points alike ({name}=...): sweep one of them")
+        short[name] = k
     return out
 
 

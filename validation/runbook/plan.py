@@ -3,7 +3,6 @@ gates' thresholds resolved from the profile. A point is the unit that runs, is s
 shown as one pytest test."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +13,7 @@ from validation.judge.gates import Gate
 from validation.judge.record import TRAINER_KINDS
 from validation.judge.resume import RTOL_KEY as RESUME_RTOL
 from validation.judge.metrics import declared_unprovided
-from validation.runbook.types import Phase, Profile, Runbook, Scalar
+from validation.runbook.types import Phase, Profile, Runbook, Scalar, sweep_part
 
 #: the profile threshold that sets the golden-loss tolerance of phases with golden_steps
 GOLDEN_RTOL = "golden_loss_rtol"
@@ -36,8 +35,7 @@ class PhasePoint:
         """Filesystem- and pytest-id-safe name of the sweep point ('default' without a sweep)."""
         if not self.params:
             return "default"
-        parts = [f"{k.split('.')[-1]}={v}" for k, v in self.params.items()]
-        return re.sub(r"[^A-Za-z0-9_.=,-]", "_", ",".join(parts))
+        return ",".join(sweep_part(k, v) for k, v in self.params.items())
 
     @property
     def test_id(self) -> str:

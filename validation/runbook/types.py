@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -20,6 +21,12 @@ ACCELERATORS = ("cuda", "cpu")
 #: a phase without its own stall allowance stalls after timeout_s / STALL_SHARE without progress
 STALL_SHARE = 4
 
+
+
+def sweep_part(key: str, value: Scalar) -> str:
+    """'lr=0.001': how a sweep point names one of its parameters in its id and its directory (the
+    key's last part, the value as text, characters unsafe in a path or a pytest id as '_')."""
+    return re.sub(r"[^A-Za-z0-9_.=,-]", "_", f"{key.split('.')[-1]}={value}")
 
 @dataclass(frozen=True)
 class Rendezvous:

@@ -78,6 +78,12 @@ def _rb(**phase):
     ({"name": "t", "profiles": ["cpu"], "phases": [{"name": "p", "kind": "pytest", "tests": ["../outside.py"]}]}, "phases[0].tests[0]", "inside the repository"),
     ({"name": "t", "profiles": ["cpu"], "phases": [{"name": "p", "kind": "pytest", "tests": ["t.py"], "pytest_args": ["--rootdir=/"]}]}, "phases[0].pytest_args[0]", "not an allowed"),
     (_rb(sweep={"train.seq_len": []}), "phases[0].sweep.train.seq_len", "non-empty list"),
+    # values that print alike made two points of one id: one ran twice, and the report called it stale
+    (_rb(sweep={"train.lr": [0.001, "0.001"]}), "phases[0].sweep.train.lr",
+     "values 0.001 and '0.001' make the same point (lr=0.001): list each value once"),
+    (_rb(sweep={"train.lr": ["a:b", "a_b"]}), "phases[0].sweep.train.lr", "make the same point (lr=a_b)"),
+    (_rb(sweep={"train.lr": [0.1, 0.2], "optim.lr": [1, 2]}), "phases[0].sweep",
+     "optim.lr and train.lr would name their points alike (lr=...)"),
     ({"name": "t", "profiles": ["cpu"], "phases": [{"name": "p", "kind": "train"}, {"name": "p", "kind": "train"}]}, "phases[1].name", "duplicate"),
     ({"name": "t", "profiles": ["cpu"]}, "phases", "required key is missing"),
     (_rb(kind="shell"), "phases[0].kind", "not one of"),

@@ -13,7 +13,7 @@ import yaml
 from nsa.yaml_unique import DuplicateKeyError, safe_load_unique
 from validation.errors import RunbookError
 from validation.judge.gates import OPS, Gate, Window
-from validation.judge.metrics import METRICS
+from validation.judge.metrics import METRICS, Source
 from validation.judge.record import TRAINER_KINDS
 from validation.runbook import empty, keys
 from validation.runbook.schema import MODULE, NAME, Limit
@@ -183,6 +183,13 @@ def _scalar(r: Reader, key: str, v: Any) -> Scalar:
 
 
 # ------------------------------------------------------------------------------- phase pieces
+#: the phase kinds whose runs leave each source a metric reads (a source not here: every kind's)
+SOURCE_KINDS: dict[Source, tuple[str, ...]] = {
+    **{s: TRAINER_KINDS for s in (Source.CSV, Source.HEARTBEAT, Source.ENV, Source.HALT)},
+    Source.JUNIT: ("pytest",), Source.PREFLIGHT: ("preflight",),
+    Source.PROFILE: ("profile",), Source.TIMELINE: ("profile",)}
+
+
 def parse_window(r: Reader, key: str, v: Any) -> Window:
     if v is None or v == "all":
         return Window()
@@ -190,8 +197,9 @@ def parse_window(r: Reader, key: str, v: Any) -> Window:
         m = _WINDOW.match(v)
         if m and int(m.group(1)) > 0:
             return Window(int(m.group(1)))
-    if isinstance(v, Mapping) and set(v) == {"last"} and isinstance(v["last"], int) and v["last"] > 0:
-        return Window(v["last"])
+    last = v.get("last") if isinstance(v, Mapping) and set(v) == {"last"} else None
+    if isinstance(last, int) and not isinstance(last, bool) and last > 0:
+        return Window(last)
     r.fail(key, f"window {v!r} not understood; write 'last N steps', {{last: N}} or 'all'")
 
 
@@ -444,6 +452,12 @@ def parse_phase(path: Path, data: Any, where: str, defaults: dict[str, Any], kno
             r.fail(r.key(f"pytest_args[{i}]"), f"{a!r} is not an allowed pytest argument")
     if kind == "pytest" and not tests:
         r.fail(r.key("tests"), "a pytest phase needs at least one test path")
+    for own in ("tests", "pytest_args"):
+        if kind != "pytest" and r.get(own) is not None:
+            r.fail(r.key(own), f"only pytest phases run tests, not kind {kind!r}")
+    for own in ("overrides", "sweep"):  # the phase's own: defaults.overrides are every phase's
+        if kind == "pytest" and r.get(own) is not None:
+            r.fail(r.key(own), "a pytest phase runs no trainer: its points would run the same tests alike")
     config = r.value("config", defaults["config"])
     golden_steps = r.value("golden_steps")
     if golden_steps and kind != "train":
@@ -468,6 +482,11 @@ def parse_phase(path: Path, data: Any, where: str, defaults: dict[str, Any], kno
     if repeats > 1 and kind != "train":
         r.fail(r.key("repeats"), f"only train phases are repeated (a mean with a confidence interval), not kind {kind!r}")
     for i, g in enumerate(gates):
+        sources = [str(inp.source) for inp in METRICS[g.metric].reads if kind not in SOURCE_KINDS.get(inp.source, (kind,))]
+        if sources:  # its run writes no such file: the gate would be no data, a failure with nothing said
+            kinds = sorted({k for inp in METRICS[g.metric].reads for k in SOURCE_KINDS.get(inp.source, ())})
+            r.fail(r.key(f"gates[{i}].metric"), f"metric {g.metric} reads {', '.join(sources)}, which a {kind} phase "
+                                                f"does not write; it is a metric of {' and '.join(kinds)} phases")
         if g.window.last is not None and not METRICS[g.metric].windowed:
             # it would be shown beside the gate and not applied
             r.fail(r.key(f"gates[{i}].window"), f"metric {g.metric} takes no window (it reads the whole run); "

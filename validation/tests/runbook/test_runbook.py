@@ -87,6 +87,18 @@ def _rb(**phase):
     ({"name": "t", "profiles": ["cpu"], "phases": [{"name": "p", "kind": "train"}, {"name": "p", "kind": "train"}]}, "phases[1].name", "duplicate"),
     ({"name": "t", "profiles": ["cpu"]}, "phases", "required key is missing"),
     (_rb(kind="shell"), "phases[0].kind", "not one of"),
+    # accepted, then run: {last: true} as a 1-step window; a JUnit metric on a train phase as no data
+    (_rb(gates=[{"metric": "loss_mean", "op": "<=", "threshold": 9, "window": {"last": True}}]),
+     "phases[0].gates[0].window", "not understood"),
+    (_rb(gates=[{"metric": "tests_failed", "op": "==", "threshold": 0}]), "phases[0].gates[0].metric",
+     "metric tests_failed reads pytest's JUnit XML, which a train phase does not write; it is a metric of pytest phases"),
+    ({"name": "t", "profiles": ["cpu"], "phases": [{"name": "p", "kind": "pytest", "tests": ["t.py"], "gates": [
+        {"metric": "toks_per_s_mean", "op": ">=", "threshold": 1, "window": "last 25 steps"}]}]},
+     "phases[0].gates[0].metric", "which a pytest phase does not write; it is a metric of profile and resume and train"),
+    (_rb(tests=["t.py"]), "phases[0].tests", "only pytest phases run tests, not kind 'train'"),
+    ({"name": "t", "profiles": ["cpu"], "phases": [{"name": "p", "kind": "pytest", "tests": ["t.py"],
+                                                    "sweep": {"train.lr": [0.1, 0.2]}}]},
+     "phases[0].sweep", "a pytest phase runs no trainer"),
 ])
 def test_bad_runbook_names_file_and_key(tmp_path, data, key, words):
     path = _write(tmp_path, data)

@@ -24,6 +24,7 @@ import yaml
 
 from tests.faults import _util as U
 from validation.contract.adapters import ADAPTERS
+from validation.judge.findings.headline import verdict_line
 
 pytestmark = [
     pytest.mark.slow,
@@ -155,6 +156,25 @@ def test_a_learning_rate_that_blows_up(door, tmp_path):
     assert rec.status == "FAIL" and rec.reason.startswith("loss_finite = 0"), rec.reason
     loss = U.read_csv_column(results / rec.out_dir, "loss")
     assert math.isfinite(loss[1]) and math.isnan(loss[2]), loss  # the first step's update blew the weights up
+    assert p.rc == 1
+
+
+def test_a_trainer_that_dies_before_its_output_folder_is_read_in_its_own_format(tmp_path):
+    """A flag the Trainer's parser refuses: it exits before making its output folder, and the
+    adapter never ran; the run was judged as one of the contract's format: 'rank 0 crashed (no
+    heartbeat written) ... trainer ended before its first step', words of files a Trainer never
+    writes."""
+    data = yaml.safe_load(RUNBOOK.read_text())
+    data["trainer"]["args"] = [*data["trainer"]["args"], "--no_such_flag", "1"]
+    rb = tmp_path / "hf_bad_flag.yaml"
+    rb.write_text(yaml.safe_dump(data, sort_keys=False))
+    results = tmp_path / "results"
+    p = _run("cli", rb, "single_process", results)
+    rec = U.record(results, "single_process")
+    assert rec.status == "FAIL" and rec.reason == "trainer ended with no step logged (exit code 1)", rec.reason
+    line = verdict_line(rec)
+    assert line.startswith("rank 0 crashed: ValueError: Some specified arguments are not used by the "
+                           "HfArgumentParser") and "heartbeat" not in line, line
     assert p.rc == 1
 
 

@@ -154,7 +154,8 @@ def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], pro
                                     watch=_watch(point, out_dir, trainer_dir, csv, adapter))
     except HarnessError as exc:
         return _not_launched(f"{doing}: {exc}", out_dir, run, errors, began)
-    if adapter is not None and trainer_dir.is_dir():
+    if adapter is not None:  # also of a trainer that died before making its folder: the adapter says what its
+        trainer_dir.mkdir(parents=True, exist_ok=True)  # format lacks (heartbeats), not a contract run's words
         adapter.convert(trainer_dir, out_dir, RunFacts(point.nproc, spec.name, plan.trainer_sha,
                                                        plan.trainer_sha_source, plan.tokens_per_step))
     return proc

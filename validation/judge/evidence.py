@@ -88,7 +88,7 @@ def read_ended(run: RunData, stderr_path: Path) -> Ended:
     """``Ended`` of a run whose contract files were read (``read_train``: whether it left a .HALT)."""
     return Ended(read_halt(run.out_dir) if run.halted else None,
                  {**rank_failures(stderr_path), **node_failures(run.out_dir)}, slurm_stopped(run.out_dir),
-                 launch_agent_killed(run.out_dir, run.stalled_s is not None or run.timed_out))
+                 launch_agent_killed(run.out_dir, run.stopped_by_harness))
 
 
 def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:

@@ -82,6 +82,11 @@ class RunData:
     stability: StabilityRule = field(default_factory=StabilityRule)
     """What counts as a spike or a divergence (the profile's rule; validation/judge/stability.py)."""
 
+    @property
+    def stopped_by_harness(self) -> bool:
+        """The harness ended the run: its stall watch, or the phase timeout."""
+        return self.stalled_s is not None or self.timed_out
+
 
 class Source(enum.StrEnum):
     """Where a metric's input comes from: a contract file, or what the harness saw itself."""

@@ -73,7 +73,7 @@ class Outcome:
             done = adapter_summary_step(run.env)
         completed = compute("steps_completed", run, None)
         logged = None if completed is None else int(completed)
-        died = died_before_watchdog(run.halt, run.stalled_s is not None or run.timed_out, run.rank_failures)
+        died = died_before_watchdog(run.halt, run.stopped_by_harness, run.rank_failures)
         return cls(kind, run.exit_code, run.timed_out, run.stalled_s, run.halt, tuple(errors), run.steps_requested,
                    logged, run.stacks_tried, done, died, run.slurm_stopped,
                    short_ranks(beats, run.world_size, run.steps_requested, logged, seen),

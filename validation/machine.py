@@ -1,4 +1,5 @@
-"""What this machine is: ``Machine`` (stored in every record) and ``detect()``."""
+"""What this machine is: ``Machine`` (stored in every record) and ``detect()``; and how busy other
+work kept it while a point ran: ``MachineLoad`` (measured by validation/launch/load.py)."""
 from __future__ import annotations
 
 import glob
@@ -41,6 +42,62 @@ class Machine:
         """A record's stored machine (gpu_count and accelerator, once stored too, are derived)."""
         return cls(str(data.get("hostname", "?")), str(data.get("python", "?")), data.get("torch"), data.get("cuda"),
                    data.get("cpu_count"), tuple(data.get("gpu_names") or ()), tuple(data.get("gpu_mem_gb") or ()))
+
+
+#: the machine's cores count as saturated from this fraction of them busy on average
+SATURATED = 0.9
+#: other work counts from this fraction of the cores (a fifth of a core on two): below it, on a
+#: saturated machine, the point's own processes were what kept it busy
+OTHERS_FRACTION = 0.1
+#: a point whose processes used less CPU than this (cores on average) was mostly waiting (sleeping,
+#: blocked on I/O or a device): the scheduler runs a waking sleeper ahead of busy processes, so
+#: others' work took little from it
+OURS_MIN_CORES = 0.5
+
+
+@dataclass(frozen=True)
+class MachineLoad:
+    """The CPU use of the cores a point's processes could run on, averaged over its run: all of it,
+    and the part of it outside the harness and what it launched (other users, another test run).
+    A speed measured while others took cores the point needed says as much about them as about
+    the trainer."""
+
+    cores: int
+    """The cores the harness (and what it launched) may run on."""
+    busy_cores: float
+    """Cores in use on average over the run, by anything."""
+    others_cores: float
+    """Of those, cores used by processes outside the harness and what it launched."""
+
+    @property
+    def ours_cores(self) -> float:
+        """Cores the harness and what it launched used on average."""
+        return max(self.busy_cores - self.others_cores, 0.0)
+
+    @property
+    def busy(self) -> bool:
+        """Others competed with the point for the cores: the machine was saturated, others held a
+        share of it and the point's processes wanted CPU (on a machine with cores to spare, others'
+        work takes none from the point)."""
+        return (self.busy_cores >= SATURATED * self.cores and self.others_cores >= OTHERS_FRACTION * self.cores
+                and self.ours_cores >= OURS_MIN_CORES)
+
+    def describe(self) -> str:
+        """'other processes used 1.4 of the 2 cores on average (2.0 in use in all, 0.6 by the point's)'."""
+        return (f"other processes used {self.others_cores:.1f} of the {self.cores} cores on average "
+                f"({self.busy_cores:.1f} in use in all, {self.ours_cores:.1f} by the point's)")
+
+    @classmethod
+    def from_json(cls, data: Any) -> MachineLoad | None:
+        if not isinstance(data, dict):
+            return None
+        return cls(int(data["cores"]), float(data["busy_cores"]), float(data["others_cores"]))
+
+    @staticmethod
+    def busiest(loads: list[MachineLoad | None]) -> MachineLoad | None:
+        """Of a point's processes' loads, the one where others took the most (None: none measured)."""
+        known = [x for x in loads if x is not None]
+        return max(known, key=lambda x: x.others_cores / x.cores) if known else None
 
 
 def no_gpu_here() -> bool:

@@ -29,7 +29,7 @@ from validation.judge.nodes import NodesEvidence
 from validation.judge.resume import Clue, ClueKind
 from validation.judge.seen import ProcessSeen
 from validation.judge.stability import Rise, Slowdown, Spike
-from validation.machine import Machine
+from validation.machine import Machine, MachineLoad
 
 Scalar = str | int | float | bool
 #: the trainer a record names when the runbook names none
@@ -436,6 +436,9 @@ class PhaseRecord:
     evidence: Evidence = field(default_factory=Evidence)
     hardware: Machine | None = None
     """The machine that ran (or skipped) the point."""
+    load: MachineLoad | None = None
+    """How busy other work kept that machine's cores while the point ran (of a point of several
+    processes, the busiest); None where nothing ran long enough, and in records of older harnesses."""
     accelerator: str = "cpu"
     """What the profile runs on ('cuda' or 'cpu'): advice about CUDA is only for CUDA runs."""
     git_sha: str | None = None
@@ -557,14 +560,14 @@ class PhaseRecord:
             known = {f.name for f in dataclasses.fields(cls)}
             plain = {k: v for k, v in data.items() if k in known and k not in ("key", "evidence", "gates", "backends",
                                                                                "status", "hardware", "metrics", "runs",
-                                                                               "asked")}
+                                                                               "asked", "load")}
             return cls(key=PointKey(**data["key"]), status=Status(data["status"]), evidence=evidence,
                        runs=[SubRun.from_json(d) for d in data.get("runs") or []], asked=Asked.from_json(data.get("asked")),
                        metrics=Summary.from_json(data.get("metrics") or {}),
                        gates=[GateResult.from_json(g) for g in data.get("gates") or []],
                        backends=routes(data.get("backends")),
                        hardware=Machine.from_json(data["hardware"]) if data.get("hardware") else None,
-                       **plain)
+                       load=MachineLoad.from_json(data.get("load")), **plain)
         except (KeyError, TypeError, ValueError) as exc:
             raise StoreError(f"{where}: malformed phase record ({exc!r})") from None
 

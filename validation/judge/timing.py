@@ -3,8 +3,9 @@ points) measures the machine it ran on; two that ran at the same time on one mac
 cores or GPU, and each one's speed says as much about the other as about itself. Nothing runs
 them side by side on purpose (validation/runbook/plan.py ``batches``, ``PhasePoint.timed``); this finds, from the
 records alone (host, start, wall time), when it happened anyway (two harness runs at once, a
-pytest -n run), so that the report marks those timings and the cross-point speed findings
-leave them out.
+pytest -n run), and which timed points ran while other work kept the machine's cores busy (their
+records' ``load``), so that the report marks those timings, the cross-point speed findings
+leave them out and a baseline comparison does not judge them.
 """
 from __future__ import annotations
 
@@ -45,7 +46,12 @@ def shared_machine(records: list[PhaseRecord]) -> dict[str, list[str]]:
     return out
 
 
+def busy_machine(records: list[PhaseRecord]) -> list[PhaseRecord]:
+    """The timed points that ran while other work competed for the machine's cores."""
+    return [r for r in records if r.kind in TRAINER_KINDS and r.load is not None and r.load.busy]
+
+
 def reliable(records: list[PhaseRecord]) -> list[PhaseRecord]:
-    """The records whose timings shared the machine with no other timed point."""
-    shared = shared_machine(records)
-    return [r for r in records if r.test_id not in shared]
+    """The records whose timings shared the machine with no other timed point and no other work."""
+    apart = set(shared_machine(records)) | {r.test_id for r in busy_machine(records)}
+    return [r for r in records if r.test_id not in apart]

@@ -41,8 +41,10 @@ from validation.excerpt import STDERR_TAIL_LINES
 from validation.judge.seen import ProcessSeen
 from validation.launch import stacks
 from validation.launch.lives import Lives
+from validation.launch.load import LoadMeter
 from validation.launch.tree import ProcessTree
 from validation.launch.watch import StepWatch, Watch
+from validation.machine import MachineLoad
 
 #: the abort flag of the session whose point runs in this context (``aborted_by``)
 _ABORT: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("abort", default=None)
@@ -126,6 +128,8 @@ class ProcResult:
     processes: dict[int, ProcessSeen] = field(default_factory=dict)
     """Of a watched run: each process below the launched ones, by pid, as the harness saw it
     against the steps its files showed (validation/launch/lives.py)."""
+    load: MachineLoad | None = None
+    """How busy other work kept the machine's cores while it ran (None: too short to say)."""
 
     def stderr_tail(self, lines: int = STDERR_TAIL_LINES) -> str:
         return tail(self.stderr_path, lines)
@@ -197,6 +201,7 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
     if _aborted():  # interrupted before this point started: start nothing
         raise KeyboardInterrupt
     tree = tree or ProcessTree()
+    meter = LoadMeter()
     start = time.monotonic()
     stop: _Stop | None = None
     taken: list[TakenStack] = []
@@ -250,7 +255,8 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
         code = over.exit_code  # a task of the one launched process (srun) failed: the launch ended as it did
     return ProcResult(commands[0].argv, code, stop is not None and stop.why == _Why.TIMEOUT, wall, first.stdout_path,
                       first.stderr_path, stop.stalled_s if stop else None, taken, parts,
-                      timeout_quiet_s=stop.quiet_s if stop else None, processes=lives.seen() if lives else {})
+                      timeout_quiet_s=stop.quiet_s if stop else None, processes=lives.seen() if lives else {},
+                      load=meter.read())
 
 
 def _start(c: Command, env: Mapping[str, str], cwd: Path, out, err) -> subprocess.Popen | None:

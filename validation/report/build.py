@@ -30,11 +30,12 @@ from validation.judge.findings.finding import Finding, Severity, point_label, wh
 from validation.judge.findings.headline import blame
 from validation.judge.gates import Pending
 from validation.judge.record import OWN_TRAINER, PhaseRecord, Status
-from validation.judge.timing import shared_machine
+from validation.judge.timing import busy_machine, shared_machine
 from validation.judge.verdict import rejudge
 from validation.machine import Machine
 from validation.report.plots import make_plots, prune, publish
 from validation.report.tables import (
+    BUSY_MARK,
     SHARED_MARK,
     artifact_rows,
     cell,
@@ -301,7 +302,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
     foreign = [r for r in records if r.trainer != OWN_TRAINER]
     trainer = next((r for r in foreign if r.trainer_sha), foreign[0] if foreign else None)
     gates = gate_rows(records) + (comparison.gate_rows() if comparison else [])
-    phases = phase_tables(records, set(shared_machine(records)))
+    phases = phase_tables(records, set(shared_machine(records)), {r.test_id for r in busy_machine(records)})
     return {
         "title": f"NSA Acceptance Report: {runbook_name} on {profile_name}",
         "status": str(status),
@@ -343,6 +344,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "regression_key": baseline_cmp.REGRESSION_KEY,
         "phases": phases,
         "shared_mark": SHARED_MARK,
+        "busy_mark": BUSY_MARK,
         "failures": failure_rows(records),
         "missing": missing,
         "missing_line": missing_line(points or [], missing, runbook and runbook.cli_name,

@@ -94,20 +94,25 @@ def _loss(r: PhaseRecord) -> str | None:
 
 #: marks a point whose timings shared the machine with another timed point
 SHARED_MARK = "†"
+#: marks a point whose timings were taken while other work kept the machine busy
+BUSY_MARK = "‡"
 
 
-def phase_tables(records: list[PhaseRecord], shared: set[str] | frozenset[str] = frozenset()) -> list[dict[str, Any]]:
-    """Per phase, one row per point; ``shared``: test ids whose timings shared the machine (their
-    speeds are marked, validation/judge/timing.py)."""
+def phase_tables(records: list[PhaseRecord], shared: set[str] | frozenset[str] = frozenset(),
+                 busy: set[str] | frozenset[str] = frozenset()) -> list[dict[str, Any]]:
+    """Per phase, one row per point; ``shared``: test ids whose timings shared the machine with
+    another timed point, ``busy``: with other work (their speeds are marked,
+    validation/judge/timing.py)."""
     phases: dict[str, dict[str, Any]] = {}
     for r in records:
         keys = r.params_order or sorted(r.key.params)
         ph = phases.setdefault(r.phase, {"name": r.phase, "kind": r.kind, "rows": [], "sweep_keys": keys,
-                                         "shared": False, "repeats": [], "cpu_memory": False})
+                                         "shared": False, "busy": False, "repeats": [], "cpu_memory": False})
         ph["cpu_memory"] = ph["cpu_memory"] or r.accelerator == "cpu"
         m = r.metrics
-        mark = SHARED_MARK if r.test_id in shared else ""
-        ph["shared"] = ph["shared"] or bool(mark)
+        mark = (SHARED_MARK if r.test_id in shared else "") + (BUSY_MARK if r.test_id in busy else "")
+        ph["shared"] = ph["shared"] or r.test_id in shared
+        ph["busy"] = ph["busy"] or r.test_id in busy
         ci = interval(r)
         repeats = [s for s in r.runs if s.name.startswith("repeat")] if r.kind == "train" else []
         if repeats:

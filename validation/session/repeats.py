@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from validation.judge.record import PhaseRecord, Status, Summary
-from validation.machine import Machine
+from validation.machine import Machine, MachineLoad
 from validation.runbook.plan import PhasePoint
 from validation.session import runs
 from validation.session.runs import Judged, Progress
@@ -49,7 +49,8 @@ def execute(point: PhasePoint, run_dir: Path, hw: Machine, results_dir: Path, ru
                        else f"{n} repeats: {decides.reason}",
                        metrics=dataclasses.replace(mean([j.metrics for j in done]),
                                                    steps_completed=decides.metrics.steps_completed),
-                       wall_s=round(sum(j.proc.wall_s for j in done), 2))
+                       wall_s=round(sum(j.proc.wall_s for j in done), 2),
+                       load=MachineLoad.busiest([j.proc.load for j in done]))
 
 
 def mean(summaries: list[Summary]) -> Summary:

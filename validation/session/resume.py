@@ -17,7 +17,7 @@ from pathlib import Path
 from validation.judge import resume as equivalence
 from validation.judge.record import PhaseRecord, Status
 from validation.launch.legs import legs, resume_source
-from validation.machine import Machine
+from validation.machine import Machine, MachineLoad
 from validation.runbook.plan import PhasePoint
 from validation.session import runs
 from validation.session.runs import Judged, Progress
@@ -40,7 +40,7 @@ def execute(point: PhasePoint, run_dir: Path, hw: Machine, results_dir: Path, ru
         if j.ended is not None:
             return runs.record(point, j, hw, results_dir, run_id, started, status=status,
                                reason=f"{leg.label}: {reason}", steps=leg.steps_expected, runs=sub_runs,
-                               wall_s=_wall(done))
+                               wall_s=_wall(done), load=_load(done))
     reference, first, second = done["reference"], done["first"], done["second"]
     resumed = equivalence.resumed_run(first.run, second.run, point.phase.resume_after, point.phase.steps)
     rtol = point.profile.thresholds[equivalence.RTOL_KEY]  # present: PhasePoint.gates checked it
@@ -48,9 +48,13 @@ def execute(point: PhasePoint, run_dir: Path, hw: Machine, results_dir: Path, ru
     extra = equivalence.gates(reference.run.csv, first.run.csv, second.run.csv, point.phase.resume_after, rtol,
                               first.run.env, second.run.env)
     j = runs.judge(point, runs.Launched(resumed, second.proc, second.errors), hw, results_dir, extra)
-    rec = runs.record(point, j, hw, results_dir, run_id, started, runs=sub_runs, wall_s=_wall(done))
+    rec = runs.record(point, j, hw, results_dir, run_id, started, runs=sub_runs, wall_s=_wall(done), load=_load(done))
     return dataclasses.replace(rec, evidence=dataclasses.replace(rec.evidence, resume_clue=clue))
 
 
 def _wall(done: dict[str, Judged]) -> float:
     return round(sum(j.proc.wall_s for j in done.values()), 2)
+
+
+def _load(done: dict[str, Judged]) -> MachineLoad | None:
+    return MachineLoad.busiest([j.proc.load for j in done.values()])

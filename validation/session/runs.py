@@ -152,7 +152,8 @@ def record(point: PhasePoint, j: Judged, hw: Machine, results_dir: Path, run_id:
         backends=routes(env.get("attention_backends")), env_seen=dict(env.get("env") or {}),
         noop_toggles=dict(env.get("noop_toggles") or {}), trainer=run.info.get("trainer") or OWN_TRAINER,
         trainer_sha=trainer_sha, trainer_sha_source=trainer_sha_source,
-        env=run.info.get("env") or dict(point.env), cwd=run.info.get("cwd") or "", slurm_job_id=proc.slurm_job_id)
+        env=run.info.get("env") or dict(point.env), cwd=run.info.get("cwd") or "", slurm_job_id=proc.slurm_job_id,
+        load=proc.load)
     fields.update(over)
     status, reason = fields.pop("status", j.status), fields.pop("reason", j.reason)
     rec = PhaseRecord.for_point(point, status, reason, **fields)

@@ -14,7 +14,8 @@ baseline's (a point run once is an interval of no width); a drop inside the nois
 with its intervals, and not gated. A point whose numbers are over other steps on the two sides
 (the runbook's window, or its steps where the window is all of them, changed since the baseline),
 or whose runs the runbook asked differently where that decides their speed (config, overrides,
-environment, world size, launcher: ``SPEED_ASKED``), is not judged: its gate is UNMEASURED, a
+environment, world size, launcher: ``SPEED_ASKED``), or either of whose runs other work on the
+machine competed with for its cores (``MachineLoad.busy``), is not judged: its gate is UNMEASURED, a
 warning finding names it and why, and the report is INCOMPLETE (never a GO or NO-GO from numbers
 that are not comparable, nor advice to bisect the trainer for a change of settings). Records in, typed
 comparison out; the report renders it (validation/report.py).
@@ -90,6 +91,10 @@ class PointDelta:
     """How the runbook asked the two runs differently ('override sim.step_s 0.01 here, 0.002 in the
     baseline'), of what decides a run's speed (``SPEED_ASKED``); '' where it asked them alike or a
     side kept no record of it."""
+    busy: str = ""
+    """Which side ran while other work kept the machine busy, and how busy ('this run: other
+    processes used 1.4 of the 2 cores on average (2.0 in use in all, 0.6 by the point's)'); '' where neither did or
+    nothing measured it."""
 
     @property
     def same_steps(self) -> bool:
@@ -101,8 +106,9 @@ class PointDelta:
 
     @property
     def comparable(self) -> bool:
-        """Both sides' numbers say the same of the trainer: over the same steps of runs asked alike."""
-        return self.same_steps and not self.asked_apart
+        """Both sides' numbers say the same of the trainer: over the same steps of runs asked alike,
+        neither run competing with other work for the machine."""
+        return self.same_steps and not self.asked_apart and not self.busy
 
     def _sides(self) -> tuple[str, str]:
         """The steps this run's and the baseline's windowed numbers are over, in words."""
@@ -123,7 +129,8 @@ class PointDelta:
         mine, theirs = self._sides()
         apart = [f"the runbook asked the runs differently: {self.asked_apart}"] if self.asked_apart else []
         steps = [f"this run's numbers are over {_over(mine)}, the baseline's over {_over(theirs)}"] if mine != theirs else []
-        return "; ".join(apart + steps)
+        busy = [f"the machine was busy with other work ({self.busy})"] if self.busy else []
+        return "; ".join(apart + steps + busy)
 
     @property
     def toks(self) -> MetricDelta | None:
@@ -170,8 +177,18 @@ class Comparison:
         return [p for p in self.points if p.regression == GateVerdict.FAIL]
 
     def unjudged(self) -> list[PointDelta]:
-        """Points whose regression gate could not be judged: their two sides' numbers are over other steps."""
+        """Points whose regression gate could not be judged: their two sides' numbers do not compare
+        (``PointDelta.not_comparable``)."""
         return [p for p in self.points if p.regression == GateVerdict.UNMEASURED]
+
+    @property
+    def unjudged_why(self) -> str:
+        """Why the unjudged points' numbers do not compare, each reason that holds for one of them."""
+        unjudged = self.unjudged()
+        reasons = [("the runbook asked their runs differently", any(p.asked_apart for p in unjudged)),
+                   ("their numbers are over other steps than the baseline's", any(not p.same_steps for p in unjudged)),
+                   ("other work kept the machine busy while they ran", any(p.busy for p in unjudged))]
+        return ", or ".join(text for text, seen in reasons if seen)
 
     def unjudged_lines(self) -> list[str]:
         """'run1 [default]: this run's numbers are over the last 3 steps, ...' for the report's status."""
@@ -191,7 +208,7 @@ class Comparison:
 
     def findings(self) -> list[Finding]:
         """One critical finding per point whose tokens/s fell more than the threshold, one warning
-        naming the points it could not judge (their numbers are over other steps), and one note
+        naming the points it could not judge (their numbers do not compare), and one note
         naming the points that fell by ``noted_drop`` or more without failing it (no verdict changes)."""
         out = self._slower_note() + self._unjudged_warning()
         for p in self.regressions():
@@ -209,8 +226,7 @@ class Comparison:
         if not unjudged:
             return []
         phases = list(dict.fromkeys(p.phase for p in unjudged))
-        why = ("the runbook asked their runs differently, or their numbers are over other steps" if any(
-            p.asked_apart for p in unjudged) else "their numbers are over other steps than the baseline's")
+        why = self.unjudged_why
         return [Finding(Severity.WARNING, ", ".join(phases), (
             f"tokens/s not compared with baseline {self.source.short} at {len(unjudged)} point(s): "
             f"{why}, so the regression gate ({REGRESSION_KEY}) was not judged"),
@@ -247,7 +263,8 @@ class Comparison:
                 if m.metric == THROUGHPUT and p.intervals is not None:
                     cur, base = (i.text() for i in p.intervals)
                 windowed = METRICS[m.metric].windowed  # else a count of the whole run's
-                change = ("— (asked differently)" if p.asked_apart else "— (other steps)" if windowed and not p.comparable else
+                change = ("— (asked differently)" if p.asked_apart else "— (busy machine)" if p.busy and METRICS[m.metric].timing
+                          else "— (other steps)" if windowed and not p.same_steps else
                           "—" if m.change is None else f"{m.change:+.1%}")
                 rows.append({"phase": p.phase, "point": p.point, "metric": m.metric,
                              "window": p.window_text if windowed else ALL_STEPS,
@@ -268,7 +285,7 @@ class Comparison:
 
 def _flag(p: PointDelta) -> str:
     """The comparison table's mark beside a point's tokens/s: its regression gate failed, was not
-    judged (numbers over other steps), or passed on a drop inside the repeats' noise."""
+    judged (numbers that do not compare), or passed on a drop inside the repeats' noise."""
     if p.regression == GateVerdict.FAIL:
         return "❌"
     if p.regression == GateVerdict.UNMEASURED:
@@ -318,7 +335,7 @@ def _delta(r: PhaseRecord, b: PhaseRecord, deltas: list[MetricDelta], threshold:
     finished = all(x.ran and x.exit_code == 0 for x in (r, b))
     base = PointDelta(r.phase, point_label(r), str(r.status), str(b.status), deltas, finished=finished,
                       window=r.window, baseline_window=b.window, steps=r.steps, baseline_steps=b.steps,
-                      asked_apart=asked_apart(r.asked, b.asked))
+                      asked_apart=asked_apart(r.asked, b.asked), busy=busy_sides(r, b))
     toks = next((d for d in deltas if d.metric == THROUGHPUT), None)
     if toks is None or toks.current is None or toks.baseline is None:
         return base
@@ -358,6 +375,13 @@ def asked_apart(mine: Asked | None, theirs: Asked | None) -> str:
         else:
             out.append(f"{label} {a} here, {b} in the baseline")
     return "; ".join(out)
+
+
+def busy_sides(mine: PhaseRecord, theirs: PhaseRecord) -> str:
+    """'this run: other processes used ...; the baseline: ...': the sides whose run other work
+    competed with for the machine's cores; '' where neither's did (or neither's load was measured)."""
+    sides = [(label, r.load) for label, r in (("this run", mine), ("the baseline", theirs))]
+    return "; ".join(f"{label}: {load.describe()}" for label, load in sides if load is not None and load.busy)
 
 
 def _source(records: list[PhaseRecord], baseline_dir: Path) -> BaselineSource:

@@ -37,3 +37,27 @@ def test_no_gpu_is_certain_only_on_linux_without_a_device_node(monkeypatch, plat
     monkeypatch.setattr(machine.glob, "glob", lambda pattern: [n for n in nodes if n.startswith(pattern.rstrip("*"))])
     monkeypatch.setattr(machine.os.path, "exists", lambda path: path in nodes)
     assert machine.no_gpu_here() is none_here
+
+
+#: two cores kept busy, 1.4 of them by other processes, 0.6 by the point's
+LOADED = machine.MachineLoad(cores=2, busy_cores=2.0, others_cores=1.4)
+
+
+@pytest.mark.parametrize("load, busy", [
+    (LOADED, True),
+    (machine.MachineLoad(2, 2.0, 0.05), False),   # saturated by the point alone
+    (machine.MachineLoad(2, 1.2, 1.0), False),    # a core to spare
+    (machine.MachineLoad(16, 10.0, 8.0), False),  # others' work on cores the point did not need
+    (machine.MachineLoad(2, 2.0, 1.9), False),    # the point sleeping (0.1 core): others took nothing it wanted
+    (machine.MachineLoad(2, 1.9, 0.2), True),     # the edges: 90% in use, a tenth of the cores others', half a core ours
+])
+def test_a_machine_is_busy_only_where_others_competed_with_the_point(load, busy):
+    assert load.busy is busy
+    assert machine.MachineLoad.from_json(json.loads(json.dumps(load.__dict__))) == load
+
+
+def test_the_busiest_of_a_points_processes_is_the_one_others_took_most_from():
+    quiet = machine.MachineLoad(2, 2.0, 0.05)
+    assert machine.MachineLoad.busiest([quiet, None, LOADED]) == LOADED
+    assert machine.MachineLoad.busiest([None]) is None
+    assert LOADED.describe() == "other processes used 1.4 of the 2 cores on average (2.0 in use in all, 0.6 by the point's)"

@@ -36,6 +36,7 @@ from validation.judge.findings.stability import divergence, nonfinite, spikes
 from validation.judge.findings.throughput import (
     CROSS_POINT,
     best_setting,
+    busy_timings,
     cliffs,
     fallbacks,
     host_bound,
@@ -44,7 +45,7 @@ from validation.judge.findings.throughput import (
 )
 from validation.judge.record import PhaseRecord
 
-DETECTORS = (crashes, stalls, nodes, short_runs, shared_timings, cliffs, host_bound, imbalance, fallbacks,
+DETECTORS = (crashes, stalls, nodes, short_runs, shared_timings, busy_timings, cliffs, host_bound, imbalance, fallbacks,
              artifact_errors, failed_checks, failed_gates, best_setting, not_equivalent, resumed_in_place, nonfinite, divergence,
              spikes, slowdowns, memory_growth, mixed_commits)
 _ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}

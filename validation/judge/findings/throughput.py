@@ -9,7 +9,7 @@ from validation.judge.findings.long_context import KIND_KEY
 from validation.judge.interval import Interval, interval
 from validation.judge.pace import fit_step_time
 from validation.judge.record import PhaseRecord, Status
-from validation.judge.timing import reliable, shared_machine
+from validation.judge.timing import busy_machine, reliable, shared_machine
 
 #: a sweep point is a cliff when its tokens/s falls below this fraction of the best earlier point
 CLIFF_FRACTION = 0.25
@@ -34,6 +34,19 @@ def shared_timings(records: list[PhaseRecord]) -> list[Finding]:
                     f"timings unreliable: {len(shared)} timed point(s) shared the machine with another; their speeds "
                     "are left out of the cliff, host-bound and best-setting findings (their own gates still read them)",
                     lines, "timing", Facts.of(by_id[next(iter(shared))]))]
+
+
+def busy_timings(records: list[PhaseRecord]) -> list[Finding]:
+    """One warning naming the timed points that ran while other work kept the machine busy."""
+    busy = busy_machine(records)
+    if not busy:
+        return []
+    phases = {r.phase for r in busy}
+    return [Finding(Severity.WARNING, phases.pop() if len(phases) == 1 else "several",
+                    f"timings unreliable: {len(busy)} timed point(s) ran while other processes kept the machine busy; "
+                    "their speeds are left out of the cliff, host-bound and best-setting findings and of a baseline's "
+                    "regression gate (their own gates still read them)",
+                    [f"{where(r)}: {r.load.describe()}" for r in busy], "timing", Facts.of(busy[0]))]
 
 
 def cliffs(records: list[PhaseRecord]) -> list[Finding]:

@@ -12,8 +12,8 @@ from validation.cli import main
 from validation.judge.findings import find
 from validation.judge.findings.throughput import best_setting, cliffs, host_bound
 from validation.judge.record import PhaseRecord, PointKey, Status, Summary
-from validation.judge.timing import shared_machine
-from validation.machine import Machine
+from validation.judge.timing import busy_machine, shared_machine
+from validation.machine import Machine, MachineLoad
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import batches, expand
 from validation.store.results import ResultStore
@@ -96,3 +96,17 @@ def test_points_run_once_name_no_best_setting_however_far_apart():
     assert once.title.startswith("no best setting in scaling_sweep: batch_size=1 (200.0 toks/s) leads batch_size=0 "
                                  "(100.0) by 100.0, but batch_size=1 and batch_size=0 ran once"), once.title
     assert "repeats: 3" in once.title
+
+
+def test_points_that_other_work_competed_with_are_marked_and_left_out_of_speed_findings():
+    cliff = [(64, 0.25), (128, 0.5), (128, 0.5), (256, 40.0)]
+    busy = MachineLoad(cores=2, busy_cores=2.0, others_cores=1.4)
+    loaded = [dataclasses.replace(r, load=busy) if r.sweep_index == 3 else r for r in _sweep(cliff)]
+    assert cliffs(loaded) == [] and busy_machine(loaded) == [loaded[3]]
+    [warning] = [f for f in find(loaded) if f.kind == "timing"]
+    assert warning.title.startswith("timings unreliable: 1 timed point(s) ran while other processes kept the machine busy")
+    assert warning.detail == ["scaling_sweep [batch_size=3]: other processes used 1.4 of the 2 cores on average "
+                              "(2.0 in use in all, 0.6 by the point's)"]
+    # a quiet machine's load leaves the cliff what it is
+    quiet = [dataclasses.replace(r, load=MachineLoad(2, 2.0, 0.05)) for r in _sweep(cliff)]
+    assert cliffs(quiet) and busy_machine(quiet) == []

@@ -11,6 +11,7 @@ from validation import REPO_ROOT
 from validation.cli import main
 from validation.judge.findings import Severity
 from validation.judge.gates import GateVerdict
+from validation.machine import MachineLoad
 from validation.report.build import build_context, render_text
 from validation.runbook.load import load_profile, load_runbook
 from validation.store.baseline import BaselineSource, MetricDelta, compare
@@ -253,3 +254,50 @@ def test_a_baseline_without_a_recorded_commit_is_named_in_whole_words():
     assert BaselineSource("/b", None, "2026-11-27", "CPU").short == "(commit not recorded)"
     assert BaselineSource("/b", "a" * 40, "2026-11-27", "CPU", "mytrain", "b" * 40).short == f"mytrain at {'b' * 12}"
     assert BaselineSource("/b", "a" * 40, "2026-11-27", "CPU").short == "a" * 12
+
+
+class _Meter:
+    """A load meter that reads what the test says the machine was doing."""
+
+    load: MachineLoad | None = None
+
+    def read(self) -> MachineLoad | None:
+        return type(self).load
+
+
+def test_a_run_that_other_work_competed_with_is_not_judged_against_the_baseline(tmp_path, monkeypatch):
+    """An unchanged re-run on a two-core machine another test run kept busy measured tokens/s 55%
+    below its baseline: NO-GO, and advice to bisect a trainer that had not changed. A side other
+    work competed with for the cores measured the machine: its gate is UNMEASURED naming how busy
+    the machine was, the report INCOMPLETE, its speeds marked and left out of the speed findings."""
+    monkeypatch.setattr("validation.launch.process.LoadMeter", _Meter)
+    base, cur = tmp_path / "base", tmp_path / "cur"
+    rb = write_runbook(tmp_path / "rb.yaml", [_gates("slowed")])
+    _Meter.load = MachineLoad(2, 2.0, 0.05)  # the baseline: the point alone on its machine
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(base), "--no-report"]) == 0
+    _Meter.load = MachineLoad(2, 2.0, 1.4)
+    monkeypatch.setenv(*SLOWER_TRAINER)
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(cur), "--no-report"]) == 0
+    ctx = build_context(cur, "fake", "cpu", runbook=load_runbook(rb), profile=load_profile("cpu"),
+                        now="2026-01-01 00:00 UTC", baseline=base)
+    assert ctx["verdict"] == "INCOMPLETE", ctx["status_reason"]
+    assert ctx["status_reason"] == (
+        "1 gate(s) against the baseline not judged (slowed [default]: the machine was busy with other work (this "
+        "run: other processes used 1.4 of the 2 cores on average (2.0 in use in all, 0.6 by the point's)))")
+    assert not [f for f in ctx["findings"] if f.kind in ("regression", "slower_than_baseline")]
+    [warning] = [f for f in ctx["findings"] if f.kind == "not_comparable"]
+    assert "other work kept the machine busy while they ran" in warning.title, warning.title
+    [timing] = [f for f in ctx["findings"] if f.kind == "timing"]
+    assert timing.title.startswith("timings unreliable: 1 timed point(s) ran while other processes kept the machine busy")
+    text = render_text({**ctx, "results_prefix": ".."})
+    assert "| — (busy machine) (not judged) |" in text and "bisect" not in text
+    assert "‡ timings taken while other processes kept the machine's cores busy" in text
+    assert "1 point(s) not judged: other work kept the machine busy while they ran" in text
+    # a busy machine moves speeds, not losses
+    [loss] = [line for line in text.splitlines() if line.startswith("| slowed | default | loss_mean |")]
+    assert loss.endswith("| 2.955 | 2.955 | +0.0% |"), loss
+    # the same drop on a quiet machine is the regression it is
+    _Meter.load = MachineLoad(2, 2.0, 0.05)
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(cur), "--no-report"]) == 0
+    assert main(["report", "--runbook", str(rb), "--results-dir", str(cur), "--baseline", str(base),
+                 "--no-plots"]) == 1

@@ -6,7 +6,9 @@ runbook loader refuses any symbol that is not a key of OPS.
 A gate on a metric the trainer does not provide is UNMEASURED (``Pending.NOT_PROVIDED``), never
 FAIL and never PASS: what it lacks is found in its files at judge time, beside what its runbook
 entry declares. A windowed gate whose window the run did not cover is NO_DATA, which fails: four
-logged steps are no 'last 10 steps'.
+logged steps are no 'last 10 steps'. A timing (a speed) that fails its gate while other work kept
+the machine busy is UNMEASURED too (``Pending.BUSY_MACHINE``): other work only slows a run, so a
+timing that passes there passes, and one that fails measured the machine as much as the trainer.
 """
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ import enum
 import math
 import operator
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
 from validation.judge.metrics import METRICS, RunData, Source, compute, uncovered
+from validation.machine import MachineLoad
 
 OPS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge,
@@ -77,6 +80,9 @@ class Pending(enum.StrEnum):
     """A golden-loss gate without a blessed curve for this point and hardware class."""
     NO_PEAK = "the hardware profile names no peak FLOP/s"
     """A gate on a metric that divides by the device's peak (mfu) on a profile without one."""
+    BUSY_MACHINE = "a timing that failed while other work kept the machine busy"
+    """A timing's gate failed on a run other processes competed with for the cores (its value is
+    kept: a threshold changed since is judged from it again, by the same rule)."""
 
 
 #: the golden-loss gate's metric, and that of a golden point's repeats against each other
@@ -131,8 +137,19 @@ def check(value: float | None, op: str, threshold: float | None) -> GateVerdict:
     return GateVerdict.PASS if OPS[op](value, threshold) else GateVerdict.FAIL
 
 
-def evaluate(gates: Sequence[Gate], run: RunData, unprovided: Mapping[str, str]) -> list[GateResult]:
-    """Each gate's value and verdict. ``unprovided``: metric -> what the trainer lacks for it."""
+def judged(result: GateResult, load: MachineLoad | None) -> GateResult:
+    """``result`` (its verdict from ``check``), UNMEASURED where it is a timing that failed on a
+    busy machine (``load``: the run's), else as it is."""
+    if result.verdict != GateVerdict.FAIL or not METRICS[result.metric].timing or load is None or not load.busy:
+        return result
+    return replace(result, verdict=GateVerdict.UNMEASURED, pending=Pending.BUSY_MACHINE,
+                   note="; ".join(filter(None, [result.note, f"the machine was busy with other work: {load.describe()}"])))
+
+
+def evaluate(gates: Sequence[Gate], run: RunData, unprovided: Mapping[str, str],
+             load: MachineLoad | None = None) -> list[GateResult]:
+    """Each gate's value and verdict. ``unprovided``: metric -> what the trainer lacks for it;
+    ``load``: how busy other work kept the machine during the run."""
     out = []
     for g in gates:
         base = dict(metric=g.metric, op=g.op, threshold=g.threshold, window=g.window.describe(),
@@ -147,6 +164,7 @@ def evaluate(gates: Sequence[Gate], run: RunData, unprovided: Mapping[str, str])
             continue
         value = compute(g.metric, run, g.window.last)
         verdict = check(value, g.op, g.threshold)
-        out.append(GateResult(**base, value=value, verdict=verdict, note=uncovered(METRICS[g.metric], g.window, run) if value is None else "",
-                              pending=Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None))
+        out.append(judged(GateResult(**base, value=value, verdict=verdict,
+                                     note=uncovered(METRICS[g.metric], g.window, run) if value is None else "",
+                                     pending=Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None), load))
     return out

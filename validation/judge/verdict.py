@@ -240,8 +240,11 @@ def gate_verdict(gates: Sequence[GateResult]) -> tuple[Status, str]:
         golden = [g.note for g in pending if g.pending == Pending.NO_GOLDEN]
         unset = list(dict.fromkeys(g.threshold_ref or g.metric for g in pending if g.pending == Pending.THRESHOLD))
         no_peak = [g.metric for g in pending if g.pending == Pending.NO_PEAK]
+        busy = [g for g in pending if g.pending == Pending.BUSY_MACHINE]
         parts = ([f"{Pending.NOT_PROVIDED}: {', '.join(lacking)}"] if lacking else []) + golden + (
             [f"threshold(s) to be measured for this profile: {', '.join(unset)}"] if unset else []) + (
-            [f"{Pending.NO_PEAK} (hardware.peak_bf16_tflops): {', '.join(no_peak)}"] if no_peak else [])
+            [f"{Pending.NO_PEAK} (hardware.peak_bf16_tflops): {', '.join(no_peak)}"] if no_peak else []) + (
+            [f"timing(s) not judged, the machine busy with other work: {', '.join(g.text() for g in busy)}"]
+            if busy else [])
         return Status.UNMEASURED, "; ".join(parts)
     return Status.PASS, f"{len(gates)} gate(s) passed" if gates else "completed (no gates)"

@@ -97,7 +97,7 @@ def judge(point: PhasePoint, done: Launched, hw: Machine, results_dir: Path,
         unprovided.update({m: f"the trainer wrote no {PROFILE_JSON} (it does not honour {PROFILE_STEPS_ENV})"
                            for m in PROFILE_METRICS})
     golden = goldens.gate(point, run.csv, hw, results_dir)
-    gates = evaluate(asked, run, unprovided) + ([golden] if golden else []) + list(extra or [])
+    gates = evaluate(asked, run, unprovided, done.proc.load) + ([golden] if golden else []) + list(extra or [])
     # how the process ended decides first; its gates decide a run that ended clean
     by_gates = gate_verdict(gates)
     outcome = Outcome.of_run(kind, run, done.errors)

@@ -19,7 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from validation.judge.gates import (GOLDEN_METRIC, REPEAT_LOSS_METRIC, Gate, GateResult, GateVerdict, Pending, Window,
-                                    check, rule)
+                                    check, judged, rule)
 from validation.judge.record import PhaseRecord
 from validation.judge.verdict import rejudge
 from validation.runbook.plan import PhasePoint
@@ -86,11 +86,11 @@ def recheck(rec: PhaseRecord, point: PhasePoint) -> tuple[PhaseRecord, list[Rech
             if free:
                 then = free.pop(0)
                 again = _judged(then, n, f"{rule(n.op, n.threshold)} now, {rule(then.op, then.threshold)} at the "
-                                         f"run ({then.verdict} then)")
+                                         f"run ({then.verdict} then)", rec)
                 replaced[id(then)] = again
             else:  # asked beside the stored gates of its metric and window: the same value decides it
                 then = None
-                again = _judged(kept[0], n, f"{rule(n.op, n.threshold)} now, not asked at the run", fresh=True)
+                again = _judged(kept[0], n, f"{rule(n.op, n.threshold)} now, not asked at the run", rec, fresh=True)
                 added.append(again)
             found.append(Rechecked(then, again))
     if not found:
@@ -105,12 +105,14 @@ def _as_stored(g: GateResult) -> bool:
     return g.metric in _NOT_HERE or g.pending in _DECIDED_WITHOUT_THRESHOLD or g.verdict == GateVerdict.NO_DATA
 
 
-def _judged(stored: GateResult, now: Gate, said: str, fresh: bool = False) -> GateResult:
-    """``stored``'s value judged by the runbook's gate ``now``, the note saying so."""
+def _judged(stored: GateResult, now: Gate, said: str, rec: PhaseRecord, fresh: bool = False) -> GateResult:
+    """``stored``'s value judged by the runbook's gate ``now`` (by the rule for a timing that fails
+    on a busy machine, ``rec``'s load), the note saying so."""
     verdict = check(stored.value, now.op, now.threshold)
     note = f"re-checked at report time: {_source(now)} {said}"
-    return dataclasses.replace(
+    kept = None if fresh or stored.pending == Pending.BUSY_MACHINE else stored.note  # the busy note is said again
+    return judged(dataclasses.replace(
         stored, op=now.op, threshold=now.threshold, threshold_ref=now.threshold_ref, verdict=verdict,
         description=now.description if fresh else stored.description,
         pending=Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None,
-        note="; ".join(filter(None, [None if fresh else stored.note, note])))
+        note="; ".join(filter(None, [kept, note]))), rec.load)

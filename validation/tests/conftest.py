@@ -18,6 +18,17 @@ from validation.session.session import AcceptanceSession, SessionOptions
 FAKE = "validation.tests.fake_trainer"
 
 
+class StagedLoad:
+    """A stand-in for the harness's load meter (validation/launch/load.py) that reads what a test
+    says the machine was doing: ``monkeypatch.setattr("validation.launch.process.LoadMeter",
+    StagedLoad)``, then set ``StagedLoad.load`` before each run."""
+
+    load = None
+
+    def read(self):
+        return type(self).load
+
+
 def write_runbook(path: Path, phases: list[dict[str, Any]], **top: Any) -> Path:
     data = {"name": top.pop("name", "fake"), "profiles": ["cpu"],
             "defaults": {"launcher": {"kind": "python", "module": FAKE}, "config": "tiny", "steps": 8,

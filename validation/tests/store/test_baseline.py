@@ -16,7 +16,7 @@ from validation.report.build import build_context, render_text
 from validation.runbook.load import load_profile, load_runbook
 from validation.store.baseline import BaselineSource, MetricDelta, compare
 from validation.store.results import ResultStore
-from validation.tests.conftest import train_phase, write_runbook
+from validation.tests.conftest import StagedLoad, train_phase, write_runbook
 
 #: a drop of the fake trainer's tokens/s to 0.4x (60% below, the cpu profile allows 50%) as a change of
 #: the trainer between the stores (the harness's environment, not the runbook's): the runbook asks both
@@ -256,26 +256,17 @@ def test_a_baseline_without_a_recorded_commit_is_named_in_whole_words():
     assert BaselineSource("/b", "a" * 40, "2026-11-27", "CPU").short == "a" * 12
 
 
-class _Meter:
-    """A load meter that reads what the test says the machine was doing."""
-
-    load: MachineLoad | None = None
-
-    def read(self) -> MachineLoad | None:
-        return type(self).load
-
-
 def test_a_run_that_other_work_competed_with_is_not_judged_against_the_baseline(tmp_path, monkeypatch):
     """An unchanged re-run on a two-core machine another test run kept busy measured tokens/s 55%
     below its baseline: NO-GO, and advice to bisect a trainer that had not changed. A side other
     work competed with for the cores measured the machine: its gate is UNMEASURED naming how busy
     the machine was, the report INCOMPLETE, its speeds marked and left out of the speed findings."""
-    monkeypatch.setattr("validation.launch.process.LoadMeter", _Meter)
+    monkeypatch.setattr("validation.launch.process.LoadMeter", StagedLoad)
     base, cur = tmp_path / "base", tmp_path / "cur"
     rb = write_runbook(tmp_path / "rb.yaml", [_gates("slowed")])
-    _Meter.load = MachineLoad(2, 2.0, 0.05)  # the baseline: the point alone on its machine
+    StagedLoad.load = MachineLoad(2, 2.0, 0.05)  # the baseline: the point alone on its machine
     assert main(["run", "--runbook", str(rb), "--results-dir", str(base), "--no-report"]) == 0
-    _Meter.load = MachineLoad(2, 2.0, 1.4)
+    StagedLoad.load = MachineLoad(2, 2.0, 1.4)
     monkeypatch.setenv(*SLOWER_TRAINER)
     assert main(["run", "--runbook", str(rb), "--results-dir", str(cur), "--no-report"]) == 0
     ctx = build_context(cur, "fake", "cpu", runbook=load_runbook(rb), profile=load_profile("cpu"),
@@ -297,7 +288,7 @@ def test_a_run_that_other_work_competed_with_is_not_judged_against_the_baseline(
     [loss] = [line for line in text.splitlines() if line.startswith("| slowed | default | loss_mean |")]
     assert loss.endswith("| 2.955 | 2.955 | +0.0% |"), loss
     # the same drop on a quiet machine is the regression it is
-    _Meter.load = MachineLoad(2, 2.0, 0.05)
+    StagedLoad.load = MachineLoad(2, 2.0, 0.05)
     assert main(["run", "--runbook", str(rb), "--results-dir", str(cur), "--no-report"]) == 0
     assert main(["report", "--runbook", str(rb), "--results-dir", str(cur), "--baseline", str(base),
                  "--no-plots"]) == 1

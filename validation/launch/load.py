@@ -26,6 +26,10 @@ def _cores() -> list[int]:
         return list(range(psutil.cpu_count() or 1))
 
 
+#: set to 1, the harness reads no load (every point counts as run on a quiet machine): for a test
+#: suite whose trainers make their speeds up, whose verdicts must not depend on what else runs
+IGNORE_ENV = "NSA_VALIDATE_IGNORE_LOAD"
+
 #: the counters of CPU time spent busy (guest time is inside user and nice already; steal is a
 #: virtual machine's time taken by its neighbours)
 BUSY = ("user", "nice", "system", "irq", "softirq", "steal")
@@ -53,9 +57,9 @@ class LoadMeter:
 
     def read(self) -> MachineLoad | None:
         """The load since the meter started; None over too short a run to say (the kernel's
-        counters tick 100 times a second)."""
+        counters tick 100 times a second), or where ``IGNORE_ENV`` says to read none."""
         wall = time.monotonic() - self._t
-        if wall < 1.0:
+        if wall < 1.0 or os.environ.get(IGNORE_ENV) == "1":
             return None
         busy = max(_busy_s(self.cores) - self._busy, 0.0) / wall
         ours = max(_ours_s() - self._ours, 0.0) / wall

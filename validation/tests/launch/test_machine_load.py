@@ -9,10 +9,16 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from validation.launch import load
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
+
+
+@pytest.fixture(autouse=True)
+def measured(monkeypatch):
+    monkeypatch.delenv(load.IGNORE_ENV)
 
 
 def test_a_process_the_harness_did_not_start_is_other_work():
@@ -45,3 +51,11 @@ def test_what_the_harness_started_and_waited_for_is_its_own():
 
 def test_a_run_too_short_to_measure_has_no_load():
     assert load.LoadMeter().read() is None
+
+
+def test_the_load_is_not_read_where_the_environment_says_so(monkeypatch):
+    meter = load.LoadMeter()
+    time.sleep(1.1)
+    assert meter.read() is not None
+    monkeypatch.setenv(load.IGNORE_ENV, "1")
+    assert meter.read() is None

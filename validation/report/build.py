@@ -28,6 +28,7 @@ from validation.judge.findings import find, planned_longest
 from validation.judge.findings.advice import recommendations
 from validation.judge.findings.finding import Finding, Severity, point_label, where
 from validation.judge.findings.headline import blame
+from validation.judge.findings.profiles import other_profile_files
 from validation.judge.gates import Pending
 from validation.judge.record import OWN_TRAINER, PhaseRecord, Status
 from validation.judge.timing import busy_machine, shared_machine
@@ -288,7 +289,9 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         threshold = profile.thresholds.get(baseline_cmp.REGRESSION_KEY) if profile else None
         base_records = baseline_cmp.load(baseline, results_dir, runbook_name, profile_name)
         comparison = baseline_cmp.compare(records, base_records, baseline, threshold)
-    findings = find(records, comparison.findings() if comparison else None, profile.thresholds if profile else None,
+    extra = (comparison.findings() if comparison else []) + (other_profile_files(records, profile.cli_name)
+                                                             if profile else [])
+    findings = find(records, extra, profile.thresholds if profile else None,
                     planned_longest((p.phase.name, p.params) for p in points) if points is not None else None)
     status, why = status_of(records, missing, findings, outdated, _unknown_plan(records, runbook, profile),
                             comparison.unjudged_lines() if comparison else None)
@@ -296,7 +299,8 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
     root = root_assignment(runbook.trainer.root.env if runbook and runbook.trainer else None, records)
     findings = [_with_rerun(f, runbook and runbook.cli_name, profile and profile.cli_name, store_arg, root)
                 for f in findings]
-    hw = next((r.hardware for r in records if r.hardware), None)
+    # where every stored record is outdated, the machine they ran on is still the one to name
+    hw = next((r.hardware for r in [*records, *(o.record for o in outdated)] if r.hardware), None)
     sha = next((r for r in records if r.git_sha), None)
     shas = list(dict.fromkeys(r.git_sha for r in records if r.out_dir and r.git_sha))
     foreign = [r for r in records if r.trainer != OWN_TRAINER]
@@ -313,7 +317,9 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "runbook": runbook_name,
         "runbook_path": _rel(runbook.path) if runbook else None,
         "runbook_source": runbook.source if runbook else None,
-        "profile": profile_name,
+        # a profile file outside runbooks/profiles/ is named by its path: its thresholds are the user's
+        "profile": profile_name if profile is None or profile.cli_name == profile_name
+                   else f"{profile_name} ({profile.cli_name})",
         "profile_description": profile.description if profile else None,
         "profile_hardware": _hw_need(profile) if profile else None,
         "profile_notes": profile.notes if profile else None,

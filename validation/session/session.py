@@ -332,18 +332,21 @@ class AcceptanceSession:
         it ran from; a baseline that lacks a pair gives that report no comparison, and says so.
         With the tensorboard option each pair's train points are exported there as well."""
         selected = {(rb.name, prof.name): (rb, prof) for rb, prof in self.pairs()} if self.options.runbooks else {}
+        # --profile without --runbook still judges by the file given (its name selects the pairs)
+        given = {prof.name: prof for prof in map(load_profile, self.options.profiles)}
         store = ResultStore(self.results_dir)
         wanted = pairs if pairs is not None else list(selected)
         in_baseline = set(ResultStore(self.options.baseline).pairs()) if self.options.baseline else set()
         out = []
         for rb_name, prof_name in wanted:
-            rb, prof = selected.get((rb_name, prof_name), (None, None))
-            if rb is None or prof is None or not self.options.profiles:
-                # without --profile the records' own profile judges them: the store keys a pair by
-                # the profile's name, and a profile file of that name (`--profile PATH` at the run)
-                # may hold other thresholds than the runbook's built-in profile
-                ran_rb, prof = _ran_from(store, rb_name, prof_name, notes, runbook=rb is None)
-                rb = rb or ran_rb
+            rb, _ = selected.get((rb_name, prof_name), (None, None))
+            # without --profile the records' own profile judges them: the store keys a pair by the
+            # profile's name, and a profile file of that name (`--profile PATH` at the run) may hold
+            # other thresholds than the runbook's built-in profile
+            prof = given.get(prof_name)
+            if rb is None or prof is None:
+                ran_rb, ran_prof = _ran_from(store, rb_name, prof_name, notes, runbook=rb is None)
+                rb, prof = rb or ran_rb, prof or ran_prof
             base = self.options.baseline
             # a pair the baseline lacks renders without a comparison (check_ready made sure it
             # holds some of the pairs)

@@ -73,3 +73,37 @@ def test_pytest_knows_the_marker_of_a_profile_outside_the_checkout(tmp_path):
     assert "1 failed" in out.stdout
     [record] = ResultStore(tmp_path / "r").records()
     assert record.key.profile == "mine" and record.status.name == "FAIL"
+
+
+def test_report_judges_by_the_profile_path_given_without_a_runbook(tmp_path, capsys):
+    """`nsa-validate report --results-dir R --profile PATH` (no --runbook) rendered GO against the
+    stored records' own profile, the file given ignored: its floor of 1e9 tokens/s never read."""
+    from validation.cli import main
+
+    mine = _copy_of_cpu(tmp_path / "cpu.yaml")
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("baseline_ddp")])
+    res = tmp_path / "r"
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"]) == 0
+    assert main(["report", "--results-dir", str(res), "--profile", str(mine), "--no-plots"]) == 1  # NO-GO
+    text = (res / "reports" / "fake__cpu.md").read_text()
+    assert f"- **Profile**: cpu ({mine})" in text
+    assert f"1 point(s) ran with another profile file than this report judges by ({mine})" in text
+    assert "   - ran with cpu: baseline_ddp [default]" in text
+    assert main(["report", "--results-dir", str(res), "--no-plots"]) == 0  # by the file the records ran with
+    assert "another profile file" not in (res / "reports" / "fake__cpu.md").read_text()
+
+
+def test_a_phase_re_run_without_the_profile_path_says_the_others_ran_with_it(tmp_path):
+    """A phase run with a strict profile file, another re-run without --profile: the report judges
+    both by the built-in profile (the run's), and says which point ran with which file."""
+    from validation.cli import main
+
+    mine = _copy_of_cpu(tmp_path / "cpu.yaml")
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("strict"), train_phase("plain")])
+    res = tmp_path / "r"
+    assert main(["run", "--runbook", str(rb), "--profile", str(mine), "--phase", "strict", "--results-dir", str(res),
+                 "--no-plots"]) == 1
+    assert main(["run", "--runbook", str(rb), "--phase", "plain", "--results-dir", str(res), "--no-plots"]) == 0
+    text = (res / "reports" / "fake__cpu.md").read_text()
+    assert "1 point(s) ran with another profile file than this report judges by (cpu)" in text
+    assert f"   - ran with {mine}: strict [default]" in text

@@ -47,11 +47,15 @@ class Kept:
     """Compared only where the run's kind and the point's are one of these (none: every kind)."""
     also: tuple[str, ...] = ()
     """More keys it keeps, each declared with ``key``'s rule."""
+    read_now: bool = False
+    """What the point asks is read from outside the runbook (a file's contents): None now is
+    unknown (the file unreadable here), never a change."""
 
 
 def kept(key: str, ask: Ask, load: Callable[[Any], Any], *, label: str = "", default: Any = None,
-         factory: Any = None, optional: bool = True, kinds: tuple[str, ...] = (), also: tuple[str, ...] = ()) -> Any:
-    meta = {_KEPT: Kept(key, label or key, ask, load, optional, kinds, also)}
+         factory: Any = None, optional: bool = True, kinds: tuple[str, ...] = (), also: tuple[str, ...] = (),
+         read_now: bool = False) -> Any:
+    meta = {_KEPT: Kept(key, label or key, ask, load, optional, kinds, also, read_now)}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -110,6 +114,10 @@ class Asked:
     """The allowance before the first step in force (startup_s, else the stall allowance)."""
     join_timeout_s: float | None = kept("launcher.rdzv.join_timeout_s", _join_timeout, float)
     """The rendezvous's join timeout of a launch of several nodes (None: no rendezvous)."""
+    config_digest: str | None = kept("config", lambda p, t: p.config_digest() if t else None, str,
+                                     label="config file contents (SHA-256)", read_now=True)
+    """What the config file the trainer reads held (runbook.plan.PhasePoint.config_digest): a file
+    edited since the run, under the same name, asks another run. None: no file, or not kept."""
 
     @staticmethod
     def fields() -> tuple[tuple[str, Kept], ...]:

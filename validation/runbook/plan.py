@@ -3,10 +3,14 @@ gates' thresholds resolved from the profile. A point is the unit that runs, is s
 shown as one pytest test."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from nsa.config import ConfigError, resolve_config_path
 from nsa.contract import PROFILE_STEPS_ENV
+from validation import REPO_ROOT
 from validation.contract.adapters import ADAPTERS
 from validation.errors import RunbookError
 from validation.judge.gates import Gate
@@ -97,6 +101,31 @@ class PhasePoint:
             out["resume"] = (f"stop_after {_via(spec.resume.stop_after)}, from {_via(spec.resume.resume_from)}"
                              if spec.resume else "none")
         return _given(out)
+
+    def config_digest(self) -> str | None:
+        """The first 16 hex digits of the SHA-256 of the config file the trainer reads: this
+        project's trainer's preset or YAML path (relative to this repository, its working
+        directory), or a ``trainer:`` entry's config template (relative to its root); None where
+        there is none or it cannot be read here. An edited file makes another run of the point."""
+        spec = self.runbook.trainer
+        if spec is None:
+            config = Path(self.phase.config)
+            local = config if config.is_absolute() else REPO_ROOT / config
+            try:
+                path = local if local.suffix in (".yaml", ".yml") and local.is_file() else resolve_config_path(config)
+            except ConfigError:
+                return None
+        elif spec.config is not None:
+            root, _ = spec.root.resolve()
+            if root is None:
+                return None
+            path = root / spec.config.template
+        else:
+            return None
+        try:
+            return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+        except OSError:
+            return None
 
     def pytest_asked(self) -> dict[str, str]:
         """A pytest point's tests and arguments, as a record keeps them."""

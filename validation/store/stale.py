@@ -163,6 +163,8 @@ def _fields(rec: PhaseRecord, point: PhasePoint) -> list[Compared]:
             was = read(rec)
             if was is None:
                 continue
+        if kept.read_now and getattr(now, name) is None:  # unreadable here now: unknown, no change
+            continue
         out.append(Compared(kept.label, rule_of, was, getattr(now, name), kept.key))
     return out
 

@@ -175,3 +175,28 @@ def test_records_that_kept_none_of_the_new_keys_are_read_and_not_judged_by_them(
         "stall_s 7.5 at the run, 1 in the runbook now (the run took 2 s)",
         "startup_s 7.5 at the run, 1 in the runbook now (the run took 2 s)",  # startup_s follows stall_s
         "golden_steps unset at the run, 4 in the runbook now"]
+
+
+def test_a_config_file_edited_since_the_run_leaves_the_point_not_run(tmp_path, monkeypatch):
+    """A runbook's `config: mycfg.yaml` (a file at the trainer's working directory, this
+    repository's root), the file then edited (n_layers 2 -> 3) under the same name: the stored GO
+    stood, while a re-run of the same runbook was NO-GO on its golden curve. What the file held is
+    kept (a digest) and compared, as its name is."""
+    from nsa.config import PRESET_DIR
+
+    monkeypatch.setattr("validation.runbook.plan.REPO_ROOT", tmp_path)  # the trainer's working directory
+    cfg = tmp_path / "mycfg.yaml"
+    cfg.write_text((PRESET_DIR / "tiny.yaml").read_text())
+    point = _point(tmp_path, train_phase("ab", gates=GATES, steps=3, config="mycfg.yaml"))
+    rec = _record(point)
+    assert rec.asked.config_digest == point.config_digest() is not None
+    assert _texts(rec, point) == []
+    cfg.write_text(cfg.read_text().replace("n_layers: 2", "n_layers: 3"))
+    [text] = _texts(rec, point)
+    assert text.startswith(f"config file contents (SHA-256) {rec.asked.config_digest} at the run, "), text
+    # a file that cannot be read now is no change made up, nor one a record never kept
+    cfg.unlink()
+    assert point.config_digest() is None and _texts(rec, point) == []
+    assert _texts(dataclasses.replace(rec, asked=dataclasses.replace(rec.asked, config_digest=None)), point) == []
+    # a preset's digest is its file's
+    assert _point(tmp_path, train_phase("ab", gates=GATES)).config_digest() is not None

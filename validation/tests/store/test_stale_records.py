@@ -6,7 +6,10 @@ the run and now, and the command that re-runs only that point."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+
+from nsa.config import PRESET_DIR
 
 from validation.cli import main
 from validation.judge.asked import Asked
@@ -97,13 +100,18 @@ def test_a_stored_fail_of_another_point_is_not_run_either_and_a_point_as_asked_s
     assert _context(rb, res)["verdict"] == "GO"  # the runbook as the run had it
 
 
+#: the first 16 hex digits of the SHA-256 of the tiny preset's file
+TINY_DIGEST = hashlib.sha256((PRESET_DIR / "tiny.yaml").read_bytes()).hexdigest()[:16]
+
+
 def test_records_of_older_harnesses_without_what_was_asked_compare_what_they_kept(tmp_path):
     rb, res = _ran(tmp_path, steps=6)
     (rec,) = ResultStore(res).records()
     old = PhaseRecord.from_json({k: v for k, v in rec.to_json().items() if k != "asked"}, "test")
     assert old.asked is None and rec.asked == Asked(
         6, "tiny", {}, {}, 1, ("loss_finite (all steps)",), repeats=1, resume_after=0, golden_steps=0, stall_s=7.5,
-        startup_s=7.5, launcher=LAUNCHED, trainer={"module": "validation.tests.fake_trainer"})
+        startup_s=7.5, launcher=LAUNCHED, trainer={"module": "validation.tests.fake_trainer"},
+        config_digest=TINY_DIGEST)
     runbook, profile = load_runbook(rb), load_profile("cpu")
     [point] = expand(runbook, profile)
     assert stale.changes(old, point) == ()
@@ -123,4 +131,4 @@ def test_what_was_asked_survives_the_store(tmp_path):
                                "world_size": 1, "gates": ["loss_finite (all steps)"], "repeats": 1, "resume_after": 0,
                                "golden_steps": 0, "stall_s": 7.5, "startup_s": 7.5, "join_timeout_s": None,
                                "launcher": LAUNCHED, "trainer": {"module": "validation.tests.fake_trainer"},
-                               "pytest": None}
+                               "pytest": None, "config_digest": TINY_DIGEST}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from validation.judge.profile_names import HARNESS_READ
 from validation.runbook.schema import TEXT_ONLY, Key, keys_of
 from validation.runbook.types import Hardware, Phase, Rendezvous, Runbook
 
@@ -155,7 +156,9 @@ PROFILE = Section("(profile file)", "A hardware profile: the minimum hardware an
     Key("marker", "its pytest marker (`pytest -m h100`)", True),
     Key("description", "one line for people", empty=TEXT_ONLY),
     Key("hardware", "the minimum hardware", True),
-    Key("thresholds", "name: number, or null (to be measured: a gate on it is UNMEASURED)", True),
+    Key("thresholds", "name: number, or null (to be measured: a gate on it is UNMEASURED); the names gates "
+                      "refer to, and those the harness reads itself: " + ", ".join(HARNESS_READ) + " (a name this "
+                      "close to one of those is refused as its typo)", True),
     Key("notes", "for people", empty=TEXT_ONLY),
 ))
 

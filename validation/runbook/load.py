@@ -21,6 +21,7 @@ from validation import PROFILE_DIR, RUNBOOK_DIR
 from validation.contract.adapters import ADAPTERS
 from validation.errors import RunbookError
 from validation.judge.metrics import METRICS
+from validation.judge.profile_names import HARNESS_READ
 from validation.runbook import keys
 from validation.judge.record import TRAINER_KINDS
 from validation.judge.stability import StabilityRule
@@ -122,6 +123,12 @@ def _check_params(r: Reader, where: str, phase, trainer: TrainerSpec, inherited:
                                                 f"{', '.join(trainer.params) or 'none'})")
 
 
+#: how alike (difflib's ratio) a threshold name and one the harness reads must be to count as a
+#: typo of it: 'max_toks_regresion' and 'spike_windw' are 0.97, 'max_toks_cv' and 'max_mem_growth_gb'
+#: against any of them below 0.7
+NEAR_MISS = 0.85
+
+
 def load_profile(path_or_name: str | Path) -> Profile:
     path = _resolve(path_or_name, PROFILE_DIR, "profile")
     data = read_yaml(path, keys.PROFILE)
@@ -135,6 +142,11 @@ def load_profile(path_or_name: str | Path) -> Profile:
     for k, v in thr.items():
         if not isinstance(k, str) or not NAME.match(k):
             r.fail(f"thresholds.{k}", "bad threshold name")
+        near = difflib.get_close_matches(k, HARNESS_READ, n=1, cutoff=NEAR_MISS) if k not in HARNESS_READ else []
+        if near:
+            r.fail(f"thresholds.{k}", f"did you mean {near[0]}? {k} is read by nothing unless a gate names it, and "
+                                      f"so close to {near[0]}, which the harness reads, that it reads as a typo of it "
+                                      f"(the names the harness reads: {', '.join(HARNESS_READ)})")
         if v is not None and not is_number(v):
             r.fail(f"thresholds.{k}", f"expected a finite number or null (to be measured), got {v!r}")
         thresholds[k] = None if v is None else float(v)

@@ -14,13 +14,12 @@ from validation import REPO_ROOT
 from validation.contract.adapters import ADAPTERS
 from validation.errors import RunbookError
 from validation.judge.gates import Gate
+from validation.judge.profile_names import GOLDEN_RTOL
 from validation.judge.record import TRAINER_KINDS
 from validation.judge.resume import RTOL_KEY as RESUME_RTOL
 from validation.judge.metrics import declared_unprovided
 from validation.runbook.types import Phase, Profile, Runbook, Scalar, sweep_part
 
-#: the profile threshold that sets the golden-loss tolerance of phases with golden_steps
-GOLDEN_RTOL = "golden_loss_rtol"
 #: pytest markers implied by what a phase needs (added to the phase's own markers)
 PROFILE_GPU_MARKERS = ("gpu",)
 

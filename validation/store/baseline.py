@@ -31,11 +31,10 @@ from validation.judge.findings.finding import Facts, Finding, Severity, point_la
 from validation.judge.gates import GateVerdict, Window
 from validation.judge.interval import Interval, interval
 from validation.judge.metrics import METRICS
+from validation.judge.profile_names import REGRESSION_KEY
 from validation.judge.record import PhaseRecord
 from validation.store.results import ResultStore, record_key
 
-#: the profile threshold: the largest allowed fractional drop of tokens/s against the baseline
-REGRESSION_KEY = "max_toks_regression"
 THROUGHPUT = "toks_per_s_mean"
 #: a record's window where its phase's gates name none, in the gates' words
 ALL_STEPS = Window().describe()

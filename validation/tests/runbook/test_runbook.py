@@ -157,6 +157,20 @@ def test_bad_profile_names_key(tmp_path):
         load_profile(p)
 
 
+@pytest.mark.parametrize("typo, meant", [("max_toks_regresion", "max_toks_regression"),
+                                         ("spike_windw", "spike_window"), ("golden_loss_rtl", "golden_loss_rtol")])
+def test_a_near_miss_of_a_threshold_the_harness_reads_is_refused(tmp_path, typo, meant):
+    """A custom profile's `max_toks_regresion: 0.05` loaded without a word: nothing read it, so
+    `report --baseline` gated no drop at all (GO for a trainer 78% slower than its baseline); a
+    misspelt `spike_windw` left the default window in force."""
+    p = tmp_path / "prof.yaml"
+    p.write_text(f"name: x\nmarker: x\nhardware: {{accelerator: cpu}}\nthresholds: {{min_toks_per_s: 1, {typo}: 0.5}}\n")
+    with pytest.raises(RunbookError, match=rf"prof\.yaml: thresholds\.{typo}: did you mean {meant}\?"):
+        load_profile(p)
+    p.write_text(f"name: x\nmarker: x\nhardware: {{accelerator: cpu}}\nthresholds: {{min_toks_per_s: 1, {meant}: 5}}\n")
+    assert load_profile(p).thresholds[meant] == 5  # the name itself, and names gates use, load
+
+
 @pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
 def test_a_non_finite_number_is_refused_where_a_number_is_asked(tmp_path, value):
     """A profile's `min_toks_per_s: .nan` loaded: its gate failed as 'needs >= nan' and the report

@@ -82,6 +82,12 @@ class MachineLoad:
         return (self.busy_cores >= SATURATED * self.cores and self.others_cores >= OTHERS_FRACTION * self.cores
                 and self.ours_cores >= OURS_MIN_CORES)
 
+    @property
+    def slowdown(self) -> float:
+        """The most other work can have slowed the point: alone, its processes could have used every
+        core, and they used ``ours_cores`` (1 where the machine was not busy)."""
+        return self.cores / self.ours_cores if self.busy else 1.0
+
     def describe(self) -> str:
         """'other processes used 1.4 of the 2 cores on average (2.0 in use in all, 0.6 by the point's)'."""
         return (f"other processes used {self.others_cores:.1f} of the {self.cores} cores on average "

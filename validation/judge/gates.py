@@ -7,8 +7,9 @@ A gate on a metric the trainer does not provide is UNMEASURED (``Pending.NOT_PRO
 FAIL and never PASS: what it lacks is found in its files at judge time, beside what its runbook
 entry declares. A windowed gate whose window the run did not cover is NO_DATA, which fails: four
 logged steps are no 'last 10 steps'. A timing (a speed) that fails its gate while other work kept
-the machine busy is UNMEASURED too (``Pending.BUSY_MACHINE``): other work only slows a run, so a
-timing that passes there passes, and one that fails measured the machine as much as the trainer.
+the machine busy is UNMEASURED too (``Pending.BUSY_MACHINE``), unless it would fail however much
+the load slowed it: other work only slows a run, so a timing that passes there passes, and one that
+fails measured the machine as much as the trainer.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
-from validation.judge.metrics import METRICS, RunData, Source, compute, uncovered
+from validation.judge.metrics import METRICS, RunData, Source, Timing, compute, uncovered
 from validation.machine import MachineLoad
 
 OPS: dict[str, Callable[[float, float], bool]] = {
@@ -138,12 +139,29 @@ def check(value: float | None, op: str, threshold: float | None) -> GateVerdict:
 
 
 def judged(result: GateResult, load: MachineLoad | None) -> GateResult:
-    """``result`` (its verdict from ``check``), UNMEASURED where it is a timing that failed on a
-    busy machine (``load``: the run's), else as it is."""
-    if result.verdict != GateVerdict.FAIL or not METRICS[result.metric].timing or load is None or not load.busy:
+    """``result`` (its verdict from ``check``) on a run other work competed with (``load``): a
+    timing that failed fails where it would fail however much the load slowed it (a speed
+    ``load.slowdown`` times higher, a duration as many times shorter), else it is UNMEASURED;
+    anything else as it is (other work only slows a run: a timing that passed passes)."""
+    timing = METRICS[result.metric].timing
+    if result.verdict != GateVerdict.FAIL or timing is None or load is None or not load.busy:
         return result
+    said = f"the machine was busy with other work: {load.describe()}"
+    alone = _alone(result.value, timing, load.slowdown)
+    if alone is not None and check(alone, result.op, result.threshold) == GateVerdict.FAIL:
+        return replace(result, note="; ".join(filter(None, [result.note, (
+            f"{said}; it fails even at {alone:.4g}, the most a run alone could have reached (at most "
+            f"{load.slowdown:.1f}x slower)")])))
     return replace(result, verdict=GateVerdict.UNMEASURED, pending=Pending.BUSY_MACHINE,
-                   note="; ".join(filter(None, [result.note, f"the machine was busy with other work: {load.describe()}"])))
+                   note="; ".join(filter(None, [result.note, said])))
+
+
+def _alone(value: float | None, timing: Timing, slowdown: float) -> float | None:
+    """The best a timing could have been without the load that slowed it ``slowdown`` times at
+    most; None for one no bound says how far the load moved (a spread)."""
+    if value is None or timing == Timing.SPREAD:
+        return None
+    return value * slowdown if timing == Timing.SPEED else value / slowdown
 
 
 def evaluate(gates: Sequence[Gate], run: RunData, unprovided: Mapping[str, str],

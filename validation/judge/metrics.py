@@ -121,6 +121,18 @@ class Input:
 Compute = Callable[[RunData, "int | None"], "float | None"]
 
 
+class Timing(enum.Enum):
+    """How other work on the machine moves a timing, so how far it can: ``MachineLoad.slowdown``
+    bounds how much slower the point ran than it would have alone."""
+
+    SPEED = "speed"
+    """Work per second (tokens/s, MFU): at most ``slowdown`` times lower than alone."""
+    DURATION = "duration"
+    """Seconds per step: at most ``slowdown`` times longer than alone."""
+    SPREAD = "spread"
+    """A spread, ratio or share of time (steadiness, stragglers, GPU busy): moved, by no bound."""
+
+
 @dataclass(frozen=True)
 class Metric:
     name: str
@@ -132,9 +144,9 @@ class Metric:
     too_short: Callable[[RunData, int | None], str] | None = field(default=None, repr=False, compare=False)
     """Why a run whose files cover the window still gives no value: too few logged steps for the
     rule (a trainer that logs every k steps); None where that cannot happen."""
-    timing: bool = False
-    """A speed (or a share of time): it measures the machine as much as the trainer, so other work
-    on the machine moves it (validation/judge/timing.py)."""
+    timing: Timing | None = None
+    """A timing measures the machine as much as the trainer, so other work on the machine moves it
+    (validation/judge/timing.py); None: not a timing."""
 
     def optional_inputs(self) -> tuple[Input, ...]:
         return tuple(i for i in self.reads if i.optional)
@@ -419,17 +431,17 @@ _BEATS = Input(Source.HEARTBEAT, "step")
 
 CATALOGUE: tuple[Metric, ...] = (
     Metric("toks_per_s_mean", "mean global tokens/s over the window", (_TOKS,), True,
-           _reduce("toks_per_s", methodcaller("mean")), timing=True),
+           _reduce("toks_per_s", methodcaller("mean")), timing=Timing.SPEED),
     Metric("toks_per_s_stdev", "population stdev of tokens/s over the window", (_TOKS,), True,
-           _reduce("toks_per_s", _pstdev), timing=True),
-    Metric("toks_per_s_cv", "stdev / mean of tokens/s over the window (steadiness)", (_TOKS,), True, _cv, timing=True),
+           _reduce("toks_per_s", _pstdev), timing=Timing.SPREAD),
+    Metric("toks_per_s_cv", "stdev / mean of tokens/s over the window (steadiness)", (_TOKS,), True, _cv, timing=Timing.SPREAD),
     Metric("toks_per_s_per_gpu", "mean tokens/s over the window divided by world size",
-           (_TOKS, Input(Source.ENV, "world_size")), True, _per_gpu, timing=True),
+           (_TOKS, Input(Source.ENV, "world_size")), True, _per_gpu, timing=Timing.SPEED),
     Metric("step_time_s_mean", "mean step time over the window", (_csv("step_time_s", True),), True,
-           _reduce("step_time_s", methodcaller("mean")), timing=True),
+           _reduce("step_time_s", methodcaller("mean")), timing=Timing.DURATION),
     Metric("step_time_s_median", "median step time over the window: the typical step, which a slow first step "
                                  "(a compile, a warm-up) in the window does not move", (_csv("step_time_s", True),), True,
-           _reduce("step_time_s", methodcaller("median")), timing=True),
+           _reduce("step_time_s", methodcaller("median")), timing=Timing.DURATION),
     Metric("loss_mean", "mean loss over the window", (_LOSS,), True, _reduce("loss", methodcaller("mean"))),
     Metric("loss_drop", f"mean loss of the window's first k logged steps minus the mean of its last k "
                         f"(k = {LOSS_DROP_ROWS}, or half the rows when fewer; nats): > 0 when the model learns",
@@ -461,7 +473,7 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("halt", "1 when a .HALT file exists", (Input(Source.HALT, "file"),), False,
            lambda run, last: float(run.halted)),
     Metric("rank_step_time_ratio", "slowest / fastest rank's median step time (heartbeats)",
-           (_BEATS, Input(Source.HEARTBEAT, "time")), False, _rank_ratio, timing=True),
+           (_BEATS, Input(Source.HEARTBEAT, "time")), False, _rank_ratio, timing=Timing.SPREAD),
     Metric("idle_ranks", "ranks with no step progress, or ~0% GPU use at every reading (heartbeat gpu_util < 5%, "
                          "where written) while another rank's median is at least 50%, holding under 5% of its "
                          "memory where the heartbeats carry mem_alloc_gb", (_BEATS,), False, _idle_ranks),
@@ -477,7 +489,7 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("mfu", "model FLOPs utilisation: mean tokens/s over the window x model_flops_per_token / (the profile's "
                   "peak_bf16_tflops x world size)",
            (_TOKS, Input(Source.ENV, "model_flops_per_token", True), Input(Source.ENV, "world_size"),
-            Input(Source.HARDWARE, "peak_bf16_tflops")), True, _mfu, timing=True),
+            Input(Source.HARDWARE, "peak_bf16_tflops")), True, _mfu, timing=Timing.SPEED),
     Metric("tests_failed", "pytest failures + errors in a pytest phase", (Input(Source.JUNIT, "failures"),), False,
            _count("tests_failed")),
     Metric("tests_passed", "pytest passes in a pytest phase", (Input(Source.JUNIT, "tests"),), False,
@@ -490,13 +502,13 @@ CATALOGUE: tuple[Metric, ...] = (
                                "replays) seen by the profiler", (_profile("nsa_ranges"),), False,
            _count("nsa_ranges_found")),
     Metric("python_overhead_frac", "share of profiled CPU time outside aten ops",
-           (_profile("python_overhead_frac"),), False, _count("python_overhead_frac"), timing=True),
+           (_profile("python_overhead_frac"),), False, _count("python_overhead_frac"), timing=Timing.SPREAD),
     Metric("gpu_busy_frac", "share of the profiled wall time the GPU ran work: computed by the harness from the "
                             "trainer's gpu_timeline.json.gz where it left one (judge/pace.py), else profile.json's",
-           (_profile("gpu_busy_frac"), _TIMELINE), False, _count("gpu_busy_frac"), timing=True),
+           (_profile("gpu_busy_frac"), _TIMELINE), False, _count("gpu_busy_frac"), timing=Timing.SPREAD),
     Metric("gpu_host_pause_ms", "ms a profiled step the GPU sat idle in gaps of 1 ms or more: the host pausing it "
                                 "(a sync, an optimizer's launches, data); gpu_timeline.json.gz",
-           (_TIMELINE,), False, _count("gpu_host_pause_ms"), timing=True),
+           (_TIMELINE,), False, _count("gpu_host_pause_ms"), timing=Timing.SPREAD),
     Metric("cuda_graphs", "1 when the profiled steps were CUDA-graph replays", (_profile("cuda_graphs"),), False,
            _count("cuda_graphs")),
 )

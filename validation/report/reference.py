@@ -31,7 +31,7 @@ PAGES = {"artifact_contract.md": "artifact_contract.md.j2", "runbook_format.md":
 def _context() -> dict:
     metrics = [{"name": m.name, "description": m.description, "reads": "; ".join(i.describe() for i in m.reads),
                 "window": "honours the gate's window" if m.windowed else "the whole run",
-                "timing": "yes" if m.timing else ""} for m in CATALOGUE]
+                "timing": m.timing.value if m.timing else ""} for m in CATALOGUE]
     return {"contract": contract, "sections": keys.SECTIONS, "metrics": metrics,
             "env_prefixes": fields.ENV_PREFIXES, "env_exact": fields.ENV_EXACT,
             "trainer_env_denied": fields.TRAINER_ENV_DENIED,

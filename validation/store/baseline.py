@@ -105,9 +105,9 @@ class PointDelta:
 
     @property
     def comparable(self) -> bool:
-        """Both sides' numbers say the same of the trainer: over the same steps of runs asked alike,
-        neither run competing with other work for the machine."""
-        return self.same_steps and not self.asked_apart and not self.busy
+        """Both sides' numbers say the same of the trainer: over the same steps of runs asked alike
+        (a side that other work slowed is bounded, ``_delta``)."""
+        return self.same_steps and not self.asked_apart
 
     def _sides(self) -> tuple[str, str]:
         """The steps this run's and the baseline's windowed numbers are over, in words."""
@@ -128,8 +128,7 @@ class PointDelta:
         mine, theirs = self._sides()
         apart = [f"the runbook asked the runs differently: {self.asked_apart}"] if self.asked_apart else []
         steps = [f"this run's numbers are over {_over(mine)}, the baseline's over {_over(theirs)}"] if mine != theirs else []
-        busy = [f"the machine was busy with other work ({self.busy})"] if self.busy else []
-        return "; ".join(apart + steps + busy)
+        return "; ".join(apart + steps)
 
     @property
     def toks(self) -> MetricDelta | None:
@@ -201,7 +200,8 @@ class Comparison:
     def slower(self) -> list[PointDelta]:
         """Points whose tokens/s fell by ``noted_drop`` or more without failing the regression gate
         (within the threshold, inside the repeats' noise, or no threshold set), the largest drop first."""
-        found = [p for p in self.points if p.finished and p.comparable and p.regression != GateVerdict.FAIL
+        found = [p for p in self.points if p.finished and p.comparable
+                 and p.regression not in (GateVerdict.FAIL, GateVerdict.UNMEASURED)
                  and p.toks is not None and p.toks.change is not None and p.toks.change <= -self.noted_drop]
         return sorted(found, key=lambda p: p.toks.change)
 
@@ -216,7 +216,8 @@ class Comparison:
                 f"tokens/s {-t.change:.1%} below baseline {self.source.short} in {p.phase} [{p.point}]: "
                 f"{t.current:,.1f} vs {t.baseline:,.1f} (allowed drop {self.threshold:.0%}, profile {REGRESSION_KEY})"),
                 [f"baseline: {self.source.results_dir}, {self.source.hardware}, {self.source.date}"
-                 + (f"; this repository at {(self.source.commit or '?')[:12]}" if self.source.trainer else "")],
+                 + (f"; this repository at {(self.source.commit or '?')[:12]}" if self.source.trainer else "")]
+                + ([p.note] if p.note else []),
                 "regression", self.facts))
         return out
 
@@ -229,7 +230,7 @@ class Comparison:
         return [Finding(Severity.WARNING, ", ".join(phases), (
             f"tokens/s not compared with baseline {self.source.short} at {len(unjudged)} point(s): "
             f"{why}, so the regression gate ({REGRESSION_KEY}) was not judged"),
-            [f"{p.phase} [{p.point}]: {p.not_comparable} ({p.toks.current:,.1f} vs {p.toks.baseline:,.1f} toks/s)"
+            [f"{p.phase} [{p.point}]: {p.note} ({p.toks.current:,.1f} vs {p.toks.baseline:,.1f} toks/s)"
              for p in unjudged], "not_comparable", self.facts)]
 
     def _slower_note(self) -> list[Finding]:
@@ -262,9 +263,10 @@ class Comparison:
                 if m.metric == THROUGHPUT and p.intervals is not None:
                     cur, base = (i.text() for i in p.intervals)
                 windowed = METRICS[m.metric].windowed  # else a count of the whole run's
-                change = ("— (asked differently)" if p.asked_apart else "— (busy machine)" if p.busy and METRICS[m.metric].timing
-                          else "— (other steps)" if windowed and not p.same_steps else
-                          "—" if m.change is None else f"{m.change:+.1%}")
+                change = ("— (asked differently)" if p.asked_apart else "— (other steps)" if windowed and not p.same_steps
+                          else "—" if m.change is None else f"{m.change:+.1%}")
+                if p.busy and METRICS[m.metric].timing is not None and m.change is not None and p.comparable:
+                    change += " (busy machine)"
                 rows.append({"phase": p.phase, "point": p.point, "metric": m.metric,
                              "window": p.window_text if windowed else ALL_STEPS,
                              "current": cur, "baseline": base, "change": change,
@@ -346,13 +348,27 @@ def _delta(r: PhaseRecord, b: PhaseRecord, deltas: list[MetricDelta], threshold:
         return base
     if not base.comparable:  # a drop (or none) between other steps or other settings says nothing of the trainer
         return replace(base, regression=GateVerdict.UNMEASURED, note=base.not_comparable)
-    if toks.change >= -threshold:
+    # a side other work slowed ran at most its load's slowdown times slower than alone: the drop
+    # the trainer made lies between these bounds
+    ratio = 1 + toks.change
+    upper, lower = ratio * _slowdown(r), ratio / _slowdown(b)  # this run's speed over the baseline's, at most and least
+    if 1 - lower <= threshold:
         return replace(base, regression=GateVerdict.PASS)
+    if 1 - upper <= threshold:
+        return replace(base, regression=GateVerdict.UNMEASURED, note=(
+            f"a drop of {-toks.change:.1%} that the load may explain: the machine was busy with other work ({base.busy})"))
+    busy = (f"; it is beyond the allowed drop even had the load slowed this run {_slowdown(r):.1f}x "
+            f"({base.busy})") if base.busy else ""
     if pair is not None and not pair[0].high < pair[1].low:
         return replace(base, regression=GateVerdict.PASS, note=(
             f"a drop of {-toks.change:.1%} inside the repeats' noise: this run's {pair[0].text()} overlaps the "
             f"baseline's {pair[1].text()}"))
-    return replace(base, regression=GateVerdict.FAIL)
+    return replace(base, regression=GateVerdict.FAIL, note=busy.lstrip("; "))
+
+
+def _slowdown(r: PhaseRecord) -> float:
+    """The most other work can have slowed the record's run (1: not busy, or not measured)."""
+    return r.load.slowdown if r.load is not None else 1.0
 
 
 def asked_apart(mine: Asked | None, theirs: Asked | None) -> str:

@@ -275,10 +275,10 @@ def _regression(f: Facts) -> str:
 
 
 def _not_comparable(f: Facts) -> str:
-    return ("The baseline's numbers are over other steps than this run's (the runbook's gate window, or its steps, "
-            "changed since the baseline ran), so no regression could be judged: compare with a baseline run of the "
-            "runbook as it is now (the baseline's commit run into a new results directory), or run this commit "
-            "with the baseline's runbook.")
+    return ("This run's numbers and the baseline's do not compare, for the reason the finding names: the runbook "
+            "asked the runs differently or over other steps (compare with a baseline run of the runbook as it is "
+            "now, the baseline's commit run into a new results directory, or run this commit with the baseline's "
+            "runbook), or other work on the machine may explain the drop (re-run both on a quiet machine).")
 
 
 def _gate(f: Facts) -> str:
@@ -366,6 +366,12 @@ def _timing(f: Facts) -> str:
             "on the machine.")
 
 
+def _busy_machine(f: Facts) -> str:
+    return ("Other processes kept the machine's cores busy while these timed points ran, so their speeds measure "
+            "that work too: re-run them on a quiet machine (no other test run or job beside them; `uptime`'s load "
+            "below the number of cores).")
+
+
 _ADVICE: dict[str, Callable[[Facts], str]] = {
     "crash": _crash, "departed": _departed, "waited": _waited, "left_after": _left_after, "stall": _stall,
     "timeout": _timeout,
@@ -376,7 +382,7 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "tests_failed": _tests_failed, "tests_not_run": _tests_not_run, "no_junit": _no_junit, "preflight": _preflight,
     "tests_timeout": _tests_timeout, "preflight_timeout": _preflight_timeout, "regression": _regression,
     "not_comparable": _not_comparable,
-    "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing, "spike": _spike,
+    "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing, "busy_machine": _busy_machine, "spike": _spike,
     "diverging": _diverging, "resume": _resume, "slowdown": _slowdown,
     "resumed_in_place": _resumed_in_place, "memory_growth": _memory_growth,
     # a node's advice says the same for any trainer (nodes of one launch are torchrun's, not its)

@@ -46,7 +46,7 @@ def busy_timings(records: list[PhaseRecord]) -> list[Finding]:
                     f"timings unreliable: {len(busy)} timed point(s) ran while other processes kept the machine busy; "
                     "their speeds are left out of the cliff, host-bound and best-setting findings and of a baseline's "
                     "regression gate (their own gates still read them)",
-                    [f"{where(r)}: {r.load.describe()}" for r in busy], "timing", Facts.of(busy[0]))]
+                    [f"{where(r)}: {r.load.describe()}" for r in busy], "busy_machine", Facts.of(busy[0]))]
 
 
 def cliffs(records: list[PhaseRecord]) -> list[Finding]:

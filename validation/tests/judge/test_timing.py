@@ -103,7 +103,7 @@ def test_points_that_other_work_competed_with_are_marked_and_left_out_of_speed_f
     busy = MachineLoad(cores=2, busy_cores=2.0, others_cores=1.4)
     loaded = [dataclasses.replace(r, load=busy) if r.sweep_index == 3 else r for r in _sweep(cliff)]
     assert cliffs(loaded) == [] and busy_machine(loaded) == [loaded[3]]
-    [warning] = [f for f in find(loaded) if f.kind == "timing"]
+    [warning] = [f for f in find(loaded) if f.kind == "busy_machine"]
     assert warning.title.startswith("timings unreliable: 1 timed point(s) ran while other processes kept the machine busy")
     assert warning.detail == ["scaling_sweep [batch_size=3]: other processes used 1.4 of the 2 cores on average "
                               "(2.0 in use in all, 0.6 by the point's)"]

@@ -319,6 +319,13 @@ def adapter_unmeasured(env: dict | None) -> dict[str, str]:
     return {str(k): str(v) for k, v in said.items()} if isinstance(said, dict) else {}
 
 
+def adapter_name(env: dict | None) -> str | None:
+    """The adapter that wrote the contract files from its trainer's own (env.json's ``adapter.name``);
+    None of a trainer's own env.json, which carries no such key."""
+    said = (env or {}).get("adapter")
+    return str(said.get("name")) if isinstance(said, dict) else None
+
+
 def adapter_summary_step(env: dict | None) -> int | None:
     """The step at which the trainer's own summary says its run ended (env.json's
     ``adapter.summary_step``: a Hugging Face Trainer's, as ``train()`` returns); None where an

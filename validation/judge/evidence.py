@@ -14,6 +14,7 @@ from validation.contract.files import HaltInfo, read_halt, read_stacks, tail
 from validation.contract.reruns import Rerun
 from validation.contract.torchrun_log import (RankFailure, agent_signalled, log_exception, log_has_traceback,
                                               rank_failures)
+from validation.judge.clock import StepClock
 from validation.judge.memory import growing_ranks
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
 from validation.judge.nodes import (launch_agent_killed, lateness, node_evidence, node_failures, node_logs,
@@ -91,10 +92,11 @@ def read_ended(run: RunData, stderr_path: Path) -> Ended:
                  launch_agent_killed(run.out_dir, run.stopped_by_harness))
 
 
-def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
+def collect(run: RunData, stderr_path: Path, errors: list[str], clock: StepClock | None = None) -> Evidence:
     """Stderr tail, .HALT, how each rank ended (``read_ended``), where each rank was (last heartbeat, stack: only
-    of ranks that exist, and those whose rank cannot be told), per-rank step times, fallback
-    counters, first and last loss, the files written."""
+    of ranks that exist, and those whose rank cannot be told), per-rank step times, the trainer's
+    step time against the harness's (``clock``: judge/clock.py ``step_clock``), fallback counters,
+    first and last loss, the files written."""
     # the heartbeats of ranks that exist: a file of a rank at or above the world size is malformed
     # (the point's ERROR names it), and whoever wrote it is no rank of its own to place or time
     heartbeats = {r: recs for r, recs in run.heartbeats.items() if r < run.world_size}
@@ -116,7 +118,7 @@ def collect(run: RunData, stderr_path: Path, errors: list[str]) -> Evidence:
         taken_stacks=taken, signalled_pids=signalled, last_heartbeat=beats,
         no_heartbeats="" if beats else contract.adapter_unmeasured(run.env).get(contract.HEARTBEATS, ""),
         summary_step=None if beats else contract.adapter_summary_step(run.env),
-        rank_step_time_s=step_times, rank_lateness_s=late, nodes=nodes,
+        rank_step_time_s=step_times, clock=clock, rank_lateness_s=late, nodes=nodes,
         fallbacks=fallbacks, files=sorted(p.name for p in run.out_dir.iterdir() if p.is_file()),
         loss_first=losses[0] if losses else None, loss_last=losses[-1] if losses else None,
         nonfinite_loss_step=trained.nonfinite_loss_step,

@@ -10,6 +10,9 @@ logged steps are no 'last 10 steps'. A timing (a speed) that fails its gate whil
 the machine busy is UNMEASURED too (``Pending.BUSY_MACHINE``), unless it would fail however much
 the load slowed it: other work only slows a run, so a timing that passes there passes, and one that
 fails measured the machine as much as the trainer.
+A gate on the trainer's own clock (its step times and tokens/s) fails whatever its value where its
+heartbeats and its process's wall time show steps far longer than it logged (``Overruled.CLOCK``,
+judge/clock.py): those numbers are not the run's.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping, Sequence
 
+from validation.judge.clock import CLOCKED, StepClock
 from validation.judge.metrics import METRICS, RunData, Source, Timing, compute, uncovered
 from validation.machine import MachineLoad
 
@@ -86,6 +90,14 @@ class Pending(enum.StrEnum):
     kept: a threshold changed since is judged from it again, by the same rule)."""
 
 
+class Overruled(enum.StrEnum):
+    """Why a gate FAILed whatever its value said."""
+
+    CLOCK = "the trainer's step times disagree with the time the harness saw"
+    """A gate on the trainer's own clock (judge/clock.py CLOCKED) of a run whose steps took far
+    longer than it logged (StepClock.disputed): its value is kept, not believed."""
+
+
 #: the golden-loss gate's metric, and that of a golden point's repeats against each other
 #: (validation/store/goldens.py evaluates both)
 GOLDEN_METRIC = "golden_loss_rel_diff"
@@ -107,6 +119,8 @@ class GateResult:
     what the trainer's files lack, a window the run did not cover)."""
     pending: Pending | None = None
     """Why the verdict is UNMEASURED (None for any other verdict)."""
+    overruled: Overruled | None = None
+    """Why the verdict is FAIL whatever the value (None where the value decided)."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GateResult:
@@ -114,9 +128,10 @@ class GateResult:
         pending = data.get("pending")
         if pending is None and verdict == GateVerdict.UNMEASURED:  # records written before Pending
             pending = Pending.NO_GOLDEN if data.get("note") else Pending.THRESHOLD
+        overruled = data.get("overruled")
         return cls(data["metric"], data["op"], data["threshold"], data["window"], data["value"], verdict,
                    data.get("threshold_ref"), data.get("description") or "", data.get("note") or "",
-                   Pending(pending) if pending else None)
+                   Pending(pending) if pending else None, Overruled(overruled) if overruled else None)
 
     def text(self) -> str:
         """'metric = value, needs op threshold (window)', then the note when there is one."""
@@ -138,11 +153,17 @@ def check(value: float | None, op: str, threshold: float | None) -> GateVerdict:
     return GateVerdict.PASS if OPS[op](value, threshold) else GateVerdict.FAIL
 
 
-def judged(result: GateResult, load: MachineLoad | None) -> GateResult:
-    """``result`` (its verdict from ``check``) on a run other work competed with (``load``): a
+def judged(result: GateResult, load: MachineLoad | None, clock: StepClock | None = None) -> GateResult:
+    """``result`` (its verdict from ``check``): FAIL where it reads the trainer's clock and ``clock``
+    (the run's) is disputed, whatever its value. On a run other work competed with (``load``): a
     timing that failed fails where it would fail however much the load slowed it (a speed
     ``load.slowdown`` times higher, a duration as many times shorter), else it is UNMEASURED;
     anything else as it is (other work only slows a run: a timing that passed passes)."""
+    if (clock is not None and clock.disputed and result.metric in CLOCKED
+            and result.verdict in (GateVerdict.PASS, GateVerdict.FAIL)):
+        # the busy machine's rule is not for these: the trainer's numbers are wrong, not the machine's
+        return replace(result, verdict=GateVerdict.FAIL, overruled=Overruled.CLOCK, note="; ".join(filter(None, [
+            result.note, f"not judged on the trainer's own numbers: {clock.text()}"])))
     timing = METRICS[result.metric].timing
     if result.verdict != GateVerdict.FAIL or timing is None or load is None or not load.busy:
         return result
@@ -165,9 +186,10 @@ def _alone(value: float | None, timing: Timing, slowdown: float) -> float | None
 
 
 def evaluate(gates: Sequence[Gate], run: RunData, unprovided: Mapping[str, str],
-             load: MachineLoad | None = None) -> list[GateResult]:
+             load: MachineLoad | None = None, clock: StepClock | None = None) -> list[GateResult]:
     """Each gate's value and verdict. ``unprovided``: metric -> what the trainer lacks for it;
-    ``load``: how busy other work kept the machine during the run."""
+    ``load``: how busy other work kept the machine during the run; ``clock``: its trainer's step
+    times against the harness's (judge/clock.py)."""
     out = []
     for g in gates:
         base = dict(metric=g.metric, op=g.op, threshold=g.threshold, window=g.window.describe(),
@@ -184,5 +206,6 @@ def evaluate(gates: Sequence[Gate], run: RunData, unprovided: Mapping[str, str],
         verdict = check(value, g.op, g.threshold)
         out.append(judged(GateResult(**base, value=value, verdict=verdict,
                                      note=uncovered(METRICS[g.metric], g.window, run) if value is None else "",
-                                     pending=Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None), load))
+                                     pending=Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None),
+                          load, clock))
     return out

@@ -289,19 +289,20 @@ def _steps(run: RunData, last: int | None) -> float | None:
 
 # --- heartbeats ----------------------------------------------------------------------------------
 
+def step_gaps(recs: list[dict[str, Any]]) -> list[float]:
+    """A rank's wall time per step between consecutive steps its heartbeats name (the first record
+    of each step, 'time'), each gap divided by the steps it spans: a trainer may beat every N steps."""
+    by_step: dict[int, float] = {}
+    for r in recs:
+        if isinstance(r.get("step"), (int, float)) and isinstance(r.get("time"), (int, float)):
+            by_step.setdefault(int(r["step"]), float(r["time"]))
+    steps = sorted(by_step)
+    return [(by_step[b] - by_step[a]) / (b - a) for a, b in zip(steps, steps[1:]) if b > a]
+
+
 def rank_step_times(heartbeats: dict[int, list[dict[str, Any]]]) -> dict[int, float]:
     """Per rank, the median wall time between consecutive logged steps (heartbeat 'time')."""
-    out = {}
-    for rank, recs in heartbeats.items():
-        by_step: dict[int, float] = {}
-        for r in recs:
-            if isinstance(r.get("step"), (int, float)) and isinstance(r.get("time"), (int, float)):
-                by_step.setdefault(int(r["step"]), float(r["time"]))
-        steps = sorted(by_step)
-        gaps = [(by_step[b] - by_step[a]) / (b - a) for a, b in zip(steps, steps[1:]) if b > a]
-        if gaps:
-            out[rank] = statistics.median(gaps)
-    return out
+    return {rank: statistics.median(gaps) for rank, recs in heartbeats.items() if (gaps := step_gaps(recs))}
 
 
 def _rank_ratio(run: RunData, last: int | None) -> float | None:

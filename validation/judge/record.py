@@ -21,6 +21,7 @@ from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure
 from validation.errors import StoreError
 from validation.judge.asked import Asked
+from validation.judge.clock import StepClock
 from validation.judge.gates import GateResult, GateVerdict
 from validation.judge.memory import MemoryGrowth
 from validation.judge.metrics import RunData, compute
@@ -218,6 +219,9 @@ class Evidence:
     ended (``contract.check.adapter_summary_step``), the furthest step known done where the last
     one logged is earlier; None where it has heartbeats or wrote no summary."""
     rank_step_time_s: dict[int, float] = field(default_factory=dict)
+    clock: StepClock | None = None
+    """The trainer's logged step time beside the time per step its heartbeats and process showed
+    (judge/clock.py); None where that cannot be judged."""
     rank_lateness_s: dict[int, float] = field(default_factory=dict)
     """Of a run of several ranks on one node: per rank, how late it enters the stages of a step
     after the earliest rank (the median over steps; judge/nodes.py ``lateness``). In lock-step
@@ -273,6 +277,7 @@ class Evidence:
             no_heartbeats=str(ev.get("no_heartbeats") or ""),
             summary_step=_int(ev.get("summary_step")),
             rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
+            clock=StepClock(**ev["clock"]) if ev.get("clock") else None,
             rank_lateness_s={int(r): float(t) for r, t in (ev.get("rank_lateness_s") or {}).items()},
             fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},
             files=list(ev.get("files") or []), nodes=NodesEvidence.from_json(ev.get("nodes")),

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from nsa.contract import PROFILE_JSON, PROFILE_STEPS_ENV
+from validation.judge.clock import step_clock
 from validation.judge.evidence import collect, read_ended, read_train, with_log
 from validation.judge.findings.headline import culprit_log
 from validation.judge.gates import GateResult, GateVerdict, evaluate
@@ -97,7 +98,8 @@ def judge(point: PhasePoint, done: Launched, hw: Machine, results_dir: Path,
         unprovided.update({m: f"the trainer wrote no {PROFILE_JSON} (it does not honour {PROFILE_STEPS_ENV})"
                            for m in PROFILE_METRICS})
     golden = goldens.gate(point, run.csv, hw, results_dir)
-    gates = evaluate(asked, run, unprovided, done.proc.load) + ([golden] if golden else []) + list(extra or [])
+    clock = step_clock(run, done.proc.wall_s)  # the trainer's step times against its heartbeats' and the wall's
+    gates = evaluate(asked, run, unprovided, done.proc.load, clock) + ([golden] if golden else []) + list(extra or [])
     # how the process ended decides first; its gates decide a run that ended clean
     by_gates = gate_verdict(gates)
     outcome = Outcome.of_run(kind, run, done.errors)
@@ -109,7 +111,7 @@ def judge(point: PhasePoint, done: Launched, hw: Machine, results_dir: Path,
     # steps' for the bucket sweep); gates keep their own windowed values
     window = next((g.window.last for g in asked if g.window.last), None)
     return Judged(run, done.proc, done.errors, gates, status, reason, window,
-                  collect(run, done.proc.stderr_path, done.errors), ended)
+                  collect(run, done.proc.stderr_path, done.errors, clock), ended)
 
 
 def relative(path: Path, results_dir: Path) -> str:

@@ -106,13 +106,15 @@ def _as_stored(g: GateResult) -> bool:
 
 
 def _judged(stored: GateResult, now: Gate, said: str, rec: PhaseRecord, fresh: bool = False) -> GateResult:
-    """``stored``'s value judged by the runbook's gate ``now`` (by the rule for a timing that fails
-    on a busy machine, ``rec``'s load), the note saying so."""
+    """``stored``'s value judged by the runbook's gate ``now`` (by the rules for a timing that fails
+    on a busy machine, ``rec``'s load, and for a trainer whose clock its heartbeats dispute, its
+    evidence's), the note saying so."""
     verdict = check(stored.value, now.op, now.threshold)
     note = f"re-checked at report time: {_source(now)} {said}"
-    kept = None if fresh or stored.pending == Pending.BUSY_MACHINE else stored.note  # the busy note is said again
+    # the busy and clock notes are said again where their rule holds
+    kept = None if fresh or stored.pending == Pending.BUSY_MACHINE or stored.overruled else stored.note
     return judged(dataclasses.replace(
         stored, op=now.op, threshold=now.threshold, threshold_ref=now.threshold_ref, verdict=verdict,
         description=now.description if fresh else stored.description,
-        pending=Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None,
-        note="; ".join(filter(None, [kept, note]))), rec.load)
+        pending=Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None, overruled=None,
+        note="; ".join(filter(None, [kept, note]))), rec.load, rec.evidence.clock)

@@ -52,6 +52,7 @@ def busy_machine(records: list[PhaseRecord]) -> list[PhaseRecord]:
 
 
 def reliable(records: list[PhaseRecord]) -> list[PhaseRecord]:
-    """The records whose timings shared the machine with no other timed point and no other work."""
+    """The records whose timings shared the machine with no other timed point and no other work,
+    and whose trainer's step times its heartbeats do not dispute (judge/clock.py)."""
     apart = set(shared_machine(records)) | {r.test_id for r in busy_machine(records)}
-    return [r for r in records if r.test_id not in apart]
+    return [r for r in records if r.test_id not in apart and not (r.evidence.clock and r.evidence.clock.disputed)]

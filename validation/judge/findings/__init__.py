@@ -6,7 +6,8 @@ of a launch of several nodes (nodes.py), speed across points (throughput.py), wh
 against dense (long_context.py), loss and grad-norm spikes, divergence and a logged non-finite
 loss (stability.py), resumed runs that do not continue the uninterrupted one and trainers that
 resumed in place mid-run (resume.py), memory that keeps growing (memory.py), points that ran at
-different commits of the trainer (commits.py), pytest and preflight points that failed in their
+different commits of the trainer (commits.py), trainers whose logged step times are far shorter
+than the steps their heartbeats show (clock.py), pytest and preflight points that failed in their
 own way (checks.py);
 advice.py turns findings into what to do next, saying only what is true of the trainer that ran;
 a crash or stall finding carries the rank(s) it blames (culprit.py), which the point's verdict line
@@ -18,6 +19,7 @@ from typing import Mapping
 
 from validation.judge.findings.advice import recommendations
 from validation.judge.findings.checks import failed_checks
+from validation.judge.findings.clock import untrue_clocks
 from validation.judge.findings.commits import mixed_commits
 from validation.judge.findings.failures import (
     artifact_errors,
@@ -45,7 +47,8 @@ from validation.judge.findings.throughput import (
 )
 from validation.judge.record import PhaseRecord
 
-DETECTORS = (crashes, stalls, nodes, short_runs, shared_timings, busy_timings, cliffs, host_bound, imbalance, fallbacks,
+DETECTORS = (crashes, stalls, nodes, short_runs, untrue_clocks, shared_timings, busy_timings, cliffs, host_bound,
+             imbalance, fallbacks,
              artifact_errors, failed_checks, failed_gates, best_setting, not_equivalent, resumed_in_place, nonfinite, divergence,
              spikes, slowdowns, memory_growth, mixed_commits)
 _ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}

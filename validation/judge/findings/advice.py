@@ -360,6 +360,14 @@ def _timeout(f: Facts) -> str:
             f"Then {_RERUN}.")
 
 
+def _clock(f: Facts) -> str:
+    sync = (" and synchronise the device before reading the clock (torch.cuda.synchronize(): its kernels still run "
+            "after the Python that launched them returned)" if f.cuda else "")
+    return ("The trainer's step timer leaves out part of each step, so its tokens/s and step times overstate the run: "
+            "time the whole step, from the end of the step before to the end of this one (data, forward, backward, "
+            f"optimizer){sync}, and compute toks_per_s from that time. Then {_RERUN}.")
+
+
 def _timing(f: Facts) -> str:
     return ("Timed points ran at the same time on one machine (another harness process beside this one: a second "
             "`nsa-validate run`, or pytest -n), so their speeds are not comparable: re-run them with no other run "
@@ -382,7 +390,8 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "tests_failed": _tests_failed, "tests_not_run": _tests_not_run, "no_junit": _no_junit, "preflight": _preflight,
     "tests_timeout": _tests_timeout, "preflight_timeout": _preflight_timeout, "regression": _regression,
     "not_comparable": _not_comparable,
-    "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing, "busy_machine": _busy_machine, "spike": _spike,
+    "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing,
+    "busy_machine": _busy_machine, "clock": _clock, "spike": _spike,
     "diverging": _diverging, "resume": _resume, "slowdown": _slowdown,
     "resumed_in_place": _resumed_in_place, "memory_growth": _memory_growth,
     # a node's advice says the same for any trainer (nodes of one launch are torchrun's, not its)

@@ -16,7 +16,7 @@ from validation.judge.findings.departed import departure
 from validation.judge.findings.finding import (Facts, Finding, Severity, last_heartbeat, own_reason, process,
                                                processes, where, where_gated, where_run)
 from validation.judge.findings.nodes import STRAGGLER_MIN_S, STRAGGLER_SHARE
-from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult, GateVerdict
+from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult, GateVerdict, Overruled
 from validation.judge.provenance import short_commit
 from validation.judge.record import HARNESS_ERROR_FILE, TRAINER_KINDS, NotRun, PhaseRecord, Status
 from validation.judge.resume import METRICS as RESUME_METRICS
@@ -471,6 +471,8 @@ def _gate_findings(r: PhaseRecord, failed: list[GateResult], at: str, out_dir: s
             continue  # the resume finding names the first diverging step
         if g == stated:
             continue  # the imbalance finding names the slow rank and each rank's step time
+        if g.overruled == Overruled.CLOCK:
+            continue  # the clock finding names both clocks, the files and the gates it failed
         detail = [g.description] if g.description else []
         if g.metric == "loss_finite" and nonfinite_step is not None:
             detail.insert(0, f"first non-finite loss logged at step {nonfinite_step}")

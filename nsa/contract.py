@@ -28,7 +28,7 @@ CSV_MEANING = {
     "loss": "training loss of the step (mean over ranks and micro-batches)",
     "lr": "learning rate of the step",
     "toks_per_s": "global tokens per second: all ranks, all micro-batches",
-    "step_time_s": "wall time of the step",
+    "step_time_s": "wall time of the whole step (data to optimizer; on a GPU, read after synchronising the device)",
     "grad_norm": "gradient norm before clipping",
     "mem_alloc_gb": "allocated accelerator memory, GiB (the process's resident set on CPU)",
     "mem_reserved_gb": "reserved accelerator memory, GiB (the process's resident set on CPU)",

@@ -19,6 +19,7 @@ import jinja2
 
 from nsa import contract
 from validation import REPO_ROOT, TEMPLATE_DIR
+from validation.judge.clock import CLOCK_FACTOR, MIN_INTERVALS
 from validation.judge.metrics import CATALOGUE
 from validation.runbook import fields, keys
 
@@ -32,7 +33,8 @@ def _context() -> dict:
     metrics = [{"name": m.name, "description": m.description, "reads": "; ".join(i.describe() for i in m.reads),
                 "window": "honours the gate's window" if m.windowed else "the whole run",
                 "timing": m.timing.value if m.timing else ""} for m in CATALOGUE]
-    return {"contract": contract, "sections": keys.SECTIONS, "metrics": metrics,
+    return {"contract": contract, "sections": keys.SECTIONS, "metrics": metrics, "clock_factor": CLOCK_FACTOR,
+            "clock_intervals": MIN_INTERVALS,
             "env_prefixes": fields.ENV_PREFIXES, "env_exact": fields.ENV_EXACT,
             "trainer_env_denied": fields.TRAINER_ENV_DENIED,
             "trainer_env_denied_prefixes": fields.TRAINER_ENV_DENIED_PREFIXES}

@@ -232,9 +232,11 @@ def _empty_dump_detail(path: Path) -> str:
 def silent_ranks(found: ContractRead) -> list[Item]:
     """A missing item per rank below env.json's world_size that wrote no heartbeat file, or a file
     without a record (the contract: every rank beats). For check-artifacts: in an acceptance run
-    such a rank is an idle rank (the idle_ranks gate, with its finding), not a broken file."""
+    such a rank is an idle rank (the idle_ranks gate, with its finding), not a broken file.
+    Where no rank wrote a heartbeat file the file's own item is missing already; where every rank
+    wrote an empty one, each is named here (the idle finding makes such a run NO-GO)."""
     world = found.world_size
-    if world is None or not any(found.heartbeats.values()):
+    if world is None or not found.heartbeats:
         return []
     said = f"env.json says world_size {world}" if world == found.env_world_size else found.world_text()
     return [Item(heartbeat_name(r), Presence.MISSING,

@@ -321,6 +321,23 @@ def test_check_artifacts_names_a_rank_without_heartbeats(tmp_path, capsys):
     assert main(["check-artifacts", str(tmp_path)]) == 0
 
 
+def test_an_empty_heartbeat_file_of_the_only_rank_fails_both_the_check_and_the_run(tmp_path, capsys):
+    """user hH's pass: an empty heartbeat_rank0.jsonl beside a 40-step training.csv, world_size 1,
+    got 'OK' (exit 0) from check-artifacts, which named a rank without records only where another
+    rank had written some; `nsa-validate run` of such a trainer is NO-GO (its idle finding). Both
+    now refuse it."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("ddp", fault="idle:rank=0:silent=1")])
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(tmp_path / "r"), "--no-plots"]) == 1
+    [out_dir] = (tmp_path / "r" / "runs").glob("fake/cpu/ddp/default/*/")
+    assert (out_dir / "heartbeat_rank0.jsonl").read_text() == ""
+    assert "1 of 1 rank(s) did no work" in (tmp_path / "r" / "reports" / "fake__cpu.md").read_text()
+    capsys.readouterr()
+    assert main(["check-artifacts", str(out_dir)]) == 1
+    out = capsys.readouterr().out
+    assert "missing              heartbeat_rank0.jsonl: no record written (env.json says world_size 1)" in out, out
+    assert "NOT OK" in out
+
+
 def test_check_artifacts_says_what_a_heartbeat_field_held_that_is_no_number(tmp_path, capsys):
     """A trainer wrote its step as a string ("step": "1"): the check said 'record 1 has no numeric
     'step' (keys: step, time)', listing a key it said was not there, not what it held."""

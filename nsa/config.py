@@ -268,20 +268,23 @@ def read_yaml(path: str | Path, sections: Iterable[str] = ()) -> dict[str, Any]:
 PRESET_DIR = Path(__file__).parent / "configs"
 
 
-def resolve_config_path(name_or_path: str | Path) -> Path:
+def resolve_config_path(name_or_path: str | Path, cwd: str | Path | None = None) -> Path:
     """A preset name (``m7c_125m``) or a path to a YAML file. The seed runbook's path of a preset,
     ``configs/<preset>.yaml`` (relative, absent here), is that preset; any other path that does not
     exist is an error, never a preset of the same name (``/home/me/exp/tiny.yaml`` mistyped trained
-    the built-in tiny without a word)."""
+    the built-in tiny without a word). ``cwd``: the directory a relative path is read from (the
+    trainer's working directory, for a caller that checks a path before launching it); None: this
+    process's."""
     p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") and p.exists():
-        return p
+    here = p if cwd is None else Path(cwd) / p
+    if p.suffix in (".yaml", ".yml") and here.exists():
+        return here
     preset = PRESET_DIR / f"{p.stem}.yaml"
     if preset.exists() and (p == Path(p.name) or p.parent == Path(PRESET_DIR.name)):
         return preset
     if p.suffix in (".yaml", ".yml"):
         raise ConfigError(f"{p}: config file not found (presets: {', '.join(list_presets())})")
-    if p.exists():  # a path the user meant as a config, not a preset's name
+    if here.exists():  # a path the user meant as a config, not a preset's name
         raise ConfigError(f"{p}: not taken as a config file: expected a YAML path ending in .yaml or .yml, or a "
                           f"preset name ({', '.join(list_presets())})")
     raise ConfigError(f"unknown config preset {str(name_or_path)!r}; presets: {', '.join(list_presets())}")

@@ -16,8 +16,8 @@ import difflib
 from pathlib import Path
 from typing import Mapping
 
-from nsa.config import ConfigError, resolve_config_path
-from validation import PROFILE_DIR, RUNBOOK_DIR
+from nsa.config import ConfigError, list_presets, resolve_config_path
+from validation import PROFILE_DIR, REPO_ROOT, RUNBOOK_DIR
 from validation.contract.adapters import ADAPTERS
 from validation.errors import RunbookError
 from validation.judge.metrics import METRICS
@@ -72,6 +72,8 @@ def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None
         # a key the phase takes from defaults.overrides is named there (unless the phase sets it too)
         inherited = set(defaults["overrides"]) - set(own if isinstance(own, dict) else ()) - set(p.sweep)
         if trainer is None:
+            own_config = isinstance(raw[i], dict) and "config" in raw[i]
+            _check_config(r, f"phases[{i}].config" if own_config else "defaults.config", p)
             _check_trainer_keys(r, f"phases[{i}]", p, inherited)
         else:
             _check_params(r, f"phases[{i}]", p, trainer, inherited)
@@ -90,11 +92,6 @@ def _check_trainer_keys(r: Reader, where: str, phase, inherited: set[str]) -> No
     point as crashes."""
     if phase.kind not in TRAINER_KINDS:
         return
-    if Path(phase.config).suffix not in (".yaml", ".yml"):  # a preset name; a YAML path is the trainer's to find
-        try:
-            resolve_config_path(phase.config)
-        except ConfigError as exc:
-            r.fail(f"{where}.config", str(exc))
     known = published_keys(phase.launcher.module)
     if known is None:
         return
@@ -106,6 +103,26 @@ def _check_trainer_keys(r: Reader, where: str, phase, inherited: set[str]) -> No
             keys = sorted(k for k in known if k.startswith(section + "."))
             r.fail(_key_where(where, key, inherited), f"{key!r} is not a key of the trainer's config; {hint}keys under "
                                                 f"{section}: {', '.join(keys) or 'none (no such section)'}")
+
+
+def _check_config(r: Reader, where: str, phase) -> None:
+    """This project's trainer's config (a preset name, or a YAML file's name: the key's pattern
+    takes no folder) must be there for it when the runbook loads: the trainer runs from the
+    checkout (validation/launch/kinds.py) and reads the file from there, so a missing one failed
+    every point as a crash instead."""
+    if phase.kind not in TRAINER_KINDS:
+        return
+    try:
+        resolve_config_path(phase.config, cwd=REPO_ROOT)
+    except ConfigError as exc:
+        if Path(phase.config).suffix not in (".yaml", ".yml"):
+            r.fail(where, str(exc))
+        beside = r.path.parent / phase.config
+        hint = (f"; {beside} beside the runbook is not read (the runbook's folder is not where the trainer "
+                "looks)" if beside.is_file() and beside.resolve() != (REPO_ROOT / phase.config).resolve() else "")
+        r.fail(where, f"config file {phase.config!r} not found: looked for {REPO_ROOT / phase.config}. This "
+                      f"project's trainer runs from the checkout ({REPO_ROOT}) and reads its config file from there: "
+                      f"put the file there, or name a preset ({', '.join(list_presets())}){hint}")
 
 
 def _check_params(r: Reader, where: str, phase, trainer: TrainerSpec, inherited: set[str]) -> None:

@@ -92,10 +92,10 @@ class Phase:
                              defaults="see `phases[].launcher`", stale=Stale.EXACT,
                              note="its kind, nodes and options passed through; the processes it asks for (world "
                                   "size); not the rendezvous's endpoint and port (where the agents meet)")
-    config: str = key("tiny", meaning="this project's trainer: a preset name or YAML path", pattern=MODULE,
+    config: str = key("tiny", meaning="this project's trainer: a preset name, or the name of a YAML file in the "
+                                      "checkout (the trainer runs there and reads it from there)", pattern=MODULE,
                       defaults="see `phases[].config`", stale=Stale.EXACT,
-                      note="its name and its file's contents (a YAML path is relative to this repository's root, "
-                           "the trainer's working directory)")
+                      note="its name and its file's contents")
     overrides: Mapping[str, Scalar] = key(
         factory=dict, meaning="dotted config keys of the trainer (checked against its --list-keys, or a runbook "
                               "trainer's params)",

@@ -103,7 +103,8 @@ def test_an_unknown_config_preset_is_refused_when_the_runbook_loads(tmp_path, ca
     rb.write_text("name: x\nprofiles: [cpu]\ndefaults: {config: tiniest}\nphases:\n  - {name: p, kind: train}\n")
     assert main(["run", "--runbook", str(rb), "--results-dir", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
-    assert f"{rb}: phases[0].config: unknown config preset 'tiniest'; presets: " in err and "tiny" in err
+    # named where it was written: the phase takes it from defaults
+    assert f"{rb}: defaults.config: unknown config preset 'tiniest'; presets: " in err and "tiny" in err
     assert not (tmp_path / "r").exists()
 
 
@@ -319,6 +320,18 @@ def test_check_artifacts_names_a_rank_without_heartbeats(tmp_path, capsys):
     assert "missing              heartbeat_rank1.jsonl: no record written (env.json says world_size 2)" in out, out
     (tmp_path / "heartbeat_rank1.jsonl").write_text('{"time": 1.0, "step": 1}\n')
     assert main(["check-artifacts", str(tmp_path)]) == 0
+
+
+def test_a_config_file_the_trainer_will_not_find_is_bad_input(tmp_path, capsys):
+    """`config: mycfg.yaml` of no file in the checkout launched every point, each 'rank 0 crashed
+    ... config file not found', NO-GO (exit 1): bad input (exit 2) naming the key, the path looked
+    for and where the trainer reads it from."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase()], defaults={"config": "mycfg.yaml"})
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert (f"nsa-validate: error: {rb}: defaults.config: config file 'mycfg.yaml' not found: looked for "
+            f"{REPO_ROOT / 'mycfg.yaml'}. This project's trainer runs from the checkout ({REPO_ROOT})") in err, err
+    assert not (tmp_path / "r").exists()
 
 
 def test_an_empty_heartbeat_file_of_the_only_rank_fails_both_the_check_and_the_run(tmp_path, capsys):

@@ -234,6 +234,17 @@ def test_bad_override_key_is_found_when_the_runbook_loads(tmp_path):
            "did you mean 'train.seq_len'?" in out.stderr
 
 
+def test_a_config_file_the_trainer_will_not_find_is_a_usage_error(tmp_path):
+    """`config: mycfg.yaml` of no file in the checkout (where the trainer reads it) collected and
+    ran every point into 'rank 0 crashed ... config file not found'."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("baseline_ddp")], defaults={"config": "mycfg.yaml"})
+    out = _pytest("validation/tests/test_acceptance.py", "--runbook", str(rb), "--results-dir", str(tmp_path / "r"))
+    assert out.returncode == 4, out.stdout + out.stderr
+    assert (f"rb.yaml: defaults.config: config file 'mycfg.yaml' not found: looked for {REPO_ROOT / 'mycfg.yaml'}"
+            in out.stderr), out.stderr
+    assert not (tmp_path / "r").exists()
+
+
 @pytest.mark.parametrize("params", [{}, {"env.NSA_DDP_BUCKET_MB": 25}])
 def test_the_reports_rerun_command_selects_its_point(params):
     """The report's 'Reproduce' line once said -k "NSA_DDP_BUCKET_MB=25", which pytest refuses

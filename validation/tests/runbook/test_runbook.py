@@ -250,3 +250,31 @@ def test_a_bad_key_in_defaults_overrides_is_named_there(tmp_path):
                        defaults={"launcher": {"kind": "python", "module": "nsa.train"}})
     with pytest.raises(RunbookError, match=r"phases\[1\] \(override train\.seq_lenn\)"):
         load_runbook(rb)
+
+
+def test_a_config_file_the_trainer_will_not_find_is_refused_when_the_runbook_loads(tmp_path, monkeypatch):
+    """user hH's pass: `config: mycfg.yaml` beside the runbook loaded, and every point then
+    launched and failed as 'rank 0 crashed ... config file not found' (NO-GO): this project's
+    trainer runs from the checkout and reads its config file from there."""
+    from validation.runbook import load
+    from validation.tests.conftest import train_phase, write_runbook
+
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase()], defaults={"config": "mycfg.yaml"})
+    with pytest.raises(RunbookError) as exc:
+        load_runbook(rb)
+    msg = str(exc.value)
+    assert f"{rb}: defaults.config: config file 'mycfg.yaml' not found: looked for {REPO_ROOT / 'mycfg.yaml'}" in msg
+    assert f"runs from the checkout ({REPO_ROOT}) and reads its config file from there" in msg
+    assert "beside the runbook" not in msg
+    (tmp_path / "mycfg.yaml").write_text((REPO_ROOT / "nsa" / "configs" / "tiny.yaml").read_text())
+    with pytest.raises(RunbookError, match=re.escape(f"; {tmp_path / 'mycfg.yaml'} beside the runbook is not read")):
+        load_runbook(rb)
+    # a phase's own config is named by its key
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase(), train_phase("other", config="other.yml")])
+    with pytest.raises(RunbookError, match=re.escape("phases[1].config: config file 'other.yml' not found")):
+        load_runbook(rb)
+    # a file in the checkout loads, as do the presets by name or file name
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase()], defaults={"config": "tiny.yaml"})
+    assert load_runbook(rb)
+    monkeypatch.setattr(load, "REPO_ROOT", tmp_path)  # a checkout holding mycfg.yaml
+    assert load_runbook(write_runbook(tmp_path / "rb.yaml", [train_phase()], defaults={"config": "mycfg.yaml"}))

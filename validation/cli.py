@@ -232,6 +232,7 @@ def cmd_run(args: argparse.Namespace, abort: threading.Event) -> int:
         session.run(progress.update, started, finished)
     except KeyboardInterrupt as exc:
         signum = getattr(exc, "signum", signal.SIGINT)
+        session.note_stop(signum)
         reported = None
         if not args.no_report:  # the points finished before the interrupt, in a report
             try:

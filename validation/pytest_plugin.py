@@ -321,7 +321,9 @@ class AcceptancePlugin:
             self.interrupted = f"nsa-validate: pytest stopped the run ({excinfo.value}); no point was cut short"
             return
         # pytest's own banner says only 'KeyboardInterrupt' (or 'Stopped: SIGTERM')
-        self.interrupted = self.session.interrupted_note(getattr(excinfo.value, "signum", signal.SIGINT))
+        signum = getattr(excinfo.value, "signum", signal.SIGINT)
+        self.session.note_stop(signum)  # before pytest_sessionfinish renders the reports
+        self.interrupted = self.session.interrupted_note(signum)
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:
         for line in self.reports:

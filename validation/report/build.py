@@ -45,6 +45,7 @@ from validation.report.tables import (
     gate_rows,
     glossary,
     metric_legend,
+    minute,
     missing_line,
     phase_tables,
     ran_span,
@@ -52,6 +53,7 @@ from validation.report.tables import (
     rerun_line,
     rerun_phases_line,
     root_assignment,
+    started,
     toggles,
 )
 from validation.runbook.plan import PhasePoint, expand
@@ -274,9 +276,40 @@ def _with_rerun(f: Finding, runbook: str | None, profile: str | None, results_di
     return dataclasses.replace(f, detail=[*f.detail, f"re-run only this point: `{line}`"])
 
 
+@dataclass(frozen=True)
+class Interruption:
+    """The run that writes a report was stopped by a signal: the report holds the records stored
+    before, which are no verdict of that run, and says so."""
+
+    signal: str
+    """'SIGINT'"""
+    points: tuple[str, ...] = ()
+    """Test ids of the pair's points the signal cut short: their new runs were not recorded."""
+
+
+def interruption_text(cut: Interruption, records: list[PhaseRecord], unrecorded: list[str]) -> str:
+    """What the report says of a run stopped as it was written: where it stopped and what the
+    rows of the points it cut short are. ``unrecorded``: test ids without a current record."""
+    stored = {r.test_id: r for r in records}
+
+    def row(test_id: str) -> str:
+        r = stored.get(test_id)
+        if r is not None:
+            return f"`{test_id}` (its row is its earlier record, {r.status}, of a run started {minute(started(r))})"
+        return f"`{test_id}` ({'NOT RUN: no current record' if test_id in unrecorded else 'no record'})"
+
+    where = (f"while {', '.join(row(t) for t in cut.points)} ran; that run was not recorded" if cut.points
+             else "between points (none was cut short)")
+    return (f"the run that wrote this report was stopped by {cut.signal} {where}. The status above is of the "
+            "records stored, not a verdict of the stopped run: the points it did not reach show their earlier "
+            "records, where the store holds them. Run them again for a verdict")
+
+
 def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, runbook: Runbook | None,
                   profile: Profile | None, plots: list[dict[str, str]] | None = None,
-                  now: str | None = None, baseline: Path | None = None) -> dict[str, Any]:
+                  now: str | None = None, baseline: Path | None = None,
+                  interrupted: Interruption | None = None) -> dict[str, Any]:
+    """The report's context. ``interrupted``: the run writing it was stopped by a signal."""
     points = expand(runbook, profile) if runbook is not None and profile is not None else None
     records, missing, gone = _select(ResultStore(results_dir).records(runbook_name, profile_name), points)
     rechecked, outdated, regated = None, [], []
@@ -312,6 +345,8 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "status": str(status),
         "badge": _BADGE[status],
         "status_reason": why,
+        "interrupted": interruption_text(interrupted, records, missing + [o.record.test_id for o in outdated])
+                       if interrupted else None,
         "generated": now or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "ran_span": ran_span(records),
         "runbook": runbook_name,
@@ -415,10 +450,12 @@ def withdraw(results_dir: str | Path, runbook_name: str, profile_name: str) -> N
 
 def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, runbook: Runbook | None = None,
            profile: Profile | None = None, plots: bool = True, now: str | None = None,
-           template: str = "report.md.j2", baseline: Path | None = None) -> Rendered:
+           template: str = "report.md.j2", baseline: Path | None = None,
+           interrupted: Interruption | None = None) -> Rendered:
     """Write <results>/reports/<runbook>__<profile>.md (and its plots); return it with its verdict.
     With ``baseline`` (another results directory) each point is compared with its stored twin
-    there (validation/baseline.py)."""
+    there (validation/baseline.py); with ``interrupted``, the report says that the run writing it
+    was stopped, and where."""
     results_dir = Path(results_dir)
     report_dir = results_dir / "reports"
     stem = f"{runbook_name}__{profile_name}"
@@ -436,7 +473,7 @@ def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, run
             staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=plot_dir))
             plot_list = make_plots(results_dir, recs, plot_dir, stem, points, staging=staging)
         ctx = build_context(results_dir, runbook_name, profile_name, runbook=runbook, profile=profile,
-                            plots=plot_list, now=now, baseline=baseline)
+                            plots=plot_list, now=now, baseline=baseline, interrupted=interrupted)
         ctx["results_prefix"] = os.path.relpath(results_dir, report_dir)
         text = render_text(ctx, template)
         report_dir.mkdir(parents=True, exist_ok=True)

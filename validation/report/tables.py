@@ -230,7 +230,7 @@ def artifact_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
     several processes, each one's."""
     rows = []
     for r in records:
-        when = _minute(started(r))
+        when = minute(started(r))
         ran = None if when is None else when + (f" at {short_commit(r.ran_at)}" if r.ran_at else "")
         if r.runs:
             rows += [{"phase": r.phase, "point": f"{point_label(r)}, {s.label}", "out_dir": s.out_dir, "files": s.files,
@@ -250,7 +250,8 @@ def started(r: PhaseRecord) -> _dt.datetime | None:
     return t if t.tzinfo else t.replace(tzinfo=_dt.timezone.utc)
 
 
-def _minute(t: _dt.datetime | None) -> str | None:
+def minute(t: _dt.datetime | None) -> str | None:
+    """``t`` to the minute, UTC: '2026-12-05 11:43 UTC'."""
     return None if t is None else t.astimezone(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
@@ -259,7 +260,7 @@ def ran_span(records: list[PhaseRecord]) -> str | None:
     spans = [(t, t + _dt.timedelta(seconds=r.wall_s)) for r in records if r.out_dir and (t := started(r))]
     if not spans:
         return None
-    first, last = _minute(min(a for a, _ in spans)), _minute(max(b for _, b in spans))
+    first, last = minute(min(a for a, _ in spans)), minute(max(b for _, b in spans))
     return f"at {first}" if first == last else f"from {first} to {last}"
 
 

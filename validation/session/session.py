@@ -26,7 +26,7 @@ from validation.judge.record import PhaseRecord, Status
 from validation.launch.process import aborted_by
 from validation.machine import Machine, detect
 from validation.report import tensorboard
-from validation.report.build import Rendered, Verdict, render
+from validation.report.build import Interruption, Rendered, Verdict, render
 from validation.runbook.hardware import mismatches
 from validation.runbook.load import available, load_profile, load_runbook, runbook_profile
 from validation.runbook.plan import PhasePoint, batches, expand
@@ -158,6 +158,10 @@ class AcceptanceSession:
     removed (it names the runs the new record replaces): their reports are to be written again."""
     recorded_at_stop: list[str] = field(default_factory=list)
     """Test ids of the points whose new record was stored as a stop signal came."""
+    cut_short: list[str] = field(default_factory=list)
+    """Test ids of the points a stop signal stopped before their new record was stored."""
+    stopped_by: int | None = None
+    """The stop signal that ended the run (``note_stop``): the reports rendered after it say so."""
     _points: list[PhasePoint] | None = None
     _machine: Machine | None = None
 
@@ -263,9 +267,23 @@ class AcceptanceSession:
             if stop.record is not None:
                 self.ran[point.test_id] = stop.record
                 self.recorded_at_stop.append(point.test_id)
+            else:
+                self.cut_short.append(point.test_id)
+            raise
+        except KeyboardInterrupt:
+            self.cut_short.append(point.test_id)
+            raise
+        except Exception:  # a stop inside C code can surface as another error (cli.main says which)
+            if self.stopping():
+                self.cut_short.append(point.test_id)
             raise
         self.ran[point.test_id] = record
         return record
+
+    def note_stop(self, signum: int) -> None:
+        """A stop signal ended the run: the reports rendered from here on say so, and which of
+        their points it cut short."""
+        self.stopped_by = signum
 
     def interrupted_note(self, signum: int) -> str:
         """What this session did by the time a stop signal came, as both doors say it."""
@@ -354,8 +372,11 @@ class AcceptanceSession:
                 if notes:
                     notes(f"--baseline {base} holds no records of {rb_name}/{prof_name}; its report has no comparison")
                 base = None
+            cut = None if self.stopped_by is None else Interruption(
+                signal.Signals(self.stopped_by).name,
+                tuple(t for t in self.cut_short if t.startswith(f"{rb_name}/{prof_name}/")))
             rendered = render(self.results_dir, rb_name, prof_name, runbook=rb, profile=prof,
-                              plots=self.options.plots, baseline=base)
+                              plots=self.options.plots, baseline=base, interrupted=cut)
             if self.options.tensorboard is not None:
                 runs = tensorboard.export(self.results_dir, store.records(rb_name, prof_name), self.options.tensorboard,
                                           prof.hardware.peak_flops if prof else None)

@@ -10,7 +10,8 @@ import pytest
 
 from validation import REPO_ROOT
 from validation.cli import main
-from validation.tests.conftest import interrupt_when_training, slow_second_point, train_phase, write_runbook
+from validation.tests.conftest import (default_sigint, interrupt_when_training, slow_second_point, train_phase,
+                                      write_runbook)
 
 
 def test_run_nogo_exit_code_and_report_with_plots(tmp_path, capsys):
@@ -149,6 +150,36 @@ def test_an_interrupted_run_prints_no_status_line_that_reads_as_its_verdict(tmp_
     report = results / "reports" / "fake__cpu.md"
     assert f"nsa-validate: report of the points stored before the interrupt (no verdict of this run) -> {report}" in out
     assert "interrupted (SIGINT)" in err and "[1/2] fake/cpu/baseline_ddp/default: PASS" in err, err[-2000:]
+
+
+def test_the_report_of_an_interrupted_run_says_where_it_stopped(tmp_path):
+    """user hH's pass: a run stopped (SIGINT) within a point that had an earlier record left a
+    report saying only 'Status: GO': the stored records' status, with no word of the stop. It
+    keeps that status (the report renders the store) and says the run was stopped, at which point,
+    and what that point's row is."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase(), train_phase("long_run", steps=60,
+                                                                         env={"NSA_FAKE_STEP_S": "0.05"})])
+    results = tmp_path / "res"
+    args = [sys.executable, "-m", "validation", "run", "--runbook", str(rb), "--results-dir", str(results),
+            "--no-plots"]
+    assert subprocess.run(args, cwd=REPO_ROOT, capture_output=True, timeout=120).returncode == 0
+    report = results / "reports" / "fake__cpu.md"
+    assert "Interrupted" not in report.read_text()
+    [earlier] = results.glob("runs/fake/cpu/long_run/default/*/training.csv")
+    proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
+    csvs = lambda: [c for c in results.glob("runs/fake/cpu/long_run/default/*/training.csv") if c != earlier]
+    out, err = interrupt_when_training(proc, csvs)
+    assert proc.returncode == 130, err[-2000:]
+    text = report.read_text()
+    assert "**Status: GO**" in text
+    assert re.search(r"> \*\*Interrupted\*\*: the run that wrote this report was stopped by SIGINT while "
+                     r"`fake/cpu/long_run/default` \(its row is its earlier record, PASS, of a run started "
+                     r"\d{4}-\d\d-\d\d \d\d:\d\d UTC\) ran; that run was not recorded\. The status above is of the "
+                     r"records stored, not a verdict of the stopped run", text), text[:3000]
+    # a report written from the store afterwards is of the store alone
+    assert main(["report", "--results-dir", str(results), "--no-plots"]) == 0
+    assert "Interrupted" not in report.read_text()
 
 
 def test_an_interrupt_while_the_report_is_written_says_every_point_was_stored(tmp_path, capsys, monkeypatch):

@@ -297,6 +297,10 @@ def test_an_interrupted_pytest_run_prints_no_status_line_that_reads_as_its_verdi
     assert not re.search(r"^nsa-validate report: (GO|NO-GO|INCOMPLETE)\b", out, re.M), out[-2000:]
     assert "nsa-validate report: report of the points stored before the interrupt (no verdict of this run) -> " in out
     assert "nsa-validate: interrupted (SIGINT)" in out, out[-2000:]
+    # the report says so too, and where (user hH's pass: it said only its status)
+    text = (results / "reports" / "fake__cpu.md").read_text()
+    assert ("> **Interrupted**: the run that wrote this report was stopped by SIGINT while "
+            "`fake/cpu/long_run/default` (NOT RUN: no current record) ran; that run was not recorded.") in text, text
 
 
 def test_a_collection_error_is_not_said_to_be_a_signal(tmp_path):

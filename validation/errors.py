@@ -16,3 +16,8 @@ class ArtifactError(HarnessError):
 
 class StoreError(HarnessError):
     """The result store is unreadable or would be written outside its directory."""
+
+
+class CorruptStore(StoreError):
+    """The result store's file is there but is not a store: not JSON, no records, or a record that
+    is none. The reports rendered from it can no longer be backed by it."""

@@ -440,6 +440,15 @@ def report_path(results_dir: str | Path, runbook_name: str, profile_name: str) -
     return Path(results_dir) / "reports" / f"{runbook_name}__{profile_name}.md"
 
 
+def withdraw_all(results_dir: str | Path) -> list[Path]:
+    """Remove every report of the results directory (``withdraw``'s, of each pair), and return
+    them: its store can no longer be read, so none of them is backed by it any more."""
+    gone = sorted(p for p in (Path(results_dir) / "reports").glob("*__*.md") if p.is_file())
+    for path in gone:
+        path.unlink(missing_ok=True)
+    return gone
+
+
 def withdraw(results_dir: str | Path, runbook_name: str, profile_name: str) -> None:
     """Remove the pair's report: a record of it is about to be replaced and the run directories the
     old record names removed, which the report names too. A stop before the next report is

@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from validation import checkout_problem
-from validation.errors import HarnessError
+from validation.errors import CorruptStore, HarnessError
 from validation.judge.findings import CROSS_POINT, Finding, Severity, find, of_point, planned_longest
 from validation.judge.findings.headline import verdict_line
 from validation.judge.record import PhaseRecord, Status
 from validation.launch.process import aborted_by
 from validation.machine import Machine, detect
 from validation.report import tensorboard
-from validation.report.build import Interruption, Rendered, Verdict, render
+from validation.report.build import Interruption, Rendered, Verdict, render, withdraw_all
 from validation.runbook.hardware import mismatches
 from validation.runbook.load import available, load_profile, load_runbook, runbook_profile
 from validation.runbook.plan import PhasePoint, batches, expand
@@ -220,8 +220,17 @@ class AcceptanceSession:
     def check_ready(self, pairs: list[tuple[str, str]] | None = None) -> None:
         """The store readable (a corrupt results.json stops the session before anything runs) and
         the baseline, when given, another store that holds at least one of ``pairs`` (default: the
-        selected ones); a comparison that could compare nothing is an error before anything runs."""
-        ResultStore(self.results_dir).check()
+        selected ones); a comparison that could compare nothing is an error before anything runs.
+        A store whose file is corrupt takes its reports with it: a previous GO left in place reads
+        as current to a reader or CI."""
+        try:
+            ResultStore(self.results_dir).check()
+        except CorruptStore as exc:
+            gone = withdraw_all(self.results_dir)
+            if not gone:
+                raise
+            raise CorruptStore(f"{exc}. Removed the report(s) rendered from it, which it no longer backs: "
+                               f"{', '.join(map(str, gone))}") from None
         if self.options.tensorboard is not None:
             if why := tensorboard.missing():
                 raise HarnessError(why)

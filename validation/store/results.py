@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from nsa.atomic import write_atomic
-from validation.errors import StoreError
+from validation.errors import CorruptStore, StoreError
 from validation.judge.record import PhaseRecord, PointKey, Status
 
 STORE_NAME = "results.json"
@@ -53,9 +53,9 @@ class ResultStore:
         try:
             data = json.loads(self.path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise StoreError(f"{self.path}: not valid JSON ({exc}); move it aside to start a new store") from None
+            raise CorruptStore(f"{self.path}: not valid JSON ({exc}); move it aside to start a new store") from None
         if not isinstance(data, dict) or not isinstance(data.get("records"), dict):
-            raise StoreError(f"{self.path}: not an nsa-validate result store (no 'records' object); "
+            raise CorruptStore(f"{self.path}: not an nsa-validate result store (no 'records' object); "
                              "move it aside or choose another --results-dir")
         if data.get("schema") not in READABLE_SCHEMAS:
             raise StoreError(f"{self.path}: schema {data.get('schema')!r}; this harness reads schemas "
@@ -78,7 +78,11 @@ class ResultStore:
             except OSError as exc:
                 raise StoreError(f"results directory {self.dir}: cannot write in {folder} "
                                  f"({exc.strerror or exc})") from None
-        self._typed(self._read())
+        data = self._read()
+        try:
+            self._typed(data)
+        except StoreError as exc:  # a record that is none
+            raise CorruptStore(str(exc)) from None
 
     def _typed(self, data: dict[str, Any]) -> list[PhaseRecord]:
         return [PhaseRecord.from_json(r, f"{self.path}: record {k}") for k, r in data["records"].items()]

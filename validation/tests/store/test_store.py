@@ -85,6 +85,29 @@ def test_a_corrupt_store_stops_a_run_before_any_point_runs(tmp_path, capsys):
     assert not (results / "runs").exists()  # nothing ran
 
 
+@pytest.mark.parametrize("corrupt, removed", [
+    ("{not json", True),
+    ('{"name": "something else"}', True),
+    ('{"schema": 2, "records": {"k": {"no": "key"}}}', True),
+    ('{"schema": 7, "records": {}}', False),  # a newer harness's store: its reports are its own
+])
+def test_a_corrupt_store_takes_its_reports_with_it(tmp_path, capsys, corrupt, removed):
+    """user hH's pass: `report` on a corrupt results.json exited 2 and left the previous GO report
+    in place, which a reader or CI takes as current. The reports of a store that is no store any
+    more are removed, and the error says so."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("baseline_ddp")])
+    results = tmp_path / "results"
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(results), "--no-plots"]) == 0
+    report = results / "reports" / "fake__cpu.md"
+    assert "**Status: GO**" in report.read_text()
+    capsys.readouterr()
+    (results / "results.json").write_text(corrupt)
+    assert main(["report", "--results-dir", str(results), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert report.exists() != removed
+    assert (f"Removed the report(s) rendered from it, which it no longer backs: {report}" in err) == removed, err
+
+
 def test_a_schema_1_store_still_reads(tmp_path):
     """What harness versions before the typed record wrote (stores kept from before it must still read)."""
     old = {"key": {"runbook": "rb", "profile": "cpu", "phase": "long_run", "params": {}}, "test_id": "rb/cpu/long_run/default",

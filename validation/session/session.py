@@ -451,17 +451,19 @@ class AcceptanceSession:
         killed (worker threads watch it), and ``Stopped`` is raised in the main thread. With
         ``only_default``, only signals nobody handles yet (pytest keeps its own SIGINT handling).
         Restored on the way out. A door enters it before it builds its session, and gives the
-        session the same flag."""
+        session the same flag. The first signal is the stop's: a later one (a second Ctrl-C, or
+        SIGINT after SIGHUP) still interrupts what the stop is doing, as that first signal."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
         saved = {}
+        first: list[int] = []
         for sig in signals:
             current = signal.getsignal(sig)
             if only_default and current is not signal.SIG_DFL:
                 continue
             if sig == signal.SIGINT or current is not signal.SIG_IGN:
-                saved[sig] = signal.signal(sig, functools.partial(_on_stop_signal, abort))
+                saved[sig] = signal.signal(sig, functools.partial(_on_stop_signal, abort, first))
         try:
             yield
         finally:
@@ -469,12 +471,16 @@ class AcceptanceSession:
                 signal.signal(sig, handler)
 
 
-def _on_stop_signal(abort: threading.Event, signum, frame) -> None:
+def _on_stop_signal(abort: threading.Event, first: list[int], signum, frame) -> None:
+    """``first``: the signal that began the stop (empty before it), whose number the session exits
+    with (128 + it) and names, whichever signal comes after."""
+    if not first:
+        first.append(signum)
     abort.set()  # worker threads running trainers kill their process trees
     if _drops_exceptions(frame):
         threading.Timer(REDELIVER_S, _redeliver, (signum,)).start()
         return
-    raise Stopped(signum)
+    raise Stopped(first[0])
 
 
 #: seconds after which a stop signal that landed where its exception would be dropped is sent again

@@ -24,7 +24,7 @@ from validation.runbook.plan import expand
 from validation.store import bless, goldens
 from validation.store.goldens import GoldenError
 from validation.store.results import ResultStore
-from validation.tests.conftest import train_phase, write_runbook
+from validation.tests.conftest import default_sigint, train_phase, write_runbook
 
 
 def _store(results: Path, runbook: Path) -> None:
@@ -377,6 +377,26 @@ def test_a_run_under_nohup_survives_sighup(tmp_path):
     proc.send_signal(signal.SIGHUP)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.2])
+def test_the_first_stop_signal_decides_the_exit_status(tmp_path, delay_s):
+    """user hH's pass: SIGHUP, then SIGINT 0.2 s later, exited 130 and said 'interrupted (SIGINT)':
+    the second signal, which came while the first's stop was under way, overrode the first's."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase(steps=200, env={"NSA_FAKE_STEP_S": "0.05"})])
+    proc = subprocess.Popen([sys.executable, "-m", "validation", "run", "--runbook", str(rb), "--results-dir",
+                             str(tmp_path / "res"), "--no-plots"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
+    deadline = time.monotonic() + 60
+    while not any(len(c.read_bytes().splitlines()) >= 3 for c in (tmp_path / "res").glob("runs/*/*/*/*/*/training.csv")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(delay_s)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGHUP, err[-2000:]
+    assert "nsa-validate: interrupted (SIGHUP)" in err and "(SIGINT)" not in err, err[-2000:]
 
 
 def test_run_of_one_phase_checks_every_phase_of_the_runbook(tmp_path, capsys):

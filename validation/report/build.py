@@ -168,6 +168,7 @@ def _select(records: list[PhaseRecord], points: list[PhasePoint] | None
     sweep value dropped)."""
     if points is None:
         return sorted(records, key=lambda r: (r.phase, r.sweep_index)), [], []
+    records = stale.realign(records, points)
     order = {p.test_id: i for i, p in enumerate(points)}
     current = sorted((r for r in records if r.test_id in order), key=lambda r: order[r.test_id])
     have = {r.test_id for r in current}
@@ -476,7 +477,7 @@ def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, run
             recs = ResultStore(results_dir).records(runbook_name, profile_name)
             points = expand(runbook, profile) if runbook is not None and profile is not None else None
             if points is not None:  # a run of what the runbook asks no longer is not plotted as its point
-                recs = stale.split(recs, points)[0]
+                recs = stale.split(stale.realign(recs, points), points)[0]
             # drawn beside the plots the previous report names, which stay until it is replaced
             plot_dir.mkdir(parents=True, exist_ok=True)
             staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=plot_dir))

@@ -66,6 +66,12 @@ def point_id(point: PhasePoint) -> str:
     return f"{point.phase.name}/{point.slug}"
 
 
+def _unordered(pid: str) -> tuple[str, tuple[str, ...]]:
+    """'scaling_sweep/seq_len=32,batch_size=1' as its phase and its sweep's parts in any order."""
+    phase, _, slug = pid.partition("/")
+    return phase, tuple(sorted(slug.split(",")))
+
+
 @dataclass(frozen=True)
 class Curve:
     """The loss at steps 1..len(loss) of one point on one hardware class, and where it came from."""
@@ -154,8 +160,16 @@ class GoldenFile:
                 out.curves.setdefault(str(pid), {})[str(hw)] = _curve(path, f"points.{pid}.{hw}", c)
         return out
 
+    def _held(self, pid: str) -> str:
+        """The name this file holds ``pid``'s curves under: ``pid``, or the same point named with its
+        sweep's keys in another order (a point is its values, not their order: stale.realign)."""
+        if pid in self.curves:
+            return pid
+        same = [held for held in self.curves if _unordered(held) == _unordered(pid)]
+        return same[0] if same else pid
+
     def get(self, pid: str, hw_class: str) -> Curve | None:
-        return self.curves.get(pid, {}).get(hw_class)
+        return self.curves.get(self._held(pid), {}).get(hw_class)
 
     @property
     def exists(self) -> bool:
@@ -167,11 +181,14 @@ class GoldenFile:
         exists and has no curve of the point on that class (and the classes it has one on)."""
         if not self.exists:
             return f"{self.path} does not exist (golden files are looked for in goldens/ beside the runbook)"
-        others = sorted(self.curves.get(pid, {}))
+        others = sorted(self.curves.get(self._held(pid), {}))
         return f"{self.path} exists but holds no such curve" + (f" (it has {pid} on {', '.join(others)})"
                                                                   if others else "")
 
     def put(self, pid: str, hw_class: str, curve: Curve) -> None:
+        held = self._held(pid)
+        if held != pid:  # the point's curves move to its name of now
+            self.curves[pid] = self.curves.pop(held)
         self.curves.setdefault(pid, {})[hw_class] = curve
 
     def save(self) -> None:
@@ -316,8 +333,20 @@ def recheck(point: PhasePoint, stored: GateResult, results_dir: Path, run: str, 
         curve = goldens.get(point_id(point), hardware_class(machine))
         itself = ("; that curve was blessed from this very run, which it matches by construction"
                   if curve is not None and curve.run == run else "")
-        now = dataclasses.replace(now, note=f"{now.note}; re-checked at report time against {goldens.path}, "
-                                            f"which changed since the run (then: {stored.verdict}){itself}")
+        why = f"against {goldens.path}, which changed since the run"
+        then = re.fullmatch(r"steps 1-(\d+)", stored.window)
+        if then and stored.window != now.window:
+            # golden_steps changed: the file changed too only where the steps the run compared
+            # compare otherwise against it now
+            old = gate(dataclasses.replace(point, phase=dataclasses.replace(point.phase, golden_steps=int(then[1]))),
+                       csv, machine, results_dir)
+            same = old is not None and (old.verdict, old.value) == (stored.verdict, stored.value)
+            steps = f"golden_steps changed since the run (it compared {stored.window}, {now.window} now)"
+            why = f", as {steps}; {goldens.path} gives the run's {stored.window} the same result as at the run" if same else \
+                f"{why}, and {steps}"
+        now = dataclasses.replace(now, note=f"{now.note}; re-checked at report time{'' if why.startswith(',') else ' '}{why} "
+                                            f"(then: {stored.verdict})"
+                                            f"{itself}")
     return Recheck(stored, now)
 
 

@@ -33,16 +33,18 @@ keep is not compared.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from validation.judge.asked import Asked
 from validation.judge.gates import rule
-from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
+from validation.judge.record import TRAINER_KINDS, PhaseRecord, PointKey, Status
 from validation.runbook.hardware import shortfalls
 from validation.runbook.plan import PhasePoint
 from validation.runbook.schema import Key, Limit, Stale, keys_of
 from validation.runbook.types import Phase, Rendezvous
+from validation.store.results import record_key
 
 #: every key of a stored point, by its dotted runbook key (validation/runbook/schema.py)
 DECLARED: dict[str, Key] = {**{k.name: k for k in keys_of(Phase)},
@@ -279,6 +281,21 @@ def _v(value: Any) -> str:
 def _scalar(value: Any) -> str:
     """A scalar key's value as the report shows it (an empty config: 'unset')."""
     return "unset" if value is None or value == "" else str(value)
+
+
+def realign(records: Iterable[PhaseRecord], points: Iterable[PhasePoint]) -> list[PhaseRecord]:
+    """``records``, each of a point the runbook still has under another name given that point's:
+    a point is its runbook, profile, phase and sweep values, whatever the order the sweep lists its
+    keys in (the store keys it so: results.record_key), while its test id and sweep index follow
+    that order. A sweep whose two keys swapped places asks the same points: their records stand."""
+    by_key = {record_key(PointKey(**p.key())): p for p in points}
+    out = []
+    for r in records:
+        p = by_key.get(record_key(r.key))
+        if p is not None and r.test_id != p.test_id:
+            r = dataclasses.replace(r, test_id=p.test_id, sweep_index=p.index, params_order=list(p.params))
+        out.append(r)
+    return out
 
 
 def split(records: Iterable[PhaseRecord], points: Iterable[PhasePoint]) -> tuple[list[PhaseRecord], list[Outdated]]:

@@ -113,3 +113,53 @@ def test_a_rechecked_golden_names_its_file_when_and_from_which_run_it_was_blesse
             f"re-checked at report time against {goldens.path}, which changed since the run (then: UNMEASURED); "
             "that curve was blessed from this very run, which it matches by construction") in gate["note"], \
         gate["note"]
+
+
+def test_a_golden_steps_change_alone_is_not_said_to_be_a_golden_file_change(tmp_path):
+    """user hH's pass: golden_steps 4 -> 8 re-checked a stored run whose golden file was as at the
+    run, and said the file 'changed since the run'; what changed was golden_steps."""
+    rb, res = write_runbook(tmp_path / "rb.yaml", [train_phase("long_run", golden_steps=4, gates=[])]), tmp_path / "res"
+    main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"])
+    main(["bless", "--runbook", str(rb), "--results-dir", str(res)])
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"]) == 0
+    goldens = GoldenFile.for_pair(rb, "fake", "cpu")
+    write_runbook(rb, [train_phase("long_run", golden_steps=8, gates=[])])
+    [gate] = [g for g in _context(rb, res)["gates"] if g["metric"] == "golden_loss_rel_diff"]
+    assert gate["verdict"] == GateVerdict.UNMEASURED  # the curve holds 4 steps
+    assert ("re-checked at report time, as golden_steps changed since the run (it compared steps 1-4, steps 1-8 "
+            f"now); {goldens.path} gives the run's steps 1-4 the same result as at the run (then: PASS)") \
+        in gate["note"], gate["note"]
+    assert "which changed since the run" not in gate["note"]
+    # where the file changed as well, both are said
+    curve = goldens.get("long_run/default", "cpu")
+    goldens.put("long_run/default", "cpu", dataclasses.replace(curve, loss=(3.5, *curve.loss[1:])))
+    goldens.save()
+    [gate] = [g for g in _context(rb, res)["gates"] if g["metric"] == "golden_loss_rel_diff"]
+    assert (f"re-checked at report time against {goldens.path}, which changed since the run, and golden_steps "
+            "changed since the run (it compared steps 1-4, steps 1-8 now) (then: PASS)") in gate["note"], gate["note"]
+
+
+def test_a_sweep_whose_keys_swapped_places_keeps_its_records_and_golden_curves(tmp_path):
+    """user hH's pass: swapping the YAML order of a sweep's two keys made all its points NOT RUN,
+    noted as 'renamed, removed, or a value no longer swept', and their golden curves not found: a
+    point is its values (the store keys it so), not the order the sweep lists them in."""
+    sweep = {"train.seq_len": [32, 64], "train.batch_size": [1, 2]}
+    rb, res = write_runbook(tmp_path / "rb.yaml", [train_phase("scaling_sweep", golden_steps=4, sweep=sweep)]), \
+        tmp_path / "res"
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"]) == 0
+    assert main(["bless", "--runbook", str(rb), "--results-dir", str(res)]) == 0
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-plots"]) == 0  # against the curves
+    write_runbook(rb, [train_phase("scaling_sweep", golden_steps=4, sweep=dict(reversed(sweep.items())))])
+    ctx = _context(rb, res)
+    assert ctx["verdict"] == "GO", ctx["status_reason"]
+    assert not ctx["stale"] and not ctx["missing"]
+    assert "-k \"scaling_sweep and batch_size=1,seq_len=32\"" in ctx["reproduce"][0]["rerun"] or \
+        "batch_size=1,seq_len=32" in ctx["reproduce"][0]["rerun"], ctx["reproduce"][0]["rerun"]
+    assert (ctx["goldens"].checked, ctx["goldens"].changed) == (4, [])
+    # a run of the swapped runbook replaces the records, and a bless moves the curves to the new names
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"]) == 0
+    assert len(ResultStore(res).records()) == 4
+    assert main(["bless", "--runbook", str(rb), "--results-dir", str(res)]) == 0
+    assert sorted(GoldenFile.for_pair(rb, "fake", "cpu").curves) == [
+        "scaling_sweep/batch_size=1,seq_len=32", "scaling_sweep/batch_size=1,seq_len=64",
+        "scaling_sweep/batch_size=2,seq_len=32", "scaling_sweep/batch_size=2,seq_len=64"]

@@ -212,9 +212,16 @@ class AcceptanceSession:
         used = {prof.name for _, prof in out}
         unused = [w for w, prof in given.items() if prof.name not in used]
         if unused:
-            raise HarnessError(f"--profile {', '.join(unused)}: no selected runbook uses it (runbooks: "
-                               f"{', '.join(names)}; their profiles: "
-                               f"{', '.join(sorted({p for n in names for p in load_runbook(n).profiles}))})")
+            listed = ', '.join(sorted({p for n in names for p in load_runbook(n).profiles}))
+            # a file is listed by the name: in it, which a copy of a shipped profile keeps or renames
+            files = [w for w in unused if Path(w).suffix in (".yaml", ".yml")]
+            named = "; ".join(f"{w} is profile {given[w].name!r} (its name: key)" for w in files)
+            raise HarnessError(
+                f"--profile {', '.join(unused)}: no selected runbook uses it (runbooks: {', '.join(names)}; their "
+                f"profiles: {listed})" + (
+                    f". {named}, and a runbook runs only the profiles its profiles: lists, by name, whatever file "
+                    f"they come from: keep a listed name ({listed}) in the file, or add "
+                    f"{', '.join(sorted({given[w].name for w in files}))} to the runbook's profiles:" if files else ""))
         return out
 
     def check_ready(self, pairs: list[tuple[str, str]] | None = None) -> None:

@@ -285,6 +285,21 @@ def test_a_runbook_that_is_no_yaml_text_is_an_error_naming_it(tmp_path, capsys, 
     assert f"nsa-validate: error: {path}: {message}" in capsys.readouterr().err
 
 
+def test_a_profile_file_whose_name_no_runbook_lists_says_its_name_and_what_to_do(tmp_path, capsys):
+    """user hG's pass: a copy of cpu.yaml renamed to `name: mycpu` failed with 'no selected
+    runbook uses it (... their profiles: cpu)', naming neither the file's profile name nor that
+    the runbook's profiles: must list it."""
+    prof = tmp_path / "my_cpu.yaml"
+    prof.write_text((REPO_ROOT / "runbooks" / "profiles" / "cpu.yaml").read_text().replace("name: cpu", "name: mycpu", 1))
+    assert main(["run", "--profile", str(prof), "--results-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert (f"--profile {prof}: no selected runbook uses it (runbooks: cpu_smoke; their profiles: cpu). {prof} is "
+            "profile 'mycpu' (its name: key), and a runbook runs only the profiles its profiles: lists, by name, "
+            "whatever file they come from: keep a listed name (cpu) in the file, or add mycpu to the runbook's "
+            "profiles:") in err, err
+    assert not (tmp_path / "r").exists()
+
+
 def test_an_empty_profile_file_names_a_profile_s_keys(tmp_path, capsys):
     """It named a runbook's (name, profiles, phases)."""
     path = tmp_path / "prof.yaml"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from nsa.config import ConfigError, resolve_config_path
@@ -108,10 +107,8 @@ class PhasePoint:
         there is none or it cannot be read here. An edited file makes another run of the point."""
         spec = self.runbook.trainer
         if spec is None:
-            config = Path(self.phase.config)
-            local = config if config.is_absolute() else REPO_ROOT / config
             try:
-                path = local if local.suffix in (".yaml", ".yml") and local.is_file() else resolve_config_path(config)
+                path = resolve_config_path(self.phase.config, cwd=REPO_ROOT)
             except ConfigError:
                 return None
         elif spec.config is not None:

@@ -184,7 +184,8 @@ def test_a_config_file_edited_since_the_run_leaves_the_point_not_run(tmp_path, m
     kept (a digest) and compared, as its name is."""
     from nsa.config import PRESET_DIR
 
-    monkeypatch.setattr("validation.runbook.plan.REPO_ROOT", tmp_path)  # the trainer's working directory
+    for module in ("load", "plan"):  # the trainer's working directory, where the loader looks for the file too
+        monkeypatch.setattr(f"validation.runbook.{module}.REPO_ROOT", tmp_path)
     cfg = tmp_path / "mycfg.yaml"
     cfg.write_text((PRESET_DIR / "tiny.yaml").read_text())
     point = _point(tmp_path, train_phase("ab", gates=GATES, steps=3, config="mycfg.yaml"))

@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
+from nsa.contract import HALT_NONFINITE, HALT_WATCHDOG
 from validation.contract.check import HEARTBEATS, adapter_summary_step, adapter_unmeasured
 from validation.contract.files import HaltInfo
 from validation.judge.diagnosis import Died, died_before_watchdog, died_first, root_of_evidence, root_rank
@@ -134,6 +135,44 @@ class Outcome:
         the last step (``short_ranks``)."""
         return self.ended_clean and not self.stopped_short and bool(self.short_ranks)
 
+    @property
+    def halted_itself(self) -> bool:
+        """Stopped on a .HALT that neither the watchdog (a stall) nor the non-finite guard wrote: an
+        operator's stop, or a stop condition of the trainer's own. With no stall or timeout of the
+        harness before it, that .HALT is the verdict (``process_verdict``)."""
+        return (self.halt is not None and self.halt.source not in (HALT_WATCHDOG, HALT_NONFINITE)
+                and self.stalled_s is None and not self.timed_out)
+
+    @property
+    def halt_step(self) -> int | None:
+        """The step a .HALT stopped the run at: its record's own, else the last step done (the CSV's
+        last row, or further where a rank's heartbeats say so: a trainer logging every k steps)."""
+        if self.halt is not None and self.halt.step is not None:
+            return self.halt.step
+        return max((n for n in (self.steps_completed, self.last_step_done) if n is not None), default=None)
+
+    @property
+    def halted_short(self) -> bool:
+        """A .HALT stopped the run before the steps asked for."""
+        step = self.halt_step
+        return self.steps_requested is not None and (step or 0) < self.steps_requested
+
+    def halt_at(self) -> str:
+        """Where a .HALT stopped the run, against the steps asked for: 'at step 8 of 30' (its
+        record's step), 'after step 7 of 30' (the last step done), 'after all 30 steps asked
+        for', 'before its first step'; '' where neither is known (a record of no trainer kind)."""
+        step, asked = self.halt_step, self.steps_requested
+        of = f" of {asked}" if asked is not None else ""
+        if self.halt is not None and self.halt.step is not None:
+            return f"at step {step}{of}"
+        if asked is None and step is None:
+            return ""
+        if not step:
+            return "before its first step"
+        if asked is not None and step >= asked:
+            return f"after all {asked} steps asked for"
+        return f"after step {step}{of}"
+
     def short_text(self) -> str:
         if not self.stopped_short and self.short_ranks:
             ranks = "; ".join(s.text(self.steps_requested) for s in self.short_ranks)
@@ -177,11 +216,10 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
                                  f"waiting for it (exit code {outcome.exit_code}){torn}")
         if halt.source == "watchdog":
             return Status.FAIL, f"watchdog wrote .HALT: no rank made progress{torn}"
-        if halt.torn and halt.source is None:
-            return Status.FAIL, f"stopped by a .HALT whose JSON record is cut short, no source in it: {halt.text[:EXCERPT_CHARS]}"
-        # an operator's .HALT: empty, free text, or JSON from another source
-        said = (halt.text[:EXCERPT_CHARS] or "an empty file") if halt.source is None else f"from {halt.source}: {halt.text[:EXCERPT_CHARS]}"
-        return Status.FAIL, f"stopped by a .HALT ({said}){torn}"
+        # an operator's .HALT (empty, free text, or JSON from another source), or one cut short: it
+        # says where the run stopped against the steps asked for, as a run that stopped short does
+        at = f" {a}" if (a := outcome.halt_at()) else ""
+        return Status.FAIL, f"stopped by a .HALT{at}{halt_said(halt)}"
     if outcome.slurm_stopped and outcome.exit_code not in (0, None):
         # someone's scancel, the job's time limit, preemption: the ranks were stopped, they did not fail
         return Status.FAIL, (f"stopped by Slurm, not by the trainer or the harness: {outcome.slurm_stopped} "
@@ -208,6 +246,17 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
     if outcome.stopped_short or outcome.rank_stopped_short:
         return Status.FAIL, outcome.short_text()
     return None
+
+
+def halt_said(halt: HaltInfo) -> str:
+    """What a .HALT that is neither the watchdog's nor the non-finite guard's says, as the verdict
+    and its finding quote it: ' (operator stop)', ' (an empty file)', ' (from ops: disk full)', '
+    whose JSON record is cut short, no source in it: {"ste'."""
+    text = halt.text[:EXCERPT_CHARS]
+    if halt.torn and halt.source is None:
+        return f" whose JSON record is cut short, no source in it: {text}"
+    said = (text or "an empty file") if halt.source is None else f"from {halt.source}: {text}"
+    return f" ({said})" + (" (its record cut short)" if halt.torn else "")
 
 
 def _nonfinite(halt: HaltInfo) -> str:

@@ -28,6 +28,9 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
                                  nonfinite .HALT and exit code 4, every logged loss finite
     NSA_FAULT=nan_logged:step=3  logs a NaN loss from step 3 on and exits 0 (no loss guard);
                                  with :inf=1 an inf loss
+    NSA_FAULT=halt:step=4        an operator's stop: as step 4 begins it writes a plain-text .HALT and
+                                 exits 0 (steps 1-3 logged); without step=K after its last step; with
+                                 :json=1 a JSON record of its own source ("operator") and step
     NSA_FAULT=resume_skip:steps=2  a resumed run's loss continues 2 steps too far along its curve
                                  (data skipped), and env.json says where its data started
                                  (with :unrecorded=1 its env.json says the data continued)
@@ -89,6 +92,13 @@ def allreduce_wait(seconds: float) -> None:
 def backward_stuck(out: Path, rank: int) -> None:
     with open(out / f"stackdump_rank{rank}.txt", "w") as fh:
         faulthandler.dump_traceback(fh, all_threads=True)
+
+
+def operator_halt(out: Path, step: int, opts: dict[str, int]) -> None:
+    """The .HALT of an operator's stop at ``step``: plain text, or with ``json`` a record of its own source."""
+    said = "stopped by the operator"
+    (out / ".HALT").write_text(json.dumps({"source": "operator", "step": step, "text": said}) if opts.get("json")
+                               else said + "\n")
 
 
 def phase_scale(out: Path) -> float:
@@ -170,6 +180,9 @@ def main() -> int:
             raise RuntimeError("Expected to mark a variable ready only once (injected crash)")
         if fault == "quit" and step > opts.get("step", 1):
             return 0
+        if fault == "halt" and step == opts.get("step"):
+            operator_halt(out, step, opts)
+            return 0
         if fault == "nan_unlogged" and step == opts.get("step", 1):
             (out / ".HALT").write_text(json.dumps({"source": "nonfinite", "step": step}))
             return 4
@@ -240,6 +253,8 @@ def main() -> int:
                     loss *= 2
                 csv.write(f"{step},{loss:.4f},1e-4,{toks},{0.5},{1.0},{mem / 2},{mem}\n")
         time.sleep(step_s)
+    if fault == "halt" and "step" not in opts:
+        operator_halt(out, stop, opts)
     if stop < a.steps:
         (out / "checkpoints").mkdir(exist_ok=True)
         (out / "checkpoints" / "latest").write_text(str(stop))

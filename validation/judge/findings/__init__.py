@@ -1,7 +1,8 @@
 """Automatic findings: what a person would otherwise dig out of logs, CSVs and stack dumps.
 
 Each detector reads stored records only, so findings can be recomputed for any results
-directory without re-running anything: process failures and failed gates (failures.py), the nodes
+directory without re-running anything: process failures (crashes, stalls, a .HALT of the trainer's
+own) and failed gates (failures.py), the nodes
 of a launch of several nodes (nodes.py), speed across points (throughput.py), where NSA pays
 against dense (long_context.py), loss and grad-norm spikes, divergence and a logged non-finite
 loss (stability.py), resumed runs that do not continue the uninterrupted one and trainers that
@@ -25,6 +26,7 @@ from validation.judge.findings.failures import (
     artifact_errors,
     crashes,
     failed_gates,
+    halts,
     imbalance,
     short_runs,
     stalls,
@@ -47,8 +49,8 @@ from validation.judge.findings.throughput import (
 )
 from validation.judge.record import PhaseRecord
 
-DETECTORS = (crashes, stalls, nodes, short_runs, untrue_clocks, shared_timings, busy_timings, cliffs, host_bound,
-             imbalance, fallbacks,
+DETECTORS = (crashes, stalls, halts, nodes, short_runs, untrue_clocks, shared_timings, busy_timings, cliffs,
+             host_bound, imbalance, fallbacks,
              artifact_errors, failed_checks, failed_gates, best_setting, not_equivalent, resumed_in_place, nonfinite, divergence,
              spikes, slowdowns, memory_growth, mixed_commits)
 _ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}

@@ -122,6 +122,14 @@ def _nonfinite(f: Facts) -> str:
             "predates the bad step is the trainer's to say.")
 
 
+def _halted(f: Facts) -> str:
+    return ("The trainer stopped on a .HALT that neither its watchdog nor its non-finite guard wrote (the finding "
+            "quotes it): an operator's stop, or a stop condition of the trainer's own. A run that halts is not the run "
+            "asked for, whatever its gates, and a trainer that ran all its steps leaves no .HALT (the contract reads "
+            "any as a stop). Read why in the .HALT and the stderr log named in the finding; once the stop's cause is "
+            f"gone (or the stop was an operator's, deliberate), {_RERUN}.")
+
+
 def _short_rank(f: Facts) -> str:
     return ("A rank's heartbeats end before the run's last step, and the run exited 0. Either "
             "the rank exited early and no collective after it left told the others: look for a stop condition that "
@@ -384,7 +392,7 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "crash": _crash, "departed": _departed, "waited": _waited, "left_after": _left_after, "stall": _stall,
     "timeout": _timeout,
     "nonfinite": _nonfinite, "halt_stall": _halt_stall,
-    "short_run": _short, "short_rank": _short_rank, "cliff": _cliff,
+    "halted": _halted, "short_run": _short, "short_rank": _short_rank, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "straggler_rank": _straggler_rank, "fallback": _fallback,
     "artifacts": _artifacts, "not_launched": _not_launched, "harness_error": _harness_error,
     "tests_failed": _tests_failed, "tests_not_run": _tests_not_run, "no_junit": _no_junit, "preflight": _preflight,

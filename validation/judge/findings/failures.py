@@ -4,6 +4,7 @@ ended, from the record's evidence."""
 from __future__ import annotations
 
 from nsa.contract import PROFILE_TOP_OPS, heartbeat_name
+from validation.contract.files import HaltInfo
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import short_exception
 from validation.judge.findings import stability
@@ -20,7 +21,7 @@ from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult
 from validation.judge.provenance import short_commit
 from validation.judge.record import HARNESS_ERROR_FILE, TRAINER_KINDS, NotRun, PhaseRecord, Status
 from validation.judge.resume import METRICS as RESUME_METRICS
-from validation.judge.verdict import Outcome
+from validation.judge.verdict import Outcome, halt_said
 from validation.excerpt import EXCERPT_CHARS
 
 #: slowest / fastest rank median step time above which ranks are called imbalanced
@@ -86,6 +87,43 @@ def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
         out.append(Finding(Severity.CRITICAL, r.phase, title, [f"stderr: {p}" for p in d.logs] + broken
                            + _rank_lines(r), kind, Facts.of(r), d if d.ranks else None))
     return out
+
+
+def halts(records: list[PhaseRecord]) -> list[Finding]:
+    """A trainer process (every repeat's) that halted itself on a .HALT that is neither its
+    watchdog's (a stall, ``stalls``) nor its non-finite guard's (``crashes``): an operator's stop,
+    or a stop condition of the trainer's own. Its .HALT is the verdict whatever its gates, so it
+    is named as the non-finite one is: at which step of how many (a run that stopped short is
+    not the run asked for), what the .HALT says and where it is."""
+    out = []
+    for r in processes(records):
+        outcome = Outcome.of_record(r)
+        if r.kind not in TRAINER_KINDS or not outcome.halted_itself:
+            continue
+        ev, at = r.evidence, outcome.halt_at()
+        step, asked = outcome.halt_step, outcome.steps_requested
+        short = (f" ({asked - (step or 0)} step{'s' if asked - (step or 0) != 1 else ''} short of the run asked for)"
+                 if outcome.halted_short and asked is not None else "")
+        exit_code = f"; exit code {r.exit_code}" if r.exit_code not in (0, None) else ""
+        title = (f"{where_run(r)}: the trainer halted itself {at}{short} on a .HALT that neither its watchdog nor its "
+                 f"non-finite guard wrote{_halt_words(ev.halt)}{exit_code}")
+        detail = [f".HALT: {r.out_dir}/.HALT"]
+        if "training.csv" in ev.files:
+            detail.append(f"CSV: {r.out_dir}/training.csv")
+        detail += [f"stderr: {p}" for p in logs_of(r, ev.last_heartbeat)] + _rank_lines(r)
+        out.append(Finding(Severity.CRITICAL, r.phase, title, detail, "halted", Facts.of(r)))
+    return out
+
+
+def _halt_words(halt: HaltInfo) -> str:
+    """What an operator's .HALT says, quoted: ", which says 'operator stop'", ', an empty file', ', from
+    ops, which says ...'; of a record cut short before its source, the verdict's words."""
+    if halt.torn and halt.source is None:
+        return halt_said(halt)
+    text = halt.text[:EXCERPT_CHARS]
+    says = f", which says {text!r}" if text else ", an empty file"
+    return (f", from {halt.source}" if halt.source is not None else "") + says + (
+        " (its record cut short)" if halt.torn else "")
 
 
 def _halted_text(d: Diagnosis) -> str:
@@ -404,7 +442,8 @@ def artifact_errors(records: list[PhaseRecord]) -> list[Finding]:
     return out
 
 
-#: gates whose failure another detector already explains (idle ranks; a .HALT is a stall or a NaN)
+#: gates whose failure another detector already explains (idle ranks; a .HALT is a stall, a NaN or a
+#: halt of the trainer's own)
 _EXPLAINED = {"idle_ranks", "halt"}
 
 

@@ -59,7 +59,8 @@ def test_a_window_the_run_did_not_cover_is_no_data_and_fails(tmp_path):
 def test_an_operators_halt_stays_its_own_verdict():
     stopped = Outcome("train", exit_code=0, halt=HaltInfo(text="maintenance"), steps_requested=20, steps_completed=4)
     assert not stopped.stopped_short
-    assert verdict(stopped, []) == (Status.FAIL, "stopped by a .HALT (maintenance)")
+    # its own verdict, which names the steps as a short run's does (test_operator_halt.py)
+    assert verdict(stopped, []) == (Status.FAIL, "stopped by a .HALT after step 4 of 20 (maintenance)")
 
 
 def test_a_failed_exit_is_a_crash_only_after_a_step_was_logged():

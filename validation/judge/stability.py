@@ -214,6 +214,14 @@ def curve(csv, rule: StabilityRule) -> Curve:
         return Curve()
     steps = csv["step"].tolist()
     found = tuple(s for col in ("loss", "grad_norm") if col in csv for s in spikes(steps, csv[col].tolist(), rule, col))
-    bad = [s for s, v in zip(steps, csv["loss"].tolist()) if not math.isfinite(v)]
     return Curve(found, rise(steps, csv["loss"].tolist(), rule), slowdown(steps, csv["toks_per_s"].tolist()),
-                 int(bad[0]) if bad else None)
+                 first_nonfinite(csv))
+
+
+def first_nonfinite(csv) -> int | None:
+    """The first step of a training.csv as read whose logged loss is not finite; None where every
+    logged loss is, or there is no CSV."""
+    if csv is None:
+        return None
+    bad = [s for s, v in zip(csv["step"].tolist(), csv["loss"].tolist()) if not math.isfinite(v)]
+    return int(bad[0]) if bad else None

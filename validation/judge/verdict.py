@@ -1,6 +1,6 @@
 """A finished point's verdict: how the process ended first (a timeout, a .HALT, a crash, a broken
 contract, a run that stopped short: each explains everything after it), then its gates
-(evaluated in validation/judge/gates.py).
+(evaluated in validation/judge/gates.py) and a non-finite loss it logged, which no gate can pass.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from validation.judge.record import (
     rank_processes,
 )
 from validation.judge.short_ranks import ShortRank, short_ranks
+from validation.judge.stability import first_nonfinite
 from validation.excerpt import EXCERPT_CHARS
 
 
@@ -65,6 +66,9 @@ class Outcome:
     agent_killed: str | None = None
     """'node 1's torchrun agent was killed by SIGKILL', of a run where no rank failed in its own
     right: what ended it (validation/judge/nodes.py ``agent_killed``)."""
+    nonfinite_loss_step: int | None = None
+    """The first step whose loss training.csv logs as not finite (None: every logged loss is): of a
+    run that ended clean, a FAIL whatever its gates (``clean_verdict``)."""
 
     @classmethod
     def of_run(cls, kind: str, run: RunData, errors: Sequence[str]) -> Outcome:
@@ -80,7 +84,7 @@ class Outcome:
                    short_ranks(beats, run.world_size, run.steps_requested, logged, seen),
                    HEARTBEATS not in adapter_unmeasured(run.env),
                    run.agent_killed if root_rank(run.rank_failures, run.halt.source if run.halt else None) is None
-                   else None)
+                   else None, first_nonfinite(run.csv))
 
     @classmethod
     def of_record(cls, rec: PhaseRecord) -> Outcome:
@@ -98,7 +102,8 @@ class Outcome:
                    short_ranks(rec.evidence.last_heartbeat, rec.world_size, steps, logged, rec.evidence.rank_processes),
                    not rec.evidence.no_heartbeats,
                    agent_killed(nodes.launcher, nodes.nodes, stopped)
-                   if (nodes := rec.evidence.nodes) is not None and root_of_evidence(rec.evidence) is None else None)
+                   if (nodes := rec.evidence.nodes) is not None and root_of_evidence(rec.evidence) is None else None,
+                   rec.evidence.nonfinite_loss_step)
 
     @property
     def ended_clean(self) -> bool:
@@ -183,7 +188,20 @@ class Outcome:
 
 
 def verdict(outcome: Outcome, gates: Sequence[GateResult]) -> tuple[Status, str]:
-    return process_verdict(outcome) or gate_verdict(gates)
+    return process_verdict(outcome) or clean_verdict(outcome, gates)
+
+
+def clean_verdict(outcome: Outcome, gates: Sequence[GateResult]) -> tuple[Status, str]:
+    """The verdict of a run whose process ended clean (``process_verdict`` None): its gates, and a
+    loss it logged as not finite, a FAIL whatever its gates (a runbook that gates only speed, or
+    nothing), as a non-finite loss the trainer stopped on is. Where a gate failed (a loss_finite
+    gate on that loss among them), the gates say why."""
+    status, reason = gate_verdict(gates)
+    step = outcome.nonfinite_loss_step
+    if status == Status.FAIL or step is None:
+        return status, reason
+    return Status.FAIL, (f"non-finite loss logged at step {step}, and the trainer did not stop on it (no .HALT)"
+                         + (f"; its gates: {reason}" if gates else ""))
 
 
 def rejudge(rec: PhaseRecord, gates: list[GateResult]) -> PhaseRecord:

@@ -24,7 +24,7 @@ from validation.judge.provenance import trainer_commit
 from validation.judge.record import (HARNESS_ERROR_FILE, OWN_TRAINER, TRAINER_KINDS, Evidence, NotRun, PhaseRecord,
                                      RunSigns, Status, SubRun, Summary, routes)
 from validation.judge.stability import StabilityRule
-from validation.judge.verdict import Outcome, gate_verdict, process_verdict
+from validation.judge.verdict import Outcome, clean_verdict, process_verdict
 from validation.excerpt import EXCERPT_CHARS
 from validation.launch import kinds
 from validation.launch.legs import Leg
@@ -56,7 +56,8 @@ class Judged(Launched):
     """What its files and logs show (judge/evidence.py), collected once for its record."""
     ended: tuple[Status, str] | None = None
     """The verdict how its process ended decided before any gate (verdict.process_verdict: a crash,
-    a stall, a .HALT, a broken file, a short run); None where it ran clean and its gates decided."""
+    a stall, a .HALT, a broken file, a short run); None where it ran clean and its gates (or a
+    non-finite loss it logged, verdict.clean_verdict) decided."""
 
     @property
     def metrics(self) -> Summary:
@@ -100,11 +101,10 @@ def judge(point: PhasePoint, done: Launched, hw: Machine, results_dir: Path,
     golden = goldens.gate(point, run.csv, hw, results_dir)
     clock = step_clock(run, done.proc.wall_s)  # the trainer's step times against its heartbeats' and the wall's
     gates = evaluate(asked, run, unprovided, done.proc.load, clock) + ([golden] if golden else []) + list(extra or [])
-    # how the process ended decides first; its gates decide a run that ended clean
-    by_gates = gate_verdict(gates)
+    # how the process ended decides first; its gates (and a non-finite loss logged) decide a run that ended clean
     outcome = Outcome.of_run(kind, run, done.errors)
     ended = process_verdict(outcome)
-    status, reason = ended or by_gates
+    status, reason = ended or clean_verdict(outcome, gates)
     if ended is None and outcome.csv_behind:  # it logs every N steps: said, not judged a short run
         reason += f"; {outcome.csv_behind}"
     # the report's numbers are over the phase's window: the first gate that names one ('last 50

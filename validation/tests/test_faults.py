@@ -79,10 +79,16 @@ def test_a_logged_nan_is_no_go_where_no_gate_checks_the_loss(fake_run):
     """A runbook of one's own that gates only tokens/s: a trainer without a loss guard logged NaN
     at step 3 and went on to exit 0. The point passed its gate and the report was GO, saying 'No
     automatic findings: no ... loss or gradient-norm spike or divergence detected' of a run whose
-    training.csv holds a NaN loss (a NaN-free rise of 0.2 nats is a critical finding)."""
+    training.csv holds a NaN loss (a NaN-free rise of 0.2 nats is a critical finding). Then the
+    report was NO-GO while the point stayed a PASS in its record and the report's counts: it is a
+    FAIL, whatever its gates."""
     run = fake_run([train_phase(fault="nan_logged:step=3", gates=[
         {"metric": "toks_per_s_mean", "op": ">=", "threshold": {"profile": "min_toks_per_s"}, "window": "last 5 steps"}])])
-    assert run.record.status == "PASS" and run.record.evidence.nonfinite_loss_step == 3
+    assert run.record.evidence.nonfinite_loss_step == 3
+    assert (run.record.status, run.record.reason) == (
+        "FAIL", "non-finite loss logged at step 3, and the trainer did not stop on it (no .HALT); its gates: 1 gate(s) "
+        "passed")
+    assert "| 0 | 1 | 0 | 0 | 0 | 0 |" in run.report
     assert run.context["status"] == "NO-GO", run.context["status"]
     [nan] = run.findings("critical")
     assert "non-finite loss in baseline_ddp [default]: first logged at step 3" in nan, nan

@@ -13,6 +13,9 @@ from validation.cli import main
 from validation.tests.conftest import (default_sigint, interrupt_when_training, slow_second_point, train_phase,
                                       write_runbook)
 
+#: a gate on speed alone: a point's loss is not checked by any gate
+TOKS = {"metric": "toks_per_s_mean", "op": ">=", "threshold": {"profile": "min_toks_per_s"}, "window": "last 5 steps"}
+
 
 def test_run_nogo_exit_code_and_report_with_plots(tmp_path, capsys):
     rb = write_runbook(tmp_path / "rb.yaml", [train_phase(), train_phase("long_run", fault="crash:step=2")])
@@ -29,15 +32,37 @@ def test_run_nogo_exit_code_and_report_with_plots(tmp_path, capsys):
 
 
 def test_a_point_that_passed_its_gates_with_a_critical_finding_says_so_in_its_line(tmp_path, capsys):
-    """A user's pass: a point whose gates passed while a critical finding made the run NO-GO (a NaN
-    loss no gate checks) printed 'PASS (4.6s) 1 gate(s) passed' and nothing of why the run was
-    NO-GO until the report; the pytest door fails its test for it. Its line says it, as pytest's."""
-    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("long_run", fault="nan_logged:step=3", gates=[
-        {"metric": "toks_per_s_mean", "op": ">=", "threshold": {"profile": "min_toks_per_s"}, "window": "last 5 steps"}])])
+    """A user's pass: a point whose gates passed while a critical finding made the run NO-GO (a rank
+    that did no work, where no gate checks it) printed 'PASS (4.6s) 1 gate(s) passed' and nothing of
+    why the run was NO-GO until the report; the pytest door fails its test for it. Its line says it,
+    as pytest's."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("long_run", fault="idle:rank=1", env={"NSA_FAKE_WORLD": "2"},
+                                                          gates=[TOKS])])
     assert main(["run", "--runbook", str(rb), "--results-dir", str(tmp_path / "r"), "--no-plots"]) == 1
     said = capsys.readouterr()
     [line] = [ln for ln in (said.out + said.err).splitlines() if "long_run/default: PASS" in ln]
-    assert "1 gate(s) passed; but critical: non-finite loss in long_run [default]: first logged at step 3" in line, line
+    assert "1 gate(s) passed; but critical: idle rank in long_run [default]: 1 of 2 rank(s) did no work" in line, line
+
+
+def test_a_nan_loss_no_gate_checks_is_a_failed_point_not_a_pass_with_a_finding(tmp_path, capsys):
+    """A trainer logged NaN from step 3 and exited 0 in a phase of no gates (or one gating only
+    speed): its line said 'PASS ... completed (no gates); but critical: non-finite loss ...' and the
+    report counted 1 PASS / 0 FAIL under a NO-GO verdict, while a run that stopped short with no
+    gates was a FAIL. The NaN fails the point, in its line, its record and the report's counts."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("no_gates", fault="nan_logged:step=3", gates=[]),
+                                              train_phase("speed_only", fault="nan_logged:step=3", gates=[TOKS])])
+    results = tmp_path / "r"
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(results), "--no-plots"]) == 1
+    said = capsys.readouterr()
+    lines = [ln for ln in (said.out + said.err).splitlines() if "/default: " in ln and "..." not in ln]
+    assert any("no_gates/default: FAIL" in ln and ln.endswith(
+        "non-finite loss logged at step 3, and the trainer did not stop on it (no .HALT)") for ln in lines), lines
+    assert any("speed_only/default: FAIL" in ln and ln.endswith(
+        "non-finite loss logged at step 3, and the trainer did not stop on it (no .HALT); its gates: 1 gate(s) passed")
+        for ln in lines), lines
+    assert not any("but critical" in ln for ln in lines), lines
+    report = (results / "reports" / "fake__cpu.md").read_text()
+    assert "| 0 | 2 | 0 | 0 | 0 | 0 |" in report, report
 
 
 def test_bad_runbook_exit_2_names_key(tmp_path, capsys):

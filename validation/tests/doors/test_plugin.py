@@ -62,16 +62,20 @@ def test_failing_point_fails_its_test_with_the_reason(tmp_path):
 
 
 def test_a_point_that_passed_its_gates_with_a_critical_finding_fails_its_test_as_the_cli_says_no_go(tmp_path):
-    """A trainer logged a NaN loss and went on, in a phase that gates only tokens/s: `nsa-validate
-    run` said NO-GO (exit 1) for its critical finding, while `pytest -m <phase>` passed the point's
-    test and exited 0: the two doors disagreed on the same run."""
-    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("long_run", fault="nan_logged:step=3", gates=[
-        {"metric": "toks_per_s_mean", "op": ">=", "threshold": {"profile": "min_toks_per_s"}, "window": "last 5 steps"}])])
+    """A rank did no work, in a phase that gates only tokens/s: `nsa-validate run` said NO-GO (exit
+    1) for its critical finding, while `pytest -m <phase>` passed the point's test and exited 0: the
+    two doors disagreed on the same run. A trainer that logged a NaN loss and went on is no such
+    pass: its point is a FAIL, as its record and the report's counts say."""
+    toks = [{"metric": "toks_per_s_mean", "op": ">=", "threshold": {"profile": "min_toks_per_s"}, "window": "last 5 steps"}]
+    rb = write_runbook(tmp_path / "rb.yaml", [
+        train_phase("long_run", fault="idle:rank=1", gates=toks, env={"NSA_FAKE_WORLD": "2"}),
+        train_phase("nan_run", fault="nan_logged:step=3", gates=toks)])
     out = _pytest("validation/tests/test_acceptance.py", "--runbook", str(rb), "--results-dir", str(tmp_path / "r"),
-                  "-m", "long_run")
+                  "-m", "long_run or nan_run")
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "PASS by its gates, but critical: non-finite loss in long_run [default]: first logged at step 3" in out.stdout, \
+    assert "PASS by its gates, but critical: idle rank in long_run [default]: 1 of 2 rank(s) did no work" in out.stdout, \
         out.stdout
+    assert "FAIL: non-finite loss logged at step 3, and the trainer did not stop on it (no .HALT)" in out.stdout, out.stdout
     assert "nsa-validate report: NO-GO" in out.stdout, out.stdout
 
 

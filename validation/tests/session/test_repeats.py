@@ -234,6 +234,10 @@ def test_a_repeat_whose_loss_went_nan_is_a_critical_finding_of_that_repeat(fake_
     assert f.severity == "critical" and f.title.startswith("non-finite loss in ab [default], repeat 1 of 2: first "
                                                            "logged at step 3")
     assert run.context["verdict"] == "NO-GO"
+    # the repeat whose loss went NaN failed, and so the point: no PASS under a NO-GO
+    assert (run.record.status, run.record.reason) == (
+        Status.FAIL, "repeat 1 of 2: non-finite loss logged at step 3, and the trainer did not stop on it (no .HALT)")
+    assert [s.status for s in run.record.runs] == [Status.FAIL, Status.PASS]
 
 
 def test_a_record_of_an_older_harness_without_each_repeats_signs_still_loads():

@@ -100,30 +100,30 @@ def halts(records: list[PhaseRecord]) -> list[Finding]:
         outcome = Outcome.of_record(r)
         if r.kind not in TRAINER_KINDS or not outcome.halted_itself:
             continue
-        ev, at = r.evidence, outcome.halt_at()
-        step, asked = outcome.halt_step, outcome.steps_requested
-        short = (f" ({asked - (step or 0)} step{'s' if asked - (step or 0) != 1 else ''} short of the run asked for)"
-                 if outcome.halted_short and asked is not None else "")
+        ev = r.evidence
+        left = (outcome.steps_requested or 0) - (outcome.halt_step or 0)
+        short = f" ({left} step{'s' * (left != 1)} short of the run asked for)" if outcome.halted_short else ""
         exit_code = f"; exit code {r.exit_code}" if r.exit_code not in (0, None) else ""
-        title = (f"{where_run(r)}: the trainer halted itself {at}{short} on a .HALT that neither its watchdog nor its "
-                 f"non-finite guard wrote{_halt_words(ev.halt)}{exit_code}")
+        title = f"{where_run(r)}: the trainer halted itself {outcome.halt_at()}{short} on a .HALT{_halt_words(ev.halt)}{exit_code}"
         detail = [f".HALT: {r.out_dir}/.HALT"]
         if "training.csv" in ev.files:
             detail.append(f"CSV: {r.out_dir}/training.csv")
-        detail += [f"stderr: {p}" for p in logs_of(r, ev.last_heartbeat)] + _rank_lines(r)
+        detail += [f"stderr: {p}" for p in logs_of(r, sorted(ev.last_heartbeat))] + _rank_lines(r)
         out.append(Finding(Severity.CRITICAL, r.phase, title, detail, "halted", Facts.of(r)))
     return out
 
 
 def _halt_words(halt: HaltInfo) -> str:
-    """What an operator's .HALT says, quoted: ", which says 'operator stop'", ', an empty file', ', from
-    ops, which says ...'; of a record cut short before its source, the verdict's words."""
+    """Whose .HALT it is and what it says, quoted: " that neither its watchdog nor its non-finite
+    guard wrote, which says 'operator stop'" (', an empty file'; ', from ops, which says ...'); of a
+    record cut short before its source, which cannot tell whose it is, the verdict's words."""
     if halt.torn and halt.source is None:
         return halt_said(halt)
     text = halt.text[:EXCERPT_CHARS]
     says = f", which says {text!r}" if text else ", an empty file"
-    return (f", from {halt.source}" if halt.source is not None else "") + says + (
-        " (its record cut short)" if halt.torn else "")
+    return (" that neither its watchdog nor its non-finite guard wrote"
+            + (f", from {halt.source}" if halt.source is not None else "") + says
+            + (" (its record cut short)" if halt.torn else ""))
 
 
 def _halted_text(d: Diagnosis) -> str:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from validation.contract.files import HaltInfo
-from validation.judge.record import Status
+from validation.judge.findings.failures import halts
+from validation.judge.record import Evidence, PhaseRecord, PointKey, Status, Summary
 from validation.judge.verdict import Outcome, verdict
 from validation.tests.conftest import train_phase
 
@@ -78,3 +79,28 @@ def test_the_verdict_of_an_operators_halt_names_the_steps_asked_for():
     # a stall or timeout of the harness decides before the .HALT: no halt of the trainer's own
     assert not Outcome("train", halt=halt, stalled_s=30.0, steps_requested=20).halted_itself
     assert not Outcome("train", halt=HaltInfo(source="watchdog", step=3), steps_requested=20).halted_itself
+
+
+def _halted(halt: HaltInfo, **over) -> PhaseRecord:
+    """A record of a run of 30 steps asked for, 7 logged, that left ``halt``."""
+    fields = dict(steps=30, exit_code=0, out_dir="runs/x", metrics=Summary(steps_completed=7),
+                  evidence=Evidence(halt=halt, files=[".HALT", "training.csv"]))
+    return PhaseRecord(PointKey("rb", "cpu", "long_run", {}), "rb/cpu/long_run/default", "train", Status.FAIL, "",
+                       **{**fields, **over})
+
+
+def test_a_record_cut_before_its_source_is_not_said_to_be_an_operators():
+    """Whose a .HALT cut short before its source is cannot be told: the finding does not say that
+    neither the watchdog nor the guard wrote it."""
+    [f] = halts([_halted(HaltInfo(text='{"ste', torn=True))])
+    assert f.title == ("long_run [default]: the trainer halted itself after step 7 of 30 (23 steps short of the run "
+                       "asked for) on a .HALT whose JSON record is cut short, no source in it: {\"ste"), f.title
+
+
+def test_no_halt_finding_where_the_harness_stopped_the_run_or_the_watchdog_wrote_it():
+    """A stall or the watchdog's .HALT is the stall's finding; the non-finite guard's the crash's."""
+    assert halts([_halted(HaltInfo(text="stop"), stalled_s=20.0)]) == []
+    assert halts([_halted(HaltInfo(source="watchdog", step=8))]) == []
+    assert halts([_halted(HaltInfo(source="nonfinite", step=8, losses=[float("nan")]))]) == []
+    [f] = halts([_halted(HaltInfo(text="stop"), exit_code=1)])
+    assert f.title.endswith("which says 'stop'; exit code 1"), f.title

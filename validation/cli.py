@@ -35,6 +35,7 @@ from validation.session.session import (
     Outcome,
     ReportInterrupted,
     SessionOptions,
+    StopFlag,
     interrupted_note,
     report_interrupted_note,
     report_line,
@@ -212,7 +213,7 @@ class _Progress:
             self.stream.flush()
 
 
-def cmd_run(args: argparse.Namespace, abort: threading.Event) -> int:
+def cmd_run(args: argparse.Namespace, abort: StopFlag) -> int:
     session = AcceptanceSession(_options(args, args.runbook), abort)
     points = session.points()
     session.check_ready()
@@ -231,7 +232,7 @@ def cmd_run(args: argparse.Namespace, abort: threading.Event) -> int:
     try:
         session.run(progress.update, started, finished)
     except KeyboardInterrupt as exc:
-        signum = getattr(exc, "signum", signal.SIGINT)
+        signum = session.stop_signal(exc)
         session.note_stop(signum)
         reported = None
         if not args.no_report:  # the points finished before the interrupt, in a report
@@ -248,10 +249,10 @@ def cmd_run(args: argparse.Namespace, abort: threading.Event) -> int:
     try:
         return 0 if args.no_report else _render(session)
     except KeyboardInterrupt as exc:  # every point was stored: only the report was stopped
-        raise ReportInterrupted(getattr(exc, "signum", signal.SIGINT)) from exc
+        raise ReportInterrupted(session.stop_signal(exc)) from exc
     except Exception as exc:  # a Ctrl-C inside C code while plots are drawn (see main)
         if session.stopping():
-            raise ReportInterrupted(signal.SIGINT) from exc
+            raise ReportInterrupted(session.stop_signal()) from exc
         raise
 
 
@@ -268,7 +269,7 @@ def _note(text: str) -> None:
     print(f"nsa-validate: note: {text}", file=sys.stderr)
 
 
-def cmd_report(args: argparse.Namespace, abort: threading.Event) -> int:
+def cmd_report(args: argparse.Namespace, abort: StopFlag) -> int:
     session = AcceptanceSession(_options(args, args.runbook), abort)
     return _render(session, session.report_pairs())
 
@@ -302,7 +303,7 @@ def cmd_check_artifacts(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    abort = threading.Event()  # the flag of the session a command builds, set by a stop signal
+    abort = StopFlag()  # the flag of the session a command builds, set by a stop signal
     with AcceptanceSession.stop_signals(abort):
         try:
             problem = checkout_problem()
@@ -322,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             print(exc.text(), file=sys.stderr)
             return 128 + exc.signum
         except KeyboardInterrupt as exc:
-            return _interrupted(args.command, getattr(exc, "signum", signal.SIGINT))
+            return _interrupted(args.command, abort.signum or getattr(exc, "signum", None) or signal.SIGINT)
         except BrokenPipeError:
             # the reader went away (`nsa-validate phases | head -1`): stop quietly, as other command-line
             # tools do; stdout now points at /dev/null so that the interpreter's last flush cannot fail
@@ -333,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             # first import (matplotlib's Agg backend, while plots are drawn) it becomes
             # "ImportError: initialization failed". It is still the user's interrupt.
             if abort.is_set():
-                return _interrupted(args.command, signal.SIGINT)
+                return _interrupted(args.command, abort.signum or signal.SIGINT)
             raise
 
 

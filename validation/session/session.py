@@ -55,6 +55,21 @@ EXIT_OF = {Verdict.GO: ExitStatus.GO, Verdict.NO_GO: ExitStatus.NO_GO, Verdict.I
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+class StopFlag(threading.Event):
+    """A session's stop: set by the first stop signal, whose number it keeps (``signum``), so that
+    whatever surfaces the stop (the handler's ``Stopped``, or a plain KeyboardInterrupt of a point
+    that saw the flag) exits with that signal's status."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.signum: int | None = None
+
+    def stop(self, signum: int) -> None:
+        if self.signum is None:
+            self.signum = signum
+        self.set()
+
+
 class Stopped(KeyboardInterrupt):
     """A stop signal, raised in the main thread as Ctrl-C's KeyboardInterrupt is."""
 
@@ -148,7 +163,7 @@ class Outcome:
 @dataclass
 class AcceptanceSession:
     options: SessionOptions
-    abort: threading.Event = field(default_factory=threading.Event)
+    abort: StopFlag = field(default_factory=StopFlag)
     """Set by a stop signal (``stop_signals``): the points running in any thread kill their trainers'
     trees, and no new one starts (each point runs under ``aborted_by`` it, launch/process.py)."""
     ran: dict[str, PhaseRecord] = field(default_factory=dict)
@@ -449,28 +464,33 @@ class AcceptanceSession:
         """Whether a stop signal has arrived (an error raised after it is still the user's stop)."""
         return self.abort.is_set()
 
+    def stop_signal(self, exc: BaseException | None = None) -> int:
+        """The signal that stopped the session: the first that came, else the one ``exc`` (a
+        KeyboardInterrupt) carries, else SIGINT (Ctrl-C's, as pytest and Python raise it)."""
+        return self.abort.signum or getattr(exc, "signum", None) or signal.SIGINT
+
     @staticmethod
     @contextlib.contextmanager
-    def stop_signals(abort: threading.Event, signals: tuple[int, ...] = STOP_SIGNALS,
+    def stop_signals(abort: StopFlag, signals: tuple[int, ...] = STOP_SIGNALS,
                      only_default: bool = False) -> Iterator[None]:
         """SIGINT, SIGTERM and SIGHUP (unless ignored, as `nohup` ignores SIGHUP) stop the session
         whose flag is ``abort`` as Ctrl-C does: the flag is set, so the running trainers' trees are
         killed (worker threads watch it), and ``Stopped`` is raised in the main thread. With
         ``only_default``, only signals nobody handles yet (pytest keeps its own SIGINT handling).
         Restored on the way out. A door enters it before it builds its session, and gives the
-        session the same flag. The first signal is the stop's: a later one (a second Ctrl-C, or
-        SIGINT after SIGHUP) still interrupts what the stop is doing, as that first signal."""
+        session the same flag. The first signal is the stop's (the flag keeps it): a later one (a
+        second Ctrl-C, or SIGINT after SIGHUP) still interrupts what the stop is doing, as that first
+        signal."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
         saved = {}
-        first: list[int] = []
         for sig in signals:
             current = signal.getsignal(sig)
             if only_default and current is not signal.SIG_DFL:
                 continue
             if sig == signal.SIGINT or current is not signal.SIG_IGN:
-                saved[sig] = signal.signal(sig, functools.partial(_on_stop_signal, abort, first))
+                saved[sig] = signal.signal(sig, functools.partial(_on_stop_signal, abort))
         try:
             yield
         finally:
@@ -478,16 +498,12 @@ class AcceptanceSession:
                 signal.signal(sig, handler)
 
 
-def _on_stop_signal(abort: threading.Event, first: list[int], signum, frame) -> None:
-    """``first``: the signal that began the stop (empty before it), whose number the session exits
-    with (128 + it) and names, whichever signal comes after."""
-    if not first:
-        first.append(signum)
-    abort.set()  # worker threads running trainers kill their process trees
+def _on_stop_signal(abort: StopFlag, signum, frame) -> None:
+    abort.stop(signum)  # worker threads running trainers kill their process trees
     if _drops_exceptions(frame):
         threading.Timer(REDELIVER_S, _redeliver, (signum,)).start()
         return
-    raise Stopped(first[0])
+    raise Stopped(abort.signum)
 
 
 #: seconds after which a stop signal that landed where its exception would be dropped is sent again

@@ -105,10 +105,9 @@ def test_a_stop_signal_landing_in_a_finalizer_stops_the_session_after_it(capfd):
     is out of such code (here a finalizer's), and nothing is printed."""
     import os
     import signal
-    import threading
     import time
 
-    from validation.session.session import AcceptanceSession, Stopped
+    from validation.session.session import AcceptanceSession, StopFlag, Stopped
 
     class Dropped:
         def __del__(self):
@@ -116,7 +115,7 @@ def test_a_stop_signal_landing_in_a_finalizer_stops_the_session_after_it(capfd):
             for _ in range(10_000):  # the handler runs here, inside the finalizer
                 pass
 
-    abort = threading.Event()
+    abort = StopFlag()
     with pytest.raises(Stopped):
         with AcceptanceSession.stop_signals(abort):
             Dropped()  # no reference kept: its finalizer runs at once

@@ -46,8 +46,9 @@ OWN_RESUME_FROM = "train.resume"
 
 class StepProgress:
     """A train point's progress line from its training.csv: step N/total, tokens/s, ETA; once no
-    new step has come for QUIET_STEPS steps' time (and QUIET_MIN_S), how long none has instead of
-    an ETA that only grows."""
+    new step has come for QUIET_STEPS steps' time (and QUIET_MIN_S, or half the phase's stall
+    allowance where that is shorter: a stall is called at the allowance), how long none has instead
+    of an ETA that only grows."""
 
     QUIET_STEPS = 3
     QUIET_MIN_S = 10.0
@@ -60,6 +61,8 @@ class StepProgress:
         self.point, self.csv, self.progress = point, csv, progress
         self.read = read or Adapter().progress
         self.total = point.phase.steps if point.phase.kind in TRAINER_KINDS else None
+        stall = point.phase.stall_after_s if point.phase.kind in TRAINER_KINDS else None
+        self.quiet_min_s = min(self.QUIET_MIN_S, stall / 2) if stall else self.QUIET_MIN_S
         self.first: tuple[float, int] | None = None  # (elapsed, step) when a step was first seen
         self.latest: tuple[float, int] | None = None  # (elapsed, step) when the last step was first seen
 
@@ -76,7 +79,7 @@ class StepProgress:
             (t0, s0), (seen, _) = self.first, self.latest
             per_step = (seen - t0) / (step - s0) if step > s0 else None
             quiet = elapsed - seen
-            if per_step is not None and quiet > max(self.QUIET_MIN_S, self.QUIET_STEPS * per_step):
+            if per_step is not None and quiet > max(self.quiet_min_s, self.QUIET_STEPS * per_step):
                 line += f", no new step for {quiet:.0f}s"
             elif self.total and per_step is not None and elapsed > t0:
                 line += f", ETA {(self.total - step) * per_step:.0f}s"

@@ -104,7 +104,8 @@ def test_headerless_csv_torn_and_odd_records_are_no_step(tmp_path):
 def test_the_progress_line_says_how_long_no_step_came_instead_of_a_growing_eta(tmp_path):
     """During a stall the line's ETA kept growing ('ETA 4408s', two torchrun nodes, one hung)."""
     csv = tmp_path / "training.csv"
-    point = SimpleNamespace(test_id="rb/cpu/p/default", phase=SimpleNamespace(steps=100, kind="train"))
+    point = SimpleNamespace(test_id="rb/cpu/p/default", phase=SimpleNamespace(steps=100, kind="train",
+                                                                              stall_after_s=300.0))
     lines: list[str] = []
     progress = StepProgress(point, csv, lines.append)
     for step, elapsed in ((1, 1.0), (2, 2.0), (3, 3.0)):  # a step a second
@@ -115,6 +116,20 @@ def test_the_progress_line_says_how_long_no_step_came_instead_of_a_growing_eta(t
     assert lines[-1].endswith("ETA 97s")
     progress(20.0)
     assert lines[-1] == "rb/cpu/p/default:    20s step 3/100, 1,000 tok/s, no new step for 17s"
+
+
+def test_the_progress_line_says_no_step_came_before_a_short_stall_allowance_ends(tmp_path):
+    """With stall_s 10 the line read 'ETA 1s' at step 11 of 30 until the harness killed the run:
+    the quiet it waited for (10 s) was the whole allowance."""
+    csv = tmp_path / "training.csv"
+    point = SimpleNamespace(test_id="rb/cpu/p/default", phase=SimpleNamespace(steps=30, kind="train", stall_after_s=10.0))
+    lines: list[str] = []
+    progress = StepProgress(point, csv, lines.append)
+    for step, elapsed in ((1, 0.3), (2, 0.6), (3, 0.9)):
+        csv.write_text(HEADER + "".join(f"{s},5.0,0.1,1000,0.3,1,0,0\n" for s in range(1, step + 1)))
+        progress(elapsed)
+    progress(7.0)
+    assert lines[-1] == "rb/cpu/p/default:     7s step 3/30, 1,000 tok/s, no new step for 6s"
 
 
 def test_a_trainer_resumed_in_place_makes_progress_while_it_writes_steps_again(tmp_path):

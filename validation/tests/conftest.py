@@ -10,22 +10,12 @@ from typing import Any, Callable
 import pytest
 import yaml
 
-from validation.launch.load import IGNORE_ENV
 from validation.report.build import build_context, render_text
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
 from validation.session.session import AcceptanceSession, SessionOptions
 
 FAKE = "validation.tests.fake_trainer"
-
-
-@pytest.fixture(autouse=True)
-def quiet_machine(request, monkeypatch):
-    """The fake trainer makes its speeds up, so the harness's tests judge them as if run on a quiet
-    machine, whatever else shares the cores (an xdist run on two); the acceptance runbooks' points
-    (test_acceptance.py) are real runs, judged with the machine's load."""
-    if request.node.path.name != "test_acceptance.py":
-        monkeypatch.setenv(IGNORE_ENV, "1")
 
 
 class StagedLoad:

@@ -10,8 +10,16 @@ from __future__ import annotations
 import pytest
 
 from validation.judge.findings import of_point
+from validation.launch.load import IGNORE_ENV
 from validation.judge.findings.headline import verdict_line
 from validation.pytest_plugin import session_findings
+
+
+@pytest.fixture(autouse=True)
+def machine_load(monkeypatch):
+    """The runbooks' points are real runs, judged with the machine's load (the root conftest has the
+    harness's own tests read none)."""
+    monkeypatch.delenv(IGNORE_ENV, raising=False)
 
 
 def test_phase(acceptance_point, harness, record_property):

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from validation.contract.check import adapter_name
-from validation.judge.metrics import CATALOGUE, RunData, Source, step_gaps
+from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP, HEARTBEAT_STAGES_IN_STEP
+from validation.judge.metrics import CATALOGUE, RunData, Source
 
 #: how many times longer than training.csv's median step time the harness may see each step take
 #: before the trainer's timings are not believed. A timer around the whole step reads the spacing
@@ -36,6 +37,9 @@ CLOCK_FACTOR = 2.0
 MIN_INTERVALS = 4
 #: training.csv's columns that are the trainer's own clock, directly or over its tokens per step
 CLOCK_COLUMNS = ("step_time_s", "toks_per_s")
+#: stages a trainer announces work between steps by (a checkpoint, a profile's summary): the time
+#: from such a record to the next step's first is no step's
+PAUSES = tuple(stage for stage in HEARTBEAT_STAGES_AFTER_STEP if stage != "step")
 #: the metrics that read them: the gates that a disputed clock fails
 CLOCKED = frozenset(m.name for m in CATALOGUE
                     if any(i.source == Source.CSV and i.name in CLOCK_COLUMNS for i in m.reads))
@@ -101,7 +105,7 @@ def step_clock(run: RunData, wall_s: float | None) -> StepClock | None:
     logged_s, column, rows = logged
     # of each rank that exists, its intervals (a file of a rank at or above the world size is malformed)
     beats = {r: gaps for r, recs in run.heartbeats.items()
-             if r < run.world_size and len(gaps := [g for g in step_gaps(recs) if g >= 0]) >= MIN_INTERVALS}
+             if r < run.world_size and len(gaps := [g for g in step_spans(recs) if g >= 0]) >= MIN_INTERVALS}
     if not beats:
         return None
     medians = {r: statistics.median(g) for r, g in beats.items()}
@@ -110,6 +114,36 @@ def step_clock(run: RunData, wall_s: float | None) -> StepClock | None:
     wall = wall_s / steps if wall_s and steps else None
     return StepClock(round(logged_s, 6), column, rows, round(medians[rank], 6), rank, len(beats[rank]),
                      None if wall is None else round(wall, 6))
+
+
+def step_spans(recs: list[dict[str, Any]]) -> list[float]:
+    """A rank's wall time per step as its heartbeats show it. Where they mark steps' starts (a record
+    of a stage within the step) and ends (a record of a stage after it), each such step's span, from
+    its first record to its first record after it: work between steps (a checkpoint, an evaluation
+    after every step) is in none. Else the time between consecutive steps' first records over the
+    steps between (a trainer may beat every N steps), leaving out the intervals after a step whose
+    records announce work after it (``PAUSES``), whose end no record marks."""
+    started: dict[int, float] = {}
+    ended: dict[int, float] = {}
+    first: dict[int, float] = {}
+    paused: set[int] = set()
+    for r in recs:
+        step, t, stage = r.get("step"), r.get("time"), r.get("stage")
+        if not isinstance(step, (int, float)) or isinstance(step, bool) or not isinstance(t, (int, float)):
+            continue
+        k = int(step)
+        first.setdefault(k, float(t))
+        if stage in HEARTBEAT_STAGES_IN_STEP:
+            started.setdefault(k, float(t))
+        elif stage in HEARTBEAT_STAGES_AFTER_STEP:
+            ended.setdefault(k, float(t))
+            if stage in PAUSES:
+                paused.add(k)
+    whole = [ended[k] - started[k] for k in sorted(started.keys() & ended.keys()) if ended[k] >= started[k]]
+    if len(whole) >= MIN_INTERVALS:
+        return whole
+    steps = sorted(first)
+    return [(first[b] - first[a]) / (b - a) for a, b in zip(steps, steps[1:]) if b > a and a not in paused]
 
 
 def _logged(run: RunData) -> tuple[float, str, int] | None:

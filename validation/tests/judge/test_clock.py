@@ -82,7 +82,7 @@ def test_a_trainer_whose_timer_leaves_out_most_of_each_step_is_no_go(tmp_path, m
     clock = rec.evidence.clock
     assert clock is not None and clock.disputed, clock
     assert clock.logged_from == "step_time_s" and clock.logged_s < 0.03 and 0.12 < clock.beat_s < 0.5, clock
-    assert clock.intervals == 11 and clock.wall_step_s is not None and clock.wall_step_s >= clock.beat_s * 0.9
+    assert clock.intervals == 12 and clock.wall_step_s is not None and clock.wall_step_s >= clock.beat_s * 0.9
     speed, finite = rec.gates
     assert speed.value > 20000  # the trainer's number would have passed
     assert (speed.verdict, speed.overruled) == (GateVerdict.FAIL, Overruled.CLOCK)
@@ -130,6 +130,32 @@ def _csv(step_s: float, steps: int) -> pd.DataFrame:
 
 def _beats(step_s: float, steps: int) -> list[dict]:
     return [{"time": 1000.0 + s * step_s, "step": s, "stage": "step"} for s in range(1, steps + 1)]
+
+
+def test_work_announced_between_steps_is_no_steps_time():
+    """User hJ's trainer evaluated 0.5 s after every step, outside its 0.05 s step timer, writing a
+    `checkpoint` heartbeat first: 'each step took 11.0x the time logged', critical, NO-GO. Where the
+    heartbeats mark a step's start and end, the step is its span; where they mark only its end, an
+    interval after a step that announced work after it is left out."""
+    steps, t, marked = 10, 1000.0, []
+    for s in range(1, steps + 1):
+        marked += [{"time": t, "step": s, "stage": "forward"}, {"time": t + 0.05, "step": s, "stage": "step"},
+                   {"time": t + 0.05, "step": s, "stage": "checkpoint"}]
+        t += 0.55
+    run = RunData(out_dir=".", csv=_csv(0.05, steps), heartbeats={0: marked}, env={})
+    clock = step_clock(run, None)
+    assert clock is not None and not clock.disputed and clock.intervals == steps, clock
+    # a step that hides 0.25 s inside its span is still found
+    hiding = [dict(r, time=r["time"] + (0.25 if r["stage"] != "forward" else 0) + 0.3 * (r["step"] - 1)) for r in marked]
+    assert step_clock(dataclasses.replace(run, heartbeats={0: hiding}), None).disputed
+    # ends only, with the evaluation after every step: nothing to judge by, nothing said
+    ends = [r for r in marked if r["stage"] != "forward"]
+    assert step_clock(dataclasses.replace(run, heartbeats={0: ends}), None) is None
+    # ends only, an evaluation after every 5th step: the other intervals judge, and agree
+    sparse = [r for r in ends if r["stage"] == "step" or r["step"] % 5 == 0]
+    sparse = [dict(r, time=1000.0 + 0.05 * r["step"] + 0.5 * ((r["step"] - 1) // 5)) for r in sparse]
+    clock = step_clock(dataclasses.replace(run, heartbeats={0: sparse}), None)
+    assert clock is not None and not clock.disputed and clock.intervals == 8, clock
 
 
 def test_who_is_not_judged():

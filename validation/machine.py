@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import math
 import os
 import platform
 import socket
@@ -49,10 +50,6 @@ SATURATED = 0.9
 #: other work counts from this fraction of the cores (a fifth of a core on two): below it, on a
 #: saturated machine, the point's own processes were what kept it busy
 OTHERS_FRACTION = 0.1
-#: a point whose processes used less CPU than this (cores on average) was mostly waiting (sleeping,
-#: blocked on I/O or a device): the scheduler runs a waking sleeper ahead of busy processes, so
-#: others' work took little from it
-OURS_MIN_CORES = 0.5
 
 
 @dataclass(frozen=True)
@@ -76,22 +73,24 @@ class MachineLoad:
 
     @property
     def busy(self) -> bool:
-        """Others competed with the point for the cores: the machine was saturated, others held a
-        share of it and the point's processes wanted CPU (on a machine with cores to spare, others'
-        work takes none from the point)."""
-        return (self.busy_cores >= SATURATED * self.cores and self.others_cores >= OTHERS_FRACTION * self.cores
-                and self.ours_cores >= OURS_MIN_CORES)
+        """Others competed with the point for the cores: the machine was saturated and others held a
+        share of it (on a machine with cores to spare, others' work takes none from the point). A
+        point that mostly waits (on a device, on sleep) is slowed too: a trainer spending a quarter of
+        each step on the CPU lost 16% beside two busy processes on two cores."""
+        return self.busy_cores >= SATURATED * self.cores and self.others_cores >= OTHERS_FRACTION * self.cores
 
     @property
     def slowdown(self) -> float:
         """The most other work can have slowed the point: alone, its processes could have used every
         core, and they used ``ours_cores`` (1 where the machine was not busy)."""
-        return self.cores / self.ours_cores if self.busy else 1.0
+        if not self.busy:
+            return 1.0
+        return self.cores / self.ours_cores if self.ours_cores > 0 else math.inf
 
     def describe(self) -> str:
-        """'other processes used 1.4 of the 2 cores on average (2.0 in use in all, 0.6 by the point's)'."""
-        return (f"other processes used {self.others_cores:.1f} of the {self.cores} cores on average "
-                f"({self.busy_cores:.1f} in use in all, {self.ours_cores:.1f} by the point's)")
+        """'other processes used 1.40 of the 2 cores on average (2.00 in use in all, 0.60 by the point's)'."""
+        return (f"other processes used {self.others_cores:.2f} of the {self.cores} cores on average "
+                f"({self.busy_cores:.2f} in use in all, {self.ours_cores:.2f} by the point's)")
 
     @classmethod
     def from_json(cls, data: Any) -> MachineLoad | None:

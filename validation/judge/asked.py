@@ -115,7 +115,7 @@ class Asked:
     join_timeout_s: float | None = kept("launcher.rdzv.join_timeout_s", _join_timeout, float)
     """The rendezvous's join timeout of a launch of several nodes (None: no rendezvous)."""
     config_digest: str | None = kept("config", lambda p, t: p.config_digest() if t else None, str,
-                                     label="config file contents (SHA-256)", read_now=True)
+                                     label="config file (name, SHA-256)", read_now=True)
     """What the config file the trainer reads held (runbook.plan.PhasePoint.config_digest): a file
     edited since the run, under the same name, asks another run. None: no file, or not kept."""
 

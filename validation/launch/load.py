@@ -5,8 +5,8 @@ the harness and everything it started and waited for (``getrusage``), over the r
 A descendant that outlived its parent and was reaped by another process (a trainer's orphan)
 counts as other work; so does the CPU time of a point run at the same time by another thread of
 this harness until its processes are waited for (only untimed points run side by side). Under
-Slurm the tasks are slurmd's children, on this host or another: the point's own processes (srun)
-use next to no CPU, so its load never reads as busy (``MachineLoad.busy``).
+Slurm the tasks are slurmd's, on the allocation's nodes: a Slurm point keeps no load
+(validation/session/runs.py).
 """
 from __future__ import annotations
 

@@ -101,10 +101,11 @@ class PhasePoint:
         return _given(out)
 
     def config_digest(self) -> str | None:
-        """The first 16 hex digits of the SHA-256 of the config file the trainer reads: this
-        project's trainer's preset or YAML path (relative to this repository, its working
-        directory), or a ``trainer:`` entry's config template (relative to its root); None where
-        there is none or it cannot be read here. An edited file makes another run of the point."""
+        """The config file the trainer reads, by its name and the first 16 hex digits of its SHA-256
+        ('tiny.yaml 4add133e2ed029eb'): this project's trainer's preset or YAML file (in this
+        repository, its working directory), or a ``trainer:`` entry's config template (relative to
+        its root); None where there is none or it cannot be read here. An edited file makes another
+        run of the point."""
         spec = self.runbook.trainer
         if spec is None:
             try:
@@ -119,7 +120,7 @@ class PhasePoint:
         else:
             return None
         try:
-            return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+            return f"{path.name} {hashlib.sha256(path.read_bytes()).hexdigest()[:16]}"
         except OSError:
             return None
 

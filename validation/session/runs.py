@@ -76,6 +76,8 @@ def launch(point: PhasePoint, out_dir: Path, progress: Progress | None, leg: Leg
         proc = kinds.train(point, out_dir, run, errors, progress, leg)
     else:
         proc = kinds.KINDS[kind](point, out_dir, run, errors, progress)
+    if point.slurm:  # its tasks ran on the allocation's nodes: this host's load says nothing of them
+        proc = replace(proc, load=None)
     stopped = proc.stalled_s is not None or proc.timed_out
     run = replace(run, exit_code=proc.exit_code, timed_out=proc.timed_out, stalled_s=proc.stalled_s,
                   processes=proc.processes, stacks_tried=len(proc.stacks) if stopped else run.stacks_tried)

@@ -92,7 +92,7 @@ class PointDelta:
     side kept no record of it."""
     busy: str = ""
     """Which side ran while other work kept the machine busy, and how busy ('this run: other
-    processes used 1.4 of the 2 cores on average (2.0 in use in all, 0.6 by the point's)'); '' where neither did or
+    processes used 1.40 of the 2 cores on average (2.00 in use in all, 0.60 by the point's)'); '' where neither did or
     nothing measured it."""
 
     @property
@@ -356,7 +356,8 @@ def _delta(r: PhaseRecord, b: PhaseRecord, deltas: list[MetricDelta], threshold:
         return replace(base, regression=GateVerdict.PASS)
     if 1 - upper <= threshold:
         return replace(base, regression=GateVerdict.UNMEASURED, note=(
-            f"a drop of {-toks.change:.1%} that the load may explain: the machine was busy with other work ({base.busy})"))
+            f"tokens/s {toks.change:+.1%} against the baseline, within what the load may explain: the machine was busy "
+            f"with other work ({base.busy})"))
     busy = (f"; it is beyond the allowed drop even had the load slowed this run {_slowdown(r):.1f}x "
             f"({base.busy})") if base.busy else ""
     if pair is not None and not pair[0].high < pair[1].low:

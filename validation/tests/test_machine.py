@@ -48,8 +48,9 @@ LOADED = machine.MachineLoad(cores=2, busy_cores=2.0, others_cores=1.4)
     (machine.MachineLoad(2, 2.0, 0.05), False),   # saturated by the point alone
     (machine.MachineLoad(2, 1.2, 1.0), False),    # a core to spare
     (machine.MachineLoad(16, 10.0, 8.0), False),  # others' work on cores the point did not need
-    (machine.MachineLoad(2, 2.0, 1.9), False),    # the point sleeping (0.1 core): others took nothing it wanted
-    (machine.MachineLoad(2, 1.9, 0.2), True),     # the edges: 90% in use, a tenth of the cores others', half a core ours
+    (machine.MachineLoad(2, 2.0, 1.55), True),    # a point on a quarter of a core each step lost 16% beside them
+    (machine.MachineLoad(2, 1.8, 0.2), True),     # the edges: 90% in use, a tenth of the cores others'
+    (machine.MachineLoad(2, 1.79, 1.79), False),  # 89.5% in use
 ])
 def test_a_machine_is_busy_only_where_others_competed_with_the_point(load, busy):
     assert load.busy is busy
@@ -60,4 +61,6 @@ def test_the_busiest_of_a_points_processes_is_the_one_others_took_most_from():
     quiet = machine.MachineLoad(2, 2.0, 0.05)
     assert machine.MachineLoad.busiest([quiet, None, LOADED]) == LOADED
     assert machine.MachineLoad.busiest([None]) is None
-    assert LOADED.describe() == "other processes used 1.4 of the 2 cores on average (2.0 in use in all, 0.6 by the point's)"
+    assert abs(LOADED.slowdown - 2 / 0.6) < 1e-9 and machine.MachineLoad(2, 2.0, 0.05).slowdown == 1.0
+    assert machine.MachineLoad(2, 2.0, 2.0).slowdown == float("inf")  # the point used no CPU: no bound
+    assert LOADED.describe() == "other processes used 1.40 of the 2 cores on average (2.00 in use in all, 0.60 by the point's)"

@@ -44,8 +44,8 @@ def busy_timings(records: list[PhaseRecord]) -> list[Finding]:
     phases = {r.phase for r in busy}
     return [Finding(Severity.WARNING, phases.pop() if len(phases) == 1 else "several",
                     f"timings unreliable: {len(busy)} timed point(s) ran while other processes kept the machine busy; "
-                    "their speeds are left out of the cliff, host-bound and best-setting findings and of a baseline's "
-                    "regression gate (their own gates still read them)",
+                    "their speeds are left out of the cliff, host-bound and best-setting findings, and their speed "
+                    "gates and regression gate are judged within the most the load can have slowed them",
                     [f"{where(r)}: {r.load.describe()}" for r in busy], "busy_machine", Facts.of(busy[0]))]
 
 

@@ -46,8 +46,8 @@ def test_a_timing_that_fails_on_a_busy_machine_is_unmeasured(tmp_path, monkeypat
     assert _verdicts(rec) == {"toks_per_s_mean": GateVerdict.UNMEASURED, "steps_completed": GateVerdict.FAIL}
     [speed] = [g for g in rec.gates if g.metric == "toks_per_s_mean"]
     assert speed.pending == Pending.BUSY_MACHINE and speed.value is not None
-    assert speed.note == ("the machine was busy with other work: other processes used 1.4 of the 2 cores on average "
-                          "(2.0 in use in all, 0.6 by the point's)")
+    assert speed.note == ("the machine was busy with other work: other processes used 1.40 of the 2 cores on average "
+                          "(2.00 in use in all, 0.60 by the point's)")
     assert rec.status == "FAIL"  # steps_completed still fails the point
 
 

@@ -105,8 +105,8 @@ def test_points_that_other_work_competed_with_are_marked_and_left_out_of_speed_f
     assert cliffs(loaded) == [] and busy_machine(loaded) == [loaded[3]]
     [warning] = [f for f in find(loaded) if f.kind == "busy_machine"]
     assert warning.title.startswith("timings unreliable: 1 timed point(s) ran while other processes kept the machine busy")
-    assert warning.detail == ["scaling_sweep [batch_size=3]: other processes used 1.4 of the 2 cores on average "
-                              "(2.0 in use in all, 0.6 by the point's)"]
+    assert warning.detail == ["scaling_sweep [batch_size=3]: other processes used 1.40 of the 2 cores on average "
+                              "(2.00 in use in all, 0.60 by the point's)"]
     # a quiet machine's load leaves the cliff what it is
     quiet = [dataclasses.replace(r, load=MachineLoad(2, 2.0, 0.05)) for r in _sweep(cliff)]
     assert cliffs(quiet) and busy_machine(quiet) == []

@@ -274,9 +274,9 @@ def test_a_run_that_other_work_competed_with_is_not_judged_against_the_baseline(
                         now="2026-01-01 00:00 UTC", baseline=base)
     assert ctx["verdict"] == "INCOMPLETE", ctx["status_reason"]
     assert ctx["status_reason"] == (
-        "1 gate(s) against the baseline not judged (slowed [default]: a drop of 60.0% that the load may explain: "
-        "the machine was busy with other work (this run: other processes used 1.4 of the 2 cores on average (2.0 in "
-        "use in all, 0.6 by the point's)))")
+        "1 gate(s) against the baseline not judged (slowed [default]: tokens/s -60.0% against the baseline, "
+        "within what the load may explain: the machine was busy with other work (this run: other processes used 1.40 of the 2 cores on average (2.00 in "
+        "use in all, 0.60 by the point's)))")
     assert not [f for f in ctx["findings"] if f.kind in ("regression", "slower_than_baseline")]
     [warning] = [f for f in ctx["findings"] if f.kind == "not_comparable"]
     assert "other work kept the machine busy while they ran" in warning.title, warning.title

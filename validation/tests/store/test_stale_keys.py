@@ -194,7 +194,8 @@ def test_a_config_file_edited_since_the_run_leaves_the_point_not_run(tmp_path, m
     assert _texts(rec, point) == []
     cfg.write_text(cfg.read_text().replace("n_layers: 2", "n_layers: 3"))
     [text] = _texts(rec, point)
-    assert text.startswith(f"config file contents (SHA-256) {rec.asked.config_digest} at the run, "), text
+    assert text.startswith(f"config file (name, SHA-256) {rec.asked.config_digest} at the run, "), text
+    assert rec.asked.config_digest.startswith("mycfg.yaml ")
     # a file that cannot be read now is no change made up, nor one a record never kept
     cfg.unlink()
     assert point.config_digest() is None and _texts(rec, point) == []

@@ -251,7 +251,7 @@ def started(r: PhaseRecord) -> _dt.datetime | None:
 
 
 def minute(t: _dt.datetime | None) -> str | None:
-    """``t`` to the minute, UTC: '2026-12-05 11:43 UTC'."""
+    """``t`` to the minute, UTC: 'YYYY-MM-DD HH:MM UTC'."""
     return None if t is None else t.astimezone(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 

@@ -46,8 +46,14 @@ from validation.launch.tree import ProcessTree
 from validation.launch.watch import StepWatch, Watch
 from validation.machine import MachineLoad
 
+class AbortFlag(Protocol):
+    """A session's stop flag (session.StopFlag; a threading.Event does too)."""
+
+    def is_set(self) -> bool: ...
+
+
 #: the abort flag of the session whose point runs in this context (``aborted_by``)
-_ABORT: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("abort", default=None)
+_ABORT: contextvars.ContextVar[AbortFlag | None] = contextvars.ContextVar("abort", default=None)
 #: seconds a launch of several processes may stay open once one of them failed and no other
 #: process of it runs: time for the others to end by themselves (a torchrun agent at its exit
 #: barrier whose store went with the failed agent ended 1.6 s after it, measured here) before
@@ -59,7 +65,7 @@ LAUNCH_OVER_GRACE_S = 5.0
 
 
 @contextlib.contextmanager
-def aborted_by(flag: threading.Event) -> Iterator[None]:
+def aborted_by(flag: AbortFlag) -> Iterator[None]:
     """Within it (in this thread), every ``run`` watches ``flag``, the abort flag of the session
     running the point (validation/session/session.py): once it is set (a stop signal), a running
     ``run`` kills its tree and raises KeyboardInterrupt, also in worker threads, which never see the

@@ -55,19 +55,28 @@ EXIT_OF = {Verdict.GO: ExitStatus.GO, Verdict.NO_GO: ExitStatus.NO_GO, Verdict.I
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-class StopFlag(threading.Event):
+class StopFlag:
     """A session's stop: set by the first stop signal, whose number it keeps (``signum``), so that
     whatever surfaces the stop (the handler's ``Stopped``, or a plain KeyboardInterrupt of a point
-    that saw the flag) exits with that signal's status."""
+    that saw the flag) exits with that signal's status. Set from signal handlers, so it takes no
+    lock: a threading.Event's set() holds one, and a second signal at once, handled inside the
+    first's set(), waited for it forever."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.signum: int | None = None
+        self._stopped = False
 
     def stop(self, signum: int) -> None:
         if self.signum is None:
             self.signum = signum
-        self.set()
+        self._stopped = True
+
+    def set(self) -> None:
+        """Stopped with no signal of its own to name (pytest's SIGINT handling keeps Ctrl-C's)."""
+        self._stopped = True
+
+    def is_set(self) -> bool:
+        return self._stopped
 
 
 class Stopped(KeyboardInterrupt):

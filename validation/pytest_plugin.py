@@ -284,6 +284,7 @@ class AcceptancePlugin:
         if self.config.getoption("--no-acceptance-report") or self.config.option.collectonly:
             return  # listing the points runs none: no report, no verdict
         rendered, unrendered = [], 0
+        self.reports += [f"note: {text}" for text in self.session.profile_notes]
         # and the pair of a point stopped as its record was stored: it has no test report, and it
         # had removed its pair's report
         for pair in sorted(self.pairs | self.session.withdrawn):

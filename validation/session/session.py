@@ -186,6 +186,8 @@ class AcceptanceSession:
     """Test ids of the points a stop signal stopped before their new record was stored."""
     stopped_by: int | None = None
     """The stop signal that ended the run (``note_stop``): the reports rendered after it say so."""
+    profile_notes: list[str] = field(default_factory=list)
+    """What the session says of a pair judged by a profile file the command line did not give."""
     _points: list[PhasePoint] | None = None
     _machine: Machine | None = None
 
@@ -232,7 +234,7 @@ class AcceptanceSession:
             profiles = [p for p in rb.profiles if not given or p in by_name]
             if self.options.first_profile_only and not given:
                 profiles = profiles[:1]
-            out += [(rb, by_name[p] if p in by_name else runbook_profile(rb, p)) for p in profiles]
+            out += [(rb, by_name[p] if p in by_name else self._stored_profile(rb, p)) for p in profiles]
         used = {prof.name for _, prof in out}
         unused = [w for w, prof in given.items() if prof.name not in used]
         if unused:
@@ -247,6 +249,30 @@ class AcceptanceSession:
                     f"they come from: keep a listed name ({listed}) in the file, or add "
                     f"{', '.join(sorted({given[w].name for w in files}))} to the runbook's profiles:" if files else ""))
         return out
+
+    def _stored_profile(self, rb: Runbook, name: str) -> Profile:
+        """The profile a pair runs by without --profile: the file its latest stored record ran with
+        where that was a profile file of this name (`--profile PATH`), so that a re-run of one
+        phase is judged with the stored ones by the thresholds they ran under; else the runbook's
+        built-in profile. A store that cannot be read is left to check_ready."""
+        try:
+            latest = max(ResultStore(self.results_dir).records(rb.name, name), key=lambda r: r.started, default=None)
+        except (CorruptStore, OSError):
+            latest = None
+        built_in = runbook_profile(rb, name)
+        if latest is None or not latest.profile_arg or latest.profile_arg == built_in.cli_name:
+            return built_in
+        try:
+            prof = load_profile(latest.profile_arg)
+        except HarnessError as exc:
+            raise HarnessError(f"{rb.name}/{name}: the stored points in {self.results_dir} ran with the profile file "
+                               f"{latest.profile_arg}, which cannot be loaded now ({exc}); give --profile: that file "
+                               f"again, or {name} for the built-in profile") from None
+        note = (f"{rb.name}/{name} is judged by {prof.cli_name}, the profile file its stored points ran with "
+                f"(--profile {name}: by the built-in profile)")
+        if note not in self.profile_notes:
+            self.profile_notes.append(note)
+        return prof
 
     def check_ready(self, pairs: list[tuple[str, str]] | None = None) -> None:
         """The store readable (a corrupt results.json stops the session before anything runs) and
@@ -283,7 +309,10 @@ class AcceptanceSession:
                 f"{', '.join(f'{r}/{p}' for r, p in held) or 'no records at all'})")
 
     def mismatch_notes(self) -> list[str]:
-        return list(dict.fromkeys(d for p in self.points() for d in mismatches(p.profile, self.machine)))
+        """What the run says before its points: the profile files taken from the store, and where
+        this machine differs from a profile's hardware."""
+        differ = dict.fromkeys(d for p in self.points() for d in mismatches(p.profile, self.machine))
+        return self.profile_notes + list(differ)
 
     def unlaunchable(self, points: list[PhasePoint]) -> dict[str, str]:
         """The points among ``points`` that cannot start here, by test id, with why."""

@@ -1,8 +1,8 @@
 """Records judged by another profile file than the one they ran with. A store keys a pair by the
 profile's name, and a profile file of that name given at a run (`--profile PATH`) may hold other
-thresholds than the runbook's built-in profile: a selective re-run without that `--profile`, or a
-report rendered with another, judges every stored record of the pair by the thresholds of now
-(store/thresholds.py re-checks the stored values). That is the verdict asked for, but a reader
+thresholds than the runbook's built-in profile: a run or report given another `--profile` (the
+built-in's name included; without one they keep the store's file) judges every stored record of
+the pair by the thresholds of now (store/thresholds.py re-checks the stored values). That is the verdict asked for, but a reader
 must see that the thresholds a point ran under are not the ones it is judged by."""
 from __future__ import annotations
 

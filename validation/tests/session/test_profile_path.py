@@ -93,9 +93,10 @@ def test_report_judges_by_the_profile_path_given_without_a_runbook(tmp_path, cap
     assert "another profile file" not in (res / "reports" / "fake__cpu.md").read_text()
 
 
-def test_a_phase_re_run_without_the_profile_path_says_the_others_ran_with_it(tmp_path):
-    """A phase run with a strict profile file, another re-run without --profile: the report judges
-    both by the built-in profile (the run's), and says which point ran with which file."""
+def test_a_phase_re_run_without_the_profile_path_is_judged_by_the_file_the_store_ran_with(tmp_path, capsys):
+    """A phase run with a strict profile file, another re-run without --profile: the re-run takes
+    the store's profile file and the report stays NO-GO (judging both by the built-in profile of
+    that name read GO, the strict floor gone with a warning). `--profile cpu` asks for the built-in."""
     from validation.cli import main
 
     mine = _copy_of_cpu(tmp_path / "cpu.yaml")
@@ -103,7 +104,33 @@ def test_a_phase_re_run_without_the_profile_path_says_the_others_ran_with_it(tmp
     res = tmp_path / "r"
     assert main(["run", "--runbook", str(rb), "--profile", str(mine), "--phase", "strict", "--results-dir", str(res),
                  "--no-plots"]) == 1
-    assert main(["run", "--runbook", str(rb), "--phase", "plain", "--results-dir", str(res), "--no-plots"]) == 0
+    capsys.readouterr()
+    assert main(["run", "--runbook", str(rb), "--phase", "plain", "--results-dir", str(res), "--no-plots"]) == 1
+    assert (f"note: fake/cpu is judged by {mine}, the profile file its stored points ran with (--profile cpu: by "
+            "the built-in profile)") in capsys.readouterr().err
+    by_phase = {r.phase: r for r in ResultStore(res).records()}
+    assert by_phase["plain"].profile_arg == str(mine) and by_phase["plain"].status.name == "FAIL"
+    text = (res / "reports" / "fake__cpu.md").read_text()
+    assert f"- **Profile**: cpu ({mine})" in text and "another profile file" not in text
+    assert main(["run", "--runbook", str(rb), "--profile", "cpu", "--phase", "plain", "--results-dir", str(res),
+                 "--no-plots"]) == 0
     text = (res / "reports" / "fake__cpu.md").read_text()
     assert "1 point(s) ran with another profile file than this report judges by (cpu)" in text
     assert f"   - ran with {mine}: strict [default]" in text
+
+
+def test_a_store_whose_profile_file_is_gone_asks_for_one(tmp_path, capsys):
+    from validation.cli import main
+
+    mine = _copy_of_cpu(tmp_path / "cpu.yaml")
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("strict"), train_phase("plain")])
+    res = tmp_path / "r"
+    main(["run", "--runbook", str(rb), "--profile", str(mine), "--phase", "strict", "--results-dir", str(res),
+          "--no-report"])
+    mine.unlink()
+    capsys.readouterr()
+    assert main(["run", "--runbook", str(rb), "--phase", "plain", "--results-dir", str(res), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert f"fake/cpu: the stored points in {res} ran with the profile file {mine}, which cannot be loaded now" in err
+    assert "give --profile: that file again, or cpu for the built-in profile" in err
+    assert [r.phase for r in ResultStore(res).records()] == ["strict"]

@@ -21,6 +21,7 @@ from nsa import contract
 from validation import REPO_ROOT, TEMPLATE_DIR
 from validation.judge.clock import CLOCK_FACTOR, MIN_INTERVALS
 from validation.judge.metrics import CATALOGUE
+from validation.judge.profile_names import BOUNDS
 from validation.runbook import fields, keys
 
 DOCS = REPO_ROOT / "docs"
@@ -34,7 +35,7 @@ def _context() -> dict:
                 "window": "honours the gate's window" if m.windowed else "the whole run",
                 "timing": m.timing.value if m.timing else ""} for m in CATALOGUE]
     return {"contract": contract, "sections": keys.SECTIONS, "metrics": metrics, "clock_factor": CLOCK_FACTOR,
-            "clock_intervals": MIN_INTERVALS,
+            "clock_intervals": MIN_INTERVALS, "threshold_bounds": BOUNDS,
             "env_prefixes": fields.ENV_PREFIXES, "env_exact": fields.ENV_EXACT,
             "trainer_env_denied": fields.TRAINER_ENV_DENIED,
             "trainer_env_denied_prefixes": fields.TRAINER_ENV_DENIED_PREFIXES}

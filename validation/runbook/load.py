@@ -21,7 +21,7 @@ from validation import PROFILE_DIR, REPO_ROOT, RUNBOOK_DIR
 from validation.contract.adapters import ADAPTERS
 from validation.errors import RunbookError
 from validation.judge.metrics import METRICS
-from validation.judge.profile_names import HARNESS_READ
+from validation.judge.profile_names import BOUNDS, HARNESS_READ
 from validation.runbook import keys
 from validation.judge.record import TRAINER_KINDS
 from validation.judge.stability import StabilityRule
@@ -167,6 +167,9 @@ def load_profile(path_or_name: str | Path) -> Profile:
         if v is not None and not is_number(v):
             r.fail(f"thresholds.{k}", f"expected a finite number or null (to be measured), got {v!r}")
         thresholds[k] = None if v is None else float(v)
+        bounds = BOUNDS.get(k)
+        if v is not None and bounds is not None and not bounds.holds(float(v)):
+            r.fail(f"thresholds.{k}", f"must be {bounds.text()}, got {v!r}")
     try:
         StabilityRule.of(thresholds)
     except ValueError as exc:

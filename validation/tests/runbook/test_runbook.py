@@ -157,9 +157,10 @@ def test_bad_profile_names_key(tmp_path):
         load_profile(p)
 
 
-@pytest.mark.parametrize("typo, meant", [("max_toks_regresion", "max_toks_regression"),
-                                         ("spike_windw", "spike_window"), ("golden_loss_rtl", "golden_loss_rtol")])
-def test_a_near_miss_of_a_threshold_the_harness_reads_is_refused(tmp_path, typo, meant):
+@pytest.mark.parametrize("typo, meant, value", [("max_toks_regresion", "max_toks_regression", 0.05),
+                                                ("spike_windw", "spike_window", 5),
+                                                ("golden_loss_rtl", "golden_loss_rtol", 1e-4)])
+def test_a_near_miss_of_a_threshold_the_harness_reads_is_refused(tmp_path, typo, meant, value):
     """A custom profile's `max_toks_regresion: 0.05` loaded without a word: nothing read it, so
     `report --baseline` gated no drop at all (GO for a trainer 78% slower than its baseline); a
     misspelt `spike_windw` left the default window in force."""
@@ -167,8 +168,22 @@ def test_a_near_miss_of_a_threshold_the_harness_reads_is_refused(tmp_path, typo,
     p.write_text(f"name: x\nmarker: x\nhardware: {{accelerator: cpu}}\nthresholds: {{min_toks_per_s: 1, {typo}: 0.5}}\n")
     with pytest.raises(RunbookError, match=rf"prof\.yaml: thresholds\.{typo}: did you mean {meant}\?"):
         load_profile(p)
-    p.write_text(f"name: x\nmarker: x\nhardware: {{accelerator: cpu}}\nthresholds: {{min_toks_per_s: 1, {meant}: 5}}\n")
-    assert load_profile(p).thresholds[meant] == 5  # the name itself, and names gates use, load
+    p.write_text(f"name: x\nmarker: x\nhardware: {{accelerator: cpu}}\nthresholds: {{min_toks_per_s: 1, {meant}: {value}}}\n")
+    assert load_profile(p).thresholds[meant] == value  # the name itself, and names gates use, load
+
+
+@pytest.mark.parametrize("key, value, bound", [
+    ("max_toks_regression", "5", ">= 0 and < 1"), ("max_toks_regression", "1", ">= 0 and < 1"),
+    ("max_toks_regression", "-0.1", ">= 0 and < 1"), ("golden_loss_rtol", "-1.0e-4", ">= 0"),
+    ("resume_loss_rtol", "-1.0", ">= 0"), ("min_long_context_speedup", "0", "> 0")])
+def test_a_threshold_the_harness_reads_outside_its_range_is_refused(tmp_path, key, value, bound):
+    """`max_toks_regression: 5` (meant as 5%) loaded, and the baseline gate passed a 61% drop
+    (GO): a drop fraction of 1 or more allows any drop; negative tolerances and speed-ups would
+    fail every run or none."""
+    p = tmp_path / "prof.yaml"
+    p.write_text(f"name: x\nmarker: x\nhardware: {{accelerator: cpu}}\nthresholds: {{{key}: {value}}}\n")
+    with pytest.raises(RunbookError, match=rf"prof\.yaml: thresholds\.{key}: must be {bound} \("):
+        load_profile(p)
 
 
 @pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])

@@ -29,6 +29,7 @@ from nsa.contract import (
     ENV_REQUIRED,
     HALT,
     HEARTBEAT_REQUIRED,
+    HEARTBEAT_STAGES_IN_STEP,
     STACKDUMP_PATTERN,
     TRAINING_CSV,
     heartbeat_name,
@@ -404,11 +405,41 @@ def _heartbeat_fields(found: ContractRead, costs: Costs) -> None:
                 found.items.append(Item(name, Presence.MALFORMED, f"record {i + 1} says rank {said} in the file of "
                                                                   f"rank {rank}"))
                 break
+        else:
+            skipped = _steps_never_started(recs)
+            if skipped:
+                found.items.append(Item(name, Presence.MALFORMED, skipped, field="step"))
     if not any("fallbacks" in r or any(k.startswith("fb_") for k in r) for recs in found.heartbeats.values()
                for r in recs):
         found.items.append(Item(HEARTBEAT_GLOB, Presence.MISSING,
                                 _unmeasured(costs, "fallbacks", f"no fallback counters ({_METRICS_UNMEASURED})"),
                                 False, "fallbacks"))
+
+
+#: steps named of those a rank never started
+LISTED_STEPS = 6
+
+
+def _steps_never_started(recs: list[dict[str, Any]]) -> str:
+    """What a rank's records say of steps it counts but never started, '' where none: a process
+    that records the stages within its steps records them for every step it runs, so a step
+    between two it records stages of, with none of its own, never started (a step counter that
+    moves by two each step: the CSV and the heartbeats then claim twice the steps the run did)."""
+    by_pid: dict[Any, set[int]] = {}
+    for rec in recs:
+        step = rec.get("step")
+        if rec.get("stage") in HEARTBEAT_STAGES_IN_STEP and _number(step) and float(step).is_integer():
+            by_pid.setdefault(rec.get("pid"), set()).add(int(step))
+    for pid, steps in by_pid.items():
+        missing = sorted(set(range(min(steps), max(steps) + 1)) - steps)
+        if missing:
+            named = ", ".join(map(str, missing[:LISTED_STEPS])) + (
+                f" and {len(missing) - LISTED_STEPS} more" if len(missing) > LISTED_STEPS else "")
+            who = f" (pid {pid})" if pid is not None else ""
+            return (f"stages{who} of {len(steps)} steps from {min(steps)} to {max(steps)}, but of none of steps "
+                    f"{named}: those steps were counted and never started (the step number moves by more than one "
+                    "a step?). A record of a stage within a step is written for every step the rank runs")
+    return ""
 
 
 def _shared_detail(writers: tuple[Writer, ...]) -> str:

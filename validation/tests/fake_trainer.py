@@ -44,6 +44,9 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
                                  the first occurrence of those steps logs 1 token/s and a loss 1.0 higher
     NSA_FAULT=leak:mb=M          memory (CSV and heartbeats) grows by M MiB a step from 1 GiB
     NSA_FAULT=spike:step=K       logs twice the loss at step K (one step; the loss goes on as before)
+    NSA_FAULT=count_twice        its step counter moves by two a step: the CSV and the heartbeats
+                                 (a stage record a step) name steps 2, 4, ... and the run ends at
+                                 the last, having run half the steps it counts
 NSA_FAKE_LOG_EVERY=N writes a training.csv row only every N steps (the last step not forced) while every rank's
 heartbeats record each step's end, as a trainer that logs every N steps does;
 NSA_FAKE_WORLD=N simulates N ranks from one process; NSA_FAKE_STEP_S=S sleeps S seconds a step;
@@ -170,6 +173,8 @@ def main() -> int:
     order = list(range(start + 1, stop + 1))
     if fault == "rerun":
         order = list(range(start + 1, opts["step"] + 1)) + list(range(opts["back"] + 1, stop + 1))
+    if fault == "count_twice":
+        order = list(range(start + 2, stop + 1, 2))
     for i, step in enumerate(order):
         tick = start + i + 1  # the clock goes on across a rerun
         superseded = fault == "rerun" and i < opts["step"] - start and step > opts["back"]

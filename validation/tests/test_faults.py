@@ -102,6 +102,16 @@ def test_missing_csv_is_error_naming_the_file(fake_run):
     assert run.context["status"] == "NO-GO"
 
 
+def test_a_step_counter_that_moves_by_two_is_no_go(fake_run):
+    """A trainer counting two steps a step (steps 2, 4, ..., 10 in its CSV and in its heartbeats'
+    stage records) ran half the steps it claims: it was GO, steps_completed 10 of 10."""
+    run = fake_run([train_phase(fault="count_twice", steps=10, env={"NSA_FAKE_WORLD": "2"})])
+    assert run.record.status == "ERROR", run.record.reason
+    assert ("heartbeat_rank0.jsonl step: malformed (stages of 5 steps from 2 to 10, but of none of steps 3, 5, 7, 9: "
+            "those steps were counted and never started") in run.record.reason
+    assert run.context["status"] == "NO-GO"
+
+
 def test_corrupt_csv_names_row_and_column(fake_run):
     run = fake_run([train_phase(fault="corrupt_csv")])
     assert run.record.status == "ERROR"

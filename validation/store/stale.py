@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterable, Mapping
 from validation.judge.asked import Asked
 from validation.judge.gates import rule
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, PointKey, Status
+from validation.judge.verdict import Outcome, process_verdict
 from validation.runbook.hardware import shortfalls
 from validation.runbook.plan import PhasePoint
 from validation.runbook.schema import Key, Limit, Stale, keys_of
@@ -194,14 +195,34 @@ ADDED_ITEMS: dict[str, Callable[[PhasePoint], dict[str, tuple[str, str]]]] = {"g
 
 def _added(rec: PhaseRecord, point: PhasePoint, c: Compared) -> list[Change]:
     """Of a passed point, only what is asked now and was not at the run: a new member, or a value
-    where the run had none (a failed point is no GO whatever they say; one that changed is
-    re-checked from what is stored, store/thresholds.py and report/build.py)."""
+    where the run had none (one that changed is re-checked from what is stored, store/thresholds.py
+    and report/build.py). A failed point is no GO whatever they say, unless it failed only on
+    gates no longer asked (``_failed_only_on_gone``)."""
     if rec.status != Status.PASS:
-        return []
+        return _failed_only_on_gone(rec, point, c.then) if c.label == "gate" else []
     if isinstance(c.now, tuple):
         return [Change(c.label, "not asked", value, name)
                 for member, (name, value) in ADDED_ITEMS[c.label](point).items() if member not in c.then]
     return [Change(c.label, _scalar(c.then or None), _scalar(c.now))] if not c.then and c.now else []
+
+
+def _failed_only_on_gone(rec: PhaseRecord, point: PhasePoint, asked_then: tuple[str, ...]) -> list[Change]:
+    """Each gate of the runbook's (``asked_then``: Asked.gate_key of each) a run failed whose metric
+    the runbook no longer gates, where those gates alone failed it (its process ended clean and
+    logged a finite loss): its FAIL is no verdict of the point asked now, which no run has judged
+    yet. The gates a phase's kind adds itself (a resume phase's) are never taken away."""
+    failed = rec.failed_gates()
+    if rec.status != Status.FAIL or not failed or process_verdict(Outcome.of_record(rec)) is not None \
+            or rec.evidence.nonfinite_loss_step is not None:
+        return []
+    # by metric: a stored gate's window reads as its run covered it ('steps 1-6, stopped after 3'),
+    # and a metric asked now over another window is a change the threshold re-check covers
+    asked = {metric for metric, _ in _gates(point).values()}
+    runbook_then = {key.split(" (", 1)[0] for key in asked_then or ()}
+    gone = [g for g in failed if g.metric in runbook_then and g.metric not in asked]
+    if len(gone) < len(failed):
+        return []
+    return [Change("gate", f"{rule(g.op, g.threshold)} ({g.window}), failed", "not asked", g.metric) for g in gone]
 
 
 def _allowance(rec: PhaseRecord, point: PhasePoint, c: Compared) -> list[Change]:

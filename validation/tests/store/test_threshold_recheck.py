@@ -67,12 +67,24 @@ def test_a_gate_the_run_was_not_asked_leaves_a_passed_point_not_run(tmp_path):
     assert o["why"] == "gate loss_finite not asked at the run, == 1 (all steps) in the runbook now", o["why"]
 
 
-def test_a_gate_taken_away_since_the_run_leaves_its_stored_fail(tmp_path):
+def test_a_gate_taken_away_since_the_run_that_alone_failed_it_leaves_the_point_not_run(tmp_path):
+    """A point that failed only a gate the runbook no longer asks read NO-GO on that gate, and said
+    nothing of its removal: its FAIL is no verdict of the point asked now, never a PASS either."""
     rb, res = _ran(tmp_path, _gates(4, {"metric": "loss_finite", "op": "==", "threshold": 0}),
                    status="FAIL")
     write_runbook(rb, [train_phase("long_run", gates=_gates(4), steps=4)])
     ctx = _context(rb, res)
-    assert ctx["verdict"] == "NO-GO" and not ctx["thresholds_changed"], ctx["status_reason"]
+    assert ctx["verdict"] == "INCOMPLETE" and not ctx["thresholds_changed"], ctx["status_reason"]
+    [o] = ctx["outdated"]
+    assert o["why"] == "gate loss_finite == 0 (all steps), failed at the run, not asked in the runbook now", o["why"]
+
+
+def test_a_gate_taken_away_beside_one_still_failed_leaves_its_stored_fail(tmp_path):
+    rb, res = _ran(tmp_path, _gates(8, {"metric": "loss_finite", "op": "==", "threshold": 0}),
+                   status="FAIL")
+    write_runbook(rb, [train_phase("long_run", gates=_gates(8), steps=4)])
+    ctx = _context(rb, res)
+    assert ctx["verdict"] == "NO-GO" and not ctx["outdated"], ctx["status_reason"]
 
 
 def test_report_judges_by_the_profile_file_the_run_used_not_the_built_in_of_its_name(tmp_path, capsys):

@@ -201,9 +201,17 @@ def _added(rec: PhaseRecord, point: PhasePoint, c: Compared) -> list[Change]:
     if rec.status != Status.PASS:
         return _failed_only_on_gone(rec, point, c.then) if c.label == "gate" else []
     if isinstance(c.now, tuple):
-        return [Change(c.label, "not asked", value, name)
+        return [Change(c.label, _asked_then(name, c.then), value, name)
                 for member, (name, value) in ADDED_ITEMS[c.label](point).items() if member not in c.then]
     return [Change(c.label, _scalar(c.then or None), _scalar(c.now))] if not c.then and c.now else []
+
+
+def _asked_then(metric: str, asked_then: tuple[str, ...]) -> str:
+    """How the run asked a gate of ``metric`` that the runbook now asks over another window: 'asked
+    over last 20 steps' (of Asked.gate_key 'toks_per_s_cv (last 20 steps)'); 'not asked' where it
+    asked none."""
+    windows = [key[len(metric) + 2:-1] for key in asked_then if key.startswith(f"{metric} (")]
+    return f"asked over {' and '.join(windows)}" if windows else "not asked"
 
 
 def _failed_only_on_gone(rec: PhaseRecord, point: PhasePoint, asked_then: tuple[str, ...]) -> list[Change]:

@@ -67,6 +67,19 @@ def test_a_gate_the_run_was_not_asked_leaves_a_passed_point_not_run(tmp_path):
     assert o["why"] == "gate loss_finite not asked at the run, == 1 (all steps) in the runbook now", o["why"]
 
 
+def test_a_gate_asked_over_another_window_now_names_the_window_of_the_run(tmp_path):
+    """A gate's window changed since the run read 'gate toks_per_s_mean not asked at the run': it was
+    asked, over another window."""
+    floor = {"metric": "toks_per_s_mean", "op": ">=", "threshold": 1}
+    rb, res = _ran(tmp_path, _gates(4, {**floor, "window": "last 3 steps"}))
+    write_runbook(rb, [train_phase("long_run", gates=_gates(4, {**floor, "window": "last 2 steps"}), steps=4)])
+    ctx = _context(rb, res)
+    assert ctx["verdict"] == "INCOMPLETE", ctx["status_reason"]
+    [o] = ctx["outdated"]
+    assert o["why"] == ("gate toks_per_s_mean asked over last 3 steps at the run, >= 1 (last 2 steps) in the runbook "
+                        "now"), o["why"]
+
+
 def test_a_gate_taken_away_since_the_run_that_alone_failed_it_leaves_the_point_not_run(tmp_path):
     """A point that failed only a gate the runbook no longer asks read NO-GO on that gate, and said
     nothing of its removal: its FAIL is no verdict of the point asked now, never a PASS either."""

@@ -10,7 +10,9 @@ words and decide nothing of their own; tests assert on it.
 How a rank is known to have left early with exit 0, under torchrun (its agent is what reports ends):
 
 - the run failed: torchrun lists every worker that did not succeed, those it stopped with SIGTERM
-  too; a rank of the world it does not list had exited 0 before the others failed;
+  too; a rank of the world it does not list had exited 0 before the others failed. Only where its
+  own agent lived to report: an agent a signal ended (a node going down) reports nothing of its
+  workers, and a rank under it may have died with it (``unreported``);
 - the harness stopped a stalled or timed-out run: it looked for every rank's process to take its
   stack (TakenStack), so a rank it found no process of had ended; with no failure of it in
   torchrun's logs, with exit 0 (torchrun ends every worker when one fails).
@@ -36,7 +38,7 @@ from nsa.contract import EXIT_NONFINITE, EXIT_WATCHDOG, HEARTBEAT_STAGE_HALT, HE
 from validation.contract.files import HaltInfo
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import RankFailure, gave_up, last_exception
-from validation.judge.nodes import killed_agent
+from validation.judge.nodes import killed_agent, killed_agents
 from validation.judge.record import TRAINER_KINDS, Beat, Evidence, PhaseRecord, Status
 
 
@@ -361,8 +363,8 @@ def departed(rec: PhaseRecord) -> list[int]:
     others = remained(rec)
     if not others:
         return []
-    beats, waiting = rec.evidence.last_heartbeat, not_done(rec, others)
-    return [k for k in range(rec.world_size) if k not in others
+    beats, waiting, silent = rec.evidence.last_heartbeat, not_done(rec, others), unreported(rec)
+    return [k for k in range(rec.world_size) if k not in others and k not in silent
             and (incomplete(beats.get(k), rec.steps) or (started_last(beats.get(k), rec.steps) and bool(waiting))
                  or _left_unstarted(rec, k, others))]
 
@@ -431,8 +433,19 @@ def exited_0(rec: PhaseRecord) -> list[int]:
     """The ranks known to have ended with exit 0 that ran (wrote a heartbeat): those that left early
     (``departed``) and those that may have completed their steps, lowest first; [] where nothing
     tells which ranks ended so (``remained``)."""
-    others = remained(rec)
-    return [k for k in range(rec.world_size) if others and k not in others and k in rec.evidence.last_heartbeat]
+    others, silent = remained(rec), unreported(rec)
+    return [k for k in range(rec.world_size) if others and k not in others and k not in silent
+            and k in rec.evidence.last_heartbeat]
+
+
+def unreported(rec: PhaseRecord) -> set[int]:
+    """The ranks whose torchrun agent a signal ended (``killed_agents``: kill -9 of it, the node
+    going down): a dead agent reports nothing of its workers, so no report of a rank's failure there
+    is no sign that it exited 0; it may have died with its node."""
+    nodes = rec.evidence.nodes
+    if nodes is None:
+        return set()
+    return {k for n in killed_agents(nodes.launcher, nodes.nodes, rec.stopped_by_harness) for k in n.ranks}
 
 
 def ended_before(rec: PhaseRecord, rank: int) -> str | None:

@@ -93,15 +93,21 @@ def node_failures(out_dir: Path) -> dict[int, RankFailure]:
     return failures
 
 
-def killed_agent(launcher: str, nodes: Sequence[NodeLaunch | NodeEvidence], stopped: bool) -> NodeLaunch | NodeEvidence | None:
-    """The node whose torchrun agent itself a signal ended (its exit code < 0: kill -9 of the agent,
-    the kernel's OOM killer, the node going down), the first to end; None where none was. Under
-    Slurm the task ends srun reports include the harness's own cancel, so there only a run the
-    harness did not stop (``stopped``: its stall watch or timeout) counts."""
+def killed_agents(launcher: str, nodes: Sequence[NodeLaunch | NodeEvidence], stopped: bool
+                  ) -> list[NodeLaunch | NodeEvidence]:
+    """The nodes whose torchrun agent itself a signal ended (its exit code < 0: kill -9 of the agent,
+    the kernel's OOM killer, the node going down), first to end first. Under Slurm the task ends
+    srun reports include the harness's own cancel, so there only a run the harness did not stop
+    (``stopped``: its stall watch or timeout) counts."""
     if launcher != "torchrun" and stopped:
-        return None
+        return []
     killed = [n for n in nodes if n.exit_code is not None and n.exit_code < 0]
-    return min(killed, key=lambda n: n.ended_s if n.ended_s is not None else float("inf"), default=None)
+    return sorted(killed, key=lambda n: n.ended_s if n.ended_s is not None else float("inf"))
+
+
+def killed_agent(launcher: str, nodes: Sequence[NodeLaunch | NodeEvidence], stopped: bool) -> NodeLaunch | NodeEvidence | None:
+    """The first node to end of ``killed_agents``; None where none was."""
+    return next(iter(killed_agents(launcher, nodes, stopped)), None)
 
 
 def signal_name(num: int) -> str:

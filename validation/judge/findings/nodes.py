@@ -9,7 +9,7 @@ from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import gave_up, short_exception
 from validation.judge.diagnosis import (died_first, departed, ended_before, exited_0, failed_first, hung_ranks,
                                         killed_by_signal, maybe_departed, no_rank_running, no_rank_started,
-                                        root_of_evidence)
+                                        root_of_evidence, unreported)
 from validation.judge.findings.departed import departure
 from validation.judge.findings.finding import Finding, Severity, last_heartbeat, where
 from validation.judge.nodes import NodeEvidence, NodesEvidence, killed_agent, signal_name
@@ -127,6 +127,8 @@ def _rank(r: PhaseRecord, rank: int) -> str:
         text += f", {f.cause}"
     elif rank in exited_0(r):
         text += ", exited 0"
+    elif rank in unreported(r):
+        text += ", its end not reported (its torchrun agent was killed)"
     return text
 
 

@@ -16,7 +16,7 @@ from validation.contract.torchrun_log import RankFailure, agent_said
 from validation.judge.evidence import collect, read_ended, read_train, with_log
 from validation.judge.findings import Severity, find, recommendations
 from validation.judge.diagnosis import died_first
-from validation.judge.findings.headline import culprit_log
+from validation.judge.findings.headline import culprit_log, verdict_line
 from validation.judge.metrics import RunData
 from validation.judge.nodes import NodeEvidence, NodesEvidence, node_evidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status, Summary
@@ -284,6 +284,32 @@ def test_a_node_whose_agent_was_killed_is_named():
         # the agent under Slurm was advised as 'A rank on one node died first and the others failed ...')
         assert not [a for a in recommendations(found) if "rank on one node died first" in a], recommendations(found)
         assert [a for a in recommendations(found) if "torchrun agent itself was killed" in a], recommendations(found)
+
+
+def test_a_node_that_went_down_is_its_killed_agent_not_a_rank_that_exited_0():
+    """Node 1's rank SIGKILLed its torchrun agent and then itself at step 4 of 12 (a node going down;
+    a user pass, 2026-12-05): node 0's rank failed in its broken all_reduce, and node 1's dead agent
+    reported nothing of its worker. The crash and node findings said 'rank 1 exited 0 early (...)'
+    and 'exited 0 (torchrun reports no failure of it)', with the advice of a rank that left early
+    (sys.exit): no report of a rank's end under an agent that died is no exit 0."""
+    nodes = NodesEvidence("torchrun", "localhost:1", 30.0, [
+        NodeEvidence(0, "node0.stderr.log", "vm", 1, 10.0, 0, [0]),
+        NodeEvidence(1, "node1.stderr.log", "vm", -9, 9.4, 1, [1])])
+    peer = RankFailure(exception="RuntimeError: [../gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                                 "[127.0.0.1]:43395", exit_code=1)
+    ev = Evidence(nodes=nodes, rank_failures={0: peer},
+                  last_heartbeat={0: Beat(4, "backward"), 1: Beat(4, "forward")})
+    rec = _record(nodes, status=Status.FAIL, exit_code=-9, steps=12, evidence=ev,
+                  reason="node 1's torchrun agent was killed by SIGKILL (exit code -9)")
+    found = find([rec])
+    assert [f.kind for f in found if f.severity == Severity.CRITICAL] == ["agent_killed"], [f.title for f in found]
+    assert not [f for f in found if "exited 0" in f.title + " ".join(f.detail)], [f.title for f in found]
+    [f] = [f for f in found if f.kind == "agent_killed"]
+    assert ("rank 1 last heartbeat step 4, stage forward, its end not reported (its torchrun agent was killed)"
+            in f.detail[1]), f.detail
+    assert verdict_line(rec) == "node 1's torchrun agent was killed by SIGKILL (exit code -9)", verdict_line(rec)
+    advice = recommendations(found)
+    assert [a for a in advice if "the node going down" in a] and not [a for a in advice if "sys.exit" in a], advice
 
 
 def test_a_killed_agent_whose_ranks_finished_is_the_verdict_not_a_crash_of_the_trainer(tmp_path):

@@ -63,8 +63,12 @@ _VICTIM = re.compile(r"Connection closed by peer|remote worker|Connection reset|
 _PEER_GONE = re.compile(r"Connection (closed|reset) by peer|Broken pipe|remote (worker|process)|DistBackendError|"
                         r"NCCL error", re.IGNORECASE)
 #: the C++ runtime's last word before it aborts a process (SIGABRT) whose threads were never joined: at an
-#: interpreter's exit, those of a process group whose collective broke (gloo's)
+#: interpreter's exit, those of a process group whose collective broke (gloo's), or that was never destroyed
 _TERMINATE = "terminate called without an active exception"
+#: Python's report of a fatal signal (faulthandler, which torchrun's workers enable) and what ends it; the
+#: frames it lists between, of each thread, are '  File "...", line N in f' lines, or '  <no Python frame>'
+_FATAL_ABORT = "Fatal Python error: Aborted"
+_FATAL_END = "Extension modules:"
 #: NCCL's watchdog, in the rank's own log lines (a ``[rankN]:`` prefix, or the default process group's
 #: rank in its message: '[PG ID 0 PG GUID 0(default_pg) Rank 1] Process group watchdog thread terminated
 #: with exception: ...'): the collective it watched timed out, or failed, and it takes the process down
@@ -113,6 +117,16 @@ class RankFailure:
     operation to complete'; ``_caught_timeouts``), most likely its own, caught: its collective gave up
     waiting for a peer that was there and never came (a peer that had left breaks it at once, 'Connection
     closed by peer'), and it exited of its own choosing after. It failed waiting, not in its own right."""
+    aborted: str | None = None
+    """Of a rank killed by SIGABRT with no exception of it in the log, no broken collective before its
+    abort and no NCCL watchdog's word: the C++ runtime's last word (``_TERMINATE``; ``_own_aborts``):
+    the process aborted itself (a C++ thread object destroyed while still joinable; at an
+    interpreter's exit, a process group's threads never torn down). No signal came from elsewhere:
+    not the kernel's OOM killer, which sends SIGKILL."""
+    at_exit: bool = False
+    """Of an ``aborted`` rank: Python's report of the abort (``_FATAL_ABORT``) lists no Python frame
+    in any thread: the trainer's code had ended (sys.exit, a return from main) and the interpreter's
+    exit aborted."""
     pid: int | None = None
     """Its process id, as torchrun's summary reports it."""
     ended_by_agent: bool | None = None
@@ -174,6 +188,9 @@ class RankFailure:
             return short_exception(self.exception)
         if self.broken_collective is not None:
             return f"killed by {self.signal} after a collective broke ({short_exception(self.broken_collective)})"
+        if self.aborted is not None:
+            return (f"aborted itself ({self.signal} after {self.aborted!r})"
+                    + (" at the interpreter's exit (no Python frame running)" if self.at_exit else ""))
         if self.nccl_watchdog is not None and self.signal == "SIGABRT":  # the watchdog's own abort
             return f"killed by SIGABRT by its NCCL watchdog ({self.nccl_watchdog[:EXCERPT_CHARS]})"
         if self.nccl_watchdog is not None and self.signal:  # ended before its watchdog's abort came
@@ -239,6 +256,8 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, Rank
             failures[r] = replace(failures[r], nccl_watchdog=why)
     for r, broken in _teardown_aborts(text, failures).items():
         failures[r] = replace(failures[r], broken_collective=broken)
+    for r, (said, at_exit) in _own_aborts(text, failures).items():
+        failures[r] = replace(failures[r], aborted=said, at_exit=at_exit)
     for r, caught in _caught_timeouts(text, failures).items():
         failures[r] = replace(failures[r], caught_timeout=caught)
     silent = [r for r, f in failures.items() if f.silent]
@@ -334,6 +353,33 @@ def _teardown_aborts(text: str, failures: dict[int, RankFailure]) -> dict[int, s
     if after < len(aborted):
         return {}
     return {r: broken for r in aborted if not failures[r].exception}
+
+
+def _own_aborts(text: str, failures: dict[int, RankFailure]) -> dict[int, tuple[str, bool]]:
+    """The ranks killed by SIGABRT that aborted themselves, each with the C++ runtime's line and
+    whether the interpreter was exiting: those with no exception in the log, no broken collective
+    before the abort (``_teardown_aborts``) and no NCCL watchdog's word, where the log holds a worker's
+    abort line (``_TERMINATE``) for each (every aborting process prints its own; fewer, and an abort
+    may have come from elsewhere: none is taken). At the interpreter's exit where the log's reports of
+    the abort (``_FATAL_ABORT``), one at least for each, list no Python frame: the log does not say whose
+    report is whose, so all of them must."""
+    aborted = [r for r, f in failures.items() if f.signal == "SIGABRT" and not f.exception
+               and f.broken_collective is None and f.nccl_watchdog is None]
+    if not aborted:
+        return {}
+    lines = [(m.group(2) if (m := _RANK_LINE.match(ln)) else ln) for who, ln in whose_lines(text) if who != _AGENT]
+    if sum(_TERMINATE in ln for ln in lines) < len(aborted):
+        return {}
+    reports, frames, inside = 0, False, False
+    for ln in text.splitlines():
+        if ln.strip() == _FATAL_ABORT:
+            reports, inside = reports + 1, True
+        elif inside and (ln.startswith(_FATAL_END) or _LOG_LINE.match(ln)):
+            inside = False
+        elif inside and ln.lstrip().startswith('File "'):
+            frames = True
+    at_exit = reports >= len(aborted) and not frames
+    return {r: (_TERMINATE, at_exit) for r in aborted}
 
 
 def _signal_name(num: int) -> str:

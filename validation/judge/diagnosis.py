@@ -49,6 +49,12 @@ class Kind(enum.StrEnum):
     """A rank raised, or exited non-zero of its own choosing."""
     KILLED = "killed"
     """A rank was ended by a signal that was not torchrun's agent ending it, and raised nothing."""
+    ABORTED = "aborted"
+    """A rank aborted itself (SIGABRT after the C++ runtime's last word, RankFailure.aborted), and
+    raised nothing: no signal came from elsewhere."""
+    QUIT = "exited early"
+    """A rank's code ended before the steps asked for (its heartbeats stop short) and its
+    interpreter's exit then aborted (RankFailure.at_exit): the early exit is what happened."""
     HUNG = "hung"
     """Named as the rank the others waited for, or the one process of its run still running."""
     STALLED = "stalled"
@@ -74,7 +80,7 @@ class Kind(enum.StrEnum):
 
 
 #: the kinds whose blamed ranks failed first in their own right
-FAILED = (Kind.CRASHED, Kind.KILLED)
+FAILED = (Kind.CRASHED, Kind.KILLED, Kind.ABORTED, Kind.QUIT)
 
 
 class NoStack(enum.StrEnum):
@@ -268,7 +274,22 @@ def killed_by_signal(rec: PhaseRecord) -> int | None:
     it and it raised nothing (not the abort of an exit after its collective broke); else None."""
     root = root_of_evidence(rec.evidence)
     fail = rec.evidence.rank_failures.get(root) if root is not None else None
-    return root if fail is not None and fail.own and fail.signal and not fail.exception else None
+    return (root if fail is not None and fail.own and fail.signal and not fail.exception and fail.aborted is None
+            else None)
+
+
+def failed_as(rec: PhaseRecord, root: int) -> tuple[Kind, str]:
+    """How ``root``, the rank that failed first in its own right, failed, and its cause: killed by a
+    signal from elsewhere (``killed_by_signal``); aborted itself, which the interpreter's exit did
+    after its code ended before its steps were done (its heartbeats stop short: Kind.QUIT), else
+    after its last step or within a step (Kind.ABORTED); else crashed."""
+    fail, beat = rec.evidence.rank_failures[root], rec.evidence.last_heartbeat.get(root)
+    if fail.aborted is not None and fail.at_exit and incomplete(beat, rec.steps):
+        return Kind.QUIT, f"its heartbeats stop at step {beat.step} of {rec.steps}, and it then {fail.cause}"
+    if fail.aborted is not None:
+        done = beat is not None and beat.step is not None and not incomplete(beat, rec.steps)
+        return Kind.ABORTED, fail.cause + (", after its last step" if done else "")
+    return (Kind.KILLED if killed_by_signal(rec) == root else Kind.CRASHED), fail.exception or fail.cause
 
 
 # --- hung ranks, from the stacks and the heartbeats -----------------------------------------------
@@ -613,7 +634,9 @@ def crash(r: PhaseRecord) -> Diagnosis | None:
         first = silent_first(r) if maybe else [root]
         causes = {k: ev.rank_failures[k].exception or ev.rank_failures[k].cause for k in first}
         either = _diagnosis(Kind.LEFT, tuple(RankAt.of(r, k) for k in maybe), r) if maybe else None
-        kind = Kind.KILLED if not maybe and killed_by_signal(r) == root else Kind.CRASHED
+        kind = Kind.CRASHED
+        if not maybe:
+            kind, causes[root] = failed_as(r, root)
         ranks = tuple(RankAt.of(r, k, cause=c) for k, c in causes.items())
         return _diagnosis(kind, ranks, r, or_else=either, logs=logs_of(r, first))
     if gone:  # no rank failed in its own right: the others failed after one that left
@@ -684,9 +707,8 @@ def stall(r: PhaseRecord) -> Diagnosis | None:
     if gone := departed(r):
         return _diagnosis(Kind.LEFT, tuple(RankAt.of(r, k) for k in gone), r)
     if (root := failed_first(r)) is not None:
-        fail = ev.rank_failures[root]
-        kind = Kind.KILLED if killed_by_signal(r) == root else Kind.CRASHED
-        return _diagnosis(kind, (RankAt.of(r, root, cause=fail.exception or fail.cause),), r,
+        kind, cause = failed_as(r, root)
+        return _diagnosis(kind, (RankAt.of(r, root, cause=cause),), r,
                           logs=(f"{r.out_dir}/{ev.stderr_log}",))
     if (hung := _hung_first(r, found)) is not None:
         return hung

@@ -47,6 +47,28 @@ def _departed(f: Facts) -> str:
             f"steps. Then {_RERUN}.")
 
 
+#: why a process's exit aborts, and how not to
+_TEARDOWN = ("the C++ runtime aborts a process (SIGABRT, 'terminate called without an active exception') that "
+             "destroys a thread still running: at an interpreter's exit, those of a process group never destroyed "
+             "(gloo's, NCCL's). Destroy it before the process exits (torch.distributed.destroy_process_group(), "
+             "after a last barrier every rank reaches), and stop threads of the trainer's own")
+
+
+def _aborted(f: Facts) -> str:
+    return ("A rank aborted itself (the finding quotes the C++ runtime's last word before its SIGABRT): no one sent "
+            "it the signal, and it is not the kernel's OOM killer (SIGKILL). The tail of the stderr log named in "
+            "the finding says where it aborted (Python's 'Fatal Python error: Aborted' and the frames listed under "
+            f"it; none where the interpreter was exiting): {_TEARDOWN}. Then {_RERUN}.")
+
+
+def _quit(f: Facts) -> str:
+    return ("A rank's code ended before the steps asked for (its heartbeats stop at the step the finding names, "
+            "and its abort came with no Python frame running: the interpreter was exiting), while the other ranks "
+            "still needed it: look for a stop condition that holds on that rank only (its data running out first, "
+            "a step count or a break of its own, sys.exit in one rank's path); every rank must run the same steps. "
+            f"Its exit then aborted, a second fault: {_TEARDOWN}. Then {_RERUN}.")
+
+
 def _waited(f: Facts) -> str:
     return ("A collective gave up waiting past the process group's timeout for the rank the finding names as hung "
             "(gloo raised in the ranks that waited, or the NCCL watchdog took them down): it was still running, "
@@ -389,7 +411,7 @@ def _busy_machine(f: Facts) -> str:
 
 
 _ADVICE: dict[str, Callable[[Facts], str]] = {
-    "crash": _crash, "departed": _departed, "waited": _waited, "left_after": _left_after, "stall": _stall,
+    "crash": _crash, "aborted": _aborted, "quit": _quit, "departed": _departed, "waited": _waited, "left_after": _left_after, "stall": _stall,
     "timeout": _timeout,
     "nonfinite": _nonfinite, "halt_stall": _halt_stall,
     "halted": _halted, "short_run": _short, "short_rank": _short_rank, "cliff": _cliff,

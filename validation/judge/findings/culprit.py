@@ -7,7 +7,8 @@ from validation.judge.diagnosis import Diagnosis, Kind, RankAt
 from validation.excerpt import EXCERPT_CHARS
 
 #: what a blamed rank did, by the kind of the diagnosis
-DID = {Kind.CRASHED: "crashed", Kind.KILLED: "crashed", Kind.HUNG: "hung", Kind.STALLED: "stalled",
+DID = {Kind.CRASHED: "crashed", Kind.KILLED: "crashed", Kind.ABORTED: "crashed", Kind.QUIT: "exited early",
+       Kind.HUNG: "hung", Kind.STALLED: "stalled",
        Kind.LEFT: "exited 0 early", Kind.ENDED: "exited 0", Kind.NONFINITE: "had a non-finite loss",
        Kind.HALTED: "halted on a non-finite loss", Kind.HALT_STALL: "halted on a non-finite loss"}
 

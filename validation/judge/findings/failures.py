@@ -56,9 +56,11 @@ def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
         if (d := crash(r)) is None:
             continue
         title = f"crash in {where_run(r)}: exit code {r.exit_code}"
-        kind = {Kind.LEFT: "departed", Kind.ENDED: "left_after", Kind.HUNG: "waited"}.get(d.kind, "crash")
+        kind = {Kind.LEFT: "departed", Kind.ENDED: "left_after", Kind.HUNG: "waited", Kind.ABORTED: "aborted",
+                Kind.QUIT: "quit"}.get(d.kind, "crash")
         if d.kind in FAILED and d.ranks and not d.from_log:
-            title += ": " + "; ".join(f"rank {at.rank}: {at.cause}" for at in d.ranks)
+            title += ": " + "; ".join(f"rank {at.rank}{' exited early' * (d.kind == Kind.QUIT)}: {at.cause}"
+                                      for at in d.ranks)
             if d.or_else is not None:  # a silent exit may be a rank catching its collective broken by one that left
                 first, maybe = [at.rank for at in d.ranks], [at.rank for at in d.or_else.ranks]
                 title += (f", or {departure(r, maybe)} and {_ranks(first)} failed after it: torchrun's SIGTERM "
@@ -245,7 +247,7 @@ def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
         if 0 < len(stuck) < r.world_size:
             detail.append(f"stacks of {len(stuck)} of {r.world_size} ranks were recorded")
         kind = {Kind.HALT_STALL: "halt_stall", Kind.LEFT: "departed", Kind.CRASHED: "crash",
-                Kind.KILLED: "crash"}.get(d.kind, "stall")
+                Kind.KILLED: "crash", Kind.ABORTED: "aborted", Kind.QUIT: "quit"}.get(d.kind, "stall")
         if d.kind == Kind.HALT_STALL:
             # the trainer's guard stopped the run first (the non-finite finding names the rank): what
             # stalled is its end, a rank that halted and stayed alive with the others waiting for it

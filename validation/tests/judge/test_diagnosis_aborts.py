@@ -91,24 +91,30 @@ def test_a_rank_whose_exit_aborted_after_its_collective_broke_yields_to_one_torc
             "(error: Connection closed by peer [127.0.0.1]:5860)") in crash.detail, crash.detail
 
 
-@pytest.mark.parametrize("case, log", [
-    ("no error, no abort line", lambda t: t.replace(_ERROR + "\n", "").replace(_TERMINATE + "\n", "")),
-    ("an abort line, no error", lambda t: t.replace(_ERROR + "\n", "")),
-    ("the abort line before the error", lambda t: t.replace(f"{_ERROR}\n{_TERMINATE}\n", f"{_TERMINATE}\n{_ERROR}\n")),
-    ("an error, no abort line", lambda t: t.replace(_TERMINATE + "\n", "")),
+_ABORTED = f"aborted itself (SIGABRT after {_TERMINATE!r})"
+
+
+@pytest.mark.parametrize("case, log, kind, cause", [
+    ("no error, no abort line", lambda t: t.replace(_ERROR + "\n", "").replace(_TERMINATE + "\n", ""), Kind.KILLED,
+     "killed by SIGABRT"),
+    ("an abort line, no error", lambda t: t.replace(_ERROR + "\n", ""), Kind.ABORTED, _ABORTED),
+    ("the abort line before the error", lambda t: t.replace(f"{_ERROR}\n{_TERMINATE}\n", f"{_TERMINATE}\n{_ERROR}\n"),
+     Kind.ABORTED, _ABORTED),
+    ("an error, no abort line", lambda t: t.replace(_TERMINATE + "\n", ""), Kind.KILLED, "killed by SIGABRT"),
 ])
-def test_a_sigabrt_that_no_broken_collective_explains_is_blamed_on_its_rank(tmp_path, case, log):
+def test_a_sigabrt_that_no_broken_collective_explains_is_blamed_on_its_rank(tmp_path, case, log, kind, cause):
     """A rank's own abort (os.abort, a failed C++ check, a joinable thread of its own) breaks the
     others' collectives after it, and their error may be printed after its abort line; a broken
     collective's error with no abort line may be another rank's print: none of these is taken for an
-    exit after a broken collective, and the SIGABRT is rank 0's own, named alone."""
+    exit after a broken collective, and the SIGABRT is rank 0's own, named alone: with the C++
+    runtime's abort line in the log, it aborted itself; without, a signal of unknown sender."""
     rec = _record(tmp_path, log(_log()))
     assert rec.evidence.rank_failures[0].broken_collective is None, (case, rec.evidence.rank_failures)
     c = diagnose(rec)
-    assert c is not None and c.kind == Kind.KILLED and [r.rank for r in c.ranks] == [0] and c.or_else is None, case
-    assert (c.cause, c.step, c.stage) == ("killed by SIGABRT", 3, "forward"), c
-    assert verdict_line(rec).startswith("rank 0 crashed (last heartbeat step 3, stage forward): killed by SIGABRT"
-                                        " — "), (case, verdict_line(rec))
+    assert c is not None and c.kind == kind and [r.rank for r in c.ranks] == [0] and c.or_else is None, case
+    assert (c.cause, c.step, c.stage) == (cause, 3, "forward"), c
+    assert verdict_line(rec).startswith(f"rank 0 crashed (last heartbeat step 3, stage forward): {cause} — "), \
+        (case, verdict_line(rec))
 
 
 def test_more_aborted_ranks_than_abort_lines_after_the_error_discount_none(tmp_path):
@@ -168,3 +174,67 @@ def test_three_ranks_one_aborting_after_its_broken_collective_name_the_leaver_be
     aborted = "rank 1 crashed (last heartbeat step 3, stage forward): killed by SIGABRT after a collective broke"
     assert aborted in verdict_line(rec), verdict_line(rec)
     assert "which came first cannot be told" in verdict_line(rec), verdict_line(rec)
+
+
+def _run(name: str, steps: int = 12) -> PhaseRecord:
+    """A record of a recorded two-rank gloo run of a trainer of one's own (validation/tests/evidence/NAME:
+    torchrun's log with its paths cut, the heartbeats; recorded 2026-12-05, torch 2.13, 12 steps)."""
+    run = EVIDENCE / name
+    ev = Evidence(rank_failures=rank_failures(run / "trainer.stderr.log"), stderr_log="trainer.stderr.log",
+                  last_heartbeat={k: Beat.of(recs) for k, recs in read_heartbeats(run).items()})
+    return PhaseRecord(PointKey("myt", "cpu", name), f"myt/cpu/{name}/default", "train", Status.FAIL,
+                       "trainer crashed (exit code 1)", steps=steps, world_size=2, exit_code=1, evidence=ev,
+                       trainer="myt")
+
+
+def test_a_rank_whose_exit_aborted_after_its_last_step_aborted_itself_and_no_one_killed_it():
+    """abort2_at_exit_after_steps: both ranks did all 12 steps; rank 0's interpreter's exit then aborted
+    ('terminate called without an active exception', Python's report of it listing no Python frame).
+    It read 'rank 0 crashed (...): killed by SIGABRT', with advice to find who sent the signal (the
+    OOM killer, someone's kill): the OOM killer sends SIGKILL, and a SIGABRT after the C++ runtime's
+    line is the process aborting itself."""
+    rec = _run("abort2_at_exit_after_steps")
+    f0 = rec.evidence.rank_failures[0]
+    assert (f0.signal, f0.aborted, f0.at_exit) == ("SIGABRT", _TERMINATE, True), f0
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.ABORTED and [r.rank for r in c.ranks] == [0], c
+    assert verdict_line(rec).startswith(
+        f"rank 0 crashed (last heartbeat step 12, stage step): aborted itself (SIGABRT after {_TERMINATE!r}) at the "
+        "interpreter's exit (no Python frame running), after its last step — "), verdict_line(rec)
+    [crash] = [f for f in find([rec]) if f.title.startswith("crash in")]
+    assert crash.kind == "aborted", crash
+    [advice] = recommendations([crash])
+    assert "out-of-memory" not in advice and "who sent" not in advice, advice
+    assert "destroy_process_group()" in advice and "aborted itself" in advice, advice
+
+
+def test_a_rank_that_exited_early_and_aborted_at_exit_is_said_to_have_exited_early():
+    """abort2_quit_at_exit: rank 1 called sys.exit(0) as step 4 of 12 began; its interpreter's exit aborted
+    (no Python frame running), and torchrun then ended rank 0, still in step 4, with SIGTERM. The abort
+    was its end, not its cause: it read 'rank 1 crashed (...): killed by SIGABRT'. Its heartbeats stop
+    at step 3 of 12 and its abort came after its code had ended: it exited early."""
+    rec = _run("abort2_quit_at_exit")
+    f1 = rec.evidence.rank_failures[1]
+    assert (f1.signal, f1.aborted, f1.at_exit) == ("SIGABRT", _TERMINATE, True), f1
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.QUIT and [r.rank for r in c.ranks] == [1], c
+    assert verdict_line(rec).startswith(
+        "rank 1 exited early (last heartbeat step 3, stage step): its heartbeats stop at step 3 of 12, and it then "
+        f"aborted itself (SIGABRT after {_TERMINATE!r}) at the interpreter's exit"), verdict_line(rec)
+    [crash] = [f for f in find([rec]) if f.title.startswith("crash in")]
+    assert crash.kind == "quit" and "rank 1 exited early: its heartbeats stop at step 3 of 12" in crash.title, crash
+    [advice] = recommendations([crash])
+    assert "stop condition that holds on that rank only" in advice and "destroy_process_group()" in advice, advice
+    assert "out-of-memory" not in advice, advice
+
+
+def test_an_abort_with_a_python_frame_before_the_last_step_is_the_ranks_own_crash(tmp_path):
+    """The same log where Python's report of the abort lists a frame of the trainer's (it aborted
+    while its code ran, mid-run): no early exit is known, and rank 1 aborted itself."""
+    log = (EVIDENCE / "abort2_quit_at_exit" / "trainer.stderr.log").read_text()
+    log = log.replace("  <no Python frame>", '  File "mytrain.py", line 99 in main')
+    rec = _run("abort2_quit_at_exit")
+    rec.evidence.rank_failures = rank_failures(_write(tmp_path, log))
+    assert rec.evidence.rank_failures[1].at_exit is False
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.ABORTED and c.cause == f"aborted itself (SIGABRT after {_TERMINATE!r})", c

@@ -325,11 +325,12 @@ def test_a_rank_of_a_trainer_whose_format_has_no_heartbeats_is_not_said_to_have_
     assert failures[0].signal == "SIGABRT"
     fields = dict(reason="trainer crashed (exit code 1)", steps=12)
     native = _record(Evidence(rank_failures=failures, stderr_log=log.name), **fields)
-    assert verdict_line(native).startswith("rank 0 crashed (no heartbeat written): killed by SIGABRT"), \
+    assert verdict_line(native).startswith("rank 0 crashed (no heartbeat written): aborted itself (SIGABRT after "
+                                           "'terminate called without an active exception')"), \
         verdict_line(native)
     said = "a Trainer writes no per-rank records"
     adapted = _record(Evidence(rank_failures=failures, stderr_log=log.name, no_heartbeats=said), **fields)
-    assert verdict_line(adapted).startswith("rank 0 crashed: killed by SIGABRT"), verdict_line(adapted)
+    assert verdict_line(adapted).startswith("rank 0 crashed: aborted itself (SIGABRT"), verdict_line(adapted)
     text = " ".join(" ".join([f.title, *f.detail]) for f in find([adapted]))
     assert "no heartbeat written" not in text and f"no heartbeats ({said})" in text, text
     stored = PhaseRecord.from_json(adapted.to_json(), "test")

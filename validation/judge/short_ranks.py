@@ -79,6 +79,36 @@ class ShortRank:
         return "it left early or trained on without writing them"
 
 
+@dataclass(frozen=True)
+class CsvAhead:
+    """training.csv logs a step that no rank's heartbeats reach, the heartbeats of rank 0 (which
+    writes it) among them: the files disagree, and neither is taken for the truth (a CSV whose step
+    numbers are not the steps run reads the same as heartbeats that stopped while the ranks trained on)."""
+
+    logged: int
+    """training.csv's last step."""
+    reached: int
+    """The furthest step any rank's heartbeats say."""
+    writer: Beat
+    """Rank 0's last heartbeat."""
+
+    def text(self, steps: int) -> str:
+        b = self.writer
+        return (f"training.csv logs steps beyond what the heartbeats show: its last row says step {self.logged} of "
+                f"{steps}, and no rank's heartbeats go past step {self.reached} (rank 0, which writes it, at step "
+                f"{b.step}, stage {b.stage or '?'}, as it wrote row {self.logged})")
+
+
+def csv_ahead(beats: Mapping[int, Beat], world: int, logged: int | None) -> CsvAhead | None:
+    """``CsvAhead`` of a run of several ranks whose every rank wrote heartbeats, where training.csv's
+    last step (``logged``) is beyond the furthest of them; None otherwise."""
+    mine = {k: b for k, b in beats.items() if k < world}
+    if world < 2 or logged is None or 0 not in mine or len(mine) < world:
+        return None
+    reached = max((b.done if b.ends_steps else b.step) or 0 for b in mine.values())
+    return CsvAhead(logged, reached, mine[0]) if logged > reached else None
+
+
 def short_of(beat: Beat, steps: int) -> bool:
     """Whether a rank whose heartbeats record each step's end (``ends_steps``) says by its last
     record that it did not complete ``steps``: a record of an earlier step, or one of a stage within

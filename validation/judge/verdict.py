@@ -24,7 +24,7 @@ from validation.judge.record import (
     last_step_done,
     rank_processes,
 )
-from validation.judge.short_ranks import ShortRank, short_ranks
+from validation.judge.short_ranks import CsvAhead, ShortRank, csv_ahead, short_ranks
 from validation.judge.stability import first_nonfinite
 from validation.excerpt import EXCERPT_CHARS
 
@@ -69,6 +69,10 @@ class Outcome:
     nonfinite_loss_step: int | None = None
     """The first step whose loss training.csv logs as not finite (None: every logged loss is): of a
     run that ended clean, a FAIL whatever its gates (``clean_verdict``)."""
+    csv_ahead: CsvAhead | None = None
+    """training.csv logs a step beyond every rank's heartbeats (judge/short_ranks.py): the ranks that
+    seem short (``short_ranks``) are so only against the CSV, which the verdict does not take for
+    the truth."""
 
     @classmethod
     def of_run(cls, kind: str, run: RunData, errors: Sequence[str]) -> Outcome:
@@ -84,7 +88,7 @@ class Outcome:
                    short_ranks(beats, run.world_size, run.steps_requested, logged, seen),
                    HEARTBEATS not in adapter_unmeasured(run.env),
                    run.agent_killed if root_rank(run.rank_failures, run.halt.source if run.halt else None) is None
-                   else None, first_nonfinite(run.csv))
+                   else None, first_nonfinite(run.csv), csv_ahead(beats, run.world_size, logged))
 
     @classmethod
     def of_record(cls, rec: PhaseRecord) -> Outcome:
@@ -103,7 +107,8 @@ class Outcome:
                    not rec.evidence.no_heartbeats,
                    agent_killed(nodes.launcher, nodes.nodes, stopped)
                    if (nodes := rec.evidence.nodes) is not None and root_of_evidence(rec.evidence) is None else None,
-                   rec.evidence.nonfinite_loss_step)
+                   rec.evidence.nonfinite_loss_step,
+                   csv_ahead(rec.evidence.last_heartbeat, rec.world_size, logged) if steps is not None else None)
 
     @property
     def ended_clean(self) -> bool:
@@ -179,6 +184,8 @@ class Outcome:
         return f"after step {step}{of}"
 
     def short_text(self) -> str:
+        if not self.stopped_short and self.csv_ahead is not None and self.short_ranks:
+            return f"{self.csv_ahead.text(self.steps_requested)}, exit 0, no .HALT"
         if not self.stopped_short and self.short_ranks:
             ranks = "; ".join(s.text(self.steps_requested) for s in self.short_ranks)
             return f"{ranks}, exit 0, no .HALT"

@@ -163,6 +163,15 @@ def _short_rank(f: Facts) -> str:
             f"(the pid of its heartbeats) exit early. Then {_RERUN}.")
 
 
+def _csv_ahead(f: Facts) -> str:
+    return ("training.csv logs steps that no rank's heartbeats reach, rank 0's (which writes it) included: the "
+            "files disagree on how far the run got, and the steps gates read the CSV's. Compare the CSV's step "
+            "column with the steps the trainer ran: a logged number that is not the step (a count of micro-batches, "
+            "samples or tokens, a step scaled or offset) makes it run ahead; else the ranks' heartbeat writer "
+            "stopped while they trained on (the contract asks every rank for a record of each step it logs). Fix "
+            f"whichever file is wrong, then {_RERUN}.")
+
+
 def _short(f: Facts) -> str:
     how = ("check --steps and any stop condition in its log" if f.own_trainer
            else "check that the runbook's `trainer.steps` reaches it, and any stop condition of its own")
@@ -414,7 +423,7 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "crash": _crash, "aborted": _aborted, "quit": _quit, "departed": _departed, "waited": _waited, "left_after": _left_after, "stall": _stall,
     "timeout": _timeout,
     "nonfinite": _nonfinite, "halt_stall": _halt_stall,
-    "halted": _halted, "short_run": _short, "short_rank": _short_rank, "cliff": _cliff,
+    "halted": _halted, "short_run": _short, "short_rank": _short_rank, "csv_ahead": _csv_ahead, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "straggler_rank": _straggler_rank, "fallback": _fallback,
     "artifacts": _artifacts, "not_launched": _not_launched, "harness_error": _harness_error,
     "tests_failed": _tests_failed, "tests_not_run": _tests_not_run, "no_junit": _no_junit, "preflight": _preflight,

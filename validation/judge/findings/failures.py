@@ -149,9 +149,12 @@ def short_runs(records: list[PhaseRecord]) -> list[Finding]:
                                [f"CSV: {r.out_dir}/training.csv", f"stderr: {r.out_dir}/{r.evidence.stderr_log}"],
                                "short_run", Facts.of(r)))
         elif outcome.rank_stopped_short:  # training.csv (rank 0) is complete; a rank's own heartbeats are not
+            ahead = outcome.csv_ahead is not None  # ... or only against the CSV, which goes beyond every rank's
             out.append(Finding(Severity.CRITICAL, r.phase, f"{where_run(r)}: {outcome.short_text()}",
-                               [f"heartbeats: {r.out_dir}/heartbeat_rank{k.rank}.jsonl" for k in outcome.short_ranks]
-                               + [f"stderr: {p}" for p in logs_of(r, [k.rank for k in outcome.short_ranks])], "short_rank", Facts.of(r)))
+                               [f"CSV: {r.out_dir}/training.csv"] * ahead
+                               + [f"heartbeats: {r.out_dir}/heartbeat_rank{k.rank}.jsonl" for k in outcome.short_ranks]
+                               + [f"stderr: {p}" for p in logs_of(r, [k.rank for k in outcome.short_ranks])],
+                               "csv_ahead" if ahead else "short_rank", Facts.of(r)))
     return out
 
 

@@ -271,3 +271,31 @@ def test_a_window_of_a_run_that_logs_every_4_steps_is_covered_from_step_1():
     run = RunData(out_dir=None, csv=every_4)
     [g] = evaluate([Gate("toks_per_s_mean", ">=", 1, window=Window(last=12))], run, {})
     assert g.verdict == GateVerdict.PASS and g.value == 100.0, g
+
+
+def test_a_csv_whose_steps_run_ahead_of_every_ranks_heartbeats_is_not_taken_for_how_far_the_run_got():
+    """A user pass (2026-12-05): training.csv logged step 2N at step N (rows 2, 4, ..., 12 of 12)
+    while both ranks' heartbeats honestly said step 6. The verdict said 'rank 0's heartbeats stop
+    after step 6 of 12 (... the run completed step 12): ... it trained on without writing them', taking
+    the step of the file that disagreed with every heartbeat for the truth. It says the files
+    disagree, where: rank 0 writes the CSV, and its heartbeats say step 6."""
+    from validation.judge.findings import find, recommendations
+    from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Summary
+
+    beats = {0: Beat(step=6, stage="step"), 1: Beat(step=6, stage="step")}
+    rec = PhaseRecord(PointKey("myt", "cpu", "jump"), "myt/cpu/jump/default", "train", Status.FAIL, "", steps=12,
+                      world_size=2, exit_code=0, metrics=Summary(steps_completed=12),
+                      evidence=Evidence(last_heartbeat=beats))
+    status, reason = verdict(Outcome.of_record(rec), [])
+    assert status == Status.FAIL, reason
+    assert reason == ("training.csv logs steps beyond what the heartbeats show: its last row says step 12 of 12, and "
+                      "no rank's heartbeats go past step 6 (rank 0, which writes it, at step 6, stage step, as it "
+                      "wrote row 12), exit 0, no .HALT"), reason
+    [f] = [f for f in find([dataclasses.replace(rec, reason=reason)]) if f.severity.value == "critical"]
+    assert f.kind == "csv_ahead" and "the run completed step 12" not in f.title, f
+    [advice] = recommendations([f])
+    assert "a logged number that is not the step" in advice, advice
+    # a rank whose own heartbeats reach the CSV's last step: the other rank is short, as before
+    beats[1] = Beat(step=12, stage="step")
+    assert Outcome.of_record(rec).csv_ahead is None
+    assert "the run completed step 12" in Outcome.of_record(rec).short_text()

@@ -102,6 +102,11 @@ def _stall(f: Facts) -> str:
                  "ended (or never started) while a launcher kept the run open (torchrun's agent waits at its exit "
                  "barrier for the other nodes' agents, srun for its tasks). The finding says how far each rank got "
                  "and how it ended: start from the rank that ended first. ")
+    elif f.alone:
+        where = ("The one rank still running when the harness came had outlived the other ranks, which had ended "
+                 "(the finding says how): nothing waited for it in a collective. Its stack shows where it was once "
+                 "the others were done with it: a save, an evaluation or a teardown of its own, a loop, a lock, I/O, "
+                 "a thread it joins that never ends; every rank must end after its last step. ")
     elif not f.stacks:
         where = ("No stack could be taken: install py-spy and let it attach (ptrace; a container needs "
                  "CAP_SYS_PTRACE), or give the trainer a SIGUSR1 handler (faulthandler.register); the last "

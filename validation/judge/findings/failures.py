@@ -3,6 +3,8 @@ imbalanced ranks, broken output contracts, and failed gates. Where each rank was
 ended, from the record's evidence."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from nsa.contract import PROFILE_TOP_OPS, heartbeat_name
 from validation.contract.files import HaltInfo
 from validation.contract.stacks import StackDump
@@ -280,6 +282,7 @@ def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
                   if facts.no_rank_running else ": no stack was recorded")
             if _alone(r, d, stuck):  # the one process left running: the others had ended, and it had not
                 at = f": hung: {'; '.join(stuck.values())}; the other ranks had ended"
+                facts = replace(facts, alone=True)
         out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail, kind, facts,
                            d if d.ranks and d.kind != Kind.HALT_STALL else None))
     return out

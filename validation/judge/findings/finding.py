@@ -67,6 +67,9 @@ class Facts:
     log_says: LogSays = LogSays.TRACEBACK
     """What the run's stderr log holds of its error: the advice sends a reader to a traceback only
     where there is one."""
+    alone: bool = False
+    """Of a stall of several ranks: the one rank the harness found running had outlived the others,
+    which had ended (findings/failures.py ``_alone``): nothing waited for it in a collective."""
 
     @classmethod
     def of(cls, rec: PhaseRecord) -> Facts:

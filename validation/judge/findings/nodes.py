@@ -65,6 +65,10 @@ NODE_ADVICE = {
     "node_hung": "One node's rank stopped outside the collectives while the other nodes waited in them: its stack "
                  "(harness_stacks/) shows where; look at that host (I/O, a lock, a network interface) and at what "
                  "differs between the ranks' steps.",
+    "node_hung_alone": "One node's rank did not end after the ranks of the other nodes had ended (the finding says "
+                       "how each did): nothing waited for it in a collective. Its stack (harness_stacks/) shows where "
+                       "it was once the others were done with it (a save, an evaluation or a teardown of its own, a "
+                       "loop, a lock, I/O on that host); every rank must end after its last step.",
     "node_frozen": "One node's rank was a stopped process when the harness came for its stack (the finding names it), "
                    "and the other nodes waited for it in their collectives: it ran nothing, so it has no stack and "
                    "nothing in the ranks' steps diverged. On that host: " + STOPPED_ADVICE[0].lower()
@@ -269,8 +273,10 @@ def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     gone = "; ".join(f"{_on(ev, k)}rank {k} ({e})" for k, e in ended.items())
     title = (f"{head} hung in {where(r)} ({how}): {stuck}" + (f"; waiting for it: {others}" if others else "")
              + (f"; already ended: {gone}" if gone else ""))
-    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev),
-                   "node_frozen" if frozen and len(frozen) == len(hung) else "node_hung")
+    # with no rank left waiting in a collective, the hung ones outlived the others' ends
+    kind = ("node_frozen" if frozen and len(frozen) == len(hung) else "node_hung_alone" if gone and not waiting
+            else "node_hung")
+    return Finding(Severity.CRITICAL, r.phase, title, _lines(r, ev), kind)
 
 
 def _failed(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:

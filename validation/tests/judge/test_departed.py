@@ -222,7 +222,8 @@ def test_a_rank_that_did_its_steps_and_exited_0_is_said_to_have_ended_not_to_lac
     [stall] = [f for f in find([_hung_after_the_last_step(nodes=_two_nodes())]) if f.kind == "stall"]
     assert ("rank 1: last heartbeat step 8, stage step; no process left to take a stack of: it had ended (exited 0)"
             in stall.detail), stall.detail
-    [hung] = [f for f in find([_hung_after_the_last_step(nodes=_two_nodes())]) if f.kind == "node_hung"]
+    # nothing waited for it: the other node's rank had ended
+    [hung] = [f for f in find([_hung_after_the_last_step(nodes=_two_nodes())]) if f.kind == "node_hung_alone"]
     assert hung.title == ("node 0 hung in ddp [default] (no progress for 10 s): node 0's rank 0 in save (last heartbeat "
                           "step 8, step); already ended: node 1's rank 1 (exited 0)"), hung.title
     assert "node 1 (host vm, torchrun node rank 1, log node1.stderr.log): rank 1 last heartbeat step 8, stage step, " \
@@ -247,7 +248,8 @@ def test_an_empty_stack_dump_file_is_no_stack_of_the_rank():
 def test_a_hung_node_finding_says_a_rank_that_had_failed_had_ended_not_that_it_waited():
     """Node 0's rank hung outside any collective; node 1's rank had failed before: it was listed as
     'waiting for it: node 1's rank 1 (no stack)'."""
-    [hung] = [f for f in find([_hung_after_the_last_step(CRASHED, nodes=_two_nodes())]) if f.kind == "node_hung"]
+    [hung] = [f for f in find([_hung_after_the_last_step(CRASHED, nodes=_two_nodes())])
+              if f.kind == "node_hung_alone"]
     assert hung.title.endswith("already ended: node 1's rank 1 (RuntimeError: injected crash on rank 1)"), \
         hung.title
 

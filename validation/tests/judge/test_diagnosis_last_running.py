@@ -33,3 +33,24 @@ def test_the_one_rank_left_running_after_the_others_exited_is_named_hung():
     assert "rank 0: last heartbeat step 8, stage step; no process left to take a stack of: it had ended (exited 0)" \
         in stall.detail, stall.detail
 
+
+
+def test_the_advice_of_a_rank_that_outlived_the_others_says_they_had_ended_not_that_they_waited():
+    """A user pass (2026-12-05), the same run over two nodes: the finding said 'already ended: node 0's
+    rank 0 (exited 0)' while its advice said 'the other nodes waited in them' (and the stall's, that a
+    rank inside a collective while another is elsewhere means the ranks' steps diverged): nothing
+    waited for it; the others had ended."""
+    from validation.judge.findings import recommendations
+    from validation.judge.nodes import NodeEvidence, NodesEvidence
+
+    rec = _judged()
+    [stall] = [f for f in find([rec]) if f.title.startswith("stall in")]
+    [advice] = recommendations([stall])
+    assert "outlived the other ranks, which had ended" in advice and "steps diverged" not in advice, advice
+    rec.evidence.nodes = NodesEvidence("torchrun", "localhost:1", 30.0, [
+        NodeEvidence(0, "node0.stderr.log", "vm", None, None, 0, [0]),
+        NodeEvidence(1, "node1.stderr.log", "vm", None, None, 1, [1])])
+    [node] = [f for f in find([rec]) if f.kind.startswith("node_")]
+    assert node.kind == "node_hung_alone" and "already ended: node 0's rank 0 (exited 0)" in node.title, node
+    [advice] = recommendations([node])
+    assert "after the ranks of the other nodes had ended" in advice and "waited in them" not in advice, advice

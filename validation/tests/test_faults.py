@@ -141,15 +141,17 @@ def test_idle_rank_is_found(fake_run):
     assert "1 of 2 rank(s) did no work" in idle and "rank 1: last step 0, stage data, GPU util 0%" in idle
 
 
-def test_a_rank_without_heartbeats_is_idle_or_a_trainer_not_beating_there(fake_run):
+def test_a_rank_without_heartbeats_is_a_broken_contract_not_a_rank_that_did_no_work(fake_run):
     """user7's pass: a trainer whose rank 1 trained every step but wrote no heartbeat was told
     only that rank 1 'did no work' and to check that every rank gets data: the files cannot tell
-    an idle rank from one whose trainer does not beat, so the finding says both."""
+    an idle rank from one whose trainer does not beat. What they show is a rank that wrote no
+    heartbeat, which the contract asks of every rank (a user pass, 2026-12-05)."""
     run = fake_run([train_phase("ddp", fault="idle:rank=1:silent=1", env={"NSA_FAKE_WORLD": "2"},
                                 gates=[{"metric": "idle_ranks", "op": "==", "threshold": 0}])])
     [idle] = run.findings("critical")
-    assert "rank 1: no heartbeat written (heartbeat_rank1.jsonl has no record)" in idle, idle
-    assert "if it did train, the trainer breaks the contract there (every rank writes heartbeat_rank1.jsonl)" in idle
+    assert ("rank 1 of 2 wrote no heartbeat (heartbeat_rank1.jsonl has no record), which the contract asks of every "
+            "rank: whether it did work, its files cannot tell") in idle, idle
+    assert "did no work" not in idle, idle
 
 
 def test_slow_rank_is_imbalance_with_per_rank_step_times(fake_run):

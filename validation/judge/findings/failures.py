@@ -365,16 +365,26 @@ def imbalance(records: list[PhaseRecord]) -> list[Finding]:
         times = ev.rank_step_time_s
         gate = _imbalance_gate(r)  # a failed gate on the ratio makes the imbalance the point's critical finding
         if r.metrics.idle_ranks:
-            detail = []
+            detail, unwritten = [], [k for k in range(r.world_size or 1) if k not in ev.last_heartbeat]
             for rank in range(r.world_size or 1):
                 hb = ev.last_heartbeat.get(rank)
-                if hb is None:  # idle, or a trainer that does not beat on that rank: the files cannot tell
-                    detail.append(f"rank {rank}: {last_heartbeat(r, rank)}; if it did train, the trainer breaks the "
-                                  f"contract there (every rank writes {heartbeat_name(rank)})")
+                if hb is None:
+                    detail.append(f"rank {rank}: {last_heartbeat(r, rank)}; the contract asks every rank for "
+                                  f"{heartbeat_name(rank)}")
                     continue
                 detail.append(f"rank {rank}: last step {_q(hb.step)}, stage {_q(hb.stage)}"
                               + (f", GPU util {hb.gpu_util:g}%" if hb.gpu_util is not None else "")
                               + (f", median step time {times[rank]:.3g}s" if rank in times else ""))
+            if len(unwritten) >= r.metrics.idle_ranks:
+                # idle by the metric for want of a record only: whether such a rank worked (a DDP rank in
+                # every all-reduce did), its files cannot tell; that it wrote none breaks the contract
+                files = "; ".join(f"{heartbeat_name(k)} {'has no record' if heartbeat_name(k) in ev.files else 'not written'}"
+                                  for k in unwritten)
+                out.append(Finding(Severity.CRITICAL, r.phase, (
+                    f"{where_run(r)}: {_ranks(unwritten)} of {r.world_size} wrote no heartbeat ({files}), which the "
+                    "contract asks of every rank: whether it did work, its files cannot tell"), detail, "artifacts",
+                    Facts.of(r)))
+                continue
             out.append(Finding(Severity.CRITICAL, r.phase, f"idle rank in {where_run(r)}: "
                                f"{int(r.metrics.idle_ranks)} of {r.world_size} rank(s) did no work", detail, "idle",
                                Facts.of(r)))

@@ -358,7 +358,8 @@ def test_an_empty_heartbeat_file_of_the_only_rank_fails_both_the_check_and_the_r
     assert main(["run", "--runbook", str(rb), "--results-dir", str(tmp_path / "r"), "--no-plots"]) == 1
     [out_dir] = (tmp_path / "r" / "runs").glob("fake/cpu/ddp/default/*/")
     assert (out_dir / "heartbeat_rank0.jsonl").read_text() == ""
-    assert "1 of 1 rank(s) did no work" in (tmp_path / "r" / "reports" / "fake__cpu.md").read_text()
+    assert "rank 0 of 1 wrote no heartbeat (heartbeat_rank0.jsonl has no record)" in (
+        tmp_path / "r" / "reports" / "fake__cpu.md").read_text()
     capsys.readouterr()
     assert main(["check-artifacts", str(out_dir)]) == 1
     out = capsys.readouterr().out

@@ -295,3 +295,29 @@ def test_env_json_naming_more_ranks_than_were_launched_is_its_error(tmp_path):
     spawned = _contract_dir(tmp_path / "spawned", world=2, beats=(0, 1), dumps=())
     rc, text = _check_world(spawned, 1)
     assert rc == 0 and "malformed" not in text, text
+
+
+def test_a_rank_that_wrote_no_heartbeat_file_is_said_to_have_broken_the_contract_not_to_have_done_no_work(tmp_path):
+    """A user pass (2026-12-05): rank 1 of a DDP run took part in every all-reduce and wrote no
+    heartbeat file at all. The NO-GO is right (every rank writes its own), but the finding said 'idle
+    rank ...: 1 of 2 rank(s) did no work', which its files cannot say. It says what they show."""
+    d = _contract_dir(tmp_path / "two", world=2, beats=(0,), dumps=())
+    (d / "heartbeat_rank0.jsonl").write_text("".join(
+        json.dumps({"time": float(s), "step": s, "rank": 0, "stage": "step"}) + "\n" for s in (1, 2)))
+    run = RunData(d, world_size=2, exit_code=0)
+    run = read_train(run).onto(run)
+    rec = PhaseRecord(PointKey("rb", "cpu", "ddp"), "rb/cpu/ddp/default", "train", Status.FAIL,
+                      "idle_ranks = 1, needs == 0", exit_code=0, world_size=2, out_dir="x",
+                      evidence=collect(run, tmp_path / "none.log", []), metrics=Summary.of(run, None))
+    assert rec.metrics.idle_ranks == 1
+    [f] = [f for f in find([rec]) if f.severity.value == "critical"]
+    assert f.kind == "artifacts" and "did no work" not in f.title, f.title
+    assert f.title == ("ddp [default]: rank 1 of 2 wrote no heartbeat (heartbeat_rank1.jsonl not written), which the "
+                       "contract asks of every rank: whether it did work, its files cannot tell"), f.title
+    # a rank whose file holds records and no step progress did no work, as before
+    (d / "heartbeat_rank1.jsonl").write_text(json.dumps({"time": 1.0, "step": 0, "rank": 1, "stage": "data"}) + "\n")
+    run = read_train(RunData(d, world_size=2, exit_code=0)).onto(RunData(d, world_size=2, exit_code=0))
+    idle = PhaseRecord(PointKey("rb", "cpu", "ddp"), "rb/cpu/ddp/default", "train", Status.FAIL, "", exit_code=0,
+                       world_size=2, out_dir="x", evidence=collect(run, tmp_path / "none.log", []),
+                       metrics=Summary.of(run, None))
+    assert [f.title for f in find([idle]) if f.kind == "idle"] == ["idle rank in ddp [default]: 1 of 2 rank(s) did no work"]

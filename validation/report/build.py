@@ -26,7 +26,7 @@ from nsa.atomic import write_atomic
 from validation import DEFAULT_RESULTS_DIR, REPO_ROOT, TEMPLATE_DIR
 from validation.judge.findings import find, planned_longest
 from validation.judge.findings.advice import recommendations
-from validation.judge.findings.finding import Finding, Severity, point_label, where
+from validation.judge.findings.finding import Finding, Severity, own_reason, point_label, where
 from validation.judge.findings.headline import blame
 from validation.judge.findings.profiles import other_profile_files
 from validation.judge.gates import Pending
@@ -156,9 +156,9 @@ def _critical_reason(critical: list[Finding]) -> str:
 def _failed_point(r: PhaseRecord) -> str:
     """'long_run [default] (rank 1 hung at step 5, stage backward (in wait))': the point, and the
     rank (and node) its crash or stall finding blames; of a repeated point, each failed repeat and
-    whom it blames (headline.blame)."""
-    who = blame(r)
-    return where(r) + (f" ({who})" if who else "")
+    whom it blames (headline.blame); where none is blamed, its verdict's reason ('fsdp [default]
+    (idle_ranks = 1, needs == 0)'), so that every failed point says why."""
+    return f"{where(r)} ({blame(r) or own_reason(r)})"
 
 
 def _select(records: list[PhaseRecord], points: list[PhasePoint] | None

@@ -50,7 +50,8 @@ def test_a_nan_with_no_gates_fails_as_an_early_exit_with_no_gates_does(fake_run)
     assert (nan.status, early.status) == (Status.FAIL, Status.FAIL), (nan.reason, early.reason)
     assert nan.reason == "non-finite loss logged at step 3, and the trainer did not stop on it (no .HALT)"
     assert "| 0 | 2 | 0 | 0 | 0 | 0 |" in run.report, run.report
-    assert "2 of 2 phase point(s) failed: nogate_nan [default], nogate_early [default]." in run.report
+    assert ("2 of 2 phase point(s) failed: nogate_nan [default] (non-finite loss logged at step 3, and the trainer "
+            f"did not stop on it (no .HALT)), nogate_early [default] ({early.reason}).") in run.report, run.report
     # the finding still names the step and the file, with its advice
     [f] = [f for f in run.context["findings"] if f.kind == "nonfinite"]
     assert f.severity == "critical" and f.title.startswith("non-finite loss in nogate_nan [default]: first logged at "

@@ -172,3 +172,14 @@ def test_a_repeat_of_an_older_record_without_evidence_is_named_by_its_reason_alo
     assert verdict_line(rec) == ("repeat 1 of 2: rank 0 crashed (last heartbeat step 3, stage forward): "
                                  "RuntimeError: boom — trainer crashed (exit code 1); "
                                  "repeat 2 of 2: trainer crashed (exit code 1)")
+
+
+def test_every_failed_point_in_the_summary_says_why(tmp_path):
+    """A user pass (2026-12-05): the Executive Summary said '1 of 1 phase point(s) failed: fagent_kill
+    [default].' (likewise of a NaN, a CSV that stopped, steps that jumped) while it named the rank for a
+    crash: a point no rank is blamed for gives its verdict's reason."""
+    rec = PhaseRecord(PointKey("rb", "cpu", "two"), "rb/cpu/two/default", "train", Status.FAIL,
+                      "node 1's torchrun agent was killed by SIGKILL (exit code -9)", exit_code=-9, world_size=2)
+    _, reason = status_of([rec], [], [])
+    assert reason == ("1 of 1 phase point(s) failed: two [default] (node 1's torchrun agent was killed by SIGKILL "
+                      "(exit code -9))"), reason

@@ -45,7 +45,8 @@ from validation.store.goldens import GoldenFile
 
 EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # as a shell reports a command killed by SIGPIPE
 EXIT_STATUSES = ("exit status of run and report: 0 GO, 1 NO-GO, 3 INCOMPLETE (run --no-report: 0 once stored); "
-                 "2 a bad runbook, profile or option, a results directory with nothing to report, or a point that "
+                 "2 a bad runbook, profile or option, a results directory with nothing to report or whose files "
+                 "cannot be written (a full disk: the point that ran is named as not stored), or a point that "
                  "cannot launch here (nothing is run then); 128 + the signal when stopped by SIGINT (Ctrl-C), "
                  "SIGTERM or SIGHUP, its trainers killed first. bless: 0 when it wrote the golden curves, 2 when it "
                  "wrote nothing. check-artifacts: 0 the contract holds, 1 not, 2 not a directory.")

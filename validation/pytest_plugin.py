@@ -41,7 +41,7 @@ from typing import Any
 import pytest
 
 from validation import DEFAULT_RESULTS_DIR, REPO_ROOT
-from validation.errors import HarnessError
+from validation.errors import HarnessError, StoreError
 from validation.judge.record import PhaseRecord, Status
 from validation.runbook.load import available, load_profile, load_runbook
 from validation.runbook.plan import PhasePoint
@@ -222,11 +222,14 @@ class AcceptancePlugin:
 
     def run(self, point: PhasePoint) -> PhaseRecord:
         """Run the point through the session; a point that cannot launch here (a trainer root
-        not set) skips with no record, one this machine cannot run skips with its SKIP record."""
+        not set) skips with no record, one this machine cannot run skips with its SKIP record; one
+        whose record cannot be stored (a full disk) fails with the store's message, no traceback."""
         try:
             record = self.session.run_point(point, self.progress)
         except NotLaunchable as exc:
             pytest.skip(f"{exc} (nothing run or stored)")
+        except StoreError as exc:
+            pytest.fail(f"nsa-validate: {exc}", pytrace=False)
         if record.status == Status.SKIP:
             pytest.skip(record.reason)
         return record

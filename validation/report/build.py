@@ -24,6 +24,7 @@ import jinja2
 
 from nsa.atomic import write_atomic
 from validation import DEFAULT_RESULTS_DIR, REPO_ROOT, TEMPLATE_DIR
+from validation.errors import StoreError
 from validation.judge.findings import find, planned_longest
 from validation.judge.findings.advice import recommendations
 from validation.judge.findings.finding import Finding, Severity, own_reason, point_label, where
@@ -446,7 +447,7 @@ def withdraw_all(results_dir: str | Path) -> list[Path]:
     them: its store can no longer be read, so none of them is backed by it any more."""
     gone = sorted(p for p in (Path(results_dir) / "reports").glob("*__*.md") if p.is_file())
     for path in gone:
-        path.unlink(missing_ok=True)
+        _remove(path)
     return gone
 
 
@@ -455,7 +456,14 @@ def withdraw(results_dir: str | Path, runbook_name: str, profile_name: str) -> N
     old record names removed, which the report names too. A stop before the next report is
     written then leaves no report rather than one naming runs that are gone (its plots stay until
     the next render prunes them; the report is the index)."""
-    report_path(results_dir, runbook_name, profile_name).unlink(missing_ok=True)
+    _remove(report_path(results_dir, runbook_name, profile_name))
+
+
+def _remove(report: Path) -> None:
+    try:
+        report.unlink(missing_ok=True)
+    except OSError as exc:
+        raise StoreError.of_os("cannot remove the report", report, exc) from None
 
 
 def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, runbook: Runbook | None = None,
@@ -465,9 +473,11 @@ def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, run
     """Write <results>/reports/<runbook>__<profile>.md (and its plots); return it with its verdict.
     With ``baseline`` (another results directory) each point is compared with its stored twin
     there (validation/baseline.py); with ``interrupted``, the report says that the run writing it
-    was stopped, and where."""
+    was stopped, and where. A file it cannot write (a full disk, a read-only folder) is a
+    StoreError naming the report, the previous one left as it was."""
     results_dir = Path(results_dir)
-    report_dir = results_dir / "reports"
+    path = report_path(results_dir, runbook_name, profile_name)
+    report_dir = path.parent
     stem = f"{runbook_name}__{profile_name}"
     plot_list: list[dict[str, str]] = []
     plot_dir = report_dir / "plots"
@@ -487,7 +497,6 @@ def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, run
         ctx["results_prefix"] = os.path.relpath(results_dir, report_dir)
         text = render_text(ctx, template)
         report_dir.mkdir(parents=True, exist_ok=True)
-        path = report_path(results_dir, runbook_name, profile_name)
         # the new plots first (the old report names the same phases' or others, which stay), then
         # the report (whole or not at all, for everyone to read), then the old report's plots the
         # new one does not name
@@ -495,6 +504,8 @@ def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, run
         write_atomic(path, text, mode=0o644)
         if moved is not None:
             prune(plot_dir, stem, keep=moved)
+    except OSError as exc:
+        raise StoreError.of_os("cannot write the report", path, exc) from None
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)

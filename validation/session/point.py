@@ -112,6 +112,13 @@ def run_point(point: PhasePoint, results_dir: Path, hw: Machine, skip: str | Non
                 shutil.rmtree(point_dir(results_dir, point) / record.run_id[:12], ignore_errors=True)
             raise StoppedWhileStoring(point.test_id, record if stored else None,
                                       getattr(exc, "signum", signal.SIGINT)) from exc
+        except StoreError as exc:
+            # a full disk or a read-only folder: the session ends with the bad-input status, and
+            # the run that finished is named, not dropped; its directory stays for a look (the next
+            # run of the point removes it, as it removes any run no record names)
+            raise StoreError(f"{exc}; {point.test_id} ran to its end ({record.status}) but its record was not "
+                             f"stored (the store holds what it held before); its run is in "
+                             f"{results_dir / record.out_dir}") from None
     return record
 
 

@@ -7,12 +7,13 @@ Writes are read-modify-write under an exclusive ``fcntl`` lock on ``results.json
 harness runs, or pytest-xdist workers, on the same directory cannot lose each other's records),
 and the new file replaces the old one atomically (nsa/atomic.py), so a reader never sees half a file and needs no lock: reading writes nothing (a
 baseline may be someone else's read-only directory). ``put`` replaces only the record with the
-same key; every other record is kept as it was.
+same key; every other record is kept as it was. A file the system cannot read or write (a full
+disk, a read-only folder, a directory named results.json) is a StoreError naming it, the file
+left as it was.
 """
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import tempfile
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any, Iterator
 from nsa.atomic import write_atomic
 from validation.errors import CorruptStore, StoreError
 from validation.judge.record import PhaseRecord, PointKey, Status
+from validation.store.lock import exclusive
 
 STORE_NAME = "results.json"
 SCHEMA = 2
@@ -39,19 +41,23 @@ class ResultStore:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / (STORE_NAME + ".lock"), "a+") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        lock = self.dir / (STORE_NAME + ".lock")
+        with contextlib.ExitStack() as held:
             try:
-                yield
-            finally:
-                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+                held.enter_context(exclusive(lock))
+            except OSError as exc:
+                raise StoreError.of_os("cannot lock the result store with", lock, exc) from None
+            yield
 
     def _read(self) -> dict[str, Any]:
         if not self.path.exists():
             return {"schema": SCHEMA, "records": {}}
         try:
-            data = json.loads(self.path.read_text())
+            raw = self.path.read_bytes()
+        except OSError as exc:
+            raise StoreError.of_os("cannot read", self.path, exc) from None
+        try:
+            data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise CorruptStore(f"{self.path}: not valid JSON ({exc}); move it aside to start a new store") from None
         if not isinstance(data, dict) or not isinstance(data.get("records"), dict):
@@ -89,7 +95,10 @@ class ResultStore:
 
     def _write(self, data: dict[str, Any]) -> None:
         # like the reports beside it, it is for everyone (a colleague's store serves as a --baseline)
-        write_atomic(self.path, json.dumps(data, indent=1, sort_keys=True, default=str), mode=0o644)
+        try:
+            write_atomic(self.path, json.dumps(data, indent=1, sort_keys=True, default=str), mode=0o644)
+        except OSError as exc:
+            raise StoreError.of_os("cannot write", self.path, exc) from None
 
     def put(self, record: PhaseRecord) -> None:
         """Insert or replace the one record with this record's key."""

@@ -3,7 +3,8 @@
 The only writer of goldens. It reads the selected points' records from a results directory,
 takes the loss of steps 1..golden_steps from each run's training.csv, and replaces exactly those
 curves (for the hardware class each run ran on) in the runbook's golden file; every other curve
-stays as it was. All selected points are checked before anything is written: one that has no
+stays as it was, those another bless writes at the same time included (the file is read and
+written under a lock, GoldenFile.editing). All selected points are checked before anything is written: one that has no
 finished run stops the bless with an error naming it, and the file is left untouched.
 """
 from __future__ import annotations
@@ -63,7 +64,6 @@ def select(runbook: Runbook, profile: Profile, phases: list[str] | None, points:
 def bless(results_dir: Path, runbook: Runbook, profile: Profile, selected: list[PhasePoint]) -> list[Blessed]:
     """Replace the golden curves of ``selected`` with their stored runs' losses; return what was written."""
     records = {r.test_id: r for r in ResultStore(results_dir).records(runbook.name, profile.name)}
-    goldens = GoldenFile.for_pair(runbook.path, runbook.name, profile.name)
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     todo: list[tuple[str, str, Curve]] = []
     for point in selected:
@@ -95,8 +95,8 @@ def bless(results_dir: Path, runbook: Runbook, profile: Profile, selected: list[
         todo.append((pid, hardware_class(rec.hardware),
                      Curve(tuple(loss), rec.trainer_sha or (rec.git_sha if rec.own_trainer else None), stamp,
                            rec.hardware.torch, rec.out_dir, rec.trainer, rec.git_sha)))
-    for pid, hw, curve in todo:
-        goldens.put(pid, hw, curve)
-    goldens.save()
+    with GoldenFile.editing(runbook.path, runbook.name, profile.name) as goldens:
+        for pid, hw, curve in todo:
+            goldens.put(pid, hw, curve)
     return [Blessed(pid, hw, len(c.loss), c.commit, c.harness_commit, c.trainer, c.run)
             for pid, hw, c in todo]

@@ -18,13 +18,14 @@ file of this runbook and profile, is an error naming the file (as the result sto
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import yaml
 
@@ -37,6 +38,7 @@ from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult
 from validation.machine import Machine
 from validation.runbook.plan import GOLDEN_RTOL as RTOL_KEY
 from validation.runbook.plan import PhasePoint
+from validation.store.lock import exclusive
 
 if TYPE_CHECKING:
     # types only: pandas is imported where a frame is made (validation/contract/files.py says why)
@@ -135,8 +137,21 @@ class GoldenFile:
     def for_pair(cls, runbook_path: Path, runbook: str, profile: str) -> GoldenFile:
         """The golden file of a runbook and profile (goldens/ beside the runbook's YAML); empty
         when there is none yet."""
-        path = Path(runbook_path).parent / "goldens" / f"{runbook}__{profile}.yaml"
+        path = _path(runbook_path, runbook, profile)
         return cls.load(path, runbook, profile) if path.exists() else cls(path, runbook, profile)
+
+    @classmethod
+    @contextlib.contextmanager
+    def editing(cls, runbook_path: Path, runbook: str, profile: str) -> Iterator[GoldenFile]:
+        """The pair's golden file, read under an exclusive lock (``.<file name>.lock`` beside it)
+        and saved before the lock is released, unless the block raised: two blesses of one pair
+        at once each add their curves to the file the other saved, where the later one wrote back
+        the file as it had read it and lost the other's curves."""
+        path = _path(runbook_path, runbook, profile)
+        with exclusive(path.with_name(f".{path.name}.lock")):
+            golden = cls.for_pair(runbook_path, runbook, profile)
+            yield golden
+            golden.save()
 
     @classmethod
     def load(cls, path: Path, runbook: str, profile: str) -> GoldenFile:
@@ -201,6 +216,10 @@ class GoldenFile:
                 + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.path, text, mode=0o644)
+
+
+def _path(runbook_path: Path, runbook: str, profile: str) -> Path:
+    return Path(runbook_path).parent / "goldens" / f"{runbook}__{profile}.yaml"
 
 
 def _curve_data(c: Curve) -> dict[str, Any]:

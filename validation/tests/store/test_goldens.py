@@ -149,6 +149,32 @@ def test_bless_refuses_a_point_without_a_finished_run(tmp_path, capsys):
     assert not (tmp_path / "goldens").exists()  # all or nothing: fsdp was not blessed either
 
 
+def test_two_blesses_at_once_keep_both_curves(tmp_path, monkeypatch):
+    """user hC's pass: two `nsa-validate bless` of one runbook at once both exited 0, and the file
+    held only the curves of the one that wrote last (each had read the file before the other
+    wrote). Each save here waits a while first, so that without a lock both read the file empty."""
+    import threading
+    import time
+
+    from validation.store import bless, goldens
+
+    rb_path, res = _golden_runbook(tmp_path), tmp_path / "res"
+    assert main(["run", "--runbook", str(rb_path), "--results-dir", str(res), "--no-report"]) == 0
+    rb, prof = load_runbook(rb_path), load_profile("cpu")
+    write = goldens.write_atomic
+    monkeypatch.setattr(goldens, "write_atomic", lambda *a, **kw: (time.sleep(0.5), write(*a, **kw))[-1])
+    done: list[list[bless.Blessed]] = []
+    threads = [threading.Thread(target=lambda pid=pid: done.append(bless.bless(res, rb, prof, bless.select(
+        rb, prof, None, [pid])))) for pid in ("long_run/default", "scaling_sweep/batch_size=1")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(done) == 2
+    assert sorted(GoldenFile.for_pair(rb_path, "fake", "cpu").curves) == ["long_run/default",
+                                                                          "scaling_sweep/batch_size=1"]
+
+
 def test_golden_steps_needs_a_train_phase_and_a_profile_tolerance(tmp_path):
     from validation.errors import RunbookError
     bad = write_runbook(tmp_path / "a.yaml", [train_phase("long_run", golden_steps=9, steps=8, gates=[])])

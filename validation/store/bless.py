@@ -14,9 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from validation.contract.files import read_training_csv
+from validation.judge.record import PhaseRecord, Status
+from validation.judge.verdict import gate_verdict, rejudge
 from validation.runbook.plan import PhasePoint, expand
 from validation.runbook.types import Profile, Runbook
 from validation.store.goldens import (
+    METRIC,
     Curve,
     GoldenError,
     GoldenFile,
@@ -61,6 +64,19 @@ def select(runbook: Runbook, profile: Profile, phases: list[str] | None, points:
     return [p for p in golden if p.phase.name in (phases or []) or point_id(p) in (points or [])]
 
 
+def _failed_beyond_golden(rec: PhaseRecord) -> bool:
+    """Whether the stored run is FAIL or ERROR for more than leaving its golden curve. A run whose
+    only failed gate is the golden one is what a bless after an intended change to the numerics
+    replaces (the report's advice says to bless it); a loss that spiked, diverged or failed any
+    other gate would make a bad curve the golden."""
+    if rec.status not in (Status.FAIL, Status.ERROR):
+        return False
+    if rejudge(rec, [g for g in rec.gates if g.metric != METRIC]).status in (Status.FAIL, Status.ERROR):
+        return True
+    # a repeated point's record keeps the gates of the repeat that decided it: the others' count too
+    return any(gate_verdict([g for g in s.gates if g.metric != METRIC])[0] == Status.FAIL for s in rec.runs)
+
+
 def bless(results_dir: Path, runbook: Runbook, profile: Profile, selected: list[PhasePoint]) -> list[Blessed]:
     """Replace the golden curves of ``selected`` with their stored runs' losses; return what was written."""
     records = {r.test_id: r for r in ResultStore(results_dir).records(runbook.name, profile.name)}
@@ -69,10 +85,10 @@ def bless(results_dir: Path, runbook: Runbook, profile: Profile, selected: list[
     for point in selected:
         pid, n = point_id(point), point.phase.golden_steps
         rec = records.get(point.test_id)
+        rerun = (f"nsa-validate run --runbook {runbook.cli_name} --profile {profile.cli_name} "
+                 f"--phase {point.phase.name} --results-dir {results_dir}")
         if rec is None:
-            raise GoldenError(f"{pid}: no stored record in {results_dir}; run it first "
-                              f"(nsa-validate run --runbook {runbook.cli_name} --profile {profile.cli_name} "
-                              f"--phase {point.phase.name} --results-dir {results_dir})")
+            raise GoldenError(f"{pid}: no stored record in {results_dir}; run it first ({rerun})")
         if rec.runbook_arg and rec.runbook_arg != runbook.cli_name:  # another runbook file of this name
             raise GoldenError(f"{pid}: its stored run ran from runbook {rec.runbook_arg}, not {runbook.cli_name}; "
                               f"nothing blessed (bless it with --runbook {rec.runbook_arg})")
@@ -82,11 +98,13 @@ def bless(results_dir: Path, runbook: Runbook, profile: Profile, selected: list[
         changed = [c for c in stale.changes(rec, point) if c.key != stale.GATE]
         if changed:
             raise GoldenError(f"{pid}: its stored run is of what the runbook asks no longer "
-                              f"({'; '.join(c.text() for c in changed)}); nothing blessed (re-run it first: "
-                              f"nsa-validate run --runbook {runbook.cli_name} --profile {profile.cli_name} "
-                              f"--phase {point.phase.name} --results-dir {results_dir})")
+                              f"({'; '.join(c.text() for c in changed)}); nothing blessed (re-run it first: {rerun})")
         if not rec.ran or rec.exit_code != 0 or rec.hardware is None:
-            raise GoldenError(f"{pid}: its stored run did not finish ({rec.status}: {rec.reason}); nothing blessed")
+            raise GoldenError(f"{pid}: its stored run did not finish ({rec.status}: {rec.reason}); nothing blessed "
+                              f"(fix it and re-run it first: {rerun})")
+        if _failed_beyond_golden(rec):
+            raise GoldenError(f"{pid}: its stored run is {rec.status} ({rec.reason}); nothing blessed: the loss of a "
+                              f"failed run is no golden curve (fix what failed and re-run it first: {rerun})")
         loss = losses(read_training_csv(results_dir / rec.out_dir), n)
         if any(v is None or v != v for v in loss):
             raise GoldenError(f"{pid}: {rec.out_dir}/training.csv has no finite loss for some of steps 1-{n}; "

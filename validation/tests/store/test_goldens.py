@@ -149,6 +149,26 @@ def test_bless_refuses_a_point_without_a_finished_run(tmp_path, capsys):
     assert not (tmp_path / "goldens").exists()  # all or nothing: fsdp was not blessed either
 
 
+def test_bless_refuses_a_point_that_failed_a_gate(tmp_path, capsys):
+    """user hC's pass: a point whose loss spiked inside its golden window failed its loss gate, and
+    bless made that curve the golden, exit 0. A FAIL or ERROR record is refused, naming its status
+    and reason; an UNMEASURED one (no golden yet, timings not judged) stays blessable."""
+    rb = write_runbook(tmp_path / "rb.yaml", [
+        train_phase("long_run", golden_steps=4, fault="spike:step=2",
+                    gates=[{"metric": "loss_mean", "op": "<=", "threshold": 3.0}]),
+        train_phase("fsdp", golden_steps=2, gates=[])])
+    res = tmp_path / "res"
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"]) == 0
+    capsys.readouterr()
+    assert main(["bless", "--runbook", str(rb), "--results-dir", str(res)]) == 2
+    err = capsys.readouterr().err
+    assert "nsa-validate: error: long_run/default: its stored run is FAIL (loss_mean = " in err, err
+    assert ("nothing blessed: the loss of a failed run is no golden curve (fix what failed and re-run it first: "
+            f"nsa-validate run --runbook {rb} --profile cpu --phase long_run --results-dir {res})") in err, err
+    assert not (tmp_path / "goldens" / "fake__cpu.yaml").exists()  # all or nothing: fsdp was not blessed either
+    assert main(["bless", "--runbook", str(rb), "--results-dir", str(res), "--phase", "fsdp"]) == 0  # UNMEASURED
+
+
 def test_two_blesses_at_once_keep_both_curves(tmp_path, monkeypatch):
     """user hC's pass: two `nsa-validate bless` of one runbook at once both exited 0, and the file
     held only the curves of the one that wrote last (each had read the file before the other
@@ -246,6 +266,9 @@ def test_a_drift_from_the_golden_names_both_commits_and_how_to_bless(tmp_path):
     advice, = recommendations([finding])
     assert advice.startswith("long_run: The loss left its golden curve") and "`nsa-validate bless --phase long_run`" in advice
     assert ("bench/gpu/golden_losses.sh" in advice) == rec.own_trainer  # a script for this project's trainer only
+    # as the advice says: a run that failed only its golden gate is what a bless replaces
+    assert main(["bless", "--runbook", str(rb), "--results-dir", str(res), "--phase", "long_run"]) == 0
+    assert GoldenFile.for_pair(rb, "fake", "cpu").get("long_run/default", "cpu").loss == (2.99, 2.98, 2.97, 2.96)
 
 
 @pytest.mark.parametrize("loss_by_repeat, repeats_agree", [("", True), ("1,1.001", False)])

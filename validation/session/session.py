@@ -34,7 +34,7 @@ from validation.runbook.types import Profile, Runbook
 from validation.session.point import StoppedWhileStoring, cannot_launch, run_point, why_skip
 from validation.store import baseline as baseline_store
 from validation.store import goldens
-from validation.store.results import ResultStore
+from validation.store.results import STORE_NAME, ResultStore
 
 MISMATCH_POLICIES = ("run", "skip")
 
@@ -278,16 +278,11 @@ class AcceptanceSession:
         """The store readable (a corrupt results.json stops the session before anything runs) and
         the baseline, when given, another store that holds at least one of ``pairs`` (default: the
         selected ones); a comparison that could compare nothing is an error before anything runs.
-        A store whose file is corrupt takes its reports with it: a previous GO left in place reads
-        as current to a reader or CI."""
+        A store whose file is corrupt takes its reports with it (``_withdrawn``)."""
         try:
             ResultStore(self.results_dir).check()
         except CorruptStore as exc:
-            gone = withdraw_all(self.results_dir)
-            if not gone:
-                raise
-            raise CorruptStore(f"{exc}. Removed the report(s) rendered from it, which it no longer backs: "
-                               f"{', '.join(map(str, gone))}") from None
+            raise CorruptStore(_withdrawn(self.results_dir, str(exc))) from None
         if self.options.tensorboard is not None:
             if why := tensorboard.missing():
                 raise HarnessError(why)
@@ -455,8 +450,9 @@ class AcceptanceSession:
 
     def report_pairs(self) -> list[tuple[str, str]]:
         """The pairs ``report`` renders from the store: the selected ones, or every stored pair (of
-        the profiles asked for), checked as ``check_ready`` checks a run's. No records at all is a
-        usage error, as a missing directory is."""
+        the profiles asked for), checked as ``check_ready`` checks a run's. No records at all (no
+        results.json, or one that holds none) is a usage error, as a missing directory is, and
+        takes the directory's reports with it (``_withdrawn``)."""
         self.check_ready(pairs=[])  # the store and the baseline option themselves first
         pairs = self._stored_pairs()
         self.check_ready(pairs)
@@ -470,8 +466,9 @@ class AcceptanceSession:
                                "(give the --results-dir a run wrote into)")
         held = store.pairs()
         if not held:
-            raise HarnessError(f"no results in {self.results_dir} (results.json holds no records; give the "
-                               "--results-dir a run wrote into)")
+            why = f"{store.path} holds no records" if store.path.exists() else f"no {STORE_NAME} in {self.results_dir}"
+            raise HarnessError(_withdrawn(self.results_dir, f"no results in {self.results_dir} ({why}; give the "
+                                                            "--results-dir a run wrote into)"))
         holds = ", ".join(f"{r}/{p}" for r, p in held)
         if self.options.runbooks:
             selected = [(rb.name, prof.name) for rb, prof in self.pairs()]
@@ -534,6 +531,15 @@ class AcceptanceSession:
         finally:
             for sig, handler in saved.items():
                 signal.signal(sig, handler)
+
+
+def _withdrawn(results_dir: Path, why: str) -> str:
+    """``why`` the store backs no report (it is corrupt, gone or empty), every report of
+    ``results_dir`` removed and named: a previous GO left in place reads as current to a reader
+    or CI."""
+    gone = withdraw_all(results_dir)
+    return why + (f". Removed the report(s) rendered from it, which it no longer backs: {', '.join(map(str, gone))}"
+                  if gone else "")
 
 
 def _on_stop_signal(abort: StopFlag, signum, frame) -> None:

@@ -63,6 +63,9 @@ class ResultStore:
         if not isinstance(data, dict) or not isinstance(data.get("records"), dict):
             raise CorruptStore(f"{self.path}: not an nsa-validate result store (no 'records' object); "
                              "move it aside or choose another --results-dir")
+        if "schema" not in data:  # every harness wrote one: a file without it is none of theirs
+            raise CorruptStore(f"{self.path}: not an nsa-validate result store (it has no 'schema' key); "
+                               "move it aside or choose another --results-dir")
         if data.get("schema") not in READABLE_SCHEMAS:
             raise StoreError(f"{self.path}: schema {data.get('schema')!r}; this harness reads schemas "
                              f"{', '.join(map(str, READABLE_SCHEMAS))} (a newer harness wrote it?)")

@@ -90,6 +90,7 @@ def test_a_corrupt_store_stops_a_run_before_any_point_runs(tmp_path, capsys):
     ('{"name": "something else"}', True),
     ('{"schema": 2, "records": {"k": {"no": "key"}}}', True),
     ('{"schema": 7, "records": {}}', False),  # a newer harness's store: its reports are its own
+    ('{"records": {}}', True),  # every harness wrote a schema: this is none of theirs
 ])
 def test_a_corrupt_store_takes_its_reports_with_it(tmp_path, capsys, corrupt, removed):
     """user hH's pass: `report` on a corrupt results.json exited 2 and left the previous GO report
@@ -106,6 +107,33 @@ def test_a_corrupt_store_takes_its_reports_with_it(tmp_path, capsys, corrupt, re
     err = capsys.readouterr().err
     assert report.exists() != removed
     assert (f"Removed the report(s) rendered from it, which it no longer backs: {report}" in err) == removed, err
+
+
+@pytest.mark.parametrize("store", ["deleted", "empty", "no schema"])
+def test_a_store_without_records_takes_its_reports_with_it_and_says_what_it_is(tmp_path, capsys, store):
+    """user hC's pass: a deleted results.json, or one holding no records, or one without its schema
+    key left the previous GO report standing, and a deleted one was said to 'hold no records'."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("baseline_ddp")])
+    results = tmp_path / "results"
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(results), "--no-plots"]) == 0
+    report, path = results / "reports" / "fake__cpu.md", results / "results.json"
+    capsys.readouterr()
+    if store == "deleted":
+        path.unlink()
+        why = f"no results in {results} (no results.json in {results}; give the --results-dir a run wrote into)"
+    elif store == "empty":
+        path.write_text('{"schema": 2, "records": {}}')
+        why = f"no results in {results} ({path} holds no records; give the --results-dir a run wrote into)"
+    else:
+        data = json.loads(path.read_text())
+        del data["schema"]
+        path.write_text(json.dumps(data))
+        why = f"{path}: not an nsa-validate result store (it has no 'schema' key)"
+    assert main(["report", "--results-dir", str(results), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"nsa-validate: error: {why}"), err
+    assert f"Removed the report(s) rendered from it, which it no longer backs: {report}" in err, err
+    assert not report.exists()
 
 
 def test_a_schema_1_store_still_reads(tmp_path):

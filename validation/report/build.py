@@ -9,6 +9,7 @@ out of the Markdown.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import enum
@@ -18,7 +19,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import jinja2
 
@@ -61,6 +62,7 @@ from validation.runbook.plan import PhasePoint, expand
 from validation.runbook.types import Profile, Runbook
 from validation.store import baseline as baseline_cmp
 from validation.store import goldens, stale, thresholds
+from validation.store.lock import exclusive
 from validation.store.results import ResultStore
 
 
@@ -482,34 +484,55 @@ def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, run
     plot_list: list[dict[str, str]] = []
     plot_dir = report_dir / "plots"
     staging: Path | None = None
-    try:  # an interrupt at any moment leaves the previous report with every plot it names, and no temp file
-        if plots:
-            recs = ResultStore(results_dir).records(runbook_name, profile_name)
-            points = expand(runbook, profile) if runbook is not None and profile is not None else None
-            if points is not None:  # a run of what the runbook asks no longer is not plotted as its point
-                recs = stale.split(stale.realign(recs, points), points)[0]
-            # drawn beside the plots the previous report names, which stay until it is replaced
-            plot_dir.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=plot_dir))
-            plot_list = make_plots(results_dir, recs, plot_dir, stem, points, staging=staging)
-        ctx = build_context(results_dir, runbook_name, profile_name, runbook=runbook, profile=profile,
-                            plots=plot_list, now=now, baseline=baseline, interrupted=interrupted)
-        ctx["results_prefix"] = os.path.relpath(results_dir, report_dir)
-        text = render_text(ctx, template)
-        report_dir.mkdir(parents=True, exist_ok=True)
-        # the new plots first (the old report names the same phases' or others, which stay), then
-        # the report (whole or not at all, for everyone to read), then the old report's plots the
-        # new one does not name
-        moved = publish(staging, plot_dir, stem) if staging is not None else None
-        write_atomic(path, text, mode=0o644)
-        if moved is not None:
-            prune(plot_dir, stem, keep=moved)
+    # an interrupt at any moment leaves the previous report with every plot it names, and no temp file
+    try:
+        with contextlib.ExitStack() as held:
+            if plots:
+                recs = ResultStore(results_dir).records(runbook_name, profile_name)
+                points = expand(runbook, profile) if runbook is not None and profile is not None else None
+                if points is not None:  # a run of what the runbook asks no longer is not plotted as its point
+                    recs = stale.split(stale.realign(recs, points), points)[0]
+                # drawn beside the plots the previous report names, which stay until it is replaced
+                staging = held.enter_context(_staging(results_dir, plot_dir))
+                plot_list = make_plots(results_dir, recs, plot_dir, stem, points, staging=staging)
+            ctx = build_context(results_dir, runbook_name, profile_name, runbook=runbook, profile=profile,
+                                plots=plot_list, now=now, baseline=baseline, interrupted=interrupted)
+            ctx["results_prefix"] = os.path.relpath(results_dir, report_dir)
+            text = render_text(ctx, template)
+            report_dir.mkdir(parents=True, exist_ok=True)
+            # the new plots first (the old report names the same phases' or others, which stay), then
+            # the report (whole or not at all, for everyone to read), then the old report's plots the
+            # new one does not name
+            moved = publish(staging, plot_dir, stem) if staging is not None else None
+            write_atomic(path, text, mode=0o644)
+            if moved is not None:
+                prune(plot_dir, stem, keep=moved)
     except OSError as exc:
         raise StoreError.of_os("cannot write the report", path, exc) from None
-    finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
     return Rendered(path, ctx["verdict"], ctx["status_reason"])
+
+
+#: the lock a render holds while its staging folder exists (beside results.json.lock: a file in
+#: reports/ would be one more entry among the reports and their plots)
+PLOTS_LOCK = "plots.lock"
+STAGING_PREFIX = ".staging-"
+
+
+@contextlib.contextmanager
+def _staging(results_dir: Path, plot_dir: Path) -> Iterator[Path]:
+    """A new folder under ``plot_dir`` to draw one report's plots in, removed on the way out.
+    Every render holds the results directory's plots lock while its folder exists, so the
+    staging folders a render finds once it holds the lock are of renders killed before they
+    could remove theirs (SIGKILL runs no ``finally``): they are removed first."""
+    with exclusive(results_dir / PLOTS_LOCK):
+        plot_dir.mkdir(parents=True, exist_ok=True)
+        for left in plot_dir.glob(f"{STAGING_PREFIX}*"):
+            shutil.rmtree(left, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=plot_dir))
+        try:
+            yield staging
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def render_text(ctx: dict[str, Any], template: str = "report.md.j2") -> str:

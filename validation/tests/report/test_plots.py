@@ -121,3 +121,33 @@ def test_a_non_finite_loss_is_drawn_and_marked_where_it_starts(fake_run, loss):
     plot_dir = run.results / "reports" / "plots"
     [plot] = make_plots(run.results, run.records, plot_dir, "fake__cpu", points)
     assert (plot_dir / "fake__cpu__long_run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_render_removes_the_staging_folders_of_killed_renders_never_a_live_ones(fake_run):
+    """user hC's pass: a harness killed (SIGKILL) while it drew a report's plots left
+    reports/plots/.staging-* folders that no later report removed. A render removes those no live
+    render owns: it waits while another holds the plots lock (drawing in its own), then removes
+    what is left."""
+    import threading
+
+    from validation.report.build import PLOTS_LOCK, render
+    from validation.store.lock import exclusive
+
+    run = fake_run([train_phase(steps=5)])
+    plot_dir = run.results / "reports" / "plots"
+    killed = plot_dir / ".staging-k1ll3d"
+    killed.mkdir(parents=True)
+    (killed / "fake__cpu__baseline_ddp.png").write_bytes(b"\x89PNG half")
+    render(run.results, "fake", "cpu", runbook=run.runbook, profile=run.profile)
+    assert sorted(p.name for p in plot_dir.iterdir()) == ["fake__cpu__baseline_ddp.png"]
+
+    live = plot_dir / ".staging-l1ve"
+    live.mkdir()
+    with exclusive(run.results / PLOTS_LOCK):  # another render drawing in it now
+        other = threading.Thread(target=render, args=(run.results, "fake", "cpu"),
+                                 kwargs={"runbook": run.runbook, "profile": run.profile})
+        other.start()
+        other.join(timeout=1.0)
+        assert other.is_alive() and live.is_dir()
+    other.join()
+    assert sorted(p.name for p in plot_dir.iterdir()) == ["fake__cpu__baseline_ddp.png"]

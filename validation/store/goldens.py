@@ -145,8 +145,8 @@ class GoldenFile:
     def editing(cls, runbook_path: Path, runbook: str, profile: str) -> Iterator[GoldenFile]:
         """The pair's golden file, read under an exclusive lock (``.<file name>.lock`` beside it)
         and saved before the lock is released, unless the block raised: two blesses of one pair
-        at once each add their curves to the file the other saved, where the later one wrote back
-        the file as it had read it and lost the other's curves."""
+        at once each add their curves to the file the other saved (without the lock the later one
+        would write back the file as it read it, without the other's curves)."""
         path = _path(runbook_path, runbook, profile)
         with exclusive(path.with_name(f".{path.name}.lock")):
             golden = cls.for_pair(runbook_path, runbook, profile)

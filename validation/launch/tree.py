@@ -63,8 +63,10 @@ class ProcessTree:
     """The processes of one launch: its roots (one process, or one torchrun agent per node),
     every descendant seen at a poll, and every process carrying its token."""
 
-    def __init__(self) -> None:
-        self.token = uuid.uuid4().hex
+    def __init__(self, token: str | None = None) -> None:
+        """A new launch's tree (a fresh token), or with ``token`` the processes that carry the
+        token of a launch already made (one an earlier harness left running)."""
+        self.token = token or uuid.uuid4().hex
         self.roots: list[psutil.Process] = []
         self._seen: dict[int, psutil.Process] = {}
 

@@ -223,6 +223,7 @@ def cmd_run(args: argparse.Namespace, abort: StopFlag) -> int:
           f" on {session.machine.describe()}", file=sys.stderr)
     for note in session.mismatch_notes():
         print(f"nsa-validate: note: {note}", file=sys.stderr)
+    session.stop_left_running(lambda text: print(f"nsa-validate: warning: {text}", file=sys.stderr))
 
     def started(i: int, n: int, point) -> None:
         progress.done(None, f"[{i}/{n}] {point.test_id} ...")

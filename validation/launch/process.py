@@ -39,7 +39,7 @@ from validation.contract.stacks import HARNESS_STACKS, TakenStack
 from validation.contract.torchrun_log import agent_said, closed_rendezvous, gave_up
 from validation.excerpt import STDERR_TAIL_LINES
 from validation.judge.seen import ProcessSeen
-from validation.launch import stacks
+from validation.launch import orphans, stacks
 from validation.launch.lives import Lives
 from validation.launch.load import LoadMeter
 from validation.launch.tree import ProcessTree
@@ -221,7 +221,8 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
         try:
             try:
                 for c, (out, err) in zip(commands, files):
-                    procs.append(_start(c, tree.environment({**env, **c.env}), cwd, out, err))
+                    procs.append(_start(c, orphans.with_owner(tree.environment({**env, **c.env}), tree.token), cwd, out,
+                                        err))
                     if procs[-1] is not None:
                         tree.adopt(procs[-1].pid)
                 if any(p is not None for p in procs):

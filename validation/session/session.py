@@ -23,6 +23,7 @@ from validation.errors import CorruptStore, HarnessError
 from validation.judge.findings import CROSS_POINT, Finding, Severity, find, of_point, planned_longest
 from validation.judge.findings.headline import verdict_line
 from validation.judge.record import PhaseRecord, Status
+from validation.launch import orphans
 from validation.launch.process import aborted_by
 from validation.machine import Machine, detect
 from validation.report import tensorboard
@@ -322,7 +323,7 @@ class AcceptanceSession:
         if why:
             raise NotLaunchable(f"{point.test_id}: {why}")
         try:
-            with aborted_by(self.abort):
+            with aborted_by(self.abort), orphans.owned_by(self.results_dir, point.test_id):
                 record = run_point(point, self.results_dir, self.machine,
                                    why_skip(point, self.machine, self.options.mismatch),
                                    None if progress is None else (lambda line: progress(point.test_id, line)))
@@ -343,6 +344,18 @@ class AcceptanceSession:
             raise
         self.ran[point.test_id] = record
         return record
+
+    def stop_left_running(self, say: Callable[[str], None]) -> None:
+        """Stop the processes an earlier harness process of this results directory left running
+        when it died (validation/launch/orphans.py), saying which before, and any that outlived
+        the kill after: they would run beside this run's points, holding their GPUs and cores,
+        and nothing will ever record them."""
+        for launch in orphans.left_running(self.results_dir):
+            say(f"an earlier run of {self.results_dir} left processes running: {launch.describe()}; stopping them")
+            left = orphans.stop(launch)
+            if left:
+                say(f"could not stop pid(s) {', '.join(map(str, left))} of point {launch.owner.point}: "
+                    f"they run beside this run (kill -9 {' '.join(map(str, left))})")
 
     def note_stop(self, signum: int) -> None:
         """A stop signal ended the run: the reports rendered from here on say so, and which of

@@ -5,9 +5,10 @@ The child starts in its own session; its whole tree is tracked (validation/launc
 killed when the run ends in any way: on the phase timeout, on a stall (a watched trainer whose
 step stops growing for ``stall_s``, validation/launch/watch.py), on an interrupt (Ctrl-C,
 SIGTERM or SIGHUP in the CLI: the session's abort flag, handed down by ``aborted_by``, or a
-KeyboardInterrupt in the calling thread), and after
-a normal exit (whatever the trainer left running). Before killing a stalled or timed-out trainer
-the harness takes every rank's stack (validation/launch/stacks.py). No shell is involved: every
+KeyboardInterrupt in the calling thread), and after a normal exit (whatever the trainer left
+running); a harness that dies without killing it (``kill -9``) takes it along
+(validation/launch/warden.py). Before killing a stalled or timed-out trainer the harness takes
+every rank's stack (validation/launch/stacks.py). No shell is involved: every
 argv element is passed to exec as is. Several processes (one torchrun agent per node) run as one
 tree with a log pair each (``run_group``); a scheduler's cancel (scancel) goes before the kill.
 A launch of several processes is over when one of them has failed and nothing of it runs but the
@@ -25,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import enum
+import signal
 import subprocess
 import threading
 import time
@@ -39,10 +41,10 @@ from validation.contract.stacks import HARNESS_STACKS, TakenStack
 from validation.contract.torchrun_log import agent_said, closed_rendezvous, gave_up
 from validation.excerpt import STDERR_TAIL_LINES
 from validation.judge.seen import ProcessSeen
-from validation.launch import orphans, stacks
+from validation.launch import orphans, stacks, warden
 from validation.launch.lives import Lives
 from validation.launch.load import LoadMeter
-from validation.launch.tree import ProcessTree
+from validation.launch.tree import ProcessTree, with_token
 from validation.launch.watch import StepWatch, Watch
 from validation.machine import MachineLoad
 
@@ -90,6 +92,10 @@ class Command:
     argv: list[str]
     log_name: str = "trainer"
     env: Mapping[str, str] = field(default_factory=dict)
+    forwards_signals: bool = False
+    """A launcher that forwards a SIGTERM to every task it started on every node (srun): it gets
+    SIGTERM, not SIGKILL, when the harness dies, and the harness's warden leaves its tree alone
+    (validation/launch/warden.py)."""
 
 
 @dataclass(frozen=True)
@@ -220,9 +226,10 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
                   logs.enter_context(open(log_dir / f"{c.log_name}.stderr.log", "wb"))) for c in commands]
         try:
             try:
+                warden.keep_watch()
                 for c, (out, err) in zip(commands, files):
-                    procs.append(_start(c, orphans.with_owner(tree.environment({**env, **c.env}), tree.token), cwd, out,
-                                        err))
+                    own = {**env, **c.env} if c.forwards_signals else with_token({**env, **c.env}, warden.HARNESS_TOKEN)
+                    procs.append(_start(c, orphans.with_owner(tree.environment(own), tree.token), cwd, out, err))
                     if procs[-1] is not None:
                         tree.adopt(procs[-1].pid)
                 if any(p is not None for p in procs):
@@ -267,11 +274,15 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
 
 
 def _start(c: Command, env: Mapping[str, str], cwd: Path, out, err) -> subprocess.Popen | None:
-    """The process started in a session of its own; None (the reason in its stderr log) when it
-    cannot be."""
+    """The process started in a session of its own, to die with the harness (warden.py); None (the
+    reason in its stderr log) when it cannot be."""
+    # SIGKILL, as the harness's own stops kill: a trainer may catch or ignore SIGTERM and hold its
+    # GPUs for as long as it likes, and what torchrun does on SIGTERM (stop its workers) the
+    # warden does for it. srun forwards the SIGTERM to the ranks on every node.
+    death = warden.dies_with_harness(signal.SIGTERM if c.forwards_signals else signal.SIGKILL)
     try:
         return subprocess.Popen(c.argv, cwd=cwd, env=dict(env), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=death)
     except OSError as exc:
         err.write(f"cannot start {c.argv[0]}: {exc}\n".encode())
         err.flush()

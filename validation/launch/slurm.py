@@ -148,7 +148,7 @@ def run(launcher: Launcher, target: Target, args: Sequence[str], *, env: Mapping
             seen(t)
 
         cancel = _Cancel(alloc, step, seen, kill_wait_s())
-        result = runner.run_group([runner.Command(argv, "srun")], env=env, cwd=cwd,
+        result = runner.run_group([runner.Command(argv, "srun", forwards_signals=True)], env=env, cwd=cwd,
                                   timeout_s=max(1.0, timeout_s - (time.monotonic() - start)), log_dir=out_dir,
                                   on_poll=on_poll, watch=watch, tree=tree, on_tree=observe, cancel=cancel,
                                   over=_RendezvousClosed(out_dir / "srun.stderr.log", out_dir))

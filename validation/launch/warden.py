@@ -28,6 +28,7 @@ nodes' ranks running. Those ranks are Slurm's to end (its KillWait after the SIG
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import os
 import signal
@@ -36,6 +37,8 @@ import sys
 import threading
 import uuid
 from typing import Callable
+
+import psutil
 
 from validation import REPO_ROOT
 from validation.launch.tree import ProcessTree
@@ -48,9 +51,12 @@ _PR_SET_PDEATHSIG = 1
 #: libc, where prctl is (loaded here, before any fork: the child only calls it)
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
+_MODULE = "validation.launch.warden"
 _lock = threading.Lock()
-#: the warden and the write end of its pipe, held open for the harness's whole life (None: none yet)
-_warden: tuple[subprocess.Popen, int] | None = None
+#: the write end of the warden's pipe, open for the harness's whole life (None: no warden tried yet)
+_pipe: int | None = None
+#: the warden's process, held so that Python does not take it for one forgotten
+_warden: subprocess.Popen | None = None
 
 
 def dies_with_harness(sig: signal.Signals) -> Callable[[], None] | None:
@@ -71,32 +77,30 @@ def dies_with_harness(sig: signal.Signals) -> Callable[[], None] | None:
 def keep_watch() -> None:
     """Start this harness process's warden, once (at its first launch). A warden that cannot start
     leaves launched processes their death signal alone: the harness goes on without it."""
-    global _warden
+    global _pipe, _warden
     with _lock:
-        if _warden is not None:
+        if _pipe is not None:
             return
-        read_end, write_end = os.pipe()  # not inherited by any launch: only the harness holds it
+        read_end, _pipe = os.pipe()  # not inherited by any launch: only the harness holds it
+        atexit.register(_dismiss)  # first: a stop signal may cut the start short once the warden runs
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "validation.launch.warden", HARNESS_TOKEN], cwd=REPO_ROOT,
-                             stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True)
+            _warden = subprocess.Popen([sys.executable, "-m", _MODULE, HARNESS_TOKEN], cwd=REPO_ROOT, stdin=read_end,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         except OSError:
-            os.close(write_end)
-            return
+            pass
         finally:
             os.close(read_end)
-        _warden = (proc, write_end)
-        atexit.register(_dismiss)
 
 
 def _dismiss() -> None:
     """At the harness's own exit every launch has ended (its ``run_group`` killed whatever was left
-    of it): the warden goes without a sweep, so that no process of the harness outlives it."""
-    if _warden is not None:
-        proc, write_end = _warden
-        proc.kill()
-        proc.wait()
-        os.close(write_end)
+    of it): the warden goes without a sweep, so that no process of the harness outlives it. It is
+    found among the harness's children, also where a stop signal cut its start short."""
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if child.cmdline()[-2:] == [_MODULE, HARNESS_TOKEN]:
+                child.kill()
+                child.wait(timeout=5)
 
 
 def main(argv: list[str]) -> int:

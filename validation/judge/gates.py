@@ -53,6 +53,14 @@ class Window:
         return cls(int(m.group(1))) if m else cls()
 
 
+def shown_window(metric: str, window: str) -> str:
+    """A gate's window as people read it beside the gate: '' for a catalogued metric that takes
+    none (it reads the whole run: ``loss_finite``, ``tests_failed``), where 'all steps' would say a
+    window it never had; ``window`` (a record's words) otherwise."""
+    m = METRICS.get(metric)
+    return "" if m is not None and not m.windowed else window
+
+
 @dataclass(frozen=True)
 class Gate:
     """``metric <op> threshold`` over ``window``. ``threshold_ref`` names a profile key."""
@@ -136,7 +144,8 @@ class GateResult:
     def text(self) -> str:
         """'metric = value, needs op threshold (window)', then the note when there is one."""
         val = "no data" if self.value is None else f"{self.value:.4g}"
-        return f"{self.metric} = {val}, needs {rule(self.op, self.threshold)} ({self.window})" + (
+        window = shown_window(self.metric, self.window)
+        return f"{self.metric} = {val}, needs {rule(self.op, self.threshold)}" + (f" ({window})" if window else "") + (
             f": {self.note}" if self.note else "")
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from validation.contract.files import read_heartbeats, read_training_csv
 from validation.errors import ArtifactError
 from validation.judge.findings.finding import point_label
-from validation.judge.gates import GateResult, Window
+from validation.judge.gates import GateResult, Window, shown_window
 from validation.judge.metrics import METRICS, Source
 from validation.judge.record import PhaseRecord
 from validation.runbook.plan import GOLDEN_RTOL, PhasePoint
@@ -128,7 +128,8 @@ def undrawn(gates: list[GateResult], drawn: dict[str, list[Level]]) -> dict[str,
         if g.threshold is None or g.metric in _LEVELS or g.metric == "mem_growth_gb" or g.metric not in METRICS:
             continue
         for col in {i.name for i in METRICS[g.metric].reads if i.source == Source.CSV} & set(_PLOTTED):
-            out.setdefault(col, []).append(f"{g.metric} {g.op} {g.threshold:g}, {g.window}")
+            window = shown_window(g.metric, g.window)
+            out.setdefault(col, []).append(f"{g.metric} {g.op} {g.threshold:g}" + (f", {window}" if window else ""))
     return out
 
 

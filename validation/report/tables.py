@@ -12,7 +12,7 @@ from typing import Any
 from validation import REPO_ROOT
 from validation.judge.findings.finding import point_label, repeat_part
 from validation.judge.findings.headline import verdict_line
-from validation.judge.gates import REPEAT_LOSS_METRIC
+from validation.judge.gates import REPEAT_LOSS_METRIC, shown_window
 from validation.judge.interval import CONFIDENCE, Interval, interval, repeat_values
 from validation.judge.metrics import METRICS
 from validation.judge.provenance import short_commit
@@ -39,7 +39,7 @@ def gate_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
             meaning = g.description or (METRICS[g.metric].description if g.metric in METRICS else "")
             rows.append({"phase": r.phase, "point": point_label(r) if g.metric == REPEAT_LOSS_METRIC else gated_run(r),
                          "metric": g.metric, "value": g.value, "op": g.op,
-                         "threshold": thr, "window": g.window, "verdict": str(g.verdict), "csvs": [] if i else csvs,
+                         "threshold": thr, "window": shown_window(g.metric, g.window), "verdict": str(g.verdict), "csvs": [] if i else csvs,
                          "description": meaning, "note": g.note})
     return rows
 

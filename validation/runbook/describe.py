@@ -2,6 +2,7 @@
 (``nsa-validate phases``)."""
 from __future__ import annotations
 
+from validation.judge.gates import shown_window
 from validation.runbook.plan import GOLDEN_RTOL, RESUME_RTOL, expand
 from validation.runbook.types import Launcher, Profile, Runbook
 
@@ -25,7 +26,8 @@ def describe(rb: Runbook, prof: Profile, golden_file: str) -> list[str]:
         lines.append(f"  {phase.name:18s} {phase.kind:9s} {len(pts)} point(s)  timeout {phase.timeout_s:g}s  {what}")
         for g in pts[0].gates():
             thr = "to be measured" if g.threshold is None else f"{g.threshold:g}"
-            lines.append(f"      gate: {g.metric} {g.op} {thr} ({g.window.describe()})")
+            window = shown_window(g.metric, g.window.describe())
+            lines.append(f"      gate: {g.metric} {g.op} {thr}" + (f" ({window})" if window else ""))
         if phase.golden_steps:
             rtol = prof.thresholds.get(GOLDEN_RTOL)
             lines.append(f"      golden: loss of steps 1-{phase.golden_steps} within rel "

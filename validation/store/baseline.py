@@ -268,7 +268,7 @@ class Comparison:
                 if p.busy and METRICS[m.metric].timing is not None and m.change is not None and p.comparable:
                     change += " (busy machine)"
                 rows.append({"phase": p.phase, "point": p.point, "metric": m.metric,
-                             "window": p.window_text if windowed else ALL_STEPS,
+                             "window": p.window_text if windowed else "",  # none: it reads the whole run
                              "current": cur, "baseline": base, "change": change,
                              "flag": _flag(p) if m.metric == THROUGHPUT else ""})
         return rows

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from validation.judge.asked import Asked
-from validation.judge.gates import rule
+from validation.judge.gates import rule, shown_window
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, PointKey, Status
 from validation.judge.verdict import Outcome, process_verdict
 from validation.runbook.hardware import shortfalls
@@ -186,7 +186,11 @@ def _more(rec: PhaseRecord, point: PhasePoint, c: Compared) -> list[Change]:
 
 def _gates(point: PhasePoint) -> dict[str, tuple[str, str]]:
     """Each gate the point asks, by what a record keeps of it: its metric and its rule and window."""
-    return {Asked.gate_key(g): (g.metric, f"{rule(g.op, g.threshold)} ({g.window.describe()})") for g in point.gates()}
+    out = {}
+    for g in point.gates():
+        window = shown_window(g.metric, g.window.describe())
+        out[Asked.gate_key(g)] = (g.metric, rule(g.op, g.threshold) + (f" ({window})" if window else ""))
+    return out
 
 
 #: how a member asked now and not at the run is named (its name, its value): by the label of its field

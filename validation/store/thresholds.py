@@ -19,7 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from validation.judge.gates import (GOLDEN_METRIC, REPEAT_LOSS_METRIC, Gate, GateResult, GateVerdict, Pending, Window,
-                                    check, judged, rule)
+                                    check, judged, rule, shown_window)
 from validation.judge.record import PhaseRecord
 from validation.judge.verdict import rejudge
 from validation.runbook.plan import PhasePoint
@@ -38,10 +38,13 @@ class Rechecked:
     now: GateResult
 
     def text(self) -> str:
+        gate = self.then or self.now
+        window = shown_window(gate.metric, gate.window)
+        named = f"{gate.metric} ({window})" if window else gate.metric
         if self.then is None:
-            return (f"{self.now.metric} ({self.now.window}): {rule(self.now.op, self.now.threshold)} asked now, "
+            return (f"{named}: {rule(self.now.op, self.now.threshold)} asked now, "
                     f"not at the run; {self.now.verdict} now")
-        return (f"{self.then.metric} ({self.then.window}): {rule(self.then.op, self.then.threshold)} at the run, "
+        return (f"{named}: {rule(self.then.op, self.then.threshold)} at the run, "
                 f"{rule(self.now.op, self.now.threshold)} now; "
                 f"{self.then.verdict} then, {self.now.verdict} now")
 

@@ -90,6 +90,17 @@ def test_phases_lists_gates_and_sweeps(capsys):
     assert "sweep: NSA_DDP_BUCKET_MB=25, NSA_DDP_BUCKET_MB=50, NSA_DDP_BUCKET_MB=100" in out
 
 
+def test_phases_names_no_window_for_a_metric_of_the_whole_run(capsys):
+    """A metric that takes no window (tests_failed, preflight_missing, loss_finite) is listed without
+    one: '(all steps)' beside it named a window it never had; a windowed metric keeps its own."""
+    assert main(["phases"]) == 0
+    out = capsys.readouterr().out
+    for line in ("gate: preflight_missing == 0\n", "gate: tests_failed <= 0\n", "gate: loss_finite == 1\n",
+                 "gate: toks_per_s_mean >= 1 (last 5 steps)\n", "gate: loss_drop >= 0.5 (all steps)\n"):
+        assert line in out, (line, out)
+    assert "gate: tests_failed <= 0 (" not in out
+
+
 def test_python_dash_m_validation_default_is_cpu_smoke():
     out = subprocess.run([sys.executable, "-m", "validation", "phases"], cwd=REPO_ROOT, capture_output=True,
                          text=True, timeout=60)

@@ -36,7 +36,7 @@ def test_a_threshold_raised_since_the_run_fails_the_stored_value_and_says_so(tmp
     write_runbook(rb, [train_phase("long_run", gates=_gates(6), steps=4)])
     ctx = _context(rb, res)
     assert ctx["verdict"] == "NO-GO", ctx["status_reason"]
-    assert ctx["thresholds_changed"] == ["long_run [default]: steps_completed (all steps): >= 4 at the run, >= 6 now; "
+    assert ctx["thresholds_changed"] == ["long_run [default]: steps_completed: >= 4 at the run, >= 6 now; "
                                          "PASS then, FAIL now"]
     [gate] = [g for g in ctx["gates"] if g["metric"] == "steps_completed"]
     assert gate["verdict"] == "FAIL" and gate["threshold"] == 6
@@ -64,7 +64,7 @@ def test_a_gate_the_run_was_not_asked_leaves_a_passed_point_not_run(tmp_path):
     ctx = _context(rb, res)
     assert ctx["verdict"] == "INCOMPLETE", ctx["status_reason"]
     [o] = ctx["outdated"]
-    assert o["why"] == "gate loss_finite not asked at the run, == 1 (all steps) in the runbook now", o["why"]
+    assert o["why"] == "gate loss_finite not asked at the run, == 1 in the runbook now", o["why"]
 
 
 def test_a_gate_asked_over_another_window_now_names_the_window_of_the_run(tmp_path):
@@ -145,7 +145,7 @@ def test_a_gate_added_beside_a_stored_one_of_its_metric_and_window_is_judged_fro
                                                                  "threshold": 3}), steps=4)])
     ctx = _context(rb, res)
     assert ctx["verdict"] == "NO-GO", ctx["status_reason"]
-    assert ctx["thresholds_changed"] == ["long_run [default]: steps_completed (all steps): <= 3 asked now, not at the "
+    assert ctx["thresholds_changed"] == ["long_run [default]: steps_completed: <= 3 asked now, not at the "
                                          "run; FAIL now"]
     rows = [g for g in ctx["gates"] if g["metric"] == "steps_completed"]
     assert sorted((g["op"], g["verdict"]) for g in rows) == [("<=", "FAIL"), (">=", "PASS")], rows

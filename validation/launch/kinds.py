@@ -200,6 +200,7 @@ def pytest_(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], p
     # the tests run this repository's code: its commit is the one they ran at, recorded as a
     # runbook trainer's point records the harness's (git describe at the root, else its stamp)
     run.info["git_sha"], run.info["git_sha_source"] = trainer_launch.revision(REPO_ROOT, out_dir, "harness_git")
+    run.info["cwd"] = str(REPO_ROOT)  # its test paths are relative to it: the Reproduce line starts with `cd` there
     proc = runner.run(argv, env=commands.child_env(point.env), cwd=REPO_ROOT, timeout_s=point.phase.timeout_s,
                       log_dir=out_dir, log_name="pytest", on_poll=_poll(point, out_dir, progress))
     before = len(errors)

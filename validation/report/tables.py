@@ -16,7 +16,7 @@ from validation.judge.gates import REPEAT_LOSS_METRIC, shown_window
 from validation.judge.interval import CONFIDENCE, Interval, interval, repeat_values
 from validation.judge.metrics import METRICS
 from validation.judge.provenance import short_commit
-from validation.judge.record import PhaseRecord, Status, SubRun, Summary
+from validation.judge.record import OWN_TRAINER, PhaseRecord, Status, SubRun, Summary
 from validation.launch.foreign import CONFIG_COPY
 
 #: the pytest test that runs one phase point (validation/tests/test_acceptance.py)
@@ -293,7 +293,9 @@ def root_assignment(var: str | None, records: list[PhaseRecord]) -> str:
     process sees it; '' for no variable, or none known."""
     if var is None:
         return ""
-    ran = [(t, r.cwd) for r in records if r.cwd and r.out_dir and (t := started(r)) is not None]
+    # the trainer's runs only: this project's pytest points ran in this checkout
+    ran = [(t, r.cwd) for r in records if r.cwd and r.out_dir and r.trainer != OWN_TRAINER
+           and (t := started(r)) is not None]
     root = max(ran)[1] if ran else os.environ.get(var, "")
     return f"{var}={shlex.quote(root)} " if root else ""
 
@@ -357,7 +359,9 @@ def process_line(r: PhaseRecord, fresh: bool = False) -> str:
         # every node's agent ran here, the same command: all of them side by side (a lone
         # agent only waits out the join timeout for the others)
         process = "{ " + " & ".join([process] * len(nodes.nodes)) + " & wait; }"
-    line = (f"cd {shlex.quote(r.cwd)} && " if r.cwd else "") + process
+    # a pytest point's test paths are relative to this checkout (a record stored before it kept its cwd)
+    cwd = r.cwd or (str(REPO_ROOT) if r.kind == "pytest" else "")
+    line = (f"cd {shlex.quote(cwd)} && " if cwd else "") + process
     if root is None:
         return line
     named = [w for c in commands for w in c] + list(r.env.values())

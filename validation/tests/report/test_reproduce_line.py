@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
+from validation import REPO_ROOT
 from validation.report.tables import reproduce_rows
 from validation.tests.conftest import train_phase
 
@@ -44,3 +46,25 @@ def test_a_resume_points_three_processes_write_into_a_new_directory(fake_run, tm
     assert sorted(p.name for p in new.iterdir()) == ["first", "reference", "second"]
     # the second half resumed from the new first half's checkpoint: it logged steps 4-6
     assert [ln.split(",")[0] for ln in (new / "second" / "training.csv").read_text().splitlines()[1:]] == ["4", "5", "6"]
+
+
+def test_a_pytest_points_process_line_runs_from_another_directory(fake_run, tmp_path):
+    """This project's pytest point (cpu_smoke's sanity) names its tests relative to the checkout:
+    pasted from another directory its line gave 'ERROR: file or directory not found:
+    tests/unit/...'. It starts with a cd into the checkout, as a runbook trainer's does into its root."""
+    run = fake_run([{"name": "sanity", "kind": "pytest", "tests": ["validation/tests/test_layout.py::test_no_import_cycle"],
+                     "timeout_s": 120, "gates": [{"metric": "tests_failed", "op": "<=", "threshold": 0}]}])
+    assert run.record.status == "PASS", run.record.reason
+    assert run.record.cwd == str(REPO_ROOT)
+    stored = run.results / run.record.out_dir
+    before = _files(stored)
+    [row] = reproduce_rows(run.records)
+    assert f"&& cd {REPO_ROOT} && " in row["process"], row["process"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    new = _run_as_printed(row["process"], elsewhere)
+    assert _files(stored) == before
+    assert (new / "junit.xml").is_file()
+    # a record stored before pytest points kept their directory gets the line all the same
+    [row] = reproduce_rows([replace(run.record, cwd="")])
+    assert f"&& cd {REPO_ROOT} && " in row["process"], row["process"]

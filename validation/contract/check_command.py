@@ -15,6 +15,7 @@ from typing import TextIO
 from validation.contract import check as contract
 from validation.contract.adapters import ADAPTERS
 from validation.contract.adapters.base import RunFacts
+from validation.contract.files import BareNonfinite, bare_nonfinite
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
 
@@ -28,10 +29,10 @@ def check(directory: Path, adapter: str = "native", world_size: int | None = Non
     if not directory.is_dir():
         print(f"nsa-validate check-artifacts: error: {directory} is not a directory", file=sys.stderr)
         return EXIT_USAGE
-    code = _report(_read(directory, adapter, world_size, costs), directory, adapter, out)
+    code = _report(*_read(directory, adapter, world_size, costs), directory, adapter, out)
     if code == EXIT_BROKEN:  # a directory of another format than the one named: say which reads it
         fits = [name for name in sorted(ADAPTERS) if name != adapter and ADAPTERS[name].in_format(directory)
-                and _read(directory, name, world_size, costs).ok]
+                and _read(directory, name, world_size, costs)[0].ok]
         for name in fits:
             print(f"hint: {directory} holds to the contract "
                   + ("as it is: check it without --adapter" if not ADAPTERS[name].converts
@@ -39,16 +40,20 @@ def check(directory: Path, adapter: str = "native", world_size: int | None = Non
     return code
 
 
-def _read(directory: Path, adapter: str, world_size: int | None, costs: contract.Costs | None) -> contract.ContractRead:
+def _read(directory: Path, adapter: str, world_size: int | None,
+          costs: contract.Costs | None) -> tuple[contract.ContractRead, list[BareNonfinite]]:
+    """The contract read, and its JSON files' bare NaN / Infinity values (a warning each)."""
     if not ADAPTERS[adapter].converts:  # the contract itself: read in place
         found = _read_ended(directory, costs, world_size or 1)
+        bare = bare_nonfinite(directory)
     else:
         with tempfile.TemporaryDirectory(prefix="nsa-check-") as tmp:
             ranks = len(list(directory.glob("heartbeat_rank*.jsonl")))
             ADAPTERS[adapter].convert(directory, Path(tmp), RunFacts(world_size or max(ranks, 1), "(checked by hand)"))
             found = _read_ended(Path(tmp), costs, 1)
+            bare = bare_nonfinite(Path(tmp))
     found.items += contract.silent_ranks(found)
-    return found
+    return found, bare
 
 
 def _read_ended(directory: Path, costs: contract.Costs | None, launched: int) -> contract.ContractRead:
@@ -62,11 +67,14 @@ def _read_ended(directory: Path, costs: contract.Costs | None, launched: int) ->
     return found
 
 
-def _report(found: contract.ContractRead, directory: Path, adapter: str, out: TextIO) -> int:
+def _report(found: contract.ContractRead, bare: list[BareNonfinite], directory: Path, adapter: str,
+            out: TextIO) -> int:
     print(f"{directory} against the artifact contract"
           + (f" (through adapter {adapter})" if adapter != "native" else "") + ":", file=out)
     for item in found.items:
         print("  " + item.line(), file=out)
+    for b in bare:  # read as the number it names: a warning, not a failure of the contract check
+        print(f"  warning: {b.text()}", file=out)
     bad = [i for i in found.items if i.problem]
     if bad:
         print(f"NOT OK: {len(bad)} required item(s) missing or malformed", file=out)

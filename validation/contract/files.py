@@ -471,6 +471,82 @@ def read_gpu_timeline(out_dir: Path) -> TimelineRead | None:
         raise ArtifactError(f"{path}: not a GPU timeline ({exc})") from None
 
 
+@dataclass(frozen=True)
+class BareNonfinite:
+    """A bare ``NaN`` / ``Infinity`` / ``-Infinity`` in a contract JSON file: not JSON (jq,
+    JavaScript's JSON.parse and Go's encoding/json refuse the file), though Python's json and the
+    harness read it as the number it names."""
+
+    file: str
+    key: str
+    """Where in the record: 'loss_scale', 'losses[0]', 'env.NSA_X' ('(the whole record)' at the top)."""
+    token: str
+    line: int | None = None
+    """The line of a heartbeat file (JSON Lines); None for a file of one record."""
+    more: int = 0
+    """Further lines of the file with a bare value under the same key."""
+
+    def text(self) -> str:
+        where = f" (line {self.line}" + (f"; {self.more} more line(s)" if self.more else "") + ")" if self.line else ""
+        return (f"{self.file} {self.key}: a bare {self.token}{where}, which strict JSON has not (jq, JSON.parse and "
+                f"Go's encoding/json refuse the file): write the string \"{_CONTRACT_WORD[self.token]}\" "
+                f"(json.dumps(..., allow_nan=False) finds one left over); the harness reads it all the same")
+
+
+#: the contract's string for each bare token Python's json writes (JSON_NONFINITE)
+_CONTRACT_WORD = {"NaN": "nan", "Infinity": "inf", "-Infinity": "-inf"}
+
+
+class _Bare:
+    def __init__(self, token: str):
+        self.token = token
+
+
+def _bare_keys(value: Any, key: str = "") -> list[tuple[str, str]]:
+    """(key, token) of every bare non-finite constant in a record parsed with ``_Bare`` for them."""
+    if isinstance(value, _Bare):
+        return [(key or "(the whole record)", value.token)]
+    if isinstance(value, dict):
+        return [b for k, v in value.items() for b in _bare_keys(v, f"{key}.{k}" if key else str(k))]
+    if isinstance(value, list):
+        return [b for i, v in enumerate(value) for b in _bare_keys(v, f"{key}[{i}]")]
+    return []
+
+
+def _bare_in(text: str) -> list[tuple[str, str]] | None:
+    """The bare non-finite constants of one JSON text; None where it is no JSON at all (the
+    contract check says so where it matters)."""
+    try:
+        return _bare_keys(json.loads(text, parse_constant=_Bare))
+    except (json.JSONDecodeError, RecursionError):
+        return None
+
+
+def bare_nonfinite(out_dir: Path) -> list[BareNonfinite]:
+    """Every key of the contract's JSON files (env.json, .HALT, profile.json, each rank's
+    heartbeats) that holds a bare NaN / Infinity rather than the contract's string: per key of a
+    heartbeat file, its first line and how many more."""
+    out_dir = Path(out_dir)
+    found = []
+    for name in (ENV_JSON, HALT, PROFILE_JSON):
+        path = out_dir / name
+        if path.is_file():
+            found += [BareNonfinite(name, key, token)
+                      for key, token in _bare_in(path.read_text(errors="replace")) or []]
+    beats = sorted((int(m.group(1)), p) for p in out_dir.glob("heartbeat_rank*.jsonl")
+                   if (m := HEARTBEAT_PATTERN.match(p.name)))
+    for _, path in beats:
+        first: dict[str, tuple[int, str]] = {}
+        count: dict[str, int] = {}
+        with open(path, errors="replace") as fh:
+            for n, line in enumerate(fh, 1):
+                for key, token in (_bare_in(line) or []) if "N" in line or "I" in line else []:
+                    first.setdefault(key, (n, token))
+                    count[key] = count.get(key, 0) + 1
+        found += [BareNonfinite(path.name, key, token, n, count[key] - 1) for key, (n, token) in first.items()]
+    return found
+
+
 def json_number(v: Any) -> float | None:
     """A number of a trainer's JSON file: an integer or a float (a bare NaN / Infinity, which
     Python's json reads, among them), or the contract's string of a non-finite one

@@ -193,6 +193,31 @@ def test_check_artifacts_names_the_adapter_that_reads_a_directory(tmp_path, caps
     assert "malformed            training.csv step" in out and "hint" not in out, out
 
 
+def test_check_artifacts_warns_of_a_bare_nan_in_a_json_file(tmp_path, capsys):
+    """docs/artifact_contract.md: the contract's JSON files are strict, a non-finite number the
+    string "nan"; check-artifacts said OK for an env.json holding a bare NaN (Python's json writes
+    one by default, jq and JSON.parse refuse it). A warning names the file and key; the harness
+    reads the file all the same, so the check still passes (exit 0)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "training.csv").write_text("step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb\n"
+                                      "1,5.5,0.001,100,0.1,1,0.1,0.2\n2,5.4,0.001,100,0.1,1,0.1,0.2\n")
+    (run / "heartbeat_rank0.jsonl").write_text('{"time": 1.0, "step": 1, "loss": NaN}\n{"time": 2.0, "step": 2}\n'
+                                               '{"time": 3.0, "step": 2, "loss": NaN}\n')
+    (run / "env.json").write_text('{"world_size": 1, "loss_scale": NaN, "env": {"NSA_X": "1"}, "peaks": [1, -Infinity]}')
+    assert main(["check-artifacts", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert '  warning: env.json loss_scale: a bare NaN, which strict JSON has not' in out, out
+    assert 'write the string "nan"' in out
+    assert '  warning: env.json peaks[1]: a bare -Infinity, which' in out and 'write the string "-inf"' in out
+    assert "  warning: heartbeat_rank0.jsonl loss: a bare NaN (line 1; 1 more line(s))" in out, out
+    assert out.count("warning:") == 3 and out.rstrip().endswith("OK: every required file is present and well-formed")
+    (run / "env.json").write_text('{"world_size": 1, "loss_scale": "nan"}')  # the contract's string: no warning
+    (run / "heartbeat_rank0.jsonl").write_text('{"time": 1.0, "step": 1}\n{"time": 2.0, "step": 2}\n')
+    assert main(["check-artifacts", str(run)]) == 0
+    assert "warning" not in capsys.readouterr().out
+
+
 def test_a_baseline_of_some_stored_pairs_compares_those_and_renders_the_rest(tmp_path, capsys):
     """A store of several runbooks against a baseline of one: the others are rendered without a
     comparison (and said so), rather than failing the whole report."""

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from validation import DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, checkout_problem
-from validation.contract.adapters import ADAPTERS
+from validation.contract.adapters import ADAPTERS, FORMAT_OF, FORMATS
 from validation.contract.check_command import check as check_artifacts
 from validation.errors import HarnessError
 from validation.runbook.describe import describe
@@ -65,6 +65,13 @@ def _positive(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {n}")
     return n
+
+
+def _format(text: str) -> str:
+    """check-artifacts' --adapter: a format as a runbook's trainer.format names it (contract, seed,
+    ...); 'native', the contract's adapter by its own name, which this option once took, is read as
+    contract."""
+    return FORMAT_OF.get(text, text)
 
 
 def _path(text: str) -> Path:
@@ -141,8 +148,10 @@ def _parser() -> argparse.ArgumentParser:
                                     "when a required file or field is missing or malformed, 2 for a DIR that is not "
                                     "a directory or a bad option.")
     ca.add_argument("dir", type=_path, help="a run directory (with --adapter: the trainer's own output directory)")
-    ca.add_argument("--adapter", choices=sorted(ADAPTERS), default="native",
-                    help="read DIR in a trainer's own format through this adapter (default: %(default)s, the contract)")
+    ca.add_argument("--adapter", type=_format, choices=sorted(FORMATS), default="contract",
+                    help="the format DIR holds, as a runbook's trainer.format names it: a trainer's own, read "
+                         "through its adapter, or the contract itself (default: %(default)s; native, its old name, "
+                         "is read as contract)")
     ca.add_argument("--world-size", type=_positive, default=None,
                     help="processes of the run, for an adapter whose files do not say (default: its heartbeat "
                          "files); the contract's own env.json says it, so not without --adapter")
@@ -295,12 +304,13 @@ def cmd_phases(args: argparse.Namespace) -> int:
 
 
 def cmd_check_artifacts(args: argparse.Namespace) -> int:
-    if args.world_size is not None and not ADAPTERS[args.adapter].converts:
+    adapter = FORMATS[args.adapter]
+    if args.world_size is not None and not ADAPTERS[adapter].converts:
         print(f"nsa-validate check-artifacts: error: --world-size is for an adapter (--adapter "
-              f"{'/'.join(n for n in sorted(ADAPTERS) if ADAPTERS[n].converts)}); the contract's world size is "
-              "env.json's world_size", file=sys.stderr)
+              f"{'/'.join(n for n in sorted(FORMATS) if ADAPTERS[FORMATS[n]].converts)}); the contract's world size "
+              "is env.json's world_size", file=sys.stderr)
         return ExitStatus.USAGE
-    return check_artifacts(args.dir, args.adapter, args.world_size)
+    return check_artifacts(args.dir, adapter, args.world_size)
 
 
 def main(argv: list[str] | None = None) -> int:

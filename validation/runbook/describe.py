@@ -2,6 +2,7 @@
 (``nsa-validate phases``)."""
 from __future__ import annotations
 
+from validation.contract.adapters import format_of
 from validation.judge.gates import shown_window
 from validation.runbook.plan import GOLDEN_RTOL, RESUME_RTOL, expand
 from validation.runbook.types import Launcher, Profile, Runbook
@@ -11,7 +12,7 @@ def describe(rb: Runbook, prof: Profile, golden_file: str) -> list[str]:
     lines = [f"runbook {rb.name} ({rb.path}); profiles: {', '.join(rb.profiles)}; showing {prof.name}"]
     if rb.trainer is not None:
         t = rb.trainer
-        lines.append(f"trainer {t.name}: {' '.join(t.entry)} in {t.root.describe()}, adapter {t.adapter}, "
+        lines.append(f"trainer {t.name}: {' '.join(t.entry)} in {t.root.describe()}, format {format_of(t.adapter)}, "
                      f"phases {', '.join(t.phases)}")
     for phase in rb.phases:
         pts = expand(rb, prof, [phase.name])

@@ -60,6 +60,8 @@ def misplaced(name: object, here: keys.Section | None, allowed: tuple[str, ...])
         return " (a dotted config key: indent it under overrides:, or under sweep: with a list of values)"
     if _ENV_NAME.match(name) and "env" in allowed:
         return " (an environment variable: indent it under env:)"
+    if here is keys.TRAINER and name == "adapter":
+        return " (the reader of its files is format: contract, the default, seed, torchtitan or hf_trainer)"
     files = (keys.PROFILE, keys.HARDWARE)
     family = files if here in files else tuple(s for s in keys.SECTIONS if s not in files)
     homes = [_section_name(s) for s in family if s is not here and name in s.names]

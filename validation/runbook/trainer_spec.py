@@ -35,15 +35,12 @@ import string
 from pathlib import Path
 from typing import Any, Mapping
 
+from validation.contract.adapters import FORMAT_OF  # the runbook's name of an adapter's format
 from validation.errors import RunbookError
 from validation.runbook import keys
 from validation.runbook.empty import EMPTY_MAPPING
 from validation.runbook.fields import MODULE, NAME, OVERRIDE_KEY, Reader, check_trainer_env_key, parse_env
 from validation.runbook.types import ConfigFile, Delivery, ResumeSpec, RootDir, TrainerSpec, Via
-
-#: the runbook's name of an adapter's format where it differs from the adapter's own name: the
-#: adapter of a trainer that writes the contract itself is "native", its files are "contract"
-FORMAT_OF = {"native": "contract"}
 
 #: values the harness fills into ``args``
 PLACEHOLDERS = ("steps", "out_dir", "config", "nproc")
@@ -91,6 +88,10 @@ def parse_trainer(path: Path, data: Any, known_metrics: Mapping[str, Any], adapt
                                           "overrides and sweeps name them")
         params[k] = _delivery(path, v, f"trainer.params.{k}", config)
     # the runbook names the format of the trainer's own files; "contract" is the registry's native adapter
+    if r.get("format") in FORMAT_OF:  # the adapter's own name ('native'), as check-artifacts once took it
+        r.fail("trainer.format", f"{r.get('format')!r} is not one of {', '.join(FORMAT_OF.get(a, a) for a in adapters)}: "
+                                 f"a trainer that writes the contract itself is format {FORMAT_OF[r.get('format')]} "
+                                 "(the default)")
     fmt = r.str_("format", "contract", choices=tuple(FORMAT_OF.get(a, a) for a in adapters))
     adapter = next(a for a in adapters if FORMAT_OF.get(a, a) == fmt)
     phases = r.list_("phases") if "phases" in r.data else ["train"]

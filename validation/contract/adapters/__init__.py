@@ -16,4 +16,18 @@ from validation.contract.adapters.torchtitan import TorchtitanAdapter
 #: adapter's format is called "contract" there)
 ADAPTERS: dict[str, Adapter] = {a.name: a for a in (Adapter(), SeedAdapter(), TorchtitanAdapter(), HfTrainerAdapter())}
 
-__all__ = ["ADAPTERS", "Adapter", "HfTrainerAdapter", "RunFacts", "SeedAdapter", "TorchtitanAdapter"]
+#: the name people give a format (a runbook's ``trainer.format``, ``check-artifacts --adapter``, what
+#: ``phases`` prints) where it differs from its adapter's: a trainer that writes the contract itself
+#: is "native" inside, its files are "contract"
+FORMAT_OF = {"native": "contract"}
+#: each adapter by its format's name
+FORMATS: dict[str, str] = {FORMAT_OF.get(name, name): name for name in ADAPTERS}
+
+
+def format_of(adapter: str) -> str:
+    """The format an adapter reads, as a runbook's ``trainer.format`` names it."""
+    return FORMAT_OF.get(adapter, adapter)
+
+
+__all__ = ["ADAPTERS", "FORMATS", "FORMAT_OF", "Adapter", "HfTrainerAdapter", "RunFacts", "SeedAdapter",
+           "TorchtitanAdapter", "format_of"]

@@ -193,6 +193,43 @@ def test_check_artifacts_names_the_adapter_that_reads_a_directory(tmp_path, caps
     assert "malformed            training.csv step" in out and "hint" not in out, out
 
 
+def test_the_contracts_reader_has_one_name_in_runbooks_check_artifacts_and_phases(tmp_path, capsys):
+    """docs/guides/your-trainer.md named a runbook key `adapter:` with values native and seed; the
+    key is trainer.format (contract, seed, torchtitan, hf_trainer), while check-artifacts --adapter
+    offered native and `phases` printed 'adapter native'. They all say contract now; --adapter native,
+    the old word, still checks the contract."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "training.csv").write_text("step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb\n"
+                                      "1,5.5,0.001,100,0.1,1,0.1,0.2\n")
+    (run / "heartbeat_rank0.jsonl").write_text('{"time": 1.0, "step": 1}\n')
+    (run / "env.json").write_text('{"world_size": 1}')
+    for argv in ([], ["--adapter", "contract"], ["--adapter=native"]):
+        assert main(["check-artifacts", str(run), *argv]) == 0, argv
+        out = capsys.readouterr().out
+        assert out.startswith(f"{run} against the artifact contract:\n") and "hint" not in out, out
+    assert main(["check-artifacts", str(run), "--adapter", "contract", "--world-size", "2"]) == 2
+    assert "--world-size is for an adapter (--adapter hf_trainer/seed/torchtitan)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["check-artifacts", "--help"])
+    assert "--adapter {contract,hf_trainer,seed,torchtitan}" in capsys.readouterr().out
+    assert main(["phases", "--runbook", str(REPO_ROOT / "docs" / "guides" / "your_trainer_example.yaml")]) == 0
+    assert "in tests/trainers, format contract, phases train, resume\n" in capsys.readouterr().out
+    guide = (REPO_ROOT / "docs" / "guides" / "your-trainer.md").read_text()
+    assert "`adapter:`" not in guide and "`format:`" in guide
+    # a runbook that says adapter: or format: native is told the key and the value
+    trainer = {"name": "mine", "root": "tests/trainers", "script": "native_train.py",
+               "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"]}
+    for extra, said in (({"adapter": "native"}, "trainer.adapter: unknown key (the reader of its files is format: "
+                                                "contract, the default, seed, torchtitan or hf_trainer)"),
+                        ({"format": "native"}, "trainer.format: 'native' is not one of contract, seed, torchtitan, "
+                                               "hf_trainer: a trainer that writes the contract itself is format "
+                                               "contract (the default)")):
+        rb = write_runbook(tmp_path / "rb.yaml", [train_phase()], trainer={**trainer, **extra})
+        assert main(["phases", "--runbook", str(rb)]) == 2
+        assert said in capsys.readouterr().err
+
+
 def test_check_artifacts_warns_of_a_bare_nan_in_a_json_file(tmp_path, capsys):
     """docs/artifact_contract.md: the contract's JSON files are strict, a non-finite number the
     string "nan"; check-artifacts said OK for an env.json holding a bare NaN (Python's json writes

@@ -234,7 +234,9 @@ def _failed_only_on_gone(rec: PhaseRecord, point: PhasePoint, asked_then: tuple[
     gone = [g for g in failed if g.metric in runbook_then and g.metric not in asked]
     if len(gone) < len(failed):
         return []
-    return [Change("gate", f"{rule(g.op, g.threshold)} ({g.window}), failed", "not asked", g.metric) for g in gone]
+    shown = {g.metric: shown_window(g.metric, g.window) for g in gone}
+    return [Change("gate", rule(g.op, g.threshold) + (f" ({shown[g.metric]})" if shown[g.metric] else "") + ", failed",
+                   "not asked", g.metric) for g in gone]
 
 
 def _allowance(rec: PhaseRecord, point: PhasePoint, c: Compared) -> list[Change]:

@@ -145,7 +145,7 @@ def test_a_rank_without_heartbeats_is_a_broken_contract_not_a_rank_that_did_no_w
     """user7's pass: a trainer whose rank 1 trained every step but wrote no heartbeat was told
     only that rank 1 'did no work' and to check that every rank gets data: the files cannot tell
     an idle rank from one whose trainer does not beat. What they show is a rank that wrote no
-    heartbeat, which the contract asks of every rank (a user pass, 2026-12-05)."""
+    heartbeat, which the contract asks of every rank (a user pass)."""
     run = fake_run([train_phase("ddp", fault="idle:rank=1:silent=1", env={"NSA_FAKE_WORLD": "2"},
                                 gates=[{"metric": "idle_ranks", "op": "==", "threshold": 0}])])
     [idle] = run.findings("critical")

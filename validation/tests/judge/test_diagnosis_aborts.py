@@ -178,7 +178,7 @@ def test_three_ranks_one_aborting_after_its_broken_collective_name_the_leaver_be
 
 def _run(name: str, steps: int = 12) -> PhaseRecord:
     """A record of a recorded two-rank gloo run of a trainer of one's own (validation/tests/evidence/NAME:
-    torchrun's log with its paths cut, the heartbeats; recorded 2026-12-05, torch 2.13, 12 steps)."""
+    torchrun's log with its paths cut, the heartbeats; recorded with torch 2.13, 12 steps)."""
     run = EVIDENCE / name
     ev = Evidence(rank_failures=rank_failures(run / "trainer.stderr.log"), stderr_log="trainer.stderr.log",
                   last_heartbeat={k: Beat.of(recs) for k, recs in read_heartbeats(run).items()})

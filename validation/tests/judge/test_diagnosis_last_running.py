@@ -36,7 +36,7 @@ def test_the_one_rank_left_running_after_the_others_exited_is_named_hung():
 
 
 def test_the_advice_of_a_rank_that_outlived_the_others_says_they_had_ended_not_that_they_waited():
-    """A user pass (2026-12-05), the same run over two nodes: the finding said 'already ended: node 0's
+    """A user pass, the same run over two nodes: the finding said 'already ended: node 0's
     rank 0 (exited 0)' while its advice said 'the other nodes waited in them' (and the stall's, that a
     rank inside a collective while another is elsewhere means the ranks' steps diverged): nothing
     waited for it; the others had ended."""

@@ -288,7 +288,7 @@ def test_a_node_whose_agent_was_killed_is_named():
 
 def test_a_node_that_went_down_is_its_killed_agent_not_a_rank_that_exited_0():
     """Node 1's rank SIGKILLed its torchrun agent and then itself at step 4 of 12 (a node going down;
-    a user pass, 2026-12-05): node 0's rank failed in its broken all_reduce, and node 1's dead agent
+    a user pass): node 0's rank failed in its broken all_reduce, and node 1's dead agent
     reported nothing of its worker. The crash and node findings said 'rank 1 exited 0 early (...)'
     and 'exited 0 (torchrun reports no failure of it)', with the advice of a rank that left early
     (sys.exit): no report of a rank's end under an agent that died is no exit 0."""

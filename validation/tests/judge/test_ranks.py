@@ -298,7 +298,7 @@ def test_env_json_naming_more_ranks_than_were_launched_is_its_error(tmp_path):
 
 
 def test_a_rank_that_wrote_no_heartbeat_file_is_said_to_have_broken_the_contract_not_to_have_done_no_work(tmp_path):
-    """A user pass (2026-12-05): rank 1 of a DDP run took part in every all-reduce and wrote no
+    """A user pass: rank 1 of a DDP run took part in every all-reduce and wrote no
     heartbeat file at all. The NO-GO is right (every rank writes its own), but the finding said 'idle
     rank ...: 1 of 2 rank(s) did no work', which its files cannot say. It says what they show."""
     d = _contract_dir(tmp_path / "two", world=2, beats=(0,), dumps=())

@@ -274,7 +274,7 @@ def test_a_window_of_a_run_that_logs_every_4_steps_is_covered_from_step_1():
 
 
 def test_a_csv_whose_steps_run_ahead_of_every_ranks_heartbeats_is_not_taken_for_how_far_the_run_got():
-    """A user pass (2026-12-05): training.csv logged step 2N at step N (rows 2, 4, ..., 12 of 12)
+    """A user pass: training.csv logged step 2N at step N (rows 2, 4, ..., 12 of 12)
     while both ranks' heartbeats honestly said step 6. The verdict said 'rank 0's heartbeats stop
     after step 6 of 12 (... the run completed step 12): ... it trained on without writing them', taking
     the step of the file that disagreed with every heartbeat for the truth. It says the files

@@ -175,7 +175,7 @@ def test_a_repeat_of_an_older_record_without_evidence_is_named_by_its_reason_alo
 
 
 def test_every_failed_point_in_the_summary_says_why(tmp_path):
-    """A user pass (2026-12-05): the Executive Summary said '1 of 1 phase point(s) failed: fagent_kill
+    """A user pass: the Executive Summary said '1 of 1 phase point(s) failed: fagent_kill
     [default].' (likewise of a NaN, a CSV that stopped, steps that jumped) while it named the rank for a
     crash: a point no rank is blamed for gives its verdict's reason."""
     rec = PhaseRecord(PointKey("rb", "cpu", "two"), "rb/cpu/two/default", "train", Status.FAIL,

@@ -129,6 +129,13 @@ class Asked:
         """'toks_per_s_mean (last 5 steps)' of a judge.gates.Gate: what a stored value means."""
         return f"{gate.metric} ({gate.window.describe()})"
 
+    @staticmethod
+    def gate_parts(key: str) -> tuple[str, str]:
+        """The metric and the window of a ``gate_key``: 'toks_per_s_mean (last 5 steps)' ->
+        ('toks_per_s_mean', 'last 5 steps')."""
+        metric, _, window = key.partition(" (")
+        return metric, window[:-1]
+
     @classmethod
     def of(cls, point: Any, trainer_kinds: tuple[str, ...]) -> Asked:
         """What ``point`` (a runbook.plan.PhasePoint) asks, as a record keeps it."""

@@ -214,7 +214,7 @@ def _asked_then(metric: str, asked_then: tuple[str, ...]) -> str:
     """How the run asked a gate of ``metric`` that the runbook now asks over another window: 'asked
     over last 20 steps' (of Asked.gate_key 'toks_per_s_cv (last 20 steps)'); 'not asked' where it
     asked none."""
-    windows = [key[len(metric) + 2:-1] for key in asked_then if key.startswith(f"{metric} (")]
+    windows = [window for m, window in map(Asked.gate_parts, asked_then) if m == metric]
     return f"asked over {' and '.join(windows)}" if windows else "not asked"
 
 
@@ -230,7 +230,7 @@ def _failed_only_on_gone(rec: PhaseRecord, point: PhasePoint, asked_then: tuple[
     # by metric: a stored gate's window reads as its run covered it ('steps 1-6, stopped after 3'),
     # and a metric asked now over another window is a change the threshold re-check covers
     asked = {metric for metric, _ in _gates(point).values()}
-    runbook_then = {key.split(" (", 1)[0] for key in asked_then or ()}
+    runbook_then = {Asked.gate_parts(key)[0] for key in asked_then or ()}
     gone = [g for g in failed if g.metric in runbook_then and g.metric not in asked]
     if len(gone) < len(failed):
         return []

@@ -47,9 +47,15 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
     NSA_FAULT=count_twice        its step counter moves by two a step: the CSV and the heartbeats
                                  (a stage record a step) name steps 2, 4, ... and the run ends at
                                  the last, having run half the steps it counts
+    NSA_FAULT=lone_hang:rank=1:step=3  rank 1 writes step 3's forward record and no heartbeat after it
+                                 while the other ranks step on, not waiting for it (ranks that do not
+                                 synchronise every step); a rank with a process of its own (torchrun)
+                                 sleeps there (in ``hung_alone``) until it is killed
 NSA_FAKE_LOG_EVERY=N writes a training.csv row only every N steps (the last step not forced) while every rank's
 heartbeats record each step's end, as a trainer that logs every N steps does;
-NSA_FAKE_WORLD=N simulates N ranks from one process; NSA_FAKE_STEP_S=S sleeps S seconds a step;
+NSA_FAKE_WORLD=N simulates N ranks from one process; without it, under torchrun (RANK set), each process is
+its own rank and writes its own heartbeats, rank 0 the run's env.json and training.csv; NSA_FAKE_STEP_S=S sleeps
+S seconds a step;
 NSA_FAKE_TOKS_SCALE=F multiplies tokens/s by F (a staged throughput change); FAKE_TRAINER_TOKS_SCALE_OF=P:F,...
 multiplies it by F in the points of phase P only (set in the harness's environment, which passes no NSA_*
 variable on, not the runbook's: a change of the trainer between two stores, as a baseline comparison sees it); NSA_FAKE_TOKS_BY_REPEAT=a,b,c
@@ -90,6 +96,12 @@ def parse_fault(spec: str) -> tuple[str, dict[str, int]]:
 def allreduce_wait(seconds: float) -> None:
     """Where the stalled rank 'hangs' (a name the stall finding should report)."""
     time.sleep(seconds)
+
+
+def hung_alone() -> None:
+    """Where a rank of ``lone_hang`` sleeps while the others step on (a name the stall finding should report)."""
+    while True:
+        time.sleep(1)
 
 
 def backward_stuck(out: Path, rank: int) -> None:
@@ -138,6 +150,9 @@ def main() -> int:
     if dirs and out.name not in dirs.split(","):
         fault, opts = "", {}
     world = int(os.environ.get("NSA_FAKE_WORLD", os.environ.get("WORLD_SIZE", "1")))
+    # under torchrun each process writes the heartbeats of its own rank; rank 0 the run's files
+    ranks = [int(os.environ["RANK"])] if "RANK" in os.environ and "NSA_FAKE_WORLD" not in os.environ else range(world)
+    lead = 0 in ranks
     overrides = dict(x.split("=", 1) for x in a.override.split())
     batch = int(overrides.get("train.batch_size", 1))
     env = {k: v for k, v in os.environ.items() if k.startswith(("NSA_", "NCCL_")) or k == "CONFIG"}
@@ -157,17 +172,19 @@ def main() -> int:
                                   "end": stop + skip * (not opts.get("unrecorded"))}, "device_mem_gb": 80.0}
     if fault == "lean":
         env_json = {"world_size": world}
-    (out / "env.json").write_text(json.dumps(env_json))
+    if lead:
+        (out / "env.json").write_text(json.dumps(env_json))
     if fault == "hang":
         faulthandler.register(signal.SIGUSR1, file=open(out / "stackdump_rank0.txt", "w"), all_threads=True)
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         (out / "child.pid").write_text(str(child.pid))
         allreduce_wait(600)
     step_s = float(os.environ.get("NSA_FAKE_STEP_S", "0"))
-    csv = None if fault == "missing_csv" else open(out / "training.csv", "w", buffering=1)
+    csv = None if fault == "missing_csv" or not lead else open(out / "training.csv", "w", buffering=1)
     if csv:
         csv.write(("step,loss,toks\n" if fault == "corrupt_csv" and opts.get("header") else HEADER + "\n"))
-    beats = {r: open(out / f"heartbeat_rank{r}.jsonl", "w") for r in range(world)}
+    # line-buffered, as the harness watches them while the run goes
+    beats = {r: open(out / f"heartbeat_rank{r}.jsonl", "w", buffering=1) for r in ranks}
     t0 = 1_000_000.0
     log_every = int(os.environ.get("NSA_FAKE_LOG_EVERY", "1"))
     order = list(range(start + 1, stop + 1))
@@ -208,6 +225,12 @@ def main() -> int:
             if fault == "quit_rank" and r == opts.get("rank") and step > opts.get("step", 1):
                 if step == opts.get("step", 1) + 1:
                     fh.write(json.dumps({"time": t0 + tick * 0.5, "rank": r, "step": step, "stage": "forward"}) + "\n")
+                continue
+            if fault == "lone_hang" and r == opts.get("rank") and step >= opts.get("step", 1):
+                if step == opts.get("step", 1):
+                    fh.write(json.dumps({"time": t0 + tick * 0.5, "rank": r, "step": step, "stage": "forward"}) + "\n")
+                    if len(beats) == 1:  # its own process: it hangs there, and the others step on without it
+                        hung_alone()
                 continue
             if fault == "idle" and r == opts.get("rank"):
                 if step == 1 and not opts.get("silent"):

@@ -153,3 +153,108 @@ def test_a_trainer_resumed_in_place_makes_progress_while_it_writes_steps_again(t
     with open(csv, "a") as fh:
         fh.write("7,5,0.1,10,0.1,1,0,0\n")  # the CSV goes back too
     assert watch.look() and watch.highest == 10
+
+
+def _write(path, *records) -> None:
+    with open(path, "a") as fh:
+        fh.writelines(json.dumps({"time": 1.0, "rank": int(path.stem[len("heartbeat_rank"):]), "step": s,
+                                  "stage": stage, **extra}) + "\n" for s, stage, extra in records)
+
+
+class Ranks:
+    """A StepWatch over heartbeat files the test writes, each record read at a time of the test's
+    (the seconds a rank stays silent are the test's, not the machine's)."""
+
+    def __init__(self, tmp_path, world: int = 2):
+        self.dir, self.watch, self.now = tmp_path, StepWatch(tmp_path, tmp_path / "training.csv"), 0.0
+        self.files = [tmp_path / f"heartbeat_rank{r}.jsonl" for r in range(world)]
+
+    def at(self, t: float, rank: int, *steps, stage: str = "optimizer", **extra) -> Ranks:
+        """``rank`` writes a record of each of ``steps`` at ``t`` seconds, read then."""
+        _write(self.files[rank], *((s, stage, extra) for s in steps))
+        self.now = t
+        self.watch.look(t)
+        return self
+
+    def silent(self, t: float, stall_s: float = 10.0, last_step: int | None = None, gone=()):
+        return self.watch.silent(t, stall_s, last_step, gone)
+
+
+def test_a_rank_silent_for_stall_s_while_another_goes_past_it_is_left_behind(tmp_path):
+    """A user's pass: rank 1 hung within step 3 while rank 0, not waiting for it, kept stepping; the
+    run's highest step kept growing, and the watch saw no stall. Per rank: rank 1's heartbeats showed
+    no new step for stall_s while rank 0's went past it."""
+    ranks = Ranks(tmp_path).at(0, 0, 1, 2).at(0, 1, 1, 2).at(1, 1, 3, stage="forward")
+    for t in range(1, 9):
+        ranks.at(t, 0, 2 + t)
+    assert ranks.silent(10.9) == []  # 9.9 s: within stall_s
+    [s] = ranks.silent(11.0)
+    assert (s.rank, s.step, s.silent_s, s.others, s.left_behind) == (1, 3, 10.0, {0: 10}, True)
+    assert s.text() == ("rank 1 hung at step 3: its heartbeats showed no new step for 10s while rank 0 went on to "
+                        "step 10")
+
+
+def test_ranks_that_lag_or_beat_every_few_steps_are_not_left_behind(tmp_path):
+    """A slow rank that shows its next step within stall_s is never silent, however far behind; one
+    that beats every 5 steps is left behind only once another went 5 steps past its last record."""
+    slow = Ranks(tmp_path / "slow")
+    (tmp_path / "slow").mkdir()
+    for t in range(0, 60, 5):
+        slow.at(t, 1, 1 + t // 5)
+        slow.at(t, 0, *range(1 + t * 4, 5 + t * 4))
+    assert slow.silent(64.9) == []
+    (tmp_path / "every").mkdir()
+    every = Ranks(tmp_path / "every").at(0, 1, 1, 6, 11).at(0, 0, *range(1, 12))
+    every.at(5, 0, *range(12, 16))
+    [s] = every.silent(12)
+    assert (s.step, s.others, s.left_behind) == (11, {0: 15}, False)  # rank 1's step 16 may come yet
+    every.at(6, 0, 16)
+    assert every.silent(12)[0].left_behind
+
+
+def test_a_finished_rank_a_halted_rank_and_a_rank_whose_process_ended_are_not_silent(tmp_path):
+    """A rank at the run's last step finished; a halt record says the rank stopped with the run; a
+    rank whose process the harness saw end left (its heartbeats and process are judged by
+    judge/short_ranks.py)."""
+    ranks = Ranks(tmp_path, world=4).at(0, 1, *range(1, 11)).at(0, 2, 1, 2).at(0, 2, 3, stage="halt")
+    ranks.at(0, 3, 1, 2, pid=4242)
+    for t in range(1, 20):
+        ranks.at(t, 0, t)
+    assert [s.rank for s in ranks.silent(21, last_step=None)] == [1, 3]
+    assert [s.rank for s in ranks.silent(21, last_step=10)] == [3]
+    assert ranks.silent(21, last_step=10, gone={4242}) == []
+    ranks.at(21, 2, 3)  # a record after its halt record: it runs on, and is silent from its last new step
+    assert [s.rank for s in ranks.silent(21, last_step=10, gone={4242})] == [2]
+
+
+def test_a_lone_heartbeat_file_and_ranks_that_all_stop_are_no_silent_rank(tmp_path):
+    """Only rank 0 writes heartbeats (the contract asks every rank, a trainer may not): nothing to
+    compare. Every rank silent is the run's own stall, no rank's."""
+    alone = Ranks(tmp_path, world=1)
+    for t in range(30):
+        alone.at(t, 0, t + 1)
+    assert alone.silent(100) == []
+    (tmp_path / "both").mkdir()
+    both = Ranks(tmp_path / "both").at(0, 0, 1, 2, 3).at(1, 1, 1, 2, 3)
+    assert both.silent(100) == []
+
+
+def test_a_resume_in_place_rewriting_steps_is_progress_of_each_rank(tmp_path):
+    """A trainer resumed in place writes the steps after its checkpoint again: each rank's records
+    below its highest are its progress, and its silence counts from them."""
+    ranks = Ranks(tmp_path).at(0, 0, *range(1, 11)).at(0, 1, *range(1, 11))
+    ranks.at(8, 0, 6, 7, 8, 9, 10, 11, 12).at(9, 1, 6)
+    assert ranks.silent(15) == []  # rank 1 wrote step 6 again at 9 s: silent 6 s, not 15
+    ranks.at(10, 0, 13)
+    [s] = ranks.silent(19.5)
+    assert (s.rank, s.step, s.silent_s, s.others, s.left_behind) == (1, 6, 10.5, {0: 13}, True)
+
+
+def test_a_rank_silent_within_its_first_step_is_silent_but_not_left_behind(tmp_path):
+    """Start-up (its first step, a compilation) is no step of its own done: the watch does not stop the
+    run for it, and a timeout that comes finds it silent (the finding names it hung)."""
+    ranks = Ranks(tmp_path).at(0, 1, 1, stage="forward")
+    for t in range(1, 15):
+        ranks.at(t, 0, t)
+    [s] = ranks.silent(15)
+    assert (s.rank, s.step, s.silent_s, s.others[0], s.left_behind) == (1, 1, 15.0, 14, False)

@@ -40,6 +40,7 @@ from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import RankFailure, gave_up, last_exception
 from validation.judge.nodes import killed_agent, killed_agents
 from validation.judge.record import TRAINER_KINDS, Beat, Evidence, PhaseRecord, Status
+from validation.judge.seen import RankSilence
 
 
 class Kind(enum.StrEnum):
@@ -59,6 +60,9 @@ class Kind(enum.StrEnum):
     """Named as the rank the others waited for, or the one process of its run still running."""
     STALLED = "stalled"
     """Made no progress with the others, where nothing tells which of them hung first."""
+    SILENT = "silent"
+    """Hung while the others went on without it: its heartbeats showed no new step for stall_s, its
+    process still running, while another rank's showed new steps (``Diagnosis.silences``)."""
     LEFT = "left early"
     """Exited 0 before the steps asked for while the others still needed it."""
     ENDED = "ended"
@@ -152,6 +156,9 @@ class Diagnosis:
     waited: tuple[int, ...] = ()
     """Of ranks blamed as hung because the others' collective gave up waiting for them (``waited_for``):
     the ranks that gave up; ``cause`` is the first one's word of it."""
+    silences: tuple[RankSilence, ...] = ()
+    """Of ranks blamed as silent (Kind.SILENT), in the order of ``ranks``: how long each was silent and
+    how far the others went meanwhile."""
 
     @property
     def rank(self) -> int | None:
@@ -173,11 +180,12 @@ class Diagnosis:
 
 def _diagnosis(kind: Kind, ranks: tuple[RankAt, ...], rec: PhaseRecord, *, or_else: Diagnosis | None = None,
                cause: str | None = None, step: int | None = None, logs: tuple[str, ...] = (),
-               files: tuple[str, ...] = (), waited: tuple[int, ...] = ()) -> Diagnosis:
+               files: tuple[str, ...] = (), waited: tuple[int, ...] = (),
+               silences: tuple[RankSilence, ...] = ()) -> Diagnosis:
     first = ranks[0] if ranks else None
     return Diagnosis(kind, ranks, or_else, cause if cause is not None else (first.cause or None) if first else None,
                      step if step is not None else first.step if first else None, logs,
-                     files or _files(rec, ranks), waited=waited)
+                     files or _files(rec, ranks), waited=waited, silences=silences)
 
 
 def _files(rec: PhaseRecord, ranks: tuple[RankAt, ...]) -> tuple[str, ...]:
@@ -692,9 +700,10 @@ def running(r: PhaseRecord) -> list[RankAt]:
 def stall(r: PhaseRecord) -> Diagnosis | None:
     """A stalled trainer process (``stalled``): slow at its timeout but progressing, else a rank that
     stayed alive after the trainer's non-finite .HALT, else ranks that left early, else the rank that
-    had failed first in its own right (the others waited for it), else the ranks that hung while the
-    others waited for them (their stacks and heartbeats tell), else the one process left running,
-    else every rank found running alike (stalled: nothing tells which hung first)."""
+    had failed first in its own right (the others waited for it), else the ranks whose heartbeats
+    stopped while the others went on (``silent``), else the ranks that hung while the others waited
+    for them (their stacks and heartbeats tell), else the one process left running, else every rank
+    found running alike (stalled: nothing tells which hung first)."""
     if not stalled(r):
         return None
     ev = r.evidence
@@ -710,11 +719,25 @@ def stall(r: PhaseRecord) -> Diagnosis | None:
         kind, cause = failed_as(r, root)
         return _diagnosis(kind, (RankAt.of(r, root, cause=cause),), r,
                           logs=(f"{r.out_dir}/{ev.stderr_log}",))
+    if (lone := silent(r)) is not None:
+        return lone
     if (hung := _hung_first(r, found)) is not None:
         return hung
     if len(found) == 1 and _alone(r, found[0]):  # the one process left running: the others had ended
         return _diagnosis(Kind.HUNG, tuple(found), r)
     return _diagnosis(Kind.HUNG if r.world_size == 1 and found else Kind.STALLED, tuple(found), r)
+
+
+def silent(r: PhaseRecord) -> Diagnosis | None:
+    """The ranks whose heartbeats the harness's watch saw stop for stall_s while another rank's went
+    on (Evidence.silent_ranks), each at the innermost frame of its stack where one was taken; None
+    where it saw none. Their stacks need not show it: the others waited in no collective for them."""
+    ev = r.evidence
+    if not ev.silent_ranks:
+        return None
+    frames = {k: d.frames[0].func for k, d in ev.stackdumps.items() if d.frames}
+    ranks = tuple(RankAt.of(r, s.rank, frame=frames.get(s.rank)) for s in ev.silent_ranks)
+    return _diagnosis(Kind.SILENT, ranks, r, silences=tuple(ev.silent_ranks))
 
 
 def _hung_first(r: PhaseRecord, found: list[RankAt]) -> Diagnosis | None:

@@ -124,7 +124,8 @@ def collect(run: RunData, stderr_path: Path, errors: list[str], clock: StepClock
         nonfinite_loss_step=trained.nonfinite_loss_step,
         top_ops=list(run.info.get("top_ops") or []), reruns=run.reruns, spikes=trained.spikes,
         divergence=trained.divergence, slowdown=trained.slowdown, memory_growth=trained.memory_growth,
-        not_run=None if run.launched else NotRun.LAUNCH, misses=list(run.misses), rank_processes=seen), stderr_path)
+        not_run=None if run.launched else NotRun.LAUNCH, misses=list(run.misses), rank_processes=seen,
+        silent_ranks=[s for s in run.silent_ranks if s.rank < run.world_size]), stderr_path)
 
 
 def with_log(ev: Evidence, stderr_path: Path) -> Evidence:

@@ -24,7 +24,7 @@ from validation.contract.files import HaltInfo, window_rows
 from validation.contract.reruns import Rerun
 from validation.contract.torchrun_log import RankFailure
 from validation.judge.misses import Miss
-from validation.judge.seen import ProcessSeen
+from validation.judge.seen import ProcessSeen, RankSilence
 from validation.judge.stability import StabilityRule, rise, spikes
 
 if TYPE_CHECKING:
@@ -73,6 +73,9 @@ class RunData:
     """What a pytest or preflight point failed to do (validation/judge/misses.py)."""
     processes: dict[int, ProcessSeen] = field(default_factory=dict)
     """By pid, each process of the run as the harness saw it while it ran (ProcessSeen)."""
+    silent_ranks: list[RankSilence] = field(default_factory=list)
+    """Of a run the harness stopped: the ranks whose heartbeats had stopped while another's went on
+    (RankSilence)."""
     counts: dict[str, float] = field(default_factory=dict)
     """Phase-kind specific numbers: pytest outcome counts, preflight files, profiler results."""
     info: dict[str, Any] = field(default_factory=dict)

@@ -28,7 +28,7 @@ from validation.judge.metrics import RunData, compute
 from validation.judge.misses import Miss
 from validation.judge.nodes import NodesEvidence
 from validation.judge.resume import Clue, ClueKind
-from validation.judge.seen import ProcessSeen
+from validation.judge.seen import ProcessSeen, RankSilence
 from validation.judge.stability import Rise, Slowdown, Spike
 from validation.machine import Machine, MachineLoad
 
@@ -257,6 +257,9 @@ class Evidence:
     """Per rank, its process as the harness saw it (``ProcessSeen``): whether a rank whose heartbeats
     stop early had exited or ran on. Empty where no heartbeat's pid names a process it saw (a record
     of an older harness, a trainer that writes no pid, a node on another host)."""
+    silent_ranks: list[RankSilence] = field(default_factory=list)
+    """Of a run the harness stopped: the ranks whose heartbeats had shown no new step for stall_s while
+    another rank's went on (``RankSilence``), as its watch saw them; empty in records of older harnesses."""
 
     @classmethod
     def from_json(cls, ev: dict[str, Any]) -> Evidence:
@@ -290,7 +293,8 @@ class Evidence:
             if ev.get("resume_clue") else None,
             not_run=NotRun(ev["not_run"]) if ev.get("not_run") else None,
             misses=[Miss(m) for m in ev.get("misses") or []],
-            rank_processes={int(r): ProcessSeen(**p) for r, p in (ev.get("rank_processes") or {}).items()})
+            rank_processes={int(r): ProcessSeen(**p) for r, p in (ev.get("rank_processes") or {}).items()},
+            silent_ranks=[RankSilence.from_json(s) for s in ev.get("silent_ranks") or []])
 
 
 @dataclass(frozen=True)
@@ -514,9 +518,13 @@ class PhaseRecord:
     def progressing_at_timeout(self) -> bool:
         """Timed out while its steps still came at their pace: the last new step no longer before
         the timeout than three of its mean step times (the CSV's; else the wall time per step),
-        with a floor for the harness's polling and the trainer's buffered writes. Such a run was
-        slow or its timeout short, not hung: no finding may call it a stall or a hang."""
+        with a floor for the harness's polling and the trainer's buffered writes, and no rank's
+        heartbeats silent for stall_s while the others went on (``Evidence.silent_ranks``: that rank
+        hung, whatever the others' pace). Such a run was slow or its timeout short, not hung: no
+        finding may call it a stall or a hang."""
         if not self.timed_out or self.timeout_quiet_s is None or not self.metrics.steps_completed:
+            return False
+        if self.evidence.silent_ranks:
             return False
         step_s = self.metrics.step_time_s_mean or self.wall_s / self.metrics.steps_completed
         return self.timeout_quiet_s <= max(3 * step_s, PROGRESS_FLOOR_S)

@@ -24,6 +24,7 @@ from validation.judge.record import (
     last_step_done,
     rank_processes,
 )
+from validation.judge.seen import RankSilence
 from validation.judge.short_ranks import CsvAhead, ShortRank, csv_ahead, short_ranks
 from validation.judge.stability import first_nonfinite
 from validation.excerpt import EXCERPT_CHARS
@@ -73,6 +74,9 @@ class Outcome:
     """training.csv logs a step beyond every rank's heartbeats (judge/short_ranks.py): the ranks that
     seem short (``short_ranks``) are so only against the CSV, which the verdict does not take for
     the truth."""
+    silent_ranks: tuple[RankSilence, ...] = ()
+    """Of a run the harness stopped: the ranks whose heartbeats stopped for stall_s while another's
+    went on (RankSilence): a stall of theirs, or what a timeout found hung."""
 
     @classmethod
     def of_run(cls, kind: str, run: RunData, errors: Sequence[str]) -> Outcome:
@@ -88,7 +92,8 @@ class Outcome:
                    short_ranks(beats, run.world_size, run.steps_requested, logged, seen),
                    HEARTBEATS not in adapter_unmeasured(run.env),
                    run.agent_killed if root_rank(run.rank_failures, run.halt.source if run.halt else None) is None
-                   else None, first_nonfinite(run.csv), csv_ahead(beats, run.world_size, logged))
+                   else None, first_nonfinite(run.csv), csv_ahead(beats, run.world_size, logged),
+                   tuple(s for s in run.silent_ranks if s.rank < run.world_size))
 
     @classmethod
     def of_record(cls, rec: PhaseRecord) -> Outcome:
@@ -108,7 +113,8 @@ class Outcome:
                    agent_killed(nodes.launcher, nodes.nodes, stopped)
                    if (nodes := rec.evidence.nodes) is not None and root_of_evidence(rec.evidence) is None else None,
                    rec.evidence.nonfinite_loss_step,
-                   csv_ahead(rec.evidence.last_heartbeat, rec.world_size, logged) if steps is not None else None)
+                   csv_ahead(rec.evidence.last_heartbeat, rec.world_size, logged) if steps is not None else None,
+                   tuple(rec.evidence.silent_ranks))
 
     @property
     def ended_clean(self) -> bool:
@@ -223,6 +229,7 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
     halt = outcome.halt
     if halt is not None and halt.source == "nonfinite":  # the trainer's NaN/inf guard, first whatever came after
         return Status.FAIL, _nonfinite(halt) + _after_halt(outcome)
+    silent = "; ".join(s.text() for s in outcome.silent_ranks)
     if outcome.stalled_s is not None:
         # the CSV's last row, or further where a rank's heartbeats say so (a trainer logging every k steps)
         done = max((n for n in (outcome.steps_completed, outcome.last_step_done) if n is not None), default=None)
@@ -230,9 +237,11 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
         # before the first step no rank may ever have run ('left' would say they had ended)
         stacks = ("stacks taken" if outcome.stacks_tried != 0 else "no rank was left running to take a stack of"
                   if done else "no rank was running to take a stack of")
-        return Status.FAIL, f"stalled: no progress for {outcome.stalled_s:.0f}s {at}; {stacks} and the run killed by the harness"
+        # a rank that hung while the others went on: the run's files showed progress, that rank's did not
+        what = silent or f"no progress for {outcome.stalled_s:.0f}s {at}"
+        return Status.FAIL, f"stalled: {what}; {stacks} and the run killed by the harness"
     if outcome.timed_out:
-        return Status.FAIL, "timed out: killed by the harness at the phase timeout"
+        return Status.FAIL, "timed out: killed by the harness at the phase timeout" + (f"; {silent}" if silent else "")
     if halt is not None:
         torn = " (its record cut short)" if halt.torn else ""
         if halt.source == "watchdog" and outcome.died_first:

@@ -154,7 +154,8 @@ def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], pro
         proc = launcher.run_trainer(point.phase.launcher, target, args, env=commands.child_env(env, root=cwd), cwd=cwd,
                                     timeout_s=point.phase.timeout_s, out_dir=out_dir,
                                     on_poll=_poll(point, out_dir, progress, csv, adapter),
-                                    watch=_watch(point, out_dir, trainer_dir, csv, adapter))
+                                    watch=_watch(point, out_dir, trainer_dir, csv, adapter,
+                                                 leg.steps_expected if leg is not None else point.phase.steps))
     except HarnessError as exc:
         return _not_launched(f"{doing}: {exc}", out_dir, run, errors, began)
     if adapter is not None:  # also of a trainer that died before making its folder: the adapter says what its
@@ -164,10 +165,12 @@ def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], pro
     return proc
 
 
-def _watch(point: PhasePoint, out_dir: Path, progress_dir: Path, csv: Path, adapter: Adapter | None = None) -> Watch:
+def _watch(point: PhasePoint, out_dir: Path, progress_dir: Path, csv: Path, adapter: Adapter | None,
+           last_step: int) -> Watch:
     """A train point's progress (its heartbeats and CSV in ``progress_dir``, or the file its
     adapter reads progress from, or what its adapter's ``live_steps`` reads there) watched for
-    stalls; stacks go into the run directory ``out_dir``."""
+    stalls, up to ``last_step``, the last step the trainer is asked to complete; stacks go into
+    the run directory ``out_dir``."""
     step_of = None
     if adapter is not None and adapter.progress_csv(progress_dir).name != TRAINING_CSV:
         def step_of(line: str) -> int | None:
@@ -175,7 +178,7 @@ def _watch(point: PhasePoint, out_dir: Path, progress_dir: Path, csv: Path, adap
             return seen[0] if seen else None
     live_steps = adapter.live_steps(progress_dir) if adapter is not None else None
     return Watch(progress_dir, csv, point.phase.stall_after_s, point.phase.startup_after_s, out_dir,
-                 point.phase.launcher.kind == "python", step_of, live_steps)
+                 point.phase.launcher.kind == "python", step_of, live_steps, last_step)
 
 
 def _not_launched(why: str, out_dir: Path, run: RunData, errors: list[str], began: float) -> runner.ProcResult:

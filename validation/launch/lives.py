@@ -54,6 +54,10 @@ class Lives:
             self._seen[p.pid] = ProcessSeen(p.pid, step)
         self._pending = {pid for pid, life in self._seen.items() if pid not in now and life.gone_at is None}
 
+    def ended(self) -> set[int]:
+        """The processes seen running at a poll and gone at a later one."""
+        return {pid for pid, life in self._seen.items() if life.gone_at is not None} | self._pending
+
     def seen(self) -> dict[int, ProcessSeen]:
         """Each process as last seen, by pid (a reused pid left out)."""
         return {pid: life for pid, life in self._seen.items() if pid not in self._reused}

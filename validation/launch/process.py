@@ -3,7 +3,8 @@ caller and never leaving a process of it behind.
 
 The child starts in its own session; its whole tree is tracked (validation/launch/tree.py) and
 killed when the run ends in any way: on the phase timeout, on a stall (a watched trainer whose
-step stops growing for ``stall_s``, validation/launch/watch.py), on an interrupt (Ctrl-C,
+step stops growing for ``stall_s``, or one of whose ranks shows no new step for ``stall_s`` while
+another rank goes past it: validation/launch/watch.py), on an interrupt (Ctrl-C,
 SIGTERM or SIGHUP in the CLI: the session's abort flag, handed down by ``aborted_by``, or a
 KeyboardInterrupt in the calling thread), and after a normal exit (whatever the trainer left
 running); a harness that dies without killing it (``kill -9``) takes it along
@@ -40,7 +41,7 @@ from validation.contract.files import tail
 from validation.contract.stacks import HARNESS_STACKS, TakenStack
 from validation.contract.torchrun_log import agent_said, closed_rendezvous, gave_up
 from validation.excerpt import STDERR_TAIL_LINES
-from validation.judge.seen import ProcessSeen
+from validation.judge.seen import ProcessSeen, RankSilence
 from validation.launch import orphans, stacks, warden
 from validation.launch.lives import Lives
 from validation.launch.load import LoadMeter
@@ -142,6 +143,9 @@ class ProcResult:
     against the steps its files showed (validation/launch/lives.py)."""
     load: MachineLoad | None = None
     """How busy other work kept the machine's cores while it ran (None: too short to say)."""
+    silent_ranks: list[RankSilence] = field(default_factory=list)
+    """Of a watched run the harness stopped (a stall, its timeout): the ranks whose heartbeats had
+    shown no new step for stall_s while another rank's went on (watch.py ``StepWatch.silent``)."""
 
     def stderr_tail(self, lines: int = STDERR_TAIL_LINES) -> str:
         return tail(self.stderr_path, lines)
@@ -166,6 +170,8 @@ class _Stop:
     """A timeout's seconds since the last new step (None: no step yet, or no watch)."""
     beat_pids: dict[int, int] = field(default_factory=dict)
     """pid -> rank as the heartbeats said when the run was stopped (stacks.ranked reads it)."""
+    silent: tuple[RankSilence, ...] = ()
+    """The ranks silent when the run was stopped (ProcResult.silent_ranks)."""
 
 
 class LaunchOver(Protocol):
@@ -270,7 +276,7 @@ def run_group(commands: Sequence[Command], *, env: Mapping[str, str], cwd: Path,
     return ProcResult(commands[0].argv, code, stop is not None and stop.why == _Why.TIMEOUT, wall, first.stdout_path,
                       first.stderr_path, stop.stalled_s if stop else None, taken, parts,
                       timeout_quiet_s=stop.quiet_s if stop else None, processes=lives.seen() if lives else {},
-                      load=meter.read())
+                      load=meter.read(), silent_ranks=list(stop.silent) if stop else [])
 
 
 def _start(c: Command, env: Mapping[str, str], cwd: Path, out, err) -> subprocess.Popen | None:
@@ -357,12 +363,14 @@ def _supervise(procs: list[subprocess.Popen | None], over: LaunchOver, ended: di
         over_s = over.look(tree, now)
         ranks_ran = ranks_ran or any(p.pid not in launched for p in tree.known())
         stop = None
+        silent: list[RankSilence] = []
         if steps is not None:
-            if steps.look():
+            if steps.look(now):
                 last_progress = now
             if lives is not None:
                 lives.poll(tree.known(), steps.highest)  # after the read: see validation/launch/lives.py
-            stop = _stalled(steps, watch, now - last_progress)
+            silent = steps.silent(now, watch.stall_s, watch.last_step, lives.ended() if lives is not None else ())
+            stop = _stalled(steps, watch, now - last_progress) or _left_behind(silent, watch)
         if stop is None and elapsed >= timeout_s:
             quiet = round(now - last_progress, 1) if steps is not None and steps.highest is not None else None
             stop = _Stop(_Why.TIMEOUT, f"killed after {timeout_s:.0f}s timeout", quiet_s=quiet)
@@ -376,7 +384,16 @@ def _supervise(procs: list[subprocess.Popen | None], over: LaunchOver, ended: di
             if gone and now - ranks_gone_at < LAUNCH_OVER_GRACE_S:
                 continue
         if stop is not None:
-            return replace(stop, beat_pids=dict(steps.pids)) if steps is not None else stop
+            return replace(stop, beat_pids=dict(steps.pids), silent=tuple(silent)) if steps is not None else stop
+
+
+def _left_behind(silent: list[RankSilence], watch: Watch) -> _Stop | None:
+    """A stall of the ranks left behind (RankSilence.left_behind): each hung while the others went
+    on past it without waiting for it, so the run's highest step kept growing."""
+    behind = [s for s in silent if s.left_behind]
+    if not behind:
+        return None
+    return _Stop(_Why.STALL, f"{'; '.join(s.text() for s in behind)} (stall_s {watch.stall_s:g})", behind[0].silent_s)
 
 
 def _stalled(steps: StepWatch, watch: Watch, quiet: float) -> _Stop | None:

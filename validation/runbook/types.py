@@ -113,7 +113,8 @@ class Phase:
                            minimum=1.0, defaults="see `phases[].timeout_s`", stale=Stale.ALLOWANCE, limit=Limit.RUN)
     stall_s: float | None = key(
         None, meaning="train and profile phases: no new step for this long after the first is a stall (stacks of every "
-                "rank, the tree killed, FAIL); default a quarter of timeout_s",
+                "rank, the tree killed, FAIL), and so is a rank whose heartbeats show no new step for this long while "
+                "another rank's go past it; default a quarter of timeout_s",
         minimum=1.0, defaults="see `phases[].stall_s`", stale=Stale.ALLOWANCE, limit=Limit.QUIET)
     """Counted from the launch, so it must cover the trainer's start-up; None: ``stall_after_s``."""
     startup_s: float | None = key(

@@ -80,7 +80,8 @@ def launch(point: PhasePoint, out_dir: Path, progress: Progress | None, leg: Leg
         proc = replace(proc, load=None)
     stopped = proc.stalled_s is not None or proc.timed_out
     run = replace(run, exit_code=proc.exit_code, timed_out=proc.timed_out, stalled_s=proc.stalled_s,
-                  processes=proc.processes, stacks_tried=len(proc.stacks) if stopped else run.stacks_tried)
+                  processes=proc.processes, stacks_tried=len(proc.stacks) if stopped else run.stacks_tried,
+                  silent_ranks=list(proc.silent_ranks))
     if kind in TRAINER_KINDS and run.launched:  # a process that never started left no file to miss
         files = read_train(run)
         run = files.onto(run)

@@ -128,6 +128,16 @@ def _stall(f: Facts) -> str:
     return where + f"Then {_RERUN}."
 
 
+def _silent_rank(f: Facts) -> str:
+    return ("A rank's heartbeats stopped while the other ranks went on past its step: the other ranks did not wait "
+            "for it (a trainer whose ranks do not synchronise every step, or a loop of that rank's own), so the run "
+            "kept making progress around a rank that made none. Its stack in the finding shows where it was: a loop "
+            "or retry that never ends, I/O, a lock, a data loader, a collective of its own that no other rank joins. "
+            "Where its stack shows it in its training step instead, it trained on and stopped writing its heartbeat "
+            "file (a writer turned off, closed or failing on that rank): the contract asks every rank for a record of "
+            f"each step it logs. Then {_RERUN}.")
+
+
 def _halt_stall(f: Facts) -> str:
     return ("A rank did not exit after the trainer's .HALT on the non-finite loss (the finding names where it was), "
             "and the others waited for it in their collective until the harness stopped the run: a rank that halts "
@@ -426,7 +436,7 @@ def _busy_machine(f: Facts) -> str:
 
 _ADVICE: dict[str, Callable[[Facts], str]] = {
     "crash": _crash, "aborted": _aborted, "quit": _quit, "departed": _departed, "waited": _waited, "left_after": _left_after, "stall": _stall,
-    "timeout": _timeout,
+    "timeout": _timeout, "silent_rank": _silent_rank,
     "nonfinite": _nonfinite, "halt_stall": _halt_stall,
     "halted": _halted, "short_run": _short, "short_rank": _short_rank, "csv_ahead": _csv_ahead, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "straggler_rank": _straggler_rank, "fallback": _fallback,

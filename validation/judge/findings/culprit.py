@@ -8,7 +8,7 @@ from validation.excerpt import EXCERPT_CHARS
 
 #: what a blamed rank did, by the kind of the diagnosis
 DID = {Kind.CRASHED: "crashed", Kind.KILLED: "crashed", Kind.ABORTED: "crashed", Kind.QUIT: "exited early",
-       Kind.HUNG: "hung", Kind.STALLED: "stalled",
+       Kind.HUNG: "hung", Kind.STALLED: "stalled", Kind.SILENT: "hung",
        Kind.LEFT: "exited 0 early", Kind.ENDED: "exited 0", Kind.NONFINITE: "had a non-finite loss",
        Kind.HALTED: "halted on a non-finite loss", Kind.HALT_STALL: "halted on a non-finite loss"}
 
@@ -44,7 +44,16 @@ def waited_cause(d: Diagnosis) -> str:
 
 def cause(d: Diagnosis, at: RankAt) -> str:
     """What the diagnosis says ended or stopped ``at``."""
+    if d.silences:
+        return next(s.silence() for s in d.silences if s.rank == at.rank)
     return waited_cause(d) if d.waited else at.cause
+
+
+def silenced(d: Diagnosis) -> str:
+    """Of a diagnosis of silent ranks (Kind.SILENT): 'rank 1 hung at step 3 in wait: its heartbeats
+    showed no new step for 8s while rank 0 went on to step 40', each rank's joined by '; '."""
+    return "; ".join(f"{who(at)} hung at step {s.step}" + (f" in {at.frame}" if at.frame else "") + f": {s.silence()}"
+                     for at, s in zip(d.ranks, d.silences))
 
 
 def text(d: Diagnosis) -> str:

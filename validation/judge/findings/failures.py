@@ -14,7 +14,7 @@ from validation.judge.diagnosis import (FAILED, Diagnosis, Kind, NoStack, crash,
                                         logs_of, maybe_departed, nonfinite, nonfinite_ranks, root_of_evidence,
                                         silent_first, stall)
 from validation.judge.findings.culprit import ranks as _ranks
-from validation.judge.findings.culprit import waited_cause
+from validation.judge.findings.culprit import silenced, waited_cause
 from validation.judge.findings.departed import departure
 from validation.judge.findings.finding import (Facts, Finding, Severity, last_heartbeat, own_reason, process,
                                                processes, where, where_gated, where_run)
@@ -221,7 +221,8 @@ def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
             continue
         ev = r.evidence
         facts = Facts.of(r)
-        how = (f"no progress for {r.stalled_s:.0f}s, stopped by the harness" if r.stalled_s is not None
+        how = ("stopped by the harness" if r.stalled_s is not None and d.kind == Kind.SILENT
+               else f"no progress for {r.stalled_s:.0f}s, stopped by the harness" if r.stalled_s is not None
                else "watchdog .HALT" if ev.halt is not None else f"killed at the {r.timeout_s:g}s timeout")
         if d.kind == Kind.TIMED_OUT:
             out.append(_timed_out_progressing(r, facts))
@@ -252,7 +253,8 @@ def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
         if 0 < len(stuck) < r.world_size:
             detail.append(f"stacks of {len(stuck)} of {r.world_size} ranks were recorded")
         kind = {Kind.HALT_STALL: "halt_stall", Kind.LEFT: "departed", Kind.CRASHED: "crash",
-                Kind.KILLED: "crash", Kind.ABORTED: "aborted", Kind.QUIT: "quit"}.get(d.kind, "stall")
+                Kind.KILLED: "crash", Kind.ABORTED: "aborted", Kind.QUIT: "quit",
+                Kind.SILENT: "silent_rank"}.get(d.kind, "stall")
         if d.kind == Kind.HALT_STALL:
             # the trainer's guard stopped the run first (the non-finite finding names the rank): what
             # stalled is its end, a rank that halted and stayed alive with the others waiting for it
@@ -272,6 +274,8 @@ def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
             at = (f": rank {root} failed first ({d.cause}; {last_heartbeat(r, root)}), and the other ranks waited for "
                   f"it" + (f": {rest}" if rest else ""))
             detail.insert(0, f"stderr: {d.logs[0]}")
+        elif d.kind == Kind.SILENT:  # the others went on: none waited for it, whatever their stacks show
+            at = f": {silenced(d)}"
         elif d.kind == Kind.HUNG and r.world_size > 1 and not _alone(r, d, stuck):
             at = _hung_first(r, d, stuck)
         else:

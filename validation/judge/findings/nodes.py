@@ -248,6 +248,8 @@ def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
         return None  # the trainer halted on a non-finite loss first: what stalled is its end (findings/failures.py)
     if failed_first(r) is not None:
         return None  # a rank had failed in its own right and the others waited for it (_failed)
+    if r.evidence.silent_ranks:
+        return None  # a rank hung while the others went on, not waiting for it: the stall finding names it and its node
     if no_rank_running(r):
         return None  # nothing hung: every rank had ended (or never started), a launcher kept the run open
     # a rank that had ended (exit 0, or a failure of its own) neither hung nor waited

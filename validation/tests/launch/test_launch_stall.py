@@ -10,6 +10,8 @@ import json
 import os
 import re
 import stat
+import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -18,6 +20,8 @@ import pytest
 
 from validation.contract.stacks import HARNESS_STACKS
 from validation.judge.findings import find
+from validation.launch import process as runner
+from validation.launch.watch import Watch
 from validation.tests.conftest import FakeRun
 
 HANG = "validation.tests.hang_trainer"
@@ -215,3 +219,64 @@ def test_a_trainer_that_never_logs_a_step_is_said_to_have_written_no_heartbeat(t
                                                                                        "heartbeat_rank0.jsonl"]))
     [stall] = [f for f in find([empty]) if f.kind == "stall"]
     assert "rank 0: no heartbeat written (heartbeat_rank0.jsonl has no record); stack (" in stall.detail[0], stall.detail
+
+
+#: rank 1 of the fake trainer hangs within step 3 while rank 0, not waiting for it, steps on (0.05 s a
+#: step, far past stall_s); the phase's timeout bounds the run that the watch does not stop
+LONE_HANG = {"NSA_FAULT": "lone_hang:rank=1:step=3", "NSA_FAKE_STEP_S": "0.05"}
+LONE_TIMEOUT_S = 90
+
+
+@pytest.mark.distributed
+def test_torchrun_a_rank_that_hangs_while_the_other_steps_on_is_a_stall_of_that_rank(tmp_path):
+    """A user's pass: rank 1 hung (its process alive, its heartbeats stopped) while rank 0, which does
+    not wait for it, kept writing heartbeats of new steps. The watch took rank 0's steps for the run's
+    progress: the run went on to the phase timeout and its finding read 'timed out ... while still
+    progressing'. Rank 1's silence of stall_s while rank 0 went past it is a stall of rank 1: its
+    stacks taken and the tree killed within stall_s + 10 s, the finding naming rank 1, its step, how
+    long it was silent and how far rank 0 went."""
+    run = FakeRun(tmp_path, [_phase(TORCHRUN_STALL_S, LONE_HANG, nproc=2, steps=2000, timeout_s=LONE_TIMEOUT_S)])
+    rec = run.record
+    assert not rec.timed_out and rec.exit_code is None, rec.reason
+    assert TORCHRUN_STALL_S <= rec.stalled_s <= TORCHRUN_STALL_S + REPORT_SLACK_S, rec.stalled_s
+    [silent] = rec.evidence.silent_ranks
+    assert (silent.rank, silent.step, silent.silent_s) == (1, 3, rec.stalled_s)
+    [(other, went_to)] = silent.others.items()
+    assert other == 0 and went_to > 3 and silent.left_behind
+    assert rec.reason.startswith(f"stalled: rank 1 hung at step 3: its heartbeats showed no new step for "
+                                 f"{rec.stalled_s:.0f}s while rank 0 went on to step {went_to}; stacks taken"), \
+        rec.reason
+    taken = {t.rank: t for t in rec.evidence.taken_stacks}
+    assert set(taken) == {0, 1} and rec.evidence.stackdumps[1].frames[0].func == "hung_alone"
+    for t in taken.values():  # the tree is dead
+        assert not psutil.pid_exists(t.pid) or psutil.Process(t.pid).status() == psutil.STATUS_ZOMBIE
+    [finding] = [f for f in run.findings("critical") if f.startswith("stall in hang")]
+    assert finding.startswith(f"stall in hang [default] (stopped by the harness): rank 1 hung at step 3 in hung_alone: "
+                              f"its heartbeats showed no new step for {rec.stalled_s:.0f}s while rank 0 went on to "
+                              f"step {went_to}\n"), finding
+    assert "still progressing" not in run.report and "stall in hang" in run.report
+    assert "the other ranks did not wait for it" in run.report[run.report.index("Recommendations"):]
+
+
+def test_a_timeout_records_a_rank_silent_within_its_first_step(tmp_path):
+    """Rank 1's heartbeats stop within its first step (start-up: no step of its own done, so the watch
+    does not stop the run for it) while rank 0 steps on until the timeout: the timeout's result
+    names rank 1 silent, which its finding then calls hung (validation/tests/judge/test_silent_ranks.py),
+    not a run still progressing."""
+    ranks = textwrap.dedent("""
+        import json, sys, time
+        def beat(rank, step, stage):
+            with open(f"{sys.argv[1]}/heartbeat_rank{rank}.jsonl", "a") as fh:
+                fh.write(json.dumps({"time": time.time(), "rank": rank, "step": step, "stage": stage}) + "\\n")
+        beat(1, 1, "forward")
+        for step in range(1, 100000):
+            beat(0, step, "step")
+            time.sleep(0.05)
+    """)
+    watch = Watch(tmp_path, tmp_path / "training.csv", 2.0, 2.0, tmp_path, single_process=True, last_step=100000)
+    result = runner.run([sys.executable, "-c", ranks, str(tmp_path)], env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path,
+                        timeout_s=6, log_dir=tmp_path, poll_s=0.1, watch=watch)
+    assert result.timed_out and result.stalled_s is None and result.timeout_quiet_s < 2, result
+    [silent] = result.silent_ranks
+    assert (silent.rank, silent.step, silent.left_behind) == (1, 1, False) and silent.silent_s >= 2, silent
+    assert list(silent.others) == [0] and silent.others[0] > 1, silent

@@ -236,6 +236,16 @@ class AcceptancePlugin:
 
     # --- hooks -----------------------------------------------------------------------------------
 
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """Before any point runs, stop what an earlier harness process of the results directory left
+        running when it died, saying so, as ``nsa-validate run`` does: on the controller, whose
+        xdist workers (live harness processes, whose launches are left alone) run the points, and
+        not for a run that only lists them."""
+        if hasattr(self.config, "workerinput") or self.config.option.collectonly:
+            return
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        self.session.stop_left_running(lambda text: terminal.write_line(f"nsa-validate: warning: {text}"))
+
     def pytest_ignore_collect(self, collection_path: Path, config: pytest.Config) -> bool | None:
         """A run that selects only phase points (``selects_only_points``) collects the acceptance
         module and the folders on its way, nothing else."""

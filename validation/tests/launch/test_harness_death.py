@@ -139,6 +139,14 @@ def test_a_run_stops_what_a_dead_harness_of_its_results_directory_left_running(t
         _kill_all(token)
 
 
+def _gone_harness() -> psutil.Process:
+    """A process that has exited, as a harness that died."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead = psutil.Process(gone.pid)
+    gone.wait()
+    return dead
+
+
 def _owned(results: Path, harness: psutil.Process, token: str) -> subprocess.Popen:
     """A sleeping process marked as a launch of ``harness`` for a point of ``results``."""
     owner = orphans.Owner(harness.pid, harness.create_time(), str(results.resolve()), "rb/cpu/p/default", token)
@@ -147,9 +155,7 @@ def _owned(results: Path, harness: psutil.Process, token: str) -> subprocess.Pop
 
 
 def test_only_launches_of_a_gone_harness_of_this_results_directory_are_left_running(tmp_path):
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead = psutil.Process(gone.pid)
-    gone.wait()
+    dead = _gone_harness()
     live_token, dead_token, other_token = (f"owned-test-{uuid.uuid4().hex}" for _ in range(3))
     procs = [_owned(tmp_path / "results", psutil.Process(), live_token),  # a live harness shares the directory
              _owned(tmp_path / "results", dead, dead_token),
@@ -166,3 +172,29 @@ def test_only_launches_of_a_gone_harness_of_this_results_directory_are_left_runn
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_the_pytest_door_stops_what_a_dead_harness_of_its_results_directory_left_running(tmp_path):
+    """`pytest -m <phase>` into a results directory ran its points beside what a dead harness of that
+    directory had left running, which `nsa-validate run` stops (the test above): it stops it too, at
+    session start, saying so."""
+    token = f"left-pytest-test-{uuid.uuid4().hex}"
+    dead = _gone_harness()
+    left = _owned(tmp_path / "results", dead, token)
+    try:
+        _wait_for("its environment", lambda: carries(psutil.Process(left.pid), token), 30)
+        runbook = write_runbook(tmp_path / "rb.yaml", [train_phase("healthy")], name="left")
+        out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "healthy",
+                              "--runbook", str(runbook), "--results-dir", str(tmp_path / "results")], cwd=REPO_ROOT,
+                             capture_output=True, text=True, timeout=300,
+                             env={**{k: v for k, v in os.environ.items() if not k.startswith("NSA_")},
+                                  "PYTHONPATH": str(REPO_ROOT)})
+        said = [line for line in out.stdout.splitlines() if "left processes running" in line]
+        assert len(said) == 1, out.stdout + out.stderr
+        assert said[0].startswith(f"nsa-validate: warning: an earlier run of {tmp_path / 'results'} left processes "
+                                  f"running: point rb/cpu/p/default (harness pid {dead.pid}, gone): pid {left.pid} "), said
+        left.wait(timeout=GONE_S)
+        assert out.returncode == 0, out.stdout + out.stderr  # the point itself ran, GO
+    finally:
+        left.kill()
+        left.wait()

@@ -62,8 +62,7 @@ from validation.runbook.plan import PhasePoint, expand
 from validation.runbook.types import Profile, Runbook
 from validation.store import baseline as baseline_cmp
 from validation.store import goldens, stale, thresholds
-from validation.store.lock import exclusive
-from validation.store.results import ResultStore
+from validation.store.results import ResultStore, remove_report, report_path
 
 
 class Verdict(enum.StrEnum):
@@ -439,33 +438,13 @@ def _hw_text(hw: Machine | None) -> str:
     return f"{hw.describe()} on {hw.hostname}"
 
 
-def report_path(results_dir: str | Path, runbook_name: str, profile_name: str) -> Path:
-    """<results>/reports/<runbook>__<profile>.md"""
-    return Path(results_dir) / "reports" / f"{runbook_name}__{profile_name}.md"
-
-
 def withdraw_all(results_dir: str | Path) -> list[Path]:
-    """Remove every report of the results directory (``withdraw``'s, of each pair), and return
-    them: its store can no longer be read, so none of them is backed by it any more."""
+    """Remove every report of the results directory, and return them: its store can no longer be
+    read, so none of them is backed by it any more."""
     gone = sorted(p for p in (Path(results_dir) / "reports").glob("*__*.md") if p.is_file())
     for path in gone:
-        _remove(path)
+        remove_report(path)
     return gone
-
-
-def withdraw(results_dir: str | Path, runbook_name: str, profile_name: str) -> None:
-    """Remove the pair's report: a record of it is about to be replaced and the run directories the
-    old record names removed, which the report names too. A stop before the next report is
-    written then leaves no report rather than one naming runs that are gone (its plots stay until
-    the next render prunes them; the report is the index)."""
-    _remove(report_path(results_dir, runbook_name, profile_name))
-
-
-def _remove(report: Path) -> None:
-    try:
-        report.unlink(missing_ok=True)
-    except OSError as exc:
-        raise StoreError.of_os("cannot remove the report", report, exc) from None
 
 
 def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, runbook: Runbook | None = None,
@@ -484,16 +463,21 @@ def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, run
     plot_list: list[dict[str, str]] = []
     plot_dir = report_dir / "plots"
     staging: Path | None = None
+    store = ResultStore(results_dir)
     # an interrupt at any moment leaves the previous report with every plot it names, and no temp file
     try:
         with contextlib.ExitStack() as held:
+            # the results directory's lock from the first read of the store to the report's write:
+            # a record stored meanwhile waits for the report and then removes it (ResultStore), so
+            # no report says what the store no longer holds
+            held.enter_context(store.locked())
             if plots:
-                recs = ResultStore(results_dir).records(runbook_name, profile_name)
+                recs = store.records(runbook_name, profile_name)
                 points = expand(runbook, profile) if runbook is not None and profile is not None else None
                 if points is not None:  # a run of what the runbook asks no longer is not plotted as its point
                     recs = stale.split(stale.realign(recs, points), points)[0]
                 # drawn beside the plots the previous report names, which stay until it is replaced
-                staging = held.enter_context(_staging(results_dir, plot_dir))
+                staging = held.enter_context(_staging(plot_dir))
                 plot_list = make_plots(results_dir, recs, plot_dir, stem, points, staging=staging)
             ctx = build_context(results_dir, runbook_name, profile_name, runbook=runbook, profile=profile,
                                 plots=plot_list, now=now, baseline=baseline, interrupted=interrupted)
@@ -512,27 +496,23 @@ def render(results_dir: str | Path, runbook_name: str, profile_name: str, *, run
     return Rendered(path, ctx["verdict"], ctx["status_reason"])
 
 
-#: the lock a render holds while its staging folder exists (beside results.json.lock: a file in
-#: reports/ would be one more entry among the reports and their plots)
-PLOTS_LOCK = "plots.lock"
 STAGING_PREFIX = ".staging-"
 
 
 @contextlib.contextmanager
-def _staging(results_dir: Path, plot_dir: Path) -> Iterator[Path]:
+def _staging(plot_dir: Path) -> Iterator[Path]:
     """A new folder under ``plot_dir`` to draw one report's plots in, removed on the way out.
-    Every render holds the results directory's plots lock while its folder exists, so the
-    staging folders a render finds once it holds the lock are of renders killed before they
-    could remove theirs (SIGKILL runs no ``finally``): they are removed first."""
-    with exclusive(results_dir / PLOTS_LOCK):
-        plot_dir.mkdir(parents=True, exist_ok=True)
-        for left in plot_dir.glob(f"{STAGING_PREFIX}*"):
-            shutil.rmtree(left, ignore_errors=True)
-        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=plot_dir))
-        try:
-            yield staging
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+    Every render holds the results directory's lock while its folder exists (``render``), so the
+    staging folders a render finds are of renders killed before they could remove theirs
+    (SIGKILL runs no ``finally``): they are removed first."""
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    for left in plot_dir.glob(f"{STAGING_PREFIX}*"):
+        shutil.rmtree(left, ignore_errors=True)
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=plot_dir))
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def render_text(ctx: dict[str, Any], template: str = "report.md.j2") -> str:

@@ -5,9 +5,9 @@ session/resume.py).
 
 Order of a point: it is checked launchable before anything is touched (a trainer root not set
 is no record at all); the store is checked readable; the point runs into a directory of its own,
-``runs/<runbook>/<profile>/<phase>/<point>/<run id>``; the pair's report, which names the older
-runs, is removed; its record is stored, and only then are the point's older run directories
-removed (``prune``). A point this machine skips leaves a SKIP
+``runs/<runbook>/<profile>/<phase>/<point>/<run id>``; its record is stored (which removes the
+pair's report, ResultStore: it names the older runs), and only then are the point's older run
+directories removed (``prune``). A point this machine skips leaves a SKIP
 record only where no run of it is stored: a record is replaced only by a run of that point that
 ran. After an interrupt at any moment the stored record and the artifacts it names agree.
 """
@@ -27,7 +27,6 @@ from validation.errors import HarnessError, StoreError
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status, utc_now
 from validation.launch import foreign, slurm
 from validation.machine import Machine
-from validation.report.build import withdraw
 from validation.runbook.hardware import mismatches, shortfalls
 from validation.runbook.plan import PhasePoint
 from validation.session import repeats, resume, runs
@@ -99,8 +98,7 @@ def run_point(point: PhasePoint, results_dir: Path, hw: Machine, skip: str | Non
             return record
         record = execute(point, results_dir, hw, progress)
         try:
-            withdraw(results_dir, point.runbook.name, point.profile.name)  # it names the runs prune removes
-            store.put(record)
+            store.put(record)  # and the pair's report with it: that names the runs prune removes
             prune(results_dir, point, keep=record.out_dir)
         except KeyboardInterrupt as exc:
             # a stop while the record was stored: the store decides what stands, and the run

@@ -3,13 +3,18 @@ per (runbook, profile, phase, parameters). Records are validation.record.PhaseRe
 only here. The file says its schema: 2 is written, 1 (the same fields, some missing) is still
 read, anything else (or a file that is no store at all) is an error naming the file.
 
-Writes are read-modify-write under an exclusive ``fcntl`` lock on ``results.json.lock`` (so two
-harness runs, or pytest-xdist workers, on the same directory cannot lose each other's records),
-and the new file replaces the old one atomically (nsa/atomic.py), so a reader never sees half a file and needs no lock: reading writes nothing (a
-baseline may be someone else's read-only directory). ``put`` replaces only the record with the
-same key; every other record is kept as it was. A file the system cannot read or write (a full
-disk, a read-only folder, a directory named results.json) is a StoreError naming it, the file
-left as it was.
+The results directory has one lock, an exclusive ``fcntl`` lock on ``results.json.lock``
+(``locked``). Every write of the store is a read-modify-write under it (so two harness runs, or
+pytest-xdist workers, on the same directory cannot lose each other's records), and so is every
+render of a report, from its first read of the store to the report's write
+(validation/report/build.py). A write removes the reports of the (runbook, profile) pairs it
+writes before it replaces the file: a report on disk is therefore always of the store as it is
+now, whatever runs beside it and wherever a process is killed (no report rather than one the
+store contradicts). The new file replaces the old one atomically (nsa/atomic.py), so a reader
+never sees half a file and needs no lock: reading writes nothing (a baseline may be someone
+else's read-only directory). ``put`` replaces only the record with the same key; every other
+record is kept as it was. A file the system cannot read or write (a full disk, a read-only
+folder, a directory named results.json) is a StoreError naming it, the file left as it was.
 """
 from __future__ import annotations
 
@@ -25,8 +30,22 @@ from validation.judge.record import PhaseRecord, PointKey, Status
 from validation.store.lock import exclusive
 
 STORE_NAME = "results.json"
+LOCK_NAME = STORE_NAME + ".lock"
 SCHEMA = 2
 READABLE_SCHEMAS = (1, 2)
+
+
+def report_path(results_dir: str | Path, runbook_name: str, profile_name: str) -> Path:
+    """<results>/reports/<runbook>__<profile>.md: the report rendered from the pair's records."""
+    return Path(results_dir) / "reports" / f"{runbook_name}__{profile_name}.md"
+
+
+def remove_report(report: Path) -> None:
+    """Remove a report (none there is fine); one that cannot be removed is a StoreError naming it."""
+    try:
+        report.unlink(missing_ok=True)
+    except OSError as exc:
+        raise StoreError.of_os("cannot remove the report", report, exc) from None
 
 
 def record_key(key: PointKey) -> str:
@@ -40,8 +59,11 @@ class ResultStore:
         self.path = self.dir / STORE_NAME
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        lock = self.dir / (STORE_NAME + ".lock")
+    def locked(self) -> Iterator[None]:
+        """Hold the results directory's lock: every write of the store holds it, and every render
+        of a report from the store from its first read to the report's write; whoever comes
+        second waits. Not re-entrant: a holder that takes it again waits for itself."""
+        lock = self.dir / LOCK_NAME
         with contextlib.ExitStack() as held:
             try:
                 held.enter_context(exclusive(lock))
@@ -96,7 +118,12 @@ class ResultStore:
     def _typed(self, data: dict[str, Any]) -> list[PhaseRecord]:
         return [PhaseRecord.from_json(r, f"{self.path}: record {k}") for k, r in data["records"].items()]
 
-    def _write(self, data: dict[str, Any]) -> None:
+    def _write(self, data: dict[str, Any], written: list[PhaseRecord]) -> None:
+        """Replace the file with ``data``, under the lock, after removing the reports of the pairs
+        of the ``written`` records: they were rendered from the records this write replaces. A stop
+        or a kill between the two leaves no report of the pair, never one the store contradicts."""
+        for pair in sorted({(r.key.runbook, r.key.profile) for r in written}):
+            remove_report(report_path(self.dir, *pair))
         # like the reports beside it, it is for everyone (a colleague's store serves as a --baseline)
         try:
             write_atomic(self.path, json.dumps(data, indent=1, sort_keys=True, default=str), mode=0o644)
@@ -108,24 +135,24 @@ class ResultStore:
         self.put_many([record])
 
     def put_many(self, records: list[PhaseRecord]) -> None:
-        with self._locked():
+        with self.locked():
             # every stored record is read (a malformed store is never silently rewritten) and
             # written back in the current schema
             kept = {record_key(r.key): r.to_json() for r in self._typed(self._read())}
             kept.update({record_key(r.key): r.to_json() for r in records})
-            self._write({"schema": SCHEMA, "records": kept})
+            self._write({"schema": SCHEMA, "records": kept}, records)
 
     def put_skip(self, record: PhaseRecord) -> bool:
         """Store a SKIP record only where no run of its point is stored (a record is replaced
         only by a run of that point that ran); whether it was stored."""
-        with self._locked():
+        with self.locked():
             stored = {record_key(r.key): r for r in self._typed(self._read())}
             held = stored.get(record_key(record.key))
             if held is not None and held.status != Status.SKIP:
                 return False
             kept = {k: r.to_json() for k, r in stored.items()}
             kept[record_key(record.key)] = record.to_json()
-            self._write({"schema": SCHEMA, "records": kept})
+            self._write({"schema": SCHEMA, "records": kept}, [record])
             return True
 
     def records(self, runbook: str | None = None, profile: str | None = None) -> list[PhaseRecord]:

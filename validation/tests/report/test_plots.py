@@ -126,12 +126,12 @@ def test_a_non_finite_loss_is_drawn_and_marked_where_it_starts(fake_run, loss):
 def test_a_render_removes_the_staging_folders_of_killed_renders_never_a_live_ones(fake_run):
     """user hC's pass: a harness killed (SIGKILL) while it drew a report's plots left
     reports/plots/.staging-* folders that no later report removed. A render removes those no live
-    render owns: it waits while another holds the plots lock (drawing in its own), then removes
-    what is left."""
+    render owns: it waits while another render holds the results directory's lock (drawing in its
+    own), then removes what is left."""
     import threading
 
-    from validation.report.build import PLOTS_LOCK, render
-    from validation.store.lock import exclusive
+    from validation.report.build import render
+    from validation.store.results import ResultStore
 
     run = fake_run([train_phase(steps=5)])
     plot_dir = run.results / "reports" / "plots"
@@ -143,7 +143,7 @@ def test_a_render_removes_the_staging_folders_of_killed_renders_never_a_live_one
 
     live = plot_dir / ".staging-l1ve"
     live.mkdir()
-    with exclusive(run.results / PLOTS_LOCK):  # another render drawing in it now
+    with ResultStore(run.results).locked():  # another render drawing in it now
         other = threading.Thread(target=render, args=(run.results, "fake", "cpu"),
                                  kwargs={"runbook": run.runbook, "profile": run.profile})
         other.start()

@@ -146,9 +146,14 @@ class GoldenFile:
         """The pair's golden file, read under an exclusive lock (``.<file name>.lock`` beside it)
         and saved before the lock is released, unless the block raised: two blesses of one pair
         at once each add their curves to the file the other saved (without the lock the later one
-        would write back the file as it read it, without the other's curves)."""
+        would write back the file as it read it, without the other's curves). A folder where the
+        lock cannot be made is a GoldenError naming the file, as a failed save is."""
         path = _path(runbook_path, runbook, profile)
-        with exclusive(path.with_name(f".{path.name}.lock")):
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(exclusive(path.with_name(f".{path.name}.lock")))
+            except OSError as exc:
+                raise GoldenError.of_os("cannot write the golden file", path, exc) from None
             golden = cls.for_pair(runbook_path, runbook, profile)
             yield golden
             golden.save()
@@ -207,15 +212,19 @@ class GoldenFile:
         self.curves.setdefault(pid, {})[hw_class] = curve
 
     def save(self) -> None:
-        """Write atomically (nsa/atomic.py)."""
+        """Write atomically (nsa/atomic.py): the file is whole or as it was. One that cannot be
+        written (a read-only folder, a full disk) is a GoldenError naming it and the system's reason."""
         data = {"schema": SCHEMA, "runbook": self.runbook, "profile": self.profile, "points": {
             pid: {hw: _curve_data(c) for hw, c in sorted(by_class.items())}
             for pid, by_class in sorted(self.curves.items())}}
         text = ("# Golden loss curves (validation/store/goldens.py). Written by `nsa-validate bless`; "
                 "do not edit by hand.\n"
                 + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100))
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.path, text, mode=0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.path, text, mode=0o644)
+        except OSError as exc:
+            raise GoldenError.of_os("cannot write the golden file", self.path, exc) from None
 
 
 def _path(runbook_path: Path, runbook: str, profile: str) -> Path:

@@ -1,11 +1,14 @@
 """Fixtures for the harness's own tests: runbooks in tmp_path that launch the fake trainer."""
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 import yaml
@@ -73,6 +76,25 @@ class FakeRun:
 @pytest.fixture
 def fake_run(tmp_path):
     return lambda phases, **top: FakeRun(tmp_path, phases, **top)
+
+
+@contextlib.contextmanager
+def read_only(folder: Path) -> Iterator[Path]:
+    """``folder`` made one this process cannot write in: mode 555, or immutable where the tests
+    run as root (root writes through the mode bits)."""
+    if os.geteuid() == 0:
+        if not shutil.which("chattr") or subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode:
+            pytest.skip("running as root without chattr +i on this file system: no folder is read-only to root")
+        try:
+            yield folder
+        finally:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+        return
+    folder.chmod(0o555)
+    try:
+        yield folder
+    finally:
+        folder.chmod(0o755)
 
 
 def slow_second_point(tmp_path: Path) -> tuple[Path, Callable[[Path], list[Path]]]:

@@ -8,10 +8,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -21,26 +19,7 @@ from validation.errors import StoreError
 from validation.pytest_plugin import AcceptancePlugin
 from validation.session import point as point_module
 from validation.session.session import ExitStatus
-from validation.tests.conftest import train_phase, write_runbook
-
-
-@contextlib.contextmanager
-def read_only(folder: Path):
-    """``folder`` made one this process cannot write in: mode 555, or immutable where the tests
-    run as root (root writes through the mode bits)."""
-    if os.geteuid() == 0:
-        if not shutil.which("chattr") or subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode:
-            pytest.skip("running as root without chattr +i on this file system: no folder is read-only to root")
-        try:
-            yield folder
-        finally:
-            subprocess.run(["chattr", "-i", str(folder)], check=True)
-        return
-    folder.chmod(0o555)
-    try:
-        yield folder
-    finally:
-        folder.chmod(0o755)
+from validation.tests.conftest import read_only, train_phase, write_runbook
 
 
 @pytest.fixture
@@ -174,3 +153,18 @@ def test_the_pytest_door_fails_the_point_with_the_message_and_no_traceback():
         plugin.run(object())
     assert not failed.value.pytrace
     assert str(failed.value.msg).startswith("nsa-validate: cannot write /r/results.json: No space left on device")
+
+
+@pytest.mark.parametrize("folder", ["reports", "reports/plots"])
+def test_a_report_into_a_read_only_reports_folder_names_it_and_the_report_stays(stored_once, folder, capsys):
+    _, results = stored_once
+    assert main(["report", "--results-dir", str(results)]) == ExitStatus.GO  # with its plots
+    report = results / "reports" / "fake__cpu.md"
+    before = report.read_text()
+    capsys.readouterr()
+    with read_only(results / folder):
+        status = main(["report", "--results-dir", str(results)])
+    line = _error_line(capsys.readouterr().err)
+    assert status == ExitStatus.USAGE, line
+    assert f"{results / folder}" in line and ("Operation not permitted" in line or "Permission denied" in line), line
+    assert report.read_text() == before

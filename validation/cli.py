@@ -287,8 +287,7 @@ def cmd_report(args: argparse.Namespace, abort: StopFlag) -> int:
 
 def cmd_bless(args: argparse.Namespace) -> int:
     rb, prof = _load(args.runbook, args.profile)
-    if not (args.results_dir / "results.json").is_file():
-        raise HarnessError(f"no result store in {args.results_dir} (give the --results-dir a run wrote into)")
+    bless.check_store(args.results_dir)
     points = bless.select(rb, prof, args.phase, args.point)
     for b in bless.bless(args.results_dir, rb, prof, points):
         print(f"blessed {b.point} on {b.hardware_class}: {b.steps} steps from {b.run} (trainer {b.trainer} at "

@@ -92,9 +92,12 @@ def read_training_log(out_dir: Path) -> TrainingLog:
     import pandas as pd
 
     path = Path(out_dir) / TRAINING_CSV
-    if not path.is_file():
-        raise ArtifactError(f"{path}: missing (the trainer wrote no {TRAINING_CSV})")
-    data = path.read_bytes()
+    try:
+        if not path.is_file():
+            raise ArtifactError(f"{path}: missing (the trainer wrote no {TRAINING_CSV})")
+        data = path.read_bytes()
+    except OSError as exc:  # no permission on it or its folder: an ArtifactError like any other reader's
+        raise ArtifactError(f"{path}: cannot be read ({exc.strerror or exc})") from None
     if not data.endswith(b"\n"):  # a last row cut off mid-write (torn_last_row): not read
         data = data[:data.rfind(b"\n") + 1]
     df, lines = _cells(path, data)

@@ -18,7 +18,7 @@ from pathlib import Path
 from nsa.contract import CSV_COLUMNS
 from validation.errors import HarnessError
 from validation.judge.record import PhaseRecord
-from validation.report.series import point_series
+from validation.report.series import PointSeries, point_series
 
 INSTALL_HINT = "pip install -e '.[tensorboard]'"
 PACKAGE = "tensorboard"
@@ -53,8 +53,6 @@ def export(results_dir: Path, records: list[PhaseRecord], out: Path, peak_flops:
     why = missing()
     if why:
         raise HarnessError(why)
-    from torch.utils.tensorboard import SummaryWriter
-
     written = []
     for rec in records:
         if rec.kind != "train" or not rec.out_dir:
@@ -63,22 +61,32 @@ def export(results_dir: Path, records: list[PhaseRecord], out: Path, peak_flops:
         if series is None:
             continue
         run_dir = Path(out, *rec.test_id.split("/"))  # runbook/profile/phase/point: safe names (plan.py)
-        if run_dir.is_dir():
-            for old in run_dir.glob("events.out.tfevents.*"):
-                old.unlink()
-        flops = rec.metrics.model_flops_per_token
-        with SummaryWriter(str(run_dir)) as writer:
-            for col in CSV_COLUMNS[1:]:
-                values = series.csv[col]
-                if not values.map(math.isfinite).any():
-                    continue  # a column the trainer's files do not carry (an adapter's nan)
-                for step, value in zip(series.csv["step"], values):
-                    writer.add_scalar(col, float(value), int(step))
-            if flops and peak_flops:
-                for step, toks in zip(series.csv["step"], series.csv["toks_per_s"]):
-                    writer.add_scalar("mfu", float(toks) * flops / (peak_flops * rec.world_size), int(step))
-            for rank, steps in series.rank_step_s.items():
-                for step, seconds in steps:
-                    writer.add_scalar(f"rank{rank}/step_time_s", seconds, step)
+        try:
+            _write_events(run_dir, rec, series, peak_flops)
+        except OSError as exc:  # a full disk, a folder made read-only since the check before the run
+            raise HarnessError.of_os("cannot write the TensorBoard events in", run_dir, exc) from None
         written.append(run_dir)
     return written
+
+
+def _write_events(run_dir: Path, rec: PhaseRecord, series: PointSeries, peak_flops: float | None) -> None:
+    """One point's event file in ``run_dir``, its earlier ones removed."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    if run_dir.is_dir():
+        for old in run_dir.glob("events.out.tfevents.*"):
+            old.unlink()
+    flops = rec.metrics.model_flops_per_token
+    with SummaryWriter(str(run_dir)) as writer:
+        for col in CSV_COLUMNS[1:]:
+            values = series.csv[col]
+            if not values.map(math.isfinite).any():
+                continue  # a column the trainer's files do not carry (an adapter's nan)
+            for step, value in zip(series.csv["step"], values):
+                writer.add_scalar(col, float(value), int(step))
+        if flops and peak_flops:
+            for step, toks in zip(series.csv["step"], series.csv["toks_per_s"]):
+                writer.add_scalar("mfu", float(toks) * flops / (peak_flops * rec.world_size), int(step))
+        for rank, steps in series.rank_step_s.items():
+            for step, seconds in steps:
+                writer.add_scalar(f"rank{rank}/step_time_s", seconds, step)

@@ -292,7 +292,7 @@ class AcceptanceSession:
         base = self.options.baseline
         if base is None:
             return
-        if not (base / "results.json").is_file():
+        if not ResultStore(base).exists():
             raise HarnessError(f"--baseline {base}: no result store there (results.json not found)")
         if base.resolve() == self.results_dir.resolve():
             raise HarnessError(f"--baseline {base} is the results directory itself; give the results directory "

@@ -44,6 +44,13 @@ class Blessed:
     run: str
 
 
+def check_store(results_dir: Path) -> None:
+    """A GoldenError unless ``results_dir`` holds a result store to bless from (a StoreError where
+    a folder on its way cannot be searched)."""
+    if not ResultStore(results_dir).exists():
+        raise GoldenError(f"no result store in {results_dir} (give the --results-dir a run wrote into)")
+
+
 def select(runbook: Runbook, profile: Profile, phases: list[str] | None, points: list[str] | None) -> list[PhasePoint]:
     """The points with golden curves that ``--phase`` / ``--point`` name (all of them when neither
     is given); a name that selects nothing golden is an error listing what could be chosen."""

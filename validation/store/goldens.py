@@ -136,9 +136,13 @@ class GoldenFile:
     @classmethod
     def for_pair(cls, runbook_path: Path, runbook: str, profile: str) -> GoldenFile:
         """The golden file of a runbook and profile (goldens/ beside the runbook's YAML); empty
-        when there is none yet."""
+        when there is none yet. A folder on its way that cannot be searched is a GoldenError."""
         path = _path(runbook_path, runbook, profile)
-        return cls.load(path, runbook, profile) if path.exists() else cls(path, runbook, profile)
+        try:
+            exists = path.exists()
+        except OSError as exc:
+            raise GoldenError.of_os("cannot read the golden file", path, exc) from None
+        return cls.load(path, runbook, profile) if exists else cls(path, runbook, profile)
 
     @classmethod
     @contextlib.contextmanager

@@ -14,7 +14,8 @@ store contradicts). The new file replaces the old one atomically (nsa/atomic.py)
 never sees half a file and needs no lock: reading writes nothing (a baseline may be someone
 else's read-only directory). ``put`` replaces only the record with the same key; every other
 record is kept as it was. A file the system cannot read or write (a full disk, a read-only
-folder, a directory named results.json) is a StoreError naming it, the file left as it was.
+folder, a directory named results.json, a folder on its way that cannot be searched) is a
+StoreError naming it, the file left as it was.
 """
 from __future__ import annotations
 
@@ -48,6 +49,15 @@ def remove_report(report: Path) -> None:
         raise StoreError.of_os("cannot remove the report", report, exc) from None
 
 
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists. A folder on its way that cannot be searched is a StoreError naming
+    it: Path.exists raises there (a traceback), where it says False of a file that is not there."""
+    try:
+        return path.exists()
+    except OSError as exc:
+        raise StoreError.of_os("cannot read", path, exc) from None
+
+
 def record_key(key: PointKey) -> str:
     """Canonical string of a record's key: runbook/profile/phase/params (params sorted)."""
     return json.dumps([key.runbook, key.profile, key.phase, key.params], sort_keys=True)
@@ -71,8 +81,12 @@ class ResultStore:
                 raise StoreError.of_os("cannot lock the result store with", lock, exc) from None
             yield
 
+    def exists(self) -> bool:
+        """Whether results.json is there."""
+        return _exists(self.path)
+
     def _read(self) -> dict[str, Any]:
-        if not self.path.exists():
+        if not self.exists():
             return {"schema": SCHEMA, "records": {}}
         try:
             raw = self.path.read_bytes()
@@ -96,12 +110,12 @@ class ResultStore:
     def check(self) -> None:
         """Raise StoreError now if the store cannot be read or its directory cannot be made
         (before any point runs)."""
-        existing = next(p for p in (self.dir, *self.dir.parents) if p.exists())
+        existing = next(p for p in (self.dir, *self.dir.parents) if _exists(p))
         if not existing.is_dir():
             raise StoreError(f"results directory {self.dir}: {existing} is a file, not a directory")
         # a read-only one (or a read-only runs/ or reports/ in it) would end the run in a traceback
         # once its first point wants a directory
-        for folder in (existing, *(d for d in (self.dir / "runs", self.dir / "reports") if d.exists())):
+        for folder in (existing, *(d for d in (self.dir / "runs", self.dir / "reports") if _exists(d))):
             if not folder.is_dir():
                 raise StoreError(f"results directory {self.dir}: {folder} is a file, not a directory")
             try:

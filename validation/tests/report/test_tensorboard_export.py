@@ -10,7 +10,7 @@ import pytest
 
 from validation.cli import main
 from validation.report import tensorboard
-from validation.tests.conftest import train_phase, write_runbook
+from validation.tests.conftest import read_only, train_phase, write_runbook
 
 HAVE_TB = importlib.util.find_spec("tensorboard") is not None
 needs_tb = pytest.mark.skipif(not HAVE_TB, reason="the tensorboard package is not installed "
@@ -82,3 +82,24 @@ def test_a_directory_that_cannot_be_written_is_a_clear_error_before_anything_run
     assert f"nsa-validate: error: --tensorboard {bad}: " in err and "Traceback" not in err, err
     assert f"{tmp_path / 'a_file'} is not a directory" in err, err
     assert not (tmp_path / "res" / "runs").exists()
+
+
+@needs_tb
+def test_an_events_folder_that_cannot_be_written_after_the_check_is_named(fake_run, tmp_path, capsys):
+    """The check before the run found the folder writable; a point's folder of an earlier export,
+    made read-only since, ended the report in a traceback (exit 1) once its old events were removed."""
+    run = fake_run([train_phase()])
+    events = tmp_path / "tb"
+    args = ["report", "--results-dir", str(run.results), "--runbook", str(run.runbook.path), "--no-plots",
+            "--tensorboard", str(events)]
+    assert main(args) == 0
+    run_dir = events / "fake" / "cpu" / "baseline_ddp" / "default"
+    [before] = run_dir.glob("events.out.tfevents.*")
+    capsys.readouterr()
+    with read_only(run_dir):
+        status = main(args)
+    err = capsys.readouterr().err
+    assert status == 2 and "Traceback" not in err, err
+    [line] = [ln for ln in err.splitlines() if ln.startswith("nsa-validate: error: ")]
+    assert line.startswith(f"nsa-validate: error: cannot write the TensorBoard events in {run_dir}: "), line
+    assert list(run_dir.glob("events.out.tfevents.*")) == [before]

@@ -73,3 +73,14 @@ def test_a_goldens_folder_that_cannot_be_made_is_named(blessed, capsys):
     assert line.startswith(f"nsa-validate: error: cannot write the golden file {golden}: "), line
     assert line.endswith(f" ({folder})"), line
     assert not folder.exists()
+
+
+def test_a_lock_file_that_cannot_be_written_still_locks_and_the_bless_goes_on(blessed, capsys):
+    """The golden's lock file of another user (made under their umask), or immutable: bless ended
+    in a traceback opening it to write. It is opened to read, which flock locks as well."""
+    args, golden = blessed
+    before = golden.stat().st_ino
+    with read_only(golden.with_name(f".{golden.name}.lock")):
+        assert main(args) == 0, capsys.readouterr().err
+    assert "blessed long_run/default on cpu" in capsys.readouterr().out
+    assert golden.stat().st_ino != before  # written again (a new file renamed over it)

@@ -168,3 +168,21 @@ def test_a_report_into_a_read_only_reports_folder_names_it_and_the_report_stays(
     assert status == ExitStatus.USAGE, line
     assert f"{results / folder}" in line and ("Operation not permitted" in line or "Permission denied" in line), line
     assert report.read_text() == before
+
+
+def test_a_store_lock_file_that_cannot_be_written_still_locks_and_the_report_renders(stored_once, capsys):
+    """A report holds the results directory's lock while it reads the store and writes the report;
+    a lock file this process may not write (another user's, made under their umask) is opened to
+    read, and still excludes every other holder."""
+    import fcntl
+
+    from validation.store.results import LOCK_NAME, ResultStore
+
+    _, results = stored_once
+    lock = results / LOCK_NAME
+    with read_only(lock):
+        assert main(["report", "--results-dir", str(results), "--no-plots"]) == ExitStatus.GO, \
+            capsys.readouterr().err
+        with ResultStore(results).locked(), open(lock, "rb") as other:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -37,6 +37,11 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
     NSA_FAULT=resume_optim       a resumed run's loss matches at its first step and drifts from the
                                  next on (its optimizer state not restored)
     NSA_FAULT=crash_stopping:step=2  a run asked to stop early (train.run_steps) crashes at step 2
+    NSA_FAULT=ignore_stop        a run asked to stop early (train.run_steps) runs every step all the same,
+                                 then saves its checkpoint (of its last step)
+    NSA_FAULT=ignore_resume      a run asked to resume (train.resume) trains from step 1 instead, in a
+                                 process of its own (its heartbeats' times follow the earlier run's);
+                                 with :nodata=1 its env.json records no data_position
     NSA_FAULT=torn_last          runs every step, but its last row lacks its line end and its last
                                  columns (cut off mid-write), and exits 0
     NSA_FAULT=rerun:step=K:back=J  resumes in place once: after logging step K its "restarted process"
@@ -65,7 +70,8 @@ loss of step s by a**s in the first repeat, ...: runs of one seed that drift apa
 NSA_FAKE_GIT_SHA=C writes commit C into env.json (a point re-run after a commit);
 NSA_FAKE_FAULT_REPEATS=a,b,... injects NSA_FAULT only in a repeated point's repeats a, b, ... (1-based);
 NSA_FAKE_FAULT_DIRS=d,... injects it only in the runs whose output directory is named d, ... (a resume
-point's 'reference', 'first' or 'second').
+point's 'reference', 'first' or 'second'); NSA_FAKE_RESUME_COPIES=1: a resumed run first copies the
+training.csv and heartbeat files of the run it resumes from into its own directory, then appends its steps.
 
 Like the real trainer it stops after ``train.run_steps`` steps (writing checkpoints/latest) and
 resumes from the run directory ``train.resume`` names, logging the steps after its checkpoint's;
@@ -160,16 +166,20 @@ def main() -> int:
                 "win": {"backend": "torch", "reason": "portable PyTorch path", "calls": a.steps}}
     if fault == "fallback":
         backends["sel"] = {"backend": "torch", "reason": "fallback: triton unavailable", "calls": a.steps}
-    stop = int(overrides.get("train.run_steps", 0)) or a.steps
+    stopping = int(overrides.get("train.run_steps", 0))
+    stop = stopping if stopping and fault != "ignore_stop" else a.steps
     start = 0
-    if overrides.get("train.resume"):
-        start = int((Path(overrides["train.resume"]) / "checkpoints" / "latest").read_text())
+    resume = Path(overrides["train.resume"]) if overrides.get("train.resume") else None
+    if resume is not None and fault != "ignore_resume":
+        start = int((resume / "checkpoints" / "latest").read_text())
     skip = opts.get("steps", 0) if fault == "resume_skip" and start else 0
     env_json = {"world_size": world, "env": env, "attention_backends": backends,
                 "git_sha": os.environ.get("NSA_FAKE_GIT_SHA", "0" * 40),
                 "config": {"name": a.config, "overrides": overrides},
                 "data_position": {"start": start + skip * (not opts.get("unrecorded")),
                                   "end": stop + skip * (not opts.get("unrecorded"))}, "device_mem_gb": 80.0}
+    if fault == "ignore_resume" and opts.get("nodata"):
+        del env_json["data_position"]
     if fault == "lean":
         env_json = {"world_size": world}
     if lead:
@@ -180,12 +190,19 @@ def main() -> int:
         (out / "child.pid").write_text(str(child.pid))
         allreduce_wait(600)
     step_s = float(os.environ.get("NSA_FAKE_STEP_S", "0"))
-    csv = None if fault == "missing_csv" or not lead else open(out / "training.csv", "w", buffering=1)
-    if csv:
+    copies = resume is not None and os.environ.get("NSA_FAKE_RESUME_COPIES") == "1"
+    if copies:
+        for name in (["training.csv"] if lead else []) + [f"heartbeat_rank{r}.jsonl" for r in ranks]:
+            if (resume / name).exists():
+                (out / name).write_bytes((resume / name).read_bytes())
+    csv = None if fault == "missing_csv" or not lead else open(out / "training.csv", "a" if copies else "w",
+                                                              buffering=1)
+    if csv and not copies:
         csv.write(("step,loss,toks\n" if fault == "corrupt_csv" and opts.get("header") else HEADER + "\n"))
     # line-buffered, as the harness watches them while the run goes
-    beats = {r: open(out / f"heartbeat_rank{r}.jsonl", "w", buffering=1) for r in ranks}
-    t0 = 1_000_000.0
+    beats = {r: open(out / f"heartbeat_rank{r}.jsonl", "a" if copies else "w", buffering=1) for r in ranks}
+    # a process started after the run it should have resumed: its clock reads later than that run's
+    t0 = 1_000_000.0 + (1_000.0 if fault == "ignore_resume" and resume is not None else 0.0)
     log_every = int(os.environ.get("NSA_FAKE_LOG_EVERY", "1"))
     order = list(range(start + 1, stop + 1))
     if fault == "rerun":
@@ -283,7 +300,7 @@ def main() -> int:
         time.sleep(step_s)
     if fault == "halt" and "step" not in opts:
         operator_halt(out, stop, opts)
-    if stop < a.steps:
+    if stopping:
         (out / "checkpoints").mkdir(exist_ok=True)
         (out / "checkpoints" / "latest").write_text(str(stop))
     return 0

@@ -27,7 +27,7 @@ from validation.judge.memory import MemoryGrowth
 from validation.judge.metrics import RunData, compute
 from validation.judge.misses import Miss
 from validation.judge.nodes import NodesEvidence
-from validation.judge.resume import Clue, ClueKind
+from validation.judge.resume import Breach, BreachKind, Clue, ClueKind
 from validation.judge.seen import ProcessSeen, RankSilence
 from validation.judge.stability import Rise, Slowdown, Spike
 from validation.machine import Machine, MachineLoad
@@ -249,6 +249,9 @@ class Evidence:
     """Ranks whose memory kept growing over the run (judge/memory.py)."""
     resume_clue: Clue | None = None
     """Of a resume point whose loss did not continue: what its curve says of why (judge/resume.py)."""
+    resume_breach: Breach | None = None
+    """Of a half of a resume point: what it did that it was not asked (ran past its stop, or did not
+    resume), its verdict (judge/resume.py)."""
     not_run: NotRun | None = None
     """Of an ERROR point whose process never ran: why (the launch failed, or the harness did)."""
     misses: list[Miss] = field(default_factory=list)
@@ -291,6 +294,8 @@ class Evidence:
             memory_growth=[MemoryGrowth(**m) for m in ev.get("memory_growth") or []],
             resume_clue=Clue(**{**ev["resume_clue"], "kind": ClueKind(ev["resume_clue"]["kind"])})
             if ev.get("resume_clue") else None,
+            resume_breach=Breach(**{**ev["resume_breach"], "kind": BreachKind(ev["resume_breach"]["kind"])})
+            if ev.get("resume_breach") else None,
             not_run=NotRun(ev["not_run"]) if ev.get("not_run") else None,
             misses=[Miss(m) for m in ev.get("misses") or []],
             rank_processes={int(r): ProcessSeen(**p) for r, p in (ev.get("rank_processes") or {}).items()},

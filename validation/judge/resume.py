@@ -15,6 +15,15 @@ Three gates, each naming the first step that breaks it:
 
 A step the uninterrupted run logged and the resumed one did not is NO_DATA, naming the step.
 
+Before any gate, each half is held to what it was asked (``Breach``), since the gates read the
+first half's steps up to the stop and the second half's after it, and cannot see either break it:
+a first half that ran past the step it was asked to stop after leaves a checkpoint of another step
+(the second half then resumes from it, or has nothing left to run); a second half that trained a
+step at or before the stop did not resume from the checkpoint (it ignored it, or its loader fell
+back to a fresh start), and where the run is deterministic its retrained steps log the same loss
+and learning rate as the first half's, which the gates then read as continued. What it trained is
+what its own heartbeat records say (``not_resumed``).
+
 Where the loss did not continue, its curve says more (``clue``). A step's loss is taken before
 its update, so a first resumed step whose loss matches and a later one that does not had its
 weights and data restored and its update changed: the optimizer's state (its moments, its step
@@ -28,11 +37,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from nsa.contract import DATA_POSITION
+from nsa.contract import DATA_POSITION, HEARTBEAT_STAGES_IN_STEP
 from validation.judge.gates import GateResult, GateVerdict, Pending, check
 from validation.judge.metrics import RunData
 
@@ -149,6 +159,80 @@ def _mean_rel(got: dict[int, float], ref: dict[int, float], shift: int) -> tuple
     if len(pairs) < SHIFT_MIN_STEPS:
         return None
     return sum(_rel(a, b) for a, b in pairs) / len(pairs), len(pairs)
+
+
+class BreachKind(enum.StrEnum):
+    RAN_PAST_STOP = "ran_past_stop"
+    """The first half went on past the step it was asked to stop after."""
+    NOT_RESUMED = "not_resumed"
+    """The second half trained a step at or before the first half's stop: it did not resume."""
+
+
+@dataclass(frozen=True)
+class Breach:
+    """A half of a resume point that did not do what it was asked (the module's docstring): the
+    point's verdict before any gate."""
+
+    kind: BreachKind
+    resume_after: int
+    step: int
+    """RAN_PAST_STOP: the furthest step the first half logged or began; NOT_RESUMED: the first step
+    the second half trained."""
+    rank: int | None = None
+    pid: int | None = None
+    """NOT_RESUMED: the rank whose heartbeat record shows that step, and its process (where it says one)."""
+
+    def text(self) -> str:
+        if self.kind == BreachKind.RAN_PAST_STOP:
+            return (f"ran past the step it was asked to stop after: it went on to step {self.step} when asked to "
+                    f"stop after step {self.resume_after}")
+        again = (f"step {self.step}" if self.step == self.resume_after
+                 else f"steps {self.step}-{self.resume_after}")
+        process = f", pid {self.pid}" if self.pid is not None else ""
+        return (f"did not resume: the second half trained {again} again (it started at step {self.step}, not "
+                f"step {self.resume_after + 1}: rank {self.rank}'s heartbeats{process})")
+
+
+def ran_past(run: RunData, stop_after: int) -> Breach | None:
+    """Of a first half asked to stop after ``stop_after`` steps: the furthest step its training.csv
+    logs or its heartbeats reach, where beyond the stop (a record of a stage within a step there
+    says it began that step)."""
+    logged = [int(run.csv["step"].max())] if run.csv is not None and not run.csv.empty else []
+    beaten = [step for recs in run.heartbeats.values() for rec in recs if (step := _int(rec, "step")) is not None]
+    furthest = max(logged + beaten, default=0)
+    return Breach(BreachKind.RAN_PAST_STOP, stop_after, furthest) if furthest > stop_after else None
+
+
+def not_resumed(first: RunData, second: RunData, resume_after: int) -> Breach | None:
+    """Of a second half resumed after ``resume_after``: the first step at or before it that its
+    own heartbeat records show it trained, or None where it trained none.
+
+    Its own records are those the first half's files do not hold: a trainer that copies the earlier
+    run's files into its new directory brings their records along, as it does their rows (which
+    ``resumed_curve`` drops), and a record copied is the same event, its time included. A step
+    before the stop is trained by any own record of it; the stop's own step only by a record of a
+    stage within it (it began that step), since a process that resumed may well say, in a record
+    of a step done, the step its checkpoint holds."""
+    copied = {_event(rank, rec) for rank, recs in first.heartbeats.items() for rec in recs}
+    trained = [(step, rank, rec) for rank, recs in sorted(second.heartbeats.items()) for rec in recs
+               if (step := _int(rec, "step")) is not None and 1 <= step <= resume_after
+               and (step < resume_after or rec.get("stage") in HEARTBEAT_STAGES_IN_STEP)
+               and _event(rank, rec) not in copied]
+    if not trained:
+        return None
+    step, rank, rec = min(trained, key=lambda t: t[0])
+    return Breach(BreachKind.NOT_RESUMED, resume_after, step, rank, _int(rec, "pid"))
+
+
+def _int(rec: dict[str, Any], key: str) -> int | None:
+    """A record's integer field (a step, a pid); None where it holds none (or a bool, or a float)."""
+    v = rec.get(key)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _event(rank: int, rec: dict[str, Any]) -> str:
+    """What makes a heartbeat record the one event it records, wherever a file holds it."""
+    return json.dumps([rank, rec.get("time"), rec.get("step"), rec.get("stage"), rec.get("pid")])
 
 
 def resumed_curve(first: pd.DataFrame, second: pd.DataFrame, resume_after: int) -> pd.DataFrame:

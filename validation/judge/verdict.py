@@ -1,6 +1,7 @@
 """A finished point's verdict: how the process ended first (a timeout, a .HALT, a crash, a broken
-contract, a run that stopped short: each explains everything after it), then its gates
-(evaluated in validation/judge/gates.py) and a non-finite loss it logged, which no gate can pass.
+contract, a half of a resume point that did not do what it was asked, a run that stopped short:
+each explains everything after it), then its gates (evaluated in validation/judge/gates.py) and a
+non-finite loss it logged, which no gate can pass.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from validation.judge.record import (
     last_step_done,
     rank_processes,
 )
+from validation.judge.resume import Breach
 from validation.judge.seen import RankSilence
 from validation.judge.short_ranks import CsvAhead, ShortRank, csv_ahead, short_ranks
 from validation.judge.stability import first_nonfinite
@@ -77,9 +79,12 @@ class Outcome:
     silent_ranks: tuple[RankSilence, ...] = ()
     """Of a run the harness stopped: the ranks whose heartbeats stopped for stall_s while another's
     went on (RankSilence): a stall of theirs, or what a timeout found hung."""
+    resume_breach: Breach | None = None
+    """Of a half of a resume point: what it did that it was not asked (judge/resume.py), which no
+    gate of the resumed run can see."""
 
     @classmethod
-    def of_run(cls, kind: str, run: RunData, errors: Sequence[str]) -> Outcome:
+    def of_run(cls, kind: str, run: RunData, errors: Sequence[str], resume_breach: Breach | None = None) -> Outcome:
         beats = {r: Beat.of(recs) for r, recs in run.heartbeats.items() if recs and r < run.world_size}
         done, seen = last_step_done(beats.values()), rank_processes(beats, run.processes)
         if not beats:
@@ -93,7 +98,7 @@ class Outcome:
                    HEARTBEATS not in adapter_unmeasured(run.env),
                    run.agent_killed if root_rank(run.rank_failures, run.halt.source if run.halt else None) is None
                    else None, first_nonfinite(run.csv), csv_ahead(beats, run.world_size, logged),
-                   tuple(s for s in run.silent_ranks if s.rank < run.world_size))
+                   tuple(s for s in run.silent_ranks if s.rank < run.world_size), resume_breach)
 
     @classmethod
     def of_record(cls, rec: PhaseRecord) -> Outcome:
@@ -114,7 +119,7 @@ class Outcome:
                    if (nodes := rec.evidence.nodes) is not None and root_of_evidence(rec.evidence) is None else None,
                    rec.evidence.nonfinite_loss_step,
                    csv_ahead(rec.evidence.last_heartbeat, rec.world_size, logged) if steps is not None else None,
-                   tuple(rec.evidence.silent_ranks))
+                   tuple(rec.evidence.silent_ranks), rec.evidence.resume_breach)
 
     @property
     def ended_clean(self) -> bool:
@@ -277,6 +282,8 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
         return Status.FAIL, f"{what or 'trainer crashed'} (exit code {outcome.exit_code}){broken}"
     if outcome.errors:
         return Status.ERROR, outcome.errors[0]
+    if outcome.resume_breach is not None:  # read from its files, so a broken one decides first
+        return Status.FAIL, outcome.resume_breach.text()
     if outcome.stopped_short or outcome.rank_stopped_short:
         return Status.FAIL, outcome.short_text()
     return None

@@ -2,12 +2,14 @@
 steps) and the resumed second half, each launched like any train point (process tree, stall
 watch, timeout) into a directory of its own inside the point's run directory, one after another.
 
-A process that fails (a crash, a stall, a timeout, a .HALT, broken files, a run that stops short)
-decides the point on its own, named in the reason ('first half (steps 1-3, stopped): trainer
-crashed (exit code 1)'), and the processes after it are not started. When all three ran, the
-point is judged on the resumed run (the first half's steps and the second's) with the phase's
-gates and the resume gates against the reference (validation/judge/resume.py); its record's
-exit code, command and evidence are the second half's, its sub-runs all three.
+A process that fails (a crash, a stall, a timeout, a .HALT, broken files, a run that stops short,
+a half that did not do what it was asked: a first half that ran past its stop, a second half that
+did not resume, judge/resume.py ``Breach``) decides the point on its own, named in the reason
+('first half (steps 1-3, stopped): trainer crashed (exit code 1)'), and the processes after it are
+not started. When all three ran, the point is judged on the resumed run (the first half's steps
+and the second's) with the phase's gates and the resume gates against the reference
+(validation/judge/resume.py); its record's exit code, command and evidence are the second half's,
+its sub-runs all three.
 """
 from __future__ import annotations
 
@@ -15,10 +17,12 @@ import dataclasses
 from pathlib import Path
 
 from validation.judge import resume as equivalence
+from validation.judge.metrics import RunData
 from validation.judge.record import PhaseRecord, Status
-from validation.launch.legs import legs, resume_source
+from validation.launch.legs import Leg, legs, resume_source
 from validation.machine import Machine, MachineLoad
 from validation.runbook.plan import PhasePoint
+from validation.runbook.types import Phase
 from validation.session import runs
 from validation.session.runs import Judged, Progress
 
@@ -32,7 +36,8 @@ def execute(point: PhasePoint, run_dir: Path, hw: Machine, results_dir: Path, ru
             leg = leg.resuming(resume_source(point, done["first"].run.out_dir))
         out_dir = run_dir / leg.name
         out_dir.mkdir()
-        j = runs.judge(point, runs.launch(point, out_dir, progress, leg), hw, results_dir)
+        launched = runs.launch(point, out_dir, progress, leg)
+        j = runs.judge(point, launched, hw, results_dir, resume_breach=_breach(leg, launched.run, done, point.phase))
         done[leg.name] = j
         # a process is judged by how it ended; the phase's gates read the resumed run as a whole
         status, reason = j.ended or (Status.PASS, f"exit 0 after step {j.run.csv['step'].max()}")
@@ -50,6 +55,16 @@ def execute(point: PhasePoint, run_dir: Path, hw: Machine, results_dir: Path, ru
     j = runs.judge(point, runs.Launched(resumed, second.proc, second.errors), hw, results_dir, extra)
     rec = runs.record(point, j, hw, results_dir, run_id, started, runs=sub_runs, wall_s=_wall(done), load=_load(done))
     return dataclasses.replace(rec, evidence=dataclasses.replace(rec.evidence, resume_clue=clue))
+
+
+def _breach(leg: Leg, run: RunData, done: dict[str, Judged], phase: Phase) -> equivalence.Breach | None:
+    """What a half did that it was not asked: the first went on past its stop, the second trained
+    steps its checkpoint held."""
+    if leg.stop_after is not None:
+        return equivalence.ran_past(run, leg.stop_after)
+    if leg.resume_from is not None:
+        return equivalence.not_resumed(done["first"].run, run, phase.resume_after)
+    return None
 
 
 def _wall(done: dict[str, Judged]) -> float:

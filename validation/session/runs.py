@@ -23,6 +23,7 @@ from validation.judge.metrics import PROFILE_METRICS, RunData, unprovided_by_fil
 from validation.judge.provenance import trainer_commit
 from validation.judge.record import (HARNESS_ERROR_FILE, OWN_TRAINER, TRAINER_KINDS, Evidence, NotRun, PhaseRecord,
                                      RunSigns, Status, SubRun, Summary, routes)
+from validation.judge.resume import Breach
 from validation.judge.stability import StabilityRule
 from validation.judge.verdict import Outcome, clean_verdict, process_verdict
 from validation.excerpt import EXCERPT_CHARS
@@ -91,8 +92,9 @@ def launch(point: PhasePoint, out_dir: Path, progress: Progress | None, leg: Leg
 
 
 def judge(point: PhasePoint, done: Launched, hw: Machine, results_dir: Path,
-          extra: list[GateResult] | None = None) -> Judged:
-    """The point's gates (and its golden gate, and ``extra``) over the run, and its verdict."""
+          extra: list[GateResult] | None = None, resume_breach: Breach | None = None) -> Judged:
+    """The point's gates (and its golden gate, and ``extra``) over the run, and its verdict
+    (``resume_breach``: of a half of a resume point, what it did that it was not asked)."""
     run, kind = done.run, point.phase.kind
     asked = point.gates()
     # a metric is unprovided when its runbook entry says so, or the trainer's files lack what it reads
@@ -105,7 +107,7 @@ def judge(point: PhasePoint, done: Launched, hw: Machine, results_dir: Path,
     clock = step_clock(run, done.proc.wall_s)  # the trainer's step times against its heartbeats' and the wall's
     gates = evaluate(asked, run, unprovided, done.proc.load, clock) + ([golden] if golden else []) + list(extra or [])
     # how the process ended decides first; its gates (and a non-finite loss logged) decide a run that ended clean
-    outcome = Outcome.of_run(kind, run, done.errors)
+    outcome = Outcome.of_run(kind, run, done.errors, resume_breach)
     ended = process_verdict(outcome)
     status, reason = ended or clean_verdict(outcome, gates)
     if ended is None and outcome.csv_behind:  # it logs every N steps: said, not judged a short run
@@ -113,8 +115,8 @@ def judge(point: PhasePoint, done: Launched, hw: Machine, results_dir: Path,
     # the report's numbers are over the phase's window: the first gate that names one ('last 50
     # steps' for the bucket sweep); gates keep their own windowed values
     window = next((g.window.last for g in asked if g.window.last), None)
-    return Judged(run, done.proc, done.errors, gates, status, reason, window,
-                  collect(run, done.proc.stderr_path, done.errors, clock), ended)
+    evidence = replace(collect(run, done.proc.stderr_path, done.errors, clock), resume_breach=resume_breach)
+    return Judged(run, done.proc, done.errors, gates, status, reason, window, evidence, ended)
 
 
 def relative(path: Path, results_dir: Path) -> str:

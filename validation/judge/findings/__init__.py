@@ -5,10 +5,11 @@ directory without re-running anything: process failures (crashes, stalls, a .HAL
 own) and failed gates (failures.py), the nodes
 of a launch of several nodes (nodes.py), speed across points (throughput.py), where NSA pays
 against dense (long_context.py), loss and grad-norm spikes, divergence and a logged non-finite
-loss (stability.py), resumed runs that do not continue the uninterrupted one and trainers that
-resumed in place mid-run (resume.py), memory that keeps growing (memory.py), points that ran at
-different commits of the trainer (commits.py), trainers whose logged step times are far shorter
-than the steps their heartbeats show (clock.py), pytest and preflight points that failed in their
+loss (stability.py), halves of a resume point that ran past their stop or did not resume, resumed
+runs that do not continue the uninterrupted one and trainers that resumed in place mid-run
+(resume.py), memory that keeps growing (memory.py), points that ran at different commits of the
+trainer (commits.py), trainers whose logged step times are far shorter than the steps their
+heartbeats show (clock.py), pytest and preflight points that failed in their
 own way (checks.py);
 advice.py turns findings into what to do next, saying only what is true of the trainer that ran;
 a crash or stall finding carries the rank(s) it blames (culprit.py), which the point's verdict line
@@ -35,7 +36,7 @@ from validation.judge.findings.finding import Finding, Severity, point_label, wh
 from validation.judge.findings.long_context import long_context, planned_longest
 from validation.judge.findings.memory import memory_growth
 from validation.judge.findings.nodes import nodes
-from validation.judge.findings.resume import not_equivalent, resumed_in_place
+from validation.judge.findings.resume import breached, not_equivalent, resumed_in_place
 from validation.judge.findings.stability import divergence, nonfinite, spikes
 from validation.judge.findings.throughput import (
     CROSS_POINT,
@@ -51,7 +52,8 @@ from validation.judge.record import PhaseRecord
 
 DETECTORS = (crashes, stalls, halts, nodes, short_runs, untrue_clocks, shared_timings, busy_timings, cliffs,
              host_bound, imbalance, fallbacks,
-             artifact_errors, failed_checks, failed_gates, best_setting, not_equivalent, resumed_in_place, nonfinite, divergence,
+             artifact_errors, failed_checks, failed_gates, best_setting, breached, not_equivalent, resumed_in_place,
+             nonfinite, divergence,
              spikes, slowdowns, memory_growth, mixed_commits)
 _ORDER = {Severity.CRITICAL: 0, Severity.WARNING: 1, Severity.INFO: 2}
 

@@ -387,6 +387,21 @@ def _resume(f: Facts) -> str:
             f"whether the learning rate and the data position continued. Then {_RERUN}.")
 
 
+def _ran_past_stop(f: Facts) -> str:
+    how = "train.run_steps" if f.own_trainer else "the option the runbook's `trainer.resume.stop_after` names"
+    return (f"The first half was asked to stop after a step ({how}) and went on: make the trainer stop after that "
+            f"step and save its checkpoint there, as a preempted run does. Then {_RERUN}.")
+
+
+def _not_resumed(f: Facts) -> str:
+    how = "train.resume" if f.own_trainer else "the option the runbook's `trainer.resume.from` names"
+    return (f"The second half was given the first half's directory ({how}) and trained steps its checkpoint already "
+            "held: make the trainer load the checkpoint from there and go on from the step after it, and exit "
+            "non-zero where it cannot load it rather than start afresh (the logs named in the finding may say what it "
+            "did). A long run restarted from its checkpoint would start over the same way, and where its steps are "
+            f"deterministic its loss curve does not show it. Then {_RERUN}.")
+
+
 def _resumed_in_place(f: Facts) -> str:
     return ("A trainer process started again mid-run from its checkpoint: find in the trainer's log why the one "
             "before it ended (a crash, a killed rank, a requeue) and fix that; a run of days meets it again. Then "
@@ -447,6 +462,7 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing,
     "busy_machine": _busy_machine, "clock": _clock, "spike": _spike,
     "diverging": _diverging, "resume": _resume, "slowdown": _slowdown,
+    "ran_past_stop": _ran_past_stop, "not_resumed": _not_resumed,
     "resumed_in_place": _resumed_in_place, "memory_growth": _memory_growth,
     # a node's advice says the same for any trainer (nodes of one launch are torchrun's, not its)
     **{kind: (lambda f, text=text: text) for kind, text in NODE_ADVICE.items()},

@@ -1,13 +1,47 @@
-"""Findings about resume points: a run resumed from its checkpoint that does not continue the
-uninterrupted run, with the first diverging step (the resume gates' notes, validation/judge/resume.py)
-and where each of its three processes left its files."""
+"""Findings about resume points: a half that did not do what it was asked (a first half that ran
+past its stop, a second half that did not resume), and a run resumed from its checkpoint that does
+not continue the uninterrupted run, with the first diverging step (the resume gates' notes,
+validation/judge/resume.py) and where each of its three processes left its files."""
 from __future__ import annotations
 
 from validation.judge.diagnosis import root_of_evidence
-from validation.judge.findings.finding import Facts, Finding, Severity, where
+from validation.judge.findings.finding import Facts, Finding, Severity, where, where_run
 from validation.judge.gates import GateVerdict
 from validation.judge.record import PhaseRecord
-from validation.judge.resume import DATA_METRIC, LOSS_METRIC, LR_METRIC, METRICS, Clue, ClueKind
+from validation.judge.resume import DATA_METRIC, LOSS_METRIC, LR_METRIC, METRICS, BreachKind, Clue, ClueKind
+
+
+def breached(records: list[PhaseRecord]) -> list[Finding]:
+    """A critical finding per resume point that a half decided by doing what it was not asked
+    (judge/resume.py ``Breach``; its record is that half's): its words, and the files that show it."""
+    out = []
+    for r in records:
+        breach = r.evidence.resume_breach
+        if breach is None:
+            continue
+        log = _logs(r)
+        if breach.kind == BreachKind.RAN_PAST_STOP:
+            detail = [f"CSV: {r.out_dir}/training.csv", *log,
+                      "the second half was not started: it would have resumed from the checkpoint of another step"]
+        else:
+            source = next((s.out_dir for s in r.runs if s.name == "first"), None)
+            detail = [f"heartbeats: {r.out_dir}/heartbeat_rank{breach.rank}.jsonl", *log]
+            if source is not None:
+                detail.append(f"it was to resume from the first half's checkpoint in {source}")
+        out.append(Finding(Severity.CRITICAL, r.phase, f"{where_run(r)}: {breach.text()}", detail, str(breach.kind),
+                           Facts.of(r)))
+    return out
+
+
+def _logs(r: PhaseRecord) -> list[str]:
+    """The process's output logs: what it printed of the stop or the checkpoint it was given (a
+    loader's warning on stdout as often as on stderr)."""
+    err = r.evidence.stderr_log
+    if not err:
+        return []
+    out = err.removesuffix(".stderr.log") + ".stdout.log"
+    return [f"{kind}: {r.out_dir}/{name}" for kind, name in (("stdout", out), ("stderr", err))
+            if name in r.evidence.files]
 
 
 def not_equivalent(records: list[PhaseRecord]) -> list[Finding]:

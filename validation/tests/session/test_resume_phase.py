@@ -1,6 +1,7 @@
 """The resume phase through the harness, on the fake trainer (and a runbook's own trainer): three
 processes in directories of their own, judged together; a resumed run that skips data fails
-naming the first step after the resume; a crash of the first half is the point's crash; a trainer
+naming the first step after the resume; a crash of the first half is the point's crash; a first
+half that runs past its stop and a second half that trains from step 1 again fail as such; a trainer
 that says how it stops and resumes is resumed through its own parameters, one that does not is
 SKIP with the reason; the runbook says what is wrong with a resume phase before anything runs."""
 from __future__ import annotations
@@ -17,7 +18,9 @@ from validation.judge.asked import Asked
 from validation.judge.findings.throughput import slowdowns
 from validation.judge.record import Evidence, PhaseRecord, PointKey, RunSigns, Status, SubRun
 from validation.judge.stability import Slowdown
-from validation.judge.resume import ClueKind, clue
+from validation.judge.metrics import RunData
+from validation.judge.resume import Breach, BreachKind, ClueKind, clue, not_resumed
+from validation.judge.verdict import rejudge
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
 from validation.tests.conftest import FakeRun, write_runbook
@@ -72,6 +75,84 @@ def test_a_crash_of_the_first_half_is_the_points_crash_and_nothing_resumes(fake_
     assert len(crash) == 1 and crash[0].startswith(
         "crash in resume [default], first half (steps 1-4, stopped): exit code 1: RuntimeError: Expected to mark"), crash
     assert "resume/default/" in crash[0] and "/first/trainer.stderr.log" in crash[0]
+
+
+@pytest.mark.parametrize("env", [
+    {"NSA_FAULT": "ignore_resume:nodata=1"},  # nothing but the heartbeats tells: every resume gate passed
+    {"NSA_FAULT": "ignore_resume"},  # its data position says it too: the data gap failed, naming no cause
+    {"NSA_FAULT": "ignore_resume:nodata=1", "NSA_FAKE_RESUME_COPIES": "1"},  # the first half's files copied first
+], ids=["no_data_position", "data_position", "copies_first_half"])
+def test_a_second_half_that_trains_from_step_1_again_did_not_resume(fake_run, env):
+    """A user's trainer whose second half ignored --resume-from (or whose loader fell back to a fresh
+    start on a broken checkpoint) retrained steps 1-6 and went on to 12: GO, 'loss of steps 1-12
+    continued: identical at every logged step', as the gates read the first half's steps up to the
+    stop and the second's after it. Its own heartbeats say it started at step 1: FAIL, NO-GO."""
+    run = fake_run([resume_phase(env=env)])
+    rec = run.record
+    said = ("did not resume: the second half trained steps 1-4 again (it started at step 1, not step 5: rank 0's "
+            "heartbeats)")
+    assert (rec.status, rec.reason) == (Status.FAIL, f"resumed second half (steps 5-8): {said}")
+    assert [(s.name, s.status) for s in rec.runs] == [("reference", "PASS"), ("first", "PASS"), ("second", "FAIL")]
+    assert rec.evidence.resume_breach == Breach(BreachKind.NOT_RESUMED, 4, 1, 0)
+    [finding] = [f for f in run.findings("critical") if "did not resume" in f]
+    assert finding.startswith(f"resume [default], resumed second half (steps 5-8): {said}\n"), finding
+    assert "/second/heartbeat_rank0.jsonl" in finding and finding.endswith("/first"), finding
+    assert "**Status: NO-GO**" in run.report
+    assert "resume: The second half was given the first half's directory (train.resume)" in run.report
+
+
+def test_a_resumed_run_that_copies_the_first_halfs_files_passes(fake_run):
+    """A trainer that copies the earlier run's training.csv and heartbeats into its new directory
+    before it goes on from the step after the checkpoint: the copied rows and records are the first
+    half's, not steps it trained again."""
+    rec = fake_run([resume_phase(env={"NSA_FAKE_RESUME_COPIES": "1"})]).record
+    assert rec.status == Status.PASS, rec.reason
+    assert [(s.name, s.first_step, s.last_step) for s in rec.runs] == [("reference", 1, 8), ("first", 1, 4),
+                                                                        ("second", 1, 8)]
+
+
+def test_a_first_half_that_runs_past_its_stop_fails_naming_it(fake_run):
+    """A user's first half ignored --stop-after and ran all 12 steps: its row read PASS ('exit 0
+    after step 12') and the NO-GO blamed the second half, which, resumed from a checkpoint of step
+    12, had nothing left to run ('second/training.csv: malformed (header only, no steps logged)').
+    The first half is the cause, and nothing resumes from its checkpoint."""
+    run = fake_run([resume_phase("ignore_stop")])
+    rec = run.record
+    said = "ran past the step it was asked to stop after: it went on to step 8 when asked to stop after step 4"
+    assert (rec.status, rec.reason) == (Status.FAIL, f"first half (steps 1-4, stopped): {said}")
+    assert [(s.name, s.status, s.reason) for s in rec.runs] == [
+        ("reference", "PASS", "exit 0 after step 8"), ("first", "FAIL", said)]
+    assert not (run.results / rec.out_dir).with_name("second").exists()
+    [finding] = run.findings("critical")
+    assert finding.startswith(f"resume [default], first half (steps 1-4, stopped): {said}\n"), finding
+    assert "/first/training.csv" in finding and "malformed" not in run.report
+
+
+def test_a_half_that_broke_its_resume_stays_failed_when_its_stored_record_is_judged_again(fake_run):
+    """A stored record is judged again where a gate's threshold changed since its run (or its golden
+    gate is checked again): its resume breach, kept in its evidence, decides before its gates."""
+    rec = fake_run([resume_phase("ignore_resume:nodata=1")]).record
+    stored = PhaseRecord.from_json(rec.to_json(), "results.json")
+    assert stored.evidence.resume_breach == rec.evidence.resume_breach
+    again = rejudge(stored, stored.gates)
+    assert (again.status, again.reason) == (Status.FAIL, rec.evidence.resume_breach.text())
+
+
+def _beats(*recs: dict) -> RunData:
+    return RunData(Path("."), heartbeats={0: [{"time": 1000.0 + i, "pid": 7, **r} for i, r in enumerate(recs)]})
+
+
+@pytest.mark.parametrize("recs, started", [
+    ([{"step": 4, "stage": "step"}, {"step": 5, "stage": "forward"}], None),  # says the step its checkpoint holds
+    ([{"step": 4}, {"step": 5}], None),  # the same, in a record of no stage
+    ([{"step": 0, "stage": "data"}, {"step": 5, "stage": "forward"}], None),  # set-up before any step
+    ([{"step": 4, "stage": "forward"}, {"step": 5, "stage": "forward"}], 4),  # began the stop's own step again
+    ([{"step": 3, "stage": "step"}, {"step": 4, "stage": "step"}, {"step": 5, "stage": "step"}], 3),
+])
+def test_a_second_half_trained_a_step_of_its_checkpoint_where_its_own_records_say_so(recs, started):
+    found = not_resumed(RunData(Path(".")), _beats(*recs), 4)
+    assert (found and found.step) == started
+    assert found is None or (found.rank, found.pid) == (0, 7)
 
 
 @pytest.mark.parametrize("step, half, other", [(14, "first", "second"), (18, "second", "first")])

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from validation import checkout_problem
+from validation import PROFILE_DIR, checkout_problem
 from validation.errors import CorruptStore, HarnessError
 from validation.judge.findings import CROSS_POINT, Finding, Severity, find, of_point, planned_longest
 from validation.judge.findings.headline import verdict_line
@@ -260,17 +260,20 @@ class AcceptanceSession:
             latest = max(ResultStore(self.results_dir).records(rb.name, name), key=lambda r: r.started, default=None)
         except (CorruptStore, OSError):
             latest = None
-        built_in = runbook_profile(rb, name)
-        if latest is None or not latest.profile_arg or latest.profile_arg == built_in.cli_name:
-            return built_in
+        # a record names a built-in profile by its bare name (Profile.cli_name) and a file by its path;
+        # the file is looked for first, as a runbook may list a profile that exists only as a file
+        if latest is None or not latest.profile_arg or latest.profile_arg == name:
+            return runbook_profile(rb, name)
+        built_in = name in available(PROFILE_DIR)
         try:
             prof = load_profile(latest.profile_arg)
         except HarnessError as exc:
             raise HarnessError(f"{rb.name}/{name}: the stored points in {self.results_dir} ran with the profile file "
                                f"{latest.profile_arg}, which cannot be loaded now ({exc}); give --profile: that file "
-                               f"again, or {name} for the built-in profile") from None
-        note = (f"{rb.name}/{name} is judged by {prof.cli_name}, the profile file its stored points ran with "
-                f"(--profile {name}: by the built-in profile)")
+                               "again" + (f", or {name} for the built-in profile" if built_in else
+                                          f" or another file of profile {name}")) from None
+        note = (f"{rb.name}/{name} is judged by {prof.cli_name}, the profile file its stored points ran with"
+                + (f" (--profile {name}: by the built-in profile)" if built_in else ""))
         if note not in self.profile_notes:
             self.profile_notes.append(note)
         return prof

@@ -134,3 +134,29 @@ def test_a_store_whose_profile_file_is_gone_asks_for_one(tmp_path, capsys):
     assert f"fake/cpu: the stored points in {res} ran with the profile file {mine}, which cannot be loaded now" in err
     assert "give --profile: that file again, or cpu for the built-in profile" in err
     assert [r.phase for r in ResultStore(res).records()] == ["strict"]
+
+
+def test_a_profile_file_of_no_built_in_name_judges_a_re_run_and_a_report_without_profile(tmp_path, capsys):
+    """A runbook of `profiles: [mine]`, mine only a file given with --profile at the first run: a
+    re-run of one phase without --profile, and `report --runbook` without it, exited 2 ("no profile
+    'mine' under runbooks/profiles"): the built-in profile was looked up before the store's file."""
+    from validation.cli import main
+
+    mine = _copy_of_cpu(tmp_path / "mine.yaml", name="mine", marker="mine_profile")
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("strict"), train_phase("plain")], profiles=["mine"])
+    res = tmp_path / "r"
+    assert main(["run", "--runbook", str(rb), "--profile", str(mine), "--phase", "strict", "--results-dir", str(res),
+                 "--no-report"]) == 0
+    capsys.readouterr()
+    assert main(["run", "--runbook", str(rb), "--phase", "plain", "--results-dir", str(res), "--no-plots"]) == 1
+    assert f"note: fake/mine is judged by {mine}, the profile file its stored points ran with\n" in capsys.readouterr().err
+    by_phase = {r.phase: r for r in ResultStore(res).records()}
+    assert by_phase["plain"].profile_arg == str(mine) and by_phase["plain"].status.name == "FAIL"
+    assert main(["report", "--runbook", str(rb), "--results-dir", str(res), "--no-plots"]) == 1  # NO-GO, by mine
+    assert f"- **Profile**: mine ({mine})" in (res / "reports" / "fake__mine.md").read_text()
+    mine.unlink()
+    capsys.readouterr()
+    assert main(["run", "--runbook", str(rb), "--phase", "plain", "--results-dir", str(res), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert f"fake/mine: the stored points in {res} ran with the profile file {mine}, which cannot be loaded now" in err
+    assert "give --profile: that file again or another file of profile mine" in err and "built-in" not in err, err

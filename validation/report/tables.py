@@ -15,6 +15,7 @@ from validation.judge.findings.headline import verdict_line
 from validation.judge.gates import REPEAT_LOSS_METRIC, shown_window
 from validation.judge.interval import CONFIDENCE, Interval, interval, repeat_values
 from validation.judge.metrics import METRICS
+from validation.judge.nodes import NodesEvidence
 from validation.judge.provenance import short_commit
 from validation.judge.record import OWN_TRAINER, PhaseRecord, Status, SubRun, Summary
 from validation.launch.foreign import CONFIG_COPY
@@ -358,7 +359,7 @@ def process_line(r: PhaseRecord, fresh: bool = False) -> str:
     if nodes is not None and nodes.launcher == "torchrun" and len(nodes.nodes) > 1 and len(commands) == 1:
         # every node's agent ran here, the same command: all of them side by side (a lone
         # agent only waits out the join timeout for the others)
-        process = "{ " + " & ".join([process] * len(nodes.nodes)) + " & wait; }"
+        process = _every_node(r.command, env, quote, nodes, fresh)
     # a pytest point's test paths are relative to this checkout (a record stored before it kept its cwd)
     cwd = r.cwd or (str(REPO_ROOT) if r.kind == "pytest" else "")
     line = (f"cd {shlex.quote(cwd)} && " if cwd else "") + process
@@ -371,6 +372,28 @@ def process_line(r: PhaseRecord, fresh: bool = False) -> str:
 
 #: the shell variable of the new directory a Reproduce line's process writes into
 FRESH_DIR = "out"
+#: the shell variable of the rendezvous port a Reproduce line's node agents meet at
+FRESH_PORT = "port"
+
+
+def _every_node(command: list[str], env: str, quote, nodes: NodesEvidence, fresh: bool) -> str:
+    """Every node's torchrun agent of a launch on this host, side by side in a subshell that exits
+    with the first failure among them in node order, each failure named on stderr: a bare ``wait``
+    exits 0 whatever the agents did, and a crashed point re-run by hand read as a success. With
+    ``fresh`` (the Reproduce line) the agents meet at a port free when the line runs, on the
+    rendezvous host: the run's port, free when it ran, may be held now (by another run's agents,
+    or by this line run twice at once)."""
+    endpoint = f"--rdzv_endpoint={nodes.rdzv_endpoint}"
+    host = nodes.rdzv_endpoint.rsplit(":", 1)[0]
+    words = " ".join(f'"--rdzv_endpoint={host}:${{{FRESH_PORT}}}"' if fresh and w == endpoint else quote(w)
+                     for w in command)
+    agents = [(env + " " if env else "") + words + f" & n{n.index}=$!" for n in nodes.nodes]
+    pids = " ".join(f"$n{n.index}" for n in nodes.nodes)
+    pick = (f"{FRESH_PORT}=$({quote(command[0])} -c 'import socket, sys; s = socket.socket(); "
+            f"s.bind((sys.argv[1], 0)); print(s.getsockname()[1])' {quote(host)}) || exit; ") if fresh else ""
+    return (f"( {pick}" + "; ".join(agents) + f"; rc=0; i=0; for n in {pids}; do wait \"$n\" || {{ s=$?; "
+            "echo \"node $i's torchrun agent exited $s\" >&2; [ \"$rc\" -ne 0 ] || rc=$s; }; i=$((i + 1)); done; "
+            "exit \"$rc\" )")
 
 
 def _run_root(r: PhaseRecord) -> str | None:

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -150,18 +151,27 @@ def test_a_cpu_host_pins_no_gpus(monkeypatch):
 
 def test_the_reports_process_line_of_a_two_node_point_runs_every_node_as_printed(tmp_path, monkeypatch):
     """The report's 'process' line held one agent's command: pasted, that lone agent waited the
-    join timeout for a second node and failed (RendezvousTimeoutError)."""
+    join timeout for a second node and failed (RendezvousTimeoutError). Then every agent's, ended by
+    a bare `wait`: the line exited 0 when a node's agent failed, and its agents met at the run's
+    port, which another process may hold by the time it is pasted."""
     monkeypatch.delenv(FAULT, raising=False)
     run = TwoNodes(tmp_path)
     assert run.rec.status == "PASS", run.rec.reason
     [row] = reproduce_rows([run.rec])
     stored = {p.name: p.read_bytes() for p in run.dir.iterdir() if p.is_file()}
-    out = subprocess.run(["bash", "-c", row["process"]], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=JOIN_S + 60, env={k: v for k, v in os.environ.items() if k != FAULT})
+    env = {k: v for k, v in os.environ.items() if k != FAULT}
+    host, port = run.nodes.rdzv_endpoint.rsplit(":", 1)
+    with socket.create_server(("127.0.0.1", int(port))):  # the run's port, another process's now
+        out = subprocess.run(["bash", "-c", row["process"]], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=JOIN_S + 60, env=env)
     assert out.returncode == 0, row["process"] + "\n" + out.stderr[-3000:]
     [new] = re.findall(r"^writing into (\S+)$", out.stderr, re.M)  # a new directory: the stored run stays as it was
     assert {p.name: p.read_bytes() for p in run.dir.iterdir() if p.is_file()} == stored
     assert {p.name for p in Path(new).glob("heartbeat_rank*.jsonl")} == {"heartbeat_rank0.jsonl", "heartbeat_rank1.jsonl"}
+    crashed = subprocess.run(["bash", "-c", row["process"]], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=JOIN_S + 60, env={**env, FAULT: "crash@2"})
+    assert crashed.returncode == 1, row["process"] + "\n" + crashed.stderr[-3000:]
+    assert "node 0's torchrun agent exited 1" in crashed.stderr, crashed.stderr[-3000:]
     assert_nothing_left(tmp_path)
 
 

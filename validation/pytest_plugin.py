@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import pytest
 
@@ -222,8 +222,9 @@ class AcceptancePlugin:
 
     def run(self, point: PhasePoint) -> PhaseRecord:
         """Run the point through the session; a point that cannot launch here (a trainer root
-        not set) skips with no record, one this machine cannot run skips with its SKIP record; one
-        whose record cannot be stored (a full disk) fails with the store's message, no traceback."""
+        not set, of a runbook selected by default: ``pytest_collection_finish``) skips with no
+        record, one this machine cannot run skips with its SKIP record; one whose record cannot be
+        stored (a full disk) fails with the store's message, no traceback."""
         try:
             record = self.session.run_point(point, self.progress)
         except NotLaunchable as exc:
@@ -280,6 +281,31 @@ class AcceptancePlugin:
         """Report checks run after every phase point of the session."""
         last = [i for i in items if "acceptance_pair" in getattr(i, "fixturenames", ())]
         items[:] = [i for i in items if i not in last] + last
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if not hasattr(self.config, "workerinput"):  # an xdist worker's selection: its controller checks it
+            self._stop_unless_launchable(item.nodeid for item in session.items)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self._stop_unless_launchable(ids)
+
+    def _stop_unless_launchable(self, nodeids: Iterable[str]) -> None:
+        """The selected points (by test node id) of the runbooks given with --runbook that cannot
+        start here (a trainer root not set, a module missing) stop the run before any point runs,
+        as bad input (exit 4), as they stop the CLI's (exit 2). Those of runbooks selected by
+        default (every runbook: a plain test run, `pytest -m cpu_profile`) skip when they come:
+        this machine need not be set up for every runbook's trainer. Listing the points
+        (--collect-only) runs none."""
+        if not self.config.getoption("--runbook") or self.config.option.collectonly:
+            return
+        by_id = {p.test_id: p for p in self._points()}
+        selected = [by_id[m.group(1)] for nodeid in nodeids
+                    if (m := re.search(r"::test_phase\[(.*)\]$", nodeid)) and m.group(1) in by_id]
+        try:
+            self.session.check_launchable(selected)
+        except NotLaunchable as exc:
+            raise pytest.UsageError(f"nsa-validate: {exc}") from None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when == "call" and "[" in report.nodeid and not report.skipped:

@@ -313,9 +313,13 @@ class AcceptanceSession:
         differ = dict.fromkeys(d for p in self.points() for d in mismatches(p.profile, self.machine))
         return self.profile_notes + list(differ)
 
-    def unlaunchable(self, points: list[PhasePoint]) -> dict[str, str]:
-        """The points among ``points`` that cannot start here, by test id, with why."""
-        return {p.test_id: why for p in points if (why := cannot_launch(p))}
+    def check_launchable(self, points: list[PhasePoint]) -> None:
+        """NotLaunchable, naming each point among ``points`` that cannot start here and why, unless
+        every one can: a door checks the points it will run before the first one starts."""
+        blocked = {p.test_id: why for p in points if (why := cannot_launch(p))}
+        if blocked:
+            raise NotLaunchable("cannot launch here, nothing was run: " + "; ".join(
+                f"{tid}: {why}" for tid, why in blocked.items()))
 
     # --- running ---------------------------------------------------------------------------------
 
@@ -377,10 +381,7 @@ class AcceptanceSession:
         cannot launch is an error before the first one runs."""
         points = self.points()
         self.check_ready()
-        blocked = self.unlaunchable(points)
-        if blocked:
-            raise NotLaunchable("cannot launch here, nothing was run: " + "; ".join(
-                f"{tid}: {why}" for tid, why in blocked.items()))
+        self.check_launchable(points)
         jobs = self.options.jobs or min((p.runbook.max_parallel for p in points), default=1)
         order = {p.test_id: i + 1 for i, p in enumerate(points)}
         outcomes: list[Outcome] = []

@@ -111,7 +111,9 @@ def test_a_reproduce_line_of_a_trainer_rooted_by_a_variable_sets_it(tmp_path, mo
 
 def test_a_point_that_cannot_launch_leaves_the_stored_record_and_its_run_directory(tmp_path, monkeypatch, capsys):
     """Re-running a phase with the trainer root's variable unset turned the stored PASS into SKIP
-    and deleted its run directory."""
+    and deleted its run directory. Both doors stop as for bad input before anything runs: the
+    pytest door skipped the point and exited 1, the NO-GO status, where the CLI exits 2 (and
+    pytest 4, under -n as without)."""
     trainer = {**NATIVE, "root": {"env": "MY_TRAINER_ROOT"}}
     rb = _runbook(tmp_path / "rb.yaml", [_phase("single")], trainer=trainer)
     res = tmp_path / "res"
@@ -124,12 +126,25 @@ def test_a_point_that_cannot_launch_leaves_the_stored_record_and_its_run_directo
     assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-plots"]) == 2
     err = capsys.readouterr().err
     assert "cannot launch here, nothing was run" in err and "export MY_TRAINER_ROOT=" in err
-    out = _pytest(REPO_ROOT, "validation/tests/test_acceptance.py", "--runbook", str(rb), f"--results-dir={res}",
-                  env={k: v for k, v in os.environ.items() if k != "MY_TRAINER_ROOT"})
-    assert out.returncode == 1 and "nothing run or stored" in out.stdout, out.stdout[-3000:]
-    assert "this acceptance run is not GO: no phase point ran" in out.stdout, out.stdout[-3000:]
+    for xdist in ([], ["-n", "2"]):
+        out = _pytest(REPO_ROOT, "validation/tests/test_acceptance.py", "--runbook", str(rb), f"--results-dir={res}",
+                      *xdist, env={k: v for k, v in os.environ.items() if k != "MY_TRAINER_ROOT"})
+        assert out.returncode == pytest.ExitCode.USAGE_ERROR, out.stdout[-3000:] + out.stderr[-3000:]
+        assert ("ERROR: nsa-validate: cannot launch here, nothing was run: mine/cpu/single/default: "
+                in out.stderr) and "export MY_TRAINER_ROOT=" in out.stderr, out.stderr[-3000:]
     (kept,) = ResultStore(res).records()
     assert kept.run_id == stored.run_id and kept.status == Status.PASS and (res / kept.out_dir).is_dir()
+
+
+def test_a_point_of_a_runbook_not_asked_for_that_cannot_launch_skips(tmp_path):
+    """A run that does not name seed_trainer_cpu with --runbook (a plain test run, `pytest -m
+    cpu_profile`) selects its points among every runbook's: without NSA_SEED_ROOT they skip, saying
+    why, and the rest of the run goes on."""
+    out = _pytest(REPO_ROOT, "validation/tests/test_acceptance.py", "-k", "seed_trainer_cpu/cpu/single_process",
+                  f"--results-dir={tmp_path / 'res'}", env={k: v for k, v in os.environ.items() if k != "NSA_SEED_ROOT"})
+    assert out.returncode == 0 and "1 skipped" in out.stdout, out.stdout[-3000:]
+    assert "export NSA_SEED_ROOT=" in out.stdout and "(nothing run or stored)" in out.stdout, out.stdout[-3000:]
+    assert not ResultStore(tmp_path / "res").records()
 
 
 def test_a_harness_defect_on_one_point_is_its_error_and_the_session_goes_on(tmp_path, monkeypatch, capsys):
@@ -222,15 +237,19 @@ def test_a_trainer_modules_config_template_that_is_not_there_cannot_launch(tmp_p
 
 def test_a_runbook_whose_trainer_cannot_launch_leaves_no_records_to_spoil_a_later_report(tmp_path):
     """`pytest -m cpu_profile` also selected seed_trainer_cpu (its root unset): its SKIP records made
-    a later `nsa-validate report` INCOMPLETE (exit 3) after a GO run."""
+    a later `nsa-validate report` INCOMPLETE (exit 3) after a GO run. Such a runbook named with
+    --runbook stops the run before anything runs (exit 4): nothing is stored either."""
     runs = _runbook(tmp_path / "runs.yaml", [_phase("single")], name="runs")
     blocked = _runbook(tmp_path / "blocked.yaml", [_phase("single")], trainer={**NATIVE, "root": {"env": "UNSET_ROOT"}},
                        name="blocked")
     res = tmp_path / "res"
     env = {k: v for k, v in os.environ.items() if k != "UNSET_ROOT"}
     out = _pytest(REPO_ROOT, "validation/tests/test_acceptance.py", "-m", "cpu_profile", "--runbook", str(runs),
-                  "--runbook", str(blocked), f"--results-dir={res}", env=env)
+                  f"--results-dir={res}", env=env)
     assert out.returncode == 0, out.stdout[-3000:]
+    out = _pytest(REPO_ROOT, "validation/tests/test_acceptance.py", "-m", "cpu_profile", "--runbook", str(runs),
+                  "--runbook", str(blocked), f"--results-dir={res}", env=env)
+    assert out.returncode == pytest.ExitCode.USAGE_ERROR and "blocked/cpu/single/default: " in out.stderr, out.stderr
     assert {r.key.runbook for r in ResultStore(res).records()} == {"runs"}
     assert main(["report", "--results-dir", str(res), "--no-plots"]) == 0
 

@@ -48,8 +48,9 @@ EXIT_STATUSES = ("exit status of run and report: 0 GO, 1 NO-GO, 3 INCOMPLETE (ru
                  "2 a bad runbook, profile or option, a results directory with nothing to report or whose files "
                  "cannot be written (a full disk: the point that ran is named as not stored), or a point that "
                  "cannot launch here (nothing is run then); 128 + the signal when stopped by SIGINT (Ctrl-C), "
-                 "SIGTERM or SIGHUP, its trainers killed first. bless: 0 when it wrote the golden curves, 2 when it "
-                 "wrote nothing. check-artifacts: 0 the contract holds, 1 not, 2 not a directory.")
+                 "SIGTERM or SIGHUP, its trainers killed first (a signal inherited ignored, as nohup leaves "
+                 "SIGHUP and a script's & job SIGINT, stays ignored). bless: 0 when it wrote the golden curves, 2 "
+                 "when it wrote nothing. check-artifacts: 0 the contract holds, 1 not, 2 not a directory.")
 
 
 TENSORBOARD_HELP = ("also write each train point's per-step metrics (loss, tokens/s, memory, grad norm, lr, mfu, "

@@ -525,9 +525,11 @@ class AcceptanceSession:
     @contextlib.contextmanager
     def stop_signals(abort: StopFlag, signals: tuple[int, ...] = STOP_SIGNALS,
                      only_default: bool = False) -> Iterator[None]:
-        """SIGINT, SIGTERM and SIGHUP (unless ignored, as `nohup` ignores SIGHUP) stop the session
-        whose flag is ``abort`` as Ctrl-C does: the flag is set, so the running trainers' trees are
-        killed (worker threads watch it), and ``Stopped`` is raised in the main thread. With
+        """SIGINT, SIGTERM and SIGHUP stop the session whose flag is ``abort`` as Ctrl-C does: the
+        flag is set, so the running trainers' trees are killed (worker threads watch it), and
+        ``Stopped`` is raised in the main thread. A signal the process inherited ignored stays
+        ignored, through either door, as Python leaves an ignored SIGINT: `nohup` ignores SIGHUP, and
+        a non-interactive shell starts a job with `&` ignoring SIGINT (SIGTERM still stops it). With
         ``only_default``, only signals nobody handles yet (pytest keeps its own SIGINT handling).
         Restored on the way out. A door enters it before it builds its session, and gives the
         session the same flag. The first signal is the stop's (the flag keeps it): a later one (a
@@ -539,10 +541,9 @@ class AcceptanceSession:
         saved = {}
         for sig in signals:
             current = signal.getsignal(sig)
-            if only_default and current is not signal.SIG_DFL:
+            if current is signal.SIG_IGN or (only_default and current is not signal.SIG_DFL):
                 continue
-            if sig == signal.SIGINT or current is not signal.SIG_IGN:
-                saved[sig] = signal.signal(sig, functools.partial(_on_stop_signal, abort))
+            saved[sig] = signal.signal(sig, functools.partial(_on_stop_signal, abort))
         try:
             yield
         finally:

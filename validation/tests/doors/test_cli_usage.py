@@ -457,6 +457,37 @@ def test_a_run_under_nohup_survives_sighup(tmp_path):
     assert proc.returncode == 0, err[-2000:]
 
 
+def _sigint_ignored() -> None:
+    """A child's SIGINT as a non-interactive shell leaves a job it starts with `&` (``preexec_fn``):
+    ignored, and inherited across exec."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("door", ["cli", "pytest"])
+def test_a_run_that_inherited_sigint_ignored_keeps_ignoring_it_and_stops_on_sigterm(tmp_path, door):
+    """A run started with `&` by a script: the CLI put its own SIGINT handler in place of the ignored
+    one and stopped (130), where the pytest door kept it ignored and ran on. Both keep it ignored,
+    as Python does; SIGTERM still stops either."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase(steps=200, env={"NSA_FAKE_STEP_S": "0.05"})])
+    res = tmp_path / "res"
+    argv = {"cli": ["-m", "validation", "run", "--runbook", str(rb), "--results-dir", str(res), "--no-plots"],
+            "pytest": ["-m", "pytest", "-p", "no:cacheprovider", "-q", "validation/tests/test_acceptance.py",
+                       "--runbook", str(rb), f"--results-dir={res}", "-k", "test_phase"]}[door]
+    proc = subprocess.Popen([sys.executable, *argv], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=_sigint_ignored)
+    deadline = time.monotonic() + 60
+    while not any(len(c.read_bytes().splitlines()) >= 3 for c in res.glob("runs/*/*/*/*/*/training.csv")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(2)
+    assert proc.poll() is None, proc.communicate()  # 200 steps of 0.05 s: still training
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == {"cli": 128 + signal.SIGTERM, "pytest": pytest.ExitCode.INTERRUPTED}[door], err[-2000:]
+    assert "nsa-validate: interrupted (SIGTERM)" in out + err and "(SIGINT)" not in out + err, (out + err)[-2000:]
+
+
 @pytest.mark.parametrize("delay_s", [0.05, 0.2])
 def test_the_first_stop_signal_decides_the_exit_status(tmp_path, delay_s):
     """user hH's pass: SIGHUP, then SIGINT 0.2 s later, exited 130 and said 'interrupted (SIGINT)':

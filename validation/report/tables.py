@@ -379,15 +379,18 @@ FRESH_PORT = "port"
 def _every_node(command: list[str], env: str, quote, nodes: NodesEvidence, fresh: bool) -> str:
     """Every node's torchrun agent of a launch on this host, side by side in a subshell that exits
     with the first failure among them in node order, each failure named on stderr: a bare ``wait``
-    exits 0 whatever the agents did, and a crashed point re-run by hand read as a success. With
-    ``fresh`` (the Reproduce line) the agents meet at a port free when the line runs, on the
-    rendezvous host: the run's port, free when it ran, may be held now (by another run's agents,
-    or by this line run twice at once)."""
+    exits 0 whatever the agents did, and a crashed point re-run by hand read as a success. Each
+    agent sees the GPUs the harness gave its node (on a GPU host every node's local rank 0 would
+    take the same GPU, which NCCL refuses). With ``fresh`` (the Reproduce line) the agents meet at
+    a port free when the line runs, on the rendezvous host: the run's port, free when it ran, may
+    be held now (by another run's agents, or by this line run twice at once)."""
     endpoint = f"--rdzv_endpoint={nodes.rdzv_endpoint}"
     host = nodes.rdzv_endpoint.rsplit(":", 1)[0]
     words = " ".join(f'"--rdzv_endpoint={host}:${{{FRESH_PORT}}}"' if fresh and w == endpoint else quote(w)
                      for w in command)
-    agents = [(env + " " if env else "") + words + f" & n{n.index}=$!" for n in nodes.nodes]
+    # the node's GPUs after the runbook's environment, which may name CUDA_VISIBLE_DEVICES for all of them
+    agents = [" ".join([*([env] if env else []), *([f"CUDA_VISIBLE_DEVICES={quote(n.devices)}"] if n.devices else []),
+                        words]) + f" & n{n.index}=$!" for n in nodes.nodes]
     pids = " ".join(f"$n{n.index}" for n in nodes.nodes)
     pick = (f"{FRESH_PORT}=$({quote(command[0])} -c 'import socket, sys; s = socket.socket(); "
             f"s.bind((sys.argv[1], 0)); print(s.getsockname()[1])' {quote(host)}) || exit; ") if fresh else ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -68,3 +69,25 @@ def test_a_pytest_points_process_line_runs_from_another_directory(fake_run, tmp_
     # a record stored before pytest points kept their directory gets the line all the same
     [row] = reproduce_rows([replace(run.record, cwd="")])
     assert f"&& cd {REPO_ROOT} && " in row["process"], row["process"]
+
+
+def test_a_node_launchs_process_line_gives_each_agent_its_nodes_gpus_and_fails_with_a_node(tmp_path):
+    """The process line of nodes on one GPU host ran every agent with the GPUs of them all: each
+    node's local rank 0 took the same GPU. Each agent is given its node's, after the runbook's
+    CUDA_VISIBLE_DEVICES; the line exits with the status of a node's agent that failed."""
+    from validation.judge.nodes import NodeEvidence, NodesEvidence
+    from validation.judge.record import Evidence, PhaseRecord, PointKey, Status
+
+    agent = ("import os, sys; seen = os.environ['CUDA_VISIBLE_DEVICES']; print('agent sees', seen, sys.argv[1]); "
+             "sys.exit(3 if seen == '2,3' else 0)")
+    nodes = NodesEvidence("torchrun", "localhost:1", 30.0, [NodeEvidence(0, "node0.stderr.log", devices="0,1"),
+                                                            NodeEvidence(1, "node1.stderr.log", devices="2,3")])
+    rec = PhaseRecord(PointKey("rb", "cpu", "train"), "rb/cpu/train/default", "train", Status.FAIL, "",
+                      command=[sys.executable, "-c", agent, "--rdzv_endpoint=localhost:1"],
+                      env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, evidence=Evidence(nodes=nodes))
+    [row] = reproduce_rows([rec])
+    out = subprocess.run(["bash", "-c", row["process"]], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3, row["process"] + "\n" + out.stderr
+    assert sorted(ln.split()[2] for ln in out.stdout.splitlines()) == ["0,1", "2,3"], out.stdout
+    assert "--rdzv_endpoint=localhost:1" not in out.stdout  # a port free when it ran, not the run's
+    assert out.stderr == "node 1's torchrun agent exited 3\n", out.stderr

@@ -271,7 +271,7 @@ def _rel(got: float, want: float) -> float:
     return abs(got - want) / max(abs(want), 1e-12)
 
 
-def _where(step: int, resume_after: int) -> str:
+def placed(step: int, resume_after: int) -> str:
     """Where a step lies against the stop: a divergence before it is the first half's own."""
     if step <= resume_after:
         return f"before the stop after step {resume_after}: the first half already differs from the uninterrupted run"
@@ -286,7 +286,7 @@ def _note(c: Comparison, resume_after: int, last: int) -> str:
         return f"the resumed run logged no {what} for step {c.missing}, which the uninterrupted run logged"
     if c.first is not None:
         f = c.first
-        return (f"first diverging step {f.step} ({_where(f.step, resume_after)}): {what} {f.got:.6g} resumed vs "
+        return (f"first diverging step {f.step} ({placed(f.step, resume_after)}): {what} {f.got:.6g} resumed vs "
                 f"{f.want:.6g} uninterrupted (rel {f.rel:.3g})")
     same = "identical at every logged step" if c.worst == 0 else f"largest rel difference {c.worst:.3g}"
     return f"{what} of steps 1-{last} continued: {same}"

@@ -7,7 +7,10 @@ deviation (MAD, times 1.4826, the normal's consistency constant; at least 1% of 
 scale, exceeds ``z``. Only
 steps with a full window of finite history are scored, so the first steps of a run, where the
 loss legitimately jumps about, are never called spikes; only upward deviations count (a loss
-that falls faster than its neighbours is no problem).
+that falls faster than its neighbours is no problem). A spike carries the consecutive logged
+steps around it whose values lie above the same limit, scored or not: where they are several, the
+value rose at the first of them and stayed up (``Shape``), and the step scored is only where the
+rule first saw it, often the first step with a full window after a level shift that began earlier.
 
 Divergence is a loss that rises without going NaN: the median loss of ``diverge_window`` logged
 steps lies more than ``diverge_rise`` nats above the lowest median of an earlier, disjoint window
@@ -24,6 +27,7 @@ a key it lacks, or sets null, takes the default below.
 """
 from __future__ import annotations
 
+import enum
 import math
 import statistics
 from dataclasses import dataclass
@@ -74,8 +78,26 @@ class StabilityRule:
         return cls(**{k: int(v) if k.endswith("window") else v for k, v in out.items()})
 
 
+class Shape(enum.StrEnum):
+    """How long a spike's value stayed up: what its finding calls it and the advice it gets."""
+
+    STEP = "spike"
+    """It alone lies above its limit: one step, a bad batch or a numerical accident."""
+    RISE = "rise"
+    """The consecutive logged steps around it lie above its limit too, and a later step came back
+    below: the value rose for a while, not for one step."""
+    SHIFT = "level shift"
+    """The consecutive logged steps around it lie above its limit up to the run's last logged step:
+    the value rose and stayed there, something changed at the first of them."""
+
+
 @dataclass(frozen=True)
 class Spike:
+    """A scored step far above the steps before it, and the consecutive logged steps around it
+    that lie above the same limit (scored or not: the first ``window`` steps of a run are never
+    scored): a level shift that began before the first step scored is found at that step, and
+    only ``first_step`` says where the rise began."""
+
     column: str
     """The training.csv column: loss or grad_norm."""
     step: int
@@ -85,10 +107,66 @@ class Spike:
     z: float
     limit: float
     """The rule's z it exceeds."""
+    first_step: int | None = None
+    """The first of the consecutive logged steps up to it whose values all lie above ``bar``: where
+    the rise began. None in a record of an older harness, which kept the step alone."""
+    last_step: int | None = None
+    """The last of the consecutive logged steps from it whose values all lie above ``bar``."""
+    bar: float | None = None
+    """The value above which a step lies at robust z ``limit`` of this step's window: its median
+    plus ``limit`` times its scale."""
+    to_end: bool = False
+    """``last_step`` is the run's last logged step: the value had not come back down."""
+    first_scored: int | None = None
+    """The run's first step with a full window of history before it: no step before it is scored."""
+
+    @property
+    def began(self) -> int:
+        return self.step if self.first_step is None else self.first_step
+
+    @property
+    def ended(self) -> int:
+        return self.step if self.last_step is None else self.last_step
+
+    @property
+    def shape(self) -> Shape:
+        if self.began == self.ended:
+            return Shape.STEP
+        return Shape.SHIFT if self.to_end else Shape.RISE
 
     def text(self) -> str:
         return (f"step {self.step}: {self.value:.4g} against a rolling median of {self.median:.4g} "
                 f"(robust z {self.z:.3g} > {self.limit:g})")
+
+    def event_text(self, began: str = "") -> str:
+        """What happened, from where it began (``began``: what else is known of that step): 'at step
+        45: ...' of a one-step spike; of one that lasted, 'from step 7 to the run's last logged step,
+        12: every logged step lies above 1.331, the limit of step 11's window (a level shift, not a
+        one-step spike); step 11: ...; the steps before step 11 are not scored (...)'."""
+        if self.shape == Shape.STEP:
+            return f"at {self.text()}"
+        began = f" ({began})" if began else ""
+        if self.shape == Shape.SHIFT:
+            span, back = f"to the run's last logged step, {self.ended}", ""
+        else:
+            span, back = f"to step {self.ended}", ", and the next logged step came back below it"
+        unscored = ""
+        if self.first_scored is not None and self.began < self.first_scored:
+            unscored = (f"; the steps before step {self.first_scored} are not scored (fewer logged steps before them "
+                        "than the spike window)")
+        return (f"from step {self.began}{began} {span}: every logged step lies above {self.bar:.4g}, the limit of "
+                f"step {self.step}'s window{back} (a {self.shape}, not a one-step spike); {self.text()}{unscored}")
+
+
+def events(found: Sequence[Spike]) -> list[Spike]:
+    """The spikes of one column that are not the same rise as an earlier one: a rise that lasted
+    has each of its scored steps above its limit found, and the first found stands for it."""
+    out: list[Spike] = []
+    for s in sorted(found, key=lambda s: s.step):
+        if out and s.began <= out[-1].ended:
+            continue
+        out.append(s)
+    return out
 
 
 @dataclass(frozen=True)
@@ -132,7 +210,14 @@ def spikes(steps: Sequence[int], values: Sequence[float], rule: StabilityRule, c
         step, value = rows[i]
         z = (value - median) / scale
         if z > rule.z:
-            out.append(Spike(column, step, value, median, z, rule.z))
+            bar = median + rule.z * scale
+            lo, hi = i, i
+            while lo > 0 and rows[lo - 1][1] > bar:
+                lo -= 1
+            while hi + 1 < len(rows) and rows[hi + 1][1] > bar:
+                hi += 1
+            out.append(Spike(column, step, value, median, z, rule.z, rows[lo][0], rows[hi][0], bar,
+                             hi == len(rows) - 1, rows[rule.window][0]))
     return out
 
 

@@ -49,6 +49,7 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
                                  the first occurrence of those steps logs 1 token/s and a loss 1.0 higher
     NSA_FAULT=leak:mb=M          memory (CSV and heartbeats) grows by M MiB a step from 1 GiB
     NSA_FAULT=spike:step=K       logs twice the loss at step K (one step; the loss goes on as before)
+    NSA_FAULT=shift:step=K       logs three times the loss from step K on (a level shift: it stays there)
     NSA_FAULT=count_twice        its step counter moves by two a step: the CSV and the heartbeats
                                  (a stage record a step) name steps 2, 4, ... and the run ends at
                                  the last, having run half the steps it counts
@@ -296,6 +297,8 @@ def main() -> int:
                 loss *= repeat_scale(out, "NSA_FAKE_LOSS_BY_REPEAT") ** step
                 if fault == "spike" and step == opts.get("step"):
                     loss *= 2
+                if fault == "shift" and step >= opts.get("step", 1):
+                    loss *= 3
                 csv.write(f"{step},{loss:.4f},1e-4,{toks},{0.5},{1.0},{mem / 2},{mem}\n")
         time.sleep(step_s)
     if fault == "halt" and "step" not in opts:

@@ -372,6 +372,22 @@ def _spike(f: Facts) -> str:
             f"named (a bad batch); if spikes recur, {lr} and keep gradient clipping on.")
 
 
+def _level_shift(f: Facts) -> str:
+    return ("The loss or gradient norm rose at the step the finding says it began and stayed up over the steps "
+            "after it: a lasting change, not one bad batch. Look at what changed at that step: the data (a new shard, "
+            "source or mixture), the learning rate or its schedule, the model or its precision, a restart of the "
+            "trainer from a checkpoint; the trainer's log and config at that step say which.")
+
+
+def _resume_shift(f: Facts) -> str:
+    return ("The loss or gradient norm rose at the first step after the resume and stayed up, where the "
+            "uninterrupted run of the same seed has no such rise: what changed there is the resume, not the data of "
+            "that step. The resumed process does not continue the state the run stopped in (the checkpoint's model, "
+            "optimizer state, learning-rate schedule position, data position, RNG), or computes its steps "
+            "differently from the first half; the resume gates compare the two runs step by step. Then "
+            f"{_RERUN}.")
+
+
 def _diverging(f: Facts) -> str:
     lr = "train.lr, train.warmup_steps and train.grad_clip" if f.own_trainer else "the learning rate, its warm-up and gradient clipping"
     return (f"The loss climbs without going NaN: a run that diverges does not recover by itself; check {lr}, and "
@@ -460,7 +476,8 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "tests_timeout": _tests_timeout, "preflight_timeout": _preflight_timeout, "regression": _regression,
     "not_comparable": _not_comparable,
     "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing,
-    "busy_machine": _busy_machine, "clock": _clock, "spike": _spike,
+    "busy_machine": _busy_machine, "clock": _clock, "spike": _spike, "level_shift": _level_shift,
+    "resume_shift": _resume_shift,
     "diverging": _diverging, "resume": _resume, "slowdown": _slowdown,
     "ran_past_stop": _ran_past_stop, "not_resumed": _not_resumed,
     "resumed_in_place": _resumed_in_place, "memory_growth": _memory_growth,

@@ -155,6 +155,9 @@ class Watched:
     where: str
     out_dirs: tuple[str, ...]
     signs: RunSigns
+    resumed_after: int | None = None
+    """Of a run of a resume point that holds steps after its stop: the step the first half stopped
+    after, so that a finding says which of its steps is the first after the resume; else None."""
 
     def path(self, name: str) -> str:
         """The file ``name`` of each of its processes: 'runs/.../first/training.csv and ...'."""
@@ -196,7 +199,8 @@ def _halves(rec: PhaseRecord, own: Watched) -> list[Watched]:
         if first is None or first.signs is None:  # the first half failed (the record's), or an older record
             return [own]
         # the second half failed: the record holds it alone, and no gate of the point read the first's
-        return [Watched(f"{where(rec)}, {first.label}", (first.out_dir,), replace(first.signs, failed_gates=[])), own]
+        return [Watched(f"{where(rec)}, {first.label}", (first.out_dir,), replace(first.signs, failed_gates=[])),
+                replace(own, resumed_after=rec.asked.resume_after if rec.asked is not None else None)]
     first, _ = rec.halves
     last = rec.asked.resume_after if rec.asked is not None else None
     if not last:  # a record of an older harness: where the halves meet is not kept
@@ -209,17 +213,18 @@ def _halves(rec: PhaseRecord, own: Watched) -> list[Watched]:
 
     def part(k: int) -> RunSigns:
         div, slow, nan = signs.divergence, signs.slowdown, signs.nonfinite_loss_step
-        return replace(
-            signs, spikes=[x for x in signs.spikes if of(x.step, x.step) == k],
+        return replace(  # a spike is of the half that holds its rise, from the step it began to its last
+            signs, spikes=[x for x in signs.spikes if of(x.began, x.ended) == k],
             divergence=div if div is not None and of(div.low_first_step, div.last_step) == k else None,
             slowdown=slow if slow is not None and of(slow.before_first_step, slow.last_step) == k else None,
             memory_growth=[g for g in signs.memory_growth if of(g.first_step, g.last_step) == k],
             nonfinite_loss_step=nan if nan is not None and of(nan, nan) == k else None,
             halted_nonfinite=signs.halted_nonfinite and k == 1)  # a .HALT is the second half's, the record's
 
-    return [Watched(f"{where(rec)}, {first.label}", (first.out_dir,), part(0)), replace(own, signs=part(1)),
+    return [Watched(f"{where(rec)}, {first.label}", (first.out_dir,), part(0)),
+            replace(own, signs=part(1), resumed_after=last),
             Watched(f"{where(rec)}, the resumed run ({first.label}, then {rec.part})", (first.out_dir, rec.out_dir),
-                    part(2))]
+                    part(2), last)]
 
 
 def processes(records: list[PhaseRecord]) -> list[PhaseRecord]:

@@ -19,7 +19,7 @@ from validation.judge.findings import find, recommendations
 from validation.judge.gates import Gate, GateVerdict, evaluate
 from validation.judge.metrics import RunData, compute
 from validation.judge.record import PhaseRecord, PointKey, Status
-from validation.judge.stability import StabilityRule, rise, spikes
+from validation.judge.stability import Shape, Spike, StabilityRule, rise, spikes
 from validation.runbook.load import load_profile
 
 
@@ -168,3 +168,52 @@ def test_the_profile_sets_the_rule_and_a_bad_value_is_refused_when_it_loads(tmp_
                                    "thresholds": {"spike_window": 2.5}}))
     with pytest.raises(RunbookError, match="thresholds: spike_window must be a whole number of logged steps"):
         load_profile(bad)
+
+
+#: a user's resumed run (f_resume_bad, 2026-12-06): its loss tripled from step 7, the first step after the
+#: resume, and stayed there; step 11, the lowest of steps 7-12, is the first step with a full window
+RESUMED_3X = [1.035857, 1.060855, 1.049460, 0.993893, 1.060106, 1.038291,
+              3.025062, 2.987261, 3.092546, 2.961549, 2.960245, 3.019704]
+
+
+def test_a_level_shift_is_named_from_the_step_it_began_not_the_step_scored(tmp_path):
+    """The shift was 'loss spike ... at step 11: 2.96 against a rolling median of 1.06', advised as a
+    bad batch of step 11: steps 7-10, as high, are not scored (no full window before them)."""
+    rule = StabilityRule(window=10)
+    [s] = spikes(list(range(1, 13)), RESUMED_3X, rule, "loss")
+    assert (s.step, s.first_step, s.last_step, s.to_end, s.first_scored, s.shape) == (11, 7, 12, True, 11, Shape.SHIFT)
+    [f] = find([_judged(tmp_path, _csv(RESUMED_3X), rule)])
+    assert f.kind == "level_shift" and f.severity == "warning"
+    assert f.title == (
+        "loss level shift in long_run [default] from step 7 to the run's last logged step, 12: every logged step "
+        f"lies above {s.bar:.4g}, the limit of step 11's window (a level shift, not a one-step spike); step 11: 2.96 "
+        "against a rolling median of 1.06 (robust z 28.1 > 6); the steps before step 11 are not scored (fewer "
+        "logged steps before them than the spike window)"), f.title
+    [advice] = recommendations([f])
+    assert advice.startswith("long_run: The loss or gradient norm rose at the step the finding says it began and "
+                             "stayed up over the steps after it: a lasting change, not one bad batch."), advice
+    assert "bad batch)" not in advice
+
+
+def test_a_rise_that_came_back_down_is_one_finding_from_its_first_step(tmp_path):
+    loss = _noisy_descent(60)
+    for i in (44, 45, 46):  # steps 45-47, each scored and above its window's limit
+        loss[i] *= 3
+    found = spikes(list(range(1, 61)), loss, StabilityRule(), "loss")
+    assert [s.step for s in found] == [45, 46, 47] and {(s.first_step, s.last_step) for s in found} == {(45, 47)}
+    [f] = find([_judged(tmp_path, _csv(loss))])
+    assert f.kind == "level_shift" and f.title.startswith(
+        "loss rise in long_run [default] from step 45 to step 47: every logged step lies above "), f.title
+    assert (", the limit of step 45's window, and the next logged step came back below it (a rise, not a one-step "
+            f"spike); step 45: {loss[44]:.4g} against a rolling median of") in f.title, f.title
+    assert f.detail == ["CSV: runs/x/training.csv (loss column)"]
+
+
+def test_a_spike_of_one_step_stays_a_spike_and_a_stored_spike_of_an_older_harness_too():
+    one = _noisy_descent(60)
+    one[44] *= 3
+    [s] = spikes(list(range(1, 61)), one, StabilityRule(), "loss")
+    assert (s.first_step, s.last_step, s.shape) == (45, 45, Shape.STEP)
+    old = Spike("loss", 45, 9.0, 3.0, 40.0, 6.0)  # a record that kept the step alone
+    assert old.shape == Shape.STEP
+    assert old.event_text() == "at step 45: 9 against a rolling median of 3 (robust z 40 > 6)"

@@ -375,3 +375,33 @@ def test_a_spike_in_the_second_half_is_named_once_with_its_leg(fake_run):
                                  env={"NSA_FAULT": "spike:step=25", "NSA_FAKE_FAULT_DIRS": "second"})])
     spikes = [f.title.split(": ")[0] for f in run.context["findings"] if f.kind == "spike"]
     assert spikes == ["loss spike in resume [default], resumed second half (steps 16-30) at step 25"]
+
+
+def test_a_loss_that_rose_at_the_resume_and_stayed_is_named_from_the_first_step_after_it(fake_run):
+    """A user's resumed run whose loss tripled from the first step after the resume (step 7) got
+    'loss spike ... at step 11' (the first step with a full window, the lowest of 7-12) with the
+    advice to look at the data of step 11."""
+    run = fake_run([resume_phase(steps=12, resume_after=6, gates=[],
+                                 env={"NSA_FAULT": "shift:step=7", "NSA_FAKE_FAULT_DIRS": "second"})])
+    [f] = [f for f in run.context["findings"] if f.kind in ("spike", "level_shift", "resume_shift")]
+    assert f.kind == "resume_shift", f
+    assert f.title.startswith(
+        "loss level shift in resume [default], resumed second half (steps 7-12) from step 7 (the first step after "
+        "the resume at step 6) to the run's last logged step, 12: every logged step lies above "), f.title
+    assert "; step 11: " in f.title and "the steps before step 11 are not scored" in f.title, f.title
+    advice = [a for a in run.context["recommendations"] if "first step after the resume and stayed up" in a]
+    assert len(advice) == 1 and "the data of the step named" not in advice[0], run.context["recommendations"]
+
+
+def test_a_level_shift_the_uninterrupted_run_has_too_is_the_data_s_not_the_resume_s(fake_run):
+    """The loss triples from step 7 in every run: the rise began in the first half, at its last step
+    before the stop, and is found where the resumed run is first scored (step 11, in the second
+    half): it is the resumed run's (both halves' files), not the second half's, and no resume's fault."""
+    run = fake_run([resume_phase("shift:step=7", steps=12, resume_after=7, gates=[])])
+    found = [f for f in run.context["findings"] if f.kind in ("spike", "level_shift", "resume_shift")]
+    assert [(f.kind, f.title.split(" from step")[0]) for f in found] == [
+        ("level_shift", "loss level shift in resume [default], uninterrupted run (steps 1-12)"),
+        ("level_shift", "loss level shift in resume [default], the resumed run (first half (steps 1-7, stopped), "
+                        "then resumed second half (steps 8-12))")], found
+    assert found[1].title.split(" from step")[1].startswith(" 7 to the run's last logged step, 12: "), found[1].title
+    assert "/first/training.csv and " in found[1].detail[-1] and "/second/training.csv" in found[1].detail[-1]

@@ -114,6 +114,8 @@ class ContractRead:
     """Per rank whose heartbeat file several processes wrote at once, those processes."""
     launched: int = 1
     """Processes the harness launched (1: not known, or one): each is a rank."""
+    steps: int | None = None
+    """The steps the run was asked for; None where not known (check-artifacts)."""
 
     @property
     def ok(self) -> bool:
@@ -170,13 +172,14 @@ def unended(found: ContractRead) -> list[Unended]:
     return [Unended(path, entry, torn) for path, entry in written if (torn := torn_last_row(path)) is not None]
 
 
-def read(out_dir: Path, costs: Costs | None = None, launched: int = 1) -> ContractRead:
+def read(out_dir: Path, costs: Costs | None = None, launched: int = 1, steps: int | None = None) -> ContractRead:
     """Every contract file of ``out_dir``, checked. ``costs`` names, per optional field, the
     metrics its absence leaves UNMEASURED (validation/judge/metrics.py ``reading``); ``launched``:
-    the processes the harness started, every one a rank."""
+    the processes the harness started, every one a rank; ``steps``: the steps the run was asked
+    for, where known."""
     out_dir = Path(out_dir)
     costs = costs or {}
-    found = ContractRead(out_dir, launched=max(launched, 1))
+    found = ContractRead(out_dir, launched=max(launched, 1), steps=steps)
     log: TrainingLog | None = _file(found, TRAINING_CSV, (out_dir / TRAINING_CSV).is_file(), read_training_log,
                                     lambda log: _csv_detail(log, out_dir / TRAINING_CSV), _adapter_found_nothing(out_dir))
     if log is not None:
@@ -472,12 +475,55 @@ def _env_fields(found: ContractRead, costs: Costs) -> None:
 RATE_FACTOR = 1.5
 
 
+@dataclass(frozen=True)
+class LoggedAgain:
+    """A step training.csv logs more than once while one process wrote the run (no resume in place)."""
+
+    step: int
+    """The first step logged again."""
+    rows: int
+    """The rows of that step in the file."""
+    later: int | None
+    """The highest step the file logs after that step's first row; None where it logs none above
+    it: the run never got past that step."""
+    again: int
+    """The rows in all that log a step again (of this step or any other)."""
+    steps: int | None
+    """The steps the run was asked for, where known."""
+    pid: int
+    beats: tuple[int, int]
+    """The first and last step of rank 0's heartbeats, all of process ``pid``."""
+
+    def text(self) -> str:
+        """What the file shows, the repeated step first, then what tells that one process wrote it
+        and what can make it so."""
+        asked = f" of the {self.steps} asked" if self.steps else ""
+        if self.later is None:
+            head = (f"step {self.step} logged {_times(self.rows)} and no step after it: the run never got past step "
+                    f"{self.step}{asked}")
+            cause = ("a loop that logs its step again without moving on (a step counter not advanced, the same step "
+                     "retried), or a second writer (every rank appending its rows?)")
+        else:
+            head = f"step {self.step} logged {_times(self.rows)}, then steps up to {self.later}"
+            cause = "a second writer (every rank appending its rows?) or a step logged twice"
+        others = f" ({self.again} rows log a step again in all)" if self.again != self.rows - 1 else ""
+        first, last = self.beats
+        return (f"{head}{others}, yet one process wrote the run: rank 0's heartbeats, every one from pid {self.pid}, "
+                f"cover steps {first}..{last} and never go back. Only a resume in place (a new process) may log a "
+                f"step again; training.csv is rank 0's alone, one row per step: {cause}")
+
+
+def _times(n: int) -> str:
+    return "twice" if n == 2 else f"{n} times"
+
+
 def _rows_again_of_one_process(found: ContractRead, log: TrainingLog, rank0: HeartbeatLog | None) -> None:
     """training.csv went back (a step logged again) while rank 0's heartbeats, each carrying the
     same pid, show one process from before the step it went back to through it, and no heartbeat
     file went back: no resume in place, which starts a new process and writes the steps after its
-    checkpoint again. Malformed: a second writer (every rank appending its rows) or a step logged
-    twice, whose later rows the readers would take for what happened. Without pids, nothing is said."""
+    checkpoint again. Malformed (``LoggedAgain``): a second writer (every rank appending its rows),
+    a step logged twice, or a loop that logs its step again and never moves on, whose later rows
+    the readers would take for what happened. Without pids, nothing is said."""
     if rank0 is None:
         return
     pids = {r.get("pid") for r in rank0.records if "step" in r}
@@ -494,12 +540,11 @@ def _rows_again_of_one_process(found: ContractRead, log: TrainingLog, rank0: Hea
     found.items = [dataclasses.replace(i, detail=_csv_detail(dataclasses.replace(log, reruns=[]),
                                                              found.out_dir / TRAINING_CSV))
                    if i.file == TRAINING_CSV and i.presence == Presence.PRESENT else i for i in found.items]
-    found.items.append(Item(TRAINING_CSV, Presence.MALFORMED, (
-        f"step {seen[0].first} logged again ({seen[0].text()}; {len(reruns)} such row(s) in all), yet one process "
-        f"wrote the run: rank 0's heartbeats, every one from pid {pid}, cover steps {min(steps)}..{max(steps)} and "
-        "never go back. Only a resume in place (a new process) may log a step again; training.csv is rank 0's "
-        "alone, one row per step: a second writer (every rank appending its rows?) or a step logged twice"),
-        field="step"))
+    step = seen[0].first
+    after = log.logged[log.logged.index(step):]
+    later = max(after) if max(after) > step else None
+    again = LoggedAgain(step, log.logged.count(step), later, len(reruns), found.steps, pid, (min(steps), max(steps)))
+    found.items.append(Item(TRAINING_CSV, Presence.MALFORMED, again.text(), field="step"))
 
 
 def _global_rate(found: ContractRead) -> None:

@@ -73,6 +73,8 @@ class TrainingLog:
     rows: pd.DataFrame
     """One row per step, sorted by step: of a step written twice, the row written later."""
     reruns: list[Rerun]
+    logged: tuple[int, ...]
+    """Every row's step in the file's order, the rows a rerun superseded included."""
 
 
 def read_training_csv(out_dir: Path) -> pd.DataFrame:
@@ -113,8 +115,9 @@ def read_training_log(out_dir: Path) -> TrainingLog:
     if out.empty:
         raise ArtifactError(f"{path}: header only, no steps logged")
     out["step"] = out["step"].astype(int)
-    kept, reruns = latest(out["step"].tolist(), one_per_step=True)
-    return TrainingLog(out.iloc[kept].sort_values("step", kind="stable").reset_index(drop=True), reruns)
+    logged = out["step"].tolist()
+    kept, reruns = latest(logged, one_per_step=True)
+    return TrainingLog(out.iloc[kept].sort_values("step", kind="stable").reset_index(drop=True), reruns, tuple(logged))
 
 
 def _cells(path: Path, data: bytes) -> tuple[pd.DataFrame, list[int]]:

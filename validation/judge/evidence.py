@@ -56,7 +56,8 @@ def read_train(run: RunData) -> TrainFiles:
     """Read a train point's contract files; what is missing or broken is a problem. A training.csv
     row or a heartbeat record cut off mid-write is not read; of a run that ended by itself with
     exit 0 (no writer was killed) it is a problem too: the trainer's last step is not in its file."""
-    found = contract.read(run.out_dir, costs(), launched=run.world_size)  # run.world_size: the processes launched
+    # run.world_size: the processes launched
+    found = contract.read(run.out_dir, costs(), launched=run.world_size, steps=run.steps_requested)
     problems = list(found.problems())
     ended_itself = run.exit_code == 0 and not run.timed_out and run.stalled_s is None
     for cut in contract.unended(found) if ended_itself else []:

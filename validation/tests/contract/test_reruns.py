@@ -166,11 +166,30 @@ def test_a_step_logged_again_by_one_process_is_no_resume_but_a_malformed_csv(tmp
     found = read_contract(tmp_path)
     assert not found.ok
     (problem,) = found.problems()
-    assert "training.csv step: malformed (step 2 logged again" in problem, problem
-    assert "one process wrote the run: rank 0's heartbeats, every one from pid 100, cover steps 1..6" in problem
+    assert ("training.csv step: malformed (step 2 logged twice, then steps up to 6 (6 rows log a step again in "
+            "all), yet one process wrote the run: rank 0's heartbeats, every one from pid 100, cover steps 1..6"
+            ) in problem, problem
     assert "a second writer" in problem
     assert "training.csv" not in found.reruns
     assert not [i for i in found.items if "resumed in place" in i.detail]
+
+
+def test_a_run_that_logs_its_step_again_and_never_advances_is_named_by_that_step_first(tmp_path):
+    """A user's trainer stuck at step 5 of 12 logged it 8 times: the ERROR said 'step 5 logged again
+    (...; 7 such row(s) in all)' and 'a second writer ... or a step logged twice', never that the run
+    logged no step after 5."""
+    _write_csv(tmp_path, [_row(s) for s in [1, 2, 3, 4] + [5] * 8])
+    _write_beats(tmp_path, 0, [_beat(s, float(s), pid=100) for s in [1, 2, 3, 4] + [5] * 8])
+    (tmp_path / "env.json").write_text(json.dumps({"world_size": 1}))
+    (problem,) = read_contract(tmp_path, steps=12).problems()
+    assert problem.endswith(
+        "training.csv step: malformed (step 5 logged 8 times and no step after it: the run never got past step 5 of "
+        "the 12 asked, yet one process wrote the run: rank 0's heartbeats, every one from pid 100, cover steps 1..5 "
+        "and never go back. Only a resume in place (a new process) may log a step again; training.csv is rank 0's "
+        "alone, one row per step: a loop that logs its step again without moving on (a step counter not advanced, "
+        "the same step retried), or a second writer (every rank appending its rows?))"), problem
+    (unasked,) = read_contract(tmp_path).problems()  # check-artifacts: the steps asked are not known
+    assert "the run never got past step 5, yet one process" in unasked, unasked
 
 
 @pytest.mark.parametrize("beats", [

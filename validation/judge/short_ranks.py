@@ -69,14 +69,27 @@ class ShortRank:
         """Whether it left or trained on, by its process (``last``: the run's last step), else both."""
         p = self.process
         if p is not None and p.gone_at is not None and p.gone_at < last:
-            return (f"it left early: its process (pid {p.pid}, its heartbeats') had exited before the run got "
-                    f"past step {p.gone_at}")
+            # the harness sees a process gone only at its next look, steps later: the rank's own last
+            # record says where it left
+            return (f"it left early: it started no step after {self._own_last()}, and its process (pid {p.pid}, its "
+                    f"heartbeats') had exited by the time the run reached step {p.gone_at}")
         if p is not None and p.alive_at >= last:  # running is not training: a process may take long to end
             return (f"its process (pid {p.pid}, its heartbeats') had not exited when the run reached step "
                     f"{p.alive_at}: it trained on without writing them, or stopped and took that long to end")
         # the files cannot tell a rank that left from one that trained on and stopped writing its
         # heartbeats (a DDP rank must have trained on: the others' collectives needed it): say both
         return "it left early or trained on without writing them"
+
+
+    def _own_last(self) -> str:
+        """The last step of its own records: 'step 6, the last it completed (its last heartbeat marks
+        that step's end)'."""
+        b = self.beat
+        if not b.ends_steps:
+            return f"step {b.step}, the last it started (its heartbeats mark no step's end)"
+        if b.done == b.step:
+            return f"step {b.step}, the last it completed (its last heartbeat marks that step's end)"
+        return f"step {b.step} (its last heartbeat: stage {b.stage or '?'}, within that step)"
 
 
 @dataclass(frozen=True)

@@ -299,3 +299,28 @@ def test_a_csv_whose_steps_run_ahead_of_every_ranks_heartbeats_is_not_taken_for_
     beats[1] = Beat(step=12, stage="step")
     assert Outcome.of_record(rec).csv_ahead is None
     assert "the run completed step 12" in Outcome.of_record(rec).short_text()
+
+
+def test_a_rank_seen_gone_is_said_to_have_left_after_its_own_last_step_not_the_step_the_harness_saw():
+    """A user's rank 1 exited right after step 6 of 12; the finding said its process 'had exited
+    before the run got past step 11', the step the run's files showed when the harness next looked,
+    and read as where it left. Its own last record says where: step 6's end."""
+    from validation.judge.record import Beat
+    from validation.judge.seen import ProcessSeen
+    from validation.judge.short_ranks import short_ranks
+
+    gone = ProcessSeen(4242, 6, gone_at=11)
+    [short] = short_ranks({0: Beat(step=12, stage="step"), 1: Beat(step=6, stage="step")}, world=2, steps=12,
+                          logged=12, processes={1: gone})
+    assert short.text(12) == (
+        "rank 1's heartbeats stop after step 6 of 12 (its last heartbeat: step 6, stage step; the run completed step "
+        "12): it left early: it started no step after step 6, the last it completed (its last heartbeat marks that "
+        "step's end), and its process (pid 4242, its heartbeats') had exited by the time the run reached step 11")
+    [within] = short_ranks({0: Beat(step=12, stage="step"), 1: Beat(step=7, stage="forward")}, world=2, steps=12,
+                           logged=12, processes={1: gone})
+    assert ("it left early: it started no step after step 7 (its last heartbeat: stage forward, within that step), "
+            "and its process") in within.text(12), within.text(12)
+    [plain] = short_ranks({0: Beat(step=12, ends_steps=False, every=1), 1: Beat(step=6, ends_steps=False, every=1)},
+                          world=2, steps=12, logged=12, processes={1: gone})
+    assert "it left early: it started no step after step 6, the last it started (its heartbeats mark no step's end)" \
+           in plain.text(12), plain.text(12)

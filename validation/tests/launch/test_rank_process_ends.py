@@ -73,7 +73,8 @@ def test_a_rank_whose_process_exited_early_is_said_to_have_left(tmp_path, monkey
     assert seen.gone_at is not None and seen.gone_at < 12, seen
     assert rec.reason.startswith(
         "rank 1's heartbeats stop after step 3 of 12 (its last heartbeat: step 3, stage step; the run completed step "
-        f"12): it left early: its process (pid {seen.pid}, its heartbeats') had exited before the run got past step "
+        "12): it left early: it started no step after step 3, the last it completed (its last heartbeat marks that "
+        f"step's end), and its process (pid {seen.pid}, its heartbeats') had exited by the time the run reached step "
         f"{seen.gone_at}, exit 0"), rec.reason
     assert "trained on" not in rec.reason
     # the stored record says the same when the report judges it again

@@ -17,8 +17,8 @@ from validation.contract.torchrun_log import (RankFailure, agent_signalled, log_
 from validation.judge.clock import StepClock
 from validation.judge.memory import growing_ranks
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
-from validation.judge.nodes import (launch_agent_killed, lateness, node_evidence, node_failures, node_logs,
-                                    slurm_stopped)
+from validation.judge.nodes import (launch_agent_killed, lateness, nearness, node_evidence, node_failures,
+                                    node_logs, slurm_stopped)
 from validation.judge.record import Beat, Evidence, NotRun, RunSigns, rank_processes
 from validation.judge.stability import curve
 from validation.excerpt import EXCERPT_CHARS, STDERR_TAIL_LINES
@@ -112,14 +112,16 @@ def collect(run: RunData, stderr_path: Path, errors: list[str], clock: StepClock
     signalled = sorted({pid for path in [stderr_path, *node_logs(run.out_dir)] for pid in agent_signalled(path)})
     nodes = node_evidence(run.out_dir, heartbeats, step_times)  # each node's agent logs
     # of one node, how late each rank comes (of several nodes, each node's figure is in ``nodes``)
-    late = {r: round(t, 6) for r, t in lateness(heartbeats).items()} if nodes is None and run.world_size > 1 else {}
+    one_node = nodes is None and run.world_size > 1
+    late = {r: round(t, 6) for r, t in lateness(heartbeats).items()} if one_node else {}
+    nearest = {r: round(t, 6) for r, t in nearness(heartbeats).items()} if one_node else {}
     return with_log(Evidence(
         errors=errors, halt=run.halt, rank_failures=dict(run.rank_failures),
         stackdumps={r: d for r, d in dumps.items() if r < run.world_size}, unranked_stacks=unranked,
         taken_stacks=taken, signalled_pids=signalled, last_heartbeat=beats,
         no_heartbeats="" if beats else contract.adapter_unmeasured(run.env).get(contract.HEARTBEATS, ""),
         summary_step=None if beats else contract.adapter_summary_step(run.env),
-        rank_step_time_s=step_times, clock=clock, rank_lateness_s=late, nodes=nodes,
+        rank_step_time_s=step_times, clock=clock, rank_lateness_s=late, rank_nearest_s=nearest, nodes=nodes,
         fallbacks=fallbacks, files=sorted(p.name for p in run.out_dir.iterdir() if p.is_file()),
         loss_first=losses[0] if losses else None, loss_last=losses[-1] if losses else None,
         nonfinite_loss_step=trained.nonfinite_loss_step,

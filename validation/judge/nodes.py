@@ -197,8 +197,9 @@ def _short(host: str) -> str:
     return host if host.replace(".", "").isdigit() or ":" in host else host.split(".", 1)[0]
 
 
-def lateness(heartbeats: dict[int, list[dict[str, Any]]]) -> dict[int, float]:
-    """Rank -> the median over steps of its largest delay entering a stage after the earliest rank."""
+def _delays(heartbeats: dict[int, list[dict[str, Any]]]) -> dict[int, dict[int, list[float]]]:
+    """Rank -> step -> its delay entering each stage of the step that every rank reports, after the
+    earliest rank; {} with fewer than two ranks."""
     first: dict[int, dict[tuple[int, str], float]] = {}
     for rank, recs in heartbeats.items():
         seen = first.setdefault(rank, {})
@@ -209,10 +210,29 @@ def lateness(heartbeats: dict[int, list[dict[str, Any]]]) -> dict[int, float]:
     if len(first) < 2:
         return {}
     common = set.intersection(*(set(s) for s in first.values()))
-    delays: dict[int, dict[int, float]] = {rank: {} for rank in first}
-    for key in common:
+    delays: dict[int, dict[int, list[float]]] = {rank: {} for rank in first}
+    for key in sorted(common):
         earliest = min(s[key] for s in first.values())
         for rank, s in first.items():
-            d = delays[rank]
-            d[key[0]] = max(d.get(key[0], 0.0), s[key] - earliest)
-    return {rank: statistics.median(d.values()) for rank, d in delays.items() if d}
+            delays[rank].setdefault(key[0], []).append(s[key] - earliest)
+    return delays
+
+
+def lateness(heartbeats: dict[int, list[dict[str, Any]]]) -> dict[int, float]:
+    """Rank -> the median over steps of its largest delay entering a stage after the earliest rank."""
+    return {rank: statistics.median(max(d) for d in by_step.values())
+            for rank, by_step in _delays(heartbeats).items() if by_step}
+
+
+def nearness(heartbeats: dict[int, list[dict[str, Any]]]) -> dict[int, float]:
+    """Rank -> the median over steps of its smallest delay entering a stage after the earliest rank,
+    over the steps of two stages or more that every rank reports ({} where there is none). Ranks that
+    meet in a collective each step leave it together, so a rank late to one stage of a step comes
+    to the stage after the collective with the others (the others waited for it); a rank that is
+    as late at every stage runs that far behind them, and nothing shows them waiting."""
+    out = {}
+    for rank, by_step in _delays(heartbeats).items():
+        staged = [min(d) for d in by_step.values() if len(d) >= 2]
+        if staged:
+            out[rank] = statistics.median(staged)
+    return out

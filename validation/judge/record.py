@@ -226,6 +226,12 @@ class Evidence:
     """Of a run of several ranks on one node: per rank, how late it enters the stages of a step
     after the earliest rank (the median over steps; judge/nodes.py ``lateness``). In lock-step
     training the step times agree, and only this tells the rank the others wait for."""
+    rank_nearest_s: dict[int, float] = field(default_factory=dict)
+    """Of the same runs: per rank, how late it enters the stage of a step where it comes nearest the
+    earliest rank (the median over steps of two stages or more; judge/nodes.py ``nearness``): a
+    late rank that comes with the others to a stage of each step met them in a collective, where
+    they waited for it. Empty where no step has two stages every rank reports, and in records of
+    an older harness."""
     fallbacks: dict[str, float] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     loss_first: float | None = None
@@ -285,6 +291,7 @@ class Evidence:
             rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
             clock=StepClock(**ev["clock"]) if ev.get("clock") else None,
             rank_lateness_s={int(r): float(t) for r, t in (ev.get("rank_lateness_s") or {}).items()},
+            rank_nearest_s={int(r): float(t) for r, t in (ev.get("rank_nearest_s") or {}).items()},
             fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},
             files=list(ev.get("files") or []), nodes=NodesEvidence.from_json(ev.get("nodes")),
             reruns={str(f): [Rerun(**r) for r in rs] for f, rs in (ev.get("reruns") or {}).items()},

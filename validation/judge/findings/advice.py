@@ -221,9 +221,9 @@ def _imbalance(f: Facts) -> str:
 def _straggler_rank(f: Facts) -> str:
     shared = ("a shared or throttled GPU (nvidia-smi in the preflight record; its clocks and temperature)" if f.cuda
               else "cores shared with other work")
-    return (f"One rank comes late to every step and the others wait for it, so the whole run goes at its pace: "
-            f"look for {shared}, more or longer data on that rank, or work only it does (logging, evaluation, a "
-            "save on rank 0).")
+    return (f"One rank comes late to every step; where the others wait for it (the finding says whether its "
+            f"heartbeats show it), the whole run goes at its pace: look for {shared}, more or longer data on that "
+            "rank, or work only it does (logging, evaluation, a save on rank 0).")
 
 
 def _fallback(f: Facts) -> str:

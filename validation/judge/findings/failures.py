@@ -3,6 +3,7 @@ imbalanced ranks, broken output contracts, and failed gates. Where each rank was
 ended, from the record's evidence."""
 from __future__ import annotations
 
+import enum
 from dataclasses import replace
 
 from nsa.contract import PROFILE_TOP_OPS, heartbeat_name
@@ -404,11 +405,27 @@ def imbalance(records: list[PhaseRecord]) -> list[Finding]:
     return out
 
 
+class Waiting(enum.StrEnum):
+    """What a straggler rank's heartbeats show of the other ranks waiting for it."""
+
+    SHOWN = "shown"
+    """Late to one stage of each step, it comes with the others to another (``Evidence.rank_nearest_s``
+    under the bar): they met in a collective and waited for it there."""
+    NOT_SHOWN = "not shown"
+    """It is as late at every stage it reports: it runs that far behind at the others' pace, and
+    nothing shows them waiting (ranks that meet in a collective leave it together)."""
+    UNKNOWN = "unknown"
+    """Its heartbeats report one stage a step that every rank shares (or the record is of an older
+    harness): they cannot show whether the others wait."""
+
+
 def _straggler_rank(r: PhaseRecord) -> Finding | None:
-    """A rank of a one-node run that enters each step's stages late while the others wait for it in
-    their collectives (so every rank's step time is the same, and the step-time ratio says nothing):
-    by the node straggler's rule (findings/nodes.py), late by a quarter of the step and at least
-    STRAGGLER_MIN_S, and the only rank so late."""
+    """A rank of a one-node run that enters each step's stages late, by the node straggler's rule
+    (findings/nodes.py): late by a quarter of the step and at least STRAGGLER_MIN_S, and the only rank
+    so late. Every rank's step time is then about the same (else the imbalance finding speaks), which
+    ranks that wait for it in a collective each step show, and so do ranks that share none and run
+    that far apart: the finding says the others wait for it only where its heartbeats show it
+    (``Waiting``), a possibility where they cannot tell, and is information where they show none."""
     late, times = r.evidence.rank_lateness_s, list(r.evidence.rank_step_time_s.values())
     if len(late) < 2 or not times or r.evidence.nodes is not None:
         return None
@@ -418,10 +435,24 @@ def _straggler_rank(r: PhaseRecord) -> Finding | None:
     if len(slow) != 1:
         return None
     [k] = slow
-    return Finding(Severity.WARNING, r.phase, (
+    near = r.evidence.rank_nearest_s.get(k)
+    if near is None:
+        waiting, said = Waiting.UNKNOWN, (
+            "where the ranks meet in a collective each step (DDP's gradient all-reduce), the others wait for it there "
+            "and the run goes at its pace; its heartbeats as recorded do not show whether they do (that takes two "
+            "stages of each step that every rank reports)")
+    elif near < bar:
+        waiting, said = Waiting.SHOWN, (
+            f"it comes with them to another stage of each step ({_ms(near)} after the earliest), so they wait for it "
+            "there, in a collective, and every rank's step time is the same: the run goes at its pace")
+    else:
+        waiting, said = Waiting.NOT_SHOWN, (
+            f"it is as late at every stage it reports (at least {_ms(near)}): it runs that far behind the other ranks "
+            "at their pace, and nothing in the heartbeats shows them waiting for it (ranks that meet in a collective "
+            "each step leave it together)")
+    return Finding(Severity.INFO if waiting == Waiting.NOT_SHOWN else Severity.WARNING, r.phase, (
         f"straggler rank {k} in {where_run(r)}: it enters each step's stages {_ms(late[k])} after the earliest rank "
-        f"({late[k] / step:.0%} of the {_ms(step)} step); the other ranks wait for it in their collectives, so every "
-        "rank's step time is the same"),
+        f"({late[k] / step:.0%} of the {_ms(step)} step); {said}"),
         [f"rank {j}: {_ms(s)} behind the earliest rank, median step time {_ms(r.evidence.rank_step_time_s[j])}"
          if j in r.evidence.rank_step_time_s else f"rank {j}: {_ms(s)} behind the earliest rank"
          for j, s in sorted(late.items())], "straggler_rank", Facts.of(r))

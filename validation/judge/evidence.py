@@ -20,7 +20,7 @@ from validation.judge.metrics import RunData, costs, fallback_counters, rank_ste
 from validation.judge.nodes import (launch_agent_killed, lateness, nearness, node_evidence, node_failures,
                                     node_logs, slurm_stopped)
 from validation.judge.record import Beat, Evidence, NotRun, RunSigns, rank_processes
-from validation.judge.stability import curve
+from validation.judge.stability import curve, nonfinite
 from validation.excerpt import EXCERPT_CHARS, STDERR_TAIL_LINES
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def collect(run: RunData, stderr_path: Path, errors: list[str], clock: StepClock
         rank_step_time_s=step_times, clock=clock, rank_lateness_s=late, rank_nearest_s=nearest, nodes=nodes,
         fallbacks=fallbacks, files=sorted(p.name for p in run.out_dir.iterdir() if p.is_file()),
         loss_first=losses[0] if losses else None, loss_last=losses[-1] if losses else None,
-        nonfinite_loss_step=trained.nonfinite_loss_step,
+        nonfinite_loss_step=trained.nonfinite_loss_step, nonfinite_loss=nonfinite(run.csv),
         top_ops=list(run.info.get("top_ops") or []), reruns=run.reruns, spikes=trained.spikes,
         divergence=trained.divergence, slowdown=trained.slowdown, memory_growth=trained.memory_growth,
         not_run=None if run.launched else NotRun.LAUNCH, misses=list(run.misses), rank_processes=seen,

@@ -29,7 +29,7 @@ from validation.judge.misses import Miss
 from validation.judge.nodes import NodesEvidence
 from validation.judge.resume import Breach, BreachKind, Clue, ClueKind
 from validation.judge.seen import ProcessSeen, RankSilence
-from validation.judge.stability import Rise, Slowdown, Spike
+from validation.judge.stability import NonFinite, Rise, Slowdown, Spike
 from validation.machine import Machine, MachineLoad
 
 Scalar = str | int | float | bool
@@ -238,6 +238,10 @@ class Evidence:
     loss_last: float | None = None
     nonfinite_loss_step: int | None = None
     """The first step whose logged loss is not finite (None: every logged loss is)."""
+    nonfinite_loss: NonFinite | None = None
+    """What training.csv logs of its non-finite losses, the steps after the first among them
+    (judge/stability.py); None where every logged loss is finite, and in records of an older
+    harness, which kept ``nonfinite_loss_step`` alone."""
     top_ops: list[str] = field(default_factory=list)
     """The profile phase's kernels with the most device (or CPU) time, with their times."""
     reruns: dict[str, list[Rerun]] = field(default_factory=dict)
@@ -277,7 +281,8 @@ class Evidence:
             errors=list(ev.get("errors") or []), stderr_tail=ev.get("stderr_tail") or "",
             stderr_log=ev.get("stderr_log"), exception=ev.get("exception"), traceback=ev.get("traceback"),
             halt=_halt(ev), loss_first=ev.get("loss_first"),
-            loss_last=ev.get("loss_last"), nonfinite_loss_step=_int(ev.get("nonfinite_loss_step")), top_ops=list(ev.get("top_ops") or []),
+            loss_last=ev.get("loss_last"), nonfinite_loss_step=_int(ev.get("nonfinite_loss_step")),
+            nonfinite_loss=NonFinite(**ev["nonfinite_loss"]) if ev.get("nonfinite_loss") else None, top_ops=list(ev.get("top_ops") or []),
             rank_failures={int(r): RankFailure(**f) for r, f in (ev.get("rank_failures") or {}).items()},
             stackdumps={int(r): _dump(d) for r, d in (ev.get("stackdumps") or {}).items()},
             unranked_stacks=[_dump(d) for d in ev.get("unranked_stacks") or []],

@@ -303,10 +303,67 @@ def curve(csv, rule: StabilityRule) -> Curve:
                  first_nonfinite(csv))
 
 
+class LossAfter(enum.StrEnum):
+    """What training.csv logs after its first non-finite loss."""
+
+    RECOVERED = "recovered"
+    """The losses logged after the last non-finite one, to the CSV's last step, are finite: the
+    weights did not keep non-finite values (a non-finite one makes every later loss so)."""
+    STAYED = "stayed"
+    """Every loss logged from the first non-finite one to the CSV's last step is not finite."""
+    RECURRED = "recurred"
+    """Finite losses were logged between non-finite ones, and the CSV's last logged loss is not finite."""
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """training.csv's losses that are not finite (nan, inf): where the first and the last are, and
+    what the steps after the first show."""
+
+    first_step: int
+    last_step: int
+    """The last step whose logged loss is not finite."""
+    count: int
+    """Logged steps whose loss is not finite."""
+    end_step: int
+    """The CSV's last logged step."""
+    logged_from: int
+    """Logged steps from ``first_step`` to ``end_step``, both included."""
+
+    @property
+    def after(self) -> LossAfter:
+        if self.last_step < self.end_step:
+            return LossAfter.RECOVERED
+        return LossAfter.STAYED if self.count == self.logged_from else LossAfter.RECURRED
+
+    def text(self) -> str:
+        """'first non-finite loss logged at step 5, the only one: the losses logged after it, to step
+        12, are finite'."""
+        head = f"first non-finite loss logged at step {self.first_step}"
+        if self.after == LossAfter.RECOVERED:
+            which = "the only one" if self.count == 1 else f"{self.count} in all, the last at step {self.last_step}"
+            return f"{head}, {which}: the losses logged after it, to step {self.end_step}, are finite"
+        if self.after == LossAfter.STAYED:
+            return (f"{head}, the last logged step" if self.first_step == self.end_step else
+                    f"{head}: every loss logged from it to step {self.end_step} is non-finite")
+        return (f"{head}, {self.count} in all, the last at step {self.end_step}, the last logged step: finite losses "
+                "logged between them")
+
+
+def nonfinite(csv) -> NonFinite | None:
+    """``NonFinite`` of a training.csv as read; None where every logged loss is finite, or there is
+    no CSV."""
+    if csv is None:
+        return None
+    rows = list(zip(csv["step"].tolist(), csv["loss"].tolist()))
+    bad = [i for i, (_, v) in enumerate(rows) if not math.isfinite(v)]
+    if not bad:
+        return None
+    return NonFinite(int(rows[bad[0]][0]), int(rows[bad[-1]][0]), len(bad), int(rows[-1][0]), len(rows) - bad[0])
+
+
 def first_nonfinite(csv) -> int | None:
     """The first step of a training.csv as read whose logged loss is not finite; None where every
     logged loss is, or there is no CSV."""
-    if csv is None:
-        return None
-    bad = [s for s, v in zip(csv["step"].tolist(), csv["loss"].tolist()) if not math.isfinite(v)]
-    return int(bad[0]) if bad else None
+    found = nonfinite(csv)
+    return None if found is None else found.first_step

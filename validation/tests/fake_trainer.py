@@ -27,7 +27,7 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
     NSA_FAULT=nan_unlogged:step=3  the loss guard fires at step 3 before the row is logged: a
                                  nonfinite .HALT and exit code 4, every logged loss finite
     NSA_FAULT=nan_logged:step=3  logs a NaN loss from step 3 on and exits 0 (no loss guard);
-                                 with :inf=1 an inf loss
+                                 with :inf=1 an inf loss; with :once=1 at step 3 only (the run goes on)
     NSA_FAULT=halt:step=4        an operator's stop: as step 4 begins it writes a plain-text .HALT and
                                  exits 0 (steps 1-3 logged); without step=K after its last step; with
                                  :json=1 a JSON record of its own source ("operator") and step
@@ -288,7 +288,8 @@ def main() -> int:
                 csv.write(f"{step},{3.0 - step * 0.01:.4f},1e-4,{toks},nan,nan,nan,nan\n")
             elif fault == "torn_last" and step == stop:
                 csv.write(f"{step},{3.0 - step * 0.01:.4f},1e-4,{toks},0.5,1.")
-            elif fault == "nan_logged" and step >= opts.get("step", 1):
+            elif fault == "nan_logged" and (step == opts.get("step", 1) if opts.get("once")
+                                            else step >= opts.get("step", 1)):
                 csv.write(f"{step},{'inf' if opts.get('inf') else 'nan'},1e-4,{toks},0.5,nan,0.5,1.0\n")
             else:
                 loss = 3.0 - (step + skip) * 0.01 + (1.0 if superseded else 0.0)

@@ -10,6 +10,7 @@ from typing import Callable
 from validation.judge.findings.finding import Facts, Finding, LogSays, Severity
 from validation.judge.findings.nodes import NODE_ADVICE, STOPPED_ADVICE
 from validation.judge.misses import Miss
+from validation.judge.stability import LossAfter
 
 #: where advice says how to re-run the phases it names: the command that does
 #: (``recommendations``' ``rerun``), with this report's runbook, profile and results directory
@@ -150,8 +151,19 @@ def _nonfinite(f: Facts) -> str:
     lower = "lower train.lr or keep train.grad_clip on" if f.own_trainer else \
         "lower the trainer's learning rate or clip its gradients"
     if not f.halted_nonfinite:
-        return (f"The loss went non-finite and the trainer did not stop on it (no .HALT): every step after it "
-                f"trained on non-finite values, so make it stop there; {lower}, and check the data of the step named.")
+        went_on = {
+            LossAfter.RECOVERED: (", yet the losses it logged after the last non-finite one are finite: the weights "
+                                  "did not keep non-finite values (that step's update was skipped, or only the loss "
+                                  "it logged was not finite). Make it stop on a non-finite loss, or skip such a step "
+                                  "on purpose and say so in its log"),
+            LossAfter.STAYED: (", and every loss it logged after it is non-finite too: the run trained on non-finite "
+                               "values from there, so make it stop on the first"),
+            LossAfter.RECURRED: (", and it logged non-finite losses again after finite ones, its last logged loss "
+                                 "among them, so make it stop on the first"),
+            None: ": make it stop there",
+        }[f.loss_after]
+        return (f"The loss went non-finite and the trainer did not stop on it (no .HALT){went_on}; {lower}, and "
+                "check the data of the step named.")
     if f.own_trainer:
         return (f"The loss went non-finite: {lower}, and check the data of the step named; the run halted before "
                 "the optimizer step, so its last checkpoint is clean.")

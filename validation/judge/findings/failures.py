@@ -522,7 +522,9 @@ def failed_gates(records: list[PhaseRecord]) -> list[Finding]:
         if not r.ran or r.exit_code != 0 or r.evidence.halt is not None or r.status == Status.ERROR:
             own = []  # crashes, stalls, halts and contract violations have findings of their own
         else:
-            own = _gate_findings(r, r.failed_gates(), where_gated(r), r.out_dir, r.evidence.nonfinite_loss_step,
+            nan = r.evidence.nonfinite_loss
+            said = nan.text() if nan is not None else _first_nonfinite(r.evidence.nonfinite_loss_step)
+            own = _gate_findings(r, r.failed_gates(), where_gated(r), r.out_dir, said,
                                  Outcome.of_record(r).stopped_short, kept=True, stated=_imbalance_gate(r))
         out += own
         for sub in r.runs:
@@ -542,17 +544,25 @@ def failed_gates(records: list[PhaseRecord]) -> list[Finding]:
             # the imbalance finding states its gate, of a repeat that kept its evidence (imbalance: processes)
             stated = _imbalance_gate(process(r, sub)) if sub.evidence is not None else None
             out += _gate_findings(r, failed, f"{where(r)}, {sub.label}", sub.out_dir,
-                                  sub.signs.nonfinite_loss_step if sub.signs is not None else None, short, kept=False,
+                                  _first_nonfinite(sub.signs.nonfinite_loss_step if sub.signs is not None else None),
+                                  short, kept=False,
                                   stated=stated)
     return out
 
 
-def _gate_findings(r: PhaseRecord, failed: list[GateResult], at: str, out_dir: str, nonfinite_step: int | None,
+def _first_nonfinite(step: int | None) -> str | None:
+    """The loss_finite gate's first line of a run whose record keeps the first non-finite step alone
+    (another repeat's sub-record, a record of an older harness)."""
+    return None if step is None else f"first non-finite loss logged at step {step}"
+
+
+def _gate_findings(r: PhaseRecord, failed: list[GateResult], at: str, out_dir: str, nonfinite: str | None,
                    short: bool, kept: bool, stated: GateResult | None) -> list[Finding]:
     """The findings of one run's failed gates: of the run whose gates the record keeps (``kept``),
     else of another repeat of the point, in ``out_dir``, said to be ``at`` ('ab [default], repeat 2
     of 3'); ``stated``: its failed gate on the ranks' step-time ratio that its imbalance finding
-    states (``_imbalance_gate``), None where that finding states none."""
+    states (``_imbalance_gate``), None where that finding states none; ``nonfinite``: what its
+    training.csv shows of its non-finite losses, the first line of a failed loss_finite gate."""
     out = []
     for g in (g for g in failed if g.metric not in _EXPLAINED):
         if short and g.verdict == GateVerdict.NO_DATA:
@@ -566,8 +576,8 @@ def _gate_findings(r: PhaseRecord, failed: list[GateResult], at: str, out_dir: s
         if g.overruled == Overruled.CLOCK:
             continue  # the clock finding names both clocks, the files and the gates it failed
         detail = [g.description] if g.description else []
-        if g.metric == "loss_finite" and nonfinite_step is not None:
-            detail.insert(0, f"first non-finite loss logged at step {nonfinite_step}")
+        if g.metric == "loss_finite" and nonfinite is not None:
+            detail.insert(0, nonfinite)
         if r.kind == "train":
             detail.append(f"CSV: {out_dir}/training.csv")
         pauses = r.metrics.gpu_host_pause_ms if kept else None

@@ -9,6 +9,7 @@ from validation.contract.torchrun_log import has_traceback, last_exception, shor
 from validation.judge.diagnosis import Diagnosis, killed_by_signal, maybe_departed, no_rank_running, root_of_evidence
 from validation.judge.misses import Miss
 from validation.judge.record import PhaseRecord, RunSigns, SubRun
+from validation.judge.stability import LossAfter
 
 
 class Severity(enum.StrEnum):
@@ -70,6 +71,9 @@ class Facts:
     alone: bool = False
     """Of a stall of several ranks: the one rank the harness found running had outlived the others,
     which had ended (findings/failures.py ``_alone``): nothing waited for it in a collective."""
+    loss_after: LossAfter | None = None
+    """Of a run whose training.csv logs a non-finite loss: what it logs after the first (None: every
+    logged loss is finite, or a record of an older harness does not say)."""
 
     @classmethod
     def of(cls, rec: PhaseRecord) -> Facts:
@@ -107,7 +111,8 @@ class Facts:
         return cls(rec.own_trainer, rec.world_size, stacks, rec.accelerator == "cuda",
                    no_rank_running(rec), not started, not stepped,
                    ev.halt is not None and ev.halt.source == "nonfinite", killed, tuple(ev.misses), silent, stopped,
-                   tuple(maybe_departed(rec)), says)
+                   tuple(maybe_departed(rec)), says,
+                   loss_after=ev.nonfinite_loss.after if ev.nonfinite_loss is not None else None)
 
 
 @dataclass(frozen=True)

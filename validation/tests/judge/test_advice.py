@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import pytest
+
 from validation import REPO_ROOT
 from validation.contract.files import HaltInfo
 from validation.contract.stacks import Frame, StackDump, TakenStack
@@ -362,3 +364,23 @@ def test_a_point_whose_launch_failed_records_the_time_it_took(tmp_path, monkeypa
     rec = run.record
     assert rec.status == Status.ERROR and rec.evidence.not_run == NotRun.LAUNCH
     assert 0.6 <= rec.wall_s < 30
+
+
+@pytest.mark.parametrize("fault, said, told", [
+    # a user's trainer logged inf at step 5 alone, finite losses after: 'every step after it trained on
+    # non-finite values' said what its CSV does not
+    ("nan_logged:step=3:inf=1:once=1", "first non-finite loss logged at step 3, the only one: the losses logged "
+     "after it, to step 8, are finite", "(no .HALT), yet the losses it logged after the last non-finite one are "
+     "finite: the weights did not keep non-finite values"),
+    ("nan_logged:step=3:inf=1", "first non-finite loss logged at step 3: every loss logged from it to step 8 is "
+     "non-finite", "(no .HALT), and every loss it logged after it is non-finite too: the run trained on non-finite "
+     "values from there"),
+])
+def test_a_non_finite_loss_the_trainer_went_on_from_is_said_as_its_csv_shows_the_steps_after_it(fake_run, fault,
+                                                                                                 said, told):
+    run = fake_run([train_phase("long_run", fault=fault, gates=[{"metric": "loss_finite", "op": "==", "threshold": 1}])])
+    [f] = [f for f in run.context["findings"] if f.kind == "nonfinite"]
+    assert f.detail[0] == said, f.detail
+    [advice] = [a for a in run.context["recommendations"] if "went non-finite" in a]
+    assert told in advice, advice
+    assert "every step after it" not in advice

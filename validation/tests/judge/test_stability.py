@@ -217,3 +217,21 @@ def test_a_spike_of_one_step_stays_a_spike_and_a_stored_spike_of_an_older_harnes
     old = Spike("loss", 45, 9.0, 3.0, 40.0, 6.0)  # a record that kept the step alone
     assert old.shape == Shape.STEP
     assert old.event_text() == "at step 45: 9 against a rolling median of 3 (robust z 40 > 6)"
+
+
+def test_a_non_finite_loss_is_told_with_what_the_steps_after_it_logged():
+    from validation.judge.stability import LossAfter, nonfinite
+
+    def of(loss):
+        return nonfinite(pd.DataFrame({"step": range(1, len(loss) + 1), "loss": loss}))
+
+    inf, nan = math.inf, math.nan
+    once = of([2.0, 1.9, inf, 1.8, 1.7])
+    assert once.after == LossAfter.RECOVERED and once.text() == (
+        "first non-finite loss logged at step 3, the only one: the losses logged after it, to step 5, are finite")
+    assert of([2.0, nan, 1.9, nan, 1.8]).text() == ("first non-finite loss logged at step 2, 2 in all, the last at "
+                                                    "step 4: the losses logged after it, to step 5, are finite")
+    assert of([2.0, nan, nan, nan]).after == LossAfter.STAYED
+    assert of([2.0, 1.9, nan]).text() == "first non-finite loss logged at step 3, the last logged step"
+    assert of([2.0, nan, 1.9, nan]).after == LossAfter.RECURRED
+    assert of([2.0, 1.9]) is None

@@ -7,7 +7,8 @@ import signal
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from validation.excerpt import EXCERPT_CHARS
+from validation.contract.stacks import Frame
+from validation.excerpt import EXCERPT_CHARS, STDERR_TAIL_LINES
 
 #: a line a rank wrote with its prefix: Python's '[rank1]: Traceback ...' (the excepthook torch.distributed
 #: installs), C++ logging's '[rank1]:[E1128 04:58:52.554 ProcessGroupNCCL.cpp:689] ...' (no space)
@@ -80,6 +81,13 @@ _WATCHDOG = re.compile(r"(\[PG [^\]]*\(default_pg\) Rank (?P<rank>\d+)\] )?(Proc
 #: or a peer went away under it (ncclRemoteError); not a fault of the rank's own (a CUDA error)
 _PEER_FAILED = re.compile(r"Watchdog caught collective operation timeout|ncclRemoteError|remote process exited|"
                           r"Connection (closed|reset) by peer", re.IGNORECASE)
+#: a frame of a Python traceback, and a file of no trainer's own: an installed package's, the standard
+#: library's, or none ('<frozen runpy>', '<string>')
+_TB_FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+), in (?P<func>.*)$')
+_LIBRARY = re.compile(r"[/\\](site|dist)-packages[/\\]|[/\\]lib[/\\]python\d[\d.]*[/\\]|^<")
+#: the markers under a traceback's source line that point at the expression ('   ^^^^^^')
+_CARETS = re.compile(r"^\s*[\^~]+\s*$")
+
 #: gloo's collective that gave up waiting for a peer, in the exception it raised in the rank that waited
 #: ('[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation to complete')
 _GLOO_TIMEOUT = re.compile(r"Timed out waiting \d+ms for (recv|send) operation")
@@ -129,12 +137,37 @@ class RankFailure:
     exit aborted."""
     pid: int | None = None
     """Its process id, as torchrun's summary reports it."""
+    traceback: str | None = None
+    """Its own traceback as the log prints it (its ``[rankN]:`` lines, the prefix dropped), from its
+    first 'Traceback' line to its exception, the last STDERR_TAIL_LINES lines of it; None where the
+    log holds none of it."""
+    raised_at: Frame | None = None
+    """The innermost frame of its last traceback in the trainer's own code (no installed package's,
+    no standard library's: ``_LIBRARY``): where the trainer called what raised; None where no frame is."""
+    raised_code: str | None = None
+    """That frame's source line, as the traceback prints it."""
     ended_by_agent: bool | None = None
     """Whether torchrun's agent signalled this rank's process (``_AGENT_SIGNALLED``): True, its end was
     the agent ending the ranks still running; False, the agent signalled other ranks (so its log shows
     its signals) but not this one, which had ended before, and a SIGTERM that killed it came from
     elsewhere (a person's kill, a scheduler, a preemption of one process); None where the log cannot
     say (no pid, no signal of the agent's in it, or the agent was itself told to stop)."""
+
+    @classmethod
+    def from_json(cls, d: dict) -> RankFailure:
+        """A stored record's failure of a rank."""
+        return cls(**{**d, "raised_at": Frame(**d["raised_at"]) if d.get("raised_at") else None})
+
+    @property
+    def located(self) -> str | None:
+        """Its exception and where the trainer's code was when it was raised: 'OSError: [Errno 22]
+        Invalid argument, at /x/train.py:49 in <module> (st = torch.load(ck))'; its exception alone
+        where no frame of the trainer's is known."""
+        if not self.exception or self.raised_at is None:
+            return self.exception
+        f = self.raised_at
+        return (f"{self.exception}, at {f.file}:{f.line} in {f.func}"
+                + (f" ({self.raised_code[:EXCERPT_CHARS]})" if self.raised_code else ""))
 
     @property
     def own(self) -> bool:
@@ -228,9 +261,12 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, Rank
     if text is None:
         return {}
     found: dict[int, dict] = {}
+    said: dict[int, list[str]] = {}  # each rank's own lines, its prefix dropped
     rank = None
     for ln in text.splitlines():
         m = _RANK_LINE.match(ln)
+        if m:
+            said.setdefault(int(m.group(1)), []).append(m.group(2))
         if m and _EXC.match(m.group(2)):
             found.setdefault(int(m.group(1)), {})["exception"] = m.group(2).strip()
         t = _TR_RANK.match(ln)
@@ -246,6 +282,9 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, Rank
             if code < 0:
                 entry["signal"] = _signal_name(-code)
             rank = None
+    for r, f in found.items():
+        if f.get("exception"):
+            f.update(_traceback(said[r], f["exception"]))
     failures = {r: RankFailure(**f) for r, f in found.items()}
     signalled = _agent_signalled(text)
     if signalled:
@@ -265,6 +304,29 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, Rank
     if len(silent) == 1 and len(unranked) == 1:
         failures[silent[0]] = replace(failures[silent[0]], unranked=unranked.pop())
     return failures
+
+
+def _traceback(lines: list[str], exception: str) -> dict:
+    """Of a rank's own lines (its prefix dropped) that end its traceback in ``exception``: the
+    traceback's text (from its first 'Traceback' line, which a chained exception's precede, to that
+    exception; its last STDERR_TAIL_LINES lines), and the innermost frame of the last traceback in
+    the trainer's own code with its source line (RankFailure)."""
+    end = max(i for i, ln in enumerate(lines) if ln.strip() == exception) + 1
+    starts = [i for i, ln in enumerate(lines[:end]) if ln.startswith(_TRACEBACK)]
+    if not starts:
+        return {}
+    out: dict = {"traceback": "\n".join(lines[starts[0]:end][-STDERR_TAIL_LINES:])}
+    last = lines[starts[-1]:end]
+    for i in reversed(range(len(last))):
+        m = _TB_FRAME.match(last[i])
+        if m is None or _LIBRARY.search(m["file"].replace("\\", "/")):
+            continue
+        out["raised_at"] = Frame(m["file"], int(m["line"]), m["func"].strip())
+        code = last[i + 1] if i + 1 < len(last) else ""
+        if code.startswith("    ") and not _TB_FRAME.match(code) and not _CARETS.match(code):
+            out["raised_code"] = code.strip()
+        break
+    return out
 
 
 def agent_signalled(stderr_path: Path, max_bytes: int = 1 << 20) -> list[int]:

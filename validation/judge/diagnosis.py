@@ -297,7 +297,7 @@ def failed_as(rec: PhaseRecord, root: int) -> tuple[Kind, str]:
     if fail.aborted is not None:
         done = beat is not None and beat.step is not None and not incomplete(beat, rec.steps)
         return Kind.ABORTED, fail.cause + (", after its last step" if done else "")
-    return (Kind.KILLED if killed_by_signal(rec) == root else Kind.CRASHED), fail.exception or fail.cause
+    return (Kind.KILLED if killed_by_signal(rec) == root else Kind.CRASHED), fail.located or fail.cause
 
 
 # --- hung ranks, from the stacks and the heartbeats -----------------------------------------------

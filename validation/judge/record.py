@@ -283,7 +283,7 @@ class Evidence:
             halt=_halt(ev), loss_first=ev.get("loss_first"),
             loss_last=ev.get("loss_last"), nonfinite_loss_step=_int(ev.get("nonfinite_loss_step")),
             nonfinite_loss=NonFinite(**ev["nonfinite_loss"]) if ev.get("nonfinite_loss") else None, top_ops=list(ev.get("top_ops") or []),
-            rank_failures={int(r): RankFailure(**f) for r, f in (ev.get("rank_failures") or {}).items()},
+            rank_failures={int(r): RankFailure.from_json(f) for r, f in (ev.get("rank_failures") or {}).items()},
             stackdumps={int(r): _dump(d) for r, d in (ev.get("stackdumps") or {}).items()},
             unranked_stacks=[_dump(d) for d in ev.get("unranked_stacks") or []],
             taken_stacks=[TakenStack(**t) for t in ev.get("taken_stacks") or []],

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from validation import REPO_ROOT
+from validation.judge.diagnosis import Kind, diagnose
 from validation.judge.findings.finding import point_label, repeat_part
 from validation.judge.findings.headline import verdict_line
 from validation.judge.gates import REPEAT_LOSS_METRIC, shown_window
@@ -220,10 +221,24 @@ def _backend_line(rows: list[dict[str, Any]]) -> str | None:
 
 
 def failure_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
+    """One row per failed point: its verdict, command and errors, and the end of what it printed:
+    the traceback of the rank its diagnosis blames for a crash, where the log holds one (the log's
+    own tail ends in torchrun's report that a worker failed, which says nothing of why), else the
+    tail of its stderr log."""
     return [{"test_id": r.test_id, "phase": r.phase, "point": point_label(r), "status": str(r.status),
              "reason": verdict_line(r), "command": process_line(r), "errors": r.evidence.errors,
-             "stderr_tail": r.evidence.stderr_tail.strip(), "stderr_log": r.evidence.stderr_log, "out_dir": r.out_dir}
-            for r in records if r.failed]
+             "stderr_tail": r.evidence.stderr_tail.strip(), "stderr_log": r.evidence.stderr_log, "out_dir": r.out_dir,
+             "traceback": _crashed_traceback(r)} for r in records if r.failed]
+
+
+def _crashed_traceback(r: PhaseRecord) -> dict[str, Any] | None:
+    """The rank a crash is blamed on and its own traceback (RankFailure.traceback); None where the
+    diagnosis blames no crashed rank or the log holds no traceback of it."""
+    d = diagnose(r)
+    if d is None or d.kind != Kind.CRASHED or d.rank is None:
+        return None
+    fail = r.evidence.rank_failures.get(d.rank)
+    return None if fail is None or not fail.traceback else {"rank": d.rank, "text": fail.traceback}
 
 
 def artifact_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:

@@ -188,7 +188,7 @@ def _rank_lines(r: PhaseRecord, nonfinite: list[int] = ()) -> list[str]:
         elif rank in gone:
             line += "; exited 0 (torchrun reports no failure of it)"
         elif f is not None and f.exception:
-            line += f"; {f.exception}"
+            line += f"; {f.located}"
         elif f is not None and f.signal == "SIGTERM" and f.by_agent and rank in maybe:
             line += (f"; killed by SIGTERM from torchrun's agent once {_ranks(silent_first(r))} had failed: still "
                      "running then, or still exiting after an exit 0 of its own (its heartbeats end before their step)")

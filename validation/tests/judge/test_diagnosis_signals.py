@@ -125,11 +125,13 @@ def test_a_rank_still_ending_on_the_agents_sigterm_when_the_harness_came_is_not_
     c = diagnose(rec)
     assert c is not None and c.kind == Kind.CRASHED and [r.rank for r in c.ranks] == [1], verdict_line(rec)
     assert verdict_line(rec).startswith("rank 1 crashed (last heartbeat step 3, stage data): RuntimeError: boom on "
-                                        "rank 1 — stalled"), verdict_line(rec)
+                                        "rank 1, at /tmp/b18/mt/train.py:43 in <module> (raise RuntimeError(f\"boom "
+                                        "on rank {rank}\")) — stalled"), verdict_line(rec)
     [stall] = [f for f in find([rec]) if f.title.startswith("stall in")]
-    assert stall.title.endswith("rank 1 failed first (RuntimeError: boom on rank 1; last heartbeat step 3, stage "
-                                "data), and the other ranks waited for it: rank 0 in <lambda> (ending: torchrun's "
-                                "agent had signalled it once rank 1 had failed)"), stall.title
+    assert stall.title.endswith("rank 1 failed first (RuntimeError: boom on rank 1, at /tmp/b18/mt/train.py:43 in "
+                                "<module> (raise RuntimeError(f\"boom on rank {rank}\")); last heartbeat step 3, "
+                                "stage data), and the other ranks waited for it: rank 0 in <lambda> (ending: "
+                                "torchrun's agent had signalled it once rank 1 had failed)"), stall.title
 
 
 @pytest.mark.parametrize("old", [

@@ -3,6 +3,7 @@ byte-for-byte stable; regenerate after an intended template change with
 ``UPDATE_GOLDEN=1 pytest validation/tests/report/test_report_golden.py`` and review the diff."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -148,3 +149,20 @@ def test_table_cells_are_escaped(tmp_path):
 def test_incomplete_when_points_missing(tmp_path, missing):
     text = _render(tmp_path, [record(p) for k, p in _points().items() if k != missing])
     assert "**Status: INCOMPLETE**" in text and f"`cpu_smoke/cpu/{missing}`" in text
+
+
+def test_a_crash_shows_the_failing_ranks_own_traceback_not_torchruns(tmp_path):
+    """A user's resumed run crashed on a truncated checkpoint: the Failure Evidence showed the tail of
+    torchrun's log, its agent's ChildFailedError traceback, and no line of the rank's own."""
+    from validation.tests.judge.test_crash_traceback import crashed
+
+    (tmp_path / "run").mkdir()
+    failed = crashed(tmp_path / "run")
+    rec = record(_points()["baseline_ddp/default"], status="FAIL", exit_code=1, world_size=2,
+                 reason="trainer crashed (exit code 1)")
+    rec = dataclasses.replace(rec, evidence=dataclasses.replace(failed.evidence, files=rec.evidence.files))
+    text = _render(tmp_path / "results", [rec])
+    evidence = text[text.index("## Failure Evidence"):text.index("## Artifacts Generated")]
+    assert ("rank 0's traceback (its `[rank0]:` lines of trainer.stderr.log, the prefix dropped):\n\n```\n"
+            + failed.evidence.rank_failures[0].traceback + "\n```") in evidence, evidence
+    assert "ChildFailedError" not in evidence and "stderr (tail" not in evidence

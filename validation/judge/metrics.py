@@ -187,7 +187,7 @@ def _reduce(col: str, reduce: Callable[[pd.Series], float]) -> Compute:
 
 
 def _pstdev(s: pd.Series) -> float:
-    """Population stdev, as the runbook's snippet (statistics.pstdev) computes it; nan where a value
+    """Population stdev (statistics.pstdev: over the n values, not n - 1); nan where a value
     is not finite, as the mean is (statistics.pstdev raised AttributeError on a nan and the point
     became 'the harness failed')."""
     values = s.tolist()

@@ -383,7 +383,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
             store_arg, root)),
         "gates": gates,
         "metric_legend": metric_legend(gates),
-        "glossary": glossary(phases),
+        "glossary": glossary(phases, {g["metric"] for g in gates}),
         "baseline": comparison,
         "regression_key": baseline_cmp.REGRESSION_KEY,
         "phases": phases,

@@ -142,16 +142,24 @@ def phase_tables(records: list[PhaseRecord], shared: set[str] | frozenset[str] =
     return list(phases.values())
 
 
-def glossary(phases: list[dict[str, Any]]) -> dict[str, Any]:
+#: what a gate of each metric on the spread of tokens/s reads of the phase tables' Stdev, said
+#: under them where the report's gates hold one
+SPREAD_GATES = {"toks_per_s_stdev": "a `toks_per_s_stdev` gate reads it as it is",
+                "toks_per_s_cv": "a `toks_per_s_cv` gate reads it over the window's mean tokens/s"}
+
+
+def glossary(phases: list[dict[str, Any]], gated: set[str] | frozenset[str] = frozenset()) -> dict[str, Any]:
     """What the report's closing 'Reading the tables' explains, once, for the kinds of phase table
     it holds; and the attention backends where every train phase used the same (said once, in
-    the environment, instead of under each phase)."""
+    the environment, instead of under each phase). ``gated``: the metrics the report's gates read
+    (the Stdev's line names the gates on it that the runbook has)."""
     train = [ph for ph in phases if ph["kind"] == "train"]
     backends = {(ph["backends"] or "").removesuffix(" (every point)") for ph in train if ph["backends"]}
     one = len(backends) == 1 and all(ph["backends"] for ph in train) and all(
         ";" not in ph["backends"] for ph in train)
     return {"train": bool(train), "cpu_memory": any(ph["cpu_memory"] for ph in train),
             "repeats": any(ph["repeats"] for ph in train), "confidence": f"{CONFIDENCE:.0%}",
+            "spread": [said for metric, said in SPREAD_GATES.items() if metric in gated],
             "profile": any(ph["kind"] == "profile" for ph in phases),
             "resume": any(ph["kind"] == "resume" for ph in phases),
             "backends": next(iter(backends)) + (" (every train point)" if len(train) > 1 else "") if one else None}

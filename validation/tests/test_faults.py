@@ -233,11 +233,21 @@ def test_the_phase_table_says_what_its_stdev_and_peak_reserved_are(fake_run):
     """user13: 'Stdev' is the population stdev over the window (step to step, not run to run) and
     'Peak reserved' on CPU is the process's resident set; the report said neither."""
     run = fake_run([train_phase()])
-    assert ("**Stdev**: the population standard deviation (`statistics.pstdev`, as the runbook's snippet computes it) of "
-            "the tokens/s of the window's logged steps: step to step within one run, not the spread between runs."
-            ) in run.report
+    assert ("**Stdev**: the population standard deviation (`statistics.pstdev`: over the window's n logged steps, not "
+            "n - 1) of their tokens/s: step to step within one run, not the spread between runs.\n") in run.report
     assert ("**Peak reserved**: the largest `mem_reserved_gb` of the window's logged steps in training.csv; on CPU the "
             "trainer process's resident set (RSS), not accelerator memory") in run.report
+
+
+def test_the_stdev_is_said_from_what_the_runbook_gates_not_a_snippet_it_does_not_have(fake_run):
+    """'as the runbook's snippet computes it' was said under every train table, of runbooks that have
+    no snippet: the Stdev's line names the gates on it that the runbook has, and no other."""
+    run = fake_run([train_phase(gates=[
+        {"metric": "toks_per_s_cv", "op": "<=", "threshold": 2.0, "window": "last 5 steps"},
+        {"metric": "toks_per_s_stdev", "op": "<=", "threshold": 1e9, "window": "last 5 steps"}])])
+    assert ("not the spread between runs; a `toks_per_s_stdev` gate reads it as it is; a `toks_per_s_cv` gate reads "
+            "it over the window's mean tokens/s.\n") in run.report
+    assert "snippet" not in run.report
 
 
 def test_a_trainer_that_logs_infinite_tokens_per_s_is_no_go(fake_run):

@@ -78,8 +78,9 @@ def test_a_node_launchs_process_line_gives_each_agent_its_nodes_gpus_and_fails_w
     from validation.judge.nodes import NodeEvidence, NodesEvidence
     from validation.judge.record import Evidence, PhaseRecord, PointKey, Status
 
-    agent = ("import os, sys; seen = os.environ['CUDA_VISIBLE_DEVICES']; print('agent sees', seen, sys.argv[1]); "
-             "sys.exit(3 if seen == '2,3' else 0)")
+    # one write each: the two agents share the line's stdout, and print's pieces interleave
+    agent = ("import os, sys; seen = os.environ['CUDA_VISIBLE_DEVICES']; "
+             "os.write(1, f'agent sees {seen} {sys.argv[1]}\\n'.encode()); sys.exit(3 if seen == '2,3' else 0)")
     nodes = NodesEvidence("torchrun", "localhost:1", 30.0, [NodeEvidence(0, "node0.stderr.log", devices="0,1"),
                                                             NodeEvidence(1, "node1.stderr.log", devices="2,3")])
     rec = PhaseRecord(PointKey("rb", "cpu", "train"), "rb/cpu/train/default", "train", Status.FAIL, "",

@@ -341,6 +341,34 @@ def adapter_summary_step(env: dict | None) -> int | None:
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
+@dataclass(frozen=True)
+class TrainedSteps:
+    """The steps that a run's own records show it trained, where its format writes no heartbeats
+    (env.json's ``adapter.trained``, written by an adapter that can tell them): of a run resumed
+    from another's checkpoint, its saved state also holds the earlier run's steps, which this run
+    did not train (the adapter leaves them out of training.csv)."""
+
+    first: int
+    last: int
+    records: str
+    """What shows them: 'its TensorBoard events'."""
+    files: tuple[str, ...] = ()
+    """Those records' files, relative to the run directory where they lie in it."""
+
+
+def adapter_trained(env: dict | None) -> TrainedSteps | None:
+    """env.json's ``adapter.trained``; None where an adapter could not tell (or wrote none), and of
+    a trainer's own env.json."""
+    said = (env or {}).get("adapter")
+    said = said.get("trained") if isinstance(said, dict) else None
+    try:
+        trained = TrainedSteps(**{**said, "files": tuple(said.get("files", ()))})
+    except (TypeError, AttributeError):
+        return None
+    ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (trained.first, trained.last))
+    return trained if ok else None
+
+
 def _adapter_env(out_dir: Path) -> dict | None:
     """``out_dir``'s env.json, where it is readable (None otherwise: its own item says why)."""
     try:

@@ -11,7 +11,11 @@ What a ``Trainer`` leaves in its ``output_dir``, and what becomes of it here:
   ``train/grad_norm`` per logged step, each with its wall time -> the rows of steps that no saved
   state holds (a run killed after its last checkpoint), and every row's step time: the time
   between two logged steps over the steps between them (the first from the writer's first
-  record, written as training begins).
+  record, written as training begins). They also tell the steps this run trained (env.json's
+  ``adapter.trained``): a ``Trainer`` resumed from a checkpoint keeps the checkpoint's
+  ``log_history`` in its state, and those steps, before its events' first, are the earlier
+  run's: they are left out of training.csv, and a run resumed after step N whose events hold a
+  step up to N trained it again (judge/resume.py ``Breach``).
 - tokens/s: the runbook's tokens per step (``trainer.tokens_per_step``) over that step time;
   without either it is UNMEASURED, never estimated from the run's average.
 - ``env.json``: world size from the launch, the trainer's commit, tokens per step where known,
@@ -32,6 +36,7 @@ checkpoint, a saved state (``live_steps``).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -43,7 +48,7 @@ from typing import Any, Callable
 from nsa.contract import CSV_COLUMNS, ENV_JSON, TRAINING_CSV
 from validation.contract.adapters.base import Adapter, RunFacts
 from validation.contract.adapters.tfevents import _fields, read_scalars
-from validation.contract.check import ADAPTER_READ_NOTHING, HEARTBEATS
+from validation.contract.check import ADAPTER_READ_NOTHING, HEARTBEATS, TrainedSteps
 
 STATE = "trainer_state.json"
 EVENTS = "events.out.tfevents.*"
@@ -89,6 +94,7 @@ class HfTrainerAdapter(Adapter):
             read[str(state_path.relative_to(trainer_dir))] = "log_history: loss, lr, grad_norm per logged step"
         events = sorted(trainer_dir.rglob(EVENTS), key=lambda p: p.stat().st_mtime)
         start = None
+        trained: set[int] = set()
         for path in events:
             first = _first_wall(path)
             start = first if start is None else min(start, first or start)
@@ -100,15 +106,22 @@ class HfTrainerAdapter(Adapter):
                 row.values.setdefault(col, s.value)  # a saved state's float64 over the event's float32
                 if col == "loss":
                     row.wall = s.wall_time
+                    trained.add(s.step)
             read[str(path.relative_to(trainer_dir))] = ("TensorBoard events: loss, lr, grad_norm and each logged "
                                                         "step's wall time, for step_time_s and toks_per_s")
         logged = [rows[s] for s in sorted(rows) if "loss" in rows[s].values]
+        # a Trainer resumed from a checkpoint carries the checkpoint's log_history on in its state, while
+        # its events (opened as its training begins) hold only the steps it trained: the rows before
+        # their first step are the earlier run's, not this one's (the contract's training.csv, as a
+        # native trainer resumed into a new folder writes it, holds the steps its run trained)
+        inherited = [row for row in logged if trained and row.step < min(trained)]
+        logged = logged[len(inherited):]
         filtered = []
         for row in logged:
             if _filtered_nonfinite(row.values):
                 row.values["loss"] = math.nan
                 filtered.append(row.step)
-        times = _step_times(logged, start)
+        times = _step_times(logged, start, inherited[-1].step if inherited else 0)
         per_step = facts.tokens_per_step
         unmeasured = {"mem_alloc_gb": "a Trainer logs no memory", "mem_reserved_gb": "a Trainer logs no memory",
                       HEARTBEATS: "a Trainer writes no per-rank records"}
@@ -135,6 +148,12 @@ class HfTrainerAdapter(Adapter):
                         "read": read or {ADAPTER_READ_NOTHING: "no trainer_state.json, checkpoint or TensorBoard "
                                                                "events in the output folder"},
                         "unmeasured": unmeasured, "summary_step": summary_step,
+                        **({"trained": dataclasses.asdict(TrainedSteps(
+                            min(trained), max(trained), "its TensorBoard events",
+                            tuple(_shown(p, out_dir) for p in events)))} if trained else {}),
+                        **({"inherited": f"steps {inherited[0].step}-{inherited[-1].step} of {state_path.name}'s "
+                                         "log_history, before the events' first step: the run it resumed from "
+                                         "logged them, left out of training.csv"} if inherited else {}),
                         **({"filtered_nonfinite_loss": f"steps {', '.join(map(str, filtered))}: logged with loss 0 "
                                                        "and a non-finite grad_norm (the Trainer's "
                                                        "logging_nan_inf_filter), read as a non-finite loss"}
@@ -222,11 +241,17 @@ def _first_wall(path: Path) -> float | None:
     return None
 
 
-def _step_times(rows: list[_Row], start: float | None) -> dict[int, float]:
+def _shown(path: Path, out_dir: Path) -> str:
+    """An event file as a finding names it: from the run directory where it lies in it."""
+    return str(path.relative_to(out_dir) if path.is_relative_to(out_dir) else path)
+
+
+def _step_times(rows: list[_Row], start: float | None, began: int) -> dict[int, float]:
     """Seconds per step of each logged step with a wall time: from the logged step before it (the
-    first from the events' first record), over the steps between them."""
+    first from the events' first record, at ``began``: 0, or the last step logged of the run it
+    resumed from), over the steps between them."""
     out = {}
-    prev_step, prev_wall = 0, start
+    prev_step, prev_wall = began, start
     for row in rows:
         if row.wall is None:
             prev_wall = None

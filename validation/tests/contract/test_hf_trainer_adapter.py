@@ -240,3 +240,25 @@ def test_a_folder_without_the_trainers_files_says_what_was_looked_for(tmp_path, 
     out = capsys.readouterr().out
     assert ("missing              training.csv: not written: its adapter (hf_trainer) found no trainer_state.json, "
             "checkpoint or TensorBoard events in the output folder") in out, out
+
+
+@needs_tb
+def test_a_run_resumed_from_a_checkpoint_holds_the_steps_it_trained(tmp_path, capsys):
+    """A Trainer resumed from checkpoint-3 into a new output folder: its trainer_state.json's
+    log_history holds steps 1-3 of the run it resumed from and its own 4-6, its events steps 4-6.
+    The inherited rows were written with no step time (nan tokens/s: 'malformed' in the acceptance
+    run, which gives tokens_per_step; check-artifacts, which does not, passed), and step 4 with none
+    too. Its training.csv is the steps it trained, the first timed from the events' first record."""
+    trainer = tmp_path / "trainer_out"
+    _state(trainer, [1, 2, 3, 4, 5, 6], summary=6)
+    _events(trainer, {4: 100.5, 5: 100.75, 6: 101.0}, start=100.0)
+    found = _convert(trainer, tmp_path / "run", tokens=512)
+    assert not found.problems(), found.problems()
+    df = read_training_csv(tmp_path / "run")
+    assert list(df["step"]) == [4, 5, 6]
+    assert list(df["step_time_s"]) == pytest.approx([0.5, 0.25, 0.25])
+    env = json.loads((tmp_path / "run" / "env.json").read_text())
+    assert contract.adapter_trained(env) == contract.TrainedSteps(
+        4, 6, "its TensorBoard events", (str(next(trainer.rglob("events.out.tfevents.*"))),))
+    assert env["adapter"]["inherited"].startswith("steps 1-3 of trainer_state.json's log_history")
+    assert main(["check-artifacts", str(trainer), "--adapter", "hf_trainer"]) == 0

@@ -306,7 +306,8 @@ class Evidence:
             memory_growth=[MemoryGrowth(**m) for m in ev.get("memory_growth") or []],
             resume_clue=Clue(**{**ev["resume_clue"], "kind": ClueKind(ev["resume_clue"]["kind"])})
             if ev.get("resume_clue") else None,
-            resume_breach=Breach(**{**ev["resume_breach"], "kind": BreachKind(ev["resume_breach"]["kind"])})
+            resume_breach=Breach(**{**ev["resume_breach"], "kind": BreachKind(ev["resume_breach"]["kind"]),
+                                    "files": tuple(ev["resume_breach"].get("files", ()))})
             if ev.get("resume_breach") else None,
             not_run=NotRun(ev["not_run"]) if ev.get("not_run") else None,
             misses=[Miss(m) for m in ev.get("misses") or []],

@@ -22,7 +22,9 @@ a first half that ran past the step it was asked to stop after leaves a checkpoi
 step at or before the stop did not resume from the checkpoint (it ignored it, or its loader fell
 back to a fresh start), and where the run is deterministic its retrained steps log the same loss
 and learning rate as the first half's, which the gates then read as continued. What it trained is
-what its own heartbeat records say (``not_resumed``).
+what its own heartbeat records say, or, of a trainer that writes none, the steps its own records
+show where its adapter can tell them from those it inherited (env.json's ``adapter.trained``: a
+Hugging Face Trainer's TensorBoard events) (``not_resumed``).
 
 Where the loss did not continue, its curve says more (``clue``). A step's loss is taken before
 its update, so a first resumed step whose loss matches and a later one that does not had its
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nsa.contract import DATA_POSITION, HEARTBEAT_STAGES_IN_STEP
+from validation.contract.check import adapter_trained
 from validation.judge.gates import GateResult, GateVerdict, Pending, check
 from validation.judge.metrics import RunData
 
@@ -181,6 +184,10 @@ class Breach:
     rank: int | None = None
     pid: int | None = None
     """NOT_RESUMED: the rank whose heartbeat record shows that step, and its process (where it says one)."""
+    records: str | None = None
+    files: tuple[str, ...] = ()
+    """NOT_RESUMED of a trainer that writes no heartbeats: the records of its own that show the step
+    ('its TensorBoard events', check.TrainedSteps), and their files in the half's run directory."""
 
     def text(self) -> str:
         if self.kind == BreachKind.RAN_PAST_STOP:
@@ -189,8 +196,9 @@ class Breach:
         again = (f"step {self.step}" if self.step == self.resume_after
                  else f"steps {self.step}-{self.resume_after}")
         process = f", pid {self.pid}" if self.pid is not None else ""
+        shown = self.records or f"rank {self.rank}'s heartbeats{process}"
         return (f"did not resume: the second half trained {again} again (it started at step {self.step}, not "
-                f"step {self.resume_after + 1}: rank {self.rank}'s heartbeats{process})")
+                f"step {self.resume_after + 1}: {shown})")
 
 
 def ran_past(run: RunData, stop_after: int) -> Breach | None:
@@ -212,14 +220,18 @@ def not_resumed(first: RunData, second: RunData, resume_after: int) -> Breach | 
     ``resumed_curve`` drops), and a record copied is the same event, its time included. A step
     before the stop is trained by any own record of it; the stop's own step only by a record of a
     stage within it (it began that step), since a process that resumed may well say, in a record
-    of a step done, the step its checkpoint holds."""
+    of a step done, the step its checkpoint holds. Without heartbeats, the steps its adapter says it
+    trained (logged: each one done by this process)."""
     copied = {_event(rank, rec) for rank, recs in first.heartbeats.items() for rec in recs}
     trained = [(step, rank, rec) for rank, recs in sorted(second.heartbeats.items()) for rec in recs
                if (step := _int(rec, "step")) is not None and 1 <= step <= resume_after
                and (step < resume_after or rec.get("stage") in HEARTBEAT_STAGES_IN_STEP)
                and _event(rank, rec) not in copied]
+    own = adapter_trained(second.env)
     if not trained:
-        return None
+        if own is None or own.first > resume_after:
+            return None
+        return Breach(BreachKind.NOT_RESUMED, resume_after, own.first, records=own.records, files=own.files)
     step, rank, rec = min(trained, key=lambda t: t[0])
     return Breach(BreachKind.NOT_RESUMED, resume_after, step, rank, _int(rec, "pid"))
 

@@ -25,7 +25,9 @@ def breached(records: list[PhaseRecord]) -> list[Finding]:
                       "the second half was not started: it would have resumed from the checkpoint of another step"]
         else:
             source = next((s.out_dir for s in r.runs if s.name == "first"), None)
-            detail = [f"heartbeats: {r.out_dir}/heartbeat_rank{breach.rank}.jsonl", *log]
+            shown = ([f"{breach.records}: {r.out_dir}/{f}" for f in breach.files] if breach.records is not None
+                     else [f"heartbeats: {r.out_dir}/heartbeat_rank{breach.rank}.jsonl"])
+            detail = [*shown, *log]
             if source is not None:
                 detail.append(f"it was to resume from the first half's checkpoint in {source}")
         out.append(Finding(Severity.CRITICAL, r.phase, f"{where_run(r)}: {breach.text()}", detail, str(breach.kind),

@@ -6,6 +6,8 @@ that says how it stops and resumes is resumed through its own parameters, one th
 SKIP with the reason; the runbook says what is wrong with a resume phase before anything runs."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -153,6 +155,28 @@ def test_a_second_half_trained_a_step_of_its_checkpoint_where_its_own_records_sa
     found = not_resumed(RunData(Path(".")), _beats(*recs), 4)
     assert (found and found.step) == started
     assert found is None or (found.rank, found.pid) == (0, 7)
+
+
+@pytest.mark.parametrize("first", [1, 6, 7])
+def test_a_second_half_without_heartbeats_trained_what_its_adapter_says(first):
+    """A Hugging Face Trainer's second half that found checkpoint-6 and trained from step 1 without it
+    was GO, 'loss of steps 1-12 continued: identical at every logged step': it writes no heartbeats,
+    and its retrained steps log the first half's losses. The steps its own records show it trained
+    (env.json's adapter.trained, its TensorBoard events) say it did not resume; a Breach of them is
+    said and stored as a heartbeat one is."""
+    files = ("trainer_out/runs/x/events.out.tfevents.1",)
+    env = {"adapter": {"name": "hf_trainer", "trained": {"first": first, "last": 12, "files": list(files),
+                                                         "records": "its TensorBoard events"}}}
+    found = not_resumed(RunData(Path(".")), RunData(Path("."), env=env), 6)
+    if first > 6:
+        assert found is None
+        return
+    assert found == Breach(BreachKind.NOT_RESUMED, 6, first, records="its TensorBoard events", files=files)
+    again = "step 6" if first == 6 else "steps 1-6"
+    assert found.text() == (f"did not resume: the second half trained {again} again (it started at step {first}, "
+                            "not step 7: its TensorBoard events)")
+    stored = Evidence.from_json(json.loads(json.dumps(dataclasses.asdict(Evidence(resume_breach=found)))))
+    assert stored.resume_breach == found
 
 
 @pytest.mark.parametrize("step, half, other", [(14, "first", "second"), (18, "second", "first")])

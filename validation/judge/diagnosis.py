@@ -23,6 +23,10 @@ record of a stage within a step, whose ``step`` is the step in progress (the con
 nsa/contract.py ``HEARTBEAT_STAGES_IN_STEP``). A rank whose last record may say it completed the
 last step did not leave early: it finished its steps and exited while another hung after them.
 
+A trainer whose format has no heartbeats (``Evidence.no_heartbeats``: a Hugging Face Trainer's) says
+nothing of where a rank stopped: a rank known to have exited 0 left early where training.csv logged
+fewer steps than asked for (``_left_unrecorded``), since no rank completes a step without the others.
+
 A rank whose heartbeats never record a step's end (``Beat.ends_steps``; the seed's format, where
 ranks other than 0 beat only as each step starts) says by a last record within the last step only
 that it started it (``started_last``). It is named only where a rank that remained (running or
@@ -395,7 +399,19 @@ def departed(rec: PhaseRecord) -> list[int]:
     beats, waiting, silent = rec.evidence.last_heartbeat, not_done(rec, others), unreported(rec)
     return [k for k in range(rec.world_size) if k not in others and k not in silent
             and (incomplete(beats.get(k), rec.steps) or (started_last(beats.get(k), rec.steps) and bool(waiting))
-                 or _left_unstarted(rec, k, others))]
+                 or _left_unstarted(rec, k, others) or _left_unrecorded(rec, k))]
+
+
+def _left_unrecorded(rec: PhaseRecord, rank: int) -> bool:
+    """Of a trainer whose format has no heartbeats (Evidence.no_heartbeats: a Hugging Face Trainer's),
+    ``rank`` (one known to have exited 0) exited before the last step asked for: training.csv logged
+    fewer steps (or none), and a step of a run of several ranks is one no rank completes without the
+    others (its gradients' all-reduce), so the rank that ended left the others short of it. Where it
+    stopped is not known; torchrun's account of the others' ends is what says it ended."""
+    if not rec.evidence.no_heartbeats or rank in rec.evidence.last_heartbeat:
+        return False
+    logged = rec.metrics.steps_completed
+    return logged is None or logged < rec.steps
 
 
 def _left_unstarted(rec: PhaseRecord, rank: int, others: set[int]) -> bool:

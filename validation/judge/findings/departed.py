@@ -14,8 +14,12 @@ def departure(rec: PhaseRecord, ranks: list[int]) -> str:
     for k in ranks:
         hb = rec.evidence.last_heartbeat.get(k)
         if hb is None and rec.evidence.no_heartbeats:
+            logged = rec.metrics.steps_completed
+            csv = (f"training.csv's last step {logged:g} of {rec.steps}" if logged is not None
+                   else "training.csv logged no step")
+            found = ", and the harness found no process of it" if rec.stopped_by_harness else ""
             parts.append(f"rank {k} exited 0 early (where it stopped is not known: {rec.evidence.no_heartbeats}; "
-                         "torchrun reports no failure of it, and the harness found no process of it)")
+                         f"{csv}; torchrun reports no failure of it{found})")
             continue
         if hb is None:
             parts.append(f"rank {k} exited 0 early (no heartbeat written: before its first step; torchrun reports no "

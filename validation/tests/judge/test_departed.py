@@ -269,3 +269,56 @@ def test_the_log_a_record_shows_is_that_of_the_node_its_verdict_names():
     rec.evidence.nodes = _two_nodes()
     assert culprit_log(rec) == "node0.stderr.log", verdict_line(rec)
     assert culprit_log(_record({0: PEER}, {0: 3, 1: 2})) is None  # one node: its one log
+
+
+#: torchrun's log of a two-rank Hugging Face Trainer run whose rank 1 called os._exit(0) at step 5 (a
+#: user's pass, trimmed): rank 0's buffer broadcast broke under it, and the summary lists rank 0 alone
+HF_RANK1_EXIT0 = """[rank0]:   File "/v/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", line 2363, in _distributed_broadcast_coalesced
+[rank0]:     dist._broadcast_coalesced(
+[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:31134: Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the application.
+E1206 01:12:11.341000 22669 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 22708) of binary: /v/bin/python3
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+============================================================
+/u/train.py FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-06_01:12:11
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 22708) 
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+============================================================
+"""
+
+
+def test_a_rank_of_a_trainer_without_heartbeats_that_exited_0_before_the_last_step_left_early(tmp_path):
+    """A Hugging Face Trainer writes no heartbeats: the rank torchrun lists no failure of, in a run
+    whose training.csv stopped short of the steps asked for, left early, and the rank whose
+    collective broke under it failed after it (the finding blamed rank 0's 'Connection reset by
+    peer' and never named rank 1). Where it stopped is not known; a run that logged every step
+    says nothing of an early exit."""
+    from validation.contract.torchrun_log import rank_failures
+    from validation.judge.diagnosis import Kind, diagnose
+    from validation.judge.record import Summary
+
+    log = tmp_path / "trainer.stderr.log"
+    log.write_text(HF_RANK1_EXIT0)
+    said = "a Trainer writes no per-rank records"
+    ev = Evidence(rank_failures=rank_failures(log), stderr_log=log.name, no_heartbeats=said)
+    rec = PhaseRecord(PointKey("rb", "cpu", "ddp"), "rb/cpu/ddp/default", "train", Status.FAIL,
+                      "trainer crashed (exit code 1)", steps=12, world_size=2, exit_code=1, evidence=ev,
+                      metrics=Summary(steps_completed=4.0))
+    d = diagnose(rec)
+    assert d is not None and d.kind == Kind.LEFT and d.rank == 1
+    assert verdict_line(rec).startswith("rank 1 exited 0 early"), verdict_line(rec)
+    title = next(f.title for f in find([rec]) if f.kind == "departed")
+    assert title.endswith(": rank 1 exited 0 early (where it stopped is not known: a Trainer writes no per-rank "
+                          "records; training.csv's last step 4 of 12; torchrun reports no failure of it); the "
+                          "other ranks failed without it"), title
+    done = dataclasses.replace(rec, metrics=Summary(steps_completed=12.0))
+    assert departed(done) == []

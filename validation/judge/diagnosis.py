@@ -306,8 +306,13 @@ def failed_as(rec: PhaseRecord, root: int) -> tuple[Kind, str]:
 
 # --- hung ranks, from the stacks and the heartbeats -----------------------------------------------
 
-#: a frame of a collective: the rank waits there for the others
+#: a frame of a collective: the rank waits there for the others (c10d's collectives, FSDP's, the
+#: functional collectives; accelerate, transformers' Trainer and DeepSpeed reach theirs through them)
 _COLLECTIVE = "torch/distributed/"
+#: DDP's module, where it calls the C++ collectives itself (its buffers' broadcast before each
+#: forward, its parameters' first sync): as the innermost frame, the rank waits there for the others.
+#: Deeper in a stack it is only DDP's forward calling the model, where a rank hangs of its own.
+_DDP = "torch/nn/parallel/distributed.py"
 #: the autograd engine as a stack's innermost frame: DDP's reducer waits there, in C++ frames
 #: py-spy does not show, for the gradient all-reduce of the ranks that have not come
 _BACKWARD_ENGINE = "_engine_run_backward"
@@ -316,10 +321,12 @@ STAGE_ORDER = ("data", "forward", "backward", "optimizer", "step")
 
 
 def in_collective(dump: StackDump) -> bool:
-    """The rank was waiting for the others (a torch.distributed frame, or DDP's backward)."""
-    if dump.frames and dump.frames[0].func == _BACKWARD_ENGINE:
+    """The rank was waiting for the others (a torch.distributed frame, DDP's own collective, or DDP's
+    backward)."""
+    files = [fr.file.replace("\\", "/") for fr in dump.frames]
+    if dump.frames and (dump.frames[0].func == _BACKWARD_ENGINE or files[0].endswith(_DDP)):
         return True
-    return any(_COLLECTIVE in fr.file.replace("\\", "/") for fr in dump.frames)
+    return any(_COLLECTIVE in f for f in files)
 
 
 def hung_ranks(stacks: Mapping[int, StackDump], beats: Mapping[int, Beat]) -> list[int]:

@@ -14,7 +14,10 @@ rule first saw it, often the first step with a full window after a level shift t
 
 Divergence is a loss that rises without going NaN: the median loss of ``diverge_window`` logged
 steps lies more than ``diverge_rise`` nats above the lowest median of an earlier, disjoint window
-of the same length. Medians make one spike too little to call a run diverging.
+of the same length. Medians make one spike too little to call a run diverging. That window is
+where the rule sees the rise, not where it began: its first steps may be the run's lowest. The
+rise began after the last step at or below the lowest level the loss held (the lowest median of
+a window that ends before the rule's window does), within that window.
 
 A slowdown is tokens/s that fell and did not come back: the run's logged steps split in two where
 one step change fits them best (least absolute deviation from each part's median), and the later
@@ -182,6 +185,15 @@ class Rise:
     """The lowest median of an earlier, disjoint window."""
     allowed: float
     """The rule's rise in nats that it exceeds."""
+    began: int | None = None
+    """The step the climb began (the module's docstring): the logged step after ``held_to``; None in
+    records of older harnesses."""
+    held_to: int | None = None
+    """The last step at or below ``level`` before the climb."""
+    level: float | None = None
+    """The lowest level the loss held: the lowest median of a window that ends before this one does."""
+    window: int | None = None
+    """The rule's window, in logged steps."""
 
     @property
     def nats(self) -> float:
@@ -191,6 +203,14 @@ class Rise:
         return (f"median loss {self.median:.4g} over steps {self.first_step}-{self.last_step}, {self.nats:.3g} nats "
                 f"above {self.low:.4g} over steps {self.low_first_step}-{self.low_last_step} "
                 f"(allowed rise {self.allowed:g} nats)")
+
+    def start_text(self) -> str:
+        """'from step 22 (after step 21, its last at or below 4.521, the lowest median of 10 logged
+        steps)'; of a record that does not say where the climb began, its window's first step."""
+        if self.began is None or self.level is None:
+            return f"from step {self.first_step}"
+        return (f"from step {self.began} (after step {self.held_to}, its last at or below {self.level:.4g}, the "
+                f"lowest median of {self.window} logged steps)")
 
 
 def _finite(steps: Sequence[int], values: Sequence[float]) -> list[tuple[int, float]]:
@@ -236,7 +256,11 @@ def rise(steps: Sequence[int], loss: Sequence[float], rule: StabilityRule) -> Ri
             low = earlier
         first, last, median = medians[i]
         if median - low[2] > rule.diverge_rise:
-            return Rise(first, last, median, low[0], low[1], low[2], rule.diverge_rise)
+            held = min(range(i), key=lambda k: medians[k][2])  # the lowest level, in a window ending before i's
+            level = medians[held][2]
+            at = max(k for k in range(held, held + w) if rows[k][1] <= level)
+            return Rise(first, last, median, low[0], low[1], low[2], rule.diverge_rise,
+                        began=rows[at + 1][0], held_to=rows[at][0], level=level, window=w)
     return None
 
 

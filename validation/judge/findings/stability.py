@@ -91,7 +91,7 @@ def _finding(r: PhaseRecord, run: Watched, col: str, kind: Kind, found: list[Spi
 def divergence(records: list[PhaseRecord]) -> list[Finding]:
     """One critical finding per run (every repeat of a repeated point) whose loss rose (NaN-free)
     by more than the rule allows."""
-    return [Finding(Severity.CRITICAL, r.phase, f"loss diverging in {run.where} from step {rise.first_step}: "
+    return [Finding(Severity.CRITICAL, r.phase, f"loss diverging in {run.where} {rise.start_text()}: "
                     f"{rise.text()}", [f"CSV: {run.path('training.csv')}"], "diverging", Facts.of(r))
             for r in records for run in watched_runs(r) if (rise := run.signs.divergence) is not None]
 

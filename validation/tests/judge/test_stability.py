@@ -3,6 +3,7 @@ that has them, silent on the committed golden curves under their profiles' rules
 the catalogue's metrics, and the profile's rule checked when it loads."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from pathlib import Path
@@ -97,10 +98,25 @@ def test_a_nan_free_divergence_is_found_with_the_window_and_the_rise(tmp_path):
     rec = _judged(tmp_path, csv)
     crit = [f for f in find([rec]) if f.kind == "diverging"]
     assert len(crit) == 1 and crit[0].severity == "critical"
-    assert crit[0].title.startswith(f"loss diverging in long_run [default] from step {found.first_step}: median loss ")
+    assert crit[0].title.startswith(f"loss diverging in long_run [default] from step {found.began} (after step "
+                                    f"{found.held_to}, its last at or below "), crit[0].title
     assert "(allowed rise 0.2 nats)" in crit[0].title
     assert compute("loss_diverging", run, 40) == 1.0  # the climb alone (steps 41-80) is a rise too
     assert PhaseRecord.from_json(rec.to_json(), "stored").evidence.divergence == found
+
+
+def test_a_divergence_is_said_from_where_the_climb_began_not_the_first_step_of_the_window_that_saw_it():
+    """tt_div (a user's pass: torchtitan-shaped, noise added to the weights from step 21): the rule's
+    window is steps 19-28, whose first four steps are the run's lowest; the loss climbs from step 23.
+    The finding said 'from step 19'."""
+    loss = [5.561, 5.354, 5.131, 5.009, 5.014, 4.747, 4.311, 4.829, 4.058, 3.961, 4.004, 3.671, 3.274, 3.638, 3.689,
+            3.207, 3.095, 3.056, 2.995, 2.932, 3.032, 2.974, 3.512, 4.667, 6.768, 9.5, 19.132, 27.742, 41.04, 46.421]
+    found = rise(list(range(1, 1 + len(loss))), loss, StabilityRule(diverge_window=10))
+    assert found is not None and (found.first_step, found.last_step) == (19, 28)
+    assert (found.held_to, found.began) == (22, 23), found
+    assert found.start_text().startswith("from step 23 (after step 22, its last at or below "), found.start_text()
+    old = dataclasses.replace(found, began=None, held_to=None, level=None, window=None)  # an older record's
+    assert old.start_text() == "from step 19"
 
 
 def test_tokens_per_second_that_fell_and_stayed_down_is_a_slowdown_with_its_step(tmp_path):

@@ -8,7 +8,14 @@ What it writes, and what becomes of it here:
   ``step: 5  loss:  7.12345  grad_norm:  1.2345  memory:  1.23GiB(0.87%)  tps: 12,345
   tflops: 1.23  mfu: 0.16%`` (0.2.x, 0.3.x; the older format has no ``grad_norm`` there, and flame
   prints ``lr: 3.0000e-04 gnorm:  1.23 [...]`` on the line after). Colour codes are dropped; of
-  ranks printing the same step (every rank logs it) the first line is kept. ``tps`` is per
+  ranks printing the same step (every rank logs it) the first line is kept. The ``*.log`` files of
+  a dump folder are taken in the order they were written: by their lines' first timestamp (else
+  the file's modification time). One that begins after every earlier one ended is a later run (a
+  crashed run's log, then its resumed run's): its rows follow the earlier run's in training.csv,
+  so a step it logs again supersedes the earlier run's rows of that step and after it, as the
+  contract reads a resume in place; step times are never taken across two runs' timestamps, and
+  an earlier run's non-finite loss at a step a later run logged again is no ``.HALT``. Logs that
+  overlap in time are one run's (ranks' own logs). ``tps`` is per
   device (torchtitan divides by the non-data-parallel degree), so tokens/s here are ``tps`` times
   the world size: the data-parallel degree times the non-data-parallel one.
 - TensorBoard events (``--metrics.enable_tensorboard``; ``tb/<time>/events.out.tfevents.*``):
@@ -91,7 +98,8 @@ class _Step:
 
 @dataclass
 class _Log:
-    """What the trainer's log says."""
+    """What one run's log says (the harness's capture of its output, or the dump folder's logs
+    of one run)."""
 
     steps: dict[int, _Step] = field(default_factory=dict)
     tokens_per_step: int | None = None
@@ -99,6 +107,48 @@ class _Log:
     nonfinite: tuple[int, str, str] | None = None
     """(step, loss as printed, the line) of torchtitan's non-finite loss error."""
     files: list[str] = field(default_factory=list)
+    start: float = 0.0
+    """When it began: its first timestamp, else its file's modification time."""
+    end: float = 0.0
+    """When it ended: its last timestamp, else its file's modification time."""
+
+    def absorb(self, other: _Log) -> None:
+        """Another log of the same run (another rank's): the first line of a step is kept."""
+        for step, row in other.steps.items():
+            self.steps.setdefault(step, row)
+        self.tokens_per_step = self.tokens_per_step or other.tokens_per_step
+        self.device_mem_gb = self.device_mem_gb or other.device_mem_gb
+        self.nonfinite = self.nonfinite or other.nonfinite
+        self.files += other.files
+        self.start, self.end = min(self.start, other.start), max(self.end, other.end)
+
+
+@dataclass
+class _Runs:
+    """Every run the logs show, oldest first."""
+
+    runs: list[_Log]
+
+    @property
+    def files(self) -> list[str]:
+        return [f for run in self.runs for f in run.files]
+
+    def latest(self, name: str) -> Any:
+        """The value of ``name`` the latest run that says it says."""
+        return next((getattr(r, name) for r in reversed(self.runs) if getattr(r, name)), None)
+
+    def rows(self) -> list[tuple[int, _Step]]:
+        """(run, row) of every logged step, run after run, each run's by step."""
+        return [(i, run.steps[k]) for i, run in enumerate(self.runs) for k in sorted(run.steps)]
+
+    def nonfinite(self) -> tuple[int, str, str] | None:
+        """The latest run's non-finite loss error that no later run went back before."""
+        found = None
+        for run in self.runs:
+            if found and run.steps and min(run.steps) <= found[0]:
+                found = None  # a later run logged that step again: what it logged is what happened
+            found = run.nonfinite or found
+        return found
 
 
 class TorchtitanAdapter(Adapter):
@@ -122,9 +172,9 @@ class TorchtitanAdapter(Adapter):
 
     def convert(self, trainer_dir: Path, out_dir: Path, facts: RunFacts) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        log = _read_log(_log_files(trainer_dir, out_dir))
+        log = _read_runs(trainer_dir, out_dir)
         events = _events(trainer_dir)
-        steps = _merge(log.steps, events)
+        steps = _merge(log.rows(), events)
         beats, ranks_seen = _structured_heartbeats(trainer_dir)
         world = max(facts.world_size, max(ranks_seen, default=-1) + 1)
         structured = sorted(str(p.relative_to(trainer_dir)) for p in _structured_files(trainer_dir))
@@ -148,13 +198,13 @@ class TorchtitanAdapter(Adapter):
                                "git_sha_source": facts.trainer_sha and
                                f"found by the harness at its root: {facts.trainer_sha_source}",
                                "adapter": {"name": self.name, "read": read}}
-        if log.tokens_per_step:
-            env["tokens_per_step"] = log.tokens_per_step
-        if log.device_mem_gb:
-            env["device_mem_gb"] = log.device_mem_gb
+        if tokens_per_step := log.latest("tokens_per_step"):
+            env["tokens_per_step"] = tokens_per_step
+        if device_mem_gb := log.latest("device_mem_gb"):
+            env["device_mem_gb"] = device_mem_gb
         _atomic(out_dir / ENV_JSON, json.dumps(env, indent=2))
-        if log.nonfinite:
-            step, loss, line = log.nonfinite
+        if nonfinite := log.nonfinite():
+            step, loss, line = nonfinite
             halt: dict[str, Any] = {"source": HALT_NONFINITE, "step": step, "text": line}
             if world == 1:  # torchtitan prints the global loss: a rank's own only when there is one
                 halt["losses"] = [loss]
@@ -179,13 +229,31 @@ def _number(text: str | None) -> float:
 def _log_files(trainer_dir: Path, out_dir: Path | None) -> list[Path]:
     """The harness's capture of the trainer's output where it ran it, else the ``*.log`` files
     kept in the dump folder."""
+    return _harness_capture(out_dir) or (sorted(trainer_dir.glob("*.log")) if trainer_dir.is_dir() else [])
+
+
+def _harness_capture(out_dir: Path | None) -> list[Path]:
     kept = [out_dir / n for n in HARNESS_STDOUT] if out_dir is not None else []
-    kept = [p for p in kept if p.is_file()]
-    return kept or (sorted(trainer_dir.glob("*.log")) if trainer_dir.is_dir() else [])
+    return [p for p in kept if p.is_file()]
+
+
+def _read_runs(trainer_dir: Path, out_dir: Path) -> _Runs:
+    """The harness's capture is one run (its stdout and stderr); a dump folder's logs, in the
+    order they were written, are one run each unless they overlap in time (module docstring)."""
+    if capture := _harness_capture(out_dir):
+        return _Runs([_read_log(capture)])
+    runs: list[_Log] = []
+    for log in sorted((_read_log([p]) for p in _log_files(trainer_dir, None)), key=lambda g: (g.start, g.files)):
+        if runs and log.start < runs[-1].end:
+            runs[-1].absorb(log)
+        else:
+            runs.append(log)
+    return _Runs(runs)
 
 
 def _read_log(paths: list[Path]) -> _Log:
     log = _Log(files=[p.name for p in paths])
+    times: list[float] = []
     last: _Step | None = None
     for path in paths:
         for raw in path.read_text(errors="replace").splitlines():
@@ -195,9 +263,8 @@ def _read_log(paths: list[Path]) -> _Log:
                 if step in log.steps:  # another rank's line of the same step
                     last = None
                     continue
-                t = _TIME.search(line)
                 last = log.steps[step] = _Step(
-                    step, datetime.strptime(t[1], "%Y-%m-%d %H:%M:%S,%f").timestamp() if t else None,
+                    step, _stamp(line),
                     loss=_number(m["loss"]), grad_norm=_number(m["grad_norm"]), tps=_number(m["tps"]),
                     mem_reserved_gb=_number(m["mem"]))
             elif (m := _FLAME.search(line)) and last is not None:
@@ -209,7 +276,16 @@ def _read_log(paths: list[Path]) -> _Log:
                 log.tokens_per_step = int(m["batch"]) * int(m["seq"])
             elif m := _CAPACITY.search(line):
                 log.device_mem_gb = float(m["gib"])
+            if (t := _stamp(line)) is not None:
+                times.append(t)
+    written = max((p.stat().st_mtime for p in paths), default=0.0)
+    log.start, log.end = (min(times), max(times)) if times else (written, written)
     return log
+
+
+def _stamp(line: str) -> float | None:
+    t = _TIME.search(line)
+    return datetime.strptime(t[1], "%Y-%m-%d %H:%M:%S,%f").timestamp() if t else None
 
 
 def _events(trainer_dir: Path) -> list[Path]:
@@ -221,12 +297,20 @@ def _events(trainer_dir: Path) -> list[Path]:
     return files
 
 
-def _merge(logged: dict[int, _Step], events: list[Path]) -> list[_Step]:
-    steps = dict(logged)
+def _merge(logged: list[tuple[int, _Step]], events: list[Path]) -> list[_Step]:
+    """The rows of training.csv, run after run: the logged ones with the events' values, which go
+    to a step's latest row (an events file's run is the latest run that logged the step), and a row
+    for each step only the events show, in the latest run that began at or before it."""
+    rows = list(logged)
+    steps = {row.step: row for _, row in rows}
+    firsts = sorted({run: row.step for run, row in reversed(rows)}.items())
     lr_tag: str | None = None
     for path in events:
         for s in read_scalars(path):
-            row = steps.setdefault(s.step, _Step(s.step))
+            row = steps.get(s.step)
+            if row is None:
+                row = steps[s.step] = _Step(s.step)
+                rows.append((max((run for run, first in firsts if first <= s.step), default=0), row))
             if row.time is None:
                 row.time = s.wall_time
             for name, tags in _TAGS.items():
@@ -234,13 +318,14 @@ def _merge(logged: dict[int, _Step], events: list[Path]) -> list[_Step]:
                     setattr(row, name, s.value)
             if s.tag.startswith("lr/") and (lr_tag is None or s.tag == lr_tag):
                 lr_tag, row.lr = s.tag, s.value  # the first optimizer's learning rate
-    ordered = [steps[k] for k in sorted(steps) if k > 0]
-    prev: _Step | None = None
-    for row in ordered:
-        if math.isnan(row.step_time_s) and prev is not None and row.time and prev.time:
-            row.step_time_s = max(row.time - prev.time, 0.0) / (row.step - prev.step)
-        prev = row
-    return ordered
+    ordered = sorted(((run, row) for run, row in rows if row.step > 0), key=lambda r: (r[0], r[1].step))
+    prev: tuple[int, _Step] | None = None
+    for run, row in ordered:
+        # the interval to the row before in the same run only: across runs it holds the time between them
+        if math.isnan(row.step_time_s) and prev is not None and prev[0] == run and row.time and prev[1].time:
+            row.step_time_s = max(row.time - prev[1].time, 0.0) / (row.step - prev[1].step)
+        prev = run, row
+    return [row for _, row in ordered]
 
 
 def _write_csv(path: Path, steps: list[_Step], world: int) -> None:

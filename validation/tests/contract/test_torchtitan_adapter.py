@@ -16,6 +16,7 @@ from nsa.contract import HALT, TRAINING_CSV
 from validation.contract import check_command
 from validation.contract.adapters import ADAPTERS, RunFacts
 from validation.contract.adapters.tfevents import read_scalars
+from validation.contract.files import read_training_log
 from validation.launch.watch import StepWatch
 
 EVIDENCE = Path(__file__).parents[1] / "evidence"
@@ -172,3 +173,48 @@ def test_the_stall_watch_reads_progress_from_the_log(tmp_path):
     assert watch.look() and watch.highest == 7
     assert ADAPTER.progress(_V03.format(s=1, step=7, loss=2.0, gn=1.0, mem=1.0, tps=12345)) == (7, 12345.0)
     assert ADAPTER.progress("[titan] validate step:  7  loss: 2.0") is None
+
+
+def _dump_folder_of_runs(folder: Path, runs: dict[str, tuple[int, range, int | None]]) -> None:
+    """Logs kept in a dump folder by hand, one per run: name -> (minute it began, steps, step of
+    its non-finite loss error); a step's loss is its minute plus its step, nan from that error's step."""
+    folder.mkdir(parents=True)
+    for name, (minute, steps, nan_at) in runs.items():
+        lines = [_V03.format(s=0, step=step, loss=math.nan if nan_at and step >= nan_at else minute + step / 100,
+                             gn=1.0, mem=1.0, tps=100).replace("10:00:00", f"10:{minute:02}:{step:02}")
+                 for step in steps]
+        if nan_at:
+            lines.append(f"RuntimeError: Loss is not finite (global_avg_loss=nan) at step {nan_at}. Stopping training.")
+        (folder / name).write_text("\n".join(lines) + "\n")
+
+
+def test_a_later_runs_log_supersedes_the_steps_it_ran_again_and_the_earlier_runs_halt(tmp_path, capsys):
+    """A dump folder with a crashed run's log and its resumed run's: the dead run's steps 11-14
+    (NaN) were kept, step 15's time was the 10 minutes between the runs, and the dead run's
+    non-finite .HALT stood. The file names sort against the order the runs were written in."""
+    folder = tmp_path / "dump"
+    _dump_folder_of_runs(folder, {"b_crashed.log": (10, range(1, 15), 12), "a_resumed.log": (20, range(11, 21), None)})
+    run = tmp_path / "run"
+    ADAPTER.convert(folder, run, RunFacts(1, "torchtitan"))
+    log = read_training_log(run)
+    assert list(log.rows["step"]) == list(range(1, 21)) and log.rows["loss"].notna().all()
+    assert list(log.rows["loss"].iloc[10:12]) == [20.11, 20.12]  # the resumed run's
+    assert [r.text() for r in log.reruns] == ["went back from step 14 to step 11 (4 earlier entries superseded)"]
+    # no step time across the two runs: the resumed run's first step has none
+    assert math.isnan(log.rows["step_time_s"].iloc[10]) and (log.rows["step_time_s"].iloc[11:] == 1.0).all()
+    assert not (run / HALT).exists()
+    assert json.loads((run / "env.json").read_text())["adapter"]["read"]["log"] == ["b_crashed.log", "a_resumed.log"]
+    assert check_command.check(folder, "torchtitan") == 0
+    assert "went back from step 14 to step 11" in capsys.readouterr().out
+
+
+def test_a_later_runs_own_nonfinite_loss_stands_and_ranks_logs_of_one_run_are_one_run(tmp_path):
+    folder = tmp_path / "dump"
+    _dump_folder_of_runs(folder, {"crashed.log": (10, range(1, 15), 12), "resumed.log": (20, range(11, 21), 18),
+                                  "resumed_rank1.log": (20, range(11, 19), 18)})
+    run = tmp_path / "run"
+    ADAPTER.convert(folder, run, RunFacts(1, "torchtitan"))
+    assert json.loads((run / HALT).read_text())["step"] == 18
+    # rank 1's log overlaps the resumed run's in time: its lines are that run's, not a third run
+    log = read_training_log(run)
+    assert len(log.reruns) == 1 and list(log.rows["step"]) == list(range(1, 21))

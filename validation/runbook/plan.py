@@ -23,6 +23,11 @@ from validation.runbook.types import Phase, Profile, Runbook, Scalar, sweep_part
 PROFILE_GPU_MARKERS = ("gpu",)
 
 
+#: how the trainer entry a record keeps names a param of one of the point's overrides:
+#: 'params.train.lr' (PhasePoint.trainer_asked)
+TRAINER_PARAM = "params."
+
+
 @dataclass(frozen=True)
 class PhasePoint:
     runbook: Runbook
@@ -91,7 +96,7 @@ class PhasePoint:
         out = {"root": spec.root.describe(), "entry": " ".join(spec.entry), "args": " ".join(spec.args),
                "config": f"{spec.config.template} (as {_via(spec.config.pass_as)})" if spec.config else "none",
                "steps": _via(spec.steps), "out_dir": _via(spec.out_dir), "adapter": spec.adapter}
-        out.update({f"params.{k}": _via(spec.params.get(k)) for k in self.overrides})
+        out.update({f"{TRAINER_PARAM}{k}": _via(spec.params.get(k)) for k in self.overrides})
         out.update({f"env.{k}": str(v) for k, v in spec.env.items()})
         metrics = {g.metric for g in self.gates()}
         out["not provided"] = ", ".join(sorted(m for m in unprovided_metrics(self) if m in metrics)) or "none"

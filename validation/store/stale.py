@@ -42,7 +42,7 @@ from validation.judge.gates import rule, shown_window
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, PointKey, Status
 from validation.judge.verdict import Outcome, process_verdict
 from validation.runbook.hardware import shortfalls
-from validation.runbook.plan import PhasePoint
+from validation.runbook.plan import TRAINER_PARAM, PhasePoint
 from validation.runbook.schema import Key, Limit, Stale, keys_of
 from validation.runbook.types import Phase, Rendezvous
 from validation.store.results import record_key
@@ -57,6 +57,9 @@ ALLOWANCES: dict[str, Key] = {name: k for name, k in DECLARED.items() if k.stale
 #: the rule of what a record keeps of no key of a phase, by its field of ``Asked``: the runbook's
 #: ``trainer:`` entry, as it launches the point
 UNDECLARED: dict[str, Stale] = {"trainer": Stale.EXACT}
+
+#: the label of the ``trainer:`` entry's changes, whose params it compares apart (``_params_of_both``)
+TRAINER = dict(Asked.fields())["trainer"].label
 
 #: the rules no stored value is compared by (``Key.note`` says what stands for them)
 UNCOMPARED = (Stale.THROUGH, Stale.NEVER)
@@ -175,8 +178,22 @@ def _fields(rec: PhaseRecord, point: PhasePoint) -> list[Compared]:
 def _exact(rec: PhaseRecord, point: PhasePoint, c: Compared) -> list[Change]:
     """Any change (of a mapping: each entry; a mapping not kept, or not asked of the kind, is not compared)."""
     if isinstance(c.then, Mapping) or isinstance(c.now, Mapping):
-        return _mapping(c.label, c.then, c.now) if c.then is not None and c.now is not None else []
+        if c.then is None or c.now is None:
+            return []
+        if c.label == TRAINER:
+            return _mapping(c.label, *_params_of_both(c.then, c.now))
+        return _mapping(c.label, c.then, c.now)
     return [Change(c.label, _scalar(c.then), _scalar(c.now))] if c.then != c.now else []
+
+
+def _params_of_both(then: Mapping[str, Any], now: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The trainer entries ``then`` and ``now``, of its ``params.K`` those of keys the point
+    overrode at the run and overrides now: the entry keeps how a param reaches the trainer only for
+    the point's overrides (PhasePoint.trainer_asked), so one on a side alone is an override set or
+    dropped, which the overrides' change names, not a param declared or dropped."""
+    both = {k for k in then if k.startswith(TRAINER_PARAM)} & set(now)
+    return ({k: v for k, v in then.items() if not k.startswith(TRAINER_PARAM) or k in both},
+            {k: v for k, v in now.items() if not k.startswith(TRAINER_PARAM) or k in both})
 
 
 def _more(rec: PhaseRecord, point: PhasePoint, c: Compared) -> list[Change]:

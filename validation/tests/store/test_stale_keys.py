@@ -202,3 +202,19 @@ def test_a_config_file_edited_since_the_run_leaves_the_point_not_run(tmp_path, m
     assert _texts(dataclasses.replace(rec, asked=dataclasses.replace(rec.asked, config_digest=None)), point) == []
     # a preset's digest is its file's
     assert _point(tmp_path, train_phase("ab", gates=GATES)).config_digest() is not None
+
+
+def test_an_override_dropped_is_named_as_the_override_not_as_a_param_undeclared(tmp_path):
+    """A phase that overrode fault.kind at the run and does not now, its param still declared: the
+    report said 'trainer params.fault.kind {env: FAULT} at the run, unset in the runbook now' beside
+    the override's own change, as though the runbook no longer declared the param."""
+    trainer = {**NATIVE, "params": {"fault.kind": {"env": "FAULT"}}}
+    then = _point(tmp_path, train_phase("p", gates=GATES, overrides={"fault.kind": "crash"}), trainer=trainer, **FOREIGN)
+    now = _point(tmp_path, train_phase("p", gates=GATES), trainer=trainer, **FOREIGN)
+    assert _texts(_record(then), now) == ["override fault.kind crash at the run, unset in the runbook now"]
+    assert _texts(_record(now), then) == ["override fault.kind unset at the run, crash in the runbook now"]
+    # the param's declaration changed while the point overrides it at the run and now: that is named
+    moved = _point(tmp_path, train_phase("p", gates=GATES, overrides={"fault.kind": "crash"}), **FOREIGN,
+                   trainer={**NATIVE, "params": {"fault.kind": {"flag": "--fault"}}})
+    assert _texts(_record(then), moved) == [
+        "trainer params.fault.kind {env: FAULT} at the run, {flag: --fault} in the runbook now"]

@@ -14,6 +14,7 @@ Exit statuses: ``EXIT_STATUSES`` below, also shown by ``nsa-validate --help``.
 from __future__ import annotations
 
 import argparse
+import enum
 import functools
 import os
 import signal
@@ -174,24 +175,26 @@ def _options(args: argparse.Namespace, runbook: str | None) -> SessionOptions:
 
 
 #: what ``run`` says of its report after a stop signal, by whether it wrote one (None: --no-report)
-_REPORT_AFTER_STOP = {
-    True: ", and the report shows the points finished before",
-    False: "; no report was written (a second stop came while it was): `nsa-validate report` writes it from the "
-           "stored records",
-    None: ", and no report was asked (--no-report)",
-}
+class AfterStop(enum.Enum):
+    """What became of the report of a run stopped among its points."""
+
+    WRITTEN = ", and the report shows the points finished before"
+    SECOND_STOP = ("; no report was written (a second stop came while it was): `nsa-validate report` writes it from "
+                   "the stored records")
+    NOT_ASKED = ", and no report was asked (--no-report)"
+    NOTHING_STORED = "; no point of it is stored, so no report was written (there is nothing to report)"
 
 
 class RunStopped(KeyboardInterrupt):
     """A stop signal while ``run``'s points ran, with what the session says it did by then and
-    whether the report of the points finished before was written (None: none was asked)."""
+    what became of the report of the points finished before."""
 
-    def __init__(self, signum: int, note: str, reported: bool | None):
+    def __init__(self, signum: int, note: str, reported: AfterStop):
         super().__init__(signal.Signals(signum).name)
         self.signum, self.note, self.reported = signum, note, reported
 
     def text(self) -> str:
-        return self.note + _REPORT_AFTER_STOP[self.reported]
+        return self.note + self.reported.value
 
 
 class _Progress:
@@ -246,17 +249,19 @@ def cmd_run(args: argparse.Namespace, abort: StopFlag) -> int:
     except KeyboardInterrupt as exc:
         signum = session.stop_signal(exc)
         session.note_stop(signum)
-        reported = None
+        reported = AfterStop.NOT_ASKED
         if not args.no_report:  # the points finished before the interrupt, in a report
+            pairs = session.reportable_after_stop((rb.name, prof.name) for rb, prof in session.pairs())
             try:
-                _render(session, interrupted=True)
-                reported = True
+                if pairs:
+                    _render(session, pairs, interrupted=True)
+                reported = AfterStop.WRITTEN if pairs else AfterStop.NOTHING_STORED
             except KeyboardInterrupt:  # a second stop signal: the report stays unwritten
-                reported = False
+                reported = AfterStop.SECOND_STOP
             except Exception:  # a stop inside C code while plots are drawn (see main)
                 if not session.stopping():
                     raise
-                reported = False
+                reported = AfterStop.SECOND_STOP
         raise RunStopped(signum, session.interrupted_note(signum), reported) from exc
     try:
         return 0 if args.no_report else _render(session)

@@ -326,10 +326,12 @@ class AcceptancePlugin:
         self.reports += [f"note: {text}" for text in self.session.profile_notes]
         # and the pair of a point stopped as its record was stored: it has no test report, and it
         # had removed its pair's report
-        for pair in sorted(self.pairs | self.session.withdrawn):
+        pairs = self.pairs | self.session.withdrawn
+        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+        for pair in self.session.reportable_after_stop(pairs) if interrupted else sorted(pairs):
             try:
                 for out in self.session.render([pair], notes=lambda text: self.reports.append(f"note: {text}")):
-                    self.reports.append(report_line(out, exitstatus == pytest.ExitCode.INTERRUPTED))
+                    self.reports.append(report_line(out, interrupted))
                     rendered.append(out)
                     if out.events is not None:
                         self.reports.append(f"TensorBoard events -> {out.events}")

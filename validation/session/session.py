@@ -16,7 +16,7 @@ import signal
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from validation import PROFILE_DIR, checkout_problem
 from validation.errors import CorruptStore, HarnessError
@@ -464,6 +464,14 @@ class AcceptanceSession:
                 rendered = dataclasses.replace(rendered, events=self.options.tensorboard if runs else None)
             out.append(rendered)
         return out
+
+    def reportable_after_stop(self, pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Of ``pairs``, sorted, those the store holds records of: after a stop signal only those get
+        a report, through either door. A report of a pair with nothing stored would be of no record
+        and no verdict, and ``report`` refuses such a store and withdraws its reports; so a stopped
+        run that stored nothing writes none, and ``report`` afterwards has none to remove."""
+        held = set(ResultStore(self.results_dir).pairs())
+        return sorted(pair for pair in set(pairs) if pair in held)
 
     def report_pairs(self) -> list[tuple[str, str]]:
         """The pairs ``report`` renders from the store: the selected ones, or every stored pair (of

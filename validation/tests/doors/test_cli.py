@@ -218,6 +218,25 @@ def test_the_report_of_an_interrupted_run_says_where_it_stopped(tmp_path):
     assert "Interrupted" not in report.read_text()
 
 
+def test_a_run_stopped_before_it_stored_anything_writes_no_report_and_report_agrees(tmp_path, capsys):
+    """user s6_hG: Ctrl-C in the first point of a new results directory wrote an INCOMPLETE report
+    (every point NOT RUN, an 'Interrupted' note), which the next `nsa-validate report` removed ('no
+    results') and the pytest door never wrote. Neither door writes a report of a stopped run that
+    stored nothing (the pytest door: validation/tests/doors/test_plugin.py)."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("long_run", steps=400, env={"NSA_FAKE_STEP_S": "0.05"})])
+    results = tmp_path / "res"
+    proc = subprocess.Popen([sys.executable, "-m", "validation", "run", "--runbook", str(rb), "--results-dir",
+                             str(results), "--no-plots"], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=default_sigint)
+    out, err = interrupt_when_training(proc, lambda: list(results.glob("runs/fake/cpu/long_run/default/*/training.csv")))
+    assert proc.returncode == 130, err[-2000:]
+    assert err.rstrip().endswith("; no point of it is stored, so no report was written (there is nothing to report)"), \
+        err[-2000:]
+    assert not (results / "reports").exists() or not any((results / "reports").iterdir()), out
+    assert main(["report", "--runbook", str(rb), "--results-dir", str(results)]) == 2
+    assert "no results in" in capsys.readouterr().err
+
+
 def test_an_interrupt_while_the_report_is_written_says_every_point_was_stored(tmp_path, capsys, monkeypatch):
     """user7's pass: Ctrl-C after the last point was judged and stored, while its report was
     rendered, printed 'the interrupted point was not recorded (its earlier record and artifacts
@@ -259,18 +278,22 @@ def test_an_interrupt_while_the_report_is_written_leaves_no_report_of_removed_ru
     assert "`nsa-validate report` writes its report" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("second_stop, flags, said", [
-    (False, [], ", and the report shows the points finished before"),
-    (True, [], "; no report was written (a second stop came while it was): `nsa-validate report` writes it from "
-               "the stored records"),
-    (False, ["--no-report"], ", and no report was asked (--no-report)"),
+@pytest.mark.parametrize("second_stop, flags, stored, said", [
+    (False, [], True, ", and the report shows the points finished before"),
+    (True, [], True, "; no report was written (a second stop came while it was): `nsa-validate report` writes it "
+                     "from the stored records"),
+    (False, ["--no-report"], True, ", and no report was asked (--no-report)"),
+    (False, [], False, "; no point of it is stored, so no report was written (there is nothing to report)"),
 ])
 def test_a_stopped_run_says_whether_it_wrote_the_report_of_the_points_before(tmp_path, capsys, monkeypatch,
-                                                                              second_stop, flags, said):
+                                                                              second_stop, flags, stored, said):
     """A second Ctrl-C while a stopped run wrote the report of its finished points left no report
     (the record it replaced had withdrawn the old one), yet the run said 'the report shows the
     points finished before'; so did a run with --no-report."""
     import validation.cli as cli
+
+    if stored:  # as though the store held records of the pair
+        monkeypatch.setattr(cli.AcceptanceSession, "reportable_after_stop", lambda self, pairs: sorted(pairs))
 
     def stopped(self, *args, **kwargs):
         raise KeyboardInterrupt
@@ -287,4 +310,4 @@ def test_a_stopped_run_says_whether_it_wrote_the_report_of_the_points_before(tmp
     assert main(["run", "--runbook", str(rb), "--results-dir", str(tmp_path / "r"), *flags]) == 130
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("nsa-validate: interrupted (SIGINT): running trainers killed") and err.endswith(said), err
-    assert rendered == ([True] if not second_stop and not flags else [])
+    assert rendered == ([True] if stored and not second_stop and not flags else [])

@@ -307,6 +307,21 @@ def test_an_interrupted_pytest_run_prints_no_status_line_that_reads_as_its_verdi
             "`fake/cpu/long_run/default` (NOT RUN: no current record) ran; that run was not recorded.") in text, text
 
 
+def test_a_pytest_run_stopped_before_it_stored_anything_writes_no_report(tmp_path):
+    """The pytest door's half of the CLI's rule (test_cli.py): a stopped run that stored nothing
+    writes no report, and `nsa-validate report` has none to remove."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("long_run", steps=400, env={"NSA_FAKE_STEP_S": "0.05"})])
+    results = tmp_path / "res"
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                             "validation/tests/test_acceptance.py", "--runbook", str(rb), "--results-dir", str(results),
+                             "-k", "test_phase"], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=default_sigint)
+    out, err = interrupt_when_training(proc, lambda: list(results.glob("runs/fake/cpu/long_run/default/*/training.csv")))
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-2000:]
+    assert "nsa-validate: interrupted (SIGINT)" in out and "nsa-validate report:" not in out, out[-2000:]
+    assert not (results / "reports").exists() or not any((results / "reports").iterdir()), out[-2000:]
+
+
 def test_a_collection_error_is_not_said_to_be_a_signal(tmp_path):
     """pytest stops with 'Interrupted: 1 error during collection' through its KeyboardInterrupt
     hook, and the plugin printed 'nsa-validate: interrupted (SIGINT): running trainers killed; the

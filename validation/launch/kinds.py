@@ -9,6 +9,7 @@ Each runner fills the point's RunData (what the metrics read) and returns the pr
 """
 from __future__ import annotations
 
+import functools
 import shutil
 import sys
 import time
@@ -71,7 +72,7 @@ class StepProgress:
         line = f"{self.point.test_id}: {elapsed:5.0f}s"
         if seen is not None:
             step, rate = seen
-            line += f" step {step}/{self.total}, {_number(rate)} tok/s"
+            line += f" step {step}/{self.total}, {_number(rate)} tok/s (global)"
             if self.first is None:
                 self.first = (elapsed, step)
             if self.latest is None or step != self.latest[1]:
@@ -94,7 +95,7 @@ def _poll(point: PhasePoint, out_dir: Path, progress: Progress | None, csv: Path
           adapter: Adapter | None = None):
     """Progress from ``csv`` (the contract's training.csv in out_dir unless a trainer's own, read
     by its adapter)."""
-    read = adapter.progress if adapter is not None else None
+    read = functools.partial(adapter.progress, world_size=point.nproc) if adapter is not None else None
     return None if progress is None else StepProgress(point, csv or out_dir / TRAINING_CSV, progress, read)
 
 

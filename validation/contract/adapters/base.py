@@ -48,9 +48,10 @@ class Adapter:
         files show now, called at each look of the stall watch; None: its CSV and heartbeats say it."""
         return None
 
-    def progress(self, line: str) -> tuple[int, float | None] | None:
-        """The step, and tokens/s where it says them, that one line of ``progress_csv`` shows; None
-        for a line of no step (a header, a torn row). A CSV row: its first and fourth cells."""
+    def progress(self, line: str, world_size: int = 1) -> tuple[int, float | None] | None:
+        """The step, and global tokens/s (all ranks, as training.csv holds them) where it says them,
+        that one line of ``progress_csv`` shows, of a run of ``world_size`` ranks; None for a line of
+        no step (a header, a torn row). A CSV row: its first and fourth cells."""
         cells = line.strip().split(",")
         if not cells[0].strip().isdigit():
             return None

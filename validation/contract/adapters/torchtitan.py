@@ -166,9 +166,11 @@ class TorchtitanAdapter(Adapter):
         """Its stdout, which the harness keeps beside the dump folder while it runs."""
         return trainer_dir.parent / HARNESS_STDOUT[0]
 
-    def progress(self, line: str) -> tuple[int, float | None] | None:
+    def progress(self, line: str, world_size: int = 1) -> tuple[int, float | None] | None:
+        """The metrics line's step and its ``tps`` times the world size (``tps`` is per device), the
+        tokens/s training.csv and the report hold."""
         m = _METRICS.search(_ANSI.sub("", line))
-        return (int(m["step"]), _number(m["tps"])) if m else None
+        return (int(m["step"]), _number(m["tps"]) * world_size) if m else None
 
     def convert(self, trainer_dir: Path, out_dir: Path, facts: RunFacts) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ import json
 import math
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -17,6 +18,7 @@ from validation.contract import check_command
 from validation.contract.adapters import ADAPTERS, RunFacts
 from validation.contract.adapters.tfevents import read_scalars
 from validation.contract.files import read_training_log
+from validation.launch.kinds import _poll
 from validation.launch.watch import StepWatch
 
 EVIDENCE = Path(__file__).parents[1] / "evidence"
@@ -158,6 +160,18 @@ def test_structured_logs_are_every_ranks_heartbeats(tmp_path):
     assert json.loads((run / "env.json").read_text())["world_size"] == 2  # the ranks the logs show
 
 
+def test_the_progress_line_of_a_torchtitan_point_is_global_tokens_per_second(tmp_path):
+    """The live line showed torchtitan's per-device tps (12,345 of two ranks) while the report showed
+    the global figure (24,690)."""
+    point = SimpleNamespace(test_id="tt/cpu/p/default", nproc=2,
+                            phase=SimpleNamespace(steps=10, kind="train", stall_after_s=60.0))
+    log = tmp_path / "trainer.stdout.log"
+    log.write_text(_V03.format(s=1, step=7, loss=2.0, gn=1.0, mem=1.0, tps=12345) + "\n")
+    lines: list[str] = []
+    _poll(point, tmp_path, lines.append, log, ADAPTER)(1.0)
+    assert lines == ["tt/cpu/p/default:     1s step 7/10, 24,690 tok/s (global)"]
+
+
 def test_the_stall_watch_reads_progress_from_the_log(tmp_path):
     log = tmp_path / "trainer.stdout.log"
     log.write_text("[titan] starting\n")
@@ -172,6 +186,9 @@ def test_the_stall_watch_reads_progress_from_the_log(tmp_path):
         fh.write(_V03.format(s=1, step=7, loss=2.0, gn=1.0, mem=1.0, tps=12345) + "\n")
     assert watch.look() and watch.highest == 7
     assert ADAPTER.progress(_V03.format(s=1, step=7, loss=2.0, gn=1.0, mem=1.0, tps=12345)) == (7, 12345.0)
+    # the live line says the global tokens/s training.csv and the report hold, not torchtitan's per device
+    assert ADAPTER.progress(_V03.format(s=1, step=7, loss=2.0, gn=1.0, mem=1.0, tps=12345), world_size=2) == \
+        (7, 24690.0)
     assert ADAPTER.progress("[titan] validate step:  7  loss: 2.0") is None
 
 

@@ -203,7 +203,7 @@ def test_progress_of_a_running_point_is_shown(tmp_path):
     assert out.returncode == 0, out.stdout[-2000:]
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("nsa-validate: fake/cpu/baseline_ddp/default:")]
     assert len(lines) >= 2, out.stderr[-2000:]
-    assert any(re.search(r"step \d+/40, 20\d tok/s, ETA \d+s", ln) for ln in lines), lines
+    assert any(re.search(r"step \d+/40, 20\d tok/s \(global\), ETA \d+s", ln) for ln in lines), lines
 
 
 def test_progress_under_xdist_workers(tmp_path):

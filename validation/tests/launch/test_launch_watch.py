@@ -111,11 +111,11 @@ def test_the_progress_line_says_how_long_no_step_came_instead_of_a_growing_eta(t
     for step, elapsed in ((1, 1.0), (2, 2.0), (3, 3.0)):  # a step a second
         csv.write_text(HEADER + "".join(f"{s},5.0,0.1,1000,1.0,1,0,0\n" for s in range(1, step + 1)))
         progress(elapsed)
-    assert lines[-1] == "rb/cpu/p/default:     3s step 3/100, 1,000 tok/s, ETA 97s"
+    assert lines[-1] == "rb/cpu/p/default:     3s step 3/100, 1,000 tok/s (global), ETA 97s"
     progress(9.0)  # 6 s without a step: within max(10 s, 3 steps) still an ETA, from the steps' pace
     assert lines[-1].endswith("ETA 97s")
     progress(20.0)
-    assert lines[-1] == "rb/cpu/p/default:    20s step 3/100, 1,000 tok/s, no new step for 17s"
+    assert lines[-1] == "rb/cpu/p/default:    20s step 3/100, 1,000 tok/s (global), no new step for 17s"
 
 
 def test_the_progress_line_says_no_step_came_before_a_short_stall_allowance_ends(tmp_path):
@@ -129,7 +129,7 @@ def test_the_progress_line_says_no_step_came_before_a_short_stall_allowance_ends
         csv.write_text(HEADER + "".join(f"{s},5.0,0.1,1000,0.3,1,0,0\n" for s in range(1, step + 1)))
         progress(elapsed)
     progress(7.0)
-    assert lines[-1] == "rb/cpu/p/default:     7s step 3/30, 1,000 tok/s, no new step for 6s"
+    assert lines[-1] == "rb/cpu/p/default:     7s step 3/30, 1,000 tok/s (global), no new step for 6s"
 
 
 def test_a_trainer_resumed_in_place_makes_progress_while_it_writes_steps_again(tmp_path):

@@ -122,7 +122,7 @@ def collect(run: RunData, stderr_path: Path, errors: list[str], clock: StepClock
         no_heartbeats="" if beats else contract.adapter_unmeasured(run.env).get(contract.HEARTBEATS, ""),
         summary_step=None if beats else contract.adapter_summary_step(run.env),
         rank_step_time_s=step_times, clock=clock, rank_lateness_s=late, rank_nearest_s=nearest, nodes=nodes,
-        fallbacks=fallbacks, files=sorted(p.name for p in run.out_dir.iterdir() if p.is_file()),
+        fallbacks=fallbacks, files=_listed(run.out_dir),
         loss_first=losses[0] if losses else None, loss_last=losses[-1] if losses else None,
         nonfinite_loss_step=trained.nonfinite_loss_step, nonfinite_loss=nonfinite(run.csv),
         top_ops=list(run.info.get("top_ops") or []), reruns=run.reruns, spikes=trained.spikes,
@@ -146,3 +146,9 @@ def signs(run: RunData, failed_gates: list[str]) -> RunSigns:
     c = curve(run.csv, run.stability)
     return RunSigns(list(c.spikes), c.divergence, c.slowdown, growing_ranks(run.csv, heartbeats, run.env, run.reruns),
                     c.nonfinite_step, run.halt is not None and run.halt.source == "nonfinite", list(failed_gates))
+
+
+def _listed(out_dir: Path) -> list[str]:
+    """The run directory's files and, with a trailing slash, its folders (``harness_stacks/``, a
+    trainer's own output), which findings cite: the report's list of the point's artifacts."""
+    return sorted(p.name + "/" if p.is_dir() else p.name for p in out_dir.iterdir() if p.is_file() or p.is_dir())

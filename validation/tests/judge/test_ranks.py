@@ -108,6 +108,8 @@ def test_an_empty_stack_dump_is_no_stack_of_its_rank_in_the_judge(tmp_path):
     assert "rank 0: last heartbeat step 1, stage ?; stack (stackdump_rank0.txt): wait_0" in "\n".join(stall.detail)
     assert "rank 1: last heartbeat step 1, stage ?; no stack dump" in stall.detail, stall.detail
     assert "rank unknown" not in "\n".join(stall.detail)
+    # the report's list of the point's artifacts names the folder of the stacks the findings cite
+    assert "harness_stacks/" in rec.evidence.files and "stackdump_rank0.txt" in rec.evidence.files
 
 
 # --- the seed adapter ----------------------------------------------------------------------------

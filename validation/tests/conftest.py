@@ -78,6 +78,13 @@ def fake_run(tmp_path):
     return lambda phases, **top: FakeRun(tmp_path, phases, **top)
 
 
+def error_line(err: str) -> str:
+    """The one ``nsa-validate: error:`` line of a command's stderr, which holds no traceback."""
+    assert "Traceback" not in err, err
+    [line] = [ln for ln in err.splitlines() if ln.startswith("nsa-validate: error: ")]
+    return line
+
+
 @contextlib.contextmanager
 def read_only(folder: Path) -> Iterator[Path]:
     """``folder`` made one this process cannot write in: mode 555, or immutable where the tests

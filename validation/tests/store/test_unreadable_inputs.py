@@ -13,7 +13,7 @@ import pytest
 
 from validation.cli import main
 from validation.session.session import ExitStatus
-from validation.tests.conftest import train_phase, write_runbook
+from validation.tests.conftest import error_line, train_phase, write_runbook
 
 DENIED = os.strerror(errno.EACCES)
 
@@ -52,12 +52,6 @@ def blessed(tmp_path, capsys) -> tuple[Path, Path]:
     return rb, results
 
 
-def _error_line(err: str) -> str:
-    assert "Traceback" not in err, err
-    [line] = [ln for ln in err.splitlines() if ln.startswith("nsa-validate: error: ")]
-    return line
-
-
 @pytest.mark.parametrize("command", ["run", "report", "bless"])
 def test_a_results_directory_that_cannot_be_searched_is_named(blessed, command, monkeypatch, capsys):
     rb, results = blessed
@@ -65,7 +59,7 @@ def test_a_results_directory_that_cannot_be_searched_is_named(blessed, command, 
     args = {"run": ["run", "--runbook", str(rb), "--no-plots"], "report": ["report", "--no-plots"],
             "bless": ["bless", "--runbook", str(rb)]}[command]
     status = main([*args, "--results-dir", str(results)])
-    line = _error_line(capsys.readouterr().err)
+    line = error_line(capsys.readouterr().err)
     assert status == ExitStatus.USAGE, line
     assert line.startswith(f"nsa-validate: error: cannot read {results}/") and line.endswith(f": {DENIED}"), line
 
@@ -76,7 +70,7 @@ def test_a_baseline_that_cannot_be_searched_is_named(blessed, tmp_path, monkeypa
     base.mkdir()
     denied(monkeypatch, base)
     status = main(["report", "--results-dir", str(results), "--no-plots", "--baseline", str(base)])
-    line = _error_line(capsys.readouterr().err)
+    line = error_line(capsys.readouterr().err)
     assert status == ExitStatus.USAGE, line
     assert line == f"nsa-validate: error: cannot read {base / 'results.json'}: {DENIED}", line
 
@@ -88,7 +82,7 @@ def test_a_goldens_folder_that_cannot_be_searched_is_named_as_read_not_as_the_re
     golden = tmp_path / "goldens" / "fake__cpu.yaml"
     denied(monkeypatch, golden.parent)
     status = main(["report", "--results-dir", str(results), "--no-plots"])
-    line = _error_line(capsys.readouterr().err)
+    line = error_line(capsys.readouterr().err)
     assert status == ExitStatus.USAGE, line
     assert line == f"nsa-validate: error: cannot read the golden file {golden}: {DENIED}", line
 
@@ -100,7 +94,7 @@ def test_a_training_csv_that_cannot_be_read_is_named_by_bless_and_left_out_of_th
     golden = (rb.parent / "goldens" / "fake__cpu.yaml").read_bytes()
     denied(monkeypatch, csv.parent)
     status = main(["bless", "--runbook", str(rb), "--results-dir", str(results)])
-    line = _error_line(capsys.readouterr().err)
+    line = error_line(capsys.readouterr().err)
     assert status == ExitStatus.USAGE, line
     assert line == f"nsa-validate: error: {csv}: cannot be read ({DENIED})", line
     assert (rb.parent / "goldens" / "fake__cpu.yaml").read_bytes() == golden

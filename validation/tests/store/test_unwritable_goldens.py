@@ -12,7 +12,7 @@ import pytest
 
 from validation.cli import main
 from validation.session.session import ExitStatus
-from validation.tests.conftest import read_only, train_phase, write_runbook
+from validation.tests.conftest import error_line, read_only, train_phase, write_runbook
 
 
 @pytest.fixture
@@ -27,18 +27,12 @@ def blessed(tmp_path, capsys) -> tuple[list[str], Path]:
     return args, tmp_path / "goldens" / "fake__cpu.yaml"
 
 
-def _error_line(err: str) -> str:
-    assert "Traceback" not in err, err
-    [line] = [ln for ln in err.splitlines() if ln.startswith("nsa-validate: error: ")]
-    return line
-
-
 def test_a_read_only_goldens_folder_is_named_and_the_golden_stays(blessed, capsys):
     args, golden = blessed
     before, listing = golden.read_bytes(), sorted(golden.parent.iterdir())
     with read_only(golden.parent):
         status = main(args)
-    line = _error_line(capsys.readouterr().err)
+    line = error_line(capsys.readouterr().err)
     assert status == ExitStatus.USAGE, line
     assert line.startswith(f"nsa-validate: error: cannot write the golden file {golden}: "), line
     assert f" ({golden.parent}/.{golden.name}." in line and line.endswith(".tmp)"), line  # the temp file in it
@@ -54,7 +48,7 @@ def test_a_full_disk_is_named_and_the_golden_stays_whole(blessed, capsys, monkey
 
     monkeypatch.setattr(os, "fsync", full)  # where a full disk shows itself (delayed allocation)
     status = main(args)
-    line = _error_line(capsys.readouterr().err)
+    line = error_line(capsys.readouterr().err)
     assert status == ExitStatus.USAGE, line
     assert line == f"nsa-validate: error: cannot write the golden file {golden}: No space left on device", line
     assert golden.read_bytes() == before and sorted(golden.parent.iterdir()) == listing
@@ -68,7 +62,7 @@ def test_a_goldens_folder_that_cannot_be_made_is_named(blessed, capsys):
     folder.rmdir()
     with read_only(folder.parent):
         status = main(args)
-    line = _error_line(capsys.readouterr().err)
+    line = error_line(capsys.readouterr().err)
     assert status == ExitStatus.USAGE, line
     assert line.startswith(f"nsa-validate: error: cannot write the golden file {golden}: "), line
     assert line.endswith(f" ({folder})"), line

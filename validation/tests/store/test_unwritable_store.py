@@ -19,7 +19,7 @@ from validation.errors import StoreError
 from validation.pytest_plugin import AcceptancePlugin
 from validation.session import point as point_module
 from validation.session.session import ExitStatus
-from validation.tests.conftest import read_only, train_phase, write_runbook
+from validation.tests.conftest import error_line, read_only, train_phase, write_runbook
 
 
 @pytest.fixture
@@ -64,12 +64,6 @@ def stored_once(tmp_path, capsys):
     return rb, results
 
 
-def _error_line(err: str) -> str:
-    assert "Traceback" not in err, err
-    [line] = [ln for ln in err.splitlines() if ln.startswith("nsa-validate: error: ")]
-    return line
-
-
 def _full_disk(path, *args, **kwargs):
     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
@@ -82,7 +76,7 @@ def test_a_full_disk_as_a_record_is_stored_names_the_file_and_the_point_not_stor
     before = store.read_bytes()
     monkeypatch.setattr("validation.store.results.write_atomic", _full_disk)
     status = main(["run", "--runbook", str(rb), "--results-dir", str(results), "--no-plots"])
-    line = _error_line(capsys.readouterr().err)
+    line = error_line(capsys.readouterr().err)
     assert status == ExitStatus.USAGE, line
     assert line.startswith(f"nsa-validate: error: cannot write {store}: No space left on device; "
                            "fake/cpu/baseline_ddp/default ran to its end (PASS) but its record was not stored "
@@ -99,7 +93,7 @@ def test_a_temp_file_that_cannot_be_made_names_the_store_and_the_temp_file(store
 
     monkeypatch.setattr("validation.store.results.write_atomic", denied)
     assert main(["run", "--runbook", str(rb), "--results-dir", str(results), "--no-plots"]) == ExitStatus.USAGE
-    line = _error_line(capsys.readouterr().err)
+    line = error_line(capsys.readouterr().err)
     assert f"cannot write {results / 'results.json'}: Operation not permitted ({temp}); " in line, line
 
 
@@ -113,7 +107,7 @@ def test_a_reports_folder_made_read_only_while_a_point_runs(stored_once, monkeyp
         monkeypatch.setattr(point_module, "execute", lambda *a, **kw: (
             execute(*a, **kw), stack.enter_context(read_only(results / "reports")))[0])
         status = main(["run", "--runbook", str(rb), "--results-dir", str(results), "--no-plots"])
-        line = _error_line(capsys.readouterr().err)
+        line = error_line(capsys.readouterr().err)
     assert status == ExitStatus.USAGE, line
     assert line.startswith(f"nsa-validate: error: cannot remove the report {results / 'reports' / 'fake__cpu.md'}: "
                            ), line
@@ -128,7 +122,7 @@ def test_a_report_that_cannot_be_written_is_named_and_the_previous_one_stays(sto
     before = report.read_text()
     monkeypatch.setattr("validation.report.build.write_atomic", _full_disk)
     assert main(["report", "--results-dir", str(results), "--no-plots"]) == ExitStatus.USAGE
-    line = _error_line(capsys.readouterr().err)
+    line = error_line(capsys.readouterr().err)
     assert line == f"nsa-validate: error: cannot write the report {report}: No space left on device", line
     assert report.read_text() == before
 
@@ -137,7 +131,7 @@ def test_a_results_json_that_is_a_directory_is_named(tmp_path, capsys):
     results = tmp_path / "results"
     (results / "results.json").mkdir(parents=True)
     assert main(["report", "--results-dir", str(results), "--no-plots"]) == ExitStatus.USAGE
-    line = _error_line(capsys.readouterr().err)
+    line = error_line(capsys.readouterr().err)
     assert line == f"nsa-validate: error: cannot read {results / 'results.json'}: Is a directory", line
 
 
@@ -164,7 +158,7 @@ def test_a_report_into_a_read_only_reports_folder_names_it_and_the_report_stays(
     capsys.readouterr()
     with read_only(results / folder):
         status = main(["report", "--results-dir", str(results)])
-    line = _error_line(capsys.readouterr().err)
+    line = error_line(capsys.readouterr().err)
     assert status == ExitStatus.USAGE, line
     assert f"{results / folder}" in line and ("Operation not permitted" in line or "Permission denied" in line), line
     assert report.read_text() == before

@@ -176,7 +176,15 @@ def _ini_markers(config: pytest.Config) -> set[str]:
     return {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
 
 
-def _marks(names: tuple[str, ...]) -> list[Any]:
+def _marks(config: pytest.Config, names: tuple[str, ...]) -> list[Any]:
+    """A point's marks, each registered first where pytest does not know it yet: the marker of a
+    profile file the store's points ran with, which neither a runbook nor --profile named
+    (--strict-markers refuses an unknown mark at collection)."""
+    known = _ini_markers(config)
+    for m in names:
+        if m not in known:
+            config.addinivalue_line("markers", f"{m}: marker of a point's hardware profile")
+            known.add(m)
     return [getattr(pytest.mark, m) for m in names]
 
 
@@ -257,8 +265,8 @@ class AcceptancePlugin:
     def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
         if "acceptance_point" in metafunc.fixturenames:
             points = self._points()
-            metafunc.parametrize("acceptance_point", [pytest.param(p, id=p.test_id, marks=_marks(p.markers))
-                                                      for p in points])
+            metafunc.parametrize("acceptance_point", [
+                pytest.param(p, id=p.test_id, marks=_marks(self.config, p.markers)) for p in points])
         if "acceptance_pair" in metafunc.fixturenames:
             pairs: dict[tuple[str, str], PhasePoint] = {}
             for p in self._points():
@@ -266,7 +274,7 @@ class AcceptancePlugin:
             params = []
             for (rb, prof), p in pairs.items():
                 ms = [p.profile.marker] + (["gpu"] if p.profile.hardware.accelerator == "cuda" else [])
-                params.append(pytest.param((rb, prof), id=f"{rb}/{prof}", marks=_marks(tuple(ms))))
+                params.append(pytest.param((rb, prof), id=f"{rb}/{prof}", marks=_marks(self.config, tuple(ms))))
             metafunc.parametrize("acceptance_pair", params)
 
     def _points(self) -> list[PhasePoint]:

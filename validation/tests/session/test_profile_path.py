@@ -160,3 +160,23 @@ def test_a_profile_file_of_no_built_in_name_judges_a_re_run_and_a_report_without
     err = capsys.readouterr().err
     assert f"fake/mine: the stored points in {res} ran with the profile file {mine}, which cannot be loaded now" in err
     assert "give --profile: that file again or another file of profile mine" in err and "built-in" not in err, err
+
+
+def test_pytest_re_runs_a_phase_without_the_profile_file_the_store_ran_with(tmp_path):
+    """The pytest door's re-run of one phase without --profile, into a store whose points ran with
+    a profile file of no built-in name, failed at collection (exit 2: "'mine_profile' not found in
+    `markers`"): the points carry the marker of the store's file, which no runbook or --profile named."""
+    from validation.cli import main
+
+    mine = _copy_of_cpu(tmp_path / "mine.yaml", name="mine", marker="mine_profile")
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("strict"), train_phase("plain")], profiles=["mine"])
+    res = tmp_path / "r"
+    assert main(["run", "--runbook", str(rb), "--profile", str(mine), "--phase", "strict", "--results-dir", str(res),
+                 "--no-report"]) == 0
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(REPO_ROOT),
+                          "-m", "plain", "--runbook", str(rb), "--results-dir", str(res)],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert "not found in `markers`" not in out.stdout + out.stderr, out.stdout + out.stderr
+    assert out.returncode == 1 and "1 failed" in out.stdout, out.stdout + out.stderr  # mine's floor failed it
+    by_phase = {r.phase: r for r in ResultStore(res).records()}
+    assert by_phase["plain"].profile_arg == str(mine) and by_phase["plain"].status.name == "FAIL"

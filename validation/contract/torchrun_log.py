@@ -2,8 +2,10 @@
 torchrun's own log (its stderr)."""
 from __future__ import annotations
 
+import io
 import re
 import signal
+import tokenize
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -145,7 +147,7 @@ class RankFailure:
     """The innermost frame of its last traceback in the trainer's own code (no installed package's,
     no standard library's: ``_LIBRARY``): where the trainer called what raised; None where no frame is."""
     raised_code: str | None = None
-    """That frame's source line, as the traceback prints it."""
+    """That frame's source line, as the traceback prints it, without its comment."""
     ended_by_agent: bool | None = None
     """Whether torchrun's agent signalled this rank's process (``_AGENT_SIGNALLED``): True, its end was
     the agent ending the ranks still running; False, the agent signalled other ranks (so its log shows
@@ -324,9 +326,23 @@ def _traceback(lines: list[str], exception: str) -> dict:
         out["raised_at"] = Frame(m["file"], int(m["line"]), m["func"].strip())
         code = last[i + 1] if i + 1 < len(last) else ""
         if code.startswith("    ") and not _TB_FRAME.match(code) and not _CARETS.match(code):
-            out["raised_code"] = code.strip()
+            out["raised_code"] = _without_comment(code.strip())
         break
     return out
+
+
+def _without_comment(code: str) -> str:
+    """A traceback's source line without its trailing comment: the finding quotes what ran (a
+    comment's words, 'a hung rank stops the others here', would read as the harness's)."""
+    cut = None
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(code).readline):
+            if tok.type == tokenize.COMMENT:
+                cut = tok.start[1]
+                break
+    except (tokenize.TokenError, SyntaxError):  # a line of a statement that goes on: its tokens so far
+        pass
+    return code if cut is None else code[:cut].rstrip()
 
 
 def agent_signalled(stderr_path: Path, max_bytes: int = 1 << 20) -> list[int]:

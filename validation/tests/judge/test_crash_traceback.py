@@ -123,3 +123,13 @@ def test_the_frame_quoted_is_the_innermost_of_the_trainers_own_in_the_last_of_ch
     assert f.raised_code == 'raise RuntimeError("no data shard could be opened")'
     assert f.traceback.startswith("Traceback (most recent call last):\n  File \"/srv/train/data.py\", line 10")
 
+
+
+def test_the_source_line_quoted_leaves_out_its_comment(tmp_path):
+    """A comment on the line the trainer raised at was quoted as if the harness said it: 'a hung rank
+    stops the others here' in the crash finding of a rank that did not hang."""
+    log = _log(tmp_path)
+    log.write_text(LOG.replace("st = torch.load(ck, weights_only=False)",
+                               "st = torch.load(ck, weights_only=False)  # a hung rank stops the others here"))
+    f = rank_failures(log)[0]
+    assert f.raised_code == "st = torch.load(ck, weights_only=False)" and f.located == LOCATED, f.located

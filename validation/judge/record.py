@@ -374,7 +374,7 @@ class SubRun:
     loss_last: float | None = None
     command: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
-    """The files it wrote into its directory."""
+    """The files it wrote into its directory and, with a trailing slash, its folders."""
     signs: RunSigns | None = None
     """What its whole run says of how it trained (spikes, divergence, ...); None in records of
     older harnesses, which kept only the deciding process's, in the record's evidence."""

@@ -134,7 +134,7 @@ def sub_run(j: Judged, name: str, label: str, results_dir: Path, status: Status 
                   j.proc.exit_code, j.metrics,
                   int(csv["step"].min()) if logged else None, int(csv["step"].max()) if logged else None,
                   float(csv["loss"].iloc[0]) if logged else None, float(csv["loss"].iloc[-1]) if logged else None,
-                  list(j.proc.argv), sorted(p.name for p in j.run.out_dir.iterdir() if p.is_file()),
+                  list(j.proc.argv), list(j.evidence.files),
                   RunSigns.of(j.evidence, failed),
                   list(j.gates), j.proc.timed_out, j.proc.stalled_s, j.proc.timeout_quiet_s, round(j.proc.wall_s, 2),
                   j.evidence)

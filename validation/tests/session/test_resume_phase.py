@@ -52,6 +52,14 @@ def test_a_resumed_run_that_continues_the_uninterrupted_one_passes(fake_run):
     assert not run.findings()
 
 
+def test_a_halfs_artifacts_list_names_its_folders(fake_run):
+    """A resume point's halves listed their files only, not the folders (checkpoints/, a trainer's own
+    output, harness_stacks/) their findings cite, as a train point's list does."""
+    rec = fake_run([resume_phase()]).record
+    first = next(s for s in rec.runs if s.name == "first")
+    assert "checkpoints/" in first.files and "training.csv" in first.files, first.files
+
+
 def test_data_skipped_on_resume_fails_naming_the_first_step_after_it(fake_run):
     rec = (run := fake_run([resume_phase("resume_skip:steps=2")])).record
     assert rec.status == Status.FAIL

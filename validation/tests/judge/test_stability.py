@@ -186,7 +186,7 @@ def test_the_profile_sets_the_rule_and_a_bad_value_is_refused_when_it_loads(tmp_
         load_profile(bad)
 
 
-#: a user's resumed run (f_resume_bad, 2026-12-06): its loss tripled from step 7, the first step after the
+#: a user's resumed run (f_resume_bad): its loss tripled from step 7, the first step after the
 #: resume, and stayed there; step 11, the lowest of steps 7-12, is the first step with a full window
 RESUMED_3X = [1.035857, 1.060855, 1.049460, 0.993893, 1.060106, 1.038291,
               3.025062, 2.987261, 3.092546, 2.961549, 2.960245, 3.019704]

@@ -268,7 +268,11 @@ def test_an_error_on_every_rank_before_the_process_group_heads_the_crash(tmp_pat
                  "not torchrun's ChildFailedError")
     root = tmp_path / "trainer"
     root.mkdir()
-    (root / "train.py").write_text("import a_module_that_is_not_there  # noqa\n")
+    # rank 1 a moment after rank 0: two ranks raising at one instant interleave their unbuffered
+    # stderr writes byte by byte ('ModuleNotFoundErrorModuleNotFoundError: : ...'), which no reader of
+    # the log can take apart
+    (root / "train.py").write_text("import os, time\ntime.sleep(0.05 * int(os.environ.get('LOCAL_RANK', '0')))\n"
+                                   "import a_module_that_is_not_there  # noqa\n")
     monkeypatch.setenv("BROKEN_TRAINER_ROOT", str(root))
     phase = {"name": "broken", "kind": "train", "steps": 4, "timeout_s": 120, "stall_s": 30,
              "launcher": {"kind": "torchrun", "nproc": 2}, "env": {"OMP_NUM_THREADS": 1},

@@ -42,7 +42,8 @@ class RankSilence:
     had reached."""
     left_behind: bool = False
     """Whether it had done a step of its own before (its start-up was over) and another rank went past
-    its step by its own heartbeat interval or more: it hung where the others did not wait for it,
+    its step by more than its own heartbeat interval (one that waits for it in a collective begins the
+    step it hung in, no later one): it hung where the others did not wait for it,
     which the watch stops as a stall of that rank. Else the phase's timeout found it so (a rank silent
     within its first step, or one the others had not yet passed by its heartbeat interval)."""
 

@@ -199,8 +199,8 @@ class StepWatch:
                gone: Collection[int] = ()) -> list[RankSilence]:
         """The ranks whose heartbeats showed no new step for ``stall_s`` or more, as of ``now``, while
         another rank's showed new steps past theirs, lowest first; left behind
-        (``RankSilence.left_behind``) where it had done a step and another went past its step by its
-        own heartbeat interval (a rank that merely lags, or beats every few steps, shows its next
+        (``RankSilence.left_behind``) where it had done a step and another went past its step by more
+        than its own heartbeat interval (a rank that merely lags, or beats every few steps, shows its next
         step before that). Never a rank whose
         last step is ``last_step`` or later (it finished), whose latest record is a halt record (it
         stopped with the run), or whose process (the pid of its heartbeats) is among ``gone``, those
@@ -215,6 +215,8 @@ class StepWatch:
             others = {k: p.step for k, p in sorted(self._paces.items())
                       if k != rank and p.since > pace.since and p.step > pace.step}
             if others:
-                behind = pace.stepped and any(s >= pace.step + pace.every for s in others.values())
+                # more than its interval: a rank that waits for it in a collective can begin the step
+                # it hung in, no later one
+                behind = pace.stepped and any(s > pace.step + pace.every for s in others.values())
                 out.append(RankSilence(rank, pace.step, round(quiet, 1), others, behind))
         return out

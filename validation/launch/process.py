@@ -384,7 +384,12 @@ def _supervise(procs: list[subprocess.Popen | None], over: LaunchOver, ended: di
             if gone and now - ranks_gone_at < LAUNCH_OVER_GRACE_S:
                 continue
         if stop is not None:
-            return replace(stop, beat_pids=dict(steps.pids), silent=tuple(silent)) if steps is not None else stop
+            if steps is None:
+                return stop
+            # a stall of the run names only the ranks left behind: one a lockstep rank merely waits for
+            # is the classic hang, named from the stacks; a timeout names every silent rank
+            kept = silent if stop.why == _Why.TIMEOUT else [s for s in silent if s.left_behind]
+            return replace(stop, beat_pids=dict(steps.pids), silent=tuple(kept))
 
 
 def _left_behind(silent: list[RankSilence], watch: Watch) -> _Stop | None:

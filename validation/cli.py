@@ -273,8 +273,13 @@ def cmd_run(args: argparse.Namespace, abort: StopFlag) -> int:
         raise
 
 
-def _render(session: AcceptanceSession, pairs: list[tuple[str, str]] | None = None, interrupted: bool = False) -> int:
+def _render(session: AcceptanceSession, pairs: list[tuple[str, str]] | None = None, interrupted: bool = False,
+            profile_notes: bool = False) -> int:
+    """Render, and print each report's line; ``profile_notes``: first the notes of the pairs judged
+    by a profile file the command line did not give (``run`` says them before its points)."""
     rendered = session.render(pairs, notes=_note)
+    for note in session.profile_notes if profile_notes else ():
+        _note(note)
     for out in rendered:
         print(f"nsa-validate: {report_line(out, interrupted)}")
         if out.events is not None:
@@ -288,7 +293,7 @@ def _note(text: str) -> None:
 
 def cmd_report(args: argparse.Namespace, abort: StopFlag) -> int:
     session = AcceptanceSession(_options(args, args.runbook), abort)
-    return _render(session, session.report_pairs())
+    return _render(session, session.report_pairs(), profile_notes=True)
 
 
 def cmd_bless(args: argparse.Namespace) -> int:

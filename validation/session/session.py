@@ -272,11 +272,16 @@ class AcceptanceSession:
                                f"{latest.profile_arg}, which cannot be loaded now ({exc}); give --profile: that file "
                                "again" + (f", or {name} for the built-in profile" if built_in else
                                           f" or another file of profile {name}")) from None
-        note = (f"{rb.name}/{name} is judged by {prof.cli_name}, the profile file its stored points ran with"
-                + (f" (--profile {name}: by the built-in profile)" if built_in else ""))
+        self._judged_by(rb.name, name, prof)
+        return prof
+
+    def _judged_by(self, rb_name: str, name: str, prof: Profile) -> None:
+        """Note, once in ``profile_notes``, that the pair of profile ``name`` is judged by ``prof``,
+        a profile file the command line did not give (the one its stored points ran with)."""
+        note = (f"{rb_name}/{name} is judged by {prof.cli_name}, the profile file its stored points ran with"
+                + (f" (--profile {name}: by the built-in profile)" if name in available(PROFILE_DIR) else ""))
         if note not in self.profile_notes:
             self.profile_notes.append(note)
-        return prof
 
     def check_ready(self, pairs: list[tuple[str, str]] | None = None) -> None:
         """The store readable (a corrupt results.json stops the session before anything runs) and
@@ -445,6 +450,8 @@ class AcceptanceSession:
             prof = given.get(prof_name)
             if rb is None or prof is None:
                 ran_rb, ran_prof = _ran_from(store, rb_name, prof_name, notes, runbook=rb is None)
+                if prof is None and ran_prof is not None and ran_prof.cli_name != prof_name:
+                    self._judged_by(rb_name, prof_name, ran_prof)  # `report` says it as `run` does
                 rb, prof = rb or ran_rb, prof or ran_prof
             base = self.options.baseline
             # a pair the baseline lacks renders without a comparison (check_ready made sure it

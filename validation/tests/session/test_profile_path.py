@@ -180,3 +180,30 @@ def test_pytest_re_runs_a_phase_without_the_profile_file_the_store_ran_with(tmp_
     assert out.returncode == 1 and "1 failed" in out.stdout, out.stdout + out.stderr  # mine's floor failed it
     by_phase = {r.phase: r for r in ResultStore(res).records()}
     assert by_phase["plain"].profile_arg == str(mine) and by_phase["plain"].status.name == "FAIL"
+
+
+def test_report_without_profile_says_which_profile_file_judges_as_run_does(tmp_path, capsys):
+    """`nsa-validate report` without --profile, of a store whose points ran with a profile file,
+    judged by that file (NO-GO by its floor) and said nothing of it, where `run` notes it: the
+    report's verdict came from thresholds the command line never named."""
+    from validation.cli import main
+
+    mine = _copy_of_cpu(tmp_path / "cpu.yaml")
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("strict")])
+    res = tmp_path / "r"
+    assert main(["run", "--runbook", str(rb), "--profile", str(mine), "--results-dir", str(res), "--no-report"]) == 0
+    note = (f"nsa-validate: note: fake/cpu is judged by {mine}, the profile file its stored points ran with "
+            "(--profile cpu: by the built-in profile)\n")
+    for runbook in ([], ["--runbook", str(rb)]):
+        capsys.readouterr()
+        assert main(["report", *runbook, "--results-dir", str(res), "--no-plots"]) == 1  # NO-GO, by mine's floor
+        err = capsys.readouterr().err
+        assert err.count(note) == 1, (runbook, err)
+    # given on the command line, or the built-in profile's own records: no note
+    capsys.readouterr()
+    assert main(["report", "--results-dir", str(res), "--profile", str(mine), "--no-plots"]) == 1
+    assert "is judged by" not in capsys.readouterr().err
+    assert main(["run", "--runbook", str(rb), "--profile", "cpu", "--results-dir", str(res), "--no-report"]) == 0
+    capsys.readouterr()
+    assert main(["report", "--results-dir", str(res), "--no-plots"]) == 0
+    assert "is judged by" not in capsys.readouterr().err

@@ -92,10 +92,11 @@ def test_a_phase_no_longer_stored_loses_its_plot_once_the_new_report_is_written(
     assert sorted(p.name for p in plot_dir.iterdir()) == ["fake__cpu__baseline_ddp.png", "other__cpu__gone_phase.png"]
 
 
-def test_a_sweep_point_that_did_not_pass_says_why_under_its_table(tmp_path):
+def test_a_sweep_point_that_did_not_pass_says_why_in_its_row(tmp_path):
     """`nsa-validate run --runbook nsa_ddp_a100 --phase bucket_sweep` on a CPU box: the report's
-    sweep table showed three rows of dashes and SKIP, and nowhere said why (the sweep table has no
-    Reason column; the reason, 'profile a100 needs 2 CUDA GPU(s); this machine has 0', was lost)."""
+    sweep table showed three rows of dashes and SKIP, and nowhere said why (the reason, 'profile
+    a100 needs 2 CUDA GPU(s); this machine has 0', was lost); then a list under the table said it,
+    the row itself still without. The sweep table has a Reason column, as the other tables do."""
     from validation.judge.record import PhaseRecord, Status
     from validation.machine import Machine
     from validation.report.build import build_context, render_text
@@ -110,9 +111,29 @@ def test_a_sweep_point_that_did_not_pass_says_why_under_its_table(tmp_path):
         PhaseRecord.for_point(one, Status.SKIP, "profile cpu needs 2 CUDA GPU(s); this machine has 0", hardware=Machine()),
         PhaseRecord.for_point(four, Status.UNMEASURED, "toks_per_s_mean: no threshold measured yet", hardware=Machine())])
     text = render_text({**build_context(tmp_path / "r", rb.name, prof.name, runbook=rb, profile=prof), "results_prefix": ".."})
-    section = text.split("### bucket_sweep", 1)[1].split("\n## ", 1)[0]
-    assert "- NSA_DDP_BUCKET_MB=1: SKIP: profile cpu needs 2 CUDA GPU(s); this machine has 0" in section, section
-    assert "- NSA_DDP_BUCKET_MB=4: UNMEASURED: " in section, section
+    rows = _sweep_rows(text, "bucket_sweep")
+    assert rows[0][0] == "NSA_DDP_BUCKET_MB" and rows[0][-2:] == ["Status", "Reason"], rows
+    assert rows[1][0] == "1" and rows[1][-2:] == ["SKIP", "profile cpu needs 2 CUDA GPU(s); this machine has 0"], rows
+    assert rows[2][0] == "4" and rows[2][-2:] == ["UNMEASURED", "toks_per_s_mean: no threshold measured yet"], rows
+
+
+def test_a_failed_sweep_point_says_who_failed_in_its_row(fake_run):
+    """A sweep point that crashed showed FAIL in the sweep table without why: its row says what the
+    other tables' Reason says, the diagnosis (who crashed, where) before the verdict's reason."""
+    run = fake_run([train_phase("bucket_sweep", sweep={"env.NSA_FAULT": ["lean", "crash:step=3"]})])
+    rows = _sweep_rows(run.report, "bucket_sweep")
+    assert rows[0][-2:] == ["Status", "Reason"] and len({len(r) for r in rows}) == 1, rows
+    healthy, crashed = rows[1:]
+    assert healthy[-2:] == ["PASS", "2 gate(s) passed"], healthy
+    assert crashed[-2] == "FAIL" and crashed[-1].startswith("rank 0 crashed"), crashed
+    assert "Points that did not pass" not in run.report
+
+
+def _sweep_rows(text: str, phase: str) -> list[list[str]]:
+    """The cells of each line of a phase's sweep table (its head, then a line per point)."""
+    section = text.split(f"### {phase}", 1)[1].split("\n### ", 1)[0].split("\n## ", 1)[0]
+    return [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in section.splitlines()
+            if line.startswith("|") and not line.startswith("|--")]
 
 
 def test_not_run_says_why_and_the_command_that_runs_those_points(tmp_path):

@@ -10,7 +10,7 @@ Version 2 adds to version 1: ranks come from ``env.json`` (a heartbeat or stack 
 at or above ``world_size`` is malformed); ``git_sha`` in ``env.json`` names the trainer's own
 commit; steps completed are checked against steps requested; the harness asks for a profile
 through ``PROFILE_STEPS_ENV`` and reads ``profile.json``; a trainer may publish its config keys
-(``LIST_KEYS_FLAG``).
+(``LIST_KEYS_FLAG``) and check a run's config values (``CHECK_CONFIG_FLAG``).
 """
 from __future__ import annotations
 
@@ -183,3 +183,15 @@ PROFILE_FIELDS = {
 #: ``<trainer> --list-keys`` prints its config keys as a JSON list of dotted names and exits 0;
 #: the harness checks a runbook's overrides against them without importing the trainer
 LIST_KEYS_FLAG = "--list-keys"
+#: ``<trainer> --check-config`` reads a JSON list of runs from stdin, each ``CHECK_CONFIG_FIELDS``,
+#: and prints a JSON list of as many answers and exits 0: null where the trainer would take the
+#: run's config, else the one-line error it would stop with. It checks, runs nothing and writes
+#: nothing; the harness asks it (of a trainer that publishes its keys) when a runbook loads, so that
+#: a value of the wrong type or out of range is refused there, not found as a crash of every point
+CHECK_CONFIG_FLAG = "--check-config"
+CHECK_CONFIG_FIELDS = {
+    "config": "the --config the run is given (a preset name or a YAML file's name)",
+    "steps": "the --steps it is given",
+    "overrides": "{dotted.key: value}, each value a string as the run's --override gives it (true/false for a boolean)",
+    "env": "{NAME: value}: the variables the runbook gives the run (the harness passes on no other NSA_* or CONFIG)",
+}

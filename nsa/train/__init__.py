@@ -7,7 +7,7 @@ cosine schedule), telemetry (training.csv, heartbeats, env.json), strict_json (t
 without a bare NaN or Infinity), tensorboard (event files, opt-in), profile (profile.json on the
 contract's request), watchdog (stall detection, stack dumps, .HALT), checkpoint (save / exact
 resume), faults (fault injection for tests; grammar in its docstring), loop (Trainer), cli (entry
-point), keys (``--list-keys``). What they write is nsa/contract.py's schema.
+point), keys (``--list-keys``, ``--check-config``). What they write is nsa/contract.py's schema.
 
 The names below are imported on first use, not with the package: ``python -m nsa.train
 --list-keys`` must answer without importing torch, which the model config's package does.

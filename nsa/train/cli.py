@@ -10,9 +10,9 @@ import textwrap
 
 from .. import contract
 from ..attention import BackendUnavailable
-from ..config import ConfigError, disagree, list_presets, parse_overrides
+from ..config import ConfigError, list_presets
 from .checkpoint import CheckpointError
-from .config import ENV_TOGGLES, NOOP_TOGGLES, NOOP_UNLESS, load_run_config
+from .config import ENV_TOGGLES, NOOP_TOGGLES, NOOP_UNLESS, flag_overrides, load_run_config
 from .data import DataError
 from .interrupt import EXIT_INTERRUPTED, EXIT_TERMINATED
 from .loop import Trainer
@@ -121,23 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (train.steps)")
     p.add_argument(contract.LIST_KEYS_FLAG, action="store_true",
                    help="print the config keys (a JSON list of dotted names) and exit; fast, no torch import")
+    p.add_argument(contract.CHECK_CONFIG_FLAG, action="store_true",
+                   help="read a JSON list of runs ({config, steps, overrides, env}) from stdin, print a JSON list of "
+                        "the error each would stop with while loading its config (null: none) and exit; runs "
+                        "nothing, no torch import")
     return p
-
-
-def _flag_overrides(overrides: list[str], flags: dict[str, object]) -> list[str]:
-    """The overrides of the flags given (--out-dir, --steps: train.out_dir, train.steps), applied
-    last. A flag beside an override of its key to another value is an error naming both: the flag
-    won without a word (`--steps 3 train.steps=-1` ran 3 steps)."""
-    typed = parse_overrides(overrides).get("train", {})
-    out = []
-    for key, value in flags.items():
-        if value is None:
-            continue
-        if key in typed and typed[key] != str(value):
-            flag = "--" + key.replace("_", "-")
-            raise disagree(f"{flag} {value}", f"the override train.{key}={typed[key]}")
-        out.append(f"train.{key}={value}")
-    return out
 
 
 def whole_lines() -> None:
@@ -158,9 +146,13 @@ def main(argv: list[str] | None = None) -> int:
         from .keys import main as list_keys
 
         return list_keys()
+    if args.check_config:
+        from .keys import check_main
+
+        return check_main()
     overrides = [*args.override, *args.overrides]
     try:
-        overrides += _flag_overrides(overrides, {"out_dir": args.out_dir, "steps": args.steps})
+        overrides += flag_overrides(overrides, {"out_dir": args.out_dir, "steps": args.steps})
     except ConfigError as exc:
         print(f"[rank {os.environ.get('RANK', '0')}] error: {exc}", file=sys.stderr, flush=True)
         return EXIT_INPUT

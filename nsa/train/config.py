@@ -468,6 +468,36 @@ def load_run_config(
     return cfg, Resolved(str(path), extra, applied, noops, seen)
 
 
+def flag_overrides(overrides: list[str], flags: dict[str, object]) -> list[str]:
+    """The overrides of the flags given (--out-dir, --steps: train.out_dir, train.steps), applied
+    last. A flag beside an override of its key to another value is an error naming both: the flag
+    won without a word (`--steps 3 train.steps=-1` ran 3 steps)."""
+    typed = parse_overrides(overrides).get("train", {})
+    out = []
+    for key, value in flags.items():
+        if value is None:
+            continue
+        if key in typed and typed[key] != str(value):
+            flag = "--" + key.replace("_", "-")
+            raise disagree(f"{flag} {value}", f"the override train.{key}={typed[key]}")
+        out.append(f"train.{key}={value}")
+    return out
+
+
+def check_run_config(config: str | None, steps: int | None, overrides: Mapping[str, str],
+                     env: Mapping[str, str]) -> str | None:
+    """The one-line error a run given ``--config config --steps steps --override 'k=v ...'`` in the
+    environment ``env`` would stop with while loading its config, or None where it would take it
+    (``--check-config``, nsa/train/keys.py). Nothing is run or written."""
+    words = [" ".join(f"{k}={v}" for k, v in overrides.items())] if overrides else []
+    try:
+        words += flag_overrides(words, {"steps": steps})
+        load_run_config(config, words, env)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 def config_dict(cfg: RunConfig) -> dict[str, Any]:
     return to_dict(cfg)
 

@@ -188,7 +188,7 @@ def test_env_toggles_are_read_in_one_place_only():
 def test_cli_surface_is_frozen_and_help_lists_the_toggles():
     parser = build_parser()
     opts = {o for a in parser._actions for o in a.option_strings}
-    assert opts == {"-h", "--help", "--config", "--override", "--out-dir", "--steps", "--list-keys"}
+    assert opts == {"-h", "--help", "--config", "--override", "--out-dir", "--steps", "--list-keys", "--check-config"}
     text = parser.format_help()
     for var in ENV_TOGGLES:
         assert var in text

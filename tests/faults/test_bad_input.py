@@ -247,8 +247,8 @@ def test_no_shell_is_spawned_from_runbook_text(tmp_path, matrix):
     for e in events:
         assert Path(e["exe"] if e["exe"] != "None" else e["argv"][0]).name not in shells, e
         assert Path(e["argv"][0]).name not in shells and "-c" not in e["argv"][:2], e
-    # the trainer's run; its --list-keys call (runbook checking) is the other start of nsa.train
-    trainer = [e for e in events if "nsa.train" in e["argv"] and "--list-keys" not in e["argv"]]
+    # the trainer's run; its --list-keys and --check-config calls (runbook checking) are the other starts of nsa.train
+    trainer = [e for e in events if "nsa.train" in e["argv"] and not {"--list-keys", "--check-config"} & set(e["argv"])]
     assert len(trainer) == 1, events
     argv = trainer[0]["argv"]
     assert argv[0] == sys.executable and argv[1:3] == ["-m", "nsa.train"], argv

@@ -36,7 +36,7 @@ from validation.launch.legs import Leg
 from validation.launch import process as runner
 from validation.launch.watch import Watch
 from validation.runbook.plan import PhasePoint
-from validation.runbook.types import Scalar
+from validation.runbook.types import Scalar, override_text
 
 Progress = Callable[[str], None]
 
@@ -99,17 +99,13 @@ def _poll(point: PhasePoint, out_dir: Path, progress: Progress | None, csv: Path
     return None if progress is None else StepProgress(point, csv or out_dir / TRAINING_CSV, progress, read)
 
 
-def _fmt(v: Any) -> str:
-    return ("true" if v else "false") if isinstance(v, bool) else str(v)
-
-
 def override_args(point: PhasePoint, leg: Leg | None = None) -> list[str]:
     """The trainer's --config/--steps/--override arguments for this point (and, for one process
     of a resume point, the keys that stop or resume it)."""
     args = ["--config", point.phase.config, "--steps", str(point.phase.steps)]
     overrides = {**point.overrides, **own_overrides(leg)}
     if overrides:
-        args += ["--override", " ".join(f"{k}={_fmt(v)}" for k, v in overrides.items())]
+        args += ["--override", " ".join(f"{k}={override_text(v)}" for k, v in overrides.items())]
     return args
 
 

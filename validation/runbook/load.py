@@ -13,10 +13,12 @@ directory or smuggle a second argument into the trainer's command line.
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Mapping
 
 from nsa.config import ConfigError, list_presets, resolve_config_path
+from nsa.contract import CHECK_CONFIG_FLAG
 from validation import PROFILE_DIR, REPO_ROOT, RUNBOOK_DIR
 from validation.contract.adapters import ADAPTERS
 from validation.errors import RunbookError
@@ -35,9 +37,9 @@ from validation.runbook.fields import (
     parse_phase,
     read_yaml,
 )
-from validation.runbook.trainer_keys import published_keys
+from validation.runbook.trainer_keys import config_errors, published_keys
 from validation.runbook.trainer_spec import TrainerSpec, parse_trainer
-from validation.runbook.types import Hardware, Launcher, Phase, Profile, Runbook
+from validation.runbook.types import Hardware, Launcher, Phase, Profile, Runbook, Scalar, override_text, sweep_part
 
 
 def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None) -> Runbook:
@@ -77,6 +79,8 @@ def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None
             _check_trainer_keys(r, f"phases[{i}]", p, inherited)
         else:
             _check_params(r, f"phases[{i}]", p, trainer, inherited)
+    if trainer is None:
+        _check_values(r, raw, phases, defaults)
     return Runbook(r.str_("name", pattern=NAME), path, r.str_("description", "") or "",
                    r.str_("source", "") or "", tuple(profiles), phases, r.value("max_parallel"), trainer)
 
@@ -103,6 +107,54 @@ def _check_trainer_keys(r: Reader, where: str, phase, inherited: set[str]) -> No
             keys = sorted(k for k in known if k.startswith(section + "."))
             r.fail(_key_where(where, key, inherited), f"{key!r} is not a key of the trainer's config; {hint}keys under "
                                                 f"{section}: {', '.join(keys) or 'none (no such section)'}")
+
+
+def _check_values(r: Reader, raw: list, phases: tuple[Phase, ...], defaults: dict) -> None:
+    """Every point's config (its config, steps, overrides and environment) as the trainer would
+    load it, where the trainer checks runs for the asking (``--check-config``: nsa/contract.py
+    ``CHECK_CONFIG_FLAG``, this project's trainer among them): a value of the wrong type or out of
+    range is refused when the runbook loads, naming the point and the key, instead of every point
+    crashing on it as the trainer's failure. A trainer that does not answer is left to judge the
+    values when it runs."""
+    asked: dict[str, list[tuple[int, Phase, dict[str, Scalar]]]] = {}
+    for i, p in enumerate(phases):
+        if p.kind in TRAINER_KINDS and published_keys(p.launcher.module) is not None:
+            asked.setdefault(p.launcher.module, []).extend((i, p, params) for params in p.points())
+    refused = []
+    for module, points in asked.items():
+        runs = [{"config": p.config, "steps": p.steps, "env": p.point_env(params),
+                 "overrides": {k: override_text(v) for k, v in p.point_overrides(params).items()}}
+                for _, p, params in points]
+        refused += [(i, n, p, params, module, error) for n, ((i, p, params), error)
+                    in enumerate(zip(points, config_errors(module, runs) or ())) if error]
+    if refused:
+        i, _, p, params, module, error = min(refused, key=lambda x: x[:2])
+        r.fail(_value_where(i, p, params, error, raw[i] if isinstance(raw[i], dict) else {}, defaults),
+               f"the trainer refuses it ({module} {CHECK_CONFIG_FLAG}): {error}")
+
+
+def _names(message: str, key: str) -> bool:
+    """Whether the trainer's error names ``key`` (train.seq_len, NSA_DDP_BUCKET_MB): whole, or for a
+    key of a nested section as that section's own check says it (attn.window of model.attn.window)."""
+    parts = key.split(".")
+    forms = [key] + ([".".join(parts[1:])] if len(parts) > 2 else [])
+    return any(re.search(rf"(?<![\w.]){re.escape(f)}(?!\w)", message) for f in forms)
+
+
+def _value_where(i: int, phase: Phase, params: dict[str, Scalar], error: str, raw: dict, defaults: dict) -> str:
+    """Where the runbook set what the trainer's ``error`` names: a sweep point's parameter, the
+    phase's own override or variable, or defaults'; the phase (and point) where it names none of them."""
+    point = f" point {','.join(sweep_part(k, v) for k, v in params.items())}" if params else ""
+    for key in (k for k in params if _names(error, k.removeprefix("env."))):
+        return f"phases[{i}]{point} ({'sweep ' + key if key.startswith('env.') else 'override ' + key})"
+    own_overrides, own_env = raw.get("overrides"), raw.get("env")
+    for key in (k for k in phase.overrides if _names(error, k)):
+        inherited = key in defaults["overrides"] and not (isinstance(own_overrides, dict) and key in own_overrides)
+        return f"{'defaults.overrides' if inherited else f'phases[{i}]'} (override {key})"
+    for name in (n for n in phase.env if _names(error, n)):
+        inherited = name in defaults["env"] and not (isinstance(own_env, dict) and name in own_env)
+        return f"{'defaults' if inherited else f'phases[{i}]'}.env.{name}"
+    return f"phases[{i}]{point}"
 
 
 def _check_config(r: Reader, where: str, phase) -> None:

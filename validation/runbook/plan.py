@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from nsa.config import ConfigError, resolve_config_path
-from nsa.contract import PROFILE_STEPS_ENV
 from validation import REPO_ROOT
 from validation.contract.adapters import ADAPTERS
 from validation.errors import RunbookError
@@ -54,21 +53,13 @@ class PhasePoint:
 
     @property
     def overrides(self) -> dict[str, Scalar]:
-        out = dict(self.phase.overrides)
-        out.update({k: v for k, v in self.params.items() if not k.startswith("env.")})
-        return out
+        return self.phase.point_overrides(self.params)
 
     @property
     def env(self) -> dict[str, str]:
         """The phase's environment, the sweep's ``env.*`` parameters and, for a profile phase, the
         contract's profile request (the trainer profiles that many steps once steady)."""
-        out = dict(self.phase.env)
-        for k, v in self.params.items():
-            if k.startswith("env."):
-                out[k[4:]] = ("1" if v else "0") if isinstance(v, bool) else str(v)
-        if self.phase.kind == "profile":
-            out[PROFILE_STEPS_ENV] = str(self.phase.profile_steps)
-        return out
+        return self.phase.point_env(self.params)
 
     @property
     def nproc(self) -> int:

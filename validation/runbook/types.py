@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from nsa.contract import PROFILE_STEPS_ENV
 from validation import PROFILE_DIR, REPO_ROOT, RUNBOOK_DIR
 from validation.errors import RunbookError
 from validation.judge.gates import Gate
@@ -98,7 +99,8 @@ class Phase:
                       note="its name and its file's contents")
     overrides: Mapping[str, Scalar] = key(
         factory=dict, meaning="dotted config keys of the trainer (checked against its --list-keys, or a runbook "
-                              "trainer's params)",
+                              "trainer's params), and their values (checked by its --check-config where it answers "
+                              "it: this project's trainer does)",
         defaults="dotted config keys and values, merged under each phase's own", stale=Stale.EXACT,
         note="with the sweep point's parameters")
     env: Mapping[str, str] = key(
@@ -171,6 +173,30 @@ class Phase:
             return [{}]
         keys = list(self.sweep)
         return [dict(zip(keys, combo)) for combo in itertools.product(*(self.sweep[k] for k in keys))]
+
+    def point_overrides(self, params: Mapping[str, Scalar]) -> dict[str, Scalar]:
+        """The overrides of the point of sweep parameters ``params``: the phase's, and its config keys."""
+        out = dict(self.overrides)
+        out.update({k: v for k, v in params.items() if not k.startswith("env.")})
+        return out
+
+    def point_env(self, params: Mapping[str, Scalar]) -> dict[str, str]:
+        """The environment of the point of sweep parameters ``params``: the phase's, the sweep's
+        ``env.*`` parameters and, for a profile phase, the contract's profile request (the trainer
+        profiles that many steps once steady)."""
+        out = dict(self.env)
+        for k, v in params.items():
+            if k.startswith("env."):
+                out[k[4:]] = ("1" if v else "0") if isinstance(v, bool) else str(v)
+        if self.kind == "profile":
+            out[PROFILE_STEPS_ENV] = str(self.profile_steps)
+        return out
+
+
+def override_text(value: Scalar) -> str:
+    """An override's value as a module trainer's command line gives it (``--override k=v``):
+    true or false for a boolean, else its text."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
 @dataclass(frozen=True)

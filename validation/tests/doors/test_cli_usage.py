@@ -24,7 +24,7 @@ from validation.runbook.plan import expand
 from validation.store import bless, goldens
 from validation.store.goldens import GoldenError
 from validation.store.results import ResultStore
-from validation.tests.conftest import default_sigint, train_phase, write_runbook
+from validation.tests.conftest import default_sigint, error_line, train_phase, write_runbook
 
 
 def _store(results: Path, runbook: Path) -> None:
@@ -408,6 +408,23 @@ def test_a_config_file_the_trainer_will_not_find_is_bad_input(tmp_path, capsys):
     err = capsys.readouterr().err
     assert (f"nsa-validate: error: {rb}: defaults.config: config file 'mycfg.yaml' not found: looked for "
             f"{REPO_ROOT / 'mycfg.yaml'}. This project's trainer runs from the checkout ({REPO_ROOT})") in err, err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "phases"])
+def test_an_override_value_the_trainer_refuses_is_bad_input(tmp_path, capsys, command):
+    """`overrides: {train.batch_size: two}` for this project's trainer ran its point, which the
+    trainer refused ("expected an integer, got 'two'", exit 2), read as 'rank 0 crashed': NO-GO
+    (exit 1), blaming the trainer for the runbook's typo. Now bad input (exit 2) before anything
+    runs: one line naming the runbook, the phase, the key and what the trainer expected."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase(overrides={"train.batch_size": "two"})],
+                       defaults={"launcher": {"kind": "python", "module": "nsa.train"}})
+    extra = ["--results-dir", str(tmp_path / "r")] if command == "run" else []
+    assert main([command, "--runbook", str(rb), *extra]) == 2
+    line = error_line(capsys.readouterr().err)
+    assert line.startswith(f"nsa-validate: error: {rb}: phases[0] (override train.batch_size): the trainer refuses "
+                           "it (nsa.train --check-config): "), line
+    assert "train.batch_size: expected an integer, got 'two'" in line, line
     assert not (tmp_path / "r").exists()
 
 

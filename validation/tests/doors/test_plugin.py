@@ -238,6 +238,19 @@ def test_bad_override_key_is_found_when_the_runbook_loads(tmp_path):
            "did you mean 'train.seq_len'?" in out.stderr
 
 
+def test_an_override_value_the_trainer_refuses_is_a_usage_error(tmp_path):
+    """A sweep value this project's trainer refuses (`train.batch_size: [1, 2x]`) collected and ran
+    its point into 'rank 0 crashed' (a test failure blaming the trainer): a usage error (exit 4)
+    naming the point and the key, nothing run."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("baseline_ddp", sweep={"train.batch_size": [1, "2x"]})],
+                       defaults={"launcher": {"kind": "python", "module": "nsa.train"}})
+    out = _pytest("validation/tests/test_acceptance.py", "--runbook", str(rb), "--results-dir", str(tmp_path / "r"))
+    assert out.returncode == 4, out.stdout + out.stderr
+    assert ("rb.yaml: phases[0] point batch_size=2x (override train.batch_size): the trainer refuses it (nsa.train "
+            "--check-config): ") in out.stderr and "expected an integer, got '2x'" in out.stderr, out.stderr
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_config_file_the_trainer_will_not_find_is_a_usage_error(tmp_path):
     """`config: mycfg.yaml` of no file in the checkout (where the trainer reads it) collected and
     ran every point into 'rank 0 crashed ... config file not found'."""

@@ -293,3 +293,54 @@ def test_a_config_file_the_trainer_will_not_find_is_refused_when_the_runbook_loa
     assert load_runbook(rb)
     monkeypatch.setattr(load, "REPO_ROOT", tmp_path)  # a checkout holding mycfg.yaml
     assert load_runbook(write_runbook(tmp_path / "rb.yaml", [train_phase()], defaults={"config": "mycfg.yaml"}))
+
+
+from validation.tests.conftest import FAKE, train_phase, write_runbook  # noqa: E402
+
+NSA_TRAIN = {"launcher": {"kind": "python", "module": "nsa.train"}}
+
+
+@pytest.mark.parametrize("phase, defaults, where, said", [
+    # user's pass: `train.batch_size: two` loaded, and its point launched and read as the trainer's
+    # crash ("rank 0 crashed ... expected an integer, got 'two'", NO-GO)
+    ({"overrides": {"train.batch_size": "two"}}, {}, "phases[1] (override train.batch_size)",
+     "train.batch_size: expected an integer, got 'two'"),
+    ({"sweep": {"train.batch_size": [1, "2x"]}}, {}, "phases[1] point batch_size=2x (override train.batch_size)",
+     "train.batch_size: expected an integer, got '2x'"),
+    ({"sweep": {"env.NSA_DDP_BUCKET_MB": [1, "lots"]}}, {},
+     "phases[1] point NSA_DDP_BUCKET_MB=lots (sweep env.NSA_DDP_BUCKET_MB)",
+     "dist.ddp_bucket_mb: expected an integer, got 'lots' (set by environment variable NSA_DDP_BUCKET_MB='lots')"),
+    ({"env": {"NSA_CUDA_GRAPHS": "maybe"}}, {}, "phases[1].env.NSA_CUDA_GRAPHS", "train.cuda_graphs must be one of"),
+    ({"overrides": {"dist.mode": "dpp"}}, {}, "phases[1] (override dist.mode)", "dist.mode must be one of"),
+    ({}, {"overrides": {"model.attn.window": 0}}, "defaults.overrides (override model.attn.window)",
+     "attn.window must be >= 1, got 0"),
+    ({"overrides": {"train.steps": 5}}, {}, "phases[1] (override train.steps)",
+     "--steps 8 and the override train.steps=5 disagree"),
+])
+def test_a_value_the_trainer_refuses_is_refused_when_the_runbook_loads(tmp_path, phase, defaults, where, said):
+    """A value of the wrong type or out of range (in an override, a sweep point, a variable, the
+    defaults) is found when the runbook loads, by the trainer's own check of its config
+    (`python -m nsa.train --check-config`, run as a process: the trainer is not imported), naming
+    the runbook, where the value was set and what the trainer expected."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("a", overrides={"model.attn.window": 16}),
+                                              train_phase("b", **phase)],
+                       defaults={**NSA_TRAIN, **defaults})
+    with pytest.raises(RunbookError) as exc:
+        load_runbook(rb)
+    msg = str(exc.value)
+    assert msg.startswith(f"{rb}: {where}: the trainer refuses it (nsa.train --check-config): "), msg
+    assert said in msg and "\n" not in msg, msg
+
+
+def test_values_the_trainer_takes_load_and_a_trainer_that_does_not_check_is_left_to_judge_them(tmp_path):
+    ok = {"overrides": {"train.batch_size": "2", "train.fused_adamw": True, "model.dropout": 0.1},
+          "sweep": {"train.seq_len": [32, 64], "env.NSA_DDP_BUCKET_MB": [1, 4]}}
+    assert load_runbook(write_runbook(tmp_path / "rb.yaml", [train_phase("a", **ok)], defaults=NSA_TRAIN))
+    # the fake trainer answers neither --list-keys nor --check-config: its values are its own to judge
+    bad = {"overrides": {"train.batch_size": "two"}}
+    assert load_runbook(write_runbook(tmp_path / "rb.yaml", [train_phase("a", **bad)],
+                                      defaults={"launcher": {"kind": "python", "module": FAKE}}))
+    # a pytest or preflight phase runs no trainer: nothing to check
+    assert load_runbook(write_runbook(tmp_path / "rb.yaml", [{"name": "pre", "kind": "preflight"}],
+                                      defaults={**NSA_TRAIN, "overrides": {"train.batch_size": "two"}}))
+

@@ -343,4 +343,3 @@ def test_values_the_trainer_takes_load_and_a_trainer_that_does_not_check_is_left
     # a pytest or preflight phase runs no trainer: nothing to check
     assert load_runbook(write_runbook(tmp_path / "rb.yaml", [{"name": "pre", "kind": "preflight"}],
                                       defaults={**NSA_TRAIN, "overrides": {"train.batch_size": "two"}}))
-

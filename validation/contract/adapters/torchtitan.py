@@ -15,7 +15,15 @@ What it writes, and what becomes of it here:
   so a step it logs again supersedes the earlier run's rows of that step and after it, as the
   contract reads a resume in place; step times are never taken across two runs' timestamps, and
   an earlier run's non-finite loss at a step a later run logged again is no ``.HALT``. Logs that
-  overlap in time are one run's (ranks' own logs). ``tps`` is per
+  overlap in time are one run's (ranks' own logs). One stream may hold several runs too: under
+  ``torchrun --max-restarts`` the restarted workers print into the same stdout, so a line torchtitan
+  prints as a process begins (``Starting job:``, 0.2.x's ``torchtitan version:``, ``Training starts
+  at step N``) once a step (or the non-finite loss error) was logged begins another run there, read
+  as a later run of the dump folder is; ``Training starts at step N`` says where it went back to.
+  The harness's capture of stderr beside stdout, where torchtitan's exception goes, is placed by its
+  runs' order where it shows as many runs, else its non-finite loss error at step N is the latest
+  run's that began at or before N and logged no step from N on (torchtitan raises before it logs the
+  step). ``tps`` is per
   device (torchtitan divides by the non-data-parallel degree), so tokens/s here are ``tps`` times
   the world size: the data-parallel degree times the non-data-parallel one.
 - TensorBoard events (``--metrics.enable_tensorboard``; ``tb/<time>/events.out.tfevents.*``):
@@ -65,6 +73,9 @@ _METRICS = re.compile(
     r"memory:\s*(?P<mem>[-\d.]+)GiB\([^)]*\)\s+tps:\s*(?P<tps>[\d,]+)\s+tflops:\s*\S+\s+mfu:\s*\S+")
 _FLAME = re.compile(r"\blr:\s*(?P<lr>\S+)\s+gnorm:\s*(?P<gnorm>\S+)")
 _NONFINITE = re.compile(r"Loss is not finite \(global_avg_loss=(?P<loss>[^)]*)\) at step (?P<step>\d+)")
+#: what torchtitan prints as a process begins, before its first step: its version (0.2.x), ``Starting job:``
+#: (the first line of its Trainer) and ``Training starts at step N`` (its checkpoint's step + 1)
+_BEGINS = re.compile(r"torchtitan version: |Starting job: |Training starts at step (?P<first>\d+)")
 _BATCH = re.compile(r"global batch size (?P<batch>\d+).*?sequence length (?P<seq>\d+)")
 _CAPACITY = re.compile(r"capacity: .* with (?P<gib>[\d.]+)GiB memory")
 _RANK_FILE = re.compile(r"\.global_rank_(\d+)\.")
@@ -105,8 +116,13 @@ class _Log:
     tokens_per_step: int | None = None
     device_mem_gb: float | None = None
     nonfinite: tuple[int, str, str] | None = None
-    """(step, loss as printed, the line) of torchtitan's non-finite loss error."""
+    """(step, loss as printed, the line) of torchtitan's non-finite loss error: its first."""
+    nonfinites: list[tuple[int, str, str]] = field(default_factory=list)
+    """Every one, in the order printed (a stream that cannot be lined up with the runs holds one
+    a run: ``_place``)."""
     files: list[str] = field(default_factory=list)
+    first: int | None = None
+    """The step its ``Training starts at step N`` line says it began at (a restart's checkpoint + 1)."""
     start: float = 0.0
     """When it began: its first timestamp, else its file's modification time."""
     end: float = 0.0
@@ -119,8 +135,15 @@ class _Log:
         self.tokens_per_step = self.tokens_per_step or other.tokens_per_step
         self.device_mem_gb = self.device_mem_gb or other.device_mem_gb
         self.nonfinite = self.nonfinite or other.nonfinite
+        self.nonfinites += other.nonfinites
         self.files += other.files
+        self.first = min((s for s in (self.first, other.first) if s is not None), default=None)
         self.start, self.end = min(self.start, other.start), max(self.end, other.end)
+
+    @property
+    def began(self) -> int | None:
+        """The step it began at: its ``Training starts at step N``, else its first logged step."""
+        return min((s for s in (self.first, min(self.steps, default=None)) if s is not None), default=None)
 
 
 @dataclass
@@ -131,7 +154,7 @@ class _Runs:
 
     @property
     def files(self) -> list[str]:
-        return [f for run in self.runs for f in run.files]
+        return list(dict.fromkeys(f for run in self.runs for f in run.files))
 
     def latest(self, name: str) -> Any:
         """The value of ``name`` the latest run that says it says."""
@@ -145,8 +168,8 @@ class _Runs:
         """The latest run's non-finite loss error that no later run went back before."""
         found = None
         for run in self.runs:
-            if found and run.steps and min(run.steps) <= found[0]:
-                found = None  # a later run logged that step again: what it logged is what happened
+            if found and run.steps and run.began is not None and run.began <= found[0]:
+                found = None  # a later run went back to that step and logged on: what it logged is what happened
             found = run.nonfinite or found
         return found
 
@@ -240,12 +263,14 @@ def _harness_capture(out_dir: Path | None) -> list[Path]:
 
 
 def _read_runs(trainer_dir: Path, out_dir: Path) -> _Runs:
-    """The harness's capture is one run (its stdout and stderr); a dump folder's logs, in the
-    order they were written, are one run each unless they overlap in time (module docstring)."""
+    """The runs of the harness's capture (its stdout and stderr), or of a dump folder's logs: each
+    log's runs (a restart prints into the same stream), in the order they were written, one run
+    each unless they overlap in time (module docstring)."""
     if capture := _harness_capture(out_dir):
-        return _Runs([_read_log(capture)])
+        return _Runs(_read_capture(capture))
     runs: list[_Log] = []
-    for log in sorted((_read_log([p]) for p in _log_files(trainer_dir, None)), key=lambda g: (g.start, g.files)):
+    logs = (log for p in _log_files(trainer_dir, None) for log in _read_log(p))
+    for log in sorted(logs, key=lambda g: (g.start, g.files)):
         if runs and log.start < runs[-1].end:
             runs[-1].absorb(log)
         else:
@@ -253,36 +278,94 @@ def _read_runs(trainer_dir: Path, out_dir: Path) -> _Runs:
     return _Runs(runs)
 
 
-def _read_log(paths: list[Path]) -> _Log:
-    log = _Log(files=[p.name for p in paths])
-    times: list[float] = []
+def _read_capture(paths: list[Path]) -> list[_Log]:
+    """The runs of the harness's capture: those of the stream that shows the most (stdout, where
+    torchtitan logs), the other's (stderr) beside them run for run where it shows as many, else
+    placed by their steps (``_place``)."""
+    streams = [_read_log(p) for p in paths]
+    runs = max(streams, key=len)
+    for other in streams:
+        if other is runs:
+            continue
+        if len(other) == len(runs):
+            for run, log in zip(runs, other):
+                run.absorb(log)
+        else:
+            for log in other:
+                _place(runs, log)
+    return runs
+
+
+def _place(runs: list[_Log], log: _Log) -> None:
+    """What a stream whose lines cannot be lined up with the runs says (stderr beside stdout): a
+    step goes to the latest run that began at or before it (unless that run logged it), each
+    non-finite loss error to the run that was at its step when it ended (``_ended_at``), the rest
+    to the first run where that run says nothing of it."""
+    for step, row in log.steps.items():
+        began = [r for r in runs if r.began is not None and r.began <= step] or runs[:1]
+        began[-1].steps.setdefault(step, row)
+    for error in log.nonfinites:
+        run = _ended_at(runs, error[0])
+        run.nonfinite = run.nonfinite or error
+        run.nonfinites.append(error)
+    runs[0].tokens_per_step = runs[0].tokens_per_step or log.tokens_per_step
+    runs[0].device_mem_gb = runs[0].device_mem_gb or log.device_mem_gb
+    runs[0].files += log.files
+
+
+def _ended_at(runs: list[_Log], step: int) -> _Log:
+    """The run whose end a non-finite loss error at ``step`` was: torchtitan raises it before it logs
+    the step, so the latest run that began at or before it and logged no step from it on (where none
+    did, the latest that began at or before it; where none began by it, the last)."""
+    began = [r for r in runs if r.began is not None and r.began <= step]
+    ended = [r for r in began if all(s < step for s in r.steps)]
+    return (ended or began or runs)[-1]
+
+
+def _read_log(path: Path) -> list[_Log]:
+    """One log's runs, oldest first: a line torchtitan prints as a process begins (``_BEGINS``)
+    after a run's step or its non-finite loss error was logged begins another (a restart under
+    torchrun's --max-restarts prints into the same stream); several ranks' such lines all come
+    before any rank's first step, which waits for every rank."""
+    runs = [_Log(files=[path.name])]
+    times: list[list[float]] = [[]]
     last: _Step | None = None
-    for path in paths:
-        for raw in path.read_text(errors="replace").splitlines():
-            line = _ANSI.sub("", raw)
-            if m := _METRICS.search(line):
-                step = int(m["step"])
-                if step in log.steps:  # another rank's line of the same step
-                    last = None
-                    continue
-                last = log.steps[step] = _Step(
-                    step, _stamp(line),
-                    loss=_number(m["loss"]), grad_norm=_number(m["grad_norm"]), tps=_number(m["tps"]),
-                    mem_reserved_gb=_number(m["mem"]))
-            elif (m := _FLAME.search(line)) and last is not None:
-                last.lr, last.grad_norm = _number(m["lr"]), _number(m["gnorm"])
+    for raw in path.read_text(errors="replace").splitlines():
+        line = _ANSI.sub("", raw)
+        log = runs[-1]
+        if begins := _BEGINS.search(line):
+            if log.steps or log.nonfinite:
+                log = _Log(files=[path.name])
+                runs.append(log)
+                times.append([])
                 last = None
-            elif m := _NONFINITE.search(line):
-                log.nonfinite = log.nonfinite or (int(m["step"]), m["loss"].strip(), line.strip())
-            elif m := _BATCH.search(line):
-                log.tokens_per_step = int(m["batch"]) * int(m["seq"])
-            elif m := _CAPACITY.search(line):
-                log.device_mem_gb = float(m["gib"])
-            if (t := _stamp(line)) is not None:
-                times.append(t)
-    written = max((p.stat().st_mtime for p in paths), default=0.0)
-    log.start, log.end = (min(times), max(times)) if times else (written, written)
-    return log
+            if begins["first"]:
+                log.first = min(int(begins["first"]), log.first or int(begins["first"]))
+        if m := _METRICS.search(line):
+            step = int(m["step"])
+            if step in log.steps:  # another rank's line of the same step
+                last = None
+                continue
+            last = log.steps[step] = _Step(
+                step, _stamp(line),
+                loss=_number(m["loss"]), grad_norm=_number(m["grad_norm"]), tps=_number(m["tps"]),
+                mem_reserved_gb=_number(m["mem"]))
+        elif (m := _FLAME.search(line)) and last is not None:
+            last.lr, last.grad_norm = _number(m["lr"]), _number(m["gnorm"])
+            last = None
+        elif m := _NONFINITE.search(line):
+            log.nonfinites.append((int(m["step"]), m["loss"].strip(), line.strip()))
+            log.nonfinite = log.nonfinite or log.nonfinites[-1]
+        elif m := _BATCH.search(line):
+            log.tokens_per_step = int(m["batch"]) * int(m["seq"])
+        elif m := _CAPACITY.search(line):
+            log.device_mem_gb = float(m["gib"])
+        if (t := _stamp(line)) is not None:
+            times[-1].append(t)
+    written = path.stat().st_mtime
+    for log, stamps in zip(runs, times):
+        log.start, log.end = (min(stamps), max(stamps)) if stamps else (written, written)
+    return runs
 
 
 def _stamp(line: str) -> float | None:

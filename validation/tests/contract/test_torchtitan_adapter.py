@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,10 +18,13 @@ import pandas as pd
 import pytest
 
 from nsa.contract import HALT, TRAINING_CSV
+from validation import REPO_ROOT
+from validation.cli import main
 from validation.contract import check_command
 from validation.contract.adapters import ADAPTERS, RunFacts
 from validation.contract.adapters.tfevents import read_scalars
 from validation.contract.files import read_training_log
+from validation.contract.reruns import Rerun
 from validation.launch.kinds import _poll
 from validation.launch.watch import StepWatch
 
@@ -235,3 +242,104 @@ def test_a_later_runs_own_nonfinite_loss_stands_and_ranks_logs_of_one_run_are_on
     # rank 1's log overlaps the resumed run's in time: its lines are that run's, not a third run
     log = read_training_log(run)
     assert len(log.reruns) == 1 and list(log.rows["step"]) == list(range(1, 21))
+
+
+#: the recorded run to GO played back as the attempts of a run restarted by torchrun's --max-restarts
+#: (tests/trainers/torchtitan_replay.py --attempts): what one stdout holds after the restart
+REPLAY = REPO_ROOT / "tests" / "trainers" / "torchtitan_replay.py"
+#: torchrun's agent after a failed attempt (its error line, as in torchtitan_kill/torchrun.stderr.log)
+_AGENT_FAILED = ("E1201 22:16:0{i}.236000 483 torch/distributed/elastic/multiprocessing/api.py:986] failed "
+                 "(exitcode: {code}) local_rank: 0 (pid: 70{i}) of binary: /opt/torch/.venv/bin/python3\n")
+
+
+def _attempts(spec: str, dump: Path, out: Path, err: Path | None, only: int | None = None) -> None:
+    """Every attempt of ``spec`` (``only``: that one) as torchrun runs them, appending to the same
+    ``out`` and ``err`` (``err`` None: stderr into ``out``, ``2>&1``, as ``| tee train.log`` keeps it)."""
+    for i in range(len(spec.split(","))) if only is None else [only]:
+        with open(out, "a") as o, open(err or out, "a") as e:
+            code = subprocess.run([sys.executable, str(REPLAY), "--evidence", "go", "--job.dump_folder", str(dump),
+                                   "--line-s", "0", "--attempts", spec], stdout=o, stderr=e, timeout=60,
+                                  env={**os.environ, "TORCHELASTIC_RESTART_COUNT": str(i), "RANK": "0"}).returncode
+        if code:
+            with open(err or out, "a") as e:
+                e.write(_AGENT_FAILED.format(i=i, code=code))
+
+
+def _three_ways(tmp_path: Path, spec: str) -> dict[str, Path]:
+    """The restarted run converted as the harness reads it (stdout and stderr captured apart), as
+    check-artifacts reads a dump folder with its one log (``2>&1 | tee train.log``), and as it reads
+    one with a log per attempt (f0ea551); the run directory of each."""
+    capture = tmp_path / "capture"
+    ADAPTER.trainer_dir(capture).mkdir(parents=True)
+    _attempts(spec, ADAPTER.trainer_dir(capture), capture / "trainer.stdout.log", capture / "trainer.stderr.log")
+    ADAPTER.convert(ADAPTER.trainer_dir(capture), capture, RunFacts(1, "torchtitan"))
+    runs = {"capture": capture}
+    for name in ("one_log", "log_per_attempt"):
+        folder = tmp_path / name
+        folder.mkdir()
+        for i in range(len(spec.split(","))):
+            _attempts(spec, folder, folder / ("train.log" if name == "one_log" else f"attempt{i}.log"), None, only=i)
+        runs[name] = tmp_path / f"{name}_run"
+        ADAPTER.convert(folder, runs[name], RunFacts(1, "torchtitan"))
+    return runs
+
+
+def _go_losses() -> dict[int, float]:
+    """The recorded run's loss by step, as its log prints it."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", (EVIDENCE / "torchtitan_go" / "stdout.log").read_text())
+    return {int(m[1]): float(m[2]) for m in re.finditer(r"step:\s*(\d+)\s+loss:\s*([\d.]+)", text)}
+
+
+@pytest.mark.parametrize("spec, steps, superseded, halt, restarted", [
+    # non-finite at step 12 (the loss climbing from step 9), restarted from step 10's checkpoint: it
+    # was read as the run (the climbing step 11 kept, the restarted step 11 dropped as another rank's,
+    # and step 12's .HALT): NO-GO for a run that recovered and trained on to step 30
+    ("1:nan@12,11:", range(1, 31), [Rerun(11, 11, 1)], None, range(11, 31)),
+    # ... restarted with no checkpoint: it trained from step 1 again
+    ("1:nan@12,1:", range(1, 31), [Rerun(1, 11, 11)], None, range(1, 31)),
+    # killed at step 9, resumed at step 6, non-finite at step 15: the last attempt's, which stands
+    ("1:kill@9,6:nan@15", range(1, 15), [Rerun(6, 8, 3)], 15, range(6, 12)),
+    # the resumed attempt met the non-finite loss at step 12 again: it stands
+    ("1:nan@12,11:nan@12", range(1, 12), [Rerun(11, 11, 1)], 12, ()),
+    # ... or another at step 15: that stands (stderr's two errors, each placed by its step)
+    ("1:nan@12,11:nan@15", range(1, 15), [Rerun(11, 11, 1)], 15, range(11, 12)),
+])
+def test_a_restart_in_one_stdout_is_read_as_a_dump_folders_log_per_attempt(tmp_path, spec, steps, superseded,
+                                                                            halt, restarted):
+    """torchrun --max-restarts restarts the workers into the same stdout: each attempt's lines from
+    where torchtitan starts again ('Starting job', 'Training starts at step N') are a later run, read
+    as a dump folder's later log is (f0ea551): the harness's capture (the non-finite error on stderr,
+    apart from the steps), one log of both attempts and a log per attempt give the same training.csv
+    and .HALT."""
+    runs = _three_ways(tmp_path, spec)
+    go = _go_losses()
+    for way, run in runs.items():
+        log = read_training_log(run)
+        assert list(log.rows["step"]) == list(steps), way
+        assert log.reruns == superseded, (way, log.reruns)
+        assert log.rows["loss"].notna().all(), way
+        # the later attempt's rows of the steps it trained again (the recorded losses), none across the restart
+        assert [log.rows["loss"].iloc[s - 1] for s in restarted] == [go[s] for s in restarted], way
+        first = int(spec.split(",")[-1].split(":")[0])
+        if first in steps and first in restarted:
+            assert math.isnan(log.rows["step_time_s"].iloc[first - 1]), way
+        said = json.loads((run / HALT).read_text()) if (run / HALT).is_file() else None
+        assert (said and said["step"]) == halt, (way, said)
+        assert said is None or said["text"].endswith(f"Loss is not finite (global_avg_loss=nan) at step {halt}. "
+                                                     "Stopping training."), said
+    csv = {way: (run / TRAINING_CSV).read_text() for way, run in runs.items()}
+    assert csv["capture"] == csv["one_log"] == csv["log_per_attempt"]
+    assert json.loads((runs["capture"] / "env.json").read_text())["adapter"]["read"]["log"] == [
+        "trainer.stdout.log", "trainer.stderr.log"]
+
+
+def test_check_artifacts_reads_a_restart_in_one_log_as_a_resume_in_place(tmp_path, capsys):
+    """The dump folder with the restarted run's one log (``2>&1 | tee train.log``), through the CLI."""
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    _attempts("1:nan@12,11:", folder, folder / "train.log", None)
+    assert main(["check-artifacts", str(folder), "--adapter", "torchtitan"]) == 0
+    out = capsys.readouterr().out
+    assert ("steps 1..30; resumed in place: went back from step 11 to step 11 (1 earlier entry superseded), the "
+            "later occurrence read") in out, out
+    assert "nonfinite" not in out and ".HALT" not in out, out

@@ -113,3 +113,38 @@ def test_both_doors_judge_it_alike(tmp_path):
     assert "PASS by its gates, but critical: loss diverging in go" in out.stdout, out.stdout[-3000:]
     for store in (tmp_path / "cli", tmp_path / "door"):
         assert {r.key.phase: r.status for r in ResultStore(store).records()} == {"go": Status.PASS, "short": Status.FAIL}
+
+
+def test_a_restart_in_one_stdout_is_judged_by_the_attempt_that_trained_last(tmp_path):
+    """torchrun --max-restarts=1 restarting torchtitan after a crash: both attempts print into the
+    one stdout (and stderr) the harness keeps (the recorded run replayed as attempts,
+    torchtitan_replay.py --attempts). The first attempt's non-finite loss at step 12 made the run
+    NO-GO though the restarted attempt resumed at step 11 and trained on to step 30 cleanly; the
+    crash is still said, as the resume in place it was. A last attempt's own non-finite loss stays
+    NO-GO, and a restart from step 1 is read as the dump folder's log per attempt reads it."""
+    trainer = {**TRAINER, "args": ["--metrics.log_freq", "1", "--evidence", "go"],
+               "params": {"replay.attempts": {"flag": "--attempts"}}}
+    rb = tmp_path / "torchtitan_restart.yaml"
+    rb.write_text(yaml.safe_dump({
+        "name": "torchtitan_restart", "profiles": ["cpu"], "trainer": trainer,
+        "defaults": {"launcher": {"kind": "torchrun", "nproc": 1, "torchrun_args": ["--standalone", "--max-restarts=1"]},
+                     "steps": 30, "timeout_s": 150, "stall_s": 10, "startup_s": 120, "env": {"OMP_NUM_THREADS": 1}},
+        "phases": [{"name": name, "kind": "train", "overrides": {"replay.attempts": spec}, "gates": GATES[:3]}
+                   for name, spec in (("resumed", "1:nan@12,11:"), ("from_scratch", "1:nan@12,1:"),
+                                      ("nan_last", "1:kill@9,6:nan@15"))]}, sort_keys=False))
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(tmp_path / "cli"), "--no-plots"]) == 1
+    records = {r.key.phase: r for r in ResultStore(tmp_path / "cli").records()}
+    for name in ("resumed", "from_scratch"):
+        assert records[name].status == Status.PASS, records[name].reason
+        assert {g.metric: g.value for g in records[name].gates}["steps_completed"] == 30
+    nan_last = records["nan_last"]
+    assert nan_last.status == Status.FAIL and {g.metric: g.verdict.name for g in nan_last.gates}["loss_finite"] == "FAIL"
+    assert "non-finite loss at step 15" in nan_last.reason, nan_last.reason
+    report = (tmp_path / "cli" / "reports" / "torchtitan_restart__cpu.md").read_text()
+    assert ("trainer resumed in place in resumed [default]: it went back to a checkpoint and wrote again from step 11 "
+            "into the same files") in report, report
+    assert ("trainer resumed in place in from_scratch [default]: it started again from step 1 and wrote its steps "
+            "again into the same files") in report, report
+    assert ("the earlier process ended as rank 0 failed: RuntimeError: Loss is not finite (global_avg_loss=nan) at "
+            "step 12") in report, report
+    assert "non-finite loss in resumed" not in report and "non-finite loss in from_scratch" not in report, report

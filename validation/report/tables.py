@@ -406,20 +406,33 @@ def _every_node(command: list[str], env: str, quote, nodes: NodesEvidence, fresh
     agent sees the GPUs the harness gave its node (on a GPU host every node's local rank 0 would
     take the same GPU, which NCCL refuses). With ``fresh`` (the Reproduce line) the agents meet at
     a port free when the line runs, on the rendezvous host: the run's port, free when it ran, may
-    be held now (by another run's agents, or by this line run twice at once)."""
+    be held now (by another run's agents, or by this line run twice at once).
+
+    Ctrl-C stops every agent: the subshell starts each agent as a job of its own (``set -m``), which
+    the terminal's Ctrl-C does not reach and which does not ignore SIGINT (a background command of a
+    shell without job control ignores it, and torchrun's agent does until its workers start: pasted
+    without this, Ctrl-C left the agents running, and the subshell waiting for them); its trap sends
+    each agent's process group the signal it got (INT, or TERM), once, as the terminal sends a
+    foreground torchrun, then waits for every agent to end and exits 128 + the signal."""
     endpoint = f"--rdzv_endpoint={nodes.rdzv_endpoint}"
     host = nodes.rdzv_endpoint.rsplit(":", 1)[0]
     words = " ".join(f'"--rdzv_endpoint={host}:${{{FRESH_PORT}}}"' if fresh and w == endpoint else quote(w)
                      for w in command)
     # the node's GPUs after the runbook's environment, which may name CUDA_VISIBLE_DEVICES for all of them
     agents = [" ".join([*([env] if env else []), *([f"CUDA_VISIBLE_DEVICES={quote(n.devices)}"] if n.devices else []),
-                        words]) + f" & n{n.index}=$!" for n in nodes.nodes]
+                        words]) + f" & n{n.index}=$!; g=\"$g -$!\"" for n in nodes.nodes]
     pids = " ".join(f"$n{n.index}" for n in nodes.nodes)
     pick = (f"{FRESH_PORT}=$({quote(command[0])} -c 'import socket, sys; s = socket.socket(); "
             f"s.bind((sys.argv[1], 0)); print(s.getsockname()[1])' {quote(host)}) || exit; ") if fresh else ""
-    return (f"( {pick}" + "; ".join(agents) + f"; rc=0; i=0; for n in {pids}; do wait \"$n\" || {{ s=$?; "
+    # g: the agents' process groups (job control is on only while they start: off, a job a signal ended
+    # is not announced); k counts the signals trapped, so that a wait a trap cut short
+    # (it returns 128 + the signal, the agent still running) waits again for that agent's own status
+    stop = ("g=; k=0; sig=0; trap 'k=$((k + 1)); sig=130; kill -INT -- $g 2>/dev/null' INT; "
+            "trap 'k=$((k + 1)); sig=143; kill -TERM -- $g 2>/dev/null' TERM; set -m; ")
+    return (f"( {pick}{stop}" + "; ".join(agents) + f"; set +m; rc=0; i=0; for n in {pids}; do while j=$k; wait \"$n\"; "
+            "s=$?; [ \"$j\" != \"$k\" ]; do :; done; [ \"$s\" -eq 0 ] || { "
             "echo \"node $i's torchrun agent exited $s\" >&2; [ \"$rc\" -ne 0 ] || rc=$s; }; i=$((i + 1)); done; "
-            "exit \"$rc\" )")
+            "[ \"$sig\" -eq 0 ] || rc=$sig; exit \"$rc\" )")
 
 
 def _run_root(r: PhaseRecord) -> str | None:

@@ -308,7 +308,18 @@ def failed_as(rec: PhaseRecord, root: int) -> tuple[Kind, str]:
 
 #: a frame of a collective: the rank waits there for the others (c10d's collectives, FSDP's, the
 #: functional collectives; accelerate, transformers' Trainer and DeepSpeed reach theirs through them)
+#: where it is the innermost frame of the rank's own (``_PASSING``'s frames above it aside)
 _COLLECTIVE = "torch/distributed/"
+#: what lies under torch/distributed/ and waits for no peer: torchrun's error recording
+#: (``@record`` wraps a user's main, so its frame is at the bottom of every rank's stack) and its
+#: process launch
+_NOT_COLLECTIVE = ("torch/distributed/elastic/multiprocessing/", "torch/distributed/run.py",
+                   "torch/distributed/launcher/")
+#: torch's frames that only pass a call on, which may lie above a collective's own frame (the
+#: dispatcher's op call of a functional collective's wait, a decorator's or a compiler guard's
+#: wrapper): the innermost frame of the rank's own is the first below them
+_PASSING = ("torch/_ops.py", "torch/utils/_contextlib.py", "torch/_compile.py", "torch/_dynamo/eval_frame.py",
+            "torch/_tensor.py", "torch/overrides.py", "torch/utils/_python_dispatch.py", "torch/autograd/function.py")
 #: DDP's module, where it calls the C++ collectives itself (its buffers' broadcast before each
 #: forward, its parameters' first sync): as the innermost frame, the rank waits there for the others.
 #: Deeper in a stack it is only DDP's forward calling the model, where a rank hangs of its own.
@@ -321,12 +332,16 @@ STAGE_ORDER = ("data", "forward", "backward", "optimizer", "step")
 
 
 def in_collective(dump: StackDump) -> bool:
-    """The rank was waiting for the others (a torch.distributed frame, DDP's own collective, or DDP's
-    backward)."""
+    """The rank was waiting for the others: where it was blocked, its innermost frames (the top of
+    the stack, torch's frames that pass a call on aside) are a torch.distributed collective's, DDP's
+    own collective, or DDP's backward. A torch.distributed frame deeper in the stack says nothing:
+    ``@record`` puts one at the bottom of every rank's stack, and FSDP's forward lies under the
+    model's code, where a rank hangs of its own."""
     files = [fr.file.replace("\\", "/") for fr in dump.frames]
     if dump.frames and (dump.frames[0].func == _BACKWARD_ENGINE or files[0].endswith(_DDP)):
         return True
-    return any(_COLLECTIVE in f for f in files)
+    own = next((f for f in files if not any(p in f for p in _PASSING)), None)
+    return own is not None and _COLLECTIVE in own and not any(n in own for n in _NOT_COLLECTIVE)
 
 
 def hung_ranks(stacks: Mapping[int, StackDump], beats: Mapping[int, Beat]) -> list[int]:

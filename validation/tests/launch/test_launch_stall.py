@@ -20,11 +20,13 @@ import pytest
 
 from validation.contract.stacks import HARNESS_STACKS
 from validation.judge.findings import find
+from validation.judge.findings.headline import verdict_line
 from validation.launch import process as runner
 from validation.launch.watch import Watch
 from validation.tests.conftest import FakeRun
 
 HANG = "validation.tests.hang_trainer"
+RECORD_TRAINER = "validation.tests.record_trainer"
 #: the reporting bound the issue sets: a hang is reported within stall_s + this
 REPORT_SLACK_S = 10.0
 PYTHON_STALL_S = 4.0
@@ -46,8 +48,8 @@ def _phase(stall_s: float, env: dict[str, str], nproc: int = 1, **extra) -> dict
 class Hung:
     """One run of a hanging point, timed from the last progress any rank made to the record."""
 
-    def __init__(self, tmp_path: Path, phase: dict):
-        self.run = FakeRun(tmp_path, [phase], defaults={"launcher": {"kind": "python", "module": HANG}})
+    def __init__(self, tmp_path: Path, phase: dict, module: str = HANG):
+        self.run = FakeRun(tmp_path, [phase], defaults={"launcher": {"kind": "python", "module": module}})
         self.reported = time.time()
         self.rec = self.run.record
         self.dir = self.run.results / self.rec.out_dir
@@ -109,6 +111,23 @@ def test_torchrun_all_ranks_hung(tmp_path):
     hung.check_stalled(TORCHRUN_STALL_S)
     assert hung.stack(0)[0] == hung.stack(1)[0] == "stuck_here"
     assert "rank 0 in stuck_here; rank 1 in stuck_here" in hung.finding
+
+
+@pytest.mark.distributed
+def test_torchrun_a_rank_hung_in_its_own_code_under_record_is_named_apart_from_the_rank_in_all_reduce(tmp_path):
+    """A torch trainer whose main is wrapped in torch's ``@record`` (validation/tests/record_trainer.py,
+    gloo): rank 1 sleeps in code of its own at step 3 after the heartbeat record rank 0 writes before
+    the step's all-reduce, where rank 0 waits for it. @record's frame at the bottom of both stacks read
+    as both waiting in a collective: 'rank 0 stalled in all_reduce ...; rank 1 stalled in
+    stuck_in_own_code ...', the hung rank not named."""
+    hung = Hung(tmp_path, _phase(TORCHRUN_STALL_S, {"NSA_RECORD_HANG": "1@3"}, nproc=2, steps=40),
+                module=RECORD_TRAINER)
+    hung.check_stalled(TORCHRUN_STALL_S)
+    assert hung.stack(1)[0] == "stuck_in_own_code" and hung.stack(0)[0] == "all_reduce"
+    assert all(any(f.endswith("wrapper") and "record" in f for f in hung.stack(r)) for r in (0, 1))  # @record's
+    assert "hung: rank 1 in stuck_in_own_code; waiting for it: rank 0 in all_reduce" in hung.finding, hung.finding
+    line = verdict_line(hung.rec)  # the point's line on the command line and in the report
+    assert line.startswith("rank 1 hung in stuck_in_own_code (last heartbeat step 3, stage backward) — stalled"), line
 
 
 @pytest.fixture

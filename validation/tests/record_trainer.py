@@ -1,0 +1,76 @@
+"""A torch trainer for torchrun (gloo on CPU) whose ``main`` is wrapped in torch's
+``torch.distributed.elastic.multiprocessing.errors.record``, as torchrun users commonly write it:
+every rank's stack then has a torch/distributed frame at its bottom, whatever the rank is doing.
+It writes the artifact contract (one all-reduce a step) and hangs one rank on request:
+
+    python -m torch.distributed.run --nproc_per_node=2 -m validation.tests.record_trainer \
+        --steps N --out-dir DIR [--config X --override Y]  (ignored: the harness's python launcher passes them)
+
+    NSA_RECORD_HANG=R@S   rank R, at step S, after its ``backward`` record (the one every rank writes before the
+                      step's all-reduce), sleeps in ``stuck_in_own_code`` until it is killed; the other ranks
+                      wait for it in the all-reduce, their heartbeats at the same step and stage as its own
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+COLUMNS = "step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb"
+
+
+def stuck_in_own_code() -> None:
+    """Where the hung rank stays: its own code (a loop of sleeps), no collective."""
+    while True:
+        time.sleep(1)
+
+
+def _beat(out: Path, rank: int, step: int, stage: str) -> None:
+    with open(out / f"heartbeat_rank{rank}.jsonl", "a") as fh:
+        fh.write(json.dumps({"time": time.time(), "rank": rank, "pid": os.getpid(), "step": step,
+                             "stage": stage}) + "\n")
+
+
+@record
+def main() -> int:
+    cli = argparse.ArgumentParser()
+    cli.add_argument("--config", default="")
+    cli.add_argument("--override", default="")
+    cli.add_argument("--steps", type=int, required=True)
+    cli.add_argument("--out-dir", type=Path, required=True)
+    args = cli.parse_args()
+    out = args.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    spec = os.environ.get("NSA_RECORD_HANG", "")
+    hang_rank, hang_step = (int(x) for x in spec.split("@")) if spec else (-1, 0)
+    if rank == 0:
+        (out / "env.json").write_text(json.dumps({"world_size": world, "git_sha": "test", "contract_version": 2}))
+        (out / "training.csv").write_text(COLUMNS + "\n")
+    for step in range(1, args.steps + 1):
+        began = time.perf_counter()
+        _beat(out, rank, step, "forward")
+        loss = torch.tensor([5.0 / step])
+        time.sleep(0.05)
+        _beat(out, rank, step, "backward")
+        if rank == hang_rank and step == hang_step:
+            stuck_in_own_code()
+        dist.all_reduce(loss)
+        _beat(out, rank, step, "step")
+        took = time.perf_counter() - began
+        if rank == 0:
+            with open(out / "training.csv", "a") as fh:
+                fh.write(f"{step},{loss.item() / world:.5f},0.001,{64 * world / took:.1f},{took:.4f},1.0,0.1,0.2\n")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

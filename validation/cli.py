@@ -5,7 +5,7 @@
     nsa-validate report [--runbook R --profile P] [--results-dir DIR] [--baseline DIR] [--tensorboard DIR]
     nsa-validate phases [--runbook R] [--profile P]
     nsa-validate bless --runbook R --profile P [--phase X] [--point PHASE/POINT] [--results-dir DIR]
-    nsa-validate check-artifacts DIR [--adapter seed]
+    nsa-validate check-artifacts DIR [--adapter hf_trainer --world-size N --tokens-per-step N]
 
 A door into the acceptance session (validation/session/session.py), as the pytest plugin is: it
 turns options into ``SessionOptions``, shows progress on stderr and prints what the session says.
@@ -156,8 +156,32 @@ def _parser() -> argparse.ArgumentParser:
                          "is read as contract)")
     ca.add_argument("--world-size", type=_positive, default=None,
                     help="processes of the run, for an adapter whose files do not say (default: its heartbeat "
-                         "files); the contract's own env.json says it, so not without --adapter")
+                         "files, else 1); the contract's own env.json says it, so not without --adapter")
+    ca.add_argument("--tokens-per-step", type=_tokens, default=None, metavar="N",
+                    help="one rank's tokens per optimizer step, as the runbook's trainer.tokens_per_step gives them "
+                         "(a whole number, or its factors as AxB..., e.g. 4x64 for batch size 4 of 64 tokens); "
+                         "times the world size, the run's tokens per step, from which the adapter derives tokens/s as "
+                         "`nsa-validate run` does (without it tokens/s is UNMEASURED, as in a run whose runbook gives "
+                         "none). For " + _tokens_formats() + " only: other formats' files say their own rate")
     return p
+
+
+def _tokens_formats() -> str:
+    """The formats whose adapter takes --tokens-per-step, as --adapter names them: 'hf_trainer'."""
+    return "/".join(n for n in sorted(FORMATS) if ADAPTERS[FORMATS[n]].takes_tokens_per_step)
+
+
+def _tokens(text: str) -> int:
+    """check-artifacts' --tokens-per-step: a whole number >= 1, or factors of them joined by x
+    (4x64), as a runbook's trainer.tokens_per_step lists them."""
+    total = 1
+    for factor in text.lower().split("x"):
+        try:
+            total *= _positive(factor.strip())
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= 1 or factors such as 4x64, got {text!r}") \
+                from None
+    return total
 
 
 def _load(runbook_arg: str, profile_arg: str | None):
@@ -320,7 +344,12 @@ def cmd_check_artifacts(args: argparse.Namespace) -> int:
               f"{'/'.join(n for n in sorted(FORMATS) if ADAPTERS[FORMATS[n]].converts)}); the contract's world size "
               "is env.json's world_size", file=sys.stderr)
         return ExitStatus.USAGE
-    return check_artifacts(args.dir, adapter, args.world_size)
+    if args.tokens_per_step is not None and not ADAPTERS[adapter].takes_tokens_per_step:
+        print(f"nsa-validate check-artifacts: error: --tokens-per-step is for --adapter {_tokens_formats()}, whose "
+              f"tokens/s the harness derives from it; {args.adapter}'s files say their own tokens/s (or none)",
+              file=sys.stderr)
+        return ExitStatus.USAGE
+    return check_artifacts(args.dir, adapter, args.world_size, tokens_per_step=args.tokens_per_step)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,8 +2,13 @@
 contract (docs/artifact_contract.md), for trainer authors before their first acceptance run.
 
 With an adapter, DIR is the trainer's own output directory: the adapter converts it into a
-temporary directory (DIR is never written), and that is checked. Exit 0 when the contract holds,
-1 when a required file or field is missing or malformed, 2 for a DIR that is not a directory.
+temporary directory (DIR is never written), and that is checked, with what the acceptance run
+gives the adapter: the world size, and for an adapter that derives tokens/s from it
+(``Adapter.takes_tokens_per_step``) one rank's tokens per step, which a runbook gives as
+``trainer.tokens_per_step`` and the run multiplies by the world size (validation/launch/foreign.py
+``tokens_per_step``). Without them the folder is judged as the run of a runbook that gives none.
+Exit 0 when the contract holds, 1 when a required file or field is missing or malformed, 2 for a
+DIR that is not a directory.
 """
 from __future__ import annotations
 
@@ -21,18 +26,20 @@ EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
 
 
 def check(directory: Path, adapter: str = "native", world_size: int | None = None, out: TextIO | None = None,
-          costs: contract.Costs | None = None) -> int:
+          costs: contract.Costs | None = None, tokens_per_step: int | None = None) -> int:
     """``costs``: per optional field, the metrics its absence leaves UNMEASURED (the judge's
     catalogue, ``validation.judge.metrics.costs()``), named beside the field; without it the
-    check says that the metrics reading the field are UNMEASURED."""
+    check says that the metrics reading the field are UNMEASURED. ``tokens_per_step``: one rank's
+    tokens per optimizer step (a runbook's ``trainer.tokens_per_step``), for an adapter that takes it."""
     out = out or sys.stdout  # looked up now, not when the module was imported
     if not directory.is_dir():
         print(f"nsa-validate check-artifacts: error: {directory} is not a directory", file=sys.stderr)
         return EXIT_USAGE
-    code = _report(*_read(directory, adapter, world_size, costs), directory, adapter, out)
+    code = _report(*_read(directory, adapter, world_size, costs, tokens_per_step), directory, adapter, out,
+                   _given(directory, adapter, world_size, tokens_per_step))
     if code == EXIT_BROKEN:  # a directory of another format than the one named: say which reads it
         fits = [name for name in sorted(ADAPTERS) if name != adapter and ADAPTERS[name].in_format(directory)
-                and _read(directory, name, world_size, costs)[0].ok]
+                and _read(directory, name, world_size, costs, tokens_per_step)[0].ok]
         for name in fits:
             print(f"hint: {directory} holds to the contract "
                   + ("as it is: check it without --adapter" if not ADAPTERS[name].converts
@@ -40,16 +47,24 @@ def check(directory: Path, adapter: str = "native", world_size: int | None = Non
     return code
 
 
-def _read(directory: Path, adapter: str, world_size: int | None,
-          costs: contract.Costs | None) -> tuple[contract.ContractRead, list[BareNonfinite]]:
+def world_of(directory: Path, world_size: int | None) -> int:
+    """The world size an adapter is given for a trainer's own output directory: ``world_size``,
+    else one rank per heartbeat file it holds, else 1."""
+    return world_size or max(len(list(directory.glob("heartbeat_rank*.jsonl"))), 1)
+
+
+def _read(directory: Path, adapter: str, world_size: int | None, costs: contract.Costs | None,
+          tokens_per_step: int | None = None) -> tuple[contract.ContractRead, list[BareNonfinite]]:
     """The contract read, and its JSON files' bare NaN / Infinity values (a warning each)."""
     if not ADAPTERS[adapter].converts:  # the contract itself: read in place
         found = _read_ended(directory, costs, world_size or 1)
         bare = bare_nonfinite(directory)
     else:
         with tempfile.TemporaryDirectory(prefix="nsa-check-") as tmp:
-            ranks = len(list(directory.glob("heartbeat_rank*.jsonl")))
-            ADAPTERS[adapter].convert(directory, Path(tmp), RunFacts(world_size or max(ranks, 1), "(checked by hand)"))
+            world = world_of(directory, world_size)
+            # the global tokens per step, as the acceptance run gives them: one rank's times the world size
+            tokens = tokens_per_step * world if tokens_per_step and ADAPTERS[adapter].takes_tokens_per_step else None
+            ADAPTERS[adapter].convert(directory, Path(tmp), RunFacts(world, "(checked by hand)", tokens_per_step=tokens))
             found = _read_ended(Path(tmp), costs, 1)
             bare = bare_nonfinite(Path(tmp))
     found.items += contract.silent_ranks(found)
@@ -67,10 +82,26 @@ def _read_ended(directory: Path, costs: contract.Costs | None, launched: int) ->
     return found
 
 
+def _given(directory: Path, adapter: str, world_size: int | None, tokens_per_step: int | None) -> str:
+    """What the adapter was given, as the acceptance run gives it: 'world size 2, 512 tokens per step
+    (256 a rank)'; '' for the contract itself."""
+    if not ADAPTERS[adapter].converts:
+        return ""
+    world = world_of(directory, world_size)
+    text = f"world size {world}"
+    if ADAPTERS[adapter].takes_tokens_per_step:
+        text += (f", {tokens_per_step * world} tokens per step ({tokens_per_step} a rank)" if tokens_per_step
+                 else ", no tokens per step (--tokens-per-step): tokens/s UNMEASURED, as in a run whose runbook "
+                      "gives no trainer.tokens_per_step")
+    return text
+
+
 def _report(found: contract.ContractRead, bare: list[BareNonfinite], directory: Path, adapter: str,
-            out: TextIO) -> int:
+            out: TextIO, given: str = "") -> int:
     print(f"{directory} against the artifact contract"
           + (f" (through adapter {adapter})" if adapter != "native" else "") + ":", file=out)
+    if given:
+        print(f"  given the adapter: {given}", file=out)
     for item in found.items:
         print("  " + item.line(), file=out)
     for b in bare:  # read as the number it names: a warning, not a failure of the contract check

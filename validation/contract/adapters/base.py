@@ -26,6 +26,10 @@ class Adapter:
     name = "native"
     converts = False
     """Whether the trainer's files differ from the contract (and live in a directory of their own)."""
+    takes_tokens_per_step = False
+    """Whether it derives tokens/s from the run's tokens per step the harness gives it
+    (``RunFacts.tokens_per_step``: a runbook's ``trainer.tokens_per_step``, ``check-artifacts
+    --tokens-per-step``); a format whose files say their own rate, or none, reads none."""
     lacks: frozenset[str] = frozenset()
     """Contract fields (training.csv columns, env.json keys, 'fallbacks') the format cannot
     carry; metrics reading them are UNMEASURED (the catalogue's inputs, validation/judge/metrics.py)."""

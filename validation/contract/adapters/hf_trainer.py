@@ -69,6 +69,7 @@ class _Row:
 class HfTrainerAdapter(Adapter):
     name = "hf_trainer"
     converts = True
+    takes_tokens_per_step = True
     lacks = frozenset({"mem_alloc_gb", "mem_reserved_gb", "attention_backends", "fallbacks",
                        "model_flops_per_token", "data_position", "device_mem_gb"})
 

@@ -16,7 +16,7 @@ CLI = {
     "report": {"--baseline", "--no-plots", "--profile", "--results-dir", "--runbook", "--tensorboard"},
     "phases": {"--profile", "--runbook"},
     "bless": {"--phase", "--point", "--profile", "--results-dir", "--runbook"},
-    "check-artifacts": {"--adapter", "--world-size", "dir"},
+    "check-artifacts": {"--adapter", "--world-size", "--tokens-per-step", "dir"},
 }
 #: the pytest plugin's options (validation/pytest_plugin.py)
 PYTEST = {"--runbook", "--profile", "--results-dir", "--hardware-mismatch", "--no-acceptance-report",

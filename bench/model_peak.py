@@ -6,6 +6,7 @@ same script measures an earlier commit unpacked beside this one (bench/gpu/check
 
     python bench/model_peak.py --lengths 128k --compiled             # NSA, torch.compile
     python bench/model_peak.py --lengths 32k 64k --kinds nsa dense   # eager, both
+    python bench/model_peak.py --compiled --sel kept_tokens=131072   # the selected branch's launch
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.nsa_vs_dense import _free, _peak_gb, length, model_step  # noqa: E402
+from bench.nsa_vs_dense import _free, _peak_gb, _tuning, length, model_step  # noqa: E402
+from nsa.kernels import tuning  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -27,7 +29,10 @@ def main(argv=None) -> int:
     ap.add_argument("--kinds", nargs="+", default=["nsa"], choices=("nsa", "dense"))
     ap.add_argument("--compiled", action="store_true", help="torch.compile(model, fullgraph=True), no CUDA graphs")
     ap.add_argument("--model", default="m7c_125m", help="the model preset whose shape is measured")
+    ap.add_argument("--sel", type=_tuning(tuning.SelectionTuning), default=tuning.SelectionTuning(),
+                    metavar="KEY=VALUE,...", help="the selected branch's tuning (nsa.kernels.tuning.SelectionTuning)")
     args = ap.parse_args(argv)
+    tuning.SELECTION = args.sel
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
     device = torch.device("cuda")
@@ -40,7 +45,8 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
             first = time.perf_counter() - t0
             reserved, allocated = _peak_gb(run)
-            print(f"# S={S // 1024}k {'compiled' if args.compiled else 'eager'} {kind}: first step {first:.1f} s, "
+            print(f"# S={S // 1024}k {'compiled' if args.compiled else 'eager'} {kind}"
+                  f"{' ' + args.sel.as_arg() if args.sel.as_arg() else ''}: first step {first:.1f} s, "
                   f"{allocated:.2f} GB allocated, {reserved:.2f} GB reserved", flush=True)
             del model, run
             _free()

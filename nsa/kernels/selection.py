@@ -19,8 +19,8 @@ Backward:
   its dq partial dS @ K (G x K values; the block's keys are in its registers already) and a
   second kernel sums a token's partials in slot order, gathering nothing; or its dS tile
   (G x l' values) and a second kernel sums dS @ K over the token's blocks, gathering K alone
-  (see _dq_source for which). What is kept past SelectionTuning.kept_budget bytes is kept a chunk of
-  query tokens at a time. Otherwise (short contexts,
+  (see _dq_source for which). What is kept past SelectionTuning.kept_budget bytes or kept_tokens
+  tokens is kept a chunk of query tokens at a time. Otherwise (short contexts,
   several tokens a program) a dq kernel on the forward's grid and tiles recomputes the
   probabilities from the saved log-sum-exp (and writes delta = rowsum(do * o) for the dk/dv
   pass, which then runs second).
@@ -586,10 +586,10 @@ def _kept_width(K: int, sel_block: int, keep: str) -> int:
 def _kept_chunk(q, n: int, sel_block: int, tune: SelectionTuning = SELECTION) -> int:
     """Query tokens per pass of _sel_bwd_kept: as many as keep their dq partials or dS tiles
     (B * HQ * n * _kept_width values of q's dtype a token) within tune.kept_budget bytes, at
-    least one."""
+    most tune.kept_tokens, at least one."""
     B, _, HQ, K = q.shape
     width = _kept_width(K, sel_block, _dq_source(K, sel_block, tune))
-    return max(1, tune.kept_budget // (B * HQ * n * width * q.element_size()))
+    return max(1, min(tune.kept_tokens, tune.kept_budget // (B * HQ * n * width * q.element_size())))
 
 
 def _sel_bwd_kept(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, deterministic: bool,

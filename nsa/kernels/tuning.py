@@ -82,7 +82,10 @@ class SelectionTuning(_Tuning):
       dkv_warps: 64 rows at K=128, 128 at K=64); dkv_warps, dkv_stages;
     * dq from what the dk/dv pass keeps at one token a tile (dq_from_pass; selection._dq_from_pass),
       what it keeps (dq_keep: 'dq' partials, 'ds' tiles, 'auto' selection._dq_source's rule),
-      kept_budget bytes of them at a time (longer inputs a chunk of query tokens at a time);
+      kept_budget bytes and kept_tokens query tokens of them at a time (longer inputs a chunk of
+      query tokens at a time: the kept tiles of the layer being differentiated add to a model's
+      peak, which every layer's activations already make; whole for 128k tokens of m7c_125m they
+      took its compiled step's peak above the dense model's, `bench/peak_holders.py`);
     * partials_budget: bytes of the key-block-major forward's partial outputs held at once
       (selection_blocks; longer inputs a chunk of query tokens at a time); the kernel combining a
       row's partials: combine_values partial values in flight a program (its rows, n * K each),
@@ -104,6 +107,7 @@ class SelectionTuning(_Tuning):
     dq_from_pass: bool = True
     dq_keep: str = "auto"
     kept_budget: int = 16 << 30
+    kept_tokens: int = 65536
     partials_budget: int = 4 << 30
     combine_values: int = 8192
     combine_warps: int = 4
@@ -115,7 +119,7 @@ class SelectionTuning(_Tuning):
             raise ValueError(f"SelectionTuning.tt is {self.tt}; expected 0 (the rule) or a forced tile > 0")
         self._check_positive("fwd_warps", "fwd_stages", "blocks_rows", "tma_stages", "tt_rows", "tt_max", "tt_nb",
                              "qc", "qc_interpret", "dkv_cells", "dkv_warps", "dkv_stages", "kept_budget",
-                             "partials_budget", "combine_values", "combine_warps")
+                             "kept_tokens", "partials_budget", "combine_values", "combine_warps")
         self._set_arg()
 
 

@@ -173,8 +173,8 @@ def test_selection_kept_a_chunk_of_tokens_at_a_time(kdev, B, keep):
 
 def test_selection_kept_path_and_chunk_rules():
     """dq from the dk/dv pass at one token a tile only; it keeps dq partials where the head dim is
-    at most the block, dS tiles otherwise; a chunk is as many tokens as fit the budget, at
-    least one; a bad dq_keep is named."""
+    at most the block, dS tiles otherwise; a chunk is as many tokens as fit the budget, at most
+    kept_tokens, at least one; a bad dq_keep is named."""
     from nsa.kernels import selection
 
     q, k = torch.empty(2, 23, 6, 16), torch.empty(2, 23, 2, 16)
@@ -184,6 +184,11 @@ def test_selection_kept_path_and_chunk_rules():
     per_token = 2 * 6 * 4 * 4 * 4  # B * HQ * n * l' * 4 bytes (K=16 > l'=4: dS tiles)
     assert selection._kept_chunk(q, 4, 4, SelectionTuning(kept_budget=3 * per_token)) == 3
     assert selection._kept_chunk(q, 4, 4, SelectionTuning(kept_budget=per_token - 1)) == 1
+    assert selection._kept_chunk(q, 4, 4, SelectionTuning(kept_budget=3 * per_token, kept_tokens=2)) == 2
+    # m7c_125m (12 query heads, head dim 64, 16 blocks of 64): 64k tokens whole, 128k in two chunks
+    m7c = torch.empty(1, 131072, 12, 64, dtype=torch.bfloat16, device="meta")
+    assert selection._kept_chunk(m7c[:, :65536], 16, 64) == 65536
+    assert selection._kept_chunk(m7c, 16, 64) == 65536
     with pytest.raises(ValueError, match="dq_keep is 'dS'"):
         SelectionTuning(dq_keep="dS")
 

@@ -127,7 +127,8 @@ TRAINER = Section("trainer", "A trainer other than this project's: how to launch
                   "folder)"),
     Key("tokens_per_step", "what one rank takes per optimizer step, as factors: params keys (their values in each "
                            "point's overrides) and integers, e.g. [train.batch_size, train.block_size]; times the "
-                           "world size, the run's global tokens per step (for an adapter that derives tokens/s)"),
+                           "world size, the run's global tokens per step, from which format hf_trainer derives tokens/s (the other "
+                           "formats read their own rate, and refuse the key)"),
     Key("phases", "phase kinds it supports (train, profile, resume, preflight); others are SKIP (default [train]; "
                   "an empty list is an error)"),
     Key("metrics", "metrics it provides (default: all its files can carry)"),

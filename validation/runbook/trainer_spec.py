@@ -110,6 +110,10 @@ def parse_trainer(path: Path, data: Any, known_metrics: Mapping[str, Any], adapt
             if m not in known_metrics:
                 r.fail(f"trainer.metrics[{i}]", f"unknown metric {m!r}; metrics: {', '.join(sorted(known_metrics))}")
     tokens = _tokens_per_step(r, params) if "tokens_per_step" in r.data else None
+    if tokens is not None and not adapters[adapter].takes_tokens_per_step:
+        takers = ", ".join(FORMAT_OF.get(a, a) for a, ad in adapters.items() if ad.takes_tokens_per_step)
+        r.fail("trainer.tokens_per_step", f"format {fmt} reads its tokens/s from the trainer's own files, not from "
+                                          f"this key (formats that take it: {takers}); leave it out")
     resume = _resume(path, r.get("resume"), config) if "resume" in r.data else None
     if ("resume" in phases) != (resume is not None):
         r.fail("trainer.resume", "a trainer that supports resume phases says how it stops after N steps and "

@@ -251,6 +251,22 @@ def test_a_trainer_entry_supporting_no_phase_kind_is_an_error_not_the_default(tm
     assert load_runbook(_write(tmp_path, {**_rb(), "trainer": trainer})).trainer.phases == ("train",)
 
 
+@pytest.mark.parametrize("fmt", ["contract", "seed", "torchtitan"])
+def test_tokens_per_step_for_a_format_that_reads_its_own_rate_is_refused(tmp_path, fmt):
+    """Only the Hugging Face Trainer's adapter takes trainer.tokens_per_step; the other formats
+    ignored it where the runbook loaded it, so a user's rate went unused without a word (and
+    check-artifacts --tokens-per-step refuses it for them)."""
+    trainer = {"name": "mine", "root": "tests/trainers", "script": "native_train.py", "format": fmt,
+               "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"], "tokens_per_step": [64]}
+    path = _write(tmp_path, {**_rb(), "trainer": trainer})
+    with pytest.raises(RunbookError, match=re.escape(
+            f"{path}: trainer.tokens_per_step: format {fmt} reads its tokens/s from the trainer's own files, not "
+            "from this key (formats that take it: hf_trainer); leave it out")):
+        load_runbook(path)
+    del trainer["tokens_per_step"]
+    assert load_runbook(_write(tmp_path, {**_rb(), "trainer": trainer})).trainer.tokens_per_step is None
+
+
 def test_a_bad_key_in_defaults_overrides_is_named_there(tmp_path):
     """It was said to be phases[0]'s, where the user wrote none."""
     from validation.tests.conftest import train_phase, write_runbook

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Mapping
 
 from nsa.config import ConfigError, list_presets, resolve_config_path
-from nsa.contract import CHECK_CONFIG_FLAG
+from nsa.contract import CHECK_CONFIG_FLAG, LIST_KEYS_FLAG
 from validation import PROFILE_DIR, REPO_ROOT, RUNBOOK_DIR
 from validation.contract.adapters import ADAPTERS
 from validation.errors import RunbookError
@@ -37,7 +37,7 @@ from validation.runbook.fields import (
     parse_phase,
     read_yaml,
 )
-from validation.runbook.trainer_keys import config_errors, published_keys
+from validation.runbook.trainer_keys import config_errors, import_error, published_keys
 from validation.runbook.trainer_spec import TrainerSpec, parse_trainer
 from validation.runbook.types import Hardware, Launcher, Phase, Profile, Runbook, Scalar, override_text, sweep_part
 
@@ -98,6 +98,12 @@ def _check_trainer_keys(r: Reader, where: str, phase, inherited: set[str]) -> No
         return
     known = published_keys(phase.launcher.module)
     if known is None:
+        failed = import_error(phase.launcher.module) if phase.launcher.kind in ("python", "torchrun") else None
+        if failed:
+            # not a trainer that does not answer --list-keys: one that cannot start on this host
+            r.fail(f"{where}.launcher.module", f"the trainer cannot be imported here (python -m "
+                                              f"{phase.launcher.module} {LIST_KEYS_FLAG}: {failed}): every point "
+                                              "would crash on it")
         return
     for key in [*phase.overrides, *(k for k in phase.sweep if not k.startswith("env."))]:
         if key not in known:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -19,23 +20,49 @@ from validation import REPO_ROOT
 TIMEOUT_S = 60.0
 
 
-def _ask(module: str, flag: str, request: str | None = None) -> object:
-    """What ``module`` prints as JSON for ``flag`` (``request`` on its stdin), run as the harness
-    runs it (from the checkout, no inherited NSA_* or CONFIG); None where it fails or prints no JSON."""
+def _run(module: str, flag: str, request: str | None = None) -> subprocess.CompletedProcess | None:
+    """``python -m module flag`` (``request`` on its stdin) run as the harness runs it (from the
+    checkout, no inherited NSA_* or CONFIG); None where it could not be run or timed out."""
     env = {k: v for k, v in os.environ.items() if not (k.startswith("NSA_") or k == "CONFIG")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     try:
-        out = subprocess.run([sys.executable, "-m", module, flag], cwd=REPO_ROOT, env=env, capture_output=True,
-                             text=True, timeout=TIMEOUT_S,
-                             **({"input": request} if request is not None else {"stdin": subprocess.DEVNULL}))
+        return subprocess.run([sys.executable, "-m", module, flag], cwd=REPO_ROOT, env=env, capture_output=True,
+                              text=True, timeout=TIMEOUT_S,
+                              **({"input": request} if request is not None else {"stdin": subprocess.DEVNULL}))
     except (OSError, subprocess.TimeoutExpired):
         return None
-    if out.returncode != 0:
+
+
+@functools.lru_cache(maxsize=None)
+def _run_cached(module: str, flag: str) -> subprocess.CompletedProcess | None:
+    return _run(module, flag)
+
+
+def _ask(module: str, flag: str, request: str | None = None) -> object:
+    """What ``module`` prints as JSON for ``flag`` (``request`` on its stdin); None where it fails
+    or prints no JSON."""
+    out = _run(module, flag, request) if request is not None else _run_cached(module, flag)
+    if out is None or out.returncode != 0:
         return None
     try:
         return json.loads(out.stdout)
     except ValueError:
         return None
+
+
+#: the last line Python prints where ``python -m module`` cannot import it or what it imports
+_IMPORT_FAILED = re.compile(r"^(?:[\w.]+\.)?(?:ModuleNotFoundError|ImportError): .+|^\S*python\S*: No module named .+")
+
+
+def import_error(module: str) -> str | None:
+    """The line ``python -m module --list-keys`` failed with where it failed to import (the module,
+    or a module it imports: ``ModuleNotFoundError: No module named 'x'``), else None. Such a module
+    is not one that does not answer the flag: every point launched on this host would crash on it."""
+    out = _run_cached(module, LIST_KEYS_FLAG)
+    if out is None or out.returncode == 0:
+        return None
+    lines = [line.strip() for line in out.stderr.splitlines() if line.strip()]
+    return lines[-1] if lines and _IMPORT_FAILED.match(lines[-1]) else None
 
 
 @functools.lru_cache(maxsize=None)

@@ -359,3 +359,25 @@ def test_values_the_trainer_takes_load_and_a_trainer_that_does_not_check_is_left
     # a pytest or preflight phase runs no trainer: nothing to check
     assert load_runbook(write_runbook(tmp_path / "rb.yaml", [{"name": "pre", "kind": "preflight"}],
                                       defaults={**NSA_TRAIN, "overrides": {"train.batch_size": "two"}}))
+
+
+@pytest.mark.parametrize("body", ["raise ImportError('No module named flash_attn_missing')\n", None],
+                         ids=["its-import-fails", "no-such-module"])
+def test_a_trainer_module_that_cannot_be_imported_is_refused_when_the_runbook_loads(tmp_path, monkeypatch, body):
+    """A `launcher.module` whose import fails (or that does not exist) answers `--list-keys` with
+    Python's import error, not as a trainer that does not know the flag: it loaded, its typo'd
+    override unchecked, and every point then crashed as 'rank 0 crashed'. It is refused, naming the
+    phase's launcher.module and Python's line."""
+    name = f"brokentrainer_{tmp_path.name.replace('-', '_')}"
+    if body is not None:
+        (tmp_path / f"{name}.py").write_text(body)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("a", overrides={"train.batchsize": "two"})],
+                       defaults={"launcher": {"kind": "python", "module": name}})
+    with pytest.raises(RunbookError) as exc:
+        load_runbook(rb)
+    msg = str(exc.value)
+    assert msg.startswith(f"{rb}: phases[0].launcher.module: the trainer cannot be imported here "
+                          f"(python -m {name} --list-keys: "), msg
+    said = "ImportError: No module named flash_attn_missing" if body else f"No module named {name}"
+    assert said in msg and "\n" not in msg, msg

@@ -2,7 +2,7 @@
 against an uninterrupted run of the same seed, step by step.
 
 The resumed run's curve is the first half's steps 1..N and the second half's from N + 1 on.
-Three gates, each naming the first step that breaks it:
+Four gates, the first three each naming the first step that breaks it:
 
 * ``resume_loss_rel_diff``: the largest relative difference of the loss over the uninterrupted
   run's logged steps, within the profile's ``resume_loss_rtol`` (0 where the run is deterministic:
@@ -11,7 +11,12 @@ Three gates, each naming the first step that breaks it:
   must continue where it stopped);
 * ``resume_data_gap``: where the resumed run's data starts minus where the first half's ended,
   which must be 0, when both halves record env.json's ``data_position`` (without it the loss
-  curve alone tells, and there is no such gate).
+  curve alone tells, and there is no such gate);
+* ``resume_first_step``: the first step the second half trained (``first_trained``), which must
+  lie after the stop; UNMEASURED (``Pending.NOT_PROVIDED``) where its files cannot tell: without
+  heartbeat records of a step and without its adapter's record of the steps it trained, a second
+  half that trained from step 1 again with the same seed logs the first half's losses and learning
+  rates, which the other gates read as continued.
 
 A step the uninterrupted run logged and the resumed one did not is NO_DATA, naming the step.
 
@@ -58,7 +63,8 @@ RTOL_KEY = "resume_loss_rtol"
 LOSS_METRIC = "resume_loss_rel_diff"
 LR_METRIC = "resume_lr_rel_diff"
 DATA_METRIC = "resume_data_gap"
-METRICS = (LOSS_METRIC, LR_METRIC, DATA_METRIC)
+FIRST_STEP_METRIC = "resume_first_step"
+METRICS = (LOSS_METRIC, LR_METRIC, DATA_METRIC, FIRST_STEP_METRIC)
 _WHAT = {"loss": "loss", "lr": "learning rate"}
 
 
@@ -211,29 +217,88 @@ def ran_past(run: RunData, stop_after: int) -> Breach | None:
     return Breach(BreachKind.RAN_PAST_STOP, stop_after, furthest) if furthest > stop_after else None
 
 
-def not_resumed(first: RunData, second: RunData, resume_after: int) -> Breach | None:
-    """Of a second half resumed after ``resume_after``: the first step at or before it that its
-    own heartbeat records show it trained, or None where it trained none.
+@dataclass(frozen=True)
+class Trained:
+    """The first step a second half's own records show it trained, and which records show it."""
+
+    step: int
+    rank: int | None = None
+    pid: int | None = None
+    """Of heartbeats: the rank whose record shows that step, and its process (where it says one)."""
+    records: str | None = None
+    files: tuple[str, ...] = ()
+    """Of a trainer that writes no heartbeats: the records of its own that show the step ('its
+    TensorBoard events', check.TrainedSteps), and their files in the half's run directory."""
+
+    def shown(self) -> str:
+        """'rank 0's heartbeats, pid 7' or 'its TensorBoard events'."""
+        process = f", pid {self.pid}" if self.pid is not None else ""
+        return self.records or f"rank {self.rank}'s heartbeats{process}"
+
+
+def trained(first: RunData, second: RunData, resume_after: int) -> list[Trained]:
+    """What a second half resumed after ``resume_after`` shows of the steps it trained: the first
+    step its own heartbeat records show, then the first its adapter says it trained; each where
+    its records tell (none: nothing tells).
 
     Its own records are those the first half's files do not hold: a trainer that copies the earlier
     run's files into its new directory brings their records along, as it does their rows (which
-    ``resumed_curve`` drops), and a record copied is the same event, its time included. A step
-    before the stop is trained by any own record of it; the stop's own step only by a record of a
-    stage within it (it began that step), since a process that resumed may well say, in a record
-    of a step done, the step its checkpoint holds. Without heartbeats, the steps its adapter says it
-    trained (logged: each one done by this process)."""
+    ``resumed_curve`` drops), and a record copied is the same event, its time included. A step is
+    trained by any own record of it but the stop's own, which only a record of a stage within it
+    shows (it began that step), since a process that resumed may well say, in a record of a step
+    done, the step its checkpoint holds. Of a trainer without heartbeats, its adapter's record
+    (logged: each one done by this process)."""
     copied = {_event(rank, rec) for rank, recs in first.heartbeats.items() for rec in recs}
-    trained = [(step, rank, rec) for rank, recs in sorted(second.heartbeats.items()) for rec in recs
-               if (step := _int(rec, "step")) is not None and 1 <= step <= resume_after
-               and (step < resume_after or rec.get("stage") in HEARTBEAT_STAGES_IN_STEP)
-               and _event(rank, rec) not in copied]
+    beats = [(step, rank, rec) for rank, recs in sorted(second.heartbeats.items()) for rec in recs
+             if (step := _int(rec, "step")) is not None and step >= 1
+             and (step != resume_after or rec.get("stage") in HEARTBEAT_STAGES_IN_STEP)
+             and _event(rank, rec) not in copied]
+    out = []
+    if beats:
+        step, rank, rec = min(beats, key=lambda t: t[0])
+        out.append(Trained(step, rank, _int(rec, "pid")))
     own = adapter_trained(second.env)
-    if not trained:
-        if own is None or own.first > resume_after:
-            return None
-        return Breach(BreachKind.NOT_RESUMED, resume_after, own.first, records=own.records, files=own.files)
-    step, rank, rec = min(trained, key=lambda t: t[0])
-    return Breach(BreachKind.NOT_RESUMED, resume_after, step, rank, _int(rec, "pid"))
+    if own is not None:
+        out.append(Trained(own.first, records=own.records, files=own.files))
+    return out
+
+
+def not_resumed(first: RunData, second: RunData, resume_after: int) -> Breach | None:
+    """Of a second half resumed after ``resume_after``: the first step at or before it that its
+    own records show it trained (``trained``: its heartbeats', else its adapter's), or None where
+    they show none (or nothing tells: ``resume_first_step`` is then UNMEASURED)."""
+    again = next((t for t in trained(first, second, resume_after) if t.step <= resume_after), None)
+    if again is None:
+        return None
+    return Breach(BreachKind.NOT_RESUMED, resume_after, again.step, again.rank, again.pid, again.records, again.files)
+
+
+#: what tells the steps a second half trained, said where nothing did
+NO_TRAINED_RECORD = ("the second half left no heartbeat record of a step and its adapter no record of the steps it "
+                     "trained, so nothing tells whether it resumed or trained from step 1 again (which, of the same "
+                     "seed, logs the first half's losses again)")
+HF_TRAINED_HINT = "a Hugging Face Trainer's are its TensorBoard events: --report_to tensorboard"
+
+
+def first_step_gate(first: RunData, second: RunData, resume_after: int) -> GateResult:
+    """``resume_first_step``: the first step the second half trained, after the stop; UNMEASURED
+    where its files do not tell (the module's docstring)."""
+    shown = trained(first, second, resume_after)
+    description = "the first step the resumed second half trained: after the stop, not again from its start"
+    if not shown:
+        adapter = (second.env or {}).get("adapter")
+        hint = f" ({HF_TRAINED_HINT})" if isinstance(adapter, dict) and adapter.get("name") == "hf_trainer" else ""
+        return GateResult(FIRST_STEP_METRIC, ">", float(resume_after), "the second half's own records", None,
+                          GateVerdict.UNMEASURED, None, description, NO_TRAINED_RECORD + hint, Pending.NOT_PROVIDED)
+    first_shown = min(shown, key=lambda t: t.step)
+    value = float(first_shown.step)
+    verdict = check(value, ">", float(resume_after))
+    note = (f"the second half began at step {first_shown.step} ({first_shown.shown()}), "
+            + ("the first after the stop" if first_shown.step == resume_after + 1 else
+               f"after the stop after step {resume_after}" if verdict == GateVerdict.PASS else
+               f"not after the stop after step {resume_after}"))
+    return GateResult(FIRST_STEP_METRIC, ">", float(resume_after), "the second half's own records", value, verdict,
+                      None, description, note)
 
 
 def _int(rec: dict[str, Any], key: str) -> int | None:
@@ -304,10 +369,11 @@ def _note(c: Comparison, resume_after: int, last: int) -> str:
     return f"{what} of steps 1-{last} continued: {same}"
 
 
-def gates(reference: pd.DataFrame, first: pd.DataFrame, second: pd.DataFrame, resume_after: int,
-          rtol: float | None, first_env: dict[str, Any] | None, second_env: dict[str, Any] | None) -> list[GateResult]:
+def gates(reference: pd.DataFrame, first: RunData, second: RunData, resume_after: int,
+          rtol: float | None) -> list[GateResult]:
     """The resume gates of one point (see the module's docstring)."""
-    resumed = resumed_curve(first, second, resume_after)
+    first_env, second_env = first.env, second.env
+    resumed = resumed_curve(first.csv, second.csv, resume_after)
     last = int(reference["step"].max())
     window = f"steps 1-{last}, stopped after {resume_after}"
     out = []
@@ -327,6 +393,7 @@ def gates(reference: pd.DataFrame, first: pd.DataFrame, second: pd.DataFrame, re
                 + ("" if gap == 0 else f": {abs(gap):g} {'skipped' if gap > 0 else 'read again'}"))
         out.append(GateResult(DATA_METRIC, "==", 0.0, f"env.json {DATA_POSITION}", gap, check(gap, "==", 0.0),
                               None, "the resumed run's data starts where the first half's ended", note))
+    out.append(first_step_gate(first, second, resume_after))
     return out
 
 

@@ -47,6 +47,9 @@ def test_a_resumed_run_that_continues_the_uninterrupted_one_passes(fake_run):
     assert gates["resume_loss_rel_diff"].value == 0.0 and gates["resume_lr_rel_diff"].value == 0.0
     assert gates["resume_data_gap"].note == "the first half ended at data position 4 and the resumed run started at 4"
     assert "loss of steps 1-8 continued: identical at every logged step" in gates["resume_loss_rel_diff"].note
+    first = gates["resume_first_step"]
+    assert (first.value, first.op, first.threshold, first.verdict) == (5.0, ">", 4.0, "PASS")
+    assert first.note == "the second half began at step 5 (rank 0's heartbeats), the first after the stop"
     assert rec.metrics.steps_completed == 8.0 and rec.evidence.loss_first == 2.99  # step 1, from the first half
     assert "| default | first half (steps 1-4, stopped) | 1-4 | 0 |" in run.report
     assert not run.findings()
@@ -270,7 +273,9 @@ def test_a_runbook_trainer_resumes_through_its_own_parameters(tmp_path):
     assert rec.status == Status.PASS, rec.reason
     assert "--stop-after" not in rec.command and rec.command[-2:] == [
         "--resume-from", str(tmp_path / "res" / rec.runs[1].out_dir)]
-    assert {g.metric for g in rec.gates} == {"loss_finite", "resume_loss_rel_diff", "resume_lr_rel_diff"}  # no data position
+    gates = {g.metric: g for g in rec.gates}
+    assert set(gates) == {"loss_finite", "resume_loss_rel_diff", "resume_lr_rel_diff", "resume_first_step"}  # no data position
+    assert (gates["resume_first_step"].value, gates["resume_first_step"].verdict) == (3.0, "PASS")  # its heartbeats
 
 
 def test_a_runbook_trainer_that_does_not_say_how_it_resumes_skips_with_the_reason(tmp_path):
@@ -437,3 +442,63 @@ def test_a_level_shift_the_uninterrupted_run_has_too_is_the_data_s_not_the_resum
                         "then resumed second half (steps 8-12))")], found
     assert found[1].title.split(" from step")[1].startswith(" 7 to the run's last logged step, 12: "), found[1].title
     assert "/first/training.csv and " in found[1].detail[-1] and "/second/training.csv" in found[1].detail[-1]
+
+
+HF_LIKE = {"name": "hf_like", "root": "validation/tests", "script": "hf_like_trainer.py", "format": "hf_trainer",
+           "steps": {"flag": "--max_steps"}, "out_dir": {"flag": "--output_dir"}, "phases": ["train", "resume"],
+           "resume": {"stop_after": {"flag": "--stop_after"}, "from": {"flag": "--resume_from"}}}
+needs_tb = pytest.mark.skipif(__import__("importlib").util.find_spec("tensorboard") is None,
+                              reason="writing event files needs the tensorboard package (pip install -e '.[test]')")
+
+
+def _hf_resume(tmp_path: Path, env: dict[str, str]) -> tuple[int, dict, str]:
+    """A resume point of a Hugging Face Trainer-like script (hf_like_trainer.py) through
+    ``nsa-validate run``: its exit code, its stored record and the report."""
+    from validation.cli import main
+    rb = _foreign(tmp_path, HF_LIKE)
+    data = yaml.safe_load(rb.read_text())
+    if env:
+        data["trainer"]["env"] = env
+    rb.write_text(yaml.safe_dump(data, sort_keys=False))
+    results = tmp_path / "res"
+    code = main(["run", "--runbook", str(rb), "--profile", "cpu", "--results-dir", str(results), "--no-plots"])
+    [rec] = json.loads((results / "results.json").read_text())["records"].values()
+    [report] = (results / "reports").glob("*.md")
+    return code, rec, report.read_text()
+
+
+@needs_tb
+@pytest.mark.parametrize("fault", ["", "ignore_resume"])
+def test_a_hugging_face_trainer_with_its_events_is_judged_on_the_steps_they_show(tmp_path, fault):
+    """Its TensorBoard events show the steps its second half trained: a resumed one passes, its first
+    trained step the one after the stop; one that trained from step 1 again fails, did not resume."""
+    code, rec, _ = _hf_resume(tmp_path, {"FAKE_HF_TB": "1", **({"FAKE_HF_FAULT": fault} if fault else {})})
+    if fault:
+        assert (code, rec["status"]) == (1, "FAIL") and "did not resume: the second half trained steps 1-2 again" in \
+            rec["reason"], rec["reason"]
+        return
+    assert (code, rec["status"]) == (0, "PASS"), rec["reason"]
+    gate = next(g for g in rec["gates"] if g["metric"] == "resume_first_step")
+    assert (gate["value"], gate["verdict"]) == (3.0, "PASS")
+    assert gate["note"] == "the second half began at step 3 (its TensorBoard events), the first after the stop"
+
+
+@pytest.mark.parametrize("fault", ["", "ignore_resume"])
+def test_a_second_half_whose_files_do_not_tell_what_it_trained_is_unmeasured(tmp_path, fault):
+    """A Hugging Face Trainer run without --report_to tensorboard writes no heartbeats and no events: a
+    second half that ignored the checkpoint and trained steps 1-6 again, of the same seed, logs the
+    first half's losses, and the point was PASS ('loss of steps 1-6 continued: identical at every
+    logged step'). Nothing in its files tells it from one that resumed: neither is PASS, both are
+    UNMEASURED, saying what is missing."""
+    code, rec, report = _hf_resume(tmp_path, {"FAKE_HF_FAULT": fault} if fault else {})
+    assert rec["status"] == "UNMEASURED" and code != 0, (code, rec["reason"])
+    gates = {g["metric"]: g for g in rec["gates"]}
+    assert gates["resume_loss_rel_diff"]["verdict"] == "PASS"  # the curve cannot tell
+    gate = gates["resume_first_step"]
+    assert (gate["value"], gate["verdict"], gate["pending"]) == (None, "UNMEASURED", "metric the trainer does not provide")
+    said = ("the second half left no heartbeat record of a step and its adapter no record of the steps it trained, so "
+            "nothing tells whether it resumed or trained from step 1 again (which, of the same seed, logs the first "
+            "half's losses again) (a Hugging Face Trainer's are its TensorBoard events: --report_to tensorboard)")
+    assert gate["note"] == said
+    assert rec["reason"] == f"metric the trainer does not provide: resume_first_step ({said})"
+    assert "**Status: GO**" not in report and "resume_first_step" in report

@@ -584,12 +584,12 @@ def _kept_width(K: int, sel_block: int, keep: str) -> int:
 
 
 def _kept_chunk(q, n: int, sel_block: int, tune: SelectionTuning = SELECTION) -> int:
-    """Query tokens per pass of _sel_bwd_kept: as many as keep their dq partials or dS tiles
-    (B * HQ * n * _kept_width values of q's dtype a token) within tune.kept_budget bytes, at
-    most tune.kept_tokens, at least one."""
+    """Query positions per pass of _sel_bwd_kept: as many as keep their dq partials or dS tiles
+    (B * HQ * n * _kept_width values of q's dtype a position) within tune.kept_budget bytes, and
+    at most tune.kept_tokens tokens of the batch (B a position), at least one."""
     B, _, HQ, K = q.shape
     width = _kept_width(K, sel_block, _dq_source(K, sel_block, tune))
-    return max(1, min(tune.kept_tokens, tune.kept_budget // (B * HQ * n * width * q.element_size())))
+    return max(1, min(tune.kept_tokens // B, tune.kept_budget // (B * HQ * n * width * q.element_size())))
 
 
 def _sel_bwd_kept(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, deterministic: bool,

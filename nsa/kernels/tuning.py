@@ -82,10 +82,10 @@ class SelectionTuning(_Tuning):
       dkv_warps: 64 rows at K=128, 128 at K=64); dkv_warps, dkv_stages;
     * dq from what the dk/dv pass keeps at one token a tile (dq_from_pass; selection._dq_from_pass),
       what it keeps (dq_keep: 'dq' partials, 'ds' tiles, 'auto' selection._dq_source's rule),
-      kept_budget bytes and kept_tokens query tokens of them at a time (longer inputs a chunk of
+      kept_budget bytes and kept_tokens tokens of the batch at a time (longer inputs a chunk of
       query tokens at a time: the kept tiles of the layer being differentiated add to a model's
       peak, which every layer's activations already make; whole for 128k tokens of m7c_125m they
-      took its compiled step's peak above the dense model's, `bench/peak_holders.py`);
+      were 3.2 GB of its compiled step's peak, then above the dense model's, `bench/peak_holders.py`);
     * partials_budget: bytes of the key-block-major forward's partial outputs held at once
       (selection_blocks; longer inputs a chunk of query tokens at a time); the kernel combining a
       row's partials: combine_values partial values in flight a program (its rows, n * K each),

@@ -184,11 +184,12 @@ def test_selection_kept_path_and_chunk_rules():
     per_token = 2 * 6 * 4 * 4 * 4  # B * HQ * n * l' * 4 bytes (K=16 > l'=4: dS tiles)
     assert selection._kept_chunk(q, 4, 4, SelectionTuning(kept_budget=3 * per_token)) == 3
     assert selection._kept_chunk(q, 4, 4, SelectionTuning(kept_budget=per_token - 1)) == 1
-    assert selection._kept_chunk(q, 4, 4, SelectionTuning(kept_budget=3 * per_token, kept_tokens=2)) == 2
+    assert selection._kept_chunk(q, 4, 4, SelectionTuning(kept_budget=3 * per_token, kept_tokens=4)) == 2  # B=2
     # m7c_125m (12 query heads, head dim 64, 16 blocks of 64): 64k tokens whole, 128k in two chunks
     m7c = torch.empty(1, 131072, 12, 64, dtype=torch.bfloat16, device="meta")
     assert selection._kept_chunk(m7c[:, :65536], 16, 64) == 65536
     assert selection._kept_chunk(m7c, 16, 64) == 65536
+    assert selection._kept_chunk(m7c.expand(2, -1, -1, -1), 16, 64) == 32768  # tokens of the batch
     with pytest.raises(ValueError, match="dq_keep is 'dS'"):
         SelectionTuning(dq_keep="dS")
 

@@ -355,7 +355,9 @@ def cmd_check_artifacts(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     abort = StopFlag()  # the flag of the session a command builds, set by a stop signal
-    with AcceptanceSession.stop_signals(abort):
+    # the nsa-validate process itself (no argv given) ends, once stopped, as its first stop signal
+    # says: a later one that came after the stop was over would end it as its own
+    with AcceptanceSession.stop_signals(abort, ignore_after_stop=argv is None):
         try:
             problem = checkout_problem()
             if problem:
@@ -368,12 +370,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"nsa-validate: error: {exc}", file=sys.stderr)
             return ExitStatus.USAGE
         except ReportInterrupted as exc:
+            abort.settled = True
             print(report_interrupted_note(exc.signum), file=sys.stderr)
             return 128 + exc.signum
         except RunStopped as exc:
+            abort.settled = True
             print(exc.text(), file=sys.stderr)
             return 128 + exc.signum
         except KeyboardInterrupt as exc:
+            abort.settled = True
             return _interrupted(args.command, abort.signum or getattr(exc, "signum", None) or signal.SIGINT)
         except BrokenPipeError:
             # the reader went away (`nsa-validate phases | head -1`): stop quietly, as other command-line
@@ -385,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
             # first import (matplotlib's Agg backend, while plots are drawn) it becomes
             # "ImportError: initialization failed". It is still the user's interrupt.
             if abort.is_set():
+                abort.settled = True
                 return _interrupted(args.command, abort.signum or signal.SIGINT)
             raise
 

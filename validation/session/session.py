@@ -66,6 +66,9 @@ class StopFlag:
     def __init__(self) -> None:
         self.signum: int | None = None
         self._stopped = False
+        self.settled = False
+        """Whether the stop is over (its door is saying how it ended): a later signal then changes
+        nothing."""
 
     def stop(self, signum: int) -> None:
         if self.signum is None:
@@ -539,7 +542,7 @@ class AcceptanceSession:
     @staticmethod
     @contextlib.contextmanager
     def stop_signals(abort: StopFlag, signals: tuple[int, ...] = STOP_SIGNALS,
-                     only_default: bool = False) -> Iterator[None]:
+                     only_default: bool = False, ignore_after_stop: bool = False) -> Iterator[None]:
         """SIGINT, SIGTERM and SIGHUP stop the session whose flag is ``abort`` as Ctrl-C does: the
         flag is set, so the running trainers' trees are killed (worker threads watch it), and
         ``Stopped`` is raised in the main thread. A signal the process inherited ignored stays
@@ -549,7 +552,10 @@ class AcceptanceSession:
         Restored on the way out. A door enters it before it builds its session, and gives the
         session the same flag. The first signal is the stop's (the flag keeps it): a later one (a
         second Ctrl-C, or SIGINT after SIGHUP) still interrupts what the stop is doing, as that first
-        signal."""
+        signal. With ``ignore_after_stop`` (a process about to exit with the first signal's status),
+        a stopped session leaves its signals ignored rather than restored: a later one would end the
+        process as its own. The signals are blocked while the handlers change hands, so one that
+        comes then is handled by what follows (or dropped, ignored), not by a handler half put back."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -562,8 +568,13 @@ class AcceptanceSession:
         try:
             yield
         finally:
-            for sig, handler in saved.items():
-                signal.signal(sig, handler)
+            signal.pthread_sigmask(signal.SIG_BLOCK, saved)
+            try:
+                ignore = ignore_after_stop and abort.is_set()
+                for sig, handler in saved.items():
+                    signal.signal(sig, signal.SIG_IGN if ignore else handler)
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, saved)
 
 
 def _withdrawn(results_dir: Path, why: str) -> str:
@@ -576,6 +587,8 @@ def _withdrawn(results_dir: Path, why: str) -> str:
 
 
 def _on_stop_signal(abort: StopFlag, signum, frame) -> None:
+    if abort.settled:
+        return
     abort.stop(signum)  # worker threads running trainers kill their process trees
     if _drops_exceptions(frame):
         threading.Timer(REDELIVER_S, _redeliver, (signum,)).start()

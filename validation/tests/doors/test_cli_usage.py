@@ -527,6 +527,29 @@ def test_the_first_stop_signal_decides_the_exit_status(tmp_path, delay_s):
     assert "nsa-validate: interrupted (SIGHUP)" in err and "(SIGINT)" not in err, err[-2000:]
 
 
+def test_a_stop_signal_after_the_stop_is_over_does_not_change_the_exit_status(tmp_path):
+    """CI: SIGHUP, then SIGINT 0.2 s later, exited -2 (killed by SIGINT) after saying 'interrupted
+    (SIGHUP)': the stop was over, its handlers restored, and the second signal ended the process as
+    its own. Here the SIGINT follows the stop's last line."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase(steps=200, env={"NSA_FAKE_STEP_S": "0.05"})])
+    proc = subprocess.Popen([sys.executable, "-m", "validation", "run", "--runbook", str(rb), "--results-dir",
+                             str(tmp_path / "res"), "--no-plots"], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
+    deadline = time.monotonic() + 60
+    while not any(len(c.read_bytes().splitlines()) >= 3 for c in (tmp_path / "res").glob("runs/*/*/*/*/*/training.csv")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGHUP)
+    said = ""
+    while "interrupted (SIGHUP)" not in said:
+        line = proc.stderr.readline()
+        assert line, said
+        said += line
+    proc.send_signal(signal.SIGINT)
+    said += proc.communicate(timeout=120)[1]
+    assert proc.returncode == 128 + signal.SIGHUP, said[-2000:]
+
+
 def test_run_of_one_phase_checks_every_phase_of_the_runbook(tmp_path, capsys):
     """A threshold typo in another phase passed `run --phase` (pytest and `phases` refused it)."""
     typo = train_phase("long_run", gates=[{"metric": "toks_per_s_mean", "op": ">=",

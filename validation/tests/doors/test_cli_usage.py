@@ -505,20 +505,26 @@ def test_a_run_that_inherited_sigint_ignored_keeps_ignoring_it_and_stops_on_sigt
     assert "nsa-validate: interrupted (SIGTERM)" in out + err and "(SIGINT)" not in out + err, (out + err)[-2000:]
 
 
+def _run_training(tmp_path, stdout=subprocess.PIPE) -> subprocess.Popen:
+    """`nsa-validate run` of one 200-step point (0.05 s a step), once its training.csv holds steps."""
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase(steps=200, env={"NSA_FAKE_STEP_S": "0.05"})])
+    proc = subprocess.Popen([sys.executable, "-m", "validation", "run", "--runbook", str(rb), "--results-dir",
+                             str(tmp_path / "res"), "--no-plots"], cwd=REPO_ROOT, stdout=stdout,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
+    deadline = time.monotonic() + 60
+    while not any(len(c.read_bytes().splitlines()) >= 3 for c in (tmp_path / "res").glob("runs/*/*/*/*/*/training.csv")):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    return proc
+
+
 @pytest.mark.parametrize("delay_s", [0.05, 0.2])
 def test_the_first_stop_signal_decides_the_exit_status(tmp_path, delay_s):
     """user hH's pass: SIGHUP, then SIGINT 0.2 s later, exited 130 and said 'interrupted (SIGINT)':
     the second signal, which came while the first's stop was under way, overrode the first's. (Two
     signals sent at once have no first: the kernel may hand them to two threads, and the main
     thread handle the second one's first.)"""
-    rb = write_runbook(tmp_path / "rb.yaml", [train_phase(steps=200, env={"NSA_FAKE_STEP_S": "0.05"})])
-    proc = subprocess.Popen([sys.executable, "-m", "validation", "run", "--runbook", str(rb), "--results-dir",
-                             str(tmp_path / "res"), "--no-plots"], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
-    deadline = time.monotonic() + 60
-    while not any(len(c.read_bytes().splitlines()) >= 3 for c in (tmp_path / "res").glob("runs/*/*/*/*/*/training.csv")):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.05)
+    proc = _run_training(tmp_path)
     proc.send_signal(signal.SIGHUP)
     time.sleep(delay_s)
     proc.send_signal(signal.SIGINT)
@@ -531,14 +537,7 @@ def test_a_stop_signal_after_the_stop_is_over_does_not_change_the_exit_status(tm
     """CI: SIGHUP, then SIGINT 0.2 s later, exited -2 (killed by SIGINT) after saying 'interrupted
     (SIGHUP)': the stop was over, its handlers restored, and the second signal ended the process as
     its own. Here the SIGINT follows the stop's last line."""
-    rb = write_runbook(tmp_path / "rb.yaml", [train_phase(steps=200, env={"NSA_FAKE_STEP_S": "0.05"})])
-    proc = subprocess.Popen([sys.executable, "-m", "validation", "run", "--runbook", str(rb), "--results-dir",
-                             str(tmp_path / "res"), "--no-plots"], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
-    deadline = time.monotonic() + 60
-    while not any(len(c.read_bytes().splitlines()) >= 3 for c in (tmp_path / "res").glob("runs/*/*/*/*/*/training.csv")):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.05)
+    proc = _run_training(tmp_path, stdout=subprocess.DEVNULL)
     proc.send_signal(signal.SIGHUP)
     said = ""
     while "interrupted (SIGHUP)" not in said:

@@ -119,8 +119,9 @@ def step_clock(run: RunData, wall_s: float | None) -> StepClock | None:
 def step_spans(recs: list[dict[str, Any]]) -> list[float]:
     """A rank's wall time per step as its heartbeats show it. Where they mark steps' starts (a record
     of a stage within the step) and ends (a record of a stage after it), each such step's span, from
-    its first record to its first record after it: work between steps (a checkpoint, an evaluation
-    after every step) is in none. Else the time between consecutive steps' first records over the
+    its first record to its first record after it, or to the next step's start where that comes first
+    (the end records of steps logged in a batch after them): work between steps (a checkpoint, an
+    evaluation after every step) is in none. Else the time between consecutive steps' first records over the
     steps between (a trainer may beat every N steps), leaving out the intervals after a step whose
     records announce work after it (``PAUSES``), whose end no record marks."""
     started: dict[int, float] = {}
@@ -139,7 +140,12 @@ def step_spans(recs: list[dict[str, Any]]) -> list[float]:
             ended.setdefault(k, float(t))
             if stage in PAUSES:
                 paused.add(k)
-    whole = [ended[k] - started[k] for k in sorted(started.keys() & ended.keys()) if ended[k] >= started[k]]
+    # a step is over once the next one starts: a trainer that logs a window's steps after it (a
+    # profiled window, a batch of rows written at once) writes their end records late
+    order = sorted(started)
+    next_start = {a: started[b] for a, b in zip(order, order[1:]) if started[b] >= started[a]}
+    whole = [min(ended[k], next_start.get(k, ended[k])) - started[k] for k in order
+             if k in ended and ended[k] >= started[k]]
     if len(whole) >= MIN_INTERVALS:
         return whole
     steps = sorted(first)

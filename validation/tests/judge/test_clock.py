@@ -158,6 +158,31 @@ def test_work_announced_between_steps_is_no_steps_time():
     assert clock is not None and not clock.disputed and clock.intervals == 8, clock
 
 
+def test_steps_logged_after_a_profiled_window_end_where_the_next_step_starts():
+    """This project's trainer under the cpu_smoke `nvtx` phase: 4 steps, 2 and 3 profiled back to back
+    and logged (their `step` records) only after a second of the profile's summary. Step 2's span
+    ran to that record, 1.2 s: with step 1's warm-up, the median of 4 spans was 2.05x the logged
+    median, 'step times not believed', NO-GO, on a trainer that times its whole loop. A step is over
+    once the next starts."""
+    starts = {1: 0.0, 2: 0.086, 3: 0.126, 4: 1.302}
+    ends = {1: [(0.082, "step")], 2: [(1.301, "step")], 3: [(0.170, "profile"), (1.302, "step")],
+            4: [(1.338, "step")]}
+    recs = []
+    for s in (1, 2, 3, 4):
+        recs.append({"time": starts[s], "step": s, "stage": "forward"})
+        recs += [{"time": t, "step": s, "stage": stage} for t, stage in ends[s]]
+    recs.sort(key=lambda r: r["time"])
+    logged = pd.DataFrame({"step": [1, 2, 3, 4], "loss": [1.0] * 4, "toks_per_s": [1.0] * 4,
+                           "step_time_s": [0.082, 0.044, 0.043, 0.036]})
+    run = RunData(out_dir=".", csv=logged, heartbeats={0: recs}, env={})
+    clock = step_clock(run, None)
+    assert clock is not None and clock.intervals == 4 and not clock.disputed, clock
+    assert abs(clock.beat_s - (0.040 + 0.044) / 2) < 1e-6, clock  # spans 0.082, 0.040, 0.044, 0.036
+    # the same steps with 0.1 s each outside the trainer's timer are still found
+    slow = [dict(r, time=r["time"] + 0.1 * (r["step"] - (r["stage"] == "forward"))) for r in recs]
+    assert step_clock(dataclasses.replace(run, heartbeats={0: slow}), None).disputed
+
+
 def test_who_is_not_judged():
     """Without heartbeat times, with too few intervals, or converted by an adapter (heartbeats made
     afterwards from its log): None, and nothing said."""

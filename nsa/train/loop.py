@@ -571,7 +571,12 @@ class Trainer:
                 p.profiled_steps += 1
                 if result.halt:
                     break
-        end = first + p.profiled_steps - 1
+            end = first + p.profiled_steps - 1
+            if self.info.is_master:
+                # the last step ends here: stopping the profiler is the profile's work, which the
+                # step times leave out, and the heartbeats say so before it starts
+                self.watchdog.beat(end, "profile")
+                self.telemetry.stage_beat(end, "profile")
         p.note = (f"steps {first}..{end}" + ("" if p.profiled_steps == p.requested_steps else
                   f": {p.profiled_steps} of the {p.requested_steps} asked, as the run "
                   + ("was stopped (.HALT, Ctrl-C or SIGTERM)" if result.halt else f"ends at step {end}")))

@@ -249,11 +249,15 @@ class Telemetry:
             with _naming(self._hb):
                 self._hb.write(strict_json.dumps(rec) + "\n")
 
+    def stage_beat(self, step: int, name: str) -> None:
+        """The heartbeat of entering a stage."""
+        self.heartbeat({"step": step, "stage": name, "mem_alloc_gb": memory_gb(self.device)["mem_alloc_gb"],
+                        **self.last})
+
     @contextlib.contextmanager
     def stage(self, step: int, name: str):
         """A training stage: heartbeat on entry, a torch.profiler range, an NVTX range if on."""
-        self.heartbeat({"step": step, "stage": name, "mem_alloc_gb": memory_gb(self.device)["mem_alloc_gb"],
-                        **self.last})
+        self.stage_beat(step, name)
         if self.nvtx:
             torch.cuda.nvtx.range_push(f"train.{name}")
         try:

@@ -5,6 +5,7 @@ and the trainer's profiled window (CONTRACT_PROFILE_STEPS) on CPU: its steps onl
 run going on to its requested steps."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import gzip
 import json
@@ -219,6 +220,26 @@ def test_the_trainer_profiles_steady_steps_only_and_goes_on(tmp_path, monkeypatc
     in_window = [e for e in events if WINDOW_RANGE in _ancestors(e) and e.name != STEP_RANGE]
     assert in_window and all(STEP_RANGE in _ancestors(e) for e in in_window), \
         sorted({e.name for e in in_window if STEP_RANGE not in _ancestors(e)})
+
+
+def test_the_heartbeats_end_the_windows_last_step_before_the_profiler_stops(tmp_path, monkeypatch):
+    """Stopping the profiler is the profile's work, which the step times leave out: the window's last
+    step's heartbeats end before it (a `profile` record), or the harness saw that step take the
+    profiler's stop too, and the cpu_smoke nvtx phase's 4 steps read 'step times not believed'."""
+    real = loop.profiled_window
+
+    @contextlib.contextmanager
+    def slow_to_stop(*args, **kwargs):
+        with real(*args, **kwargs) as window:
+            yield window
+            time.sleep(0.5)  # after the steps, while the window closes
+
+    monkeypatch.setattr(loop, "profiled_window", slow_to_stop)
+    assert _train(tmp_path, "", steps=5, profile_steps=3) == 0
+    recs = [json.loads(line) for line in (tmp_path / "heartbeat_rank0.jsonl").read_text().splitlines()]
+    last_start = next(r["time"] for r in recs if r["step"] == 4)  # the window holds steps 2..4
+    profile = next(r for r in recs if r["stage"] == "profile")
+    assert profile["step"] == 4 and profile["time"] - last_start < 0.5, (profile, last_start)
 
 
 def test_a_window_cut_by_the_end_of_the_run_or_never_reached(tmp_path):

@@ -41,6 +41,9 @@ from validation.runbook.trainer_keys import config_errors, import_error, publish
 from validation.runbook.trainer_spec import TrainerSpec, parse_trainer
 from validation.runbook.types import Hardware, Launcher, Phase, Profile, Runbook, Scalar, override_text, sweep_part
 
+#: refused values named after the first in one loading's message (the rest are counted)
+MORE_REFUSED = 4
+
 
 def load_runbook(path_or_name: str | Path, known_markers: set[str] | None = None) -> Runbook:
     """Load and validate a runbook (a path, or a name under runbooks/)."""
@@ -133,10 +136,19 @@ def _check_values(r: Reader, raw: list, phases: tuple[Phase, ...], defaults: dic
                 for _, p, params in points]
         refused += [(i, n, p, params, module, error) for n, ((i, p, params), error)
                     in enumerate(zip(points, config_errors(module, runs) or ())) if error]
-    if refused:
-        i, _, p, params, module, error = min(refused, key=lambda x: x[:2])
-        r.fail(_value_where(i, p, params, error, raw[i] if isinstance(raw[i], dict) else {}, defaults),
-               f"the trainer refuses it ({module} {CHECK_CONFIG_FLAG}): {error}")
+    if not refused:
+        return
+    # every value refused, each once (a bad default is refused at every point), so that one
+    # loading names all there are to mend
+    named: dict[tuple[str, str], str] = {}
+    for i, _, p, params, module, error in sorted(refused, key=lambda x: x[:2]):
+        where = _value_where(i, p, params, error, raw[i] if isinstance(raw[i], dict) else {}, defaults)
+        named.setdefault((where, error), module)
+    ((where, error), module), *more = named.items()
+    also = "".join(f"; also {w}: {e}" for (w, e), _ in more[:MORE_REFUSED])
+    if len(more) > MORE_REFUSED:
+        also += f"; and {len(more) - MORE_REFUSED} more"
+    r.fail(where, f"the trainer refuses it ({module} {CHECK_CONFIG_FLAG}): {error}{also}")
 
 
 def _names(message: str, key: str) -> bool:

@@ -348,6 +348,33 @@ def test_a_value_the_trainer_refuses_is_refused_when_the_runbook_loads(tmp_path,
     assert said in msg and "\n" not in msg, msg
 
 
+def test_every_value_the_trainer_refuses_is_named_at_once(tmp_path):
+    """A runbook with three bad values needed three loadings to find them, one a time. One loading
+    names the first bad value of each point (the trainer's check stops at a run's first), each
+    once: a bad default refused at every point is named once, where it was set."""
+    rb = write_runbook(tmp_path / "rb.yaml", [
+        train_phase("a", sweep={"train.batch_size": [1, "2x", "3x"]}),
+        train_phase("b", overrides={"dist.mode": "dpp"})], defaults=NSA_TRAIN)
+    with pytest.raises(RunbookError) as exc:
+        load_runbook(rb)
+    msg = str(exc.value)
+    assert msg.startswith(f"{rb}: phases[0] point batch_size=2x (override train.batch_size): the trainer refuses "
+                          "it (nsa.train --check-config): "), msg
+    first, *also = msg.split("; also ")
+    assert "train.batch_size: expected an integer, got '2x'" in first, msg
+    assert [a.split(": ", 1)[0] for a in also] == ["phases[0] point batch_size=3x (override train.batch_size)",
+                                                   "phases[1] (override dist.mode)"], msg
+    assert "got '3x'" in also[0] and "dist.mode must be one of" in also[1], msg
+    assert "\n" not in msg, msg
+    rb = write_runbook(tmp_path / "rb.yaml", [train_phase("a", sweep={"train.batch_size": [1, 2]}),
+                                              train_phase("b")],
+                       defaults={**NSA_TRAIN, "overrides": {"model.attn.window": 0}})
+    with pytest.raises(RunbookError) as exc:
+        load_runbook(rb)
+    msg = str(exc.value)
+    assert msg.startswith(f"{rb}: defaults.overrides (override model.attn.window): ") and "; also" not in msg, msg
+
+
 def test_values_the_trainer_takes_load_and_a_trainer_that_does_not_check_is_left_to_judge_them(tmp_path):
     ok = {"overrides": {"train.batch_size": "2", "train.fused_adamw": True, "model.dropout": 0.1},
           "sweep": {"train.seq_len": [32, 64], "env.NSA_DDP_BUCKET_MB": [1, 4]}}

@@ -27,7 +27,7 @@ from validation.judge.memory import MemoryGrowth
 from validation.judge.metrics import RunData, compute
 from validation.judge.misses import Miss
 from validation.judge.nodes import NodesEvidence
-from validation.judge.resume import Breach, BreachKind, Clue, ClueKind
+from validation.judge.resume import JUDGED as RESUME_JUDGED, Breach, BreachKind, Clue, ClueKind
 from validation.judge.seen import ProcessSeen, RankSilence
 from validation.judge.stability import NonFinite, Rise, Slowdown, Spike
 from validation.machine import Machine, MachineLoad
@@ -38,6 +38,9 @@ OWN_TRAINER = "nsa.train"
 #: phase kinds that run the trainer and judge the artifact contract's files it leaves (a profile
 #: phase is a train run asked for profile.json as well; a resume phase runs it three times)
 TRAINER_KINDS = ("train", "profile", "resume")
+#: the gates a phase kind judges of every point that passed, beyond the runbook's: a stored PASS
+#: without one of them was judged by a harness that did not make that check (store/stale.py)
+KIND_GATES: dict[str, tuple[str, ...]] = {"resume": RESUME_JUDGED}
 
 
 class Status(enum.StrEnum):

@@ -65,6 +65,9 @@ LR_METRIC = "resume_lr_rel_diff"
 DATA_METRIC = "resume_data_gap"
 FIRST_STEP_METRIC = "resume_first_step"
 METRICS = (LOSS_METRIC, LR_METRIC, DATA_METRIC, FIRST_STEP_METRIC)
+#: the gates of every resume point whose halves all ran (the data gap only where both record a data
+#: position): a stored PASS without one was judged without that check (store/stale.py)
+JUDGED = (LOSS_METRIC, LR_METRIC, FIRST_STEP_METRIC)
 _WHAT = {"loss": "loss", "lr": "learning rate"}
 
 

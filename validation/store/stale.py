@@ -13,7 +13,11 @@ file is re-checked from what is stored, thresholds.py and report/build.py); an a
 (through other keys, never). The value compared is what a record keeps of the key: a field of
 ``Asked`` (judge/asked.py) that names the key, or one every record keeps (``RECORDED``); the
 ``trainer:`` entry, no key of a phase, has its rule here (``UNDECLARED``). A machine now below the point's
-hardware minimum, and a trainer that no longer supports the kind, change it too.
+hardware minimum, and a trainer that no longer supports the kind, change it too; so does a check
+this harness makes of every passed point of its kind (``KIND_GATES``: a resume point's
+``resume_first_step``) that the stored PASS holds no gate of: the harness that judged it did not
+make it, and nothing stored can make it now (the gate reads the halves' files), so the point is
+to be run again.
 
 The time allowances (``ALLOWANCES``) change a stored result only where the direction of the change
 can: raised since the run, they change a run they may have ended (``Limit``: a timed-out run, a
@@ -39,7 +43,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from validation.judge.asked import Asked
 from validation.judge.gates import rule, shown_window
-from validation.judge.record import TRAINER_KINDS, PhaseRecord, PointKey, Status
+from validation.judge.record import KIND_GATES, TRAINER_KINDS, PhaseRecord, PointKey, Status
 from validation.judge.verdict import Outcome, process_verdict
 from validation.runbook.hardware import shortfalls
 from validation.runbook.plan import TRAINER_PARAM, PhasePoint
@@ -84,10 +88,12 @@ class Change:
     """The entry of a mapping (an override, a variable, the launcher's or trainer's key), the metric of a gate."""
     why: str = ""
     """Why the change matters to this run, where that depends on how it ran (an allowance)."""
+    by: str = "in the runbook"
+    """What asks ``now``: the runbook, or this harness (a check it makes of every point of the kind)."""
 
     def text(self) -> str:
         what = f"{self.key} {self.name}" if self.name else str(self.key)
-        return f"{what} {self.stored} at the run, {self.now} in the runbook now" + (f" ({self.why})" if self.why else "")
+        return f"{what} {self.stored} at the run, {self.now} {self.by} now" + (f" ({self.why})" if self.why else "")
 
 
 @dataclass(frozen=True)
@@ -302,7 +308,7 @@ def changes(rec: PhaseRecord, point: PhasePoint) -> tuple[Change, ...]:
     out: list[Change] = []
     for rule_of, compare in COMPARE.items():
         if rule_of is Stale.ADDED:
-            out += _machine(rec, point)
+            out += _machine(rec, point) + _unjudged(rec, point)
         out += [ch for c in compared if c.rule is rule_of for ch in compare(rec, point, c)]
     return tuple(out)
 
@@ -319,6 +325,19 @@ def _machine(rec: PhaseRecord, point: PhasePoint) -> list[Change]:
     if spec is not None and not spec.supports_phase(kind):
         out.append(Change("trainer", f"{kind} supported", f"{kind} not supported", "phases"))
     return out
+
+
+def _unjudged(rec: PhaseRecord, point: PhasePoint) -> list[Change]:
+    """Of a passed point, each gate its kind is judged by now (``KIND_GATES``) that its record
+    holds none of: a PASS of a harness that did not make that check, which the stored record
+    cannot make (it reads the run's files), so no verdict of the point as it is judged now."""
+    if rec.status != Status.PASS or rec.kind != point.phase.kind:
+        return []
+    held = {g.metric for g in rec.gates}
+    kind = point.phase.kind
+    return [Change(GATE, "not judged", "judged", metric, f"of every {kind} point; the harness that judged the run "
+                   "did not make this check: run the point again", by="by this harness")
+            for metric in KIND_GATES.get(kind, ()) if metric not in held]
 
 
 def _mapping(label: str, then: Mapping[str, Any], now: Mapping[str, Any]) -> list[Change]:

@@ -79,7 +79,12 @@ def _resumed(point, run_dir: str) -> dict:
                        "description": "learning rate per step of the resumed run against an uninterrupted run of the same seed"},
                       {"metric": "resume_data_gap", "op": "==", "threshold": 0.0, "window": "env.json data_position", "value": 0.0,
                        "verdict": "PASS", "note": f"the first half ended at data position {n} and the resumed run started at {n}",
-                       "description": "the resumed run's data starts where the first half's ended"}]}
+                       "description": "the resumed run's data starts where the first half's ended"},
+                      {"metric": "resume_first_step", "op": ">", "threshold": float(n),
+                       "window": "the second half's own records", "value": float(n + 1), "verdict": "PASS",
+                       "note": f"the second half began at step {n + 1} (rank 0's heartbeats), the first after the stop",
+                       "description": "the first step the resumed second half trained: after the stop, not again from "
+                                      "its start"}]}
 
 
 def _render(tmp_path, records):

@@ -12,7 +12,8 @@ import dataclasses
 
 from validation.cli import main
 from validation.judge.asked import Asked
-from validation.judge.record import PhaseRecord, Status, SubRun
+from validation.judge.gates import GateResult, GateVerdict
+from validation.judge.record import KIND_GATES, PhaseRecord, Status, SubRun
 from validation.machine import Machine
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
@@ -34,7 +35,10 @@ def _point(tmp_path, phase, **top):
 
 
 def _record(point, status=Status.PASS, **fields):
-    return PhaseRecord.for_point(point, status, "", **{"steps": point.phase.steps, **fields})
+    """A record of ``point`` as this harness stores it: a PASS holds the gates its kind judges."""
+    judged = [GateResult(m, ">", 0.0, "", 1.0, GateVerdict.PASS) for m in KIND_GATES.get(point.phase.kind, ())]
+    return PhaseRecord.for_point(point, status, "", **{"steps": point.phase.steps,
+                                                       "gates": judged if status == Status.PASS else [], **fields})
 
 
 def _texts(rec, point):

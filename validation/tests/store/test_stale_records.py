@@ -132,3 +132,35 @@ def test_what_was_asked_survives_the_store(tmp_path):
                                "golden_steps": 0, "stall_s": 7.5, "startup_s": 7.5, "join_timeout_s": None,
                                "launcher": LAUNCHED, "trainer": {"module": "validation.tests.fake_trainer"},
                                "pytest": None, "config_digest": TINY_DIGEST}
+
+
+def test_a_stored_resume_pass_judged_without_resume_first_step_is_not_GO(tmp_path, capsys):
+    """A results.json of a harness older than the resume_first_step gate holds resume PASSes judged
+    without it, even of a second half that trained from step 1 again; re-rendered (or reported
+    beside other phases run since), the report read GO on it. The record is not of the point as
+    the harness judges it now: NOT RUN (INCOMPLETE), naming the gate and the command that re-runs it."""
+    rb, res = tmp_path / "rb.yaml", tmp_path / "res"
+    write_runbook(rb, [{"name": "resume", "kind": "resume", "steps": 6, "resume_after": 3, "gates": GATES}])
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-report"]) == 0
+    assert _context(rb, res)["verdict"] == "GO"
+    store = res / "results.json"
+    data = json.loads(store.read_text())
+    [stored] = data["records"].values()
+    stored["gates"] = [g for g in stored["gates"] if g["metric"] != "resume_first_step"]  # as an older harness kept it
+    store.write_text(json.dumps(data))
+    ctx = _context(rb, res)
+    said = ("gate resume_first_step not judged at the run, judged by this harness now (of every resume point; the "
+            "harness that judged the run did not make this check: run the point again)")
+    assert (ctx["verdict"], ctx["status_reason"]) == ("INCOMPLETE", (
+        f"1 point(s) not run (1 of them stored from a run of what the runbook asks no longer: resume [default]: {said})"))
+    assert ctx["counts"]["NOT RUN"] == 1 and ctx["counts"]["PASS"] == 0
+    line = next(ln for ln in render_text({**ctx, "results_prefix": ".."}).splitlines()
+                if ln.startswith("- `fake/cpu/resume/default`"))
+    assert "(PASS at the run)" in line and said in line and f"-m resume --runbook {rb} --profile cpu" in line, line
+    capsys.readouterr()
+    assert main(["report", "--runbook", str(rb), "--results-dir", str(res)]) == 3  # INCOMPLETE, not GO
+    assert "INCOMPLETE" in capsys.readouterr().out
+    # a golden is of the loss, which a gate of the harness's does not change
+    [point] = expand(load_runbook(rb), load_profile("cpu"))
+    [rec] = ResultStore(res).records()
+    assert [c.key for c in stale.changes(rec, point)] == [stale.GATE]

@@ -12,11 +12,14 @@ Four gates, the first three each naming the first step that breaks it:
 * ``resume_data_gap``: where the resumed run's data starts minus where the first half's ended,
   which must be 0, when both halves record env.json's ``data_position`` (without it the loss
   curve alone tells, and there is no such gate);
-* ``resume_first_step``: the first step the second half trained (``first_trained``), which must
+* ``resume_first_step``: the first step the second half trained (``trained``), which must
   lie after the stop; UNMEASURED (``Pending.NOT_PROVIDED``) where its files cannot tell: without
   heartbeat records of a step and without its adapter's record of the steps it trained, a second
   half that trained from step 1 again with the same seed logs the first half's losses and learning
-  rates, which the other gates read as continued.
+  rates, which the other gates read as continued. A first record says only that the half began
+  at its step or before it, by as many steps as the trainer's records lie apart (``apart``: a
+  trainer that beats every 5 steps writes its first at step 5 whether it resumed after step 3 or
+  began at step 1), so the gate reads the earliest step the half may have begun at.
 
 A step the uninterrupted run logged and the resumed one did not is NO_DATA, naming the step.
 
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -283,25 +287,59 @@ NO_TRAINED_RECORD = ("the second half left no heartbeat record of a step and its
 HF_TRAINED_HINT = "a Hugging Face Trainer's are its TensorBoard events: --report_to tensorboard"
 
 
-def first_step_gate(first: RunData, second: RunData, resume_after: int) -> GateResult:
-    """``resume_first_step``: the first step the second half trained, after the stop; UNMEASURED
-    where its files do not tell (the module's docstring)."""
+def apart(shown: Trained, reference: RunData, first: RunData, second: RunData) -> int | None:
+    """The most steps the trainer's records of ``shown``'s kind lie apart in the three runs (1: a
+    record every step), counted from the start in the two that began at step 1 (the uninterrupted
+    run, the first half): a run whose records lie up to k steps apart wrote its first within k steps
+    of its start. Of heartbeats, each rank's own records; of an adapter's record, the first step it
+    shows of a run from step 1. None where no run shows it."""
+    if shown.records is not None:
+        return max((t.first for run in (reference, first) if (t := adapter_trained(run.env)) is not None), default=None)
+    copied = {_event(rank, rec) for rank, recs in first.heartbeats.items() for rec in recs}
+    gaps = []
+    for run, start in ((reference, [0]), (first, [0]), (second, [])):
+        for rank, recs in run.heartbeats.items():
+            steps = sorted({step for rec in recs if (step := _int(rec, "step")) is not None and step >= 1
+                            and (run is not second or _event(rank, rec) not in copied)})
+            at = start + steps
+            gaps += [b - a for a, b in zip(at, at[1:])]
+    return max(gaps, default=None)
+
+
+def first_step_gate(reference: RunData, first: RunData, second: RunData, resume_after: int) -> GateResult:
+    """``resume_first_step``: the earliest step the second half may have begun at, after the stop;
+    UNMEASURED where its files do not tell (the module's docstring)."""
     shown = trained(first, second, resume_after)
     description = "the first step the resumed second half trained: after the stop, not again from its start"
+    gate = functools.partial(GateResult, FIRST_STEP_METRIC, ">", float(resume_after), "the second half's own records")
     if not shown:
         adapter = (second.env or {}).get("adapter")
         hint = f" ({HF_TRAINED_HINT})" if isinstance(adapter, dict) and adapter.get("name") == "hf_trainer" else ""
-        return GateResult(FIRST_STEP_METRIC, ">", float(resume_after), "the second half's own records", None,
-                          GateVerdict.UNMEASURED, None, description, NO_TRAINED_RECORD + hint, Pending.NOT_PROVIDED)
-    first_shown = min(shown, key=lambda t: t.step)
-    value = float(first_shown.step)
-    verdict = check(value, ">", float(resume_after))
-    note = (f"the second half began at step {first_shown.step} ({first_shown.shown()}), "
-            + ("the first after the stop" if first_shown.step == resume_after + 1 else
-               f"after the stop after step {resume_after}" if verdict == GateVerdict.PASS else
-               f"not after the stop after step {resume_after}"))
-    return GateResult(FIRST_STEP_METRIC, ">", float(resume_after), "the second half's own records", value, verdict,
-                      None, description, note)
+        return gate(None, GateVerdict.UNMEASURED, None, description, NO_TRAINED_RECORD + hint, Pending.NOT_PROVIDED)
+    again = min(shown, key=lambda t: t.step)
+    if again.step <= resume_after:  # a record of a step it trained: not_resumed's breach
+        return gate(float(again.step), GateVerdict.FAIL, None, description,
+                    f"the second half began at step {again.step} ({again.shown()}), not after the stop after step "
+                    f"{resume_after}")
+    # each kind of record bounds the start on its own: the tightest is the latest earliest step
+    bounds = [(t, k, t.step - k + 1 if k is not None else None)
+              for t in shown for k in [apart(t, reference, first, second)]]
+    t, k, earliest = max(bounds, key=lambda b: b[2] or 0)
+    after = "the first after the stop" if earliest == resume_after + 1 else f"after the stop after step {resume_after}"
+    if k == 1:
+        return gate(float(earliest), GateVerdict.PASS, None, description,
+                    f"the second half began at step {t.step} ({t.shown()}), {after}")
+    what = "heartbeat record" if t.records is None else "record"
+    said = f"the second half's first {what} is of step {t.step} ({t.shown()}), and "
+    if earliest is not None and earliest > resume_after:
+        return gate(float(earliest), GateVerdict.PASS, None, description,
+                    said + f"this trainer's records lie up to {k} steps apart, so it began at step {earliest} or "
+                    f"later, {after}")
+    spread = (f"this trainer's records lie up to {k} steps apart, so it began at step {max(earliest, 1)} or later"
+              if earliest is not None else "no run shows how far apart this trainer's records lie")
+    return gate(None, GateVerdict.UNMEASURED, None, description,
+                said + spread + ": nothing tells whether it resumed or trained from step 1 again (which, of the same "
+                "seed, logs the first half's losses again)", Pending.NOT_PROVIDED)
 
 
 def _int(rec: dict[str, Any], key: str) -> int | None:
@@ -372,10 +410,10 @@ def _note(c: Comparison, resume_after: int, last: int) -> str:
     return f"{what} of steps 1-{last} continued: {same}"
 
 
-def gates(reference: pd.DataFrame, first: RunData, second: RunData, resume_after: int,
+def gates(uninterrupted: RunData, first: RunData, second: RunData, resume_after: int,
           rtol: float | None) -> list[GateResult]:
     """The resume gates of one point (see the module's docstring)."""
-    first_env, second_env = first.env, second.env
+    first_env, second_env, reference = first.env, second.env, uninterrupted.csv
     resumed = resumed_curve(first.csv, second.csv, resume_after)
     last = int(reference["step"].max())
     window = f"steps 1-{last}, stopped after {resume_after}"
@@ -396,7 +434,7 @@ def gates(reference: pd.DataFrame, first: RunData, second: RunData, resume_after
                 + ("" if gap == 0 else f": {abs(gap):g} {'skipped' if gap > 0 else 'read again'}"))
         out.append(GateResult(DATA_METRIC, "==", 0.0, f"env.json {DATA_POSITION}", gap, check(gap, "==", 0.0),
                               None, "the resumed run's data starts where the first half's ended", note))
-    out.append(first_step_gate(first, second, resume_after))
+    out.append(first_step_gate(uninterrupted, first, second, resume_after))
     return out
 
 

@@ -50,7 +50,7 @@ def execute(point: PhasePoint, run_dir: Path, hw: Machine, results_dir: Path, ru
     resumed = equivalence.resumed_run(first.run, second.run, point.phase.resume_after, point.phase.steps)
     rtol = point.profile.thresholds[equivalence.RTOL_KEY]  # present: PhasePoint.gates checked it
     clue = equivalence.clue(reference.run.csv, resumed.csv, point.phase.resume_after, rtol or 0.0)
-    extra = equivalence.gates(reference.run.csv, first.run, second.run, point.phase.resume_after, rtol)
+    extra = equivalence.gates(reference.run, first.run, second.run, point.phase.resume_after, rtol)
     j = runs.judge(point, runs.Launched(resumed, second.proc, second.errors), hw, results_dir, extra)
     rec = runs.record(point, j, hw, results_dir, run_id, started, runs=sub_runs, wall_s=_wall(done), load=_load(done))
     return dataclasses.replace(rec, evidence=dataclasses.replace(rec.evidence, resume_clue=clue))

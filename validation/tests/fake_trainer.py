@@ -59,6 +59,8 @@ logic, not the model: runbooks in these tests point ``launcher.module`` here.
                                  sleeps there (in ``hung_alone``) until it is killed
 NSA_FAKE_LOG_EVERY=N writes a training.csv row only every N steps (the last step not forced) while every rank's
 heartbeats record each step's end, as a trainer that logs every N steps does;
+NSA_FAKE_BEAT_EVERY=N: every rank writes a heartbeat only at the steps that are a multiple of N and at the
+run's last step, each a record of the step done (stage step), as a trainer that beats every N steps does;
 NSA_FAKE_WORLD=N simulates N ranks from one process; without it, under torchrun (RANK set), each process is
 its own rank and writes its own heartbeats, rank 0 the run's env.json and training.csv; NSA_FAKE_STEP_S=S sleeps
 S seconds a step;
@@ -205,6 +207,7 @@ def main() -> int:
     # a process started after the run it should have resumed: its clock reads later than that run's
     t0 = 1_000_000.0 + (1_000.0 if fault == "ignore_resume" and resume is not None else 0.0)
     log_every = int(os.environ.get("NSA_FAKE_LOG_EVERY", "1"))
+    beat_every = int(os.environ.get("NSA_FAKE_BEAT_EVERY", "1"))
     order = list(range(start + 1, stop + 1))
     if fault == "rerun":
         order = list(range(start + 1, opts["step"] + 1)) + list(range(opts["back"] + 1, stop + 1))
@@ -243,6 +246,10 @@ def main() -> int:
             if fault == "quit_rank" and r == opts.get("rank") and step > opts.get("step", 1):
                 if step == opts.get("step", 1) + 1:
                     fh.write(json.dumps({"time": t0 + tick * 0.5, "rank": r, "step": step, "stage": "forward"}) + "\n")
+                continue
+            if beat_every > 1:
+                if not step % beat_every or step == stop:
+                    fh.write(json.dumps({"time": t0 + tick * 0.5, "rank": r, "step": step, "stage": "step"}) + "\n")
                 continue
             if fault == "lone_hang" and r == opts.get("rank") and step >= opts.get("step", 1):
                 if step == opts.get("step", 1):

@@ -502,3 +502,30 @@ def test_a_second_half_whose_files_do_not_tell_what_it_trained_is_unmeasured(tmp
     assert gate["note"] == said
     assert rec["reason"] == f"metric the trainer does not provide: resume_first_step ({said})"
     assert "**Status: GO**" not in report and "resume_first_step" in report
+
+
+@pytest.mark.parametrize("fault", ["", "ignore_resume:nodata=1"])
+def test_heartbeats_every_few_steps_do_not_tell_a_second_half_that_began_before_its_first_record(fake_run, fault):
+    """A trainer that beats every 5 steps, stopped after step 3: a second half that trained from step 1
+    again, of the same seed, writes its first record at step 5 as one that resumed at step 4 does,
+    and was PASS ('the second half began at step 5'), its losses 'identical at every logged step'.
+    Its records say only that it began at step 5 or before, by as many steps as the trainer's records
+    lie apart (the uninterrupted run's first is of step 5): UNMEASURED, either way."""
+    rec = fake_run([resume_phase(fault, resume_after=3, env={"NSA_FAKE_BEAT_EVERY": "5"})]).record
+    gate = {g.metric: g for g in rec.gates}["resume_first_step"]
+    assert (rec.status, gate.value, gate.verdict) == (Status.UNMEASURED, None, "UNMEASURED"), (rec.reason, gate)
+    assert gate.note == ("the second half's first heartbeat record is of step 5 (rank 0's heartbeats), and this "
+                         "trainer's records lie up to 5 steps apart, so it began at step 1 or later: nothing tells "
+                         "whether it resumed or trained from step 1 again (which, of the same seed, logs the first "
+                         "half's losses again)"), gate.note
+
+
+def test_heartbeats_every_few_steps_that_tell_the_start_pass(fake_run):
+    """Every 2 steps, stopped after step 4: the second half's first record, of step 6, says it began
+    at step 5 or later: after the stop."""
+    rec = fake_run([resume_phase(env={"NSA_FAKE_BEAT_EVERY": "2"})]).record
+    gate = {g.metric: g for g in rec.gates}["resume_first_step"]
+    assert (rec.status, gate.value, gate.verdict) == (Status.PASS, 5.0, "PASS"), (rec.reason, gate)
+    assert gate.note == ("the second half's first heartbeat record is of step 6 (rank 0's heartbeats), and this "
+                         "trainer's records lie up to 2 steps apart, so it began at step 5 or later, the first after "
+                         "the stop"), gate.note

@@ -61,7 +61,9 @@ HEARTBEAT_GLOB = "heartbeat_rank{R}.jsonl"
 CSV_VALUED = ("step", "loss", "toks_per_s")
 #: training.csv columns whose every row must hold a finite number: a rate of nan or inf measured
 #: nothing (a loss may be nan: the loss gate catches it). An inf tokens/s passed every throughput
-#: floor, and a nan one outside a gate's window left the run GO.
+#: floor, and a nan one outside a gate's window left the run GO. A column an adapter names in
+#: ``adapter.unmeasured`` is exempt: its nan steps are ones its trainer's files do not time, and
+#: every metric reading it is UNMEASURED (judge/metrics.py ``unprovided_by_files``).
 CSV_FINITE = ("toks_per_s",)
 
 
@@ -297,15 +299,21 @@ def _unmeasured(costs: Costs, key: str, otherwise: str) -> str:
 
 def _csv_columns(found: ContractRead, costs: Costs) -> None:
     df = found.csv
-    underived = _adapter_unmeasured(found.out_dir)
+    underived = adapter_unmeasured(_adapter_env(found.out_dir))
     for col in CSV_COLUMNS:
         if df[col].isna().all() and col in CSV_VALUED and col not in underived:
             found.items.append(Item(TRAINING_CSV, Presence.MALFORMED, "no value in any row", field=col))
         elif df[col].isna().all():
             found.items.append(Item(TRAINING_CSV, Presence.MISSING,
                                     _unmeasured(costs, col, f"no value in any row ({_METRICS_UNMEASURED})"), False, col))
+        elif col in underived and (bad := _not_finite(df, col)):
+            # steps whose value the trainer's own files do not hold, as its adapter says: evidence
+            # missing (the metrics reading the column UNMEASURED), not a row the trainer wrote wrong
+            found.items.append(Item(TRAINING_CSV, Presence.MISSING, f"{bad}: {underived[col]} "
+                                    f"({_unmeasured(costs, col, _METRICS_UNMEASURED)})", False, col))
         elif col in CSV_FINITE and (bad := _not_finite(df, col)):
-            found.items.append(Item(TRAINING_CSV, Presence.MALFORMED, bad, field=col))
+            found.items.append(Item(TRAINING_CSV, Presence.MALFORMED,
+                                    f"{bad}: every logged step's {col} must be a finite number", field=col))
 
 
 #: what an adapter names in ``adapter.unmeasured`` for a format without heartbeat files
@@ -401,8 +409,7 @@ def _not_finite(df: pd.DataFrame, col: str) -> str:
     if bad.empty:
         return ""
     first = bad.iloc[0]
-    return (f"step {int(first['step'])} holds {first[col]} ({len(bad)} of {len(df)} rows): every logged step's "
-            f"{col} must be a finite number")
+    return f"step {int(first['step'])} holds {first[col]} ({len(bad)} of {len(df)} rows)"
 
 
 def _beats_detail(logs: dict[int, HeartbeatLog], out_dir: Path) -> str:

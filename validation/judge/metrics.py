@@ -534,17 +534,24 @@ def unprovided_by_files(run: RunData) -> dict[str, str]:
     a training.csv column with no value in any row, an env.json key that is absent (or null),
     heartbeats without any fallback counter, a profile field the trainer did not write; and those
     reading a training.csv column an adapter said its trainer's files cannot give, a required one
-    too (a Hugging Face Trainer's tokens/s without the runbook's tokens per step: UNMEASURED, not
-    no data)."""
+    too (a Hugging Face Trainer's tokens/s without the runbook's tokens per step, or of a step its
+    TensorBoard events do not time: UNMEASURED, not no data)."""
     out = {}
     said = adapter_unmeasured(run.env)  # an adapter's columns its trainer's files cannot give, required ones too
     for m in CATALOGUE:
-        missing = [f"{i.source} has no {i.name}" for i in m.optional_inputs() if not _carries(run, m, i)]
-        missing += [f"{i.source} has no {i.name}: {said[i.name]}" for i in m.reads
-                    if i.source == Source.CSV and i.name in said and not i.optional]
+        # a column the adapter names, with its words, whether it has no value or lacks some steps'
+        adapted = [i for i in m.reads if i.source == Source.CSV and i.name in said]
+        missing = [f"{i.source} has no {i.name}" for i in m.optional_inputs() if i not in adapted and not _carries(run, m, i)]
+        missing += [f"{i.source} has no {i.name}{'' if _none_in(run, i.name) else ' of every logged step'}: "
+                    f"{said[i.name]}" for i in adapted]
         if missing:
             out[m.name] = "; ".join(missing)
     return out
+
+
+def _none_in(run: RunData, col: str) -> bool:
+    """Whether no row of the run's training.csv holds a value of ``col`` (or it has none read)."""
+    return run.csv is None or col not in run.csv or not run.csv[col].notna().any()
 
 
 def _carries(run: RunData, metric: Metric, inp: Input) -> bool:

@@ -17,7 +17,10 @@ What a ``Trainer`` leaves in its ``output_dir``, and what becomes of it here:
   run's: they are left out of training.csv, and a run resumed after step N whose events hold a
   step up to N trained it again (judge/resume.py ``Breach``).
 - tokens/s: the runbook's tokens per step (``trainer.tokens_per_step``) over that step time;
-  without either it is UNMEASURED, never estimated from the run's average.
+  without either it is UNMEASURED, never estimated from the run's average. A step the saved state
+  logs and no event holds has no time, nor has the logged step after it: their step time and
+  tokens/s are nan, and env.json's ``adapter.unmeasured`` names those steps (evidence missing, the
+  metrics reading the columns UNMEASURED, not a malformed training.csv).
 - ``env.json``: world size from the launch, the trainer's commit, tokens per step where known,
   and ``adapter``: which file gave which column, and the columns nothing gave.
 
@@ -128,9 +131,13 @@ class HfTrainerAdapter(Adapter):
                       HEARTBEATS: "a Trainer writes no per-rank records"}
         if not events:
             unmeasured["step_time_s"] = "no TensorBoard events (report_to tensorboard): no time per logged step"
+        elif untimed := _untimed(logged, times):
+            # a logged step the events do not time is evidence missing, not a broken file: its rate
+            # is nan in training.csv, and the metrics reading it UNMEASURED (contract/check.py)
+            unmeasured["step_time_s"] = untimed
         if per_step is None:
             unmeasured["toks_per_s"] = "the runbook gives no trainer.tokens_per_step for this point"
-        elif not events:
+        elif "step_time_s" in unmeasured:
             unmeasured["toks_per_s"] = unmeasured["step_time_s"]
         if "grad_norm" not in {c for r in logged for c in r.values}:
             unmeasured["grad_norm"] = "no grad_norm in the Trainer's logs"
@@ -261,6 +268,20 @@ def _step_times(rows: list[_Row], start: float | None, began: int) -> dict[int, 
             out[row.step] = (row.wall - prev_wall) / (row.step - prev_step)
         prev_step, prev_wall = row.step, row.wall
     return out
+
+
+def _untimed(rows: list[_Row], times: dict[int, float]) -> str | None:
+    """'no time for steps 5, 6 of 12 logged: no TensorBoard event of step 5, ...': the logged steps
+    that ``_step_times`` could not time, where a step the saved state logs has no event; None where
+    every logged step has an event."""
+    eventless = [row.step for row in rows if row.wall is None]
+    if not eventless:
+        return None
+    untimed = [row.step for row in rows if row.step not in times]
+    return (f"no time for step{'s' if len(untimed) > 1 else ''} {', '.join(map(str, untimed))} of {len(rows)} "
+            f"logged: no TensorBoard event of step{'s' if len(eventless) > 1 else ''} "
+            f"{', '.join(map(str, eventless))}, which {STATE}'s log_history logs (a step's time runs from the "
+            "logged step before it)")
 
 
 class _LiveSteps:

@@ -9,6 +9,14 @@ library's own source files, read in place, one byte a token.
     torchrun --nproc_per_node 2 examples/hf_trainer/train.py --output_dir /tmp/hf --max_steps 20 --ddp_backend gloo
     python examples/hf_trainer/train.py --model nsa --output_dir /tmp/hf --max_steps 20 --bf16 true   # fla, CUDA
 
+``--resume_from_checkpoint`` continues a run, as a Trainer script does: from a ``checkpoint-N``
+folder, or from an output folder's latest checkpoint. ``--stop_after N`` stops after step N of a
+run of ``--max_steps``, saving a checkpoint, as a job stopped mid-run leaves it (the learning-rate
+schedule still spans ``--max_steps``):
+
+    python examples/hf_trainer/train.py --output_dir /tmp/hf1 --max_steps 20 --stop_after 10
+    python examples/hf_trainer/train.py --output_dir /tmp/hf2 --max_steps 20 --resume_from_checkpoint /tmp/hf1
+
 The data is a stream: files are read once, in order, and a run that asks for more steps than
 ``--max_bytes`` of text holds ends when the stream runs dry: with accelerate's dispatcher (the
 default for an iterable dataset) the Trainer raises "Batch does not contain any data"; with
@@ -23,13 +31,19 @@ from pathlib import Path
 
 import torch
 from torch.utils.data import IterableDataset
-from transformers import HfArgumentParser, LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+from transformers import HfArgumentParser, LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_utils import get_last_checkpoint
 
 
 @dataclass
 class DataArguments:
     block_size: int = field(default=64, metadata={"help": "tokens (bytes) per sequence"})
     max_bytes: int = field(default=0, metadata={"help": "bytes of source to read at most (0: the whole library)"})
+
+
+@dataclass
+class RunArguments:
+    stop_after: int = field(default=0, metadata={"help": "stop after this step with a checkpoint (0: at max_steps)"})
 
 
 @dataclass
@@ -71,9 +85,29 @@ class SourceBytes(IterableDataset):
         return self._blocks
 
 
+class StopAfter(TrainerCallback):
+    """Ends training after step ``step`` of the run, saving a checkpoint to resume from."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.step:
+            control.should_save = control.should_training_stop = True
+        return control
+
+
+def checkpoint_of(path: str | None) -> str | None:
+    """The checkpoint ``--resume_from_checkpoint`` names: a checkpoint folder as it is, an output
+    folder's latest ``checkpoint-N``."""
+    if path is None or not Path(path).is_dir():
+        return path
+    return get_last_checkpoint(path) or path
+
+
 def main() -> None:
-    parser = HfArgumentParser((ModelArguments, DataArguments, TrainingArguments))
-    model_args, data_args, training_args = parser.parse_args_into_dataclasses()
+    parser = HfArgumentParser((ModelArguments, DataArguments, RunArguments, TrainingArguments))
+    model_args, data_args, run_args, training_args = parser.parse_args_into_dataclasses()
     torch.manual_seed(training_args.seed)
     if model_args.model == "nsa":
         from fla.models import NSAConfig, NSAForCausalLM
@@ -91,8 +125,11 @@ def main() -> None:
                                              intermediate_size=model_args.intermediate_size,
                                              max_position_embeddings=data_args.block_size))
     trainer = Trainer(model=model, args=training_args,
-                      train_dataset=SourceBytes(data_args.block_size, data_args.max_bytes))
-    result = trainer.train()
+                      train_dataset=SourceBytes(data_args.block_size, data_args.max_bytes),
+                      callbacks=[StopAfter(run_args.stop_after)] if run_args.stop_after else None)
+    # the Trainer leaves TrainingArguments.resume_from_checkpoint to the script: given to train(),
+    # it loads the weights, optimizer, schedule and RNG states and skips the batches already trained
+    result = trainer.train(resume_from_checkpoint=checkpoint_of(training_args.resume_from_checkpoint))
     trainer.log_metrics("train", result.metrics)
     trainer.save_state()
 

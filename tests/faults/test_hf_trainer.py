@@ -205,3 +205,30 @@ def test_data_that_runs_dry_is_not_done(door, tmp_path):
     assert rec.exit_code == 0
     assert rec.status == "FAIL" and f"of {STEPS}" in rec.reason and "stopped after step" in rec.reason, rec.reason
     assert p.rc == 1
+
+
+@pytest.mark.parametrize("resumes", [True, False], ids=["resumed", "flag-ignored"])
+def test_a_run_stopped_after_its_checkpoint_resumes_from_it(tmp_path, resumes):
+    """The shipped runbook's resume point: the example stopped after step 6 (its checkpoint-6) and
+    started again with --resume_from_checkpoint. The example ignored the flag, as a script that never
+    passes it on to train() does (the Trainer leaves it to the script): its second half trained
+    from step 1 again. It now resumes: GO, the resumed run's losses those of the uninterrupted run,
+    its events beginning at step 7. A script that still ignores it (here: the first half's folder
+    given to a flag the Trainer does nothing with) is NO-GO."""
+    rb = RUNBOOK
+    if not resumes:
+        data = yaml.safe_load(RUNBOOK.read_text())
+        data["trainer"]["resume"]["from"] = {"flag": "--run_name"}
+        rb = tmp_path / "hf_ignored.yaml"
+        rb.write_text(yaml.safe_dump(data, sort_keys=False))
+    results = tmp_path / "results"
+    p = _run("cli", rb, "resume", results)
+    rec = U.record(results, "resume")
+    if not resumes:
+        assert rec.status == "FAIL" and "did not resume: the second half trained steps 1-6 again" in rec.reason, \
+            rec.reason
+        assert p.rc == 1
+        return
+    assert rec.status == "PASS", (rec.reason, p.stdout[-2000:], p.stderr[-2000:])
+    gates = {g.metric: g for g in rec.gates}
+    assert (gates["resume_first_step"].value, gates["resume_loss_rel_diff"].value) == (7.0, 0.0), gates

@@ -19,16 +19,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.nsa_vs_dense import _free, _peak_gb, _tuning, length, model_step  # noqa: E402
+from bench.nsa_vs_dense import _free, _peak_gb, _tuning, model_step, model_step_args  # noqa: E402
 from nsa.kernels import tuning  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lengths", nargs="+", type=length, default=[length("128k")])
+    model_step_args(ap, "128k")
     ap.add_argument("--kinds", nargs="+", default=["nsa"], choices=("nsa", "dense"))
-    ap.add_argument("--compiled", action="store_true", help="torch.compile(model, fullgraph=True), no CUDA graphs")
-    ap.add_argument("--model", default="m7c_125m", help="the model preset whose shape is measured")
     ap.add_argument("--sel", type=_tuning(tuning.SelectionTuning), default=tuning.SelectionTuning(),
                     metavar="KEY=VALUE,...", help="the selected branch's tuning (nsa.kernels.tuning.SelectionTuning)")
     args = ap.parse_args(argv)

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_nsa import _bench as _median_ms  # noqa: E402
-from bench.nsa_vs_dense import KINDS, _free, length, model_step  # noqa: E402
+from bench.nsa_vs_dense import KINDS, _free, model_step, model_step_args  # noqa: E402
 
 #: (part, pattern of a device kernel's name), the first that matches names the part
 PARTS = (
@@ -67,9 +67,7 @@ def device_ms(run, steps: int = 3) -> tuple[dict[str, float], collections.Counte
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lengths", nargs="+", type=length, default=[length("32k")])
-    ap.add_argument("--compiled", action="store_true", help="torch.compile(model, fullgraph=True), no CUDA graphs")
-    ap.add_argument("--model", default="m7c_125m", help="the model preset whose shape is measured")
+    model_step_args(ap, "32k")
     ap.add_argument("--kernels", type=int, default=0, help="also each model's N kernels of the most device time")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

@@ -57,6 +57,14 @@ def length(text: str) -> int:
         raise argparse.ArgumentTypeError(f"length {text!r}: an integer, or one with a k suffix (16k)") from None
 
 
+def model_step_args(ap: argparse.ArgumentParser, lengths: str) -> None:
+    """The options of a script that measures ``model_step``: --lengths (default ``lengths``),
+    --compiled and --model."""
+    ap.add_argument("--lengths", nargs="+", type=length, default=[length(s) for s in lengths.split()])
+    ap.add_argument("--compiled", action="store_true", help="torch.compile(model, fullgraph=True), no CUDA graphs")
+    ap.add_argument("--model", default="m7c_125m", help="the model preset whose shape is measured")
+
+
 def _peak_gb(fn) -> tuple[float, float]:
     """Peak memory the allocator reserves and that tensors hold during one call, the unused
     cache emptied first (GB, all of it: parameters and optimizer state too). Reserved is what

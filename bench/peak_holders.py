@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.nsa_vs_dense import _free, length, model_step  # noqa: E402
+from bench.nsa_vs_dense import _free, model_step, model_step_args  # noqa: E402
 
 #: path parts of the frames a block is attributed to, the first one found from the innermost
 OWN = ("/nsa/", "torchinductor", "/bench/")
@@ -66,10 +66,8 @@ def holders(trace: list[dict], upto: int) -> dict[int, dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lengths", nargs="+", type=length, default=[length("128k")])
+    model_step_args(ap, "128k")
     ap.add_argument("--kind", default="nsa", choices=("nsa", "dense"))
-    ap.add_argument("--compiled", action="store_true", help="torch.compile(model, fullgraph=True), no CUDA graphs")
-    ap.add_argument("--model", default="m7c_125m", help="the model preset whose shape is measured")
     ap.add_argument("--rows", type=int, default=30, help="origins listed, largest first")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

@@ -47,7 +47,7 @@ from validation.contract.files import (
     torn_last_row,
     unranked_stackdumps,
 )
-from validation.contract.reruns import Rerun
+from validation.contract.reruns import Rerun, Restart
 from validation.errors import ArtifactError
 from validation.excerpt import EXCERPT_CHARS
 
@@ -205,6 +205,9 @@ def read(out_dir: Path, costs: Costs | None = None, launched: int = 1, steps: in
     found.env = _file(found, ENV_JSON, (out_dir / ENV_JSON).is_file(), read_env_json, lambda env: f"{len(env)} keys")
     if found.env is not None:
         _env_fields(found, costs)
+        # a restart that wrote no step again leaves training.csv without a trace of it
+        found.items += [Item(ENV_JSON, Presence.PRESENT, f"restarted into the same files: {r.text()}", False,
+                             "adapter.restarts") for r in adapter_restarts(found.env)]
         if found.csv is not None:
             _global_rate(found)
     if found.heartbeats:
@@ -375,6 +378,17 @@ def adapter_trained(env: dict | None) -> TrainedSteps | None:
         return None
     ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (trained.first, trained.last))
     return trained if ok else None
+
+
+def adapter_restarts(env: dict | None) -> list[Restart]:
+    """env.json's ``adapter.restarts``: the later processes of a run restarted into the same files, as
+    its adapter read them; [] where it read none (or wrote no such key), and of a trainer's own env.json."""
+    said = (env or {}).get("adapter")
+    said = said.get("restarts") if isinstance(said, dict) else None
+    try:
+        return [Restart(**r) for r in said] if isinstance(said, list) else []
+    except TypeError:
+        return []
 
 
 def _adapter_env(out_dir: Path) -> dict | None:

@@ -61,3 +61,28 @@ def latest(steps: Sequence[int | None], *, one_per_step: bool, new_process: Sequ
         if step is not None:
             top = step if top is None else max(top, step)
     return kept, reruns
+
+
+@dataclass(frozen=True)
+class Restart:
+    """A later process of a run that a restart began in the same files (torchrun's
+    ``--max-restarts``), as its adapter reads the trainer's log (env.json's ``adapter.restarts``). A
+    rerun in training.csv shows a restart only where the later process logged a step again: not one
+    that resumed at the step after the last one logged, nor one that ended before its first step."""
+
+    attempt: int
+    """Which process of the run it was: 2 the first restart."""
+    began: int | None
+    """The step it began at (its checkpoint's step + 1); None where its log does not say."""
+    after: int | None
+    """The last step the process before it logged; None where that one logged none."""
+    last: int | None
+    """The last step it logged; None where it logged none."""
+
+    def text(self) -> str:
+        """'attempt 2 began at step 6 (attempt 1 had logged up to step 11) and logged no step'."""
+        began = "began at a step its log does not say" if self.began is None else f"began at step {self.began}"
+        before = (f"attempt {self.attempt - 1} had logged no step" if self.after is None else
+                  f"attempt {self.attempt - 1} had logged up to step {self.after}")
+        logged = "logged no step" if self.last is None else f"logged up to step {self.last}"
+        return f"attempt {self.attempt} {began} ({before}) and {logged}"

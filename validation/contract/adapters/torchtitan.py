@@ -19,7 +19,11 @@ What it writes, and what becomes of it here:
   ``torchrun --max-restarts`` the restarted workers print into the same stdout, so a line torchtitan
   prints as a process begins (``Starting job:``, 0.2.x's ``torchtitan version:``, ``Training starts
   at step N``) once a step (or the non-finite loss error) was logged begins another run there, read
-  as a later run of the dump folder is; ``Training starts at step N`` says where it went back to.
+  as a later run of the dump folder is; ``Training starts at step N`` says where it went back to,
+  and a run that logged no step (it died before its first) undoes the earlier runs' rows from N on
+  all the same. Every later run is named in env.json's ``adapter.restarts`` (the step it began at,
+  the last the run before it logged, its own last): training.csv shows a restart only where it
+  logged a step again.
   The harness's capture of stderr beside stdout, where torchtitan's exception goes, is placed by its
   runs' order where it shows as many runs, else its non-finite loss error at step N is the latest
   run's that began at or before N and logged no step from N on (torchtitan raises before it logs the
@@ -48,6 +52,7 @@ FLOPs per token (its log prints TFLOP/s rounded to 2 decimals, too coarse to div
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -61,6 +66,7 @@ from nsa.contract import CSV_COLUMNS, ENV_JSON, HALT, HALT_NONFINITE, TRAINING_C
 from validation.contract.adapters.base import Adapter, RunFacts
 from validation.contract.adapters.tfevents import read_scalars
 from validation.contract.check import ADAPTER_READ_NOTHING
+from validation.contract.reruns import Restart
 
 #: where the harness keeps the trainer's stdout, beside the run directory's contract files
 HARNESS_STDOUT = ("trainer.stdout.log", "trainer.stderr.log")
@@ -161,8 +167,20 @@ class _Runs:
         return next((getattr(r, name) for r in reversed(self.runs) if getattr(r, name)), None)
 
     def rows(self) -> list[tuple[int, _Step]]:
-        """(run, row) of every logged step, run after run, each run's by step."""
-        return [(i, run.steps[k]) for i, run in enumerate(self.runs) for k in sorted(run.steps)]
+        """(run, row) of every logged step, run after run, each run's by step. A run that logged no
+        step undoes the earlier runs' rows from the step it began at: it went back there, and no row
+        of its own going back shows it to the contract's reader."""
+        rows: list[tuple[int, _Step]] = []
+        for i, run in enumerate(self.runs):
+            if not run.steps and run.began is not None:
+                rows = [(j, row) for j, row in rows if row.step < run.began]
+            rows += [(i, run.steps[k]) for k in sorted(run.steps)]
+        return rows
+
+    def restarts(self) -> list[Restart]:
+        """Every run after the first, as the process a restart began (env.json's ``adapter.restarts``)."""
+        return [Restart(i + 1, run.began, max(before.steps, default=None), max(run.steps, default=None))
+                for i, (before, run) in enumerate(zip(self.runs, self.runs[1:]), start=1)]
 
     def nonfinite(self) -> tuple[int, str, str] | None:
         """The latest run's non-finite loss error that no later run went back before."""
@@ -223,6 +241,8 @@ class TorchtitanAdapter(Adapter):
                                "git_sha_source": facts.trainer_sha and
                                f"found by the harness at its root: {facts.trainer_sha_source}",
                                "adapter": {"name": self.name, "read": read}}
+        if restarts := log.restarts():
+            env["adapter"]["restarts"] = [dataclasses.asdict(r) for r in restarts]
         if tokens_per_step := log.latest("tokens_per_step"):
             env["tokens_per_step"] = tokens_per_step
         if device_mem_gb := log.latest("device_mem_gb"):

@@ -24,7 +24,8 @@ from validation.contract import check_command
 from validation.contract.adapters import ADAPTERS, RunFacts
 from validation.contract.adapters.tfevents import read_scalars
 from validation.contract.files import read_training_log
-from validation.contract.reruns import Rerun
+from validation.contract.check import adapter_restarts
+from validation.contract.reruns import Rerun, Restart
 from validation.launch.kinds import _poll
 from validation.launch.watch import StepWatch
 
@@ -343,3 +344,34 @@ def test_check_artifacts_reads_a_restart_in_one_log_as_a_resume_in_place(tmp_pat
     assert ("steps 1..30; resumed in place: went back from step 11 to step 11 (1 earlier entry superseded), the "
             "later occurrence read") in out, out
     assert "nonfinite" not in out and ".HALT" not in out, out
+
+
+@pytest.mark.parametrize("spec, steps, restart", [
+    # non-finite at step 12, restarted from step 5's checkpoint and killed before it logged step 6:
+    # steps 6-11 were undone by going back, so the run stands at step 5 (read as steps 1..11, and
+    # no word of the restart, a run further on than it was)
+    ("1:nan@12,6:kill@6", range(1, 6), Restart(2, 6, 11, None)),
+    # killed after step 8, resumed at step 9: no step logged twice, so no rerun in training.csv
+    ("1:kill@9,9:", range(1, 31), Restart(2, 9, 8, 30)),
+])
+def test_a_restart_that_logs_nothing_again_is_read_and_named(tmp_path, spec, steps, restart):
+    """A restarted attempt that logged no step still went back to the step it began at, undoing the
+    earlier attempt's rows from there; and every restart is named in env.json's adapter.restarts,
+    where training.csv has no rerun to show it. The harness's capture, one log and a log per
+    attempt alike."""
+    for way, run in _three_ways(tmp_path, spec).items():
+        log = read_training_log(run)
+        assert list(log.rows["step"]) == list(steps), way
+        assert adapter_restarts(json.loads((run / "env.json").read_text())) == [restart], way
+
+
+def test_check_artifacts_names_a_restart_that_repeated_no_step(tmp_path, capsys):
+    """The dump folder's one log of a run killed after step 8 and resumed at step 9 (``2>&1 | tee
+    train.log``): check-artifacts names the restart though no step was logged twice."""
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    _attempts("1:kill@9,9:", folder, folder / "train.log", None)
+    assert main(["check-artifacts", str(folder), "--adapter", "torchtitan"]) == 0
+    out = capsys.readouterr().out
+    assert ("env.json adapter.restarts: restarted into the same files: attempt 2 began at step 9 (attempt 1 had "
+            "logged up to step 8) and logged up to step 30") in out, out

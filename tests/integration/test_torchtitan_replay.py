@@ -8,6 +8,7 @@ adapter and judges it: the run to GO passes its gates (the cpu profile's short s
 also flag its loss bump at step 24), and each fault is the right NO-GO."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -115,6 +116,20 @@ def test_both_doors_judge_it_alike(tmp_path):
         assert {r.key.phase: r.status for r in ResultStore(store).records()} == {"go": Status.PASS, "short": Status.FAIL}
 
 
+def _restart_runbook(path: Path, specs: dict[str, str]) -> Path:
+    """torchtitan under torchrun --max-restarts=1, a phase per ``torchtitan_replay.py --attempts`` spec."""
+    trainer = {**TRAINER, "args": ["--metrics.log_freq", "1", "--evidence", "go"],
+               "params": {"replay.attempts": {"flag": "--attempts"}}}
+    path.write_text(yaml.safe_dump({
+        "name": "torchtitan_restart", "profiles": ["cpu"], "trainer": trainer,
+        "defaults": {"launcher": {"kind": "torchrun", "nproc": 1,
+                                  "torchrun_args": ["--standalone", "--max-restarts=1"]},
+                     "steps": 30, "timeout_s": 150, "stall_s": 10, "startup_s": 120, "env": {"OMP_NUM_THREADS": 1}},
+        "phases": [{"name": name, "kind": "train", "overrides": {"replay.attempts": spec}, "gates": GATES[:3]}
+                   for name, spec in specs.items()]}, sort_keys=False))
+    return path
+
+
 def test_a_restart_in_one_stdout_is_judged_by_the_attempt_that_trained_last(tmp_path):
     """torchrun --max-restarts=1 restarting torchtitan after a crash: both attempts print into the
     one stdout (and stderr) the harness keeps (the recorded run replayed as attempts,
@@ -122,16 +137,8 @@ def test_a_restart_in_one_stdout_is_judged_by_the_attempt_that_trained_last(tmp_
     NO-GO though the restarted attempt resumed at step 11 and trained on to step 30 cleanly; the
     crash is still said, as the resume in place it was. A last attempt's own non-finite loss stays
     NO-GO, and a restart from step 1 is read as the dump folder's log per attempt reads it."""
-    trainer = {**TRAINER, "args": ["--metrics.log_freq", "1", "--evidence", "go"],
-               "params": {"replay.attempts": {"flag": "--attempts"}}}
-    rb = tmp_path / "torchtitan_restart.yaml"
-    rb.write_text(yaml.safe_dump({
-        "name": "torchtitan_restart", "profiles": ["cpu"], "trainer": trainer,
-        "defaults": {"launcher": {"kind": "torchrun", "nproc": 1, "torchrun_args": ["--standalone", "--max-restarts=1"]},
-                     "steps": 30, "timeout_s": 150, "stall_s": 10, "startup_s": 120, "env": {"OMP_NUM_THREADS": 1}},
-        "phases": [{"name": name, "kind": "train", "overrides": {"replay.attempts": spec}, "gates": GATES[:3]}
-                   for name, spec in (("resumed", "1:nan@12,11:"), ("from_scratch", "1:nan@12,1:"),
-                                      ("nan_last", "1:kill@9,6:nan@15"))]}, sort_keys=False))
+    rb = _restart_runbook(tmp_path / "torchtitan_restart.yaml", {
+        "resumed": "1:nan@12,11:", "from_scratch": "1:nan@12,1:", "nan_last": "1:kill@9,6:nan@15"})
     assert main(["run", "--runbook", str(rb), "--results-dir", str(tmp_path / "cli"), "--no-plots"]) == 1
     records = {r.key.phase: r for r in ResultStore(tmp_path / "cli").records()}
     for name in ("resumed", "from_scratch"):
@@ -145,6 +152,62 @@ def test_a_restart_in_one_stdout_is_judged_by_the_attempt_that_trained_last(tmp_
             "into the same files") in report, report
     assert ("trainer resumed in place in from_scratch [default]: it started again from step 1 and wrote its steps "
             "again into the same files") in report, report
-    assert ("the earlier process ended as rank 0 failed: RuntimeError: Loss is not finite (global_avg_loss=nan) at "
-            "step 12") in report, report
+    assert re.search(r"attempt 1 ended as local rank 0 \(pid \d+\) failed: RuntimeError: Loss is not finite "
+                     r"\(global_avg_loss=nan\) at step 12", report), report
     assert "non-finite loss in resumed" not in report and "non-finite loss in from_scratch" not in report, report
+
+
+def _warning(records: dict[str, Any], name: str) -> Any:
+    """The resumed-in-place warning of the point ``name``."""
+    [warning] = [f for f in find(list(records.values())) if f.kind == "resumed_in_place" and f.phase == name]
+    return warning
+
+
+@pytest.fixture(scope="module")
+def restarted(tmp_path_factory) -> dict[str, Any]:
+    """Three runs torchrun --max-restarts=1 restarted into one stdout, through nsa-validate run: an
+    attempt killed after going back to step 6, a restart at the step after the last one logged, and
+    an attempt killed, then one that met a non-finite loss. Their records, by phase."""
+    tmp = tmp_path_factory.mktemp("restarted")
+    rb = _restart_runbook(tmp / "rb.yaml", {"nofurther": "1:nan@12,6:kill@6", "exact": "1:kill@9,9:",
+                                            "misquote": "1:kill@9,6:nan@15"})
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(tmp / "cli"), "--no-plots"]) == 1
+    return {r.key.phase: r for r in ResultStore(tmp / "cli").records()}
+
+
+def test_an_attempt_that_died_before_its_first_step_undoes_the_steps_it_went_back_over(restarted):
+    """The report read steps 1..11 of a run whose restart went back to step 6 and was killed there,
+    and said nothing of the restart: the run stands at step 5."""
+    steps = {name: {g.metric: g.value for g in r.gates}["steps_completed"] for name, r in restarted.items()}
+    assert steps == {"nofurther": 5, "exact": 30, "misquote": 14}, steps
+    assert restarted["nofurther"].status == Status.FAIL
+    warning = _warning(restarted, "nofurther")
+    assert warning.title == ("trainer resumed in place in nofurther [default]: it was started again at step 6 into "
+                             "the same files"), warning.title
+    assert ("the trainer's log: attempt 2 began at step 6 (attempt 1 had logged up to step 11) and logged no step"
+            in warning.detail), warning.detail
+    assert re.search(r"attempt 1 ended as local rank 0 \(pid \d+\) failed: RuntimeError: Loss is not finite "
+                     r"\(global_avg_loss=nan\) at step 12; attempt 2 ended as local rank 0 \(pid \d+\) was killed by "
+                     r"SIGKILL$", warning.detail[-1]), warning.detail
+
+
+def test_a_restart_that_repeats_no_step_is_said(restarted):
+    """Killed after step 8 and resumed at step 9, the run trained to step 30: GO, and the report said
+    nothing of the crash, as no step was logged twice."""
+    assert restarted["exact"].status == Status.PASS, restarted["exact"].reason
+    warning = _warning(restarted, "exact")
+    assert warning.title == ("trainer resumed in place in exact [default]: it was started again at step 9 into the "
+                             "same files"), warning.title
+    assert ("the trainer's log: attempt 2 began at step 9 (attempt 1 had logged up to step 8) and logged up to step 30"
+            in warning.detail), warning.detail
+    assert re.search(r"attempt 1 ended as local rank 0 \(pid \d+\) was killed by SIGKILL$", warning.detail[-1]), \
+        warning.detail
+
+
+def test_each_attempts_failure_is_its_own(restarted):
+    """Killed at step 9, resumed at step 6, non-finite at step 15: the warning gave the second
+    attempt's non-finite loss as the end of the earlier process, which was killed."""
+    said = _warning(restarted, "misquote").detail[-1]
+    assert re.search(r"attempt 1 ended as local rank 0 \(pid \d+\) was killed by SIGKILL; attempt 2 ended as local "
+                     r"rank 0 \(pid \d+\) failed: RuntimeError: Loss is not finite \(global_avg_loss=nan\) at step 15$",
+                     said), said

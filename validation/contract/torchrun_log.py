@@ -308,6 +308,59 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, Rank
     return failures
 
 
+#: torchrun's agent on a failed attempt of its workers, once an attempt: the first of them to fail
+#: ('failed (exitcode: -9) local_rank: 0 (pid: 703) of binary: ...'); under ``--max-restarts`` it then
+#: starts them all again, as long as restarts are left
+_ATTEMPT_FAILED = re.compile(r"\bfailed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\)")
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """How one attempt of a torchrun launch's workers failed, by its agent's word (``attempt_ends``):
+    the process that failed first, and the exception it printed in that attempt."""
+
+    attempt: int
+    """Which attempt: 1 the first, 2 the first restart's."""
+    local_rank: int
+    pid: int
+    exit_code: int
+    """Negative: killed by that signal."""
+    exception: str | None = None
+    """The last exception that worker printed with its rank's prefix in that attempt (its rank taken
+    as its local rank: one node's); None where it printed none."""
+
+    def cause(self) -> str:
+        """'local rank 0 (pid 703) was killed by SIGKILL', '... failed: RuntimeError: ...'."""
+        who = f"local rank {self.local_rank} (pid {self.pid})"
+        if self.exception:
+            return f"{who} failed: {short_exception(self.exception)}"
+        if self.exit_code < 0:
+            return f"{who} was killed by {_signal_name(-self.exit_code)}"
+        return f"{who} exited with code {self.exit_code}"
+
+
+def attempt_ends(stderr_path: Path) -> list[AttemptEnd]:
+    """Each failed attempt of the workers torchrun's log (its stderr) shows, in order: its agent's
+    failure line ends the attempt, and the exception the failed worker printed since the attempt
+    before ended is that attempt's. A worker's exception is matched to the attempt it came in, never
+    to the run as a whole: of a run restarted after a crash, the last attempt's is not the first's."""
+    ends: list[AttemptEnd] = []
+    said: dict[int, str] = {}  # each rank's last exception in the attempt under way
+    try:
+        with open(stderr_path, errors="replace") as fh:
+            for ln in fh:
+                ln = ln.rstrip("\n")
+                if (m := _RANK_LINE.match(ln)) and _EXC.match(m.group(2)):
+                    said[int(m.group(1))] = m.group(2).strip()
+                elif f := _ATTEMPT_FAILED.search(ln):
+                    local = int(f["local"])
+                    ends.append(AttemptEnd(len(ends) + 1, local, int(f["pid"]), int(f["code"]), said.get(local)))
+                    said = {}
+    except OSError:
+        return []
+    return ends
+
+
 def _traceback(lines: list[str], exception: str) -> dict:
     """Of a rank's own lines (its prefix dropped) that end its traceback in ``exception``: the
     traceback's text (from its first 'Traceback' line, which a chained exception's precede, to that

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from validation.contract import check as contract
 from validation.contract.files import HaltInfo, read_halt, read_stacks, tail
 from validation.contract.reruns import Rerun
-from validation.contract.torchrun_log import (RankFailure, agent_signalled, log_exception, log_has_traceback,
-                                              rank_failures)
+from validation.contract.torchrun_log import (RankFailure, agent_signalled, attempt_ends, log_exception,
+                                              log_has_traceback, rank_failures)
 from validation.judge.clock import StepClock
 from validation.judge.memory import growing_ranks
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
@@ -125,18 +125,20 @@ def collect(run: RunData, stderr_path: Path, errors: list[str], clock: StepClock
         fallbacks=fallbacks, files=_listed(run.out_dir),
         loss_first=losses[0] if losses else None, loss_last=losses[-1] if losses else None,
         nonfinite_loss_step=trained.nonfinite_loss_step, nonfinite_loss=nonfinite(run.csv),
-        top_ops=list(run.info.get("top_ops") or []), reruns=run.reruns, spikes=trained.spikes,
+        top_ops=list(run.info.get("top_ops") or []), reruns=run.reruns,
+        restarts=contract.adapter_restarts(run.env), spikes=trained.spikes,
         divergence=trained.divergence, slowdown=trained.slowdown, memory_growth=trained.memory_growth,
         not_run=None if run.launched else NotRun.LAUNCH, misses=list(run.misses), rank_processes=seen,
         silent_ranks=[s for s in run.silent_ranks if s.rank < run.world_size]), stderr_path)
 
 
 def with_log(ev: Evidence, stderr_path: Path) -> Evidence:
-    """``ev`` with its stderr (the log's tail, name, last exception and whether it holds a traceback)
-    read from ``stderr_path``: of a launch of several nodes, the log of the node the verdict blames
-    (session/runs.py ``record``)."""
+    """``ev`` with its stderr (the log's tail, name, last exception, whether it holds a traceback, and
+    how each attempt of torchrun's workers failed) read from ``stderr_path``: of a launch of several
+    nodes, the log of the node the verdict blames (session/runs.py ``record``)."""
     return dataclasses.replace(ev, stderr_tail=tail(stderr_path, STDERR_TAIL_LINES), stderr_log=stderr_path.name,
-                               exception=log_exception(stderr_path), traceback=log_has_traceback(stderr_path))
+                               exception=log_exception(stderr_path), traceback=log_has_traceback(stderr_path),
+                               attempts=attempt_ends(stderr_path))
 
 
 def signs(run: RunData, failed_gates: list[str]) -> RunSigns:

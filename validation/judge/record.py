@@ -16,9 +16,9 @@ from typing import Any, Iterable
 
 from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP
 from validation.contract.files import HaltInfo
-from validation.contract.reruns import Rerun
+from validation.contract.reruns import Rerun, Restart
 from validation.contract.stacks import Frame, StackDump, TakenStack
-from validation.contract.torchrun_log import RankFailure
+from validation.contract.torchrun_log import AttemptEnd, RankFailure
 from validation.errors import StoreError
 from validation.judge.asked import Asked
 from validation.judge.clock import StepClock
@@ -250,6 +250,12 @@ class Evidence:
     reruns: dict[str, list[Rerun]] = field(default_factory=dict)
     """Per file, the steps a resume in place wrote again; everything above read their later
     occurrence (validation/contract/reruns.py)."""
+    restarts: list[Restart] = field(default_factory=list)
+    """The later processes of a run restarted into the same files, as its adapter read the trainer's
+    log (env.json's ``adapter.restarts``): also those that wrote no step again, which ``reruns`` misses."""
+    attempts: list[AttemptEnd] = field(default_factory=list)
+    """Each failed attempt of the workers, by torchrun's log (its stderr), in order: under
+    ``--max-restarts``, how each process before a restart ended, and the last if it failed."""
     nodes: NodesEvidence | None = None
     """Each node of a launch of several nodes (validation/judge/nodes.py); None for one node."""
     spikes: list[Spike] = field(default_factory=list)
@@ -303,6 +309,8 @@ class Evidence:
             fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},
             files=list(ev.get("files") or []), nodes=NodesEvidence.from_json(ev.get("nodes")),
             reruns={str(f): [Rerun(**r) for r in rs] for f, rs in (ev.get("reruns") or {}).items()},
+            restarts=[Restart(**r) for r in ev.get("restarts") or []],
+            attempts=[AttemptEnd(**a) for a in ev.get("attempts") or []],
             spikes=[Spike(**d) for d in ev.get("spikes") or []],
             divergence=Rise(**ev["divergence"]) if ev.get("divergence") else None,
             slowdown=Slowdown(**ev["slowdown"]) if ev.get("slowdown") else None,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from validation.judge.diagnosis import root_of_evidence
 from validation.judge.findings.finding import Facts, Finding, Severity, where, where_run
 from validation.judge.gates import GateVerdict
-from validation.judge.record import PhaseRecord
+from validation.judge.record import Evidence, PhaseRecord
 from validation.judge.resume import DATA_METRIC, LOSS_METRIC, LR_METRIC, METRICS, BreachKind, Clue, ClueKind
 
 
@@ -87,28 +87,42 @@ def _cause(verdicts: dict[str, GateVerdict], clue: Clue | None = None) -> str:
 
 
 def resumed_in_place(records: list[PhaseRecord]) -> list[Finding]:
-    """A warning per run whose trainer went back to a checkpoint and wrote steps again into the
-    same files (a process restarted mid-run: torchrun's --max-restarts, a requeued job): the
-    acceptance run met a failure that a long run would meet too, and what the report reads of the
-    repeated steps is their later occurrence. One line per file that shows it."""
+    """A warning per run whose trainer was started again into the same files mid-run (a process
+    restarted: torchrun's --max-restarts, a requeued job): the acceptance run met a failure that a
+    long run would meet too, and what the report reads of the steps written again is their later
+    occurrence. One line per file that shows it, one per restart its adapter read in the trainer's
+    log (also one that wrote no step again, which no file shows), and how each attempt ended."""
     out = []
     for r in records:
-        if not r.evidence.reruns:
+        ev = r.evidence
+        if not ev.reruns and not ev.restarts:
             continue
-        firsts = sorted({rerun.first for reruns in r.evidence.reruns.values() for rerun in reruns})
+        firsts = sorted({rerun.first for reruns in ev.reruns.values() for rerun in reruns} |
+                        {s.began for s in ev.restarts if s.began is not None})
         steps = ", ".join(str(s) for s in firsts)
         detail = [f"{name}: {'; '.join(rerun.text() for rerun in reruns)}"
-                  for name, reruns in sorted(r.evidence.reruns.items())]
-        log = f" ({r.evidence.stderr_log})" if r.evidence.stderr_log else ""
-        root = root_of_evidence(r.evidence)
-        failed = r.evidence.rank_failures[root].exception if root is not None else None
-        why = (f"the earlier process ended as rank {root} failed: {failed}" if failed else
-               f"why the earlier process ended is in the trainer's log{log}")
-        detail.append(f"every number and finding of this run reads the occurrence written later; {why}")
+                  for name, reruns in sorted(ev.reruns.items())]
+        detail += [f"the trainer's log: {restart.text()}" for restart in ev.restarts]
+        read = "every number and finding of this run reads the occurrence written later; " if ev.reruns else ""
+        detail.append(read + _how_attempts_ended(ev))
         # from step 1 it began again from nothing: no checkpoint was restored
         how = ("started again from step 1 and wrote its steps again" if firsts == [1] else
-               f"went back to a checkpoint and wrote again from step {steps}")
+               f"went back to a checkpoint and wrote again from step {steps}" if ev.reruns else
+               f"was started again at step {steps}" if firsts else "was started again")
         out.append(Finding(Severity.WARNING, r.phase, (
             f"trainer resumed in place in {where(r)}: it {how} into the same files"), detail, "resumed_in_place",
             Facts.of(r)))
     return out
+
+
+def _how_attempts_ended(ev: Evidence) -> str:
+    """Each failed attempt's end, where torchrun's log tells them apart (its agent's line per attempt),
+    so that no attempt is given another's failure; else the failure the log holds, of the rank that
+    failed first, or where to look."""
+    log = f" ({ev.stderr_log})" if ev.stderr_log else ""
+    if ev.attempts:
+        return f"by torchrun's log{log}, " + "; ".join(f"attempt {a.attempt} ended as {a.cause()}" for a in ev.attempts)
+    root = root_of_evidence(ev)
+    failed = ev.rank_failures[root].exception if root is not None else None
+    return (f"the earlier process ended as rank {root} failed: {failed}" if failed else
+            f"why the earlier process ended is in the trainer's log{log}")

@@ -227,6 +227,35 @@ def test_a_restart_from_the_first_step_names_the_rank_that_failed_not_a_checkpoi
                in d for d in warning.detail), warning.detail
 
 
+def test_each_attempt_of_a_restarted_run_is_given_its_own_failure(tmp_path):
+    """Under torchrun --max-restarts=1 rank 0 was killed at step 9 and the restart, from step 6, met
+    a non-finite loss at step 15: the warning said 'the earlier process ended as rank 0 failed:
+    RuntimeError: Loss is not finite ... at step 15', the whole log's exception, the later attempt's.
+    torchrun's agent writes a line per failed attempt; what a rank printed before it is that attempt's."""
+    from validation.contract.torchrun_log import AttemptEnd, RankFailure, attempt_ends
+    from validation.judge.findings.resume import resumed_in_place
+    from validation.judge.record import Evidence, PhaseRecord, PointKey, Status
+
+    agent = ("E1201 22:16:0{i}.236000 483 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+             "(exitcode: {code}) local_rank: 0 (pid: 70{i}) of binary: /opt/torch/.venv/bin/python3\n")
+    nan = "RuntimeError: Loss is not finite (global_avg_loss=nan) at step 15. Stopping training."
+    log = tmp_path / "trainer.stderr.log"
+    log.write_text(agent.format(i=1, code=-9) + "[rank0]: Traceback (most recent call last):\n"
+                   f"[rank0]:   File \"train.py\", line 3, in step\n[rank0]: {nan}\n" + agent.format(i=2, code=1))
+    attempts = attempt_ends(log)
+    assert attempts == [AttemptEnd(1, 0, 701, -9), AttemptEnd(2, 0, 702, 1, nan)]
+    evidence = Evidence(reruns={"training.csv": [Rerun(first=6, through=8, dropped=3)]}, stderr_log=log.name,
+                        rank_failures={0: RankFailure(exception=nan, exit_code=1)}, attempts=attempts)
+    rec = PhaseRecord(PointKey("rb", "cpu", "ddp"), "rb/cpu/ddp/default", "train", Status.FAIL, "", steps=30,
+                      evidence=evidence)
+    [warning] = resumed_in_place([rec])
+    assert warning.detail[-1] == (
+        "every number and finding of this run reads the occurrence written later; by torchrun's log "
+        "(trainer.stderr.log), attempt 1 ended as local rank 0 (pid 701) was killed by SIGKILL; attempt 2 ended as "
+        "local rank 0 (pid 702) failed: RuntimeError: Loss is not finite (global_avg_loss=nan) at step 15"
+    ), warning.detail
+
+
 def test_a_heartbeat_record_cut_off_in_a_run_that_exited_0_is_a_problem_as_a_cut_off_row_is(tmp_path):
     """A user's pass: a trainer that exited 0 with its last heartbeat record of rank 1 (step 8 of 8)
     lacking its line end was judged 'heartbeats stop after step 7 of 8 ... trained on without

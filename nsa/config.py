@@ -12,7 +12,9 @@ plain data (dicts from YAML, ``key.sub=value`` strings) into such dataclasses:
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import math
 import re
 import typing
@@ -114,9 +116,16 @@ def not_a_section(key: str, value: Any) -> ConfigError:
     return ConfigError(f"{key}: expected a mapping, got {value!r}")
 
 
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    """A config dataclass's field types, resolved once: its annotations are strings (postponed
+    evaluation), and resolving them per call was most of a thousand-point runbook's check."""
+    return typing.get_type_hints(cls)
+
+
 def _homes(cls: type, name: str, prefix: str = "") -> list[str]:
     """The dotted keys below ``cls`` whose last part is ``name`` (where a mis-indented key belongs)."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     found = []
     for f in dataclasses.fields(cls):
         if f.init and dataclasses.is_dataclass(hints[f.name]):
@@ -145,7 +154,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "", root: typ
     root = root or cls
     if not isinstance(data, Mapping):
         raise not_a_section(prefix or cls.__name__, data)
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(str(k) for k in set(data) - set(fields))
     if unknown:
@@ -164,7 +173,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], prefix: str = "", root: typ
 
 def field_paths(cls: type) -> set[str]:
     """Every settable dotted key of a (nested) config dataclass: {'train.seq_len', ...}."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     out = set()
     for f in dataclasses.fields(cls):
         if not f.init:
@@ -239,6 +248,13 @@ def merge(base: Mapping[str, Any], update: Mapping[str, Any], prefix: str = "") 
     return out
 
 
+@functools.lru_cache(maxsize=16)
+def _parsed(text: str) -> Any:
+    """A YAML text's value, parsed once: a runbook's --check-config loads the same config file for
+    each of its points (a thousand-point sweep, a thousand parses of one file)."""
+    return safe_load_unique(text)
+
+
 def read_yaml(path: str | Path, sections: Iterable[str] = ()) -> dict[str, Any]:
     """Read a YAML mapping with ``safe_load``; errors name the file and, when given, the
     ``sections`` a mapping of it holds. An empty file (or one of comments only) is an error, not
@@ -252,7 +268,7 @@ def read_yaml(path: str | Path, sections: Iterable[str] = ()) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
     try:
-        data = safe_load_unique(text)
+        data = copy.deepcopy(_parsed(text))  # a copy: the caller may change its mapping
     except DuplicateKeyError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:

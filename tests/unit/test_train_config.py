@@ -422,3 +422,18 @@ def test_a_number_in_exponent_form_is_a_number_as_yaml_1_2_reads_it(text, value)
 @pytest.mark.parametrize("text", ["'1e5'", "v1e5", "1e", "e5", "1.2.3e4"])
 def test_text_that_only_looks_like_an_exponent_stays_text(text):
     assert isinstance(safe_load_unique(f"x: {text}")["x"], str)
+
+
+def test_a_config_file_read_again_gives_its_text_now_and_a_mapping_of_its_own(tmp_path):
+    """read_yaml keeps the parse of a text (a runbook's check loads one file for every point): a file
+    changed between two reads gives its new values, and a caller changing the mapping it got
+    changes no later read's."""
+    from nsa.config import read_yaml
+
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  steps: 3\n")
+    first = read_yaml(f)
+    first["train"]["steps"] = 99
+    assert read_yaml(f) == {"train": {"steps": 3}}
+    f.write_text("train:\n  steps: 5\n")
+    assert read_yaml(f) == {"train": {"steps": 5}}

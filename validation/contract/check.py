@@ -27,9 +27,11 @@ from nsa.contract import (
     ENV_JSON,
     ENV_RECOMMENDED,
     ENV_REQUIRED,
+    GPU_TIMELINE,
     HALT,
     HEARTBEAT_REQUIRED,
     HEARTBEAT_STAGES_IN_STEP,
+    PROFILE_JSON,
     STACKDUMP_PATTERN,
     TRAINING_CSV,
     heartbeat_name,
@@ -41,7 +43,9 @@ from validation.contract.files import (
     TrainingLog,
     Writer,
     read_env_json,
+    read_gpu_timeline,
     read_heartbeat_logs,
+    read_profile,
     read_training_log,
     stackdumps,
     torn_last_row,
@@ -212,6 +216,13 @@ def read(out_dir: Path, costs: Costs | None = None, launched: int = 1, steps: in
             _global_rate(found)
     if found.heartbeats:
         _heartbeat_fields(found, costs)
+    # written when the harness asks for a profile (CONTRACT_PROFILE_STEPS): checked where present,
+    # by the readers a profile point's judgement uses
+    for name, reader, detail in ((PROFILE_JSON, read_profile, lambda p: f"{p.profiled_steps} profiled steps"),
+                                 (GPU_TIMELINE, read_gpu_timeline,
+                                  lambda t: f"{len(t.intervals_us)} device intervals in its window")):
+        if (out_dir / name).is_file():
+            _file(found, name, True, reader, detail)
     found.halted = halted(out_dir)
     if found.halted:
         text = (out_dir / HALT).read_text(errors="replace").strip()

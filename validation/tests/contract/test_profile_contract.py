@@ -87,3 +87,20 @@ def test_a_failed_busy_gate_names_the_hosts_pauses(tmp_path, monkeypatch):
     assert any(d.endswith("idle 5.00 ms a profiled step in gaps of 1 ms or more: the host pausing it (a sync, an "
                           "optimizer's launches, loading data)") for d in finding.detail), finding.detail
     assert "profile_top_ops.txt" not in rec.evidence.files  # this trainer writes no table: none is named
+
+
+def test_check_artifacts_reads_a_profile_as_its_point_does(tmp_path, capsys):
+    """check-artifacts said OK of a folder whose profile.json its profile point was an ERROR for
+    ('not a profile record'): it now reads the profile files where present, with the same readers."""
+    from validation.cli import main
+
+    point = _point(tmp_path, {"name": "nvtx", "kind": "profile", "steps": 4, "profile_steps": 2, "config": "tiny",
+                              "overrides": {"train.seq_len": 64, "model.n_layers": 1}, "gates": GATES})
+    assert AcceptanceSession(SessionOptions(tmp_path / "res")).run_point(point).status == Status.PASS
+    (profile,) = (tmp_path / "res").rglob("profile.json")
+    assert main(["check-artifacts", str(profile.parent)]) == 0
+    assert "present              profile.json: 2 profiled steps" in capsys.readouterr().out
+    profile.write_text('{"profiled_steps": "x"}')
+    assert main(["check-artifacts", str(profile.parent)]) == 1
+    out = capsys.readouterr().out
+    assert "malformed            profile.json: not a profile record (profiled_steps is 'x'" in out, out

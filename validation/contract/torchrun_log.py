@@ -258,10 +258,12 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, Rank
     """Per rank: the exception its traceback ended with (an uncaught exception's lines carry
     ``[rankN]:``, from the sys.excepthook that torch.distributed installs with its process group;
     they are often far above the tail) and the exit code torchrun reported for it (negative:
-    killed by that signal)."""
+    killed by that signal). Of the log's last attempt only (``last_attempt``): under
+    ``--max-restarts`` an earlier attempt's exception is not how the run's ranks ended."""
     text = _read(stderr_path, max_bytes)
     if text is None:
         return {}
+    text = last_attempt(text)
     found: dict[int, dict] = {}
     said: dict[int, list[str]] = {}  # each rank's own lines, its prefix dropped
     rank = None
@@ -328,6 +330,10 @@ class AttemptEnd:
     exception: str | None = None
     """The last exception that worker printed with its rank's prefix in that attempt (its rank taken
     as its local rank: one node's); None where it printed none."""
+    restarted: bool = False
+    """torchrun started the workers again after it (``_restarted``): an earlier attempt's end, not
+    the run's. False also of a record stored before it was read: nothing is then said of it as an
+    earlier attempt."""
 
     def cause(self) -> str:
         """'local rank 0 (pid 703) was killed by SIGKILL', '... failed: RuntimeError: ...'."""
@@ -340,25 +346,63 @@ class AttemptEnd:
 
 
 def attempt_ends(stderr_path: Path) -> list[AttemptEnd]:
-    """Each failed attempt of the workers torchrun's log (its stderr) shows, in order: its agent's
-    failure line ends the attempt, and the exception the failed worker printed since the attempt
-    before ended is that attempt's. A worker's exception is matched to the attempt it came in, never
-    to the run as a whole: of a run restarted after a crash, the last attempt's is not the first's."""
-    ends: list[AttemptEnd] = []
-    said: dict[int, str] = {}  # each rank's last exception in the attempt under way
+    """Each failed attempt of the workers torchrun's log (its stderr, all of it: the attempts are
+    counted from its first) shows, in order: its agent's failure line ends the attempt, and the
+    exception the failed worker printed since the attempt before ended is that attempt's. A worker's
+    exception is matched to the attempt it came in, never to the run as a whole: of a run restarted
+    after a crash, the last attempt's is not the first's."""
     try:
         with open(stderr_path, errors="replace") as fh:
-            for ln in fh:
-                ln = ln.rstrip("\n")
-                if (m := _RANK_LINE.match(ln)) and _EXC.match(m.group(2)):
-                    said[int(m.group(1))] = m.group(2).strip()
-                elif f := _ATTEMPT_FAILED.search(ln):
-                    local = int(f["local"])
-                    ends.append(AttemptEnd(len(ends) + 1, local, int(f["pid"]), int(f["code"]), said.get(local)))
-                    said = {}
+            parts = _attempt_parts(fh.read())
     except OSError:
         return []
+    failed = parts[:-1]
+    ends: list[AttemptEnd] = []
+    for i, part in enumerate(failed, start=1):
+        said: dict[int, str] = {}  # each rank's last exception in the attempt
+        for ln in part.splitlines():
+            if (m := _RANK_LINE.match(ln)) and _EXC.match(m.group(2)):
+                said[int(m.group(1))] = m.group(2).strip()
+        f = _ATTEMPT_FAILED.search(part.splitlines()[-1])
+        local = int(f["local"])
+        ends.append(AttemptEnd(i, local, int(f["pid"]), int(f["code"]), said.get(local),
+                               restarted=i < len(failed) or _restarted(parts)))
     return ends
+
+
+def last_attempt(text: str) -> str:
+    """The part of a torchrun log that is its last attempt of the workers (under ``--max-restarts``
+    the agent starts them again after a failure, into the same log): from after the failure line of
+    the attempt before it, to the log's end (torchrun's summary, as it gave up, is of the attempt
+    whose failure line it follows). A log of one attempt is all of it."""
+    parts = _attempt_parts(text)
+    if len(parts) == 1:
+        return text
+    return parts[-1] if _restarted(parts) else "".join(parts[-2:])
+
+
+def _attempt_parts(text: str) -> list[str]:
+    """``text`` cut after each failure line of torchrun's agent (``_ATTEMPT_FAILED``): a part per
+    failed attempt, each ending in its failure line, then what follows the last (torchrun's summary,
+    or an attempt that did not fail by its agent's word: one that succeeded, or one still running
+    when the agent was stopped)."""
+    parts, start = [], 0
+    for m in _ATTEMPT_FAILED.finditer(text):
+        end = text.find("\n", m.end())
+        end = len(text) if end < 0 else end + 1
+        parts.append(text[start:end])
+        start = end
+    return parts + [text[start:]]
+
+
+def _restarted(parts: list[str]) -> bool:
+    """Whether torchrun started the workers again after the last failed attempt of ``_attempt_parts``:
+    no summary of torchrun's (the exit codes it reports as it gives up) follows its failure line, and
+    an earlier failure line shows that this launch restarts its workers. A log of one failed attempt
+    and no summary is taken for one whose agent was stopped before its summary, as it always was."""
+    if len(parts) < 3:
+        return False
+    return not any(_TR_EXIT.match(ln) for ln in parts[-1].splitlines())
 
 
 def _traceback(lines: list[str], exception: str) -> dict:
@@ -615,16 +659,18 @@ def _worker_exceptions(text: str) -> list[str]:
 
 
 def log_exception(stderr_path: Path, max_bytes: int = 1 << 20) -> str | None:
-    """``last_exception`` of a whole log (its last ``max_bytes``): a rank's traceback printed before
-    its process group (no [rankN] prefix to attribute it by) lies far above torchrun's own."""
+    """``last_exception`` of a whole log (its last ``max_bytes``; of its last attempt, ``last_attempt``):
+    a rank's traceback printed before its process group (no [rankN] prefix to attribute it by) lies far
+    above torchrun's own."""
     text = _read(stderr_path, max_bytes)
-    return None if text is None else last_exception(text)
+    return None if text is None else last_exception(last_attempt(text))
 
 
 def log_has_traceback(stderr_path: Path, max_bytes: int = 1 << 20) -> bool | None:
-    """``has_traceback`` of a whole log (its last ``max_bytes``); None when it cannot be read."""
+    """``has_traceback`` of a whole log (its last ``max_bytes``; of its last attempt, ``last_attempt``);
+    None when it cannot be read."""
     text = _read(stderr_path, max_bytes)
-    return None if text is None else has_traceback(text)
+    return None if text is None else has_traceback(last_attempt(text))
 
 
 def has_traceback(text: str) -> bool:

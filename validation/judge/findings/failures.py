@@ -53,8 +53,8 @@ def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
                      f"{before}") if ev.halt.losses is not None else (
                 f"non-finite loss in {where_run(r)} at step {ev.halt.step}: {_halted_text(d)}the trainer's .HALT says "
                 f"{ev.halt.text[:EXCERPT_CHARS]!r}")
-            out.append(Finding(Severity.CRITICAL, r.phase, title, [f".HALT: {r.out_dir}/.HALT"] + _rank_lines(r, bad),
-                               "nonfinite", Facts.of(r), d if d.ranks else None))
+            out.append(Finding(Severity.CRITICAL, r.phase, title, [f".HALT: {r.out_dir}/.HALT"] + _rank_lines(r, bad)
+                               + _earlier_attempts(r), "nonfinite", Facts.of(r), d if d.ranks else None))
             continue
         if (d := crash(r)) is None:
             continue
@@ -90,8 +90,20 @@ def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
         broken = ([f"broken contract file: {e}" for e in ev.errors]
                   if stepped.steps_completed or stepped.last_step_done else [])
         out.append(Finding(Severity.CRITICAL, r.phase, title, [f"stderr: {p}" for p in d.logs] + broken
-                           + _rank_lines(r), kind, Facts.of(r), d if d.ranks else None))
+                           + _rank_lines(r) + _earlier_attempts(r), kind, Facts.of(r), d if d.ranks else None))
     return out
+
+
+def _earlier_attempts(r: PhaseRecord) -> list[str]:
+    """How each attempt ended that torchrun started the workers again after (``--max-restarts``),
+    by its agent's line per attempt, each with its own failure: the finding's title and rank lines
+    are the last attempt's, the run's end, and an earlier attempt's exception is none of theirs."""
+    earlier = [a for a in r.evidence.attempts if a.restarted]
+    if not earlier:
+        return []
+    log = f" ({r.evidence.stderr_log})" if r.evidence.stderr_log else ""
+    return [f"earlier attempts, each followed by torchrun starting the workers again{log}: "
+            + "; ".join(f"attempt {a.attempt} ended as {a.cause()}" for a in earlier)]
 
 
 def halts(records: list[PhaseRecord]) -> list[Finding]:

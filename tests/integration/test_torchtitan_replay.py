@@ -21,6 +21,7 @@ import yaml
 from validation import REPO_ROOT
 from validation.cli import main
 from validation.judge.findings import find
+from validation.judge.findings.headline import verdict_line
 from validation.judge.record import Status
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
@@ -189,6 +190,22 @@ def test_an_attempt_that_died_before_its_first_step_undoes_the_steps_it_went_bac
     assert re.search(r"attempt 1 ended as local rank 0 \(pid \d+\) failed: RuntimeError: Loss is not finite "
                      r"\(global_avg_loss=nan\) at step 12; attempt 2 ended as local rank 0 \(pid \d+\) was killed by "
                      r"SIGKILL$", warning.detail[-1]), warning.detail
+
+
+def test_a_run_is_judged_by_its_last_attempts_end_and_an_earlier_attempts_failure_is_that_attempts(restarted):
+    """Non-finite at step 12, then the restart from step 6 killed by SIGKILL: the verdict was 'rank 0 had
+    a non-finite loss (last heartbeat step 5 ...): loss nan at step 12', attempt 1's .HALT, and its finding
+    'stopped on its non-finite loss at step 12 ..., then killed by SIGKILL', attempt 2's end joined to it.
+    The run's end is attempt 2's SIGKILL; attempt 1's exception is said as attempt 1's."""
+    rec = restarted["nofurther"]
+    assert rec.evidence.halt is None and verdict_line(rec).startswith(
+        "rank 0 crashed (last heartbeat step 5, stage step): killed by SIGKILL"), verdict_line(rec)
+    [crash] = [f for f in find([rec]) if f.phase == "nofurther" and f.severity.value == "critical"]
+    assert crash.title == "crash in nofurther [default]: exit code 1: rank 0: killed by SIGKILL", crash.title
+    assert "rank 0: last heartbeat step 5, stage step; killed by SIGKILL" in crash.detail, crash.detail
+    assert re.fullmatch(r"earlier attempts, each followed by torchrun starting the workers again \(trainer.stderr.log\): "
+                        r"attempt 1 ended as local rank 0 \(pid \d+\) failed: RuntimeError: Loss is not finite "
+                        r"\(global_avg_loss=nan\) at step 12", crash.detail[-1]), crash.detail
 
 
 def test_a_restart_that_repeats_no_step_is_said(restarted):

@@ -14,7 +14,7 @@ What it writes, and what becomes of it here:
   crashed run's log, then its resumed run's): its rows follow the earlier run's in training.csv,
   so a step it logs again supersedes the earlier run's rows of that step and after it, as the
   contract reads a resume in place; step times are never taken across two runs' timestamps, and
-  an earlier run's non-finite loss at a step a later run logged again is no ``.HALT``. Logs that
+  an earlier run's non-finite loss at a step a later run went back before is no ``.HALT``. Logs that
   overlap in time are one run's (ranks' own logs). One stream may hold several runs too: under
   ``torchrun --max-restarts`` the restarted workers print into the same stdout, so a line torchtitan
   prints as a process begins (``Starting job:``, 0.2.x's ``torchtitan version:``, ``Training starts
@@ -25,8 +25,10 @@ What it writes, and what becomes of it here:
   the last the run before it logged, its own last): training.csv shows a restart only where it
   logged a step again.
   The harness's capture of stderr beside stdout, where torchtitan's exception goes, is placed by its
-  runs' order where it shows as many runs, else its non-finite loss error at step N is the latest
-  run's that began at or before N and logged no step from N on (torchtitan raises before it logs the
+  runs' order where it shows as many runs, else its non-finite loss error is the run's whose attempt
+  torchrun's agent, in the same stderr, says it ended (its failure line per attempt, where there are
+  as many runs as failed attempts or one more), else the error at step N is the latest run's that
+  began at or before N and logged no step from N on (torchtitan raises before it logs the
   step). ``tps`` is per
   device (torchtitan divides by the non-data-parallel degree), so tokens/s here are ``tps`` times
   the world size: the data-parallel degree times the non-data-parallel one.
@@ -67,6 +69,7 @@ from validation.contract.adapters.base import Adapter, RunFacts
 from validation.contract.adapters.tfevents import read_scalars
 from validation.contract.check import ADAPTER_READ_NOTHING
 from validation.contract.reruns import Restart
+from validation.contract.torchrun_log import attempt_ends
 
 #: where the harness keeps the trainer's stdout, beside the run directory's contract files
 HARNESS_STDOUT = ("trainer.stdout.log", "trainer.stderr.log")
@@ -183,11 +186,14 @@ class _Runs:
                 for i, (before, run) in enumerate(zip(self.runs, self.runs[1:]), start=1)]
 
     def nonfinite(self) -> tuple[int, str, str] | None:
-        """The latest run's non-finite loss error that no later run went back before."""
+        """The latest run's non-finite loss error that no later run went back before: a later run that
+        began at or before its step went back over it, whether it logged on from there (what it logged
+        is what happened) or died before its first step (its rows undone, ``rows``: the run stands
+        before that step, and how the later run ended is the run's end)."""
         found = None
         for run in self.runs:
-            if found and run.steps and run.began is not None and run.began <= found[0]:
-                found = None  # a later run went back to that step and logged on: what it logged is what happened
+            if found and run.began is not None and run.began <= found[0]:
+                found = None
             found = run.nonfinite or found
         return found
 
@@ -301,31 +307,48 @@ def _read_runs(trainer_dir: Path, out_dir: Path) -> _Runs:
 def _read_capture(paths: list[Path]) -> list[_Log]:
     """The runs of the harness's capture: those of the stream that shows the most (stdout, where
     torchtitan logs), the other's (stderr) beside them run for run where it shows as many, else
-    placed by their steps (``_place``)."""
-    streams = [_read_log(p) for p in paths]
-    runs = max(streams, key=len)
-    for other in streams:
+    placed by their steps (``_place``), its non-finite loss errors by torchrun's attempts where its
+    agent's lines in that stream show one attempt a run (``_by_attempt``)."""
+    streams = [(p, _read_log(p)) for p in paths]
+    runs = max((logs for _, logs in streams), key=len)
+    for path, other in streams:
         if other is runs:
             continue
         if len(other) == len(runs):
             for run, log in zip(runs, other):
                 run.absorb(log)
         else:
+            attempts = _by_attempt(path, runs)
             for log in other:
-                _place(runs, log)
+                _place(runs, log, attempts)
     return runs
 
 
-def _place(runs: list[_Log], log: _Log) -> None:
+def _by_attempt(path: Path, runs: list[_Log]) -> dict[int, _Log]:
+    """Per step of a non-finite loss error, the run whose error it was, by torchrun's agent's line
+    per failed attempt in the log at ``path`` (``attempt_ends``: the error the failed worker printed
+    in that attempt is that attempt's), the attempts lined up with the runs where there are as many
+    runs as failed attempts or one more (an attempt after the last failure); empty where there are
+    not. Steps alone cannot tell whose an error is where a later run began before its step and
+    logged nothing: it may have died at its first step, or run to the error without logging."""
+    ends = attempt_ends(path)
+    if not ends or len(runs) not in (len(ends), len(ends) + 1):
+        return {}
+    return {int(m["step"]): runs[a.attempt - 1] for a in ends
+            if a.exception and (m := _NONFINITE.search(a.exception))}
+
+
+def _place(runs: list[_Log], log: _Log, attempts: dict[int, _Log]) -> None:
     """What a stream whose lines cannot be lined up with the runs says (stderr beside stdout): a
     step goes to the latest run that began at or before it (unless that run logged it), each
-    non-finite loss error to the run that was at its step when it ended (``_ended_at``), the rest
-    to the first run where that run says nothing of it."""
+    non-finite loss error to the run whose attempt torchrun's agent says it ended (``attempts``,
+    by the error's step), else to the run that was at its step when it ended (``_ended_at``), the
+    rest to the first run where that run says nothing of it."""
     for step, row in log.steps.items():
         began = [r for r in runs if r.began is not None and r.began <= step] or runs[:1]
         began[-1].steps.setdefault(step, row)
     for error in log.nonfinites:
-        run = _ended_at(runs, error[0])
+        run = attempts.get(error[0]) or _ended_at(runs, error[0])
         run.nonfinite = run.nonfinite or error
         run.nonfinites.append(error)
     runs[0].tokens_per_step = runs[0].tokens_per_step or log.tokens_per_step

@@ -365,6 +365,17 @@ def test_a_restart_that_logs_nothing_again_is_read_and_named(tmp_path, spec, ste
         assert adapter_restarts(json.loads((run / "env.json").read_text())) == [restart], way
 
 
+def test_a_non_finite_loss_that_a_restart_went_back_before_is_no_halt_though_the_restart_logged_nothing(tmp_path):
+    """Non-finite at step 12, restarted from step 6 and killed before it logged a step: the rows of
+    steps 6-11 are undone and the run stands at step 5, and a .HALT of step 12 made the verdict
+    'non-finite loss at step 12' of a run whose end was the restart's SIGKILL at step 6 (the
+    harness's capture also gave the error to the restart: it began before step 12 and logged no
+    step; torchrun's agent line per attempt says it was the first attempt's)."""
+    for way, run in _three_ways(tmp_path, "1:nan@12,6:kill@6").items():
+        assert list(read_training_log(run).rows["step"]) == list(range(1, 6)), way
+        assert not (run / ".HALT").exists(), (way, (run / ".HALT").read_text())
+
+
 def test_check_artifacts_names_a_restart_that_repeated_no_step(tmp_path, capsys):
     """The dump folder's one log of a run killed after step 8 and resumed at step 9 (``2>&1 | tee
     train.log``): check-artifacts names the restart though no step was logged twice."""

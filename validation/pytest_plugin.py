@@ -58,7 +58,8 @@ from validation.session.session import (
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("nsa-validate", "NSA acceptance harness")
     g.addoption("--runbook", action="append", default=None, help="runbook name or YAML path (repeatable; default: all)")
-    g.addoption("--profile", action="append", default=None, help="hardware profile (repeatable; default: the runbook's)")
+    g.addoption("--profile", action="append", default=None, help="hardware profile (repeatable; default: the runbook's; where the "
+                "results dir holds its points run with a profile file of that name, that file)")
     g.addoption("--results-dir", default=None,
                 help=f"result store directory (default: {DEFAULT_RESULTS_DIR} for an acceptance run, whose -m names a "
                      "profile or phase marker or which gives --runbook or --profile; a temporary directory for a plain "

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Sequence
 
 from validation import PROFILE_DIR, checkout_problem
-from validation.errors import CorruptStore, HarnessError
+from validation.errors import CorruptStore, HarnessError, RunbookError
 from validation.judge.findings import CROSS_POINT, Finding, Severity, find, of_point, planned_longest
 from validation.judge.findings.headline import verdict_line
 from validation.judge.record import PhaseRecord, Status
@@ -234,7 +234,10 @@ class AcceptanceSession:
                                "must be one file")
         out: list[tuple[Runbook, Profile]] = []
         for name in names:
-            rb = load_runbook(name, known_markers=set(self.options.known_markers) or None)
+            try:
+                rb = load_runbook(name, known_markers=set(self.options.known_markers) or None)
+            except RunbookError as exc:
+                raise RunbookError(f"{exc}{self._stored_runbook(name)}") from None
             profiles = [p for p in rb.profiles if not given or p in by_name]
             if self.options.first_profile_only and not given:
                 profiles = profiles[:1]
@@ -253,6 +256,23 @@ class AcceptanceSession:
                     f"they come from: keep a listed name ({listed}) in the file, or add "
                     f"{', '.join(sorted({given[w].name for w in files}))} to the runbook's profiles:" if files else ""))
         return out
+
+    def _stored_runbook(self, name: str) -> str:
+        """Where a runbook's name that is none under runbooks/ ran from, by the results dir's
+        records of it ('; its stored points ran from /x/mine.yaml: give --runbook /x/mine.yaml'),
+        or nothing."""
+        if Path(name).suffix in (".yaml", ".yml"):
+            return ""
+        try:
+            paths = {r.runbook_arg for r in ResultStore(self.results_dir).records(name)
+                     if Path(r.runbook_arg).suffix in (".yaml", ".yml")}
+        except (CorruptStore, OSError):
+            return ""
+        if not paths:
+            return ""
+        (one,) = paths if len(paths) == 1 else (None,)
+        return (f"; the stored points of runbook {name!r} in {self.results_dir} ran from "
+                + (f"{one}: give --runbook {one}" if one else f"{', '.join(sorted(paths))}: give --runbook one of them"))
 
     def _stored_profile(self, rb: Runbook, name: str) -> Profile:
         """The profile a pair runs by without --profile: the file its latest stored record ran with

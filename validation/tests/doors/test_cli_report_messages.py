@@ -315,3 +315,21 @@ def test_a_store_whose_runbook_cannot_be_loaded_is_never_go(tmp_path, capsys):
     text = (tmp_path / "r" / "reports" / "fake__cpu.md").read_text()
     assert (f"the runbook these records ran from ({path}) could not be loaded, so which of its points were not run "
             f"is unknown (`nsa-validate report --runbook PATH` judges them against it)") in text, text
+
+
+def test_a_report_by_the_name_of_a_runbook_run_from_a_file_names_the_file(tmp_path, capsys):
+    """`report --runbook mine` of a store whose runbook 'mine' ran from a file outside runbooks/ was
+    refused with the runbooks under runbooks/ alone: the refusal now names the file its points ran
+    from, and the --runbook that reports them."""
+    from validation.cli import main
+
+    (tmp_path / "elsewhere").mkdir()
+    rb = write_runbook(tmp_path / "elsewhere" / "mine.yaml",
+                       [train_phase(steps=4, gates=[{"metric": "loss_finite", "op": "==", "threshold": 1}])], name="mine")
+    res = tmp_path / "res"
+    assert main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-plots"]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["report", "--runbook", "mine", "--results-dir", str(res), "--no-plots"]) == 2
+    err = capsys.readouterr().err
+    assert "no runbook 'mine' under" in err and f"ran from {rb}: give --runbook {rb}" in err, err
+    assert main(["report", "--runbook", str(rb), "--results-dir", str(res), "--no-plots"]) == 0

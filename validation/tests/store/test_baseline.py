@@ -11,6 +11,7 @@ from validation import REPO_ROOT
 from validation.cli import main
 from validation.judge.findings import Severity
 from validation.judge.gates import GateVerdict
+from validation.judge.record import PhaseRecord, PointKey, Status, Summary
 from validation.machine import MachineLoad
 from validation.report.build import build_context, render_text
 from validation.runbook.load import load_profile, load_runbook
@@ -303,3 +304,36 @@ def test_a_run_that_other_work_competed_with_is_not_judged_against_the_baseline(
     assert ctx["verdict"] == "NO-GO", ctx["status_reason"]
     [regression] = [f for f in ctx["findings"] if f.kind == "regression"]
     assert "it is beyond the allowed drop even had the load slowed this run 3.3x" in regression.detail[-1]
+
+
+def _loaded(toks: float, load: MachineLoad) -> PhaseRecord:
+    return PhaseRecord(PointKey("rb", "cpu", "train"), "rb/cpu/train/default", "train", Status.PASS, "",
+                       exit_code=0, metrics=Summary(toks_per_s_mean=toks), load=load)
+
+
+QUIET, BUSY = MachineLoad(2, 2.0, 0.05), MachineLoad(2, 2.0, 1.4)  # BUSY: at most 3.3x slower than alone
+
+
+def test_a_comparison_that_passes_passes_however_busy_the_machine_was(tmp_path):
+    """A store compared with a baseline of the same records, both taken on a busy machine, was
+    INCOMPLETE: 'tokens/s +0.0% against the baseline, within what the load may explain'. The load
+    was weighed against a busy baseline as though it could make a drop; other work only slows a
+    run, so it is weighed only where it could overturn a FAIL: a drop beyond the allowed one that
+    this run's load may explain."""
+    def judged(cur: tuple[float, MachineLoad], base: tuple[float, MachineLoad]):
+        [p] = compare([_loaded(*cur)], [_loaded(*base)], tmp_path, 0.5).points
+        return p.regression, p.note
+
+    assert judged((100.0, BUSY), (100.0, BUSY)) == (GateVerdict.PASS, "")  # no change
+    assert judged((150.0, QUIET), (100.0, BUSY)) == (GateVerdict.PASS, "")  # faster
+    assert judged((60.0, BUSY), (100.0, BUSY)) == (GateVerdict.PASS, "")  # a drop within the allowed 50%
+    verdict, note = judged((40.0, BUSY), (100.0, QUIET))  # 1.33x the baseline alone, at best
+    assert verdict == GateVerdict.UNMEASURED and note.startswith(
+        "tokens/s -60.0% against the baseline, within what the load may explain: the machine was busy with other "
+        "work (this run: other processes used 1.40 of the 2 cores"), note
+    assert judged((40.0, QUIET), (100.0, QUIET)) == (GateVerdict.FAIL, "")
+    verdict, note = judged((10.0, BUSY), (100.0, QUIET))  # 0.33x alone, at best
+    assert verdict == GateVerdict.FAIL and note.startswith(
+        "it is beyond the allowed drop even had the load slowed this run 3.3x (this run: other processes"), note
+    # a busy baseline can only have hidden part of a drop: it explains none, and the note names no load of this run
+    assert judged((40.0, QUIET), (100.0, BUSY)) == (GateVerdict.FAIL, "")

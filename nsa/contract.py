@@ -158,8 +158,11 @@ EXIT_MEANING = {EXIT_OK: "done (or an operator's .HALT)", EXIT_ERROR: "unexpecte
 # --- profiling on request ------------------------------------------------------------------------
 
 #: set by the harness for a profile phase: profile N steps once the run is steady and write
-#: PROFILE_JSON; a trainer that ignores it leaves the phase's metrics UNMEASURED
+#: PROFILE_JSON; a trainer that ignores it leaves the point UNMEASURED, its profile metrics with it
 PROFILE_STEPS_ENV = "CONTRACT_PROFILE_STEPS"
+#: env.json's key where a trainer asked for a profile says what came of it: its ``note`` says why
+#: it wrote no PROFILE_JSON (this project's trainer: a run that ends before its first steady step)
+ENV_PROFILE = "profile"
 #: beside PROFILE_JSON: the profiler's table of ops (for people), and on a GPU the profiled window
 #: with every device activity interval, from which the harness computes the GPU's busy share and
 #: idle gaps itself (a gpu_busy_frac that disagrees with them is an error)

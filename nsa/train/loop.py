@@ -355,7 +355,7 @@ class Trainer:
             "model_flops": {"seq_len": cfg.train.seq_len, "training_multiplier": TRAINING_MULTIPLIER,
                             "forward_per_token": self.forward_flops},
             "data": dataclasses.asdict(self.loader.source.summary()),
-            "profile": dataclasses.asdict(self.profile_status) if self.profile_status else None,
+            contract.ENV_PROFILE: dataclasses.asdict(self.profile_status) if self.profile_status else None,
             "resumed_from": self.resumed_from,
             # global micro-batches consumed before this run's first step and after its last: a
             # resumed run starts where the run it continues ended

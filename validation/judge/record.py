@@ -30,6 +30,7 @@ from validation.judge.nodes import NodesEvidence
 from validation.judge.resume import JUDGED as RESUME_JUDGED, Breach, BreachKind, Clue, ClueKind
 from validation.judge.seen import ProcessSeen, RankSilence
 from validation.judge.stability import NonFinite, Rise, Slowdown, Spike
+from validation.judge.unprofiled import NoProfile
 from validation.machine import Machine, MachineLoad
 
 Scalar = str | int | float | bool
@@ -271,6 +272,9 @@ class Evidence:
     resume_breach: Breach | None = None
     """Of a half of a resume point: what it did that it was not asked (ran past its stop, or did not
     resume), its verdict (judge/resume.py)."""
+    no_profile: NoProfile | None = None
+    """Of a profile point that ran clean: the profile its trainer did not write, and why (None:
+    it wrote one, or the point is of another kind)."""
     not_run: NotRun | None = None
     """Of an ERROR point whose process never ran: why (the launch failed, or the harness did)."""
     misses: list[Miss] = field(default_factory=list)
@@ -320,6 +324,7 @@ class Evidence:
             resume_breach=Breach(**{**ev["resume_breach"], "kind": BreachKind(ev["resume_breach"]["kind"]),
                                     "files": tuple(ev["resume_breach"].get("files", ()))})
             if ev.get("resume_breach") else None,
+            no_profile=NoProfile(**ev["no_profile"]) if ev.get("no_profile") else None,
             not_run=NotRun(ev["not_run"]) if ev.get("not_run") else None,
             misses=[Miss(m) for m in ev.get("misses") or []],
             rank_processes={int(r): ProcessSeen(**p) for r, p in (ev.get("rank_processes") or {}).items()},

@@ -14,7 +14,7 @@ from validation.contract.check import HEARTBEATS, adapter_summary_step, adapter_
 from validation.contract.files import HaltInfo
 from validation.judge.diagnosis import Died, died_before_watchdog, died_first, root_of_evidence, root_rank
 from validation.judge.gates import GateResult, GateVerdict, Pending
-from validation.judge.metrics import RunData, compute
+from validation.judge.metrics import PROFILE_METRICS, RunData, compute
 from validation.judge.misses import pytest_ended
 from validation.judge.nodes import agent_killed
 from validation.judge.record import (
@@ -29,6 +29,7 @@ from validation.judge.resume import Breach
 from validation.judge.seen import RankSilence
 from validation.judge.short_ranks import CsvAhead, ShortRank, csv_ahead, short_ranks
 from validation.judge.stability import first_nonfinite
+from validation.judge.unprofiled import NoProfile
 from validation.excerpt import EXCERPT_CHARS
 
 
@@ -82,9 +83,13 @@ class Outcome:
     resume_breach: Breach | None = None
     """Of a half of a resume point: what it did that it was not asked (judge/resume.py), which no
     gate of the resumed run can see."""
+    no_profile: NoProfile | None = None
+    """Of a profile point: the profile its trainer did not write (judge/unprofiled.py), which a
+    clean run's gates need not read."""
 
     @classmethod
-    def of_run(cls, kind: str, run: RunData, errors: Sequence[str], resume_breach: Breach | None = None) -> Outcome:
+    def of_run(cls, kind: str, run: RunData, errors: Sequence[str], resume_breach: Breach | None = None,
+               no_profile: NoProfile | None = None) -> Outcome:
         beats = {r: Beat.of(recs) for r, recs in run.heartbeats.items() if recs and r < run.world_size}
         done, seen = last_step_done(beats.values()), rank_processes(beats, run.processes)
         if not beats:
@@ -98,7 +103,7 @@ class Outcome:
                    HEARTBEATS not in adapter_unmeasured(run.env),
                    run.agent_killed if root_rank(run.rank_failures, run.halt.source if run.halt else None) is None
                    else None, first_nonfinite(run.csv), csv_ahead(beats, run.world_size, logged),
-                   tuple(s for s in run.silent_ranks if s.rank < run.world_size), resume_breach)
+                   tuple(s for s in run.silent_ranks if s.rank < run.world_size), resume_breach, no_profile)
 
     @classmethod
     def of_record(cls, rec: PhaseRecord) -> Outcome:
@@ -119,7 +124,7 @@ class Outcome:
                    if (nodes := rec.evidence.nodes) is not None and root_of_evidence(rec.evidence) is None else None,
                    rec.evidence.nonfinite_loss_step,
                    csv_ahead(rec.evidence.last_heartbeat, rec.world_size, logged) if steps is not None else None,
-                   tuple(rec.evidence.silent_ranks), rec.evidence.resume_breach)
+                   tuple(rec.evidence.silent_ranks), rec.evidence.resume_breach, rec.evidence.no_profile)
 
     @property
     def ended_clean(self) -> bool:
@@ -213,13 +218,21 @@ def clean_verdict(outcome: Outcome, gates: Sequence[GateResult]) -> tuple[Status
     """The verdict of a run whose process ended clean (``process_verdict`` None): its gates, and a
     loss it logged as not finite, a FAIL whatever its gates (a runbook that gates only speed, or
     nothing), as a non-finite loss the trainer stopped on is. Where a gate failed (a loss_finite
-    gate on that loss among them), the gates say why."""
+    gate on that loss among them), the gates say why. A profile point without its profile is
+    UNMEASURED where nothing failed, whatever its gates read: the phase exists to profile."""
     status, reason = gate_verdict(gates)
     step = outcome.nonfinite_loss_step
-    if status == Status.FAIL or step is None:
+    if status == Status.FAIL:
         return status, reason
-    return Status.FAIL, (f"non-finite loss logged at step {step}, and the trainer did not stop on it (no .HALT)"
-                         + (f"; its gates: {reason}" if gates else ""))
+    if step is not None:
+        return Status.FAIL, (f"non-finite loss logged at step {step}, and the trainer did not stop on it (no .HALT)"
+                             + (f"; its gates: {reason}" if gates else ""))
+    missing = outcome.no_profile
+    if missing is None:
+        return status, reason
+    # a gate on a profile metric already says it (its note is the same words)
+    said = any(g.pending == Pending.NOT_PROVIDED and g.metric in PROFILE_METRICS for g in gates)
+    return Status.UNMEASURED, reason if said else missing.text() + (f"; its gates: {reason}" if gates else "")
 
 
 def rejudge(rec: PhaseRecord, gates: list[GateResult]) -> PhaseRecord:

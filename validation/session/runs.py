@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from nsa.contract import PROFILE_JSON, PROFILE_STEPS_ENV
 from validation.judge.clock import step_clock
 from validation.judge.evidence import collect, read_ended, read_train, with_log
 from validation.judge.findings.headline import culprit_log
@@ -25,6 +24,7 @@ from validation.judge.record import (HARNESS_ERROR_FILE, OWN_TRAINER, TRAINER_KI
                                      RunSigns, Status, SubRun, Summary, routes)
 from validation.judge.resume import Breach
 from validation.judge.stability import StabilityRule
+from validation.judge.unprofiled import NoProfile
 from validation.judge.verdict import Outcome, clean_verdict, process_verdict
 from validation.excerpt import EXCERPT_CHARS
 from validation.launch import kinds
@@ -100,14 +100,16 @@ def judge(point: PhasePoint, done: Launched, hw: Machine, results_dir: Path,
     # a metric is unprovided when its runbook entry says so, or the trainer's files lack what it reads
     declared = unprovided_metrics(point)
     unprovided = {**unprovided_by_files(run), **declared}
-    if kind == "profile" and "profiled_steps" not in run.counts:
-        unprovided.update({m: f"the trainer wrote no {PROFILE_JSON} (it does not honour {PROFILE_STEPS_ENV})"
-                           for m in PROFILE_METRICS})
+    # a profile.json it wrote malformed is an error (read_profile_evidence), not one it did not write
+    no_profile = (NoProfile.of(point.phase.profile_steps, run.env)
+                  if kind == "profile" and "profiled_steps" not in run.counts else None)
+    if no_profile is not None:
+        unprovided.update({m: no_profile.text() for m in PROFILE_METRICS})
     golden = goldens.gate(point, run.csv, hw, results_dir)
     clock = step_clock(run, done.proc.wall_s)  # the trainer's step times against its heartbeats' and the wall's
     gates = evaluate(asked, run, unprovided, done.proc.load, clock) + ([golden] if golden else []) + list(extra or [])
     # how the process ended decides first; its gates (and a non-finite loss logged) decide a run that ended clean
-    outcome = Outcome.of_run(kind, run, done.errors, resume_breach)
+    outcome = Outcome.of_run(kind, run, done.errors, resume_breach, no_profile)
     ended = process_verdict(outcome)
     status, reason = ended or clean_verdict(outcome, gates)
     if ended is None and outcome.csv_behind:  # it logs every N steps: said, not judged a short run
@@ -115,7 +117,9 @@ def judge(point: PhasePoint, done: Launched, hw: Machine, results_dir: Path,
     # the report's numbers are over the phase's window: the first gate that names one ('last 50
     # steps' for the bucket sweep); gates keep their own windowed values
     window = next((g.window.last for g in asked if g.window.last), None)
-    evidence = replace(collect(run, done.proc.stderr_path, done.errors, clock), resume_breach=resume_breach)
+    # the missing profile is kept where the run ended clean: a process that failed explains it
+    evidence = replace(collect(run, done.proc.stderr_path, done.errors, clock), resume_breach=resume_breach,
+                       no_profile=no_profile if ended is None else None)
     return Judged(run, done.proc, done.errors, gates, status, reason, window, evidence, ended)
 
 

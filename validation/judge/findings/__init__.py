@@ -2,7 +2,7 @@
 
 Each detector reads stored records only, so findings can be recomputed for any results
 directory without re-running anything: process failures (crashes, stalls, a .HALT of the trainer's
-own) and failed gates (failures.py), the nodes
+own), profile points that profiled nothing and failed gates (failures.py), the nodes
 of a launch of several nodes (nodes.py), speed across points (throughput.py), where NSA pays
 against dense (long_context.py), loss and grad-norm spikes, divergence and a logged non-finite
 loss (stability.py), halves of a resume point that ran past their stop or did not resume, resumed
@@ -31,6 +31,7 @@ from validation.judge.findings.failures import (
     imbalance,
     short_runs,
     stalls,
+    unprofiled,
 )
 from validation.judge.findings.finding import Finding, Severity, point_label, where
 from validation.judge.findings.long_context import long_context, planned_longest
@@ -50,7 +51,7 @@ from validation.judge.findings.throughput import (
 )
 from validation.judge.record import PhaseRecord
 
-DETECTORS = (crashes, stalls, halts, nodes, short_runs, untrue_clocks, shared_timings, busy_timings, cliffs,
+DETECTORS = (crashes, stalls, halts, nodes, short_runs, unprofiled, untrue_clocks, shared_timings, busy_timings, cliffs,
              host_bound, imbalance, fallbacks,
              artifact_errors, failed_checks, failed_gates, best_setting, breached, not_equivalent, resumed_in_place,
              nonfinite, divergence,

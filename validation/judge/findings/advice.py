@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 from typing import Callable
 
+from nsa.contract import ENV_PROFILE, PROFILE_JSON, PROFILE_STEPS_ENV
 from validation.judge.findings.finding import Facts, Finding, LogSays, Severity
 from validation.judge.findings.nodes import NODE_ADVICE, STOPPED_ADVICE
 from validation.judge.misses import Miss
@@ -471,6 +472,18 @@ def _timing(f: Facts) -> str:
             "on the machine.")
 
 
+def _no_profile(f: Facts) -> str:
+    return (f"The trainer did not honour the profile request: on {PROFILE_STEPS_ENV}=N in its environment, it "
+            f"profiles N steps once the run is steady and writes {PROFILE_JSON} into its output directory "
+            "(docs/artifact_contract.md); a trainer that cannot profile says why in env.json's "
+            f"`{ENV_PROFILE}` note. Then {_RERUN}.")
+
+
+def _not_profiled(f: Facts) -> str:
+    return ("The trainer says why it profiled nothing (the finding quotes it): where the run ends before its first "
+            f"steady step, give the phase more `steps` than the trainer's warm-up, then {_RERUN}.")
+
+
 def _busy_machine(f: Facts) -> str:
     return ("Other processes kept the machine's cores busy while these timed points ran, so their speeds measure "
             "that work too: re-run them on a quiet machine (no other test run or job beside them; `uptime`'s load "
@@ -488,7 +501,7 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "tests_timeout": _tests_timeout, "preflight_timeout": _preflight_timeout, "regression": _regression,
     "not_comparable": _not_comparable,
     "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing,
-    "busy_machine": _busy_machine, "clock": _clock, "spike": _spike, "level_shift": _level_shift,
+    "busy_machine": _busy_machine, "no_profile": _no_profile, "not_profiled": _not_profiled, "clock": _clock, "spike": _spike, "level_shift": _level_shift,
     "resume_shift": _resume_shift,
     "diverging": _diverging, "resume": _resume, "slowdown": _slowdown,
     "ran_past_stop": _ran_past_stop, "not_resumed": _not_resumed,

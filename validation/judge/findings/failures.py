@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 from dataclasses import replace
 
-from nsa.contract import PROFILE_TOP_OPS, heartbeat_name
+from nsa.contract import ENV_PROFILE, PROFILE_JSON, PROFILE_TOP_OPS, heartbeat_name
 from validation.contract.files import HaltInfo
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import short_exception
@@ -170,6 +170,23 @@ def short_runs(records: list[PhaseRecord]) -> list[Finding]:
                                + [f"heartbeats: {r.out_dir}/heartbeat_rank{k.rank}.jsonl" for k in outcome.short_ranks]
                                + [f"stderr: {p}" for p in logs_of(r, [k.rank for k in outcome.short_ranks])],
                                "csv_ahead" if ahead else "short_rank", Facts.of(r)))
+    return out
+
+
+def unprofiled(records: list[PhaseRecord]) -> list[Finding]:
+    """A profile point that ran clean and left no profile.json (judge/unprofiled.py): UNMEASURED
+    whatever its gates read, and said here, as a point whose gates read no profile would say nothing
+    of it. A trainer that said why is quoted; one that did not ignored the request."""
+    out = []
+    for r in records:
+        missing = r.evidence.no_profile
+        if missing is None:
+            continue
+        out.append(Finding(Severity.WARNING, r.phase, f"profile point {where(r)} profiled nothing: {missing.text()}",
+                           [f"run directory: {r.out_dir} (no {PROFILE_JSON}"
+                            + ("" if missing.explained else f"; no note in env.json's {ENV_PROFILE}") + ")",
+                            "the point is UNMEASURED: a profile phase is run for its profile, whatever its gates read"],
+                           "not_profiled" if missing.explained else "no_profile", Facts.of(r)))
     return out
 
 

@@ -1,6 +1,7 @@
 """The profile phase through the artifact contract: the harness asks (CONTRACT_PROFILE_STEPS in
 the trainer's environment) and reads profile.json; it never imports the trainer. A trainer that
-does not honour the request leaves the phase's metrics UNMEASURED, never FAIL or a made-up PASS."""
+does not honour the request leaves the point UNMEASURED, never FAIL or a made-up PASS, whatever its
+gates read."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,8 +9,11 @@ from typing import Any
 import yaml
 
 from nsa.contract import PROFILE_STEPS_ENV
+from validation.judge.findings import Severity, find
+from validation.judge.findings.advice import recommendations
 from validation.judge.gates import GateVerdict
-from validation.judge.record import Status
+from validation.judge.record import PhaseRecord, Status
+from validation.judge.verdict import rejudge
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
 from validation.session.session import AcceptanceSession, SessionOptions
@@ -49,6 +53,47 @@ def test_a_trainer_that_ignores_the_request_is_unmeasured(tmp_path):
     assert rec.status == Status.UNMEASURED, (rec.status, rec.reason)
     assert "wrote no profile.json" in rec.reason and PROFILE_STEPS_ENV in rec.reason
     assert {g.verdict for g in rec.gates} == {GateVerdict.UNMEASURED}
+
+
+def test_a_trainer_that_ignores_the_request_is_unmeasured_whatever_its_gates(tmp_path):
+    """A profile phase whose gates read no profile (loss_finite alone) was PASS, the report GO,
+    without a word of the profile the trainer never wrote: the phase exists to profile, so the point
+    is UNMEASURED, and a warning names the point, the file and the request it ignored."""
+    native = {"name": "native_test", "root": "tests/trainers", "script": "native_train.py",
+              "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"], "phases": ["train", "profile"]}
+    point = _point(tmp_path, {"name": "nvtx", "kind": "profile", "steps": 6, "profile_steps": 3,
+                              "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}, native)
+    rec = AcceptanceSession(SessionOptions(tmp_path / "res")).run_point(point)
+    said = f"the trainer wrote no profile.json although {PROFILE_STEPS_ENV}=3 asked for one: it does not honour the request"
+    assert (rec.status, rec.reason) == (Status.UNMEASURED, f"{said}; its gates: 1 gate(s) passed")
+    assert [g.verdict for g in rec.gates] == [GateVerdict.PASS]
+    [finding] = [f for f in find([rec]) if f.kind == "no_profile"]
+    assert finding.severity == Severity.WARNING
+    assert finding.title == f"profile point nvtx [default] profiled nothing: {said}"
+    assert finding.detail[0] == f"run directory: {rec.out_dir} (no profile.json; no note in env.json's profile)"
+    [advice] = recommendations([finding])
+    assert f"{PROFILE_STEPS_ENV}=N" in advice and "writes profile.json" in advice
+    # the stored record reads the same: the report judges it again from the store
+    stored = PhaseRecord.from_json(rec.to_json(), "test")
+    assert (rejudge(stored, stored.gates).status, stored.evidence.no_profile) == (Status.UNMEASURED, rec.evidence.no_profile)
+
+
+def test_this_projects_trainer_says_why_a_run_too_short_profiled_nothing(tmp_path):
+    """A run that ends before its first steady step profiles nothing, and this project's trainer says
+    so in env.json's profile note: the point is UNMEASURED quoting it, not a trainer that ignored the
+    request."""
+    point = _point(tmp_path, {"name": "nvtx", "kind": "profile", "steps": 1, "profile_steps": 1, "config": "tiny",
+                              "overrides": {"train.seq_len": 64, "model.n_layers": 1},
+                              "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]})
+    rec = AcceptanceSession(SessionOptions(tmp_path / "res")).run_point(point)
+    assert rec.status == Status.UNMEASURED, (rec.status, rec.reason, rec.evidence.stderr_tail)
+    assert rec.reason == (f"no profile.json: the trainer profiled none of the 1 step(s) {PROFILE_STEPS_ENV} asked for, "
+                          "and says why in env.json's profile: not profiled: the run ends at step 1, before its first "
+                          "steady step 2; its gates: 1 gate(s) passed")
+    assert "does not honour" not in rec.reason
+    [finding] = [f for f in find([rec]) if f.kind == "not_profiled"]
+    assert finding.title.startswith("profile point nvtx [default] profiled nothing: no profile.json")
+    assert "more `steps` than the trainer's warm-up" in recommendations([finding])[0]
 
 
 def test_the_harness_recomputes_the_gpu_busy_share_and_refuses_a_contradicted_claim(tmp_path, monkeypatch):

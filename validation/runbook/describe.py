@@ -2,6 +2,7 @@
 (``nsa-validate phases``)."""
 from __future__ import annotations
 
+from nsa.contract import PROFILE_STEPS_ENV
 from validation.contract.adapters import format_of
 from validation.judge.gates import shown_window
 from validation.runbook.plan import GOLDEN_RTOL, RESUME_RTOL, expand
@@ -18,8 +19,12 @@ def describe(rb: Runbook, prof: Profile, golden_file: str) -> list[str]:
         pts = expand(rb, prof, [phase.name])
         launch = _launch(phase.launcher)
         config = f"config {phase.config}" if rb.trainer is None else f"trainer {rb.trainer.name}"
+        # how a runbook's own trainer profiles is its own: the contract asks only for the steps
+        profiler = " with torch.profiler" if rb.trainer is None else ""
         what = {"train": f"{launch}, {config}, {phase.steps} steps", "pytest": " ".join(phase.tests),
-                "preflight": "git SHA, collect_env, nvidia-smi", "profile": f"torch.profiler, {phase.steps} steps",
+                "preflight": "git SHA, collect_env, nvidia-smi",
+                "profile": f"{launch}, {config}, {phase.steps} steps, {phase.profile_steps} of them profiled{profiler} "
+                           f"once steady ({PROFILE_STEPS_ENV}={phase.profile_steps})",
                 "resume": f"{launch}, {config}, {phase.steps} steps uninterrupted, and stopped after "
                           f"{phase.resume_after} and resumed"}[phase.kind]
         if phase.repeats > 1:

@@ -101,6 +101,24 @@ def test_phases_names_no_window_for_a_metric_of_the_whole_run(capsys):
     assert "gate: tests_failed <= 0 (" not in out
 
 
+def test_phases_names_a_profile_phases_launch_trainer_and_profiled_steps(tmp_path, capsys):
+    """A runbook trainer's profile phase read 'torch.profiler, 12 steps': neither the trainer that
+    runs it, as its train and resume phases say, nor the steps it is asked to profile (and that
+    trainer profiles however it does, torch.profiler or not)."""
+    trainer = {"name": "mine", "root": "tests/trainers", "script": "native_train.py",
+               "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"], "phases": ["train", "profile"]}
+    rb = write_runbook(tmp_path / "rb.yaml", [{"name": "prof", "kind": "profile", "steps": 12, "profile_steps": 4,
+                                              "launcher": {"kind": "torchrun", "nproc": 2}, "gates": []}],
+                       trainer=trainer)
+    assert main(["phases", "--runbook", str(rb)]) == 0
+    out = capsys.readouterr().out
+    assert ("  prof               profile   1 point(s)  timeout 30s  torchrun x2, trainer mine, 12 steps, 4 of them "
+            "profiled once steady (CONTRACT_PROFILE_STEPS=4)\n") in out, out
+    assert main(["phases"]) == 0  # this project's trainer profiles with torch.profiler
+    assert ("python, config tiny, 4 steps, 2 of them profiled with torch.profiler once steady "
+            "(CONTRACT_PROFILE_STEPS=2)\n") in capsys.readouterr().out
+
+
 def test_python_dash_m_validation_default_is_cpu_smoke():
     out = subprocess.run([sys.executable, "-m", "validation", "phases"], cwd=REPO_ROOT, capture_output=True,
                          text=True, timeout=60)

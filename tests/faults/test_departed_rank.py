@@ -75,7 +75,7 @@ def test_the_rank_that_exited_0_is_named_not_the_one_whose_collective_broke(tmp_
     rec = _run(tmp_path, "native", {"kind": "torchrun", "nproc": 2}, monkeypatch, fault=fault)
     assert rec.status == Status.FAIL and "crashed" in rec.reason, rec.reason
     text = _titles(rec)
-    [f] = [f for f in find([rec]) if f.title.startswith("crash in")]
+    [f] = [f for f in find([rec]) if f.title.startswith("early exit in")]
     assert f.kind == "departed", text
     assert f"rank {rank} exited 0 early (last heartbeat step {QUIT_STEP - 1} of {STEPS}" in f.title, text
     assert f"rank {other}" not in f.title, text
@@ -130,7 +130,7 @@ def test_a_node_whose_rank_exited_0_is_named_not_a_hung_node(tmp_path, matrix, m
     assert node.kind == "departed" and node.title.startswith("node 1's rank 1 exited 0 early"), text
     assert "node 0: rank 0 last heartbeat step 3, stage forward, RuntimeError: " in node.title, text
     assert "node 1: no other rank, agent " in node.title and "end not known" not in node.title, text
-    [first] = [f for f in find([rec]) if f.title.startswith("crash in")]
+    [first] = [f for f in find([rec]) if f.title.startswith("early exit in")]
     assert first.kind == "departed" and "rank 1 exited 0 early" in first.title, text
     assert not any("py-spy" in a for a in recommendations(find([rec]))), recommendations(find([rec]))
     # the log the record shows (the report's stderr tail and exception) is node 1's, not rank 0's that failed after it
@@ -154,7 +154,7 @@ def test_a_rank_that_exited_0_inside_the_last_step_is_named(tmp_path, matrix, mo
     rec = _run(tmp_path, "native", {"kind": "torchrun", "nproc": 2}, monkeypatch, fault=LAST_STEP_FAULT)
     assert rec.status == Status.FAIL and "crashed" in rec.reason, rec.reason
     text = _titles(rec)
-    [f] = [f for f in find([rec]) if f.title.startswith("crash in")]
+    [f] = [f for f in find([rec]) if f.title.startswith("early exit in")]
     assert f.kind == "departed", text
     assert (f"rank 1 exited 0 early (last heartbeat step {STEPS} of {STEPS}, stage forward: step {STEPS} not "
             "completed); the other ranks failed without it") in f.title, text

@@ -220,7 +220,7 @@ def test_the_rank_that_exited_0_is_named(tmp_path, matrix, monkeypatch):
     rec = _run(tmp_path, "native", {"kind": "torchrun", "nproc": 2}, monkeypatch)
     text = _titles(rec)
     assert rec.status == Status.FAIL and not rec.timed_out, (rec.reason, text)
-    [f] = [f for f in find([rec]) if f.title.startswith(("stall in", "crash in"))]
+    [f] = [f for f in find([rec]) if f.title.startswith(("stall in", "early exit in"))]
     assert f.kind == "departed", text
     assert "rank 1 exited 0 early" in f.title, text
     assert f"rank 1: last heartbeat step {QUIT_STEP - 1}, stage step" in text, text

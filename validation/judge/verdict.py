@@ -33,6 +33,11 @@ from validation.judge.unprofiled import NoProfile
 from validation.excerpt import EXCERPT_CHARS
 
 
+#: the verdict of a run that exited non-zero with nothing more known of it at the time: the
+#: point's diagnosis (judge/diagnosis.py) may find later that no rank crashed (findings/headline.py)
+CRASHED = "trainer crashed"
+
+
 @dataclass(frozen=True)
 class Outcome:
     """How a point's process ended, as the verdict reads it: from a run, or from a stored record
@@ -292,7 +297,7 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
             what = "trainer ended before its first step" if outcome.records_steps else "trainer ended with no step logged"
         # a file the crashed run broke after it had stepped is said too: the step counts read from it are missing
         broken = f"; {outcome.errors[0]}" if what is None and done and outcome.errors else ""
-        return Status.FAIL, f"{what or 'trainer crashed'} (exit code {outcome.exit_code}){broken}"
+        return Status.FAIL, f"{what or CRASHED} (exit code {outcome.exit_code}){broken}"
     if outcome.errors:
         return Status.ERROR, outcome.errors[0]
     if outcome.resume_breach is not None:  # read from its files, so a broken one decides first

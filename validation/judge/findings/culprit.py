@@ -13,6 +13,17 @@ DID = {Kind.CRASHED: "crashed", Kind.KILLED: "crashed", Kind.ABORTED: "crashed",
        Kind.HALTED: "halted on a non-finite loss", Kind.HALT_STALL: "halted on a non-finite loss"}
 
 
+#: where no rank failed in its own right, what the launch's failure was instead of a crash: a rank
+#: exited 0 while the others still needed it (before its last step, or before their collective
+#: after it), they failed in their collectives without it, and torchrun then failed the launch
+NO_CRASH = {Kind.LEFT: "early exit", Kind.ENDED: "exit before the others"}
+
+
+def failed_without(d: Diagnosis) -> str:
+    """'the other ranks failed without it' ('them' of several ranks that left)."""
+    return f"the other ranks failed without {'it' if len(d.ranks) == 1 else 'them'}"
+
+
 def ranks(ks: list[int] | tuple[int, ...]) -> str:
     """'rank 2', 'ranks 1, 2'."""
     return f"rank{'s' * (len(ks) > 1)} {', '.join(map(str, ks))}"

@@ -15,7 +15,7 @@ from validation.judge.diagnosis import (FAILED, Diagnosis, Kind, NoStack, crash,
                                         logs_of, maybe_departed, nonfinite, nonfinite_ranks, root_of_evidence,
                                         silent_first, stall)
 from validation.judge.findings.culprit import ranks as _ranks
-from validation.judge.findings.culprit import silenced, waited_cause
+from validation.judge.findings.culprit import NO_CRASH, failed_without, silenced, waited_cause
 from validation.judge.findings.departed import departure
 from validation.judge.findings.finding import (Facts, Finding, Severity, last_heartbeat, own_reason, process,
                                                processes, where, where_gated, where_run)
@@ -58,7 +58,7 @@ def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
             continue
         if (d := crash(r)) is None:
             continue
-        title = f"crash in {where_run(r)}: exit code {r.exit_code}"
+        title = f"{NO_CRASH.get(d.kind, 'crash')} in {where_run(r)}: exit code {r.exit_code}"
         kind = {Kind.LEFT: "departed", Kind.ENDED: "left_after", Kind.HUNG: "waited", Kind.ABORTED: "aborted",
                 Kind.QUIT: "quit"}.get(d.kind, "crash")
         if d.kind in FAILED and d.ranks and not d.from_log:
@@ -70,7 +70,7 @@ def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
                           f"of {_ranks(maybe)} once {_ranks(first)} had failed ends a rank still running and one "
                           "still exiting alike, so which came first cannot be told")
         elif d.kind == Kind.LEFT:  # no rank failed in its own right: the others failed after one that left
-            title += f": {departure(r, [at.rank for at in d.ranks])}; the other ranks failed without it"
+            title += f": {departure(r, [at.rank for at in d.ranks])}; {failed_without(d)}"
         elif d.kind == Kind.ENDED:
             # no rank failed in its own right, and none left early: one that may have done all its
             # steps ended while the others still had a collective with it (after the loop: a barrier,
@@ -78,7 +78,7 @@ def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
             ended = [at.rank for at in d.ranks]
             failed = [f"rank {k}: {short_exception(f.exception)}" for k, f in sorted(ev.rank_failures.items())
                       if f.exception]
-            title += (f": {_exits(r, ended)}, and the other ranks failed without {'it' if len(ended) == 1 else 'them'}"
+            title += (f": {_exits(r, ended)}, and {failed_without(d)}"
                       + (f": {'; '.join(failed)}" if failed else ""))
         elif d.kind == Kind.HUNG:
             title += f": {_ranks([at.rank for at in d.ranks])} hung: {waited_cause(d)}"

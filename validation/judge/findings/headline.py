@@ -10,13 +10,16 @@ their ranks named too.
 
 Of a repeated point, the line names each repeat that failed, the deciding one first, each led by
 its own culprit: 'repeat 1 of 3: rank 0 crashed (...) — trainer crashed (exit code 1); repeat 2 of
-3: rank 1 crashed (...) — trainer crashed (exit code 1)'."""
+3: rank 1 crashed (...) — trainer crashed (exit code 1)'. Where no rank crashed (one exited 0 while
+the others still needed it), the verdict's 'trainer crashed' reads what happened: 'rank 1 exited 0
+early (last heartbeat step 5, stage step) — the other ranks failed without it (exit code 1)'."""
 from __future__ import annotations
 
 from validation.judge.diagnosis import diagnose
-from validation.judge.findings.culprit import text
+from validation.judge.findings.culprit import NO_CRASH, failed_without, text
 from validation.judge.findings.finding import own_reason, process, repeat_part
 from validation.judge.record import PhaseRecord, Status
+from validation.judge.verdict import CRASHED
 
 
 def culprit_log(rec: PhaseRecord) -> str | None:
@@ -63,4 +66,8 @@ def failed_repeats(rec: PhaseRecord) -> list[tuple[str, PhaseRecord | None, str]
 
 def _led(rec: PhaseRecord | None, reason: str) -> str:
     c = diagnose(rec) if rec is not None else None
-    return f"{text(c)} — {reason}" if c is not None else reason
+    if c is None:
+        return reason
+    if c.kind in NO_CRASH:  # no process crashed: the one blamed exited 0, the others failed without it
+        reason = reason.replace(f"{CRASHED} (exit code", f"{failed_without(c)} (exit code", 1)
+    return f"{text(c)} — {reason}"

@@ -13,7 +13,7 @@ from validation.contract.adapters import ADAPTERS, RunFacts
 from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure
 from validation.judge.evidence import collect, read_train
-from validation.judge.findings import find, recommendations
+from validation.judge.findings import Severity, find, recommendations
 from validation.judge.diagnosis import departed
 from validation.judge.findings.departed import departure
 from validation.judge.findings.headline import culprit_log, verdict_line
@@ -44,6 +44,20 @@ def test_a_rank_torchrun_lists_no_failure_of_beside_a_peers_broken_collective_le
     rec = _record({0: PEER}, {0: 3, 1: 2})
     assert departed(rec) == [1]
     assert departure(rec, [1]) == "rank 1 exited 0 early (last heartbeat step 2 of 8, stage forward)"
+
+
+def test_a_rank_that_left_early_is_no_crash_in_the_verdict_line_or_the_finding():
+    """Rank 1 exited 0 after step 2 and rank 0's collective broke without it: the verdict line read
+    'rank 1 exited 0 early (...) — trainer crashed (exit code 1)' and the finding 'crash in ddp
+    [default]', though no process crashed. Both say what happened, the finding still critical."""
+    rec = dataclasses.replace(_record({0: PEER}, {0: 3, 1: Beat(2, "step")}), reason="trainer crashed (exit code 1)")
+    assert verdict_line(rec) == ("rank 1 exited 0 early (last heartbeat step 2, stage step) — the other ranks failed "
+                                 "without it (exit code 1)")
+    [left] = [f for f in find([rec]) if f.kind == "departed"]
+    assert left.severity == Severity.CRITICAL
+    assert left.title == ("early exit in ddp [default]: exit code 1: rank 1 exited 0 early (last heartbeat step 2 of 8, "
+                          "stage step); the other ranks failed without it"), left.title
+    assert not [f for f in find([rec]) if "crash" in f.title]
 
 
 def test_no_rank_left_early_where_a_rank_failed_in_its_own_right_or_torchrun_stopped_each():
@@ -189,9 +203,9 @@ def test_a_crash_after_a_rank_exited_0_having_done_its_steps_says_so_not_torchru
     rec = _record({0: PEER}, {0: Beat(8, "step"), 1: Beat(8, "step")})
     rec = dataclasses.replace(rec, evidence=dataclasses.replace(rec.evidence, stderr_tail=tail))
     assert departed(rec) == []
-    [crash] = [f for f in find([rec]) if f.title.startswith("crash in")]
-    assert crash.kind == "left_after", crash
-    assert crash.title == ("crash in ddp [default]: exit code 1: rank 1 exited 0 (last heartbeat step 8 of 8, stage step), "
+    [crash] = [f for f in find([rec]) if f.kind == "left_after"]
+    assert crash.title == ("exit before the others in ddp [default]: exit code 1: rank 1 exited 0 (last heartbeat step 8 "
+                           "of 8, stage step), "
                            "and the other ranks failed without it: rank 0: RuntimeError: Connection closed by peer "
                            "[127.0.0.1]:1"), crash.title
     assert "rank 1: last heartbeat step 8, stage step; exited 0 (torchrun reports no failure of it)" in crash.detail

@@ -85,7 +85,7 @@ def test_a_rank_whose_exit_aborted_after_its_collective_broke_yields_to_one_torc
     c = diagnose(rec)
     assert c is not None and c.kind == Kind.LEFT and [r.rank for r in c.ranks] == [1] and c.or_else is None, c
     assert verdict_line(rec).startswith("rank 1 exited 0 early (last heartbeat step 2, stage step)"), verdict_line(rec)
-    [crash] = [f for f in find([rec]) if f.title.startswith("crash in")]
+    [crash] = [f for f in find([rec]) if f.title.startswith("early exit in")]
     assert crash.kind == "departed" and "rank 0: killed by SIGABRT" not in crash.title, crash.title
     assert ("rank 0: last heartbeat step 3, stage forward; killed by SIGABRT after a collective broke "
             "(error: Connection closed by peer [127.0.0.1]:5860)") in crash.detail, crash.detail

@@ -77,7 +77,7 @@ def test_a_rank_that_exited_0_early_is_named_not_the_one_that_swallowed_its_brok
     c = diagnose(rec)
     assert c is not None and c.kind == Kind.LEFT and [r.rank for r in c.ranks] == [1], verdict_line(rec)
     assert verdict_line(rec).startswith("rank 1 exited 0 early (last heartbeat step 2, stage step)"), verdict_line(rec)
-    [crash] = [f for f in find([rec]) if f.title.startswith("crash in")]
+    [crash] = [f for f in find([rec]) if f.title.startswith("early exit in")]
     assert crash.kind == "departed", crash
     assert "rank 1 exited 0 early (last heartbeat step 2 of 8, stage step)" in crash.title, crash.title
     assert "rank 0: exit code 1" not in crash.title, crash.title

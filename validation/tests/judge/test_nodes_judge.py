@@ -196,7 +196,7 @@ def test_the_log_a_departed_ranks_finding_cites_is_its_own_nodes():
     ev = Evidence(nodes=nodes, rank_failures={0: peer}, stderr_log="node0.stderr.log",
                   last_heartbeat={0: Beat(3, "forward"), 1: Beat(2, "step")})
     rec = _record(nodes, status=Status.FAIL, exit_code=1, steps=8, evidence=ev)
-    [crash] = [f for f in find([rec]) if f.title.startswith("crash in")]
+    [crash] = [f for f in find([rec]) if f.title.startswith("early exit in")]
     assert crash.kind == "departed" and "rank 1 exited 0 early" in crash.title, crash.title
     assert [d for d in crash.detail if d.startswith("stderr: ")] == [f"stderr: {rec.out_dir}/node1.stderr.log"], \
         crash.detail

@@ -29,9 +29,11 @@ from validation.judge.metrics import CATALOGUE, RunData, Source
 #: before the trainer's timings are not believed. A timer around the whole step reads the spacing
 #: of its heartbeats within a few percent (what lies outside it, a heartbeat's write and a row's
 #: logging, takes milliseconds); one that misses the step's slow part is off by as much as it
-#: misses, and at 2x its tokens/s are double what the run did: every floor on them means half.
-#: Both sides are medians, so an evaluation or a checkpoint between some steps moves neither.
-CLOCK_FACTOR = 2.0
+#: misses: at 1.5x its tokens/s are half again what the run did. A timer that leaves out half of
+#: each step reads 2x, far enough past the bound that a run's noise cannot hide it, as it could at
+#: a bound of 2x. Both sides are medians, so an evaluation or a checkpoint between some steps
+#: moves neither.
+CLOCK_FACTOR = 1.5
 #: heartbeat intervals (one step's first record to the next step's) needed to judge: with fewer,
 #: one pause (a compile, an evaluation) is half the median
 MIN_INTERVALS = 4

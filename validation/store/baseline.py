@@ -348,17 +348,24 @@ def _delta(r: PhaseRecord, b: PhaseRecord, deltas: list[MetricDelta], threshold:
         return base
     if not base.comparable:  # a drop (or none) between other steps or other settings says nothing of the trainer
         return replace(base, regression=GateVerdict.UNMEASURED, note=base.not_comparable)
-    # the gate judges the numbers as measured; the load is weighed only where it could overturn a
-    # FAIL. Other work only slows a run: a change within the allowed drop passes however busy either
-    # side was (a slowed baseline can hide a drop, never make one), as does a drop inside the noise
-    if -toks.change <= threshold:
+    # other work only slows a run: the trainer's own change lies between ratio / slowdown(baseline)
+    # (the baseline's trainer up to its load's slowdown faster than it recorded) and ratio *
+    # slowdown(this run). A verdict stands only where every change in that range gives it: a busy
+    # baseline can hide a drop, and a busy run can make one
+    ratio = 1 + toks.change
+    if 1 - ratio / _slowdown(b) <= threshold:
         return replace(base, regression=GateVerdict.PASS)
-    if pair is not None and not pair[0].high < pair[1].low:
+    noise = pair is not None and not pair[0].high < pair[1].low
+    if noise and _slowdown(b) <= 1:
         return replace(base, regression=GateVerdict.PASS, note=(
             f"a drop of {-toks.change:.1%} inside the repeats' noise: this run's {pair[0].text()} overlaps the "
             f"baseline's {pair[1].text()}"))
-    # this run, slowed by other work, ran at most its load's slowdown times slower than alone
-    if 1 - (1 + toks.change) * _slowdown(r) <= threshold:
+    if 1 - ratio <= threshold or noise:
+        return replace(base, regression=GateVerdict.UNMEASURED, note=(
+            f"tokens/s {toks.change:+.1%} against the baseline passes as measured, but the baseline ran beside other "
+            f"work ({base.busy}): its trainer may have run up to {_slowdown(b):.1f}x faster than it recorded, which "
+            f"could hide a drop beyond the allowed {threshold:.0%}; record the baseline on a quiet machine"))
+    if 1 - ratio * _slowdown(r) <= threshold:
         return replace(base, regression=GateVerdict.UNMEASURED, note=(
             f"tokens/s {toks.change:+.1%} against the baseline, within what the load may explain: the machine was busy "
             f"with other work ({base.busy})"))

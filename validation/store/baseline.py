@@ -360,10 +360,10 @@ def _delta(r: PhaseRecord, b: PhaseRecord, deltas: list[MetricDelta], threshold:
         return replace(base, regression=GateVerdict.PASS, note=(
             f"a drop of {-toks.change:.1%} inside the repeats' noise: this run's {pair[0].text()} overlaps the "
             f"baseline's {pair[1].text()}"))
-    if 1 - ratio <= threshold or noise:
+    if 1 - ratio <= threshold or noise:  # only the baseline's load, which b.load holds, stands in the way
         return replace(base, regression=GateVerdict.UNMEASURED, note=(
             f"tokens/s {toks.change:+.1%} against the baseline passes as measured, but the baseline ran beside other "
-            f"work ({base.busy}): its trainer may have run up to {_slowdown(b):.1f}x faster than it recorded, which "
+            f"work ({b.load.describe()}): its trainer may have run up to {_slowdown(b):.1f}x faster than it recorded, which "
             f"could hide a drop beyond the allowed {threshold:.0%}; record the baseline on a quiet machine"))
     if 1 - ratio * _slowdown(r) <= threshold:
         return replace(base, regression=GateVerdict.UNMEASURED, note=(

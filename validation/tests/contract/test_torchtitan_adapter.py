@@ -334,13 +334,19 @@ def test_a_restart_in_one_stdout_is_read_as_a_dump_folders_log_per_attempt(tmp_p
         "trainer.stdout.log", "trainer.stderr.log"]
 
 
-def test_check_artifacts_reads_a_restart_in_one_log_as_a_resume_in_place(tmp_path, capsys):
-    """The dump folder with the restarted run's one log (``2>&1 | tee train.log``), through the CLI."""
+def _checked_dump(tmp_path, spec: str, capsys) -> str:
+    """check-artifacts' output of a dump folder holding the restarted run's one log (``2>&1 | tee
+    train.log``), which it must find to hold the contract."""
     folder = tmp_path / "dump"
     folder.mkdir()
-    _attempts("1:nan@12,11:", folder, folder / "train.log", None)
+    _attempts(spec, folder, folder / "train.log", None)
     assert main(["check-artifacts", str(folder), "--adapter", "torchtitan"]) == 0
-    out = capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+def test_check_artifacts_reads_a_restart_in_one_log_as_a_resume_in_place(tmp_path, capsys):
+    """The dump folder with the restarted run's one log (``2>&1 | tee train.log``), through the CLI."""
+    out = _checked_dump(tmp_path, "1:nan@12,11:", capsys)
     assert ("steps 1..30; resumed in place: went back from step 11 to step 11 (1 earlier entry superseded), the "
             "later occurrence read") in out, out
     assert "nonfinite" not in out and ".HALT" not in out, out
@@ -379,10 +385,6 @@ def test_a_non_finite_loss_that_a_restart_went_back_before_is_no_halt_though_the
 def test_check_artifacts_names_a_restart_that_repeated_no_step(tmp_path, capsys):
     """The dump folder's one log of a run killed after step 8 and resumed at step 9 (``2>&1 | tee
     train.log``): check-artifacts names the restart though no step was logged twice."""
-    folder = tmp_path / "dump"
-    folder.mkdir()
-    _attempts("1:kill@9,9:", folder, folder / "train.log", None)
-    assert main(["check-artifacts", str(folder), "--adapter", "torchtitan"]) == 0
-    out = capsys.readouterr().out
+    out = _checked_dump(tmp_path, "1:kill@9,9:", capsys)
     assert ("env.json adapter.restarts: restarted into the same files: attempt 2 began at step 9 (attempt 1 had "
             "logged up to step 8) and logged up to step 30") in out, out

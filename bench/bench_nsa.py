@@ -14,6 +14,7 @@ the ratio to SDPA cuDNN of the same run and inputs.
         --inputs random trained:/tmp/trained                     # the selected forward's forms
     python bench/bench_nsa.py --breakdown --shapes 16k              # also a table per kernel
     python bench/bench_nsa.py --json out.json                       # also write the rows as JSON
+    python bench/bench_nsa.py --shapes 64k --ops nsa_core --sel kept_tokens=32768   # another selected-branch tuning
 
 Shapes: the benchmark shape B=1, HQ=64, H=4, K=128 at 2k/8k/16k/32k/64k; m7c_125m (B=8, HQ=12,
 H=2, K=64, S=2048); and FAMILY@LENGTH for B=1: bench (HQ=64, H=4, K=128), m7c (the seeds'
@@ -44,6 +45,7 @@ from nsa.attention.kernel_branches import (  # noqa: E402
     triton_select_blocks,
     triton_win_attention,
 )
+from nsa.kernels import tuning  # noqa: E402
 from nsa.kernels.tuning import SELECTION, BandTiles, SelectionTuning, TopkTuning  # noqa: E402
 
 SHAPES = {  # name: (B, S, HQ, H, K)
@@ -445,6 +447,18 @@ def run(shapes, ops, input_specs, forms, layer) -> list[dict]:
     return rows
 
 
+def tuning_arg(kind):
+    """An argparse type: a KEY=VALUE,... string read as a ``kind`` tuning, a bad field or value
+    reported as a usage error naming it."""
+    def parse(text: str):
+        try:
+            return kind.from_arg(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def _fmt(v, spec: str) -> str:
     return format(v, spec) if v is not None else format("-", f">{spec.split('.')[0]}")
 
@@ -460,6 +474,9 @@ def main(argv=None):
     ap.add_argument("--layer", type=int, default=6, help="the trained model's layer whose inputs to use")
     ap.add_argument("--sel-forms", nargs="+", default=["auto"], choices=["auto", "tiles", "blocks"],
                     help="the selected forward's forms (attn.sel_form) for the ops that run it")
+    ap.add_argument("--sel", type=tuning_arg(SelectionTuning), default=SELECTION, metavar="KEY=VALUE,...",
+                    help="the selected branch's launches and budgets instead of the defaults (nsa.kernels.tuning."
+                         "SelectionTuning fields: kept_tokens=32768)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--breakdown", action="store_true", help="also time each Triton stage alone (random inputs)")
     ap.add_argument("--sweep", action="store_true", help="only sweep the kernels' launch parameters")
@@ -468,6 +485,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     for name in a.shapes:
         shape_of(name)
+    tuning.SELECTION = a.sel
     if not torch.cuda.is_available():
         sys.exit("bench_nsa.py needs a CUDA GPU")
     # FlexAttention recompiles per shape and grad mode; the default limit (8) would drop the

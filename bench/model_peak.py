@@ -19,7 +19,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.nsa_vs_dense import _free, _peak_gb, _tuning, model_step, model_step_args  # noqa: E402
+from bench.bench_nsa import tuning_arg  # noqa: E402
+from bench.nsa_vs_dense import _free, _peak_gb, model_step, model_step_args  # noqa: E402
 from nsa.kernels import tuning  # noqa: E402
 
 
@@ -27,7 +28,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     model_step_args(ap, "128k")
     ap.add_argument("--kinds", nargs="+", default=["nsa"], choices=("nsa", "dense"))
-    ap.add_argument("--sel", type=_tuning(tuning.SelectionTuning), default=tuning.SelectionTuning(),
+    ap.add_argument("--sel", type=tuning_arg(tuning.SelectionTuning), default=tuning.SelectionTuning(),
                     metavar="KEY=VALUE,...", help="the selected branch's tuning (nsa.kernels.tuning.SelectionTuning)")
     args = ap.parse_args(argv)
     tuning.SELECTION = args.sel

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_nsa import _bench as _median_ms  # noqa: E402
-from bench.bench_nsa import _host_ms  # noqa: E402
+from bench.bench_nsa import _host_ms, tuning_arg  # noqa: E402
 from nsa.attention import NSAAttention, compress, graphed  # noqa: E402
 from nsa.kernels import cudnn_compressed, tuning  # noqa: E402
 from nsa.attention.dense import DenseAttention  # noqa: E402
@@ -241,18 +241,6 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def _tuning(kind):
-    """An argparse type: a KEY=VALUE,... string read as a ``kind`` tuning, a bad field or value
-    reported as a usage error naming it."""
-    def parse(text: str):
-        try:
-            return kind.from_arg(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    parse.__name__ = kind.__name__
-    return parse
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lengths", nargs="+", type=length, default=[length(s) for s in ("4k", "16k", "32k", "64k",
@@ -270,12 +258,12 @@ def main(argv=None) -> int:
     ap.add_argument("--recompute-tokens", type=length, default=compress.RECOMPUTE_TOKENS,
                     help="the NSA layers recompute in the backward from this many tokens (nsa.attention.compress."
                          "RECOMPUTE_TOKENS; a length above --lengths' turns it off; default %(default)s)")
-    ap.add_argument("--topk", type=_tuning(tuning.TopkTuning), default=tuning.TopkTuning(), metavar="KEY=VALUE,...",
+    ap.add_argument("--topk", type=tuning_arg(tuning.TopkTuning), default=tuning.TopkTuning(), metavar="KEY=VALUE,...",
                     help="the NSA layers' top-n launch parameters instead of the defaults (nsa.kernels.tuning."
                          "TopkTuning fields, as bench/bench_nsa.py --sweep prints them)")
-    ap.add_argument("--band", type=_tuning(tuning.BandTiles), default=tuning.BandTiles(), metavar="KEY=VALUE,...",
+    ap.add_argument("--band", type=tuning_arg(tuning.BandTiles), default=tuning.BandTiles(), metavar="KEY=VALUE,...",
                     help="the band kernels' launches instead of the defaults (nsa.kernels.tuning.BandTiles fields)")
-    ap.add_argument("--sel", type=_tuning(tuning.SelectionTuning), default=tuning.SelectionTuning(),
+    ap.add_argument("--sel", type=tuning_arg(tuning.SelectionTuning), default=tuning.SelectionTuning(),
                     metavar="KEY=VALUE,...", help="the selected branch's launches and budgets instead of the defaults "
                                                   "(nsa.kernels.tuning.SelectionTuning fields)")
     ap.add_argument("--cudnn-min-elements", type=int, default=cudnn_compressed.CUDNN_MIN_ELEMENTS,

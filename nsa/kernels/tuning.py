@@ -50,7 +50,10 @@ def _from_arg(cls, arg: str):
         name, _, text = item.partition("=")
         if name not in types:
             raise ValueError(f"{cls.__name__}: no field {name!r} (in {arg!r}); fields: {', '.join(types)}")
-        values[name] = _value(types[name], text)
+        try:
+            values[name] = _value(types[name], text)
+        except ValueError:
+            raise ValueError(f"{cls.__name__}.{name}: {text!r} is no {types[name]} (in {arg!r})") from None
     return cls(**values)
 
 
@@ -58,7 +61,7 @@ def _value(kind: str, text: str):
     """``text`` read as a field of type ``kind`` (the annotation's string)."""
     if kind == "bool":
         if text not in ("True", "False"):
-            raise ValueError(f"{text!r} is no bool (True or False)")
+            raise ValueError(text)
         return text == "True"
     if kind.startswith("Tile"):
         return None if text == "None" else tuple(int(x) for x in text.split(":"))

@@ -31,8 +31,10 @@ def test_bad_tunings_are_refused_with_the_field_named():
         TopkTuning(select_warps=3)
     with pytest.raises(ValueError, match=r"BandTiles.fwd is \(64, 32\)"):
         BandTiles(fwd=(64, 32))
-    with pytest.raises(ValueError, match="no bool"):
+    with pytest.raises(ValueError, match=r"SelectionTuning.tma: 'yes' is no bool"):
         SelectionTuning.from_arg("tma=yes")
+    with pytest.raises(ValueError, match=r"SelectionTuning.kept_tokens: 'x' is no int \(in 'tt=2,kept_tokens=x'\)"):
+        SelectionTuning.from_arg("tt=2,kept_tokens=x")
 
 
 def test_band_tiles_asked_for_are_launched():

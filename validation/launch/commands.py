@@ -65,11 +65,13 @@ def torchrun_argv(target: Target, nproc: int, args: Sequence[str], torchrun_args
 
 
 def nodes_torchrun_argv(target: Target, nproc: int, args: Sequence[str], *, nnodes: int, endpoint: str,
-                        rdzv_id: str, join_timeout_s: float) -> list[str]:
+                        rdzv_id: str, join_timeout_s: float, torchrun_args: Sequence[str] = ()) -> list[str]:
     """One node's torchrun agent of a launch of ``nnodes`` nodes meeting at a c10d rendezvous:
     the same argv on every node (c10d ignores --node_rank: a node's rank is its place in the
     rendezvous); ``join_timeout`` is how long an agent waits for the others (torchrun's default
-    is 600 s; its ``timeout`` option is read by the static and etcd backends only)."""
+    is 600 s; its ``timeout`` option is read by the static and etcd backends only). The runbook's
+    other torchrun options (``torchrun_args``: --max-restarts, --monitor-interval, ...) go to every
+    agent; the runbook check refuses the rendezvous options among them, which these set."""
     return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
             "--rdzv_backend=c10d", f"--rdzv_endpoint={endpoint}", f"--rdzv_id={rdzv_id}",
-            f"--rdzv_conf=join_timeout={math.ceil(join_timeout_s)}", *_torchrun_entry(target), *args]
+            f"--rdzv_conf=join_timeout={math.ceil(join_timeout_s)}", *torchrun_args, *_torchrun_entry(target), *args]

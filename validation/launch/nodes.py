@@ -145,7 +145,8 @@ def run_local(launcher: Launcher, target: Target, args: Sequence[str], *, env: M
     at = endpoint(rdzv.endpoint)
     devices = node_devices(launcher.nnodes, launcher.nproc, env)
     argv = commands.nodes_torchrun_argv(target, launcher.nproc, args, nnodes=launcher.nnodes, endpoint=at,
-                                        rdzv_id=out_dir.name, join_timeout_s=rdzv.join_timeout_s)
+                                        rdzv_id=out_dir.name, join_timeout_s=rdzv.join_timeout_s,
+                                        torchrun_args=launcher.torchrun_args)
     seen = RankSeen()
     result = runner.run_group(agent_commands(argv, devices), env=env, cwd=cwd, timeout_s=timeout_s,
                               log_dir=out_dir, on_poll=on_poll, watch=watch, on_tree=seen)

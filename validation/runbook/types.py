@@ -50,7 +50,8 @@ class Launcher:
     """``python -m <module>``; ``torchrun --standalone --nproc_per_node=N -m <module>``, or with
     ``nnodes`` > 1 one torchrun agent per node on this host, meeting at ``rdzv``; or ``srun`` of
     torchrun in a Slurm allocation (kind slurm: ``nnodes`` nodes, one agent each).
-    ``torchrun_args`` pass options through to a single node's torchrun and replace --standalone."""
+    ``torchrun_args`` pass options through to torchrun: a single node's replace --standalone, and
+    with ``nnodes`` every agent gets them beside the rendezvous's options."""
 
     kind: str = "python"
     nproc: int = 1

@@ -29,6 +29,7 @@ from validation.launch.process import Command
 from validation.report.tables import reproduce_rows
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
+from validation.runbook.types import Launcher, Rendezvous
 from validation.session.session import AcceptanceSession, SessionOptions
 
 pytestmark = [pytest.mark.distributed, pytest.mark.multi_node]
@@ -135,6 +136,28 @@ def test_each_node_on_a_gpu_host_gets_gpus_of_its_own(visible, expected):
     commands = local_nodes.agent_commands(["torchrun"], devices)
     assert [c.env.get("CUDA_VISIBLE_DEVICES") for c in commands] == expected
     assert [c.env[NODE_ENV] for c in commands] == ["0", "1"]
+
+
+def test_every_agent_of_a_two_node_launch_gets_the_runbooks_torchrun_options(tmp_path, monkeypatch):
+    """A runbook's torchrun_args (--max-restarts=1) beside nnodes reached no agent: the runbook check
+    accepts them there (refusing only the rendezvous's own options), and the agents ran without
+    them, so a phase asking for restarts across nodes never restarted."""
+    class Launched(Exception):
+        pass
+
+    def run_group(commands, **_):
+        raise Launched(commands)
+
+    monkeypatch.setattr(local_nodes.runner, "run_group", run_group)
+    launcher = Launcher("torchrun", 1, "nsa.train", ("--max-restarts=1",), 2,
+                        Rendezvous(join_timeout_s=JOIN_S, endpoint="localhost:0"))
+    with pytest.raises(Launched) as launched:
+        local_nodes.run_local(launcher, "nsa.train", ["--steps", "2"], env={}, cwd=tmp_path, timeout_s=60,
+                              out_dir=tmp_path, on_poll=None, watch=None)
+    argvs = [c.argv for c in launched.value.args[0]]
+    assert len(argvs) == 2
+    for argv in argvs:
+        assert "--max-restarts=1" in argv and argv.index("--max-restarts=1") < argv.index("--"), argv
 
 
 def test_a_cpu_host_pins_no_gpus(monkeypatch):

@@ -153,7 +153,7 @@ def test_a_restart_in_one_stdout_is_judged_by_the_attempt_that_trained_last(tmp_
             "into the same files") in report, report
     assert ("trainer resumed in place in from_scratch [default]: it started again from step 1 and wrote its steps "
             "again into the same files") in report, report
-    assert re.search(r"attempt 1 ended as local rank 0 \(pid \d+\) failed: RuntimeError: Loss is not finite "
+    assert re.search(r"attempt 1 ended as rank 0 \(pid \d+\) failed: RuntimeError: Loss is not finite "
                      r"\(global_avg_loss=nan\) at step 12", report), report
     assert "non-finite loss in resumed" not in report and "non-finite loss in from_scratch" not in report, report
 
@@ -187,8 +187,8 @@ def test_an_attempt_that_died_before_its_first_step_undoes_the_steps_it_went_bac
                              "the same files"), warning.title
     assert ("the trainer's log: attempt 2 began at step 6 (attempt 1 had logged up to step 11) and logged no step"
             in warning.detail), warning.detail
-    assert re.search(r"attempt 1 ended as local rank 0 \(pid \d+\) failed: RuntimeError: Loss is not finite "
-                     r"\(global_avg_loss=nan\) at step 12; attempt 2 ended as local rank 0 \(pid \d+\) was killed by "
+    assert re.search(r"attempt 1 ended as rank 0 \(pid \d+\) failed: RuntimeError: Loss is not finite "
+                     r"\(global_avg_loss=nan\) at step 12; attempt 2 ended as rank 0 \(pid \d+\) was killed by "
                      r"SIGKILL$", warning.detail[-1]), warning.detail
 
 
@@ -204,7 +204,7 @@ def test_a_run_is_judged_by_its_last_attempts_end_and_an_earlier_attempts_failur
     assert crash.title == "crash in nofurther [default]: exit code 1: rank 0: killed by SIGKILL", crash.title
     assert "rank 0: last heartbeat step 5, stage step; killed by SIGKILL" in crash.detail, crash.detail
     assert re.fullmatch(r"earlier attempts, each followed by torchrun starting the workers again \(trainer.stderr.log\): "
-                        r"attempt 1 ended as local rank 0 \(pid \d+\) failed: RuntimeError: Loss is not finite "
+                        r"attempt 1 ended as rank 0 \(pid \d+\) failed: RuntimeError: Loss is not finite "
                         r"\(global_avg_loss=nan\) at step 12", crash.detail[-1]), crash.detail
 
 
@@ -217,7 +217,7 @@ def test_a_restart_that_repeats_no_step_is_said(restarted):
                              "same files"), warning.title
     assert ("the trainer's log: attempt 2 began at step 9 (attempt 1 had logged up to step 8) and logged up to step 30"
             in warning.detail), warning.detail
-    assert re.search(r"attempt 1 ended as local rank 0 \(pid \d+\) was killed by SIGKILL$", warning.detail[-1]), \
+    assert re.search(r"attempt 1 ended as rank 0 \(pid \d+\) was killed by SIGKILL$", warning.detail[-1]), \
         warning.detail
 
 
@@ -225,6 +225,6 @@ def test_each_attempts_failure_is_its_own(restarted):
     """Killed at step 9, resumed at step 6, non-finite at step 15: the warning gave the second
     attempt's non-finite loss as the end of the earlier process, which was killed."""
     said = _warning(restarted, "misquote").detail[-1]
-    assert re.search(r"attempt 1 ended as local rank 0 \(pid \d+\) was killed by SIGKILL; attempt 2 ended as local "
+    assert re.search(r"attempt 1 ended as rank 0 \(pid \d+\) was killed by SIGKILL; attempt 2 ended as "
                      r"rank 0 \(pid \d+\) failed: RuntimeError: Loss is not finite \(global_avg_loss=nan\) at step 15$",
                      said), said

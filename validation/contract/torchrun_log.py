@@ -15,7 +15,9 @@ from validation.excerpt import EXCERPT_CHARS, STDERR_TAIL_LINES
 #: a line a rank wrote with its prefix: Python's '[rank1]: Traceback ...' (the excepthook torch.distributed
 #: installs), C++ logging's '[rank1]:[E1128 04:58:52.554 ProcessGroupNCCL.cpp:689] ...' (no space)
 _RANK_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
-_TR_RANK = re.compile(r"^\s*rank\s*: (\d+) \(local_rank")
+#: a rank's entry in torchrun's summary as it gives up ('  rank      : 1 (local_rank: 0)'): its global rank
+#: and its local one, on its agent's node
+_TR_RANK = re.compile(r"^\s*rank\s*: (\d+) \(local_rank(?:: (?P<local>\d+))?")
 _EXC = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Fault|Interrupt|Failure)\b")
 _TR_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+)(?: \(pid: (\d+)\))?")
 #: torchrun's agent signalling a worker still running, once one had failed (or it was told to stop):
@@ -312,51 +314,101 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, Rank
 
 #: torchrun's agent on a failed attempt of its workers, once an attempt: the first of them to fail
 #: ('failed (exitcode: -9) local_rank: 0 (pid: 703) of binary: ...'); under ``--max-restarts`` it then
-#: starts them all again, as long as restarts are left
+#: starts them all again, as long as restarts are left. It names the worker by its local rank, its
+#: place on the agent's node, not by its global rank
 _ATTEMPT_FAILED = re.compile(r"\bfailed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\)")
 
 
 @dataclass(frozen=True)
+class AgentSeen:
+    """What the harness saw of one torchrun agent beside its log, where the log cannot say it: the
+    global ranks its node's workers had."""
+
+    first_rank: int | None = None
+    """The global rank of its local rank 0: torchrun gives a node's workers consecutive ranks from
+    its node rank times its processes per node. 0 for a launch of one agent; None where not known."""
+    node: int | None = None
+    """Its node's index in a launch of several nodes; None for a launch of one agent."""
+
+
+@dataclass(frozen=True)
 class AttemptEnd:
-    """How one attempt of a torchrun launch's workers failed, by its agent's word (``attempt_ends``):
+    """How one attempt of a torchrun agent's workers failed, by its agent's word (``attempt_ends``):
     the process that failed first, and the exception it printed in that attempt."""
 
     attempt: int
-    """Which attempt: 1 the first, 2 the first restart's."""
+    """Which attempt of its agent: 1 the first, 2 the first restart's."""
     local_rank: int
     pid: int
     exit_code: int
     """Negative: killed by that signal."""
     exception: str | None = None
-    """The last exception that worker printed with its rank's prefix in that attempt (its rank taken
-    as its local rank: one node's); None where it printed none."""
+    """The last exception that worker printed with its rank's prefix in that attempt ('[rank1]: ...',
+    the prefix naming its global rank, ``rank``); None where it printed none, or its global rank is
+    not known."""
     restarted: bool = False
     """torchrun started the workers again after it (``_restarted``): an earlier attempt's end, not
     the run's. False also of a record stored before it was read: nothing is then said of it as an
     earlier attempt."""
+    rank: int | None = None
+    """Its global rank: the agent's summary names it as it gives up ('rank : 1 (local_rank: 0)'), and
+    otherwise it is its local rank counted from the first rank of its agent's node (AgentSeen,
+    else that summary's). None where nothing says it, and in records stored before it was read
+    (whose ``exception`` took the local rank for the global one)."""
+    node: int | None = None
+    """Of a launch of several nodes, the node whose agent's log says it; None of a launch of one."""
+
+    @property
+    def who(self) -> str:
+        """'rank 1 (pid 702)'; of a node of several, 'rank 1 (local rank 0, pid 4888)'; 'local rank 0
+        (pid 4888)' where its global rank is not known."""
+        if self.rank is None:
+            return f"local rank {self.local_rank} (pid {self.pid})"
+        local = f"local rank {self.local_rank}, " if self.node is not None else ""
+        return f"rank {self.rank} ({local}pid {self.pid})"
 
     def cause(self) -> str:
-        """'local rank 0 (pid 703) was killed by SIGKILL', '... failed: RuntimeError: ...'."""
-        who = f"local rank {self.local_rank} (pid {self.pid})"
+        """'rank 0 (pid 703) was killed by SIGKILL', 'rank 1 (pid 702) failed: RuntimeError: ...'."""
         if self.exception:
-            return f"{who} failed: {short_exception(self.exception)}"
+            return f"{self.who} failed: {short_exception(self.exception)}"
         if self.exit_code < 0:
-            return f"{who} was killed by {_signal_name(-self.exit_code)}"
-        return f"{who} exited with code {self.exit_code}"
+            return f"{self.who} was killed by {_signal_name(-self.exit_code)}"
+        return f"{self.who} exited with code {self.exit_code}"
+
+    @property
+    def own(self) -> bool:
+        """Failed in its own right, not on a peer's failure breaking its collective (``_VICTIM``)."""
+        return not (self.exception and _VICTIM.search(self.exception))
+
+    def text(self) -> str:
+        """'attempt 1 ended as rank 1 (pid 702) failed: ...'; of a launch of several nodes, whose agent
+        counts it: 'attempt 1 of node 1 ended as rank 1 (local rank 0, pid 4888) failed: ...'."""
+        of = f" of node {self.node}" if self.node is not None else ""
+        return f"attempt {self.attempt}{of} ended as {self.cause()}"
 
 
-def attempt_ends(stderr_path: Path) -> list[AttemptEnd]:
+def attempt_ends(stderr_path: Path, seen: AgentSeen | None = None) -> list[AttemptEnd]:
     """Each failed attempt of the workers torchrun's log (its stderr, all of it: the attempts are
     counted from its first) shows, in order: its agent's failure line ends the attempt, and the
     exception the failed worker printed since the attempt before ended is that attempt's. A worker's
     exception is matched to the attempt it came in, never to the run as a whole: of a run restarted
-    after a crash, the last attempt's is not the first's."""
+    after a crash, the last attempt's is not the first's. The agent names the worker by its local
+    rank and its pid; its global rank (the rank its exception's prefix names) is the summary's
+    where the agent gave up with one, else its local rank counted from its node's first rank
+    (``seen``, what the harness saw of the agent; else the summary's rank less its local rank:
+    torchrun's c10d rendezvous orders the same agents the same way in every round, so a node
+    keeps its node rank across restarts). Where neither says it, no exception is taken: another
+    node's rank of the same local rank is not this worker."""
+    seen = seen or AgentSeen()
     try:
         with open(stderr_path, errors="replace") as fh:
             parts = _attempt_parts(fh.read())
     except OSError:
         return []
-    failed = parts[:-1]
+    failed, restarted = parts[:-1], _restarted(parts)
+    summary = _summary(parts[-1])  # of the attempt whose failure line it follows: none once restarted
+    first = seen.first_rank if seen.first_rank is not None else next(
+        (rank - local for rank, local in summary.values() if local is not None), None)
     ends: list[AttemptEnd] = []
     for i, part in enumerate(failed, start=1):
         said: dict[int, str] = {}  # each rank's last exception in the attempt
@@ -364,10 +416,26 @@ def attempt_ends(stderr_path: Path) -> list[AttemptEnd]:
             if (m := _RANK_LINE.match(ln)) and _EXC.match(m.group(2)):
                 said[int(m.group(1))] = m.group(2).strip()
         f = _ATTEMPT_FAILED.search(part.splitlines()[-1])
-        local = int(f["local"])
-        ends.append(AttemptEnd(i, local, int(f["pid"]), int(f["code"]), said.get(local),
-                               restarted=i < len(failed) or _restarted(parts)))
+        local, pid = int(f["local"]), int(f["pid"])
+        rank = summary[pid][0] if pid in summary else first + local if first is not None else None
+        ends.append(AttemptEnd(i, local, pid, int(f["code"]), said.get(rank) if rank is not None else None,
+                               restarted=i < len(failed) or restarted, rank=rank, node=seen.node))
     return ends
+
+
+def _summary(text: str) -> dict[int, tuple[int, int | None]]:
+    """Per process id, its global and local rank, from torchrun's summary in ``text`` (each entry's
+    'rank : 1 (local_rank: 0)', then its 'exitcode : 1 (pid: 4888)')."""
+    out: dict[int, tuple[int, int | None]] = {}
+    rank = None
+    for ln in text.splitlines():
+        if t := _TR_RANK.match(ln):
+            rank = (int(t.group(1)), int(t["local"]) if t["local"] is not None else None)
+        elif (e := _TR_EXIT.match(ln)) and rank is not None:
+            if e.group(2) is not None:
+                out[int(e.group(2))] = rank
+            rank = None
+    return out
 
 
 def last_attempt(text: str) -> str:

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 from validation.contract import check as contract
 from validation.contract.files import HaltInfo, read_halt, read_stacks, tail
 from validation.contract.reruns import Rerun
-from validation.contract.torchrun_log import (RankFailure, agent_signalled, attempt_ends, log_exception,
-                                              log_has_traceback, rank_failures)
+from validation.contract.torchrun_log import (RankFailure, agent_signalled, log_exception, log_has_traceback,
+                                              rank_failures)
 from validation.judge.clock import StepClock
 from validation.judge.memory import growing_ranks
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
-from validation.judge.nodes import (launch_agent_killed, lateness, nearness, node_evidence, node_failures,
-                                    node_logs, slurm_stopped)
+from validation.judge.nodes import (launch_agent_killed, launch_attempts, lateness, nearness, node_evidence,
+                                    node_failures, node_logs, slurm_stopped)
 from validation.judge.record import Beat, Evidence, NotRun, RunSigns, rank_processes
 from validation.judge.stability import curve, nonfinite
 from validation.excerpt import EXCERPT_CHARS, STDERR_TAIL_LINES
@@ -133,12 +133,13 @@ def collect(run: RunData, stderr_path: Path, errors: list[str], clock: StepClock
 
 
 def with_log(ev: Evidence, stderr_path: Path) -> Evidence:
-    """``ev`` with its stderr (the log's tail, name, last exception, whether it holds a traceback, and
-    how each attempt of torchrun's workers failed) read from ``stderr_path``: of a launch of several
-    nodes, the log of the node the verdict blames (session/runs.py ``record``)."""
+    """``ev`` with its stderr (the log's tail, name, last exception and whether it holds a traceback)
+    read from ``stderr_path``: of a launch of several nodes, the log of the node the verdict blames
+    (session/runs.py ``record``); and how each attempt of torchrun's workers failed, by every agent's
+    log (``launch_attempts``)."""
     return dataclasses.replace(ev, stderr_tail=tail(stderr_path, STDERR_TAIL_LINES), stderr_log=stderr_path.name,
                                exception=log_exception(stderr_path), traceback=log_has_traceback(stderr_path),
-                               attempts=attempt_ends(stderr_path))
+                               attempts=launch_attempts(stderr_path.parent, stderr_path))
 
 
 def signs(run: RunData, failed_gates: list[str]) -> RunSigns:

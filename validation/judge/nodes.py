@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from validation.contract.nodes import NodeLaunch, NodesLaunch, read_nodes
-from validation.contract.torchrun_log import RankFailure, agent_said, rank_failures, worker_said
+from validation.contract.torchrun_log import (AgentSeen, AttemptEnd, RankFailure, agent_said, attempt_ends,
+                                              rank_failures, worker_said)
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,30 @@ def node_failures(out_dir: Path) -> dict[int, RankFailure]:
     for log in node_logs(out_dir):
         failures.update(rank_failures(log))
     return failures
+
+
+def agent_seen(out_dir: Path, log: Path) -> AgentSeen:
+    """What the harness saw of the torchrun agent whose log is ``log`` (AgentSeen): of a node of a
+    launch of several, its first global rank, its node rank times the processes per node
+    (nodes.json); of a launch of one agent, rank 0 first. Nothing of a log that is no node's of the
+    launch."""
+    launch = read_nodes(out_dir)
+    if launch is None:
+        return AgentSeen(first_rank=0)
+    node = next((n for n in launch.nodes if n.stderr == log.name), None)
+    if node is None:
+        return AgentSeen()
+    first = node.group_rank * launch.nproc_per_node if node.group_rank is not None else None
+    return AgentSeen(first_rank=first, node=node.index)
+
+
+def launch_attempts(out_dir: Path, stderr_path: Path) -> list[AttemptEnd]:
+    """Each failed attempt of the launch's workers by its agents' logs (``attempt_ends``): of a launch
+    of several nodes, every node's, node by node, each agent counting its own attempts (one whose
+    workers another node's failure ended starts them again with no failure line of its own); of a
+    launch of one agent, its log's (``stderr_path``)."""
+    logs = node_logs(out_dir) or [stderr_path]
+    return [a for log in logs for a in attempt_ends(log, agent_seen(out_dir, log))]
 
 
 def killed_agents(launcher: str, nodes: Sequence[NodeLaunch | NodeEvidence], stopped: bool

@@ -69,7 +69,7 @@ from validation.contract.adapters.base import Adapter, RunFacts
 from validation.contract.adapters.tfevents import read_scalars
 from validation.contract.check import ADAPTER_READ_NOTHING
 from validation.contract.reruns import Restart
-from validation.contract.torchrun_log import attempt_ends
+from validation.contract.torchrun_log import AgentSeen, attempt_ends
 
 #: where the harness keeps the trainer's stdout, beside the run directory's contract files
 HARNESS_STDOUT = ("trainer.stdout.log", "trainer.stderr.log")
@@ -331,7 +331,9 @@ def _by_attempt(path: Path, runs: list[_Log]) -> dict[int, _Log]:
     runs as failed attempts or one more (an attempt after the last failure); empty where there are
     not. Steps alone cannot tell whose an error is where a later run began before its step and
     logged nothing: it may have died at its first step, or run to the error without logging."""
-    ends = attempt_ends(path)
+    # the harness's capture of one torchrun agent (a launch of several nodes logs each node's apart):
+    # its workers' local ranks are their global ones
+    ends = attempt_ends(path, AgentSeen(first_rank=0))
     if not ends or len(runs) not in (len(ends), len(ends) + 1):
         return {}
     return {int(m["step"]): runs[a.attempt - 1] for a in ends

@@ -17,8 +17,8 @@ from validation.judge.diagnosis import (FAILED, Diagnosis, Kind, NoStack, crash,
 from validation.judge.findings.culprit import ranks as _ranks
 from validation.judge.findings.culprit import NO_CRASH, failed_without, silenced, waited_cause
 from validation.judge.findings.departed import departure
-from validation.judge.findings.finding import (Facts, Finding, Severity, last_heartbeat, own_reason, process,
-                                               processes, where, where_gated, where_run)
+from validation.judge.findings.finding import (Facts, Finding, Severity, attempt_logs, attempts_said, last_heartbeat,
+                                               own_reason, process, processes, where, where_gated, where_run)
 from validation.judge.findings.nodes import STRAGGLER_MIN_S, STRAGGLER_SHARE
 from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult, GateVerdict, Overruled
 from validation.judge.provenance import short_commit
@@ -101,9 +101,9 @@ def _earlier_attempts(r: PhaseRecord) -> list[str]:
     earlier = [a for a in r.evidence.attempts if a.restarted]
     if not earlier:
         return []
-    log = f" ({r.evidence.stderr_log})" if r.evidence.stderr_log else ""
-    return [f"earlier attempts, each followed by torchrun starting the workers again{log}: "
-            + "; ".join(f"attempt {a.attempt} ended as {a.cause()}" for a in earlier)]
+    logs = attempt_logs(r.evidence, earlier)
+    return [f"earlier attempts, each followed by torchrun starting the workers again{logs}: "
+            + attempts_said(earlier)]
 
 
 def halts(records: list[PhaseRecord]) -> list[Finding]:

@@ -5,10 +5,10 @@ import enum
 from dataclasses import dataclass, field, replace
 
 from nsa.contract import heartbeat_name
-from validation.contract.torchrun_log import has_traceback, last_exception, short_exception
+from validation.contract.torchrun_log import AttemptEnd, has_traceback, last_exception, short_exception
 from validation.judge.diagnosis import Diagnosis, killed_by_signal, maybe_departed, no_rank_running, root_of_evidence
 from validation.judge.misses import Miss
-from validation.judge.record import PhaseRecord, RunSigns, SubRun
+from validation.judge.record import Evidence, PhaseRecord, RunSigns, SubRun
 from validation.judge.stability import LossAfter
 
 
@@ -285,3 +285,22 @@ def last_heartbeat(rec: PhaseRecord, rank: int) -> str:
         name = heartbeat_name(rank)
         return f"no heartbeat written ({f'{name} has no record' if name in rec.evidence.files else f'no {name}'})"
     return f"last heartbeat step {'?' if hb.step is None else hb.step}, stage {hb.stage or '?'}"
+
+
+def attempts_said(attempts: list[AttemptEnd]) -> str:
+    """Each attempt's end (AttemptEnd.text) in order; of a launch of several nodes, whose agents each
+    count their own attempts, a rank's failure in its own right before those of ranks whose
+    collective it broke, within an attempt's number."""
+    return "; ".join(a.text() for a in sorted(attempts, key=lambda a: (a.attempt, not a.own, a.node or 0)))
+
+
+def attempt_logs(ev: Evidence, attempts: list[AttemptEnd]) -> str:
+    """The logs that say how ``attempts`` ended, as a finding names them: ' (trainer.stderr.log)';
+    of a launch of several nodes, each node's agent's log that shows one (' (node0.stderr.log,
+    node1.stderr.log)'); '' where no log is known."""
+    nodes = sorted({a.node for a in attempts if a.node is not None})
+    if nodes and ev.nodes is not None:
+        logs = [n.log for n in ev.nodes.nodes if n.index in nodes]
+    else:
+        logs = [ev.stderr_log] if ev.stderr_log else []
+    return f" ({', '.join(logs)})" if logs else ""

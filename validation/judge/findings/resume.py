@@ -5,7 +5,8 @@ validation/judge/resume.py) and where each of its three processes left its files
 from __future__ import annotations
 
 from validation.judge.diagnosis import root_of_evidence
-from validation.judge.findings.finding import Facts, Finding, Severity, where, where_run
+from validation.judge.findings.finding import (Facts, Finding, Severity, attempt_logs, attempts_said, where,
+                                               where_run)
 from validation.judge.gates import GateVerdict
 from validation.judge.record import Evidence, PhaseRecord
 from validation.judge.resume import DATA_METRIC, LOSS_METRIC, LR_METRIC, METRICS, BreachKind, Clue, ClueKind
@@ -119,9 +120,10 @@ def _how_attempts_ended(ev: Evidence) -> str:
     """Each failed attempt's end, where torchrun's log tells them apart (its agent's line per attempt),
     so that no attempt is given another's failure; else the failure the log holds, of the rank that
     failed first, or where to look."""
-    log = f" ({ev.stderr_log})" if ev.stderr_log else ""
     if ev.attempts:
-        return f"by torchrun's log{log}, " + "; ".join(f"attempt {a.attempt} ended as {a.cause()}" for a in ev.attempts)
+        logs = attempt_logs(ev, ev.attempts)
+        return f"by torchrun's log{'s' * (', ' in logs)}{logs}, " + attempts_said(ev.attempts)
+    log = f" ({ev.stderr_log})" if ev.stderr_log else ""
     root = root_of_evidence(ev)
     failed = ev.rank_failures[root].exception if root is not None else None
     return (f"the earlier process ended as rank {root} failed: {failed}" if failed else

@@ -244,7 +244,7 @@ def test_each_attempt_of_a_restarted_run_is_given_its_own_failure(tmp_path):
                    f"[rank0]:   File \"train.py\", line 3, in step\n[rank0]: {nan}\n" + agent.format(i=2, code=1)
                    + "  rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 702)\n")  # torchrun's summary as it gave up
     attempts = attempt_ends(log)
-    assert attempts == [AttemptEnd(1, 0, 701, -9, restarted=True), AttemptEnd(2, 0, 702, 1, nan)]
+    assert attempts == [AttemptEnd(1, 0, 701, -9, restarted=True, rank=0), AttemptEnd(2, 0, 702, 1, nan, rank=0)]
     evidence = Evidence(reruns={"training.csv": [Rerun(first=6, through=8, dropped=3)]}, stderr_log=log.name,
                         rank_failures={0: RankFailure(exception=nan, exit_code=1)}, attempts=attempts)
     rec = PhaseRecord(PointKey("rb", "cpu", "ddp"), "rb/cpu/ddp/default", "train", Status.FAIL, "", steps=30,
@@ -252,8 +252,8 @@ def test_each_attempt_of_a_restarted_run_is_given_its_own_failure(tmp_path):
     [warning] = resumed_in_place([rec])
     assert warning.detail[-1] == (
         "every number and finding of this run reads the occurrence written later; by torchrun's log "
-        "(trainer.stderr.log), attempt 1 ended as local rank 0 (pid 701) was killed by SIGKILL; attempt 2 ended as "
-        "local rank 0 (pid 702) failed: RuntimeError: Loss is not finite (global_avg_loss=nan) at step 15"
+        "(trainer.stderr.log), attempt 1 ended as rank 0 (pid 701) was killed by SIGKILL; attempt 2 ended as "
+        "rank 0 (pid 702) failed: RuntimeError: Loss is not finite (global_avg_loss=nan) at step 15"
     ), warning.detail
 
 

@@ -3,17 +3,21 @@ attempt: the ranks' ends are read from the part of the log after the attempt bef
 agent's failure line per attempt), and each earlier attempt's failure is said as that attempt's.
 The crash finding once joined the last attempt's exit (SIGKILL) to the first attempt's exception,
 read from the whole log: 'rank 1: RuntimeError: ...', a cause no process of the run's end had. The
-log is a user's two-rank run of a trainer of their own; nothing runs here."""
+log is a user's two-rank run of a trainer of their own; nothing runs here. The rank an attempt's
+exception was looked up by was once the local rank torchrun's agent names the failed worker by, which
+on a node of several is not its global rank."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from validation.contract.torchrun_log import AttemptEnd, rank_failures
-from validation.judge.evidence import collect
+from validation.contract.torchrun_log import AgentSeen, AttemptEnd, attempt_ends, rank_failures
+from validation.judge.evidence import collect, read_ended, read_train, with_log
 from validation.judge.findings import find
-from validation.judge.findings.headline import verdict_line
+from validation.judge.findings.headline import culprit_log, verdict_line
 from validation.judge.metrics import RunData
 from validation.judge.record import PhaseRecord, PointKey, Status
+from validation.judge.verdict import Outcome, verdict
 
 _AGENT = "E1206 01:04:1{i}.920000 16491 torch/distributed/elastic/multiprocessing/api.py:1002] "
 _SIGNAL = "W1206 01:04:1{i}.888000 16491 torch/distributed/elastic/multiprocessing/api.py:1028] "
@@ -73,14 +77,14 @@ def test_the_crash_is_the_last_attempts_and_an_earlier_attempts_exception_is_its
     f = rec.evidence.rank_failures
     assert f[1].signal == "SIGKILL" and f[1].exception is None and f[1].pid == 704, f
     assert f[0].by_agent and not f[0].own, f
-    assert rec.evidence.attempts == [AttemptEnd(1, 1, 702, 1, _RAISED, restarted=True),
-                                     AttemptEnd(2, 1, 704, -9)], rec.evidence.attempts
+    assert rec.evidence.attempts == [AttemptEnd(1, 1, 702, 1, _RAISED, restarted=True, rank=1),
+                                     AttemptEnd(2, 1, 704, -9, rank=1)], rec.evidence.attempts
     assert verdict_line(rec).startswith("rank 1 crashed (no heartbeat written): killed by SIGKILL"), verdict_line(rec)
     [crash] = [x for x in find([rec]) if x.title.startswith("crash in")]
     assert crash.title == "crash in ddp [default]: exit code 1: rank 1: killed by SIGKILL", crash.title
     assert "shard 7" not in " ".join(crash.detail[:-1]), crash.detail
     assert crash.detail[-1] == ("earlier attempts, each followed by torchrun starting the workers again "
-                                "(trainer.stderr.log): attempt 1 ended as local rank 1 (pid 702) failed: "
+                                "(trainer.stderr.log): attempt 1 ended as rank 1 (pid 702) failed: "
                                 f"{_RAISED}"), crash.detail
 
 
@@ -93,7 +97,74 @@ def test_a_run_that_was_not_restarted_reads_as_it_did(tmp_path):
         "(pid: 703)", "(pid: 701)")
     rec = _record(tmp_path, once)
     assert rec.evidence.rank_failures[1].exception == _RAISED and rec.evidence.rank_failures[1].exit_code == 1
-    assert rec.evidence.attempts == [AttemptEnd(1, 1, 702, 1, _RAISED)], rec.evidence.attempts
+    assert rec.evidence.attempts == [AttemptEnd(1, 1, 702, 1, _RAISED, rank=1)], rec.evidence.attempts
     [crash] = [x for x in find([rec]) if x.title.startswith("crash in")]
     assert crash.title.startswith(f"crash in ddp [default]: exit code 1: rank 1: {_RAISED}, at "), crash.title
     assert not any(d.startswith("earlier attempts") for d in crash.detail), crash.detail
+
+
+# --- recorded runs: the harness's own runs (torch 2.13 on CPU, gloo) of a trainer of one's own (not in
+# this repository: the contract's files, an all_reduce a step, its faults chosen by the attempt,
+# TORCHELASTIC_RESTART_COUNT) under torchrun --max-restarts=1; each folder holds torchrun's logs as
+# the harness kept them, the trainer's files and the harness's nodes.json or stacks
+
+EVIDENCE = Path(__file__).parents[1] / "evidence"
+#: two nodes x one process (two agents, c10d on localhost): rank 1, node 1's only worker (local rank 0),
+#: raises in attempt 1 (step 4) and again in attempt 2 (step 3); rank 0 fails after it each time
+NODES_TWICE = EVIDENCE / "nodes2_restart_rank1_twice"
+_SHARD4 = "RuntimeError: shard 4 of rank 1 is truncated (attempt 0)"
+
+
+def _judged(out: Path, log: str, exit_code: int | None) -> PhaseRecord:
+    """The record the session makes of a recorded run directory (session/runs.py ``launch``,
+    ``judge``, ``record``): its files and logs read, its verdict, its evidence, and the log of the
+    node its verdict names."""
+    run = RunData(out, world_size=2, exit_code=exit_code, steps_requested=8)
+    files = read_train(run)
+    run = files.onto(run)
+    run = read_ended(run, out / log).onto(run)
+    status, reason = verdict(Outcome.of_run("train", run, list(files.problems)), [])
+    rec = PhaseRecord(PointKey("mine", "cpu", "ddp"), "mine/cpu/ddp/default", "train", status, reason, steps=8,
+                      world_size=2, exit_code=exit_code, evidence=collect(run, out / log, list(files.problems)),
+                      trainer="myt", out_dir=str(out))
+    named = culprit_log(rec)
+    return rec if named in (None, log) else replace(rec, evidence=with_log(rec.evidence, out / named))
+
+
+def test_each_nodes_failed_attempts_name_the_global_rank_and_its_own_exception():
+    """Node 1's agent names its worker by local rank 0; its exception's prefix names global rank 1.
+    The local rank was taken for the global one: node 1's attempt 1 read 'local rank 0 (pid 7282)
+    exited with code 1', its exception lost (rank 0's lines are in node 0's log), and only the
+    blamed node's log was read."""
+    rec = _judged(NODES_TWICE, "node0.stderr.log", 1)
+    assert rec.evidence.stderr_log == "node1.stderr.log", rec.evidence.stderr_log
+    [attempt1, attempt2] = [a for a in rec.evidence.attempts if a.node == 1]
+    assert (attempt1.rank, attempt1.local_rank, attempt1.pid, attempt1.restarted) == (1, 0, 7282, True), attempt1
+    assert attempt1.exception == _SHARD4, attempt1
+    assert (attempt2.rank, attempt2.restarted, attempt2.exception) == (
+        1, False, "RuntimeError: shard 3 of rank 1 is truncated (attempt 1)"), attempt2
+    assert [(a.rank, a.local_rank, a.own) for a in rec.evidence.attempts if a.node == 0] == [(0, 0, False)] * 2
+    [crash] = [x for x in find([rec]) if x.title.startswith("crash in")]
+    assert crash.title.startswith("crash in ddp [default]: exit code 1: rank 1: RuntimeError: shard 3 of rank 1 "
+                                  "is truncated (attempt 1)"), crash.title
+    assert crash.detail[-1].startswith(
+        "earlier attempts, each followed by torchrun starting the workers again (node0.stderr.log, node1.stderr.log): "
+        f"attempt 1 of node 1 ended as rank 1 (local rank 0, pid 7282) failed: {_SHARD4}; attempt 1 of node 0 ended "
+        "as rank 0 (local rank 0, pid 7281) failed: RuntimeError: Connection closed by peer"), crash.detail
+
+
+def test_a_nodes_global_rank_is_its_summarys_where_the_launch_did_not_see_its_node_rank(tmp_path):
+    """Without nodes.json's node rank (no worker of the node was seen), the agent's summary as it gave
+    up says it: 'rank : 1 (local_rank: 0)'; the same agents keep their node ranks in every round of
+    c10d's rendezvous, so the restarted attempt's worker was rank 1 too. Where no summary says it
+    either, the worker is its local rank alone, and no rank's exception is taken for its."""
+    log = NODES_TWICE / "node1.stderr.log"
+    assert [(a.rank, a.exception) for a in attempt_ends(log)] == [
+        (1, _SHARD4), (1, "RuntimeError: shard 3 of rank 1 is truncated (attempt 1)")]
+    cut = tmp_path / "node1.stderr.log"
+    text = log.read_text()
+    cut.write_text(text[:text.index("Traceback (most recent call last):\n  File \"<frozen runpy>\"")])
+    ends = attempt_ends(cut)  # the agent stopped before its summary
+    assert [(a.rank, a.exception, a.who) for a in ends] == [(None, None, "local rank 0 (pid 7282)"),
+                                                           (None, None, "local rank 0 (pid 7310)")], ends
+    assert [a.rank for a in attempt_ends(cut, AgentSeen(first_rank=1, node=1))] == [1, 1]

@@ -256,16 +256,18 @@ def short_exception(text: str) -> str:
     return f"{m['name'].split('.')[-1]}: {m['msg'].split('. ')[0][:EXCERPT_CHARS]}"
 
 
-def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20) -> dict[int, RankFailure]:
+def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20, *, seen: AgentSeen | None = None
+                  ) -> dict[int, RankFailure]:
     """Per rank: the exception its traceback ended with (an uncaught exception's lines carry
     ``[rankN]:``, from the sys.excepthook that torch.distributed installs with its process group;
     they are often far above the tail) and the exit code torchrun reported for it (negative:
-    killed by that signal). Of the log's last attempt only (``last_attempt``): under
-    ``--max-restarts`` an earlier attempt's exception is not how the run's ranks ended."""
+    killed by that signal). Of the log's last attempt only (``last_attempt``, with what the harness
+    ``seen`` of the agent): under ``--max-restarts`` an earlier attempt's exception is not how the
+    run's ranks ended."""
     text = _read(stderr_path, max_bytes)
     if text is None:
         return {}
-    text = last_attempt(text)
+    text = last_attempt(text, seen)
     found: dict[int, dict] = {}
     said: dict[int, list[str]] = {}  # each rank's own lines, its prefix dropped
     rank = None
@@ -321,9 +323,17 @@ _ATTEMPT_FAILED = re.compile(r"\bfailed \(exitcode: (?P<code>-?\d+)\) local_rank
 
 @dataclass(frozen=True)
 class AgentSeen:
-    """What the harness saw of one torchrun agent beside its log, where the log cannot say it: the
+    """What the harness saw of one torchrun agent beside its log, where the log cannot say it: how
+    the agent ended, which of its workers were running when the harness stopped the run, and the
     global ranks its node's workers had."""
 
+    exit_code: int | None = None
+    """Its exit status; None where the harness killed it (its stall watch, the timeout) or it is not
+    known. An agent that gives up on its workers exits 1 after its summary: one that exits 0 after a
+    failure line had started its workers again, and they succeeded."""
+    running: frozenset[int] = frozenset()
+    """The process ids of its workers the harness found running as it stopped the run (the stacks it
+    took, or tried to)."""
     first_rank: int | None = None
     """The global rank of its local rank 0: torchrun gives a node's workers consecutive ranks from
     its node rank times its processes per node. 0 for a launch of one agent; None where not known."""
@@ -405,7 +415,7 @@ def attempt_ends(stderr_path: Path, seen: AgentSeen | None = None) -> list[Attem
             parts = _attempt_parts(fh.read())
     except OSError:
         return []
-    failed, restarted = parts[:-1], _restarted(parts)
+    failed, restarted = parts[:-1], _restarted(parts, seen)
     summary = _summary(parts[-1])  # of the attempt whose failure line it follows: none once restarted
     first = seen.first_rank if seen.first_rank is not None else next(
         (rank - local for rank, local in summary.values() if local is not None), None)
@@ -438,15 +448,16 @@ def _summary(text: str) -> dict[int, tuple[int, int | None]]:
     return out
 
 
-def last_attempt(text: str) -> str:
+def last_attempt(text: str, seen: AgentSeen | None = None) -> str:
     """The part of a torchrun log that is its last attempt of the workers (under ``--max-restarts``
     the agent starts them again after a failure, into the same log): from after the failure line of
     the attempt before it, to the log's end (torchrun's summary, as it gave up, is of the attempt
-    whose failure line it follows). A log of one attempt is all of it."""
+    whose failure line it follows). A log of one attempt is all of it. ``seen``: what the harness
+    saw of the agent (``_restarted``)."""
     parts = _attempt_parts(text)
     if len(parts) == 1:
         return text
-    return parts[-1] if _restarted(parts) else "".join(parts[-2:])
+    return parts[-1] if _restarted(parts, seen or AgentSeen()) else "".join(parts[-2:])
 
 
 def _attempt_parts(text: str) -> list[str]:
@@ -463,14 +474,23 @@ def _attempt_parts(text: str) -> list[str]:
     return parts + [text[start:]]
 
 
-def _restarted(parts: list[str]) -> bool:
+def _restarted(parts: list[str], seen: AgentSeen) -> bool:
     """Whether torchrun started the workers again after the last failed attempt of ``_attempt_parts``:
     no summary of torchrun's (the exit codes it reports as it gives up) follows its failure line, and
-    an earlier failure line shows that this launch restarts its workers. A log of one failed attempt
-    and no summary is taken for one whose agent was stopped before its summary, as it always was."""
-    if len(parts) < 3:
+    something shows workers ran after it. The agent ends every worker still running before it writes
+    its failure line, so a worker after it is a later attempt's: one the agent signals after it (as it
+    is stopped itself), or one the harness found running as it stopped the run that the log names
+    nowhere up to that line. An earlier failure line shows that this launch restarts its workers, and
+    an agent that exits 0 (``seen``) had restarted them: one that gives up exits 1. Otherwise a log
+    of one failed attempt and no summary is one whose agent was stopped between its failure line and
+    its summary."""
+    if len(parts) < 2 or any(_TR_EXIT.match(ln) for ln in parts[-1].splitlines()):
         return False
-    return not any(_TR_EXIT.match(ln) for ln in parts[-1].splitlines())
+    if len(parts) >= 3 or seen.exit_code == 0 or _signalled(parts[-1]):
+        return True
+    before = "".join(parts[:-1])
+    named = {int(m["pid"]) for m in _ATTEMPT_FAILED.finditer(before)} | _signalled(before)
+    return bool(seen.running - named)
 
 
 def _traceback(lines: list[str], exception: str) -> dict:
@@ -521,18 +541,27 @@ def _agent_signalled(text: str) -> set[int]:
     """The process ids torchrun's agent says it signalled (its own log lines, ``_AGENT_SIGNALLED``);
     empty where it signalled none or was itself told to stop (``_AGENT_TOLD``): then any worker's signal
     may have come from where the agent's did."""
-    pids: set[int] = set()
+    if any(_AGENT_TOLD.match(ln) for ln in _agent_lines(text)):
+        return set()
+    return _signalled(text)
+
+
+def _signalled(text: str) -> set[int]:
+    """The process ids torchrun's agent says it signalled in ``text``, whether or not it was told to
+    stop itself."""
+    return {int(m.group(2)) for ln in _agent_lines(text) if (m := _AGENT_SIGNALLED.match(ln))}
+
+
+def _agent_lines(text: str) -> list[str]:
+    """torchrun's agent's own lines (``whose_lines``), and its logging in the formats of torch before
+    2.4 (``_OLD_AGENT_LINE``), each as its message."""
+    out = []
     for who, ln in whose_lines(text):
-        if who != _AGENT:
-            old = _OLD_AGENT_LINE.match(ln)
-            if old is None:
-                continue
-            ln = old["msg"]
-        if _AGENT_TOLD.match(ln):
-            return set()
-        if m := _AGENT_SIGNALLED.match(ln):
-            pids.add(int(m.group(2)))
-    return pids
+        if who == _AGENT:
+            out.append(ln)
+        elif (old := _OLD_AGENT_LINE.match(ln)) is not None:
+            out.append(old["msg"])
+    return out
 
 
 def _watchdog_failures(text: str) -> dict[int, str]:
@@ -692,16 +721,20 @@ def whose_lines(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def agent_said(stderr_path: Path, workers_ran: bool = False, max_bytes: int = 1 << 20) -> str | None:
+def agent_said(stderr_path: Path, workers_ran: bool = False, max_bytes: int = 1 << 20, *,
+               seen: AgentSeen | None = None) -> str | None:
     """The last error the agent itself reported (its exception, e.g. torchrun's
     ``...RendezvousTimeoutError``), else its own last line (``whose_lines``); never a worker's
     (a ``[rankN]:`` line, a worker's traceback printed before its process group, a worker's
     logging). Where no worker ran (``workers_ran`` False: none was seen under this agent) and the
     agent wrote nothing recognisably its own, the log's last line (an agent that died before
-    torchrun's own code ran says why there); None for an empty log."""
+    torchrun's own code ran says why there); None for an empty log. Of its last attempt
+    (``last_attempt``, ``seen``): an agent that started its workers again after a failure line and
+    said nothing since said nothing of how the run ended."""
     text = _read(stderr_path, max_bytes)
     if text is None:
         return None
+    text = last_attempt(text, seen)
     lines = whose_lines(text)
     own = [ln.strip() for who, ln in lines if who == _AGENT]
     if not own and not workers_ran and not any(who == _WORKER for who, _ in lines):
@@ -710,12 +743,13 @@ def agent_said(stderr_path: Path, workers_ran: bool = False, max_bytes: int = 1 
     return (errors or own or [None])[-1]
 
 
-def worker_said(stderr_path: Path, max_bytes: int = 1 << 20) -> str | None:
+def worker_said(stderr_path: Path, max_bytes: int = 1 << 20, *, seen: AgentSeen | None = None) -> str | None:
     """The exception of the last traceback in an agent's log that is a worker's and names no rank
-    (no ``[rankN]:`` prefix: printed before the worker's process group, or by a handler of its own);
-    None where there is none. Whose it is, the log does not say."""
+    (no ``[rankN]:`` prefix: printed before the worker's process group, or by a handler of its own),
+    of its last attempt (``last_attempt``, ``seen``); None where there is none. Whose it is, the log
+    does not say."""
     text = _read(stderr_path, max_bytes)
-    return None if text is None else next(reversed(_worker_exceptions(text)), None)
+    return None if text is None else next(reversed(_worker_exceptions(last_attempt(text, seen))), None)
 
 
 def _worker_exceptions(text: str) -> list[str]:
@@ -726,19 +760,20 @@ def _worker_exceptions(text: str) -> list[str]:
     return [e for e in raised if e]
 
 
-def log_exception(stderr_path: Path, max_bytes: int = 1 << 20) -> str | None:
+def log_exception(stderr_path: Path, max_bytes: int = 1 << 20, *, seen: AgentSeen | None = None) -> str | None:
     """``last_exception`` of a whole log (its last ``max_bytes``; of its last attempt, ``last_attempt``):
     a rank's traceback printed before its process group (no [rankN] prefix to attribute it by) lies far
     above torchrun's own."""
     text = _read(stderr_path, max_bytes)
-    return None if text is None else last_exception(last_attempt(text))
+    return None if text is None else last_exception(last_attempt(text, seen))
 
 
-def log_has_traceback(stderr_path: Path, max_bytes: int = 1 << 20) -> bool | None:
+def log_has_traceback(stderr_path: Path, max_bytes: int = 1 << 20, *,
+                      seen: AgentSeen | None = None) -> bool | None:
     """``has_traceback`` of a whole log (its last ``max_bytes``; of its last attempt, ``last_attempt``);
     None when it cannot be read."""
     text = _read(stderr_path, max_bytes)
-    return None if text is None else has_traceback(last_attempt(text))
+    return None if text is None else has_traceback(last_attempt(text, seen))
 
 
 def has_traceback(text: str) -> bool:

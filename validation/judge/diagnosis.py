@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from nsa.contract import EXIT_NONFINITE, EXIT_WATCHDOG, HEARTBEAT_STAGE_HALT, HEARTBEAT_STAGES_IN_STEP
 from validation.contract.files import HaltInfo
 from validation.contract.stacks import StackDump
-from validation.contract.torchrun_log import RankFailure, gave_up, last_exception
+from validation.contract.torchrun_log import RankFailure, gave_up
 from validation.judge.nodes import killed_agent, killed_agents
 from validation.judge.record import TRAINER_KINDS, Beat, Evidence, PhaseRecord, Status
 from validation.judge.seen import RankSilence
@@ -696,7 +696,7 @@ def crash(r: PhaseRecord) -> Diagnosis | None:
                           waited=tuple(waited))
     if ev.nodes is not None and killed_agent(ev.nodes.launcher, ev.nodes.nodes, r.stopped_by_harness) is not None:
         return None  # no rank failed: a node's agent was killed (findings/nodes.py names it), no crash of the trainer
-    exception = ev.exception or last_exception(ev.stderr_tail)  # a record stored before 'exception'
+    exception = ev.log_exception
     # the one process is rank 0, whatever launched it
     ranks = (RankAt.of(r, 0, cause=exception or f"exit code {r.exit_code}"),) if r.world_size == 1 else ()
     return Diagnosis(Kind.CRASHED, ranks, cause=exception, step=ranks[0].step if ranks else None,

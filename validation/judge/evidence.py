@@ -17,8 +17,8 @@ from validation.contract.torchrun_log import (RankFailure, agent_signalled, log_
 from validation.judge.clock import StepClock
 from validation.judge.memory import growing_ranks
 from validation.judge.metrics import RunData, costs, fallback_counters, rank_step_times
-from validation.judge.nodes import (launch_agent_killed, launch_attempts, lateness, nearness, node_evidence,
-                                    node_failures, node_logs, slurm_stopped)
+from validation.judge.nodes import (agent_seen, launch_agent_killed, launch_attempts, lateness, nearness,
+                                    node_evidence, node_failures, node_logs, slurm_stopped)
 from validation.judge.record import Beat, Evidence, NotRun, RunSigns, rank_processes
 from validation.judge.stability import curve, nonfinite
 from validation.excerpt import EXCERPT_CHARS, STDERR_TAIL_LINES
@@ -88,8 +88,9 @@ class Ended:
 
 def read_ended(run: RunData, stderr_path: Path) -> Ended:
     """``Ended`` of a run whose contract files were read (``read_train``: whether it left a .HALT)."""
+    seen = agent_seen(run.out_dir, stderr_path, run.exit_code)
     return Ended(read_halt(run.out_dir) if run.halted else None,
-                 {**rank_failures(stderr_path), **node_failures(run.out_dir)}, slurm_stopped(run.out_dir),
+                 {**rank_failures(stderr_path, seen=seen), **node_failures(run.out_dir)}, slurm_stopped(run.out_dir),
                  launch_agent_killed(run.out_dir, run.stopped_by_harness))
 
 
@@ -129,17 +130,20 @@ def collect(run: RunData, stderr_path: Path, errors: list[str], clock: StepClock
         restarts=contract.adapter_restarts(run.env), spikes=trained.spikes,
         divergence=trained.divergence, slowdown=trained.slowdown, memory_growth=trained.memory_growth,
         not_run=None if run.launched else NotRun.LAUNCH, misses=list(run.misses), rank_processes=seen,
-        silent_ranks=[s for s in run.silent_ranks if s.rank < run.world_size]), stderr_path)
+        silent_ranks=[s for s in run.silent_ranks if s.rank < run.world_size]), stderr_path, run.exit_code)
 
 
-def with_log(ev: Evidence, stderr_path: Path) -> Evidence:
-    """``ev`` with its stderr (the log's tail, name, last exception and whether it holds a traceback)
-    read from ``stderr_path``: of a launch of several nodes, the log of the node the verdict blames
-    (session/runs.py ``record``); and how each attempt of torchrun's workers failed, by every agent's
-    log (``launch_attempts``)."""
+def with_log(ev: Evidence, stderr_path: Path, exit_code: int | None = None) -> Evidence:
+    """``ev`` with its stderr (the log's tail, name, last exception and whether it holds a traceback,
+    of its agent's last attempt) read from ``stderr_path``: of a launch of several nodes, the log of
+    the node the verdict blames (session/runs.py ``record``); and how each attempt of torchrun's
+    workers failed, by every agent's log (``launch_attempts``). ``exit_code``: the run's, of a launch
+    of one agent (its agent's: one that exits 0 after a failure had restarted its workers)."""
+    seen = agent_seen(stderr_path.parent, stderr_path, exit_code)
     return dataclasses.replace(ev, stderr_tail=tail(stderr_path, STDERR_TAIL_LINES), stderr_log=stderr_path.name,
-                               exception=log_exception(stderr_path), traceback=log_has_traceback(stderr_path),
-                               attempts=launch_attempts(stderr_path.parent, stderr_path))
+                               exception=log_exception(stderr_path, seen=seen),
+                               traceback=log_has_traceback(stderr_path, seen=seen),
+                               attempts=launch_attempts(stderr_path.parent, stderr_path, exit_code))
 
 
 def signs(run: RunData, failed_gates: list[str]) -> RunSigns:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from validation.contract.nodes import NodeLaunch, NodesLaunch, read_nodes
+from validation.contract.stacks import read_index
 from validation.contract.torchrun_log import (AgentSeen, AttemptEnd, RankFailure, agent_said, attempt_ends,
                                               rank_failures, worker_said)
 
@@ -87,35 +88,38 @@ def node_logs(out_dir: Path) -> list[Path]:
 
 def node_failures(out_dir: Path) -> dict[int, RankFailure]:
     """How each rank ended, read from every node's agent log (torchrun reports each rank's end in
-    its own node's log); empty for a run of one node."""
+    its own node's log, ``agent_seen`` beside it); empty for a run of one node."""
     failures: dict[int, RankFailure] = {}
     for log in node_logs(out_dir):
-        failures.update(rank_failures(log))
+        failures.update(rank_failures(log, seen=agent_seen(out_dir, log)))
     return failures
 
 
-def agent_seen(out_dir: Path, log: Path) -> AgentSeen:
+def agent_seen(out_dir: Path, log: Path, exit_code: int | None = None) -> AgentSeen:
     """What the harness saw of the torchrun agent whose log is ``log`` (AgentSeen): of a node of a
-    launch of several, its first global rank, its node rank times the processes per node
-    (nodes.json); of a launch of one agent, rank 0 first. Nothing of a log that is no node's of the
-    launch."""
+    launch of several, its agent's exit, the workers on it the harness found running as it stopped
+    the run (the stacks it took), and its first global rank, its node rank times the processes per
+    node (nodes.json); of a launch of one agent, ``exit_code`` (the run's, which is its agent's), its
+    workers found running, and rank 0 first. Nothing of a log that is no node's of the launch."""
+    taken = read_index(out_dir)
     launch = read_nodes(out_dir)
     if launch is None:
-        return AgentSeen(first_rank=0)
+        return AgentSeen(exit_code, frozenset(t.pid for t in taken if t.rank is not None), 0)
     node = next((n for n in launch.nodes if n.stderr == log.name), None)
     if node is None:
         return AgentSeen()
     first = node.group_rank * launch.nproc_per_node if node.group_rank is not None else None
-    return AgentSeen(first_rank=first, node=node.index)
+    running = frozenset(t.pid for t in taken if t.rank is not None and t.node == node.index)
+    return AgentSeen(node.exit_code, running, first, node.index)
 
 
-def launch_attempts(out_dir: Path, stderr_path: Path) -> list[AttemptEnd]:
+def launch_attempts(out_dir: Path, stderr_path: Path, exit_code: int | None = None) -> list[AttemptEnd]:
     """Each failed attempt of the launch's workers by its agents' logs (``attempt_ends``): of a launch
     of several nodes, every node's, node by node, each agent counting its own attempts (one whose
     workers another node's failure ended starts them again with no failure line of its own); of a
     launch of one agent, its log's (``stderr_path``)."""
     logs = node_logs(out_dir) or [stderr_path]
-    return [a for log in logs for a in attempt_ends(log, agent_seen(out_dir, log))]
+    return [a for log in logs for a in attempt_ends(log, agent_seen(out_dir, log, exit_code))]
 
 
 def killed_agents(launcher: str, nodes: Sequence[NodeLaunch | NodeEvidence], stopped: bool
@@ -170,8 +174,9 @@ def node_evidence(out_dir: Path, heartbeats: dict[int, list[dict[str, Any]]],
     if launch is None:
         return None
     # what each node's agent and its workers said last, in its log
-    said = {n.index: (agent_said(out_dir / n.stderr, workers_ran=bool(n.ranks)), worker_said(out_dir / n.stderr))
-            for n in launch.nodes}
+    seen = {n.index: agent_seen(out_dir, out_dir / n.stderr) for n in launch.nodes}
+    said = {n.index: (agent_said(out_dir / n.stderr, workers_ran=bool(n.ranks), seen=seen[n.index]),
+                      worker_said(out_dir / n.stderr, seen=seen[n.index])) for n in launch.nodes}
     placed = _ranks_by_node(launch, heartbeats)
     # how late a node comes is against the other nodes; within one node it says nothing of nodes (a
     # one-node torchrun launch, with no nodes.json, has no such figure either)

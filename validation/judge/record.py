@@ -18,7 +18,7 @@ from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP
 from validation.contract.files import HaltInfo
 from validation.contract.reruns import Rerun, Restart
 from validation.contract.stacks import Frame, StackDump, TakenStack
-from validation.contract.torchrun_log import AttemptEnd, RankFailure
+from validation.contract.torchrun_log import AttemptEnd, RankFailure, last_exception
 from validation.errors import StoreError
 from validation.judge.asked import Asked
 from validation.judge.clock import StepClock
@@ -195,7 +195,8 @@ class Evidence:
     stderr_log: str | None = None
     exception: str | None = None
     """The last exception a process of the run raised, from its whole stderr log (torchrun's own
-    report that a worker failed skipped: contract/torchrun_log.py ``log_exception``)."""
+    report that a worker failed skipped: contract/torchrun_log.py ``log_exception``), of its last
+    attempt under torchrun's --max-restarts."""
     traceback: bool | None = None
     """Whether that log holds a Python traceback of the trainer's own (``log_has_traceback``): a
     trainer that ends on a one-line error prints none. None: a record stored before it was read."""
@@ -286,6 +287,13 @@ class Evidence:
     silent_ranks: list[RankSilence] = field(default_factory=list)
     """Of a run the harness stopped: the ranks whose heartbeats had shown no new step for stall_s while
     another rank's went on (``RankSilence``), as its watch saw them; empty in records of older harnesses."""
+
+    @property
+    def log_exception(self) -> str | None:
+        """``exception``; of a record stored before the whole log was read for it (``traceback`` None),
+        the last its stderr tail shows. Not the tail's where the log was read: under torchrun's
+        --max-restarts the tail may hold an earlier attempt's exception, which is none of the run's end."""
+        return self.exception if self.traceback is not None else self.exception or last_exception(self.stderr_tail)
 
     @classmethod
     def from_json(cls, ev: dict[str, Any]) -> Evidence:

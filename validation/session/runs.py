@@ -171,7 +171,8 @@ def record(point: PhasePoint, j: Judged, hw: Machine, results_dir: Path, run_id:
     log = culprit_log(rec)
     if log in (None, rec.evidence.stderr_log):
         return rec
-    return replace(rec, evidence=with_log(rec.evidence, run.out_dir / log))  # the log of the node it names
+    # the log of the node it names
+    return replace(rec, evidence=with_log(rec.evidence, run.out_dir / log, run.exit_code))
 
 
 def harness_failed(point: PhasePoint, out_dir: Path, results_dir: Path, hw: Machine, run_id: str, started: str,

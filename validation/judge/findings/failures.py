@@ -317,6 +317,8 @@ def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
             if _alone(r, d, stuck):  # the one process left running: the others had ended, and it had not
                 at = f": hung: {'; '.join(stuck.values())}; the other ranks had ended"
                 facts = replace(facts, alone=True)
+        # an attempt torchrun started the workers again after is no cause of this one's stall: said as earlier
+        detail += _earlier_attempts(r)
         out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail, kind, facts,
                            d if d.ranks and d.kind != Kind.HALT_STALL else None))
     return out

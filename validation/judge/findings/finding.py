@@ -5,7 +5,7 @@ import enum
 from dataclasses import dataclass, field, replace
 
 from nsa.contract import heartbeat_name
-from validation.contract.torchrun_log import AttemptEnd, has_traceback, last_exception, short_exception
+from validation.contract.torchrun_log import AttemptEnd, has_traceback, short_exception
 from validation.judge.diagnosis import Diagnosis, killed_by_signal, maybe_departed, no_rank_running, root_of_evidence
 from validation.judge.misses import Miss
 from validation.judge.record import Evidence, PhaseRecord, RunSigns, SubRun
@@ -107,7 +107,7 @@ class Facts:
         traced = bool(fail is not None and fail.exception) or (
             ev.traceback if ev.traceback is not None else has_traceback(ev.stderr_tail))
         says = LogSays.TRACEBACK if traced else \
-            LogSays.ONE_LINE if ev.exception or last_exception(ev.stderr_tail) else LogSays.NOTHING
+            LogSays.ONE_LINE if ev.log_exception else LogSays.NOTHING
         return cls(rec.own_trainer, rec.world_size, stacks, rec.accelerator == "cuda",
                    no_rank_running(rec), not started, not stepped,
                    ev.halt is not None and ev.halt.source == "nonfinite", killed, tuple(ev.misses), silent, stopped,

@@ -5,7 +5,8 @@ The crash finding once joined the last attempt's exit (SIGKILL) to the first att
 read from the whole log: 'rank 1: RuntimeError: ...', a cause no process of the run's end had. The
 log is a user's two-rank run of a trainer of their own; nothing runs here. The rank an attempt's
 exception was looked up by was once the local rank torchrun's agent names the failed worker by, which
-on a node of several is not its global rank."""
+on a node of several is not its global rank; and a later attempt after one failure line (a stall, a
+success) was read as the first attempt's end."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -18,6 +19,7 @@ from validation.judge.findings.headline import culprit_log, verdict_line
 from validation.judge.metrics import RunData
 from validation.judge.record import PhaseRecord, PointKey, Status
 from validation.judge.verdict import Outcome, verdict
+from validation.tests.stopped_run import judged_stopped_run
 
 _AGENT = "E1206 01:04:1{i}.920000 16491 torch/distributed/elastic/multiprocessing/api.py:1002] "
 _SIGNAL = "W1206 01:04:1{i}.888000 16491 torch/distributed/elastic/multiprocessing/api.py:1028] "
@@ -112,6 +114,11 @@ EVIDENCE = Path(__file__).parents[1] / "evidence"
 #: two nodes x one process (two agents, c10d on localhost): rank 1, node 1's only worker (local rank 0),
 #: raises in attempt 1 (step 4) and again in attempt 2 (step 3); rank 0 fails after it each time
 NODES_TWICE = EVIDENCE / "nodes2_restart_rank1_twice"
+#: the same launch, rank 1 raising in attempt 1 only: attempt 2 runs its 8 steps, both agents exit 0
+NODES_THEN_OK = EVIDENCE / "nodes2_restart_rank1_then_ok"
+#: one node x two processes: rank 1 raises in attempt 1 (step 4), one failure line; in attempt 2 it stops
+#: itself (SIGSTOP) at step 3, rank 0 waits in its all_reduce, and the harness's stall watch ends the run
+FROZEN_LATER = EVIDENCE / "restart2_rank1_frozen_later"
 _SHARD4 = "RuntimeError: shard 4 of rank 1 is truncated (attempt 0)"
 
 
@@ -128,7 +135,7 @@ def _judged(out: Path, log: str, exit_code: int | None) -> PhaseRecord:
                       world_size=2, exit_code=exit_code, evidence=collect(run, out / log, list(files.problems)),
                       trainer="myt", out_dir=str(out))
     named = culprit_log(rec)
-    return rec if named in (None, log) else replace(rec, evidence=with_log(rec.evidence, out / named))
+    return rec if named in (None, log) else replace(rec, evidence=with_log(rec.evidence, out / named, exit_code))
 
 
 def test_each_nodes_failed_attempts_name_the_global_rank_and_its_own_exception():
@@ -168,3 +175,61 @@ def test_a_nodes_global_rank_is_its_summarys_where_the_launch_did_not_see_its_no
     assert [(a.rank, a.exception, a.who) for a in ends] == [(None, None, "local rank 0 (pid 7282)"),
                                                            (None, None, "local rank 0 (pid 7310)")], ends
     assert [a.rank for a in attempt_ends(cut, AgentSeen(first_rank=1, node=1))] == [1, 1]
+
+
+def test_a_restart_that_succeeded_after_one_failure_line_is_no_ranks_end():
+    """Both agents exit 0 after one failure line each (no summary): torchrun had started the workers
+    again and they finished. Node 1's rank 1 read as ended by attempt 1's exception ('rank 1 ...
+    RuntimeError: shard 4 ...'), each node's agent as last saying its attempt 1 failure line beside its
+    exit 0, and the resumed-in-place warning said attempt 1 ended as node 0's 'local rank 0 ...
+    failed: RuntimeError: Connection closed by peer', the root cause (node 1's rank 1) unsaid."""
+    rec = _judged(NODES_THEN_OK, "node0.stderr.log", 0)
+    assert rec.status == Status.PASS and rec.evidence.rank_failures == {}, (rec.reason, rec.evidence.rank_failures)
+    assert [(n.exit_code, n.said) for n in rec.evidence.nodes.nodes] == [(0, None), (0, None)], rec.evidence.nodes
+    assert all(a.restarted for a in rec.evidence.attempts), rec.evidence.attempts
+    [warning] = [f for f in find([rec]) if f.kind == "resumed_in_place"]
+    assert warning.detail[-1] == (
+        "every number and finding of this run reads the occurrence written later; by torchrun's logs "
+        f"(node0.stderr.log, node1.stderr.log), attempt 1 of node 1 ended as rank 1 (local rank 0, pid 7221) failed: "
+        f"{_SHARD4}; attempt 1 of node 0 ended as rank 0 (local rank 0, pid 7220) failed: RuntimeError: Connection "
+        "closed by peer [127.0.0.1]:17039"), warning.detail
+
+
+def test_a_stall_in_a_later_attempt_is_that_attempts_and_the_earlier_failure_is_said_as_earlier():
+    """One failure line (attempt 1: rank 1's RuntimeError), then attempt 2 stalled: rank 1 stopped
+    (SIGSTOP, no stack to take), rank 0 waiting in its all_reduce. With one failure line and no
+    summary the log was read as one attempt whose agent was stopped before its summary, and the
+    stall's cause was attempt 1's exception: 'rank 1 crashed ...: RuntimeError: shard 4 of rank 1 is
+    truncated (attempt 0) ... — stalled', 'rank 1 failed first (RuntimeError: shard 4 ...)'. The
+    workers the harness found running (pids 7906, 7907) are none the log names up to that line: a
+    later attempt's."""
+    rec = judged_stopped_run(FROZEN_LATER, FROZEN_LATER / "trainer.stderr.log", stalled_s=25.0, stacks_tried=2)
+    ev = rec.evidence
+    assert ev.rank_failures == {} and ev.exception is None and ev.traceback is False, ev
+    assert [(a.attempt, a.rank, a.restarted, a.exception) for a in ev.attempts] == [(1, 1, True, _SHARD4)], ev.attempts
+    assert "shard 4" not in rec.reason and "crashed" not in rec.reason, rec.reason
+    [stall] = [f for f in find([rec]) if f.title.startswith("stall in")]
+    *now, earlier = stall.detail
+    assert "shard 4" not in stall.title + " ".join(now), stall
+    assert "rank 1" in stall.title and "stopped" in stall.title, stall.title
+    assert earlier == ("earlier attempts, each followed by torchrun starting the workers again (trainer.stderr.log): "
+                       f"attempt 1 ended as rank 1 (pid 7898) failed: {_SHARD4}"), stall.detail
+    assert not [f for f in find([rec]) if f.title.startswith("crash in")]
+
+
+def test_one_failure_line_and_no_summary_is_a_restart_only_where_something_shows_workers_after_it(tmp_path):
+    """Nothing the harness saw (no worker found running, no exit 0) and nothing in the log after the
+    failure line: the agent was stopped between its failure line and its summary, and its failure is
+    the run's end, as before. The agent signalling a process after that line (as it is stopped itself,
+    under Slurm's SIGTERM) ends a later attempt's workers: the first attempt's were ended before it."""
+    text = (FROZEN_LATER / "trainer.stderr.log").read_text()
+    log = tmp_path / "trainer.stderr.log"
+    log.write_text(text)
+    assert rank_failures(log)[1].exception == _SHARD4
+    assert attempt_ends(log, AgentSeen(first_rank=0))[0].restarted is False
+    assert rank_failures(log, seen=AgentSeen(running=frozenset({7897, 7898}))), "attempt 1's own workers"
+    assert rank_failures(log, seen=AgentSeen(exit_code=0)) == {}
+    log.write_text(text + "W1206 10:04:40.100000 7883 torch/distributed/elastic/agent/server/api.py:753] Received 15 "
+                   "death signal, shutting down workers\nW1206 10:04:40.101000 7883 torch/distributed/elastic/"
+                   "multiprocessing/api.py:1028] Sending process 7906 closing signal SIGTERM\n")
+    assert rank_failures(log) == {} and attempt_ends(log)[0].restarted

@@ -24,6 +24,7 @@ from validation.judge.verdict import Outcome, process_verdict
 from validation.launch import kinds
 from validation.session import runs
 from validation.tests.conftest import train_phase
+from validation.tests.torchrun_summary import Failed, child_failed
 
 OWN = "nsa.train"
 FOREIGN = "seed_showcase"
@@ -256,9 +257,9 @@ def test_a_crash_is_told_to_read_a_traceback_only_where_its_log_holds_one(tmp_pa
     logs = {"one_line": f"[data] text\n{said}",
             "traceback": f"{said}Traceback (most recent call last):\n  File \"t.py\", line 1\nValueError: bad\n",
             "nothing": "step 1/6 | loss 5.6\n",
-            # torchrun's own traceback of a worker that failed says nothing of the worker's
+            # torchrun's own traceback of a worker that failed, and its summary, say nothing of the worker's
             "torchrun": f"{said}Traceback (most recent call last):\n  File \"run.py\", line 9\n"
-                        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"}
+                        + child_failed("/x/nsa/train.py", Failed(0, 7, 2))}
     advice = {}
     for name, text in logs.items():
         (tmp_path / name).write_text(text)

@@ -13,6 +13,7 @@ from validation.judge.findings import find
 from validation.judge.findings.headline import verdict_line
 from validation.judge.metrics import RunData
 from validation.judge.record import PhaseRecord, PointKey, Status
+from validation.tests.torchrun_summary import Failed, child_failed
 
 _VENV = "/home/u/.venv/lib/python3.11/site-packages/torch"
 
@@ -38,29 +39,7 @@ Traceback (most recent call last):
   File "<frozen runpy>", line 198, in _run_module_as_main
   File "/home/u/.venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
     raise ChildFailedError(
-torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
-============================================================
-/home/u/mine/mytrain.py FAILED
-------------------------------------------------------------
-Failures:
-[1]:
-  time      : 2026-12-06_01:04:14
-  host      : localhost
-  rank      : 0 (local_rank: 0)
-  exitcode  : -15 (pid: 16496)  (SIGTERM)
-  error_file: <N/A>
-  traceback : Signal 15 (SIGTERM) received by PID 16496
-------------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-12-06_01:04:14
-  host      : localhost
-  rank      : 1 (local_rank: 1)
-  exitcode  : 1 (pid: 16497) 
-  error_file: <N/A>
-  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
-============================================================
-"""
+""" + child_failed("/home/u/mine/mytrain.py", Failed(1, 16497, 1), Failed(0, 16496, -15), time="2026-12-06_01:04:14")
 LOCATED = ("OSError: [Errno 22] Invalid argument, at /home/u/mine/mytrain.py:49 in <module> "
            "(st = torch.load(ck, weights_only=False))")
 
@@ -116,7 +95,7 @@ def test_the_frame_quoted_is_the_innermost_of_the_trainers_own_in_the_last_of_ch
         '  File "/srv/train/data.py", line 22, in load',
         '    raise RuntimeError("no data shard could be opened")',
         "RuntimeError: no data shard could be opened"])
-    (tmp_path / "log").write_text(chained + "  rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 7)\n")
+    (tmp_path / "log").write_text(chained + child_failed("/srv/train/main.py", Failed(0, 7, 1)))
     f = rank_failures(tmp_path / "log")[0]
     assert f.exception == "RuntimeError: no data shard could be opened"
     assert f.raised_at == Frame("/srv/train/data.py", 22, "load")

@@ -21,6 +21,7 @@ from validation.judge.metrics import RunData
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 from validation.judge.verdict import Outcome, verdict
+from validation.tests.torchrun_summary import Failed, child_failed
 
 PEER = RankFailure(exception="RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:1", exit_code=1)
 
@@ -291,23 +292,7 @@ HF_RANK1_EXIT0 = """[rank0]:   File "/v/lib/python3.11/site-packages/torch/nn/pa
 [rank0]:     dist._broadcast_coalesced(
 [rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:31134: Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the application.
 E1206 01:12:11.341000 22669 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 0 (pid: 22708) of binary: /v/bin/python3
-torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
-============================================================
-/u/train.py FAILED
-------------------------------------------------------------
-Failures:
-  <NO_OTHER_FAILURES>
-------------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-12-06_01:12:11
-  host      : localhost
-  rank      : 0 (local_rank: 0)
-  exitcode  : 1 (pid: 22708) 
-  error_file: <N/A>
-  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
-============================================================
-"""
+""" + child_failed("/u/train.py", Failed(0, 22708, 1), time="2026-12-06_01:12:11")
 
 
 def test_a_rank_of_a_trainer_without_heartbeats_that_exited_0_before_the_last_step_left_early(tmp_path):

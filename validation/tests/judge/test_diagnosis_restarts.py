@@ -20,48 +20,35 @@ from validation.judge.metrics import RunData
 from validation.judge.record import PhaseRecord, PointKey, Status
 from validation.judge.verdict import Outcome, verdict
 from validation.tests.stopped_run import judged_stopped_run
+from validation.tests.torchrun_summary import Failed, child_failed
 
 _AGENT = "E1206 01:04:1{i}.920000 16491 torch/distributed/elastic/multiprocessing/api.py:1002] "
 _SIGNAL = "W1206 01:04:1{i}.888000 16491 torch/distributed/elastic/multiprocessing/api.py:1028] "
 _RAISED = "RuntimeError: shard 7 is truncated at step 12"
 
-#: attempt 1: rank 1 raises at step 12, the agent ends rank 0; attempt 2: rank 1 is killed by
-#: SIGKILL (the out-of-memory killer's), the agent ends rank 0, and torchrun gives up: its summary
-LOG = "".join(f"[rank1]: {ln}\n" for ln in [
+_RAISES = "".join(f"[rank1]: {ln}\n" for ln in [
     "Traceback (most recent call last):",
     '  File "/home/u/mine/mytrain.py", line 88, in <module>',
     "    batch = next(shards)",
-    _RAISED]) + (_SIGNAL.format(i=1) + "Sending process 701 closing signal SIGTERM\n"
-                 + _AGENT.format(i=1) + "failed (exitcode: 1) local_rank: 1 (pid: 702) of binary: /home/u/.venv/bin/python3\n"
-                 + _SIGNAL.format(i=7) + "Sending process 703 closing signal SIGTERM\n"
-                 + _AGENT.format(i=7) + "failed (exitcode: -9) local_rank: 1 (pid: 704) of binary: /home/u/.venv/bin/python3\n"
-                 ) + """\
+    _RAISED])
+_AGENT_TRACEBACK = """\
 Traceback (most recent call last):
   File "/home/u/.venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
     raise ChildFailedError(
-torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
-============================================================
-/home/u/mine/mytrain.py FAILED
-------------------------------------------------------------
-Failures:
-[1]:
-  time      : 2026-12-06_01:04:17
-  host      : localhost
-  rank      : 0 (local_rank: 0)
-  exitcode  : -15 (pid: 703)  (SIGTERM)
-  error_file: <N/A>
-  traceback : Signal 15 (SIGTERM) received by PID 703
-------------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-12-06_01:04:17
-  host      : localhost
-  rank      : 1 (local_rank: 1)
-  exitcode  : -9 (pid: 704)  (SIGKILL)
-  error_file: <N/A>
-  traceback : Signal 9 (SIGKILL) received by PID 704
-============================================================
 """
+
+
+def _ended(i: int, ended: int, failed: int, code: int) -> str:
+    """The agent's lines as an attempt ends: it signals the worker still running (pid ``ended``), then
+    says which failed first (local rank 1, pid ``failed``)."""
+    return (_SIGNAL.format(i=i) + f"Sending process {ended} closing signal SIGTERM\n" + _AGENT.format(i=i)
+            + f"failed (exitcode: {code}) local_rank: 1 (pid: {failed}) of binary: /home/u/.venv/bin/python3\n")
+
+
+#: attempt 1: rank 1 raises at step 12, the agent ends rank 0; attempt 2: rank 1 is killed by
+#: SIGKILL (the out-of-memory killer's), the agent ends rank 0, and torchrun gives up: its summary
+LOG = (_RAISES + _ended(1, 701, 702, 1) + _ended(7, 703, 704, -9) + _AGENT_TRACEBACK
+       + child_failed("/home/u/mine/mytrain.py", Failed(1, 704, -9), Failed(0, 703, -15)))
 
 
 def _record(tmp_path: Path, log: str) -> PhaseRecord:
@@ -93,10 +80,8 @@ def test_the_crash_is_the_last_attempts_and_an_earlier_attempts_exception_is_its
 def test_a_run_that_was_not_restarted_reads_as_it_did(tmp_path):
     """The second attempt's lines taken out: one attempt, whose exception is rank 1's end, and no
     word of earlier attempts."""
-    once = LOG.replace(_SIGNAL.format(i=7) + "Sending process 703 closing signal SIGTERM\n", "").replace(
-        _AGENT.format(i=7) + "failed (exitcode: -9) local_rank: 1 (pid: 704) of binary: /home/u/.venv/bin/python3\n", "")
-    once = once.replace("exitcode  : -9 (pid: 704)  (SIGKILL)", "exitcode  : 1 (pid: 702)").replace(
-        "(pid: 703)", "(pid: 701)")
+    once = (_RAISES + _ended(1, 701, 702, 1) + _AGENT_TRACEBACK
+            + child_failed("/home/u/mine/mytrain.py", Failed(1, 702, 1), Failed(0, 701, -15)))
     rec = _record(tmp_path, once)
     assert rec.evidence.rank_failures[1].exception == _RAISED and rec.evidence.rank_failures[1].exit_code == 1
     assert rec.evidence.attempts == [AttemptEnd(1, 1, 702, 1, _RAISED, rank=1)], rec.evidence.attempts

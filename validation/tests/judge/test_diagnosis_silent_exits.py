@@ -19,8 +19,18 @@ from validation.judge.findings import find, recommendations
 from validation.judge.findings.headline import verdict_line
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
+from validation.tests.torchrun_summary import Failed, child_failed
 
 EVIDENCE = Path(__file__).parents[1] / "evidence"
+
+
+def _summary(*also: Failed) -> str:
+    """torchrun's summary of SWALLOWED's run: rank 0 failed first (its exit 1), then its agent ended rank
+    2, still running; and ``also``."""
+    return child_failed("/tmp/b13/myt/train.py", Failed(0, 4075, 1), Failed(2, 4077, -15), *also,
+                        time="2026-11-27_23:26:59")
+
+
 #: MYT_FAULT=return:1@3 (rank 1 returns from main as step 3 starts), every other rank catches its
 #: broken all_gather, prints one line and exits 1; torchrun x3, gloo
 SWALLOWED = """rank 2: lost a peer, giving up
@@ -32,29 +42,7 @@ Traceback (most recent call last):
     main()
   File "/venv/lib/python3.11/site-packages/torch/distributed/launcher/api.py", line 383, in launch_agent
     raise ChildFailedError(
-torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
-============================================================
-/tmp/b13/myt/train.py FAILED
-------------------------------------------------------------
-Failures:
-[1]:
-  time      : 2026-11-27_23:26:59
-  host      : localhost
-  rank      : 2 (local_rank: 2)
-  exitcode  : -15 (pid: 4077)  (SIGTERM)
-  error_file: <N/A>
-  traceback : Signal 15 (SIGTERM) received by PID 4077
-------------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-11-27_23:26:59
-  host      : localhost
-  rank      : 0 (local_rank: 0)
-  exitcode  : 1 (pid: 4075) 
-  error_file: <N/A>
-  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
-============================================================
-"""
+""" + _summary()
 #: each rank's last two heartbeats: rank 1 completed step 2 and never began step 3
 BEATS = {0: [{"step": 2, "stage": "step"}, {"step": 3, "stage": "forward"}],
          1: [{"step": 2, "stage": "forward"}, {"step": 2, "stage": "step"}],
@@ -92,10 +80,7 @@ def _sigtermed(rank: int) -> str:
     agent = "torch/distributed/elastic/multiprocessing/api.py:1028] Sending process"
     log = SWALLOWED.replace(f"{agent} 4077 closing signal SIGTERM\n", f"{agent} 4077 closing signal SIGTERM\n"
                             f"W1127 23:26:59.306000 4064 {agent} 4076 closing signal SIGTERM\n")
-    return log.replace("Failures:\n", f"Failures:\n[2]:\n  time      : 2026-11-27_23:26:59\n"
-                             f"  host      : localhost\n  rank      : {rank} (local_rank: {rank})\n"
-                             "  exitcode  : -15 (pid: 4076)  (SIGTERM)\n  error_file: <N/A>\n"
-                             "  traceback : Signal 15 (SIGTERM) received by PID 4076\n")
+    return log.replace(_summary(), _summary(Failed(rank, 4076, -15)))
 
 
 def test_a_silent_exit_beside_a_sigtermed_rank_behind_it_names_both(tmp_path):

@@ -14,24 +14,9 @@ from validation.judge.findings import find, recommendations
 from validation.judge.findings.headline import verdict_line
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
+from validation.tests.torchrun_summary import Failed, child_failed
 
-_SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
-============================================================
-/tmp/mine/train.py FAILED
-------------------------------------------------------------
-Failures:
-{others}
-------------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-11-27_19:57:03
-  host      : localhost
-  rank      : 1 (local_rank: {local})
-  exitcode  : 1 (pid: 1693) 
-  error_file: <N/A>
-  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
-============================================================
-"""
+_SCRIPT = "/tmp/mine/train.py"
 _AGENT_TRACEBACK = """Traceback (most recent call last):
   File "<frozen runpy>", line 198, in _run_module_as_main
   File "/venv/lib/python3.11/site-packages/torch/distributed/run.py", line 1032, in <module>
@@ -53,13 +38,11 @@ ONE_NODE = ("*****************************************\nSetting OMP_NUM_THREADS 
             + "E1127 19:57:03.274000 1687 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) "
               "local_rank: 1 (pid: 1693) of binary: /venv/bin/python\n"
             + _AGENT_TRACEBACK
-            + _SUMMARY.format(local=1, others="[1]:\n  time      : 2026-11-27_19:57:03\n  host      : localhost\n"
-                                              "  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 1692)  (SIGTERM)\n"
-                                              "  error_file: <N/A>\n  traceback : Signal 15 (SIGTERM) received by PID 1692"))
+            + child_failed(_SCRIPT, Failed(1, 1693, 1), Failed(0, 1692, -15), time="2026-11-27_19:57:03"))
 #: node 1 of a launch of two nodes (one rank each): its rank failed; node 0's rank went on waiting
 NODE_1 = (_WORKER_TRACEBACK + "E1127 19:58:54.752000 2483 torch/distributed/elastic/multiprocessing/api.py:1002] "
           "failed (exitcode: 1) local_rank: 0 (pid: 2497) of binary: /venv/bin/python\n"
-          + _AGENT_TRACEBACK + _SUMMARY.format(local=0, others="  <NO_OTHER_FAILURES>"))
+          + _AGENT_TRACEBACK + child_failed(_SCRIPT, Failed(1, 2497, 1, local_rank=0), time="2026-11-27_19:58:54"))
 
 
 def _record(ev: Evidence, **fields) -> PhaseRecord:
@@ -343,10 +326,7 @@ def test_a_trainers_one_line_error_is_the_exception_where_no_traceback_says_one(
 
 
 #: a Hugging Face Trainer's rank 0 aborted at the interpreter's exit after its last step (gloo)
-ABORTED_AT_EXIT = _SUMMARY.replace("  rank      : 1 (local_rank: {local})\n  exitcode  : 1 (pid: 1693) \n",
-                                   "  rank      : 0 (local_rank: {local})\n  exitcode  : -6 (pid: 6992)  (SIGABRT)\n"
-                                   ).replace("  traceback : To enable traceback see: https://pytorch.org/docs/stable/"
-                                             "elastic/errors.html", "  traceback : Signal 6 (SIGABRT) received by PID 6992")
+ABORTED_AT_EXIT = child_failed(_SCRIPT, Failed(0, 6992, -6), time="2026-11-27_19:57:03")
 
 
 def test_a_rank_of_a_trainer_whose_format_has_no_heartbeats_is_not_said_to_have_written_none(tmp_path: Path):
@@ -354,8 +334,7 @@ def test_a_rank_of_a_trainer_whose_format_has_no_heartbeats_is_not_said_to_have_
     nothing to say of where a rank was: its crash line gives no '(no heartbeat written)', which
     reads as a rank that never started, and the finding says what the adapter said."""
     log = tmp_path / "trainer.stderr.log"
-    log.write_text("terminate called without an active exception\n" + ABORTED_AT_EXIT.format(
-        local=0, others="  <NO_OTHER_FAILURES>"))
+    log.write_text("terminate called without an active exception\n" + ABORTED_AT_EXIT)
     failures = rank_failures(log)
     assert failures[0].signal == "SIGABRT"
     fields = dict(reason="trainer crashed (exit code 1)", steps=12)

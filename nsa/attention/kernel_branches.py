@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 def import_kernels() -> None:
     """Import every kernel module now (Triton, the @triton.jit kernels, the nsa:: custom ops)."""
     from nsa.kernels import (  # noqa: F401
-        band_attention, combine, cudnn_compressed, gated_branches, rope, selection, topk, window,
+        band_attention, combine, cudnn_compressed, gated_branches, phi_mlp, rope, selection, topk, window,
     )
 
 

@@ -20,6 +20,9 @@ rope              rope_split, project_split       RoPE on the projections and th
                                                   backward writes whole
 window            flex_window_attention,          the window branch on FlexAttention / flash-attn
                   flash_attn_window_attention
+phi_mlp           phi_mlp_forward,                the key and value compressors' MLP, one kernel
+                  phi_mlp_backward                forward and three backward (nsa.attention.phi_mlp
+                                                  makes them one autograd node)
 
 Shared by the Triton files: _softmax.py (log2(e), the log-sum-exp convention: natural log in
 memory, base 2 in registers; the online-softmax step, its finish and its gradient) and
@@ -67,9 +70,9 @@ def triton_kernel_names() -> set[str]:
     ``*_kernel`` functions."""
     from triton.runtime.jit import JITFunction
 
-    from . import _inverse, band_attention, combine, rope, selection, selection_blocks, topk
+    from . import _inverse, band_attention, combine, phi_mlp, rope, selection, selection_blocks, topk
 
     return {obj.fn.__name__
-            for module in (_inverse, band_attention, combine, rope, selection, selection_blocks, topk)
+            for module in (_inverse, band_attention, combine, phi_mlp, rope, selection, selection_blocks, topk)
             for obj in vars(module).values()
             if isinstance(obj, JITFunction) and obj.fn.__name__.endswith("_kernel")}

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 KERNEL_MODULES = ("band_attention", "topk", "selection", "window", "combine", "cudnn_compressed", "gated_branches",
-                  "rope")
+                  "rope", "phi_mlp")
 
 
 def _prepare_interpreter() -> str | None:

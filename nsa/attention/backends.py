@@ -299,6 +299,13 @@ def rope_kernel(device: torch.device, dtype: torch.dtype) -> bool:
     return True
 
 
+def phi_kernel(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the compressors' MLP can run on its Triton kernels (nsa.kernels.phi_mlp) for
+    streams on ``device`` in ``dtype``: where the Triton kernels run. An NSA layer asks for them
+    where its own kernels run (RoPE's, see NSAAttention._routes_for), which imports them."""
+    return _triton_available(device, dtype)[0]
+
+
 def preload(route: Route) -> None:
     """Import the route's kernels now: the kernel functions import their modules on first call,
     and that first call must not happen while torch.compile traces (a graph break at every NSA

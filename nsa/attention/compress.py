@@ -15,8 +15,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from nsa.kernels._autograd import _traced
+
 from .autocast import autocast_dtype
 from .autograd_state import func_transform_active
+from .backends import phi_kernel
 from .config import NSAConfig
 from . import phi_mlp
 
@@ -97,9 +100,11 @@ def compress(compressors: Sequence[Compressor], xs: Sequence[torch.Tensor], firs
     checkpointing, so that its input is not kept; a traced forward's recomputation is its
     caller's.
 
-    ``one_node``: in eager mode (no torch.compile trace, no torch.func transform) and where
-    fc1's input is kept or handed to the caller, the MLP runs as one autograd node with a
-    written-out backward (nsa.attention.phi_mlp.one_node), for the host time of an eager layer."""
+    ``one_node``: in eager mode (no torch.compile trace or other graph capture, no torch.func
+    transform), where the Triton kernels run on the streams' device in the compute dtype (CUDA,
+    or the CPU under TRITON_INTERPRET=1) and where fc1's input is kept or handed to the caller,
+    the MLP runs as one autograd node on them (nsa.attention.phi_mlp.one_node), for the host time
+    of an eager layer; elsewhere op by op."""
     cfg, x = compressors[0].cfg, xs[0]
     n = blocks_in(cfg, x.shape[1], first)
     if n == 0:
@@ -110,13 +115,12 @@ def compress(compressors: Sequence[Compressor], xs: Sequence[torch.Tensor], firs
     # the streams in the compute dtype before fc1's input stacks them: autocast's rule for a stack
     # of another 16-bit dtype (float16 streams under bfloat16 autocast) is an error
     xs = [t.to(dtype) for t in xs]
-    if (one_node and not torch.compiler.is_compiling() and not func_transform_active()
+    if (one_node and not _traced(xs) and not func_transform_active() and phi_kernel(x.device, dtype)
             and (fc1_inputs is not None or recompute_for(x) is Recompute.NONE)):
-        with torch.no_grad():
-            flat = fc1_input(cfg, xs, first)
-        if fc1_inputs is not None:
+        out, flat = phi_mlp.one_node(compressors, xs, first, n, cfg.cmp_stride)
+        if fc1_inputs is not None and flat is not None:
             fc1_inputs.append(flat)
-        return phi_mlp.one_node(compressors, xs, flat, first * cfg.cmp_stride, n, cfg.cmp_stride, dtype)
+        return out
     w1, pos, b1, w2, b2 = _stacked(compressors, dtype, "fc1.weight", "pos", "fc1.bias", "fc2.weight", "fc2.bias")
     if fc1_inputs is not None:
         flat = fc1_input(cfg, xs, first)

@@ -69,10 +69,10 @@ def _check_positive_int(name: str, value) -> None:
 class RoutedAttention(nn.Module):
     """What NSA and dense attention share: the shape (query heads, KV heads, head dim), the query
     projection and one fused projection of ``kv_streams`` key/value streams per KV head, a forward
-    count for the backend audit, their backend routes and whether RoPE and the split of the
-    projections run as one kernel, resolved once per (device type, dtype), and the RoPE tables. A
-    subclass gives ``_routes_for`` and builds the rest of its layers after ``__init__`` (in the
-    order that keeps a seed's initial weights)."""
+    count for the backend audit, their backend routes and whether the layer's own kernels run (RoPE
+    and the split of the projections as one kernel; NSA's compressors' MLP), resolved once per
+    (device type, dtype), and the RoPE tables. A subclass gives ``_routes_for`` and builds the rest
+    of its layers after ``__init__`` (in the order that keeps a seed's initial weights)."""
 
     def __init__(self, dim: int, n_heads: int, n_kv_groups: int, head_dim: int, cfg: NSAConfig,
                  rope_theta: float, kv_streams: int):
@@ -139,7 +139,7 @@ class RoutedAttention(nn.Module):
 
     def _init_routes(self) -> None:
         self.routes: dict[str, Route] = {}
-        # (device type, dtype) -> the routes and whether the RoPE kernel runs (see _resolve)
+        # (device type, dtype) -> the routes and whether the layer's own kernels run (see _resolve)
         self._resolved: dict[tuple[str, torch.dtype], tuple[dict[str, Route], bool]] = {}
         for device, dtype in ahead():
             try:
@@ -156,10 +156,11 @@ class RoutedAttention(nn.Module):
         return self._resolve(device, dtype)[0]
 
     def _resolve(self, device: torch.device, dtype: torch.dtype) -> tuple[dict[str, Route], bool]:
-        """The routes, and whether RoPE and the split run as one kernel (nsa.kernels.rope):
-        resolved once per (device type, dtype), when the layer is built for CUDA (backends.ahead)
-        or at the first eager call. Nothing is kept while torch.compile traces: a value kept in a
-        trace would fail that graph's guards on the next call and compile it again."""
+        """The routes, and whether the layer's own kernels run (RoPE and the split as one kernel,
+        nsa.kernels.rope; NSA's compressors' MLP, nsa.kernels.phi_mlp): resolved once per (device
+        type, dtype), when the layer is built for CUDA (backends.ahead) or at the first eager
+        call. Nothing is kept while torch.compile traces: a value kept in a trace would fail that
+        graph's guards on the next call and compile it again."""
         key = (device.type, dtype)
         found = self._resolved.get(key)
         if found is None:
@@ -357,9 +358,10 @@ class NSAAttention(RoutedAttention):
         weight = self._stacked_weight(x) if remaking is not None else None
         q, kv, gates = self.project(x, start, rope, weight=weight)
         k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = kv
+        routes, kernels = self._resolve(x.device, q.dtype)
         if cache is None:
             fc1 = [] if remaking is not None else None
-            kc, vc = compress(self.compressors, (k_cmp, v_cmp), fc1_inputs=fc1, one_node=True)
+            kc, vc = compress(self.compressors, (k_cmp, v_cmp), fc1_inputs=fc1, one_node=kernels)
             if remaking is not None:
                 self._keep_projections(remaking, x, rope, weight, q, kv, fc1)
         else:
@@ -371,7 +373,6 @@ class NSAAttention(RoutedAttention):
             cache.vc = new_v if cache.vc is None else torch.cat([cache.vc, new_v], dim=1)
             cache.length += T
             kc, vc = cache.kc, cache.vc
-        routes = self._resolve(x.device, q.dtype)[0]
         core = nsa_core_parts(q, kc, vc, k_sel, v_sel, k_win, v_win, gates, self.cfg, routes, q_start=start,
                               one_op=one_op)
         if remaking is not None:

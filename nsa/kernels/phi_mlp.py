@@ -429,16 +429,24 @@ def phi_mlp_backward(douts: Sequence[torch.Tensor], flat: torch.Tensor, pre: tor
     meta = dict(K=K, KO=KO, BO=_lanes(KO), DOT=dot_precision(dt), WIDE=wide)
     launch(_phi_bwd_pre_kernel, lambda c: (triton.cdiv(n_rows, c["BM"]) + S * triton.cdiv(K, c["BK"]), G),
            (*douts * (2 // G), dy.stride(0), dy.stride(1), dy.stride(2), *w2, pre, dpre, part, n_rows, n, H, seg, S),
-           dict(meta, LK=LK), _TILES, _HALVE)
+           dict(meta, LK=LK), *_tiles("BM", "BK"))
     n_chunks = triton.cdiv(T, d)
     launch(_phi_bwd_main_kernel,
            lambda c: (triton.cdiv(B * n_chunks * H, c["BM"]) + S * triton.cdiv(LK, c["BC"]), G),
            (dpre, flat, *w1, dx, part, n_rows, n, m, H, T, first, n_chunks, seg, S),
-           dict(meta, D=d, R=r), _TILES, _HALVE)
+           dict(meta, D=d, R=r), *_tiles("BM", "BC"))
     sums = dict(BC=_TILES["BC"], num_warps=_TILES["num_warps"], num_stages=1)
     launch(_phi_bwd_sum_kernel, lambda c: (triton.cdiv(LK, c["BC"]) + triton.cdiv(K * KO + K, _BE), G),
            (part, dpre, *w1, *pos, grads, S, G), dict(K=K, KO=KO, LK=LK, BO=_lanes(KO), BE=_BE), sums, ("BC",))
     return grads, dx
+
+
+def _tiles(*names: str) -> tuple[dict, tuple[str, ...]]:
+    """The launch base (``_TILES``'s tiles of ``names``, its warps and stages) and the tiles the
+    ladder halves, for a kernel that takes only those tiles: Triton refuses a keyword its kernel
+    does not declare."""
+    base = {k: v for k, v in _TILES.items() if k in names or k.startswith("num_")}
+    return base, tuple(k for k in _HALVE if k in names)
 
 
 def _span(t: torch.Tensor) -> int:

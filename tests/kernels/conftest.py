@@ -65,6 +65,31 @@ def kdev():
             os.environ["TRITON_INTERPRET"] = old
 
 
+#: launch keywords that are options of the compiled launch, not parameters of the kernel
+_LAUNCH_OPTIONS = {"num_warps", "num_stages", "num_ctas", "maxnreg", "launch_cooperative_grid", "launch_pdl"}
+
+
+@pytest.fixture(autouse=True)
+def _launch_keywords_declared(monkeypatch):
+    """A compiled kernel refuses a launch keyword it does not declare (KeyError on the GPU);
+    Triton's interpreter ignores it. Interpreted, such a launch fails here too."""
+    if torch.cuda.is_available() or _INTERP_PROBLEM:
+        yield
+        return
+    from triton.runtime.interpreter import InterpretedFunction
+
+    real = InterpretedFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        unknown = set(kwargs) - set(self.arg_names) - _LAUNCH_OPTIONS
+        if unknown:
+            raise KeyError(f"{self.__name__} declares no {', '.join(sorted(unknown))}: a compiled launch refuses it")
+        return real(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    monkeypatch.setattr(InterpretedFunction, "run", run)
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _nan_poisoned_empty(monkeypatch):
     """torch.empty/empty_like return NaN-filled float tensors during kernel tests, so a tile

@@ -12,6 +12,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from nsa.attention import compress
 from nsa.attention.config import NSAConfig
+from tests.unit.test_phi_mlp import compressors
 
 pytestmark = pytest.mark.triton_interp
 
@@ -23,17 +24,6 @@ _NO_WORK = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::vie
             "aten::contiguous", "aten::lift_fresh", "aten::resolve_conj", "aten::resolve_neg", "aten::to",
             "aten::_to_copy", "aten::zeros", "aten::zeros_like", "aten::new_zeros"}
 _MEMSET = {"aten::zero_", "aten::fill_"}
-
-
-def _compressors(cfg: NSAConfig, K: int, G: int = 2, dtype: torch.dtype = torch.float32, device="cpu"):
-    torch.manual_seed(0)
-    comps = [compress.Compressor(K, cfg).to(device, dtype) for _ in range(G)]
-    for c in comps:
-        with torch.no_grad():
-            c.pos.normal_()
-            c.fc1.bias.normal_()
-            c.fc2.bias.normal_()
-    return comps
 
 
 def _run(comps, xs, first, one_node, autocast=None):
@@ -74,7 +64,7 @@ def test_the_kernels_are_the_traced_mlp(kdev, monkeypatch, small, cmp_block, cmp
         monkeypatch.setattr(phi_mlp, "_SEGMENT_ROWS", 5)
         monkeypatch.setattr(phi_mlp, "wide_offsets", lambda n: True)
     cfg = NSAConfig(cmp_block=cmp_block, cmp_stride=cmp_stride)
-    comps = _compressors(cfg, K, G, device=kdev)
+    comps = compressors(cfg, K, G, device=kdev)
     gen = torch.Generator().manual_seed(2)
     xs = [torch.randn(B, T, H, K, generator=gen).to(kdev).requires_grad_() for _ in comps]
     out, grads = _run(comps, xs, first, one_node=True)
@@ -93,7 +83,7 @@ def test_under_autocast_the_kernels_keep_the_traced_rounding(kdev, dtype):
     if kdev.type == "cpu" and dtype == torch.bfloat16:
         pytest.skip("the Triton interpreter computes bfloat16 wrongly")
     cfg = NSAConfig(cmp_block=8, cmp_stride=4)
-    comps = _compressors(cfg, 16, device=kdev)
+    comps = compressors(cfg, 16, device=kdev)
     gen = torch.Generator().manual_seed(2)
     xs = [torch.randn(2, 67, 2, 16, generator=gen).to(kdev, dtype).requires_grad_() for _ in comps]
     out, grads = _run(comps, xs, 1, one_node=True, autocast=dtype)
@@ -122,7 +112,7 @@ def test_one_node_one_launch_forward_three_backward(kdev, monkeypatch, G):
     monkeypatch.setattr(kernel_type, "run", counted)
     monkeypatch.setattr(torch, "empty", torch._C._VariableFunctions.empty)  # no NaN fills to count
     cfg = NSAConfig(cmp_block=8, cmp_stride=4)
-    comps = _compressors(cfg, 8, G, device=kdev)
+    comps = compressors(cfg, 8, G, device=kdev)
     xs = [torch.randn(1, 42, 2, 8, device=kdev, requires_grad=True) for _ in comps]
     leaves = [*xs, *(p for c in comps for p in c.parameters())]
     compress.compress(comps, xs, one_node=True)  # compiles on a GPU
@@ -171,7 +161,7 @@ def test_the_node_keeps_fc1s_input_and_pre(kdev):
     of a parameter, not the streams."""
     dtype = torch.float16 if kdev.type == "cpu" else torch.bfloat16
     cfg = NSAConfig(cmp_block=8, cmp_stride=4)
-    comps = _compressors(cfg, 16, device=kdev)
+    comps = compressors(cfg, 16, device=kdev)
     xs = [torch.randn(1, 64, 2, 16, device=kdev, dtype=dtype, requires_grad=True) for _ in comps]
     params = {p.untyped_storage().data_ptr() for c in comps for p in c.parameters()}
     saved = []
@@ -191,7 +181,7 @@ def test_streams_of_another_16bit_dtype_than_autocasts(kdev):
     gradient comes back in their own."""
     stream, autocast = (torch.bfloat16, torch.float16) if kdev.type == "cpu" else (torch.float16, torch.bfloat16)
     cfg = NSAConfig(cmp_block=8, cmp_stride=4)
-    comps = _compressors(cfg, 16, device=kdev)
+    comps = compressors(cfg, 16, device=kdev)
     xs = [torch.randn(1, 64, 2, 16, device=kdev, dtype=stream, requires_grad=True) for _ in comps]
     with torch.autocast(kdev.type, dtype=autocast):
         out = compress.compress(comps, xs, one_node=True)
@@ -205,7 +195,7 @@ def test_double_backward_is_refused_by_name(kdev):
     gradients have no graph of their own: refused with what to do instead, not failed inside
     (under torch.func the MLP runs op by op: tests/unit/test_phi_mlp.py)."""
     cfg = NSAConfig(cmp_block=4, cmp_stride=2)
-    comps = _compressors(cfg, 8, device=kdev)
+    comps = compressors(cfg, 8, device=kdev)
     xs = [torch.randn(1, 13, 1, 8, device=kdev, requires_grad=True) for _ in comps]
     out = compress.compress(comps, xs, one_node=True)
     with pytest.raises(RuntimeError, match="no double backward .* under torch.func"):
@@ -215,7 +205,7 @@ def test_double_backward_is_refused_by_name(kdev):
 def test_without_gradients_no_node_and_nothing_kept(kdev):
     """Under no_grad the forward kernel writes the outputs alone: the same values, no node."""
     cfg = NSAConfig(cmp_block=8, cmp_stride=4)
-    comps = _compressors(cfg, 8, device=kdev)
+    comps = compressors(cfg, 8, device=kdev)
     xs = [torch.randn(2, 45, 2, 8, device=kdev) for _ in comps]
     with torch.no_grad():
         out = compress.compress(comps, xs, 1, one_node=True)

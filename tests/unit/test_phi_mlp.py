@@ -10,9 +10,10 @@ from nsa.attention import compress
 from nsa.attention.config import NSAConfig
 
 
-def _compressors(cfg: NSAConfig, K: int, dtype: torch.dtype):
+def compressors(cfg: NSAConfig, K: int, G: int = 2, dtype: torch.dtype = torch.float32, device="cpu"):
+    """G compressors of head dim K, their position embedding and biases drawn too (not zero)."""
     torch.manual_seed(0)
-    comps = [compress.Compressor(K, cfg).to(dtype) for _ in range(2)]
+    comps = [compress.Compressor(K, cfg).to(device, dtype) for _ in range(G)]
     for c in comps:
         with torch.no_grad():
             c.pos.normal_()
@@ -27,7 +28,7 @@ def test_without_the_kernels_one_node_runs_the_traced_mlp(monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("CUDA present: the kernels run here")
     cfg = NSAConfig(cmp_block=8, cmp_stride=4)
-    comps = _compressors(cfg, 8, torch.float32)
+    comps = compressors(cfg, 8)
     xs = [torch.randn(1, 41, 2, 8, requires_grad=True) for _ in comps]
     leaves = [*xs, *(p for c in comps for p in c.parameters())]
     runs = []
@@ -44,7 +45,7 @@ def test_float16_streams_under_bfloat16_autocast():
     under autocast was an error), and their gradient comes back in their own (the kernels' node:
     tests/kernels/test_phi_mlp.py)."""
     cfg = NSAConfig(cmp_block=8, cmp_stride=4)
-    comps = _compressors(cfg, 16, torch.float32)
+    comps = compressors(cfg, 16)
     xs = [torch.randn(1, 64, 2, 16, dtype=torch.float16, requires_grad=True) for _ in comps]
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = compress.compress(comps, xs)

@@ -15,7 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from nsa.kernels._autograd import _traced
+from nsa.kernels._autograd import traced
 
 from .autocast import autocast_dtype
 from .autograd_state import func_transform_active
@@ -115,7 +115,7 @@ def compress(compressors: Sequence[Compressor], xs: Sequence[torch.Tensor], firs
     # the streams in the compute dtype before fc1's input stacks them: autocast's rule for a stack
     # of another 16-bit dtype (float16 streams under bfloat16 autocast) is an error
     xs = [t.to(dtype) for t in xs]
-    if (one_node and not _traced(xs) and not func_transform_active() and phi_kernel(x.device, dtype)
+    if (one_node and not traced(xs) and not func_transform_active() and phi_kernel(x.device, dtype)
             and (fc1_inputs is not None or recompute_for(x) is Recompute.NONE)):
         out, flat = phi_mlp.one_node(compressors, xs, first, n, cfg.cmp_stride)
         if fc1_inputs is not None and flat is not None:

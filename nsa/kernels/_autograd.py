@@ -44,7 +44,7 @@ def _eager_function(name: str, forward: Callable, setup_context: Callable, backw
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def _traced(args) -> bool:
+def traced(args) -> bool:
     """True while a graph is being traced (torch.compile, AOT autograd, make_fx, opcheck):
     dynamo is compiling, a dispatch mode (fake, functional, proxy) is active, or an argument is
     a tensor subclass such as FakeTensor (a module's own parameter, an nn.Parameter, is not
@@ -56,7 +56,7 @@ def _traced(args) -> bool:
 
 def run_op(op, implementation: Callable, *args):
     """The custom op while a graph is traced, the op's plain implementation otherwise."""
-    return op(*args) if _traced(args) else implementation(*args)
+    return op(*args) if traced(args) else implementation(*args)
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,10 @@ class RoutedAttention(nn.Module):
             held = next(iter(cache.tokens.values()), None)
             if held is not None and held.shape[0] != x.shape[0]:
                 raise ValueError(f"x's batch of {x.shape[0]} continues a cache of batch {held.shape[0]}")
+            # a cache is one layer's: another layer's shape would fail in a concatenation, unnamed
+            if held is not None and tuple(held.shape[2:]) != (self.n_kv, self.head_dim):
+                raise ValueError(f"the cache holds {held.shape[2]} KV heads of head dim {held.shape[3]}, this layer "
+                                 f"{self.n_kv} of {self.head_dim}: give each layer its own cache")
         if rope is not None:
             want = (x.shape[1], self.head_dim // 2)
             tables = isinstance(rope, (tuple, list)) and len(rope) == 2 and all(

@@ -83,6 +83,18 @@ def test_inputs_of_the_wrong_shape_are_refused_by_name(kind):
         assert layer(torch.randn(2, 10, 64, dtype=torch.float64)).dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("kind", [NSAAttention, DenseAttention])
+def test_a_cache_of_a_layer_of_another_shape_is_refused_by_name(kind):
+    """Another layer's cache (other KV heads or head dim) failed in the cache's concatenation:
+    'Sizes of tensors must match except in dimension 1', which names neither the cache nor the shapes."""
+    cache = NSACache()
+    _layer(kind)(torch.randn(2, 10, 64), cache)
+    for n_kv, head_dim in ((1, 16), (2, 8)):
+        with pytest.raises(ValueError, match=f"the cache holds 2 KV heads of head dim 16, this layer {n_kv} of "
+                                             f"{head_dim}: give each layer its own cache"):
+            kind(64, 4, n_kv, head_dim, CFG)(torch.randn(2, 1, 64), cache)
+
+
 def test_an_nsa_layer_refuses_what_only_the_model_or_another_layer_takes():
     """NSAAttention ran a config of kind 'dense' as NSA (no word of it), took any graph_tokens
     (None failed at the first call's comparison, 1.5 was taken), and a head dim the kernels do not

@@ -66,6 +66,17 @@ def _check_positive_int(name: str, value) -> None:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
+class GateLinear(nn.Linear):
+    """The gates' projection: a Linear whose bias starts at zero (every gate at 0.5). Its own
+    reset_parameters zeros it, so that resetting every module of a model in turn (as a meta-device
+    initialisation may, the parent before its children) keeps it; it draws the weight and bias
+    from the RNG as nn.Linear does, and so keeps a seed's initial weights."""
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        nn.init.zeros_(self.bias)
+
+
 class RoutedAttention(nn.Module):
     """What NSA and dense attention share: the shape (query heads, KV heads, head dim), the query
     projection and one fused projection of ``kv_streams`` key/value streams per KV head, a forward
@@ -197,8 +208,7 @@ class NSAAttention(RoutedAttention):
         # k and v for each of cmp, sel, win: six separate projections fused into one matrix
         super().__init__(dim, n_heads, n_kv_groups, head_dim, cfg, rope_theta, kv_streams=6)
         cfg.check_head_dim(head_dim, key="head_dim")
-        self.gate_proj = nn.Linear(dim, n_heads * 3)
-        nn.init.zeros_(self.gate_proj.bias)
+        self.gate_proj = GateLinear(dim, n_heads * 3)
         self.o_proj = nn.Linear(n_heads * head_dim, dim, bias=False)
         self.compress_k = Compressor(head_dim, cfg)
         self.compress_v = Compressor(head_dim, cfg)
@@ -213,7 +223,6 @@ class NSAAttention(RoutedAttention):
     def reset_parameters(self) -> None:
         super().reset_parameters()
         self.gate_proj.reset_parameters()
-        nn.init.zeros_(self.gate_proj.bias)
         self.o_proj.reset_parameters()
         self.compress_k.reset_parameters()
         self.compress_v.reset_parameters()

@@ -141,6 +141,19 @@ def test_a_layer_built_on_the_meta_device_and_reset_is_the_layer_built_directly(
     assert torch.equal(layer(x), direct(x))
 
 
+def test_resetting_every_module_parent_first_keeps_the_gate_bias_at_zero():
+    """A meta-device initialisation that resets every module of a model in turn, the parent before
+    its children (``for m in model.modules(): m.reset_parameters()``), reset the gates' Linear after
+    the layer had zeroed its bias: the gates started at random values instead of 0.5."""
+    with torch.device("meta"):
+        model = torch.nn.Sequential(NSAAttention(64, 4, 2, 16, CFG))
+    model.to_empty(device="cpu")
+    for module in model.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    assert torch.equal(model[0].gate_proj.bias, torch.zeros(12))
+
+
 @pytest.mark.parametrize("overrides", [[], ["model.tie_embeddings=false"], ["model.attn.kind=dense"]])
 def test_a_model_built_on_the_meta_device_and_reset_is_the_model_built_directly(overrides):
     """NSATransformer.reset_parameters after ``to_empty`` gives the directly built model's values

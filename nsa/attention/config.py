@@ -2,6 +2,7 @@
 brackets) and backends, or a dense causal attention of the same shape (kind)."""
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 from nsa.kernels import MAX_HEAD_DIM, SEL_FORMS
@@ -67,9 +68,14 @@ class NSAConfig:
         if self.kind not in ATTN_KINDS:
             raise ValueError(f"attn.kind must be one of {ATTN_KINDS}, got {self.kind!r}")
         for name in ("cmp_block", "cmp_stride", "sel_block", "n_selected", "window", "query_chunk"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise ValueError(f"attn.{name} must be an integer, got {value!r}")
+            given = getattr(self, name)
+            try:  # any integer (numpy's among them), kept as a Python int
+                value = None if isinstance(given, bool) else operator.index(given)
+            except TypeError:
+                value = None
+            if value is None:
+                raise ValueError(f"attn.{name} must be an integer, got {given!r}")
+            object.__setattr__(self, name, value)
             if value < 1 and name != "n_selected":  # n_selected's own minimum is 3 (below)
                 raise ValueError(f"attn.{name} must be >= 1, got {getattr(self, name)}")
         if self.cmp_block % self.cmp_stride:

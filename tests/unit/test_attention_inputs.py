@@ -45,6 +45,15 @@ def test_an_nsa_config_takes_integers_and_is_frozen(field, value):
         CFG.window = 0  # type: ignore[misc]
 
 
+def test_an_nsa_config_takes_any_integer_as_a_python_int():
+    """numpy's integers (a sweep's np.arange) were refused as "attn.window must be an integer, got
+    np.int64(64)", which they are; a layer's sizes took them."""
+    np = pytest.importorskip("numpy")
+    cfg = dataclasses.replace(CFG, window=np.int64(64), n_selected=np.int32(4))
+    assert (cfg.window, cfg.n_selected) == (64, 4) and type(cfg.window) is int and type(cfg.n_selected) is int
+    assert cfg == dataclasses.replace(CFG, window=64, n_selected=4)
+
+
 def _layer(kind):
     torch.manual_seed(0)
     return kind(64, 4, 2, 16, CFG)

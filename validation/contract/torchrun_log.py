@@ -339,6 +339,8 @@ class AgentSeen:
     its node rank times its processes per node. 0 for a launch of one agent; None where not known."""
     node: int | None = None
     """Its node's index in a launch of several nodes; None for a launch of one agent."""
+    nproc: int | None = None
+    """How many workers it starts in each attempt (its processes per node); None where not known."""
 
 
 @dataclass(frozen=True)
@@ -347,8 +349,13 @@ class AttemptEnd:
     the process that failed first, and the exception it printed in that attempt."""
 
     attempt: int
-    """Which attempt of its agent: 1 the first, 2 the first restart's."""
-    local_rank: int
+    """Which attempt of the launch's workers: 1 the first, 2 the first restart's. Of a launch of several
+    nodes it is the same attempt on every node (their agents meet in one rendezvous round per attempt),
+    not the count of its own agent's restarts: an agent whose workers another node's restart stopped
+    (``for_peer``) starts them again without counting a restart."""
+    local_rank: int | None
+    """None of an attempt its agent stopped for another node's restart, of a node of several processes
+    (its agent's line names the process id only)."""
     pid: int
     exit_code: int
     """Negative: killed by that signal."""
@@ -367,18 +374,29 @@ class AttemptEnd:
     (whose ``exception`` took the local rank for the global one)."""
     node: int | None = None
     """Of a launch of several nodes, the node whose agent's log says it; None of a launch of one."""
+    for_peer: bool = False
+    """Its workers did not fail: its agent stopped them (SIGTERM, no failure line) to join the
+    rendezvous round that another node's restart opened (torchrun's agent restarts its workers when
+    it sees a node waiting), which counts as no restart of this agent's ``--max-restarts``. ``pid`` is
+    the first it stopped."""
 
     @property
     def who(self) -> str:
         """'rank 1 (pid 702)'; of a node of several, 'rank 1 (local rank 0, pid 4888)'; 'local rank 0
         (pid 4888)' where its global rank is not known."""
         if self.rank is None:
-            return f"local rank {self.local_rank} (pid {self.pid})"
+            return f"local rank {self.local_rank} (pid {self.pid})" if self.local_rank is not None else f"pid {self.pid}"
         local = f"local rank {self.local_rank}, " if self.node is not None else ""
         return f"rank {self.rank} ({local}pid {self.pid})"
 
     def cause(self) -> str:
-        """'rank 0 (pid 703) was killed by SIGKILL', 'rank 1 (pid 702) failed: RuntimeError: ...'."""
+        """'rank 0 (pid 703) was killed by SIGKILL', 'rank 1 (pid 702) failed: RuntimeError: ...'; of an
+        attempt stopped for another node's restart, 'its agent stopped rank 0 (...) for another node's
+        restart (no restart counted on node 0)'."""
+        if self.for_peer:
+            others = " and the node's other workers" * (self.local_rank is None)
+            return (f"its agent stopped {self.who}{others}, which had not failed, for another node's restart "
+                    f"(no restart counted against node {self.node}'s --max-restarts)")
         if self.exception:
             return f"{self.who} failed: {short_exception(self.exception)}"
         if self.exit_code < 0:
@@ -387,8 +405,9 @@ class AttemptEnd:
 
     @property
     def own(self) -> bool:
-        """Failed in its own right, not on a peer's failure breaking its collective (``_VICTIM``)."""
-        return not (self.exception and _VICTIM.search(self.exception))
+        """Failed in its own right, not on a peer's failure breaking its collective (``_VICTIM``), nor
+        stopped for another node's restart."""
+        return not (self.for_peer or self.exception and _VICTIM.search(self.exception))
 
     def text(self) -> str:
         """'attempt 1 ended as rank 1 (pid 702) failed: ...'; of a launch of several nodes, whose agent
@@ -398,29 +417,39 @@ class AttemptEnd:
 
 
 def attempt_ends(stderr_path: Path, seen: AgentSeen | None = None) -> list[AttemptEnd]:
-    """Each failed attempt of the workers torchrun's log (its stderr, all of it: the attempts are
-    counted from its first) shows, in order: its agent's failure line ends the attempt, and the
-    exception the failed worker printed since the attempt before ended is that attempt's. A worker's
-    exception is matched to the attempt it came in, never to the run as a whole: of a run restarted
-    after a crash, the last attempt's is not the first's. The agent names the worker by its local
-    rank and its pid; its global rank (the rank its exception's prefix names) is the summary's
-    where the agent gave up with one, else its local rank counted from its node's first rank
-    (``seen``, what the harness saw of the agent; else the summary's rank less its local rank:
-    torchrun's c10d rendezvous orders the same agents the same way in every round, so a node
-    keeps its node rank across restarts). Where neither says it, no exception is taken: another
-    node's rank of the same local rank is not this worker."""
+    """Each attempt of the workers torchrun's log (its stderr, all of it: the attempts are counted
+    from its first) shows ended before the next, in order: its agent's failure line ends a failed
+    attempt, and the exception the failed worker printed in that attempt is that attempt's; of a
+    node of several, its agent's stopping its workers for another node's restart
+    (``_peer_stops``) ends an attempt too (``AttemptEnd.for_peer``), so that a node's attempt N is
+    every node's round N of the rendezvous. A worker's exception is matched to the attempt it came
+    in, never to the run as a whole: of a run restarted after a crash, the last attempt's is not the
+    first's. The agent names the worker by its local rank and its pid; its global rank (the rank
+    its exception's prefix names) is the summary's where the agent gave up with one, else its local
+    rank counted from its node's first rank (``seen``, what the harness saw of the agent; else the
+    summary's rank less its local rank: torchrun's c10d rendezvous orders the same agents the same
+    way in every round, so a node keeps its node rank across restarts). Where neither says it, no
+    exception is taken: another node's rank of the same local rank is not this worker."""
     seen = seen or AgentSeen()
     try:
         with open(stderr_path, errors="replace") as fh:
-            parts = _attempt_parts(fh.read())
+            text = fh.read()
     except OSError:
         return []
-    failed, restarted = parts[:-1], _restarted(parts, seen)
+    parts, rounds = _attempt_parts(text), _rounds(text, seen)
+    restarted = _restarted(parts, seen)
     summary = _summary(parts[-1])  # of the attempt whose failure line it follows: none once restarted
     first = seen.first_rank if seen.first_rank is not None else next(
         (rank - local for rank, local in summary.values() if local is not None), None)
     ends: list[AttemptEnd] = []
-    for i, part in enumerate(failed, start=1):
+    for i, (part, stopped) in enumerate(rounds[:-1], start=1):
+        later = i < len(rounds) - 1 or restarted  # torchrun started the workers again after it
+        if stopped:
+            local = 0 if seen.nproc == 1 else None
+            rank = first + local if first is not None and local is not None else None
+            ends.append(AttemptEnd(i, local, stopped[0], -int(signal.SIGTERM), restarted=True, rank=rank, node=seen.node,
+                                   for_peer=True))
+            continue
         said: dict[int, str] = {}  # each rank's last exception in the attempt
         for ln in part.splitlines():
             if (m := _RANK_LINE.match(ln)) and _EXC.match(m.group(2)):
@@ -429,8 +458,77 @@ def attempt_ends(stderr_path: Path, seen: AgentSeen | None = None) -> list[Attem
         local, pid = int(f["local"]), int(f["pid"])
         rank = summary[pid][0] if pid in summary else first + local if first is not None else None
         ends.append(AttemptEnd(i, local, pid, int(f["code"]), said.get(rank) if rank is not None else None,
-                               restarted=i < len(failed) or restarted, rank=rank, node=seen.node))
+                               restarted=later, rank=rank, node=seen.node))
     return ends
+
+
+def _rounds(text: str, seen: AgentSeen) -> list[tuple[str, tuple[int, ...]]]:
+    """``text`` cut where an attempt of the agent's workers ended: after each failure line
+    (``_attempt_parts``) and, of a node of several, after each stop of its workers for another
+    node's restart (``_peer_stops``, whose process ids come with its part; () with a failed
+    part's); the last part is what follows the last (as ``_attempt_parts``'s)."""
+    cuts = sorted([(end, ()) for end in _failure_ends(text)] + _peer_stops(text, seen))
+    out, start = [], 0
+    for end, stopped in cuts:
+        out.append((text[start:end], stopped))
+        start = end
+    return out + [(text[start:], ())]
+
+
+def _failure_ends(text: str) -> list[int]:
+    """Where each failure line of torchrun's agent ends in ``text`` (after its newline)."""
+    ends = []
+    for m in _ATTEMPT_FAILED.finditer(text):
+        end = text.find("\n", m.end())
+        ends.append(len(text) if end < 0 else end + 1)
+    return ends
+
+
+def _peer_stops(text: str, seen: AgentSeen) -> list[tuple[int, tuple[int, ...]]]:
+    """Of a node of a launch of several, each time its agent stopped its workers although none had
+    failed: where in ``text`` that ended, and the process ids it signalled. torchrun's agent, its
+    workers healthy, restarts them as soon as it sees another node waiting at the rendezvous (one
+    whose workers failed and were restarted by its agent): it signals every worker
+    ('Sending process P closing signal SIGTERM', ``_AGENT_SIGNALLED``) and writes no failure line,
+    counting no restart. On a failure it signals only the workers still running, fewer than it
+    started (the failed one has exited), and writes its failure line next; told to stop itself
+    (``_AGENT_TOLD``) it signals them as it ends. So a run of such lines is a stop for another node's
+    restart where nothing of the agent's follows it but a failure line of a later attempt (it
+    signalled as many workers as it starts, ``AgentSeen.nproc``), another line of its own, or the
+    log's end."""
+    if seen.node is None:  # a launch of one agent has no other node to restart for
+        return []
+    out: list[tuple[int, tuple[int, ...]]] = []
+    batch: list[int] = []
+    batch_end = 0
+    pos = 0
+    for ln in text.splitlines(keepends=True):
+        pos += len(ln)
+        msg = _agent_message(ln.rstrip("\n"))
+        if msg is None:
+            continue
+        if _AGENT_TOLD.match(msg):
+            return out  # what it signals from here on, it signals as it ends
+        if (m := _AGENT_SIGNALLED.match(msg)) is not None:
+            if not m.group(1).startswith("Unable"):  # that one repeats a process it signalled already
+                batch.append(int(m.group(2)))
+            batch_end = pos
+            continue
+        if batch and (not _ATTEMPT_FAILED.search(msg) or seen.nproc is not None and len(batch) >= seen.nproc):
+            out.append((batch_end, tuple(batch)))
+        batch = []
+    if batch:
+        out.append((batch_end, tuple(batch)))
+    return out
+
+
+def _agent_message(line: str) -> str | None:
+    """The message of a line of torchrun's own logging (``_LOG_LINE`` from its code, or
+    ``_OLD_AGENT_LINE``); None of any other line."""
+    if (m := _LOG_LINE.match(line)) is not None:
+        return m["msg"] if _LAUNCHER.search(m["path"].replace("\\", "/")) else None
+    old = _OLD_AGENT_LINE.match(line)
+    return old["msg"] if old is not None else None
 
 
 def _summary(text: str) -> dict[int, tuple[int, int | None]]:
@@ -454,10 +552,14 @@ def last_attempt(text: str, seen: AgentSeen | None = None) -> str:
     the attempt before it, to the log's end (torchrun's summary, as it gave up, is of the attempt
     whose failure line it follows). A log of one attempt is all of it. ``seen``: what the harness
     saw of the agent (``_restarted``)."""
+    seen = seen or AgentSeen()
+    rounds = _rounds(text, seen)
+    if len(rounds) >= 2 and rounds[-2][1]:  # its agent stopped the attempt before it for another node's restart
+        return rounds[-1][0]
     parts = _attempt_parts(text)
     if len(parts) == 1:
         return text
-    return parts[-1] if _restarted(parts, seen or AgentSeen()) else "".join(parts[-2:])
+    return parts[-1] if _restarted(parts, seen) else "".join(parts[-2:])
 
 
 def _attempt_parts(text: str) -> list[str]:
@@ -466,9 +568,7 @@ def _attempt_parts(text: str) -> list[str]:
     or an attempt that did not fail by its agent's word: one that succeeded, or one still running
     when the agent was stopped)."""
     parts, start = [], 0
-    for m in _ATTEMPT_FAILED.finditer(text):
-        end = text.find("\n", m.end())
-        end = len(text) if end < 0 else end + 1
+    for end in _failure_ends(text):
         parts.append(text[start:end])
         start = end
     return parts + [text[start:]]

@@ -110,7 +110,7 @@ def agent_seen(out_dir: Path, log: Path, exit_code: int | None = None) -> AgentS
         return AgentSeen()
     first = node.group_rank * launch.nproc_per_node if node.group_rank is not None else None
     running = frozenset(t.pid for t in taken if t.rank is not None and t.node == node.index)
-    return AgentSeen(node.exit_code, running, first, node.index)
+    return AgentSeen(node.exit_code, running, first, node.index, launch.nproc_per_node)
 
 
 def launch_attempts(out_dir: Path, stderr_path: Path, exit_code: int | None = None) -> list[AttemptEnd]:

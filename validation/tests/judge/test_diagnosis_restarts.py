@@ -104,6 +104,12 @@ NODES_THEN_OK = EVIDENCE / "nodes2_restart_rank1_then_ok"
 #: one node x two processes: rank 1 raises in attempt 1 (step 4), one failure line; in attempt 2 it stops
 #: itself (SIGSTOP) at step 3, rank 0 waits in its all_reduce, and the harness's stall watch ends the run
 FROZEN_LATER = EVIDENCE / "restart2_rank1_frozen_later"
+#: the same launch (6 steps, --max-restarts=2), rank 0 sleeping 6 s in step 3 of attempt 1 while rank 1
+#: raises there: node 1's agent restarts its workers, and node 0's, seeing node 1 wait at the rendezvous,
+#: stops its healthy rank 0 (SIGTERM, no failure line, no restart counted) to join the same round. In
+#: attempt 2 rank 1 fails in init_process_group and rank 0 on its broken connection (node 0's first
+#: failure line); in attempt 3 both hang in init_process_group and the harness's stall watch ends the run
+PEER_STOPPED = EVIDENCE / "nodes2_restart_peer_stopped"
 _SHARD4 = "RuntimeError: shard 4 of rank 1 is truncated (attempt 0)"
 
 
@@ -218,3 +224,39 @@ def test_one_failure_line_and_no_summary_is_a_restart_only_where_something_shows
                    "death signal, shutting down workers\nW1206 10:04:40.101000 7883 torch/distributed/elastic/"
                    "multiprocessing/api.py:1028] Sending process 7906 closing signal SIGTERM\n")
     assert rank_failures(log) == {} and attempt_ends(log)[0].restarted
+
+
+def test_a_node_whose_workers_another_nodes_restart_stopped_counts_that_attempt_as_every_node_does():
+    """Node 0's agent stopped its healthy worker for node 1's restart with no failure line, so its
+    first failure line (attempt 2, the rendezvous's second round) was numbered attempt 1 and said
+    beside node 1's attempt 1, as if rank 0 had failed on rank 1's crash in the same attempt:
+    'attempt 1 of node 1 ended as rank 1 ... failed: RuntimeError: shard 3 ...; attempt 1 of node 0
+    ended as rank 0 (local rank 0, pid 12272) failed: RuntimeError: Read error ...'."""
+    rec = judged_stopped_run(PEER_STOPPED, PEER_STOPPED / "node0.stderr.log", stalled_s=45.0, stacks_tried=2)
+    ends = [(a.node, a.attempt, a.rank, a.pid, a.for_peer, a.own) for a in rec.evidence.attempts]
+    assert sorted(ends) == [(0, 1, 0, 12230, True, False), (0, 2, 0, 12272, False, False),
+                            (1, 1, 1, 12231, False, True), (1, 2, 1, 12268, False, True)], ends
+    [stall] = [f for f in find([rec]) if f.title.startswith("stall in")]
+    assert stall.detail[-1] == (
+        "earlier attempts, each followed by torchrun starting the workers again (node0.stderr.log, node1.stderr.log): "
+        "attempt 1 of node 1 ended as rank 1 (local rank 0, pid 12231) failed: RuntimeError: shard 3 of rank 1 is "
+        "truncated (attempt 0); attempt 1 of node 0 ended as its agent stopped rank 0 (local rank 0, pid 12230), "
+        "which had not failed, for another node's restart (no restart counted against node 0's --max-restarts); "
+        "attempt 2 of node 1 ended as rank 1 (local rank 0, pid 12268) exited with code 1; attempt 2 of node 0 ended "
+        "as rank 0 (local rank 0, pid 12272) failed: RuntimeError: Read error [127.0.0.1]:32177: Connection reset by "
+        "peer"), stall.detail[-1]
+
+
+def test_a_failed_attempts_own_workers_signalled_before_its_failure_line_are_no_stop_for_another_node(tmp_path):
+    """On a failure the agent signals the workers still running, fewer than it starts, then writes its
+    failure line: that attempt failed, whatever a node of several would otherwise read as a stop for a
+    peer's restart; signalled as it is told to stop itself, its workers end with it."""
+    log = tmp_path / "node0.stderr.log"
+    log.write_text(_ended(1, 701, 702, 1) + _SIGNAL.format(i=5) + "Sending process 703 closing signal SIGTERM\n"
+                   + _SIGNAL.format(i=5) + "Sending process 704 closing signal SIGTERM\n")
+    seen = AgentSeen(first_rank=0, node=0, nproc=2)
+    assert [(a.attempt, a.pid, a.for_peer) for a in attempt_ends(log, seen)] == [(1, 702, False), (2, 703, True)]
+    told = ("W1206 01:04:19.000000 16491 torch/distributed/elastic/agent/server/api.py:753] Received 15 death "
+            "signal, shutting down workers\n")
+    log.write_text(_ended(1, 701, 702, 1) + told + _SIGNAL.format(i=9) + "Sending process 703 closing signal SIGTERM\n")
+    assert [(a.attempt, a.pid, a.for_peer) for a in attempt_ends(log, seen)] == [(1, 702, False)]

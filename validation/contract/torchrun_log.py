@@ -290,6 +290,18 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20, *, seen: AgentSee
             if code < 0:
                 entry["signal"] = _signal_name(-code)
             rank = None
+    # an agent that gave up without its summary (it lost the rendezvous as it went to restart them) names
+    # the failed worker in its failure line only, by its local rank counted from its node's first rank
+    first = (seen or AgentSeen()).first_rank
+    ended = list(_ATTEMPT_FAILED.finditer(text))
+    if ended and first is not None:
+        f = ended[-1]
+        rank, code = first + int(f["local"]), int(f["code"])
+        if "exit_code" not in found.get(rank, {}):
+            entry = found.setdefault(rank, {})
+            entry.update(exit_code=code, pid=int(f["pid"]))
+            if code < 0:
+                entry["signal"] = _signal_name(-code)
     for r, f in found.items():
         if f.get("exception"):
             f.update(_traceback(said[r], f["exception"]))
@@ -554,12 +566,11 @@ def last_attempt(text: str, seen: AgentSeen | None = None) -> str:
     saw of the agent (``_restarted``)."""
     seen = seen or AgentSeen()
     rounds = _rounds(text, seen)
-    if len(rounds) >= 2 and rounds[-2][1]:  # its agent stopped the attempt before it for another node's restart
-        return rounds[-1][0]
-    parts = _attempt_parts(text)
-    if len(parts) == 1:
+    if len(rounds) == 1:
         return text
-    return parts[-1] if _restarted(parts, seen) else "".join(parts[-2:])
+    if rounds[-2][1] or _restarted(_attempt_parts(text), seen):  # [-2][1]: stopped for another node's restart
+        return rounds[-1][0]
+    return rounds[-2][0] + rounds[-1][0]
 
 
 def _attempt_parts(text: str) -> list[str]:
@@ -583,13 +594,18 @@ def _restarted(parts: list[str], seen: AgentSeen) -> bool:
     nowhere up to that line. An earlier failure line shows that this launch restarts its workers, and
     an agent that exits 0 (``seen``) had restarted them: one that gives up exits 1. Otherwise a log
     of one failed attempt and no summary is one whose agent was stopped between its failure line and
-    its summary."""
+    its summary. An agent whose only word after its failure line is its own rendezvous error
+    (``_GAVE_UP``: it went to start its workers again and could not rejoin, as where the store's node
+    had given up first) started none: the failed attempt was its workers' last."""
     if len(parts) < 2 or any(_TR_EXIT.match(ln) for ln in parts[-1].splitlines()):
+        return False
+    before = "".join(parts[:-1])
+    named = {int(m["pid"]) for m in _ATTEMPT_FAILED.finditer(before)} | _signalled(before)
+    if (seen.exit_code != 0 and not _signalled(parts[-1]) and not seen.running - named
+            and any(_GAVE_UP.search(ln) for ln in _agent_lines(parts[-1]))):
         return False
     if len(parts) >= 3 or seen.exit_code == 0 or _signalled(parts[-1]):
         return True
-    before = "".join(parts[:-1])
-    named = {int(m["pid"]) for m in _ATTEMPT_FAILED.finditer(before)} | _signalled(before)
     return bool(seen.running - named)
 
 

@@ -110,6 +110,12 @@ FROZEN_LATER = EVIDENCE / "restart2_rank1_frozen_later"
 #: attempt 2 rank 1 fails in init_process_group and rank 0 on its broken connection (node 0's first
 #: failure line); in attempt 3 both hang in init_process_group and the harness's stall watch ends the run
 PEER_STOPPED = EVIDENCE / "nodes2_restart_peer_stopped"
+#: srun of torchrun, two Slurm nodes x one process (--max-restarts=2 through PET_MAX_RESTARTS): rank 1
+#: raises in attempt 1; every restart's workers then fail in init_process_group. Node 0's agent (the
+#: store's) fails in each attempt and gives up after attempt 3 with its summary; node 1's, whose attempt
+#: 2 it stopped for node 0's restart, still had a restart left after attempt 3's failure line and lost
+#: the rendezvous going to start its workers again (RendezvousConnectionError, exit 1, no summary)
+STORE_GAVE_UP = EVIDENCE / "slurm2_restart_store_node_gave_up"
 _SHARD4 = "RuntimeError: shard 4 of rank 1 is truncated (attempt 0)"
 
 
@@ -260,3 +266,20 @@ def test_a_failed_attempts_own_workers_signalled_before_its_failure_line_are_no_
             "signal, shutting down workers\n")
     log.write_text(_ended(1, 701, 702, 1) + told + _SIGNAL.format(i=9) + "Sending process 703 closing signal SIGTERM\n")
     assert [(a.attempt, a.pid, a.for_peer) for a in attempt_ends(log, seen)] == [(1, 702, False)]
+
+
+def test_a_nodes_failure_line_before_its_agent_lost_the_rendezvous_is_its_ranks_end():
+    """Node 1's agent wrote attempt 3's failure line (rank 1, pid 14261, exit code 1), then went to
+    restart and could not reach the store: no worker ran after that line. Read as restarted (three
+    failure lines), its last attempt was the rendezvous error alone, rank 1 had no end torchrun
+    reported, and the verdict said 'node 1's rank 1 exited 0 early (last heartbeat step 3, stage
+    forward) — the other ranks failed without it'."""
+    rec = _judged(STORE_GAVE_UP, "node0.stderr.log", 1)
+    f = rec.evidence.rank_failures
+    assert (f[1].exit_code, f[1].pid) == (1, 14261) and f[1].unranked.startswith("RuntimeError: Gloo connectFullMesh"), f
+    assert (f[0].exit_code, f[0].pid) == (1, 14260), f
+    assert "exited 0" not in verdict_line(rec) and rec.reason == "trainer crashed (exit code 1)", verdict_line(rec)
+    ends = sorted((a.node, a.attempt, a.pid, a.for_peer, a.restarted) for a in rec.evidence.attempts)
+    assert ends == [(0, 1, 14236, False, True), (0, 2, 14255, False, True), (0, 3, 14260, False, False),
+                    (1, 1, 14237, False, True), (1, 2, 14254, True, True), (1, 3, 14261, False, False)], ends
+    assert not [x for x in find([rec]) if "exited 0" in x.title], [x.title for x in find([rec])]

@@ -123,6 +123,12 @@ class RankAt:
     beats: bool = True
     """Whether its trainer's format has heartbeats at all (Evidence.no_heartbeats): without them
     step None says nothing."""
+    beat_pid: int | None = None
+    """Where its last heartbeat is an earlier process's than the one blamed (torchrun started the
+    workers again, and the process the harness found or torchrun reported wrote none): that earlier
+    process's pid, and ``step``/``stage`` are its; None otherwise."""
+    now_pid: int | None = None
+    """With ``beat_pid``: the blamed process's pid (its stack's, else torchrun's report of it)."""
 
     @classmethod
     def of(cls, rec: PhaseRecord, rank: int, *, frame: str | None = None, cause: str = "",
@@ -130,9 +136,17 @@ class RankAt:
         beat = rec.evidence.last_heartbeat.get(rank)
         nodes = rec.evidence.nodes
         node = nodes.of_rank(rank) if nodes is not None else None
+        ev = rec.evidence
+        dump, failed = ev.stackdumps.get(rank), ev.rank_failures.get(rank)
+        now = dump.pid if dump is not None and dump.pid is not None else failed.pid if failed is not None else None
+        # a heartbeat's pid other than the process's is an earlier attempt's only where torchrun restarted
+        # the workers (a trainer may write its heartbeats from a process of its own)
+        earlier = (beat is not None and beat.pid is not None and now is not None and beat.pid != now
+                   and any(a.restarted for a in ev.attempts))
         return cls(rank, node.name if node is not None else None, beat.step if beat else None,
                    beat.stage if beat else None, frame, cause, no_stack=no_stack,
-                   beats=not rec.evidence.no_heartbeats)
+                   beats=not ev.no_heartbeats, beat_pid=beat.pid if earlier else None,
+                   now_pid=now if earlier else None)
 
 
 @dataclass(frozen=True)

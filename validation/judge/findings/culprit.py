@@ -37,12 +37,17 @@ def who(at: RankAt) -> str:
 
 
 def beat(at: RankAt) -> str:
-    """'last heartbeat step 3, stage forward' (the stall and crash findings' words)."""
+    """'last heartbeat step 3, stage forward' (the stall and crash findings' words); of a process
+    torchrun started again that wrote none, 'no heartbeat of pid 13657; its last heartbeat step 3,
+    stage forward was pid 13631's, of an earlier attempt'."""
     if at.rank is None or (at.step is None and not at.beats):
         return ""
     if at.step is None:
         return "no heartbeat written"
-    return f"last heartbeat step {at.step}" + (f", stage {at.stage}" if at.stage else "")
+    said = f"last heartbeat step {at.step}" + (f", stage {at.stage}" if at.stage else "")
+    if at.beat_pid is not None:
+        return f"no heartbeat of pid {at.now_pid}; its {said} was pid {at.beat_pid}'s, of an earlier attempt"
+    return said
 
 
 def waited_cause(d: Diagnosis) -> str:

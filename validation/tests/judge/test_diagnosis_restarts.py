@@ -116,6 +116,10 @@ PEER_STOPPED = EVIDENCE / "nodes2_restart_peer_stopped"
 #: 2 it stopped for node 0's restart, still had a restart left after attempt 3's failure line and lost
 #: the rendezvous going to start its workers again (RendezvousConnectionError, exit 1, no summary)
 STORE_GAVE_UP = EVIDENCE / "slurm2_restart_store_node_gave_up"
+#: the same Slurm launch, rank 1 raising in attempt 1 (node 0's only worker: c10d made that task node
+#: rank 1); attempt 2's workers both hang in init_process_group, before any heartbeat, and the
+#: harness's stall watch takes their stacks (pids 13657, 13656) and ends the run
+HUNG_IN_INIT = EVIDENCE / "slurm2_restart_hung_in_init"
 _SHARD4 = "RuntimeError: shard 4 of rank 1 is truncated (attempt 0)"
 
 
@@ -283,3 +287,25 @@ def test_a_nodes_failure_line_before_its_agent_lost_the_rendezvous_is_its_ranks_
     assert ends == [(0, 1, 14236, False, True), (0, 2, 14255, False, True), (0, 3, 14260, False, False),
                     (1, 1, 14237, False, True), (1, 2, 14254, True, True), (1, 3, 14261, False, False)], ends
     assert not [x for x in find([rec]) if "exited 0" in x.title], [x.title for x in find([rec])]
+
+
+def test_a_process_of_a_later_attempt_that_wrote_no_heartbeat_is_not_given_its_predecessors():
+    """Attempt 2's processes hung before their first heartbeat; the verdict gave each the last
+    heartbeat of attempt 1's process of its rank: "node 1's rank 0 stalled in _new_process_group_helper
+    (last heartbeat step 3, stage forward)", a step the hung process never reached."""
+    rec = judged_stopped_run(HUNG_IN_INIT, HUNG_IN_INIT / "node0.stderr.log", stalled_s=45.0, stacks_tried=2)
+    line = verdict_line(rec)
+    assert line.startswith(
+        "node 1's rank 0 stalled in _new_process_group_helper (no heartbeat of pid 13657; its last heartbeat step 3, "
+        "stage forward was pid 13631's, of an earlier attempt); node 0's rank 1 stalled in _new_process_group_helper "
+        "(no heartbeat of pid 13656; its last heartbeat step 3, stage forward was pid 13632's, of an earlier "
+        "attempt)"), line
+
+
+def test_a_heartbeat_of_another_pid_is_the_same_attempts_where_torchrun_restarted_nothing():
+    """A trainer may write its heartbeats from a process of its own: without a restart, another pid in
+    them says nothing of an earlier attempt."""
+    rec = judged_stopped_run(HUNG_IN_INIT, HUNG_IN_INIT / "node0.stderr.log", stalled_s=45.0, stacks_tried=2)
+    rec = replace(rec, evidence=replace(rec.evidence, attempts=[]))
+    assert verdict_line(rec).startswith(
+        "node 1's rank 0 stalled in _new_process_group_helper (last heartbeat step 3, stage forward)"), verdict_line(rec)

@@ -133,20 +133,28 @@ class RankAt:
     @classmethod
     def of(cls, rec: PhaseRecord, rank: int, *, frame: str | None = None, cause: str = "",
            no_stack: NoStack | None = None) -> RankAt:
-        beat = rec.evidence.last_heartbeat.get(rank)
-        nodes = rec.evidence.nodes
-        node = nodes.of_rank(rank) if nodes is not None else None
         ev = rec.evidence
-        dump, failed = ev.stackdumps.get(rank), ev.rank_failures.get(rank)
-        now = dump.pid if dump is not None and dump.pid is not None else failed.pid if failed is not None else None
-        # a heartbeat's pid other than the process's is an earlier attempt's only where torchrun restarted
-        # the workers (a trainer may write its heartbeats from a process of its own)
-        earlier = (beat is not None and beat.pid is not None and now is not None and beat.pid != now
-                   and any(a.restarted for a in ev.attempts))
+        beat = ev.last_heartbeat.get(rank)
+        node = ev.nodes.of_rank(rank) if ev.nodes is not None else None
+        earlier = earlier_beat(ev, rank)
         return cls(rank, node.name if node is not None else None, beat.step if beat else None,
                    beat.stage if beat else None, frame, cause, no_stack=no_stack,
-                   beats=not ev.no_heartbeats, beat_pid=beat.pid if earlier else None,
-                   now_pid=now if earlier else None)
+                   beats=not ev.no_heartbeats, beat_pid=earlier[0] if earlier else None,
+                   now_pid=earlier[1] if earlier else None)
+
+
+def earlier_beat(ev: Evidence, rank: int) -> tuple[int, int] | None:
+    """Where rank's last heartbeat was written by an earlier attempt's process than the one the
+    harness found (its stack) or torchrun reported: (that earlier pid, the process's pid); None
+    otherwise. A heartbeat's pid other than the process's is an earlier attempt's only where
+    torchrun restarted the workers (a trainer may write its heartbeats from a process of its own)."""
+    beat = ev.last_heartbeat.get(rank)
+    dump, failed = ev.stackdumps.get(rank), ev.rank_failures.get(rank)
+    now = dump.pid if dump is not None and dump.pid is not None else failed.pid if failed is not None else None
+    if (beat is None or beat.pid is None or now is None or beat.pid == now
+            or not any(a.restarted for a in ev.attempts)):
+        return None
+    return beat.pid, now
 
 
 @dataclass(frozen=True)

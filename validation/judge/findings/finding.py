@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 
 from nsa.contract import heartbeat_name
 from validation.contract.torchrun_log import AttemptEnd, has_traceback, short_exception
-from validation.judge.diagnosis import Diagnosis, killed_by_signal, maybe_departed, no_rank_running, root_of_evidence
+from validation.judge.diagnosis import Diagnosis, earlier_beat, killed_by_signal, maybe_departed, no_rank_running, root_of_evidence
 from validation.judge.misses import Miss
 from validation.judge.record import Evidence, PhaseRecord, RunSigns, SubRun
 from validation.judge.stability import LossAfter
@@ -277,14 +277,19 @@ def last_heartbeat(rec: PhaseRecord, rank: int) -> str:
     """'last heartbeat step 4, stage data'; for a rank that wrote none, the file it was to write
     and whether it exists: 'no heartbeat written (heartbeat_rank1.jsonl has no record)'; of a
     trainer whose format has none, what its adapter said: 'no heartbeats (a Trainer writes no
-    per-rank records)'."""
+    per-rank records)'; of a process torchrun started again that wrote none, whose heartbeat is an
+    earlier attempt's (diagnosis.earlier_beat), whose it was."""
     hb = rec.evidence.last_heartbeat.get(rank)
     if hb is None and rec.evidence.no_heartbeats:
         return f"no heartbeats ({rec.evidence.no_heartbeats})"
     if hb is None:
         name = heartbeat_name(rank)
         return f"no heartbeat written ({f'{name} has no record' if name in rec.evidence.files else f'no {name}'})"
-    return f"last heartbeat step {'?' if hb.step is None else hb.step}, stage {hb.stage or '?'}"
+    said = f"last heartbeat step {'?' if hb.step is None else hb.step}, stage {hb.stage or '?'}"
+    earlier = earlier_beat(rec.evidence, rank)
+    if earlier is not None:
+        return f"no heartbeat of pid {earlier[1]}; its {said} was pid {earlier[0]}'s, of an earlier attempt"
+    return said
 
 
 def attempts_said(attempts: list[AttemptEnd]) -> str:

@@ -302,6 +302,18 @@ def test_a_process_of_a_later_attempt_that_wrote_no_heartbeat_is_not_given_its_p
         "attempt)"), line
 
 
+def test_the_stall_findings_rank_lines_do_not_give_a_later_attempts_process_its_predecessors_heartbeat():
+    """The verdict said whose heartbeat it was, while the stall finding's per-rank lines and the
+    nodes finding still read "rank 0: last heartbeat step 3, stage forward" of a process that never
+    wrote one."""
+    rec = judged_stopped_run(HUNG_IN_INIT, HUNG_IN_INIT / "node0.stderr.log", stalled_s=45.0, stacks_tried=2)
+    lines = [line for x in find([rec]) for line in x.detail if "heartbeat" in line]
+    assert len(lines) == 4, lines
+    assert all("of an earlier attempt" in line for line in lines), lines
+    assert any(line.startswith("rank 0: no heartbeat of pid 13657; its last heartbeat step 3, stage forward was "
+                               "pid 13631's") for line in lines), lines
+
+
 def test_a_heartbeat_of_another_pid_is_the_same_attempts_where_torchrun_restarted_nothing():
     """A trainer may write its heartbeats from a process of its own: without a restart, another pid in
     them says nothing of an earlier attempt."""

@@ -56,14 +56,14 @@ def _run(tmp_path: Path, steps: int, startup_s: float = U.STARTUP_S):
     return rec, read_nodes(tmp_path / "results" / rec.out_dir)
 
 
-def _record(tmp_path: Path, steps: int, startup_s: float = U.STARTUP_S):
+def _record(tmp_path: Path, steps: int, startup_s: float = U.STARTUP_S, **launcher):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     phase = {"name": "srun_nodes", "kind": "train", "steps": steps, "timeout_s": 120, "stall_s": STALL_S,
              "startup_s": startup_s, "env": {"OMP_NUM_THREADS": 1},
              "launcher": {"kind": "slurm", "nodes": 2, "nproc_per_node": 1,
-                          "rdzv": {"port": port, "join_timeout_s": JOIN_S}},
+                          "rdzv": {"port": port, "join_timeout_s": JOIN_S}, **launcher},
              "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}
     return U.run_one_point(tmp_path, "slurm_nodes", NATIVE, phase)
 
@@ -85,6 +85,19 @@ def test_a_slurm_launch_records_each_nodes_ranks_and_agent(tmp_path, fake_alloca
     for node, line in zip(launch.nodes, info.detail):
         assert line.startswith(f"node {node.index} (host ") and f"rank {[*node.ranks][0]} last heartbeat step 6" in line, \
             info.detail
+
+
+def test_a_slurm_launchs_torchrun_args_reach_every_agent(tmp_path, fake_allocation, monkeypatch):
+    """A Slurm launcher took no torchrun_args, so a run under Slurm could not ask torchrun for
+    --max-restarts. Every rank crashing at step 2 of every attempt, one restart allowed: both nodes'
+    agents restart their workers once, and the verdict names the attempt that was restarted."""
+    monkeypatch.setenv("TEST_TRAINER_FAULT", "crash@2")
+    rec = _record(tmp_path, steps=6, torchrun_args=["--max-restarts=1"])
+    assert rec.status == Status.FAIL and rec.reason.startswith("trainer crashed"), rec.reason
+    restarted = {a.node for a in rec.evidence.attempts if a.attempt == 1 and a.restarted}
+    assert restarted == {0, 1}, rec.evidence.attempts
+    assert "earlier attempts, each followed by torchrun starting the workers again" in "\n".join(
+        line for f in find([rec]) for line in f.detail), [f.detail for f in find([rec])]
 
 
 def test_a_hung_rank_under_slurm_is_named_with_its_node(tmp_path, fake_allocation, monkeypatch):

@@ -135,7 +135,8 @@ def run(launcher: Launcher, target: Target, args: Sequence[str], *, env: Mapping
         port = launcher.rdzv.port or PORT_BASE + int(alloc.job_id) % PORT_SPAN
         endpoint = f"{host or hosts[0]}:{port}"
         torchrun = commands.nodes_torchrun_argv(target, launcher.nproc, args, nnodes=launcher.nnodes, endpoint=endpoint,
-                                                rdzv_id=out_dir.name, join_timeout_s=launcher.rdzv.join_timeout_s)
+                                                rdzv_id=out_dir.name, join_timeout_s=launcher.rdzv.join_timeout_s,
+                                                torchrun_args=launcher.torchrun_args)
         argv = [*_srun(alloc, name, launcher), f"--output={out_dir}/node%t.stdout.log",
                 f"--error={out_dir}/node%t.stderr.log", *torchrun]
         step = _StepSeen(alloc.job_id, name)

@@ -23,7 +23,7 @@ LAUNCHER_KINDS = ("python", "torchrun", "slurm")
 #: each launcher kind's keys (torchrun's nproc is per node; Slurm says nodes and nproc_per_node)
 LAUNCHER_KEYS = {"python": ("kind", "nproc", "module", "torchrun_args"),
                  "torchrun": ("kind", "nproc", "module", "torchrun_args", "nnodes", "rdzv"),
-                 "slurm": ("kind", "nodes", "nproc_per_node", "module", "rdzv", "srun_args")}
+                 "slurm": ("kind", "nodes", "nproc_per_node", "module", "rdzv", "srun_args", "torchrun_args")}
 RDZV_BACKENDS = ("c10d",)
 #: seconds the agents of a multi-node launch need beyond the join timeout to start and to exit: the
 #: phase's stall_s must leave them, or the stall watch ends a rendezvous still waiting for a node
@@ -244,9 +244,7 @@ def parse_launcher(path: Path, data: Any, where: str, base: Launcher) -> Launche
     if kind == "python" and nproc != 1:
         r.fail(r.key("nproc"), "the python launcher runs one process; use kind: torchrun for nproc > 1")
     module = r.str_("module", base.module, pattern=MODULE)
-    args = r.get("torchrun_args", list(base.torchrun_args))
-    if not isinstance(args, list) or not all(isinstance(a, str) and _TORCHRUN_ARG.match(a) for a in args):
-        r.fail(r.key("torchrun_args"), f"expected a list of --option=value strings, got {args!r}")
+    args = _torchrun_args(r, base)
     nnodes = r.int_("nnodes", base.nnodes if same else 1, minimum=1)
     rdzv = None
     if nnodes > 1 or "rdzv" in r.data:
@@ -255,14 +253,28 @@ def parse_launcher(path: Path, data: Any, where: str, base: Launcher) -> Launche
         if "rdzv" not in r.data and not (same and base.rdzv):
             r.fail(r.key("rdzv"), "nnodes > 1 needs a rendezvous: rdzv: {endpoint: localhost:0, join_timeout_s: 60}")
         rdzv = _rendezvous(r, "torchrun") if "rdzv" in r.data else base.rdzv
-        own = [a for a in args if a.startswith(_RDZV_OPTIONS)]
-        if own:
-            r.fail(r.key("torchrun_args"), f"{own[0]!r}: nnodes and rdzv set the rendezvous of several nodes")
-    return Launcher(kind, nproc, module, tuple(args), nnodes, rdzv)
+        _no_rendezvous_options(r, args, "nnodes and rdzv set the rendezvous of several nodes")
+    return Launcher(kind, nproc, module, args, nnodes, rdzv)
+
+
+def _torchrun_args(r: Reader, base: Launcher) -> tuple[str, ...]:
+    """``torchrun_args:``, torchrun's own options for every agent (--max-restarts=1, ...)."""
+    args = r.get("torchrun_args", list(base.torchrun_args))
+    if not isinstance(args, list) or not all(isinstance(a, str) and _TORCHRUN_ARG.match(a) for a in args):
+        r.fail(r.key("torchrun_args"), f"expected a list of --option=value strings, got {args!r}")
+    return tuple(args)
+
+
+def _no_rendezvous_options(r: Reader, args: tuple[str, ...], why: str) -> None:
+    """Refuse rendezvous options among a launch of several nodes' torchrun_args: the harness sets them."""
+    own = [a for a in args if a.startswith(_RDZV_OPTIONS)]
+    if own:
+        r.fail(r.key("torchrun_args"), f"{own[0]!r}: {why}")
 
 
 def _slurm_launcher(r: Reader, base: Launcher) -> Launcher:
-    """``{kind: slurm, nodes: N, nproc_per_node: M, rdzv: {join_timeout_s: S}, srun_args: [...]}``."""
+    """``{kind: slurm, nodes: N, nproc_per_node: M, rdzv: {join_timeout_s: S}, srun_args: [...],
+    torchrun_args: [...]}``."""
     nodes = r.int_("nodes", base.nnodes, minimum=1)
     nproc = r.int_("nproc_per_node", base.nproc, minimum=1)
     module = r.str_("module", base.module, pattern=MODULE)
@@ -278,7 +290,9 @@ def _slurm_launcher(r: Reader, base: Launcher) -> Launcher:
             r.fail(key, f"{a!r}: write srun's long options, one per item: --partition=gpu, --time=00:30:00")
         if a.split("=", 1)[0] in SRUN_OWN:
             r.fail(key, f"{a!r} is set by the harness ({', '.join(SRUN_OWN)})")
-    return Launcher("slurm", nproc, module, (), nodes, rdzv, tuple(args))
+    torchrun_args = _torchrun_args(r, base)
+    _no_rendezvous_options(r, torchrun_args, "the harness sets the rendezvous of a Slurm launch")
+    return Launcher("slurm", nproc, module, torchrun_args, nodes, rdzv, tuple(args))
 
 
 def _rendezvous(launcher: Reader, kind: str) -> Rendezvous:

@@ -82,7 +82,7 @@ LAUNCHER = Section("phases[].launcher", "How a phase starts its trainer (never a
     Key("kind", "python, torchrun or slurm"),
     Key("nproc", "python and torchrun: processes per node"),
     Key("module", "this project's trainer module (default nsa.train)"),
-    Key("torchrun_args", "python and torchrun: torchrun options --name=value (not the rendezvous's: rdzv says it)"),
+    Key("torchrun_args", "python, torchrun and slurm: torchrun options --name=value (not the rendezvous's: rdzv says it)"),
     Key("nnodes", "torchrun: nodes, each an agent started on this host (a one-host test of several nodes)"),
     Key("rdzv", "torchrun with nnodes, and slurm: the c10d rendezvous"),
     Key("nodes", "slurm: nodes of the allocation"),

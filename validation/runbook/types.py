@@ -51,7 +51,7 @@ class Launcher:
     ``nnodes`` > 1 one torchrun agent per node on this host, meeting at ``rdzv``; or ``srun`` of
     torchrun in a Slurm allocation (kind slurm: ``nnodes`` nodes, one agent each).
     ``torchrun_args`` pass options through to torchrun: a single node's replace --standalone, and
-    with ``nnodes`` every agent gets them beside the rendezvous's options."""
+    with ``nnodes`` or under Slurm every agent gets them beside the rendezvous's options."""
 
     kind: str = "python"
     nproc: int = 1

@@ -49,6 +49,11 @@ def test_slurm_nodes_and_processes_per_node(tmp_path):
         describe(rb, load_profile("cpu"), "goldens.yaml"))
 
 
+def test_slurm_takes_torchrun_args_for_every_agent(tmp_path):
+    [point] = expand(_load(tmp_path, _rb({**SLURM, "torchrun_args": ["--max-restarts=1"]})), load_profile("cpu"))
+    assert point.phase.launcher.torchrun_args == ("--max-restarts=1",)
+
+
 def test_slurm_gpus_are_the_allocations_not_this_machines(tmp_path):
     gpu = {"name": "g", "marker": "g", "hardware": {"accelerator": "cuda"}, "thresholds": {}}
     (tmp_path / "g.yaml").write_text(yaml.safe_dump(gpu))
@@ -90,6 +95,9 @@ def test_a_phase_inherits_the_defaults_nodes(tmp_path):
     ({**SLURM, "srun_args": ["--partition=gpu; id"]}, "launcher.srun_args[0]", "long options"),
     ({**SLURM, "srun_args": ["--export=NONE"]}, "launcher.srun_args[0]", "set by the harness"),
     ({**SLURM, "nodes": 0}, "launcher.nodes", "expected an integer >= 1"),
+    ({**SLURM, "torchrun_args": ["--rdzv_endpoint=node0:29500"]}, "launcher.torchrun_args",
+     "the harness sets the rendezvous of a Slurm launch"),
+    ({**SLURM, "torchrun_args": "--max-restarts=1"}, "launcher.torchrun_args", "expected a list of --option=value"),
 ])
 def test_a_bad_launcher_names_file_and_key(tmp_path, launcher, key, words):
     with pytest.raises(RunbookError) as exc:

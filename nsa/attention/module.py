@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -41,11 +42,24 @@ class NSACache:
     kc: torch.Tensor | None = None
     vc: torch.Tensor | None = None
     length: int = 0
+    owner: weakref.ref | None = field(default=None, repr=False, compare=False)
+    """The layer whose keys and values it holds (``claim``)."""
 
     def append(self, name: str, x: torch.Tensor) -> torch.Tensor:
         old = self.tokens.get(name)
         self.tokens[name] = x if old is None else torch.cat([old, x], dim=1)
         return self.tokens[name]
+
+    def claim(self, layer: nn.Module) -> None:
+        """Make the cache ``layer``'s, or refuse it where another living layer filled it: a layer
+        would attend the other's keys and values as its own, a wrong result that no shape shows
+        where the two layers have the same shape (the layers of one model do)."""
+        owner = self.owner() if self.owner is not None else None
+        if owner is None:
+            self.owner = weakref.ref(layer)
+        elif owner is not layer:
+            raise ValueError(f"the cache holds the keys and values of another layer ({type(owner).__name__} at "
+                             f"{id(owner):#x}), not this one's: give each layer its own cache")
 
 
 def autocast_input(x: torch.Tensor) -> torch.Tensor:
@@ -135,6 +149,8 @@ class RoutedAttention(nn.Module):
         if cache is not None:
             if not isinstance(cache, NSACache):
                 raise TypeError(f"cache must be an nsa.attention.NSACache or None, got {type(cache).__name__}")
+            if not torch.compiler.is_compiling():  # a traced decode keeps no Python object's identity
+                cache.claim(self)
             held = next(iter(cache.tokens.values()), None)
             if held is not None and held.shape[0] != x.shape[0]:
                 raise ValueError(f"x's batch of {x.shape[0]} continues a cache of batch {held.shape[0]}")

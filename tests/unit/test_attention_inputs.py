@@ -104,6 +104,22 @@ def test_a_cache_of_a_layer_of_another_shape_is_refused_by_name(kind):
             kind(64, 4, n_kv, head_dim, CFG)(torch.randn(2, 1, 64), cache)
 
 
+@pytest.mark.parametrize("second", [NSAAttention, DenseAttention])
+@pytest.mark.parametrize("first", [NSAAttention, DenseAttention])
+def test_one_cache_shared_by_two_layers_of_one_shape_is_refused(first, second):
+    """Two layers of the same shape took one cache without a word: the second attended the first's
+    keys and values as its own (and a dense layer an NSA layer's streams), a wrong result."""
+    torch.manual_seed(0)
+    a, b = first(64, 4, 2, 16, CFG), second(64, 4, 2, 16, CFG)
+    cache = NSACache()
+    a(torch.randn(2, 10, 64), cache)
+    with pytest.raises(ValueError, match="the cache holds the keys and values of another layer .*give each layer its "
+                                         "own cache"):
+        b(torch.randn(2, 1, 64), cache)
+    a(torch.randn(2, 1, 64), cache)  # its own layer goes on with it
+    assert cache.length == 11
+
+
 def test_an_nsa_layer_refuses_what_only_the_model_or_another_layer_takes():
     """NSAAttention ran a config of kind 'dense' as NSA (no word of it), took any graph_tokens
     (None failed at the first call's comparison, 1.5 was taken), and a head dim the kernels do not

@@ -86,7 +86,7 @@ def _triton_available(device: torch.device, dtype: torch.dtype) -> tuple[bool, s
         if os.environ.get("TRITON_INTERPRET") != "1":
             return False, "Triton kernels need CUDA (or TRITON_INTERPRET=1 on CPU)"
         if dtype == torch.bfloat16:
-            return False, "the Triton interpreter computes bfloat16 wrongly; use float32 on CPU"
+            return False, "the Triton interpreter computes bfloat16 wrongly; use float32 or float16 on CPU"
         return True, "Triton interpreter (TRITON_INTERPRET=1)"
     return False, f"Triton kernels do not run on {device.type}"
 

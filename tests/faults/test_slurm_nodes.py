@@ -56,12 +56,13 @@ def _run(tmp_path: Path, steps: int, startup_s: float = U.STARTUP_S):
     return rec, read_nodes(tmp_path / "results" / rec.out_dir)
 
 
-def _record(tmp_path: Path, steps: int, startup_s: float = U.STARTUP_S, **launcher):
+def _record(tmp_path: Path, steps: int, startup_s: float = U.STARTUP_S, stall_s: float = STALL_S,
+            env: dict | None = None, **launcher):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    phase = {"name": "srun_nodes", "kind": "train", "steps": steps, "timeout_s": 120, "stall_s": STALL_S,
-             "startup_s": startup_s, "env": {"OMP_NUM_THREADS": 1},
+    phase = {"name": "srun_nodes", "kind": "train", "steps": steps, "timeout_s": 120, "stall_s": stall_s,
+             "startup_s": startup_s, "env": {"OMP_NUM_THREADS": 1, **(env or {})},
              "launcher": {"kind": "slurm", "nodes": 2, "nproc_per_node": 1,
                           "rdzv": {"port": port, "join_timeout_s": JOIN_S}, **launcher},
              "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}
@@ -90,9 +91,13 @@ def test_a_slurm_launch_records_each_nodes_ranks_and_agent(tmp_path, fake_alloca
 def test_a_slurm_launchs_torchrun_args_reach_every_agent(tmp_path, fake_allocation, monkeypatch):
     """A Slurm launcher took no torchrun_args, so a run under Slurm could not ask torchrun for
     --max-restarts. Every rank crashing at step 2 of every attempt, one restart allowed: both nodes'
-    agents restart their workers once, and the verdict names the attempt that was restarted."""
+    agents restart their workers once, and the verdict names the attempt that was restarted. With
+    the rendezvous's store shared with the workers (torch's default), the restarted workers often
+    hang in init_process_group (docs/guides/multi-node.md): the phase turns that off, and its stall
+    watch leaves the restart its start-up time."""
     monkeypatch.setenv("TEST_TRAINER_FAULT", "crash@2")
-    rec = _record(tmp_path, steps=6, torchrun_args=["--max-restarts=1"])
+    rec = _record(tmp_path, steps=6, stall_s=STALL_S + U.STARTUP_S, env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": 1},
+                  torchrun_args=["--max-restarts=1"])
     assert rec.status == Status.FAIL and rec.reason.startswith("trainer crashed"), rec.reason
     restarted = {a.node for a in rec.evidence.attempts if a.attempt == 1 and a.restarted}
     assert restarted == {0, 1}, rec.evidence.attempts

@@ -113,6 +113,13 @@ def _stall(f: Facts) -> str:
         where = ("No stack could be taken: install py-spy and let it attach (ptrace; a container needs "
                  "CAP_SYS_PTRACE), or give the trainer a SIGUSR1 handler (faulthandler.register); the last "
                  "heartbeats in the finding say how far each process got. ")
+    elif f.restarted_in_init:
+        where = ("torchrun started the workers again (--max-restarts) and every rank whose stack was taken waited "
+                 "in init_process_group: the restarted workers never met in their process group. With torch's default, "
+                 "the rendezvous's TCP store shared with the workers, restarted workers can fail to meet there; set "
+                 "`TORCH_DISABLE_SHARE_RDZV_TCP_STORE: 1` in the phase's env to give them a store of their own "
+                 "(docs/guides/multi-node.md). The earlier attempts' ends in the finding say what the restart was "
+                 "for: fix that first. ")
     elif f.world_size == 1:
         where = ("The stack shows where the process waited (a lock, I/O, a data loader, a loop that does not end); "
                  "fix it. ")

@@ -74,6 +74,9 @@ class Facts:
     loss_after: LossAfter | None = None
     """Of a run whose training.csv logs a non-finite loss: what it logs after the first (None: every
     logged loss is finite, or a record of an older harness does not say)."""
+    restarted_in_init: bool = False
+    """torchrun started the workers again (--max-restarts) and every rank whose stack was taken
+    waited in init_process_group: the restarted workers never met in their process group."""
 
     @classmethod
     def of(cls, rec: PhaseRecord) -> Facts:
@@ -108,11 +111,14 @@ class Facts:
             ev.traceback if ev.traceback is not None else has_traceback(ev.stderr_tail))
         says = LogSays.TRACEBACK if traced else \
             LogSays.ONE_LINE if ev.log_exception else LogSays.NOTHING
+        ranked = [d for d in ev.stackdumps.values() if d.frames]
+        in_init = bool(ranked) and all(any(f.func == "init_process_group" for f in d.frames) for d in ranked)
         return cls(rec.own_trainer, rec.world_size, stacks, rec.accelerator == "cuda",
                    no_rank_running(rec), not started, not stepped,
                    ev.halt is not None and ev.halt.source == "nonfinite", killed, tuple(ev.misses), silent, stopped,
                    tuple(maybe_departed(rec)), says,
-                   loss_after=ev.nonfinite_loss.after if ev.nonfinite_loss is not None else None)
+                   loss_after=ev.nonfinite_loss.after if ev.nonfinite_loss is not None else None,
+                   restarted_in_init=in_init and any(a.restarted for a in ev.attempts))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 from validation.contract.torchrun_log import AgentSeen, AttemptEnd, attempt_ends, rank_failures
 from validation.judge.evidence import collect, read_ended, read_train, with_log
 from validation.judge.findings import find
+from validation.judge.findings.advice import recommendations
 from validation.judge.findings.headline import culprit_log, verdict_line
 from validation.judge.metrics import RunData
 from validation.judge.record import PhaseRecord, PointKey, Status
@@ -312,6 +313,17 @@ def test_the_stall_findings_rank_lines_do_not_give_a_later_attempts_process_its_
     assert all("of an earlier attempt" in line for line in lines), lines
     assert any(line.startswith("rank 0: no heartbeat of pid 13657; its last heartbeat step 3, stage forward was "
                                "pid 13631's") for line in lines), lines
+
+
+def test_restarted_workers_hung_in_init_process_group_get_the_shared_store_advice():
+    """torch's rendezvous store shared with the workers left both restarted workers in
+    init_process_group under srun; the advice was the generic one for ranks whose steps diverged.
+    Without a restart the same stacks get no word of the store."""
+    rec = judged_stopped_run(HUNG_IN_INIT, HUNG_IN_INIT / "node0.stderr.log", stalled_s=45.0, stacks_tried=2)
+    [advice] = [a for a in recommendations(find([rec])) if "init_process_group" in a]
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE: 1" in advice and "restarted workers never met" in advice, advice
+    unrestarted = replace(rec, evidence=replace(rec.evidence, attempts=[]))
+    assert not [a for a in recommendations(find([unrestarted])) if "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" in a]
 
 
 def test_a_heartbeat_of_another_pid_is_the_same_attempts_where_torchrun_restarted_nothing():

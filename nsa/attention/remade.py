@@ -102,7 +102,7 @@ class _Packed:
             self.tensor = None
 
     def unpack(self) -> torch.Tensor:
-        t = self.tensor  # read once: another thread's Remaking may release it meanwhile
+        t = self.tensor  # read once: a forward in another thread may release it meanwhile
         if t is not None:
             _check_version(t, self.version)
             if self.recipe is not None:

@@ -11,9 +11,7 @@ The listing counts through saved-tensor hooks of its own, and an NSA layer defer
 hooks: under them it keeps q, the key/value streams, the window branch's output and the gated sum
 even from 32k tokens, where it otherwise keeps how to make them again
 (nsa.attention.compress.RECOMPUTE_TOKENS, nsa.attention.remade). The listing then shows those
-tensors; the layer and model parts, which set no hooks, measure the layer as it runs, the layer
-part as a layer of a model (what it keeps once the next layer's forward begins:
-nsa.attention.remade.release).
+tensors; the layer and model parts, which set no hooks, measure the layer as it runs.
 
     python bench/saved_memory.py                       # 32k, m7c_125m
     python bench/saved_memory.py --lengths 32k 64k --parts layer
@@ -33,7 +31,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.nsa_vs_dense import KINDS, _config, length  # noqa: E402
-from nsa.attention import NSAAttention, graphed, remade  # noqa: E402
+from nsa.attention import NSAAttention, graphed  # noqa: E402
 from nsa.attention.dense import DenseAttention  # noqa: E402
 from nsa.model.model import NSATransformer  # noqa: E402
 
@@ -93,9 +91,7 @@ def layer(kind: str, S: int, model_name: str, device: torch.device):
 
     def forward():
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = module(x).float().square().mean()
-        remade.release()  # what a layer of a model keeps once the next layer's forward begins
-        return loss
+            return module(x).float().square().mean()
 
     return module, forward
 

@@ -358,9 +358,8 @@ class NSAAttention(RoutedAttention):
         every layer); they are computed here when not given.
 
         From RECOMPUTE_TOKENS tokens a training forward keeps, instead of some tensors its ops
-        save, how to make them again (``_keep_projections``, ``_keep_core``), once the next NSA
-        layer's forward begins (until then the tensors too: nsa.attention.remade); the caller's own
-        saved-tensor hooks (checkpointing, offloading) decide alone what is kept. While torch.compile traces, the
+        save, how to make them again (``_keep_projections``, ``_keep_core``); the caller's own saved-tensor hooks
+        (checkpointing, offloading) decide alone what is kept. While torch.compile traces, the
         compiler makes the same tensors again (nsa.attention.checkpointed)."""
         if self.count_calls:
             count_call(self.calls)

@@ -7,13 +7,6 @@ the registered tensors again, bit for bit, from tensors kept anyway. A recipe ru
 backward: what it made is kept from the first unpack until every tensor packed with it has been
 unpacked (another backward through a retained graph makes it again).
 
-The newest Remaking of a thread keeps its tensors themselves as well until another one begins
-(the next layer's forward), and then drops them: a backward that comes first (a model's last
-layer, whose backward runs first; a layer alone) reads them as they are and makes nothing again.
-Making them again saves memory only while later layers' activations are made beside them; at the
-backward of the last layer they would be made again at once, and its peak, the model's, is the
-same either way.
-
 Every registered tensor must stay alive while the hooks are active (the caller holds it): its
 memory is how a saved tensor is recognised, and a freed block could be handed to another tensor.
 
@@ -24,8 +17,6 @@ place between its forward and its backward would otherwise give wrong gradients 
 """
 from __future__ import annotations
 
-import threading
-import weakref
 from typing import Callable, Sequence
 
 import torch
@@ -78,10 +69,9 @@ class Recipe:
 
 class _Packed:
     """A saved tensor as the hooks keep it: the tensor itself, or (once its memory is
-    registered, also after it was saved) its recipe, index and view geometry, with the tensor
-    itself until ``release`` while its Remaking is the newest."""
+    registered, also after it was saved) its recipe, index and view geometry."""
 
-    __slots__ = ("tensor", "version", "recipe", "index", "geometry", "__weakref__")
+    __slots__ = ("tensor", "version", "recipe", "index", "geometry")
 
     def __init__(self, tensor: torch.Tensor):
         self.tensor: torch.Tensor | None = tensor
@@ -91,59 +81,27 @@ class _Packed:
         self.geometry: tuple = ()
 
     def remake_with(self, recipe: Recipe, index: int) -> None:
-        """Make the tensor again from ``recipe`` once released (it is kept until then)."""
         t = self.tensor
         self.recipe, self.index, self.geometry = recipe, index, (t.shape, t.stride(), t.storage_offset())
+        self.tensor = None
         recipe.pending += 1
 
-    def release(self) -> None:
-        """Drop the tensor where a recipe makes it again."""
-        if self.recipe is not None:
-            self.tensor = None
-
     def unpack(self) -> torch.Tensor:
-        t = self.tensor  # read once: a forward in another thread may release it meanwhile
-        if t is not None:
-            _check_version(t, self.version)
-            if self.recipe is not None:
-                self.recipe.unpacked()
-            return t
+        if self.tensor is not None:
+            _check_version(self.tensor, self.version)
+            return self.tensor
         shape, stride, offset = self.geometry
         t = self.recipe.made()[self.index].as_strided(shape, stride, offset)
         self.recipe.unpacked()
         return t
 
 
-#: per thread, what the newest Remaking keeps as itself until another one begins (weak references:
-#: a graph freed by its backward frees its tensors)
-_newest = threading.local()
-
-
-def release() -> None:
-    """Free what this thread's newest Remaking keeps as itself now, as the next one does when it
-    begins: its backward makes those tensors again (for a caller whose work after a model's last
-    NSA layer, and before the backward, would hold more memory beside them)."""
-    _release_newest([])
-
-
-def _release_newest(held: list[weakref.ref]) -> None:
-    """Release what the thread's newest Remaking still keeps and make ``held`` the new one's."""
-    for ref in getattr(_newest, "held", ()):
-        packed = ref()
-        if packed is not None:
-            packed.release()
-    _newest.held = held
-
-
 class Remaking:
     """The saved-tensor hooks (a context manager) and the tensors registered with them. A
     tensor may be registered after an op saved it (an op saves its own outputs as it returns
-    them): until the hooks exit, ``add`` also turns what was saved on its memory into recipes.
-    Entering one releases what the thread's previous one kept (the module docstring)."""
+    them): until the hooks exit, ``add`` also turns what was saved on its memory into recipes."""
 
     def __init__(self):
-        # what was saved on registered memory, kept as itself until the next Remaking begins
-        self._held: list[weakref.ref] = []
         # storage data_ptr -> the recipe, the index of the tensor it makes there, and its dtype
         self._registered: dict[int, tuple[Recipe, int, torch.dtype]] = {}
         # storage data_ptr -> what was saved on it so far and kept as tensors: a registration
@@ -152,7 +110,6 @@ class Remaking:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _Packed.unpack)
 
     def __enter__(self) -> Remaking:
-        _release_newest(self._held)
         self._hooks.__enter__()
         return self
 
@@ -179,7 +136,7 @@ class Remaking:
                         if found is None:
                             still.append(packed)
                         else:
-                            self._remake(packed, found)
+                            packed.remake_with(*found)
                     self._kept[storage] = still
 
     def add_call(self, fn: Callable[..., Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
@@ -216,9 +173,5 @@ class Remaking:
         if found is None:
             self._kept.setdefault(t.untyped_storage().data_ptr(), []).append(packed)
         else:
-            self._remake(packed, found)
+            packed.remake_with(*found)
         return packed
-
-    def _remake(self, packed: _Packed, found: tuple[Recipe, int]) -> None:
-        packed.remake_with(*found)
-        self._held.append(weakref.ref(packed))

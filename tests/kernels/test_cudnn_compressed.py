@@ -109,7 +109,7 @@ def test_the_fold_keeps_q_only_as_a_saved_tensor(kdev, cudnn_cmp):
 
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    from nsa.attention.remade import Remaking, release
+    from nsa.attention.remade import Remaking
 
     cfg, B, T, HQ, H, K, q_start = CASES["paper-cfg-tail1"]
     dtype = torch.bfloat16 if kdev.type == "cuda" else torch.float32
@@ -121,7 +121,6 @@ def test_the_fold_keeps_q_only_as_a_saved_tensor(kdev, cudnn_cmp):
         q = leaves[0] * 1  # a tensor of the layer's own, as its projection makes q
         remaking.add(lambda: [leaves[0].detach() * 1], [q])
         o, _ = cudnn_cmp(q, *leaves[1:], cfg, q_start)
-    release()  # as the next layer's forward does
     ref = StorageWeakRef(q.untyped_storage())
     del q
     gc.collect()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nsa.attention import NSAAttention, remade
+from nsa.attention import NSAAttention
 from nsa.model.config import load_model_config
 from nsa.model.model import NSATransformer
 
@@ -34,10 +34,7 @@ def _nan_poisoned_empty():
     yield
 
 
-def _layer_step(S: int, graphs: bool = True, released: bool = False):
-    """One m7c layer's forward + backward; ``released``: as in a model, whose next layer's forward
-    frees what the layer keeps as itself from RECOMPUTE_TOKENS (nsa.attention.remade), so that the
-    backward makes it again."""
+def _layer_step(S: int, graphs: bool = True):
     cfg = load_model_config("m7c_125m")
     layer = NSAAttention(cfg.dim, cfg.n_heads, cfg.n_kv_groups, cfg.head_dim, cfg.attn, cfg.rope_theta,
                          graph_tokens=S if graphs else 0).cuda()
@@ -48,8 +45,6 @@ def _layer_step(S: int, graphs: bool = True, released: bool = False):
     def run():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             o = layer(x)
-        if released:
-            remade.release()
         torch.autograd.grad(o, leaves, do)
 
     return run
@@ -90,7 +85,7 @@ def test_long_context_layer_never_waits_for_the_device(S):
     """The paths the counted lengths above do not take: from 32k the layer makes tensors again in
     its backward (compress.RECOMPUTE_TOKENS), from 64k the compressed branch runs on the cuDNN fold.
     A host synchronisation on either would cost the eager layer its overlap of host and GPU."""
-    run = _layer_step(S, graphs=False, released=True)
+    run = _layer_step(S, graphs=False)
     run()  # Triton compiles and tunes
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")

@@ -8,20 +8,13 @@ import pytest
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from nsa.attention.remade import Remaking, release
+from nsa.attention.remade import Remaking
 
 
-def _next_layer() -> None:
-    """Another Remaking begins, as the next layer's forward's does: the one before keeps no tensor
-    that its recipes make."""
-    with Remaking():
-        pass
-
-
-def _graph(remake: bool, register_late: bool = False, released: bool = True):
+def _graph(remake: bool, register_late: bool = False):
     """y = sum(sin(h) * h[::2].repeat(2)) with h = x @ w, h made again from x and w: sin and the
-    product save h and a view of it; ``released``: another Remaking began after it. Returns y, the
-    leaves, h's weak reference, and the count of h's remakings."""
+    product save h and a view of it. Returns y, the leaves, h's weak reference, and the count of
+    h's remakings."""
     torch.manual_seed(0)
     x = torch.randn(8, 6, requires_grad=True)
     w = torch.randn(6, 4, requires_grad=True)
@@ -38,8 +31,6 @@ def _graph(remake: bool, register_late: bool = False, released: bool = True):
         y = (torch.sin(h) * h[::2].repeat(2, 1)).sum()
         if remake and register_late:
             remaking.add(again, [h])
-    if released:
-        _next_layer()
     ref = StorageWeakRef(h.untyped_storage())
     del h
     gc.collect()
@@ -63,43 +54,6 @@ def test_a_registered_tensor_is_freed_and_made_once_per_backward():
             assert torch.equal(g, ref_g)
 
 
-def test_the_newest_remaking_keeps_its_tensors_until_another_begins():
-    """A backward before the next layer's forward (a model's last layer, a layer alone) reads the
-    registered tensors as they are and makes nothing again; once another Remaking begins they are
-    freed and made again. The gradients are the same either way."""
-    y_kept, leaves_kept, _, _ = _graph(remake=False)
-    grads_kept = torch.autograd.grad(y_kept, leaves_kept)
-    for late in (False, True):
-        y, leaves, ref, made = _graph(remake=True, register_late=late, released=False)
-        assert not ref.expired(), "the newest Remaking keeps h"
-        grads = torch.autograd.grad(y, leaves, retain_graph=True)
-        assert made == [], "h was kept: nothing made again"
-        for g, ref_g in zip(grads, grads_kept):
-            assert torch.equal(g, ref_g)
-        _next_layer()
-        gc.collect()
-        assert ref.expired(), "released as the next Remaking began"
-        again = torch.autograd.grad(y, leaves)
-        assert made == [1]
-        for g, ref_g in zip(again, grads_kept):
-            assert torch.equal(g, ref_g)
-    y, leaves, ref, _ = _graph(remake=True, released=False)
-    torch.autograd.grad(y, leaves)
-    del y
-    gc.collect()
-    assert ref.expired(), "a graph freed by its backward frees what its Remaking kept"
-
-
-def test_release_frees_what_the_newest_remaking_keeps():
-    y, leaves, ref, made = _graph(remake=True, released=False)
-    assert not ref.expired()
-    release()
-    gc.collect()
-    assert ref.expired()
-    torch.autograd.grad(y, leaves)
-    assert made == [1]
-
-
 def test_a_value_read_by_another_recipe_and_tensors_not_registered():
     """value() gives a recipe's tensor to another recipe without keeping the tensor; a saved
     tensor of another dtype on no registered memory is kept as itself."""
@@ -112,7 +66,6 @@ def test_a_value_read_by_another_recipe_and_tensors_not_registered():
         remaking.add(lambda: [h_again().exp()], [g])
         y = (g * g).sum() + (x.double() ** 2).sum()
         kept = remaking.value(x.double())
-    _next_layer()
     refs = [StorageWeakRef(t.untyped_storage()) for t in (h, g)]
     del h, g
     gc.collect()

@@ -50,6 +50,10 @@ class NSACache:
         self.tokens[name] = x if old is None else torch.cat([old, x], dim=1)
         return self.tokens[name]
 
+    def __getstate__(self) -> dict:
+        """A saved or copied cache is no layer's until one uses it (a weak reference does not pickle)."""
+        return {**self.__dict__, "owner": None}
+
     def claim(self, layer: nn.Module) -> None:
         """Make the cache ``layer``'s, or refuse it where another living layer filled it: a layer
         would attend the other's keys and values as its own, a wrong result that no shape shows

@@ -120,6 +120,25 @@ def test_one_cache_shared_by_two_layers_of_one_shape_is_refused(first, second):
     assert cache.length == 11
 
 
+def test_a_cache_saves_and_copies_and_goes_on_with_the_layer_that_loads_it(tmp_path):
+    """The layer a cache holds a weak reference to does not pickle: torch.save of a decode cache
+    failed. A saved or copied cache is no layer's until one uses it."""
+    import copy
+
+    layer = _layer(NSAAttention)
+    cache = NSACache()
+    with torch.no_grad():
+        layer(torch.randn(2, 10, 64), cache)
+        torch.save(cache, tmp_path / "cache.pt")
+        loaded = torch.load(tmp_path / "cache.pt", weights_only=False)
+        copied = copy.deepcopy(cache)
+        x = torch.randn(2, 1, 64)
+        want = layer(x, cache)
+        for other in (loaded, copied):
+            assert other.owner is None
+            torch.testing.assert_close(layer(x, other), want, rtol=0, atol=0)
+
+
 def test_an_nsa_layer_refuses_what_only_the_model_or_another_layer_takes():
     """NSAAttention ran a config of kind 'dense' as NSA (no word of it), took any graph_tokens
     (None failed at the first call's comparison, 1.5 was taken), and a head dim the kernels do not

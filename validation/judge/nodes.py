@@ -39,7 +39,7 @@ class NodeEvidence:
     """Its ranks; [] when none of its workers ran (it never joined, or none were seen)."""
     said: str | None = None
     """The last error its agent itself reported, else its own last line (never a worker's:
-    contract/torchrun_log.py ``agent_said``)."""
+    contract/torchrun_log/said.py ``agent_said``)."""
     step_time_s: float | None = None
     """Median step time of its ranks."""
     lateness_s: float | None = None

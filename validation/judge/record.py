@@ -195,7 +195,7 @@ class Evidence:
     stderr_log: str | None = None
     exception: str | None = None
     """The last exception a process of the run raised, from its whole stderr log (torchrun's own
-    report that a worker failed skipped: contract/torchrun_log.py ``log_exception``), of its last
+    report that a worker failed skipped: contract/torchrun_log/said.py ``log_exception``), of its last
     attempt under torchrun's --max-restarts."""
     traceback: bool | None = None
     """Whether that log holds a Python traceback of the trainer's own (``log_has_traceback``): a
@@ -212,7 +212,7 @@ class Evidence:
     """What the harness did for each process's stack when it stopped the run (py-spy, SIGUSR1)."""
     signalled_pids: list[int] = field(default_factory=list)
     """The processes torchrun's agent says it signalled, ending the ranks still running once one had
-    failed (contract/torchrun_log.py ``agent_signalled``): a rank the harness then found running among
+    failed (contract/torchrun_log/said.py ``agent_signalled``): a rank the harness then found running among
     them was ending on that signal (a handler of its own that outlasts it), not hung."""
     last_heartbeat: dict[int, Beat] = field(default_factory=dict)
     no_heartbeats: str = ""

@@ -16,7 +16,7 @@ A launch of several processes is over when one of them has failed and nothing of
 launched processes themselves, where either ranks had run under them (no rank is left under any
 of them: a torchrun agent whose workers ended waits at its exit barrier for agents that are gone)
 or none ever ran and the failed one gave up on a rendezvous that no rank can start from any more
-(validation/contract/torchrun_log.py ``closed_rendezvous``: an agent frozen before the rendezvous
+(validation/contract/torchrun_log/said.py ``closed_rendezvous``: an agent frozen before the rendezvous
 would otherwise hold the run until the start-up allowance). The rest are stopped then (each one's
 process state recorded first) and the run ends as the failed one did, not at the stall or the
 timeout. A launcher whose one process runs every node (srun) says when its launch is over itself

@@ -280,11 +280,23 @@ def _file(found: ContractRead, name: str, exists: bool, reader: Callable[[Path],
     try:
         value = reader(found.out_dir)
     except ArtifactError as exc:  # the reader's message names the file; the item names it too
-        text = str(exc)
-        found.items.append(Item(name, Presence.MALFORMED, text.split(": ", 1)[1] if text.startswith("/") else text))
+        where, said = _named_file(found.out_dir, str(exc))
+        found.items.append(Item(where or name, Presence.MALFORMED, said))
         return None
     found.items.append(Item(name, Presence.PRESENT, detail(value)))
     return value
+
+
+def _named_file(out_dir: Path, text: str) -> tuple[str | None, str]:
+    """A reader's error split into the file it names (relative to the run directory) and what it
+    says of it: ('heartbeat_rank1.jsonl', 'line 14 is not JSON'). The file is kept because an item
+    of several files (heartbeat_rank{R}.jsonl) would otherwise not say which rank's file broke;
+    (None, text) where the message names no file of the directory."""
+    head, sep, said = text.partition(": ")
+    if not sep or not head.startswith("/"):
+        return None, text
+    path = Path(head)
+    return (path.name if path.parent == Path(out_dir) else None), said
 
 
 def _csv_detail(log: TrainingLog, path: Path) -> str:

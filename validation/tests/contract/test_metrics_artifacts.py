@@ -136,6 +136,17 @@ def test_heartbeats_skip_torn_last_line_but_not_middle(tmp_path):
         read_heartbeats(tmp_path)
 
 
+def test_a_broken_heartbeat_line_names_the_rank_whose_file_it_is(tmp_path):
+    # the contract item of every rank's heartbeats is one (heartbeat_rank{R}.jsonl): its problem
+    # named only that pattern, so a run of two ranks read 'heartbeat_rank{R}.jsonl: malformed (line
+    # 14 is not JSON)' and left the user to open both files to find which rank's writer broke
+    good = json.dumps({"time": 1.0, "rank": 1, "step": 1})
+    (tmp_path / "heartbeat_rank0.jsonl").write_text(json.dumps({"time": 1.0, "rank": 0, "step": 1}) + "\n")
+    (tmp_path / "heartbeat_rank1.jsonl").write_text(good + "\nnot json\n" + good + "\n")
+    (problem,) = [p for p in read_contract(tmp_path).problems() if "malformed" in p]
+    assert problem == f"{tmp_path}/heartbeat_rank1.jsonl: malformed (line 2 is not JSON)", problem
+
+
 DUMP = """Thread 0x00007f01 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 331 in wait
   File "/w/nsa/train/watchdog.py", line 70 in _run

@@ -233,11 +233,20 @@ def _loss_finite(run: RunData, last: int | None) -> float | None:
     """0 when a logged loss is not finite, or when the trainer said so without logging the step
     (a non-finite .HALT, or the contract's exit code for it): a NaN that never reached the CSV
     is still a NaN."""
-    said_nonfinite = run.exit_code == EXIT_NONFINITE or (run.halt is not None and run.halt.source == HALT_NONFINITE)
+    said_nonfinite = (run.exit_code == EXIT_NONFINITE or (run.halt is not None and run.halt.source == HALT_NONFINITE)
+                      or _a_rank_exited_nonfinite(run))
     if said_nonfinite:
         return 0.0
     s = _col(run, "loss", None)
     return None if s is None else float(all(math.isfinite(v) for v in s))
+
+
+def _a_rank_exited_nonfinite(run: RunData) -> bool:
+    """A rank whose process exited with the contract's code for a non-finite loss, as torchrun's log
+    says: under torchrun the harness sees torchrun's own exit code (1), never the rank's 4, so a
+    trainer that stops on a NaN with exit 4 and writes no .HALT read as finite there, and not when
+    the same trainer ran as one process."""
+    return any(f.exit_code == EXIT_NONFINITE and not f.signal for f in run.rank_failures.values())
 
 
 def _finite(rows: pd.DataFrame, col: str) -> pd.DataFrame:
@@ -451,7 +460,7 @@ CATALOGUE: tuple[Metric, ...] = (
                         f"(k = {LOSS_DROP_ROWS}, or half the rows when fewer; nats): > 0 when the model learns",
            (_LOSS,), True, _loss_drop),
     Metric("loss_finite", "1 when every logged loss is finite and the trainer did not stop on a non-finite one "
-                          "(.HALT source nonfinite, exit code 4)",
+                          "(.HALT source nonfinite, exit code 4 of the process or of any rank)",
            (_LOSS, Input(Source.HALT, "source"), Input(Source.PROCESS, "exit code")), False, _loss_finite),
     Metric("loss_spikes", "logged steps of the window whose loss lies far above the steps before it: robust z-score "
                           "against the rolling median and MAD (at least 1% of the median) of the previous "

@@ -13,6 +13,7 @@ from nsa.contract import CSV_COLUMNS
 from validation.contract.check import read as read_contract
 from validation.contract.files import read_heartbeats, read_training_csv, torn_last_row
 from validation.contract.stacks import Frame, main_thread_frames, parse_faulthandler
+from validation.contract.torchrun_log import RankFailure
 from validation.errors import ArtifactError
 from validation.judge.gates import OPS, GateVerdict, check
 from validation.judge.metrics import METRICS, RunData, compute
@@ -44,6 +45,19 @@ def test_memory_plateau_and_loss_finite(tmp_path):
     run = RunData(tmp_path, csv=df)
     assert compute("mem_growth_gb", run, 5) == pytest.approx(0.4)
     assert compute("loss_finite", run, None) == 0.0
+
+
+def test_loss_finite_reads_a_ranks_exit_code_for_a_nonfinite_loss(tmp_path):
+    # a trainer that stops on a NaN with the contract's exit 4 and no .HALT, logging finite losses
+    # only: as one process loss_finite was 0, under torchrun (whose own exit is 1, the rank's 4 in
+    # its log) it was 1, a PASS of the gate for the same stop
+    df = _csv(tmp_path, [_row(s, 100) for s in range(1, 4)])
+    assert compute("loss_finite", RunData(tmp_path, csv=df, exit_code=4), None) == 0.0
+    torchrun = RunData(tmp_path, csv=df, exit_code=1, world_size=2,
+                       rank_failures={0: RankFailure(signal="SIGTERM", exit_code=-15), 1: RankFailure(exit_code=4)})
+    assert compute("loss_finite", torchrun, None) == 0.0
+    crashed = RunData(tmp_path, csv=df, exit_code=1, world_size=2, rank_failures={1: RankFailure(exit_code=1)})
+    assert compute("loss_finite", crashed, None) == 1.0  # another exit code says nothing of the loss
 
 
 def test_a_csv_step_that_goes_back_begins_a_rerun(tmp_path):

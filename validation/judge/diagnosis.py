@@ -42,7 +42,7 @@ from nsa.contract import EXIT_NONFINITE, EXIT_WATCHDOG, HEARTBEAT_STAGE_HALT, HE
 from validation.contract.files import HaltInfo
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import RankFailure, gave_up
-from validation.judge.nodes import killed_agent, killed_agents
+from validation.judge.nodes import killed_agent, killed_agents, signal_name
 from validation.judge.record import TRAINER_KINDS, Beat, Evidence, PhaseRecord, Status
 from validation.judge.seen import RankSilence
 
@@ -720,9 +720,21 @@ def crash(r: PhaseRecord) -> Diagnosis | None:
         return None  # no rank failed: a node's agent was killed (findings/nodes.py names it), no crash of the trainer
     exception = ev.log_exception
     # the one process is rank 0, whatever launched it
-    ranks = (RankAt.of(r, 0, cause=exception or f"exit code {r.exit_code}"),) if r.world_size == 1 else ()
-    return Diagnosis(Kind.CRASHED, ranks, cause=exception, step=ranks[0].step if ranks else None,
-                     logs=logs_of(r, [0] if ranks else ()), files=_files(rec=r, ranks=ranks), from_log=True)
+    killed = killed_alone(r)
+    ranks = (RankAt.of(r, 0, cause=exception or killed or f"exit code {r.exit_code}"),) if r.world_size == 1 else ()
+    return Diagnosis(Kind.KILLED if killed and not exception else Kind.CRASHED, ranks, cause=exception or killed,
+                     step=ranks[0].step if ranks else None, logs=logs_of(r, [0] if ranks else ()),
+                     files=_files(rec=r, ranks=ranks), from_log=True)
+
+
+def killed_alone(r: PhaseRecord) -> str | None:
+    """'killed by SIGTERM' of a trainer run as one process that a signal ended (its exit code < 0,
+    as Python's subprocess says it; the harness's own stop records no exit code), which torchrun's
+    log would say of a rank: 'exit code -15' read as a code the trainer chose, and sent the reader to
+    its log for why it exited, where a signal leaves nothing; None otherwise."""
+    if r.world_size != 1 or r.exit_code is None or r.exit_code >= 0 or r.evidence.log_exception:
+        return None
+    return f"killed by {signal_name(-r.exit_code)}"
 
 
 def stalled(r: PhaseRecord) -> bool:

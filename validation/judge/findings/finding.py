@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 
 from nsa.contract import heartbeat_name
 from validation.contract.torchrun_log import AttemptEnd, has_traceback, short_exception
-from validation.judge.diagnosis import Diagnosis, earlier_beat, killed_by_signal, maybe_departed, no_rank_running, root_of_evidence
+from validation.judge.diagnosis import Diagnosis, earlier_beat, killed_alone, killed_by_signal, maybe_departed, no_rank_running, root_of_evidence
 from validation.judge.misses import Miss
 from validation.judge.record import Evidence, PhaseRecord, RunSigns, SubRun
 from validation.judge.stability import LossAfter
@@ -89,6 +89,8 @@ class Facts:
         fail = ev.rank_failures.get(root) if root is not None else None
         # a signal of its own: not the abort of an exit after its collective broke (RankFailure.broken_collective)
         killed = f"rank {root} was killed by {fail.signal}" if killed_by_signal(rec) is not None else None
+        if killed is None and (alone := killed_alone(rec)) is not None:  # one process: no torchrun log to say it
+            killed = f"the trainer's process was {alone}"
         silent = None
         if fail is not None and fail.broken_collective is not None:
             silent = (f"rank {root} was killed by {fail.signal} after a collective broke "

@@ -149,3 +149,24 @@ def test_the_agents_signals_are_read_in_the_log_formats_of_older_torch(tmp_path,
         rec.evidence.rank_failures
     c = diagnose(rec)
     assert c is not None and [r.rank for r in c.ranks] == [1], verdict_line(rec)
+
+
+@pytest.mark.parametrize("code, name", [(-15, "SIGTERM"), (-9, "SIGKILL")])
+def test_a_trainer_run_as_one_process_that_a_signal_ended_is_said_killed_by_it(code, name):
+    """A trainer run as one process (the python launcher) that a signal ended has exit code -N, as
+    Python's subprocess says it, and no torchrun log to name the signal: the verdict read 'rank 0
+    crashed (...): exit code -15' and the advice sent the reader to its log for why it exited, where a
+    signal leaves nothing. It reads as a rank under torchrun does: killed by the signal, and who sent it."""
+    ev = Evidence(stderr_log="trainer.stderr.log", last_heartbeat={0: Beat(step=3, stage="backward")})
+    rec = PhaseRecord(PointKey("mine", "cpu", "one"), "mine/cpu/one/default", "train", Status.FAIL,
+                      f"trainer crashed (exit code {code})", steps=8, world_size=1, exit_code=code, evidence=ev,
+                      trainer="myt")
+    c = diagnose(rec)
+    assert c is not None and c.kind == Kind.KILLED and [r.rank for r in c.ranks] == [0], c
+    assert verdict_line(rec).startswith(f"rank 0 crashed (last heartbeat step 3, stage backward): killed by {name}"), \
+        verdict_line(rec)
+    [crash] = [x for x in find([rec]) if x.title.startswith("crash in")]
+    assert crash.title.endswith(f"exit code {code}: killed by {name}"), crash.title
+    [advice] = recommendations([crash])
+    assert f"The trainer's process was killed by {name}, which leaves no traceback" in advice, advice
+    assert "read what it printed there" not in advice, advice

@@ -731,10 +731,17 @@ def killed_alone(r: PhaseRecord) -> str | None:
     """'killed by SIGTERM' of a trainer run as one process that a signal ended (its exit code < 0,
     as Python's subprocess says it; the harness's own stop records no exit code), which torchrun's
     log would say of a rank: 'exit code -15' read as a code the trainer chose, and sent the reader to
-    its log for why it exited, where a signal leaves nothing; None otherwise."""
-    if r.world_size != 1 or r.exit_code is None or r.exit_code >= 0 or r.evidence.log_exception:
+    its log for why it exited, where a signal leaves nothing. Of a run of several ranks under one
+    torchrun agent (the process the harness launched) whose log names no rank's end: 'the torchrun
+    agent was killed by SIGKILL', the agent itself, as a node's is named (judge/nodes.py
+    ``agent_killed``). None otherwise."""
+    ev = r.evidence
+    if r.exit_code is None or r.exit_code >= 0 or ev.log_exception:
         return None
-    return f"killed by {signal_name(-r.exit_code)}"
+    if r.world_size == 1:
+        return f"killed by {signal_name(-r.exit_code)}"
+    one_agent = ev.nodes is None and "torch.distributed.run" in r.command[:3]
+    return f"the torchrun agent was killed by {signal_name(-r.exit_code)}" if one_agent and not ev.rank_failures else None
 
 
 def stalled(r: PhaseRecord) -> bool:

@@ -89,8 +89,8 @@ class Facts:
         fail = ev.rank_failures.get(root) if root is not None else None
         # a signal of its own: not the abort of an exit after its collective broke (RankFailure.broken_collective)
         killed = f"rank {root} was killed by {fail.signal}" if killed_by_signal(rec) is not None else None
-        if killed is None and (alone := killed_alone(rec)) is not None:  # one process: no torchrun log to say it
-            killed = f"the trainer's process was {alone}"
+        if killed is None and (alone := killed_alone(rec)) is not None:  # no torchrun log of a rank to say it
+            killed = f"the trainer's process was {alone}" if rec.world_size == 1 else alone
         silent = None
         if fail is not None and fail.broken_collective is not None:
             silent = (f"rank {root} was killed by {fail.signal} after a collective broke "

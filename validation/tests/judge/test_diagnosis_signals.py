@@ -170,3 +170,26 @@ def test_a_trainer_run_as_one_process_that_a_signal_ended_is_said_killed_by_it(c
     [advice] = recommendations([crash])
     assert f"The trainer's process was killed by {name}, which leaves no traceback" in advice, advice
     assert "read what it printed there" not in advice, advice
+
+
+def test_a_torchrun_agent_that_a_signal_ended_is_named_as_killed():
+    """The torchrun agent the harness launched for one node, killed by SIGKILL (a person's kill -9, the
+    out-of-memory killer) before any rank failed: its exit code is -9 and its log names no rank. The
+    finding read 'crash in ...: exit code -9' and the advice sent the reader to a log with no error in
+    it; a node's agent of a launch of several is named so already (judge/nodes.py ``agent_killed``)."""
+    ev = Evidence(stderr_log="trainer.stderr.log",
+                  last_heartbeat={0: Beat(step=3, stage="optimizer"), 1: Beat(step=3, stage="optimizer")})
+    rec = PhaseRecord(PointKey("mine", "cpu", "ddp"), "mine/cpu/ddp/default", "train", Status.FAIL,
+                      "trainer crashed (exit code -9)", steps=8, world_size=2, exit_code=-9, evidence=ev,
+                      trainer="myt", command=["python3", "-m", "torch.distributed.run", "--standalone", "--",
+                                              "train.py"])
+    [crash] = [x for x in find([rec]) if x.title.startswith("crash in")]
+    assert crash.title.endswith("exit code -9: the torchrun agent was killed by SIGKILL"), crash.title
+    [advice] = recommendations([crash])
+    assert "The torchrun agent was killed by SIGKILL, which leaves no traceback" in advice, advice
+    # not a launch through torchrun (srun's exit, say): nothing is said of an agent
+    other = PhaseRecord(PointKey("mine", "cpu", "ddp"), "mine/cpu/ddp/default", "train", Status.FAIL,
+                        "trainer crashed (exit code -9)", steps=8, world_size=2, exit_code=-9, evidence=ev,
+                        trainer="myt", command=["srun", "--nodes=2", "python3", "-m", "torch.distributed.run"])
+    [crash] = [x for x in find([other]) if x.title.startswith("crash in")]
+    assert "agent" not in crash.title, crash.title

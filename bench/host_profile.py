@@ -158,10 +158,12 @@ def op_origins(fb, calls: int = 5) -> tuple[dict[str, int], dict[str, int]]:
     it; an op of the backward that autograd's engine runs is keyed by its autograd node and the
     frame whose forward made that node (anomaly mode records it). And the autograd nodes that ran
     any op, per call, by node and that frame: each costs the engine host time, a view's too.
-    Triton launches are not aten ops: the profiler's kernel table counts them."""
+    Triton launches are not aten ops: the profiler's kernel table counts them. The ops are
+    watched by a WatchingMode, under which the kernels take their eager path (under any other
+    dispatch mode they would run as custom ops, as a traced graph holds them)."""
     import traceback
 
-    from torch.utils._python_dispatch import TorchDispatchMode
+    from nsa.kernels._autograd import WatchingMode
 
     counts: dict[str, int] = {}
     nodes: dict[int, str] = {}  # id of a node that ran -> its key (nodes are kept alive below)
@@ -171,7 +173,7 @@ def op_origins(fb, calls: int = 5) -> tuple[dict[str, int], dict[str, int]]:
         made = node.metadata.get("traceback_")
         return f"{node.name()} of {_nsa_frame(made) if made else '(no forward stack)'}"
 
-    class Origins(TorchDispatchMode):
+    class Origins(WatchingMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = func.overloadpacket.__name__
             node = torch._C._current_autograd_node()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 
 def _eager_function(name: str, forward: Callable, setup_context: Callable, backward: Callable):
@@ -44,12 +44,19 @@ def _eager_function(name: str, forward: Callable, setup_context: Callable, backw
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
+class WatchingMode(TorchDispatchMode):
+    """A dispatch mode that only watches: a subclass returns each op's own result and traces
+    nothing, so the kernels take their eager path under it, and what it sees of a call is what an
+    eager call runs (`python bench/host_profile.py --layer --origins` counts ops under one)."""
+
+
 def traced(args) -> bool:
     """True while a graph is being traced (torch.compile, AOT autograd, make_fx, opcheck):
-    dynamo is compiling, a dispatch mode (fake, functional, proxy) is active, or an argument is
-    a tensor subclass such as FakeTensor (a module's own parameter, an nn.Parameter, is not
-    one). The graph must then hold the custom op."""
-    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+    dynamo is compiling, a dispatch mode (fake, functional, proxy; not a WatchingMode) is active,
+    or an argument is a tensor subclass such as FakeTensor (a module's own parameter, an
+    nn.Parameter, is not one). The graph must then hold the custom op."""
+    mode = _get_current_dispatch_mode()
+    if torch.compiler.is_compiling() or (mode is not None and not isinstance(mode, WatchingMode)):
         return True
     return any(isinstance(a, torch.Tensor) and type(a) not in _PLAIN for a in args)
 

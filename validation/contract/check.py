@@ -423,6 +423,15 @@ def _adapter_env(out_dir: Path) -> dict | None:
     return env if isinstance(env, dict) else None
 
 
+def adapter_unreadable(env: dict | None) -> dict[str, str]:
+    """The trainer's files its adapter found and could not read, and why (env.json's
+    ``adapter.unreadable``: a trainer_state.json cut off): said beside what it read, never listed
+    as read; the rows are then what its other files hold."""
+    said = (env or {}).get("adapter")
+    said = said.get("unreadable") if isinstance(said, dict) else None
+    return {str(k): str(v) for k, v in said.items()} if isinstance(said, dict) else {}
+
+
 def _adapter_unmeasured(out_dir: Path) -> frozenset[str]:
     """adapter_unmeasured's keys, of ``out_dir``'s env.json."""
     return frozenset(adapter_unmeasured(_adapter_env(out_dir)))

@@ -106,6 +106,8 @@ def _report(found: contract.ContractRead, bare: list[BareNonfinite], directory: 
         print("  " + item.line(), file=out)
     for b in bare:  # read as the number it names: a warning, not a failure of the contract check
         print(f"  warning: {b.text()}", file=out)
+    for name, why in contract.adapter_unreadable(found.env).items():  # its other files gave the rows: a warning
+        print(f"  warning: {name}: {why}", file=out)
     bad = [i for i in found.items if i.problem]
     if bad:
         print(f"NOT OK: {len(bad)} required item(s) missing or malformed", file=out)

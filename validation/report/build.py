@@ -25,6 +25,7 @@ import jinja2
 
 from nsa.atomic import write_atomic
 from validation import DEFAULT_RESULTS_DIR, REPO_ROOT, TEMPLATE_DIR
+from validation.contract.check import adapter_unreadable
 from validation.errors import StoreError
 from validation.judge.findings import find, planned_longest
 from validation.judge.findings.advice import recommendations
@@ -256,6 +257,8 @@ def adapter_reads(records: list[PhaseRecord], results_dir: Path) -> list[str]:
             continue
         line = f"{r.key.phase} [{point_label(r)}]: {said.get('name')} read " + "; ".join(
             f"`{f}` ({what})" for f, what in said["read"].items())
+        if unreadable := adapter_unreadable({"adapter": said}):
+            line += "; UNREADABLE: " + "; ".join(f"`{f}` ({why})" for f, why in unreadable.items())
         gaps = said.get("unmeasured")
         if isinstance(gaps, dict) and gaps:
             line += "; UNMEASURED: " + "; ".join(f"{k} ({why})" for k, why in gaps.items())

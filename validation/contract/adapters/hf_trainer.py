@@ -6,6 +6,8 @@ What a ``Trainer`` leaves in its ``output_dir``, and what becomes of it here:
   ``log_history``, one entry per logged step (``loss``, ``learning_rate``, ``grad_norm``,
   ``step``) and, once ``train()`` returns, a summary (``train_runtime``, ``step``) -> the rows of
   training.csv. The newest state is read: the output folder's own, else the latest checkpoint's.
+  One that cannot be read (cut off mid-write) gives no rows and is named in env.json's
+  ``adapter.unreadable``, never in ``adapter.read``.
 - TensorBoard events (``report_to tensorboard``: ``runs/<date>_<host>/events.out.tfevents.*``,
   written by rank 0 and flushed at every log): ``train/loss``, ``train/learning_rate``,
   ``train/grad_norm`` per logged step, each with its wall time -> the rows of steps that no saved
@@ -91,11 +93,16 @@ class HfTrainerAdapter(Adapter):
         state_path = _newest_state(trainer_dir)
         rows: dict[int, _Row] = {}
         summary_step = None
+        unreadable: dict[str, str] = {}
         if state_path is not None:
-            history, summary_step = _log_history(state_path)
+            history, summary_step, why = _log_history(state_path)
             for step, values in history.items():
                 rows.setdefault(step, _Row(step)).values.update(values)
-            read[str(state_path.relative_to(trainer_dir))] = "log_history: loss, lr, grad_norm per logged step"
+            shown = str(state_path.relative_to(trainer_dir))
+            if why is None:
+                read[shown] = "log_history: loss, lr, grad_norm per logged step"
+            else:  # said, never listed as read: the rows are then the events' alone, with no summary step
+                unreadable[shown] = f"{why}: no log_history read from it"
         events = sorted(trainer_dir.rglob(EVENTS), key=lambda p: p.stat().st_mtime)
         start = None
         trained: set[int] = set()
@@ -113,6 +120,8 @@ class HfTrainerAdapter(Adapter):
                     trained.add(s.step)
             read[str(path.relative_to(trainer_dir))] = ("TensorBoard events: loss, lr, grad_norm and each logged "
                                                         "step's wall time, for step_time_s and toks_per_s")
+        if unreadable and events:
+            unreadable = {f: f"{why}; the rows are the TensorBoard events' alone" for f, why in unreadable.items()}
         logged = [rows[s] for s in sorted(rows) if "loss" in rows[s].values]
         # a Trainer resumed from a checkpoint carries the checkpoint's log_history on in its state, while
         # its events (opened as its training begins) hold only the steps it trained: the rows before
@@ -156,6 +165,7 @@ class HfTrainerAdapter(Adapter):
                         "read": read or {ADAPTER_READ_NOTHING: "no trainer_state.json, checkpoint or TensorBoard "
                                                                "events in the output folder"},
                         "unmeasured": unmeasured, "summary_step": summary_step,
+                        **({"unreadable": unreadable} if unreadable else {}),
                         **({"trained": dataclasses.asdict(TrainedSteps(
                             min(trained), max(trained), "its TensorBoard events",
                             tuple(_shown(p, out_dir) for p in events)))} if trained else {}),
@@ -210,17 +220,23 @@ def _filtered_nonfinite(values: dict[str, float]) -> bool:
     return values.get("loss") == 0.0 and grad is not None and not math.isfinite(grad)
 
 
-def _log_history(path: Path) -> tuple[dict[int, dict[str, float]], int | None]:
-    """Per logged step its loss, lr and grad norm; and the step of the summary ``train()`` logs
-    as it returns (None: it did not return). An unreadable file gives nothing: its rows are then
-    the events' alone, or missing for the contract check to name."""
+def _log_history(path: Path) -> tuple[dict[int, dict[str, float]], int | None, str | None]:
+    """Per logged step its loss, lr and grad norm; the step of the summary ``train()`` logs as it
+    returns (None: it did not return); and why the file could not be read ('cut off or not JSON
+    (...)'), None where it could. An unreadable file gives nothing: its rows are then the events'
+    alone, or missing for the contract check to name."""
     try:
         state = json.loads(path.read_text(errors="replace"))  # NaN/Infinity as Python's json writes them
-    except (json.JSONDecodeError, OSError):
-        return {}, None
+    except json.JSONDecodeError as e:
+        return {}, None, f"cut off or not JSON ({e})"
+    except OSError as e:
+        return {}, None, f"unreadable ({e.strerror or e})"
+    history = state.get("log_history", []) if isinstance(state, dict) else None
+    if not isinstance(history, list):
+        return {}, None, "not a Trainer's state (no log_history list)"
     out: dict[int, dict[str, float]] = {}
     summary = None
-    for entry in state.get("log_history", []) if isinstance(state, dict) else []:
+    for entry in history:
         if not isinstance(entry, dict) or not isinstance(entry.get("step"), int):
             continue
         if "train_runtime" in entry:
@@ -228,7 +244,7 @@ def _log_history(path: Path) -> tuple[dict[int, dict[str, float]], int | None]:
         values = {col: float(entry[k]) for k, col in _LOGGED.items() if isinstance(entry.get(k), (int, float))}
         if "loss" in values:
             out[entry["step"]] = values
-    return out, summary
+    return out, summary, None
 
 
 def _first_wall(path: Path) -> float | None:

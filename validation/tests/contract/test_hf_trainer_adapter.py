@@ -262,3 +262,32 @@ def test_a_run_resumed_from_a_checkpoint_holds_the_steps_it_trained(tmp_path, ca
         4, 6, "its TensorBoard events", (str(next(trainer.rglob("events.out.tfevents.*"))),))
     assert env["adapter"]["inherited"].startswith("steps 1-3 of trainer_state.json's log_history")
     assert main(["check-artifacts", str(trainer), "--adapter", "hf_trainer"]) == 0
+
+
+@needs_tb
+@pytest.mark.parametrize("text, why", [("{\"global_step\": 3, \"log_history\": [{\"loss\": 4.9, \"st", "cut off or not JSON"),
+                                       ("{\"log_history\": \"oops\"}", "not a Trainer's state (no log_history list)")])
+def test_a_trainer_state_it_cannot_read_is_said_not_listed_as_read(tmp_path, capsys, text, why):
+    """A trainer_state.json cut off mid-write, beside events of every step: the rows came from the
+    events, but env.json's adapter.read (the report's 'read through its adapter' line) listed the
+    file as read for its log_history, and check-artifacts said nothing of it."""
+    trainer = tmp_path / "trainer_out"
+    _events(trainer, {1: 10.5, 2: 11.0, 3: 11.5}, start=10.0)
+    (trainer / "trainer_state.json").write_text(text)
+    found = _convert(trainer, tmp_path / "run")
+    assert not found.problems(), found.problems()
+    assert list(read_training_csv(tmp_path / "run")["step"]) == [1, 2, 3]
+    env = json.loads((tmp_path / "run" / "env.json").read_text())
+    assert "trainer_state.json" not in env["adapter"]["read"]
+    said = contract.adapter_unreadable(env)["trainer_state.json"]
+    assert said.startswith(why) and said.endswith("no log_history read from it; the rows are the TensorBoard events' alone")
+    assert main(["check-artifacts", str(trainer), "--adapter", "hf_trainer"]) == 0
+    assert f"  warning: trainer_state.json: {why}" in capsys.readouterr().out
+    # the report's line says it beside what was read
+    from validation.judge.record import PhaseRecord, PointKey, Status
+    from validation.report.build import adapter_reads
+
+    rec = PhaseRecord(key=PointKey("rb", "cpu", "hf"), test_id="rb/cpu/hf/default", kind="train", status=Status.PASS,
+                      reason="", exit_code=0, steps=3, out_dir="run")
+    [line] = adapter_reads([rec], tmp_path)
+    assert f"; UNREADABLE: `trainer_state.json` ({why}" in line and "read `runs/" in line, line

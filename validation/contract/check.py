@@ -330,8 +330,12 @@ def _csv_columns(found: ContractRead, costs: Costs) -> None:
         if df[col].isna().all() and col in CSV_VALUED and col not in underived:
             found.items.append(Item(TRAINING_CSV, Presence.MALFORMED, "no value in any row", field=col))
         elif df[col].isna().all():
+            # the adapter's reason where it gave one (no TensorBoard events, no tokens per step): the
+            # column alone does not tell a user which of their flags or files it lacks
+            why = f": {underived[col]}" if col in underived else ""
             found.items.append(Item(TRAINING_CSV, Presence.MISSING,
-                                    _unmeasured(costs, col, f"no value in any row ({_METRICS_UNMEASURED})"), False, col))
+                                    _unmeasured(costs, col, f"no value in any row{why} ({_METRICS_UNMEASURED})"),
+                                    False, col))
         elif col in underived and (bad := _not_finite(df, col)):
             # steps whose value the trainer's own files do not hold, as its adapter says: evidence
             # missing (the metrics reading the column UNMEASURED), not a row the trainer wrote wrong

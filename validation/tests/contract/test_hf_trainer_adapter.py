@@ -291,3 +291,14 @@ def test_a_trainer_state_it_cannot_read_is_said_not_listed_as_read(tmp_path, cap
                       reason="", exit_code=0, steps=3, out_dir="run")
     [line] = adapter_reads([rec], tmp_path)
     assert f"; UNREADABLE: `trainer_state.json` ({why}" in line and "read `runs/" in line, line
+
+
+def test_check_artifacts_says_why_a_column_has_no_value_in_any_row(tmp_path, capsys):
+    """An output folder without TensorBoard events (no --report_to tensorboard): check-artifacts said
+    'step_time_s: no value in any row', not the adapter's reason, which names the flag to add."""
+    _state(tmp_path / "out", [1, 2, 3], summary=3)
+    assert main(["check-artifacts", str(tmp_path / "out"), "--adapter", "hf_trainer", "--tokens-per-step", "4x64"]) == 0
+    out = capsys.readouterr().out
+    assert ("training.csv step_time_s: no value in any row: no TensorBoard events (report_to tensorboard): no time "
+            "per logged step (the metrics that read this field are UNMEASURED)") in out, out
+    assert "training.csv mem_alloc_gb: no value in any row: a Trainer logs no memory" in out, out

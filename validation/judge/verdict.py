@@ -151,6 +151,16 @@ class Outcome:
                 and self.steps_completed < self.steps_requested and not self.csv_behind)
 
     @property
+    def ran_past(self) -> bool:
+        """Exit 0 and training.csv logs a step past the steps asked: the trainer does not take the
+        steps the harness gives it (a script that sets its own max_steps), so the run judged is not
+        the one asked for: its gates read steps past the run's end (a window of the last N, the
+        loss of the last steps), and a baseline twin pairs with another run. A resume half that ran
+        past its stop is its breach (judge/resume.py), which says it first."""
+        return (self.ended_clean and self.resume_breach is None and self.steps_completed is not None
+                and self.steps_completed > self.steps_requested)
+
+    @property
     def csv_behind(self) -> str | None:
         """'training.csv ends at step 10 while the trainer reached step 12 (its heartbeats)': of a
         run that exited 0 having done every step its heartbeats record, a CSV that ends earlier (a
@@ -205,6 +215,9 @@ class Outcome:
         return f"after step {step}{of}"
 
     def short_text(self) -> str:
+        if self.ran_past:
+            return (f"ran past the steps asked: training.csv logs step {self.steps_completed} of {self.steps_requested} "
+                    "asked, exit 0")
         if not self.stopped_short and self.csv_ahead is not None and self.short_ranks:
             return f"{self.csv_ahead.text(self.steps_requested)}, exit 0, no .HALT"
         if not self.stopped_short and self.short_ranks:
@@ -302,7 +315,7 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
         return Status.ERROR, outcome.errors[0]
     if outcome.resume_breach is not None:  # read from its files, so a broken one decides first
         return Status.FAIL, outcome.resume_breach.text()
-    if outcome.stopped_short or outcome.rank_stopped_short:
+    if outcome.stopped_short or outcome.rank_stopped_short or outcome.ran_past:
         return Status.FAIL, outcome.short_text()
     return None
 

@@ -214,6 +214,13 @@ def _short(f: Facts) -> str:
             f"finding); then {_RERUN}.")
 
 
+def _long(f: Facts) -> str:
+    how = ("check --steps and any step count in its config" if f.own_trainer
+           else "check that the runbook's `trainer.steps` reaches it and that nothing of its own (a step count set in "
+                "its code or config, a flag given twice) overrides it")
+    return f"The trainer ran past the steps asked for: {how}; then {_RERUN}."
+
+
 def _cliff(f: Facts) -> str:
     return ("Throughput collapses at a larger shape: compare that point's peak memory and step time with the one "
             "before (allocator thrash or recompilation); run the two points alone with their lines under Reproduce.")
@@ -501,7 +508,7 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "crash": _crash, "aborted": _aborted, "quit": _quit, "departed": _departed, "waited": _waited, "left_after": _left_after, "stall": _stall,
     "timeout": _timeout, "silent_rank": _silent_rank,
     "nonfinite": _nonfinite, "halt_stall": _halt_stall,
-    "halted": _halted, "short_run": _short, "short_rank": _short_rank, "csv_ahead": _csv_ahead, "cliff": _cliff,
+    "halted": _halted, "short_run": _short, "long_run": _long, "short_rank": _short_rank, "csv_ahead": _csv_ahead, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "straggler_rank": _straggler_rank, "fallback": _fallback,
     "artifacts": _artifacts, "not_launched": _not_launched, "harness_error": _harness_error,
     "tests_failed": _tests_failed, "tests_not_run": _tests_not_run, "no_junit": _no_junit, "preflight": _preflight,

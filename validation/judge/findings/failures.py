@@ -155,14 +155,14 @@ def _halted_text(d: Diagnosis) -> str:
 
 def short_runs(records: list[PhaseRecord]) -> list[Finding]:
     """A train point (every repeat of one) that exited 0 without a .HALT before the steps it was
-    asked for: no crash, no stall, and still not the run that was asked for."""
+    asked for, or past them: no crash, no stall, and still not the run that was asked for."""
     out = []
     for r in processes(records):
         outcome = Outcome.of_record(r)
-        if outcome.stopped_short:
+        if outcome.stopped_short or outcome.ran_past:
             out.append(Finding(Severity.CRITICAL, r.phase, f"{where_run(r)}: {outcome.short_text()}",
                                [f"CSV: {r.out_dir}/training.csv", f"stderr: {r.out_dir}/{r.evidence.stderr_log}"],
-                               "short_run", Facts.of(r)))
+                               "long_run" if outcome.ran_past else "short_run", Facts.of(r)))
         elif outcome.rank_stopped_short:  # training.csv (rank 0) is complete; a rank's own heartbeats are not
             ahead = outcome.csv_ahead is not None  # ... or only against the CSV, which goes beyond every rank's
             out.append(Finding(Severity.CRITICAL, r.phase, f"{where_run(r)}: {outcome.short_text()}",

@@ -324,3 +324,21 @@ def test_a_rank_seen_gone_is_said_to_have_left_after_its_own_last_step_not_the_s
                           world=2, steps=12, logged=12, processes={1: gone})
     assert "it left early: it started no step after step 6, the last it started (its heartbeats mark no step's end)" \
            in plain.text(12), plain.text(12)
+
+
+def test_a_trainer_that_runs_past_the_steps_asked_is_NO_GO_with_its_finding():
+    """A Hugging Face script that sets its own max_steps (16) over the harness's --max_steps 12
+    exited 0 with every gate passed: GO, its 'last 6 steps' and loss drop read from a run that was
+    not the one asked for."""
+    from validation.judge.findings.failures import short_runs
+    from validation.judge.record import PhaseRecord, PointKey, Summary
+    from validation.judge.verdict import process_verdict
+
+    said = "ran past the steps asked: training.csv logs step 16 of 12 asked, exit 0"
+    assert process_verdict(Outcome("train", exit_code=0, steps_requested=12, steps_completed=16)) == (Status.FAIL, said)
+    assert process_verdict(Outcome("train", exit_code=0, steps_requested=12, steps_completed=12)) is None
+    rec = PhaseRecord(key=PointKey("rb", "cpu", "single"), test_id="rb/cpu/single/default", kind="train",
+                      status=Status.FAIL, reason=said, exit_code=0, steps=12, out_dir="runs/x",
+                      metrics=Summary(steps_completed=16))
+    [finding] = short_runs([rec])
+    assert finding.kind == "long_run" and finding.title == f"single [default]: {said}", finding

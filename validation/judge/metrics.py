@@ -146,7 +146,8 @@ class Metric:
     compute: Compute = field(repr=False, compare=False)
     too_short: Callable[[RunData, int | None], str] | None = field(default=None, repr=False, compare=False)
     """Why a run whose files cover the window still gives no value: too few logged steps for the
-    rule (a trainer that logs every k steps); None where that cannot happen."""
+    rule (a trainer that logs every k steps), or a value its rule cannot take (a non-finite loss);
+    None where that cannot happen."""
     timing: Timing | None = None
     """A timing measures the machine as much as the trainer, so other work on the machine moves it
     (validation/judge/timing.py); None: not a timing."""
@@ -227,6 +228,20 @@ def _loss_drop(run: RunData, last: int | None) -> float | None:
     if not all(math.isfinite(v) for v in (*head, *tail)):
         return None
     return float(head.mean() - tail.mean())
+
+
+def _loss_drop_unjudged(run: RunData, last: int | None) -> str:
+    """Why loss_drop has no value over a window the run covered: 'the window holds 1 logged
+    step; 2 are needed', or 'the loss of steps 10, 11, 12 it compares (the first and the last 3
+    logged) is not finite' (a run gone NaN: 'no data' alone reads as steps not logged)."""
+    rows = window_rows(run.csv, last)
+    if len(rows) < 2:
+        return f"the window holds {len(rows)} logged step(s); 2 are needed"
+    k = min(LOSS_DROP_ROWS, len(rows) // 2)
+    steps, losses = rows["step"].tolist(), rows["loss"].tolist()
+    bad = [int(steps[i]) for i in (*range(k), *range(len(rows) - k, len(rows))) if not math.isfinite(losses[i])]
+    return (f"the loss of step{'s' if len(bad) > 1 else ''} {', '.join(map(str, bad))} it compares (the first and "
+            f"the last {k} logged) is not finite") if bad else ""
 
 
 def _loss_finite(run: RunData, last: int | None) -> float | None:
@@ -458,7 +473,7 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("loss_mean", "mean loss over the window", (_LOSS,), True, _reduce("loss", methodcaller("mean"))),
     Metric("loss_drop", f"mean loss of the window's first k logged steps minus the mean of its last k "
                         f"(k = {LOSS_DROP_ROWS}, or half the rows when fewer; nats): > 0 when the model learns",
-           (_LOSS,), True, _loss_drop),
+           (_LOSS,), True, _loss_drop, _loss_drop_unjudged),
     Metric("loss_finite", "1 when every logged loss is finite and the trainer did not stop on a non-finite one "
                           "(.HALT source nonfinite, exit code 4 of the process or of any rank)",
            (_LOSS, Input(Source.HALT, "source"), Input(Source.PROCESS, "exit code")), False, _loss_finite),

@@ -32,6 +32,22 @@ def test_loss_drop_is_the_first_steps_mean_minus_the_last_steps_mean(tmp_path):
     assert METRICS["loss_drop"].windowed and "minus" in METRICS["loss_drop"].description
 
 
+def test_a_loss_drop_with_no_value_says_why(tmp_path):
+    """A run whose loss went NaN at step 5 of 12 failed 'loss_drop = no data', which reads as steps not
+    logged: the gate says which loss it compares is not finite."""
+    from validation.judge.gates import Gate, GateVerdict, Window, evaluate
+
+    gate = Gate("loss_drop", ">=", 0.15, Window(None))
+    [result] = evaluate([gate], _run(tmp_path, [5.5, 5.0, 4.5, 4.0] + [math.nan] * 8), {})
+    assert result.verdict == GateVerdict.NO_DATA
+    assert result.text() == ("loss_drop = no data, needs >= 0.15 (all steps): the loss of steps 10, 11, 12 it "
+                             "compares (the first and the last 3 logged) is not finite")
+    [one] = evaluate([gate], _run(tmp_path, [math.nan, 5.0, 4.5]), {})
+    assert one.note == "the loss of step 1 it compares (the first and the last 1 logged) is not finite"
+    [short] = evaluate([gate], _run(tmp_path, [5.5]), {})
+    assert short.note == "the window holds 1 logged step(s); 2 are needed"
+
+
 def test_a_run_whose_loss_barely_moves_fails_the_learning_gate(fake_run):
     """The fake trainer's loss falls 0.01 a step: 0.05 over 8 steps is no learning."""
     run = fake_run([train_phase("long_run", gates=[{"metric": "loss_drop", "op": ">=", "threshold": 0.5}])])

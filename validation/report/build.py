@@ -259,6 +259,9 @@ def adapter_reads(records: list[PhaseRecord], results_dir: Path) -> list[str]:
             f"`{f}` ({what})" for f, what in said["read"].items())
         if unreadable := adapter_unreadable({"adapter": said}):
             line += "; UNREADABLE: " + "; ".join(f"`{f}` ({why})" for f, why in unreadable.items())
+        if isinstance(filtered := said.get("filtered_nonfinite_loss"), str):
+            # the Trainer's own logs say loss 0 at those steps: the report says why it reads them as NaN
+            line += f"; NON-FINITE LOSS: {filtered}"
         gaps = said.get("unmeasured")
         if isinstance(gaps, dict) and gaps:
             line += "; UNMEASURED: " + "; ".join(f"{k} ({why})" for k, why in gaps.items())

@@ -156,6 +156,14 @@ def test_a_loss_the_trainers_nan_filter_logged_as_0_beside_a_nan_grad_norm_is_re
     assert df["loss"].iloc[-1] == 0.0
     env = json.loads((tmp_path / "run" / "env.json").read_text())
     assert env["adapter"]["filtered_nonfinite_loss"].startswith("steps 3, 4: logged with loss 0")
+    # and the report says it beside what was read: the Trainer's own console and state say loss 0 there
+    from validation.judge.record import PhaseRecord, PointKey, Status
+    from validation.report.build import adapter_reads
+
+    rec = PhaseRecord(key=PointKey("rb", "cpu", "hf"), test_id="rb/cpu/hf/default", kind="train", status=Status.FAIL,
+                      reason="", exit_code=0, steps=5, out_dir="run")
+    [line] = adapter_reads([rec], tmp_path)
+    assert "; NON-FINITE LOSS: steps 3, 4: logged with loss 0 and a non-finite grad_norm" in line, line
 
 
 def test_check_artifacts_reads_an_output_folder_through_the_adapter(tmp_path, capsys):

@@ -85,6 +85,10 @@ class Kind(enum.StrEnum):
     """Exit 0, no .HALT, fewer steps logged than asked for."""
     SHORT_RANK = "rank fewer steps"
     """Exit 0 and every step logged, but a rank's heartbeats say it left before the last step."""
+    NONFINITE_EXIT = "non-finite exit"
+    """No .HALT, and the trainer (the ranks blamed, or its one process) exited with the contract's code
+    for a non-finite loss (``NonfiniteExit``): it stopped on one and did not say where (the .HALT the
+    contract asks for with that code). Not a crash: the code is the trainer's word."""
 
 
 #: the kinds whose blamed ranks failed first in their own right
@@ -236,6 +240,44 @@ def _files(rec: PhaseRecord, ranks: tuple[RankAt, ...]) -> tuple[str, ...]:
 #: the exit code of the artifact contract (nsa/contract.py) that goes with a .HALT's source: a rank
 #: that stopped as the contract asks when its watchdog saw a stall, or its loss went non-finite
 _HALT_EXIT = {"watchdog": EXIT_WATCHDOG, "nonfinite": EXIT_NONFINITE}
+
+
+@dataclass(frozen=True)
+class NonfiniteExit:
+    """A trainer that exited with the contract's code for a non-finite loss (EXIT_NONFINITE) and left
+    no .HALT (``nonfinite_exit``): under torchrun, whose own exit is 1, the ranks its log says exited
+    so, lowest first; () where the harness saw the code itself (a trainer run as one process)."""
+
+    ranks: tuple[int, ...] = ()
+
+    def text(self, exit_code: int | None) -> str:
+        """The verdict: 'trainer stopped on a non-finite loss, with no .HALT: rank 1 exited with code 4,
+        the contract's code for it (exit code 1)'; '... with no .HALT (exit code 4, the contract's code
+        for it)' of the one process."""
+        head = "trainer stopped on a non-finite loss, with no .HALT"
+        if not self.ranks:
+            return f"{head} (exit code {exit_code}, the contract's code for it)"
+        who = f"rank{'s' * (len(self.ranks) > 1)} {', '.join(map(str, self.ranks))}"
+        return f"{head}: {who} exited with code {EXIT_NONFINITE}, the contract's code for it (exit code {exit_code})"
+
+
+def nonfinite_exit(exit_code: int | None, failures: Mapping[int, RankFailure], halt: HaltInfo | None
+                   ) -> NonfiniteExit | None:
+    """The trainer stopped on a non-finite loss with the contract's exit code for it and wrote no .HALT:
+    its ranks that exited so (RankFailure.stopped_nonfinite), else its one process's own exit code.
+    None where it left a .HALT (that decides: the guard's, or one of no source, cut short), or a rank
+    failed in its own right (an exception, a signal: that is the crash, whatever the others' guard saw
+    after it)."""
+    if halt is not None or any(f.own for f in failures.values()):
+        return None
+    ranks = tuple(sorted(k for k, f in failures.items() if f.stopped_nonfinite))
+    return NonfiniteExit(ranks) if ranks or (exit_code == EXIT_NONFINITE and not failures) else None
+
+
+def nonfinite_exit_of(rec: PhaseRecord) -> NonfiniteExit | None:
+    """``nonfinite_exit`` of a trainer's stored record."""
+    ev = rec.evidence
+    return nonfinite_exit(rec.exit_code, ev.rank_failures, ev.halt) if rec.kind in TRAINER_KINDS else None
 
 
 def root_rank(failures: Mapping[int, RankFailure], halt: str | None = None) -> int | None:
@@ -697,6 +739,8 @@ def crash(r: PhaseRecord) -> Diagnosis | None:
     if not (r.status == Status.FAIL and r.exit_code not in (0, None) and r.kind in TRAINER_KINDS
             and (ev.halt is None or died_first(r) is not None)):
         return None
+    if (stop := nonfinite_exit_of(r)) is not None:
+        return _stopped_nonfinite(r, stop)
     root, gone, ended, maybe = root_of(r), departed(r), exited_0(r), maybe_departed(r)
     if root is not None or maybe:
         first = silent_first(r) if maybe else [root]
@@ -725,6 +769,16 @@ def crash(r: PhaseRecord) -> Diagnosis | None:
     return Diagnosis(Kind.KILLED if killed and not exception else Kind.CRASHED, ranks, cause=exception or killed,
                      step=ranks[0].step if ranks else None, logs=logs_of(r, [0] if ranks else ()),
                      files=_files(rec=r, ranks=ranks), from_log=True)
+
+
+def _stopped_nonfinite(r: PhaseRecord, stop: NonfiniteExit) -> Diagnosis:
+    """The trainer stopped on a non-finite loss with the contract's exit code and no .HALT: the ranks
+    that exited so, where not every rank did (nothing singles one out then), else the one process, rank
+    0; the exit code is the trainer's word of a non-finite loss, no crash."""
+    said = f"exit code {EXIT_NONFINITE}, the contract's code for it, with no .HALT"
+    ranks = (0,) if r.world_size <= 1 else stop.ranks if len(stop.ranks) < r.world_size else ()
+    return _diagnosis(Kind.NONFINITE_EXIT, tuple(RankAt.of(r, k, cause=said) for k in ranks), r,
+                      cause=f"stopped on a non-finite loss ({said})", logs=logs_of(r, ranks or [0]))
 
 
 def killed_alone(r: PhaseRecord) -> str | None:

@@ -261,7 +261,7 @@ def _a_rank_exited_nonfinite(run: RunData) -> bool:
     says: under torchrun the harness sees torchrun's own exit code (1), never the rank's 4, so a
     trainer that stops on a NaN with exit 4 and writes no .HALT read as finite there, and not when
     the same trainer ran as one process."""
-    return any(f.exit_code == EXIT_NONFINITE and not f.signal for f in run.rank_failures.values())
+    return any(f.stopped_nonfinite for f in run.rank_failures.values())
 
 
 def _finite(rows: pd.DataFrame, col: str) -> pd.DataFrame:

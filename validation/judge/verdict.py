@@ -12,7 +12,8 @@ from typing import Sequence
 from nsa.contract import HALT_NONFINITE, HALT_WATCHDOG
 from validation.contract.check import HEARTBEATS, adapter_summary_step, adapter_unmeasured
 from validation.contract.files import HaltInfo
-from validation.judge.diagnosis import Died, died_before_watchdog, died_first, root_of_evidence, root_rank
+from validation.judge.diagnosis import (Died, NonfiniteExit, died_before_watchdog, died_first, nonfinite_exit,
+                                        nonfinite_exit_of, root_of_evidence, root_rank)
 from validation.judge.gates import GateResult, GateVerdict, Pending
 from validation.judge.metrics import PROFILE_METRICS, RunData, compute
 from validation.judge.misses import pytest_ended
@@ -91,6 +92,9 @@ class Outcome:
     no_profile: NoProfile | None = None
     """Of a profile point: the profile its trainer did not write (judge/unprofiled.py), which a
     clean run's gates need not read."""
+    nonfinite_exit: NonfiniteExit | None = None
+    """A trainer that exited with the contract's code for a non-finite loss and wrote no .HALT
+    (diagnosis.nonfinite_exit): it stopped on one, no crash."""
 
     @classmethod
     def of_run(cls, kind: str, run: RunData, errors: Sequence[str], resume_breach: Breach | None = None,
@@ -108,7 +112,8 @@ class Outcome:
                    HEARTBEATS not in adapter_unmeasured(run.env),
                    run.agent_killed if root_rank(run.rank_failures, run.halt.source if run.halt else None) is None
                    else None, first_nonfinite(run.csv), csv_ahead(beats, run.world_size, logged),
-                   tuple(s for s in run.silent_ranks if s.rank < run.world_size), resume_breach, no_profile)
+                   tuple(s for s in run.silent_ranks if s.rank < run.world_size), resume_breach, no_profile,
+                   nonfinite_exit(run.exit_code, run.rank_failures, run.halt) if kind in TRAINER_KINDS else None)
 
     @classmethod
     def of_record(cls, rec: PhaseRecord) -> Outcome:
@@ -129,7 +134,8 @@ class Outcome:
                    if (nodes := rec.evidence.nodes) is not None and root_of_evidence(rec.evidence) is None else None,
                    rec.evidence.nonfinite_loss_step,
                    csv_ahead(rec.evidence.last_heartbeat, rec.world_size, logged) if steps is not None else None,
-                   tuple(rec.evidence.silent_ranks), rec.evidence.resume_breach, rec.evidence.no_profile)
+                   tuple(rec.evidence.silent_ranks), rec.evidence.resume_breach, rec.evidence.no_profile,
+                   nonfinite_exit_of(rec))
 
     @property
     def ended_clean(self) -> bool:
@@ -301,6 +307,8 @@ def process_verdict(outcome: Outcome) -> tuple[Status, str] | None:
             what += f": {outcome.errors[0]}"
         # the CSV's last row, or the heartbeats' where a broken CSV gives no step count
         done = outcome.steps_completed or outcome.last_step_done
+        if what is None and outcome.nonfinite_exit is not None:  # the contract's code: its word, no crash
+            return Status.FAIL, outcome.nonfinite_exit.text(outcome.exit_code)
         if what is None and outcome.agent_killed:  # no rank failed of its own: the launch lost a node's agent
             what = outcome.agent_killed
         if what is None and not done:

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nsa.contract import EXIT_NONFINITE, EXIT_WATCHDOG
 from validation.contract.stacks import Frame
 from validation.contract.torchrun_log.exceptions import short_exception
 from validation.contract.torchrun_log.patterns import GLOO_TIMEOUT, VICTIM
 from validation.excerpt import EXCERPT_CHARS
+
+#: the artifact contract's exit codes of a trainer that stopped itself as it asks (nsa/contract.py),
+#: and why: read alone, a rank's 'exit code 4' is any code a trainer chose
+CONTRACT_STOPS = {EXIT_WATCHDOG: "a watchdog stall", EXIT_NONFINITE: "a non-finite loss"}
 
 
 @dataclass(frozen=True)
@@ -130,9 +135,16 @@ class RankFailure:
         return not self.exception and not self.signal and self.exit_code is not None and self.exit_code > 0
 
     @property
+    def stopped_nonfinite(self) -> bool:
+        """Exited with the contract's code for a non-finite loss (EXIT_NONFINITE) of its own choosing
+        (no signal): its trainer stopped on one."""
+        return self.exit_code == EXIT_NONFINITE and not self.signal
+
+    @property
     def cause(self) -> str | None:
         """What ended it, in short: its exception without gloo's source path, else the signal
-        that killed it ('killed by SIGKILL'), else its exit code ('exit code 1'); None where
+        that killed it ('killed by SIGKILL'), else its exit code ('exit code 1'; 'exit code 4
+        (the contract's code for a non-finite loss)' of a code the contract gives a stop); None where
         torchrun said none of them."""
         if self.exception:
             return short_exception(self.exception)
@@ -157,5 +169,6 @@ class RankFailure:
             return None
         if self.caught_timeout is not None:
             return f"exit code {self.exit_code} after a collective timed out ({self.caught_timeout})"
-        return f"exit code {self.exit_code}" + (
+        meant = f" (the contract's code for {CONTRACT_STOPS[self.exit_code]})" if self.exit_code in CONTRACT_STOPS else ""
+        return f"exit code {self.exit_code}{meant}" + (
             f"; the log's traceback that names no rank: {short_exception(self.unranked)}" if self.unranked else "")

@@ -158,6 +158,10 @@ def _halt_stall(f: Facts) -> str:
 def _nonfinite(f: Facts) -> str:
     lower = "lower train.lr or keep train.grad_clip on" if f.own_trainer else \
         "lower the trainer's learning rate or clip its gradients"
+    if f.stopped_nonfinite:  # exit 4 is its word that it stopped on the loss; the .HALT would say where
+        return (f"The trainer stopped on a non-finite loss (the contract's exit code 4) and wrote no .HALT: the contract "
+                "asks for both, the .HALT (source nonfinite) saying the step and each rank's loss, so make it write "
+                f"one. Then {lower}, and check the data of the step it stopped at (its last heartbeat's).")
     if not f.halted_nonfinite:
         went_on = {
             LossAfter.RECOVERED: (", yet the losses it logged after the last non-finite one are finite: the weights "

@@ -10,7 +10,8 @@ from validation.excerpt import EXCERPT_CHARS
 DID = {Kind.CRASHED: "crashed", Kind.KILLED: "crashed", Kind.ABORTED: "crashed", Kind.QUIT: "exited early",
        Kind.HUNG: "hung", Kind.STALLED: "stalled", Kind.SILENT: "hung",
        Kind.LEFT: "exited 0 early", Kind.ENDED: "exited 0", Kind.NONFINITE: "had a non-finite loss",
-       Kind.HALTED: "halted on a non-finite loss", Kind.HALT_STALL: "halted on a non-finite loss"}
+       Kind.HALTED: "halted on a non-finite loss", Kind.HALT_STALL: "halted on a non-finite loss",
+       Kind.NONFINITE_EXIT: "stopped on a non-finite loss"}
 
 
 #: where no rank failed in its own right, what the launch's failure was instead of a crash: a rank

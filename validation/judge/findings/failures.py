@@ -33,6 +33,11 @@ IMBALANCE_RATIO = 1.5
 IMBALANCE_METRIC = "rank_step_time_ratio"
 
 
+#: a crash finding's title word of a diagnosis that is no crash (the others, culprit.py ``NO_CRASH``): the
+#: trainer exited with the contract's code for a non-finite loss, its own word of what stopped it
+_NOT_CRASH = {**NO_CRASH, Kind.NONFINITE_EXIT: "non-finite loss"}
+
+
 def crashes(records: list[PhaseRecord]) -> list[Finding]:
     """A crash (or a non-finite loss the trainer stopped on) of each process: every repeat's."""
     return process_crashes(processes(records))
@@ -58,9 +63,9 @@ def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
             continue
         if (d := crash(r)) is None:
             continue
-        title = f"{NO_CRASH.get(d.kind, 'crash')} in {where_run(r)}: exit code {r.exit_code}"
+        title = f"{_NOT_CRASH.get(d.kind, 'crash')} in {where_run(r)}: exit code {r.exit_code}"
         kind = {Kind.LEFT: "departed", Kind.ENDED: "left_after", Kind.HUNG: "waited", Kind.ABORTED: "aborted",
-                Kind.QUIT: "quit"}.get(d.kind, "crash")
+                Kind.QUIT: "quit", Kind.NONFINITE_EXIT: "nonfinite"}.get(d.kind, "crash")
         if d.kind in FAILED and d.ranks and not d.from_log:
             title += ": " + "; ".join(f"rank {at.rank}{' exited early' * (d.kind == Kind.QUIT)}: {at.cause}"
                                       for at in d.ranks)
@@ -82,6 +87,9 @@ def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
                       + (f": {'; '.join(failed)}" if failed else ""))
         elif d.kind == Kind.HUNG:
             title += f": {_ranks([at.rank for at in d.ranks])} hung: {waited_cause(d)}"
+        elif d.kind == Kind.NONFINITE_EXIT:
+            who = _ranks([at.rank for at in d.ranks]) if d.ranks and r.world_size > 1 else "the trainer"
+            title += f": {who} {d.cause}"
         elif d.from_log and d.cause:
             title += f": {d.cause}"
         # a file the run broke after it had stepped (a crash decides the verdict, and a start-up

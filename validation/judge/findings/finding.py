@@ -6,7 +6,8 @@ from dataclasses import dataclass, field, replace
 
 from nsa.contract import heartbeat_name
 from validation.contract.torchrun_log import AttemptEnd, has_traceback, short_exception
-from validation.judge.diagnosis import Diagnosis, earlier_beat, killed_alone, killed_by_signal, maybe_departed, no_rank_running, root_of_evidence
+from validation.judge.diagnosis import (Diagnosis, earlier_beat, killed_alone, killed_by_signal, maybe_departed,
+                                        no_rank_running, nonfinite_exit_of, root_of_evidence)
 from validation.judge.misses import Miss
 from validation.judge.record import Evidence, PhaseRecord, RunSigns, SubRun
 from validation.judge.stability import LossAfter
@@ -77,6 +78,9 @@ class Facts:
     restarted_in_init: bool = False
     """torchrun started the workers again (--max-restarts) and every rank whose stack was taken
     waited in init_process_group: the restarted workers never met in their process group."""
+    stopped_nonfinite: bool = False
+    """The trainer exited with the contract's code for a non-finite loss and wrote no .HALT
+    (diagnosis.nonfinite_exit): it did stop on the loss, and did not say where."""
 
     @classmethod
     def of(cls, rec: PhaseRecord) -> Facts:
@@ -120,7 +124,8 @@ class Facts:
                    ev.halt is not None and ev.halt.source == "nonfinite", killed, tuple(ev.misses), silent, stopped,
                    tuple(maybe_departed(rec)), says,
                    loss_after=ev.nonfinite_loss.after if ev.nonfinite_loss is not None else None,
-                   restarted_in_init=in_init and any(a.restarted for a in ev.attempts))
+                   restarted_in_init=in_init and any(a.restarted for a in ev.attempts),
+                   stopped_nonfinite=nonfinite_exit_of(rec) is not None)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ writes no ``[rankN]:`` line and no heartbeat, and torchrun's own summary is all 
 rank that merely waited for it is never the one blamed."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from validation.contract.files import HaltInfo
@@ -14,6 +15,7 @@ from validation.judge.findings import find, recommendations
 from validation.judge.findings.headline import verdict_line
 from validation.judge.nodes import NodeEvidence, NodesEvidence
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
+from validation.judge.verdict import Outcome, process_verdict
 from validation.tests.torchrun_summary import Failed, child_failed
 
 _SCRIPT = "/tmp/mine/train.py"
@@ -124,7 +126,53 @@ def test_a_nan_rank_that_torchrun_then_ended_stopped_on_its_loss_not_by_sigterm(
     assert line == ("rank 1: last heartbeat step 3, stage halt; stopped on its non-finite loss at step 3 (loss nan: "
                     "the trainer's .HALT), then killed by SIGTERM from torchrun's agent, which ends every rank still "
                     "running once one has ended with a failure"), line
-    assert [d for d in nan.detail if d.startswith("rank 0:")] == ["rank 0: last heartbeat step 3, stage halt; exit code 4"]
+    assert [d for d in nan.detail if d.startswith("rank 0:")] == [
+        "rank 0: last heartbeat step 3, stage halt; exit code 4 (the contract's code for a non-finite loss)"]
+
+
+def _judged(rec: PhaseRecord) -> PhaseRecord:
+    """The record with the verdict its run's end gives it (as the session's, verdict.process_verdict)."""
+    status, reason = process_verdict(Outcome.of_record(rec))
+    return replace(rec, status=status, reason=reason)
+
+
+def test_a_trainer_that_exits_4_with_no_halt_stopped_on_a_nonfinite_loss_and_did_not_crash():
+    """Exit code 4 is the contract's code for a trainer that stopped on a non-finite loss. Ranks that
+    exited 4 and wrote no .HALT read 'trainer crashed (exit code 1)' with 'exit code 4' on each rank's
+    line, and the one process 'rank 0 crashed (...): exit code 4 — trainer crashed (exit code 4)':
+    nothing said what 4 means, and the advice sent the reader to a log with no error in it."""
+    beats = {0: Beat(3, "halt"), 1: Beat(3, "halt")}
+    both = _judged(_record(Evidence(rank_failures={0: RankFailure(exit_code=4), 1: RankFailure(exit_code=4)},
+                                    last_heartbeat=beats, stderr_log="trainer.stderr.log")))
+    assert both.reason == ("trainer stopped on a non-finite loss, with no .HALT: ranks 0, 1 exited with code 4, the "
+                           "contract's code for it (exit code 1)"), both.reason
+    assert diagnose(both) is None and verdict_line(both) == both.reason  # every rank did: nothing singles one out
+    [nan] = [f for f in find([both]) if f.kind == "nonfinite"]
+    assert nan.title.endswith("exit code 1: the trainer stopped on a non-finite loss (exit code 4, the contract's "
+                              "code for it, with no .HALT)"), nan.title
+    assert "rank 1: last heartbeat step 3, stage halt; exit code 4 (the contract's code for a non-finite loss)" \
+        in nan.detail, nan.detail
+    [advice] = recommendations([nan])
+    assert "stopped on a non-finite loss (the contract's exit code 4) and wrote no .HALT" in advice, advice
+    # one rank stopped on it, torchrun then ended the other: that one is named
+    one = _judged(_record(Evidence(rank_failures={0: RankFailure(signal="SIGTERM", exit_code=-15),
+                                                  1: RankFailure(exit_code=4)}, last_heartbeat=beats)))
+    c = diagnose(one)
+    assert c is not None and c.kind == Kind.NONFINITE_EXIT and [r.rank for r in c.ranks] == [1], c
+    assert verdict_line(one) == ("rank 1 stopped on a non-finite loss (last heartbeat step 3, stage halt): exit code 4, "
+                                 "the contract's code for it, with no .HALT — trainer stopped on a non-finite loss, "
+                                 "with no .HALT: rank 1 exited with code 4, the contract's code for it (exit code 1)"), \
+        verdict_line(one)
+    # the one process: the harness saw its 4 itself
+    alone = _judged(_record(Evidence(last_heartbeat={0: Beat(3, "halt")}), world_size=1, exit_code=4))
+    assert verdict_line(alone).endswith("trainer stopped on a non-finite loss, with no .HALT (exit code 4, the "
+                                        "contract's code for it)"), verdict_line(alone)
+    assert "crashed" not in verdict_line(alone), verdict_line(alone)
+    # a rank that failed in its own right first is the crash, whatever the other's guard saw after it
+    raised = _judged(_record(Evidence(rank_failures={0: RankFailure(exception="RuntimeError: boom", exit_code=1),
+                                                     1: RankFailure(exit_code=4)}, last_heartbeat=beats)))
+    assert raised.reason == "trainer crashed (exit code 1)", raised.reason
+    assert verdict_line(raised).startswith("rank 0 crashed"), verdict_line(raised)
 
 
 def test_a_workers_rankless_lines_are_not_what_its_agent_said(tmp_path: Path):

@@ -798,6 +798,14 @@ def killed_alone(r: PhaseRecord) -> str | None:
     return f"the torchrun agent was killed by {signal_name(-r.exit_code)}" if one_agent and not ev.rank_failures else None
 
 
+def process_killed(r: PhaseRecord) -> str | None:
+    """``killed_alone`` said of the process the harness launched, as a sentence's subject and verb:
+    'the trainer's process was killed by SIGTERM' (one process), 'the torchrun agent was killed by
+    SIGKILL'; None where no signal ended it."""
+    alone = killed_alone(r)
+    return None if alone is None else f"the trainer's process was {alone}" if r.world_size == 1 else alone
+
+
 def stalled(r: PhaseRecord) -> bool:
     """A trainer process the harness stopped (its stall watch, the timeout) or whose watchdog wrote
     the .HALT, where no rank had died first (then the crash is what happened)."""

@@ -6,8 +6,8 @@ from dataclasses import dataclass, field, replace
 
 from nsa.contract import heartbeat_name
 from validation.contract.torchrun_log import AttemptEnd, has_traceback, short_exception
-from validation.judge.diagnosis import (Diagnosis, earlier_beat, killed_alone, killed_by_signal, maybe_departed,
-                                        no_rank_running, nonfinite_exit_of, root_of_evidence)
+from validation.judge.diagnosis import (Diagnosis, earlier_beat, killed_by_signal, maybe_departed, no_rank_running,
+                                        nonfinite_exit_of, process_killed, root_of_evidence)
 from validation.judge.misses import Miss
 from validation.judge.record import Evidence, PhaseRecord, RunSigns, SubRun
 from validation.judge.stability import LossAfter
@@ -93,8 +93,8 @@ class Facts:
         fail = ev.rank_failures.get(root) if root is not None else None
         # a signal of its own: not the abort of an exit after its collective broke (RankFailure.broken_collective)
         killed = f"rank {root} was killed by {fail.signal}" if killed_by_signal(rec) is not None else None
-        if killed is None and (alone := killed_alone(rec)) is not None:  # no torchrun log of a rank to say it
-            killed = f"the trainer's process was {alone}" if rec.world_size == 1 else alone
+        if killed is None:  # no torchrun log of a rank to say it
+            killed = process_killed(rec)
         silent = None
         if fail is not None and fail.broken_collective is not None:
             silent = (f"rank {root} was killed by {fail.signal} after a collective broke "

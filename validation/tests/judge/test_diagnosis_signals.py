@@ -193,3 +193,19 @@ def test_a_torchrun_agent_that_a_signal_ended_is_named_as_killed():
                         trainer="myt", command=["srun", "--nodes=2", "python3", "-m", "torch.distributed.run"])
     [crash] = [x for x in find([other]) if x.title.startswith("crash in")]
     assert "agent" not in crash.title, crash.title
+
+
+@pytest.mark.parametrize("world, command, said", [
+    (1, ["python3", "train.py"], "the trainer's process was killed by SIGKILL"),
+    (2, ["python3", "-m", "torch.distributed.run", "--standalone", "--", "train.py"],
+     "the torchrun agent was killed by SIGKILL")])
+def test_the_verdict_line_of_a_process_a_signal_ended_says_the_signal(world, command, said):
+    """The process the harness launched (the trainer's one process, the torchrun agent of one node) that a
+    signal ended: its cause and finding said 'killed by SIGKILL', while its verdict line still ended in
+    'trainer crashed (exit code -9)', a crash of the trainer's own that nothing of the run says."""
+    ev = Evidence(stderr_log="trainer.stderr.log", last_heartbeat={k: Beat(step=3, stage="optimizer") for k in range(world)})
+    rec = PhaseRecord(PointKey("mine", "cpu", "ddp"), "mine/cpu/ddp/default", "train", Status.FAIL,
+                      "trainer crashed (exit code -9)", steps=8, world_size=world, exit_code=-9, evidence=ev,
+                      trainer="myt", command=command)
+    assert verdict_line(rec).endswith(f"{said} (exit code -9)"), verdict_line(rec)
+    assert "trainer crashed" not in verdict_line(rec), verdict_line(rec)

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from nsa.contract import EXIT_NONFINITE, EXIT_WATCHDOG, HEARTBEAT_STAGE_HALT, HEARTBEAT_STAGES_IN_STEP
 from validation.contract.files import HaltInfo
 from validation.contract.stacks import StackDump
-from validation.contract.torchrun_log import RankFailure, gave_up
+from validation.contract.torchrun_log import RankFailure, agent_stopped, gave_up
 from validation.judge.nodes import killed_agent, killed_agents, signal_name
 from validation.judge.record import TRAINER_KINDS, Beat, Evidence, PhaseRecord, Status
 from validation.judge.seen import RankSilence
@@ -765,8 +765,9 @@ def crash(r: PhaseRecord) -> Diagnosis | None:
     exception = ev.log_exception
     # the one process is rank 0, whatever launched it
     killed = killed_alone(r)
-    ranks = (RankAt.of(r, 0, cause=exception or killed or f"exit code {r.exit_code}"),) if r.world_size == 1 else ()
-    return Diagnosis(Kind.KILLED if killed and not exception else Kind.CRASHED, ranks, cause=exception or killed,
+    # a signal's word comes first: the exception of an agent told to stop by one is only its way of ending
+    ranks = (RankAt.of(r, 0, cause=killed or exception or f"exit code {r.exit_code}"),) if r.world_size == 1 else ()
+    return Diagnosis(Kind.KILLED if killed else Kind.CRASHED, ranks, cause=killed or exception,
                      step=ranks[0].step if ranks else None, logs=logs_of(r, [0] if ranks else ()),
                      files=_files(rec=r, ranks=ranks), from_log=True)
 
@@ -788,14 +789,19 @@ def killed_alone(r: PhaseRecord) -> str | None:
     its log for why it exited, where a signal leaves nothing. Of a run of several ranks under one
     torchrun agent (the process the harness launched) whose log names no rank's end: 'the torchrun
     agent was killed by SIGKILL', the agent itself, as a node's is named (judge/nodes.py
-    ``agent_killed``). None otherwise."""
+    ``agent_killed``); 'the torchrun agent was stopped by SIGTERM' where a signal it handles told it to
+    stop (it ends its workers, raises SignalException, exits 1) and the harness did not send it. None
+    otherwise."""
     ev = r.evidence
+    one_agent = (r.world_size > 1 and ev.nodes is None and "torch.distributed.run" in r.command[:3]
+                 and not ev.rank_failures)
+    if one_agent and not r.stopped_by_harness and (told := agent_stopped(ev.log_exception)) is not None:
+        return f"the torchrun agent was stopped by {signal_name(told)}"
     if r.exit_code is None or r.exit_code >= 0 or ev.log_exception:
         return None
     if r.world_size == 1:
         return f"killed by {signal_name(-r.exit_code)}"
-    one_agent = ev.nodes is None and "torch.distributed.run" in r.command[:3]
-    return f"the torchrun agent was killed by {signal_name(-r.exit_code)}" if one_agent and not ev.rank_failures else None
+    return f"the torchrun agent was killed by {signal_name(-r.exit_code)}" if one_agent else None
 
 
 def process_killed(r: PhaseRecord) -> str | None:

@@ -19,10 +19,10 @@ from validation.contract.torchrun_log.attempts import AgentSeen, AttemptEnd, att
 from validation.contract.torchrun_log.exceptions import has_traceback, last_exception, short_exception
 from validation.contract.torchrun_log.failure import RankFailure
 from validation.contract.torchrun_log.ranks import rank_failures
-from validation.contract.torchrun_log.said import (agent_said, agent_signalled, closed_rendezvous, gave_up,
-                                                   log_exception, log_has_traceback, worker_said)
+from validation.contract.torchrun_log.said import (agent_said, agent_signalled, agent_stopped, closed_rendezvous,
+                                                   gave_up, log_exception, log_has_traceback, worker_said)
 from validation.contract.torchrun_log.whose import whose_lines
 
-__all__ = ["AgentSeen", "AttemptEnd", "RankFailure", "agent_said", "agent_signalled", "attempt_ends",
+__all__ = ["AgentSeen", "AttemptEnd", "RankFailure", "agent_said", "agent_signalled", "agent_stopped", "attempt_ends",
            "closed_rendezvous", "gave_up", "has_traceback", "last_attempt", "last_exception", "log_exception",
            "log_has_traceback", "rank_failures", "short_exception", "whose_lines", "worker_said"]

@@ -26,6 +26,9 @@ AGENT_SIGNALLED = re.compile(r"^(Sending process|Closing process|Unable to shutd
 #: torchrun's agent itself told to stop (SIGTERM, SIGINT): it signals its workers as it goes, and any of
 #: them may have had the signal from where the agent did
 AGENT_TOLD = re.compile(r"^Received \S+ death signal, shutting down workers")
+#: the exception torchrun's agent raises once a signal told it to stop, having ended its workers: 'torch.
+#: distributed.elastic.multiprocessing.api.SignalException: Process 5253 got signal: 15'
+AGENT_STOPPED = re.compile(r"\bSignalException: Process \d+ got signal: (\d+)")
 #: torchrun's agent gave up on its rendezvous: the others never came within its join timeout
 #: (RendezvousTimeoutError), one that gave up had closed it (RendezvousClosedError), or the store
 #: host never answered or went away (RendezvousConnectionError, DistNetworkError)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from validation.contract.torchrun_log.attempts import AgentSeen, last_attempt
 from validation.contract.torchrun_log.exceptions import has_traceback, last_exception
-from validation.contract.torchrun_log.patterns import EXC, GAVE_UP, read_tail
+from validation.contract.torchrun_log.patterns import AGENT_STOPPED, EXC, GAVE_UP, read_tail
 from validation.contract.torchrun_log.whose import (AGENT, UNKNOWN, WORKER, agent_signalled_in, whose_lines,
                                                     worker_exceptions)
 
@@ -74,6 +74,13 @@ def log_has_traceback(stderr_path: Path, max_bytes: int = 1 << 20, *,
     None when it cannot be read."""
     text = read_tail(stderr_path, max_bytes)
     return None if text is None else has_traceback(last_attempt(text, seen))
+
+
+def agent_stopped(exception: str | None) -> int | None:
+    """The signal that told torchrun's agent to stop (SIGTERM, SIGINT), where ``exception`` (a log's last,
+    ``log_exception``) is the one the agent raises for it; else None."""
+    m = AGENT_STOPPED.search(exception or "")
+    return int(m.group(1)) if m else None
 
 
 def gave_up(said: str | None) -> str | None:

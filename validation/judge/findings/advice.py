@@ -26,8 +26,9 @@ def _crash(f: Facts) -> str:
                 "with SIGTERM, which tells a rank still running from one still exiting no more than its heartbeats "
                 "do): look for a stop condition that holds on that rank only; else fix why they exited. Then "
                 f"{_RERUN}.")
-    if f.killed:  # a signal leaves no traceback
-        return (f"{f.killed[0].upper()}{f.killed[1:]}, which leaves no traceback: look for who sent it (the kernel's "
+    if f.killed:  # a signal leaves no traceback of the trainer's (an agent told to stop prints only its own)
+        return (f"{f.killed[0].upper()}{f.killed[1:]}, which leaves no traceback of the trainer's: look for who sent "
+                "it (the kernel's "
                 "out-of-memory killer: `dmesg` and the host's memory over the run; a scheduler's limit; a person's "
                 f"kill), fix, then {_RERUN}.")
     if f.silent:

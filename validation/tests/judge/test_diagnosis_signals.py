@@ -209,3 +209,38 @@ def test_the_verdict_line_of_a_process_a_signal_ended_says_the_signal(world, com
                       trainer="myt", command=command)
     assert verdict_line(rec).endswith(f"{said} (exit code -9)"), verdict_line(rec)
     assert "trainer crashed" not in verdict_line(rec), verdict_line(rec)
+
+
+def test_a_torchrun_agent_that_a_sigterm_told_to_stop_is_named_as_stopped_by_it(tmp_path):
+    """SIGTERM to the torchrun agent of one node (a person's kill, a scheduler's stop of the launcher): the
+    agent ends its workers, raises SignalException and exits 1, and no rank's end is reported. The finding
+    read 'crash in ...: exit code 1: torch.distributed.elastic.multiprocessing.api.SignalException: Process
+    5253 got signal: 15' and the advice sent the reader to that traceback; a SIGKILL of it is named already."""
+    log = ("W1206 16:17:35.886000 5253 torch/distributed/elastic/agent/server/api.py:753] Received 15 death signal, "
+           "shutting down workers\n"
+           "W1206 16:17:35.887000 5253 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 5262 "
+           "closing signal SIGTERM\n"
+           "Traceback (most recent call last):\n"
+           '  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py", line 86, in '
+           "_terminate_process_handler\n"
+           '    raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)\n'
+           "torch.distributed.elastic.multiprocessing.api.SignalException: Process 5253 got signal: 15\n")
+    (tmp_path / "trainer.stderr.log").write_text(log)
+    ev = Evidence(stderr_log="trainer.stderr.log", stderr_tail=log, rank_failures=rank_failures(tmp_path / "trainer.stderr.log"),
+                  last_heartbeat={0: Beat(step=2, stage="step"), 1: Beat(step=2, stage="step")})
+    assert not ev.rank_failures, ev.rank_failures
+    agent = ["python3", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--", "train.py"]
+    rec = PhaseRecord(PointKey("mine", "cpu", "ddp"), "mine/cpu/ddp/default", "train", Status.FAIL,
+                      "trainer crashed (exit code 1)", steps=8, world_size=2, exit_code=1, evidence=ev,
+                      trainer="myt", command=agent)
+    [crash] = [x for x in find([rec]) if x.title.startswith("crash in")]
+    assert crash.title.endswith("exit code 1: the torchrun agent was stopped by SIGTERM"), crash.title
+    assert verdict_line(rec) == "the torchrun agent was stopped by SIGTERM (exit code 1)", verdict_line(rec)
+    [advice] = recommendations([crash])
+    assert advice.split(": ", 1)[1].startswith("The torchrun agent was stopped by SIGTERM, which leaves no traceback "
+                                               "of the trainer's: look for who sent it"), advice
+    # the harness's own stop of a stalled run sends the agent its SIGTERM: nothing of another sender
+    stopped = PhaseRecord(PointKey("mine", "cpu", "ddp"), "mine/cpu/ddp/default", "train", Status.FAIL,
+                          "stalled: no progress for 60s after step 2", steps=8, world_size=2, exit_code=None,
+                          stalled_s=60.0, evidence=ev, trainer="myt", command=agent)
+    assert all("stopped by SIGTERM" not in x.title for x in find([stopped])), [x.title for x in find([stopped])]

@@ -268,7 +268,13 @@ def nonfinite_exit(exit_code: int | None, failures: Mapping[int, RankFailure], h
     None where it left a .HALT (that decides: the guard's, or one of no source, cut short), or a rank
     failed in its own right (an exception, a signal: that is the crash, whatever the others' guard saw
     after it)."""
-    if halt is not None or any(f.own for f in failures.values()):
+    return None if halt is not None else exited_nonfinite(exit_code, failures)
+
+
+def exited_nonfinite(exit_code: int | None, failures: Mapping[int, RankFailure]) -> NonfiniteExit | None:
+    """``nonfinite_exit`` whatever .HALT the run left: the exit code says the trainer's non-finite guard
+    stopped it, where a .HALT cut short before its source cannot say whose it is."""
+    if any(f.own for f in failures.values()):
         return None
     ranks = tuple(sorted(k for k, f in failures.items() if f.stopped_nonfinite))
     return NonfiniteExit(ranks) if ranks or (exit_code == EXIT_NONFINITE and not failures) else None

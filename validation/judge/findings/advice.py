@@ -156,9 +156,14 @@ def _halt_stall(f: Facts) -> str:
             f"to fix first. Then {_RERUN}.")
 
 
-def _nonfinite(f: Facts) -> str:
-    lower = "lower train.lr or keep train.grad_clip on" if f.own_trainer else \
+def _lower(f: Facts) -> str:
+    """What to change of a run whose loss went non-finite: this project's keys only for its trainer."""
+    return "lower train.lr or keep train.grad_clip on" if f.own_trainer else \
         "lower the trainer's learning rate or clip its gradients"
+
+
+def _nonfinite(f: Facts) -> str:
+    lower = _lower(f)
     if f.stopped_nonfinite:  # exit 4 is its word that it stopped on the loss; the .HALT would say where
         return (f"The trainer stopped on a non-finite loss (the contract's exit code 4) and wrote no .HALT: the contract "
                 "asks for both, the .HALT (source nonfinite) saying the step and each rank's loss, so make it write "
@@ -185,6 +190,11 @@ def _nonfinite(f: Facts) -> str:
 
 
 def _halted(f: Facts) -> str:
+    if f.stopped_nonfinite:  # exit 4: its non-finite guard wrote the .HALT, cut short before its source
+        return ("The trainer stopped on a non-finite loss (the contract's exit code 4), and the .HALT its non-finite "
+                "guard wrote is cut short before its source (the finding quotes it): make it write the .HALT whole "
+                "(to a temporary file, then renamed into place), so that its source, step and each rank's loss are "
+                f"read. Then {_lower(f)}, check the data of the step it stopped at, and {_RERUN}.")
     return ("The trainer stopped on a .HALT that neither its watchdog nor its non-finite guard wrote (the finding "
             "quotes it): an operator's stop, or a stop condition of the trainer's own. A run that halts is not the run "
             "asked for, whatever its gates, and a trainer that ran all its steps leaves no .HALT (the contract reads "

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field, replace
 
 from nsa.contract import heartbeat_name
 from validation.contract.torchrun_log import AttemptEnd, has_traceback, short_exception
-from validation.judge.diagnosis import (Diagnosis, earlier_beat, killed_by_signal, maybe_departed, no_rank_running,
-                                        nonfinite_exit_of, process_killed, root_of_evidence)
+from validation.judge.diagnosis import (Diagnosis, earlier_beat, exited_nonfinite, killed_by_signal, maybe_departed,
+                                        no_rank_running, process_killed, root_of_evidence)
 from validation.judge.misses import Miss
-from validation.judge.record import Evidence, PhaseRecord, RunSigns, SubRun
+from validation.judge.record import TRAINER_KINDS, Evidence, PhaseRecord, RunSigns, SubRun
 from validation.judge.stability import LossAfter
 
 
@@ -79,8 +79,9 @@ class Facts:
     """torchrun started the workers again (--max-restarts) and every rank whose stack was taken
     waited in init_process_group: the restarted workers never met in their process group."""
     stopped_nonfinite: bool = False
-    """The trainer exited with the contract's code for a non-finite loss and wrote no .HALT
-    (diagnosis.nonfinite_exit): it did stop on the loss, and did not say where."""
+    """The trainer exited with the contract's code for a non-finite loss (diagnosis.exited_nonfinite) and
+    no .HALT says so: it wrote none, or one cut short before its source. Its guard did stop on the loss,
+    and did not say where."""
 
     @classmethod
     def of(cls, rec: PhaseRecord) -> Facts:
@@ -125,7 +126,8 @@ class Facts:
                    tuple(maybe_departed(rec)), says,
                    loss_after=ev.nonfinite_loss.after if ev.nonfinite_loss is not None else None,
                    restarted_in_init=in_init and any(a.restarted for a in ev.attempts),
-                   stopped_nonfinite=nonfinite_exit_of(rec) is not None)
+                   stopped_nonfinite=rec.kind in TRAINER_KINDS and (ev.halt is None or ev.halt.source is None)
+                   and exited_nonfinite(rec.exit_code, ev.rank_failures) is not None)
 
 
 @dataclass(frozen=True)

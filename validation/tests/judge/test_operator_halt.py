@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 
 from validation.contract.files import HaltInfo
+from validation.contract.torchrun_log import RankFailure
+from validation.judge.findings import recommendations
 from validation.judge.findings.failures import halts
 from validation.judge.record import Evidence, PhaseRecord, PointKey, Status, Summary
 from validation.judge.verdict import Outcome, verdict
@@ -95,6 +97,26 @@ def test_a_record_cut_before_its_source_is_not_said_to_be_an_operators():
     [f] = halts([_halted(HaltInfo(text='{"ste', torn=True))])
     assert f.title == ("long_run [default]: the trainer halted itself after step 7 of 30 (23 steps short of the run "
                        "asked for) on a .HALT whose JSON record is cut short, no source in it: {\"ste"), f.title
+
+
+def test_a_record_cut_before_its_source_with_exit_4_is_said_to_be_the_nonfinite_guards():
+    """A .HALT cut short before its source, and ranks that exited 4, the contract's code for a non-finite
+    loss: the advice said 'neither its watchdog nor its non-finite guard wrote' it, where the exit code says
+    the guard did stop the run and only its .HALT came out cut short."""
+    halt = HaltInfo(step=3, text='{"step": 3, "s', torn=True)
+    ranks = {0: RankFailure(exit_code=4), 1: RankFailure(exit_code=4)}
+    for rec in (_halted(halt, exit_code=1, world_size=2, evidence=Evidence(halt=halt, rank_failures=ranks)),
+                _halted(halt, exit_code=4, evidence=Evidence(halt=halt))):  # torchrun's ranks, the one process
+        [f] = halts([rec])
+        [advice] = recommendations([f])
+        assert "neither its watchdog nor its non-finite guard" not in advice, advice
+        assert ("The trainer stopped on a non-finite loss (the contract's exit code 4), and the .HALT its non-finite "
+                "guard wrote is cut short before its source") in advice, advice
+    # another exit code says nothing of whose it is
+    [f] = halts([_halted(halt, exit_code=1, world_size=2,
+                         evidence=Evidence(halt=halt, rank_failures={0: RankFailure(exit_code=1)}))])
+    [advice] = recommendations([f])
+    assert "non-finite loss" not in advice, advice
 
 
 def test_no_halt_finding_where_the_harness_stopped_the_run_or_the_watchdog_wrote_it():

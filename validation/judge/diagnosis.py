@@ -770,7 +770,8 @@ def crash(r: PhaseRecord) -> Diagnosis | None:
         return None  # no rank failed: a node's agent was killed (findings/nodes.py names it), no crash of the trainer
     exception = ev.log_exception
     # the one process is rank 0, whatever launched it
-    killed = killed_alone(r)
+    alone = killed_alone(r)
+    killed = alone.cause() if alone is not None else None
     # a signal's word comes first: the exception of an agent told to stop by one is only its way of ending
     ranks = (RankAt.of(r, 0, cause=killed or exception or f"exit code {r.exit_code}"),) if r.world_size == 1 else ()
     return Diagnosis(Kind.KILLED if killed else Kind.CRASHED, ranks, cause=killed or exception,
@@ -788,34 +789,48 @@ def _stopped_nonfinite(r: PhaseRecord, stop: NonfiniteExit) -> Diagnosis:
                       cause=f"stopped on a non-finite loss ({said})", logs=logs_of(r, ranks or [0]))
 
 
-def killed_alone(r: PhaseRecord) -> str | None:
-    """'killed by SIGTERM' of a trainer run as one process that a signal ended (its exit code < 0,
-    as Python's subprocess says it; the harness's own stop records no exit code), which torchrun's
-    log would say of a rank: 'exit code -15' read as a code the trainer chose, and sent the reader to
-    its log for why it exited, where a signal leaves nothing. Of a run of several ranks under one
-    torchrun agent (the process the harness launched) whose log names no rank's end: 'the torchrun
-    agent was killed by SIGKILL', the agent itself, as a node's is named (judge/nodes.py
-    ``agent_killed``); 'the torchrun agent was stopped by SIGTERM' where a signal it handles told it to
-    stop (it ends its workers, raises SignalException, exits 1) and the harness did not send it. None
-    otherwise."""
+@dataclass(frozen=True)
+class ProcessKilled:
+    """The process the harness launched, ended by a signal (``killed_alone``): a trainer run as one
+    process, or the one torchrun agent of a launch whose log names no rank's end."""
+
+    agent: bool
+    """The torchrun agent, not the trainer's own process."""
+    signal: str
+    """The signal's name: 'SIGKILL'."""
+    told: bool = False
+    """A signal the agent handles told it to stop (it ended its workers itself): 'stopped by', not
+    'killed by'."""
+
+    def cause(self) -> str:
+        """'killed by SIGTERM' (one process, as torchrun's log says of a rank); 'the torchrun agent was
+        killed by SIGKILL', 'the torchrun agent was stopped by SIGTERM'."""
+        by = f"{'stopped' if self.told else 'killed'} by {self.signal}"
+        return f"the torchrun agent was {by}" if self.agent else by
+
+    def sentence(self) -> str:
+        """The cause as a sentence's subject and verb: 'the trainer's process was killed by SIGTERM'."""
+        return self.cause() if self.agent else f"the trainer's process was {self.cause()}"
+
+
+def killed_alone(r: PhaseRecord) -> ProcessKilled | None:
+    """A trainer run as one process that a signal ended (its exit code < 0, as Python's subprocess
+    says it; the harness's own stop records no exit code), which torchrun's log would say of a rank:
+    'exit code -15' read as a code the trainer chose, and sent the reader to its log for why it
+    exited, where a signal leaves nothing. Of a run of several ranks under one torchrun agent (the
+    process the harness launched) whose log names no rank's end: the agent itself, as a node's is
+    named (judge/nodes.py ``agent_killed``), killed, or told to stop by a signal it handles (it ends
+    its workers, raises SignalException, exits 1) that the harness did not send. None otherwise."""
     ev = r.evidence
     one_agent = (r.world_size > 1 and ev.nodes is None and "torch.distributed.run" in r.command[:3]
                  and not ev.rank_failures)
     if one_agent and not r.stopped_by_harness and (told := agent_stopped(ev.log_exception)) is not None:
-        return f"the torchrun agent was stopped by {signal_name(told)}"
+        return ProcessKilled(agent=True, signal=signal_name(told), told=True)
     if r.exit_code is None or r.exit_code >= 0 or ev.log_exception:
         return None
     if r.world_size == 1:
-        return f"killed by {signal_name(-r.exit_code)}"
-    return f"the torchrun agent was killed by {signal_name(-r.exit_code)}" if one_agent else None
-
-
-def process_killed(r: PhaseRecord) -> str | None:
-    """``killed_alone`` said of the process the harness launched, as a sentence's subject and verb:
-    'the trainer's process was killed by SIGTERM' (one process), 'the torchrun agent was killed by
-    SIGKILL'; None where no signal ended it."""
-    alone = killed_alone(r)
-    return None if alone is None else f"the trainer's process was {alone}" if r.world_size == 1 else alone
+        return ProcessKilled(agent=False, signal=signal_name(-r.exit_code))
+    return ProcessKilled(agent=True, signal=signal_name(-r.exit_code)) if one_agent else None
 
 
 def stalled(r: PhaseRecord) -> bool:

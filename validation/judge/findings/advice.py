@@ -18,6 +18,13 @@ from validation.judge.stability import LossAfter
 _RERUN = "re-run only that phase: {rerun}"
 
 
+def _senders(signal: str | None) -> str:
+    """Who may have sent ``signal``: the kernel's out-of-memory killer sends SIGKILL only, a scheduler
+    ends a job past its limit or preempted with SIGTERM (SIGKILL after a grace period)."""
+    oom = "the kernel's out-of-memory killer: `dmesg` and the host's memory over the run; "
+    return f"{oom if signal in (None, 'SIGKILL') else ''}a scheduler's limit or preemption; a person's kill"
+
+
 def _crash(f: Facts) -> str:
     if f.maybe_left:
         who = " or ".join(f"rank {k}" for k in f.maybe_left)
@@ -28,9 +35,7 @@ def _crash(f: Facts) -> str:
                 f"{_RERUN}.")
     if f.killed:  # a signal leaves no traceback of the trainer's (an agent told to stop prints only its own)
         return (f"{f.killed[0].upper()}{f.killed[1:]}, which leaves no traceback of the trainer's: look for who sent "
-                "it (the kernel's "
-                "out-of-memory killer: `dmesg` and the host's memory over the run; a scheduler's limit; a person's "
-                f"kill), fix, then {_RERUN}.")
+                f"it ({_senders(f.killed_by)}), fix, then {_RERUN}.")
     if f.silent:
         return (f"{f.silent[0].upper()}{f.silent[1:]}. Read what it printed in the stderr log named in the finding (and "
                 f"any log of its own) for why it exited, fix, then {_RERUN}.")

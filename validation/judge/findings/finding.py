@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from nsa.contract import heartbeat_name
 from validation.contract.torchrun_log import AttemptEnd, has_traceback, short_exception
 from validation.judge.diagnosis import (Diagnosis, earlier_beat, exited_nonfinite, killed_by_signal, maybe_departed,
-                                        no_rank_running, process_killed, root_of_evidence)
+                                        killed_alone, no_rank_running, root_of_evidence)
 from validation.judge.misses import Miss
 from validation.judge.record import TRAINER_KINDS, Evidence, PhaseRecord, RunSigns, SubRun
 from validation.judge.stability import LossAfter
@@ -82,6 +82,9 @@ class Facts:
     """The trainer exited with the contract's code for a non-finite loss (diagnosis.exited_nonfinite) and
     no .HALT says so: it wrote none, or one cut short before its source. Its guard did stop on the loss,
     and did not say where."""
+    killed_by: str | None = None
+    """The name of the signal of ``killed`` ('SIGKILL'): who may have sent it depends on it (the
+    kernel's out-of-memory killer sends SIGKILL only)."""
 
     @classmethod
     def of(cls, rec: PhaseRecord) -> Facts:
@@ -93,9 +96,10 @@ class Facts:
         root = root_of_evidence(ev)
         fail = ev.rank_failures.get(root) if root is not None else None
         # a signal of its own: not the abort of an exit after its collective broke (RankFailure.broken_collective)
-        killed = f"rank {root} was killed by {fail.signal}" if killed_by_signal(rec) is not None else None
-        if killed is None:  # no torchrun log of a rank to say it
-            killed = process_killed(rec)
+        killed, killed_by = (f"rank {root} was killed by {fail.signal}", fail.signal) \
+            if killed_by_signal(rec) is not None else (None, None)
+        if killed is None and (alone := killed_alone(rec)) is not None:  # no torchrun log of a rank to say it
+            killed, killed_by = alone.sentence(), alone.signal
         silent = None
         if fail is not None and fail.broken_collective is not None:
             silent = (f"rank {root} was killed by {fail.signal} after a collective broke "
@@ -127,7 +131,8 @@ class Facts:
                    loss_after=ev.nonfinite_loss.after if ev.nonfinite_loss is not None else None,
                    restarted_in_init=in_init and any(a.restarted for a in ev.attempts),
                    stopped_nonfinite=rec.kind in TRAINER_KINDS and (ev.halt is None or ev.halt.source is None)
-                   and exited_nonfinite(rec.exit_code, ev.rank_failures) is not None)
+                   and exited_nonfinite(rec.exit_code, ev.rank_failures) is not None,
+                   killed_by=killed_by)
 
 
 @dataclass(frozen=True)

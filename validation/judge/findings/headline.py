@@ -15,7 +15,7 @@ the others still needed it), the verdict's 'trainer crashed' reads what happened
 early (last heartbeat step 5, stage step) — the other ranks failed without it (exit code 1)'."""
 from __future__ import annotations
 
-from validation.judge.diagnosis import diagnose, process_killed
+from validation.judge.diagnosis import diagnose, killed_alone
 from validation.judge.findings.culprit import NO_CRASH, failed_without, text
 from validation.judge.findings.finding import own_reason, process, repeat_part
 from validation.judge.record import PhaseRecord, Status
@@ -66,9 +66,9 @@ def failed_repeats(rec: PhaseRecord) -> list[tuple[str, PhaseRecord | None, str]
 
 def _led(rec: PhaseRecord | None, reason: str) -> str:
     c = diagnose(rec) if rec is not None else None
-    if rec is not None and (killed := process_killed(rec)) is not None:
+    if rec is not None and (killed := killed_alone(rec)) is not None:
         # a signal ended the process the harness launched: its exit code is the signal's, no crash's
-        reason = reason.replace(f"{CRASHED} (exit code", f"{killed} (exit code", 1)
+        reason = reason.replace(f"{CRASHED} (exit code", f"{killed.sentence()} (exit code", 1)
     if c is None:
         return reason
     if c.kind in NO_CRASH:  # no process crashed: the one blamed exited 0, the others failed without it

@@ -170,6 +170,9 @@ def test_a_trainer_run_as_one_process_that_a_signal_ended_is_said_killed_by_it(c
     [advice] = recommendations([crash])
     assert f"The trainer's process was killed by {name}, which leaves no traceback" in advice, advice
     assert "read what it printed there" not in advice, advice
+    # the kernel's out-of-memory killer sends SIGKILL only: a SIGTERM is a scheduler's or a person's
+    assert ("out-of-memory killer" in advice) == (name == "SIGKILL"), advice
+    assert "a scheduler's limit or preemption" in advice, advice
 
 
 def test_a_torchrun_agent_that_a_signal_ended_is_named_as_killed():

@@ -55,8 +55,10 @@ def traced(args) -> bool:
     dynamo is compiling, a dispatch mode (fake, functional, proxy; not a WatchingMode) is active,
     or an argument is a tensor subclass such as FakeTensor (a module's own parameter, an
     nn.Parameter, is not one). The graph must then hold the custom op."""
+    if torch.compiler.is_compiling():  # first: dynamo does not trace the dispatch-mode stack
+        return True
     mode = _get_current_dispatch_mode()
-    if torch.compiler.is_compiling() or (mode is not None and not isinstance(mode, WatchingMode)):
+    if mode is not None and not isinstance(mode, WatchingMode):
         return True
     return any(isinstance(a, torch.Tensor) and type(a) not in _PLAIN for a in args)
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nsa.contract import HALT
 from validation.contract import check as contract
 from validation.contract.files import HaltInfo, read_halt, read_stacks, tail
 from validation.contract.reruns import Rerun
@@ -121,6 +122,7 @@ def collect(run: RunData, stderr_path: Path, errors: list[str], clock: StepClock
         stackdumps={r: d for r, d in dumps.items() if r < run.world_size}, unranked_stacks=unranked,
         taken_stacks=taken, signalled_pids=signalled, last_heartbeat=beats,
         no_heartbeats="" if beats else contract.adapter_unmeasured(run.env).get(contract.HEARTBEATS, ""),
+        no_halt=contract.adapter_unmeasured(run.env).get(HALT, ""),
         summary_step=None if beats else contract.adapter_summary_step(run.env),
         rank_step_time_s=step_times, clock=clock, rank_lateness_s=late, rank_nearest_s=nearest, nodes=nodes,
         fallbacks=fallbacks, files=_listed(run.out_dir),

@@ -219,6 +219,9 @@ class Evidence:
     """Why the trainer's files hold no heartbeats at all, as its adapter said ('a Trainer writes no
     per-rank records'); '' where its format has them. A rank without one then says nothing of
     where it was."""
+    no_halt: str = ""
+    """Why the trainer's format has no .HALT, as its adapter said ('a Trainer writes no .HALT'); ''
+    where it has one. A run that exited 0 early then says nothing of one."""
     summary_step: int | None = None
     """Of a format without heartbeats: the step at which the trainer's own summary says its run
     ended (``contract.check.adapter_summary_step``), the furthest step known done where the last
@@ -313,6 +316,7 @@ class Evidence:
                                          b.get("ends_steps") is not False, _int(b.get("every")), _int(b.get("pid")))
                             for r, b in (ev.get("last_heartbeat") or {}).items()},
             no_heartbeats=str(ev.get("no_heartbeats") or ""),
+            no_halt=str(ev.get("no_halt") or ""),
             summary_step=_int(ev.get("summary_step")),
             rank_step_time_s={int(r): float(t) for r, t in (ev.get("rank_step_time_s") or {}).items()},
             clock=StepClock(**ev["clock"]) if ev.get("clock") else None,

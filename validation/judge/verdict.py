@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Sequence
 
-from nsa.contract import HALT_NONFINITE, HALT_WATCHDOG
+from nsa.contract import HALT, HALT_NONFINITE, HALT_WATCHDOG
 from validation.contract.check import HEARTBEATS, adapter_summary_step, adapter_unmeasured
 from validation.contract.files import HaltInfo
 from validation.judge.diagnosis import (Died, NonfiniteExit, died_before_watchdog, died_first, nonfinite_exit,
@@ -95,6 +95,9 @@ class Outcome:
     nonfinite_exit: NonfiniteExit | None = None
     """A trainer that exited with the contract's code for a non-finite loss and wrote no .HALT
     (diagnosis.nonfinite_exit): it stopped on one, no crash."""
+    halts: bool = True
+    """Whether the trainer's format has a .HALT (an adapter's may not: a Hugging Face Trainer's),
+    so that a run that exited 0 early is said to have written none only where it could have."""
 
     @classmethod
     def of_run(cls, kind: str, run: RunData, errors: Sequence[str], resume_breach: Breach | None = None,
@@ -113,7 +116,8 @@ class Outcome:
                    run.agent_killed if root_rank(run.rank_failures, run.halt.source if run.halt else None) is None
                    else None, first_nonfinite(run.csv), csv_ahead(beats, run.world_size, logged),
                    tuple(s for s in run.silent_ranks if s.rank < run.world_size), resume_breach, no_profile,
-                   nonfinite_exit(run.exit_code, run.rank_failures, run.halt) if kind in TRAINER_KINDS else None)
+                   nonfinite_exit(run.exit_code, run.rank_failures, run.halt) if kind in TRAINER_KINDS else None,
+                   halts=HALT not in adapter_unmeasured(run.env))
 
     @classmethod
     def of_record(cls, rec: PhaseRecord) -> Outcome:
@@ -135,7 +139,7 @@ class Outcome:
                    rec.evidence.nonfinite_loss_step,
                    csv_ahead(rec.evidence.last_heartbeat, rec.world_size, logged) if steps is not None else None,
                    tuple(rec.evidence.silent_ranks), rec.evidence.resume_breach, rec.evidence.no_profile,
-                   nonfinite_exit_of(rec))
+                   nonfinite_exit_of(rec), halts=not rec.evidence.no_halt)
 
     @property
     def ended_clean(self) -> bool:
@@ -224,14 +228,15 @@ class Outcome:
         if self.ran_past:
             return (f"ran past the steps asked: training.csv logs step {self.steps_completed} of {self.steps_requested} "
                     "asked, exit 0")
+        ended = ", exit 0, no .HALT" if self.halts else ", exit 0"
         if not self.stopped_short and self.csv_ahead is not None and self.short_ranks:
-            return f"{self.csv_ahead.text(self.steps_requested)}, exit 0, no .HALT"
+            return f"{self.csv_ahead.text(self.steps_requested)}{ended}"
         if not self.stopped_short and self.short_ranks:
             ranks = "; ".join(s.text(self.steps_requested) for s in self.short_ranks)
-            return f"{ranks}, exit 0, no .HALT"
+            return f"{ranks}{ended}"
         beats = (f" (training.csv; {self.done_by} reached step {self.last_step_done})"
                  if self.last_step_done is not None and self.last_step_done > self.steps_completed else "")
-        return f"stopped after step {self.steps_completed}{beats} of {self.steps_requested}, exit 0, no .HALT"
+        return f"stopped after step {self.steps_completed}{beats} of {self.steps_requested}{ended}"
 
 
 def verdict(outcome: Outcome, gates: Sequence[GateResult]) -> tuple[Status, str]:

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from nsa.contract import CSV_COLUMNS, ENV_JSON, TRAINING_CSV
+from nsa.contract import CSV_COLUMNS, ENV_JSON, HALT, TRAINING_CSV
 from validation.contract.adapters.base import Adapter, RunFacts
 from validation.contract.adapters.tfevents import _fields, read_scalars
 from validation.contract.check import ADAPTER_READ_NOTHING, HEARTBEATS, TrainedSteps
@@ -137,7 +137,7 @@ class HfTrainerAdapter(Adapter):
         times = _step_times(logged, start, inherited[-1].step if inherited else 0)
         per_step = facts.tokens_per_step
         unmeasured = {"mem_alloc_gb": "a Trainer logs no memory", "mem_reserved_gb": "a Trainer logs no memory",
-                      HEARTBEATS: "a Trainer writes no per-rank records"}
+                      HEARTBEATS: "a Trainer writes no per-rank records", HALT: "a Trainer writes no .HALT"}
         if not events:
             unmeasured["step_time_s"] = "no TensorBoard events (report_to tensorboard): no time per logged step"
         elif untimed := _untimed(logged, times):

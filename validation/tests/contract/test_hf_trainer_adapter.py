@@ -236,8 +236,15 @@ def test_a_run_logged_every_5_steps_of_12_is_said_to_have_ended_at_its_summarys_
     _convert(tmp_path / "short", tmp_path / "run2")
     short = RunData(tmp_path / "run2", exit_code=0, steps_requested=12)
     short = read_train(short).onto(short)
+    # a Trainer writes no .HALT: its short run is not said to have written none
     assert process_verdict(Outcome.of_run("train", short, [])) == (
-        Status.FAIL, "stopped after step 5 (training.csv; its own summary reached step 7) of 12, exit 0, no .HALT")
+        Status.FAIL, "stopped after step 5 (training.csv; its own summary reached step 7) of 12, exit 0")
+    ev = collect(short, tmp_path / "run2" / "trainer.stderr.log", [])
+    stored = PhaseRecord(key=PointKey("rb", "cpu", "hf"), test_id="rb/cpu/hf/default", kind="train",
+                         status=Status.FAIL, reason="", exit_code=0, steps=12, evidence=ev,
+                         metrics=Summary(steps_completed=5))
+    stored = PhaseRecord.from_json(stored.to_json(), "the store")  # the stored record knows it too
+    assert Outcome.of_record(stored).short_text().endswith("of 12, exit 0"), Outcome.of_record(stored).short_text()
 
 
 def test_a_folder_without_the_trainers_files_says_what_was_looked_for(tmp_path, capsys):

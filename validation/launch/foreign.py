@@ -8,6 +8,7 @@ every value the runbook gives was checked against a conservative pattern when it
 from __future__ import annotations
 
 import importlib.util
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,20 @@ def _missing_module(module: str, root: Path) -> str | None:
         return None  # a module of an installed package: importing its parents to look is the trainer's to do
     return (f"trainer.module: {module!r} is neither a module under the trainer's root {root} nor an installed "
             "package of this Python")
+
+
+def missing_package(spec: TrainerSpec, root: Path) -> str | None:
+    """Why the trainer cannot import a package its runbook entry requires (trainer.requires), or
+    None: each must be a package or module under the trainer's root (its PYTHONPATH) or installed
+    in this Python, which launches it (found without importing anything)."""
+    missing = [name for name in spec.requires
+               if not (root.joinpath(name).is_dir() or root.joinpath(name).with_suffix(".py").is_file()
+                       or importlib.util.find_spec(name) is not None)]
+    if not missing:
+        return None
+    names = ", ".join(repr(m) for m in missing)
+    return (f"trainer {spec.name} requires {names} (trainer.requires), neither under its root {root} nor installed in "
+            f"this Python ({sys.executable})")
 
 
 def revision(root: Path, out_dir: Path, log_name: str) -> tuple[str | None, str]:

@@ -121,6 +121,9 @@ TRAINER = Section("trainer", "A trainer other than this project's: how to launch
                   "overrides take it (train.lr, not lr): {train.lr: {flag|env|config: name}}"),
     Key("env", "variables it reads, of its own naming (not the loader's, the interpreters', PATH or the "
                "harness's own)"),
+    Key("requires", "top-level Python packages it imports that a machine may lack, e.g. [fla, transformers]: a "
+                    "point whose trainer finds one neither under its root nor installed in the harness's Python is not "
+                    "launched (pytest: a skip naming the package; nsa-validate run: exit 2), rather than run to a crash"),
     Key("format", "what its output directory holds, read through the adapter of that name: contract (it writes the "
                   "contract itself; the default), seed (the seed system's files), torchtitan (torchtitan's or flame's "
                   "log, TensorBoard events and flight-recorder dumps) or hf_trainer (a Hugging Face Trainer's output "

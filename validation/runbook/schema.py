@@ -18,6 +18,8 @@ from typing import Any
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+#: a top-level import name (a package or module, no dots)
+PACKAGE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 #: what an empty text for people means
 TEXT_ONLY = "no text (a key for people only: nothing the harness does depends on it)"

@@ -18,6 +18,7 @@ trainer:
   phases: [train, preflight]        # phase kinds it supports; others are SKIP
   metrics: [toks_per_s_mean, ...]   # optional: metrics it provides (default: all its adapter can)
   tokens_per_step: [train.batch_size, train.seq_len]  # optional: one rank's tokens per step, as factors
+  requires: [transformers]          # optional: packages it imports that a machine may lack (else not launched)
   resume:                           # optional: how it stops and resumes (needed for phases: [resume])
     stop_after: {flag: --stop-after}  # receives N: train steps 1..N of the whole run, checkpoint, exit 0
     from: {flag: --resume-from}       # receives the first half's output directory to continue from
@@ -40,6 +41,7 @@ from validation.errors import RunbookError
 from validation.runbook import keys
 from validation.runbook.empty import EMPTY_MAPPING
 from validation.runbook.fields import MODULE, NAME, OVERRIDE_KEY, Reader, check_trainer_env_key, parse_env
+from validation.runbook.schema import PACKAGE
 from validation.runbook.types import ConfigFile, Delivery, ResumeSpec, RootDir, TrainerSpec, Via
 
 #: values the harness fills into ``args``
@@ -121,7 +123,19 @@ def parse_trainer(path: Path, data: Any, known_metrics: Mapping[str, Any], adapt
                                  "resume in trainer.phases")
     return TrainerSpec(r.str_("name", pattern=NAME), _root(r), entry, args, config, steps, out_dir,
                        params, parse_env(r, "trainer.env", r.get("env"), check_trainer_env_key), adapter, tuple(phases), metrics, resume,
-                       tokens)
+                       tokens, _requires(r))
+
+
+def _requires(r: Reader) -> tuple[str, ...]:
+    """``[fla, transformers]``: top-level import names, each once."""
+    names = r.list_("requires")
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not PACKAGE.match(name):
+            r.fail(f"trainer.requires[{i}]", f"{name!r}: expected a top-level import name such as transformers "
+                                            "(the package as `import` names it, not its pip name or a dotted module)")
+        if name in names[:i]:
+            r.fail(f"trainer.requires[{i}]", f"{name!r} is listed twice")
+    return tuple(names)
 
 
 def _tokens_per_step(r: Reader, params: Mapping[str, Delivery]) -> tuple[str | int, ...]:

@@ -350,6 +350,8 @@ class TrainerSpec:
     tokens_per_step: tuple[str | int, ...] | None = None
     """One rank's tokens per optimizer step as factors: params keys (the point's override values)
     and integers; None: the runbook does not say."""
+    requires: tuple[str, ...] = ()
+    """Top-level Python packages it imports that a machine may lack (validation.launch.foreign.missing_package)."""
 
     def supports_phase(self, kind: str) -> bool:
         return kind in self.phases

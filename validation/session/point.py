@@ -36,8 +36,8 @@ from validation.store.results import ResultStore
 
 def cannot_launch(point: PhasePoint) -> str | None:
     """Why the point's trainer cannot start here at all (its root not set or not a directory, its
-    script, module or config template not there, this project's trainer module not importable, a
-    Slurm allocation too small), or None. Such a point is no record: it says nothing about the
+    script, module or config template not there, a package it requires not installed, this
+    project's trainer module not importable, a Slurm allocation too small), or None. Such a point is no record: it says nothing about the
     trainer, and must not replace one that does."""
     if point.slurm and (problem := slurm.allocation_problem(point.phase.launcher)):
         return problem
@@ -46,7 +46,7 @@ def cannot_launch(point: PhasePoint) -> str | None:
         if point.phase.kind not in TRAINER_KINDS or not spec.supports_phase(point.phase.kind):
             return None
         root, why = spec.root.resolve()
-        why = why or foreign.missing_file(spec, root)
+        why = why or foreign.missing_file(spec, root) or foreign.missing_package(spec, root)
         # the runbook's trainer entry is at fault: its file is named, as a bad key's is on loading
         return None if why is None else f"{point.runbook.path}: {why}"
     if point.phase.kind not in TRAINER_KINDS:

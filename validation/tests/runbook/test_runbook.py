@@ -267,6 +267,24 @@ def test_tokens_per_step_for_a_format_that_reads_its_own_rate_is_refused(tmp_pat
     assert load_runbook(_write(tmp_path, {**_rb(), "trainer": trainer})).trainer.tokens_per_step is None
 
 
+@pytest.mark.parametrize("requires, why", [
+    ("fla", "expected a list, got str"),
+    (["flash-linear-attention"], "'flash-linear-attention': expected a top-level import name"),
+    (["fla.models"], "'fla.models': expected a top-level import name"),
+    (["fla", "fla"], "'fla' is listed twice"),
+])
+def test_trainer_requires_takes_top_level_import_names(tmp_path, requires, why):
+    """trainer.requires is checked as it loads: a pip name or a dotted module would never be found
+    by the import machinery, and every point would be held back as not installed."""
+    trainer = {"name": "mine", "root": "tests/trainers", "script": "native_train.py",
+               "args": ["--steps", "{steps}", "--out-dir", "{out_dir}"], "requires": requires}
+    path = _write(tmp_path, {**_rb(), "trainer": trainer})
+    with pytest.raises(RunbookError, match=re.escape(why)):
+        load_runbook(path)
+    trainer["requires"] = ["fla", "transformers"]
+    assert load_runbook(_write(tmp_path, {**_rb(), "trainer": trainer})).trainer.requires == ("fla", "transformers")
+
+
 def test_a_bad_key_in_defaults_overrides_is_named_there(tmp_path):
     """It was said to be phases[0]'s, where the user wrote none."""
     from validation.tests.conftest import train_phase, write_runbook

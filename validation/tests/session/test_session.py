@@ -226,6 +226,38 @@ def test_a_trainer_module_that_is_not_there_cannot_launch(tmp_path, capsys, modu
         assert not (res / "results.json").exists() or not ResultStore(res).records()
 
 
+@pytest.mark.parametrize("requires, runs", [(["no_such_package_xyz"], False), (["json", "native_train"], True)])
+def test_a_package_the_trainer_requires_that_is_not_installed_stops_the_run(tmp_path, capsys, requires, runs):
+    """trainer.requires names the packages a trainer imports that a machine may lack: one neither
+    under the root nor installed stops `nsa-validate run` before anything runs (exit 2), naming it;
+    an installed package or a module under the root launches."""
+    rb = _runbook(tmp_path / "rb.yaml", [_phase("single")], trainer={**NATIVE, "requires": requires})
+    res = tmp_path / "res"
+    code = main(["run", "--runbook", str(rb), "--results-dir", str(res), "--no-plots"])
+    err = capsys.readouterr().err
+    if runs:
+        assert code == 0 and "cannot launch here" not in err, err
+    else:
+        assert code == 2 and "cannot launch here, nothing was run" in err, err
+        assert "trainer native_test requires 'no_such_package_xyz' (trainer.requires)" in err, err
+        assert not ResultStore(res).records()
+
+
+def test_a_runbook_whose_trainer_requires_a_package_not_installed_stops_pytest_before_it_runs(tmp_path):
+    """`pytest -m h100` on an H100 without fla ran hf_trainer_fla_nsa's point to a crash ("rank 0
+    crashed: ModuleNotFoundError: No module named 'fla'") and a NO-GO report: a verdict on the
+    machine's packages, not on a trainer. A runbook whose trainer requires a package not installed
+    is not launched: named with --runbook it stops the run before anything runs, naming the
+    package (selected by default, its points skip: the plugin's rule for any point that cannot
+    launch)."""
+    rb = _runbook(tmp_path / "rb.yaml", [_phase("single")], trainer={**NATIVE, "requires": ["no_such_package_xyz"]})
+    out = _pytest(REPO_ROOT, "validation/tests/test_acceptance.py", "-m", "cpu_profile", "--runbook", str(rb),
+                  f"--results-dir={tmp_path / 'res'}")
+    assert out.returncode == pytest.ExitCode.USAGE_ERROR, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "requires 'no_such_package_xyz' (trainer.requires)" in out.stderr, out.stderr[-3000:]
+    assert not ResultStore(tmp_path / "res").records()
+
+
 def test_a_trainer_modules_config_template_that_is_not_there_cannot_launch(tmp_path, capsys):
     """A module that is there does not excuse a config template that is not."""
     trainer = {**{k: v for k, v in NATIVE.items() if k != "script"}, "module": "native_train",

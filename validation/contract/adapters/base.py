@@ -1,7 +1,8 @@
 """The adapter interface, and the one for trainers that write the contract natively."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import enum
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -18,6 +19,73 @@ class RunFacts:
     trainer_sha_source: str | None = None
     tokens_per_step: int | None = None
     """Global tokens of one optimizer step, where the runbook says them (trainer.tokens_per_step)."""
+
+
+class Origin(enum.StrEnum):
+    """Where a key of the env.json an adapter writes came from: a user reading ``check-artifacts``
+    must not take a key the adapter made up, or the harness gave it, for one their trainer wrote.
+    The value is the word ``check-artifacts`` prints before the key."""
+
+    TRAINER = "present"
+    """The trainer's own files hold it: the adapter copied it as written."""
+    DERIVED = "derived"
+    """The adapter computed it from the trainer's files (a log line, a rank's file)."""
+    GIVEN = "given"
+    """The harness gave it to the adapter (``RunFacts``: the launch, the runbook, the trainer's checkout)."""
+    FILLED = "filled in"
+    """The adapter filled it in with a value of its own: nothing measured it."""
+    BOOKKEEPING = "adapter's own"
+    """The adapter's record of its own reading (env.json's ``adapter``): no fact the trainer stated."""
+
+
+@dataclass(frozen=True)
+class KeyOrigin:
+    """Where one env.json key came from, and from what."""
+
+    origin: Origin
+    source: str = ""
+    """From what, for people, as it follows the origin's words: "from train.log's 'global batch size
+    ... sequence length ...' line", "(the runbook's trainer.name)"."""
+
+    def text(self, adapter: str) -> str:
+        """What ``check-artifacts`` says of the key: 'derived by the torchtitan adapter from ...'."""
+        said = {Origin.TRAINER: "as the trainer wrote it",
+                Origin.DERIVED: f"derived by the {adapter} adapter",
+                Origin.GIVEN: f"given the {adapter} adapter by the harness, not read from the trainer's files",
+                Origin.FILLED: f"filled in by the {adapter} adapter: not measured",
+                Origin.BOOKKEEPING: f"the {adapter} adapter's own record, not the trainer's"}[self.origin]
+        return f"{said} {self.source}" if self.source else said
+
+
+#: the env.json keys every adapter takes from ``RunFacts``, and from what
+GIVEN = {
+    "world_size": KeyOrigin(Origin.GIVEN, "(the processes it launched; check-artifacts: --world-size)"),
+    "trainer": KeyOrigin(Origin.GIVEN, "(the runbook's trainer.name)"),
+    "git_sha": KeyOrigin(Origin.GIVEN, "(the commit it found at the trainer's root)"),
+    "git_sha_source": KeyOrigin(Origin.GIVEN, "(where it found that commit)"),
+    "tokens_per_step": KeyOrigin(Origin.GIVEN, "(the runbook's trainer.tokens_per_step times the world size; "
+                                               "check-artifacts: --tokens-per-step)"),
+}
+#: env.json's ``adapter``: what the adapter read, and what nothing gave
+BOOKKEEPING = {"adapter": KeyOrigin(Origin.BOOKKEEPING, "(the files it read, what they could not give)")}
+
+
+@dataclass(frozen=True)
+class Converted:
+    """What an adapter says of the env.json it wrote: where each key came from."""
+
+    env: dict[str, KeyOrigin] = field(default_factory=dict)
+    """By key; a dotted one for a key inside another (``adapter.restarts``: read from the
+    trainer's log, inside the adapter's own record)."""
+
+    def origin(self, key: str) -> KeyOrigin:
+        """The origin of ``key`` (dotted), else of the nearest key it lies in. A key the adapter
+        names no origin of is its own doing, never the trainer's."""
+        parts = key.split(".")
+        for n in range(len(parts), 0, -1):
+            if (said := self.env.get(".".join(parts[:n]))) is not None:
+                return said
+        return KeyOrigin(Origin.DERIVED)
 
 
 class Adapter:
@@ -65,6 +133,8 @@ class Adapter:
             rate = None
         return int(cells[0]), rate
 
-    def convert(self, trainer_dir: Path, out_dir: Path, facts: RunFacts) -> None:
+    def convert(self, trainer_dir: Path, out_dir: Path, facts: RunFacts) -> Converted:
         """Write the contract files into ``out_dir``; a file the trainer did not write stays
-        missing, and a row it wrote malformed stays malformed, for the contract check to name."""
+        missing, and a row it wrote malformed stays malformed, for the contract check to name.
+        Returns where each key of the env.json it wrote came from."""
+        return Converted()

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from nsa.contract import CSV_COLUMNS, ENV_JSON, HALT, TRAINING_CSV
-from validation.contract.adapters.base import Adapter, RunFacts
+from validation.contract.adapters.base import BOOKKEEPING, GIVEN, Adapter, Converted, RunFacts
 from validation.contract.adapters.tfevents import _fields, read_scalars
 from validation.contract.check import ADAPTER_READ_NOTHING, HEARTBEATS, TrainedSteps
 
@@ -87,7 +87,7 @@ class HfTrainerAdapter(Adapter):
     def live_steps(self, trainer_dir: Path) -> Callable[[], int | None]:
         return _LiveSteps(trainer_dir)
 
-    def convert(self, trainer_dir: Path, out_dir: Path, facts: RunFacts) -> None:
+    def convert(self, trainer_dir: Path, out_dir: Path, facts: RunFacts) -> Converted:
         out_dir.mkdir(parents=True, exist_ok=True)
         read: dict[str, str] = {}
         state_path = _newest_state(trainer_dir)
@@ -181,6 +181,8 @@ class HfTrainerAdapter(Adapter):
         if per_step is not None:
             env["tokens_per_step"] = per_step
         _atomic(out_dir / ENV_JSON, json.dumps(env, indent=2, allow_nan=False))
+        # a Trainer writes no env.json: every key is the harness's or this adapter's
+        return Converted({**GIVEN, **BOOKKEEPING})
 
 
 def _cell(v: Any) -> str:

@@ -34,7 +34,7 @@ from typing import Any
 
 from nsa.atomic import write_atomic
 from nsa.contract import CSV_COLUMNS, ENV_JSON, HALT, TRAINING_CSV, stackdump_name
-from validation.contract.adapters.base import Adapter, RunFacts
+from validation.contract.adapters.base import GIVEN, Adapter, Converted, KeyOrigin, Origin, RunFacts
 from validation.contract.stacks import UNRANKED_DUMP
 
 SEED_COLUMNS = ("step", "loss", "lr", "toks_per_s")
@@ -72,15 +72,16 @@ class SeedAdapter(Adapter):
     def trainer_dir(self, out_dir: Path) -> Path:
         return out_dir / "trainer_out"
 
-    def convert(self, trainer_dir: Path, out_dir: Path, facts: RunFacts) -> None:
+    def convert(self, trainer_dir: Path, out_dir: Path, facts: RunFacts) -> Converted:
         out_dir.mkdir(parents=True, exist_ok=True)
         last_step = _csv(trainer_dir / TRAINING_CSV, out_dir / TRAINING_CSV)
         beats = _heartbeats(trainer_dir, out_dir)
-        world_size = _env(trainer_dir / ENV_JSON, out_dir / ENV_JSON, facts)
+        world_size, origins = _env(trainer_dir / ENV_JSON, out_dir / ENV_JSON, facts)
         beat_step = max((r["step"] for recs in beats.values() for r in recs
                          if isinstance(r.get("step"), int) and r["step"] > 0), default=None)
         _halt(trainer_dir, out_dir / HALT, beat_step if beat_step is not None else last_step)
         _stackdumps(trainer_dir, out_dir, world_size, beats)
+        return Converted(origins)
 
 
 def _csv(src: Path, dst: Path) -> int | None:
@@ -129,28 +130,48 @@ def _heartbeats(trainer_dir: Path, out_dir: Path) -> dict[int, list[dict[str, An
     return beats
 
 
-def _env(src: Path, dst: Path, facts: RunFacts) -> int:
+def _env(src: Path, dst: Path, facts: RunFacts) -> tuple[int, dict[str, KeyOrigin]]:
     """env.json with world_size and the trainer's commit added; returns the world size: the
-    WORLD_SIZE the trainer itself recorded (torchrun's), else the processes the harness started."""
+    WORLD_SIZE the trainer itself recorded (torchrun's), else the processes the harness started;
+    and where each key of the env.json written came from (none where it is not an object)."""
     if not src.is_file():
-        return facts.world_size
+        return facts.world_size, {}
     try:
         env = json.loads(src.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         write_atomic(dst, src.read_text(errors="replace"))  # malformed stays malformed, for the check to name
-        return facts.world_size
+        return facts.world_size, {}
     world = facts.world_size
+    origins: dict[str, KeyOrigin] = {}
     found = facts.trainer_sha_source and f"found by the harness at its root: {facts.trainer_sha_source}"
     if isinstance(env, dict):
         seen = env.get("env") if isinstance(env.get("env"), dict) else {}
-        world = int(seen["WORLD_SIZE"]) if str(seen.get("WORLD_SIZE", "")).isdigit() else world
+        recorded = str(seen.get("WORLD_SIZE", "")).isdigit()
+        world = int(seen["WORLD_SIZE"]) if recorded else world
+        origins = _env_origins(env, recorded)
         # the toggles it saw; not CONFIG (a per-run path) nor torchrun's RANK/WORLD_SIZE
         env = {**env, "env": {k: v for k, v in seen.items() if k.startswith("NSA_")},
                "world_size": world, "trainer": facts.trainer,
                "git_sha": facts.trainer_sha,
                "git_sha_source": found}
     write_atomic(dst, json.dumps(env, indent=2))
-    return world
+    return world, origins
+
+
+def _env_origins(trainer_env: dict[str, Any], world_recorded: bool) -> dict[str, KeyOrigin]:
+    """Where each key of the env.json ``_env`` writes from the trainer's own ``trainer_env`` came
+    from: the trainer's keys as it wrote them, its ``env`` kept to NSA_* (an empty one where it
+    wrote none), the world size from the WORLD_SIZE it recorded (``world_recorded``) or the harness,
+    and the commit from the harness, over any of the trainer's own."""
+    own = KeyOrigin(Origin.TRAINER, "in its env.json")
+    origins = {key: own for key in trainer_env}
+    origins["env"] = (KeyOrigin(Origin.TRAINER, "in its env.json's env, kept to the NSA_* variables")
+                      if isinstance(trainer_env.get("env"), dict)
+                      else KeyOrigin(Origin.FILLED, "(an empty mapping: the trainer's env.json has no env)"))
+    origins.update({key: GIVEN[key] for key in ("trainer", "git_sha", "git_sha_source")})
+    origins["world_size"] = (KeyOrigin(Origin.DERIVED, "from the trainer's env.json's env.WORLD_SIZE (torchrun's)")
+                             if world_recorded else GIVEN["world_size"])
+    return origins
 
 
 def _halt(trainer_dir: Path, dst: Path, step: int | None) -> None:

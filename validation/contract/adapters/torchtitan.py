@@ -65,7 +65,15 @@ from pathlib import Path
 from typing import Any
 
 from nsa.contract import CSV_COLUMNS, ENV_JSON, HALT, HALT_NONFINITE, TRAINING_CSV, VERSION
-from validation.contract.adapters.base import Adapter, RunFacts
+from validation.contract.adapters.base import (
+    BOOKKEEPING,
+    GIVEN,
+    Adapter,
+    Converted,
+    KeyOrigin,
+    Origin,
+    RunFacts,
+)
 from validation.contract.adapters.tfevents import read_scalars
 from validation.contract.check import ADAPTER_READ_NOTHING
 from validation.contract.reruns import Restart
@@ -219,7 +227,7 @@ class TorchtitanAdapter(Adapter):
         m = _METRICS.search(_ANSI.sub("", line))
         return (int(m["step"]), _number(m["tps"]) * world_size) if m else None
 
-    def convert(self, trainer_dir: Path, out_dir: Path, facts: RunFacts) -> None:
+    def convert(self, trainer_dir: Path, out_dir: Path, facts: RunFacts) -> Converted:
         out_dir.mkdir(parents=True, exist_ok=True)
         log = _read_runs(trainer_dir, out_dir)
         events = _events(trainer_dir)
@@ -260,6 +268,26 @@ class TorchtitanAdapter(Adapter):
             if world == 1:  # torchtitan prints the global loss: a rank's own only when there is one
                 halt["losses"] = [loss]
             _atomic(out_dir / HALT, json.dumps(halt))
+        return Converted(_env_origins(log, world > facts.world_size))
+
+
+def _env_origins(log: _Runs, ranks_beyond_launch: bool) -> dict[str, KeyOrigin]:
+    """Where each key of the env.json ``convert`` writes came from: torchtitan writes no env.json,
+    so none is the trainer's as written; ``ranks_beyond_launch``: its structured logs show more
+    ranks than the harness gave it, and the world size is theirs."""
+    logs = f"torchtitan's log ({', '.join(log.files)})"
+    origins = {**GIVEN, **BOOKKEEPING,
+               "contract_version": KeyOrigin(Origin.FILLED, "(the contract version it converts to; torchtitan "
+                                                            "names none)"),
+               "tokens_per_step": KeyOrigin(Origin.DERIVED, f"from {logs}: its 'global batch size G ... sequence "
+                                                            "length S' line, G x S"),
+               "device_mem_gb": KeyOrigin(Origin.DERIVED, f"from {logs}: its 'CUDA capacity: ... with M GiB "
+                                                          "memory' line"),
+               "adapter.restarts": KeyOrigin(Origin.DERIVED, f"from {logs}: the lines torchtitan prints as a "
+                                                             "process begins, after a step was logged")}
+    if ranks_beyond_launch:
+        origins["world_size"] = KeyOrigin(Origin.DERIVED, "from the ranks of structured_logs/*.global_rank_R.*.jsonl")
+    return origins
 
 
 def _atomic(path: Path, text: str) -> None:

@@ -97,8 +97,12 @@ class Item:
         (an optional file written wrong, such as a stack dump of a rank that does not exist)."""
         return self.presence == Presence.MALFORMED or (self.required and self.presence != Presence.PRESENT)
 
-    def line(self) -> str:
-        tag = str(self.presence) if self.required or self.presence != Presence.MISSING else f"{self.presence} (optional)"
+    def line(self, tag: str | None = None) -> str:
+        """``tag``: the word before the name where presence alone would mislead (check-artifacts
+        says an adapter's key is 'derived', not 'present')."""
+        if tag is None:
+            optional = not self.required and self.presence == Presence.MISSING
+            tag = f"{self.presence} (optional)" if optional else str(self.presence)
         name = f"{self.file} {self.field}" if self.field else self.file
         return f"{tag:<20} {name}" + (f": {self.detail}" if self.detail else "")
 

@@ -7,19 +7,24 @@ gives the adapter: the world size, and for an adapter that derives tokens/s from
 (``Adapter.takes_tokens_per_step``) one rank's tokens per step, which a runbook gives as
 ``trainer.tokens_per_step`` and the run multiplies by the world size (validation/launch/foreign.py
 ``tokens_per_step``). Without them the folder is judged as the run of a runbook that gives none.
+The env.json an adapter wrote is listed key by key, each with where it came from (the adapter's
+``Converted``): a key the adapter derived, or the harness gave it, must not read as the trainer's.
 Exit 0 when the contract holds, 1 when a required file or field is missing or malformed, 2 for a
 DIR that is not a directory.
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
+from nsa.contract import ENV_JSON
 from validation.contract import check as contract
 from validation.contract.adapters import ADAPTERS
-from validation.contract.adapters.base import RunFacts
+from validation.contract.adapters.base import Converted, Origin, RunFacts
 from validation.contract.files import BareNonfinite, bare_nonfinite
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
@@ -35,11 +40,11 @@ def check(directory: Path, adapter: str = "native", world_size: int | None = Non
     if not directory.is_dir():
         print(f"nsa-validate check-artifacts: error: {directory} is not a directory", file=sys.stderr)
         return EXIT_USAGE
-    code = _report(*_read(directory, adapter, world_size, costs, tokens_per_step), directory, adapter, out,
+    code = _report(_read(directory, adapter, world_size, costs, tokens_per_step), directory, adapter, out,
                    _given(directory, adapter, world_size, tokens_per_step))
     if code == EXIT_BROKEN:  # a directory of another format than the one named: say which reads it
         fits = [name for name in sorted(ADAPTERS) if name != adapter and ADAPTERS[name].in_format(directory)
-                and _read(directory, name, world_size, costs, tokens_per_step)[0].ok]
+                and _read(directory, name, world_size, costs, tokens_per_step).found.ok]
         for name in fits:
             print(f"hint: {directory} holds to the contract "
                   + ("as it is: check it without --adapter" if not ADAPTERS[name].converts
@@ -53,22 +58,35 @@ def world_of(directory: Path, world_size: int | None) -> int:
     return world_size or max(len(list(directory.glob("heartbeat_rank*.jsonl"))), 1)
 
 
+@dataclass(frozen=True)
+class _Checked:
+    """A directory's contract read, and what is said beside its items."""
+
+    found: contract.ContractRead
+    bare: list[BareNonfinite]
+    """Its JSON files' bare NaN / Infinity values (a warning each)."""
+    converted: Converted | None = None
+    """Where each key of the env.json an adapter wrote came from; None for the contract itself,
+    whose every file is the trainer's own."""
+
+
 def _read(directory: Path, adapter: str, world_size: int | None, costs: contract.Costs | None,
-          tokens_per_step: int | None = None) -> tuple[contract.ContractRead, list[BareNonfinite]]:
-    """The contract read, and its JSON files' bare NaN / Infinity values (a warning each)."""
+          tokens_per_step: int | None = None) -> _Checked:
+    """The contract read of ``directory``, through ``adapter`` where it converts."""
     if not ADAPTERS[adapter].converts:  # the contract itself: read in place
         found = _read_ended(directory, costs, world_size or 1)
-        bare = bare_nonfinite(directory)
+        checked = _Checked(found, bare_nonfinite(directory))
     else:
         with tempfile.TemporaryDirectory(prefix="nsa-check-") as tmp:
             world = world_of(directory, world_size)
             # the global tokens per step, as the acceptance run gives them: one rank's times the world size
             tokens = tokens_per_step * world if tokens_per_step and ADAPTERS[adapter].takes_tokens_per_step else None
-            ADAPTERS[adapter].convert(directory, Path(tmp), RunFacts(world, "(checked by hand)", tokens_per_step=tokens))
+            converted = ADAPTERS[adapter].convert(directory, Path(tmp),
+                                                  RunFacts(world, "(checked by hand)", tokens_per_step=tokens))
             found = _read_ended(Path(tmp), costs, 1)
-            bare = bare_nonfinite(Path(tmp))
+            checked = _Checked(found, bare_nonfinite(Path(tmp)), converted)
     found.items += contract.silent_ranks(found)
-    return found, bare
+    return checked
 
 
 def _read_ended(directory: Path, costs: contract.Costs | None, launched: int) -> contract.ContractRead:
@@ -96,15 +114,15 @@ def _given(directory: Path, adapter: str, world_size: int | None, tokens_per_ste
     return text
 
 
-def _report(found: contract.ContractRead, bare: list[BareNonfinite], directory: Path, adapter: str,
-            out: TextIO, given: str = "") -> int:
+def _report(checked: _Checked, directory: Path, adapter: str, out: TextIO, given: str = "") -> int:
+    found = checked.found
     print(f"{directory} against the artifact contract"
           + (f" (through adapter {adapter})" if adapter != "native" else "") + ":", file=out)
     if given:
         print(f"  given the adapter: {given}", file=out)
-    for item in found.items:
-        print("  " + item.line(), file=out)
-    for b in bare:  # read as the number it names: a warning, not a failure of the contract check
+    for line in _item_lines(checked, adapter):
+        print("  " + line, file=out)
+    for b in checked.bare:  # read as the number it names: a warning, not a failure of the contract check
         print(f"  warning: {b.text()}", file=out)
     for name, why in contract.adapter_unreadable(found.env).items():  # its other files gave the rows: a warning
         print(f"  warning: {name}: {why}", file=out)
@@ -114,3 +132,37 @@ def _report(found: contract.ContractRead, bare: list[BareNonfinite], directory: 
         return EXIT_BROKEN
     print("OK: every required file is present and well-formed", file=out)
     return EXIT_OK
+
+
+def _item_lines(checked: _Checked, adapter: str) -> list[str]:
+    """A line per item; of the files an adapter wrote, env.json's keys each by where it came from."""
+    found, converted = checked.found, checked.converted
+    if converted is None:
+        return [item.line() for item in found.items]
+    return [line for item in found.items for line in _adapted(item, found.env, converted, adapter)]
+
+
+def _adapted(item: contract.Item, env: dict[str, Any] | None, converted: Converted, adapter: str) -> list[str]:
+    """The lines of an item of the files an adapter wrote. Its env.json is the trainer's only key by
+    key, so that a key the adapter derived or the harness gave does not read as the trainer's: the
+    file's line is followed by one per key, and a key inside it that an item names
+    (adapter.restarts) takes its origin's word for 'present'."""
+    if item.file != ENV_JSON or item.presence != contract.Presence.PRESENT:
+        return [item.line()]
+    if item.field is not None:
+        origin = converted.origin(item.field)
+        return [dataclasses.replace(item, detail=f"{item.detail} ({origin.text(adapter)})").line(origin.origin)]
+    return _env_key_lines(item, env or {}, converted, adapter)
+
+
+def _env_key_lines(file_item: contract.Item, env: dict[str, Any], converted: Converted, adapter: str) -> list[str]:
+    """env.json's line, saying how many of its keys are the trainer's own, then each key's origin.
+    Keys of no value say nothing (the contract's own line names one it misses), and the adapter's
+    own record (what it read) is neither a fact of the run nor a key of the trainer's."""
+    origins = {key: converted.origin(key) for key, value in env.items() if value is not None}
+    origins = {key: origin for key, origin in origins.items() if origin.origin != Origin.BOOKKEEPING}
+    own = sum(origin.origin == Origin.TRAINER for origin in origins.values())
+    head = dataclasses.replace(file_item, detail=f"written by the {adapter} adapter; {own} of the {len(origins)} "
+                                                 "keys below are the trainer's own")
+    return [head.line()] + [contract.Item(ENV_JSON, contract.Presence.PRESENT, origin.text(adapter), False,
+                                          key).line(origin.origin) for key, origin in origins.items()]

@@ -1,6 +1,8 @@
-"""Each adapter says where every key of the env.json it writes came from (``Converted``,
-``Origin``): the trainer's own files, the adapter's derivation from them, the harness, or a value
-the adapter filled in."""
+"""``nsa-validate check-artifacts --adapter ...`` says where each key of the env.json an adapter
+wrote came from. It said "present env.json: 6 keys" of a Hugging Face Trainer's folder, whose
+Trainer writes no env.json: every key was the harness's (world size, tokens per step) or the
+adapter's own record, and a user took them for keys their trainer wrote. The origins are the
+adapters' typed answer (``Converted``, ``Origin``); the contract's own check prints as before."""
 from __future__ import annotations
 
 import json
@@ -9,10 +11,21 @@ from pathlib import Path
 
 import pytest
 
+from validation.cli import main
 from validation.contract.adapters import ADAPTERS, RunFacts
 from validation.contract.adapters.base import Converted, Origin
 from validation.tests.contract.test_hf_trainer_adapter import _events, _state, needs_tb
-from validation.tests.contract.test_torchtitan_adapter import EVIDENCE
+from validation.tests.contract.test_torchtitan_adapter import EVIDENCE, _checked_dump
+
+
+def _env_lines(out: str) -> dict[str, str]:
+    """The word before each env.json key the output names (not those it names missing): {key: word}."""
+    said = {}
+    for line in out.splitlines():
+        tag, name = line[2:22].strip(), line[23:].split(":")[0]
+        if name.startswith("env.json ") and not tag.startswith("missing"):
+            said[name.removeprefix("env.json ")] = tag
+    return said
 
 
 def _hf_folder(where: Path) -> Path:
@@ -35,6 +48,73 @@ def _seed_folder(where: Path) -> Path:
     (where / "heartbeat_rank0.jsonl").write_text('{"ts": 1.0, "step": 1, "msg": "progress"}\n')
     (where / "env.json").write_text(json.dumps({"torch": "2.5.0", "env": {"NSA_X": "1", "WORLD_SIZE": "1"}}))
     return where
+
+
+@needs_tb
+def test_hf_trainer_keys_are_the_harnesses_not_the_trainers(tmp_path, capsys):
+    folder = _hf_folder(tmp_path / "out")
+    assert main(["check-artifacts", str(folder), "--adapter", "hf_trainer", "--tokens-per-step", "4x64"]) == 0
+    out = capsys.readouterr().out
+    assert "env.json: 6 keys" not in out, out
+    assert ("  present              env.json: written by the hf_trainer adapter; 0 of the 3 keys below are the "
+            "trainer's own\n") in out, out
+    assert _env_lines(out) == {"world_size": "given", "trainer": "given", "tokens_per_step": "given"}, out
+    assert ("  given                env.json world_size: given the hf_trainer adapter by the harness, not read from "
+            "the trainer's files (the processes it launched; check-artifacts: --world-size)\n") in out, out
+
+
+def test_torchtitan_keys_say_the_log_line_they_were_derived_from(tmp_path, capsys):
+    folder = _torchtitan_folder(tmp_path / "run1")
+    assert main(["check-artifacts", str(folder), "--adapter", "torchtitan"]) == 0
+    out = capsys.readouterr().out
+    assert "env.json: 8 keys" not in out, out
+    assert _env_lines(out) == {"contract_version": "filled in", "world_size": "given", "trainer": "given",
+                               "tokens_per_step": "derived", "device_mem_gb": "derived"}, out
+    assert ("  derived              env.json tokens_per_step: derived by the torchtitan adapter from torchtitan's log "
+            "(train.log): its 'global batch size G ... sequence length S' line, G x S\n") in out, out
+    assert ("  filled in            env.json contract_version: filled in by the torchtitan adapter: not measured (the "
+            "contract version it converts to; torchtitan names none)\n") in out, out
+
+
+def test_a_restart_the_torchtitan_adapter_read_is_not_said_present(tmp_path, capsys):
+    """env.json's adapter.restarts, the adapter's reading of torchtitan's log, was 'present' as if
+    the trainer had written it."""
+    out = _checked_dump(tmp_path, "1:kill@9,9:", capsys)
+    assert ("  derived              env.json adapter.restarts: restarted into the same files: attempt 2 began at step "
+            "9 (attempt 1 had logged up to step 8) and logged up to step 30 (derived by the torchtitan adapter from "
+            "torchtitan's log (train.log): the lines torchtitan prints as a process begins, after a step was "
+            "logged)\n") in out, out
+
+
+def test_seed_keys_of_the_trainers_own_env_json_are_present_and_the_rest_are_not(tmp_path, capsys):
+    assert main(["check-artifacts", str(_seed_folder(tmp_path / "seed")), "--adapter", "seed"]) == 0
+    out = capsys.readouterr().out
+    assert ("  present              env.json: written by the seed adapter; 2 of the 4 keys below are the trainer's "
+            "own\n") in out, out
+    assert _env_lines(out) == {"torch": "present", "env": "present", "world_size": "derived", "trainer": "given"}, out
+    assert ("  derived              env.json world_size: derived by the seed adapter from the trainer's env.json's "
+            "env.WORLD_SIZE (torchrun's)\n") in out, out
+
+
+def test_the_contracts_own_check_prints_as_before(tmp_path, capsys):
+    """A trainer that writes the contract itself: every file is its own, and its lines are the
+    check's as they always were (no key listed, no origin)."""
+    run = tmp_path / "native"
+    run.mkdir()
+    (run / "training.csv").write_text("step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb\n"
+                                      "1,5.5,0.001,100,0.1,1,0.1,0.2\n")
+    (run / "heartbeat_rank0.jsonl").write_text('{"time": 1.0, "step": 1, "fallbacks": {}}\n')
+    env = {"world_size": 1, "contract_version": 2, "git_sha": "a" * 40, "attention_backends": {},
+           "tokens_per_step": 10, "env": {}, "noop_toggles": [], "model_flops_per_token": 1.0,
+           "data_position": {"start": 0, "end": 1}, "device_mem_gb": 8.0}
+    (run / "env.json").write_text(json.dumps(env))
+    assert main(["check-artifacts", str(run)]) == 0
+    assert capsys.readouterr().out == (
+        f"{run} against the artifact contract:\n"
+        "  present              training.csv: 1 rows, steps 1..1\n"
+        "  present              heartbeat_rank{R}.jsonl: rank 0: 1 records\n"
+        "  present              env.json: 10 keys\n"
+        "OK: every required file is present and well-formed\n")
 
 
 @needs_tb

@@ -73,6 +73,11 @@ def silenced(d: Diagnosis) -> str:
                      for at, s in zip(d.ranks, d.silences))
 
 
+def short_path(path: str) -> str:
+    """A source file as the stack lines show it: its folder and name ('u/train.py')."""
+    return "/".join(path.replace("\\", "/").split("/")[-2:])
+
+
 def text(d: Diagnosis) -> str:
     """'rank 1 crashed (last heartbeat step 2, stage forward): RuntimeError: boom', 'rank 1 hung in
     wait (last heartbeat step 3, stage backward)', 'rank 1 hung (stopped, no stack; last heartbeat

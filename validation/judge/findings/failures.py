@@ -15,7 +15,7 @@ from validation.judge.diagnosis import (FAILED, Diagnosis, Kind, NoStack, crash,
                                         logs_of, maybe_departed, nonfinite, nonfinite_ranks, root_of_evidence,
                                         silent_first, stall)
 from validation.judge.findings.culprit import ranks as _ranks
-from validation.judge.findings.culprit import NO_CRASH, failed_without, silenced, waited_cause
+from validation.judge.findings.culprit import NO_CRASH, failed_without, short_path, silenced, waited_cause
 from validation.judge.findings.departed import departure
 from validation.judge.findings.finding import (Facts, Finding, Severity, attempt_logs, attempts_said, last_heartbeat,
                                                own_reason, process, processes, where, where_gated, where_run)
@@ -381,7 +381,7 @@ def _stack(who: str, dump: StackDump | None, note: str | None, stuck: dict[str, 
     if dump and dump.frames:
         taken = "" if dump.source == "trainer" else f", {dump.source}"
         text = f"stack ({dump.path}{taken}): " + " <- ".join(
-            f"{fr.func} ({_short(fr.file)}:{fr.line})" for fr in dump.frames[:4])
+            f"{fr.func} ({short_path(fr.file)}:{fr.line})" for fr in dump.frames[:4])
         stuck[who] = f"{who} in {dump.frames[0].func}"
     else:
         text = "no stack dump"
@@ -390,10 +390,6 @@ def _stack(who: str, dump: StackDump | None, note: str | None, stuck: dict[str, 
     if note:
         text += f" [{note}]"
     return text
-
-
-def _short(path: str) -> str:
-    return "/".join(path.replace("\\", "/").split("/")[-2:])
 
 
 def imbalance(records: list[PhaseRecord]) -> list[Finding]:

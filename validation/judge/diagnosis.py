@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from nsa.contract import EXIT_NONFINITE, EXIT_WATCHDOG, HEARTBEAT_STAGE_HALT, HEARTBEAT_STAGES_IN_STEP
 from validation.contract.files import HaltInfo
-from validation.contract.stacks import StackDump
+from validation.contract.stacks import Frame, StackDump
 from validation.contract.torchrun_log import RankFailure, agent_stopped, gave_up
 from validation.judge.nodes import killed_agent, killed_agents, signal_name
 from validation.judge.record import TRAINER_KINDS, Beat, Evidence, PhaseRecord, Status
@@ -64,6 +64,14 @@ class Kind(enum.StrEnum):
     """Named as the rank the others waited for, or the one process of its run still running."""
     STALLED = "stalled"
     """Made no progress with the others, where nothing tells which of them hung first."""
+    DIVERGED = "diverged"
+    """Waited in a collective at a place (its call site, or its step) where no other rank came, while a
+    strict majority of the ranks waited together at another (``Diagnosis.common``): its collectives went
+    off the ranks' common path (one of its own, one it skipped, a step ahead or behind)."""
+    APART = "apart"
+    """Every rank waited in a collective, not all at one place, and no majority waited together at one:
+    the ranks' collectives went apart, and nothing tells which rank left the common path (of two ranks,
+    a collective extra on one reads the same as one missing on the other). Every rank is listed."""
     SILENT = "silent"
     """Hung while the others went on without it: its heartbeats showed no new step for stall_s, its
     process still running, while another rank's showed new steps (``Diagnosis.silences``)."""
@@ -133,10 +141,13 @@ class RankAt:
     process's pid, and ``step``/``stage`` are its; None otherwise."""
     now_pid: int | None = None
     """With ``beat_pid``: the blamed process's pid (its stack's, else torchrun's report of it)."""
+    site: Frame | None = None
+    """Of Kind.DIVERGED and Kind.APART: the frame of the code that called the collective it waits in
+    (``call_site``); None otherwise."""
 
     @classmethod
     def of(cls, rec: PhaseRecord, rank: int, *, frame: str | None = None, cause: str = "",
-           no_stack: NoStack | None = None) -> RankAt:
+           no_stack: NoStack | None = None, site: Frame | None = None) -> RankAt:
         ev = rec.evidence
         beat = ev.last_heartbeat.get(rank)
         node = ev.nodes.of_rank(rank) if ev.nodes is not None else None
@@ -144,7 +155,7 @@ class RankAt:
         return cls(rank, node.name if node is not None else None, beat.step if beat else None,
                    beat.stage if beat else None, frame, cause, no_stack=no_stack,
                    beats=not ev.no_heartbeats, beat_pid=earlier[0] if earlier else None,
-                   now_pid=earlier[1] if earlier else None)
+                   now_pid=earlier[1] if earlier else None, site=site)
 
 
 def earlier_beat(ev: Evidence, rank: int) -> tuple[int, int] | None:
@@ -189,6 +200,9 @@ class Diagnosis:
     silences: tuple[RankSilence, ...] = ()
     """Of ranks blamed as silent (Kind.SILENT), in the order of ``ranks``: how long each was silent and
     how far the others went meanwhile."""
+    common: tuple[RankAt, ...] = ()
+    """Of Kind.DIVERGED: the ranks that waited together at one place, which the ranks blamed never
+    reached; () otherwise."""
 
     @property
     def rank(self) -> int | None:
@@ -211,11 +225,11 @@ class Diagnosis:
 def _diagnosis(kind: Kind, ranks: tuple[RankAt, ...], rec: PhaseRecord, *, or_else: Diagnosis | None = None,
                cause: str | None = None, step: int | None = None, logs: tuple[str, ...] = (),
                files: tuple[str, ...] = (), waited: tuple[int, ...] = (),
-               silences: tuple[RankSilence, ...] = ()) -> Diagnosis:
+               silences: tuple[RankSilence, ...] = (), common: tuple[RankAt, ...] = ()) -> Diagnosis:
     first = ranks[0] if ranks else None
     return Diagnosis(kind, ranks, or_else, cause if cause is not None else (first.cause or None) if first else None,
                      step if step is not None else first.step if first else None, logs,
-                     files or _files(rec, ranks), waited=waited, silences=silences)
+                     files or _files(rec, ranks + common), waited=waited, silences=silences, common=common)
 
 
 def _files(rec: PhaseRecord, ranks: tuple[RankAt, ...]) -> tuple[str, ...]:
@@ -448,6 +462,65 @@ def behind(ranks: list[int], beats: Mapping[int, Beat]) -> list[int]:
         return ranks
     first = min(STAGE_ORDER.index(beats[k].stage) for k in ranks)
     return [k for k in ranks if STAGE_ORDER.index(beats[k].stage) == first]
+
+
+#: torch's own package: the innermost frame outside it called into torch (``call_site``)
+_TORCH = "/torch/"
+
+
+def call_site(dump: StackDump) -> Frame | None:
+    """The frame of the code that called the collective ``dump`` waits in: the innermost frame outside
+    torch's own package (the trainer's, or a library's such as transformers' Trainer); None where every
+    frame is torch's. Two ranks waiting in the same collective at different call sites wait for
+    different collectives: the call site, not the collective's name, says where a rank is."""
+    return next((fr for fr in dump.frames if _TORCH not in fr.file.replace("\\", "/")), None)
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a rank waits in a collective: the last step its heartbeats say it completed and the call
+    site of its collective (``call_site``); ranks at one place wait for the same collective."""
+
+    done: int | None
+    """Beat.done; None where the ranks' heartbeats cannot say it (``places``)."""
+    site: Frame | None
+
+
+def places(stacks: Mapping[int, StackDump], beats: Mapping[int, Beat], ranks: list[int]) -> dict[int, Place]:
+    """Where each of ``ranks`` waits. A step tells only where every rank's records come every step: a
+    rank that beats every few steps may have run on past its last record with the others."""
+    by_step = all((b := beats.get(k)) is not None and (b.every or 1) == 1 for k in ranks)
+    return {k: Place(beats[k].done if by_step else None, call_site(stacks[k])) for k in ranks}
+
+
+@dataclass(frozen=True)
+class Split:
+    """Ranks that all wait in collectives, not all at one place (``apart``)."""
+
+    off: tuple[int, ...]
+    """The ranks away from the place a strict majority waits at; () where no majority waits at one
+    place, and nothing tells which rank left the common path."""
+    common: tuple[int, ...]
+    """That majority; () where there is none."""
+
+
+def apart(stacks: Mapping[int, StackDump], beats: Mapping[int, Beat], world: int) -> Split | None:
+    """Of a world whose every rank waits in a collective (``in_collective``), not all at one place
+    (``places``): the ranks off the common path and those of it. None where a rank has no stack or
+    waits outside the collectives (a hang of its own: ``hung_ranks``), every rank waits at one place
+    (nothing tells), or no majority waits at one place and the ranks' steps differ (the one behind is
+    the one the others wait for: ``hung_ranks``)."""
+    ranks = list(range(world))
+    if world < 2 or not all(k in stacks and stacks[k].frames and in_collective(stacks[k]) for k in ranks):
+        return None
+    at = places(stacks, beats, ranks)
+    if len(set(at.values())) == 1:
+        return None
+    counts = {p: sum(1 for q in at.values() if q == p) for p in at.values()}
+    common = max(counts, key=counts.get)
+    if 2 * counts[common] > world:
+        return Split(tuple(k for k in ranks if at[k] != common), tuple(k for k in ranks if at[k] == common))
+    return Split((), ()) if len({p.done for p in at.values()}) == 1 else None
 
 
 def waited_for(failures: Mapping[int, RankFailure], beats: Mapping[int, Beat]) -> list[int]:
@@ -869,9 +942,10 @@ def stall(r: PhaseRecord) -> Diagnosis | None:
     """A stalled trainer process (``stalled``): slow at its timeout but progressing, else a rank that
     stayed alive after the trainer's non-finite .HALT, else ranks that left early, else the rank that
     had failed first in its own right (the others waited for it), else the ranks whose heartbeats
-    stopped while the others went on (``silent``), else the ranks that hung while the others waited
-    for them (their stacks and heartbeats tell), else the one process left running, else every rank
-    found running alike (stalled: nothing tells which hung first)."""
+    stopped while the others went on (``silent``), else, of ranks that all wait in collectives, those
+    whose collectives went off the common path (``apart``), else the ranks that hung while the others
+    waited for them (their stacks and heartbeats tell), else the one process left running, else every
+    rank found running alike (stalled: nothing tells which hung first)."""
     if not stalled(r):
         return None
     ev = r.evidence
@@ -889,6 +963,8 @@ def stall(r: PhaseRecord) -> Diagnosis | None:
                           logs=(f"{r.out_dir}/{ev.stderr_log}",))
     if (lone := silent(r)) is not None:
         return lone
+    if (split := _apart(r)) is not None:
+        return split
     if (hung := _hung_first(r, found)) is not None:
         return hung
     if len(found) == 1 and _alone(r, found[0]):  # the one process left running: the others had ended
@@ -906,6 +982,24 @@ def silent(r: PhaseRecord) -> Diagnosis | None:
     frames = {k: d.frames[0].func for k, d in ev.stackdumps.items() if d.frames}
     ranks = tuple(RankAt.of(r, s.rank, frame=frames.get(s.rank)) for s in ev.silent_ranks)
     return _diagnosis(Kind.SILENT, ranks, r, silences=tuple(ev.silent_ranks))
+
+
+def _apart(r: PhaseRecord) -> Diagnosis | None:
+    """Ranks whose collectives went apart (``apart``): those off the common path beside those of it
+    (Kind.DIVERGED), else every rank (Kind.APART); each with its call site. None where ``apart`` says
+    nothing, or a process of unknown rank was found (it may be anywhere)."""
+    ev = r.evidence
+    split = apart(ev.stackdumps, ev.last_heartbeat, r.world_size) if not ev.unranked_stacks else None
+    if split is None:
+        return None
+
+    def at(k: int) -> RankAt:
+        dump = ev.stackdumps[k]
+        return RankAt.of(r, k, frame=dump.frames[0].func, site=call_site(dump))
+
+    if split.off:
+        return _diagnosis(Kind.DIVERGED, tuple(map(at, split.off)), r, common=tuple(map(at, split.common)))
+    return _diagnosis(Kind.APART, tuple(map(at, range(r.world_size))), r)
 
 
 def _hung_first(r: PhaseRecord, found: list[RankAt]) -> Diagnosis | None:

@@ -78,11 +78,55 @@ def short_path(path: str) -> str:
     return "/".join(path.replace("\\", "/").split("/")[-2:])
 
 
+def went_apart(d: Diagnosis) -> str:
+    """Of ranks whose collectives went apart: 'rank 1 is in a collective the other ranks never reached:
+    all_reduce at u/train.py:19 (sync_metrics; last heartbeat step 3, stage backward); rank 0 waits in
+    all_reduce at u/train.py:48 (main; last heartbeat step 3, stage backward)' (Kind.DIVERGED); 'ranks 0, 1
+    wait in different collectives: rank 0 in ...; rank 1 in ...: nothing tells which of the two left the
+    common path (...)' (Kind.APART)."""
+    if d.kind == Kind.APART:
+        each = "; ".join(f"{who(at)} in {_place(at)}" for at in d.ranks)
+        why = ("nothing tells which of the two left the common path (a collective extra on one reads the same as "
+               "one missing on the other)" if len(d.ranks) == 2 else
+               "no majority of the ranks waits at one place, so nothing tells which left the common path")
+        return f"{_names(d.ranks)} wait in different collectives: {each}: {why}"
+    one = len(d.ranks) == 1
+    off = "; ".join(_place(at) if one else f"{who(at)} in {_place(at)}" for at in d.ranks)
+    shared = {beat(at) for at in d.common}
+    # the ranks of the common path share a step and call site; their stages may differ
+    where = _place(d.common[0], beat(d.common[0]) if len(shared) == 1 else "")
+    # at the others' call site, only its step is apart: the others did reach that collective, at their own step
+    how = ("the other ranks never reached" if any(at.site != d.common[0].site for at in d.ranks)
+           else "at another step than the other ranks")
+    return (f"{_names(d.ranks)} {'is' if one else 'are'} in a collective {how}: {off}; "
+            f"{_names(d.common)} {'waits' if len(d.common) == 1 else 'wait'} in {where}")
+
+
+def _names(ats: tuple[RankAt, ...]) -> str:
+    """'ranks 0, 2'; each by ``who`` where a node is known ("node 0's rank 0, node 1's rank 2")."""
+    if any(at.node for at in ats):
+        return ", ".join(map(who, ats))
+    return ranks([at.rank for at in ats])
+
+
+def _place(at: RankAt, said: str | None = None) -> str:
+    """'all_reduce at u/train.py:19 (sync_metrics; last heartbeat step 3, stage backward)': the collective
+    a rank waits in, the code that called it and its heartbeat (``said``, where given)."""
+    said = beat(at) if said is None else said
+    if at.site is None:
+        return f"{at.frame}" + (f" ({said})" if said else "")
+    inner = "; ".join(p for p in (at.site.func, said) if p)
+    return f"{at.frame} at {short_path(at.site.file)}:{at.site.line} ({inner})"
+
+
 def text(d: Diagnosis) -> str:
     """'rank 1 crashed (last heartbeat step 2, stage forward): RuntimeError: boom', 'rank 1 hung in
     wait (last heartbeat step 3, stage backward)', 'rank 1 hung (stopped, no stack; last heartbeat
     step 3, stage forward)'; several ranks joined by '; '; with ``or_else``, 'rank 0 crashed (...): exit
-    code 1, or rank 2 exited 0 early (...) and the others failed after it: which came first cannot be told'."""
+    code 1, or rank 2 exited 0 early (...) and the others failed after it: which came first cannot be told';
+    ranks whose collectives went apart as ``went_apart`` says them."""
+    if d.kind in (Kind.DIVERGED, Kind.APART):
+        return went_apart(d)
     own = "; ".join(f"{who(at)} {DID[d.kind]}" + (f" in {at.frame}" if at.frame else "") + _said(at)
                     + (f": {c}" if (c := cause(d, at)) else "") for at in d.ranks)
     if d.or_else is None:

@@ -15,7 +15,7 @@ from validation.judge.diagnosis import (FAILED, Diagnosis, Kind, NoStack, crash,
                                         logs_of, maybe_departed, nonfinite, nonfinite_ranks, root_of_evidence,
                                         silent_first, stall)
 from validation.judge.findings.culprit import ranks as _ranks
-from validation.judge.findings.culprit import NO_CRASH, failed_without, short_path, silenced, waited_cause
+from validation.judge.findings.culprit import NO_CRASH, failed_without, short_path, silenced, waited_cause, went_apart
 from validation.judge.findings.departed import departure
 from validation.judge.findings.finding import (Facts, Finding, Severity, attempt_logs, attempts_said, last_heartbeat,
                                                own_reason, process, processes, where, where_gated, where_run)
@@ -292,7 +292,7 @@ def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
             detail.append(f"stacks of {len(stuck)} of {r.world_size} ranks were recorded")
         kind = {Kind.HALT_STALL: "halt_stall", Kind.LEFT: "departed", Kind.CRASHED: "crash",
                 Kind.KILLED: "crash", Kind.ABORTED: "aborted", Kind.QUIT: "quit",
-                Kind.SILENT: "silent_rank"}.get(d.kind, "stall")
+                Kind.SILENT: "silent_rank", Kind.DIVERGED: "diverged", Kind.APART: "diverged"}.get(d.kind, "stall")
         if d.kind == Kind.HALT_STALL:
             # the trainer's guard stopped the run first (the non-finite finding names the rank): what
             # stalled is its end, a rank that halted and stayed alive with the others waiting for it
@@ -314,6 +314,8 @@ def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
             detail.insert(0, f"stderr: {d.logs[0]}")
         elif d.kind == Kind.SILENT:  # the others went on: none waited for it, whatever their stacks show
             at = f": {silenced(d)}"
+        elif d.kind in (Kind.DIVERGED, Kind.APART):  # every rank waits in a collective, not all in one
+            at = f": {went_apart(d)}"
         elif d.kind == Kind.HUNG and r.world_size > 1 and not _alone(r, d, stuck):
             at = _hung_first(r, d, stuck)
         else:

@@ -7,9 +7,9 @@ import re
 
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import gave_up, short_exception
-from validation.judge.diagnosis import (died_first, departed, ended_before, exited_0, failed_first, hung_ranks,
+from validation.judge.diagnosis import (Kind, died_first, departed, ended_before, exited_0, failed_first, hung_ranks,
                                         killed_by_signal, maybe_departed, no_rank_running, no_rank_started,
-                                        root_of_evidence, unreported)
+                                        root_of_evidence, stall, unreported)
 from validation.judge.findings.departed import departure
 from validation.judge.findings.finding import Finding, Severity, last_heartbeat, where
 from validation.judge.nodes import NodeEvidence, NodesEvidence, killed_agent, signal_name
@@ -252,6 +252,8 @@ def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
         return None  # a rank hung while the others went on, not waiting for it: the stall finding names it and its node
     if no_rank_running(r):
         return None  # nothing hung: every rank had ended (or never started), a launcher kept the run open
+    if (d := stall(r)) is not None and d.kind in (Kind.DIVERGED, Kind.APART):
+        return None  # every rank waits in a collective, not all in one: the stall finding names each with its node
     # a rank that had ended (exit 0, or a failure of its own) neither hung nor waited
     ended = {k: e for k in sorted(set(r.evidence.stackdumps) | set(r.evidence.last_heartbeat))
              if (e := ended_before(r, k)) is not None}

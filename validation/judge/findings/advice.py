@@ -143,6 +143,18 @@ def _stall(f: Facts) -> str:
     return where + f"Then {_RERUN}."
 
 
+def _diverged(f: Facts) -> str:
+    return ("Every rank waited in a collective, not all in the same one (the finding names each call site): the "
+            "ranks' collectives went out of step, a collective that some ranks call and the others do not (one "
+            "inside a rank-dependent branch, a metric or a barrier synced on one rank only, a step or a micro-batch "
+            "one rank skips) or the same collectives in another order. Where the finding names a rank off the common "
+            "path, start at its call site; where it cannot (two ranks), compare the two call sites. "
+            "`TORCH_DISTRIBUTED_DEBUG: DETAIL` in the phase's env has torch check that the ranks call the same "
+            "collectives with the same shapes, raising on the first mismatch it sees (it slows every collective: "
+            "for this run only). "
+            f"Then {_RERUN}.")
+
+
 def _silent_rank(f: Facts) -> str:
     return ("A rank's heartbeats stopped while the other ranks went on past its step: the other ranks did not wait "
             "for it (a trainer whose ranks do not synchronise every step, or a loop of that rank's own), so the run "
@@ -526,7 +538,7 @@ def _busy_machine(f: Facts) -> str:
 
 _ADVICE: dict[str, Callable[[Facts], str]] = {
     "crash": _crash, "aborted": _aborted, "quit": _quit, "departed": _departed, "waited": _waited, "left_after": _left_after, "stall": _stall,
-    "timeout": _timeout, "silent_rank": _silent_rank,
+    "timeout": _timeout, "silent_rank": _silent_rank, "diverged": _diverged,
     "nonfinite": _nonfinite, "halt_stall": _halt_stall,
     "halted": _halted, "short_run": _short, "long_run": _long, "short_rank": _short_rank, "csv_ahead": _csv_ahead, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "straggler_rank": _straggler_rank, "fallback": _fallback,

@@ -11,7 +11,7 @@ import pytest
 
 from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.judge.diagnosis import Kind, call_site, diagnose
-from validation.judge.findings import find
+from validation.judge.findings import find, recommendations
 from validation.judge.findings.headline import verdict_line
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 
@@ -69,6 +69,11 @@ def test_of_three_ranks_the_one_in_a_collective_of_its_own_is_named_off_the_comm
     assert stall.title == f"stall in ddp [default] (no progress for 10s, stopped by the harness): {said}", stall.title
     # the stacks that show it: the rank off the path first, then those it left
     assert [f.rsplit("/", 1)[-1] for f in d.files] == [f"rank{k}.txt" for k in [off, *common]], d.files
+
+
+def test_the_advice_of_ranks_apart_says_where_to_look_and_how_torch_can_check_it():
+    [advice] = recommendations([_stall(_record({0: REGULAR, 1: EXTRA, 2: REGULAR}))])
+    assert "start at its call site" in advice and "TORCH_DISTRIBUTED_DEBUG: DETAIL" in advice, advice
 
 
 def test_of_two_ranks_at_different_call_sites_both_are_named_and_neither_is_blamed():

@@ -9,6 +9,10 @@ It writes the artifact contract (one all-reduce a step) and hangs one rank on re
     NSA_RECORD_HANG=R@S   rank R, at step S, after its ``backward`` record (the one every rank writes before the
                       step's all-reduce), sleeps in ``stuck_in_own_code`` until it is killed; the other ranks
                       wait for it in the all-reduce, their heartbeats at the same step and stage as its own
+    NSA_RECORD_EXTRA=R@S  rank R, at step S, after its ``backward`` record, calls an all-reduce of its own in
+                      ``sync_metrics`` on a side group (every rank makes it at the start) that no other rank
+                      calls there: it waits in it, the others in the step's all-reduce, every heartbeat at the
+                      same step and stage
 """
 from __future__ import annotations
 
@@ -31,6 +35,18 @@ def stuck_in_own_code() -> None:
         time.sleep(1)
 
 
+def sync_metrics(group: dist.ProcessGroup) -> None:
+    """The extra collective: an all-reduce on a side group, which only the rank that diverged calls."""
+    dist.all_reduce(torch.ones(1), group=group)
+
+
+def _at(name: str) -> tuple[int, int]:
+    """NSA_RECORD_HANG / NSA_RECORD_EXTRA's 'R@S' as (rank, step); (-1, 0) where unset."""
+    spec = os.environ.get(name, "")
+    rank, step = (int(x) for x in spec.split("@")) if spec else (-1, 0)
+    return rank, step
+
+
 def _beat(out: Path, rank: int, step: int, stage: str) -> None:
     with open(out / f"heartbeat_rank{rank}.jsonl", "a") as fh:
         fh.write(json.dumps({"time": time.time(), "rank": rank, "pid": os.getpid(), "step": step,
@@ -49,8 +65,9 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    spec = os.environ.get("NSA_RECORD_HANG", "")
-    hang_rank, hang_step = (int(x) for x in spec.split("@")) if spec else (-1, 0)
+    hang_rank, hang_step = _at("NSA_RECORD_HANG")
+    extra_rank, extra_step = _at("NSA_RECORD_EXTRA")
+    side = dist.new_group(backend="gloo")  # every rank makes a group, as new_group asks
     if rank == 0:
         (out / "env.json").write_text(json.dumps({"world_size": world, "git_sha": "test", "contract_version": 2}))
         (out / "training.csv").write_text(COLUMNS + "\n")
@@ -62,6 +79,8 @@ def main() -> int:
         _beat(out, rank, step, "backward")
         if rank == hang_rank and step == hang_step:
             stuck_in_own_code()
+        if rank == extra_rank and step == extra_step:
+            sync_metrics(side)
         dist.all_reduce(loss)
         _beat(out, rank, step, "step")
         took = time.perf_counter() - began

@@ -130,6 +130,38 @@ def test_torchrun_a_rank_hung_in_its_own_code_under_record_is_named_apart_from_t
     assert line.startswith("rank 1 hung in stuck_in_own_code (last heartbeat step 3, stage backward) — stalled"), line
 
 
+@pytest.mark.distributed
+def test_torchrun_of_three_ranks_the_one_in_a_collective_of_its_own_is_named_off_the_common_path(tmp_path):
+    """validation/tests/record_trainer.py, gloo: rank 1 calls an all-reduce at step 3 that the others never
+    call (on a side group); it waits there, ranks 0 and 2 in the step's all-reduce, every heartbeat at step
+    3, stage backward. The verdict named all three 'stalled in all_reduce' alike."""
+    hung = Hung(tmp_path, _phase(TORCHRUN_STALL_S, {"NSA_RECORD_EXTRA": "1@3"}, nproc=3, steps=40),
+                module=RECORD_TRAINER)
+    hung.check_stalled(TORCHRUN_STALL_S)
+    assert "sync_metrics" in hung.stack(1) and "sync_metrics" not in hung.stack(0) + hung.stack(2)
+    line = verdict_line(hung.rec)
+    assert line.startswith("rank 1 is in a collective the other ranks never reached: all_reduce at "
+                           "tests/record_trainer.py:"), line
+    assert "(sync_metrics; last heartbeat step 3, stage backward); ranks 0, 2 wait in all_reduce at " \
+        "tests/record_trainer.py:" in line and "(main; last heartbeat step 3, stage backward) — stalled" in line, line
+    assert "rank 1 is in a collective the other ranks never reached" in hung.finding, hung.finding
+    assert "TORCH_DISTRIBUTED_DEBUG" in hung.advice()
+
+
+@pytest.mark.distributed
+def test_torchrun_of_two_ranks_in_different_collectives_each_call_site_is_named_and_no_rank_blamed(tmp_path):
+    """The same with two ranks: rank 1 in its own all-reduce, rank 0 in the step's. An extra collective
+    on rank 1 reads the same as one missing on rank 0, so neither is blamed; both call sites are named."""
+    hung = Hung(tmp_path, _phase(TORCHRUN_STALL_S, {"NSA_RECORD_EXTRA": "1@3"}, nproc=2, steps=40),
+                module=RECORD_TRAINER)
+    hung.check_stalled(TORCHRUN_STALL_S)
+    line = verdict_line(hung.rec)
+    assert re.match(r"ranks 0, 1 wait in different collectives: rank 0 in all_reduce at tests/record_trainer.py:\d+ "
+                    r"\(main; last heartbeat step 3, stage backward\); rank 1 in all_reduce at "
+                    r"tests/record_trainer.py:\d+ \(sync_metrics; last heartbeat step 3, stage backward\): nothing "
+                    r"tells which of the two left the common path", line), line
+
+
 @pytest.fixture
 def pyspy_refused(tmp_path, monkeypatch):
     """py-spy as it answers where ptrace is not permitted."""

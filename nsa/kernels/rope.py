@@ -96,24 +96,22 @@ def _stream(s0, s1, s2, s3, s4, s5, j):
 def _rope_split_kernel(q_in, q_out, packed, s0, s1, s2, s3, s4, s5, cos, sin, g_in, g_saved, g_out, bias, n_tokens,
                        T, sign, q_in_stride, q_out_stride, kv_packed_stride, g_in_stride, g_out_stride,
                        HQ: tl.constexpr, H: tl.constexpr, P: tl.constexpr, HALF: tl.constexpr, BH: tl.constexpr,
-                       BT: tl.constexpr, RG: tl.constexpr, PACK: tl.constexpr, NG: tl.constexpr, PAD: tl.constexpr,
+                       BT: tl.constexpr, PACK: tl.constexpr, NG: tl.constexpr, PAD: tl.constexpr,
                        BG: tl.constexpr):
-    """BT tokens of RG rows a program: row r < HQ is query head r, row HQ + j * H + h is head h of
+    """BT tokens of one row a program: row r < HQ is query head r, row HQ + j * H + h is head h of
     kv stream j (keys on even j, rotated; values on odd j, copied), and with NG gates the last
-    program row is the gates' (_gate_rows). The rows of a program share its tokens' angles, loaded
-    once (a row's own tile is as large as its tokens' cos and sin). The 2P split streams are each
-    their own tensor [.., H, K] (s0 .. s5, the unused ones any valid pointer). Forward (PACK
-    False): q_in and the packed kv as the projections make them -> q_out and the split streams.
-    Backward (PACK True, sign -1: the inverse rotation): the gradients q_in (of q_out) and the
-    split streams' -> q_out and the packed kv. A token's rows in q_in, q_out and the packed kv are
-    q_in_stride, q_out_stride and kv_packed_stride elements apart (slices of one projection's
-    output, or contiguous), a split stream's H * K."""
+    row is the gates' (_gate_rows). The 2P split streams are each their own tensor [.., H, K]
+    (s0 .. s5, the unused ones any valid pointer). Forward (PACK False): q_in and the packed
+    kv as the projections make them -> q_out and the split streams. Backward (PACK True, sign -1:
+    the inverse rotation): the gradients q_in (of q_out) and the split streams' -> q_out and the
+    packed kv. A token's rows in q_in, q_out and the packed kv are q_in_stride, q_out_stride and
+    kv_packed_stride elements apart (slices of one projection's output, or contiguous), a split
+    stream's H * K."""
     K: tl.constexpr = 2 * HALF
-    ROWS: tl.constexpr = HQ + 2 * P * H
     tok = tl.program_id(0) * BT + tl.arange(0, BT)
-    group = tl.program_id(1)
+    row = tl.program_id(1)
     tmask = tok < n_tokens
-    if group == tl.cdiv(ROWS, RG):  # only in a grid with the gates' row (NG > 0)
+    if row == HQ + 2 * P * H:  # only in a grid with the gates' row (NG > 0)
         _gate_rows(g_in, g_saved, g_out, tok, tmask, bias, g_in_stride, g_out_stride, PACK, NG, PAD, BG)
     else:
         m = tl.arange(0, BH)
@@ -122,20 +120,17 @@ def _rope_split_kernel(q_in, q_out, packed, s0, s1, s2, s3, s4, s5, cos, sin, g_
         tmask2 = tmask[:, None] & (m[None, :] < HALF)
         c = tl.load(cos + tab, mask=tmask2, other=1.0)
         s = tl.load(sin + tab, mask=tmask2, other=0.0) * sign
-        for i in tl.static_range(RG):
-            row = group * RG + i
-            if row < HQ:
-                _rotate_rows(q_in + row * K, q_out + row * K, tok, tmask, c, s, q_in_stride, q_out_stride, True, HALF,
-                             BH)
-            elif row < ROWS:
-                j = (row - HQ) // H
-                h = (row - HQ) % H
-                at_packed = packed + (j * H + h) * K
-                at_split = _stream(s0, s1, s2, s3, s4, s5, j) + h * K
-                if PACK:
-                    _rotate_rows(at_split, at_packed, tok, tmask, c, s, H * K, kv_packed_stride, j % 2 == 0, HALF, BH)
-                else:
-                    _rotate_rows(at_packed, at_split, tok, tmask, c, s, kv_packed_stride, H * K, j % 2 == 0, HALF, BH)
+        if row < HQ:
+            _rotate_rows(q_in + row * K, q_out + row * K, tok, tmask, c, s, q_in_stride, q_out_stride, True, HALF, BH)
+        else:
+            j = (row - HQ) // H
+            h = (row - HQ) % H
+            at_packed = packed + (j * H + h) * K
+            at_split = _stream(s0, s1, s2, s3, s4, s5, j) + h * K
+            if PACK:
+                _rotate_rows(at_split, at_packed, tok, tmask, c, s, H * K, kv_packed_stride, j % 2 == 0, HALF, BH)
+            else:
+                _rotate_rows(at_packed, at_split, tok, tmask, c, s, kv_packed_stride, H * K, j % 2 == 0, HALF, BH)
 
 
 @dataclass(frozen=True)
@@ -154,9 +149,6 @@ class _Gates:
 
 #: the most (key, value) pairs a launch splits (the kernel's stream pointers s0 .. s5)
 MAX_PAIRS = 3
-#: rows (a query head, or a head of a key/value stream) of BT tokens a program takes, sharing one
-#: load of their angles
-ROWS_A_PROGRAM = 4
 
 
 def _launch(q_in, q_out, packed, streams: Sequence[torch.Tensor], cos, sin, HQ: int, H: int, K: int, pack: bool,
@@ -175,11 +167,11 @@ def _launch(q_in, q_out, packed, streams: Sequence[torch.Tensor], cos, sin, HQ: 
     NG = gates.src.shape[-1] if gates is not None else 0
     g = gates or _Gates(q_in, q_in, 0, 0)  # valid pointers the kernel does not read
     split = [*streams, *(streams[0],) * (2 * MAX_PAIRS - len(streams))]
-    _rope_split_kernel[(triton.cdiv(n_tokens, BT), triton.cdiv(HQ + 2 * P * H, ROWS_A_PROGRAM) + (NG > 0))](
+    _rope_split_kernel[(triton.cdiv(n_tokens, BT), HQ + 2 * P * H + (NG > 0))](
         q_in, q_out, packed, *split, cos, sin, g.src, g.saved if g.saved is not None else g.src, g.dst,
         g.bias if g.bias is not None else g.src, n_tokens, T, -1.0 if pack else 1.0, q_in_stride, q_out_stride,
-        kv_packed_stride, g.src_stride, g.dst_stride, HQ=HQ, H=H, P=P, HALF=half, BH=BH, BT=BT, RG=ROWS_A_PROGRAM,
-        PACK=pack, NG=NG, PAD=g.pad, BG=triton.next_power_of_2(max(1, NG + g.pad)), num_warps=4)
+        kv_packed_stride, g.src_stride, g.dst_stride, HQ=HQ, H=H, P=P, HALF=half, BH=BH, BT=BT, PACK=pack, NG=NG,
+        PAD=g.pad, BG=triton.next_power_of_2(max(1, NG + g.pad)), num_warps=4)
 
 
 def _token_rows(t: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """What the harness saw of a run while it ran: types the launcher fills (validation/launch/lives.py,
-validation/launch/watch.py) and the judge reads (judge/short_ranks.py, judge/diagnosis.py), below both."""
+validation/launch/watch.py) and the judge reads (judge/short_ranks.py, judge/diagnosis/), below both."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

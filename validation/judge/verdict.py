@@ -12,8 +12,8 @@ from typing import Sequence
 from nsa.contract import HALT, HALT_NONFINITE, HALT_WATCHDOG
 from validation.contract.check import HEARTBEATS, adapter_summary_step, adapter_unmeasured
 from validation.contract.files import HaltInfo
-from validation.judge.diagnosis import (Died, NonfiniteExit, died_before_watchdog, died_first, nonfinite_exit,
-                                        nonfinite_exit_of, root_of_evidence, root_rank)
+from validation.judge.diagnosis.failed import Died, died_before_watchdog, died_first, root_of_evidence, root_rank
+from validation.judge.diagnosis.nonfinite import NonfiniteExit, nonfinite_exit, nonfinite_exit_of
 from validation.judge.gates import GateResult, GateVerdict, Pending
 from validation.judge.metrics import PROFILE_METRICS, RunData, compute
 from validation.judge.misses import pytest_ended
@@ -35,7 +35,7 @@ from validation.excerpt import EXCERPT_CHARS
 
 
 #: the verdict of a run that exited non-zero with nothing more known of it at the time: the
-#: point's diagnosis (judge/diagnosis.py) may find later that no rank crashed (findings/headline.py)
+#: point's diagnosis (judge/diagnosis/) may find later that no rank crashed (findings/headline.py)
 CRASHED = "trainer crashed"
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from validation import REPO_ROOT
-from validation.judge.diagnosis import Kind, diagnose
+from validation.judge.diagnosis.blame import Kind
+from validation.judge.diagnosis.decide import diagnose
 from validation.judge.findings.finding import point_label, repeat_part
 from validation.judge.findings.headline import verdict_line
 from validation.judge.gates import REPEAT_LOSS_METRIC, shown_window

@@ -1,9 +1,9 @@
-"""A diagnosis (validation/judge/diagnosis.py) in words: who it blames and what they did, as the
+"""A diagnosis (validation/judge/diagnosis/) in words: who it blames and what they did, as the
 crash and stall findings and the point's verdict line (headline.py) say it, so that neither reads
 the other's text and both say the same."""
 from __future__ import annotations
 
-from validation.judge.diagnosis import Diagnosis, Kind, RankAt
+from validation.judge.diagnosis.blame import Diagnosis, Kind, RankAt
 from validation.excerpt import EXCERPT_CHARS
 
 #: what a blamed rank did, by the kind of the diagnosis

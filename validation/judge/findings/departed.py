@@ -1,8 +1,9 @@
-"""Ranks that left early (validation/judge/diagnosis.py ``departed``) in words: where each was when it
+"""Ranks that left early (validation/judge/diagnosis/left.py ``departed``) in words: where each was when it
 exited 0, for the crash, stall and node findings that name it."""
 from __future__ import annotations
 
-from validation.judge.diagnosis import not_done, remained, started_last
+from validation.judge.diagnosis.beats import started_last
+from validation.judge.diagnosis.left import not_done, remained
 from validation.judge.record import PhaseRecord
 
 

@@ -11,9 +11,12 @@ from validation.contract.files import HaltInfo
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import short_exception
 from validation.judge.findings import stability
-from validation.judge.diagnosis import (FAILED, Diagnosis, Kind, NoStack, crash, ended_before, ending, exited_0,
-                                        logs_of, maybe_departed, nonfinite, nonfinite_ranks, root_of_evidence,
-                                        silent_first, stall)
+from validation.judge.diagnosis.blame import FAILED, Diagnosis, Kind, NoStack, logs_of
+from validation.judge.diagnosis.crash import crash
+from validation.judge.diagnosis.failed import root_of_evidence
+from validation.judge.diagnosis.left import ended_before, exited_0, maybe_departed, silent_first
+from validation.judge.diagnosis.nonfinite import nonfinite, nonfinite_ranks
+from validation.judge.diagnosis.stall import ending, stall
 from validation.judge.findings.culprit import ranks as _ranks
 from validation.judge.findings.culprit import NO_CRASH, failed_without, short_path, silenced, waited_cause, went_apart
 from validation.judge.findings.departed import departure
@@ -45,7 +48,7 @@ def crashes(records: list[PhaseRecord]) -> list[Finding]:
 
 def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
     """A crash finding of each record's own process (the one whose evidence it keeps), in the words
-    of its diagnosis (validation/judge/diagnosis.py ``nonfinite``, ``crash``)."""
+    of its diagnosis (validation/judge/diagnosis/ ``nonfinite``, ``crash``)."""
     out = []
     for r in records:
         ev = r.evidence
@@ -249,7 +252,7 @@ def stalls(records: list[PhaseRecord]) -> list[Finding]:
 def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
     """A stall the harness saw (no progress for the phase's stall_s), a watchdog .HALT or the
     harness timeout of each record's own process, in the words of its diagnosis
-    (validation/judge/diagnosis.py ``stall``): where each rank was (heartbeat) and what it was
+    (validation/judge/diagnosis/stall.py ``stall``): where each rank was (heartbeat) and what it was
     doing (the innermost frames of its stack), every process whose rank cannot be told as "rank
     unknown". A pytest or preflight point ran no rank (its timeout is its own finding,
     findings/checks.py); a rank that died before the others' watchdog fired is the crash's."""

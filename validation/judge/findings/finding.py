@@ -6,8 +6,12 @@ from dataclasses import dataclass, field, replace
 
 from nsa.contract import heartbeat_name
 from validation.contract.torchrun_log import AttemptEnd, has_traceback, short_exception
-from validation.judge.diagnosis import (Diagnosis, earlier_beat, exited_nonfinite, killed_by_signal, maybe_departed,
-                                        killed_alone, no_rank_running, root_of_evidence)
+from validation.judge.diagnosis.blame import Diagnosis, earlier_beat
+from validation.judge.diagnosis.crash import killed_alone
+from validation.judge.diagnosis.failed import killed_by_signal, root_of_evidence
+from validation.judge.diagnosis.left import maybe_departed
+from validation.judge.diagnosis.nonfinite import exited_nonfinite
+from validation.judge.diagnosis.stall import no_rank_running
 from validation.judge.misses import Miss
 from validation.judge.record import TRAINER_KINDS, Evidence, PhaseRecord, RunSigns, SubRun
 from validation.judge.stability import LossAfter
@@ -146,7 +150,7 @@ class Finding:
     facts: Facts = Facts()
     """What is true of the run(s) it is about (the advice reads it)."""
     diagnosis: Diagnosis | None = None
-    """Of a crash or a stall: what happened and the rank(s) it blames (validation/judge/diagnosis.py),
+    """Of a crash or a stall: what happened and the rank(s) it blames (validation/judge/diagnosis/),
     which the point's verdict line names too; None where it blames no rank."""
     rerun: PhaseRecord | None = None
     """The point that a re-run of it alone may settle (a launch that failed, a pytest point): the

@@ -2,7 +2,7 @@
 (and node) its crash or stall finding blames, so that a reader of the first line sees who:
 'rank 1 crashed at step 2, stage forward (RuntimeError: boom) — trainer crashed (exit code 1)'.
 
-The rank comes from the point's diagnosis (validation/judge/diagnosis.py), which its crash or stall
+The rank comes from the point's diagnosis (validation/judge/diagnosis/), which its crash or stall
 finding renders too, never from a finding's text, so the verdict line and the finding cannot name
 different ranks. It is derived from the stored record when
 shown, as every finding is: the stored reason stays how the process ended, and older stores get
@@ -15,7 +15,8 @@ the others still needed it), the verdict's 'trainer crashed' reads what happened
 early (last heartbeat step 5, stage step) — the other ranks failed without it (exit code 1)'."""
 from __future__ import annotations
 
-from validation.judge.diagnosis import diagnose, killed_alone
+from validation.judge.diagnosis.crash import killed_alone
+from validation.judge.diagnosis.decide import diagnose
 from validation.judge.findings.culprit import NO_CRASH, failed_without, text
 from validation.judge.findings.finding import own_reason, process, repeat_part
 from validation.judge.record import PhaseRecord, Status

@@ -7,9 +7,12 @@ import re
 
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import gave_up, short_exception
-from validation.judge.diagnosis import (Kind, died_first, departed, ended_before, exited_0, failed_first, hung_ranks,
-                                        killed_by_signal, maybe_departed, no_rank_running, no_rank_started,
-                                        root_of_evidence, stall, unreported)
+from validation.judge.diagnosis.blame import Kind
+from validation.judge.diagnosis.collectives import hung_ranks
+from validation.judge.diagnosis.crash import no_rank_started
+from validation.judge.diagnosis.failed import died_first, killed_by_signal, root_of_evidence
+from validation.judge.diagnosis.left import departed, ended_before, exited_0, maybe_departed, unreported
+from validation.judge.diagnosis.stall import failed_first, no_rank_running, stall
 from validation.judge.findings.departed import departure
 from validation.judge.findings.finding import Finding, Severity, last_heartbeat, where
 from validation.judge.nodes import NodeEvidence, NodesEvidence, killed_agent, signal_name
@@ -172,7 +175,7 @@ def missing_node(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     held before it (stopped, traced, in I/O: kind ``node_stuck``), else waiting, most likely unable
     to reach the endpoint (kind ``node_unreachable``). Where no agent gave up before the harness
     stopped the run, ``_never_met``."""
-    if not no_rank_started(r):  # the diagnosis's own test (validation/judge/diagnosis.py)
+    if not no_rank_started(r):  # the diagnosis's own test (validation/judge/diagnosis/crash.py)
         return None
     waited = [n for n in ev.nodes if gave_up(n.said)]
     if not waited:
@@ -236,7 +239,7 @@ def _log_said(n: NodeEvidence) -> str:
 
 def _hung(r: PhaseRecord, ev: NodesEvidence) -> Finding | None:
     """A stalled run (the harness's stall watch or timeout, or the trainer's own watchdog): the
-    hung ranks (judge/diagnosis.py ``hung_ranks``) and their nodes; the others waited for them."""
+    hung ranks (judge/diagnosis/collectives.py ``hung_ranks``) and their nodes; the others waited for them."""
     if len(ev.nodes) < 2:
         return None  # no other node waited: the stall finding says which rank hung, as for any one-node launch
     watchdog = r.evidence.halt is not None and r.evidence.halt.source == "watchdog"

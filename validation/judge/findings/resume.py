@@ -4,7 +4,7 @@ not continue the uninterrupted run, with the first diverging step (the resume ga
 validation/judge/resume.py) and where each of its three processes left its files."""
 from __future__ import annotations
 
-from validation.judge.diagnosis import root_of_evidence
+from validation.judge.diagnosis.failed import root_of_evidence
 from validation.judge.findings.finding import (Facts, Finding, Severity, attempt_logs, attempts_said, where,
                                                where_run)
 from validation.judge.gates import GateVerdict

@@ -14,7 +14,7 @@ from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure
 from validation.judge.evidence import collect, read_train
 from validation.judge.findings import Severity, find, recommendations
-from validation.judge.diagnosis import departed
+from validation.judge.diagnosis.left import departed
 from validation.judge.findings.departed import departure
 from validation.judge.findings.headline import culprit_log, verdict_line
 from validation.judge.metrics import RunData

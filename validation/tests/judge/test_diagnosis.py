@@ -1,4 +1,4 @@
-"""The diagnosis of a failed run as data (validation/judge/diagnosis.py): what happened (its kind),
+"""The diagnosis of a failed run as data (validation/judge/diagnosis/): what happened (its kind),
 which rank, at which step and stage, its cause, and the files that show it, computed once from the
 recorded evidence of real runs (validation/tests/evidence/); the crash and stall findings and the
 verdict line render the same object. The words are asserted by a few renderings here; the blame
@@ -12,7 +12,9 @@ import pytest
 
 from validation.contract.files import read_heartbeats
 from validation.contract.torchrun_log import RankFailure, rank_failures
-from validation.judge.diagnosis import Kind, crash, diagnose, stall
+from validation.judge.diagnosis import Kind, diagnose
+from validation.judge.diagnosis.crash import crash
+from validation.judge.diagnosis.stall import stall
 from validation.judge.evidence import Ended, TrainFiles, read_ended, read_train
 from validation.judge.findings import find
 from validation.judge.findings.culprit import text

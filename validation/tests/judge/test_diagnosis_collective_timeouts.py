@@ -15,7 +15,8 @@ from pathlib import Path
 
 from validation.contract.files import read_heartbeats
 from validation.contract.torchrun_log import rank_failures
-from validation.judge.diagnosis import Kind, diagnose, root_of_evidence
+from validation.judge.diagnosis import Kind, diagnose
+from validation.judge.diagnosis.failed import root_of_evidence
 from validation.judge.findings import find, recommendations
 from validation.judge.findings.headline import verdict_line
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status

@@ -1,4 +1,4 @@
-"""A rank waiting in DDP's own collective is waiting for the others (validation/judge/diagnosis.py
+"""A rank waiting in DDP's own collective is waiting for the others (validation/judge/diagnosis/collectives.py
 ``in_collective``): DDP calls its buffers' broadcast before each forward from torch/nn/parallel, not
 torch/distributed/, as a two-rank gloo run of a Hugging Face Trainer whose rank 1 hung at step 5 left
 its stacks (py-spy, trimmed). The stall named both ranks alike, 'rank 0 stalled in
@@ -6,7 +6,8 @@ DistributedDataParallel._distributed_broadcast_coalesced; rank 1 stalled in Faul
 from __future__ import annotations
 
 from validation.contract.stacks import Frame, StackDump, TakenStack
-from validation.judge.diagnosis import Kind, diagnose, in_collective
+from validation.judge.diagnosis import Kind, diagnose
+from validation.judge.diagnosis.collectives import in_collective
 from validation.judge.record import Evidence, PhaseRecord, PointKey, Status
 
 _SITE = "/v/lib/python3.11/site-packages"

@@ -1,4 +1,4 @@
-"""Ranks whose collectives went apart (validation/judge/diagnosis.py ``apart``): every rank waits in a
+"""Ranks whose collectives went apart (validation/judge/diagnosis/collectives.py ``apart``): every rank waits in a
 collective, not all in the same one. A user's two-rank gloo run whose rank 1 called an all-reduce of
 its own at step 3 (on a side group rank 0 never joins) left rank 1 waiting there and rank 0 waiting
 in the step's regular all-reduce; the verdict read 'rank 0 stalled in all_reduce (...); rank 1 stalled
@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from validation.contract.stacks import Frame, StackDump, TakenStack
-from validation.judge.diagnosis import Kind, call_site, diagnose
+from validation.judge.diagnosis import Kind, diagnose
+from validation.judge.diagnosis.collectives import call_site
 from validation.judge.findings import find, recommendations
 from validation.judge.findings.headline import verdict_line
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status

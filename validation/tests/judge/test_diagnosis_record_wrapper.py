@@ -1,5 +1,5 @@
 """A rank waits for the others only where its innermost frames are a collective's
-(validation/judge/diagnosis.py ``in_collective``), not wherever a torch/distributed frame lies in its
+(validation/judge/diagnosis/collectives.py ``in_collective``), not wherever a torch/distributed frame lies in its
 stack: torchrun users wrap their main in ``torch.distributed.elastic.multiprocessing.errors.record``,
 whose frame is at the bottom of every rank's stack. A two-rank gloo run whose rank 1 slept in its own
 code at step 3 (validation/tests/record_trainer.py) was read as two ranks waiting, 'rank 0 stalled in
@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from validation.contract.stacks import StackDump, TakenStack, main_thread_frames, parse_pyspy
-from validation.judge.diagnosis import Kind, diagnose, hung_ranks, in_collective
+from validation.judge.diagnosis import Kind, diagnose
+from validation.judge.diagnosis.collectives import hung_ranks, in_collective
 from validation.judge.findings import find
 from validation.judge.record import Beat, Evidence, PhaseRecord, PointKey, Status
 

@@ -14,7 +14,8 @@ import pytest
 
 from validation.contract.files import read_heartbeats
 from validation.contract.torchrun_log import rank_failures
-from validation.judge.diagnosis import Kind, diagnose, maybe_departed
+from validation.judge.diagnosis import Kind, diagnose
+from validation.judge.diagnosis.left import maybe_departed
 from validation.judge.findings import find, recommendations
 from validation.judge.findings.headline import verdict_line
 from validation.judge.nodes import NodeEvidence, NodesEvidence

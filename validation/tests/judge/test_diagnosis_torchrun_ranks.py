@@ -10,7 +10,8 @@ from pathlib import Path
 from validation.contract.files import HaltInfo
 from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure, rank_failures
-from validation.judge.diagnosis import Kind, diagnose, root_rank
+from validation.judge.diagnosis import Kind, diagnose
+from validation.judge.diagnosis.failed import root_rank
 from validation.judge.findings import find, recommendations
 from validation.judge.findings.headline import verdict_line
 from validation.judge.nodes import NodeEvidence, NodesEvidence

@@ -15,7 +15,7 @@ from validation.contract.stacks import Frame, StackDump
 from validation.contract.torchrun_log import RankFailure, agent_said
 from validation.judge.evidence import collect, read_ended, read_train, with_log
 from validation.judge.findings import Severity, find, recommendations
-from validation.judge.diagnosis import died_first
+from validation.judge.diagnosis.failed import died_first
 from validation.judge.findings.headline import culprit_log, verdict_line
 from validation.judge.metrics import RunData
 from validation.judge.nodes import NodeEvidence, NodesEvidence, node_evidence

@@ -1,0 +1,222 @@
+"""What a diagnosis is, as typed data: what happened (``Kind``), each rank it blames and where that
+rank was (``RankAt``), why a rank blamed as hung has no stack (``NoStack``), the ``Diagnosis``
+itself, and the files and stderr logs that show it."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from validation.contract.stacks import Frame
+from validation.judge.record import Evidence, PhaseRecord
+from validation.judge.seen import RankSilence
+
+
+class Kind(enum.StrEnum):
+    """What happened to the run, as the blame reads it."""
+
+    CRASHED = "crashed"
+    """A rank raised, or exited non-zero of its own choosing."""
+    KILLED = "killed"
+    """A rank was ended by a signal that was not torchrun's agent ending it, and raised nothing."""
+    ABORTED = "aborted"
+    """A rank aborted itself (SIGABRT after the C++ runtime's last word, RankFailure.aborted), and
+    raised nothing: no signal came from elsewhere."""
+    QUIT = "exited early"
+    """A rank's code ended before the steps asked for (its heartbeats stop short) and its
+    interpreter's exit then aborted (RankFailure.at_exit): the early exit is what happened."""
+    HUNG = "hung"
+    """Named as the rank the others waited for, or the one process of its run still running."""
+    STALLED = "stalled"
+    """Made no progress with the others, where nothing tells which of them hung first."""
+    DIVERGED = "diverged"
+    """Waited in a collective at a place (its call site, or its step) where no other rank came, while a
+    strict majority of the ranks waited together at another (``Diagnosis.common``): its collectives went
+    off the ranks' common path (one of its own, one it skipped, a step ahead or behind)."""
+    APART = "apart"
+    """Every rank waited in a collective, not all at one place, and no majority waited together at one:
+    the ranks' collectives went apart, and nothing tells which rank left the common path (of two ranks,
+    a collective extra on one reads the same as one missing on the other). Every rank is listed."""
+    SILENT = "silent"
+    """Hung while the others went on without it: its heartbeats showed no new step for stall_s, its
+    process still running, while another rank's showed new steps (``Diagnosis.silences``)."""
+    LEFT = "left early"
+    """Exited 0 before the steps asked for while the others still needed it."""
+    ENDED = "ended"
+    """Exited 0 (its steps may all be done) while the others still had a collective with it."""
+    NONFINITE = "non-finite loss"
+    """The trainer stopped on a non-finite loss; the ranks blamed are those whose own loss was."""
+    HALTED = "halted"
+    """Its heartbeats end in a halt record at the step of the trainer's non-finite .HALT where the
+    others' do not, and the .HALT holds no loss per rank: it stopped on a non-finite loss (its own,
+    or one it alone checks) while the others went on into their next collective."""
+    HALT_STALL = "halt stall"
+    """The trainer halted on a non-finite loss and the run did not end after it."""
+    TIMED_OUT = "timed out"
+    """The phase timeout stopped a run whose steps still came at their pace: slow, not hung."""
+    SHORT = "fewer steps"
+    """Exit 0, no .HALT, fewer steps logged than asked for."""
+    SHORT_RANK = "rank fewer steps"
+    """Exit 0 and every step logged, but a rank's heartbeats say it left before the last step."""
+    NONFINITE_EXIT = "non-finite exit"
+    """No .HALT, and the trainer (the ranks blamed, or its one process) exited with the contract's code
+    for a non-finite loss (``NonfiniteExit``): it stopped on one and did not say where (the .HALT the
+    contract asks for with that code). Not a crash: the code is the trainer's word."""
+
+
+#: the kinds whose blamed ranks failed first in their own right
+FAILED = (Kind.CRASHED, Kind.KILLED, Kind.ABORTED, Kind.QUIT)
+
+
+class NoStack(enum.StrEnum):
+    """Why a rank blamed as hung has no stack: the verdict line says so beside its heartbeat."""
+
+    UNTAKEN = "no stack"
+    """Neither the harness (py-spy, SIGUSR1) nor the trainer's own handler left one."""
+    STOPPED = "stopped, no stack"
+    """Its process was stopped (SIGSTOP, or a debugger) when the harness came for it: it runs
+    nothing, its own dump handler included, and py-spy cannot read it (TakenStack.state)."""
+
+
+@dataclass(frozen=True)
+class RankAt:
+    """One rank a diagnosis blames, and where it was."""
+
+    rank: int | None
+    """None: a process whose rank cannot be told (named by its pid)."""
+    node: str | None = None
+    """The node it ran on ('node 1'), of a launch of several nodes; None otherwise."""
+    step: int | None = None
+    """Its last heartbeat's step (None: it wrote none)."""
+    stage: str | None = None
+    frame: str | None = None
+    """Of a hung or stalled rank: the innermost function of its stack; None where none was taken."""
+    cause: str = ""
+    """Of a failed rank: 'RuntimeError: boom', 'killed by SIGKILL', 'exit code 1'."""
+    pid: int | None = None
+    no_stack: NoStack | None = None
+    """Of a hung rank named by its heartbeat alone: why it has no stack (None: it has one, or it is
+    not blamed as hung)."""
+    beats: bool = True
+    """Whether its trainer's format has heartbeats at all (Evidence.no_heartbeats): without them
+    step None says nothing."""
+    beat_pid: int | None = None
+    """Where its last heartbeat is an earlier process's than the one blamed (torchrun started the
+    workers again, and the process the harness found or torchrun reported wrote none): that earlier
+    process's pid, and ``step``/``stage`` are its; None otherwise."""
+    now_pid: int | None = None
+    """With ``beat_pid``: the blamed process's pid (its stack's, else torchrun's report of it)."""
+    site: Frame | None = None
+    """Of Kind.DIVERGED and Kind.APART: the frame of the code that called the collective it waits in
+    (``call_site``); None otherwise."""
+
+    @classmethod
+    def of(cls, rec: PhaseRecord, rank: int, *, frame: str | None = None, cause: str = "",
+           no_stack: NoStack | None = None, site: Frame | None = None) -> RankAt:
+        ev = rec.evidence
+        beat = ev.last_heartbeat.get(rank)
+        node = ev.nodes.of_rank(rank) if ev.nodes is not None else None
+        earlier = earlier_beat(ev, rank)
+        return cls(rank, node.name if node is not None else None, beat.step if beat else None,
+                   beat.stage if beat else None, frame, cause, no_stack=no_stack,
+                   beats=not ev.no_heartbeats, beat_pid=earlier[0] if earlier else None,
+                   now_pid=earlier[1] if earlier else None, site=site)
+
+
+def earlier_beat(ev: Evidence, rank: int) -> tuple[int, int] | None:
+    """Where rank's last heartbeat was written by an earlier attempt's process than the one the
+    harness found (its stack) or torchrun reported: (that earlier pid, the process's pid); None
+    otherwise. A heartbeat's pid other than the process's is an earlier attempt's only where
+    torchrun restarted the workers (a trainer may write its heartbeats from a process of its own)."""
+    beat = ev.last_heartbeat.get(rank)
+    dump, failed = ev.stackdumps.get(rank), ev.rank_failures.get(rank)
+    now = dump.pid if dump is not None and dump.pid is not None else failed.pid if failed is not None else None
+    if (beat is None or beat.pid is None or now is None or beat.pid == now
+            or not any(a.restarted for a in ev.attempts)):
+        return None
+    return beat.pid, now
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What happened to one process of a point, decided once from its evidence."""
+
+    kind: Kind
+    ranks: tuple[RankAt, ...] = ()
+    """The ranks blamed, first the one the verdict line leads with; () where the evidence names none."""
+    or_else: Diagnosis | None = None
+    """Another account the evidence fits as well (ranks that may instead have left first,
+    ``maybe_departed``): which came first cannot be told. None where none does."""
+    cause: str | None = None
+    """What ended the run where no rank is blamed for it (the log's last exception), else the first
+    blamed rank's cause."""
+    step: int | None = None
+    """The step it happened at: the .HALT's step, else the first blamed rank's last heartbeat's."""
+    logs: tuple[str, ...] = ()
+    """The stderr logs that show it, relative to the results directory."""
+    files: tuple[str, ...] = ()
+    """The other files that show it (.HALT, stack dumps, heartbeats), relative to the results directory."""
+    from_log: bool = False
+    """No account of any rank's own end says it: ``cause`` is the last exception of the run's stderr
+    (None where it holds none), and a run of one process blames its rank 0."""
+    waited: tuple[int, ...] = ()
+    """Of ranks blamed as hung because the others' collective gave up waiting for them (``waited_for``):
+    the ranks that gave up; ``cause`` is the first one's word of it."""
+    silences: tuple[RankSilence, ...] = ()
+    """Of ranks blamed as silent (Kind.SILENT), in the order of ``ranks``: how long each was silent and
+    how far the others went meanwhile."""
+    common: tuple[RankAt, ...] = ()
+    """Of Kind.DIVERGED: the ranks that waited together at one place, which the ranks blamed never
+    reached; () otherwise."""
+
+    @property
+    def rank(self) -> int | None:
+        return self.ranks[0].rank if self.ranks else None
+
+    @property
+    def stage(self) -> str | None:
+        return self.ranks[0].stage if self.ranks else None
+
+    @property
+    def node(self) -> str | None:
+        return self.ranks[0].node if self.ranks else None
+
+    @property
+    def undecided(self) -> bool:
+        """Whether the first failure cannot be told (``or_else``)."""
+        return self.or_else is not None
+
+
+def diagnosis_of(kind: Kind, ranks: tuple[RankAt, ...], rec: PhaseRecord, *, or_else: Diagnosis | None = None,
+                 cause: str | None = None, step: int | None = None, logs: tuple[str, ...] = (),
+                 files: tuple[str, ...] = (), waited: tuple[int, ...] = (),
+                 silences: tuple[RankSilence, ...] = (), common: tuple[RankAt, ...] = ()) -> Diagnosis:
+    first = ranks[0] if ranks else None
+    return Diagnosis(kind, ranks, or_else, cause if cause is not None else (first.cause or None) if first else None,
+                     step if step is not None else first.step if first else None, logs,
+                     files or files_of(rec, ranks + common), waited=waited, silences=silences, common=common)
+
+
+def files_of(rec: PhaseRecord, ranks: tuple[RankAt, ...]) -> tuple[str, ...]:
+    """The stack dumps and heartbeat files of ``ranks`` that the run directory holds, and its .HALT."""
+    ev, out = rec.evidence, []
+    for at in ranks:
+        if at.rank is None:
+            continue
+        dump = ev.stackdumps.get(at.rank)
+        if dump is not None and dump.frames:
+            out.append(f"{rec.out_dir}/{dump.path}")
+        beat = f"heartbeat_rank{at.rank}.jsonl"
+        if beat in ev.files:
+            out.append(f"{rec.out_dir}/{beat}")
+    if ev.halt is not None and ".HALT" in ev.files:
+        out.append(f"{rec.out_dir}/.HALT")
+    return tuple(out)
+
+
+def logs_of(r: PhaseRecord, ranks) -> tuple[str, ...]:
+    """The stderr logs that show ``ranks``: of a launch of several nodes, the log of each node one
+    of them ran on (the record's stderr is that of the node its verdict names, else of the agent
+    that ended first); else the record's stderr."""
+    nodes, ranks = r.evidence.nodes, {k for k in ranks if k is not None}
+    logs = [n.log for n in nodes.nodes if ranks & set(n.ranks)] if nodes is not None else []
+    return tuple(f"{r.out_dir}/{log}" for log in logs or [r.evidence.stderr_log])

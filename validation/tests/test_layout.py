@@ -1,6 +1,8 @@
 """validation/ is laid out by stage, and its imports say so: each stage imports only the stages
 below it, nothing imports the trainer it judges, and the two doors (the CLI and the pytest
-plugin) hold no session logic of their own: they reach the work only through the session."""
+plugin) hold no session logic of their own: they reach the work only through the session. A
+module split into a package of modules of one job each keeps its own floors: each of them imports
+only those below it."""
 from __future__ import annotations
 
 import ast
@@ -23,6 +25,12 @@ DOOR_IMPORTS = ("validation.session", "validation.judge.record", "validation.run
                 "validation.runbook.describe", "validation.runbook.load",
                 "validation.store.bless", "validation.store.goldens", "validation.contract.check_command",
                 "validation.contract.adapters", "validation.cli")
+#: the packages that were one module, split into modules of one job each, bottom to top (as their
+#: __init__.py lists them): a module imports only those before it
+SPLIT = {"validation.contract.torchrun_log": ("patterns", "exceptions", "whose", "failure", "attempts", "ranks",
+                                             "said"),
+         "validation.judge.diagnosis": ("blame", "beats", "collectives", "failed", "nonfinite", "left", "crash",
+                                        "stall", "decide")}
 
 
 def _modules() -> dict[str, Path]:
@@ -101,6 +109,19 @@ def test_no_import_cycle():
     for m in sorted(graph):
         if m not in state:
             visit(m, [m])
+
+
+@pytest.mark.parametrize("package", sorted(SPLIT))
+def test_a_split_packages_modules_import_only_those_below_them(package):
+    order = [f"{package}.{name}" for name in SPLIT[package]]
+    assert sorted(order) == sorted(m for m in MODULES if m.startswith(f"{package}.")), (
+        f"{package}: SPLIT lists its modules, bottom to top")
+    for module in order:
+        for line, name in _imports(MODULES[module]):
+            target = _target(name, MODULES)
+            assert target not in order or order.index(target) <= order.index(module), (
+                f"{module}:{line} imports {target}, a module above it in {package} (bottom to top: "
+                f"{', '.join(SPLIT[package])})")
 
 
 @pytest.mark.parametrize("door", [d for d in DOORS if d in MODULES])

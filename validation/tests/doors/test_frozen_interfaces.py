@@ -69,7 +69,7 @@ RUNBOOK_KEYS = {
     "phases[].launcher.rdzv": {"backend", "endpoint", "port", "join_timeout_s"},
     "phases[].gates[]": {"metric", "op", "threshold", "window", "description"},
     "trainer": {"name", "root", "script", "module", "args", "config", "steps", "out_dir", "params", "env", "format",
-                "phases", "metrics", "resume", "tokens_per_step"},
+                "phases", "metrics", "resume", "tokens_per_step", "requires"},
     "trainer.root": {"env"},
     "trainer.config": {"template", "pass_as"},
     "trainer.resume": {"stop_after", "from"},

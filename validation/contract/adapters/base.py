@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -22,9 +23,9 @@ class RunFacts:
 
 
 class Origin(enum.StrEnum):
-    """Where a key of the env.json an adapter writes came from: a user reading ``check-artifacts``
-    must not take a key the adapter made up, or the harness gave it, for one their trainer wrote.
-    The value is the word ``check-artifacts`` prints before the key."""
+    """Where a key of the env.json an adapter writes, or a file it writes, came from: a user reading
+    ``check-artifacts`` or the report must not take what the adapter made up, or the harness gave
+    it, for what their trainer wrote. The value is the word ``check-artifacts`` prints before it."""
 
     TRAINER = "present"
     """The trainer's own files hold it: the adapter copied it as written."""
@@ -36,6 +37,14 @@ class Origin(enum.StrEnum):
     """The adapter filled it in with a value of its own: nothing measured it."""
     BOOKKEEPING = "adapter's own"
     """The adapter's record of its own reading (env.json's ``adapter``): no fact the trainer stated."""
+
+    def said(self, adapter: str) -> str:
+        """What it is called, without its source: 'derived by the torchtitan adapter'."""
+        return {Origin.TRAINER: "as the trainer wrote it",
+                Origin.DERIVED: f"derived by the {adapter} adapter",
+                Origin.GIVEN: f"given the {adapter} adapter by the harness, not read from the trainer's files",
+                Origin.FILLED: f"filled in by the {adapter} adapter: not measured",
+                Origin.BOOKKEEPING: f"the {adapter} adapter's own record, not the trainer's"}[self]
 
 
 @dataclass(frozen=True)
@@ -49,12 +58,27 @@ class KeyOrigin:
 
     def text(self, adapter: str) -> str:
         """What ``check-artifacts`` says of the key: 'derived by the torchtitan adapter from ...'."""
-        said = {Origin.TRAINER: "as the trainer wrote it",
-                Origin.DERIVED: f"derived by the {adapter} adapter",
-                Origin.GIVEN: f"given the {adapter} adapter by the harness, not read from the trainer's files",
-                Origin.FILLED: f"filled in by the {adapter} adapter: not measured",
-                Origin.BOOKKEEPING: f"the {adapter} adapter's own record, not the trainer's"}[self.origin]
-        return f"{said} {self.source}" if self.source else said
+        return _with_source(self.origin.said(adapter), self.source)
+
+
+@dataclass(frozen=True)
+class FileOrigin:
+    """Where one file an adapter wrote into the run directory came from, and from what: a
+    training.csv it built from a Trainer's state is no file the trainer wrote, though the contract
+    check finds it present."""
+
+    origin: Origin
+    source: str = ""
+    """From what, for people, as it follows the origin's words: "from trainer_state.json's
+    log_history and the TensorBoard events under runs/"."""
+
+    def text(self, adapter: str) -> str:
+        """What ``check-artifacts`` and the report say of the file: 'derived by the hf_trainer adapter from ...'."""
+        return _with_source(self.origin.said(adapter), self.source)
+
+
+def _with_source(said: str, source: str) -> str:
+    return f"{said} {source}" if source else said
 
 
 #: the env.json keys every adapter takes from ``RunFacts``, and from what
@@ -72,11 +96,14 @@ BOOKKEEPING = {"adapter": KeyOrigin(Origin.BOOKKEEPING, "(the files it read, wha
 
 @dataclass(frozen=True)
 class Converted:
-    """What an adapter says of the env.json it wrote: where each key came from."""
+    """What an adapter says of the files it wrote: where each key of its env.json, and each file,
+    came from."""
 
     env: dict[str, KeyOrigin] = field(default_factory=dict)
     """By key; a dotted one for a key inside another (``adapter.restarts``: read from the
     trainer's log, inside the adapter's own record)."""
+    files: dict[str, FileOrigin] = field(default_factory=dict)
+    """By the name of each file it wrote into the run directory (``heartbeat_rank0.jsonl``)."""
 
     def origin(self, key: str) -> KeyOrigin:
         """The origin of ``key`` (dotted), else of the nearest key it lies in. A key the adapter
@@ -86,6 +113,14 @@ class Converted:
             if (said := self.env.get(".".join(parts[:n]))) is not None:
                 return said
         return KeyOrigin(Origin.DERIVED)
+
+    def file(self, name: str) -> FileOrigin:
+        """The origin of the file ``name``, as the contract check names it: ``heartbeat_rank{R}.jsonl``
+        stands for every rank's file, whose one origin it is where they share one. A file the adapter
+        names no origin of is its own doing, never the trainer's."""
+        pattern = re.escape(name).replace(re.escape("{R}"), r"\d+")
+        found = {said for written, said in self.files.items() if re.fullmatch(pattern, written)}
+        return found.pop() if len(found) == 1 else FileOrigin(Origin.DERIVED)
 
 
 class Adapter:
@@ -136,5 +171,5 @@ class Adapter:
     def convert(self, trainer_dir: Path, out_dir: Path, facts: RunFacts) -> Converted:
         """Write the contract files into ``out_dir``; a file the trainer did not write stays
         missing, and a row it wrote malformed stays malformed, for the contract check to name.
-        Returns where each key of the env.json it wrote came from."""
+        Returns where each key of the env.json it wrote, and each file, came from."""
         return Converted()

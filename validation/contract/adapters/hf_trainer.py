@@ -51,8 +51,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from nsa.contract import CSV_COLUMNS, ENV_JSON, HALT, TRAINING_CSV
-from validation.contract.adapters.base import BOOKKEEPING, GIVEN, Adapter, Converted, RunFacts
-from validation.contract.adapters.tfevents import _fields, read_scalars
+from validation.contract.adapters.base import (
+    BOOKKEEPING,
+    GIVEN,
+    Adapter,
+    Converted,
+    FileOrigin,
+    Origin,
+    RunFacts,
+)
+from validation.contract.adapters.tfevents import _fields, events_where, read_scalars
 from validation.contract.check import ADAPTER_READ_NOTHING, HEARTBEATS, TrainedSteps
 
 STATE = "trainer_state.json"
@@ -91,6 +99,7 @@ class HfTrainerAdapter(Adapter):
         out_dir.mkdir(parents=True, exist_ok=True)
         read: dict[str, str] = {}
         state_path = _newest_state(trainer_dir)
+        state_read: Path | None = None
         rows: dict[int, _Row] = {}
         summary_step = None
         unreadable: dict[str, str] = {}
@@ -101,6 +110,7 @@ class HfTrainerAdapter(Adapter):
             shown = str(state_path.relative_to(trainer_dir))
             if why is None:
                 read[shown] = "log_history: loss, lr, grad_norm per logged step"
+                state_read = state_path
             else:  # said, never listed as read: the rows are then the events' alone, with no summary step
                 unreadable[shown] = f"{why}: no log_history read from it"
         events = sorted(trainer_dir.rglob(EVENTS), key=lambda p: p.stat().st_mtime)
@@ -156,8 +166,10 @@ class HfTrainerAdapter(Adapter):
             rate = per_step / t if per_step and t > 0 else math.nan
             cells = {"step": row.step, **row.values, "toks_per_s": rate, "step_time_s": t}
             lines.append(",".join(_cell(cells.get(c, math.nan)) for c in CSV_COLUMNS))
+        files: dict[str, FileOrigin] = {}
         if logged or state_path is not None or events:
             _atomic(out_dir / TRAINING_CSV, "\n".join(lines) + "\n")
+            files[TRAINING_CSV] = _csv_origin(state_read, events, trainer_dir)
         env: dict[str, Any] = {
             "world_size": facts.world_size, "trainer": facts.trainer, "git_sha": facts.trainer_sha,
             "git_sha_source": facts.trainer_sha_source and f"found by the harness at its root: {facts.trainer_sha_source}",
@@ -182,7 +194,20 @@ class HfTrainerAdapter(Adapter):
             env["tokens_per_step"] = per_step
         _atomic(out_dir / ENV_JSON, json.dumps(env, indent=2, allow_nan=False))
         # a Trainer writes no env.json: every key is the harness's or this adapter's
-        return Converted({**GIVEN, **BOOKKEEPING})
+        files[ENV_JSON] = FileOrigin(Origin.DERIVED, "from what the harness gave it and what it read (a Trainer "
+                                                     "writes no env.json)")
+        return Converted({**GIVEN, **BOOKKEEPING}, files)
+
+
+def _csv_origin(state: Path | None, events: list[Path], trainer_dir: Path) -> FileOrigin:
+    """Where the training.csv it wrote came from: ``state``, the saved state it read (None: none,
+    or one it could not read), and the TensorBoard events; only its header where neither gave a row."""
+    read = [f"{state.relative_to(trainer_dir)}'s log_history"] if state is not None else []
+    if events:
+        read.append(events_where(events, trainer_dir))
+    if not read:  # a state cut off mid-write, and no events
+        return FileOrigin(Origin.FILLED, "(its header alone: the Trainer's files gave no row)")
+    return FileOrigin(Origin.DERIVED, "from " + " and ".join(read))
 
 
 def _cell(v: Any) -> str:

@@ -34,7 +34,7 @@ from typing import Any
 
 from nsa.atomic import write_atomic
 from nsa.contract import CSV_COLUMNS, ENV_JSON, HALT, TRAINING_CSV, stackdump_name
-from validation.contract.adapters.base import GIVEN, Adapter, Converted, KeyOrigin, Origin, RunFacts
+from validation.contract.adapters.base import GIVEN, Adapter, Converted, FileOrigin, KeyOrigin, Origin, RunFacts
 from validation.contract.stacks import UNRANKED_DUMP
 
 SEED_COLUMNS = ("step", "loss", "lr", "toks_per_s")
@@ -74,18 +74,20 @@ class SeedAdapter(Adapter):
 
     def convert(self, trainer_dir: Path, out_dir: Path, facts: RunFacts) -> Converted:
         out_dir.mkdir(parents=True, exist_ok=True)
-        last_step = _csv(trainer_dir / TRAINING_CSV, out_dir / TRAINING_CSV)
-        beats = _heartbeats(trainer_dir, out_dir)
-        world_size, origins = _env(trainer_dir / ENV_JSON, out_dir / ENV_JSON, facts)
+        files: dict[str, FileOrigin] = {}
+        last_step = _csv(trainer_dir / TRAINING_CSV, out_dir / TRAINING_CSV, files)
+        beats = _heartbeats(trainer_dir, out_dir, files)
+        world_size, origins = _env(trainer_dir / ENV_JSON, out_dir / ENV_JSON, facts, files)
         beat_step = max((r["step"] for recs in beats.values() for r in recs
                          if isinstance(r.get("step"), int) and r["step"] > 0), default=None)
-        _halt(trainer_dir, out_dir / HALT, beat_step if beat_step is not None else last_step)
-        _stackdumps(trainer_dir, out_dir, world_size, beats)
-        return Converted(origins)
+        _halt(trainer_dir, out_dir / HALT, beat_step if beat_step is not None else last_step, files)
+        _stackdumps(trainer_dir, out_dir, world_size, beats, files)
+        return Converted(origins, files)
 
 
-def _csv(src: Path, dst: Path) -> int | None:
-    """The last run's rows under the contract's header; returns the last step logged."""
+def _csv(src: Path, dst: Path, files: dict[str, FileOrigin]) -> int | None:
+    """The last run's rows under the contract's header, and where they came from (into ``files``);
+    returns the last step logged."""
     if not src.is_file():
         return None
     runs: list[list[list[str]]] = [[]]
@@ -104,11 +106,14 @@ def _csv(src: Path, dst: Path) -> int | None:
     # a row of another width is kept as is: the contract check names it, rather than this guess
     lines = [",".join(r + pad if len(r) == len(SEED_COLUMNS) else r) for r in rows]
     write_atomic(dst, "\n".join([",".join(CSV_COLUMNS), *lines]) + "\n")
+    files[dst.name] = FileOrigin(Origin.DERIVED, f"from the trainer's {src.name}: the contract's header over its last "
+                                                 "run's rows, nan in the columns it lacks")
     return prev
 
 
-def _heartbeats(trainer_dir: Path, out_dir: Path) -> dict[int, list[dict[str, Any]]]:
-    """Each rank's records with ``time``/``stage`` added, written out and returned by rank."""
+def _heartbeats(trainer_dir: Path, out_dir: Path, files: dict[str, FileOrigin]) -> dict[int, list[dict[str, Any]]]:
+    """Each rank's records with ``time``/``stage`` added, written out (where each file came from
+    into ``files``) and returned by rank."""
     beats: dict[int, list[dict[str, Any]]] = {}
     for src in sorted(trainer_dir.glob("heartbeat_rank*.jsonl")):
         m = _BEAT.match(src.name)
@@ -127,23 +132,29 @@ def _heartbeats(trainer_dir: Path, out_dir: Path) -> dict[int, list[dict[str, An
             out.append(rec)
         beats[int(m.group(1))] = out
         write_atomic(out_dir / src.name, "".join(json.dumps(rec) + "\n" for rec in out))
+        # one origin for every rank's file, as check-artifacts lists them as one item
+        files[src.name] = FileOrigin(Origin.DERIVED, "from the trainer's file of that name: time and stage added from "
+                                                     "its ts and msg/phase")
     return beats
 
 
-def _env(src: Path, dst: Path, facts: RunFacts) -> tuple[int, dict[str, KeyOrigin]]:
-    """env.json with world_size and the trainer's commit added; returns the world size: the
-    WORLD_SIZE the trainer itself recorded (torchrun's), else the processes the harness started;
-    and where each key of the env.json written came from (none where it is not an object)."""
+def _env(src: Path, dst: Path, facts: RunFacts, files: dict[str, FileOrigin]) -> tuple[int, dict[str, KeyOrigin]]:
+    """env.json with world_size and the trainer's commit added (where it came from into ``files``);
+    returns the world size: the WORLD_SIZE the trainer itself recorded (torchrun's), else the
+    processes the harness started; and where each key of the env.json written came from (none
+    where it is not an object)."""
     if not src.is_file():
         return facts.world_size, {}
     try:
         env = json.loads(src.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError):
         write_atomic(dst, src.read_text(errors="replace"))  # malformed stays malformed, for the check to name
+        files[dst.name] = FileOrigin(Origin.TRAINER, f"(copied unchanged from the trainer's {src.name})")
         return facts.world_size, {}
     world = facts.world_size
     origins: dict[str, KeyOrigin] = {}
     found = facts.trainer_sha_source and f"found by the harness at its root: {facts.trainer_sha_source}"
+    files[dst.name] = FileOrigin(Origin.TRAINER, f"(the trainer's {src.name}, not an object: nothing added)")
     if isinstance(env, dict):
         seen = env.get("env") if isinstance(env.get("env"), dict) else {}
         recorded = str(seen.get("WORLD_SIZE", "")).isdigit()
@@ -154,6 +165,8 @@ def _env(src: Path, dst: Path, facts: RunFacts) -> tuple[int, dict[str, KeyOrigi
                "world_size": world, "trainer": facts.trainer,
                "git_sha": facts.trainer_sha,
                "git_sha_source": found}
+        files[dst.name] = FileOrigin(Origin.DERIVED, f"from the trainer's {src.name}: world_size, trainer and the "
+                                                     "commit set, its env kept to the NSA_* variables")
     write_atomic(dst, json.dumps(env, indent=2))
     return world, origins
 
@@ -174,7 +187,8 @@ def _env_origins(trainer_env: dict[str, Any], world_recorded: bool) -> dict[str,
     return origins
 
 
-def _halt(trainer_dir: Path, dst: Path, step: int | None) -> None:
+def _halt(trainer_dir: Path, dst: Path, step: int | None, files: dict[str, FileOrigin]) -> None:
+    """The contract's JSON .HALT of the trainer's text one, at ``step`` (where it came from into ``files``)."""
     src = trainer_dir / HALT
     if not src.exists():
         return
@@ -183,6 +197,9 @@ def _halt(trainer_dir: Path, dst: Path, step: int | None) -> None:
     word = anomaly.read_text(errors="replace").strip() if anomaly.is_file() else text.removeprefix("halt:").strip()
     record: dict[str, Any] = {"source": _HALT_SOURCES.get(word, word or "operator"), "step": step, "text": text}
     write_atomic(dst, json.dumps(record))
+    reason = f"{anomaly.name}'s reason" if anomaly.is_file() else "the reason in it"
+    files[dst.name] = FileOrigin(Origin.DERIVED, f"from the trainer's text {src.name}: as JSON, with {reason} as "
+                                                 "its source and the step of its last heartbeat or row")
 
 
 @dataclass(frozen=True)
@@ -196,7 +213,10 @@ class _Dump:
     """How many dumps the file held (ranks dumping in the same second share a file name)."""
 
 
-def _stackdumps(trainer_dir: Path, out_dir: Path, world_size: int, beats: dict[int, list[dict[str, Any]]]) -> None:
+def _stackdumps(trainer_dir: Path, out_dir: Path, world_size: int, beats: dict[int, list[dict[str, Any]]],
+                files: dict[str, FileOrigin]) -> None:
+    """Each rank's latest dump, and those of no known rank, in faulthandler's format (where each
+    came from into ``files``)."""
     announced = {Path(str(rec["path"])).name: rank for rank, recs in beats.items() for rec in recs
                  if rec.get("msg") == "watchdog_dump" and rec.get("path")}
     dumps = []
@@ -220,11 +240,18 @@ def _stackdumps(trainer_dir: Path, out_dir: Path, world_size: int, beats: dict[i
         if earlier:
             said += "; earlier dumps of this rank: " + ", ".join(e.file for e in earlier)
         write_atomic(out_dir / stackdump_name(rank), _faulthandler_text(latest, said))
+        files[stackdump_name(rank)] = _dump_origin(latest)
     for i, d in enumerate(unranked):
         # the file is named by the second: ranks dumping in the same second truncate each other's
         said = ("rank unknown: the trainer's signal dumps record neither rank nor pid, and ranks dumping in the "
                 "same second write one file (a dump overwritten there is lost)")
         write_atomic(out_dir / UNRANKED_DUMP.format(i=i), _faulthandler_text(d, said))
+        files[UNRANKED_DUMP.format(i=i)] = _dump_origin(d)
+
+
+def _dump_origin(dump: _Dump) -> FileOrigin:
+    return FileOrigin(Origin.DERIVED, f"from the trainer's {dump.file}: its traceback.format_stack text in "
+                                      "faulthandler's format")
 
 
 def _rank_of(d: _Dump, announced: dict[str, int], world_size: int) -> int | None:

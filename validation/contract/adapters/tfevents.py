@@ -22,6 +22,13 @@ class Scalar:
     wall_time: float
 
 
+def events_where(events: list[Path], root: Path) -> str:
+    """The event files as an adapter names what it read: "the TensorBoard events under runs/" (the
+    folders of ``root`` that hold them, or the files themselves where they lie in ``root``)."""
+    tops = sorted({path.relative_to(root).parts[0] + ("/" if path.parent != root else "") for path in events})
+    return "the TensorBoard events " + ("under " if all(t.endswith("/") for t in tops) else "in ") + ", ".join(tops)
+
+
 def read_scalars(path: Path) -> list[Scalar]:
     data = path.read_bytes()
     out: list[Scalar] = []

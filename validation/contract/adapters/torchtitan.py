@@ -64,17 +64,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from nsa.contract import CSV_COLUMNS, ENV_JSON, HALT, HALT_NONFINITE, TRAINING_CSV, VERSION
+from nsa.contract import CSV_COLUMNS, ENV_JSON, HALT, HALT_NONFINITE, TRAINING_CSV, VERSION, heartbeat_name
 from validation.contract.adapters.base import (
     BOOKKEEPING,
     GIVEN,
     Adapter,
     Converted,
+    FileOrigin,
     KeyOrigin,
     Origin,
     RunFacts,
 )
-from validation.contract.adapters.tfevents import read_scalars
+from validation.contract.adapters.tfevents import events_where, read_scalars
 from validation.contract.check import ADAPTER_READ_NOTHING
 from validation.contract.reruns import Restart
 from validation.contract.torchrun_log import AgentSeen, attempt_ends
@@ -238,16 +239,13 @@ class TorchtitanAdapter(Adapter):
         # a folder with none of torchtitan's files gets no training.csv or heartbeats: the contract
         # check then says what was looked for, not 'header only'
         found = bool(log.files or events or structured)
-        if found:
-            _write_csv(out_dir / TRAINING_CSV, steps, world)
-            if not beats:
-                beats = {0: [{"time": s.time, "step": s.step, "rank": 0, "stage": "step"} for s in steps if s.time]}
-        for rank, recs in beats.items():
-            _atomic(out_dir / f"heartbeat_rank{rank}.jsonl", "".join(json.dumps(r) + "\n" for r in recs))
+        read_from = _read_from(log, events, trainer_dir)
+        files = _write_steps(out_dir, steps, beats, world, read_from) if found else {}
         traces = _comm_traces(trainer_dir, out_dir)
+        files.update(traces)
         read: dict[str, Any] = (
             {"log": log.files, "tensorboard": sorted(str(p.relative_to(trainer_dir)) for p in events),
-             "structured_logs": structured, "comm_traces": traces} if found else
+             "structured_logs": structured, "comm_traces": list(traces)} if found else
             {ADAPTER_READ_NOTHING: "no torchtitan log (its stdout, or *.log files), TensorBoard events or structured "
                                    "logs in the folder"})
         env: dict[str, Any] = {"contract_version": VERSION, "world_size": world, "trainer": facts.trainer,
@@ -262,20 +260,56 @@ class TorchtitanAdapter(Adapter):
         if device_mem_gb := log.latest("device_mem_gb"):
             env["device_mem_gb"] = device_mem_gb
         _atomic(out_dir / ENV_JSON, json.dumps(env, indent=2))
+        files[ENV_JSON] = FileOrigin(Origin.DERIVED, f"from {_logs(log) + ' and ' if log.files else ''}what the "
+                                                     "harness gave it (torchtitan writes no env.json)")
         if nonfinite := log.nonfinite():
             step, loss, line = nonfinite
             halt: dict[str, Any] = {"source": HALT_NONFINITE, "step": step, "text": line}
             if world == 1:  # torchtitan prints the global loss: a rank's own only when there is one
                 halt["losses"] = [loss]
             _atomic(out_dir / HALT, json.dumps(halt))
-        return Converted(_env_origins(log, world > facts.world_size))
+            files[HALT] = FileOrigin(Origin.DERIVED, f"from {_logs(log)}: its 'Loss is not finite ... at step {step}' "
+                                                     "line")
+        return Converted(_env_origins(log, world > facts.world_size), files)
+
+
+def _write_steps(out_dir: Path, steps: list[_Step], beats: dict[int, list[dict[str, Any]]], world: int,
+                 read_from: str) -> dict[str, FileOrigin]:
+    """training.csv of ``steps``, read from ``read_from``, and each rank's heartbeats: its structured
+    logs' ``beats``, else rank 0's of the steps; by their names, where each came from."""
+    _write_csv(out_dir / TRAINING_CSV, steps, world)
+    files = {TRAINING_CSV: FileOrigin(Origin.DERIVED, f"from {read_from}") if read_from else
+             FileOrigin(Origin.FILLED, "(its header alone: no log or TensorBoard events)")}
+    beats_from = FileOrigin(Origin.DERIVED, "from its structured logs (structured_logs/): a record a step's span")
+    if not beats:
+        beats = {0: [{"time": s.time, "step": s.step, "rank": 0, "stage": "step"} for s in steps if s.time]}
+        beats_from = FileOrigin(Origin.DERIVED, f"from the steps of {read_from}: rank 0's alone, a record a logged "
+                                                "step, as the folder holds no structured logs, which every rank writes")
+    for rank, recs in beats.items():
+        _atomic(out_dir / heartbeat_name(rank), "".join(json.dumps(r) + "\n" for r in recs))
+        files[heartbeat_name(rank)] = beats_from
+    return files
+
+
+def _logs(log: _Runs) -> str:
+    """torchtitan's log as an origin names it: "torchtitan's log (train.log)"."""
+    return f"torchtitan's log ({', '.join(log.files)})"
+
+
+def _read_from(log: _Runs, events: list[Path], trainer_dir: Path) -> str:
+    """What the steps of training.csv were read from: "torchtitan's log (train.log) and its
+    TensorBoard events under tb/"."""
+    read = [_logs(log)] if log.files else []
+    if events:
+        read.append(events_where(events, trainer_dir))
+    return " and ".join(read)
 
 
 def _env_origins(log: _Runs, ranks_beyond_launch: bool) -> dict[str, KeyOrigin]:
     """Where each key of the env.json ``convert`` writes came from: torchtitan writes no env.json,
     so none is the trainer's as written; ``ranks_beyond_launch``: its structured logs show more
     ranks than the harness gave it, and the world size is theirs."""
-    logs = f"torchtitan's log ({', '.join(log.files)})"
+    logs = _logs(log)
     origins = {**GIVEN, **BOOKKEEPING,
                "contract_version": KeyOrigin(Origin.FILLED, "(the contract version it converts to; torchtitan "
                                                             "names none)"),
@@ -529,14 +563,15 @@ def _structured_heartbeats(trainer_dir: Path) -> tuple[dict[int, list[dict[str, 
     return beats, set(beats)
 
 
-def _comm_traces(trainer_dir: Path, out_dir: Path) -> list[str]:
-    """The flight recorder's dumps, copied into the run directory by rank; their names there."""
+def _comm_traces(trainer_dir: Path, out_dir: Path) -> dict[str, FileOrigin]:
+    """The flight recorder's dumps, copied into the run directory by rank: by their names there,
+    each the trainer's own (copied unchanged)."""
     folder = trainer_dir / COMM_TRACES
-    names = []
+    names = {}
     for path in sorted(folder.iterdir()) if folder.is_dir() else []:
         m = _TRACE_FILE.match(path.name)
         if path.is_file() and path.stat().st_size and m:
             name = COMM_TRACE_OUT.format(rank=int(m.group(1)))
             shutil.copyfile(path, out_dir / name)
-            names.append(name)
+            names[name] = FileOrigin(Origin.TRAINER, f"(copied from {COMM_TRACES}/{path.name})")
     return names

@@ -7,8 +7,9 @@ gives the adapter: the world size, and for an adapter that derives tokens/s from
 (``Adapter.takes_tokens_per_step``) one rank's tokens per step, which a runbook gives as
 ``trainer.tokens_per_step`` and the run multiplies by the world size (validation/launch/foreign.py
 ``tokens_per_step``). Without them the folder is judged as the run of a runbook that gives none.
-The env.json an adapter wrote is listed key by key, each with where it came from (the adapter's
-``Converted``): a key the adapter derived, or the harness gave it, must not read as the trainer's.
+Each file an adapter wrote is said by where it came from (the adapter's ``Converted``), and its
+env.json key by key: a file or key the adapter derived, or the harness gave it, must not read as
+the trainer's.
 Exit 0 when the contract holds, 1 when a required file or field is missing or malformed, 2 for a
 DIR that is not a directory.
 """
@@ -24,7 +25,7 @@ from typing import Any, TextIO
 from nsa.contract import ENV_JSON
 from validation.contract import check as contract
 from validation.contract.adapters import ADAPTERS
-from validation.contract.adapters.base import Converted, Origin, RunFacts
+from validation.contract.adapters.base import Converted, FileOrigin, KeyOrigin, Origin, RunFacts
 from validation.contract.files import BareNonfinite, bare_nonfinite
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
@@ -66,8 +67,8 @@ class _Checked:
     bare: list[BareNonfinite]
     """Its JSON files' bare NaN / Infinity values (a warning each)."""
     converted: Converted | None = None
-    """Where each key of the env.json an adapter wrote came from; None for the contract itself,
-    whose every file is the trainer's own."""
+    """Where each file an adapter wrote, and each key of its env.json, came from; None for the
+    contract itself, whose every file is the trainer's own."""
 
 
 def _read(directory: Path, adapter: str, world_size: int | None, costs: contract.Costs | None,
@@ -135,7 +136,8 @@ def _report(checked: _Checked, directory: Path, adapter: str, out: TextIO, given
 
 
 def _item_lines(checked: _Checked, adapter: str) -> list[str]:
-    """A line per item; of the files an adapter wrote, env.json's keys each by where it came from."""
+    """A line per item; of the files an adapter wrote, each by where it came from, and env.json's
+    keys each by where it came from."""
     found, converted = checked.found, checked.converted
     if converted is None:
         return [item.line() for item in found.items]
@@ -143,26 +145,36 @@ def _item_lines(checked: _Checked, adapter: str) -> list[str]:
 
 
 def _adapted(item: contract.Item, env: dict[str, Any] | None, converted: Converted, adapter: str) -> list[str]:
-    """The lines of an item of the files an adapter wrote. Its env.json is the trainer's only key by
-    key, so that a key the adapter derived or the harness gave does not read as the trainer's: the
-    file's line is followed by one per key, and a key inside it that an item names
-    (adapter.restarts) takes its origin's word for 'present'."""
-    if item.file != ENV_JSON or item.presence != contract.Presence.PRESENT:
+    """The lines of an item of the files an adapter wrote: a file it built is no file the trainer
+    wrote, though present, so that its origin's word ('derived') stands for 'present', with what it
+    came from. Its env.json is the trainer's only key by key: the file's line is followed by one per
+    key, and a key inside it that an item names (adapter.restarts) takes its origin's word. An item
+    missing or malformed is said as the contract's check says it."""
+    if item.presence != contract.Presence.PRESENT:
         return [item.line()]
+    if item.file != ENV_JSON:
+        return [_said(item, converted.file(item.file), adapter)]
     if item.field is not None:
-        origin = converted.origin(item.field)
-        return [dataclasses.replace(item, detail=f"{item.detail} ({origin.text(adapter)})").line(origin.origin)]
+        return [_said(item, converted.origin(item.field), adapter)]
     return _env_key_lines(item, env or {}, converted, adapter)
 
 
+def _said(item: contract.Item, origin: KeyOrigin | FileOrigin, adapter: str) -> str:
+    """The item's line with its origin's word for 'present' and what it came from after its detail."""
+    return dataclasses.replace(item, detail=f"{item.detail} ({origin.text(adapter)})").line(origin.origin)
+
+
 def _env_key_lines(file_item: contract.Item, env: dict[str, Any], converted: Converted, adapter: str) -> list[str]:
-    """env.json's line, saying how many of its keys are the trainer's own, then each key's origin.
-    Keys of no value say nothing (the contract's own line names one it misses), and the adapter's
-    own record (what it read) is neither a fact of the run nor a key of the trainer's."""
+    """env.json's line, by where the file came from and saying how many of its keys are the
+    trainer's own, then each key's origin. Keys of no value say nothing (the contract's own line
+    names one it misses), and the adapter's own record (what it read) is neither a fact of the run
+    nor a key of the trainer's."""
     origins = {key: converted.origin(key) for key, value in env.items() if value is not None}
     origins = {key: origin for key, origin in origins.items() if origin.origin != Origin.BOOKKEEPING}
     own = sum(origin.origin == Origin.TRAINER for origin in origins.values())
-    head = dataclasses.replace(file_item, detail=f"written by the {adapter} adapter; {own} of the {len(origins)} "
-                                                 "keys below are the trainer's own")
-    return [head.line()] + [contract.Item(ENV_JSON, contract.Presence.PRESENT, origin.text(adapter), False,
-                                          key).line(origin.origin) for key, origin in origins.items()]
+    written = converted.file(ENV_JSON)
+    head = dataclasses.replace(file_item, detail=f"{written.text(adapter)}; {own} of the {len(origins)} keys below "
+                                                 "are the trainer's own")
+    return [head.line(written.origin)] + [contract.Item(ENV_JSON, contract.Presence.PRESENT, origin.text(adapter),
+                                                        False, key).line(origin.origin)
+                                          for key, origin in origins.items()]

@@ -56,8 +56,8 @@ def test_hf_trainer_keys_are_the_harnesses_not_the_trainers(tmp_path, capsys):
     assert main(["check-artifacts", str(folder), "--adapter", "hf_trainer", "--tokens-per-step", "4x64"]) == 0
     out = capsys.readouterr().out
     assert "env.json: 6 keys" not in out, out
-    assert ("  present              env.json: written by the hf_trainer adapter; 0 of the 3 keys below are the "
-            "trainer's own\n") in out, out
+    assert ("  derived              env.json: derived by the hf_trainer adapter from what the harness gave it and what "
+            "it read (a Trainer writes no env.json); 0 of the 3 keys below are the trainer's own\n") in out, out
     assert _env_lines(out) == {"world_size": "given", "trainer": "given", "tokens_per_step": "given"}, out
     assert ("  given                env.json world_size: given the hf_trainer adapter by the harness, not read from "
             "the trainer's files (the processes it launched; check-artifacts: --world-size)\n") in out, out
@@ -89,7 +89,8 @@ def test_a_restart_the_torchtitan_adapter_read_is_not_said_present(tmp_path, cap
 def test_seed_keys_of_the_trainers_own_env_json_are_present_and_the_rest_are_not(tmp_path, capsys):
     assert main(["check-artifacts", str(_seed_folder(tmp_path / "seed")), "--adapter", "seed"]) == 0
     out = capsys.readouterr().out
-    assert ("  present              env.json: written by the seed adapter; 2 of the 4 keys below are the trainer's "
+    assert ("  derived              env.json: derived by the seed adapter from the trainer's env.json: world_size, "
+            "trainer and the commit set, its env kept to the NSA_* variables; 2 of the 4 keys below are the trainer's "
             "own\n") in out, out
     assert _env_lines(out) == {"torch": "present", "env": "present", "world_size": "derived", "trainer": "given"}, out
     assert ("  derived              env.json world_size: derived by the seed adapter from the trainer's env.json's "

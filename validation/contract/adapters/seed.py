@@ -11,7 +11,8 @@ What it writes into the ``train.out_dir`` of its YAML config, and what becomes o
   step's own takes the contract's stage (``_STAGES``), so that its ``step`` says whether that step
   was in progress or done; the seed's words stay in ``msg`` and ``phase``.
 - ``env.json`` (every rank writes it; no world size, commit or attention backends) -> plus
-  ``world_size`` and the trainer's commit, as the harness knows them.
+  ``world_size``, and the trainer's commit as the harness found it where the file names none
+  (a commit it names is kept: the trainer's own word).
 - ``.HALT`` as text (``halt: nan_loss``; ``.anomaly_type`` names the reason) -> the contract's JSON
   ``.HALT`` with its source (``nonfinite`` for a NaN, ``watchdog`` for a stall).
 - ``stackdump_<epoch>.txt`` (its SIGUSR1/SIGTERM handler) and ``watchdog_stackdump_<epoch>.txt``
@@ -159,29 +160,40 @@ def _env(src: Path, dst: Path, facts: RunFacts, files: dict[str, FileOrigin]) ->
         seen = env.get("env") if isinstance(env.get("env"), dict) else {}
         recorded = str(seen.get("WORLD_SIZE", "")).isdigit()
         world = int(seen["WORLD_SIZE"]) if recorded else world
-        origins = _env_origins(env, recorded)
+        own_commit = _names_commit(env)
+        origins = _env_origins(env, recorded, own_commit)
         # the toggles it saw; not CONFIG (a per-run path) nor torchrun's RANK/WORLD_SIZE
         env = {**env, "env": {k: v for k, v in seen.items() if k.startswith("NSA_")},
-               "world_size": world, "trainer": facts.trainer,
-               "git_sha": facts.trainer_sha,
-               "git_sha_source": found}
-        files[dst.name] = FileOrigin(Origin.DERIVED, f"from the trainer's {src.name}: world_size, trainer and the "
-                                                     "commit set, its env kept to the NSA_* variables")
+               "world_size": world, "trainer": facts.trainer}
+        if not own_commit:  # the commit the trainer recorded is its own word, over what the harness found
+            env.update(git_sha=facts.trainer_sha, git_sha_source=found)
+        files[dst.name] = FileOrigin(Origin.DERIVED, f"from the trainer's {src.name}: world_size and trainer set"
+                                                     + ("" if own_commit else ", the commit added")
+                                                     + ", its env kept to the NSA_* variables")
     write_atomic(dst, json.dumps(env, indent=2))
     return world, origins
 
 
-def _env_origins(trainer_env: dict[str, Any], world_recorded: bool) -> dict[str, KeyOrigin]:
+def _names_commit(trainer_env: dict[str, Any]) -> bool:
+    """Whether the trainer's own env.json records its commit (``git_sha``, any text: what it is, a
+    revision or not, is the record's to judge, validation/judge/provenance.py)."""
+    sha = trainer_env.get("git_sha")
+    return isinstance(sha, str) and bool(sha.strip())
+
+
+def _env_origins(trainer_env: dict[str, Any], world_recorded: bool, own_commit: bool) -> dict[str, KeyOrigin]:
     """Where each key of the env.json ``_env`` writes from the trainer's own ``trainer_env`` came
     from: the trainer's keys as it wrote them, its ``env`` kept to NSA_* (an empty one where it
     wrote none), the world size from the WORLD_SIZE it recorded (``world_recorded``) or the harness,
-    and the commit from the harness, over any of the trainer's own."""
+    and the commit from the harness where the trainer recorded none (``own_commit``)."""
     own = KeyOrigin(Origin.TRAINER, "in its env.json")
     origins = {key: own for key in trainer_env}
     origins["env"] = (KeyOrigin(Origin.TRAINER, "in its env.json's env, kept to the NSA_* variables")
                       if isinstance(trainer_env.get("env"), dict)
                       else KeyOrigin(Origin.FILLED, "(an empty mapping: the trainer's env.json has no env)"))
-    origins.update({key: GIVEN[key] for key in ("trainer", "git_sha", "git_sha_source")})
+    origins["trainer"] = GIVEN["trainer"]
+    if not own_commit:
+        origins.update({key: GIVEN[key] for key in ("git_sha", "git_sha_source")})
     origins["world_size"] = (KeyOrigin(Origin.DERIVED, "from the trainer's env.json's env.WORLD_SIZE (torchrun's)")
                              if world_recorded else GIVEN["world_size"])
     return origins

@@ -14,6 +14,7 @@ import pytest
 from validation.cli import main
 from validation.contract.adapters import ADAPTERS, RunFacts
 from validation.contract.adapters.base import Converted, Origin
+from validation.judge.provenance import trainer_commit
 from validation.tests.contract.test_hf_trainer_adapter import _events, _state, needs_tb
 from validation.tests.contract.test_torchtitan_adapter import EVIDENCE, _checked_dump
 
@@ -89,9 +90,9 @@ def test_a_restart_the_torchtitan_adapter_read_is_not_said_present(tmp_path, cap
 def test_seed_keys_of_the_trainers_own_env_json_are_present_and_the_rest_are_not(tmp_path, capsys):
     assert main(["check-artifacts", str(_seed_folder(tmp_path / "seed")), "--adapter", "seed"]) == 0
     out = capsys.readouterr().out
-    assert ("  derived              env.json: derived by the seed adapter from the trainer's env.json: world_size, "
-            "trainer and the commit set, its env kept to the NSA_* variables; 2 of the 4 keys below are the trainer's "
-            "own\n") in out, out
+    assert ("  derived              env.json: derived by the seed adapter from the trainer's env.json: world_size and "
+            "trainer set, the commit added, its env kept to the NSA_* variables; 2 of the 4 keys below are the "
+            "trainer's own\n") in out, out
     assert _env_lines(out) == {"torch": "present", "env": "present", "world_size": "derived", "trainer": "given"}, out
     assert ("  derived              env.json world_size: derived by the seed adapter from the trainer's env.json's "
             "env.WORLD_SIZE (torchrun's)\n") in out, out
@@ -153,3 +154,28 @@ def test_a_seed_env_json_without_env_gets_an_empty_one_filled_in(tmp_path):
     converted = ADAPTERS["seed"].convert(folder, tmp_path / "run", RunFacts(1, "seed"))
     assert json.loads((tmp_path / "run" / "env.json").read_text())["env"] == {}
     assert (converted.origin("env").origin, converted.origin("world_size").origin) == ("filled in", "given")
+
+
+def test_the_commit_a_seed_trainer_recorded_is_kept_as_its_own(tmp_path, capsys):
+    """The seed adapter wrote the harness's commit over the one the trainer's env.json named:
+    check-artifacts, which finds none, said git_sha missing, and an acceptance run recorded the
+    commit found at the trainer's root as the trainer's, in place of its own word."""
+    folder = _seed_folder(tmp_path / "seed")
+    (folder / "env.json").write_text(json.dumps({"torch": "2.5.0", "git_sha": "c" * 40, "env": {}}))
+    assert main(["check-artifacts", str(folder), "--adapter", "seed"]) == 0
+    out = capsys.readouterr().out
+    assert "  present              env.json git_sha: as the trainer wrote it in its env.json\n" in out, out
+    assert "missing (optional)   env.json git_sha" not in out, out
+    converted = ADAPTERS["seed"].convert(folder, tmp_path / "run", RunFacts(1, "seed", "b" * 40, "git describe"))
+    env = json.loads((tmp_path / "run" / "env.json").read_text())
+    assert (env["git_sha"], "git_sha_source" in env) == ("c" * 40, False), env
+    assert converted.origin("git_sha").origin == Origin.TRAINER
+    assert trainer_commit(env, "b" * 40, "git describe") == ("c" * 40, "env.json git_sha")
+
+
+def test_a_seed_trainer_that_recorded_no_commit_gets_the_harnesses(tmp_path):
+    converted = ADAPTERS["seed"].convert(_seed_folder(tmp_path / "seed"), tmp_path / "run",
+                                         RunFacts(1, "seed", "b" * 40, "git describe"))
+    env = json.loads((tmp_path / "run" / "env.json").read_text())
+    assert (env["git_sha"], env["git_sha_source"]) == ("b" * 40, "found by the harness at its root: git describe")
+    assert (converted.origin("git_sha").origin, converted.origin("git_sha_source").origin) == ("given", "given")

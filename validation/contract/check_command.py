@@ -25,7 +25,7 @@ from typing import Any, TextIO
 from nsa.contract import ENV_JSON
 from validation.contract import check as contract
 from validation.contract.adapters import ADAPTERS
-from validation.contract.adapters.base import Converted, FileOrigin, KeyOrigin, Origin, RunFacts
+from validation.contract.adapters.base import BY_HAND, Converted, FileOrigin, KeyOrigin, Origin, RunFacts
 from validation.contract.files import BareNonfinite, bare_nonfinite
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
@@ -83,7 +83,7 @@ def _read(directory: Path, adapter: str, world_size: int | None, costs: contract
             # the global tokens per step, as the acceptance run gives them: one rank's times the world size
             tokens = tokens_per_step * world if tokens_per_step and ADAPTERS[adapter].takes_tokens_per_step else None
             converted = ADAPTERS[adapter].convert(directory, Path(tmp),
-                                                  RunFacts(world, "(checked by hand)", tokens_per_step=tokens))
+                                                  RunFacts(world, BY_HAND, tokens_per_step=tokens))
             found = _read_ended(Path(tmp), costs, 1)
             checked = _Checked(found, bare_nonfinite(Path(tmp)), converted)
     found.items += contract.silent_ranks(found)

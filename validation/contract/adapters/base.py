@@ -81,10 +81,14 @@ def _with_source(said: str, source: str) -> str:
     return f"{said} {source}" if source else said
 
 
+#: the trainer's name ``check-artifacts`` gives an adapter: it reads no runbook, whose trainer.name an
+#: acceptance run gives
+BY_HAND = "(checked by hand)"
 #: the env.json keys every adapter takes from ``RunFacts``, and from what
 GIVEN = {
     "world_size": KeyOrigin(Origin.GIVEN, "(the processes it launched; check-artifacts: --world-size)"),
-    "trainer": KeyOrigin(Origin.GIVEN, "(the runbook's trainer.name)"),
+    "trainer": KeyOrigin(Origin.GIVEN, f"(the runbook's trainer.name; check-artifacts: the placeholder {BY_HAND!r}, "
+                                       "as it reads no runbook)"),
     "git_sha": KeyOrigin(Origin.GIVEN, "(the commit it found at the trainer's root)"),
     "git_sha_source": KeyOrigin(Origin.GIVEN, "(where it found that commit)"),
     "tokens_per_step": KeyOrigin(Origin.GIVEN, "(the runbook's trainer.tokens_per_step times the world size; "

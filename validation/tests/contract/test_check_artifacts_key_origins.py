@@ -179,3 +179,12 @@ def test_a_seed_trainer_that_recorded_no_commit_gets_the_harnesses(tmp_path):
     env = json.loads((tmp_path / "run" / "env.json").read_text())
     assert (env["git_sha"], env["git_sha_source"]) == ("b" * 40, "found by the harness at its root: git describe")
     assert (converted.origin("git_sha").origin, converted.origin("git_sha_source").origin) == ("given", "given")
+
+
+def test_the_trainer_key_says_what_check_artifacts_gave_it(tmp_path, capsys):
+    """Its source was "the runbook's trainer.name" while check-artifacts, which reads no runbook,
+    gave the adapter a placeholder."""
+    assert main(["check-artifacts", str(_seed_folder(tmp_path / "seed")), "--adapter", "seed"]) == 0
+    assert ("  given                env.json trainer: given the seed adapter by the harness, not read from the "
+            "trainer's files (the runbook's trainer.name; check-artifacts: the placeholder '(checked by hand)', as it "
+            "reads no runbook)\n") in capsys.readouterr().out

@@ -125,7 +125,7 @@ def collect(run: RunData, stderr_path: Path, errors: list[str], clock: StepClock
         no_halt=contract.adapter_unmeasured(run.env).get(HALT, ""),
         summary_step=None if beats else contract.adapter_summary_step(run.env),
         rank_step_time_s=step_times, clock=clock, rank_lateness_s=late, rank_nearest_s=nearest, nodes=nodes,
-        fallbacks=fallbacks, files=_listed(run.out_dir),
+        fallbacks=fallbacks, files=_listed(run.out_dir), written_by=run.written_by,
         loss_first=losses[0] if losses else None, loss_last=losses[-1] if losses else None,
         nonfinite_loss_step=trained.nonfinite_loss_step, nonfinite_loss=nonfinite(run.csv),
         top_ops=list(run.info.get("top_ops") or []), reruns=run.reruns,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from nsa.contract import EXIT_NONFINITE, HALT_NONFINITE
+from validation.contract.adapters.base import WrittenBy
 from validation.contract.check import adapter_unmeasured
 from validation.contract.files import HaltInfo, window_rows
 from validation.contract.reruns import Rerun
@@ -80,6 +81,9 @@ class RunData:
     """Phase-kind specific numbers: pytest outcome counts, preflight files, profiler results."""
     info: dict[str, Any] = field(default_factory=dict)
     """Phase-kind specific facts that are not numbers (the git SHA preflight read)."""
+    written_by: WrittenBy | None = None
+    """The contract files a runbook's trainer's adapter wrote, each by where it came from (None: the
+    trainer writes the contract itself)."""
     peak_flops: float | None = None
     """One device's peak FLOP/s, from the hardware profile (None where it names none): mfu's divisor."""
     stability: StabilityRule = field(default_factory=StabilityRule)

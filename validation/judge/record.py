@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP
+from validation.contract.adapters.base import WrittenBy
 from validation.contract.files import HaltInfo
 from validation.contract.reruns import Rerun, Restart
 from validation.contract.stacks import Frame, StackDump, TakenStack
@@ -242,6 +243,11 @@ class Evidence:
     an older harness."""
     fallbacks: dict[str, float] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
+    written_by: WrittenBy | None = None
+    """Of a runbook's trainer read through an adapter: the files of ``files`` the adapter wrote, each by
+    where it came from (a Hugging Face Trainer's training.csv, built from its state and events, is no
+    file the trainer wrote); None where the trainer writes the contract itself, and in records of
+    older harnesses."""
     loss_first: float | None = None
     loss_last: float | None = None
     nonfinite_loss_step: int | None = None
@@ -323,7 +329,8 @@ class Evidence:
             rank_lateness_s={int(r): float(t) for r, t in (ev.get("rank_lateness_s") or {}).items()},
             rank_nearest_s={int(r): float(t) for r, t in (ev.get("rank_nearest_s") or {}).items()},
             fallbacks={str(k): float(v) for k, v in (ev.get("fallbacks") or {}).items()},
-            files=list(ev.get("files") or []), nodes=NodesEvidence.from_json(ev.get("nodes")),
+            files=list(ev.get("files") or []), written_by=WrittenBy.from_json(ev.get("written_by")),
+            nodes=NodesEvidence.from_json(ev.get("nodes")),
             reruns={str(f): [Rerun(**r) for r in rs] for f, rs in (ev.get("reruns") or {}).items()},
             restarts=[Restart(**r) for r in ev.get("restarts") or []],
             attempts=[AttemptEnd(**a) for a in ev.get("attempts") or []],

@@ -21,7 +21,7 @@ from nsa.contract import GPU_TIMELINE, PROFILE_JSON, TRAINING_CSV
 from nsa.provenance import SOURCE_STAMP, source_revision
 from validation import REPO_ROOT
 from validation.contract.adapters import ADAPTERS
-from validation.contract.adapters.base import Adapter, RunFacts
+from validation.contract.adapters.base import Adapter, RunFacts, WrittenBy
 from validation.contract.files import tail
 from validation.contract.files import read_gpu_timeline, read_profile
 from validation.errors import ArtifactError, HarnessError
@@ -157,8 +157,9 @@ def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], pro
         return _not_launched(f"{doing}: {exc}", out_dir, run, errors, began)
     if adapter is not None:  # also of a trainer that died before making its folder: the adapter says what its
         trainer_dir.mkdir(parents=True, exist_ok=True)  # format lacks (heartbeats), not a contract run's words
-        adapter.convert(trainer_dir, out_dir, RunFacts(point.nproc, spec.name, plan.trainer_sha,
-                                                       plan.trainer_sha_source, plan.tokens_per_step))
+        converted = adapter.convert(trainer_dir, out_dir, RunFacts(point.nproc, spec.name, plan.trainer_sha,
+                                                                   plan.trainer_sha_source, plan.tokens_per_step))
+        run.written_by = WrittenBy(adapter.name, converted.files)  # the report says whose each file is
     return proc
 
 

@@ -24,6 +24,7 @@ from typing import Any, Iterator
 import jinja2
 
 from nsa.atomic import write_atomic
+from nsa.contract import ENV_JSON
 from validation import DEFAULT_RESULTS_DIR, REPO_ROOT, TEMPLATE_DIR
 from validation.contract.check import adapter_unreadable
 from validation.errors import StoreError
@@ -378,6 +379,8 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         "trainer": trainer and trainer.trainer,
         "trainer_sha": trainer and trainer.trainer_sha,
         "trainer_sha_source": trainer and trainer.trainer_sha_source,
+        # of a trainer read through an adapter, the env.json that names no commit may be the adapter's
+        "trainer_env_by": trainer and trainer.evidence.written_by and trainer.evidence.written_by.said(ENV_JSON),
         "adapter_reads": adapter_reads(foreign, Path(results_dir)),
         "goldens": rechecked,
         "thresholds_changed": regated,

@@ -9,6 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from nsa.contract import TRAINING_CSV
 from validation import REPO_ROOT
 from validation.judge.diagnosis.blame import Kind
 from validation.judge.diagnosis.decide import diagnose
@@ -19,7 +20,7 @@ from validation.judge.interval import CONFIDENCE, Interval, interval, repeat_val
 from validation.judge.metrics import METRICS
 from validation.judge.nodes import NodesEvidence
 from validation.judge.provenance import short_commit
-from validation.judge.record import OWN_TRAINER, PhaseRecord, Status, SubRun, Summary
+from validation.judge.record import OWN_TRAINER, Evidence, PhaseRecord, Status, SubRun, Summary
 from validation.launch.foreign import CONFIG_COPY
 
 #: the pytest test that runs one phase point (validation/tests/test_acceptance.py)
@@ -64,10 +65,18 @@ def _gated_csvs(r: PhaseRecord) -> list[tuple[str, str]]:
     """The training.csv files a record's gates read, each as (link text, path): of a resume point
     whose gates read the resumed run, the first half's (its steps up to the resume) and the second
     half's, each named by its directory; else the record's own run's; none for a point that runs no
-    trainer."""
+    trainer. One an adapter built says so: it is no file the trainer wrote."""
     if r.halves is not None:
-        return [(f"{s.name}/training.csv", f"{s.out_dir}/training.csv") for s in r.halves]
-    return [("training.csv", f"{r.out_dir}/training.csv")] if r.kind in ("train", "resume") and r.out_dir else []
+        return [(_csv_text(f"{s.name}/{TRAINING_CSV}", s.evidence), f"{s.out_dir}/{TRAINING_CSV}") for s in r.halves]
+    if r.kind not in ("train", "resume") or not r.out_dir:
+        return []
+    return [(_csv_text(TRAINING_CSV, r.evidence), f"{r.out_dir}/{TRAINING_CSV}")]
+
+
+def _csv_text(name: str, evidence: Evidence | None) -> str:
+    """A training.csv link's text: 'training.csv (derived by the hf_trainer adapter)' of one an adapter built."""
+    said = evidence.written_by.said(TRAINING_CSV) if evidence and evidence.written_by else None
+    return f"{name} ({said})" if said else name
 
 
 def gated_run(r: PhaseRecord) -> str:
@@ -259,11 +268,18 @@ def artifact_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
         ran = None if when is None else when + (f" at {short_commit(r.ran_at)}" if r.ran_at else "")
         if r.runs:
             rows += [{"phase": r.phase, "point": f"{point_label(r)}, {s.label}", "out_dir": s.out_dir, "files": s.files,
-                      "ran": ran} for s in r.runs]
+                      "built": _built(s.evidence), "ran": ran} for s in r.runs]
         elif r.out_dir:
             rows.append({"phase": r.phase, "point": point_label(r), "out_dir": r.out_dir, "files": r.evidence.files,
-                         "ran": ran})
+                         "built": _built(r.evidence), "ran": ran})
     return rows
+
+
+def _built(evidence: Evidence | None) -> list[str]:
+    """The files of a run an adapter built, each with what it came from ('`training.csv`, derived by
+    the hf_trainer adapter from ...'): listed beside the trainer's, they are none of its own."""
+    built = evidence.written_by.built() if evidence and evidence.written_by else {}
+    return [f"`{name}`, {said}" for name, said in built.items()]
 
 
 def started(r: PhaseRecord) -> _dt.datetime | None:

@@ -5,7 +5,7 @@ import enum
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from nsa.contract import TRAINING_CSV
 
@@ -75,6 +75,37 @@ class FileOrigin:
     def text(self, adapter: str) -> str:
         """What ``check-artifacts`` and the report say of the file: 'derived by the hf_trainer adapter from ...'."""
         return _with_source(self.origin.said(adapter), self.source)
+
+
+@dataclass(frozen=True)
+class WrittenBy:
+    """The files an adapter wrote into a run directory, each by where it came from: what a run's
+    record keeps of its ``Converted``, so that the report does not show a file the adapter built
+    as one the trainer wrote."""
+
+    adapter: str
+    files: dict[str, FileOrigin] = field(default_factory=dict)
+
+    def built(self) -> dict[str, str]:
+        """Each file it wrote that is not the trainer's own (copied unchanged), by name: what
+        people are told of it ('derived by the hf_trainer adapter from ...')."""
+        return {name: said.text(self.adapter) for name, said in sorted(self.files.items())
+                if said.origin != Origin.TRAINER}
+
+    def said(self, name: str) -> str | None:
+        """Whose the file ``name`` is, in short, where the adapter built it ('derived by the hf_trainer
+        adapter'); None for one it copied unchanged, or did not write."""
+        said = self.files.get(name)
+        return None if said is None or said.origin == Origin.TRAINER else said.origin.said(self.adapter)
+
+    @staticmethod
+    def from_json(data: dict[str, Any] | None) -> WrittenBy | None:
+        """A stored record's (None: a trainer that writes the contract itself, or a record of an
+        older harness)."""
+        if not data:
+            return None
+        return WrittenBy(str(data["adapter"]), {name: FileOrigin(Origin(said["origin"]), str(said.get("source") or ""))
+                                                for name, said in (data.get("files") or {}).items()})
 
 
 def _with_source(said: str, source: str) -> str:

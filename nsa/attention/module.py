@@ -142,6 +142,8 @@ class RoutedAttention(nn.Module):
         """Refuse what forward cannot take, naming it (a wrong shape would otherwise fail deep
         inside, in a matmul or a broadcast)."""
         dim = self.q_proj.in_features
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor [batch, tokens, {dim}], got {type(x).__name__}")
         if x.dim() != 3 or x.shape[-1] != dim:
             raise ValueError(f"x must be [batch, tokens, {dim}], got {list(x.shape)}")
         if x.shape[0] == 0 or x.shape[1] == 0:
@@ -150,6 +152,11 @@ class RoutedAttention(nn.Module):
         if not x.is_floating_point() or (autocast_dtype(x.device.type) is None and x.dtype != weight.dtype):
             raise TypeError(f"x is {x.dtype}, the layer's parameters {weight.dtype}: give x in their dtype (or run "
                             "under torch.autocast)")
+        # named here: torch's own error names neither x nor the layer ("Tensor on device cpu is not
+        # on the expected device meta!")
+        if x.device != weight.device:
+            raise ValueError(f"x is on {x.device}, the layer's parameters on {weight.device}: move x or the layer "
+                             "to one device")
         if cache is not None:
             if not isinstance(cache, NSACache):
                 raise TypeError(f"cache must be an nsa.attention.NSACache or None, got {type(cache).__name__}")
@@ -165,12 +172,18 @@ class RoutedAttention(nn.Module):
         if rope is not None:
             want = (x.shape[1], self.head_dim // 2)
             tables = isinstance(rope, (tuple, list)) and len(rope) == 2 and all(
-                isinstance(t, torch.Tensor) and t.is_floating_point() and tuple(t.shape) == want for t in rope)
+                isinstance(t, torch.Tensor) and t.is_floating_point() and tuple(t.shape) == want
+                and t.device == x.device for t in rope)
             if not tables:
-                got = ([f"{list(t.shape)} {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__ for t in rope]
-                       if isinstance(rope, (tuple, list)) else type(rope).__name__)
+                def described(t) -> str:
+                    if not isinstance(t, torch.Tensor):
+                        return type(t).__name__
+                    return f"{list(t.shape)} {t.dtype}" + (f" on {t.device}" if t.device != x.device else "")
+
+                got = [described(t) for t in rope] if isinstance(rope, (tuple, list)) else type(rope).__name__
                 raise ValueError(f"rope must be the (cos, sin) tables of x's positions, each a floating-point "
-                                 f"{list(want)} (the layer's rope(start, T, device)), got {got}")
+                                 f"{list(want)} on x's device ({x.device}) (the layer's rope(start, T, device)), "
+                                 f"got {got}")
 
     def _init_routes(self) -> None:
         self.routes: dict[str, Route] = {}

@@ -93,6 +93,23 @@ def test_inputs_of_the_wrong_shape_are_refused_by_name(kind):
 
 
 @pytest.mark.parametrize("kind", [NSAAttention, DenseAttention])
+def test_inputs_on_another_device_or_not_tensors_are_refused_by_name(kind):
+    """x on another device than the layer failed in the projection's matmul as "Tensor on device
+    cpu is not on the expected device meta!" (and RoPE tables on another device likewise), naming
+    neither x nor the tables; a list for x failed as "'list' object has no attribute 'dim'"."""
+    layer = _layer(kind)
+    with pytest.raises(ValueError, match="x is on meta, the layer's parameters on cpu: move x or the layer to one "
+                                         "device"):
+        layer(torch.randn(2, 10, 64, device="meta"))
+    with pytest.raises(TypeError, match=r"x must be a torch.Tensor \[batch, tokens, 64\], got list"):
+        layer([[0.0] * 64])
+    rope = layer.rope(0, 10, torch.device("meta"), torch.float32)
+    with pytest.raises(ValueError, match=r"on x's device \(cpu\) .*got \['\[10, 8\] torch.float32 on meta', "
+                                         r"'\[10, 8\] torch.float32 on meta'\]"):
+        layer(torch.randn(2, 10, 64), None, rope)
+
+
+@pytest.mark.parametrize("kind", [NSAAttention, DenseAttention])
 def test_a_cache_of_a_layer_of_another_shape_is_refused_by_name(kind):
     """Another layer's cache (other KV heads or head dim) failed in the cache's concatenation:
     'Sizes of tensors must match except in dimension 1', which names neither the cache nor the shapes."""

@@ -159,7 +159,10 @@ class RoutedAttention(nn.Module):
                              "to one device")
         if cache is not None:
             if not isinstance(cache, NSACache):
-                raise TypeError(f"cache must be an nsa.attention.NSACache or None, got {type(cache).__name__}")
+                # a second positional argument is where another attention takes its mask
+                hint = (" (the layer takes no attention mask or position ids: each row of x is a causal sequence "
+                        "at positions 0..T-1 after the cached ones)" if isinstance(cache, torch.Tensor) else "")
+                raise TypeError(f"cache must be an nsa.attention.NSACache or None, got {type(cache).__name__}{hint}")
             if not torch.compiler.is_compiling():  # a traced decode keeps no Python object's identity
                 cache.claim(self)
             held = next(iter(cache.tokens.values()), None)

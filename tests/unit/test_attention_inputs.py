@@ -110,6 +110,16 @@ def test_inputs_on_another_device_or_not_tensors_are_refused_by_name(kind):
 
 
 @pytest.mark.parametrize("kind", [NSAAttention, DenseAttention])
+def test_a_mask_where_the_cache_goes_is_told_there_is_no_mask(kind):
+    """An attention mask passed as the second argument, where other attention layers take it,
+    was refused as "cache must be an nsa.attention.NSACache or None, got Tensor" alone: the user
+    was left to guess that the layer takes no mask at all."""
+    with pytest.raises(TypeError, match=r"cache must be an nsa.attention.NSACache or None, got Tensor \(the layer "
+                                        r"takes no attention mask or position ids"):
+        _layer(kind)(torch.randn(2, 10, 64), torch.ones(2, 10, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("kind", [NSAAttention, DenseAttention])
 def test_a_cache_of_a_layer_of_another_shape_is_refused_by_name(kind):
     """Another layer's cache (other KV heads or head dim) failed in the cache's concatenation:
     'Sizes of tensors must match except in dimension 1', which names neither the cache nor the shapes."""

@@ -20,7 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .autocast import autocast_dtype
-from .autograd_state import count_call, saved_tensor_hooks_active, unwrapped
+from .autograd_state import count_call, func_transform_active, saved_tensor_hooks_active, unwrapped
 from .backends import (
     STAGE_CONFIG_KEY, STAGES, BackendUnavailable, Route, ahead, preload, resolve_route, rope_kernel,
 )
@@ -73,6 +73,10 @@ def autocast_input(x: torch.Tensor) -> torch.Tensor:
     copy instead of one per projection (`python bench/saved_memory.py` lists what a layer saves)."""
     dtype = autocast_dtype(x.device.type)
     return x.to(dtype) if dtype is not None and x.is_floating_point() else x
+
+
+#: the reason of every route under a torch.func transform (RoutedAttention._resolve)
+TORCH_FUNC_ROUTE = "under a torch.func transform: the PyTorch path, op by op (torch.func takes no kernel's autograd)"
 
 
 def _check_positive_int(name: str, value) -> None:
@@ -211,13 +215,20 @@ class RoutedAttention(nn.Module):
         nsa.kernels.rope; NSA's compressors' MLP, nsa.kernels.phi_mlp): resolved once per (device
         type, dtype), when the layer is built for CUDA (backends.ahead) or at the first eager
         call. Nothing is kept while torch.compile traces: a value kept in a trace would fail that
-        graph's guards on the next call and compile it again."""
+        graph's guards on the next call and compile it again.
+
+        Under a torch.func transform every stage takes the PyTorch path and no kernel of the
+        layer's own runs: the kernels' autograd is an old-style autograd.Function (their custom
+        ops' too), which torch.func refuses, and their gradients have no graph, so no double
+        backward; op by op, the layer has both."""
         key = (device.type, dtype)
         found = self._resolved.get(key)
         if found is None:
             found = self._routes_for(device, dtype)
             if not torch.compiler.is_compiling():
                 self._resolved[key] = found
+        if not torch.compiler.is_compiling() and func_transform_active():
+            found = {stage: Route(stage, "torch", TORCH_FUNC_ROUTE) for stage in found[0]}, False
         if not torch.compiler.is_compiling():
             self.routes = found[0]  # the last eager call's, for the backend audit
         return found

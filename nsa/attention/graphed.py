@@ -40,6 +40,8 @@ import torch
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+from nsa.kernels._autograd import NO_DOUBLE_BACKWARD
+
 from .autograd_state import func_transform_active, saved_tensor_hooks_active
 
 #: inputs of up to this many tokens (batch x length) are graphed by default: where the host, not
@@ -309,6 +311,8 @@ class _Replay(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        if torch.is_grad_enabled():  # create_graph=True: a replay's gradients carry no graph of their own
+            raise RuntimeError(f"an NSA layer replayed from its CUDA graphs {NO_DOUBLE_BACKWARD}")
         entry = ctx.entry
         moved = tuple(p.data_ptr() for p in ctx.saved_tensors[3:]) != entry.param_ptrs
         if moved:  # so on every step: each would replay a forward and then recompute it

@@ -55,8 +55,8 @@ class _PhiMLP(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph: the kernels' gradients have no graph of their own
             raise RuntimeError(
                 "NSA's compressor MLP has no double backward (create_graph=True) on an eager layer's "
-                "one-node path; under torch.func (torch.func.grad, vjp, jacrev) the layer runs it op by op, "
-                "which has one (or use NSAConfig(phi='mean'))")
+                "one-node path; under torch.func (torch.func.grad, vjp, jacrev) the layer runs op by op, "
+                "which has one")
         from nsa.kernels.phi_mlp import phi_mlp_backward
 
         first, T, params = ctx.geometry

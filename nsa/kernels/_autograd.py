@@ -24,6 +24,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 
 
+#: why a double backward through a kernel is refused, and where one runs
+NO_DOUBLE_BACKWARD = (
+    "has no double backward (create_graph=True, such as a gradient penalty): the kernels compute their "
+    "gradients outside autograd, so a second derivative through them would miss their terms; under torch.func "
+    "(torch.func.grad, vjp, jacrev) an attention layer runs op by op, which has one")
+
+
 def _eager_function(name: str, forward: Callable, setup_context: Callable, backward: Callable):
     """An autograd.Function running ``forward`` (the kernels, directly) with the custom op's
     ``setup_context`` and ``backward``. It is an old-style Function (the context set up inside
@@ -34,9 +41,16 @@ def _eager_function(name: str, forward: Callable, setup_context: Callable, backw
         setup_context(ctx, args, output)
         return output
 
+    def first_order_backward(ctx, *grads):
+        # grad mode is on in a backward only under create_graph=True: the gradients made here
+        # would carry no graph of the kernels, and a second derivative would lack their terms
+        if torch.is_grad_enabled():
+            raise RuntimeError(f"NSA's kernel {name} {NO_DOUBLE_BACKWARD}")
+        return backward(ctx, *grads)
+
     return type(name, (torch.autograd.Function,), {
         "forward": staticmethod(run),
-        "backward": staticmethod(backward),
+        "backward": staticmethod(first_order_backward),
     })
 
 

@@ -103,6 +103,20 @@ def test_a_second_backward_through_a_retained_graph_recomputes():
     _same(*results)
 
 
+def test_a_double_backward_through_a_replay_is_refused_by_name():
+    """A gradient penalty (create_graph=True) through a replayed layer took the graphs' gradients,
+    which carry no graph of their own: the second derivative silently lacked the layer's terms."""
+    graphed, _ = _pair()
+    for step in range(2):  # eager first call, then the capture
+        _step(graphed, *_inputs(30 + step))
+    xs, dos = _inputs(32)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = graphed(xs[0])
+    assert type(out.grad_fn).__name__ == "_ReplayBackward"
+    with pytest.raises(RuntimeError, match="replayed from its CUDA graphs has no double backward .*under torch.func"):
+        torch.autograd.grad(out, xs[0], dos[0], create_graph=True)
+
+
 def test_a_checkpointed_layer_runs_eagerly_and_is_exact():
     graphed, eager = _pair()
     for step in range(3):

@@ -1,5 +1,7 @@
-"""An NSA layer whose stages run on the kernels under torch.func: it runs op by op on the PyTorch
-path, whose first and second derivatives it then has."""
+"""An NSA layer whose stages run on the kernels, and a second derivative (a gradient penalty):
+the kernels compute their gradients outside autograd, so a double backward through them is
+refused by name instead of silently missing their terms; under torch.func the layer runs op by
+op on the PyTorch path, whose first and second derivatives it then has."""
 from __future__ import annotations
 
 import dataclasses
@@ -23,6 +25,16 @@ def _layers(kdev, phi: str) -> tuple[NSAAttention, NSAAttention]:
     torch_path = NSAAttention(32, 2, 1, 16, dataclasses.replace(ON_TORCH, phi=phi), graph_tokens=0).to(kdev)
     torch_path.load_state_dict(kernels.state_dict())
     return kernels, torch_path
+
+
+@pytest.mark.parametrize("phi", ["mean", "mlp"])
+def test_a_double_backward_through_the_kernels_is_refused_by_name(kdev, phi):
+    """With phi='mean' (no compressor MLP node to refuse it) a gradient penalty through the kernels
+    ran without a word, and its second derivative lacked the kernels' terms: x got none at all."""
+    kernels, _ = _layers(kdev, phi)
+    x = torch.randn(1, 13, 32, device=kdev, requires_grad=True)
+    with pytest.raises(RuntimeError, match="no double backward .*under torch.func"):
+        torch.autograd.grad(kernels(x).square().sum(), x, create_graph=True)
 
 
 def test_under_torch_func_the_layer_runs_op_by_op_to_the_second_order(kdev):

@@ -95,6 +95,11 @@ def _nan_poisoned_empty(monkeypatch):
     """torch.empty/empty_like return NaN-filled float tensors during kernel tests, so a tile
     a kernel never wrote shows up as NaN instead of leftover memory."""
     real_empty, real_like = torch.empty, torch.empty_like
+    # `with torch.device(...)` caches the factories it redirects on its first use, which a trace in
+    # a test may make: cached while these are replaced, it would hold the replacements, and the
+    # context would build on the CPU for the rest of the process (tests/kernels/test_fixtures.py)
+    from torch.utils._device import _device_constructors
+    _device_constructors()
 
     def poison(t):
         if t.requires_grad:  # a leaf made to carry autograd state (torch.utils.checkpoint's), not data

@@ -8,7 +8,8 @@ import torch
 from hypothesis import given
 
 from nsa.attention.config import NSAConfig
-from nsa.attention.torch_branches import near_tie_violations, torch_cmp_attention, torch_select_blocks
+from nsa.attention.torch_branches import (near_tie_violations, torch_cmp_attention, torch_select_blocks,
+                                          visible_compressed)
 from tests.kernels._util import INTERP_SETTINGS, KCase, kcases, rnd
 
 pytestmark = pytest.mark.triton_interp
@@ -156,3 +157,30 @@ def test_select_top_searches_few_candidates_or_the_whole_row(kdev, NB, n, cap, w
     assert short.sum() >= 4 and (~short).sum() >= 4  # both searches ran
     in_front = torch.stack([c[:k].all() for c, k in zip(cand, count.tolist())])  # nothing to move
     assert torch.equal((work.cpu() != scores).any(1), short & ~in_front)
+
+
+@pytest.mark.parametrize("G,H,tune", [(1, 2, None), (3, 1, "chunk_blocks=2")], ids=["G1-H2", "G3-chunks-of-2"])
+def test_topk_exact_ties_go_to_the_lower_block(kdev, G, H, tune):
+    """Zero queries weigh every visible compressed token alike, so the blocks that all of them
+    cover score exactly alike, in float32 as in float64: the kernels take the lowest-indexed of
+    the tied blocks, as the oracle does, whatever chunk of blocks a block's score was summed in
+    (the carry across chunks). test_topk_matches_torch allows either order within a near-tie, so
+    it does not pin this."""
+    from nsa.attention.kernel_branches import triton_select_blocks
+    from nsa.kernels.tuning import TopkTuning
+
+    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=4, window=8)
+    B, T, K, q_start = 2, 24, 16, 40
+    gen = torch.Generator().manual_seed(G)
+    Nc = int(visible_compressed(torch.tensor([q_start + T - 1]), cfg).item())
+    q = torch.zeros(B, T, H * G, K, dtype=torch.float64)
+    kc = rnd(gen, B, Nc, H, K, device="cpu").double()  # float32 values, exact in both
+    _, lse = torch_cmp_attention(q, kc, kc, cfg, q_start)
+    ref = torch_select_blocks(q, kc, lse, cfg, q_start)
+    got = triton_select_blocks(q.float().to(kdev), kc.float().to(kdev), lse.float().to(kdev), cfg, q_start,
+                               None if tune is None else TopkTuning.from_arg(tune)).cpu()
+    # the oracle takes block 1 of the tied blocks 1 .. t//l' - 2 beside the forced ones (0, t//l' - 1, t//l')
+    jt = torch.arange(q_start, q_start + T) // cfg.sel_block
+    assert torch.equal(ref, torch.stack([torch.zeros_like(jt), torch.ones_like(jt), jt - 1, jt], -1)
+                       .view(1, T, 1, 4).expand(B, T, H, 4))
+    assert torch.equal(got, ref)

@@ -1,5 +1,5 @@
 """The result store: one JSON file (results.json) in the results directory holding one record
-per (runbook, profile, phase, parameters). Records are validation.record.PhaseRecord; JSON lives
+per (runbook, profile, phase, parameters). Records are validation.judge.record.PhaseRecord; JSON lives
 only here. The file says its schema: 2 is written, 1 (the same fields, some missing) is still
 read, anything else (or a file that is no store at all) is an error naming the file.
 

@@ -98,13 +98,15 @@ def _env() -> jinja2.Environment:
 
 def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Finding],
               outdated: list[stale.Outdated] | None = None, unknown: str | None = None,
-              unjudged: list[str] | None = None) -> tuple[Verdict, str]:
+              unjudged: list[str] | None = None, interrupted: Interruption | None = None) -> tuple[Verdict, str]:
     """The report's verdict and why. ``missing``: the runbook's points without a record;
     ``outdated``: those whose record is of a run the runbook asks something else of now (not run
     either: their stored verdict is not of the point as it is asked); ``unknown``: why the
     runbook's points are not known (it could not be loaded): no GO can be said then;
     ``unjudged``: gates outside the records that could not be judged ('long_run [default]: the
-    tokens/s regression gate against the baseline: ...'): no GO either."""
+    tokens/s regression gate against the baseline: ...'): no GO either; ``interrupted``: the run
+    writing the report was stopped, so the points it was asked to run again show earlier runs'
+    records (of another trainer's code, it may be): no GO either, while a failure stored stays one."""
     outdated = outdated or []
     failed = [r for r in records if r.failed]
     critical = [f for f in findings if f.severity == Severity.CRITICAL]
@@ -114,7 +116,7 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
     if critical:
         return Verdict.NO_GO, _critical_reason(critical)
     pending = [r for r in records if r.status in (Status.SKIP, Status.UNMEASURED)]
-    if missing or pending or outdated or unknown or unjudged:
+    if missing or pending or outdated or unknown or unjudged or interrupted:
         parts = [f"{len(missing) + len(outdated)} point(s) not run"] if missing or outdated else []
         if outdated:  # a stored run of another point than the runbook asks now: named, with what changed
             parts[0] += f" ({len(outdated)} of them stored from a run of what the runbook asks no longer: {_outdated_text(outdated)})"
@@ -129,6 +131,10 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
             parts.append(unknown)
         if unjudged:
             parts.append(f"{len(unjudged)} gate(s) against the baseline not judged ({unjudged[0]})")
+        if interrupted:
+            parts.append(f"the run that wrote this report was stopped by {interrupted.signal} before it judged every "
+                         "point it was asked to run: no GO from its stored records (`nsa-validate report` renders "
+                         "the store alone)")
         return Verdict.INCOMPLETE, "; ".join(parts)
     if not records:
         return Verdict.INCOMPLETE, "no results stored"
@@ -311,7 +317,7 @@ def interruption_text(cut: Interruption, records: list[PhaseRecord], unrecorded:
     where = (f"while {', '.join(row(t) for t in cut.points)} ran; that run was not recorded" if cut.points
              else "between points (none was cut short)")
     return (f"the run that wrote this report was stopped by {cut.signal} {where}. The status above is of the "
-            "records stored, not a verdict of the stopped run: the points it did not reach show their earlier "
+            "records stored, never GO for a stopped run: the points it did not reach show their earlier "
             "records, where the store holds them. Run them again for a verdict")
 
 
@@ -337,7 +343,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
     findings = find(records, extra, profile.thresholds if profile else None,
                     planned_longest((p.phase.name, p.params) for p in points) if points is not None else None)
     status, why = status_of(records, missing, findings, outdated, _unknown_plan(records, runbook, profile),
-                            comparison.unjudged_lines() if comparison else None)
+                            comparison.unjudged_lines() if comparison else None, interrupted)
     store_arg = _store_arg(results_dir)
     root = root_assignment(runbook.trainer.root.env if runbook and runbook.trainer else None, records)
     findings = [_with_rerun(f, runbook and runbook.cli_name, profile and profile.cli_name, store_arg, root)

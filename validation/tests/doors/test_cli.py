@@ -208,9 +208,10 @@ def test_an_interrupted_run_prints_no_status_line_that_reads_as_its_verdict(tmp_
 
 def test_the_report_of_an_interrupted_run_says_where_it_stopped(tmp_path):
     """user hH's pass: a run stopped (SIGINT) within a point that had an earlier record left a
-    report saying only 'Status: GO': the stored records' status, with no word of the stop. It
-    keeps that status (the report renders the store) and says the run was stopped, at which point,
-    and what that point's row is."""
+    report saying only 'Status: GO': the stored records' status, with no word of the stop. It says
+    the run was stopped, at which point, and what that point's row is; and its status, of the
+    records stored, is never GO (user s16's pass: a GO of earlier records, maybe of other code,
+    headed the report of a run that judged nothing new)."""
     rb = write_runbook(tmp_path / "rb.yaml", [train_phase(), train_phase("long_run", steps=60,
                                                                          env={"NSA_FAKE_STEP_S": "0.05"})])
     results = tmp_path / "res"
@@ -226,11 +227,12 @@ def test_the_report_of_an_interrupted_run_says_where_it_stopped(tmp_path):
     out, err = interrupt_when_training(proc, csvs)
     assert proc.returncode == 130, err[-2000:]
     text = report.read_text()
-    assert "**Status: GO**" in text
+    assert "**Status: INCOMPLETE**" in text and "**Status: GO**" not in text
+    assert "the run that wrote this report was stopped by SIGINT before it judged every point" in text
     assert re.search(r"> \*\*Interrupted\*\*: the run that wrote this report was stopped by SIGINT while "
                      r"`fake/cpu/long_run/default` \(its row is its earlier record, PASS, of a run started "
                      r"\d{4}-\d\d-\d\d \d\d:\d\d UTC\) ran; that run was not recorded\. The status above is of the "
-                     r"records stored, not a verdict of the stopped run", text), text[:3000]
+                     r"records stored, never GO for a stopped run", text), text[:3000]
     # a report written from the store afterwards is of the store alone
     assert main(["report", "--results-dir", str(results), "--no-plots"]) == 0
     assert "Interrupted" not in report.read_text()

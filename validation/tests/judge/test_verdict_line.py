@@ -183,3 +183,20 @@ def test_every_failed_point_in_the_summary_says_why(tmp_path):
     _, reason = status_of([rec], [], [])
     assert reason == ("1 of 1 phase point(s) failed: two [default] (node 1's torchrun agent was killed by SIGKILL "
                       "(exit code -9))"), reason
+
+
+def test_a_report_written_by_a_stopped_run_says_no_go_or_incomplete_never_go():
+    """A run stopped by Ctrl-C wrote 'Status: GO' when every stored record had passed: the point it
+    was re-running showed its earlier record (of the trainer's code before the edit being tested,
+    it may be), so the report of a run that judged nothing new claimed GO. A failure stored stays
+    NO-GO; the report `nsa-validate report` renders from the store alone is unchanged."""
+    from validation.report.build import Interruption, Verdict
+
+    passed = _record(Status.PASS, "", exit_code=0)
+    cut = Interruption("SIGINT", ("rb/cpu/two/default",))
+    assert status_of([passed], [], [])[0] == Verdict.GO
+    verdict, reason = status_of([passed], [], [], interrupted=cut)
+    assert verdict == Verdict.INCOMPLETE
+    assert reason == ("the run that wrote this report was stopped by SIGINT before it judged every point it was asked "
+                      "to run: no GO from its stored records (`nsa-validate report` renders the store alone)")
+    assert status_of([_record()], [], [], interrupted=cut)[0] == Verdict.NO_GO

@@ -100,9 +100,11 @@ def _parser() -> argparse.ArgumentParser:
 
     def common(sp: argparse.ArgumentParser, runbook_default: str | None, results: bool = True) -> None:
         sp.add_argument("--runbook", type=_named, default=runbook_default, help=f"runbook name under runbooks/ or a YAML path (default: {runbook_default or 'all stored'})")
+        # only a command with a results directory looks there for the profile file a point ran with
+        first = "the runbook's first" + ("; where the results dir holds its points run with a profile file of that "
+                                         "name, that file" if results else "")
         sp.add_argument("--profile", type=_named, default=None, help="hardware profile name or YAML path (default: " + (
-            "the runbook's first; where the results dir holds its points run with a profile file of that "
-            "name, that file)" if runbook_default else
+            f"{first})" if runbook_default else
             "every stored pair, each judged by the profile file its latest record ran with)"))
         if results:
             sp.add_argument("--results-dir", type=_path, default=DEFAULT_RESULTS_DIR,

@@ -85,7 +85,8 @@ def test_output_into_a_closed_pipe_is_no_traceback():
 
 
 def test_each_subcommand_help_lists_only_options_it_uses(capsys):
-    """`phases --results-dir` was accepted and ignored; report's --no-plots said nothing."""
+    """`phases --results-dir` was accepted and ignored; report's --no-plots said nothing; phases'
+    --profile said its default came from 'the results dir', which phases has none of."""
     for cmd in ("phases", "report"):
         try:
             main([cmd, "--help"])
@@ -93,7 +94,8 @@ def test_each_subcommand_help_lists_only_options_it_uses(capsys):
             pass
     out = capsys.readouterr().out
     phases_help, report_help = out.split("usage: nsa-validate report")
-    assert "--results-dir" not in phases_help
+    assert "--results-dir" not in phases_help and "results dir" not in phases_help, phases_help
+    assert "(default: the runbook's first)" in " ".join(phases_help.split())
     assert "--no-plots            render the report without PNG plots" in report_help
 
 

@@ -22,6 +22,17 @@ class RunFacts:
     """Global tokens of one optimizer step, where the runbook says them (trainer.tokens_per_step)."""
 
 
+def given_commit(facts: RunFacts) -> dict[str, str | None]:
+    """env.json's ``git_sha`` and ``git_sha_source`` where the harness gives them (a trainer whose
+    files name no commit of their own): the commit found at the trainer's root, or none with why
+    (``nsa.provenance.source_revision``'s answer, as this project's trainer writes it), never a
+    commit 'found' of nothing; both None where the harness looked nowhere (check-artifacts)."""
+    source = facts.trainer_sha_source
+    if source is not None:
+        source = f"{'found' if facts.trainer_sha else 'looked for'} by the harness at its root: {source}"
+    return {"git_sha": facts.trainer_sha, "git_sha_source": source}
+
+
 class Origin(enum.StrEnum):
     """Where a key of the env.json an adapter writes, or a file it writes, came from: a user reading
     ``check-artifacts`` or the report must not take what the adapter made up, or the harness gave

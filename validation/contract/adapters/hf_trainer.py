@@ -59,6 +59,7 @@ from validation.contract.adapters.base import (
     FileOrigin,
     Origin,
     RunFacts,
+    given_commit,
 )
 from validation.contract.adapters.tfevents import _fields, events_where, read_scalars
 from validation.contract.check import ADAPTER_READ_NOTHING, HEARTBEATS, TrainedSteps
@@ -171,8 +172,7 @@ class HfTrainerAdapter(Adapter):
             _atomic(out_dir / TRAINING_CSV, "\n".join(lines) + "\n")
             files[TRAINING_CSV] = _csv_origin(state_read, events, trainer_dir)
         env: dict[str, Any] = {
-            "world_size": facts.world_size, "trainer": facts.trainer, "git_sha": facts.trainer_sha,
-            "git_sha_source": facts.trainer_sha_source and f"found by the harness at its root: {facts.trainer_sha_source}",
+            "world_size": facts.world_size, "trainer": facts.trainer, **given_commit(facts),
             "adapter": {"name": self.name,
                         "read": read or {ADAPTER_READ_NOTHING: "no trainer_state.json, checkpoint or TensorBoard "
                                                                "events in the output folder"},

@@ -35,7 +35,16 @@ from typing import Any
 
 from nsa.atomic import write_atomic
 from nsa.contract import CSV_COLUMNS, ENV_JSON, HALT, TRAINING_CSV, stackdump_name
-from validation.contract.adapters.base import GIVEN, Adapter, Converted, FileOrigin, KeyOrigin, Origin, RunFacts
+from validation.contract.adapters.base import (
+    GIVEN,
+    Adapter,
+    Converted,
+    FileOrigin,
+    KeyOrigin,
+    Origin,
+    RunFacts,
+    given_commit,
+)
 from validation.contract.stacks import UNRANKED_DUMP
 
 SEED_COLUMNS = ("step", "loss", "lr", "toks_per_s")
@@ -154,7 +163,6 @@ def _env(src: Path, dst: Path, facts: RunFacts, files: dict[str, FileOrigin]) ->
         return facts.world_size, {}
     world = facts.world_size
     origins: dict[str, KeyOrigin] = {}
-    found = facts.trainer_sha_source and f"found by the harness at its root: {facts.trainer_sha_source}"
     files[dst.name] = FileOrigin(Origin.TRAINER, f"(the trainer's {src.name}, not an object: nothing added)")
     if isinstance(env, dict):
         seen = env.get("env") if isinstance(env.get("env"), dict) else {}
@@ -166,7 +174,7 @@ def _env(src: Path, dst: Path, facts: RunFacts, files: dict[str, FileOrigin]) ->
         env = {**env, "env": {k: v for k, v in seen.items() if k.startswith("NSA_")},
                "world_size": world, "trainer": facts.trainer}
         if not own_commit:  # the commit the trainer recorded is its own word, over what the harness found
-            env.update(git_sha=facts.trainer_sha, git_sha_source=found)
+            env.update(given_commit(facts))
         files[dst.name] = FileOrigin(Origin.DERIVED, f"from the trainer's {src.name}: world_size and trainer set"
                                                      + ("" if own_commit else ", the commit added")
                                                      + ", its env kept to the NSA_* variables")

@@ -74,6 +74,7 @@ from validation.contract.adapters.base import (
     KeyOrigin,
     Origin,
     RunFacts,
+    given_commit,
 )
 from validation.contract.adapters.tfevents import events_where, read_scalars
 from validation.contract.check import ADAPTER_READ_NOTHING
@@ -249,10 +250,7 @@ class TorchtitanAdapter(Adapter):
             {ADAPTER_READ_NOTHING: "no torchtitan log (its stdout, or *.log files), TensorBoard events or structured "
                                    "logs in the folder"})
         env: dict[str, Any] = {"contract_version": VERSION, "world_size": world, "trainer": facts.trainer,
-                               "git_sha": facts.trainer_sha,
-                               "git_sha_source": facts.trainer_sha and
-                               f"found by the harness at its root: {facts.trainer_sha_source}",
-                               "adapter": {"name": self.name, "read": read}}
+                               **given_commit(facts), "adapter": {"name": self.name, "read": read}}
         if restarts := log.restarts():
             env["adapter"]["restarts"] = [dataclasses.asdict(r) for r in restarts]
         if tokens_per_step := log.latest("tokens_per_step"):

@@ -188,3 +188,28 @@ def test_the_trainer_key_says_what_check_artifacts_gave_it(tmp_path, capsys):
     assert ("  given                env.json trainer: given the seed adapter by the harness, not read from the "
             "trainer's files (the runbook's trainer.name; check-artifacts: the placeholder '(checked by hand)', as it "
             "reads no runbook)\n") in capsys.readouterr().out
+
+
+def _state_only_hf_folder(where: Path) -> Path:
+    where.mkdir()
+    _state(where, [1, 2], summary=2)
+    return where
+
+
+@pytest.mark.parametrize("name, folder", [("seed", _seed_folder), ("hf_trainer", _state_only_hf_folder),
+                                          ("torchtitan", _torchtitan_folder)])
+def test_every_adapter_says_the_harnesses_commit_and_where_it_looked_alike(tmp_path, name, folder):
+    """The torchtitan adapter decided env.json's git_sha_source by whether the harness found a commit,
+    the others by whether it had looked: of a trainer root with no commit to find, torchtitan's
+    env.json said null (why none was found, lost) and the others' "found by the harness at its root:
+    none: git cannot answer here ..." (found, of nothing). One rule for all three now."""
+    why_none = "none: git cannot answer here and there is no SOURCE_SHA stamp"
+    cases = [(RunFacts(1, "t", "b" * 40, "git describe"), "b" * 40,
+              "found by the harness at its root: git describe"),
+             (RunFacts(1, "t", None, why_none), None, f"looked for by the harness at its root: {why_none}"),
+             (RunFacts(1, "t"), None, None)]  # check-artifacts: the harness looked nowhere
+    trainer_dir = folder(tmp_path / "trainer")
+    for i, (facts, sha, source) in enumerate(cases):
+        ADAPTERS[name].convert(trainer_dir, tmp_path / f"run{i}", facts)
+        env = json.loads((tmp_path / f"run{i}" / "env.json").read_text())
+        assert (env.get("git_sha"), env.get("git_sha_source")) == (sha, source), (name, facts, env)

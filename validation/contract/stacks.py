@@ -143,6 +143,26 @@ def parse_pyspy(text: str) -> list[Thread]:
     return threads
 
 
+#: a frame of a collective: the rank waits there for the others (c10d's collectives, FSDP's, the
+#: functional collectives; accelerate, transformers' Trainer and DeepSpeed reach theirs through them)
+COLLECTIVE = "torch/distributed/"
+#: what lies under torch/distributed/ and waits for no peer: torchrun's error recording
+#: (``@record`` wraps a user's main, so its frame is at the bottom of every rank's stack) and its
+#: process launch
+NOT_COLLECTIVE = ("torch/distributed/elastic/multiprocessing/", "torch/distributed/run.py",
+                  "torch/distributed/launcher/")
+
+
+def collective_of(frames: list[Frame]) -> str | None:
+    """The collective ``frames`` (most recent first) were in: the function of their innermost frame of
+    torch.distributed's (``COLLECTIVE``, not ``NOT_COLLECTIVE``), 'all_reduce'; None where none is."""
+    for fr in frames:
+        path = fr.file.replace("\\", "/")
+        if COLLECTIVE in path and not any(n in path for n in NOT_COLLECTIVE):
+            return fr.func
+    return None
+
+
 def main_thread_frames(threads: list[Thread]) -> list[Frame]:
     """The frames of the thread that ran the training loop: the one that runs a module's top
     level (``<module>``, below runpy's frames for ``python -m``), else the longest stack.

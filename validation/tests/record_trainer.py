@@ -13,6 +13,9 @@ It writes the artifact contract (one all-reduce a step) and hangs one rank on re
                       ``sync_metrics`` on a side group (every rank makes it at the start) that no other rank
                       calls there: it waits in it, the others in the step's all-reduce, every heartbeat at the
                       same step and stage
+    NSA_RECORD_SIZE=R@S   rank R, at step S, after its ``backward`` record, calls an all-reduce of 7 floats of its own
+                      in ``log_metrics`` on the default group, where the others call the step's all-reduce of 1:
+                      gloo's size check fires in the rank that receives the other size and aborts it
 """
 from __future__ import annotations
 
@@ -40,8 +43,14 @@ def sync_metrics(group: dist.ProcessGroup) -> None:
     dist.all_reduce(torch.ones(1), group=group)
 
 
+def log_metrics() -> None:
+    """The extra collective of another size: an all-reduce of 7 floats on the default group, which only the rank
+    that diverged calls, where the others call the step's all-reduce of the loss (1 float)."""
+    dist.all_reduce(torch.ones(7))
+
+
 def _at(name: str) -> tuple[int, int]:
-    """NSA_RECORD_HANG / NSA_RECORD_EXTRA's 'R@S' as (rank, step); (-1, 0) where unset."""
+    """NSA_RECORD_HANG / NSA_RECORD_EXTRA / NSA_RECORD_SIZE's 'R@S' as (rank, step); (-1, 0) where unset."""
     spec = os.environ.get(name, "")
     rank, step = (int(x) for x in spec.split("@")) if spec else (-1, 0)
     return rank, step
@@ -67,6 +76,7 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     hang_rank, hang_step = _at("NSA_RECORD_HANG")
     extra_rank, extra_step = _at("NSA_RECORD_EXTRA")
+    size_rank, size_step = _at("NSA_RECORD_SIZE")
     side = dist.new_group(backend="gloo")  # every rank makes a group, as new_group asks
     if rank == 0:
         (out / "env.json").write_text(json.dumps({"world_size": world, "git_sha": "test", "contract_version": 2}))
@@ -81,6 +91,8 @@ def main() -> int:
             stuck_in_own_code()
         if rank == extra_rank and step == extra_step:
             sync_metrics(side)
+        if rank == size_rank and step == size_step:
+            log_metrics()
         dist.all_reduce(loss)
         _beat(out, rank, step, "step")
         took = time.perf_counter() - began

@@ -29,8 +29,8 @@ DOOR_IMPORTS = ("validation.session", "validation.judge.record", "validation.run
 #: __init__.py lists them): a module imports only those before it
 SPLIT = {"validation.contract.torchrun_log": ("patterns", "exceptions", "whose", "failure", "attempts", "ranks",
                                              "said"),
-         "validation.judge.diagnosis": ("blame", "beats", "collectives", "failed", "nonfinite", "left", "crash",
-                                        "stall", "decide")}
+         "validation.judge.diagnosis": ("blame", "beats", "collectives", "failed", "nonfinite", "mismatch", "left",
+                                        "crash", "stall", "decide")}
 
 
 def _modules() -> dict[str, Path]:

@@ -7,7 +7,7 @@ import io
 import re
 import tokenize
 
-from validation.contract.stacks import Frame
+from validation.contract.stacks import Frame, collective_of
 from validation.contract.torchrun_log.patterns import RANK_LINE, TRACEBACK
 from validation.excerpt import EXCERPT_CHARS, STDERR_TAIL_LINES
 
@@ -73,13 +73,16 @@ def traceback_of(lines: list[str], exception: str) -> dict:
     """Of a rank's own lines (its prefix dropped) that end its traceback in ``exception``: the
     traceback's text (from its first 'Traceback' line, which a chained exception's precede, to that
     exception; its last STDERR_TAIL_LINES lines), and the innermost frame of the last traceback in
-    the trainer's own code with its source line (RankFailure)."""
+    the trainer's own code with its source line, and the collective it was in (RankFailure)."""
     end = max(i for i, ln in enumerate(lines) if ln.strip() == exception) + 1
     starts = [i for i, ln in enumerate(lines[:end]) if ln.startswith(TRACEBACK)]
     if not starts:
         return {}
     out: dict = {"traceback": "\n".join(lines[starts[0]:end][-STDERR_TAIL_LINES:])}
     last = lines[starts[-1]:end]
+    frames = [Frame(m["file"], int(m["line"]), m["func"].strip()) for ln in reversed(last) if (m := _TB_FRAME.match(ln))]
+    if (collective := collective_of(frames)) is not None:
+        out["collective"] = collective
     for i in reversed(range(len(last))):
         m = _TB_FRAME.match(last[i])
         if m is None or _LIBRARY.search(m["file"].replace("\\", "/")):
@@ -90,6 +93,12 @@ def traceback_of(lines: list[str], exception: str) -> dict:
             out["raised_code"] = _without_comment(code.strip())
         break
     return out
+
+
+def own_frame(frames: list[Frame]) -> Frame | None:
+    """The innermost of ``frames`` (most recent first) in the trainer's own code: no installed package's, no
+    standard library's (``_LIBRARY``); None where none is."""
+    return next((f for f in frames if not _LIBRARY.search(f.file.replace("\\", "/"))), None)
 
 
 def _without_comment(code: str) -> str:

@@ -65,7 +65,19 @@ class RankFailure:
     log holds none of it."""
     raised_at: Frame | None = None
     """The innermost frame of its last traceback in the trainer's own code (no installed package's,
-    no standard library's: ``_LIBRARY``): where the trainer called what raised; None where no frame is."""
+    no standard library's: ``_LIBRARY``): where the trainer called what raised; of a rank that a
+    collective ``mismatch`` aborted, the same frame of Python's report of the abort (faulthandler's,
+    ``_FATAL_ABORT``) where the log's one report is its own; None where no frame is."""
+    collective: str | None = None
+    """The collective that traceback (or report) ends in: its innermost frame of torch.distributed's
+    ('all_reduce'); None where none is."""
+    mismatch: str | None = None
+    """The words of a check that found this rank's collective not matching the other ranks'
+    (``MISMATCH``): torch's exception under TORCH_DISTRIBUTED_DEBUG=DETAIL, or, of a rank killed by
+    SIGABRT with no exception of it in the log, gloo's size check ('op.preamble.length <= op.nbytes. 8
+    vs 4. Received data size doesn't match expected size'), which aborts the rank that received a
+    message of another size than its own collective's: where the mismatch was detected, not the rank
+    that left the common path (``_mismatch_aborts``)."""
     raised_code: str | None = None
     """That frame's source line, as the traceback prints it, without its comment."""
     ended_by_agent: bool | None = None
@@ -148,6 +160,8 @@ class RankFailure:
         torchrun said none of them."""
         if self.exception:
             return short_exception(self.exception)
+        if self.mismatch is not None:
+            return f"killed by {self.signal} by gloo's check of a message's size ({self.mismatch})"
         if self.broken_collective is not None:
             return f"killed by {self.signal} after a collective broke ({short_exception(self.broken_collective)})"
         if self.aborted is not None:

@@ -40,6 +40,15 @@ VICTIM = re.compile(r"Connection closed by peer|remote worker|Connection reset|D
 #: gloo's collective that gave up waiting for a peer, in the exception it raised in the rank that waited
 #: ('[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation to complete')
 GLOO_TIMEOUT = re.compile(r"Timed out waiting \d+ms for (recv|send) operation")
+#: a check that found a rank's collective not matching the other ranks' (another size, type or op, or a
+#: collective the others did not call): gloo's check of a message's size against the buffer of the collective
+#: the receiving rank is in, which throws in gloo's own thread and so aborts that rank (SIGABRT, its words in
+#: the C++ runtime's 'what():' line: '[enforce fail at ../gloo/transport/tcp/pair.cc:456] op.preamble.length <=
+#: op.nbytes. 8 vs 4. Received data size doesn't match expected size. Is there a distributed collective mismatch
+#: in your code?'), and torch's own check of every collective under TORCH_DISTRIBUTED_DEBUG=DETAIL, which raises
+#: in each rank it ran in ('RuntimeError: Detected mismatch between collectives on ranks. Rank 0 is running
+#: collective: CollectiveFingerPrint(...)'; NCCL's runs too, NCCL itself checks no size)
+MISMATCH = re.compile(r"Received data size doesn't match expected size|Detected mismatch between collectives")
 #: torchrun's agent on a failed attempt of its workers, once an attempt: the first of them to fail
 #: ('failed (exitcode: -9) local_rank: 0 (pid: 703) of binary: ...'); under ``--max-restarts`` it then
 #: starts them all again, as long as restarts are left. It names the worker by its local rank, its

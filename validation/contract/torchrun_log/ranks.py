@@ -9,10 +9,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from validation.contract.torchrun_log.attempts import AgentSeen, last_attempt
-from validation.contract.torchrun_log.exceptions import short_exception, traceback_of
+from validation.contract.stacks import Frame, collective_of, main_thread_frames, parse_faulthandler
+from validation.contract.torchrun_log.exceptions import own_frame, short_exception, traceback_of
 from validation.contract.torchrun_log.failure import RankFailure
-from validation.contract.torchrun_log.patterns import (ATTEMPT_FAILED, EXC, GLOO_TIMEOUT, LOG_LINE, RANK_LINE, TR_EXIT,
-                                                       TR_RANK, read_tail, signal_name)
+from validation.contract.torchrun_log.patterns import (ATTEMPT_FAILED, EXC, GLOO_TIMEOUT, LOG_LINE, MISMATCH, RANK_LINE,
+                                                       TR_EXIT, TR_RANK, read_tail, signal_name)
 from validation.contract.torchrun_log.whose import AGENT, agent_signalled_in, whose_lines, worker_exceptions
 from validation.excerpt import EXCERPT_CHARS
 
@@ -38,6 +39,13 @@ _WATCHDOG = re.compile(r"(\[PG [^\]]*\(default_pg\) Rank (?P<rank>\d+)\] )?(Proc
 #: or a peer went away under it (ncclRemoteError); not a fault of the rank's own (a CUDA error)
 _PEER_FAILED = re.compile(r"Watchdog caught collective operation timeout|ncclRemoteError|remote process exited|"
                           r"Connection (closed|reset) by peer", re.IGNORECASE)
+#: where gloo's enforce says it failed, before its words: '[enforce fail at ../gloo/transport/tcp/pair.cc:456] '
+_ENFORCE_AT = re.compile(r"^.*?\[enforce fail at [^\]]*\]\s*")
+#: of torch's check under TORCH_DISTRIBUTED_DEBUG=DETAIL: each rank's collective as it names it ('Rank 0 is running
+#: collective: CollectiveFingerPrint(SequenceNumber=2, OpType=ALLREDUCE, TensorShape=[4], ...)'), and how they differ
+_FINGERPRINT = re.compile(r"Rank (?P<rank>\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=\d+, "
+                          r"OpType=(?P<op>\w+)(?:, TensorShape=\[(?P<shape>[^\]]*)\])?")
+_DIFFER = re.compile(r"Collectives differ in the following aspects:\s*(?P<how>.+)$")
 
 
 def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20, *, seen: AgentSeen | None = None
@@ -89,6 +97,8 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20, *, seen: AgentSee
     for r, f in found.items():
         if f.get("exception"):
             f.update(traceback_of(said[r], f["exception"]))
+            if MISMATCH.search(f["exception"]):
+                f["mismatch"] = _checked(f["exception"])
     failures = {r: RankFailure(**f) for r, f in found.items()}
     signalled = agent_signalled_in(text)
     if signalled:
@@ -97,6 +107,8 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20, *, seen: AgentSee
     for r, why in _watchdog_failures(text).items():
         if r in failures:
             failures[r] = replace(failures[r], nccl_watchdog=why)
+    for r, found_so in _mismatch_aborts(text, failures).items():
+        failures[r] = replace(failures[r], **found_so)
     for r, broken in _teardown_aborts(text, failures).items():
         failures[r] = replace(failures[r], broken_collective=broken)
     for r, (said, at_exit) in _own_aborts(text, failures).items():
@@ -144,6 +156,40 @@ def _caught_timeouts(text: str, failures: dict[int, RankFailure]) -> dict[int, s
     return {r: words for r in silent}
 
 
+def _checked(exception: str) -> str:
+    """torch's exception of a mismatch it detected (TORCH_DISTRIBUTED_DEBUG=DETAIL) in short: 'Detected mismatch
+    between collectives on ranks: rank 0 ALLREDUCE [4], rank 1 ALLREDUCE [7]; they differ in Tensor Tensor
+    shapes: 4vs 7' (its own words of how, spaces closed up)."""
+    ran = [f"rank {m['rank']} {m['op']}" + (f" [{m['shape']}]" if m["shape"] is not None else "")
+           for m in _FINGERPRINT.finditer(exception)]
+    if not ran:
+        return short_exception(exception)
+    how = _DIFFER.search(exception)
+    return (f"{MISMATCH.search(exception).group(0)} on ranks: {', '.join(ran)}"
+            + (f"; they differ in {' '.join(how['how'].split())}" if how else ""))[:EXCERPT_CHARS]
+
+
+def _mismatch_aborts(text: str, failures: dict[int, RankFailure]) -> dict[int, dict]:
+    """The ranks killed by SIGABRT with no exception of theirs in the log that gloo's check of a
+    collective's size aborted (``MISMATCH`` in a worker's line that names no rank: the C++ runtime's
+    'what():' of the exception gloo's own thread threw, which nothing catches), each with the check's
+    words; and where there is one such rank and the log one report of an abort (``_abort_reports``),
+    the collective it was in and the trainer's frame that called it (RankFailure.raised_at). The log
+    does not say whose line is whose: fewer such lines than such ranks, and none is taken (an abort
+    may have come from elsewhere)."""
+    aborted = [r for r, f in failures.items() if f.signal == "SIGABRT" and not f.exception]
+    said = [ln for who, ln in whose_lines(text) if who != AGENT and not RANK_LINE.match(ln) and MISMATCH.search(ln)]
+    if not aborted or len(said) < len(aborted):
+        return {}
+    line = said[0].strip()
+    words = _ENFORCE_AT.sub("", line[:MISMATCH.search(line).end()])[:EXCERPT_CHARS]
+    out: dict[int, dict] = {r: {"mismatch": words} for r in aborted}
+    reports = _abort_reports(text)
+    if len(aborted) == 1 and len(reports) == 1 and reports[0]:
+        out[aborted[0]].update(raised_at=own_frame(reports[0]), collective=collective_of(reports[0]))
+    return out
+
+
 def _teardown_aborts(text: str, failures: dict[int, RankFailure]) -> dict[int, str]:
     """The ranks killed by SIGABRT with no exception of theirs in the log whose abort was their exit
     after a broken collective, each with the line of that collective's error: those where a worker's
@@ -188,13 +234,23 @@ def _own_aborts(text: str, failures: dict[int, RankFailure]) -> dict[int, tuple[
     lines = [(m.group(2) if (m := RANK_LINE.match(ln)) else ln) for who, ln in whose_lines(text) if who != AGENT]
     if sum(_TERMINATE in ln for ln in lines) < len(aborted):
         return {}
-    reports, frames, inside = 0, False, False
+    reports = _abort_reports(text)
+    at_exit = len(reports) >= len(aborted) and not any(reports)
+    return {r: (_TERMINATE, at_exit) for r in aborted}
+
+
+def _abort_reports(text: str) -> list[list[Frame]]:
+    """Python's reports of an abort in the log (``_FATAL_ABORT`` up to ``_FATAL_END`` or torchrun's next
+    log line), in order, each as the frames of its thread that ran the trainer's code, most recent first
+    (``main_thread_frames``; [] where it lists no Python frame). The log does not say whose is whose."""
+    blocks: list[list[str]] = []
+    inside = False
     for ln in text.splitlines():
         if ln.strip() == _FATAL_ABORT:
-            reports, inside = reports + 1, True
+            blocks.append([])
+            inside = True
         elif inside and (ln.startswith(_FATAL_END) or LOG_LINE.match(ln)):
             inside = False
-        elif inside and ln.lstrip().startswith('File "'):
-            frames = True
-    at_exit = reports >= len(aborted) and not frames
-    return {r: (_TERMINATE, at_exit) for r in aborted}
+        elif inside:
+            blocks[-1].append(ln)
+    return [main_thread_frames(parse_faulthandler("\n".join(b))) for b in blocks]

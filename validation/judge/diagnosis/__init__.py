@@ -9,13 +9,15 @@ words and decide nothing of their own; tests assert on it.
 
 Its modules, each importing only those listed before it:
 
-* blame.py: what a diagnosis is (``Kind``, ``RankAt``, ``NoStack``, ``Diagnosis``), and the files
+* blame.py: what a diagnosis is (``Kind``, ``RankAt``, ``NoStack``, ``Detected``, ``Diagnosis``), and the files
   and logs that show it;
 * beats.py: what a rank's last heartbeat says of its steps;
 * collectives.py: where ranks wait, from their stacks: in a collective or not, at which call site,
   and the ranks the others waited for;
 * failed.py: the rank that failed first in its own right, from torchrun's account, and how;
 * nonfinite.py: a trainer that stopped on a non-finite loss, and its diagnosis;
+* mismatch.py: a run a check of its collectives ended (gloo's size check, torch's DETAIL check), and its
+  diagnosis;
 * left.py: the ranks that left early, ended with exit 0 or remained (how each is known: its
   docstring);
 * crash.py: the diagnosis of a trainer process that failed with a non-zero exit;

@@ -1,5 +1,6 @@
 """What a diagnosis is, as typed data: what happened (``Kind``), each rank it blames and where that
-rank was (``RankAt``), why a rank blamed as hung has no stack (``NoStack``), the ``Diagnosis``
+rank was (``RankAt``), why a rank blamed as hung has no stack (``NoStack``), the check that found the
+ranks' collectives not matching and the ranks it ended (``Check``, ``Detected``), the ``Diagnosis``
 itself, and the files and stderr logs that show it."""
 from __future__ import annotations
 
@@ -36,6 +37,14 @@ class Kind(enum.StrEnum):
     """Every rank waited in a collective, not all at one place, and no majority waited together at one:
     the ranks' collectives went apart, and nothing tells which rank left the common path (of two ranks,
     a collective extra on one reads the same as one missing on the other). Every rank is listed."""
+    MISMATCHED = "mismatched"
+    """A check of the collectives found a rank's not matching the others' and ended the run: gloo's check of a
+    message's size, which aborts the rank that received one of another size than its own collective's, or
+    torch's under TORCH_DISTRIBUTED_DEBUG=DETAIL (``Diagnosis.detected``). The ranks' collectives did not
+    match (one rank called a collective the others did not, or with another size or type); the rank the
+    check ended is where it was detected, no culprit. ``ranks``: those off the common path, where a strict
+    majority of the ranks was at one call site (``Diagnosis.common``); else every rank whose collective the
+    log shows, and nothing tells which left the common path."""
     SILENT = "silent"
     """Hung while the others went on without it: its heartbeats showed no new step for stall_s, its
     process still running, while another rank's showed new steps (``Diagnosis.silences``)."""
@@ -77,6 +86,28 @@ class NoStack(enum.StrEnum):
     nothing, its own dump handler included, and py-spy cannot read it (TakenStack.state)."""
 
 
+class Check(enum.StrEnum):
+    """The check that found the ranks' collectives not matching (Kind.MISMATCHED)."""
+
+    GLOO_SIZE = "gloo's check of a message's size"
+    """Its enforce, thrown in gloo's own thread of the rank that received the message: it aborts (SIGABRT)."""
+    TORCH_DETAIL = "torch's check of the collectives (TORCH_DISTRIBUTED_DEBUG=DETAIL)"
+    """It raises in each rank before the collective runs."""
+
+
+@dataclass(frozen=True)
+class Detected:
+    """Where a check found the ranks' collectives not matching (Kind.MISMATCHED): the ranks it ended."""
+
+    check: Check
+    ranks: tuple[int, ...]
+    said: str
+    """The check's words in the first of them (RankFailure.mismatch)."""
+    unknown: tuple[int, ...] = ()
+    """The ranks whose collective the log does not show (no traceback or report of theirs ends in one: torchrun's
+    SIGTERM ended them first)."""
+
+
 @dataclass(frozen=True)
 class RankAt:
     """One rank a diagnosis blames, and where it was."""
@@ -107,7 +138,8 @@ class RankAt:
     """With ``beat_pid``: the blamed process's pid (its stack's, else torchrun's report of it)."""
     site: Frame | None = None
     """Of Kind.DIVERGED and Kind.APART: the frame of the code that called the collective it waits in
-    (``call_site``); None otherwise."""
+    (``call_site``); of Kind.MISMATCHED, the one that called the collective it failed in (RankFailure.raised_at);
+    None otherwise."""
 
     @classmethod
     def of(cls, rec: PhaseRecord, rank: int, *, frame: str | None = None, cause: str = "",
@@ -166,7 +198,9 @@ class Diagnosis:
     how far the others went meanwhile."""
     common: tuple[RankAt, ...] = ()
     """Of Kind.DIVERGED: the ranks that waited together at one place, which the ranks blamed never
-    reached; () otherwise."""
+    reached; of Kind.MISMATCHED, the ranks at the call site a strict majority was at; () otherwise."""
+    detected: Detected | None = None
+    """Of Kind.MISMATCHED: the check that found it, and the ranks it ended; None otherwise."""
 
     @property
     def rank(self) -> int | None:
@@ -189,11 +223,13 @@ class Diagnosis:
 def diagnosis_of(kind: Kind, ranks: tuple[RankAt, ...], rec: PhaseRecord, *, or_else: Diagnosis | None = None,
                  cause: str | None = None, step: int | None = None, logs: tuple[str, ...] = (),
                  files: tuple[str, ...] = (), waited: tuple[int, ...] = (),
-                 silences: tuple[RankSilence, ...] = (), common: tuple[RankAt, ...] = ()) -> Diagnosis:
+                 silences: tuple[RankSilence, ...] = (), common: tuple[RankAt, ...] = (),
+                 detected: Detected | None = None) -> Diagnosis:
     first = ranks[0] if ranks else None
     return Diagnosis(kind, ranks, or_else, cause if cause is not None else (first.cause or None) if first else None,
                      step if step is not None else first.step if first else None, logs,
-                     files or files_of(rec, ranks + common), waited=waited, silences=silences, common=common)
+                     files or files_of(rec, ranks + common), waited=waited, silences=silences, common=common,
+                     detected=detected)
 
 
 def files_of(rec: PhaseRecord, ranks: tuple[RankAt, ...]) -> tuple[str, ...]:

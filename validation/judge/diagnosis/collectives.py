@@ -3,23 +3,15 @@
 site of each rank's collective, which tells apart ranks whose collectives went apart (``apart``)."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
-from validation.contract.stacks import Frame, StackDump
+from validation.contract.stacks import COLLECTIVE, NOT_COLLECTIVE, Frame, StackDump
 from validation.contract.torchrun_log import RankFailure
 from validation.judge.diagnosis.beats import behind
 from validation.judge.record import Beat
 
-#: a frame of a collective: the rank waits there for the others (c10d's collectives, FSDP's, the
-#: functional collectives; accelerate, transformers' Trainer and DeepSpeed reach theirs through them)
-#: where it is the innermost frame of the rank's own (``_PASSING``'s frames above it aside)
-_COLLECTIVE = "torch/distributed/"
-#: what lies under torch/distributed/ and waits for no peer: torchrun's error recording
-#: (``@record`` wraps a user's main, so its frame is at the bottom of every rank's stack) and its
-#: process launch
-_NOT_COLLECTIVE = ("torch/distributed/elastic/multiprocessing/", "torch/distributed/run.py",
-                   "torch/distributed/launcher/")
 #: torch's frames that only pass a call on, which may lie above a collective's own frame (the
 #: dispatcher's op call of a functional collective's wait, a decorator's or a compiler guard's
 #: wrapper): the innermost frame of the rank's own is the first below them
@@ -44,7 +36,7 @@ def in_collective(dump: StackDump) -> bool:
     if dump.frames and (dump.frames[0].func == _BACKWARD_ENGINE or files[0].endswith(_DDP)):
         return True
     own = next((f for f in files if not any(p in f for p in _PASSING)), None)
-    return own is not None and _COLLECTIVE in own and not any(n in own for n in _NOT_COLLECTIVE)
+    return own is not None and COLLECTIVE in own and not any(n in own for n in NOT_COLLECTIVE)
 
 
 def hung_ranks(stacks: Mapping[int, StackDump], beats: Mapping[int, Beat]) -> list[int]:
@@ -99,7 +91,7 @@ def places(stacks: Mapping[int, StackDump], beats: Mapping[int, Beat], ranks: li
 
 @dataclass(frozen=True)
 class Split:
-    """Ranks that all wait in collectives, not all at one place (``apart``)."""
+    """Ranks in collectives, not all at one place (``apart``, ``majority``)."""
 
     off: tuple[int, ...]
     """The ranks away from the place a strict majority waits at; () where no majority waits at one
@@ -120,11 +112,18 @@ def apart(stacks: Mapping[int, StackDump], beats: Mapping[int, Beat], world: int
     at = places(stacks, beats, ranks)
     if len(set(at.values())) == 1:
         return None
-    counts = {p: sum(1 for q in at.values() if q == p) for p in at.values()}
-    common = max(counts, key=counts.get)
-    if 2 * counts[common] > world:
-        return Split(tuple(k for k in ranks if at[k] != common), tuple(k for k in ranks if at[k] == common))
-    return Split((), ()) if len({p.done for p in at.values()}) == 1 else None
+    split = majority(at, world)
+    return split if split.off or len({p.done for p in at.values()}) == 1 else None
+
+
+def majority(at: Mapping[int, Hashable], world: int) -> Split:
+    """Of ranks at places (``at``, of the ranks where each is known), not all at one: those away from the
+    place a strict majority of the ``world`` is at, and that majority; Split((), ()) where none is."""
+    counts = Counter(at.values())
+    common, n = counts.most_common(1)[0]
+    if 2 * n <= world:
+        return Split((), ())
+    return Split(tuple(k for k in sorted(at) if at[k] != common), tuple(k for k in sorted(at) if at[k] == common))
 
 
 def waited_for(failures: Mapping[int, RankFailure], beats: Mapping[int, Beat]) -> list[int]:

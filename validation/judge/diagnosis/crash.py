@@ -12,6 +12,7 @@ from validation.judge.diagnosis.blame import Diagnosis, Kind, RankAt, diagnosis_
 from validation.judge.diagnosis.collectives import waited_for
 from validation.judge.diagnosis.failed import died_first, failed_as
 from validation.judge.diagnosis.left import departed, exited_0, maybe_departed, root_of, silent_first
+from validation.judge.diagnosis.mismatch import mismatched
 from validation.judge.diagnosis.nonfinite import NonfiniteExit, nonfinite_exit_of
 from validation.judge.nodes import killed_agent, signal_name
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
@@ -31,7 +32,8 @@ def no_rank_started(r: PhaseRecord) -> bool:
 
 def crash(r: PhaseRecord) -> Diagnosis | None:
     """A trainer process that failed with a non-zero exit (and no .HALT, or a watchdog's that a
-    rank's death brought about): the rank that failed first in its own right, else the ranks whose
+    rank's death brought about): ranks whose collectives a check found not matching (``mismatched``),
+    else the rank that failed first in its own right, else the ranks whose
     silent exits came first (or ranks that may have left before them: which came first cannot be
     told), else ranks that left early or exited 0 while the others still needed them, else ranks
     the others' collective gave up waiting for, else the one process of its run; no rank where
@@ -46,6 +48,8 @@ def crash(r: PhaseRecord) -> Diagnosis | None:
         return None
     if (stop := nonfinite_exit_of(r)) is not None:
         return _stopped_nonfinite(r, stop)
+    if (check := mismatched(r)) is not None:  # the rank a check ended is where it was detected, no culprit
+        return check
     root, gone, ended, maybe = root_of(r), departed(r), exited_0(r), maybe_departed(r)
     if root is not None or maybe:
         first = silent_first(r) if maybe else [root]

@@ -155,6 +155,17 @@ def _diverged(f: Facts) -> str:
             f"Then {_RERUN}.")
 
 
+def _mismatch(f: Facts) -> str:
+    return ("A check of the collectives ended the run: the ranks' collectives did not match (a collective one rank "
+            "calls and the others do not, in a rank-dependent branch or a metric synced on one rank only, or one "
+            "called with another size or type). The rank the check ended is where it was detected, not the culprit: "
+            "gloo's size check aborts whichever rank received the message of the other size. Where the finding "
+            "names a rank off the common path, start at its call site; where it cannot (two ranks), compare the call "
+            "sites it names. `TORCH_DISTRIBUTED_DEBUG: DETAIL` in the phase's env has torch name each rank's "
+            "collective, shape and type at the first mismatch (it slows every collective: for this run only). "
+            f"Then {_RERUN}.")
+
+
 def _silent_rank(f: Facts) -> str:
     return ("A rank's heartbeats stopped while the other ranks went on past its step: the other ranks did not wait "
             "for it (a trainer whose ranks do not synchronise every step, or a loop of that rank's own), so the run "
@@ -538,7 +549,7 @@ def _busy_machine(f: Facts) -> str:
 
 _ADVICE: dict[str, Callable[[Facts], str]] = {
     "crash": _crash, "aborted": _aborted, "quit": _quit, "departed": _departed, "waited": _waited, "left_after": _left_after, "stall": _stall,
-    "timeout": _timeout, "silent_rank": _silent_rank, "diverged": _diverged,
+    "timeout": _timeout, "silent_rank": _silent_rank, "diverged": _diverged, "mismatch": _mismatch,
     "nonfinite": _nonfinite, "halt_stall": _halt_stall,
     "halted": _halted, "short_run": _short, "long_run": _long, "short_rank": _short_rank, "csv_ahead": _csv_ahead, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "straggler_rank": _straggler_rank, "fallback": _fallback,

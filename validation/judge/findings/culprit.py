@@ -3,7 +3,7 @@ crash and stall findings and the point's verdict line (headline.py) say it, so t
 the other's text and both say the same."""
 from __future__ import annotations
 
-from validation.judge.diagnosis.blame import Diagnosis, Kind, RankAt
+from validation.judge.diagnosis.blame import Check, Diagnosis, Kind, RankAt
 from validation.excerpt import EXCERPT_CHARS
 
 #: what a blamed rank did, by the kind of the diagnosis
@@ -102,6 +102,44 @@ def went_apart(d: Diagnosis) -> str:
             f"{_names(d.common)} {'waits' if len(d.common) == 1 else 'wait'} in {where}")
 
 
+def mismatched(d: Diagnosis) -> str:
+    """Of ranks whose collectives a check found not matching (Kind.MISMATCHED): "the ranks' collectives did not
+    match: gloo's check of a message's size aborted rank 0 (op.preamble.length <= op.nbytes. 8 vs 4. Received
+    data size doesn't match expected size), where the mismatch was detected; rank 0 was in all_reduce at
+    u/train.py:30 (main; last heartbeat step 3, stage backward), rank 1 in all_reduce at u/train.py:10
+    (log_metrics; ...): nothing tells which of the two left the common path (...)"; where a majority of the
+    ranks was at one call site, 'rank 1 called all_reduce at ... where ranks 0, 2 called all_reduce at ...'."""
+    found = d.detected
+    how = "aborted" if found.check == Check.GLOO_SIZE else "raised in"
+    said = (f"the ranks' collectives did not match: {found.check} {how} {_names_of(found.ranks, d)} "
+            f"({found.said[:EXCERPT_CHARS]}), where the mismatch was detected")
+    if d.common:
+        one = len(d.ranks) == 1
+        off = ", ".join(_place(at) if one else f"{who(at)} {_place(at)}" for at in d.ranks)
+        return (f"{said}; {_names(d.ranks)} called {off} where {_names(d.common)} called {_place(d.common[0], '')}: "
+                f"{'it' if one else 'they'} left the common path")
+    each = ", ".join(f"{who(at)} {'was ' * (i == 0)}in {_place(at)}" if at.frame else f"{who(at)} ({beat(at)})"
+                     for i, at in enumerate(d.ranks))
+    sites = {at.site for at in d.ranks}
+    if found.unknown:
+        why = (f"the log shows no collective of {_names_of(found.unknown, d)}, so nothing tells which rank left the "
+               "common path")
+    elif len(sites) == 1:
+        why = "one call site: the ranks passed it tensors of other sizes or types"
+    elif len(d.ranks) == 2:
+        why = ("nothing tells which of the two left the common path (a collective extra on one reads the same as "
+               "one missing on the other)")
+    else:
+        why = "no majority of the ranks was at one call site, so nothing tells which left the common path"
+    return f"{said}; {each}: {why}"
+
+
+def _names_of(ks: tuple[int, ...], d: Diagnosis) -> str:
+    """``_names`` of ranks by number, each with its node where the diagnosis knows it."""
+    known = {at.rank: at for at in (*d.ranks, *d.common)}
+    return _names(tuple(known.get(k, RankAt(k)) for k in ks))
+
+
 def _names(ats: tuple[RankAt, ...]) -> str:
     """'ranks 0, 2'; each by ``who`` where a node is known ("node 0's rank 0, node 1's rank 2")."""
     if any(at.node for at in ats):
@@ -127,6 +165,8 @@ def text(d: Diagnosis) -> str:
     ranks whose collectives went apart as ``went_apart`` says them."""
     if d.kind in (Kind.DIVERGED, Kind.APART):
         return went_apart(d)
+    if d.kind == Kind.MISMATCHED:
+        return mismatched(d)
     own = "; ".join(f"{who(at)} {DID[d.kind]}" + (f" in {at.frame}" if at.frame else "") + _said(at)
                     + (f": {c}" if (c := cause(d, at)) else "") for at in d.ranks)
     if d.or_else is None:

@@ -33,6 +33,20 @@ from .remade import Remaking
 from .rope import apply_rope, rope_tables, table_dtype
 
 
+def _check_int(name: str, value, minimum: int) -> None:
+    """Refuse ``value`` unless it is an integer (of any integer type, numpy's among them) >= ``minimum``.
+    A torch.SymInt, a size torch.compile traces dynamically, is compared as it is: operator.index
+    would specialise the graph to its value."""
+    number = value
+    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
+        try:
+            number = None if isinstance(value, bool) else operator.index(value)
+        except TypeError:
+            number = None
+    if number is None or number < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
 @dataclass
 class NSACache:
     """Per-layer decode cache: every branch's per-token keys/values (rotated) and the
@@ -44,6 +58,34 @@ class NSACache:
     length: int = 0
     owner: weakref.ref | None = field(default=None, repr=False, compare=False)
     """The layer whose keys and values it holds (``claim``)."""
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Refuse fields that describe no cache, naming them: a new cache is ``NSACache()``, which
+        the layer fills. A length that is not the cached keys' count (NSACache(length=-1), or a
+        length reset by hand) would rotate the next tokens' queries and keys to wrong positions
+        and failed, if at all, in a broadcast deep inside; compressed tokens without the keys they
+        summarise were attended silently. A layer checks its cache at each call, as it finds it."""
+        _check_int("NSACache.length (the positions cached; 0 for a new cache)", self.length, 0)
+        if not (isinstance(self.tokens, dict)
+                and all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in self.tokens.values())):
+            raise TypeError("NSACache.tokens must be a dict of name -> [batch, length, KV heads, head dim] tensors "
+                            f"(empty for a new cache), got {type(self.tokens).__name__}")
+        if not all(t is None or isinstance(t, torch.Tensor) for t in (self.kc, self.vc)) \
+                or (self.kc is None) != (self.vc is None):
+            raise TypeError("NSACache.kc and NSACache.vc must both be None (a new cache) or both tensors [batch, "
+                            f"compressed tokens, KV heads, head dim], got {type(self.kc).__name__} and "
+                            f"{type(self.vc).__name__}")
+        held = [t.shape[1] for t in self.tokens.values()] or [0]
+        if any(n != self.length for n in held):
+            counts = ", ".join(map(str, sorted(set(held))))
+            raise ValueError(f"NSACache.length={self.length}, but its tokens hold {counts} positions: a new cache is "
+                             "NSACache(), which the layer fills (and each call extends)")
+        if not self.tokens and self.kc is not None:
+            raise ValueError("NSACache.kc and NSACache.vc hold compressed tokens, but the cache holds no keys: a new "
+                             "cache is NSACache(), which the layer fills")
 
     def append(self, name: str, x: torch.Tensor) -> torch.Tensor:
         old = self.tokens.get(name)
@@ -79,15 +121,6 @@ def autocast_input(x: torch.Tensor) -> torch.Tensor:
 TORCH_FUNC_ROUTE = "under a torch.func transform: the PyTorch path, op by op (torch.func takes no kernel's autograd)"
 
 
-def _check_positive_int(name: str, value) -> None:
-    try:
-        ok = operator.index(value) >= 1 and not isinstance(value, bool)
-    except TypeError:
-        ok = False
-    if not ok:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-
-
 class GateLinear(nn.Linear):
     """The gates' projection: a Linear whose bias starts at zero (every gate at 0.5). Its own
     reset_parameters zeros it, so that resetting every module of a model in turn (as a meta-device
@@ -111,7 +144,7 @@ class RoutedAttention(nn.Module):
                  rope_theta: float, kv_streams: int):
         super().__init__()
         for name, value in (("dim", dim), ("n_heads", n_heads), ("n_kv_groups", n_kv_groups), ("head_dim", head_dim)):
-            _check_positive_int(name, value)
+            _check_int(name, value, 1)
         if n_heads % n_kv_groups:
             raise ValueError(f"n_heads={n_heads} must be divisible by n_kv_groups={n_kv_groups}")
         if head_dim % 2:
@@ -167,6 +200,7 @@ class RoutedAttention(nn.Module):
                 hint = (" (the layer takes no attention mask or position ids: each row of x is a causal sequence "
                         "at positions 0..T-1 after the cached ones)" if isinstance(cache, torch.Tensor) else "")
                 raise TypeError(f"cache must be an nsa.attention.NSACache or None, got {type(cache).__name__}{hint}")
+            cache.check()
             if not torch.compiler.is_compiling():  # a traced decode keeps no Python object's identity
                 cache.claim(self)
             held = next(iter(cache.tokens.values()), None)
@@ -237,6 +271,11 @@ class RoutedAttention(nn.Module):
              ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [T, K/2] of positions start..start+T-1 in ``dtype`` (table_dtype of the
         inputs' dtype is what RoPE computes in)."""
+        _check_int("start (the first position)", start, 0)
+        _check_int("T (the number of positions)", T, 1)
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating-point torch.dtype (float32: what RoPE computes in, float64 for "
+                            f"a float64 layer), got {dtype!r}")
         return rope_tables(start, T, self.head_dim, self.rope_theta, device, dtype)
 
 
@@ -291,7 +330,15 @@ class NSAAttention(RoutedAttention):
         """Rotated q [B,T,HQ,K], the six per-branch k/v [B,T,H,K] and gates [B,T,HQ,3].
         ``rope``: precomputed (cos, sin) of positions start..start+T-1 (see forward);
         ``fused_rope``: whether the RoPE kernel runs (None: as routed for x's device and dtype);
-        ``weight``: the stacked weight to read (None: ``_stacked_weight``'s, made here)."""
+        ``weight``: the stacked weight to read (None: ``_stacked_weight``'s, made here). x and
+        rope are checked as forward checks them, start is an integer >= 0."""
+        self.check_input(x, None, rope)
+        _check_int("start (the position of x's first token)", start, 0)
+        return self._projected(x, start, rope, fused_rope, weight)
+
+    def _projected(self, x: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   fused_rope: bool | None = None, weight: torch.Tensor | None = None):
+        """project's result, x unchecked (forward checked it)."""
         x = autocast_input(x)  # one copy for every projection
         q, kv, gates = self._project(x, start, rope, fused_rope, weight)
         B, T, _ = x.shape
@@ -416,7 +463,7 @@ class NSAAttention(RoutedAttention):
             rope = self.rope(start, T, x.device, table_dtype(x.dtype))
         # a recomputing forward hands its backward's remake the stacked weight it read
         weight = self._stacked_weight(x) if remaking is not None else None
-        q, kv, gates = self.project(x, start, rope, weight=weight)
+        q, kv, gates = self._projected(x, start, rope, weight=weight)
         k_cmp, v_cmp, k_sel, v_sel, k_win, v_win = kv
         routes, kernels = self._resolve(x.device, q.dtype)
         if cache is None:

@@ -147,6 +147,80 @@ def test_one_cache_shared_by_two_layers_of_one_shape_is_refused(first, second):
     assert cache.length == 11
 
 
+@pytest.mark.parametrize("fields, error, match", [
+    (dict(length=-1), ValueError, r"NSACache.length \(the positions cached; 0 for a new cache\) must be an integer "
+                                  r">= 0, got -1"),
+    (dict(length=1.5), ValueError, r"NSACache.length .* must be an integer >= 0, got 1.5"),
+    (dict(length=5), ValueError, r"NSACache.length=5, but its tokens hold 0 positions: a new cache is NSACache\(\)"),
+    (dict(tokens="k"), TypeError, r"NSACache.tokens must be a dict of name -> \[batch, length, KV heads, head dim\] "
+                                  r"tensors \(empty for a new cache\), got str"),
+    (dict(kc=torch.zeros(2, 3, 2, 16)), TypeError, "NSACache.kc and NSACache.vc must both be None .* got Tensor and "
+                                                   "NoneType"),
+    (dict(kc=torch.zeros(2, 3, 2, 16), vc=torch.zeros(2, 3, 2, 16)), ValueError,
+     "NSACache.kc and NSACache.vc hold compressed tokens, but the cache holds no keys"),
+])
+def test_a_cache_of_nonsense_fields_is_refused_by_name(fields, error, match):
+    """NSACache(length=-1) was taken, and the layer rotated the next tokens to positions -1.. and
+    returned a result; length=5 without keys failed in a broadcast ("The size of tensor a (25)
+    must match the size of tensor b (20)"), tokens='k' as "'str' object has no attribute
+    'values'", and compressed tokens without the keys they summarise were attended silently."""
+    with pytest.raises(error, match=match):
+        NSACache(**fields)
+
+
+@pytest.mark.parametrize("kind", [NSAAttention, DenseAttention])
+def test_a_cache_whose_length_was_changed_by_hand_is_refused_at_the_call(kind):
+    """The cache's fields are checked as the layer finds them at each call: a length reset to 0
+    (to reuse a cache) rotated the next token to position 0 against 10 cached keys, silently."""
+    layer, cache = _layer(kind), NSACache()
+    layer(torch.randn(2, 10, 64), cache)
+    cache.length = 0
+    with pytest.raises(ValueError, match="NSACache.length=0, but its tokens hold 10 positions"):
+        layer(torch.randn(2, 1, 64), cache)
+
+
+@pytest.mark.parametrize("kind", [NSAAttention, DenseAttention])
+def test_rope_tables_of_nonsense_positions_are_refused_by_name(kind):
+    """attn.rope(start, T, device, dtype), the tables a model makes once for its layers, took a
+    negative or fractional start (tables of positions no token has, which the layer took), and
+    an integer dtype (tables the layer refused later, naming the tables, not the call); T=-1 failed
+    in torch.arange ("upper bound and lower bound inconsistent with step sign")."""
+    layer, cpu = _layer(kind), torch.device("cpu")
+    for start in (-5, 1.5, None):
+        with pytest.raises(ValueError, match=rf"start \(the first position\) must be an integer >= 0, got {start!r}"):
+            layer.rope(start, 10, cpu, torch.float32)
+    for T in (-1, 0, True):
+        with pytest.raises(ValueError, match=rf"T \(the number of positions\) must be an integer >= 1, got {T!r}"):
+            layer.rope(0, T, cpu, torch.float32)
+    with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype .* got torch.int64"):
+        layer.rope(0, 10, cpu, torch.int64)
+    np = pytest.importorskip("numpy")
+    cos, sin = layer.rope(np.int64(3), np.int64(10), cpu, torch.float32)  # any integer, as the constructor takes
+    assert cos.shape == sin.shape == (10, 8)
+
+
+def test_project_refuses_what_forward_refuses_by_name():
+    """attn.project(x, start), the guide's way to check a layer against the oracle, took x
+    unchecked: a wrong last dim failed in the matmul ("mat1 and mat2 shapes cannot be multiplied"),
+    a 2-d x as "not enough values to unpack", another dtype as "expected m1 and m2 to have the same
+    dtype", another device as "Tensor on device cpu is not on the expected device meta!"; a
+    negative start rotated to positions no token has."""
+    layer = _layer(NSAAttention)
+    for x in (torch.randn(2, 10, 63), torch.randn(10, 64)):
+        with pytest.raises(ValueError, match=r"x must be \[batch, tokens, 64\]"):
+            layer.project(x, 0)
+    with pytest.raises(TypeError, match="x is torch.float64, the layer's parameters torch.float32"):
+        layer.project(torch.randn(2, 10, 64, dtype=torch.float64), 0)
+    with pytest.raises(ValueError, match="x is on meta, the layer's parameters on cpu"):
+        layer.project(torch.randn(2, 10, 64, device="meta"), 0)
+    with pytest.raises(ValueError, match=r"start \(the position of x's first token\) must be an integer >= 0, got -1"):
+        layer.project(torch.randn(2, 10, 64), -1)
+    with pytest.raises(ValueError, match=r"rope must be the \(cos, sin\) tables of x's positions"):
+        layer.project(torch.randn(2, 10, 64), 0, layer.rope(0, 9, torch.device("cpu"), torch.float32))
+    q, kv, gates = layer.project(torch.randn(2, 10, 64), 3)
+    assert q.shape == (2, 10, 4, 16) and len(kv) == 6 and gates.shape == (2, 10, 4, 3)
+
+
 def test_a_cache_saves_and_copies_and_goes_on_with_the_layer_that_loads_it(tmp_path):
     """The layer a cache holds a weak reference to does not pickle: torch.save of a decode cache
     failed. A saved or copied cache is no layer's until one uses it."""

@@ -182,7 +182,7 @@ def assert_layer_remakes(cfg: NSAConfig, device: torch.device, monkeypatch, exac
     layer = NSAAttention(48, 4, 2, 16, cfg, graph_tokens=0).to(device)
     x = torch.randn(1, 64, 48, device=device, requires_grad=True)
     dy = torch.randn(1, 64, 48, device=device)
-    project, project_qkv, core = layer.project, layer.project_qkv, module.nsa_core_parts
+    project, project_qkv, core = layer._projected, layer.project_qkv, module.nsa_core_parts
     fc1_input, one_node = compress.fc1_input, compress.phi_mlp.one_node
 
     def run(recompute_from: int):
@@ -217,7 +217,7 @@ def assert_layer_remakes(cfg: NSAConfig, device: torch.device, monkeypatch, exac
                         lse_win=parts.lse_win)
             return parts
 
-        monkeypatch.setattr(layer, "project", watched_project)
+        monkeypatch.setattr(layer, "_projected", watched_project)
         monkeypatch.setattr(layer, "project_qkv", counted_project_qkv)
         monkeypatch.setattr(compress, "fc1_input", watched_fc1_input)
         monkeypatch.setattr(module, "fc1_input", watched_fc1_input)

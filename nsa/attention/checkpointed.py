@@ -11,6 +11,17 @@ window branches' outputs, the gated sum and the gates again from them (the eager
 same tensors again, but the gates). The stages run as separate ops (nsa.attention.core,
 ``one_op=False``): the one op of the selected and window branches would keep the window's output
 with the selected branch's.
+
+Those two ops are the Triton kernels' custom ops. On the PyTorch path (the CPU's) the selection
+and the selected branch are plain aten ops, which the policy tags like every other op: the
+compiler may make them again too, to the same values, so the traced layer keeps less than the
+eager one and recomputes more.
+
+Under torch.compile, torch prints once per process, for any checkpoint given a context_fn, that
+the region must hold no in-place op: the compiler's functionalization can lose one there
+(pytorch/pytorch#113737). It prints it whatever the region holds, since it cannot tell; this
+region holds none (the custom ops declare ``mutates_args=()``), which
+tests/kernels/test_compile.py checks on the traced layer.
 """
 from __future__ import annotations
 
@@ -19,8 +30,12 @@ from typing import Callable
 
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-#: the ops (torch custom ops, nsa.kernels) whose outputs a traced layer keeps
-KEPT_OPS = frozenset({"nsa::select_blocks", "nsa::sel_fwd"})
+from .backends import Route
+
+#: the op (torch custom op, nsa.kernels) whose outputs a traced layer keeps, by the stage that runs
+#: it where the stage's route is Triton
+KEPT_OPS_BY_STAGE = {"select": "nsa::select_blocks", "sel": "nsa::sel_fwd"}
+KEPT_OPS = frozenset(KEPT_OPS_BY_STAGE.values())
 
 
 def _keep_selection(ctx, op, *args, **kwargs) -> CheckpointPolicy:
@@ -28,7 +43,17 @@ def _keep_selection(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if name in KEPT_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def keep_selection_only(fn: Callable, *args, **kwargs):
-    """fn(*args, **kwargs), its backward making again everything but the outputs of KEPT_OPS."""
+def runs_kept_ops(routes: dict[str, Route]) -> bool:
+    """Whether a layer on ``routes`` runs an op of KEPT_OPS."""
+    return any(routes[stage].backend == "triton" for stage in KEPT_OPS_BY_STAGE)
+
+
+def keep_selection_only(fn: Callable, routes: dict[str, Route], *args, **kwargs):
+    """fn(*args, **kwargs) of a layer on ``routes``, its backward making again everything but the
+    outputs of KEPT_OPS. Where the routes run none of them, the policy would tag every op
+    PREFER_RECOMPUTE, which is what torch.compile gives a checkpoint without a context_fn
+    (torch._higher_order_ops.wrap): none is passed, for the same graphs without the warning of
+    the module's docstring."""
+    policy = dict(context_fn=partial(create_selective_checkpoint_contexts, _keep_selection))
     return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False,
-                      context_fn=partial(create_selective_checkpoint_contexts, _keep_selection), **kwargs)
+                      **(policy if runs_kept_ops(routes) else {}), **kwargs)

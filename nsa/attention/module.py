@@ -447,7 +447,8 @@ class NSAAttention(RoutedAttention):
             with Remaking() as remaking:
                 out, gates = self._forward(x, None, rope, remaking)
         elif recompute is Recompute.CHECKPOINT:
-            out, gates = keep_selection_only(self._forward, x, cache=None, rope=rope, remaking=None, one_op=False)
+            out, gates = keep_selection_only(self._forward, self._resolve(x.device, x.dtype)[0], x, cache=None,
+                                             rope=rope, remaking=None, one_op=False)
         else:
             out, gates = self._forward(x, cache, rope, None)
         if self.track_gates:

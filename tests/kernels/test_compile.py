@@ -8,6 +8,7 @@ the same test uses inductor."""
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -144,50 +145,130 @@ def test_whole_model_compiles_in_one_graph_as_a_user_compiles_it(kdev):
     assert not counters["graph_break"], dict(counters["graph_break"])
 
 
-def test_a_traced_layer_at_long_context_keeps_only_the_selection(kdev, monkeypatch):
-    """From RECOMPUTE_TOKENS tokens a compiled NSA layer's forward saves for its backward, besides
-    its input and parameters, only the outputs of the top-n selection and of the selected branch
-    (nsa.attention.checkpointed): q, the key/value streams, the compressed tokens, the compressed
-    and window branches' outputs, the gates and the gated sum are made again by the compiler, as
-    the eager layer's recipes make them. Output and gradients are the eager layer's."""
+#: operators that change a tensor in place, as dynamo records them (beside methods and torch functions named with
+#: a trailing underscore, and ops of a mutable schema)
+_IN_PLACE_OPERATORS = frozenset({operator.setitem, operator.iadd, operator.isub, operator.imul, operator.itruediv,
+                                 operator.ifloordiv, operator.imod, operator.ipow, operator.iand, operator.ior,
+                                 operator.ixor, operator.ilshift, operator.irshift})
+
+
+def _in_place(node: torch.fx.Node) -> bool:
+    """Whether a node of a graph dynamo traced changes a tensor in place."""
+    target = node.target
+    if node.op == "call_method":
+        return target.endswith("_") and not target.startswith("_")
+    if node.op != "call_function":
+        return False
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.is_mutable
+    name = getattr(target, "__name__", "")
+    return (target in _IN_PLACE_OPERATORS or "out" in node.kwargs
+            or (name.endswith("_") and not name.startswith("_") and getattr(target, "__module__", "") != "_operator"))
+
+
+@dataclass
+class _LongContextTrace:
+    """A compiled NSA layer's training call from RECOMPUTE_TOKENS tokens, traced: what its forward
+    saves for the backward ((the op that made it or the input's name, shape), in order), each
+    checkpointed region's policy (whether a context_fn came with it: torch's warning "context_fn is
+    passed to torch.utils.checkpoint under torch.compile") and in-place ops, and the compiled and
+    eager layers' output and gradients."""
+
+    saved: list[tuple[str, tuple[int, ...]]]
+    policies: list[bool]
+    in_place: list[str]
+    compiled: list[torch.Tensor]
+    eager: list[torch.Tensor]
+
+    @property
+    def saved_by(self) -> list[str]:
+        """The ops whose outputs are saved (the inputs and parameters aside)."""
+        return [name for name, _ in self.saved if not name.startswith("primals_")]
+
+
+def _trace_long_context(dev: torch.device, monkeypatch, route: str) -> _LongContextTrace:
     import torch._dynamo
     from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
+    from torch._higher_order_ops.wrap import tag_activation_checkpoint
 
     from nsa.attention import compress
     from nsa.attention.module import NSAAttention
 
     T = 32
     monkeypatch.setattr(compress, "RECOMPUTE_TOKENS", T)
-    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=3, window=4, backend_cmp="triton",
-                    backend_sel="triton", backend_win="triton")
-    saved_by: list[str] = []
+    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=3, window=4, backend_cmp=route,
+                    backend_sel=route, backend_win=route)
+    trace = _LongContextTrace([], [], [], [], [])
 
     def partition(joint, inputs, *, num_fwd_outputs, **kwargs):
         fw, bw = min_cut_rematerialization_partition(joint, inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
         outputs = next(n for n in fw.graph.nodes if n.op == "output").args[0][num_fwd_outputs:]
         for node in outputs:
-            if isinstance(node, torch.fx.Node) and node.op != "placeholder":
+            if isinstance(node, torch.fx.Node):
                 made_by = node.args[0] if node.target is operator.getitem else node
-                saved_by.append(made_by.target.name() if hasattr(made_by.target, "name") else str(made_by.target))
+                name = made_by.target.name() if hasattr(made_by.target, "name") else str(made_by.target)
+                trace.saved.append((name, tuple(node.meta["val"].shape)))
         return fw, bw
 
+    aot = aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm), partition_fn=partition)
+
+    def backend(gm, inputs):
+        for node in gm.graph.nodes:
+            if node.target is tag_activation_checkpoint:
+                body = getattr(gm, node.args[0].target)
+                trace.policies.append("_checkpoint_context_fn" in body.meta)
+                trace.in_place += [n.format_node() for n in body.graph.nodes if _in_place(n)]
+        return aot(gm, inputs)
+
     torch.manual_seed(0)
-    layer = NSAAttention(32, 2, 1, 16, cfg, graph_tokens=0).to(kdev)
-    x = torch.randn(1, T, 32, device=kdev)
+    layer = NSAAttention(32, 2, 1, 16, cfg, graph_tokens=0).to(dev)
+    x = torch.randn(1, T, 32, device=dev)
     torch._dynamo.reset()
-    compiled = torch.compile(layer, fullgraph=True,
-                             backend=aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm), partition_fn=partition))
-    results = []
-    for fn in (compiled, layer):
+    compiled = torch.compile(layer, fullgraph=True, backend=backend)
+    for fn, results in ((compiled, trace.compiled), (layer, trace.eager)):
         layer.zero_grad(set_to_none=True)
         xi = x.clone().requires_grad_()
         y = fn(xi)
         y.square().mean().backward()
-        results.append([y.detach(), xi.grad, *(p.grad for p in layer.parameters())])
-    assert saved_by and set(saved_by) <= {"nsa::select_blocks", "nsa::sel_fwd"}, saved_by
-    for got, want in zip(*results):
+        results += [y.detach(), xi.grad, *(p.grad for p in layer.parameters())]
+    return trace
+
+
+def test_a_traced_layer_at_long_context_keeps_only_the_selection(kdev, monkeypatch):
+    """From RECOMPUTE_TOKENS tokens a compiled NSA layer's forward saves for its backward, besides
+    its input and parameters, only the outputs of the top-n selection and of the selected branch
+    (nsa.attention.checkpointed): q, the key/value streams, the compressed tokens, the compressed
+    and window branches' outputs, the gates and the gated sum are made again by the compiler, as
+    the eager layer's recipes make them. Output and gradients are the eager layer's. The
+    checkpointed region, which takes a policy (torch warns once that such a region must hold no
+    in-place op: the compiler can lose one there), holds none."""
+    trace = _trace_long_context(kdev, monkeypatch, "triton")
+    assert trace.saved_by and set(trace.saved_by) <= {"nsa::select_blocks", "nsa::sel_fwd"}, trace.saved
+    assert trace.policies == [True] and trace.in_place == [], (trace.policies, trace.in_place)
+    for got, want in zip(trace.compiled, trace.eager):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_traced_layer_on_the_pytorch_path_passes_no_policy(kdev, monkeypatch):
+    """On the PyTorch path no op the policy keeps runs (checkpointed.KEPT_OPS are the kernels'),
+    so it tagged every op to be made again, as torch.compile tags a checkpoint given no policy;
+    passing it printed torch's warning "context_fn is passed to torch.utils.checkpoint under
+    torch.compile" for nothing. The traced region takes none, and the compiler saves the same
+    tensors as with it (the input and parameters); output and gradients are the eager layer's."""
+    from nsa.attention import checkpointed
+
+    trace = _trace_long_context(kdev, monkeypatch, "torch")
+    assert trace.policies == [False]
+    monkeypatch.setattr(checkpointed, "runs_kept_ops", lambda routes: True)
+    with_policy = _trace_long_context(kdev, monkeypatch, "torch")
+    assert with_policy.policies == [True]
+    assert trace.saved == with_policy.saved and not trace.saved_by, (trace.saved, with_policy.saved)
+    for got, want in zip(trace.compiled, trace.eager):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    # the check of in-place ops sees them (the region holds none on either route)
+    graph = torch.fx.symbolic_trace(lambda t: t.mul(2).relu_().add_(1) + torch.relu_(t)).graph
+    assert [n.name for n in graph.nodes if _in_place(n)] == ["relu_", "add_", "relu__1"]
 
 
 @pytest.mark.parametrize("route", ["torch", "triton"])

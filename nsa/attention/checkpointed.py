@@ -22,9 +22,16 @@ the region must hold no in-place op: the compiler's functionalization can lose o
 (pytorch/pytorch#113737). It prints it whatever the region holds, since it cannot tell; this
 region holds none (the custom ops declare ``mutates_args=()``), which
 tests/kernels/test_compile.py checks on the traced layer.
+
+The policy carries a ``cache_hash`` (torch's AOTAutograd cache reads it to key a graph holding a
+checkpoint with a context_fn, and bypasses the cache for a context_fn without one): a hash of the
+policy's source and the kept ops, so that a changed policy misses the cache, and a new process
+compiling the same model reuses the traced and partitioned graphs instead of making them again.
 """
 from __future__ import annotations
 
+import hashlib
+import inspect
 from functools import partial
 from typing import Callable
 
@@ -43,6 +50,18 @@ def _keep_selection(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if name in KEPT_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
+def _policy() -> partial:
+    """The context_fn of a checkpoint keeping the outputs of KEPT_OPS, with its cache_hash."""
+    context_fn = partial(create_selective_checkpoint_contexts, _keep_selection)
+    source = inspect.getsource(_keep_selection) + repr(sorted(KEPT_OPS))
+    context_fn.cache_hash = "nsa-keep-selection-" + hashlib.sha256(source.encode()).hexdigest()[:16]
+    return context_fn
+
+
+#: built once: torch.compile cannot trace the setting of an attribute on a partial
+_POLICY = _policy()
+
+
 def runs_kept_ops(routes: dict[str, Route]) -> bool:
     """Whether a layer on ``routes`` runs an op of KEPT_OPS."""
     return any(routes[stage].backend == "triton" for stage in KEPT_OPS_BY_STAGE)
@@ -54,6 +73,6 @@ def keep_selection_only(fn: Callable, routes: dict[str, Route], *args, **kwargs)
     PREFER_RECOMPUTE, which is what torch.compile gives a checkpoint without a context_fn
     (torch._higher_order_ops.wrap): none is passed, for the same graphs without the warning of
     the module's docstring."""
-    policy = dict(context_fn=partial(create_selective_checkpoint_contexts, _keep_selection))
+    policy = dict(context_fn=_POLICY)
     return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False,
                       **(policy if runs_kept_ops(routes) else {}), **kwargs)

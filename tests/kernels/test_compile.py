@@ -171,11 +171,13 @@ class _LongContextTrace:
     """A compiled NSA layer's training call from RECOMPUTE_TOKENS tokens, traced: what its forward
     saves for the backward ((the op that made it or the input's name, shape), in order), each
     checkpointed region's policy (whether a context_fn came with it: torch's warning "context_fn is
-    passed to torch.utils.checkpoint under torch.compile") and in-place ops, and the compiled and
-    eager layers' output and gradients."""
+    passed to torch.utils.checkpoint under torch.compile"), the policy's cache_hash (None without
+    one: torch's AOTAutograd cache then compiles the graph anew in every process) and in-place
+    ops, and the compiled and eager layers' output and gradients."""
 
     saved: list[tuple[str, tuple[int, ...]]]
     policies: list[bool]
+    cache_hashes: list[str | None]
     in_place: list[str]
     compiled: list[torch.Tensor]
     eager: list[torch.Tensor]
@@ -199,7 +201,7 @@ def _trace_long_context(dev: torch.device, monkeypatch, route: str) -> _LongCont
     monkeypatch.setattr(compress, "RECOMPUTE_TOKENS", T)
     cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=4, n_selected=3, window=4, backend_cmp=route,
                     backend_sel=route, backend_win=route)
-    trace = _LongContextTrace([], [], [], [], [])
+    trace = _LongContextTrace([], [], [], [], [], [])
 
     def partition(joint, inputs, *, num_fwd_outputs, **kwargs):
         fw, bw = min_cut_rematerialization_partition(joint, inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
@@ -218,6 +220,7 @@ def _trace_long_context(dev: torch.device, monkeypatch, route: str) -> _LongCont
             if node.target is tag_activation_checkpoint:
                 body = getattr(gm, node.args[0].target)
                 trace.policies.append("_checkpoint_context_fn" in body.meta)
+                trace.cache_hashes.append(getattr(body.meta.get("_checkpoint_context_fn"), "cache_hash", None))
                 trace.in_place += [n.format_node() for n in body.graph.nodes if _in_place(n)]
         return aot(gm, inputs)
 
@@ -242,10 +245,15 @@ def test_a_traced_layer_at_long_context_keeps_only_the_selection(kdev, monkeypat
     and window branches' outputs, the gates and the gated sum are made again by the compiler, as
     the eager layer's recipes make them. Output and gradients are the eager layer's. The
     checkpointed region, which takes a policy (torch warns once that such a region must hold no
-    in-place op: the compiler can lose one there), holds none."""
+    in-place op: the compiler can lose one there), holds none. The policy has a cache_hash, without
+    which torch's AOTAutograd cache passes the graph by (counted as autograd_cache_bypass), so
+    that every new process traced and partitioned the model again."""
+    from nsa.attention import checkpointed
+
     trace = _trace_long_context(kdev, monkeypatch, "triton")
     assert trace.saved_by and set(trace.saved_by) <= {"nsa::select_blocks", "nsa::sel_fwd"}, trace.saved
     assert trace.policies == [True] and trace.in_place == [], (trace.policies, trace.in_place)
+    assert trace.cache_hashes == [checkpointed._POLICY.cache_hash] and trace.cache_hashes[0], trace.cache_hashes
     for got, want in zip(trace.compiled, trace.eager):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 

@@ -16,6 +16,11 @@ It writes the artifact contract (one all-reduce a step) and hangs one rank on re
     NSA_RECORD_SIZE=R@S   rank R, at step S, after its ``backward`` record, calls an all-reduce of 7 floats of its own
                       in ``log_metrics`` on the default group, where the others call the step's all-reduce of 1:
                       gloo's size check fires in the rank that receives the other size and aborts it
+    NSA_RECORD_TWICE=R@S  rank R, at step S, after its ``backward`` record, all-reduces a copy of the step's loss in
+                      ``log_loss`` on the default group: the same size as the step's all-reduce, so gloo pairs it
+                      silently with the others' all-reduce of the step, and every later one with the others' of the
+                      next step; the others complete the last step and exit 0 while rank R still waits in its
+                      all-reduce of the last step, which then breaks ('Connection closed by peer')
 """
 from __future__ import annotations
 
@@ -49,8 +54,14 @@ def log_metrics() -> None:
     dist.all_reduce(torch.ones(7))
 
 
+def log_loss(loss: torch.Tensor) -> None:
+    """The extra collective of the same size: an all-reduce of a copy of the step's loss on the default group, which
+    only the rank that diverged calls (a rank-conditional logging call)."""
+    dist.all_reduce(loss.clone())
+
+
 def _at(name: str) -> tuple[int, int]:
-    """NSA_RECORD_HANG / NSA_RECORD_EXTRA / NSA_RECORD_SIZE's 'R@S' as (rank, step); (-1, 0) where unset."""
+    """NSA_RECORD_HANG / NSA_RECORD_EXTRA / NSA_RECORD_SIZE / NSA_RECORD_TWICE's 'R@S' as (rank, step); (-1, 0) where unset."""
     spec = os.environ.get(name, "")
     rank, step = (int(x) for x in spec.split("@")) if spec else (-1, 0)
     return rank, step
@@ -77,6 +88,7 @@ def main() -> int:
     hang_rank, hang_step = _at("NSA_RECORD_HANG")
     extra_rank, extra_step = _at("NSA_RECORD_EXTRA")
     size_rank, size_step = _at("NSA_RECORD_SIZE")
+    twice_rank, twice_step = _at("NSA_RECORD_TWICE")
     side = dist.new_group(backend="gloo")  # every rank makes a group, as new_group asks
     if rank == 0:
         (out / "env.json").write_text(json.dumps({"world_size": world, "git_sha": "test", "contract_version": 2}))
@@ -93,6 +105,8 @@ def main() -> int:
             sync_metrics(side)
         if rank == size_rank and step == size_step:
             log_metrics()
+        if rank == twice_rank and step == twice_step:
+            log_loss(loss)
         dist.all_reduce(loss)
         _beat(out, rank, step, "step")
         took = time.perf_counter() - began

@@ -30,7 +30,7 @@ DOOR_IMPORTS = ("validation.session", "validation.judge.record", "validation.run
 SPLIT = {"validation.contract.torchrun_log": ("patterns", "exceptions", "whose", "failure", "attempts", "ranks",
                                              "said"),
          "validation.judge.diagnosis": ("blame", "beats", "collectives", "failed", "nonfinite", "mismatch", "left",
-                                        "crash", "stall", "decide")}
+                                        "outofstep", "crash", "stall", "decide")}
 
 
 def _modules() -> dict[str, Path]:

@@ -45,6 +45,15 @@ class Kind(enum.StrEnum):
     check ended is where it was detected, no culprit. ``ranks``: those off the common path, where a strict
     majority of the ranks was at one call site (``Diagnosis.common``); else every rank whose collective the
     log shows, and nothing tells which left the common path."""
+    OUT_OF_STEP = "out of step"
+    """Failed in a collective within a step (its traceback ends in the collective, its last heartbeat is of a
+    stage within that step) that a rank which then exited 0 had completed (its heartbeats say so,
+    ``Diagnosis.ended``): the exited rank had called every collective of that step, so the failed rank's was
+    left without it because its earlier collectives had taken the exited rank's later ones. The ranks'
+    collectives were out of step: by then the failed rank had called more collectives than the exited one (one
+    of its own that the other never called, or one the other skipped, earlier in the run; a collective of the
+    same size pairs silently with the other's next one). Which of the two, and at which step, the evidence does
+    not tell. ``ranks``: those that failed so, at the collective's call site (RankFailure.raised_at)."""
     SILENT = "silent"
     """Hung while the others went on without it: its heartbeats showed no new step for stall_s, its
     process still running, while another rank's showed new steps (``Diagnosis.silences``)."""
@@ -138,8 +147,8 @@ class RankAt:
     """With ``beat_pid``: the blamed process's pid (its stack's, else torchrun's report of it)."""
     site: Frame | None = None
     """Of Kind.DIVERGED and Kind.APART: the frame of the code that called the collective it waits in
-    (``call_site``); of Kind.MISMATCHED, the one that called the collective it failed in (RankFailure.raised_at);
-    None otherwise."""
+    (``call_site``); of Kind.MISMATCHED and Kind.OUT_OF_STEP, the one that called the collective it failed in
+    (RankFailure.raised_at); None otherwise."""
 
     @classmethod
     def of(cls, rec: PhaseRecord, rank: int, *, frame: str | None = None, cause: str = "",
@@ -201,6 +210,9 @@ class Diagnosis:
     reached; of Kind.MISMATCHED, the ranks at the call site a strict majority was at; () otherwise."""
     detected: Detected | None = None
     """Of Kind.MISMATCHED: the check that found it, and the ranks it ended; None otherwise."""
+    ended: tuple[RankAt, ...] = ()
+    """Of Kind.OUT_OF_STEP: the ranks that exited 0 having completed the step the ranks blamed failed in; ()
+    otherwise."""
 
     @property
     def rank(self) -> int | None:
@@ -224,12 +236,12 @@ def diagnosis_of(kind: Kind, ranks: tuple[RankAt, ...], rec: PhaseRecord, *, or_
                  cause: str | None = None, step: int | None = None, logs: tuple[str, ...] = (),
                  files: tuple[str, ...] = (), waited: tuple[int, ...] = (),
                  silences: tuple[RankSilence, ...] = (), common: tuple[RankAt, ...] = (),
-                 detected: Detected | None = None) -> Diagnosis:
+                 detected: Detected | None = None, ended: tuple[RankAt, ...] = ()) -> Diagnosis:
     first = ranks[0] if ranks else None
     return Diagnosis(kind, ranks, or_else, cause if cause is not None else (first.cause or None) if first else None,
                      step if step is not None else first.step if first else None, logs,
-                     files or files_of(rec, ranks + common), waited=waited, silences=silences, common=common,
-                     detected=detected)
+                     files or files_of(rec, ranks + common + ended), waited=waited, silences=silences, common=common,
+                     detected=detected, ended=ended)
 
 
 def files_of(rec: PhaseRecord, ranks: tuple[RankAt, ...]) -> tuple[str, ...]:

@@ -14,6 +14,7 @@ from validation.judge.diagnosis.failed import died_first, failed_as
 from validation.judge.diagnosis.left import departed, exited_0, maybe_departed, root_of, silent_first
 from validation.judge.diagnosis.mismatch import mismatched
 from validation.judge.diagnosis.nonfinite import NonfiniteExit, nonfinite_exit_of
+from validation.judge.diagnosis.outofstep import out_of_step
 from validation.judge.nodes import killed_agent, signal_name
 from validation.judge.record import TRAINER_KINDS, PhaseRecord, Status
 
@@ -33,11 +34,12 @@ def no_rank_started(r: PhaseRecord) -> bool:
 def crash(r: PhaseRecord) -> Diagnosis | None:
     """A trainer process that failed with a non-zero exit (and no .HALT, or a watchdog's that a
     rank's death brought about): ranks whose collectives a check found not matching (``mismatched``),
-    else the rank that failed first in its own right, else the ranks whose
-    silent exits came first (or ranks that may have left before them: which came first cannot be
-    told), else ranks that left early or exited 0 while the others still needed them, else ranks
-    the others' collective gave up waiting for, else the one process of its run; no rank where
-    nothing tells (the log's last exception is the cause)."""
+    else the rank that failed first in its own right, else the ranks whose silent exits came first (or
+    ranks that may have left before them: which came first cannot be told), else ranks that left early,
+    else ranks that failed in a collective within a step a rank had completed before it exited 0
+    (``out_of_step``), else ranks that exited 0 while the others still needed them, else ranks the
+    others' collective gave up waiting for, else the one process of its run; no rank where nothing
+    tells (the log's last exception is the cause)."""
     ev = r.evidence
     if r.kind in TRAINER_KINDS and ev.halt is not None and ev.halt.source == "nonfinite":
         return None
@@ -62,6 +64,8 @@ def crash(r: PhaseRecord) -> Diagnosis | None:
         return diagnosis_of(kind, ranks, r, or_else=either, logs=logs_of(r, first))
     if gone:  # no rank failed in its own right: the others failed after one that left
         return diagnosis_of(Kind.LEFT, tuple(RankAt.of(r, k) for k in gone), r, logs=logs_of(r, gone))
+    if ended and (off := out_of_step(r, ended)) is not None:  # a rank failed in a step one that ended had completed
+        return off
     if ended:  # none left early: one that may have done all its steps ended while the others still needed it
         return diagnosis_of(Kind.ENDED, tuple(RankAt.of(r, k) for k in ended), r, logs=logs_of(r, ended))
     if hung := waited_for(ev.rank_failures, ev.last_heartbeat):

@@ -166,6 +166,21 @@ def _mismatch(f: Facts) -> str:
             f"Then {_RERUN}.")
 
 
+def _out_of_step(f: Facts) -> str:
+    return ("A rank failed in a collective within a step that another rank had completed before it exited 0 (the "
+            "finding names both): the exited rank had called every collective of that step, so the ranks' collectives "
+            "were out of step. Earlier in the run one rank called a collective the others did not, or skipped one they "
+            "called; one of the same size pairs silently with the others' next collective, so nothing failed where it "
+            "went wrong, and each collective after it met the other rank's next one, so the sums from there on mixed "
+            "the ranks' different steps. Look for a "
+            "collective called on some ranks only: one inside a rank-conditional branch (a loss or metric all-reduced "
+            "again for logging on one rank, `if rank == 0: dist.barrier()`), or a step or micro-batch one rank skips. "
+            "`TORCH_DISTRIBUTED_DEBUG: DETAIL` in the phase's env has torch check each collective's op and shapes across "
+            "the ranks and raise at the first that differs, naming each rank's (it slows every collective: for this run "
+            "only); it does not catch an extra collective of the same op and shape. "
+            f"Then {_RERUN}.")
+
+
 def _silent_rank(f: Facts) -> str:
     return ("A rank's heartbeats stopped while the other ranks went on past its step: the other ranks did not wait "
             "for it (a trainer whose ranks do not synchronise every step, or a loop of that rank's own), so the run "
@@ -550,6 +565,7 @@ def _busy_machine(f: Facts) -> str:
 _ADVICE: dict[str, Callable[[Facts], str]] = {
     "crash": _crash, "aborted": _aborted, "quit": _quit, "departed": _departed, "waited": _waited, "left_after": _left_after, "stall": _stall,
     "timeout": _timeout, "silent_rank": _silent_rank, "diverged": _diverged, "mismatch": _mismatch,
+    "out_of_step": _out_of_step,
     "nonfinite": _nonfinite, "halt_stall": _halt_stall,
     "halted": _halted, "short_run": _short, "long_run": _long, "short_rank": _short_rank, "csv_ahead": _csv_ahead, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "straggler_rank": _straggler_rank, "fallback": _fallback,

@@ -134,6 +134,25 @@ def mismatched(d: Diagnosis) -> str:
     return f"{said}; {each}: {why}"
 
 
+def out_of_step(d: Diagnosis) -> str:
+    """Of ranks that failed in a collective within a step a rank had completed before it exited 0 (Kind.OUT_OF_STEP):
+    'rank 1 failed in all_reduce at u/train.py:110 (main) during step 8 (RuntimeError: Connection closed by peer
+    [127.0.0.1]:4020), a step rank 0 had completed before it exited 0 (last heartbeat step 8, stage step): the
+    ranks' collectives were out of step: rank 1 had called more collectives than rank 0 by then, one of its own
+    that rank 0 never called or one rank 0 skipped, earlier in the run; which, and at which step, these files
+    do not tell'."""
+    failed = "; ".join(f"{who(at)} failed in {_place(at, '')} during step {at.step}" + (f" ({at.cause})" if at.cause else "")
+                       for at in d.ranks)
+    one, own = len(d.ended) == 1, "its" if len(d.ranks) == 1 else "their"
+    steps = "a step" if len({at.step for at in d.ranks}) == 1 else "steps"
+    beats = "; ".join(beat(at) if one else f"{who(at)}: {beat(at)}" for at in d.ended)
+    left, off = _names(d.ended), _names(d.ranks)
+    return (f"{failed}, {steps} {left} had completed before {'it' if one else 'they'} exited 0 ({beats}): the ranks' "
+            f"collectives were out of step: {off} had called more collectives than {left} by then, one of {own} own "
+            f"that {left} never called or one {left} skipped, earlier in the run; which, and at which step, these "
+            "files do not tell")
+
+
 def _names_of(ks: tuple[int, ...], d: Diagnosis) -> str:
     """``_names`` of ranks by number, each with its node where the diagnosis knows it."""
     known = {at.rank: at for at in (*d.ranks, *d.common)}
@@ -162,11 +181,14 @@ def text(d: Diagnosis) -> str:
     wait (last heartbeat step 3, stage backward)', 'rank 1 hung (stopped, no stack; last heartbeat
     step 3, stage forward)'; several ranks joined by '; '; with ``or_else``, 'rank 0 crashed (...): exit
     code 1, or rank 2 exited 0 early (...) and the others failed after it: which came first cannot be told';
-    ranks whose collectives went apart as ``went_apart`` says them."""
+    ranks whose collectives went apart as ``went_apart`` says them, those a check found not matching as
+    ``mismatched``, those whose collectives went out of step as ``out_of_step``."""
     if d.kind in (Kind.DIVERGED, Kind.APART):
         return went_apart(d)
     if d.kind == Kind.MISMATCHED:
         return mismatched(d)
+    if d.kind == Kind.OUT_OF_STEP:
+        return out_of_step(d)
     own = "; ".join(f"{who(at)} {DID[d.kind]}" + (f" in {at.frame}" if at.frame else "") + _said(at)
                     + (f": {c}" if (c := cause(d, at)) else "") for at in d.ranks)
     if d.or_else is None:

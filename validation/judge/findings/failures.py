@@ -18,8 +18,8 @@ from validation.judge.diagnosis.left import ended_before, exited_0, maybe_depart
 from validation.judge.diagnosis.nonfinite import nonfinite, nonfinite_ranks
 from validation.judge.diagnosis.stall import ending, stall
 from validation.judge.findings.culprit import ranks as _ranks
-from validation.judge.findings.culprit import (NO_CRASH, failed_without, mismatched, short_path, silenced, waited_cause,
-                                               went_apart)
+from validation.judge.findings.culprit import (NO_CRASH, failed_without, mismatched, out_of_step, short_path, silenced,
+                                               waited_cause, went_apart)
 from validation.judge.findings.departed import departure
 from validation.judge.findings.finding import (Facts, Finding, Severity, attempt_logs, attempts_said, last_heartbeat,
                                                own_reason, process, processes, where, where_gated, where_run)
@@ -39,7 +39,8 @@ IMBALANCE_METRIC = "rank_step_time_ratio"
 
 #: a crash finding's title word of a diagnosis that is no crash (the others, culprit.py ``NO_CRASH``): the
 #: trainer exited with the contract's code for a non-finite loss, its own word of what stopped it
-_NOT_CRASH = {**NO_CRASH, Kind.NONFINITE_EXIT: "non-finite loss", Kind.MISMATCHED: "collective mismatch"}
+_NOT_CRASH = {**NO_CRASH, Kind.NONFINITE_EXIT: "non-finite loss", Kind.MISMATCHED: "collective mismatch",
+              Kind.OUT_OF_STEP: "collectives out of step"}
 
 
 def crashes(records: list[PhaseRecord]) -> list[Finding]:
@@ -69,7 +70,8 @@ def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
             continue
         title = f"{_NOT_CRASH.get(d.kind, 'crash')} in {where_run(r)}: exit code {r.exit_code}"
         kind = {Kind.LEFT: "departed", Kind.ENDED: "left_after", Kind.HUNG: "waited", Kind.ABORTED: "aborted",
-                Kind.QUIT: "quit", Kind.NONFINITE_EXIT: "nonfinite", Kind.MISMATCHED: "mismatch"}.get(d.kind, "crash")
+                Kind.QUIT: "quit", Kind.NONFINITE_EXIT: "nonfinite", Kind.MISMATCHED: "mismatch",
+                Kind.OUT_OF_STEP: "out_of_step"}.get(d.kind, "crash")
         if d.kind in FAILED and d.ranks and not d.from_log:
             title += ": " + "; ".join(f"rank {at.rank}{' exited early' * (d.kind == Kind.QUIT)}: {at.cause}"
                                       for at in d.ranks)
@@ -91,6 +93,8 @@ def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
                       + (f": {'; '.join(failed)}" if failed else ""))
         elif d.kind == Kind.MISMATCHED:
             title += f": {mismatched(d)}"
+        elif d.kind == Kind.OUT_OF_STEP:
+            title += f": {out_of_step(d)}"
         elif d.kind == Kind.HUNG:
             title += f": {_ranks([at.rank for at in d.ranks])} hung: {waited_cause(d)}"
         elif d.kind == Kind.NONFINITE_EXIT:

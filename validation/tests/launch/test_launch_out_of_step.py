@@ -1,0 +1,43 @@
+"""A collective of the same size, extra on one rank, through the harness and a real two-rank torchrun (gloo on CPU):
+validation/tests/record_trainer.py's rank 1 all-reduces a copy of its loss at step 3 (``log_loss``) on the default
+group, where every rank all-reduces the step's loss (1 float). It pairs silently with rank 0's all-reduce of step
+3; rank 0 completes the last step and exits 0, and rank 1 fails in its all-reduce of the last step ('Connection
+closed by peer'). The verdict read 'rank 0 exited 0 (...) — the other ranks failed without it', and its advice
+spoke of collectives after the training loop: rank 1 failed within a step rank 0 had completed, so the ranks'
+collectives had gone out of step inside the loop, and that is what is said."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from validation.judge.diagnosis import Kind, diagnose
+from validation.judge.findings import find, recommendations
+from validation.judge.findings.headline import verdict_line
+from validation.tests.conftest import FakeRun
+
+RECORD_TRAINER = "validation.tests.record_trainer"
+
+
+@pytest.mark.distributed
+def test_torchrun_an_extra_collective_of_the_same_size_on_rank_1_reads_as_collectives_out_of_step(tmp_path):
+    phase = {"name": "twice", "kind": "train", "steps": 6, "timeout_s": 120, "stall_s": 60, "startup_s": 60,
+             "env": {"NSA_RECORD_TWICE": "1@3"}, "launcher": {"kind": "torchrun", "nproc": 2},
+             "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}
+    run = FakeRun(tmp_path, [phase], defaults={"launcher": {"kind": "python", "module": RECORD_TRAINER}})
+    rec = run.record
+    assert rec.status == "FAIL" and rec.stalled_s is None and not rec.timed_out, rec.reason
+    d = diagnose(rec)
+    assert d is not None and d.kind == Kind.OUT_OF_STEP and d.step == 6, d
+    assert [(at.rank, at.frame, at.site.func) for at in d.ranks] == [(1, "all_reduce", "main")], d
+    assert [(at.rank, at.step, at.stage) for at in d.ended] == [(0, 6, "step")], d
+    assert d.files == (f"{rec.out_dir}/heartbeat_rank1.jsonl", f"{rec.out_dir}/heartbeat_rank0.jsonl"), d.files
+    line = verdict_line(rec)
+    assert re.fullmatch(r"rank 1 failed in all_reduce at tests/record_trainer.py:\d+ \(main\) during step 6 "
+                        r"\(RuntimeError: Connection closed by peer [^)]*\), a step rank 0 had completed before it "
+                        r"exited 0 \(last heartbeat step 6, stage step\): the ranks' collectives were out of step: "
+                        r"rank 1 had called more collectives than rank 0 by then, .* — trainer crashed \(exit code 1\)",
+                        line), line
+    [crash] = [f for f in find([rec]) if f.kind == "out_of_step"]
+    [advice] = recommendations([crash])
+    assert "collective called on some ranks only" in advice and "after the training loop" not in advice, advice

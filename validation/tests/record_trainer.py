@@ -21,6 +21,11 @@ It writes the artifact contract (one all-reduce a step) and hangs one rank on re
                       silently with the others' all-reduce of the step, and every later one with the others' of the
                       next step; the others complete the last step and exit 0 while rank R still waits in its
                       all-reduce of the last step, which then breaks ('Connection closed by peer')
+    NSA_RECORD_HOLD=1     each rank, after its last step, leaves its connections to the others open behind it
+                      (``hold_connections``) and exits 0: a collective left without it then waits, as one does
+                      under NCCL, instead of breaking ('Connection closed by peer' is gloo's word of the closed
+                      socket); with NSA_RECORD_TWICE, rank R waits in its all-reduce of the last step until the
+                      harness's stall watch stops the run
 """
 from __future__ import annotations
 
@@ -33,6 +38,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
+
+from validation.launch.tree import RUN_TOKENS
 
 COLUMNS = "step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb"
 
@@ -58,6 +65,24 @@ def log_loss(loss: torch.Tensor) -> None:
     """The extra collective of the same size: an all-reduce of a copy of the step's loss on the default group, which
     only the rank that diverged calls (a rank-conditional logging call)."""
     dist.all_reduce(loss.clone())
+
+
+def hold_connections() -> None:
+    """Keeps this process's sockets (gloo's connections to the other ranks) open after it exits, until torchrun's
+    agent ends: a child of it holds them, so the others' side of each connection sees no close. The child is no
+    Python process and carries no RANK (``sh``, its environment the harness's token alone, by which the harness
+    still ends it): the harness takes it for no rank, and this rank's process has ended, as under NCCL, where
+    the ended rank leaves a collective that waits for it."""
+    agent = os.getppid()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                os.set_inheritable(int(fd), True)
+        except OSError:
+            continue  # the listing's own descriptor, closed by now
+    if os.fork() == 0:
+        os.execve("/bin/sh", ["sh", "-c", f"while kill -0 {agent} 2>/dev/null; do sleep 0.2; done"],
+                  {"PATH": os.environ.get("PATH", ""), RUN_TOKENS: os.environ.get(RUN_TOKENS, "")})
 
 
 def _at(name: str) -> tuple[int, int]:
@@ -113,6 +138,8 @@ def main() -> int:
         if rank == 0:
             with open(out / "training.csv", "a") as fh:
                 fh.write(f"{step},{loss.item() / world:.5f},0.001,{64 * world / took:.1f},{took:.4f},1.0,0.1,0.2\n")
+    if os.environ.get("NSA_RECORD_HOLD") == "1":
+        hold_connections()
     dist.destroy_process_group()
     return 0
 

@@ -20,8 +20,8 @@ Its modules, each importing only those listed before it:
   diagnosis;
 * left.py: the ranks that left early, ended with exit 0 or remained (how each is known: its
   docstring);
-* outofstep.py: ranks that failed in a collective within a step a rank had completed before it exited 0
-  (the ranks' collectives out of step), and their diagnosis;
+* outofstep.py: ranks that failed or waited in a collective within a step a rank had completed before it
+  exited 0 (the ranks' collectives out of step), and their diagnosis;
 * crash.py: the diagnosis of a trainer process that failed with a non-zero exit;
 * stall.py: the diagnosis of a trainer process the harness stopped or its watchdog halted;
 * decide.py: ``diagnose``, the one diagnosis of a failed point.

@@ -46,14 +46,16 @@ class Kind(enum.StrEnum):
     majority of the ranks was at one call site (``Diagnosis.common``); else every rank whose collective the
     log shows, and nothing tells which left the common path."""
     OUT_OF_STEP = "out of step"
-    """Failed in a collective within a step (its traceback ends in the collective, its last heartbeat is of a
-    stage within that step) that a rank which then exited 0 had completed (its heartbeats say so,
-    ``Diagnosis.ended``): the exited rank had called every collective of that step, so the failed rank's was
-    left without it because its earlier collectives had taken the exited rank's later ones. The ranks'
-    collectives were out of step: by then the failed rank had called more collectives than the exited one (one
-    of its own that the other never called, or one the other skipped, earlier in the run; a collective of the
-    same size pairs silently with the other's next one). Which of the two, and at which step, the evidence does
-    not tell. ``ranks``: those that failed so, at the collective's call site (RankFailure.raised_at)."""
+    """Failed in a collective (its traceback ends in the collective), or waited in one until the harness stopped
+    the run (its stack, ``Diagnosis.waiting``: a backend whose collective without its partner waits, NCCL's),
+    within a step (its last heartbeat is of a stage within that step) that a rank which then exited 0 had
+    completed (its heartbeats say so, ``Diagnosis.ended``): the exited rank had called every collective of that
+    step, so the blamed rank's was left without it because its earlier collectives had taken the exited rank's
+    later ones. The ranks' collectives were out of step: by then the blamed rank had called more collectives than
+    the exited one (one of its own that the other never called, or one the other skipped, earlier in the run; a
+    collective of the same size pairs silently with the other's next one). Which of the two, and at which step,
+    the evidence does not tell. ``ranks``: those that failed or waited so, at the collective's call site
+    (RankFailure.raised_at, or the stack's ``call_site``)."""
     SILENT = "silent"
     """Hung while the others went on without it: its heartbeats showed no new step for stall_s, its
     process still running, while another rank's showed new steps (``Diagnosis.silences``)."""
@@ -148,7 +150,7 @@ class RankAt:
     site: Frame | None = None
     """Of Kind.DIVERGED and Kind.APART: the frame of the code that called the collective it waits in
     (``call_site``); of Kind.MISMATCHED and Kind.OUT_OF_STEP, the one that called the collective it failed in
-    (RankFailure.raised_at); None otherwise."""
+    (RankFailure.raised_at) or, of Kind.OUT_OF_STEP, waited in (``call_site``); None otherwise."""
 
     @classmethod
     def of(cls, rec: PhaseRecord, rank: int, *, frame: str | None = None, cause: str = "",
@@ -211,7 +213,11 @@ class Diagnosis:
     detected: Detected | None = None
     """Of Kind.MISMATCHED: the check that found it, and the ranks it ended; None otherwise."""
     ended: tuple[RankAt, ...] = ()
-    """Of Kind.OUT_OF_STEP: the ranks that exited 0 having completed the step the ranks blamed failed in; ()
+    """Of Kind.OUT_OF_STEP: the ranks that exited 0 having completed the step the ranks blamed failed or waited in;
+    () otherwise."""
+    waiting: bool = False
+    """Of Kind.OUT_OF_STEP: the ranks blamed still waited in their collective, with no partner left, when the harness
+    stopped the run (a backend whose collective waits for its partner: NCCL's), rather than failed in it; False
     otherwise."""
 
     @property
@@ -236,12 +242,12 @@ def diagnosis_of(kind: Kind, ranks: tuple[RankAt, ...], rec: PhaseRecord, *, or_
                  cause: str | None = None, step: int | None = None, logs: tuple[str, ...] = (),
                  files: tuple[str, ...] = (), waited: tuple[int, ...] = (),
                  silences: tuple[RankSilence, ...] = (), common: tuple[RankAt, ...] = (),
-                 detected: Detected | None = None, ended: tuple[RankAt, ...] = ()) -> Diagnosis:
+                 detected: Detected | None = None, ended: tuple[RankAt, ...] = (), waiting: bool = False) -> Diagnosis:
     first = ranks[0] if ranks else None
     return Diagnosis(kind, ranks, or_else, cause if cause is not None else (first.cause or None) if first else None,
                      step if step is not None else first.step if first else None, logs,
                      files or files_of(rec, ranks + common + ended), waited=waited, silences=silences, common=common,
-                     detected=detected, ended=ended)
+                     detected=detected, ended=ended, waiting=waiting)
 
 
 def files_of(rec: PhaseRecord, ranks: tuple[RankAt, ...]) -> tuple[str, ...]:

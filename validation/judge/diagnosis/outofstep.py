@@ -1,33 +1,81 @@
-"""The diagnosis of ranks whose collectives went out of step, as their ends show it (``out_of_step``): a rank
-failed in a collective within a step that another rank had completed before it exited 0.
+"""The diagnosis of ranks whose collectives went out of step, as their ends show it: a rank failed in a collective
+within a step that another rank had completed before it exited 0 (``out_of_step``), or waited in one there until
+the harness stopped the run (``waited_out_of_step``).
 
 A rank completes a step only once every collective of it has completed, with every rank's part. So where a
 rank exited 0 having completed step N, it had called each collective of step N and the others had met it
-there; a rank still inside step N, in one of that step's collectives, when the exited rank's end broke it
-(gloo: 'Connection closed by peer'), was left without a partner because its earlier collectives had taken the
-exited rank's later ones: it had called more collectives than the exited rank by then. One rank called a
-collective the other did not (a rank-conditional one: a loss all-reduced again for logging on one rank), or
-skipped one the other called, earlier in the run; a collective of the same size pairs silently with the
-other's next one, so nothing failed there, and each collective after it met another of the other rank's than
-its own. Which rank did, and at which step, the evidence does not tell.
+there; a rank still inside step N, in one of that step's collectives, when the exited rank ended, was left
+without a partner because its earlier collectives had taken the exited rank's later ones: it had called more
+collectives than the exited rank by then. One rank called a collective the other did not (a rank-conditional
+one: a loss all-reduced again for logging on one rank), or skipped one the other called, earlier in the run; a
+collective of the same size pairs silently with the other's next one, so nothing failed there, and each
+collective after it met another of the other rank's than its own. Which rank did, and at which step, the
+evidence does not tell.
+
+How the rank left without a partner ends depends on the backend: gloo's collective fails once the exited rank's
+connection closes ('Connection closed by peer': its traceback ends in the collective); NCCL's waits, and the
+harness's stall watch finds that rank alone running, its stack in the collective. Either way its last heartbeat
+is of a stage within the step the exited rank completed.
 
 That is not the early exit the same ends may seem to show: a rank that exited 0 early (its heartbeats stop
-before the last step, ``departed``) did not complete the step the others failed in; one that exited 0 after
-its last step while the others failed in a collective after theirs (a final barrier: their heartbeats say they
-completed the last step too) left them after the loop (Kind.ENDED)."""
+before the last step, ``departed``) did not complete the step the others failed or waited in; one that exited 0
+after its last step while the others failed or waited in a collective after theirs (a final barrier or save: their
+heartbeats say they completed the last step too) left them after the loop (Kind.ENDED of a crash; of a stall, the
+one rank left running hung after the others were done with it, Kind.HUNG)."""
 from __future__ import annotations
+
+from collections.abc import Collection
 
 from nsa.contract import HEARTBEAT_STAGES_IN_STEP
 from validation.judge.diagnosis.blame import Diagnosis, Kind, RankAt, diagnosis_of, earlier_beat, logs_of
+from validation.judge.diagnosis.collectives import call_site, in_collective
+from validation.judge.diagnosis.left import ended_before, exited_0
 from validation.judge.record import PhaseRecord
 
 
 def out_of_step(r: PhaseRecord, ended: list[int]) -> Diagnosis | None:
     """Of a failed run where no rank failed in its own right, none left early and ``ended`` exited 0 (``exited_0``):
     the ranks that failed in a collective within a step one of ``ended`` had completed (the module's docstring),
-    beside those of ``ended`` that had completed it. None where no rank failed so, or torchrun started the
-    workers again (a rank's last heartbeat may then be an earlier attempt's: a rank that exited 0 in the last
-    one need have written none)."""
+    beside those of ``ended`` that had completed it. None where no rank failed so (``_within``)."""
+    failures = {k: f for k, f in r.evidence.rank_failures.items()
+                if f.collective is not None and f.raised_at is not None and not f.own}
+    found = _within(r, ended, failures)
+    if found is None:
+        return None
+    within, completed = found
+    failed = tuple(RankAt.of(r, k, frame=failures[k].collective, cause=failures[k].cause or "",
+                             site=failures[k].raised_at) for k in within)
+    return diagnosis_of(Kind.OUT_OF_STEP, failed, r, ended=completed, logs=logs_of(r, [*within, *completed]))
+
+
+def waited_out_of_step(r: PhaseRecord, found: list[RankAt]) -> Diagnosis | None:
+    """Of a run the harness stopped where no rank left early or failed first: where every process it found running
+    (``found``, of known rank) waited in a collective (its stack) within a step a rank that exited 0 had completed,
+    and every other rank had ended before (``ended_before``), those ranks, each at its collective's call site,
+    beside the exited ranks that had completed the step (``Diagnosis.waiting``). None otherwise: a rank found outside
+    the collectives hung of its own; one of no stack may be anywhere (a trainer whose ranks do not meet every step
+    leaves a rank within a step another completed without any collective out of step)."""
+    stacks = r.evidence.stackdumps
+    ranks = [at.rank for at in found]
+    if not ranks or any(k is None or not in_collective(stacks[k]) for k in ranks) or any(
+            ended_before(r, k) is None for k in range(r.world_size) if k not in ranks):
+        return None
+    dumps = {k: stacks[k] for k in ranks}
+    hit = _within(r, exited_0(r), dumps)
+    if hit is None or len(hit[0]) < len(ranks):
+        return None
+    within, completed = hit
+    waited = tuple(RankAt.of(r, k, frame=dumps[k].frames[0].func, site=call_site(dumps[k])) for k in within)
+    return diagnosis_of(Kind.OUT_OF_STEP, waited, r, ended=completed, waiting=True)
+
+
+def _within(r: PhaseRecord, ended: list[int], ranks: Collection[int]) -> tuple[list[int], tuple[RankAt, ...]] | None:
+    """Of ``ranks`` (each left in a collective, its failure or its stack says), those whose last heartbeat is of a
+    stage within a step that one of ``ended`` (ranks that exited 0) had completed, lowest first, and those of
+    ``ended`` that had completed the last such step. A record of a stage within a step says the step was in
+    progress only where the rank's records mark a step's end at all (Beat.ends_steps). None where no rank is so,
+    or torchrun started the workers again (a rank's last heartbeat may then be an earlier attempt's: a rank that
+    exited 0 in the last one need have written none)."""
     ev = r.evidence
     if any(a.restarted for a in ev.attempts):
         return None
@@ -36,17 +84,10 @@ def out_of_step(r: PhaseRecord, ended: list[int]) -> Diagnosis | None:
     if not done:
         return None
     furthest = max(done.values())
-    # a record of a stage within a step says the step was in progress only where the rank's records mark a
-    # step's end at all (Beat.ends_steps); its traceback ending in a collective says where it failed in it
-    within = {k: b.step for k, f in ev.rank_failures.items()
-              if f.collective is not None and f.raised_at is not None and not f.own
-              and (b := beats.get(k)) is not None and b.step is not None and b.stage in HEARTBEAT_STAGES_IN_STEP
-              and b.ends_steps and earlier_beat(ev, k) is None and b.step <= furthest}
+    within = {k: b.step for k in ranks if (b := beats.get(k)) is not None and b.step is not None
+              and b.stage in HEARTBEAT_STAGES_IN_STEP and b.ends_steps and earlier_beat(ev, k) is None
+              and b.step <= furthest}
     if not within:
         return None
     last = max(within.values())
-    completed = sorted(k for k, step in done.items() if step >= last)
-    failed = tuple(RankAt.of(r, k, frame=ev.rank_failures[k].collective, cause=ev.rank_failures[k].cause or "",
-                             site=ev.rank_failures[k].raised_at) for k in sorted(within))
-    return diagnosis_of(Kind.OUT_OF_STEP, failed, r, ended=tuple(RankAt.of(r, k) for k in completed),
-                        logs=logs_of(r, [*within, *completed]))
+    return sorted(within), tuple(RankAt.of(r, k) for k, step in sorted(done.items()) if step >= last)

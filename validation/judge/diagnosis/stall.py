@@ -1,7 +1,8 @@
 """The diagnosis of a stalled trainer process, one the harness stopped or whose watchdog wrote the
 .HALT (``stall``): from the processes it found running (``running``), a rank that had failed in its
 own right before it came (``failed_first``), ranks whose heartbeats stopped while the others went
-on, ranks whose collectives went apart, and the ranks that hung while the others waited for them."""
+on, ranks whose collectives went apart, the ranks that hung while the others waited for them, and ranks
+left waiting in a collective whose partner had exited 0 (their collectives out of step)."""
 from __future__ import annotations
 
 from validation.judge.diagnosis.blame import Diagnosis, Kind, NoStack, RankAt, diagnosis_of
@@ -9,6 +10,7 @@ from validation.judge.diagnosis.collectives import apart, call_site, hung_ranks,
 from validation.judge.diagnosis.failed import died_first, failed_as, root_of_evidence
 from validation.judge.diagnosis.left import departed, ended_before
 from validation.judge.diagnosis.nonfinite import halted_ranks
+from validation.judge.diagnosis.outofstep import waited_out_of_step
 from validation.judge.record import TRAINER_KINDS, PhaseRecord
 
 
@@ -79,8 +81,9 @@ def stall(r: PhaseRecord) -> Diagnosis | None:
     had failed first in its own right (the others waited for it), else the ranks whose heartbeats
     stopped while the others went on (``silent``), else, of ranks that all wait in collectives, those
     whose collectives went off the common path (``apart``), else the ranks that hung while the others
-    waited for them (their stacks and heartbeats tell), else the one process left running, else every
-    rank found running alike (stalled: nothing tells which hung first)."""
+    waited for them (their stacks and heartbeats tell), else the ranks left running in a collective within a
+    step a rank had completed before it exited 0 (``waited_out_of_step``), else the one process left running,
+    else every rank found running alike (stalled: nothing tells which hung first)."""
     if not stalled(r):
         return None
     ev = r.evidence
@@ -102,6 +105,8 @@ def stall(r: PhaseRecord) -> Diagnosis | None:
         return split
     if (hung := _hung_first(r, found)) is not None:
         return hung
+    if (off := waited_out_of_step(r, found)) is not None:  # in a collective within a step one that ended had completed
+        return off
     if len(found) == 1 and _alone(r, found[0]):  # the one process left running: the others had ended
         return diagnosis_of(Kind.HUNG, tuple(found), r)
     return diagnosis_of(Kind.HUNG if r.world_size == 1 and found else Kind.STALLED, tuple(found), r)
@@ -161,7 +166,9 @@ def _hung_first(r: PhaseRecord, found: list[RankAt]) -> Diagnosis | None:
 def _alone(r: PhaseRecord, only: RankAt) -> bool:
     """Of a run of several ranks the harness stopped: ``only`` was the one process it found running,
     and every other rank had ended before (``ended_before``: exited 0 after its steps, or failed):
-    that one hung, after the others were done with it (a save, a teardown, a loop of its own)."""
+    that one hung, after the others were done with it (a save, a teardown, a loop of its own). Where it
+    waits in a collective within a step a rank that exited 0 had completed, it did not outlive them so:
+    their collectives were out of step (``waited_out_of_step``, decided first)."""
     if r.world_size < 2 or only.rank is None:
         return False
     return all(ended_before(r, k) is not None for k in range(r.world_size) if k != only.rank)

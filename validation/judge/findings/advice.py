@@ -167,7 +167,9 @@ def _mismatch(f: Facts) -> str:
 
 
 def _out_of_step(f: Facts) -> str:
-    return ("A rank failed in a collective within a step that another rank had completed before it exited 0 (the "
+    did = ("waited in a collective, with no partner left, until the harness stopped the run (a collective without its "
+           "partner waits under NCCL, where gloo's fails), " if f.waiting else "failed in a collective ")
+    return (f"A rank {did}within a step that another rank had completed before it exited 0 (the "
             "finding names both): the exited rank had called every collective of that step, so the ranks' collectives "
             "were out of step. Earlier in the run one rank called a collective the others did not, or skipped one they "
             "called; one of the same size pairs silently with the others' next collective, so nothing failed where it "

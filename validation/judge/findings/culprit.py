@@ -135,13 +135,16 @@ def mismatched(d: Diagnosis) -> str:
 
 
 def out_of_step(d: Diagnosis) -> str:
-    """Of ranks that failed in a collective within a step a rank had completed before it exited 0 (Kind.OUT_OF_STEP):
-    'rank 1 failed in all_reduce at u/train.py:110 (main) during step 8 (RuntimeError: Connection closed by peer
-    [127.0.0.1]:4020), a step rank 0 had completed before it exited 0 (last heartbeat step 8, stage step): the
-    ranks' collectives were out of step: rank 1 had called more collectives than rank 0 by then, one of its own
-    that rank 0 never called or one rank 0 skipped, earlier in the run; which, and at which step, these files
-    do not tell'."""
-    failed = "; ".join(f"{who(at)} failed in {_place(at, '')} during step {at.step}" + (f" ({at.cause})" if at.cause else "")
+    """Of ranks that failed or waited in a collective within a step a rank had completed before it exited 0
+    (Kind.OUT_OF_STEP): 'rank 1 failed in all_reduce at u/train.py:110 (main) during step 8 (RuntimeError:
+    Connection closed by peer [127.0.0.1]:4020), a step rank 0 had completed before it exited 0 (last heartbeat
+    step 8, stage step): the ranks' collectives were out of step: rank 1 had called more collectives than rank 0
+    by then, one of its own that rank 0 never called or one rank 0 skipped, earlier in the run; which, and at
+    which step, these files do not tell'; of ranks that waited (``Diagnosis.waiting``), 'rank 1 waited in
+    all_reduce at u/train.py:110 (main) during step 8 (with no partner left), a step rank 0 ...'."""
+    did = "waited in" if d.waiting else "failed in"
+    failed = "; ".join(f"{who(at)} {did} {_place(at, '')} during step {at.step}"
+                       + (" (with no partner left)" if d.waiting else f" ({at.cause})" if at.cause else "")
                        for at in d.ranks)
     one, own = len(d.ended) == 1, "its" if len(d.ranks) == 1 else "their"
     steps = "a step" if len({at.step for at in d.ranks}) == 1 else "steps"

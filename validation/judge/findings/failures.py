@@ -302,7 +302,8 @@ def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
             detail.append(f"stacks of {len(stuck)} of {r.world_size} ranks were recorded")
         kind = {Kind.HALT_STALL: "halt_stall", Kind.LEFT: "departed", Kind.CRASHED: "crash",
                 Kind.KILLED: "crash", Kind.ABORTED: "aborted", Kind.QUIT: "quit",
-                Kind.SILENT: "silent_rank", Kind.DIVERGED: "diverged", Kind.APART: "diverged"}.get(d.kind, "stall")
+                Kind.SILENT: "silent_rank", Kind.DIVERGED: "diverged", Kind.APART: "diverged",
+                Kind.OUT_OF_STEP: "out_of_step"}.get(d.kind, "stall")
         if d.kind == Kind.HALT_STALL:
             # the trainer's guard stopped the run first (the non-finite finding names the rank): what
             # stalled is its end, a rank that halted and stayed alive with the others waiting for it
@@ -326,6 +327,9 @@ def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
             at = f": {silenced(d)}"
         elif d.kind in (Kind.DIVERGED, Kind.APART):  # every rank waits in a collective, not all in one
             at = f": {went_apart(d)}"
+        elif d.kind == Kind.OUT_OF_STEP:  # left in a collective whose partner had completed the step and exited 0
+            at = f": {out_of_step(d)}"
+            facts = replace(facts, waiting=d.waiting)
         elif d.kind == Kind.HUNG and r.world_size > 1 and not _alone(r, d, stuck):
             at = _hung_first(r, d, stuck)
         else:

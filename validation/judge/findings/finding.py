@@ -76,6 +76,9 @@ class Facts:
     alone: bool = False
     """Of a stall of several ranks: the one rank the harness found running had outlived the others,
     which had ended (findings/failures.py ``_alone``): nothing waited for it in a collective."""
+    waiting: bool = False
+    """Of ranks whose collectives went out of step (Kind.OUT_OF_STEP): they waited in their collective with no
+    partner left until the harness stopped the run (``Diagnosis.waiting``), rather than failed in it."""
     loss_after: LossAfter | None = None
     """Of a run whose training.csv logs a non-finite loss: what it logs after the first (None: every
     logged loss is finite, or a record of an older harness does not say)."""

@@ -4,7 +4,12 @@ group, where every rank all-reduces the step's loss (1 float). It pairs silently
 3; rank 0 completes the last step and exits 0, and rank 1 fails in its all-reduce of the last step ('Connection
 closed by peer'). The verdict read 'rank 0 exited 0 (...) — the other ranks failed without it', and its advice
 spoke of collectives after the training loop: rank 1 failed within a step rank 0 had completed, so the ranks'
-collectives had gone out of step inside the loop, and that is what is said."""
+collectives had gone out of step inside the loop, and that is what is said.
+
+Under NCCL the all-reduce left without a partner waits instead: rank 0 exits 0, rank 1 waits until the harness's
+stall watch takes its stack and stops the run. The verdict read 'rank 1 hung in all_reduce (...)' and its advice said
+nothing waited for it (a save, an evaluation after the others were done): rank 1 waited within a step rank 0 had
+completed. NSA_RECORD_HOLD=1 has each rank keep its gloo connections open after it exits, so that gloo waits too."""
 from __future__ import annotations
 
 import re
@@ -41,3 +46,25 @@ def test_torchrun_an_extra_collective_of_the_same_size_on_rank_1_reads_as_collec
     [crash] = [f for f in find([rec]) if f.kind == "out_of_step"]
     [advice] = recommendations([crash])
     assert "collective called on some ranks only" in advice and "after the training loop" not in advice, advice
+
+
+@pytest.mark.distributed
+def test_torchrun_a_rank_left_waiting_by_an_extra_collective_of_the_same_size_reads_as_collectives_out_of_step(tmp_path):
+    phase = {"name": "twice", "kind": "train", "steps": 6, "timeout_s": 120, "stall_s": 8, "startup_s": 60,
+             "env": {"NSA_RECORD_TWICE": "1@3", "NSA_RECORD_HOLD": "1"}, "launcher": {"kind": "torchrun", "nproc": 2},
+             "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}
+    run = FakeRun(tmp_path, [phase], defaults={"launcher": {"kind": "python", "module": RECORD_TRAINER}})
+    rec = run.record
+    assert rec.status == "FAIL" and rec.stalled_s is not None and not rec.timed_out, rec.reason
+    d = diagnose(rec)
+    assert d is not None and d.kind == Kind.OUT_OF_STEP and d.waiting and d.step == 6, d
+    assert [(at.rank, at.stage, at.frame, at.site.func) for at in d.ranks] == [(1, "backward", "all_reduce", "main")], d
+    assert [(at.rank, at.step, at.stage) for at in d.ended] == [(0, 6, "step")], d
+    line = verdict_line(rec)
+    assert re.fullmatch(r"rank 1 waited in all_reduce at tests/record_trainer.py:\d+ \(main\) during step 6 \(with no "
+                        r"partner left\), a step rank 0 had completed before it exited 0 \(last heartbeat step 6, stage "
+                        r"step\): the ranks' collectives were out of step: rank 1 had called more collectives than rank 0 "
+                        r"by then, .* — stalled: no progress for \d+s after step 6; .*", line), line
+    [stall] = [f for f in find([rec]) if f.kind == "out_of_step"]
+    [advice] = recommendations([stall])
+    assert "collective called on some ranks only" in advice and "nothing waited for it" not in advice, advice

@@ -13,14 +13,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from validation.contract.torchrun_log import AgentSeen, AttemptEnd, attempt_ends, rank_failures
-from validation.judge.evidence import collect, read_ended, read_train, with_log
+from validation.judge.evidence import collect
 from validation.judge.findings import find
 from validation.judge.findings.advice import recommendations
-from validation.judge.findings.headline import culprit_log, verdict_line
+from validation.judge.findings.headline import verdict_line
 from validation.judge.metrics import RunData
 from validation.judge.record import PhaseRecord, PointKey, Status
-from validation.judge.verdict import Outcome, verdict
-from validation.tests.stopped_run import judged_stopped_run
+from validation.tests.stopped_run import judged_run, judged_stopped_run
 from validation.tests.torchrun_summary import Failed, child_failed
 
 _AGENT = "E1206 01:04:1{i}.920000 16491 torch/distributed/elastic/multiprocessing/api.py:1002] "
@@ -124,28 +123,12 @@ HUNG_IN_INIT = EVIDENCE / "slurm2_restart_hung_in_init"
 _SHARD4 = "RuntimeError: shard 4 of rank 1 is truncated (attempt 0)"
 
 
-def _judged(out: Path, log: str, exit_code: int | None) -> PhaseRecord:
-    """The record the session makes of a recorded run directory (session/runs.py ``launch``,
-    ``judge``, ``record``): its files and logs read, its verdict, its evidence, and the log of the
-    node its verdict names."""
-    run = RunData(out, world_size=2, exit_code=exit_code, steps_requested=8)
-    files = read_train(run)
-    run = files.onto(run)
-    run = read_ended(run, out / log).onto(run)
-    status, reason = verdict(Outcome.of_run("train", run, list(files.problems)), [])
-    rec = PhaseRecord(PointKey("mine", "cpu", "ddp"), "mine/cpu/ddp/default", "train", status, reason, steps=8,
-                      world_size=2, exit_code=exit_code, evidence=collect(run, out / log, list(files.problems)),
-                      trainer="myt", out_dir=str(out))
-    named = culprit_log(rec)
-    return rec if named in (None, log) else replace(rec, evidence=with_log(rec.evidence, out / named, exit_code))
-
-
 def test_each_nodes_failed_attempts_name_the_global_rank_and_its_own_exception():
     """Node 1's agent names its worker by local rank 0; its exception's prefix names global rank 1.
     The local rank was taken for the global one: node 1's attempt 1 read 'local rank 0 (pid 7282)
     exited with code 1', its exception lost (rank 0's lines are in node 0's log), and only the
     blamed node's log was read."""
-    rec = _judged(NODES_TWICE, "node0.stderr.log", 1)
+    rec = judged_run(NODES_TWICE, "node0.stderr.log", 1)
     assert rec.evidence.stderr_log == "node1.stderr.log", rec.evidence.stderr_log
     [attempt1, attempt2] = [a for a in rec.evidence.attempts if a.node == 1]
     assert (attempt1.rank, attempt1.local_rank, attempt1.pid, attempt1.restarted) == (1, 0, 7282, True), attempt1
@@ -185,7 +168,7 @@ def test_a_restart_that_succeeded_after_one_failure_line_is_no_ranks_end():
     RuntimeError: shard 4 ...'), each node's agent as last saying its attempt 1 failure line beside its
     exit 0, and the resumed-in-place warning said attempt 1 ended as node 0's 'local rank 0 ...
     failed: RuntimeError: Connection closed by peer', the root cause (node 1's rank 1) unsaid."""
-    rec = _judged(NODES_THEN_OK, "node0.stderr.log", 0)
+    rec = judged_run(NODES_THEN_OK, "node0.stderr.log", 0)
     assert rec.status == Status.PASS and rec.evidence.rank_failures == {}, (rec.reason, rec.evidence.rank_failures)
     assert [(n.exit_code, n.said) for n in rec.evidence.nodes.nodes] == [(0, None), (0, None)], rec.evidence.nodes
     assert all(a.restarted for a in rec.evidence.attempts), rec.evidence.attempts
@@ -279,7 +262,7 @@ def test_a_nodes_failure_line_before_its_agent_lost_the_rendezvous_is_its_ranks_
     failure lines), its last attempt was the rendezvous error alone, rank 1 had no end torchrun
     reported, and the verdict said 'node 1's rank 1 exited 0 early (last heartbeat step 3, stage
     forward) — the other ranks failed without it'."""
-    rec = _judged(STORE_GAVE_UP, "node0.stderr.log", 1)
+    rec = judged_run(STORE_GAVE_UP, "node0.stderr.log", 1)
     f = rec.evidence.rank_failures
     assert (f[1].exit_code, f[1].pid) == (1, 14261) and f[1].unranked.startswith("RuntimeError: Gloo connectFullMesh"), f
     assert (f[0].exit_code, f[0].pid) == (1, 14260), f

@@ -15,17 +15,17 @@ from validation.judge.verdict import Outcome, verdict
 
 def judged_stopped_run(out: Path, log: Path, *, world: int = 2, stalled_s: float, stacks_tried: int,
                        key: PointKey = PointKey("mine", "cpu", "ddp"), trainer: str = "myt",
-                       out_dir: str = "") -> PhaseRecord:
-    """``out``: the run's directory; ``log``: its torchrun log. The run asked for 8 steps."""
+                       out_dir: str = "", steps: int = 8) -> PhaseRecord:
+    """``out``: the run's directory; ``log``: its torchrun log. The run asked for ``steps`` steps."""
     run = RunData(out, world_size=world, exit_code=None, stalled_s=stalled_s, stacks_tried=stacks_tried,
-                  steps_requested=8)
+                  steps_requested=steps)
     errors: list[str] = []
     files = read_train(run)
     run = files.onto(run)
     errors += files.problems
     run = read_ended(run, log).onto(run)
     status, reason = verdict(Outcome.of_run("train", run, errors), [])
-    return PhaseRecord(key, f"{key.runbook}/{key.profile}/{key.phase}/default", "train", status, reason, steps=8,
+    return PhaseRecord(key, f"{key.runbook}/{key.profile}/{key.phase}/default", "train", status, reason, steps=steps,
                        world_size=world, stalled_s=stalled_s, metrics=Summary.of(run, None),
                        evidence=collect(run, log, errors), trainer=trainer, out_dir=out_dir)
 

@@ -109,10 +109,8 @@ def mismatched(d: Diagnosis) -> str:
     u/train.py:30 (main; last heartbeat step 3, stage backward), rank 1 in all_reduce at u/train.py:10
     (log_metrics; ...): nothing tells which of the two left the common path (...)"; where a majority of the
     ranks was at one call site, 'rank 1 called all_reduce at ... where ranks 0, 2 called all_reduce at ...'."""
-    found = d.detected
-    how = "aborted" if found.check == Check.GLOO_SIZE else "raised in"
-    said = (f"the ranks' collectives did not match: {found.check} {how} {_names_of(found.ranks, d)} "
-            f"({found.said[:EXCERPT_CHARS]}), where the mismatch was detected")
+    said = (f"the ranks' collectives did not match: {detected_by(d)} ({d.detected.said[:EXCERPT_CHARS]}), where the "
+            "mismatch was detected")
     if d.common:
         one = len(d.ranks) == 1
         off = ", ".join(_place(at) if one else f"{who(at)} {_place(at)}" for at in d.ranks)
@@ -121,9 +119,9 @@ def mismatched(d: Diagnosis) -> str:
     each = ", ".join(f"{who(at)} {'was ' * (i == 0)}in {_place(at)}" if at.frame else f"{who(at)} ({beat(at)})"
                      for i, at in enumerate(d.ranks))
     sites = {at.site for at in d.ranks}
-    if found.unknown:
-        why = (f"the log shows no collective of {_names_of(found.unknown, d)}, so nothing tells which rank left the "
-               "common path")
+    if d.detected.unknown:
+        why = (f"the log shows no collective of {_names_of(d.detected.unknown, d)}, so nothing tells which rank left "
+               "the common path")
     elif len(sites) == 1:
         why = "one call site: the ranks passed it tensors of other sizes or types"
     elif len(d.ranks) == 2:
@@ -132,6 +130,13 @@ def mismatched(d: Diagnosis) -> str:
     else:
         why = "no majority of the ranks was at one call site, so nothing tells which left the common path"
     return f"{said}; {each}: {why}"
+
+
+def detected_by(d: Diagnosis) -> str:
+    """Of Kind.MISMATCHED: the check and the ranks it ended, "gloo's check of a message's size aborted rank 0"."""
+    found = d.detected
+    how = "aborted" if found.check == Check.GLOO_SIZE else "raised in"
+    return f"{found.check} {how} {_names_of(found.ranks, d)}"
 
 
 def out_of_step(d: Diagnosis) -> str:

@@ -1,18 +1,22 @@
 """Findings about the nodes of a launch of several nodes (validation/judge/nodes.py): a node that
 never joined the rendezvous, a node whose rank hung, a node whose rank was killed or failed (and
-how the other nodes ended), a straggler node; and, for every such run, where each rank ran."""
+how the other nodes ended), a straggler node; and, for every such run, where each rank ran. Where
+the run's diagnosis is of the ranks' collectives themselves (``COLLECTIVES``), no node failed of its
+own, and where each rank ran says so instead."""
 from __future__ import annotations
 
 import re
 
 from validation.contract.stacks import StackDump
 from validation.contract.torchrun_log import gave_up, short_exception
-from validation.judge.diagnosis.blame import Kind
+from validation.judge.diagnosis.blame import Diagnosis, Kind
 from validation.judge.diagnosis.collectives import hung_ranks
 from validation.judge.diagnosis.crash import no_rank_started
+from validation.judge.diagnosis.decide import diagnose
 from validation.judge.diagnosis.failed import died_first, killed_by_signal, root_of_evidence
 from validation.judge.diagnosis.left import departed, ended_before, exited_0, maybe_departed, unreported
 from validation.judge.diagnosis.stall import failed_first, no_rank_running, stall
+from validation.judge.findings.culprit import detected_by, who
 from validation.judge.findings.departed import departure
 from validation.judge.findings.finding import Finding, Severity, last_heartbeat, where
 from validation.judge.nodes import NodeEvidence, NodesEvidence, killed_agent, signal_name
@@ -22,6 +26,10 @@ from validation.excerpt import EXCERPT_CHARS
 #: a node is a straggler when its ranks come this share of a step late (and at least STRAGGLER_MIN_S)
 STRAGGLER_SHARE = 0.25
 STRAGGLER_MIN_S = 0.05
+
+#: diagnoses of the ranks' collectives themselves, one rank's not matching another's: the rank a check ended,
+#: or left in a collective without a partner, is only where it showed, and its node did not fail
+COLLECTIVES = (Kind.OUT_OF_STEP, Kind.MISMATCHED)
 
 #: what stops a process, and how to see it
 STOPPED_ADVICE = ("Find what stopped it: a SIGSTOP or SIGTSTP (`kill -STOP`, Ctrl-Z of a shell job, a tool or "
@@ -91,12 +99,33 @@ def nodes(records: list[PhaseRecord]) -> list[Finding]:
         ev = r.evidence.nodes
         if ev is None:
             continue
-        first = (_slurm_stopped(r, ev) or missing_node(r, ev) or _departed(r, ev) or _hung(r, ev) or _failed(r, ev)
-                 or _agent_killed(r, ev))
+        d = diagnose(r)
+        # a node finding would blame the node of the rank a check ended (gloo's aborts it: 'killed by SIGABRT')
+        # or left without a partner, where the ranks' collectives were at fault
+        collectives = d if d is not None and d.kind in COLLECTIVES else None
+        first = None if collectives else (_slurm_stopped(r, ev) or missing_node(r, ev) or _departed(r, ev)
+                                          or _hung(r, ev) or _failed(r, ev) or _agent_killed(r, ev))
         found = ([first] if first else []) + _stragglers(r, ev)
         # each finding lists every node; a run without one still says where each rank ran
-        out += found or [Finding(Severity.INFO, r.phase, _summary(r, ev), _lines(r, ev), "nodes")]
+        title = _summary(r, ev) + (f"; {_collectives(collectives)}" if collectives else "")
+        out += found or [Finding(Severity.INFO, r.phase, title, _lines(r, ev), "nodes")]
     return out
+
+
+def _collectives(d: Diagnosis) -> str:
+    """A diagnosis of the ranks' collectives (``COLLECTIVES``) in the nodes' terms: "no node failed of its own:
+    the ranks' collectives did not match across the nodes: gloo's check of a message's size aborted node 0's rank
+    0, where the mismatch was detected"; "...: the ranks' collectives were out of step across the nodes: node 1's
+    rank 1 failed in a collective during step 6, a step node 0's rank 0 had completed before it exited 0"."""
+    if d.kind == Kind.MISMATCHED:
+        return (f"no node failed of its own: the ranks' collectives did not match across the nodes: {detected_by(d)}, "
+                "where the mismatch was detected")
+    did = "waited in a collective, with no partner left," if d.waiting else "failed in a collective"
+    steps = sorted({at.step for at in d.ranks if at.step is not None})
+    within = f"during step {steps[0]}, a step" if len(steps) == 1 else "within steps"
+    return ("no node failed of its own: the ranks' collectives were out of step across the nodes: "
+            f"{', '.join(map(who, d.ranks))} {did} {within} {', '.join(map(who, d.ended))} had completed before "
+            f"{'it' if len(d.ended) == 1 else 'they'} exited 0")
 
 
 def _summary(r: PhaseRecord, ev: NodesEvidence) -> str:

@@ -287,6 +287,8 @@ def main(argv=None):
                          "kernel, by the host ops that launched it)")
     ap.add_argument("--cprofile", action="store_true",
                     help="also print cProfile's Python functions by own time (Triton's launcher included)")
+    ap.add_argument("--cprofile-dump", metavar="DIR",
+                    help="with --cprofile: also write each shape's cProfile statistics to DIR/<shape>.pstats")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit("host_profile.py needs a CUDA GPU")
@@ -346,6 +348,9 @@ def main(argv=None):
             pr.disable()
             pstats.Stats(pr).sort_stats("tottime").print_stats(a.rows)
             pstats.Stats(pr).sort_stats("cumulative").print_stats(a.rows)
+            if a.cprofile_dump:
+                Path(a.cprofile_dump).mkdir(parents=True, exist_ok=True)
+                pr.dump_stats(Path(a.cprofile_dump) / f"{name}.pstats")
         x = None
         torch.cuda.empty_cache()
 

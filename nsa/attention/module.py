@@ -25,7 +25,7 @@ from .backends import (
     STAGE_CONFIG_KEY, STAGES, BackendUnavailable, Route, ahead, preload, resolve_route, rope_kernel,
 )
 from .checkpointed import keep_selection_only
-from .compress import Compressor, Recompute, compress, fc1_input, recompute_for
+from .compress import Compressor, Recompute, blocks_in, compress, fc1_input, recompute_for
 from .config import NSAConfig
 from .core import CoreParts, nsa_core_parts
 from .graphed import GRAPH_TOKENS, LayerGraphs
@@ -86,6 +86,28 @@ class NSACache:
         if not self.tokens and self.kc is not None:
             raise ValueError("NSACache.kc and NSACache.vc hold compressed tokens, but the cache holds no keys: a new "
                              "cache is NSACache(), which the layer fills")
+
+    def check_compressed(self, cfg: NSAConfig) -> None:
+        """Refuse compressed tokens that are not those the cached keys make under ``cfg`` (the
+        NSA layer's config), naming the field, what it holds and what the length implies: one per
+        block of cmp_block positions every cmp_stride that fits whole in ``length``, of the keys'
+        batch, KV heads and head dim. The layer compresses only the blocks after those held, so
+        one too many was attended silently as a block of the wrong positions, and another batch or
+        head count failed in a concatenation. None (with ``check`` passed) is a cache whose
+        compressed tokens the layer makes at its next call, all of them."""
+        if self.kc is None:
+            return
+        held = next(iter(self.tokens.values()))  # check() refused compressed tokens without keys
+        n = blocks_in(cfg, self.length)
+        want = [held.shape[0], n, *held.shape[2:]]
+        for name, t in (("kc", self.kc), ("vc", self.vc)):
+            if list(t.shape) != want:
+                count = f" ({t.shape[1]} compressed tokens)" if t.dim() == 4 else ""
+                raise ValueError(
+                    f"NSACache.{name} holds {list(t.shape)}{count}, but NSACache.length={self.length} and its keys "
+                    f"{list(held.shape)} imply {want}: {n} compressed tokens, the blocks of attn.cmp_block="
+                    f"{cfg.cmp_block} positions every attn.cmp_stride={cfg.cmp_stride} that fit whole in "
+                    f"{self.length} (the layer makes them: a new cache is NSACache())")
 
     def append(self, name: str, x: torch.Tensor) -> torch.Tensor:
         old = self.tokens.get(name)
@@ -195,21 +217,7 @@ class RoutedAttention(nn.Module):
             raise ValueError(f"x is on {x.device}, the layer's parameters on {weight.device}: move x or the layer "
                              "to one device")
         if cache is not None:
-            if not isinstance(cache, NSACache):
-                # a second positional argument is where another attention takes its mask
-                hint = (" (the layer takes no attention mask or position ids: each row of x is a causal sequence "
-                        "at positions 0..T-1 after the cached ones)" if isinstance(cache, torch.Tensor) else "")
-                raise TypeError(f"cache must be an nsa.attention.NSACache or None, got {type(cache).__name__}{hint}")
-            cache.check()
-            if not torch.compiler.is_compiling():  # a traced decode keeps no Python object's identity
-                cache.claim(self)
-            held = next(iter(cache.tokens.values()), None)
-            if held is not None and held.shape[0] != x.shape[0]:
-                raise ValueError(f"x's batch of {x.shape[0]} continues a cache of batch {held.shape[0]}")
-            # a cache is one layer's: another layer's shape would fail in a concatenation, unnamed
-            if held is not None and tuple(held.shape[2:]) != (self.n_kv, self.head_dim):
-                raise ValueError(f"the cache holds {held.shape[2]} KV heads of head dim {held.shape[3]}, this layer "
-                                 f"{self.n_kv} of {self.head_dim}: give each layer its own cache")
+            self.check_cache(cache, x)
         if rope is not None:
             want = (x.shape[1], self.head_dim // 2)
             tables = isinstance(rope, (tuple, list)) and len(rope) == 2 and all(
@@ -225,6 +233,26 @@ class RoutedAttention(nn.Module):
                 raise ValueError(f"rope must be the (cos, sin) tables of x's positions, each a floating-point "
                                  f"{list(want)} on x's device ({x.device}) (the layer's rope(start, T, device)), "
                                  f"got {got}")
+
+    def check_cache(self, cache: NSACache, x: torch.Tensor) -> None:
+        """Refuse a cache this layer cannot continue with x, naming it: checked where the caller
+        hands it in (check_input), as the layer finds it at each call; a call without a cache (a
+        training step) does none of this."""
+        if not isinstance(cache, NSACache):
+            # a second positional argument is where another attention takes its mask
+            hint = (" (the layer takes no attention mask or position ids: each row of x is a causal sequence "
+                    "at positions 0..T-1 after the cached ones)" if isinstance(cache, torch.Tensor) else "")
+            raise TypeError(f"cache must be an nsa.attention.NSACache or None, got {type(cache).__name__}{hint}")
+        cache.check()
+        if not torch.compiler.is_compiling():  # a traced decode keeps no Python object's identity
+            cache.claim(self)
+        held = next(iter(cache.tokens.values()), None)
+        if held is not None and held.shape[0] != x.shape[0]:
+            raise ValueError(f"x's batch of {x.shape[0]} continues a cache of batch {held.shape[0]}")
+        # a cache is one layer's: another layer's shape would fail in a concatenation, unnamed
+        if held is not None and tuple(held.shape[2:]) != (self.n_kv, self.head_dim):
+            raise ValueError(f"the cache holds {held.shape[2]} KV heads of head dim {held.shape[3]}, this layer "
+                             f"{self.n_kv} of {self.head_dim}: give each layer its own cache")
 
     def _init_routes(self) -> None:
         self.routes: dict[str, Route] = {}
@@ -313,6 +341,12 @@ class NSAAttention(RoutedAttention):
         self.compress_k.reset_parameters()
         self.compress_v.reset_parameters()
         self._pads.clear()
+
+    def check_cache(self, cache: NSACache, x: torch.Tensor) -> None:
+        """RoutedAttention's checks, and the compressed tokens against the cache's length under
+        this layer's config (NSACache.check_compressed)."""
+        super().check_cache(cache, x)
+        cache.check_compressed(self.cfg)
 
     @property
     def compressors(self) -> tuple[Compressor, Compressor]:

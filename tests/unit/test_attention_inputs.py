@@ -1,7 +1,8 @@
 """What an attention layer refuses, naming it, before it would fail deep inside or compute
 silently wrong values: bad constructor arguments, an NSAConfig of wrong types (and frozen once
 made, so that no layer runs on fields changed after its checks), inputs of the wrong shape, a
-cache of another kind or batch, RoPE tables of other positions' count. And a layer built on the
+cache of another kind or batch or of compressed tokens its length does not make, RoPE tables of
+other positions' count. And a layer built on the
 meta device, materialised with ``to_empty`` and reset is the layer (and the model) built directly, and runs
 forward and backward on meta tensors (shapes only, as tools that trace a model's shapes run it)."""
 from __future__ import annotations
@@ -177,6 +178,48 @@ def test_a_cache_whose_length_was_changed_by_hand_is_refused_at_the_call(kind):
     cache.length = 0
     with pytest.raises(ValueError, match="NSACache.length=0, but its tokens hold 10 positions"):
         layer(torch.randn(2, 1, 64), cache)
+
+
+def _hand_built(cache: NSACache, kc: torch.Tensor | None, vc: torch.Tensor | None) -> NSACache:
+    """A cache built by hand from another's keys, with the compressed tokens given."""
+    return NSACache(tokens={name: t.clone() for name, t in cache.tokens.items()}, kc=kc, vc=vc, length=cache.length)
+
+
+@pytest.mark.parametrize("phi", ["mlp", "mean"])
+def test_compressed_tokens_that_the_cache_s_length_does_not_make_are_refused_by_name(phi):
+    """A cache built by hand whose compressed tokens are not the blocks its length makes (l=8
+    every d=4 of 19 positions: 3) was taken: the layer compresses only the blocks after those
+    held, so one too many was attended as a block of the wrong positions, silently (a result off
+    by ~0.03), and compressed tokens of other KV heads, or a vc of another count than kc, failed in
+    torch.cat, naming no field."""
+    torch.manual_seed(0)
+    layer = NSAAttention(64, 4, 2, 16, dataclasses.replace(CFG, phi=phi))
+    x = torch.randn(2, 20, 64)
+    with torch.no_grad():
+        want = layer(x)[:, 19:]
+        cache = NSACache()
+        layer(x[:, :19], cache)
+        kc, vc = cache.kc, cache.vc
+        assert kc.shape == vc.shape == (2, 3, 2, 16)
+        cases = [
+            (kc[:, :2], vc[:, :2], "kc", r"\[2, 2, 2, 16\] \(2 compressed tokens\)"),
+            (torch.cat([kc, kc[:, -1:]], 1), torch.cat([vc, vc[:, -1:]], 1), "kc", r"\[2, 4, 2, 16\] \(4 compressed tokens\)"),
+            (kc[:, :0], vc[:, :0], "kc", r"\[2, 0, 2, 16\] \(0 compressed tokens\)"),
+            (kc, torch.cat([vc, vc[:, -1:]], 1), "vc", r"\[2, 4, 2, 16\] \(4 compressed tokens\)"),
+            (kc[:, :, :1], vc[:, :, :1], "kc", r"\[2, 3, 1, 16\] \(3 compressed tokens\)"),
+            (kc[0], vc[0], "kc", r"\[3, 2, 16\]"),
+        ]
+        for bad_kc, bad_vc, name, held in cases:
+            with pytest.raises(ValueError, match=rf"NSACache.{name} holds {held}, but NSACache.length=19 and its keys "
+                                                 r"\[2, 19, 2, 16\] imply \[2, 3, 2, 16\]: 3 compressed tokens, the "
+                                                 r"blocks of attn.cmp_block=8 positions every attn.cmp_stride=4 that "
+                                                 r"fit whole in 19"):
+                layer(x[:, 19:], _hand_built(cache, bad_kc.clone(), bad_vc.clone()))
+        # the compressed tokens the length makes, or none yet (the layer makes them all), go on
+        # as the layer's own cache does
+        for given in ((kc.clone(), vc.clone()), (None, None)):
+            torch.testing.assert_close(layer(x[:, 19:], _hand_built(cache, *given)), want)
+        torch.testing.assert_close(layer(x[:, 19:], cache), want)
 
 
 @pytest.mark.parametrize("kind", [NSAAttention, DenseAttention])

@@ -50,3 +50,25 @@ def test_the_copy_keeps_its_plots_and_no_link_into_the_store(tmp_path):
 def test_the_script_answers_help():
     r = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "usage:" in r.stdout and "--from-results" in r.stdout
+
+
+def test_every_example_has_its_row_naming_the_harness_that_rendered_it_and_its_links_resolve():
+    """docs/examples/README.md's table has a row per folder, naming the runbook and profile of its
+    one report and the harness that rendered it (an example in older wording is left as the tool
+    wrote it, never edited to look current, and its row says whose wording it is); every link
+    left in a copied report resolves in its folder."""
+    examples = ROOT / "docs" / "examples"
+    rows = {}
+    for line in (examples / "README.md").read_text().splitlines():
+        m = re.match(r"\| `([^`/]+)/` \| `([^`]+)`, `([^`]+)` \|(.*)\|\s*$", line)
+        if m:
+            rows[m.group(1)] = (m.group(2), m.group(3), [c.strip() for c in m.group(4).split("|")])
+    assert sorted(rows) == sorted(p.name for p in examples.iterdir() if p.is_dir())
+    for folder, (runbook, profile, (made_on, rendered_by)) in rows.items():
+        assert made_on and rendered_by, folder
+        reports = sorted(p.name for p in (examples / folder).glob("*__*.md"))
+        assert reports == [f"{runbook}__{profile}.md"], folder
+        text = (examples / folder / reports[0]).read_text()
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            assert re.match(r"[a-z]+://", target) or target.startswith("#") or (examples / folder / target).is_file(), \
+                (folder, target)

@@ -55,7 +55,9 @@ class Kind(enum.StrEnum):
     the exited one (one of its own that the other never called, or one the other skipped, earlier in the run; a
     collective of the same size pairs silently with the other's next one). Which of the two, and at which step,
     the evidence does not tell. ``ranks``: those that failed or waited so, at the collective's call site
-    (RankFailure.raised_at, or the stack's ``call_site``)."""
+    (RankFailure.raised_at, or the stack's ``call_site``). A rank the harness found running of which no stack
+    was taken (``RankAt.no_stack``) is named by its heartbeat alone, within a step the exited rank had completed:
+    out of step is then suspected, not shown (``Diagnosis.suspected``)."""
     SILENT = "silent"
     """Hung while the others went on without it: its heartbeats showed no new step for stall_s, its
     process still running, while another rank's showed new steps (``Diagnosis.silences``)."""
@@ -88,7 +90,8 @@ FAILED = (Kind.CRASHED, Kind.KILLED, Kind.ABORTED, Kind.QUIT)
 
 
 class NoStack(enum.StrEnum):
-    """Why a rank blamed as hung has no stack: the verdict line says so beside its heartbeat."""
+    """Why a rank blamed as hung, or as left within a step out of step (Kind.OUT_OF_STEP), has no stack: the verdict
+    line says so beside its heartbeat."""
 
     UNTAKEN = "no stack"
     """Neither the harness (py-spy, SIGUSR1) nor the trainer's own handler left one."""
@@ -136,8 +139,8 @@ class RankAt:
     """Of a failed rank: 'RuntimeError: boom', 'killed by SIGKILL', 'exit code 1'."""
     pid: int | None = None
     no_stack: NoStack | None = None
-    """Of a hung rank named by its heartbeat alone: why it has no stack (None: it has one, or it is
-    not blamed as hung)."""
+    """Of a hung rank named by its heartbeat alone, or of Kind.OUT_OF_STEP one left within a step the exited
+    rank had completed: why it has no stack (None: it has one, or it is blamed otherwise)."""
     beats: bool = True
     """Whether its trainer's format has heartbeats at all (Evidence.no_heartbeats): without them
     step None says nothing."""
@@ -217,8 +220,8 @@ class Diagnosis:
     () otherwise."""
     waiting: bool = False
     """Of Kind.OUT_OF_STEP: the ranks blamed still waited in their collective, with no partner left, when the harness
-    stopped the run (a backend whose collective waits for its partner: NCCL's), rather than failed in it; False
-    otherwise."""
+    stopped the run (a backend whose collective waits for its partner: NCCL's), rather than failed in it (of a rank
+    of no stack, ``suspected``: still running within the step, in a call not known); False otherwise."""
 
     @property
     def rank(self) -> int | None:
@@ -231,6 +234,14 @@ class Diagnosis:
     @property
     def node(self) -> str | None:
         return self.ranks[0].node if self.ranks else None
+
+    @property
+    def suspected(self) -> bool:
+        """Of Kind.OUT_OF_STEP: a rank blamed has no stack (``RankAt.no_stack``), so nothing shows it in a
+        collective: it was within a step a rank that exited 0 had completed, which a rank left waiting in a
+        collective of that step shows, and so does one that hung of its own after its part in that step's
+        collectives (or a trainer whose ranks do not meet every step)."""
+        return self.kind == Kind.OUT_OF_STEP and any(at.no_stack is not None for at in self.ranks)
 
     @property
     def undecided(self) -> bool:

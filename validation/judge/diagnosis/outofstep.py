@@ -17,6 +17,12 @@ connection closes ('Connection closed by peer': its traceback ends in the collec
 harness's stall watch finds that rank alone running, its stack in the collective. Either way its last heartbeat
 is of a stage within the step the exited rank completed.
 
+A rank the harness found running of which it could take no stack (py-spy missing or refused, no SIGUSR1
+handler of the trainer's) shows by its heartbeat alone that it was within a step the exited rank had completed:
+out of step is suspected (``Diagnosis.suspected``), since a rank that hung of its own after its part in that
+step's collectives leaves the same heartbeats, and so does a trainer whose ranks do not meet every step. A rank
+whose process was stopped (SIGSTOP) is not suspected so: it ran nothing, and hung as stopped.
+
 That is not the early exit the same ends may seem to show: a rank that exited 0 early (its heartbeats stop
 before the last step, ``departed``) did not complete the step the others failed or waited in; one that exited 0
 after its last step while the others failed or waited in a collective after theirs (a final barrier or save: their
@@ -27,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from nsa.contract import HEARTBEAT_STAGES_IN_STEP
-from validation.judge.diagnosis.blame import Diagnosis, Kind, RankAt, diagnosis_of, earlier_beat, logs_of
+from validation.judge.diagnosis.blame import Diagnosis, Kind, NoStack, RankAt, diagnosis_of, earlier_beat, logs_of
 from validation.judge.diagnosis.collectives import call_site, in_collective
 from validation.judge.diagnosis.left import ended_before, exited_0
 from validation.judge.record import PhaseRecord
@@ -49,24 +55,36 @@ def out_of_step(r: PhaseRecord, ended: list[int]) -> Diagnosis | None:
 
 
 def waited_out_of_step(r: PhaseRecord, found: list[RankAt]) -> Diagnosis | None:
-    """Of a run the harness stopped where no rank left early or failed first: where every process it found running
-    (``found``, of known rank) waited in a collective (its stack) within a step a rank that exited 0 had completed,
-    and every other rank had ended before (``ended_before``), those ranks, each at its collective's call site,
-    beside the exited ranks that had completed the step (``Diagnosis.waiting``). None otherwise: a rank found outside
-    the collectives hung of its own; one of no stack may be anywhere (a trainer whose ranks do not meet every step
-    leaves a rank within a step another completed without any collective out of step)."""
+    """Of a run the harness stopped where no rank left early or failed first: where every process it found running (``found``,
+    of known rank) waited in a collective (its stack), and every rank still running of which it took no stack
+    (``_unstacked``) had a heartbeat, within a step a rank that exited 0 had completed, and every other rank had
+    ended before (``ended_before``), those ranks, each at its collective's call site or, of no stack, at its
+    heartbeat (``Diagnosis.suspected``), beside the exited ranks that had completed the step
+    (``Diagnosis.waiting``). None otherwise: a rank found outside the collectives hung of its own, and so did one
+    whose process was stopped."""
     stacks = r.evidence.stackdumps
-    ranks = [at.rank for at in found]
-    if not ranks or any(k is None or not in_collective(stacks[k]) for k in ranks) or any(
-            ended_before(r, k) is None for k in range(r.world_size) if k not in ranks):
+    stacked, unstacked = [at.rank for at in found], _unstacked(r, found)
+    ranks = stacked + (unstacked or [])
+    if (unstacked is None or not ranks or any(k is None or not in_collective(stacks[k]) for k in stacked)
+            or any(ended_before(r, k) is None for k in range(r.world_size) if k not in ranks)):
         return None
-    dumps = {k: stacks[k] for k in ranks}
-    hit = _within(r, exited_0(r), dumps)
+    hit = _within(r, exited_0(r), ranks)
     if hit is None or len(hit[0]) < len(ranks):
         return None
     within, completed = hit
-    waited = tuple(RankAt.of(r, k, frame=dumps[k].frames[0].func, site=call_site(dumps[k])) for k in within)
+    waited = tuple(RankAt.of(r, k, frame=stacks[k].frames[0].func, site=call_site(stacks[k])) if k in stacked
+                   else RankAt.of(r, k, no_stack=NoStack.UNTAKEN) for k in within)
     return diagnosis_of(Kind.OUT_OF_STEP, waited, r, ended=completed, waiting=True)
+
+
+def _unstacked(r: PhaseRecord, found: list[RankAt]) -> list[int] | None:
+    """The ranks of the world still running (``ended_before`` says nothing of an end) with a heartbeat and no
+    stack among ``found``, lowest first; None where one of them was a stopped process (TakenStack.state)."""
+    ranked = {at.rank for at in found}
+    ranks = [k for k in range(r.world_size) if k not in ranked and k in r.evidence.last_heartbeat
+             and ended_before(r, k) is None]
+    stopped = {t.rank for t in r.evidence.taken_stacks if t.state == "stopped"}
+    return None if stopped & set(ranks) else ranks
 
 
 def _within(r: PhaseRecord, ended: list[int], ranks: Collection[int]) -> tuple[list[int], tuple[RankAt, ...]] | None:

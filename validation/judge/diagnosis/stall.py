@@ -80,10 +80,10 @@ def stall(r: PhaseRecord) -> Diagnosis | None:
     stayed alive after the trainer's non-finite .HALT, else ranks that left early, else the rank that
     had failed first in its own right (the others waited for it), else the ranks whose heartbeats
     stopped while the others went on (``silent``), else, of ranks that all wait in collectives, those
-    whose collectives went off the common path (``apart``), else the ranks that hung while the others
-    waited for them (their stacks and heartbeats tell), else the ranks left running in a collective within a
-    step a rank had completed before it exited 0 (``waited_out_of_step``), else the one process left running,
-    else every rank found running alike (stalled: nothing tells which hung first)."""
+    whose collectives went off the common path (``apart``), else the ranks left running in a collective (or,
+    of no stack, anywhere) within a step a rank had completed before it exited 0 (``waited_out_of_step``), else
+    the ranks that hung while the others waited for them (their stacks and heartbeats tell), else the one
+    process left running, else every rank found running alike (stalled: nothing tells which hung first)."""
     if not stalled(r):
         return None
     ev = r.evidence
@@ -103,10 +103,11 @@ def stall(r: PhaseRecord) -> Diagnosis | None:
         return lone
     if (split := _apart(r)) is not None:
         return split
+    # in a collective (or, of no stack, anywhere) within a step one that ended had completed: not behind of its own
+    if (off := waited_out_of_step(r, found)) is not None:
+        return off
     if (hung := _hung_first(r, found)) is not None:
         return hung
-    if (off := waited_out_of_step(r, found)) is not None:  # in a collective within a step one that ended had completed
-        return off
     if len(found) == 1 and _alone(r, found[0]):  # the one process left running: the others had ended
         return diagnosis_of(Kind.HUNG, tuple(found), r)
     return diagnosis_of(Kind.HUNG if r.world_size == 1 and found else Kind.STALLED, tuple(found), r)

@@ -13,6 +13,9 @@ from validation.judge.findings.nodes import NODE_ADVICE, STOPPED_ADVICE
 from validation.judge.misses import Miss
 from validation.judge.stability import LossAfter
 
+#: how to have a stack of each rank taken, where none could be
+_TAKE_STACKS = ("install py-spy and let it attach (ptrace; a container needs CAP_SYS_PTRACE), or give the trainer a "
+                "SIGUSR1 handler (faulthandler.register)")
 #: where advice says how to re-run the phases it names: the command that does
 #: (``recommendations``' ``rerun``), with this report's runbook, profile and results directory
 _RERUN = "re-run only that phase: {rerun}"
@@ -116,9 +119,8 @@ def _stall(f: Facts) -> str:
                  "the others were done with it: a save, an evaluation or a teardown of its own, a loop, a lock, I/O, "
                  "a thread it joins that never ends; every rank must end after its last step. ")
     elif not f.stacks:
-        where = ("No stack could be taken: install py-spy and let it attach (ptrace; a container needs "
-                 "CAP_SYS_PTRACE), or give the trainer a SIGUSR1 handler (faulthandler.register); the last "
-                 "heartbeats in the finding say how far each process got. ")
+        where = (f"No stack could be taken: {_TAKE_STACKS}; the last heartbeats in the finding say how far each "
+                 "process got. ")
     elif f.restarted_in_init:
         where = ("torchrun started the workers again (--max-restarts) and every rank whose stack was taken waited "
                  "in init_process_group: the restarted workers never met in their process group. With torch's default, "
@@ -169,9 +171,14 @@ def _mismatch(f: Facts) -> str:
 def _out_of_step(f: Facts) -> str:
     did = ("waited in a collective, with no partner left, until the harness stopped the run (a collective without its "
            "partner waits under NCCL, where gloo's fails), " if f.waiting else "failed in a collective ")
-    return (f"A rank {did}within a step that another rank had completed before it exited 0 (the "
-            "finding names both): the exited rank had called every collective of that step, so the ranks' collectives "
-            "were out of step. Earlier in the run one rank called a collective the others did not, or skipped one they "
+    head = (f"A rank {did}within a step that another rank had completed before it exited 0 (the finding names both): "
+            "the exited rank had called every collective of that step, so the ranks' collectives were out of step. ")
+    if f.suspected:  # no stack shows the rank in a collective: its heartbeat alone says where it was
+        head = ("A rank was still running within a step that another rank had completed before it exited 0, and no "
+                "stack of it could be taken (the finding names both): it may have waited in a collective of that step "
+                "with no partner left (the ranks' collectives out of step), or hung of its own after its part in that "
+                f"step's collectives. Its stack tells which: {_TAKE_STACKS}. Where it waited in a collective: ")
+    return (f"{head}Earlier in the run one rank called a collective the others did not, or skipped one they "
             "called; one of the same size pairs silently with the others' next collective, so nothing failed where it "
             "went wrong, and each collective after it met the other rank's next one, so the sums from there on mixed "
             "the ranks' different steps. Look for a "

@@ -146,19 +146,33 @@ def out_of_step(d: Diagnosis) -> str:
     step 8, stage step): the ranks' collectives were out of step: rank 1 had called more collectives than rank 0
     by then, one of its own that rank 0 never called or one rank 0 skipped, earlier in the run; which, and at
     which step, these files do not tell'; of ranks that waited (``Diagnosis.waiting``), 'rank 1 waited in
-    all_reduce at u/train.py:110 (main) during step 8 (with no partner left), a step rank 0 ...'."""
+    all_reduce at u/train.py:110 (main) during step 8 (with no partner left), a step rank 0 ...'; of a rank of no
+    stack (``Diagnosis.suspected``), 'rank 1 was still running within step 8 (no stack: which call it waited in is
+    unknown; last heartbeat step 8, stage backward), a step rank 0 ...: the ranks' collectives may have been out of
+    step: ..., or rank 1 hung of its own after its part in that step's collectives; with no stack of it, these
+    files do not tell which'."""
     did = "waited in" if d.waiting else "failed in"
-    failed = "; ".join(f"{who(at)} {did} {_place(at, '')} during step {at.step}"
+    failed = "; ".join(f"{who(at)} was still running within step {at.step} ({at.no_stack}: which call it waited in "
+                       f"is unknown; {beat(at)})" if at.no_stack is not None else
+                       f"{who(at)} {did} {_place(at, '')} during step {at.step}"
                        + (" (with no partner left)" if d.waiting else f" ({at.cause})" if at.cause else "")
                        for at in d.ranks)
     one, own = len(d.ended) == 1, "its" if len(d.ranks) == 1 else "their"
     steps = "a step" if len({at.step for at in d.ranks}) == 1 else "steps"
     beats = "; ".join(beat(at) if one else f"{who(at)}: {beat(at)}" for at in d.ended)
     left, off = _names(d.ended), _names(d.ranks)
-    return (f"{failed}, {steps} {left} had completed before {'it' if one else 'they'} exited 0 ({beats}): the ranks' "
-            f"collectives were out of step: {off} had called more collectives than {left} by then, one of {own} own "
-            f"that {left} never called or one {left} skipped, earlier in the run; which, and at which step, these "
-            "files do not tell")
+    more = (f"more collectives than {left} by then, one of {own} own that {left} never called or one {left} skipped, "
+            "earlier in the run")
+    said = f"{failed}, {steps} {left} had completed before {'it' if one else 'they'} exited 0 ({beats}): "
+    if not d.suspected:
+        return (f"{said}the ranks' collectives were out of step: {off} had called {more}; which, and at which step, "
+                "these files do not tell")
+    unseen = tuple(at for at in d.ranks if at.no_stack is not None)
+    its, them = ("its", "it") if len(unseen) == 1 else ("their", "them")
+    those, theirs = ("that step", "that step's") if steps == "a step" else ("those steps", "those steps'")
+    return (f"{said}the ranks' collectives may have been out of step ({off} left waiting in a collective of {those} "
+            f"with no partner, having called {more}), or {_names(unseen)} hung of {its} own after {its} part in "
+            f"{theirs} collectives; with no stack of {them}, these files do not tell which")
 
 
 def _names_of(ks: tuple[int, ...], d: Diagnosis) -> str:

@@ -329,7 +329,7 @@ def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
             at = f": {went_apart(d)}"
         elif d.kind == Kind.OUT_OF_STEP:  # left in a collective whose partner had completed the step and exited 0
             at = f": {out_of_step(d)}"
-            facts = replace(facts, waiting=d.waiting)
+            facts = replace(facts, waiting=d.waiting, suspected=d.suspected)
         elif d.kind == Kind.HUNG and r.world_size > 1 and not _alone(r, d, stuck):
             at = _hung_first(r, d, stuck)
         else:

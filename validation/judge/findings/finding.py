@@ -79,6 +79,9 @@ class Facts:
     waiting: bool = False
     """Of ranks whose collectives went out of step (Kind.OUT_OF_STEP): they waited in their collective with no
     partner left until the harness stopped the run (``Diagnosis.waiting``), rather than failed in it."""
+    suspected: bool = False
+    """Of ranks whose collectives went out of step (Kind.OUT_OF_STEP): a rank blamed has no stack, so it may instead
+    have hung of its own within the step (``Diagnosis.suspected``)."""
     loss_after: LossAfter | None = None
     """Of a run whose training.csv logs a non-finite loss: what it logs after the first (None: every
     logged loss is finite, or a record of an older harness does not say)."""

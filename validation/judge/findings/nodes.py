@@ -102,7 +102,8 @@ def nodes(records: list[PhaseRecord]) -> list[Finding]:
         d = diagnose(r)
         # a node finding would blame the node of the rank a check ended (gloo's aborts it: 'killed by SIGABRT')
         # or left without a partner, where the ranks' collectives were at fault
-        collectives = d if d is not None and d.kind in COLLECTIVES else None
+        # a rank out of step by its heartbeat alone (no stack) may have hung of its own there: its node's finding
+        collectives = d if d is not None and d.kind in COLLECTIVES and not d.suspected else None
         first = None if collectives else (_slurm_stopped(r, ev) or missing_node(r, ev) or _departed(r, ev)
                                           or _hung(r, ev) or _failed(r, ev) or _agent_killed(r, ev))
         found = ([first] if first else []) + _stragglers(r, ev)

@@ -104,20 +104,52 @@ def test_a_rank_whose_stack_is_outside_the_collectives_hung_of_its_own(tmp_path)
     assert d is not None and d.kind == Kind.HUNG and [(at.rank, at.frame) for at in d.ranks] == [(1, "main")], d
 
 
-def test_a_rank_of_no_stack_within_a_step_its_peer_completed_is_named_hung_by_its_heartbeat(tmp_path):
-    """No stack of rank 1 (py-spy could not take one, and it has no SIGUSR1 handler): it may be anywhere in step 8,
-    not known to wait in a collective (a trainer whose ranks do not meet every step leaves a rank within a step
-    another completed): hung, by its heartbeat."""
-    run = _changed(tmp_path)
+def _unstacked(run: Path, state: str = "sleeping") -> None:
+    """No stack of rank 1: py-spy could not take one, and it has no SIGUSR1 handler; its process in ``state``."""
     (run / "harness_stacks" / "rank1.txt").unlink()
     index = run / "harness_stacks" / "index.json"
     [taken] = json.loads(index.read_text())
-    index.write_text(json.dumps([{**taken, "method": "none", "path": None, "note": (
+    index.write_text(json.dumps([{**taken, "method": "none", "path": None, "state": state, "note": (
         "py-spy could not take its stack (Permission Denied); it has no SIGUSR1 handler to ask instead")}]))
+
+
+def test_a_rank_of_no_stack_within_a_step_its_peer_completed_is_suspected_out_of_step(tmp_path):
+    """No stack of rank 1: its heartbeat says it was within step 8, which rank 0 completed before it exited 0. The
+    verdict read 'rank 1 hung (no stack; ...)', a hang of its own, as if rank 0's completing the step said nothing:
+    either rank 1 waited in a collective of step 8 with no partner (out of step), or it hung of its own after its
+    part in the step's collectives; the verdict says both, and that the missing stack is why it cannot tell."""
+    run = _changed(tmp_path)
+    _unstacked(run)
+    rec = _judged(run)
+    d = diagnose(rec)
+    assert d is not None and d.kind == Kind.OUT_OF_STEP and d.waiting and d.suspected, d
+    assert [(at.rank, at.no_stack, at.step, at.stage, at.frame) for at in d.ranks] == [
+        (1, NoStack.UNTAKEN, 8, "backward", None)], d
+    assert [(at.rank, at.step, at.stage) for at in d.ended] == [(0, 8, "step")], d
+    said = ("rank 1 was still running within step 8 (no stack: which call it waited in is unknown; last heartbeat "
+            "step 8, stage backward), a step rank 0 had completed before it exited 0 (last heartbeat step 8, stage "
+            "step): the ranks' collectives may have been out of step (rank 1 left waiting in a collective of that step "
+            "with no partner, having called more collectives than rank 0 by then, one of its own that rank 0 never "
+            "called or one rank 0 skipped, earlier in the run), or rank 1 hung of its own after its part in that step's "
+            "collectives; with no stack of it, these files do not tell which")
+    assert verdict_line(rec) == f"{said} — {STOPPED}", verdict_line(rec)
+    stall = _stall(rec)
+    assert stall.kind == "out_of_step" and stall.facts.suspected, stall
+    [advice] = recommendations([stall])
+    assert advice.startswith("ddp: A rank was still running within a step that another rank had completed before it "
+                             "exited 0, and no stack of it could be taken"), advice
+    assert "install py-spy" in advice and "collective called on some ranks only" in advice, advice
+
+
+def test_a_stopped_rank_of_no_stack_within_a_step_its_peer_completed_is_named_hung_by_its_heartbeat(tmp_path):
+    """Rank 1's process was stopped (SIGSTOP) when the harness came: it ran nothing, in no collective: hung as
+    stopped, by its heartbeat."""
+    run = _changed(tmp_path)
+    _unstacked(run, state="stopped")
     rec = _judged(run)
     d = diagnose(rec)
     assert d is not None and d.kind == Kind.HUNG, d
-    assert [(at.rank, at.no_stack, at.step, at.stage) for at in d.ranks] == [(1, NoStack.UNTAKEN, 8, "backward")], d
+    assert [(at.rank, at.no_stack, at.step, at.stage) for at in d.ranks] == [(1, NoStack.STOPPED, 8, "backward")], d
 
 
 def test_a_rank_that_exited_0_before_the_step_its_peer_waits_in_left_early(tmp_path):

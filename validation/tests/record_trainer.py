@@ -21,6 +21,9 @@ It writes the artifact contract (one all-reduce a step) and hangs one rank on re
                       silently with the others' all-reduce of the step, and every later one with the others' of the
                       next step; the others complete the last step and exit 0 while rank R still waits in its
                       all-reduce of the last step, which then breaks ('Connection closed by peer')
+    NSA_RECORD_QUIT=R@S   rank R returns from ``main`` (exit 0) after step S, a stop condition of its own: with
+                      NSA_RECORD_TWICE at an earlier step, it leaves early having completed the step the rank
+                      that called the extra collective then fails in ('Connection closed by peer')
     NSA_RECORD_HOLD=1     each rank, after its last step, leaves its connections to the others open behind it
                       (``hold_connections``) and exits 0: a collective left without it then waits, as one does
                       under NCCL, instead of breaking ('Connection closed by peer' is gloo's word of the closed
@@ -86,7 +89,8 @@ def hold_connections() -> None:
 
 
 def _at(name: str) -> tuple[int, int]:
-    """NSA_RECORD_HANG / NSA_RECORD_EXTRA / NSA_RECORD_SIZE / NSA_RECORD_TWICE's 'R@S' as (rank, step); (-1, 0) where unset."""
+    """NSA_RECORD_HANG / NSA_RECORD_EXTRA / NSA_RECORD_SIZE / NSA_RECORD_TWICE / NSA_RECORD_QUIT's 'R@S' as (rank, step);
+    (-1, 0) where unset."""
     spec = os.environ.get(name, "")
     rank, step = (int(x) for x in spec.split("@")) if spec else (-1, 0)
     return rank, step
@@ -114,6 +118,7 @@ def main() -> int:
     extra_rank, extra_step = _at("NSA_RECORD_EXTRA")
     size_rank, size_step = _at("NSA_RECORD_SIZE")
     twice_rank, twice_step = _at("NSA_RECORD_TWICE")
+    quit_rank, quit_step = _at("NSA_RECORD_QUIT")
     side = dist.new_group(backend="gloo")  # every rank makes a group, as new_group asks
     if rank == 0:
         (out / "env.json").write_text(json.dumps({"world_size": world, "git_sha": "test", "contract_version": 2}))
@@ -138,6 +143,8 @@ def main() -> int:
         if rank == 0:
             with open(out / "training.csv", "a") as fh:
                 fh.write(f"{step},{loss.item() / world:.5f},0.001,{64 * world / took:.1f},{took:.4f},1.0,0.1,0.2\n")
+        if rank == quit_rank and step == quit_step:
+            break
     if os.environ.get("NSA_RECORD_HOLD") == "1":
         hold_connections()
     dist.destroy_process_group()

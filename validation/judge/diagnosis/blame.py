@@ -62,7 +62,8 @@ class Kind(enum.StrEnum):
     """Hung while the others went on without it: its heartbeats showed no new step for stall_s, its
     process still running, while another rank's showed new steps (``Diagnosis.silences``)."""
     LEFT = "left early"
-    """Exited 0 before the steps asked for while the others still needed it."""
+    """Exited 0 before the steps asked for while the others still needed it. Where the others failed or waited in
+    a collective of a step it had completed, their collectives were out of step as well (``Diagnosis.beside``)."""
     ENDED = "ended"
     """Exited 0 (its steps may all be done) while the others still had a collective with it."""
     NONFINITE = "non-finite loss"
@@ -222,6 +223,11 @@ class Diagnosis:
     """Of Kind.OUT_OF_STEP: the ranks blamed still waited in their collective, with no partner left, when the harness
     stopped the run (a backend whose collective waits for its partner: NCCL's), rather than failed in it (of a rank
     of no stack, ``suspected``: still running within the step, in a call not known); False otherwise."""
+    beside: Diagnosis | None = None
+    """Of Kind.LEFT: the ranks' collectives out of step as well (Kind.OUT_OF_STEP), where the ranks left failed or
+    waited in a collective of a step the rank that left had completed before it exited 0. Both are faults of their
+    own: the early exit ended the run, and without it they would have failed later (their collectives still out
+    of step). None otherwise."""
 
     @property
     def rank(self) -> int | None:
@@ -253,12 +259,13 @@ def diagnosis_of(kind: Kind, ranks: tuple[RankAt, ...], rec: PhaseRecord, *, or_
                  cause: str | None = None, step: int | None = None, logs: tuple[str, ...] = (),
                  files: tuple[str, ...] = (), waited: tuple[int, ...] = (),
                  silences: tuple[RankSilence, ...] = (), common: tuple[RankAt, ...] = (),
-                 detected: Detected | None = None, ended: tuple[RankAt, ...] = (), waiting: bool = False) -> Diagnosis:
+                 detected: Detected | None = None, ended: tuple[RankAt, ...] = (), waiting: bool = False,
+                 beside: Diagnosis | None = None) -> Diagnosis:
     first = ranks[0] if ranks else None
     return Diagnosis(kind, ranks, or_else, cause if cause is not None else (first.cause or None) if first else None,
                      step if step is not None else first.step if first else None, logs,
                      files or files_of(rec, ranks + common + ended), waited=waited, silences=silences, common=common,
-                     detected=detected, ended=ended, waiting=waiting)
+                     detected=detected, ended=ended, waiting=waiting, beside=beside)
 
 
 def files_of(rec: PhaseRecord, ranks: tuple[RankAt, ...]) -> tuple[str, ...]:

@@ -35,8 +35,9 @@ def crash(r: PhaseRecord) -> Diagnosis | None:
     """A trainer process that failed with a non-zero exit (and no .HALT, or a watchdog's that a
     rank's death brought about): ranks whose collectives a check found not matching (``mismatched``),
     else the rank that failed first in its own right, else the ranks whose silent exits came first (or
-    ranks that may have left before them: which came first cannot be told), else ranks that left early,
-    else ranks that failed in a collective within a step a rank had completed before it exited 0
+    ranks that may have left before them: which came first cannot be told), else ranks that left early
+    (with the ranks that failed in a collective of a step one of them had completed, ``Diagnosis.beside``), else
+    ranks that failed in a collective within a step a rank had completed before it exited 0
     (``out_of_step``), else ranks that exited 0 while the others still needed them, else ranks the
     others' collective gave up waiting for, else the one process of its run; no rank where nothing
     tells (the log's last exception is the cause)."""
@@ -63,7 +64,8 @@ def crash(r: PhaseRecord) -> Diagnosis | None:
         ranks = tuple(RankAt.of(r, k, cause=c) for k, c in causes.items())
         return diagnosis_of(kind, ranks, r, or_else=either, logs=logs_of(r, first))
     if gone:  # no rank failed in its own right: the others failed after one that left
-        return diagnosis_of(Kind.LEFT, tuple(RankAt.of(r, k) for k in gone), r, logs=logs_of(r, gone))
+        return diagnosis_of(Kind.LEFT, tuple(RankAt.of(r, k) for k in gone), r, logs=logs_of(r, gone),
+                            beside=out_of_step(r, ended))
     if ended and (off := out_of_step(r, ended)) is not None:  # a rank failed in a step one that ended had completed
         return off
     if ended:  # none left early: one that may have done all its steps ended while the others still needed it

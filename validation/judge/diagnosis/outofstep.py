@@ -24,7 +24,9 @@ step's collectives leaves the same heartbeats, and so does a trainer whose ranks
 whose process was stopped (SIGSTOP) is not suspected so: it ran nothing, and hung as stopped.
 
 That is not the early exit the same ends may seem to show: a rank that exited 0 early (its heartbeats stop
-before the last step, ``departed``) did not complete the step the others failed or waited in; one that exited 0
+before the last step, ``departed``) did not complete the step the others failed or waited in, where they waited
+in one after it; where they failed or waited in a collective of a step it had completed, the two happened both
+(the early exit's ``Diagnosis.beside``). One that exited 0
 after its last step while the others failed or waited in a collective after theirs (a final barrier or save: their
 heartbeats say they completed the last step too) left them after the loop (Kind.ENDED of a crash; of a stall, the
 one rank left running hung after the others were done with it, Kind.HUNG)."""
@@ -40,7 +42,8 @@ from validation.judge.record import PhaseRecord
 
 
 def out_of_step(r: PhaseRecord, ended: list[int]) -> Diagnosis | None:
-    """Of a failed run where no rank failed in its own right, none left early and ``ended`` exited 0 (``exited_0``):
+    """Of a failed run where no rank failed in its own right and ``ended`` exited 0 (``exited_0``, those that left
+    early included):
     the ranks that failed in a collective within a step one of ``ended`` had completed (the module's docstring),
     beside those of ``ended`` that had completed it. None where no rank failed so (``_within``)."""
     failures = {k: f for k, f in r.evidence.rank_failures.items()
@@ -55,7 +58,7 @@ def out_of_step(r: PhaseRecord, ended: list[int]) -> Diagnosis | None:
 
 
 def waited_out_of_step(r: PhaseRecord, found: list[RankAt]) -> Diagnosis | None:
-    """Of a run the harness stopped where no rank left early or failed first: where every process it found running (``found``,
+    """Of a run the harness stopped where no rank failed first: where every process it found running (``found``,
     of known rank) waited in a collective (its stack), and every rank still running of which it took no stack
     (``_unstacked``) had a heartbeat, within a step a rank that exited 0 had completed, and every other rank had
     ended before (``ended_before``), those ranks, each at its collective's call site or, of no stack, at its

@@ -77,7 +77,8 @@ def running(r: PhaseRecord) -> list[RankAt]:
 
 def stall(r: PhaseRecord) -> Diagnosis | None:
     """A stalled trainer process (``stalled``): slow at its timeout but progressing, else a rank that
-    stayed alive after the trainer's non-finite .HALT, else ranks that left early, else the rank that
+    stayed alive after the trainer's non-finite .HALT, else ranks that left early (with the ranks left waiting
+    in a collective of a step one of them had completed, ``Diagnosis.beside``), else the rank that
     had failed first in its own right (the others waited for it), else the ranks whose heartbeats
     stopped while the others went on (``silent``), else, of ranks that all wait in collectives, those
     whose collectives went off the common path (``apart``), else the ranks left running in a collective (or,
@@ -94,7 +95,7 @@ def stall(r: PhaseRecord) -> Diagnosis | None:
         halted = halted_ranks(r)
         return diagnosis_of(Kind.HALT_STALL, tuple(RankAt.of(r, k) for k in halted), r, step=ev.halt.step)
     if gone := departed(r):
-        return diagnosis_of(Kind.LEFT, tuple(RankAt.of(r, k) for k in gone), r)
+        return diagnosis_of(Kind.LEFT, tuple(RankAt.of(r, k) for k in gone), r, beside=waited_out_of_step(r, found))
     if (root := failed_first(r)) is not None:
         kind, cause = failed_as(r, root)
         return diagnosis_of(kind, (RankAt.of(r, root, cause=cause),), r,

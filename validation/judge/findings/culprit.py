@@ -204,7 +204,9 @@ def text(d: Diagnosis) -> str:
     step 3, stage forward)'; several ranks joined by '; '; with ``or_else``, 'rank 0 crashed (...): exit
     code 1, or rank 2 exited 0 early (...) and the others failed after it: which came first cannot be told';
     ranks whose collectives went apart as ``went_apart`` says them, those a check found not matching as
-    ``mismatched``, those whose collectives went out of step as ``out_of_step``."""
+    ``mismatched``, those whose collectives went out of step as ``out_of_step``; ranks that left early whose
+    collectives were out of step as well (``Diagnosis.beside``) with it: 'rank 0 exited 0 early (...); besides,
+    rank 1 failed in all_reduce ... during step 5 ..., a step rank 0 had completed ...'."""
     if d.kind in (Kind.DIVERGED, Kind.APART):
         return went_apart(d)
     if d.kind == Kind.MISMATCHED:
@@ -213,6 +215,8 @@ def text(d: Diagnosis) -> str:
         return out_of_step(d)
     own = "; ".join(f"{who(at)} {DID[d.kind]}" + (f" in {at.frame}" if at.frame else "") + _said(at)
                     + (f": {c}" if (c := cause(d, at)) else "") for at in d.ranks)
+    if d.beside is not None:
+        return f"{own}; besides, {out_of_step(d.beside)}"
     if d.or_else is None:
         return own
     return f"{own}, or {text(d.or_else)} and the others failed after it: which came first cannot be told"

@@ -68,48 +68,56 @@ def process_crashes(records: list[PhaseRecord]) -> list[Finding]:
             continue
         if (d := crash(r)) is None:
             continue
-        title = f"{_NOT_CRASH.get(d.kind, 'crash')} in {where_run(r)}: exit code {r.exit_code}"
-        kind = {Kind.LEFT: "departed", Kind.ENDED: "left_after", Kind.HUNG: "waited", Kind.ABORTED: "aborted",
-                Kind.QUIT: "quit", Kind.NONFINITE_EXIT: "nonfinite", Kind.MISMATCHED: "mismatch",
-                Kind.OUT_OF_STEP: "out_of_step"}.get(d.kind, "crash")
-        if d.kind in FAILED and d.ranks and not d.from_log:
-            title += ": " + "; ".join(f"rank {at.rank}{' exited early' * (d.kind == Kind.QUIT)}: {at.cause}"
-                                      for at in d.ranks)
-            if d.or_else is not None:  # a silent exit may be a rank catching its collective broken by one that left
-                first, maybe = [at.rank for at in d.ranks], [at.rank for at in d.or_else.ranks]
-                title += (f", or {departure(r, maybe)} and {_ranks(first)} failed after it: torchrun's SIGTERM "
-                          f"of {_ranks(maybe)} once {_ranks(first)} had failed ends a rank still running and one "
-                          "still exiting alike, so which came first cannot be told")
-        elif d.kind == Kind.LEFT:  # no rank failed in its own right: the others failed after one that left
-            title += f": {departure(r, [at.rank for at in d.ranks])}; {failed_without(d)}"
-        elif d.kind == Kind.ENDED:
-            # no rank failed in its own right, and none left early: one that may have done all its
-            # steps ended while the others still had a collective with it (after the loop: a barrier,
-            # a save, teardown). torchrun's own line (ChildFailedError) would say nothing of either.
-            ended = [at.rank for at in d.ranks]
-            failed = [f"rank {k}: {short_exception(f.exception)}" for k, f in sorted(ev.rank_failures.items())
-                      if f.exception]
-            title += (f": {_exits(r, ended)}, and {failed_without(d)}"
-                      + (f": {'; '.join(failed)}" if failed else ""))
-        elif d.kind == Kind.MISMATCHED:
-            title += f": {mismatched(d)}"
-        elif d.kind == Kind.OUT_OF_STEP:
-            title += f": {out_of_step(d)}"
-        elif d.kind == Kind.HUNG:
-            title += f": {_ranks([at.rank for at in d.ranks])} hung: {waited_cause(d)}"
-        elif d.kind == Kind.NONFINITE_EXIT:
-            who = _ranks([at.rank for at in d.ranks]) if d.ranks and r.world_size > 1 else "the trainer"
-            title += f": {who} {d.cause}"
-        elif d.from_log and d.cause:
-            title += f": {d.cause}"
-        # a file the run broke after it had stepped (a crash decides the verdict, and a start-up
-        # crash leaves files missing that say nothing more)
-        stepped = Outcome.of_record(r)
-        broken = ([f"broken contract file: {e}" for e in ev.errors]
-                  if stepped.steps_completed or stepped.last_step_done else [])
-        out.append(Finding(Severity.CRITICAL, r.phase, title, [f"stderr: {p}" for p in d.logs] + broken
-                           + _rank_lines(r) + _earlier_attempts(r), kind, Facts.of(r), d if d.ranks else None))
+        for each in (d, *((d.beside,) if d.beside is not None else ())):  # an early exit out of step too: both
+            out.append(_crash_finding(r, each))
     return out
+
+
+def _crash_finding(r: PhaseRecord, d: Diagnosis) -> Finding:
+    """The crash finding of ``r``'s diagnosis ``d`` (``crash``), or of the ranks out of step beside its early exit
+    (``Diagnosis.beside``)."""
+    ev = r.evidence
+    title = f"{_NOT_CRASH.get(d.kind, 'crash')} in {where_run(r)}: exit code {r.exit_code}"
+    kind = {Kind.LEFT: "departed", Kind.ENDED: "left_after", Kind.HUNG: "waited", Kind.ABORTED: "aborted",
+            Kind.QUIT: "quit", Kind.NONFINITE_EXIT: "nonfinite", Kind.MISMATCHED: "mismatch",
+            Kind.OUT_OF_STEP: "out_of_step"}.get(d.kind, "crash")
+    if d.kind in FAILED and d.ranks and not d.from_log:
+        title += ": " + "; ".join(f"rank {at.rank}{' exited early' * (d.kind == Kind.QUIT)}: {at.cause}"
+                                  for at in d.ranks)
+        if d.or_else is not None:  # a silent exit may be a rank catching its collective broken by one that left
+            first, maybe = [at.rank for at in d.ranks], [at.rank for at in d.or_else.ranks]
+            title += (f", or {departure(r, maybe)} and {_ranks(first)} failed after it: torchrun's SIGTERM "
+                      f"of {_ranks(maybe)} once {_ranks(first)} had failed ends a rank still running and one "
+                      "still exiting alike, so which came first cannot be told")
+    elif d.kind == Kind.LEFT:  # no rank failed in its own right: the others failed after one that left
+        title += f": {departure(r, [at.rank for at in d.ranks])}; {failed_without(d)}"
+    elif d.kind == Kind.ENDED:
+        # no rank failed in its own right, and none left early: one that may have done all its
+        # steps ended while the others still had a collective with it (after the loop: a barrier,
+        # a save, teardown). torchrun's own line (ChildFailedError) would say nothing of either.
+        ended = [at.rank for at in d.ranks]
+        failed = [f"rank {k}: {short_exception(f.exception)}" for k, f in sorted(ev.rank_failures.items())
+                  if f.exception]
+        title += (f": {_exits(r, ended)}, and {failed_without(d)}"
+                  + (f": {'; '.join(failed)}" if failed else ""))
+    elif d.kind == Kind.MISMATCHED:
+        title += f": {mismatched(d)}"
+    elif d.kind == Kind.OUT_OF_STEP:
+        title += f": {out_of_step(d)}"
+    elif d.kind == Kind.HUNG:
+        title += f": {_ranks([at.rank for at in d.ranks])} hung: {waited_cause(d)}"
+    elif d.kind == Kind.NONFINITE_EXIT:
+        who = _ranks([at.rank for at in d.ranks]) if d.ranks and r.world_size > 1 else "the trainer"
+        title += f": {who} {d.cause}"
+    elif d.from_log and d.cause:
+        title += f": {d.cause}"
+    # a file the run broke after it had stepped (a crash decides the verdict, and a start-up
+    # crash leaves files missing that say nothing more)
+    stepped = Outcome.of_record(r)
+    broken = ([f"broken contract file: {e}" for e in ev.errors]
+              if stepped.steps_completed or stepped.last_step_done else [])
+    return Finding(Severity.CRITICAL, r.phase, title, [f"stderr: {p}" for p in d.logs] + broken
+                   + _rank_lines(r) + _earlier_attempts(r), kind, Facts.of(r), d if d.ranks else None)
 
 
 def _earlier_attempts(r: PhaseRecord) -> list[str]:
@@ -267,85 +275,91 @@ def process_stalls(records: list[PhaseRecord]) -> list[Finding]:
     for r in records:
         if (d := stall(r)) is None:
             continue
-        ev = r.evidence
-        facts = Facts.of(r)
-        how = ("stopped by the harness" if r.stalled_s is not None and d.kind == Kind.SILENT
-               else f"no progress for {r.stalled_s:.0f}s, stopped by the harness" if r.stalled_s is not None
-               else "watchdog .HALT" if ev.halt is not None else f"killed at the {r.timeout_s:g}s timeout")
-        if d.kind == Kind.TIMED_OUT:
-            out.append(_timed_out_progressing(r, facts))
-            continue
-        notes = {(t.rank, t.pid if t.rank is None else None): t.note for t in ev.taken_stacks if t.note}
-        detail, stuck = [], {}
-        # the ranks something is known of (a heartbeat, a stack), and only ranks that exist: a rank
-        # nothing is known of is not listed beside stacks of unknown rank that may be its own
-        known = set(ev.last_heartbeat) | set(ev.stackdumps) | {t.rank for t in ev.taken_stacks if t.rank is not None}
-        known |= {at.rank for at in d.ranks if d.kind in (Kind.LEFT, *FAILED)}  # a rank that left no file too
-        for rank in sorted(k for k in known if k < r.world_size):
-            line = f"rank {rank}: {last_heartbeat(r, rank)}"
-            end = ended_before(r, rank)
-            if end is not None or facts.no_rank_running:
-                detail.append(f"{line}; no process left to take a stack of: it had ended" + (f" ({end})" if end else ""))
-                continue
-            detail.append(f"{line}; {_stack(f'rank {rank}', ev.stackdumps.get(rank), notes.get((rank, None)), stuck)}")
-        dumped = {dump.pid for dump in ev.unranked_stacks}
-        for dump in ev.unranked_stacks:
-            who = "rank unknown" + (f" (pid {dump.pid})" if dump.pid is not None else "")
-            detail.append(f"{who}: {_stack(who, dump, notes.get((None, dump.pid)), stuck)}")
-        for t in ev.taken_stacks:  # the harness tried and got no stack of its own
-            if t.rank is None and t.pid not in dumped:
-                who = f"rank unknown (pid {t.pid})"
-                detail.append(f"{who}: {_stack(who, None, t.note, stuck)}")
-        if not detail:
-            detail.append("no heartbeats and no stack dumps were written")
-        if 0 < len(stuck) < r.world_size:
-            detail.append(f"stacks of {len(stuck)} of {r.world_size} ranks were recorded")
-        kind = {Kind.HALT_STALL: "halt_stall", Kind.LEFT: "departed", Kind.CRASHED: "crash",
-                Kind.KILLED: "crash", Kind.ABORTED: "aborted", Kind.QUIT: "quit",
-                Kind.SILENT: "silent_rank", Kind.DIVERGED: "diverged", Kind.APART: "diverged",
-                Kind.OUT_OF_STEP: "out_of_step"}.get(d.kind, "stall")
-        if d.kind == Kind.HALT_STALL:
-            # the trainer's guard stopped the run first (the non-finite finding names the rank): what
-            # stalled is its end, a rank that halted and stayed alive with the others waiting for it
-            at = _after_halt(d, stuck)
-            how = f"after the non-finite .HALT at step {ev.halt.step}, {how}"
-        elif d.kind == Kind.LEFT:  # the rank that left is the cause; the others failed or waited after it
-            gone = [x.rank for x in d.ranks]
-            ended = [f"rank {k}: {end}" for k in sorted(ev.rank_failures) if k not in gone
-                     and (end := ended_before(r, k)) is not None]
-            rest = "; ".join(stuck.values()) or "no rank was left running"
-            at = f": {departure(r, gone)}; {rest}" + (f" ({'; '.join(ended)})" if ended else "")
-        elif d.kind in FAILED:  # it failed in its own right, and the others waited for it until the harness came
-            root = d.rank
-            signalled = {f"rank {k}" for k in ending(r)}  # in their end on the agent's signal, not waiting
-            rest = "; ".join(v + (f" (ending: torchrun's agent had signalled it once rank {root} had failed)"
-                                  if who in signalled else "") for who, v in stuck.items())
-            at = (f": rank {root} failed first ({d.cause}; {last_heartbeat(r, root)}), and the other ranks waited for "
-                  f"it" + (f": {rest}" if rest else ""))
-            detail.insert(0, f"stderr: {d.logs[0]}")
-        elif d.kind == Kind.SILENT:  # the others went on: none waited for it, whatever their stacks show
-            at = f": {silenced(d)}"
-        elif d.kind in (Kind.DIVERGED, Kind.APART):  # every rank waits in a collective, not all in one
-            at = f": {went_apart(d)}"
-        elif d.kind == Kind.OUT_OF_STEP:  # left in a collective whose partner had completed the step and exited 0
-            at = f": {out_of_step(d)}"
-            facts = replace(facts, waiting=d.waiting, suspected=d.suspected)
-        elif d.kind == Kind.HUNG and r.world_size > 1 and not _alone(r, d, stuck):
-            at = _hung_first(r, d, stuck)
-        else:
-            at = (f": {'; '.join(stuck.values())}" if stuck
-                  else ": no rank started (no worker ran under any node's agent)"
-                  if facts.no_rank_started and facts.no_rank_running
-                  else ": no rank was left running to take a stack of"
-                  if facts.no_rank_running else ": no stack was recorded")
-            if _alone(r, d, stuck):  # the one process left running: the others had ended, and it had not
-                at = f": hung: {'; '.join(stuck.values())}; the other ranks had ended"
-                facts = replace(facts, alone=True)
-        # an attempt torchrun started the workers again after is no cause of this one's stall: said as earlier
-        detail += _earlier_attempts(r)
-        out.append(Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail, kind, facts,
-                           d if d.ranks and d.kind != Kind.HALT_STALL else None))
+        for each in (d, *((d.beside,) if d.beside is not None else ())):  # an early exit out of step too: both
+            out.append(_stall_finding(r, each))
     return out
+
+
+def _stall_finding(r: PhaseRecord, d: Diagnosis) -> Finding:
+    """The stall finding of ``r``'s diagnosis ``d`` (``stall``), or of the ranks out of step beside its early exit
+    (``Diagnosis.beside``)."""
+    ev = r.evidence
+    facts = Facts.of(r)
+    how = ("stopped by the harness" if r.stalled_s is not None and d.kind == Kind.SILENT
+           else f"no progress for {r.stalled_s:.0f}s, stopped by the harness" if r.stalled_s is not None
+           else "watchdog .HALT" if ev.halt is not None else f"killed at the {r.timeout_s:g}s timeout")
+    if d.kind == Kind.TIMED_OUT:
+        return _timed_out_progressing(r, facts)
+    notes = {(t.rank, t.pid if t.rank is None else None): t.note for t in ev.taken_stacks if t.note}
+    detail, stuck = [], {}
+    # the ranks something is known of (a heartbeat, a stack), and only ranks that exist: a rank
+    # nothing is known of is not listed beside stacks of unknown rank that may be its own
+    known = set(ev.last_heartbeat) | set(ev.stackdumps) | {t.rank for t in ev.taken_stacks if t.rank is not None}
+    known |= {at.rank for at in d.ranks if d.kind in (Kind.LEFT, *FAILED)}  # a rank that left no file too
+    for rank in sorted(k for k in known if k < r.world_size):
+        line = f"rank {rank}: {last_heartbeat(r, rank)}"
+        end = ended_before(r, rank)
+        if end is not None or facts.no_rank_running:
+            detail.append(f"{line}; no process left to take a stack of: it had ended" + (f" ({end})" if end else ""))
+            continue
+        detail.append(f"{line}; {_stack(f'rank {rank}', ev.stackdumps.get(rank), notes.get((rank, None)), stuck)}")
+    dumped = {dump.pid for dump in ev.unranked_stacks}
+    for dump in ev.unranked_stacks:
+        who = "rank unknown" + (f" (pid {dump.pid})" if dump.pid is not None else "")
+        detail.append(f"{who}: {_stack(who, dump, notes.get((None, dump.pid)), stuck)}")
+    for t in ev.taken_stacks:  # the harness tried and got no stack of its own
+        if t.rank is None and t.pid not in dumped:
+            who = f"rank unknown (pid {t.pid})"
+            detail.append(f"{who}: {_stack(who, None, t.note, stuck)}")
+    if not detail:
+        detail.append("no heartbeats and no stack dumps were written")
+    if 0 < len(stuck) < r.world_size:
+        detail.append(f"stacks of {len(stuck)} of {r.world_size} ranks were recorded")
+    kind = {Kind.HALT_STALL: "halt_stall", Kind.LEFT: "departed", Kind.CRASHED: "crash",
+            Kind.KILLED: "crash", Kind.ABORTED: "aborted", Kind.QUIT: "quit",
+            Kind.SILENT: "silent_rank", Kind.DIVERGED: "diverged", Kind.APART: "diverged",
+            Kind.OUT_OF_STEP: "out_of_step"}.get(d.kind, "stall")
+    if d.kind == Kind.HALT_STALL:
+        # the trainer's guard stopped the run first (the non-finite finding names the rank): what
+        # stalled is its end, a rank that halted and stayed alive with the others waiting for it
+        at = _after_halt(d, stuck)
+        how = f"after the non-finite .HALT at step {ev.halt.step}, {how}"
+    elif d.kind == Kind.LEFT:  # the rank that left is the cause; the others failed or waited after it
+        gone = [x.rank for x in d.ranks]
+        ended = [f"rank {k}: {end}" for k in sorted(ev.rank_failures) if k not in gone
+                 and (end := ended_before(r, k)) is not None]
+        rest = "; ".join(stuck.values()) or "no rank was left running"
+        at = f": {departure(r, gone)}; {rest}" + (f" ({'; '.join(ended)})" if ended else "")
+    elif d.kind in FAILED:  # it failed in its own right, and the others waited for it until the harness came
+        root = d.rank
+        signalled = {f"rank {k}" for k in ending(r)}  # in their end on the agent's signal, not waiting
+        rest = "; ".join(v + (f" (ending: torchrun's agent had signalled it once rank {root} had failed)"
+                              if who in signalled else "") for who, v in stuck.items())
+        at = (f": rank {root} failed first ({d.cause}; {last_heartbeat(r, root)}), and the other ranks waited for "
+              f"it" + (f": {rest}" if rest else ""))
+        detail.insert(0, f"stderr: {d.logs[0]}")
+    elif d.kind == Kind.SILENT:  # the others went on: none waited for it, whatever their stacks show
+        at = f": {silenced(d)}"
+    elif d.kind in (Kind.DIVERGED, Kind.APART):  # every rank waits in a collective, not all in one
+        at = f": {went_apart(d)}"
+    elif d.kind == Kind.OUT_OF_STEP:  # left in a collective whose partner had completed the step and exited 0
+        at = f": {out_of_step(d)}"
+        facts = replace(facts, waiting=d.waiting, suspected=d.suspected)
+    elif d.kind == Kind.HUNG and r.world_size > 1 and not _alone(r, d, stuck):
+        at = _hung_first(r, d, stuck)
+    else:
+        at = (f": {'; '.join(stuck.values())}" if stuck
+              else ": no rank started (no worker ran under any node's agent)"
+              if facts.no_rank_started and facts.no_rank_running
+              else ": no rank was left running to take a stack of"
+              if facts.no_rank_running else ": no stack was recorded")
+        if _alone(r, d, stuck):  # the one process left running: the others had ended, and it had not
+            at = f": hung: {'; '.join(stuck.values())}; the other ranks had ended"
+            facts = replace(facts, alone=True)
+    # an attempt torchrun started the workers again after is no cause of this one's stall: said as earlier
+    detail += _earlier_attempts(r)
+    return Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail, kind, facts,
+                   d if d.ranks and d.kind != Kind.HALT_STALL else None)
 
 
 def _alone(r: PhaseRecord, d: Diagnosis, stuck: dict[str, str]) -> bool:

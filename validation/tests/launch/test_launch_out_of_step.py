@@ -68,3 +68,23 @@ def test_torchrun_a_rank_left_waiting_by_an_extra_collective_of_the_same_size_re
     [stall] = [f for f in find([rec]) if f.kind == "out_of_step"]
     [advice] = recommendations([stall])
     assert "collective called on some ranks only" in advice and "nothing waited for it" not in advice, advice
+
+
+@pytest.mark.distributed
+def test_torchrun_an_early_exit_after_an_extra_collective_reads_as_both(tmp_path):
+    """Rank 0 stops after step 5 of 8 (NSA_RECORD_QUIT=0@5), and rank 1's extra all-reduce at step 3 left it a
+    collective ahead: rank 1 fails in its all-reduce of step 5, a step rank 0 had completed. The verdict read 'rank 0
+    exited 0 early (...) — the other ranks failed without it', and nothing named the extra collective."""
+    phase = {"name": "twice", "kind": "train", "steps": 8, "timeout_s": 120, "stall_s": 60, "startup_s": 60,
+             "env": {"NSA_RECORD_TWICE": "1@3", "NSA_RECORD_QUIT": "0@5"}, "launcher": {"kind": "torchrun", "nproc": 2},
+             "gates": [{"metric": "loss_finite", "op": "==", "threshold": 1}]}
+    run = FakeRun(tmp_path, [phase], defaults={"launcher": {"kind": "python", "module": RECORD_TRAINER}})
+    rec = run.record
+    d = diagnose(rec)
+    assert d is not None and d.kind == Kind.LEFT and [(at.rank, at.step) for at in d.ranks] == [(0, 5)], d
+    assert d.beside is not None and d.beside.kind == Kind.OUT_OF_STEP, d
+    assert [(at.rank, at.step, at.frame) for at in d.beside.ranks] == [(1, 5, "all_reduce")], d.beside
+    line = verdict_line(rec)
+    assert line.startswith("rank 0 exited 0 early (last heartbeat step 5, stage step); besides, rank 1 failed in "
+                           "all_reduce at tests/record_trainer.py:"), line
+    assert {"departed", "out_of_step"} <= {f.kind for f in find([rec])}, find([rec])

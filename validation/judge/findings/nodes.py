@@ -137,24 +137,50 @@ def _summary(r: PhaseRecord, ev: NodesEvidence) -> str:
 
 
 def _lines(r: PhaseRecord, ev: NodesEvidence) -> list[str]:
-    """A line per node: where it ran, its ranks (last heartbeat, how each ended), its agent."""
-    out = []
+    """A line per node: where it ran, its ranks (last heartbeat, how each ended), how long their steps took and how
+    late they came (``_timing``), its agent."""
+    out, apart = [], _out_of_step(r)
     for n in ev.nodes:
         place = ", ".join(x for x in (f"host {n.host}" if n.host else "",
                                       f"GPUs {n.devices}" if n.devices is not None else "",
                                       f"torchrun node rank {n.group_rank}" if n.group_rank is not None else "",
                                       f"log {n.log}") if x)
         ranks = "; ".join(_rank(r, rank) for rank in n.ranks) or "no rank ran"
-        # how late a node's ranks come says something beside other nodes; of one node, nothing (the
-        # judge records none for one node now: records stored before carry one)
-        late = n.lateness_s is not None and len(ev.nodes) > 1
-        timing = "".join(x for x in (f"; median step {_ms(n.step_time_s)}" if n.step_time_s is not None else "",
-                                     f", {_ms(n.lateness_s)} behind the earliest rank" if late else ""))
+        timing = _timing(n, len(ev.nodes), apart)
         told = any((f := r.evidence.rank_failures.get(k)) is not None and f.unranked == n.worker_said for k in n.ranks)
         worker = (f"; a worker's traceback in its log, naming no rank: {_said(n.worker_said)}"
                   if n.worker_said and not told else "")  # not twice where its rank's end already says it
         out.append(f"node {n.index} ({place}): {ranks}{timing}; agent {_agent(n, _agent_stopped(r, ev, n))}{worker}")
     return out
+
+
+def _out_of_step(r: PhaseRecord) -> Diagnosis | None:
+    """The run's diagnosis of ranks whose collectives were out of step (Kind.OUT_OF_STEP, or beside an early exit,
+    ``Diagnosis.beside``); None where it is none."""
+    d = diagnose(r)
+    off = d.beside if d is not None and d.beside is not None else d
+    return off if off is not None and off.kind == Kind.OUT_OF_STEP else None
+
+
+def _timing(n: NodeEvidence, nodes: int, apart: Diagnosis | None) -> str:
+    """'; median step 51.5 ms, 0.134 ms behind the earliest rank': how long a node's ranks' steps took, and how late
+    they entered each step's stages beside the other nodes' (judge/nodes.py ``lateness``); of one node, nothing of
+    lateness (the judge records none for one node now: records stored before carry one). Where the ranks'
+    collectives were out of step (``apart``), that delay is no lateness: from the step they went out of step on, one
+    rank's collectives met the others' of a later step, so the ranks' heartbeats of one step number were of
+    different steps, and the delay is a step's; it is said for what it is (what it may be, where out of step is
+    only suspected)."""
+    out = f"; median step {_ms(n.step_time_s)}" if n.step_time_s is not None else ""
+    if n.lateness_s is None or nodes < 2:
+        return out
+    late = f"{_ms(n.lateness_s)} after the earliest rank's heartbeats of the same step number"
+    if apart is None:
+        return out + f", {_ms(n.lateness_s)} behind the earliest rank"
+    if apart.suspected:
+        return (out + f", {late}: lateness, or, if the ranks' collectives were out of step, no lateness but a step "
+                "number naming different steps on different ranks")
+    return (out + f", {late}, which is no lateness: the ranks' collectives were out of step, so a step number named "
+            "different steps on different ranks")
 
 
 def _rank(r: PhaseRecord, rank: int) -> str:

@@ -13,6 +13,8 @@ TORCH_DISTRIBUTED_DEBUG=DETAIL, NSA_RECORD_TWICE=1@3, and with NSA_RECORD_HOLD=1
 where the same SIGABRT is not a check's; nothing runs here."""
 from __future__ import annotations
 
+import json
+import re
 import shutil
 from pathlib import Path
 
@@ -102,3 +104,37 @@ def test_a_nodes_rank_left_waiting_in_a_step_the_other_nodes_rank_completed_is_o
                             "node 1's rank 1 waited in a collective, with no partner left, during step 6, a step node "
                             "0's rank 0 had completed before it exited 0"), f.title
     assert not any("nothing waited for it" in a for a in recommendations(find([rec])))
+
+
+def test_the_nodes_timing_column_says_a_step_apart_of_ranks_out_of_step_is_no_lateness():
+    """Rank 1's extra all-reduce at step 3 paired with rank 0's of step 3, and each of rank 1's after it with rank
+    0's of the next step: from there on rank 1's heartbeats of a step number came a step (about 51 ms) after rank
+    0's of the same number. The listing read 'node 1 ...; median step 51.6 ms, 51.1 ms behind the earliest rank', a
+    slow node: the ranks were in lock-step, a step number naming different steps on them."""
+    rec = _crashed("nodes2_outofstep_rank1_failed")
+    line = _node_finding(rec).detail[1]
+    assert "behind" not in line, line
+    assert re.search(r"; median step 51\.6 ms, 51\.1 ms after the earliest rank's heartbeats of the same step number, "
+                     r"which is no lateness: the ranks' collectives were out of step, so a step number named different "
+                     r"steps on different ranks; agent exit 1", line), line
+
+
+def test_the_nodes_timing_column_of_a_rank_suspected_out_of_step_says_what_the_delay_may_be(tmp_path):
+    """No stack of node 1's rank 1 (py-spy could not take one): out of step is suspected (it may have hung of its
+    own within the step), and so the listing says its delay may be lateness or a step apart; no node finding
+    says the ranks' collectives were out of step."""
+    run = tmp_path / "run"
+    shutil.copytree(EVIDENCE / "nodes2_outofstep_rank1_waited", run)
+    (run / "harness_stacks" / "rank1.txt").unlink()
+    index = run / "harness_stacks" / "index.json"
+    [taken] = json.loads(index.read_text())
+    index.write_text(json.dumps([{**taken, "method": "none", "path": None, "note": (
+        "py-spy could not take its stack (py-spy is not installed); it has no SIGUSR1 handler to ask instead")}]))
+    rec = judged_stopped_run(run, run / "node0.stderr.log", stalled_s=40.0, stacks_tried=1, steps=STEPS)
+    d = diagnose(rec)
+    assert d is not None and d.kind == Kind.OUT_OF_STEP and d.suspected, d
+    f = _node_finding(rec)
+    assert "out of step" not in f.title, f.title
+    assert re.search(r"; median step 51\.1 ms, 50\.9 ms after the earliest rank's heartbeats of the same step number: "
+                     r"lateness, or, if the ranks' collectives were out of step, no lateness but a step number naming "
+                     r"different steps on different ranks; agent", f.detail[1]), f.detail[1]

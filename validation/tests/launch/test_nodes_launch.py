@@ -101,9 +101,17 @@ def assert_nothing_left(tmp_path: Path) -> None:
     assert not left, f"left running: {[(p.pid, ' '.join(p.info['cmdline'])[:120]) for p in left]}"
 
 
-def test_two_healthy_nodes_are_go_with_each_rank_placed_on_its_node(tmp_path, monkeypatch):
-    monkeypatch.delenv(FAULT, raising=False)
-    run = TwoNodes(tmp_path)
+@pytest.fixture(scope="module")
+def healthy(tmp_path_factory) -> TwoNodes:
+    """One healthy two-node point for the tests that only read it (its record, run directory and
+    report rows): each launch is four processes importing torch."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(FAULT, raising=False)
+        return TwoNodes(tmp_path_factory.mktemp("healthy"))
+
+
+def test_two_healthy_nodes_are_go_with_each_rank_placed_on_its_node(healthy):
+    run = healthy
     assert run.rec.status == "PASS", run.rec.reason
     assert run.rec.world_size == 2 and run.rec.exit_code == 0
     assert {"node0.stderr.log", "node1.stderr.log", NODES_FILE} <= set(run.rec.evidence.files)
@@ -172,13 +180,12 @@ def test_a_cpu_host_pins_no_gpus(monkeypatch):
     assert local_nodes.node_devices(2, 1, {}) == ["0", "1"]
 
 
-def test_the_reports_process_line_of_a_two_node_point_runs_every_node_as_printed(tmp_path, monkeypatch):
+def test_the_reports_process_line_of_a_two_node_point_runs_every_node_as_printed(tmp_path, healthy):
     """The report's 'process' line held one agent's command: pasted, that lone agent waited the
     join timeout for a second node and failed (RendezvousTimeoutError). Then every agent's, ended by
     a bare `wait`: the line exited 0 when a node's agent failed, and its agents met at the run's
     port, which another process may hold by the time it is pasted."""
-    monkeypatch.delenv(FAULT, raising=False)
-    run = TwoNodes(tmp_path)
+    run = healthy
     assert run.rec.status == "PASS", run.rec.reason
     [row] = reproduce_rows([run.rec])
     stored = {p.name: p.read_bytes() for p in run.dir.iterdir() if p.is_file()}
@@ -195,7 +202,7 @@ def test_the_reports_process_line_of_a_two_node_point_runs_every_node_as_printed
                              timeout=JOIN_S + 60, env={**env, FAULT: "crash@2"})
     assert crashed.returncode == 1, row["process"] + "\n" + crashed.stderr[-3000:]
     assert "node 0's torchrun agent exited 1" in crashed.stderr, crashed.stderr[-3000:]
-    assert_nothing_left(tmp_path)
+    assert_nothing_left(run.results.parent)
 
 
 def test_a_node_that_never_joins_is_named_at_the_join_timeout(tmp_path, monkeypatch):

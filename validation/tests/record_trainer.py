@@ -21,9 +21,12 @@ It writes the artifact contract (one all-reduce a step) and hangs one rank on re
                       silently with the others' all-reduce of the step, and every later one with the others' of the
                       next step; the others complete the last step and exit 0 while rank R still waits in its
                       all-reduce of the last step, which then breaks ('Connection closed by peer')
-    NSA_RECORD_QUIT=R@S   rank R returns from ``main`` (exit 0) after step S, a stop condition of its own: with
+    NSA_RECORD_QUIT=R@S   rank R ends its process (exit 0) after step S, a stop condition of its own: with
                       NSA_RECORD_TWICE at an earlier step, it leaves early having completed the step the rank
-                      that called the extra collective then fails in ('Connection closed by peer')
+                      that called the extra collective then fails in ('Connection closed by peer'). It ends
+                      with os._exit, whose exit status is set before its sockets close: returning from
+                      ``main`` instead, the interpreter's teardown can outlast the peer's broken collective,
+                      and torchrun then ends the rank with SIGTERM, not exit 0 (a race this trainer leaves out)
     NSA_RECORD_HOLD=1     each rank, after its last step, leaves its connections to the others open behind it
                       (``hold_connections``) and exits 0: a collective left without it then waits, as one does
                       under NCCL, instead of breaking ('Connection closed by peer' is gloo's word of the closed
@@ -144,7 +147,7 @@ def main() -> int:
             with open(out / "training.csv", "a") as fh:
                 fh.write(f"{step},{loss.item() / world:.5f},0.001,{64 * world / took:.1f},{took:.4f},1.0,0.1,0.2\n")
         if rank == quit_rank and step == quit_step:
-            break
+            os._exit(0)
     if os.environ.get("NSA_RECORD_HOLD") == "1":
         hold_connections()
     dist.destroy_process_group()

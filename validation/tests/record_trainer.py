@@ -23,15 +23,16 @@ It writes the artifact contract (one all-reduce a step) and hangs one rank on re
                       all-reduce of the last step, which then breaks ('Connection closed by peer')
     NSA_RECORD_QUIT=R@S   rank R ends its process (exit 0) after step S, a stop condition of its own: with
                       NSA_RECORD_TWICE at an earlier step, it leaves early having completed the step the rank
-                      that called the extra collective then fails in ('Connection closed by peer'). It ends
-                      with os._exit, whose exit status is set before its sockets close: returning from
-                      ``main`` instead, the interpreter's teardown can outlast the peer's broken collective,
-                      and torchrun then ends the rank with SIGTERM, not exit 0 (a race this trainer leaves out)
+                      that called the extra collective then fails in ('Connection closed by peer')
     NSA_RECORD_HOLD=1     each rank, after its last step, leaves its connections to the others open behind it
                       (``hold_connections``) and exits 0: a collective left without it then waits, as one does
                       under NCCL, instead of breaking ('Connection closed by peer' is gloo's word of the closed
                       socket); with NSA_RECORD_TWICE, rank R waits in its all-reduce of the last step until the
                       harness's stall watch stops the run
+
+Every rank ends with os._exit(0), whose exit status is set before its sockets close: returning from ``main``,
+the interpreter's teardown can outlast a peer's broken collective, and torchrun then ends the rank with SIGTERM,
+not exit 0 (a race of real trainers that these tests leave out).
 """
 from __future__ import annotations
 
@@ -106,7 +107,7 @@ def _beat(out: Path, rank: int, step: int, stage: str) -> None:
 
 
 @record
-def main() -> int:
+def main() -> None:
     cli = argparse.ArgumentParser()
     cli.add_argument("--config", default="")
     cli.add_argument("--override", default="")
@@ -147,12 +148,11 @@ def main() -> int:
             with open(out / "training.csv", "a") as fh:
                 fh.write(f"{step},{loss.item() / world:.5f},0.001,{64 * world / took:.1f},{took:.4f},1.0,0.1,0.2\n")
         if rank == quit_rank and step == quit_step:
-            os._exit(0)
+            break
     if os.environ.get("NSA_RECORD_HOLD") == "1":
         hold_connections()
-    dist.destroy_process_group()
-    return 0
+    os._exit(0)  # its exit status set before its connections close (the module's docstring)
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from validation.judge.clock import CLOCKED, StepClock
 from validation.judge.metrics import METRICS, RunData, Source, Timing, compute, uncovered
+from validation.judge.unsteady import METRIC as UNSTEADY_METRIC, Unsteady, explain
 from validation.machine import MachineLoad
 
 OPS: dict[str, Callable[[float, float], bool]] = {
@@ -129,6 +130,9 @@ class GateResult:
     """Why the verdict is UNMEASURED (None for any other verdict)."""
     overruled: Overruled | None = None
     """Why the verdict is FAIL whatever the value (None where the value decided)."""
+    unsteady: Unsteady | None = None
+    """Of a toks_per_s_cv gate that failed on its value: the window's slow steps and where their time
+    went (judge/unsteady.py); None for any other gate, and where its run's files cannot say."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GateResult:
@@ -139,7 +143,8 @@ class GateResult:
         overruled = data.get("overruled")
         return cls(data["metric"], data["op"], data["threshold"], data["window"], data["value"], verdict,
                    data.get("threshold_ref"), data.get("description") or "", data.get("note") or "",
-                   Pending(pending) if pending else None, Overruled(overruled) if overruled else None)
+                   Pending(pending) if pending else None, Overruled(overruled) if overruled else None,
+                   Unsteady.from_json(data.get("unsteady")))
 
     def text(self) -> str:
         """'metric = value, needs op threshold (window)', then the note when there is one."""
@@ -213,8 +218,21 @@ def evaluate(gates: Sequence[Gate], run: RunData, unprovided: Mapping[str, str],
             continue
         value = compute(g.metric, run, g.window.last)
         verdict = check(value, g.op, g.threshold)
-        out.append(judged(GateResult(**base, value=value, verdict=verdict,
-                                     note=uncovered(METRICS[g.metric], g.window, run) if value is None else "",
-                                     pending=Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None),
-                          load, clock))
+        out.append(explained(judged(GateResult(**base, value=value, verdict=verdict,
+                                               note=uncovered(METRICS[g.metric], g.window, run) if value is None else "",
+                                               pending=Pending.THRESHOLD if verdict == GateVerdict.UNMEASURED else None),
+                                    load, clock), lambda last: explain(run.csv, run.heartbeats, last)))
     return out
+
+
+def explained(result: GateResult, explain_window: Callable[[int | None], Unsteady | None]) -> GateResult:
+    """``result`` with why its window's tokens/s were unsteady (``explain_window`` of its window's
+    steps: judge/unsteady.py) where it is a toks_per_s_cv gate that failed on its value and holds
+    none yet; without one where it no longer failed so (a threshold re-checked at report time)."""
+    failed = (result.metric == UNSTEADY_METRIC and result.verdict == GateVerdict.FAIL and result.overruled is None
+              and result.value is not None)
+    if not failed:
+        return replace(result, unsteady=None) if result.unsteady is not None else result
+    if result.unsteady is not None:
+        return result
+    return replace(result, unsteady=explain_window(Window.parse(result.window).last))

@@ -1,0 +1,170 @@
+"""Why a failed toks_per_s_cv gate's window was unsteady (validation/judge/unsteady.py): its slow
+steps and, from hand-built heartbeats, where their time went: the whole host, one stage, the wait
+for the GPU; a drift with no slow step claims nothing."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+import pytest
+
+from nsa.contract import CSV_COLUMNS
+from validation.judge.gates import Gate, GateResult, GateVerdict, Window, evaluate
+from validation.judge.metrics import RunData, compute
+from validation.judge.unsteady import Cause, explain, heartbeat_files
+
+TOKENS = 4096
+#: a graphed step's spans on a quiet host, by the stage of the record that opens each (the last, the
+#: wait for the GPU, ends at the step record): the shape of the H100 runs of long_context at 4k
+QUIET = {"step": 0.30e-3, "data": 0.45e-3, "graph": 0.55e-3, "optimizer": 18.6e-3}
+STEPS, WINDOW = 12, 6
+
+Spans = Callable[[int], dict[str, float]]
+
+
+def quiet(step: int) -> dict[str, float]:
+    """The quiet spans, each a little off from step to step (as measured ones are)."""
+    return {stage: s * (1 + 0.03 * ((step + i) % 3)) for i, (stage, s) in enumerate(QUIET.items())}
+
+
+def beats(spans_of: Spans, rank: int = 0) -> list[dict]:
+    """A rank's heartbeat records of steps 1..STEPS: each step's spans (``spans_of``: by the stage of
+    the record that opens each, in order; the first opened by the step record before) closed by the
+    next stage's record, the last by the step's own step record."""
+    t = 1000.0
+    out = [{"time": t, "step": 0, "stage": "step", "rank": rank}]
+    for step in range(1, STEPS + 1):
+        opened = list(spans_of(step).items())
+        for (_, seconds), (following, _) in zip(opened, opened[1:] + [("step", 0.0)]):
+            t += seconds
+            # a checkpoint record is written after the step before, with its step
+            out.append({"time": t, "step": step - 1 if following == "checkpoint" else step, "stage": following,
+                        "rank": rank})
+    return out
+
+
+def csv_of(spans_of: Spans) -> pd.DataFrame:
+    """training.csv as read of the same steps: each step's time the sum of its spans."""
+    rows = []
+    for step in range(1, STEPS + 1):
+        seconds = sum(spans_of(step).values())
+        rows.append({"step": step, "loss": 3.0, "lr": 1e-4, "toks_per_s": TOKENS / seconds, "step_time_s": seconds,
+                     "grad_norm": 1.0, "mem_alloc_gb": 1.6, "mem_reserved_gb": 3.7})
+    return pd.DataFrame(rows, columns=list(CSV_COLUMNS))
+
+
+def slow_at(step: int, change: Callable[[dict[str, float]], dict[str, float]]) -> Spans:
+    """Quiet spans, those of ``step`` changed."""
+    return lambda s: change(quiet(s)) if s == step else quiet(s)
+
+
+def cv(spans_of: Spans) -> float:
+    """The gate's value over the window."""
+    return compute("toks_per_s_cv", RunData(out_dir=Path("."), csv=csv_of(spans_of)), WINDOW)
+
+
+def explained(spans_of: Spans, ranks: dict[int, Spans] | None = None):
+    found = explain(csv_of(spans_of), {r: beats(f, r) for r, f in (ranks or {0: spans_of}).items()}, WINDOW)
+    assert found is not None
+    return found
+
+
+def test_a_stall_of_every_host_stage_is_the_whole_host():
+    stalled = slow_at(9, lambda sp: {k: v * (1 if k == "optimizer" else 8) for k, v in sp.items()})
+    assert cv(stalled) > 0.1  # the gate fails on it
+    u = explained(stalled)
+    (s,) = u.slow
+    assert (s.step, s.cause, s.stage, s.rank) == (9, Cause.WHOLE_HOST, None, 0)
+    assert s.ratio == pytest.approx(s.seconds / u.typical_s) and s.ratio > 1.4
+    assert [(x.stage, x.until, x.wait, x.grew) for x in s.spans] == [
+        ("step", "data", False, True), ("data", "graph", False, True), ("graph", "optimizer", False, True),
+        ("optimizer", "step", True, False)]
+    assert u.cv_without is not None and u.cv_without < 0.05
+    assert u.causes == (Cause.WHOLE_HOST,) and u.stages == ()
+    assert u.summary() == "1 slow step: the whole host stalled (step 9)"
+    lines = u.lines("d/heartbeat_rank0.jsonl")
+    assert lines[0].startswith("1 of the window's 6 logged steps slow (over 1.2x its typical step, ")
+    assert f"step 9 {s.seconds * 1e3:.2f} ms ({s.ratio:.2f}x); without it the window's toks_per_s_cv is " in lines[0]
+    assert lines[1].startswith("step 9: the whole host stalled (every host stage's span at 2x its typical or more): "
+                               "step->data ")
+    assert "; the wait for the GPU, optimizer->step " in lines[1]
+    assert lines[-1] == "heartbeats: d/heartbeat_rank0.jsonl"
+
+
+@pytest.mark.parametrize("change, stage", [
+    # the loader 10 ms slower, the other host spans off by up to 1.6x as a busy step's are
+    (lambda sp: {**sp, "data": 10e-3, "graph": sp["graph"] * 1.6}, "data"),
+    # a checkpoint after step 8, which no steady step writes: its span has no typical and counts whole
+    (lambda sp: {"step": sp["step"], "checkpoint": 12e-3, **{k: v for k, v in sp.items() if k != "step"}},
+     "checkpoint"),
+])
+def test_one_stage_that_grew_is_named(change, stage):
+    grown = slow_at(9, change)
+    assert cv(grown) > 0.1
+    u = explained(grown)
+    (s,) = u.slow
+    assert (s.step, s.cause, s.stage) == (9, Cause.STAGE, stage)
+    assert u.stages == (stage,)
+    assert u.summary() == f"1 slow step: the {stage} stage grew (step 9)"
+    assert f"step 9: the {stage} stage grew (its span holds " in u.lines("h")[1]
+
+
+def test_only_the_wait_for_the_gpu_grew():
+    waited = slow_at(9, lambda sp: {**sp, "optimizer": sp["optimizer"] + 10e-3})
+    assert cv(waited) > 0.1
+    u = explained(waited)
+    (s,) = u.slow
+    assert (s.step, s.cause, s.stage) == (9, Cause.GPU_WAIT, None)
+    assert [x.grew for x in s.spans] == [False, False, False, False]
+    assert u.summary() == "1 slow step: only the wait for the GPU grew (step 9)"
+    assert "heartbeats cannot tell a slower device from a host stalled inside that span alone" in u.lines("h")[1]
+
+
+def test_a_drift_without_a_slow_step_claims_nothing():
+    # the wait grows by 1.6 ms a step over the window: its last step 1.18x the median, none 1.2x
+    def drift(step: int) -> dict[str, float]:
+        return {**quiet(step), "optimizer": 16.7e-3 + 1.6e-3 * max(step - 7, 0)}
+    assert cv(drift) > 0.1  # the gate fails all the same
+    assert explain(csv_of(drift), {0: beats(drift)}, WINDOW) is None
+
+
+def test_slow_steps_that_pull_the_window_median_are_found_against_the_others():
+    # two of the six steps 1.3-1.4x slower: 1.2x the whole window's median would find one of them
+    def two(step: int) -> dict[str, float]:
+        sp = quiet(step)
+        return {**sp, "optimizer": sp["optimizer"] + {7: 6.5e-3, 8: 8e-3}.get(step, 0.0)}
+    u = explained(two)
+    assert [s.step for s in u.slow] == [7, 8]
+    assert u.summary() == "2 slow steps: only the wait for the GPU grew (steps 7, 8)"
+
+
+def test_the_rank_whose_stage_grew_is_blamed_not_the_one_that_waited_for_it():
+    loaded = slow_at(9, lambda sp: {**sp, "data": 10e-3})
+    waited = slow_at(9, lambda sp: {**sp, "optimizer": sp["optimizer"] + 9.55e-3})
+    u = explained(waited, {0: waited, 1: loaded})
+    (s,) = u.slow
+    assert (s.cause, s.stage, s.rank) == (Cause.STAGE, "data", 1)
+    assert u.lines("h")[1].startswith("step 9 (rank 1's heartbeats): the data stage grew")
+    assert heartbeat_files("d", u) == "d/heartbeat_rank0.jsonl and d/heartbeat_rank1.jsonl"
+
+
+def test_nothing_without_rank_0s_heartbeats():
+    stalled = slow_at(9, lambda sp: {k: v * 8 for k, v in sp.items()})
+    assert explain(csv_of(stalled), {}, WINDOW) is None
+    assert explain(csv_of(stalled), {1: beats(stalled, 1)}, WINDOW) is None
+
+
+def test_the_gate_keeps_it_where_it_failed_and_the_store_reads_it_back():
+    stalled = slow_at(9, lambda sp: {k: v * (1 if k == "optimizer" else 8) for k, v in sp.items()})
+    run = RunData(out_dir=Path("."), csv=csv_of(stalled), heartbeats={0: beats(stalled)})
+    failed, passed = evaluate([Gate("toks_per_s_cv", "<=", 0.1, Window(WINDOW)),
+                               Gate("toks_per_s_cv", "<=", 0.5, Window(WINDOW))], run, {})
+    assert failed.verdict == GateVerdict.FAIL and failed.unsteady is not None
+    assert failed.unsteady.slow[0].cause == Cause.WHOLE_HOST
+    assert passed.verdict == GateVerdict.PASS and passed.unsteady is None
+    stored = json.loads(json.dumps(dataclasses.asdict(failed)))
+    assert GateResult.from_json(stored) == failed
+

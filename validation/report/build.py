@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import enum
+import functools
 import json
 import os
 import shutil
@@ -33,9 +34,10 @@ from validation.judge.findings.advice import recommendations
 from validation.judge.findings.finding import Finding, Severity, own_reason, point_label, where
 from validation.judge.findings.headline import blame
 from validation.judge.findings.profiles import other_profile_files
-from validation.judge.gates import Pending
+from validation.judge.gates import GateResult, Pending, explained
 from validation.judge.record import OWN_TRAINER, PhaseRecord, Status
 from validation.judge.timing import busy_machine, shared_machine
+from validation.judge.unsteady import from_files
 from validation.judge.verdict import rejudge
 from validation.machine import Machine
 from validation.report.plots import make_plots, prune, publish
@@ -251,6 +253,20 @@ def _recheck_thresholds(records: list[PhaseRecord], points: list[PhasePoint]) ->
     return out, lines
 
 
+def _explain_unsteady(records: list[PhaseRecord], results_dir: Path) -> list[PhaseRecord]:
+    """Each record's and each of its processes' failed toks_per_s_cv gates explained (gates.py
+    ``explained``): a gate the store holds without an explanation (a record of an older harness, a
+    gate failed only as re-checked at report time) from its run's training.csv and heartbeats as
+    they are now, one that no longer fails without it. A resume point's gates read its two halves'
+    files together, which no one directory holds: its gates stay as stored."""
+    def of(gates: list[GateResult], out_dir: str) -> list[GateResult]:
+        return [explained(g, functools.partial(from_files, results_dir / out_dir)) for g in gates]
+
+    return [r if r.kind == "resume" or not r.out_dir else dataclasses.replace(
+        r, gates=of(r.gates, r.out_dir), runs=[dataclasses.replace(s, gates=of(s.gates, s.out_dir)) for s in r.runs])
+        for r in records]
+
+
 def adapter_reads(records: list[PhaseRecord], results_dir: Path) -> list[str]:
     """Per point of a trainer read through an adapter, what it read and what nothing gave, as the
     adapter wrote it into the run's env.json (``adapter``: validation/contract/adapters)."""
@@ -333,6 +349,7 @@ def build_context(results_dir: Path, runbook_name: str, profile_name: str, *, ru
         records, outdated = stale.split(records, points)
         records, regated = _recheck_thresholds(records, points)
         records, rechecked = _recheck_goldens(records, points, results_dir, runbook, profile)
+    records = _explain_unsteady(records, Path(results_dir))
     comparison = None
     if baseline is not None:
         threshold = profile.thresholds.get(baseline_cmp.REGRESSION_KEY) if profile else None

@@ -21,6 +21,7 @@ from validation.judge.metrics import METRICS
 from validation.judge.nodes import NodesEvidence
 from validation.judge.provenance import short_commit
 from validation.judge.record import OWN_TRAINER, Evidence, PhaseRecord, Status, SubRun, Summary
+from validation.judge.unsteady import heartbeat_files
 from validation.launch.foreign import CONFIG_COPY
 
 #: the pytest test that runs one phase point (validation/tests/test_acceptance.py)
@@ -246,7 +247,14 @@ def failure_rows(records: list[PhaseRecord]) -> list[dict[str, Any]]:
     return [{"test_id": r.test_id, "phase": r.phase, "point": point_label(r), "status": str(r.status),
              "reason": verdict_line(r), "command": process_line(r), "errors": r.evidence.errors,
              "stderr_tail": r.evidence.stderr_tail.strip(), "stderr_log": r.evidence.stderr_log, "out_dir": r.out_dir,
-             "traceback": _crashed_traceback(r)} for r in records if r.failed]
+             "traceback": _crashed_traceback(r), "unsteady": _unsteady(r)} for r in records if r.failed]
+
+
+def _unsteady(r: PhaseRecord) -> list[str]:
+    """Of a point whose failed toks_per_s_cv gate its heartbeats explain (``GateResult.unsteady``): what
+    its slow steps were and where their time went, as its finding says it; else nothing."""
+    return [line for g in r.gates if g.unsteady is not None
+            for line in (g.unsteady.summary(), *g.unsteady.lines(heartbeat_files(r.out_dir, g.unsteady)))]
 
 
 def _crashed_traceback(r: PhaseRecord) -> dict[str, Any] | None:

@@ -10,7 +10,8 @@ runs that do not continue the uninterrupted one and trainers that resumed in pla
 (resume.py), memory that keeps growing (memory.py), points that ran at different commits of the
 trainer (commits.py), trainers whose logged step times are far shorter than the steps their
 heartbeats show (clock.py), pytest and preflight points that failed in their
-own way (checks.py);
+own way (checks.py); a failed toks_per_s_cv gate names its window's slow steps and where their time
+went, by the run's heartbeats (judge/unsteady.py, in failures.py);
 advice.py turns findings into what to do next, saying only what is true of the trainer that ran;
 a crash or stall finding carries the rank(s) it blames (culprit.py), which the point's verdict line
 names first (headline.py).

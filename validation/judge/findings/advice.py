@@ -12,6 +12,7 @@ from validation.judge.findings.finding import Facts, Finding, LogSays, Severity
 from validation.judge.findings.nodes import NODE_ADVICE, STOPPED_ADVICE
 from validation.judge.misses import Miss
 from validation.judge.stability import LossAfter
+from validation.judge.unsteady import Cause, stage_name
 
 #: how to have a stack of each rank taken, where none could be
 _TAKE_STACKS = ("install py-spy and let it attach (ptrace; a container needs CAP_SYS_PTRACE), or give the trainer a "
@@ -435,6 +436,41 @@ def _gate(f: Facts) -> str:
             + " once the cause is fixed; other points' records stay.")
 
 
+#: what a stage's own work is, where advice names the stage that grew
+_STAGE_WORK = {"data": "the data loader (its prefetch running dry, reading or tokenizing more for those steps)",
+               "checkpoint": "writing the checkpoint (its size, the disk it goes to)",
+               "step": "the trainer between steps (logging, printing, evaluation)"}
+
+
+def _unsteady(f: Facts) -> str:
+    """Of a failed toks_per_s_cv gate whose slow steps the heartbeats place: what each cause found
+    (judge/unsteady.py ``Cause``) points at, and a re-run of the point wherever a slow step's time is
+    not one stage's work (only a re-run tells a one-off from the run's own)."""
+    u = f.unsteady
+    if u is None:
+        return _gate(f)
+    said = []
+    if Cause.WHOLE_HOST in u.causes:
+        said.append("In a slow step every host stage grew at once: the trainer's process, or the machine under it, "
+                    "stalled (a garbage collection, another thread holding the GIL, other work on the machine), not "
+                    "one stage's work; look for other work on the machine while the point runs (`top`"
+                    + (", `nvidia-smi`" if f.cuda else "") + ").")
+    for stage in u.stages:
+        work = _STAGE_WORK.get(stage, f"the {stage} stage")
+        said.append(f"In a slow step {stage_name(stage)} took longer than in the others: look at what {work} does "
+                    "in those steps and not in the rest.")
+    if Cause.GPU_WAIT in u.causes:
+        device = "other work on the GPU (`nvidia-smi`), its clocks or temperature" if f.cuda else "other work on it"
+        said.append(f"In a slow step only the wait for the device's work grew: that work took longer ({device}), or "
+                    "the host stalled inside that span alone, which heartbeats cannot tell apart.")
+    if Cause.UNCLEAR in u.causes or Cause.NO_STAGES in u.causes:
+        said.append("The heartbeats place a slow step's time in no one stage.")
+    if set(u.causes) - {Cause.STAGE}:
+        said.append("Re-run the point (the re-run line in the finding): slow steps that do not come back were a "
+                    "one-off of that moment, ones that do are the run's own.")
+    return " ".join(said)
+
+
 def _golden(f: Facts) -> str:
     how = ("; for this project's trainer on one H100, bench/gpu/golden_losses.sh runs it three times and prints "
            "the spread") if f.own_trainer else ""
@@ -582,7 +618,7 @@ _ADVICE: dict[str, Callable[[Facts], str]] = {
     "tests_failed": _tests_failed, "tests_not_run": _tests_not_run, "no_junit": _no_junit, "preflight": _preflight,
     "tests_timeout": _tests_timeout, "preflight_timeout": _preflight_timeout, "regression": _regression,
     "not_comparable": _not_comparable,
-    "gate": _gate, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing,
+    "gate": _gate, "unsteady": _unsteady, "golden": _golden, "repeats": _repeats, "commits": _commits, "timing": _timing,
     "busy_machine": _busy_machine, "no_profile": _no_profile, "not_profiled": _not_profiled, "clock": _clock, "spike": _spike, "level_shift": _level_shift,
     "resume_shift": _resume_shift,
     "diverging": _diverging, "resume": _resume, "slowdown": _slowdown,

@@ -28,6 +28,7 @@ from validation.judge.gates import GOLDEN_METRIC, REPEAT_LOSS_METRIC, GateResult
 from validation.judge.provenance import short_commit
 from validation.judge.record import HARNESS_ERROR_FILE, TRAINER_KINDS, NotRun, PhaseRecord, Status
 from validation.judge.resume import METRICS as RESUME_METRICS
+from validation.judge.unsteady import Cause, heartbeat_files
 from validation.judge.verdict import Outcome, halt_said
 from validation.excerpt import EXCERPT_CHARS
 
@@ -643,6 +644,8 @@ def _gate_findings(r: PhaseRecord, failed: list[GateResult], at: str, out_dir: s
         detail = [g.description] if g.description else []
         if g.metric == "loss_finite" and nonfinite is not None:
             detail.insert(0, nonfinite)
+        if g.unsteady is not None:
+            detail += g.unsteady.lines(heartbeat_files(out_dir, g.unsteady))
         if r.kind == "train":
             detail.append(f"CSV: {out_dir}/training.csv")
         pauses = r.metrics.gpu_host_pause_ms if kept else None
@@ -657,7 +660,12 @@ def _gate_findings(r: PhaseRecord, failed: list[GateResult], at: str, out_dir: s
         # the repeats' own gate is of all of them, any other the repeat's it failed in (named)
         kind = {"loss_finite": "nonfinite", GOLDEN_METRIC: "golden", REPEAT_LOSS_METRIC: "repeats"}.get(g.metric,
                                                                                                       "gate")
-        out.append(Finding(Severity.CRITICAL, r.phase,
-                           f"gate failed in {where(r) if g.metric == REPEAT_LOSS_METRIC else at}: {g.text()}", detail,
-                           kind, Facts.of(r)))
+        title = f"gate failed in {where(r) if g.metric == REPEAT_LOSS_METRIC else at}: {g.text()}"
+        if g.unsteady is None:
+            out.append(Finding(Severity.CRITICAL, r.phase, title, detail, kind, Facts.of(r)))
+            continue
+        # slow steps whose time is not one stage's work: only a re-run of the point tells a one-off from the run's own
+        rerun = r if set(g.unsteady.causes) - {Cause.STAGE} else None
+        out.append(Finding(Severity.CRITICAL, r.phase, f"{title}; {g.unsteady.summary()}", detail, "unsteady",
+                           replace(Facts.of(r), unsteady=g.unsteady), rerun=rerun))
     return out

@@ -15,6 +15,7 @@ from validation.judge.diagnosis.stall import no_rank_running
 from validation.judge.misses import Miss
 from validation.judge.record import TRAINER_KINDS, Evidence, PhaseRecord, RunSigns, SubRun
 from validation.judge.stability import LossAfter
+from validation.judge.unsteady import Unsteady
 
 
 class Severity(enum.StrEnum):
@@ -95,6 +96,9 @@ class Facts:
     killed_by: str | None = None
     """The name of the signal of ``killed`` ('SIGKILL'): who may have sent it depends on it (the
     kernel's out-of-memory killer sends SIGKILL only)."""
+    unsteady: Unsteady | None = None
+    """Of a failed toks_per_s_cv gate: its window's slow steps and where their time went
+    (``GateResult.unsteady``), which decides what the advice looks at."""
 
     @classmethod
     def of(cls, rec: PhaseRecord) -> Facts:

@@ -12,6 +12,8 @@ import pandas as pd
 import pytest
 
 from nsa.contract import CSV_COLUMNS
+from validation.judge.findings.advice import recommendations
+from validation.judge.findings.finding import Facts, Finding, Severity
 from validation.judge.gates import Gate, GateResult, GateVerdict, Window, evaluate
 from validation.judge.metrics import RunData, compute
 from validation.judge.unsteady import Cause, explain, heartbeat_files
@@ -168,3 +170,16 @@ def test_the_gate_keeps_it_where_it_failed_and_the_store_reads_it_back():
     stored = json.loads(json.dumps(dataclasses.asdict(failed)))
     assert GateResult.from_json(stored) == failed
 
+
+def test_advice_names_the_stage_and_a_rerun_for_a_stall():
+    def advice(change) -> str:
+        u = explained(slow_at(9, change))
+        found = Finding(Severity.CRITICAL, "long_run", "gate failed", [], "unsteady", Facts(unsteady=u))
+        (line,) = recommendations([found])
+        return line
+    stage = advice(lambda sp: {**sp, "data": 10e-3})
+    assert "the data stage took longer than in the others: look at what the data loader" in stage
+    assert "Re-run the point" not in stage
+    host = advice(lambda sp: {k: v * (1 if k == "optimizer" else 8) for k, v in sp.items()})
+    assert "every host stage grew at once" in host and "look for other work on the machine" in host
+    assert "Re-run the point (the re-run line in the finding)" in host

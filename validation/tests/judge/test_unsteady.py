@@ -14,7 +14,7 @@ import pytest
 from nsa.contract import CSV_COLUMNS
 from validation.judge.findings.advice import recommendations
 from validation.judge.findings.finding import Facts, Finding, Severity
-from validation.judge.gates import Gate, GateResult, GateVerdict, Window, evaluate
+from validation.judge.gates import Gate, GateResult, GateVerdict, Window, evaluate, explained
 from validation.judge.metrics import RunData, compute
 from validation.judge.unsteady import Cause, explain, heartbeat_files
 
@@ -68,7 +68,7 @@ def cv(spans_of: Spans) -> float:
     return compute("toks_per_s_cv", RunData(out_dir=Path("."), csv=csv_of(spans_of)), WINDOW)
 
 
-def explained(spans_of: Spans, ranks: dict[int, Spans] | None = None):
+def unsteady_of(spans_of: Spans, ranks: dict[int, Spans] | None = None):
     found = explain(csv_of(spans_of), {r: beats(f, r) for r, f in (ranks or {0: spans_of}).items()}, WINDOW)
     assert found is not None
     return found
@@ -77,7 +77,7 @@ def explained(spans_of: Spans, ranks: dict[int, Spans] | None = None):
 def test_a_stall_of_every_host_stage_is_the_whole_host():
     stalled = slow_at(9, lambda sp: {k: v * (1 if k == "optimizer" else 8) for k, v in sp.items()})
     assert cv(stalled) > 0.1  # the gate fails on it
-    u = explained(stalled)
+    u = unsteady_of(stalled)
     (s,) = u.slow
     assert (s.step, s.cause, s.stage, s.rank) == (9, Cause.WHOLE_HOST, None, 0)
     assert s.ratio == pytest.approx(s.seconds / u.typical_s) and s.ratio > 1.4
@@ -106,7 +106,7 @@ def test_a_stall_of_every_host_stage_is_the_whole_host():
 def test_one_stage_that_grew_is_named(change, stage):
     grown = slow_at(9, change)
     assert cv(grown) > 0.1
-    u = explained(grown)
+    u = unsteady_of(grown)
     (s,) = u.slow
     assert (s.step, s.cause, s.stage) == (9, Cause.STAGE, stage)
     assert u.stages == (stage,)
@@ -117,7 +117,7 @@ def test_one_stage_that_grew_is_named(change, stage):
 def test_only_the_wait_for_the_gpu_grew():
     waited = slow_at(9, lambda sp: {**sp, "optimizer": sp["optimizer"] + 10e-3})
     assert cv(waited) > 0.1
-    u = explained(waited)
+    u = unsteady_of(waited)
     (s,) = u.slow
     assert (s.step, s.cause, s.stage) == (9, Cause.GPU_WAIT, None)
     assert [x.grew for x in s.spans] == [False, False, False, False]
@@ -138,7 +138,7 @@ def test_slow_steps_that_pull_the_window_median_are_found_against_the_others():
     def two(step: int) -> dict[str, float]:
         sp = quiet(step)
         return {**sp, "optimizer": sp["optimizer"] + {7: 6.5e-3, 8: 8e-3}.get(step, 0.0)}
-    u = explained(two)
+    u = unsteady_of(two)
     assert [s.step for s in u.slow] == [7, 8]
     assert u.summary() == "2 slow steps: only the wait for the GPU grew (steps 7, 8)"
 
@@ -146,7 +146,7 @@ def test_slow_steps_that_pull_the_window_median_are_found_against_the_others():
 def test_the_rank_whose_stage_grew_is_blamed_not_the_one_that_waited_for_it():
     loaded = slow_at(9, lambda sp: {**sp, "data": 10e-3})
     waited = slow_at(9, lambda sp: {**sp, "optimizer": sp["optimizer"] + 9.55e-3})
-    u = explained(waited, {0: waited, 1: loaded})
+    u = unsteady_of(waited, {0: waited, 1: loaded})
     (s,) = u.slow
     assert (s.cause, s.stage, s.rank) == (Cause.STAGE, "data", 1)
     assert u.lines("h")[1].startswith("step 9 (rank 1's heartbeats): the data stage grew")
@@ -171,9 +171,29 @@ def test_the_gate_keeps_it_where_it_failed_and_the_store_reads_it_back():
     assert GateResult.from_json(stored) == failed
 
 
+def test_a_stored_gate_is_explained_where_it_fails_without_one_and_loses_it_where_it_no_longer_fails():
+    """What the report does to stored gates (a record of an older harness; a threshold re-checked at
+    report time): explain a failed one that holds none, keep one that holds one, drop it from one that
+    passes now."""
+    stalled = slow_at(9, lambda sp: {k: v * (1 if k == "optimizer" else 8) for k, v in sp.items()})
+    u = unsteady_of(stalled)
+    asked = []
+
+    def from_run(last):
+        asked.append(last)
+        return u
+    stored = GateResult("toks_per_s_cv", "<=", 0.1, f"last {WINDOW} steps", 0.12, GateVerdict.FAIL)
+    assert explained(stored, from_run).unsteady == u and asked == [WINDOW]
+    assert explained(dataclasses.replace(stored, unsteady=u), from_run).unsteady == u and asked == [WINDOW]
+    passes = dataclasses.replace(stored, threshold=0.2, verdict=GateVerdict.PASS, unsteady=u)
+    assert explained(passes, from_run).unsteady is None and asked == [WINDOW]
+    other = GateResult("toks_per_s_mean", ">=", 1e9, f"last {WINDOW} steps", 1.0, GateVerdict.FAIL)
+    assert explained(other, from_run).unsteady is None and asked == [WINDOW]
+
+
 def test_advice_names_the_stage_and_a_rerun_for_a_stall():
     def advice(change) -> str:
-        u = explained(slow_at(9, change))
+        u = unsteady_of(slow_at(9, change))
         found = Finding(Severity.CRITICAL, "long_run", "gate failed", [], "unsteady", Facts(unsteady=u))
         (line,) = recommendations([found])
         return line

@@ -540,7 +540,7 @@ class PhaseRecord:
                     reason=reason, sweep_index=point.index, params_order=list(point.params), env=dict(point.env),
                     overrides=dict(point.overrides), timeout_s=point.phase.timeout_s, world_size=point.nproc,
                     runbook_arg=point.runbook.cli_name, profile_arg=point.profile.cli_name,
-                    asked=Asked.of(point, TRAINER_KINDS))
+                    accelerator=point.profile.hardware.accelerator, asked=Asked.of(point, TRAINER_KINDS))
         return cls(**{**base, **fields})
 
     @property

@@ -358,13 +358,18 @@ def realign(records: Iterable[PhaseRecord], points: Iterable[PhasePoint]) -> lis
     """``records``, each of a point the runbook still has under another name given that point's:
     a point is its runbook, profile, phase and sweep values, whatever the order the sweep lists its
     keys in (the store keys it so: results.record_key), while its test id and sweep index follow
-    that order. A sweep whose two keys swapped places asks the same points: their records stand."""
+    that order. A sweep whose two keys swapped places asks the same points: their records stand.
+    Each record also takes its point's accelerator (what its profile runs on), which the report's
+    CUDA advice and memory glossary read: a record an older harness stored says "cpu" whatever its
+    profile."""
     by_key = {record_key(PointKey(**p.key())): p for p in points}
     out = []
     for r in records:
         p = by_key.get(record_key(r.key))
         if p is not None and r.test_id != p.test_id:
             r = dataclasses.replace(r, test_id=p.test_id, sweep_index=p.index, params_order=list(p.params))
+        if p is not None and r.accelerator != p.profile.hardware.accelerator:
+            r = dataclasses.replace(r, accelerator=p.profile.hardware.accelerator)
         out.append(r)
     return out
 

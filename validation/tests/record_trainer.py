@@ -24,19 +24,26 @@ It writes the artifact contract (one all-reduce a step) and hangs one rank on re
     NSA_RECORD_QUIT=R@S   rank R ends its process (exit 0) after step S, a stop condition of its own: with
                       NSA_RECORD_TWICE at an earlier step, it leaves early having completed the step the rank
                       that called the extra collective then fails in ('Connection closed by peer')
+    NSA_RECORD_LINGER=R@S rank R leaves its loop after step S, a stop condition of its own, and ends as a real
+                      trainer does: it destroys its process group (its connections to the others close) and
+                      returns from ``main``, and an atexit hook (``linger_in_teardown``, a logger flushing or an
+                      uploader) keeps its interpreter's exit going for LINGER_S: the others' all-reduce of step S+1
+                      breaks ('Connection closed by peer'), and torchrun ends rank R with SIGTERM while it is still
+                      ending, not exit 0 (the race the other knobs leave out, below)
     NSA_RECORD_HOLD=1     each rank, after its last step, leaves its connections to the others open behind it
                       (``hold_connections``) and exits 0: a collective left without it then waits, as one does
                       under NCCL, instead of breaking ('Connection closed by peer' is gloo's word of the closed
                       socket); with NSA_RECORD_TWICE, rank R waits in its all-reduce of the last step until the
                       harness's stall watch stops the run
 
-Every rank ends with os._exit(0), whose exit status is set before its sockets close: returning from ``main``,
-the interpreter's teardown can outlast a peer's broken collective, and torchrun then ends the rank with SIGTERM,
-not exit 0 (a race of real trainers that these tests leave out).
+Every rank but NSA_RECORD_LINGER's ends with os._exit(0), whose exit status is set before its sockets close:
+returning from ``main``, the interpreter's teardown can outlast a peer's broken collective, and torchrun then ends
+the rank with SIGTERM, not exit 0 (a race of real trainers that the other knobs' tests leave out).
 """
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import time
@@ -49,6 +56,9 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from validation.launch.tree import RUN_TOKENS
 
 COLUMNS = "step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb"
+#: how long NSA_RECORD_LINGER's rank stays in its interpreter's exit: far longer than the others take to fail in
+#: their broken all-reduce and torchrun's agent to see it (it looks at its workers every 0.1 s by default)
+LINGER_S = 30
 
 
 def stuck_in_own_code() -> None:
@@ -74,6 +84,14 @@ def log_loss(loss: torch.Tensor) -> None:
     dist.all_reduce(loss.clone())
 
 
+def linger_in_teardown() -> None:
+    """The end of a rank that stopped early of its own accord, as a real trainer's goes: its process group destroyed
+    (its sockets to the others close at once) and an atexit hook still at work when ``main`` returns (a logger
+    flushing, an uploader), which keeps the process alive for LINGER_S after its connections closed."""
+    dist.destroy_process_group()
+    atexit.register(time.sleep, LINGER_S)
+
+
 def hold_connections() -> None:
     """Keeps this process's sockets (gloo's connections to the other ranks) open after it exits, until torchrun's
     agent ends: a child of it holds them, so the others' side of each connection sees no close. The child is no
@@ -93,8 +111,8 @@ def hold_connections() -> None:
 
 
 def _at(name: str) -> tuple[int, int]:
-    """NSA_RECORD_HANG / NSA_RECORD_EXTRA / NSA_RECORD_SIZE / NSA_RECORD_TWICE / NSA_RECORD_QUIT's 'R@S' as (rank, step);
-    (-1, 0) where unset."""
+    """NSA_RECORD_HANG / NSA_RECORD_EXTRA / NSA_RECORD_SIZE / NSA_RECORD_TWICE / NSA_RECORD_QUIT / NSA_RECORD_LINGER's
+    'R@S' as (rank, step); (-1, 0) where unset."""
     spec = os.environ.get(name, "")
     rank, step = (int(x) for x in spec.split("@")) if spec else (-1, 0)
     return rank, step
@@ -123,6 +141,7 @@ def main() -> None:
     size_rank, size_step = _at("NSA_RECORD_SIZE")
     twice_rank, twice_step = _at("NSA_RECORD_TWICE")
     quit_rank, quit_step = _at("NSA_RECORD_QUIT")
+    linger_rank, linger_step = _at("NSA_RECORD_LINGER")
     side = dist.new_group(backend="gloo")  # every rank makes a group, as new_group asks
     if rank == 0:
         (out / "env.json").write_text(json.dumps({"world_size": world, "git_sha": "test", "contract_version": 2}))
@@ -147,8 +166,11 @@ def main() -> None:
         if rank == 0:
             with open(out / "training.csv", "a") as fh:
                 fh.write(f"{step},{loss.item() / world:.5f},0.001,{64 * world / took:.1f},{took:.4f},1.0,0.1,0.2\n")
-        if rank == quit_rank and step == quit_step:
+        if (rank, step) in ((quit_rank, quit_step), (linger_rank, linger_step)):
             break
+    if rank == linger_rank:
+        linger_in_teardown()
+        return
     if os.environ.get("NSA_RECORD_HOLD") == "1":
         hold_connections()
     os._exit(0)  # its exit status set before its connections close (the module's docstring)

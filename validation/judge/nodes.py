@@ -73,6 +73,12 @@ class NodesEvidence:
     def of_rank(self, rank: int) -> NodeEvidence | None:
         return next((n for n in self.nodes if rank in n.ranks), None)
 
+    @property
+    def one_host(self) -> bool:
+        """Every node's agent ran on one host, as the launch names it (none unnamed)."""
+        hosts = {n.host for n in self.nodes}
+        return len(hosts) == 1 and None not in hosts
+
     @classmethod
     def from_json(cls, data: Any) -> NodesEvidence | None:
         if not data:

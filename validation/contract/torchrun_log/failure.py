@@ -2,17 +2,29 @@
 short, whether it failed in its own right, after a peer or at its agent's hand."""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from nsa.contract import EXIT_NONFINITE, EXIT_WATCHDOG
 from validation.contract.stacks import Frame
 from validation.contract.torchrun_log.exceptions import short_exception
-from validation.contract.torchrun_log.patterns import GLOO_TIMEOUT, VICTIM
+from validation.contract.torchrun_log.patterns import GLOO_TIMEOUT, PEER_CLOSED, PEER_LOST, VICTIM
 from validation.excerpt import EXCERPT_CHARS
 
 #: the artifact contract's exit codes of a trainer that stopped itself as it asks (nsa/contract.py),
 #: and why: read alone, a rank's 'exit code 4' is any code a trainer chose
 CONTRACT_STOPS = {EXIT_WATCHDOG: "a watchdog stall", EXIT_NONFINITE: "a non-finite loss"}
+
+
+class PeerGone(enum.StrEnum):
+    """What a rank's error says of the peer whose going broke its collective (``RankFailure.peer_gone``)."""
+
+    CLOSED = "closed by peer"
+    """The peer's own process closed their connection (``PEER_CLOSED``: gloo's orderly close): it destroyed its
+    process group, or ended."""
+    LOST = "lost"
+    """The peer's process ended, or the network between them failed (``PEER_LOST``: a reset, a broken pipe, NCCL's
+    remote error): the words do not tell which."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +123,15 @@ class RankFailure:
             return not VICTIM.search(self.exception)
         return (bool(self.signal) and not self.by_agent and self.broken_collective is None
                 and self.nccl_watchdog is None)
+
+    @property
+    def peer_gone(self) -> PeerGone | None:
+        """What its exception, else its NCCL watchdog's word, says of a peer gone under its collective; None where
+        it says nothing of one (a failure of its own, a collective that timed out waiting for a peer still there)."""
+        said = self.exception or self.nccl_watchdog or ""
+        if PEER_CLOSED.search(said):
+            return PeerGone.CLOSED
+        return PeerGone.LOST if PEER_LOST.search(said) else None
 
     @property
     def gave_up_waiting(self) -> str | None:

@@ -37,6 +37,15 @@ TRACEBACK = "Traceback (most recent call last):"
 #: a rank's exception that is a peer's failure breaking its collective, not its own
 VICTIM = re.compile(r"Connection closed by peer|remote worker|Connection reset|DistBackendError|NCCL|"
                     r"ProcessGroup|Broken pipe|Timed out waiting", re.IGNORECASE)
+#: of a rank's error of a peer gone under its collective, the words of a peer whose own process closed their
+#: connection: gloo's read met an orderly close ('[../gloo/transport/tcp/pair.cc:553] Connection closed by peer
+#: [127.0.0.1]:20401'), which the peer's process makes as it destroys its process group or ends, and a network
+#: failing between them never does
+PEER_CLOSED = re.compile(r"Connection closed by peer")
+#: of a rank's error of a peer gone under its collective, the words that a network failing between them writes as
+#: well: gloo's reset ('Read error [10.0.0.2]:4020: Connection reset by peer') or write to a closed connection
+#: ('Broken pipe'), NCCL's 'remote process exited or there was a network error' (ncclRemoteError)
+PEER_LOST = re.compile(r"Connection reset by peer|Broken pipe|remote process exited|ncclRemoteError", re.IGNORECASE)
 #: gloo's collective that gave up waiting for a peer, in the exception it raised in the rank that waited
 #: ('[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation to complete')
 GLOO_TIMEOUT = re.compile(r"Timed out waiting \d+ms for (recv|send) operation")

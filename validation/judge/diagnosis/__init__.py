@@ -9,8 +9,8 @@ words and decide nothing of their own; tests assert on it.
 
 Its modules, each importing only those listed before it:
 
-* blame.py: what a diagnosis is (``Kind``, ``RankAt``, ``NoStack``, ``Detected``, ``Diagnosis``), and the files
-  and logs that show it;
+* blame.py: what a diagnosis is (``Kind``, ``RankAt``, ``NoStack``, ``Detected``, ``Broken``,
+  ``Diagnosis``), and the files and logs that show it;
 * beats.py: what a rank's last heartbeat says of its steps;
 * collectives.py: where ranks wait, from their stacks: in a collective or not, at which call site,
   and the ranks the others waited for;
@@ -18,8 +18,8 @@ Its modules, each importing only those listed before it:
 * nonfinite.py: a trainer that stopped on a non-finite loss, and its diagnosis;
 * mismatch.py: a run a check of its collectives ended (gloo's size check, torch's DETAIL check), and its
   diagnosis;
-* left.py: the ranks that left early, ended with exit 0 or remained (how each is known: its
-  docstring);
+* left.py: the ranks that left early, ended with exit 0 or remained, and those that left early and were
+  still ending when torchrun ended them (how each is known: its docstring);
 * outofstep.py: ranks that failed or waited in a collective within a step a rank had completed before it
   exited 0 (the ranks' collectives out of step), and their diagnosis;
 * crash.py: the diagnosis of a trainer process that failed with a non-zero exit;

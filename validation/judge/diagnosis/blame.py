@@ -1,13 +1,15 @@
 """What a diagnosis is, as typed data: what happened (``Kind``), each rank it blames and where that
 rank was (``RankAt``), why a rank blamed as hung has no stack (``NoStack``), the check that found the
-ranks' collectives not matching and the ranks it ended (``Check``, ``Detected``), the ``Diagnosis``
-itself, and the files and stderr logs that show it."""
+ranks' collectives not matching and the ranks it ended (``Check``, ``Detected``), the collectives that
+broke on a rank that left early and was still ending (``Broken``), the ``Diagnosis`` itself, and the
+files and stderr logs that show it."""
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
 
 from validation.contract.stacks import Frame
+from validation.contract.torchrun_log.failure import PeerGone
 from validation.judge.record import Evidence, PhaseRecord
 from validation.judge.seen import RankSilence
 
@@ -63,7 +65,9 @@ class Kind(enum.StrEnum):
     process still running, while another rank's showed new steps (``Diagnosis.silences``)."""
     LEFT = "left early"
     """Exited 0 before the steps asked for while the others still needed it. Where the others failed or waited in
-    a collective of a step it had completed, their collectives were out of step as well (``Diagnosis.beside``)."""
+    a collective of a step it had completed, their collectives were out of step as well (``Diagnosis.beside``).
+    Or left its loop so and was still ending when the others' collective broke on its closed connections, and
+    torchrun's agent ended it (SIGTERM) as it ends a rank still running (``Diagnosis.broken``)."""
     ENDED = "ended"
     """Exited 0 (its steps may all be done) while the others still had a collective with it."""
     NONFINITE = "non-finite loss"
@@ -153,8 +157,9 @@ class RankAt:
     """With ``beat_pid``: the blamed process's pid (its stack's, else torchrun's report of it)."""
     site: Frame | None = None
     """Of Kind.DIVERGED and Kind.APART: the frame of the code that called the collective it waits in
-    (``call_site``); of Kind.MISMATCHED and Kind.OUT_OF_STEP, the one that called the collective it failed in
-    (RankFailure.raised_at) or, of Kind.OUT_OF_STEP, waited in (``call_site``); None otherwise."""
+    (``call_site``); of Kind.MISMATCHED and Kind.OUT_OF_STEP, and of ``Broken.ranks``, the one that called the
+    collective it failed in (RankFailure.raised_at) or, of Kind.OUT_OF_STEP, waited in (``call_site``); None
+    otherwise."""
 
     @classmethod
     def of(cls, rec: PhaseRecord, rank: int, *, frame: str | None = None, cause: str = "",
@@ -181,6 +186,29 @@ def earlier_beat(ev: Evidence, rank: int) -> tuple[int, int] | None:
             or not any(a.restarted for a in ev.attempts)):
         return None
     return beat.pid, now
+
+
+@dataclass(frozen=True)
+class Broken:
+    """Of Kind.LEFT of ranks torchrun's agent ended (SIGTERM) while they were still ending (left.py ``left_ending``):
+    the ranks whose collective broke on a peer gone, the first failures torchrun saw, and what their words say of
+    the peer."""
+
+    ranks: tuple[RankAt, ...]
+    """Each at the collective it failed in (``RankAt.frame``, ``RankAt.site``), its error its ``cause``."""
+    peer: PeerGone
+    """CLOSED where every one's words say their peer's process closed the connection; LOST where one's say only
+    that it was lost (a network failing between them reads the same)."""
+    one_host: bool
+    """Every rank ran on one host (one torchrun agent, or every node's on the same host): no network between them
+    to fail, so a connection lost is a peer's process ending too (one that ends with a message unread resets its
+    connections: 'Connection reset by peer')."""
+
+    @property
+    def network_fits(self) -> bool:
+        """Their words fit a network failing between the ranks' hosts as well as the peer's process ending: a
+        connection lost (PeerGone.LOST), of ranks on several hosts."""
+        return self.peer != PeerGone.CLOSED and not self.one_host
 
 
 @dataclass(frozen=True)
@@ -228,6 +256,10 @@ class Diagnosis:
     waited in a collective of a step the rank that left had completed before it exited 0. Both are faults of their
     own: the early exit ended the run, and without it they would have failed later (their collectives still out
     of step). None otherwise."""
+    broken: Broken | None = None
+    """Of Kind.LEFT of ranks torchrun's agent ended (SIGTERM) while they were still ending, not exited 0
+    (left.py ``left_ending``): the ranks whose collective broke on their closed connections, and their words;
+    ``cause`` is the first one's error. None otherwise."""
 
     @property
     def rank(self) -> int | None:
@@ -246,7 +278,17 @@ class Diagnosis:
         """Of Kind.OUT_OF_STEP: a rank blamed has no stack (``RankAt.no_stack``), so nothing shows it in a
         collective: it was within a step a rank that exited 0 had completed, which a rank left waiting in a
         collective of that step shows, and so does one that hung of its own after its part in that step's
-        collectives (or a trainer whose ranks do not meet every step)."""
+        collectives (or a trainer whose ranks do not meet every step).
+
+        Of Kind.LEFT of ranks ended while still ending (``broken``): the ranks ran on several hosts and the
+        others' words say only that their peer was lost (``Broken.network_fits``: a reset, NCCL's remote error),
+        which a network failing between them while the rank ran code of its own between steps writes as well; or
+        several ranks stopped behind the others, and one of them need have left while another ran so. torchrun's
+        SIGTERM ends a rank still running and one still ending alike. Certain where one rank stopped behind and
+        every broken collective's words say the peer's process closed the connection (PeerGone.CLOSED), or the
+        ranks ran on one host (``Broken.one_host``): a running rank's connection does neither."""
+        if self.kind == Kind.LEFT and self.broken is not None:
+            return self.broken.network_fits or len(self.ranks) > 1
         return self.kind == Kind.OUT_OF_STEP and any(at.no_stack is not None for at in self.ranks)
 
     @property
@@ -260,12 +302,13 @@ def diagnosis_of(kind: Kind, ranks: tuple[RankAt, ...], rec: PhaseRecord, *, or_
                  files: tuple[str, ...] = (), waited: tuple[int, ...] = (),
                  silences: tuple[RankSilence, ...] = (), common: tuple[RankAt, ...] = (),
                  detected: Detected | None = None, ended: tuple[RankAt, ...] = (), waiting: bool = False,
-                 beside: Diagnosis | None = None) -> Diagnosis:
+                 beside: Diagnosis | None = None, broken: Broken | None = None) -> Diagnosis:
     first = ranks[0] if ranks else None
+    broke = broken.ranks if broken is not None else ()
     return Diagnosis(kind, ranks, or_else, cause if cause is not None else (first.cause or None) if first else None,
                      step if step is not None else first.step if first else None, logs,
-                     files or files_of(rec, ranks + common + ended), waited=waited, silences=silences, common=common,
-                     detected=detected, ended=ended, waiting=waiting, beside=beside)
+                     files or files_of(rec, ranks + common + ended + broke), waited=waited, silences=silences,
+                     common=common, detected=detected, ended=ended, waiting=waiting, beside=beside, broken=broken)
 
 
 def files_of(rec: PhaseRecord, ranks: tuple[RankAt, ...]) -> tuple[str, ...]:

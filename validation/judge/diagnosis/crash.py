@@ -1,17 +1,20 @@
 """The diagnosis of a trainer process that failed with a non-zero exit (``crash``): the rank that
-failed first, ranks that left early or ended while the others still needed them, ranks the others'
-collective gave up waiting for, or the one process a signal ended (``killed_alone``); and a launch
-of several nodes none of whose ranks started (``no_rank_started``), which is no crash."""
+failed first, ranks that left early (those torchrun ended while still ending included) or ended
+while the others still needed them, ranks the others' collective gave up waiting for, or the one
+process a signal ended (``killed_alone``); and a launch of several nodes none of whose ranks
+started (``no_rank_started``), which is no crash."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from nsa.contract import EXIT_NONFINITE
 from validation.contract.torchrun_log import agent_stopped, gave_up
-from validation.judge.diagnosis.blame import Diagnosis, Kind, RankAt, diagnosis_of, files_of, logs_of
+from validation.contract.torchrun_log.failure import PeerGone
+from validation.judge.diagnosis.blame import Broken, Diagnosis, Kind, RankAt, diagnosis_of, files_of, logs_of
 from validation.judge.diagnosis.collectives import waited_for
 from validation.judge.diagnosis.failed import died_first, failed_as
-from validation.judge.diagnosis.left import departed, exited_0, maybe_departed, root_of, silent_first
+from validation.judge.diagnosis.left import (broke_on_peer, departed, exited_0, left_ending, maybe_departed, root_of,
+                                             silent_first)
 from validation.judge.diagnosis.mismatch import mismatched
 from validation.judge.diagnosis.nonfinite import NonfiniteExit, nonfinite_exit_of
 from validation.judge.diagnosis.outofstep import out_of_step
@@ -36,7 +39,8 @@ def crash(r: PhaseRecord) -> Diagnosis | None:
     rank's death brought about): ranks whose collectives a check found not matching (``mismatched``),
     else the rank that failed first in its own right, else the ranks whose silent exits came first (or
     ranks that may have left before them: which came first cannot be told), else ranks that left early
-    (with the ranks that failed in a collective of a step one of them had completed, ``Diagnosis.beside``), else
+    (with the ranks that failed in a collective of a step one of them had completed, ``Diagnosis.beside``), or
+    that left early and were still ending when torchrun ended them (``Diagnosis.broken``), else
     ranks that failed in a collective within a step a rank had completed before it exited 0
     (``out_of_step``), else ranks that exited 0 while the others still needed them, else ranks the
     others' collective gave up waiting for, else the one process of its run; no rank where nothing
@@ -66,6 +70,8 @@ def crash(r: PhaseRecord) -> Diagnosis | None:
     if gone:  # no rank failed in its own right: the others failed after one that left
         return diagnosis_of(Kind.LEFT, tuple(RankAt.of(r, k) for k in gone), r, logs=logs_of(r, gone),
                             beside=out_of_step(r, ended))
+    if leaving := left_ending(r):  # the others' collective broke on one that left, which torchrun then ended
+        return _left_ending(r, leaving)
     if ended and (off := out_of_step(r, ended)) is not None:  # a rank failed in a step one that ended had completed
         return off
     if ended:  # none left early: one that may have done all its steps ended while the others still needed it
@@ -86,6 +92,20 @@ def crash(r: PhaseRecord) -> Diagnosis | None:
     return Diagnosis(Kind.KILLED if killed else Kind.CRASHED, ranks, cause=killed or exception,
                      step=ranks[0].step if ranks else None, logs=logs_of(r, [0] if ranks else ()),
                      files=files_of(rec=r, ranks=ranks), from_log=True)
+
+
+def _left_ending(r: PhaseRecord, leaving: list[int]) -> Diagnosis:
+    """``leaving``, ranks that left early and were still ending when torchrun's agent ended them (``left_ending``),
+    beside the ranks whose collective broke on them (``broke_on_peer``), each at its collective's call site."""
+    failures = r.evidence.rank_failures
+    broke = broke_on_peer(r)
+    ranks = tuple(RankAt.of(r, k, frame=failures[k].collective, cause=failures[k].cause or "",
+                            site=failures[k].raised_at) for k in broke)
+    peer = PeerGone.CLOSED if all(failures[k].peer_gone == PeerGone.CLOSED for k in broke) else PeerGone.LOST
+    nodes = r.evidence.nodes
+    return diagnosis_of(Kind.LEFT, tuple(RankAt.of(r, k) for k in leaving), r, cause=ranks[0].cause or None,
+                        logs=logs_of(r, [*leaving, *broke]),
+                        broken=Broken(ranks, peer, one_host=nodes is None or nodes.one_host))
 
 
 def _stopped_nonfinite(r: PhaseRecord, stop: NonfiniteExit) -> Diagnosis:

@@ -1,6 +1,7 @@
 """Which ranks left early (``departed``), which are known to have ended with exit 0 and which not
-(``exited_0``, ``remained``), and how a rank had ended before the harness stopped the run
-(``ended_before``).
+(``exited_0``, ``remained``), how a rank had ended before the harness stopped the run
+(``ended_before``), and which ranks torchrun ended while they were still ending after they left
+early (``left_ending``) or may have (``maybe_departed``).
 
 How a rank is known to have left early with exit 0, under torchrun (its agent is what reports ends):
 
@@ -26,9 +27,17 @@ A rank whose heartbeats never record a step's end (``Beat.ends_steps``; the seed
 ranks other than 0 beat only as each step starts) says by a last record within the last step only
 that it started it (``started_last``). It is named only where a rank that remained (running or
 failed) shows by its own records that it had not completed the last step either.
+
+A rank that left early need not have ended before torchrun's agent came for it: its process group
+destroyed, its connections closed, its interpreter's exit or an atexit hook may still run when the
+others' collective breaks on it, and the agent then ends it with SIGTERM, as it ends a rank still
+running. Where the others' errors say their peer went away (``broke_on_peer``) and its heartbeats
+stop a step or more behind theirs, it left (``left_ending``); where the others exited non-zero
+silently, it may have (``maybe_departed``).
 """
 from __future__ import annotations
 
+from validation.contract.torchrun_log import RankFailure
 from validation.judge.diagnosis.beats import incomplete, started_last
 from validation.judge.diagnosis.collectives import in_collective
 from validation.judge.diagnosis.failed import root_of_evidence, silent_of_evidence
@@ -95,21 +104,63 @@ def maybe_departed(rec: PhaseRecord) -> list[int]:
     """Of a run whose first failures torchrun saw are silent exits (``silent_ranks``; no rank
     failed in its own right) and in which no rank is known to have left (``departed``): the ranks
     torchrun then ended with SIGTERM whose last heartbeat had not reached the step of any silent one
-    (by at least their own heartbeat interval, ``Beat.every``), lowest first. Such a rank was still
-    running behind the others, and the silent ones failed in their own right; or it had exited 0
-    early and was still ending (its interpreter's exit, a process group's teardown, an atexit hook)
-    when torchrun came for it, and the silent ones only caught their collective breaking. torchrun's
-    log reads the same either way (SIGTERM, no exception), and so do the heartbeats: the crash names
-    both (``silent_first``). Not of a run the harness stopped: its stacks tell the ranks still running,
-    and the SIGTERMs its stop brings are no sign of an end already under way."""
+    (``_stopped_behind``). Such a rank was still running behind the others, and the silent ones failed
+    in their own right; or it had exited 0 early and was still ending (its interpreter's exit, a
+    process group's teardown, an atexit hook) when torchrun came for it, and the silent ones only
+    caught their collective breaking. torchrun's log reads the same either way (SIGTERM, no
+    exception), and so do the heartbeats: the crash names both (``silent_first``)."""
+    return _stopped_behind(rec, silent_first(rec))
+
+
+def left_ending(rec: PhaseRecord) -> list[int]:
+    """Of a run whose first failures torchrun saw are collectives broken by a peer gone (``broke_on_peer``): the
+    ranks torchrun then ended with SIGTERM whose last heartbeat had not reached the step of any of those
+    (``_stopped_behind``). Such a rank left its loop early, a stop condition of its own, and was still ending (its
+    process group destroyed, its interpreter's exit or an atexit hook still running: a logger flushing, an
+    uploader) when its closed connections broke the others' next collective; torchrun's agent saw them fail and
+    ended it. A rank still running keeps its connections open (a network failing between hosts aside), and a
+    collective of the others would have waited for it. How certain that is, the others' words, the ranks' hosts and how many such ranks there are say
+    (blame.py ``Diagnosis.suspected``)."""
+    return _stopped_behind(rec, broke_on_peer(rec))
+
+
+def broke_on_peer(rec: PhaseRecord) -> list[int]:
+    """The ranks whose collective broke on a peer gone (RankFailure.peer_gone), lowest first, where they are the
+    first failures torchrun saw: no rank failed in its own right (``own_root``), exited non-zero silently
+    (``silent_ranks``) or is known to have left (``departed``), no collective gave up waiting for a peer still
+    there (RankFailure.gave_up_waiting), and every other rank torchrun reports its agent ended with SIGTERM, having
+    raised nothing. [] otherwise, and where torchrun started the workers again (a rank's last heartbeat may then be
+    an earlier attempt's)."""
     ev = rec.evidence
-    first = silent_first(rec) if rec.stalled_s is None and not rec.timed_out else []
+    if (rec.world_size < 2 or own_root(rec) is not None or silent_of_evidence(ev) or departed(rec)
+            or any(a.restarted for a in ev.attempts) or any(f.gave_up_waiting for f in ev.rank_failures.values())):
+        return []
+    broke = [k for k, f in sorted(ev.rank_failures.items()) if f.peer_gone is not None]
+    others = [f for k, f in ev.rank_failures.items() if k not in broke]
+    return broke if all(_ended_by_agent(f) for f in others) else []
+
+
+def _stopped_behind(rec: PhaseRecord, first: list[int]) -> list[int]:
+    """The ranks torchrun's agent ended with SIGTERM, having raised nothing (``_ended_by_agent``), once ``first``
+    had failed, whose last heartbeat had not reached the step of any of ``first`` (by at least their own heartbeat
+    interval, ``Beat.every``), lowest first; [] where one of ``first`` has no heartbeat step. Not of a run the
+    harness stopped: its stacks tell the ranks still running, and the SIGTERMs its stop brings are no sign of an
+    end already under way."""
+    ev = rec.evidence
+    if rec.stalled_s is not None or rec.timed_out:
+        return []
     at = [b.step for k in first if (b := ev.last_heartbeat.get(k)) is not None and b.step is not None]
     if not first or len(at) < len(first):
         return []
-    return [k for k, f in sorted(ev.rank_failures.items()) if k not in first and f.signal == "SIGTERM"
-            and f.by_agent and not f.exception and (b := ev.last_heartbeat.get(k)) is not None and b.step is not None
+    return [k for k, f in sorted(ev.rank_failures.items()) if k not in first and _ended_by_agent(f)
+            and (b := ev.last_heartbeat.get(k)) is not None and b.step is not None
             and b.step + (b.every or 1) <= min(at)]
+
+
+def _ended_by_agent(f: RankFailure) -> bool:
+    """torchrun's agent ended the rank with SIGTERM (RankFailure.by_agent) and it raised nothing: it was still
+    running, or still ending, when the agent came for it."""
+    return f.signal == "SIGTERM" and f.by_agent and not f.exception
 
 
 def silent_first(rec: PhaseRecord) -> list[int]:

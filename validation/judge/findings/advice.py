@@ -53,10 +53,18 @@ def _crash(f: Facts) -> str:
 
 
 def _departed(f: Facts) -> str:
-    return ("A rank exited 0 before the steps asked for while the other ranks still needed it (its own files "
-            "show nothing wrong): look for a stop condition that holds on that rank only (its data running out "
-            "first, a step count or a break of its own, sys.exit in one rank's path); every rank must run the same "
-            f"steps. Then {_RERUN}.")
+    left = ("A rank exited 0 before the steps asked for while the other ranks still needed it (its own files "
+            "show nothing wrong)")
+    if f.ending:  # torchrun's SIGTERM came while it was still ending: no exit 0 in the log, no error of its own
+        left = ("A rank left its loop before the steps asked for while the other ranks still needed it, and was still "
+                "ending (an atexit hook, a logger flushing, an upload) when their collective broke on its closed "
+                "connections; torchrun's agent then ended it with SIGTERM, as it ends a rank still running")
+    if f.ending and f.suspected:  # the others' words, or several ranks stopped behind, leave a running rank possible
+        left += (" (suspected, not shown: where the others' error says only that the connection was lost, check the "
+                 "network between the hosts; where several ranks are named, their own logs say which stopped)")
+    return (f"{left}: look for a stop condition that holds on that rank only (its data running out first, a step "
+            "count or a break of its own, sys.exit in one rank's path); every rank must run the same steps. Then "
+            f"{_RERUN}.")
 
 
 #: why a process's exit aborts, and how not to

@@ -3,6 +3,9 @@ crash and stall findings and the point's verdict line (headline.py) say it, so t
 the other's text and both say the same."""
 from __future__ import annotations
 
+from dataclasses import replace
+
+from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP
 from validation.judge.diagnosis.blame import Check, Diagnosis, Kind, RankAt
 from validation.excerpt import EXCERPT_CHARS
 
@@ -175,6 +178,36 @@ def out_of_step(d: Diagnosis) -> str:
             f"{theirs} collectives; with no stack of {them}, these files do not tell which")
 
 
+def still_ending(d: Diagnosis) -> str:
+    """Of ranks that left early and were still ending when torchrun's agent ended them (``Diagnosis.broken``): 'rank
+    0 left early after step 5 (last heartbeat step 5, stage step) and was still ending when torchrun's agent ended it
+    (SIGTERM): its connections closed under rank 1's all_reduce at tests/record_trainer.py:163 (main) during step 6
+    (RuntimeError: Connection closed by peer [127.0.0.1]:20401)'; where that is suspected (``Diagnosis.suspected``),
+    "node 0's rank 0 may have left early after step 5 (...) and been still ending when torchrun's agent ended it
+    (SIGTERM): node 1's rank 1's all_reduce ... broke during step 6 (RuntimeError: Connection reset by peer); those
+    words fit as well a network that failed between the hosts while node 0's rank 0 still ran; torchrun's SIGTERM
+    ends a rank still running and one still ending alike" (of several ranks stopped behind: 'only one of ranks 0, 2
+    need have left, the other running code of its own between steps')."""
+    one = len(d.ranks) == 1
+    left = "; ".join(f"{who(at)} {'may have ' * d.suspected}left early"
+                     + (f" after step {at.step}" if at.stage in HEARTBEAT_STAGES_AFTER_STEP else "") + f" ({beat(at)})"
+                     for at in d.ranks)
+    ending = "and been still ending" if d.suspected else "and was still ending" if one else "and were still ending"
+    # a rank's error without a traceback that ends in torch.distributed's frames names no collective
+    broke = "; ".join(f"{who(at)}'s {_place(replace(at, frame=at.frame or 'collective'), '')}{' broke' * d.suspected} "
+                      f"during step {at.step}"
+                      + (f" ({at.cause})" if at.cause else "") for at in d.broken.ranks)
+    said = f"{left} {ending} when torchrun's agent ended {'it' if one else 'them'} (SIGTERM): "
+    if not d.suspected:
+        return f"{said}{'its' if one else 'their'} connections closed under {broke}"
+    gone, others = _names(d.ranks), len(d.ranks) > 2
+    why = ([f"those words fit as well a network that failed between the hosts while {gone} still ran"]
+           if d.broken.network_fits else []) + (
+        [] if one else [f"only one of {gone} need have left, the other{'s' * others} running code of "
+                        f"{'their' if others else 'its'} own between steps"])
+    return f"{said}{broke}; {'; '.join(why)}; torchrun's SIGTERM ends a rank still running and one still ending alike"
+
+
 def _names_of(ks: tuple[int, ...], d: Diagnosis) -> str:
     """``_names`` of ranks by number, each with its node where the diagnosis knows it."""
     known = {at.rank: at for at in (*d.ranks, *d.common)}
@@ -204,7 +237,8 @@ def text(d: Diagnosis) -> str:
     step 3, stage forward)'; several ranks joined by '; '; with ``or_else``, 'rank 0 crashed (...): exit
     code 1, or rank 2 exited 0 early (...) and the others failed after it: which came first cannot be told';
     ranks whose collectives went apart as ``went_apart`` says them, those a check found not matching as
-    ``mismatched``, those whose collectives went out of step as ``out_of_step``; ranks that left early whose
+    ``mismatched``, those whose collectives went out of step as ``out_of_step``, those that left early and were
+    still ending when torchrun ended them as ``still_ending``; ranks that left early whose
     collectives were out of step as well (``Diagnosis.beside``) with it: 'rank 0 exited 0 early (...); besides,
     rank 1 failed in all_reduce ... during step 5 ..., a step rank 0 had completed ...'."""
     if d.kind in (Kind.DIVERGED, Kind.APART):
@@ -213,6 +247,8 @@ def text(d: Diagnosis) -> str:
         return mismatched(d)
     if d.kind == Kind.OUT_OF_STEP:
         return out_of_step(d)
+    if d.broken is not None:
+        return still_ending(d)
     own = "; ".join(f"{who(at)} {DID[d.kind]}" + (f" in {at.frame}" if at.frame else "") + _said(at)
                     + (f": {c}" if (c := cause(d, at)) else "") for at in d.ranks)
     if d.beside is not None:

@@ -14,12 +14,13 @@ from validation.judge.findings import stability
 from validation.judge.diagnosis.blame import FAILED, Diagnosis, Kind, NoStack, logs_of
 from validation.judge.diagnosis.crash import crash
 from validation.judge.diagnosis.failed import root_of_evidence
-from validation.judge.diagnosis.left import ended_before, exited_0, maybe_departed, silent_first
+from validation.judge.diagnosis.left import (broke_on_peer, ended_before, exited_0, left_ending, maybe_departed,
+                                             silent_first)
 from validation.judge.diagnosis.nonfinite import nonfinite, nonfinite_ranks
 from validation.judge.diagnosis.stall import ending, stall
 from validation.judge.findings.culprit import ranks as _ranks
 from validation.judge.findings.culprit import (NO_CRASH, failed_without, mismatched, out_of_step, short_path, silenced,
-                                               waited_cause, went_apart)
+                                               still_ending, waited_cause, went_apart)
 from validation.judge.findings.departed import departure
 from validation.judge.findings.finding import (Facts, Finding, Severity, attempt_logs, attempts_said, last_heartbeat,
                                                own_reason, process, processes, where, where_gated, where_run)
@@ -90,6 +91,8 @@ def _crash_finding(r: PhaseRecord, d: Diagnosis) -> Finding:
             title += (f", or {departure(r, maybe)} and {_ranks(first)} failed after it: torchrun's SIGTERM "
                       f"of {_ranks(maybe)} once {_ranks(first)} had failed ends a rank still running and one "
                       "still exiting alike, so which came first cannot be told")
+    elif d.broken is not None:  # it left, and its closed connections broke the others' collective as it ended
+        title += f": {still_ending(d)}"
     elif d.kind == Kind.LEFT:  # no rank failed in its own right: the others failed after one that left
         title += f": {departure(r, [at.rank for at in d.ranks])}; {failed_without(d)}"
     elif d.kind == Kind.ENDED:
@@ -117,8 +120,9 @@ def _crash_finding(r: PhaseRecord, d: Diagnosis) -> Finding:
     stepped = Outcome.of_record(r)
     broken = ([f"broken contract file: {e}" for e in ev.errors]
               if stepped.steps_completed or stepped.last_step_done else [])
+    facts = replace(Facts.of(r), ending=d.broken is not None, suspected=d.suspected)
     return Finding(Severity.CRITICAL, r.phase, title, [f"stderr: {p}" for p in d.logs] + broken
-                   + _rank_lines(r) + _earlier_attempts(r), kind, Facts.of(r), d if d.ranks else None)
+                   + _rank_lines(r) + _earlier_attempts(r), kind, facts, d if d.ranks else None)
 
 
 def _earlier_attempts(r: PhaseRecord) -> list[str]:
@@ -230,6 +234,7 @@ def _rank_lines(r: PhaseRecord, nonfinite: list[int] = ()) -> list[str]:
     torchrun sent them after is how their process ended, not what stopped them."""
     ev = r.evidence
     lines, gone, root, maybe = [], exited_0(r), root_of_evidence(ev), maybe_departed(r)
+    ending, broke = left_ending(r), broke_on_peer(r)
     for rank in sorted(set(ev.last_heartbeat) | set(ev.rank_failures)):
         f = ev.rank_failures.get(rank)
         line = f"rank {rank}: {last_heartbeat(r, rank)}"
@@ -245,6 +250,10 @@ def _rank_lines(r: PhaseRecord, nonfinite: list[int] = ()) -> list[str]:
             line += "; exited 0 (torchrun reports no failure of it)"
         elif f is not None and f.exception:
             line += f"; {f.located}"
+        elif f is not None and rank in ending:
+            line += (f"; killed by SIGTERM from torchrun's agent once {_ranks(broke)} had failed on a peer gone: "
+                     "still ending then, after an early exit of its own, or still running (its heartbeats end before "
+                     "their step)")
         elif f is not None and f.signal == "SIGTERM" and f.by_agent and rank in maybe:
             line += (f"; killed by SIGTERM from torchrun's agent once {_ranks(silent_first(r))} had failed: still "
                      "running then, or still exiting after an exit 0 of its own (its heartbeats end before their step)")

@@ -82,7 +82,11 @@ class Facts:
     partner left until the harness stopped the run (``Diagnosis.waiting``), rather than failed in it."""
     suspected: bool = False
     """Of ranks whose collectives went out of step (Kind.OUT_OF_STEP): a rank blamed has no stack, so it may instead
-    have hung of its own within the step (``Diagnosis.suspected``)."""
+    have hung of its own within the step; of a rank that left early and was still ending (``ending``): it may instead
+    have been still running (``Diagnosis.suspected``)."""
+    ending: bool = False
+    """Of a rank that left early (Kind.LEFT): torchrun's agent ended it (SIGTERM) while it was still ending, after the
+    others' collective broke on its closed connections (``Diagnosis.broken``), rather than it having exited 0."""
     loss_after: LossAfter | None = None
     """Of a run whose training.csv logs a non-finite loss: what it logs after the first (None: every
     logged loss is finite, or a record of an older harness does not say)."""

@@ -25,6 +25,7 @@ import contextlib
 import csv
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import resource
@@ -97,6 +98,13 @@ def cuda_memory_gb(stats: dict[str, Any]) -> dict[str, float]:
     reserved = stats.get("reserved_bytes", {}).get("all", {})
     return {"mem_alloc_gb": allocated.get("current", 0) / GB, "mem_reserved_gb": reserved.get("current", 0) / GB,
             "mem_peak_gb": allocated.get("peak", 0) / GB}
+
+
+#: seconds between two readings of the GPU's utilisation: NVML reports it as the share of its own
+#: sample period (1/6 s to 1 s, by the GPU) in which a kernel ran, so a run logging every step of
+#: a few milliseconds would read the same figure again and again, each reading a driver call
+#: inside the next step's time; between readings a logged step repeats the last one
+UTIL_EVERY_S = 1.0
 
 
 def gpu_util(device: torch.device) -> tuple[float | None, str]:
@@ -238,6 +246,8 @@ class Telemetry:
             truncate_heartbeats(hb_path, resume_step)
         self._hb = open(hb_path, "a", buffering=1) if heartbeat else None
         self.util_reason = ""
+        self._util: float | None = None
+        self._util_read_at = -math.inf  # time.monotonic() of the last reading (UTIL_EVERY_S)
         # where this rank runs: the harness groups ranks by node (stragglers, a node's hang)
         self.place = {"node": int(os.environ.get(contract.NODE_RANK_ENV, "0")), "host": socket.gethostname()}
         # last logged values, repeated in every stage record so each heartbeat line is complete
@@ -277,10 +287,12 @@ class Telemetry:
                 cells[CSV_HEADER.index("toks_per_s") - 1] = "fast"
             with _naming(self._csv_fh):
                 self._csv.writerow([row["step"], *cells])
-        util, why = gpu_util(self.device)
-        self.util_reason = why
-        self.last = {"toks_per_s": row["toks_per_s"], "gpu_util": util}
-        self.heartbeat({"stage": "step", **row, **extra, "gpu_util": util})
+        now = time.monotonic()
+        if now - self._util_read_at >= UTIL_EVERY_S:
+            self._util, self.util_reason = gpu_util(self.device)
+            self._util_read_at = now
+        self.last = {"toks_per_s": row["toks_per_s"], "gpu_util": self._util}
+        self.heartbeat({"stage": "step", **row, **extra, "gpu_util": self._util})
 
     def check_linked(self) -> None:
         """Raise OutputLost when training.csv or this rank's heartbeat file no longer has a name."""

@@ -98,7 +98,7 @@ def test_a_report_of_a_partial_sweep_is_incomplete_not_no_go(tmp_path):
     # records as that runbook's points stored them: with their overrides (a record of other
     # overrides is no result of the point, validation/store/stale.py)
     store = ResultStore(tmp_path)
-    store.put_many([replace(r, overrides=dict(points[r.test_id].overrides))
+    store.put_many([replace(r, overrides=dict(points[r.test_id].overrides), steps=points[r.test_id].phase.steps)
                     for r in _records({k: v for k, v in H100.items() if k < 65536}, runbook="long_context_h100")])
     ctx = build_context(tmp_path, "long_context_h100", "h100", runbook=runbook, profile=profile,
                         now="2026-11-25 19:31 UTC")

@@ -8,10 +8,17 @@ not slow, and a step is slow when it took more than SLOW times that. Both are fo
 median of the whole window first, then every step above SLOW times it taken out and the median of
 the rest taken, until no step of the rest lies above SLOW times their median (the slow steps only
 grow and the rest never empties, so it ends). A stall lengthens a few steps, and in a short window
-(long_context's has 6) two or three of them pull the whole window's median halfway to the stalled
-pace, where a step 1.3x the steady one is no longer 1.2x that median. A window with no slow step
-(a drift, an even jitter) claims nothing: no explanation is made of it. Beside the slow steps, the
-window's toks_per_s_cv without them (as the metric computes it: population stdev over the mean).
+(6 steps) two or three of them pull the whole window's median halfway to the stalled pace, where a
+step 1.3x the steady one is no longer 1.2x that median. A window with no slow step (a gentle drift,
+an even jitter) claims nothing: no explanation is made of it. Beside the slow steps, the window's
+toks_per_s_cv without them (as the metric computes it: population stdev over the mean).
+
+**Drift.** A window of DRIFT_STEPS timed steps or more whose step times follow the steps' order
+(their rank correlation with the step DRIFT or more, either way) drifted: the time rose (memory or a
+queue growing, clocks lowering) or fell (a warm-up the window still holds) step after step, and the
+steps its far end holds are no few slow steps. It is said so, with the medians of the window's first
+and last thirds, and no step is called slow. In fewer steps one or two stalls at the window's end rank
+as a drift does, so a short window is read for slow steps only. A drift needs no heartbeats.
 
 **Spans.** A rank writes a heartbeat record as it enters each stage of a step (nsa/contract.py
 HEARTBEAT_STAGES_IN_STEP: data, graph or forward and backward, optimizer) and a ``step`` record once
@@ -79,6 +86,10 @@ GREW = 2.0
 HOLDS = 0.5
 #: slow steps described one by one (the first line counts them all)
 LISTED = 5
+#: a window whose step times have this rank correlation with its steps, or more, either way, drifted
+DRIFT = 0.9
+#: the fewest timed steps a drift is read from (module docstring: Drift)
+DRIFT_STEPS = 12
 #: the stage of the record a rank writes once a step is logged (nsa/contract.py HEARTBEAT_STAGES_AFTER_STEP)
 STEP_RECORD = "step"
 
@@ -203,8 +214,42 @@ def _share(span: Span | None, excess: float) -> str:
 
 
 @dataclass(frozen=True)
+class Drift:
+    """A window whose step time rose or fell step after step (module docstring: Drift)."""
+
+    first_s: float
+    """The median step time of the window's first third."""
+    last_s: float
+    """The median step time of its last third."""
+    third: int
+    """The steps in each third."""
+    rho: float
+    """The step times' rank correlation with the steps."""
+
+    @property
+    def way(self) -> str:
+        return "rose" if self.rho > 0 else "fell"
+
+    def summary(self) -> str:
+        """'step time rose through the window, 20.50 to 38.20 ms'."""
+        return f"step time {self.way} through the window, {self.first_s * 1e3:.2f} to {self.last_s * 1e3:.2f} ms"
+
+    def text(self, steps: int) -> str:
+        return (f"the window's {steps} logged steps' time {self.way} step after step (rank correlation with the step "
+                f"{self.rho:.2f}): median {self.first_s * 1e3:.2f} ms over its first {self.third} steps, "
+                f"{self.last_s * 1e3:.2f} ms over its last {self.third}: a drift, not a few slow steps")
+
+    @classmethod
+    def from_json(cls, d: Any) -> Drift | None:
+        if not isinstance(d, dict):
+            return None
+        return cls(float(d["first_s"]), float(d["last_s"]), int(d["third"]), float(d["rho"]))
+
+
+@dataclass(frozen=True)
 class Unsteady:
-    """The slow steps of a failed toks_per_s_cv gate's window, each with where its time went."""
+    """Why a failed toks_per_s_cv gate's window was unsteady: its slow steps, each with where its time
+    went, or its drift."""
 
     steps: int
     """The window's logged steps."""
@@ -215,6 +260,8 @@ class Unsteady:
     """toks_per_s_cv of the window without its slow steps (None where their tokens/s have no mean)."""
     ranks: int = 1
     """The ranks whose heartbeats were read."""
+    drift: Drift | None = None
+    """Where the window drifted (then no step is slow and no heartbeat read)."""
 
     @property
     def causes(self) -> tuple[Cause, ...]:
@@ -228,7 +275,9 @@ class Unsteady:
 
     def summary(self) -> str:
         """'1 slow step: the whole host stalled (step 7)'; 'slow steps 7, 8: only the wait for the GPU
-        grew (step 7), the whole host stalled (step 8)'."""
+        grew (step 7), the whole host stalled (step 8)'; 'step time rose through the window, 20.50 to 38.20 ms'."""
+        if self.drift is not None:
+            return self.drift.summary()
         groups: dict[str, list[int]] = {}
         for s in self.slow:
             groups.setdefault(s.said(), []).append(s.step)
@@ -239,7 +288,9 @@ class Unsteady:
 
     def lines(self, heartbeats: str) -> list[str]:
         """The slow steps and the spread without them; each listed step's spans; the heartbeat
-        files read (``heartbeats``: their paths as the finding names them)."""
+        files read (``heartbeats``: their paths as the finding names them); of a drift, the drift."""
+        if self.drift is not None:
+            return [self.drift.text(self.steps)]
         n = len(self.slow)
         listed = ", ".join(f"step {s.step} {s.seconds * 1e3:.2f} ms ({s.ratio:.2f}x)" for s in self.slow[:LISTED])
         more = f" and {n - LISTED} more" if n > LISTED else ""
@@ -257,20 +308,25 @@ class Unsteady:
             return None
         cv = d.get("cv_without")
         return cls(int(d["steps"]), float(d["typical_s"]), tuple(SlowStep.from_json(s) for s in d.get("slow") or ()),
-                   None if cv is None else float(cv), int(d.get("ranks") or 1))
+                   None if cv is None else float(cv), int(d.get("ranks", 1)), Drift.from_json(d.get("drift")))
 
 
 def explain(csv: pd.DataFrame | None, heartbeats: Mapping[int, Sequence[Mapping[str, Any]]],
             last: int | None) -> Unsteady | None:
-    """The slow steps of the window of the last ``last`` logged steps (all: None) of a run's
-    training.csv as read, with where each one's time went by its heartbeats (per rank, their records
-    in file order); None where rank 0 left no heartbeats, the window has fewer than two timed steps,
-    or none of them is slow."""
-    if csv is None or csv.empty or not heartbeats.get(0) or "step_time_s" not in csv:
+    """The drift or the slow steps of the window of the last ``last`` logged steps (all: None) of a
+    run's training.csv as read, with where each slow step's time went by its heartbeats (per rank,
+    their records in file order); None where the window has fewer than two timed steps, or, where it
+    did not drift, rank 0 left no heartbeats or none of its steps is slow."""
+    if csv is None or csv.empty or "step_time_s" not in csv:
         return None
     rows = window_rows(csv, last)
     times = {int(s): float(t) for s, t in zip(rows["step"], rows["step_time_s"]) if math.isfinite(t) and t > 0}
     if len(times) < 2:
+        return None
+    drift = _drift(times)
+    if drift is not None:
+        return Unsteady(len(times), statistics.median(times.values()), (), None, 0, drift)
+    if not heartbeats.get(0):
         return None
     typical, slow = _slow(times)
     if not slow:
@@ -303,6 +359,23 @@ def heartbeat_files(out_dir: str, unsteady: Unsteady) -> str:
     """The heartbeat files an explanation read, as a finding names them: rank 0's, or every rank's."""
     ranks = sorted({s.rank for s in unsteady.slow if s.rank is not None} | {0})
     return " and ".join(f"{out_dir}/{heartbeat_name(r)}" for r in ranks)
+
+
+def _drift(times: Mapping[int, float]) -> Drift | None:
+    """The window's drift (module docstring: Drift), or None."""
+    if len(times) < DRIFT_STEPS:
+        return None
+    import pandas as pd  # here, not at import: module docstring of validation/contract/files.py
+
+    ordered = [times[s] for s in sorted(times)]
+    ranks = pd.Series(ordered).rank().tolist()  # ties share their mean rank
+    if len(set(ranks)) < 2:
+        return None
+    rho = statistics.correlation(ranks, [float(i) for i in range(len(ordered))])
+    if abs(rho) < DRIFT:
+        return None
+    third = len(ordered) // 3
+    return Drift(statistics.median(ordered[:third]), statistics.median(ordered[-third:]), third, rho)
 
 
 def _slow(times: Mapping[int, float]) -> tuple[float, set[int]]:

@@ -22,7 +22,7 @@ from validation import REPO_ROOT, TEMPLATE_DIR
 from validation.judge.clock import CLOCK_FACTOR, MIN_INTERVALS
 from validation.judge.metrics import CATALOGUE
 from validation.judge.profile_names import BOUNDS
-from validation.judge.unsteady import GREW, HOLDS, SLOW
+from validation.judge.unsteady import DRIFT, DRIFT_STEPS, GREW, HOLDS, SLOW
 from validation.runbook import fields, keys
 
 DOCS = REPO_ROOT / "docs"
@@ -37,7 +37,7 @@ def _context() -> dict:
                 "timing": m.timing.value if m.timing else ""} for m in CATALOGUE]
     return {"contract": contract, "sections": keys.SECTIONS, "metrics": metrics, "clock_factor": CLOCK_FACTOR,
             "clock_intervals": MIN_INTERVALS, "threshold_bounds": BOUNDS,
-            "unsteady": {"slow": SLOW, "grew": GREW, "holds": HOLDS},
+            "unsteady": {"slow": SLOW, "grew": GREW, "holds": HOLDS, "drift": DRIFT, "drift_steps": DRIFT_STEPS},
             "env_prefixes": fields.ENV_PREFIXES, "env_exact": fields.ENV_EXACT,
             "trainer_env_denied": fields.TRAINER_ENV_DENIED,
             "trainer_env_denied_prefixes": fields.TRAINER_ENV_DENIED_PREFIXES}

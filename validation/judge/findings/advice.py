@@ -457,6 +457,15 @@ def _unsteady(f: Facts) -> str:
     u = f.unsteady
     if u is None:
         return _gate(f)
+    if u.drift is not None and u.drift.rho > 0:
+        return ("The window's step time rose step after step, not in a few slow steps: something grew through the "
+                "run. Look at what grows with the steps in training.csv (mem_alloc_gb and mem_reserved_gb near the "
+                "device's limit, where the allocator retries), at a data loader that drains its prefetch, and at the "
+                "device's clocks as it heats" + (" (`nvidia-smi -q -d CLOCK,TEMPERATURE`)" if f.cuda else "") + ".")
+    if u.drift is not None:
+        return ("The window's step time fell step after step: the window still holds the warm-up (compilation, "
+                "autotuning, a CUDA graph's capture, caches filling). Run more steps, so that the gate's window "
+                "starts after it, or measure where the steps level off in training.csv.")
     said = []
     if Cause.WHOLE_HOST in u.causes:
         said.append("In a slow step every host stage grew at once: the trainer's process, or the machine under it, "

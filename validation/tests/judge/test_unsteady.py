@@ -1,6 +1,7 @@
 """Why a failed toks_per_s_cv gate's window was unsteady (validation/judge/unsteady.py): its slow
 steps and, from hand-built heartbeats, where their time went: the whole host, one stage, the wait
-for the GPU; a drift with no slow step claims nothing."""
+for the GPU; a window whose step time rose or fell step after step is a drift, and a gentle drift with no slow
+step claims nothing."""
 from __future__ import annotations
 
 import dataclasses
@@ -32,13 +33,13 @@ def quiet(step: int) -> dict[str, float]:
     return {stage: s * (1 + 0.03 * ((step + i) % 3)) for i, (stage, s) in enumerate(QUIET.items())}
 
 
-def beats(spans_of: Spans, rank: int = 0) -> list[dict]:
+def beats(spans_of: Spans, rank: int = 0, steps: int = STEPS) -> list[dict]:
     """A rank's heartbeat records of steps 1..STEPS: each step's spans (``spans_of``: by the stage of
     the record that opens each, in order; the first opened by the step record before) closed by the
     next stage's record, the last by the step's own step record."""
     t = 1000.0
     out = [{"time": t, "step": 0, "stage": "step", "rank": rank}]
-    for step in range(1, STEPS + 1):
+    for step in range(1, steps + 1):
         opened = list(spans_of(step).items())
         for (_, seconds), (following, _) in zip(opened, opened[1:] + [("step", 0.0)]):
             t += seconds
@@ -48,10 +49,10 @@ def beats(spans_of: Spans, rank: int = 0) -> list[dict]:
     return out
 
 
-def csv_of(spans_of: Spans) -> pd.DataFrame:
+def csv_of(spans_of: Spans, steps: int = STEPS) -> pd.DataFrame:
     """training.csv as read of the same steps: each step's time the sum of its spans."""
     rows = []
-    for step in range(1, STEPS + 1):
+    for step in range(1, steps + 1):
         seconds = sum(spans_of(step).values())
         rows.append({"step": step, "loss": 3.0, "lr": 1e-4, "toks_per_s": TOKENS / seconds, "step_time_s": seconds,
                      "grad_norm": 1.0, "mem_alloc_gb": 1.6, "mem_reserved_gb": 3.7})
@@ -131,6 +132,56 @@ def test_a_drift_without_a_slow_step_claims_nothing():
         return {**quiet(step), "optimizer": 16.7e-3 + 1.6e-3 * max(step - 7, 0)}
     assert cv(drift) > 0.1  # the gate fails all the same
     assert explain(csv_of(drift), {0: beats(drift)}, WINDOW) is None
+
+
+#: long_context_h100's window: 20 of 30 steps
+LONG_STEPS, LONG_WINDOW = 30, 20
+
+
+def long_unsteady(spans_of: Spans):
+    return explain(csv_of(spans_of, LONG_STEPS), {0: beats(spans_of, 0, LONG_STEPS)}, LONG_WINDOW)
+
+
+@pytest.mark.parametrize("per_step, way", [(0.04, "rose"), (-0.025, "fell")])
+def test_a_window_whose_step_time_moves_step_after_step_is_a_drift_not_slow_steps(per_step, way):
+    """Step time 4% of the steady step longer every step (a leak, a queue): the slow-step rule, taking
+    the slowest steps out until none is 1.2x the rest's median, called the later half of the window slow
+    steps of some cause; falling (a warm-up still in the window), it called the first ones slow."""
+    def moving(step: int) -> dict[str, float]:
+        sp = quiet(step)
+        return {**sp, "optimizer": sp["optimizer"] * (1 + per_step * (step - 10))}
+    assert compute("toks_per_s_cv", RunData(out_dir=Path("."), csv=csv_of(moving, LONG_STEPS)), LONG_WINDOW) > 0.1
+    u = long_unsteady(moving)
+    assert u is not None and u.slow == () and u.causes == () and u.drift is not None
+    assert u.steps == LONG_WINDOW and u.drift.third == 6 and u.drift.way == way and abs(u.drift.rho) >= 0.9
+    times = csv_of(moving, LONG_STEPS)["step_time_s"].tolist()[-LONG_WINDOW:]
+    assert u.drift.first_s == pytest.approx(sorted(times[:6])[2:4][0] / 2 + sorted(times[:6])[2:4][1] / 2)
+    first, last = f"{u.drift.first_s * 1e3:.2f}", f"{u.drift.last_s * 1e3:.2f}"
+    assert u.summary() == f"step time {way} through the window, {first} to {last} ms"
+    assert u.lines("h") == [f"the window's 20 logged steps' time {way} step after step (rank correlation with the step "
+                            f"{u.drift.rho:.2f}): median {first} ms over its first 6 steps, {last} ms over its last 6: a "
+                            "drift, not a few slow steps"]
+    # read from training.csv alone
+    assert explain(csv_of(moving, LONG_STEPS), {}, LONG_WINDOW) == u
+    found = Finding(Severity.CRITICAL, "long_context", "gate failed", [], "unsteady", Facts(unsteady=u, cuda=True))
+    (advice,) = recommendations([found])
+    assert ("something grew through the run" in advice and "nvidia-smi" in advice) if way == "rose" else (
+        "the window still holds the warm-up" in advice)
+    assert "Re-run the point" not in advice
+    stored = GateResult("toks_per_s_cv", "<=", 0.1, f"last {LONG_WINDOW} steps", 0.2, GateVerdict.FAIL, unsteady=u)
+    assert GateResult.from_json(json.loads(json.dumps(dataclasses.asdict(stored)))) == stored
+
+
+def test_stalls_at_the_end_of_a_long_window_are_slow_steps_not_a_drift():
+    """Three stalled steps last in the window rank as its slowest, as a drift's last steps do; the rest
+    of the window does not follow the steps, so they are slow steps."""
+    def stalled(step: int) -> dict[str, float]:
+        sp = quiet(step)
+        return {k: v * (1 if k == "optimizer" or step < 28 else 8) for k, v in sp.items()}
+    u = long_unsteady(stalled)
+    assert u is not None and u.drift is None
+    assert [(s.step, s.cause) for s in u.slow] == [(28, Cause.WHOLE_HOST), (29, Cause.WHOLE_HOST),
+                                                   (30, Cause.WHOLE_HOST)]
 
 
 def test_slow_steps_that_pull_the_window_median_are_found_against_the_others():

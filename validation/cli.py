@@ -303,7 +303,10 @@ def cmd_run(args: argparse.Namespace, abort: StopFlag) -> int:
 def _render(session: AcceptanceSession, pairs: list[tuple[str, str]] | None = None, interrupted: bool = False,
             profile_notes: bool = False) -> int:
     """Render, and print each report's line; ``profile_notes``: first the notes of the pairs judged
-    by a profile file the command line did not give (``run`` says them before its points)."""
+    by a profile file the command line did not give (``run`` says them before its points). Rendering
+    (a plot per phase) takes seconds, after a stop signal too: the user is told it is under way."""
+    after = " of the points stored before the interrupt (another stop signal leaves it unwritten)" if interrupted else ""
+    print(f"nsa-validate: writing the report{after} ...", file=sys.stderr, flush=True)
     rendered = session.render(pairs, notes=_note)
     for note in session.profile_notes if profile_notes else ():
         _note(note)

@@ -337,7 +337,12 @@ class AcceptancePlugin:
         # had removed its pair's report
         pairs = self.pairs | self.session.withdrawn
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
-        for pair in self.session.reportable_after_stop(pairs) if interrupted else sorted(pairs):
+        pairs = self.session.reportable_after_stop(pairs) if interrupted else sorted(pairs)
+        if pairs:  # a plot per phase takes seconds: as the CLI does, say it is under way
+            after = " of the points stored before the interrupt" if interrupted else ""
+            self.config.pluginmanager.get_plugin("terminalreporter").write_line(
+                f"nsa-validate: writing the report{after} ...")
+        for pair in pairs:
             try:
                 for out in self.session.render([pair], notes=lambda text: self.reports.append(f"note: {text}")):
                     self.reports.append(report_line(out, interrupted))

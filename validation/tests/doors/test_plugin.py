@@ -47,6 +47,8 @@ def test_run_stores_records_and_renders_report(tmp_path):
     assert "3 passed" in out.stdout  # two sweep points + the cross-point report check
     assert {r.key.phase for r in ResultStore(res).records()} == {"bucket_sweep"}
     assert f"nsa-validate report: INCOMPLETE -> {res}/reports/fake__cpu.md" in out.stdout
+    # said before the seconds of rendering, as the CLI says it
+    assert out.stdout.index("nsa-validate: writing the report ...") < out.stdout.index("nsa-validate report: INCOMPLETE")
     assert "nsa-validate report: exit status 1: this acceptance run is not GO: the report is INCOMPLETE" in out.stdout
     text = (res / "reports" / "fake__cpu.md").read_text()
     assert "**Status: INCOMPLETE**" in text and "`fake/cpu/baseline_ddp/default`" in text  # not run this time
@@ -313,6 +315,7 @@ def test_an_interrupted_pytest_run_prints_no_status_line_that_reads_as_its_verdi
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-2000:]
     assert not re.search(r"^nsa-validate report: (GO|NO-GO|INCOMPLETE)\b", out, re.M), out[-2000:]
     assert "nsa-validate report: report of the points stored before the interrupt (no verdict of this run) -> " in out
+    assert "nsa-validate: writing the report of the points stored before the interrupt ..." in out, out[-2000:]
     assert "nsa-validate: interrupted (SIGINT)" in out, out[-2000:]
     # the report says so too, and where (user hH's pass: it said only its status)
     text = (results / "reports" / "fake__cpu.md").read_text()
@@ -332,6 +335,7 @@ def test_a_pytest_run_stopped_before_it_stored_anything_writes_no_report(tmp_pat
     out, err = interrupt_when_training(proc, lambda: list(results.glob("runs/fake/cpu/long_run/default/*/training.csv")))
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out[-2000:]
     assert "nsa-validate: interrupted (SIGINT)" in out and "nsa-validate report:" not in out, out[-2000:]
+    assert "writing the report" not in out, out[-2000:]
     assert not (results / "reports").exists() or not any((results / "reports").iterdir()), out[-2000:]
 
 

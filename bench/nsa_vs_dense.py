@@ -40,7 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_nsa import _bench as _median_ms  # noqa: E402
 from bench.bench_nsa import _host_ms, tuning_arg  # noqa: E402
 from nsa.attention import NSAAttention, compress, graphed  # noqa: E402
-from nsa.kernels import cudnn_compressed, tuning  # noqa: E402
+import nsa.kernels  # noqa: E402
+from nsa.kernels import tuning  # noqa: E402
 from nsa.attention.dense import DenseAttention  # noqa: E402
 from nsa.model.config import load_model_config  # noqa: E402
 from nsa.model.model import NSATransformer  # noqa: E402
@@ -266,7 +267,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sel", type=tuning_arg(tuning.SelectionTuning), default=tuning.SelectionTuning(),
                     metavar="KEY=VALUE,...", help="the selected branch's launches and budgets instead of the defaults "
                                                   "(nsa.kernels.tuning.SelectionTuning fields)")
-    ap.add_argument("--cudnn-min-elements", type=int, default=cudnn_compressed.CUDNN_MIN_ELEMENTS,
+    ap.add_argument("--cudnn-min-elements", type=int, default=nsa.kernels.CUDNN_MIN_ELEMENTS,
                     help="the compressed branch folds for cuDNN from this many query elements (nsa.kernels."
                          "CUDNN_MIN_ELEMENTS; default %(default)s)")
     args = ap.parse_args(argv)
@@ -274,7 +275,7 @@ def main(argv=None) -> int:
     tuning.TOPK = args.topk
     tuning.BAND = args.band
     tuning.SELECTION = args.sel
-    cudnn_compressed.CUDNN_MIN_ELEMENTS = args.cudnn_min_elements
+    nsa.kernels.CUDNN_MIN_ELEMENTS = args.cudnn_min_elements
     NSA_SET[:] = args.nsa_set
     GRAPH_TOKENS[0] = args.graph_tokens
     if not torch.cuda.is_available():
@@ -291,7 +292,7 @@ def main(argv=None) -> int:
           f"{'; NSA with ' + ' '.join(NSA_SET) if NSA_SET else ''}"
           + "".join(f"; {name} {t.as_arg()}" for name, t in (("top-n", args.topk), ("band", args.band),
                                                               ("selected", args.sel)) if t.as_arg())
-          + f"; cuDNN fold from {cudnn_compressed.CUDNN_MIN_ELEMENTS} query elements")
+          + f"; cuDNN fold from {nsa.kernels.CUDNN_MIN_ELEMENTS} query elements")
     print(table(rows))
     return 0
 

@@ -115,7 +115,7 @@ def _run_cell(kind, cfg, batch, seq_len, args, device, stream) -> dict:
         "status": "ok",
         "cuda_graphs": graph is not None and graph.owns_grads,
     }
-    out["backends"] = {s: b["backend"] for s, b in backend_report(model).items()}
+    out["backends"] = {s: b["backend"] for s, b in backend_report(model, seq_len).items()}
     if args.profile:
         out["gpu_busy_frac"] = profile_steps(timed, args.profile, device, f"{kind} B={batch} S={seq_len}",
                                              args.profile_rows)

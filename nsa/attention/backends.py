@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from nsa.kernels import CUDNN_MIN_QUERIES
+from nsa.kernels import CUDNN_MIN_ELEMENTS, CUDNN_MIN_QUERIES
 
 from . import kernel_branches as kb
 from . import sdpa
@@ -103,8 +103,8 @@ def _cudnn_available(device: torch.device, dtype: torch.dtype) -> tuple[bool, st
     ok, why = _triton_available(device, dtype)  # short sequences, the tail, decode: band kernel
     if not ok:
         return False, f"the cuDNN compressed branch needs the Triton band kernel too: {why}"
-    return True, (f"cuDNN fused attention over folded query runs for prefill of >= "
-                  f"{CUDNN_MIN_QUERIES} queries, Triton band kernel otherwise")
+    return True, (f"cuDNN fused attention over folded query runs for prefills of >= {CUDNN_MIN_QUERIES} queries "
+                  f"holding >= {CUDNN_MIN_ELEMENTS} elements, the Triton band kernel otherwise")
 
 
 def _flex_available(device: torch.device, dtype: torch.dtype) -> tuple[bool, str]:

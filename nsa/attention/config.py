@@ -47,8 +47,8 @@ class NSAConfig:
     """Compression function: 'mlp' (MLP over the block with intra-block position embedding) or 'mean'."""
     backend_cmp: str = "auto"
     """Backend of the compressed branch and its top-n ('auto', 'torch', 'triton', 'cudnn': cuDNN fused
-    attention for bf16/fp16 prefill of >= nsa.kernels.CUDNN_MIN_QUERIES queries, 16384, the Triton band
-    kernel otherwise)."""
+    attention for bf16/fp16 prefills that nsa.kernels.cudnn_folds takes, of 16384 queries or more holding
+    2^25 query elements or more, the Triton band kernel otherwise)."""
     backend_sel: str = "auto"
     """Backend of the selected branch ('auto', 'torch', 'triton')."""
     sel_form: str = "auto"

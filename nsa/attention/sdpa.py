@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from nsa.kernels import CUDNN_MAX_HEAD_DIM
+
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: int = 0,
                      kernel: SDPBackend | None = None) -> torch.Tensor:
@@ -37,10 +39,6 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start:
 def torch_dense_attention(q, k, v, q_start: int = 0):
     """Causal attention on the SDPA kernel torch picks (its priority order and the enabled flags)."""
     return causal_attention(q, k, v, q_start)
-
-
-#: the head dims cuDNN's fused attention is used for here (as nsa.kernels.cudnn_compressed)
-CUDNN_MAX_HEAD_DIM = 128
 
 
 def cudnn_dense_attention(q, k, v, q_start: int = 0):

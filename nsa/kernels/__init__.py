@@ -62,6 +62,22 @@ CUDNN_MIN_QUERIES = 16384
 #: few heads the fold's host work costs more than cuDNN saves on the GPU (the m7c_125m layer at
 #: 16k and 32k: bench/nsa_vs_dense.py --parts layer host, with --nsa-set model.attn.backend_cmp=triton)
 CUDNN_MIN_ELEMENTS = 2**25
+#: the head dims cuDNN's fused attention is used for (the compressed branch's fold, the dense layer)
+CUDNN_MAX_HEAD_DIM = 128
+
+
+def cudnn_folds(queries: int, heads: int, head_dim: int, l: int, d: int, q_start: int = 0,
+                deterministic: bool = False) -> bool:
+    """Whether cudnn_compressed.cudnn_cmp_attention runs a call of these sizes on cuDNN's fold
+    rather than the band kernel: a prefill (q_start 0) of CUDNN_MIN_QUERIES queries or more whose
+    query tensor holds CUDNN_MIN_ELEMENTS elements or more (queries x heads x head_dim), head dims up
+    to CUDNN_MAX_HEAD_DIM, a whole run of d queries that sees a compressed token (of l positions),
+    and no fixed summation order asked for (cuDNN's backward promises none). Cheap and Triton-free,
+    so that what a route ran can be said without running it (nsa.model.telemetry.backend_report)."""
+    whole_runs = (queries - (l - 1)) // d
+    return (not deterministic and q_start == 0 and queries >= CUDNN_MIN_QUERIES
+            and queries * heads * head_dim >= CUDNN_MIN_ELEMENTS and head_dim <= CUDNN_MAX_HEAD_DIM
+            and whole_runs > 0)
 
 
 def triton_kernel_names() -> set[str]:

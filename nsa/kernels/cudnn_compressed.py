@@ -23,14 +23,10 @@ from __future__ import annotations
 
 import torch
 
-from . import CUDNN_MIN_ELEMENTS, CUDNN_MIN_QUERIES
+from . import cudnn_folds
 from ._autograd import kernel_op
 from .band_attention import band_attention, band_backward, band_forward
 from .tuning import BAND, BandTiles
-
-#: head dims cuDNN's fused attention takes
-MAX_HEAD_DIM = 128
-
 
 def _fold_kv(x: torch.Tensor, G: int, d: int) -> torch.Tensor:
     """x [R, H, K] (one sequence) -> [d, H*G, R, K]: each KV head repeated for its G query
@@ -89,8 +85,7 @@ def cudnn_cmp_attention(q, kc, vc, q_start: int, l: int, d: int, deterministic: 
     vouch for the summation order of cuDNN's fused backward). tiles: the band kernel's launches
     where it runs instead (nsa.kernels.tuning.BandTiles)."""
     B, Tq, HQ, K = q.shape
-    if (deterministic or q_start != 0 or Tq < CUDNN_MIN_QUERIES or Tq * HQ * K < CUDNN_MIN_ELEMENTS
-            or K > MAX_HEAD_DIM or _geometry(Tq, l, d)[2] <= 0):
+    if not cudnn_folds(Tq, HQ, K, l, d, q_start, deterministic):
         return band_attention(q, kc, vc, q_start, l, d, 0, False, deterministic, tiles)
     return fold_op(q.contiguous(), kc.contiguous(), vc.contiguous(), int(l), int(d))
 

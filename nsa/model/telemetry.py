@@ -8,9 +8,13 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from nsa import kernels
+
 from ..attention import NSAAttention
+from ..attention.backends import Route
 from ..attention.config import BRANCHES
 from ..attention.dense import DenseAttention
+from ..attention.kernel_branches import deterministic
 
 
 def attention_modules(model: nn.Module) -> list[NSAAttention | DenseAttention]:
@@ -45,21 +49,47 @@ def gate_stats(model: nn.Module) -> dict[str, float]:
     return {b: float(v) for b, v in zip(BRANCHES, total.tolist())}
 
 
-def backend_report(model: nn.Module) -> dict[str, dict]:
-    """Per stage: the backend chosen, why, whether 'auto' fell back past a backend meant for
+def backend_report(model: nn.Module, tokens: int | None = None) -> dict[str, dict]:
+    """Per stage: the backend that ran, why, whether 'auto' fell back past a backend meant for
     this device, and how many layer-calls ran it (the layers counting calls, count_calls; None
-    where none does). Reading the call counts synchronises with the device: call it on logging
-    steps only."""
+    where none does). ``tokens``: the length of the sequences the model is called on from their
+    start (a training step's); a route that hands calls of some sizes to another backend is named
+    by the one that ran at that length (``_ran``). Reading the call counts synchronises with the
+    device: call it on logging steps only."""
     report: dict[str, dict] = {}
     modules = attention_modules(model)
     counting = any(m.count_calls for m in modules)
     calls = torch.stack([m.calls for m in modules]).tolist() if counting else [0] * len(modules)
     for m, n in zip(modules, calls):
         for stage, route in m.routes.items():
-            entry = report.setdefault(stage, {"backend": route.backend, "reason": route.reason,
+            backend, reason = _ran(m, stage, route, tokens)
+            entry = report.setdefault(stage, {"backend": backend, "reason": reason,
                                               "fallback": route.fallback, "calls": 0 if counting else None})
-            if entry["backend"] != route.backend:
+            if entry["backend"] != backend:
                 entry["backend"] = "mixed"
             if m.count_calls:
                 entry["calls"] += n
     return report
+
+
+def _ran(m: NSAAttention | DenseAttention, stage: str, route: Route, tokens: int | None) -> tuple[str, str]:
+    """The backend that runs a stage's calls of ``tokens`` tokens from the sequence's start, and
+    why: the route's, but for the compressed branch's 'cudnn', which folds long prefills only and
+    runs the Triton band kernel below them (nsa.kernels.cudnn_folds)."""
+    if stage != "cmp" or route.backend != "cudnn" or tokens is None or not isinstance(m, NSAAttention):
+        return route.backend, route.reason
+    cfg = m.cfg
+    if kernels.cudnn_folds(tokens, m.n_heads, m.head_dim, cfg.cmp_block, cfg.cmp_stride, 0, deterministic()):
+        return route.backend, route.reason
+    if deterministic():
+        return "triton", ("the Triton band kernel: attn.backend_cmp's cuDNN route runs it where a fixed summation "
+                          "order is asked for (torch.use_deterministic_algorithms)")
+    elements = tokens * m.n_heads * m.head_dim
+    # the thresholds read at the call, as cudnn_folds reads them (a benchmark may set them)
+    min_queries, min_elements, max_dim = kernels.CUDNN_MIN_QUERIES, kernels.CUDNN_MIN_ELEMENTS, kernels.CUDNN_MAX_HEAD_DIM
+    short = [f"{tokens:,} tokens, under {min_queries:,}"] * (tokens < min_queries)
+    short += [f"{elements:,} query elements ({tokens:,} x {m.n_heads} heads x {m.head_dim}), under "
+              f"{min_elements:,}"] * (elements < min_elements)
+    short += [f"head dim {m.head_dim}, over {max_dim}"] * (m.head_dim > max_dim)
+    return "triton", (f"the Triton band kernel at {tokens:,} tokens: attn.backend_cmp's cuDNN route folds long "
+                      f"prefills only, and these have " + "; ".join(short))

@@ -313,7 +313,7 @@ class Trainer:
         if not self.info.is_master:
             return
         cfg, r = self.cfg, self.resolved
-        backends = backend_report(self.model)
+        backends = backend_report(self.model, self.cfg.train.seq_len)
         # every backend of the dense stage (model.attn.kind=dense) is an SDPA kernel
         sdpa_routed = sorted(s for s, b in backends.items()
                              if s == "dense" or "sdpa" in b["backend"] or "flash" in b["backend"])
@@ -641,7 +641,7 @@ class Trainer:
         extra = {"loss_rank": r.loss_rank, "mem_peak_gb": mem["mem_peak_gb"],
                  "toks_per_s_rank": self.tokens_per_step / self.info.world_size / r.seconds}
         if aux and not self.cfg.telemetry.disable_aux_stats:
-            routes = backend_report(self.model)
+            routes = backend_report(self.model, self.cfg.train.seq_len)
             extra["gates"] = gate_stats(self.model)  # a device sync: logged steps only
             extra["routes"] = {s: {"backend": b["backend"], "calls": b["calls"]} for s, b in routes.items()}
             # a fallback: 'auto' had to skip a faster backend meant for this device
@@ -653,7 +653,7 @@ class Trainer:
     def after_first_step(self) -> None:
         self.write_env()  # now with the attention backends each branch actually used
         if self.cfg.sdpa.audit:
-            for stage, b in backend_report(self.model).items():
+            for stage, b in backend_report(self.model, self.cfg.train.seq_len).items():
                 self.log(f"[sdpa-audit] {stage}: {b['backend']} ({b['reason']}), {b['calls']} layer-calls")
             self.log(f"[sdpa-audit] torch SDPA kernels enabled: {sdpa_flags()}")
 

@@ -45,10 +45,11 @@ def _math_causal_backward(do, q, k, v, o, state, scale):
 def fold_every_length(kdev, monkeypatch) -> None:
     """The cuDNN compressed branch folds even tiny sequences; on the CPU the math stand-in
     replaces the fused call."""
+    import nsa.kernels
     from nsa.kernels import cudnn_compressed
 
-    monkeypatch.setattr(cudnn_compressed, "CUDNN_MIN_QUERIES", 1)
-    monkeypatch.setattr(cudnn_compressed, "CUDNN_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(nsa.kernels, "CUDNN_MIN_QUERIES", 1)
+    monkeypatch.setattr(nsa.kernels, "CUDNN_MIN_ELEMENTS", 1)
     if kdev.type == "cpu":
         monkeypatch.setattr(cudnn_compressed, "_fused_causal", _math_causal)
         monkeypatch.setattr(cudnn_compressed, "_fused_causal_backward", _math_causal_backward)

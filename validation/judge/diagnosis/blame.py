@@ -245,17 +245,20 @@ class Diagnosis:
     detected: Detected | None = None
     """Of Kind.MISMATCHED: the check that found it, and the ranks it ended; None otherwise."""
     ended: tuple[RankAt, ...] = ()
-    """Of Kind.OUT_OF_STEP: the ranks that exited 0 having completed the step the ranks blamed failed or waited in;
-    () otherwise."""
+    """Of Kind.OUT_OF_STEP: the ranks that exited 0 (or left, ``ended_exit_0``) having completed the step the ranks
+    blamed failed or waited in; () otherwise."""
+    ended_exit_0: bool = True
+    """Of Kind.OUT_OF_STEP: the ranks of ``ended`` exited 0; False where they left and torchrun's agent ended them
+    while they were still ending (the ``beside`` of a Kind.LEFT whose ``broken`` is set)."""
     waiting: bool = False
     """Of Kind.OUT_OF_STEP: the ranks blamed still waited in their collective, with no partner left, when the harness
     stopped the run (a backend whose collective waits for its partner: NCCL's), rather than failed in it (of a rank
     of no stack, ``suspected``: still running within the step, in a call not known); False otherwise."""
     beside: Diagnosis | None = None
     """Of Kind.LEFT: the ranks' collectives out of step as well (Kind.OUT_OF_STEP), where the ranks left failed or
-    waited in a collective of a step the rank that left had completed before it exited 0. Both are faults of their
-    own: the early exit ended the run, and without it they would have failed later (their collectives still out
-    of step). None otherwise."""
+    waited in a collective of a step the rank that left had completed before it exited 0, or before it left and was
+    still ending (``broken``). Both are faults of their own: the early exit ended the run, and without it they would
+    have failed later (their collectives still out of step). None otherwise."""
     broken: Broken | None = None
     """Of Kind.LEFT of ranks torchrun's agent ended (SIGTERM) while they were still ending, not exited 0
     (left.py ``left_ending``): the ranks whose collective broke on their closed connections, and their words;

@@ -5,7 +5,7 @@ process a signal ended (``killed_alone``); and a launch of several nodes none of
 started (``no_rank_started``), which is no crash."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nsa.contract import EXIT_NONFINITE
 from validation.contract.torchrun_log import agent_stopped, gave_up
@@ -13,8 +13,8 @@ from validation.contract.torchrun_log.failure import PeerGone
 from validation.judge.diagnosis.blame import Broken, Diagnosis, Kind, RankAt, diagnosis_of, files_of, logs_of
 from validation.judge.diagnosis.collectives import waited_for
 from validation.judge.diagnosis.failed import died_first, failed_as
-from validation.judge.diagnosis.left import (broke_on_peer, departed, exited_0, left_ending, maybe_departed, root_of,
-                                             silent_first)
+from validation.judge.diagnosis.left import (broke_on_peer, departed, exited_0, left_ending, left_having_completed,
+                                             maybe_departed, root_of, silent_first)
 from validation.judge.diagnosis.mismatch import mismatched
 from validation.judge.diagnosis.nonfinite import NonfiniteExit, nonfinite_exit_of
 from validation.judge.diagnosis.outofstep import out_of_step
@@ -40,7 +40,8 @@ def crash(r: PhaseRecord) -> Diagnosis | None:
     else the rank that failed first in its own right, else the ranks whose silent exits came first (or
     ranks that may have left before them: which came first cannot be told), else ranks that left early
     (with the ranks that failed in a collective of a step one of them had completed, ``Diagnosis.beside``), or
-    that left early and were still ending when torchrun ended them (``Diagnosis.broken``), else
+    that left early and were still ending when torchrun ended them (``Diagnosis.broken``; ``beside`` too where the
+    others broke within a step it had completed), else
     ranks that failed in a collective within a step a rank had completed before it exited 0
     (``out_of_step``), else ranks that exited 0 while the others still needed them, else ranks the
     others' collective gave up waiting for, else the one process of its run; no rank where nothing
@@ -72,6 +73,9 @@ def crash(r: PhaseRecord) -> Diagnosis | None:
                             beside=out_of_step(r, ended))
     if leaving := left_ending(r):  # the others' collective broke on one that left, which torchrun then ended
         return _left_ending(r, leaving)
+    # ... broke within a step the one that left had completed: their collectives were out of step as well
+    if (leaving := left_having_completed(r)) and (off := out_of_step(r, leaving)) is not None:
+        return _left_ending(r, leaving, beside=replace(off, ended_exit_0=False))
     if ended and (off := out_of_step(r, ended)) is not None:  # a rank failed in a step one that ended had completed
         return off
     if ended:  # none left early: one that may have done all its steps ended while the others still needed it
@@ -94,9 +98,10 @@ def crash(r: PhaseRecord) -> Diagnosis | None:
                      files=files_of(rec=r, ranks=ranks), from_log=True)
 
 
-def _left_ending(r: PhaseRecord, leaving: list[int]) -> Diagnosis:
+def _left_ending(r: PhaseRecord, leaving: list[int], beside: Diagnosis | None = None) -> Diagnosis:
     """``leaving``, ranks that left early and were still ending when torchrun's agent ended them (``left_ending``),
-    beside the ranks whose collective broke on them (``broke_on_peer``), each at its collective's call site."""
+    beside the ranks whose collective broke on them (``broke_on_peer``), each at its collective's call site; with
+    ``beside``, those ranks' collectives out of step with theirs (``left_having_completed``)."""
     failures = r.evidence.rank_failures
     broke = broke_on_peer(r)
     ranks = tuple(RankAt.of(r, k, frame=failures[k].collective, cause=failures[k].cause or "",
@@ -105,7 +110,7 @@ def _left_ending(r: PhaseRecord, leaving: list[int]) -> Diagnosis:
     nodes = r.evidence.nodes
     return diagnosis_of(Kind.LEFT, tuple(RankAt.of(r, k) for k in leaving), r, cause=ranks[0].cause or None,
                         logs=logs_of(r, [*leaving, *broke]),
-                        broken=Broken(ranks, peer, one_host=nodes is None or nodes.one_host))
+                        broken=Broken(ranks, peer, one_host=nodes is None or nodes.one_host), beside=beside)
 
 
 def _stopped_nonfinite(r: PhaseRecord, stop: NonfiniteExit) -> Diagnosis:

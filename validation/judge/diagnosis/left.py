@@ -1,7 +1,8 @@
 """Which ranks left early (``departed``), which are known to have ended with exit 0 and which not
 (``exited_0``, ``remained``), how a rank had ended before the harness stopped the run
 (``ended_before``), and which ranks torchrun ended while they were still ending after they left
-early (``left_ending``) or may have (``maybe_departed``).
+early (``left_ending``; ``left_having_completed``, where the others failed within the step it had
+completed) or may have (``maybe_departed``).
 
 How a rank is known to have left early with exit 0, under torchrun (its agent is what reports ends):
 
@@ -122,6 +123,21 @@ def left_ending(rec: PhaseRecord) -> list[int]:
     collective of the others would have waited for it. How certain that is, the others' words, the ranks' hosts and how many such ranks there are say
     (blame.py ``Diagnosis.suspected``)."""
     return _stopped_behind(rec, broke_on_peer(rec))
+
+
+def left_having_completed(rec: PhaseRecord) -> list[int]:
+    """Of a run whose first failures torchrun saw are collectives broken by a peer gone (``broke_on_peer``): the
+    ranks torchrun then ended with SIGTERM, having raised nothing (``_ended_by_agent``), whose last heartbeat is a
+    step's end, not behind the others (else ``left_ending``). A rank still running keeps its connections open, so one
+    whose connections closed under the others had left after the step it completed; where the others failed within
+    that step, they had called more collectives than it by then (outofstep.py ``out_of_step`` says whether they
+    did). [] otherwise, and of a run the harness stopped (its stop's SIGTERMs are no sign of an end under way)."""
+    first = broke_on_peer(rec)
+    ev = rec.evidence
+    if not first or rec.stalled_s is not None or rec.timed_out:
+        return []
+    return [k for k, f in sorted(ev.rank_failures.items()) if k not in first and _ended_by_agent(f)
+            and (b := ev.last_heartbeat.get(k)) is not None and b.done is not None]
 
 
 def broke_on_peer(rec: PhaseRecord) -> list[int]:

@@ -180,8 +180,11 @@ def _mismatch(f: Facts) -> str:
 def _out_of_step(f: Facts) -> str:
     did = ("waited in a collective, with no partner left, until the harness stopped the run (a collective without its "
            "partner waits under NCCL, where gloo's fails), " if f.waiting else "failed in a collective ")
-    head = (f"A rank {did}within a step that another rank had completed before it exited 0 (the finding names both): "
-            "the exited rank had called every collective of that step, so the ranks' collectives were out of step. ")
+    # of the ranks beside one that left and was still ending when torchrun's agent ended it (Facts.ending)
+    left = "left (it was still ending when torchrun's agent ended it)" if f.ending else "exited 0"
+    head = (f"A rank {did}within a step that another rank had completed before it {left} (the finding names both): "
+            f"the {'rank that left' if f.ending else 'exited rank'} had called every collective of that step, so the "
+            "ranks' collectives were out of step. ")
     if f.suspected:  # no stack shows the rank in a collective: its heartbeat alone says where it was
         head = ("A rank was still running within a step that another rank had completed before it exited 0, and no "
                 "stack of it could be taken (the finding names both): it may have waited in a collective of that step "

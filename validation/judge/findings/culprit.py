@@ -166,7 +166,8 @@ def out_of_step(d: Diagnosis) -> str:
     left, off = _names(d.ended), _names(d.ranks)
     more = (f"more collectives than {left} by then, one of {own} own that {left} never called or one {left} skipped, "
             "earlier in the run")
-    said = f"{failed}, {steps} {left} had completed before {'it' if one else 'they'} exited 0 ({beats}): "
+    said = (f"{failed}, {steps} {left} had completed before {'it' if one else 'they'} "
+            f"{'exited 0' if d.ended_exit_0 else 'left'} ({beats}): ")
     if not d.suspected:
         return (f"{said}the ranks' collectives were out of step: {off} had called {more}; which, and at which step, "
                 "these files do not tell")
@@ -248,7 +249,7 @@ def text(d: Diagnosis) -> str:
     if d.kind == Kind.OUT_OF_STEP:
         return out_of_step(d)
     if d.broken is not None:
-        return still_ending(d)
+        return still_ending(d) + (f"; besides, {out_of_step(d.beside)}" if d.beside is not None else "")
     own = "; ".join(f"{who(at)} {DID[d.kind]}" + (f" in {at.frame}" if at.frame else "") + _said(at)
                     + (f": {c}" if (c := cause(d, at)) else "") for at in d.ranks)
     if d.beside is not None:

@@ -120,7 +120,7 @@ def _crash_finding(r: PhaseRecord, d: Diagnosis) -> Finding:
     stepped = Outcome.of_record(r)
     broken = ([f"broken contract file: {e}" for e in ev.errors]
               if stepped.steps_completed or stepped.last_step_done else [])
-    facts = replace(Facts.of(r), ending=d.broken is not None, suspected=d.suspected)
+    facts = replace(Facts.of(r), ending=d.broken is not None or not d.ended_exit_0, suspected=d.suspected)
     return Finding(Severity.CRITICAL, r.phase, title, [f"stderr: {p}" for p in d.logs] + broken
                    + _rank_lines(r) + _earlier_attempts(r), kind, facts, d if d.ranks else None)
 

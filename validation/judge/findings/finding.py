@@ -85,8 +85,9 @@ class Facts:
     have hung of its own within the step; of a rank that left early and was still ending (``ending``): it may instead
     have been still running (``Diagnosis.suspected``)."""
     ending: bool = False
-    """Of a rank that left early (Kind.LEFT): torchrun's agent ended it (SIGTERM) while it was still ending, after the
-    others' collective broke on its closed connections (``Diagnosis.broken``), rather than it having exited 0."""
+    """Of a rank that left early (Kind.LEFT), and of the ranks out of step beside it (Kind.OUT_OF_STEP): torchrun's
+    agent ended it (SIGTERM) while it was still ending, after the others' collective broke on its closed connections
+    (``Diagnosis.broken``, ``Diagnosis.ended_exit_0``), rather than it having exited 0."""
     loss_after: LossAfter | None = None
     """Of a run whose training.csv logs a non-finite loss: what it logs after the first (None: every
     logged loss is finite, or a record of an older harness does not say)."""

@@ -213,3 +213,41 @@ def test_of_three_ranks_two_behind_the_broken_collective_are_each_suspected(tmp_
                            "have left early after step 5 (last heartbeat step 5, stage step) and been still ending "
                            "when torchrun's agent ended them (SIGTERM): rank 1's all_reduce"), line
     assert "only one of ranks 0, 2 need have left, the other running code of its own between steps" in line, line
+
+
+#: rank 1 all-reduced its loss an extra time at step 3 (NSA_RECORD_TWICE=1@3), so each of its later all-reduces met
+#: rank 0's next one; rank 0 left after step 5 as above (NSA_RECORD_LINGER=0@5), and rank 1's all-reduce of step 5,
+#: a step rank 0 had completed, broke on its closed connection
+OUT_OF_STEP = Path(__file__).parents[1] / "evidence" / "gloo2_left_ending_out_of_step"
+
+
+def test_a_rank_that_left_after_a_step_the_other_still_failed_within_is_named_beside_the_collectives_out_of_step(
+        tmp_path):
+    """The two faults at once read 'trainer crashed (exit code 1)' with no diagnosis: rank 0 was no rank stopped
+    behind the one whose collective broke (it had completed step 5, the step rank 1 broke in), so not the early exit
+    still ending, and it did not exit 0, so not the collectives out of step beside an early exit either."""
+    run = tmp_path / "run"
+    shutil.copytree(OUT_OF_STEP, run)
+    rec = judged_run(run, "trainer.stderr.log", 1)
+    d = diagnose(rec)
+    assert d is not None and d.kind == Kind.LEFT and not d.suspected, d
+    assert [(at.rank, at.step, at.stage) for at in d.ranks] == [(0, 5, "step")], d
+    assert [(at.rank, at.step, at.frame) for at in d.broken.ranks] == [(1, 5, "all_reduce")], d
+    off = d.beside
+    assert off is not None and off.kind == Kind.OUT_OF_STEP and not off.ended_exit_0, off
+    assert [(at.rank, at.step) for at in off.ranks] == [(1, 5)] and [at.rank for at in off.ended] == [0], off
+    line = verdict_line(rec)
+    assert re.fullmatch(r"rank 0 left early after step 5 \(last heartbeat step 5, stage step\) and was still ending "
+                        r"when torchrun's agent ended it \(SIGTERM\): its connections closed under rank 1's all_reduce "
+                        r"at tests/record_trainer.py:163 \(main\) during step 5 \([^)]*\); besides, rank 1 failed in "
+                        r"all_reduce at tests/record_trainer.py:163 \(main\) during step 5 \([^)]*\), a step rank 0 had "
+                        r"completed before it left \(last heartbeat step 5, stage step\): the ranks' collectives were out "
+                        r"of step: rank 1 had called more collectives than rank 0 by then, .* — the other ranks failed "
+                        r"without it \(exit code 1\)", line), line
+    found = {f.kind: f for f in find([rec]) if f.kind in ("departed", "out_of_step")}
+    assert set(found) == {"departed", "out_of_step"}, find([rec])
+    assert "a step rank 0 had completed before it left" in found["out_of_step"].title
+    advice = recommendations(list(found.values()))
+    assert any("still ending" in a for a in advice), advice
+    assert any("another rank had completed before it left (it was still ending when torchrun's agent ended it)" in a
+               for a in advice), advice

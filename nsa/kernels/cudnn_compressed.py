@@ -28,6 +28,7 @@ from ._autograd import kernel_op
 from .band_attention import band_attention, band_backward, band_forward
 from .tuning import BAND, BandTiles
 
+
 def _fold_kv(x: torch.Tensor, G: int, d: int) -> torch.Tensor:
     """x [R, H, K] (one sequence) -> [d, H*G, R, K]: each KV head repeated for its G query
     heads (a copy), then shared by the d folded queries through a zero batch stride (cuDNN

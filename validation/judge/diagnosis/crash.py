@@ -73,9 +73,13 @@ def crash(r: PhaseRecord) -> Diagnosis | None:
                             beside=out_of_step(r, ended))
     if leaving := left_ending(r):  # the others' collective broke on one that left, which torchrun then ended
         return _left_ending(r, leaving)
-    # ... broke within a step the one that left had completed: their collectives were out of step as well
+    # ... broke within a step the one that left had completed: their collectives were out of step as well. Not
+    # where their words fit a network failing between hosts (Broken.network_fits): a rank still finishing the
+    # step's all-reduce when the network failed leaves the same ends, its peer having returned from it and gone on
     if (leaving := left_having_completed(r)) and (off := out_of_step(r, leaving)) is not None:
-        return _left_ending(r, leaving, beside=replace(off, ended_exit_0=False))
+        left = _left_ending(r, leaving, beside=replace(off, ended_exit_0=False))
+        if not left.broken.network_fits:
+            return left
     if ended and (off := out_of_step(r, ended)) is not None:  # a rank failed in a step one that ended had completed
         return off
     if ended:  # none left early: one that may have done all its steps ended while the others still needed it

@@ -251,3 +251,26 @@ def test_a_rank_that_left_after_a_step_the_other_still_failed_within_is_named_be
     assert any("still ending" in a for a in advice), advice
     assert any("another rank had completed before it left (it was still ending when torchrun's agent ended it)" in a
                for a in advice), advice
+
+
+def test_across_hosts_a_lost_connection_within_the_step_its_peer_completed_names_no_early_exit(tmp_path):
+    """On two hosts, 'Connection reset by peer' within step 5, a step rank 0 had completed, fits a network that failed
+    while rank 1 still finished the step's all-reduce (rank 0 having returned from it and gone on) as well: neither
+    the early exit nor the collectives out of step is claimed."""
+    run = tmp_path / "run"
+    shutil.copytree(OUT_OF_STEP, run)
+    log = run / "trainer.stderr.log"
+    log.write_text(re.sub(r"Connection closed by peer (\[127\.0\.0\.1\]:\d+)", r"Read error \1: Connection reset by peer",
+                          log.read_text()))
+    rec = judged_run(run, "trainer.stderr.log", 1)
+    assert rec.evidence.rank_failures[1].peer_gone == PeerGone.LOST
+    rec.evidence.nodes = NodesEvidence("torchrun", "a:29500", 6.0, [
+        NodeEvidence(0, "trainer.stderr.log", "a", 1, 3.0, 0, [0]),
+        NodeEvidence(1, "trainer.stderr.log", "b", 1, 3.0, 1, [1])])
+    d = diagnose(rec)
+    assert d is None or (d.kind != Kind.LEFT and d.kind != Kind.OUT_OF_STEP), d
+    # on one host the same words are the peer's process ending: both are named
+    rec.evidence.nodes = None
+    d = diagnose(rec)
+    assert d is not None and d.kind == Kind.LEFT and d.beside is not None, d
+

@@ -78,18 +78,21 @@ def _ran(m: NSAAttention | DenseAttention, stage: str, route: Route, tokens: int
     runs the Triton band kernel below them (nsa.kernels.cudnn_folds)."""
     if stage != "cmp" or route.backend != "cudnn" or tokens is None or not isinstance(m, NSAAttention):
         return route.backend, route.reason
-    cfg = m.cfg
-    if kernels.cudnn_folds(tokens, m.n_heads, m.head_dim, cfg.cmp_block, cfg.cmp_stride, 0, deterministic()):
+    cfg, fixed_order = m.cfg, deterministic()
+    if kernels.cudnn_folds(tokens, m.n_heads, m.head_dim, cfg.cmp_block, cfg.cmp_stride, 0, fixed_order):
         return route.backend, route.reason
-    if deterministic():
+    if fixed_order:
         return "triton", ("the Triton band kernel: attn.backend_cmp's cuDNN route runs it where a fixed summation "
                           "order is asked for (torch.use_deterministic_algorithms)")
     elements = tokens * m.n_heads * m.head_dim
     # the thresholds read at the call, as cudnn_folds reads them (a benchmark may set them)
-    min_queries, min_elements, max_dim = kernels.CUDNN_MIN_QUERIES, kernels.CUDNN_MIN_ELEMENTS, kernels.CUDNN_MAX_HEAD_DIM
-    short = [f"{tokens:,} tokens, under {min_queries:,}"] * (tokens < min_queries)
-    short += [f"{elements:,} query elements ({tokens:,} x {m.n_heads} heads x {m.head_dim}), under "
-              f"{min_elements:,}"] * (elements < min_elements)
-    short += [f"head dim {m.head_dim}, over {max_dim}"] * (m.head_dim > max_dim)
+    short = []
+    if tokens < kernels.CUDNN_MIN_QUERIES:
+        short.append(f"{tokens:,} tokens, under {kernels.CUDNN_MIN_QUERIES:,}")
+    if elements < kernels.CUDNN_MIN_ELEMENTS:
+        short.append(f"{elements:,} query elements ({tokens:,} x {m.n_heads} heads x {m.head_dim}), under "
+                     f"{kernels.CUDNN_MIN_ELEMENTS:,}")
+    if m.head_dim > kernels.CUDNN_MAX_HEAD_DIM:
+        short.append(f"head dim {m.head_dim}, over {kernels.CUDNN_MAX_HEAD_DIM}")
     return "triton", (f"the Triton band kernel at {tokens:,} tokens: attn.backend_cmp's cuDNN route folds long "
                       f"prefills only, and these have " + "; ".join(short))

@@ -1,0 +1,104 @@
+"""An NSA layer on the kernels against the same layer in float64 on the PyTorch path, under launch
+variants, each in a process of its own (a kernel that faults leaves its CUDA context unusable):
+which setting a failing GPU case depends on, and whether a change of it computes the right values.
+
+    python bench/layer_variants.py                       # every variant of the default case
+    python bench/layer_variants.py --variants base stages1 tf32
+
+The default case is tests/kernels/test_triton_layer.py's mlp-G5-K48-B3 prefill (float32, B 3,
+T 23, 5 query heads on one KV head, head dim 48). Each variant prints its largest error of the
+output and of dx against the float64 layer, or the error it raised.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+
+#: variant -> what it changes (see _apply)
+VARIANTS = {
+    "base": "nothing: the test's case",
+    "stages1": "the selected forward/dq kernels' pipeline: one stage (SelectionTuning.fwd_stages=1)",
+    "tf32": "float32 products in TF32 instead of tf32x3 (torch allows TF32)",
+    "tt1": "one query token a program (SelectionTuning.tt=1)",
+    "warps4": "4 warps instead of the float32 small tiles' 8",
+    "k64": "head dim 64",
+    "g4": "4 query heads a KV head",
+    "bf16": "bfloat16 autocast",
+}
+
+
+def _apply(variant: str, case: dict) -> None:
+    import torch
+    from nsa.kernels import selection, tuning
+    if variant == "stages1":
+        tuning.SELECTION = dataclasses.replace(tuning.SELECTION, fwd_stages=1)
+    elif variant == "tf32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    elif variant == "tt1":
+        tuning.SELECTION = dataclasses.replace(tuning.SELECTION, tt=1)
+    elif variant == "warps4":
+        selection.fp32_small_tiles = lambda dtype, K: False
+    elif variant == "k64":
+        case["K"] = 64
+    elif variant == "g4":
+        case["HQ"] = 4
+
+
+def run_one(variant: str) -> str:
+    import torch
+    from nsa.attention import NSAAttention
+    from nsa.attention.config import NSAConfig
+    case = dict(B=3, T=23, HQ=5, H=1, K=48, dim=24)
+    _apply(variant, case)
+    routes = ("backend_cmp", "backend_sel", "backend_win")
+    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=6, n_selected=3, window=5)
+    torch.manual_seed(case["T"])
+    ref = NSAAttention(case["dim"], case["HQ"], case["H"], case["K"],
+                       NSAConfig(**{**cfg.__dict__, **dict.fromkeys(routes, "torch")}), graph_tokens=0)
+    with torch.no_grad():
+        for c in ref.compressors:
+            if c.kind == "mlp":
+                c.pos.normal_()
+        ref.gate_proj.bias.normal_()
+    ref = ref.double()
+    layer = NSAAttention(case["dim"], case["HQ"], case["H"], case["K"],
+                         NSAConfig(**{**cfg.__dict__, **dict.fromkeys(routes, "triton")}), graph_tokens=0).cuda()
+    layer.load_state_dict({n: t.float() for n, t in ref.state_dict().items()})
+    x = torch.randn(case["B"], case["T"], case["dim"], dtype=torch.float64)
+    x_ref, x32 = x.clone().requires_grad_(), x.float().cuda().requires_grad_()
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=variant == "bf16"):
+        y = layer(x32)
+    (dx,) = torch.autograd.grad(y.float().sum(), x32)
+    torch.cuda.synchronize()
+    y_ref = ref(x_ref)
+    (dx_ref,) = torch.autograd.grad(y_ref.sum(), x_ref)
+    err_y = (y.double().cpu() - y_ref).abs().max().item()
+    err_dx = (dx.double().cpu() - dx_ref).abs().max().item()
+    return f"max |y - y64| {err_y:.2e}, max |dx - dx64| {err_dx:.2e}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    ap.add_argument("--one", choices=list(VARIANTS), help=argparse.SUPPRESS)  # the child process
+    ap.add_argument("--timeout", type=float, default=90.0, help="seconds per variant")
+    args = ap.parse_args()
+    if args.one:
+        print(run_one(args.one))
+        return
+    for v in args.variants:
+        try:
+            p = subprocess.run([sys.executable, __file__, "--one", v], capture_output=True, text=True,
+                               timeout=args.timeout)
+            lines = (p.stdout + p.stderr).strip().splitlines()
+            last = lines[-1] if lines else ""
+            result = f"ok: {last}" if p.returncode == 0 else f"exit {p.returncode}: {last[:300]}"
+        except subprocess.TimeoutExpired:
+            result = f"timed out after {args.timeout:.0f} s"
+        print(f"{v:8s} ({VARIANTS[v]}): {result}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

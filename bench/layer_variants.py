@@ -22,7 +22,7 @@ VARIANTS = {
     "stages1": "the selected forward/dq kernels' pipeline: one stage (SelectionTuning.fwd_stages=1)",
     "tf32": "float32 products in TF32 instead of tf32x3 (torch allows TF32)",
     "tt1": "one query token a program (SelectionTuning.tt=1)",
-    "warps4": "4 warps instead of the float32 small tiles' 8",
+    "warps8": "the selected forward/dq kernels at 8 warps (SelectionTuning.fwd_warps=8)",
     "k64": "head dim 64",
     "g4": "4 query heads a KV head",
     "bf16": "bfloat16 autocast",
@@ -31,15 +31,15 @@ VARIANTS = {
 
 def _apply(variant: str, case: dict) -> None:
     import torch
-    from nsa.kernels import selection, tuning
+    from nsa.kernels import tuning
     if variant == "stages1":
         tuning.SELECTION = dataclasses.replace(tuning.SELECTION, fwd_stages=1)
     elif variant == "tf32":
         torch.backends.cuda.matmul.allow_tf32 = True
     elif variant == "tt1":
         tuning.SELECTION = dataclasses.replace(tuning.SELECTION, tt=1)
-    elif variant == "warps4":
-        selection.fp32_small_tiles = lambda dtype, K: False
+    elif variant == "warps8":
+        tuning.SELECTION = dataclasses.replace(tuning.SELECTION, fwd_warps=8)
     elif variant == "k64":
         case["K"] = 64
     elif variant == "g4":

@@ -393,7 +393,7 @@ def _tile_launch(q, k, v, idx, sel_block: int, tune: SelectionTuning):
     kv = (kv_desc(k, sel_block), kv_desc(v, sel_block)) if tma else (k, v)
     interpret = q.device.type == "cpu"
     meta["DOT"] = dot_precision(q.dtype)
-    # float32 tiles of 64 rows and more stay at the tuned warps: Triton 3.6 compiles this module's
+    # float32 tiles of 64 rows or more stay at the tuned warps: Triton 3.6 compiles this module's
     # forward at 8 warps and 64 rows in float32 for sm_90 into a kernel that reads past its shared
     # memory (an illegal memory access on an H100; `python bench/layer_variants.py` runs the case)
     eight_warps = fp32_small_tiles(q.dtype, meta["K"]) and meta["ROWS"] < 64

@@ -15,6 +15,12 @@ import argparse
 import dataclasses
 import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # nsa and tests/ importable from a checkout
+
+#: the test's prefill case (tests/kernels/test_triton_layer.py's PREFILL) and its model width
+CASE, DIM = "mlp-G5-K48-B3", 24
 
 #: variant -> what it changes (see _apply)
 VARIANTS = {
@@ -48,25 +54,12 @@ def _apply(variant: str, case: dict) -> None:
 
 def run_one(variant: str) -> str:
     import torch
-    from nsa.attention import NSAAttention
-    from nsa.attention.config import NSAConfig
-    case = dict(B=3, T=23, HQ=5, H=1, K=48, dim=24)
+    from tests.kernels.test_triton_layer import PREFILL, _layers
+    cfg, B, T, HQ, H, K, _ = PREFILL[CASE]
+    case = dict(B=B, T=T, HQ=HQ, H=H, K=K)
     _apply(variant, case)
-    routes = ("backend_cmp", "backend_sel", "backend_win")
-    cfg = NSAConfig(cmp_block=4, cmp_stride=2, sel_block=6, n_selected=3, window=5)
-    torch.manual_seed(case["T"])
-    ref = NSAAttention(case["dim"], case["HQ"], case["H"], case["K"],
-                       NSAConfig(**{**cfg.__dict__, **dict.fromkeys(routes, "torch")}), graph_tokens=0)
-    with torch.no_grad():
-        for c in ref.compressors:
-            if c.kind == "mlp":
-                c.pos.normal_()
-        ref.gate_proj.bias.normal_()
-    ref = ref.double()
-    layer = NSAAttention(case["dim"], case["HQ"], case["H"], case["K"],
-                         NSAConfig(**{**cfg.__dict__, **dict.fromkeys(routes, "triton")}), graph_tokens=0).cuda()
-    layer.load_state_dict({n: t.float() for n, t in ref.state_dict().items()})
-    x = torch.randn(case["B"], case["T"], case["dim"], dtype=torch.float64)
+    ref, layer = _layers(torch.device("cuda"), cfg, DIM, case["HQ"], case["H"], case["K"], seed=T)
+    x = torch.randn(B, T, DIM, dtype=torch.float64)
     x_ref, x32 = x.clone().requires_grad_(), x.float().cuda().requires_grad_()
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=variant == "bf16"):
         y = layer(x32)

@@ -266,7 +266,12 @@ def runbook_profile(rb: Runbook, name: str) -> Profile:
 def _resolve(path_or_name: str | Path, directory: Path, what: str) -> Path:
     p = Path(path_or_name)
     if p.suffix in (".yaml", ".yml"):
-        return p.expanduser()  # `--runbook=~/my.yaml`: the shell leaves a ~ after '=' alone
+        p = p.expanduser()  # `--runbook=~/my.yaml`: the shell leaves a ~ after '=' alone
+        if not p.exists() and p.parent == Path(".") and (directory / f"{p.stem}.yaml").is_file():
+            # `--runbook cpu_smoke.yaml` outside the checkout: a path, so not the built-in one
+            raise RunbookError(f"{p}: file not found in {Path.cwd()}; the {what} {p.stem!r} under {directory} is "
+                               f"named without its suffix: --{what} {p.stem}")
+        return p
     if not NAME.match(str(path_or_name)):
         raise RunbookError(f"{path_or_name!r}: not a YAML path or a name under {directory}")
     path = directory / f"{p}.yaml"

@@ -147,6 +147,25 @@ def test_a_runbooks_profiles_are_names_and_a_missing_one_says_how_to_give_a_file
         runbook_profile(rb, "mycpu")
 
 
+def test_a_built_in_name_given_with_its_suffix_elsewhere_says_to_drop_it(tmp_path, monkeypatch):
+    """A user's pass: `nsa-validate run --runbook cpu_smoke.yaml` outside the checkout read
+    'cpu_smoke.yaml: file not found'; with the suffix the name is a path, so the error names the
+    built-in and how to give it. A file of that name in the directory is still the one read."""
+    from validation.runbook.load import load_profile
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RunbookError, match=r"cpu_smoke\.yaml: file not found in .*; the runbook 'cpu_smoke' under "
+                                           r".*runbooks is named without its suffix: --runbook cpu_smoke"):
+        load_runbook("cpu_smoke.yaml")
+    with pytest.raises(RunbookError, match=r"the profile 'cpu' under .*profiles is named without its suffix: "
+                                           r"--profile cpu"):
+        load_profile("cpu.yml")
+    with pytest.raises(RunbookError, match=r"^elsewhere\.yaml: file not found$"):
+        load_runbook("elsewhere.yaml")
+    _write(tmp_path, _rb()).rename(tmp_path / "cpu_smoke.yaml")
+    assert load_runbook("cpu_smoke.yaml").name == _rb()["name"]
+
+
 def test_bad_profile_names_key(tmp_path):
     p = tmp_path / "prof.yaml"
     p.write_text(yaml.safe_dump({"name": "x", "marker": "x", "hardware": {"accelerator": "tpu"}, "thresholds": {}}))

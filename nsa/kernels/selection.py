@@ -394,8 +394,8 @@ def _tile_launch(q, k, v, idx, sel_block: int, tune: SelectionTuning):
     interpret = q.device.type == "cpu"
     meta["DOT"] = dot_precision(q.dtype)
     # float32 tiles of 64 rows or more stay at the tuned warps: Triton 3.6 compiles this module's
-    # forward at 8 warps and 64 rows in float32 for sm_90 into a kernel that reads past its shared
-    # memory (an illegal memory access on an H100; `python bench/layer_variants.py` runs the case)
+    # forward at 8 warps, 64 rows and head dim 48 or 64 in float32 for sm_90 into a kernel that reads
+    # past its shared memory (an illegal memory access on an H100; `python bench/layer_variants.py`)
     eight_warps = fp32_small_tiles(q.dtype, meta["K"]) and meta["ROWS"] < 64
     cfg = dict(num_warps=4 if interpret else 8 if eight_warps else tune.fwd_warps,
                num_stages=1 if interpret else tune.tma_stages if tma else tune.fwd_stages)

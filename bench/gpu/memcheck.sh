@@ -5,6 +5,7 @@
 # thread of the first bad access).
 #   SELECT="tests/kernels/test_triton_layer.py -k mlp-G5" bash bench/gpu/memcheck.sh
 . bench/gpu/device_prologue.sh
+: "${SELECT:?SELECT names the tests (pytest arguments), e.g. SELECT=\"tests/kernels/test_x.py -k case\"}"
 LOG=$OUT/memcheck.log
 device_header "$LOG"
 # shellcheck disable=SC2086

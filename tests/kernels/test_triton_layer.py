@@ -48,7 +48,8 @@ PREFILL = {
     "mean-G3-H2-blocks-deterministic": (NSAConfig(cmp_block=6, cmp_stride=3, sel_block=6, n_selected=4, window=9,
                                                   phi="mean", sel_form="blocks"), 2, 29, 6, 2, 16, True),
     # the seeds' heads at the paper's blocks: the selected branch's token tiles hold 64 rows (8 tokens of
-    # 6 heads padded to 8), which Triton 3.6 compiled at 8 warps into a kernel reading past its shared memory
+    # 6 heads padded to 8) at head dim 64, the tile Triton 3.6 compiled at 8 warps (seen at G=5) into a
+    # kernel reading past its shared memory
     "m7c-heads-G6-K64": (NSAConfig(), 1, 128, 12, 2, 64, False),
 }
 #: cases run on the GPU only (about 50 s each under the CPU interpreter, which compiles no sm_90 code)

@@ -5,6 +5,7 @@ from a module it had moved out of; bench/gpu/golden_losses.sh once listed its ph
 import that no longer resolved, so a device call ran the whole runbook instead)."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -20,11 +21,36 @@ def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=[p.name for p in SCRIPTS])
-def test_bench_script_answers_help(script):
-    r = _run(str(script.relative_to(ROOT)), "--help", timeout=120)
+# Each script as `python <script> --help` runs it, one after another in one process, so that torch
+# and the project are imported once for all of them (a process each spent most of the time importing
+# them again). The environment and sys.path are restored after each script.
+HELP_ALL = """
+import contextlib, io, json, os, runpy, sys
+results = {}
+for script in sys.argv[1:]:
+    env, path, out = dict(os.environ), list(sys.path), io.StringIO()
+    sys.argv, sys.path[0] = [script, "--help"], os.path.dirname(script)
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(script, run_name="__main__")
+        code = "returned without exiting"
+    except SystemExit as e:
+        code = e.code or 0
+    except BaseException as e:
+        code = f"{type(e).__name__}: {e}"
+    os.environ.clear(); os.environ.update(env); sys.path[:] = path
+    results[script] = [code, "usage:" in out.getvalue()]
+print(json.dumps(results))
+"""
+
+
+def test_every_bench_script_answers_help():
+    r = _run("-c", HELP_ALL, *(str(p) for p in SCRIPTS), timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "usage:" in r.stdout
+    answers = json.loads(r.stdout.splitlines()[-1])
+    wrong = {Path(s).relative_to(ROOT).as_posix(): code for s, (code, usage) in answers.items()
+             if code != 0 or not usage}
+    assert len(answers) == len(SCRIPTS) and not wrong, f"{wrong}\n{r.stderr[-2000:]}"
 
 
 def test_golden_losses_lists_the_golden_phases():

@@ -285,6 +285,9 @@ def adapter_reads(records: list[PhaseRecord], results_dir: Path) -> list[str]:
         if isinstance(filtered := said.get("filtered_nonfinite_loss"), str):
             # the Trainer's own logs say loss 0 at those steps: the report says why it reads them as NaN
             line += f"; NON-FINITE LOSS: {filtered}"
+        if isinstance(evaluated := said.get("evaluations"), str):
+            # the step times under the throughput gates are the training's: say which evaluations they leave out
+            line += f"; EVALUATION TIME LEFT OUT: {evaluated}"
         gaps = said.get("unmeasured")
         if isinstance(gaps, dict) and gaps:
             line += "; UNMEASURED: " + "; ".join(f"{k} ({why})" for k, why in gaps.items())

@@ -18,6 +18,10 @@ What a ``Trainer`` leaves in its ``output_dir``, and what becomes of it here:
   ``log_history`` in its state, and those steps, before its events' first, are the earlier
   run's: they are left out of training.csv, and a run resumed after step N whose events hold a
   step up to N trained it again (judge/resume.py ``Breach``).
+- The evaluations of ``eval_strategy`` run between two training steps, after the step they follow
+  is logged: each one's ``eval_runtime`` (``eval/runtime`` in the events; one a dataset where
+  ``eval_dataset`` is a dict) is taken out of the step time of the logged step after it, which is
+  the training's time, not the evaluation's (env.json's ``adapter.evaluations`` says which).
 - tokens/s: the runbook's tokens per step (``trainer.tokens_per_step``) over that step time;
   without either it is UNMEASURED, never estimated from the run's average. A step the saved state
   logs and no event holds has no time, nor has the logged step after it: their step time and
@@ -70,6 +74,10 @@ _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 #: log_history keys and TensorBoard tags -> training.csv columns
 _LOGGED = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm"}
 _TAGS = {f"train/{k}": col for k, col in _LOGGED.items()}
+#: an evaluation's seconds: ``eval_runtime`` in log_history, ``eval/runtime`` in the events, with the
+#: dataset's name inside where ``eval_dataset`` is a dict (``eval_<name>_runtime``, ``eval/<name>_runtime``)
+_EVAL_KEY = re.compile(r"^eval_(.+_)?runtime$")
+_EVAL_TAG = re.compile(r"^eval/(.+_)?runtime$")
 
 
 @dataclass
@@ -104,8 +112,10 @@ class HfTrainerAdapter(Adapter):
         rows: dict[int, _Row] = {}
         summary_step = None
         unreadable: dict[str, str] = {}
+        evaluations: dict[int, float] = {}  # seconds of evaluation after each step, as log_history says
+        event_evaluations: dict[int, float] = {}  # the same from the events, for steps no readable state holds
         if state_path is not None:
-            history, summary_step, why = _log_history(state_path)
+            history, summary_step, evaluations, why = _log_history(state_path)
             for step, values in history.items():
                 rows.setdefault(step, _Row(step)).values.update(values)
             shown = str(state_path.relative_to(trainer_dir))
@@ -121,6 +131,9 @@ class HfTrainerAdapter(Adapter):
             first = _first_wall(path)
             start = first if start is None else min(start, first or start)
             for s in read_scalars(path):
+                if _EVAL_TAG.match(s.tag):
+                    event_evaluations[s.step] = event_evaluations.get(s.step, 0.0) + s.value
+                    continue
                 col = _TAGS.get(s.tag)
                 if col is None:
                     continue
@@ -145,7 +158,9 @@ class HfTrainerAdapter(Adapter):
             if _filtered_nonfinite(row.values):
                 row.values["loss"] = math.nan
                 filtered.append(row.step)
-        times = _step_times(logged, start, inherited[-1].step if inherited else 0)
+        evaluations = event_evaluations | evaluations
+        began = inherited[-1].step if inherited else 0
+        times, took_out = _step_times(logged, start, began, evaluations)
         per_step = facts.tokens_per_step
         unmeasured = {"mem_alloc_gb": "a Trainer logs no memory", "mem_reserved_gb": "a Trainer logs no memory",
                       HEARTBEATS: "a Trainer writes no per-rank records", HALT: "a Trainer writes no .HALT"}
@@ -184,6 +199,7 @@ class HfTrainerAdapter(Adapter):
                         **({"inherited": f"steps {inherited[0].step}-{inherited[-1].step} of {state_path.name}'s "
                                          "log_history, before the events' first step: the run it resumed from "
                                          "logged them, left out of training.csv"} if inherited else {}),
+                        **({"evaluations": _evaluations_note(took_out, evaluations)} if took_out else {}),
                         **({"filtered_nonfinite_loss": f"steps {', '.join(map(str, filtered))}: logged with loss 0 "
                                                        "and a non-finite grad_norm (the Trainer's "
                                                        "logging_nan_inf_filter), read as a non-finite loss"}
@@ -247,31 +263,36 @@ def _filtered_nonfinite(values: dict[str, float]) -> bool:
     return values.get("loss") == 0.0 and grad is not None and not math.isfinite(grad)
 
 
-def _log_history(path: Path) -> tuple[dict[int, dict[str, float]], int | None, str | None]:
+def _log_history(path: Path) -> tuple[dict[int, dict[str, float]], int | None, dict[int, float], str | None]:
     """Per logged step its loss, lr and grad norm; the step of the summary ``train()`` logs as it
-    returns (None: it did not return); and why the file could not be read ('cut off or not JSON
-    (...)'), None where it could. An unreadable file gives nothing: its rows are then the events'
-    alone, or missing for the contract check to name."""
+    returns (None: it did not return); the seconds of evaluation after each step that had one; and
+    why the file could not be read ('cut off or not JSON (...)'), None where it could. An
+    unreadable file gives nothing: its rows are then the events' alone, or missing for the contract
+    check to name."""
     try:
         state = json.loads(path.read_text(errors="replace"))  # NaN/Infinity as Python's json writes them
     except json.JSONDecodeError as e:
-        return {}, None, f"cut off or not JSON ({e})"
+        return {}, None, {}, f"cut off or not JSON ({e})"
     except OSError as e:
-        return {}, None, f"unreadable ({e.strerror or e})"
+        return {}, None, {}, f"unreadable ({e.strerror or e})"
     history = state.get("log_history", []) if isinstance(state, dict) else None
     if not isinstance(history, list):
-        return {}, None, "not a Trainer's state (no log_history list)"
+        return {}, None, {}, "not a Trainer's state (no log_history list)"
     out: dict[int, dict[str, float]] = {}
+    evaluations: dict[int, float] = {}
     summary = None
     for entry in history:
-        if not isinstance(entry, dict) or not isinstance(entry.get("step"), int):
+        if not isinstance(entry, dict) or not isinstance(step := entry.get("step"), int):
             continue
         if "train_runtime" in entry:
-            summary = entry["step"]
+            summary = step
+        for k, v in entry.items():
+            if _EVAL_KEY.match(k) and isinstance(v, (int, float)):
+                evaluations[step] = evaluations.get(step, 0.0) + float(v)
         values = {col: float(entry[k]) for k, col in _LOGGED.items() if isinstance(entry.get(k), (int, float))}
         if "loss" in values:
-            out[entry["step"]] = values
-    return out, summary, None
+            out[step] = values
+    return out, summary, evaluations, None
 
 
 def _first_wall(path: Path) -> float | None:
@@ -297,20 +318,42 @@ def _shown(path: Path, out_dir: Path) -> str:
     return str(path.relative_to(out_dir) if path.is_relative_to(out_dir) else path)
 
 
-def _step_times(rows: list[_Row], start: float | None, began: int) -> dict[int, float]:
+def _step_times(rows: list[_Row], start: float | None, began: int,
+                evaluations: dict[int, float]) -> tuple[dict[int, float], dict[int, list[int]]]:
     """Seconds per step of each logged step with a wall time: from the logged step before it (the
     first from the events' first record, at ``began``: 0, or the last step logged of the run it
-    resumed from), over the steps between them."""
-    out = {}
-    prev_step, prev_wall = began, start
+    resumed from), over the steps between them, less the evaluations run in that time: those after
+    a step from the one before it (logged before its evaluation began) to the one before this; for
+    the first, after ``began``, as an evaluation at ``began`` ran before this process. Also, per
+    logged step, the steps whose evaluations its time left out."""
+    out: dict[int, float] = {}
+    took_out: dict[int, list[int]] = {}
+    prev_step, prev_wall, first = began, start, True
     for row in rows:
         if row.wall is None:
-            prev_wall = None
+            prev_wall, first = None, False
             continue
         if prev_wall is not None and row.step > prev_step:
-            out[row.step] = (row.wall - prev_wall) / (row.step - prev_step)
-        prev_step, prev_wall = row.step, row.wall
-    return out
+            during = [s for s in sorted(evaluations) if (prev_step < s if first else prev_step <= s) and s < row.step]
+            span = row.wall - prev_wall
+            evaluated = sum(evaluations[s] for s in during)
+            if during and 0 < evaluated < span:  # a longer evaluation than the span is not this span's
+                span -= evaluated
+                took_out[row.step] = during
+            out[row.step] = span / (row.step - prev_step)
+        prev_step, prev_wall, first = row.step, row.wall, False
+    return out, took_out
+
+
+def _evaluations_note(took_out: dict[int, list[int]], evaluations: dict[int, float]) -> str:
+    """env.json's ``adapter.evaluations``: 'the evaluation after step 4 (2.15 s) left out of step 5's
+    time; ...'."""
+    parts = []
+    for step, during in took_out.items():
+        what = ", ".join(f"step {s} ({evaluations[s]:.3g} s)" for s in during)
+        parts.append(f"the evaluation{'s' if len(during) > 1 else ''} after {what} left out of step {step}'s time")
+    return ("; ".join(parts) + " (the Trainer's eval_runtime: training steps are timed without the evaluations "
+            "between them)")
 
 
 def _untimed(rows: list[_Row], times: dict[int, float]) -> str | None:

@@ -26,9 +26,16 @@ def _log(step: int, loss: float) -> dict:
     return {"epoch": step / 10, "grad_norm": 1.5 + step / 100, "learning_rate": 1e-3 / step, "loss": loss, "step": step}
 
 
-def _state(folder: Path, steps: list[int], losses: dict[int, float] | None = None, summary: int | None = None) -> None:
+def _state(folder: Path, steps: list[int], losses: dict[int, float] | None = None, summary: int | None = None,
+           evaluations: dict[int, dict[str, float]] | None = None) -> None:
+    """``evaluations``: per step, the evaluation entries' runtimes logged after it, by metric prefix
+    (``eval``, or ``eval_<name>`` for each dataset of a dict ``eval_dataset``)."""
     losses = losses or {}
-    history = [_log(s, losses.get(s, 5.0 - s / 10)) for s in steps]
+    history = []
+    for s in steps:
+        history.append(_log(s, losses.get(s, 5.0 - s / 10)))
+        history += [{f"{prefix}_loss": 4.0, f"{prefix}_runtime": seconds, f"{prefix}_samples_per_second": 8.0,
+                     "epoch": s / 10, "step": s} for prefix, seconds in (evaluations or {}).get(s, {}).items()]
     if summary is not None:
         history.append({"epoch": 1.0, "step": summary, "train_runtime": 1.5, "train_loss": 4.5,
                         "train_steps_per_second": 3.0, "total_flos": 1.0})
@@ -37,9 +44,12 @@ def _state(folder: Path, steps: list[int], losses: dict[int, float] | None = Non
     (folder / "trainer_state.json").write_text(json.dumps({"global_step": max(steps, default=0), "log_history": history}))
 
 
-def _events(folder: Path, walls: dict[int, float], start: float) -> None:
+def _events(folder: Path, walls: dict[int, float], start: float,
+            evaluations: dict[int, tuple[float, dict[str, float]]] | None = None) -> None:
     """Rank 0's events as the Trainer's TensorBoard callback writes them: the writer opened as
-    training begins, then train/loss, train/grad_norm, train/learning_rate per logged step."""
+    training begins, then train/loss, train/grad_norm, train/learning_rate per logged step, and
+    after a step with an evaluation (``evaluations``: its wall time as it ends, and its runtime by
+    tag: ``eval/runtime``, ``eval/<name>_runtime``) eval/loss and its runtime."""
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.summary.writer.record_writer import RecordWriter
@@ -50,11 +60,14 @@ def _events(folder: Path, walls: dict[int, float], start: float) -> None:
         writer = RecordWriter(fh)
         if fh.tell() == 0:
             writer.write(Event(wall_time=start, file_version="brain.Event:2").SerializeToString())
-        for step, wall in sorted(walls.items()):
-            for tag, value in (("train/loss", 5.0 - step / 10), ("train/grad_norm", 1.5 + step / 100),
-                               ("train/learning_rate", 1e-3 / step)):
-                event = Event(wall_time=wall, step=step, summary=Summary(value=[Summary.Value(tag=tag, simple_value=value)]))
-                writer.write(event.SerializeToString())
+        records = [(wall, step, tag, value) for step, wall in walls.items()
+                   for tag, value in (("train/loss", 5.0 - step / 10), ("train/grad_norm", 1.5 + step / 100),
+                                      ("train/learning_rate", 1e-3 / step))]
+        records += [(ended, step, tag, value) for step, (ended, runtimes) in (evaluations or {}).items()
+                    for tag, value in (("eval/loss", 4.0), *runtimes.items())]
+        for wall, step, tag, value in sorted(records, key=lambda r: (r[0], r[1])):
+            event = Event(wall_time=wall, step=step, summary=Summary(value=[Summary.Value(tag=tag, simple_value=value)]))
+            writer.write(event.SerializeToString())
 
 
 def _convert(trainer_dir: Path, out: Path, tokens: int | None = 512, world: int = 1) -> contract.ContractRead:
@@ -83,6 +96,55 @@ def test_log_history_and_events_become_the_contract(tmp_path):
     # no heartbeats: the check says UNMEASURED, not a missing required file
     beats = [i for i in found.items if i.file.startswith("heartbeat")]
     assert beats and not beats[0].required and "UNMEASURED" in beats[0].detail
+
+
+@needs_tb
+def test_the_evaluations_between_steps_are_not_training_time(tmp_path):
+    """eval_strategy="steps": the Trainer logs step 2, evaluates (2 s), then trains step 3, so
+    step 3's time from the events was the evaluation's too (tokens/s of an eval-heavy window a
+    hundredth of the training's). Each evaluation's eval_runtime comes out of the logged step
+    after it, one a dataset where eval_dataset is a dict."""
+    trainer = tmp_path / "trainer_out"
+    _state(trainer, [1, 2, 3, 4, 5, 6], summary=6, evaluations={2: {"eval": 2.0}, 4: {"eval_a": 1.0, "eval_b": 0.5}})
+    _events(trainer, {1: 100.5, 2: 101.0, 3: 103.5, 4: 104.0, 5: 106.0, 6: 106.5}, start=100.0,
+            evaluations={2: (103.0, {"eval/runtime": 2.0}), 4: (105.5, {"eval/a_runtime": 1.0, "eval/b_runtime": 0.5})})
+    found = _convert(trainer, tmp_path / "run", tokens=512)
+    assert not found.problems(), found.problems()
+    df = read_training_csv(tmp_path / "run")
+    assert list(df["step"]) == [1, 2, 3, 4, 5, 6]
+    assert list(df["step_time_s"]) == pytest.approx([0.5] * 6)
+    assert list(df["toks_per_s"]) == pytest.approx([1024] * 6)
+    note = json.loads((tmp_path / "run" / "env.json").read_text())["adapter"]["evaluations"]
+    assert note.startswith("the evaluation after step 2 (2 s) left out of step 3's time; the evaluation after "
+                           "step 4 (1.5 s) left out of step 5's time"), note
+
+
+@needs_tb
+def test_evaluations_the_events_alone_hold_and_one_inside_a_logging_window(tmp_path):
+    """A run killed after checkpoint-2: the evaluation after step 3 is in the events only. Logged
+    every 2 steps, an evaluation after step 5 (eval_steps 5) lies inside the window of steps 5-6."""
+    trainer = tmp_path / "trainer_out"
+    _state(trainer / "checkpoint-2", [2])
+    _events(trainer, {2: 101.0, 4: 104.0, 6: 106.0}, start=100.0,
+            evaluations={3: (103.0, {"eval/runtime": 1.0}), 5: (105.5, {"eval/runtime": 1.0})})
+    _convert(trainer, tmp_path / "run")
+    df = read_training_csv(tmp_path / "run")
+    assert list(df["step"]) == [2, 4, 6]
+    assert list(df["step_time_s"]) == pytest.approx([0.5, 1.0, 0.5])
+
+
+@needs_tb
+def test_an_evaluation_at_the_step_a_run_resumed_from_was_the_earlier_runs(tmp_path):
+    """Resumed from checkpoint-3, whose log_history holds the earlier run's evaluation after step
+    3: it ran in that process, not before this run's step 4, which keeps its whole time."""
+    trainer = tmp_path / "trainer_out"
+    _state(trainer, [1, 2, 3, 4, 5, 6], summary=6, evaluations={3: {"eval": 0.4}})
+    _events(trainer, {4: 100.5, 5: 100.75, 6: 101.0}, start=100.0)
+    _convert(trainer, tmp_path / "run", tokens=512)
+    df = read_training_csv(tmp_path / "run")
+    assert list(df["step"]) == [4, 5, 6]
+    assert list(df["step_time_s"]) == pytest.approx([0.5, 0.25, 0.25])
+    assert "evaluations" not in json.loads((tmp_path / "run" / "env.json").read_text())["adapter"]
 
 
 @needs_tb

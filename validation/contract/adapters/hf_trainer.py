@@ -323,25 +323,26 @@ def _step_times(rows: list[_Row], start: float | None, began: int,
     """Seconds per step of each logged step with a wall time: from the logged step before it (the
     first from the events' first record, at ``began``: 0, or the last step logged of the run it
     resumed from), over the steps between them, less the evaluations run in that time: those after
-    a step from the one before it (logged before its evaluation began) to the one before this; for
-    the first, after ``began``, as an evaluation at ``began`` ran before this process. Also, per
-    logged step, the steps whose evaluations its time left out."""
+    a step from the one before it (logged before its evaluation began) to the one before this. For
+    the first, an evaluation at step 0 (``eval_on_start``) is this run's, one at a ``began`` the
+    run resumed from ran in the earlier process. Also, per logged step, the steps whose evaluations
+    its time left out."""
     out: dict[int, float] = {}
     took_out: dict[int, list[int]] = {}
-    prev_step, prev_wall, first = began, start, True
+    prev_step, prev_wall, from_prev = began, start, began == 0
     for row in rows:
         if row.wall is None:
-            prev_wall, first = None, False
+            prev_wall, from_prev = None, True
             continue
         if prev_wall is not None and row.step > prev_step:
-            during = [s for s in sorted(evaluations) if (prev_step < s if first else prev_step <= s) and s < row.step]
+            during = [s for s in sorted(evaluations) if (prev_step <= s if from_prev else prev_step < s) and s < row.step]
             span = row.wall - prev_wall
             evaluated = sum(evaluations[s] for s in during)
             if during and 0 < evaluated < span:  # a longer evaluation than the span is not this span's
                 span -= evaluated
                 took_out[row.step] = during
             out[row.step] = span / (row.step - prev_step)
-        prev_step, prev_wall, first = row.step, row.wall, False
+        prev_step, prev_wall, from_prev = row.step, row.wall, True
     return out, took_out
 
 

@@ -103,11 +103,14 @@ def test_the_evaluations_between_steps_are_not_training_time(tmp_path):
     """eval_strategy="steps": the Trainer logs step 2, evaluates (2 s), then trains step 3, so
     step 3's time from the events was the evaluation's too (tokens/s of an eval-heavy window a
     hundredth of the training's). Each evaluation's eval_runtime comes out of the logged step
-    after it, one a dataset where eval_dataset is a dict."""
+    after it, one a dataset where eval_dataset is a dict, and eval_on_start's (step 0) out of the
+    first step."""
     trainer = tmp_path / "trainer_out"
-    _state(trainer, [1, 2, 3, 4, 5, 6], summary=6, evaluations={2: {"eval": 2.0}, 4: {"eval_a": 1.0, "eval_b": 0.5}})
-    _events(trainer, {1: 100.5, 2: 101.0, 3: 103.5, 4: 104.0, 5: 106.0, 6: 106.5}, start=100.0,
-            evaluations={2: (103.0, {"eval/runtime": 2.0}), 4: (105.5, {"eval/a_runtime": 1.0, "eval/b_runtime": 0.5})})
+    _state(trainer, [1, 2, 3, 4, 5, 6], summary=6,
+           evaluations={0: {"eval": 1.0}, 2: {"eval": 2.0}, 4: {"eval_a": 1.0, "eval_b": 0.5}})
+    _events(trainer, {1: 101.5, 2: 102.0, 3: 104.5, 4: 105.0, 5: 107.0, 6: 107.5}, start=100.0,
+            evaluations={0: (101.0, {"eval/runtime": 1.0}), 2: (104.0, {"eval/runtime": 2.0}),
+                         4: (106.5, {"eval/a_runtime": 1.0, "eval/b_runtime": 0.5})})
     found = _convert(trainer, tmp_path / "run", tokens=512)
     assert not found.problems(), found.problems()
     df = read_training_csv(tmp_path / "run")
@@ -115,8 +118,9 @@ def test_the_evaluations_between_steps_are_not_training_time(tmp_path):
     assert list(df["step_time_s"]) == pytest.approx([0.5] * 6)
     assert list(df["toks_per_s"]) == pytest.approx([1024] * 6)
     note = json.loads((tmp_path / "run" / "env.json").read_text())["adapter"]["evaluations"]
-    assert note.startswith("the evaluation after step 2 (2 s) left out of step 3's time; the evaluation after "
-                           "step 4 (1.5 s) left out of step 5's time"), note
+    assert note.startswith("the evaluation after step 0 (1 s) left out of step 1's time; the evaluation after "
+                           "step 2 (2 s) left out of step 3's time; the evaluation after step 4 (1.5 s) left out "
+                           "of step 5's time"), note
 
 
 @needs_tb

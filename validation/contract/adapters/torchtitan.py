@@ -37,7 +37,9 @@ What it writes, and what becomes of it here:
   ``lr/<optimizer>``; flame: ``optimizer/lr``), ``grad_norm`` (flame: ``optimizer/grad_norm``), ``throughput(tps)``,
   ``time_metrics/end_to_end(s)``, ``memory/max_active(GiB)``, ``memory/max_reserved(GiB)``. Where
   both say a value the events' is taken; without events, step time comes from the log lines'
-  timestamps and lr and allocated memory are ``nan`` (UNMEASURED).
+  timestamps and lr and allocated memory are ``nan`` (UNMEASURED). A validation
+  (``--validation.enable``) between two logged steps is not training time: as torchtitan's tps,
+  the later step's time runs from its ``validate step: N`` line over the steps after N.
 - 0.3.x's structured logs (``--debug.enable_structured_logging``, on by default; ``structured_logs/*.global_rank_R.*.jsonl``,
   every rank, with pid and host) -> ``heartbeat_rank{R}.jsonl``: a ``step_end`` record says the
   step is done, any other record of a step that it is in progress. Without them rank 0's
@@ -91,6 +93,9 @@ _METRICS = re.compile(
     r"(?<!validate )\bstep:\s*(?P<step>\d+)\s+loss:\s*(?P<loss>\S+)\s+(?:grad_norm:\s*(?P<grad_norm>\S+)\s+)?"
     r"memory:\s*(?P<mem>[-\d.]+)GiB\([^)]*\)\s+tps:\s*(?P<tps>[\d,]+)\s+tflops:\s*\S+\s+mfu:\s*\S+")
 _FLAME = re.compile(r"\blr:\s*(?P<lr>\S+)\s+gnorm:\s*(?P<gnorm>\S+)")
+#: the line torchtitan prints as a validation ends (``--validation.enable``), after which its clock for
+#: the next logged step's tps starts again
+_VALIDATED = re.compile(r"\bvalidate step:\s*(?P<step>\d+)\s+loss:")
 _NONFINITE = re.compile(r"Loss is not finite \(global_avg_loss=(?P<loss>[^)]*)\) at step (?P<step>\d+)")
 #: what torchtitan prints as a process begins, before its first step: its version (0.2.x), ``Starting job:``
 #: (the first line of its Trainer) and ``Training starts at step N`` (its checkpoint's step + 1)
@@ -124,6 +129,9 @@ class _Step:
     grad_norm: float = math.nan
     mem_alloc_gb: float = math.nan
     mem_reserved_gb: float = math.nan
+    validated: tuple[int, float] | None = None
+    """(step, time) of the last validation logged since the logged step before this one: this
+    step's time runs from its end, as torchtitan's tps does, not from that step's line."""
 
 
 @dataclass
@@ -435,6 +443,7 @@ def _read_log(path: Path) -> list[_Log]:
     runs = [_Log(files=[path.name])]
     times: list[list[float]] = [[]]
     last: _Step | None = None
+    validated: tuple[int, float] | None = None  # the last validation since the last logged step
     for raw in path.read_text(errors="replace").splitlines():
         line = _ANSI.sub("", raw)
         log = runs[-1]
@@ -443,7 +452,7 @@ def _read_log(path: Path) -> list[_Log]:
                 log = _Log(files=[path.name])
                 runs.append(log)
                 times.append([])
-                last = None
+                last = validated = None
             if begins["first"]:
                 log.first = min(int(begins["first"]), log.first or int(begins["first"]))
         if m := _METRICS.search(line):
@@ -454,7 +463,11 @@ def _read_log(path: Path) -> list[_Log]:
             last = log.steps[step] = _Step(
                 step, _stamp(line),
                 loss=_number(m["loss"]), grad_norm=_number(m["grad_norm"]), tps=_number(m["tps"]),
-                mem_reserved_gb=_number(m["mem"]))
+                mem_reserved_gb=_number(m["mem"]), validated=validated)
+            validated = None
+        elif (m := _VALIDATED.search(line)) and (t := _stamp(line)) is not None:
+            if validated is None or validated[0] != int(m["step"]):  # the first rank's line of it
+                validated = int(m["step"]), t
         elif (m := _FLAME.search(line)) and last is not None:
             last.lr, last.grad_norm = _number(m["lr"]), _number(m["gnorm"])
             last = None
@@ -511,9 +524,13 @@ def _merge(logged: list[tuple[int, _Step]], events: list[Path]) -> list[_Step]:
     ordered = sorted(((run, row) for run, row in rows if row.step > 0), key=lambda r: (r[0], r[1].step))
     prev: tuple[int, _Step] | None = None
     for run, row in ordered:
-        # the interval to the row before in the same run only: across runs it holds the time between them
+        # the interval to the row before in the same run only: across runs it holds the time between them;
+        # after a validation, from its end over the steps since it (its time is not training's)
         if math.isnan(row.step_time_s) and prev is not None and prev[0] == run and row.time and prev[1].time:
-            row.step_time_s = max(row.time - prev[1].time, 0.0) / (row.step - prev[1].step)
+            since_step, since = prev[1].step, prev[1].time
+            if row.validated is not None and since_step <= row.validated[0] < row.step and row.validated[1] >= since:
+                since_step, since = row.validated
+            row.step_time_s = max(row.time - since, 0.0) / (row.step - since_step)
         prev = run, row
     return [row for _, row in ordered]
 

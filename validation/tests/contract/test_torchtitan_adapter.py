@@ -140,6 +140,24 @@ def test_v03_lines_a_second_rank_and_the_nonfinite_error_without_tensorboard(tmp
     assert halt["source"] == "nonfinite" and halt["step"] == 4 and halt["losses"] == ["nan"]
 
 
+def test_a_validation_between_logged_steps_is_not_their_step_time(tmp_path):
+    """--validation.enable without TensorBoard: the step time from the lines' timestamps held the
+    validation's time (step 3 at 3 s and step 7 at 1.33 s a step where training took 1 s, beside
+    tps that torchtitan measures from the validation's end). As torchtitan's tps, a step after a
+    validation is timed from the validation's line over the steps since it: one at a logged step
+    (2), and one between two (5, of steps 4 and 7)."""
+    def validate(s: int, step: int) -> str:
+        return (f"[titan] 2026-01-05 10:00:0{s},000 - root - INFO - validate step: {step:2}  loss:  5.0000  "
+                "memory:  2.00GiB(1.00%)  tps: 9,000")
+
+    metrics = {step: _V03.format(s=t, step=step, loss=9.0 - step / 10, gn=1.5, mem=2.0, tps=1000)
+               for step, t in ((1, 0), (2, 1), (3, 4), (4, 5), (7, 9))}
+    lines = [metrics[1], metrics[2], validate(3, 2), metrics[3], metrics[4], validate(7, 5), metrics[7]]
+    csv = _csv(_run_of_log(tmp_path, lines))
+    assert list(csv["step"]) == [1, 2, 3, 4, 7]
+    assert list(csv["step_time_s"].iloc[1:]) == pytest.approx([1.0, 1.0, 1.0, 1.0])
+
+
 def test_the_older_format_with_flames_lr_line(tmp_path):
     lines = []
     for step in (1, 2):

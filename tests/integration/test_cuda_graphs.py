@@ -76,7 +76,8 @@ def test_off_is_off_everywhere():
 
 
 def test_env_json_records_the_setting_and_fallback(tmp_path: Path):
-    assert run("tiny", [f"train.steps=2 train.out_dir={tmp_path}"], env={"NSA_CUDA_GRAPHS": "auto"}) == 0
+    assert run("tiny", [f"train.steps=2 train.device=cpu train.out_dir={tmp_path}"],
+               env={"NSA_CUDA_GRAPHS": "auto"}) == 0
     env = json.loads((tmp_path / "env.json").read_text())
     assert env["env_toggles"]["NSA_CUDA_GRAPHS"] == {"key": "train.cuda_graphs", "value": "auto"}
     g = env["cuda_graphs"]
@@ -85,7 +86,7 @@ def test_env_json_records_the_setting_and_fallback(tmp_path: Path):
 
 
 def test_on_refuses_to_start_on_cpu(tmp_path: Path):
-    assert run("tiny", [f"train.steps=2 train.cuda_graphs=on train.out_dir={tmp_path}"], env={}) == 2
+    assert run("tiny", [f"train.steps=2 train.device=cpu train.cuda_graphs=on train.out_dir={tmp_path}"], env={}) == 2
 
 
 # --- on a GPU: graphed steps train as eager steps do ---------------------------------------

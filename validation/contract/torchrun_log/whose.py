@@ -31,6 +31,25 @@ def _frame_file(ln: str) -> str | None:
     return m.group(1).replace("\\", "/") if m else None
 
 
+def _traceback_end(lines: list[str], start: int) -> int:
+    """The index after the traceback whose header is ``lines[start]``: its indented lines and its
+    exception's line. Workers that print a traceback at the same moment interleave their lines (two
+    ranks failing one import alike): a header met before the exception's line opens one more
+    traceback in the same block, which then ends after as many exception lines. A line of torchrun's
+    logging, a rank's or the harness's ends it where a traceback was cut short (its process killed)."""
+    j, heads, ends = start + 1, 1, 0
+    while j < len(lines) and ends < heads:
+        x = lines[j]
+        if LOG_LINE.match(x) or RANK_LINE.match(x) or x.startswith(_HARNESS_NOTE):
+            break
+        if x.startswith(TRACEBACK):
+            heads += 1
+        elif x and not x[0].isspace():
+            ends += 1
+        j += 1
+    return j
+
+
 def whose_lines(text: str) -> list[tuple[str, str]]:
     """Each line of an agent's log (the harness's own notes, slurmstepd's lines and blank lines left
     out) with whose it is: the agent's (torchrun's logging from its own code, its banner, a
@@ -52,17 +71,15 @@ def whose_lines(text: str) -> list[tuple[str, str]]:
             i += 1
             continue
         if ln.startswith(TRACEBACK):
-            j, files = i + 1, []
-            while j < len(lines) and (not lines[j] or lines[j][0].isspace()):
-                if (f := _frame_file(lines[j])) is not None:
-                    files.append(f)
-                j += 1
-            exc = lines[j] if j < len(lines) else ""
-            agent = any(_LAUNCHER.search(f) for f in files) or exc.startswith("torch.distributed.elastic.")
+            j = _traceback_end(lines, i)
+            block = lines[i:j]
+            files = [f for x in block if (f := _frame_file(x)) is not None]
+            agent = (any(_LAUNCHER.search(f) for f in files)
+                     or any(x.startswith("torch.distributed.elastic.") for x in block))
             owner = AGENT if agent else WORKER
-            out += [(owner, x) for x in lines[i:j + 1] if x.strip()]
+            out += [(owner, x) for x in block if x.strip()]
             owner_after = owner if agent else UNKNOWN
-            i = j + 1
+            i = j
             continue
         m = LOG_LINE.match(ln)
         if m:
@@ -115,6 +132,11 @@ def agent_signalled_in(text: str) -> set[int]:
 def worker_exceptions(text: str) -> list[str]:
     """The exception of each worker traceback in a log that names no rank, in order."""
     lines = [ln for who, ln in whose_lines(text) if who == WORKER and not RANK_LINE.match(ln)]
-    raised = [next((x.strip() for x in lines[i + 1:] if x and not x[0].isspace()), None)
-              for i, ln in enumerate(lines) if ln.startswith(TRACEBACK)]
+    raised, open_tracebacks = [], 0
+    for ln in lines:  # each exception line closes the earliest traceback still open (interleaved ones too)
+        if ln.startswith(TRACEBACK):
+            open_tracebacks += 1
+        elif open_tracebacks and ln and not ln[0].isspace():
+            raised.append(ln.strip())
+            open_tracebacks -= 1
     return [e for e in raised if e]

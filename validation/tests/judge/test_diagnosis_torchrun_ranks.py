@@ -71,6 +71,48 @@ def test_a_rank_that_failed_before_its_process_group_is_named_from_torchruns_sum
                "ranks still running once rank 1 had failed" in line for line in crash.detail), crash.detail
 
 
+#: both ranks' import failed and they printed their tracebacks at the same moment, line by line between
+#: each other's (as a two-core machine's run left them)
+_INTERLEAVED = """Traceback (most recent call last):
+  File "/tmp/mine/train.py", line 3, in <module>
+    import a_module_that_is_not_there  # noqa
+Traceback (most recent call last):
+  File "/tmp/mine/train.py", line 3, in <module>
+    ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+ModuleNotFoundError: No module named 'a_module_that_is_not_there'
+    import a_module_that_is_not_there  # noqa
+    ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+ModuleNotFoundError: No module named 'a_module_that_is_not_there'
+"""
+
+
+def test_tracebacks_two_ranks_printed_at_once_still_name_their_exception(tmp_path: Path):
+    """Two ranks' tracebacks, printed at once, interleaved line by line; torchrun saw rank 0 exit 1
+    and ended rank 1. The second traceback's header was read as the first one's exception, and the
+    lines after it as no worker's: the crash read 'exit code 1: rank 0: exit code 1', its
+    ModuleNotFoundError unnamed."""
+    log = tmp_path / "trainer.stderr.log"
+    log.write_text(_INTERLEAVED
+                   + "W1207 14:58:45.630000 5170 torch/distributed/elastic/multiprocessing/api.py:1028] Sending "
+                     "process 1693 closing signal SIGTERM\n"
+                   + "E1207 14:58:45.634000 5170 torch/distributed/elastic/multiprocessing/api.py:1002] failed "
+                     "(exitcode: 1) local_rank: 0 (pid: 1692) of binary: /venv/bin/python\n"
+                   + _AGENT_TRACEBACK + child_failed(_SCRIPT, Failed(0, 1692, 1), Failed(1, 1693, -15)))
+    said = "ModuleNotFoundError: No module named 'a_module_that_is_not_there'"
+    failures = rank_failures(log)
+    assert failures[0].unranked == said and failures[1].signal == "SIGTERM", failures
+    [crash] = [f for f in find([_record(Evidence(rank_failures=failures, stderr_log=log.name))]) if f.kind == "crash"]
+    assert crash.title == ("crash in preinit [default]: exit code 1: rank 0: exit code 1; the log's traceback that "
+                           f"names no rank: {said}"), crash.title
+    # a traceback cut short (its rank killed as it printed) ends at torchrun's next line, which stays the agent's
+    log.write_text(_INTERLEAVED.rsplit("\n", 2)[0] + "\n"
+                   + "W1207 14:58:45.630000 5170 torch/distributed/elastic/multiprocessing/api.py:1028] Sending "
+                     "process 1693 closing signal SIGTERM\n"
+                   + _AGENT_TRACEBACK + child_failed(_SCRIPT, Failed(0, 1692, 1), Failed(1, 1693, -15)))
+    failures = rank_failures(log)
+    assert failures[0].unranked == said and failures[1].ended_by_agent, failures
+
+
 def test_the_rank_that_waited_for_a_node_whose_rank_never_started_is_not_the_one_blamed(tmp_path: Path):
     """Two nodes: node 1's rank failed before its process group and its agent exited; node 0's rank
     waited in init_process_group until the harness's start-up allowance ran out. The verdict line

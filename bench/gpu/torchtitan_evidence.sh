@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# torchtitan 0.2.2's llama3 debug model (its default config) on one GPU, in one device call: runbooks/torchtitan_debug.yaml
+# torchtitan 0.2.2's llama3 debug model (its default config) on one H100 or H200, in one device call: runbooks/torchtitan_debug.yaml
 # through the harness (its report), and the same trainer's own output under four faults, kept as
 # evidence for the CPU tests (validation/tests/evidence/torchtitan_*). 0.2.2, not 0.3.0: 0.3.0
 # imports DataParallelMeshDims from torch.distributed.fsdp, which torch 2.11 (the device's) lacks.
@@ -58,7 +58,9 @@ signal_at_step() {  # name signal: once the case's log shows step 5, signal its 
 }
 
 start=$(date +%s)
-TORCHTITAN_ROOT=$ROOT timeout 300 python3 -m validation run --runbook torchtitan_debug --profile h200 \
+# the runbook's profile for this GPU (PROFILE to choose another)
+PROFILE=${PROFILE:-$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -q H200 && echo h200 || echo h100)}
+TORCHTITAN_ROOT=$ROOT timeout 300 python3 -m validation run --runbook torchtitan_debug --profile "$PROFILE" \
   --results-dir $RES >$OUT/harness_run.log 2>&1 &
 harness=$!
 run_case nan $ROOT --training.steps 20 --optimizer.lr 1e30

@@ -32,6 +32,7 @@ from validation.judge.findings import find
 from validation.judge.record import Status
 from validation.runbook.plan import unprovided_metrics
 from validation.report.build import build_context, status_of
+from validation.report.tables import process_line
 from validation.runbook.load import load_profile, load_runbook
 from validation.runbook.plan import expand
 from validation.session.session import AcceptanceSession, NotLaunchable, SessionOptions
@@ -336,7 +337,10 @@ train(int(sys.argv[1]), sys.argv[2])
 def test_a_trainer_whose_package_is_named_nsa_imports_its_own(tmp_path, monkeypatch):
     """The harness run as ``PYTHONPATH=<this checkout> python -m validation`` passed that entry on
     to another project's trainer, whose own ``nsa`` it then shadowed: 'No module named nsa.loop',
-    a NO-GO of the wrong code. Other inherited entries still reach the trainer."""
+    a NO-GO of the wrong code. Other inherited entries still reach the trainer, and the record
+    names them: its Reproduce line set PYTHONPATH to the trainer's root alone, so a trainer whose
+    packages came from such an entry (a folder of wheels installed with --target) did not start
+    when run by hand."""
     root = tmp_path / "other_project"
     for rel, text in _SRC_NSA_TRAINER.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -350,4 +354,6 @@ def test_a_trainer_whose_package_is_named_nsa_imports_its_own(tmp_path, monkeypa
     rec = _run_all(rb, tmp_path / "results")["single"]
     assert rec.status == Status.PASS, (rec.reason, rec.evidence.stderr_tail)
     assert commands.child_env({}, root=root)["PYTHONPATH"].split(os.pathsep) == [str(root), str(tmp_path / "site")]
+    assert rec.env["PYTHONPATH"].split(os.pathsep) == [str(root), str(tmp_path / "site")], rec.env
+    assert f"PYTHONPATH={root}{os.pathsep}{tmp_path / 'site'} " in process_line(rec, fresh=True)
     assert commands.child_env({})["PYTHONPATH"].split(os.pathsep)[:2] == [str(REPO_ROOT), str(REPO_ROOT)]

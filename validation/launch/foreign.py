@@ -8,6 +8,7 @@ every value the runbook gives was checked against a conservative pattern when it
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,8 +51,11 @@ class Launch:
 
     @property
     def set_env(self) -> dict[str, str]:
-        """What the harness set on top of the inherited environment, as the record shows it."""
-        return {**self.env, "PYTHONPATH": str(self.cwd)}
+        """What the harness set on top of the inherited environment, as the record shows it: its
+        PYTHONPATH whole, the trainer's root and the inherited entries it kept
+        (``commands.inherited_path``), so that a Reproduce line finds what the run imported from
+        them (a trainer's packages installed under a folder on PYTHONPATH)."""
+        return {**self.env, "PYTHONPATH": os.pathsep.join([str(self.cwd), *commands.inherited_path(self.cwd)])}
 
 
 def build(point: PhasePoint, spec: TrainerSpec, root: Path, out_dir: Path, trainer_dir: Path,

@@ -9,8 +9,10 @@ What it writes, and what becomes of it here:
   tflops: 1.23  mfu: 0.16%`` (0.2.x, 0.3.x; the older format has no ``grad_norm`` there, and flame
   prints ``lr: 3.0000e-04 gnorm:  1.23 [...]`` on the line after). Colour codes are dropped; of
   ranks printing the same step (every rank logs it) the first line is kept. The ``*.log`` files of
-  a dump folder are taken in the order they were written: by their lines' first timestamp (else
-  the file's modification time). One that begins after every earlier one ended is a later run (a
+  a dump folder are taken in the order they were written: by their lines' first timestamp. A log
+  with no timestamped line (stderr kept apart: empty, or a traceback) is no run of its own: its
+  lines go to the latest run begun by its file's modification time. One that begins after every
+  earlier one ended is a later run (a
   crashed run's log, then its resumed run's): its rows follow the earlier run's in training.csv,
   so a step it logs again supersedes the earlier run's rows of that step and after it, as the
   contract reads a resume in place; step times are never taken across two runs' timestamps, and
@@ -154,6 +156,9 @@ class _Log:
     """When it began: its first timestamp, else its file's modification time."""
     end: float = 0.0
     """When it ended: its last timestamp, else its file's modification time."""
+    stamped: bool = False
+    """Whether a line of it carries torchtitan's timestamp (a log that has none, its stderr kept
+    apart, is written beside a run, not one of its own)."""
 
     def absorb(self, other: _Log) -> None:
         """Another log of the same run (another rank's): the first line of a step is kept."""
@@ -363,12 +368,22 @@ def _read_runs(trainer_dir: Path, out_dir: Path) -> _Runs:
     if capture := _harness_capture(out_dir):
         return _Runs(_read_capture(capture))
     runs: list[_Log] = []
-    logs = (log for p in _log_files(trainer_dir, None) for log in _read_log(p))
-    for log in sorted(logs, key=lambda g: (g.start, g.files)):
+    logs = [log for p in _log_files(trainer_dir, None) for log in _read_log(p)]
+    for log in sorted((g for g in logs if g.stamped), key=lambda g: (g.start, g.files)):
         if runs and log.start < runs[-1].end:
             runs[-1].absorb(log)
         else:
             runs.append(log)
+    # a log with no timestamped line (stderr kept apart: empty, a traceback) is dated only by its
+    # file, written as its run ended: it goes to the latest run begun by then, as no run of its own
+    for log in (g for g in logs if not g.stamped):
+        if not runs:
+            runs.append(log)
+            continue
+        run = max((r for r in runs if r.start <= log.end), key=lambda r: r.start, default=runs[0])
+        start, end = run.start, run.end
+        run.absorb(log)
+        run.start, run.end = start, end
     return _Runs(runs)
 
 
@@ -483,6 +498,7 @@ def _read_log(path: Path) -> list[_Log]:
     written = path.stat().st_mtime
     for log, stamps in zip(runs, times):
         log.start, log.end = (min(stamps), max(stamps)) if stamps else (written, written)
+        log.stamped = bool(stamps)
     return runs
 
 

@@ -84,6 +84,27 @@ def test_the_converted_run_holds_to_the_contract_and_says_what_was_read(tmp_path
     assert "through adapter torchtitan" in capsys.readouterr().out
 
 
+def test_a_log_beside_the_run_with_no_line_of_its_own_is_no_run_of_its_own(tmp_path, capsys):
+    """The dump folder with stdout and stderr kept apart (``> train.log 2> train.err.log``), the
+    second empty or holding only a traceback, as torchtitan's stderr often is: written last, it was
+    taken for a later run by its modification time, and env.json's adapter.restarts named a restart
+    ("attempt 2 began at a step its log does not say ... and logged no step") of a run that had none.
+    A log with no timestamped line of its own belongs to the run it was written beside."""
+    folder = tmp_path / "byhand"
+    shutil.copytree(EVIDENCE / "torchtitan_go" / "torchtitan", folder)
+    shutil.copy(EVIDENCE / "torchtitan_go" / "stdout.log", folder / "train.log")
+    for name, text in (("train.zerr.log", ""), ("train.aerr.log", "Traceback (most recent call last):\n  File "
+                                                                 "\"x.py\", line 1, in <module>\nOSError: disk\n")):
+        (folder / name).write_text(text)
+        run = tmp_path / f"run_{name}"
+        ADAPTER.convert(folder, run, RunFacts(1, "torchtitan"))
+        adapter = json.loads((run / "env.json").read_text())["adapter"]
+        assert "restarts" not in adapter, adapter
+        assert name in adapter["read"]["log"] and list(read_training_log(run).rows["step"]) == list(range(1, 31))
+    assert check_command.check(folder, "torchtitan") == 0
+    assert "restart" not in capsys.readouterr().out
+
+
 def test_a_folder_without_torchtitans_files_says_what_was_looked_for(tmp_path, capsys):
     """check-artifacts --adapter torchtitan on a folder holding none of its files (a wrong path): it
     said 'training.csv: header only, no steps logged' of a CSV the adapter had made up."""

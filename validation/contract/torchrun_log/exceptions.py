@@ -46,11 +46,25 @@ def _unprefixed(text: str) -> list[str]:
     return [m.group(2) if (m := RANK_LINE.match(ln)) else ln for ln in text.splitlines()]
 
 
+def raised_in(lines: list[str]) -> list[str]:
+    """The exception line of each Python traceback in ``lines``, in order. Each exception line
+    closes the earliest traceback still open: two processes that print a traceback at once
+    interleave their lines, and each traceback still gets its own exception, not the other's
+    'Traceback' header."""
+    raised: list[str] = []
+    still_open = 0
+    for ln in lines:
+        if ln.startswith(TRACEBACK):
+            still_open += 1
+        elif still_open and ln and not ln[0].isspace():
+            raised.append(ln.strip())
+            still_open -= 1
+    return [e for e in raised if e]
+
+
 def _raised(lines: list[str]) -> list[str]:
     """The exception line of each Python traceback in ``lines`` but torchrun's ChildFailedError, in order."""
-    raised = [next((ln.strip() for ln in lines[i + 1:] if ln and not ln[0].isspace()), None)
-              for i, ln in enumerate(lines) if ln.startswith(TRACEBACK)]
-    return [e for e in raised if e and _CHILD_FAILED not in e.split(":")[0]]
+    return [e for e in raised_in(lines) if _CHILD_FAILED not in e.split(":")[0]]
 
 
 def last_exception(text: str) -> str | None:

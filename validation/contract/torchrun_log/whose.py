@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from validation.contract.torchrun_log.exceptions import raised_in
 from validation.contract.torchrun_log.patterns import AGENT_SIGNALLED, AGENT_TOLD, LOG_LINE, RANK_LINE, TRACEBACK
 
 #: a line of torchrun's own logging in the formats of torch before 2.4, which whose_lines does not read
@@ -131,12 +132,4 @@ def agent_signalled_in(text: str) -> set[int]:
 
 def worker_exceptions(text: str) -> list[str]:
     """The exception of each worker traceback in a log that names no rank, in order."""
-    lines = [ln for who, ln in whose_lines(text) if who == WORKER and not RANK_LINE.match(ln)]
-    raised, open_tracebacks = [], 0
-    for ln in lines:  # each exception line closes the earliest traceback still open (interleaved ones too)
-        if ln.startswith(TRACEBACK):
-            open_tracebacks += 1
-        elif open_tracebacks and ln and not ln[0].isspace():
-            raised.append(ln.strip())
-            open_tracebacks -= 1
-    return [e for e in raised if e]
+    return raised_in([ln for who, ln in whose_lines(text) if who == WORKER and not RANK_LINE.match(ln)])

@@ -10,6 +10,7 @@ from pathlib import Path
 from validation.contract.files import HaltInfo
 from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure, rank_failures
+from validation.contract.torchrun_log.exceptions import raised_in
 from validation.judge.diagnosis import Kind, diagnose
 from validation.judge.diagnosis.failed import root_rank
 from validation.judge.findings import find, recommendations
@@ -99,6 +100,7 @@ def test_tracebacks_two_ranks_printed_at_once_still_name_their_exception(tmp_pat
                      "(exitcode: 1) local_rank: 0 (pid: 1692) of binary: /venv/bin/python\n"
                    + _AGENT_TRACEBACK + child_failed(_SCRIPT, Failed(0, 1692, 1), Failed(1, 1693, -15)))
     said = "ModuleNotFoundError: No module named 'a_module_that_is_not_there'"
+    assert raised_in(_INTERLEAVED.splitlines()) == [said, said]
     failures = rank_failures(log)
     assert failures[0].unranked == said and failures[1].signal == "SIGTERM", failures
     [crash] = [f for f in find([_record(Evidence(rank_failures=failures, stderr_log=log.name))]) if f.kind == "crash"]

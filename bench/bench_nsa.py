@@ -94,13 +94,10 @@ def _host_ms(fn, n: int = 20) -> float:
     return times[n // 2]
 
 
-def host_times(fn, n: int = 20, warmup: int = 3) -> list[float]:
-    """The host times (ms, sorted) of n calls of fn, each enqueued onto an idle device, after
-    ``warmup`` calls: until the caching allocator holds every block a call asks for, a call's
-    cudaMalloc waits for the GPU's queue, and its host time holds the GPU's. Their least is the
-    call's own host work where other work on a shared machine slows some calls."""
-    for _ in range(warmup):
-        fn()
+def host_times(fn, n: int = 20) -> list[float]:
+    """The host times (ms, sorted) of n calls of fn, each enqueued onto an idle device. Their
+    least is the call's own host work where other work on a shared machine slows some calls."""
+    fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(n):

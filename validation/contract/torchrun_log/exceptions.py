@@ -56,10 +56,17 @@ def raised_in(lines: list[str]) -> list[str]:
     for ln in lines:
         if ln.startswith(TRACEBACK):
             still_open += 1
-        elif still_open and ln and not ln[0].isspace():
+        elif still_open and exception_line(ln):
             raised.append(ln.strip())
             still_open -= 1
     return [e for e in raised if e]
+
+
+def exception_line(ln: str) -> bool:
+    """Whether a line inside a traceback can be its exception's: not indented (frames and source
+    lines are) and not only the markers under a source line, which two processes writing at once
+    can leave at a line's start ('^^^^^^')."""
+    return bool(ln) and not ln[0].isspace() and not _CARETS.match(ln)
 
 
 def _raised(lines: list[str]) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from validation.contract.torchrun_log.exceptions import raised_in
+from validation.contract.torchrun_log.exceptions import exception_line, raised_in
 from validation.contract.torchrun_log.patterns import AGENT_SIGNALLED, AGENT_TOLD, LOG_LINE, RANK_LINE, TRACEBACK
 
 #: a line of torchrun's own logging in the formats of torch before 2.4, which whose_lines does not read
@@ -45,7 +45,7 @@ def _traceback_end(lines: list[str], start: int) -> int:
             break
         if x.startswith(TRACEBACK):
             heads += 1
-        elif x and not x[0].isspace():
+        elif exception_line(x):
             ends += 1
         j += 1
     return j

@@ -10,7 +10,8 @@ from pathlib import Path
 from validation.contract.files import HaltInfo
 from validation.contract.stacks import Frame, StackDump, TakenStack
 from validation.contract.torchrun_log import RankFailure, rank_failures
-from validation.contract.torchrun_log.exceptions import raised_in
+from validation.contract.torchrun_log.exceptions import last_exception, raised_in
+from validation.contract.torchrun_log.whose import worker_exceptions
 from validation.judge.diagnosis import Kind, diagnose
 from validation.judge.diagnosis.failed import root_rank
 from validation.judge.findings import find, recommendations
@@ -113,6 +114,31 @@ def test_tracebacks_two_ranks_printed_at_once_still_name_their_exception(tmp_pat
                    + _AGENT_TRACEBACK + child_failed(_SCRIPT, Failed(0, 1692, 1), Failed(1, 1693, -15)))
     failures = rank_failures(log)
     assert failures[0].unranked == said and failures[1].ended_by_agent, failures
+
+
+#: the same two tracebacks written at one instant, byte by byte into each other's lines (a two-core
+#: machine's run left them so): a line of the markers under the source line starts at column 0
+_BYTE_INTERLEAVED = """Traceback (most recent call last):
+  File "/tmp/mine/train.py", line 3, in <module>
+Traceback (most recent call last):
+  File "/tmp/mine/train.py", line 3, in <module>
+    import a_module_that_is_not_there  # noqa
+    ^^^^^^^^^^^^^^    ^import a_module_that_is_not_there  # noqa^
+^^^^^^^^^^^^^^^^^
+ ModuleNotFoundError  :  No module named 'a_module_that_is_not_there'^
+^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+ModuleNotFoundError: No module named 'a_module_that_is_not_there'
+"""
+
+
+def test_tracebacks_written_into_each_other_still_name_the_exception_not_their_markers():
+    """Both ranks' tracebacks written byte by byte into each other's lines, both ranks exit 1: the crash
+    read 'exit code 1: ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^', a line of the markers under the source line
+    taken for the exception. Only the line that is whole names it."""
+    said = "ModuleNotFoundError: No module named 'a_module_that_is_not_there'"
+    assert raised_in(_BYTE_INTERLEAVED.splitlines()) == [said]
+    assert last_exception(_BYTE_INTERLEAVED) == said
+    assert worker_exceptions(_BYTE_INTERLEAVED) == [said]
 
 
 def test_the_rank_that_waited_for_a_node_whose_rank_never_started_is_not_the_one_blamed(tmp_path: Path):

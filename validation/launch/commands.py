@@ -18,10 +18,16 @@ def child_env(extra: Mapping[str, str], root: Path = REPO_ROOT) -> dict[str, str
     what is not this repository (:func:`inherited_path`)."""
     env = {k: v for k, v in os.environ.items() if not (k.startswith("NSA_") or k == "CONFIG")}
     env.update(extra)
-    env["PYTHONPATH"] = os.pathsep.join([str(root), *inherited_path(root)])
+    env["PYTHONPATH"] = pythonpath(root)
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"  # a fatal signal leaves a Python traceback in stderr
     return env
+
+
+def pythonpath(root: Path) -> str:
+    """The PYTHONPATH a trainer rooted at ``root`` runs with: its root, then the inherited entries
+    it keeps (:func:`inherited_path`)."""
+    return os.pathsep.join([str(root), *inherited_path(root)])
 
 
 def inherited_path(root: Path) -> list[str]:

@@ -8,7 +8,6 @@ every value the runbook gives was checked against a conservative pattern when it
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,10 +51,10 @@ class Launch:
     @property
     def set_env(self) -> dict[str, str]:
         """What the harness set on top of the inherited environment, as the record shows it: its
-        PYTHONPATH whole, the trainer's root and the inherited entries it kept
-        (``commands.inherited_path``), so that a Reproduce line finds what the run imported from
-        them (a trainer's packages installed under a folder on PYTHONPATH)."""
-        return {**self.env, "PYTHONPATH": os.pathsep.join([str(self.cwd), *commands.inherited_path(self.cwd)])}
+        PYTHONPATH whole (``commands.pythonpath``), so that a Reproduce line finds what the run
+        imported from its inherited entries (a trainer's packages installed under a folder on
+        PYTHONPATH)."""
+        return {**self.env, "PYTHONPATH": commands.pythonpath(self.cwd)}
 
 
 def build(point: PhasePoint, spec: TrainerSpec, root: Path, out_dir: Path, trainer_dir: Path,

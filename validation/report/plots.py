@@ -27,6 +27,9 @@ from validation.runbook.plan import PhasePoint
 CLIP = 4.0
 _RANK_STYLES = ("-", "--", ":", "-.")
 _GOLDEN_STYLE = {"linewidth": 6.0, "alpha": 0.25, "solid_capstyle": "round"}
+# a figure's margins, inches: left of the panels (y tick labels and the axis label), right,
+# below (x tick labels and label), between panels and above the first (a panel's title)
+_LEFT_IN, _RIGHT_IN, _BOTTOM_IN, _GAP_IN, _TITLE_IN = 1.0, 0.2, 0.6, 0.5, 0.45
 
 
 def make_plots(results_dir: Path, records: list[PhaseRecord], plot_dir: Path, stem: str,
@@ -37,10 +40,6 @@ def make_plots(results_dir: Path, records: list[PhaseRecord], plot_dir: Path, st
     With ``staging`` (a directory of the same file system) the PNGs are drawn there and nothing
     under ``plot_dir`` is touched: the report written before keeps every plot it names until
     ``publish`` moves the new ones in (an interrupt while they are drawn changes nothing)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     by_id = {p.test_id: p for p in points or []}
     by_phase: dict[str, list[PointSeries]] = {}
     for r in records:
@@ -56,7 +55,7 @@ def make_plots(results_dir: Path, records: list[PhaseRecord], plot_dir: Path, st
     out = []
     for phase, series in by_phase.items():
         name = f"{stem}__{phase}.png"
-        ranked = _figure(plt, phase, series, target / name)
+        ranked = _figure(phase, series, target / name)
         out.append({"phase": phase, "title": f"{phase}: loss, tokens/s, memory" + (", step time per rank" if ranked else ""),
                     "path": os.path.relpath(plot_dir / name, plot_dir.parent)})
     return out
@@ -82,11 +81,24 @@ def prune(plot_dir: Path, stem: str, keep: set[str]) -> None:
             old.unlink(missing_ok=True)
 
 
-def _figure(plt: Any, phase: str, series: list[PointSeries], path: Path) -> bool:
-    """Draw and save one phase's figure; True when it has the per-rank panel."""
+def _figure(phase: str, series: list[PointSeries], path: Path) -> bool:
+    """Draw and save one phase's figure; True when it has the per-rank panel. A Figure of its
+    own (no pyplot: no figure manager, no backend to pick; savefig draws a PNG with Agg) laid out
+    by fixed margins in inches, which leave room for the widest y tick labels a report draws
+    (six digits of tokens/s) and one line of title per panel: tight_layout would measure every
+    text by drawing the figure once more, doubling its cost."""
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
     ranked = [s for s in series if s.rank_step_s]
     n = 3 + bool(ranked)
-    fig, axes = plt.subplots(n, 1, figsize=(8, 2.5 * n + 0.8), sharex=True)
+    rows = (len(series) + 2) // 3  # of the legend above the panels
+    width, height = 8.0, 2.5 * n + 0.8
+    fig = Figure(figsize=(width, height))
+    head = 0.25 + 0.2 * rows + _TITLE_IN  # the suptitle, the legend, the first panel's title
+    fig.subplots_adjust(left=_LEFT_IN / width, right=1 - _RIGHT_IN / width, bottom=_BOTTOM_IN / height,
+                        top=1 - head / height, hspace=_GAP_IN / ((height - head - _BOTTOM_IN - (n - 1) * _GAP_IN) / n))
+    axes = fig.subplots(n, 1, sharex=True)
     colours = {s.label: f"C{i % 10}" for i, s in enumerate(series)}
     _loss(axes[0], series, colours)
     _level_panel(axes[1], series, colours, "toks_per_s", "tokens/s (global)")
@@ -96,14 +108,11 @@ def _figure(plt: Any, phase: str, series: list[PointSeries], path: Path) -> bool
     for i, ax in enumerate(axes):
         _from_zero(ax, tops.get(i))
         ax.grid(alpha=0.3)
-    handles = [plt.Line2D([], [], color=colours[s.label], linewidth=2) for s in series]
+    handles = [Line2D([], [], color=colours[s.label], linewidth=2) for s in series]
     fig.legend(handles, [s.label for s in series], loc="upper center", ncol=min(len(series), 3), fontsize=8,
-               bbox_to_anchor=(0.5, 0.975), frameon=False)
-    fig.suptitle(f"{phase} over steps (every y axis starts at 0)", fontsize=10, y=0.995)
-    rows = (len(series) + 2) // 3
-    fig.tight_layout(rect=(0, 0, 1, 1 - (0.25 + 0.2 * rows) / fig.get_figheight()))  # room for the title and legend
+               bbox_to_anchor=(0.5, 1 - 0.3 / height), frameon=False)
+    fig.suptitle(f"{phase} over steps (every y axis starts at 0)", fontsize=10, y=1 - 0.05 / height)
     fig.savefig(path, dpi=90)
-    plt.close(fig)
     return bool(ranked)
 
 

@@ -27,6 +27,10 @@ from validation.runbook.plan import PhasePoint
 CLIP = 4.0
 _RANK_STYLES = ("-", "--", ":", "-.")
 _GOLDEN_STYLE = {"linewidth": 6.0, "alpha": 0.25, "solid_capstyle": "round"}
+DPI = 90
+_LEGEND_PT = 8
+#: the average width of a legend character, in ems (of DejaVu Sans, matplotlib's default font)
+_CHAR_EM = 0.62
 # a figure's margins, inches: left of the panels (y tick labels and the axis label), right,
 # below (x tick labels and label), between panels and above the first (a panel's title)
 _LEFT_IN, _RIGHT_IN, _BOTTOM_IN, _GAP_IN, _TITLE_IN = 1.0, 0.2, 0.6, 0.5, 0.45
@@ -82,18 +86,27 @@ def prune(plot_dir: Path, stem: str, keep: set[str]) -> None:
 
 
 def _figure(phase: str, series: list[PointSeries], path: Path) -> bool:
-    """Draw and save one phase's figure; True when it has the per-rank panel. A Figure of its
-    own (no pyplot: no figure manager, no backend to pick; savefig draws a PNG with Agg) laid out
-    by fixed margins in inches, which leave room for the widest y tick labels a report draws
-    (six digits of tokens/s) and one line of title per panel: tight_layout would measure every
-    text by drawing the figure once more, doubling its cost."""
+    """Draw and save one phase's figure; True when it has the per-rank panel."""
+    fig, ranked = draw(phase, series)
+    fig.savefig(path, dpi=DPI)
+    return ranked
+
+
+def draw(phase: str, series: list[PointSeries]) -> tuple[Any, bool]:
+    """One phase's figure, and whether it has the per-rank panel. A Figure of its own (no
+    pyplot: no figure manager, no backend to pick; savefig draws a PNG with Agg) laid out by
+    fixed margins in inches, which leave room for the widest y tick labels a report draws and
+    one line of title per panel: tight_layout would measure every text by drawing the figure
+    once more, doubling its cost."""
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
     ranked = [s for s in series if s.rank_step_s]
     n = 3 + bool(ranked)
-    rows = (len(series) + 2) // 3  # of the legend above the panels
-    width, height = 8.0, 2.5 * n + 0.8
+    width = 8.0
+    ncol = _legend_columns([s.label for s in series], width)
+    rows = -(-len(series) // ncol)  # of the legend above the panels
+    height = 2.5 * n + 0.8
     fig = Figure(figsize=(width, height))
     head = 0.25 + 0.2 * rows + _TITLE_IN  # the suptitle, the legend, the first panel's title
     fig.subplots_adjust(left=_LEFT_IN / width, right=1 - _RIGHT_IN / width, bottom=_BOTTOM_IN / height,
@@ -109,11 +122,17 @@ def _figure(phase: str, series: list[PointSeries], path: Path) -> bool:
         _from_zero(ax, tops.get(i))
         ax.grid(alpha=0.3)
     handles = [Line2D([], [], color=colours[s.label], linewidth=2) for s in series]
-    fig.legend(handles, [s.label for s in series], loc="upper center", ncol=min(len(series), 3), fontsize=8,
+    fig.legend(handles, [s.label for s in series], loc="upper center", ncol=ncol, fontsize=_LEGEND_PT,
                bbox_to_anchor=(0.5, 1 - 0.3 / height), frameon=False)
     fig.suptitle(f"{phase} over steps (every y axis starts at 0)", fontsize=10, y=1 - 0.05 / height)
-    fig.savefig(path, dpi=90)
-    return bool(ranked)
+    return fig, bool(ranked)
+
+
+def _legend_columns(labels: list[str], width: float) -> int:
+    """Up to three columns for the points' legend, fewer where its longest label would carry it
+    past the figure's edges (a sweep over several keys names each point by all of them)."""
+    column_in = 0.6 + _CHAR_EM * _LEGEND_PT / 72 * max(map(len, labels))  # the line's handle and gaps, the text
+    return max(1, min(3, len(labels), int((width - 0.4) // column_in)))
 
 
 def _from_zero(ax: Any, top: float | None = None) -> None:

@@ -68,7 +68,7 @@ def test_an_interrupt_while_plots_are_drawn_leaves_the_previous_report_whole(fak
     report = "![baseline_ddp](plots/fake__cpu__baseline_ddp.png)\n"
     (plot_dir.parent / "fake__cpu.md").write_text(report)
 
-    def interrupted_half_way(plt, phase, series, path):
+    def interrupted_half_way(phase, series, path):
         path.write_bytes(b"\x89PNG half")  # savefig cut short
         raise KeyboardInterrupt
     monkeypatch.setattr(plots, "_figure", interrupted_half_way)

@@ -151,3 +151,35 @@ def test_a_render_removes_the_staging_folders_of_killed_renders_never_a_live_one
         assert other.is_alive() and live.is_dir()
     other.join()
     assert sorted(p.name for p in plot_dir.iterdir()) == ["fake__cpu__baseline_ddp.png"]
+
+
+def test_the_fixed_margins_hold_every_label_of_a_gpu_scale_figure():
+    """The figure is laid out by fixed margins, not measured (plots.draw): with a GPU run's
+    numbers (six-digit tokens/s, tens of GiB, a long sweep label, seven points: three legend
+    rows, the per-rank panel) every text is inside the figure and no panel's title runs into the
+    panel above or the legend."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from validation.report.plots import draw
+    from validation.report.series import PointSeries
+
+    def csv(scale: float) -> pd.DataFrame:
+        rows = [[s, 10.5 - 0.1 * s, 3e-4, 987_654.0 * scale, 73.9, 1.0, 0.31, 71.2] for s in range(1, 41)]
+        return pd.DataFrame(rows, columns=list(CSV_COLUMNS))
+
+    series = [PointSeries(f"seq_len={8192 * (i + 1)},batch_size=4,NSA_DDP_BUCKET_MB=100", csv(1 - 0.05 * i), 2,
+                          rank_step_s={0: [(s, 0.25) for s in range(2, 41)], 1: [(s, 0.26) for s in range(2, 41)]},
+                          levels={"toks_per_s": [Level(450_000.0, 21, 40, "gate toks_per_s_mean >= 450000, last 20 steps")]})
+              for i in range(7)]
+    fig, ranked = draw("scaling_sweep", series)
+    assert ranked
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    drawn = fig.get_tightbbox(renderer)  # inches, of what is drawn
+    width, height = fig.get_size_inches()
+    assert drawn.x0 >= 0 and drawn.y0 >= 0 and drawn.x1 <= width and drawn.y1 <= height, (drawn, width, height)
+    axes = fig.axes
+    legend = fig.legends[0].get_window_extent(renderer)
+    assert axes[0].title.get_window_extent(renderer).y1 <= legend.y0
+    for upper, lower in zip(axes, axes[1:]):
+        assert lower.title.get_window_extent(renderer).y1 <= upper.get_window_extent(renderer).y0

@@ -29,8 +29,8 @@ from nsa.contract import (
     TRAINING_CSV,
 )
 from validation.contract.reruns import Rerun, latest
-from validation.contract.stacks import (UNRANKED_DUMPS, StackDump, TakenStack, main_thread_frames, parse_faulthandler,
-                                        parse_pyspy, read_index)
+from validation.contract.stacks import (UNRANKED_DUMPS, StackDump, TakenStack, import_under_way, main_thread_frames,
+                                        parse_faulthandler, parse_pyspy, read_index)
 from validation.errors import ArtifactError
 
 if TYPE_CHECKING:
@@ -362,9 +362,9 @@ def read_stacks(out_dir: Path, max_frames: int) -> tuple[list[TakenStack], dict[
 
 def _stack(out_dir: Path, rel: str, source: str, parse, max_frames: int, pid: int | None = None) -> StackDump:
     text = (out_dir / rel).read_text(errors="replace")
-    frames = main_thread_frames(parse(text))[:max_frames]
+    frames = main_thread_frames(parse(text))
     header = next((ln.strip("= ").strip() for ln in text.splitlines() if ln.startswith("===")), None)
-    return StackDump(rel, frames, header, source, pid)
+    return StackDump(rel, frames[:max_frames], header, source, pid, import_under_way(frames))
 
 
 def halted(out_dir: Path) -> bool:

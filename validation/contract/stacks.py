@@ -35,6 +35,57 @@ class Thread:
     """Most recent first."""
 
 
+#: the files of Python's import machinery as stacks name them: a stack with a frame of theirs was
+#: running an import
+IMPORT_MACHINERY = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
+#: importlib.import_module's file, the machinery's entry for an import by name
+IMPORT_MODULE = "/importlib/__init__.py"
+#: torch's own package: its frames are torch's code, not the trainer's
+TORCH_PACKAGE = "/torch/"
+
+
+@dataclass(frozen=True)
+class Import:
+    """An import under way in a stack (a frame of Python's import machinery among its frames),
+    read from the whole stack: a dump keeps only its innermost frames (``StackDump.frames``)."""
+
+    module: Frame | None
+    """The innermost module body running (a ``<module>`` frame above the machinery: its file is the
+    module being imported); None where the machinery itself ran (finding, reading or compiling a
+    module, loading an extension)."""
+    origin: Frame | None
+    """Where the trainer's code began it: the innermost frame outside torch's package below the
+    outermost machinery frame (``import torch`` at train.py:2, or the line whose call into torch
+    imported a module of torch's lazily); else the frame just below that machinery; None where the
+    stack has none."""
+    torch_code: bool
+    """Every frame above the innermost machinery frame is torch's: torch's own code running as one of
+    its modules is imported (a torch.distributed module registering its ops), which waits for no peer
+    whatever package it lies in."""
+
+
+def import_under_way(frames: list[Frame]) -> Import | None:
+    """The import ``frames`` (a whole stack, most recent first) were running; None where none was."""
+    machinery = [i for i, fr in enumerate(frames) if _machinery(fr)]
+    if not machinery:
+        return None
+    inner, outer = machinery[0], machinery[-1]
+    above = frames[:inner]
+    module = next((fr for fr in above if fr.func == "<module>"), None)
+    below = frames[outer + 1:]
+    origin = next((fr for fr in below if not _torch(fr) and not _machinery(fr)), below[0] if below else None)
+    return Import(module, origin, bool(above) and all(map(_torch, above)))
+
+
+def _machinery(fr: Frame) -> bool:
+    """A frame of Python's import machinery: importlib's bootstrap, or importlib.import_module."""
+    return fr.file in IMPORT_MACHINERY or fr.file.replace("\\", "/").endswith(IMPORT_MODULE)
+
+
+def _torch(fr: Frame) -> bool:
+    return TORCH_PACKAGE in fr.file.replace("\\", "/")
+
+
 @dataclass(frozen=True)
 class StackDump:
     """Where one rank was: the training thread's frames and how the stack was taken."""
@@ -48,6 +99,9 @@ class StackDump:
     pid: int | None = None
     """The process, where known (the harness's own dumps); for a dump of unknown rank it names
     which process it was."""
+    importing: Import | None = None
+    """The import the thread was running, read from all its frames (``import_under_way``); None where
+    none was."""
 
 
 #: the run directory's folder of the stacks the harness took, and its index

@@ -18,7 +18,7 @@ from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP
 from validation.contract.adapters.base import WrittenBy
 from validation.contract.files import HaltInfo
 from validation.contract.reruns import Rerun, Restart
-from validation.contract.stacks import Frame, StackDump, TakenStack
+from validation.contract.stacks import Frame, Import, StackDump, TakenStack, import_under_way
 from validation.contract.torchrun_log import AttemptEnd, RankFailure, last_exception
 from validation.errors import StoreError
 from validation.judge.asked import Asked
@@ -652,8 +652,17 @@ def _plain(obj: Any) -> Any:
 
 
 def _dump(d: dict[str, Any]) -> StackDump:
-    return StackDump(d["path"], [Frame(**fr) for fr in d.get("frames") or []], d.get("header"),
-                     d.get("source") or "trainer", d.get("pid"))
+    frames = [Frame(**fr) for fr in d.get("frames") or []]
+    imp = d.get("importing")
+    # a record stored before dumps said their import reads it from the frames it kept
+    importing = (import_under_way(frames) if "importing" not in d else
+                 Import(_frame(imp.get("module")), _frame(imp.get("origin")), bool(imp.get("torch_code")))
+                 if isinstance(imp, dict) else None)
+    return StackDump(d["path"], frames, d.get("header"), d.get("source") or "trainer", d.get("pid"), importing)
+
+
+def _frame(d: dict[str, Any] | None) -> Frame | None:
+    return Frame(**d) if isinstance(d, dict) else None
 
 
 def _int(v: Any) -> int | None:

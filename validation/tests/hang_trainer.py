@@ -11,6 +11,8 @@ RANK and WORLD_SIZE).
     NSA_START_S=F          seconds of start-up before the first step (default 0)
     NSA_FIRST_STEP_S=F     seconds the first step takes after its ``forward`` record, as a first forward
                            that compiles does (default 0: no such record)
+    NSA_START_IMPORT=F0,F1 rank R first imports the module at file FR (the last for ranks past the list), as
+                           a slow first import of a library does (default: none)
 
 Every step ends at a barrier through the heartbeat files (``wait_for_peers``): a healthy rank
 waits for a hung one, as it would in a collective.
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import importlib.util
 import json
 import os
 import signal
@@ -63,6 +66,11 @@ def main() -> int:
     out = args.out_dir
     out.mkdir(parents=True, exist_ok=True)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if first := os.environ.get("NSA_START_IMPORT"):
+        files = first.split(",")
+        path = files[min(rank, len(files) - 1)]
+        spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
     if os.environ.get("NSA_HANG_SIGUSR1", "1") != "0":
         faulthandler.register(signal.SIGUSR1, file=open(out / f"stackdump_rank{rank}.txt", "w"), all_threads=True)
     hang_at = int(os.environ.get("NSA_HANG_AT", "0"))

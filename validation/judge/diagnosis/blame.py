@@ -78,6 +78,12 @@ class Kind(enum.StrEnum):
     or one it alone checks) while the others went on into their next collective."""
     HALT_STALL = "halt stall"
     """The trainer halted on a non-finite loss and the run did not end after it."""
+    IMPORTING = "importing"
+    """Every process the harness found running was inside an import (its stack in Python's import
+    machinery, ``Import``), none in a collective: still starting up when the stall watch came (a start-up
+    longer than the phase allows, as on a busy machine or a cold file cache), or an import that does not
+    return. No rank waited for another; each is listed with the module it ran (``RankAt.module``) and the
+    line of the trainer's that imported it (``RankAt.site``)."""
     TIMED_OUT = "timed out"
     """The phase timeout stopped a run whose steps still came at their pace: slow, not hung."""
     SHORT = "fewer steps"
@@ -158,12 +164,15 @@ class RankAt:
     site: Frame | None = None
     """Of Kind.DIVERGED and Kind.APART: the frame of the code that called the collective it waits in
     (``call_site``); of Kind.MISMATCHED and Kind.OUT_OF_STEP, and of ``Broken.ranks``, the one that called the
-    collective it failed in (RankFailure.raised_at) or, of Kind.OUT_OF_STEP, waited in (``call_site``); None
-    otherwise."""
+    collective it failed in (RankFailure.raised_at) or, of Kind.OUT_OF_STEP, waited in (``call_site``); of
+    Kind.IMPORTING, the trainer's line whose import it ran (``Import.origin``); None otherwise."""
+    module: Frame | None = None
+    """Of Kind.IMPORTING: the body of the module it was importing (``Import.module``); None otherwise, or
+    where Python's import machinery itself ran."""
 
     @classmethod
     def of(cls, rec: PhaseRecord, rank: int, *, frame: str | None = None, cause: str = "",
-           no_stack: NoStack | None = None, site: Frame | None = None) -> RankAt:
+           no_stack: NoStack | None = None, site: Frame | None = None, module: Frame | None = None) -> RankAt:
         ev = rec.evidence
         beat = ev.last_heartbeat.get(rank)
         node = ev.nodes.of_rank(rank) if ev.nodes is not None else None
@@ -171,7 +180,7 @@ class RankAt:
         return cls(rank, node.name if node is not None else None, beat.step if beat else None,
                    beat.stage if beat else None, frame, cause, no_stack=no_stack,
                    beats=not ev.no_heartbeats, beat_pid=earlier[0] if earlier else None,
-                   now_pid=earlier[1] if earlier else None, site=site)
+                   now_pid=earlier[1] if earlier else None, site=site, module=module)
 
 
 def earlier_beat(ev: Evidence, rank: int) -> tuple[int, int] | None:

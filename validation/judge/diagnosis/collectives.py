@@ -31,7 +31,10 @@ def in_collective(dump: StackDump) -> bool:
     the stack, torch's frames that pass a call on aside) are a torch.distributed collective's, DDP's
     own collective, or DDP's backward. A torch.distributed frame deeper in the stack says nothing:
     ``@record`` puts one at the bottom of every rank's stack, and FSDP's forward lies under the
-    model's code, where a rank hangs of its own."""
+    model's code, where a rank hangs of its own. Nor does torch's own code run as a module of torch's is
+    imported (``Import.torch_code``): a rank importing torch.distributed at start-up waits for no peer."""
+    if dump.importing is not None and dump.importing.torch_code:
+        return False
     files = [fr.file.replace("\\", "/") for fr in dump.frames]
     if dump.frames and (dump.frames[0].func == _BACKWARD_ENGINE or files[0].endswith(_DDP)):
         return True

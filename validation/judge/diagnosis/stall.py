@@ -1,9 +1,12 @@
 """The diagnosis of a stalled trainer process, one the harness stopped or whose watchdog wrote the
 .HALT (``stall``): from the processes it found running (``running``), a rank that had failed in its
 own right before it came (``failed_first``), ranks whose heartbeats stopped while the others went
-on, ranks whose collectives went apart, the ranks that hung while the others waited for them, and ranks
-left waiting in a collective whose partner had exited 0 (their collectives out of step)."""
+on, ranks whose collectives went apart, ranks left waiting in a collective whose partner had exited 0
+(their collectives out of step), ranks all still importing, and the ranks that hung while the others
+waited for them."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 from validation.judge.diagnosis.blame import Diagnosis, Kind, NoStack, RankAt, diagnosis_of
 from validation.judge.diagnosis.collectives import apart, call_site, hung_ranks, in_collective
@@ -83,7 +86,8 @@ def stall(r: PhaseRecord) -> Diagnosis | None:
     stopped while the others went on (``silent``), else, of ranks that all wait in collectives, those
     whose collectives went off the common path (``apart``), else the ranks left running in a collective (or,
     of no stack, anywhere) within a step a rank had completed before it exited 0 (``waited_out_of_step``), else
-    the ranks that hung while the others waited for them (their stacks and heartbeats tell), else the one
+    every process found running inside an import (``_importing``: still starting up, or an import that does not
+    return), else the ranks that hung while the others waited for them (their stacks and heartbeats tell), else the one
     process left running, else every rank found running alike (stalled: nothing tells which hung first)."""
     if not stalled(r):
         return None
@@ -107,6 +111,8 @@ def stall(r: PhaseRecord) -> Diagnosis | None:
     # in a collective (or, of no stack, anywhere) within a step one that ended had completed: not behind of its own
     if (off := waited_out_of_step(r, found)) is not None:
         return off
+    if (importing := _importing(r, found)) is not None:
+        return importing
     if (hung := _hung_first(r, found)) is not None:
         return hung
     if len(found) == 1 and _alone(r, found[0]):  # the one process left running: the others had ended
@@ -142,6 +148,20 @@ def _apart(r: PhaseRecord) -> Diagnosis | None:
     if split.off:
         return diagnosis_of(Kind.DIVERGED, tuple(map(at, split.off)), r, common=tuple(map(at, split.common)))
     return diagnosis_of(Kind.APART, tuple(map(at, range(r.world_size))), r)
+
+
+def _importing(r: PhaseRecord, found: list[RankAt]) -> Diagnosis | None:
+    """Every process found running inside an import (``StackDump.importing``), each with the module it ran
+    and the trainer's line that imported it (Kind.IMPORTING); None where one was not, or none was found."""
+    ev = r.evidence
+    dumps = [(at, ev.stackdumps[at.rank] if at.rank is not None else
+              next(d for d in ev.unranked_stacks if d.pid == at.pid and d.frames)) for at in found]
+    if not dumps or any(d.importing is None for _, d in dumps):
+        return None
+    return diagnosis_of(Kind.IMPORTING, tuple(
+        RankAt.of(r, at.rank, frame=at.frame, site=d.importing.origin, module=d.importing.module)
+        if at.rank is not None else replace(at, site=d.importing.origin, module=d.importing.module)
+        for at, d in dumps), r)
 
 
 def _hung_first(r: PhaseRecord, found: list[RankAt]) -> Diagnosis | None:

@@ -154,6 +154,21 @@ def _stall(f: Facts) -> str:
     return where + f"Then {_RERUN}."
 
 
+def _importing(f: Facts) -> str:
+    every = "The process was" if f.world_size == 1 else "Every rank was"
+    when = ("Before the first step that is a start-up longer than the phase allows (its startup_s, else stall_s): a "
+            "first import of torch and its extensions (Triton, transformers, a compiler's caches) takes tens of "
+            "seconds on a busy machine or a cold file cache. Raise the phase's startup_s to fit the start-up (or run "
+            "on a quiet machine, where the finding about a busy machine names one); where it stays slow, the module "
+            "the finding names is where the time goes" if f.before_first_step else
+            "After the steps began, an import that does not return holds the run: a lock another thread holds "
+            "(an import from a thread while the main thread imports), a module read from a network file system that "
+            "stopped answering, module-level code that waits")
+    return (f"{every} still importing modules when the harness stopped the run (the finding names the module each "
+            "ran and the trainer's line that imported it), and none waited in a collective for another. "
+            f"{when}. Then {_RERUN}.")
+
+
 def _diverged(f: Facts) -> str:
     return ("Every rank waited in a collective, not all in the same one (the finding names each call site): the "
             "ranks' collectives went out of step, a collective that some ranks call and the others do not (one "
@@ -630,7 +645,7 @@ def _busy_machine(f: Facts) -> str:
 _ADVICE: dict[str, Callable[[Facts], str]] = {
     "crash": _crash, "aborted": _aborted, "quit": _quit, "departed": _departed, "waited": _waited, "left_after": _left_after, "stall": _stall,
     "timeout": _timeout, "silent_rank": _silent_rank, "diverged": _diverged, "mismatch": _mismatch,
-    "out_of_step": _out_of_step,
+    "out_of_step": _out_of_step, "importing": _importing,
     "nonfinite": _nonfinite, "halt_stall": _halt_stall,
     "halted": _halted, "short_run": _short, "long_run": _long, "short_rank": _short_rank, "csv_ahead": _csv_ahead, "cliff": _cliff,
     "host_bound": _host_bound, "idle": _idle, "imbalance": _imbalance, "straggler_rank": _straggler_rank, "fallback": _fallback,

@@ -14,7 +14,7 @@ DID = {Kind.CRASHED: "crashed", Kind.KILLED: "crashed", Kind.ABORTED: "crashed",
        Kind.HUNG: "hung", Kind.STALLED: "stalled", Kind.SILENT: "hung",
        Kind.LEFT: "exited 0 early", Kind.ENDED: "exited 0", Kind.NONFINITE: "had a non-finite loss",
        Kind.HALTED: "halted on a non-finite loss", Kind.HALT_STALL: "halted on a non-finite loss",
-       Kind.NONFINITE_EXIT: "stopped on a non-finite loss"}
+       Kind.NONFINITE_EXIT: "stopped on a non-finite loss", Kind.IMPORTING: "was still importing"}
 
 
 #: where no rank failed in its own right, what the launch's failure was instead of a crash: a rank
@@ -209,6 +209,31 @@ def still_ending(d: Diagnosis) -> str:
     return f"{said}{broke}; {'; '.join(why)}; torchrun's SIGTERM ends a rank still running and one still ending alike"
 
 
+def still_importing(d: Diagnosis) -> str:
+    """Of processes all inside an import (Kind.IMPORTING): 'every rank found running was still importing, none
+    waiting for another: rank 0 torch.distributed.tensor._ops (line 13; imported from mytr/train.py:19; no
+    heartbeat written); rank 1 in _compile_bytecode, Python's import machinery (imported from ...)'."""
+    def one(at: RankAt) -> str:
+        what = (module_name(at.module.file) if at.module else f"in {at.frame}, Python's import machinery")
+        said = [f"line {at.module.line}" if at.module else "",
+                f"imported from {short_path(at.site.file)}:{at.site.line}" if at.site else "", beat(at)]
+        return f"{who(at)} {what}" + (f" ({'; '.join(p for p in said if p)})" if any(said) else "")
+
+    each = "; ".join(map(one, d.ranks))
+    every = "the one process" if len(d.ranks) == 1 else "every process" if d.ranks[0].rank is None else "every rank"
+    return f"{every} found running was still importing, none waiting for another: {each}"
+
+
+def module_name(path: str) -> str:
+    """'torch.distributed.tensor._ops' for a module's file under site-packages; else the file as the stack
+    lines show it (``short_path``)."""
+    path = path.replace("\\", "/")
+    for root in ("/site-packages/", "/dist-packages/"):
+        if root in path:
+            return path.split(root, 1)[1].removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+    return short_path(path)
+
+
 def _names_of(ks: tuple[int, ...], d: Diagnosis) -> str:
     """``_names`` of ranks by number, each with its node where the diagnosis knows it."""
     known = {at.rank: at for at in (*d.ranks, *d.common)}
@@ -248,6 +273,8 @@ def text(d: Diagnosis) -> str:
         return mismatched(d)
     if d.kind == Kind.OUT_OF_STEP:
         return out_of_step(d)
+    if d.kind == Kind.IMPORTING:
+        return still_importing(d)
     if d.broken is not None:
         return still_ending(d) + (f"; besides, {out_of_step(d.beside)}" if d.beside is not None else "")
     own = "; ".join(f"{who(at)} {DID[d.kind]}" + (f" in {at.frame}" if at.frame else "") + _said(at)

@@ -20,7 +20,7 @@ from validation.judge.diagnosis.nonfinite import nonfinite, nonfinite_ranks
 from validation.judge.diagnosis.stall import ending, stall
 from validation.judge.findings.culprit import ranks as _ranks
 from validation.judge.findings.culprit import (NO_CRASH, failed_without, mismatched, out_of_step, short_path, silenced,
-                                               still_ending, waited_cause, went_apart)
+                                               still_ending, still_importing, waited_cause, went_apart)
 from validation.judge.findings.departed import departure
 from validation.judge.findings.finding import (Facts, Finding, Severity, attempt_logs, attempts_said, last_heartbeat,
                                                own_reason, process, processes, where, where_gated, where_run)
@@ -328,7 +328,7 @@ def _stall_finding(r: PhaseRecord, d: Diagnosis) -> Finding:
     kind = {Kind.HALT_STALL: "halt_stall", Kind.LEFT: "departed", Kind.CRASHED: "crash",
             Kind.KILLED: "crash", Kind.ABORTED: "aborted", Kind.QUIT: "quit",
             Kind.SILENT: "silent_rank", Kind.DIVERGED: "diverged", Kind.APART: "diverged",
-            Kind.OUT_OF_STEP: "out_of_step"}.get(d.kind, "stall")
+            Kind.OUT_OF_STEP: "out_of_step", Kind.IMPORTING: "importing"}.get(d.kind, "stall")
     if d.kind == Kind.HALT_STALL:
         # the trainer's guard stopped the run first (the non-finite finding names the rank): what
         # stalled is its end, a rank that halted and stayed alive with the others waiting for it
@@ -352,6 +352,8 @@ def _stall_finding(r: PhaseRecord, d: Diagnosis) -> Finding:
         at = f": {silenced(d)}"
     elif d.kind in (Kind.DIVERGED, Kind.APART):  # every rank waits in a collective, not all in one
         at = f": {went_apart(d)}"
+    elif d.kind == Kind.IMPORTING:  # no rank in a collective: none waited for another
+        at = f": {still_importing(d)}"
     elif d.kind == Kind.OUT_OF_STEP:  # left in a collective whose partner had completed the step and exited 0
         at = f": {out_of_step(d)}"
         facts = replace(facts, waiting=d.waiting, suspected=d.suspected)

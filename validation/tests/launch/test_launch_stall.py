@@ -331,3 +331,42 @@ def test_a_timeout_records_a_rank_silent_within_its_first_step(tmp_path):
     [silent] = result.silent_ranks
     assert (silent.rank, silent.step, silent.left_behind) == (1, 1, False) and silent.silent_s >= 2, silent
     assert list(silent.others) == [0] and silent.others[0] > 1, silent
+
+
+#: a module whose import does not return: a torch.distributed module of rank 0's (its ops registered at
+#: import, as torch.distributed.tensor._ops does) and a plain one of rank 1's
+_SLOW_TORCH_MODULE = "import time\n\n\ndef register_ops():\n    while True:\n        time.sleep(1)\n\n\nregister_ops()\n"
+_SLOW_MODULE = "import time\n\nwhile True:\n    time.sleep(1)\n"
+
+
+@pytest.mark.distributed
+def test_torchrun_ranks_still_importing_at_the_start_up_stall_are_named_so_none_as_waiting(tmp_path):
+    """A user's pass, on a busy machine: both ranks of a torchrun point were still importing when the
+    start-up allowance ran out, rank 0 inside torch.distributed's own import-time code. Its frame under
+    torch/distributed/ read as a collective: 'hung: rank 1 in _create_fn; waiting for it: rank 0 in
+    _get_overload_packet', and the advice sought a rank-dependent branch. No rank waited for another:
+    each is named with the module it was importing and the trainer's line that imported it."""
+    torch_module = tmp_path / "lib" / "torch" / "distributed" / "_slow_ops.py"
+    torch_module.parent.mkdir(parents=True)
+    torch_module.write_text(_SLOW_TORCH_MODULE)
+    plain = tmp_path / "lib" / "slow_plugin.py"
+    plain.write_text(_SLOW_MODULE)
+    phase = _phase(TORCHRUN_STALL_S, {"NSA_START_IMPORT": f"{torch_module},{plain}"}, nproc=2, steps=5,
+                   startup_s=20.0)
+    (tmp_path / "run").mkdir()
+    run = FakeRun(tmp_path / "run", [phase], defaults={"launcher": {"kind": "python", "module": HANG}})
+    rec = run.record
+    assert rec.status == "FAIL" and "before its first step" in rec.reason, rec.reason
+    line = verdict_line(rec)
+    assert line.startswith("every rank found running was still importing, none waiting for another: rank 0 "
+                           f"{torch_module.parent.name}/{torch_module.name} (line 9; imported from "
+                           "tests/hang_trainer.py:"), line
+    assert "hung" not in line and "waiting for it" not in line, line
+    [finding] = [f for f in run.findings("critical") if f.startswith("stall in hang")]
+    assert "still importing" in finding and "waiting for it" not in finding, finding
+    advice = run.report[run.report.index("Recommendations"):]
+    assert "startup_s" in advice and "rank-dependent branch" not in advice, advice
+    dumps = rec.evidence.stackdumps
+    assert dumps[0].importing.torch_code and dumps[0].importing.module.file == str(torch_module)
+    assert dumps[1].importing.module.file == str(plain) and not dumps[1].importing.torch_code
+    assert all(d.importing.origin.file.endswith("hang_trainer.py") for d in dumps.values())

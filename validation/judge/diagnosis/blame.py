@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from validation.contract.stacks import Frame
+from validation.contract.stacks import Frame, Import
 from validation.contract.torchrun_log.failure import PeerGone
 from validation.judge.record import Evidence, PhaseRecord
 from validation.judge.seen import RankSilence
@@ -82,8 +82,7 @@ class Kind(enum.StrEnum):
     """Every process the harness found running was inside an import (its stack in Python's import
     machinery, ``Import``), none in a collective: still starting up when the stall watch came (a start-up
     longer than the phase allows, as on a busy machine or a cold file cache), or an import that does not
-    return. No rank waited for another; each is listed with the module it ran (``RankAt.module``) and the
-    line of the trainer's that imported it (``RankAt.site``)."""
+    return. No rank waited for another; each is listed with its import (``RankAt.importing``)."""
     TIMED_OUT = "timed out"
     """The phase timeout stopped a run whose steps still came at their pace: slow, not hung."""
     SHORT = "fewer steps"
@@ -164,15 +163,15 @@ class RankAt:
     site: Frame | None = None
     """Of Kind.DIVERGED and Kind.APART: the frame of the code that called the collective it waits in
     (``call_site``); of Kind.MISMATCHED and Kind.OUT_OF_STEP, and of ``Broken.ranks``, the one that called the
-    collective it failed in (RankFailure.raised_at) or, of Kind.OUT_OF_STEP, waited in (``call_site``); of
-    Kind.IMPORTING, the trainer's line whose import it ran (``Import.origin``); None otherwise."""
-    module: Frame | None = None
-    """Of Kind.IMPORTING: the body of the module it was importing (``Import.module``); None otherwise, or
-    where Python's import machinery itself ran."""
+    collective it failed in (RankFailure.raised_at) or, of Kind.OUT_OF_STEP, waited in (``call_site``); None
+    otherwise."""
+    importing: Import | None = None
+    """Of Kind.IMPORTING, and of a rank blamed as hung whose stack was inside an import: that import (the
+    module it ran, the trainer's line that began it); None otherwise."""
 
     @classmethod
     def of(cls, rec: PhaseRecord, rank: int, *, frame: str | None = None, cause: str = "",
-           no_stack: NoStack | None = None, site: Frame | None = None, module: Frame | None = None) -> RankAt:
+           no_stack: NoStack | None = None, site: Frame | None = None, importing: Import | None = None) -> RankAt:
         ev = rec.evidence
         beat = ev.last_heartbeat.get(rank)
         node = ev.nodes.of_rank(rank) if ev.nodes is not None else None
@@ -180,7 +179,7 @@ class RankAt:
         return cls(rank, node.name if node is not None else None, beat.step if beat else None,
                    beat.stage if beat else None, frame, cause, no_stack=no_stack,
                    beats=not ev.no_heartbeats, beat_pid=earlier[0] if earlier else None,
-                   now_pid=earlier[1] if earlier else None, site=site, module=module)
+                   now_pid=earlier[1] if earlier else None, site=site, importing=importing)
 
 
 def earlier_beat(ev: Evidence, rank: int) -> tuple[int, int] | None:

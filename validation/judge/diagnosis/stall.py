@@ -151,17 +151,16 @@ def _apart(r: PhaseRecord) -> Diagnosis | None:
 
 
 def _importing(r: PhaseRecord, found: list[RankAt]) -> Diagnosis | None:
-    """Every process found running inside an import (``StackDump.importing``), each with the module it ran
-    and the trainer's line that imported it (Kind.IMPORTING); None where one was not, or none was found."""
+    """Every process found running inside an import (``StackDump.importing``), each with that import
+    (Kind.IMPORTING); None where one was not, or none was found."""
     ev = r.evidence
     dumps = [(at, ev.stackdumps[at.rank] if at.rank is not None else
               next(d for d in ev.unranked_stacks if d.pid == at.pid and d.frames)) for at in found]
     if not dumps or any(d.importing is None for _, d in dumps):
         return None
     return diagnosis_of(Kind.IMPORTING, tuple(
-        RankAt.of(r, at.rank, frame=at.frame, site=d.importing.origin, module=d.importing.module)
-        if at.rank is not None else replace(at, site=d.importing.origin, module=d.importing.module)
-        for at, d in dumps), r)
+        RankAt.of(r, at.rank, frame=at.frame, importing=d.importing) if at.rank is not None
+        else replace(at, importing=d.importing) for at, d in dumps), r)
 
 
 def _hung_first(r: PhaseRecord, found: list[RankAt]) -> Diagnosis | None:
@@ -180,7 +179,8 @@ def _hung_first(r: PhaseRecord, found: list[RankAt]) -> Diagnosis | None:
     if not unstacked and (not hung or set(hung) == ranked):
         return None
     stopped = {t.rank for t in ev.taken_stacks if t.state == "stopped"}
-    return diagnosis_of(Kind.HUNG, tuple(RankAt.of(r, k, frame=ev.stackdumps[k].frames[0].func) for k in hung)
+    return diagnosis_of(Kind.HUNG, tuple(RankAt.of(r, k, frame=ev.stackdumps[k].frames[0].func,
+                                                   importing=ev.stackdumps[k].importing) for k in hung)
                         + tuple(RankAt.of(r, k, no_stack=NoStack.STOPPED if k in stopped else NoStack.UNTAKEN)
                                 for k in unstacked), r)
 

@@ -143,7 +143,14 @@ def _stall(f: Facts) -> str:
     else:
         shown = ("The stack dumps show where each rank waited" if f.stacks >= f.world_size else
                  f"The stacks of {f.stacks} of {f.world_size} ranks (the finding names them) show where they waited")
-        if f.before_first_step:  # no step began: the collective is the process group's start, not a step's
+        if f.before_first_step and f.importing:  # the rank the others waited for was still starting up
+            where = (f"{shown}, before any step: the rank the others waited for in their collective "
+                     "(init_process_group, a first barrier) was still importing modules (the finding names the module "
+                     "and the trainer's line that imported it). Its start-up outlasted the phase's allowance (startup_s, "
+                     "else stall_s): on a busy machine or a cold file cache a first import of torch and its extensions "
+                     "takes tens of seconds, and more on one rank than another; raise startup_s to fit, or find why "
+                     "that rank imports what the others do not or imports it slower. ")
+        elif f.before_first_step:  # no step began: the collective is the process group's start, not a step's
             where = (f"{shown}, before any step: a rank inside a collective (init_process_group, a first barrier) "
                      "while another is elsewhere means that one never got there: what it runs first on that rank "
                      "only (a rank-dependent branch, its data set-up, a download, a lock) holds it. ")

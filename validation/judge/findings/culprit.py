@@ -214,14 +214,29 @@ def still_importing(d: Diagnosis) -> str:
     waiting for another: rank 0 torch.distributed.tensor._ops (line 13; imported from mytr/train.py:19; no
     heartbeat written); rank 1 in _compile_bytecode, Python's import machinery (imported from ...)'."""
     def one(at: RankAt) -> str:
-        what = (module_name(at.module.file) if at.module else f"in {at.frame}, Python's import machinery")
-        said = [f"line {at.module.line}" if at.module else "",
-                f"imported from {short_path(at.site.file)}:{at.site.line}" if at.site else "", beat(at)]
-        return f"{who(at)} {what}" + (f" ({'; '.join(p for p in said if p)})" if any(said) else "")
+        said = [p for p in (_imported(at), beat(at)) if p]
+        return f"{who(at)} {_import_place(at)}" + (f" ({'; '.join(said)})" if said else "")
 
-    each = "; ".join(map(one, d.ranks))
     every = "the one process" if len(d.ranks) == 1 else "every process" if d.ranks[0].rank is None else "every rank"
-    return f"{every} found running was still importing, none waiting for another: {each}"
+    return f"{every} found running was still importing, none waiting for another: {'; '.join(map(one, d.ranks))}"
+
+
+def _import_place(at: RankAt) -> str:
+    """'torch.distributed.tensor._ops' (the module a rank was importing, as a Python name where it can be
+    told), 'in _compile_bytecode, Python's import machinery' where the machinery itself ran."""
+    module = at.importing.module if at.importing else None
+    return module_name(module.file) if module else f"in {at.frame}, Python's import machinery"
+
+
+def _imported(at: RankAt) -> str:
+    """'line 13; imported from mytr/train.py:19': where in its module a rank importing was, and the
+    trainer's line that began the import; '' where neither is known."""
+    imp = at.importing
+    if imp is None:
+        return ""
+    return "; ".join(p for p in (f"line {imp.module.line}" if imp.module else "",
+                                 f"imported from {short_path(imp.origin.file)}:{imp.origin.line}" if imp.origin else "")
+                     if p)
 
 
 def module_name(path: str) -> str:
@@ -277,13 +292,23 @@ def text(d: Diagnosis) -> str:
         return still_importing(d)
     if d.broken is not None:
         return still_ending(d) + (f"; besides, {out_of_step(d.beside)}" if d.beside is not None else "")
-    own = "; ".join(f"{who(at)} {DID[d.kind]}" + (f" in {at.frame}" if at.frame else "") + _said(at)
-                    + (f": {c}" if (c := cause(d, at)) else "") for at in d.ranks)
+    own = "; ".join(f"{who(at)} {DID[d.kind]}" + (f" in {at.frame}" if at.frame else "") + importing_note(at)
+                    + _said(at) + (f": {c}" if (c := cause(d, at)) else "") for at in d.ranks)
     if d.beside is not None:
         return f"{own}; besides, {out_of_step(d.beside)}"
     if d.or_else is None:
         return own
     return f"{own}, or {text(d.or_else)} and the others failed after it: which came first cannot be told"
+
+
+def importing_note(at: RankAt) -> str:
+    """', still importing torch.distributed.fsdp (line 13; imported from mytr/train.py:3)' of a rank blamed as
+    hung whose stack was inside an import; '' otherwise."""
+    if at.importing is None:
+        return ""
+    where = _imported(at)
+    module = at.importing.module
+    return (f", still importing {module_name(module.file)}" if module else ", still importing") + (f" ({where})" if where else "")
 
 
 def _said(at: RankAt) -> str:

@@ -19,8 +19,9 @@ from validation.judge.diagnosis.left import (broke_on_peer, ended_before, exited
 from validation.judge.diagnosis.nonfinite import nonfinite, nonfinite_ranks
 from validation.judge.diagnosis.stall import ending, stall
 from validation.judge.findings.culprit import ranks as _ranks
-from validation.judge.findings.culprit import (NO_CRASH, failed_without, mismatched, out_of_step, short_path, silenced,
-                                               still_ending, still_importing, waited_cause, went_apart)
+from validation.judge.findings.culprit import (NO_CRASH, failed_without, importing_note, mismatched, out_of_step,
+                                               short_path, silenced, still_ending, still_importing, waited_cause,
+                                               went_apart)
 from validation.judge.findings.departed import departure
 from validation.judge.findings.finding import (Facts, Finding, Severity, attempt_logs, attempts_said, last_heartbeat,
                                                own_reason, process, processes, where, where_gated, where_run)
@@ -359,6 +360,7 @@ def _stall_finding(r: PhaseRecord, d: Diagnosis) -> Finding:
         facts = replace(facts, waiting=d.waiting, suspected=d.suspected)
     elif d.kind == Kind.HUNG and r.world_size > 1 and not _alone(r, d, stuck):
         at = _hung_first(r, d, stuck)
+        facts = replace(facts, importing=any(x.importing is not None for x in d.ranks))
     else:
         at = (f": {'; '.join(stuck.values())}" if stuck
               else ": no rank started (no worker ran under any node's agent)"
@@ -409,10 +411,10 @@ def _timed_out_progressing(r: PhaseRecord, facts: Facts) -> Finding:
 def _hung_first(r: PhaseRecord, d: Diagnosis, stuck: dict[str, str]) -> str:
     """': hung: rank 1 in f; waiting for it: rank 0 in g': the hung ranks the diagnosis names (by their
     stacks, or by their heartbeat where they have none) apart from those that waited for them."""
-    first = [stuck[f"rank {at.rank}"] for at in d.ranks if at.no_stack is None] + [
+    first = [stuck[f"rank {at.rank}"] + importing_note(at) for at in d.ranks if at.no_stack is None] + [
         f"rank {at.rank} (no stack{'; its process stopped, by SIGSTOP or a debugger' if at.no_stack == NoStack.STOPPED else ''}; "
         f"{last_heartbeat(r, at.rank)})" for at in d.ranks if at.no_stack is not None]
-    rest = [v for v in stuck.values() if v not in first]
+    rest = [v for k, v in stuck.items() if k not in {f"rank {at.rank}" for at in d.ranks}]
     waiting = f"; waiting for {'it' if len(first) == 1 else 'them'}: {'; '.join(rest)}" if rest else ""
     return f": hung: {'; '.join(first)}{waiting}"
 

@@ -101,6 +101,8 @@ class Facts:
     killed_by: str | None = None
     """The name of the signal of ``killed`` ('SIGKILL'): who may have sent it depends on it (the
     kernel's out-of-memory killer sends SIGKILL only)."""
+    importing: bool = False
+    """Of a stall of several ranks: a rank blamed as hung was still importing modules (``RankAt.importing``)."""
     unsteady: Unsteady | None = None
     """Of a failed toks_per_s_cv gate: its window's slow steps and where their time went
     (``GateResult.unsteady``), which decides what the advice looks at."""

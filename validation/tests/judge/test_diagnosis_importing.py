@@ -83,7 +83,8 @@ def test_every_rank_importing_is_named_so_none_as_hung_or_waiting():
     rec = _stalled({0: RANK0, 1: RANK1})
     d = diagnose(rec)
     assert d.kind == Kind.IMPORTING and [at.rank for at in d.ranks] == [0, 1]
-    assert [(at.module, at.site) for at in d.ranks] == [(_OPS, _TRAINER_LINE), (_API, _TRAINER_LINE)]
+    assert [(at.importing.module, at.importing.origin) for at in d.ranks] == [(_OPS, _TRAINER_LINE),
+                                                                              (_API, _TRAINER_LINE)]
     assert verdict_line(rec).startswith(
         "every rank found running was still importing, none waiting for another: rank 0 "
         "torch.distributed.tensor._ops (line 13; imported from u/train.py:19; no heartbeat written); rank 1 "
@@ -94,8 +95,16 @@ def test_every_rank_importing_is_named_so_none_as_hung_or_waiting():
 
 
 def test_a_rank_importing_while_the_other_waits_in_its_process_group_is_the_one_it_waits_for():
-    d = diagnose(_stalled({0: INIT, 1: RANK1}))
-    assert d.kind == Kind.HUNG and [at.rank for at in d.ranks] == [1]
+    """The hung rank's line and finding say it was still importing, and what."""
+    rec = _stalled({0: INIT, 1: RANK1})
+    d = diagnose(rec)
+    assert d.kind == Kind.HUNG and [at.rank for at in d.ranks] == [1] and d.ranks[0].importing.module == _API
+    said = ("rank 1 hung in _create_fn, still importing torch.distributed.fsdp._fully_shard._fsdp_api (line 13; "
+            "imported from u/train.py:19)")
+    assert verdict_line(rec).startswith(said), verdict_line(rec)
+    [stall] = [f for f in find([rec]) if f.kind == "stall"]
+    assert ": hung: rank 1 in _create_fn, still importing torch.distributed.fsdp._fully_shard._fsdp_api (line 13; " \
+           "imported from u/train.py:19); waiting for it: rank 0 in init_process_group" in stall.title, stall.title
 
 
 def test_the_import_is_kept_with_the_record_and_read_from_the_frames_of_an_older_one():
@@ -107,3 +116,13 @@ def test_the_import_is_kept_with_the_record_and_read_from_the_frames_of_an_older
     older = stored_dump(stored).importing
     assert older.module == _OPS and older.torch_code and older.origin is None  # its 8 frames end in the machinery
 
+
+
+def test_the_advice_of_a_start_up_stall_whose_hung_rank_was_importing_sends_the_reader_to_startup_s():
+    from validation.judge.findings import recommendations
+
+    importing = "\n".join(recommendations(find([_stalled({0: INIT, 1: RANK1})])))
+    assert "still importing" in importing and "startup_s" in importing and "rank-dependent branch" not in importing
+    elsewhere = [Frame("/u/data.py", 40, "download_shards"), Frame("/u/train.py", 11, "<module>")]
+    other = "\n".join(recommendations(find([_stalled({0: INIT, 1: elsewhere})])))
+    assert "rank-dependent branch" in other and "startup_s" not in other

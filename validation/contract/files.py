@@ -29,8 +29,8 @@ from nsa.contract import (
     TRAINING_CSV,
 )
 from validation.contract.reruns import Rerun, latest
-from validation.contract.stacks import (UNRANKED_DUMPS, StackDump, TakenStack, import_under_way, main_thread_frames,
-                                        parse_faulthandler, parse_pyspy, read_index)
+from validation.contract.stacks import (UNRANKED_DUMPS, StackDump, TakenStack, import_under_way, loader_wait,
+                                        main_thread_frames, parse_faulthandler, parse_pyspy, read_index)
 from validation.errors import ArtifactError
 
 if TYPE_CHECKING:
@@ -360,11 +360,21 @@ def read_stacks(out_dir: Path, max_frames: int) -> tuple[list[TakenStack], dict[
     return taken, dumps, unranked
 
 
+def read_helper_stacks(out_dir: Path, max_frames: int) -> dict[int, list[StackDump]]:
+    """The stacks the harness took of ranks' helpers (processes below a rank: data loader or compile
+    workers), by the rank they help, in pid order; each with its main thread's innermost ``max_frames``."""
+    out: dict[int, list[StackDump]] = {}
+    for t in read_index(out_dir, helpers=True):
+        if t.path is not None and not blank(out_dir / t.path):
+            out.setdefault(t.helper_of, []).append(_stack(out_dir, t.path, t.method, parse_pyspy, max_frames, t.pid))
+    return out
+
+
 def _stack(out_dir: Path, rel: str, source: str, parse, max_frames: int, pid: int | None = None) -> StackDump:
     text = (out_dir / rel).read_text(errors="replace")
     frames = main_thread_frames(parse(text))
     header = next((ln.strip("= ").strip() for ln in text.splitlines() if ln.startswith("===")), None)
-    return StackDump(rel, frames[:max_frames], header, source, pid, import_under_way(frames))
+    return StackDump(rel, frames[:max_frames], header, source, pid, import_under_way(frames), loader_wait(frames))
 
 
 def halted(out_dir: Path) -> bool:

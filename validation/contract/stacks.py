@@ -86,6 +86,17 @@ def _torch(fr: Frame) -> bool:
     return TORCH_PACKAGE in fr.file.replace("\\", "/")
 
 
+#: torch's DataLoader iterator over worker processes: a thread inside it waits for a worker's batch
+LOADER_FILE, LOADER_ITER = "torch/utils/data/dataloader.py", "_MultiProcessingDataLoaderIter."
+
+
+def loader_wait(frames: list[Frame]) -> Frame | None:
+    """The frame of torch's DataLoader in which ``frames`` (a whole stack, most recent first) waited for the
+    loader's worker processes (its multi-process iterator), innermost; None where they did not."""
+    return next((fr for fr in frames if fr.file.replace("\\", "/").endswith(LOADER_FILE)
+                 and fr.func.startswith(LOADER_ITER)), None)
+
+
 @dataclass(frozen=True)
 class StackDump:
     """Where one rank was: the training thread's frames and how the stack was taken."""
@@ -102,10 +113,16 @@ class StackDump:
     importing: Import | None = None
     """The import the thread was running, read from all its frames (``import_under_way``); None where
     none was."""
+    loader: Frame | None = None
+    """Where the thread waited for its DataLoader's worker processes, read from all its frames
+    (``loader_wait``); None where it did not."""
 
 
 #: the run directory's folder of the stacks the harness took, and its index
 HARNESS_STACKS = "harness_stacks"
+#: a rank's helper processes (Python processes below it) the harness dumps, at most: those of the lowest
+#: pids, the workers a data loader starts first (a compiler's pool of workers would otherwise add a dump each)
+HELPERS_PER_RANK = 4
 STACKS_INDEX = "index.json"
 #: a trainer's own dump whose rank its files do not say (an adapter writes these rather than guess)
 UNRANKED_DUMP = "stackdump_unranked{i}.txt"
@@ -136,6 +153,9 @@ class TakenStack:
     state: str = ""
     """The process's state as the harness came to take its stack (psutil's: 'stopped' for a process
     halted by SIGSTOP or a debugger, which runs nothing, no dump handler either); '' where unread."""
+    helper_of: int | None = None
+    """Of a rank's helper (a process below it: a data loader or compile worker; ``rank`` None): that
+    rank; None for a rank's own process or one of rank unknown."""
 
     @property
     def who(self) -> str:
@@ -150,13 +170,14 @@ def write_index(run_dir: Path, taken: list[TakenStack]) -> None:
     tmp.replace(folder / STACKS_INDEX)
 
 
-def read_index(run_dir: Path) -> list[TakenStack]:
-    """The stacks the harness took in this run directory; [] when it took none. The index is
-    the harness's own file: one that does not parse is a harness bug, and raises."""
+def read_index(run_dir: Path, helpers: bool = False) -> list[TakenStack]:
+    """The stacks the harness took in this run directory of ranks and of processes of rank unknown (with
+    ``helpers``, of ranks' helpers instead); [] when it took none. The index is the harness's own file: one
+    that does not parse is a harness bug, and raises."""
     path = run_dir / HARNESS_STACKS / STACKS_INDEX
     if not path.is_file():
         return []
-    return [TakenStack(**rec) for rec in json.loads(path.read_text())]
+    return [t for t in (TakenStack(**rec) for rec in json.loads(path.read_text())) if (t.helper_of is not None) == helpers]
 
 
 _FAULTHANDLER_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')

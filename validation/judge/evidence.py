@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from nsa.contract import HALT
 from validation.contract import check as contract
-from validation.contract.files import HaltInfo, read_halt, read_stacks, tail
+from validation.contract.files import HaltInfo, read_halt, read_helper_stacks, read_stacks, tail
 from validation.contract.reruns import Rerun
 from validation.contract.torchrun_log import (RankFailure, agent_signalled, log_exception, log_has_traceback,
                                               rank_failures)
@@ -120,6 +120,7 @@ def collect(run: RunData, stderr_path: Path, errors: list[str], clock: StepClock
     return with_log(Evidence(
         errors=errors, halt=run.halt, rank_failures=dict(run.rank_failures),
         stackdumps={r: d for r, d in dumps.items() if r < run.world_size}, unranked_stacks=unranked,
+        helper_stacks={r: h for r, h in read_helper_stacks(run.out_dir, MAX_FRAMES).items() if r < run.world_size},
         taken_stacks=taken, signalled_pids=signalled, last_heartbeat=beats,
         no_heartbeats="" if beats else contract.adapter_unmeasured(run.env).get(contract.HEARTBEATS, ""),
         no_halt=contract.adapter_unmeasured(run.env).get(HALT, ""),

@@ -18,7 +18,7 @@ from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP
 from validation.contract.adapters.base import WrittenBy
 from validation.contract.files import HaltInfo
 from validation.contract.reruns import Rerun, Restart
-from validation.contract.stacks import Frame, Import, StackDump, TakenStack, import_under_way
+from validation.contract.stacks import Frame, Import, StackDump, TakenStack, import_under_way, loader_wait
 from validation.contract.torchrun_log import AttemptEnd, RankFailure, last_exception
 from validation.errors import StoreError
 from validation.judge.asked import Asked
@@ -209,8 +209,13 @@ class Evidence:
     unranked_stacks: list[StackDump] = field(default_factory=list)
     """Stacks of processes whose rank cannot be told: the harness's (with their pid) and a
     trainer's own dumps that do not say their rank."""
+    helper_stacks: dict[int, list[StackDump]] = field(default_factory=dict)
+    """Stacks the harness took of ranks' helpers (processes below a rank: its data loader's or compiler's
+    workers), by the rank they help: where a rank waits for its data loader, a worker's stack says where
+    the data is stuck."""
     taken_stacks: list[TakenStack] = field(default_factory=list)
-    """What the harness did for each process's stack when it stopped the run (py-spy, SIGUSR1)."""
+    """What the harness did for each process's stack when it stopped the run (py-spy, SIGUSR1); its
+    helpers' are not among them."""
     signalled_pids: list[int] = field(default_factory=list)
     """The processes torchrun's agent says it signalled, ending the ranks still running once one had
     failed (contract/torchrun_log/said.py ``agent_signalled``): a rank the harness then found running among
@@ -316,6 +321,7 @@ class Evidence:
             rank_failures={int(r): RankFailure.from_json(f) for r, f in (ev.get("rank_failures") or {}).items()},
             stackdumps={int(r): _dump(d) for r, d in (ev.get("stackdumps") or {}).items()},
             unranked_stacks=[_dump(d) for d in ev.get("unranked_stacks") or []],
+            helper_stacks={int(r): [_dump(d) for d in ds] for r, ds in (ev.get("helper_stacks") or {}).items()},
             taken_stacks=[TakenStack(**t) for t in ev.get("taken_stacks") or []],
             signalled_pids=[int(p) for p in ev.get("signalled_pids") or []],
             last_heartbeat={int(r): Beat(_int(b.get("step")), b.get("stage"), _num(b.get("gpu_util")),
@@ -654,11 +660,12 @@ def _plain(obj: Any) -> Any:
 def _dump(d: dict[str, Any]) -> StackDump:
     frames = [Frame(**fr) for fr in d.get("frames") or []]
     imp = d.get("importing")
-    # a record stored before dumps said their import reads it from the frames it kept
+    # a record stored before dumps said their import and loader wait reads them from the frames it kept
     importing = (import_under_way(frames) if "importing" not in d else
                  Import(_frame(imp.get("module")), _frame(imp.get("origin")), bool(imp.get("torch_code")))
                  if isinstance(imp, dict) else None)
-    return StackDump(d["path"], frames, d.get("header"), d.get("source") or "trainer", d.get("pid"), importing)
+    loader = _frame(d.get("loader")) if "loader" in d else loader_wait(frames)
+    return StackDump(d["path"], frames, d.get("header"), d.get("source") or "trainer", d.get("pid"), importing, loader)
 
 
 def _frame(d: dict[str, Any] | None) -> Frame | None:

@@ -10,9 +10,10 @@ run directory's ``harness_stacks/index.json`` says what was done for which proce
 Which process is which rank: the ``RANK`` in its environment (torchrun sets it for each worker);
 else the process whose ``pid`` a rank's heartbeats carry (the contract's field for this: a trainer
 that runs its training in a child of the process launched, a supervisor restarting it, is known by
-it); else, for the python launcher, the launched process itself is rank 0. A process below a rank
-(a data loader or compile worker) is that rank's helper, not a rank of its own, and is not
-dumped. torchrun's agents (the launched processes, or a ``torch.distributed.run`` that srun
+it); else, for the python launcher, the launched process itself is rank 0. A Python process below a
+rank (a data loader or compile worker) is that rank's helper, not a rank of its own: up to
+``HELPERS_PER_RANK`` of each rank's are dumped as its helpers (a rank that waits for its data loader
+shows only the wait; the worker's stack shows where the data is stuck). torchrun's agents (the launched processes, or a ``torch.distributed.run`` that srun
 started) are launchers, not ranks. Any other Python process is "rank unknown": dumped, never
 given a guessed rank. A rank's node is the launch's node index in its environment
 (validation/contract/nodes.py: the harness's own variable, or Slurm's task id).
@@ -31,7 +32,7 @@ from typing import Sequence
 
 import psutil
 
-from validation.contract.stacks import HARNESS_STACKS, TakenStack, write_index
+from validation.contract.stacks import HARNESS_STACKS, HELPERS_PER_RANK, TakenStack, write_index
 from validation.contract.nodes import node_of
 
 #: seconds all py-spy dumps together may take (they run side by side)
@@ -49,6 +50,8 @@ class RankedProcess:
     """'RANK', 'heartbeat pid', 'single process', or '' when unknown (TakenStack.rank_from)."""
     node: int | None = None
     """The launch's node index it ran on (several nodes); None for one node or unknown."""
+    helper_of: int | None = None
+    """Of a rank's helper (a Python process below it, ``rank`` None): that rank; None otherwise."""
 
 
 def pyspy_executable() -> str | None:
@@ -80,12 +83,18 @@ def ranked(members: list[psutil.Process], roots: Sequence[psutil.Process], singl
             own[p.pid] = None  # torchrun's agent (or srun): a launcher, not a rank
         elif _is_python(p):
             own[p.pid] = (None, "")
-    out = []
-    for pid, what in own.items():
-        if what is None or _below_a_rank(by_pid[pid], by_pid, own):
+    out, helpers = [], {}
+    for pid, what in sorted(own.items()):
+        if what is None:
             continue
-        out.append(RankedProcess(by_pid[pid], *what, node=node_of(_environ(by_pid[pid]))))
-    return sorted(out, key=lambda r: (r.rank is None, r.rank or 0, r.proc.pid))
+        node = node_of(_environ(by_pid[pid]))
+        above = _rank_above(by_pid[pid], by_pid, own)
+        if above is None:
+            out.append(RankedProcess(by_pid[pid], *what, node=node))
+        elif _is_python(by_pid[pid]) and len(helpers.setdefault(above, [])) < HELPERS_PER_RANK:
+            helpers[above].append(RankedProcess(by_pid[pid], None, "", node=node, helper_of=above))
+    return sorted(out, key=lambda r: (r.rank is None, r.rank or 0, r.proc.pid)) + [
+        h for rank in sorted(helpers) for h in helpers[rank]]
 
 
 def _environ(p: psutil.Process) -> dict[str, str]:
@@ -111,9 +120,10 @@ def _is_python(p: psutil.Process) -> bool:
     return os.path.basename(exe).startswith("python")
 
 
-def _below_a_rank(p: psutil.Process, by_pid: dict[int, psutil.Process],
-                  own: dict[int, tuple[int | None, str] | None]) -> bool:
-    """Whether an ancestor of ``p`` in the tree is a rank (so ``p`` is its helper)."""
+def _rank_above(p: psutil.Process, by_pid: dict[int, psutil.Process],
+                own: dict[int, tuple[int | None, str] | None]) -> int | None:
+    """The rank of the nearest ancestor of ``p`` in the tree that is a rank (``p`` is its helper); None
+    where none is."""
     seen = set()
     try:
         parent = p.ppid()
@@ -121,11 +131,11 @@ def _below_a_rank(p: psutil.Process, by_pid: dict[int, psutil.Process],
             seen.add(parent)
             what = own.get(parent)
             if what is not None and what[0] is not None:
-                return True
+                return what[0]
             parent = by_pid[parent].ppid()
     except psutil.NoSuchProcess:
         pass
-    return False
+    return None
 
 
 def take(processes: list[RankedProcess], run_dir: Path, after: str, pyspy: str | None = None) -> list[TakenStack]:
@@ -141,17 +151,23 @@ def take(processes: list[RankedProcess], run_dir: Path, after: str, pyspy: str |
     for r in processes:
         text, error = dumps[r.proc.pid]
         state = states[r.proc.pid]
-        name = f"rank{r.rank}.txt" if r.rank is not None else f"pid{r.proc.pid}.txt"
-        who = f"rank {r.rank} ({r.rank_from})" if r.rank is not None else "rank unknown"
+        name = (f"rank{r.rank}.txt" if r.rank is not None else f"pid{r.proc.pid}.txt" if r.helper_of is None
+                else f"rank{r.helper_of}_helper{r.proc.pid}.txt")
+        who = (f"rank {r.rank} ({r.rank_from})" if r.rank is not None else "rank unknown" if r.helper_of is None
+               else f"rank {r.helper_of}'s helper (a process below it: a data loader or compile worker)")
         if r.node is not None:
             who += f", node {r.node}"
         if text is not None:
             header = f"=== py-spy dump of pid {r.proc.pid}, {who}, taken by the harness: {after} ===\n"
             (folder / name).write_text(header + text)
             taken.append(TakenStack(r.proc.pid, r.rank, r.rank_from, "py-spy", f"{HARNESS_STACKS}/{name}", node=r.node,
-                                    state=state))
+                                    state=state, helper_of=r.helper_of))
             continue
         note = f"py-spy could not take its stack ({error})"
+        if r.helper_of is not None:  # a forked helper inherits its rank's SIGUSR1 handler, and its dump file
+            taken.append(TakenStack(r.proc.pid, None, "", "none", node=r.node, state=state, note=note,
+                                    helper_of=r.helper_of))
+            continue
         if state == psutil.STATUS_STOPPED:
             taken.append(TakenStack(r.proc.pid, r.rank, r.rank_from, "none", node=r.node, state=state,
                                     note=note + "; its process is stopped (SIGSTOP, or a debugger): it runs no handler "

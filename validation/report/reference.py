@@ -19,6 +19,7 @@ import jinja2
 
 from nsa import contract
 from validation import REPO_ROOT, TEMPLATE_DIR
+from validation.contract.stacks import HELPERS_PER_RANK
 from validation.judge.clock import CLOCK_FACTOR, MIN_INTERVALS
 from validation.judge.metrics import CATALOGUE
 from validation.judge.profile_names import BOUNDS
@@ -40,7 +41,7 @@ def _context() -> dict:
             "unsteady": {"slow": SLOW, "grew": GREW, "holds": HOLDS, "drift": DRIFT, "drift_steps": DRIFT_STEPS},
             "env_prefixes": fields.ENV_PREFIXES, "env_exact": fields.ENV_EXACT,
             "trainer_env_denied": fields.TRAINER_ENV_DENIED,
-            "trainer_env_denied_prefixes": fields.TRAINER_ENV_DENIED_PREFIXES}
+            "trainer_env_denied_prefixes": fields.TRAINER_ENV_DENIED_PREFIXES, "helpers_per_rank": HELPERS_PER_RANK}
 
 
 def render(page: str) -> str:

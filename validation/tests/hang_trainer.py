@@ -13,6 +13,9 @@ RANK and WORLD_SIZE).
                            that compiles does (default 0: no such record)
     NSA_START_IMPORT=F0,F1 rank R first imports the module at file FR (the last for ranks past the list), as
                            a slow first import of a library does (default: none)
+    NSA_LOADER_HANG_AT=S   each step takes a batch from a torch DataLoader of one worker process, whose read of
+                           step S's batch never returns, in ``read_shard`` (default: no loader; torch is imported
+                           only for it)
 
 Every step ends at a barrier through the heartbeat files (``wait_for_peers``): a healthy rank
 waits for a hung one, as it would in a collective.
@@ -35,6 +38,27 @@ def stuck_here() -> None:
     """Where a hanging rank stays (the name the stall finding must show)."""
     while True:
         time.sleep(1)
+
+
+def read_shard(step: int, hang_at: int) -> int:
+    """Where the data loader's worker stays at step ``hang_at`` (the name the stall finding must show)."""
+    while step == hang_at:
+        time.sleep(1)
+    return step
+
+
+def loader(hang_at: int):
+    """Batches 1, 2, ... from a DataLoader of one worker process, whose read of batch ``hang_at`` never returns."""
+    import torch.utils.data
+
+    class Shards(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 1_000_000
+
+        def __getitem__(self, i: int) -> int:
+            return read_shard(i + 1, hang_at)
+
+    return iter(torch.utils.data.DataLoader(Shards(), batch_size=None, num_workers=1))
 
 
 def wait_for_peers(out: Path, world: int, step: int) -> None:
@@ -82,9 +106,12 @@ def main() -> int:
         (out / "env.json").write_text(json.dumps({"world_size": world, "git_sha": "test"}))
         (out / "training.csv").write_text(COLUMNS + "\n")
     first_step_s = float(os.environ.get("NSA_FIRST_STEP_S", "0"))
+    batches = loader(int(os.environ["NSA_LOADER_HANG_AT"])) if os.environ.get("NSA_LOADER_HANG_AT") else None
     for step in range(1, args.steps + 1):
         if hangs and step == hang_at:
             stuck_here()
+        if batches is not None:
+            next(batches)
         if step == 1 and first_step_s:
             with open(out / f"heartbeat_rank{rank}.jsonl", "a") as fh:
                 fh.write(json.dumps({"time": time.time(), "rank": rank, "step": 1, "stage": "forward"}) + "\n")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from validation.contract.stacks import Frame, Import
+from validation.contract.stacks import Frame, Import, StackDump
 from validation.contract.torchrun_log.failure import PeerGone
 from validation.judge.record import Evidence, PhaseRecord
 from validation.judge.seen import RankSilence
@@ -168,10 +168,15 @@ class RankAt:
     importing: Import | None = None
     """Of Kind.IMPORTING, and of a rank blamed as hung whose stack was inside an import: that import (the
     module it ran, the trainer's line that began it); None otherwise."""
+    workers: tuple[StackDump, ...] | None = None
+    """Of a rank blamed as hung whose stack waited for its DataLoader's worker processes
+    (``StackDump.loader``): the stacks the harness took of its helpers (``Evidence.helper_stacks``; () where
+    it took none); None otherwise."""
 
     @classmethod
     def of(cls, rec: PhaseRecord, rank: int, *, frame: str | None = None, cause: str = "",
-           no_stack: NoStack | None = None, site: Frame | None = None, importing: Import | None = None) -> RankAt:
+           no_stack: NoStack | None = None, site: Frame | None = None, importing: Import | None = None,
+           workers: tuple[StackDump, ...] | None = None) -> RankAt:
         ev = rec.evidence
         beat = ev.last_heartbeat.get(rank)
         node = ev.nodes.of_rank(rank) if ev.nodes is not None else None
@@ -179,7 +184,7 @@ class RankAt:
         return cls(rank, node.name if node is not None else None, beat.step if beat else None,
                    beat.stage if beat else None, frame, cause, no_stack=no_stack,
                    beats=not ev.no_heartbeats, beat_pid=earlier[0] if earlier else None,
-                   now_pid=earlier[1] if earlier else None, site=site, importing=importing)
+                   now_pid=earlier[1] if earlier else None, site=site, importing=importing, workers=workers)
 
 
 def earlier_beat(ev: Evidence, rank: int) -> tuple[int, int] | None:

@@ -116,7 +116,9 @@ def stall(r: PhaseRecord) -> Diagnosis | None:
     if (hung := _hung_first(r, found)) is not None:
         return hung
     if len(found) == 1 and _alone(r, found[0]):  # the one process left running: the others had ended
-        return diagnosis_of(Kind.HUNG, tuple(found), r)
+        return diagnosis_of(Kind.HUNG, (_hung_at(r, found[0].rank),), r)
+    if r.world_size == 1 and len(found) == 1 and found[0].rank is not None:  # the run's one process
+        return diagnosis_of(Kind.HUNG, (_hung_at(r, found[0].rank),), r)
     return diagnosis_of(Kind.HUNG if r.world_size == 1 and found else Kind.STALLED, tuple(found), r)
 
 
@@ -179,10 +181,17 @@ def _hung_first(r: PhaseRecord, found: list[RankAt]) -> Diagnosis | None:
     if not unstacked and (not hung or set(hung) == ranked):
         return None
     stopped = {t.rank for t in ev.taken_stacks if t.state == "stopped"}
-    return diagnosis_of(Kind.HUNG, tuple(RankAt.of(r, k, frame=ev.stackdumps[k].frames[0].func,
-                                                   importing=ev.stackdumps[k].importing) for k in hung)
+    return diagnosis_of(Kind.HUNG, tuple(_hung_at(r, k) for k in hung)
                         + tuple(RankAt.of(r, k, no_stack=NoStack.STOPPED if k in stopped else NoStack.UNTAKEN)
                                 for k in unstacked), r)
+
+
+def _hung_at(r: PhaseRecord, k: int) -> RankAt:
+    """Rank ``k``, blamed as hung, at the innermost frame of its stack, with the import it was running and,
+    where it waited for its DataLoader's workers, their stacks."""
+    dump = r.evidence.stackdumps[k]
+    workers = tuple(r.evidence.helper_stacks.get(k, ())) if dump.loader is not None else None
+    return RankAt.of(r, k, frame=dump.frames[0].func, importing=dump.importing, workers=workers)
 
 
 def _alone(r: PhaseRecord, only: RankAt) -> bool:

@@ -3,9 +3,11 @@ crash and stall findings and the point's verdict line (headline.py) say it, so t
 the other's text and both say the same."""
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP
+from validation.contract.stacks import StackDump
 from validation.judge.diagnosis.blame import Check, Diagnosis, Kind, RankAt
 from validation.excerpt import EXCERPT_CHARS
 
@@ -293,7 +295,7 @@ def text(d: Diagnosis) -> str:
     if d.broken is not None:
         return still_ending(d) + (f"; besides, {out_of_step(d.beside)}" if d.beside is not None else "")
     own = "; ".join(f"{who(at)} {DID[d.kind]}" + (f" in {at.frame}" if at.frame else "") + importing_note(at)
-                    + _said(at) + (f": {c}" if (c := cause(d, at)) else "") for at in d.ranks)
+                    + workers_note(at) + _said(at) + (f": {c}" if (c := cause(d, at)) else "") for at in d.ranks)
     if d.beside is not None:
         return f"{own}; besides, {out_of_step(d.beside)}"
     if d.or_else is None:
@@ -309,6 +311,36 @@ def importing_note(at: RankAt) -> str:
     where = _imported(at)
     module = at.importing.module
     return (f", still importing {module_name(module.file)}" if module else ", still importing") + (f" ({where})" if where else "")
+
+
+def workers_note(at: RankAt) -> str:
+    """', waiting for its data loader's workers: pid 4242 in Data.__getitem__ (u/train.py:27)' of a rank
+    blamed as hung that waited for its DataLoader's worker processes, each worker whose stack was taken by
+    its innermost frame and, below torch's and Python's own, the trainer's; '' otherwise."""
+    if at.workers is None:
+        return ""
+    if not at.workers:
+        return ", waiting for its data loader's workers (no stack of them was taken)"
+    return ", waiting for its data loader's workers: " + "; ".join(
+        f"pid {w.pid} " + _where_worker(w) for w in at.workers)
+
+
+def _where_worker(w: StackDump) -> str:
+    """'in Data.__getitem__ (u/train.py:27)'; 'in sleep (time.py:..), under Data.__getitem__ (u/train.py:27)'
+    where the innermost frame is not the trainer's own."""
+    if not w.frames:
+        return "(no frame)"
+    inner = w.frames[0]
+    said = f"in {inner.func} ({short_path(inner.file)}:{inner.line})"
+    own = next((fr for fr in w.frames if not _library(fr.file)), None)
+    return said if own is None or own == inner else f"{said}, under {own.func} ({short_path(own.file)}:{own.line})"
+
+
+def _library(path: str) -> bool:
+    """A file of an installed package or of Python's own library, not the trainer's code."""
+    path = path.replace("\\", "/")
+    return ("/site-packages/" in path or "/dist-packages/" in path or path.startswith("<")
+            or re.search(r"/lib/python3\.\d+/", path) is not None)
 
 
 def _said(at: RankAt) -> str:

@@ -21,7 +21,7 @@ from validation.judge.diagnosis.stall import ending, stall
 from validation.judge.findings.culprit import ranks as _ranks
 from validation.judge.findings.culprit import (NO_CRASH, failed_without, importing_note, mismatched, out_of_step,
                                                short_path, silenced, still_ending, still_importing, waited_cause,
-                                               went_apart)
+                                               went_apart, workers_note)
 from validation.judge.findings.departed import departure
 from validation.judge.findings.finding import (Facts, Finding, Severity, attempt_logs, attempts_said, last_heartbeat,
                                                own_reason, process, processes, where, where_gated, where_run)
@@ -314,6 +314,8 @@ def _stall_finding(r: PhaseRecord, d: Diagnosis) -> Finding:
             detail.append(f"{line}; no process left to take a stack of: it had ended" + (f" ({end})" if end else ""))
             continue
         detail.append(f"{line}; {_stack(f'rank {rank}', ev.stackdumps.get(rank), notes.get((rank, None)), stuck)}")
+        detail += [f"rank {rank}'s helper pid {h.pid} (a process below it): {_stack('', h, None, {})}"
+                   for h in ev.helper_stacks.get(rank, [])]
     dumped = {dump.pid for dump in ev.unranked_stacks}
     for dump in ev.unranked_stacks:
         who = "rank unknown" + (f" (pid {dump.pid})" if dump.pid is not None else "")
@@ -411,7 +413,8 @@ def _timed_out_progressing(r: PhaseRecord, facts: Facts) -> Finding:
 def _hung_first(r: PhaseRecord, d: Diagnosis, stuck: dict[str, str]) -> str:
     """': hung: rank 1 in f; waiting for it: rank 0 in g': the hung ranks the diagnosis names (by their
     stacks, or by their heartbeat where they have none) apart from those that waited for them."""
-    first = [stuck[f"rank {at.rank}"] + importing_note(at) for at in d.ranks if at.no_stack is None] + [
+    first = [stuck[f"rank {at.rank}"] + importing_note(at) + workers_note(at) for at in d.ranks
+             if at.no_stack is None] + [
         f"rank {at.rank} (no stack{'; its process stopped, by SIGSTOP or a debugger' if at.no_stack == NoStack.STOPPED else ''}; "
         f"{last_heartbeat(r, at.rank)})" for at in d.ranks if at.no_stack is not None]
     rest = [v for k, v in stuck.items() if k not in {f"rank {at.rank}" for at in d.ranks}]

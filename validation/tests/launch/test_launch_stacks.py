@@ -1,7 +1,7 @@
 """Which process is which rank when the harness takes stacks (validation/launch/stacks.py), and
 how the stacks reach the record and the stall finding: each rank by the RANK its environment
-holds, the python launcher's process as rank 0, helpers below a rank left out, anything else
-"rank unknown", never a guessed rank."""
+holds, the python launcher's process as rank 0, Python processes below a rank as its helpers (up to
+HELPERS_PER_RANK), anything else "rank unknown", never a guessed rank."""
 from __future__ import annotations
 
 import os
@@ -41,7 +41,7 @@ def _members(tree: ProcessTree, n: int) -> list[psutil.Process]:
     return found
 
 
-def test_ranks_come_from_the_environment_and_helpers_are_left_out(tree):
+def test_ranks_come_from_the_environment_and_a_process_below_a_rank_is_its_helper(tree):
     """torchrun's shape: an agent (no RANK), two workers with RANK, a helper below rank 0 that
     inherited its RANK, a Python process with no RANK (rank unknown) and a non-Python one."""
     agent = _spawn(tree, f"""
@@ -57,11 +57,12 @@ time.sleep(60)
     tree.adopt(agent.pid)
     members = _members(tree, 6)
     found = stacks.ranked(members, tree.roots, single_process=False)
-    ranks = [(r.rank, r.rank_from) for r in found]
-    assert ranks == [(0, "RANK"), (1, "RANK"), (None, "")], ranks
-    by_rank = {r.rank: r.proc for r in found}
+    ranks = [(r.rank, r.rank_from, r.helper_of) for r in found]
+    assert ranks == [(0, "RANK", None), (1, "RANK", None), (None, "", None), (None, "", 0)], ranks
+    by_rank = {r.rank: r.proc for r in found if r.helper_of is None}
     assert by_rank[0].environ()["RANK"] == "0" and by_rank[0].ppid() == agent.pid  # the worker, not its helper
     assert by_rank[None].ppid() == agent.pid and "RANK" not in by_rank[None].environ()
+    assert found[3].proc.ppid() == by_rank[0].pid  # the helper, though it inherited RANK 0
 
 
 def test_the_python_launchers_process_is_rank_0_and_its_children_its_helpers(tree):
@@ -69,7 +70,20 @@ def test_the_python_launchers_process_is_rank_0_and_its_children_its_helpers(tre
                         "time.sleep(60)")
     tree.adopt(root.pid)
     found = stacks.ranked(_members(tree, 2), tree.roots, single_process=True)
-    assert [(r.proc.pid, r.rank, r.rank_from) for r in found] == [(root.pid, 0, "single process")]
+    child = next(p for p in tree.members() if p.pid != root.pid)
+    assert [(r.proc.pid, r.rank, r.rank_from, r.helper_of) for r in found] == [
+        (root.pid, 0, "single process", None), (child.pid, None, "", 0)]
+
+
+def test_a_rank_has_at_most_helpers_per_rank_of_its_helpers_dumped(tree):
+    """A compiler's pool of workers below a rank: the first HELPERS_PER_RANK, by pid."""
+    n = stacks.HELPERS_PER_RANK + 2
+    root = _spawn(tree, f"import subprocess, sys, time\nfor _ in range({n}): "
+                        f"subprocess.Popen([sys.executable, '-c', {SLEEP!r}])\ntime.sleep(60)")
+    tree.adopt(root.pid)
+    found = stacks.ranked(_members(tree, n + 1), tree.roots, single_process=True)
+    helpers = [r.proc.pid for r in found if r.helper_of == 0]
+    assert helpers == sorted(p.pid for p in tree.members() if p.pid != root.pid)[:stacks.HELPERS_PER_RANK]
 
 
 def test_take_writes_each_ranks_pyspy_dump_and_the_index(tree, tmp_path):
@@ -226,7 +240,8 @@ def test_the_process_a_ranks_heartbeats_name_is_that_rank_not_the_launcher_above
     assert [(r.proc.pid, r.rank, r.rank_from) for r in found] == [(worker.pid, 0, "heartbeat pid")]
     # a pid of no process of the run changes nothing
     found = stacks.ranked(members, tree.roots, single_process=True, beat_pids={1: 0})
-    assert [(r.proc.pid, r.rank, r.rank_from) for r in found] == [(root.pid, 0, "single process")]
+    assert [(r.proc.pid, r.rank, r.rank_from, r.helper_of) for r in found] == [
+        (root.pid, 0, "single process", None), (worker.pid, None, "", 0)]  # the worker then its helper
 
 
 def test_the_watch_keeps_each_ranks_latest_heartbeat_pid(tmp_path):

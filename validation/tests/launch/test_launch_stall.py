@@ -370,3 +370,19 @@ def test_torchrun_ranks_still_importing_at_the_start_up_stall_are_named_so_none_
     assert dumps[0].importing.torch_code and dumps[0].importing.module.file == str(torch_module)
     assert dumps[1].importing.module.file == str(plain) and not dumps[1].importing.torch_code
     assert all(d.importing.origin.file.endswith("hang_trainer.py") for d in dumps.values())
+
+
+def test_a_rank_waiting_for_its_data_loader_is_named_with_the_worker_where_the_data_is_stuck(tmp_path):
+    """A user's pass: a DataLoader worker's read hung; the rank's stack showed only the wait ('rank 0 hung in
+    _PollLikeSelector.select'), and the worker, a process below the rank, was not dumped. Its stack is taken
+    as the rank's helper, and the rank is named with it."""
+    hung = Hung(tmp_path, _phase(PYTHON_STALL_S, {"NSA_LOADER_HANG_AT": "3", "NSA_STEP_S": "0.01"}, steps=10,
+                                 startup_s=60.0))
+    hung.check_stalled(PYTHON_STALL_S)
+    [worker] = hung.rec.evidence.helper_stacks[0]
+    assert worker.frames[0].func == "read_shard" and hung.rec.evidence.stackdumps[0].loader is not None
+    line = verdict_line(hung.rec)
+    assert line.startswith(f"rank 0 hung in {hung.stack(0)[0]}, waiting for its data loader's workers: pid "
+                           f"{worker.pid} in read_shard (tests/hang_trainer.py:"), line
+    assert f"rank 0's helper pid {worker.pid} (a process below it): stack (harness_stacks/rank0_helper{worker.pid}.txt" \
+        in hung.finding, hung.finding

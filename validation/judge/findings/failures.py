@@ -314,8 +314,11 @@ def _stall_finding(r: PhaseRecord, d: Diagnosis) -> Finding:
             detail.append(f"{line}; no process left to take a stack of: it had ended" + (f" ({end})" if end else ""))
             continue
         detail.append(f"{line}; {_stack(f'rank {rank}', ev.stackdumps.get(rank), notes.get((rank, None)), stuck)}")
+        # a rank's helpers are listed where the rank waits for them (its data loader's workers): idle in their
+        # pool, a compiler's say nothing; harness_stacks/ holds every helper's dump
+        waits = (dump := ev.stackdumps.get(rank)) is not None and dump.loader is not None
         detail += [f"rank {rank}'s helper pid {h.pid} (a process below it): {_stack('', h, None, {})}"
-                   for h in ev.helper_stacks.get(rank, [])]
+                   for h in ev.helper_stacks.get(rank, []) if waits]
     dumped = {dump.pid for dump in ev.unranked_stacks}
     for dump in ev.unranked_stacks:
         who = "rank unknown" + (f" (pid {dump.pid})" if dump.pid is not None else "")

@@ -64,3 +64,10 @@ def test_a_rank_waiting_for_its_data_loader_is_named_with_its_workers_stacks():
 
 def test_without_a_stack_of_its_workers_the_wait_is_said():
     assert ", waiting for its data loader's workers (no stack of them was taken)" in verdict_line(_record({}))
+
+
+def test_the_helpers_of_a_rank_that_waits_for_no_data_loader_are_not_listed():
+    """A compiler's workers idle in their pool below rank 0 (waiting in all_reduce): nothing to say."""
+    idle = _dump("harness_stacks/rank0_helper45.txt", WAITING[:5], 45)
+    [stall] = [f for f in find([_record({0: [idle]})]) if f.kind == "stall"]
+    assert not any("rank 0's helper" in line for line in stall.detail), stall.detail

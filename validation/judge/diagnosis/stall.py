@@ -156,8 +156,8 @@ def _importing(r: PhaseRecord, found: list[RankAt]) -> Diagnosis | None:
     """Every process found running inside an import (``StackDump.importing``), each with that import
     (Kind.IMPORTING); None where one was not, or none was found."""
     ev = r.evidence
-    dumps = [(at, ev.stackdumps[at.rank] if at.rank is not None else
-              next(d for d in ev.unranked_stacks if d.pid == at.pid and d.frames)) for at in found]
+    unranked = iter([d for d in ev.unranked_stacks if d.frames])  # ``running`` lists their processes in this order
+    dumps = [(at, ev.stackdumps[at.rank] if at.rank is not None else next(unranked)) for at in found]
     if not dumps or any(d.importing is None for _, d in dumps):
         return None
     return diagnosis_of(Kind.IMPORTING, tuple(

@@ -8,6 +8,7 @@ construction imports torch._dynamo."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from validation.contract.stacks import Frame, StackDump, TakenStack, import_under_way
 from validation.judge.diagnosis import Kind, diagnose
@@ -126,3 +127,14 @@ def test_the_advice_of_a_start_up_stall_whose_hung_rank_was_importing_sends_the_
     elsewhere = [Frame("/u/data.py", 40, "download_shards"), Frame("/u/train.py", 11, "<module>")]
     other = "\n".join(recommendations(find([_stalled({0: INIT, 1: elsewhere})])))
     assert "rank-dependent branch" in other and "startup_s" not in other
+
+
+def test_processes_of_rank_unknown_all_importing_are_each_named_by_their_own_stack():
+    """A trainer's own dumps that do not say their rank: each such process with its own import."""
+    rec = _stalled({})
+    plain = [Frame("/u/slow_plugin.py", 2, "<module>"), *_MACHINERY, _TRAINER_LINE]
+    unranked = [StackDump(f"stackdump_unranked{i}.txt", f[:8], None, "trainer", None, import_under_way(f))
+                for i, f in enumerate((RANK0, plain))]
+    rec = replace(rec, world_size=2, evidence=replace(rec.evidence, unranked_stacks=unranked))
+    d = diagnose(rec)
+    assert d.kind == Kind.IMPORTING and [at.importing.module for at in d.ranks] == [_OPS, plain[0]]

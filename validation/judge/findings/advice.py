@@ -106,6 +106,12 @@ def _left_after(f: Facts) -> str:
 
 
 def _stall(f: Facts) -> str:
+    if f.loader:
+        return ("The rank named waited for its DataLoader's worker processes, and a worker never delivered its batch: "
+                "the worker's stack in the finding (its dump lies beside the rank's, under harness_stacks/) says where "
+                "the data is stuck, in the dataset's own code (a read from a file system or the network that never "
+                "returns, a lock, a decode that loops). Give the DataLoader a `timeout` so that such a wait raises "
+                f"in the rank instead of hanging the run. Then {_RERUN}.")
     if f.stopped:
         who = "The rank" if f.world_size == 1 else "A rank"
         waited = "" if f.world_size == 1 else (", and the ranks waiting for it in their collectives waited on a "

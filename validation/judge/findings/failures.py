@@ -375,6 +375,8 @@ def _stall_finding(r: PhaseRecord, d: Diagnosis) -> Finding:
         if _alone(r, d, stuck):  # the one process left running: the others had ended, and it had not
             at = f": hung: {'; '.join(stuck.values())}; the other ranks had ended"
             facts = replace(facts, alone=True)
+    if d.kind == Kind.HUNG:  # waiting for its data loader's workers, the rank or its one process
+        facts = replace(facts, loader=any(x.workers is not None for x in d.ranks))
     # an attempt torchrun started the workers again after is no cause of this one's stall: said as earlier
     detail += _earlier_attempts(r)
     return Finding(Severity.CRITICAL, r.phase, f"stall in {where_run(r)} ({how}){at}", detail, kind, facts,

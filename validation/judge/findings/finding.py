@@ -103,6 +103,8 @@ class Facts:
     kernel's out-of-memory killer sends SIGKILL only)."""
     importing: bool = False
     """Of a stall of several ranks: a rank blamed as hung was still importing modules (``RankAt.importing``)."""
+    loader: bool = False
+    """Of a stall: a rank blamed as hung waited for its DataLoader's worker processes (``RankAt.workers``)."""
     unsteady: Unsteady | None = None
     """Of a failed toks_per_s_cv gate: its window's slow steps and where their time went
     (``GateResult.unsteady``), which decides what the advice looks at."""

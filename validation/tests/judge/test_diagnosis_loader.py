@@ -71,3 +71,10 @@ def test_the_helpers_of_a_rank_that_waits_for_no_data_loader_are_not_listed():
     idle = _dump("harness_stacks/rank0_helper45.txt", WAITING[:5], 45)
     [stall] = [f for f in find([_record({0: [idle]})]) if f.kind == "stall"]
     assert not any("rank 0's helper" in line for line in stall.detail), stall.detail
+
+
+def test_the_advice_of_a_rank_waiting_for_its_data_loader_sends_the_reader_to_its_worker():
+    from validation.judge.findings import recommendations
+
+    advice = "\n".join(recommendations(find([_record({1: [_dump("harness_stacks/rank1_helper44.txt", WORKER, 44)]})])))
+    assert "DataLoader's worker processes" in advice and "`timeout`" in advice and "rank-dependent" not in advice

@@ -120,10 +120,10 @@ class StackDump:
 
 #: the run directory's folder of the stacks the harness took, and its index
 HARNESS_STACKS = "harness_stacks"
+STACKS_INDEX = "index.json"
 #: a rank's helper processes (Python processes below it) the harness dumps, at most: those of the lowest
 #: pids, the workers a data loader starts first (a compiler's pool of workers would otherwise add a dump each)
 HELPERS_PER_RANK = 4
-STACKS_INDEX = "index.json"
 #: a trainer's own dump whose rank its files do not say (an adapter writes these rather than guess)
 UNRANKED_DUMP = "stackdump_unranked{i}.txt"
 UNRANKED_DUMPS = "stackdump_unranked*.txt"
@@ -177,7 +177,8 @@ def read_index(run_dir: Path, helpers: bool = False) -> list[TakenStack]:
     path = run_dir / HARNESS_STACKS / STACKS_INDEX
     if not path.is_file():
         return []
-    return [t for t in (TakenStack(**rec) for rec in json.loads(path.read_text())) if (t.helper_of is not None) == helpers]
+    taken = [TakenStack(**rec) for rec in json.loads(path.read_text())]
+    return [t for t in taken if (t.helper_of is not None) == helpers]
 
 
 _FAULTHANDLER_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')

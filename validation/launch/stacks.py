@@ -13,10 +13,11 @@ that runs its training in a child of the process launched, a supervisor restarti
 it); else, for the python launcher, the launched process itself is rank 0. A Python process below a
 rank (a data loader or compile worker) is that rank's helper, not a rank of its own: up to
 ``HELPERS_PER_RANK`` of each rank's are dumped as its helpers (a rank that waits for its data loader
-shows only the wait; the worker's stack shows where the data is stuck). torchrun's agents (the launched processes, or a ``torch.distributed.run`` that srun
-started) are launchers, not ranks. Any other Python process is "rank unknown": dumped, never
-given a guessed rank. A rank's node is the launch's node index in its environment
-(validation/contract/nodes.py: the harness's own variable, or Slurm's task id).
+shows only the wait; the worker's stack shows where the data is stuck). torchrun's agents (the
+launched processes, or a ``torch.distributed.run`` that srun started) are launchers, not ranks. Any
+other Python process is "rank unknown": dumped, never given a guessed rank. A rank's node is the
+launch's node index in its environment (validation/contract/nodes.py: the harness's own variable,
+or Slurm's task id).
 """
 from __future__ import annotations
 

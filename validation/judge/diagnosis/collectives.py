@@ -7,7 +7,7 @@ from collections import Counter
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 
-from validation.contract.stacks import COLLECTIVE, NOT_COLLECTIVE, Frame, StackDump
+from validation.contract.stacks import COLLECTIVE, NOT_COLLECTIVE, TORCH_PACKAGE, Frame, StackDump
 from validation.contract.torchrun_log import RankFailure
 from validation.judge.diagnosis.beats import behind
 from validation.judge.record import Beat
@@ -63,16 +63,12 @@ def hung_ranks(stacks: Mapping[int, StackDump], beats: Mapping[int, Beat]) -> li
     return [] if not outside and len(hung) == len(known) else hung
 
 
-#: torch's own package: the innermost frame outside it called into torch (``call_site``)
-_TORCH = "/torch/"
-
-
 def call_site(dump: StackDump) -> Frame | None:
     """The frame of the code that called the collective ``dump`` waits in: the innermost frame outside
     torch's own package (the trainer's, or a library's such as transformers' Trainer); None where every
     frame is torch's. Two ranks waiting in the same collective at different call sites wait for
     different collectives: the call site, not the collective's name, says where a rank is."""
-    return next((fr for fr in dump.frames if _TORCH not in fr.file.replace("\\", "/")), None)
+    return next((fr for fr in dump.frames if TORCH_PACKAGE not in fr.file.replace("\\", "/")), None)
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,11 @@ crash and stall findings and the point's verdict line (headline.py) say it, so t
 the other's text and both say the same."""
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 from nsa.contract import HEARTBEAT_STAGES_AFTER_STEP
 from validation.contract.stacks import StackDump
+from validation.contract.torchrun_log.exceptions import own_frame
 from validation.judge.diagnosis.blame import Check, Diagnosis, Kind, RankAt
 from validation.excerpt import EXCERPT_CHARS
 
@@ -332,15 +332,8 @@ def _where_worker(w: StackDump) -> str:
         return "(no frame)"
     inner = w.frames[0]
     said = f"in {inner.func} ({short_path(inner.file)}:{inner.line})"
-    own = next((fr for fr in w.frames if not _library(fr.file)), None)
+    own = own_frame(w.frames)
     return said if own is None or own == inner else f"{said}, under {own.func} ({short_path(own.file)}:{own.line})"
-
-
-def _library(path: str) -> bool:
-    """A file of an installed package or of Python's own library, not the trainer's code."""
-    path = path.replace("\\", "/")
-    return ("/site-packages/" in path or "/dist-packages/" in path or path.startswith("<")
-            or re.search(r"/lib/python3\.\d+/", path) is not None)
 
 
 def _said(at: RankAt) -> str:

@@ -10,6 +10,12 @@ state) is counted as one "before the step" row.
 
     python bench/peak_holders.py --lengths 128k --compiled
     python bench/peak_holders.py --lengths 32k --rows 40
+    python bench/peak_holders.py --lengths 32k --compiled --segments   # where the reserve grew
+
+With ``--segments`` it lists instead each segment the allocator took from the GPU during the step
+(what the peak reserved is made of): its size, the allocation that asked for it, and how much the
+allocator held cached but unallocated at that moment (memory it could not fit the request into:
+its blocks too small, split, or another stream's or pool's).
 """
 from __future__ import annotations
 
@@ -64,11 +70,37 @@ def holders(trace: list[dict], upto: int) -> dict[int, dict]:
     return live
 
 
+def segments(trace: list[dict], allocated: int, reserved: int, rows: int) -> None:
+    """Print the segments taken from the GPU during ``trace``, largest first, with what was cached
+    and unallocated when each was taken (starting from ``allocated`` and ``reserved`` bytes)."""
+    live: dict[int, int] = {}
+    taken = []
+    peak = reserved
+    for e in trace:
+        action = e["action"]
+        if action == "alloc":
+            live[e["addr"]] = e["size"]
+            allocated += e["size"]
+        elif action == "free_completed" and e["addr"] in live:
+            allocated -= live.pop(e["addr"])
+        elif action in ("segment_alloc", "segment_map"):
+            taken.append((e["size"], reserved - allocated, reserved + e["size"], _origin(e["frames"])))
+            reserved += e["size"]
+            peak = max(peak, reserved)
+        elif action in ("segment_free", "segment_unmap"):
+            reserved -= e["size"]
+    print(f"# {len(taken)} segments taken, {sum(t[0] for t in taken) / 1e9:.3f} GB; peak reserved {peak / 1e9:.3f} GB")
+    print("| segment MB | cached unallocated then, MB | reserved after, GB | asked for at |\n|---:|---:|---:|---|")
+    for size, cached, after, origin in sorted(taken, key=lambda t: -t[0])[:rows]:
+        print(f"| {size / 1e6:.1f} | {cached / 1e6:.1f} | {after / 1e9:.3f} | {origin.replace('|', '/')} |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     model_step_args(ap, "128k")
     ap.add_argument("--kind", default="nsa", choices=("nsa", "dense"))
     ap.add_argument("--rows", type=int, default=30, help="origins listed, largest first")
+    ap.add_argument("--segments", action="store_true", help="list the segments the step took from the GPU instead")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU")
@@ -80,6 +112,7 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         before = torch.cuda.memory_allocated()
+        reserved_before = torch.cuda.memory_reserved()
         torch.cuda.reset_peak_memory_stats()
         torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
         run()
@@ -88,6 +121,14 @@ def main(argv=None) -> int:
         torch.cuda.memory._record_memory_history(enabled=None)
         peak = torch.cuda.max_memory_allocated()
         trace = snap["device_traces"][torch.cuda.current_device()]
+        if args.segments:
+            print(f"# S={S // 1024}k {'compiled' if args.compiled else 'eager'} {args.kind}: peak {peak / 1e9:.2f} GB "
+                  f"allocated, {torch.cuda.max_memory_reserved() / 1e9:.2f} GB reserved; before the step "
+                  f"{before / 1e9:.2f} GB allocated, {reserved_before / 1e9:.2f} GB reserved")
+            segments(trace, before, reserved_before, args.rows)
+            del model, run, snap, trace
+            _free()
+            continue
         at, above = _peak(trace)
         live = holders(trace, at)
         print(f"# S={S // 1024}k {'compiled' if args.compiled else 'eager'} {args.kind}: peak {peak / 1e9:.2f} GB "

@@ -81,8 +81,8 @@ def segments(trace: list[dict], allocated: int, reserved: int, rows: int) -> Non
         if action == "alloc":
             live[e["addr"]] = e["size"]
             allocated += e["size"]
-        elif action == "free_completed" and e["addr"] in live:
-            allocated -= live.pop(e["addr"])
+        elif action == "free_completed":  # a block allocated before the step is counted in allocated too
+            allocated -= live.pop(e["addr"], e["size"])
         elif action in ("segment_alloc", "segment_map"):
             taken.append((e["size"], reserved - allocated, reserved + e["size"], _origin(e["frames"])))
             reserved += e["size"]

@@ -119,23 +119,34 @@ def step_clock(run: RunData, wall_s: float | None) -> StepClock | None:
 
 
 def step_spans(recs: list[dict[str, Any]]) -> list[float]:
-    """A rank's wall time per step as its heartbeats show it. Where they mark steps' starts (a record
-    of a stage within the step) and ends (a record of a stage after it), each such step's span, from
-    its first record to its first record after it, or to the next step's start where that comes first
-    (the end records of steps logged in a batch after them): work between steps (a checkpoint, an
-    evaluation after every step) is in none. Else the time between consecutive steps' first records over the
-    steps between (a trainer may beat every N steps), leaving out the intervals after a step whose
-    records announce work after it (``PAUSES``), whose end no record marks."""
+    """A rank's wall time per step as its heartbeats show it (``step_times`` without the steps)."""
+    return [span for _, span in step_times(recs)]
+
+
+def step_times(recs: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(step, seconds) of a rank's steps as its heartbeats show them. Where they mark steps' starts
+    (a record of a stage within the step) and ends (a record of a stage after it), each such step's
+    span, from its first record to its first record after it, or to the next step's start where that
+    comes first (the end records of steps logged in a batch after them): work between steps (a
+    checkpoint, an evaluation after every step) is in none. Else the time between consecutive steps'
+    first records over the steps between (a trainer may beat every N steps), leaving out the
+    intervals after a step whose records announce work after it (``PAUSES``), whose end no record
+    marks; an interval is the earlier step's where its first record marks the step's start, else the
+    later one's (first records that mark steps' ends)."""
     started: dict[int, float] = {}
     ended: dict[int, float] = {}
     first: dict[int, float] = {}
+    opens: set[int] = set()  # steps whose first record marks their start
     paused: set[int] = set()
     for r in recs:
         step, t, stage = r.get("step"), r.get("time"), r.get("stage")
         if not isinstance(step, (int, float)) or isinstance(step, bool) or not isinstance(t, (int, float)):
             continue
         k = int(step)
-        first.setdefault(k, float(t))
+        if k not in first:
+            first[k] = float(t)
+            if stage in HEARTBEAT_STAGES_IN_STEP:
+                opens.add(k)
         if stage in HEARTBEAT_STAGES_IN_STEP:
             started.setdefault(k, float(t))
         elif stage in HEARTBEAT_STAGES_AFTER_STEP:
@@ -146,12 +157,13 @@ def step_spans(recs: list[dict[str, Any]]) -> list[float]:
     # profiled window, a batch of rows written at once) writes their end records late
     order = sorted(started)
     next_start = {a: started[b] for a, b in zip(order, order[1:]) if started[b] >= started[a]}
-    whole = [min(ended[k], next_start.get(k, ended[k])) - started[k] for k in order
+    whole = [(k, min(ended[k], next_start.get(k, ended[k])) - started[k]) for k in order
              if k in ended and ended[k] >= started[k]]
     if len(whole) >= MIN_INTERVALS:
         return whole
     steps = sorted(first)
-    return [(first[b] - first[a]) / (b - a) for a, b in zip(steps, steps[1:]) if b > a and a not in paused]
+    return [(a if a in opens else b, (first[b] - first[a]) / (b - a)) for a, b in zip(steps, steps[1:])
+            if b > a and a not in paused]
 
 
 def _logged(run: RunData) -> tuple[float, str, int] | None:

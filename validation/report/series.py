@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from validation.contract.files import read_heartbeats, read_training_csv
 from validation.errors import ArtifactError
 from validation.judge.findings.finding import point_label
+from validation.judge.clock import step_times
 from validation.judge.gates import GateResult, Window, shown_window
 from validation.judge.metrics import METRICS, Source
 from validation.judge.record import PhaseRecord
@@ -75,17 +76,13 @@ def point_series(results_dir: Path, rec: PhaseRecord, point: PhasePoint | None) 
 
 def rank_step_series(records: list[dict[str, Any]]) -> list[tuple[int, float]]:
     """(step, seconds) of one rank: its step records' own ``step_time_s`` where it writes them,
-    else the time between the first heartbeats of consecutive logged steps (any trainer's)."""
+    else the steps' times its heartbeats show (any trainer's: the judge's clock, each time drawn at
+    its own step)."""
     own = [(int(r["step"]), float(r["step_time_s"])) for r in records
            if r.get("stage") == "step" and _num(r.get("step")) and _num(r.get("step_time_s"))]
     if own:
         return sorted(dict(own).items())
-    first: dict[int, float] = {}
-    for r in records:
-        if _num(r.get("step")) and _num(r.get("time")):
-            first.setdefault(int(r["step"]), float(r["time"]))
-    steps = sorted(s for s in first if s > 0)
-    return [(b, (first[b] - first[a]) / (b - a)) for a, b in zip(steps, steps[1:])]
+    return sorted(dict(step_times(records)).items())
 
 
 #: the training.csv columns the plots draw with their gates

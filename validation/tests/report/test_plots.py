@@ -72,6 +72,25 @@ def test_rank_step_series_from_the_trainers_own_field_else_from_heartbeat_times(
     assert rank_step_series([{"step": 0, "time": 1.0, "stage": "data"}]) == []  # an idle rank
 
 
+def test_each_heartbeat_step_time_is_drawn_at_its_own_step_never_the_next_ones():
+    # step 6 of these records takes 0.19 s, the others 0.1 s; each step's records: data, then step
+    starts = [0.0]
+    for step in range(1, 10):
+        starts.append(starts[-1] + (0.19 if step == 6 else 0.1))
+    marked = [r for step in range(1, 10) for r in ({"step": step, "time": starts[step - 1], "stage": "data"},
+                                                  {"step": step, "time": starts[step] - 0.01, "stage": "step"})]
+    slowest = max(rank_step_series(marked), key=lambda st: st[1])
+    assert slowest[0] == 6
+    # only each step's start recorded, and step 10 begun and never done (a hang): no time for step 10
+    started = [{"step": step, "time": starts[step - 1], "stage": "data"} for step in range(1, 11)]
+    times = dict(rank_step_series(started))
+    assert max(times, key=times.get) == 6 and 10 not in times
+    # only each step's end recorded: the interval ending at a step's end is that step's
+    ended = [{"step": step, "time": starts[step], "stage": "step"} for step in range(1, 10)]
+    times = dict(rank_step_series(ended))
+    assert max(times, key=times.get) == 6
+
+
 def test_a_diverging_run_with_an_idle_rank_is_drawn_and_embedded(fake_run, tmp_path):
     # the fake trainer's loss is 3.0 - 0.01 * step; the golden departs from it at step 4
     golden = [round(3.0 - 0.01 * s, 4) + (0.5 if s == 4 else 0.0) for s in range(1, 7)]
@@ -83,7 +102,8 @@ def test_a_diverging_run_with_an_idle_rank_is_drawn_and_embedded(fake_run, tmp_p
     points = expand(run.runbook, run.profile)
     series = point_series(run.results, run.record, points[0])
     assert series.golden.diverging.step == 4 and series.golden.loss == tuple(golden)
-    assert series.rank_step_s[1] == [] and [s for s, _ in series.rank_step_s[0]] == [2, 3, 4, 5, 6]
+    # its records mark each step's start: the last step's time is unknown
+    assert series.rank_step_s[1] == [] and [s for s, _ in series.rank_step_s[0]] == [1, 2, 3, 4, 5]
     plot_dir = run.results / "reports" / "plots"
     (plot_dir / "fake__cpu__gone_phase.png").parent.mkdir(parents=True, exist_ok=True)
     (plot_dir / "fake__cpu__gone_phase.png").write_bytes(b"stale")

@@ -326,9 +326,7 @@ class AcceptancePlugin:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if hasattr(self.config, "workerinput"):
             return  # xdist workers store records; the controller renders
-        temp = os.environ.get(_SESSION_DIR_ENV)
-        if temp and Path(temp).is_dir() and not any(Path(temp).iterdir()):
-            os.rmdir(temp)  # no point ran: leave no empty directory behind
+        _remove_if_empty(os.environ.get(_SESSION_DIR_ENV))  # no point ran: leave no empty directory behind
         if self.config.getoption("--no-acceptance-report") or self.config.option.collectonly:
             return  # listing the points runs none: no report, no verdict
         rendered, unrendered = [], 0
@@ -463,6 +461,12 @@ def _runbook_given_as_marker(config: pytest.Config) -> str | None:
     return next((w for w in sorted(words - _ini_markers(config)) if w in available()), None)
 
 
+def _remove_if_empty(directory: str | None) -> None:
+    """Remove the session's results directory where nothing was stored in it."""
+    if directory and Path(directory).is_dir() and not any(Path(directory).iterdir()):
+        os.rmdir(directory)
+
+
 @pytest.fixture(scope="session")
 def harness(request: pytest.FixtureRequest) -> AcceptancePlugin:
     return request.config.pluginmanager.get_plugin(_PLUGIN)
@@ -481,16 +485,21 @@ def pytest_configure(config: pytest.Config) -> None:
                                 "-m cpu_profile; `nsa-validate phases --runbook NAME` lists them)")
     # a controller (or lone) session of this repository's tests gets a results directory of its
     # own, whatever it inherited; its xdist workers inherit it
+    made = None
     if not hasattr(config, "workerinput"):
-        os.environ[_SESSION_DIR_ENV] = tempfile.mkdtemp(prefix="nsa-validate-tests-")
-    markers = _acceptance_markers(config, runbooks)
-    acceptance_run = _acceptance_run(config, markers)
-    session = AcceptanceSession(_options(config, acceptance_run))
-    try:  # a bad runbook, profile, golden file, store or baseline stops the run before collection
-        session.points()
-        session.check_ready()
-    except HarnessError as exc:
-        raise pytest.UsageError(f"nsa-validate: {exc}") from None
+        made = os.environ[_SESSION_DIR_ENV] = tempfile.mkdtemp(prefix="nsa-validate-tests-")
+    try:
+        markers = _acceptance_markers(config, runbooks)
+        acceptance_run = _acceptance_run(config, markers)
+        session = AcceptanceSession(_options(config, acceptance_run))
+        try:  # a bad runbook, profile, golden file, store or baseline stops the run before collection
+            session.points()
+            session.check_ready()
+        except HarnessError as exc:
+            raise pytest.UsageError(f"nsa-validate: {exc}") from None
+    except BaseException:
+        _remove_if_empty(made)  # a run refused before it began leaves nothing behind
+        raise
     only_points = ours and selects_only_points(config.option.markexpr or "", markers, _ini_markers(config) - markers)
     plugin = AcceptancePlugin(config, session, acceptance_run, only_points)
     # SIGTERM (a scheduler's cancel, `timeout`, `kill`) and SIGHUP (a closed terminal) stop the

@@ -3,6 +3,7 @@ work; records land in the store and the report is rendered at session end; a bad
 usage error naming the key; hardware checks skip or run as the profile and option say."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -87,6 +88,20 @@ def test_bad_runbook_is_a_usage_error(tmp_path):
     out = _pytest("validation/tests/test_acceptance.py", "--collect-only", "--runbook", str(bad))
     assert out.returncode != 0
     assert "bad.yaml: phases[0].gates[0].metric: unknown metric 'x'" in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("runbook", ["missing", "bad"])
+def test_a_run_refused_for_its_runbook_leaves_no_results_directory_behind(tmp_path, runbook):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nprofiles: [cpu]\nphases:\n  - {name: p, kind: train, stall_sec: 1}\n")
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "p", "--runbook",
+                          str(bad if runbook == "bad" else tmp_path / "missing.yaml"), "--results-dir",
+                          str(tmp_path / "results")], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TMPDIR": str(temp)})
+    assert out.returncode == 4, out.stdout + out.stderr
+    assert list(temp.iterdir()) == []
 
 
 def test_gpu_profiles_skip_on_cpu_with_a_reason():

@@ -1,8 +1,8 @@
 """An NSA layer's forward and backward replayed as two CUDA graphs, in a user's eager model.
 
 Below ~32k tokens an eager NSA layer is bound by the host: its forward + backward enqueues some
-ninety kernels through Python (projections, compression, three branches, gates), which takes
-longer than the GPU needs to run them. Replaying the layer as one forward graph and one backward
+sixty kernels, memsets and copies through Python (projections, compression, three branches,
+gates), which takes longer than the GPU needs to run them. Replaying the layer as one forward graph and one backward
 graph turns that into two launches and a few copies. The trainer captures whole steps itself;
 this is for everyone else's model (`python bench/nsa_vs_dense.py --parts layer host` measures
 both paths).

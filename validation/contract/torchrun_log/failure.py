@@ -40,6 +40,9 @@ class RankFailure:
     as where every rank failed one import and torchrun stopped the others before they exited),
     most likely its own, printed before its process group; the log does not say whose, and the
     report says so."""
+    unranked_count: int = 0
+    """How many of the log's worker tracebacks that name no rank end in ``unranked``: more than one
+    (as where every rank failed the same way) is said, as the reader may then look past this rank."""
     broken_collective: str | None = None
     """Of a rank killed by SIGABRT with no exception of it in the log: the error of a broken collective
     that the log shows before its abort ('error: [..pair.cc:553] Connection closed by peer [..]:5860';
@@ -205,5 +208,13 @@ class RankFailure:
         if self.caught_timeout is not None:
             return f"exit code {self.exit_code} after a collective timed out ({self.caught_timeout})"
         meant = f" (the contract's code for {CONTRACT_STOPS[self.exit_code]})" if self.exit_code in CONTRACT_STOPS else ""
-        return f"exit code {self.exit_code}{meant}" + (
-            f"; the log's traceback that names no rank: {short_exception(self.unranked)}" if self.unranked else "")
+        return f"exit code {self.exit_code}{meant}" + self._unranked_text()
+
+    def _unranked_text(self) -> str:
+        if not self.unranked:
+            return ""
+        if self.unranked_count > 1:
+            every = "both" if self.unranked_count == 2 else f"all {self.unranked_count}"
+            return (f"; the log's {self.unranked_count} tracebacks that name no rank, {every} ending in "
+                    f"{short_exception(self.unranked)}")
+        return f"; the log's traceback that names no rank: {short_exception(self.unranked)}"

@@ -116,9 +116,9 @@ def rank_failures(stderr_path: Path, max_bytes: int = 1 << 20, *, seen: AgentSee
     for r, caught in _caught_timeouts(text, failures).items():
         failures[r] = replace(failures[r], caught_timeout=caught)
     silent = [r for r, f in failures.items() if f.silent]
-    unranked = set(worker_exceptions(text))
-    if len(silent) == 1 and len(unranked) == 1:
-        failures[silent[0]] = replace(failures[silent[0]], unranked=unranked.pop())
+    raised = worker_exceptions(text)
+    if len(silent) == 1 and len(set(raised)) == 1:
+        failures[silent[0]] = replace(failures[silent[0]], unranked=raised[0], unranked_count=len(raised))
     return failures
 
 

@@ -105,8 +105,9 @@ def test_tracebacks_two_ranks_printed_at_once_still_name_their_exception(tmp_pat
     failures = rank_failures(log)
     assert failures[0].unranked == said and failures[1].signal == "SIGTERM", failures
     [crash] = [f for f in find([_record(Evidence(rank_failures=failures, stderr_log=log.name))]) if f.kind == "crash"]
-    assert crash.title == ("crash in preinit [default]: exit code 1: rank 0: exit code 1; the log's traceback that "
-                           f"names no rank: {said}"), crash.title
+    # both ranks raised it: the log's two tracebacks are said, not one rank's alone
+    assert crash.title == ("crash in preinit [default]: exit code 1: rank 0: exit code 1; the log's 2 tracebacks "
+                           f"that name no rank, both ending in {said}"), crash.title
     # a traceback cut short (its rank killed as it printed) ends at torchrun's next line, which stays the agent's
     log.write_text(_INTERLEAVED.rsplit("\n", 2)[0] + "\n"
                    + "W1207 14:58:45.630000 5170 torch/distributed/elastic/multiprocessing/api.py:1028] Sending "

@@ -113,7 +113,9 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
     failed = [r for r in records if r.failed]
     critical = [f for f in findings if f.severity == Severity.CRITICAL]
     if failed:
-        return Verdict.NO_GO, f"{len(failed)} of {len(records) + len(missing) + len(outdated)} phase point(s) failed: " + ", ".join(
+        errors = sum(r.status == Status.ERROR for r in failed)  # the tables count them apart from FAIL
+        which = "" if not errors else (" (ERROR)" if errors == len(failed) else f" ({errors} of them ERROR)")
+        return Verdict.NO_GO, f"{len(failed)} of {len(records) + len(missing) + len(outdated)} phase point(s) failed{which}: " + ", ".join(
             _failed_point(r) for r in failed[:6]) + (" ..." if len(failed) > 6 else "")
     if critical:
         return Verdict.NO_GO, _critical_reason(critical)

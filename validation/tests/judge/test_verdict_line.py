@@ -200,3 +200,13 @@ def test_a_report_written_by_a_stopped_run_says_no_go_or_incomplete_never_go():
     assert reason == ("the run that wrote this report was stopped by SIGINT before it judged every point it was asked "
                       "to run: no GO from its stored records (`nsa-validate report` renders the store alone)")
     assert status_of([_record()], [], [], interrupted=cut)[0] == Verdict.NO_GO
+
+
+def test_the_status_line_counts_error_points_as_the_tables_do():
+    """A user pass: a point of status ERROR read '1 of 1 phase point(s) failed' above a table whose
+    FAIL column said 0 and ERROR 1."""
+    error = _record(status=Status.ERROR, reason="tokens/s reads as one rank's rate")
+    fail = _record(key=PointKey("rb", "cpu", "one"), test_id="rb/cpu/one/default")
+    assert status_of([error], [], [])[1].startswith("1 of 1 phase point(s) failed (ERROR): two [default]")
+    assert status_of([error, fail], [], [])[1].startswith("2 of 2 phase point(s) failed (1 of them ERROR): ")
+    assert status_of([fail], [], [])[1].startswith("1 of 1 phase point(s) failed: one [default]")

@@ -42,7 +42,6 @@ from ._autograd import kernel_op
 from ._inverse import (Inverse, as_outputs, fake_outputs, from_outputs, inverse_selection, item_block,
                        item_rows)
 from ._launch import dot_precision, fp32_small_tiles, launch, wide_offsets
-from ._scratch import scratch
 from .selection_blocks import blocks_forward, one_pass
 from ._tma import kv_desc, kv_tma_ok
 from ._softmax import LOG2E, dq_rows, finish, lse_log2, online_step, score_grad
@@ -618,8 +617,7 @@ def _sel_bwd_kept(q, k, v, idx, o, lse, do, sel_block: int, q_start: int, determ
         dq_addc = None if dq_add is None else dq_add[:, part].contiguous()
         work = inverse if inverse is not None and chunk >= Tq else \
             inverse_selection(idxc, Tk, sel_block, _dkv_qc(q.device, qc.shape[1], deterministic, tune))
-        with scratch(q.device):
-            kept = torch.empty(idxc.numel() * G * _kept_width(K, sel_block, keep), device=q.device, dtype=q.dtype)
+        kept = torch.empty(idxc.numel() * G * _kept_width(K, sel_block, keep), device=q.device, dtype=q.dtype)
         _dkv_pass(qc, k, v, doc, lsec, dlc, work, sel_block, q_start + a, dk, dv, tune, keep, kept)
         dqs.append(_sel_dq_from_parts(qc, idxc, kept, dq_addc) if keep == "dq"
                    else _sel_dq_from_ds(qc, k, idxc, kept, sel_block, tune, dq_addc))

@@ -32,7 +32,6 @@ import triton.language as tl
 
 from ._inverse import Inverse, inverse_selection, item_block, item_rows
 from ._launch import dot_precision, launch
-from ._scratch import scratch
 from ._softmax import LN2, LOG2E
 
 @triton.jit
@@ -161,9 +160,8 @@ def blocks_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, idx: torch
         idx_c = idx[:, a:a + Tc].contiguous()
         inverse = inverse_selection(idx_c, Tk, sel_block, qc)
         tokens, perm, (seg, start, end), NB = inverse
-        with scratch(q.device):
-            o_part = torch.empty(idx_c.numel() * G * K, device=q.device, dtype=part_dtype)
-            lse_part = torch.empty(idx_c.numel() * G, device=q.device, dtype=torch.float32)
+        o_part = torch.empty(idx_c.numel() * G * K, device=q.device, dtype=part_dtype)
+        lse_part = torch.empty(idx_c.numel() * G, device=q.device, dtype=torch.float32)
         launch(_blocks_fwd_kernel, lambda c: (seg.numel(),),
                (q, k, v, tokens, perm, seg, start, end, o_part, lse_part, Tc, Tq, a, Tk, NB, q_start,
                 1.0 / math.sqrt(K)),

@@ -41,7 +41,6 @@ import triton.language as tl
 
 from ._autograd import run_op
 from ._launch import dot_precision, fp32_small_tiles, launch
-from ._scratch import scratch
 from ._softmax import LOG2E, lse_log2
 from .tuning import TOPK, TopkTuning
 
@@ -291,8 +290,7 @@ def _select_blocks(q, kc, lse, q_start: int, L: int, D: int, LS: int, n: int, tu
     BJ = max(tune.chunk_blocks, 16 // RP)  # at least 16 columns: the tensor cores' smallest product
     NB = triton.cdiv(q_start + Tq, LS)
     chunk = max(BT, tune.score_budget // (B * H * NB * 4) // BT * BT)
-    with scratch(q.device):
-        buffer = torch.empty(B * min(chunk, Tq) * H * NB, device=q.device, dtype=torch.float32)
+    buffer = torch.empty(B * min(chunk, Tq) * H * NB, device=q.device, dtype=torch.float32)
     for a in range(0, Tq, chunk):
         t = min(chunk, Tq - a)
         qa, lsea, sc = q[:, a:a + t], lse[:, a:a + t], buffer[:B * t * H * NB].view(B, t, H, NB)

@@ -131,7 +131,8 @@ def _report(checked: _Checked, directory: Path, adapter: str, out: TextIO, given
     if bad:
         print(f"NOT OK: {len(bad)} required item(s) missing or malformed", file=out)
         return EXIT_BROKEN
-    print("OK: every required file is present and well-formed", file=out)
+    print("OK: every required file is present and well-formed (the run they record is judged by an acceptance "
+          "run: a rank whose heartbeats stop early, a stall, the gates)", file=out)
     return EXIT_OK
 
 

@@ -51,7 +51,8 @@ EXIT_STATUSES = ("exit status of run and report: 0 GO, 1 NO-GO, 3 INCOMPLETE (ru
                  "cannot launch here (nothing is run then); 128 + the signal when stopped by SIGINT (Ctrl-C), "
                  "SIGTERM or SIGHUP, its trainers killed first (a signal inherited ignored, as nohup leaves "
                  "SIGHUP and a script's & job SIGINT, stays ignored). bless: 0 when it wrote the golden curves, 2 "
-                 "when it wrote nothing. check-artifacts: 0 the contract holds, 1 not, 2 not a directory.")
+                 "when it wrote nothing. check-artifacts: 0 its files are all there and well-formed, 1 not, 2 not "
+                 "a directory.")
 
 
 TENSORBOARD_HELP = ("also write each train point's per-step metrics (loss, tokens/s, memory, grad norm, lr, mfu, "

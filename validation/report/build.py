@@ -115,7 +115,8 @@ def status_of(records: list[PhaseRecord], missing: list[str], findings: list[Fin
     if failed:
         errors = sum(r.status == Status.ERROR for r in failed)  # the tables count them apart from FAIL
         which = "" if not errors else (" (ERROR)" if errors == len(failed) else f" ({errors} of them ERROR)")
-        return Verdict.NO_GO, f"{len(failed)} of {len(records) + len(missing) + len(outdated)} phase point(s) failed{which}: " + ", ".join(
+        asked = len(records) + len(missing) + len(outdated)
+        return Verdict.NO_GO, f"{len(failed)} of {asked} phase point(s) failed{which}: " + ", ".join(
             _failed_point(r) for r in failed[:6]) + (" ..." if len(failed) > 6 else "")
     if critical:
         return Verdict.NO_GO, _critical_reason(critical)

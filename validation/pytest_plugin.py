@@ -338,8 +338,9 @@ class AcceptancePlugin:
         pairs = self.session.reportable_after_stop(pairs) if interrupted else sorted(pairs)
         if pairs:  # a plot per phase takes seconds: as the CLI does, say it is under way
             after = " of the points stored before the interrupt" if interrupted else ""
-            self.config.pluginmanager.get_plugin("terminalreporter").write_line(
-                f"nsa-validate: writing the report{after} ...")
+            terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+            terminal.write_line("")  # ends -q's line of progress ('[100%]'), which pytest ends only later
+            terminal.write_line(f"nsa-validate: writing the report{after} ...")
         for pair in pairs:
             try:
                 for out in self.session.render([pair], notes=lambda text: self.reports.append(f"note: {text}")):

@@ -50,6 +50,7 @@ def test_run_stores_records_and_renders_report(tmp_path):
     assert f"nsa-validate report: INCOMPLETE -> {res}/reports/fake__cpu.md" in out.stdout
     # said before the seconds of rendering, as the CLI says it
     assert out.stdout.index("nsa-validate: writing the report ...") < out.stdout.index("nsa-validate report: INCOMPLETE")
+    assert "\nnsa-validate: writing the report ..." in out.stdout  # on a line of its own, not after '[100%]'
     assert "nsa-validate report: exit status 1: this acceptance run is not GO: the report is INCOMPLETE" in out.stdout
     text = (res / "reports" / "fake__cpu.md").read_text()
     assert "**Status: INCOMPLETE**" in text and "`fake/cpu/baseline_ddp/default`" in text  # not run this time

@@ -58,10 +58,14 @@ class StepProgress:
     #: lines between its metrics lines)
     TAIL_LINES = 40
 
-    def __init__(self, point: PhasePoint, csv: Path, progress: Progress, read: Callable[[str], Any] | None = None):
+    def __init__(self, point: PhasePoint, csv: Path, progress: Progress, read: Callable[[str], Any] | None = None,
+                 leg: Leg | None = None):
         self.point, self.csv, self.progress = point, csv, progress
         self.read = read or Adapter().progress
-        self.total = point.phase.steps if point.phase.kind in TRAINER_KINDS else None
+        #: which process of a resume point this is (each of its three starts again at 0 s)
+        self.name = point.test_id if leg is None else f"{point.test_id} ({leg.label})"
+        self.total = (leg.steps_expected if leg is not None else point.phase.steps) \
+            if point.phase.kind in TRAINER_KINDS else None
         stall = point.phase.stall_after_s if point.phase.kind in TRAINER_KINDS else None
         self.quiet_min_s = min(self.QUIET_MIN_S, stall / 2) if stall else self.QUIET_MIN_S
         self.first: tuple[float, int] | None = None  # (elapsed, step) when a step was first seen
@@ -69,7 +73,7 @@ class StepProgress:
 
     def __call__(self, elapsed: float) -> None:
         seen = next((r for r in map(self.read, reversed(tail(self.csv, self.TAIL_LINES).splitlines())) if r), None)
-        line = f"{self.point.test_id}: {elapsed:5.0f}s"
+        line = f"{self.name}: {elapsed:5.0f}s"
         if seen is not None:
             step, rate = seen
             line += f" step {step}/{self.total}, {_number(rate)} tok/s (global)"
@@ -92,11 +96,11 @@ def _number(rate: float | None) -> str:
 
 
 def _poll(point: PhasePoint, out_dir: Path, progress: Progress | None, csv: Path | None = None,
-          adapter: Adapter | None = None):
+          adapter: Adapter | None = None, leg: Leg | None = None):
     """Progress from ``csv`` (the contract's training.csv in out_dir unless a trainer's own, read
-    by its adapter)."""
+    by its adapter); ``leg``: which process of a resume point."""
     read = functools.partial(adapter.progress, world_size=point.nproc) if adapter is not None else None
-    return None if progress is None else StepProgress(point, csv or out_dir / TRAINING_CSV, progress, read)
+    return None if progress is None else StepProgress(point, csv or out_dir / TRAINING_CSV, progress, read, leg)
 
 
 def override_args(point: PhasePoint, leg: Leg | None = None) -> list[str]:
@@ -150,7 +154,7 @@ def train(point: PhasePoint, out_dir: Path, run: RunData, errors: list[str], pro
         doing = "launch"  # the launcher could not start it (no Slurm allocation, no shared directory)
         proc = launcher.run_trainer(point.phase.launcher, target, args, env=commands.child_env(env, root=cwd), cwd=cwd,
                                     timeout_s=point.phase.timeout_s, out_dir=out_dir,
-                                    on_poll=_poll(point, out_dir, progress, csv, adapter),
+                                    on_poll=_poll(point, out_dir, progress, csv, adapter, leg),
                                     watch=_watch(point, out_dir, trainer_dir, csv, adapter,
                                                  leg.steps_expected if leg is not None else point.phase.steps))
     except HarnessError as exc:

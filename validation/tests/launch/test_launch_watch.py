@@ -7,6 +7,7 @@ import json
 from types import SimpleNamespace
 
 from validation.launch.kinds import StepProgress
+from validation.launch.legs import legs
 from validation.launch.watch import StepWatch
 
 HEADER = "step,loss,lr,toks_per_s,step_time_s,grad_norm,mem_alloc_gb,mem_reserved_gb\n"
@@ -130,6 +131,22 @@ def test_the_progress_line_says_no_step_came_before_a_short_stall_allowance_ends
         progress(elapsed)
     progress(7.0)
     assert lines[-1] == "rb/cpu/p/default:     7s step 3/30, 1,000 tok/s (global), no new step for 6s"
+
+
+def test_each_process_of_a_resume_point_is_named_in_its_progress_line_with_its_own_last_step(tmp_path):
+    """A resume point's three processes each started again at 0 s under the point's name alone,
+    the first half's line counting towards the point's last step, not its own."""
+    csv = tmp_path / "training.csv"
+    point = SimpleNamespace(test_id="rb/cpu/resume/default", phase=SimpleNamespace(steps=20, kind="train",
+                                                                                   stall_after_s=300.0))
+    first = legs(SimpleNamespace(resume_after=10, steps=20))[1]
+    lines: list[str] = []
+    progress = StepProgress(point, csv, lines.append, leg=first)
+    for step, elapsed in ((1, 1.0), (2, 2.0)):
+        csv.write_text(HEADER + "".join(f"{s},5.0,0.1,1000,1.0,1,0,0\n" for s in range(1, step + 1)))
+        progress(elapsed)
+    assert lines[-1] == ("rb/cpu/resume/default (first half (steps 1-10, stopped)):     2s step 2/10, "
+                         "1,000 tok/s (global), ETA 8s")
 
 
 def test_a_trainer_resumed_in_place_makes_progress_while_it_writes_steps_again(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from nsa.contract import PROFILE_STEPS_ENV
 from validation.contract.adapters import format_of
 from validation.judge.gates import shown_window
+from validation.judge.record import TRAINER_KINDS
 from validation.runbook.plan import GOLDEN_RTOL, RESUME_RTOL, expand
 from validation.runbook.types import Launcher, Profile, Runbook
 
@@ -43,6 +44,11 @@ def describe(rb: Runbook, prof: Profile, golden_file: str) -> list[str]:
             lines.append(f"      resume: loss and learning rate per step within rel "
                          f"{'to be measured' if rtol is None else f'{rtol:g}'} of the uninterrupted run, "
                          "the data position continued")
+        if phase.kind in TRAINER_KINDS:  # phases that differ only here (a fault each) would read alike
+            if phase.overrides:
+                lines.append("      overrides: " + " ".join(f"{k}={v}" for k, v in phase.overrides.items()))
+            if phase.env:
+                lines.append("      env: " + " ".join(f"{k}={v}" for k, v in phase.env.items()))
         if len(pts) > 1:
             lines.append(f"      sweep: {', '.join(p.slug for p in pts)}")
         lines.append(f"      markers: {' '.join(pts[0].markers)}")

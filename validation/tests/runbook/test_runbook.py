@@ -445,3 +445,13 @@ def test_a_trainer_module_that_cannot_be_imported_is_refused_when_the_runbook_lo
                           f"(python -m {name} --list-keys: "), msg
     said = "ImportError: No module named flash_attn_missing" if body else f"No module named {name}"
     assert said in msg and "\n" not in msg, msg
+
+
+def test_phases_that_differ_only_in_overrides_and_env_are_listed_apart(tmp_path):
+    """A user pass: fault phases told apart only by their overrides read alike in `nsa-validate phases`."""
+    from validation.runbook.describe import describe
+
+    path = write_runbook(tmp_path / "rb.yaml", [train_phase("hang", env={"NSA_FAULT": "hang"}),
+                                                train_phase("crash", env={"NSA_FAULT": "crash"})])
+    text = "\n".join(describe(load_runbook(str(path)), load_profile("cpu"), "goldens.yaml"))
+    assert "env: NSA_FAULT=hang" in text.split("  crash ")[0] and "env: NSA_FAULT=crash" in text.split("  crash ")[1]

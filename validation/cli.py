@@ -25,7 +25,7 @@ from pathlib import Path
 
 from validation import DEFAULT_RESULTS_DIR, DEFAULT_RUNBOOK, checkout_problem
 from validation.contract.adapters import ADAPTERS, FORMAT_OF, FORMATS
-from validation.contract.check_command import check as check_artifacts
+from validation.judge.check_command import check as check_artifacts
 from validation.errors import HarnessError
 from validation.runbook.describe import describe
 from validation.runbook.load import load_profile, load_runbook, runbook_profile
@@ -51,7 +51,7 @@ EXIT_STATUSES = ("exit status of run and report: 0 GO, 1 NO-GO, 3 INCOMPLETE (ru
                  "cannot launch here (nothing is run then); 128 + the signal when stopped by SIGINT (Ctrl-C), "
                  "SIGTERM or SIGHUP, its trainers killed first (a signal inherited ignored, as nohup leaves "
                  "SIGHUP and a script's & job SIGINT, stays ignored). bless: 0 when it wrote the golden curves, 2 "
-                 "when it wrote nothing. check-artifacts: 0 its files are all there and well-formed, 1 not, 2 not "
+                 "when it wrote nothing. check-artifacts: 0 its files hold to the contract, 1 not, 2 not "
                  "a directory.")
 
 

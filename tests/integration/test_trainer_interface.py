@@ -24,7 +24,7 @@ import yaml
 from tests.faults import _util as U
 from validation import REPO_ROOT
 from validation.cli import _parser
-from validation.contract import check_command as check_artifacts
+from validation.judge import check_command as check_artifacts
 from validation.contract.files import window_rows
 from validation.launch import commands
 from validation.errors import RunbookError

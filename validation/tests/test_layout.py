@@ -23,7 +23,7 @@ DOORS = ("validation.cli", "validation.pytest_plugin", "validation.__main__")
 #: directory against the contract)
 DOOR_IMPORTS = ("validation.session", "validation.judge.record", "validation.runbook.plan",
                 "validation.runbook.describe", "validation.runbook.load",
-                "validation.store.bless", "validation.store.goldens", "validation.contract.check_command",
+                "validation.store.bless", "validation.store.goldens", "validation.judge.check_command",
                 "validation.contract.adapters", "validation.cli")
 #: the packages that were one module, split into modules of one job each, bottom to top (as their
 #: __init__.py lists them): a module imports only those before it

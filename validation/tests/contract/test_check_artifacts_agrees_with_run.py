@@ -115,7 +115,7 @@ def test_check_artifacts_and_run_agree_on_a_hf_trainer_folder(tmp_path, monkeypa
 def test_tokens_per_step_is_one_ranks_times_the_world_size(tmp_path, capsys):
     """As the run multiplies the runbook's factors by its world size (launch/foreign.py): with
     --world-size 2, 4x64 a rank is 512 tokens a step, the rate of a 0.5 s step 1024 tokens/s."""
-    from validation.contract import check_command
+    from validation.judge import check_command
 
     folder = _folder(tmp_path / "out", [1, 2, 3, 4, 5, 6])
     seen = {}

@@ -117,7 +117,7 @@ def test_the_contracts_own_check_prints_as_before(tmp_path, capsys):
         "  present              heartbeat_rank{R}.jsonl: rank 0: 1 records\n"
         "  present              env.json: 10 keys\n"
         "OK: every required file is present and well-formed (the run they record is judged by an acceptance "
-        "run: a rank whose heartbeats stop early, a stall, the gates)\n")
+        "run: a stall, the losses, the gates)\n")
 
 
 @needs_tb

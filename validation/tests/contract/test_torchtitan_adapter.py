@@ -20,7 +20,7 @@ import pytest
 from nsa.contract import HALT, TRAINING_CSV
 from validation import REPO_ROOT
 from validation.cli import main
-from validation.contract import check_command
+from validation.judge import check_command
 from validation.contract.adapters import ADAPTERS, RunFacts
 from validation.contract.adapters.tfevents import read_scalars
 from validation.contract.files import read_training_log

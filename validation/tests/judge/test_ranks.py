@@ -10,7 +10,7 @@ from pathlib import Path
 
 from nsa.contract import CSV_COLUMNS
 from validation.contract import check as contract
-from validation.contract import check_command as check_artifacts
+from validation.judge import check_command as check_artifacts
 from validation.contract.adapters import ADAPTERS, RunFacts
 from validation.contract.stacks import TakenStack, write_index
 from validation.judge.evidence import collect, read_train

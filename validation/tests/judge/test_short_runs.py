@@ -91,7 +91,7 @@ def test_a_torn_last_row_is_the_error_not_a_run_that_stopped_short(fake_run):
     # (it said OK: every file present and well-formed)
     import io
 
-    from validation.contract.check_command import check
+    from validation.judge.check_command import check
 
     out = io.StringIO()
     assert check(run.results / rec.out_dir, out=out) == 1, out.getvalue()
@@ -142,12 +142,26 @@ def test_a_rank_that_exits_0_early_while_the_others_finish_is_not_GO(fake_run):
     assert "rank 1's heartbeats stop after step 2 of 6" in short.title
     assert run.context["status"] == "NO-GO" and "No automatic findings" not in run.report
     assert "every rank must run the same steps" in run.report
+    # check-artifacts holds its directory to the contract as the run did (a user pass: it said OK)
+    code, said = _check_artifacts(run)
+    assert code == 1 and "malformed            heartbeat_rank1.jsonl: rank 1's heartbeats stop after step 2 of 6" in said
+
+
+def _check_artifacts(run) -> tuple[int, str]:
+    """``nsa-validate check-artifacts`` of the run's directory: its exit status and what it printed."""
+    import io
+
+    from validation.judge.check_command import check
+
+    out = io.StringIO()
+    return check(run.results / run.record.out_dir, out=out), out.getvalue()
 
 
 def test_ranks_that_record_every_step_end_and_all_finish_are_GO(fake_run):
     run = fake_run([train_phase("ddp", fault="quit_rank:rank=7:step=2", steps=6, env={"NSA_FAKE_WORLD": "2"},
                                 gates=LAST_10[1:])])
     assert run.record.status == Status.PASS, run.record.reason
+    assert _check_artifacts(run)[0] == 0
 
 
 def test_a_rank_whose_heartbeats_carry_no_stage_and_exits_0_early_is_not_GO(fake_run):
@@ -166,6 +180,8 @@ def test_a_rank_whose_heartbeats_carry_no_stage_and_exits_0_early_is_not_GO(fake
     assert "rank 1's heartbeats end at step 3" in short.title
     assert any("heartbeat_rank1.jsonl" in d for d in short.detail), short.detail
     assert run.context["status"] == "NO-GO" and "No automatic findings" not in run.report
+    code, said = _check_artifacts(run)
+    assert code == 1 and "heartbeat_rank1.jsonl: rank 1's heartbeats end at step 3 while the run completed step 6" in said
 
 
 def test_a_rank_that_beats_every_k_steps_and_stops_a_beat_early_is_not_GO(fake_run):
@@ -186,6 +202,7 @@ def test_ranks_that_beat_every_k_steps_behind_the_csv_are_GO(fake_run):
     assert {r: b.step for r, b in run.record.evidence.last_heartbeat.items()} == {0: 8, 1: 8}
     assert run.record.status == Status.PASS, run.record.reason
     assert run.context["status"] == "GO"
+    assert _check_artifacts(run)[0] == 0
 
 
 def test_a_stored_record_of_a_rank_that_left_early_is_judged_the_same(fake_run):

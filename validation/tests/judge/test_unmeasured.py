@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import io
 
-from validation.contract import check_command as check_artifacts
+from validation.judge import check_command as check_artifacts
 from validation.judge.gates import GateResult, GateVerdict, Pending
 from validation.judge.metrics import costs
 from validation.judge.record import PhaseRecord, PointKey, Status

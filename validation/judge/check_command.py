@@ -1,6 +1,11 @@
 """``nsa-validate check-artifacts DIR [--adapter NAME]``: a run directory against the artifact
 contract (docs/artifact_contract.md), for trainer authors before their first acceptance run.
 
+Besides each file's form it holds the ranks to what the contract asks of their heartbeats as an
+acceptance run does: a rank of several whose heartbeats stop before the run's last step (the last
+training.csv logs, where the steps asked for are not known) while the run went on left early or
+trained on without writing them (validation/judge/short_ranks.py), and so does not hold to it.
+
 With an adapter, DIR is the trainer's own output directory: the adapter converts it into a
 temporary directory (DIR is never written), and that is checked, with what the acceptance run
 gives the adapter: the world size, and for an adapter that derives tokens/s from it
@@ -27,6 +32,8 @@ from validation.contract import check as contract
 from validation.contract.adapters import ADAPTERS
 from validation.contract.adapters.base import BY_HAND, Converted, FileOrigin, KeyOrigin, Origin, RunFacts
 from validation.contract.files import BareNonfinite, bare_nonfinite
+from validation.judge.record import Beat
+from validation.judge.short_ranks import short_ranks
 
 EXIT_OK, EXIT_BROKEN, EXIT_USAGE = 0, 1, 2
 
@@ -86,8 +93,20 @@ def _read(directory: Path, adapter: str, world_size: int | None, costs: contract
                                                   RunFacts(world, BY_HAND, tokens_per_step=tokens))
             found = _read_ended(Path(tmp), costs, 1)
             checked = _Checked(found, bare_nonfinite(Path(tmp)), converted)
-    found.items += contract.silent_ranks(found)
+    found.items += contract.silent_ranks(found) + _short_ranks(found)
     return checked
+
+
+def _short_ranks(found: contract.ContractRead) -> list[contract.Item]:
+    """A malformed item per rank whose heartbeats stop before the run's last step (``short_ranks``,
+    the run's steps taken as the last that training.csv logs)."""
+    world, csv = found.world_size, found.csv
+    if world is None or world < 2 or csv is None or "step" not in csv or csv["step"].dropna().empty:
+        return []
+    logged = int(csv["step"].dropna().max())
+    beats = {r: Beat.of(recs) for r, recs in found.heartbeats.items() if recs}
+    return [contract.Item(contract.heartbeat_name(s.rank), contract.Presence.MALFORMED, s.text(logged))
+            for s in short_ranks(beats, world, logged, logged)]
 
 
 def _read_ended(directory: Path, costs: contract.Costs | None, launched: int) -> contract.ContractRead:
@@ -132,7 +151,7 @@ def _report(checked: _Checked, directory: Path, adapter: str, out: TextIO, given
         print(f"NOT OK: {len(bad)} required item(s) missing or malformed", file=out)
         return EXIT_BROKEN
     print("OK: every required file is present and well-formed (the run they record is judged by an acceptance "
-          "run: a rank whose heartbeats stop early, a stall, the gates)", file=out)
+          "run: a stall, the losses, the gates)", file=out)
     return EXIT_OK
 
 

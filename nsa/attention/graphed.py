@@ -2,8 +2,8 @@
 
 Below ~32k tokens an eager NSA layer is bound by the host: its forward + backward enqueues some
 sixty kernels, memsets and copies through Python (projections, compression, three branches,
-gates), which takes longer than the GPU needs to run them. Replaying the layer as one forward graph and one backward
-graph turns that into two launches and a few copies. The trainer captures whole steps itself;
+gates), which takes longer than the GPU needs to run them. Replaying the layer as one forward
+graph and one backward graph turns that into two launches and a few copies. The trainer captures whole steps itself;
 this is for everyone else's model (`python bench/nsa_vs_dense.py --parts layer host` measures
 both paths).
 
